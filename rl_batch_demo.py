@@ -1,0 +1,2036 @@
+#!/usr/bin/env python3
+"""Measure how fast a Kubernetes cluster with a sandbox runtime runs a batch of
+RL rollout episodes for coding agents.
+
+One Kubernetes Job, N pods, N episodes. Each episode writes a small buggy
+program and its unit tests, proves the tests fail, applies a fixed patch (a
+deterministic stand-in for a model's action), runs the tests again and reports
+a reward. The tool waits for the Job, verifies every episode, and reports how
+long environment preparation and the whole batch took.
+
+Usage:
+    python3 rl_batch_demo.py run --output DIR [--count N] [--parallelism P]
+                                 [--image IMAGE] [--runtime RUNTIMECLASS]
+    python3 rl_batch_demo.py cleanup --output DIR
+
+Also: `report DIR`, `compare DIR_A DIR_B`; `run --help` lists every option.
+"""
+# SPDX-License-Identifier: MIT
+
+from __future__ import annotations
+
+import argparse
+import codecs
+import concurrent.futures
+import csv
+import datetime
+import io
+import json
+import math
+import os
+import queue
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from html import escape as html_escape
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+try:
+    import resource
+except ImportError:  # not on Windows; CPU figures are then left out
+    resource = None  # type: ignore[assignment]
+
+__version__ = "0.1.0"
+
+DEFAULT_COUNT = 10
+DEFAULT_MAX_EPISODES = 20
+DEFAULT_IMAGE = "python:3.12-alpine"
+DEFAULT_RUNTIME = "cube"
+DEFAULT_JOB_DEADLINE_SECONDS = 240
+CLIENT_GRACE_SECONDS = 30
+REQUEST_TIMEOUT_SECONDS = 30
+CALL_TIMEOUT_SECONDS = 60
+DELETE_WAIT_SECONDS = 120
+LOG_READERS = 8
+POLL_INTERVAL_SECONDS = 1.0
+WATCH_RESTARTS_BEFORE_POLLING = 3
+
+JOB_NAME = "rollout"
+WARMUP_JOB_NAME = "rollout-warmup"
+CONFIGMAP_NAME = "episode"
+CONTAINER_NAME = "episode"
+WORKER_KEY = "episode.py"
+RUN_LABEL = "agc-demo-run"
+APP_LABEL = "rl-batch-demo"
+NAMESPACE_PREFIX = "agc-rl-"
+COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+
+RECEIPT_FILE = "receipt.json"
+RESULTS_FILE = "results.json"
+
+# Kubectl's own words for answers worth asking again: the request may not have
+# reached a healthy API server, so the same read can succeed a moment later.
+TRANSIENT_ERROR_MARKERS = (
+    "connection refused",
+    "connection reset",
+    "i/o timeout",
+    "tls handshake timeout",
+    "eof",
+    "unable to connect to the server",
+    "the server is currently unable to handle the request",
+    "serviceunavailable",
+    "service unavailable",
+    "internalerror",
+    "internal error",
+    "(internalerror)",
+    "timeout",
+    "timed out",
+    "too many requests",
+    "etcdserver",
+    "http2: client connection lost",
+    "the server was unable to return a response",
+    "gateway",
+)
+
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+WORKER_SOURCE = r'''"""One RL rollout episode: fix the code -> run the tests -> reward.
+
+Prints one JSON event per stdout line: "ready" once the task is written,
+"reward" once the patched code has been tested.
+"""
+import time
+
+import os
+import sys
+
+IMPORTS_DONE_AT = time.time()
+EPISODE_ID = os.environ.get("EPISODE_ID", "")
+
+BUGGY_SOURCE = """def shipping(total):
+    if total > 99:
+        return 0
+    return 10
+"""
+
+TEST_SOURCE = """import unittest
+
+from shipping import shipping
+
+
+class ShippingTest(unittest.TestCase):
+    def test_under_threshold_pays(self):
+        self.assertEqual(shipping(98), 10)
+
+    def test_threshold_ships_free(self):
+        self.assertEqual(shipping(99), 0)
+
+    def test_over_threshold_ships_free(self):
+        self.assertEqual(shipping(100), 0)
+
+
+if __name__ == "__main__":
+    unittest.main()
+"""
+
+
+def flat_json(value):
+    """JSON for a flat event of strings and numbers, without importing json before "ready"."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(flat_json(k) + ": " + flat_json(v) for k, v in value.items()) + "}"
+    if isinstance(value, str):
+        return '"' + "".join(c if c.isalnum() or c in "-_.:/ " else "\\u%04x" % ord(c)
+                             for c in value) + '"'
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    return repr(value)
+
+
+def emit(event, **fields):
+    record = {"event": event, "at": time.time(), "episode_id": EPISODE_ID}
+    record.update(fields)
+    json = sys.modules.get("json")
+    sys.stdout.write((json.dumps(record) if json else flat_json(record)) + "\n")
+    sys.stdout.flush()
+
+
+def process_started_at():
+    """Wall-clock start of this process from /proc (10 ms ticks), or None."""
+    try:
+        with open("/proc/self/stat") as stat_file:
+            fields = stat_file.read().rsplit(")", 1)[1].split()
+        with open("/proc/uptime") as uptime_file:
+            uptime = float(uptime_file.read().split()[0])
+        now = time.time()
+        age = uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK")
+        return now - age
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def write(path, text):
+    with open(path, "w") as handle:
+        handle.write(text)
+
+
+def run_tests():
+    # Imported after "ready" so that environment preparation stays lean.
+    import subprocess
+
+    return subprocess.run(
+        [sys.executable, "-B", "test_shipping.py"],
+        capture_output=True, text=True, timeout=20,
+    )
+
+
+def main():
+    os.chdir("/workspace")
+    write("shipping.py", BUGGY_SOURCE)
+    write("test_shipping.py", TEST_SOURCE)
+    started_at = process_started_at()
+    ready_fields = {"imports_done_at": IMPORTS_DONE_AT,
+                    "process_started_at": started_at,
+                    "modules_before_ready": len(sys.modules)}
+    if started_at is not None:
+        ready_fields["import_seconds"] = IMPORTS_DONE_AT - started_at
+    emit("ready", **ready_fields)
+
+    import json  # noqa: F401  (the reward's free text needs real JSON escaping)
+
+    baseline = run_tests()
+    if baseline.returncode == 0:
+        sys.exit("baseline must fail the boundary test")
+    with open("shipping.py") as handle:
+        source = handle.read()
+    write("shipping.py", source.replace("total > 99", "total >= 99"))
+    patched = run_tests()
+    emit("reward", reward=1 if patched.returncode == 0 else 0,
+         baseline_exit=baseline.returncode, tests_exit=patched.returncode,
+         tests_output=patched.stderr)
+    if patched.returncode != 0:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+class DemoError(Exception):
+    """An expected failure: reported as one or a few lines, exit status 1."""
+
+
+class VerificationError(DemoError):
+    """An episode or the batch broke a rule of the honest-result checks."""
+
+
+# --------------------------------------------------------------------------
+# Manifests: plain dicts built from their arguments alone.
+
+
+def namespace_manifest(namespace: str, run_id: str, harden: bool = False) -> dict:
+    """The run's own Namespace, labelled with the run id."""
+    labels = {RUN_LABEL: run_id}
+    if harden:
+        labels.update({
+            "pod-security.kubernetes.io/enforce": "restricted",
+            "pod-security.kubernetes.io/enforce-version": "latest",
+            "pod-security.kubernetes.io/warn": "restricted",
+            "pod-security.kubernetes.io/audit": "restricted",
+        })
+    return {"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": namespace, "labels": labels}}
+
+
+def configmap_manifest(namespace: str, worker_source: str) -> dict:
+    """The ConfigMap that ships the episode program to every pod."""
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": CONFIGMAP_NAME, "namespace": namespace},
+            "data": {WORKER_KEY: worker_source}}
+
+
+def network_policy_manifest(namespace: str) -> dict:
+    """Deny all ingress and egress for every pod of the namespace."""
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": {"name": "deny-all", "namespace": namespace},
+            "spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}}
+
+
+def job_manifest(namespace: str, count: int, parallelism: int, image: str,
+                 runtime: str, deadline_seconds: int = DEFAULT_JOB_DEADLINE_SECONDS,
+                 name: str = JOB_NAME, harden: bool = False,
+                 indexed: bool = False) -> dict:
+    """The Job whose pods are the episodes (SPEC A3.7)."""
+    container_security: dict[str, Any] = {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    workspace_volume: dict[str, Any] = {"name": "workspace", "emptyDir": {}}
+    if harden:
+        container_security["readOnlyRootFilesystem"] = True
+        workspace_volume["emptyDir"] = {"sizeLimit": "64Mi"}
+    env: list[dict[str, Any]] = [
+        {"name": "EPISODE_ID",
+         "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+    ]
+    if indexed:
+        env.append({"name": "EPISODE_INDEX", "valueFrom": {"fieldRef": {
+            "fieldPath": f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"}}})
+    spec: dict[str, Any] = {
+        "completions": count,
+        "parallelism": parallelism,
+        "backoffLimit": 0,
+        "activeDeadlineSeconds": deadline_seconds,
+        "template": {
+            "metadata": {"labels": {"app": APP_LABEL}},
+            "spec": {
+                "runtimeClassName": runtime,
+                "restartPolicy": "Never",
+                "automountServiceAccountToken": False,
+                "securityContext": {
+                    "runAsUser": 1000,
+                    "runAsGroup": 1000,
+                    "fsGroup": 1000,
+                    "runAsNonRoot": True,
+                },
+                "containers": [{
+                    "name": CONTAINER_NAME,
+                    "image": image,
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": ["python", "-B", f"/demo/{WORKER_KEY}"],
+                    "env": env,
+                    "securityContext": container_security,
+                    "resources": {
+                        "requests": {"cpu": "100m", "memory": "64Mi"},
+                        "limits": {"cpu": "500m", "memory": "128Mi"},
+                    },
+                    "volumeMounts": [
+                        {"name": "demo", "mountPath": "/demo", "readOnly": True},
+                        {"name": "workspace", "mountPath": "/workspace"},
+                    ],
+                }],
+                "volumes": [
+                    {"name": "demo", "configMap": {"name": CONFIGMAP_NAME}},
+                    workspace_volume,
+                ],
+            },
+        },
+    }
+    if indexed:
+        spec["completionMode"] = "Indexed"
+    return {"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": spec}
+
+
+def list_manifest(items: Sequence[dict]) -> dict:
+    """A `v1 List`, the shape kubectl prints for several objects."""
+    return {"apiVersion": "v1", "kind": "List", "metadata": {}, "items": list(items)}
+
+
+# --------------------------------------------------------------------------
+# Parsing what the cluster and the episodes said.
+
+
+def parse_time(text: str | None) -> float | None:
+    """RFC 3339 (`2026-01-02T03:04:05Z`, optional fraction or offset) -> epoch seconds."""
+    if not text:
+        return None
+    value = text.strip()
+    if value.endswith(("Z", "z")):
+        value = value[:-1] + "+00:00"
+    if "." in value:
+        head, rest = value.split(".", 1)
+        digits = len(rest) - len(rest.lstrip("0123456789"))
+        fraction, offset = rest[:digits], rest[digits:]
+        value = f"{head}.{(fraction + '000000')[:6]}{offset}"
+    try:
+        moment = datetime.datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.timezone.utc)
+    return moment.timestamp()
+
+
+def format_time(epoch: float) -> str:
+    """Epoch seconds -> RFC 3339 with microseconds, UTC."""
+    moment = datetime.datetime.fromtimestamp(epoch, tz=datetime.timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_events(lines: Iterable[str]) -> list[dict]:
+    """The JSON events of an episode log; any other line is kept in the log and skipped here."""
+    events = []
+    for line in lines:
+        text = line.strip()
+        if not text.startswith("{"):
+            continue
+        try:
+            record = json.loads(text)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("event"), str):
+            events.append(record)
+    return events
+
+
+def iter_json_stream(chunks: Iterable[str]) -> Iterator[Any]:
+    """Yield each JSON value of a stream of concatenated values (what `kubectl get -w -o json` prints)."""
+    decoder = json.JSONDecoder()
+    buffer = ""
+    for chunk in chunks:
+        buffer += chunk
+        while True:
+            stripped = buffer.lstrip()
+            if not stripped:
+                buffer = ""
+                break
+            try:
+                value, end = decoder.raw_decode(stripped)
+            except ValueError:
+                buffer = stripped  # incomplete: wait for more text
+                break
+            buffer = stripped[end:]
+            yield value
+
+
+def condition(obj: dict, kind: str) -> dict | None:
+    """The status condition of that type, if present."""
+    for entry in (obj.get("status") or {}).get("conditions") or []:
+        if entry.get("type") == kind:
+            return entry
+    return None
+
+
+def condition_true(obj: dict, kind: str) -> bool:
+    entry = condition(obj, kind)
+    return bool(entry) and entry.get("status") == "True"
+
+
+def job_finished(job: dict) -> str | None:
+    """"Complete" or "Failed" once the Job controller has said so, else None."""
+    for kind in ("Complete", "Failed"):
+        if condition_true(job, kind):
+            return kind
+    return None
+
+
+def container_status(pod: dict, name: str = CONTAINER_NAME) -> dict:
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        if status.get("name") == name:
+            return status
+    return {}
+
+
+def container_terminated(pod: dict) -> dict | None:
+    """The episode container's terminated state, if it has ended."""
+    return (container_status(pod).get("state") or {}).get("terminated")
+
+
+def pod_name(pod: dict) -> str:
+    return pod["metadata"]["name"]
+
+
+def scheduled_event_times(events: Iterable[dict]) -> dict[str, float]:
+    """Pod name -> the scheduler's `Scheduled` eventTime (microsecond precision)."""
+    times: dict[str, float] = {}
+    for event in events:
+        if event.get("reason") != "Scheduled":
+            continue
+        regarding = event.get("involvedObject") or event.get("regarding") or {}
+        moment = parse_time(event.get("eventTime"))
+        if regarding.get("kind") == "Pod" and moment is not None:
+            times[regarding.get("name", "")] = moment
+    return times
+
+
+def warning_summary(events: Iterable[dict]) -> dict[str, dict]:
+    """Warning events per reason: how many, and which objects they named."""
+    summary: dict[str, dict] = {}
+    for event in events:
+        if event.get("type") != "Warning":
+            continue
+        regarding = event.get("involvedObject") or event.get("regarding") or {}
+        entry = summary.setdefault(event.get("reason") or "Unknown", {"count": 0, "objects": []})
+        entry["count"] += int(event.get("count") or 1)
+        name = f"{regarding.get('kind', '?')}/{regarding.get('name', '?')}"
+        if name not in entry["objects"]:
+            entry["objects"].append(name)
+    return summary
+
+
+# --------------------------------------------------------------------------
+# Statistics.
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear interpolation between closest ranks, index (n-1)*q (NumPy's default)."""
+    if not values:
+        raise ValueError("percentile of no values")
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q
+    lower = math.floor(position)
+    upper = math.ceil(position)
+    return ordered[lower] + (ordered[upper] - ordered[lower]) * (position - lower)
+
+
+def rounded(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def describe(values: Sequence[float], missing: int = 0) -> dict:
+    """P50/P95/P99/max/mean of a sample, with its size and how many were missing."""
+    summary: dict[str, Any] = {"samples": len(values), "missing": missing}
+    if values:
+        summary.update({
+            "p50": rounded(percentile(values, 0.50)),
+            "p95": rounded(percentile(values, 0.95)),
+            "p99": rounded(percentile(values, 0.99)),
+            "max": rounded(max(values)),
+            "mean": rounded(sum(values) / len(values)),
+        })
+    return summary
+
+
+# --------------------------------------------------------------------------
+# Verification (SPEC A3.11): the first violation fails the whole batch.
+
+
+def verify_episode(pod: dict, events: list[dict], job_created: float, builtin: bool) -> tuple[dict, dict]:
+    """Check one episode; return its ready and reward events."""
+    name = pod_name(pod)
+    phase = (pod.get("status") or {}).get("phase")
+    if phase != "Succeeded":
+        raise VerificationError(f"pod {name}: phase is {phase}, not Succeeded")
+    readies = [e for e in events if e["event"] == "ready"]
+    rewards = [e for e in events if e["event"] == "reward"]
+    if len(readies) != 1:
+        raise VerificationError(f"pod {name}: expected exactly one ready event, found {len(readies)}")
+    if len(rewards) != 1:
+        raise VerificationError(f"pod {name}: expected exactly one reward event, found {len(rewards)}")
+    ready, reward = readies[0], rewards[0]
+    if ready.get("episode_id") != name:
+        raise VerificationError(
+            f"pod {name}: ready event has episode_id {ready.get('episode_id')!r}, not the pod name")
+    if reward.get("episode_id") != ready.get("episode_id"):
+        raise VerificationError(
+            f"pod {name}: reward event has episode_id {reward.get('episode_id')!r}, "
+            f"not the ready event's {ready.get('episode_id')!r}")
+    value = reward.get("reward")
+    if builtin:
+        if value != 1 or isinstance(value, bool):
+            raise VerificationError(f"pod {name}: reward is {value!r}, not 1")
+        if reward.get("tests_exit") != 0:
+            raise VerificationError(f"pod {name}: tests_exit is {reward.get('tests_exit')!r}, not 0")
+        if reward.get("baseline_exit") in (0, None):
+            raise VerificationError(
+                f"pod {name}: baseline_exit is {reward.get('baseline_exit')!r}; the baseline must fail")
+    elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise VerificationError(f"pod {name}: reward is {value!r}, not a number")
+    pod_created = parse_time(pod["metadata"].get("creationTimestamp"))
+    moments = [job_created, pod_created, ready.get("at"), reward.get("at")]
+    in_order = all(isinstance(m, (int, float)) for m in moments) and \
+        all(a <= b for a, b in zip(moments, moments[1:]))
+    if not in_order:
+        raise VerificationError(
+            f"pod {name}: times out of order (job created {moments[0]}, pod created {moments[1]}, "
+            f"ready {moments[2]}, reward {moments[3]}): unsynchronised clocks or broken events")
+    status = container_status(pod)
+    if status.get("restartCount", 0) != 0:
+        raise VerificationError(f"pod {name}: container restarted {status.get('restartCount')} time(s)")
+    terminated = container_terminated(pod)
+    if terminated is None:
+        raise VerificationError(f"pod {name}: container has no terminated state")
+    if terminated.get("exitCode") != 0:
+        raise VerificationError(f"pod {name}: container exited {terminated.get('exitCode')}, not 0")
+    return ready, reward
+
+
+def verify_batch(count: int, job: dict, pods: Sequence[dict], logs: dict[str, str],
+                 builtin: bool = True) -> list[tuple[dict, dict, dict]]:
+    """Every episode honest, or VerificationError naming the first that is not.
+
+    Returns (pod, ready event, reward event) per pod, sorted by pod name.
+    """
+    if len(pods) != count:
+        raise VerificationError(
+            f"expected {count} pods for {count} episodes, found {len(pods)} "
+            f"(a replaced or missing pod is a failure)")
+    job_created = parse_time(job["metadata"].get("creationTimestamp"))
+    if job_created is None:
+        raise VerificationError("the Job has no creationTimestamp")
+    episodes = []
+    for pod in sorted(pods, key=pod_name):
+        events = parse_events(logs.get(pod_name(pod), "").splitlines())
+        ready, reward = verify_episode(pod, events, job_created, builtin)
+        episodes.append((pod, ready, reward))
+    return episodes
+
+
+# --------------------------------------------------------------------------
+# Measurement: what each episode went through, from the API and the worker.
+
+# Point in an episode's life -> precision of its source, in seconds.
+WHOLE_SECOND = 1.0
+EVENT_TIME = 1e-6
+PROC_TICK = 0.01
+POINTS = (
+    "pod_created", "scheduled", "sandbox_ready", "container_started",
+    "process_started", "imports_done", "ready", "reward", "container_finished",
+)
+POINT_SOURCES = {
+    "pod_created": "Pod metadata.creationTimestamp (whole seconds)",
+    "scheduled": "scheduler's Scheduled event eventTime (microseconds); "
+                 "PodScheduled condition (whole seconds) if the event is gone",
+    "sandbox_ready": "PodReadyToStartContainers condition (whole seconds; Kubernetes >= 1.29)",
+    "container_started": "container status startedAt (whole seconds)",
+    "process_started": "worker's /proc start time (10 ms ticks)",
+    "imports_done": "worker clock after its imports (microseconds)",
+    "ready": "worker's ready event (microseconds)",
+    "reward": "worker's reward event (microseconds)",
+    "container_finished": "container status finishedAt (whole seconds)",
+}
+# Phase name -> (from point, to point). The chain covers an episode end to end;
+# pod_to_ready is SPEC A4's own figure.
+PHASES = {
+    "scheduling": ("pod_created", "scheduled"),
+    "sandbox_creation": ("scheduled", "sandbox_ready"),
+    "container_start": ("sandbox_ready", "process_started"),
+    "python_imports": ("process_started", "imports_done"),
+    "imports_done_to_ready": ("imports_done", "ready"),
+    "episode_work": ("ready", "reward"),
+    "container_exit": ("reward", "container_finished"),
+    "pod_to_ready": ("pod_created", "ready"),
+    "pod_to_reward": ("pod_created", "reward"),
+}
+
+
+def episode_points(pod: dict, ready: dict, reward: dict,
+                   scheduled_at: float | None) -> dict[str, tuple[float, float] | None]:
+    """When each point of one episode happened, with the precision of its source."""
+    status = container_status(pod)
+    state = status.get("state") or {}
+    running = state.get("terminated") or state.get("running") or {}
+    scheduled = (scheduled_at, EVENT_TIME) if scheduled_at is not None else None
+    if scheduled is None:
+        entry = condition(pod, "PodScheduled")
+        moment = parse_time((entry or {}).get("lastTransitionTime"))
+        scheduled = (moment, WHOLE_SECOND) if moment is not None else None
+    sandbox = parse_time((condition(pod, "PodReadyToStartContainers") or {}).get("lastTransitionTime"))
+
+    def whole(value: float | None) -> tuple[float, float] | None:
+        return None if value is None else (value, WHOLE_SECOND)
+
+    def worker(value: Any, precision: float = EVENT_TIME) -> tuple[float, float] | None:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return (float(value), precision) if ok else None
+
+    return {
+        "pod_created": whole(parse_time(pod["metadata"].get("creationTimestamp"))),
+        "scheduled": scheduled,
+        "sandbox_ready": whole(sandbox),
+        "container_started": whole(parse_time(running.get("startedAt"))),
+        "process_started": worker(ready.get("process_started_at"), PROC_TICK),
+        "imports_done": worker(ready.get("imports_done_at")),
+        "ready": worker(ready.get("at")),
+        "reward": worker(reward.get("at")),
+        "container_finished": whole(parse_time((state.get("terminated") or {}).get("finishedAt"))),
+    }
+
+
+def phase_durations(points: dict[str, tuple[float, float] | None]) -> dict[str, tuple[float, float] | None]:
+    """Phase -> (seconds, precision), or None when a source is missing."""
+    durations: dict[str, tuple[float, float] | None] = {}
+    for phase, (start, end) in PHASES.items():
+        first, last = points.get(start), points.get(end)
+        durations[phase] = None if first is None or last is None else (
+            last[0] - first[0], max(first[1], last[1]))
+    return durations
+
+
+def phase_summary(episodes_durations: Sequence[dict[str, tuple[float, float] | None]]) -> dict[str, dict]:
+    """Per phase: P50/P95/P99/max/mean, sample and missing counts, stated precision."""
+    summary = {}
+    for phase, (start, end) in PHASES.items():
+        known = [d[phase] for d in episodes_durations if d.get(phase) is not None]
+        entry = describe([value for value, _ in known], missing=len(episodes_durations) - len(known))
+        entry.update({"from": start, "to": end,
+                      "precision_seconds": max((p for _, p in known), default=None)})
+        summary[phase] = entry
+    return summary
+
+
+def completion_gap(job: dict, pods: Sequence[dict], last_reward_at: float,
+                   client_observed_at: float | None) -> dict:
+    """What the time between the last reward and the client seeing the end is made of."""
+    finished = [parse_time((container_terminated(p) or {}).get("finishedAt")) for p in pods]
+    finished_known = [t for t in finished if t is not None]
+    last_finished = max(finished_known) if finished_known else None
+    criteria = parse_time((condition(job, "SuccessCriteriaMet") or {}).get("lastTransitionTime"))
+    end_kind = job_finished(job) or "Complete"
+    end = parse_time((condition(job, end_kind) or {}).get("lastTransitionTime"))
+
+    def between(first: float | None, last: float | None) -> float | None:
+        return None if first is None or last is None else rounded(last - first)
+
+    return {
+        "last_reward_to_last_container_finished_seconds": between(last_reward_at, last_finished),
+        "last_container_finished_to_success_criteria_met_seconds": between(last_finished, criteria),
+        "last_container_finished_to_job_complete_seconds": between(last_finished, end),
+        "job_complete_to_client_observed_seconds": between(end, client_observed_at),
+        "last_reward_to_client_observed_seconds": between(last_reward_at, client_observed_at),
+        "precision_seconds": WHOLE_SECOND,
+        "note": "container finish and Job conditions are whole-second Kubernetes times; "
+                "SuccessCriteriaMet exists on Kubernetes >= 1.31",
+    }
+
+
+def node_distribution(pods: Iterable[dict]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for pod in pods:
+        node = (pod.get("spec") or {}).get("nodeName") or "(unscheduled)"
+        counts[node] = counts.get(node, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
+                    events: Sequence[dict], count: int, builtin: bool = True,
+                    client_observed_at: float | None = None) -> dict:
+    """Verify one batch and compute its figures (SPEC A4, B4); pure."""
+    episodes = verify_batch(count, job, pods, logs, builtin)
+    job_created = parse_time(job["metadata"]["creationTimestamp"])
+    assert job_created is not None  # verify_batch checked it
+    scheduled = scheduled_event_times(events)
+    rows, records, durations = [], [], []
+    for pod, ready, reward in episodes:
+        name = pod_name(pod)
+        created = parse_time(pod["metadata"]["creationTimestamp"])
+        points = episode_points(pod, ready, reward, scheduled.get(name))
+        phases = phase_durations(points)
+        durations.append(phases)
+        rows.append({
+            "pod": name,
+            "node": (pod.get("spec") or {}).get("nodeName"),
+            "image_id": container_status(pod).get("imageID"),
+            "reward": reward.get("reward"),
+            "pod_to_ready_seconds": rounded(ready["at"] - created),
+            "batch_to_ready_seconds": rounded(ready["at"] - job_created),
+            "batch_to_reward_seconds": rounded(reward["at"] - job_created),
+        })
+        records.append({"pod": name, "points": points, "phases": phases,
+                        "index": (pod["metadata"].get("annotations") or {}).get(COMPLETION_INDEX_ANNOTATION)})
+    pod_to_ready = [r["pod_to_ready_seconds"] for r in rows]
+    rewards = [r["reward"] for r in rows]
+    last_reward = max(reward["at"] for _, _, reward in episodes)
+    summary = {
+        "episodes": len(rows),
+        "successful_episodes": sum(1 for r in rewards if r == 1) if builtin else len(rows),
+        "reward_sum": sum(rewards),
+        "reward_mean": rounded(sum(rewards) / len(rewards), 6),
+        "batch_to_all_ready_seconds": max(r["batch_to_ready_seconds"] for r in rows),
+        "batch_to_all_rewards_seconds": max(r["batch_to_reward_seconds"] for r in rows),
+        "pod_to_ready_p50_seconds": rounded(percentile(pod_to_ready, 0.50)),
+        "pod_to_ready_p95_seconds": rounded(percentile(pod_to_ready, 0.95)),
+        "pod_to_ready_max_seconds": max(pod_to_ready),
+        "phases": phase_summary(durations),
+        "completion_gap": completion_gap(job, pods, last_reward, client_observed_at),
+        "nodes": node_distribution(pods),
+        "warnings": warning_summary(events),
+        "pods": rows,
+    }
+    summary["_episodes"] = records  # for the CSV and the timeline; not saved as such
+    summary["_job_created"] = job_created
+    return summary
+
+
+# --------------------------------------------------------------------------
+# Rendering: CSV, SVG timeline, tables.
+
+PHASE_COLOURS = {
+    "scheduling": "#9e9e9e",
+    "sandbox_creation": "#f4a259",
+    "container_start": "#e76f51",
+    "python_imports": "#8e7dbe",
+    "imports_done_to_ready": "#2a9d8f",
+    "episode_work": "#4f86c6",
+    "container_exit": "#c9c9c9",
+}
+
+
+def episodes_csv(batches: Sequence[tuple[str, dict]]) -> str:
+    """One row per episode: every point (seconds after its Job's creation) and every phase."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["batch", "pod", "index", "node", "reward"]
+                    + [f"{p}_after_job_seconds" for p in POINTS]
+                    + [f"{p}_precision_seconds" for p in POINTS]
+                    + [f"{phase}_seconds" for phase in PHASES])
+    for batch_name, summary in batches:
+        rows = {row["pod"]: row for row in summary["pods"]}
+        for record in summary["_episodes"]:
+            row = rows[record["pod"]]
+            points = record["points"]
+            writer.writerow(
+                [batch_name, record["pod"], record["index"] or "", row["node"] or "", row["reward"]]
+                + ["" if points[p] is None else f"{points[p][0] - summary['_job_created']:.6f}" for p in POINTS]
+                + ["" if points[p] is None else f"{points[p][1]:g}" for p in POINTS]
+                + ["" if record["phases"][ph] is None else f"{record['phases'][ph][0]:.6f}" for ph in PHASES])
+    return out.getvalue()
+
+
+def nice_step(span: float, ticks: int = 8) -> float:
+    """A round tick step (1, 2 or 5 times a power of ten) giving about `ticks` ticks."""
+    raw = max(span, 1e-9) / ticks
+    power = 10 ** math.floor(math.log10(raw))
+    for factor in (1, 2, 5, 10):
+        if raw <= factor * power:
+            return factor * power
+    return 10 * power
+
+
+def timeline_svg(batches: Sequence[tuple[str, dict]], title: str) -> str:
+    """One bar per episode on a shared axis from its Job's creation, coloured by phase."""
+    episodes = [(name, summary, record) for name, summary in batches for record in summary["_episodes"]]
+    count = len(episodes)
+    row_height = 18 if count <= 40 else max(3, min(12, 720 // max(count, 1)))
+    labels = row_height >= 10
+    left = 170 if labels else 60
+    width, right, top = 1000, 30, 70
+    plot_width = width - left - right
+    height = top + row_height * count + 80
+    span = 0.0
+    for _, summary, record in episodes:
+        for point in record["points"].values():
+            if point is not None:
+                span = max(span, point[0] - summary["_job_created"])
+    span = max(span, 1.0)
+    step = nice_step(span)
+    axis_end = math.ceil(span / step) * step
+
+    def x(seconds: float) -> float:
+        return left + plot_width * max(0.0, seconds) / axis_end
+
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
+        f'<rect width="{width}" height="{height}" fill="white"/>',
+        f'<text x="{left}" y="20" font-size="15" font-weight="bold">{html_escape(title)}</text>',
+    ]
+    legend_x = left
+    for phase, colour in PHASE_COLOURS.items():
+        parts.append(f'<rect x="{legend_x}" y="32" width="12" height="12" fill="{colour}"/>')
+        parts.append(f'<text x="{legend_x + 16}" y="42">{phase.replace("_", " ")}</text>')
+        legend_x += 16 + 7 * len(phase) + 14
+    axis_y = top + row_height * count + 6
+    tick = 0.0
+    while tick <= axis_end + 1e-9:
+        tx = x(tick)
+        parts.append(f'<line x1="{tx:.1f}" y1="{top - 4}" x2="{tx:.1f}" y2="{axis_y}" stroke="#e5e5e5"/>')
+        parts.append(f'<text x="{tx:.1f}" y="{axis_y + 16}" text-anchor="middle">{tick:g}</text>')
+        tick += step
+    parts.append(f'<line x1="{left}" y1="{axis_y}" x2="{left + plot_width}" y2="{axis_y}" stroke="black"/>')
+    parts.append(f'<text x="{left + plot_width / 2:.0f}" y="{axis_y + 36}" text-anchor="middle">'
+                 f'seconds after the Job was created</text>')
+    for row, (batch_name, summary, record) in enumerate(episodes):
+        y = top + row * row_height
+        points = record["points"]
+        if labels:
+            label = record["pod"] if len(batches) == 1 else f"{batch_name}/{record['pod']}"
+            parts.append(f'<text x="{left - 6}" y="{y + row_height * 0.7:.1f}" text-anchor="end" '
+                         f'font-size="11">{html_escape(label[-26:])}</text>')
+        for phase, colour in PHASE_COLOURS.items():
+            start, end = PHASES[phase]
+            if points.get(start) is None or points.get(end) is None:
+                continue
+            x0 = x(points[start][0] - summary["_job_created"])
+            x1 = x(points[end][0] - summary["_job_created"])
+            if x1 <= x0:
+                continue
+            seconds = points[end][0] - points[start][0]
+            parts.append(
+                f'<rect x="{x0:.2f}" y="{y + 1}" width="{x1 - x0:.2f}" height="{max(1, row_height - 2)}" '
+                f'fill="{colour}"><title>{html_escape(record["pod"])} {phase}: {seconds:.3f} s</title></rect>')
+    parts.append("</svg>")
+    return "\n".join(parts) + "\n"
+
+
+def public_results(results: dict) -> dict:
+    """Results as printed: without per-pod rows or private working fields."""
+    printed = {k: v for k, v in results.items() if k != "pods" and not k.startswith("_")}
+    if "rounds" in printed:
+        printed["rounds"] = [public_results(r) for r in printed["rounds"]]
+    if isinstance(printed.get("warmup"), dict):
+        printed["warmup"] = public_results(printed["warmup"])
+    return printed
+
+
+def saved_results(results: dict) -> dict:
+    """Results as saved in results.json: everything but private working fields."""
+    saved = {k: v for k, v in results.items() if not k.startswith("_")}
+    if "rounds" in saved:
+        saved["rounds"] = [saved_results(r) for r in saved["rounds"]]
+    if isinstance(saved.get("warmup"), dict):
+        saved["warmup"] = saved_results(saved["warmup"])
+    return saved
+
+
+def phase_table(phases: dict[str, dict]) -> str:
+    """A plain-text table of the phase breakdown."""
+    lines = [f"{'phase':<24}{'p50':>8}{'p95':>8}{'p99':>8}{'max':>8}{'n':>6}{'missing':>9}  precision"]
+    for phase, entry in phases.items():
+        def cell(key: str) -> str:
+            value = entry.get(key)
+            return f"{value:>8.3f}" if isinstance(value, (int, float)) else f"{'-':>8}"
+        precision = entry.get("precision_seconds")
+        lines.append(f"{phase:<24}{cell('p50')}{cell('p95')}{cell('p99')}{cell('max')}"
+                     f"{entry['samples']:>6}{entry['missing']:>9}  "
+                     f"{'-' if precision is None else f'{precision:g} s'}")
+    return "\n".join(lines)
+
+
+COMPARED_FIELDS = (
+    "episodes", "parallelism", "reward_sum", "batch_to_all_ready_seconds",
+    "batch_to_all_rewards_seconds", "client_job_complete_seconds",
+    "pod_to_ready_p50_seconds", "pod_to_ready_p95_seconds", "pod_to_ready_max_seconds",
+)
+
+
+def compare_table(first: dict, second: dict, first_label: str, second_label: str) -> str:
+    """Key figures of two runs side by side, with second/first ratios."""
+    width = max(len(first_label), len(second_label), 12)
+    lines = [f"{'metric':<32}{first_label:>{width}}  {second_label:>{width}}  {'B/A':>8}"]
+    rows = [(field, first.get(field), second.get(field)) for field in COMPARED_FIELDS]
+    for phase in PHASES:
+        a = (first.get("phases") or {}).get(phase, {}).get("p50")
+        b = (second.get("phases") or {}).get(phase, {}).get("p50")
+        if a is not None or b is not None:
+            rows.append((f"{phase}_p50_seconds", a, b))
+    for name, a, b in rows:
+        ratio = f"{b / a:.2f}" if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a else "-"
+        lines.append(f"{name:<32}{'-' if a is None else a!s:>{width}}  {'-' if b is None else b!s:>{width}}  {ratio:>8}")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------
+# The one edge to the cluster.
+
+
+class KubectlError(DemoError):
+    """A kubectl call that failed: its verb, exit code and stderr."""
+
+    def __init__(self, verb: str, returncode: int | None, stderr: str) -> None:
+        self.verb = verb
+        self.returncode = returncode
+        self.stderr = stderr
+        lines = [line for line in stderr.strip().splitlines() if line.strip()]
+        detail = lines[-1].strip() if lines else "no error message"
+        status = "no answer" if returncode is None else f"exit {returncode}"
+        super().__init__(f"kubectl {verb} failed ({status}): {detail}")
+
+    @property
+    def not_found(self) -> bool:
+        return "(NotFound)" in self.stderr or " not found" in self.stderr
+
+    @property
+    def already_exists(self) -> bool:
+        return "(AlreadyExists)" in self.stderr or "already exists" in self.stderr
+
+    @property
+    def transient(self) -> bool:
+        """True when the same request may well succeed if asked again."""
+        if self.returncode is None:
+            return True
+        text = self.stderr.lower()
+        return any(marker in text for marker in TRANSIENT_ERROR_MARKERS)
+
+
+class Kubectl:
+    """Runs kubectl against one context with bounded requests; counts what it started."""
+
+    def __init__(self, binary: str, context: str | None = None) -> None:
+        self.binary = binary
+        self.context = context
+        self.processes = 0
+        self.retries = 0
+        self._lock = threading.Lock()
+
+    def argv(self, args: Sequence[str], request_timeout: str | None = f"{REQUEST_TIMEOUT_SECONDS}s") -> list[str]:
+        argv = [self.binary]
+        if self.context:
+            argv += ["--context", self.context]
+        if request_timeout:
+            argv.append(f"--request-timeout={request_timeout}")
+        return argv + list(args)
+
+    def run(self, args: Sequence[str], input_text: str | None = None,
+            retry_until: float | None = None,
+            request_timeout: str | None = f"{REQUEST_TIMEOUT_SECONDS}s") -> str:
+        """Run one request-and-answer call; retry transient failures until `retry_until` (monotonic)."""
+        delay = 0.25
+        while True:
+            try:
+                return self._run_once(args, input_text, request_timeout)
+            except KubectlError as error:
+                if retry_until is None or not error.transient or time.monotonic() + delay > retry_until:
+                    raise
+            with self._lock:
+                self.retries += 1
+            time.sleep(delay)
+            delay = min(delay * 2, 4.0)
+
+    def _run_once(self, args: Sequence[str], input_text: str | None,
+                  request_timeout: str | None) -> str:
+        verb = " ".join(a for a in args[:3] if not a.startswith("-"))
+        with self._lock:
+            self.processes += 1
+        try:
+            completed = subprocess.run(
+                self.argv(args, request_timeout), input=input_text, capture_output=True,
+                text=True, timeout=CALL_TIMEOUT_SECONDS)
+        except subprocess.TimeoutExpired:
+            raise KubectlError(verb, None, f"no answer within {CALL_TIMEOUT_SECONDS} s") from None
+        except OSError as error:
+            raise DemoError(f"cannot run kubectl {self.binary!r}: {error.strerror or error}") from None
+        if completed.returncode != 0:
+            raise KubectlError(verb, completed.returncode, completed.stderr)
+        return completed.stdout
+
+    def json(self, args: Sequence[str], **options: Any) -> Any:
+        """Run a call with `-o json`; None when kubectl printed nothing (--ignore-not-found)."""
+        text = self.run(list(args) + ["-o", "json"], **options)
+        if not text.strip():
+            return None
+        try:
+            return json.loads(text)
+        except ValueError:
+            raise DemoError(f"kubectl {' '.join(args[:2])} printed something that is not JSON") from None
+
+    def stream(self, args: Sequence[str], seconds: int) -> subprocess.Popen:
+        """Start a long-lived call (a watch) bounded by `seconds` instead of the request timeout."""
+        with self._lock:
+            self.processes += 1
+        return subprocess.Popen(
+            self.argv(args, f"{max(1, seconds)}s"), stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=tempfile.TemporaryFile(), bufsize=0)
+
+
+class Progress:
+    """Live progress on stderr: one updating line on a terminal, a line every few seconds otherwise."""
+
+    def __init__(self, quiet: bool, stream: Any = None) -> None:
+        self.stream = stream or sys.stderr
+        self.quiet = quiet
+        self.interactive = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.interval = 0.2 if self.interactive else 5.0
+        self._last = 0.0
+        self._open_line = False
+
+    def update(self, text: str, force: bool = False) -> None:
+        now = time.monotonic()
+        if self.quiet or (not force and now - self._last < self.interval):
+            return
+        self._last = now
+        if self.interactive:
+            self.stream.write("\r" + text + "\x1b[K")
+            self._open_line = True
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def finish(self) -> None:
+        if self._open_line:
+            self.stream.write("\n")
+            self.stream.flush()
+            self._open_line = False
+
+
+class BatchFollower:
+    """Follows one Job and its pods until the Job ends, reading each log as its pod finishes.
+
+    Watches (`kubectl get -w`) tell the end at once with no polling delay; a broken
+    watch is restarted, and after repeated breaks the follower polls instead.
+    """
+
+    def __init__(self, kubectl: Kubectl, namespace: str, job_name: str, count: int,
+                 progress: Progress, pool: concurrent.futures.ThreadPoolExecutor) -> None:
+        self.kubectl = kubectl
+        self.namespace = namespace
+        self.job_name = job_name
+        self.count = count
+        self.progress = progress
+        self.pool = pool
+        self.job: dict | None = None
+        self.pods: dict[str, dict] = {}
+        self.logs: dict[str, str] = {}  # read after the container terminated: complete
+        self._log_reads: dict[str, concurrent.futures.Future] = {}
+        self._queue: queue.Queue = queue.Queue()
+        self._watches: dict[str, subprocess.Popen] = {}
+        self.watch_restarts = 0
+        self.polling = False
+        self.end: str | None = None
+        self.observed_monotonic: float | None = None
+        self.observed_wall: float | None = None
+        self.processes_while_waiting = 0
+
+    # -- following --------------------------------------------------------
+
+    def follow(self, submitted_monotonic: float, client_deadline: float) -> str | None:
+        """Wait until the Job is Complete or Failed ("Complete"/"Failed"), or None at the deadline."""
+        processes_before = self.kubectl.processes
+        failures = {"job": 0, "pods": 0}
+        try:
+            for kind in ("job", "pods"):
+                self._start_watch(kind, client_deadline)
+            next_poll = time.monotonic()
+            while self.end is None:
+                now = time.monotonic()
+                if now >= client_deadline:
+                    break
+                if self.polling and now >= next_poll:
+                    self._poll(client_deadline)
+                    next_poll = time.monotonic() + POLL_INTERVAL_SECONDS
+                    if self.end is not None:
+                        break
+                wait = min(client_deadline, next_poll if self.polling else now + 1.0) - time.monotonic()
+                try:
+                    item = self._queue.get(timeout=max(0.01, wait))
+                except queue.Empty:
+                    self._show(submitted_monotonic)
+                    continue
+                if item[0] == "ended":
+                    kind = item[1]
+                    self._watches.pop(kind, None)
+                    if self.end is not None or self.polling:
+                        continue
+                    failures[kind] += 1
+                    if failures[kind] > WATCH_RESTARTS_BEFORE_POLLING:
+                        self.polling = True
+                        self._stop_watches()
+                        continue
+                    self.watch_restarts += 1
+                    time.sleep(min(2.0, 0.2 * 2 ** failures[kind]))
+                    self._start_watch(kind, client_deadline)
+                    continue
+                kind, event = item
+                failures[kind] = 0
+                obj = event.get("object") if isinstance(event, dict) and "object" in event else event
+                if not isinstance(obj, dict) or obj.get("kind") == "Status":
+                    continue
+                if kind == "job":
+                    self._on_job(obj)
+                else:
+                    self._on_pod(obj, deleted=event.get("type") == "DELETED")
+                self._show(submitted_monotonic)
+        finally:
+            self._stop_watches()
+            self.progress.finish()
+            self.processes_while_waiting = self.kubectl.processes - processes_before
+        return self.end
+
+    def _start_watch(self, kind: str, client_deadline: float) -> None:
+        seconds = math.ceil(client_deadline - time.monotonic())
+        if kind == "job":
+            args = ["get", "job", self.job_name]
+        else:
+            args = ["get", "pods", "-l", f"job-name={self.job_name}"]
+        args += ["-n", self.namespace, "-o", "json", "--watch", "--output-watch-events"]
+        try:
+            process = self.kubectl.stream(args, seconds)
+        except OSError as error:
+            raise DemoError(f"cannot run kubectl {self.kubectl.binary!r}: {error}") from None
+        self._watches[kind] = process
+        threading.Thread(target=self._pump, args=(kind, process), daemon=True).start()
+
+    def _pump(self, kind: str, process: subprocess.Popen) -> None:
+        """Turn a watch's output into queue items; say when it ends."""
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+        def chunks() -> Iterator[str]:
+            while True:
+                data = process.stdout.read(65536)  # type: ignore[union-attr]
+                if not data:
+                    return
+                yield decoder.decode(data)
+
+        try:
+            for value in iter_json_stream(chunks()):
+                self._queue.put((kind, value))
+        except (OSError, ValueError):
+            pass  # the pipe closed under us: reported as the watch's end below
+        process.wait()
+        self._queue.put(("ended", kind))
+
+    def _stop_watches(self) -> None:
+        for process in self._watches.values():
+            if process.poll() is None:
+                process.terminate()
+        for process in self._watches.values():
+            try:
+                process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        self._watches.clear()
+
+    def _poll(self, client_deadline: float) -> None:
+        retry_until = min(client_deadline, time.monotonic() + CALL_TIMEOUT_SECONDS)
+        job = self.kubectl.json(["get", "job", self.job_name, "-n", self.namespace],
+                                retry_until=retry_until)
+        pods = self.kubectl.json(["get", "pods", "-l", f"job-name={self.job_name}", "-n", self.namespace],
+                                 retry_until=retry_until)
+        for pod in (pods or {}).get("items", []):
+            self._on_pod(pod)
+        self._on_job(job)
+
+    def _on_job(self, job: dict) -> None:
+        self.job = job
+        end = job_finished(job)
+        if end and self.end is None:
+            self.observed_monotonic = time.monotonic()
+            self.observed_wall = time.time()
+            self.end = end
+
+    def _on_pod(self, pod: dict, deleted: bool = False) -> None:
+        name = pod_name(pod)
+        if deleted:
+            # Keep the last state seen: a pod that vanished is still part of the evidence.
+            self.pods.setdefault(name, pod)
+            return
+        self.pods[name] = pod
+        if container_terminated(pod) is not None and name not in self._log_reads:
+            self._log_reads[name] = self.pool.submit(self._read_log, name)
+
+    def _read_log(self, name: str) -> None:
+        try:
+            self.logs[name] = self.kubectl.run(
+                ["logs", name, "-c", CONTAINER_NAME, "-n", self.namespace],
+                retry_until=time.monotonic() + 20)
+        except DemoError:
+            pass  # read again when the batch's evidence is collected
+
+    def _show(self, submitted_monotonic: float) -> None:
+        status = (self.job or {}).get("status") or {}
+        self.progress.update(
+            f"{self.job_name}: {time.monotonic() - submitted_monotonic:6.1f}s  "
+            f"active {status.get('active', 0)}  ready {status.get('ready', 0)}  "
+            f"succeeded {status.get('succeeded', 0)}/{self.count}  failed {status.get('failed', 0)}"
+            + ("  (polling)" if self.polling else ""))
+
+    # -- collecting -------------------------------------------------------
+
+    def finish_log_reads(self) -> None:
+        """Wait for log reads already under way."""
+        concurrent.futures.wait(list(self._log_reads.values()), timeout=CALL_TIMEOUT_SECONDS)
+
+
+# --------------------------------------------------------------------------
+# Files.
+
+
+def write_text(path: str, text: str) -> None:
+    """Write a file whole or not at all (a crash never leaves half a receipt)."""
+    temporary = f"{path}.tmp"
+    try:
+        with open(temporary, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(temporary, path)
+    except OSError as error:
+        raise DemoError(f"cannot write {path}: {error.strerror or error}") from None
+
+
+def write_json(path: str, data: Any) -> None:
+    write_text(path, json.dumps(data, indent=2) + "\n")
+
+
+def read_json(path: str, what: str) -> Any:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except FileNotFoundError:
+        raise DemoError(f"{what} not found: {path}") from None
+    except (OSError, ValueError) as error:
+        raise DemoError(f"{what} unreadable: {path}: {error}") from None
+
+
+def read_text(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return handle.read()
+    except FileNotFoundError:
+        return ""
+
+
+def program_name() -> str:
+    name = os.path.basename(sys.argv[0] or "")
+    return name if name and not name.endswith(".py") else "python3 rl_batch_demo.py"
+
+
+def cleanup_command(output: str, kubectl_binary: str = "kubectl") -> str:
+    import shlex
+    extra = "" if kubectl_binary == "kubectl" else f" --kubectl {shlex.quote(kubectl_binary)}"
+    return f"{program_name()} cleanup --output {shlex.quote(output)}{extra}"
+
+
+# --------------------------------------------------------------------------
+# The `run` action.
+
+
+def default_timeout(count: int, parallelism: int) -> int:
+    """The Job deadline: SPEC A's 240 s up to the default cap, then grown with the waves of pods."""
+    if count <= DEFAULT_MAX_EPISODES:
+        return DEFAULT_JOB_DEADLINE_SECONDS
+    waves = math.ceil(count / parallelism)
+    return max(DEFAULT_JOB_DEADLINE_SECONDS, 120 + 20 * waves)
+
+
+def batch_names(rounds: int, warmup: bool) -> list[tuple[str, bool]]:
+    """(Job name, measured?) for every batch of a run; one measured batch is plain `rollout`."""
+    names = [(WARMUP_JOB_NAME, False)] if warmup else []
+    if rounds == 1:
+        names.append((JOB_NAME, True))
+    else:
+        names += [(f"{JOB_NAME}-{n}", True) for n in range(1, rounds + 1)]
+    return names
+
+
+def planned_objects(namespace: str, run_id: str, settings: dict, worker_source: str) -> list[dict]:
+    """Every object `run` creates, in creation order."""
+    objects = [namespace_manifest(namespace, run_id, settings["harden"])]
+    if settings["harden"]:
+        objects.append(network_policy_manifest(namespace))
+    objects.append(configmap_manifest(namespace, worker_source))
+    for name, _ in batch_names(settings["rounds"], settings["warmup"]):
+        objects.append(job_manifest(
+            namespace, settings["count"], settings["parallelism"], settings["image"],
+            settings["runtime"], settings["timeout"], name=name, harden=settings["harden"],
+            indexed=not settings["builtin"]))
+    return objects
+
+
+def find_kubectl(binary: str) -> str:
+    """The kubectl to run, or a one-line error naming what is wrong with it."""
+    found = shutil.which(binary)
+    if found:
+        return found
+    if os.path.exists(binary):
+        raise DemoError(f"kubectl at {binary} is not executable (chmod +x it or pass --kubectl PATH)")
+    raise DemoError(f"kubectl not found: {binary!r} (install kubectl or pass --kubectl PATH)")
+
+
+def resolve_context(kubectl: Kubectl, wanted: str | None) -> str:
+    """The context every later call names: --context if it exists, else the current one."""
+    if wanted:
+        try:
+            kubectl.run(["config", "get-contexts", wanted, "-o", "name"], request_timeout=None)
+        except KubectlError:
+            raise DemoError(f"kube context {wanted!r} not found in the kubeconfig "
+                            f"(kubectl config get-contexts lists them)") from None
+        return wanted
+    try:
+        context = kubectl.run(["config", "current-context"], request_timeout=None).strip()
+    except KubectlError as error:
+        raise DemoError(f"no current kube context ({error}); "
+                        f"set one or pass --context NAME") from None
+    if not context:
+        raise DemoError("no current kube context; set one or pass --context NAME")
+    return context
+
+
+def describe_failure(job: dict | None, pods: Sequence[dict], job_name: str, limit_seconds: int) -> list[str]:
+    """Why a Job did not complete: its condition and each pod that did not succeed."""
+    lines = []
+    failed = condition(job or {}, "Failed")
+    if failed and failed.get("status") == "True":
+        lines.append(f"Job {job_name}: Failed ({failed.get('reason', '?')}: {failed.get('message', '')})")
+    else:
+        lines.append(f"Job {job_name}: not Complete within {limit_seconds} s")
+    for pod in sorted(pods, key=pod_name):
+        phase = (pod.get("status") or {}).get("phase")
+        if phase == "Succeeded":
+            continue
+        state = container_status(pod).get("state") or {}
+        if "terminated" in state:
+            detail = (f"container exited {state['terminated'].get('exitCode')} "
+                      f"({state['terminated'].get('reason', '')})")
+        elif "waiting" in state:
+            detail = f"{state['waiting'].get('reason', 'waiting')}: {state['waiting'].get('message', '')}".rstrip(": ")
+        elif "running" in state:
+            detail = "still running"
+        else:
+            unscheduled = condition(pod, "PodScheduled")
+            detail = (unscheduled or {}).get("message") or "no container status"
+        lines.append(f"pod {pod_name(pod)}: {phase}, {detail}")
+    return lines
+
+
+class RunAction:
+    """One `run`: the steps of SPEC A3 in order, with everything needed to salvage an interruption."""
+
+    def __init__(self, args: argparse.Namespace, settings: dict, worker_source: str,
+                 kubectl: Kubectl, output: str) -> None:
+        self.args = args
+        self.settings = settings
+        self.worker_source = worker_source
+        self.kubectl = kubectl
+        self.output = output
+        self.run_id = secrets.token_hex(6)
+        self.namespace = NAMESPACE_PREFIX + self.run_id
+        self.receipt: dict[str, Any] = {"context": kubectl.context, "namespace": self.namespace,
+                                        "run_id": self.run_id}
+        self.progress = Progress(args.quiet)
+        self.pool = concurrent.futures.ThreadPoolExecutor(LOG_READERS)
+        self.follower: BatchFollower | None = None
+        self.batch_dir = output
+        self.touched_cluster = False
+        self.cpu_start = cpu_seconds()
+
+    # -- steps ------------------------------------------------------------
+
+    def execute(self) -> dict:
+        write_json(os.path.join(self.output, RECEIPT_FILE), self.receipt)
+        batches = batch_names(self.settings["rounds"], self.settings["warmup"])
+        self.settings["namespace"] = self.namespace
+        self.settings["batches"] = [{"job": name, "measured": measured,
+                                     "dir": name if len(batches) > 1 else "."}
+                                    for name, measured in batches]
+        write_json(os.path.join(self.output, "run.json"), self.settings)
+        self.check_runtime_class()
+        self.create_namespace()
+        if self.settings["harden"]:
+            self.create(network_policy_manifest(self.namespace))
+        self.create(configmap_manifest(self.namespace, self.worker_source))
+        summaries = []
+        for entry in self.settings["batches"]:
+            self.batch_dir = os.path.normpath(os.path.join(self.output, entry["dir"]))
+            os.makedirs(self.batch_dir, exist_ok=True)
+            summaries.append((entry, self.run_batch(entry["job"])))
+        results = assemble_results(self.settings, summaries, self.client_figures())
+        write_json(os.path.join(self.output, RESULTS_FILE), saved_results(results))
+        measured = [(entry["job"], summary) for entry, summary in summaries if entry["measured"]]
+        write_text(os.path.join(self.output, "episodes.csv"), episodes_csv(measured))
+        write_text(os.path.join(self.output, "timeline.svg"), timeline_svg(
+            measured, f"{self.settings['count']} episodes, parallelism {self.settings['parallelism']}, "
+                      f"runtime {self.settings['runtime']}"))
+        return results
+
+    def check_runtime_class(self) -> None:
+        runtime = self.settings["runtime"]
+        try:
+            self.kubectl.run(["get", "runtimeclass", runtime, "-o", "name"],
+                             retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS)
+        except KubectlError as error:
+            if error.not_found:
+                raise DemoError(f"RuntimeClass {runtime!r} not found in context {self.kubectl.context!r}; "
+                                f"nothing was created (pass --runtime NAME)") from None
+            raise DemoError(f"cannot reach the cluster of context {self.kubectl.context!r}: {error}; "
+                            f"nothing was created") from None
+
+    def create_namespace(self) -> None:
+        self.touched_cluster = True
+        created = self.create(namespace_manifest(self.namespace, self.run_id, self.settings["harden"]))
+        self.receipt["namespace_uid"] = created["metadata"]["uid"]
+        write_json(os.path.join(self.output, RECEIPT_FILE), self.receipt)
+        print(f"Test namespace: {self.namespace}", flush=True)
+
+    def create(self, manifest: dict) -> dict:
+        """Create one object; a retry that finds it already there adopts it only if it is provably ours."""
+        try:
+            return self.kubectl.json(["create", "-f", "-"], input_text=json.dumps(manifest),
+                                     retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS)
+        except KubectlError as error:
+            if not error.already_exists or self.kubectl.retries == 0:
+                raise
+        kind = manifest["kind"].lower()
+        name = manifest["metadata"]["name"]
+        namespace_args = [] if kind == "namespace" else ["-n", self.namespace]
+        existing = self.kubectl.json(["get", kind, name] + namespace_args,
+                                     retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS)
+        labels = (existing or {}).get("metadata", {}).get("labels") or {}
+        if kind == "namespace" and labels.get(RUN_LABEL) != self.run_id:
+            raise DemoError(f"namespace {name} already exists and is not this run's")
+        return existing
+
+    def run_batch(self, job_name: str) -> dict:
+        """Submit one Job, follow it, save its evidence, verify and summarise it."""
+        manifest = job_manifest(
+            self.namespace, self.settings["count"], self.settings["parallelism"],
+            self.settings["image"], self.settings["runtime"], self.settings["timeout"],
+            name=job_name, harden=self.settings["harden"], indexed=not self.settings["builtin"])
+        write_json(os.path.join(self.batch_dir, "job-submitted.json"), manifest)
+        self.follower = BatchFollower(self.kubectl, self.namespace, job_name, self.settings["count"],
+                                      self.progress, self.pool)
+        submitted_wall = time.time()
+        submitted = time.monotonic()
+        client_deadline = submitted + self.settings["timeout"] + CLIENT_GRACE_SECONDS
+        created = self.create(manifest)
+        self.receipt.setdefault("jobs", {})[job_name] = created["metadata"]["uid"]
+        if "job_uid" not in self.receipt:
+            self.receipt["job_uid"] = created["metadata"]["uid"]
+        write_json(os.path.join(self.output, RECEIPT_FILE), self.receipt)
+        end = self.follower.follow(submitted, client_deadline)
+        client = {
+            "job": job_name, "end": end, "submitted_at": submitted_wall,
+            "observed_at": self.follower.observed_wall,
+            "client_job_complete_seconds": rounded(self.follower.observed_monotonic - submitted)
+            if self.follower.observed_monotonic is not None else None,
+            "kubectl_processes_while_waiting": self.follower.processes_while_waiting,
+            "watch_restarts": self.follower.watch_restarts,
+            "wait_mode": "poll" if self.follower.polling else "watch",
+        }
+        job, pods, logs, events = self.collect(job_name, client_deadline)
+        if end != "Complete":
+            raise DemoError("\n  ".join(
+                ["Job failed or timed out; inspect saved status/events/logs, then cleanup"]
+                + describe_failure(job, pods, job_name, self.settings["timeout"] + CLIENT_GRACE_SECONDS)))
+        summary = summarise_batch(job, pods, logs, events, self.settings["count"],
+                                  self.settings["builtin"], self.follower.observed_wall)
+        summary["client_job_complete_seconds"] = client["client_job_complete_seconds"]
+        client["post_completion_seconds"] = rounded(time.monotonic() - self.follower.observed_monotonic)
+        write_json(os.path.join(self.batch_dir, "client.json"), client)
+        summary["_client"] = client
+        return summary
+
+    def collect(self, job_name: str, client_deadline: float, quick: bool = False) -> tuple:
+        """Save job.json, pods.json, events.txt, events.json and one log per pod (SPEC A3.9)."""
+        follower = self.follower
+        assert follower is not None
+        retry_until = None if quick else max(client_deadline, time.monotonic() + 20)
+        namespace_args = ["-n", self.namespace]
+
+        def fetch_job() -> dict | None:
+            if follower.end is not None and follower.job is not None:
+                return follower.job
+            try:
+                return self.kubectl.json(["get", "job", job_name] + namespace_args, retry_until=retry_until)
+            except DemoError:
+                return follower.job
+
+        def fetch_pods() -> str:
+            return self.kubectl.run(["get", "pods", "-l", f"job-name={job_name}", "-o", "json"]
+                                    + namespace_args, retry_until=retry_until)
+
+        def fetch_events(args: list[str]) -> str:
+            return self.kubectl.run(["get", "events"] + args + namespace_args, retry_until=retry_until)
+
+        job_future = self.pool.submit(fetch_job)
+        pods_future = self.pool.submit(fetch_pods)
+        table_future = self.pool.submit(fetch_events, ["--sort-by=.metadata.creationTimestamp"])
+        events_future = self.pool.submit(fetch_events, ["-o", "json"])
+        problems = []
+        job = job_future.result()
+        if job is not None:
+            write_json(os.path.join(self.batch_dir, "job.json"), job)
+        try:
+            pods_text = pods_future.result()
+            write_text(os.path.join(self.batch_dir, "pods.json"), pods_text)
+            pods = json.loads(pods_text).get("items", [])
+        except (DemoError, ValueError) as error:
+            problems.append(f"pods: {error}")
+            pods = list(follower.pods.values())
+            write_json(os.path.join(self.batch_dir, "pods.json"), list_manifest(pods))
+        try:
+            write_text(os.path.join(self.batch_dir, "events.txt"), table_future.result())
+        except DemoError as error:
+            problems.append(f"events: {error}")
+            write_text(os.path.join(self.batch_dir, "events.txt"), "")
+        try:
+            events_text = events_future.result()
+            write_text(os.path.join(self.batch_dir, "events.json"), events_text)
+            events = json.loads(events_text).get("items", [])
+        except (DemoError, ValueError) as error:
+            problems.append(f"events: {error}")
+            events = []
+        follower.finish_log_reads()
+        logs = self.read_logs(pods, follower, retry_until)
+        for name, text in logs.items():
+            write_text(os.path.join(self.batch_dir, f"{name}.log"), text)
+        for problem in problems:
+            print(f"Warning: could not save {problem}", file=sys.stderr)
+        return job, pods, logs, events
+
+    def read_logs(self, pods: Sequence[dict], follower: BatchFollower,
+                  retry_until: float | None) -> dict[str, str]:
+        """Each pod's episode log: the one read after its container ended, else read now; unreadable -> empty."""
+        logs: dict[str, str] = {}
+        pending = {}
+        for pod in pods:
+            name = pod_name(pod)
+            if name in follower.logs and container_terminated(pod) is not None:
+                logs[name] = follower.logs[name]
+            else:
+                pending[name] = self.pool.submit(
+                    self.kubectl.run, ["logs", name, "-c", CONTAINER_NAME, "-n", self.namespace],
+                    None, retry_until)
+        for name, future in pending.items():
+            try:
+                logs[name] = future.result()
+            except DemoError:
+                logs[name] = ""
+        return dict(sorted(logs.items()))
+
+    def client_figures(self) -> dict:
+        return {"kubectl_processes": self.kubectl.processes, "api_retries": self.kubectl.retries,
+                "cpu_seconds": rounded(cpu_seconds() - self.cpu_start)}
+
+    # -- when things go wrong --------------------------------------------
+
+    def salvage(self) -> None:
+        """After an interruption: save what can be saved quickly and complete the receipt."""
+        if self.follower is not None:
+            self.follower._stop_watches()
+            try:
+                self.collect(self.follower.job_name, time.monotonic(), quick=True)
+            except (DemoError, OSError):
+                pass  # whatever could be saved is saved
+        if self.touched_cluster and "namespace_uid" not in self.receipt:
+            try:
+                live = self.kubectl.json(["get", "namespace", self.namespace, "--ignore-not-found"])
+            except DemoError:
+                live = None
+            if live and (live["metadata"].get("labels") or {}).get(RUN_LABEL) == self.run_id:
+                self.receipt["namespace_uid"] = live["metadata"]["uid"]
+        if self.follower is not None and self.follower.job_name not in self.receipt.get("jobs", {}):
+            try:
+                live = self.kubectl.json(["get", "job", self.follower.job_name, "-n", self.namespace,
+                                          "--ignore-not-found"])
+            except DemoError:
+                live = None
+            if live:
+                self.receipt.setdefault("jobs", {})[self.follower.job_name] = live["metadata"]["uid"]
+                self.receipt.setdefault("job_uid", live["metadata"]["uid"])
+        write_json(os.path.join(self.output, RECEIPT_FILE), self.receipt)
+
+    def close(self) -> None:
+        if self.follower is not None:
+            self.follower._stop_watches()
+        self.pool.shutdown(wait=False)
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process and its finished children (kubectl), or 0 where unknown."""
+    if resource is None:
+        return 0.0
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def assemble_results(settings: dict, summaries: Sequence[tuple[dict, dict]], client: dict | None) -> dict:
+    """results.json (SPEC A4) from the batches' summaries; several rounds are pooled."""
+    measured = [summary for entry, summary in summaries if entry["measured"]]
+    warmups = [summary for entry, summary in summaries if not entry["measured"]]
+    rows = [dict(row, job=entry["job"]) if len(measured) > 1 else row
+            for entry, summary in summaries if entry["measured"] for row in summary["pods"]]
+    pod_to_ready = [row["pod_to_ready_seconds"] for row in rows]
+    client_seconds = [s.get("client_job_complete_seconds") for s in measured]
+    results: dict[str, Any] = {
+        "episodes": sum(s["episodes"] for s in measured),
+        "successful_episodes": sum(s["successful_episodes"] for s in measured),
+        "reward_sum": sum(s["reward_sum"] for s in measured),
+        "batch_to_all_ready_seconds": max(s["batch_to_all_ready_seconds"] for s in measured),
+        "batch_to_all_rewards_seconds": max(s["batch_to_all_rewards_seconds"] for s in measured),
+        "pod_to_ready_p50_seconds": rounded(percentile(pod_to_ready, 0.50)),
+        "pod_to_ready_p95_seconds": rounded(percentile(pod_to_ready, 0.95)),
+        "pod_to_ready_max_seconds": max(pod_to_ready),
+        "pods": rows,
+        "context": settings["context"],
+        "namespace": settings["namespace"],
+        "image": settings["image"],
+        "runtime": settings["runtime"],
+        "parallelism": settings["parallelism"],
+        "cache_state": "warmed" if settings["warmup"] else "uncontrolled",
+        "client_job_complete_seconds": None if None in client_seconds else max(client_seconds),
+        "reward_mean": rounded(sum(s["reward_sum"] for s in measured)
+                               / max(1, sum(s["episodes"] for s in measured)), 6),
+        "rounds_measured": len(measured),
+        "phases": phase_summary([r["phases"] for s in measured for r in s["_episodes"]]),
+        "phase_points": POINT_SOURCES,
+        "nodes": node_distribution_from_rows(rows),
+        "warnings": merge_warnings([s["warnings"] for s in measured]),
+    }
+    if len(measured) == 1:
+        results["completion_gap"] = measured[0]["completion_gap"]
+        results["client_wait"] = measured[0].get("_client")
+    else:
+        results["rounds"] = [dict(s, job=entry["job"]) for entry, s in summaries if entry["measured"]]
+    if warmups:
+        results["warmup"] = warmups[0]
+    if client is not None:
+        results["client"] = client
+    results["_batches"] = [(entry["job"], s) for entry, s in summaries if entry["measured"]]
+    return results
+
+
+def node_distribution_from_rows(rows: Iterable[dict]) -> dict[str, int]:
+    return node_distribution({"spec": {"nodeName": row["node"]}} for row in rows)
+
+
+def merge_warnings(summaries: Iterable[dict]) -> dict:
+    merged: dict[str, dict] = {}
+    for summary in summaries:
+        for reason, entry in summary.items():
+            target = merged.setdefault(reason, {"count": 0, "objects": []})
+            target["count"] += entry["count"]
+            target["objects"] += [o for o in entry["objects"] if o not in target["objects"]]
+    return merged
+
+
+def load_worker(script: str | None) -> tuple[str, bool]:
+    """The episode program to ship and whether it is the built-in one."""
+    if script is None:
+        return WORKER_SOURCE, True
+    try:
+        with open(script, encoding="utf-8") as handle:
+            return handle.read(), False
+    except (OSError, UnicodeDecodeError) as error:
+        raise DemoError(f"cannot read --episode-script {script}: {getattr(error, 'strerror', None) or error}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    """Submit the batch(es), wait, save every record, verify, report (SPEC A3)."""
+    worker_source, builtin = load_worker(args.episode_script)
+    settings = {
+        "version": __version__, "count": args.count, "parallelism": args.parallelism,
+        "image": args.image, "runtime": args.runtime,
+        "timeout": args.timeout or default_timeout(args.count, args.parallelism),
+        "rounds": args.rounds, "warmup": args.warmup, "harden": args.harden,
+        "builtin": builtin, "episode_script": args.episode_script,
+    }
+    if args.dry_run:
+        run_id = secrets.token_hex(6)
+        objects = planned_objects(NAMESPACE_PREFIX + run_id, run_id, settings, worker_source)
+        print(json.dumps(list_manifest(objects), indent=2))
+        return 0
+    output = args.output
+    if os.path.lexists(output):
+        raise DemoError(f"output directory {output} already exists; records are never overwritten, "
+                        f"choose a new --output")
+    kubectl = Kubectl(find_kubectl(args.kubectl))
+    kubectl.context = resolve_context(kubectl, args.context)
+    settings["context"] = kubectl.context
+    try:
+        os.makedirs(output)
+    except OSError as error:
+        raise DemoError(f"cannot create output directory {output}: {error.strerror or error}") from None
+    action = RunAction(args, settings, worker_source, kubectl, output)
+    cleanup_hint = cleanup_command(output, args.kubectl)
+    previous_handler = signal.signal(signal.SIGTERM, raise_interrupt) \
+        if threading.current_thread() is threading.main_thread() else None
+    failure: DemoError | None = None
+    try:
+        results = action.execute()
+    except KeyboardInterrupt:
+        action.progress.finish()
+        try:
+            action.salvage()
+        except (KeyboardInterrupt, DemoError):
+            pass
+        print(f"Interrupted. Evidence saved in {output}; receipt.json names namespace "
+              f"{action.namespace}.\nClean up with: {cleanup_hint}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except DemoError as error:
+        failure = error
+    finally:
+        action.close()
+        if previous_handler is not None:
+            signal.signal(signal.SIGTERM, previous_handler)
+    if failure is None:
+        print(json.dumps(public_results(results), indent=2))
+        if not args.quiet:
+            print(phase_table(results["phases"]), file=sys.stderr)
+    if args.cleanup and action.touched_cluster:
+        print(f"Cleaning up (--cleanup) after {'a failed' if failure else 'the'} run.", file=sys.stderr)
+        cleanup_namespace(kubectl, action.receipt, output)
+    if failure is not None:
+        if action.touched_cluster and not args.cleanup:
+            raise DemoError(f"{failure}\n  evidence: {output}\n  clean up: {cleanup_hint}")
+        raise DemoError(f"{failure}\n  evidence: {output}")
+    return 0
+
+
+def raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+# --------------------------------------------------------------------------
+# The `cleanup` action.
+
+
+def read_receipt(output: str) -> dict:
+    receipt = read_json(os.path.join(output, RECEIPT_FILE), "receipt")
+    if not isinstance(receipt, dict) or not all(isinstance(receipt.get(k), str) and receipt.get(k)
+                                                for k in ("context", "namespace", "run_id")):
+        raise DemoError(f"receipt {os.path.join(output, RECEIPT_FILE)} lacks context, namespace or "
+                        f"run_id; nothing was deleted")
+    if not receipt["namespace"].startswith(NAMESPACE_PREFIX):
+        raise DemoError(f"receipt names namespace {receipt['namespace']!r}, which this tool never "
+                        f"creates; nothing was deleted")
+    return receipt
+
+
+def wait_gone(kubectl: Kubectl, args: list[str], seconds: float) -> dict | None:
+    """Poll until the object is gone; return its last state if it is still there at the deadline."""
+    deadline = time.monotonic() + seconds
+    while True:
+        live = kubectl.json(args + ["--ignore-not-found"], retry_until=deadline)
+        if live is None:
+            return None
+        if time.monotonic() >= deadline:
+            return live
+        time.sleep(POLL_INTERVAL_SECONDS)
+
+
+def cleanup_namespace(kubectl: Kubectl, receipt: dict, output: str) -> None:
+    """Delete the run's Jobs and namespace, only after proving both are the run's own (SPEC A5)."""
+    namespace = receipt["namespace"]
+    retry_until = time.monotonic() + CALL_TIMEOUT_SECONDS
+    live = kubectl.json(["get", "namespace", namespace, "--ignore-not-found"], retry_until=retry_until)
+    if live is None:
+        print("Namespace already absent", flush=True)
+        return
+    uid = live["metadata"].get("uid")
+    label = (live["metadata"].get("labels") or {}).get(RUN_LABEL)
+    if not receipt.get("namespace_uid") or uid != receipt.get("namespace_uid") or label != receipt["run_id"]:
+        raise DemoError(
+            f"refusing to delete namespace {namespace}: its UID {uid} / label {RUN_LABEL}={label} "
+            f"do not match the receipt ({receipt.get('namespace_uid')} / {receipt['run_id']}); "
+            f"nothing was deleted")
+    expected_jobs = dict(receipt.get("jobs") or {})
+    if receipt.get("job_uid"):
+        expected_jobs.setdefault(JOB_NAME, receipt["job_uid"])
+    if JOB_NAME not in expected_jobs:
+        saved = os.path.join(output, "job.json")
+        if os.path.exists(saved):
+            expected_jobs[JOB_NAME] = (read_json(saved, "job.json").get("metadata") or {}).get("uid")
+    names = sorted(set(expected_jobs) | {JOB_NAME})
+    live_jobs = {}
+    for name in names:
+        job = kubectl.json(["get", "job", name, "-n", namespace, "--ignore-not-found"], retry_until=retry_until)
+        if job is None:
+            continue
+        if job["metadata"].get("uid") != expected_jobs.get(name):
+            raise DemoError(f"refusing to delete Job {name} in {namespace}: its UID "
+                            f"{job['metadata'].get('uid')} is not the receipt's "
+                            f"({expected_jobs.get(name)}); nothing was deleted")
+        live_jobs[name] = job
+    for name in live_jobs:
+        kubectl.run(["delete", "job", name, "-n", namespace, "--cascade=foreground", "--wait=false",
+                     "--ignore-not-found"], retry_until=retry_until)
+    for name in live_jobs:
+        if wait_gone(kubectl, ["get", "job", name, "-n", namespace], DELETE_WAIT_SECONDS) is not None:
+            raise DemoError(f"Job {name} in {namespace} still exists after {DELETE_WAIT_SECONDS} s; "
+                            f"inspect it with: kubectl --context {receipt['context']} get job {name} "
+                            f"-n {namespace} -o yaml")
+    kubectl.run(["delete", "namespace", namespace, "--wait=false", "--ignore-not-found"],
+                retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS)
+    stuck = wait_gone(kubectl, ["get", "namespace", namespace], DELETE_WAIT_SECONDS)
+    if stuck is not None:
+        finalizers = (stuck.get("metadata", {}).get("finalizers") or []) + \
+            ((stuck.get("spec") or {}).get("finalizers") or [])
+        reasons = [f"{c.get('type')}: {c.get('message')}" for c in (stuck.get("status") or {}).get("conditions") or []
+                   if c.get("status") == "True"]
+        raise DemoError(
+            f"namespace {namespace} is still {(stuck.get('status') or {}).get('phase', 'present')} after "
+            f"{DELETE_WAIT_SECONDS} s; inspect its finalizers ({', '.join(finalizers) or 'none listed'})"
+            + (f" and conditions ({'; '.join(reasons)})" if reasons else "")
+            + f" with: kubectl --context {receipt['context']} get namespace {namespace} -o yaml "
+              f"(finalizers are never stripped by this tool); run cleanup again later")
+    print(f"Deleted test namespace: {namespace}", flush=True)
+
+
+def cleanup(args: argparse.Namespace) -> int:
+    """Delete what the receipt proves this run created (SPEC A5); the output directory is kept."""
+    receipt = read_receipt(args.output)
+    kubectl = Kubectl(find_kubectl(args.kubectl), receipt["context"])
+    cleanup_namespace(kubectl, receipt, args.output)
+    return 0
+
+
+# --------------------------------------------------------------------------
+# `report` and `compare`: saved files only, no cluster.
+
+
+def load_saved_batch(directory: str, settings: dict) -> dict:
+    """Recompute one batch's summary from its saved files."""
+    job = read_json(os.path.join(directory, "job.json"), "job.json")
+    pods = read_json(os.path.join(directory, "pods.json"), "pods.json").get("items", [])
+    events_path = os.path.join(directory, "events.json")
+    events = read_json(events_path, "events.json").get("items", []) if os.path.exists(events_path) else []
+    logs = {pod_name(pod): read_text(os.path.join(directory, f"{pod_name(pod)}.log")) for pod in pods}
+    client_path = os.path.join(directory, "client.json")
+    client = read_json(client_path, "client.json") if os.path.exists(client_path) else {}
+    if job_finished(job) != "Complete":
+        raise DemoError("\n  ".join(["the saved Job did not complete"] + describe_failure(
+            job, pods, job["metadata"].get("name", JOB_NAME), settings.get("timeout", 0))))
+    summary = summarise_batch(job, pods, logs, events, settings["count"], settings.get("builtin", True),
+                              client.get("observed_at"))
+    summary["client_job_complete_seconds"] = client.get("client_job_complete_seconds")
+    summary["_client"] = client or None
+    return summary
+
+
+def recompute(output: str) -> dict:
+    """Results of a finished run from its saved files alone."""
+    settings_path = os.path.join(output, "run.json")
+    if os.path.exists(settings_path):
+        settings = read_json(settings_path, "run.json")
+    else:  # a run saved by a tool that kept only SPEC A's files
+        receipt = read_receipt(output)
+        saved = read_json(os.path.join(output, RESULTS_FILE), "results.json")
+        settings = {"count": saved["episodes"], "parallelism": saved["parallelism"], "image": saved["image"],
+                    "runtime": saved["runtime"], "rounds": 1, "warmup": False, "builtin": True,
+                    "context": receipt["context"], "namespace": receipt["namespace"],
+                    "batches": [{"job": JOB_NAME, "measured": True, "dir": "."}]}
+    summaries = [(entry, load_saved_batch(os.path.normpath(os.path.join(output, entry["dir"])), settings))
+                 for entry in settings["batches"]]
+    previous = os.path.join(output, RESULTS_FILE)
+    client = read_json(previous, "results.json").get("client") if os.path.exists(previous) else None
+    return assemble_results(settings, summaries, client)
+
+
+def report(args: argparse.Namespace) -> int:
+    """Recompute and reprint a finished run from its saved files."""
+    results = recompute(args.directory)
+    print(json.dumps(public_results(results), indent=2))
+    if not args.quiet:
+        print(phase_table(results["phases"]), file=sys.stderr)
+    return 0
+
+
+def compare(args: argparse.Namespace) -> int:
+    """Print the key figures of two finished runs side by side, with ratios."""
+    first = read_json(os.path.join(args.first, RESULTS_FILE), "results.json")
+    second = read_json(os.path.join(args.second, RESULTS_FILE), "results.json")
+    print(compare_table(first, second, f"A: {os.path.basename(os.path.normpath(args.first))}",
+                        f"B: {os.path.basename(os.path.normpath(args.second))}"))
+    return 0
+
+
+# --------------------------------------------------------------------------
+# Command line.
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Name each default in the help, except where there is none to name."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default in (None, False) or action.default is argparse.SUPPRESS:
+            return action.help or ""
+        return super()._get_help_string(action) or ""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=program_name() if program_name() != "python3 rl_batch_demo.py" else "rl_batch_demo.py",
+        description="Measure how fast a Kubernetes cluster with a sandbox runtime runs a batch of "
+                    "RL rollout episodes.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+
+    run_parser = actions.add_parser("run", help="submit a batch of episodes, wait, verify and report",
+                                    formatter_class=HelpFormatter)
+    run_parser.add_argument("--output", required=True, metavar="DIR",
+                            help="new directory for every record of the run (must not exist)")
+    run_parser.add_argument("--count", type=int, default=DEFAULT_COUNT, metavar="N",
+                            help="episodes (Job completions)")
+    run_parser.add_argument("--parallelism", type=int, default=None, metavar="P",
+                            help="episodes at once (default: the count)")
+    run_parser.add_argument("--image", default=DEFAULT_IMAGE, help="container image with python")
+    run_parser.add_argument("--runtime", default=DEFAULT_RUNTIME, metavar="RUNTIMECLASS",
+                            help="RuntimeClass that sandboxes each episode")
+    run_parser.add_argument("--context", default=None, metavar="NAME",
+                            help="kube context (default: the current context)")
+    run_parser.add_argument("--kubectl", default="kubectl", metavar="PATH", help="kubectl binary")
+    run_parser.add_argument("--timeout", type=positive_int, default=None, metavar="SECONDS",
+                            help=f"the Job's activeDeadlineSeconds; the client gives up "
+                                 f"{CLIENT_GRACE_SECONDS} s later (default: {DEFAULT_JOB_DEADLINE_SECONDS}, "
+                                 f"grown with the batch above {DEFAULT_MAX_EPISODES} episodes)")
+    run_parser.add_argument("--max-episodes", type=positive_int, default=DEFAULT_MAX_EPISODES, metavar="N",
+                            help="safety cap on --count; raise it explicitly for large batches")
+    run_parser.add_argument("--rounds", type=positive_int, default=1, metavar="R",
+                            help="measured batches, one after another in the same namespace")
+    run_parser.add_argument("--warmup", action="store_true",
+                            help="first run one unmeasured batch of the same shape (cache_state 'warmed')")
+    run_parser.add_argument("--episode-script", default=None, metavar="FILE",
+                            help="ship this episode program instead of the built-in one")
+    run_parser.add_argument("--dry-run", action="store_true",
+                            help="print the objects that would be created as a v1 List; touch nothing")
+    run_parser.add_argument("--harden", action="store_true",
+                            help="deny all network traffic, read-only root filesystem, workspace size "
+                                 "limit, Pod Security 'restricted'")
+    run_parser.add_argument("--cleanup", action="store_true",
+                            help="after every file is saved, clean up as `cleanup` would")
+    run_parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+
+    cleanup_parser = actions.add_parser("cleanup", help="delete what the run's receipt proves it created",
+                                        formatter_class=HelpFormatter)
+    cleanup_parser.add_argument("--output", required=True, metavar="DIR", help="the run's output directory")
+    cleanup_parser.add_argument("--kubectl", default="kubectl", metavar="PATH", help="kubectl binary")
+
+    report_parser = actions.add_parser("report", help="recompute and reprint a finished run from its files")
+    report_parser.add_argument("directory", metavar="DIR", help="the run's output directory")
+    report_parser.add_argument("--quiet", action="store_true", help="no phase table on stderr")
+
+    compare_parser = actions.add_parser("compare", help="key figures of two runs side by side")
+    compare_parser.add_argument("first", metavar="DIR_A")
+    compare_parser.add_argument("second", metavar="DIR_B")
+    return parser
+
+
+def check_run_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """SPEC A1: 1 <= parallelism <= count <= cap, else a usage error (exit 2)."""
+    if args.parallelism is None:
+        args.parallelism = args.count
+    if args.count < 1:
+        parser.error(f"--count must be at least 1, got {args.count}")
+    if args.count > args.max_episodes:
+        parser.error(f"--count {args.count} is over the cap of {args.max_episodes} episodes "
+                     f"(raise it with --max-episodes {args.count})")
+    if not 1 <= args.parallelism <= args.count:
+        parser.error(f"--parallelism must be between 1 and the count ({args.count}), got {args.parallelism}")
+
+
+DISPATCH: dict[str, Callable[[argparse.Namespace], int]] = {
+    "run": run, "cleanup": cleanup, "report": report, "compare": compare,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.action == "run":
+        check_run_arguments(parser, args)
+    try:
+        return DISPATCH[args.action](args)
+    except DemoError as error:
+        print(f"Error: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("Interrupted.", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def cli() -> None:
+    """Console-script entry point."""
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    sys.exit(main())
