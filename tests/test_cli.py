@@ -1,0 +1,616 @@
+"""The command line, called in-process as `main([...])` with tmp_path and capsys.
+
+Nothing here talks to a cluster: argument rules, --dry-run, the refusals that
+come before any cluster call (existing output directory, unusable kubectl, no
+kube context, bad receipts), and `report` / `compare` on saved run directories
+built here in the shape `run` writes them.
+"""
+
+from __future__ import annotations
+
+import calendar
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+
+import rl_batch_demo as demo
+from rl_batch_demo import main
+
+T0 = calendar.timegm((2026, 11, 29, 20, 0, 0))  # the Job's creationTimestamp
+NAMESPACE = "agc-rl-0123456789ab"
+RUN_ID = "0123456789ab"
+
+
+def stamp(seconds_after_t0: int) -> str:
+    return f"2026-11-29T20:00:{seconds_after_t0:02d}Z"
+
+
+def usage_error(argv: list[str]) -> int:
+    """The exit status of a `main` that must stop with a usage error."""
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    return stopped.value.code
+
+
+def error_line(err: str) -> str:
+    """The one `Error:` line an expected failure prints (B11): no traceback, one line."""
+    lines = err.strip().splitlines()
+    assert "Traceback" not in err
+    assert len(lines) == 1, err
+    assert lines[0].startswith("Error: "), err
+    return lines[0]
+
+
+@pytest.fixture
+def no_subprocesses(monkeypatch: pytest.MonkeyPatch) -> list:
+    """Record (and refuse) every process the product tries to start."""
+    started: list = []
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        started.append(args[0] if args else kwargs.get("args"))
+        raise AssertionError(f"the product started a process: {started[-1]}")
+
+    monkeypatch.setattr(subprocess, "run", refuse)
+    monkeypatch.setattr(subprocess, "Popen", refuse)
+    return started
+
+
+# --------------------------------------------------------------------------
+# A1: argument rules.
+
+
+@pytest.mark.parametrize("extra", [
+    ["--count", "0"],
+    ["--count", "-3"],
+    ["--count", "ten"],
+    ["--parallelism", "0"],
+    ["--count", "3", "--parallelism", "4"],
+    ["--count", "3", "--parallelism", "-1"],
+    ["--count", "21"],
+    ["--count", "30", "--max-episodes", "29"],
+])
+def test_run_argument_rules_are_usage_errors(extra: list[str], tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch, capsys: Any,
+                                             no_subprocesses: list) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert usage_error(["run", "--output", "out"] + extra) == 2
+    assert list(tmp_path.iterdir()) == []
+    assert no_subprocesses == []
+    assert "usage:" in capsys.readouterr().err
+
+
+def test_count_over_the_cap_names_max_episodes(tmp_path: Path, capsys: Any) -> None:
+    assert usage_error(["run", "--output", str(tmp_path / "out"), "--count", "21"]) == 2
+    assert "--max-episodes" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("argv", [["launch", "--output", "out"], ["run"], ["cleanup"], [],
+                                  ["run", "--output"], ["run", "--output", "out", "--bogus"]])
+def test_unknown_action_or_missing_output_is_a_usage_error(argv: list[str], tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: Any) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert usage_error(argv) == 2
+    assert list(tmp_path.iterdir()) == []
+    assert capsys.readouterr().out == ""
+
+
+def dry_run(argv: list[str], capsys: Any) -> dict:
+    """`run --dry-run` output, parsed: {kind: object} (one of each kind)."""
+    assert main(["run", "--dry-run"] + argv) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["apiVersion"] == "v1" and printed["kind"] == "List"
+    objects = {item["kind"]: item for item in printed["items"]}
+    assert len(objects) == len(printed["items"])
+    return objects
+
+
+def test_count_21_passes_with_max_episodes_21(tmp_path: Path, capsys: Any) -> None:
+    objects = dry_run(["--output", str(tmp_path / "out"), "--count", "21", "--max-episodes", "21"], capsys)
+    assert objects["Job"]["spec"]["completions"] == 21
+    assert objects["Job"]["spec"]["parallelism"] == 21
+
+
+def test_defaults_count_10_parallelism_count_image_and_runtime(tmp_path: Path, capsys: Any) -> None:
+    job = dry_run(["--output", str(tmp_path / "out")], capsys)["Job"]
+    pod = job["spec"]["template"]["spec"]
+    assert job["spec"]["completions"] == 10
+    assert job["spec"]["parallelism"] == 10
+    assert job["spec"]["activeDeadlineSeconds"] == 240
+    assert pod["containers"][0]["image"] == "python:3.12-alpine"
+    assert pod["runtimeClassName"] == "cube"
+
+
+def test_parallelism_defaults_to_the_count_given(tmp_path: Path, capsys: Any) -> None:
+    job = dry_run(["--output", str(tmp_path / "out"), "--count", "4"], capsys)["Job"]
+    assert (job["spec"]["completions"], job["spec"]["parallelism"]) == (4, 4)
+
+
+def test_flags_reach_the_job(tmp_path: Path, capsys: Any) -> None:
+    job = dry_run(["--output", str(tmp_path / "out"), "--count", "3", "--parallelism", "1",
+                   "--image", "registry.local/python:3.13", "--runtime", "kata", "--timeout", "100"],
+                  capsys)["Job"]
+    pod = job["spec"]["template"]["spec"]
+    assert (job["spec"]["completions"], job["spec"]["parallelism"]) == (3, 1)
+    assert job["spec"]["activeDeadlineSeconds"] == 100
+    assert pod["containers"][0]["image"] == "registry.local/python:3.13"
+    assert pod["runtimeClassName"] == "kata"
+
+
+def help_sections(text: str) -> dict[str, str]:
+    """Option -> its help text, from argparse's help output (continuation lines joined)."""
+    sections: dict[str, str] = {}
+    current = None
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("--"):
+            current = stripped.split()[0].rstrip(",")
+            sections[current] = stripped
+        elif current and line.startswith("      ") and stripped:
+            sections[current] += " " + stripped
+        else:
+            current = None
+    return sections
+
+
+def test_run_help_lists_every_flag_with_its_default(repo_root: Path) -> None:
+    completed = subprocess.run(
+        [sys.executable, str(repo_root / "rl_batch_demo.py"), "run", "--help"],
+        capture_output=True, text=True, timeout=30, env=dict(os.environ, COLUMNS="100"))
+    assert completed.returncode == 0, completed.stderr
+    text = completed.stdout
+    for expected in ("--count", "default: 10", "python:3.12-alpine", "cube", "--parallelism", "--output"):
+        assert expected in text
+    sections = help_sections(text)
+    assert "default: 10" in sections["--count"]
+    assert "python:3.12-alpine" in sections["--image"]
+    assert "cube" in sections["--runtime"]
+    assert "default" in sections["--parallelism"] and "count" in sections["--parallelism"]
+    assert "DIR" in sections["--output"]
+    # Part B flags, with their defaults where they have one.
+    assert "default: 20" in sections["--max-episodes"]
+    assert "240" in sections["--timeout"]
+    assert "default: 1" in sections["--rounds"]
+    assert "kubectl" in sections["--kubectl"]
+    for flag in ("--context", "--warmup", "--episode-script", "--dry-run", "--harden", "--cleanup", "--quiet"):
+        assert flag in sections, f"run --help lacks {flag}"
+
+
+# --------------------------------------------------------------------------
+# B8: --dry-run.
+
+
+def test_dry_run_prints_a_v1_list_creates_nothing_needs_no_kubectl(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any, no_subprocesses: list) -> None:
+    empty = tmp_path / "empty-path"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "--output", "out", "--dry-run"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert [item["kind"] for item in printed["items"]] == ["Namespace", "ConfigMap", "Job"]
+    namespace, configmap, job = printed["items"]
+    name = namespace["metadata"]["name"]
+    run_id = name[len("agc-rl-"):]
+    assert name.startswith("agc-rl-") and len(run_id) == 12 and int(run_id, 16) >= 0
+    assert namespace["metadata"]["labels"] == {"agc-demo-run": run_id}
+    assert configmap["metadata"] == {"name": "episode", "namespace": name}
+    assert configmap["data"] == {"episode.py": demo.WORKER_SOURCE}
+    assert job["metadata"] == {"name": "rollout", "namespace": name}
+    assert "completionMode" not in job["spec"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty-path"]
+    assert no_subprocesses == []
+
+
+def test_dry_run_with_harden_adds_the_network_policy(tmp_path: Path, capsys: Any) -> None:
+    assert main(["run", "--output", str(tmp_path / "out"), "--dry-run", "--harden"]) == 0
+    items = json.loads(capsys.readouterr().out)["items"]
+    kinds = [item["kind"] for item in items]
+    assert kinds[0] == "Namespace" and kinds[-1] == "Job"
+    assert sorted(kinds) == ["ConfigMap", "Job", "Namespace", "NetworkPolicy"]
+    objects = {item["kind"]: item for item in items}
+    name = objects["Namespace"]["metadata"]["name"]
+    assert objects["NetworkPolicy"]["metadata"]["namespace"] == name
+    assert objects["NetworkPolicy"]["spec"]["podSelector"] == {}
+    assert sorted(objects["NetworkPolicy"]["spec"]["policyTypes"]) == ["Egress", "Ingress"]
+    assert objects["Namespace"]["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    container = objects["Job"]["spec"]["template"]["spec"]["containers"][0]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert not (tmp_path / "out").exists()
+
+
+def test_dry_run_ships_an_episode_script_in_indexed_mode(tmp_path: Path, capsys: Any) -> None:
+    script = tmp_path / "my_episode.py"
+    script.write_text("print('my own episode')\n", encoding="utf-8")
+    objects = dry_run(["--output", str(tmp_path / "out"), "--episode-script", str(script)], capsys)
+    assert objects["ConfigMap"]["data"] == {"episode.py": "print('my own episode')\n"}
+    assert objects["Job"]["spec"]["completionMode"] == "Indexed"
+    assert not (tmp_path / "out").exists()
+
+
+def test_unreadable_episode_script_is_a_one_line_error(tmp_path: Path, capsys: Any) -> None:
+    assert main(["run", "--output", str(tmp_path / "out"), "--dry-run",
+                 "--episode-script", str(tmp_path / "missing.py")]) == 1
+    assert "missing.py" in error_line(capsys.readouterr().err)
+
+
+# --------------------------------------------------------------------------
+# A3.1, B11: refusals before anything is created.
+
+
+@pytest.mark.parametrize("kind", ["directory", "file", "dangling symlink"])
+def test_existing_output_is_never_overwritten(kind: str, tmp_path: Path, capsys: Any,
+                                              no_subprocesses: list) -> None:
+    out = tmp_path / "out"
+    if kind == "directory":
+        out.mkdir()
+        (out / "notes.txt").write_text("keep me\n")
+    elif kind == "file":
+        out.write_text("keep me\n")
+    else:
+        out.symlink_to(tmp_path / "nowhere")
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    assert main(["run", "--output", str(out), "--kubectl", "/nonexistent/kubectl"]) == 1
+    line = error_line(capsys.readouterr().err)
+    assert str(out) in line and "already exists" in line
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before
+    if kind == "directory":
+        assert (out / "notes.txt").read_text() == "keep me\n"
+    elif kind == "file":
+        assert out.read_text() == "keep me\n"
+    assert no_subprocesses == []
+
+
+def test_missing_kubectl_is_named_and_leaves_no_output(tmp_path: Path, capsys: Any) -> None:
+    out = tmp_path / "out"
+    assert main(["run", "--output", str(out), "--kubectl", "/nonexistent/kubectl"]) == 1
+    line = error_line(capsys.readouterr().err)
+    assert "kubectl" in line and "/nonexistent/kubectl" in line and "not found" in line
+    assert not out.exists()
+
+
+def test_non_executable_kubectl_is_named(tmp_path: Path, capsys: Any) -> None:
+    fake = tmp_path / "kubectl"
+    fake.write_text("#!/bin/sh\nexit 0\n")
+    fake.chmod(0o644)
+    out = tmp_path / "out"
+    assert main(["run", "--output", str(out), "--kubectl", str(fake)]) == 1
+    line = error_line(capsys.readouterr().err)
+    assert str(fake) in line and "not executable" in line
+    assert not out.exists()
+
+
+KUBECONFIG_WITHOUT_CONTEXT = """apiVersion: v1
+kind: Config
+clusters: []
+contexts: []
+users: []
+current-context: ""
+preferences: {}
+"""
+
+KUBECONFIG_WITH_CONTEXT = """apiVersion: v1
+kind: Config
+clusters:
+- name: emulator
+  cluster:
+    server: https://127.0.0.1:9
+contexts:
+- name: emulator
+  context:
+    cluster: emulator
+    user: tester
+current-context: emulator
+users:
+- name: tester
+  user:
+    token: not-a-real-token
+preferences: {}
+"""
+
+
+def isolated_kubeconfig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    config = home / "kubeconfig"
+    config.write_text(text)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("KUBECONFIG", str(config))
+
+
+def test_no_current_kube_context_is_an_error_before_any_output(
+        kubectl_bin: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    isolated_kubeconfig(tmp_path, monkeypatch, KUBECONFIG_WITHOUT_CONTEXT)
+    out = tmp_path / "out"
+    assert main(["run", "--output", str(out), "--kubectl", kubectl_bin, "--quiet"]) == 1
+    line = error_line(capsys.readouterr().err)
+    assert "no current kube context" in line
+    assert not out.exists()
+
+
+def test_unknown_context_is_an_error_before_any_output(
+        kubectl_bin: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    isolated_kubeconfig(tmp_path, monkeypatch, KUBECONFIG_WITH_CONTEXT)
+    out = tmp_path / "out"
+    assert main(["run", "--output", str(out), "--kubectl", kubectl_bin, "--context", "nope", "--quiet"]) == 1
+    line = error_line(capsys.readouterr().err)
+    assert "'nope'" in line and "not found" in line
+    assert not out.exists()
+
+
+# --------------------------------------------------------------------------
+# A5: cleanup refuses a missing or untrustworthy receipt, and runs nothing.
+
+
+def test_cleanup_without_a_receipt(tmp_path: Path, capsys: Any, no_subprocesses: list) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    assert main(["cleanup", "--output", str(out)]) == 1
+    line = error_line(capsys.readouterr().err)
+    assert "receipt" in line and "not found" in line and str(out / "receipt.json") in line
+    assert list(out.iterdir()) == []
+    assert no_subprocesses == []
+
+
+def test_cleanup_of_a_missing_directory(tmp_path: Path, capsys: Any, no_subprocesses: list) -> None:
+    assert main(["cleanup", "--output", str(tmp_path / "never-ran")]) == 1
+    assert "receipt" in error_line(capsys.readouterr().err)
+    assert not (tmp_path / "never-ran").exists()
+    assert no_subprocesses == []
+
+
+@pytest.mark.parametrize("receipt, message", [
+    ("{not json", r"receipt unreadable"),
+    ("", r"receipt unreadable"),
+    (json.dumps({"namespace": NAMESPACE}), r"lacks context, namespace or run_id; nothing was deleted"),
+    (json.dumps({"context": "emulator", "namespace": NAMESPACE, "run_id": ""}), r"lacks .*run_id"),
+    (json.dumps({"context": None, "namespace": NAMESPACE, "run_id": RUN_ID}), r"lacks context"),
+    (json.dumps([NAMESPACE]), r"lacks context, namespace or run_id"),
+    (json.dumps({"context": "emulator", "namespace": "default", "run_id": RUN_ID}),
+     r"namespace 'default', which this tool never creates; nothing was deleted"),
+    (json.dumps({"context": "emulator", "namespace": "agc-rl", "run_id": RUN_ID}),
+     r"namespace 'agc-rl', which this tool never creates"),
+    (json.dumps({"context": "emulator", "namespace": "kube-system", "run_id": RUN_ID,
+                 "namespace_uid": "u-1"}), r"'kube-system', which this tool never creates"),
+])
+def test_cleanup_refuses_a_corrupt_receipt(receipt: str, message: str, tmp_path: Path, capsys: Any,
+                                           no_subprocesses: list) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "receipt.json").write_text(receipt)
+    assert main(["cleanup", "--output", str(out)]) == 1
+    line = error_line(capsys.readouterr().err)
+    assert re.search(message, line), line
+    assert (out / "receipt.json").read_text() == receipt
+    assert [p.name for p in out.iterdir()] == ["receipt.json"]
+    assert no_subprocesses == []
+
+
+# --------------------------------------------------------------------------
+# B5: report and compare on saved run directories.
+#
+# Three episodes (seconds after the Job's creation at T0):
+#   pod             created  ready  reward  finished  node
+#   rollout-4kq2m   +1       +3.5   +8.0    +9        node-1
+#   rollout-9vtzb   +1       +4.25  +8.5    +9        node-2
+#   rollout-p7x8s   +2       +5.0   +9.75   +10       node-1
+# Job Complete at +11; the client saw it at +12.5, 12.7 s after submitting.
+
+PODS = [("rollout-4kq2m", 1, 3.5, 8.0, 9, "node-1"),
+        ("rollout-9vtzb", 1, 4.25, 8.5, 9, "node-2"),
+        ("rollout-p7x8s", 2, 5.0, 9.75, 10, "node-1")]
+
+
+def saved_pod(name: str, created: int, finished: int, node: str) -> dict:
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": NAMESPACE, "creationTimestamp": stamp(created),
+                     "labels": {"app": "rl-batch-demo", "job-name": "rollout"}},
+        "spec": {"nodeName": node, "runtimeClassName": "cube"},
+        "status": {
+            "phase": "Succeeded",
+            "conditions": [
+                {"type": "PodScheduled", "status": "True", "lastTransitionTime": stamp(created)},
+                {"type": "PodReadyToStartContainers", "status": "False", "lastTransitionTime": stamp(created + 1)},
+            ],
+            "containerStatuses": [{
+                "name": "episode", "restartCount": 0, "ready": False, "image": "python:3.12-alpine",
+                "imageID": "docker.io/library/python@sha256:5a1b",
+                "state": {"terminated": {"exitCode": 0, "reason": "Completed",
+                                         "startedAt": stamp(created + 1), "finishedAt": stamp(finished)}},
+            }],
+        },
+    }
+
+
+def worker_log(name: str, ready_at: float, reward_at: float, reward: Any = 1) -> str:
+    ready = {"event": "ready", "at": ready_at, "episode_id": name, "imports_done_at": ready_at - 0.25,
+             "process_started_at": ready_at - 1.0, "modules_before_ready": 34, "import_seconds": 0.75}
+    result = {"event": "reward", "at": reward_at, "episode_id": name, "reward": reward,
+              "baseline_exit": 1, "tests_exit": 0, "tests_output": "...\nRan 3 tests in 0.000s\n\nOK\n"}
+    return json.dumps(ready) + "\n" + json.dumps(result) + "\n"
+
+
+def write_json(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+
+
+def write_saved_run(directory: Path, *, run_json: bool = True, job_end: str = "Complete",
+                    rewards: Optional[dict[str, Any]] = None) -> Path:
+    """A finished run's directory as `run` leaves it (RunAction.execute/collect)."""
+    directory.mkdir()
+    write_json(directory / "receipt.json", {"context": "emulator", "namespace": NAMESPACE, "run_id": RUN_ID,
+                                            "namespace_uid": "ns-uid-1", "jobs": {"rollout": "job-uid-1"},
+                                            "job_uid": "job-uid-1"})
+    if run_json:
+        write_json(directory / "run.json", {
+            "version": "0.1.0", "count": 3, "parallelism": 3, "image": "python:3.12-alpine",
+            "runtime": "cube", "timeout": 240, "rounds": 1, "warmup": False, "harden": False,
+            "builtin": True, "episode_script": None, "context": "emulator", "namespace": NAMESPACE,
+            "batches": [{"job": "rollout", "measured": True, "dir": "."}]})
+    else:  # a run saved by a tool that kept only SPEC A's files
+        write_json(directory / "results.json", {
+            "episodes": 3, "successful_episodes": 3, "reward_sum": 3, "parallelism": 3,
+            "image": "python:3.12-alpine", "runtime": "cube", "context": "emulator", "namespace": NAMESPACE,
+            "cache_state": "uncontrolled", "client_job_complete_seconds": 12.7})
+    write_json(directory / "job-submitted.json",
+               demo.job_manifest(NAMESPACE, 3, 3, "python:3.12-alpine", "cube"))
+    write_json(directory / "job.json", {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "rollout", "namespace": NAMESPACE, "uid": "job-uid-1",
+                     "creationTimestamp": stamp(0)},
+        "status": {"succeeded": 3 if job_end == "Complete" else 0,
+                   "conditions": [{"type": job_end, "status": "True", "lastTransitionTime": stamp(11),
+                                   "reason": "DeadlineExceeded" if job_end == "Failed" else None}]},
+    })
+    write_json(directory / "pods.json", {
+        "apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": ""},
+        "items": [saved_pod(name, created, finished, node) for name, created, _, _, finished, node in PODS]})
+    write_json(directory / "events.json", {"apiVersion": "v1", "kind": "List", "items": [
+        {"kind": "Event", "type": "Warning", "reason": "FailedScheduling", "count": 2,
+         "involvedObject": {"kind": "Pod", "name": "rollout-p7x8s"}},
+    ]})
+    (directory / "events.txt").write_text("LAST SEEN   TYPE      REASON             OBJECT\n")
+    for name, _, ready, reward, _, _ in PODS:
+        value = (rewards or {}).get(name, 1)
+        (directory / f"{name}.log").write_text(worker_log(name, T0 + ready, T0 + reward, value))
+    write_json(directory / "client.json", {
+        "job": "rollout", "end": job_end, "submitted_at": T0 - 0.2, "observed_at": T0 + 12.5,
+        "client_job_complete_seconds": 12.7, "kubectl_processes_while_waiting": 2,
+        "watch_restarts": 0, "wait_mode": "watch", "post_completion_seconds": 0.4})
+    return directory
+
+
+EXPECTED_REPORT = {
+    "episodes": 3,
+    "successful_episodes": 3,
+    "reward_sum": 3,
+    "batch_to_all_ready_seconds": 5.0,          # last ready at +5.0
+    "batch_to_all_rewards_seconds": 9.75,       # last reward at +9.75
+    "pod_to_ready_p50_seconds": 3.0,            # pod_to_ready 2.5, 3.25, 3.0 -> sorted 2.5 3.0 3.25
+    "pod_to_ready_p95_seconds": 3.225,          # index 1.9 -> 3.0 + 0.9 * 0.25
+    "pod_to_ready_max_seconds": 3.25,
+    "context": "emulator",
+    "namespace": NAMESPACE,
+    "image": "python:3.12-alpine",
+    "runtime": "cube",
+    "parallelism": 3,
+    "cache_state": "uncontrolled",
+    "client_job_complete_seconds": 12.7,
+}
+
+
+def test_report_recomputes_the_saved_run(tmp_path: Path, capsys: Any, no_subprocesses: list) -> None:
+    run_dir = write_saved_run(tmp_path / "run-a")
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
+    assert main(["report", str(run_dir)]) == 0
+    captured = capsys.readouterr()
+    printed = json.loads(captured.out)
+    assert {key: printed.get(key) for key in EXPECTED_REPORT} == EXPECTED_REPORT
+    assert "pods" not in printed  # per-pod rows are saved, not printed (A3.12)
+    assert printed["nodes"] == {"node-1": 2, "node-2": 1}
+    assert printed["warnings"] == {"FailedScheduling": {"count": 2, "objects": ["Pod/rollout-p7x8s"]}}
+    assert printed["completion_gap"]["job_complete_to_client_observed_seconds"] == 1.5  # +11 -> +12.5
+    assert printed["phases"]["episode_work"]["p50"] == 4.5  # 4.5, 4.25, 4.75
+    assert "pod_to_ready" in captured.err  # the phase table
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before  # report writes nothing
+    assert no_subprocesses == []
+
+
+def test_report_quiet_prints_only_the_results(tmp_path: Path, capsys: Any) -> None:
+    run_dir = write_saved_run(tmp_path / "run-a")
+    assert main(["report", str(run_dir), "--quiet"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["episodes"] == 3
+    assert captured.err == ""
+
+
+def test_report_of_a_spec_a_only_run_uses_receipt_and_results(tmp_path: Path, capsys: Any) -> None:
+    run_dir = write_saved_run(tmp_path / "old-run", run_json=False)
+    assert main(["report", str(run_dir), "--quiet"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert {key: printed.get(key) for key in EXPECTED_REPORT} == EXPECTED_REPORT
+
+
+def test_report_refuses_a_run_that_does_not_verify(tmp_path: Path, capsys: Any) -> None:
+    run_dir = write_saved_run(tmp_path / "run-a", rewards={"rollout-9vtzb": 0})
+    assert main(["report", str(run_dir)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "pod rollout-9vtzb: reward is 0, not 1" in captured.err
+    assert "Traceback" not in captured.err
+
+
+def test_report_refuses_a_job_that_did_not_complete(tmp_path: Path, capsys: Any) -> None:
+    run_dir = write_saved_run(tmp_path / "run-a", job_end="Failed")
+    assert main(["report", str(run_dir)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("Error: ") and "did not complete" in captured.err
+    assert "Traceback" not in captured.err
+
+
+def test_report_of_an_empty_directory_is_a_one_line_error(tmp_path: Path, capsys: Any) -> None:
+    (tmp_path / "empty").mkdir()
+    assert main(["report", str(tmp_path / "empty")]) == 1
+    error_line(capsys.readouterr().err)
+
+
+def guide_results(**changes: Any) -> dict:
+    """results.json of the guide's 10-way parallel run (SPEC A4)."""
+    results = {
+        "episodes": 10, "successful_episodes": 10, "reward_sum": 10,
+        "batch_to_all_ready_seconds": 3.7, "batch_to_all_rewards_seconds": 8.4,
+        "pod_to_ready_p50_seconds": 3.7, "pod_to_ready_p95_seconds": 3.7, "pod_to_ready_max_seconds": 3.8,
+        "pods": [], "context": "emulator", "namespace": NAMESPACE, "image": "python:3.12-alpine",
+        "runtime": "cube", "parallelism": 10, "cache_state": "uncontrolled",
+        "client_job_complete_seconds": 12.7,
+    }
+    results.update(changes)
+    return results
+
+
+def test_compare_prints_both_runs_with_ratios(tmp_path: Path, capsys: Any, no_subprocesses: list) -> None:
+    parallel, serial = tmp_path / "parallel", tmp_path / "serial"
+    parallel.mkdir()
+    serial.mkdir()
+    write_json(parallel / "results.json", guide_results())
+    write_json(serial / "results.json", guide_results(
+        parallelism=1, batch_to_all_ready_seconds=93.1, batch_to_all_rewards_seconds=97.6,
+        client_job_complete_seconds=101.6, pod_to_ready_p50_seconds=3.6, pod_to_ready_p95_seconds=3.8,
+        pod_to_ready_max_seconds=3.9))
+    assert main(["compare", str(parallel), str(serial)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["metric", "A:", "parallel", "B:", "serial", "B/A"]
+    rows = {line.split()[0]: line.split()[1:] for line in lines[1:]}
+    assert rows == {
+        "episodes": ["10", "10", "1.00"],
+        "parallelism": ["10", "1", "0.10"],
+        "reward_sum": ["10", "10", "1.00"],
+        "batch_to_all_ready_seconds": ["3.7", "93.1", "25.16"],     # 93.1 / 3.7 = 25.162
+        "batch_to_all_rewards_seconds": ["8.4", "97.6", "11.62"],   # 97.6 / 8.4 = 11.619
+        "client_job_complete_seconds": ["12.7", "101.6", "8.00"],
+        "pod_to_ready_p50_seconds": ["3.7", "3.6", "0.97"],         # 3.6 / 3.7 = 0.973
+        "pod_to_ready_p95_seconds": ["3.7", "3.8", "1.03"],         # 3.8 / 3.7 = 1.027
+        "pod_to_ready_max_seconds": ["3.8", "3.9", "1.03"],         # 3.9 / 3.8 = 1.026
+    }
+    assert no_subprocesses == []
+
+
+def test_compare_of_a_report_directory_and_a_run_without_results(tmp_path: Path, capsys: Any) -> None:
+    first = tmp_path / "a"
+    first.mkdir()
+    write_json(first / "results.json", guide_results())
+    (tmp_path / "unfinished").mkdir()
+    assert main(["compare", str(first), str(tmp_path / "unfinished")]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    line = error_line(captured.err)
+    assert "results.json" in line and "unfinished" in line

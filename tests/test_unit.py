@@ -1,0 +1,1056 @@
+"""Unit tests of rl_batch_demo's pure functions, by equality against hand-worked values.
+
+The expected manifests are written out literally from SPEC.md A3.7; the expected
+figures of the synthetic batch are worked by hand in the comments next to them.
+The one exception to "pure" is `test_worker_*`: the real episode program, run in
+a bubblewrap sandbox that gives it the /workspace and /demo it hard-codes.
+"""
+
+from __future__ import annotations
+
+import ast
+import calendar
+import copy
+import json
+import os
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+
+import prereqs
+import rl_batch_demo as demo
+from rl_batch_demo import VerificationError
+
+NAMESPACE = "agc-rl-0123456789ab"
+RUN_ID = "0123456789ab"
+
+# The Job's creationTimestamp, worked out independently of parse_time.
+T0 = calendar.timegm((2026, 11, 29, 20, 0, 0))
+JOB_CREATED = "2026-11-29T20:00:00Z"
+
+
+def stamp(seconds_after_t0: int) -> str:
+    """A whole-second Kubernetes timestamp, `seconds_after_t0` after the Job's creation (< 60)."""
+    return f"2026-11-29T20:00:{seconds_after_t0:02d}Z"
+
+
+# --------------------------------------------------------------------------
+# Builders of realistic API objects and worker logs.
+
+
+def make_job(created: str = JOB_CREATED, end: str = "Complete", end_at: str = stamp(11),
+             criteria_at: Optional[str] = stamp(11)) -> dict:
+    conditions = []
+    if criteria_at is not None:
+        conditions.append({"type": "SuccessCriteriaMet", "status": "True", "lastTransitionTime": criteria_at})
+    conditions.append({"type": end, "status": "True", "lastTransitionTime": end_at})
+    return {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "rollout", "namespace": NAMESPACE, "uid": "job-uid-1",
+                     "creationTimestamp": created},
+        "status": {"conditions": conditions, "succeeded": 3},
+    }
+
+
+def make_pod(name: str, created: str = stamp(1), phase: str = "Succeeded", node: str = "node-1",
+             restart_count: int = 0, exit_code: Optional[int] = 0, started: str = stamp(2),
+             finished: str = stamp(9), scheduled: Optional[str] = stamp(1),
+             sandbox_ready: Optional[str] = stamp(2),
+             image_id: str = "docker.io/library/python@sha256:1f2e3d") -> dict:
+    """A pod as `kubectl get pods -o json` shows it once its episode has ended."""
+    conditions = []
+    if scheduled is not None:
+        conditions.append({"type": "PodScheduled", "status": "True", "lastTransitionTime": scheduled})
+    if sandbox_ready is not None:
+        conditions.append({"type": "PodReadyToStartContainers", "status": "False",
+                           "lastTransitionTime": sandbox_ready})
+    state: dict[str, Any]
+    if exit_code is None:
+        state = {"running": {"startedAt": started}}
+    else:
+        state = {"terminated": {"exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error",
+                                "startedAt": started, "finishedAt": finished,
+                                "containerID": f"containerd://{name}"}}
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": NAMESPACE, "creationTimestamp": created,
+                     "labels": {"app": "rl-batch-demo", "job-name": "rollout"}},
+        "spec": {"nodeName": node, "runtimeClassName": "cube"},
+        "status": {
+            "phase": phase,
+            "conditions": conditions,
+            "containerStatuses": [{
+                "name": "episode", "restartCount": restart_count, "ready": False,
+                "image": "python:3.12-alpine", "imageID": image_id, "state": state,
+            }],
+        },
+    }
+
+
+def ready_event(episode_id: str, at: float, **fields: Any) -> dict:
+    record = {"event": "ready", "at": at, "episode_id": episode_id,
+              "imports_done_at": at - 0.25, "process_started_at": at - 1.0,
+              "modules_before_ready": 34, "import_seconds": 0.75}
+    record.update(fields)
+    return record
+
+
+def reward_event(episode_id: str, at: float, **fields: Any) -> dict:
+    record = {"event": "reward", "at": at, "episode_id": episode_id, "reward": 1,
+              "baseline_exit": 1, "tests_exit": 0, "tests_output": "...\nRan 3 tests in 0.000s\n\nOK\n"}
+    record.update(fields)
+    return record
+
+
+def log_text(*events: dict) -> str:
+    return "".join(json.dumps(event) + "\n" for event in events)
+
+
+POD_A, POD_B, POD_C = "rollout-4kq2m", "rollout-9vtzb", "rollout-p7x8s"
+
+
+def valid_batch() -> tuple[dict, list[dict], dict[str, str]]:
+    """Three honest episodes: (job, pods, logs)."""
+    job = make_job()
+    pods = [make_pod(POD_A), make_pod(POD_B, node="node-2"), make_pod(POD_C, created=stamp(2))]
+    logs = {
+        POD_A: log_text(ready_event(POD_A, T0 + 3.5), reward_event(POD_A, T0 + 8.0)),
+        POD_B: log_text(ready_event(POD_B, T0 + 4.25), reward_event(POD_B, T0 + 8.5)),
+        POD_C: log_text(ready_event(POD_C, T0 + 5.0), reward_event(POD_C, T0 + 9.75)),
+    }
+    return job, pods, logs
+
+
+def pod_by_name(pods: list[dict], name: str) -> dict:
+    return next(pod for pod in pods if pod["metadata"]["name"] == name)
+
+
+# --------------------------------------------------------------------------
+# Manifests (SPEC A3.5-A3.7, B9): written out literally.
+
+
+def expected_job(count: int, parallelism: int) -> dict:
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "rollout", "namespace": NAMESPACE},
+        "spec": {
+            "completions": count,
+            "parallelism": parallelism,
+            "backoffLimit": 0,
+            "activeDeadlineSeconds": 240,
+            "template": {
+                "metadata": {"labels": {"app": "rl-batch-demo"}},
+                "spec": {
+                    "runtimeClassName": "cube",
+                    "restartPolicy": "Never",
+                    "automountServiceAccountToken": False,
+                    "securityContext": {
+                        "runAsUser": 1000,
+                        "runAsGroup": 1000,
+                        "fsGroup": 1000,
+                        "runAsNonRoot": True,
+                    },
+                    "containers": [{
+                        "name": "episode",
+                        "image": "python:3.12-alpine",
+                        "imagePullPolicy": "IfNotPresent",
+                        "command": ["python", "-B", "/demo/episode.py"],
+                        "env": [{"name": "EPISODE_ID",
+                                 "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+                        "securityContext": {
+                            "allowPrivilegeEscalation": False,
+                            "capabilities": {"drop": ["ALL"]},
+                            "seccompProfile": {"type": "RuntimeDefault"},
+                        },
+                        "resources": {
+                            "requests": {"cpu": "100m", "memory": "64Mi"},
+                            "limits": {"cpu": "500m", "memory": "128Mi"},
+                        },
+                        "volumeMounts": [
+                            {"name": "demo", "mountPath": "/demo", "readOnly": True},
+                            {"name": "workspace", "mountPath": "/workspace"},
+                        ],
+                    }],
+                    "volumes": [
+                        {"name": "demo", "configMap": {"name": "episode"}},
+                        {"name": "workspace", "emptyDir": {}},
+                    ],
+                },
+            },
+        },
+    }
+
+
+@pytest.mark.parametrize("count, parallelism", [(10, 10), (10, 1)])
+def test_job_manifest_is_spec_a37_field_by_field(count: int, parallelism: int) -> None:
+    manifest = demo.job_manifest(NAMESPACE, count, parallelism, "python:3.12-alpine", "cube")
+    expected = expected_job(count, parallelism)
+    # Field by field first, so a failure names the field; then the whole.
+    assert manifest["spec"]["template"]["spec"]["containers"] == \
+        expected["spec"]["template"]["spec"]["containers"]
+    assert manifest["spec"]["template"] == expected["spec"]["template"]
+    assert manifest == expected
+
+
+def test_job_manifest_uses_image_runtime_and_deadline_given() -> None:
+    manifest = demo.job_manifest(NAMESPACE, 3, 2, "registry.local/py:3.13", "kata", 600)
+    assert manifest["spec"]["activeDeadlineSeconds"] == 600
+    assert manifest["spec"]["template"]["spec"]["runtimeClassName"] == "kata"
+    assert manifest["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.local/py:3.13"
+    assert (manifest["spec"]["completions"], manifest["spec"]["parallelism"]) == (3, 2)
+
+
+def test_namespace_manifest_is_labelled_with_the_run_id() -> None:
+    assert demo.namespace_manifest(NAMESPACE, RUN_ID) == {
+        "apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": NAMESPACE, "labels": {"agc-demo-run": RUN_ID}},
+    }
+
+
+def test_configmap_manifest_ships_the_worker_as_episode_py() -> None:
+    assert demo.configmap_manifest(NAMESPACE, demo.WORKER_SOURCE) == {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "episode", "namespace": NAMESPACE},
+        "data": {"episode.py": demo.WORKER_SOURCE},
+    }
+
+
+def test_harden_adds_read_only_root_and_workspace_size_limit_and_nothing_else() -> None:
+    manifest = demo.job_manifest(NAMESPACE, 10, 10, "python:3.12-alpine", "cube", harden=True)
+    expected = expected_job(10, 10)
+    pod_spec = expected["spec"]["template"]["spec"]
+    pod_spec["containers"][0]["securityContext"]["readOnlyRootFilesystem"] = True
+    pod_spec["volumes"][1] = {"name": "workspace", "emptyDir": {"sizeLimit": "64Mi"}}
+    assert manifest == expected
+
+
+def test_harden_labels_the_namespace_for_pod_security_restricted() -> None:
+    labels = demo.namespace_manifest(NAMESPACE, RUN_ID, harden=True)["metadata"]["labels"]
+    assert labels["agc-demo-run"] == RUN_ID
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+    modes = {key: value for key, value in labels.items()
+             if key.startswith("pod-security.kubernetes.io/") and not key.endswith("-version")}
+    assert set(modes.values()) == {"restricted"}
+
+
+def test_network_policy_denies_all_ingress_and_egress() -> None:
+    policy = demo.network_policy_manifest(NAMESPACE)
+    assert policy["apiVersion"] == "networking.k8s.io/v1"
+    assert policy["kind"] == "NetworkPolicy"
+    assert policy["metadata"]["namespace"] == NAMESPACE
+    # An empty selector picks every pod; both types with no rules allow nothing.
+    assert policy["spec"]["podSelector"] == {}
+    assert sorted(policy["spec"]["policyTypes"]) == ["Egress", "Ingress"]
+    assert "ingress" not in policy["spec"] and "egress" not in policy["spec"]
+
+
+def test_indexed_mode_for_episode_scripts_adds_completion_index() -> None:
+    manifest = demo.job_manifest(NAMESPACE, 10, 10, "python:3.12-alpine", "cube", indexed=True)
+    assert manifest["spec"]["completionMode"] == "Indexed"
+    env = manifest["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert env[0] == {"name": "EPISODE_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
+    assert {"name": "EPISODE_INDEX", "valueFrom": {"fieldRef": {
+        "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}} in env
+    # Everything else is the Part A Job.
+    del manifest["spec"]["completionMode"]
+    manifest["spec"]["template"]["spec"]["containers"][0]["env"] = env[:1]
+    assert manifest == expected_job(10, 10)
+
+
+def test_planned_objects_index_only_custom_scripts() -> None:
+    settings = {"harden": False, "rounds": 1, "warmup": False, "count": 4, "parallelism": 2,
+                "image": "python:3.12-alpine", "runtime": "cube", "timeout": 240, "builtin": True}
+    builtin_job = demo.planned_objects(NAMESPACE, RUN_ID, settings, demo.WORKER_SOURCE)[-1]
+    custom_job = demo.planned_objects(NAMESPACE, RUN_ID, dict(settings, builtin=False), "print()")[-1]
+    assert "completionMode" not in builtin_job["spec"]
+    assert custom_job["spec"]["completionMode"] == "Indexed"
+
+
+# --------------------------------------------------------------------------
+# Percentiles (SPEC A4: index (n-1)*q, linear between closest ranks, NumPy's default).
+
+
+def test_percentile_of_one_sample_is_that_sample() -> None:
+    for q in (0.0, 0.5, 0.95, 0.99, 1.0):
+        assert demo.percentile([4.2], q) == 4.2
+
+
+def test_percentile_of_two_samples_interpolates() -> None:
+    # n=2: index (2-1)*q = q, so p = a + q*(b-a).
+    assert demo.percentile([2.0, 6.0], 0.50) == 4.0  # the midpoint
+    assert demo.percentile([2.0, 6.0], 0.95) == pytest.approx(2.0 + 0.95 * 4.0, abs=1e-12)  # 5.8
+    assert demo.percentile([2.0, 6.0], 0.95) == pytest.approx(5.8, abs=1e-12)
+
+
+# Deliberately unsorted; sorted: 0.8 1.1 1.3 2.0 2.4 3.0 3.7 3.7 4.1 9.0 (sum 31.1).
+TEN = [3.7, 0.8, 9.0, 2.4, 1.3, 3.7, 4.1, 1.1, 3.0, 2.0]
+
+
+@pytest.mark.parametrize("q, expected", [
+    (0.0, 0.8),
+    (0.50, 2.7),    # index 9*0.50 = 4.5  -> 2.4 + 0.5*(3.0-2.4)  = 2.7
+    (0.90, 4.59),   # index 9*0.90 = 8.1  -> 4.1 + 0.1*(9.0-4.1)  = 4.59
+    (0.95, 6.795),  # index 9*0.95 = 8.55 -> 4.1 + 0.55*(9.0-4.1) = 6.795 (NumPy: np.percentile(x, 95) = 6.795)
+    (0.99, 8.559),  # index 9*0.99 = 8.91 -> 4.1 + 0.91*(9.0-4.1) = 8.559
+    (1.0, 9.0),
+    (0.70, 3.7),    # index 6.3 between two equal values 3.7 and 3.7
+])
+def test_percentile_of_ten_unsorted_samples(q: float, expected: float) -> None:
+    assert demo.percentile(TEN, q) == pytest.approx(expected, abs=1e-9)
+
+
+def test_percentile_does_not_reorder_its_input_and_refuses_no_values() -> None:
+    values = list(TEN)
+    demo.percentile(values, 0.5)
+    assert values == TEN
+    with pytest.raises(ValueError):
+        demo.percentile([], 0.5)
+
+
+def test_describe_gives_rounded_percentiles_max_mean_and_counts() -> None:
+    assert demo.describe(TEN, missing=1) == {
+        "samples": 10, "missing": 1,
+        "p50": 2.7, "p95": 6.795, "p99": 8.559, "max": 9.0, "mean": 3.11,
+    }
+    assert demo.describe([], missing=3) == {"samples": 0, "missing": 3}
+
+
+# --------------------------------------------------------------------------
+# Verification (SPEC A3.11): every rule, each with an example that breaks it.
+
+
+def test_a_fully_valid_batch_passes_sorted_by_pod_name() -> None:
+    job, pods, logs = valid_batch()
+    episodes = demo.verify_batch(3, job, list(reversed(pods)), logs)
+    assert [pod["metadata"]["name"] for pod, _, _ in episodes] == [POD_A, POD_B, POD_C]
+    assert [(ready["event"], ready["at"]) for _, ready, _ in episodes] == \
+        [("ready", T0 + 3.5), ("ready", T0 + 4.25), ("ready", T0 + 5.0)]
+    assert [reward["reward"] for _, _, reward in episodes] == [1, 1, 1]
+
+
+def test_fewer_pods_than_the_count_fail() -> None:
+    job, pods, logs = valid_batch()
+    with pytest.raises(VerificationError, match=r"expected 3 pods .*found 2"):
+        demo.verify_batch(3, job, pods[:2], logs)
+
+
+def test_more_pods_than_the_count_fail() -> None:
+    job, pods, logs = valid_batch()
+    replacement = make_pod("rollout-zz9zz", created=stamp(3))
+    logs["rollout-zz9zz"] = log_text(ready_event("rollout-zz9zz", T0 + 6.0),
+                                     reward_event("rollout-zz9zz", T0 + 9.0))
+    with pytest.raises(VerificationError, match=r"expected 3 pods .*found 4"):
+        demo.verify_batch(3, job, pods + [replacement], logs)
+
+
+@pytest.mark.parametrize("phase", ["Failed", "Running", "Pending", "Unknown"])
+def test_a_pod_not_succeeded_fails(phase: str) -> None:
+    job, pods, logs = valid_batch()
+    pod_by_name(pods, POD_B)["status"]["phase"] = phase
+    with pytest.raises(VerificationError, match=rf"pod {POD_B}: phase is {phase}, not Succeeded"):
+        demo.verify_batch(3, job, pods, logs)
+
+
+@pytest.mark.parametrize("events, found", [
+    ([reward_event(POD_B, T0 + 8.5)], 0),
+    ([ready_event(POD_B, T0 + 4.25), ready_event(POD_B, T0 + 4.5), reward_event(POD_B, T0 + 8.5)], 2),
+])
+def test_not_exactly_one_ready_event_fails(events: list[dict], found: int) -> None:
+    job, pods, logs = valid_batch()
+    logs[POD_B] = log_text(*events)
+    with pytest.raises(VerificationError, match=rf"pod {POD_B}: .*one ready event, found {found}"):
+        demo.verify_batch(3, job, pods, logs)
+
+
+@pytest.mark.parametrize("events, found", [
+    ([ready_event(POD_B, T0 + 4.25)], 0),
+    ([ready_event(POD_B, T0 + 4.25), reward_event(POD_B, T0 + 8.5), reward_event(POD_B, T0 + 8.6)], 2),
+])
+def test_not_exactly_one_reward_event_fails(events: list[dict], found: int) -> None:
+    job, pods, logs = valid_batch()
+    logs[POD_B] = log_text(*events)
+    with pytest.raises(VerificationError, match=rf"pod {POD_B}: .*one reward event, found {found}"):
+        demo.verify_batch(3, job, pods, logs)
+
+
+def test_an_empty_or_missing_log_fails() -> None:
+    job, pods, logs = valid_batch()
+    del logs[POD_C]
+    with pytest.raises(VerificationError, match=rf"pod {POD_C}: .*one ready event, found 0"):
+        demo.verify_batch(3, job, pods, logs)
+
+
+def test_ready_episode_id_must_be_the_pod_name() -> None:
+    job, pods, logs = valid_batch()
+    logs[POD_A] = log_text(ready_event(POD_B, T0 + 3.5), reward_event(POD_B, T0 + 8.0))
+    with pytest.raises(VerificationError, match=rf"pod {POD_A}: ready event has episode_id '{POD_B}'"):
+        demo.verify_batch(3, job, pods, logs)
+
+
+def test_reward_episode_id_must_equal_the_ready_one() -> None:
+    job, pods, logs = valid_batch()
+    logs[POD_A] = log_text(ready_event(POD_A, T0 + 3.5), reward_event("", T0 + 8.0))
+    with pytest.raises(VerificationError, match=rf"pod {POD_A}: reward event has episode_id ''"):
+        demo.verify_batch(3, job, pods, logs)
+
+
+@pytest.mark.parametrize("reward, shown", [(0, "0"), (True, "True"), (0.5, "0.5"), ("1", "'1'"), (None, "None")])
+def test_builtin_reward_must_be_the_integer_1(reward: Any, shown: str) -> None:
+    job, pods, logs = valid_batch()
+    logs[POD_C] = log_text(ready_event(POD_C, T0 + 5.0), reward_event(POD_C, T0 + 9.75, reward=reward))
+    with pytest.raises(VerificationError, match=rf"pod {POD_C}: reward is {shown}, not 1"):
+        demo.verify_batch(3, job, pods, logs)
+
+
+def test_builtin_tests_exit_must_be_0() -> None:
+    job, pods, logs = valid_batch()
+    logs[POD_C] = log_text(ready_event(POD_C, T0 + 5.0), reward_event(POD_C, T0 + 9.75, tests_exit=1))
+    with pytest.raises(VerificationError, match=rf"pod {POD_C}: tests_exit is 1, not 0"):
+        demo.verify_batch(3, job, pods, logs)
+
+
+@pytest.mark.parametrize("baseline", [0, None])
+def test_builtin_baseline_must_have_failed(baseline: Optional[int]) -> None:
+    job, pods, logs = valid_batch()
+    logs[POD_C] = log_text(ready_event(POD_C, T0 + 5.0),
+                           reward_event(POD_C, T0 + 9.75, baseline_exit=baseline))
+    with pytest.raises(VerificationError, match=rf"pod {POD_C}: baseline_exit is {baseline}; the baseline must fail"):
+        demo.verify_batch(3, job, pods, logs)
+
+
+def test_pod_created_before_its_job_is_out_of_order() -> None:
+    job, pods, logs = valid_batch()
+    pod_by_name(pods, POD_A)["metadata"]["creationTimestamp"] = "2026-11-29T19:59:59Z"
+    with pytest.raises(VerificationError, match=rf"pod {POD_A}: times out of order"):
+        demo.verify_batch(3, job, pods, logs)
+
+
+def test_ready_before_pod_creation_is_out_of_order() -> None:
+    job, pods, logs = valid_batch()
+    # POD_C was created at T0+2; a ready at T0+1.5 cannot be its.
+    logs[POD_C] = log_text(ready_event(POD_C, T0 + 1.5), reward_event(POD_C, T0 + 9.75))
+    with pytest.raises(VerificationError, match=rf"pod {POD_C}: times out of order"):
+        demo.verify_batch(3, job, pods, logs)
+
+
+def test_reward_before_ready_is_out_of_order() -> None:
+    job, pods, logs = valid_batch()
+    logs[POD_B] = log_text(ready_event(POD_B, T0 + 4.25), reward_event(POD_B, T0 + 4.0))
+    with pytest.raises(VerificationError, match=rf"pod {POD_B}: times out of order"):
+        demo.verify_batch(3, job, pods, logs)
+
+
+def test_equal_whole_second_times_are_in_order() -> None:
+    # Job and pod created in the same second, ready at that very second: allowed (<=).
+    job, pods, logs = valid_batch()
+    pod_by_name(pods, POD_A)["metadata"]["creationTimestamp"] = JOB_CREATED
+    logs[POD_A] = log_text(ready_event(POD_A, float(T0)), reward_event(POD_A, float(T0)))
+    assert len(demo.verify_batch(3, job, pods, logs)) == 3
+
+
+def test_a_restarted_container_fails() -> None:
+    job, pods, logs = valid_batch()
+    pod_by_name(pods, POD_B)["status"]["containerStatuses"][0]["restartCount"] = 1
+    with pytest.raises(VerificationError, match=rf"pod {POD_B}: container restarted 1 time"):
+        demo.verify_batch(3, job, pods, logs)
+
+
+def test_a_container_exit_code_other_than_0_fails() -> None:
+    job, pods, logs = valid_batch()
+    pods[1] = make_pod(POD_B, node="node-2", exit_code=2)
+    with pytest.raises(VerificationError, match=rf"pod {POD_B}: container exited 2, not 0"):
+        demo.verify_batch(3, job, pods, logs)
+
+
+def test_the_first_violation_is_reported_not_dropped() -> None:
+    # Two bad episodes: the error names the first by pod name; nothing is returned.
+    job, pods, logs = valid_batch()
+    pod_by_name(pods, POD_C)["status"]["phase"] = "Failed"
+    pod_by_name(pods, POD_B)["status"]["phase"] = "Failed"
+    with pytest.raises(VerificationError, match=rf"pod {POD_B}: phase is Failed"):
+        demo.verify_batch(3, job, pods, logs)
+
+
+@pytest.mark.parametrize("reward", [0, 0.5, 1, -2])
+def test_custom_script_rewards_may_be_any_number(reward: float) -> None:
+    job, pods, logs = valid_batch()
+    for name in logs:  # a custom script need not report baseline or tests exits
+        ready_at = json.loads(logs[name].splitlines()[0])["at"]
+        logs[name] = ("setting up\n" + json.dumps(ready_event(name, ready_at)) + "\n"
+                      + json.dumps({"event": "reward", "at": ready_at + 1.0, "episode_id": name,
+                                    "reward": reward}) + "\n")
+    episodes = demo.verify_batch(3, job, pods, logs, builtin=False)
+    assert [r["reward"] for _, _, r in episodes] == [reward] * 3
+
+
+@pytest.mark.parametrize("reward, shown", [("high", "'high'"), (None, "None"), (True, "True")])
+def test_custom_script_reward_must_be_a_number(reward: Any, shown: str) -> None:
+    job, pods, logs = valid_batch()
+    logs[POD_A] = log_text(ready_event(POD_A, T0 + 3.5), reward_event(POD_A, T0 + 8.0, reward=reward))
+    with pytest.raises(VerificationError, match=rf"pod {POD_A}: reward is {shown}, not a number"):
+        demo.verify_batch(3, job, pods, logs, builtin=False)
+
+
+def test_custom_script_still_checks_ids_and_order() -> None:
+    job, pods, logs = valid_batch()
+    logs[POD_A] = log_text(ready_event(POD_A, T0 + 3.5), reward_event(POD_A, T0 + 3.0, reward=0))
+    with pytest.raises(VerificationError, match=rf"pod {POD_A}: times out of order"):
+        demo.verify_batch(3, job, pods, logs, builtin=False)
+
+
+# --------------------------------------------------------------------------
+# Parsing.
+
+
+def test_parse_events_keeps_only_json_events() -> None:
+    ready = ready_event(POD_A, T0 + 3.5)
+    reward = reward_event(POD_A, T0 + 8.0)
+    lines = [
+        "Collecting wheel...",                       # plain text
+        "",                                          # blank
+        json.dumps(ready),
+        "  " + json.dumps({"note": "no event"}),     # JSON, not an event
+        json.dumps({"event": 5, "at": 1.0}),         # event name not a string
+        json.dumps([{"event": "ready"}]),            # JSON, not an object
+        '"ready"',                                   # JSON string
+        '{"event": "reward", "at": 17',              # broken JSON
+        "{not json at all}",
+        "Traceback (most recent call last):",
+        "   " + json.dumps(reward) + "   ",          # surrounding whitespace is fine
+    ]
+    assert demo.parse_events(lines) == [ready, reward]
+
+
+def test_parse_events_of_nothing_is_nothing() -> None:
+    assert demo.parse_events([]) == []
+    assert demo.parse_events("".splitlines()) == []
+
+
+BASE = calendar.timegm((2026, 11, 29, 20, 0, 1))
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("2026-11-29T20:00:01Z", BASE),
+    ("2026-11-29T20:00:01z", BASE),
+    ("2026-11-29T20:00:01+00:00", BASE),
+    ("2026-11-29T21:00:01+01:00", BASE),
+    ("2026-11-29T15:30:01-04:30", BASE),
+    ("2026-11-29T21:00:01.25+01:00", BASE + 0.25),
+    ("2026-11-30T00:00:00Z", calendar.timegm((2026, 11, 30, 0, 0, 0))),
+])
+def test_parse_time_whole_seconds_and_offsets(text: str, expected: float) -> None:
+    assert demo.parse_time(text) == expected
+
+
+@pytest.mark.parametrize("digits", range(1, 10))
+def test_parse_time_fractions_of_1_to_9_digits(digits: int) -> None:
+    fraction = "123456789"[:digits]
+    parsed = demo.parse_time(f"2026-11-29T20:00:01.{fraction}Z")
+    # Microsecond resolution: digits past the sixth are dropped, never rounded up a second.
+    assert parsed == pytest.approx(BASE + int(fraction) / 10 ** digits, abs=1.5e-6)
+    assert BASE <= parsed < BASE + 1
+
+
+@pytest.mark.parametrize("text", [None, "", "   ", "yesterday", "2026-13-01T00:00:00Z",
+                                  "2026-11-29T25:00:00Z", "2026-11-29T20:00:01+25:00", "1795982401"])
+def test_parse_time_bad_input_is_none(text: Optional[str]) -> None:
+    assert demo.parse_time(text) is None
+
+
+STREAM_VALUES = [
+    {"type": "ADDED", "object": {"kind": "Job", "metadata": {"name": "rollout"},
+                                 "status": {"active": 3}}},
+    {"type": "MODIFIED", "object": {"kind": "Pod", "metadata": {"name": POD_A, "annotations": {
+        "note": "braces } { and \"quotes\" and \\ backslash, unicode \u00e9"}}}},
+    {"type": "MODIFIED", "object": {"kind": "Job", "status": {"conditions": [
+        {"type": "Complete", "status": "True"}], "succeeded": 3}}},
+]
+# What `kubectl get -w -o json` prints: pretty-printed values one after another.
+STREAM_TEXT = "".join(json.dumps(value, indent=4) + "\n" for value in STREAM_VALUES)
+
+
+def test_iter_json_stream_whole_text() -> None:
+    assert list(demo.iter_json_stream([STREAM_TEXT])) == STREAM_VALUES
+
+
+def test_iter_json_stream_split_at_every_point() -> None:
+    quote_inside = STREAM_TEXT.index("braces }") + 3  # a split inside a string
+    assert list(demo.iter_json_stream([STREAM_TEXT[:quote_inside], STREAM_TEXT[quote_inside:]])) == STREAM_VALUES
+    for split in range(len(STREAM_TEXT) + 1):
+        chunks = [STREAM_TEXT[:split], STREAM_TEXT[split:]]
+        assert list(demo.iter_json_stream(chunks)) == STREAM_VALUES, f"split at {split}"
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7, 64])
+def test_iter_json_stream_in_small_chunks(size: int) -> None:
+    chunks = [STREAM_TEXT[i:i + size] for i in range(0, len(STREAM_TEXT), size)]
+    assert list(demo.iter_json_stream(iter(chunks))) == STREAM_VALUES
+
+
+def test_iter_json_stream_yields_each_value_as_soon_as_it_is_complete() -> None:
+    first = json.dumps(STREAM_VALUES[0], indent=4) + "\n"
+    stream = demo.iter_json_stream(iter([first, "{\n  \"type\": \"MOD"]))
+    assert next(stream) == STREAM_VALUES[0]
+    assert list(stream) == []  # an unfinished value is not invented
+
+
+# --------------------------------------------------------------------------
+# Summaries of a synthetic 3-pod batch, hand-computed.
+#
+#                    created sched.    sandbox start proc.  imports ready  reward  finished node
+#   POD_A 4kq2m      +1      +1.25 ev  +2      +2    +2.5   +3.25   +3.5   +8.0    +9       node-1
+#   POD_B 9vtzb      +1      +1.5  ev  +3      +3    +3.0   +4.0    +4.25  +8.5    +9       node-2
+#   POD_C p7x8s      +2      +2 cond   -       +3    +3.5   +4.5    +5.0   +9.75   +10      node-1
+#
+# (ev = the scheduler's Scheduled event, microseconds; cond = PodScheduled condition,
+# whole seconds; POD_C has no PodReadyToStartContainers condition.)
+
+
+def synthetic_batch() -> tuple[dict, list[dict], dict[str, str], list[dict]]:
+    job = make_job(end_at=stamp(11), criteria_at=stamp(11))
+    pods = [
+        make_pod(POD_A, created=stamp(1), scheduled=stamp(1), sandbox_ready=stamp(2), started=stamp(2),
+                 finished=stamp(9), node="node-1", image_id="docker.io/library/python@sha256:aaa"),
+        make_pod(POD_B, created=stamp(1), scheduled=stamp(2), sandbox_ready=stamp(3), started=stamp(3),
+                 finished=stamp(9), node="node-2", image_id="docker.io/library/python@sha256:bbb"),
+        make_pod(POD_C, created=stamp(2), scheduled=stamp(2), sandbox_ready=None, started=stamp(3),
+                 finished=stamp(10), node="node-1", image_id="docker.io/library/python@sha256:aaa"),
+    ]
+    logs = {
+        POD_A: log_text(ready_event(POD_A, T0 + 3.5, imports_done_at=T0 + 3.25, process_started_at=T0 + 2.5),
+                        reward_event(POD_A, T0 + 8.0)),
+        POD_B: log_text(ready_event(POD_B, T0 + 4.25, imports_done_at=T0 + 4.0, process_started_at=T0 + 3.0),
+                        reward_event(POD_B, T0 + 8.5)),
+        POD_C: "Python 3.12 starting\n" + log_text(
+            ready_event(POD_C, T0 + 5.0, imports_done_at=T0 + 4.5, process_started_at=T0 + 3.5),
+            reward_event(POD_C, T0 + 9.75)),
+    }
+
+    def event(reason: str, kind: str, pod: str, event_type: str = "Normal", **extra: Any) -> dict:
+        return dict({"apiVersion": "v1", "kind": "Event", "reason": reason, "type": event_type,
+                     "involvedObject": {"kind": kind, "name": pod, "namespace": NAMESPACE},
+                     "metadata": {"name": f"{pod}.{reason}", "namespace": NAMESPACE}}, **extra)
+
+    events = [
+        event("Scheduled", "Pod", POD_A, eventTime="2026-11-29T20:00:01.250000Z", count=None),
+        event("Scheduled", "Pod", POD_B, eventTime="2026-11-29T20:00:01.500000Z", count=None),
+        event("SuccessfulCreate", "Job", "rollout", count=3),
+        event("Pulled", "Pod", POD_C, count=1),
+        event("FailedScheduling", "Pod", POD_C, event_type="Warning", count=2),
+        event("FailedScheduling", "Pod", POD_C, event_type="Warning"),
+        event("BackOff", "Pod", POD_B, event_type="Warning", count=1),
+        event("FailedScheduling", "Pod", POD_B, event_type="Warning", count=1),
+    ]
+    return job, pods, logs, events
+
+
+ROW_FIELDS = ["pod", "node", "image_id", "reward", "pod_to_ready_seconds",
+              "batch_to_ready_seconds", "batch_to_reward_seconds"]
+
+
+def test_summarise_batch_rows_are_exactly_the_spec_fields_hand_computed() -> None:
+    job, pods, logs, events = synthetic_batch()
+    summary = demo.summarise_batch(job, pods, logs, events, 3)
+    assert [list(row) for row in summary["pods"]] == [ROW_FIELDS] * 3
+    assert summary["pods"] == [
+        {"pod": POD_A, "node": "node-1", "image_id": "docker.io/library/python@sha256:aaa", "reward": 1,
+         "pod_to_ready_seconds": 2.5, "batch_to_ready_seconds": 3.5, "batch_to_reward_seconds": 8.0},
+        {"pod": POD_B, "node": "node-2", "image_id": "docker.io/library/python@sha256:bbb", "reward": 1,
+         "pod_to_ready_seconds": 3.25, "batch_to_ready_seconds": 4.25, "batch_to_reward_seconds": 8.5},
+        {"pod": POD_C, "node": "node-1", "image_id": "docker.io/library/python@sha256:aaa", "reward": 1,
+         "pod_to_ready_seconds": 3.0, "batch_to_ready_seconds": 5.0, "batch_to_reward_seconds": 9.75},
+    ]
+
+
+def test_summarise_batch_headline_figures() -> None:
+    job, pods, logs, events = synthetic_batch()
+    summary = demo.summarise_batch(job, pods, logs, events, 3)
+    # pod_to_ready sorted: 2.5 3.0 3.25; p50 = 3.0; p95 index 1.9 -> 3.0 + 0.9*0.25 = 3.225.
+    assert {key: summary[key] for key in (
+        "episodes", "successful_episodes", "reward_sum", "batch_to_all_ready_seconds",
+        "batch_to_all_rewards_seconds", "pod_to_ready_p50_seconds", "pod_to_ready_p95_seconds",
+        "pod_to_ready_max_seconds")} == {
+        "episodes": 3, "successful_episodes": 3, "reward_sum": 3,
+        "batch_to_all_ready_seconds": 5.0, "batch_to_all_rewards_seconds": 9.75,
+        "pod_to_ready_p50_seconds": 3.0, "pod_to_ready_p95_seconds": 3.225, "pod_to_ready_max_seconds": 3.25,
+    }
+
+
+def test_summarise_batch_refuses_a_dishonest_batch() -> None:
+    job, pods, logs, events = synthetic_batch()
+    logs[POD_B] = log_text(ready_event(POD_B, T0 + 4.25), reward_event(POD_B, T0 + 8.5, reward=0))
+    with pytest.raises(VerificationError, match=rf"pod {POD_B}: reward is 0"):
+        demo.summarise_batch(job, pods, logs, events, 3)
+
+
+def test_phases_with_precision_and_missing_counts() -> None:
+    job, pods, logs, events = synthetic_batch()
+    phases = demo.summarise_batch(job, pods, logs, events, 3)["phases"]
+
+    def figures(name: str) -> dict:
+        return {k: phases[name][k] for k in ("samples", "missing", "p50", "max", "precision_seconds")}
+
+    # scheduling = scheduled - created: A 0.25, B 0.5 (events), C 0.0 (condition); whole-second created.
+    assert figures("scheduling") == {"samples": 3, "missing": 0, "p50": 0.25, "max": 0.5, "precision_seconds": 1.0}
+    assert phases["scheduling"]["p95"] == 0.475  # index 1.9 -> 0.25 + 0.9*0.25
+    # sandbox_creation = PodReadyToStartContainers - scheduled: A 0.75, B 1.5; C has no condition.
+    assert figures("sandbox_creation") == {"samples": 2, "missing": 1, "p50": 1.125, "max": 1.5,
+                                           "precision_seconds": 1.0}
+    # container_start = process start (/proc ticks) - sandbox ready: A 0.5, B 0.0; C missing.
+    assert figures("container_start") == {"samples": 2, "missing": 1, "p50": 0.25, "max": 0.5,
+                                          "precision_seconds": 1.0}
+    # python_imports = imports done - process start: A 0.75, B 1.0, C 1.0; /proc ticks (10 ms).
+    assert figures("python_imports") == {"samples": 3, "missing": 0, "p50": 1.0, "max": 1.0,
+                                         "precision_seconds": 0.01}
+    # imports_done_to_ready: A 0.25, B 0.25, C 0.5; both worker clocks (microseconds).
+    assert figures("imports_done_to_ready") == {"samples": 3, "missing": 0, "p50": 0.25, "max": 0.5,
+                                                "precision_seconds": 1e-6}
+    # episode_work = reward - ready: A 4.5, B 4.25, C 4.75.
+    assert figures("episode_work") == {"samples": 3, "missing": 0, "p50": 4.5, "max": 4.75,
+                                       "precision_seconds": 1e-6}
+    # container_exit = finishedAt - reward: A 1.0, B 0.5, C 0.25.
+    assert figures("container_exit") == {"samples": 3, "missing": 0, "p50": 0.5, "max": 1.0,
+                                         "precision_seconds": 1.0}
+    assert figures("pod_to_ready") == {"samples": 3, "missing": 0, "p50": 3.0, "max": 3.25,
+                                       "precision_seconds": 1.0}
+    assert figures("pod_to_reward") == {"samples": 3, "missing": 0, "p50": 7.5, "max": 7.75,
+                                        "precision_seconds": 1.0}
+
+
+def test_phases_without_sandbox_condition_anywhere_are_all_missing() -> None:
+    job, pods, logs, events = synthetic_batch()
+    for pod in pods:
+        pod["status"]["conditions"] = [c for c in pod["status"]["conditions"]
+                                       if c["type"] != "PodReadyToStartContainers"]
+    phases = demo.summarise_batch(job, pods, logs, events, 3)["phases"]
+    assert phases["sandbox_creation"]["samples"] == 0
+    assert phases["sandbox_creation"]["missing"] == 3
+    assert phases["sandbox_creation"]["precision_seconds"] is None
+    assert "p50" not in phases["sandbox_creation"]
+    assert phases["container_start"]["missing"] == 3
+
+
+def test_completion_gap_hand_computed() -> None:
+    job, pods, logs, events = synthetic_batch()
+    job["status"]["conditions"][0]["lastTransitionTime"] = stamp(10)  # SuccessCriteriaMet
+    gap = demo.completion_gap(job, pods, last_reward_at=T0 + 9.75, client_observed_at=T0 + 12.5)
+    # last finished +10; criteria +10; Complete +11; client +12.5.
+    assert {k: v for k, v in gap.items() if k != "note"} == {
+        "last_reward_to_last_container_finished_seconds": 0.25,
+        "last_container_finished_to_success_criteria_met_seconds": 0.0,
+        "last_container_finished_to_job_complete_seconds": 1.0,
+        "job_complete_to_client_observed_seconds": 1.5,
+        "last_reward_to_client_observed_seconds": 2.75,
+        "precision_seconds": 1.0,
+    }
+
+
+def test_completion_gap_without_client_or_success_criteria() -> None:
+    job, pods, _, _ = synthetic_batch()
+    job = make_job(end_at=stamp(12), criteria_at=None)
+    gap = demo.completion_gap(job, pods, last_reward_at=T0 + 9.75, client_observed_at=None)
+    assert gap["last_container_finished_to_success_criteria_met_seconds"] is None
+    assert gap["last_container_finished_to_job_complete_seconds"] == 2.0
+    assert gap["job_complete_to_client_observed_seconds"] is None
+    assert gap["last_reward_to_client_observed_seconds"] is None
+
+
+def test_node_distribution_counts_pods_per_node() -> None:
+    _, pods, _, _ = synthetic_batch()
+    unscheduled = make_pod("rollout-xxxxx")
+    del unscheduled["spec"]["nodeName"]
+    assert demo.node_distribution(pods + [unscheduled]) == {"(unscheduled)": 1, "node-1": 2, "node-2": 1}
+
+
+def test_warning_summary_counts_per_reason_and_names_objects() -> None:
+    _, _, _, events = synthetic_batch()
+    assert demo.warning_summary(events) == {
+        # count 2 + a count-less event (1) + count 1
+        "FailedScheduling": {"count": 4, "objects": [f"Pod/{POD_C}", f"Pod/{POD_B}"]},
+        "BackOff": {"count": 1, "objects": [f"Pod/{POD_B}"]},
+    }
+
+
+def test_scheduled_event_times_only_from_pod_scheduled_events() -> None:
+    _, _, _, events = synthetic_batch()
+    assert demo.scheduled_event_times(events) == {POD_A: BASE + 0.25, POD_B: BASE + 0.5}
+
+
+EXPECTED_CSV_HEADER = (
+    "batch,pod,index,node,reward,"
+    "pod_created_after_job_seconds,scheduled_after_job_seconds,sandbox_ready_after_job_seconds,"
+    "container_started_after_job_seconds,process_started_after_job_seconds,imports_done_after_job_seconds,"
+    "ready_after_job_seconds,reward_after_job_seconds,container_finished_after_job_seconds,"
+    "pod_created_precision_seconds,scheduled_precision_seconds,sandbox_ready_precision_seconds,"
+    "container_started_precision_seconds,process_started_precision_seconds,imports_done_precision_seconds,"
+    "ready_precision_seconds,reward_precision_seconds,container_finished_precision_seconds,"
+    "scheduling_seconds,sandbox_creation_seconds,container_start_seconds,python_imports_seconds,"
+    "imports_done_to_ready_seconds,episode_work_seconds,container_exit_seconds,pod_to_ready_seconds,"
+    "pod_to_reward_seconds"
+)
+
+
+def test_episodes_csv_header_and_rows() -> None:
+    job, pods, logs, events = synthetic_batch()
+    summary = demo.summarise_batch(job, pods, logs, events, 3)
+    lines = demo.episodes_csv([("rollout", summary)]).splitlines()
+    assert lines[0] == EXPECTED_CSV_HEADER
+    assert lines[1:] == [
+        "rollout,rollout-4kq2m,,node-1,1,"
+        "1.000000,1.250000,2.000000,2.000000,2.500000,3.250000,3.500000,8.000000,9.000000,"
+        "1,1e-06,1,1,0.01,1e-06,1e-06,1e-06,1,"
+        "0.250000,0.750000,0.500000,0.750000,0.250000,4.500000,1.000000,2.500000,7.000000",
+        "rollout,rollout-9vtzb,,node-2,1,"
+        "1.000000,1.500000,3.000000,3.000000,3.000000,4.000000,4.250000,8.500000,9.000000,"
+        "1,1e-06,1,1,0.01,1e-06,1e-06,1e-06,1,"
+        "0.500000,1.500000,0.000000,1.000000,0.250000,4.250000,0.500000,3.250000,7.500000",
+        # No sandbox condition: empty cells; scheduled from the whole-second condition.
+        "rollout,rollout-p7x8s,,node-1,1,"
+        "2.000000,2.000000,,3.000000,3.500000,4.500000,5.000000,9.750000,10.000000,"
+        "1,1,,1,0.01,1e-06,1e-06,1e-06,1,"
+        "0.000000,,,1.000000,0.500000,4.750000,0.250000,3.000000,7.750000",
+    ]
+
+
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def test_timeline_svg_is_xml_with_one_row_per_episode_and_a_legend() -> None:
+    job, pods, logs, events = synthetic_batch()
+    summary = demo.summarise_batch(job, pods, logs, events, 3)
+    text = demo.timeline_svg([("rollout", summary)], "3 episodes <cube> & friends")
+    root = ElementTree.fromstring(text)
+    assert root.tag == f"{SVG}svg"
+    texts = ["".join(element.itertext()) for element in root.iter(f"{SVG}text")]
+    assert "3 episodes <cube> & friends" in texts
+    for phase in ("scheduling", "sandbox creation", "container start", "python imports",
+                  "imports done to ready", "episode work", "container exit"):
+        assert phase in texts, f"legend lacks {phase}"
+    for pod in (POD_A, POD_B, POD_C):
+        assert texts.count(pod) == 1, f"one row label for {pod}"
+    bars = [rect for rect in root.iter(f"{SVG}rect") if rect.find(f"{SVG}title") is not None]
+    rows = {}
+    for bar in bars:
+        pod, phase = bar.find(f"{SVG}title").text.split(":")[0].split(" ")
+        rows.setdefault(pod, set()).add((phase, bar.get("y")))
+    assert sorted(rows) == [POD_A, POD_B, POD_C]
+    assert len({y for bars_of_pod in rows.values() for _, y in bars_of_pod}) == 3  # one row each
+    for pod in rows:
+        assert len({y for _, y in rows[pod]}) == 1
+    # Zero-length phases (POD_B's container_start, POD_C's scheduling) and phases with a
+    # missing point (POD_C has no sandbox_ready) draw no bar.
+    assert {phase for phase, _ in rows[POD_A]} == set(demo.PHASE_COLOURS)
+    assert {phase for phase, _ in rows[POD_B]} == set(demo.PHASE_COLOURS) - {"container_start"}
+    assert {phase for phase, _ in rows[POD_C]} == set(demo.PHASE_COLOURS) - {"scheduling", "sandbox_creation", "container_start"}
+    titles = {bar.find(f"{SVG}title").text for bar in bars}
+    assert f"{POD_C} episode_work: 4.750 s" in titles
+
+
+def test_compare_table_ratios() -> None:
+    # The guide's 10-way parallel run (A) against parallelism 1 (B).
+    first = {"episodes": 10, "parallelism": 10, "reward_sum": 10, "batch_to_all_ready_seconds": 3.7,
+             "batch_to_all_rewards_seconds": 8.4, "client_job_complete_seconds": 12.7,
+             "pod_to_ready_p50_seconds": 3.7, "pod_to_ready_p95_seconds": 3.7, "pod_to_ready_max_seconds": 3.8,
+             "phases": {"python_imports": {"p50": 1.32}}}
+    second = {"episodes": 10, "parallelism": 1, "reward_sum": 10, "batch_to_all_ready_seconds": 93.1,
+              "batch_to_all_rewards_seconds": 97.6, "client_job_complete_seconds": 101.6,
+              "pod_to_ready_p50_seconds": 3.6, "pod_to_ready_p95_seconds": None, "pod_to_ready_max_seconds": 3.9,
+              "phases": {"python_imports": {"p50": 0.66}}}
+    table = demo.compare_table(first, second, "A: parallel", "B: serial")
+    lines = table.splitlines()
+    assert lines[0].split() == ["metric", "A:", "parallel", "B:", "serial", "B/A"]
+    rows = {line.split()[0]: line.split()[1:] for line in lines[1:]}
+    assert rows == {
+        "episodes": ["10", "10", "1.00"],
+        "parallelism": ["10", "1", "0.10"],
+        "reward_sum": ["10", "10", "1.00"],
+        "batch_to_all_ready_seconds": ["3.7", "93.1", "25.16"],       # 93.1 / 3.7 = 25.162
+        "batch_to_all_rewards_seconds": ["8.4", "97.6", "11.62"],     # 97.6 / 8.4 = 11.619
+        "client_job_complete_seconds": ["12.7", "101.6", "8.00"],
+        "pod_to_ready_p50_seconds": ["3.7", "3.6", "0.97"],           # 3.6 / 3.7 = 0.973
+        "pod_to_ready_p95_seconds": ["3.7", "-", "-"],
+        "pod_to_ready_max_seconds": ["3.8", "3.9", "1.03"],           # 3.9 / 3.8 = 1.026
+        "python_imports_p50_seconds": ["1.32", "0.66", "0.50"],
+    }
+
+
+def worker_namespace() -> dict:
+    """The worker's functions, defined without running its main()."""
+    namespace: dict[str, Any] = {"__name__": "episode"}
+    exec(compile(demo.WORKER_SOURCE, "episode.py", "exec"), namespace)
+    return namespace
+
+
+def test_worker_flat_json_is_json_for_the_ready_event() -> None:
+    # Before "ready" the worker has not imported json; its own encoder must still be JSON.
+    flat_json = worker_namespace()["flat_json"]
+    record = {"event": "ready", "at": 1795982403.123456, "episode_id": "rollout-x7k2p",
+              "imports_done_at": 1795982402.5, "process_started_at": None, "modules_before_ready": 34,
+              "odd": 'quote " back \\ slash\nnew line\ttab \u00e9 {braces}', "flag": True, "off": False}
+    assert json.loads(flat_json(record)) == record
+    assert "\n" not in flat_json(record)  # one event, one line
+
+
+# --------------------------------------------------------------------------
+# The real worker, in a sandbox that gives it /workspace and /demo.
+
+
+def bwrap_or_skip(require_e2e: Any) -> str:
+    require_e2e(kubectl=False, bwrap=True)
+    bwrap = os.environ.get("RLDEMO_BWRAP") or prereqs.find_bwrap()
+    assert bwrap is not None
+    problem = prereqs.bwrap_problem(bwrap)
+    if problem:
+        message = f"bwrap cannot make a sandbox here: {problem}"
+        if prereqs.e2e_required():
+            pytest.fail(f"{message}; CI / RLDEMO_REQUIRE_E2E forbids skipping", pytrace=False)
+        pytest.skip(message)
+    return bwrap
+
+
+def sandbox_argv(bwrap: str, workspace: Path, demo_dir: Path, episode_id: str) -> list[str]:
+    """bwrap argv: a fresh root with the host's /usr and /etc, this Python, /workspace and /demo."""
+    python = os.path.realpath(sys.executable)
+    argv = [bwrap, "--tmpfs", "/", "--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
+    for top in ("/bin", "/lib", "/lib64", "/sbin"):
+        if os.path.islink(top):
+            argv += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            argv += ["--ro-bind", top, top]
+    prefixes = {os.path.realpath(p) for p in (sys.base_prefix, os.path.dirname(os.path.dirname(python)))}
+    for prefix in sorted(prefixes):
+        if prefix != "/usr" and not prefix.startswith("/usr/"):
+            argv += ["--ro-bind", prefix, prefix]
+    return argv + [
+        "--bind", str(workspace), "/workspace", "--ro-bind", str(demo_dir), "/demo",
+        "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+        "--unshare-all", "--die-with-parent", "--uid", "1000", "--gid", "1000",
+        "--clearenv", "--setenv", "EPISODE_ID", episode_id, "--setenv", "PATH", "/usr/bin:/bin",
+        "--chdir", "/",
+        python, "-B", "/demo/episode.py",
+    ]
+
+
+@pytest.fixture(scope="module")
+def worker_run(tmp_path_factory: pytest.TempPathFactory, require_e2e: Any) -> dict:
+    """Run WORKER_SOURCE once, for real, as a pod would: exit code, stdout, wall-clock bounds, workspace."""
+    bwrap = bwrap_or_skip(require_e2e)
+    root = tmp_path_factory.mktemp("worker")
+    workspace, demo_dir = root / "workspace", root / "demo"
+    workspace.mkdir()
+    demo_dir.mkdir()
+    (demo_dir / "episode.py").write_text(demo.WORKER_SOURCE, encoding="utf-8")
+    started = time.time()
+    completed = subprocess.run(sandbox_argv(bwrap, workspace, demo_dir, "rollout-x7k2p"),
+                               capture_output=True, text=True, timeout=60)
+    return {"returncode": completed.returncode, "stdout": completed.stdout, "stderr": completed.stderr,
+            "started": started, "ended": time.time(), "workspace": workspace}
+
+
+def test_worker_exits_0_with_exactly_ready_then_reward(worker_run: dict) -> None:
+    assert worker_run["returncode"] == 0, worker_run["stderr"]
+    lines = worker_run["stdout"].splitlines()
+    assert len(lines) == 2, worker_run["stdout"]
+    events = demo.parse_events(lines)
+    assert [event["event"] for event in events] == ["ready", "reward"]
+    assert [event["episode_id"] for event in events] == ["rollout-x7k2p", "rollout-x7k2p"]
+
+
+def test_worker_events_carry_the_spec_fields(worker_run: dict) -> None:
+    ready, reward = demo.parse_events(worker_run["stdout"].splitlines())
+    assert reward["reward"] == 1 and type(reward["reward"]) is int
+    assert reward["tests_exit"] == 0
+    assert isinstance(reward["baseline_exit"], int) and reward["baseline_exit"] != 0
+    assert "Ran 3 tests" in reward["tests_output"] and "OK" in reward["tests_output"]
+    for event in (ready, reward):
+        assert isinstance(event["at"], float)
+        assert worker_run["started"] - 1 <= event["at"] <= worker_run["ended"] + 1
+    assert ready["imports_done_at"] <= ready["at"] <= reward["at"]
+    assert isinstance(ready["modules_before_ready"], int) and ready["modules_before_ready"] > 0
+
+
+def test_worker_events_pass_verification(worker_run: dict) -> None:
+    start = calendar.timegm(time.gmtime(worker_run["started"] - 1))
+    created = demo.format_time(start)
+    job = make_job(created=created)
+    pod = make_pod("rollout-x7k2p", created=created)
+    assert len(demo.verify_batch(1, job, [pod], {"rollout-x7k2p": worker_run["stdout"]})) == 1
+
+
+def test_worker_leaves_the_fixed_code_and_its_tests_in_workspace(worker_run: dict) -> None:
+    workspace = worker_run["workspace"]
+    shipping = (workspace / "shipping.py").read_text()
+    assert "total >= 99" in shipping and "total > 99" not in shipping
+    namespace: dict[str, Any] = {}
+    exec(compile(shipping, "shipping.py", "exec"), namespace)
+    assert [namespace["shipping"](t) for t in (98, 99, 100)] == [10, 0, 0]
+    tests = subprocess.run([sys.executable, "-B", "test_shipping.py"], cwd=workspace,
+                           capture_output=True, text=True, timeout=30)
+    assert tests.returncode == 0 and "Ran 3 tests" in tests.stderr
+
+
+def test_worker_test_file_fails_the_original_bug(worker_run: dict, tmp_path: Path) -> None:
+    # The spec's bug (`total > 99`) must fail the boundary test the worker wrote.
+    (tmp_path / "test_shipping.py").write_text((worker_run["workspace"] / "test_shipping.py").read_text())
+    (tmp_path / "shipping.py").write_text(
+        (worker_run["workspace"] / "shipping.py").read_text().replace("total >= 99", "total > 99"))
+    tests = subprocess.run([sys.executable, "-B", "test_shipping.py"], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=30)
+    assert tests.returncode != 0
+    assert "test_threshold_ships_free" in tests.stderr and "Ran 3 tests" in tests.stderr
+
+
+# --------------------------------------------------------------------------
+# Standard library only (the tool is copied onto bastions with nothing installed).
+
+# Used where sys.stdlib_module_names does not exist (Python 3.9).
+STDLIB_ALLOW_LIST = frozenset("""
+    __future__ abc argparse ast asyncio base64 bisect calendar codecs collections concurrent
+    contextlib copy csv dataclasses datetime decimal difflib enum errno fcntl fnmatch fractions
+    functools gc getpass glob gzip hashlib heapq hmac html http importlib inspect io ipaddress
+    itertools json locale logging math mimetypes numbers operator os pathlib pickle platform
+    posixpath pprint queue random re resource secrets select selectors shlex shutil signal socket
+    stat statistics string struct subprocess sys sysconfig tarfile tempfile textwrap threading
+    time timeit traceback types typing unicodedata unittest urllib uuid warnings weakref xml zipfile
+    zlib
+""".split())
+
+
+def top_level_imports(source: str) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def stdlib_names() -> frozenset:
+    return frozenset(getattr(sys, "stdlib_module_names", STDLIB_ALLOW_LIST))
+
+
+def test_the_allow_list_is_standard_library() -> None:
+    if not hasattr(sys, "stdlib_module_names"):
+        pytest.skip("sys.stdlib_module_names is Python >= 3.10")
+    assert STDLIB_ALLOW_LIST <= sys.stdlib_module_names
+
+
+def test_rl_batch_demo_imports_only_the_standard_library(repo_root: Path) -> None:
+    source = (repo_root / "rl_batch_demo.py").read_text(encoding="utf-8")
+    imported = top_level_imports(source)
+    assert {"json", "subprocess", "argparse"} <= imported  # the walk does see imports
+    assert sorted(imported - stdlib_names()) == []
+
+
+def test_the_worker_compiles_and_imports_only_the_standard_library() -> None:
+    compile(demo.WORKER_SOURCE, "episode.py", "exec")
+    imported = top_level_imports(demo.WORKER_SOURCE)
+    assert {"os", "sys", "time"} <= imported
+    assert sorted(imported - stdlib_names()) == []
