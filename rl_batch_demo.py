@@ -56,6 +56,7 @@ CLIENT_GRACE_SECONDS = 30
 REQUEST_TIMEOUT_SECONDS = 30
 CALL_TIMEOUT_SECONDS = 60
 DELETE_WAIT_SECONDS = 120
+FIRST_CONTACT_RETRY_SECONDS = 10
 LOG_READERS = 8
 POLL_INTERVAL_SECONDS = 1.0
 WATCH_RESTARTS_BEFORE_POLLING = 3
@@ -1423,8 +1424,10 @@ class RunAction:
     def check_runtime_class(self) -> None:
         runtime = self.settings["runtime"]
         try:
+            # The first contact with the cluster: retried briefly, so an unreachable
+            # cluster is reported in seconds rather than after a minute.
             self.kubectl.run(["get", "runtimeclass", runtime, "-o", "name"],
-                             retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS)
+                             retry_until=time.monotonic() + FIRST_CONTACT_RETRY_SECONDS)
         except KubectlError as error:
             if error.not_found:
                 raise DemoError(f"RuntimeClass {runtime!r} not found in context {self.kubectl.context!r}; "
@@ -1787,7 +1790,8 @@ def wait_gone(kubectl: Kubectl, args: list[str], seconds: float) -> dict | None:
         time.sleep(POLL_INTERVAL_SECONDS)
 
 
-def cleanup_namespace(kubectl: Kubectl, receipt: dict, output: str) -> None:
+def cleanup_namespace(kubectl: Kubectl, receipt: dict, output: str,
+                      wait_seconds: float = DELETE_WAIT_SECONDS) -> None:
     """Delete the run's Jobs and namespace, only after proving both are the run's own (SPEC A5)."""
     namespace = receipt["namespace"]
     retry_until = time.monotonic() + CALL_TIMEOUT_SECONDS
@@ -1824,13 +1828,13 @@ def cleanup_namespace(kubectl: Kubectl, receipt: dict, output: str) -> None:
         kubectl.run(["delete", "job", name, "-n", namespace, "--cascade=foreground", "--wait=false",
                      "--ignore-not-found"], retry_until=retry_until)
     for name in live_jobs:
-        if wait_gone(kubectl, ["get", "job", name, "-n", namespace], DELETE_WAIT_SECONDS) is not None:
-            raise DemoError(f"Job {name} in {namespace} still exists after {DELETE_WAIT_SECONDS} s; "
+        if wait_gone(kubectl, ["get", "job", name, "-n", namespace], wait_seconds) is not None:
+            raise DemoError(f"Job {name} in {namespace} still exists after {wait_seconds:g} s; "
                             f"inspect it with: kubectl --context {receipt['context']} get job {name} "
                             f"-n {namespace} -o yaml")
     kubectl.run(["delete", "namespace", namespace, "--wait=false", "--ignore-not-found"],
                 retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS)
-    stuck = wait_gone(kubectl, ["get", "namespace", namespace], DELETE_WAIT_SECONDS)
+    stuck = wait_gone(kubectl, ["get", "namespace", namespace], wait_seconds)
     if stuck is not None:
         finalizers = (stuck.get("metadata", {}).get("finalizers") or []) + \
             ((stuck.get("spec") or {}).get("finalizers") or [])
@@ -1838,7 +1842,7 @@ def cleanup_namespace(kubectl: Kubectl, receipt: dict, output: str) -> None:
                    if c.get("status") == "True"]
         raise DemoError(
             f"namespace {namespace} is still {(stuck.get('status') or {}).get('phase', 'present')} after "
-            f"{DELETE_WAIT_SECONDS} s; inspect its finalizers ({', '.join(finalizers) or 'none listed'})"
+            f"{wait_seconds:g} s; inspect its finalizers ({', '.join(finalizers) or 'none listed'})"
             + (f" and conditions ({'; '.join(reasons)})" if reasons else "")
             + f" with: kubectl --context {receipt['context']} get namespace {namespace} -o yaml "
               f"(finalizers are never stripped by this tool); run cleanup again later")
@@ -1849,7 +1853,7 @@ def cleanup(args: argparse.Namespace) -> int:
     """Delete what the receipt proves this run created (SPEC A5); the output directory is kept."""
     receipt = read_receipt(args.output)
     kubectl = Kubectl(find_kubectl(args.kubectl), receipt["context"])
-    cleanup_namespace(kubectl, receipt, args.output)
+    cleanup_namespace(kubectl, receipt, args.output, args.wait)
     return 0
 
 
@@ -1983,6 +1987,8 @@ def build_parser() -> argparse.ArgumentParser:
                                         formatter_class=HelpFormatter)
     cleanup_parser.add_argument("--output", required=True, metavar="DIR", help="the run's output directory")
     cleanup_parser.add_argument("--kubectl", default="kubectl", metavar="PATH", help="kubectl binary")
+    cleanup_parser.add_argument("--wait", type=positive_int, default=DELETE_WAIT_SECONDS, metavar="SECONDS",
+                                help="how long to wait for the Jobs, then the namespace, to disappear")
 
     report_parser = actions.add_parser("report", help="recompute and reprint a finished run from its files")
     report_parser.add_argument("directory", metavar="DIR", help="the run's output directory")
