@@ -1,0 +1,4449 @@
+#!/usr/bin/env python3
+"""A small but faithful Kubernetes API emulator for tests.
+
+Real ``kubectl`` binaries (1.27 ... 1.35) talk to it over plain HTTP.  It
+serves discovery, OpenAPI (v2 protobuf + v3 JSON, so kubectl's default
+validation works and sends ``fieldValidation=Strict``), CRUD with real
+``Status`` errors, server-side ``Table`` printing, list/watch (chunked watch
+streams, bookmarks, ``sendInitialEvents``), pod logs, and the controllers
+needed to run a batch/v1 Job end to end:
+
+* ``JobController``   - pods, counters, SuccessCriteriaMet/Complete,
+  FailureTarget/Failed, deadlines, tracking finalizers, events;
+* ``Scheduler``       - binds pods to ``emu-node-N``, ``Scheduled`` events
+  through events.k8s.io/v1 (micro-second ``eventTime``);
+* ``Kubelet``         - one per node: sandbox delay, image events, runs every
+  container as a real local process inside bubblewrap (read-only host root,
+  volumes at their mount paths, uid/gid from the securityContext, no
+  network), container statuses, logs, graceful deletion;
+* ``GarbageCollector``- background / foreground / orphan propagation;
+* ``NamespaceController`` - namespace termination and its conditions.
+
+Only the Python standard library is used (Python >= 3.9).
+
+Python API::
+
+    emu = Emulator(workdir, faults={...}, nodes=3, server_version="1.33")
+    emu.start(); env = emu.env(); ...; emu.stop()
+
+CLI::
+
+    python tests/kube_emulator.py --workdir DIR [--faults JSON] [--nodes N]
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import bisect
+import calendar
+import hashlib
+import heapq
+import http.server
+import json
+import os
+import random
+import re
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
+from urllib.parse import parse_qs, urlsplit
+
+# --------------------------------------------------------------------------
+# small helpers
+# --------------------------------------------------------------------------
+
+JOB_TRACKING_FINALIZER = "batch.kubernetes.io/job-tracking"
+FOREGROUND_FINALIZER = "foregroundDeletion"
+ORPHAN_FINALIZER = "orphan"
+STUCK_FINALIZER = "example.com/stuck"
+# the apiserver's name-suffix alphabet (k8s.io/apimachinery/pkg/util/rand)
+NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
+
+DEFAULT_TIMING: Dict[str, float] = {
+    "sandbox_delay": 0.08,        # RunPodSandbox
+    "sandbox_jitter": 0.12,
+    "schedule_delay": 0.01,       # scheduler latency per pod
+    "job_status_lag": 0.2,        # job controller batches pod updates
+    "job_backoff_base": 10.0,     # pod failure back-off (real: 10 s)
+    "create_retry_base": 0.5,     # back-off after a rejected pod create
+    "grace_cap": 1.0,             # effective max termination grace period
+    "image_pull_backoff": 0.4,    # time between pull attempts (fault)
+    "watch_history": 20000,       # watch events kept (older rv -> 410)
+    "bookmark_interval": 10.0,    # BOOKMARK cadence on watches
+    "resync": 1.0,                # controllers' periodic resync
+    "restart_delay": 0.2,         # before a faulted container restarts
+    "replace_after": 0.3,         # replace_pod: delete this long after start
+}
+
+
+def clone(obj: Any) -> Any:
+    """Deep copy for JSON-like data (faster than copy.deepcopy)."""
+    return json.loads(json.dumps(obj))
+
+
+def fmt_time(t: float) -> str:
+    """RFC 3339, whole seconds (truncated), UTC ``Z`` - like metav1.Time."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(t)))
+
+
+def fmt_micro(t: float) -> str:
+    """RFC 3339 with microseconds - like metav1.MicroTime."""
+    whole = int(t)
+    micros = int(round((t - whole) * 1e6))
+    if micros >= 1000000:
+        whole, micros = whole + 1, micros - 1000000
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)) + ".%06dZ" % micros
+
+
+def parse_time(s: Optional[str]) -> Optional[float]:
+    """Parse an RFC 3339 timestamp produced by Kubernetes."""
+    if not s:
+        return None
+    m = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)?$", s)
+    if not m:
+        return None
+    base = calendar.timegm(time.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S"))
+    frac = float(m.group(2)) if m.group(2) else 0.0
+    tz = m.group(3) or "Z"
+    off = 0
+    if tz != "Z":
+        sign = 1 if tz[0] == "+" else -1
+        off = sign * (int(tz[1:3]) * 3600 + int(tz[4:6]) * 60)
+    return base + frac - off
+
+
+def human_duration(d: float) -> str:
+    """k8s.io/apimachinery/pkg/util/duration.HumanDuration."""
+    if d < -1:
+        return "<invalid>"
+    if d < 0:
+        return "0s"
+    seconds = int(d)
+    if seconds < 60 * 2:
+        return "%ds" % seconds
+    minutes = seconds // 60
+    if minutes < 10:
+        s = seconds % 60
+        return "%dm" % minutes if s == 0 else "%dm%ds" % (minutes, s)
+    if minutes < 60 * 3:
+        return "%dm" % minutes
+    hours = seconds // 3600
+    if hours < 8:
+        m = minutes % 60
+        return "%dh" % hours if m == 0 else "%dh%dm" % (hours, m)
+    if hours < 48:
+        return "%dh" % hours
+    if hours < 24 * 8:
+        h = hours % 24
+        return "%dd" % (hours // 24) if h == 0 else "%dd%dh" % (hours // 24, h)
+    if hours < 24 * 365 * 2:
+        return "%dd" % (hours // 24)
+    if hours < 24 * 365 * 8:
+        dy = (hours // 24) % 365
+        return "%dy" % (hours // 24 // 365) if dy == 0 else "%dy%dd" % (hours // 24 // 365, dy)
+    return "%dy" % (hours // 24 // 365)
+
+
+_QUANTITY_SUFFIX = {
+    "Ki": 1024, "Mi": 1024 ** 2, "Gi": 1024 ** 3, "Ti": 1024 ** 4, "Pi": 1024 ** 5, "Ei": 1024 ** 6,
+    "n": 1e-9, "u": 1e-6, "m": 1e-3, "": 1, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
+}
+
+
+def parse_quantity(q: Any) -> float:
+    """Parse a resource.Quantity ("128Mi", "250m", "1e3", 2)."""
+    if isinstance(q, (int, float)):
+        return float(q)
+    m = re.match(r"^([+-]?[0-9.]+(?:[eE][+-]?\d+)?)([a-zA-Z]*)$", str(q).strip())
+    if not m or m.group(2) not in _QUANTITY_SUFFIX:
+        raise ValueError("quantities must match the regular expression "
+                         "'^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'")
+    return float(m.group(1)) * _QUANTITY_SUFFIX[m.group(2)]
+
+
+def random_suffix(n: int = 5) -> str:
+    return "".join(random.choice(NAME_ALPHABET) for _ in range(n))
+
+
+def hex64(seed: str) -> str:
+    return hashlib.sha256(seed.encode()).hexdigest()
+
+
+def normalize_image(image: str) -> Tuple[str, str]:
+    """Return (repository, full reference) like containerd reports them."""
+    name, tag = image, "latest"
+    if "@" in name:
+        name = name.split("@", 1)[0]
+    last = name.rsplit("/", 1)[-1]
+    if ":" in last:
+        name, tag = name.rsplit(":", 1)
+    parts = name.split("/")
+    if len(parts) == 1:
+        repo = "docker.io/library/" + name
+    elif "." not in parts[0] and ":" not in parts[0] and parts[0] != "localhost":
+        repo = "docker.io/" + name
+    else:
+        repo = name
+    return repo, "%s:%s" % (repo, tag)
+
+
+def get_path(obj: Any, dotted: str) -> Any:
+    cur = obj
+    for part in dotted.split("."):
+        if not isinstance(cur, dict):
+            return None
+        cur = cur.get(part)
+    return cur
+
+
+def meta(obj: dict) -> dict:
+    return obj.setdefault("metadata", {})
+
+
+def condition(ctype: str, status: str, t: float, reason: Optional[str] = None,
+              message: Optional[str] = None, probe: bool = False) -> dict:
+    c: Dict[str, Any] = {"type": ctype, "status": status}
+    if probe:
+        c["lastProbeTime"] = fmt_time(t)
+    else:
+        c["lastProbeTime"] = None
+    c["lastTransitionTime"] = fmt_time(t)
+    if reason:
+        c["reason"] = reason
+    if message:
+        c["message"] = message
+    return c
+
+
+def set_condition(conds: List[dict], new: dict) -> bool:
+    """Set a condition, keeping lastTransitionTime when status is unchanged."""
+    for i, c in enumerate(conds):
+        if c.get("type") == new["type"]:
+            if c.get("status") == new["status"] and c.get("reason") == new.get("reason") \
+                    and c.get("message") == new.get("message"):
+                return False
+            if c.get("status") == new["status"]:
+                new = dict(new, lastTransitionTime=c.get("lastTransitionTime"))
+            conds[i] = new
+            return True
+    conds.append(new)
+    return True
+
+
+def find_condition(conds: Optional[List[dict]], ctype: str) -> Optional[dict]:
+    for c in conds or []:
+        if c.get("type") == ctype:
+            return c
+    return None
+
+
+def cond_true(conds: Optional[List[dict]], ctype: str) -> bool:
+    c = find_condition(conds, ctype)
+    return bool(c and c.get("status") == "True")
+
+
+def version_tuple(v: str) -> Tuple[int, int]:
+    m = re.match(r"v?(\d+)\.(\d+)", v)
+    return (int(m.group(1)), int(m.group(2))) if m else (1, 33)
+
+
+# --------------------------------------------------------------------------
+# errors
+# --------------------------------------------------------------------------
+
+class ApiError(Exception):
+    """An error the API answers with a ``Status`` body."""
+
+    def __init__(self, code: int, reason: str, message: str,
+                 details: Optional[dict] = None):
+        super().__init__(message)
+        self.code = code
+        self.reason = reason
+        self.message = message
+        self.details = details
+
+    def status(self) -> dict:
+        body: Dict[str, Any] = {"kind": "Status", "apiVersion": "v1", "metadata": {},
+                                "status": "Failure", "message": self.message}
+        if self.reason:
+            body["reason"] = self.reason
+        if self.details is not None:
+            body["details"] = self.details
+        body["code"] = self.code
+        return body
+
+
+def qualified(info: "ResourceInfo") -> str:
+    return info.plural if not info.group else "%s.%s" % (info.plural, info.group)
+
+
+def err_not_found(info: "ResourceInfo", name: str) -> ApiError:
+    d = {"name": name, "kind": info.plural}
+    if info.group:
+        d = {"name": name, "group": info.group, "kind": info.plural}
+    return ApiError(404, "NotFound", '%s "%s" not found' % (qualified(info), name), d)
+
+
+def err_already_exists(info: "ResourceInfo", name: str) -> ApiError:
+    d = {"name": name, "kind": info.plural}
+    if info.group:
+        d = {"name": name, "group": info.group, "kind": info.plural}
+    return ApiError(409, "AlreadyExists", '%s "%s" already exists' % (qualified(info), name), d)
+
+
+def err_conflict(info: "ResourceInfo", name: str) -> ApiError:
+    d = {"name": name, "kind": info.plural}
+    if info.group:
+        d["group"] = info.group
+    return ApiError(409, "Conflict",
+                    'Operation cannot be fulfilled on %s "%s": the object has been modified; '
+                    "please apply your changes to the latest version and try again"
+                    % (qualified(info), name), d)
+
+
+def err_bad_request(message: str) -> ApiError:
+    return ApiError(400, "BadRequest", message)
+
+
+def err_invalid(info: "ResourceInfo", name: str, causes: List[Tuple[str, str, str]]) -> ApiError:
+    """causes: (field, reason, message-fragment)."""
+    kind = info.kind if not info.group else "%s.%s" % (info.kind, info.group)
+    parts = ["%s: %s" % (f, m) for f, _, m in causes]
+    if len(parts) == 1:
+        msg = '%s "%s" is invalid: %s' % (kind, name, parts[0])
+    else:
+        msg = '%s "%s" is invalid: [%s]' % (kind, name, ", ".join(parts))
+    d: Dict[str, Any] = {"name": name, "kind": info.kind,
+                         "causes": [{"reason": r, "message": m, "field": f} for f, r, m in causes]}
+    if info.group:
+        d["group"] = info.group
+    return ApiError(422, "Invalid", msg, d)
+
+
+def err_forbidden(info: "ResourceInfo", name: str, why: str, causes: Optional[list] = None) -> ApiError:
+    label = '%s "%s"' % (qualified(info), name) if name else qualified(info)
+    d: Dict[str, Any] = {"name": name, "kind": info.plural}
+    if info.group:
+        d["group"] = info.group
+    if causes:
+        d["causes"] = causes
+    return ApiError(403, "Forbidden", "%s is forbidden: %s" % (label, why), d)
+
+
+# --------------------------------------------------------------------------
+# resource registry
+# --------------------------------------------------------------------------
+
+class ResourceInfo:
+    """Static description of one served resource (one group/version/plural)."""
+
+    def __init__(self, group: str, version: str, plural: str, kind: str, namespaced: bool,
+                 short_names: Optional[List[str]] = None, store: Optional[str] = None,
+                 categories: Optional[List[str]] = None, subresources: Optional[Dict[str, List[str]]] = None):
+        self.group = group
+        self.version = version
+        self.plural = plural
+        self.kind = kind
+        self.namespaced = namespaced
+        self.short_names = short_names or []
+        self.store = store or plural
+        self.categories = categories or []
+        self.subresources = subresources or {}
+
+    @property
+    def api_version(self) -> str:
+        return self.version if not self.group else "%s/%s" % (self.group, self.version)
+
+    @property
+    def gv_path(self) -> str:
+        return "api/v1" if not self.group else "apis/%s/%s" % (self.group, self.version)
+
+    @property
+    def singular(self) -> str:
+        return self.kind.lower()
+
+
+VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
+
+RESOURCES: List[ResourceInfo] = [
+    ResourceInfo("", "v1", "namespaces", "Namespace", False, ["ns"],
+                 subresources={"finalize": ["update"], "status": ["get", "patch", "update"]}),
+    ResourceInfo("", "v1", "configmaps", "ConfigMap", True, ["cm"]),
+    ResourceInfo("", "v1", "pods", "Pod", True, ["po"], categories=["all"],
+                 subresources={"log": ["get"], "status": ["get", "patch", "update"]}),
+    ResourceInfo("", "v1", "events", "Event", True, ["ev"]),
+    ResourceInfo("", "v1", "nodes", "Node", False, ["no"],
+                 subresources={"status": ["get", "patch", "update"]}),
+    ResourceInfo("batch", "v1", "jobs", "Job", True, [], categories=["all"],
+                 subresources={"status": ["get", "patch", "update"]}),
+    ResourceInfo("node.k8s.io", "v1", "runtimeclasses", "RuntimeClass", False, []),
+    ResourceInfo("events.k8s.io", "v1", "events", "Event", True, ["ev"], store="events"),
+    ResourceInfo("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", True, ["netpol"]),
+]
+GROUP_VERSIONS: List[Tuple[str, str]] = []
+for _r in RESOURCES:
+    if (_r.group, _r.version) not in GROUP_VERSIONS:
+        GROUP_VERSIONS.append((_r.group, _r.version))
+CANONICAL: Dict[str, ResourceInfo] = {}
+for _r in RESOURCES:
+    CANONICAL.setdefault(_r.store, _r)
+NAMESPACED_STORES = [s for s, r in CANONICAL.items() if r.namespaced]
+
+
+def find_resource(group: str, version: str, plural: str) -> Optional[ResourceInfo]:
+    for r in RESOURCES:
+        if r.group == group and r.version == version and r.plural == plural:
+            return r
+    return None
+
+
+# --------------------------------------------------------------------------
+# strict field validation (known-structure schemas)
+# --------------------------------------------------------------------------
+# A schema is a dict {field: subschema}; subschema None = anything,
+# "map" = free-form map, [schema] = list of schema.
+
+_OWNER_REF = {"apiVersion": None, "kind": None, "name": None, "uid": None,
+              "controller": None, "blockOwnerDeletion": None}
+OBJECT_META = {"name": None, "generateName": None, "namespace": None, "selfLink": None,
+               "uid": None, "resourceVersion": None, "generation": None,
+               "creationTimestamp": None, "deletionTimestamp": None,
+               "deletionGracePeriodSeconds": None, "labels": "map", "annotations": "map",
+               "ownerReferences": [_OWNER_REF], "finalizers": None, "managedFields": None}
+_SEC_CTX = {"capabilities": {"add": None, "drop": None}, "privileged": None,
+            "seLinuxOptions": None, "windowsOptions": None, "runAsUser": None,
+            "runAsGroup": None, "runAsNonRoot": None, "readOnlyRootFilesystem": None,
+            "allowPrivilegeEscalation": None, "procMount": None,
+            "seccompProfile": {"type": None, "localhostProfile": None}, "appArmorProfile": None}
+_POD_SEC_CTX = {"seLinuxOptions": None, "windowsOptions": None, "runAsUser": None,
+                "runAsGroup": None, "runAsNonRoot": None, "supplementalGroups": None,
+                "supplementalGroupsPolicy": None, "fsGroup": None, "sysctls": None,
+                "fsGroupChangePolicy": None, "seccompProfile": {"type": None, "localhostProfile": None},
+                "appArmorProfile": None, "seLinuxChangePolicy": None}
+_ENV_VAR = {"name": None, "value": None,
+            "valueFrom": {"fieldRef": {"apiVersion": None, "fieldPath": None},
+                          "resourceFieldRef": None, "configMapKeyRef": None,
+                          "secretKeyRef": None, "fileKeyRef": None}}
+CONTAINER = {"name": None, "image": None, "command": None, "args": None, "workingDir": None,
+             "ports": None, "envFrom": None, "env": [_ENV_VAR],
+             "resources": {"limits": "map", "requests": "map", "claims": None},
+             "resizePolicy": None, "restartPolicy": None, "restartPolicyRules": None,
+             "volumeMounts": [{"name": None, "readOnly": None, "recursiveReadOnly": None,
+                               "mountPath": None, "subPath": None, "mountPropagation": None,
+                               "subPathExpr": None}],
+             "volumeDevices": None, "livenessProbe": None, "readinessProbe": None,
+             "startupProbe": None, "lifecycle": None, "terminationMessagePath": None,
+             "terminationMessagePolicy": None, "imagePullPolicy": None,
+             "securityContext": _SEC_CTX, "stdin": None, "stdinOnce": None, "tty": None}
+VOLUME = {"name": None, "configMap": {"name": None, "items": None, "defaultMode": None, "optional": None},
+          "emptyDir": {"medium": None, "sizeLimit": None}, "secret": None, "hostPath": None,
+          "projected": None, "downwardAPI": None, "persistentVolumeClaim": None,
+          "ephemeral": None, "csi": None, "image": None, "nfs": None}
+POD_SPEC = {"volumes": [VOLUME], "initContainers": [CONTAINER], "containers": [CONTAINER],
+            "ephemeralContainers": None, "restartPolicy": None,
+            "terminationGracePeriodSeconds": None, "activeDeadlineSeconds": None,
+            "dnsPolicy": None, "nodeSelector": "map", "serviceAccountName": None,
+            "serviceAccount": None, "automountServiceAccountToken": None, "nodeName": None,
+            "hostNetwork": None, "hostPID": None, "hostIPC": None, "shareProcessNamespace": None,
+            "securityContext": _POD_SEC_CTX, "imagePullSecrets": None, "hostname": None,
+            "subdomain": None, "affinity": None, "schedulerName": None, "tolerations": None,
+            "hostAliases": None, "priorityClassName": None, "priority": None, "dnsConfig": None,
+            "readinessGates": None, "runtimeClassName": None, "enableServiceLinks": None,
+            "preemptionPolicy": None, "overhead": "map", "topologySpreadConstraints": None,
+            "setHostnameAsFQDN": None, "os": None, "hostUsers": None, "schedulingGates": None,
+            "resourceClaims": None, "resources": None}
+SCHEMAS: Dict[str, dict] = {
+    "Namespace": {"spec": {"finalizers": None}, "status": None},
+    "ConfigMap": {"data": "map", "binaryData": "map", "immutable": None},
+    "Pod": {"spec": POD_SPEC, "status": None},
+    "Job": {"spec": {"parallelism": None, "completions": None, "activeDeadlineSeconds": None,
+                     "podFailurePolicy": None, "successPolicy": None, "backoffLimit": None,
+                     "backoffLimitPerIndex": None, "maxFailedIndexes": None, "selector": None,
+                     "manualSelector": None, "template": {"metadata": OBJECT_META, "spec": POD_SPEC},
+                     "ttlSecondsAfterFinished": None, "completionMode": None, "suspend": None,
+                     "podReplacementPolicy": None, "managedBy": None},
+            "status": None},
+    "NetworkPolicy": {"spec": {"podSelector": None, "ingress": None, "egress": None,
+                               "policyTypes": None}},
+    "RuntimeClass": {"handler": None, "overhead": {"podFixed": "map"}, "scheduling": None},
+    "Node": {"spec": None, "status": None},
+}
+
+
+def unknown_fields(kind: str, obj: dict) -> List[str]:
+    """Paths of fields the server would reject with fieldValidation=Strict."""
+    top = {"apiVersion": None, "kind": None, "metadata": OBJECT_META}
+    top.update(SCHEMAS.get(kind, {}))
+    if kind == "Event":
+        return []
+    out: List[str] = []
+
+    def walk(value: Any, schema: Any, path: str) -> None:
+        if schema is None or schema == "map":
+            return
+        if isinstance(schema, list):
+            if isinstance(value, list):
+                for i, item in enumerate(value):
+                    walk(item, schema[0], "%s[%d]" % (path, i))
+            return
+        if not isinstance(value, dict):
+            return
+        for k, v in value.items():
+            p = k if not path else "%s.%s" % (path, k)
+            if k not in schema:
+                out.append(p)
+            else:
+                walk(v, schema[k], p)
+
+    walk(obj, top, "")
+    return out
+
+
+# --------------------------------------------------------------------------
+# label / field selectors
+# --------------------------------------------------------------------------
+
+class LabelSelector:
+    """Parses the string form of a label selector (equality and set based)."""
+
+    def __init__(self, text: str):
+        self.reqs: List[Tuple[str, str, List[str]]] = []
+        text = (text or "").strip()
+        if not text:
+            return
+        for part in self._split(text):
+            part = part.strip()
+            if not part:
+                continue
+            m = re.match(r"^([^\s!=]+)\s+(in|notin)\s+\((.*)\)$", part)
+            if m:
+                vals = [v.strip() for v in m.group(3).split(",") if v.strip()]
+                self.reqs.append((m.group(1), m.group(2), vals))
+            elif part.startswith("!"):
+                self.reqs.append((part[1:].strip(), "!", []))
+            elif "!=" in part:
+                k, v = part.split("!=", 1)
+                self.reqs.append((k.strip(), "!=", [v.strip()]))
+            elif "==" in part:
+                k, v = part.split("==", 1)
+                self.reqs.append((k.strip(), "=", [v.strip()]))
+            elif "=" in part:
+                k, v = part.split("=", 1)
+                self.reqs.append((k.strip(), "=", [v.strip()]))
+            else:
+                self.reqs.append((part, "exists", []))
+
+    @staticmethod
+    def _split(text: str) -> List[str]:
+        out, depth, cur = [], 0, ""
+        for ch in text:
+            if ch == "(":
+                depth += 1
+            elif ch == ")":
+                depth -= 1
+            if ch == "," and depth == 0:
+                out.append(cur)
+                cur = ""
+            else:
+                cur += ch
+        out.append(cur)
+        return out
+
+    @classmethod
+    def from_match(cls, selector: Optional[dict]) -> "LabelSelector":
+        sel = cls("")
+        if not selector:
+            return sel
+        for k, v in (selector.get("matchLabels") or {}).items():
+            sel.reqs.append((k, "=", [v]))
+        for e in selector.get("matchExpressions") or []:
+            op = {"In": "in", "NotIn": "notin", "Exists": "exists", "DoesNotExist": "!"}[e["operator"]]
+            sel.reqs.append((e["key"], op, list(e.get("values") or [])))
+        return sel
+
+    def matches(self, labels: Optional[Dict[str, str]]) -> bool:
+        labels = labels or {}
+        for key, op, vals in self.reqs:
+            has = key in labels
+            val = labels.get(key)
+            if op == "=" and (not has or val != vals[0]):
+                return False
+            if op == "!=" and has and val == vals[0]:
+                return False
+            if op == "in" and (not has or val not in vals):
+                return False
+            if op == "notin" and has and val in vals:
+                return False
+            if op == "exists" and not has:
+                return False
+            if op == "!" and has:
+                return False
+        return True
+
+
+class FieldSelector:
+    """metadata.name=x,status.phase!=Running style selectors."""
+
+    def __init__(self, text: str):
+        self.reqs: List[Tuple[str, str, str]] = []
+        for part in (text or "").split(","):
+            part = part.strip()
+            if not part:
+                continue
+            if "!=" in part:
+                k, v = part.split("!=", 1)
+                self.reqs.append((k.strip(), "!=", v.strip()))
+            elif "==" in part:
+                k, v = part.split("==", 1)
+                self.reqs.append((k.strip(), "=", v.strip()))
+            elif "=" in part:
+                k, v = part.split("=", 1)
+                self.reqs.append((k.strip(), "=", v.strip()))
+            else:
+                raise err_bad_request('invalid selector: \'%s\'; can\'t understand \'%s\'' % (text, part))
+
+    def matches(self, obj: dict) -> bool:
+        for key, op, val in self.reqs:
+            actual = get_path(obj, key)
+            actual = "" if actual is None else str(actual)
+            if op == "=" and actual != val:
+                return False
+            if op == "!=" and actual == val:
+                return False
+        return True
+
+
+# --------------------------------------------------------------------------
+# the store
+# --------------------------------------------------------------------------
+
+class Expired(Exception):
+    """A watch asked for a resourceVersion that was compacted away."""
+
+
+class Store:
+    """All objects, one global resourceVersion counter and the watch history.
+
+    A single re-entrant lock protects everything.  Listeners are called with
+    the lock held and must only enqueue work.
+    """
+
+    def __init__(self, clock: Callable[[], float], history_limit: int = 20000):
+        self.lock = threading.RLock()
+        self.cond = threading.Condition(self.lock)
+        self.clock = clock
+        self.objects: Dict[str, Dict[str, Dict[str, dict]]] = {}
+        self.uids: Dict[str, Tuple[str, str, str]] = {}
+        self.rv = 1
+        self.history: List[Tuple[int, str, str, dict]] = []
+        self.history_rvs: List[int] = []
+        self.history_limit = max(10, int(history_limit))
+        self.compacted_rv = 0
+        self.listeners: List[Callable[[str, str, dict], None]] = []
+
+    # -- internals --------------------------------------------------------
+    def _next_rv(self) -> int:
+        self.rv += 1
+        return self.rv
+
+    def _record(self, etype: str, store: str, obj: dict) -> None:
+        snap = clone(obj)
+        rv = int(obj["metadata"]["resourceVersion"])
+        self.history.append((rv, etype, store, snap))
+        self.history_rvs.append(rv)
+        if len(self.history) > self.history_limit:
+            drop = len(self.history) - self.history_limit
+            self.compacted_rv = self.history_rvs[drop - 1]
+            del self.history[:drop]
+            del self.history_rvs[:drop]
+        self.cond.notify_all()
+        for fn in list(self.listeners):
+            try:
+                fn(etype, store, snap)
+            except Exception:  # pragma: no cover - listener bugs must not break the API
+                traceback.print_exc()
+
+    def _bucket(self, store: str, ns: str) -> Dict[str, dict]:
+        return self.objects.setdefault(store, {}).setdefault(ns or "", {})
+
+    # -- reads ------------------------------------------------------------
+    def get(self, store: str, ns: Optional[str], name: str) -> Optional[dict]:
+        with self.lock:
+            obj = self.objects.get(store, {}).get(ns or "", {}).get(name)
+            return clone(obj) if obj is not None else None
+
+    def list(self, store: str, ns: Optional[str] = None) -> Tuple[List[dict], int]:
+        with self.lock:
+            buckets = self.objects.get(store, {})
+            out: List[dict] = []
+            if ns is not None and ns != "":
+                out = [clone(o) for o in buckets.get(ns, {}).values()]
+            else:
+                for b in buckets.values():
+                    out.extend(clone(o) for o in b.values())
+            out.sort(key=lambda o: (o["metadata"].get("namespace", ""), o["metadata"]["name"]))
+            return out, self.rv
+
+    def list_raw(self, store: str, ns: Optional[str] = None) -> List[dict]:
+        """Like list() but without copying: stored dicts are never mutated in place
+        (updates replace them), so callers may read but must not modify them."""
+        with self.lock:
+            buckets = self.objects.get(store, {})
+            if ns:
+                return list(buckets.get(ns, {}).values())
+            out: List[dict] = []
+            for b in buckets.values():
+                out.extend(b.values())
+            return out
+
+    def by_uid(self, uid: str) -> Optional[Tuple[str, str, str]]:
+        with self.lock:
+            return self.uids.get(uid)
+
+    # -- writes -----------------------------------------------------------
+    def create(self, store: str, obj: dict) -> dict:
+        with self.lock:
+            md = obj["metadata"]
+            ns = md.get("namespace", "") or ""
+            bucket = self._bucket(store, ns)
+            if md["name"] in bucket:
+                raise KeyError(md["name"])
+            md.setdefault("uid", str(uuid.uuid4()))
+            md["resourceVersion"] = str(self._next_rv())
+            md["creationTimestamp"] = fmt_time(self.clock())
+            bucket[md["name"]] = obj
+            self.uids[md["uid"]] = (store, ns, md["name"])
+            self._record("ADDED", store, obj)
+            return clone(obj)
+
+    def update(self, store: str, ns: Optional[str], name: str,
+               mutate: Callable[[dict], Optional[bool]], expect_rv: Optional[str] = None) -> Optional[dict]:
+        """Apply ``mutate`` to the stored object.
+
+        ``mutate`` may return False to signal "no change" (no new rv).  If the
+        result has a deletionTimestamp, no finalizers and a zero grace period
+        the object is removed (like the generic registry does).  Returns the
+        new object, or None when it was removed / does not exist.
+        """
+        with self.lock:
+            bucket = self._bucket(store, ns or "")
+            cur = bucket.get(name)
+            if cur is None:
+                return None
+            if expect_rv and expect_rv != cur["metadata"]["resourceVersion"]:
+                raise ValueError("conflict")
+            new = clone(cur)
+            changed = mutate(new)
+            if changed is False:
+                return clone(cur)
+            if self._should_remove(store, new):
+                self._remove_locked(store, ns or "", name, new)
+                return None
+            new["metadata"]["resourceVersion"] = str(self._next_rv())
+            bucket[name] = new
+            self._record("MODIFIED", store, new)
+            return clone(new)
+
+    @staticmethod
+    def _should_remove(store: str, obj: dict) -> bool:
+        md = obj["metadata"]
+        if not md.get("deletionTimestamp") or md.get("finalizers"):
+            return False
+        if store == "namespaces" and (obj.get("spec") or {}).get("finalizers"):
+            return False
+        return md.get("deletionGracePeriodSeconds", 0) == 0
+
+    def remove(self, store: str, ns: Optional[str], name: str) -> Optional[dict]:
+        with self.lock:
+            cur = self._bucket(store, ns or "").get(name)
+            if cur is None:
+                return None
+            return self._remove_locked(store, ns or "", name, clone(cur))
+
+    def _remove_locked(self, store: str, ns: str, name: str, final: dict) -> dict:
+        bucket = self._bucket(store, ns)
+        bucket.pop(name, None)
+        self.uids.pop(final["metadata"].get("uid", ""), None)
+        final["metadata"]["resourceVersion"] = str(self._next_rv())
+        self._record("DELETED", store, final)
+        return final
+
+    # -- watch support ----------------------------------------------------
+    def events_since(self, rv: int) -> List[Tuple[int, str, str, dict]]:
+        with self.lock:
+            if rv < self.compacted_rv:
+                raise Expired()
+            i = bisect.bisect_right(self.history_rvs, rv)
+            return self.history[i:]
+
+
+# --------------------------------------------------------------------------
+# Table printing (server side, like pkg/printers/internalversion)
+# --------------------------------------------------------------------------
+
+_NAME_COL = {"name": "Name", "type": "string", "format": "name",
+             "description": "Name must be unique within a namespace. Is required when creating "
+                            "resources, although some resources may allow a client to request the "
+                            "generation of an appropriate name automatically. Name is primarily "
+                            "intended for creation idempotence and configuration definition. Cannot "
+                            "be updated. More info: https://kubernetes.io/docs/concepts/overview/"
+                            "working-with-objects/names#names", "priority": 0}
+_AGE_COL = {"name": "Age", "type": "string", "format": "",
+            "description": "CreationTimestamp is a timestamp representing the server time when this "
+                           "object was created.", "priority": 0}
+
+
+def _col(name: str, desc: str = "", priority: int = 0, ctype: str = "string", fmt: str = "") -> dict:
+    return {"name": name, "type": ctype, "format": fmt, "description": desc, "priority": priority}
+
+
+TABLE_COLUMNS: Dict[str, List[dict]] = {
+    "pods": [_NAME_COL, _col("Ready", "The aggregate readiness state of this pod for accepting traffic."),
+             _col("Status", "The aggregate status of the containers in this pod."),
+             _col("Restarts", "The number of times the containers in this pod have been restarted "
+                              "and when the last container in this pod has restarted."),
+             _AGE_COL, _col("IP", "podIP", 1), _col("Node", "nodeName", 1),
+             _col("Nominated Node", "nominatedNodeName", 1), _col("Readiness Gates", "readinessGates", 1)],
+    "jobs": [_NAME_COL, _col("Status", "Status of the job."),
+             _col("Completions", "The number of pods which reached phase Succeeded."),
+             _col("Duration", "Time required to complete the job."), _AGE_COL,
+             _col("Containers", "Names of each container in the template.", 1),
+             _col("Images", "Images referenced by each container in the template.", 1),
+             _col("Selector", "A label query over pods that should match the pod count.", 1)],
+    "events": [_col("Last Seen", "The time at which the most recent occurrence of this event was recorded."),
+               _col("Type", "Type of this event (Normal, Warning), new types could be added in the future"),
+               _col("Reason", "This should be a short, machine understandable string that gives the "
+                              "reason for the transition into the object's current status."),
+               _col("Object", "The object that this event is about."),
+               _col("Subobject", "fieldPath", 1), _col("Source", "The component reporting this event.", 1),
+               _col("Message", "A human-readable description of the status of this operation."),
+               _col("First Seen", "The time at which the event was first recorded.", 1),
+               _col("Count", "The number of times this event has occurred.", 1),
+               dict(_NAME_COL, priority=1)],
+    "namespaces": [_NAME_COL, _col("Status", "The status of the namespace"), _AGE_COL],
+    "runtimeclasses": [_NAME_COL, _col("Handler", "Handler specifies the underlying runtime and "
+                                                  "configuration that the CRI implementation will use"),
+                       _AGE_COL],
+    "configmaps": [_NAME_COL, _col("Data", "Data contains the configuration data."), _AGE_COL],
+    "nodes": [_NAME_COL, _col("Status", "The status of the node"), _col("Roles", "The roles of the node"),
+              _AGE_COL, _col("Version", "Kubelet Version reported by the node."),
+              _col("Internal-IP", "List of addresses reachable to the node.", 1),
+              _col("External-IP", "List of addresses reachable to the node.", 1),
+              _col("OS-Image", "OS Image reported by the node.", 1),
+              _col("Kernel-Version", "Kernel Version reported by the node.", 1),
+              _col("Container-Runtime", "ContainerRuntime Version reported by the node.", 1)],
+    "networkpolicies": [_NAME_COL, _col("Pod-Selector", "Selects the pods to which this NetworkPolicy "
+                                                        "object applies."), _AGE_COL],
+}
+
+
+def _age(obj: dict, now: float) -> str:
+    t = parse_time(obj.get("metadata", {}).get("creationTimestamp"))
+    return "<unknown>" if t is None else human_duration(now - t)
+
+
+def format_label_selector(sel: Optional[dict]) -> str:
+    if not sel:
+        return "<none>"
+    parts = ["%s=%s" % (k, v) for k, v in sorted((sel.get("matchLabels") or {}).items())]
+    for e in sel.get("matchExpressions") or []:
+        op = e["operator"]
+        if op in ("In", "NotIn"):
+            parts.append("%s %s (%s)" % (e["key"], op.lower(), ",".join(e.get("values") or [])))
+        elif op == "Exists":
+            parts.append(e["key"])
+        else:
+            parts.append("!" + e["key"])
+    return ",".join(parts) if parts else "<none>"
+
+
+def pod_row(pod: dict, now: float) -> List[Any]:
+    status = pod.get("status") or {}
+    spec = pod.get("spec") or {}
+    phase = status.get("phase") or ""
+    reason = status.get("reason") or phase
+    total = len(spec.get("containers") or [])
+    ready = 0
+    restarts = 0
+    last_restart = None
+    has_running = False
+    for cs in reversed(status.get("containerStatuses") or []):
+        restarts += cs.get("restartCount", 0)
+        lt = (cs.get("lastState") or {}).get("terminated")
+        if lt:
+            ft = parse_time(lt.get("finishedAt"))
+            if ft and (last_restart is None or ft > last_restart):
+                last_restart = ft
+        st = cs.get("state") or {}
+        if st.get("waiting") and st["waiting"].get("reason"):
+            reason = st["waiting"]["reason"]
+        elif st.get("terminated") and st["terminated"].get("reason"):
+            reason = st["terminated"]["reason"]
+        elif st.get("terminated"):
+            t = st["terminated"]
+            reason = "Signal:%d" % t["signal"] if t.get("signal") else "ExitCode:%d" % t.get("exitCode", 0)
+        elif cs.get("ready") and st.get("running"):
+            has_running = True
+            ready += 1
+    if reason == "Completed" and has_running:
+        reason = "Running" if cond_true(status.get("conditions"), "Ready") else "NotReady"
+    if pod["metadata"].get("deletionTimestamp") and phase not in ("Succeeded", "Failed"):
+        reason = "Terminating"
+    rs = str(restarts)
+    if restarts and last_restart:
+        rs = "%d (%s ago)" % (restarts, human_duration(now - last_restart))
+    ip = status.get("podIP") or "<none>"
+    return [pod["metadata"]["name"], "%d/%d" % (ready, total), reason, rs, _age(pod, now),
+            ip, spec.get("nodeName") or "<none>", status.get("nominatedNodeName") or "<none>", "<none>"]
+
+
+def job_row(job: dict, now: float) -> List[Any]:
+    spec, status = job.get("spec") or {}, job.get("status") or {}
+    succeeded = status.get("succeeded", 0)
+    if spec.get("completions") is not None:
+        completions = "%d/%d" % (succeeded, spec["completions"])
+    elif (spec.get("parallelism") or 0) > 1:
+        completions = "%d/1 of %d" % (succeeded, spec["parallelism"])
+    else:
+        completions = "%d/1" % succeeded
+    st, ct = parse_time(status.get("startTime")), parse_time(status.get("completionTime"))
+    dur = "" if st is None else human_duration((ct if ct is not None else now) - st)
+    conds = status.get("conditions")
+    if cond_true(conds, "Complete"):
+        state = "Complete"
+    elif cond_true(conds, "Failed"):
+        state = "Failed"
+    elif job["metadata"].get("deletionTimestamp"):
+        state = "Terminating"
+    elif cond_true(conds, "Suspended"):
+        state = "Suspended"
+    elif cond_true(conds, "FailureTarget"):
+        state = "FailureTarget"
+    else:
+        state = "Running"
+    containers = ((spec.get("template") or {}).get("spec") or {}).get("containers") or []
+    return [job["metadata"]["name"], state, completions, dur, _age(job, now),
+            ",".join(c.get("name", "") for c in containers),
+            ",".join(c.get("image", "") for c in containers),
+            format_label_selector(spec.get("selector"))]
+
+
+def event_row(ev: dict, now: float) -> List[Any]:
+    first = parse_time(ev.get("firstTimestamp"))
+    first_s = human_duration(now - first) if first else None
+    if first_s is None:
+        et = parse_time(ev.get("eventTime"))
+        first_s = human_duration(now - et) if et else "<unknown>"
+    last = parse_time(ev.get("lastTimestamp"))
+    last_s = human_duration(now - last) if last else first_s
+    count = ev.get("count") or 0
+    series = ev.get("series")
+    if series:
+        lo = parse_time(series.get("lastObservedTime"))
+        last_s = human_duration(now - lo) if lo else "<unknown>"
+        count = series.get("count", 0)
+    elif count == 0:
+        count = 1
+    io = ev.get("involvedObject") or {}
+    target = "%s/%s" % (io.get("kind", "").lower(), io["name"]) if io.get("name") else io.get("kind", "").lower()
+    src = ev.get("source") or {}
+    comp = src.get("component") or ev.get("reportingComponent") or ""
+    host = src.get("host") or ev.get("reportingInstance") or ""
+    source = "%s, %s" % (comp, host) if host and src.get("component") else comp
+    return [last_s, ev.get("type", ""), ev.get("reason", ""), target, io.get("fieldPath", ""),
+            source, (ev.get("message") or "").strip(), first_s, count, ev["metadata"]["name"]]
+
+
+def node_row(node: dict, now: float) -> List[Any]:
+    status = node.get("status") or {}
+    ready = find_condition(status.get("conditions"), "Ready")
+    state = "Ready" if ready and ready.get("status") == "True" else "NotReady"
+    roles = sorted(k.split("/", 1)[1] for k in (node["metadata"].get("labels") or {})
+                   if k.startswith("node-role.kubernetes.io/"))
+    info = status.get("nodeInfo") or {}
+    internal = [a["address"] for a in status.get("addresses") or [] if a.get("type") == "InternalIP"]
+    return [node["metadata"]["name"], state, ",".join(roles) or "<none>", _age(node, now),
+            info.get("kubeletVersion", ""), internal[0] if internal else "<none>", "<none>",
+            info.get("osImage", ""), info.get("kernelVersion", ""), info.get("containerRuntimeVersion", "")]
+
+
+def table_row(store: str, obj: dict, now: float) -> List[Any]:
+    name = obj["metadata"]["name"]
+    if store == "pods":
+        return pod_row(obj, now)
+    if store == "jobs":
+        return job_row(obj, now)
+    if store == "events":
+        return event_row(obj, now)
+    if store == "nodes":
+        return node_row(obj, now)
+    if store == "namespaces":
+        return [name, (obj.get("status") or {}).get("phase", ""), _age(obj, now)]
+    if store == "runtimeclasses":
+        return [name, obj.get("handler", ""), _age(obj, now)]
+    if store == "configmaps":
+        return [name, len(obj.get("data") or {}) + len(obj.get("binaryData") or {}), _age(obj, now)]
+    if store == "networkpolicies":
+        return [name, format_label_selector((obj.get("spec") or {}).get("podSelector")) if
+                (obj.get("spec") or {}).get("podSelector") else "<none>", _age(obj, now)]
+    return [name, obj["metadata"].get("creationTimestamp")]
+
+
+def table_columns(store: str) -> List[dict]:
+    return TABLE_COLUMNS.get(store) or [
+        _NAME_COL, _col("Created At", "CreationTimestamp is a timestamp representing the server time "
+                                      "when this object was created.", 0, "date")]
+
+
+# --------------------------------------------------------------------------
+# events.k8s.io/v1 <-> core/v1 conversion
+# --------------------------------------------------------------------------
+
+def core_event_to_v1(ev: dict) -> dict:
+    out: Dict[str, Any] = {"kind": "Event", "apiVersion": "events.k8s.io/v1",
+                           "metadata": ev["metadata"], "eventTime": ev.get("eventTime")}
+    for src, dst in (("reportingComponent", "reportingController"), ("reportingInstance", "reportingInstance"),
+                     ("action", "action"), ("reason", "reason"), ("type", "type"),
+                     ("series", "series"), ("related", "related")):
+        if ev.get(src) not in (None, ""):
+            out[dst] = ev[src]
+    out["regarding"] = ev.get("involvedObject") or {}
+    if ev.get("message"):
+        out["note"] = ev["message"]
+    if ev.get("source"):
+        out["deprecatedSource"] = ev["source"]
+    if ev.get("firstTimestamp"):
+        out["deprecatedFirstTimestamp"] = ev["firstTimestamp"]
+    if ev.get("lastTimestamp"):
+        out["deprecatedLastTimestamp"] = ev["lastTimestamp"]
+    if ev.get("count"):
+        out["deprecatedCount"] = ev["count"]
+    return out
+
+
+def v1_event_to_core(ev: dict) -> dict:
+    out: Dict[str, Any] = {"kind": "Event", "apiVersion": "v1", "metadata": ev.get("metadata") or {},
+                           "involvedObject": ev.get("regarding") or {},
+                           "reason": ev.get("reason", ""), "message": ev.get("note", ""),
+                           "source": ev.get("deprecatedSource") or {},
+                           "firstTimestamp": ev.get("deprecatedFirstTimestamp"),
+                           "lastTimestamp": ev.get("deprecatedLastTimestamp"),
+                           "type": ev.get("type", ""), "eventTime": ev.get("eventTime"),
+                           "reportingComponent": ev.get("reportingController", ""),
+                           "reportingInstance": ev.get("reportingInstance", "")}
+    if ev.get("deprecatedCount"):
+        out["count"] = ev["deprecatedCount"]
+    for k in ("action", "series", "related"):
+        if ev.get(k):
+            out[k] = ev[k]
+    return out
+
+
+# --------------------------------------------------------------------------
+# OpenAPI documents
+# --------------------------------------------------------------------------
+
+def _pb_field(num: int, payload: bytes) -> bytes:
+    """Length-delimited protobuf field (wire type 2)."""
+    key = (num << 3) | 2
+    out = bytearray()
+    for value in (key, len(payload)):
+        while True:
+            b = value & 0x7F
+            value >>= 7
+            if value:
+                out.append(b | 0x80)
+            else:
+                out.append(b)
+                break
+    return bytes(out) + payload
+
+
+def openapi_v2_protobuf(version: str) -> bytes:
+    """A minimal gnostic openapi_v2.Document: swagger, info, empty paths/definitions."""
+    info = _pb_field(1, b"Kubernetes") + _pb_field(2, ("v%s.0" % version).encode())
+    return (_pb_field(1, b"2.0") + _pb_field(2, info) + _pb_field(8, b"") + _pb_field(9, b""))
+
+
+def openapi_v3_doc(group: str, version: str, server_version: str) -> dict:
+    params = [
+        {"name": "dryRun", "in": "query", "description": "When present, indicates that modifications "
+         "should not be persisted.", "schema": {"type": "string", "uniqueItems": True}},
+        {"name": "fieldManager", "in": "query", "description": "fieldManager is a name associated "
+         "with the actor or entity that is making these changes.",
+         "schema": {"type": "string", "uniqueItems": True}},
+        {"name": "fieldValidation", "in": "query", "description": "fieldValidation instructs the "
+         "server on how to handle objects in the request (POST/PUT/PATCH) containing unknown or "
+         "duplicate fields. Valid values are: Ignore, Warn, Strict.",
+         "schema": {"type": "string", "uniqueItems": True}},
+    ]
+    paths: Dict[str, Any] = {}
+    for r in RESOURCES:
+        if r.group != group or r.version != version:
+            continue
+        prefix = "/" + r.gv_path
+        gvk = {"group": r.group, "version": r.version, "kind": r.kind}
+        if r.namespaced:
+            coll = "%s/namespaces/{namespace}/%s" % (prefix, r.plural)
+        else:
+            coll = "%s/%s" % (prefix, r.plural)
+        item = coll + "/{name}"
+
+        def op(action: str, desc: str, extra: Optional[list] = None) -> dict:
+            return {"description": desc, "operationId": "%s%s" % (action, r.kind),
+                    "tags": [r.gv_path.replace("/", "_")],
+                    "parameters": list(params) + list(extra or []),
+                    "responses": {"200": {"description": "OK"}, "401": {"description": "Unauthorized"}},
+                    "x-kubernetes-action": action, "x-kubernetes-group-version-kind": gvk}
+
+        paths[coll] = {"get": op("list", "list or watch objects of kind %s" % r.kind),
+                       "post": op("post", "create a %s" % r.kind)}
+        paths[item] = {"get": op("get", "read the specified %s" % r.kind),
+                       "put": op("put", "replace the specified %s" % r.kind),
+                       "patch": op("patch", "partially update the specified %s" % r.kind,
+                                   [{"name": "force", "in": "query", "schema": {"type": "boolean",
+                                                                                 "uniqueItems": True}}]),
+                       "delete": op("delete", "delete a %s" % r.kind)}
+    return {"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": "v%s.0" % server_version},
+            "paths": paths, "components": {"schemas": {}}}
+
+
+# --------------------------------------------------------------------------
+# JSON patch helpers
+# --------------------------------------------------------------------------
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return clone(patch)
+    if not isinstance(target, dict):
+        target = {}
+    out = dict(target)
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = merge_patch(out.get(k), v)
+    return out
+
+
+_MERGE_KEYS = {"containers": "name", "initContainers": "name", "env": "name", "volumes": "name",
+               "volumeMounts": "mountPath", "conditions": "type", "ownerReferences": "uid",
+               "containerStatuses": "name", "ports": "containerPort"}
+
+
+def strategic_merge_patch(target: Any, patch: Any, key: str = "") -> Any:
+    """A practical subset of strategic merge patch (merge keys, $patch, $deleteFromPrimitiveList)."""
+    if isinstance(patch, list) and isinstance(target, list) and key in _MERGE_KEYS:
+        mk = _MERGE_KEYS[key]
+        out = [clone(x) for x in target]
+        for item in patch:
+            if not isinstance(item, dict):
+                continue
+            directive = item.get("$patch")
+            idx = next((i for i, x in enumerate(out) if isinstance(x, dict) and x.get(mk) == item.get(mk)), None)
+            if directive == "delete":
+                if idx is not None:
+                    out.pop(idx)
+                continue
+            clean = {k: v for k, v in item.items() if k != "$patch"}
+            if idx is None:
+                out.append(clean)
+            else:
+                out[idx] = strategic_merge_patch(out[idx], clean)
+        return out
+    if not isinstance(patch, dict):
+        return clone(patch)
+    if not isinstance(target, dict):
+        target = {}
+    out = dict(target)
+    if patch.get("$patch") == "replace":
+        return {k: v for k, v in patch.items() if k != "$patch"}
+    for k, v in patch.items():
+        if k.startswith("$deleteFromPrimitiveList/"):
+            field = k.split("/", 1)[1]
+            out[field] = [x for x in (out.get(field) or []) if x not in v]
+            continue
+        if k.startswith("$setElementOrder/") or k == "$patch" or k.startswith("$retainKeys"):
+            continue
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = strategic_merge_patch(out.get(k), v, k)
+    return out
+
+
+def json_patch(target: Any, ops: List[dict]) -> Any:
+    """RFC 6902 JSON patch (add, remove, replace, test, move, copy)."""
+    doc = clone(target)
+
+    def split(path: str) -> List[str]:
+        return [p.replace("~1", "/").replace("~0", "~") for p in path.split("/")[1:]]
+
+    def parent(path: str) -> Tuple[Any, str]:
+        parts = split(path)
+        cur = doc
+        for p in parts[:-1]:
+            cur = cur[int(p)] if isinstance(cur, list) else cur[p]
+        return cur, parts[-1]
+
+    for op in ops:
+        kind = op.get("op")
+        if kind in ("add", "replace", "test"):
+            par, last = parent(op["path"])
+            if kind == "test":
+                cur = par[int(last)] if isinstance(par, list) else par.get(last)
+                if cur != op.get("value"):
+                    raise err_bad_request("the server rejected our request due to an error in our request")
+                continue
+            if isinstance(par, list):
+                if last == "-":
+                    par.append(op["value"])
+                elif kind == "add":
+                    par.insert(int(last), op["value"])
+                else:
+                    par[int(last)] = op["value"]
+            else:
+                par[last] = op["value"]
+        elif kind == "remove":
+            par, last = parent(op["path"])
+            if isinstance(par, list):
+                par.pop(int(last))
+            else:
+                par.pop(last)
+        elif kind in ("move", "copy"):
+            fpar, flast = parent(op["from"])
+            val = fpar[int(flast)] if isinstance(fpar, list) else fpar[flast]
+            if kind == "move":
+                if isinstance(fpar, list):
+                    fpar.pop(int(flast))
+                else:
+                    fpar.pop(flast)
+            par, last = parent(op["path"])
+            if isinstance(par, list):
+                par.insert(len(par) if last == "-" else int(last), clone(val))
+            else:
+                par[last] = clone(val)
+    return doc
+
+
+# --------------------------------------------------------------------------
+# HTTP front end
+# --------------------------------------------------------------------------
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    """Thin adapter: every method is handled by ApiServer.handle."""
+
+    protocol_version = "HTTP/1.1"
+    server_version = "kube-emulator"
+    sys_version = ""
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - silence
+        pass
+
+    def setup(self) -> None:
+        super().setup()
+        self.server.api.connections.add(self.connection)  # type: ignore[attr-defined]
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            self.server.api.connections.discard(self.connection)  # type: ignore[attr-defined]
+
+    def _dispatch(self) -> None:
+        self.server.api.handle(self)  # type: ignore[attr-defined]
+
+    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = _dispatch
+
+
+class _HTTPServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 256
+
+
+class ApiServer:
+    """The REST layer: routing, (de)serialisation, faults, watch and logs."""
+
+    def __init__(self, emu: "Emulator"):
+        self.emu = emu
+        self.store = emu.store
+        self.connections: Set[socket.socket] = set()
+        self.httpd: Optional[_HTTPServer] = None
+        self.thread: Optional[threading.Thread] = None
+        self.port = 0
+        self.generation = 0
+
+    # -- lifecycle --------------------------------------------------------
+    def listen(self, port: int = 0) -> None:
+        self.httpd = _HTTPServer(("127.0.0.1", port), _Handler)
+        self.httpd.api = self  # type: ignore[attr-defined]
+        self.port = self.httpd.server_address[1]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.1},
+                                       name="kube-emulator-http", daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.generation += 1
+        if self.httpd is not None:
+            self.httpd.shutdown()
+            self.httpd.server_close()
+            self.httpd = None
+        for conn in list(self.connections):
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        with self.store.cond:
+            self.store.cond.notify_all()
+
+    # -- plumbing ---------------------------------------------------------
+    def handle(self, h: _Handler) -> None:
+        t0 = time.time()
+        url = urlsplit(h.path)
+        path = url.path.rstrip("/") or "/"
+        qs = parse_qs(url.query, keep_blank_values=True)
+        query = {k: v[-1] for k, v in qs.items()}
+        length = int(h.headers.get("Content-Length") or 0)
+        body = h.rfile.read(length) if length else b""
+        is_watch = query.get("watch") in ("1", "true", "True")
+        entry: Dict[str, Any] = {"at": t0, "method": h.command, "path": path, "query": query,
+                                 "status": None, "user_agent": h.headers.get("User-Agent", ""),
+                                 "watch": is_watch, "accept": h.headers.get("Accept", ""),
+                                 "content_type": h.headers.get("Content-Type", "")}
+        with self.emu._req_lock:
+            self.emu.requests.append(entry)
+        try:
+            code = self._faults_then_route(h, path, query, body, is_watch)
+        except ApiError as e:
+            code = self.send_json(h, e.code, e.status())
+        except (BrokenPipeError, ConnectionResetError):
+            code = 499
+        except Exception as e:  # pragma: no cover - surfaced as a 500 like a real server
+            traceback.print_exc()
+            code = self.send_json(h, 500, ApiError(500, "InternalError", "Internal error occurred: %s" % e).status())
+        entry["status"] = code
+
+    def _faults_then_route(self, h: _Handler, path: str, query: Dict[str, str], body: bytes,
+                           is_watch: bool) -> int:
+        faults = self.emu.faults
+        latency = float(faults.get("api_latency") or 0)
+        if latency > 0:
+            limit = parse_go_duration(query.get("timeout")) if not is_watch else None
+            if limit is not None and limit < latency:
+                time.sleep(limit)
+                raise ApiError(504, "Timeout", "Timeout: request did not complete within requested timeout "
+                                               "- context deadline exceeded", {})
+            time.sleep(latency)
+        errs = faults.get("api_errors")
+        if errs:
+            with self.emu._req_lock:
+                match = errs.get("match") or ""
+                full = path + ("?" + "&".join("%s=%s" % kv for kv in query.items()) if query else "")
+                if errs.get("count", 0) > 0 and match in full:
+                    errs["count"] -= 1
+                    fire = True
+                else:
+                    fire = False
+            if fire:
+                code = int(errs.get("status", 503))
+                reason, msg = {
+                    500: ("InternalError", 'an error on the server ("") has prevented the request from succeeding'),
+                    503: ("ServiceUnavailable", "the server is currently unable to handle the request"),
+                    504: ("Timeout", "the server was unable to return a response in the time allotted, "
+                                     "but may still be processing the request"),
+                    429: ("TooManyRequests", "the server has received too many requests and has asked us "
+                                             "to try again later"),
+                }.get(code, ("InternalError", "an error on the server has prevented the request from succeeding"))
+                return self.send_json(h, code, ApiError(code, reason, msg, {}).status())
+        return self.route(h, path, query, body, is_watch)
+
+    def send_json(self, h: _Handler, code: int, obj: Any, headers: Optional[Dict[str, str]] = None,
+                  content_type: str = "application/json") -> int:
+        data = json.dumps(obj, separators=(",", ":")).encode() if not isinstance(obj, bytes) else obj
+        return self.send_bytes(h, code, data, content_type, headers)
+
+    def send_bytes(self, h: _Handler, code: int, data: bytes, content_type: str,
+                   headers: Optional[Dict[str, str]] = None) -> int:
+        h.send_response(code)
+        h.send_header("Content-Type", content_type)
+        h.send_header("Content-Length", str(len(data)))
+        h.send_header("Cache-Control", "no-cache, private")
+        h.send_header("Audit-Id", str(uuid.uuid4()))
+        for k, v in (headers or {}).items():
+            h.send_header(k, v)
+        h.end_headers()
+        if h.command != "HEAD":
+            h.wfile.write(data)
+        h.wfile.flush()
+        return code
+
+    def start_chunked(self, h: _Handler, content_type: str) -> None:
+        h.send_response(200)
+        h.send_header("Content-Type", content_type)
+        h.send_header("Transfer-Encoding", "chunked")
+        h.send_header("Cache-Control", "no-cache, private")
+        h.end_headers()
+        h.wfile.flush()
+
+    @staticmethod
+    def write_chunk(h: _Handler, data: bytes) -> None:
+        if not data:
+            return
+        h.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        h.wfile.flush()
+
+    @staticmethod
+    def client_gone(h: _Handler) -> bool:
+        """True when the client closed its side (detects abandoned watches/follows)."""
+        try:
+            readable, _, _ = select.select([h.connection], [], [], 0)
+            if readable:
+                return h.connection.recv(1, socket.MSG_PEEK) == b""
+        except (OSError, ValueError):
+            return True
+        return False
+
+    @staticmethod
+    def end_chunked(h: _Handler) -> None:
+        try:
+            h.wfile.write(b"0\r\n\r\n")
+            h.wfile.flush()
+        except OSError:
+            pass
+
+    # -- routing ----------------------------------------------------------
+    def route(self, h: _Handler, path: str, query: Dict[str, str], body: bytes, is_watch: bool) -> int:
+        emu = self.emu
+        method = h.command
+        if path in ("/healthz", "/readyz", "/livez"):
+            return self.send_bytes(h, 200, b"ok", "text/plain; charset=utf-8")
+        if path == "/version":
+            major, minor = version_tuple(emu.server_version)
+            return self.send_json(h, 200, {
+                "major": str(major), "minor": str(minor), "emulationMajor": str(major),
+                "emulationMinor": str(minor), "minCompatibilityMajor": str(major),
+                "minCompatibilityMinor": str(minor - 1),
+                "gitVersion": "v%d.%d.0" % (major, minor),
+                "gitCommit": hex64("v%d.%d.0" % (major, minor))[:40], "gitTreeState": "clean",
+                "buildDate": "2025-04-23T13:00:00Z", "goVersion": "go1.24.2", "compiler": "gc",
+                "platform": "linux/amd64"})
+        if path == "/api":
+            return self.send_json(h, 200, {"kind": "APIVersions", "versions": ["v1"],
+                                           "serverAddressByClientCIDRs": [
+                                               {"clientCIDR": "0.0.0.0/0",
+                                                "serverAddress": "127.0.0.1:%d" % self.port}]})
+        if path == "/apis":
+            return self.send_json(h, 200, {"kind": "APIGroupList", "apiVersion": "v1",
+                                           "groups": [self._api_group(g) for g in self._groups()]})
+        if path.startswith("/openapi"):
+            return self._openapi(h, path, query)
+        parts = [p for p in path.split("/") if p]
+        if parts[:2] == ["api", "v1"]:
+            group, version, rest = "", "v1", parts[2:]
+        elif len(parts) >= 3 and parts[0] == "apis":
+            group, version, rest = parts[1], parts[2], parts[3:]
+        elif len(parts) == 2 and parts[0] == "apis" and parts[1] in self._groups():
+            return self.send_json(h, 200, dict(self._api_group(parts[1]), kind="APIGroup", apiVersion="v1"))
+        else:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
+        if (group, version) not in GROUP_VERSIONS:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
+        if not rest:
+            return self.send_json(h, 200, self._resource_list(group, version))
+        info, ns, name, sub = self._parse_resource_path(group, version, rest)
+        return self._serve_resource(h, method, info, ns, name, sub, query, body, is_watch)
+
+    def _groups(self) -> List[str]:
+        out: List[str] = []
+        for g, _ in GROUP_VERSIONS:
+            if g and g not in out:
+                out.append(g)
+        return out
+
+    @staticmethod
+    def _api_group(group: str) -> dict:
+        versions = [{"groupVersion": "%s/%s" % (group, v), "version": v} for g, v in GROUP_VERSIONS if g == group]
+        return {"name": group, "versions": versions, "preferredVersion": versions[0]}
+
+    @staticmethod
+    def _resource_list(group: str, version: str) -> dict:
+        res = []
+        for r in RESOURCES:
+            if r.group != group or r.version != version:
+                continue
+            item: Dict[str, Any] = {"name": r.plural, "singularName": r.singular, "namespaced": r.namespaced,
+                                    "kind": r.kind, "verbs": list(VERBS),
+                                    "storageVersionHash": base64.b64encode(
+                                        hashlib.sha256(r.api_version.encode() + r.plural.encode()).digest()[:8]
+                                    ).decode()}
+            if r.short_names:
+                item["shortNames"] = list(r.short_names)
+            if r.categories:
+                item["categories"] = list(r.categories)
+            res.append(item)
+            for sub, verbs in r.subresources.items():
+                res.append({"name": "%s/%s" % (r.plural, sub), "singularName": "", "namespaced": r.namespaced,
+                            "kind": r.kind if sub != "log" else "Pod", "verbs": verbs})
+        gv = version if not group else "%s/%s" % (group, version)
+        return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": res}
+
+    def _parse_resource_path(self, group: str, version: str,
+                             rest: List[str]) -> Tuple[ResourceInfo, Optional[str], Optional[str], Optional[str]]:
+        def need(plural: str) -> ResourceInfo:
+            info = find_resource(group, version, plural)
+            if info is None:
+                raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
+            return info
+
+        if rest[0] == "namespaces" and len(rest) >= 3 and find_resource(group, version, rest[2]) is not None \
+                and find_resource(group, version, rest[2]).namespaced:
+            info = need(rest[2])
+            ns = rest[1]
+            name = rest[3] if len(rest) > 3 else None
+            sub = rest[4] if len(rest) > 4 else None
+            if len(rest) > 5:
+                raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
+            return info, ns, name, sub
+        info = need(rest[0])
+        name = rest[1] if len(rest) > 1 else None
+        sub = rest[2] if len(rest) > 2 else None
+        if len(rest) > 3:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
+        return info, None, name, sub
+
+    # -- openapi ----------------------------------------------------------
+    def _openapi(self, h: _Handler, path: str, query: Dict[str, str]) -> int:
+        emu = self.emu
+        if path == "/openapi/v2":
+            accept = h.headers.get("Accept", "")
+            if "protobuf" in accept:
+                return self.send_bytes(h, 200, openapi_v2_protobuf(emu.server_version),
+                                       "application/com.github.proto-openapi.spec.v2.v1.0+protobuf")
+            return self.send_json(h, 200, {"swagger": "2.0", "info": {"title": "Kubernetes",
+                                                                     "version": "v%s.0" % emu.server_version},
+                                           "paths": {}, "definitions": {}})
+        if path == "/openapi/v3":
+            paths = {}
+            for g, v in GROUP_VERSIONS:
+                gvp = "api/v1" if not g else "apis/%s/%s" % (g, v)
+                doc = json.dumps(openapi_v3_doc(g, v, emu.server_version), sort_keys=True).encode()
+                paths[gvp] = {"serverRelativeURL": "/openapi/v3/%s?hash=%s"
+                                                   % (gvp, hashlib.sha512(doc).hexdigest().upper()[:128])}
+            return self.send_json(h, 200, {"paths": paths})
+        rest = path[len("/openapi/v3/"):]
+        for g, v in GROUP_VERSIONS:
+            gvp = "api/v1" if not g else "apis/%s/%s" % (g, v)
+            if rest == gvp:
+                headers = {"Cache-Control": "public, immutable", "Etag": '"%s"' % query.get("hash", "")}
+                data = json.dumps(openapi_v3_doc(g, v, emu.server_version), sort_keys=True).encode()
+                return self.send_bytes(h, 200, data, "application/json", headers)
+        raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
+
+    # -- resources --------------------------------------------------------
+    def _serve_resource(self, h: _Handler, method: str, info: ResourceInfo, ns: Optional[str],
+                        name: Optional[str], sub: Optional[str], query: Dict[str, str],
+                        body: bytes, is_watch: bool) -> int:
+        emu = self.emu
+        if info.namespaced is False and ns is not None:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
+        if sub is not None and sub not in info.subresources:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
+        accept = h.headers.get("Accept", "")
+        if method in ("GET", "HEAD"):
+            if name is None:
+                if is_watch:
+                    return self.watch(h, info, ns, query, accept)
+                return self.send_json(h, 200, self.list_response(info, ns, query, accept))
+            if sub == "log":
+                return self.serve_log(h, info, ns or "", name, query)
+            if is_watch:  # deprecated watch on a single object
+                q = dict(query, fieldSelector="metadata.name=%s" % name)
+                return self.watch(h, info, ns, q, accept)
+            obj = self.get_object(info, ns, name)
+            return self.send_json(h, 200, self.render_single(info, obj, accept, query))
+        if method == "POST":
+            if name is not None:
+                raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the "
+                                                        "requested resource", {})
+            body_obj = self.decode_body(h, body)
+            obj, warnings = emu.api_create(info, ns, body_obj, query)
+            headers = {"Warning": ", ".join('299 - "%s"' % w.replace('"', '\\"') for w in warnings)} \
+                if warnings else None
+            return self.send_json(h, 201, self.render_single(info, obj, accept, query), headers)
+        if method == "PUT":
+            if name is None:
+                raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the "
+                                                        "requested resource", {})
+            body_obj = self.decode_body(h, body)
+            obj = emu.api_update(info, ns, name, sub, body_obj, query)
+            return self.send_json(h, 200, self.render_single(info, obj, accept, query))
+        if method == "PATCH":
+            if name is None:
+                raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the "
+                                                        "requested resource", {})
+            ctype = (h.headers.get("Content-Type") or "").split(";")[0].strip()
+            try:
+                patch = json.loads(body or b"null")
+            except ValueError as e:
+                raise err_bad_request("error decoding patch: %s" % e)
+            obj = emu.api_patch(info, ns, name, sub, ctype, patch, query)
+            return self.send_json(h, 200, self.render_single(info, obj, accept, query))
+        if method == "DELETE":
+            opts: Dict[str, Any] = {}
+            if body:
+                try:
+                    opts = json.loads(body)
+                except ValueError:
+                    raise err_bad_request("the body of the request was in an unknown format")
+            if "propagationPolicy" in query:
+                opts["propagationPolicy"] = query["propagationPolicy"]
+            if "gracePeriodSeconds" in query:
+                opts["gracePeriodSeconds"] = int(query["gracePeriodSeconds"])
+            if "dryRun" in query:
+                opts["dryRun"] = [query["dryRun"]]
+            if name is None:
+                items = self.list_objects(info, ns, query)
+                for it in items:
+                    try:
+                        emu.api_delete(info, it["metadata"].get("namespace"), it["metadata"]["name"], opts)
+                    except ApiError:
+                        pass
+                return self.send_json(h, 200, {"kind": "Status", "apiVersion": "v1", "metadata": {},
+                                               "status": "Success"})
+            code, out = emu.api_delete(info, ns, name, opts)
+            if out.get("kind") != "Status":
+                out = self.render_single(info, out, accept, query)
+            return self.send_json(h, code, out)
+        raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource", {})
+
+    def decode_body(self, h: _Handler, body: bytes) -> dict:
+        ctype = (h.headers.get("Content-Type") or "application/json").split(";")[0].strip()
+        if "protobuf" in ctype:
+            raise ApiError(415, "UnsupportedMediaType", 'the body of the request was in an unknown format - '
+                           'accepted media types include: application/json, application/yaml', {})
+        try:
+            obj = json.loads(body or b"{}")
+        except ValueError as e:
+            raise err_bad_request("couldn't get version/kind; json parse error: %s" % e)
+        if not isinstance(obj, dict):
+            raise err_bad_request("couldn't get version/kind; json parse error: json: cannot unmarshal "
+                                  "array into Go value of type struct")
+        return obj
+
+    def get_object(self, info: ResourceInfo, ns: Optional[str], name: str) -> dict:
+        obj = self.store.get(info.store, ns if info.namespaced else None, name)
+        if obj is None:
+            raise err_not_found(info, name)
+        return obj
+
+    def list_objects(self, info: ResourceInfo, ns: Optional[str], query: Dict[str, str]) -> List[dict]:
+        objs, _ = self.store.list(info.store, ns if info.namespaced else None)
+        lsel = LabelSelector(query.get("labelSelector", ""))
+        fsel = FieldSelector(query.get("fieldSelector", ""))
+        return [o for o in objs if lsel.matches(o["metadata"].get("labels")) and fsel.matches(o)]
+
+    # -- rendering --------------------------------------------------------
+    def to_version(self, info: ResourceInfo, obj: dict) -> dict:
+        """Stored (canonical) object -> the representation of ``info``'s group/version."""
+        if info.group == "events.k8s.io":
+            return core_event_to_v1(obj)
+        obj = dict(obj)
+        obj["kind"], obj["apiVersion"] = info.kind, info.api_version
+        # JSON field order like the real server: kind/apiVersion first
+        return dict([("kind", obj.pop("kind")), ("apiVersion", obj.pop("apiVersion"))] + list(obj.items()))
+
+    @staticmethod
+    def wants(accept: str) -> str:
+        if "as=Table" in accept:
+            return "table"
+        if "as=PartialObjectMetadata" in accept:
+            return "metadata"
+        return "object"
+
+    def render_single(self, info: ResourceInfo, obj: dict, accept: str, query: Dict[str, str]) -> dict:
+        mode = self.wants(accept)
+        if mode == "table":
+            return self.table(info, [obj], query, str(obj["metadata"].get("resourceVersion", "")))
+        if mode == "metadata":
+            return {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]}
+        return self.to_version(info, obj)
+
+    def table(self, info: ResourceInfo, objs: List[dict], query: Dict[str, str], rv: str,
+              cont: Optional[str] = None, headers: bool = True) -> dict:
+        include = query.get("includeObject", "Metadata")
+        now = self.emu.api_now()
+        rows = []
+        for o in objs:
+            row: Dict[str, Any] = {"cells": table_row(info.store, o, now)}
+            if include == "Object":
+                row["object"] = self.to_version(info, o)
+            elif include != "None":
+                row["object"] = {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
+                                 "metadata": o["metadata"]}
+            rows.append(row)
+        md: Dict[str, Any] = {"resourceVersion": rv}
+        if cont:
+            md["continue"] = cont
+        return {"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": md,
+                "columnDefinitions": table_columns(info.store) if headers else None, "rows": rows}
+
+    def list_response(self, info: ResourceInfo, ns: Optional[str], query: Dict[str, str], accept: str) -> dict:
+        with self.store.lock:
+            items = self.list_objects(info, ns, query)
+            rv = str(self.store.rv)
+        start = 0
+        cont_in = query.get("continue")
+        if cont_in:
+            try:
+                tok = json.loads(base64.urlsafe_b64decode(cont_in.encode() + b"==").decode())
+                key = tuple(tok["start"])
+                rv = tok.get("rv", rv)
+            except Exception:
+                raise err_bad_request("continue key is not valid: illegal base64 data")
+            start = next((i for i, o in enumerate(items)
+                          if (o["metadata"].get("namespace", ""), o["metadata"]["name"]) > key), len(items))
+        limit = int(query.get("limit") or 0)
+        page = items[start:start + limit] if limit > 0 else items[start:]
+        cont = None
+        if limit > 0 and start + limit < len(items):
+            last = page[-1]["metadata"]
+            cont = base64.urlsafe_b64encode(json.dumps(
+                {"rv": rv, "start": [last.get("namespace", ""), last["name"]]}).encode()).decode().rstrip("=")
+        mode = self.wants(accept)
+        if mode == "table":
+            return self.table(info, page, query, rv, cont)
+        md: Dict[str, Any] = {"resourceVersion": rv}
+        if cont:
+            md["continue"] = cont
+            md["remainingItemCount"] = len(items) - start - limit
+        if mode == "metadata":
+            return {"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": md,
+                    "items": [{"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
+                               "metadata": o["metadata"]} for o in page]}
+        out_items = []
+        for o in page:
+            v = self.to_version(info, o)
+            v.pop("kind", None)
+            v.pop("apiVersion", None)
+            out_items.append(v)
+        return {"kind": info.kind + "List", "apiVersion": info.api_version, "metadata": md, "items": out_items}
+
+    # -- watch ------------------------------------------------------------
+    def watch(self, h: _Handler, info: ResourceInfo, ns: Optional[str], query: Dict[str, str], accept: str) -> int:
+        emu = self.emu
+        store = self.store
+        lsel = LabelSelector(query.get("labelSelector", ""))
+        fsel = FieldSelector(query.get("fieldSelector", ""))
+        mode = self.wants(accept)
+        bookmarks = query.get("allowWatchBookmarks") in ("true", "1", "True")
+        send_initial = query.get("sendInitialEvents") in ("true", "1", "True")
+        rv_param = query.get("resourceVersion", "")
+        if send_initial and query.get("resourceVersionMatch") != "NotOlderThan":
+            raise err_invalid(ListOptionsInfo, "", [("sendInitialEvents", "FieldValueForbidden",
+                              "Forbidden: sendInitialEvents is forbidden for watch unless the "
+                              "resourceVersionMatch is set to NotOlderThan")])
+        timeout = None
+        if query.get("timeoutSeconds"):
+            timeout = float(query["timeoutSeconds"])
+        deadline = time.time() + (timeout if timeout is not None else 1800 + random.random() * 1800)
+        ns_filter = ns if info.namespaced else None
+
+        def matches(obj: dict) -> bool:
+            if ns_filter and obj["metadata"].get("namespace") != ns_filter:
+                return False
+            return lsel.matches(obj["metadata"].get("labels")) and fsel.matches(obj)
+
+        first_table = [True]
+
+        def encode(etype: str, obj: dict) -> bytes:
+            if etype in ("BOOKMARK", "ERROR"):
+                o = obj
+            elif mode == "table":
+                o = self.table(info, [obj], query, obj["metadata"]["resourceVersion"], headers=first_table[0])
+                first_table[0] = False
+            elif mode == "metadata":
+                o = {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]}
+            else:
+                o = self.to_version(info, obj)
+            return json.dumps({"type": etype, "object": o}, separators=(",", ":")).encode() + b"\n"
+
+        def bookmark(rv: int, initial_end: bool = False) -> bytes:
+            md: Dict[str, Any] = {"resourceVersion": str(rv), "creationTimestamp": None}
+            if initial_end:
+                md["annotations"] = {"k8s.io/initial-events-end": "true"}
+            kind = info.kind if mode != "table" else "Table"
+            api = info.api_version if mode != "table" else "meta.k8s.io/v1"
+            return json.dumps({"type": "BOOKMARK", "object": {"kind": kind, "apiVersion": api, "metadata": md}},
+                              separators=(",", ":")).encode() + b"\n"
+
+        visible: Set[Tuple[str, str]] = set()
+        initial: List[dict] = []
+        with store.lock:
+            if send_initial or rv_param in ("", "0"):
+                objs, cursor = store.list(info.store, ns_filter)
+                initial = [o for o in objs if matches(o)]
+                for o in initial:
+                    visible.add((o["metadata"].get("namespace", ""), o["metadata"]["name"]))
+            else:
+                try:
+                    cursor = int(rv_param)
+                except ValueError:
+                    raise err_bad_request('invalid resource version "%s"' % rv_param)
+                expired = cursor < store.compacted_rv
+                if not expired:
+                    objs, _ = store.list(info.store, ns_filter)
+                    for o in objs:
+                        if matches(o) and int(o["metadata"]["resourceVersion"]) <= cursor:
+                            visible.add((o["metadata"].get("namespace", ""), o["metadata"]["name"]))
+        self.start_chunked(h, "application/json")
+        gen = self.generation
+        try:
+            if not send_initial and rv_param not in ("", "0") and expired:
+                err = ApiError(410, "Expired", "too old resource version: %s (%d)" % (rv_param, store.compacted_rv))
+                self.write_chunk(h, encode("ERROR", err.status()))
+                self.end_chunked(h)
+                return 200
+            for o in initial:
+                self.write_chunk(h, encode("ADDED", o))
+            if send_initial and bookmarks:
+                self.write_chunk(h, bookmark(cursor, initial_end=True))
+            last_bookmark = time.time()
+            interval = float(emu.timing["bookmark_interval"])
+            while True:
+                now = time.time()
+                if now >= deadline or self.generation != gen or emu._stopping.is_set() or self.client_gone(h):
+                    break
+                with store.cond:
+                    try:
+                        events = store.events_since(cursor)
+                    except Expired:
+                        err = ApiError(410, "Expired", "too old resource version: %d (%d)"
+                                       % (cursor, store.compacted_rv))
+                        events = None
+                    if events == []:
+                        store.cond.wait(min(0.5, max(0.01, deadline - now)))
+                        events = store.events_since(cursor) if cursor >= store.compacted_rv else []
+                if events is None:
+                    self.write_chunk(h, encode("ERROR", err.status()))
+                    break
+                out = bytearray()
+                for rv, etype, sname, obj in events:
+                    cursor = rv
+                    if sname != info.store:
+                        continue
+                    key = (obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
+                    ok = matches(obj)
+                    if etype == "ADDED":
+                        if ok:
+                            visible.add(key)
+                            out += encode("ADDED", obj)
+                    elif etype == "MODIFIED":
+                        if ok:
+                            out += encode("MODIFIED" if key in visible else "ADDED", obj)
+                            visible.add(key)
+                        elif key in visible:
+                            visible.discard(key)
+                            out += encode("DELETED", obj)
+                    elif etype == "DELETED":
+                        if key in visible or ok:
+                            visible.discard(key)
+                            out += encode("DELETED", obj)
+                if out:
+                    self.write_chunk(h, bytes(out))
+                if bookmarks and time.time() - last_bookmark >= interval:
+                    self.write_chunk(h, bookmark(cursor))
+                    last_bookmark = time.time()
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            return 200
+        self.end_chunked(h)
+        return 200
+
+    # -- logs -------------------------------------------------------------
+    def serve_log(self, h: _Handler, info: ResourceInfo, ns: str, name: str, query: Dict[str, str]) -> int:
+        emu = self.emu
+        pod = self.get_object(info, ns, name)
+        containers = [c["name"] for c in pod["spec"].get("containers") or []]
+        cname = query.get("container")
+        if not cname:
+            if len(containers) != 1:
+                raise err_bad_request("a container name must be specified for pod %s, choose one of: [%s]"
+                                      % (name, " ".join(containers)))
+            cname = containers[0]
+        if cname not in containers:
+            raise err_bad_request("container %s is not valid for pod %s" % (cname, name))
+        node = pod["spec"].get("nodeName")
+        if not node:
+            raise err_bad_request("pod %s does not have a host assigned" % name)
+        idx = emu.pod_index(pod["metadata"]["uid"])
+        if idx is not None and idx in emu.fault_set("unreadable_logs"):
+            host_ip = (pod.get("status") or {}).get("hostIP") or emu.node_ip(node)
+            msg = ('Get "https://%s:10250/containerLogs/%s/%s/%s": dial tcp %s:10250: connect: connection refused'
+                   % (host_ip, ns, name, cname, host_ip))
+            raise ApiError(500, "", msg)
+        runs = emu.logs.get((pod["metadata"]["uid"], cname)) or []
+        previous = query.get("previous") in ("true", "1", "True")
+        if previous:
+            if len(runs) < 2:
+                raise err_bad_request('previous terminated container "%s" in pod "%s" not found' % (cname, name))
+            run = runs[-2]
+        else:
+            if not runs:
+                reason = "ContainerCreating"
+                for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+                    if cs.get("name") == cname and (cs.get("state") or {}).get("waiting"):
+                        reason = cs["state"]["waiting"].get("reason") or reason
+                raise err_bad_request('container "%s" in pod "%s" is waiting to start: %s' % (cname, name, reason))
+            run = runs[-1]
+        follow = query.get("follow") in ("true", "1", "True")
+        timestamps = query.get("timestamps") in ("true", "1", "True")
+        tail = int(query["tailLines"]) if query.get("tailLines") not in (None, "") else None
+        limit_bytes = int(query["limitBytes"]) if query.get("limitBytes") not in (None, "") else None
+        since = None
+        if query.get("sinceSeconds"):
+            since = emu.api_now() - float(query["sinceSeconds"])
+        elif query.get("sinceTime"):
+            since = parse_time(query["sinceTime"])
+        skew = float(emu.faults.get("api_clock_skew") or 0)
+
+        def render(lines: List[Tuple[float, bytes]]) -> bytes:
+            out = bytearray()
+            for t, line in lines:
+                if since is not None and t + skew < since:
+                    continue
+                if timestamps:
+                    ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(int(t + skew)))
+                    out += ("%s.%09dZ " % (ts, int(((t + skew) % 1) * 1e9))).encode()
+                out += line
+            return bytes(out)
+
+        with run.cond:
+            lines = list(run.lines)
+        if tail is not None:
+            lines = lines[-tail:] if tail > 0 else []
+        data = render(lines)
+        sent = 0
+        if limit_bytes is not None:
+            data = data[:limit_bytes]
+        if not follow:
+            return self.send_bytes(h, 200, data, "text/plain")
+        self.start_chunked(h, "text/plain")
+        gen = self.generation
+        try:
+            self.write_chunk(h, data)
+            sent = len(data)
+            pos = len(run.lines) if tail is None else len(run.lines)
+            while limit_bytes is None or sent < limit_bytes:
+                with run.cond:
+                    if pos >= len(run.lines) and not run.closed:
+                        run.cond.wait(0.5)
+                    new = run.lines[pos:]
+                    pos += len(new)
+                    closed = run.closed and pos >= len(run.lines)
+                if new:
+                    chunk = render(new)
+                    if limit_bytes is not None:
+                        chunk = chunk[:limit_bytes - sent]
+                    self.write_chunk(h, chunk)
+                    sent += len(chunk)
+                if closed or self.generation != gen or emu._stopping.is_set() or self.client_gone(h):
+                    break
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            return 200
+        self.end_chunked(h)
+        return 200
+
+
+ListOptionsInfo = ResourceInfo("meta.k8s.io", "v1", "listoptions", "ListOptions", False)
+
+
+def parse_go_duration(text: Optional[str]) -> Optional[float]:
+    """Parse Go durations like '30s', '1m0s', '250ms'."""
+    if not text:
+        return None
+    total = 0.0
+    units = {"h": 3600, "m": 60, "s": 1, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+    for num, unit in re.findall(r"([0-9.]+)(h|ms|us|µs|ns|m|s)", text):
+        total += float(num) * units[unit]
+    return total if total > 0 else None
+
+
+# --------------------------------------------------------------------------
+# controller plumbing
+# --------------------------------------------------------------------------
+
+class WorkQueue:
+    """A de-duplicating delayed work queue (like client-go's delaying queue)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._heap: List[Tuple[float, int, Any]] = []
+        self._due: Dict[Any, float] = {}
+        self._seq = 0
+
+    def add(self, key: Any, delay: float = 0.0) -> None:
+        due = time.time() + max(0.0, delay)
+        with self._cond:
+            cur = self._due.get(key)
+            if cur is not None and cur <= due:
+                return
+            self._due[key] = due
+            self._seq += 1
+            heapq.heappush(self._heap, (due, self._seq, key))
+            self._cond.notify()
+
+    def get(self, timeout: float) -> Any:
+        end = time.time() + timeout
+        with self._cond:
+            while True:
+                now = time.time()
+                while self._heap and self._due.get(self._heap[0][2]) != self._heap[0][0]:
+                    heapq.heappop(self._heap)
+                if self._heap and self._heap[0][0] <= now:
+                    _, _, key = heapq.heappop(self._heap)
+                    del self._due[key]
+                    return key
+                if now >= end:
+                    return None
+                wait = end - now
+                if self._heap:
+                    wait = min(wait, self._heap[0][0] - now)
+                self._cond.wait(max(wait, 0.001))
+
+
+class Controller:
+    """Base class: a worker thread draining a WorkQueue, plus periodic resync."""
+
+    name = "controller"
+
+    def __init__(self, emu: "Emulator"):
+        self.emu = emu
+        self.store = emu.store
+        self.queue = WorkQueue()
+        self.thread = threading.Thread(target=self._loop, name="emu-" + self.name, daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def _loop(self) -> None:
+        last_resync = 0.0
+        while not self.emu._stopping.is_set():
+            if time.time() - last_resync >= float(self.emu.timing["resync"]):
+                last_resync = time.time()
+                try:
+                    self.resync()
+                except Exception:
+                    traceback.print_exc()
+            key = self.queue.get(0.1)
+            if key is None:
+                continue
+            try:
+                self.sync(key)
+            except Exception:
+                traceback.print_exc()
+
+    def on_event(self, etype: str, store: str, obj: dict) -> None:
+        """Store listener (called with the store lock held): enqueue only."""
+
+    def resync(self) -> None:
+        """Periodic full resync."""
+
+    def sync(self, key: Any) -> None:
+        """Reconcile one key."""
+
+
+def owner_refs(obj: dict) -> List[dict]:
+    return obj.get("metadata", {}).get("ownerReferences") or []
+
+
+def controller_ref(obj: dict) -> Optional[dict]:
+    for r in owner_refs(obj):
+        if r.get("controller"):
+            return r
+    return None
+
+
+def pod_terminal(pod: dict) -> bool:
+    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+
+
+# --------------------------------------------------------------------------
+# Job controller
+# --------------------------------------------------------------------------
+
+class JobController(Controller):
+    """batch/v1 Job controller (NonIndexed and Indexed completion modes)."""
+
+    name = "job-controller"
+    COMPLETE_MSG = "Reached expected number of succeeded pods"
+
+    def __init__(self, emu: "Emulator"):
+        super().__init__(emu)
+        self.counted: Dict[str, Set[str]] = {}
+        self.last_failure: Dict[str, float] = {}
+        self.create_backoff: Dict[str, Tuple[float, int]] = {}
+
+    def on_event(self, etype: str, store: str, obj: dict) -> None:
+        md = obj["metadata"]
+        if store == "jobs":
+            self.queue.add((md.get("namespace", ""), md["name"]), 0.0)
+        elif store == "pods":
+            ref = controller_ref(obj)
+            if ref and ref.get("kind") == "Job":
+                self.queue.add((md.get("namespace", ""), ref["name"]), self.emu.t("job_status_lag"))
+                if etype != "DELETED" and JOB_TRACKING_FINALIZER in (md.get("finalizers") or []) \
+                        and self.store.by_uid(ref.get("uid", "")) is None:
+                    self.queue.add(("orphan", md.get("namespace", ""), md["name"]), 0.0)
+
+    def resync(self) -> None:
+        self.resync_orphans()
+        for j in self.store.list_raw("jobs"):
+            self.queue.add((j["metadata"]["namespace"], j["metadata"]["name"]), self.emu.t("job_status_lag"))
+
+    # ---------------------------------------------------------------
+    def sync(self, key: Tuple) -> None:
+        if key[0] == "orphan":
+            self._sync_orphan_pod(key[1], key[2])
+            return
+        emu = self.emu
+        ns, name = key
+        job = self.store.get("jobs", ns, name)
+        if job is None:
+            return
+        uid = job["metadata"]["uid"]
+        spec = job.get("spec") or {}
+        status = clone(job.get("status") or {})
+        conds: List[dict] = status.setdefault("conditions", [])
+        new_ver = emu.v >= (1, 31)
+        now = emu.api_now()
+        pods = [p for p in self.store.list_raw("pods", ns)
+                if any(r.get("uid") == uid and r.get("controller") for r in owner_refs(p))]
+        counted = self.counted.setdefault(uid, set())
+        indexed = spec.get("completionMode") == "Indexed"
+        done_idx: Set[int] = set(parse_index_list(status.get("completedIndexes", "")))
+
+        # 1. account finished pods and drop their tracking finalizers
+        new_succ = new_fail = 0
+        for p in pods:
+            pmd = p["metadata"]
+            phase = (p.get("status") or {}).get("phase")
+            finished = phase in ("Succeeded", "Failed") or bool(pmd.get("deletionTimestamp"))
+            if not finished:
+                continue
+            if pmd["uid"] not in counted and JOB_TRACKING_FINALIZER in (pmd.get("finalizers") or []):
+                counted.add(pmd["uid"])
+                if phase == "Succeeded":
+                    new_succ += 1
+                    if indexed:
+                        done_idx.add(int((pmd.get("annotations") or {}).get(
+                            "batch.kubernetes.io/job-completion-index", "0")))
+                elif pmd["uid"] in emu.replaced_uids:
+                    pass  # replace_pod fault: treated like podFailurePolicy Ignore on DisruptionTarget
+                else:
+                    new_fail += 1
+                    self.last_failure[uid] = time.time()
+            if JOB_TRACKING_FINALIZER in (pmd.get("finalizers") or []):
+                self.store.update("pods", ns, pmd["name"], _drop_finalizer(JOB_TRACKING_FINALIZER))
+        succeeded = status.get("succeeded", 0) + new_succ
+        failed = status.get("failed", 0) + new_fail
+        if indexed:
+            succeeded = len(done_idx)
+
+        active = [p for p in pods if not pod_terminal(p) and not p["metadata"].get("deletionTimestamp")]
+        terminating = [p for p in pods if not pod_terminal(p) and p["metadata"].get("deletionTimestamp")]
+        ready = sum(1 for p in active if cond_true((p.get("status") or {}).get("conditions"), "Ready"))
+
+        finished = cond_true(conds, "Complete") or cond_true(conds, "Failed")
+        if not finished:
+            if not status.get("startTime") and not spec.get("suspend"):
+                status["startTime"] = fmt_time(now)
+            completions = spec.get("completions")
+            parallelism = spec.get("parallelism", 1)
+            if cond_true(conds, "FailureTarget"):
+                self._delete_pods(job, active)
+                if not active and not terminating:
+                    ft = find_condition(conds, "FailureTarget") or {}
+                    self._finish(job, conds, "Failed", ft.get("reason"), ft.get("message"), status)
+            elif cond_true(conds, "SuccessCriteriaMet"):
+                self._delete_pods(job, active)
+                if not active and not terminating:
+                    self._finish(job, conds, "Complete", "CompletionsReached", self.COMPLETE_MSG, status)
+            else:
+                ads = spec.get("activeDeadlineSeconds")
+                start = parse_time(status.get("startTime"))
+                fail_reason = fail_msg = None
+                if ads is not None and start is not None and now - start >= ads:
+                    fail_reason, fail_msg = "DeadlineExceeded", "Job was active longer than specified deadline"
+                elif failed > spec.get("backoffLimit", 6):
+                    fail_reason, fail_msg = "BackoffLimitExceeded", "Job has reached the specified backoff limit"
+                success = False
+                if completions is not None:
+                    success = succeeded >= completions
+                else:
+                    success = succeeded > 0 and not active
+                if fail_reason:
+                    active = self._delete_pods(job, active) or []
+                    if new_ver:
+                        set_condition(conds, condition("FailureTarget", "True", now, fail_reason, fail_msg, probe=True))
+                        emu.truth_set("jobs", "%s/%s" % (ns, name), "failure_target")
+                        self.queue.add(key, 0.05)
+                    else:
+                        self._finish(job, conds, "Failed", fail_reason, fail_msg, status)
+                elif success:
+                    if new_ver:
+                        set_condition(conds, condition("SuccessCriteriaMet", "True", now, "CompletionsReached",
+                                                       self.COMPLETE_MSG, probe=True))
+                        emu.truth_set("jobs", "%s/%s" % (ns, name), "success_criteria_met")
+                        self.queue.add(key, 0.05)
+                    else:
+                        self._finish(job, conds, "Complete", None, None, status)
+                elif not spec.get("suspend") and not job["metadata"].get("deletionTimestamp"):
+                    if completions is None:
+                        want = parallelism if succeeded == 0 else 0
+                    else:
+                        want = min(parallelism, completions - succeeded)
+                    if spec.get("podReplacementPolicy") == "Failed":
+                        want -= len(terminating)
+                    need = want - len(active)
+                    if need > 0:
+                        self._create_pods(job, need, active, done_idx, failed)
+        # 2. write status
+        status["active"] = len(active)
+        status["ready"] = ready
+        status["succeeded"] = succeeded
+        status["failed"] = failed
+        if emu.v >= (1, 29):
+            status["terminating"] = len(terminating)
+        status["uncountedTerminatedPods"] = {}
+        if indexed:
+            status["completedIndexes"] = format_index_list(sorted(done_idx))
+        for k in ("active", "succeeded", "failed"):
+            if not status.get(k):
+                status.pop(k, None)
+        if not conds:
+            status.pop("conditions", None)
+        if status != (job.get("status") or {}):
+            self.store.update("jobs", ns, name, lambda o: o.__setitem__("status", status))
+
+    def _sync_orphan_pod(self, ns: str, name: str) -> None:
+        """Pods whose Job is gone lose their tracking finalizer (like syncOrphanPod)."""
+        pod = self.store.get("pods", ns, name)
+        if pod is None:
+            return
+        ref = controller_ref(pod)
+        if ref and ref.get("kind") == "Job" and self.store.by_uid(ref.get("uid", "")) is not None:
+            return
+        self.store.update("pods", ns, name, _drop_finalizer(JOB_TRACKING_FINALIZER))
+
+    def resync_orphans(self) -> None:
+        for p in self.store.list_raw("pods"):
+            ref = controller_ref(p)
+            if ref and ref.get("kind") == "Job" and JOB_TRACKING_FINALIZER in (p["metadata"].get("finalizers") or []) \
+                    and self.store.by_uid(ref.get("uid", "")) is None:
+                self.queue.add(("orphan", p["metadata"]["namespace"], p["metadata"]["name"]), 0)
+
+    # ---------------------------------------------------------------
+    def _finish(self, job: dict, conds: List[dict], ctype: str, reason: Optional[str], message: Optional[str],
+                status: dict) -> None:
+        emu = self.emu
+        now = emu.api_now()
+        set_condition(conds, condition(ctype, "True", now, reason, message, probe=True))
+        key = "%s/%s" % (job["metadata"]["namespace"], job["metadata"]["name"])
+        if ctype == "Complete":
+            status["completionTime"] = fmt_time(now)
+            emu.truth_set("jobs", key, "complete")
+            emu.record_event(job, "Normal", "Completed", "Job completed", "job-controller")
+        else:
+            emu.truth_set("jobs", key, "failed")
+            emu.record_event(job, "Warning", reason or "Failed", message or "", "job-controller")
+
+    def _delete_pods(self, job: dict, pods: List[dict]) -> List[dict]:
+        for p in pods:
+            try:
+                self.emu.api_delete(CANONICAL["pods"], p["metadata"]["namespace"], p["metadata"]["name"],
+                                    {"propagationPolicy": "Background"})
+                self.emu.record_event(job, "Normal", "SuccessfulDelete", "Deleted pod: %s" % p["metadata"]["name"],
+                                      "job-controller")
+            except ApiError:
+                pass
+        return []
+
+    def _create_pods(self, job: dict, need: int, active: List[dict], done_idx: Set[int], failed: int) -> None:
+        emu = self.emu
+        uid = job["metadata"]["uid"]
+        key = (job["metadata"]["namespace"], job["metadata"]["name"])
+        now = time.time()
+        # pod failure back-off (10s, 20s, ... capped at 6 min) before replacements
+        if failed and uid in self.last_failure:
+            delay = min(emu.t("job_backoff_base") * (2 ** (failed - 1)), 360.0)
+            wait = self.last_failure[uid] + delay - now
+            if wait > 0:
+                self.queue.add(key, wait)
+                return
+        nb, attempts = self.create_backoff.get(uid, (0.0, 0))
+        if now < nb:
+            self.queue.add(key, nb - now)
+            return
+        spec = job["spec"]
+        indexes: List[Optional[int]] = [None] * need
+        if spec.get("completionMode") == "Indexed":
+            busy = {int((p["metadata"].get("annotations") or {}).get("batch.kubernetes.io/job-completion-index", -1))
+                    for p in active}
+            free = [i for i in range(spec.get("completions") or 0) if i not in done_idx and i not in busy]
+            indexes = list(free[:need])
+        for idx in indexes:
+            pod = self._pod_from_template(job, idx)
+            try:
+                created, _ = emu.api_create(CANONICAL["pods"], job["metadata"]["namespace"], pod,
+                                            {"fieldValidation": "Ignore"})
+            except ApiError as e:
+                attempts += 1
+                delay = min(emu.t("create_retry_base") * (2 ** (attempts - 1)), 10.0)
+                self.create_backoff[uid] = (time.time() + delay, attempts)
+                emu.record_event(job, "Warning", "FailedCreate", "Error creating: %s" % e.message, "job-controller")
+                self.queue.add(key, delay)
+                return
+            self.create_backoff.pop(uid, None)
+            emu.record_event(job, "Normal", "SuccessfulCreate", "Created pod: %s" % created["metadata"]["name"],
+                             "job-controller")
+
+    @staticmethod
+    def _pod_from_template(job: dict, index: Optional[int]) -> dict:
+        tmpl = clone(job["spec"].get("template") or {})
+        tmd = tmpl.get("metadata") or {}
+        name = job["metadata"]["name"]
+        md: Dict[str, Any] = {"generateName": "%s-" % name if index is None else "%s-%d-" % (name, index),
+                              "namespace": job["metadata"]["namespace"],
+                              "labels": dict(tmd.get("labels") or {}),
+                              "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": name,
+                                                   "uid": job["metadata"]["uid"], "controller": True,
+                                                   "blockOwnerDeletion": True}],
+                              "finalizers": [JOB_TRACKING_FINALIZER]}
+        if tmd.get("annotations"):
+            md["annotations"] = dict(tmd["annotations"])
+        spec = tmpl.get("spec") or {}
+        if index is not None:
+            md.setdefault("annotations", {})["batch.kubernetes.io/job-completion-index"] = str(index)
+            md["labels"]["batch.kubernetes.io/job-completion-index"] = str(index)
+            spec.setdefault("hostname", "%s-%d" % (name, index))
+            for c in spec.get("containers") or []:
+                c.setdefault("env", []).append({"name": "JOB_COMPLETION_INDEX", "valueFrom": {"fieldRef": {
+                    "apiVersion": "v1",
+                    "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}})
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": md, "spec": spec}
+
+
+def _drop_finalizer(fin: str) -> Callable[[dict], Optional[bool]]:
+    def mutate(o: dict) -> Optional[bool]:
+        fins = o["metadata"].get("finalizers") or []
+        if fin not in fins:
+            return False
+        fins = [f for f in fins if f != fin]
+        if fins:
+            o["metadata"]["finalizers"] = fins
+        else:
+            o["metadata"].pop("finalizers", None)
+        return True
+    return mutate
+
+
+def parse_index_list(text: str) -> List[int]:
+    out: List[int] = []
+    for part in (text or "").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if "-" in part:
+            a, b = part.split("-", 1)
+            out.extend(range(int(a), int(b) + 1))
+        else:
+            out.append(int(part))
+    return out
+
+
+def format_index_list(idx: List[int]) -> str:
+    parts: List[str] = []
+    i = 0
+    while i < len(idx):
+        j = i
+        while j + 1 < len(idx) and idx[j + 1] == idx[j] + 1:
+            j += 1
+        parts.append(str(idx[i]) if i == j else "%d-%d" % (idx[i], idx[j]))
+        i = j + 1
+    return ",".join(parts)
+
+
+# --------------------------------------------------------------------------
+# scheduler
+# --------------------------------------------------------------------------
+
+class Scheduler(Controller):
+    """default-scheduler: least-loaded node, PodScheduled, Scheduled event (events.k8s.io)."""
+
+    name = "default-scheduler"
+
+    def on_event(self, etype: str, store: str, obj: dict) -> None:
+        if store == "pods" and etype != "DELETED" and self._eligible(obj):
+            md = obj["metadata"]
+            self.queue.add((md["namespace"], md["name"]), self.emu.t("schedule_delay"))
+
+    @staticmethod
+    def _eligible(pod: dict) -> bool:
+        spec = pod.get("spec") or {}
+        return not spec.get("nodeName") and not pod["metadata"].get("deletionTimestamp") \
+            and spec.get("schedulerName", "default-scheduler") == "default-scheduler" and not pod_terminal(pod)
+
+    def resync(self) -> None:
+        for p in self.store.list_raw("pods"):
+            if self._eligible(p):
+                self.queue.add((p["metadata"]["namespace"], p["metadata"]["name"]), 0)
+
+    def sync(self, key: Tuple[str, str]) -> None:
+        emu = self.emu
+        ns, name = key
+        pod = self.store.get("pods", ns, name)
+        if pod is None or not self._eligible(pod):
+            return
+        load: Dict[str, int] = {n: 0 for n in emu.node_names}
+        for p in self.store.list_raw("pods"):
+            n = (p.get("spec") or {}).get("nodeName")
+            if n in load and not pod_terminal(p):
+                load[n] += 1
+        node = min(emu.node_names, key=lambda n: (load[n], random.random()))
+        now = emu.api_now()
+
+        def bind(o: dict) -> Optional[bool]:
+            if o["spec"].get("nodeName"):
+                return False
+            o["spec"]["nodeName"] = node
+            st = o.setdefault("status", {})
+            set_condition(st.setdefault("conditions", []), condition("PodScheduled", "True", now))
+            return True
+
+        new = self.store.update("pods", ns, name, bind)
+        if new is None or new["spec"].get("nodeName") != node:
+            return
+        emu.truth_set("pods", "%s/%s" % (ns, name), "scheduled")
+        emu.truth_set("pods", "%s/%s" % (ns, name), "node", node, raw=True)
+        emu.record_scheduler_event(new, "Successfully assigned %s/%s to %s" % (ns, name, node))
+
+
+# --------------------------------------------------------------------------
+# garbage collector
+# --------------------------------------------------------------------------
+
+class GarbageCollector(Controller):
+    """Owner-reference based deletion: Background, Foreground and Orphan."""
+
+    name = "garbage-collector"
+
+    def on_event(self, etype: str, store: str, obj: dict) -> None:
+        md = obj["metadata"]
+        if etype == "DELETED":
+            self.queue.add(("dangling", md.get("uid")), 0.02)
+            for r in owner_refs(obj):
+                self.queue.add(("owner-uid", r.get("uid")), 0.02)
+        elif md.get("deletionTimestamp") and set(md.get("finalizers") or []) & {FOREGROUND_FINALIZER, ORPHAN_FINALIZER}:
+            self.queue.add(("owner", store, md.get("namespace", ""), md["name"]), 0.02)
+        elif md.get("deletionTimestamp"):
+            for r in owner_refs(obj):
+                self.queue.add(("owner-uid", r.get("uid")), 0.02)
+
+    def resync(self) -> None:
+        for store in list(self.store.objects):
+            for o in self.store.list_raw(store):
+                md = o["metadata"]
+                if md.get("deletionTimestamp") and set(md.get("finalizers") or []) & {FOREGROUND_FINALIZER,
+                                                                                     ORPHAN_FINALIZER}:
+                    self.queue.add(("owner", store, md.get("namespace", ""), md["name"]), 0)
+                for r in owner_refs(o):
+                    if self.store.by_uid(r.get("uid", "")) is None:
+                        self.queue.add(("dangling", r.get("uid")), 0)
+
+    def _dependents(self, uid: str) -> List[Tuple[str, dict]]:
+        out = []
+        with self.store.lock:
+            for store, buckets in self.store.objects.items():
+                for bucket in buckets.values():
+                    for o in bucket.values():
+                        if any(r.get("uid") == uid for r in owner_refs(o)):
+                            out.append((store, clone(o)))
+        return out
+
+    def sync(self, key: Tuple) -> None:
+        emu = self.emu
+        if key[0] == "owner-uid":
+            loc = self.store.by_uid(key[1] or "")
+            if loc:
+                self.queue.add(("owner", loc[0], loc[1], loc[2]), 0)
+            return
+        if key[0] == "dangling":
+            uid = key[1]
+            for store, dep in self._dependents(uid):
+                owners_alive = [r for r in owner_refs(dep) if self.store.by_uid(r.get("uid", "")) is not None]
+                if not owners_alive and not dep["metadata"].get("deletionTimestamp"):
+                    try:
+                        emu.api_delete(CANONICAL[store], dep["metadata"].get("namespace"), dep["metadata"]["name"],
+                                       {"propagationPolicy": "Background"})
+                    except ApiError:
+                        pass
+            return
+        _, store, ns, name = key
+        owner = self.store.get(store, ns, name)
+        if owner is None or not owner["metadata"].get("deletionTimestamp"):
+            return
+        uid = owner["metadata"]["uid"]
+        fins = owner["metadata"].get("finalizers") or []
+        deps = self._dependents(uid)
+        if ORPHAN_FINALIZER in fins:
+            for dstore, dep in deps:
+                def strip(o: dict, uid: str = uid) -> Optional[bool]:
+                    refs = [r for r in owner_refs(o) if r.get("uid") != uid]
+                    if refs:
+                        o["metadata"]["ownerReferences"] = refs
+                    else:
+                        o["metadata"].pop("ownerReferences", None)
+                    return True
+                self.store.update(dstore, dep["metadata"].get("namespace"), dep["metadata"]["name"], strip)
+            self.store.update(store, ns, name, _drop_finalizer(ORPHAN_FINALIZER))
+            return
+        if FOREGROUND_FINALIZER in fins:
+            blocking = 0
+            for dstore, dep in deps:
+                if not dep["metadata"].get("deletionTimestamp"):
+                    try:
+                        emu.api_delete(CANONICAL[dstore], dep["metadata"].get("namespace"),
+                                       dep["metadata"]["name"], {"propagationPolicy": "Foreground"})
+                    except ApiError:
+                        pass
+                if any(r.get("uid") == uid and r.get("blockOwnerDeletion") for r in owner_refs(dep)):
+                    blocking += 1
+            if blocking:
+                self.queue.add(key, 0.1)
+            else:
+                self.store.update(store, ns, name, _drop_finalizer(FOREGROUND_FINALIZER))
+
+
+# --------------------------------------------------------------------------
+# namespace controller (+ root CA publisher)
+# --------------------------------------------------------------------------
+
+class NamespaceController(Controller):
+    """Deletes the content of terminating namespaces and finalizes them."""
+
+    name = "namespace-controller"
+
+    def on_event(self, etype: str, store: str, obj: dict) -> None:
+        md = obj["metadata"]
+        if store == "namespaces":
+            if etype == "ADDED":
+                self.queue.add(("rootca", md["name"]), 0.005)
+            if md.get("deletionTimestamp") and etype != "DELETED":
+                self.queue.add(("delete", md["name"]), 0.0)
+        elif md.get("namespace") and etype == "DELETED":
+            self.queue.add(("delete", md["namespace"]), 0.05)
+
+    def resync(self) -> None:
+        for n in self.store.list("namespaces")[0]:
+            if n["metadata"].get("deletionTimestamp"):
+                self.queue.add(("delete", n["metadata"]["name"]), 0)
+
+    def sync(self, key: Tuple[str, str]) -> None:
+        emu = self.emu
+        kind, name = key
+        ns = self.store.get("namespaces", None, name)
+        if ns is None:
+            return
+        if kind == "rootca":
+            if ns["metadata"].get("deletionTimestamp") or self.store.get("configmaps", name, "kube-root-ca.crt"):
+                return
+            try:
+                emu.create_object(CANONICAL["configmaps"], {
+                    "apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": "kube-root-ca.crt", "namespace": name,
+                                 "annotations": {"kubernetes.io/description": "Contains a CA bundle that can be "
+                                                 "used to verify the kube-apiserver when using internal endpoints "
+                                                 "such as the internal service IP or kubernetes.default.svc. No "
+                                                 "other usage is guaranteed across distributions of Kubernetes "
+                                                 "clusters."}},
+                    "data": {"ca.crt": EMULATOR_CA}})
+            except ApiError:
+                pass
+            return
+        if not ns["metadata"].get("deletionTimestamp"):
+            return
+        if "kubernetes" not in ((ns.get("spec") or {}).get("finalizers") or []):
+            return
+        remaining: Dict[str, int] = {}
+        finalizers: Dict[str, int] = {}
+        for store in NAMESPACED_STORES:
+            info = CANONICAL[store]
+            for o in self.store.list(store, name)[0]:
+                if store == "events":
+                    self.store.remove("events", name, o["metadata"]["name"])
+                    continue
+                label = "%s.%s" % (info.plural, info.group)
+                remaining[label] = remaining.get(label, 0) + 1
+                for f in o["metadata"].get("finalizers") or []:
+                    finalizers[f] = finalizers.get(f, 0) + 1
+                if not o["metadata"].get("deletionTimestamp"):
+                    try:
+                        emu.api_delete(info, name, o["metadata"]["name"], {"propagationPolicy": "Background"})
+                    except ApiError:
+                        pass
+        now = emu.api_now()
+
+        def ns_cond(ctype: str, status: str, reason: str, message: str) -> dict:
+            return {"type": ctype, "status": status, "lastTransitionTime": fmt_time(now),
+                    "reason": reason, "message": message}
+
+        conds = [
+            ns_cond("NamespaceDeletionDiscoveryFailure", "False", "ResourcesDiscovered",
+                    "All resources successfully discovered"),
+            ns_cond("NamespaceDeletionGroupVersionParsingFailure", "False", "ParsedGroupVersions",
+                    "All legacy kube types successfully parsed"),
+            ns_cond("NamespaceDeletionContentFailure", "False", "ContentDeleted",
+                    "All content successfully deleted, may be waiting on finalization"),
+        ]
+        if remaining:
+            conds.append(ns_cond("NamespaceContentRemaining", "True", "SomeResourcesRemain",
+                                 "Some resources are remaining: " + ", ".join(
+                                     "%s has %d resource instances" % (k, v) for k, v in sorted(remaining.items()))))
+        else:
+            conds.append(ns_cond("NamespaceContentRemaining", "False", "ContentRemoved",
+                                 "All content successfully removed"))
+        if finalizers:
+            conds.append(ns_cond("NamespaceFinalizersRemaining", "True", "SomeFinalizersRemain",
+                                 "Some content in the namespace has finalizers remaining: " + ", ".join(
+                                     "%s in %d resource instances" % (k, v) for k, v in sorted(finalizers.items()))))
+        else:
+            conds.append(ns_cond("NamespaceFinalizersRemaining", "False", "ContentHasNoFinalizers",
+                                 "All content-preserving finalizers finished"))
+
+        def set_conds(o: dict) -> Optional[bool]:
+            st = o.setdefault("status", {})
+            changed = False
+            old = st.get("conditions") or []
+            for c in conds:
+                if set_condition(old, c):
+                    changed = True
+            st["conditions"] = old
+            if not remaining:
+                o["spec"]["finalizers"] = [f for f in o["spec"].get("finalizers") or [] if f != "kubernetes"]
+                changed = True
+            return changed
+
+        self.store.update("namespaces", None, name, set_conds)
+        if remaining:
+            self.queue.add(key, 0.2)
+
+
+EMULATOR_CA = ("-----BEGIN CERTIFICATE-----\nMIIBkTCB+wIJAKHBfpegPjMCMA0GCSqGSIb3DQEBCwUAMBExDzANBgNVBAMMBmt1\n"
+               "YmUtZW11bGF0b3IwHhcNMjUwMTAxMDAwMDAwWhcNMzUwMTAxMDAwMDAwWjARMQ8w\n"
+               "DQYDVQQDDAZrdWJlLWVtdWxhdG9yMFwwDQYJKoZIhvcNAQEBBQADSwAwSAJBAMPk\n"
+               "-----END CERTIFICATE-----\n")
+
+
+# --------------------------------------------------------------------------
+# kubelet: sandboxes, containers (bubblewrap), logs
+# --------------------------------------------------------------------------
+
+BIN_MOUNT = "/opt/emulator/bin"
+SANDBOX_PATH = BIN_MOUNT + ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+_SKIP_TOP = {"proc", "dev", "sys", "tmp", "run", "lost+found"}
+
+
+class ContainerLog:
+    """Log of one container run: timestamped raw lines, followable."""
+
+    def __init__(self, path: Optional[Path] = None):
+        self.lines: List[Tuple[float, bytes]] = []
+        self.cond = threading.Condition()
+        self.closed = False
+        self.path = path
+        self._fh = open(path, "ab") if path else None
+
+    def append(self, line: bytes, t: Optional[float] = None) -> None:
+        with self.cond:
+            self.lines.append((time.time() if t is None else t, line))
+            if self._fh:
+                self._fh.write(line)
+                self._fh.flush()
+            self.cond.notify_all()
+
+    def close(self) -> None:
+        with self.cond:
+            self.closed = True
+            if self._fh:
+                self._fh.close()
+                self._fh = None
+            self.cond.notify_all()
+
+    def text(self) -> str:
+        with self.cond:
+            return b"".join(l for _, l in self.lines).decode("utf-8", "replace")
+
+
+def build_bwrap_argv(uid: int, gid: int, hostname: str, mounts: List[Tuple[str, str, bool]],
+                     read_only_root: bool, workdir: str, argv: List[str], bindir: str) -> List[str]:
+    """bubblewrap command: read-only host root, volumes, no network, own pid/uts/ipc/user ns."""
+    args = ["bwrap", "--die-with-parent", "--new-session",
+            "--unshare-user", "--uid", str(uid), "--gid", str(gid),
+            "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
+            "--hostname", hostname[:63]]
+    targets = [dst.rstrip("/") for _, dst, _ in mounts] + [BIN_MOUNT]
+    expand: Set[str] = set()
+    for t in targets:
+        p = os.path.dirname(t)
+        while p and p != "/":
+            if p.split("/")[1] not in _SKIP_TOP:
+                expand.add(p)
+            p = os.path.dirname(p)
+    target_set = set(targets)
+
+    def join(parent: str, entry: str) -> str:
+        return "/" + entry if parent == "/" else parent + "/" + entry
+
+    def emit(path: str) -> None:
+        if path != "/":
+            args.extend(["--dir", path])
+        try:
+            entries = sorted(os.listdir(path)) if os.path.isdir(path) else []
+        except OSError:
+            entries = []
+        for entry in entries:
+            child = join(path, entry)
+            if path == "/" and entry in _SKIP_TOP:
+                continue
+            if child in expand:
+                emit(child)
+            elif child in target_set:
+                continue
+            elif os.path.islink(child):
+                args.extend(["--symlink", os.readlink(child), child])
+            else:
+                args.extend(["--ro-bind-try", child, child])
+        for e in sorted(expand):
+            if os.path.dirname(e) == path and os.path.basename(e) not in entries:
+                emit(e)
+
+    emit("/")
+    args.extend(["--proc", "/proc", "--dev", "/dev"])
+    if read_only_root:
+        args.extend(["--dir", "/tmp"])
+    else:
+        args.extend(["--tmpfs", "/tmp"])
+    for src, dst, ro in mounts:
+        args.extend(["--ro-bind" if ro else "--bind", src, dst])
+    args.extend(["--ro-bind", bindir, BIN_MOUNT, "--remount-ro", "/", "--chdir", workdir or "/", "--"])
+    return args + list(argv)
+
+
+def _descendants(pid: int) -> List[int]:
+    children: Dict[int, List[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % entry) as f:
+                data = f.read()
+            ppid = int(data.rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        for c in children.get(p, []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def _signal_tree(proc: subprocess.Popen, sig: int) -> None:
+    for p in [proc.pid] + _descendants(proc.pid):
+        try:
+            os.kill(p, sig)
+        except OSError:
+            pass
+
+
+class MountError(Exception):
+    pass
+
+
+class ContainerRunner(threading.Thread):
+    """Runs one container of a pod (with fault injection) and keeps its status."""
+
+    def __init__(self, worker: "PodWorker", container: dict):
+        super().__init__(name="ctr-%s-%s" % (worker.name, container.get("name")), daemon=True)
+        self.w = worker
+        self.emu = worker.emu
+        self.c = container
+        self.cname = container["name"]
+        repo, full = normalize_image(container.get("image", ""))
+        self.image_ref = full
+        self.image_id = "%s@sha256:%s" % (repo, hex64(full))
+        self.proc: Optional[subprocess.Popen] = None
+        self.proc_lock = threading.Lock()
+        self.exit_codes: List[int] = []
+        self.started_once = False
+        self.last_terminated: Optional[dict] = None
+
+    # -- status helpers ----------------------------------------------------
+    def set_state(self, state: dict, **extra: Any) -> None:
+        def fn(cs: dict) -> None:
+            cs["state"] = state
+            cs.update(extra)
+        self.w.update_container(self.cname, fn)
+
+    def event(self, etype: str, reason: str, message: str) -> None:
+        pod = self.emu.store.get("pods", self.w.ns, self.w.name)
+        if pod is not None:
+            self.emu.record_event(pod, etype, reason, message, "kubelet", host=self.w.kl.node,
+                                  field_path="spec.containers{%s}" % self.cname)
+
+    # -- main --------------------------------------------------------------
+    def run(self) -> None:
+        try:
+            self._run()
+        except Exception:
+            traceback.print_exc()
+
+    def _run(self) -> None:
+        emu, w = self.emu, self.w
+        idx = w.index
+        image = self.c.get("image", "")
+        if emu.fault_applies("image_pull_backoff", idx):
+            self._image_pull_backoff(image)
+            return
+        policy = self.c.get("imagePullPolicy", "IfNotPresent")
+        if policy == "Always":
+            self.event("Normal", "Pulling", 'Pulling image "%s"' % image)
+            if w.sleep(0.05):
+                return
+            self.event("Normal", "Pulled", 'Successfully pulled image "%s" in 52ms (52ms including waiting). '
+                                           'Image size: 19203584 bytes.' % image)
+        else:
+            self.event("Normal", "Pulled", 'Container image "%s" already present on machine' % image)
+        uid, gid, err = self._identity()
+        env = None
+        if not err:
+            env, err = self._env()
+        while err:
+            self.set_state({"waiting": {"reason": "CreateContainerConfigError", "message": err}})
+            self.event("Warning", "Failed", "Error: %s" % err)
+            if w.sleep(1.0):
+                return
+        attempts = 2 if emu.fault_applies("restart_container", idx) else 1
+        for attempt in range(attempts):
+            if w.stop_requested():
+                return
+            if emu.fault_applies("fail_pods", idx):
+                argv = ["python", "-c", "import sys; print('emulator: injected container failure (fail_pods)',"
+                                        " flush=True); sys.exit(3)"]
+            elif attempt < attempts - 1:
+                argv = ["python", "-c", "import sys; print('emulator: injected crash before restart "
+                                        "(restart_container)', flush=True); sys.exit(1)"]
+            else:
+                argv = self._argv(env or {})
+            code = self._run_once(argv, env or {}, uid, gid, attempt)
+            if code is None:
+                return
+            if attempt < attempts - 1 and not w.stop_requested():
+                self.set_state({"waiting": {"reason": "CrashLoopBackOff",
+                                            "message": "back-off 10s restarting failed container=%s pod=%s_%s(%s)"
+                                                       % (self.cname, w.name, w.ns, w.uid)}},
+                               lastState={"terminated": dict(self.last_terminated or {})})
+                if w.sleep(emu.t("restart_delay")):
+                    return
+
+    def _run_once(self, argv: List[str], env: Dict[str, str], uid: int, gid: int, attempt: int) -> Optional[int]:
+        emu, w = self.emu, self.w
+        cid = hex64("%s/%s/%d" % (w.uid, self.cname, attempt))
+        v = emu.v
+        self.event("Normal", "Created", ("Created container: %s" if v >= (1, 32) else "Created container %s")
+                   % self.cname)
+        mounts, ro_root = w.mounts_for(self.c)
+        sc = self.c.get("securityContext") or {}
+        ro_root = bool(sc.get("readOnlyRootFilesystem"))
+        hostname = w.hostname
+        cmd = build_bwrap_argv(uid, gid, hostname, mounts, ro_root, self.c.get("workingDir") or "/",
+                               argv, str(emu.bindir))
+        log = ContainerLog(emu.workdir / "logs" / ("%s_%s_%s-%d.log" % (w.ns, w.name, self.cname, attempt)))
+        emu.logs.setdefault((w.uid, self.cname), []).append(log)
+        start = emu.api_now()
+        try:
+            with self.proc_lock:
+                if w.stop_requested():
+                    log.close()
+                    return None
+                self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                             stderr=subprocess.STDOUT, env=env, close_fds=True)
+        except OSError as e:
+            log.close()
+            msg = ('failed to create containerd task: failed to create shim task: OCI runtime create failed: '
+                   'runc create failed: unable to start container process: %s' % e)
+            self.set_state({"terminated": {"exitCode": 128, "reason": "StartError", "message": msg,
+                                           "startedAt": "1970-01-01T00:00:00Z", "finishedAt": fmt_time(start),
+                                           "containerID": "containerd://" + cid}}, ready=False, started=False)
+            self.event("Warning", "Failed", "Error: %s" % msg)
+            return 128
+        self.event("Normal", "Started", "Started container %s" % self.cname)
+        true_start = time.time()
+        if not self.started_once:
+            emu.truth_set("pods", w.key, "container_started", true_start)
+            self.started_once = True
+        w.started_at = true_start
+
+        def running(cs: dict) -> None:
+            last = cs.get("state", {}).get("terminated") or (cs.get("lastState") or {}).get("terminated")
+            cs["state"] = {"running": {"startedAt": fmt_time(start)}}
+            cs["ready"] = True
+            cs["started"] = True
+            cs["restartCount"] = attempt
+            cs["image"] = self.image_ref
+            cs["imageID"] = self.image_id
+            cs["containerID"] = "containerd://" + cid
+            if attempt and last:
+                cs["lastState"] = {"terminated": last}
+        w.update_container(self.cname, running)
+        reader = threading.Thread(target=self._pump, args=(self.proc, log), daemon=True)
+        reader.start()
+        rc = self.proc.wait()
+        reader.join(5)
+        log.close()
+        code = rc if rc >= 0 else 128 - rc
+        if code > 128 and rc >= 0 and code - 128 in (signal.SIGKILL, signal.SIGTERM):
+            pass
+        self.exit_codes.append(code)
+        end = emu.api_now()
+        emu.truth_set("pods", w.key, "container_finished", time.time(), first=False)
+        emu.truth_set("pods", w.key, "exit_code", code, raw=True)
+        self.last_terminated = {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
+                                "startedAt": fmt_time(start), "finishedAt": fmt_time(end),
+                                "containerID": "containerd://" + cid}
+        self.set_state({"terminated": dict(self.last_terminated)}, ready=False, started=False)
+        with self.proc_lock:
+            self.proc = None
+        return code
+
+    def _pump(self, proc: subprocess.Popen, log: ContainerLog) -> None:
+        mode = self.emu.log_tamper_mode(self.w.index)
+        assert proc.stdout is not None
+        for line in iter(proc.stdout.readline, b""):
+            for out in tamper_line(mode, line):
+                log.append(out)
+
+    def kill(self, sig: int) -> None:
+        with self.proc_lock:
+            if self.proc is not None and self.proc.poll() is None:
+                _signal_tree(self.proc, sig)
+
+    def alive(self) -> bool:
+        with self.proc_lock:
+            return self.proc is not None and self.proc.poll() is None
+
+    # -- pieces --------------------------------------------------------------
+    def _image_pull_backoff(self, image: str) -> None:
+        repo_ref = self.image_ref
+        err = ('rpc error: code = NotFound desc = failed to pull and unpack image "%s": failed to resolve '
+               'reference "%s": %s: not found' % (repo_ref, repo_ref, repo_ref))
+        while not self.w.stop_requested():
+            self.event("Normal", "Pulling", 'Pulling image "%s"' % image)
+            self.event("Warning", "Failed", 'Failed to pull image "%s": %s' % (image, err))
+            self.event("Warning", "Failed", "Error: ErrImagePull")
+            self.set_state({"waiting": {"reason": "ErrImagePull", "message": err}})
+            if self.w.sleep(self.emu.t("image_pull_backoff")):
+                return
+            self.event("Normal", "BackOff", 'Back-off pulling image "%s"' % image)
+            self.event("Warning", "Failed", "Error: ImagePullBackOff")
+            self.set_state({"waiting": {"reason": "ImagePullBackOff",
+                                        "message": 'Back-off pulling image "%s"' % image}})
+            if self.w.sleep(self.emu.t("image_pull_backoff") * 2):
+                return
+
+    def _identity(self) -> Tuple[int, int, Optional[str]]:
+        pod = self.w.pod
+        psc = (pod.get("spec") or {}).get("securityContext") or {}
+        csc = self.c.get("securityContext") or {}
+        uid = csc.get("runAsUser", psc.get("runAsUser"))
+        gid = csc.get("runAsGroup", psc.get("runAsGroup"))
+        nonroot = csc.get("runAsNonRoot", psc.get("runAsNonRoot"))
+        fmt_pod = '"%s_%s(%s)"' % (self.w.name, self.w.ns, self.w.uid)
+        err = None
+        if nonroot:
+            if uid is None:
+                err = "container has runAsNonRoot and image will run as root (pod: %s, container: %s)" % (
+                    fmt_pod, self.cname)
+            elif uid == 0:
+                err = "container's runAsUser breaks non-root policy (pod: %s, container: %s)" % (fmt_pod, self.cname)
+        return int(uid or 0), int(gid if gid is not None else 0), err
+
+    def _env(self) -> Tuple[Dict[str, str], Optional[str]]:
+        w = self.w
+        pod = w.store_pod()
+        env: Dict[str, str] = {"PATH": SANDBOX_PATH, "HOSTNAME": w.hostname, "HOME": "/", "LANG": "C.UTF-8"}
+        if (pod.get("spec") or {}).get("enableServiceLinks", True):
+            env.update({"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443",
+                        "KUBERNETES_SERVICE_PORT_HTTPS": "443", "KUBERNETES_PORT": "tcp://10.96.0.1:443",
+                        "KUBERNETES_PORT_443_TCP": "tcp://10.96.0.1:443", "KUBERNETES_PORT_443_TCP_PROTO": "tcp",
+                        "KUBERNETES_PORT_443_TCP_PORT": "443", "KUBERNETES_PORT_443_TCP_ADDR": "10.96.0.1"})
+        for e in self.c.get("env") or []:
+            name = e.get("name")
+            if "value" in e or not e.get("valueFrom"):
+                env[name] = expand_vars(str(e.get("value", "")), env)
+                continue
+            vf = e["valueFrom"]
+            if vf.get("fieldRef"):
+                val = resolve_field_ref(pod, vf["fieldRef"].get("fieldPath", ""))
+                if val is None:
+                    return env, 'unsupported fieldPath: %s' % vf["fieldRef"].get("fieldPath")
+                env[name] = val
+            elif vf.get("configMapKeyRef"):
+                ref = vf["configMapKeyRef"]
+                cm = self.emu.store.get("configmaps", w.ns, ref.get("name", ""))
+                if cm is None or ref.get("key") not in (cm.get("data") or {}):
+                    if ref.get("optional"):
+                        continue
+                    if cm is None:
+                        return env, 'configmap "%s" not found' % ref.get("name")
+                    return env, "couldn't find key %s in ConfigMap %s/%s" % (ref.get("key"), w.ns, ref.get("name"))
+                env[name] = cm["data"][ref["key"]]
+            elif vf.get("resourceFieldRef"):
+                ref = vf["resourceFieldRef"]
+                res = ref.get("resource", "")
+                kind, _, what = res.partition(".")
+                val = ((self.c.get("resources") or {}).get(kind) or {}).get(what)
+                if val is None:
+                    val = "8" if what == "cpu" else str(32 * 1024 ** 3)
+                else:
+                    q = parse_quantity(val)
+                    div = parse_quantity(ref.get("divisor", "1"))
+                    import math
+                    val = str(int(math.ceil(q / div)))
+                env[name] = val
+            elif vf.get("secretKeyRef"):
+                ref = vf["secretKeyRef"]
+                if ref.get("optional"):
+                    continue
+                return env, 'secret "%s" not found' % ref.get("name")
+        return env, None
+
+    def _argv(self, env: Dict[str, str]) -> List[str]:
+        command = self.c.get("command") or []
+        args = self.c.get("args") or []
+        argv = list(command) + list(args) if command else (list(args) if args else ["python3"])
+        return [expand_vars(a, env) for a in argv]
+
+
+def expand_vars(text: str, env: Dict[str, str]) -> str:
+    """Kubernetes $(VAR) expansion ($$ escapes)."""
+    def rep(m: "re.Match[str]") -> str:
+        if m.group(0) == "$$":
+            return "$"
+        return env.get(m.group(1), m.group(0))
+    return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)", rep, text)
+
+
+def resolve_field_ref(pod: dict, path: str) -> Optional[str]:
+    md, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
+    m = re.match(r"metadata\.(labels|annotations)\['(.+)'\]$", path)
+    if m:
+        return (md.get(m.group(1)) or {}).get(m.group(2), "")
+    simple = {"metadata.name": md.get("name"), "metadata.namespace": md.get("namespace"),
+              "metadata.uid": md.get("uid"), "spec.nodeName": spec.get("nodeName"),
+              "spec.serviceAccountName": spec.get("serviceAccountName"),
+              "status.podIP": status.get("podIP"), "status.hostIP": status.get("hostIP"),
+              "status.podIPs": ",".join(p["ip"] for p in status.get("podIPs") or []),
+              "status.hostIPs": ",".join(p["ip"] for p in status.get("hostIPs") or [])}
+    if path == "metadata.labels":
+        return "\n".join('%s="%s"' % kv for kv in sorted((md.get("labels") or {}).items()))
+    if path == "metadata.annotations":
+        return "\n".join('%s="%s"' % kv for kv in sorted((md.get("annotations") or {}).items()))
+    if path not in simple:
+        return None
+    return simple[path] or ""
+
+
+def tamper_line(mode: Optional[str], line: bytes) -> List[bytes]:
+    """log_tamper fault: rewrite what a container's log contains."""
+    if not mode:
+        return [line]
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return [line]
+    if not isinstance(obj, dict):
+        return [line]
+    ev = obj.get("event")
+    if mode == "duplicate_ready" and ev == "ready":
+        return [line, line]
+    if mode == "drop_reward" and ev == "reward":
+        return []
+    if mode == "wrong_id" and ev == "ready":
+        obj["episode_id"] = "impostor-" + random_suffix()
+        return [json.dumps(obj).encode() + b"\n"]
+    if mode == "junk_lines":
+        return [b"emulator junk line: this is not JSON {\n", line, b"Traceback (emulated junk, not an event)\n"]
+    return [line]
+
+
+class PodWorker(threading.Thread):
+    """The kubelet's per-pod worker: sandbox, volumes, containers, termination."""
+
+    def __init__(self, kubelet: "Kubelet", pod: dict):
+        md = pod["metadata"]
+        super().__init__(name="pod-%s" % md["name"], daemon=True)
+        self.kl = kubelet
+        self.emu = kubelet.emu
+        self.pod = pod
+        self.ns, self.name, self.uid = md["namespace"], md["name"], md["uid"]
+        self.key = "%s/%s" % (self.ns, self.name)
+        self.index = self.emu.pod_index(self.uid)
+        self.hostname = (pod.get("spec") or {}).get("hostname") or self.name
+        self.deleting = threading.Event()
+        self.removed = threading.Event()
+        self.grace = 30.0
+        self.runners: List[ContainerRunner] = []
+        self.done = False
+        self.dir = self.emu.workdir / "pods" / self.uid
+        self.volumes: Dict[str, Tuple[str, str]] = {}
+        self.started_at: Optional[float] = None
+        self.evicted = False
+        self._status_lock = threading.Lock()
+
+    # -- signals from the kubelet -----------------------------------------
+    def on_deletion(self, pod: dict) -> None:
+        g = pod["metadata"].get("deletionGracePeriodSeconds")
+        self.grace = float(g) if g is not None else 30.0
+        self.deleting.set()
+
+    def on_removed(self) -> None:
+        self.removed.set()
+        self.grace = 0.0
+        self.deleting.set()
+
+    def stop_requested(self) -> bool:
+        return self.deleting.is_set() or self.emu._stopping.is_set() or self.evicted
+
+    def sleep(self, seconds: float) -> bool:
+        end = time.time() + seconds
+        while True:
+            if self.stop_requested():
+                return True
+            left = end - time.time()
+            if left <= 0:
+                return False
+            self.deleting.wait(min(left, 0.1))
+
+    # -- status ----------------------------------------------------------------
+    def store_pod(self) -> dict:
+        return self.emu.store.get("pods", self.ns, self.name) or self.pod
+
+    def update(self, fn: Callable[[dict], Optional[bool]]) -> Optional[dict]:
+        with self._status_lock:
+            def guarded(o: dict) -> Optional[bool]:
+                if o["metadata"].get("uid") != self.uid:
+                    return False
+                return fn(o)
+            return self.emu.store.update("pods", self.ns, self.name, guarded)
+
+    def update_container(self, cname: str, fn: Callable[[dict], None]) -> None:
+        def mutate(o: dict) -> Optional[bool]:
+            st = o.setdefault("status", {})
+            for cs in st.get("containerStatuses") or []:
+                if cs["name"] == cname:
+                    fn(cs)
+            self.recompute(o)
+            return True
+        self.update(mutate)
+
+    def recompute(self, o: dict) -> None:
+        emu = self.emu
+        st = o.setdefault("status", {})
+        css = st.get("containerStatuses") or []
+        now = emu.api_now()
+        conds = st.setdefault("conditions", [])
+        terminated = [cs for cs in css if (cs.get("state") or {}).get("terminated")]
+        running = [cs for cs in css if (cs.get("state") or {}).get("running")]
+        if st.get("reason") == "Evicted":
+            phase = "Failed"
+        elif css and len(terminated) == len(css):
+            phase = "Succeeded" if all(cs["state"]["terminated"].get("exitCode") == 0 for cs in css) else "Failed"
+        elif running or st.get("phase") == "Running":
+            phase = "Running"
+        else:
+            phase = "Pending"
+        st["phase"] = phase
+        terminal = phase in ("Succeeded", "Failed")
+        unready = [cs["name"] for cs in css if not cs.get("ready")]
+        for ctype in ("ContainersReady", "Ready"):
+            if not unready and css:
+                c = condition(ctype, "True", now)
+            elif terminal:
+                c = condition(ctype, "False", now, "PodCompleted")
+            else:
+                c = condition(ctype, "False", now, "ContainersNotReady",
+                              "containers with unready status: [%s]" % " ".join(unready))
+            set_condition(conds, c)
+        if terminal and emu.v >= (1, 29):
+            set_condition(conds, condition("PodReadyToStartContainers", "False", now))
+        order = {"PodReadyToStartContainers": 0, "Initialized": 1, "Ready": 2, "ContainersReady": 3,
+                 "PodScheduled": 4, "DisruptionTarget": 5}
+        conds.sort(key=lambda c: order.get(c["type"], 9))
+
+    # -- lifecycle ---------------------------------------------------------
+    def run(self) -> None:
+        try:
+            self._run()
+        except Exception:
+            traceback.print_exc()
+        finally:
+            self.done = True
+            self._maybe_final_delete()
+
+    def _run(self) -> None:
+        emu = self.emu
+        pod = self.store_pod()
+        spec = pod.get("spec") or {}
+        containers = spec.get("containers") or []
+        now = emu.api_now()
+        self.kl.register_ip(self)
+
+        def init(o: dict) -> Optional[bool]:
+            st = o.setdefault("status", {})
+            st["phase"] = "Pending"
+            st["hostIP"] = self.kl.ip
+            st["hostIPs"] = [{"ip": self.kl.ip}]
+            st["startTime"] = fmt_time(now)
+            conds = st.setdefault("conditions", [])
+            if emu.v >= (1, 29):
+                set_condition(conds, condition("PodReadyToStartContainers", "False", now))
+            set_condition(conds, condition("Initialized", "True", now))
+            st["containerStatuses"] = [{
+                "name": c["name"], "state": {"waiting": {"reason": "ContainerCreating"}}, "lastState": {},
+                "ready": False, "restartCount": 0, "image": c.get("image", ""), "imageID": "", "started": False}
+                for c in containers]
+            self.recompute(o)
+            return True
+
+        if self.update(init) is None:
+            return
+        delay = emu.t("sandbox_delay") + random.uniform(0, max(0.0, emu.t("sandbox_jitter")))
+        if self.sleep(delay):
+            self._terminate_all()
+            return
+        pod_ip = self.kl.pod_ip(self)
+
+        def sandbox(o: dict) -> Optional[bool]:
+            st = o.setdefault("status", {})
+            st["podIP"] = pod_ip
+            st["podIPs"] = [{"ip": pod_ip}]
+            if emu.v >= (1, 29):
+                set_condition(st.setdefault("conditions", []),
+                              condition("PodReadyToStartContainers", "True", emu.api_now()))
+            self.recompute(o)
+            return True
+
+        if self.update(sandbox) is None:
+            return
+        emu.truth_set("pods", self.key, "sandbox_ready")
+        # volumes
+        while True:
+            try:
+                self._prepare_volumes(self.store_pod())
+                break
+            except MountError as e:
+                emu.record_event(self.store_pod(), "Warning", "FailedMount", str(e), "kubelet", host=self.kl.node)
+                if self.sleep(1.0):
+                    self._terminate_all()
+                    return
+        self.pod = self.store_pod()
+        self.runners = [ContainerRunner(self, c) for c in containers]
+        for r in self.runners:
+            r.start()
+        last_size_check = 0.0
+        while any(r.is_alive() for r in self.runners):
+            if self.deleting.is_set() or emu._stopping.is_set():
+                self._terminate_all()
+                break
+            if emu.fault_applies("replace_pod", self.index) and self.started_at is not None \
+                    and time.time() - self.started_at >= emu.t("replace_after") and not self.evicted:
+                self._evict("The node was low on resource: ephemeral-storage. Threshold quantity: 1Gi, "
+                            "available: 512Mi. ", replaced=True)
+                break
+            if time.time() - last_size_check >= 0.25:
+                last_size_check = time.time()
+                over = self._size_limit_exceeded()
+                if over:
+                    self._evict(over)
+                    break
+            self.deleting.wait(0.05)
+        for r in self.runners:
+            r.join(10)
+
+    def _terminate_all(self) -> None:
+        """Graceful stop: SIGTERM, wait min(grace, grace_cap), SIGKILL."""
+        alive = [r for r in self.runners if r.alive()]
+        if alive and not self.removed.is_set():
+            for r in alive:
+                r.event("Normal", "Killing", "Stopping container %s" % r.cname)
+        for r in alive:
+            r.kill(signal.SIGTERM)
+        end = time.time() + min(self.grace, self.emu.t("grace_cap"))
+        while time.time() < end and any(r.alive() for r in alive):
+            time.sleep(0.02)
+        for r in alive:
+            r.kill(signal.SIGKILL)
+        for r in self.runners:
+            r.join(10)
+        # containers that never ran: mark them terminated so the pod can reach a terminal phase
+        now = self.emu.api_now()
+
+        def fin(o: dict) -> Optional[bool]:
+            st = o.setdefault("status", {})
+            for cs in st.get("containerStatuses") or []:
+                if not (cs.get("state") or {}).get("terminated"):
+                    cs["state"] = {"terminated": {"exitCode": 137, "reason": "ContainerStatusUnknown",
+                                                  "message": "The container could not be located when the pod "
+                                                             "was terminated", "startedAt": None,
+                                                  "finishedAt": fmt_time(now)}}
+                    cs["ready"] = False
+                    cs["started"] = False
+            self.recompute(o)
+            return True
+        if not self.removed.is_set():
+            self.update(fin)
+
+    def _evict(self, message: str, replaced: bool = False) -> None:
+        emu = self.emu
+        if replaced:
+            emu.replaced_uids.add(self.uid)
+        self.evicted = True
+        pod = self.store_pod()
+        emu.record_event(pod, "Warning", "Evicted", message, "kubelet", host=self.kl.node)
+        now = emu.api_now()
+
+        def mark(o: dict) -> Optional[bool]:
+            st = o.setdefault("status", {})
+            st["reason"] = "Evicted"
+            st["message"] = message
+            set_condition(st.setdefault("conditions", []),
+                          condition("DisruptionTarget", "True", now, "TerminationByKubelet", message))
+            self.recompute(o)
+            return True
+        self.update(mark)
+        self.grace = 0.0
+        self._terminate_all()
+
+    def _maybe_final_delete(self) -> None:
+        pod = self.emu.store.get("pods", self.ns, self.name)
+        if pod is not None and pod["metadata"].get("uid") == self.uid and pod["metadata"].get("deletionTimestamp"):
+            self.kl.final_delete(self.ns, self.name, self.uid)
+
+    # -- volumes -----------------------------------------------------------
+    def _prepare_volumes(self, pod: dict) -> None:
+        emu = self.emu
+        for v in (pod.get("spec") or {}).get("volumes") or []:
+            name = v["name"]
+            if name in self.volumes:
+                continue
+            d = self.dir / "volumes" / name
+            if v.get("configMap") is not None:
+                ref = v["configMap"]
+                cm = emu.store.get("configmaps", self.ns, ref.get("name", ""))
+                if cm is None and not ref.get("optional"):
+                    raise MountError('MountVolume.SetUp failed for volume "%s" : configmap "%s" not found'
+                                     % (name, ref.get("name")))
+                d.mkdir(parents=True, exist_ok=True)
+                data = dict((cm or {}).get("data") or {})
+                binary = {k: base64.b64decode(b) for k, b in ((cm or {}).get("binaryData") or {}).items()}
+                mode = ref.get("defaultMode", 420)
+                items = ref.get("items")
+                pairs = [(it["key"], it["path"], it.get("mode", mode)) for it in items] if items else \
+                    [(k, k, mode) for k in list(data) + list(binary)]
+                for key, path, fmode in pairs:
+                    target = d / path
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    payload = binary[key] if key in binary else data.get(key, "").encode()
+                    target.write_bytes(payload)
+                    os.chmod(target, fmode)
+                os.chmod(d, 0o755)
+                self.volumes[name] = (str(d), "configMap")
+            elif v.get("emptyDir") is not None:
+                d.mkdir(parents=True, exist_ok=True)
+                os.chmod(d, 0o777)
+                self.volumes[name] = (str(d), "emptyDir")
+            elif v.get("projected") is not None:
+                d.mkdir(parents=True, exist_ok=True)
+                for src in v["projected"].get("sources") or []:
+                    if src.get("serviceAccountToken"):
+                        (d / src["serviceAccountToken"].get("path", "token")).write_text(
+                            "emulator-token-%s" % self.uid)
+                    if src.get("configMap"):
+                        for it in src["configMap"].get("items") or []:
+                            (d / it["path"]).write_text(EMULATOR_CA)
+                    if src.get("downwardAPI"):
+                        for it in src["downwardAPI"].get("items") or []:
+                            val = resolve_field_ref(pod, (it.get("fieldRef") or {}).get("fieldPath", "")) or ""
+                            (d / it["path"]).write_text(val)
+                for f in d.iterdir():
+                    os.chmod(f, 0o644)
+                self.volumes[name] = (str(d), "projected")
+            elif v.get("downwardAPI") is not None:
+                d.mkdir(parents=True, exist_ok=True)
+                for it in v["downwardAPI"].get("items") or []:
+                    val = resolve_field_ref(pod, (it.get("fieldRef") or {}).get("fieldPath", "")) or ""
+                    (d / it["path"]).write_text(val)
+                self.volumes[name] = (str(d), "downwardAPI")
+            elif v.get("hostPath") is not None:
+                self.volumes[name] = (v["hostPath"].get("path", "/"), "hostPath")
+            elif v.get("secret") is not None:
+                raise MountError('MountVolume.SetUp failed for volume "%s" : secret "%s" not found'
+                                 % (name, v["secret"].get("secretName")))
+            else:
+                raise MountError('MountVolume.SetUp failed for volume "%s" : volume type not supported by '
+                                 'the emulator' % name)
+
+    def mounts_for(self, container: dict) -> Tuple[List[Tuple[str, str, bool]], bool]:
+        out = []
+        for vm in container.get("volumeMounts") or []:
+            src, kind = self.volumes.get(vm["name"], ("", ""))
+            if not src:
+                continue
+            if vm.get("subPath"):
+                src = os.path.join(src, vm["subPath"])
+                if not os.path.exists(src):
+                    os.makedirs(src, exist_ok=True)
+            ro = bool(vm.get("readOnly")) or kind in ("configMap", "projected", "downwardAPI")
+            out.append((src, vm["mountPath"], ro))
+        sc = container.get("securityContext") or {}
+        return out, bool(sc.get("readOnlyRootFilesystem"))
+
+    def _size_limit_exceeded(self) -> Optional[str]:
+        for v in (self.pod.get("spec") or {}).get("volumes") or []:
+            ed = v.get("emptyDir")
+            if ed is None or not ed.get("sizeLimit") or v["name"] not in self.volumes:
+                continue
+            limit = parse_quantity(ed["sizeLimit"])
+            used = 0
+            for root, _, files in os.walk(self.volumes[v["name"]][0]):
+                for f in files:
+                    try:
+                        used += os.lstat(os.path.join(root, f)).st_blocks * 512
+                    except OSError:
+                        pass
+            if used > limit:
+                self.emu.truth_set("pods", self.key, "size_limit_exceeded", used, raw=True)
+                return 'Usage of EmptyDir volume "%s" exceeds the limit "%s". ' % (v["name"], ed["sizeLimit"])
+        return None
+
+
+class Kubelet:
+    """One emulated node: starts a PodWorker per bound pod, deletes finished pods."""
+
+    def __init__(self, emu: "Emulator", node: str, index: int):
+        self.emu = emu
+        self.node = node
+        self.index = index
+        self.ip = emu.node_ip(node)
+        self.workers: Dict[str, PodWorker] = {}
+        self.lock = threading.Lock()
+        self._ip_seq = 1
+        self._ips: Dict[str, str] = {}
+        self.finalq = WorkQueue()
+        self.thread = threading.Thread(target=self._final_loop, name="kubelet-" + node, daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def on_event(self, etype: str, store: str, obj: dict) -> None:
+        if store != "pods" or (obj.get("spec") or {}).get("nodeName") != self.node:
+            return
+        md = obj["metadata"]
+        uid = md["uid"]
+        with self.lock:
+            w = self.workers.get(uid)
+            if etype == "DELETED":
+                if w is not None:
+                    w.on_removed()
+                return
+            if w is None:
+                if pod_terminal(obj):
+                    if md.get("deletionTimestamp"):
+                        self.finalq.add((md["namespace"], md["name"], uid), 0)
+                    return
+                if self.emu._stopping.is_set():
+                    return
+                w = PodWorker(self, obj)
+                self.workers[uid] = w
+                w.start()
+        if md.get("deletionTimestamp"):
+            w.on_deletion(obj)
+            if w.done:
+                self.finalq.add((md["namespace"], md["name"], uid), 0)
+
+    def register_ip(self, w: PodWorker) -> None:
+        pass
+
+    def pod_ip(self, w: PodWorker) -> str:
+        with self.lock:
+            ip = self._ips.get(w.uid)
+            if ip is None:
+                self._ip_seq += 1
+                ip = "10.244.%d.%d" % (self.index, self._ip_seq % 250 + 2)
+                self._ips[w.uid] = ip
+            return ip
+
+    def final_delete(self, ns: str, name: str, uid: str) -> None:
+        self.finalq.add((ns, name, uid), 0)
+
+    def _final_loop(self) -> None:
+        while not self.emu._stopping.is_set():
+            key = self.finalq.get(0.2)
+            if key is None:
+                continue
+            ns, name, uid = key
+            pod = self.emu.store.get("pods", ns, name)
+            if pod is None or pod["metadata"]["uid"] != uid or not pod["metadata"].get("deletionTimestamp"):
+                continue
+            if not pod_terminal(pod) and not pod["metadata"].get("deletionGracePeriodSeconds") == 0:
+                w = self.workers.get(uid)
+                if w is not None and not w.done:
+                    continue
+            try:
+                self.emu.api_delete(CANONICAL["pods"], ns, name, {"gracePeriodSeconds": 0,
+                                                                  "preconditions": {"uid": uid}})
+            except ApiError:
+                pass
+
+    def stop(self) -> None:
+        for w in list(self.workers.values()):
+            w.deleting.set()
+            for r in w.runners:
+                r.kill(signal.SIGKILL)
+        for w in list(self.workers.values()):
+            w.join(5)
+
+
+# --------------------------------------------------------------------------
+# defaulting, admission and validation
+# --------------------------------------------------------------------------
+
+_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_CM_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
+
+
+def default_pod_spec(spec: dict) -> None:
+    """SetDefaults_PodSpec / Container (the parts clients can observe)."""
+    spec.setdefault("restartPolicy", "Always")
+    spec.setdefault("terminationGracePeriodSeconds", 30)
+    spec.setdefault("dnsPolicy", "ClusterFirst")
+    spec.setdefault("securityContext", {})
+    spec.setdefault("schedulerName", "default-scheduler")
+    for c in (spec.get("containers") or []) + (spec.get("initContainers") or []):
+        c.setdefault("terminationMessagePath", "/dev/termination-log")
+        c.setdefault("terminationMessagePolicy", "File")
+        c.setdefault("resources", {})
+        if "imagePullPolicy" not in c:
+            image = c.get("image", "")
+            last = image.rsplit("/", 1)[-1]
+            tagged = ":" in last and not last.endswith(":latest")
+            c["imagePullPolicy"] = "IfNotPresent" if (tagged or "@" in image) else "Always"
+    for v in spec.get("volumes") or []:
+        if v.get("configMap") is not None:
+            v["configMap"].setdefault("defaultMode", 420)
+        if v.get("projected") is not None:
+            v["projected"].setdefault("defaultMode", 420)
+
+
+def validate_pod_spec(spec: dict, path: str) -> List[Tuple[str, str, str]]:
+    errs: List[Tuple[str, str, str]] = []
+    containers = spec.get("containers") or []
+    if not containers:
+        errs.append(("%s.containers" % path, "FieldValueRequired", "Required value"))
+    vols = {v.get("name") for v in spec.get("volumes") or []}
+    seen: Set[str] = set()
+    for i, c in enumerate(containers):
+        cp = "%s.containers[%d]" % (path, i)
+        if not c.get("name"):
+            errs.append(("%s.name" % cp, "FieldValueRequired", "Required value"))
+        elif c["name"] in seen:
+            errs.append(("%s.name" % cp, "FieldValueDuplicate", 'Duplicate value: "%s"' % c["name"]))
+        seen.add(c.get("name", ""))
+        if not c.get("image"):
+            errs.append(("%s.image" % cp, "FieldValueRequired", "Required value"))
+        for j, vm in enumerate(c.get("volumeMounts") or []):
+            if vm.get("name") not in vols:
+                errs.append(("%s.volumeMounts[%d].name" % (cp, j), "FieldValueNotFound",
+                             'Not found: "%s"' % vm.get("name")))
+            if not vm.get("mountPath"):
+                errs.append(("%s.volumeMounts[%d].mountPath" % (cp, j), "FieldValueRequired", "Required value"))
+        res = c.get("resources") or {}
+        for kind in ("limits", "requests"):
+            for rname, q in (res.get(kind) or {}).items():
+                try:
+                    parse_quantity(q)
+                except ValueError as e:
+                    errs.append(("%s.resources.%s[%s]" % (cp, kind, rname), "FieldValueInvalid",
+                                 'Invalid value: "%s": %s' % (q, e)))
+    for i, v in enumerate(spec.get("volumes") or []):
+        ed = v.get("emptyDir")
+        if ed and ed.get("sizeLimit") is not None:
+            try:
+                parse_quantity(ed["sizeLimit"])
+            except ValueError as e:
+                errs.append(("%s.volumes[%d].emptyDir.sizeLimit" % (path, i), "FieldValueInvalid",
+                             'Invalid value: "%s": %s' % (ed["sizeLimit"], e)))
+    rp = spec.get("restartPolicy")
+    if rp not in ("Always", "OnFailure", "Never"):
+        errs.append(("%s.restartPolicy" % path, "FieldValueNotSupported",
+                     'Unsupported value: "%s": supported values: "Always", "OnFailure", "Never"' % rp))
+    return errs
+
+
+def qos_class(spec: dict) -> str:
+    requests: Dict[str, float] = {}
+    limits: Dict[str, float] = {}
+    any_set = False
+    guaranteed = True
+    for c in spec.get("containers") or []:
+        res = c.get("resources") or {}
+        lim = {k: parse_quantity(v) for k, v in (res.get("limits") or {}).items() if k in ("cpu", "memory")}
+        req = {k: parse_quantity(v) for k, v in (res.get("requests") or {}).items() if k in ("cpu", "memory")}
+        if lim or req:
+            any_set = True
+        for k in ("cpu", "memory"):
+            if k not in lim or req.get(k, lim.get(k)) != lim.get(k):
+                guaranteed = False
+        requests.update(req)
+        limits.update(lim)
+    if not any_set:
+        return "BestEffort"
+    return "Guaranteed" if guaranteed else "Burstable"
+
+
+# --------------------------------------------------------------------------
+# the emulator
+# --------------------------------------------------------------------------
+
+class Emulator:
+    """A Kubernetes API server + controllers + kubelets in one process."""
+
+    def __init__(self, workdir: Any, faults: Optional[dict] = None, nodes: int = 3,
+                 server_version: str = "1.33", python: str = sys.executable,
+                 timing: Optional[dict] = None):
+        self.workdir = Path(workdir).resolve()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.faults: Dict[str, Any] = clone(faults or {})
+        self.timing: Dict[str, float] = dict(DEFAULT_TIMING)
+        self.timing.update(timing or {})
+        self.nodes = int(nodes)
+        self.server_version = str(server_version).lstrip("v")
+        self.v = version_tuple(self.server_version)
+        self.python = python
+        self.context = "kube-emulator"
+        self.requests: List[Dict[str, Any]] = []
+        self._req_lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._started = False
+        self._stopped = False
+        self.store = Store(self.api_now, int(self.timing["watch_history"]))
+        self.api = ApiServer(self)
+        self.logs: Dict[Tuple[str, str], List[ContainerLog]] = {}
+        self._truth: Dict[str, Dict[str, Dict[str, Any]]] = {"pods": {}, "jobs": {}, "namespaces": {}}
+        self._truth_lock = threading.Lock()
+        self._pod_index: Dict[str, int] = {}
+        self._pod_counter = 0
+        self.replaced_uids: Set[str] = set()
+        self._event_index: Dict[Tuple, Tuple[str, str]] = {}
+        self.kubeconfig = self.workdir / "kubeconfig"
+        self.truth_path = self.workdir / "truth.json"
+        self.bindir = self.workdir / "bin"
+        self.node_names = ["emu-node-%d" % (i + 1) for i in range(self.nodes)]
+        self.controllers: List[Controller] = [JobController(self), Scheduler(self), GarbageCollector(self),
+                                              NamespaceController(self)]
+        self.kubelets = [Kubelet(self, n, i + 1) for i, n in enumerate(self.node_names)]
+        self._booted = False
+        self.store.listeners.append(self._on_store_event)
+
+    # ---------------------------------------------------------------- public
+    @property
+    def url(self) -> str:
+        return "http://127.0.0.1:%d" % self.api.port
+
+    def start(self) -> "Emulator":
+        if self._started:
+            return self
+        self._started = True
+        (self.workdir / "logs").mkdir(exist_ok=True)
+        (self.workdir / "pods").mkdir(exist_ok=True)
+        (self.workdir / "home").mkdir(exist_ok=True)
+        self.bindir.mkdir(exist_ok=True)
+        for n in ("python", "python3"):
+            link = self.bindir / n
+            if link.is_symlink() or link.exists():
+                link.unlink()
+            link.symlink_to(os.path.abspath(self.python))
+        self.api.listen(0)
+        self._write_kubeconfig()
+        self._bootstrap()
+        self._booted = True
+        for c in self.controllers:
+            c.start()
+        for k in self.kubelets:
+            k.start()
+        return self
+
+    def env(self) -> Dict[str, str]:
+        env = dict(os.environ)
+        env["KUBECONFIG"] = str(self.kubeconfig)
+        env["HOME"] = str(self.workdir / "home")
+        return env
+
+    def truth(self) -> dict:
+        with self._truth_lock:
+            return clone(self._truth)
+
+    def set_faults(self, **kw: Any) -> None:
+        for k, v in kw.items():
+            if k == "missing_runtimeclass":
+                if v and self.store.get("runtimeclasses", None, "cube"):
+                    self.store.remove("runtimeclasses", None, "cube")
+                elif not v and not self.store.get("runtimeclasses", None, "cube"):
+                    self._create_runtimeclass()
+            if v is None:
+                self.faults.pop(k, None)
+            else:
+                self.faults[k] = clone(v)
+
+    def restart_api(self, down_seconds: float = 1.0) -> None:
+        port = self.api.port
+        self.api.close()
+        time.sleep(down_seconds)
+        deadline = time.time() + 10
+        while True:
+            try:
+                self.api.listen(port)
+                return
+            except OSError:
+                if time.time() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def get(self, kind_plural: str, namespace: Optional[str], name: str) -> Optional[dict]:
+        info = self._info_for(kind_plural)
+        obj = self.store.get(info.store, namespace if info.namespaced else None, name)
+        return self.api.to_version(info, obj) if obj is not None else None
+
+    def list(self, kind_plural: str, namespace: Optional[str] = None) -> List[dict]:
+        info = self._info_for(kind_plural)
+        objs, _ = self.store.list(info.store, namespace if info.namespaced else None)
+        return [self.api.to_version(info, o) for o in objs]
+
+    def stop(self) -> None:
+        if self._stopped or not self._started:
+            self._stopped = True
+            return
+        self._stopped = True
+        self._stopping.set()
+        for k in self.kubelets:
+            k.stop()
+        self.api.close()
+        for c in self.controllers:
+            c.thread.join(2)
+        try:
+            self.truth_path.write_text(json.dumps(self.truth(), indent=2, sort_keys=True))
+        except OSError:
+            pass
+
+    def __enter__(self) -> "Emulator":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    # ---------------------------------------------------------------- helpers
+    def api_now(self) -> float:
+        return time.time() + float(self.faults.get("api_clock_skew") or 0)
+
+    def t(self, key: str) -> float:
+        if key in ("sandbox_delay", "sandbox_jitter", "job_status_lag") and self.faults.get(key) is not None:
+            return float(self.faults[key])
+        return float(self.timing[key])
+
+    def node_ip(self, node: str) -> str:
+        try:
+            i = self.node_names.index(node)
+        except ValueError:
+            i = 0
+        return "172.18.0.%d" % (i + 2)
+
+    def pod_index(self, uid: str) -> Optional[int]:
+        with self._truth_lock:
+            return self._pod_index.get(uid)
+
+    def fault_applies(self, name: str, idx: Optional[int]) -> bool:
+        v = self.faults.get(name)
+        if v is True:
+            return True
+        if not v or idx is None:
+            return False
+        if isinstance(v, dict):
+            return str(idx) in v
+        if isinstance(v, (list, tuple, set)):
+            return idx in v
+        return False
+
+    def fault_set(self, name: str) -> Set[int]:
+        v = self.faults.get(name)
+        if isinstance(v, (list, tuple, set)):
+            return set(int(x) for x in v)
+        if isinstance(v, dict):
+            return set(int(x) for x in v)
+        return set()
+
+    def log_tamper_mode(self, idx: Optional[int]) -> Optional[str]:
+        v = self.faults.get("log_tamper") or {}
+        if idx is None:
+            return None
+        return v.get(str(idx)) or v.get(idx)  # type: ignore[call-overload]
+
+    def truth_set(self, section: str, key: str, field: str, value: Any = None, raw: bool = False,
+                  first: bool = True) -> None:
+        with self._truth_lock:
+            d = self._truth[section].setdefault(key, {})
+            if raw:
+                d[field] = value
+            elif not first or field not in d:
+                d[field] = time.time() if value is None else value
+
+    def _info_for(self, plural: str) -> ResourceInfo:
+        if plural in CANONICAL:
+            return CANONICAL[plural]
+        for r in RESOURCES:
+            if plural in (r.plural, r.kind.lower(), r.singular) or plural in r.short_names:
+                return r
+        raise KeyError(plural)
+
+    def _on_store_event(self, etype: str, store: str, obj: dict) -> None:
+        md = obj["metadata"]
+        key = "%s/%s" % (md.get("namespace"), md["name"]) if md.get("namespace") else md["name"]
+        if store in ("pods", "jobs", "namespaces"):
+            if etype == "ADDED":
+                with self._truth_lock:
+                    self._truth[store][key] = {"created": time.time()}
+                    if store == "pods":
+                        self._pod_index[md["uid"]] = self._pod_counter
+                        self._truth[store][key]["index"] = self._pod_counter
+                        self._pod_counter += 1
+            elif etype == "DELETED":
+                self.truth_set(store, key, "deleted")
+            elif md.get("deletionTimestamp"):
+                self.truth_set(store, key, "terminating")
+        for c in self.controllers:
+            c.on_event(etype, store, obj)
+        for k in self.kubelets:
+            k.on_event(etype, store, obj)
+
+    def _write_kubeconfig(self) -> None:
+        cfg = {"apiVersion": "v1", "kind": "Config", "preferences": {},
+               "clusters": [{"name": self.context, "cluster": {"server": self.url}}],
+               "users": [{"name": self.context, "user": {"username": "admin", "password": "emulator"}}],
+               "contexts": [{"name": self.context, "context": {"cluster": self.context, "user": self.context,
+                                                               "namespace": "default"}}],
+               "current-context": self.context}
+        self.kubeconfig.write_text(json.dumps(cfg, indent=2))
+
+    def _create_runtimeclass(self) -> None:
+        self.create_object(CANONICAL["runtimeclasses"], {
+            "apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "cube"},
+            "handler": "cube", "overhead": {"podFixed": {"cpu": "250m", "memory": "768Mi"}}})
+
+    def _bootstrap(self) -> None:
+        for name in ("default", "kube-system", "kube-public", "kube-node-lease"):
+            self.create_object(CANONICAL["namespaces"], {"apiVersion": "v1", "kind": "Namespace",
+                                                         "metadata": {"name": name}})
+        import platform
+        for i, n in enumerate(self.node_names):
+            now = self.api_now()
+
+            def nc(t: str, s: str, r: str, m: str) -> dict:
+                return {"type": t, "status": s, "lastHeartbeatTime": fmt_time(now),
+                        "lastTransitionTime": fmt_time(now), "reason": r, "message": m}
+            res = {"cpu": "8", "memory": "32Gi", "pods": "110", "ephemeral-storage": "100Gi"}
+            self.create_object(CANONICAL["nodes"], {
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": n, "labels": {
+                    "kubernetes.io/hostname": n, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
+                    "beta.kubernetes.io/os": "linux", "beta.kubernetes.io/arch": "amd64"},
+                    "annotations": {"node.alpha.kubernetes.io/ttl": "0"}},
+                "spec": {"podCIDR": "10.244.%d.0/24" % (i + 1), "podCIDRs": ["10.244.%d.0/24" % (i + 1)],
+                         "providerID": "emulator://%s" % n},
+                "status": {"capacity": dict(res), "allocatable": dict(res),
+                           "conditions": [nc("MemoryPressure", "False", "KubeletHasSufficientMemory",
+                                             "kubelet has sufficient memory available"),
+                                          nc("DiskPressure", "False", "KubeletHasNoDiskPressure",
+                                             "kubelet has no disk pressure"),
+                                          nc("PIDPressure", "False", "KubeletHasSufficientPID",
+                                             "kubelet has sufficient PID available"),
+                                          nc("Ready", "True", "KubeletReady", "kubelet is posting ready status")],
+                           "addresses": [{"type": "InternalIP", "address": self.node_ip(n)},
+                                         {"type": "Hostname", "address": n}],
+                           "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+                           "nodeInfo": {"machineID": hex64(n)[:32], "systemUUID": str(uuid.uuid5(uuid.NAMESPACE_DNS, n)),
+                                        "bootID": str(uuid.uuid4()), "kernelVersion": platform.release(),
+                                        "osImage": "Emulated Linux (bubblewrap)",
+                                        "containerRuntimeVersion": "containerd://1.7.27",
+                                        "kubeletVersion": "v%s.0" % self.server_version,
+                                        "kubeProxyVersion": "", "operatingSystem": "linux",
+                                        "architecture": "amd64"}}})
+        if not self.faults.get("missing_runtimeclass"):
+            self._create_runtimeclass()
+
+    # ---------------------------------------------------------------- events
+    def record_event(self, obj: dict, etype: str, reason: str, message: str, component: str,
+                     host: Optional[str] = None, field_path: Optional[str] = None) -> None:
+        """core/v1 event like client-go's EventRecorder (with aggregation of repeats)."""
+        md = obj.get("metadata") or {}
+        ns = md.get("namespace") or "default"
+        io: Dict[str, Any] = {"kind": obj.get("kind"), "name": md.get("name"), "uid": md.get("uid"),
+                              "apiVersion": obj.get("apiVersion"), "resourceVersion": md.get("resourceVersion")}
+        if md.get("namespace"):
+            io["namespace"] = md["namespace"]
+        if field_path:
+            io["fieldPath"] = field_path
+        key = (md.get("uid"), field_path, reason, message, component, host, etype)
+        now = self.api_now()
+        existing = self._event_index.get(key)
+        if existing and self.store.get("events", existing[0], existing[1]) is not None:
+            def bump(o: dict) -> Optional[bool]:
+                o["count"] = o.get("count", 1) + 1
+                o["lastTimestamp"] = fmt_time(now)
+                return True
+            self.store.update("events", existing[0], existing[1], bump)
+            return
+        src: Dict[str, Any] = {"component": component}
+        if host:
+            src["host"] = host
+        ev = {"apiVersion": "v1", "kind": "Event",
+              "metadata": {"name": "%s.%x" % (md.get("name"), time.time_ns()), "namespace": ns},
+              "involvedObject": io, "reason": reason, "message": message, "source": src,
+              "firstTimestamp": fmt_time(now), "lastTimestamp": fmt_time(now), "count": 1, "type": etype,
+              "eventTime": None, "reportingComponent": component, "reportingInstance": host or ""}
+        try:
+            created = self.create_object(CANONICAL["events"], ev)
+            self._event_index[key] = (ns, created["metadata"]["name"])
+        except ApiError:
+            pass
+
+    def record_scheduler_event(self, pod: dict, note: str) -> None:
+        """The scheduler records through events.k8s.io/v1: eventTime (µs), no first/lastTimestamp."""
+        md = pod["metadata"]
+        ev = {"apiVersion": "v1", "kind": "Event",
+              "metadata": {"name": "%s.%x" % (md["name"], time.time_ns()), "namespace": md["namespace"]},
+              "involvedObject": {"kind": "Pod", "namespace": md["namespace"], "name": md["name"],
+                                 "uid": md["uid"], "apiVersion": "v1", "resourceVersion": md["resourceVersion"]},
+              "reason": "Scheduled", "message": note, "source": {}, "firstTimestamp": None,
+              "lastTimestamp": None, "type": "Normal", "eventTime": fmt_micro(self.api_now()),
+              "action": "Binding", "reportingComponent": "default-scheduler",
+              "reportingInstance": "default-scheduler-emu-control-plane"}
+        try:
+            self.create_object(CANONICAL["events"], ev)
+        except ApiError:
+            pass
+
+    # ---------------------------------------------------------------- REST verbs
+    def api_create(self, info: ResourceInfo, ns: Optional[str], body: dict,
+                   query: Dict[str, str]) -> Tuple[dict, List[str]]:
+        body = clone(body)
+        kind, api_version = body.get("kind"), body.get("apiVersion")
+        if not kind:
+            raise err_bad_request("Object 'Kind' is missing in '%s'" % json.dumps(body, separators=(",", ":"))[:300])
+        if api_version != info.api_version:
+            raise err_bad_request("the API version in the data (%s) does not match the expected API version (%s)"
+                                  % (api_version, info.api_version))
+        if kind != info.kind:
+            raise err_bad_request("the kind in the data (%s) does not match the expected kind (%s)"
+                                  % (kind, info.kind))
+        fv = query.get("fieldValidation") or "Warn"
+        warnings: List[str] = []
+        if info.group != "events.k8s.io":
+            unknown = unknown_fields(info.kind, body)
+            if unknown:
+                listing = ", ".join('unknown field "%s"' % u for u in unknown)
+                if fv == "Strict":
+                    raise err_bad_request('%s in version "%s" cannot be handled as a %s: strict decoding error: %s'
+                                          % (info.kind, info.version, info.kind, listing))
+                if fv == "Warn":
+                    warnings = ['unknown field "%s"' % u for u in unknown]
+                for u in unknown:
+                    _delete_path(body, u)
+        else:
+            body = v1_event_to_core(body)
+        md = body.setdefault("metadata", {})
+        if info.namespaced:
+            if md.get("namespace") and md["namespace"] != ns:
+                raise err_bad_request("the namespace of the provided object does not match the namespace sent "
+                                      "on the request")
+            md["namespace"] = ns
+        else:
+            md.pop("namespace", None)
+        dry = query.get("dryRun") == "All"
+        return self.create_object(info, body, dry_run=dry), warnings
+
+    def create_object(self, info: ResourceInfo, body: dict, dry_run: bool = False) -> dict:
+        """Admission + defaulting + validation + storage (used by the REST layer and controllers)."""
+        canon = CANONICAL[info.store]
+        body = clone(body)
+        body["kind"], body["apiVersion"] = canon.kind, canon.api_version
+        body = dict([("kind", body.pop("kind")), ("apiVersion", body.pop("apiVersion"))] + list(body.items()))
+        md = body.setdefault("metadata", {})
+        for k in ("uid", "resourceVersion", "creationTimestamp", "deletionTimestamp",
+                  "deletionGracePeriodSeconds", "selfLink", "managedFields", "generation"):
+            md.pop(k, None)
+        err_name = md.get("name") or md.get("generateName") or ""
+        if not md.get("name") and not md.get("generateName"):
+            raise err_invalid(canon, "", [("metadata.name", "FieldValueRequired",
+                                           "Required value: name or generateName is required")])
+        ns = md.get("namespace")
+        if canon.namespaced:
+            self._check_namespace(canon, ns or "", err_name)
+        admit = getattr(self, "_admit_" + canon.store, None)
+        if admit is not None:
+            admit(body, err_name)
+        generated = not md.get("name")
+        for _ in range(20):
+            if generated:
+                md["name"] = md["generateName"] + random_suffix()
+            name = md["name"]
+            pattern = _DNS1123_LABEL if canon.store == "namespaces" else _DNS1123_SUBDOMAIN
+            limit = 63 if canon.store == "namespaces" else 253
+            if canon.store != "events" and (not pattern.match(name) or len(name) > limit):
+                what = "RFC 1123 label" if canon.store == "namespaces" else "RFC 1123 subdomain"
+                rx = ("[a-z0-9]([-a-z0-9]*[a-z0-9])?" if canon.store == "namespaces" else
+                      "[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+                raise err_invalid(canon, name, [("metadata.name", "FieldValueInvalid",
+                                  "Invalid value: \"%s\": a lowercase %s must consist of lower case alphanumeric "
+                                  "characters, '-'%s, and must start and end with an alphanumeric character "
+                                  "(e.g. '%s', regex used for validation is '%s')"
+                                  % (name, what, "" if canon.store == "namespaces" else " or '.'",
+                                     "my-name" if canon.store == "namespaces" else "example.com", rx))])
+            if canon.store == "namespaces":
+                md.setdefault("labels", {})["kubernetes.io/metadata.name"] = name
+            errs = self._validate(canon, body)
+            if errs:
+                raise err_invalid(canon, name, errs)
+            if dry_run:
+                if self.store.get(canon.store, ns if canon.namespaced else None, name) is not None:
+                    raise err_already_exists(canon, name)
+                md.setdefault("uid", str(uuid.uuid4()))
+                md["creationTimestamp"] = fmt_time(self.api_now())
+                return body
+            try:
+                return self.store.create(canon.store, body)
+            except KeyError:
+                if generated:
+                    continue
+                raise err_already_exists(canon, name)
+        raise err_already_exists(canon, md.get("name", ""))
+
+    def _check_namespace(self, info: ResourceInfo, ns: str, err_name: str) -> None:
+        nsobj = self.store.get("namespaces", None, ns)
+        if nsobj is None:
+            raise err_not_found(CANONICAL["namespaces"], ns)
+        if nsobj["metadata"].get("deletionTimestamp") or (nsobj.get("status") or {}).get("phase") == "Terminating":
+            raise err_forbidden(info, err_name, "unable to create new content in namespace %s because it is being "
+                                "terminated" % ns, [{"reason": "NamespaceTerminating",
+                                                     "message": "namespace %s is being terminated" % ns,
+                                                     "field": "metadata.namespace"}])
+
+    def _validate(self, info: ResourceInfo, body: dict) -> List[Tuple[str, str, str]]:
+        errs: List[Tuple[str, str, str]] = []
+        if info.store == "pods":
+            errs += validate_pod_spec(body.get("spec") or {}, "spec")
+        elif info.store == "jobs":
+            spec = body.get("spec") or {}
+            tspec = (spec.get("template") or {}).get("spec") or {}
+            errs += validate_pod_spec(tspec, "spec.template.spec")
+            rp = tspec.get("restartPolicy")
+            if rp not in ("OnFailure", "Never"):
+                errs = [e for e in errs if e[0] != "spec.template.spec.restartPolicy"]
+                errs.append(("spec.template.spec.restartPolicy", "FieldValueNotSupported",
+                             'Unsupported value: "%s": supported values: "OnFailure", "Never"' % rp))
+            for f in ("parallelism", "completions", "backoffLimit"):
+                if spec.get(f) is not None and (not isinstance(spec[f], int) or spec[f] < 0):
+                    errs.append(("spec.%s" % f, "FieldValueInvalid",
+                                 "Invalid value: %s: must be greater than or equal to 0" % spec[f]))
+            ads = spec.get("activeDeadlineSeconds")
+            if ads is not None and (not isinstance(ads, int) or ads <= 0):
+                errs.append(("spec.activeDeadlineSeconds", "FieldValueInvalid",
+                             "Invalid value: %s: must be greater than or equal to 1" % ads))
+            if spec.get("completionMode") not in ("NonIndexed", "Indexed"):
+                errs.append(("spec.completionMode", "FieldValueNotSupported",
+                             'Unsupported value: "%s": supported values: "NonIndexed", "Indexed"'
+                             % spec.get("completionMode")))
+            if spec.get("completionMode") == "Indexed" and spec.get("completions") is None:
+                errs.append(("spec.completions", "FieldValueRequired",
+                             "Required value: when completion mode is Indexed"))
+        elif info.store == "configmaps":
+            for k in list((body.get("data") or {})) + list((body.get("binaryData") or {})):
+                if not _CM_KEY.match(k):
+                    errs.append(("data[%s]" % k, "FieldValueInvalid",
+                                 "Invalid value: \"%s\": a valid config key must consist of alphanumeric "
+                                 "characters, '-', '_' or '.' (e.g. 'key.name',  or 'KEY_NAME',  or 'key-name', "
+                                 "regex used for validation is '[-._a-zA-Z0-9]+')" % k))
+            for k, v in (body.get("data") or {}).items():
+                if not isinstance(v, str):
+                    errs.append(("data[%s]" % k, "FieldValueInvalid", "Invalid value: must be a string"))
+        elif info.store == "runtimeclasses":
+            if not body.get("handler"):
+                errs.append(("handler", "FieldValueRequired", "Required value"))
+        return errs
+
+    # admission / defaulting per resource ----------------------------------
+    def _admit_namespaces(self, body: dict, err_name: str) -> None:
+        body["spec"] = {"finalizers": ["kubernetes"]}
+        body["status"] = {"phase": "Active"}
+        if self._booted and self.faults.get("stuck_terminating"):
+            fins = body["metadata"].setdefault("finalizers", [])
+            if STUCK_FINALIZER not in fins:
+                fins.append(STUCK_FINALIZER)
+
+    def _admit_jobs(self, body: dict, err_name: str) -> None:
+        md = body["metadata"]
+        spec = body.setdefault("spec", {})
+        tmpl = spec.setdefault("template", {})
+        tmd = tmpl.setdefault("metadata", {})
+        tspec = tmpl.setdefault("spec", {})
+        if spec.get("completions") is None and spec.get("parallelism") is None:
+            spec["completions"] = 1
+            spec["parallelism"] = 1
+        if spec.get("parallelism") is None:
+            spec["parallelism"] = 1
+        spec.setdefault("completionMode", "NonIndexed")
+        if spec.get("backoffLimit") is None:
+            spec["backoffLimit"] = 6 if spec.get("backoffLimitPerIndex") is None else 2147483647
+        spec.setdefault("suspend", False)
+        if self.v >= (1, 29):
+            spec.setdefault("podReplacementPolicy", "Failed" if spec.get("podFailurePolicy") else
+                            "TerminatingOrFailed")
+        if not md.get("labels") and tmd.get("labels"):
+            md["labels"] = dict(tmd["labels"])
+        md["uid"] = str(uuid.uuid4())
+        name = md.get("name") or md.get("generateName", "")
+        if not spec.get("manualSelector"):
+            spec["selector"] = {"matchLabels": {"batch.kubernetes.io/controller-uid": md["uid"]}}
+            labels = tmd.setdefault("labels", {})
+            labels.update({"batch.kubernetes.io/controller-uid": md["uid"], "batch.kubernetes.io/job-name": name,
+                           "controller-uid": md["uid"], "job-name": name})
+        default_pod_spec(tspec)
+        if not md.get("labels"):
+            md["labels"] = dict(tmd.get("labels") or {})
+        body["status"] = {}
+        md["generation"] = 1
+
+    def _admit_pods(self, body: dict, err_name: str) -> None:
+        spec = body.setdefault("spec", {})
+        default_pod_spec(spec)
+        rc_name = spec.get("runtimeClassName")
+        if rc_name:
+            rc = self.store.get("runtimeclasses", None, rc_name)
+            if rc is None:
+                raise err_forbidden(CANONICAL["pods"], err_name, 'pod rejected: RuntimeClass "%s" not found' % rc_name)
+            fixed = (rc.get("overhead") or {}).get("podFixed")
+            if fixed:
+                if spec.get("overhead") and spec["overhead"] != fixed:
+                    raise err_forbidden(CANONICAL["pods"], err_name,
+                                        "pod rejected: Pod's Overhead doesn't match RuntimeClass's defined Overhead")
+                spec["overhead"] = dict(fixed)
+        spec.setdefault("serviceAccountName", "default")
+        spec["serviceAccount"] = spec["serviceAccountName"]
+        if spec.get("automountServiceAccountToken") is not False:
+            vname = "kube-api-access-" + random_suffix()
+            spec.setdefault("volumes", []).append({"name": vname, "projected": {"defaultMode": 420, "sources": [
+                {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+                {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {
+                    "apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}}]}})
+            for c in spec.get("containers") or []:
+                c.setdefault("volumeMounts", []).append({
+                    "name": vname, "readOnly": True, "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"})
+        tolerations = spec.setdefault("tolerations", [])
+        for key in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"):
+            if not any(t.get("key") == key for t in tolerations):
+                tolerations.append({"key": key, "operator": "Exists", "effect": "NoExecute",
+                                    "tolerationSeconds": 300})
+        spec.setdefault("priority", 0)
+        spec.setdefault("enableServiceLinks", True)
+        spec.setdefault("preemptionPolicy", "PreemptLowerPriority")
+        try:
+            qos = qos_class(spec)
+        except ValueError:
+            qos = "BestEffort"
+        body["status"] = {"phase": "Pending", "qosClass": qos}
+
+    def _admit_networkpolicies(self, body: dict, err_name: str) -> None:
+        body.setdefault("spec", {}).setdefault("policyTypes", ["Ingress"] + (
+            ["Egress"] if body["spec"].get("egress") is not None else []))
+        body["metadata"]["generation"] = 1
+
+    # update / patch ---------------------------------------------------------
+    def api_update(self, info: ResourceInfo, ns: Optional[str], name: str, sub: Optional[str], body: dict,
+                   query: Dict[str, str]) -> dict:
+        if info.group == "events.k8s.io":
+            body = v1_event_to_core(body)
+        store_ns = ns if info.namespaced else None
+        cur = self.store.get(info.store, store_ns, name)
+        if cur is None:
+            raise err_not_found(info, name)
+        bmd = body.get("metadata") or {}
+        if bmd.get("name") and bmd["name"] != name:
+            raise err_bad_request("the name of the object (%s) does not match the name on the URL (%s)"
+                                  % (bmd["name"], name))
+        if sub is None and info.group != "events.k8s.io" and query.get("fieldValidation") == "Strict":
+            unknown = unknown_fields(info.kind, body)
+            if unknown:
+                raise err_bad_request('%s in version "%s" cannot be handled as a %s: strict decoding error: %s'
+                                      % (info.kind, info.version, info.kind,
+                                         ", ".join('unknown field "%s"' % u for u in unknown)))
+        expect = bmd.get("resourceVersion") or None
+        if query.get("dryRun") == "All":
+            return cur
+        has_status = "status" in info.subresources
+
+        def mutate(o: dict) -> Optional[bool]:
+            omd = o["metadata"]
+            if sub == "status":
+                o["status"] = body.get("status") or {}
+                return True
+            if sub == "finalize":
+                o.setdefault("spec", {})["finalizers"] = (body.get("spec") or {}).get("finalizers") or []
+                return True
+            new_md = dict(bmd)
+            for k in ("uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds",
+                      "generation", "namespace", "name", "resourceVersion"):
+                if k in omd:
+                    new_md[k] = omd[k]
+                else:
+                    new_md.pop(k, None)
+            if omd.get("deletionTimestamp"):
+                added = set(new_md.get("finalizers") or []) - set(omd.get("finalizers") or [])
+                if added:
+                    raise err_invalid(info, name, [("metadata.finalizers", "FieldValueForbidden",
+                                                    "Forbidden: no new finalizers can be added if the object is "
+                                                    "being deleted, found new finalizers %s" % sorted(added))])
+            old_spec = o.get("spec")
+            status = o.get("status")
+            o.clear()
+            o.update(clone(body))
+            o["kind"], o["apiVersion"] = CANONICAL[info.store].kind, CANONICAL[info.store].api_version
+            o["metadata"] = new_md
+            if has_status or info.store == "namespaces":
+                if status is not None:
+                    o["status"] = status
+                else:
+                    o.pop("status", None)
+            if info.store == "namespaces":
+                o["spec"] = old_spec
+            if "generation" in new_md and o.get("spec") != old_spec:
+                new_md["generation"] = new_md["generation"] + 1
+            return True
+
+        try:
+            new = self.store.update(info.store, store_ns, name, mutate, expect_rv=expect)
+        except ValueError:
+            raise err_conflict(info, name)
+        if new is None:
+            raise err_not_found(info, name)
+        return new
+
+    def api_patch(self, info: ResourceInfo, ns: Optional[str], name: str, sub: Optional[str], ctype: str,
+                  patch: Any, query: Dict[str, str]) -> dict:
+        store_ns = ns if info.namespaced else None
+        cur = self.store.get(info.store, store_ns, name)
+        if cur is None:
+            raise err_not_found(info, name)
+        doc = self.api.to_version(info, cur)
+        if ctype == "application/json-patch+json":
+            if not isinstance(patch, list):
+                raise err_bad_request("json: cannot unmarshal object into Go value of type jsonpatch.Patch")
+            new = json_patch(doc, patch)
+        elif ctype == "application/merge-patch+json":
+            new = merge_patch(doc, patch)
+        elif ctype == "application/strategic-merge-patch+json":
+            new = strategic_merge_patch(doc, patch)
+        else:
+            raise ApiError(415, "UnsupportedMediaType", "the body of the request was in an unknown format - "
+                           "accepted media types include: application/json-patch+json, application/merge-patch+json, "
+                           "application/strategic-merge-patch+json", {})
+        if not (isinstance(patch, dict) and (patch.get("metadata") or {}).get("resourceVersion")):
+            new.setdefault("metadata", {}).pop("resourceVersion", None)
+        return self.api_update(info, ns, name, sub, new, query)
+
+    # delete -------------------------------------------------------------------
+    def api_delete(self, info: ResourceInfo, ns: Optional[str], name: str, opts: dict) -> Tuple[int, dict]:
+        store = info.store
+        store_ns = ns if info.namespaced else None
+        cur = self.store.get(store, store_ns, name)
+        if cur is None:
+            raise err_not_found(info, name)
+        pre = opts.get("preconditions") or {}
+        if pre.get("uid") and pre["uid"] != cur["metadata"]["uid"]:
+            raise ApiError(409, "Conflict", "Precondition failed: UID in precondition: %s, UID in object meta: %s"
+                           % (pre["uid"], cur["metadata"]["uid"]), {"name": name, "kind": info.plural})
+        if pre.get("resourceVersion") and pre["resourceVersion"] != cur["metadata"]["resourceVersion"]:
+            raise err_conflict(info, name)
+        dry = "All" in (opts.get("dryRun") or [])
+        policy = opts.get("propagationPolicy")
+        if policy is None and opts.get("orphanDependents") is not None:
+            policy = "Orphan" if opts["orphanDependents"] else "Background"
+        if policy is None:
+            policy = "Orphan" if store == "jobs" else "Background"
+        if policy not in ("Orphan", "Background", "Foreground"):
+            raise err_invalid(info, name, [("propagationPolicy", "FieldValueNotSupported",
+                                            'Unsupported value: "%s": supported values: "Foreground", '
+                                            '"Background", "Orphan", "nil"' % policy)])
+        now = self.api_now()
+        if dry:
+            out = clone(cur)
+            out["metadata"]["deletionTimestamp"] = fmt_time(now)
+            return 200, self.api.to_version(info, out)
+        if store == "namespaces":
+            if name in ("default", "kube-system", "kube-public"):
+                raise err_forbidden(info, name, "this namespace may not be deleted")
+            if cur["metadata"].get("deletionTimestamp"):
+                return 200, cur
+
+            def terminate(o: dict) -> Optional[bool]:
+                o["metadata"]["deletionTimestamp"] = fmt_time(now)
+                o["metadata"]["deletionGracePeriodSeconds"] = 0
+                o.setdefault("status", {})["phase"] = "Terminating"
+                if policy == "Orphan":
+                    fins = o["metadata"].setdefault("finalizers", [])
+                    if ORPHAN_FINALIZER not in fins:
+                        fins.append(ORPHAN_FINALIZER)
+                return True
+            new = self.store.update(store, None, name, terminate)
+            return 200, new if new is not None else cur
+
+        grace = 0
+        if store == "pods":
+            node = (cur.get("spec") or {}).get("nodeName")
+            if opts.get("gracePeriodSeconds") is not None:
+                grace = int(opts["gracePeriodSeconds"])
+            else:
+                grace = int((cur.get("spec") or {}).get("terminationGracePeriodSeconds", 30))
+            if not node or pod_terminal(cur):
+                grace = 0
+        fins = list(cur["metadata"].get("finalizers") or [])
+        if policy == "Foreground" and FOREGROUND_FINALIZER not in fins:
+            fins.append(FOREGROUND_FINALIZER)
+        if policy == "Orphan" and ORPHAN_FINALIZER not in fins:
+            fins.append(ORPHAN_FINALIZER)
+        if not fins and grace == 0:
+            final = self.store.remove(store, store_ns, name)
+            if final is None:
+                raise err_not_found(info, name)
+            details: Dict[str, Any] = {"name": name, "kind": info.plural, "uid": cur["metadata"]["uid"]}
+            if info.group:
+                details["group"] = info.group
+            if store == "pods":
+                return 200, final
+            return 200, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                         "details": details}
+
+        def mark(o: dict) -> Optional[bool]:
+            omd = o["metadata"]
+            changed = False
+            if fins != list(omd.get("finalizers") or []):
+                omd["finalizers"] = list(fins)
+                changed = True
+            if not omd.get("deletionTimestamp"):
+                omd["deletionTimestamp"] = fmt_time(now + grace)
+                omd["deletionGracePeriodSeconds"] = grace
+                changed = True
+            elif grace < (omd.get("deletionGracePeriodSeconds") or 0):
+                omd["deletionTimestamp"] = fmt_time(now + grace)
+                omd["deletionGracePeriodSeconds"] = grace
+                changed = True
+            if not omd.get("finalizers"):
+                omd.pop("finalizers", None)
+            return changed
+
+        new = self.store.update(store, store_ns, name, mark)
+        if new is None:
+            raise err_not_found(info, name)
+        if self.store.get(store, store_ns, name) is None:
+            details = {"name": name, "kind": info.plural, "uid": cur["metadata"]["uid"]}
+            if info.group:
+                details["group"] = info.group
+            return 200, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                         "details": details}
+        code = 202 if policy == "Foreground" and opts.get("orphanDependents") is False else 200
+        return code, new
+
+
+def _delete_path(obj: dict, path: str) -> None:
+    """Remove the field at a dotted path with [i] list indexes (unknown fields are dropped)."""
+    parts = re.findall(r"[^.\[\]]+|\[\d+\]", path)
+    cur: Any = obj
+    for p in parts[:-1]:
+        if p.startswith("["):
+            cur = cur[int(p[1:-1])]
+        else:
+            cur = cur.get(p)
+        if cur is None:
+            return
+    last = parts[-1]
+    if isinstance(cur, dict):
+        cur.pop(last, None)
+
+
+# --------------------------------------------------------------------------
+# CLI
+# --------------------------------------------------------------------------
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description="Run the Kubernetes API emulator until SIGINT/SIGTERM.")
+    ap.add_argument("--workdir", required=True)
+    ap.add_argument("--faults", default=None, help="JSON object of fault knobs")
+    ap.add_argument("--timing", default=None, help="JSON object of timing knobs")
+    ap.add_argument("--nodes", type=int, default=3)
+    ap.add_argument("--server-version", default="1.33")
+    ap.add_argument("--python", default=sys.executable)
+    args = ap.parse_args(argv)
+    emu = Emulator(args.workdir, faults=json.loads(args.faults) if args.faults else None, nodes=args.nodes,
+                   server_version=args.server_version, python=args.python,
+                   timing=json.loads(args.timing) if args.timing else None)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    emu.start()
+    print("KUBECONFIG=%s" % emu.kubeconfig, flush=True)
+    try:
+        while not stop.wait(0.5):
+            pass
+    finally:
+        emu.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
