@@ -1070,8 +1070,9 @@ class BatchFollower:
         self.pool = pool
         self.job: dict | None = None
         self.pods: dict[str, dict] = {}
-        self.logs: dict[str, str] = {}  # read after the container terminated: complete
-        self._log_reads: dict[str, concurrent.futures.Future] = {}
+        # Pod name -> (containerID, log) read after that container terminated: complete.
+        self.logs: dict[str, tuple[str, str]] = {}
+        self._log_reads: dict[tuple[str, str], concurrent.futures.Future] = {}
         self._queue: queue.Queue = queue.Queue()
         self._watches: dict[str, subprocess.Popen] = {}
         self.watch_restarts = 0
@@ -1205,14 +1206,17 @@ class BatchFollower:
             self.pods.setdefault(name, pod)
             return
         self.pods[name] = pod
-        if container_terminated(pod) is not None and name not in self._log_reads:
-            self._log_reads[name] = self.pool.submit(self._read_log, name)
+        terminated = container_terminated(pod)
+        # Keyed by container: a restarted container's log is read again.
+        key = (name, (terminated or {}).get("containerID", ""))
+        if terminated is not None and key not in self._log_reads:
+            self._log_reads[key] = self.pool.submit(self._read_log, *key)
 
-    def _read_log(self, name: str) -> None:
+    def _read_log(self, name: str, container_id: str) -> None:
         try:
-            self.logs[name] = self.kubectl.run(
+            self.logs[name] = (container_id, self.kubectl.run(
                 ["logs", name, "-c", CONTAINER_NAME, "-n", self.namespace],
-                retry_until=time.monotonic() + 20)
+                retry_until=time.monotonic() + 20))
         except DemoError:
             pass  # read again when the batch's evidence is collected
 
@@ -1565,8 +1569,10 @@ class RunAction:
         pending = {}
         for pod in pods:
             name = pod_name(pod)
-            if name in follower.logs and container_terminated(pod) is not None:
-                logs[name] = follower.logs[name]
+            terminated = container_terminated(pod)
+            read_early = follower.logs.get(name)
+            if terminated is not None and read_early and read_early[0] == terminated.get("containerID", ""):
+                logs[name] = read_early[1]
             else:
                 pending[name] = self.pool.submit(
                     self.kubectl.run, ["logs", name, "-c", CONTAINER_NAME, "-n", self.namespace],
