@@ -1,0 +1,66 @@
+"""Helpers for the end-to-end tests: run the real tool with real kubectl against the emulator."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+PRODUCT = REPO_ROOT / "rl_batch_demo.py"
+
+# Realistic but quick: a sandbox takes a moment to start, so a sequential batch
+# is clearly slower than a parallel one, as on a real cluster.
+DEFAULT_TIMING = {"sandbox_delay": 0.4, "sandbox_jitter": 0.1}
+
+
+def tool(emulator: Any, kubectl: str, *args: str, timeout: float = 300,
+         python: str = sys.executable) -> subprocess.CompletedProcess:
+    """Run `rl_batch_demo.py ARGS` against the emulator; --kubectl is added for run and cleanup."""
+    argv = [python, str(PRODUCT), *args]
+    if args and args[0] in ("run", "cleanup"):
+        argv += ["--kubectl", kubectl]
+    return subprocess.run(argv, env=emulator.env(), capture_output=True, text=True, timeout=timeout)
+
+
+def start_tool(emulator: Any, kubectl: str, *args: str) -> subprocess.Popen:
+    argv = [sys.executable, str(PRODUCT), *args, "--kubectl", kubectl]
+    return subprocess.Popen(argv, env=emulator.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(predicate: Any, seconds: float, what: str) -> Any:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {seconds} s waiting for {what}")
+
+
+def load(path: Path) -> Any:
+    return json.loads(path.read_text())
+
+
+def run_namespaces(emulator: Any) -> list[dict]:
+    return [ns for ns in emulator.list("namespaces") if ns["metadata"]["name"].startswith("agc-rl-")]
+
+
+def interrupt(process: subprocess.Popen, signum: int = signal.SIGINT) -> subprocess.CompletedProcess:
+    process.send_signal(signum)
+    stdout, stderr = process.communicate(timeout=120)
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def assert_evidence_saved(output: Path, pod_names: Sequence[str]) -> None:
+    """SPEC A3.9's files are there and no results.json was written."""
+    for name in ("receipt.json", "job-submitted.json", "job.json", "pods.json", "events.txt"):
+        assert (output / name).is_file(), f"{name} missing from {sorted(os.listdir(output))}"
+    for pod in pod_names:
+        assert (output / f"{pod}.log").is_file(), f"{pod}.log missing"
+    assert not (output / "results.json").exists()

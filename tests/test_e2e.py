@@ -1,0 +1,147 @@
+"""End to end: the real tool, real kubectl binaries, the emulator, and the real worker in a sandbox.
+
+Each kubectl version (1.27, 1.33, 1.35) runs the guide's two batches — 10 in
+parallel and 10 one at a time — and the results are held against the files,
+the emulator's objects and the emulator's own record of when things happened.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+import pytest
+
+from e2e_support import DEFAULT_TIMING, load, run_namespaces, tool
+from kube_emulator import Emulator
+
+import rl_batch_demo
+
+pytestmark = pytest.mark.e2e
+
+KUBECTL_VERSIONS = ("1.27", "1.33", "1.35")
+A4_FIELDS = {
+    "episodes", "successful_episodes", "reward_sum", "batch_to_all_ready_seconds",
+    "batch_to_all_rewards_seconds", "pod_to_ready_p50_seconds", "pod_to_ready_p95_seconds",
+    "pod_to_ready_max_seconds", "pods", "context", "namespace", "image", "runtime", "parallelism",
+    "cache_state", "client_job_complete_seconds",
+}
+ROW_FIELDS = {"pod", "node", "image_id", "reward", "pod_to_ready_seconds", "batch_to_ready_seconds",
+              "batch_to_reward_seconds"}
+
+
+@pytest.fixture(params=KUBECTL_VERSIONS)
+def kubectl_and_cluster(request, tmp_path, require_e2e):
+    kubectl = require_e2e(request.param)
+    emulator = Emulator(tmp_path / "emulator", faults=dict(DEFAULT_TIMING))
+    emulator.start()
+    yield kubectl, emulator
+    emulator.stop()
+
+
+def check_run(emulator: Emulator, output: Path, count: int, parallelism: int) -> dict:
+    """Every file of SPEC A3.9/A3.12, consistent with each other and with the cluster."""
+    results = load(output / "results.json")
+    assert A4_FIELDS <= set(results)
+    assert results["episodes"] == count
+    assert results["successful_episodes"] == count
+    assert results["reward_sum"] == count
+    assert results["parallelism"] == parallelism
+    assert results["runtime"] == "cube" and results["image"] == "python:3.12-alpine"
+    assert results["cache_state"] == "uncontrolled"
+    assert results["context"] == emulator.context
+
+    receipt = load(output / "receipt.json")
+    assert set(receipt) >= {"context", "namespace", "run_id", "namespace_uid", "job_uid"}
+    assert receipt["context"] == emulator.context
+    assert receipt["namespace"] == results["namespace"] == f"agc-rl-{receipt['run_id']}"
+    namespace = emulator.get("namespaces", None, receipt["namespace"])
+    assert namespace["metadata"]["uid"] == receipt["namespace_uid"]
+    assert namespace["metadata"]["labels"]["agc-demo-run"] == receipt["run_id"]
+    job = load(output / "job.json")
+    assert job["metadata"]["uid"] == receipt["job_uid"] == emulator.get("jobs", receipt["namespace"], "rollout")["metadata"]["uid"]
+    assert any(c["type"] == "Complete" and c["status"] == "True" for c in job["status"]["conditions"])
+    submitted = load(output / "job-submitted.json")
+    assert submitted == rl_batch_demo.job_manifest(receipt["namespace"], count, parallelism,
+                                                   "python:3.12-alpine", "cube")
+
+    pods = load(output / "pods.json")
+    assert pods["kind"] == "List"
+    names = sorted(p["metadata"]["name"] for p in pods["items"])
+    assert len(names) == count
+    rows = results["pods"]
+    assert sorted(r["pod"] for r in rows) == names
+    for row in rows:
+        assert set(row) == ROW_FIELDS
+        assert row["reward"] == 1
+        assert row["node"] in {n["metadata"]["name"] for n in emulator.list("nodes")}
+        assert row["image_id"].startswith("docker.io/library/python@sha256:")
+        log = (output / f"{row['pod']}.log").read_text()
+        events = rl_batch_demo.parse_events(log.splitlines())
+        assert [e["event"] for e in events] == ["ready", "reward"]
+        assert events[0]["episode_id"] == row["pod"]
+        assert row["batch_to_ready_seconds"] <= row["batch_to_reward_seconds"]
+
+    ready = [r["pod_to_ready_seconds"] for r in rows]
+    assert results["pod_to_ready_p50_seconds"] == pytest.approx(rl_batch_demo.percentile(ready, 0.5), abs=0.002)
+    assert results["pod_to_ready_p95_seconds"] == pytest.approx(rl_batch_demo.percentile(ready, 0.95), abs=0.002)
+    assert results["pod_to_ready_max_seconds"] == max(ready)
+    assert results["batch_to_all_ready_seconds"] == max(r["batch_to_ready_seconds"] for r in rows)
+    assert results["batch_to_all_rewards_seconds"] == max(r["batch_to_reward_seconds"] for r in rows)
+
+    # Held against the truth: the Job's creationTimestamp is the truth truncated to
+    # whole seconds, so each batch figure is late by less than one second.
+    truth = emulator.truth()
+    job_truth = truth["jobs"][f"{receipt['namespace']}/rollout"]
+    for row in rows:
+        pod_truth = truth["pods"][f"{receipt['namespace']}/{row['pod']}"]
+        assert pod_truth["node"] == row["node"]
+        assert pod_truth["exit_code"] == 0
+        ready_at = job_truth["created"] // 1 + row["batch_to_ready_seconds"]
+        assert pod_truth["container_started"] - 0.05 <= ready_at <= pod_truth["container_finished"] + 0.05
+    assert results["client_job_complete_seconds"] >= job_truth["complete"] - job_truth["created"] - 0.5
+    assert results["client_job_complete_seconds"] < 120
+
+    assert (output / "events.txt").read_text().splitlines()[0].split()[:3] == ["LAST", "SEEN", "TYPE"]
+    with open(output / "episodes.csv", newline="") as handle:
+        assert len(list(csv.DictReader(handle))) == count
+    svg = ElementTree.parse(output / "timeline.svg").getroot()
+    assert svg.tag.endswith("svg")
+    return results
+
+
+def test_parallel_then_sequential_then_cleanup(kubectl_and_cluster, tmp_path):
+    kubectl, emulator = kubectl_and_cluster
+    parallel_dir, sequential_dir = tmp_path / "rl-parallel-10", tmp_path / "rl-sequential-10"
+
+    parallel = tool(emulator, kubectl, "run", "--count", "10", "--output", str(parallel_dir), "--quiet")
+    assert parallel.returncode == 0, parallel.stderr
+    assert parallel.stdout.startswith("Test namespace: agc-rl-")
+    printed = json.loads(parallel.stdout.split("\n", 1)[1])
+    assert "pods" not in printed and printed["episodes"] == 10
+    parallel_results = check_run(emulator, parallel_dir, 10, 10)
+
+    sequential = tool(emulator, kubectl, "run", "--count", "10", "--parallelism", "1",
+                      "--output", str(sequential_dir), "--quiet")
+    assert sequential.returncode == 0, sequential.stderr
+    sequential_results = check_run(emulator, sequential_dir, 10, 1)
+    # One at a time, the last reward comes several times later than with ten at once.
+    assert sequential_results["batch_to_all_rewards_seconds"] > 3 * parallel_results["batch_to_all_rewards_seconds"]
+
+    compared = tool(emulator, kubectl, "compare", str(parallel_dir), str(sequential_dir))
+    assert compared.returncode == 0 and "batch_to_all_rewards_seconds" in compared.stdout
+
+    for output in (parallel_dir, sequential_dir):
+        namespace = load(output / "receipt.json")["namespace"]
+        cleaned = tool(emulator, kubectl, "cleanup", "--output", str(output))
+        assert cleaned.returncode == 0, cleaned.stderr
+        assert cleaned.stdout.strip() == f"Deleted test namespace: {namespace}"
+        assert emulator.get("namespaces", None, namespace) is None
+        assert output.is_dir() and (output / "results.json").is_file()
+        again = tool(emulator, kubectl, "cleanup", "--output", str(output))
+        assert again.returncode == 0 and again.stdout.strip() == "Namespace already absent"
+    assert run_namespaces(emulator) == []
+    # Every request-and-answer call named the context and a 30 s request timeout.
+    assert all(r["status"] < 500 for r in emulator.requests)

@@ -1,0 +1,199 @@
+"""End to end, the unhappy paths: SPEC A3.10-11 and the reliability cases, provoked
+through the emulator's fault knobs. Each run must fail with its message, keep every
+record, write no results.json, and leave cleanup possible."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from e2e_support import (DEFAULT_TIMING, assert_evidence_saved, interrupt, load, run_namespaces,
+                         start_tool, tool, wait_for)
+from kube_emulator import Emulator
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def make_cluster(tmp_path, require_e2e):
+    kubectl = require_e2e()
+    started = []
+
+    def make(**faults) -> Emulator:
+        emulator = Emulator(tmp_path / f"emulator-{len(started)}", faults={**DEFAULT_TIMING, **faults})
+        emulator.start()
+        started.append(emulator)
+        return emulator
+
+    yield kubectl, make
+    for emulator in started:
+        emulator.stop()
+
+
+def failed_run(emulator: Emulator, kubectl: str, output: Path, *extra: str, message: str):
+    result = tool(emulator, kubectl, "run", "--count", "4", "--output", str(output), "--quiet", *extra)
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert message in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+    assert f"cleanup --output {output}" in result.stderr
+    return result
+
+
+def pods_of(output: Path) -> list[str]:
+    return [p["metadata"]["name"] for p in load(output / "pods.json")["items"]]
+
+
+def assert_cleanup_works(emulator: Emulator, kubectl: str, output: Path) -> None:
+    cleaned = tool(emulator, kubectl, "cleanup", "--output", str(output))
+    assert cleaned.returncode == 0, cleaned.stderr
+    assert cleaned.stdout.startswith("Deleted test namespace: agc-rl-")
+    assert run_namespaces(emulator) == []
+
+
+def test_pod_exiting_nonzero_fails_the_job(make_cluster, tmp_path):
+    kubectl, make = make_cluster
+    emulator = make(fail_pods=[1])
+    output = tmp_path / "out"
+    result = failed_run(emulator, kubectl, output, message="Job failed or timed out; inspect saved "
+                                                           "status/events/logs, then cleanup")
+    assert "BackoffLimitExceeded" in result.stderr
+    assert "container exited 3" in result.stderr
+    assert_evidence_saved(output, pods_of(output))
+    assert_cleanup_works(emulator, kubectl, output)
+
+
+def test_image_pull_backoff_hits_the_deadline(make_cluster, tmp_path):
+    kubectl, make = make_cluster
+    emulator = make(image_pull_backoff=True)
+    output = tmp_path / "out"
+    result = failed_run(emulator, kubectl, output, "--timeout", "3",
+                        message="Job failed or timed out")
+    assert "DeadlineExceeded" in result.stderr
+    assert_evidence_saved(output, pods_of(output))
+    assert "ImagePullBackOff" in (output / "events.txt").read_text() or \
+        "ErrImagePull" in (output / "events.txt").read_text()
+    assert_cleanup_works(emulator, kubectl, output)
+
+
+def test_missing_runtime_class_fails_before_any_namespace(make_cluster, tmp_path):
+    kubectl, make = make_cluster
+    emulator = make(missing_runtimeclass=True)
+    output = tmp_path / "out"
+    result = tool(emulator, kubectl, "run", "--output", str(output), "--quiet")
+    assert result.returncode == 1
+    assert "RuntimeClass 'cube' not found" in result.stderr
+    assert run_namespaces(emulator) == []
+    assert not any(r["method"] == "POST" for r in emulator.requests)
+    assert set(load(output / "receipt.json")) == {"context", "namespace", "run_id"}
+    cleaned = tool(emulator, kubectl, "cleanup", "--output", str(output))
+    assert cleaned.returncode == 0 and cleaned.stdout.strip() == "Namespace already absent"
+
+
+def test_namespace_recreated_under_the_same_name_is_not_deleted(make_cluster, tmp_path):
+    kubectl, make = make_cluster
+    emulator = make()
+    output = tmp_path / "out"
+    assert tool(emulator, kubectl, "run", "--count", "2", "--output", str(output), "--quiet").returncode == 0
+    receipt = load(output / "receipt.json")
+    namespace = receipt["namespace"]
+    assert tool(emulator, kubectl, "cleanup", "--output", str(output)).returncode == 0
+    # Someone else creates a namespace with the same name, even the same label.
+    impostor = {"apiVersion": "v1", "kind": "Namespace",
+                "metadata": {"name": namespace, "labels": {"agc-demo-run": receipt["run_id"]}}}
+    import subprocess
+    subprocess.run([kubectl, "create", "-f", "-"], input=json.dumps(impostor), env=emulator.env(),
+                   check=True, capture_output=True, text=True)
+    refused = tool(emulator, kubectl, "cleanup", "--output", str(output))
+    assert refused.returncode == 1
+    assert f"refusing to delete namespace {namespace}" in refused.stderr
+    assert emulator.get("namespaces", None, namespace) is not None
+    assert not any(r["method"] == "DELETE" and r["path"].endswith(namespace) for r in emulator.requests[-5:])
+
+
+@pytest.mark.parametrize("faults, message", [
+    ({"restart_container": [0]}, "container restarted 1 time(s)"),
+    ({"replace_pod": [0]}, "expected 4 pods for 4 episodes, found 5"),
+    ({"api_clock_skew": 5.0}, "times out of order"),
+    ({"log_tamper": {"0": "duplicate_ready"}}, "expected exactly one ready event, found 2"),
+    ({"log_tamper": {"0": "drop_reward"}}, "expected exactly one reward event, found 0"),
+    ({"log_tamper": {"0": "wrong_id"}}, "not the pod name"),
+    ({"unreadable_logs": [0]}, "expected exactly one ready event, found 0"),
+])
+def test_verification_failures_name_the_pod(make_cluster, tmp_path, faults, message):
+    kubectl, make = make_cluster
+    emulator = make(**faults)
+    output = tmp_path / "out"
+    result = failed_run(emulator, kubectl, output, message=message)
+    assert "pod rollout-" in result.stderr or "pods for" in result.stderr
+    assert_evidence_saved(output, pods_of(output))
+    assert_cleanup_works(emulator, kubectl, output)
+
+
+def test_junk_lines_in_logs_are_kept_and_ignored(make_cluster, tmp_path):
+    kubectl, make = make_cluster
+    emulator = make(log_tamper={"0": "junk_lines"})
+    output = tmp_path / "out"
+    result = tool(emulator, kubectl, "run", "--count", "2", "--output", str(output), "--quiet")
+    assert result.returncode == 0, result.stderr
+    logs = [p.read_text() for p in output.glob("rollout-*.log")]
+    assert any(not line.startswith("{") for log in logs for line in log.splitlines())
+    assert load(output / "results.json")["reward_sum"] == 2
+
+
+def test_transient_api_errors_are_retried(make_cluster, tmp_path):
+    kubectl, make = make_cluster
+    emulator = make(api_errors={"count": 4, "match": "/pods", "status": 503})
+    output = tmp_path / "out"
+    result = tool(emulator, kubectl, "run", "--count", "3", "--output", str(output), "--quiet")
+    assert result.returncode == 0, result.stderr
+    client = load(output / "results.json")["client"]
+    assert client["api_retries"] + load(output / "results.json")["client_wait"]["watch_restarts"] >= 1
+
+
+def test_api_server_restart_while_waiting(make_cluster, tmp_path):
+    kubectl, make = make_cluster
+    emulator = make(sandbox_delay=1.5)
+    output = tmp_path / "out"
+    process = start_tool(emulator, kubectl, "run", "--count", "3", "--output", str(output), "--quiet")
+    wait_for(lambda: (output / "job-submitted.json").exists() and emulator.list("pods"), 30, "pods")
+    emulator.restart_api(down_seconds=1.0)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 0, stderr
+    results = load(output / "results.json")
+    assert results["reward_sum"] == 3
+    assert results["client_wait"]["watch_restarts"] >= 1
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_while_waiting_keeps_the_receipt(make_cluster, tmp_path, signum):
+    kubectl, make = make_cluster
+    emulator = make(sandbox_delay=30)
+    output = tmp_path / "out"
+    process = start_tool(emulator, kubectl, "run", "--count", "2", "--output", str(output), "--quiet")
+    wait_for(lambda: emulator.list("pods"), 30, "pods to exist")
+    time.sleep(0.5)
+    result = interrupt(process, signum)
+    assert result.returncode == 130, result.stderr
+    assert "Traceback" not in result.stderr
+    assert f"cleanup --output {output}" in result.stderr
+    receipt = load(output / "receipt.json")
+    assert {"namespace_uid", "job_uid"} <= set(receipt)
+    assert (output / "pods.json").exists()
+    assert_cleanup_works(emulator, kubectl, output)
+
+
+def test_namespace_stuck_terminating_names_the_finalizer(make_cluster, tmp_path):
+    kubectl, make = make_cluster
+    emulator = make(stuck_terminating=True)
+    output = tmp_path / "out"
+    assert tool(emulator, kubectl, "run", "--count", "2", "--output", str(output), "--quiet").returncode == 0
+    stuck = tool(emulator, kubectl, "cleanup", "--output", str(output), "--wait", "3")
+    assert stuck.returncode == 1
+    assert "example.com/stuck" in stuck.stderr and "never stripped" in stuck.stderr
+    namespace = emulator.get("namespaces", None, load(output / "receipt.json")["namespace"])
+    assert namespace["metadata"]["finalizers"] == ["example.com/stuck"]
+    assert namespace["status"]["phase"] == "Terminating"
