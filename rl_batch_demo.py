@@ -60,6 +60,8 @@ FIRST_CONTACT_RETRY_SECONDS = 10
 LOG_READERS = 8
 POLL_INTERVAL_SECONDS = 1.0
 WATCH_RESTARTS_BEFORE_POLLING = 3
+SETTLE_SECONDS = 3.0
+COLLECT_RETRY_SECONDS = 10
 
 JOB_NAME = "rollout"
 WARMUP_JOB_NAME = "rollout-warmup"
@@ -403,6 +405,23 @@ def iter_json_stream(chunks: Iterable[str]) -> Iterator[Any]:
             yield value
 
 
+def split_prefixed_logs(text: str, container: str = CONTAINER_NAME) -> dict[str, str]:
+    """Pod name -> log, from `kubectl logs -l ... --prefix` output (`[pod/NAME/CONTAINER] line`).
+
+    Lines without the prefix (kubectl's own error lines with --ignore-errors) are skipped.
+    """
+    logs: dict[str, list[str]] = {}
+    suffix = f"/{container}] "
+    for line in text.splitlines():
+        if not line.startswith("[pod/"):
+            continue
+        end = line.find(suffix)
+        if end < 0:
+            continue
+        logs.setdefault(line[len("[pod/"):end], []).append(line[end + len(suffix):])
+    return {name: "".join(part + "\n" for part in lines) for name, lines in logs.items()}
+
+
 def condition(obj: dict, kind: str) -> dict | None:
     """The status condition of that type, if present."""
     for entry in (obj.get("status") or {}).get("conditions") or []:
@@ -614,9 +633,13 @@ PHASES = {
 }
 
 
-def episode_points(pod: dict, ready: dict, reward: dict,
-                   scheduled_at: float | None) -> dict[str, tuple[float, float] | None]:
-    """When each point of one episode happened, with the precision of its source."""
+def episode_points(pod: dict, ready: dict, reward: dict, scheduled_at: float | None,
+                   observed: dict | None = None) -> dict[str, tuple[float, float] | None]:
+    """When each point of one episode happened, with the precision of its source.
+
+    `observed` holds what the client saw only while the pod ran (the sandbox's
+    readiness, which the kubelet turns False again when the pod ends).
+    """
     status = container_status(pod)
     state = status.get("state") or {}
     running = state.get("terminated") or state.get("running") or {}
@@ -625,7 +648,11 @@ def episode_points(pod: dict, ready: dict, reward: dict,
         entry = condition(pod, "PodScheduled")
         moment = parse_time((entry or {}).get("lastTransitionTime"))
         scheduled = (moment, WHOLE_SECOND) if moment is not None else None
-    sandbox = parse_time((condition(pod, "PodReadyToStartContainers") or {}).get("lastTransitionTime"))
+    sandbox_condition = condition(pod, "PodReadyToStartContainers") or {}
+    sandbox = parse_time(sandbox_condition.get("lastTransitionTime")) \
+        if sandbox_condition.get("status") == "True" else None
+    if sandbox is None:
+        sandbox = parse_time((observed or {}).get("sandbox_ready"))
 
     def whole(value: float | None) -> tuple[float, float] | None:
         return None if value is None else (value, WHOLE_SECOND)
@@ -704,7 +731,8 @@ def node_distribution(pods: Iterable[dict]) -> dict[str, int]:
 
 def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
                     events: Sequence[dict], count: int, builtin: bool = True,
-                    client_observed_at: float | None = None) -> dict:
+                    client_observed_at: float | None = None,
+                    observed: dict[str, dict] | None = None) -> dict:
     """Verify one batch and compute its figures (SPEC A4, B4); pure."""
     episodes = verify_batch(count, job, pods, logs, builtin)
     job_created = parse_time(job["metadata"]["creationTimestamp"])
@@ -714,7 +742,7 @@ def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
     for pod, ready, reward in episodes:
         name = pod_name(pod)
         created = parse_time(pod["metadata"]["creationTimestamp"])
-        points = episode_points(pod, ready, reward, scheduled.get(name))
+        points = episode_points(pod, ready, reward, scheduled.get(name), (observed or {}).get(name))
         phases = phase_durations(points)
         durations.append(phases)
         rows.append({
@@ -1073,6 +1101,7 @@ class BatchFollower:
         # Pod name -> (containerID, log) read after that container terminated: complete.
         self.logs: dict[str, tuple[str, str]] = {}
         self._log_reads: dict[tuple[str, str], concurrent.futures.Future] = {}
+        self.observed: dict[str, dict[str, str]] = {}  # pod name -> times seen only while it ran
         self._queue: queue.Queue = queue.Queue()
         self._watches: dict[str, subprocess.Popen] = {}
         self.watch_restarts = 0
@@ -1087,7 +1116,7 @@ class BatchFollower:
     def follow(self, submitted_monotonic: float, client_deadline: float) -> str | None:
         """Wait until the Job is Complete or Failed ("Complete"/"Failed"), or None at the deadline."""
         processes_before = self.kubectl.processes
-        failures = {"job": 0, "pods": 0}
+        self._failures = {"job": 0, "pods": 0}
         try:
             for kind in ("job", "pods"):
                 self._start_watch(kind, client_deadline)
@@ -1107,35 +1136,59 @@ class BatchFollower:
                 except queue.Empty:
                     self._show(submitted_monotonic)
                     continue
-                if item[0] == "ended":
-                    kind = item[1]
-                    self._watches.pop(kind, None)
-                    if self.end is not None or self.polling:
-                        continue
-                    failures[kind] += 1
-                    if failures[kind] > WATCH_RESTARTS_BEFORE_POLLING:
-                        self.polling = True
-                        self._stop_watches()
-                        continue
-                    self.watch_restarts += 1
-                    time.sleep(min(2.0, 0.2 * 2 ** failures[kind]))
-                    self._start_watch(kind, client_deadline)
-                    continue
-                kind, event = item
-                failures[kind] = 0
-                obj = event.get("object") if isinstance(event, dict) and "object" in event else event
-                if not isinstance(obj, dict) or obj.get("kind") == "Status":
-                    continue
-                if kind == "job":
-                    self._on_job(obj)
-                else:
-                    self._on_pod(obj, deleted=event.get("type") == "DELETED")
+                self._handle(item, client_deadline)
                 self._show(submitted_monotonic)
+            self._settle()
         finally:
             self._stop_watches()
             self.progress.finish()
             self.processes_while_waiting = self.kubectl.processes - processes_before
         return self.end
+
+    def _handle(self, item: tuple, client_deadline: float) -> None:
+        """One queue item: a watch event, or the end of a watch (restarted, or polling after repeated breaks)."""
+        if item[0] == "ended":
+            kind = item[1]
+            self._watches.pop(kind, None)
+            if self.end is not None or self.polling:
+                return
+            self._failures[kind] += 1
+            if self._failures[kind] > WATCH_RESTARTS_BEFORE_POLLING:
+                self.polling = True
+                self._stop_watches()
+                return
+            self.watch_restarts += 1
+            time.sleep(min(2.0, 0.2 * 2 ** self._failures[kind]))
+            self._start_watch(kind, client_deadline)
+            return
+        kind, event = item
+        self._failures[kind] = 0
+        obj = event.get("object") if isinstance(event, dict) and "object" in event else event
+        if not isinstance(obj, dict) or obj.get("kind") == "Status":
+            return
+        if kind == "job":
+            self._on_job(obj)
+        else:
+            self._on_pod(obj, deleted=event.get("type") == "DELETED")
+
+    def pods_settled(self) -> bool:
+        """Every pod seen has ended and there are at least as many as episodes."""
+        return len(self.pods) >= self.count and all(
+            (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed") for pod in self.pods.values())
+
+    def _settle(self) -> None:
+        """After the end: let the pod watch deliver the last pods' final states (normally already there)."""
+        if self.end is None or self.polling or "pods" not in self._watches:
+            return
+        deadline = time.monotonic() + SETTLE_SECONDS
+        while not self.pods_settled() and time.monotonic() < deadline:
+            try:
+                item = self._queue.get(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if item[0] == "ended":
+                return
+            self._handle(item, deadline)
 
     def _start_watch(self, kind: str, client_deadline: float) -> None:
         seconds = math.ceil(client_deadline - time.monotonic())
@@ -1206,6 +1259,11 @@ class BatchFollower:
             self.pods.setdefault(name, pod)
             return
         self.pods[name] = pod
+        # The kubelet turns PodReadyToStartContainers False again once the pod ends,
+        # so its True transition time is only visible while the pod runs.
+        sandbox = condition(pod, "PodReadyToStartContainers")
+        if sandbox and sandbox.get("status") == "True" and sandbox.get("lastTransitionTime"):
+            self.observed.setdefault(name, {})["sandbox_ready"] = sandbox["lastTransitionTime"]
         terminated = container_terminated(pod)
         # Keyed by container: a restarted container's log is read again.
         key = (name, (terminated or {}).get("containerID", ""))
@@ -1216,7 +1274,7 @@ class BatchFollower:
         try:
             self.logs[name] = (container_id, self.kubectl.run(
                 ["logs", name, "-c", CONTAINER_NAME, "-n", self.namespace],
-                retry_until=time.monotonic() + 20))
+                retry_until=time.monotonic() + COLLECT_RETRY_SECONDS))
         except DemoError:
             pass  # read again when the batch's evidence is collected
 
@@ -1230,8 +1288,14 @@ class BatchFollower:
 
     # -- collecting -------------------------------------------------------
 
+    def cancel_queued_log_reads(self) -> None:
+        """Drop log reads not yet started: one batched read does them faster."""
+        for key, future in list(self._log_reads.items()):
+            if future.cancel():
+                del self._log_reads[key]
+
     def finish_log_reads(self) -> None:
-        """Wait for log reads already under way."""
+        """Wait for log reads under way."""
         concurrent.futures.wait(list(self._log_reads.values()), timeout=CALL_TIMEOUT_SECONDS)
 
 
@@ -1491,24 +1555,27 @@ class RunAction:
             "watch_restarts": self.follower.watch_restarts,
             "wait_mode": "poll" if self.follower.polling else "watch",
         }
-        job, pods, logs, events = self.collect(job_name, client_deadline)
+        job, pods, logs, events = self.collect(job_name)
         if end != "Complete":
             raise DemoError("\n  ".join(
                 ["Job failed or timed out; inspect saved status/events/logs, then cleanup"]
                 + describe_failure(job, pods, job_name, self.settings["timeout"] + CLIENT_GRACE_SECONDS)))
         summary = summarise_batch(job, pods, logs, events, self.settings["count"],
-                                  self.settings["builtin"], self.follower.observed_wall)
+                                  self.settings["builtin"], self.follower.observed_wall,
+                                  self.follower.observed)
         summary["client_job_complete_seconds"] = client["client_job_complete_seconds"]
         client["post_completion_seconds"] = rounded(time.monotonic() - self.follower.observed_monotonic)
         write_json(os.path.join(self.batch_dir, "client.json"), client)
         summary["_client"] = client
         return summary
 
-    def collect(self, job_name: str, client_deadline: float, quick: bool = False) -> tuple:
+    def collect(self, job_name: str, quick: bool = False) -> tuple:
         """Save job.json, pods.json, events.txt, events.json and one log per pod (SPEC A3.9)."""
         follower = self.follower
         assert follower is not None
-        retry_until = None if quick else max(client_deadline, time.monotonic() + 20)
+        # Evidence is worth a few retries, not a long wait: a log that a kubelet
+        # cannot serve now is saved empty and the episode fails verification.
+        retry_until = None if quick else time.monotonic() + COLLECT_RETRY_SECONDS
         namespace_args = ["-n", self.namespace]
 
         def fetch_job() -> dict | None:
@@ -1520,16 +1587,44 @@ class RunAction:
                 return follower.job
 
         def fetch_pods() -> str:
+            if follower.end is not None and follower.pods_settled():
+                # The watch already holds every pod's final state: no need to ask again.
+                pods = sorted(follower.pods.values(), key=pod_name)
+                return json.dumps(list_manifest(pods), indent=4) + "\n"
             return self.kubectl.run(["get", "pods", "-l", f"job-name={job_name}", "-o", "json"]
                                     + namespace_args, retry_until=retry_until)
 
         def fetch_events(args: list[str]) -> str:
             return self.kubectl.run(["get", "events"] + args + namespace_args, retry_until=retry_until)
 
-        job_future = self.pool.submit(fetch_job)
-        pods_future = self.pool.submit(fetch_pods)
-        table_future = self.pool.submit(fetch_events, ["--sort-by=.metadata.creationTimestamp"])
-        events_future = self.pool.submit(fetch_events, ["-o", "json"])
+        def fetch_logs_at_once() -> dict[str, str]:
+            # Pods whose log was not read while they ran (typically the last to finish):
+            # one kubectl reads them all, rather than one process per pod.
+            unread = [name for name, pod in follower.pods.items() if container_terminated(pod) is not None
+                      and (name, container_terminated(pod).get("containerID", "")) not in follower._log_reads]
+            if len(unread) < 2 or quick:
+                return {}
+            try:
+                return split_prefixed_logs(self.kubectl.run(
+                    ["logs", "-l", f"job-name={job_name}", "-c", CONTAINER_NAME, "--prefix",
+                     "--tail=-1", "--ignore-errors"] + namespace_args, retry_until=retry_until))
+            except DemoError:
+                return {}
+
+        follower.cancel_queued_log_reads()
+        # Its own threads: the log readers' pool may still be busy with reads under way.
+        with concurrent.futures.ThreadPoolExecutor(5) as fetchers:
+            logs_future = fetchers.submit(fetch_logs_at_once)
+            job_future = fetchers.submit(fetch_job)
+            pods_future = fetchers.submit(fetch_pods)
+            table_future = fetchers.submit(fetch_events, ["--sort-by=.metadata.creationTimestamp"])
+            events_future = fetchers.submit(fetch_events, ["-o", "json"])
+            return self.save_evidence(follower, job_future, pods_future, table_future, events_future,
+                                      logs_future, retry_until)
+
+    def save_evidence(self, follower: BatchFollower, job_future: Any, pods_future: Any, table_future: Any,
+                      events_future: Any, logs_future: Any, retry_until: float | None) -> tuple:
+        """Write what the fetches brought; fall back to the watch's view where a fetch failed."""
         problems = []
         job = job_future.result()
         if job is not None:
@@ -1554,17 +1649,18 @@ class RunAction:
         except (DemoError, ValueError) as error:
             problems.append(f"events: {error}")
             events = []
+        write_json(os.path.join(self.batch_dir, "observed.json"), follower.observed)
         follower.finish_log_reads()
-        logs = self.read_logs(pods, follower, retry_until)
+        logs = self.read_logs(pods, follower, logs_future.result(), retry_until)
         for name, text in logs.items():
             write_text(os.path.join(self.batch_dir, f"{name}.log"), text)
         for problem in problems:
             print(f"Warning: could not save {problem}", file=sys.stderr)
         return job, pods, logs, events
 
-    def read_logs(self, pods: Sequence[dict], follower: BatchFollower,
+    def read_logs(self, pods: Sequence[dict], follower: BatchFollower, read_at_once: dict[str, str],
                   retry_until: float | None) -> dict[str, str]:
-        """Each pod's episode log: the one read after its container ended, else read now; unreadable -> empty."""
+        """Each pod's episode log, read after its container ended (else read now); unreadable -> empty."""
         logs: dict[str, str] = {}
         pending = {}
         for pod in pods:
@@ -1573,6 +1669,8 @@ class RunAction:
             read_early = follower.logs.get(name)
             if terminated is not None and read_early and read_early[0] == terminated.get("containerID", ""):
                 logs[name] = read_early[1]
+            elif terminated is not None and read_at_once.get(name):
+                logs[name] = read_at_once[name]
             else:
                 pending[name] = self.pool.submit(
                     self.kubectl.run, ["logs", name, "-c", CONTAINER_NAME, "-n", self.namespace],
@@ -1595,7 +1693,7 @@ class RunAction:
         if self.follower is not None:
             self.follower._stop_watches()
             try:
-                self.collect(self.follower.job_name, time.monotonic(), quick=True)
+                self.collect(self.follower.job_name, quick=True)
             except (DemoError, OSError):
                 pass  # whatever could be saved is saved
         if self.touched_cluster and "namespace_uid" not in self.receipt:
@@ -1879,8 +1977,10 @@ def load_saved_batch(directory: str, settings: dict) -> dict:
     if job_finished(job) != "Complete":
         raise DemoError("\n  ".join(["the saved Job did not complete"] + describe_failure(
             job, pods, job["metadata"].get("name", JOB_NAME), settings.get("timeout", 0))))
+    observed_path = os.path.join(directory, "observed.json")
+    observed = read_json(observed_path, "observed.json") if os.path.exists(observed_path) else {}
     summary = summarise_batch(job, pods, logs, events, settings["count"], settings.get("builtin", True),
-                              client.get("observed_at"))
+                              client.get("observed_at"), observed)
     summary["client_job_complete_seconds"] = client.get("client_job_complete_seconds")
     summary["_client"] = client or None
     return summary

@@ -67,7 +67,7 @@ def make_pod(name: str, created: str = stamp(1), phase: str = "Succeeded", node:
     if scheduled is not None:
         conditions.append({"type": "PodScheduled", "status": "True", "lastTransitionTime": scheduled})
     if sandbox_ready is not None:
-        conditions.append({"type": "PodReadyToStartContainers", "status": "False",
+        conditions.append({"type": "PodReadyToStartContainers", "status": "True",
                            "lastTransitionTime": sandbox_ready})
     state: dict[str, Any]
     if exit_code is None:
@@ -1054,3 +1054,33 @@ def test_the_worker_compiles_and_imports_only_the_standard_library() -> None:
     imported = top_level_imports(demo.WORKER_SOURCE)
     assert {"os", "sys", "time"} <= imported
     assert sorted(imported - stdlib_names()) == []
+
+
+def test_sandbox_ready_comes_from_the_true_transition_only() -> None:
+    # Once a pod ends, the kubelet turns PodReadyToStartContainers False (sandbox gone):
+    # that later time must not pass for the sandbox's readiness. The watch's record of
+    # the True transition, kept in `observed`, is used instead.
+    job, pods, logs, events = synthetic_batch()
+    for pod in pods:
+        for entry in pod["status"]["conditions"]:
+            if entry["type"] == "PodReadyToStartContainers":
+                entry["status"] = "False"
+                entry["lastTransitionTime"] = "2026-11-29T20:00:30Z"
+    phases = demo.summarise_batch(job, pods, logs, events, 3)["phases"]
+    assert phases["sandbox_creation"]["samples"] == 0 and phases["sandbox_creation"]["missing"] == 3
+    observed = {POD_A: {"sandbox_ready": "2026-11-29T20:00:02Z"}}
+    phases = demo.summarise_batch(job, pods, logs, events, 3, observed=observed)["phases"]
+    assert phases["sandbox_creation"]["samples"] == 1
+    assert phases["sandbox_creation"]["p50"] == 0.75  # 20:00:02 - scheduled 20:00:01.25
+
+
+def test_split_prefixed_logs_keeps_each_pods_lines_and_skips_kubectl_errors() -> None:
+    text = ('[pod/rollout-aaaaa/episode] {"event": "ready"}\n'
+            '[pod/rollout-aaaaa/episode] plain line ] with bracket\n'
+            '[pod/rollout-bbbbb/episode] {"event": "reward"}\n'
+            'error: Get "https://10.0.0.1:10250/containerLogs/ns/rollout-ccccc/episode": refused\n'
+            '[pod/rollout-ddddd/other] not this container\n')
+    assert demo.split_prefixed_logs(text) == {
+        "rollout-aaaaa": '{"event": "ready"}\nplain line ] with bracket\n',
+        "rollout-bbbbb": '{"event": "reward"}\n',
+    }
