@@ -1683,8 +1683,15 @@ class RunAction:
         return dict(sorted(logs.items()))
 
     def client_figures(self) -> dict:
-        return {"kubectl_processes": self.kubectl.processes, "api_retries": self.kubectl.retries,
-                "cpu_seconds": rounded(cpu_seconds() - self.cpu_start)}
+        """What the run cost on this machine: kubectl processes, retries, CPU, peak memory."""
+        figures = {"kubectl_processes": self.kubectl.processes, "api_retries": self.kubectl.retries,
+                   "cpu_seconds": rounded(cpu_seconds() - self.cpu_start)}
+        if resource is not None:
+            # ru_maxrss is in KiB on Linux (bytes on macOS).
+            scale = 1 if sys.platform == "darwin" else 1024
+            figures["peak_rss_mib"] = rounded(
+                resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2 ** 20, 1)
+        return figures
 
     # -- when things go wrong --------------------------------------------
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e_support import DEFAULT_TIMING, load, run_namespaces, tool
+from e2e_support import load, run_namespaces, tool
 from kube_emulator import Emulator
 
 import rl_batch_demo
@@ -35,7 +35,9 @@ ROW_FIELDS = {"pod", "node", "image_id", "reward", "pod_to_ready_seconds", "batc
 @pytest.fixture(params=KUBECTL_VERSIONS)
 def kubectl_and_cluster(request, tmp_path, require_e2e):
     kubectl = require_e2e(request.param)
-    emulator = Emulator(tmp_path / "emulator", faults=dict(DEFAULT_TIMING))
+    # A sandbox that takes a second or so to start, as a VM-based runtime does: what
+    # parallelism saves is then clearly larger than the machine's own noise.
+    emulator = Emulator(tmp_path / "emulator", faults={"sandbox_delay": 1.2, "sandbox_jitter": 0.2})
     emulator.start()
     yield kubectl, emulator
     emulator.stop()
