@@ -756,7 +756,7 @@ def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
         })
         records.append({"pod": name, "points": points, "phases": phases,
                         "index": (pod["metadata"].get("annotations") or {}).get(COMPLETION_INDEX_ANNOTATION)})
-    pod_to_ready = [r["pod_to_ready_seconds"] for r in rows]
+    phases = phase_summary(durations)
     rewards = [r["reward"] for r in rows]
     last_reward = max(reward["at"] for _, _, reward in episodes)
     summary = {
@@ -766,10 +766,11 @@ def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
         "reward_mean": rounded(sum(rewards) / len(rewards), 6),
         "batch_to_all_ready_seconds": max(r["batch_to_ready_seconds"] for r in rows),
         "batch_to_all_rewards_seconds": max(r["batch_to_reward_seconds"] for r in rows),
-        "pod_to_ready_p50_seconds": rounded(percentile(pod_to_ready, 0.50)),
-        "pod_to_ready_p95_seconds": rounded(percentile(pod_to_ready, 0.95)),
-        "pod_to_ready_max_seconds": max(pod_to_ready),
-        "phases": phase_summary(durations),
+        # The same measurement as the pod_to_ready phase, so the same numbers.
+        "pod_to_ready_p50_seconds": phases["pod_to_ready"]["p50"],
+        "pod_to_ready_p95_seconds": phases["pod_to_ready"]["p95"],
+        "pod_to_ready_max_seconds": phases["pod_to_ready"]["max"],
+        "phases": phases,
         "completion_gap": completion_gap(job, pods, last_reward, client_observed_at),
         "nodes": node_distribution(pods),
         "warnings": warning_summary(events),
@@ -830,10 +831,23 @@ def timeline_svg(batches: Sequence[tuple[str, dict]], title: str) -> str:
     episodes = [(name, summary, record) for name, summary in batches for record in summary["_episodes"]]
     count = len(episodes)
     row_height = 18 if count <= 40 else max(3, min(12, 720 // max(count, 1)))
+    # Thin rows are drawn edge to edge: a gap would leave a hairline of colour.
+    bar_gap = 1 if row_height >= 8 else 0
     labels = row_height >= 10
     left = 170 if labels else 60
-    width, right, top = 1000, 30, 70
+    width, right = 1000, 30
     plot_width = width - left - right
+    legend = [(phase.replace("_", " "), f'fill="{colour}"') for phase, colour in PHASE_COLOURS.items()]
+    legend.append(("split below 1 s precision", 'fill="url(#unsplit)"'))
+    legend_parts, legend_x, legend_y = [], left, 32
+    for name, fill in legend:
+        item_width = 16 + 7 * len(name) + 14
+        if legend_x + item_width > width - right and legend_x > left:
+            legend_x, legend_y = left, legend_y + 18
+        legend_parts.append(f'<rect x="{legend_x}" y="{legend_y}" width="12" height="12" {fill}/>')
+        legend_parts.append(f'<text x="{legend_x + 16}" y="{legend_y + 10}">{name}</text>')
+        legend_x += item_width
+    top = legend_y + 38
     height = top + row_height * count + 80
     span = 0.0
     for _, summary, record in episodes:
@@ -850,14 +864,12 @@ def timeline_svg(batches: Sequence[tuple[str, dict]], title: str) -> str:
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
+        '<defs><pattern id="unsplit" width="6" height="6" patternUnits="userSpaceOnUse" '
+        'patternTransform="rotate(45)"><rect width="6" height="6" fill="#f4a259"/>'
+        '<rect width="3" height="6" fill="#e76f51"/></pattern></defs>',
         f'<rect width="{width}" height="{height}" fill="white"/>',
         f'<text x="{left}" y="20" font-size="15" font-weight="bold">{html_escape(title)}</text>',
-    ]
-    legend_x = left
-    for phase, colour in PHASE_COLOURS.items():
-        parts.append(f'<rect x="{legend_x}" y="32" width="12" height="12" fill="{colour}"/>')
-        parts.append(f'<text x="{legend_x + 16}" y="42">{phase.replace("_", " ")}</text>')
-        legend_x += 16 + 7 * len(phase) + 14
+    ] + legend_parts
     axis_y = top + row_height * count + 6
     tick = 0.0
     while tick <= axis_end + 1e-9:
@@ -868,6 +880,10 @@ def timeline_svg(batches: Sequence[tuple[str, dict]], title: str) -> str:
     parts.append(f'<line x1="{left}" y1="{axis_y}" x2="{left + plot_width}" y2="{axis_y}" stroke="black"/>')
     parts.append(f'<text x="{left + plot_width / 2:.0f}" y="{axis_y + 36}" text-anchor="middle">'
                  f'seconds after the Job was created</text>')
+    if not labels:
+        parts.append(f'<text x="{left - 12}" y="{top + row_height * count / 2:.0f}" text-anchor="middle" '
+                     f'transform="rotate(-90 {left - 12} {top + row_height * count / 2:.0f})">'
+                     f'{count} episodes, one row each</text>')
     for row, (batch_name, summary, record) in enumerate(episodes):
         y = top + row * row_height
         points = record["points"]
@@ -875,18 +891,31 @@ def timeline_svg(batches: Sequence[tuple[str, dict]], title: str) -> str:
             label = record["pod"] if len(batches) == 1 else f"{batch_name}/{record['pod']}"
             parts.append(f'<text x="{left - 6}" y="{y + row_height * 0.7:.1f}" text-anchor="end" '
                          f'font-size="11">{html_escape(label[-26:])}</text>')
+        # Whole-second points can fall before the sub-second point drawn just before them;
+        # such a phase cannot be split from the next one, so both are drawn as one hatched bar.
+        cursor: float | None = None
+        unsplit: list[str] = []
         for phase, colour in PHASE_COLOURS.items():
             start, end = PHASES[phase]
             if points.get(start) is None or points.get(end) is None:
+                cursor, unsplit = None, []
                 continue
-            x0 = x(points[start][0] - summary["_job_created"])
-            x1 = x(points[end][0] - summary["_job_created"])
-            if x1 <= x0:
+            begin = points[start][0] if cursor is None else max(cursor, points[start][0])
+            finish = points[end][0]
+            if finish < begin:
+                unsplit.append(phase)
                 continue
-            seconds = points[end][0] - points[start][0]
+            if finish == begin:
+                continue
+            names = "+".join(unsplit + [phase])
+            fill = "url(#unsplit)" if unsplit else colour
+            x0 = x(begin - summary["_job_created"])
+            x1 = x(finish - summary["_job_created"])
             parts.append(
-                f'<rect x="{x0:.2f}" y="{y + 1}" width="{x1 - x0:.2f}" height="{max(1, row_height - 2)}" '
-                f'fill="{colour}"><title>{html_escape(record["pod"])} {phase}: {seconds:.3f} s</title></rect>')
+                f'<rect x="{x0:.2f}" y="{y + bar_gap}" width="{x1 - x0:.2f}" '
+                f'height="{row_height - 2 * bar_gap}" fill="{fill}"><title>{html_escape(record["pod"])} '
+                f'{names}: {finish - begin:.3f} s</title></rect>')
+            cursor, unsplit = finish, []
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
 
@@ -938,6 +967,8 @@ def compare_table(first: dict, second: dict, first_label: str, second_label: str
     lines = [f"{'metric':<32}{first_label:>{width}}  {second_label:>{width}}  {'B/A':>8}"]
     rows = [(field, first.get(field), second.get(field)) for field in COMPARED_FIELDS]
     for phase in PHASES:
+        if f"{phase}_p50_seconds" in COMPARED_FIELDS:
+            continue  # already a row of its own
         a = (first.get("phases") or {}).get(phase, {}).get("p50")
         b = (second.get("phases") or {}).get(phase, {}).get("p50")
         if a is not None or b is not None:
@@ -1742,7 +1773,7 @@ def assemble_results(settings: dict, summaries: Sequence[tuple[dict, dict]], cli
     warmups = [summary for entry, summary in summaries if not entry["measured"]]
     rows = [dict(row, job=entry["job"]) if len(measured) > 1 else row
             for entry, summary in summaries if entry["measured"] for row in summary["pods"]]
-    pod_to_ready = [row["pod_to_ready_seconds"] for row in rows]
+    phases = phase_summary([r["phases"] for s in measured for r in s["_episodes"]])
     client_seconds = [s.get("client_job_complete_seconds") for s in measured]
     results: dict[str, Any] = {
         "episodes": sum(s["episodes"] for s in measured),
@@ -1750,9 +1781,9 @@ def assemble_results(settings: dict, summaries: Sequence[tuple[dict, dict]], cli
         "reward_sum": sum(s["reward_sum"] for s in measured),
         "batch_to_all_ready_seconds": max(s["batch_to_all_ready_seconds"] for s in measured),
         "batch_to_all_rewards_seconds": max(s["batch_to_all_rewards_seconds"] for s in measured),
-        "pod_to_ready_p50_seconds": rounded(percentile(pod_to_ready, 0.50)),
-        "pod_to_ready_p95_seconds": rounded(percentile(pod_to_ready, 0.95)),
-        "pod_to_ready_max_seconds": max(pod_to_ready),
+        "pod_to_ready_p50_seconds": phases["pod_to_ready"]["p50"],
+        "pod_to_ready_p95_seconds": phases["pod_to_ready"]["p95"],
+        "pod_to_ready_max_seconds": phases["pod_to_ready"]["max"],
         "pods": rows,
         "context": settings["context"],
         "namespace": settings["namespace"],
@@ -1764,7 +1795,7 @@ def assemble_results(settings: dict, summaries: Sequence[tuple[dict, dict]], cli
         "reward_mean": rounded(sum(s["reward_sum"] for s in measured)
                                / max(1, sum(s["episodes"] for s in measured)), 6),
         "rounds_measured": len(measured),
-        "phases": phase_summary([r["phases"] for s in measured for r in s["_episodes"]]),
+        "phases": phases,
         "phase_points": POINT_SOURCES,
         "nodes": node_distribution_from_rows(rows),
         "warnings": merge_warnings([s["warnings"] for s in measured]),

@@ -1,0 +1,690 @@
+"""End to end, the phase breakdown (SPEC B3-B5): every point, phase, gap and count the
+tool reports, held against the emulator's own record of when things happened.
+
+The emulator notes the true time.time() of each transition (`Emulator.truth()`), and
+keeps the moment it read each line of a container's output. Kubernetes stamps most
+times in whole seconds (truncated), so a whole-second point must lie in the second
+before its truth; the scheduler's event time must sit within milliseconds of its
+truth, and the worker's own clock a pipe's delay before the emulator read its
+line. Each phase must be within its stated
+precision of the true duration, and a source that is missing is counted, never
+invented.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ElementTree
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from e2e_support import DEFAULT_TIMING, PRODUCT, load, start_tool, tool, wait_for
+from kube_emulator import Emulator
+
+import rl_batch_demo
+from rl_batch_demo import PHASES, POINTS, parse_time, percentile
+
+pytestmark = pytest.mark.e2e
+
+KUBECTL_VERSION = "1.33"
+SVG = "{http://www.w3.org/2000/svg}"
+
+# How far the emulator's truth may trail the instant the API stamped the field: the
+# stamp is taken first, the truth noted after the write (or after spawning bwrap).
+STAMP_TO_TRUTH = 0.2
+# The scheduler's Scheduled eventTime (microseconds) is taken right after binding.
+EVENT_TIME_TOLERANCE = 0.01
+# A worker event line reaches the emulator through a pipe.
+PIPE_TOLERANCE = 0.25
+# The emulator's container_started is when it spawned bwrap; the worker process starts
+# in the sandbox once bwrap has set up its namespaces (tens to hundreds of ms under
+# load), and its /proc start time is read in 10 ms ticks, so it may read a tick early.
+PROC_TICK_SLACK = 0.03
+
+# Where each point comes from, hence its precision (SPEC B4).
+POINT_PRECISION = {
+    "pod_created": 1.0, "scheduled": 1e-6, "sandbox_ready": 1.0, "container_started": 1.0,
+    "process_started": 0.01, "imports_done": 1e-6, "ready": 1e-6, "reward": 1e-6,
+    "container_finished": 1.0,
+}
+WHOLE_SECOND_POINTS = ("pod_created", "sandbox_ready", "container_started", "container_finished")
+
+
+# --------------------------------------------------------------------------
+# Fixtures: one 1.33 emulator for the module, one run of six episodes on it.
+
+
+def record_deletes(emulator: Emulator) -> list[dict]:
+    """Every deletion the emulator performs, with its options (the request log has no bodies)."""
+    deletes: list[dict] = []
+    original = emulator.api_delete
+
+    def api_delete(info: Any, namespace: Any, name: str, opts: dict) -> Any:
+        deletes.append({"store": info.store, "namespace": namespace, "name": name, "opts": dict(opts)})
+        return original(info, namespace, name, opts)
+
+    emulator.api_delete = api_delete  # type: ignore[method-assign]
+    return deletes
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, require_e2e):
+    kubectl = require_e2e(KUBECTL_VERSION)
+    emulator = Emulator(tmp_path_factory.mktemp("emulator"), faults=dict(DEFAULT_TIMING))
+    deletes = record_deletes(emulator)
+    emulator.start()
+    yield kubectl, emulator, deletes
+    emulator.stop()
+
+
+class Run:
+    """A finished run: its files, and the emulator's record of the same moments."""
+
+    def __init__(self, emulator: Emulator, output: Path, stdout: str) -> None:
+        self.output = output
+        self.stdout = stdout
+        self.results = load(output / "results.json")
+        self.receipt = load(output / "receipt.json")
+        self.namespace = self.receipt["namespace"]
+        self.truth = emulator.truth()
+        batches = load(output / "run.json")["batches"]
+        self.pods = {p["metadata"]["name"]: p for batch in batches
+                     for p in load(output / batch["dir"] / "pods.json")["items"]}
+        with open(output / "episodes.csv", newline="") as handle:
+            self.rows = list(csv.DictReader(handle))
+        self.received = {name: log_receipt_times(emulator, pod) for name, pod in self.pods.items()}
+        self.job_uids: dict[str, str | None] = {}
+        self.batch_pods: dict[str, list[str]] = {}
+
+    def job_truth(self, job: str = "rollout") -> dict:
+        return self.truth["jobs"][f"{self.namespace}/{job}"]
+
+    def pod_truth(self, pod: str) -> dict:
+        return self.truth["pods"][f"{self.namespace}/{pod}"]
+
+
+def log_receipt_times(emulator: Emulator, pod: dict) -> dict[str, float]:
+    """Event name -> when the emulator read that worker line from the container's stdout."""
+    times = {}
+    for log in emulator.logs.get((pod["metadata"]["uid"], "episode"), [])[-1:]:
+        for received_at, line in log.lines:
+            for event in rl_batch_demo.parse_events([line.decode()]):
+                times[event["event"]] = received_at
+    return times
+
+
+@pytest.fixture(scope="module")
+def six(cluster, tmp_path_factory) -> Run:
+    kubectl, emulator, _ = cluster
+    output = tmp_path_factory.mktemp("six") / "rl-6"
+    result = tool(emulator, kubectl, "run", "--count", "6", "--output", str(output), "--quiet")
+    assert result.returncode == 0, result.stderr
+    return Run(emulator, output, result.stdout)
+
+
+def reported_points(job: dict, row: dict) -> dict[str, tuple[float, float] | None]:
+    """episodes.csv's points (seconds after the Job's creationTimestamp) as epoch seconds."""
+    job_created = parse_time(job["metadata"]["creationTimestamp"])
+    assert job_created is not None and job_created.is_integer()
+    points = {}
+    for point in POINTS:
+        value = row[f"{point}_after_job_seconds"]
+        points[point] = None if value == "" else (
+            job_created + float(value), float(row[f"{point}_precision_seconds"]))
+    return points
+
+
+def assert_whole_second(reported: float, true: float, what: str) -> None:
+    """Kubernetes truncates to the second: 0 <= truth - reported < 1 (+ the stamp-to-truth delay)."""
+    assert reported.is_integer(), f"{what}: {reported} is not a whole second"
+    assert 0 <= true - reported < 1 + STAMP_TO_TRUTH, f"{what}: reported {reported}, truth {true}"
+
+
+def true_windows(run: Run, pod: str, imports_done: float) -> dict[str, tuple[float, float]]:
+    """Point -> the window (earliest, latest) in which it truly happened, by the emulator's record."""
+    truth = run.pod_truth(pod)
+    received = run.received[pod]
+
+    def stamped(moment: float) -> tuple[float, float]:
+        return moment - STAMP_TO_TRUTH, moment
+
+    return {
+        "pod_created": stamped(truth["created"]),
+        "scheduled": (truth["scheduled"] - EVENT_TIME_TOLERANCE, truth["scheduled"] + EVENT_TIME_TOLERANCE),
+        "sandbox_ready": stamped(truth["sandbox_ready"]),
+        "container_started": stamped(truth["container_started"]),
+        # The worker's process starts after the emulator spawned its sandbox, before its imports end.
+        "process_started": (truth["container_started"] - PROC_TICK_SLACK, imports_done),
+        "ready": (received["ready"] - PIPE_TOLERANCE, received["ready"]),
+        "reward": (received["reward"] - PIPE_TOLERANCE, received["reward"]),
+        "container_finished": stamped(truth["container_finished"]),
+    }
+
+
+def assert_points_match_truth(run: Run, job_name: str, job: dict, rows: list[dict]) -> None:
+    """Every point of every episode of one batch, against the emulator's record."""
+    assert_whole_second(parse_time(job["metadata"]["creationTimestamp"]),
+                        run.job_truth(job_name)["created"], f"{job_name} created")
+    for row in rows:
+        pod = row["pod"]
+        points = reported_points(job, row)
+        truth = run.pod_truth(pod)
+        for point in POINTS:
+            assert points[point] is not None, f"{pod}: {point} missing though its source exists"
+            assert points[point][1] == POINT_PRECISION[point], (pod, point, points[point])
+        for point in WHOLE_SECOND_POINTS:
+            assert_whole_second(points[point][0], truth[point if point != "pod_created" else "created"],
+                                f"{pod} {point}")
+        scheduled = points["scheduled"][0]
+        assert abs(scheduled - truth["scheduled"]) < EVENT_TIME_TOLERANCE, (pod, scheduled, truth["scheduled"])
+        # The worker's clock is the emulator's clock: its points lie inside the container's life.
+        for point in ("imports_done", "ready", "reward"):
+            assert truth["container_started"] <= points[point][0] <= truth["container_finished"], \
+                (pod, point, points[point][0], truth["container_started"], truth["container_finished"])
+        assert points["imports_done"][0] <= points["ready"][0] <= points["reward"][0], (pod, points)
+        for event in ("ready", "reward"):
+            lag = run.received[pod][event] - points[event][0]
+            assert 0 <= lag < PIPE_TOLERANCE, (pod, event, lag)
+        process = points["process_started"][0]
+        assert truth["container_started"] - PROC_TICK_SLACK <= process <= points["imports_done"][0], \
+            (pod, process, truth["container_started"], points["imports_done"])
+
+
+# --------------------------------------------------------------------------
+# One run of six: every point, every phase, the completion gap, nodes, warnings.
+
+
+def test_every_point_matches_the_emulator_record(six):
+    job = load(six.output / "job.json")
+    assert sorted(row["pod"] for row in six.rows) == sorted(six.pods) and len(six.rows) == 6
+    # sandbox_ready: the PodReadyToStartContainers condition turns False when the pod ends,
+    # so the True transition must have been kept from the watch while the batch ran.
+    for name, pod in six.pods.items():
+        final = rl_batch_demo.condition(pod, "PodReadyToStartContainers")
+        assert final is not None and final["status"] == "False", (name, final)
+    assert_points_match_truth(six, "rollout", job, six.rows)
+    # The per-pod rows of results.json say the same as the CSV.
+    by_pod = {row["pod"]: row for row in six.rows}
+    for row in six.results["pods"]:
+        csv_row = by_pod[row["pod"]]
+        assert row["batch_to_ready_seconds"] == pytest.approx(float(csv_row["ready_after_job_seconds"]), abs=6e-4)
+        assert row["batch_to_reward_seconds"] == pytest.approx(float(csv_row["reward_after_job_seconds"]), abs=6e-4)
+        assert row["node"] == csv_row["node"]
+
+
+def test_every_phase_is_within_its_precision_of_the_truth(six):
+    job = load(six.output / "job.json")
+    columns: dict[str, list[float]] = {phase: [] for phase in PHASES}
+    for row in six.rows:
+        points = reported_points(job, row)
+        truth = true_windows(six, row["pod"], points["imports_done"][0])
+        for phase, (start, end) in PHASES.items():
+            seconds = float(row[f"{phase}_seconds"])
+            columns[phase].append(seconds)
+            assert seconds == pytest.approx(points[end][0] - points[start][0], abs=1e-5), (row["pod"], phase)
+            precision = max(POINT_PRECISION[start], POINT_PRECISION[end])
+            if start in truth and end in truth:
+                shortest = truth[end][0] - truth[start][1]
+                longest = truth[end][1] - truth[start][0]
+                assert shortest - precision <= seconds <= longest + precision, \
+                    f"{row['pod']} {phase}: reported {seconds:.3f} s, truly {shortest:.3f}..{longest:.3f} s, " \
+                    f"precision {precision:g} s"
+        # No truth for the import boundary: it must at least fall inside the process's life.
+        assert 0 < float(row["python_imports_seconds"]) < float(row["episode_work_seconds"]) + 5
+        assert 0 <= float(row["imports_done_to_ready_seconds"]) < 0.5
+
+    phases = six.results["phases"]
+    assert list(phases) == list(PHASES)
+    for phase, (start, end) in PHASES.items():
+        entry = phases[phase]
+        values = columns[phase]
+        assert (entry["from"], entry["to"]) == (start, end)
+        assert entry["samples"] == 6 and entry["missing"] == 0, (phase, entry)
+        assert entry["precision_seconds"] == max(POINT_PRECISION[start], POINT_PRECISION[end]), (phase, entry)
+        for key, q in (("p50", 0.5), ("p95", 0.95), ("p99", 0.99)):
+            assert entry[key] == pytest.approx(percentile(values, q), abs=1.5e-3), (phase, key)
+        assert entry["max"] == pytest.approx(max(values), abs=1.5e-3), phase
+        assert entry["mean"] == pytest.approx(sum(values) / len(values), abs=1.5e-3), phase
+
+
+def test_pod_to_ready_is_one_figure_wherever_it_is_reported(six):
+    """SPEC A4's pod_to_ready percentiles and B4's pod_to_ready phase are the same measurement."""
+    phase = six.results["phases"]["pod_to_ready"]
+    assert (phase["p50"], phase["p95"], phase["max"]) == (
+        six.results["pod_to_ready_p50_seconds"], six.results["pod_to_ready_p95_seconds"],
+        six.results["pod_to_ready_max_seconds"])
+
+
+def assert_gap_matches_truth(run: Run, gap: dict, success_criteria_met: bool) -> None:
+    """The completion gap, part by part, against the emulator's job, pod and log record."""
+    job_truth = run.job_truth()
+    client = load(run.output / "client.json")
+    observed = client["observed_at"]
+    last_reward = max(e["at"] for name in run.pods
+                      for e in rl_batch_demo.parse_events((run.output / f"{name}.log").read_text().splitlines())
+                      if e["event"] == "reward")
+    last_finished = max(run.pod_truth(name)["container_finished"] for name in run.pods)
+    precision = gap["precision_seconds"]
+    assert precision == 1.0
+    # The client cannot see the end before it happened, nor long after.
+    assert job_truth["complete"] <= observed < job_truth["complete"] + 2, (job_truth, observed)
+    true_parts = {
+        "last_reward_to_last_container_finished_seconds": last_finished - last_reward,
+        "last_container_finished_to_job_complete_seconds": job_truth["complete"] - last_finished,
+        "job_complete_to_client_observed_seconds": observed - job_truth["complete"],
+    }
+    if success_criteria_met:
+        assert job_truth["success_criteria_met"] <= job_truth["complete"]
+        true_parts["last_container_finished_to_success_criteria_met_seconds"] = \
+            job_truth["success_criteria_met"] - last_finished
+    for part, true_seconds in true_parts.items():
+        assert isinstance(gap[part], (int, float)), (part, gap)
+        assert abs(gap[part] - true_seconds) < precision + STAMP_TO_TRUTH, \
+            f"{part}: reported {gap[part]} s, true {true_seconds:.3f} s"
+    # Both ends are sub-second clocks: this one is exact.
+    assert gap["last_reward_to_client_observed_seconds"] == pytest.approx(observed - last_reward, abs=1e-3)
+    parts = (gap["last_reward_to_last_container_finished_seconds"]
+             + gap["last_container_finished_to_job_complete_seconds"]
+             + gap["job_complete_to_client_observed_seconds"])
+    assert parts == pytest.approx(gap["last_reward_to_client_observed_seconds"], abs=3e-3)
+
+
+def test_completion_gap_parts_match_the_truth(six):
+    gap = six.results["completion_gap"]
+    job = load(six.output / "job.json")
+    met = rl_batch_demo.condition(job, "SuccessCriteriaMet")
+    assert met is not None and met["status"] == "True"  # the emulator serves Kubernetes 1.33
+    assert "success_criteria_met" in six.job_truth()
+    assert_gap_matches_truth(six, gap, success_criteria_met=True)
+    # SuccessCriteriaMet comes no later than Complete, in the same whole-second clock.
+    assert 0 <= gap["last_container_finished_to_success_criteria_met_seconds"] \
+        <= gap["last_container_finished_to_job_complete_seconds"]
+
+
+def test_completion_gap_on_kubernetes_1_30_has_no_success_criteria_met(tmp_path, require_e2e):
+    kubectl = require_e2e(KUBECTL_VERSION)
+    emulator = Emulator(tmp_path / "emulator", faults=dict(DEFAULT_TIMING), server_version="1.30")
+    emulator.start()
+    try:
+        output = tmp_path / "rl-1.30"
+        result = tool(emulator, kubectl, "run", "--count", "3", "--output", str(output), "--quiet")
+        assert result.returncode == 0, result.stderr
+        run = Run(emulator, output, result.stdout)
+    finally:
+        emulator.stop()
+    assert rl_batch_demo.condition(load(output / "job.json"), "SuccessCriteriaMet") is None
+    assert "success_criteria_met" not in run.job_truth()
+    gap = run.results["completion_gap"]
+    assert "last_container_finished_to_success_criteria_met_seconds" in gap
+    assert gap["last_container_finished_to_success_criteria_met_seconds"] is None  # not invented
+    assert_gap_matches_truth(run, gap, success_criteria_met=False)
+    # PodReadyToStartContainers exists from 1.29: the points still hold against the truth.
+    assert_points_match_truth(run, "rollout", load(output / "job.json"), run.rows)
+
+
+def test_nodes_and_warnings_match_the_emulator(six, cluster):
+    _, emulator, _ = cluster
+    truth_nodes = {name: six.pod_truth(name)["node"] for name in six.pods}
+    assert six.results["nodes"] == dict(sorted(Counter(truth_nodes.values()).items()))
+    assert sum(six.results["nodes"].values()) == 6
+    assert {row["pod"]: row["node"] for row in six.results["pods"]} == truth_nodes
+    # No warning happened, so none is reported.
+    assert [e for e in emulator.list("events", six.namespace) if e.get("type") == "Warning"] == []
+    assert six.results["warnings"] == {}
+
+
+def emulator_warnings(emulator: Emulator, namespace: str) -> dict[str, dict]:
+    """What the emulator recorded: Warning events per reason, with counts and objects."""
+    summary: dict[str, dict] = {}
+    for event in emulator.list("events", namespace):
+        if event.get("type") != "Warning":
+            continue
+        entry = summary.setdefault(event["reason"], {"count": 0, "objects": []})
+        entry["count"] += event.get("count") or 1
+        regarding = event["involvedObject"]
+        name = f"{regarding['kind']}/{regarding['name']}"
+        if name not in entry["objects"]:
+            entry["objects"].append(name)
+    return summary
+
+
+def test_warning_summary_counts_a_provoked_failed_create(cluster, tmp_path):
+    """The RuntimeClass vanishes as the Job is created: the Job controller's first pod create
+    fails (a FailedCreate warning), it comes back, and the retried creates succeed."""
+    kubectl, emulator, _ = cluster
+    removed: dict[str, str] = {}
+
+    def on_store_event(etype: str, store: str, obj: dict) -> None:
+        namespace = obj["metadata"].get("namespace") or ""
+        if store == "jobs" and etype == "ADDED" and namespace.startswith("agc-rl-") and not removed:
+            removed["namespace"] = namespace
+            emulator.store.remove("runtimeclasses", None, "cube")
+
+    emulator.store.listeners.insert(0, on_store_event)
+    output = tmp_path / "rl-warned"
+    try:
+        process = start_tool(emulator, kubectl, "run", "--count", "2", "--output", str(output), "--quiet")
+        try:
+            wait_for(lambda: removed and any(e["reason"] == "FailedCreate" for e in
+                                             emulator.list("events", removed["namespace"])), 60,
+                     "the FailedCreate warning")
+        finally:
+            emulator.set_faults(missing_runtimeclass=False)  # recreates the RuntimeClass
+        stdout, stderr = process.communicate(timeout=120)
+    finally:
+        emulator.store.listeners.remove(on_store_event)
+        emulator.set_faults(missing_runtimeclass=False)
+    assert process.returncode == 0, stderr
+    results = load(output / "results.json")
+    expected = emulator_warnings(emulator, removed["namespace"])
+    assert expected["FailedCreate"]["objects"] == ["Job/rollout"]
+    assert expected["FailedCreate"]["count"] >= 1
+    assert results["warnings"] == expected
+    saved = rl_batch_demo.warning_summary(load(output / "events.json")["items"])
+    assert saved == expected
+    assert results["episodes"] == 2
+
+
+def test_missing_scheduler_events_fall_back_or_are_counted_missing(six, tmp_path):
+    # 1. Without events.json the Scheduled event time is gone: the PodScheduled
+    # condition (whole seconds) stands in, with precision 1 s.
+    copy = tmp_path / "no-events"
+    shutil.copytree(six.output, copy)
+    (copy / "events.json").unlink()
+    recomputed = rl_batch_demo.recompute(str(copy))
+    (_, summary), = recomputed["_batches"]
+    for record in summary["_episodes"]:
+        scheduled = record["points"]["scheduled"]
+        assert scheduled is not None and scheduled[1] == 1.0, (record["pod"], scheduled)
+        assert_whole_second(scheduled[0], six.pod_truth(record["pod"])["scheduled"], f"{record['pod']} scheduled")
+    phases = recomputed["phases"]
+    for phase in ("scheduling", "sandbox_creation"):
+        assert phases[phase]["samples"] == 6 and phases[phase]["missing"] == 0
+        assert phases[phase]["precision_seconds"] == 1.0
+    printed = report(copy)
+    assert printed["phases"] == phases
+
+    # 2. Without the condition either (and without the watch's sandbox record), both
+    # points are missing: counted, never invented.
+    pods = load(copy / "pods.json")
+    for pod in pods["items"]:
+        pod["status"]["conditions"] = [c for c in pod["status"]["conditions"] if c["type"] != "PodScheduled"]
+    (copy / "pods.json").write_text(json.dumps(pods))
+    (copy / "observed.json").unlink()
+    recomputed = rl_batch_demo.recompute(str(copy))
+    (_, summary), = recomputed["_batches"]
+    for record in summary["_episodes"]:
+        assert record["points"]["scheduled"] is None, record
+        # The final PodReadyToStartContainers is False (the pod ended): not a sandbox time.
+        assert record["points"]["sandbox_ready"] is None, record
+    phases = recomputed["phases"]
+    for phase in ("scheduling", "sandbox_creation", "container_start"):
+        assert phases[phase]["samples"] == 0 and phases[phase]["missing"] == 6, (phase, phases[phase])
+        assert "p50" not in phases[phase] or phases[phase]["p50"] is None
+    for phase in ("python_imports", "episode_work", "pod_to_ready"):
+        assert phases[phase]["samples"] == 6 and phases[phase]["missing"] == 0
+    assert report(copy)["phases"] == phases
+
+
+# --------------------------------------------------------------------------
+# `report` and `compare`: saved files only.
+
+
+def no_cluster_env(tmp_path: Path) -> dict[str, str]:
+    """No kubectl on PATH, no kubeconfig, an empty HOME: nothing could reach a cluster."""
+    empty = tmp_path / "no-cluster"
+    (empty / "bin").mkdir(parents=True, exist_ok=True)
+    return {"PATH": str(empty / "bin"), "HOME": str(empty), "KUBECONFIG": str(empty / "absent"),
+            "LANG": "C.UTF-8"}
+
+
+def report(directory: Path) -> dict:
+    result = subprocess.run([sys.executable, str(PRODUCT), "report", str(directory), "--quiet"],
+                            env=no_cluster_env(directory.parent), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_report_recomputes_identical_figures_without_a_cluster(six, cluster):
+    _, emulator, _ = cluster
+    requests_before = len(emulator.requests)
+    printed = report(six.output)
+    assert len(emulator.requests) == requests_before
+    expected = rl_batch_demo.public_results(six.results)
+    assert printed == expected
+    # `run` printed the same figures.
+    assert json.loads(six.stdout.split("\n", 1)[1]) == expected
+
+
+# --------------------------------------------------------------------------
+# Rounds with a warm-up, then cleanup.
+
+
+MEASURED_JOBS = ["rollout-1", "rollout-2", "rollout-3"]
+ALL_JOBS = ["rollout-warmup"] + MEASURED_JOBS
+
+
+@pytest.fixture(scope="module")
+def rounds(cluster, tmp_path_factory) -> Run:
+    kubectl, emulator, _ = cluster
+    output = tmp_path_factory.mktemp("rounds") / "rl-rounds"
+    result = tool(emulator, kubectl, "run", "--count", "4", "--rounds", "3", "--warmup",
+                  "--output", str(output), "--quiet")
+    assert result.returncode == 0, result.stderr
+    run = Run(emulator, output, result.stdout)
+    run.job_uids = {name: (emulator.get("jobs", run.namespace, name) or {}).get("metadata", {}).get("uid")
+                    for name in ALL_JOBS}
+    run.batch_pods = {name: sorted(p["metadata"]["name"] for p in load(output / name / "pods.json")["items"])
+                      for name in ALL_JOBS}
+    return run
+
+
+def test_rounds_keep_each_batch_apart_and_the_warmup_out_of_the_figures(rounds):
+    output, results = rounds.output, rounds.results
+    assert results["cache_state"] == "warmed"
+    assert results["episodes"] == 12 and results["successful_episodes"] == 12 and results["reward_sum"] == 12
+    assert results["rounds_measured"] == 3
+    assert [r["job"] for r in results["rounds"]] == MEASURED_JOBS
+    assert isinstance(results["warmup"], dict) and results["warmup"]["episodes"] == 4
+
+    # Each batch in its own folder, each with its own evidence.
+    for job_name in ALL_JOBS:
+        folder = output / job_name
+        job = load(folder / "job.json")
+        assert job["metadata"]["name"] == job_name
+        assert rl_batch_demo.job_finished(job) == "Complete"
+        names = rounds.batch_pods[job_name]
+        assert len(names) == 4 and all(name.startswith(f"{job_name}-") for name in names)
+        assert all((folder / f"{name}.log").is_file() for name in names)
+        assert (folder / "events.json").is_file() and (folder / "client.json").is_file()
+    # The warm-up ran first and is kept apart: its episodes are in no pooled figure.
+    assert rounds.job_truth("rollout-warmup")["complete"] <= rounds.job_truth("rollout-1")["created"]
+    assert sorted(r["pod"] for r in results["warmup"]["pods"]) == rounds.batch_pods["rollout-warmup"]
+    rows = results["pods"]
+    assert sorted(r["pod"] for r in rows) == sorted(n for j in MEASURED_JOBS for n in rounds.batch_pods[j])
+    assert all(row["job"] in MEASURED_JOBS for row in rows)
+    assert Counter(r["batch"] for r in rounds.rows) == {job: 4 for job in MEASURED_JOBS}
+
+    # The receipt names every Job of the run.
+    assert rounds.receipt["jobs"] == rounds.job_uids and None not in rounds.job_uids.values()
+    # The timeline draws the measured episodes only, one row each.
+    check_timeline((output / "timeline.svg").read_text(), [r["pod"] for r in rows], labelled=True)
+
+
+def test_rounds_figures_per_round_and_pooled_hold_against_the_truth(rounds):
+    output, results = rounds.output, rounds.results
+    # Per-round figures from each round's own rows, and held against the truth.
+    for entry in results["rounds"]:
+        job_name = entry["job"]
+        assert entry["episodes"] == 4 and len(entry["pods"]) == 4
+        assert entry["batch_to_all_ready_seconds"] == max(r["batch_to_ready_seconds"] for r in entry["pods"])
+        assert entry["batch_to_all_rewards_seconds"] == max(r["batch_to_reward_seconds"] for r in entry["pods"])
+        job = load(output / job_name / "job.json")
+        assert_points_match_truth(rounds, job_name, job, [r for r in rounds.rows if r["batch"] == job_name])
+        last_reward = parse_time(job["metadata"]["creationTimestamp"]) + entry["batch_to_all_rewards_seconds"]
+        pod_truths = [rounds.pod_truth(name) for name in rounds.batch_pods[job_name]]
+        assert max(t["container_started"] for t in pod_truths) <= last_reward \
+            <= max(t["container_finished"] for t in pod_truths)
+
+    # Pooled over all 12 measured episodes, the warm-up excluded.
+    rows = results["pods"]
+    ready = [r["pod_to_ready_seconds"] for r in rows]
+    assert len(ready) == 12
+    assert results["pod_to_ready_p50_seconds"] == pytest.approx(percentile(ready, 0.5), abs=1.5e-3)
+    assert results["pod_to_ready_p95_seconds"] == pytest.approx(percentile(ready, 0.95), abs=1.5e-3)
+    assert results["pod_to_ready_max_seconds"] == max(ready)
+    pooled = results["phases"]["pod_to_ready"]
+    assert (pooled["p50"], pooled["p95"], pooled["max"]) == (
+        results["pod_to_ready_p50_seconds"], results["pod_to_ready_p95_seconds"], results["pod_to_ready_max_seconds"])
+    assert results["batch_to_all_ready_seconds"] == max(r["batch_to_all_ready_seconds"] for r in results["rounds"])
+    assert results["batch_to_all_rewards_seconds"] == max(r["batch_to_all_rewards_seconds"]
+                                                          for r in results["rounds"])
+    for phase in PHASES:
+        values = [float(r[f"{phase}_seconds"]) for r in rounds.rows]
+        entry = results["phases"][phase]
+        assert entry["samples"] == 12 and entry["missing"] == 0, (phase, entry)
+        for key, q in (("p50", 0.5), ("p95", 0.95), ("p99", 0.99)):
+            assert entry[key] == pytest.approx(percentile(values, q), abs=1.5e-3), (phase, key)
+        assert entry["max"] == pytest.approx(max(values), abs=1.5e-3)
+    assert results["nodes"] == dict(sorted(Counter(
+        rounds.pod_truth(n)["node"] for j in MEASURED_JOBS for n in rounds.batch_pods[j]).items()))
+
+
+def test_rounds_report_recomputes_the_same_figures(rounds):
+    assert report(rounds.output) == rl_batch_demo.public_results(rounds.results)
+
+
+def test_compare_prints_each_metric_once_with_its_ratio(six, rounds, tmp_path):
+    compared = subprocess.run([sys.executable, str(PRODUCT), "compare", str(six.output), str(rounds.output)],
+                              env=no_cluster_env(tmp_path), capture_output=True, text=True, timeout=60)
+    assert compared.returncode == 0, compared.stderr
+    header, *body = compared.stdout.splitlines()
+    assert header.split()[1:] == ["A:", "rl-6", "B:", "rl-rounds", "B/A"]
+    lines = [line.split() for line in body]
+    for field in rl_batch_demo.COMPARED_FIELDS:
+        a, b = six.results[field], rounds.results[field]
+        assert [field, str(a), str(b), f"{b / a:.2f}"] in lines, field
+    for phase in PHASES:
+        a, b = six.results["phases"][phase]["p50"], rounds.results["phases"][phase]["p50"]
+        ratio = f"{b / a:.2f}" if a else "-"
+        assert any(line[1:] == [str(a), str(b), ratio] for line in lines if line[0].startswith(phase)), phase
+    names = [line[0] for line in lines]
+    assert len(names) == len(set(names)), f"a metric is printed twice: {sorted(Counter(names).items())}"
+
+
+def test_cleanup_deletes_every_job_of_the_rounds_foreground_then_the_namespace(cluster, rounds):
+    kubectl, emulator, deletes = cluster
+    before = len(deletes)
+    cleaned = tool(emulator, kubectl, "cleanup", "--output", str(rounds.output))
+    assert cleaned.returncode == 0, cleaned.stderr
+    assert cleaned.stdout.strip().endswith(f"Deleted test namespace: {rounds.namespace}")
+    job_deletes = {d["name"]: d for d in deletes[before:] if d["store"] == "jobs"}
+    assert sorted(job_deletes) == sorted(ALL_JOBS)
+    for job_name in ALL_JOBS:
+        assert job_deletes[job_name]["opts"].get("propagationPolicy") == "Foreground", job_deletes[job_name]
+        assert any(r["method"] == "DELETE" and
+                   r["path"] == f"/apis/batch/v1/namespaces/{rounds.namespace}/jobs/{job_name}"
+                   for r in emulator.requests), job_name
+    assert emulator.list("jobs", rounds.namespace) == []
+    assert emulator.get("namespaces", None, rounds.namespace) is None
+    assert rounds.output.is_dir() and (rounds.output / "results.json").is_file()
+
+
+# --------------------------------------------------------------------------
+# timeline.svg
+
+
+def svg_rows(root: ElementTree.Element) -> dict[float, list[tuple[float, float, float, str]]]:
+    """y -> the bars (x, width, height, tooltip) drawn at that height: one row per episode."""
+    rows: dict[float, list[tuple[float, float, float, str]]] = {}
+    for rect in root.iter(f"{SVG}rect"):
+        title = rect.find(f"{SVG}title")
+        if title is None:
+            continue
+        rows.setdefault(float(rect.get("y")), []).append(
+            (float(rect.get("x")), float(rect.get("width")), float(rect.get("height")), title.text or ""))
+    return rows
+
+
+# Average advance of a 12 px sans-serif character, to tell whether a label fits.
+CHAR_WIDTH = 6.0
+
+
+def check_timeline(svg_text: str, pods: list[str], labelled: bool) -> ElementTree.Element:
+    """One row of bars per episode, inside the plot, not overlapping; a legend; a labelled axis."""
+    root = ElementTree.fromstring(svg_text)
+    assert root.tag == f"{SVG}svg"
+    width = float(root.get("width"))
+    texts = {t.text or "": t for t in root.iter(f"{SVG}text")}
+    # A legend naming every phase, each name inside the picture.
+    for phase in rl_batch_demo.PHASE_COLOURS:
+        name = phase.replace("_", " ")
+        assert name in texts, f"legend lacks {name!r}"
+        assert float(texts[name].get("x")) + CHAR_WIDTH * len(name) <= width, \
+            f"legend entry {name!r} at x={texts[name].get('x')} runs past the {width:g} px wide picture"
+    # A time axis with its label and increasing ticks from 0.
+    assert "seconds after the Job was created" in texts
+    ticks = [float(t) for t in texts if t.replace(".", "", 1).isdigit()]
+    assert ticks[0] == 0 and ticks == sorted(ticks) and len(ticks) >= 3
+    if labelled:
+        # A label is the pod name, or batch/pod cut to its last characters.
+        assert all(any(pod in t or (len(t) > 8 and pod.endswith(t)) for t in texts) for pod in pods), \
+            sorted(texts)
+    # One row of bars per episode, every bar inside the picture and tall enough to see.
+    rows = svg_rows(root)
+    assert len(rows) == len(pods), (len(rows), len(pods))
+    owners = {y: {title.split()[0] for *_, title in bars} for y, bars in rows.items()}
+    assert all(len(names) == 1 for names in owners.values()), owners
+    assert sorted(name for names in owners.values() for name in names) == sorted(pods)
+    for bars in rows.values():
+        for x, w, h, title in bars:
+            assert w > 0 and 0 <= x and x + w <= width, (x, w, title)
+            assert h >= 2, f"{title}: a bar {h:g} px high is a hairline"
+    # Phases follow each other along a row: no bar hides another.
+    for bars in rows.values():
+        bars.sort()
+        for (x0, w0, _, first), (x1, _, _, second) in zip(bars, bars[1:]):
+            assert x0 + w0 <= x1 + 0.05, f"{first!r} (x {x0:g}..{x0 + w0:g}) overlaps {second!r} (from x {x1:g})"
+    return root
+
+
+def test_timeline_has_one_labelled_row_per_episode_a_legend_and_an_axis(six):
+    check_timeline((six.output / "timeline.svg").read_text(), sorted(six.pods), labelled=True)
+
+
+def synthetic_batch(count: int, parallelism: int = 50) -> dict:
+    """A batch as `summarise_batch` sees it, from a model of true times in waves of `parallelism`:
+    Kubernetes points truncated to the second, event and worker points exact."""
+    job_created = 1_800_000_000.85
+    records = []
+    for n in range(count):
+        jitter = (n * 37 % 100) / 1000
+        created = job_created + 0.01 + (n // parallelism) * 2.6 + jitter / 10
+        true = {"pod_created": created, "scheduled": created + 0.004}
+        true["sandbox_ready"] = true["scheduled"] + 0.45 + jitter
+        true["container_started"] = true["sandbox_ready"] + 0.02
+        true["process_started"] = true["container_started"] + 0.03
+        true["imports_done"] = true["process_started"] + 0.2 + jitter
+        true["ready"] = true["imports_done"] + 0.0005
+        true["reward"] = true["ready"] + 1.7 + 2 * jitter
+        true["container_finished"] = true["reward"] + 0.1
+        points = {point: (math.floor(moment), 1.0) if POINT_PRECISION[point] == 1.0 else
+                  (moment, POINT_PRECISION[point]) for point, moment in true.items()}
+        records.append({"pod": f"rollout-{n:03d}x", "points": points,
+                        "phases": rl_batch_demo.phase_durations(points), "index": None})
+    return {"_episodes": records, "_job_created": float(math.floor(job_created))}
+
+
+@pytest.mark.parametrize("count", [10, 200])
+def test_timeline_stays_one_row_per_episode_at_scale(count):
+    svg = rl_batch_demo.timeline_svg([("rollout", synthetic_batch(count))], f"{count} episodes")
+    root = check_timeline(svg, [f"rollout-{n:03d}x" for n in range(count)], labelled=count <= 40)
+    assert float(root.get("height")) < 1200  # fits on a screen
