@@ -24,6 +24,7 @@ import codecs
 import concurrent.futures
 import csv
 import datetime
+import http.client
 import io
 import json
 import math
@@ -32,6 +33,7 @@ import queue
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -62,6 +64,7 @@ POLL_INTERVAL_SECONDS = 1.0
 WATCH_RESTARTS_BEFORE_POLLING = 3
 SETTLE_SECONDS = 3.0
 COLLECT_RETRY_SECONDS = 10
+PROXY_START_SECONDS = 10
 
 JOB_NAME = "rollout"
 WARMUP_JOB_NAME = "rollout-warmup"
@@ -403,23 +406,6 @@ def iter_json_stream(chunks: Iterable[str]) -> Iterator[Any]:
                 break
             buffer = stripped[end:]
             yield value
-
-
-def split_prefixed_logs(text: str, container: str = CONTAINER_NAME) -> dict[str, str]:
-    """Pod name -> log, from `kubectl logs -l ... --prefix` output (`[pod/NAME/CONTAINER] line`).
-
-    Lines without the prefix (kubectl's own error lines with --ignore-errors) are skipped.
-    """
-    logs: dict[str, list[str]] = {}
-    suffix = f"/{container}] "
-    for line in text.splitlines():
-        if not line.startswith("[pod/"):
-            continue
-        end = line.find(suffix)
-        if end < 0:
-            continue
-        logs.setdefault(line[len("[pod/"):end], []).append(line[end + len(suffix):])
-    return {name: "".join(part + "\n" for part in lines) for name, lines in logs.items()}
 
 
 def condition(obj: dict, kind: str) -> dict | None:
@@ -1034,10 +1020,14 @@ class Kubectl:
             retry_until: float | None = None,
             request_timeout: str | None = f"{REQUEST_TIMEOUT_SECONDS}s") -> str:
         """Run one request-and-answer call; retry transient failures until `retry_until` (monotonic)."""
+        return self.retrying(lambda: self._run_once(args, input_text, request_timeout), retry_until)
+
+    def retrying(self, call: Callable[[], str], retry_until: float | None) -> str:
+        """Call, and on a transient failure call again with backoff until `retry_until`; count retries."""
         delay = 0.25
         while True:
             try:
-                return self._run_once(args, input_text, request_timeout)
+                return call()
             except KubectlError as error:
                 if retry_until is None or not error.transient or time.monotonic() + delay > retry_until:
                     raise
@@ -1073,13 +1063,91 @@ class Kubectl:
         except ValueError:
             raise DemoError(f"kubectl {' '.join(args[:2])} printed something that is not JSON") from None
 
-    def stream(self, args: Sequence[str], seconds: int) -> subprocess.Popen:
-        """Start a long-lived call (a watch) bounded by `seconds` instead of the request timeout."""
+    def stream(self, args: Sequence[str], seconds: int, detached: bool = False) -> subprocess.Popen:
+        """Start a long-lived call (a watch, the proxy) with requests bounded by `seconds`.
+
+        A detached one is out of the terminal's reach, so Ctrl-C leaves it to this tool to stop.
+        """
         with self._lock:
             self.processes += 1
         return subprocess.Popen(
             self.argv(args, f"{max(1, seconds)}s"), stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=tempfile.TemporaryFile(), bufsize=0)
+            stdout=subprocess.PIPE, stderr=tempfile.TemporaryFile(), bufsize=0,
+            start_new_session=detached)
+
+
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """HTTP over a Unix socket: how this tool talks to its own `kubectl proxy`."""
+
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.socket_path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self.socket_path)
+
+
+class ApiProxy:
+    """One `kubectl proxy` on a private Unix socket, for the many small reads of a batch.
+
+    kubectl limits itself to 5 requests a second after a burst of 10 (so
+    `kubectl logs -l` over 500 pods takes 100 s), and every kubectl process costs
+    about 0.1 s of CPU. Through the proxy each log or list is one local HTTP
+    request at the API server's own speed; authentication stays kubectl's.
+    """
+
+    def __init__(self, kubectl: Kubectl) -> None:
+        self.kubectl = kubectl
+        self.directory = tempfile.mkdtemp(prefix="rl-batch-demo-")  # mode 0700: ours alone
+        self.socket_path = os.path.join(self.directory, "api.sock")
+        self.process = kubectl.stream(["proxy", f"--unix-socket={self.socket_path}"],
+                                      REQUEST_TIMEOUT_SECONDS, detached=True)
+        deadline = time.monotonic() + PROXY_START_SECONDS
+        while not os.path.exists(self.socket_path):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.close()
+                raise DemoError("kubectl proxy did not start")
+            time.sleep(0.01)
+
+    def get(self, path: str, retry_until: float | None = None) -> str:
+        """GET one API path, retrying transient failures like any kubectl call."""
+        return self.kubectl.retrying(lambda: self._get_once(path), retry_until)
+
+    def _get_once(self, path: str) -> str:
+        """GET one API path (bounded by the request timeout); KubectlError unless 200."""
+        separator = "&" if "?" in path else "?"
+        connection = UnixHTTPConnection(self.socket_path, REQUEST_TIMEOUT_SECONDS)
+        try:
+            connection.request("GET", f"{path}{separator}timeout={REQUEST_TIMEOUT_SECONDS}s")
+            response = connection.getresponse()
+            body = response.read().decode("utf-8", errors="replace")
+        except OSError as error:  # includes socket.timeout
+            raise KubectlError(f"GET {path}", None, str(error)) from None
+        finally:
+            connection.close()
+        if response.status != 200:
+            raise KubectlError(f"GET {path}", response.status, body)
+        return body
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def read_log(kubectl: Kubectl, proxy: ApiProxy | None, namespace: str, pod: str,
+             retry_until: float | None) -> str:
+    """One pod's episode log: through the proxy when there is one, else with `kubectl logs`."""
+    if proxy is not None:
+        return proxy.get(f"/api/v1/namespaces/{namespace}/pods/{pod}/log?container={CONTAINER_NAME}",
+                         retry_until)
+    return kubectl.run(["logs", pod, "-c", CONTAINER_NAME, "-n", namespace], retry_until=retry_until)
 
 
 class Progress:
@@ -1120,8 +1188,10 @@ class BatchFollower:
     """
 
     def __init__(self, kubectl: Kubectl, namespace: str, job_name: str, count: int,
-                 progress: Progress, pool: concurrent.futures.ThreadPoolExecutor) -> None:
+                 progress: Progress, pool: concurrent.futures.ThreadPoolExecutor,
+                 proxy: ApiProxy | None = None) -> None:
         self.kubectl = kubectl
+        self.proxy = proxy
         self.namespace = namespace
         self.job_name = job_name
         self.count = count
@@ -1224,7 +1294,9 @@ class BatchFollower:
     def _start_watch(self, kind: str, client_deadline: float) -> None:
         seconds = math.ceil(client_deadline - time.monotonic())
         if kind == "job":
-            args = ["get", "job", self.job_name]
+            # A list watch, not `get job NAME -w`: for one named object kubectl drops its
+            # watch's first event, losing any change made between its GET and its watch.
+            args = ["get", "jobs", "--field-selector", f"metadata.name={self.job_name}"]
         else:
             args = ["get", "pods", "-l", f"job-name={self.job_name}"]
         args += ["-n", self.namespace, "-o", "json", "--watch", "--output-watch-events"]
@@ -1303,9 +1375,8 @@ class BatchFollower:
 
     def _read_log(self, name: str, container_id: str) -> None:
         try:
-            self.logs[name] = (container_id, self.kubectl.run(
-                ["logs", name, "-c", CONTAINER_NAME, "-n", self.namespace],
-                retry_until=time.monotonic() + COLLECT_RETRY_SECONDS))
+            self.logs[name] = (container_id, read_log(
+                self.kubectl, self.proxy, self.namespace, name, time.monotonic() + COLLECT_RETRY_SECONDS))
         except DemoError:
             pass  # read again when the batch's evidence is collected
 
@@ -1318,12 +1389,6 @@ class BatchFollower:
             + ("  (polling)" if self.polling else ""))
 
     # -- collecting -------------------------------------------------------
-
-    def cancel_queued_log_reads(self) -> None:
-        """Drop log reads not yet started: one batched read does them faster."""
-        for key, future in list(self._log_reads.items()):
-            if future.cancel():
-                del self._log_reads[key]
 
     def finish_log_reads(self) -> None:
         """Wait for log reads under way."""
@@ -1342,6 +1407,10 @@ def write_text(path: str, text: str) -> None:
             handle.write(text)
         os.replace(temporary, path)
     except OSError as error:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass  # never created, or the disk is beyond help: the error below says what failed
         raise DemoError(f"cannot write {path}: {error.strerror or error}") from None
 
 
@@ -1487,6 +1556,7 @@ class RunAction:
         self.progress = Progress(args.quiet)
         self.pool = concurrent.futures.ThreadPoolExecutor(LOG_READERS)
         self.follower: BatchFollower | None = None
+        self.proxy: ApiProxy | None = None
         self.batch_dir = output
         self.touched_cluster = False
         self.cpu_start = cpu_seconds()
@@ -1566,11 +1636,16 @@ class RunAction:
             self.settings["image"], self.settings["runtime"], self.settings["timeout"],
             name=job_name, harden=self.settings["harden"], indexed=not self.settings["builtin"])
         write_json(os.path.join(self.batch_dir, "job-submitted.json"), manifest)
-        self.follower = BatchFollower(self.kubectl, self.namespace, job_name, self.settings["count"],
-                                      self.progress, self.pool)
         submitted_wall = time.time()
         submitted = time.monotonic()
         client_deadline = submitted + self.settings["timeout"] + CLIENT_GRACE_SECONDS
+        if self.proxy is None:
+            try:
+                self.proxy = ApiProxy(self.kubectl)
+            except DemoError as error:  # e.g. kubectl proxy forbidden here: one process per read instead
+                print(f"Warning: {error}; reading logs with one kubectl per pod", file=sys.stderr)
+        self.follower = BatchFollower(self.kubectl, self.namespace, job_name, self.settings["count"],
+                                      self.progress, self.pool, self.proxy)
         created = self.create(manifest)
         self.receipt.setdefault("jobs", {})[job_name] = created["metadata"]["uid"]
         if "job_uid" not in self.receipt:
@@ -1626,35 +1701,24 @@ class RunAction:
                                     + namespace_args, retry_until=retry_until)
 
         def fetch_events(args: list[str]) -> str:
+            if args == ["-o", "json"] and self.proxy is not None:
+                try:
+                    return self.proxy.get(f"/api/v1/namespaces/{self.namespace}/events", retry_until)
+                except DemoError:
+                    pass  # ask kubectl below
             return self.kubectl.run(["get", "events"] + args + namespace_args, retry_until=retry_until)
 
-        def fetch_logs_at_once() -> dict[str, str]:
-            # Pods whose log was not read while they ran (typically the last to finish):
-            # one kubectl reads them all, rather than one process per pod.
-            unread = [name for name, pod in follower.pods.items() if container_terminated(pod) is not None
-                      and (name, container_terminated(pod).get("containerID", "")) not in follower._log_reads]
-            if len(unread) < 2 or quick:
-                return {}
-            try:
-                return split_prefixed_logs(self.kubectl.run(
-                    ["logs", "-l", f"job-name={job_name}", "-c", CONTAINER_NAME, "--prefix",
-                     "--tail=-1", "--ignore-errors"] + namespace_args, retry_until=retry_until))
-            except DemoError:
-                return {}
-
-        follower.cancel_queued_log_reads()
         # Its own threads: the log readers' pool may still be busy with reads under way.
-        with concurrent.futures.ThreadPoolExecutor(5) as fetchers:
-            logs_future = fetchers.submit(fetch_logs_at_once)
+        with concurrent.futures.ThreadPoolExecutor(4) as fetchers:
             job_future = fetchers.submit(fetch_job)
             pods_future = fetchers.submit(fetch_pods)
             table_future = fetchers.submit(fetch_events, ["--sort-by=.metadata.creationTimestamp"])
             events_future = fetchers.submit(fetch_events, ["-o", "json"])
             return self.save_evidence(follower, job_future, pods_future, table_future, events_future,
-                                      logs_future, retry_until)
+                                      retry_until)
 
     def save_evidence(self, follower: BatchFollower, job_future: Any, pods_future: Any, table_future: Any,
-                      events_future: Any, logs_future: Any, retry_until: float | None) -> tuple:
+                      events_future: Any, retry_until: float | None) -> tuple:
         """Write what the fetches brought; fall back to the watch's view where a fetch failed."""
         problems = []
         job = job_future.result()
@@ -1682,14 +1746,14 @@ class RunAction:
             events = []
         write_json(os.path.join(self.batch_dir, "observed.json"), follower.observed)
         follower.finish_log_reads()
-        logs = self.read_logs(pods, follower, logs_future.result(), retry_until)
+        logs = self.read_logs(pods, follower, retry_until)
         for name, text in logs.items():
             write_text(os.path.join(self.batch_dir, f"{name}.log"), text)
         for problem in problems:
             print(f"Warning: could not save {problem}", file=sys.stderr)
         return job, pods, logs, events
 
-    def read_logs(self, pods: Sequence[dict], follower: BatchFollower, read_at_once: dict[str, str],
+    def read_logs(self, pods: Sequence[dict], follower: BatchFollower,
                   retry_until: float | None) -> dict[str, str]:
         """Each pod's episode log, read after its container ended (else read now); unreadable -> empty."""
         logs: dict[str, str] = {}
@@ -1700,12 +1764,9 @@ class RunAction:
             read_early = follower.logs.get(name)
             if terminated is not None and read_early and read_early[0] == terminated.get("containerID", ""):
                 logs[name] = read_early[1]
-            elif terminated is not None and read_at_once.get(name):
-                logs[name] = read_at_once[name]
             else:
                 pending[name] = self.pool.submit(
-                    self.kubectl.run, ["logs", name, "-c", CONTAINER_NAME, "-n", self.namespace],
-                    None, retry_until)
+                    read_log, self.kubectl, self.proxy, self.namespace, name, retry_until)
         for name, future in pending.items():
             try:
                 logs[name] = future.result()
@@ -1755,6 +1816,8 @@ class RunAction:
     def close(self) -> None:
         if self.follower is not None:
             self.follower._stop_watches()
+        if self.proxy is not None:
+            self.proxy.close()
         self.pool.shutdown(wait=False)
 
 
@@ -1936,8 +1999,13 @@ def cleanup_namespace(kubectl: Kubectl, receipt: dict, output: str,
                       wait_seconds: float = DELETE_WAIT_SECONDS) -> None:
     """Delete the run's Jobs and namespace, only after proving both are the run's own (SPEC A5)."""
     namespace = receipt["namespace"]
+    try:
+        live = kubectl.json(["get", "namespace", namespace, "--ignore-not-found"],
+                            retry_until=time.monotonic() + FIRST_CONTACT_RETRY_SECONDS)
+    except KubectlError as error:
+        raise DemoError(f"cannot reach the cluster of context {receipt['context']!r} to look up "
+                        f"namespace {namespace}: {error}; nothing was deleted") from None
     retry_until = time.monotonic() + CALL_TIMEOUT_SECONDS
-    live = kubectl.json(["get", "namespace", namespace, "--ignore-not-found"], retry_until=retry_until)
     if live is None:
         print("Namespace already absent", flush=True)
         return

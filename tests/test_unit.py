@@ -1073,14 +1073,3 @@ def test_sandbox_ready_comes_from_the_true_transition_only() -> None:
     assert phases["sandbox_creation"]["samples"] == 1
     assert phases["sandbox_creation"]["p50"] == 0.75  # 20:00:02 - scheduled 20:00:01.25
 
-
-def test_split_prefixed_logs_keeps_each_pods_lines_and_skips_kubectl_errors() -> None:
-    text = ('[pod/rollout-aaaaa/episode] {"event": "ready"}\n'
-            '[pod/rollout-aaaaa/episode] plain line ] with bracket\n'
-            '[pod/rollout-bbbbb/episode] {"event": "reward"}\n'
-            'error: Get "https://10.0.0.1:10250/containerLogs/ns/rollout-ccccc/episode": refused\n'
-            '[pod/rollout-ddddd/other] not this container\n')
-    assert demo.split_prefixed_logs(text) == {
-        "rollout-aaaaa": '{"event": "ready"}\nplain line ] with bracket\n',
-        "rollout-bbbbb": '{"event": "reward"}\n',
-    }

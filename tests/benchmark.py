@@ -1,0 +1,620 @@
+#!/usr/bin/env python3
+"""Benchmark the product's client against the guide's method on the emulator (issue 6).
+
+Usage:
+    python3 tests/benchmark.py [--quick] [--kubectl PATH] [--cases 10,20,200,500]
+                               [--reps N] [--guide-max N] [--keep]
+
+For each case it starts a fresh Kubernetes API emulator (tests/kube_emulator.py,
+pods run for real in bubblewrap), then runs, one after the other and in new
+namespaces of that same emulator, the product (`rl_batch_demo.py run --quiet`)
+and the guide's method (`tests/guide_client.py`: poll the Job once a second with
+a new kubectl each time, then fetch pods, events and every log four at a time).
+The emulator records the true moment each Job condition was set, so:
+
+    completion lag        = client's observed_at (wall) - true time of Complete/Failed
+    post-completion work  = results.json mtime - client's observed_at
+    kubectl while waiting = the client's own count of processes started while waiting
+    CPU                   = rusage of the client process and its waited-for kubectl
+                            children (os.wait4), plus the client's own share alone
+    peak RSS              = the client process's own ru_maxrss (kubectl excluded)
+
+10- and 20-episode cases are repeated (--reps; medians reported; the two
+clients alternate which goes first). Large cases (200 at parallelism 20, 500 at
+parallelism 50) run the product once, and the guide once up to --guide-max
+episodes. A separate pair of 10-episode runs with a 0.4 s and a 5 s sandbox
+delay shows whether kubectl processes started while waiting grow with the wait.
+The episode worker's start is measured with `python -X importtime`: modules
+imported before `ready`, their import time, and spawn -> ready wall time, against
+a straightforward worker (json and subprocess imported at the top).
+
+Emulator timing: faults sandbox_delay 0.4 s, sandbox_jitter 0.1 s (as the
+end-to-end tests use), 3 nodes, Kubernetes 1.33; everything else the
+emulator's defaults (job status lag 0.2 s, scheduler 10 ms).
+
+Not part of the pytest run. Standard library only.
+"""
+# SPDX-License-Identifier: MIT
+
+from __future__ import annotations
+
+import argparse
+import ast
+import hashlib
+import json
+import os
+import platform
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+TESTS_DIR = Path(__file__).resolve().parent
+REPO_ROOT = TESTS_DIR.parent
+for _path in (str(TESTS_DIR), str(REPO_ROOT)):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+
+import prereqs  # noqa: E402  (needs the path above)
+import rl_batch_demo  # noqa: E402
+from kube_emulator import Emulator  # noqa: E402
+
+PRODUCT = REPO_ROOT / "rl_batch_demo.py"
+GUIDE = TESTS_DIR / "guide_client.py"
+
+EMULATOR_FAULTS = {"sandbox_delay": 0.4, "sandbox_jitter": 0.1}
+LONG_SANDBOX_DELAY = 5.0
+WAIT_CHECK_COUNT = 10
+SCALE_PARALLELISM = {200: 20, 500: 50}
+RSS_SAMPLE_SECONDS = 0.02
+WORKER_TIMING_RUNS = 9
+
+TARGET_LAG_SECONDS = 0.2
+TARGET_POST_SECONDS_20 = 0.5
+
+# Runs a script as __main__ and, at exit, writes the rusage of this process
+# alone and of its finished children to the file named by argv[1].
+RUSAGE_WRAPPER = """\
+import atexit, json, resource, runpy, sys
+usage_path, script = sys.argv[1], sys.argv[2]
+def _report():
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    with open(usage_path, "w") as handle:
+        json.dump({"self_cpu": own.ru_utime + own.ru_stime, "self_maxrss_kb": own.ru_maxrss,
+                   "children_cpu": kids.ru_utime + kids.ru_stime}, handle)
+atexit.register(_report)
+sys.argv = sys.argv[2:]
+sys.path[0] = __import__("os").path.dirname(script)
+runpy.run_path(script, run_name="__main__")
+"""
+
+STRAIGHTFORWARD_WORKER = '''\
+import json
+import os
+import subprocess
+import sys
+import time
+
+EPISODE_ID = os.environ.get("EPISODE_ID", "")
+BUGGY_SOURCE = {buggy!r}
+TEST_SOURCE = {tests!r}
+
+
+def emit(event, **fields):
+    print(json.dumps(dict(event=event, at=time.time(), episode_id=EPISODE_ID, **fields)), flush=True)
+
+
+def run_tests():
+    return subprocess.run([sys.executable, "-B", "test_shipping.py"],
+                          capture_output=True, text=True, timeout=20)
+
+
+def main():
+    os.chdir({workspace!r})
+    with open("shipping.py", "w") as handle:
+        handle.write(BUGGY_SOURCE)
+    with open("test_shipping.py", "w") as handle:
+        handle.write(TEST_SOURCE)
+    emit("ready")
+    baseline = run_tests()
+    if baseline.returncode == 0:
+        sys.exit("baseline must fail the boundary test")
+    with open("shipping.py") as handle:
+        source = handle.read()
+    with open("shipping.py", "w") as handle:
+        handle.write(source.replace("total > 99", "total >= 99"))
+    patched = run_tests()
+    emit("reward", reward=1 if patched.returncode == 0 else 0, baseline_exit=baseline.returncode,
+         tests_exit=patched.returncode, tests_output=patched.stderr)
+    if patched.returncode != 0:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+class BenchmarkError(Exception):
+    """A run that did not finish as it should: one line on stderr, exit status 1."""
+
+
+def say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------
+# One client run, measured from outside.
+
+
+def sample_rss(pid: int, samples: list[tuple[float, int, int]], stop: threading.Event) -> None:
+    """(wall time, VmRSS kB, VmHWM kB) of the process every few milliseconds until it ends."""
+    path = f"/proc/{pid}/status"
+    while not stop.is_set():
+        try:
+            with open(path) as handle:
+                fields = dict(line.split(":", 1) for line in handle if line.startswith(("VmRSS", "VmHWM")))
+            samples.append((time.time(), int(fields["VmRSS"].split()[0]), int(fields["VmHWM"].split()[0])))
+        except (OSError, ValueError, KeyError):
+            return
+        stop.wait(RSS_SAMPLE_SECONDS)
+
+
+def run_client(emulator: Emulator, kind: str, count: int, parallelism: int, kubectl: str,
+               workdir: Path, label: str) -> dict:
+    """Run the product or the guide's client once; return its figures, measured from outside."""
+    output = workdir / label
+    usage_path = workdir / f"{label}.rusage.json"
+    if kind == "product":
+        script = PRODUCT
+        args = ["run", "--quiet", "--count", str(count), "--parallelism", str(parallelism),
+                "--max-episodes", str(max(count, rl_batch_demo.DEFAULT_MAX_EPISODES)),
+                "--output", str(output), "--kubectl", kubectl]
+    else:
+        script = GUIDE
+        args = ["--count", str(count), "--parallelism", str(parallelism), "--output", str(output),
+                "--kubectl", kubectl]
+    argv = [sys.executable, "-c", RUSAGE_WRAPPER, str(usage_path), str(script)] + args
+    with open(workdir / f"{label}.stdout", "wb") as stdout, open(workdir / f"{label}.stderr", "wb") as stderr:
+        started = time.monotonic()
+        process = subprocess.Popen(argv, env=emulator.env(), stdout=stdout, stderr=stderr,
+                                   stdin=subprocess.DEVNULL)
+        samples: list[tuple[float, int, int]] = []
+        stop = threading.Event()
+        sampler = threading.Thread(target=sample_rss, args=(process.pid, samples, stop), daemon=True)
+        sampler.start()
+        _, status, usage = os.wait4(process.pid, 0)
+        process.returncode = os.waitstatus_to_exitcode(status)
+        wall = time.monotonic() - started
+        stop.set()
+        sampler.join()
+    if process.returncode != 0:
+        tail = (workdir / f"{label}.stderr").read_text(errors="replace").strip().splitlines()[-5:]
+        raise BenchmarkError(f"{kind} run {label} exited {process.returncode}: {' | '.join(tail)}")
+    results = json.loads((output / "results.json").read_text())
+    wait = results["client_wait"]
+    truth = emulator.truth()["jobs"][f"{results['namespace']}/{rl_batch_demo.JOB_NAME}"]
+    end_truth = truth.get("complete") or truth.get("failed")
+    own = json.loads(usage_path.read_text())
+    # The run's API requests, timed from the moment it saw the end (kept with --keep, for diagnosis).
+    requests = [dict(r, at=round(r["at"] - wait["observed_at"], 4)) for r in list(emulator.requests)
+                if f"/namespaces/{results['namespace']}/" in r["path"]]
+    (workdir / f"{label}.requests.json").write_text(json.dumps(requests, indent=1))
+    at_end = [(rss, hwm) for moment, rss, hwm in samples if moment <= wait["observed_at"]] or [(0, 0)]
+    return {
+        "kind": kind, "count": count, "parallelism": parallelism, "wall_seconds": wall,
+        "lag_seconds": wait["observed_at"] - end_truth,
+        "post_seconds": os.path.getmtime(output / "results.json") - wait["observed_at"],
+        "post_self_reported_seconds": wait.get("post_completion_seconds"),
+        "processes_while_waiting": wait["kubectl_processes_while_waiting"],
+        "kubectl_processes": results["client"]["kubectl_processes"],
+        "cpu_seconds": usage.ru_utime + usage.ru_stime,
+        "tool_cpu_seconds": own["self_cpu"],
+        "kubectl_cpu_seconds": own["children_cpu"],
+        "peak_rss_mb": own["self_maxrss_kb"] / 1024,
+        "rss_at_end_mb": at_end[-1][0] / 1024,
+        "peak_rss_at_end_mb": at_end[-1][1] / 1024,
+        "wait_seconds": wait["observed_at"] - wait["submitted_at"],
+        "truth_wait_seconds": end_truth - wait["submitted_at"],
+    }
+
+
+def median_of(runs: Sequence[dict], key: str) -> float:
+    return statistics.median(run[key] for run in runs)
+
+
+# --------------------------------------------------------------------------
+# The cases.
+
+
+def with_emulator(workdir: Path, faults: dict, body: Callable[[Emulator], Any]) -> Any:
+    emulator = Emulator(workdir / "emulator", faults=dict(faults))
+    emulator.start()
+    try:
+        return body(emulator)
+    finally:
+        emulator.stop()
+
+
+def repeated_case(count: int, reps: int, kubectl: str, root: Path) -> dict[str, list[dict]]:
+    """`reps` runs of each client on one emulator, alternating which goes first."""
+    workdir = root / f"case-{count}"
+    workdir.mkdir()
+    runs: dict[str, list[dict]] = {"product": [], "guide": []}
+
+    def body(emulator: Emulator) -> None:
+        for rep in range(reps):
+            order = ("product", "guide") if rep % 2 == 0 else ("guide", "product")
+            for kind in order:
+                figures = run_client(emulator, kind, count, count, kubectl, workdir, f"{kind}-{rep}")
+                runs[kind].append(figures)
+                say(f"  {count:>3} episodes, {kind:<7} run {rep + 1}/{reps}: lag {figures['lag_seconds']:.3f} s, "
+                    f"post {figures['post_seconds']:.3f} s, wall {figures['wall_seconds']:.1f} s")
+
+    with_emulator(workdir, EMULATOR_FAULTS, body)
+    return runs
+
+
+def scale_case(count: int, parallelism: int, with_guide: bool, kubectl: str, root: Path) -> dict[str, dict]:
+    """One product run (and one guide run if asked) of a large batch."""
+    workdir = root / f"scale-{count}"
+    workdir.mkdir()
+    runs: dict[str, dict] = {}
+
+    def body(emulator: Emulator) -> None:
+        for kind in ("product", "guide") if with_guide else ("product",):
+            runs[kind] = run_client(emulator, kind, count, parallelism, kubectl, workdir, kind)
+            say(f"  {count:>3} episodes (parallelism {parallelism}), {kind:<7}: "
+                f"post {runs[kind]['post_seconds']:.3f} s, wall {runs[kind]['wall_seconds']:.1f} s")
+
+    with_emulator(workdir, EMULATOR_FAULTS, body)
+    return runs
+
+
+def wait_length_case(kubectl: str, root: Path) -> dict[str, dict[str, dict]]:
+    """The same 10-episode batch with a short and a long sandbox delay, both clients."""
+    runs: dict[str, dict[str, dict]] = {}
+    for name, delay in (("short", EMULATOR_FAULTS["sandbox_delay"]), ("long", LONG_SANDBOX_DELAY)):
+        workdir = root / f"wait-{name}"
+        workdir.mkdir()
+        faults = dict(EMULATOR_FAULTS, sandbox_delay=delay)
+
+        def body(emulator: Emulator, name: str = name, workdir: Path = workdir) -> None:
+            runs[name] = {kind: run_client(emulator, kind, WAIT_CHECK_COUNT, WAIT_CHECK_COUNT, kubectl,
+                                           workdir, kind) for kind in ("product", "guide")}
+            say(f"  sandbox delay {faults['sandbox_delay']:g} s: product waited "
+                f"{runs[name]['product']['wait_seconds']:.1f} s, guide {runs[name]['guide']['wait_seconds']:.1f} s")
+
+        with_emulator(workdir, faults, body)
+    return runs
+
+
+# --------------------------------------------------------------------------
+# The worker's lean start.
+
+
+def worker_sources(workspace: Path) -> dict[str, str]:
+    """The product's worker and a straightforward one, both writing into `workspace`."""
+    product = rl_batch_demo.WORKER_SOURCE
+    if '"/workspace"' not in product:
+        raise BenchmarkError('the product\'s worker no longer names "/workspace"; update the benchmark')
+    constants = {}
+    for node in ast.parse(product).body:
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) \
+                and node.targets[0].id in ("BUGGY_SOURCE", "TEST_SOURCE"):
+            constants[node.targets[0].id] = ast.literal_eval(node.value)
+    return {
+        "product": product.replace('"/workspace"', repr(str(workspace))),
+        "guide": STRAIGHTFORWARD_WORKER.format(buggy=constants["BUGGY_SOURCE"], tests=constants["TEST_SOURCE"],
+                                               workspace=str(workspace)),
+    }
+
+
+def imports_before_ready(argv: list[str], env: dict) -> dict[str, float]:
+    """Module -> its own import time (s) for every import before the `ready` line (-X importtime).
+
+    stdout and stderr share one pipe, so the flushed `ready` line falls between the
+    import lines that came before it and those after.
+    """
+    completed = subprocess.run(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, timeout=60)
+    imported: dict[str, float] = {}
+    for line in completed.stdout.splitlines():
+        if line.startswith("{") and '"ready"' in line:
+            return imported
+        if line.startswith("import time:") and "|" in line and "self [us]" not in line:
+            self_us, _, name = line.split(":", 1)[1].split("|")
+            imported[name.strip()] = int(self_us) / 1e6
+    if "-c" in argv:
+        return imported
+    raise BenchmarkError(f"no ready event from {argv[-1]}: {completed.stdout[-300:]}")
+
+
+def spawn_to_ready_seconds(argv: list[str], env: dict) -> float:
+    """Wall time from starting the worker to its `ready` event."""
+    started = time.time()
+    completed = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    for line in completed.stdout.splitlines():
+        if '"ready"' in line:
+            return json.loads(line)["at"] - started
+    raise BenchmarkError(f"no ready event from {argv[-1]}: {completed.stderr[-300:]}")
+
+
+def worker_case(root: Path, runs: int) -> dict[str, dict]:
+    """Modules and time before `ready`: the product's worker vs a straightforward one."""
+    figures: dict[str, dict] = {}
+    env = dict(os.environ, EPISODE_ID="bench-worker")
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    startup = imports_before_ready([sys.executable, "-X", "importtime", "-B", "-c", "pass"], env)
+    for kind in ("product", "guide"):
+        workspace = root / f"worker-{kind}"
+        workspace.mkdir()
+        script = root / f"worker-{kind}.py"
+        script.write_text(worker_sources(workspace)[kind])
+        imported = imports_before_ready([sys.executable, "-X", "importtime", "-B", str(script)], env)
+        beyond = {name: seconds for name, seconds in imported.items() if name not in startup}
+        times = [spawn_to_ready_seconds([sys.executable, "-B", str(script)], env) for _ in range(runs)]
+        figures[kind] = {"modules": len(imported), "modules_beyond_startup": len(beyond),
+                         "import_seconds": sum(imported.values()), "import_seconds_beyond_startup":
+                         sum(beyond.values()), "spawn_to_ready_seconds": statistics.median(times)}
+    return figures
+
+
+# --------------------------------------------------------------------------
+# The table.
+
+
+def ratio(product: float, guide: float) -> str:
+    if not product:
+        return "inf" if guide else "-"
+    return f"{guide / product:.2f}"
+
+
+def verdict(ok: bool | None) -> str:
+    return "" if ok is None else ("met" if ok else "MISSED")
+
+
+def render_table(rows: list[tuple[str, Any, Any, str, str]]) -> str:
+    header = ("figure", "product", "guide", "guide/product", "target")
+    cells = [header] + [(name, fmt(p), fmt(g), ratio_text, target) for name, p, g, ratio_text, target in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    lines = []
+    for index, row in enumerate(cells):
+        lines.append("  ".join(cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i])
+                               for i, cell in enumerate(row)).rstrip())
+        if index == 0:
+            lines.append("  ".join("-" * width for width in widths))
+    return "\n".join(lines)
+
+
+def fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int):
+        return str(value)
+    return f"{value:.3f}" if abs(value) < 100 else f"{value:.1f}"
+
+
+def build_rows(repeated: dict[int, dict[str, list[dict]]], scale: dict[int, dict[str, dict]],
+               waits: dict[str, dict[str, dict]], worker: dict[str, dict]) -> list[tuple]:
+    rows: list[tuple] = []
+
+    def add(name: str, product: Any, guide: Any, target: str = "") -> None:
+        both = isinstance(product, (int, float)) and isinstance(guide, (int, float))
+        rows.append((name, product, guide, ratio(product, guide) if both else "-", target))
+
+    for count, runs in sorted(repeated.items()):
+        product, guide = runs["product"], runs["guide"]
+        n = len(product)
+        prefix = f"{count} ep"
+        lag = median_of(product, "lag_seconds")
+        add(f"{prefix}: completion lag, median of {n} (s)", lag, median_of(guide, "lag_seconds"),
+            f"<= {TARGET_LAG_SECONDS} {verdict(lag <= TARGET_LAG_SECONDS)}")
+        add(f"{prefix}: completion lag, max of {n} (s)", max(r["lag_seconds"] for r in product),
+            max(r["lag_seconds"] for r in guide))
+        post = median_of(product, "post_seconds")
+        add(f"{prefix}: post-completion to results.json, median (s)", post, median_of(guide, "post_seconds"),
+            f"<= {TARGET_POST_SECONDS_20} {verdict(post <= TARGET_POST_SECONDS_20)}" if count == 20 else "")
+        add(f"{prefix}: post-completion, max of {n} (s)", max(r["post_seconds"] for r in product),
+            max(r["post_seconds"] for r in guide))
+        add(f"{prefix}: submit -> end seen by client, median (s)", median_of(product, "wait_seconds"),
+            median_of(guide, "wait_seconds"))
+        add(f"{prefix}: kubectl processes while waiting, median", int(median_of(product, "processes_while_waiting")),
+            int(median_of(guide, "processes_while_waiting")))
+        add(f"{prefix}: kubectl processes per run, median", int(median_of(product, "kubectl_processes")),
+            int(median_of(guide, "kubectl_processes")))
+        cpu = median_of(product, "cpu_seconds")
+        guide_cpu = median_of(guide, "cpu_seconds")
+        add(f"{prefix}: CPU tool+kubectl per run, median (s)", cpu, guide_cpu,
+            f"< guide {verdict(cpu < guide_cpu)}")
+        add(f"{prefix}: CPU tool process alone, median (s)", median_of(product, "tool_cpu_seconds"),
+            median_of(guide, "tool_cpu_seconds"))
+        add(f"{prefix}: CPU kubectl children, median (s)", median_of(product, "kubectl_cpu_seconds"),
+            median_of(guide, "kubectl_cpu_seconds"))
+        add(f"{prefix}: peak RSS of tool process, median (MB)", median_of(product, "peak_rss_mb"),
+            median_of(guide, "peak_rss_mb"))
+
+    if waits:
+        short, long = waits["short"], waits["long"]
+        for kind_label, key in (("submit -> end seen (s)", "wait_seconds"),
+                                ("kubectl processes while waiting", "processes_while_waiting")):
+            add(f"wait check {WAIT_CHECK_COUNT} ep, sandbox {EMULATOR_FAULTS['sandbox_delay']:g} s: {kind_label}",
+                short["product"][key], short["guide"][key])
+            add(f"wait check {WAIT_CHECK_COUNT} ep, sandbox {LONG_SANDBOX_DELAY:g} s: {kind_label}",
+                long["product"][key], long["guide"][key])
+        grew = long["product"]["processes_while_waiting"] - short["product"]["processes_while_waiting"]
+        add("wait check: growth of processes while waiting (long - short)", grew,
+            long["guide"]["processes_while_waiting"] - short["guide"]["processes_while_waiting"],
+            f"product 0 {verdict(grew <= 0)}")
+
+    for count, runs in sorted(scale.items()):
+        product, guide = runs["product"], runs.get("guide") or {}
+        prefix = f"{count} ep (p{product['parallelism']})"
+        add(f"{prefix}: completed", "yes", "yes" if guide else "not run", "completes: met")
+        add(f"{prefix}: completion lag (s)", product["lag_seconds"], guide.get("lag_seconds"))
+        add(f"{prefix}: post-completion to results.json (s)", product["post_seconds"], guide.get("post_seconds"))
+        add(f"{prefix}: post-completion per episode (ms)", 1000 * product["post_seconds"] / count,
+            1000 * guide["post_seconds"] / count if guide else None)
+        add(f"{prefix}: submit -> end seen by client (s)", product["wait_seconds"], guide.get("wait_seconds"))
+        add(f"{prefix}: kubectl processes per run", product["kubectl_processes"], guide.get("kubectl_processes"))
+        add(f"{prefix}: CPU tool+kubectl per run (s)", product["cpu_seconds"], guide.get("cpu_seconds"))
+        add(f"{prefix}: CPU tool process alone (s)", product["tool_cpu_seconds"], guide.get("tool_cpu_seconds"))
+        add(f"{prefix}: RSS of tool when end seen (MB)", product["rss_at_end_mb"], guide.get("rss_at_end_mb"))
+        add(f"{prefix}: peak RSS of tool (MB)", product["peak_rss_mb"], guide.get("peak_rss_mb"))
+        add(f"{prefix}: peak RSS growth after end seen, per episode (kB)",
+            1024 * (product["peak_rss_mb"] - product["peak_rss_at_end_mb"]) / count,
+            1024 * (guide["peak_rss_mb"] - guide["peak_rss_at_end_mb"]) / count if guide else None)
+
+    if worker:
+        product, guide = worker["product"], worker["guide"]
+        add("worker: modules imported before ready (all, -X importtime)", product["modules"], guide["modules"],
+            f"< straightforward {verdict(product['modules'] < guide['modules'])}")
+        add("worker: modules before ready beyond interpreter start-up", product["modules_beyond_startup"],
+            guide["modules_beyond_startup"])
+        add("worker: import time before ready (ms, -X importtime sum)", 1000 * product["import_seconds"],
+            1000 * guide["import_seconds"],
+            f"< straightforward {verdict(product['import_seconds'] < guide['import_seconds'])}")
+        add("worker: import time beyond interpreter start-up (ms)", 1000 * product["import_seconds_beyond_startup"],
+            1000 * guide["import_seconds_beyond_startup"])
+        add(f"worker: spawn -> ready wall, median of {WORKER_TIMING_RUNS} (ms)",
+            1000 * product["spawn_to_ready_seconds"], 1000 * guide["spawn_to_ready_seconds"])
+    return rows
+
+
+def linearity_lines(repeated: dict[int, dict[str, list[dict]]], scale: dict[int, dict[str, dict]]) -> list[str]:
+    """The product's post-completion time and memory per episode across batch sizes."""
+    points = []
+    keys = ("post_seconds", "tool_cpu_seconds", "peak_rss_mb", "peak_rss_at_end_mb", "rss_at_end_mb")
+    for count, runs in sorted(repeated.items()):
+        points.append((count, *(median_of(runs["product"], key) for key in keys)))
+    for count, runs in sorted(scale.items()):
+        points.append((count, *(runs["product"][key] for key in keys)))
+    if len(points) < 2:
+        return []
+    lines = ["", "Product by batch size (linear growth => per-episode columns flat or falling; "
+                 "RSS sampled every 20 ms):",
+             f"{'episodes':>8}  {'post s':>7}  {'post ms/ep':>10}  {'tool CPU s':>10}  {'RSS at end MB':>13}  "
+             f"{'peak at end MB':>14}  {'final peak MB':>13}  {'growth after end kB/ep':>22}"]
+    for count, post, cpu, peak, peak_at_end, rss_at_end in points:
+        lines.append(f"{count:>8}  {post:>7.3f}  {1000 * post / count:>10.2f}  {cpu:>10.2f}  {rss_at_end:>13.1f}  "
+                     f"{peak_at_end:>14.1f}  {peak:>13.1f}  {1024 * (peak - peak_at_end) / count:>22.1f}")
+    return lines
+
+
+# --------------------------------------------------------------------------
+# Command line.
+
+
+def kubectl_version(path: str) -> str:
+    try:
+        completed = subprocess.run([path, "version", "--client", "-o", "json"], capture_output=True,
+                                   text=True, timeout=30)
+        return json.loads(completed.stdout)["clientVersion"]["gitVersion"]
+    except (OSError, ValueError, KeyError, subprocess.TimeoutExpired):
+        return "unknown"
+
+
+def load_average() -> str:
+    try:
+        return f"{os.getloadavg()[0]:.1f}"
+    except OSError:
+        return "unknown"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description="Benchmark the product's client against the guide's method "
+                                                 "on the Kubernetes API emulator.")
+    parser.add_argument("--quick", action="store_true",
+                        help="2 repetitions, cases 10,20 only, no guide on large cases")
+    parser.add_argument("--kubectl", default=None, metavar="PATH",
+                        help="kubectl binary (default: 1.33 as the tests find it)")
+    parser.add_argument("--cases", default=None, metavar="N,N,...",
+                        help="batch sizes (default 10,20,200,500; --quick 10,20); 200 and 500 run at "
+                             "parallelism 20 and 50, others at parallelism = count")
+    parser.add_argument("--reps", type=int, default=None, metavar="N",
+                        help="repetitions of each case up to 20 episodes (default 5; --quick 2)")
+    parser.add_argument("--guide-max", type=int, default=None, metavar="N",
+                        help="run the guide's method on large cases up to N episodes (default 200; --quick 0)")
+    parser.add_argument("--no-wait-check", action="store_true", help="skip the short/long wait check")
+    parser.add_argument("--no-worker", action="store_true", help="skip the worker import measurement")
+    parser.add_argument("--keep", action="store_true", help="keep the emulators' and runs' files")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    cases = [int(c) for c in (args.cases or ("10,20" if args.quick else "10,20,200,500")).split(",") if c]
+    reps = args.reps or (2 if args.quick else 5)
+    guide_max = args.guide_max if args.guide_max is not None else (0 if args.quick else 200)
+    kubectl = args.kubectl or prereqs.default_kubectl(prereqs.find_kubectls())
+    if not kubectl:
+        raise SystemExit("Error: no kubectl found; pass --kubectl PATH")
+    if shutil.which("bwrap") is None:
+        raise SystemExit("Error: bwrap (bubblewrap) is needed to run the episodes")
+    product_digest = hashlib.sha256(PRODUCT.read_bytes()).hexdigest()[:12]
+    root = Path(tempfile.mkdtemp(prefix="rl-bench-"))
+    began = time.monotonic()
+    load_before = load_average()
+    cpu_before = os.times()
+    repeated: dict[int, dict[str, list[dict]]] = {}
+    scale: dict[int, dict[str, dict]] = {}
+    waits: dict[str, dict[str, dict]] = {}
+    worker: dict[str, dict] = {}
+    try:
+        if not args.no_worker:
+            say("worker start-up ...")
+            worker = worker_case(root, WORKER_TIMING_RUNS)
+        for count in cases:
+            say(f"case {count} ...")
+            if count in SCALE_PARALLELISM or count > rl_batch_demo.DEFAULT_MAX_EPISODES:
+                parallelism = SCALE_PARALLELISM.get(count, max(1, count // 10))
+                scale[count] = scale_case(count, parallelism, count <= guide_max, kubectl, root)
+            else:
+                repeated[count] = repeated_case(count, reps, kubectl, root)
+        if not args.no_wait_check:
+            say("wait-length check ...")
+            waits = wait_length_case(kubectl, root)
+    except BenchmarkError as error:
+        raise SystemExit(f"Error: {error} (files kept in {root})") from None
+    elapsed = time.monotonic() - began
+    load_after = load_average()
+    cpu_after = os.times()
+    # CPU this benchmark used (emulator, pods, clients) vs what the machine could give it:
+    # on a shared machine the rest went to other work, which makes every figure noisier.
+    own_cpu = sum(cpu_after[:4]) - sum(cpu_before[:4])
+
+    print(f"command: {shlex.join([sys.executable] + sys.argv)}")
+    print(f"machine: {platform.node()}, {os.cpu_count()} CPUs (nproc {len(os.sched_getaffinity(0))}), "
+          f"{platform.system()} {platform.release()}, Python {platform.python_version()}, "
+          f"kubectl {kubectl_version(kubectl)} ({kubectl})")
+    print(f"product: {PRODUCT.name} sha256 {product_digest}"
+          + ("" if hashlib.sha256(PRODUCT.read_bytes()).hexdigest()[:12] == product_digest
+             else " (CHANGED during the benchmark: figures mix versions)"))
+    print(f"emulator: faults {json.dumps(EMULATOR_FAULTS)}, 3 nodes, Kubernetes 1.33; "
+          f"repetitions {reps} for cases <= {rl_batch_demo.DEFAULT_MAX_EPISODES} episodes (medians)")
+    print(f"load average (1 min) before {load_before}, after {load_after}; this benchmark used "
+          f"{own_cpu:.0f} CPU-s of {elapsed * (os.cpu_count() or 1):.0f} available")
+    print("ratio column = guide / product (above 1: the product is lower, i.e. faster or leaner)")
+    print()
+    print(render_table(build_rows(repeated, scale, waits, worker)))
+    for line in linearity_lines(repeated, scale):
+        print(line)
+    print(f"\nbenchmark took {elapsed:.0f} s")
+    if args.keep:
+        print(f"files kept in {root}")
+    else:
+        shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
