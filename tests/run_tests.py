@@ -36,6 +36,9 @@ FALLBACK_TEST_REQUIREMENTS = ["pytest>=7"]
 # Extra pytest arguments per Python version, e.g. ["-m", "not slow"] to keep
 # the oldest Python's run short if the suite grows long.
 PYTEST_ARGS_BY_PYTHON: dict[str, list[str]] = {"3.13": [], "3.9": []}
+# The end-to-end tests mostly wait on their emulated clusters, so four run side
+# by side even on two cores (pytest-xdist, from the test extras).
+PYTEST_ARGS_ALWAYS = ["-n", "4"]
 PIP_ENV = {"PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"}
 
 
@@ -266,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     env = pytest_environment(kubectls, default_kubectl, bwrap, ci)
     results = []
     for version, python in venvs.items():
-        command_args = PYTEST_ARGS_BY_PYTHON.get(version, []) + (pytest_args or ["tests"])
+        command_args = PYTEST_ARGS_ALWAYS + PYTEST_ARGS_BY_PYTHON.get(version, []) + (pytest_args or ["tests"])
         say()
         say(f"== pytest on Python {version}: python -m pytest {' '.join(command_args)}")
         run_started = time.monotonic()
