@@ -40,7 +40,7 @@ import tempfile
 import threading
 import time
 from html import escape as html_escape
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence, TextIO
 
 try:
     import resource
@@ -1955,7 +1955,13 @@ def run(args: argparse.Namespace) -> int:
             print(phase_table(results["phases"]), file=sys.stderr)
     if args.cleanup and action.touched_cluster:
         print(f"Cleaning up (--cleanup) after {'a failed' if failure else 'the'} run.", file=sys.stderr)
-        cleanup_namespace(kubectl, action.receipt, output)
+        try:
+            # stdout carries only the results; what cleanup says goes with the progress.
+            cleanup_namespace(kubectl, action.receipt, output, report=sys.stderr)
+        except DemoError as error:
+            # Never let a failed cleanup hide why the run failed or where its evidence is.
+            why = f"{failure}\n  evidence: {output}\n  --cleanup failed too: " if failure else ""
+            raise DemoError(f"{why}{error}\n  clean up: {cleanup_hint}") from None
     if failure is not None:
         if action.touched_cluster and not args.cleanup:
             raise DemoError(f"{failure}\n  evidence: {output}\n  clean up: {cleanup_hint}")
@@ -1996,8 +2002,9 @@ def wait_gone(kubectl: Kubectl, args: list[str], seconds: float) -> dict | None:
 
 
 def cleanup_namespace(kubectl: Kubectl, receipt: dict, output: str,
-                      wait_seconds: float = DELETE_WAIT_SECONDS) -> None:
+                      wait_seconds: float = DELETE_WAIT_SECONDS, report: TextIO | None = None) -> None:
     """Delete the run's Jobs and namespace, only after proving both are the run's own (SPEC A5)."""
+    report = report or sys.stdout
     namespace = receipt["namespace"]
     try:
         live = kubectl.json(["get", "namespace", namespace, "--ignore-not-found"],
@@ -2007,7 +2014,7 @@ def cleanup_namespace(kubectl: Kubectl, receipt: dict, output: str,
                         f"namespace {namespace}: {error}; nothing was deleted") from None
     retry_until = time.monotonic() + CALL_TIMEOUT_SECONDS
     if live is None:
-        print("Namespace already absent", flush=True)
+        print("Namespace already absent", file=report, flush=True)
         return
     uid = live["metadata"].get("uid")
     label = (live["metadata"].get("labels") or {}).get(RUN_LABEL)
@@ -2056,7 +2063,7 @@ def cleanup_namespace(kubectl: Kubectl, receipt: dict, output: str,
             + (f" and conditions ({'; '.join(reasons)})" if reasons else "")
             + f" with: kubectl --context {receipt['context']} get namespace {namespace} -o yaml "
               f"(finalizers are never stripped by this tool); run cleanup again later")
-    print(f"Deleted test namespace: {namespace}", flush=True)
+    print(f"Deleted test namespace: {namespace}", file=report, flush=True)
 
 
 def cleanup(args: argparse.Namespace) -> int:

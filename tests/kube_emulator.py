@@ -18,6 +18,10 @@ needed to run a batch/v1 Job end to end:
   network), container statuses, logs, graceful deletion;
 * ``GarbageCollector``- background / foreground / orphan propagation;
 * ``NamespaceController`` - namespace termination and its conditions.
+* Pod Security Admission - pods in a namespace labelled
+  ``pod-security.kubernetes.io/enforce=baseline|restricted`` are rejected with the
+  real ``violates PodSecurity "restricted:latest": ...`` message; ``warn`` adds
+  warnings for pods and Job templates.
 
 Only the Python standard library is used (Python >= 3.9).
 
@@ -337,6 +341,165 @@ def err_forbidden(info: "ResourceInfo", name: str, why: str, causes: Optional[li
     if causes:
         d["causes"] = causes
     return ApiError(403, "Forbidden", "%s is forbidden: %s" % (label, why), d)
+
+
+# --------------------------------------------------------------------------
+# Pod Security Admission (k8s.io/pod-security-admission/policy, the checks a
+# pod of this project's kind can trip), messages worded as the real ones
+# --------------------------------------------------------------------------
+
+PSA_LABEL = "pod-security.kubernetes.io/"
+PSA_LEVELS = ("privileged", "baseline", "restricted")
+# volume types the restricted level allows (check_restrictedVolumes.go)
+PSA_RESTRICTED_VOLUMES = ("configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",
+                          "persistentVolumeClaim", "projected", "secret")
+
+
+def _join_quote(items: List[str]) -> str:
+    return '"' + '", "'.join(items) + '"' if items else ""
+
+
+def _containers_noun(names: List[str]) -> str:
+    return "%s %s" % ("container" if len(names) == 1 else "containers", _join_quote(names))
+
+
+def _pod_containers(spec: dict) -> List[dict]:
+    return list(spec.get("initContainers") or []) + list(spec.get("containers") or []) + \
+        list(spec.get("ephemeralContainers") or [])
+
+
+def _psa_must_set(spec: dict, field: str, good: Callable[[Any], bool], reason: str, pod_level: bool,
+                  set_text: str, bad_text: Callable[[List[str], List[str]], str]) -> Optional[Tuple[str, str]]:
+    """The pod-or-container pattern of runAsNonRoot / seccompProfile (restricted)."""
+    psc = spec.get("securityContext") or {}
+    bad_setters: List[str] = []
+    bad_values: List[str] = []
+    pod_ok = False
+    if pod_level and psc.get(field) is not None:
+        if good(psc[field]):
+            pod_ok = True
+        else:
+            bad_setters.append("pod")
+            bad_values.append(str(psc[field].get("type") if isinstance(psc[field], dict) else psc[field]))
+    explicit, implicit = [], []
+    for c in _pod_containers(spec):
+        value = (c.get("securityContext") or {}).get(field)
+        if value is not None:
+            if not good(value):
+                explicit.append(c.get("name", ""))
+                bad_values.append(str(value.get("type") if isinstance(value, dict) else value))
+        elif not pod_ok:
+            implicit.append(c.get("name", ""))
+    if explicit:
+        bad_setters.append(_containers_noun(explicit))
+    if bad_setters:
+        return reason, bad_text(bad_setters, sorted(set(bad_values)))
+    if implicit:
+        return reason, "pod or %s must set %s" % (_containers_noun(implicit), set_text)
+    return None
+
+
+def pod_security_violations(spec: dict, level: str) -> List[Tuple[str, str]]:
+    """(reason, detail) per failed check, in the policy registry's order (by check ID)."""
+    if level not in ("baseline", "restricted"):
+        return []
+    restricted = level == "restricted"
+    containers = _pod_containers(spec)
+    out: List[Tuple[str, str]] = []
+
+    def add(result: Optional[Tuple[str, str]]) -> None:
+        if result:
+            out.append(result)
+
+    if restricted:  # allowPrivilegeEscalation
+        bad = [c.get("name", "") for c in containers
+               if (c.get("securityContext") or {}).get("allowPrivilegeEscalation") is not False]
+        if bad:
+            add(("allowPrivilegeEscalation != false",
+                 "%s must set securityContext.allowPrivilegeEscalation=false" % _containers_noun(bad)))
+    if restricted:  # capabilities_restricted
+        missing_drop, adding, forbidden = [], [], set()
+        for c in containers:
+            caps = (c.get("securityContext") or {}).get("capabilities")
+            if caps is None:
+                missing_drop.append(c.get("name", ""))
+                continue
+            if "ALL" not in (caps.get("drop") or []):
+                missing_drop.append(c.get("name", ""))
+            extra = [a for a in caps.get("add") or [] if a != "NET_BIND_SERVICE"]
+            if extra:
+                adding.append(c.get("name", ""))
+                forbidden.update(extra)
+        details = []
+        if missing_drop:
+            details.append('%s must set securityContext.capabilities.drop=["ALL"]' % _containers_noun(missing_drop))
+        if adding:
+            details.append("%s must not include %s in securityContext.capabilities.add"
+                           % (_containers_noun(adding), _join_quote(sorted(forbidden))))
+        if details:
+            add(("unrestricted capabilities", "; ".join(details)))
+    host = [f + "=true" for f in ("hostNetwork", "hostPID", "hostIPC") if spec.get(f)]
+    if host:  # hostNamespaces
+        add(("host namespaces", ", ".join(host)))
+    if not restricted:  # hostPathVolumes (restrictedVolumes covers it at restricted)
+        hp = [v.get("name", "") for v in spec.get("volumes") or [] if v.get("hostPath") is not None]
+        if hp:
+            add(("hostPath volumes", "%s %s" % ("volume" if len(hp) == 1 else "volumes", _join_quote(hp))))
+    privileged = [c.get("name", "") for c in containers if (c.get("securityContext") or {}).get("privileged")]
+    if privileged:
+        add(("privileged", "%s must not set securityContext.privileged=true" % _containers_noun(privileged)))
+    if restricted:  # restrictedVolumes
+        bad_volumes = sorted(v.get("name", "") for v in spec.get("volumes") or []
+                             if not any(v.get(t) is not None for t in PSA_RESTRICTED_VOLUMES))
+        if bad_volumes:
+            add(("restricted volume types", "volumes [%s] have restricted types"
+                 % " ".join('"%s"' % n for n in bad_volumes)))
+    if restricted:  # runAsNonRoot
+        add(_psa_must_set(spec, "runAsNonRoot", lambda v: v is True, "runAsNonRoot != true", True,
+                          "securityContext.runAsNonRoot=true",
+                          lambda setters, _: "%s must not set securityContext.runAsNonRoot=false"
+                          % " and ".join(setters)))
+    if restricted:  # runAsUser
+        setters = ["pod"] if (spec.get("securityContext") or {}).get("runAsUser") == 0 else []
+        zero = [c.get("name", "") for c in containers if (c.get("securityContext") or {}).get("runAsUser") == 0]
+        if zero:
+            setters.append(_containers_noun(zero))
+        if setters:
+            add(("runAsUser=0", "%s must not set runAsUser=0" % " and ".join(setters)))
+    if restricted:  # seccompProfile_restricted
+        add(_psa_must_set(spec, "seccompProfile",
+                          lambda v: isinstance(v, dict) and v.get("type") in ("RuntimeDefault", "Localhost"),
+                          "seccompProfile", True,
+                          'securityContext.seccompProfile.type to "RuntimeDefault" or "Localhost"',
+                          lambda setters, values: "%s must not set securityContext.seccompProfile.type to %s"
+                          % (" and ".join(setters), _join_quote(values))))
+    else:  # seccompProfile_baseline
+        unconfined = [c.get("name", "") for c in containers
+                      if ((c.get("securityContext") or {}).get("seccompProfile") or {}).get("type") == "Unconfined"]
+        pod_unconfined = ((spec.get("securityContext") or {}).get("seccompProfile") or {}).get("type") == "Unconfined"
+        if unconfined or pod_unconfined:
+            who = (["pod"] if pod_unconfined else []) + ([_containers_noun(unconfined)] if unconfined else [])
+            add(("seccompProfile", '%s must not set securityContext.seccompProfile.type to "Unconfined"'
+                 % " and ".join(who)))
+    return out
+
+
+def pod_security_policy(ns_labels: Optional[Dict[str, str]], mode: str) -> Optional[str]:
+    """"restricted:latest" etc. for the namespace's enforce/warn/audit label, or None (privileged)."""
+    labels = ns_labels or {}
+    level = labels.get(PSA_LABEL + mode)
+    if level not in ("baseline", "restricted"):
+        return None
+    return "%s:%s" % (level, labels.get(PSA_LABEL + mode + "-version") or "latest")
+
+
+def pod_security_message(policy: str, spec: dict) -> Optional[str]:
+    """The aggregated detail the admission plugin prints, or None when the spec complies."""
+    violations = pod_security_violations(spec, policy.split(":", 1)[0])
+    if not violations:
+        return None
+    return 'violates PodSecurity "%s": %s' % (
+        policy, ", ".join("%s (%s)" % (r, d) if d else r for r, d in violations))
 
 
 # --------------------------------------------------------------------------
@@ -2116,6 +2279,8 @@ class JobController(Controller):
             self._sync_orphan_pod(key[1], key[2])
             return
         emu = self.emu
+        if emu.faults.get("job_controller_stalled"):
+            return  # kube-controller-manager down: no pods, no conditions, no deadline
         ns, name = key
         job = self.store.get("jobs", ns, name)
         if job is None:
@@ -3696,7 +3861,9 @@ class Emulator:
             link = self.bindir / n
             if link.is_symlink() or link.exists():
                 link.unlink()
-            link.symlink_to(os.path.abspath(self.python))
+            # The real file, not a virtualenv's link to it: the sandbox shows the host's
+            # root read-only but a fresh /tmp, where a venv (or a CI checkout) may live.
+            link.symlink_to(os.path.realpath(self.python))
         self.api.listen(0)
         self._write_kubeconfig()
         self._bootstrap()
@@ -4002,7 +4169,22 @@ class Emulator:
         else:
             md.pop("namespace", None)
         dry = query.get("dryRun") == "All"
-        return self.create_object(info, body, dry_run=dry), warnings
+        created = self.create_object(info, body, dry_run=dry)
+        warnings += self._pod_security_warnings(info, ns, created)
+        return created, warnings
+
+    def _pod_security_warnings(self, info: ResourceInfo, ns: Optional[str], obj: dict) -> List[str]:
+        """`would violate PodSecurity` warnings for the namespace's warn level (pods and Job templates)."""
+        if info.store == "pods":
+            spec = obj.get("spec") or {}
+        elif info.store == "jobs":
+            spec = ((obj.get("spec") or {}).get("template") or {}).get("spec") or {}
+        else:
+            return []
+        nsobj = self.store.get("namespaces", None, ns or "")
+        policy = pod_security_policy(((nsobj or {}).get("metadata") or {}).get("labels"), "warn")
+        message = pod_security_message(policy, spec) if policy else None
+        return ["would violate" + message[len("violates"):]] if message else []
 
     def create_object(self, info: ResourceInfo, body: dict, dry_run: bool = False) -> dict:
         """Admission + defaulting + validation + storage (used by the REST layer and controllers)."""
@@ -4158,6 +4340,12 @@ class Emulator:
     def _admit_pods(self, body: dict, err_name: str) -> None:
         spec = body.setdefault("spec", {})
         default_pod_spec(spec)
+        nsobj = self.store.get("namespaces", None, body["metadata"].get("namespace") or "")
+        policy = pod_security_policy(((nsobj or {}).get("metadata") or {}).get("labels"), "enforce")
+        if policy:
+            violation = pod_security_message(policy, spec)
+            if violation:
+                raise err_forbidden(CANONICAL["pods"], err_name, violation)
         rc_name = spec.get("runtimeClassName")
         if rc_name:
             rc = self.store.get("runtimeclasses", None, rc_name)

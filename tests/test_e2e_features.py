@@ -1,0 +1,739 @@
+"""End to end, the features beyond the guide (SPEC B1, B2, B6-B10): the real tool and
+real kubectl against the emulator, each feature held against the files it writes,
+what it prints, and what the emulator saw.
+
+Faults and scripts keep the batches small (1-4 episodes) except where the size is
+the point (B2's 30 episodes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Optional
+
+import pytest
+
+from e2e_support import (DEFAULT_TIMING, PRODUCT, REPO_ROOT, assert_evidence_saved, load, run_namespaces,
+                         start_tool, tool, wait_for)
+from kube_emulator import Emulator, pod_security_violations
+
+import rl_batch_demo
+
+pytestmark = pytest.mark.e2e
+
+README = REPO_ROOT / "README.md"
+
+# The README's example, kept identical to it (test_readme_example_is_the_one_tested checks).
+ZERO_REWARD_SCRIPT = '''\
+# zero_reward.py: an episode whose agent fails; the run reports reward 0 honestly.
+import json, os, sys, time
+
+def emit(event, **fields):
+    print(json.dumps({"event": event, "at": time.time(),
+                      "episode_id": os.environ["EPISODE_ID"], **fields}), flush=True)
+
+emit("ready", task=int(os.environ.get("EPISODE_INDEX", "0")))
+emit("reward", reward=0)
+'''
+
+EMIT = '''\
+import json, os, sys, time
+
+def emit(event, **fields):
+    print(json.dumps({"event": event, "at": time.time(),
+                      "episode_id": os.environ["EPISODE_ID"], **fields}), flush=True)
+'''
+
+# Half reward; says which task (EPISODE_INDEX) it picked.
+HALF_REWARD_SCRIPT = EMIT + '''
+index = int(os.environ["EPISODE_INDEX"])
+emit("ready", index=index, job_completion_index=os.environ.get("JOB_COMPLETION_INDEX"))
+emit("reward", reward=0.5, index=index)
+'''
+
+JUNK_SCRIPT = EMIT + '''
+print("agent: thinking...", flush=True)
+print("{not json at all", flush=True)
+print('{"no_event_key": 1}', flush=True)
+print("[1, 2, 3]", flush=True)
+emit("ready")
+print("   ", flush=True)
+print('{"event": "progress", "step": 1}', flush=True)
+emit("reward", reward=1)
+print("agent: done", flush=True)
+'''
+
+SILENT_SCRIPT = 'print("this episode never says ready", flush=True)\n'
+
+FAILING_SCRIPT = EMIT + '''
+emit("ready")
+emit("reward", reward=1)
+sys.exit(3)
+'''
+
+NOT_A_NUMBER_SCRIPT = EMIT + '''
+emit("ready")
+emit("reward", reward="high")
+'''
+
+# Writes outside /workspace: allowed on a writable root, refused on a read-only one.
+WRITES_TMP_SCRIPT = EMIT + '''
+emit("ready")
+try:
+    with open("/tmp/probe", "w") as handle:
+        handle.write("x")
+except OSError as error:
+    print("cannot write /tmp/probe:", error, flush=True)
+    sys.exit(1)
+emit("reward", reward=1)
+'''
+
+
+@pytest.fixture
+def make_cluster(tmp_path, require_e2e):
+    kubectl = require_e2e()
+    started = []
+
+    def make(**faults) -> Emulator:
+        emulator = Emulator(tmp_path / f"emulator-{len(started)}", faults={**DEFAULT_TIMING, **faults})
+        emulator.start()
+        started.append(emulator)
+        return emulator
+
+    yield kubectl, make
+    for emulator in started:
+        emulator.stop()
+
+
+def write_script(tmp_path: Path, text: str, name: str = "episode.py") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def split_stdout(stdout: str) -> tuple[str, dict]:
+    """stdout is exactly `Test namespace: NS` and the results JSON; nothing else."""
+    first, _, rest = stdout.partition("\n")
+    assert re.fullmatch(r"Test namespace: agc-rl-[0-9a-f]{12}", first), stdout
+    try:
+        printed = json.loads(rest)
+    except ValueError as error:
+        raise AssertionError(f"stdout after the namespace line is not one JSON document ({error}):\n{rest}")
+    return first.split(": ", 1)[1], printed
+
+
+def episode_events(output: Path, event: str) -> dict[str, dict]:
+    """Pod name -> its one `event` event, from the saved logs."""
+    found = {}
+    for log in sorted(output.glob("rollout-*.log")):
+        events = rl_batch_demo.parse_events(log.read_text().splitlines())
+        matching = [e for e in events if e["event"] == event]
+        assert len(matching) == 1, (log, events)
+        found[log.stem] = matching[0]
+    return found
+
+
+def post_paths(emulator: Emulator) -> list[str]:
+    return [r["path"] for r in emulator.requests if r["method"] == "POST"]
+
+
+# --------------------------------------------------------------------------
+# B1: --context, --kubectl, --timeout
+
+
+def kubeconfig_with(path: Path, current: str, servers: dict[str, str]) -> Path:
+    """A kubeconfig with one context (and cluster and user) per server."""
+    config = {
+        "apiVersion": "v1", "kind": "Config", "preferences": {},
+        "clusters": [{"name": name, "cluster": {"server": url}} for name, url in servers.items()],
+        "users": [{"name": name, "user": {"username": "admin", "password": "emulator"}} for name in servers],
+        "contexts": [{"name": name, "context": {"cluster": name, "user": name, "namespace": "default"}}
+                     for name in servers],
+        "current-context": current,
+    }
+    path.write_text(json.dumps(config, indent=2))
+    return path
+
+
+def test_context_is_used_recorded_and_followed_by_cleanup(make_cluster, tmp_path):
+    kubectl, make = make_cluster
+    wanted, other = make(), make()
+    kubeconfig = kubeconfig_with(tmp_path / "kubeconfig", current="emu-b", servers={
+        "emu-a": wanted.url, "emu-b": other.url, "unreachable": "http://127.0.0.1:9"})
+    env = dict(wanted.env(), KUBECONFIG=str(kubeconfig))
+
+    def run_tool(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(PRODUCT), *args, "--kubectl", kubectl], env=env,
+                              capture_output=True, text=True, timeout=300)
+
+    output = tmp_path / "out"
+    result = run_tool("run", "--count", "2", "--context", "emu-a", "--output", str(output), "--quiet")
+    assert result.returncode == 0, result.stderr
+    receipt = load(output / "receipt.json")
+    assert receipt["context"] == "emu-a"
+    assert load(output / "results.json")["context"] == "emu-a"
+    assert [ns["metadata"]["name"] for ns in run_namespaces(wanted)] == [receipt["namespace"]]
+    assert run_namespaces(other) == [] and post_paths(other) == []
+
+    # The current context changes (to a cluster nobody can reach); cleanup still
+    # acts on the receipt's context.
+    subprocess.run([kubectl, "config", "use-context", "unreachable"], env=env, check=True,
+                   capture_output=True, text=True)
+    assert subprocess.run([kubectl, "config", "current-context"], env=env, capture_output=True,
+                          text=True).stdout.strip() == "unreachable"
+    cleaned = run_tool("cleanup", "--output", str(output))
+    assert cleaned.returncode == 0, cleaned.stderr
+    assert cleaned.stdout.strip() == f"Deleted test namespace: {receipt['namespace']}"
+    assert run_namespaces(wanted) == []
+    assert not any(r["method"] == "DELETE" for r in other.requests)
+
+
+def test_unknown_context_fails_before_anything_is_created(make_cluster, tmp_path):
+    kubectl, make = make_cluster
+    emulator = make()
+    output = tmp_path / "out"
+    result = tool(emulator, kubectl, "run", "--count", "2", "--context", "nope", "--output", str(output))
+    assert result.returncode == 1
+    assert "kube context 'nope' not found" in result.stderr and "Traceback" not in result.stderr
+    assert not output.exists()
+    assert post_paths(emulator) == []
+
+
+def test_timeout_is_the_job_deadline(make_cluster, tmp_path):
+    kubectl, make = make_cluster
+    emulator = make(image_pull_backoff=True)
+    output = tmp_path / "out"
+    started = time.monotonic()
+    result = tool(emulator, kubectl, "run", "--count", "2", "--timeout", "3", "--output", str(output), "--quiet")
+    elapsed = time.monotonic() - started
+    assert result.returncode == 1, result.stderr
+    assert "Job failed or timed out" in result.stderr and "DeadlineExceeded" in result.stderr
+    assert load(output / "job-submitted.json")["spec"]["activeDeadlineSeconds"] == 3
+    namespace = load(output / "receipt.json")["namespace"]
+    assert emulator.get("jobs", namespace, "rollout")["spec"]["activeDeadlineSeconds"] == 3
+    # The Job controller ended it after ~3 s; the default limit would be 240 + 30 s.
+    assert elapsed < 45, elapsed
+
+
+def test_timeout_bounds_the_client_when_the_job_never_ends(make_cluster, tmp_path):
+    kubectl, make = make_cluster
+    emulator = make(job_controller_stalled=True)  # no pods, no conditions, no deadline enforced
+    output = tmp_path / "out"
+    started = time.monotonic()
+    result = tool(emulator, kubectl, "run", "--count", "2", "--timeout", "2", "--output", str(output), "--quiet")
+    elapsed = time.monotonic() - started
+    assert result.returncode == 1, result.stderr
+    assert "Job rollout: not Complete within 32 s" in result.stderr, result.stderr
+    assert 32 <= elapsed < 70, elapsed  # the default would be 270 s
+    assert_evidence_saved(output, [])
+    cleaned = tool(emulator, kubectl, "cleanup", "--output", str(output))
+    assert cleaned.returncode == 0, cleaned.stderr
+    assert run_namespaces(emulator) == []
+
+
+# --------------------------------------------------------------------------
+# B2: --max-episodes
+
+
+def dry_run(*args: str) -> dict:
+    result = subprocess.run([sys.executable, str(PRODUCT), "run", "--dry-run", *args],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def job_of(listing: dict) -> dict:
+    [job] = [item for item in listing["items"] if item["kind"] == "Job"]
+    return job
+
+
+def test_the_cap_is_raised_only_when_asked(tmp_path):
+    output = tmp_path / "out"
+    refused = subprocess.run([sys.executable, str(PRODUCT), "run", "--count", "21", "--output", str(output)],
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2
+    assert "--count 21 is over the cap of 20 episodes" in refused.stderr
+    assert "--max-episodes 21" in refused.stderr
+    assert not output.exists()
+    # A raised cap is still a cap.
+    over = subprocess.run([sys.executable, str(PRODUCT), "run", "--count", "31", "--max-episodes", "30",
+                           "--output", str(output)], capture_output=True, text=True, timeout=60)
+    assert over.returncode == 2 and "over the cap of 30" in over.stderr
+
+    def deadline(count: int, parallelism: int) -> int:
+        job = job_of(dry_run("--output", str(output), "--count", str(count), "--max-episodes", str(count),
+                             "--parallelism", str(parallelism)))
+        assert job["spec"]["completions"] == count and job["spec"]["parallelism"] == parallelism
+        return job["spec"]["activeDeadlineSeconds"]
+
+    assert deadline(20, 20) == deadline(20, 1) == 240  # SPEC A's default is unchanged up to the cap
+    wide, narrow, sequential = deadline(500, 500), deadline(500, 50), deadline(500, 1)
+    assert wide == rl_batch_demo.default_timeout(500, 500) >= 240
+    assert narrow == rl_batch_demo.default_timeout(500, 50) >= wide
+    # One episode at a time: each of the 500 waves gets at least ~10 s (the guide's sequential pace).
+    assert sequential == rl_batch_demo.default_timeout(500, 1) >= 500 * 10
+    assert not output.exists()
+
+
+def test_thirty_episodes_with_the_cap_raised(make_cluster, tmp_path):
+    kubectl, make = make_cluster
+    emulator = make(sandbox_delay=0.2, sandbox_jitter=0.1)
+    output = tmp_path / "out"
+    result = tool(emulator, kubectl, "run", "--count", "30", "--max-episodes", "30", "--parallelism", "10",
+                  "--output", str(output), "--quiet")
+    assert result.returncode == 0, result.stderr
+    results = load(output / "results.json")
+    assert results["episodes"] == results["successful_episodes"] == results["reward_sum"] == 30
+    assert results["parallelism"] == 10
+    assert len(load(output / "pods.json")["items"]) == 30
+    assert len(list(output.glob("rollout-*.log"))) == 30
+    submitted = load(output / "job-submitted.json")["spec"]
+    assert submitted["completions"] == 30 and submitted["parallelism"] == 10
+    assert submitted["activeDeadlineSeconds"] == rl_batch_demo.default_timeout(30, 10) >= 240
+    # The emulator never ran more than 10 at once.
+    truth = emulator.truth()["pods"]
+    spans = sorted((t["container_started"], t["container_finished"]) for t in truth.values()
+                   if "container_started" in t and "container_finished" in t)
+    assert len(spans) == 30
+    assert max(sum(1 for s, f in spans if s <= start < f) for start, _ in spans) <= 10
+
+
+# --------------------------------------------------------------------------
+# B6: progress on stderr
+
+
+def test_progress_on_a_terminal_is_one_updating_line(make_cluster, tmp_path):
+    kubectl, make = make_cluster
+    emulator = make(sandbox_delay=2.0, sandbox_jitter=0.2)
+    output = tmp_path / "out"
+    master, slave = pty.openpty()
+    process = subprocess.Popen([sys.executable, str(PRODUCT), "run", "--count", "2", "--output", str(output),
+                                "--kubectl", kubectl], env=emulator.env(), stdin=subprocess.DEVNULL,
+                               stdout=subprocess.PIPE, stderr=slave)
+    os.close(slave)
+    chunks: list[bytes] = []
+
+    def drain() -> None:
+        while True:
+            try:
+                data = os.read(master, 4096)
+            except OSError:  # EIO once the child closed the terminal
+                return
+            if not data:
+                return
+            chunks.append(data)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    stdout, _ = process.communicate(timeout=300)
+    reader.join(10)
+    os.close(master)
+    assert process.returncode == 0, b"".join(chunks)
+    terminal = b"".join(chunks).decode().replace("\r\n", "\n")  # the tty turns \n into \r\n
+    progress_line, _, after = terminal.partition("\n")
+    updates = [u for u in progress_line.split("\r") if u]
+    assert len(updates) >= 3, terminal
+    for update in updates:
+        assert re.match(r"rollout: +\d+\.\d+s  active \d+  ready \d+  succeeded \d+/2  failed 0\x1b\[K$",
+                        update), update
+    elapsed = [float(re.match(r"rollout: +(\d+\.\d+)s", u).group(1)) for u in updates]
+    assert elapsed == sorted(elapsed) and elapsed[-1] >= 2.0
+    assert "\r" not in after  # the line is closed once the wait ends
+    assert "rollout:" not in after
+    namespace, printed = split_stdout(stdout.decode())
+    assert printed["reward_sum"] == 2 and printed["namespace"] == namespace
+    assert "pods" not in printed
+
+
+def test_progress_without_a_terminal_is_a_line_every_few_seconds(make_cluster, tmp_path):
+    kubectl, make = make_cluster
+    emulator = make(sandbox_delay=7.0, sandbox_jitter=0.2)
+    output = tmp_path / "out"
+    process = subprocess.Popen([sys.executable, str(PRODUCT), "run", "--count", "2", "--output", str(output),
+                                "--kubectl", kubectl], env=emulator.env(), stdin=subprocess.DEVNULL,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[tuple[float, str]] = []
+
+    def drain() -> None:
+        for line in process.stderr:  # type: ignore[union-attr]
+            lines.append((time.monotonic(), line))
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    stdout = process.stdout.read()  # type: ignore[union-attr]
+    process.wait(timeout=300)
+    reader.join(10)
+    assert process.returncode == 0, "".join(line for _, line in lines)
+    progress = [(at, line) for at, line in lines if line.startswith("rollout:")]
+    assert len(progress) >= 2, lines
+    assert all("\r" not in line and "\x1b" not in line for _, line in lines)
+    gaps = [b[0] - a[0] for a, b in zip(progress, progress[1:])]
+    assert all(4.0 <= gap <= 9.0 for gap in gaps), gaps
+    namespace, printed = split_stdout(stdout)
+    assert printed["reward_sum"] == 2
+
+
+def test_quiet_leaves_stderr_empty_and_stdout_is_only_the_results(make_cluster, tmp_path):
+    kubectl, make = make_cluster
+    emulator = make(sandbox_delay=1.0)
+    output = tmp_path / "out"
+    result = tool(emulator, kubectl, "run", "--count", "2", "--output", str(output), "--quiet")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    namespace, printed = split_stdout(result.stdout)
+    saved = load(output / "results.json")
+    assert printed == {k: v for k, v in saved.items() if k != "pods"}
+    assert namespace == saved["namespace"]
+
+
+# --------------------------------------------------------------------------
+# B7: --episode-script
+
+
+def readme_python_block(marker: str) -> Optional[str]:
+    for block in re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S):
+        if block.startswith(marker):
+            return block
+    return None
+
+
+def test_readme_example_is_the_one_tested():
+    assert readme_python_block("# zero_reward.py") == ZERO_REWARD_SCRIPT
+
+
+def test_zero_reward_is_reported_honestly(make_cluster, tmp_path):
+    kubectl, make = make_cluster
+    emulator = make()
+    output = tmp_path / "out"
+    script = write_script(tmp_path, ZERO_REWARD_SCRIPT, "zero_reward.py")
+    result = tool(emulator, kubectl, "run", "--count", "3", "--episode-script", str(script),
+                  "--output", str(output), "--quiet")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    _, printed = split_stdout(result.stdout)
+    results = load(output / "results.json")
+    for shown in (printed, results):
+        assert shown["episodes"] == 3
+        assert shown["successful_episodes"] == 3  # verified episodes; reward 0 is an outcome, not a failure
+        assert shown["reward_sum"] == 0 and shown["reward_mean"] == 0
+    assert [row["reward"] for row in results["pods"]] == [0, 0, 0]
+    # The user's program was shipped, not the built-in one.
+    namespace = results["namespace"]
+    assert emulator.get("configmaps", namespace, "episode")["data"]["episode.py"] == ZERO_REWARD_SCRIPT
+    assert sorted(e["task"] for e in episode_events(output, "ready").values()) == [0, 1, 2]
+
+
+def test_fractional_reward_and_each_episode_knows_its_index(make_cluster, tmp_path):
+    kubectl, make = make_cluster
+    emulator = make()
+    output = tmp_path / "out"
+    script = write_script(tmp_path, HALF_REWARD_SCRIPT)
+    result = tool(emulator, kubectl, "run", "--count", "4", "--parallelism", "2", "--episode-script",
+                  str(script), "--output", str(output), "--quiet")
+    assert result.returncode == 0, result.stderr
+    results = load(output / "results.json")
+    assert results["episodes"] == results["successful_episodes"] == 4
+    assert results["reward_sum"] == 2.0 and results["reward_mean"] == 0.5
+    readies = episode_events(output, "ready")
+    pods = {p["metadata"]["name"]: p for p in load(output / "pods.json")["items"]}
+    assert sorted(readies) == sorted(pods)
+    assert sorted(e["index"] for e in readies.values()) == [0, 1, 2, 3]
+    for name, ready in readies.items():
+        annotation = pods[name]["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"]
+        assert ready["index"] == int(annotation) == int(ready["job_completion_index"])
+        assert name.startswith(f"rollout-{ready['index']}-")
+    assert load(output / "job-submitted.json")["spec"]["completionMode"] == "Indexed"
+
+
+def test_lines_that_are_not_events_are_kept_and_ignored(make_cluster, tmp_path):
+    kubectl, make = make_cluster
+    emulator = make()
+    output = tmp_path / "out"
+    script = write_script(tmp_path, JUNK_SCRIPT)
+    result = tool(emulator, kubectl, "run", "--count", "2", "--episode-script", str(script),
+                  "--output", str(output), "--quiet")
+    assert result.returncode == 0, result.stderr
+    assert load(output / "results.json")["reward_sum"] == 2
+    for log in output.glob("rollout-*.log"):
+        text = log.read_text()
+        assert "agent: thinking..." in text and "{not json at all" in text and "[1, 2, 3]" in text
+
+
+def test_an_unreadable_episode_script_fails_before_anything_is_created(tmp_path):
+    output = tmp_path / "out"
+    result = subprocess.run([sys.executable, str(PRODUCT), "run", "--episode-script", str(tmp_path / "missing.py"),
+                             "--output", str(output), "--kubectl", str(tmp_path / "no-kubectl")],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert result.stderr.startswith(f"Error: cannot read --episode-script {tmp_path / 'missing.py'}")
+    assert not output.exists()
+
+
+@pytest.mark.parametrize("script, message", [
+    (SILENT_SCRIPT, "expected exactly one ready event, found 0"),
+    (FAILING_SCRIPT, "container exited 3"),
+    (NOT_A_NUMBER_SCRIPT, "reward is 'high', not a number"),
+], ids=["no-events", "exit-3", "reward-not-a-number"])
+def test_a_broken_episode_script_fails_naming_the_pod(make_cluster, tmp_path, script, message):
+    kubectl, make = make_cluster
+    emulator = make()
+    output = tmp_path / "out"
+    path = write_script(tmp_path, script)
+    started = time.monotonic()
+    result = tool(emulator, kubectl, "run", "--count", "2", "--episode-script", str(path),
+                  "--output", str(output), "--quiet")
+    # Noticed when it happened, not at the client's limit (270 s).
+    assert time.monotonic() - started < 60
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert re.search(r"pod rollout-\d-[a-z0-9]{5}: .*" + re.escape(message), result.stderr), result.stderr
+    assert f"cleanup --output {output}" in result.stderr
+    pods = [p["metadata"]["name"] for p in load(output / "pods.json")["items"]]
+    assert_evidence_saved(output, pods)
+
+
+# --------------------------------------------------------------------------
+# B8: --dry-run
+
+
+def test_dry_run_prints_exactly_what_run_creates(make_cluster, tmp_path):
+    kubectl, make = make_cluster
+    emulator = make()
+    script = write_script(tmp_path, ZERO_REWARD_SCRIPT, "zero_reward.py")
+    args = ["--count", "2", "--harden", "--episode-script", str(script)]
+    no_kubectl = tmp_path / "empty-bin"
+    no_kubectl.mkdir()
+    planned_output = tmp_path / "planned"
+    planned = subprocess.run([sys.executable, str(PRODUCT), "run", "--dry-run", "--output", str(planned_output),
+                              *args], env=dict(os.environ, PATH=str(no_kubectl)), cwd=tmp_path,
+                             capture_output=True, text=True, timeout=60)
+    assert planned.returncode == 0, planned.stderr
+    assert planned.stderr == ""
+    assert not planned_output.exists()
+    listing = json.loads(planned.stdout)
+    assert listing["apiVersion"] == "v1" and listing["kind"] == "List"
+    items = listing["items"]
+    assert [i["kind"] for i in items] == ["Namespace", "NetworkPolicy", "ConfigMap", "Job"]
+    namespace = items[0]["metadata"]["name"]
+
+    # Real kubectl accepts it as it is, and nothing is created.
+    accepted = subprocess.run([kubectl, "create", "--dry-run=client", "-f", "-"], input=planned.stdout,
+                              env=emulator.env(), capture_output=True, text=True, timeout=60)
+    assert accepted.returncode == 0, accepted.stderr
+    assert accepted.stdout.splitlines() == [
+        f"namespace/{namespace} created (dry run)",
+        "networkpolicy.networking.k8s.io/deny-all created (dry run)",
+        "configmap/episode created (dry run)",
+        "job.batch/rollout created (dry run)",
+    ]
+    assert post_paths(emulator) == [] and run_namespaces(emulator) == []
+
+    # A real run with the same arguments creates those objects and no others.
+    output = tmp_path / "out"
+    result = tool(emulator, kubectl, "run", *args, "--output", str(output), "--quiet")
+    assert result.returncode == 0, result.stderr
+    receipt = load(output / "receipt.json")
+    real_namespace = receipt["namespace"]
+    planned_run_id = items[0]["metadata"]["labels"]["agc-demo-run"]
+    assert namespace == f"agc-rl-{planned_run_id}"
+    planned_same = json.loads(planned.stdout.replace(planned_run_id, receipt["run_id"]))["items"]
+    assert len(post_paths(emulator)) == len(planned_same)
+    live = emulator.get("namespaces", None, real_namespace)
+    assert {k: v for k, v in live["metadata"]["labels"].items() if k != "kubernetes.io/metadata.name"} == \
+        planned_same[0]["metadata"]["labels"]
+    assert emulator.get("networkpolicies", real_namespace, "deny-all")["spec"] == planned_same[1]["spec"]
+    assert emulator.get("configmaps", real_namespace, "episode")["data"] == planned_same[2]["data"]
+    assert load(output / "job-submitted.json") == planned_same[3]
+    created = sorted((kind, o["metadata"]["name"]) for kind in ("configmaps", "networkpolicies", "jobs")
+                     for o in emulator.list(kind, real_namespace) if o["metadata"]["name"] != "kube-root-ca.crt")
+    assert created == sorted([("configmaps", "episode"), ("networkpolicies", "deny-all"), ("jobs", "rollout")])
+
+
+# --------------------------------------------------------------------------
+# B9: --harden
+
+
+def intruder_pod(namespace: str) -> dict:
+    """A pod that breaks Pod Security "restricted" (no securityContext at all)."""
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "intruder", "namespace": namespace},
+            "spec": {"containers": [{"name": "shell", "image": "python:3.12-alpine",
+                                     "command": ["python", "-c", "pass"]}]}}
+
+
+INTRUDER_MESSAGE = (
+    'pods "intruder" is forbidden: violates PodSecurity "restricted:latest": '
+    'allowPrivilegeEscalation != false (container "shell" must set securityContext.allowPrivilegeEscalation=false), '
+    'unrestricted capabilities (container "shell" must set securityContext.capabilities.drop=["ALL"]), '
+    'runAsNonRoot != true (pod or container "shell" must set securityContext.runAsNonRoot=true), '
+    'seccompProfile (pod or container "shell" must set securityContext.seccompProfile.type to '
+    '"RuntimeDefault" or "Localhost")')
+
+
+def test_harden_passes_under_enforced_restrictions(make_cluster, tmp_path):
+    kubectl, make = make_cluster
+    emulator = make()
+    output = tmp_path / "out"
+    result = tool(emulator, kubectl, "run", "--count", "2", "--harden", "--output", str(output), "--quiet")
+    assert result.returncode == 0, result.stderr
+    results = load(output / "results.json")
+    assert results["reward_sum"] == results["successful_episodes"] == 2
+    namespace = results["namespace"]
+    labels = emulator.get("namespaces", None, namespace)["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+    policy = emulator.get("networkpolicies", namespace, "deny-all")
+    assert policy["spec"]["podSelector"] == {} and sorted(policy["spec"]["policyTypes"]) == ["Egress", "Ingress"]
+    assert "ingress" not in policy["spec"] and "egress" not in policy["spec"]  # no rule: everything denied
+    for pod in emulator.list("pods", namespace):
+        container = pod["spec"]["containers"][0]
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+        workspace = [v for v in pod["spec"]["volumes"] if v["name"] == "workspace"][0]
+        assert workspace["emptyDir"]["sizeLimit"] == "64Mi"
+    # The episodes' pods passed admission that really enforces "restricted" there:
+    refused = subprocess.run([kubectl, "create", "-f", "-"], input=json.dumps(intruder_pod(namespace)),
+                             env=emulator.env(), capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 1
+    assert INTRUDER_MESSAGE.replace("pods ", 'Error from server (Forbidden): error when creating "STDIN": pods ', 1) \
+        in refused.stderr, refused.stderr
+    cleaned = tool(emulator, kubectl, "cleanup", "--output", str(output))
+    assert cleaned.returncode == 0, cleaned.stderr
+
+
+def test_read_only_root_is_really_enforced(make_cluster, tmp_path):
+    kubectl, make = make_cluster
+    emulator = make()
+    script = write_script(tmp_path, WRITES_TMP_SCRIPT)
+    open_root = tmp_path / "open"
+    result = tool(emulator, kubectl, "run", "--count", "1", "--episode-script", str(script),
+                  "--output", str(open_root), "--quiet")
+    assert result.returncode == 0, result.stderr
+    hardened = tmp_path / "hardened"
+    result = tool(emulator, kubectl, "run", "--count", "1", "--harden", "--episode-script", str(script),
+                  "--output", str(hardened), "--quiet")
+    assert result.returncode == 1
+    assert re.search(r"pod rollout-0-[a-z0-9]{5}: Failed, container exited 1", result.stderr), result.stderr
+    [log] = hardened.glob("rollout-*.log")
+    assert "cannot write /tmp/probe: [Errno 30] Read-only file system" in log.read_text()
+
+
+def test_pod_security_admission_in_the_emulator(make_cluster, tmp_path):
+    kubectl, make = make_cluster
+    emulator = make()
+    env = emulator.env()
+
+    def create(obj: dict) -> subprocess.CompletedProcess:
+        return subprocess.run([kubectl, "create", "-f", "-"], input=json.dumps(obj), env=env,
+                              capture_output=True, text=True, timeout=60)
+
+    labels = {"pod-security.kubernetes.io/enforce": "restricted",
+              "pod-security.kubernetes.io/warn": "restricted"}
+    for name, ns_labels in (("locked", labels), ("open", {})):
+        assert create({"apiVersion": "v1", "kind": "Namespace",
+                       "metadata": {"name": name, "labels": ns_labels}}).returncode == 0
+    refused = create(intruder_pod("locked"))
+    assert refused.returncode == 1 and INTRUDER_MESSAGE in refused.stderr, refused.stderr
+    assert emulator.get("pods", "locked", "intruder") is None
+    assert create(intruder_pod("open")).returncode == 0  # no label, no enforcement
+
+    # A Job's template is only warned about; its pods are refused, which the Job controller reports.
+    job = rl_batch_demo.job_manifest("locked", 1, 1, "python:3.12-alpine", "cube")
+    del job["spec"]["template"]["spec"]["containers"][0]["securityContext"]["allowPrivilegeEscalation"]
+    created = create(job)
+    assert created.returncode == 0, created.stderr
+    assert 'Warning: would violate PodSecurity "restricted:latest": allowPrivilegeEscalation != false ' \
+           '(container "episode" must set securityContext.allowPrivilegeEscalation=false)' in created.stderr
+
+    def failed_create() -> list:
+        return [e for e in emulator.list("events", "locked") if e.get("reason") == "FailedCreate"]
+
+    deadline = time.monotonic() + 20
+    while not failed_create() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    [event] = failed_create()[:1]
+    assert event["message"].startswith('Error creating: pods "rollout-" is forbidden: violates PodSecurity '
+                                       '"restricted:latest": allowPrivilegeEscalation != false'), event
+    assert emulator.list("pods", "locked") == []
+
+    # The product's own pods comply (the built-in and the --episode-script shapes).
+    for indexed in (False, True):
+        spec = rl_batch_demo.job_manifest("x", 1, 1, "i", "cube", harden=True, indexed=indexed)
+        assert pod_security_violations(spec["spec"]["template"]["spec"], "restricted") == []
+
+
+# --------------------------------------------------------------------------
+# B10: run --cleanup
+
+
+def test_cleanup_after_a_successful_run(make_cluster, tmp_path):
+    kubectl, make = make_cluster
+    emulator = make()
+    output = tmp_path / "out"
+    result = tool(emulator, kubectl, "run", "--count", "2", "--cleanup", "--output", str(output), "--quiet")
+    assert result.returncode == 0, result.stderr
+    namespace, printed = split_stdout(result.stdout)
+    assert printed["reward_sum"] == 2
+    assert "Cleaning up (--cleanup) after the run." in result.stderr
+    assert f"Deleted test namespace: {namespace}" in result.stderr
+    assert run_namespaces(emulator) == []
+    for name in ("receipt.json", "results.json", "job.json", "pods.json", "events.txt", "episodes.csv",
+                 "timeline.svg"):
+        assert (output / name).is_file(), name
+    assert len(list(output.glob("rollout-*.log"))) == 2
+    assert all(log.read_text() for log in output.glob("rollout-*.log"))
+    saved_before_deleting(emulator, namespace)
+
+
+def saved_before_deleting(emulator: Emulator, namespace: str) -> None:
+    """Every log was read before the first DELETE was sent."""
+    deletes = [i for i, r in enumerate(emulator.requests) if r["method"] == "DELETE"]
+    logs = [i for i, r in enumerate(emulator.requests) if r["path"].endswith("/log")]
+    assert deletes and logs and max(logs) < min(deletes)
+    assert any(r["method"] == "DELETE" and r["path"] == f"/api/v1/namespaces/{namespace}"
+               for r in emulator.requests)
+
+
+def test_cleanup_after_a_failed_run(make_cluster, tmp_path):
+    kubectl, make = make_cluster
+    emulator = make(fail_pods=[1])
+    output = tmp_path / "out"
+    result = tool(emulator, kubectl, "run", "--count", "2", "--cleanup", "--output", str(output), "--quiet")
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert "Job failed or timed out" in result.stderr and "container exited 3" in result.stderr
+    assert "Cleaning up (--cleanup) after a failed run." in result.stderr
+    assert f"evidence: {output}" in result.stderr
+    assert "clean up:" not in result.stderr  # nothing left to clean up
+    namespace = load(output / "receipt.json")["namespace"]
+    assert f"Deleted test namespace: {namespace}" in result.stderr
+    assert result.stdout.strip() == f"Test namespace: {namespace}"
+    assert run_namespaces(emulator) == []
+    pods = [p["metadata"]["name"] for p in load(output / "pods.json")["items"]]
+    assert len(pods) == 2
+    assert_evidence_saved(output, pods)
+    assert any("injected container failure" in (output / f"{pod}.log").read_text() for pod in pods)
+    saved_before_deleting(emulator, namespace)
+
+
+def test_a_failed_cleanup_does_not_hide_why_the_run_failed(make_cluster, tmp_path):
+    kubectl, make = make_cluster
+    emulator = make(fail_pods=[1], sandbox_delay=2.0)
+    output = tmp_path / "out"
+    process = start_tool(emulator, kubectl, "run", "--count", "2", "--cleanup", "--output", str(output), "--quiet")
+    receipt = wait_for(lambda: (output / "receipt.json").exists() and "namespace_uid" in load(output / "receipt.json")
+                       and load(output / "receipt.json"), 30, "the namespace in the receipt")
+    # Someone relabels the namespace while the batch runs: cleanup must then refuse.
+    subprocess.run([kubectl, "label", "namespace", receipt["namespace"], "agc-demo-run=someone-else",
+                    "--overwrite"], env=emulator.env(), check=True, capture_output=True, text=True)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 1
+    assert f"refusing to delete namespace {receipt['namespace']}" in stderr
+    assert emulator.get("namespaces", None, receipt["namespace"]) is not None
+    # ...and the reason the run failed, and where its evidence is, are still said.
+    assert "Job failed or timed out" in stderr and "container exited 3" in stderr, stderr
+    assert f"evidence: {output}" in stderr
