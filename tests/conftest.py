@@ -122,3 +122,23 @@ def require_e2e() -> Callable[..., Optional[str]]:
     when bwrap or the kubectl it needs is missing.
     """
     return require_prerequisites
+
+
+@pytest.fixture
+def make_cluster(tmp_path, require_e2e):
+    """(kubectl path, make(**faults) -> a started emulator); every emulator made is stopped after the test."""
+    from e2e_support import DEFAULT_TIMING
+    from kube_emulator import Emulator
+
+    kubectl = require_e2e()
+    started = []
+
+    def make(**faults):
+        emulator = Emulator(tmp_path / f"emulator-{len(started)}", faults={**DEFAULT_TIMING, **faults})
+        emulator.start()
+        started.append(emulator)
+        return emulator
+
+    yield kubectl, make
+    for emulator in started:
+        emulator.stop()

@@ -48,7 +48,6 @@ import os
 import random
 import re
 import select
-import shutil
 import signal
 import socket
 import subprocess
@@ -58,7 +57,7 @@ import time
 import traceback
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 from urllib.parse import parse_qs, urlsplit
 
 # --------------------------------------------------------------------------

@@ -11,27 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from e2e_support import (DEFAULT_TIMING, assert_evidence_saved, interrupt, load, run_namespaces,
+from e2e_support import (assert_evidence_saved, interrupt, load, run_namespaces,
                          start_tool, tool, wait_for)
 from kube_emulator import Emulator
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture
-def make_cluster(tmp_path, require_e2e):
-    kubectl = require_e2e()
-    started = []
-
-    def make(**faults) -> Emulator:
-        emulator = Emulator(tmp_path / f"emulator-{len(started)}", faults={**DEFAULT_TIMING, **faults})
-        emulator.start()
-        started.append(emulator)
-        return emulator
-
-    yield kubectl, make
-    for emulator in started:
-        emulator.stop()
 
 
 def failed_run(emulator: Emulator, kubectl: str, output: Path, *extra: str, message: str):

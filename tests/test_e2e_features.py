@@ -20,7 +20,7 @@ from typing import Optional
 
 import pytest
 
-from e2e_support import (DEFAULT_TIMING, PRODUCT, REPO_ROOT, assert_evidence_saved, load, run_namespaces,
+from e2e_support import (PRODUCT, REPO_ROOT, assert_evidence_saved, load, run_namespaces,
                          start_tool, tool, wait_for)
 from kube_emulator import Emulator, pod_security_violations
 
@@ -94,22 +94,6 @@ except OSError as error:
     sys.exit(1)
 emit("reward", reward=1)
 '''
-
-
-@pytest.fixture
-def make_cluster(tmp_path, require_e2e):
-    kubectl = require_e2e()
-    started = []
-
-    def make(**faults) -> Emulator:
-        emulator = Emulator(tmp_path / f"emulator-{len(started)}", faults={**DEFAULT_TIMING, **faults})
-        emulator.start()
-        started.append(emulator)
-        return emulator
-
-    yield kubectl, make
-    for emulator in started:
-        emulator.stop()
 
 
 def write_script(tmp_path: Path, text: str, name: str = "episode.py") -> Path:

@@ -22,7 +22,7 @@ from typing import Any, Optional
 import pytest
 
 import prereqs
-from e2e_support import (DEFAULT_TIMING, PRODUCT, interrupt, load, run_namespaces, start_tool, tool,
+from e2e_support import (PRODUCT, interrupt, load, run_namespaces, start_tool, tool,
                          wait_for)
 from kube_emulator import Emulator
 
@@ -30,22 +30,6 @@ pytestmark = pytest.mark.e2e
 
 # Long enough for a loaded machine; never a measure of speed.
 WAIT = 120
-
-
-@pytest.fixture
-def make_cluster(tmp_path, require_e2e):
-    kubectl = require_e2e()
-    started = []
-
-    def make(**faults) -> Emulator:
-        emulator = Emulator(tmp_path / f"emulator-{len(started)}", faults={**DEFAULT_TIMING, **faults})
-        emulator.start()
-        started.append(emulator)
-        return emulator
-
-    yield kubectl, make
-    for emulator in started:
-        emulator.stop()
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ast
 import calendar
-import copy
 import json
 import os
 import subprocess
