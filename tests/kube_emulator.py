@@ -3047,6 +3047,9 @@ class ContainerRunner(threading.Thread):
         log = ContainerLog(emu.workdir / "logs" / ("%s_%s_%s-%d.log" % (w.ns, w.name, self.cname, attempt)))
         emu.logs.setdefault((w.uid, self.cname), []).append(log)
         start = emu.api_now()
+        # The true start is taken before the process is spawned: on a loaded machine the
+        # spawn and the Started event can take a while, and the container runs meanwhile.
+        true_start = time.time()
         try:
             with self.proc_lock:
                 if w.stop_requested():
@@ -3064,7 +3067,6 @@ class ContainerRunner(threading.Thread):
             self.event("Warning", "Failed", "Error: %s" % msg)
             return 128
         self.event("Normal", "Started", "Started container %s" % self.cname)
-        true_start = time.time()
         if not self.started_once:
             emu.truth_set("pods", w.key, "container_started", true_start)
             self.started_once = True
