@@ -1613,11 +1613,13 @@ class RunAction:
 
     def create(self, manifest: dict) -> dict:
         """Create one object; a retry that finds it already there adopts it only if it is provably ours."""
+        retries_before = self.kubectl.retries
         try:
             return self.kubectl.json(["create", "-f", "-"], input_text=json.dumps(manifest),
                                      retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS)
         except KubectlError as error:
-            if not error.already_exists or self.kubectl.retries == 0:
+            # Only a retried create may find its own first attempt already done.
+            if not error.already_exists or self.kubectl.retries == retries_before:
                 raise
         kind = manifest["kind"].lower()
         name = manifest["metadata"]["name"]
