@@ -35,9 +35,9 @@ ROW_FIELDS = {"pod", "node", "image_id", "reward", "pod_to_ready_seconds", "batc
 @pytest.fixture(params=KUBECTL_VERSIONS)
 def kubectl_and_cluster(request, tmp_path, require_e2e):
     kubectl = require_e2e(request.param)
-    # A sandbox that takes a second or so to start, as a VM-based runtime does: what
+    # A sandbox that takes seconds to start, as a VM-based runtime can: what
     # parallelism saves is then clearly larger than the machine's own noise.
-    emulator = Emulator(tmp_path / "emulator", faults={"sandbox_delay": 2.0, "sandbox_jitter": 0.2})
+    emulator = Emulator(tmp_path / "emulator", faults={"sandbox_delay": 3.0, "sandbox_jitter": 0.2})
     emulator.start()
     yield kubectl, emulator
     emulator.stop()
