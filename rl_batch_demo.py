@@ -534,9 +534,10 @@ def verify_episode(pod: dict, events: list[dict], job_created: float, builtin: b
     if builtin:
         if value != 1 or isinstance(value, bool):
             raise VerificationError(f"pod {name}: reward is {value!r}, not 1")
-        if reward.get("tests_exit") != 0:
-            raise VerificationError(f"pod {name}: tests_exit is {reward.get('tests_exit')!r}, not 0")
-        if reward.get("baseline_exit") in (0, None):
+        tests_exit, baseline_exit = reward.get("tests_exit"), reward.get("baseline_exit")
+        if tests_exit != 0 or isinstance(tests_exit, bool):
+            raise VerificationError(f"pod {name}: tests_exit is {tests_exit!r}, not 0")
+        if baseline_exit in (0, None) or not isinstance(baseline_exit, int) or isinstance(baseline_exit, bool):
             raise VerificationError(
                 f"pod {name}: baseline_exit is {reward.get('baseline_exit')!r}; the baseline must fail")
     elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):

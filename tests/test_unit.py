@@ -407,19 +407,20 @@ def test_builtin_reward_must_be_the_integer_1(reward: Any, shown: str) -> None:
         demo.verify_batch(3, job, pods, logs)
 
 
-def test_builtin_tests_exit_must_be_0() -> None:
+@pytest.mark.parametrize("tests_exit", [1, False, "0"])
+def test_builtin_tests_exit_must_be_0(tests_exit: object) -> None:
     job, pods, logs = valid_batch()
-    logs[POD_C] = log_text(ready_event(POD_C, T0 + 5.0), reward_event(POD_C, T0 + 9.75, tests_exit=1))
-    with pytest.raises(VerificationError, match=rf"pod {POD_C}: tests_exit is 1, not 0"):
+    logs[POD_C] = log_text(ready_event(POD_C, T0 + 5.0), reward_event(POD_C, T0 + 9.75, tests_exit=tests_exit))
+    with pytest.raises(VerificationError, match=rf"pod {POD_C}: tests_exit is {tests_exit!r}, not 0"):
         demo.verify_batch(3, job, pods, logs)
 
 
-@pytest.mark.parametrize("baseline", [0, None])
-def test_builtin_baseline_must_have_failed(baseline: Optional[int]) -> None:
+@pytest.mark.parametrize("baseline", [0, None, True, "1"])
+def test_builtin_baseline_must_have_failed(baseline: object) -> None:
     job, pods, logs = valid_batch()
     logs[POD_C] = log_text(ready_event(POD_C, T0 + 5.0),
                            reward_event(POD_C, T0 + 9.75, baseline_exit=baseline))
-    with pytest.raises(VerificationError, match=rf"pod {POD_C}: baseline_exit is {baseline}; the baseline must fail"):
+    with pytest.raises(VerificationError, match=rf"pod {POD_C}: baseline_exit is {baseline!r}; the baseline must fail"):
         demo.verify_batch(3, job, pods, logs)
 
 
