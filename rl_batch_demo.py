@@ -1242,7 +1242,7 @@ class BatchFollower:
                 self._show(submitted_monotonic)
             self._settle()
         finally:
-            self._stop_watches()
+            self.stop_watches()
             self.progress.finish()
             self.processes_while_waiting = self.kubectl.processes - processes_before
         return self.end
@@ -1257,7 +1257,7 @@ class BatchFollower:
             self._failures[kind] += 1
             if self._failures[kind] > WATCH_RESTARTS_BEFORE_POLLING:
                 self.polling = True
-                self._stop_watches()
+                self.stop_watches()
                 return
             self.watch_restarts += 1
             time.sleep(min(2.0, 0.2 * 2 ** self._failures[kind]))
@@ -1327,7 +1327,7 @@ class BatchFollower:
         process.wait()
         self._queue.put(("ended", kind))
 
-    def _stop_watches(self) -> None:
+    def stop_watches(self) -> None:
         for process in self._watches.values():
             if process.poll() is None:
                 process.terminate()
@@ -1793,7 +1793,7 @@ class RunAction:
     def salvage(self) -> None:
         """After an interruption: save what can be saved quickly and complete the receipt."""
         if self.follower is not None:
-            self.follower._stop_watches()
+            self.follower.stop_watches()
             try:
                 self.collect(self.follower.job_name, quick=True)
             except (DemoError, OSError):
@@ -1818,7 +1818,7 @@ class RunAction:
 
     def close(self) -> None:
         if self.follower is not None:
-            self.follower._stop_watches()
+            self.follower.stop_watches()
         if self.proxy is not None:
             self.proxy.close()
         self.pool.shutdown(wait=False)
