@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark the product's client against the guide's method on the emulator (issue 6).
+"""Benchmark the product's client against the guide's method on the emulator.
 
 Usage:
     python3 tests/benchmark.py [--quick] [--kubectl PATH] [--cases 10,20,200,500]
