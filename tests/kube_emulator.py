@@ -3021,18 +3021,14 @@ class ContainerRunner(threading.Thread):
                                         "(restart_container)', flush=True); sys.exit(1)"]
             else:
                 argv = self._argv(env or {})
-            code = self._run_once(argv, env or {}, uid, gid, attempt)
+            code = self._run_once(argv, env or {}, uid, gid, attempt, restarting=attempt < attempts - 1)
             if code is None:
                 return
-            if attempt < attempts - 1 and not w.stop_requested():
-                self.set_state({"waiting": {"reason": "CrashLoopBackOff",
-                                            "message": "back-off 10s restarting failed container=%s pod=%s_%s(%s)"
-                                                       % (self.cname, w.name, w.ns, w.uid)}},
-                               lastState={"terminated": dict(self.last_terminated or {})})
-                if w.sleep(emu.t("restart_delay")):
-                    return
+            if attempt < attempts - 1 and w.sleep(emu.t("restart_delay")):
+                return
 
-    def _run_once(self, argv: List[str], env: Dict[str, str], uid: int, gid: int, attempt: int) -> Optional[int]:
+    def _run_once(self, argv: List[str], env: Dict[str, str], uid: int, gid: int, attempt: int,
+                  restarting: bool = False) -> Optional[int]:
         emu, w = self.emu, self.w
         cid = hex64("%s/%s/%d" % (w.uid, self.cname, attempt))
         v = emu.v
@@ -3099,7 +3095,16 @@ class ContainerRunner(threading.Thread):
         self.last_terminated = {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
                                 "startedAt": fmt_time(start), "finishedAt": fmt_time(end),
                                 "containerID": "containerd://" + cid}
-        self.set_state({"terminated": dict(self.last_terminated)}, ready=False, started=False)
+        if restarting and not w.stop_requested():
+            # One status update from running to CrashLoopBackOff, as a kubelet that restarts
+            # the container reports it: never a terminated state that would make the pod Failed.
+            self.set_state({"waiting": {"reason": "CrashLoopBackOff",
+                                        "message": "back-off 10s restarting failed container=%s pod=%s_%s(%s)"
+                                                   % (self.cname, w.name, w.ns, w.uid)}},
+                           ready=False, started=False,
+                           lastState={"terminated": dict(self.last_terminated)})
+        else:
+            self.set_state({"terminated": dict(self.last_terminated)}, ready=False, started=False)
         with self.proc_lock:
             self.proc = None
         return code
