@@ -366,12 +366,6 @@ def parse_time(text: str | None) -> float | None:
     return moment.timestamp()
 
 
-def format_time(epoch: float) -> str:
-    """Epoch seconds -> RFC 3339 with microseconds, UTC."""
-    moment = datetime.datetime.fromtimestamp(epoch, tz=datetime.timezone.utc)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
 def parse_events(lines: Iterable[str]) -> list[dict]:
     """The JSON events of an episode log; any other line is kept in the log and skipped here."""
     events = []
@@ -445,13 +439,18 @@ def pod_name(pod: dict) -> str:
     return pod["metadata"]["name"]
 
 
+def event_object(event: dict) -> dict:
+    """What an event is about: core/v1 says involvedObject, events.k8s.io/v1 says regarding."""
+    return event.get("involvedObject") or event.get("regarding") or {}
+
+
 def scheduled_event_times(events: Iterable[dict]) -> dict[str, float]:
     """Pod name -> the scheduler's `Scheduled` eventTime (microsecond precision)."""
     times: dict[str, float] = {}
     for event in events:
         if event.get("reason") != "Scheduled":
             continue
-        regarding = event.get("involvedObject") or event.get("regarding") or {}
+        regarding = event_object(event)
         moment = parse_time(event.get("eventTime"))
         if regarding.get("kind") == "Pod" and moment is not None:
             times[regarding.get("name", "")] = moment
@@ -464,7 +463,7 @@ def warning_summary(events: Iterable[dict]) -> dict[str, dict]:
     for event in events:
         if event.get("type") != "Warning":
             continue
-        regarding = event.get("involvedObject") or event.get("regarding") or {}
+        regarding = event_object(event)
         entry = summary.setdefault(event.get("reason") or "Unknown", {"count": 0, "objects": []})
         entry["count"] += int(event.get("count") or 1)
         name = f"{regarding.get('kind', '?')}/{regarding.get('name', '?')}"
@@ -709,10 +708,15 @@ def completion_gap(job: dict, pods: Sequence[dict], last_reward_at: float,
 
 
 def node_distribution(pods: Iterable[dict]) -> dict[str, int]:
+    """Episodes per node, from the pods."""
+    return count_nodes((pod.get("spec") or {}).get("nodeName") for pod in pods)
+
+
+def count_nodes(nodes: Iterable[str | None]) -> dict[str, int]:
+    """Episodes per node name, sorted by name; a pod never scheduled counts as "(unscheduled)"."""
     counts: dict[str, int] = {}
-    for pod in pods:
-        node = (pod.get("spec") or {}).get("nodeName") or "(unscheduled)"
-        counts[node] = counts.get(node, 0) + 1
+    for node in nodes:
+        counts[node or "(unscheduled)"] = counts.get(node or "(unscheduled)", 0) + 1
     return dict(sorted(counts.items()))
 
 
@@ -1863,7 +1867,7 @@ def assemble_results(settings: dict, summaries: Sequence[tuple[dict, dict]], cli
         "rounds_measured": len(measured),
         "phases": phases,
         "phase_points": POINT_SOURCES,
-        "nodes": node_distribution_from_rows(rows),
+        "nodes": count_nodes(row["node"] for row in rows),
         "warnings": merge_warnings([s["warnings"] for s in measured]),
     }
     if len(measured) == 1:
@@ -1877,10 +1881,6 @@ def assemble_results(settings: dict, summaries: Sequence[tuple[dict, dict]], cli
         results["client"] = client
     results["_batches"] = [(entry["job"], s) for entry, s in summaries if entry["measured"]]
     return results
-
-
-def node_distribution_from_rows(rows: Iterable[dict]) -> dict[str, int]:
-    return node_distribution({"spec": {"nodeName": row["node"]}} for row in rows)
 
 
 def merge_warnings(summaries: Iterable[dict]) -> dict:

@@ -977,7 +977,7 @@ def test_worker_events_carry_the_spec_fields(worker_run: dict) -> None:
 
 def test_worker_events_pass_verification(worker_run: dict) -> None:
     start = calendar.timegm(time.gmtime(worker_run["started"] - 1))
-    created = demo.format_time(start)
+    created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start))
     job = make_job(created=created)
     pod = make_pod("rollout-x7k2p", created=created)
     assert len(demo.verify_batch(1, job, [pod], {"rollout-x7k2p": worker_run["stdout"]})) == 1
