@@ -72,21 +72,20 @@ def parse_kubectl_version(output: str) -> str | None:
     return f"{int(major.group())}.{int(minor.group())}"
 
 
-def kubectl_version(path: str | Path) -> str | None:
-    """The client version ('1.33') a kubectl binary reports, or None if it does not run."""
+def probe(argv: list[str]) -> str | None:
+    """What a short probe command prints, or None if it does not run or fails."""
     try:
-        completed = subprocess.run(
-            [str(path), "version", "--client", "-o", "json"],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=PROBE_TIMEOUT_SECONDS,
-        )
+        completed = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                   timeout=PROBE_TIMEOUT_SECONDS)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    if completed.returncode != 0:
-        return None
-    return parse_kubectl_version(completed.stdout)
+    return completed.stdout if completed.returncode == 0 else None
+
+
+def kubectl_version(path: str | Path) -> str | None:
+    """The client version ('1.33') a kubectl binary reports, or None if it does not run."""
+    output = probe([str(path), "version", "--client", "-o", "json"])
+    return None if output is None else parse_kubectl_version(output)
 
 
 def _kubectl_in_dir(directory: Path, wanted: tuple[str, ...] | None) -> list[Path]:
@@ -229,19 +228,8 @@ def version_key(version: str) -> tuple[int, ...]:
 
 def python_version(path: str | Path) -> str | None:
     """'3.9' for a working interpreter, None otherwise (pyenv shims of inactive versions fail)."""
-    try:
-        completed = subprocess.run(
-            [str(path), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=PROBE_TIMEOUT_SECONDS,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if completed.returncode != 0:
-        return None
-    return completed.stdout.strip() or None
+    output = probe([str(path), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"])
+    return (output or "").strip() or None
 
 
 def python_candidates(version: str) -> list[str]:
