@@ -1707,20 +1707,24 @@ class RunAction:
             return self.kubectl.run(["get", "pods", "-l", f"job-name={job_name}", "-o", "json"]
                                     + namespace_args, retry_until=retry_until)
 
-        def fetch_events(args: list[str]) -> str:
-            if args == ["-o", "json"] and self.proxy is not None:
+        def fetch_events_table() -> str:
+            return self.kubectl.run(["get", "events", "--sort-by=.metadata.creationTimestamp"]
+                                    + namespace_args, retry_until=retry_until)
+
+        def fetch_events_json() -> str:
+            if self.proxy is not None:
                 try:
                     return self.proxy.get(f"/api/v1/namespaces/{self.namespace}/events", retry_until)
                 except DemoError:
                     pass  # ask kubectl below
-            return self.kubectl.run(["get", "events"] + args + namespace_args, retry_until=retry_until)
+            return self.kubectl.run(["get", "events", "-o", "json"] + namespace_args, retry_until=retry_until)
 
         # Its own threads: the log readers' pool may still be busy with reads under way.
         with concurrent.futures.ThreadPoolExecutor(4) as fetchers:
             job_future = fetchers.submit(fetch_job)
             pods_future = fetchers.submit(fetch_pods)
-            table_future = fetchers.submit(fetch_events, ["--sort-by=.metadata.creationTimestamp"])
-            events_future = fetchers.submit(fetch_events, ["-o", "json"])
+            table_future = fetchers.submit(fetch_events_table)
+            events_future = fetchers.submit(fetch_events_json)
             return self.save_evidence(follower, job_future, pods_future, table_future, events_future,
                                       retry_until)
 
