@@ -2091,6 +2091,9 @@ class ApiServer:
 
         with run.cond:
             lines = list(run.lines)
+            # A follow goes on from exactly the lines taken here, read under the same lock,
+            # so a line written meanwhile is neither skipped nor sent twice.
+            pos = len(lines)
         if tail is not None:
             lines = lines[-tail:] if tail > 0 else []
         data = render(lines)
@@ -2104,7 +2107,6 @@ class ApiServer:
         try:
             self.write_chunk(h, data)
             sent = len(data)
-            pos = len(run.lines) if tail is None else len(run.lines)
             while limit_bytes is None or sent < limit_bytes:
                 with run.cond:
                     if pos >= len(run.lines) and not run.closed:
@@ -2278,7 +2280,8 @@ class JobController(Controller):
             self._sync_orphan_pod(key[1], key[2])
             return
         emu = self.emu
-        if emu.faults.get("job_controller_stalled"):
+        stalled = emu.faults.get("job_controller_stalled")
+        if stalled is True:
             return  # kube-controller-manager down: no pods, no conditions, no deadline
         ns, name = key
         job = self.store.get("jobs", ns, name)
@@ -2292,6 +2295,8 @@ class JobController(Controller):
         now = emu.api_now()
         pods = [p for p in self.store.list_raw("pods", ns)
                 if any(r.get("uid") == uid and r.get("controller") for r in owner_refs(p))]
+        if stalled and len(pods) >= int(stalled):
+            return  # stalls once it has made this many pods: they run on, the Job stays unfinished
         counted = self.counted.setdefault(uid, set())
         indexed = spec.get("completionMode") == "Indexed"
         done_idx: Set[int] = set(parse_index_list(status.get("completedIndexes", "")))
@@ -2597,9 +2602,12 @@ class Scheduler(Controller):
         new = self.store.update("pods", ns, name, bind)
         if new is None or new["spec"].get("nodeName") != node:
             return
-        emu.truth_set("pods", "%s/%s" % (ns, name), "scheduled")
+        # One clock reading for the record and the event: the scheduler stamps its
+        # event at the binding, so the two are the same moment.
+        scheduled_at = time.time()
+        emu.truth_set("pods", "%s/%s" % (ns, name), "scheduled", scheduled_at)
         emu.truth_set("pods", "%s/%s" % (ns, name), "node", node, raw=True)
-        emu.record_scheduler_event(new, "Successfully assigned %s/%s to %s" % (ns, name, node))
+        emu.record_scheduler_event(new, "Successfully assigned %s/%s to %s" % (ns, name, node), scheduled_at)
 
 
 # --------------------------------------------------------------------------
@@ -3013,7 +3021,12 @@ class ContainerRunner(threading.Thread):
         for attempt in range(attempts):
             if w.stop_requested():
                 return
-            if emu.fault_applies("fail_pods", idx):
+            if emu.fault_applies("replace_pod", idx):
+                # The pod is replaced while it runs, so it must still be running then
+                # whatever the machine's load: it holds until evicted.
+                argv = ["python", "-c", "import time; print('emulator: held until evicted (replace_pod)',"
+                                        " flush=True); time.sleep(3600)"]
+            elif emu.fault_applies("fail_pods", idx):
                 argv = ["python", "-c", "import sys; print('emulator: injected container failure (fail_pods)',"
                                         " flush=True); sys.exit(3)"]
             elif attempt < attempts - 1:
@@ -3412,6 +3425,7 @@ class PodWorker(threading.Thread):
         if self.update(init) is None:
             return
         delay = emu.t("sandbox_delay") + random.uniform(0, max(0.0, emu.t("sandbox_jitter")))
+        emu.truth_set("pods", self.key, "sandbox_delay", delay, raw=True)
         if self.sleep(delay):
             self._terminate_all()
             return
@@ -3949,8 +3963,11 @@ class Emulator:
         self.stop()
 
     # ---------------------------------------------------------------- helpers
+    def api_skew(self) -> float:
+        return float(self.faults.get("api_clock_skew") or 0)
+
     def api_now(self) -> float:
-        return time.time() + float(self.faults.get("api_clock_skew") or 0)
+        return time.time() + self.api_skew()
 
     def t(self, key: str) -> float:
         if key in ("sandbox_delay", "sandbox_jitter", "job_status_lag") and self.faults.get(key) is not None:
@@ -4122,15 +4139,15 @@ class Emulator:
         except ApiError:
             pass
 
-    def record_scheduler_event(self, pod: dict, note: str) -> None:
+    def record_scheduler_event(self, pod: dict, note: str, at: float) -> None:
         """The scheduler records through events.k8s.io/v1: eventTime (µs), no first/lastTimestamp."""
         md = pod["metadata"]
         ev = {"apiVersion": "v1", "kind": "Event",
-              "metadata": {"name": "%s.%x" % (md["name"], time.time_ns()), "namespace": md["namespace"]},
+              "metadata": {"name": "%s.%x" % (md["name"], int(at * 1e9)), "namespace": md["namespace"]},
               "involvedObject": {"kind": "Pod", "namespace": md["namespace"], "name": md["name"],
                                  "uid": md["uid"], "apiVersion": "v1", "resourceVersion": md["resourceVersion"]},
               "reason": "Scheduled", "message": note, "source": {}, "firstTimestamp": None,
-              "lastTimestamp": None, "type": "Normal", "eventTime": fmt_micro(self.api_now()),
+              "lastTimestamp": None, "type": "Normal", "eventTime": fmt_micro(at + self.api_skew()),
               "action": "Binding", "reportingComponent": "default-scheduler",
               "reportingInstance": "default-scheduler-emu-control-plane"}
         try:

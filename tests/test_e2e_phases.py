@@ -40,8 +40,9 @@ SVG = "{http://www.w3.org/2000/svg}"
 # How far the emulator's truth may trail the instant the API stamped the field: the
 # stamp is taken first, the truth noted after the write (or after spawning bwrap).
 STAMP_TO_TRUTH = 0.5
-# The scheduler's Scheduled eventTime (microseconds) is taken right after binding.
-EVENT_TIME_TOLERANCE = 0.01
+# The scheduler's Scheduled eventTime is the binding moment the emulator records, written
+# in microseconds: only the rounding separates them.
+EVENT_TIME_TOLERANCE = 2e-6
 # A worker event line reaches the emulator through a pipe: a sanity bound only, since a
 # loaded machine can delay the read by a lot.
 PIPE_BOUND = 10.0

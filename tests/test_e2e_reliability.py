@@ -344,14 +344,14 @@ def test_job_completing_while_a_slow_watch_restarts_is_seen(make_cluster, tmp_pa
     got); on a slow API server a Job that completes between that GET and the watch's
     start is only in that first event. The tool must still see the Job end."""
     kubectl, make = make_cluster
-    emulator = make()
+    # The Job controller stalls once it has made both pods: they run on, the Job stays unfinished.
+    emulator = make(job_controller_stalled=2)
     output = tmp_path / "out"
     process = start_tool(emulator, kubectl, "run", "--count", "2", "--timeout", "20", "--output", str(output),
                          "--quiet")
     name = wait_for(lambda: receipt_of(output).get("job_uid") and receipt_of(output)["namespace"],
                     WAIT, "the Job's UID in the receipt")
     wait_for(lambda: len(emulator.list("pods", name)) == 2, WAIT, "the Job's pods")
-    emulator.set_faults(job_controller_stalled=True)  # the pods run on, the Job stays unfinished
     wait_for(lambda: all(p["status"].get("phase") == "Succeeded" for p in emulator.list("pods", name)),
              WAIT, "both pods to succeed")
     job = emulator.get("jobs", name, "rollout")

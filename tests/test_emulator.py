@@ -1,9 +1,7 @@
 """Tests of tests/kube_emulator.py driven by REAL kubectl binaries.
 
-kubectl: $RLDEMO_KUBECTL or `kubectl` on PATH; versioned binaries kubectl.1.27 /
-kubectl.1.33 next to the resolved one, and 1.35 from $RLDEMO_KUBECTL_135 or
-/tmp/k135/kubectl/kubectl, are used when present.  Containers run in
-bubblewrap: without it these tests skip (or fail when $CI is set).
+kubectl 1.27, 1.33 and 1.35 and bubblewrap are found the way every test file finds
+them (tests/conftest.py): a missing one skips its tests, or fails them when $CI is set.
 """
 from __future__ import annotations
 
@@ -22,39 +20,31 @@ from typing import Any, Callable, Dict, List, Optional
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import prereqs  # noqa: E402
+from conftest import require_prerequisites  # noqa: E402
 from kube_emulator import Emulator  # noqa: E402
 
 
-# --------------------------------------------------------------------------- kubectl discovery
-def _kubectl_binaries() -> Dict[str, str]:
-    out: Dict[str, str] = {}
-    base = os.environ.get("RLDEMO_KUBECTL") or shutil.which("kubectl")
-    if base:
-        out["default"] = base
-        d = os.path.dirname(os.path.realpath(base))
-        for v in ("1.27", "1.33"):
-            p = os.path.join(d, "kubectl." + v)
-            if os.path.exists(p):
-                out[v] = p
-    p135 = os.environ.get("RLDEMO_KUBECTL_135", "/tmp/k135/kubectl/kubectl")
-    if os.path.exists(p135):
-        out["1.35"] = p135
-    return out
+# --------------------------------------------------------------------------- prerequisites
+# One way of finding kubectl and bwrap for every test file: the suite's own (what
+# tests/run_tests.py found or fetched), which skips -- or fails under CI -- when one is missing.
+KUBECTL_VERSIONS = prereqs.KUBECTL_VERSIONS
 
 
-KUBECTLS = _kubectl_binaries()
-VERSIONS = [v for v in ("1.27", "1.33", "1.35") if v in KUBECTLS] or (["default"] if KUBECTLS else [])
-DEFAULT = KUBECTLS.get("1.33") or KUBECTLS.get("default")
-NEWEST = KUBECTLS.get("1.35") or DEFAULT
+def kubectl_of(version: str) -> str:
+    path = require_prerequisites(version, bwrap=False)
+    assert path is not None
+    return path
 
-pytestmark = pytest.mark.skipif(not KUBECTLS, reason="no kubectl binary found")
+
+def default_kubectl() -> str:
+    path = require_prerequisites(bwrap=False)
+    assert path is not None
+    return path
 
 
 def need_bwrap() -> None:
-    if shutil.which("bwrap") is None:
-        if os.environ.get("CI"):
-            pytest.fail("bubblewrap (bwrap) is required to run the emulator's containers")
-        pytest.skip("bubblewrap (bwrap) not installed")
+    require_prerequisites(kubectl=False)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -216,11 +206,11 @@ def emu(emu_factory) -> Emulator:
 
 
 # --------------------------------------------------------------------------- the product's flow, per version
-@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("version", KUBECTL_VERSIONS)
 def test_full_flow(emu_factory, version: str) -> None:
     need_bwrap()
     emu = emu_factory()
-    k = Kubectl(emu, KUBECTLS[version])
+    k = Kubectl(emu, kubectl_of(version))
     assert k("config", "current-context").stdout.strip() == "kube-emulator"
     rc = json.loads(k("get", "runtimeclass", "cube", "-o", "json").stdout)
     assert rc["handler"] == "cube" and rc["overhead"]["podFixed"]["memory"] == "768Mi"
@@ -290,9 +280,9 @@ def test_full_flow(emu_factory, version: str) -> None:
     assert "deleted" in truth["namespaces"][ns]
 
 
-@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("version", KUBECTL_VERSIONS)
 def test_dry_run_client_list(emu, version: str) -> None:
-    k = Kubectl(emu, KUBECTLS[version])
+    k = Kubectl(emu, kubectl_of(version))
     lst = {"apiVersion": "v1", "kind": "List", "items": [
         namespace("dry"), {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "episode", "namespace": "dry"},
                            "data": {"episode.py": "print(1)"}},
@@ -307,9 +297,9 @@ def test_dry_run_client_list(emu, version: str) -> None:
     assert emu.get("namespaces", None, "dry") is None
 
 
-@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("version", KUBECTL_VERSIONS)
 def test_api_errors_like_a_real_server(emu, version: str) -> None:
-    k = Kubectl(emu, KUBECTLS[version])
+    k = Kubectl(emu, kubectl_of(version))
     k.create(namespace("errs"))
     p = k.create(namespace("errs"), check=False)
     assert p.returncode == 1 and "(AlreadyExists)" in p.stderr and 'namespaces "errs" already exists' in p.stderr
@@ -366,7 +356,7 @@ def test_status_bodies_and_discovery(emu) -> None:
 
 def test_server_side_tables(emu) -> None:
     need_bwrap()
-    k = Kubectl(emu, DEFAULT)
+    k = Kubectl(emu, default_kubectl())
     run_job(emu, k, "tables", count=1)
     acc = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
     expect = {"/api/v1/namespaces/tables/pods": ["Name", "Ready", "Status", "Restarts", "Age", "IP", "Node",
@@ -403,14 +393,14 @@ def test_server_side_tables(emu) -> None:
 
 
 # --------------------------------------------------------------------------- watch
-@pytest.mark.parametrize("version", [v for v in ("1.33", "1.35") if v in KUBECTLS] or VERSIONS[:1])
+@pytest.mark.parametrize("version", ("1.33", "1.35"))
 def test_kubectl_watch(emu, version: str) -> None:
     need_bwrap()
-    k = Kubectl(emu, KUBECTLS[version])
+    k = Kubectl(emu, kubectl_of(version))
     setup_namespace(k, "w")
     k.create(job_manifest("w", 2))
     env = emu.env()
-    base = [KUBECTLS[version], "--context", emu.context, "--request-timeout=30s", "-n", "w"]
+    base = [kubectl_of(version), "--context", emu.context, "--request-timeout=30s", "-n", "w"]
     pj = subprocess.Popen(base + ["get", "job", "rollout", "-o", "json", "-w"], stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True, env=env)
     pp = subprocess.Popen(base + ["get", "pods", "-l", "job-name=rollout", "-o", "json", "-w",
@@ -449,7 +439,7 @@ def _read_watch(emu: Emulator, path: str, timeout: float = 10) -> List[dict]:
 
 def test_watch_protocol(emu_factory) -> None:
     emu = emu_factory(timing={"watch_history": 30, "bookmark_interval": 0.2})
-    k = Kubectl(emu, DEFAULT)
+    k = Kubectl(emu, default_kubectl())
     k.create(namespace("wp"))
     rv = emu.get("namespaces", None, "wp")["metadata"]["resourceVersion"]
     for i in range(5):
@@ -476,9 +466,9 @@ def test_watch_protocol(emu_factory) -> None:
 
 
 def test_restart_api_breaks_watches(emu) -> None:
-    k = Kubectl(emu, DEFAULT)
+    k = Kubectl(emu, default_kubectl())
     port = emu.api.port
-    proc = subprocess.Popen([DEFAULT, "--context", emu.context, "get", "namespaces", "-w", "-o", "name"],
+    proc = subprocess.Popen([default_kubectl(), "--context", emu.context, "get", "namespaces", "-w", "-o", "name"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=emu.env())
     wait_for(lambda: any(r["watch"] for r in emu.requests), timeout=10)
     emu.restart_api(down_seconds=0.5)
@@ -488,10 +478,10 @@ def test_restart_api_breaks_watches(emu) -> None:
 
 
 # --------------------------------------------------------------------------- deletion semantics
-@pytest.mark.parametrize("version", [v for v in ("1.27", "1.35") if v in KUBECTLS] or VERSIONS[:1])
+@pytest.mark.parametrize("version", ("1.27", "1.35"))
 def test_delete_with_wait_does_not_hang(emu, version: str) -> None:
     need_bwrap()
-    k = Kubectl(emu, KUBECTLS[version])
+    k = Kubectl(emu, kubectl_of(version))
     sleeper = "import time; print('start', flush=True); time.sleep(60)"
     setup_namespace(k, "dw", sleeper)
     k.create(job_manifest("dw", 2, command=["python", "-c", sleeper]))
@@ -509,7 +499,7 @@ def test_delete_with_wait_does_not_hang(emu, version: str) -> None:
 
 def test_foreground_deletion_order(emu) -> None:
     need_bwrap()
-    k = Kubectl(emu, DEFAULT)
+    k = Kubectl(emu, default_kubectl())
     sleeper = "import time; time.sleep(60)"
     setup_namespace(k, "fg", sleeper)
     k.create(job_manifest("fg", 2, command=["python", "-c", sleeper]))
@@ -527,7 +517,7 @@ def test_foreground_deletion_order(emu) -> None:
 
 def test_namespace_termination_and_terminating_namespace(emu_factory) -> None:
     emu = emu_factory(faults={"stuck_terminating": True})
-    k = Kubectl(emu, DEFAULT)
+    k = Kubectl(emu, default_kubectl())
     k.create(namespace("stuck"))
     k("delete", "namespace", "stuck", "--wait=false")
     time.sleep(1.0)
@@ -549,7 +539,7 @@ def test_namespace_termination_and_terminating_namespace(emu_factory) -> None:
 def test_logs_waiting_follow_and_previous(emu_factory) -> None:
     need_bwrap()
     emu = emu_factory(faults={"sandbox_delay": 1.0, "sandbox_jitter": 0})
-    k = Kubectl(emu, DEFAULT)
+    k = Kubectl(emu, default_kubectl())
     prog = "import time\nfor i in range(3):\n    print('tick', i, flush=True); time.sleep(0.3)\n"
     setup_namespace(k, "lg", prog)
     k.create(job_manifest("lg", 1))
@@ -567,7 +557,7 @@ def test_logs_waiting_follow_and_previous(emu_factory) -> None:
 
 def test_read_only_root_and_size_limit(emu) -> None:
     need_bwrap()
-    k = Kubectl(emu, DEFAULT)
+    k = Kubectl(emu, default_kubectl())
     run_job(emu, k, "ro", count=1, harden=True)
     pod = pod_names(emu, "ro")[0]
     ready = log_events(k("logs", "-n", "ro", pod).stdout)[0]
@@ -584,7 +574,7 @@ def test_read_only_root_and_size_limit(emu) -> None:
 
 def test_run_as_non_root_violation(emu) -> None:
     need_bwrap()
-    k = Kubectl(emu, DEFAULT)
+    k = Kubectl(emu, default_kubectl())
     setup_namespace(k, "nr")
     job = job_manifest("nr", 1)
     del job["spec"]["template"]["spec"]["securityContext"]["runAsUser"]
@@ -600,7 +590,7 @@ def test_run_as_non_root_violation(emu) -> None:
 # --------------------------------------------------------------------------- fault knobs
 def test_fault_missing_runtimeclass(emu_factory) -> None:
     emu = emu_factory(faults={"missing_runtimeclass": True}, timing={"create_retry_base": 0.1})
-    k = Kubectl(emu, DEFAULT)
+    k = Kubectl(emu, default_kubectl())
     p = k("get", "runtimeclass", "cube", check=False)
     assert p.returncode == 1 and 'runtimeclasses.node.k8s.io "cube" not found' in p.stderr
     run_job(emu, k, "mrc", wait=None)
@@ -615,7 +605,7 @@ def test_fault_missing_runtimeclass(emu_factory) -> None:
 def test_fault_fail_pods(emu_factory) -> None:
     need_bwrap()
     emu = emu_factory(faults={"fail_pods": [1]})
-    k = Kubectl(emu, DEFAULT)
+    k = Kubectl(emu, default_kubectl())
     run_job(emu, k, "fp", wait="Failed")
     job = emu.get("jobs", "fp", "rollout")
     conds = [(c["type"], c.get("reason")) for c in job["status"]["conditions"]]
@@ -632,7 +622,7 @@ def test_fault_fail_pods(emu_factory) -> None:
 def test_fault_image_pull_backoff(emu_factory) -> None:
     need_bwrap()
     emu = emu_factory(faults={"image_pull_backoff": [0]}, timing={"image_pull_backoff": 0.2})
-    k = Kubectl(emu, DEFAULT)
+    k = Kubectl(emu, default_kubectl())
     run_job(emu, k, "ipb", count=1, wait=None)
     wait_for(lambda: any(e["reason"] == "BackOff" for e in emu.list("events", "ipb")), timeout=10)
     pod = emu.list("pods", "ipb")[0]
@@ -648,20 +638,24 @@ def test_fault_image_pull_backoff(emu_factory) -> None:
 def test_fault_sandbox_delay_and_job_status_lag(emu_factory) -> None:
     need_bwrap()
     emu = emu_factory(faults={"sandbox_delay": 0.5, "sandbox_jitter": 0.3, "job_status_lag": 0.6})
-    k = Kubectl(emu, DEFAULT)
+    k = Kubectl(emu, default_kubectl())
     run_job(emu, k, "sd", count=2)
     truth = emu.truth()
     for key, p in truth["pods"].items():
         if key.startswith("sd/"):
-            assert 0.5 <= p["sandbox_ready"] - p["scheduled"] <= 1.2
+            # The delay drawn lies in [delay, delay + jitter] and the sandbox is never
+            # ready before it has passed; the loose upper bound only catches a delay
+            # ignored altogether, whatever the machine's load.
+            assert 0.5 <= p["sandbox_delay"] <= 0.8
+            assert p["sandbox_delay"] <= p["sandbox_ready"] - p["scheduled"] <= p["sandbox_delay"] + 5
     last_finish = max(p["container_finished"] for key, p in truth["pods"].items() if key.startswith("sd/"))
-    # the controller batches pod updates: status follows within (0, job_status_lag] (+ scheduling noise)
-    assert 0.0 < truth["jobs"]["sd/rollout"]["success_criteria_met"] - last_finish <= 0.6 + 0.7
+    # the controller batches pod updates: status follows the last pod, within its lag (+ load)
+    assert 0.0 < truth["jobs"]["sd/rollout"]["success_criteria_met"] - last_finish <= 0.6 + 5
 
 
 def test_fault_api_clock_skew(emu_factory) -> None:
     emu = emu_factory(faults={"api_clock_skew": 3600})
-    k = Kubectl(emu, DEFAULT)
+    k = Kubectl(emu, default_kubectl())
     before = time.time()
     ns = json.loads(k.create(namespace("skew"), "-o", "json").stdout)
     created = time.mktime(time.strptime(ns["metadata"]["creationTimestamp"], "%Y-%m-%dT%H:%M:%SZ")) - time.timezone
@@ -671,7 +665,7 @@ def test_fault_api_clock_skew(emu_factory) -> None:
 
 def test_fault_api_latency_and_errors(emu_factory) -> None:
     emu = emu_factory(faults={"api_latency": 0.3})
-    k = Kubectl(emu, DEFAULT)
+    k = Kubectl(emu, default_kubectl())
     t0 = time.time()
     k("get", "namespace", "default", "-o", "name")
     assert time.time() - t0 >= 0.3
@@ -685,7 +679,7 @@ def test_fault_api_latency_and_errors(emu_factory) -> None:
 def test_fault_unreadable_logs(emu_factory) -> None:
     need_bwrap()
     emu = emu_factory(faults={"unreadable_logs": [0]})
-    k = Kubectl(emu, DEFAULT)
+    k = Kubectl(emu, default_kubectl())
     run_job(emu, k, "ul", count=2)
     idx0 = [key for key, v in emu.truth()["pods"].items() if v.get("index") == 0][0].split("/")[1]
     p = k("logs", "-n", "ul", idx0, "-c", "episode", check=False)
@@ -698,7 +692,7 @@ def test_fault_unreadable_logs(emu_factory) -> None:
 def test_fault_restart_container(emu_factory) -> None:
     need_bwrap()
     emu = emu_factory(faults={"restart_container": [0]}, timing={"restart_delay": 0.1})
-    k = Kubectl(emu, DEFAULT)
+    k = Kubectl(emu, default_kubectl())
     run_job(emu, k, "rc", count=1)
     pod = emu.list("pods", "rc")[0]
     cs = pod["status"]["containerStatuses"][0]
@@ -714,7 +708,7 @@ def test_fault_restart_container(emu_factory) -> None:
 def test_fault_replace_pod(emu_factory) -> None:
     need_bwrap()
     emu = emu_factory(faults={"replace_pod": [0]}, timing={"replace_after": 0.2})
-    k = Kubectl(emu, DEFAULT)
+    k = Kubectl(emu, default_kubectl())
     slow = EPISODE + "\ntime.sleep(1)\n"
     run_job(emu, k, "rp", count=2, episode=slow)
     pods = emu.list("pods", "rp")
@@ -729,7 +723,7 @@ def test_fault_log_tamper(emu_factory) -> None:
     need_bwrap()
     modes = {"0": "duplicate_ready", "1": "drop_reward", "2": "wrong_id", "3": "junk_lines"}
     emu = emu_factory(faults={"log_tamper": modes})
-    k = Kubectl(emu, DEFAULT)
+    k = Kubectl(emu, default_kubectl())
     run_job(emu, k, "lt", count=4, parallelism=4)
     by_index = {v["index"]: key.split("/")[1] for key, v in emu.truth()["pods"].items() if key.startswith("lt/")}
     logs = {i: k("logs", "-n", "lt", by_index[i]).stdout for i in range(4)}
@@ -749,7 +743,7 @@ def test_cli(tmp_path: Path) -> None:
         line = proc.stdout.readline().strip()
         assert line.startswith("KUBECONFIG=")
         env = dict(os.environ, KUBECONFIG=line.split("=", 1)[1], HOME=str(tmp_path / "clihome"))
-        out = subprocess.run([DEFAULT, "get", "nodes", "-o", "name"], capture_output=True, text=True, env=env,
+        out = subprocess.run([default_kubectl(), "get", "nodes", "-o", "name"], capture_output=True, text=True, env=env,
                              timeout=30).stdout.split()
         assert out == ["node/emu-node-1", "node/emu-node-2"]
     finally:
