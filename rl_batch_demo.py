@@ -24,6 +24,7 @@ import codecs
 import concurrent.futures
 import csv
 import datetime
+import functools
 import http.client
 import io
 import json
@@ -65,6 +66,12 @@ WATCH_RESTARTS_BEFORE_POLLING = 3
 SETTLE_SECONDS = 3.0
 COLLECT_RETRY_SECONDS = 10
 PROXY_START_SECONDS = 10
+# The private directory of each run's `kubectl proxy` socket carries the run's pid,
+# so a later run can tell (and remove) the directory of a run that was killed.
+PROXY_DIRECTORY_PREFIX = "rl-batch-demo-"
+# What kubectl prints when the kubeconfig gives it no credentials and it asks instead.
+CREDENTIALS_PROMPT = "Please enter Username"
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 JOB_NAME = "rollout"
 WARMUP_JOB_NAME = "rollout-warmup"
@@ -1003,6 +1010,37 @@ class KubectlError(DemoError):
         return any(marker in text for marker in TRANSIENT_ERROR_MARKERS)
 
 
+@functools.lru_cache(maxsize=None)
+def linux_prctl() -> Callable[..., int] | None:
+    """libc's prctl(2) on Linux, else None (then children outlive a killed tool until their timeouts)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (ImportError, OSError, AttributeError):
+        return None
+
+
+def die_with_parent() -> Callable[[], None] | None:
+    """A child's pre-exec step that kills it when this process dies, however it dies.
+
+    A SIGKILLed tool (a CI timeout, the OOM killer) runs no cleanup code, so its
+    watches and its proxy must end by themselves: the kernel sends them SIGKILL
+    once their parent is gone.
+    """
+    prctl = linux_prctl()
+    if prctl is None:
+        return None
+    parent = os.getpid()
+
+    def arm() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the parent died before the signal was armed
+            os._exit(1)
+    return arm
+
+
 class Kubectl:
     """Runs kubectl against one context with bounded requests; counts what it started."""
 
@@ -1047,14 +1085,19 @@ class Kubectl:
         with self._lock:
             self.processes += 1
         try:
+            # Always an input, if only an empty one: kubectl must never wait on the terminal.
             completed = subprocess.run(
-                self.argv(args, request_timeout), input=input_text, capture_output=True,
-                text=True, timeout=CALL_TIMEOUT_SECONDS)
+                self.argv(args, request_timeout), input=input_text or "", capture_output=True,
+                text=True, timeout=CALL_TIMEOUT_SECONDS, preexec_fn=die_with_parent())
         except subprocess.TimeoutExpired:
             raise KubectlError(verb, None, f"no answer within {CALL_TIMEOUT_SECONDS} s") from None
         except OSError as error:
             raise DemoError(f"cannot run kubectl {self.binary!r}: {error.strerror or error}") from None
         if completed.returncode != 0:
+            if CREDENTIALS_PROMPT in completed.stdout + completed.stderr:
+                raise DemoError(f"kubectl {verb}: the kubeconfig gives no credentials for context "
+                                f"{self.context or '(current)'} and kubectl asked for a username; "
+                                "log in or fix the kubeconfig's user")
             raise KubectlError(verb, completed.returncode, completed.stderr)
         return completed.stdout
 
@@ -1078,7 +1121,7 @@ class Kubectl:
         return subprocess.Popen(
             self.argv(args, f"{max(1, seconds)}s"), stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=tempfile.TemporaryFile(), bufsize=0,
-            start_new_session=detached)
+            start_new_session=detached, preexec_fn=die_with_parent())
 
 
 class UnixHTTPConnection(http.client.HTTPConnection):
@@ -1094,6 +1137,36 @@ class UnixHTTPConnection(http.client.HTTPConnection):
         self.sock.connect(self.socket_path)
 
 
+def remove_stale_proxy_directories() -> None:
+    """Remove the socket directories that killed runs of this tool left behind.
+
+    Only a directory of ours whose run is gone and that holds nothing but the
+    socket is removed.
+    """
+    if os.name != "posix":
+        return
+    base = tempfile.gettempdir()
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return
+    for name in names:
+        pid_text = name[len(PROXY_DIRECTORY_PREFIX):].split("-", 1)[0]
+        if not name.startswith(PROXY_DIRECTORY_PREFIX) or not pid_text.isdigit():
+            continue
+        path = os.path.join(base, name)
+        try:
+            if os.lstat(path).st_uid != os.getuid() or set(os.listdir(path)) - {"api.sock"}:
+                continue
+            os.kill(int(pid_text), 0)
+            continue  # that run is still alive
+        except ProcessLookupError:
+            pass
+        except OSError:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+
+
 class ApiProxy:
     """One `kubectl proxy` on a private Unix socket, for the many small reads of a batch.
 
@@ -1105,7 +1178,9 @@ class ApiProxy:
 
     def __init__(self, kubectl: Kubectl) -> None:
         self.kubectl = kubectl
-        self.directory = tempfile.mkdtemp(prefix="rl-batch-demo-")  # mode 0700: ours alone
+        remove_stale_proxy_directories()
+        # mode 0700: ours alone
+        self.directory = tempfile.mkdtemp(prefix=f"{PROXY_DIRECTORY_PREFIX}{os.getpid()}-")
         self.socket_path = os.path.join(self.directory, "api.sock")
         self.process = kubectl.stream(["proxy", f"--unix-socket={self.socket_path}"],
                                       REQUEST_TIMEOUT_SECONDS, detached=True)

@@ -345,6 +345,34 @@ def test_unknown_context_is_an_error_before_any_output(
     assert not out.exists()
 
 
+KUBECONFIG_WITHOUT_CREDENTIALS = """apiVersion: v1
+kind: Config
+clusters:
+- cluster: {server: "https://127.0.0.1:9"}
+  name: nowhere
+contexts:
+- context: {cluster: nowhere, user: nobody}
+  name: no-credentials
+current-context: no-credentials
+users:
+- name: nobody
+  user: {}
+"""
+
+
+def test_missing_credentials_are_named_not_an_eof(
+        kubectl_bin: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    # kubectl asks for a username when the kubeconfig's user has no credentials; with
+    # no terminal to answer it says only "error: EOF".
+    isolated_kubeconfig(tmp_path, monkeypatch, KUBECONFIG_WITHOUT_CREDENTIALS)
+    out = tmp_path / "out"
+    assert main(["run", "--output", str(out), "--kubectl", kubectl_bin, "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert "no credentials for context no-credentials" in err and "asked for a username" in err
+    assert "EOF" not in err and "Traceback" not in err
+    assert (out / "receipt.json").is_file()  # traceable: nothing was created, the receipt says where
+
+
 # --------------------------------------------------------------------------
 # A5: cleanup refuses a missing or untrustworthy receipt, and runs nothing.
 
