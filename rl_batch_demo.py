@@ -1687,7 +1687,7 @@ class RunAction:
     def create_namespace(self) -> None:
         self.touched_cluster = True
         created = self.create(namespace_manifest(self.namespace, self.run_id, self.settings["harden"]))
-        self.receipt["namespace_uid"] = created["metadata"]["uid"]
+        record_namespace_uid(self.receipt, created["metadata"]["uid"])
         write_json(os.path.join(self.output, RECEIPT_FILE), self.receipt)
         print(f"Test namespace: {self.namespace}", flush=True)
 
@@ -1729,9 +1729,7 @@ class RunAction:
         self.follower = BatchFollower(self.kubectl, self.namespace, job_name, self.settings["count"],
                                       self.progress, self.pool, self.proxy)
         created = self.create(manifest)
-        self.receipt.setdefault("jobs", {})[job_name] = created["metadata"]["uid"]
-        if "job_uid" not in self.receipt:
-            self.receipt["job_uid"] = created["metadata"]["uid"]
+        record_job_uid(self.receipt, job_name, created["metadata"]["uid"])
         write_json(os.path.join(self.output, RECEIPT_FILE), self.receipt)
         end = self.follower.follow(submitted, client_deadline)
         client = {
@@ -1887,7 +1885,7 @@ class RunAction:
             except DemoError:
                 live = None
             if live and (live["metadata"].get("labels") or {}).get(RUN_LABEL) == self.run_id:
-                self.receipt["namespace_uid"] = live["metadata"]["uid"]
+                record_namespace_uid(self.receipt, live["metadata"]["uid"])
         if self.follower is not None and self.follower.job_name not in self.receipt.get("jobs", {}):
             try:
                 live = self.kubectl.json(["get", "job", self.follower.job_name, "-n", self.namespace,
@@ -1895,8 +1893,7 @@ class RunAction:
             except DemoError:
                 live = None
             if live:
-                self.receipt.setdefault("jobs", {})[self.follower.job_name] = live["metadata"]["uid"]
-                self.receipt.setdefault("job_uid", live["metadata"]["uid"])
+                record_job_uid(self.receipt, self.follower.job_name, live["metadata"]["uid"])
         write_json(os.path.join(self.output, RECEIPT_FILE), self.receipt)
 
     def close(self) -> None:
@@ -2059,6 +2056,24 @@ def raise_interrupt(signum: int, frame: Any) -> None:
 # The `cleanup` action.
 
 
+def record_namespace_uid(receipt: dict, uid: str) -> None:
+    """The namespace's UID under the guide's key `uid`, and under our clearer name beside it."""
+    receipt["uid"] = receipt["namespace_uid"] = uid
+
+
+def record_job_uid(receipt: dict, job_name: str, uid: str) -> None:
+    """Every Job of the run under `jobs`; the guide's `job_uid` is only ever Job `rollout`'s,
+    since the guide's cleanup deletes the Job of that name when its UID matches."""
+    receipt.setdefault("jobs", {})[job_name] = uid
+    if job_name == JOB_NAME:
+        receipt["job_uid"] = uid
+
+
+def receipt_namespace_uid(receipt: dict) -> str | None:
+    """The namespace UID of a receipt written by this tool or by the guide's script."""
+    return receipt.get("namespace_uid") or receipt.get("uid")
+
+
 def read_receipt(output: str) -> dict:
     receipt = read_json(os.path.join(output, RECEIPT_FILE), "receipt")
     if not isinstance(receipt, dict) or not all(isinstance(receipt.get(k), str) and receipt.get(k)
@@ -2100,10 +2115,11 @@ def cleanup_namespace(kubectl: Kubectl, receipt: dict, output: str,
         return
     uid = live["metadata"].get("uid")
     label = (live["metadata"].get("labels") or {}).get(RUN_LABEL)
-    if not receipt.get("namespace_uid") or uid != receipt.get("namespace_uid") or label != receipt["run_id"]:
+    expected_uid = receipt_namespace_uid(receipt)
+    if not expected_uid or uid != expected_uid or label != receipt["run_id"]:
         raise DemoError(
             f"refusing to delete namespace {namespace}: its UID {uid} / label {RUN_LABEL}={label} "
-            f"do not match the receipt ({receipt.get('namespace_uid')} / {receipt['run_id']}); "
+            f"do not match the receipt ({expected_uid} / {receipt['run_id']}); "
             f"nothing was deleted")
     expected_jobs = dict(receipt.get("jobs") or {})
     if receipt.get("job_uid"):

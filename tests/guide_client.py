@@ -4,6 +4,7 @@
 Usage:
     python3 tests/guide_client.py --output DIR [--count N] [--parallelism P]
                                   [--kubectl PATH] [--image IMAGE] [--runtime NAME]
+    python3 tests/guide_client.py cleanup --output DIR [--kubectl PATH]
 
 What the published guide's client does, step by step, with real kubectl:
 create the Namespace, the ConfigMap and the Job (built by the product's own
@@ -18,8 +19,9 @@ It measures itself in the same fields the product uses, so the benchmark reads
 both the same way: `client_wait.observed_at` (wall time the end was seen),
 `client_wait.post_completion_seconds`, `client_wait.kubectl_processes_while_waiting`,
 `client.cpu_seconds` (this process and its kubectl children) and
-`client.kubectl_processes`. Not part of the pytest run; `tests/benchmark.py`
-starts it.
+`client.kubectl_processes`. Its receipt and its cleanup are the guide's, so the
+tests check that each tool cleans up after the other. `tests/benchmark.py` starts
+its runs.
 """
 # SPDX-License-Identifier: MIT
 
@@ -109,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
 
     kubectl.run(["get", "runtimeclass", args.runtime, "-o", "name"])
     created_ns = kubectl.json(["create", "-f", "-"], json.dumps(namespace_manifest(namespace, run_id)))
-    receipt["namespace_uid"] = created_ns["metadata"]["uid"]
+    receipt["uid"] = created_ns["metadata"]["uid"]
     print(f"Test namespace: {namespace}", flush=True)
     kubectl.json(["create", "-f", "-"], json.dumps(configmap_manifest(namespace, WORKER_SOURCE)))
     manifest = job_manifest(namespace, args.count, args.parallelism, args.image, args.runtime, timeout)
@@ -175,8 +177,34 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cleanup(args: argparse.Namespace) -> int:
+    """The guide's cleanup: only the receipt's keys `context`, `namespace`, `run_id`, `uid`, `job_uid`."""
+    receipt = json.loads((Path(args.output) / "receipt.json").read_text(encoding="utf-8"))
+    kubectl = GuideKubectl(args.kubectl)
+    kubectl.context = receipt["context"]
+    namespace = receipt["namespace"]
+    live = kubectl.run(["get", "namespace", namespace, "--ignore-not-found", "-o", "json"])
+    if not live.strip():
+        print("Namespace already absent")
+        return 0
+    metadata = json.loads(live)["metadata"]
+    if metadata["uid"] != receipt.get("uid") or metadata.get("labels", {}).get("agc-demo-run") != receipt["run_id"]:
+        raise GuideError(f"refusing to delete namespace {namespace}: it is not the receipt's")
+    job = kubectl.run(["get", "job", rl_batch_demo.JOB_NAME, "-n", namespace, "--ignore-not-found", "-o", "json"])
+    if job.strip():
+        if json.loads(job)["metadata"]["uid"] != receipt.get("job_uid"):
+            raise GuideError(f"refusing to delete Job {rl_batch_demo.JOB_NAME}: it is not the receipt's")
+        kubectl.run(["delete", "job", rl_batch_demo.JOB_NAME, "-n", namespace, "--cascade=foreground",
+                     "--timeout=120s"])
+    kubectl.run(["delete", "namespace", namespace, "--timeout=120s"])
+    print(f"Deleted test namespace: {namespace}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description="The guide's client method (benchmark baseline).")
+    parser.add_argument("action", nargs="?", choices=("run", "cleanup"), default="run",
+                        help="run a batch (default) or delete what a receipt names, as the guide does")
     parser.add_argument("--output", required=True, metavar="DIR", help="new directory for the run's files")
     parser.add_argument("--count", type=int, default=rl_batch_demo.DEFAULT_COUNT, metavar="N")
     parser.add_argument("--parallelism", type=int, default=None, metavar="P")
@@ -193,7 +221,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.parallelism is None:
         args.parallelism = args.count
     try:
-        return run(args)
+        return cleanup(args) if args.action == "cleanup" else run(args)
     except (GuideError, rl_batch_demo.DemoError, OSError, subprocess.TimeoutExpired) as error:
         print(f"Error: {error}", file=sys.stderr)
         return 1

@@ -56,7 +56,9 @@ def check_run(emulator: Emulator, output: Path, count: int, parallelism: int) ->
     assert results["context"] == emulator.context
 
     receipt = load(output / "receipt.json")
-    assert set(receipt) >= {"context", "namespace", "run_id", "namespace_uid", "job_uid"}
+    # The guide's keys with the guide's meaning (`uid` is the namespace's), ours beside them.
+    assert set(receipt) >= {"context", "namespace", "run_id", "uid", "job_uid", "namespace_uid", "jobs"}
+    assert receipt["uid"] == receipt["namespace_uid"]
     assert receipt["context"] == emulator.context
     assert receipt["namespace"] == results["namespace"] == f"agc-rl-{receipt['run_id']}"
     namespace = emulator.get("namespaces", None, receipt["namespace"])

@@ -519,6 +519,8 @@ def test_rounds_keep_each_batch_apart_and_the_warmup_out_of_the_figures(rounds):
 
     # The receipt names every Job of the run.
     assert rounds.receipt["jobs"] == rounds.job_uids and None not in rounds.job_uids.values()
+    # The guide's `job_uid` names Job `rollout` only; no Job of that name ran here.
+    assert "job_uid" not in rounds.receipt
     # The timeline draws the measured episodes only, one row each.
     check_timeline((output / "timeline.svg").read_text(), [r["pod"] for r in rows], labelled=True)
 
