@@ -72,6 +72,9 @@ PROXY_DIRECTORY_PREFIX = "rl-batch-demo-"
 # What kubectl prints when the kubeconfig gives it no credentials and it asks instead.
 CREDENTIALS_PROMPT = "Please enter Username"
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+# The Python of the default image: an episode script this Python or a newer one cannot
+# compile will not run there either.
+NEWEST_SYNTAX_PYTHON = (3, 12)
 
 JOB_NAME = "rollout"
 WARMUP_JOB_NAME = "rollout-warmup"
@@ -85,6 +88,7 @@ COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 
 RECEIPT_FILE = "receipt.json"
 RESULTS_FILE = "results.json"
+SETTINGS_FILE = "run.json"
 
 # Kubectl's own words for answers worth asking again: the request may not have
 # reached a healthy API server, so the same read can succeed a moment later.
@@ -1650,7 +1654,7 @@ class RunAction:
         self.settings["batches"] = [{"job": name, "measured": measured,
                                      "dir": name if len(batches) > 1 else "."}
                                     for name, measured in batches]
-        write_json(os.path.join(self.output, "run.json"), self.settings)
+        write_json(os.path.join(self.output, SETTINGS_FILE), self.settings)
         self.check_runtime_class()
         self.create_namespace()
         if self.settings["harden"]:
@@ -1975,9 +1979,32 @@ def load_worker(script: str | None) -> tuple[str, bool]:
         return WORKER_SOURCE, True
     try:
         with open(script, encoding="utf-8") as handle:
-            return handle.read(), False
+            source = handle.read()
     except (OSError, UnicodeDecodeError) as error:
         raise DemoError(f"cannot read --episode-script {script}: {getattr(error, 'strerror', None) or error}") from None
+    check_episode_syntax(script, source)
+    return source, False
+
+
+def check_episode_syntax(script: str, source: str) -> None:
+    """Refuse a script that does not compile before it costs a namespace and a Job.
+
+    The image's Python may be newer than this one; a script this Python cannot
+    compile is then only warned about, since the image may well run it.
+    """
+    try:
+        compile(source, script, "exec", dont_inherit=True)
+    except (SyntaxError, ValueError) as error:
+        line = getattr(error, "lineno", None)
+        where = f"{script}, line {line}" if line else script
+        text = (getattr(error, "text", None) or "").strip()
+        detail = f"{getattr(error, 'msg', None) or error}" + (f": {text}" if text else "")
+        if sys.version_info < NEWEST_SYNTAX_PYTHON:
+            print(f"Warning: --episode-script {where} does not compile on Python "
+                  f"{sys.version_info[0]}.{sys.version_info[1]} ({detail}); the image's Python may "
+                  f"be newer, so it is shipped anyway", file=sys.stderr)
+            return
+        raise DemoError(f"--episode-script {where}: {detail}; nothing was created") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -2042,10 +2069,30 @@ def run(args: argparse.Namespace) -> int:
             why = f"{failure}\n  evidence: {output}\n  --cleanup failed too: " if failure else ""
             raise DemoError(f"{why}{error}\n  clean up: {cleanup_hint}") from None
     if failure is not None:
+        if not action.touched_cluster and release_output(output):
+            raise DemoError(f"{failure}\n  {output} was removed again, so the same --output can be reused")
         if action.touched_cluster and not args.cleanup:
             raise DemoError(f"{failure}\n  evidence: {output}\n  clean up: {cleanup_hint}")
         raise DemoError(f"{failure}\n  evidence: {output}")
+    if action.touched_cluster and not args.cleanup and not args.quiet:
+        print(f"The namespace {action.namespace} stays for inspection; clean up with: {cleanup_hint}",
+              file=sys.stderr)
     return 0
+
+
+def release_output(output: str) -> bool:
+    """Remove a run's directory that holds nothing but its receipt and settings: a run
+    that created nothing in the cluster has nothing to trace, and its name stays free."""
+    try:
+        names = os.listdir(output)
+        if RECEIPT_FILE not in names or not set(names) <= {RECEIPT_FILE, SETTINGS_FILE}:
+            return False
+        for name in names:
+            os.remove(os.path.join(output, name))
+        os.rmdir(output)
+    except OSError:
+        return False
+    return True
 
 
 def raise_interrupt(signum: int, frame: Any) -> None:
@@ -2199,7 +2246,7 @@ def load_saved_batch(directory: str, settings: dict) -> dict:
 
 def recompute(output: str) -> dict:
     """Results of a finished run from its saved files alone."""
-    settings_path = os.path.join(output, "run.json")
+    settings_path = os.path.join(output, SETTINGS_FILE)
     if os.path.exists(settings_path):
         settings = read_json(settings_path, "run.json")
     else:  # a run saved by a tool that kept only SPEC A's files

@@ -241,6 +241,33 @@ def test_unreadable_episode_script_is_a_one_line_error(tmp_path: Path, capsys: A
     assert "missing.py" in error_line(capsys.readouterr().err)
 
 
+def test_an_episode_script_that_does_not_compile_is_named_with_its_line(
+        tmp_path: Path, capsys: Any, no_subprocesses: list) -> None:
+    script = tmp_path / "broken.py"
+    script.write_text("import json\nx = = 1\n")
+    out = tmp_path / "out"
+    code = main(["run", "--output", str(out), "--dry-run", "--episode-script", str(script)])
+    err = capsys.readouterr().err
+    if sys.version_info >= demo.NEWEST_SYNTAX_PYTHON:
+        assert code == 1
+        line = error_line(err)
+        assert f"--episode-script {script}, line 2" in line and "nothing was created" in line
+    else:
+        # An older Python than the image's cannot tell a real error from newer syntax: it warns.
+        assert code == 0
+        assert f"Warning: --episode-script {script}, line 2 does not compile on Python" in err
+    assert not out.exists()
+
+
+def test_an_episode_script_in_newer_syntax_than_this_python_is_only_warned_about(
+        tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(demo, "NEWEST_SYNTAX_PYTHON", (99, 0))
+    script = tmp_path / "newer.py"
+    script.write_text("print('ok')\nthis is not python 3.9 syntax\n")
+    assert main(["run", "--output", str(tmp_path / "out"), "--dry-run", "--episode-script", str(script)]) == 0
+    assert "line 2 does not compile on Python" in capsys.readouterr().err
+
+
 # --------------------------------------------------------------------------
 # A3.1, B11: refusals before anything is created.
 
@@ -370,7 +397,7 @@ def test_missing_credentials_are_named_not_an_eof(
     err = capsys.readouterr().err
     assert "no credentials for context no-credentials" in err and "asked for a username" in err
     assert "EOF" not in err and "Traceback" not in err
-    assert (out / "receipt.json").is_file()  # traceable: nothing was created, the receipt says where
+    assert not out.exists()  # nothing was created, so nothing to trace and the name stays free
 
 
 # --------------------------------------------------------------------------

@@ -359,9 +359,13 @@ def test_progress_without_a_terminal_is_a_line_every_few_seconds(make_cluster, t
     assert len(progress) >= 2, lines
     assert all("\r" not in line and "\x1b" not in line for _, line in lines)
     gaps = [b[0] - a[0] for a, b in zip(progress, progress[1:])]
-    assert all(4.0 <= gap <= 9.0 for gap in gaps), gaps
+    # At least the interval apart; the upper bound only catches a missing line, whatever the load.
+    assert all(4.0 <= gap <= 30.0 for gap in gaps), gaps
     namespace, printed = split_stdout(stdout)
     assert printed["reward_sum"] == 2
+    # The namespace stays for inspection, and the last word is how to remove it.
+    assert lines[-1][1].strip() == (f"The namespace {namespace} stays for inspection; clean up with: "
+                                    f"python3 rl_batch_demo.py cleanup --output {output} --kubectl {kubectl}"), lines
 
 
 def test_quiet_leaves_stderr_empty_and_stdout_is_only_the_results(make_cluster, tmp_path):
