@@ -25,6 +25,7 @@ import concurrent.futures
 import csv
 import datetime
 import functools
+import hashlib
 import http.client
 import io
 import json
@@ -468,6 +469,29 @@ def scheduled_event_times(events: Iterable[dict]) -> dict[str, float]:
     return times
 
 
+def image_cache_states(events: Iterable[dict]) -> dict[str, str]:
+    """Pod name -> "present" (the node had the image) or "pulled", from the kubelet's Pulled event."""
+    states: dict[str, str] = {}
+    for event in events:
+        regarding = event_object(event)
+        if event.get("reason") != "Pulled" or regarding.get("kind") != "Pod":
+            continue
+        message = event.get("message") or event.get("note") or ""
+        if "already present on machine" in message:
+            states[regarding.get("name", "")] = "present"
+        elif "Successfully pulled" in message:
+            states.setdefault(regarding.get("name", ""), "pulled")
+    return states
+
+
+def count_image_cache(states: Iterable[str | None]) -> dict[str, int]:
+    """How many episodes found their image on the node, had it pulled, or left no trace of which."""
+    counts = {"present": 0, "pulled": 0, "unknown": 0}
+    for state in states:
+        counts[state or "unknown"] += 1
+    return counts
+
+
 def warning_summary(events: Iterable[dict]) -> dict[str, dict]:
     """Warning events per reason: how many, and which objects they named."""
     summary: dict[str, dict] = {}
@@ -740,6 +764,7 @@ def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
     job_created = parse_time(job["metadata"]["creationTimestamp"])
     assert job_created is not None  # verify_batch checked it
     scheduled = scheduled_event_times(events)
+    cache = image_cache_states(events)
     rows, records, durations = [], [], []
     for pod, ready, reward in episodes:
         name = pod_name(pod)
@@ -756,7 +781,7 @@ def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
             "batch_to_ready_seconds": rounded(ready["at"] - job_created),
             "batch_to_reward_seconds": rounded(reward["at"] - job_created),
         })
-        records.append({"pod": name, "points": points, "phases": phases,
+        records.append({"pod": name, "points": points, "phases": phases, "image_cache": cache.get(name),
                         "index": (pod["metadata"].get("annotations") or {}).get(COMPLETION_INDEX_ANNOTATION)})
     phases = phase_summary(durations)
     rewards = [r["reward"] for r in rows]
@@ -775,6 +800,7 @@ def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
         "phases": phases,
         "completion_gap": completion_gap(job, pods, last_reward, client_observed_at),
         "nodes": node_distribution(pods),
+        "image_cache": count_image_cache(record["image_cache"] for record in records),
         "warnings": warning_summary(events),
         "pods": rows,
     }
@@ -801,7 +827,7 @@ def episodes_csv(batches: Sequence[tuple[str, dict]]) -> str:
     """One row per episode: every point (seconds after its Job's creation) and every phase."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(["batch", "pod", "index", "node", "reward"]
+    writer.writerow(["batch", "pod", "index", "node", "reward", "image_cache"]
                     + [f"{p}_after_job_seconds" for p in POINTS]
                     + [f"{p}_precision_seconds" for p in POINTS]
                     + [f"{phase}_seconds" for phase in PHASES])
@@ -811,7 +837,8 @@ def episodes_csv(batches: Sequence[tuple[str, dict]]) -> str:
             row = rows[record["pod"]]
             points = record["points"]
             writer.writerow(
-                [batch_name, record["pod"], record["index"] or "", row["node"] or "", row["reward"]]
+                [batch_name, record["pod"], record["index"] or "", row["node"] or "", row["reward"],
+                 record.get("image_cache") or ""]
                 + ["" if points[p] is None else f"{points[p][0] - summary['_job_created']:.6f}" for p in POINTS]
                 + ["" if points[p] is None else f"{points[p][1]:g}" for p in POINTS]
                 + ["" if record["phases"][ph] is None else f"{record['phases'][ph][0]:.6f}" for ph in PHASES])
@@ -961,6 +988,8 @@ COMPARED_FIELDS = (
     "batch_to_all_rewards_seconds", "client_job_complete_seconds",
     "pod_to_ready_p50_seconds", "pod_to_ready_p95_seconds", "pod_to_ready_max_seconds",
 )
+# What a run was, beside what it measured: two runs that differ here are not alike.
+COMPARED_CONDITIONS = ("image", "runtime", "cache_state", "harden", "episode_script_sha256")
 
 
 def compare_table(first: dict, second: dict, first_label: str, second_label: str) -> str:
@@ -975,7 +1004,17 @@ def compare_table(first: dict, second: dict, first_label: str, second_label: str
         b = (second.get("phases") or {}).get(phase, {}).get("p50")
         if a is not None or b is not None:
             rows.append((f"{phase}_p50_seconds", a, b))
+    conditions = [(field, first.get(field), second.get(field)) for field in COMPARED_CONDITIONS]
+    conditions += [(f"image_{state}_episodes", (first.get("image_cache") or {}).get(state),
+                    (second.get("image_cache") or {}).get(state)) for state in ("present", "pulled")]
+    rows += [(name, a, b) for name, a, b in conditions if a is not None or b is not None]
     for name, a, b in rows:
+        if isinstance(a, str) or isinstance(b, str) or isinstance(a, bool) or isinstance(b, bool):
+            a, b = (value[:12] if isinstance(value, str) and len(value) == 64 else value for value in (a, b))
+            same = "same" if a == b else "differ"
+            lines.append(f"{name:<32}{'-' if a is None else a!s:>{width}}  {'-' if b is None else b!s:>{width}}  "
+                         f"{same:>8}")
+            continue
         ratio = f"{b / a:.2f}" if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a else "-"
         lines.append(f"{name:<32}{'-' if a is None else a!s:>{width}}  {'-' if b is None else b!s:>{width}}  {ratio:>8}")
     return "\n".join(lines)
@@ -1941,6 +1980,10 @@ def assemble_results(settings: dict, summaries: Sequence[tuple[dict, dict]], cli
         "runtime": settings["runtime"],
         "parallelism": settings["parallelism"],
         "cache_state": "warmed" if settings["warmup"] else "uncontrolled",
+        "image_cache": count_image_cache(record.get("image_cache") for s in measured for record in s["_episodes"]),
+        "harden": settings.get("harden", False),
+        "episode_script": settings.get("episode_script"),
+        "episode_script_sha256": settings.get("episode_script_sha256"),
         "client_job_complete_seconds": None if None in client_seconds else max(client_seconds),
         "reward_mean": rounded(sum(s["reward_sum"] for s in measured)
                                / max(1, sum(s["episodes"] for s in measured)), 6),
@@ -1950,6 +1993,10 @@ def assemble_results(settings: dict, summaries: Sequence[tuple[dict, dict]], cli
         "nodes": count_nodes(row["node"] for row in rows),
         "warnings": merge_warnings([s["warnings"] for s in measured]),
     }
+    if len(measured) > 1:
+        results["round_figures"] = ("batch_to_all_ready_seconds, batch_to_all_rewards_seconds and "
+                                    "client_job_complete_seconds are the slowest round's; each round's "
+                                    "are in rounds[], and the percentiles pool every round's episodes")
     if len(measured) == 1:
         results["completion_gap"] = measured[0]["completion_gap"]
         results["client_wait"] = measured[0].get("_client")
@@ -2016,6 +2063,7 @@ def run(args: argparse.Namespace) -> int:
         "timeout": args.timeout or default_timeout(args.count, args.parallelism),
         "rounds": args.rounds, "warmup": args.warmup, "harden": args.harden,
         "builtin": builtin, "episode_script": args.episode_script,
+        "episode_script_sha256": None if builtin else hashlib.sha256(worker_source.encode("utf-8")).hexdigest(),
     }
     if args.dry_run:
         run_id = secrets.token_hex(6)

@@ -3424,6 +3424,15 @@ class PodWorker(threading.Thread):
 
         if self.update(init) is None:
             return
+        if emu.faults.get("sandbox_after_watch"):
+            # Fired by a state, not a timer: the sandbox starts once a client watches this
+            # pod's Job's pods, so a client that was slow to start its watch still sees every
+            # transition, however fast the episode and however loaded the machine.
+            job = ((self.store_pod() or {}).get("metadata", {}).get("labels") or {}).get("job-name")
+            while job and not emu.pods_watched(self.ns, job):
+                if self.sleep(0.02):
+                    self._terminate_all()
+                    return
         delay = emu.t("sandbox_delay") + random.uniform(0, max(0.0, emu.t("sandbox_jitter")))
         emu.truth_set("pods", self.key, "sandbox_delay", delay, raw=True)
         if self.sleep(delay):
@@ -3980,6 +3989,14 @@ class Emulator:
         except ValueError:
             i = 0
         return "172.18.0.%d" % (i + 2)
+
+    def pods_watched(self, ns: str, job_name: str) -> bool:
+        """Has a client asked to watch the pods of this Job (by its job-name label)?"""
+        path = "/api/v1/namespaces/%s/pods" % ns
+        selector = "job-name=%s" % job_name
+        with self._req_lock:
+            return any(r["watch"] and r["path"] == path and selector in r["query"].get("labelSelector", "").split(",")
+                       for r in self.requests)
 
     def pod_index(self, uid: str) -> Optional[int]:
         with self._truth_lock:

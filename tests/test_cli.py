@@ -655,6 +655,10 @@ def test_compare_prints_both_runs_with_ratios(tmp_path: Path, capsys: Any, no_su
         "pod_to_ready_p50_seconds": ["3.7", "3.6", "0.97"],         # 3.6 / 3.7 = 0.973
         "pod_to_ready_p95_seconds": ["3.7", "3.8", "1.03"],         # 3.8 / 3.7 = 1.027
         "pod_to_ready_max_seconds": ["3.8", "3.9", "1.03"],         # 3.9 / 3.8 = 1.026
+        # What each run was: alike here, so the figures compare like with like.
+        "image": ["python:3.12-alpine", "python:3.12-alpine", "same"],
+        "runtime": ["cube", "cube", "same"],
+        "cache_state": ["uncontrolled", "uncontrolled", "same"],
     }
     assert no_subprocesses == []
 

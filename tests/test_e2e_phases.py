@@ -80,7 +80,9 @@ def record_deletes(emulator: Emulator) -> list[dict]:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, require_e2e):
     kubectl = require_e2e(KUBECTL_VERSION)
-    emulator = Emulator(tmp_path_factory.mktemp("emulator"), faults=dict(DEFAULT_TIMING))
+    # The sandboxes wait for the tool's pod watch: the points it can only see while a pod
+    # runs (the sandbox's readiness) are then seen whatever the machine's load.
+    emulator = Emulator(tmp_path_factory.mktemp("emulator"), faults=dict(DEFAULT_TIMING, sandbox_after_watch=True))
     deletes = record_deletes(emulator)
     emulator.start()
     yield kubectl, emulator, deletes

@@ -641,7 +641,10 @@ def synthetic_batch() -> tuple[dict, list[dict], dict[str, str], list[dict]]:
         event("Scheduled", "Pod", POD_A, eventTime="2026-11-29T20:00:01.250000Z", count=None),
         event("Scheduled", "Pod", POD_B, eventTime="2026-11-29T20:00:01.500000Z", count=None),
         event("SuccessfulCreate", "Job", "rollout", count=3),
-        event("Pulled", "Pod", POD_C, count=1),
+        event("Pulled", "Pod", POD_C, count=1),  # no message: which it was is unknown
+        event("Pulled", "Pod", POD_A, message='Container image "python:3.12-alpine" already present on machine'),
+        event("Pulled", "Pod", POD_B, message='Successfully pulled image "python:3.12-alpine" in 2.1s '
+                                               '(2.1s including waiting). Image size: 19203584 bytes.'),
         event("FailedScheduling", "Pod", POD_C, event_type="Warning", count=2),
         event("FailedScheduling", "Pod", POD_C, event_type="Warning"),
         event("BackOff", "Pod", POD_B, event_type="Warning", count=1),
@@ -783,7 +786,7 @@ def test_scheduled_event_times_only_from_pod_scheduled_events() -> None:
 
 
 EXPECTED_CSV_HEADER = (
-    "batch,pod,index,node,reward,"
+    "batch,pod,index,node,reward,image_cache,"
     "pod_created_after_job_seconds,scheduled_after_job_seconds,sandbox_ready_after_job_seconds,"
     "container_started_after_job_seconds,process_started_after_job_seconds,imports_done_after_job_seconds,"
     "ready_after_job_seconds,reward_after_job_seconds,container_finished_after_job_seconds,"
@@ -802,16 +805,16 @@ def test_episodes_csv_header_and_rows() -> None:
     lines = demo.episodes_csv([("rollout", summary)]).splitlines()
     assert lines[0] == EXPECTED_CSV_HEADER
     assert lines[1:] == [
-        "rollout,rollout-4kq2m,,node-1,1,"
+        "rollout,rollout-4kq2m,,node-1,1,present,"
         "1.000000,1.250000,2.000000,2.000000,2.500000,3.250000,3.500000,8.000000,9.000000,"
         "1,1e-06,1,1,0.01,1e-06,1e-06,1e-06,1,"
         "0.250000,0.750000,0.500000,0.750000,0.250000,4.500000,1.000000,2.500000,7.000000",
-        "rollout,rollout-9vtzb,,node-2,1,"
+        "rollout,rollout-9vtzb,,node-2,1,pulled,"
         "1.000000,1.500000,3.000000,3.000000,3.000000,4.000000,4.250000,8.500000,9.000000,"
         "1,1e-06,1,1,0.01,1e-06,1e-06,1e-06,1,"
         "0.500000,1.500000,0.000000,1.000000,0.250000,4.250000,0.500000,3.250000,7.500000",
         # No sandbox condition: empty cells; scheduled from the whole-second condition.
-        "rollout,rollout-p7x8s,,node-1,1,"
+        "rollout,rollout-p7x8s,,node-1,1,,"
         "2.000000,2.000000,,3.000000,3.500000,4.500000,5.000000,9.750000,10.000000,"
         "1,1,,1,0.01,1e-06,1e-06,1e-06,1,"
         "0.000000,,,1.000000,0.500000,4.750000,0.250000,3.000000,7.750000",
@@ -850,6 +853,21 @@ def test_timeline_svg_is_xml_with_one_row_per_episode_and_a_legend() -> None:
     assert {phase for phase, _ in rows[POD_C]} == set(demo.PHASE_COLOURS) - {"scheduling", "sandbox_creation", "container_start"}
     titles = {bar.find(f"{SVG}title").text for bar in bars}
     assert f"{POD_C} episode_work: 4.750 s" in titles
+
+
+def test_compare_table_shows_what_each_run_was() -> None:
+    first = {"episodes": 2, "image": "python:3.12-alpine", "runtime": "cube", "cache_state": "warmed",
+             "harden": False, "episode_script_sha256": None, "image_cache": {"present": 2, "pulled": 0}}
+    second = {"episodes": 2, "image": "python:3.12-alpine", "runtime": "kata", "cache_state": "uncontrolled",
+              "harden": True, "episode_script_sha256": "ab" * 32, "image_cache": {"present": 0, "pulled": 2}}
+    rows = {line.split()[0]: line.split()[1:] for line in demo.compare_table(first, second, "A", "B").splitlines()}
+    assert rows["image"] == ["python:3.12-alpine", "python:3.12-alpine", "same"]
+    assert rows["runtime"] == ["cube", "kata", "differ"]
+    assert rows["cache_state"] == ["warmed", "uncontrolled", "differ"]
+    assert rows["harden"] == ["False", "True", "differ"]
+    assert rows["episode_script_sha256"] == ["-", "ab" * 6, "differ"]
+    assert rows["image_present_episodes"] == ["2", "0", "0.00"]
+    assert rows["image_pulled_episodes"] == ["0", "2", "-"]
 
 
 def test_compare_table_ratios() -> None:
