@@ -32,6 +32,7 @@ import json
 import math
 import os
 import queue
+import re
 import secrets
 import shutil
 import signal
@@ -469,6 +470,36 @@ def scheduled_event_times(events: Iterable[dict]) -> dict[str, float]:
     return times
 
 
+def batch_events(events: Iterable[dict], job: dict | None, pods: Sequence[dict], first: bool) -> list[dict]:
+    """The events of one batch of several in a namespace: about its Job or its pods, and
+    (for the first batch) about whatever no Job owns, such as the ConfigMap."""
+    job_name = ((job or {}).get("metadata") or {}).get("name", "")
+    uids = {((job or {}).get("metadata") or {}).get("uid")} | {p["metadata"].get("uid") for p in pods}
+    uids.discard(None)
+    # A pod gone before the pods were listed is known by its name alone: <job>-[<index>-]<suffix>.
+    own_pod = re.compile(re.escape(job_name) + r"-(\d+-)?[a-z0-9]{5}$")
+    kept = []
+    for event in events:
+        regarding = event_object(event)
+        kind, name = regarding.get("kind"), regarding.get("name", "")
+        if regarding.get("uid") in uids or (kind == "Job" and name == job_name) or \
+                (kind == "Pod" and own_pod.match(name)) or (first and kind not in ("Job", "Pod")):
+            kept.append(event)
+    return kept
+
+
+def events_table(events: Sequence[dict]) -> str:
+    """Events as a table in the order they were created, like `kubectl get events`, with UTC times."""
+    lines = [f"{'LAST SEEN (UTC)':<22}{'TYPE':<9}{'REASON':<26}{'OBJECT':<40}MESSAGE"]
+    for event in sorted(events, key=lambda e: e["metadata"].get("creationTimestamp") or ""):
+        regarding = event_object(event)
+        seen = event.get("lastTimestamp") or event.get("eventTime") or event["metadata"].get("creationTimestamp")
+        lines.append(f"{(seen or '')[:19] + 'Z':<22}{event.get('type') or '':<9}{event.get('reason') or '':<26}"
+                     f"{regarding.get('kind', '').lower() + '/' + regarding.get('name', ''):<40}"
+                     f"{(event.get('message') or event.get('note') or '').strip()}")
+    return "\n".join(lines) + "\n"
+
+
 def image_cache_states(events: Iterable[dict]) -> dict[str, str]:
     """Pod name -> "present" (the node had the image) or "pulled", from the kubelet's Pulled event."""
     states: dict[str, str] = {}
@@ -855,6 +886,13 @@ def nice_step(span: float, ticks: int = 8) -> float:
     return 10 * power
 
 
+def timeline_title(settings: dict) -> str:
+    """What the timeline shows: its episodes in all, and in how many rounds."""
+    count, rounds = settings["count"], settings.get("rounds") or 1
+    episodes = f"{count} episodes" if rounds == 1 else f"{rounds} rounds of {count} episodes ({rounds * count} in all)"
+    return f"{episodes}, parallelism {settings['parallelism']}, runtime {settings['runtime']}"
+
+
 def timeline_svg(batches: Sequence[tuple[str, dict]], title: str) -> str:
     """One bar per episode on a shared axis from its Job's creation, coloured by phase."""
     episodes = [(name, summary, record) for name, summary in batches for record in summary["_episodes"]]
@@ -913,11 +951,11 @@ def timeline_svg(batches: Sequence[tuple[str, dict]], title: str) -> str:
         parts.append(f'<text x="{left - 12}" y="{top + row_height * count / 2:.0f}" text-anchor="middle" '
                      f'transform="rotate(-90 {left - 12} {top + row_height * count / 2:.0f})">'
                      f'{count} episodes, one row each</text>')
-    for row, (batch_name, summary, record) in enumerate(episodes):
+    for row, (_, summary, record) in enumerate(episodes):
         y = top + row * row_height
         points = record["points"]
         if labels:
-            label = record["pod"] if len(batches) == 1 else f"{batch_name}/{record['pod']}"
+            label = record["pod"]  # a pod's name starts with its Job's: it names the round too
             parts.append(f'<text x="{left - 6}" y="{y + row_height * 0.7:.1f}" text-anchor="end" '
                          f'font-size="11">{html_escape(label[-26:])}</text>')
         # Whole-second points can fall before the sub-second point drawn just before them;
@@ -1295,6 +1333,10 @@ class Progress:
         else:
             self.stream.write(text + "\n")
         self.stream.flush()
+
+    def new_batch(self) -> None:
+        """The next update is shown at once: each batch's progress starts with a line of its own."""
+        self._last = 0.0
 
     def finish(self) -> None:
         if self._open_line:
@@ -1708,9 +1750,7 @@ class RunAction:
         write_json(os.path.join(self.output, RESULTS_FILE), saved_results(results))
         measured = [(entry["job"], summary) for entry, summary in summaries if entry["measured"]]
         write_text(os.path.join(self.output, "episodes.csv"), episodes_csv(measured))
-        write_text(os.path.join(self.output, "timeline.svg"), timeline_svg(
-            measured, f"{self.settings['count']} episodes, parallelism {self.settings['parallelism']}, "
-                      f"runtime {self.settings['runtime']}"))
+        write_text(os.path.join(self.output, "timeline.svg"), timeline_svg(measured, timeline_title(self.settings)))
         return results
 
     def check_runtime_class(self) -> None:
@@ -1771,6 +1811,7 @@ class RunAction:
                 print(f"Warning: {error}; reading logs with one kubectl per pod", file=sys.stderr)
         self.follower = BatchFollower(self.kubectl, self.namespace, job_name, self.settings["count"],
                                       self.progress, self.pool, self.proxy)
+        self.progress.new_batch()
         created = self.create(manifest)
         record_job_uid(self.receipt, job_name, created["metadata"]["uid"])
         write_json(os.path.join(self.output, RECEIPT_FILE), self.receipt)
@@ -1871,6 +1912,12 @@ class RunAction:
         except (DemoError, ValueError) as error:
             problems.append(f"events: {error}")
             events = []
+        batches = [entry["job"] for entry in self.settings["batches"]]
+        if len(batches) > 1 and events:
+            # The namespace's events cover every batch so far; each batch keeps its own.
+            events = batch_events(events, job, pods, first=follower.job_name == batches[0])
+            write_json(os.path.join(self.batch_dir, "events.json"), list_manifest(events))
+            write_text(os.path.join(self.batch_dir, "events.txt"), events_table(events))
         write_json(os.path.join(self.batch_dir, "observed.json"), follower.observed)
         follower.finish_log_reads()
         logs = self.read_logs(pods, follower, retry_until)

@@ -511,6 +511,15 @@ def test_rounds_keep_each_batch_apart_and_the_warmup_out_of_the_figures(rounds):
         assert len(names) == 4 and all(name.startswith(f"{job_name}-") for name in names)
         assert all((folder / f"{name}.log").is_file() for name in names)
         assert (folder / "events.json").is_file() and (folder / "client.json").is_file()
+        # Each batch keeps its own events: about its Job and its pods, none of another batch's.
+        about = {(rl_batch_demo.event_object(e).get("kind"), rl_batch_demo.event_object(e).get("name"))
+                 for e in load(folder / "events.json")["items"]}
+        assert ("Job", job_name) in about and all(("Pod", name) in about for name in names)
+        others = [n for j in ALL_JOBS if j != job_name for n in rounds.batch_pods[j]] + \
+            [j for j in ALL_JOBS if j != job_name]
+        assert not any(name in others for _, name in about), about
+        table = (folder / "events.txt").read_text()
+        assert all(name in table for name in names) and not any(name in table for name in others)
     # The warm-up ran first and is kept apart: its episodes are in no pooled figure.
     assert rounds.job_truth("rollout-warmup")["complete"] <= rounds.job_truth("rollout-1")["created"]
     assert sorted(r["pod"] for r in results["warmup"]["pods"]) == rounds.batch_pods["rollout-warmup"]
@@ -524,7 +533,10 @@ def test_rounds_keep_each_batch_apart_and_the_warmup_out_of_the_figures(rounds):
     # The guide's `job_uid` names Job `rollout` only; no Job of that name ran here.
     assert "job_uid" not in rounds.receipt
     # The timeline draws the measured episodes only, one row each.
-    check_timeline((output / "timeline.svg").read_text(), [r["pod"] for r in rows], labelled=True)
+    root = check_timeline((output / "timeline.svg").read_text(), [r["pod"] for r in rows], labelled=True)
+    texts = ["".join(t.itertext()) for t in root.iter(f"{SVG}text")]
+    assert any(t.startswith("3 rounds of 4 episodes (12 in all), parallelism 4") for t in texts), texts
+    assert "slowest round's" in results["round_figures"]
 
 
 def test_rounds_figures_per_round_and_pooled_hold_against_the_truth(rounds):
@@ -643,9 +655,8 @@ def check_timeline(svg_text: str, pods: list[str], labelled: bool) -> ElementTre
     ticks = [float(t) for t in texts if t.replace(".", "", 1).isdigit()]
     assert ticks[0] == 0 and ticks == sorted(ticks) and len(ticks) >= 3
     if labelled:
-        # A label is the pod name, or batch/pod cut to its last characters.
-        assert all(any(pod in t or (len(t) > 8 and pod.endswith(t)) for t in texts) for pod in pods), \
-            sorted(texts)
+        # A label is the pod's name, which starts with its Job's (so it names the round).
+        assert all(pod in texts for pod in pods), sorted(texts)
     # One row of bars per episode, every bar inside the picture and tall enough to see.
     rows = svg_rows(root)
     assert len(rows) == len(pods), (len(rows), len(pods))

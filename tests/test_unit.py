@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import calendar
+import io
 import json
 import os
 import subprocess
@@ -1091,3 +1092,13 @@ def test_sandbox_ready_comes_from_the_true_transition_only() -> None:
     assert phases["sandbox_creation"]["samples"] == 1
     assert phases["sandbox_creation"]["p50"] == 0.75  # 20:00:02 - scheduled 20:00:01.25
 
+
+
+def test_each_batch_starts_its_progress_with_a_line_of_its_own() -> None:
+    stream = io.StringIO()
+    progress = demo.Progress(quiet=False, stream=stream)
+    progress.update("rollout-1: first")
+    progress.update("rollout-1: too soon after the first")
+    progress.new_batch()
+    progress.update("rollout-2: first")
+    assert stream.getvalue().splitlines() == ["rollout-1: first", "rollout-2: first"]
