@@ -2218,7 +2218,7 @@ def recompute(output: str) -> dict:
 
 def report(args: argparse.Namespace) -> int:
     """Recompute and reprint a finished run from its saved files."""
-    results = recompute(args.directory)
+    results = recompute(args.output)
     print(json.dumps(public_results(results), indent=2))
     if not args.quiet:
         print(phase_table(results["phases"]), file=sys.stderr)
@@ -2248,8 +2248,8 @@ def positive_int(text: str) -> int:
     return value
 
 
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Name each default in the help, except where there is none to name."""
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Name each default in the help, except where there is none to name; keep examples as written."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         if action.default in (None, False) or action.default is argparse.SUPPRESS:
@@ -2257,16 +2257,30 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action) or ""
 
 
+def add_action(actions: Any, name: str, purpose: str, example: str) -> argparse.ArgumentParser:
+    """One subcommand whose help opens with its purpose and ends with an example."""
+    return actions.add_parser(name, help=purpose, description=purpose[0].upper() + purpose[1:] + ".",
+                              epilog=f"example:\n  {program_name()} {name} {example}",
+                              formatter_class=HelpFormatter)
+
+
+def add_run_directory(parser: argparse.ArgumentParser) -> None:
+    """The run's output directory, named as DIR or as --output DIR: one way works everywhere."""
+    parser.add_argument("directory", nargs="?", metavar="DIR", help="the run's output directory")
+    parser.add_argument("--output", metavar="DIR", help="the same, as `run` names it")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=program_name() if program_name() != "python3 rl_batch_demo.py" else "rl_batch_demo.py",
         description="Measure how fast a Kubernetes cluster with a sandbox runtime runs a batch of "
-                    "RL rollout episodes.")
+                    "RL rollout episodes.",
+        epilog="`ACTION --help` describes each action, with an example.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
 
-    run_parser = actions.add_parser("run", help="submit a batch of episodes, wait, verify and report",
-                                    formatter_class=HelpFormatter)
+    run_parser = add_action(actions, "run", "submit a batch of episodes, wait, verify and report",
+                            "--output runs/first --count 10")
     run_parser.add_argument("--output", required=True, metavar="DIR",
                             help="new directory for every record of the run (must not exist)")
     run_parser.add_argument("--count", type=int, default=DEFAULT_COUNT, metavar="N",
@@ -2300,25 +2314,30 @@ def build_parser() -> argparse.ArgumentParser:
                             help="after every file is saved, clean up as `cleanup` would")
     run_parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
-    cleanup_parser = actions.add_parser("cleanup", help="delete what the run's receipt proves it created",
-                                        formatter_class=HelpFormatter)
-    cleanup_parser.add_argument("--output", required=True, metavar="DIR", help="the run's output directory")
+    cleanup_parser = add_action(actions, "cleanup", "delete what the run's receipt proves it created",
+                                "--output runs/first")
+    add_run_directory(cleanup_parser)
     cleanup_parser.add_argument("--kubectl", default="kubectl", metavar="PATH", help="kubectl binary")
     cleanup_parser.add_argument("--wait", type=positive_int, default=DELETE_WAIT_SECONDS, metavar="SECONDS",
                                 help="how long to wait for the Jobs, then the namespace, to disappear")
 
-    report_parser = actions.add_parser("report", help="recompute and reprint a finished run from its files")
-    report_parser.add_argument("directory", metavar="DIR", help="the run's output directory")
+    report_parser = add_action(actions, "report", "recompute and reprint a finished run from its files",
+                               "runs/first")
+    add_run_directory(report_parser)
     report_parser.add_argument("--quiet", action="store_true", help="no phase table on stderr")
 
-    compare_parser = actions.add_parser("compare", help="key figures of two runs side by side")
-    compare_parser.add_argument("first", metavar="DIR_A")
-    compare_parser.add_argument("second", metavar="DIR_B")
+    compare_parser = add_action(actions, "compare", "print the key figures of two runs side by side, "
+                                "with ratios", "runs/parallel runs/serial")
+    compare_parser.add_argument("first", metavar="DIR_A", help="the first run's output directory (A)")
+    compare_parser.add_argument("second", metavar="DIR_B",
+                                help="the second run's output directory (B; ratios are B/A)")
+    for action_parser in actions.choices.values():
+        action_parser.set_defaults(action_parser=action_parser)
     return parser
 
 
 def check_run_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """SPEC A1: 1 <= parallelism <= count <= cap, else a usage error (exit 2)."""
+    """SPEC A1: 1 <= parallelism <= count <= cap, else a usage error (exit 2) from `run`'s parser."""
     if args.parallelism is None:
         args.parallelism = args.count
     if args.count < 1:
@@ -2330,6 +2349,15 @@ def check_run_arguments(parser: argparse.ArgumentParser, args: argparse.Namespac
         parser.error(f"--parallelism must be between 1 and the count ({args.count}), got {args.parallelism}")
 
 
+def check_run_directory(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """DIR or --output DIR, exactly one of them; the directory ends up in args.output."""
+    if args.directory is not None and args.output is not None:
+        parser.error(f"name the run directory once: {args.directory} or --output {args.output}, not both")
+    if args.directory is None and args.output is None:
+        parser.error("name the run's output directory: DIR or --output DIR")
+    args.output = args.output if args.directory is None else args.directory
+
+
 DISPATCH: dict[str, Callable[[argparse.Namespace], int]] = {
     "run": run, "cleanup": cleanup, "report": report, "compare": compare,
 }
@@ -2339,7 +2367,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.action == "run":
-        check_run_arguments(parser, args)
+        check_run_arguments(args.action_parser, args)
+    elif args.action in ("cleanup", "report"):
+        check_run_directory(args.action_parser, args)
     try:
         return DISPATCH[args.action](args)
     except DemoError as error:

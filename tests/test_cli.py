@@ -183,6 +183,78 @@ def test_run_help_lists_every_flag_with_its_default(repo_root: Path) -> None:
         assert flag in sections, f"run --help lacks {flag}"
 
 
+ACTION_EXAMPLES = {
+    "run": "run --output runs/first --count 10",
+    "cleanup": "cleanup --output runs/first",
+    "report": "report runs/first",
+    "compare": "compare runs/parallel runs/serial",
+}
+
+
+@pytest.mark.parametrize("action", sorted(ACTION_EXAMPLES))
+def test_every_action_help_has_a_purpose_and_an_example(action: str, capsys: Any) -> None:
+    assert usage_error([action, "--help"]) == 0
+    text = capsys.readouterr().out
+    purpose = text.split("\n\n")[1]  # the paragraph after the usage lines
+    assert purpose.endswith(".") and "\n" not in purpose and len(purpose.split()) >= 4, text
+    example = text.rstrip().splitlines()[-2:]
+    assert example[0] == "example:", text
+    assert example[1].endswith(ACTION_EXAMPLES[action]), text
+    # The example is a command line this parser accepts.
+    assert demo.build_parser().parse_args(ACTION_EXAMPLES[action].split()).action == action
+
+
+def test_compare_help_explains_both_directories(capsys: Any) -> None:
+    assert usage_error(["compare", "--help"]) == 0
+    sections = {line.split()[0]: line.strip() for line in capsys.readouterr().out.splitlines()
+                if line.startswith("  DIR_")}
+    assert "first run's output directory" in sections["DIR_A"]
+    assert "second run's output directory" in sections["DIR_B"] and "B/A" in sections["DIR_B"]
+
+
+def test_over_the_cap_prints_the_usage_of_run(tmp_path: Path, capsys: Any) -> None:
+    assert usage_error(["run", "--output", str(tmp_path / "out"), "--count", "21"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: ") and " run [-h] --output DIR" in err.splitlines()[0], err
+    assert "ACTION" not in err
+    assert re.search(r" run: error: --count 21 is over the cap of 20 episodes", err), err
+
+
+@pytest.mark.parametrize("argv", [["cleanup", "--output"], ["cleanup", "{out}"]])
+def test_cleanup_takes_the_directory_as_output_or_positionally(argv: list[str], tmp_path: Path, capsys: Any,
+                                                               no_subprocesses: list) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    argv = [arg.format(out=out) for arg in argv] + ([str(out)] if argv[-1] == "--output" else [])
+    assert main(argv) == 1
+    line = error_line(capsys.readouterr().err)
+    assert str(out / "receipt.json") in line and "not found" in line
+    assert no_subprocesses == []
+
+
+def test_report_takes_the_directory_positionally_or_as_output(tmp_path: Path, capsys: Any) -> None:
+    run_dir = write_saved_run(tmp_path / "run-a")
+    assert main(["report", str(run_dir), "--quiet"]) == 0
+    positional = capsys.readouterr().out
+    assert main(["report", "--output", str(run_dir), "--quiet"]) == 0
+    assert capsys.readouterr().out == positional
+    assert json.loads(positional)["episodes"] == 3
+
+
+@pytest.mark.parametrize("action", ["cleanup", "report"])
+@pytest.mark.parametrize("given", ["both", "neither"])
+def test_run_directory_given_twice_or_not_at_all_is_a_usage_error(
+        action: str, given: str, tmp_path: Path, capsys: Any, no_subprocesses: list) -> None:
+    argv = [action] + ([str(tmp_path / "a"), "--output", str(tmp_path / "b")] if given == "both" else [])
+    assert usage_error(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: ") and f" {action} [-h]" in err.splitlines()[0], err
+    expected = "name the run directory once" if given == "both" else "name the run's output directory"
+    assert f"{action}: error: {expected}" in err
+    assert list(tmp_path.iterdir()) == []
+    assert no_subprocesses == []
+
+
 # --------------------------------------------------------------------------
 # B8: --dry-run.
 
