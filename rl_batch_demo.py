@@ -32,6 +32,7 @@ import math
 import os
 import queue
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -1042,14 +1043,31 @@ def die_with_parent() -> Callable[[], None] | None:
 
 
 class Kubectl:
-    """Runs kubectl against one context with bounded requests; counts what it started."""
+    """Runs kubectl against one context with bounded requests; counts what it started.
 
-    def __init__(self, binary: str, context: str | None = None) -> None:
+    With `verbose`, every command line (and every request through the proxy) is
+    echoed on stderr before it is sent, for a user debugging on a bastion. Only
+    argv is echoed, never what kubectl is given on stdin.
+    """
+
+    def __init__(self, binary: str, context: str | None = None, verbose: bool = False) -> None:
         self.binary = binary
         self.context = context
+        self.verbose = verbose
         self.processes = 0
         self.retries = 0
         self._lock = threading.Lock()
+
+    def echo(self, line: str) -> None:
+        """Show what is about to be sent, when verbose; one whole line even from many threads."""
+        if self.verbose:
+            with self._lock:
+                sys.stderr.write(f"+ {line}\n")
+                sys.stderr.flush()
+
+    def echo_argv(self, argv: Sequence[str]) -> None:
+        if self.verbose:
+            self.echo(" ".join(shlex.quote(arg) for arg in argv))
 
     def argv(self, args: Sequence[str], request_timeout: str | None = f"{REQUEST_TIMEOUT_SECONDS}s") -> list[str]:
         argv = [self.binary]
@@ -1084,10 +1102,12 @@ class Kubectl:
         verb = " ".join(a for a in args[:3] if not a.startswith("-"))
         with self._lock:
             self.processes += 1
+        argv = self.argv(args, request_timeout)
+        self.echo_argv(argv)
         try:
             # Always an input, if only an empty one: kubectl must never wait on the terminal.
             completed = subprocess.run(
-                self.argv(args, request_timeout), input=input_text or "", capture_output=True,
+                argv, input=input_text or "", capture_output=True,
                 text=True, timeout=CALL_TIMEOUT_SECONDS, preexec_fn=die_with_parent())
         except subprocess.TimeoutExpired:
             raise KubectlError(verb, None, f"no answer within {CALL_TIMEOUT_SECONDS} s") from None
@@ -1118,8 +1138,10 @@ class Kubectl:
         """
         with self._lock:
             self.processes += 1
+        argv = self.argv(args, f"{max(1, seconds)}s")
+        self.echo_argv(argv)
         return subprocess.Popen(
-            self.argv(args, f"{max(1, seconds)}s"), stdin=subprocess.DEVNULL,
+            argv, stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=tempfile.TemporaryFile(), bufsize=0,
             start_new_session=detached, preexec_fn=die_with_parent())
 
@@ -1198,9 +1220,11 @@ class ApiProxy:
     def _get_once(self, path: str) -> str:
         """GET one API path (bounded by the request timeout); KubectlError unless 200."""
         separator = "&" if "?" in path else "?"
+        target = f"{path}{separator}timeout={REQUEST_TIMEOUT_SECONDS}s"
+        self.kubectl.echo(f"GET {target}")
         connection = UnixHTTPConnection(self.socket_path, REQUEST_TIMEOUT_SECONDS)
         try:
-            connection.request("GET", f"{path}{separator}timeout={REQUEST_TIMEOUT_SECONDS}s")
+            connection.request("GET", target)
             response = connection.getresponse()
             body = response.read().decode("utf-8", errors="replace")
         except OSError as error:  # includes socket.timeout
@@ -1522,7 +1546,6 @@ def program_name() -> str:
 
 
 def cleanup_command(output: str, kubectl_binary: str = "kubectl") -> str:
-    import shlex
     extra = "" if kubectl_binary == "kubectl" else f" --kubectl {shlex.quote(kubectl_binary)}"
     return f"{program_name()} cleanup --output {shlex.quote(output)}{extra}"
 
@@ -1999,7 +2022,7 @@ def run(args: argparse.Namespace) -> int:
     if os.path.lexists(output):
         raise DemoError(f"output directory {output} already exists; records are never overwritten, "
                         f"choose a new --output")
-    kubectl = Kubectl(find_kubectl(args.kubectl))
+    kubectl = Kubectl(find_kubectl(args.kubectl), verbose=args.verbose)
     kubectl.context = resolve_context(kubectl, args.context)
     settings["context"] = kubectl.context
     try:
@@ -2167,7 +2190,7 @@ def cleanup_namespace(kubectl: Kubectl, receipt: dict, output: str,
 def cleanup(args: argparse.Namespace) -> int:
     """Delete what the receipt proves this run created (SPEC A5); the output directory is kept."""
     receipt = read_receipt(args.output)
-    kubectl = Kubectl(find_kubectl(args.kubectl), receipt["context"])
+    kubectl = Kubectl(find_kubectl(args.kubectl), receipt["context"], verbose=args.verbose)
     cleanup_namespace(kubectl, receipt, args.output, args.wait)
     return 0
 
@@ -2313,6 +2336,8 @@ def build_parser() -> argparse.ArgumentParser:
     run_parser.add_argument("--cleanup", action="store_true",
                             help="after every file is saved, clean up as `cleanup` would")
     run_parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    run_parser.add_argument("--verbose", action="store_true",
+                            help="echo every kubectl command line (and request through its proxy) on stderr")
 
     cleanup_parser = add_action(actions, "cleanup", "delete what the run's receipt proves it created",
                                 "--output runs/first")
@@ -2320,6 +2345,8 @@ def build_parser() -> argparse.ArgumentParser:
     cleanup_parser.add_argument("--kubectl", default="kubectl", metavar="PATH", help="kubectl binary")
     cleanup_parser.add_argument("--wait", type=positive_int, default=DELETE_WAIT_SECONDS, metavar="SECONDS",
                                 help="how long to wait for the Jobs, then the namespace, to disappear")
+    cleanup_parser.add_argument("--verbose", action="store_true",
+                                help="echo every kubectl command line (and request through its proxy) on stderr")
 
     report_parser = add_action(actions, "report", "recompute and reprint a finished run from its files",
                                "runs/first")

@@ -179,7 +179,8 @@ def test_run_help_lists_every_flag_with_its_default(repo_root: Path) -> None:
     assert "240" in sections["--timeout"]
     assert "default: 1" in sections["--rounds"]
     assert "kubectl" in sections["--kubectl"]
-    for flag in ("--context", "--warmup", "--episode-script", "--dry-run", "--harden", "--cleanup", "--quiet"):
+    for flag in ("--context", "--warmup", "--episode-script", "--dry-run", "--harden", "--cleanup", "--quiet",
+                 "--verbose"):
         assert flag in sections, f"run --help lacks {flag}"
 
 
