@@ -87,6 +87,10 @@ COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 RECEIPT_FILE = "receipt.json"
 RESULTS_FILE = "results.json"
 
+# Kubectl's words for a 404 without a Kubernetes Status naming an object: the
+# server does not know the URL at all (not a Kubernetes API, or not this API group).
+UNSERVED_PATH_MESSAGE = "the server could not find the requested resource"
+
 # Kubectl's own words for answers worth asking again: the request may not have
 # reached a healthy API server, so the same read can succeed a moment later.
 TRANSIENT_ERROR_MARKERS = (
@@ -1596,14 +1600,34 @@ def find_kubectl(binary: str) -> str:
     raise DemoError(f"kubectl not found: {binary!r} (install kubectl or pass --kubectl PATH)")
 
 
+def require_kubectl(kubectl: Kubectl) -> None:
+    """Fail unless the binary answers `version --client` as kubectl does.
+
+    Asked only when kubectl's answer was empty where kubectl always prints
+    something: a binary that is not kubectl (`--kubectl /bin/true`) would
+    otherwise be reported as a kubeconfig without a context.
+    """
+    try:
+        version = json.loads(kubectl.run(["version", "--client", "-o", "json"], request_timeout=None))
+    except (KubectlError, ValueError):
+        version = None
+    if not isinstance(version, dict) or "clientVersion" not in version:
+        raise DemoError(f"--kubectl {kubectl.binary} does not look like kubectl "
+                        f"(`version --client` printed no kubectl version)")
+
+
 def resolve_context(kubectl: Kubectl, wanted: str | None) -> str:
     """The context every later call names: --context if it exists, else the current one."""
     if wanted:
         try:
-            kubectl.run(["config", "get-contexts", wanted, "-o", "name"], request_timeout=None)
+            named = kubectl.run(["config", "get-contexts", wanted, "-o", "name"], request_timeout=None)
         except KubectlError:
             raise DemoError(f"kube context {wanted!r} not found in the kubeconfig "
                             f"(kubectl config get-contexts lists them)") from None
+        if not named.strip():
+            require_kubectl(kubectl)
+            raise DemoError(f"kube context {wanted!r} not found in the kubeconfig "
+                            f"(kubectl config get-contexts lists them)")
         return wanted
     try:
         context = kubectl.run(["config", "current-context"], request_timeout=None).strip()
@@ -1611,6 +1635,7 @@ def resolve_context(kubectl: Kubectl, wanted: str | None) -> str:
         raise DemoError(f"no current kube context ({error}); "
                         f"set one or pass --context NAME") from None
     if not context:
+        require_kubectl(kubectl)
         raise DemoError("no current kube context; set one or pass --context NAME")
     return context
 
@@ -1701,11 +1726,24 @@ class RunAction:
             self.kubectl.run(["get", "runtimeclass", runtime, "-o", "name"],
                              retry_until=time.monotonic() + FIRST_CONTACT_RETRY_SECONDS)
         except KubectlError as error:
+            if UNSERVED_PATH_MESSAGE in error.stderr:  # no missing RuntimeClass: an unknown URL
+                raise DemoError(f"the endpoint of context {self.kubectl.context!r}{self.server_of_context()} "
+                                f"does not serve the Kubernetes API (or lacks node.k8s.io/v1 RuntimeClass): "
+                                f"{error}; nothing was created") from None
             if error.not_found:
                 raise DemoError(f"RuntimeClass {runtime!r} not found in context {self.kubectl.context!r}; "
                                 f"nothing was created (pass --runtime NAME)") from None
             raise DemoError(f"cannot reach the cluster of context {self.kubectl.context!r}: {error}; "
                             f"nothing was created") from None
+
+    def server_of_context(self) -> str:
+        """` (URL)` of the context's API server for a message, or nothing if kubectl cannot say."""
+        try:
+            server = self.kubectl.run(["config", "view", "--minify", "-o",
+                                       "jsonpath={.clusters[0].cluster.server}"], request_timeout=None).strip()
+        except DemoError:
+            return ""
+        return f" ({server})" if server else ""
 
     def create_namespace(self) -> None:
         self.touched_cluster = True
@@ -2201,16 +2239,29 @@ def cleanup(args: argparse.Namespace) -> int:
 
 def load_saved_batch(directory: str, settings: dict) -> dict:
     """Recompute one batch's summary from its saved files."""
-    job = read_json(os.path.join(directory, "job.json"), "job.json")
+    job_path = os.path.join(directory, "job.json")
+    if not os.path.exists(job_path):
+        raise DemoError(f"no job.json in {directory}: the run stopped before its Job's status was saved "
+                        f"(it was interrupted or failed early); nothing to report")
+    job = read_json(job_path, "job.json")
     pods = read_json(os.path.join(directory, "pods.json"), "pods.json").get("items", [])
     events_path = os.path.join(directory, "events.json")
     events = read_json(events_path, "events.json").get("items", []) if os.path.exists(events_path) else []
     logs = {pod_name(pod): read_text(os.path.join(directory, f"{pod_name(pod)}.log")) for pod in pods}
     client_path = os.path.join(directory, "client.json")
     client = read_json(client_path, "client.json") if os.path.exists(client_path) else {}
-    if job_finished(job) != "Complete":
+    end = job_finished(job)
+    job_name = job["metadata"].get("name", JOB_NAME)
+    if end is None:
+        # Saved while the Job was still running: the run was interrupted or gave up waiting.
+        # Only the pods' states are evidence; how long the Job ran is not.
+        raise DemoError("\n  ".join(
+            [f"Job {job_name} never finished while the run watched it (the run was interrupted or gave up "
+             f"waiting: job.json has no Complete or Failed condition); nothing to report"]
+            + describe_failure(job, pods, job_name, 0)[1:]))
+    if end != "Complete":
         raise DemoError("\n  ".join(["the saved Job did not complete"] + describe_failure(
-            job, pods, job["metadata"].get("name", JOB_NAME), settings.get("timeout", 0))))
+            job, pods, job_name, settings.get("timeout", 0))))
     observed_path = os.path.join(directory, "observed.json")
     observed = read_json(observed_path, "observed.json") if os.path.exists(observed_path) else {}
     summary = summarise_batch(job, pods, logs, events, settings["count"], settings.get("builtin", True),

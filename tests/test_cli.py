@@ -11,9 +11,12 @@ from __future__ import annotations
 import calendar
 import json
 import os
+import http.server
 import re
+import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any, Optional
 
@@ -446,6 +449,69 @@ def test_missing_credentials_are_named_not_an_eof(
     assert (out / "receipt.json").is_file()  # traceable: nothing was created, the receipt says where
 
 
+@pytest.mark.parametrize("context", [[], ["--context", "emulator"]])
+def test_a_kubectl_that_is_not_kubectl_is_named(context: list[str], tmp_path: Path, capsys: Any) -> None:
+    # /bin/true answers every question with silence and success, which used to read as
+    # "no current kube context".
+    true = shutil.which("true")
+    assert true is not None
+    out = tmp_path / "out"
+    assert main(["run", "--output", str(out), "--kubectl", true, "--quiet"] + context) == 1
+    line = error_line(capsys.readouterr().err)
+    assert line == (f"Error: --kubectl {true} does not look like kubectl "
+                    f"(`version --client` printed no kubectl version)")
+    assert not out.exists()
+
+
+class NotKubernetes(http.server.BaseHTTPRequestHandler):
+    """A web server that knows no Kubernetes API: 404 for every request, as a plain web server gives."""
+
+    requests: list = []
+
+    def answer(self) -> None:
+        self.requests.append((self.command, self.path))
+        body = b"404 page not found\n"
+        self.send_response(404)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = answer
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def not_kubernetes() -> Any:
+    """(URL, requests seen) of a local HTTP server that is not a Kubernetes API."""
+    NotKubernetes.requests = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotKubernetes)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", NotKubernetes.requests
+    server.shutdown()
+    server.server_close()
+
+
+def test_an_endpoint_that_is_not_kubernetes_is_named_not_a_missing_runtimeclass(
+        kubectl_bin: str, not_kubernetes: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: Any) -> None:
+    url, requests = not_kubernetes
+    isolated_kubeconfig(tmp_path, monkeypatch, KUBECONFIG_WITH_CONTEXT.replace("https://127.0.0.1:9", url))
+    out = tmp_path / "out"
+    assert main(["run", "--output", str(out), "--kubectl", kubectl_bin, "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    first = err.splitlines()[0]
+    assert first.startswith(f"Error: the endpoint of context 'emulator' ({url}) does not serve the "
+                            f"Kubernetes API (or lacks node.k8s.io/v1 RuntimeClass)"), err
+    assert first.endswith("nothing was created"), err
+    assert "RuntimeClass 'cube' not found" not in err
+    assert requests and {method for method, _ in requests} == {"GET"}  # asked, and created nothing
+
+
 # --------------------------------------------------------------------------
 # A5: cleanup refuses a missing or untrustworthy receipt, and runs nothing.
 
@@ -656,6 +722,47 @@ def test_report_refuses_a_job_that_did_not_complete(tmp_path: Path, capsys: Any)
     assert captured.out == ""
     assert captured.err.startswith("Error: ") and "did not complete" in captured.err
     assert "Traceback" not in captured.err
+
+
+def interrupted_run(directory: Path) -> Path:
+    """A run interrupted while its Job ran, as `run` leaves it: the Job saved without a
+    Complete or Failed condition, one pod still running, no client.json, no results.json."""
+    write_saved_run(directory)
+    job = json.loads((directory / "job.json").read_text())
+    job["status"] = {"active": 1, "succeeded": 2, "startTime": stamp(0)}
+    write_json(directory / "job.json", job)
+    pods = json.loads((directory / "pods.json").read_text())
+    running = pods["items"][2]["status"]
+    running["phase"] = "Running"
+    running["containerStatuses"][0]["state"] = {"running": {"startedAt": stamp(3)}}
+    write_json(directory / "pods.json", pods)
+    (directory / "rollout-p7x8s.log").write_text(worker_log("rollout-p7x8s", T0 + 5.0, T0 + 9.75).splitlines()[0])
+    (directory / "client.json").unlink()
+    assert not (directory / "results.json").exists()
+    return directory
+
+
+def test_report_of_an_interrupted_run_says_it_never_finished(tmp_path: Path, capsys: Any,
+                                                             no_subprocesses: list) -> None:
+    run_dir = interrupted_run(tmp_path / "run-a")
+    assert main(["report", str(run_dir)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.splitlines() == [
+        "Error: Job rollout never finished while the run watched it (the run was interrupted or gave up "
+        "waiting: job.json has no Complete or Failed condition); nothing to report",
+        "  pod rollout-p7x8s: Running, still running",
+    ]
+    assert no_subprocesses == []
+
+
+def test_report_of_a_run_stopped_before_its_job_was_saved(tmp_path: Path, capsys: Any) -> None:
+    run_dir = interrupted_run(tmp_path / "run-a")
+    (run_dir / "job.json").unlink()
+    assert main(["report", "--output", str(run_dir)]) == 1
+    line = error_line(capsys.readouterr().err)
+    assert f"no job.json in {run_dir}: the run stopped before its Job's status was saved" in line
+    assert "interrupted" in line
 
 
 def test_report_of_an_empty_directory_is_a_one_line_error(tmp_path: Path, capsys: Any) -> None:
