@@ -2229,6 +2229,8 @@ def cleanup(args: argparse.Namespace) -> int:
     """Delete what the receipt proves this run created (SPEC A5); the output directory is kept."""
     receipt = read_receipt(args.output)
     kubectl = Kubectl(find_kubectl(args.kubectl), receipt["context"], verbose=args.verbose)
+    # Silence from a binary that is not kubectl would read as "Namespace already absent".
+    require_kubectl(kubectl)
     cleanup_namespace(kubectl, receipt, args.output, args.wait)
     return 0
 

@@ -463,6 +463,21 @@ def test_a_kubectl_that_is_not_kubectl_is_named(context: list[str], tmp_path: Pa
     assert not out.exists()
 
 
+def test_cleanup_with_a_kubectl_that_is_not_kubectl_does_not_claim_the_namespace_is_gone(
+        tmp_path: Path, capsys: Any) -> None:
+    true = shutil.which("true")
+    assert true is not None
+    out = tmp_path / "out"
+    out.mkdir()
+    write_json(out / "receipt.json", {"context": "emulator", "namespace": NAMESPACE, "run_id": RUN_ID,
+                                      "uid": "ns-uid-1", "job_uid": "job-uid-1"})
+    assert main(["cleanup", "--output", str(out), "--kubectl", true]) == 1
+    captured = capsys.readouterr()
+    assert "absent" not in captured.out + captured.err
+    assert error_line(captured.err) == (f"Error: --kubectl {true} does not look like kubectl "
+                                        f"(`version --client` printed no kubectl version)")
+
+
 class NotKubernetes(http.server.BaseHTTPRequestHandler):
     """A web server that knows no Kubernetes API: 404 for every request, as a plain web server gives."""
 
