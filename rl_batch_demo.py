@@ -1065,8 +1065,10 @@ class Kubectl:
     def echo(self, line: str) -> None:
         """Show what is about to be sent, when verbose; one whole line even from many threads."""
         if self.verbose:
+            # On a terminal, first erase the progress line being updated there; it is redrawn below.
+            erase = "\r\x1b[K" if sys.stderr.isatty() else ""
             with self._lock:
-                sys.stderr.write(f"+ {line}\n")
+                sys.stderr.write(f"{erase}+ {line}\n")
                 sys.stderr.flush()
 
     def echo_argv(self, argv: Sequence[str]) -> None:

@@ -12,6 +12,7 @@ import calendar
 import json
 import os
 import http.server
+import io
 import re
 import shutil
 import subprocess
@@ -257,6 +258,25 @@ def test_run_directory_given_twice_or_not_at_all_is_a_usage_error(
     assert f"{action}: error: {expected}" in err
     assert list(tmp_path.iterdir()) == []
     assert no_subprocesses == []
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("stream, erase", [(io.StringIO, ""), (Terminal, "\r\x1b[K")])
+def test_verbose_echo_is_a_shell_quoted_line_that_a_terminal_progress_line_does_not_swallow(
+        stream: Any, erase: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    stderr = stream()
+    monkeypatch.setattr(sys, "stderr", stderr)
+    quiet = demo.Kubectl("/opt/k8s/kubectl", "my context")
+    quiet.echo_argv(quiet.argv(["get", "pods"]))
+    assert stderr.getvalue() == ""
+    verbose = demo.Kubectl("/opt/k8s/kubectl", "my context", verbose=True)
+    verbose.echo_argv(verbose.argv(["get", "pods", "-l", "job-name=rollout", "-o", "jsonpath={.items[*]}"]))
+    assert stderr.getvalue() == (f"{erase}+ /opt/k8s/kubectl --context 'my context' --request-timeout=30s "
+                                 f"get pods -l job-name=rollout -o 'jsonpath={{.items[*]}}'\n")
 
 
 # --------------------------------------------------------------------------
