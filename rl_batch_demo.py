@@ -1605,9 +1605,9 @@ def find_kubectl(binary: str) -> str:
 def require_kubectl(kubectl: Kubectl) -> None:
     """Fail unless the binary answers `version --client` as kubectl does.
 
-    Asked only when kubectl's answer was empty where kubectl always prints
-    something: a binary that is not kubectl (`--kubectl /bin/true`) would
-    otherwise be reported as a kubeconfig without a context.
+    A binary that is not kubectl (`--kubectl /bin/true`) answers every question
+    with silence and success, which would read as "no current context" or
+    "Namespace already absent".
     """
     try:
         version = json.loads(kubectl.run(["version", "--client", "-o", "json"], request_timeout=None))
