@@ -34,6 +34,7 @@ import os
 import queue
 import re
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -91,6 +92,10 @@ COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 RECEIPT_FILE = "receipt.json"
 RESULTS_FILE = "results.json"
 SETTINGS_FILE = "run.json"
+
+# Kubectl's words for a 404 without a Kubernetes Status naming an object: the
+# server does not know the URL at all (not a Kubernetes API, or not this API group).
+UNSERVED_PATH_MESSAGE = "the server could not find the requested resource"
 
 # Kubectl's own words for answers worth asking again: the request may not have
 # reached a healthy API server, so the same read can succeed a moment later.
@@ -1123,14 +1128,33 @@ def die_with_parent() -> Callable[[], None] | None:
 
 
 class Kubectl:
-    """Runs kubectl against one context with bounded requests; counts what it started."""
+    """Runs kubectl against one context with bounded requests; counts what it started.
 
-    def __init__(self, binary: str, context: str | None = None) -> None:
+    With `verbose`, every command line (and every request through the proxy) is
+    echoed on stderr before it is sent, for a user debugging on a bastion. Only
+    argv is echoed, never what kubectl is given on stdin.
+    """
+
+    def __init__(self, binary: str, context: str | None = None, verbose: bool = False) -> None:
         self.binary = binary
         self.context = context
+        self.verbose = verbose
         self.processes = 0
         self.retries = 0
         self._lock = threading.Lock()
+
+    def echo(self, line: str) -> None:
+        """Show what is about to be sent, when verbose; one whole line even from many threads."""
+        if self.verbose:
+            # On a terminal, first erase the progress line being updated there; it is redrawn below.
+            erase = "\r\x1b[K" if sys.stderr.isatty() else ""
+            with self._lock:
+                sys.stderr.write(f"{erase}+ {line}\n")
+                sys.stderr.flush()
+
+    def echo_argv(self, argv: Sequence[str]) -> None:
+        if self.verbose:
+            self.echo(" ".join(shlex.quote(arg) for arg in argv))
 
     def argv(self, args: Sequence[str], request_timeout: str | None = f"{REQUEST_TIMEOUT_SECONDS}s") -> list[str]:
         argv = [self.binary]
@@ -1165,10 +1189,12 @@ class Kubectl:
         verb = " ".join(a for a in args[:3] if not a.startswith("-"))
         with self._lock:
             self.processes += 1
+        argv = self.argv(args, request_timeout)
+        self.echo_argv(argv)
         try:
             # Always an input, if only an empty one: kubectl must never wait on the terminal.
             completed = subprocess.run(
-                self.argv(args, request_timeout), input=input_text or "", capture_output=True,
+                argv, input=input_text or "", capture_output=True,
                 text=True, timeout=CALL_TIMEOUT_SECONDS, preexec_fn=die_with_parent())
         except subprocess.TimeoutExpired:
             raise KubectlError(verb, None, f"no answer within {CALL_TIMEOUT_SECONDS} s") from None
@@ -1199,8 +1225,10 @@ class Kubectl:
         """
         with self._lock:
             self.processes += 1
+        argv = self.argv(args, f"{max(1, seconds)}s")
+        self.echo_argv(argv)
         return subprocess.Popen(
-            self.argv(args, f"{max(1, seconds)}s"), stdin=subprocess.DEVNULL,
+            argv, stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=tempfile.TemporaryFile(), bufsize=0,
             start_new_session=detached, preexec_fn=die_with_parent())
 
@@ -1279,9 +1307,11 @@ class ApiProxy:
     def _get_once(self, path: str) -> str:
         """GET one API path (bounded by the request timeout); KubectlError unless 200."""
         separator = "&" if "?" in path else "?"
+        target = f"{path}{separator}timeout={REQUEST_TIMEOUT_SECONDS}s"
+        self.kubectl.echo(f"GET {target}")
         connection = UnixHTTPConnection(self.socket_path, REQUEST_TIMEOUT_SECONDS)
         try:
-            connection.request("GET", f"{path}{separator}timeout={REQUEST_TIMEOUT_SECONDS}s")
+            connection.request("GET", target)
             response = connection.getresponse()
             body = response.read().decode("utf-8", errors="replace")
         except OSError as error:  # includes socket.timeout
@@ -1607,7 +1637,6 @@ def program_name() -> str:
 
 
 def cleanup_command(output: str, kubectl_binary: str = "kubectl") -> str:
-    import shlex
     extra = "" if kubectl_binary == "kubectl" else f" --kubectl {shlex.quote(kubectl_binary)}"
     return f"{program_name()} cleanup --output {shlex.quote(output)}{extra}"
 
@@ -1658,14 +1687,34 @@ def find_kubectl(binary: str) -> str:
     raise DemoError(f"kubectl not found: {binary!r} (install kubectl or pass --kubectl PATH)")
 
 
+def require_kubectl(kubectl: Kubectl) -> None:
+    """Fail unless the binary answers `version --client` as kubectl does.
+
+    A binary that is not kubectl (`--kubectl /bin/true`) answers every question
+    with silence and success, which would read as "no current context" or
+    "Namespace already absent".
+    """
+    try:
+        version = json.loads(kubectl.run(["version", "--client", "-o", "json"], request_timeout=None))
+    except (KubectlError, ValueError):
+        version = None
+    if not isinstance(version, dict) or "clientVersion" not in version:
+        raise DemoError(f"--kubectl {kubectl.binary} does not look like kubectl "
+                        f"(`version --client` printed no kubectl version)")
+
+
 def resolve_context(kubectl: Kubectl, wanted: str | None) -> str:
     """The context every later call names: --context if it exists, else the current one."""
     if wanted:
         try:
-            kubectl.run(["config", "get-contexts", wanted, "-o", "name"], request_timeout=None)
+            named = kubectl.run(["config", "get-contexts", wanted, "-o", "name"], request_timeout=None)
         except KubectlError:
             raise DemoError(f"kube context {wanted!r} not found in the kubeconfig "
                             f"(kubectl config get-contexts lists them)") from None
+        if not named.strip():
+            require_kubectl(kubectl)
+            raise DemoError(f"kube context {wanted!r} not found in the kubeconfig "
+                            f"(kubectl config get-contexts lists them)")
         return wanted
     try:
         context = kubectl.run(["config", "current-context"], request_timeout=None).strip()
@@ -1673,6 +1722,7 @@ def resolve_context(kubectl: Kubectl, wanted: str | None) -> str:
         raise DemoError(f"no current kube context ({error}); "
                         f"set one or pass --context NAME") from None
     if not context:
+        require_kubectl(kubectl)
         raise DemoError("no current kube context; set one or pass --context NAME")
     return context
 
@@ -1761,11 +1811,24 @@ class RunAction:
             self.kubectl.run(["get", "runtimeclass", runtime, "-o", "name"],
                              retry_until=time.monotonic() + FIRST_CONTACT_RETRY_SECONDS)
         except KubectlError as error:
+            if UNSERVED_PATH_MESSAGE in error.stderr:  # no missing RuntimeClass: an unknown URL
+                raise DemoError(f"the endpoint of context {self.kubectl.context!r}{self.server_of_context()} "
+                                f"does not serve the Kubernetes API (or lacks node.k8s.io/v1 RuntimeClass): "
+                                f"{error}; nothing was created") from None
             if error.not_found:
                 raise DemoError(f"RuntimeClass {runtime!r} not found in context {self.kubectl.context!r}; "
                                 f"nothing was created (pass --runtime NAME)") from None
             raise DemoError(f"cannot reach the cluster of context {self.kubectl.context!r}: {error}; "
                             f"nothing was created") from None
+
+    def server_of_context(self) -> str:
+        """` (URL)` of the context's API server for a message, or nothing if kubectl cannot say."""
+        try:
+            server = self.kubectl.run(["config", "view", "--minify", "-o",
+                                       "jsonpath={.clusters[0].cluster.server}"], request_timeout=None).strip()
+        except DemoError:
+            return ""
+        return f" ({server})" if server else ""
 
     def create_namespace(self) -> None:
         self.touched_cluster = True
@@ -2121,7 +2184,7 @@ def run(args: argparse.Namespace) -> int:
     if os.path.lexists(output):
         raise DemoError(f"output directory {output} already exists; records are never overwritten, "
                         f"choose a new --output")
-    kubectl = Kubectl(find_kubectl(args.kubectl))
+    kubectl = Kubectl(find_kubectl(args.kubectl), verbose=args.verbose)
     kubectl.context = resolve_context(kubectl, args.context)
     settings["context"] = kubectl.context
     try:
@@ -2309,7 +2372,9 @@ def cleanup_namespace(kubectl: Kubectl, receipt: dict, output: str,
 def cleanup(args: argparse.Namespace) -> int:
     """Delete what the receipt proves this run created (SPEC A5); the output directory is kept."""
     receipt = read_receipt(args.output)
-    kubectl = Kubectl(find_kubectl(args.kubectl), receipt["context"])
+    kubectl = Kubectl(find_kubectl(args.kubectl), receipt["context"], verbose=args.verbose)
+    # Silence from a binary that is not kubectl would read as "Namespace already absent".
+    require_kubectl(kubectl)
     cleanup_namespace(kubectl, receipt, args.output, args.wait)
     return 0
 
@@ -2320,16 +2385,29 @@ def cleanup(args: argparse.Namespace) -> int:
 
 def load_saved_batch(directory: str, settings: dict) -> dict:
     """Recompute one batch's summary from its saved files."""
-    job = read_json(os.path.join(directory, "job.json"), "job.json")
+    job_path = os.path.join(directory, "job.json")
+    if not os.path.exists(job_path):
+        raise DemoError(f"no job.json in {directory}: the run stopped before its Job's status was saved "
+                        f"(it was interrupted or failed early); nothing to report")
+    job = read_json(job_path, "job.json")
     pods = read_json(os.path.join(directory, "pods.json"), "pods.json").get("items", [])
     events_path = os.path.join(directory, "events.json")
     events = read_json(events_path, "events.json").get("items", []) if os.path.exists(events_path) else []
     logs = {pod_name(pod): read_text(os.path.join(directory, f"{pod_name(pod)}.log")) for pod in pods}
     client_path = os.path.join(directory, "client.json")
     client = read_json(client_path, "client.json") if os.path.exists(client_path) else {}
-    if job_finished(job) != "Complete":
+    end = job_finished(job)
+    job_name = job["metadata"].get("name", JOB_NAME)
+    if end is None:
+        # Saved while the Job was still running: the run was interrupted or gave up waiting.
+        # Only the pods' states are evidence; how long the Job ran is not.
+        raise DemoError("\n  ".join(
+            [f"Job {job_name} never finished while the run watched it (the run was interrupted or gave up "
+             f"waiting: job.json has no Complete or Failed condition); nothing to report"]
+            + describe_failure(job, pods, job_name, 0)[1:]))
+    if end != "Complete":
         raise DemoError("\n  ".join(["the saved Job did not complete"] + describe_failure(
-            job, pods, job["metadata"].get("name", JOB_NAME), settings.get("timeout", 0))))
+            job, pods, job_name, settings.get("timeout", 0))))
     observed_path = os.path.join(directory, "observed.json")
     observed = read_json(observed_path, "observed.json") if os.path.exists(observed_path) else {}
     summary = summarise_batch(job, pods, logs, events, settings["count"], settings.get("builtin", True),
@@ -2360,7 +2438,7 @@ def recompute(output: str) -> dict:
 
 def report(args: argparse.Namespace) -> int:
     """Recompute and reprint a finished run from its saved files."""
-    results = recompute(args.directory)
+    results = recompute(args.output)
     print(json.dumps(public_results(results), indent=2))
     if not args.quiet:
         print(phase_table(results["phases"]), file=sys.stderr)
@@ -2390,8 +2468,8 @@ def positive_int(text: str) -> int:
     return value
 
 
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Name each default in the help, except where there is none to name."""
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Name each default in the help, except where there is none to name; keep examples as written."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         if action.default in (None, False) or action.default is argparse.SUPPRESS:
@@ -2399,16 +2477,30 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action) or ""
 
 
+def add_action(actions: Any, name: str, purpose: str, example: str) -> argparse.ArgumentParser:
+    """One subcommand whose help opens with its purpose and ends with an example."""
+    return actions.add_parser(name, help=purpose, description=purpose[0].upper() + purpose[1:] + ".",
+                              epilog=f"example:\n  {program_name()} {name} {example}",
+                              formatter_class=HelpFormatter)
+
+
+def add_run_directory(parser: argparse.ArgumentParser) -> None:
+    """The run's output directory, named as DIR or as --output DIR: one way works everywhere."""
+    parser.add_argument("directory", nargs="?", metavar="DIR", help="the run's output directory")
+    parser.add_argument("--output", metavar="DIR", help="the same, as `run` names it")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=program_name() if program_name() != "python3 rl_batch_demo.py" else "rl_batch_demo.py",
         description="Measure how fast a Kubernetes cluster with a sandbox runtime runs a batch of "
-                    "RL rollout episodes.")
+                    "RL rollout episodes.",
+        epilog="`ACTION --help` describes each action, with an example.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
 
-    run_parser = actions.add_parser("run", help="submit a batch of episodes, wait, verify and report",
-                                    formatter_class=HelpFormatter)
+    run_parser = add_action(actions, "run", "submit a batch of episodes, wait, verify and report",
+                            "--output runs/first --count 10")
     run_parser.add_argument("--output", required=True, metavar="DIR",
                             help="new directory for every record of the run (must not exist)")
     run_parser.add_argument("--count", type=int, default=DEFAULT_COUNT, metavar="N",
@@ -2441,26 +2533,35 @@ def build_parser() -> argparse.ArgumentParser:
     run_parser.add_argument("--cleanup", action="store_true",
                             help="after every file is saved, clean up as `cleanup` would")
     run_parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    run_parser.add_argument("--verbose", action="store_true",
+                            help="echo every kubectl command line (and request through its proxy) on stderr")
 
-    cleanup_parser = actions.add_parser("cleanup", help="delete what the run's receipt proves it created",
-                                        formatter_class=HelpFormatter)
-    cleanup_parser.add_argument("--output", required=True, metavar="DIR", help="the run's output directory")
+    cleanup_parser = add_action(actions, "cleanup", "delete what the run's receipt proves it created",
+                                "--output runs/first")
+    add_run_directory(cleanup_parser)
     cleanup_parser.add_argument("--kubectl", default="kubectl", metavar="PATH", help="kubectl binary")
     cleanup_parser.add_argument("--wait", type=positive_int, default=DELETE_WAIT_SECONDS, metavar="SECONDS",
                                 help="how long to wait for the Jobs, then the namespace, to disappear")
+    cleanup_parser.add_argument("--verbose", action="store_true",
+                                help="echo every kubectl command line (and request through its proxy) on stderr")
 
-    report_parser = actions.add_parser("report", help="recompute and reprint a finished run from its files")
-    report_parser.add_argument("directory", metavar="DIR", help="the run's output directory")
+    report_parser = add_action(actions, "report", "recompute and reprint a finished run from its files",
+                               "runs/first")
+    add_run_directory(report_parser)
     report_parser.add_argument("--quiet", action="store_true", help="no phase table on stderr")
 
-    compare_parser = actions.add_parser("compare", help="key figures of two runs side by side")
-    compare_parser.add_argument("first", metavar="DIR_A")
-    compare_parser.add_argument("second", metavar="DIR_B")
+    compare_parser = add_action(actions, "compare", "print the key figures of two runs side by side, "
+                                "with ratios", "runs/parallel runs/serial")
+    compare_parser.add_argument("first", metavar="DIR_A", help="the first run's output directory (A)")
+    compare_parser.add_argument("second", metavar="DIR_B",
+                                help="the second run's output directory (B; ratios are B/A)")
+    for action_parser in actions.choices.values():
+        action_parser.set_defaults(action_parser=action_parser)
     return parser
 
 
 def check_run_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """SPEC A1: 1 <= parallelism <= count <= cap, else a usage error (exit 2)."""
+    """SPEC A1: 1 <= parallelism <= count <= cap, else a usage error (exit 2) from `run`'s parser."""
     if args.parallelism is None:
         args.parallelism = args.count
     if args.count < 1:
@@ -2472,6 +2573,15 @@ def check_run_arguments(parser: argparse.ArgumentParser, args: argparse.Namespac
         parser.error(f"--parallelism must be between 1 and the count ({args.count}), got {args.parallelism}")
 
 
+def check_run_directory(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """DIR or --output DIR, exactly one of them; the directory ends up in args.output."""
+    if args.directory is not None and args.output is not None:
+        parser.error(f"name the run directory once: {args.directory} or --output {args.output}, not both")
+    if args.directory is None and args.output is None:
+        parser.error("name the run's output directory: DIR or --output DIR")
+    args.output = args.output if args.directory is None else args.directory
+
+
 DISPATCH: dict[str, Callable[[argparse.Namespace], int]] = {
     "run": run, "cleanup": cleanup, "report": report, "compare": compare,
 }
@@ -2481,7 +2591,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.action == "run":
-        check_run_arguments(parser, args)
+        check_run_arguments(args.action_parser, args)
+    elif args.action in ("cleanup", "report"):
+        check_run_directory(args.action_parser, args)
     try:
         return DISPATCH[args.action](args)
     except DemoError as error:

@@ -11,9 +11,13 @@ from __future__ import annotations
 import calendar
 import json
 import os
+import http.server
+import io
 import re
+import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any, Optional
 
@@ -179,8 +183,100 @@ def test_run_help_lists_every_flag_with_its_default(repo_root: Path) -> None:
     assert "240" in sections["--timeout"]
     assert "default: 1" in sections["--rounds"]
     assert "kubectl" in sections["--kubectl"]
-    for flag in ("--context", "--warmup", "--episode-script", "--dry-run", "--harden", "--cleanup", "--quiet"):
+    for flag in ("--context", "--warmup", "--episode-script", "--dry-run", "--harden", "--cleanup", "--quiet",
+                 "--verbose"):
         assert flag in sections, f"run --help lacks {flag}"
+
+
+ACTION_EXAMPLES = {
+    "run": "run --output runs/first --count 10",
+    "cleanup": "cleanup --output runs/first",
+    "report": "report runs/first",
+    "compare": "compare runs/parallel runs/serial",
+}
+
+
+@pytest.mark.parametrize("action", sorted(ACTION_EXAMPLES))
+def test_every_action_help_has_a_purpose_and_an_example(action: str, capsys: Any) -> None:
+    assert usage_error([action, "--help"]) == 0
+    text = capsys.readouterr().out
+    purpose = text.split("\n\n")[1]  # the paragraph after the usage lines
+    assert purpose.endswith(".") and "\n" not in purpose and len(purpose.split()) >= 4, text
+    example = text.rstrip().splitlines()[-2:]
+    assert example[0] == "example:", text
+    assert example[1].endswith(ACTION_EXAMPLES[action]), text
+    # The example is a command line this parser accepts.
+    assert demo.build_parser().parse_args(ACTION_EXAMPLES[action].split()).action == action
+
+
+def test_compare_help_explains_both_directories(capsys: Any) -> None:
+    assert usage_error(["compare", "--help"]) == 0
+    sections = {line.split()[0]: line.strip() for line in capsys.readouterr().out.splitlines()
+                if line.startswith("  DIR_")}
+    assert "first run's output directory" in sections["DIR_A"]
+    assert "second run's output directory" in sections["DIR_B"] and "B/A" in sections["DIR_B"]
+
+
+def test_over_the_cap_prints_the_usage_of_run(tmp_path: Path, capsys: Any) -> None:
+    assert usage_error(["run", "--output", str(tmp_path / "out"), "--count", "21"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: ") and " run [-h] --output DIR" in err.splitlines()[0], err
+    assert "ACTION" not in err
+    assert re.search(r" run: error: --count 21 is over the cap of 20 episodes", err), err
+
+
+@pytest.mark.parametrize("argv", [["cleanup", "--output"], ["cleanup", "{out}"]])
+def test_cleanup_takes_the_directory_as_output_or_positionally(argv: list[str], tmp_path: Path, capsys: Any,
+                                                               no_subprocesses: list) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    argv = [arg.format(out=out) for arg in argv] + ([str(out)] if argv[-1] == "--output" else [])
+    assert main(argv) == 1
+    line = error_line(capsys.readouterr().err)
+    assert str(out / "receipt.json") in line and "not found" in line
+    assert no_subprocesses == []
+
+
+def test_report_takes_the_directory_positionally_or_as_output(tmp_path: Path, capsys: Any) -> None:
+    run_dir = write_saved_run(tmp_path / "run-a")
+    assert main(["report", str(run_dir), "--quiet"]) == 0
+    positional = capsys.readouterr().out
+    assert main(["report", "--output", str(run_dir), "--quiet"]) == 0
+    assert capsys.readouterr().out == positional
+    assert json.loads(positional)["episodes"] == 3
+
+
+@pytest.mark.parametrize("action", ["cleanup", "report"])
+@pytest.mark.parametrize("given", ["both", "neither"])
+def test_run_directory_given_twice_or_not_at_all_is_a_usage_error(
+        action: str, given: str, tmp_path: Path, capsys: Any, no_subprocesses: list) -> None:
+    argv = [action] + ([str(tmp_path / "a"), "--output", str(tmp_path / "b")] if given == "both" else [])
+    assert usage_error(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: ") and f" {action} [-h]" in err.splitlines()[0], err
+    expected = "name the run directory once" if given == "both" else "name the run's output directory"
+    assert f"{action}: error: {expected}" in err
+    assert list(tmp_path.iterdir()) == []
+    assert no_subprocesses == []
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("stream, erase", [(io.StringIO, ""), (Terminal, "\r\x1b[K")])
+def test_verbose_echo_is_a_shell_quoted_line_that_a_terminal_progress_line_does_not_swallow(
+        stream: Any, erase: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    stderr = stream()
+    monkeypatch.setattr(sys, "stderr", stderr)
+    quiet = demo.Kubectl("/opt/k8s/kubectl", "my context")
+    quiet.echo_argv(quiet.argv(["get", "pods"]))
+    assert stderr.getvalue() == ""
+    verbose = demo.Kubectl("/opt/k8s/kubectl", "my context", verbose=True)
+    verbose.echo_argv(verbose.argv(["get", "pods", "-l", "job-name=rollout", "-o", "jsonpath={.items[*]}"]))
+    assert stderr.getvalue() == (f"{erase}+ /opt/k8s/kubectl --context 'my context' --request-timeout=30s "
+                                 f"get pods -l job-name=rollout -o 'jsonpath={{.items[*]}}'\n")
 
 
 # --------------------------------------------------------------------------
@@ -400,6 +496,84 @@ def test_missing_credentials_are_named_not_an_eof(
     assert not out.exists()  # nothing was created, so nothing to trace and the name stays free
 
 
+@pytest.mark.parametrize("context", [[], ["--context", "emulator"]])
+def test_a_kubectl_that_is_not_kubectl_is_named(context: list[str], tmp_path: Path, capsys: Any) -> None:
+    # /bin/true answers every question with silence and success, which used to read as
+    # "no current kube context".
+    true = shutil.which("true")
+    assert true is not None
+    out = tmp_path / "out"
+    assert main(["run", "--output", str(out), "--kubectl", true, "--quiet"] + context) == 1
+    line = error_line(capsys.readouterr().err)
+    assert line == (f"Error: --kubectl {true} does not look like kubectl "
+                    f"(`version --client` printed no kubectl version)")
+    assert not out.exists()
+
+
+def test_cleanup_with_a_kubectl_that_is_not_kubectl_does_not_claim_the_namespace_is_gone(
+        tmp_path: Path, capsys: Any) -> None:
+    true = shutil.which("true")
+    assert true is not None
+    out = tmp_path / "out"
+    out.mkdir()
+    write_json(out / "receipt.json", {"context": "emulator", "namespace": NAMESPACE, "run_id": RUN_ID,
+                                      "uid": "ns-uid-1", "job_uid": "job-uid-1"})
+    assert main(["cleanup", "--output", str(out), "--kubectl", true]) == 1
+    captured = capsys.readouterr()
+    assert "absent" not in captured.out + captured.err
+    assert error_line(captured.err) == (f"Error: --kubectl {true} does not look like kubectl "
+                                        f"(`version --client` printed no kubectl version)")
+
+
+class NotKubernetes(http.server.BaseHTTPRequestHandler):
+    """A web server that knows no Kubernetes API: 404 for every request, as a plain web server gives."""
+
+    requests: list = []
+
+    def answer(self) -> None:
+        self.requests.append((self.command, self.path))
+        body = b"404 page not found\n"
+        self.send_response(404)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = answer
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def not_kubernetes() -> Any:
+    """(URL, requests seen) of a local HTTP server that is not a Kubernetes API."""
+    NotKubernetes.requests = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotKubernetes)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", NotKubernetes.requests
+    server.shutdown()
+    server.server_close()
+
+
+def test_an_endpoint_that_is_not_kubernetes_is_named_not_a_missing_runtimeclass(
+        kubectl_bin: str, not_kubernetes: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: Any) -> None:
+    url, requests = not_kubernetes
+    isolated_kubeconfig(tmp_path, monkeypatch, KUBECONFIG_WITH_CONTEXT.replace("https://127.0.0.1:9", url))
+    out = tmp_path / "out"
+    assert main(["run", "--output", str(out), "--kubectl", kubectl_bin, "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    first = err.splitlines()[0]
+    assert first.startswith(f"Error: the endpoint of context 'emulator' ({url}) does not serve the "
+                            f"Kubernetes API (or lacks node.k8s.io/v1 RuntimeClass)"), err
+    assert first.endswith("nothing was created"), err
+    assert "RuntimeClass 'cube' not found" not in err
+    assert requests and {method for method, _ in requests} == {"GET"}  # asked, and created nothing
+
+
 # --------------------------------------------------------------------------
 # A5: cleanup refuses a missing or untrustworthy receipt, and runs nothing.
 
@@ -610,6 +784,47 @@ def test_report_refuses_a_job_that_did_not_complete(tmp_path: Path, capsys: Any)
     assert captured.out == ""
     assert captured.err.startswith("Error: ") and "did not complete" in captured.err
     assert "Traceback" not in captured.err
+
+
+def interrupted_run(directory: Path) -> Path:
+    """A run interrupted while its Job ran, as `run` leaves it: the Job saved without a
+    Complete or Failed condition, one pod still running, no client.json, no results.json."""
+    write_saved_run(directory)
+    job = json.loads((directory / "job.json").read_text())
+    job["status"] = {"active": 1, "succeeded": 2, "startTime": stamp(0)}
+    write_json(directory / "job.json", job)
+    pods = json.loads((directory / "pods.json").read_text())
+    running = pods["items"][2]["status"]
+    running["phase"] = "Running"
+    running["containerStatuses"][0]["state"] = {"running": {"startedAt": stamp(3)}}
+    write_json(directory / "pods.json", pods)
+    (directory / "rollout-p7x8s.log").write_text(worker_log("rollout-p7x8s", T0 + 5.0, T0 + 9.75).splitlines()[0])
+    (directory / "client.json").unlink()
+    assert not (directory / "results.json").exists()
+    return directory
+
+
+def test_report_of_an_interrupted_run_says_it_never_finished(tmp_path: Path, capsys: Any,
+                                                             no_subprocesses: list) -> None:
+    run_dir = interrupted_run(tmp_path / "run-a")
+    assert main(["report", str(run_dir)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.splitlines() == [
+        "Error: Job rollout never finished while the run watched it (the run was interrupted or gave up "
+        "waiting: job.json has no Complete or Failed condition); nothing to report",
+        "  pod rollout-p7x8s: Running, still running",
+    ]
+    assert no_subprocesses == []
+
+
+def test_report_of_a_run_stopped_before_its_job_was_saved(tmp_path: Path, capsys: Any) -> None:
+    run_dir = interrupted_run(tmp_path / "run-a")
+    (run_dir / "job.json").unlink()
+    assert main(["report", "--output", str(run_dir)]) == 1
+    line = error_line(capsys.readouterr().err)
+    assert f"no job.json in {run_dir}: the run stopped before its Job's status was saved" in line
+    assert "interrupted" in line
 
 
 def test_report_of_an_empty_directory_is_a_one_line_error(tmp_path: Path, capsys: Any) -> None:
