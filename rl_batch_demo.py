@@ -1302,12 +1302,14 @@ def reread_pods(kubectl: Kubectl, proxy: ApiProxy | None, namespace: str, names:
 
 
 def read_job_pods(kubectl: Kubectl, proxy: ApiProxy | None, namespace: str, job_name: str,
-                  not_older_than: str | None, retry_seconds: float | None) -> PodReading:
+                  not_older_than: str | None, retry_seconds: float | None,
+                  page_size: int = LIST_PAGE_SIZE) -> PodReading:
     """The Job's pods, listed in pages from a revision not older than `not_older_than` (the
     Job's end as this client saw it); a pod that still looks unfinished is read again on its
     own before anything is concluded from it."""
     listing = read_pages(kubectl, proxy, PagedList(f"/api/v1/namespaces/{namespace}/pods",
-                                                   f"job-name={job_name}", not_older_than), retry_seconds)
+                                                   f"job-name={job_name}", not_older_than, page_size),
+                         retry_seconds)
     # Items of a list carry no kind; give each the shape `kubectl get -o json` prints.
     pods = [{"apiVersion": "v1", "kind": "Pod", **pod} for pod in listing.items]
     fresh = reread_pods(kubectl, proxy, namespace, unfinished_pods(pods), retry_seconds)
@@ -1408,7 +1410,9 @@ class BatchFollower:
                 self._handle(item, client_deadline)
                 self._show(submitted_monotonic)
         finally:
-            self.stop_watches()
+            # The pod watch goes on while the evidence is read: should no pod list answer,
+            # what it saw by then is all there is to go on.
+            self.stop_watches(keep="pods" if self.end is not None else None)
             self.progress.finish()
             self.processes_while_waiting = self.kubectl.processes - processes_before
         return self.end
@@ -1474,16 +1478,32 @@ class BatchFollower:
         process.wait()
         self._queue.put(("ended", kind))
 
-    def stop_watches(self) -> None:
-        for process in self._watches.values():
+    def stop_watches(self, keep: str | None = None) -> None:
+        stopping = {kind: process for kind, process in self._watches.items() if kind != keep}
+        for process in stopping.values():
             if process.poll() is None:
                 process.terminate()
-        for process in self._watches.values():
+        for kind, process in stopping.items():
             try:
                 process.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 process.kill()
-        self._watches.clear()
+            del self._watches[kind]
+
+    def drain(self) -> None:
+        """Stop the pod watch and take in everything it delivered since the Job ended."""
+        watching = "pods" in self._watches
+        self.stop_watches()
+        deadline = time.monotonic() + 5
+        while watching:
+            try:
+                item = self._queue.get(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty:
+                return
+            if item == ("ended", "pods"):
+                return
+            if item[0] != "ended":
+                self._handle(item, deadline)
 
     def _poll(self, client_deadline: float) -> None:
         retry_until = min(client_deadline, time.monotonic() + CALL_TIMEOUT_SECONDS)
@@ -1813,6 +1833,7 @@ class RunAction:
             "wait_mode": "poll" if self.follower.polling else "watch",
         }
         job, reading, logs, events = self.collect(job_name)
+        self.follower.stop_watches()
         pods = reading.pods
         client["pods_read"] = {
             "source": reading.source, "not_older_than": self.follower.end_resource_version,
@@ -1822,14 +1843,18 @@ class RunAction:
             raise DemoError("\n  ".join(
                 ["Job failed or timed out; inspect saved status/events/logs, then cleanup"]
                 + describe_failure(job, pods, job_name, self.settings["timeout"] + CLIENT_GRACE_SECONDS)))
+        if reading.source == "watch" and len(pods) < self.settings["count"]:
+            # A watch that saw fewer pods than episodes proves nothing about the others.
+            raise DemoError(f"cannot verify the batch: the pods could not be listed and the pod watch saw "
+                            f"only {len(pods)} of {self.settings['count']}")
         try:
             summary = summarise_batch(job, pods, logs, events, self.settings["count"],
                                       self.settings["builtin"], self.follower.observed_wall,
                                       self.follower.observed)
         except VerificationError as error:
             if reading.source == "watch":
-                raise VerificationError(f"{error} (judged from the pod watch's view: the pods could not "
-                                        f"be listed)") from None
+                raise VerificationError(f"{error} (judged from the pods the watch saw, each unfinished one "
+                                        f"read again: the pods could not be listed)") from None
             raise
         summary["client_job_complete_seconds"] = client["client_job_complete_seconds"]
         client["post_completion_seconds"] = rounded(time.monotonic() - self.follower.observed_monotonic)
@@ -1845,6 +1870,7 @@ class RunAction:
         # cannot serve now is saved empty and the episode fails verification.
         retry_until = None if quick else time.monotonic() + COLLECT_RETRY_SECONDS
         namespace_args = ["-n", self.namespace]
+        page_size = self.settings.get("chunk_size", LIST_PAGE_SIZE)
 
         def fetch_job() -> dict | None:
             if follower.end is not None and follower.job is not None:
@@ -1858,21 +1884,22 @@ class RunAction:
             # Never the watch's view: it may run behind. The list is at least as new as the
             # moment the Job's end was seen, and its pages are retried while a cache catches up.
             return read_job_pods(self.kubectl, self.proxy, self.namespace, job_name,
-                                 follower.end_resource_version, None if quick else PAGE_RETRY_SECONDS)
+                                 follower.end_resource_version, None if quick else PAGE_RETRY_SECONDS,
+                                 page_size)
 
         def fetch_events_table() -> str:
-            return self.kubectl.run(["get", "events", "--sort-by=.metadata.creationTimestamp"]
-                                    + namespace_args, retry_until=retry_until)
+            return self.kubectl.run(["get", "events", "--sort-by=.metadata.creationTimestamp",
+                                     f"--chunk-size={page_size}"] + namespace_args, retry_until=retry_until)
 
         def fetch_events_json() -> PagedList:
             retry_seconds = None if quick else COLLECT_RETRY_SECONDS
             path = f"/api/v1/namespaces/{self.namespace}/events"
             if self.proxy is not None:
                 try:
-                    return read_pages(self.kubectl, self.proxy, PagedList(path), retry_seconds)
+                    return read_pages(self.kubectl, self.proxy, PagedList(path, limit=page_size), retry_seconds)
                 except DemoError:
                     pass  # ask kubectl below
-            return read_pages(self.kubectl, None, PagedList(path), retry_seconds)
+            return read_pages(self.kubectl, None, PagedList(path, limit=page_size), retry_seconds)
 
         # Its own threads: the log readers' pool may still be busy with reads under way.
         with concurrent.futures.ThreadPoolExecutor(4) as fetchers:
@@ -1896,6 +1923,7 @@ class RunAction:
             # No list could be read: the watch's view, with every pod it saw unfinished read again.
             print(f"Warning: could not list the pods ({error}); pods.json holds what the pod watch "
                   f"saw, each pod it saw unfinished read again", file=sys.stderr)
+            follower.drain()
             watched = list(follower.pods.values())
             fresh = reread_pods(self.kubectl, self.proxy, self.namespace, unfinished_pods(watched),
                                 None if retry_until is None else COLLECT_RETRY_SECONDS)
@@ -2079,7 +2107,7 @@ def run(args: argparse.Namespace) -> int:
         "image": args.image, "runtime": args.runtime,
         "timeout": args.timeout or default_timeout(args.count, args.parallelism),
         "rounds": args.rounds, "warmup": args.warmup, "harden": args.harden,
-        "builtin": builtin, "episode_script": args.episode_script,
+        "builtin": builtin, "episode_script": args.episode_script, "chunk_size": args.chunk_size,
     }
     if args.dry_run:
         run_id = secrets.token_hex(6)
@@ -2357,6 +2385,8 @@ def build_parser() -> argparse.ArgumentParser:
                                  f"grown with the batch above {DEFAULT_MAX_EPISODES} episodes)")
     run_parser.add_argument("--max-episodes", type=positive_int, default=DEFAULT_MAX_EPISODES, metavar="N",
                             help="safety cap on --count; raise it explicitly for large batches")
+    run_parser.add_argument("--chunk-size", type=positive_int, default=LIST_PAGE_SIZE, metavar="N",
+                            help="read lists (pods, events) in pages of N items, as kubectl --chunk-size")
     run_parser.add_argument("--rounds", type=positive_int, default=1, metavar="R",
                             help="measured batches, one after another in the same namespace")
     run_parser.add_argument("--warmup", action="store_true",
