@@ -482,7 +482,7 @@ def warning_summary(events: Iterable[dict]) -> dict[str, dict]:
 
 
 # --------------------------------------------------------------------------
-# Statistics.
+# Reading a Job's pods after its end: lists in pages, not older than the end.
 
 
 def list_path(resource_path: str, limit: int, selector: str | None = None,
@@ -567,6 +567,14 @@ def with_fresh_pods(pods: Iterable[dict], fresh: dict[str, dict]) -> list[dict]:
     return sorted((fresh.get(pod_name(pod), pod) for pod in pods), key=pod_name)
 
 
+def with_vanished(listed: Iterable[dict], watched: Iterable[dict]) -> list[dict]:
+    """The listed pods plus, as last seen, each pod the watch saw that the list no longer has:
+    a pod deleted before the list was read is still part of the evidence."""
+    pods = {pod_name(pod): pod for pod in watched}
+    pods.update((pod_name(pod), pod) for pod in listed)
+    return sorted(pods.values(), key=pod_name)
+
+
 class PodReading(NamedTuple):
     """A Job's pods as read after its end, and how they were read."""
     pods: list[dict]
@@ -575,6 +583,10 @@ class PodReading(NamedTuple):
     pages: int
     continue_expiries: int
     reread: list[str]  # pods read again on their own because they still looked unfinished
+
+
+# --------------------------------------------------------------------------
+# Statistics.
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -1920,14 +1932,17 @@ class RunAction:
         try:
             reading = pods_future.result()
         except DemoError as error:
-            # No list could be read: the watch's view, with every pod it saw unfinished read again.
+            reading = None
             print(f"Warning: could not list the pods ({error}); pods.json holds what the pod watch "
                   f"saw, each pod it saw unfinished read again", file=sys.stderr)
-            follower.drain()
-            watched = list(follower.pods.values())
+        follower.drain()
+        watched = list(follower.pods.values())
+        if reading is None:
             fresh = reread_pods(self.kubectl, self.proxy, self.namespace, unfinished_pods(watched),
                                 None if retry_until is None else COLLECT_RETRY_SECONDS)
             reading = PodReading(with_fresh_pods(watched, fresh), "watch", None, 0, 0, sorted(fresh))
+        else:
+            reading = reading._replace(pods=with_vanished(reading.pods, watched))
         pods = reading.pods
         pods_list = list_manifest(pods)
         pods_list["metadata"] = {"resourceVersion": reading.resource_version or ""}

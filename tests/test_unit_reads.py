@@ -192,3 +192,10 @@ def test_a_straggler_that_cannot_be_read_again_stays_as_listed() -> None:
                                  NAMESPACE, "rollout", "70", None)
     assert reading.reread == []
     assert reading.pods[0]["status"]["phase"] == "Running"
+
+
+def test_a_pod_the_watch_saw_vanish_stays_in_the_evidence_as_last_seen() -> None:
+    listed = [pod("b", "Succeeded"), pod("a", "Succeeded")]
+    watched = [pod("a", "Running"), pod("c", "Running")]  # a: older than the list; c: deleted since
+    assert demo.with_vanished(listed, watched) == [pod("a", "Succeeded"), pod("b", "Succeeded"),
+                                                   pod("c", "Running")]
