@@ -43,8 +43,9 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 from html import escape as html_escape
-from typing import Any, Callable, Iterable, Iterator, Sequence, TextIO
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence, TextIO
 
 try:
     import resource
@@ -66,7 +67,15 @@ FIRST_CONTACT_RETRY_SECONDS = 10
 LOG_READERS = 8
 POLL_INTERVAL_SECONDS = 1.0
 WATCH_RESTARTS_BEFORE_POLLING = 3
-SETTLE_SECONDS = 3.0
+# Lists are read in pages of kubectl's own default --chunk-size: each page is one
+# call well inside the per-call limit, however many pods the batch has.
+LIST_PAGE_SIZE = 500
+# How long one page is asked again: a watch cache that is catching up answers
+# "Too large resource version" (retry after 1 s) until it has.
+PAGE_RETRY_SECONDS = 60
+# Continue tokens expire when the API server compacts their revision; a list
+# whose token expires this often is given up.
+LIST_EXPIRIES = 3
 COLLECT_RETRY_SECONDS = 10
 PROXY_START_SECONDS = 10
 # The private directory of each run's `kubectl proxy` socket carries the run's pid,
@@ -541,6 +550,110 @@ def warning_summary(events: Iterable[dict]) -> dict[str, dict]:
         if name not in entry["objects"]:
             entry["objects"].append(name)
     return summary
+
+
+# --------------------------------------------------------------------------
+# Reading a Job's pods after its end: lists in pages, not older than the end.
+
+
+def list_path(resource_path: str, limit: int, selector: str | None = None,
+              not_older_than: str | None = None, continue_token: str | None = None) -> str:
+    """The API path of one page of a list.
+
+    A continue token carries its list's revision and the API refuses a
+    resourceVersion beside it, so only the first page names the oldest revision
+    its answer may come from.
+    """
+    query = {"limit": str(limit)}
+    if selector:
+        query["labelSelector"] = selector
+    if continue_token:
+        query["continue"] = continue_token
+    elif not_older_than:
+        query["resourceVersion"] = not_older_than
+        query["resourceVersionMatch"] = "NotOlderThan"
+    return f"{resource_path}?{urllib.parse.urlencode(query)}"
+
+
+def expired_continue(answer: str) -> str | None:
+    """For an answer saying a list's continue token expired: the token the API offers to go on
+    from its newest revision ("" when it offers none). None for any other answer."""
+    try:
+        status = json.loads(answer)
+    except ValueError:
+        return "" if "(Expired)" in answer else None
+    if not isinstance(status, dict) or status.get("reason") != "Expired":
+        return None
+    return (status.get("metadata") or {}).get("continue") or ""
+
+
+class PagedList:
+    """One list read page by page: a pure reducer of the API's answers."""
+
+    def __init__(self, resource_path: str, selector: str | None = None,
+                 not_older_than: str | None = None, limit: int = LIST_PAGE_SIZE) -> None:
+        self.resource_path = resource_path
+        self.selector = selector
+        self.not_older_than = not_older_than
+        self.limit = limit
+        self.items: list[dict] = []
+        self.resource_version: str | None = None
+        self.continue_token: str | None = None
+        self.done = False
+        self.pages = 0
+        self.expiries = 0
+
+    def next_path(self) -> str:
+        return list_path(self.resource_path, self.limit, self.selector, self.not_older_than,
+                         self.continue_token)
+
+    def apply(self, page: dict) -> None:
+        """One page: keep its items; its continue token asks for the next, none means it was the last."""
+        self.pages += 1
+        metadata = page.get("metadata") or {}
+        if self.resource_version is None:
+            self.resource_version = metadata.get("resourceVersion")
+        self.items.extend(page.get("items") or [])
+        self.continue_token = metadata.get("continue") or None
+        self.done = self.continue_token is None
+
+    def expired(self, token_to_go_on: str) -> None:
+        """The continue token expired. Go on with the API's own token when it offers one (the
+        rest then comes from a newer revision, still not older than asked), else start again."""
+        self.expiries += 1
+        if token_to_go_on:
+            self.continue_token = token_to_go_on
+        else:
+            self.items, self.resource_version, self.continue_token = [], None, None
+
+
+def unfinished_pods(pods: Iterable[dict]) -> list[str]:
+    """Names of the pods that have not ended (phase neither Succeeded nor Failed), sorted."""
+    return sorted(pod_name(pod) for pod in pods
+                  if (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"))
+
+
+def with_fresh_pods(pods: Iterable[dict], fresh: dict[str, dict]) -> list[dict]:
+    """The pods sorted by name, each replaced by its later reading where there is one."""
+    return sorted((fresh.get(pod_name(pod), pod) for pod in pods), key=pod_name)
+
+
+def with_vanished(listed: Iterable[dict], watched: Iterable[dict]) -> list[dict]:
+    """The listed pods plus, as last seen, each pod the watch saw that the list no longer has:
+    a pod deleted before the list was read is still part of the evidence."""
+    pods = {pod_name(pod): pod for pod in watched}
+    pods.update((pod_name(pod), pod) for pod in listed)
+    return sorted(pods.values(), key=pod_name)
+
+
+class PodReading(NamedTuple):
+    """A Job's pods as read after its end, and how they were read."""
+    pods: list[dict]
+    source: str  # "list" (not older than the Job's end), or "watch" when no list could be read
+    resource_version: str | None
+    pages: int
+    continue_expiries: int
+    reread: list[str]  # pods read again on their own because they still looked unfinished
 
 
 # --------------------------------------------------------------------------
@@ -1341,6 +1454,67 @@ def read_log(kubectl: Kubectl, proxy: ApiProxy | None, namespace: str, pod: str,
     return kubectl.run(["logs", pod, "-c", CONTAINER_NAME, "-n", namespace], retry_until=retry_until)
 
 
+def api_read(kubectl: Kubectl, proxy: ApiProxy | None, path: str, retry_until: float | None) -> str:
+    """GET one API path: through the proxy when there is one, else with `kubectl get --raw`."""
+    if proxy is not None:
+        return proxy.get(path, retry_until)
+    separator = "&" if "?" in path else "?"
+    return kubectl.run(["get", "--raw", f"{path}{separator}timeout={REQUEST_TIMEOUT_SECONDS}s"],
+                       retry_until=retry_until)
+
+
+def read_pages(kubectl: Kubectl, proxy: ApiProxy | None, listing: PagedList,
+               retry_seconds: float | None) -> PagedList:
+    """Read a list to its last page; each page is one bounded call, asked again for up to retry_seconds."""
+    while not listing.done:
+        retry_until = None if retry_seconds is None else time.monotonic() + retry_seconds
+        try:
+            text = api_read(kubectl, proxy, listing.next_path(), retry_until)
+        except KubectlError as error:
+            token = expired_continue(error.stderr)
+            if token is None or listing.continue_token is None or listing.expiries >= LIST_EXPIRIES:
+                raise
+            listing.expired(token)
+            continue
+        try:
+            page = json.loads(text)
+        except ValueError:
+            raise DemoError(f"the list of {listing.resource_path} answered something that is not JSON") from None
+        listing.apply(page)
+    return listing
+
+
+def reread_pods(kubectl: Kubectl, proxy: ApiProxy | None, namespace: str, names: Iterable[str],
+                retry_seconds: float | None) -> dict[str, dict]:
+    """Each named pod read again on its own (a GET reads the newest revision); unreadable ones are left out."""
+    fresh = {}
+    for name in names:
+        retry_until = None if retry_seconds is None else time.monotonic() + retry_seconds
+        try:
+            pod = json.loads(api_read(kubectl, proxy, f"/api/v1/namespaces/{namespace}/pods/{name}", retry_until))
+        except (DemoError, ValueError):
+            continue  # gone or unreadable: the earlier reading stays the evidence
+        if isinstance(pod, dict) and pod.get("kind") == "Pod":
+            fresh[name] = pod
+    return fresh
+
+
+def read_job_pods(kubectl: Kubectl, proxy: ApiProxy | None, namespace: str, job_name: str,
+                  not_older_than: str | None, retry_seconds: float | None,
+                  page_size: int = LIST_PAGE_SIZE) -> PodReading:
+    """The Job's pods, listed in pages from a revision not older than `not_older_than` (the
+    Job's end as this client saw it); a pod that still looks unfinished is read again on its
+    own before anything is concluded from it."""
+    listing = read_pages(kubectl, proxy, PagedList(f"/api/v1/namespaces/{namespace}/pods",
+                                                   f"job-name={job_name}", not_older_than, page_size),
+                         retry_seconds)
+    # Items of a list carry no kind; give each the shape `kubectl get -o json` prints.
+    pods = [{"apiVersion": "v1", "kind": "Pod", **pod} for pod in listing.items]
+    fresh = reread_pods(kubectl, proxy, namespace, unfinished_pods(pods), retry_seconds)
+    return PodReading(with_fresh_pods(pods, fresh), "list", listing.resource_version, listing.pages,
+                      listing.expiries, sorted(fresh))
+
+
 class Progress:
     """Live progress on stderr: one updating line on a terminal, a line every few seconds otherwise."""
 
@@ -1405,6 +1579,9 @@ class BatchFollower:
         self.end: str | None = None
         self.observed_monotonic: float | None = None
         self.observed_wall: float | None = None
+        # The Job's resourceVersion when its end was seen: the evidence read afterwards
+        # must be at least this new, however far behind the pod watch is.
+        self.end_resource_version: str | None = None
         self.processes_while_waiting = 0
 
     # -- following --------------------------------------------------------
@@ -1434,9 +1611,10 @@ class BatchFollower:
                     continue
                 self._handle(item, client_deadline)
                 self._show(submitted_monotonic)
-            self._settle()
         finally:
-            self.stop_watches()
+            # The pod watch goes on while the evidence is read: should no pod list answer,
+            # what it saw by then is all there is to go on.
+            self.stop_watches(keep="pods" if self.end is not None else None)
             self.progress.finish()
             self.processes_while_waiting = self.kubectl.processes - processes_before
         return self.end
@@ -1466,25 +1644,6 @@ class BatchFollower:
             self._on_job(obj)
         else:
             self._on_pod(obj, deleted=event.get("type") == "DELETED")
-
-    def pods_settled(self) -> bool:
-        """Every pod seen has ended and there are at least as many as episodes."""
-        return len(self.pods) >= self.count and all(
-            (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed") for pod in self.pods.values())
-
-    def _settle(self) -> None:
-        """After the end: let the pod watch deliver the last pods' final states (normally already there)."""
-        if self.end is None or self.polling or "pods" not in self._watches:
-            return
-        deadline = time.monotonic() + SETTLE_SECONDS
-        while not self.pods_settled() and time.monotonic() < deadline:
-            try:
-                item = self._queue.get(timeout=max(0.01, deadline - time.monotonic()))
-            except queue.Empty:
-                break
-            if item[0] == "ended":
-                return
-            self._handle(item, deadline)
 
     def _start_watch(self, kind: str, client_deadline: float) -> None:
         seconds = math.ceil(client_deadline - time.monotonic())
@@ -1521,16 +1680,32 @@ class BatchFollower:
         process.wait()
         self._queue.put(("ended", kind))
 
-    def stop_watches(self) -> None:
-        for process in self._watches.values():
+    def stop_watches(self, keep: str | None = None) -> None:
+        stopping = {kind: process for kind, process in self._watches.items() if kind != keep}
+        for process in stopping.values():
             if process.poll() is None:
                 process.terminate()
-        for process in self._watches.values():
+        for kind, process in stopping.items():
             try:
                 process.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 process.kill()
-        self._watches.clear()
+            del self._watches[kind]
+
+    def drain(self) -> None:
+        """Stop the pod watch and take in everything it delivered since the Job ended."""
+        watching = "pods" in self._watches
+        self.stop_watches()
+        deadline = time.monotonic() + 5
+        while watching:
+            try:
+                item = self._queue.get(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty:
+                return
+            if item == ("ended", "pods"):
+                return
+            if item[0] != "ended":
+                self._handle(item, deadline)
 
     def _poll(self, client_deadline: float) -> None:
         retry_until = min(client_deadline, time.monotonic() + CALL_TIMEOUT_SECONDS)
@@ -1548,6 +1723,7 @@ class BatchFollower:
         if end and self.end is None:
             self.observed_monotonic = time.monotonic()
             self.observed_wall = time.time()
+            self.end_resource_version = job.get("metadata", {}).get("resourceVersion") or None
             self.end = end
 
     def _on_pod(self, pod: dict, deleted: bool = False) -> None:
@@ -1888,14 +2064,30 @@ class RunAction:
             "watch_restarts": self.follower.watch_restarts,
             "wait_mode": "poll" if self.follower.polling else "watch",
         }
-        job, pods, logs, events = self.collect(job_name)
+        job, reading, logs, events = self.collect(job_name)
+        self.follower.stop_watches()
+        pods = reading.pods
+        client["pods_read"] = {
+            "source": reading.source, "not_older_than": self.follower.end_resource_version,
+            "resource_version": reading.resource_version, "pages": reading.pages,
+            "continue_expiries": reading.continue_expiries, "read_again": reading.reread}
         if end != "Complete":
             raise DemoError("\n  ".join(
                 ["Job failed or timed out; inspect saved status/events/logs, then cleanup"]
                 + describe_failure(job, pods, job_name, self.settings["timeout"] + CLIENT_GRACE_SECONDS)))
-        summary = summarise_batch(job, pods, logs, events, self.settings["count"],
-                                  self.settings["builtin"], self.follower.observed_wall,
-                                  self.follower.observed)
+        if reading.source == "watch" and len(pods) < self.settings["count"]:
+            # A watch that saw fewer pods than episodes proves nothing about the others.
+            raise DemoError(f"cannot verify the batch: the pods could not be listed and the pod watch saw "
+                            f"only {len(pods)} of {self.settings['count']}")
+        try:
+            summary = summarise_batch(job, pods, logs, events, self.settings["count"],
+                                      self.settings["builtin"], self.follower.observed_wall,
+                                      self.follower.observed)
+        except VerificationError as error:
+            if reading.source == "watch":
+                raise VerificationError(f"{error} (judged from the pods the watch saw, each unfinished one "
+                                        f"read again: the pods could not be listed)") from None
+            raise
         summary["client_job_complete_seconds"] = client["client_job_complete_seconds"]
         client["post_completion_seconds"] = rounded(time.monotonic() - self.follower.observed_monotonic)
         write_json(os.path.join(self.batch_dir, "client.json"), client)
@@ -1910,6 +2102,7 @@ class RunAction:
         # cannot serve now is saved empty and the episode fails verification.
         retry_until = None if quick else time.monotonic() + COLLECT_RETRY_SECONDS
         namespace_args = ["-n", self.namespace]
+        page_size = self.settings.get("chunk_size", LIST_PAGE_SIZE)
 
         def fetch_job() -> dict | None:
             if follower.end is not None and follower.job is not None:
@@ -1919,25 +2112,26 @@ class RunAction:
             except DemoError:
                 return follower.job
 
-        def fetch_pods() -> str:
-            if follower.end is not None and follower.pods_settled():
-                # The watch already holds every pod's final state: no need to ask again.
-                pods = sorted(follower.pods.values(), key=pod_name)
-                return json.dumps(list_manifest(pods), indent=4) + "\n"
-            return self.kubectl.run(["get", "pods", "-l", f"job-name={job_name}", "-o", "json"]
-                                    + namespace_args, retry_until=retry_until)
+        def fetch_pods() -> PodReading:
+            # Never the watch's view: it may run behind. The list is at least as new as the
+            # moment the Job's end was seen, and its pages are retried while a cache catches up.
+            return read_job_pods(self.kubectl, self.proxy, self.namespace, job_name,
+                                 follower.end_resource_version, None if quick else PAGE_RETRY_SECONDS,
+                                 page_size)
 
         def fetch_events_table() -> str:
-            return self.kubectl.run(["get", "events", "--sort-by=.metadata.creationTimestamp"]
-                                    + namespace_args, retry_until=retry_until)
+            return self.kubectl.run(["get", "events", "--sort-by=.metadata.creationTimestamp",
+                                     f"--chunk-size={page_size}"] + namespace_args, retry_until=retry_until)
 
-        def fetch_events_json() -> str:
+        def fetch_events_json() -> PagedList:
+            retry_seconds = None if quick else COLLECT_RETRY_SECONDS
+            path = f"/api/v1/namespaces/{self.namespace}/events"
             if self.proxy is not None:
                 try:
-                    return self.proxy.get(f"/api/v1/namespaces/{self.namespace}/events", retry_until)
+                    return read_pages(self.kubectl, self.proxy, PagedList(path, limit=page_size), retry_seconds)
                 except DemoError:
                     pass  # ask kubectl below
-            return self.kubectl.run(["get", "events", "-o", "json"] + namespace_args, retry_until=retry_until)
+            return read_pages(self.kubectl, None, PagedList(path, limit=page_size), retry_seconds)
 
         # Its own threads: the log readers' pool may still be busy with reads under way.
         with concurrent.futures.ThreadPoolExecutor(4) as fetchers:
@@ -1956,23 +2150,35 @@ class RunAction:
         if job is not None:
             write_json(os.path.join(self.batch_dir, "job.json"), job)
         try:
-            pods_text = pods_future.result()
-            write_text(os.path.join(self.batch_dir, "pods.json"), pods_text)
-            pods = json.loads(pods_text).get("items", [])
-        except (DemoError, ValueError) as error:
-            problems.append(f"pods: {error}")
-            pods = list(follower.pods.values())
-            write_json(os.path.join(self.batch_dir, "pods.json"), list_manifest(pods))
+            reading = pods_future.result()
+        except DemoError as error:
+            reading = None
+            print(f"Warning: could not list the pods ({error}); pods.json holds what the pod watch "
+                  f"saw, each pod it saw unfinished read again", file=sys.stderr)
+        follower.drain()
+        watched = list(follower.pods.values())
+        if reading is None:
+            fresh = reread_pods(self.kubectl, self.proxy, self.namespace, unfinished_pods(watched),
+                                None if retry_until is None else COLLECT_RETRY_SECONDS)
+            reading = PodReading(with_fresh_pods(watched, fresh), "watch", None, 0, 0, sorted(fresh))
+        else:
+            reading = reading._replace(pods=with_vanished(reading.pods, watched))
+        pods = reading.pods
+        pods_list = list_manifest(pods)
+        pods_list["metadata"] = {"resourceVersion": reading.resource_version or ""}
+        write_json(os.path.join(self.batch_dir, "pods.json"), pods_list)
         try:
             write_text(os.path.join(self.batch_dir, "events.txt"), table_future.result())
         except DemoError as error:
             problems.append(f"events: {error}")
             write_text(os.path.join(self.batch_dir, "events.txt"), "")
         try:
-            events_text = events_future.result()
-            write_text(os.path.join(self.batch_dir, "events.json"), events_text)
-            events = json.loads(events_text).get("items", [])
-        except (DemoError, ValueError) as error:
+            events_listing = events_future.result()
+            events = events_listing.items
+            write_json(os.path.join(self.batch_dir, "events.json"), {
+                "apiVersion": "v1", "kind": "EventList",
+                "metadata": {"resourceVersion": events_listing.resource_version or ""}, "items": events})
+        except DemoError as error:
             problems.append(f"events: {error}")
             events = []
         batches = [entry["job"] for entry in self.settings["batches"]]
@@ -1988,7 +2194,7 @@ class RunAction:
             write_text(os.path.join(self.batch_dir, f"{name}.log"), text)
         for problem in problems:
             print(f"Warning: could not save {problem}", file=sys.stderr)
-        return job, pods, logs, events
+        return job, reading, logs, events
 
     def read_logs(self, pods: Sequence[dict], follower: BatchFollower,
                   retry_until: float | None) -> dict[str, str]:
@@ -2172,7 +2378,7 @@ def run(args: argparse.Namespace) -> int:
         "image": args.image, "runtime": args.runtime,
         "timeout": args.timeout or default_timeout(args.count, args.parallelism),
         "rounds": args.rounds, "warmup": args.warmup, "harden": args.harden,
-        "builtin": builtin, "episode_script": args.episode_script,
+        "builtin": builtin, "episode_script": args.episode_script, "chunk_size": args.chunk_size,
         "episode_script_sha256": None if builtin else hashlib.sha256(worker_source.encode("utf-8")).hexdigest(),
     }
     if args.dry_run:
@@ -2519,6 +2725,8 @@ def build_parser() -> argparse.ArgumentParser:
                                  f"grown with the batch above {DEFAULT_MAX_EPISODES} episodes)")
     run_parser.add_argument("--max-episodes", type=positive_int, default=DEFAULT_MAX_EPISODES, metavar="N",
                             help="safety cap on --count; raise it explicitly for large batches")
+    run_parser.add_argument("--chunk-size", type=positive_int, default=LIST_PAGE_SIZE, metavar="N",
+                            help="read lists (pods, events) in pages of N items, as kubectl --chunk-size")
     run_parser.add_argument("--rounds", type=positive_int, default=1, metavar="R",
                             help="measured batches, one after another in the same namespace")
     run_parser.add_argument("--warmup", action="store_true",

@@ -90,6 +90,22 @@ DEFAULT_TIMING: Dict[str, float] = {
     "replace_after": 0.3,         # replace_pod: delete this long after start
 }
 
+# Faults of the read path (the watch cache and lists), checked when set.  Each
+# takes seconds: a number for every resource, or {"pods": 2.0, ...} for the
+# resources (store names) it names.
+READ_PATH_FAULTS: Dict[str, str] = {
+    "watch_delay": "the watch cache runs this far behind the store: watches get each event this late, "
+                   "and a list with resourceVersionMatch=NotOlderThan waits for the cache",
+    "watch_stall": "from the moment the fault is set, the watch cache takes in nothing for this long "
+                   "(watches deliver nothing), then catches up at once",
+    "list_latency": "every list answer is this late (504 Timeout when the request's timeout is shorter)",
+    "continue_ttl": "a list's continue token stays good this long, then answers 410 Expired",
+}
+# Real values: a list that needs a newer resourceVersion than the watch cache has waits
+# 3 s (apiserver cacher blockTimeout) then answers 504 "Too large resource version" with
+# retryAfterSeconds 1; a continue token lives until etcd compacts its revision (5 min).
+READ_PATH_TIMING: Dict[str, float] = {"fresh_block": 3.0, "fresh_retry_after": 1.0, "continue_ttl": 300.0}
+
 
 def clone(obj: Any) -> Any:
     """Deep copy for JSON-like data (faster than copy.deepcopy)."""
@@ -1437,6 +1453,227 @@ class _HTTPServer(http.server.ThreadingHTTPServer):
     request_queue_size = 256
 
 
+# --------------------------------------------------------------------------
+# The read path: a watch cache that may lag or stall, slow lists, paging
+# --------------------------------------------------------------------------
+
+# storage/etcd3: the answer to a continue token whose revision was compacted.
+CONTINUE_EXPIRED = ("The provided continue parameter is too old to display a consistent list result. "
+                    "You can start a new list without the continue parameter, or use the continue token "
+                    "in this response to retrieve the remainder of the results. Continuing with the "
+                    "provided token results in an inconsistent list - objects that were created, "
+                    "modified, or deleted between the time the first chunk was returned and now may "
+                    "show up in the list.")
+LIST_SNAPSHOTS_KEPT = 16          # paged lists whose first page is remembered (older ones: 410)
+READ_TIMELINE_KEPT = 200000       # store events whose time the watch cache's lag is computed from
+
+
+class ExpiredContinue(ApiError):
+    """410 Expired for a compacted continue token; like etcd3 it offers a token that goes on
+    inconsistently (from the newest revision) after the same key."""
+
+    def __init__(self, token: str):
+        super().__init__(410, "Expired", CONTINUE_EXPIRED)
+        self.token = token
+
+    def status(self) -> dict:
+        body = super().status()
+        body["metadata"] = {"continue": self.token}
+        return body
+
+
+def check_read_faults(faults: dict) -> None:
+    """Reject a read-path fault that is not seconds or {store: seconds}."""
+    for name in READ_PATH_FAULTS:
+        value = faults.get(name)
+        if value is None:
+            continue
+        amounts = list(value.values()) if isinstance(value, dict) else [value]
+        if not all(isinstance(a, (int, float)) and not isinstance(a, bool) and a >= 0 for a in amounts):
+            raise ValueError("fault %s takes seconds or {resource: seconds}, not %r" % (name, value))
+
+
+def encode_continue(rv: int, key: Tuple[str, str], snapshot: str = "") -> str:
+    token: Dict[str, Any] = {"rv": rv, "start": list(key)}
+    if snapshot:
+        token["snap"] = snapshot
+    return base64.urlsafe_b64encode(json.dumps(token).encode()).decode().rstrip("=")
+
+
+def decode_continue(token: str) -> dict:
+    try:
+        data = json.loads(base64.urlsafe_b64decode(token.encode() + b"==").decode())
+        data["start"] = tuple(data["start"])
+        data["rv"] = int(data["rv"])
+    except Exception:
+        raise err_bad_request("continue key is not valid: illegal base64 data")
+    return data
+
+
+def too_large_resource_version(wanted: int, current: int, retry_after: float) -> ApiError:
+    """storage.NewTooLargeResourceVersionError: a 504 Timeout with its own cause."""
+    return ApiError(504, "Timeout", "Timeout: Too large resource version: %d, current: %d" % (wanted, current),
+                    {"causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}],
+                     "retryAfterSeconds": int(retry_after)})
+
+
+class ReadPath:
+    """How reads see the store (etcd): through a watch cache, which may lag or stall.
+
+    The watch cache is a delayed view of the store's event stream, progress
+    notifications included, so its resourceVersion follows every resource's
+    writes.  Watches deliver what the cache has taken in.  A list with
+    resourceVersionMatch=NotOlderThan is answered once the cache has reached that
+    version (else 504 after fresh_block); its items are the store's current ones,
+    never older than asked.  A consistent list (no resourceVersion) reads the
+    store.  Continue pages come from the snapshot of their first page, as etcd
+    reads them at the first page's revision.
+    """
+
+    def __init__(self, emu: "Emulator"):
+        self.emu = emu
+        self.times: List[float] = []
+        self.rvs: List[int] = []
+        self.base_rv = emu.store.rv
+        now = time.time()
+        self.fault_set_at: Dict[str, float] = {name: now for name in emu.faults}
+        self.snapshots: Dict[str, Tuple[float, List[dict]]] = {}
+        self.lock = threading.Lock()
+        emu.store.listeners.append(self.on_store_event)
+
+    # -- the watch cache ----------------------------------------------------
+    def on_store_event(self, etype: str, store: str, obj: dict) -> None:
+        """Called with the store's lock held, in resourceVersion order."""
+        self.times.append(time.time())
+        self.rvs.append(int(obj["metadata"]["resourceVersion"]))
+        if len(self.times) > READ_TIMELINE_KEPT:
+            drop = len(self.times) - READ_TIMELINE_KEPT // 2
+            self.base_rv = self.rvs[drop - 1]
+            del self.times[:drop]
+            del self.rvs[:drop]
+
+    def seconds(self, fault: str, store: str, default: float = 0.0) -> float:
+        value = self.emu.faults.get(fault)
+        if isinstance(value, dict):
+            value = value.get(store)
+        return default if value is None else float(value)
+
+    def timing(self, key: str) -> float:
+        return float(self.emu.timing.get(key, READ_PATH_TIMING[key]))
+
+    def cache_rv(self, store: str) -> int:
+        """The resourceVersion the watch cache of `store` has reached."""
+        now = time.time()
+        delay = self.seconds("watch_delay", store)
+        view = now - delay
+        stall = self.seconds("watch_stall", store)
+        since = self.fault_set_at.get("watch_stall", 0.0)
+        if stall and since <= now < since + stall:
+            view = min(view, since - delay)
+        with self.emu.store.lock:
+            if view >= now:
+                return self.emu.store.rv
+            i = bisect.bisect_right(self.times, view)
+            return self.rvs[i - 1] if i else self.base_rv
+
+    def visible(self, store: str, events: List[Tuple[int, str, str, dict]]
+                ) -> Tuple[List[Tuple[int, str, str, dict]], bool]:
+        """The events (in rv order) a watch of `store` may deliver now, and whether some wait."""
+        reached = self.cache_rv(store)
+        shown = events
+        if events and events[-1][0] > reached:
+            shown = events[:bisect.bisect_right([e[0] for e in events], reached)]
+        return shown, len(shown) < len(events)
+
+    # -- lists --------------------------------------------------------------
+    def before_list(self, info: "ResourceInfo", query: Dict[str, str]) -> None:
+        """A slow list's delay, the ListOptions rules, and waiting for a NotOlderThan version."""
+        latency = self.seconds("list_latency", info.store)
+        if latency > 0:
+            limit = parse_go_duration(query.get("timeout"))
+            if limit is not None and limit < latency:
+                time.sleep(limit)
+                raise ApiError(504, "Timeout", "Timeout: request did not complete within requested timeout "
+                                               "- context deadline exceeded", {})
+            time.sleep(latency)
+        rv = query.get("resourceVersion", "")
+        match = query.get("resourceVersionMatch", "")
+        token = query.get("continue", "")
+        causes = []
+        if match and not rv:
+            causes.append(("resourceVersionMatch", "FieldValueForbidden",
+                           "Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided"))
+        if match and token:
+            causes.append(("resourceVersionMatch", "FieldValueForbidden",
+                           "Forbidden: resourceVersionMatch is forbidden when continue is provided"))
+        if match and match not in ("Exact", "NotOlderThan"):
+            causes.append(("resourceVersionMatch", "FieldValueNotSupported",
+                           'Unsupported value: "%s": supported values: "Exact", "NotOlderThan"' % match))
+        if causes:
+            raise err_invalid(ListOptionsInfo, "", causes)
+        if token and rv not in ("", "0"):
+            raise err_bad_request("specifying resource version is not allowed when using continue")
+        # Without a match, a resourceVersion means "not older than" unless the list is paged.
+        not_older_than = match == "NotOlderThan" or (not match and rv not in ("", "0")
+                                                     and not int(query.get("limit") or 0))
+        if not not_older_than:
+            return
+        try:
+            wanted = int(rv)
+        except ValueError:
+            raise err_bad_request('invalid resource version "%s"' % rv)
+        deadline = time.time() + self.timing("fresh_block")
+        while True:
+            reached = self.cache_rv(info.store)
+            if reached >= wanted:
+                return
+            if time.time() >= deadline:
+                raise too_large_resource_version(wanted, reached, self.timing("fresh_retry_after"))
+            time.sleep(0.02)
+
+    def page(self, info: "ResourceInfo", query: Dict[str, str], current: Callable[[], Tuple[List[dict], str]]
+             ) -> Tuple[List[dict], str, Optional[str], Optional[int]]:
+        """One page of a list: (items, resourceVersion, continue token, remainingItemCount)."""
+        limit = int(query.get("limit") or 0)
+        token = query.get("continue")
+        snapshot = ""
+        start = 0
+        if not token:
+            items, rv = current()
+        else:
+            data = decode_continue(token)
+            if data["rv"] < 0:  # going on after an expiry: the newest revision, no snapshot
+                items, rv = current()
+            else:
+                snapshot = data.get("snap", "")
+                with self.lock:
+                    kept = self.snapshots.get(snapshot)
+                ttl = self.seconds("continue_ttl", info.store, self.timing("continue_ttl"))
+                if kept is None or time.time() - kept[0] > ttl or data["rv"] < self.emu.store.compacted_rv:
+                    raise ExpiredContinue(encode_continue(-1, data["start"]))
+                items, rv = kept[1], str(data["rv"])
+            start = bisect.bisect_right([(o["metadata"].get("namespace", ""), o["metadata"]["name"])
+                                         for o in items], data["start"])
+        page = items[start:start + limit] if limit > 0 else items[start:]
+        if limit <= 0 or start + limit >= len(items):
+            return page, rv, None, None
+        if token and data["rv"] < 0:
+            next_rv = -1
+        else:
+            next_rv = int(rv)
+            if not snapshot:
+                snapshot = uuid.uuid4().hex[:12]
+                with self.lock:
+                    self.snapshots[snapshot] = (time.time(), items)
+                    while len(self.snapshots) > LIST_SNAPSHOTS_KEPT:
+                        del self.snapshots[next(iter(self.snapshots))]
+        last = page[-1]["metadata"]
+        cont = encode_continue(next_rv, (last.get("namespace", ""), last["name"]), snapshot)
+        # etcd counts what is left only when nothing is filtered out
+        unfiltered = not query.get("labelSelector") and not query.get("fieldSelector")
+        return page, rv, cont, (len(items) - start - limit) if unfiltered else None
+
+
 class ApiServer:
     """The REST layer: routing, (de)serialisation, faults, watch and logs."""
 
@@ -1864,34 +2101,21 @@ class ApiServer:
                 "columnDefinitions": table_columns(info.store) if headers else None, "rows": rows}
 
     def list_response(self, info: ResourceInfo, ns: Optional[str], query: Dict[str, str], accept: str) -> dict:
-        with self.store.lock:
-            items = self.list_objects(info, ns, query)
-            rv = str(self.store.rv)
-        start = 0
-        cont_in = query.get("continue")
-        if cont_in:
-            try:
-                tok = json.loads(base64.urlsafe_b64decode(cont_in.encode() + b"==").decode())
-                key = tuple(tok["start"])
-                rv = tok.get("rv", rv)
-            except Exception:
-                raise err_bad_request("continue key is not valid: illegal base64 data")
-            start = next((i for i, o in enumerate(items)
-                          if (o["metadata"].get("namespace", ""), o["metadata"]["name"]) > key), len(items))
-        limit = int(query.get("limit") or 0)
-        page = items[start:start + limit] if limit > 0 else items[start:]
-        cont = None
-        if limit > 0 and start + limit < len(items):
-            last = page[-1]["metadata"]
-            cont = base64.urlsafe_b64encode(json.dumps(
-                {"rv": rv, "start": [last.get("namespace", ""), last["name"]]}).encode()).decode().rstrip("=")
+        self.emu.reads.before_list(info, query)
+
+        def current() -> Tuple[List[dict], str]:
+            with self.store.lock:
+                return self.list_objects(info, ns, query), str(self.store.rv)
+
+        page, rv, cont, remaining = self.emu.reads.page(info, query, current)
         mode = self.wants(accept)
         if mode == "table":
             return self.table(info, page, query, rv, cont)
         md: Dict[str, Any] = {"resourceVersion": rv}
         if cont:
             md["continue"] = cont
-            md["remainingItemCount"] = len(items) - start - limit
+            if remaining is not None:
+                md["remainingItemCount"] = remaining
         if mode == "metadata":
             return {"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": md,
                     "items": [{"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
@@ -2002,6 +2226,9 @@ class ApiServer:
                 if events is None:
                     self.write_chunk(h, encode("ERROR", err.status()))
                     break
+                events, held = emu.reads.visible(info.store, events)
+                if held and not events:
+                    time.sleep(0.05)  # the watch cache has not taken these in yet
                 out = bytearray()
                 for rv, etype, sname, obj in events:
                     cursor = rv
@@ -3705,6 +3932,8 @@ class Emulator:
         self._started = False
         self._stopped = False
         self.store = Store(self.api_now, int(self.timing["watch_history"]))
+        check_read_faults(self.faults)
+        self.reads = ReadPath(self)
         self.api = ApiServer(self)
         self.logs: Dict[Tuple[str, str], List[ContainerLog]] = {}
         self._truth: Dict[str, Dict[str, Dict[str, Any]]] = {"pods": {}, "jobs": {}, "namespaces": {}}
@@ -3764,7 +3993,9 @@ class Emulator:
             return clone(self._truth)
 
     def set_faults(self, **kw: Any) -> None:
+        check_read_faults(kw)
         for k, v in kw.items():
+            self.reads.fault_set_at[k] = time.time()
             if k == "missing_runtimeclass":
                 if v and self.store.get("runtimeclasses", None, "cube"):
                     self.store.remove("runtimeclasses", None, "cube")

@@ -1,0 +1,194 @@
+"""End to end: a pod watch that runs late or stalls, and slow lists, never decide
+an episode's fate. The run still passes with every record saved, because the
+pods it verifies are listed from a revision not older than the Job's end (in
+pages); a pod that is genuinely unfinished when the Job says Complete still
+fails the run, by name. Real kubectl against the emulator, real worker."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+
+from e2e_support import load, start_tool, tool, wait_for
+from kube_emulator import Emulator
+
+pytestmark = pytest.mark.e2e
+
+# Long enough for a loaded machine; never a measure of speed.
+WAIT = 120
+
+
+def pod_lists(emulator: Emulator, namespace: str) -> list[dict]:
+    """The list requests (not watches) for the namespace's pods, in order."""
+    return [r for r in emulator.requests
+            if r["path"] == f"/api/v1/namespaces/{namespace}/pods" and not r["watch"] and r["method"] == "GET"]
+
+
+def assert_every_record_saved(output: Path, count: int) -> dict:
+    for name in ("receipt.json", "job-submitted.json", "job.json", "pods.json", "events.txt", "events.json",
+                 "client.json", "results.json"):
+        assert (output / name).is_file(), f"{name} missing from {sorted(p.name for p in output.iterdir())}"
+    pods = load(output / "pods.json")["items"]
+    assert len(pods) == count
+    assert all(pod["status"]["phase"] == "Succeeded" for pod in pods)
+    for pod in pods:
+        log = (output / f"{pod['metadata']['name']}.log").read_text()
+        assert '"event": "reward"' in log
+    results = load(output / "results.json")
+    assert results["episodes"] == results["successful_episodes"] == count
+    return load(output / "client.json")
+
+
+def assert_listed_from_the_jobs_end(emulator: Emulator, namespace: str, client: dict) -> None:
+    """The verified pods came from a list not older than the Job's end as the client saw it."""
+    read = client["pods_read"]
+    assert read["source"] == "list"
+    job_rv = read["not_older_than"]
+    assert job_rv and int(read["resource_version"]) >= int(job_rv)
+    firsts = [r for r in pod_lists(emulator, namespace) if r["query"].get("resourceVersionMatch") == "NotOlderThan"]
+    assert firsts and all(r["query"]["resourceVersion"] == job_rv for r in firsts)
+    assert firsts[-1]["status"] == 200
+
+
+def test_a_late_pod_watch_and_slow_lists_still_pass_with_every_record_saved(make_cluster, tmp_path):
+    kubectl, make = make_cluster
+    # The pod watch runs 4 s behind the Job watch; every pod list takes 2 s.
+    emulator = make(watch_delay={"pods": 4.0}, list_latency={"pods": 2.0})
+    output = tmp_path / "out"
+    result = tool(emulator, kubectl, "run", "--count", "4", "--output", str(output), "--quiet")
+    assert result.returncode == 0, result.stderr
+    assert "Warning" not in result.stderr and "Traceback" not in result.stderr
+    client = assert_every_record_saved(output, 4)
+    assert_listed_from_the_jobs_end(emulator, load(output / "receipt.json")["namespace"], client)
+
+
+def test_a_stalled_pod_watch_still_passes_once_the_api_catches_up(make_cluster, tmp_path):
+    kubectl, make = make_cluster
+    # The pods' watch cache takes in nothing from the start: the pod watch delivers
+    # nothing and a list not older than the Job's end cannot be answered yet.
+    emulator = make(watch_stall={"pods": 3600}, list_latency={"pods": 1.0})
+    output = tmp_path / "out"
+    process = start_tool(emulator, kubectl, "run", "--count", "3", "--output", str(output), "--quiet")
+
+    def answered_too_large() -> bool:
+        return any(r["status"] == 504 and r["query"].get("resourceVersionMatch") == "NotOlderThan"
+                   and r["path"].endswith("/pods") for r in emulator.requests)
+
+    wait_for(answered_too_large, WAIT, "a pod list answered 'Too large resource version'")
+    assert process.poll() is None, "the run ended while the pod watch was stalled"
+    emulator.set_faults(watch_stall=None)  # the cache catches up at once
+    stdout, stderr = process.communicate(timeout=300)
+    assert process.returncode == 0, stderr
+    assert "Warning" not in stderr and "Traceback" not in stderr
+    client = assert_every_record_saved(output, 3)
+    assert_listed_from_the_jobs_end(emulator, load(output / "receipt.json")["namespace"], client)
+    assert load(output / "results.json")["reward_sum"] == 3
+    assert load(output / "results.json")["client"]["api_retries"] >= 1  # the page asked again
+
+
+@pytest.mark.parametrize("continue_ttl", [None, 0], ids=["tokens-live", "tokens-expire"])
+def test_the_pods_are_listed_in_pages(make_cluster, tmp_path, continue_ttl):
+    kubectl, make = make_cluster
+    emulator = make(continue_ttl=continue_ttl)
+    output = tmp_path / "out"
+    result = tool(emulator, kubectl, "run", "--count", "7", "--chunk-size", "3", "--output", str(output),
+                  "--quiet")
+    assert result.returncode == 0, result.stderr
+    client = assert_every_record_saved(output, 7)
+    namespace = load(output / "receipt.json")["namespace"]
+    lists = [r for r in pod_lists(emulator, namespace) if r["query"].get("labelSelector") == "job-name=rollout"
+             and r["query"].get("limit") == "3"]
+    tokens = [r["query"].get("continue") for r in lists]
+    # 7 pods in pages of 3: the first page from the Job's end, then two continued pages.
+    assert tokens[0] is None and lists[0]["query"]["resourceVersionMatch"] == "NotOlderThan"
+    assert len(lists) >= 3 and all(tokens[1:])
+    assert all("resourceVersion" not in r["query"] for r in lists[1:])
+    statuses = [r["status"] for r in lists]
+    if continue_ttl is None:
+        assert statuses == [200, 200, 200] and client["pods_read"]["continue_expiries"] == 0
+        assert client["pods_read"]["pages"] == 3
+    else:
+        # Each continue token has expired: the API's token to go on is used instead.
+        assert 410 in statuses and client["pods_read"]["continue_expiries"] >= 1
+    events = [r for r in emulator.requests if r["path"] == f"/api/v1/namespaces/{namespace}/events"
+              and r["query"].get("limit") == "3"]
+    assert events, "the events were not read in pages"
+
+
+SLOW_SECOND_EPISODE = '''"""Episode 0 finishes at once; episode 1 is still working when the Job is marked Complete."""
+import json
+import os
+import time
+
+if os.environ.get("JOB_COMPLETION_INDEX") == "1":
+    time.sleep(600)
+for event in ("ready", "reward"):
+    record = {"event": event, "at": time.time(), "episode_id": os.environ["EPISODE_ID"]}
+    if event == "reward":
+        record.update(reward=1, tests_exit=0, baseline_exit=1)
+    print(json.dumps(record), flush=True)
+'''
+
+
+def test_a_genuinely_unfinished_pod_still_fails_the_run_by_name(make_cluster, tmp_path):
+    kubectl, make = make_cluster
+    emulator = make()
+    script = tmp_path / "slow_second.py"
+    script.write_text(SLOW_SECOND_EPISODE)
+    output = tmp_path / "out"
+    process = start_tool(emulator, kubectl, "run", "--count", "2", "--episode-script", str(script),
+                         "--output", str(output), "--quiet")
+    namespace = wait_for(lambda: (output / "receipt.json").is_file()
+                         and load(output / "receipt.json").get("job_uid")
+                         and load(output / "receipt.json")["namespace"], WAIT, "the Job's UID in the receipt")
+
+    def phases() -> dict[str, str]:
+        return {pod["metadata"]["name"]: pod["status"].get("phase") for pod in emulator.list("pods", namespace)}
+
+    wait_for(lambda: sorted(phases().values()) == ["Running", "Succeeded"], WAIT,
+             "one pod succeeded and the other still running")
+    running = next(name for name, phase in phases().items() if phase == "Running")
+    # Someone else writes the Job's status: Complete while one pod is still running.
+    emulator.set_faults(job_controller_stalled=True)
+    now = "2030-01-01T00:00:00Z"
+    conditions = [{"type": kind, "status": "True", "reason": "CompletionsReached",
+                   "message": "Reached expected number of succeeded pods",
+                   "lastProbeTime": now, "lastTransitionTime": now} for kind in ("SuccessCriteriaMet", "Complete")]
+    subprocess.run([kubectl, "patch", "job", "rollout", "-n", namespace, "--subresource=status", "--type=merge",
+                    "-p", json.dumps({"status": {"conditions": conditions, "succeeded": 2, "active": 0}})],
+                   env=emulator.env(), check=True, capture_output=True, text=True, timeout=WAIT)
+    stdout, stderr = process.communicate(timeout=300)
+    assert process.returncode == 1, (stdout, stderr)
+    assert "Traceback" not in stderr
+    assert f"pod {running}: phase is Running, not Succeeded" in stderr, stderr
+    assert not (output / "results.json").exists()
+    pods = {pod["metadata"]["name"]: pod for pod in load(output / "pods.json")["items"]}
+    assert pods[running]["status"]["phase"] == "Running"
+    for name in ("job.json", "events.txt", f"{running}.log"):
+        assert (output / name).is_file(), name
+    # It was read again on its own before the run concluded anything from it.
+    assert any(r["path"] == f"/api/v1/namespaces/{namespace}/pods/{quote(running)}" and r["method"] == "GET"
+               for r in emulator.requests)
+
+
+@pytest.mark.slow
+def test_a_pod_list_slower_than_the_request_timeout_falls_back_to_pods_read_one_by_one(make_cluster, tmp_path):
+    """The issue's small case: the pod watch runs behind and no pod list can answer within
+    the request timeout. The pods the watch saw are each read again on their own."""
+    kubectl, make = make_cluster
+    emulator = make(watch_delay={"pods": 3.0}, list_latency={"pods": 35.0})
+    output = tmp_path / "out"
+    result = tool(emulator, kubectl, "run", "--count", "8", "--output", str(output), "--quiet")
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "Warning: could not list the pods" in result.stderr
+    assert "pods.json holds what the pod watch saw" in result.stderr
+    client = assert_every_record_saved(output, 8)
+    assert client["pods_read"]["source"] == "watch"
+    namespace = load(output / "receipt.json")["namespace"]
+    assert all(r["status"] == 504 for r in pod_lists(emulator, namespace)
+               if r["query"].get("resourceVersionMatch") == "NotOlderThan")
