@@ -1753,11 +1753,12 @@ class BatchFollower:
 
     def _show(self, submitted_monotonic: float) -> None:
         status = (self.job or {}).get("status") or {}
+        elapsed = time.monotonic() - submitted_monotonic
         self.progress.update(
-            f"{self.job_name}: {time.monotonic() - submitted_monotonic:6.1f}s  "
+            f"{self.job_name}: {elapsed:6.1f}s  "
             f"active {status.get('active', 0)}  ready {status.get('ready', 0)}  "
             f"succeeded {status.get('succeeded', 0)}/{self.count}  failed {status.get('failed', 0)}"
-            + ("  (polling)" if self.polling else ""))
+            + ("  (polling)" if self.polling else "") + waiting_note(self.job, elapsed))
 
     # -- collecting -------------------------------------------------------
 
@@ -1930,6 +1931,34 @@ def describe_failure(job: dict | None, pods: Sequence[dict], job_name: str, limi
     return lines
 
 
+def saved_evidence(job: dict | None, pods: Sequence[dict], logs: dict[str, str], events: Sequence[dict]) -> str:
+    """Which evidence a failed batch left, so no one looks for logs that never existed."""
+    written = sum(1 for text in logs.values() if text.strip())
+    parts = [f"saved: job.json{'' if job else ' (unreadable)'}", f"pods.json ({len(pods)} pods)",
+             f"events.txt ({len(events)} events)", f"{written} of {len(pods)} pod logs with content"]
+    if not pods:
+        parts.append("no pod is left to have a log (the Job controller deletes a Job's pods when it ends it "
+                     "for its deadline)")
+    return ", ".join(parts)
+
+
+def waiting_note(job: dict | None, elapsed: float) -> str:
+    """What the client is waiting for once the Job has stopped running pods, else nothing."""
+    spec, conditions = (job or {}).get("spec") or {}, (job or {})
+    failure = condition(conditions, "FailureTarget")
+    if failure and failure.get("status") == "True":
+        return (f"  ({failure.get('reason', 'failing')}: waiting for the pods to stop before Kubernetes "
+                f"marks the Job Failed)")
+    success = condition(conditions, "SuccessCriteriaMet")
+    if success and success.get("status") == "True":
+        return "  (all succeeded: waiting for the pods to stop before Kubernetes marks the Job Complete)"
+    deadline = spec.get("activeDeadlineSeconds")
+    if isinstance(deadline, int) and elapsed > deadline:
+        return (f"  (past the Job's {deadline} s deadline: waiting up to {CLIENT_GRACE_SECONDS} s more for "
+                f"the Job controller to end it)")
+    return ""
+
+
 class RunAction:
     """One `run`: the steps of SPEC A3 in order, with everything needed to salvage an interruption."""
 
@@ -2074,7 +2103,8 @@ class RunAction:
         if end != "Complete":
             raise DemoError("\n  ".join(
                 ["Job failed or timed out; inspect saved status/events/logs, then cleanup"]
-                + describe_failure(job, pods, job_name, self.settings["timeout"] + CLIENT_GRACE_SECONDS)))
+                + describe_failure(job, pods, job_name, self.settings["timeout"] + CLIENT_GRACE_SECONDS)
+                + [saved_evidence(job, pods, logs, events)]))
         if reading.source == "watch" and len(pods) < self.settings["count"]:
             # A watch that saw fewer pods than episodes proves nothing about the others.
             raise DemoError(f"cannot verify the batch: the pods could not be listed and the pod watch saw "

@@ -5,6 +5,7 @@ record, write no results.json, and leave cleanup possible."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import time
 from pathlib import Path
@@ -57,6 +58,9 @@ def test_image_pull_backoff_hits_the_deadline(make_cluster, tmp_path):
     result = failed_run(emulator, kubectl, output, "--timeout", "3",
                         message="Job failed or timed out")
     assert "DeadlineExceeded" in result.stderr
+    # It says which evidence exists, not only where to look.
+    assert re.search(r"saved: job\.json, pods\.json \(\d+ pods\), events\.txt \(\d+ events\), "
+                     r"\d+ of \d+ pod logs with content", result.stderr), result.stderr
     assert_evidence_saved(output, pods_of(output))
     assert "ImagePullBackOff" in (output / "events.txt").read_text() or \
         "ErrImagePull" in (output / "events.txt").read_text()

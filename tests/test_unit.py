@@ -1102,3 +1102,24 @@ def test_each_batch_starts_its_progress_with_a_line_of_its_own() -> None:
     progress.new_batch()
     progress.update("rollout-2: first")
     assert stream.getvalue().splitlines() == ["rollout-1: first", "rollout-2: first"]
+
+
+def test_the_wait_past_the_pods_says_what_it_waits_for() -> None:
+    assert demo.waiting_note({"spec": {"activeDeadlineSeconds": 240}, "status": {}}, 10.0) == ""
+    assert demo.waiting_note({"spec": {"activeDeadlineSeconds": 3}, "status": {}}, 4.5) == (
+        "  (past the Job's 3 s deadline: waiting up to 30 s more for the Job controller to end it)")
+    failing = {"spec": {"activeDeadlineSeconds": 3}, "status": {"conditions": [
+        {"type": "FailureTarget", "status": "True", "reason": "DeadlineExceeded"}]}}
+    assert demo.waiting_note(failing, 4.5) == (
+        "  (DeadlineExceeded: waiting for the pods to stop before Kubernetes marks the Job Failed)")
+    succeeding = {"status": {"conditions": [{"type": "SuccessCriteriaMet", "status": "True"}]}}
+    assert "marks the Job Complete" in demo.waiting_note(succeeding, 1.0)
+
+
+def test_a_failed_batch_says_which_evidence_exists() -> None:
+    assert demo.saved_evidence({"kind": "Job"}, [], {}, []) == (
+        "saved: job.json, pods.json (0 pods), events.txt (0 events), 0 of 0 pod logs with content, "
+        "no pod is left to have a log (the Job controller deletes a Job's pods when it ends it for its deadline)")
+    pods = [{"metadata": {"name": "a"}}, {"metadata": {"name": "b"}}]
+    assert demo.saved_evidence(None, pods, {"a": "{}\n", "b": ""}, [{}]) == (
+        "saved: job.json (unreadable), pods.json (2 pods), events.txt (1 events), 1 of 2 pod logs with content")
