@@ -59,6 +59,9 @@ DEFAULT_MAX_EPISODES = 20
 DEFAULT_IMAGE = "python:3.12-alpine"
 DEFAULT_RUNTIME = "cube"
 DEFAULT_JOB_DEADLINE_SECONDS = 240
+# Up to this many episodes the guide's deadline holds; a larger batch runs in more
+# waves of pods, and its deadline grows with them.
+DEADLINE_GROWS_ABOVE_EPISODES = 20
 CLIENT_GRACE_SECONDS = 30
 REQUEST_TIMEOUT_SECONDS = 30
 CALL_TIMEOUT_SECONDS = 60
@@ -299,7 +302,7 @@ def job_manifest(namespace: str, count: int, parallelism: int, image: str,
                  runtime: str, deadline_seconds: int = DEFAULT_JOB_DEADLINE_SECONDS,
                  name: str = JOB_NAME, harden: bool = False,
                  indexed: bool = False) -> dict:
-    """The Job whose pods are the episodes (SPEC A3.7)."""
+    """The Job whose pods are the episodes: backoffLimit 0, so one failed episode fails the batch."""
     container_security: dict[str, Any] = {
         "allowPrivilegeEscalation": False,
         "capabilities": {"drop": ["ALL"]},
@@ -690,7 +693,8 @@ def describe(values: Sequence[float], missing: int = 0) -> dict:
 
 
 # --------------------------------------------------------------------------
-# Verification (SPEC A3.11): the first violation fails the whole batch.
+# Verification: the first violation fails the whole batch; a bad episode is never dropped
+# and the rest reported as a success.
 
 
 def verify_episode(pod: dict, events: list[dict], job_created: float, builtin: bool) -> tuple[dict, dict]:
@@ -789,7 +793,7 @@ POINT_SOURCES = {
     "container_finished": "container status finishedAt (whole seconds)",
 }
 # Phase name -> (from point, to point). The chain covers an episode end to end;
-# pod_to_ready is SPEC A4's own figure.
+# pod_to_ready is the guide's own figure (pod created -> episode ready).
 PHASES = {
     "scheduling": ("pod_created", "scheduled"),
     "sandbox_creation": ("scheduled", "sandbox_ready"),
@@ -908,7 +912,7 @@ def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
                     events: Sequence[dict], count: int, builtin: bool = True,
                     client_observed_at: float | None = None,
                     observed: dict[str, dict] | None = None) -> dict:
-    """Verify one batch and compute its figures (SPEC A4, B4); pure."""
+    """Verify one batch and compute its figures and its phase breakdown; pure."""
     episodes = verify_batch(count, job, pods, logs, builtin)
     job_created = parse_time(job["metadata"]["creationTimestamp"])
     assert job_created is not None  # verify_batch checked it
@@ -1823,8 +1827,8 @@ def cleanup_command(output: str, kubectl_binary: str = "kubectl") -> str:
 
 
 def default_timeout(count: int, parallelism: int) -> int:
-    """The Job deadline: SPEC A's 240 s up to the default cap, then grown with the waves of pods."""
-    if count <= DEFAULT_MAX_EPISODES:
+    """The Job deadline: the guide's 240 s up to the default cap, then grown with the waves of pods."""
+    if count <= DEADLINE_GROWS_ABOVE_EPISODES:
         return DEFAULT_JOB_DEADLINE_SECONDS
     waves = math.ceil(count / parallelism)
     return max(DEFAULT_JOB_DEADLINE_SECONDS, 120 + 20 * waves)
@@ -1960,7 +1964,7 @@ def waiting_note(job: dict | None, elapsed: float) -> str:
 
 
 class RunAction:
-    """One `run`: the steps of SPEC A3 in order, with everything needed to salvage an interruption."""
+    """One `run`: its steps in order, with everything needed to salvage an interruption."""
 
     def __init__(self, args: argparse.Namespace, settings: dict, worker_source: str,
                  kubectl: Kubectl, output: str) -> None:
@@ -2125,7 +2129,7 @@ class RunAction:
         return summary
 
     def collect(self, job_name: str, quick: bool = False) -> tuple:
-        """Save job.json, pods.json, events.txt, events.json and one log per pod (SPEC A3.9)."""
+        """Save job.json, pods.json, events.txt, events.json and one log per pod: the evidence of a batch."""
         follower = self.follower
         assert follower is not None
         # Evidence is worth a few retries, not a long wait: a log that a kubelet
@@ -2303,7 +2307,7 @@ def cpu_seconds() -> float:
 
 
 def assemble_results(settings: dict, summaries: Sequence[tuple[dict, dict]], client: dict | None) -> dict:
-    """results.json (SPEC A4) from the batches' summaries; several rounds are pooled."""
+    """results.json from the batches' summaries; several rounds are pooled."""
     measured = [summary for entry, summary in summaries if entry["measured"]]
     warmups = [summary for entry, summary in summaries if not entry["measured"]]
     rows = [dict(row, job=entry["job"]) if len(measured) > 1 else row
@@ -2401,7 +2405,7 @@ def check_episode_syntax(script: str, source: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Submit the batch(es), wait, save every record, verify, report (SPEC A3)."""
+    """Submit the batch(es), wait, save every record, verify, report."""
     worker_source, builtin = load_worker(args.episode_script)
     settings = {
         "version": __version__, "count": args.count, "parallelism": args.parallelism,
@@ -2541,7 +2545,7 @@ def wait_gone(kubectl: Kubectl, args: list[str], seconds: float) -> dict | None:
 
 def cleanup_namespace(kubectl: Kubectl, receipt: dict, output: str,
                       wait_seconds: float = DELETE_WAIT_SECONDS, report: TextIO | None = None) -> None:
-    """Delete the run's Jobs and namespace, only after proving both are the run's own (SPEC A5)."""
+    """Delete the run's Jobs and namespace, only after proving both are the run's own."""
     report = report or sys.stdout
     namespace = receipt["namespace"]
     try:
@@ -2606,7 +2610,7 @@ def cleanup_namespace(kubectl: Kubectl, receipt: dict, output: str,
 
 
 def cleanup(args: argparse.Namespace) -> int:
-    """Delete what the receipt proves this run created (SPEC A5); the output directory is kept."""
+    """Delete what the receipt proves this run created; the output directory is kept."""
     receipt = read_receipt(args.output)
     kubectl = Kubectl(find_kubectl(args.kubectl), receipt["context"], verbose=args.verbose)
     # Silence from a binary that is not kubectl would read as "Namespace already absent".
@@ -2658,7 +2662,7 @@ def recompute(output: str) -> dict:
     settings_path = os.path.join(output, SETTINGS_FILE)
     if os.path.exists(settings_path):
         settings = read_json(settings_path, "run.json")
-    else:  # a run saved by a tool that kept only SPEC A's files
+    else:  # a run saved by the guide's script, which keeps only the guide's files
         receipt = read_receipt(output)
         saved = read_json(os.path.join(output, RESULTS_FILE), "results.json")
         settings = {"count": saved["episodes"], "parallelism": saved["parallelism"], "image": saved["image"],
@@ -2799,7 +2803,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check_run_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """SPEC A1: 1 <= parallelism <= count <= cap, else a usage error (exit 2) from `run`'s parser."""
+    """1 <= parallelism <= count <= cap, else a usage error (exit 2) from `run`'s parser."""
     if args.parallelism is None:
         args.parallelism = args.count
     if args.count < 1:

@@ -58,7 +58,7 @@ def interrupt(process: subprocess.Popen, signum: int = signal.SIGINT) -> subproc
 
 
 def assert_evidence_saved(output: Path, pod_names: Sequence[str]) -> None:
-    """SPEC A3.9's files are there and no results.json was written."""
+    """A batch's evidence files are there and no results.json was written."""
     for name in ("receipt.json", "job-submitted.json", "job.json", "pods.json", "events.txt"):
         assert (output / name).is_file(), f"{name} missing from {sorted(os.listdir(output))}"
     for pod in pod_names:

@@ -684,7 +684,7 @@ def write_saved_run(directory: Path, *, run_json: bool = True, job_end: str = "C
             "runtime": "cube", "timeout": 240, "rounds": 1, "warmup": False, "harden": False,
             "builtin": True, "episode_script": None, "context": "emulator", "namespace": NAMESPACE,
             "batches": [{"job": "rollout", "measured": True, "dir": "."}]})
-    else:  # a run saved by a tool that kept only SPEC A's files
+    else:  # a run saved by the guide's script, which keeps only the guide's files
         write_json(directory / "results.json", {
             "episodes": 3, "successful_episodes": 3, "reward_sum": 3, "parallelism": 3,
             "image": "python:3.12-alpine", "runtime": "cube", "context": "emulator", "namespace": NAMESPACE,
@@ -834,7 +834,7 @@ def test_report_of_an_empty_directory_is_a_one_line_error(tmp_path: Path, capsys
 
 
 def guide_results(**changes: Any) -> dict:
-    """results.json of the guide's 10-way parallel run (SPEC A4)."""
+    """results.json of the guide's 10-way parallel run, in the guide's fields."""
     results = {
         "episodes": 10, "successful_episodes": 10, "reward_sum": 10,
         "batch_to_all_ready_seconds": 3.7, "batch_to_all_rewards_seconds": 8.4,

@@ -44,7 +44,7 @@ def kubectl_and_cluster(request, tmp_path, require_e2e):
 
 
 def check_run(emulator: Emulator, output: Path, count: int, parallelism: int) -> dict:
-    """Every file of SPEC A3.9/A3.12, consistent with each other and with the cluster."""
+    """Every file a run saves, consistent with each other and with the cluster."""
     results = load(output / "results.json")
     assert A4_FIELDS <= set(results)
     assert results["episodes"] == count

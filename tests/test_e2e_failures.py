@@ -1,4 +1,4 @@
-"""End to end, the unhappy paths: SPEC A3.10-11 and the reliability cases, provoked
+"""End to end, the unhappy paths: a Job that fails, episodes that do not verify, and the reliability cases, provoked
 through the emulator's fault knobs. Each run must fail with its message, keep every
 record, write no results.json, and leave cleanup possible."""
 

@@ -1,4 +1,4 @@
-"""End to end, the features beyond the guide (SPEC B1, B2, B6-B10): the real tool and
+"""End to end, the features beyond the guide (context, cap, progress, episode scripts, dry run, harden, --cleanup): the real tool and
 real kubectl against the emulator, each feature held against the files it writes,
 what it prints, and what the emulator saw.
 
@@ -257,7 +257,7 @@ def test_the_cap_is_raised_only_when_asked(tmp_path):
         assert job["spec"]["completions"] == count and job["spec"]["parallelism"] == parallelism
         return job["spec"]["activeDeadlineSeconds"]
 
-    assert deadline(20, 20) == deadline(20, 1) == 240  # SPEC A's default is unchanged up to the cap
+    assert deadline(20, 20) == deadline(20, 1) == 240  # the guide's default is unchanged up to the cap
     wide, narrow, sequential = deadline(500, 500), deadline(500, 50), deadline(500, 1)
     assert wide == rl_batch_demo.default_timeout(500, 500) >= 240
     assert narrow == rl_batch_demo.default_timeout(500, 50) >= wide

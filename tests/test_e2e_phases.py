@@ -1,4 +1,4 @@
-"""End to end, the phase breakdown (SPEC B3-B5): every point, phase, gap and count the
+"""End to end, the phase breakdown (rounds, points and phases, pictures): every point, phase, gap and count the
 tool reports, held against the emulator's own record of when things happened.
 
 The emulator notes the true time.time() of each transition (`Emulator.truth()`), and
@@ -51,7 +51,7 @@ PIPE_BOUND = 10.0
 # may read a tick or two early.
 PROC_TICK_SLACK = 0.03
 
-# Where each point comes from, hence its precision (SPEC B4).
+# Where each point comes from, hence its precision.
 POINT_PRECISION = {
     "pod_created": 1.0, "scheduled": 1e-6, "sandbox_ready": 1.0, "container_started": 1.0,
     "process_started": 0.01, "imports_done": 1e-6, "ready": 1e-6, "reward": 1e-6,
@@ -262,7 +262,7 @@ def test_every_phase_is_within_its_precision_of_the_truth(six):
 
 
 def test_pod_to_ready_is_one_figure_wherever_it_is_reported(six):
-    """SPEC A4's pod_to_ready percentiles and B4's pod_to_ready phase are the same measurement."""
+    """The guide's pod_to_ready percentiles and the pod_to_ready phase are the same measurement."""
     phase = six.results["phases"]["pod_to_ready"]
     assert (phase["p50"], phase["p95"], phase["max"]) == (
         six.results["pod_to_ready_p50_seconds"], six.results["pod_to_ready_p95_seconds"],

@@ -4,7 +4,7 @@ that is not the run's, cleanup after a partial run, a full disk, transient API
 errors and latency during creation, and a noisy episode worker.
 
 Every case runs the real tool with real kubectl against the emulator and asserts
-on messages and files; no case may print a traceback (SPEC B11)."""
+on messages and files; no case may print a traceback."""
 
 from __future__ import annotations
 
@@ -155,7 +155,7 @@ def test_unreachable_cluster_fails_before_any_change_and_cleanup_says_so(make_cl
 
 
 # --------------------------------------------------------------------------
-# Interrupted while creating and while collecting (SPEC B11)
+# Interrupted while creating and while collecting
 
 
 def assert_interrupted(result: Any, output: Path) -> None:

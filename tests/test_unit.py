@@ -1,6 +1,6 @@
 """Unit tests of rl_batch_demo's pure functions, by equality against hand-worked values.
 
-The expected manifests are written out literally from SPEC.md A3.7; the expected
+The expected manifests are written out literally from the guide's Job; the expected
 figures of the synthetic batch are worked by hand in the comments next to them.
 The one exception to "pure" is `test_worker_*`: the real episode program, run in
 a bubblewrap sandbox that gives it the /workspace and /demo it hard-codes.
@@ -131,7 +131,7 @@ def pod_by_name(pods: list[dict], name: str) -> dict:
 
 
 # --------------------------------------------------------------------------
-# Manifests (SPEC A3.5-A3.7, B9): written out literally.
+# Manifests (namespace, ConfigMap, Job, the hardened variant): written out literally.
 
 
 def expected_job(count: int, parallelism: int) -> dict:
@@ -273,7 +273,7 @@ def test_planned_objects_index_only_custom_scripts() -> None:
 
 
 # --------------------------------------------------------------------------
-# Percentiles (SPEC A4: index (n-1)*q, linear between closest ranks, NumPy's default).
+# Percentiles: index (n-1)*q, linear between closest ranks, NumPy's default.
 
 
 def test_percentile_of_one_sample_is_that_sample() -> None:
@@ -322,7 +322,7 @@ def test_describe_gives_rounded_percentiles_max_mean_and_counts() -> None:
 
 
 # --------------------------------------------------------------------------
-# Verification (SPEC A3.11): every rule, each with an example that breaks it.
+# Verification: every rule, each with an example that breaks it.
 
 
 def test_a_fully_valid_batch_passes_sorted_by_pod_name() -> None:
