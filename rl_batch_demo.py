@@ -772,28 +772,39 @@ def verify_batch(count: int, job: dict, pods: Sequence[dict], logs: dict[str, st
 # --------------------------------------------------------------------------
 # Measurement: what each episode went through, from the API and the worker.
 
-# Point in an episode's life -> precision of its source, in seconds.
+# Resolution of each kind of source, in seconds.
 WHOLE_SECOND = 1.0
 EVENT_TIME = 1e-6
 PROC_TICK = 0.01
+# How long after the step it reports an event is named at most: the recorder stamps the name
+# (`<object>.<hex UnixNano>`) as soon as the step returns, with no other work in between.
+EVENT_FOLLOWS_SECONDS = 0.1
+# Clocks that disagree by more than this are reported loudly: it is the precision the
+# sharpest cluster-side points claim.
+CLOCK_TOLERANCE_SECONDS = 0.05
+REFERENCE_CLOCK = "control plane"
 POINTS = (
     "pod_created", "scheduled", "sandbox_ready", "container_started",
     "process_started", "imports_done", "ready", "reward", "container_finished",
 )
 POINT_SOURCES = {
-    "pod_created": "Pod metadata.creationTimestamp (whole seconds)",
+    "pod_created": "the Job controller's SuccessfulCreate event name (ns), within Pod creationTimestamp's "
+                   "second, else the client's watch seeing the pod (upper bound) within that second",
     "scheduled": "scheduler's Scheduled event eventTime (microseconds); "
                  "PodScheduled condition (whole seconds) if the event is gone",
-    "sandbox_ready": "PodReadyToStartContainers condition (whole seconds; Kubernetes >= 1.29)",
-    "container_started": "container status startedAt (whole seconds)",
+    "sandbox_ready": "the kubelet's first container event (Pulling/Pulled) name (ns), which follows the "
+                     "sandbox at once; else PodReadyToStartContainers (whole seconds; Kubernetes >= 1.29) "
+                     "bounded by the client's watch",
+    "container_started": "between the kubelet's Created and Started event names (ns), within startedAt's second",
     "process_started": "worker's /proc start time (10 ms ticks)",
     "imports_done": "worker clock after its imports (microseconds)",
     "ready": "worker's ready event (microseconds)",
     "reward": "worker's reward event (microseconds)",
-    "container_finished": "container status finishedAt (whole seconds)",
+    "container_finished": "after the reward and within finishedAt's second, up to the client's watch "
+                          "seeing the container terminated",
 }
 # Phase name -> (from point, to point). The chain covers an episode end to end;
-# pod_to_ready is the guide's own figure (pod created -> episode ready).
+# pod_to_ready is the guide's own figure (pod created -> episode ready), here from the sharpest points.
 PHASES = {
     "scheduling": ("pod_created", "scheduled"),
     "sandbox_creation": ("scheduled", "sandbox_ready"),
@@ -805,56 +816,376 @@ PHASES = {
     "pod_to_ready": ("pod_created", "ready"),
     "pod_to_reward": ("pod_created", "reward"),
 }
+# The kubelet's events about a container, in the order it records them when it starts one:
+# image pulled or found, container created, container started.
+KUBELET_CONTAINER_REASONS = ("Pulling", "Pulled", "Created", "Started")
+
+
+class Point(NamedTuple):
+    """When one point of an episode happened, on the reference clock.
+
+    `precision` is the width of the interval that holds the true moment given every
+    source at hand; `at` lies inside it.
+    """
+    at: float
+    precision: float
+    source: str
+    clock: str
+
+
+class Bound(NamedTuple):
+    """What one source says about a moment, already on the reference clock: it happened
+    at or after `lower` and at or before `upper` (None: no limit that side)."""
+    lower: float | None
+    upper: float | None
+    source: str
+    clock: str
+
+
+def event_name_time(event: dict) -> float | None:
+    """The moment an event's recorder named it, from `<object>.<hex UnixNano>` (on the recorder's clock)."""
+    name = (event.get("metadata") or {}).get("name") or ""
+    suffix = name.rsplit(".", 1)[-1] if "." in name else ""
+    if not 9 <= len(suffix) <= 16 or any(c not in "0123456789abcdef" for c in suffix):
+        return None
+    return int(suffix, 16) / 1e9
+
+
+def kubelet_container_events(events: Iterable[dict]) -> dict[str, dict[str, tuple[float, str]]]:
+    """Pod name -> reason -> (earliest name time, node) of the kubelet's container events."""
+    found: dict[str, dict[str, tuple[float, str]]] = {}
+    for event in events:
+        regarding = event_object(event)
+        reason = event.get("reason")
+        if regarding.get("kind") != "Pod" or reason not in KUBELET_CONTAINER_REASONS:
+            continue
+        if regarding.get("fieldPath") not in (None, f"spec.containers{{{CONTAINER_NAME}}}"):
+            continue
+        moment = event_name_time(event)
+        if moment is None:
+            continue
+        node = (event.get("source") or {}).get("host") or event.get("reportingInstance") or ""
+        reasons = found.setdefault(regarding.get("name", ""), {})
+        if reason not in reasons or moment < reasons[reason][0]:
+            reasons[reason] = (moment, node)
+    return found
+
+
+def pod_creation_events(events: Iterable[dict]) -> dict[str, float]:
+    """Pod name -> name time of the Job controller's SuccessfulCreate event for it. An event the
+    recorder combined with similar ones names no pod of its own and is skipped."""
+    created: dict[str, float] = {}
+    for event in events:
+        message = event.get("message") or event.get("note") or ""
+        if event.get("reason") != "SuccessfulCreate" or event_object(event).get("kind") != "Job" \
+                or not message.startswith("Created pod: ") or int(event.get("count") or 1) != 1:
+            continue
+        moment = event_name_time(event)
+        if moment is not None:
+            created.setdefault(message[len("Created pod: "):].strip(), moment)
+    return created
+
+
+def record_pod_observation(seen: dict[str, Any], pod: dict, arrived: float) -> None:
+    """Note, the first time each is seen, when a pod's transitions reached this client (its wall clock).
+
+    The PodReadyToStartContainers stamp is kept too: the kubelet turns the condition False
+    again once the pod ends, so its True transition is only visible while the pod runs.
+    """
+    times = seen.setdefault("seen", {})
+    state = container_status(pod).get("state") or {}
+    sandbox = condition(pod, "PodReadyToStartContainers")
+    reached = {
+        "added": True,
+        "bound": bool((pod.get("spec") or {}).get("nodeName")),
+        "sandbox_ready": bool(sandbox) and sandbox.get("status") == "True",
+        "running": bool(state.get("running") or state.get("terminated")),
+        "terminated": bool(state.get("terminated")),
+    }
+    for transition, happened in reached.items():
+        if happened:
+            times.setdefault(transition, arrived)
+    if sandbox and sandbox.get("status") == "True" and sandbox.get("lastTransitionTime"):
+        seen["sandbox_ready"] = sandbox["lastTransitionTime"]
+
+
+def record_job_observation(seen: dict[str, float], job: dict, arrived: float) -> None:
+    """Note when this client first saw the Job and each of its conditions turn True."""
+    seen.setdefault("added", arrived)
+    for entry in (job.get("status") or {}).get("conditions") or []:
+        if entry.get("status") == "True" and entry.get("type"):
+            seen.setdefault(entry["type"], arrived)
+
+
+def split_observed(observed: dict | None) -> tuple[dict[str, dict], dict[str, float]]:
+    """observed.json -> (per pod, the Job's). Runs before watch times were kept saved the pods alone."""
+    observed = observed or {}
+    if isinstance(observed.get("pods"), dict):
+        return observed["pods"], observed.get("job") or {}
+    return observed, {}
+
+
+def whole_second(moment: float | None, source: str, clock: str, offset: float = 0.0) -> Bound | None:
+    """A Kubernetes stamp: truncated to the second, so the moment lies in [T, T+1)."""
+    return None if moment is None else Bound(moment - offset, moment + WHOLE_SECOND - offset, source, clock)
+
+
+def upper(moment: float | None, source: str, clock: str, offset: float = 0.0) -> Bound | None:
+    return None if moment is None else Bound(None, moment - offset, source, clock)
+
+
+def lower(moment: float | None, source: str, clock: str, offset: float = 0.0) -> Bound | None:
+    return None if moment is None else Bound(moment - offset, None, source, clock)
+
+
+def followed_by_event(moment: float | None, source: str, clock: str, offset: float = 0.0) -> Bound | None:
+    """A step that an event reports as soon as it returns: at most EVENT_FOLLOWS_SECONDS before its name."""
+    if moment is None:
+        return None
+    return Bound(moment - offset - EVENT_FOLLOWS_SECONDS, moment - offset, source, clock)
+
+
+def sharpest(bounds: Iterable[Bound | None], stamp: Bound | None = None) -> Point | None:
+    """The narrowest interval all the sources allow, as a point.
+
+    The point is the earliest moment known to follow it (an event named after it, a watch
+    that saw it), or the start of the server's second when a stamp is all there is. Sources
+    that contradict each other (clocks apart) leave the stamp alone to speak.
+    """
+    known = [b for b in bounds if b is not None] + ([stamp] if stamp is not None else [])
+    lowers = [b for b in known if b.lower is not None]
+    uppers = [b for b in known if b.upper is not None]
+    if not lowers and not uppers:
+        return None
+    low = max(lowers, key=lambda b: b.lower) if lowers else None
+    high = min(uppers, key=lambda b: b.upper) if uppers else None
+    if low is not None and high is not None and low.lower > high.upper:  # type: ignore[operator]
+        if stamp is None or stamp in (low, high):
+            return None
+        return sharpest([], stamp)
+    if high is None or low is None:
+        edge = high or low
+        assert edge is not None
+        return Point(edge.upper if edge is high else edge.lower, math.inf, edge.source, edge.clock)  # type: ignore[arg-type]
+    if high is stamp:  # nothing but the server's second above it: its start, the guide's reading
+        at, named = low.lower, low
+    else:
+        at, named = high.upper, high
+    source = named.source if low is high or named is low else f"{high.source}, after {low.source}"
+    return Point(at, high.upper - low.lower, source, named.clock)  # type: ignore[operator]
+
+
+def worker_time(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def episode_points(pod: dict, ready: dict, reward: dict, scheduled_at: float | None,
-                   observed: dict | None = None) -> dict[str, tuple[float, float] | None]:
-    """When each point of one episode happened, with the precision of its source.
+                   observed: dict | None = None, kubelet: dict[str, tuple[float, str]] | None = None,
+                   created_event_at: float | None = None,
+                   offsets: dict[str, float] | None = None) -> dict[str, Point | None]:
+    """When each point of one episode happened, from its sharpest sources, on the control plane's clock.
 
-    `observed` holds what the client saw only while the pod ran (the sandbox's
-    readiness, which the kubelet turns False again when the pod ends).
+    `observed` is what this client's watch saw of the pod (when each transition first
+    arrived, and stamps seen only while it ran); `kubelet` the kubelet's container events
+    (reason -> name time, node); `offsets` each clock's reading minus the control plane's
+    ("client", and "node" for this pod's node).
     """
+    observed = observed or {}
+    seen = observed.get("seen") or {}
+    kubelet = kubelet or {}
+    offsets = offsets or {}
+    client, node = offsets.get("client", 0.0), offsets.get("node", 0.0)
     status = container_status(pod)
     state = status.get("state") or {}
     running = state.get("terminated") or state.get("running") or {}
-    scheduled = (scheduled_at, EVENT_TIME) if scheduled_at is not None else None
-    if scheduled is None:
+    cp, on_node, on_client = REFERENCE_CLOCK, "node", "client"
+
+    def named(reason: str) -> float | None:
+        return kubelet[reason][0] if reason in kubelet else None
+
+    created = whole_second(parse_time(pod["metadata"].get("creationTimestamp")),
+                           "Pod creationTimestamp", cp)
+    pod_created = sharpest([followed_by_event(created_event_at, "SuccessfulCreate event name", cp),
+                            upper(seen.get("added"), "watch saw the pod", on_client, client)], created)
+
+    if scheduled_at is not None:
+        scheduled: Point | None = Point(scheduled_at, EVENT_TIME, "Scheduled event eventTime", cp)
+    else:
         entry = condition(pod, "PodScheduled")
-        moment = parse_time((entry or {}).get("lastTransitionTime"))
-        scheduled = (moment, WHOLE_SECOND) if moment is not None else None
+        scheduled = sharpest([], whole_second(parse_time((entry or {}).get("lastTransitionTime")),
+                                              "PodScheduled condition", cp))
+
     sandbox_condition = condition(pod, "PodReadyToStartContainers") or {}
-    sandbox = parse_time(sandbox_condition.get("lastTransitionTime")) \
+    sandbox_stamp = parse_time(sandbox_condition.get("lastTransitionTime")) \
         if sandbox_condition.get("status") == "True" else None
-    if sandbox is None:
-        sandbox = parse_time((observed or {}).get("sandbox_ready"))
+    if sandbox_stamp is None:
+        sandbox_stamp = parse_time(observed.get("sandbox_ready"))
+    image_event = min((kubelet[r] for r in ("Pulling", "Pulled") if r in kubelet), default=None)
+    sandbox_ready = sharpest([
+        followed_by_event(image_event[0] if image_event else None,
+                          f"kubelet {'Pulling' if 'Pulling' in kubelet else 'Pulled'} event name", on_node, node),
+        upper(named("Created"), "kubelet Created event name", on_node, node),
+        upper(seen.get("sandbox_ready"), "watch saw the sandbox ready", on_client, client),
+        lower(scheduled.at if scheduled is not None and scheduled.precision <= EVENT_TIME else None,
+              "Scheduled eventTime", cp),
+    ], whole_second(sandbox_stamp, "PodReadyToStartContainers condition", on_node, node))
 
-    def whole(value: float | None) -> tuple[float, float] | None:
-        return None if value is None else (value, WHOLE_SECOND)
+    process = worker_time(ready.get("process_started_at"))
+    container_started = sharpest([
+        lower(named("Created"), "kubelet Created event name", on_node, node),
+        upper(named("Started"), "kubelet Started event name", on_node, node),
+        upper(None if process is None else process + PROC_TICK, "worker process start", on_node, node),
+        upper(seen.get("running"), "watch saw the container running", on_client, client),
+    ], whole_second(parse_time(running.get("startedAt")), "container startedAt", on_node, node))
 
-    def worker(value: Any, precision: float = EVENT_TIME) -> tuple[float, float] | None:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        return (float(value), precision) if ok else None
+    def worker(value: Any, precision: float, source: str) -> Point | None:
+        moment = worker_time(value)
+        return None if moment is None else Point(moment - node, precision, source, on_node)
 
+    reward_at = worker_time(reward.get("at"))
+    finished = sharpest([
+        lower(reward_at, "worker reward event", on_node, node),
+        upper(seen.get("terminated"), "watch saw the container terminated", on_client, client),
+    ], whole_second(parse_time((state.get("terminated") or {}).get("finishedAt")),
+                    "container finishedAt", on_node, node))
     return {
-        "pod_created": whole(parse_time(pod["metadata"].get("creationTimestamp"))),
+        "pod_created": pod_created,
         "scheduled": scheduled,
-        "sandbox_ready": whole(sandbox),
-        "container_started": whole(parse_time(running.get("startedAt"))),
-        "process_started": worker(ready.get("process_started_at"), PROC_TICK),
-        "imports_done": worker(ready.get("imports_done_at")),
-        "ready": worker(ready.get("at")),
-        "reward": worker(reward.get("at")),
-        "container_finished": whole(parse_time((state.get("terminated") or {}).get("finishedAt"))),
+        "sandbox_ready": sandbox_ready,
+        "container_started": container_started,
+        "process_started": worker(ready.get("process_started_at"), PROC_TICK, "worker /proc start time"),
+        "imports_done": worker(ready.get("imports_done_at"), EVENT_TIME, "worker imports_done_at"),
+        "ready": worker(ready.get("at"), EVENT_TIME, "worker ready event"),
+        "reward": worker(reward.get("at"), EVENT_TIME, "worker reward event"),
+        "container_finished": finished,
     }
 
 
-def phase_durations(points: dict[str, tuple[float, float] | None]) -> dict[str, tuple[float, float] | None]:
-    """Phase -> (seconds, precision), or None when a source is missing."""
+class ClockBounds:
+    """What the evidence proves about one clock's reading minus the control plane's, in seconds."""
+
+    def __init__(self) -> None:
+        self.lowest: float | None = None  # the offset is above this
+        self.highest: float | None = None  # and below this
+        self.samples = 0
+
+    def at_least(self, value: float) -> None:
+        self.lowest = value if self.lowest is None else max(self.lowest, value)
+        self.samples += 1
+
+    def at_most(self, value: float) -> None:
+        self.highest = value if self.highest is None else min(self.highest, value)
+        self.samples += 1
+
+    def offset(self) -> float:
+        """The correction applied: none while the clocks may agree, else the least that fits the evidence."""
+        if self.lowest is not None and self.highest is not None and self.lowest > self.highest:
+            return 0.0  # contradictory evidence: corrected by nothing, and said so
+        value = 0.0 if self.lowest is None else max(0.0, self.lowest)
+        return value if self.highest is None else min(value, self.highest)
+
+    def describe(self, what: str, evidence: str) -> tuple[dict, list[str]]:
+        offset = self.offset()
+        entry = {"offset_seconds": rounded(offset, 6),
+                 "at_least_seconds": rounded(self.lowest, 6), "at_most_seconds": rounded(self.highest, 6),
+                 "uncertainty_seconds": None if self.lowest is None or self.highest is None
+                 else rounded(max(0.0, self.highest - self.lowest), 6),
+                 "samples": self.samples, "evidence": evidence}
+        warnings = []
+        if self.lowest is not None and self.highest is not None and self.lowest > self.highest:
+            warnings.append(f"{what}: the evidence contradicts itself (offset at least {self.lowest:.3f} s and "
+                            f"at most {self.highest:.3f} s); no correction applied, sub-second points that mix "
+                            f"clocks may be wrong by that much")
+        elif abs(offset) > CLOCK_TOLERANCE_SECONDS:
+            warnings.append(f"{what} disagree by at least {abs(offset):.3f} s (more than the "
+                            f"{CLOCK_TOLERANCE_SECONDS:g} s a sharp point claims); its times were corrected by "
+                            f"{-offset:+.3f} s onto the control plane's clock")
+        return entry, warnings
+
+
+def clock_offsets(job: dict, pods: Sequence[dict], events: Sequence[dict], observed_pods: dict[str, dict],
+                  job_observed: dict[str, float]) -> dict:
+    """Each clock's offset from the control plane's, bounded by transitions seen on both.
+
+    A watch sees a change after it happened and a server stamp truncates it: the client's
+    clock reads at most (seen - stamp) ahead. The client's create call precedes the Job's
+    creation. A kubelet names an event before the API server stores it (the event's
+    creationTimestamp) and after the pod exists; the client sees a container running only
+    after the kubelet's Started event.
+    """
+    client = ClockBounds()
+    job_created = parse_time(job["metadata"].get("creationTimestamp"))
+    if job_created is not None and job_observed.get("submitted") is not None:
+        client.at_least(job_observed["submitted"] - job_created - WHOLE_SECOND)
+    if job_created is not None and job_observed.get("added") is not None:
+        client.at_most(job_observed["added"] - job_created)
+    for kind, seen_at in job_observed.items():
+        stamp = parse_time((condition(job, kind) or {}).get("lastTransitionTime"))
+        if stamp is not None and kind not in ("added", "submitted", "create_returned"):
+            client.at_most(seen_at - stamp)
+    nodes: dict[str, ClockBounds] = {}
+    started: dict[str, tuple[float, str]] = {}
+    for event in events:
+        regarding = event_object(event)
+        node = (event.get("source") or {}).get("host")
+        named = event_name_time(event)
+        stored = parse_time((event.get("metadata") or {}).get("creationTimestamp"))
+        if not node or named is None or (event.get("source") or {}).get("component") != "kubelet":
+            continue
+        if stored is not None and int(event.get("count") or 1) == 1:
+            nodes.setdefault(node, ClockBounds()).at_least(named - stored - WHOLE_SECOND)
+        if event.get("reason") == "Started" and regarding.get("kind") == "Pod":
+            started.setdefault(regarding.get("name", ""), (named, node))
+    client_vs_node: dict[str, float] = {}
+    for pod in pods:
+        name = pod_name(pod)
+        seen = (observed_pods.get(name) or {}).get("seen") or {}
+        created = parse_time(pod["metadata"].get("creationTimestamp"))
+        if created is not None and seen.get("added") is not None:
+            client.at_most(seen["added"] - created)
+        bound = parse_time((condition(pod, "PodScheduled") or {}).get("lastTransitionTime"))
+        if bound is not None and seen.get("bound") is not None:
+            client.at_most(seen["bound"] - bound)
+        if name in started:
+            named, node = started[name]
+            if created is not None:
+                nodes.setdefault(node, ClockBounds()).at_most(named - created)
+            if seen.get("running") is not None:
+                gap = seen["running"] - named
+                client_vs_node[node] = min(client_vs_node.get(node, gap), gap)
+    entry, warnings = client.describe("the client's and the control plane's clocks",
+                                      "the create call before the Job's creationTimestamp; the watch seeing "
+                                      "stamped changes (pod created, bound, Job conditions) after their second")
+    result: dict[str, Any] = {"reference": REFERENCE_CLOCK, "client": entry, "nodes": {}}
+    for node, bounds in sorted(nodes.items()):
+        node_entry, node_warnings = bounds.describe(
+            f"node {node}'s and the control plane's clocks",
+            "kubelet event names before their creationTimestamp's second ends and after the pod's creation")
+        result["nodes"][node] = node_entry
+        warnings += node_warnings
+        if node in client_vs_node:
+            node_entry["client_minus_node_at_most_seconds"] = rounded(client_vs_node[node], 6)
+            disagreement = entry["offset_seconds"] - node_entry["offset_seconds"] - client_vs_node[node]
+            if disagreement > CLOCK_TOLERANCE_SECONDS:
+                warnings.append(f"the client saw containers on node {node} running {disagreement:.3f} s before "
+                                f"the node's own Started events (corrected clocks): the client's and the node's "
+                                f"clocks disagree")
+    result["warnings"] = warnings
+    return result
+
+
+def phase_durations(points: dict[str, Any]) -> dict[str, tuple[float, float] | None]:
+    """Phase -> (seconds, precision), or None when a source is missing.
+
+    A phase's precision is the sum of its ends' (the interval of a difference). Its ends
+    happen in this order, so a phase that comes out negative is shorter than its
+    precision and is reported as 0.
+    """
     durations: dict[str, tuple[float, float] | None] = {}
     for phase, (start, end) in PHASES.items():
         first, last = points.get(start), points.get(end)
         durations[phase] = None if first is None or last is None else (
-            last[0] - first[0], max(first[1], last[1]))
+            max(0.0, last[0] - first[0]), first[1] + last[1])
     return durations
 
 
@@ -865,7 +1196,9 @@ def phase_summary(episodes_durations: Sequence[dict[str, tuple[float, float] | N
         known = [d[phase] for d in episodes_durations if d.get(phase) is not None]
         entry = describe([value for value, _ in known], missing=len(episodes_durations) - len(known))
         entry.update({"from": start, "to": end,
-                      "precision_seconds": max((p for _, p in known), default=None)})
+                      "precision_seconds": rounded(max((p for _, p in known), default=None), 6)})
+        if not known:
+            entry["why_missing"] = f"no episode had both {start} and {end}"
         summary[phase] = entry
     return summary
 
@@ -908,6 +1241,19 @@ def count_nodes(nodes: Iterable[str | None]) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
+def job_creation(job: dict, job_observed: dict[str, float], client_offset: float) -> Point:
+    """When the Job was truly created: inside the client's create call and its creationTimestamp's second."""
+    stamp = whole_second(parse_time(job["metadata"].get("creationTimestamp")), "Job creationTimestamp",
+                         REFERENCE_CLOCK)
+    point = sharpest([
+        lower(job_observed.get("submitted"), "client's create call", "client", client_offset),
+        upper(job_observed.get("create_returned"), "client's create call", "client", client_offset),
+        upper(job_observed.get("added"), "watch saw the Job", "client", client_offset),
+    ], stamp)
+    assert point is not None and stamp is not None  # verify_batch checked the stamp
+    return point
+
+
 def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
                     events: Sequence[dict], count: int, builtin: bool = True,
                     client_observed_at: float | None = None,
@@ -918,11 +1264,20 @@ def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
     assert job_created is not None  # verify_batch checked it
     scheduled = scheduled_event_times(events)
     cache = image_cache_states(events)
+    kubelet = kubelet_container_events(events)
+    creations = pod_creation_events(events)
+    observed_pods, job_observed = split_observed(observed)
+    clocks = clock_offsets(job, pods, events, observed_pods, job_observed)
+    client_offset = clocks["client"]["offset_seconds"]
     rows, records, durations = [], [], []
     for pod, ready, reward in episodes:
         name = pod_name(pod)
         created = parse_time(pod["metadata"]["creationTimestamp"])
-        points = episode_points(pod, ready, reward, scheduled.get(name), (observed or {}).get(name))
+        node = (pod.get("spec") or {}).get("nodeName") or ""
+        offsets = {"client": client_offset,
+                   "node": (clocks["nodes"].get(node) or {}).get("offset_seconds") or 0.0}
+        points = episode_points(pod, ready, reward, scheduled.get(name), observed_pods.get(name),
+                                kubelet.get(name), creations.get(name), offsets)
         phases = phase_durations(points)
         durations.append(phases)
         rows.append({
@@ -935,8 +1290,10 @@ def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
             "batch_to_reward_seconds": rounded(reward["at"] - job_created),
         })
         records.append({"pod": name, "points": points, "phases": phases, "image_cache": cache.get(name),
-                        "index": (pod["metadata"].get("annotations") or {}).get(COMPLETION_INDEX_ANNOTATION)})
+                        "index": (pod["metadata"].get("annotations") or {}).get(COMPLETION_INDEX_ANNOTATION),
+                        "guide_pod_to_ready": ready["at"] - created})
     phases = phase_summary(durations)
+    guide = describe([record["guide_pod_to_ready"] for record in records])
     rewards = [r["reward"] for r in rows]
     last_reward = max(reward["at"] for _, _, reward in episodes)
     summary = {
@@ -946,11 +1303,14 @@ def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
         "reward_mean": rounded(sum(rewards) / len(rewards), 6),
         "batch_to_all_ready_seconds": max(r["batch_to_ready_seconds"] for r in rows),
         "batch_to_all_rewards_seconds": max(r["batch_to_reward_seconds"] for r in rows),
-        # The same measurement as the pod_to_ready phase, so the same numbers.
-        "pod_to_ready_p50_seconds": phases["pod_to_ready"]["p50"],
-        "pod_to_ready_p95_seconds": phases["pod_to_ready"]["p95"],
-        "pod_to_ready_max_seconds": phases["pod_to_ready"]["max"],
+        # The guide's figures, from the whole-second creationTimestamp as the guide computes them;
+        # the pod_to_ready phase measures the same span from the sharpest points.
+        "pod_to_ready_p50_seconds": guide["p50"],
+        "pod_to_ready_p95_seconds": guide["p95"],
+        "pod_to_ready_max_seconds": guide["max"],
         "phases": phases,
+        "job_created": job_creation(job, job_observed, client_offset)._asdict(),
+        "clocks": clocks,
         "completion_gap": completion_gap(job, pods, last_reward, client_observed_at),
         "nodes": node_distribution(pods),
         "image_cache": count_image_cache(record["image_cache"] for record in records),
@@ -959,6 +1319,7 @@ def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
     }
     summary["_episodes"] = records  # for the CSV and the timeline; not saved as such
     summary["_job_created"] = job_created
+    summary["_origin"] = summary["job_created"]["at"]
     return summary
 
 
@@ -977,24 +1338,33 @@ PHASE_COLOURS = {
 
 
 def episodes_csv(batches: Sequence[tuple[str, dict]]) -> str:
-    """One row per episode: every point (seconds after its Job's creation) and every phase."""
+    """One row per episode: every point (seconds after its Job's creationTimestamp, and as an
+    absolute time with its source, clock and precision) and every phase with its precision."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(["batch", "pod", "index", "node", "reward", "image_cache"]
                     + [f"{p}_after_job_seconds" for p in POINTS]
                     + [f"{p}_precision_seconds" for p in POINTS]
-                    + [f"{phase}_seconds" for phase in PHASES])
+                    + [f"{phase}_seconds" for phase in PHASES]
+                    + [f"{p}_at" for p in POINTS]
+                    + [f"{p}_source" for p in POINTS]
+                    + [f"{p}_clock" for p in POINTS]
+                    + [f"{phase}_precision_seconds" for phase in PHASES])
     for batch_name, summary in batches:
         rows = {row["pod"]: row for row in summary["pods"]}
         for record in summary["_episodes"]:
             row = rows[record["pod"]]
-            points = record["points"]
+            points, phases = record["points"], record["phases"]
             writer.writerow(
                 [batch_name, record["pod"], record["index"] or "", row["node"] or "", row["reward"],
                  record.get("image_cache") or ""]
                 + ["" if points[p] is None else f"{points[p][0] - summary['_job_created']:.6f}" for p in POINTS]
-                + ["" if points[p] is None else f"{points[p][1]:g}" for p in POINTS]
-                + ["" if record["phases"][ph] is None else f"{record['phases'][ph][0]:.6f}" for ph in PHASES])
+                + ["" if points[p] is None else f"{points[p][1]:.6g}" for p in POINTS]
+                + ["" if phases[ph] is None else f"{phases[ph][0]:.6f}" for ph in PHASES]
+                + ["" if points[p] is None else f"{points[p][0]:.6f}" for p in POINTS]
+                + ["" if points[p] is None else getattr(points[p], "source", "") for p in POINTS]
+                + ["" if points[p] is None else getattr(points[p], "clock", "") for p in POINTS]
+                + ["" if phases[ph] is None else f"{phases[ph][1]:.6g}" for ph in PHASES])
     return out.getvalue()
 
 
@@ -1015,9 +1385,17 @@ def timeline_title(settings: dict) -> str:
     return f"{episodes}, parallelism {settings['parallelism']}, runtime {settings['runtime']}"
 
 
+def origin_of(summary: dict) -> float:
+    """Where a batch's time axis starts: its Job's true creation when known, else its creationTimestamp."""
+    return summary.get("_origin") or summary["_job_created"]
+
+
 def timeline_svg(batches: Sequence[tuple[str, dict]], title: str) -> str:
     """One bar per episode on a shared axis from its Job's creation, coloured by phase."""
-    episodes = [(name, summary, record) for name, summary in batches for record in summary["_episodes"]]
+    # Bars in the order the pods were created, each batch from its Job's true creation.
+    episodes = [(name, summary, record) for name, summary in batches
+                for record in sorted(summary["_episodes"], key=lambda r: (
+                    r["points"]["pod_created"][0] if r["points"].get("pod_created") else math.inf, r["pod"]))]
     count = len(episodes)
     row_height = 18 if count <= 40 else max(3, min(12, 720 // max(count, 1)))
     # Thin rows are drawn edge to edge: a gap would leave a hairline of colour.
@@ -1027,7 +1405,7 @@ def timeline_svg(batches: Sequence[tuple[str, dict]], title: str) -> str:
     width, right = 1000, 30
     plot_width = width - left - right
     legend = [(phase.replace("_", " "), f'fill="{colour}"') for phase, colour in PHASE_COLOURS.items()]
-    legend.append(("split below 1 s precision", 'fill="url(#unsplit)"'))
+    legend.append(("split below its precision", 'fill="url(#unsplit)"'))
     legend_parts, legend_x, legend_y = [], left, 32
     for name, fill in legend:
         item_width = 16 + 7 * len(name) + 14
@@ -1042,7 +1420,7 @@ def timeline_svg(batches: Sequence[tuple[str, dict]], title: str) -> str:
     for _, summary, record in episodes:
         for point in record["points"].values():
             if point is not None:
-                span = max(span, point[0] - summary["_job_created"])
+                span = max(span, point[0] - origin_of(summary))
     span = max(span, 1.0)
     step = nice_step(span)
     axis_end = math.ceil(span / step) * step
@@ -1098,8 +1476,8 @@ def timeline_svg(batches: Sequence[tuple[str, dict]], title: str) -> str:
                 continue
             names = "+".join(unsplit + [phase])
             fill = "url(#unsplit)" if unsplit else colour
-            x0 = x(begin - summary["_job_created"])
-            x1 = x(finish - summary["_job_created"])
+            x0 = x(begin - origin_of(summary))
+            x1 = x(finish - origin_of(summary))
             parts.append(
                 f'<rect x="{x0:.2f}" y="{y + bar_gap}" width="{x1 - x0:.2f}" '
                 f'height="{row_height - 2 * bar_gap}" fill="{fill}"><title>{html_escape(record["pod"])} '
@@ -1133,14 +1511,28 @@ def phase_table(phases: dict[str, dict]) -> str:
     """A plain-text table of the phase breakdown."""
     lines = [f"{'phase':<24}{'p50':>8}{'p95':>8}{'p99':>8}{'max':>8}{'n':>6}{'missing':>9}  precision"]
     for phase, entry in phases.items():
-        def cell(key: str) -> str:
-            value = entry.get(key)
-            return f"{value:>8.3f}" if isinstance(value, (int, float)) else f"{'-':>8}"
         precision = entry.get("precision_seconds")
+
+        def cell(key: str) -> str:
+            return f"{figure(entry.get(key), precision):>8}"
         lines.append(f"{phase:<24}{cell('p50')}{cell('p95')}{cell('p99')}{cell('max')}"
                      f"{entry['samples']:>6}{entry['missing']:>9}  "
-                     f"{'-' if precision is None else f'{precision:g} s'}")
+                     f"{'-' if precision is None else f'{precision:.3g} s'}")
     return "\n".join(lines)
+
+
+def below_precision(value: Any, precision: float | None) -> bool:
+    """A figure smaller than the precision it was measured with says only that it is that small."""
+    return isinstance(value, (int, float)) and precision is not None and value < precision
+
+
+def figure(value: Any, precision: float | None) -> str:
+    """A measured figure as printed: `< precision` when it is below it, `-` when missing."""
+    if not isinstance(value, (int, float)):
+        return "-"
+    if below_precision(value, precision):
+        return f"<{precision:.2g}"
+    return f"{value:.3f}"
 
 
 COMPARED_FIELDS = (
@@ -1157,13 +1549,16 @@ def compare_table(first: dict, second: dict, first_label: str, second_label: str
     width = max(len(first_label), len(second_label), 12)
     lines = [f"{'metric':<32}{first_label:>{width}}  {second_label:>{width}}  {'B/A':>8}"]
     rows = [(field, first.get(field), second.get(field)) for field in COMPARED_FIELDS]
+    precise: dict[str, tuple[Any, Any]] = {}  # row -> the precision of each side's figure
     for phase in PHASES:
         if f"{phase}_p50_seconds" in COMPARED_FIELDS:
             continue  # already a row of its own
-        a = (first.get("phases") or {}).get(phase, {}).get("p50")
-        b = (second.get("phases") or {}).get(phase, {}).get("p50")
+        entry_a = (first.get("phases") or {}).get(phase, {})
+        entry_b = (second.get("phases") or {}).get(phase, {})
+        a, b = entry_a.get("p50"), entry_b.get("p50")
         if a is not None or b is not None:
             rows.append((f"{phase}_p50_seconds", a, b))
+            precise[f"{phase}_p50_seconds"] = (entry_a.get("precision_seconds"), entry_b.get("precision_seconds"))
     conditions = [(field, first.get(field), second.get(field)) for field in COMPARED_CONDITIONS]
     conditions += [(f"image_{state}_episodes", (first.get("image_cache") or {}).get(state),
                     (second.get("image_cache") or {}).get(state)) for state in ("present", "pulled")]
@@ -1174,6 +1569,15 @@ def compare_table(first: dict, second: dict, first_label: str, second_label: str
             same = "same" if a == b else "differ"
             lines.append(f"{name:<32}{'-' if a is None else a!s:>{width}}  {'-' if b is None else b!s:>{width}}  "
                          f"{same:>8}")
+            continue
+        if name in precise:
+            # No ratio of a figure below its precision: it could be anything from 0 to that.
+            (precision_a, precision_b) = precise[name]
+            ratio = "-" if below_precision(a, precision_a) or below_precision(b, precision_b) or not a \
+                or a is None or b is None else f"{b / a:.2f}"
+            shown_a = "-" if a is None else (figure(a, precision_a) if below_precision(a, precision_a) else str(a))
+            shown_b = "-" if b is None else (figure(b, precision_b) if below_precision(b, precision_b) else str(b))
+            lines.append(f"{name:<32}{shown_a:>{width}}  {shown_b:>{width}}  {ratio:>8}")
             continue
         ratio = f"{b / a:.2f}" if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a else "-"
         lines.append(f"{name:<32}{'-' if a is None else a!s:>{width}}  {'-' if b is None else b!s:>{width}}  {ratio:>8}")
@@ -1575,7 +1979,10 @@ class BatchFollower:
         # Pod name -> (containerID, log) read after that container terminated: complete.
         self.logs: dict[str, tuple[str, str]] = {}
         self._log_reads: dict[tuple[str, str], concurrent.futures.Future] = {}
-        self.observed: dict[str, dict[str, str]] = {}  # pod name -> times seen only while it ran
+        # What this client saw, and when (its own wall clock) each change first arrived:
+        # an upper bound on when it happened, kept for `report` as observed.json.
+        self.observed: dict[str, dict[str, Any]] = {}  # pod name -> transition -> time, and stamps seen only while it ran
+        self.job_observed: dict[str, float] = {}  # "added" or a condition type that turned True -> time
         self._queue: queue.Queue = queue.Queue()
         self._watches: dict[str, subprocess.Popen] = {}
         self.watch_restarts = 0
@@ -1639,15 +2046,16 @@ class BatchFollower:
             time.sleep(min(2.0, 0.2 * 2 ** self._failures[kind]))
             self._start_watch(kind, client_deadline)
             return
-        kind, event = item
+        kind, event = item[0], item[1]
+        arrived = item[2] if len(item) > 2 else time.time()
         self._failures[kind] = 0
         obj = event.get("object") if isinstance(event, dict) and "object" in event else event
         if not isinstance(obj, dict) or obj.get("kind") == "Status":
             return
         if kind == "job":
-            self._on_job(obj)
+            self._on_job(obj, arrived)
         else:
-            self._on_pod(obj, deleted=event.get("type") == "DELETED")
+            self._on_pod(obj, deleted=event.get("type") == "DELETED", arrived=arrived)
 
     def _start_watch(self, kind: str, client_deadline: float) -> None:
         seconds = math.ceil(client_deadline - time.monotonic())
@@ -1678,7 +2086,7 @@ class BatchFollower:
 
         try:
             for value in iter_json_stream(chunks()):
-                self._queue.put((kind, value))
+                self._queue.put((kind, value, time.time()))
         except (OSError, ValueError):
             pass  # the pipe closed under us: reported as the watch's end below
         process.wait()
@@ -1717,12 +2125,14 @@ class BatchFollower:
                                 retry_until=retry_until)
         pods = self.kubectl.json(["get", "pods", "-l", f"job-name={self.job_name}", "-n", self.namespace],
                                  retry_until=retry_until)
+        seen = time.time()
         for pod in (pods or {}).get("items", []):
-            self._on_pod(pod)
-        self._on_job(job)
+            self._on_pod(pod, arrived=seen)
+        self._on_job(job, seen)
 
-    def _on_job(self, job: dict) -> None:
+    def _on_job(self, job: dict, arrived: float | None = None) -> None:
         self.job = job
+        record_job_observation(self.job_observed, job, time.time() if arrived is None else arrived)
         end = job_finished(job)
         if end and self.end is None:
             self.observed_monotonic = time.monotonic()
@@ -1730,18 +2140,15 @@ class BatchFollower:
             self.end_resource_version = job.get("metadata", {}).get("resourceVersion") or None
             self.end = end
 
-    def _on_pod(self, pod: dict, deleted: bool = False) -> None:
+    def _on_pod(self, pod: dict, deleted: bool = False, arrived: float | None = None) -> None:
         name = pod_name(pod)
         if deleted:
             # Keep the last state seen: a pod that vanished is still part of the evidence.
             self.pods.setdefault(name, pod)
             return
         self.pods[name] = pod
-        # The kubelet turns PodReadyToStartContainers False again once the pod ends,
-        # so its True transition time is only visible while the pod runs.
-        sandbox = condition(pod, "PodReadyToStartContainers")
-        if sandbox and sandbox.get("status") == "True" and sandbox.get("lastTransitionTime"):
-            self.observed.setdefault(name, {})["sandbox_ready"] = sandbox["lastTransitionTime"]
+        record_pod_observation(self.observed.setdefault(name, {}), pod,
+                               time.time() if arrived is None else arrived)
         terminated = container_terminated(pod)
         # Keyed by container: a restarted container's log is read again.
         key = (name, (terminated or {}).get("containerID", ""))
@@ -2084,7 +2491,9 @@ class RunAction:
         self.follower = BatchFollower(self.kubectl, self.namespace, job_name, self.settings["count"],
                                       self.progress, self.pool, self.proxy)
         self.progress.new_batch()
+        self.follower.job_observed["submitted"] = time.time()
         created = self.create(manifest)
+        self.follower.job_observed["create_returned"] = time.time()
         record_job_uid(self.receipt, job_name, created["metadata"]["uid"])
         write_json(os.path.join(self.output, RECEIPT_FILE), self.receipt)
         end = self.follower.follow(submitted, client_deadline)
@@ -2221,7 +2630,8 @@ class RunAction:
             events = batch_events(events, job, pods, first=follower.job_name == batches[0])
             write_json(os.path.join(self.batch_dir, "events.json"), list_manifest(events))
             write_text(os.path.join(self.batch_dir, "events.txt"), events_table(events))
-        write_json(os.path.join(self.batch_dir, "observed.json"), follower.observed)
+        write_json(os.path.join(self.batch_dir, "observed.json"),
+                   {"clock": "client (time.time())", "pods": follower.observed, "job": follower.job_observed})
         follower.finish_log_reads()
         logs = self.read_logs(pods, follower, retry_until)
         for name, text in logs.items():
@@ -2313,6 +2723,7 @@ def assemble_results(settings: dict, summaries: Sequence[tuple[dict, dict]], cli
     rows = [dict(row, job=entry["job"]) if len(measured) > 1 else row
             for entry, summary in summaries if entry["measured"] for row in summary["pods"]]
     phases = phase_summary([r["phases"] for s in measured for r in s["_episodes"]])
+    guide = describe([r["guide_pod_to_ready"] for s in measured for r in s["_episodes"]])
     client_seconds = [s.get("client_job_complete_seconds") for s in measured]
     results: dict[str, Any] = {
         "episodes": sum(s["episodes"] for s in measured),
@@ -2320,9 +2731,9 @@ def assemble_results(settings: dict, summaries: Sequence[tuple[dict, dict]], cli
         "reward_sum": sum(s["reward_sum"] for s in measured),
         "batch_to_all_ready_seconds": max(s["batch_to_all_ready_seconds"] for s in measured),
         "batch_to_all_rewards_seconds": max(s["batch_to_all_rewards_seconds"] for s in measured),
-        "pod_to_ready_p50_seconds": phases["pod_to_ready"]["p50"],
-        "pod_to_ready_p95_seconds": phases["pod_to_ready"]["p95"],
-        "pod_to_ready_max_seconds": phases["pod_to_ready"]["max"],
+        "pod_to_ready_p50_seconds": guide["p50"],
+        "pod_to_ready_p95_seconds": guide["p95"],
+        "pod_to_ready_max_seconds": guide["max"],
         "pods": rows,
         "context": settings["context"],
         "namespace": settings["namespace"],
@@ -2340,6 +2751,7 @@ def assemble_results(settings: dict, summaries: Sequence[tuple[dict, dict]], cli
         "rounds_measured": len(measured),
         "phases": phases,
         "phase_points": POINT_SOURCES,
+        "clock_warnings": [w for s in measured for w in s["clocks"]["warnings"]],
         "nodes": count_nodes(row["node"] for row in rows),
         "warnings": merge_warnings([s["warnings"] for s in measured]),
     }
@@ -2349,6 +2761,8 @@ def assemble_results(settings: dict, summaries: Sequence[tuple[dict, dict]], cli
                                     "are in rounds[], and the percentiles pool every round's episodes")
     if len(measured) == 1:
         results["completion_gap"] = measured[0]["completion_gap"]
+        results["clocks"] = measured[0]["clocks"]
+        results["job_created"] = measured[0]["job_created"]
         results["client_wait"] = measured[0].get("_client")
     else:
         results["rounds"] = [dict(s, job=entry["job"]) for entry, s in summaries if entry["measured"]]
@@ -2457,6 +2871,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(public_results(results), indent=2))
         if not args.quiet:
             print(phase_table(results["phases"]), file=sys.stderr)
+        warn_clocks(results)
     if args.cleanup and action.touched_cluster:
         print(f"Cleaning up (--cleanup) after {'a failed' if failure else 'the'} run.", file=sys.stderr)
         try:
@@ -2676,12 +3091,20 @@ def recompute(output: str) -> dict:
     return assemble_results(settings, summaries, client)
 
 
+def warn_clocks(results: dict) -> None:
+    """Clocks that disagree are said on stderr whatever --quiet says: every sub-second phase that
+    mixes them is off by that much."""
+    for warning in results.get("clock_warnings") or []:
+        print(f"WARNING: clocks: {warning}", file=sys.stderr)
+
+
 def report(args: argparse.Namespace) -> int:
     """Recompute and reprint a finished run from its saved files."""
     results = recompute(args.output)
     print(json.dumps(public_results(results), indent=2))
     if not args.quiet:
         print(phase_table(results["phases"]), file=sys.stderr)
+    warn_clocks(results)
     return 0
 
 

@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""How close every point and phase the product reports comes to the emulator's truth.
+
+Usage:
+    python3 tests/phase_accuracy.py [--kubectl PATH] [--count 12] [--parallelism 6]
+                                    [--sandbox 0.6] [--jitter 0.4] [--together] [--skew SECONDS]
+
+Starts a Kubernetes API emulator (tests/kube_emulator.py, pods run for real in
+bubblewrap) whose sandbox takes --sandbox .. --sandbox + --jitter seconds, runs
+`rl_batch_demo.py run` once, and prints per point: the worst and median error
+against the emulator's record of the true moment, the largest stated precision,
+and how many errors the stated precision fails to cover; then the same for
+sandbox_creation. --together has the kubelet report the sandbox's readiness in
+the same status update as the running container, as a real kubelet usually does.
+--skew sets the emulator's API clock ahead by that many seconds.
+
+Not part of the pytest run; the end-to-end tests hold the same figures.
+Standard library only.
+"""
+# SPDX-License-Identifier: MIT
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from kube_emulator import Emulator  # noqa: E402
+import prereqs  # noqa: E402
+
+PRODUCT = Path(__file__).resolve().parent.parent / "rl_batch_demo.py"
+# Point -> the emulator's truth field of the same moment.
+TRUTH_FIELDS = {"pod_created": "created", "scheduled": "scheduled", "sandbox_ready": "sandbox_ready",
+                "container_started": "container_started", "container_finished": "container_finished"}
+
+
+def point_errors(rows: list[dict], truth: dict, namespace: str) -> dict[str, list[tuple[float, float]]]:
+    """Point -> (reported - true, stated precision) per episode."""
+    errors: dict[str, list[tuple[float, float]]] = {point: [] for point in TRUTH_FIELDS}
+    for row in rows:
+        pod_truth = truth["pods"][f"{namespace}/{row['pod']}"]
+        for point, field in TRUTH_FIELDS.items():
+            if row[f"{point}_at"]:
+                errors[point].append((float(row[f"{point}_at"]) - pod_truth[field],
+                                      float(row[f"{point}_precision_seconds"])))
+    return errors
+
+
+def sandbox_errors(rows: list[dict], truth: dict, namespace: str) -> list[tuple[float, float]]:
+    """sandbox_creation reported - true (scheduled -> sandbox ready), with its precision."""
+    found = []
+    for row in rows:
+        pod_truth = truth["pods"][f"{namespace}/{row['pod']}"]
+        true = pod_truth["sandbox_ready"] - pod_truth["scheduled"]
+        found.append((float(row["sandbox_creation_seconds"]) - true,
+                      float(row["sandbox_creation_precision_seconds"])))
+    return found
+
+
+def line(name: str, errors: list[tuple[float, float]]) -> str:
+    if not errors:
+        return f"{name:<20} no samples"
+    worst = max(errors, key=lambda e: abs(e[0]))[0]
+    typical = statistics.median(e[0] for e in errors)
+    uncovered = sum(1 for error, precision in errors if abs(error) > precision)
+    return (f"{name:<20} worst {worst:+.3f} s  median {typical:+.3f} s  "
+            f"max precision {max(p for _, p in errors):.3f} s  not covered {uncovered}/{len(errors)}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--kubectl", default=None)
+    parser.add_argument("--count", type=int, default=12)
+    parser.add_argument("--parallelism", type=int, default=6)
+    parser.add_argument("--sandbox", type=float, default=0.6)
+    parser.add_argument("--jitter", type=float, default=0.4)
+    parser.add_argument("--together", action="store_true")
+    parser.add_argument("--skew", type=float, default=0.0)
+    args = parser.parse_args()
+    kubectl = args.kubectl or prereqs.default_kubectl(prereqs.find_kubectls())
+    faults = {"sandbox_delay": args.sandbox, "sandbox_jitter": args.jitter}
+    if args.together:
+        faults["sandbox_status_with_running"] = True
+    if args.skew:
+        faults["api_clock_skew"] = args.skew
+    with tempfile.TemporaryDirectory() as work:
+        emulator = Emulator(Path(work) / "emulator", faults=faults)
+        emulator.start()
+        try:
+            output = Path(work) / "run"
+            result = subprocess.run([sys.executable, str(PRODUCT), "run", "--count", str(args.count),
+                                     "--parallelism", str(args.parallelism), "--output", str(output),
+                                     "--kubectl", kubectl, "--quiet"],
+                                    env=emulator.env(), capture_output=True, text=True, timeout=600)
+            if result.returncode != 0:
+                print(result.stderr, file=sys.stderr)
+                return 1
+            truth = emulator.truth()
+        finally:
+            emulator.stop()
+        namespace = json.loads((output / "receipt.json").read_text())["namespace"]
+        with open(output / "episodes.csv", newline="") as handle:
+            rows = list(csv.DictReader(handle))
+        results = json.loads((output / "results.json").read_text())
+    print(f"{args.count} episodes, parallelism {args.parallelism}, sandbox {args.sandbox}.."
+          f"{args.sandbox + args.jitter} s{', sandbox and running in one update' if args.together else ''}"
+          f"{f', API clock {args.skew:+g} s' if args.skew else ''}; kubectl {kubectl}")
+    for point, errors in point_errors(rows, truth, namespace).items():
+        print(line(point, errors))
+    print(line("sandbox_creation", sandbox_errors(rows, truth, namespace)))
+    print("clocks:", json.dumps(results.get("clocks"), indent=1))
+    for warning in results.get("clock_warnings") or []:
+        print("WARNING:", warning)
+    print(result.stderr.strip())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
