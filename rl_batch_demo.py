@@ -2155,6 +2155,10 @@ class BatchFollower:
         if terminated is not None and key not in self._log_reads:
             self._log_reads[key] = self.pool.submit(self._read_log, *key)
 
+    def observations(self) -> dict:
+        """What the watches saw and when, as saved in observed.json."""
+        return {"clock": "client (time.time())", "pods": self.observed, "job": self.job_observed}
+
     def _read_log(self, name: str, container_id: str) -> None:
         try:
             self.logs[name] = (container_id, read_log(
@@ -2525,7 +2529,7 @@ class RunAction:
         try:
             summary = summarise_batch(job, pods, logs, events, self.settings["count"],
                                       self.settings["builtin"], self.follower.observed_wall,
-                                      self.follower.observed)
+                                      self.follower.observations())
         except VerificationError as error:
             if reading.source == "watch":
                 raise VerificationError(f"{error} (judged from the pods the watch saw, each unfinished one "
@@ -2631,7 +2635,7 @@ class RunAction:
             write_json(os.path.join(self.batch_dir, "events.json"), list_manifest(events))
             write_text(os.path.join(self.batch_dir, "events.txt"), events_table(events))
         write_json(os.path.join(self.batch_dir, "observed.json"),
-                   {"clock": "client (time.time())", "pods": follower.observed, "job": follower.job_observed})
+                   follower.observations())
         follower.finish_log_reads()
         logs = self.read_logs(pods, follower, retry_until)
         for name, text in logs.items():

@@ -4,6 +4,7 @@
 Usage:
     python3 tests/phase_accuracy.py [--kubectl PATH] [--count 12] [--parallelism 6]
                                     [--sandbox 0.6] [--jitter 0.4] [--together] [--skew SECONDS]
+                                    [--keep DIR]
 
 Starts a Kubernetes API emulator (tests/kube_emulator.py, pods run for real in
 bubblewrap) whose sandbox takes --sandbox .. --sandbox + --jitter seconds, runs
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -83,6 +85,7 @@ def main() -> int:
     parser.add_argument("--jitter", type=float, default=0.4)
     parser.add_argument("--together", action="store_true")
     parser.add_argument("--skew", type=float, default=0.0)
+    parser.add_argument("--keep", type=Path, default=None, help="copy the run's directory here")
     args = parser.parse_args()
     kubectl = args.kubectl or prereqs.default_kubectl(prereqs.find_kubectls())
     faults = {"sandbox_delay": args.sandbox, "sandbox_jitter": args.jitter}
@@ -109,6 +112,8 @@ def main() -> int:
         with open(output / "episodes.csv", newline="") as handle:
             rows = list(csv.DictReader(handle))
         results = json.loads((output / "results.json").read_text())
+        if args.keep:
+            shutil.copytree(output, args.keep)
     print(f"{args.count} episodes, parallelism {args.parallelism}, sandbox {args.sandbox}.."
           f"{args.sandbox + args.jitter} s{', sandbox and running in one update' if args.together else ''}"
           f"{f', API clock {args.skew:+g} s' if args.skew else ''}; kubectl {kubectl}")
