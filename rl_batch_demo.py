@@ -1028,7 +1028,11 @@ def episode_points(pod: dict, ready: dict, reward: dict, scheduled_at: float | N
         upper(seen.get("sandbox_ready"), "watch saw the sandbox ready", on_client, client),
         lower(scheduled.at if scheduled is not None and scheduled.precision <= EVENT_TIME else None,
               "Scheduled eventTime", cp),
-    ], whole_second(sandbox_stamp, "PodReadyToStartContainers condition", on_node, node))
+        # The kubelet stamps this condition when its status update reports it, often together
+        # with the running container: the sandbox was ready by then, maybe long before.
+        upper(None if sandbox_stamp is None else sandbox_stamp + WHOLE_SECOND,
+              "PodReadyToStartContainers condition", on_node, node),
+    ])
 
     process = worker_time(ready.get("process_started_at"))
     container_started = sharpest([

@@ -3460,6 +3460,13 @@ class PodWorker(threading.Thread):
             set_condition(conds, c)
         if terminal and emu.v >= (1, 29):
             set_condition(conds, condition("PodReadyToStartContainers", "False", now))
+        elif running and emu.v >= (1, 29) and emu.faults.get("sandbox_status_with_running"):
+            # A real kubelet writes the status it computed before starting the pod's containers,
+            # so the sandbox's readiness usually first reaches the API in the same update as the
+            # running container, stamped with that update's time.
+            ready = [c for c in conds if c.get("type") == "PodReadyToStartContainers"]
+            if not ready or ready[0].get("status") != "True":
+                set_condition(conds, condition("PodReadyToStartContainers", "True", now))
         order = {"PodReadyToStartContainers": 0, "Initialized": 1, "Ready": 2, "ContainersReady": 3,
                  "PodScheduled": 4, "DisruptionTarget": 5}
         conds.sort(key=lambda c: order.get(c["type"], 9))
@@ -3521,7 +3528,7 @@ class PodWorker(threading.Thread):
             st = o.setdefault("status", {})
             st["podIP"] = pod_ip
             st["podIPs"] = [{"ip": pod_ip}]
-            if emu.v >= (1, 29):
+            if emu.v >= (1, 29) and not emu.faults.get("sandbox_status_with_running"):
                 set_condition(st.setdefault("conditions", []),
                               condition("PodReadyToStartContainers", "True", emu.api_now()))
             self.recompute(o)
