@@ -955,24 +955,23 @@ def sharpest(bounds: Iterable[Bound | None], stamp: Bound | None = None) -> Poin
     known = [b for b in bounds if b is not None] + ([stamp] if stamp is not None else [])
     lowers = [b for b in known if b.lower is not None]
     uppers = [b for b in known if b.upper is not None]
-    if not lowers and not uppers:
-        return None
+    if not uppers:
+        return None  # nothing shows it happened at all
     low = max(lowers, key=lambda b: b.lower) if lowers else None
     high = min(uppers, key=lambda b: b.upper) if uppers else None
     if low is not None and high is not None and low.lower > high.upper:  # type: ignore[operator]
-        if stamp is None or stamp in (low, high):
-            return None
-        return sharpest([], stamp)
-    if high is None or low is None:
-        edge = high or low
-        assert edge is not None
-        return Point(edge.upper if edge is high else edge.lower, math.inf, edge.source, edge.clock)  # type: ignore[arg-type]
+        if stamp is not None:
+            return sharpest([], stamp)
+        return Point(high.upper, math.inf, f"{high.source} (other sources disagree)", high.clock)  # type: ignore[arg-type]
+    assert high is not None and high.upper is not None
+    if low is None:
+        return Point(high.upper, math.inf, high.source, high.clock)
     if high is stamp:  # nothing but the server's second above it: its start, the guide's reading
         at, named = low.lower, low
     else:
         at, named = high.upper, high
     source = named.source if low is high or named is low else f"{high.source}, after {low.source}"
-    return Point(at, high.upper - low.lower, source, named.clock)  # type: ignore[operator]
+    return Point(at, round(high.upper - low.lower, 6), source, named.clock)  # type: ignore[operator]
 
 
 def worker_time(value: Any) -> float | None:
@@ -1028,11 +1027,18 @@ def episode_points(pod: dict, ready: dict, reward: dict, scheduled_at: float | N
         upper(seen.get("sandbox_ready"), "watch saw the sandbox ready", on_client, client),
         lower(scheduled.at if scheduled is not None and scheduled.precision <= EVENT_TIME else None,
               "Scheduled eventTime", cp),
+        lower(created.lower if created is not None else None, "Pod creationTimestamp", cp),
         # The kubelet stamps this condition when its status update reports it, often together
         # with the running container: the sandbox was ready by then, maybe long before.
         upper(None if sandbox_stamp is None else sandbox_stamp + WHOLE_SECOND,
               "PodReadyToStartContainers condition", on_node, node),
     ])
+    if sandbox_ready is not None and sandbox_stamp is not None and \
+            sandbox_ready.source.startswith("PodReadyToStartContainers"):
+        # Only the condition bounds it from above: read it as the condition says, as far as the
+        # lower bound allows; the precision still spans everything before.
+        sandbox_ready = sandbox_ready._replace(
+            at=min(sandbox_ready.at, max(sandbox_stamp - node, sandbox_ready.at - sandbox_ready.precision)))
 
     process = worker_time(ready.get("process_started_at"))
     container_started = sharpest([
@@ -1189,7 +1195,7 @@ def phase_durations(points: dict[str, Any]) -> dict[str, tuple[float, float] | N
     for phase, (start, end) in PHASES.items():
         first, last = points.get(start), points.get(end)
         durations[phase] = None if first is None or last is None else (
-            max(0.0, last[0] - first[0]), first[1] + last[1])
+            max(0.0, last[0] - first[0]), round(first[1] + last[1], 6))
     return durations
 
 

@@ -700,31 +700,35 @@ def test_phases_with_precision_and_missing_counts() -> None:
     def figures(name: str) -> dict:
         return {k: phases[name][k] for k in ("samples", "missing", "p50", "max", "precision_seconds")}
 
-    # scheduling = scheduled - created: A 0.25, B 0.5 (events), C 0.0 (condition); whole-second created.
-    assert figures("scheduling") == {"samples": 3, "missing": 0, "p50": 0.25, "max": 0.5, "precision_seconds": 1.0}
+    # A phase's precision is the sum of its ends' (the interval of a difference); the table's
+    # precision is the largest of its episodes'.
+    # scheduling = scheduled - created: A 0.25, B 0.5 (events), C 0.0 (both whole-second conditions).
+    assert figures("scheduling") == {"samples": 3, "missing": 0, "p50": 0.25, "max": 0.5, "precision_seconds": 2.0}
     assert phases["scheduling"]["p95"] == 0.475  # index 1.9 -> 0.25 + 0.9*0.25
-    # sandbox_creation = PodReadyToStartContainers - scheduled: A 0.75, B 1.5; C has no condition.
+    # With no kubelet event and no watch, PodReadyToStartContainers (stamped when the kubelet
+    # reported it) only bounds the sandbox from above: A is in [scheduled 1.25, 3), read at
+    # its stamp 2 -> 0.75; B in [1.5, 4), read at 3 -> 1.5; C has no condition: missing.
     assert figures("sandbox_creation") == {"samples": 2, "missing": 1, "p50": 1.125, "max": 1.5,
-                                           "precision_seconds": 1.0}
+                                           "precision_seconds": 2.500001}
     # container_start = process start (/proc ticks) - sandbox ready: A 0.5, B 0.0; C missing.
     assert figures("container_start") == {"samples": 2, "missing": 1, "p50": 0.25, "max": 0.5,
-                                          "precision_seconds": 1.0}
+                                          "precision_seconds": 2.51}
     # python_imports = imports done - process start: A 0.75, B 1.0, C 1.0; /proc ticks (10 ms).
     assert figures("python_imports") == {"samples": 3, "missing": 0, "p50": 1.0, "max": 1.0,
-                                         "precision_seconds": 0.01}
+                                         "precision_seconds": 0.010001}
     # imports_done_to_ready: A 0.25, B 0.25, C 0.5; both worker clocks (microseconds).
     assert figures("imports_done_to_ready") == {"samples": 3, "missing": 0, "p50": 0.25, "max": 0.5,
-                                                "precision_seconds": 1e-6}
+                                                "precision_seconds": 2e-6}
     # episode_work = reward - ready: A 4.5, B 4.25, C 4.75.
     assert figures("episode_work") == {"samples": 3, "missing": 0, "p50": 4.5, "max": 4.75,
-                                       "precision_seconds": 1e-6}
+                                       "precision_seconds": 2e-6}
     # container_exit = finishedAt - reward: A 1.0, B 0.5, C 0.25.
     assert figures("container_exit") == {"samples": 3, "missing": 0, "p50": 0.5, "max": 1.0,
-                                         "precision_seconds": 1.0}
+                                         "precision_seconds": 1.000001}
     assert figures("pod_to_ready") == {"samples": 3, "missing": 0, "p50": 3.0, "max": 3.25,
-                                       "precision_seconds": 1.0}
+                                       "precision_seconds": 1.000001}
     assert figures("pod_to_reward") == {"samples": 3, "missing": 0, "p50": 7.5, "max": 7.75,
-                                        "precision_seconds": 1.0}
+                                        "precision_seconds": 1.000001}
 
 
 def test_phases_without_sandbox_condition_anywhere_are_all_missing() -> None:
@@ -737,6 +741,7 @@ def test_phases_without_sandbox_condition_anywhere_are_all_missing() -> None:
     assert phases["sandbox_creation"]["missing"] == 3
     assert phases["sandbox_creation"]["precision_seconds"] is None
     assert "p50" not in phases["sandbox_creation"]
+    assert phases["sandbox_creation"]["why_missing"] == "no episode had both scheduled and sandbox_ready"
     assert phases["container_start"]["missing"] == 3
 
 
@@ -786,17 +791,15 @@ def test_scheduled_event_times_only_from_pod_scheduled_events() -> None:
     assert demo.scheduled_event_times(events) == {POD_A: BASE + 0.25, POD_B: BASE + 0.5}
 
 
-EXPECTED_CSV_HEADER = (
-    "batch,pod,index,node,reward,image_cache,"
-    "pod_created_after_job_seconds,scheduled_after_job_seconds,sandbox_ready_after_job_seconds,"
-    "container_started_after_job_seconds,process_started_after_job_seconds,imports_done_after_job_seconds,"
-    "ready_after_job_seconds,reward_after_job_seconds,container_finished_after_job_seconds,"
-    "pod_created_precision_seconds,scheduled_precision_seconds,sandbox_ready_precision_seconds,"
-    "container_started_precision_seconds,process_started_precision_seconds,imports_done_precision_seconds,"
-    "ready_precision_seconds,reward_precision_seconds,container_finished_precision_seconds,"
-    "scheduling_seconds,sandbox_creation_seconds,container_start_seconds,python_imports_seconds,"
-    "imports_done_to_ready_seconds,episode_work_seconds,container_exit_seconds,pod_to_ready_seconds,"
-    "pod_to_reward_seconds"
+EXPECTED_CSV_HEADER = ",".join(
+    ["batch", "pod", "index", "node", "reward", "image_cache"]
+    + [f"{point}_after_job_seconds" for point in demo.POINTS]
+    + [f"{point}_precision_seconds" for point in demo.POINTS]
+    + [f"{phase}_seconds" for phase in demo.PHASES]
+    + [f"{point}_at" for point in demo.POINTS]
+    + [f"{point}_source" for point in demo.POINTS]
+    + [f"{point}_clock" for point in demo.POINTS]
+    + [f"{phase}_precision_seconds" for phase in demo.PHASES]
 )
 
 
@@ -807,18 +810,30 @@ def test_episodes_csv_header_and_rows() -> None:
     assert lines[0] == EXPECTED_CSV_HEADER
     assert lines[1:] == [
         "rollout,rollout-4kq2m,,node-1,1,present,"
-        "1.000000,1.250000,2.000000,2.000000,2.500000,3.250000,3.500000,8.000000,9.000000,"
-        "1,1e-06,1,1,0.01,1e-06,1e-06,1e-06,1,"
-        "0.250000,0.750000,0.500000,0.750000,0.250000,4.500000,1.000000,2.500000,7.000000",
+        "1.000000,1.250000,2.000000,2.510000,2.500000,3.250000,3.500000,8.000000,9.000000,"
+        "1,1e-06,1.75,0.51,0.01,1e-06,1e-06,1e-06,1,"
+        "0.250000,0.750000,0.500000,0.750000,0.250000,4.500000,1.000000,2.500000,7.000000,"
+        "1795982401.000000,1795982401.250000,1795982402.000000,1795982402.510000,1795982402.500000,1795982403.250000,1795982403.500000,1795982408.000000,1795982409.000000,"
+        'Pod creationTimestamp,Scheduled event eventTime,"PodReadyToStartContainers condition, after Scheduled eventTime","worker process start, after container startedAt",worker /proc start time,worker imports_done_at,worker ready event,worker reward event,container finishedAt,'
+        "control plane,control plane,node,node,node,node,node,node,node,"
+        "1,1.75,1.76,0.010001,2e-06,2e-06,1,1,1",
         "rollout,rollout-9vtzb,,node-2,1,pulled,"
-        "1.000000,1.500000,3.000000,3.000000,3.000000,4.000000,4.250000,8.500000,9.000000,"
-        "1,1e-06,1,1,0.01,1e-06,1e-06,1e-06,1,"
-        "0.500000,1.500000,0.000000,1.000000,0.250000,4.250000,0.500000,3.250000,7.500000",
-        # No sandbox condition: empty cells; scheduled from the whole-second condition.
+        "1.000000,1.500000,3.000000,3.010000,3.000000,4.000000,4.250000,8.500000,9.000000,"
+        "1,1e-06,2.5,0.01,0.01,1e-06,1e-06,1e-06,1,"
+        "0.500000,1.500000,0.000000,1.000000,0.250000,4.250000,0.500000,3.250000,7.500000,"
+        "1795982401.000000,1795982401.500000,1795982403.000000,1795982403.010000,1795982403.000000,1795982404.000000,1795982404.250000,1795982408.500000,1795982409.000000,"
+        'Pod creationTimestamp,Scheduled event eventTime,"PodReadyToStartContainers condition, after Scheduled eventTime","worker process start, after container startedAt",worker /proc start time,worker imports_done_at,worker ready event,worker reward event,container finishedAt,'
+        "control plane,control plane,node,node,node,node,node,node,node,"
+        "1,2.5,2.51,0.010001,2e-06,2e-06,1,1,1",
+        # No sandbox condition and no kubelet event: empty cells; scheduled from the whole-second condition.
         "rollout,rollout-p7x8s,,node-1,1,,"
-        "2.000000,2.000000,,3.000000,3.500000,4.500000,5.000000,9.750000,10.000000,"
-        "1,1,,1,0.01,1e-06,1e-06,1e-06,1,"
-        "0.000000,,,1.000000,0.500000,4.750000,0.250000,3.000000,7.750000",
+        "2.000000,2.000000,,3.510000,3.500000,4.500000,5.000000,9.750000,10.000000,"
+        "1,1,,0.51,0.01,1e-06,1e-06,1e-06,1,"
+        "0.000000,,,1.000000,0.500000,4.750000,0.250000,3.000000,7.750000,"
+        "1795982402.000000,1795982402.000000,,1795982403.510000,1795982403.500000,1795982404.500000,1795982405.000000,1795982409.750000,1795982410.000000,"
+        'Pod creationTimestamp,PodScheduled condition,,"worker process start, after container startedAt",worker /proc start time,worker imports_done_at,worker ready event,worker reward event,container finishedAt,'
+        "control plane,control plane,,node,node,node,node,node,node,"
+        "2,,,0.010001,2e-06,2e-06,1,1,1",
     ]
 
 
