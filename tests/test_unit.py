@@ -1138,3 +1138,167 @@ def test_a_failed_batch_says_which_evidence_exists() -> None:
     pods = [{"metadata": {"name": "a"}}, {"metadata": {"name": "b"}}]
     assert demo.saved_evidence(None, pods, {"a": "{}\n", "b": ""}, [{}]) == (
         "saved: job.json (unreadable), pods.json (2 pods), events.txt (1 events), 1 of 2 pod logs with content")
+
+
+# --------------------------------------------------------------------------
+# Sub-second points: event names, the client's watch, server seconds, clocks.
+
+
+def named_event(reason: str, pod: str, at: float, kind: str = "Pod", node: str = "node-1",
+                stored: float | None = None, **extra: Any) -> dict:
+    """An event as a recorder makes it: named `<object>.<hex UnixNano>` on its own clock."""
+    metadata = {"name": f"{pod}.{int(round(at * 1e9)):x}", "namespace": NAMESPACE}
+    if stored is not None:
+        metadata["creationTimestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(stored))
+    involved = {"kind": kind, "name": pod, "namespace": NAMESPACE}
+    if kind == "Pod":
+        involved["fieldPath"] = "spec.containers{episode}"
+    return dict({"apiVersion": "v1", "kind": "Event", "reason": reason, "type": "Normal", "count": 1,
+                 "involvedObject": involved, "metadata": metadata,
+                 "source": {"component": "kubelet", "host": node} if kind == "Pod" else
+                 {"component": "job-controller"}}, **extra)
+
+
+def test_event_name_time_reads_the_recorders_nanoseconds() -> None:
+    event = named_event("Started", POD_A, T0 + 2.123456789)
+    assert demo.event_name_time(event) == pytest.approx(T0 + 2.123456789, abs=1e-6)
+    # A name the recorder did not make (kubectl-created, or a short hex word) says nothing.
+    assert demo.event_name_time({"metadata": {"name": "rollout-4kq2m.Started"}}) is None
+    assert demo.event_name_time({"metadata": {"name": "rollout.beef"}}) is None
+    assert demo.event_name_time({"metadata": {}}) is None
+
+
+def test_kubelet_events_and_pod_creations_per_pod() -> None:
+    events = [
+        named_event("Pulled", POD_A, T0 + 2.10), named_event("Created", POD_A, T0 + 2.11),
+        named_event("Started", POD_A, T0 + 2.15), named_event("Started", POD_A, T0 + 5.0),  # a restart
+        named_event("FailedMount", POD_A, T0 + 1.5),  # before the sandbox: not a container event
+        named_event("SuccessfulCreate", "rollout", T0 + 1.02, kind="Job", message=f"Created pod: {POD_A}"),
+        # The recorder combined this one with similar events: it names no pod's own creation.
+        named_event("SuccessfulCreate", "rollout", T0 + 1.03, kind="Job", count=4,
+                    message=f"Created pod: {POD_B}"),
+    ]
+    kubelet = demo.kubelet_container_events(events)
+    assert {reason: round(at - T0, 3) for reason, (at, _) in kubelet[POD_A].items()} == {
+        "Pulled": 2.1, "Created": 2.11, "Started": 2.15}
+    assert kubelet[POD_A]["Started"][1] == "node-1"
+    assert {pod: round(at - T0, 3) for pod, at in demo.pod_creation_events(events).items()} == {POD_A: 1.02}
+
+
+def test_the_watch_records_when_each_transition_first_arrived() -> None:
+    seen: dict[str, Any] = {}
+    pending = make_pod(POD_A, exit_code=None, sandbox_ready=None)
+    pending["status"]["containerStatuses"][0]["state"] = {"waiting": {"reason": "ContainerCreating"}}
+    del pending["spec"]["nodeName"]
+    demo.record_pod_observation(seen, pending, 100.0)
+    assert seen == {"seen": {"added": 100.0}}
+    pending["spec"]["nodeName"] = "node-1"
+    demo.record_pod_observation(seen, pending, 100.5)
+    running = make_pod(POD_A, exit_code=None, sandbox_ready=stamp(2))
+    demo.record_pod_observation(seen, running, 102.0)  # sandbox and running in one update
+    demo.record_pod_observation(seen, make_pod(POD_A), 109.0)
+    demo.record_pod_observation(seen, make_pod(POD_A), 110.0)  # seen again: the first arrival stays
+    assert seen == {"seen": {"added": 100.0, "bound": 100.5, "sandbox_ready": 102.0, "running": 102.0,
+                             "terminated": 109.0}, "sandbox_ready": stamp(2)}
+    job_seen: dict[str, float] = {}
+    demo.record_job_observation(job_seen, make_job(end_at=stamp(11), criteria_at=stamp(11)), 111.5)
+    assert job_seen == {"added": 111.5, "SuccessCriteriaMet": 111.5, "Complete": 111.5}
+
+
+def sharp_batch() -> tuple[dict, list[dict], dict[str, str], list[dict], dict]:
+    """One episode with every sharp source: events named on the node, watch times on the client."""
+    job = make_job(end_at=stamp(11), criteria_at=stamp(11))
+    pod = make_pod(POD_A, created=stamp(1), scheduled=stamp(1), sandbox_ready=stamp(2), started=stamp(2),
+                   finished=stamp(3))
+    logs = {POD_A: log_text(ready_event(POD_A, T0 + 2.5, imports_done_at=T0 + 2.45, process_started_at=T0 + 2.2),
+                            reward_event(POD_A, T0 + 3.4))}
+    events = [
+        dict(named_event("Scheduled", POD_A, T0 + 1.03), eventTime="2026-11-29T20:00:01.030000Z",
+             source={}, reportingComponent="default-scheduler"),
+        named_event("SuccessfulCreate", "rollout", T0 + 1.005, kind="Job", message=f"Created pod: {POD_A}"),
+        named_event("Pulled", POD_A, T0 + 1.96, stored=T0 + 1),
+        named_event("Created", POD_A, T0 + 2.12, stored=T0 + 2),
+        named_event("Started", POD_A, T0 + 2.18, stored=T0 + 2),
+    ]
+    observed = {"pods": {POD_A: {"seen": {"added": T0 + 1.01, "bound": T0 + 1.04, "sandbox_ready": T0 + 2.2,
+                                          "running": T0 + 2.2, "terminated": T0 + 3.45}}},
+                "job": {"submitted": T0 - 0.05, "create_returned": T0 + 0.02, "added": T0 + 0.9}}
+    return job, [pod], logs, events, observed
+
+
+def test_every_point_from_its_sharpest_source() -> None:
+    job, pods, logs, events, observed = sharp_batch()
+    summary = demo.summarise_batch(job, pods, logs, events, 1, observed=observed)
+    points = summary["_episodes"][0]["points"]
+    shown = {name: (round(p.at - T0, 6), p.precision, p.clock) for name, p in points.items()}
+    assert shown == {
+        # Named by the Job controller just after creating the pod; within 0.1 s of it and in its second.
+        "pod_created": (1.005, 0.005, "control plane"),
+        "scheduled": (1.03, 1e-6, "control plane"),
+        # The kubelet's Pulled follows the sandbox at once: within 0.1 s before it.
+        "sandbox_ready": (1.96, 0.1, "node"),
+        # Between the Created and Started events.
+        "container_started": (2.18, 0.06, "node"),
+        "process_started": (2.2, 0.01, "node"),
+        "imports_done": (2.45, 1e-6, "node"),
+        "ready": (2.5, 1e-6, "node"),
+        "reward": (3.4, 1e-6, "node"),
+        # After the reward, within finishedAt's second, seen terminated by the watch.
+        "container_finished": (3.45, 0.05, "client"),
+    }
+    assert points["container_started"].source == "kubelet Started event name, after kubelet Created event name"
+    # Every point with a server stamp lies in that stamp's second.
+    assert 1 <= shown["pod_created"][0] < 2 and 3 <= shown["container_finished"][0] < 4
+    phases = summary["_episodes"][0]["phases"]
+    assert phases["sandbox_creation"] == (pytest.approx(0.93), pytest.approx(0.100001))
+    # The Job's true creation: inside the client's create call.
+    assert summary["job_created"]["at"] == pytest.approx(T0 + 0.02)
+    assert summary["job_created"]["precision"] == pytest.approx(0.02)
+    # No clock is shown apart from the others, so none is corrected.
+    assert summary["clocks"]["warnings"] == []
+    assert summary["clocks"]["client"]["offset_seconds"] == 0.0
+    assert summary["clocks"]["nodes"]["node-1"]["offset_seconds"] == 0.0
+    # The guide's pod_to_ready stays whole-second: ready 2.5 - created 1 (stamp).
+    assert summary["pod_to_ready_p50_seconds"] == 1.5
+    assert summary["phases"]["pod_to_ready"]["p50"] == pytest.approx(1.495)
+
+
+def test_a_watch_behind_the_server_second_shows_a_clock_apart_loudly() -> None:
+    job, pods, logs, events, observed = sharp_batch()
+    # The client's clock runs 0.5 s behind: it "sees" the pod before its creationTimestamp second.
+    for seen in observed["pods"][POD_A]["seen"]:
+        observed["pods"][POD_A]["seen"][seen] -= 0.5
+    observed["job"] = {key: value - 0.5 for key, value in observed["job"].items()}
+    summary = demo.summarise_batch(job, pods, logs, events, 1, observed=observed)
+    client = summary["clocks"]["client"]
+    assert client["offset_seconds"] == pytest.approx(-0.49)  # at most 1.01 - 0.5 - 1 (pod created stamp)
+    assert any("client's and the control plane's clocks disagree" in w for w in summary["clocks"]["warnings"])
+    # Corrected onto the control plane's clock, the watch's times fall back into their seconds.
+    finished = summary["_episodes"][0]["points"]["container_finished"]
+    assert 3 <= finished.at - T0 < 4
+
+
+def test_sharpest_keeps_the_stamp_when_the_sources_contradict_it() -> None:
+    stamp_bound = demo.whole_second(T0 + 1, "stamp", "control plane")
+    watch = demo.upper(T0 + 0.5, "watch", "client")  # seen before its own second: clocks apart
+    assert demo.sharpest([watch], stamp_bound) == demo.Point(T0 + 1, 1.0, "stamp", "control plane")
+    assert demo.sharpest([demo.lower(T0 + 1.2, "after", "node")], None) is None  # nothing shows it happened
+
+
+def test_a_phase_shorter_than_its_precision_is_never_negative() -> None:
+    points = {"pod_created": demo.Point(10.05, 0.1, "a", "control plane"),
+              "scheduled": demo.Point(10.0, 1e-6, "b", "control plane")}
+    assert demo.phase_durations(points)["scheduling"] == (0.0, 0.100001)
+    assert demo.figure(0.0, 0.100001) == "<0.1"
+    assert demo.figure(0.25, 0.1) == "0.250"
+    assert demo.figure(None, 0.1) == "-"
+
+
+def test_compare_takes_no_ratio_of_figures_below_their_precision() -> None:
+    def results(scheduling: float, precision: float) -> dict:
+        return {"phases": {"scheduling": {"p50": scheduling, "precision_seconds": precision},
+                           "sandbox_creation": {"p50": 0.8, "precision_seconds": 0.1}}}
+    table = demo.compare_table(results(0.03, 0.1), results(0.5, 0.1), "A", "B")
+    rows = {line.split()[0]: line.split()[1:] for line in table.splitlines()}
+    assert rows["scheduling_p50_seconds"] == ["<0.1", "0.5", "-"]
+    assert rows["sandbox_creation_p50_seconds"] == ["0.8", "0.8", "1.00"]
