@@ -3077,6 +3077,7 @@ class ContainerRunner(threading.Thread):
         self.exit_codes: List[int] = []
         self.started_once = False
         self.last_terminated: Optional[dict] = None
+        self.image_ready = False
 
     # -- status helpers ----------------------------------------------------
     def set_state(self, state: dict, **extra: Any) -> None:
@@ -3098,6 +3099,21 @@ class ContainerRunner(threading.Thread):
         except Exception:
             traceback.print_exc()
 
+    def ensure_image(self) -> bool:
+        """The kubelet's first step for a container: pull the image or find it present (an event
+        either way). False when the pod is stopped meanwhile."""
+        image = self.c.get("image", "")
+        self.image_ready = True
+        if self.c.get("imagePullPolicy", "IfNotPresent") == "Always":
+            self.event("Normal", "Pulling", 'Pulling image "%s"' % image)
+            if self.w.sleep(0.05):
+                return False
+            self.event("Normal", "Pulled", 'Successfully pulled image "%s" in 52ms (52ms including waiting). '
+                                           'Image size: 19203584 bytes.' % image)
+        else:
+            self.event("Normal", "Pulled", 'Container image "%s" already present on machine' % image)
+        return True
+
     def _run(self) -> None:
         emu, w = self.emu, self.w
         idx = w.index
@@ -3105,15 +3121,8 @@ class ContainerRunner(threading.Thread):
         if emu.fault_applies("image_pull_backoff", idx):
             self._image_pull_backoff(image)
             return
-        policy = self.c.get("imagePullPolicy", "IfNotPresent")
-        if policy == "Always":
-            self.event("Normal", "Pulling", 'Pulling image "%s"' % image)
-            if w.sleep(0.05):
-                return
-            self.event("Normal", "Pulled", 'Successfully pulled image "%s" in 52ms (52ms including waiting). '
-                                           'Image size: 19203584 bytes.' % image)
-        else:
-            self.event("Normal", "Pulled", 'Container image "%s" already present on machine' % image)
+        if not self.image_ready and not self.ensure_image():
+            return
         uid, gid, err = self._identity()
         env = None
         if not err:
@@ -3508,6 +3517,17 @@ class PodWorker(threading.Thread):
 
         if self.update(init) is None:
             return
+        # Volumes are mounted before the sandbox is asked for (the kubelet waits for them first),
+        # so the kubelet's first container event follows the sandbox at once.
+        while True:
+            try:
+                self._prepare_volumes(self.store_pod())
+                break
+            except MountError as e:
+                emu.record_event(self.store_pod(), "Warning", "FailedMount", str(e), "kubelet", host=self.kl.node)
+                if self.sleep(1.0):
+                    self._terminate_all()
+                    return
         if emu.faults.get("sandbox_after_watch"):
             # Fired by a state, not a timer: the sandbox starts once a client watches this
             # pod's Job's pods, so a client that was slow to start its watch still sees every
@@ -3537,18 +3557,14 @@ class PodWorker(threading.Thread):
         if self.update(sandbox) is None:
             return
         emu.truth_set("pods", self.key, "sandbox_ready")
-        # volumes
-        while True:
-            try:
-                self._prepare_volumes(self.store_pod())
-                break
-            except MountError as e:
-                emu.record_event(self.store_pod(), "Warning", "FailedMount", str(e), "kubelet", host=self.kl.node)
-                if self.sleep(1.0):
-                    self._terminate_all()
-                    return
         self.pod = self.store_pod()
         self.runners = [ContainerRunner(self, c) for c in containers]
+        # As the kubelet does, in the same step that saw the sandbox ready: the first container's
+        # image is pulled or found at once, so its event follows the sandbox by milliseconds.
+        if self.runners and not emu.fault_applies("image_pull_backoff", self.index):
+            if not self.runners[0].ensure_image():
+                self._terminate_all()
+                return
         for r in self.runners:
             r.start()
         last_size_check = 0.0

@@ -50,14 +50,22 @@ PIPE_BOUND = 10.0
 # process starts after that, and its /proc start time is read in 10 ms ticks, so it
 # may read a tick or two early.
 PROC_TICK_SLACK = 0.03
+# The emulator notes a truth just after the change it records (after the store write, before
+# the watchers hear of it): a reported moment may precede its truth by that much.
+TRUTH_NOTED_AFTER = 0.01
+# What the sub-second points must achieve against the truth: each within this of it, and
+# each stated precision no wider.
+POINT_TARGET = 0.15
 
-# Where each point comes from, hence its precision.
-POINT_PRECISION = {
-    "pod_created": 1.0, "scheduled": 1e-6, "sandbox_ready": 1.0, "container_started": 1.0,
-    "process_started": 0.01, "imports_done": 1e-6, "ready": 1e-6, "reward": 1e-6,
-    "container_finished": 1.0,
-}
-WHOLE_SECOND_POINTS = ("pod_created", "sandbox_ready", "container_started", "container_finished")
+# Point -> the emulator's truth field of the same moment.
+TRUTH_FIELDS = {"pod_created": "created", "scheduled": "scheduled", "sandbox_ready": "sandbox_ready",
+                "container_started": "container_started", "container_finished": "container_finished"}
+WORKER_POINTS = {"process_started": 0.01, "imports_done": 1e-6, "ready": 1e-6, "reward": 1e-6}
+CLOCKS = {"control plane", "node", "client"}
+# Point -> the server stamp whose second it cannot leave.
+STAMPS = {"pod_created": lambda pod: pod["metadata"]["creationTimestamp"],
+          "container_started": lambda pod: rl_batch_demo.container_terminated(pod)["startedAt"],
+          "container_finished": lambda pod: rl_batch_demo.container_terminated(pod)["finishedAt"]}
 
 
 # --------------------------------------------------------------------------
@@ -135,14 +143,20 @@ def six(cluster, tmp_path_factory) -> Run:
 
 
 def reported_points(job: dict, row: dict) -> dict[str, tuple[float, float] | None]:
-    """episodes.csv's points (seconds after the Job's creationTimestamp) as epoch seconds."""
+    """episodes.csv's points as epoch seconds, with their precision; the relative and absolute
+    columns must say the same."""
     job_created = parse_time(job["metadata"]["creationTimestamp"])
     assert job_created is not None and job_created.is_integer()
     points = {}
     for point in POINTS:
         value = row[f"{point}_after_job_seconds"]
-        points[point] = None if value == "" else (
-            job_created + float(value), float(row[f"{point}_precision_seconds"]))
+        if value == "":
+            assert row[f"{point}_at"] == row[f"{point}_source"] == "", (row["pod"], point)
+            points[point] = None
+            continue
+        assert float(row[f"{point}_at"]) == pytest.approx(job_created + float(value), abs=2e-6)
+        assert row[f"{point}_source"] and row[f"{point}_clock"] in CLOCKS, (row["pod"], point)
+        points[point] = (float(row[f"{point}_at"]), float(row[f"{point}_precision_seconds"]))
     return points
 
 
@@ -156,41 +170,48 @@ def true_windows(run: Run, pod: str, imports_done: float) -> dict[str, tuple[flo
     """Point -> the window (earliest, latest) in which it truly happened, by the emulator's record."""
     truth = run.pod_truth(pod)
     received = run.received[pod]
+    windows = {point: (truth[field] - TRUTH_NOTED_AFTER, truth[field]) for point, field in TRUTH_FIELDS.items()}
+    windows["scheduled"] = (truth["scheduled"] - EVENT_TIME_TOLERANCE, truth["scheduled"] + EVENT_TIME_TOLERANCE)
+    # The worker's process starts after the emulator spawned its sandbox, before its imports end.
+    windows["process_started"] = (truth["container_started"] - PROC_TICK_SLACK, imports_done)
+    # The worker wrote each event after its container started and before the emulator
+    # read it from the pipe: on a loaded machine that read can lag, so no tighter window.
+    windows["ready"] = (truth["container_started"], received["ready"])
+    windows["reward"] = (truth["container_started"], received["reward"])
+    return windows
 
-    def stamped(moment: float) -> tuple[float, float]:
-        return moment - STAMP_TO_TRUTH, moment
 
-    return {
-        "pod_created": stamped(truth["created"]),
-        "scheduled": (truth["scheduled"] - EVENT_TIME_TOLERANCE, truth["scheduled"] + EVENT_TIME_TOLERANCE),
-        "sandbox_ready": stamped(truth["sandbox_ready"]),
-        "container_started": stamped(truth["container_started"]),
-        # The worker's process starts after the emulator spawned its sandbox, before its imports end.
-        "process_started": (truth["container_started"] - PROC_TICK_SLACK, imports_done),
-        # The worker wrote each event after its container started and before the emulator
-        # read it from the pipe: on a loaded machine that read can lag, so no tighter window.
-        "ready": (truth["container_started"], received["ready"]),
-        "reward": (truth["container_started"], received["reward"]),
-        "container_finished": stamped(truth["container_finished"]),
-    }
+def point_errors(run: Run, job: dict, rows: list[dict]) -> dict[str, list[tuple[float, float]]]:
+    """Point -> (reported - true, stated precision) per episode, for the points the emulator records."""
+    errors: dict[str, list[tuple[float, float]]] = {point: [] for point in TRUTH_FIELDS}
+    for row in rows:
+        points = reported_points(job, row)
+        truth = run.pod_truth(row["pod"])
+        for point, field in TRUTH_FIELDS.items():
+            assert points[point] is not None, f"{row['pod']}: {point} missing though its source exists"
+            errors[point].append((points[point][0] - truth[field], points[point][1]))
+    return errors
 
 
 def assert_points_match_truth(run: Run, job_name: str, job: dict, rows: list[dict]) -> None:
-    """Every point of every episode of one batch, against the emulator's record."""
+    """Every point of every episode of one batch, against the emulator's record: its stated
+    precision covers its error, and it lies inside its server second."""
     assert_whole_second(parse_time(job["metadata"]["creationTimestamp"]),
                         run.job_truth(job_name)["created"], f"{job_name} created")
+    for point, errors in point_errors(run, job, rows).items():
+        for error, precision in errors:
+            slack = TRUTH_NOTED_AFTER if error < 0 else EVENT_TIME_TOLERANCE
+            assert abs(error) <= precision + slack, \
+                f"{point}: {error:+.3f} s from the truth, beyond its stated precision {precision:.3f} s"
     for row in rows:
         pod = row["pod"]
         points = reported_points(job, row)
         truth = run.pod_truth(pod)
-        for point in POINTS:
-            assert points[point] is not None, f"{pod}: {point} missing though its source exists"
-            assert points[point][1] == POINT_PRECISION[point], (pod, point, points[point])
-        for point in WHOLE_SECOND_POINTS:
-            assert_whole_second(points[point][0], truth[point if point != "pod_created" else "created"],
-                                f"{pod} {point}")
-        scheduled = points["scheduled"][0]
-        assert abs(scheduled - truth["scheduled"]) < EVENT_TIME_TOLERANCE, (pod, scheduled, truth["scheduled"])
+        for point, stamp_of in STAMPS.items():
+            second = parse_time(stamp_of(run.pods[pod]))
+            assert second <= points[point][0] < second + 1, (pod, point, points[point], second)
+        for point, precision in WORKER_POINTS.items():
+            assert points[point][1] == precision, (pod, point, points[point])
         # The worker's clock is the emulator's clock: its points lie inside the container's life.
         for point in ("imports_done", "ready", "reward"):
             assert truth["container_started"] <= points[point][0] <= truth["container_finished"], \
@@ -202,6 +223,33 @@ def assert_points_match_truth(run: Run, job_name: str, job: dict, rows: list[dic
         process = points["process_started"][0]
         assert truth["container_started"] - PROC_TICK_SLACK <= process <= points["imports_done"][0], \
             (pod, process, truth["container_started"], points["imports_done"])
+
+
+def assert_phases_match_truth(run: Run, job: dict, rows: list[dict]) -> dict[str, list[float]]:
+    """Each phase of each episode within its stated precision of the true duration; returns the columns."""
+    columns: dict[str, list[float]] = {phase: [] for phase in PHASES}
+    for row in rows:
+        points = reported_points(job, row)
+        truth = true_windows(run, row["pod"], points["imports_done"][0])
+        for phase, (start, end) in PHASES.items():
+            seconds = float(row[f"{phase}_seconds"])
+            precision = float(row[f"{phase}_precision_seconds"])
+            columns[phase].append(seconds)
+            assert seconds >= 0, (row["pod"], phase, seconds)
+            assert seconds == pytest.approx(max(0.0, points[end][0] - points[start][0]), abs=1e-5), \
+                (row["pod"], phase)
+            assert precision == pytest.approx(points[start][1] + points[end][1], rel=1e-4, abs=2e-6)
+            if start not in truth or end not in truth:
+                continue
+            shortest = truth[end][0] - truth[start][1]
+            longest = truth[end][1] - truth[start][0]
+            assert shortest - precision <= seconds <= longest + precision, \
+                f"{row['pod']} {phase}: reported {seconds:.3f} s, truly {shortest:.3f}..{longest:.3f} s, " \
+                f"precision {precision:g} s"
+        # No truth for the import boundary: it must at least fall inside the process's life.
+        assert 0 < float(row["python_imports_seconds"]) < float(row["episode_work_seconds"]) + 5
+        assert 0 <= float(row["imports_done_to_ready_seconds"]) < 0.5
+    return columns
 
 
 # --------------------------------------------------------------------------
@@ -228,25 +276,7 @@ def test_every_point_matches_the_emulator_record(six):
 
 def test_every_phase_is_within_its_precision_of_the_truth(six):
     job = load(six.output / "job.json")
-    columns: dict[str, list[float]] = {phase: [] for phase in PHASES}
-    for row in six.rows:
-        points = reported_points(job, row)
-        truth = true_windows(six, row["pod"], points["imports_done"][0])
-        for phase, (start, end) in PHASES.items():
-            seconds = float(row[f"{phase}_seconds"])
-            columns[phase].append(seconds)
-            assert seconds == pytest.approx(points[end][0] - points[start][0], abs=1e-5), (row["pod"], phase)
-            precision = max(POINT_PRECISION[start], POINT_PRECISION[end])
-            if start in truth and end in truth:
-                shortest = truth[end][0] - truth[start][1]
-                longest = truth[end][1] - truth[start][0]
-                assert shortest - precision <= seconds <= longest + precision, \
-                    f"{row['pod']} {phase}: reported {seconds:.3f} s, truly {shortest:.3f}..{longest:.3f} s, " \
-                    f"precision {precision:g} s"
-        # No truth for the import boundary: it must at least fall inside the process's life.
-        assert 0 < float(row["python_imports_seconds"]) < float(row["episode_work_seconds"]) + 5
-        assert 0 <= float(row["imports_done_to_ready_seconds"]) < 0.5
-
+    columns = assert_phases_match_truth(six, job, six.rows)
     phases = six.results["phases"]
     assert list(phases) == list(PHASES)
     for phase, (start, end) in PHASES.items():
@@ -254,19 +284,75 @@ def test_every_phase_is_within_its_precision_of_the_truth(six):
         values = columns[phase]
         assert (entry["from"], entry["to"]) == (start, end)
         assert entry["samples"] == 6 and entry["missing"] == 0, (phase, entry)
-        assert entry["precision_seconds"] == max(POINT_PRECISION[start], POINT_PRECISION[end]), (phase, entry)
+        assert entry["precision_seconds"] == pytest.approx(
+            max(float(row[f"{phase}_precision_seconds"]) for row in six.rows), rel=1e-4), (phase, entry)
         for key, q in (("p50", 0.5), ("p95", 0.95), ("p99", 0.99)):
             assert entry[key] == pytest.approx(percentile(values, q), abs=1.5e-3), (phase, key)
         assert entry["max"] == pytest.approx(max(values), abs=1.5e-3), phase
         assert entry["mean"] == pytest.approx(sum(values) / len(values), abs=1.5e-3), phase
 
 
-def test_pod_to_ready_is_one_figure_wherever_it_is_reported(six):
-    """The guide's pod_to_ready percentiles and the pod_to_ready phase are the same measurement."""
-    phase = six.results["phases"]["pod_to_ready"]
-    assert (phase["p50"], phase["p95"], phase["max"]) == (
-        six.results["pod_to_ready_p50_seconds"], six.results["pod_to_ready_p95_seconds"],
-        six.results["pod_to_ready_max_seconds"])
+def test_pod_to_ready_keeps_the_guides_definition_beside_the_sharp_phase(six):
+    """The guide's pod_to_ready figures count from the whole-second creationTimestamp, as the
+    guide computes them; the pod_to_ready phase measures the same span from the sharpest points."""
+    guide = [row["pod_to_ready_seconds"] for row in six.results["pods"]]
+    assert six.results["pod_to_ready_p50_seconds"] == pytest.approx(percentile(guide, 0.5), abs=1.5e-3)
+    assert six.results["pod_to_ready_p95_seconds"] == pytest.approx(percentile(guide, 0.95), abs=1.5e-3)
+    assert six.results["pod_to_ready_max_seconds"] == max(guide)
+    for row in six.results["pods"]:
+        pod = load(six.output / "pods.json")["items"]
+        created = {p["metadata"]["name"]: parse_time(p["metadata"]["creationTimestamp"]) for p in pod}
+        ready = created[row["pod"]] + row["pod_to_ready_seconds"]
+        true = ready - six.pod_truth(row["pod"])["created"]
+        sharp = float(next(r for r in six.rows if r["pod"] == row["pod"])["pod_to_ready_seconds"])
+        assert abs(sharp - true) <= POINT_TARGET, (row["pod"], sharp, true)
+        assert 0 <= row["pod_to_ready_seconds"] - true < 1 + STAMP_TO_TRUTH
+
+
+def test_twelve_episodes_meet_the_sub_second_targets(require_e2e, tmp_path):
+    """12 episodes at parallelism 6, a 0.6-1.0 s sandbox, and the kubelet reporting the sandbox's
+    readiness in the same status update as the running container (as a real kubelet usually
+    does, so that condition says nothing sharp): every point within 0.15 s of the truth, each
+    stated precision covering its error; the precision itself at most 0.15 s wherever the
+    emulator's own events were no further apart than that (on a loaded machine a container's
+    spawn can take longer, and the tool must then say so, not claim more)."""
+    kubectl = require_e2e(KUBECTL_VERSION)
+    emulator = Emulator(tmp_path / "emulator", faults={"sandbox_delay": 0.6, "sandbox_jitter": 0.4,
+                                                       "sandbox_status_with_running": True})
+    emulator.start()
+    try:
+        output = tmp_path / "rl-12"
+        result = tool(emulator, kubectl, "run", "--count", "12", "--parallelism", "6", "--output", str(output),
+                      "--quiet")
+        assert result.returncode == 0, result.stderr
+        run = Run(emulator, output, result.stdout)
+        events = emulator.list("events", run.namespace)
+    finally:
+        emulator.stop()
+    job = load(output / "job.json")
+    assert len(run.rows) == 12
+    # The sandbox's condition really did arrive with the running container.
+    for name in run.pods:
+        assert run.pod_truth(name)["sandbox_delay"] >= 0.6
+    assert_points_match_truth(run, "rollout", job, run.rows)
+    assert_phases_match_truth(run, job, run.rows)
+    # How far apart the emulator's own events were: the evidence can be no sharper than that.
+    kubelet = rl_batch_demo.kubelet_container_events(events)
+    spawn = {pod: reasons["Started"][0] - reasons["Created"][0] for pod, reasons in kubelet.items()}
+    report_lines = []
+    for point, errors in point_errors(run, job, run.rows).items():
+        worst = max(abs(error) for error, _ in errors)
+        widest = max(precision for _, precision in errors)
+        report_lines.append(f"{point}: worst error {worst:.3f} s, widest precision {widest:.3f} s")
+        for row, (error, precision) in zip(run.rows, errors):
+            allowed = max(POINT_TARGET, spawn[row["pod"]]) if point == "container_started" else POINT_TARGET
+            assert precision <= allowed, (row["pod"], point, precision, report_lines)
+            assert abs(error) <= allowed, (row["pod"], point, error, report_lines)
+    for row in run.rows:
+        truth = run.pod_truth(row["pod"])
+        true_sandbox = truth["sandbox_ready"] - truth["scheduled"]
+        assert abs(float(row["sandbox_creation_seconds"]) - true_sandbox) <= POINT_TARGET, (row, true_sandbox)
+    print("\n".join(report_lines))
 
 
 def assert_gap_matches_truth(run: Run, gap: dict, success_criteria_met: bool) -> None:
@@ -411,10 +497,17 @@ def test_missing_scheduler_events_fall_back_or_are_counted_missing(six, tmp_path
         scheduled = record["points"]["scheduled"]
         assert scheduled is not None and scheduled[1] == 1.0, (record["pod"], scheduled)
         assert_whole_second(scheduled[0], six.pod_truth(record["pod"])["scheduled"], f"{record['pod']} scheduled")
+        # The kubelet's events are gone too: the sandbox is bounded by the watch and the stamps alone,
+        # honestly wider, and still holds its truth.
+        sandbox = record["points"]["sandbox_ready"]
+        true = six.pod_truth(record["pod"])["sandbox_ready"]
+        assert sandbox.source != "" and sandbox.precision > 0.15, sandbox
+        assert sandbox.at - sandbox.precision - TRUTH_NOTED_AFTER <= true <= sandbox.at + TRUTH_NOTED_AFTER, \
+            (sandbox, true)
     phases = recomputed["phases"]
     for phase in ("scheduling", "sandbox_creation"):
         assert phases[phase]["samples"] == 6 and phases[phase]["missing"] == 0
-        assert phases[phase]["precision_seconds"] == 1.0
+        assert phases[phase]["precision_seconds"] >= 1.0
     printed = report(copy)
     assert printed["phases"] == phases
 
@@ -561,9 +654,6 @@ def test_rounds_figures_per_round_and_pooled_hold_against_the_truth(rounds):
     assert results["pod_to_ready_p50_seconds"] == pytest.approx(percentile(ready, 0.5), abs=1.5e-3)
     assert results["pod_to_ready_p95_seconds"] == pytest.approx(percentile(ready, 0.95), abs=1.5e-3)
     assert results["pod_to_ready_max_seconds"] == max(ready)
-    pooled = results["phases"]["pod_to_ready"]
-    assert (pooled["p50"], pooled["p95"], pooled["max"]) == (
-        results["pod_to_ready_p50_seconds"], results["pod_to_ready_p95_seconds"], results["pod_to_ready_max_seconds"])
     assert results["batch_to_all_ready_seconds"] == max(r["batch_to_all_ready_seconds"] for r in results["rounds"])
     assert results["batch_to_all_rewards_seconds"] == max(r["batch_to_all_rewards_seconds"]
                                                           for r in results["rounds"])
@@ -593,9 +683,15 @@ def test_compare_prints_each_metric_once_with_its_ratio(six, rounds, tmp_path):
         a, b = six.results[field], rounds.results[field]
         assert [field, str(a), str(b), f"{b / a:.2f}"] in lines, field
     for phase in PHASES:
-        a, b = six.results["phases"][phase]["p50"], rounds.results["phases"][phase]["p50"]
-        ratio = f"{b / a:.2f}" if a else "-"
-        assert any(line[1:] == [str(a), str(b), ratio] for line in lines if line[0].startswith(phase)), phase
+        entry_a, entry_b = six.results["phases"][phase], rounds.results["phases"][phase]
+        a, b = entry_a["p50"], entry_b["p50"]
+        below_a = rl_batch_demo.below_precision(a, entry_a["precision_seconds"])
+        below_b = rl_batch_demo.below_precision(b, entry_b["precision_seconds"])
+        # A figure below its precision is shown as such, and no ratio is taken of it.
+        shown = [f"<{entry_a['precision_seconds']:.2g}" if below_a else str(a),
+                 f"<{entry_b['precision_seconds']:.2g}" if below_b else str(b),
+                 "-" if below_a or below_b or not a else f"{b / a:.2f}"]
+        assert any(line[1:] == shown for line in lines if line[0].startswith(phase)), (phase, shown, lines)
     names = [line[0] for line in lines]
     assert len(names) == len(set(names)), f"a metric is printed twice: {sorted(Counter(names).items())}"
 
@@ -679,6 +775,9 @@ def test_timeline_has_one_labelled_row_per_episode_a_legend_and_an_axis(six):
     check_timeline((six.output / "timeline.svg").read_text(), sorted(six.pods), labelled=True)
 
 
+WHOLE_SECOND_MODEL = ("pod_created", "sandbox_ready", "container_started", "container_finished")
+
+
 def synthetic_batch(count: int, parallelism: int = 50) -> dict:
     """A batch as `summarise_batch` sees it, from a model of true times in waves of `parallelism`:
     Kubernetes points truncated to the second, event and worker points exact."""
@@ -695,8 +794,8 @@ def synthetic_batch(count: int, parallelism: int = 50) -> dict:
         true["ready"] = true["imports_done"] + 0.0005
         true["reward"] = true["ready"] + 1.7 + 2 * jitter
         true["container_finished"] = true["reward"] + 0.1
-        points = {point: (math.floor(moment), 1.0) if POINT_PRECISION[point] == 1.0 else
-                  (moment, POINT_PRECISION[point]) for point, moment in true.items()}
+        points = {point: (math.floor(moment), 1.0) if point in WHOLE_SECOND_MODEL else
+                  (moment, WORKER_POINTS.get(point, 1e-6)) for point, moment in true.items()}
         records.append({"pod": f"rollout-{n:03d}x", "points": points,
                         "phases": rl_batch_demo.phase_durations(points), "index": None})
     return {"_episodes": records, "_job_created": float(math.floor(job_created))}

@@ -1281,7 +1281,7 @@ def test_a_watch_behind_the_server_second_shows_a_clock_apart_loudly() -> None:
 def test_sharpest_keeps_the_stamp_when_the_sources_contradict_it() -> None:
     stamp_bound = demo.whole_second(T0 + 1, "stamp", "control plane")
     watch = demo.upper(T0 + 0.5, "watch", "client")  # seen before its own second: clocks apart
-    assert demo.sharpest([watch], stamp_bound) == demo.Point(T0 + 1, 1.0, "stamp", "control plane")
+    assert demo.sharpest([watch], stamp_bound) == demo.Point(T0 + 1, 1.0, "stamp", "control plane", T0 + 1)
     assert demo.sharpest([demo.lower(T0 + 1.2, "after", "node")], None) is None  # nothing shows it happened
 
 
