@@ -830,6 +830,7 @@ class Store:
         self.history_limit = max(10, int(history_limit))
         self.compacted_rv = 0
         self.listeners: List[Callable[[str, str, dict], None]] = []
+        self.created_wall: Dict[str, float] = {}
 
     # -- internals --------------------------------------------------------
     def _next_rv(self) -> int:
@@ -901,6 +902,10 @@ class Store:
             md.setdefault("uid", str(uuid.uuid4()))
             md["resourceVersion"] = str(self._next_rv())
             md["creationTimestamp"] = fmt_time(self.clock())
+            # The true moment of creation, taken with the stamp: the listeners that note it may
+            # run a while later on a loaded machine.
+            if store in ("pods", "jobs", "namespaces"):
+                self.created_wall[md["uid"]] = time.time()
             bucket[md["name"]] = obj
             self.uids[md["uid"]] = (store, ns, md["name"])
             self._record("ADDED", store, obj)
@@ -3543,6 +3548,8 @@ class PodWorker(threading.Thread):
             self._terminate_all()
             return
         pod_ip = self.kl.pod_ip(self)
+        # RunPodSandbox has returned: the sandbox is ready now, whenever its status reaches the API.
+        sandbox_ready_at = time.time()
 
         def sandbox(o: dict) -> Optional[bool]:
             st = o.setdefault("status", {})
@@ -3556,7 +3563,7 @@ class PodWorker(threading.Thread):
 
         if self.update(sandbox) is None:
             return
-        emu.truth_set("pods", self.key, "sandbox_ready")
+        emu.truth_set("pods", self.key, "sandbox_ready", sandbox_ready_at)
         self.pod = self.store_pod()
         self.runners = [ContainerRunner(self, c) for c in containers]
         # As the kubelet does, in the same step that saw the sandbox ready: the first container's
@@ -4155,7 +4162,7 @@ class Emulator:
         if store in ("pods", "jobs", "namespaces"):
             if etype == "ADDED":
                 with self._truth_lock:
-                    self._truth[store][key] = {"created": time.time()}
+                    self._truth[store][key] = {"created": self.store.created_wall.pop(md["uid"], time.time())}
                     if store == "pods":
                         self._pod_index[md["uid"]] = self._pod_counter
                         self._truth[store][key]["index"] = self._pod_counter
