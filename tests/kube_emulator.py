@@ -739,18 +739,6 @@ class LabelSelector:
         out.append(cur)
         return out
 
-    @classmethod
-    def from_match(cls, selector: Optional[dict]) -> "LabelSelector":
-        sel = cls("")
-        if not selector:
-            return sel
-        for k, v in (selector.get("matchLabels") or {}).items():
-            sel.reqs.append((k, "=", [v]))
-        for e in selector.get("matchExpressions") or []:
-            op = {"In": "in", "NotIn": "notin", "Exists": "exists", "DoesNotExist": "!"}[e["operator"]]
-            sel.reqs.append((e["key"], op, list(e.get("values") or [])))
-        return sel
-
     def matches(self, labels: Optional[Dict[str, str]]) -> bool:
         labels = labels or {}
         for key, op, vals in self.reqs:
@@ -3153,7 +3141,7 @@ class ContainerRunner(threading.Thread):
         v = emu.v
         self.event("Normal", "Created", ("Created container: %s" if v >= (1, 32) else "Created container %s")
                    % self.cname)
-        mounts, ro_root = w.mounts_for(self.c)
+        mounts, _ = w.mounts_for(self.c)
         sc = self.c.get("securityContext") or {}
         ro_root = bool(sc.get("readOnlyRootFilesystem"))
         hostname = w.hostname
@@ -3205,8 +3193,6 @@ class ContainerRunner(threading.Thread):
         reader.join(5)
         log.close()
         code = rc if rc >= 0 else 128 - rc
-        if code > 128 and rc >= 0 and code - 128 in (signal.SIGKILL, signal.SIGTERM):
-            pass
         self.exit_codes.append(code)
         end = emu.api_now()
         emu.truth_set("pods", w.key, "container_finished", time.time(), first=False)
@@ -3480,7 +3466,6 @@ class PodWorker(threading.Thread):
         spec = pod.get("spec") or {}
         containers = spec.get("containers") or []
         now = emu.api_now()
-        self.kl.register_ip(self)
 
         def init(o: dict) -> Optional[bool]:
             st = o.setdefault("status", {})
@@ -3764,9 +3749,6 @@ class Kubelet:
             w.on_deletion(obj)
             if w.done:
                 self.finalq.add((md["namespace"], md["name"], uid), 0)
-
-    def register_ip(self, w: PodWorker) -> None:
-        pass
 
     def pod_ip(self, w: PodWorker) -> str:
         with self.lock:
