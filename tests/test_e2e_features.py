@@ -702,8 +702,10 @@ def test_cleanup_after_a_failed_run(make_cluster, tmp_path):
     assert f"Deleted test namespace: {namespace}" in result.stderr
     assert result.stdout.strip() == f"Test namespace: {namespace}"
     assert run_namespaces(emulator) == []
+    # The failed pod is in the evidence; the other may already be gone, since the Job
+    # controller deletes a failed Job's running pods (how fast depends on the machine's load).
     pods = [p["metadata"]["name"] for p in load(output / "pods.json")["items"]]
-    assert len(pods) == 2
+    assert 1 <= len(pods) <= 2
     assert_evidence_saved(output, pods)
     assert any("injected container failure" in (output / f"{pod}.log").read_text() for pod in pods)
     saved_before_deleting(emulator, namespace)
