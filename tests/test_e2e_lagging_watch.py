@@ -190,8 +190,9 @@ def test_a_pod_list_slower_than_the_request_timeout_falls_back_to_pods_read_one_
     client = assert_every_record_saved(output, 8)
     assert client["pods_read"]["source"] == "watch"
     namespace = load(output / "receipt.json")["namespace"]
-    assert all(r["status"] == 504 for r in pod_lists(emulator, namespace)
-               if r["query"].get("resourceVersionMatch") == "NotOlderThan")
+    statuses = [r["status"] for r in pod_lists(emulator, namespace)
+                if r["query"].get("resourceVersionMatch") == "NotOlderThan"]
+    assert 504 in statuses and 200 not in statuses  # the last may still be waiting out its delay
 
 
 def test_without_the_proxy_the_pages_are_read_with_kubectl_get_raw(make_cluster, tmp_path):
