@@ -192,7 +192,8 @@ def test_a_pod_list_slower_than_the_request_timeout_falls_back_to_pods_read_one_
     namespace = load(output / "receipt.json")["namespace"]
     statuses = [r["status"] for r in pod_lists(emulator, namespace)
                 if r["query"].get("resourceVersionMatch") == "NotOlderThan"]
-    assert 504 in statuses and 200 not in statuses  # the last may still be waiting out its delay
+    # The client gave up on each as the server's own timeout came: none was ever answered in time.
+    assert statuses and 200 not in statuses
 
 
 def test_without_the_proxy_the_pages_are_read_with_kubectl_get_raw(make_cluster, tmp_path):
