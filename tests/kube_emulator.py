@@ -1568,10 +1568,11 @@ class ReadPath:
                 ) -> Tuple[List[Tuple[int, str, str, dict]], bool]:
         """The events (in rv order) a watch of `store` may deliver now, and whether some wait."""
         reached = self.cache_rv(store)
-        shown = events
-        if events and events[-1][0] > reached:
-            shown = events[:bisect.bisect_right([e[0] for e in events], reached)]
-        return shown, len(shown) < len(events)
+        if not events or events[-1][0] <= reached:
+            return events, False
+        if events[0][0] > reached:
+            return [], True
+        return events[:bisect.bisect_right([e[0] for e in events], reached)], True
 
     # -- lists --------------------------------------------------------------
     def before_list(self, info: "ResourceInfo", query: Dict[str, str]) -> None:
