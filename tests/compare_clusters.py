@@ -119,8 +119,15 @@ def scenario(side: Side) -> Dict[str, Any]:
     side.names[namespace] = "<ns>"
     for name in ("job.json", "pods.json"):
         answers[f"saved {name}"] = json.loads(normalise((output / name).read_text(), side.names))
-    answers["saved events.txt (reasons)"] = sorted(set(
-        line.split()[3] for line in (output / "events.txt").read_text().splitlines()[1:] if len(line.split()) > 3))
+    events = json.loads((output / "events.json").read_text())["items"]
+    answers["saved events.json (who said what)"] = sorted({
+        " ".join(str(x) for x in (e["involvedObject"].get("kind"), e.get("type"), e.get("reason"),
+                                  (e.get("source") or {}).get("component"), e.get("reportingComponent"),
+                                  "eventTime" if e.get("eventTime") else "-",
+                                  "firstTimestamp" if e.get("firstTimestamp") else "-",
+                                  e["involvedObject"].get("fieldPath", "-"),
+                                  normalise(e.get("message", ""), side.names)))
+        for e in events})
     pods = json.loads((output / "pods.json").read_text())["items"]
     pod = pods[0]["metadata"]["name"]
     ns = ["-n", namespace]

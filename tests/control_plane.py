@@ -375,7 +375,9 @@ class ControlPlane:
         if api.get_or_none("/apis/node.k8s.io/v1/runtimeclasses/cube") is None:
             api.create("/apis/node.k8s.io/v1/runtimeclasses",
                        {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
-                        "metadata": {"name": "cube"}, "handler": "cube"})
+                        "metadata": {"name": "cube"}, "handler": "cube",
+                        # What a VM sandbox reserves per pod, as the emulator's cube does.
+                        "overhead": {"podFixed": {"cpu": "250m", "memory": "768Mi"}}})
         # The node agent runs as system:node:<name> would; the kubelet API is served with the
         # apiserver-kubelet-client identity, which system:masters covers.
         deadline = time.monotonic() + 60

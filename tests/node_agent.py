@@ -48,12 +48,10 @@ def now_micro() -> str:
 
 
 def condition(ctype: str, status: str, reason: Optional[str] = None, message: Optional[str] = None) -> dict:
-    c = {"type": ctype, "status": status, "lastProbeTime": None, "lastTransitionTime": now_rfc3339()}
-    if reason:
-        c["reason"] = reason
-    if message:
-        c["message"] = message
-    return c
+    # reason and message are always sent, null when absent: a strategic merge patch keeps a
+    # field it is not told to delete, and a completed pod's Ready must not keep its old message.
+    return {"type": ctype, "status": status, "lastProbeTime": None, "lastTransitionTime": now_rfc3339(),
+            "reason": reason, "message": message}
 
 
 def pod_path(namespace: str, name: str, sub: str = "") -> str:

@@ -9,6 +9,7 @@ each run makes its own namespace, so the tests do not see each other.
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -332,3 +333,37 @@ def test_a_role_without_watch_fails_clearly(real_cluster, tmp_path):
                      r'User "no-watch" cannot watch resource "(jobs|pods)"', result.stderr), result.stderr
     cleaned = as_user(cluster, kubeconfig, kubectl, "cleanup", "--output", str(output))
     assert cleaned.returncode == 0, cleaned.stderr
+
+
+# --------------------------------------------------------------------------
+# tests/local_cluster.py, as a newcomer runs it.
+
+
+@pytest.mark.parametrize("mode", ["real", "emulator"])
+def test_local_cluster_says_ready_then_stops_on_a_signal(real_cluster, tmp_path, mode):
+    kubectl, _ = real_cluster
+    argv = [sys.executable, str(Path(__file__).resolve().parent / "local_cluster.py"), "--workdir", str(tmp_path),
+            "--kubectl", kubectl] + (["--emulator"] if mode == "emulator" else [])
+    process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    try:
+        line = process.stdout.readline()
+        assert line.startswith("READY "), (line, process.stderr.read() if process.poll() is not None else "")
+        kubeconfig = line.split(" ", 1)[1].strip()
+        env = dict(os.environ, KUBECONFIG=kubeconfig, HOME=str(tmp_path))
+        nodes = subprocess.run([kubectl, "get", "nodes", "-o", "name"], env=env, capture_output=True, text=True,
+                               timeout=60)
+        assert nodes.returncode == 0 and nodes.stdout.count("node/") == 3, nodes.stderr
+        output = tmp_path / "out"
+        run = subprocess.run([sys.executable, str(PRODUCT), "run", "--count", "2", "--output", str(output), "--quiet",
+                              "--kubectl", kubectl], env=env, capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr
+        process.send_signal(signal.SIGTERM if mode == "real" else signal.SIGINT)
+        assert process.wait(timeout=60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    gone = subprocess.run([kubectl, "get", "nodes", "--request-timeout=5s"], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert gone.returncode != 0
