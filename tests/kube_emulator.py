@@ -1188,7 +1188,7 @@ def core_event_to_v1(ev: dict) -> dict:
     out["regarding"] = ev.get("involvedObject") or {}
     if ev.get("message"):
         out["note"] = ev["message"]
-    if ev.get("source"):
+    if ev.get("source") is not None:
         out["deprecatedSource"] = ev["source"]
     if ev.get("firstTimestamp"):
         out["deprecatedFirstTimestamp"] = ev["firstTimestamp"]
@@ -3434,6 +3434,8 @@ class PodWorker(threading.Thread):
         else:
             phase = "Pending"
         st["phase"] = phase
+        if emu.v >= (1, 34) and o["metadata"].get("generation"):
+            st["observedGeneration"] = o["metadata"]["generation"]
         terminal = phase in ("Succeeded", "Failed")
         unready = [cs["name"] for cs in css if not cs.get("ready")]
         for ctype in ("ContainersReady", "Ready"):
@@ -3816,7 +3818,13 @@ def default_pod_spec(spec: dict) -> None:
             last = image.rsplit("/", 1)[-1]
             tagged = ":" in last and not last.endswith(":latest")
             c["imagePullPolicy"] = "IfNotPresent" if (tagged or "@" in image) else "Always"
+        for e in c.get("env") or []:
+            if (e.get("valueFrom") or {}).get("fieldRef") is not None:
+                e["valueFrom"]["fieldRef"].setdefault("apiVersion", "v1")
     for v in spec.get("volumes") or []:
+        for item in (v.get("downwardAPI") or {}).get("items") or []:
+            if item.get("fieldRef") is not None:
+                item["fieldRef"].setdefault("apiVersion", "v1")
         if v.get("configMap") is not None:
             v["configMap"].setdefault("defaultMode", 420)
         if v.get("projected") is not None:
@@ -4426,16 +4434,17 @@ class Emulator:
         if self.v >= (1, 29):
             spec.setdefault("podReplacementPolicy", "Failed" if spec.get("podFailurePolicy") else
                             "TerminatingOrFailed")
-        if not md.get("labels") and tmd.get("labels"):
-            md["labels"] = dict(tmd["labels"])
         md["uid"] = str(uuid.uuid4())
         name = md.get("name") or md.get("generateName", "")
         if not spec.get("manualSelector"):
+            spec.setdefault("manualSelector", False)
             spec["selector"] = {"matchLabels": {"batch.kubernetes.io/controller-uid": md["uid"]}}
             labels = tmd.setdefault("labels", {})
             labels.update({"batch.kubernetes.io/controller-uid": md["uid"], "batch.kubernetes.io/job-name": name,
                            "controller-uid": md["uid"], "job-name": name})
         default_pod_spec(tspec)
+        # A Job without labels takes its template's, selector labels included: the API server
+        # defaults them to the template's label map before it adds those to that same map.
         if not md.get("labels"):
             md["labels"] = dict(tmd.get("labels") or {})
         body["status"] = {}
@@ -4444,6 +4453,8 @@ class Emulator:
     def _admit_pods(self, body: dict, err_name: str) -> None:
         spec = body.setdefault("spec", {})
         default_pod_spec(spec)
+        if self.v >= (1, 33):
+            body["metadata"]["generation"] = 1
         nsobj = self.store.get("namespaces", None, body["metadata"].get("namespace") or "")
         policy = pod_security_policy(((nsobj or {}).get("metadata") or {}).get("labels"), "enforce")
         if policy:

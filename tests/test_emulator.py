@@ -270,6 +270,29 @@ def test_full_flow(emu_factory, version: str) -> None:
     assert "deleted" in truth["namespaces"][ns]
 
 
+def test_defaults_seen_on_a_real_api_server(emu_factory) -> None:
+    """What kube-apiserver 1.35 fills in that clients can see (found by tests/compare_clusters.py)."""
+    need_bwrap()
+    emu = emu_factory(server_version="1.35")
+    k = Kubectl(emu, kubectl_of("1.35"))
+    ns = "defaults"
+    setup_namespace(k, ns)
+    job = json.loads(k.create(job_manifest(ns, 1), "-o", "json").stdout)
+    # A Job without labels takes its template's, the selector labels the server adds included.
+    uid = job["metadata"]["uid"]
+    assert job["metadata"]["labels"] == job["spec"]["template"]["metadata"]["labels"]
+    assert job["metadata"]["labels"]["batch.kubernetes.io/controller-uid"] == uid
+    assert job["metadata"]["labels"]["job-name"] == "rollout"
+    assert job["spec"]["manualSelector"] is False
+    field_ref = job["spec"]["template"]["spec"]["containers"][0]["env"][0]["valueFrom"]["fieldRef"]
+    assert field_ref == {"apiVersion": "v1", "fieldPath": "metadata.name"}
+    pod = wait_for(lambda: [p for p in emu.list("pods", ns) if p["status"].get("phase") == "Succeeded"])[0]
+    assert pod["metadata"]["generation"] == 1 and pod["status"]["observedGeneration"] == 1
+    events = json.loads(k("get", "events.v1.events.k8s.io", "-n", ns, "-o", "json").stdout)["items"]
+    scheduled = [e for e in events if e["reason"] == "Scheduled"]
+    assert scheduled and all(e["deprecatedSource"] == {} for e in scheduled)
+
+
 @pytest.mark.parametrize("version", KUBECTL_VERSIONS)
 def test_dry_run_client_list(emu, version: str) -> None:
     k = Kubectl(emu, kubectl_of(version))
