@@ -1206,8 +1206,11 @@ def phase_summary(episodes_durations: Sequence[dict[str, tuple[float, float] | N
     for phase, (start, end) in PHASES.items():
         known = [d[phase] for d in episodes_durations if d.get(phase) is not None]
         entry = describe([value for value, _ in known], missing=len(episodes_durations) - len(known))
+        widest = max((p for _, p in known), default=None)
+        # An end bounded on one side only has no finite precision: JSON has no infinity, so null.
         entry.update({"from": start, "to": end,
-                      "precision_seconds": rounded(max((p for _, p in known), default=None), 6)})
+                      "precision_seconds": rounded(widest, 6) if widest is not None and math.isfinite(widest)
+                      else None})
         if not known:
             entry["why_missing"] = f"no episode had both {start} and {end}"
         summary[phase] = entry
