@@ -1122,7 +1122,9 @@ def clock_offsets(job: dict, pods: Sequence[dict], events: Sequence[dict], obser
     clock reads at most (seen - stamp) ahead. The client's create call precedes the Job's
     creation. A kubelet names an event before the API server stores it (the event's
     creationTimestamp) and after the pod exists; the client sees a container running only
-    after the kubelet's Started event.
+    after the kubelet's Started event. The kubelet's first container event follows a sandbox
+    it started only once the pod was bound, and the scheduler's Scheduled event follows
+    that binding within milliseconds.
     """
     client = ClockBounds()
     job_created = parse_time(job["metadata"].get("creationTimestamp"))
@@ -1148,8 +1150,13 @@ def clock_offsets(job: dict, pods: Sequence[dict], events: Sequence[dict], obser
         if event.get("reason") == "Started" and regarding.get("kind") == "Pod":
             started.setdefault(regarding.get("name", ""), (named, node))
     client_vs_node: dict[str, float] = {}
+    scheduled = scheduled_event_times(events)
+    first_container_event = {pod: min(reasons.values()) for pod, reasons in kubelet_container_events(events).items()}
     for pod in pods:
         name = pod_name(pod)
+        if name in scheduled and name in first_container_event:
+            named, node = first_container_event[name]
+            nodes.setdefault(node, ClockBounds()).at_most(named - scheduled[name])
         seen = (observed_pods.get(name) or {}).get("seen") or {}
         created = parse_time(pod["metadata"].get("creationTimestamp"))
         if created is not None and seen.get("added") is not None:
@@ -1171,7 +1178,8 @@ def clock_offsets(job: dict, pods: Sequence[dict], events: Sequence[dict], obser
     for node, bounds in sorted(nodes.items()):
         node_entry, node_warnings = bounds.describe(
             f"node {node}'s and the control plane's clocks",
-            "kubelet event names before their creationTimestamp's second ends and after the pod's creation")
+            "kubelet event names before their creationTimestamp's second ends, after the pod's creation "
+            "and after the scheduler's Scheduled eventTime")
         result["nodes"][node] = node_entry
         warnings += node_warnings
         if node in client_vs_node:

@@ -1302,3 +1302,19 @@ def test_compare_takes_no_ratio_of_figures_below_their_precision() -> None:
     rows = {line.split()[0]: line.split()[1:] for line in table.splitlines()}
     assert rows["scheduling_p50_seconds"] == ["<0.1", "0.5", "-"]
     assert rows["sandbox_creation_p50_seconds"] == ["0.8", "0.8", "1.00"]
+
+
+def test_a_node_clock_behind_the_control_plane_is_said_loudly() -> None:
+    job, pods, logs, events, observed = sharp_batch()
+    # The node's clock runs 1.2 s behind: its kubelet names its first container event
+    # before the scheduler bound the pod, by the control plane's clock.
+    for event in events:
+        if (event.get("source") or {}).get("component") == "kubelet":
+            at = demo.event_name_time(event) - 1.2
+            event["metadata"]["name"] = f"{POD_A}.{int(round(at * 1e9)):x}"
+    summary = demo.summarise_batch(job, pods, logs, events, 1, observed=observed)
+    node = summary["clocks"]["nodes"]["node-1"]
+    assert node["at_most_seconds"] == pytest.approx(1.96 - 1.2 - 1.03)  # Pulled - Scheduled eventTime
+    assert node["offset_seconds"] == pytest.approx(-0.27)
+    assert any("node node-1's and the control plane's clocks disagree by at least 0.270 s" in warning
+               for warning in summary["clocks"]["warnings"])
