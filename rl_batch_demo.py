@@ -1263,6 +1263,17 @@ def count_nodes(nodes: Iterable[str | None]) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
+def start_path_phases(records: Iterable[dict]) -> dict[str, dict] | None:
+    """When a batch mixes start paths (the image found on the node, or pulled), the phases of each
+    path apart: pooled, a pull's seconds would pass for a slow sandbox. None for one path."""
+    paths: dict[str, list] = {}
+    for record in records:
+        paths.setdefault(f"image {record.get('image_cache') or 'unknown'}", []).append(record["phases"])
+    if len(paths) < 2:
+        return None
+    return {path: phase_summary(durations) for path, durations in sorted(paths.items())}
+
+
 def job_creation(job: dict, job_observed: dict[str, float], client_offset: float) -> Point:
     """When the Job was truly created: inside the client's create call and its creationTimestamp's second."""
     stamp = whole_second(parse_time(job["metadata"].get("creationTimestamp")), "Job creationTimestamp",
@@ -1332,6 +1343,7 @@ def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
         "pod_to_ready_max_seconds": guide["max"],
         "phases": phases,
         "job_created": job_creation(job, job_observed, client_offset)._asdict(),
+        "phases_by_start_path": start_path_phases(records),
         "clocks": clocks,
         "completion_gap": completion_gap(job, pods, last_reward, client_observed_at),
         "nodes": node_distribution(pods),
@@ -1543,6 +1555,14 @@ def phase_table(phases: dict[str, dict]) -> str:
                      f"{entry['samples']:>6}{entry['missing']:>9}  "
                      f"{'-' if precision is None else f'{precision:.3g} s'}")
     return "\n".join(lines)
+
+
+def phase_tables(results: dict) -> str:
+    """The phase table, then one per start path when the batch mixed them."""
+    tables = [phase_table(results["phases"])]
+    for path, phases in (results.get("phases_by_start_path") or {}).items():
+        tables.append(f"start path: {path}\n{phase_table(phases)}")
+    return "\n\n".join(tables)
 
 
 def below_precision(value: Any, precision: float | None) -> bool:
@@ -2805,6 +2825,7 @@ def assemble_results(settings: dict, summaries: Sequence[tuple[dict, dict]], cli
                                / max(1, sum(s["episodes"] for s in measured)), 6),
         "rounds_measured": len(measured),
         "phases": phases,
+        "phases_by_start_path": start_path_phases(r for s in measured for r in s["_episodes"]),
         "phase_points": POINT_SOURCES,
         "clock_warnings": [w for s in measured for w in s["clocks"]["warnings"]],
         "nodes": count_nodes(row["node"] for row in rows),
@@ -2925,7 +2946,7 @@ def run(args: argparse.Namespace) -> int:
     if failure is None:
         print(json.dumps(public_results(results), indent=2))
         if not args.quiet:
-            print(phase_table(results["phases"]), file=sys.stderr)
+            print(phase_tables(results), file=sys.stderr)
         warn_clocks(results)
     if args.cleanup and action.touched_cluster:
         print(f"Cleaning up (--cleanup) after {'a failed' if failure else 'the'} run.", file=sys.stderr)
@@ -3158,7 +3179,7 @@ def report(args: argparse.Namespace) -> int:
     results = recompute(args.output)
     print(json.dumps(public_results(results), indent=2))
     if not args.quiet:
-        print(phase_table(results["phases"]), file=sys.stderr)
+        print(phase_tables(results), file=sys.stderr)
     warn_clocks(results)
     return 0
 

@@ -1318,3 +1318,18 @@ def test_a_node_clock_behind_the_control_plane_is_said_loudly() -> None:
     assert node["offset_seconds"] == pytest.approx(-0.27)
     assert any("node node-1's and the control plane's clocks disagree by at least 0.270 s" in warning
                for warning in summary["clocks"]["warnings"])
+
+
+def test_a_batch_that_mixes_start_paths_shows_each_paths_phases() -> None:
+    job, pods, logs, events = synthetic_batch()
+    summary = demo.summarise_batch(job, pods, logs, events, 3)
+    by_path = summary["phases_by_start_path"]
+    # A found its image, B pulled it, C left no trace of which.
+    assert sorted(by_path) == ["image present", "image pulled", "image unknown"]
+    assert by_path["image pulled"]["sandbox_creation"]["p50"] == 1.5
+    assert by_path["image present"]["sandbox_creation"]["p50"] == 0.75
+    assert by_path["image unknown"]["sandbox_creation"]["samples"] == 0
+    text = demo.phase_tables({"phases": summary["phases"], "phases_by_start_path": by_path})
+    assert "start path: image pulled" in text
+    # One start path: no split.
+    assert demo.start_path_phases([{"image_cache": "present", "phases": {}}] * 2) is None
