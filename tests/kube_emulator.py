@@ -3205,12 +3205,13 @@ class ContainerRunner(threading.Thread):
         reader = threading.Thread(target=self._pump, args=(self.proc, log), daemon=True)
         reader.start()
         rc = self.proc.wait()
+        exited_at = time.time()
         reader.join(5)
         log.close()
         code = rc if rc >= 0 else 128 - rc
         self.exit_codes.append(code)
         end = emu.api_now()
-        emu.truth_set("pods", w.key, "container_finished", time.time(), first=False)
+        emu.truth_set("pods", w.key, "container_finished", exited_at, first=False)
         emu.truth_set("pods", w.key, "exit_code", code, raw=True)
         self.last_terminated = {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
                                 "startedAt": fmt_time(start), "finishedAt": fmt_time(end),
