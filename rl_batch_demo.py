@@ -1565,9 +1565,14 @@ def phase_tables(results: dict) -> str:
     return "\n\n".join(tables)
 
 
+# Figures are rounded to the millisecond: a finer precision is below what they show.
+FIGURE_RESOLUTION = 0.001
+
+
 def below_precision(value: Any, precision: float | None) -> bool:
     """A figure smaller than the precision it was measured with says only that it is that small."""
-    return isinstance(value, (int, float)) and precision is not None and value < precision
+    return isinstance(value, (int, float)) and precision is not None and precision >= FIGURE_RESOLUTION \
+        and value < precision
 
 
 def figure(value: Any, precision: float | None) -> str:

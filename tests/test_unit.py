@@ -1333,3 +1333,9 @@ def test_a_batch_that_mixes_start_paths_shows_each_paths_phases() -> None:
     assert "start path: image pulled" in text
     # One start path: no split.
     assert demo.start_path_phases([{"image_cache": "present", "phases": {}}] * 2) is None
+
+
+def test_a_figure_finer_than_its_rounding_is_printed_as_measured() -> None:
+    # Worker clocks are microseconds; figures are rounded to the millisecond.
+    assert demo.figure(0.0, 2e-6) == "0.000"
+    assert not demo.below_precision(0.0, 2e-6)
