@@ -847,7 +847,8 @@ def event_name_time(event: dict) -> float | None:
     """The moment an event's recorder named it, from `<object>.<hex UnixNano>` (on the recorder's clock)."""
     name = (event.get("metadata") or {}).get("name") or ""
     suffix = name.rsplit(".", 1)[-1] if "." in name else ""
-    if not 9 <= len(suffix) <= 16 or any(c not in "0123456789abcdef" for c in suffix):
+    # Nanoseconds since 1970 take 15 or 16 hex digits from 1972 to 2554: anything else is another name.
+    if len(suffix) not in (15, 16) or any(c not in "0123456789abcdef" for c in suffix):
         return None
     return int(suffix, 16) / 1e9
 

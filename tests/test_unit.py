@@ -1165,6 +1165,7 @@ def test_event_name_time_reads_the_recorders_nanoseconds() -> None:
     # A name the recorder did not make (kubectl-created, or a short hex word) says nothing.
     assert demo.event_name_time({"metadata": {"name": "rollout-4kq2m.Started"}}) is None
     assert demo.event_name_time({"metadata": {"name": "rollout.beef"}}) is None
+    assert demo.event_name_time({"metadata": {"name": "rollout.deadbeef1"}}) is None  # 1970: not a time
     assert demo.event_name_time({"metadata": {}}) is None
 
 
