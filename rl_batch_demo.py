@@ -1731,7 +1731,7 @@ class BatchFollower:
                 item = self._queue.get(timeout=max(0.01, deadline - time.monotonic()))
             except queue.Empty:
                 return
-            if item == ("ended", "pods"):
+            if item[0] == "ended" and item[1] == "pods":
                 return
             if item[0] != "ended":
                 self._handle(item, deadline)
