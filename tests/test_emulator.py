@@ -774,3 +774,11 @@ def test_cli(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=15) == 0
     assert (tmp_path / "cli" / "truth.json").exists()
+
+
+def test_an_unknown_fault_is_refused_not_ignored(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="unknown fault.*replace_pods"):
+        Emulator(tmp_path / "typo", faults={"replace_pods": [0]})
+    emu = Emulator(tmp_path / "known", faults={"replace_pod": [0]})
+    with pytest.raises(ValueError, match="unknown fault.*api_latncy"):
+        emu.set_faults(api_latncy=1.0)
