@@ -1271,18 +1271,19 @@ def thinned(values: Sequence[float], steps: int = CHART_STEPS) -> list[tuple[flo
     if not ordered:
         return []
     count = len(ordered)
-    ranks = sorted({min(count, max(1, round(count * (i + 1) / steps))) for i in range(min(steps, count))})
+    kept = min(steps, count)
+    ranks = sorted({min(count, max(1, round(count * (i + 1) / kept))) for i in range(kept)})
     return [(ordered[rank - 1], rank) for rank in ranks]
 
 
-def chart_svg(title: str, subtitle: str, series: Sequence[tuple[str, str, list[tuple[float, float]], bool]],
+def chart_svg(title: str, subtitle: str, series: Sequence[tuple[str, str, list[tuple[float, float]], bool, str]],
               x_label: str, y_label: str, y_max: float, y_ticks: Sequence[tuple[float, str]],
               x_min: float = 0.0) -> str:
-    """Step lines on shared axes; each series is (legend text, colour, [(x, y)] rising in x, bold?)."""
+    """Step lines on shared axes; each series is (legend text, colour, [(x, y)] rising in x, bold?, tooltip)."""
     width, height = 1000, 560
     left, right, top, bottom = 70, 250, 56, 60
     plot_w, plot_h = width - left - right, height - top - bottom
-    x_max = max([x for _, _, points, _ in series for x, _ in points] + [x_min + 1.0])
+    x_max = max([x for _, _, points, _, _ in series for x, _ in points] + [x_min + 1.0])
     step = nice_step(x_max - x_min)
     axis_start = math.floor(x_min / step) * step
     axis_end = math.ceil(x_max / step) * step
@@ -1314,7 +1315,7 @@ def chart_svg(title: str, subtitle: str, series: Sequence[tuple[str, str, list[t
                  f'{html_escape(x_label)}</text>')
     parts.append(f'<text x="16" y="{top + plot_h / 2:.0f}" text-anchor="middle" '
                  f'transform="rotate(-90 16 {top + plot_h / 2:.0f})">{html_escape(y_label)}</text>')
-    for index, (label, colour, points, bold) in enumerate(series):
+    for index, (label, colour, points, bold, tooltip) in enumerate(series):
         legend_y = top + 8 + 20 * index
         parts.append(f'<line x1="{left + plot_w + 14}" y1="{legend_y}" x2="{left + plot_w + 38}" y2="{legend_y}" '
                      f'stroke="{colour}" stroke-width="{3 if bold else 2}"/>')
@@ -1327,7 +1328,7 @@ def chart_svg(title: str, subtitle: str, series: Sequence[tuple[str, str, list[t
             path.append(f"L{sx(x_value):.1f},{sy(previous_y):.1f}L{sx(x_value):.1f},{sy(y_value):.1f}")
             previous_y = y_value
         parts.append(f'<path d="{"".join(path)}" fill="none" stroke="{colour}" '
-                     f'stroke-width="{2.5 if bold else 1.5}"><title>{html_escape(label)}</title></path>')
+                     f'stroke-width="{2.5 if bold else 1.5}"><title>{html_escape(tooltip)}</title></path>')
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
 
@@ -1342,7 +1343,8 @@ def ramp_svg(batches: Sequence[tuple[str, dict]], title: str) -> str:
         moments = [record["points"][point][0] - origin for _, record in records if record["points"].get(point)]
         known = "" if len(moments) == total else f" ({len(moments)} known)"
         series.append((f"{point.replace('_', ' ')}{known}", RAMP_COLOURS[point],
-                       [(x, float(n)) for x, n in thinned(moments)], point == "ready"))
+                       [(x, float(n)) for x, n in thinned(moments)], point == "ready",
+                       f"{point}: {len(moments)} episodes"))
     figures = throughput(batches)
     subtitle = (f"{total} episodes; pods created {figures['pods_created_per_second'] or '-'}/s; sandboxes ready "
                 f"{figures['sandboxes_ready_per_second_mean'] or '-'}/s mean, "
@@ -1371,7 +1373,8 @@ def cdf_svg(batches: Sequence[tuple[str, dict]], title: str) -> str:
         else:
             label = f"{phase.replace('_', ' ')}: no samples"
         series.append((label, CDF_COLOURS[phase],
-                       [(x, n / len(values)) for x, n in thinned(values)], phase == "pod_to_ready"))
+                       [(x, n / len(values)) for x, n in thinned(values)], phase == "pod_to_ready",
+                       f"{phase}: {len(values)} episodes"))
     ticks = [(q / 4, f"{q * 25}%") for q in range(5)]
     subtitle = (f"{len(records)} episodes; each line: the share of episodes whose phase took at most x seconds "
                 f"(whole-second phases step by 1 s)")
@@ -2086,8 +2089,29 @@ def write_text(path: str, text: str) -> None:
         raise DemoError(f"cannot write {path}: {error.strerror or error}") from None
 
 
+# A list longer than this is written one compact item per line: indenting makes json use
+# its pure-Python encoder, ten times slower, which costs seconds for thousands of pods.
+ONE_LINE_ITEMS_FROM = 100
+
+
+def json_text(value: Any, level: int = 0) -> str:
+    """JSON indented by two spaces, as json.dumps(indent=2), but long lists hold one item per line."""
+    pad = "  " * (level + 1)
+    if isinstance(value, dict) and value:
+        inner = ",\n".join(f"{pad}{json.dumps(str(key))}: {json_text(item, level + 1)}"
+                           for key, item in value.items())
+        return "{\n" + inner + "\n" + "  " * level + "}"
+    if isinstance(value, (list, tuple)) and value:
+        if len(value) >= ONE_LINE_ITEMS_FROM:
+            items = [json.dumps(item) for item in value]
+        else:
+            items = [json_text(item, level + 1) for item in value]
+        return "[\n" + ",\n".join(pad + item for item in items) + "\n" + "  " * level + "]"
+    return json.dumps(value)
+
+
 def write_json(path: str, data: Any) -> None:
-    write_text(path, json.dumps(data, indent=2) + "\n")
+    write_text(path, json_text(data) + "\n")
 
 
 def read_json(path: str, what: str) -> Any:

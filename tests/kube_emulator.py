@@ -1777,6 +1777,17 @@ class ApiServer:
                 raise ApiError(504, "Timeout", "Timeout: request did not complete within requested timeout "
                                                "- context deadline exceeded", {})
             time.sleep(latency)
+        for resource in faults.get("forbidden") or ():
+            # RBAC without a grant for this resource (core group, cluster scope), as the real message reads.
+            found = re.search(r"^/api/v1/%s(?:/([^/]+))?$" % re.escape(resource), path)
+            if found:
+                verb = {"GET": "watch" if is_watch else ("get" if found.group(1) else "list")}.get(
+                    h.command, h.command.lower())
+                message = ('%s is forbidden: User "admin" cannot %s resource "%s" in API group "" at the '
+                           'cluster scope' % (resource if not found.group(1) else '%s "%s"' % (resource, found.group(1)),
+                                              verb, resource))
+                return self.send_json(h, 403, ApiError(403, "Forbidden", message,
+                                                       {"kind": resource}).status())
         errs = faults.get("api_errors")
         if errs:
             with self.emu._req_lock:
