@@ -1281,7 +1281,7 @@ def chart_svg(title: str, subtitle: str, series: Sequence[tuple[str, str, list[t
               x_min: float = 0.0) -> str:
     """Step lines on shared axes; each series is (legend text, colour, [(x, y)] rising in x, bold?, tooltip)."""
     width, height = 1000, 560
-    left, right, top, bottom = 70, 250, 56, 60
+    left, right, top, bottom = 70, 270, 56, 60
     plot_w, plot_h = width - left - right, height - top - bottom
     x_max = max([x for _, _, points, _, _ in series for x, _ in points] + [x_min + 1.0])
     step = nice_step(x_max - x_min)
@@ -1315,11 +1315,13 @@ def chart_svg(title: str, subtitle: str, series: Sequence[tuple[str, str, list[t
                  f'{html_escape(x_label)}</text>')
     parts.append(f'<text x="16" y="{top + plot_h / 2:.0f}" text-anchor="middle" '
                  f'transform="rotate(-90 16 {top + plot_h / 2:.0f})">{html_escape(y_label)}</text>')
-    for index, (label, colour, points, bold, tooltip) in enumerate(series):
+    for index, (label, colour, _, bold, _) in enumerate(series):
         legend_y = top + 8 + 20 * index
         parts.append(f'<line x1="{left + plot_w + 14}" y1="{legend_y}" x2="{left + plot_w + 38}" y2="{legend_y}" '
                      f'stroke="{colour}" stroke-width="{3 if bold else 2}"/>')
         parts.append(f'<text x="{left + plot_w + 44}" y="{legend_y + 4}">{html_escape(label)}</text>')
+    # The bold line is drawn last, so no other hides it.
+    for label, colour, points, bold, tooltip in sorted(series, key=lambda line: line[3]):
         if not points:
             continue
         path = [f"M{sx(points[0][0]):.1f},{sy(0):.1f}"]
@@ -1369,15 +1371,15 @@ def cdf_svg(batches: Sequence[tuple[str, dict]], title: str) -> str:
         if values:
             lowest = min(lowest, min(values))
             p50, p95 = percentile(values, 0.5), percentile(values, 0.95)
-            label = f"{phase.replace('_', ' ')} P50 {p50:.2f} P95 {p95:.2f}"
+            label = f"{phase.replace('_', ' ')}  {p50:.2f} / {p95:.2f}"
         else:
             label = f"{phase.replace('_', ' ')}: no samples"
         series.append((label, CDF_COLOURS[phase],
                        [(x, n / len(values)) for x, n in thinned(values)], phase == "pod_to_ready",
                        f"{phase}: {len(values)} episodes"))
     ticks = [(q / 4, f"{q * 25}%") for q in range(5)]
-    subtitle = (f"{len(records)} episodes; each line: the share of episodes whose phase took at most x seconds "
-                f"(whole-second phases step by 1 s)")
+    subtitle = (f"{len(records)} episodes; each line: the share of episodes whose phase took at most x seconds; "
+                f"legend: P50 / P95 in seconds")
     return chart_svg(title, subtitle, series, "seconds", "share of episodes", 1.0, ticks, x_min=lowest)
 
 
