@@ -73,6 +73,8 @@ WATCH_RESTARTS_BEFORE_POLLING = 3
 # Lists are read in pages of kubectl's own default --chunk-size: each page is one
 # call well inside the per-call limit, however many pods the batch has.
 LIST_PAGE_SIZE = 500
+# Up to this many episodes (about one page of events) events.txt is kubectl's own table.
+EVENTS_TABLE_BY_KUBECTL_UP_TO = 100
 # How long one page is asked again: a watch cache that is catching up answers
 # "Too large resource version" (retry after 1 s) until it has.
 PAGE_RETRY_SECONDS = 60
@@ -2503,7 +2505,10 @@ class RunAction:
         with concurrent.futures.ThreadPoolExecutor(4) as fetchers:
             job_future = fetchers.submit(fetch_job)
             pods_future = fetchers.submit(fetch_pods)
-            table_future = fetchers.submit(fetch_events_table)
+            # kubectl sorts only a list it reads whole, in one request: beyond a few pages of
+            # events the table is made from the events read in pages instead.
+            table_future = fetchers.submit(fetch_events_table) \
+                if self.settings["count"] <= EVENTS_TABLE_BY_KUBECTL_UP_TO else None
             events_future = fetchers.submit(fetch_events_json)
             return self.save_evidence(follower, job_future, pods_future, table_future, events_future,
                                       retry_until)
@@ -2533,11 +2538,17 @@ class RunAction:
         pods_list = list_manifest(pods)
         pods_list["metadata"] = {"resourceVersion": reading.resource_version or ""}
         write_json(os.path.join(self.batch_dir, "pods.json"), pods_list)
-        try:
-            write_text(os.path.join(self.batch_dir, "events.txt"), table_future.result())
-        except DemoError as error:
-            problems.append(f"events: {error}")
-            write_text(os.path.join(self.batch_dir, "events.txt"), "")
+        # The logs are written while the events are still being read in pages.
+        follower.finish_log_reads()
+        logs = self.read_logs(pods, follower, retry_until)
+        for name, text in logs.items():
+            write_text(os.path.join(self.batch_dir, f"{name}.log"), text)
+        if table_future is not None:
+            try:
+                write_text(os.path.join(self.batch_dir, "events.txt"), table_future.result())
+            except DemoError as error:
+                problems.append(f"events: {error}")
+                write_text(os.path.join(self.batch_dir, "events.txt"), "")
         try:
             events_listing = events_future.result()
             events = events_listing.items
@@ -2547,6 +2558,8 @@ class RunAction:
         except DemoError as error:
             problems.append(f"events: {error}")
             events = []
+        if table_future is None:
+            write_text(os.path.join(self.batch_dir, "events.txt"), events_table(events) if events else "")
         batches = [entry["job"] for entry in self.settings["batches"]]
         if len(batches) > 1 and events:
             # The namespace's events cover every batch so far; each batch keeps its own.
@@ -2554,10 +2567,6 @@ class RunAction:
             write_json(os.path.join(self.batch_dir, "events.json"), list_manifest(events))
             write_text(os.path.join(self.batch_dir, "events.txt"), events_table(events))
         write_json(os.path.join(self.batch_dir, "observed.json"), follower.observed)
-        follower.finish_log_reads()
-        logs = self.read_logs(pods, follower, retry_until)
-        for name, text in logs.items():
-            write_text(os.path.join(self.batch_dir, f"{name}.log"), text)
         for problem in problems:
             print(f"Warning: could not save {problem}", file=sys.stderr)
         return job, reading, logs, events
