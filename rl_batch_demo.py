@@ -1890,6 +1890,8 @@ class BatchFollower:
         # must be at least this new, however far behind the pod watch is.
         self.end_resource_version: str | None = None
         self.processes_while_waiting = 0
+        # The most watch events ever waiting to be handled: a client that keeps up keeps it small.
+        self.queue_peak = 0
 
     # -- following --------------------------------------------------------
 
@@ -1916,6 +1918,7 @@ class BatchFollower:
                 except queue.Empty:
                     self._show(submitted_monotonic)
                     continue
+                self.queue_peak = max(self.queue_peak, self._queue.qsize() + 1)
                 self._handle(item, client_deadline)
                 self._show(submitted_monotonic)
         finally:
@@ -2429,6 +2432,7 @@ class RunAction:
             if self.follower.observed_monotonic is not None else None,
             "kubectl_processes_while_waiting": self.follower.processes_while_waiting,
             "watch_restarts": self.follower.watch_restarts,
+            "watch_queue_peak": self.follower.queue_peak,
             "wait_mode": "poll" if self.follower.polling else "watch",
         }
         job, reading, logs, events = self.collect(job_name)

@@ -248,6 +248,7 @@ def run_client(emulator: Emulator, kind: str, count: int, parallelism: int, kube
         "api_requests": len(emulator.requests) - requests_before,
         "watches_expired": emulator.watches_expired - expired_before,
         "watch_restarts": wait.get("watch_restarts", 0),
+        "watch_queue_peak": wait.get("watch_queue_peak"),
         "pods_read_pages": (wait.get("pods_read") or {}).get("pages"),
     }
 
@@ -360,6 +361,8 @@ def lightweight_rows(runs: dict[int, dict]) -> list[tuple[str, Any, Any, str, st
             growth = (requests - base["api_requests"]) / (count - base_count)
             add(f"{prefix}: API requests per added episode (vs {base_count})", growth, None,
                 f"<= {TARGET_REQUESTS_PER_EPISODE} {verdict(growth <= TARGET_REQUESTS_PER_EPISODE)}")
+        add(f"{prefix}: most watch events waiting in the client at once", run["watch_queue_peak"],
+            base["watch_queue_peak"])
         fell_behind = run["watches_expired"] + run["watch_restarts"]
         add(f"{prefix}: watches answered 410 Gone / restarted", f"{run['watches_expired']} / {run['watch_restarts']}",
             f"{base['watches_expired']} / {base['watch_restarts']}", f"0 / 0 {verdict(fell_behind == 0)}")
