@@ -644,6 +644,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"scale targets at {' and '.join(map(str, LIGHTWEIGHT_SIZES))} episodes, parallelism "
                              f"{LIGHTWEIGHT_PARALLELISM}, on the emulator's lightweight kubelet (no process per "
                              f"pod); alone it skips the other cases unless --cases is given")
+    parser.add_argument("--scale-sizes", default=None, metavar="N,N,...",
+                        help=f"with --scale, these sizes instead (default {','.join(map(str, LIGHTWEIGHT_SIZES))})")
     parser.add_argument("--scale-10000", action="store_true",
                         help=f"with --scale, also {LIGHTWEIGHT_LONG_SIZE} episodes (long: about 10 minutes)")
     parser.add_argument("--keep", action="store_true", help="keep the emulators' and runs' files")
@@ -657,8 +659,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.scale:
         args.no_wait_check = args.no_wait_check or args.cases is None
         args.no_worker = args.no_worker or args.cases is None
-    scale_sizes = list(LIGHTWEIGHT_SIZES) + ([LIGHTWEIGHT_LONG_SIZE] if args.scale_10000 else []) \
-        if args.scale else []
+    sizes = [int(c) for c in args.scale_sizes.split(",") if c] if args.scale_sizes else list(LIGHTWEIGHT_SIZES)
+    scale_sizes = sizes + ([LIGHTWEIGHT_LONG_SIZE] if args.scale_10000 else []) if args.scale else []
     reps = args.reps or (2 if args.quick else 5)
     guide_max = args.guide_max if args.guide_max is not None else (0 if args.quick else 200)
     kubectl = args.kubectl or prereqs.default_kubectl(prereqs.find_kubectls())
