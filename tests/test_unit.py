@@ -1340,3 +1340,9 @@ def test_a_figure_finer_than_its_rounding_is_printed_as_measured() -> None:
     # Worker clocks are microseconds; figures are rounded to the millisecond.
     assert demo.figure(0.0, 2e-6) == "0.000"
     assert not demo.below_precision(0.0, 2e-6)
+
+
+def test_many_problems_of_one_kind_are_a_few_lines() -> None:
+    problems = [f"rollout-{i}.log: forbidden" for i in range(500)]
+    assert demo.summarised_problems(problems) == problems[:3] + ["... and 497 more (see the saved files)"]
+    assert demo.summarised_problems(problems[:4]) == problems[:4]
