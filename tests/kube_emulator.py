@@ -105,6 +105,8 @@ FAULTS: Dict[str, str] = {
     "sandbox_jitter": "extra random seconds, up to this, on each sandbox (overrides the timing)",
     "job_status_lag": "seconds the Job controller batches pod updates (overrides the timing)",
     "sandbox_after_watch": "a sandbox starts only once a client watches its Job's pods",
+    "sandbox_status_with_running": "the kubelet reports PodReadyToStartContainers True only in the status update "
+                                   "that shows the container running, stamped with that update's time",
     "api_latency": "seconds every API answer is late",
     "api_errors": "{count, match, status}: the next `count` requests whose path contains `match` fail",
     "api_clock_skew": "seconds the API server's and kubelets' clocks run ahead",
