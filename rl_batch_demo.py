@@ -942,7 +942,23 @@ def job_end_reason(job: dict | None) -> str | None:
     return None
 
 
-def classify_attempt(pod: dict, log_text: str, job: dict, builtin: bool) -> tuple[str | None, str | None]:
+def pod_warnings(events: Iterable[dict], most: int = 3) -> dict[str, list[str]]:
+    """Pod name -> its first few distinct Warning events as `reason: message` (a kubelet says
+    "Failed: Error: ErrImagePull"), each message cut to one short line."""
+    warnings: dict[str, list[str]] = {}
+    for event in events:
+        regarding = event_object(event)
+        if event.get("type") == "Warning" and regarding.get("kind") == "Pod":
+            message = " ".join(str(event.get("message") or event.get("note") or "").split())
+            text = f"{event.get('reason') or 'Unknown'}: {message[:120]}".rstrip(": ")
+            seen = warnings.setdefault(regarding.get("name", ""), [])
+            if text not in seen and len(seen) < most:
+                seen.append(text)
+    return warnings
+
+
+def classify_attempt(pod: dict, log_text: str, job: dict, builtin: bool,
+                     warnings: Sequence[str] = ()) -> tuple[str | None, str | None]:
     """(failure class, why) of one pod, or (None, None) for an episode that passed every check.
 
     Infrastructure: the pod was disrupted, never scheduled, never started its
@@ -950,8 +966,18 @@ def classify_attempt(pod: dict, log_text: str, job: dict, builtin: bool) -> tupl
     started. Episode: the program exited non-zero on its own, broke the event
     protocol, or was still running at the Job's deadline. Verifier: the built-in
     checks of the result failed (the baseline passed, the patched tests failed,
-    reward not 1, times out of order).
+    reward not 1, times out of order). `warnings` (the pod's Warning event reasons)
+    are named with an infrastructure failure: a pod stopped at the deadline while
+    its image would not pull says so.
     """
+    failure_class, why = classify_pod_state(pod, log_text, job, builtin)
+    if failure_class == "infrastructure" and warnings:
+        why = f"{why}; pod warnings: {'; '.join(warnings)}"
+    return failure_class, why
+
+
+def classify_pod_state(pod: dict, log_text: str, job: dict, builtin: bool) -> tuple[str | None, str | None]:
+    """classify_attempt from the pod's status and log alone."""
     status = pod.get("status") or {}
     phase = status.get("phase")
     disrupted = condition(pod, "DisruptionTarget")
@@ -1026,13 +1052,14 @@ REWARD_ROW_FIELDS = ("index", "task_id", "group", "pod", "attempts", "reward", "
 
 
 def episode_rows(count: int, job: dict, pods: Sequence[dict], logs: dict[str, str], builtin: bool,
-                 task_ids: Sequence[Any] | None, group_size: int) -> list[dict]:
+                 task_ids: Sequence[Any] | None, group_size: int, events: Sequence[dict] = ()) -> list[dict]:
     """One row per episode (completion index), its final attempt's outcome; pure.
 
     The final attempt is the pod that succeeded, else the newest one. Every index
     has a row, an episode whose pod was never created included.
     """
     job_created = parse_time(job["metadata"].get("creationTimestamp")) or 0.0
+    warnings = pod_warnings(events)
     by_index: dict[int, list[dict]] = {}
     for pod in pods:
         index = pod_index(pod)
@@ -1053,7 +1080,8 @@ def episode_rows(count: int, job: dict, pods: Sequence[dict], logs: dict[str, st
                                    f"created this episode's pod", "evidence": "job.json"})
             rows.append(row)
             continue
-        outcomes = [(pod, *classify_attempt(pod, logs.get(pod_name(pod), ""), job, builtin)) for pod in attempts]
+        outcomes = [(pod, *classify_attempt(pod, logs.get(pod_name(pod), ""), job, builtin,
+                                            warnings.get(pod_name(pod), ()))) for pod in attempts]
         final = next((o for o in outcomes if o[1] is None), outcomes[-1])
         pod, failure_class, failure = final
         name = pod_name(pod)
@@ -2563,7 +2591,7 @@ class RunAction:
         settings, pods, count = self.settings, reading.pods, self.settings["count"]
         group_size = settings.get("group_size") or 1
         rows = episode_rows(count, job or {"metadata": {}}, pods, logs, settings["builtin"],
-                            settings.get("task_ids"), group_size)
+                            settings.get("task_ids"), group_size, events)
         write_text(os.path.join(self.batch_dir, REWARDS_FILE), rewards_jsonl(rows))
         failures = [row for row in rows if row["failure_class"]]
         allowed = settings.get("allow_failures") or 0
@@ -2581,7 +2609,7 @@ class RunAction:
             raise DemoError(f"cannot verify the batch: the pods could not be listed and the pod watch saw "
                             f"only {len(pods)} of {count}")
         if len(failures) > allowed or len(failures) == count:
-            accepts = f"--allow-failures accepts {allowed}" if len(failures) < count else "none succeeded"
+            accepts = f"--allow-failures accepts {allowed}" if len(failures) > allowed else "none succeeded"
             raise DemoError("\n  ".join(
                 [f"{len(failures)} of {count} episodes failed ({said}); {accepts}"] + listed
                 + [f"{REWARDS_FILE} lists every episode with its class; "

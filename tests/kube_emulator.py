@@ -2811,8 +2811,8 @@ def match_pod_failure_policy(policy: Optional[dict], pod: dict) -> Tuple[Optiona
                 if term is None or (on_codes.get("containerName") not in (None, cs.get("name"))):
                     continue
                 code = term.get("exitCode", 0)
-                if code != 0 and ((code in on_codes.get("values") or [])
-                                  == (on_codes.get("operator") == "In")):
+                listed = code in (on_codes.get("values") or [])
+                if code != 0 and listed == (on_codes.get("operator") == "In"):
                     matched = "Container %s for pod %s/%s failed with exit code %s matching %s rule at index %d" % (
                         cs.get("name"), pod["metadata"].get("namespace"), pod["metadata"]["name"], code, action,
                         number)
