@@ -2594,12 +2594,7 @@ class RunAction:
                             settings.get("task_ids"), group_size, events)
         write_text(os.path.join(self.batch_dir, REWARDS_FILE), rewards_jsonl(rows))
         failures = [row for row in rows if row["failure_class"]]
-        allowed = settings.get("allow_failures") or 0
-        counts = failure_counts(row["failure_class"] for row in failures)
-        said = ", ".join(f"{kind} {number}" for kind, number in counts.items() if number)
-        listed = [f"episode {row['index']} (task {row['task_id']!r}, pod {row['pod']}, "
-                  f"{row['attempts']} attempt(s)): {row['failure_class']}: {row['failure']}"
-                  for row in failures[:10]] + (["..."] if len(failures) > 10 else [])
+        said = failures_said(failures)
         if end is None or job is None:
             raise DemoError("\n  ".join(
                 ["Job did not finish; inspect saved status/events/logs, then cleanup"]
@@ -2608,20 +2603,16 @@ class RunAction:
         if reading.source == "watch" and len(pods) < count:
             raise DemoError(f"cannot verify the batch: the pods could not be listed and the pod watch saw "
                             f"only {len(pods)} of {count}")
-        if len(failures) > allowed or len(failures) == count:
-            accepts = f"--allow-failures accepts {allowed}" if len(failures) > allowed else "none succeeded"
-            raise DemoError("\n  ".join(
-                [f"{len(failures)} of {count} episodes failed ({said}); {accepts}"] + listed
-                + [f"{REWARDS_FILE} lists every episode with its class; "
-                   f"{saved_evidence(job, pods, logs, events)}"]))
-        successes = {row["pod"] for row in rows if row["failure_class"] is None}
-        summary = summarise_batch(job, [pod for pod in pods if pod_name(pod) in successes], logs, events,
-                                  len(successes), settings["builtin"], self.follower.observed_wall,
-                                  self.follower.observed)
-        summary.update(rollout_figures(rows, job, pods, group_size, allowed, settings.get("retries") or 0))
+        try:
+            summary = summarise_rollout(rows, job, pods, logs, events, settings, self.follower.observed_wall,
+                                        self.follower.observed)
+        except DemoError as error:
+            raise DemoError(f"{error}\n  {REWARDS_FILE} lists every episode with its class; "
+                            f"{saved_evidence(job, pods, logs, events)}") from None
         if failures:
             print("\n  ".join([f"Accepted a partial batch: {len(failures)} of {count} episodes failed "
-                               f"({said}); every episode is in {REWARDS_FILE}"] + listed), file=sys.stderr)
+                               f"({said}); every episode is in {REWARDS_FILE}"] + failure_lines(failures)),
+                  file=sys.stderr)
         return summary
 
     def collect(self, job_name: str, quick: bool = False) -> tuple:
@@ -2791,6 +2782,38 @@ class RunAction:
         if self.proxy is not None:
             self.proxy.close()
         self.pool.shutdown(wait=False)
+
+
+def failures_said(failures: Sequence[dict]) -> str:
+    """`infrastructure 1, episode 2`: the failed episodes counted by class."""
+    counts = failure_counts(row["failure_class"] for row in failures)
+    return ", ".join(f"{kind} {number}" for kind, number in counts.items() if number)
+
+
+def failure_lines(failures: Sequence[dict], most: int = 10) -> list[str]:
+    """One line per failed episode (the first few): which, whose fault, why."""
+    return [f"episode {row['index']} (task {row['task_id']!r}, pod {row['pod']}, "
+            f"{row['attempts']} attempt(s)): {row['failure_class']}: {row['failure']}"
+            for row in failures[:most]] + ([f"... and {len(failures) - most} more"] if len(failures) > most else [])
+
+
+def summarise_rollout(rows: Sequence[dict], job: dict, pods: Sequence[dict], logs: dict[str, str],
+                      events: Sequence[dict], settings: dict, observed_at: float | None = None,
+                      observed: dict | None = None) -> dict:
+    """A rollout batch's summary: the figures of its successful episodes, with failures, attempts and
+    groups; DemoError when more episodes failed than --allow-failures accepts, or all did. Pure."""
+    failures = [row for row in rows if row["failure_class"]]
+    allowed = settings.get("allow_failures") or 0
+    if len(failures) > allowed or len(failures) == len(rows):
+        accepts = f"--allow-failures accepts {allowed}" if len(failures) > allowed else "none succeeded"
+        raise DemoError("\n  ".join([f"{len(failures)} of {len(rows)} episodes failed "
+                                     f"({failures_said(failures)}); {accepts}"] + failure_lines(failures)))
+    successes = {row["pod"] for row in rows if row["failure_class"] is None}
+    summary = summarise_batch(job, [pod for pod in pods if pod_name(pod) in successes], logs, events,
+                              len(successes), settings["builtin"], observed_at, observed)
+    summary.update(rollout_figures(rows, job, pods, settings.get("group_size") or 1, allowed,
+                                   settings.get("retries") or 0))
+    return summary
 
 
 ROLLOUT_FIELDS = ("failed_episodes", "failures_by_class", "failures", "accepted_partial", "allow_failures",
@@ -3193,11 +3216,18 @@ def load_saved_batch(directory: str, settings: dict) -> dict:
             [f"Job {job_name} never finished while the run watched it (the run was interrupted or gave up "
              f"waiting: job.json has no Complete or Failed condition); nothing to report"]
             + describe_failure(job, pods, job_name, 0)[1:]))
-    if end != "Complete":
+    if end != "Complete" and not settings.get("rollout"):
         raise DemoError("\n  ".join(["the saved Job did not complete"] + describe_failure(
             job, pods, job_name, settings.get("timeout", 0))))
     observed_path = os.path.join(directory, "observed.json")
     observed = read_json(observed_path, "observed.json") if os.path.exists(observed_path) else {}
+    if settings.get("rollout"):
+        rows = episode_rows(settings["count"], job, pods, logs, settings.get("builtin", True),
+                            settings.get("task_ids"), settings.get("group_size") or 1, events)
+        summary = summarise_rollout(rows, job, pods, logs, events, settings, client.get("observed_at"), observed)
+        summary["client_job_complete_seconds"] = client.get("client_job_complete_seconds")
+        summary["_client"] = client or None
+        return summary
     summary = summarise_batch(job, pods, logs, events, settings["count"], settings.get("builtin", True),
                               client.get("observed_at"), observed)
     summary["client_job_complete_seconds"] = client.get("client_job_complete_seconds")

@@ -36,8 +36,8 @@ emit("reward", reward=task["x"] * 0.5, task_seen=task.get("id"), index="kept apa
 
 @pytest.fixture
 def cluster(tmp_path: Path, require_e2e: Any):
-    """(kubectl, make(server_version=..., **faults)): emulators whose Job back-off is short."""
-    kubectl = require_e2e()
+    """(kubectl 1.35, make(server_version=..., **faults)): emulators whose Job back-off is short."""
+    kubectl = require_e2e("1.35")
     started = []
 
     def make(server_version: str = "1.33", **faults: Any) -> Emulator:
@@ -153,6 +153,11 @@ def test_episode_failure_is_not_retried_and_a_partial_batch_exits_3(cluster: Any
     assert results["groups_complete"] == 2 and results["groups"][1]["complete"] is False
     assert results["pod_to_ready_censored"]["censored"] == 0
     assert load(output / "job.json")["status"]["failedIndexes"] == "1"
+    # `report` recomputes the same outcome from the saved files alone.
+    report = tool(emulator, kubectl, "report", str(output), "--quiet")
+    assert report.returncode == 0, report.stderr
+    printed = json.loads(report.stdout)
+    assert (printed["failed_episodes"], printed["failures"]) == (1, results["failures"])
 
 
 def test_failures_beyond_the_allowance_fail_the_run_with_every_episode_listed(cluster: Any,
