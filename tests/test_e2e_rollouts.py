@@ -226,3 +226,20 @@ def test_run_batch_in_process_returns_every_reward(cluster: Any, tmp_path: Path,
                                 allow_failures=1, options=["--kubectl", kubectl, "--episode-script",
                                                            str(write_script(tmp_path))])
     assert os.path.exists(tmp_path / "out2" / "rewards.jsonl")
+
+
+def test_readme_task_episode_runs_as_documented(cluster: Any, tmp_path: Path) -> None:
+    kubectl, make = cluster
+    emulator = make()
+    blocks = re.findall(r"```python\n(.*?)```", (Path(__file__).parent.parent / "README.md").read_text(), flags=re.S)
+    script = tmp_path / "task_episode.py"
+    script.write_text(next(block for block in blocks if block.startswith("# task_episode.py")))
+    tasks = tmp_path / "step.jsonl"
+    tasks.write_text('{"id": "issue-101", "prompt": "fix it", "answer": 42}\n'
+                     '{"id": "issue-102", "prompt": "and this", "answer": 7}\n')
+    output = tmp_path / "out"
+    result = tool(emulator, kubectl, "run", "--output", str(output), "--quiet", "--tasks", str(tasks),
+                  "--group-size", "2", "--episode-script", str(script), "--retries", "1", "--allow-failures", "1")
+    assert result.returncode == 0, result.stderr
+    assert [(r["task_id"], r["reward"], r["prompt_chars"]) for r in rewards_of(output)] == [
+        ("issue-101", 1.0, 6), ("issue-101", 1.0, 6), ("issue-102", 0.0, 8), ("issue-102", 0.0, 8)]
