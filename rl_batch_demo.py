@@ -3477,15 +3477,12 @@ def run_batch(tasks: Sequence[dict] | None = None, *, output: str, group_size: i
         argv += ["--retries", str(retries)]
     if allow_failures is not None:
         argv += ["--allow-failures", str(allow_failures)]
-    parser = build_parser()
-    actions = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    run_parser = actions.choices["run"]
     try:
-        args = parser.parse_args(argv)
+        args = build_parser().parse_args(argv)
         if tasks is not None:
             args.task_list = parse_tasks(json.dumps(task) for task in tasks)
             args.tasks = "(run_batch)"
-        check_run_arguments(run_parser, args)
+        check_run_arguments(args.action_parser, args)
         args.rollout = True  # a trainer calling in always gets its rewards, one row per episode
     except SystemExit as exit_:
         raise DemoError(f"run_batch: invalid arguments (exit status {exit_.code}; see stderr)") from None

@@ -316,3 +316,68 @@ def test_emulator_fail_job_rule_says_which_container_and_rule() -> None:
     assert kube_emulator.match_pod_failure_policy(policy, make_pod("p", phase="Failed", exit_code=42)) == (
         f"Container episode for pod {NAMESPACE}/p failed with exit code 42 matching FailJob rule at index 0",
         True, "FailJob")
+
+
+# --------------------------------------------------------------------------
+# The command line: the rollout options, in-process.
+
+
+def usage_error(argv: list[str], capsys: pytest.CaptureFixture) -> str:
+    with pytest.raises(SystemExit) as exited:
+        demo.main(argv)
+    assert exited.value.code == 2
+    return capsys.readouterr().err
+
+
+@pytest.fixture
+def task_file(tmp_path: Any) -> Any:
+    path = tmp_path / "tasks.jsonl"
+    path.write_text('{"id": "a"}\n{"id": "b"}\n{"id": "c"}\n')
+    return path
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--group-size", "2"], "--group-size needs --tasks (G episodes per task)"),
+    (["--tasks", "{tasks}", "--count", "4"],
+     "--count 4 disagrees with --tasks: 3 tasks x --group-size 1 = 3 episodes (leave --count out)"),
+    (["--tasks", "{tasks}", "--group-size", "7"], "--count 21 is over the cap of 20 episodes"),
+    (["--retries", "1", "--rounds", "2"], "--tasks, --retries and --allow-failures run one batch"),
+    (["--allow-failures", "11"], "--allow-failures 11 is more than the 10 episodes"),
+    (["--retries", "-1"], "argument --retries: must be 0 or more, got -1"),
+    (["--tasks", "{missing}"], "No such file or directory"),
+])
+def test_rollout_usage_errors(extra: list[str], message: str, tmp_path: Any, task_file: Any,
+                              capsys: pytest.CaptureFixture) -> None:
+    argv = ["run", "--output", str(tmp_path / "out")] + [
+        a.format(tasks=task_file, missing=tmp_path / "none.jsonl") for a in extra]
+    assert message in usage_error(argv, capsys)
+
+
+def test_a_bad_task_line_is_a_usage_error_naming_it(tmp_path: Any, capsys: pytest.CaptureFixture) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": 1}\n{"id": 2,\n')
+    err = usage_error(["run", "--output", str(tmp_path / "out"), "--tasks", str(bad)], capsys)
+    assert f"--tasks {bad}: line 2 is not JSON" in err
+
+
+def test_dry_run_with_tasks_lists_their_configmap_before_the_job(tmp_path: Any, task_file: Any,
+                                                                  capsys: pytest.CaptureFixture) -> None:
+    assert demo.main(["run", "--output", str(tmp_path / "out"), "--tasks", str(task_file), "--group-size", "2",
+                      "--allow-failures", "1", "--dry-run"]) == 0
+    items = json.loads(capsys.readouterr().out)["items"]
+    assert [(o["kind"], o["metadata"]["name"]) for o in items] == [
+        ("Namespace", items[0]["metadata"]["name"]), ("ConfigMap", "episode"), ("ConfigMap", "tasks-0"),
+        ("Job", "rollout")]
+    assert items[2]["data"] == {"task-0.json": '{"id": "a"}', "task-1.json": '{"id": "b"}',
+                                "task-2.json": '{"id": "c"}'}
+    spec = items[3]["spec"]
+    assert (spec["completions"], spec["parallelism"], spec["backoffLimitPerIndex"], spec["maxFailedIndexes"]) == \
+        (6, 6, 0, 1)
+    assert not (tmp_path / "out").exists()
+
+
+def test_run_batch_refuses_bad_arguments_with_its_one_exception(tmp_path: Any) -> None:
+    with pytest.raises(demo.DemoError, match="run_batch: tasks: line 1 is not a JSON object"):
+        demo.run_batch([[1, 2]], output=str(tmp_path / "out"))
+    with pytest.raises(demo.DemoError, match="run_batch: invalid arguments"):
+        demo.run_batch(None, output=str(tmp_path / "out"), group_size=2)
