@@ -1610,6 +1610,11 @@ class KubectlError(DemoError):
         self.stderr = stderr
         lines = [line for line in stderr.strip().splitlines() if line.strip()]
         detail = lines[-1].strip() if lines else "no error message"
+        try:
+            # An API answer read through the proxy is a Status object; its message says it all.
+            detail = str(json.loads(stderr)["message"])
+        except (ValueError, KeyError, TypeError):
+            pass
         status = "no answer" if returncode is None else f"exit {returncode}"
         super().__init__(f"kubectl {verb} failed ({status}): {detail}")
 
@@ -1752,10 +1757,12 @@ class Kubectl:
         except ValueError:
             raise DemoError(f"kubectl {' '.join(args[:2])} printed something that is not JSON") from None
 
-    def stream(self, args: Sequence[str], seconds: int, detached: bool = False) -> subprocess.Popen:
+    def stream(self, args: Sequence[str], seconds: int, detached: bool = False,
+               stderr: Any = None) -> subprocess.Popen:
         """Start a long-lived call (a watch, the proxy) with requests bounded by `seconds`.
 
         A detached one is out of the terminal's reach, so Ctrl-C leaves it to this tool to stop.
+        Its stderr goes to `stderr` (a file) when given, else nowhere anyone reads.
         """
         with self._lock:
             self.processes += 1
@@ -1763,8 +1770,20 @@ class Kubectl:
         self.echo_argv(argv)
         return subprocess.Popen(
             argv, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=tempfile.TemporaryFile(), bufsize=0,
+            stdout=subprocess.PIPE, stderr=stderr or tempfile.TemporaryFile(), bufsize=0,
             start_new_session=detached, preexec_fn=die_with_parent())
+
+
+def refusal(errors: Any) -> str | None:
+    """The API server's "Forbidden" answer in what a finished kubectl wrote to `errors`, if any."""
+    try:
+        with errors:
+            errors.seek(0)
+            text = errors.read().decode("utf-8", errors="replace")
+    except (OSError, ValueError):
+        return None
+    refused = [line.strip() for line in text.splitlines() if "(Forbidden)" in line]
+    return refused[-1] if refused else None
 
 
 class UnixHTTPConnection(http.client.HTTPConnection):
@@ -2043,10 +2062,14 @@ class BatchFollower:
     def _handle(self, item: tuple, client_deadline: float) -> None:
         """One queue item: a watch event, or the end of a watch (restarted, or polling after repeated breaks)."""
         if item[0] == "ended":
-            kind = item[1]
+            kind, refusal = item[1], item[2]
             self._watches.pop(kind, None)
             if self.end is not None or self.polling:
                 return
+            if refusal:
+                # Refused for good, unlike a broken connection: each restart would list and be
+                # refused again, so say what is missing instead of looping.
+                raise DemoError(f"cannot watch the {kind}: {refusal}")
             self._failures[kind] += 1
             if self._failures[kind] > WATCH_RESTARTS_BEFORE_POLLING:
                 self.polling = True
@@ -2075,14 +2098,16 @@ class BatchFollower:
         else:
             args = ["get", "pods", "-l", f"job-name={self.job_name}"]
         args += ["-n", self.namespace, "-o", "json", "--watch", "--output-watch-events"]
+        errors = tempfile.TemporaryFile()
         try:
-            process = self.kubectl.stream(args, seconds)
+            process = self.kubectl.stream(args, seconds, stderr=errors)
         except OSError as error:
+            errors.close()
             raise DemoError(f"cannot run kubectl {self.kubectl.binary!r}: {error}") from None
         self._watches[kind] = process
-        threading.Thread(target=self._pump, args=(kind, process), daemon=True).start()
+        threading.Thread(target=self._pump, args=(kind, process, errors), daemon=True).start()
 
-    def _pump(self, kind: str, process: subprocess.Popen) -> None:
+    def _pump(self, kind: str, process: subprocess.Popen, errors: Any) -> None:
         """Turn a watch's output into queue items; say when it ends."""
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
@@ -2099,7 +2124,7 @@ class BatchFollower:
         except (OSError, ValueError):
             pass  # the pipe closed under us: reported as the watch's end below
         process.wait()
-        self._queue.put(("ended", kind))
+        self._queue.put(("ended", kind, refusal(errors)))
 
     def stop_watches(self, keep: str | None = None) -> None:
         stopping = {kind: process for kind, process in self._watches.items() if kind != keep}
@@ -2710,7 +2735,7 @@ class RunAction:
             write_text(os.path.join(self.batch_dir, "events.txt"), events_table(events))
         write_json(os.path.join(self.batch_dir, "observed.json"), follower.observed)
         follower.finish_log_reads()
-        logs = self.read_logs(pods, follower, retry_until)
+        logs = self.read_logs(pods, follower, retry_until, problems)
         for name, text in logs.items():
             write_text(os.path.join(self.batch_dir, f"{name}.log"), text)
         for problem in problems:
@@ -2718,8 +2743,9 @@ class RunAction:
         return job, reading, logs, events
 
     def read_logs(self, pods: Sequence[dict], follower: BatchFollower,
-                  retry_until: float | None) -> dict[str, str]:
-        """Each pod's episode log, read after its container ended (else read now); unreadable -> empty."""
+                  retry_until: float | None, problems: list[str]) -> dict[str, str]:
+        """Each pod's episode log, read after its container ended (else read now); unreadable -> empty,
+        and why goes to `problems`."""
         logs: dict[str, str] = {}
         pending = {}
         for pod in pods:
@@ -2734,7 +2760,8 @@ class RunAction:
         for name, future in pending.items():
             try:
                 logs[name] = future.result()
-            except DemoError:
+            except DemoError as error:
+                problems.append(f"{name}.log: {error}")
                 logs[name] = ""
         return dict(sorted(logs.items()))
 

@@ -27,6 +27,7 @@ import prereqs  # noqa: E402  (needs the path above)
 MARKERS = {
     "e2e": "end-to-end: real kubectl against the emulator in tests/, pods sandboxed by bubblewrap",
     "slow": "takes more than a few seconds; deselect with -m 'not slow'",
+    "real_cluster": "end-to-end on a real control plane (kube-apiserver, controllers, scheduler) and the node agent",
 }
 
 
@@ -56,13 +57,23 @@ def discovered_bwrap() -> Optional[str]:
     return os.environ.get("RLDEMO_BWRAP") or prereqs.find_bwrap()
 
 
+@functools.lru_cache(maxsize=None)
+def discovered_control_plane() -> Optional[str]:
+    """The directory of the control plane binaries from $RLDEMO_CONTROL_PLANE_BIN or the cache (nothing is built)."""
+    given = os.environ.get("RLDEMO_CONTROL_PLANE_BIN")
+    if given:
+        return given
+    import build_control_plane
+    return str(build_control_plane.BIN_DIR) if build_control_plane.binaries_present() else None
+
+
 def default_kubectl_path() -> Optional[str]:
     """$RLDEMO_KUBECTL, else 1.33, else the newest found, else kubectl on PATH."""
     return os.environ.get("RLDEMO_KUBECTL") or prereqs.default_kubectl(discovered_kubectls())
 
 
 def require_prerequisites(kubectl_version: Optional[str] = None, *,
-                          kubectl: bool = True, bwrap: bool = True) -> Optional[str]:
+                          kubectl: bool = True, bwrap: bool = True, control_plane: bool = False) -> Optional[str]:
     """Skip the test -- or fail it when CI / RLDEMO_REQUIRE_E2E is set -- unless the
     prerequisites are present. Returns the kubectl path (the default one when
     kubectl_version is None; None when kubectl=False).
@@ -77,6 +88,8 @@ def require_prerequisites(kubectl_version: Optional[str] = None, *,
             missing.append(f"kubectl {kubectl_version}" if kubectl_version else "kubectl")
     if bwrap and discovered_bwrap() is None:
         missing.append("bwrap (bubblewrap)")
+    if control_plane and discovered_control_plane() is None:
+        missing.append("the control plane binaries (kube-apiserver, ...; built with Go)")
     if missing:
         reason = f"missing prerequisite: {', '.join(missing)} (python3 tests/run_tests.py finds or installs them)"
         if prereqs.e2e_required():
@@ -89,6 +102,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     kubectls = ", ".join(f"{version}={path}" for version, path in discovered_kubectls().items())
     return [
         f"rl_batch_demo: kubectl {kubectls or 'none'}; default {default_kubectl_path() or 'none'}",
+        f"rl_batch_demo: control plane {discovered_control_plane() or 'missing'}",
         f"rl_batch_demo: bwrap {discovered_bwrap() or 'missing'}; "
         f"missing prerequisites {'FAIL' if prereqs.e2e_required() else 'skip'}",
     ]
@@ -142,3 +156,15 @@ def make_cluster(tmp_path, require_e2e):
     yield kubectl, make
     for emulator in started:
         emulator.stop()
+
+
+@pytest.fixture(scope="session")
+def real_cluster(tmp_path_factory):
+    """(kubectl 1.35 path, a LocalCluster): one real control plane and node agent per test process."""
+    from local_cluster import LocalCluster
+
+    kubectl = require_prerequisites("1.35", control_plane=True)
+    cluster = LocalCluster(tmp_path_factory.mktemp("real-cluster"), Path(discovered_control_plane()))
+    cluster.start()
+    yield kubectl, cluster
+    cluster.stop()

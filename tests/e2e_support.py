@@ -33,7 +33,7 @@ def start_tool(emulator: Any, kubectl: str, *args: str) -> subprocess.Popen:
     return subprocess.Popen(argv, env=emulator.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def wait_for(predicate: Any, seconds: float, what: str) -> Any:
+def wait_for(predicate: Any, seconds: float = 20.0, what: str = "the condition") -> Any:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         value = predicate()
@@ -64,3 +64,25 @@ def assert_evidence_saved(output: Path, pod_names: Sequence[str]) -> None:
     for pod in pod_names:
         assert (output / f"{pod}.log").is_file(), f"{pod}.log missing"
     assert not (output / "results.json").exists()
+
+
+def receipt_of(output: Path) -> dict:
+    """The receipt as it is now on disk, or {} while it is not there yet."""
+    try:
+        return json.loads((output / "receipt.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def pods_of(output: Path) -> list[str]:
+    """The names of the pods a run saved in pods.json."""
+    return [p["metadata"]["name"] for p in load(output / "pods.json")["items"]]
+
+
+def assert_cleanup_works(emulator: Any, kubectl: str, output: Path) -> None:
+    """`cleanup` of the run in `output` deletes its namespace, and no run namespace is left."""
+    cleaned = tool(emulator, kubectl, "cleanup", "--output", str(output))
+    assert cleaned.returncode == 0, cleaned.stderr
+    assert "Traceback" not in cleaned.stderr
+    assert cleaned.stdout.startswith("Deleted test namespace: agc-rl-")
+    assert run_namespaces(emulator) == []

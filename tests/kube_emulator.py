@@ -739,18 +739,6 @@ class LabelSelector:
         out.append(cur)
         return out
 
-    @classmethod
-    def from_match(cls, selector: Optional[dict]) -> "LabelSelector":
-        sel = cls("")
-        if not selector:
-            return sel
-        for k, v in (selector.get("matchLabels") or {}).items():
-            sel.reqs.append((k, "=", [v]))
-        for e in selector.get("matchExpressions") or []:
-            op = {"In": "in", "NotIn": "notin", "Exists": "exists", "DoesNotExist": "!"}[e["operator"]]
-            sel.reqs.append((e["key"], op, list(e.get("values") or [])))
-        return sel
-
     def matches(self, labels: Optional[Dict[str, str]]) -> bool:
         labels = labels or {}
         for key, op, vals in self.reqs:
@@ -1200,7 +1188,7 @@ def core_event_to_v1(ev: dict) -> dict:
     out["regarding"] = ev.get("involvedObject") or {}
     if ev.get("message"):
         out["note"] = ev["message"]
-    if ev.get("source"):
+    if ev.get("source") is not None:
         out["deprecatedSource"] = ev["source"]
     if ev.get("firstTimestamp"):
         out["deprecatedFirstTimestamp"] = ev["firstTimestamp"]
@@ -1580,10 +1568,11 @@ class ReadPath:
                 ) -> Tuple[List[Tuple[int, str, str, dict]], bool]:
         """The events (in rv order) a watch of `store` may deliver now, and whether some wait."""
         reached = self.cache_rv(store)
-        shown = events
-        if events and events[-1][0] > reached:
-            shown = events[:bisect.bisect_right([e[0] for e in events], reached)]
-        return shown, len(shown) < len(events)
+        if not events or events[-1][0] <= reached:
+            return events, False
+        if events[0][0] > reached:
+            return [], True
+        return events[:bisect.bisect_right([e[0] for e in events], reached)], True
 
     # -- lists --------------------------------------------------------------
     def before_list(self, info: "ResourceInfo", query: Dict[str, str]) -> None:
@@ -3253,7 +3242,7 @@ class ContainerRunner(threading.Thread):
         v = emu.v
         self.event("Normal", "Created", ("Created container: %s" if v >= (1, 32) else "Created container %s")
                    % self.cname)
-        mounts, ro_root = w.mounts_for(self.c)
+        mounts, _ = w.mounts_for(self.c)
         sc = self.c.get("securityContext") or {}
         ro_root = bool(sc.get("readOnlyRootFilesystem"))
         hostname = w.hostname
@@ -3305,8 +3294,6 @@ class ContainerRunner(threading.Thread):
         reader.join(5)
         log.close()
         code = rc if rc >= 0 else 128 - rc
-        if code > 128 and rc >= 0 and code - 128 in (signal.SIGKILL, signal.SIGTERM):
-            pass
         self.exit_codes.append(code)
         end = emu.api_now()
         emu.truth_set("pods", w.key, "container_finished", time.time(), first=False)
@@ -3547,6 +3534,8 @@ class PodWorker(threading.Thread):
         else:
             phase = "Pending"
         st["phase"] = phase
+        if emu.v >= (1, 34) and o["metadata"].get("generation"):
+            st["observedGeneration"] = o["metadata"]["generation"]
         terminal = phase in ("Succeeded", "Failed")
         unready = [cs["name"] for cs in css if not cs.get("ready")]
         for ctype in ("ContainersReady", "Ready"):
@@ -3580,7 +3569,6 @@ class PodWorker(threading.Thread):
         spec = pod.get("spec") or {}
         containers = spec.get("containers") or []
         now = emu.api_now()
-        self.kl.register_ip(self)
 
         def init(o: dict) -> Optional[bool]:
             st = o.setdefault("status", {})
@@ -3881,9 +3869,6 @@ class Kubelet:
             if w.done:
                 self.finalq.add((md["namespace"], md["name"], uid), 0)
 
-    def register_ip(self, w: PodWorker) -> None:
-        pass
-
     def pod_ip(self, w: PodWorker) -> str:
         with self.lock:
             ip = self._ips.get(w.uid)
@@ -3949,7 +3934,13 @@ def default_pod_spec(spec: dict) -> None:
             last = image.rsplit("/", 1)[-1]
             tagged = ":" in last and not last.endswith(":latest")
             c["imagePullPolicy"] = "IfNotPresent" if (tagged or "@" in image) else "Always"
+        for e in c.get("env") or []:
+            if (e.get("valueFrom") or {}).get("fieldRef") is not None:
+                e["valueFrom"]["fieldRef"].setdefault("apiVersion", "v1")
     for v in spec.get("volumes") or []:
+        for item in (v.get("downwardAPI") or {}).get("items") or []:
+            if item.get("fieldRef") is not None:
+                item["fieldRef"].setdefault("apiVersion", "v1")
         if v.get("configMap") is not None:
             v["configMap"].setdefault("defaultMode", 420)
         if v.get("projected") is not None:
@@ -4591,16 +4582,17 @@ class Emulator:
         if self.v >= (1, 29):
             spec.setdefault("podReplacementPolicy", "Failed" if spec.get("podFailurePolicy") else
                             "TerminatingOrFailed")
-        if not md.get("labels") and tmd.get("labels"):
-            md["labels"] = dict(tmd["labels"])
         md["uid"] = str(uuid.uuid4())
         name = md.get("name") or md.get("generateName", "")
         if not spec.get("manualSelector"):
+            spec.setdefault("manualSelector", False)
             spec["selector"] = {"matchLabels": {"batch.kubernetes.io/controller-uid": md["uid"]}}
             labels = tmd.setdefault("labels", {})
             labels.update({"batch.kubernetes.io/controller-uid": md["uid"], "batch.kubernetes.io/job-name": name,
                            "controller-uid": md["uid"], "job-name": name})
         default_pod_spec(tspec)
+        # A Job without labels takes its template's, selector labels included: the API server
+        # defaults them to the template's label map before it adds those to that same map.
         if not md.get("labels"):
             md["labels"] = dict(tmd.get("labels") or {})
         body["status"] = {}
@@ -4609,6 +4601,8 @@ class Emulator:
     def _admit_pods(self, body: dict, err_name: str) -> None:
         spec = body.setdefault("spec", {})
         default_pod_spec(spec)
+        if self.v >= (1, 33):
+            body["metadata"]["generation"] = 1
         nsobj = self.store.get("namespaces", None, body["metadata"].get("namespace") or "")
         policy = pod_security_policy(((nsobj or {}).get("metadata") or {}).get("labels"), "enforce")
         if policy:

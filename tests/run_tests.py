@@ -4,7 +4,8 @@
     python3 tests/run_tests.py [--python X.Y] [--no-install] [PYTEST ARGS...]
 
 Finds (or installs) the prerequisites -- bubblewrap, kubectl 1.27/1.33/1.35,
-Python 3.9 and 3.13 -- makes one virtualenv per Python under tests/.cache/
+Python 3.9 and 3.13, and the real control plane's binaries (built once with Go,
+see tests/build_control_plane.py) -- makes one virtualenv per Python under tests/.cache/
 with the test extras from pyproject.toml, then runs pytest once per Python.
 Arguments it does not know (or everything after `--`) go to pytest and
 replace the default `tests` path.
@@ -29,6 +30,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import build_control_plane  # noqa: E402  (needs the path above)
 import prereqs  # noqa: E402  (needs the path above)
 
 REPO_ROOT = prereqs.REPO_ROOT
@@ -202,6 +204,23 @@ def check_kubectls(install: bool, missing: list[str]) -> dict[str, str]:
     return kubectls
 
 
+def check_control_plane(install: bool, missing: list[str]) -> str | None:
+    """Build (once) or find the real control plane binaries for the real-cluster tests."""
+    if build_control_plane.binaries_present():
+        say(f"  control plane {relative(build_control_plane.BIN_DIR)} (cached)")
+        return str(build_control_plane.BIN_DIR)
+    if not install:
+        missing.append("the control plane binaries (--no-install: not built)")
+        say("  control plane MISSING (not built: --no-install)")
+        return None
+    try:
+        return str(build_control_plane.ensure_built(log=lambda message, **_: say(f"  {message}")))
+    except build_control_plane.BuildError as error:
+        missing.append("the control plane binaries (kube-apiserver, etcd, ...; see above)")
+        say(f"  control plane CANNOT BUILD: {error}")
+        return None
+
+
 def check_pythons(versions: tuple[str, ...], install: bool, missing: list[str]) -> dict[str, Path]:
     """{version: venv python} with the test requirements installed, per wanted Python."""
     interpreters = prereqs.find_pythons(versions)
@@ -223,9 +242,11 @@ def check_pythons(versions: tuple[str, ...], install: bool, missing: list[str]) 
 
 
 def pytest_environment(kubectls: dict[str, str], default_kubectl: str | None,
-                       bwrap: str | None, ci: bool) -> dict[str, str]:
+                       bwrap: str | None, control_plane: str | None, ci: bool) -> dict[str, str]:
     """Our environment plus what conftest.py reads, so pytest does not search again."""
     env = dict(os.environ, RLDEMO_KUBECTLS=json.dumps(kubectls), PYTHONUNBUFFERED="1")
+    if control_plane:
+        env["RLDEMO_CONTROL_PLANE_BIN"] = control_plane
     if default_kubectl:
         env["RLDEMO_KUBECTL"] = default_kubectl
     if bwrap:
@@ -248,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         kubectls = check_kubectls(install, missing)
         default_kubectl = prereqs.default_kubectl(kubectls)
         say(f"  default kubectl: {default_kubectl or 'NONE'}")
+        control_plane = check_control_plane(install, missing)
         venvs = check_pythons(tuple(args.python or prereqs.PYTHON_VERSIONS), install, missing)
         if not venvs and not ci:
             here = f"{sys.version_info[0]}.{sys.version_info[1]}"
@@ -266,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         say("FAILED: no Python to run pytest with")
         return 1
 
-    env = pytest_environment(kubectls, default_kubectl, bwrap, ci)
+    env = pytest_environment(kubectls, default_kubectl, bwrap, control_plane, ci)
     results = []
     for version, python in venvs.items():
         command_args = PYTEST_ARGS_ALWAYS + PYTEST_ARGS_BY_PYTHON.get(version, []) + (pytest_args or ["tests"])

@@ -162,5 +162,12 @@ def test_parallel_then_sequential_then_cleanup(kubectl_and_cluster, tmp_path):
         again = tool(emulator, kubectl, "cleanup", "--output", str(output))
         assert again.returncode == 0 and again.stdout.strip() == "Namespace already absent"
     assert run_namespaces(emulator) == []
-    # Every request-and-answer call named the context and a 30 s request timeout.
+    # Every request-and-answer call carried the 30 s request timeout; a watch, and the list
+    # its kubectl makes first, are bounded by the run's deadline instead. None met a server error.
+    calls = [r for r in emulator.requests if not r["watch"]]
+    longer = [r for r in calls if r["query"].get("timeout") != "30s"]
+    assert len(longer) < len(calls)
+    assert all(r["method"] == "GET" and r["path"].endswith(("/pods", "/jobs"))
+               and r["query"].get("timeout", "").endswith("s") for r in longer), \
+        sorted({(r["method"], r["path"], r["query"].get("timeout")) for r in longer})
     assert all(r["status"] < 500 for r in emulator.requests)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from e2e_support import (assert_evidence_saved, interrupt, load, run_namespaces,
-                         start_tool, tool, wait_for)
+from e2e_support import (assert_cleanup_works, assert_evidence_saved, interrupt, load, pods_of,
+                         run_namespaces, start_tool, tool, wait_for)
 from kube_emulator import Emulator
 
 pytestmark = pytest.mark.e2e
@@ -26,17 +26,6 @@ def failed_run(emulator: Emulator, kubectl: str, output: Path, *extra: str, mess
     assert "Traceback" not in result.stderr
     assert f"cleanup --output {output}" in result.stderr
     return result
-
-
-def pods_of(output: Path) -> list[str]:
-    return [p["metadata"]["name"] for p in load(output / "pods.json")["items"]]
-
-
-def assert_cleanup_works(emulator: Emulator, kubectl: str, output: Path) -> None:
-    cleaned = tool(emulator, kubectl, "cleanup", "--output", str(output))
-    assert cleaned.returncode == 0, cleaned.stderr
-    assert cleaned.stdout.startswith("Deleted test namespace: agc-rl-")
-    assert run_namespaces(emulator) == []
 
 
 def test_pod_exiting_nonzero_fails_the_job(make_cluster, tmp_path):

@@ -325,8 +325,9 @@ def test_progress_on_a_terminal_is_one_updating_line(make_cluster, tmp_path):
     updates = [u for u in progress_line.split("\r") if u]
     assert len(updates) >= 3, terminal
     for update in updates:
-        assert re.match(r"rollout: +\d+\.\d+s  active \d+  ready \d+  succeeded \d+/2  failed 0\x1b\[K$",
-                        update), update
+        # A note may follow once the Job has stopped running pods (what it then waits for).
+        assert re.match(r"rollout: +\d+\.\d+s  active \d+  ready \d+  succeeded \d+/2  failed 0"
+                        r"(  \([^)]*waiting for [^)]*\))?\x1b\[K$", update), update
     elapsed = [float(re.match(r"rollout: +(\d+\.\d+)s", u).group(1)) for u in updates]
     assert elapsed == sorted(elapsed) and elapsed[-1] >= 2.0
     assert "\r" not in after  # the line is closed once the wait ends
@@ -701,8 +702,10 @@ def test_cleanup_after_a_failed_run(make_cluster, tmp_path):
     assert f"Deleted test namespace: {namespace}" in result.stderr
     assert result.stdout.strip() == f"Test namespace: {namespace}"
     assert run_namespaces(emulator) == []
+    # The failed pod is in the evidence; the other may already be gone, since the Job
+    # controller deletes a failed Job's running pods (how fast depends on the machine's load).
     pods = [p["metadata"]["name"] for p in load(output / "pods.json")["items"]]
-    assert len(pods) == 2
+    assert 1 <= len(pods) <= 2
     assert_evidence_saved(output, pods)
     assert any("injected container failure" in (output / f"{pod}.log").read_text() for pod in pods)
     saved_before_deleting(emulator, namespace)

@@ -22,8 +22,8 @@ from typing import Any, Optional
 import pytest
 
 import prereqs
-from e2e_support import (PRODUCT, interrupt, load, run_namespaces, start_tool, tool,
-                         wait_for)
+from e2e_support import (PRODUCT, assert_cleanup_works, interrupt, load, receipt_of, run_namespaces,
+                         start_tool, tool, wait_for)
 from kube_emulator import Emulator
 
 pytestmark = pytest.mark.e2e
@@ -67,24 +67,8 @@ def assert_clean_failure(result: Any, returncode: int = 1) -> None:
     assert "Traceback" not in result.stderr, result.stderr
 
 
-def receipt_of(output: Path) -> dict:
-    """The receipt as it is now on disk, or {} while it is not there yet."""
-    try:
-        return json.loads((output / "receipt.json").read_text())
-    except (OSError, ValueError):
-        return {}
-
-
 def uid(obj: Optional[dict]) -> Optional[str]:
     return (obj or {}).get("metadata", {}).get("uid")
-
-
-def assert_cleanup_works(emulator: Emulator, kubectl: str, output: Path) -> None:
-    cleaned = tool(emulator, kubectl, "cleanup", "--output", str(output))
-    assert cleaned.returncode == 0, cleaned.stderr
-    assert "Traceback" not in cleaned.stderr
-    assert cleaned.stdout.startswith("Deleted test namespace: agc-rl-")
-    assert run_namespaces(emulator) == []
 
 
 def assert_cleanup_finds_nothing(emulator: Emulator, kubectl: str, output: Path) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -15,13 +14,14 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import prereqs  # noqa: E402
 from conftest import require_prerequisites  # noqa: E402
+from e2e_support import wait_for  # noqa: E402
 from kube_emulator import Emulator  # noqa: E402
 
 
@@ -65,16 +65,6 @@ class Kubectl:
 
     def create(self, obj: dict, *extra: str, check: bool = True) -> subprocess.CompletedProcess:
         return self("create", "-f", "-", *extra, input=json.dumps(obj), check=check)
-
-
-def wait_for(pred: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05) -> Any:
-    end = time.time() + timeout
-    while time.time() < end:
-        v = pred()
-        if v:
-            return v
-        time.sleep(interval)
-    raise AssertionError("condition not met within %.1fs" % timeout)
 
 
 def job_condition(emu: Emulator, ns: str, name: str, ctype: str) -> bool:
@@ -159,7 +149,7 @@ def run_job(emu: Emulator, kubectl: Kubectl, ns: str, count: int = 3, episode: s
     kubectl.create(job_manifest(ns, count, **kw), "-o", "json")
     if wait:
         wait_for(lambda: job_condition(emu, ns, "rollout", wait) or job_condition(emu, ns, "rollout", "Failed"),
-                 timeout=30)
+                 seconds=30)
     return emu.get("jobs", ns, "rollout")
 
 
@@ -225,7 +215,7 @@ def test_full_flow(emu_factory, version: str) -> None:
     t0 = time.time()
     job = json.loads(k.create(job_manifest(ns, 3), "-o", "json").stdout)
     assert job["spec"]["selector"]["matchLabels"]["batch.kubernetes.io/controller-uid"] == job["metadata"]["uid"]
-    wait_for(lambda: job_condition(emu, ns, "rollout", "Complete"), timeout=30)
+    wait_for(lambda: job_condition(emu, ns, "rollout", "Complete"), seconds=30)
     assert time.time() - t0 < 15
     job = json.loads(k("get", "job", "rollout", "-n", ns, "-o", "json").stdout)
     types = [c["type"] for c in job["status"]["conditions"]]
@@ -264,10 +254,10 @@ def test_full_flow(emu_factory, version: str) -> None:
     assert posts and all(r["query"].get("fieldValidation") == "Strict" for r in posts)
     # cleanup like the product
     k("delete", "job", "rollout", "-n", ns, "--cascade=foreground", "--wait=false")
-    wait_for(lambda: emu.get("jobs", ns, "rollout") is None and not emu.list("pods", ns), timeout=20)
+    wait_for(lambda: emu.get("jobs", ns, "rollout") is None and not emu.list("pods", ns), seconds=20)
     assert k("get", "job", "rollout", "-n", ns, "-o", "json", "--ignore-not-found").stdout == ""
     k("delete", "namespace", ns, "--wait=false")
-    wait_for(lambda: emu.get("namespaces", None, ns) is None, timeout=20)
+    wait_for(lambda: emu.get("namespaces", None, ns) is None, seconds=20)
     assert k("get", "namespace", ns, "-o", "json", "--ignore-not-found").stdout == ""
     truth = emu.truth()
     tp = [truth["pods"][k_] for k_ in truth["pods"] if k_.startswith(ns + "/")]
@@ -278,6 +268,29 @@ def test_full_flow(emu_factory, version: str) -> None:
     tj = truth["jobs"][ns + "/rollout"]
     assert tj["created"] <= tj["success_criteria_met"] <= tj["complete"] <= tj["deleted"]
     assert "deleted" in truth["namespaces"][ns]
+
+
+def test_defaults_seen_on_a_real_api_server(emu_factory) -> None:
+    """What kube-apiserver 1.35 fills in that clients can see (found by tests/compare_clusters.py)."""
+    need_bwrap()
+    emu = emu_factory(server_version="1.35")
+    k = Kubectl(emu, kubectl_of("1.35"))
+    ns = "defaults"
+    setup_namespace(k, ns)
+    job = json.loads(k.create(job_manifest(ns, 1), "-o", "json").stdout)
+    # A Job without labels takes its template's, the selector labels the server adds included.
+    uid = job["metadata"]["uid"]
+    assert job["metadata"]["labels"] == job["spec"]["template"]["metadata"]["labels"]
+    assert job["metadata"]["labels"]["batch.kubernetes.io/controller-uid"] == uid
+    assert job["metadata"]["labels"]["job-name"] == "rollout"
+    assert job["spec"]["manualSelector"] is False
+    field_ref = job["spec"]["template"]["spec"]["containers"][0]["env"][0]["valueFrom"]["fieldRef"]
+    assert field_ref == {"apiVersion": "v1", "fieldPath": "metadata.name"}
+    pod = wait_for(lambda: [p for p in emu.list("pods", ns) if p["status"].get("phase") == "Succeeded"])[0]
+    assert pod["metadata"]["generation"] == 1 and pod["status"]["observedGeneration"] == 1
+    events = json.loads(k("get", "events.v1.events.k8s.io", "-n", ns, "-o", "json").stdout)["items"]
+    scheduled = [e for e in events if e["reason"] == "Scheduled"]
+    assert scheduled and all(e["deprecatedSource"] == {} for e in scheduled)
 
 
 @pytest.mark.parametrize("version", KUBECTL_VERSIONS)
@@ -398,15 +411,19 @@ def test_kubectl_watch(emu, version: str) -> None:
     need_bwrap()
     k = Kubectl(emu, kubectl_of(version))
     setup_namespace(k, "w")
-    k.create(job_manifest("w", 2))
     env = emu.env()
     base = [kubectl_of(version), "--context", emu.context, "--request-timeout=30s", "-n", "w"]
-    pj = subprocess.Popen(base + ["get", "job", "rollout", "-o", "json", "-w"], stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True, env=env)
+    # The pod watch is established before the Job exists, so it sees every change of
+    # every pod however fast the pods run (a watch started later may see only the end).
     pp = subprocess.Popen(base + ["get", "pods", "-l", "job-name=rollout", "-o", "json", "-w",
                                   "--output-watch-events"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True, env=env)
-    wait_for(lambda: job_condition(emu, "w", "rollout", "Complete"), timeout=30)
+    wait_for(lambda: any(r["watch"] and r["path"] == "/api/v1/namespaces/w/pods" for r in emu.requests),
+             seconds=30)
+    k.create(job_manifest("w", 2))
+    pj = subprocess.Popen(base + ["get", "job", "rollout", "-o", "json", "-w"], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, env=env)
+    wait_for(lambda: job_condition(emu, "w", "rollout", "Complete"), seconds=30)
     time.sleep(0.5)
     for p in (pj, pp):
         p.send_signal(signal.SIGINT)
@@ -470,7 +487,7 @@ def test_restart_api_breaks_watches(emu) -> None:
     port = emu.api.port
     proc = subprocess.Popen([default_kubectl(), "--context", emu.context, "get", "namespaces", "-w", "-o", "name"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=emu.env())
-    wait_for(lambda: any(r["watch"] for r in emu.requests), timeout=10)
+    wait_for(lambda: any(r["watch"] for r in emu.requests), seconds=10)
     emu.restart_api(down_seconds=0.5)
     assert emu.api.port == port
     proc.wait(timeout=15)  # the broken watch ends kubectl get -w
@@ -486,7 +503,7 @@ def test_delete_with_wait_does_not_hang(emu, version: str) -> None:
     setup_namespace(k, "dw", sleeper)
     k.create(job_manifest("dw", 2, command=["python", "-c", sleeper]))
     wait_for(lambda: all(p["status"].get("phase") == "Running" for p in emu.list("pods", "dw"))
-             and len(emu.list("pods", "dw")) == 2, timeout=20)
+             and len(emu.list("pods", "dw")) == 2, seconds=20)
     t0 = time.time()
     k("delete", "job", "rollout", "-n", "dw", "--cascade=foreground", timeout=40)
     assert emu.get("jobs", "dw", "rollout") is None and not emu.list("pods", "dw")
@@ -507,7 +524,7 @@ def test_foreground_deletion_order(emu) -> None:
     k("delete", "job", "rollout", "-n", "fg", "--cascade=foreground", "--wait=false")
     job = emu.get("jobs", "fg", "rollout")
     assert job["metadata"]["deletionTimestamp"] and "foregroundDeletion" in job["metadata"]["finalizers"]
-    wait_for(lambda: emu.get("jobs", "fg", "rollout") is None, timeout=20)
+    wait_for(lambda: emu.get("jobs", "fg", "rollout") is None, seconds=20)
     truth = emu.truth()
     pods = [v for key, v in truth["pods"].items() if key.startswith("fg/")]
     assert all(p["deleted"] <= truth["jobs"]["fg/rollout"]["deleted"] for p in pods)
@@ -547,7 +564,7 @@ def test_logs_waiting_follow_and_previous(emu_factory) -> None:
     p = k("logs", "-n", "lg", pod, "-c", "episode", check=False)
     assert p.returncode == 1
     assert 'container "episode" in pod "%s" is waiting to start: ContainerCreating' % pod in p.stderr
-    wait_for(lambda: emu.get("pods", "lg", pod)["status"].get("phase") == "Running", timeout=10)
+    wait_for(lambda: emu.get("pods", "lg", pod)["status"].get("phase") == "Running", seconds=10)
     out = k("logs", "-n", "lg", pod, "-c", "episode", "-f", "--timestamps").stdout
     assert [ln.split(" ", 1)[1] for ln in out.splitlines()] == ["tick 0", "tick 1", "tick 2"]
     assert out.splitlines()[0].split(" ")[0].endswith("Z")
@@ -566,10 +583,10 @@ def test_read_only_root_and_size_limit(emu) -> None:
     setup_namespace(k, "sz", filler)
     k.create(job_manifest("sz", 1, size_limit="1Mi", command=["python", "-c", filler]))
     pod = wait_for(lambda: [p for p in emu.list("pods", "sz") if p["status"].get("reason") == "Evicted"],
-                   timeout=20)[0]
+                   seconds=20)[0]
     assert pod["status"]["phase"] == "Failed"
     assert 'Usage of EmptyDir volume "workspace" exceeds the limit "1Mi"' in pod["status"]["message"]
-    wait_for(lambda: job_condition(emu, "sz", "rollout", "Failed"), timeout=20)
+    wait_for(lambda: job_condition(emu, "sz", "rollout", "Failed"), seconds=20)
 
 
 def test_run_as_non_root_violation(emu) -> None:
@@ -581,7 +598,7 @@ def test_run_as_non_root_violation(emu) -> None:
     k.create(job)
     pod = wait_for(lambda: [p for p in emu.list("pods", "nr")
                             if ((p["status"].get("containerStatuses") or [{}])[0].get("state") or {})
-                            .get("waiting", {}).get("reason") == "CreateContainerConfigError"], timeout=15)[0]
+                            .get("waiting", {}).get("reason") == "CreateContainerConfigError"], seconds=15)[0]
     msg = pod["status"]["containerStatuses"][0]["state"]["waiting"]["message"]
     assert msg.startswith("container has runAsNonRoot and image will run as root")
     assert "CreateContainerConfigError" in k("get", "pods", "-n", "nr").stdout
@@ -594,12 +611,12 @@ def test_fault_missing_runtimeclass(emu_factory) -> None:
     p = k("get", "runtimeclass", "cube", check=False)
     assert p.returncode == 1 and 'runtimeclasses.node.k8s.io "cube" not found' in p.stderr
     run_job(emu, k, "mrc", wait=None)
-    ev = wait_for(lambda: [e for e in emu.list("events", "mrc") if e["reason"] == "FailedCreate"], timeout=10)[0]
+    ev = wait_for(lambda: [e for e in emu.list("events", "mrc") if e["reason"] == "FailedCreate"], seconds=10)[0]
     assert ev["type"] == "Warning" and ev["source"]["component"] == "job-controller"
     assert ev["message"] == 'Error creating: pods "rollout-" is forbidden: pod rejected: RuntimeClass "cube" not found'
     assert not emu.list("pods", "mrc")
     emu.set_faults(missing_runtimeclass=False)
-    wait_for(lambda: job_condition(emu, "mrc", "rollout", "Complete"), timeout=30)
+    wait_for(lambda: job_condition(emu, "mrc", "rollout", "Complete"), seconds=30)
 
 
 def test_fault_fail_pods(emu_factory) -> None:
@@ -624,7 +641,7 @@ def test_fault_image_pull_backoff(emu_factory) -> None:
     emu = emu_factory(faults={"image_pull_backoff": [0]}, timing={"image_pull_backoff": 0.2})
     k = Kubectl(emu, default_kubectl())
     run_job(emu, k, "ipb", count=1, wait=None)
-    wait_for(lambda: any(e["reason"] == "BackOff" for e in emu.list("events", "ipb")), timeout=10)
+    wait_for(lambda: any(e["reason"] == "BackOff" for e in emu.list("events", "ipb")), seconds=10)
     pod = emu.list("pods", "ipb")[0]
     assert pod["status"]["phase"] == "Pending"
     assert pod["status"]["containerStatuses"][0]["state"]["waiting"]["reason"] in ("ErrImagePull", "ImagePullBackOff")

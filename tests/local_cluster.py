@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+"""A local Kubernetes cluster for trying the tool, and for the real-cluster tests.
+
+    python3 tests/local_cluster.py [--emulator] [--workdir DIR] [--nodes N]
+
+Starts a real control plane (etcd, kube-apiserver, kube-controller-manager,
+kube-scheduler, built once from the Go module proxy by
+tests/build_control_plane.py) with tests/node_agent.py doing the kubelet's part
+-- or, with --emulator, the tests' API emulator -- writes a kubeconfig, prints
+`READY <kubeconfig path>` on one line once `kubectl get nodes` works, and stops
+everything on SIGINT or SIGTERM. Then, in another shell:
+
+    KUBECONFIG=<kubeconfig path> python3 rl_batch_demo.py run --count 10 --output rl-parallel-10
+
+Standard library only (Python 3.9+); needs bubblewrap, and Go for the first build.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+TESTS_DIR = Path(__file__).resolve().parent
+if str(TESTS_DIR) not in sys.path:
+    sys.path.insert(0, str(TESTS_DIR))
+
+from build_control_plane import BuildError, ensure_built  # noqa: E402
+from control_plane import ApiError, ControlPlane  # noqa: E402
+from node_agent import NodeAgent  # noqa: E402
+
+# Where each resource lives in the API, for get()/list() like the emulator's.
+RESOURCES = {
+    "namespaces": ("/api/v1", False), "pods": ("/api/v1", True), "events": ("/api/v1", True),
+    "configmaps": ("/api/v1", True), "nodes": ("/api/v1", False), "serviceaccounts": ("/api/v1", True),
+    "jobs": ("/apis/batch/v1", True), "runtimeclasses": ("/apis/node.k8s.io/v1", False),
+    "networkpolicies": ("/apis/networking.k8s.io/v1", True), "leases": ("/apis/coordination.k8s.io/v1", True),
+}
+
+
+def resource_path(plural: str, namespace: Optional[str] = None, name: Optional[str] = None) -> str:
+    prefix, namespaced = RESOURCES[plural]
+    path = prefix + (f"/namespaces/{namespace}" if namespaced and namespace else "") + f"/{plural}"
+    return path + (f"/{name}" if name else "")
+
+
+class LocalCluster:
+    """The real control plane plus the node agent; the same small API as the emulator's."""
+
+    def __init__(self, workdir: Path, bin_dir: Path, nodes: int = 3, sandbox_seconds: float = 0.4):
+        self.workdir = Path(workdir)
+        self.control_plane = ControlPlane(self.workdir / "control-plane", bin_dir)
+        self.nodes = nodes
+        self.sandbox_seconds = sandbox_seconds
+        self.agent: Optional[NodeAgent] = None
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.control_plane.kubeconfig
+
+    @property
+    def context(self) -> str:
+        return self.control_plane.context
+
+    @property
+    def api(self) -> Any:
+        return self.control_plane.api
+
+    def start(self) -> "LocalCluster":
+        try:
+            self.control_plane.start()
+            self.agent = NodeAgent(self.control_plane.api, self.workdir / "node-agent", self.control_plane.pki,
+                                   nodes=self.nodes, sandbox_seconds=self.sandbox_seconds).start()
+            self.agent.wait_schedulable()
+            self.wait_default_service_account()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait_default_service_account(self) -> None:
+        """Pods are admitted only once the namespace has its service account (ServiceAccount admission)."""
+        import time
+        deadline = time.monotonic() + 60
+        while self.get("serviceaccounts", "default", "default") is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError("no default service account after 60s")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        if self.agent is not None:
+            self.agent.stop()
+        self.control_plane.stop()
+
+    def __enter__(self) -> "LocalCluster":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def env(self, kubeconfig: Optional[Path] = None) -> Dict[str, str]:
+        return self.control_plane.env(kubeconfig)
+
+    def get(self, plural: str, namespace: Optional[str], name: str) -> Optional[dict]:
+        return self.api.get_or_none(resource_path(plural, namespace, name))
+
+    def list(self, plural: str, namespace: Optional[str] = None) -> List[dict]:
+        return self.api.get(resource_path(plural, namespace))["items"]
+
+    def create(self, plural: str, namespace: Optional[str], body: dict) -> dict:
+        return self.api.create(resource_path(plural, namespace), body)
+
+    def delete(self, plural: str, namespace: Optional[str], name: str) -> None:
+        try:
+            self.api.delete(resource_path(plural, namespace, name))
+        except ApiError as error:
+            if error.status != 404:
+                raise
+
+
+def kubectl_works(kubectl: str, env: Dict[str, str]) -> bool:
+    try:
+        return subprocess.run([kubectl, "get", "nodes"], env=env, stdin=subprocess.DEVNULL,
+                              capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--emulator", action="store_true", help="the tests' API emulator instead of the real control plane")
+    parser.add_argument("--workdir", help="where to keep state (default: a new temporary directory)")
+    parser.add_argument("--nodes", type=int, default=3)
+    parser.add_argument("--kubectl", default=os.environ.get("KUBECTL") or shutil.which("kubectl") or "",
+                        help="kubectl used to check the cluster answers (default: kubectl on PATH)")
+    args = parser.parse_args(argv)
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="rldemo-cluster-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+
+    cluster: Any
+    if args.emulator:
+        from kube_emulator import Emulator
+        cluster = Emulator(workdir / "emulator", nodes=args.nodes)
+    else:
+        try:
+            bin_dir = ensure_built(log=lambda *a, **k: print(*a, file=sys.stderr, **k))
+        except BuildError as error:
+            print(f"local_cluster: cannot build the control plane: {error}", file=sys.stderr)
+            return 1
+        cluster = LocalCluster(workdir, bin_dir, nodes=args.nodes)
+    try:
+        cluster.start()
+        env = cluster.env()
+        if args.kubectl and not kubectl_works(args.kubectl, env):
+            print("local_cluster: `kubectl get nodes` fails against the new cluster", file=sys.stderr)
+            return 1
+        print(f"READY {cluster.kubeconfig}", flush=True)
+        print(f"local_cluster: state in {workdir}; stop with Ctrl-C", file=sys.stderr, flush=True)
+        stop.wait()
+    finally:
+        cluster.stop()
+    print(json.dumps({"stopped": str(workdir)}), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,791 @@
+"""The kubelet's part, in Python, for the real control plane of tests/control_plane.py.
+
+It registers nodes with capacity, keeps their Leases and Ready condition fresh,
+watches the pods bound to them, runs each container as a local process inside
+bubblewrap (tests/sandbox.py, the same code as the emulator's kubelets), posts
+pod status the way a kubelet does, records the kubelet's events, serves
+container logs on the kubelet API (HTTPS, /containerLogs/...) so that
+`kubectl logs` goes through the API server, and honours graceful deletion.
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.server
+import os
+import signal
+import ssl
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+from urllib.parse import parse_qs, quote, urlsplit
+
+from control_plane import Api, ApiError, free_port
+from kube_emulator import hex64, normalize_image
+from sandbox import SANDBOX_PATH, ContainerLog, MountError, build_bwrap_argv, expand_vars, resolve_field_ref, \
+    signal_tree
+
+KUBELET_VERSION = "v1.35.4"
+LEASE_SECONDS = 40
+LEASE_RENEW_SECONDS = 10
+NODE_STATUS_SECONDS = 20
+CAPACITY = {"cpu": "8", "memory": "32Gi", "pods": "110", "ephemeral-storage": "100Gi"}
+
+
+def now_rfc3339() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def now_micro() -> str:
+    t = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + ".%06dZ" % int((t % 1) * 1e6)
+
+
+def condition(ctype: str, status: str, reason: Optional[str] = None, message: Optional[str] = None) -> dict:
+    # reason and message are always sent, null when absent: a strategic merge patch keeps a
+    # field it is not told to delete, and a completed pod's Ready must not keep its old message.
+    return {"type": ctype, "status": status, "lastProbeTime": None, "lastTransitionTime": now_rfc3339(),
+            "reason": reason, "message": message}
+
+
+def pod_path(namespace: str, name: str, sub: str = "") -> str:
+    return f"/api/v1/namespaces/{namespace}/pods/{name}" + (f"/{sub}" if sub else "")
+
+
+class ContainerRun:
+    """One container of a pod: its process, its log runs, its status."""
+
+    def __init__(self, worker: "PodWorker", spec: dict):
+        self.worker = worker
+        self.spec = spec
+        self.name = spec["name"]
+        repo, self.image = normalize_image(spec.get("image", ""))
+        self.image_id = f"{repo}@sha256:{hex64(self.image)}"
+        self.process: Optional[subprocess.Popen] = None
+        self.lock = threading.Lock()
+        self.logs: List[ContainerLog] = []
+        self.started_at: Optional[str] = None
+        self.status: dict = {"name": self.name, "state": {"waiting": {"reason": "ContainerCreating"}},
+                             "lastState": {}, "ready": False, "restartCount": 0, "image": spec.get("image", ""),
+                             "imageID": "", "started": False}
+
+    def alive(self) -> bool:
+        with self.lock:
+            return self.process is not None and self.process.poll() is None
+
+    def kill(self, sig: int) -> None:
+        with self.lock:
+            if self.process is not None and self.process.poll() is None:
+                signal_tree(self.process, sig)
+
+
+class PodWorker(threading.Thread):
+    """The kubelet's per-pod worker: sandbox, volumes, containers, status, termination."""
+
+    def __init__(self, agent: "NodeAgent", node: str, pod: dict):
+        md = pod["metadata"]
+        super().__init__(name=f"pod-{md['name']}", daemon=True)
+        self.agent, self.api, self.node = agent, agent.api, node
+        self.pod = pod
+        self.ns, self.name, self.uid = md["namespace"], md["name"], md["uid"]
+        self.hostname = (pod.get("spec") or {}).get("hostname") or self.name
+        self.dir = agent.workdir / "pods" / self.uid
+        self.containers = [ContainerRun(self, c) for c in (pod.get("spec") or {}).get("containers") or []]
+        self.deleting = threading.Event()
+        self.grace = 30.0
+        self.removed = False
+        self.evicted: Optional[str] = None
+        self.conditions: Dict[str, dict] = {}
+        self.phase = "Pending"
+        self.status_lock = threading.Lock()
+        self.extra_status: dict = {}
+
+    # -- signals -----------------------------------------------------------
+    def on_deletion(self, pod: dict) -> None:
+        grace = pod["metadata"].get("deletionGracePeriodSeconds")
+        self.grace = float(grace) if grace is not None else 30.0
+        self.deleting.set()
+
+    def on_removed(self) -> None:
+        self.removed = True
+        self.grace = 0.0
+        self.deleting.set()
+
+    def stop_requested(self) -> bool:
+        return self.deleting.is_set() or self.evicted is not None or self.agent.stopping.is_set()
+
+    def sleep(self, seconds: float) -> bool:
+        """Wait; True when the pod is being stopped meanwhile."""
+        end = time.monotonic() + seconds
+        while not self.stop_requested():
+            left = end - time.monotonic()
+            if left <= 0:
+                return False
+            self.deleting.wait(min(left, 0.1))
+        return True
+
+    # -- status ------------------------------------------------------------
+    def set_condition(self, ctype: str, status: str, reason: Optional[str] = None,
+                      message: Optional[str] = None) -> None:
+        old = self.conditions.get(ctype)
+        if old and old["status"] == status and old.get("reason") == reason and old.get("message") == message:
+            return
+        self.conditions[ctype] = condition(ctype, status, reason, message)
+
+    def post_status(self) -> None:
+        """The pod's status as a kubelet computes it, sent as a strategic merge patch."""
+        with self.status_lock:
+            statuses = [dict(c.status) for c in self.containers]
+            terminated = [s for s in statuses if "terminated" in s["state"]]
+            if self.evicted is not None:
+                self.phase = "Failed"
+            elif statuses and len(terminated) == len(statuses):
+                self.phase = "Succeeded" if all(s["state"]["terminated"]["exitCode"] == 0 for s in statuses) \
+                    else "Failed"
+            elif any("running" in s["state"] for s in statuses):
+                self.phase = "Running"
+            terminal = self.phase in ("Succeeded", "Failed")
+            unready = [s["name"] for s in statuses if not s["ready"]]
+            for ctype in ("ContainersReady", "Ready"):
+                if statuses and not unready:
+                    self.set_condition(ctype, "True")
+                elif terminal:
+                    self.set_condition(ctype, "False", "PodCompleted")
+                else:
+                    self.set_condition(ctype, "False", "ContainersNotReady",
+                                       "containers with unready status: [%s]" % " ".join(unready))
+            if terminal:
+                self.set_condition("PodReadyToStartContainers", "False")
+            status = {"phase": self.phase, "conditions": list(self.conditions.values()),
+                      "containerStatuses": statuses,
+                      "observedGeneration": self.pod["metadata"].get("generation", 1),
+                      **self.extra_status}
+            patch = {"metadata": {"uid": self.uid}, "status": status}
+            try:
+                self.api.strategic_patch(pod_path(self.ns, self.name, "status"), patch)
+            except ApiError as error:
+                if error.status not in (404, 409, 422):
+                    raise
+            except OSError:
+                pass  # the API server is away; the next update carries the whole status again
+
+    def event(self, etype: str, reason: str, message: str, container: Optional[str] = None) -> None:
+        self.agent.record_event(self.pod, self.node, etype, reason, message,
+                                f"spec.containers{{{container}}}" if container else None)
+
+    # -- lifecycle -----------------------------------------------------------
+    def run(self) -> None:
+        try:
+            self._run()
+        except Exception:
+            traceback.print_exc()
+        finally:
+            self._final_delete()
+
+    def _run(self) -> None:
+        ip = self.agent.node_ip
+        self.extra_status = {"hostIP": ip, "hostIPs": [{"ip": ip}], "startTime": now_rfc3339()}
+        self.set_condition("PodReadyToStartContainers", "False")
+        self.set_condition("Initialized", "True")
+        self.post_status()
+        if self.sleep(self.agent.sandbox_seconds):
+            self._terminate()
+            return
+        pod_ip = self.agent.pod_ip()
+        self.extra_status.update({"podIP": pod_ip, "podIPs": [{"ip": pod_ip}]})
+        self.set_condition("PodReadyToStartContainers", "True")
+        self.post_status()
+        volumes: Dict[str, Tuple[str, str]] = {}
+        while True:
+            try:
+                volumes = self._prepare_volumes()
+                break
+            except MountError as error:
+                self.event("Warning", "FailedMount", str(error))
+                if self.sleep(2.0):
+                    self._terminate()
+                    return
+        threads = [threading.Thread(target=self._run_container, args=(c, volumes), daemon=True)
+                   for c in self.containers]
+        for t in threads:
+            t.start()
+        while any(t.is_alive() for t in threads):
+            if self.stop_requested():
+                self._terminate()
+                break
+            self.deleting.wait(0.05)
+        for t in threads:
+            t.join(15)
+
+    def _terminate(self) -> None:
+        """Graceful stop: Killing events, SIGTERM, the grace period, SIGKILL; then the final status."""
+        alive = [c for c in self.containers if c.alive()]
+        if not self.removed:
+            for c in alive:
+                self.event("Normal", "Killing", f"Stopping container {c.name}", c.name)
+        for c in alive:
+            c.kill(signal.SIGTERM)
+        end = time.monotonic() + (0.0 if self.evicted is not None else self.grace)
+        while time.monotonic() < end and any(c.alive() for c in alive):
+            time.sleep(0.02)
+        for c in alive:
+            c.kill(signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while any(c.alive() for c in alive) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        for c in self.containers:
+            if "terminated" not in c.status["state"]:
+                c.status.update(ready=False, started=False, state={"terminated": {
+                    "exitCode": 137, "reason": "ContainerStatusUnknown",
+                    "message": "The container could not be located when the pod was terminated",
+                    "startedAt": None, "finishedAt": now_rfc3339()}})
+        if not self.removed:
+            self.post_status()
+
+    def evict(self, message: str) -> None:
+        """Evicted by this node: phase Failed, reason Evicted, a DisruptionTarget condition."""
+        with self.status_lock:
+            self.extra_status.update({"reason": "Evicted", "message": message})
+            self.set_condition("DisruptionTarget", "True", "TerminationByKubelet", message)
+            self.evicted = message
+        self.event("Warning", "Evicted", message)
+        self.deleting.set()
+
+    def _final_delete(self) -> None:
+        """Once its containers are gone, a pod being deleted is removed for good (grace 0)."""
+        self.agent.forget(self)
+        if self.removed or not self.deleting.is_set() or self.evicted is not None or self.agent.stopping.is_set():
+            return
+        self.agent.delete_for_good(self.ns, self.name, self.uid)
+
+    # -- volumes -------------------------------------------------------------
+    def _prepare_volumes(self) -> Dict[str, Tuple[str, str]]:
+        out: Dict[str, Tuple[str, str]] = {}
+        for v in (self.pod.get("spec") or {}).get("volumes") or []:
+            name = v["name"]
+            d = self.dir / "volumes" / name
+            d.mkdir(parents=True, exist_ok=True)
+            if v.get("configMap") is not None:
+                ref = v["configMap"]
+                cm = self.api.get_or_none(f"/api/v1/namespaces/{self.ns}/configmaps/{ref.get('name', '')}")
+                if cm is None and not ref.get("optional"):
+                    raise MountError(f'MountVolume.SetUp failed for volume "{name}" : configmap '
+                                     f'"{ref.get("name")}" not found')
+                data = dict((cm or {}).get("data") or {})
+                binary = {k: base64.b64decode(b) for k, b in ((cm or {}).get("binaryData") or {}).items()}
+                mode = ref.get("defaultMode", 0o644)
+                items = ref.get("items")
+                pairs = [(i["key"], i["path"], i.get("mode", mode)) for i in items] if items else \
+                    [(k, k, mode) for k in list(data) + list(binary)]
+                for key, path, file_mode in pairs:
+                    target = d / path
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_bytes(binary[key] if key in binary else data.get(key, "").encode())
+                    os.chmod(target, file_mode)
+                os.chmod(d, 0o755)
+                out[name] = (str(d), "configMap")
+            elif v.get("emptyDir") is not None:
+                os.chmod(d, 0o777)
+                out[name] = (str(d), "emptyDir")
+            elif v.get("projected") is not None or v.get("downwardAPI") is not None:
+                sources = (v.get("projected") or {}).get("sources") or [{"downwardAPI": v.get("downwardAPI")}]
+                for source in sources:
+                    if source.get("serviceAccountToken"):
+                        (d / source["serviceAccountToken"].get("path", "token")).write_text(self._token())
+                    if source.get("configMap"):
+                        cm = self.api.get_or_none(f"/api/v1/namespaces/{self.ns}/configmaps/"
+                                                  f"{source['configMap'].get('name', '')}") or {}
+                        for item in source["configMap"].get("items") or []:
+                            (d / item["path"]).write_text((cm.get("data") or {}).get(item["key"], ""))
+                    for item in (source.get("downwardAPI") or {}).get("items") or []:
+                        value = resolve_field_ref(self.pod, (item.get("fieldRef") or {}).get("fieldPath", ""))
+                        (d / item["path"]).write_text(value or "")
+                for f in d.iterdir():
+                    os.chmod(f, 0o644)
+                out[name] = (str(d), "projected")
+            elif v.get("hostPath") is not None:
+                out[name] = (v["hostPath"].get("path", "/"), "hostPath")
+            else:
+                raise MountError(f'MountVolume.SetUp failed for volume "{name}" : volume type not supported '
+                                 f'by the node agent')
+        return out
+
+    def _token(self) -> str:
+        account = (self.pod.get("spec") or {}).get("serviceAccountName") or "default"
+        try:
+            answer = self.api.create(f"/api/v1/namespaces/{self.ns}/serviceaccounts/{account}/token", {
+                "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                "spec": {"expirationSeconds": 3607, "boundObjectRef": {
+                    "apiVersion": "v1", "kind": "Pod", "name": self.name, "uid": self.uid}}})
+            return answer["status"]["token"]
+        except (ApiError, OSError, KeyError, TypeError):
+            return ""
+
+    # -- containers ----------------------------------------------------------
+    def _run_container(self, c: ContainerRun, volumes: Dict[str, Tuple[str, str]]) -> None:
+        spec = c.spec
+        image = spec.get("image", "")
+        self.event("Normal", "Pulled", f'Container image "{image}" already present on machine', c.name)
+        env, uid, gid, error = self._environment(spec)
+        while error:
+            c.status["state"] = {"waiting": {"reason": "CreateContainerConfigError", "message": error}}
+            self.post_status()
+            self.event("Warning", "Failed", f"Error: {error}", c.name)
+            if self.sleep(2.0):
+                return
+            env, uid, gid, error = self._environment(spec)
+        if self.stop_requested():
+            return
+        mounts = []
+        for vm in spec.get("volumeMounts") or []:
+            src, kind = volumes.get(vm["name"], ("", ""))
+            if src:
+                if vm.get("subPath"):
+                    src = os.path.join(src, vm["subPath"])
+                    os.makedirs(src, exist_ok=True)
+                mounts.append((src, vm["mountPath"],
+                               bool(vm.get("readOnly")) or kind in ("configMap", "projected")))
+        read_only_root = bool((spec.get("securityContext") or {}).get("readOnlyRootFilesystem"))
+        command = spec.get("command") or []
+        args = spec.get("args") or []
+        argv = [expand_vars(a, env) for a in (list(command) + list(args) if command else list(args) or ["python3"])]
+        cid = hex64(f"{self.uid}/{c.name}/0")
+        self.event("Normal", "Created", f"Created container: {c.name}", c.name)
+        cmd = build_bwrap_argv(uid, gid, self.hostname, mounts, read_only_root, spec.get("workingDir") or "/",
+                               argv, str(self.agent.bindir))
+        log = ContainerLog(self.agent.workdir / "logs" / f"{self.ns}_{self.name}_{c.name}-0.log")
+        c.logs.append(log)
+        started = now_rfc3339()
+        true_start = time.time()
+        try:
+            with c.lock:
+                if self.stop_requested():
+                    log.close()
+                    return
+                c.process = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                             stderr=subprocess.STDOUT, env=env, close_fds=True)
+        except OSError as error:
+            log.close()
+            message = f"failed to start container process: {error}"
+            c.status.update(ready=False, started=False, state={"terminated": {
+                "exitCode": 128, "reason": "StartError", "message": message, "startedAt": "1970-01-01T00:00:00Z",
+                "finishedAt": now_rfc3339(), "containerID": f"containerd://{cid}"}})
+            self.event("Warning", "Failed", f"Error: {message}", c.name)
+            self.post_status()
+            return
+        self.agent.truth[(self.ns, self.name)] = {"node": self.node, "container_started": true_start}
+        self.event("Normal", "Started", f"Started container {c.name}", c.name)
+        c.status.update(state={"running": {"startedAt": started}}, ready=True, started=True, image=c.image,
+                        imageID=c.image_id, containerID=f"containerd://{cid}")
+        self.post_status()
+        assert c.process.stdout is not None
+        for line in iter(c.process.stdout.readline, b""):
+            log.append(line)
+        rc = c.process.wait()
+        log.close()
+        code = rc if rc >= 0 else 128 - rc
+        self.agent.truth[(self.ns, self.name)].update(container_finished=time.time(), exit_code=code)
+        c.status.update(ready=False, started=False, state={"terminated": {
+            "exitCode": code, "reason": "Completed" if code == 0 else "Error", "startedAt": started,
+            "finishedAt": now_rfc3339(), "containerID": f"containerd://{cid}"}})
+        if not self.removed:
+            self.post_status()
+
+    def _environment(self, spec: dict) -> Tuple[Dict[str, str], int, int, Optional[str]]:
+        pod_spec = self.pod.get("spec") or {}
+        psc = pod_spec.get("securityContext") or {}
+        csc = spec.get("securityContext") or {}
+        uid = csc.get("runAsUser", psc.get("runAsUser"))
+        gid = csc.get("runAsGroup", psc.get("runAsGroup"))
+        pod_ref = f'"{self.name}_{self.ns}({self.uid})"'
+        if csc.get("runAsNonRoot", psc.get("runAsNonRoot")):
+            if uid is None:
+                return {}, 0, 0, (f"container has runAsNonRoot and image will run as root "
+                                  f"(pod: {pod_ref}, container: {spec['name']})")
+            if uid == 0:
+                return {}, 0, 0, f"container's runAsUser breaks non-root policy (pod: {pod_ref}, container: {spec['name']})"
+        env = {"PATH": SANDBOX_PATH, "HOSTNAME": self.hostname, "HOME": "/", "LANG": "C.UTF-8"}
+        if pod_spec.get("enableServiceLinks", True):
+            env.update({"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443",
+                        "KUBERNETES_SERVICE_PORT_HTTPS": "443", "KUBERNETES_PORT": "tcp://10.96.0.1:443",
+                        "KUBERNETES_PORT_443_TCP": "tcp://10.96.0.1:443", "KUBERNETES_PORT_443_TCP_PROTO": "tcp",
+                        "KUBERNETES_PORT_443_TCP_PORT": "443", "KUBERNETES_PORT_443_TCP_ADDR": "10.96.0.1"})
+        for e in spec.get("env") or []:
+            source = e.get("valueFrom")
+            if not source:
+                env[e["name"]] = expand_vars(str(e.get("value", "")), env)
+            elif source.get("fieldRef"):
+                value = resolve_field_ref(self.pod, source["fieldRef"].get("fieldPath", ""))
+                if value is None:
+                    return env, 0, 0, f"unsupported fieldPath: {source['fieldRef'].get('fieldPath')}"
+                env[e["name"]] = value
+            elif source.get("configMapKeyRef"):
+                ref = source["configMapKeyRef"]
+                cm = self.api.get_or_none(f"/api/v1/namespaces/{self.ns}/configmaps/{ref.get('name', '')}")
+                data = (cm or {}).get("data") or {}
+                if ref.get("key") in data:
+                    env[e["name"]] = data[ref["key"]]
+                elif not ref.get("optional"):
+                    return env, 0, 0, (f'configmap "{ref.get("name")}" not found' if cm is None else
+                                       f"couldn't find key {ref.get('key')} in ConfigMap {self.ns}/{ref.get('name')}")
+        return env, int(uid or 0), int(gid if gid is not None else 0), None
+
+
+class _KubeletHandler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.0"
+    server: "_KubeletServer"
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def _plain(self, code: int, text: str) -> None:
+        body = text.encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "text/plain; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        url = urlsplit(self.path)
+        parts = [p for p in url.path.split("/") if p]
+        if url.path == "/healthz":
+            self._plain(200, "ok")
+            return
+        if len(parts) != 4 or parts[0] != "containerLogs":
+            self._plain(404, "404 page not found")
+            return
+        query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+        self.server.agent.serve_logs(self, parts[1], parts[2], parts[3], query)
+
+
+class _KubeletServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    agent: "NodeAgent"
+
+
+class NodeAgent:
+    """Nodes rldemo-node-1..N on 127.0.0.1, against a real API server."""
+
+    def __init__(self, api: Api, workdir: Path, pki: Path, nodes: int = 3, sandbox_seconds: float = 0.4,
+                 python: str = sys.executable):
+        self.api = api
+        self.workdir = Path(workdir)
+        self.pki = Path(pki)
+        self.node_names = [f"rldemo-node-{i + 1}" for i in range(nodes)]
+        self.sandbox_seconds = sandbox_seconds
+        self.python = python
+        self.node_ip = "127.0.0.1"
+        self.bindir = self.workdir / "bin"
+        self.stopping = threading.Event()
+        self.workers: Dict[str, PodWorker] = {}
+        self.finished: Dict[Tuple[str, str], PodWorker] = {}
+        self.lock = threading.Lock()
+        self.threads: List[threading.Thread] = []
+        self._ip_counter = 0
+        # What really happened to each container (wall-clock times), for the tests to hold figures against.
+        self.truth: Dict[Tuple[str, str], dict] = {}
+        self.port = free_port()
+        self.server: Optional[_KubeletServer] = None
+
+    # -- lifecycle ---------------------------------------------------------
+    def start(self) -> "NodeAgent":
+        for d in ("logs", "pods"):
+            (self.workdir / d).mkdir(parents=True, exist_ok=True)
+        self.bindir.mkdir(parents=True, exist_ok=True)
+        for name in ("python", "python3"):
+            link = self.bindir / name
+            if link.is_symlink() or link.exists():
+                link.unlink()
+            # The real file, not a virtualenv's link to it: the sandbox shows a fresh /tmp.
+            link.symlink_to(os.path.realpath(self.python))
+        self._serve()
+        for node in self.node_names:
+            self._register(node)
+        self._spawn(self._heartbeat, "heartbeat")
+        for node in self.node_names:
+            self._spawn(self._watch_pods, f"watch-{node}", node)
+        return self
+
+    def stop(self) -> None:
+        self.stopping.set()
+        with self.lock:
+            workers = list(self.workers.values())
+        for w in workers:
+            for c in w.containers:
+                c.kill(signal.SIGKILL)
+        for w in workers:
+            w.join(5)
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+
+    def _spawn(self, target: Any, name: str, *args: Any) -> None:
+        t = threading.Thread(target=target, args=args, name=name, daemon=True)
+        t.start()
+        self.threads.append(t)
+
+    def wait_schedulable(self, timeout: float = 120) -> None:
+        """Until every node is Ready and untainted (the node lifecycle controller lifts not-ready)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                nodes = self.api.get("/api/v1/nodes")["items"]
+            except (ApiError, OSError):
+                nodes = []
+            ours = [n for n in nodes if n["metadata"]["name"] in self.node_names]
+            if len(ours) == len(self.node_names) and not any((n.get("spec") or {}).get("taints") for n in ours):
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"nodes not schedulable after {timeout:.0f}s")
+
+    # -- nodes -------------------------------------------------------------
+    def _register(self, node: str) -> None:
+        body = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "labels": {
+            "kubernetes.io/hostname": node, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
+            "beta.kubernetes.io/os": "linux", "beta.kubernetes.io/arch": "amd64"}}, "spec": {}}
+        try:
+            self.api.create("/api/v1/nodes", body)
+        except ApiError as error:
+            if error.status != 409:
+                raise
+        self._node_status(node)
+        self._renew_lease(node)
+
+    def _node_status(self, node: str) -> None:
+        conditions = [{"type": t, "status": "False", "reason": r, "message": m,
+                       "lastHeartbeatTime": now_rfc3339(), "lastTransitionTime": now_rfc3339()}
+                      for t, r, m in (("MemoryPressure", "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
+                                      ("DiskPressure", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
+                                      ("PIDPressure", "KubeletHasSufficientPID", "kubelet has sufficient PID available"))]
+        conditions.append({"type": "Ready", "status": "True", "reason": "KubeletReady",
+                           "message": "kubelet is posting ready status", "lastHeartbeatTime": now_rfc3339(),
+                           "lastTransitionTime": now_rfc3339()})
+        status = {
+            "capacity": CAPACITY, "allocatable": CAPACITY, "conditions": conditions,
+            "addresses": [{"type": "InternalIP", "address": self.node_ip}, {"type": "Hostname", "address": node}],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": self.port}},
+            "nodeInfo": {"machineID": hex64(node)[:32], "systemUUID": hex64(node)[:32], "bootID": hex64(node)[32:],
+                         "kernelVersion": os.uname().release, "osImage": "rl_batch_demo node agent (bubblewrap)",
+                         "containerRuntimeVersion": "bubblewrap://0", "kubeletVersion": KUBELET_VERSION,
+                         "kubeProxyVersion": "", "operatingSystem": "linux", "architecture": "amd64"},
+        }
+        self.api.strategic_patch(f"/api/v1/nodes/{node}/status", {"status": status})
+
+    def _renew_lease(self, node: str) -> None:
+        path = f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{node}"
+        spec = {"holderIdentity": node, "leaseDurationSeconds": LEASE_SECONDS, "renewTime": now_micro()}
+        try:
+            self.api.merge_patch(path, {"spec": spec})
+        except ApiError as error:
+            if error.status != 404:
+                raise
+            self.api.create("/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases", {
+                "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": node, "namespace": "kube-node-lease"}, "spec": spec})
+
+    def _heartbeat(self) -> None:
+        last_status = time.monotonic()
+        while not self.stopping.wait(LEASE_RENEW_SECONDS):
+            for node in self.node_names:
+                try:
+                    self._renew_lease(node)
+                    if time.monotonic() - last_status >= NODE_STATUS_SECONDS:
+                        beat = now_rfc3339()
+                        self.api.strategic_patch(f"/api/v1/nodes/{node}/status", {"status": {"conditions": [
+                            {"type": t, "lastHeartbeatTime": beat}
+                            for t in ("MemoryPressure", "DiskPressure", "PIDPressure", "Ready")]}})
+                except (ApiError, OSError):
+                    pass
+            if time.monotonic() - last_status >= NODE_STATUS_SECONDS:
+                last_status = time.monotonic()
+
+    # -- pods ----------------------------------------------------------------
+    def _watch_pods(self, node: str) -> None:
+        path = f"/api/v1/pods?fieldSelector={quote('spec.nodeName=' + node)}"
+        version = ""
+        while not self.stopping.is_set():
+            try:
+                if not version:
+                    listing = self.api.get(path)
+                    for pod in listing["items"]:
+                        self._on_pod(node, "ADDED", pod)
+                    self._forget_missing(node, {p["metadata"]["uid"] for p in listing["items"]})
+                    version = listing["metadata"]["resourceVersion"]
+                for event in self.api.watch(path, version, self.stopping):
+                    if event["type"] == "ERROR":
+                        version = ""
+                        break
+                    version = event["object"]["metadata"].get("resourceVersion") or version
+                    if event["type"] != "BOOKMARK":
+                        self._on_pod(node, event["type"], event["object"])
+            except ApiError as error:
+                if error.status == 410:
+                    version = ""
+                self.stopping.wait(0.5)
+            except (OSError, ValueError, ssl.SSLError):
+                self.stopping.wait(0.5)
+            except Exception:
+                traceback.print_exc()
+                self.stopping.wait(0.5)
+
+    def _forget_missing(self, node: str, uids: set) -> None:
+        with self.lock:
+            gone = [w for uid, w in self.workers.items() if w.node == node and uid not in uids]
+        for w in gone:
+            w.on_removed()
+
+    def _on_pod(self, node: str, kind: str, pod: dict) -> None:
+        md = pod["metadata"]
+        uid = md["uid"]
+        with self.lock:
+            worker = self.workers.get(uid)
+        if kind == "DELETED":
+            if worker is not None:
+                worker.on_removed()
+            return
+        terminal = (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+        if worker is None:
+            if md.get("deletionTimestamp"):
+                if terminal or not (pod.get("status") or {}).get("containerStatuses"):
+                    self.delete_for_good(md["namespace"], md["name"], uid)
+                return
+            if terminal or (pod.get("status") or {}).get("startTime"):
+                return  # already run by this node (the agent keeps no state across restarts)
+            worker = PodWorker(self, node, pod)
+            with self.lock:
+                self.workers[uid] = worker
+            worker.start()
+            return
+        worker.pod = pod
+        if md.get("deletionTimestamp") and not worker.deleting.is_set():
+            worker.on_deletion(pod)
+
+    def forget(self, worker: PodWorker) -> None:
+        with self.lock:
+            self.workers.pop(worker.uid, None)
+            self.finished[(worker.ns, worker.name)] = worker
+
+    def delete_for_good(self, namespace: str, name: str, uid: str) -> None:
+        try:
+            self.api.delete(pod_path(namespace, name), {
+                "apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0,
+                "preconditions": {"uid": uid}})
+        except (ApiError, OSError):
+            pass
+
+    def pod_ip(self) -> str:
+        with self.lock:
+            self._ip_counter += 1
+            n = self._ip_counter
+        return f"10.244.{n // 250}.{n % 250 + 2}"
+
+    def worker_for(self, namespace: str, name: str) -> Optional[PodWorker]:
+        with self.lock:
+            for w in self.workers.values():
+                if w.ns == namespace and w.name == name:
+                    return w
+            return self.finished.get((namespace, name))
+
+    def evict(self, namespace: str, name: str, message: str = "The node was low on resource: memory. "
+              "Threshold quantity: 100Mi, available: 50Mi. ") -> None:
+        worker = self.worker_for(namespace, name)
+        if worker is None:
+            raise KeyError(f"no pod {namespace}/{name} runs on this agent")
+        worker.evict(message)
+
+    def record_event(self, pod: dict, node: str, etype: str, reason: str, message: str,
+                     field_path: Optional[str]) -> None:
+        """A core/v1 Event as the kubelet's recorder makes it: named <pod>.<hex UnixNano>."""
+        md = pod["metadata"]
+        involved = {"kind": "Pod", "namespace": md["namespace"], "name": md["name"], "uid": md["uid"],
+                    "apiVersion": "v1", "resourceVersion": md.get("resourceVersion", "")}
+        if field_path:
+            involved["fieldPath"] = field_path
+        stamp = now_rfc3339()
+        event = {"apiVersion": "v1", "kind": "Event",
+                 "metadata": {"name": "%s.%x" % (md["name"], time.time_ns()), "namespace": md["namespace"]},
+                 "involvedObject": involved, "reason": reason, "message": message,
+                 "source": {"component": "kubelet", "host": node}, "firstTimestamp": stamp,
+                 "lastTimestamp": stamp, "count": 1, "type": etype, "eventTime": None,
+                 "reportingComponent": "kubelet", "reportingInstance": node}
+        try:
+            self.api.create(f"/api/v1/namespaces/{md['namespace']}/events", event)
+        except (ApiError, OSError):
+            pass  # the recorder drops what it cannot write, e.g. into a terminating namespace
+
+    # -- the kubelet API ----------------------------------------------------
+    def _serve(self) -> None:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(str(self.pki / "kubelet.crt"), str(self.pki / "kubelet.key"))
+        context.load_verify_locations(str(self.pki / "ca.crt"))
+        context.verify_mode = ssl.CERT_REQUIRED
+        server = _KubeletServer(("127.0.0.1", self.port), _KubeletHandler)
+        server.socket = context.wrap_socket(server.socket, server_side=True)
+        server.agent = self
+        self.server = server
+        self._spawn(server.serve_forever, "kubelet-api")
+
+    def serve_logs(self, handler: _KubeletHandler, namespace: str, name: str, container: str,
+                   query: Dict[str, str]) -> None:
+        worker = self.worker_for(namespace, name)
+        run = next((c for c in worker.containers if c.name == container), None) if worker else None
+        if worker is None or run is None:
+            handler._plain(404, f'container "{container}" in pod "{name}" not found')
+            return
+        previous = query.get("previous") == "true"
+        if previous:
+            if len(run.logs) < 2:
+                handler._plain(400, f'previous terminated container "{container}" in pod "{name}" not found')
+                return
+            log = run.logs[-2]
+        elif not run.logs:
+            reason = (run.status["state"].get("waiting") or {}).get("reason", "ContainerCreating")
+            handler._plain(400, f'container "{container}" in pod "{name}" is waiting to start: {reason}')
+            return
+        else:
+            log = run.logs[-1]
+        follow = query.get("follow") == "true" and not previous
+        timestamps = query.get("timestamps") == "true"
+        tail = int(query["tailLines"]) if query.get("tailLines", "").lstrip("-").isdigit() else None
+        limit = int(query["limitBytes"]) if query.get("limitBytes", "").isdigit() else None
+        since = time.time() - int(query["sinceSeconds"]) if query.get("sinceSeconds", "").isdigit() else None
+        handler.send_response(200)
+        handler.send_header("Content-Type", "text/plain")
+        handler.end_headers()
+        sent = 0
+        index = 0
+        with log.cond:
+            lines = list(log.lines)
+        if tail is not None and tail >= 0:
+            index = max(0, len(lines) - tail)
+        try:
+            while True:
+                with log.cond:
+                    while index >= len(log.lines) and not log.closed and follow and not self.stopping.is_set():
+                        log.cond.wait(0.5)
+                    batch = log.lines[index:]
+                    closed = log.closed
+                index += len(batch)
+                for t, line in batch:
+                    if since is not None and t < since:
+                        continue
+                    if timestamps:
+                        line = (time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t))
+                                + ".%09dZ " % int((t % 1) * 1e9)).encode() + line
+                    if limit is not None and sent + len(line) > limit:
+                        handler.wfile.write(line[:limit - sent])
+                        return
+                    handler.wfile.write(line)
+                    sent += len(line)
+                handler.wfile.flush()
+                if not follow or closed or self.stopping.is_set():
+                    return
+        except (BrokenPipeError, ConnectionResetError, ssl.SSLError):
+            return

@@ -1,0 +1,369 @@
+"""End to end on a real control plane: the real tool, kubectl 1.35, kube-apiserver,
+kube-controller-manager, kube-scheduler and etcd, with tests/node_agent.py doing
+the kubelet's part (the worker runs under bubblewrap).
+
+One cluster serves every test of a pytest process (the `real_cluster` fixture);
+each run makes its own namespace, so the tests do not see each other.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from e2e_support import PRODUCT, interrupt, load, start_tool, tool, wait_for
+
+import rl_batch_demo
+
+pytestmark = [pytest.mark.e2e, pytest.mark.real_cluster]
+
+
+def kubectl_run(cluster, kubectl: str, *args: str, kubeconfig: Path = None) -> subprocess.CompletedProcess:
+    return subprocess.run([kubectl, *args], env=cluster.env(kubeconfig), capture_output=True, text=True,
+                          timeout=120)
+
+
+def check_run(cluster, output: Path, count: int, parallelism: int) -> dict:
+    """The run's files agree with each other, with the API server and with what the node agent ran."""
+    results = load(output / "results.json")
+    assert results["episodes"] == results["successful_episodes"] == results["reward_sum"] == count
+    assert results["parallelism"] == parallelism
+    assert results["context"] == cluster.context
+    receipt = load(output / "receipt.json")
+    namespace = receipt["namespace"]
+    assert cluster.get("namespaces", None, namespace)["metadata"]["uid"] == receipt["namespace_uid"]
+    job = load(output / "job.json")
+    assert job["metadata"]["uid"] == receipt["job_uid"] == cluster.get("jobs", namespace, "rollout")["metadata"]["uid"]
+    assert any(c["type"] == "Complete" and c["status"] == "True" for c in job["status"]["conditions"])
+    assert load(output / "job-submitted.json") == rl_batch_demo.job_manifest(namespace, count, parallelism,
+                                                                            "python:3.12-alpine", "cube")
+    nodes = {n["metadata"]["name"] for n in cluster.list("nodes")}
+    for row in results["pods"]:
+        assert row["reward"] == 1 and row["node"] in nodes
+        ran = cluster.agent.truth[(namespace, row["pod"])]
+        assert ran["node"] == row["node"] and ran["exit_code"] == 0
+        events = rl_batch_demo.parse_events((output / f"{row['pod']}.log").read_text().splitlines())
+        assert [e["event"] for e in events] == ["ready", "reward"]
+        assert events[0]["episode_id"] == row["pod"]
+    events = (output / "events.txt").read_text()
+    for reason in ("Scheduled", "Pulled", "Created", "Started", "SuccessfulCreate", "Completed"):
+        assert reason in events, f"no {reason} event in events.txt"
+    return results
+
+
+def most_at_once(cluster, namespace: str) -> int:
+    """The most episode containers of one namespace that ran at the same moment (the node agent's record)."""
+    runs = [r for (ns, _), r in list(cluster.agent.truth.items()) if ns == namespace]
+    moments = sorted([(r["container_started"], 1) for r in runs] + [(r["container_finished"], -1) for r in runs])
+    running = most = 0
+    for _, change in moments:
+        running += change
+        most = max(most, running)
+    return most
+
+
+def test_guide_batches_then_cleanup_twice(real_cluster, tmp_path):
+    kubectl, cluster = real_cluster
+    parallel_dir, sequential_dir = tmp_path / "rl-parallel-10", tmp_path / "rl-sequential-10"
+
+    parallel = tool(cluster, kubectl, "run", "--count", "10", "--output", str(parallel_dir), "--quiet")
+    assert parallel.returncode == 0, parallel.stderr
+    parallel_results = check_run(cluster, parallel_dir, 10, 10)
+    sequential = tool(cluster, kubectl, "run", "--count", "10", "--parallelism", "1",
+                      "--output", str(sequential_dir), "--quiet")
+    assert sequential.returncode == 0, sequential.stderr
+    sequential_results = check_run(cluster, sequential_dir, 10, 1)
+    assert most_at_once(cluster, parallel_results["namespace"]) >= 5
+    assert most_at_once(cluster, sequential_results["namespace"]) == 1
+
+    # The logs the tool saved are the ones the real API server serves from the node agent.
+    pod = parallel_results["pods"][0]["pod"]
+    logs = kubectl_run(cluster, kubectl, "logs", pod, "-n", parallel_results["namespace"])
+    assert logs.returncode == 0, logs.stderr
+    assert logs.stdout == (parallel_dir / f"{pod}.log").read_text()
+
+    for output in (parallel_dir, sequential_dir):
+        namespace = load(output / "receipt.json")["namespace"]
+        cleaned = tool(cluster, kubectl, "cleanup", "--output", str(output))
+        assert cleaned.returncode == 0, cleaned.stderr
+        assert cleaned.stdout.strip() == f"Deleted test namespace: {namespace}"
+        assert cluster.get("namespaces", None, namespace) is None
+        again = tool(cluster, kubectl, "cleanup", "--output", str(output))
+        assert again.returncode == 0 and again.stdout.strip() == "Namespace already absent", again.stderr
+
+
+def test_rounds_with_warmup_then_foreground_cleanup(real_cluster, tmp_path):
+    kubectl, cluster = real_cluster
+    output = tmp_path / "rl-rounds"
+    result = tool(cluster, kubectl, "run", "--count", "3", "--rounds", "2", "--warmup", "--output", str(output),
+                  "--quiet")
+    assert result.returncode == 0, result.stderr
+    results = load(output / "results.json")
+    assert results["cache_state"] == "warmed" and results["rounds_measured"] == 2
+    assert results["episodes"] == results["reward_sum"] == 6 and results["warmup"]["episodes"] == 3
+    namespace = results["namespace"]
+    assert sorted(j["metadata"]["name"] for j in cluster.list("jobs", namespace)) == \
+        ["rollout-1", "rollout-2", "rollout-warmup"]
+    cleaned = tool(cluster, kubectl, "cleanup", "--output", str(output))
+    assert cleaned.returncode == 0, cleaned.stderr
+    assert cleaned.stdout.strip().endswith(f"Deleted test namespace: {namespace}")
+    assert cluster.get("namespaces", None, namespace) is None
+
+
+def test_episode_script_runs_as_an_indexed_job(real_cluster, tmp_path):
+    from test_e2e_features import HALF_REWARD_SCRIPT, episode_events, write_script
+
+    kubectl, cluster = real_cluster
+    output = tmp_path / "out"
+    script = write_script(tmp_path, HALF_REWARD_SCRIPT)
+    result = tool(cluster, kubectl, "run", "--count", "4", "--parallelism", "2", "--episode-script", str(script),
+                  "--output", str(output), "--quiet")
+    assert result.returncode == 0, result.stderr
+    results = load(output / "results.json")
+    assert results["reward_sum"] == 2.0 and results["successful_episodes"] == 4
+    pods = {p["metadata"]["name"]: p for p in load(output / "pods.json")["items"]}
+    readies = episode_events(output, "ready")
+    assert sorted(readies) == sorted(pods)
+    for name, ready in readies.items():
+        # The real Job controller sets the index annotation and JOB_COMPLETION_INDEX.
+        annotation = pods[name]["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"]
+        assert ready["index"] == int(annotation) == int(ready["job_completion_index"])
+    assert sorted(e["index"] for e in readies.values()) == [0, 1, 2, 3]
+    assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
+
+
+def test_harden_is_enforced_by_the_real_pod_security_admission(real_cluster, tmp_path):
+    from test_e2e_features import INTRUDER_MESSAGE, intruder_pod
+
+    kubectl, cluster = real_cluster
+    output = tmp_path / "out"
+    result = tool(cluster, kubectl, "run", "--count", "2", "--harden", "--output", str(output), "--quiet")
+    assert result.returncode == 0, result.stderr
+    namespace = load(output / "results.json")["namespace"]
+    assert cluster.get("namespaces", None, namespace)["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] \
+        == "restricted"
+    assert cluster.get("networkpolicies", namespace, "deny-all")["spec"]["podSelector"] == {}
+    refused = subprocess.run([kubectl, "create", "-f", "-"], input=json.dumps(intruder_pod(namespace)),
+                             env=cluster.env(), capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 1
+    assert INTRUDER_MESSAGE in refused.stderr, refused.stderr
+    assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
+
+
+# Says ready, then works long enough for something to happen to it meanwhile.
+SLOW_SCRIPT = '''\
+import json, os, time
+
+def emit(event, **fields):
+    print(json.dumps({"event": event, "at": time.time(), "episode_id": os.environ["EPISODE_ID"], **fields}),
+          flush=True)
+
+emit("ready")
+time.sleep(float(os.environ.get("SLOW_SECONDS", "%s")))
+emit("reward", reward=1)
+'''
+
+
+def slow_script(tmp_path: Path, seconds: float) -> Path:
+    path = tmp_path / "slow.py"
+    path.write_text(SLOW_SCRIPT % seconds)
+    return path
+
+
+def running_pods(cluster, output: Path) -> list:
+    if not (output / "receipt.json").exists():
+        return []
+    namespace = load(output / "receipt.json")["namespace"]
+    return [p for p in cluster.list("pods", namespace) if (p.get("status") or {}).get("phase") == "Running"]
+
+
+def test_api_server_killed_and_restarted_mid_run(real_cluster, tmp_path):
+    kubectl, cluster = real_cluster
+    output = tmp_path / "out"
+    process = start_tool(cluster, kubectl, "run", "--count", "3", "--episode-script", str(slow_script(tmp_path, 8)),
+                         "--output", str(output), "--quiet")
+    wait_for(lambda: len(running_pods(cluster, output)) == 3, 90, "three running pods")
+    cluster.control_plane.restart_apiserver(down_seconds=2.0)
+    stdout, stderr = process.communicate(timeout=240)
+    assert process.returncode == 0, stderr
+    results = load(output / "results.json")
+    assert results["reward_sum"] == 3
+    assert results["client_wait"]["watch_restarts"] >= 1
+    assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT])
+def test_interrupt_while_episodes_run_then_cleanup_stops_them(real_cluster, tmp_path, signum):
+    kubectl, cluster = real_cluster
+    output = tmp_path / "out"
+    process = start_tool(cluster, kubectl, "run", "--count", "2", "--episode-script", str(slow_script(tmp_path, 600)),
+                         "--output", str(output), "--quiet")
+    pods = wait_for(lambda: len(running_pods(cluster, output)) == 2 and running_pods(cluster, output), 90,
+                    "two running pods")
+    result = interrupt(process, signum)
+    assert result.returncode == 130, result.stderr
+    assert "Traceback" not in result.stderr and f"cleanup --output {output}" in result.stderr
+    assert {"namespace_uid", "job_uid"} <= set(load(output / "receipt.json"))
+    namespace = load(output / "receipt.json")["namespace"]
+    # The episodes go on after the client stopped; cleanup's foreground cascade and namespace
+    # deletion finish only once the node agent has stopped them and confirmed it.
+    cleaned = tool(cluster, kubectl, "cleanup", "--output", str(output))
+    assert cleaned.returncode == 0, cleaned.stderr
+    assert cluster.get("namespaces", None, namespace) is None
+    for pod in pods:
+        ran = cluster.agent.truth[(namespace, pod["metadata"]["name"])]
+        assert ran["exit_code"] in (143, 137, -15 + 256)
+
+
+def test_namespace_held_by_a_finalizer_is_named_and_never_stripped(real_cluster, tmp_path):
+    kubectl, cluster = real_cluster
+    output = tmp_path / "out"
+    assert tool(cluster, kubectl, "run", "--count", "2", "--output", str(output), "--quiet").returncode == 0
+    namespace = load(output / "receipt.json")["namespace"]
+    cluster.api.merge_patch(f"/api/v1/namespaces/{namespace}", {"metadata": {"finalizers": ["example.com/stuck"]}})
+    stuck = tool(cluster, kubectl, "cleanup", "--output", str(output), "--wait", "5")
+    assert stuck.returncode == 1, stuck.stdout
+    assert "example.com/stuck" in stuck.stderr and "never stripped" in stuck.stderr, stuck.stderr
+    held = cluster.get("namespaces", None, namespace)
+    assert held["metadata"]["finalizers"] == ["example.com/stuck"] and held["status"]["phase"] == "Terminating"
+    cluster.api.merge_patch(f"/api/v1/namespaces/{namespace}", {"metadata": {"finalizers": None}})
+    wait_for(lambda: cluster.get("namespaces", None, namespace) is None, 60, "the namespace to go")
+    again = tool(cluster, kubectl, "cleanup", "--output", str(output))
+    assert again.returncode == 0 and again.stdout.strip() == "Namespace already absent", again.stderr
+
+
+def test_a_pod_evicted_by_its_node_fails_the_run_clearly(real_cluster, tmp_path):
+    kubectl, cluster = real_cluster
+    output = tmp_path / "out"
+    process = start_tool(cluster, kubectl, "run", "--count", "2", "--episode-script", str(slow_script(tmp_path, 20)),
+                         "--output", str(output), "--quiet")
+    pods = wait_for(lambda: len(running_pods(cluster, output)) == 2 and running_pods(cluster, output), 90,
+                    "two running pods")
+    victim = pods[0]["metadata"]["name"]
+    cluster.agent.evict(pods[0]["metadata"]["namespace"], victim)
+    stdout, stderr = process.communicate(timeout=240)
+    assert process.returncode == 1, (stdout, stderr)
+    assert "Traceback" not in stderr and f"cleanup --output {output}" in stderr
+    assert victim in stderr or "Evicted" in stderr or "BackoffLimitExceeded" in stderr, stderr
+    evicted = cluster.get("pods", pods[0]["metadata"]["namespace"], victim)
+    assert evicted["status"]["phase"] == "Failed" and evicted["status"]["reason"] == "Evicted"
+    assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
+
+
+# --------------------------------------------------------------------------
+# The README's permissions, as a user that has only them.
+
+
+def readme_rbac() -> str:
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = text.split("## Permissions", 1)[1]
+    return re.search(r"```yaml\n(.*?)```", section, re.S).group(1)
+
+
+def user_with(cluster, kubectl: str, user: str, rbac: str) -> Path:
+    """A kubeconfig for `user`, bound to the ClusterRole in `rbac` (renamed after the user)."""
+    manifest = rbac.replace("rl-bench@example.com", user).replace("name: rl-batch-demo", f"name: rl-batch-demo-{user}")
+    applied = subprocess.run([kubectl, "apply", "-f", "-"], input=manifest, env=cluster.env(), capture_output=True,
+                             text=True, timeout=60)
+    assert applied.returncode == 0, applied.stderr
+    return cluster.control_plane.user_kubeconfig(user)
+
+
+def as_user(cluster, kubeconfig: Path, kubectl: str, *args: str) -> subprocess.CompletedProcess:
+    argv = [sys.executable, str(PRODUCT), *args, "--kubectl", kubectl]
+    return subprocess.run(argv, env=cluster.env(kubeconfig), capture_output=True, text=True, timeout=300)
+
+
+def test_the_readme_role_is_enough(real_cluster, tmp_path):
+    kubectl, cluster = real_cluster
+    kubeconfig = user_with(cluster, kubectl, "rl-bench", readme_rbac())
+    denied = kubectl_run(cluster, kubectl, "get", "secrets", "-A", kubeconfig=kubeconfig)
+    assert denied.returncode == 1 and "forbidden" in denied.stderr  # the user really is not an admin
+    for name, extra in (("plain", ()), ("harden", ("--harden",)), ("rounds", ("--rounds", "2", "--warmup"))):
+        output = tmp_path / name
+        result = as_user(cluster, kubeconfig, kubectl, "run", "--count", "2", *extra, "--output", str(output),
+                         "--quiet")
+        assert result.returncode == 0, (name, result.stderr)
+        results = load(output / "results.json")
+        assert results["reward_sum"] == 2 * (2 if extra and extra[0] == "--rounds" else 1)
+        cleaned = as_user(cluster, kubeconfig, kubectl, "cleanup", "--output", str(output))
+        assert cleaned.returncode == 0, (name, cleaned.stderr)
+        assert cluster.get("namespaces", None, results["namespace"]) is None
+
+
+def test_a_role_without_pod_logs_fails_clearly(real_cluster, tmp_path):
+    kubectl, cluster = real_cluster
+    rbac = readme_rbac().replace('''  - apiGroups: [""]
+    resources: ["pods/log"]
+    verbs: ["get"]
+''', "")
+    kubeconfig = user_with(cluster, kubectl, "no-logs", rbac)
+    output = tmp_path / "out"
+    result = as_user(cluster, kubeconfig, kubectl, "run", "--count", "2", "--output", str(output), "--quiet")
+    assert result.returncode == 1, result.stdout
+    assert "Traceback" not in result.stderr
+    # Each log read refused is named with the API server's reason, then the verdict on the episodes.
+    for pod in [p["metadata"]["name"] for p in load(output / "pods.json")["items"]]:
+        assert re.search(rf'Warning: could not save {pod}.log: .*User "no-logs" cannot get resource "pods/log"',
+                         result.stderr), result.stderr
+    assert "expected exactly one ready event, found 0" in result.stderr
+    cleaned = as_user(cluster, kubeconfig, kubectl, "cleanup", "--output", str(output))
+    assert cleaned.returncode == 0, cleaned.stderr
+
+
+def test_a_role_without_watch_fails_clearly(real_cluster, tmp_path):
+    kubectl, cluster = real_cluster
+    rbac = readme_rbac().replace('verbs: ["create", "get", "list", "watch", "delete"]',
+                                 'verbs: ["create", "get", "list", "delete"]') \
+        .replace('verbs: ["get", "list", "watch"]', 'verbs: ["get", "list"]')
+    assert "watch" not in rbac
+    kubeconfig = user_with(cluster, kubectl, "no-watch", rbac)
+    output = tmp_path / "out"
+    result = as_user(cluster, kubeconfig, kubectl, "run", "--count", "2", "--output", str(output), "--quiet")
+    assert result.returncode == 1, result.stdout
+    assert "Traceback" not in result.stderr and f"cleanup --output {output}" in result.stderr
+    assert re.search(r'Error: cannot watch the (job|pods): Error from server \(Forbidden\): .*'
+                     r'User "no-watch" cannot watch resource "(jobs|pods)"', result.stderr), result.stderr
+    cleaned = as_user(cluster, kubeconfig, kubectl, "cleanup", "--output", str(output))
+    assert cleaned.returncode == 0, cleaned.stderr
+
+
+# --------------------------------------------------------------------------
+# tests/local_cluster.py, as a newcomer runs it.
+
+
+@pytest.mark.parametrize("mode", ["real", "emulator"])
+def test_local_cluster_says_ready_then_stops_on_a_signal(real_cluster, tmp_path, mode):
+    kubectl, _ = real_cluster
+    argv = [sys.executable, str(Path(__file__).resolve().parent / "local_cluster.py"), "--workdir", str(tmp_path),
+            "--kubectl", kubectl] + (["--emulator"] if mode == "emulator" else [])
+    process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    try:
+        line = process.stdout.readline()
+        assert line.startswith("READY "), (line, process.stderr.read() if process.poll() is not None else "")
+        kubeconfig = line.split(" ", 1)[1].strip()
+        env = dict(os.environ, KUBECONFIG=kubeconfig, HOME=str(tmp_path))
+        nodes = subprocess.run([kubectl, "get", "nodes", "-o", "name"], env=env, capture_output=True, text=True,
+                               timeout=60)
+        assert nodes.returncode == 0 and nodes.stdout.count("node/") == 3, nodes.stderr
+        output = tmp_path / "out"
+        run = subprocess.run([sys.executable, str(PRODUCT), "run", "--count", "2", "--output", str(output), "--quiet",
+                              "--kubectl", kubectl], env=env, capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr
+        process.send_signal(signal.SIGTERM if mode == "real" else signal.SIGINT)
+        assert process.wait(timeout=60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    gone = subprocess.run([kubectl, "get", "nodes", "--request-timeout=5s"], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert gone.returncode != 0
