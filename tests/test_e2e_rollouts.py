@@ -243,3 +243,17 @@ def test_readme_task_episode_runs_as_documented(cluster: Any, tmp_path: Path) ->
     assert result.returncode == 0, result.stderr
     assert [(r["task_id"], r["reward"], r["prompt_chars"]) for r in rewards_of(output)] == [
         ("issue-101", 1.0, 6), ("issue-101", 1.0, 6), ("issue-102", 0.0, 8), ("issue-102", 0.0, 8)]
+
+
+def test_a_failed_builtin_check_is_a_verifier_failure(cluster: Any, tmp_path: Path) -> None:
+    kubectl, make = cluster
+    emulator = make(api_clock_skew=30)  # the API's clock runs ahead: every episode's times out of order
+    output = tmp_path / "out"
+    result = tool(emulator, kubectl, "run", "--output", str(output), "--quiet", "--count", "2",
+                  "--allow-failures", "1")
+    assert result.returncode == 1, result.stderr
+    assert "2 of 2 episodes failed (verifier 2); --allow-failures accepts 1" in result.stderr
+    rows = rewards_of(output)
+    assert [row["failure_class"] for row in rows] == ["verifier", "verifier"]
+    assert all("unsynchronised clocks or broken events" in row["failure"] and row["reward"] == 1 for row in rows)
+    assert all(row["attempts"] == 1 for row in rows)  # the pods succeeded: nothing for the Job to retry
