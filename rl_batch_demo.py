@@ -162,8 +162,7 @@ FAILURE_CLASSES = ("infrastructure", "episode", "verifier")
 INFRASTRUCTURE_EXIT_CODES = (126, 127, 137, 143)
 INFRASTRUCTURE_POD_REASONS = ("Evicted", "NodeLost", "Preempting", "UnexpectedAdmissionError",
                               "NodeAffinity", "OutOfcpu", "OutOfmemory", "Shutdown", "Terminated")
-INFRASTRUCTURE_TERMINATED_REASONS = ("OOMKilled", "ContainerStatusUnknown", "StartError",
-                                     "ContainerCannotRun", "DeadlineExceeded")
+INFRASTRUCTURE_TERMINATED_REASONS = ("OOMKilled", "ContainerStatusUnknown", "StartError", "ContainerCannotRun")
 # The built-in worker's own words when its baseline passes: its test did not check the bug.
 BASELINE_PASSED_MESSAGE = "baseline must fail the boundary test"
 
@@ -3497,7 +3496,8 @@ def run_batch(tasks: Sequence[dict] | None = None, *, output: str, group_size: i
     task id); without them, `options` must say `--count N`. `options` are further
     `run` options, e.g. ["--context", "kind-kind", "--episode-script", "ep.py"].
     An accepted partial batch returns with results["accepted_partial"] True; any
-    failure raises DemoError, the evidence kept in `output`.
+    failure raises DemoError, the evidence kept in `output`; an interrupted run
+    (Ctrl-C, SIGTERM) saves what it can and raises KeyboardInterrupt.
     """
     argv = ["run", "--output", output, "--quiet", "--group-size", str(group_size), *options]
     if retries is not None:
@@ -3518,7 +3518,8 @@ def run_batch(tasks: Sequence[dict] | None = None, *, output: str, group_size: i
     args.print_results = False
     status, results = perform_run(args)
     if status not in (0, EXIT_PARTIAL) or results is None:
-        raise DemoError(f"run_batch: interrupted; evidence in {output}")
+        # The run saved what it could and said how to clean up; the caller decides what an interrupt means.
+        raise KeyboardInterrupt
     saved = saved_results(results)
     rewards_path = os.path.join(output, REWARDS_FILE)
     saved["rewards"] = [json.loads(line) for line in read_text(rewards_path).splitlines() if line.strip()]
