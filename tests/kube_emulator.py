@@ -2533,8 +2533,8 @@ class JobController(Controller):
             pmd = p["metadata"]
             phase = (p.get("status") or {}).get("phase")
             finished = phase in ("Succeeded", "Failed") or bool(pmd.get("deletionTimestamp"))
-            if not finished:
-                continue
+            if not finished or (policy is not None and phase not in ("Succeeded", "Failed")):
+                continue  # with a podFailurePolicy only a terminal pod counts (isPodFailed)
             if pmd["uid"] not in counted and JOB_TRACKING_FINALIZER in (pmd.get("finalizers") or []):
                 counted.add(pmd["uid"])
                 if phase == "Succeeded":
@@ -3651,6 +3651,10 @@ class PodWorker(threading.Thread):
             self.deleting.wait(0.05)
         for r in self.runners:
             r.join(10)
+        if self.deleting.is_set() and not pod_terminal(self.store_pod() or {}):
+            # A container that gave up waiting (an image that never pulled) as the pod was deleted
+            # ended before the loop saw the deletion: the pod still ends Failed, as a kubelet's does.
+            self._terminate_all()
 
     def _terminate_all(self) -> None:
         """Graceful stop: SIGTERM, wait min(grace, grace_cap), SIGKILL."""
