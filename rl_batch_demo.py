@@ -1866,7 +1866,7 @@ class ApiProxy:
             connection.request("GET", target)
             response = connection.getresponse()
             body = response.read().decode("utf-8", errors="replace")
-        except OSError as error:  # includes socket.timeout
+        except (OSError, http.client.HTTPException) as error:  # a timeout, or an answer cut off
             raise KubectlError(f"GET {path}", None, str(error)) from None
         finally:
             connection.close()
@@ -2147,7 +2147,7 @@ class BatchFollower:
                 item = self._queue.get(timeout=max(0.01, deadline - time.monotonic()))
             except queue.Empty:
                 return
-            if item == ("ended", "pods"):
+            if item[0] == "ended" and item[1] == "pods":
                 return
             if item[0] != "ended":
                 self._handle(item, deadline)
@@ -2391,6 +2391,13 @@ def describe_failure(job: dict | None, pods: Sequence[dict], job_name: str, limi
             detail = (unscheduled or {}).get("message") or "no container status"
         lines.append(f"pod {pod_name(pod)}: {phase}, {detail}")
     return lines
+
+
+def summarised_problems(problems: Sequence[str], shown: int = 3) -> list[str]:
+    """A few problems in full and a count of the rest: 500 unreadable logs are one cause, not 500 lines."""
+    if len(problems) <= shown + 1:
+        return list(problems)
+    return list(problems[:shown]) + [f"... and {len(problems) - shown} more (see the saved files)"]
 
 
 def saved_evidence(job: dict | None, pods: Sequence[dict], logs: dict[str, str], events: Sequence[dict]) -> str:
@@ -2665,8 +2672,9 @@ class RunAction:
                                  page_size)
 
         def fetch_events_table() -> str:
-            return self.kubectl.run(["get", "events", "--sort-by=.metadata.creationTimestamp",
-                                     f"--chunk-size={page_size}"] + namespace_args, retry_until=retry_until)
+            # kubectl reads a sorted list in one piece whatever --chunk-size says.
+            return self.kubectl.run(["get", "events", "--sort-by=.metadata.creationTimestamp"]
+                                    + namespace_args, retry_until=retry_until)
 
         def fetch_events_json() -> PagedList:
             retry_seconds = None if quick else COLLECT_RETRY_SECONDS
@@ -2737,8 +2745,8 @@ class RunAction:
         logs = self.read_logs(pods, follower, retry_until, problems)
         for name, text in logs.items():
             write_text(os.path.join(self.batch_dir, f"{name}.log"), text)
-        for problem in problems:
-            print(f"Warning: could not save {problem}", file=sys.stderr)
+        for line in summarised_problems(problems):
+            print(f"Warning: could not save {line}", file=sys.stderr)
         return job, reading, logs, events
 
     def read_logs(self, pods: Sequence[dict], follower: BatchFollower,
@@ -3371,7 +3379,7 @@ def build_parser() -> argparse.ArgumentParser:
     run_parser.add_argument("--timeout", type=positive_int, default=None, metavar="SECONDS",
                             help=f"the Job's activeDeadlineSeconds; the client gives up "
                                  f"{CLIENT_GRACE_SECONDS} s later (default: {DEFAULT_JOB_DEADLINE_SECONDS}, "
-                                 f"grown with the batch above {DEFAULT_MAX_EPISODES} episodes)")
+                                 f"grown with the batch above {DEADLINE_GROWS_ABOVE_EPISODES} episodes)")
     run_parser.add_argument("--max-episodes", type=positive_int, default=DEFAULT_MAX_EPISODES, metavar="N",
                             help="safety cap on --count; raise it explicitly for large batches")
     run_parser.add_argument("--chunk-size", type=positive_int, default=LIST_PAGE_SIZE, metavar="N",

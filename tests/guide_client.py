@@ -66,14 +66,14 @@ class GuideKubectl:
         self.context: str | None = None
         self.processes = 0
 
-    def run(self, args: Sequence[str], input_text: str | None = None) -> str:
+    def run(self, args: Sequence[str], input_text: str | None = None,
+            timeout: float = CALL_TIMEOUT_SECONDS) -> str:
         argv = [self.binary]
         if self.context:
             argv += ["--context", self.context, f"--request-timeout={REQUEST_TIMEOUT}"]
         argv += list(args)
         self.processes += 1
-        completed = subprocess.run(argv, input=input_text, capture_output=True, text=True,
-                                   timeout=CALL_TIMEOUT_SECONDS)
+        completed = subprocess.run(argv, input=input_text, capture_output=True, text=True, timeout=timeout)
         if completed.returncode != 0:
             raise GuideError(f"kubectl {' '.join(args[:2])} failed (exit {completed.returncode}): "
                              f"{completed.stderr.strip()}")
@@ -195,8 +195,8 @@ def cleanup(args: argparse.Namespace) -> int:
         if json.loads(job)["metadata"]["uid"] != receipt.get("job_uid"):
             raise GuideError(f"refusing to delete Job {rl_batch_demo.JOB_NAME}: it is not the receipt's")
         kubectl.run(["delete", "job", rl_batch_demo.JOB_NAME, "-n", namespace, "--cascade=foreground",
-                     "--timeout=120s"])
-    kubectl.run(["delete", "namespace", namespace, "--timeout=120s"])
+                     "--timeout=120s"], timeout=150)
+    kubectl.run(["delete", "namespace", namespace, "--timeout=120s"], timeout=150)
     print(f"Deleted test namespace: {namespace}")
     return 0
 

@@ -93,6 +93,28 @@ DEFAULT_TIMING: Dict[str, float] = {
 # Faults of the read path (the watch cache and lists), checked when set.  Each
 # takes seconds: a number for every resource, or {"pods": 2.0, ...} for the
 # resources (store names) it names.
+# Every fault the emulator knows, declared once: a fault not listed here is refused when
+# set, so a misspelt one cannot silently inject nothing. "Per index" faults name the
+# pods they hit by the pod's creation order in the emulator (0, 1, ...), as a list or as
+# the keys of a dict.
+FAULTS: Dict[str, str] = {
+    "sandbox_delay": "seconds RunPodSandbox takes (overrides the timing)",
+    "sandbox_jitter": "extra random seconds, up to this, on each sandbox (overrides the timing)",
+    "job_status_lag": "seconds the Job controller batches pod updates (overrides the timing)",
+    "sandbox_after_watch": "a sandbox starts only once a client watches its Job's pods",
+    "api_latency": "seconds every API answer is late",
+    "api_errors": "{count, match, status}: the next `count` requests whose path contains `match` fail",
+    "api_clock_skew": "seconds the API server's and kubelets' clocks run ahead",
+    "missing_runtimeclass": "the RuntimeClass cube does not exist",
+    "job_controller_stalled": "True: the Job controller does nothing; N: it stops once a Job has N pods",
+    "stuck_terminating": "namespaces get a finalizer no one removes",
+    "fail_pods": "per index: the container exits 3",
+    "restart_container": "per index: the container crashes once, then runs",
+    "replace_pod": "per index: the pod holds until it is evicted and replaced",
+    "image_pull_backoff": "per index (or True): the image never pulls",
+    "unreadable_logs": "per index: the kubelet does not serve the pod's log",
+    "log_tamper": "{index: duplicate_ready | drop_reward | wrong_id | junk_lines}: the log is altered",
+}
 READ_PATH_FAULTS: Dict[str, str] = {
     "watch_delay": "the watch cache runs this far behind the store: watches get each event this late, "
                    "and a list with resourceVersionMatch=NotOlderThan waits for the cache",
@@ -1470,8 +1492,12 @@ class ExpiredContinue(ApiError):
         return body
 
 
-def check_read_faults(faults: dict) -> None:
-    """Reject a read-path fault that is not seconds or {store: seconds}."""
+def check_faults(faults: dict) -> None:
+    """Reject a fault the emulator does not know, and a read-path fault that is not seconds or {store: seconds}."""
+    unknown = sorted(set(faults) - set(FAULTS) - set(READ_PATH_FAULTS))
+    if unknown:
+        raise ValueError("unknown fault(s) %s; the emulator knows %s"
+                         % (", ".join(unknown), ", ".join(sorted(set(FAULTS) | set(READ_PATH_FAULTS)))))
     for name in READ_PATH_FAULTS:
         value = faults.get(name)
         if value is None:
@@ -4043,7 +4069,7 @@ class Emulator:
         self._started = False
         self._stopped = False
         self.store = Store(self.api_now, int(self.timing["watch_history"]))
-        check_read_faults(self.faults)
+        check_faults(self.faults)
         self.reads = ReadPath(self)
         self.api = ApiServer(self)
         self.logs: Dict[Tuple[str, str], List[ContainerLog]] = {}
@@ -4104,7 +4130,7 @@ class Emulator:
             return clone(self._truth)
 
     def set_faults(self, **kw: Any) -> None:
-        check_read_faults(kw)
+        check_faults(kw)
         for k, v in kw.items():
             self.reads.fault_set_at[k] = time.time()
             if k == "missing_runtimeclass":

@@ -39,8 +39,17 @@ FALLBACK_TEST_REQUIREMENTS = ["pytest>=7"]
 # the oldest Python's run short if the suite grows long.
 PYTEST_ARGS_BY_PYTHON: dict[str, list[str]] = {"3.13": [], "3.9": []}
 # The end-to-end tests mostly wait on their emulated clusters, so four run side
-# by side even on two cores (pytest-xdist, from the test extras).
-PYTEST_ARGS_ALWAYS = ["-n", "4"]
+# by side even on two cores (pytest-xdist, from the test extras); the tests of
+# one xdist_group (the real control plane's) share one worker.
+PYTEST_ARGS_ALWAYS = ["-n", "4", "--dist", "loadgroup"]
+# A whole-suite run keeps the real control plane's tier apart: it runs once, on
+# the newest Python (it proves the cluster side, which does not depend on the
+# client's Python; the tool's Python range is proven against the emulator), in
+# a pass of its own after the others, so that etcd, kube-apiserver and the
+# controllers do not take the two cores from the emulator's timing-bound tests.
+REAL_CLUSTER_MARKER = "real_cluster"
+REAL_CLUSTER_PYTHON = "3.13"
+REAL_CLUSTER_ARGS = ["-n", "0", "-m", REAL_CLUSTER_MARKER, "tests/test_real_cluster.py"]
 PIP_ENV = {"PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"}
 
 
@@ -289,14 +298,20 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
     env = pytest_environment(kubectls, default_kubectl, bwrap, control_plane, ci)
-    results = []
+    passes = []
     for version, python in venvs.items():
-        command_args = PYTEST_ARGS_ALWAYS + PYTEST_ARGS_BY_PYTHON.get(version, []) + (pytest_args or ["tests"])
+        selection = pytest_args or ["-m", f"not {REAL_CLUSTER_MARKER}", "tests"]
+        passes.append((version, python, PYTEST_ARGS_ALWAYS + PYTEST_ARGS_BY_PYTHON.get(version, []) + selection))
+    if not pytest_args:
+        newest = REAL_CLUSTER_PYTHON if REAL_CLUSTER_PYTHON in venvs else list(venvs)[-1]
+        passes.append((f"{newest} real cluster", venvs[newest], REAL_CLUSTER_ARGS))
+    results = []
+    for label, python, command_args in passes:
         say()
-        say(f"== pytest on Python {version}: python -m pytest {' '.join(command_args)}")
+        say(f"== pytest on Python {label}: python -m pytest {' '.join(command_args)}")
         run_started = time.monotonic()
         status, summary = run_pytest(python, command_args, env)
-        results.append((version, status, summary, time.monotonic() - run_started))
+        results.append((label, status, summary, time.monotonic() - run_started))
 
     say()
     say("== Summary")

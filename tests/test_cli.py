@@ -66,7 +66,7 @@ def no_subprocesses(monkeypatch: pytest.MonkeyPatch) -> list:
 
 
 # --------------------------------------------------------------------------
-# A1: argument rules.
+# Argument rules.
 
 
 @pytest.mark.parametrize("extra", [
@@ -280,7 +280,7 @@ def test_verbose_echo_is_a_shell_quoted_line_that_a_terminal_progress_line_does_
 
 
 # --------------------------------------------------------------------------
-# B8: --dry-run.
+# --dry-run.
 
 
 def test_dry_run_prints_a_v1_list_creates_nothing_needs_no_kubectl(
@@ -365,7 +365,7 @@ def test_an_episode_script_in_newer_syntax_than_this_python_is_only_warned_about
 
 
 # --------------------------------------------------------------------------
-# A3.1, B11: refusals before anything is created.
+# Refusals before anything is created.
 
 
 @pytest.mark.parametrize("kind", ["directory", "file", "dangling symlink"])
@@ -575,7 +575,7 @@ def test_an_endpoint_that_is_not_kubernetes_is_named_not_a_missing_runtimeclass(
 
 
 # --------------------------------------------------------------------------
-# A5: cleanup refuses a missing or untrustworthy receipt, and runs nothing.
+# Cleanup refuses a missing or untrustworthy receipt, and runs nothing.
 
 
 def test_cleanup_without_a_receipt(tmp_path: Path, capsys: Any, no_subprocesses: list) -> None:
@@ -623,7 +623,7 @@ def test_cleanup_refuses_a_corrupt_receipt(receipt: str, message: str, tmp_path:
 
 
 # --------------------------------------------------------------------------
-# B5: report and compare on saved run directories.
+# Report and compare on saved run directories.
 #
 # Three episodes (seconds after the Job's creation at T0):
 #   pod             created  ready  reward  finished  node

@@ -136,10 +136,13 @@ def test_transient_api_errors_are_retried(make_cluster, tmp_path):
 
 def test_api_server_restart_while_waiting(make_cluster, tmp_path):
     kubectl, make = make_cluster
-    emulator = make(sandbox_delay=1.5)
+    emulator = make(sandbox_delay=1.5, sandbox_after_watch=True)  # still running when the API restarts
     output = tmp_path / "out"
     process = start_tool(emulator, kubectl, "run", "--count", "3", "--output", str(output), "--quiet")
-    wait_for(lambda: (output / "job-submitted.json").exists() and emulator.list("pods"), 30, "pods")
+    # Restarted only once both watches are open, so the restart really breaks them.
+    wait_for(lambda: (output / "job-submitted.json").exists() and emulator.list("pods")
+             and {"/pods", "/jobs"} <= {r["path"][-5:] for r in emulator.requests if r["watch"]}, 120,
+             "the pods and the tool's two watches")
     emulator.restart_api(down_seconds=1.0)
     stdout, stderr = process.communicate(timeout=120)
     assert process.returncode == 0, stderr
@@ -154,7 +157,7 @@ def test_interrupt_while_waiting_keeps_the_receipt(make_cluster, tmp_path, signu
     emulator = make(sandbox_delay=30)
     output = tmp_path / "out"
     process = start_tool(emulator, kubectl, "run", "--count", "2", "--output", str(output), "--quiet")
-    wait_for(lambda: emulator.list("pods"), 30, "pods to exist")
+    wait_for(lambda: emulator.list("pods"), 120, "pods to exist")  # a bound, not a measurement
     time.sleep(0.5)
     result = interrupt(process, signum)
     assert result.returncode == 130, result.stderr

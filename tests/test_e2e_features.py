@@ -129,7 +129,7 @@ def post_paths(emulator: Emulator) -> list[str]:
 
 
 # --------------------------------------------------------------------------
-# B1: --context, --kubectl, --timeout
+# --context, --kubectl, --timeout
 
 
 def kubeconfig_with(path: Path, current: str, servers: dict[str, str]) -> Path:
@@ -223,7 +223,7 @@ def test_timeout_bounds_the_client_when_the_job_never_ends(make_cluster, tmp_pat
 
 
 # --------------------------------------------------------------------------
-# B2: --max-episodes
+# --max-episodes
 
 
 def dry_run(*args: str) -> dict:
@@ -290,7 +290,7 @@ def test_thirty_episodes_with_the_cap_raised(make_cluster, tmp_path):
 
 
 # --------------------------------------------------------------------------
-# B6: progress on stderr
+# Progress on stderr
 
 
 def test_progress_on_a_terminal_is_one_updating_line(make_cluster, tmp_path):
@@ -383,7 +383,7 @@ def test_quiet_leaves_stderr_empty_and_stdout_is_only_the_results(make_cluster, 
 
 
 # --------------------------------------------------------------------------
-# B7: --episode-script
+# --episode-script
 
 
 def readme_python_block(marker: str) -> Optional[str]:
@@ -489,7 +489,7 @@ def test_a_broken_episode_script_fails_naming_the_pod(make_cluster, tmp_path, sc
 
 
 # --------------------------------------------------------------------------
-# B8: --dry-run
+# --dry-run
 
 
 def test_dry_run_prints_exactly_what_run_creates(make_cluster, tmp_path):
@@ -546,7 +546,7 @@ def test_dry_run_prints_exactly_what_run_creates(make_cluster, tmp_path):
 
 
 # --------------------------------------------------------------------------
-# B9: --harden
+# --harden
 
 
 def intruder_pod(namespace: str) -> dict:
@@ -656,7 +656,7 @@ def test_pod_security_admission_in_the_emulator(make_cluster, tmp_path):
 
 
 # --------------------------------------------------------------------------
-# B10: run --cleanup
+# run --cleanup
 
 
 def test_cleanup_after_a_successful_run(make_cluster, tmp_path):

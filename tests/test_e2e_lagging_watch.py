@@ -177,7 +177,7 @@ def test_a_genuinely_unfinished_pod_still_fails_the_run_by_name(make_cluster, tm
 
 @pytest.mark.slow
 def test_a_pod_list_slower_than_the_request_timeout_falls_back_to_pods_read_one_by_one(make_cluster, tmp_path):
-    """The issue's small case: the pod watch runs behind and no pod list can answer within
+    """A small batch whose pod watch runs behind and no pod list can answer within
     the request timeout. The pods the watch saw are each read again on their own."""
     kubectl, make = make_cluster
     emulator = make(watch_delay={"pods": 3.0}, list_latency={"pods": 35.0})

@@ -317,7 +317,8 @@ def test_completion_gap_parts_match_the_truth(six):
 
 def test_completion_gap_on_kubernetes_1_30_has_no_success_criteria_met(tmp_path, require_e2e):
     kubectl = require_e2e(KUBECTL_VERSION)
-    emulator = Emulator(tmp_path / "emulator", faults=dict(DEFAULT_TIMING), server_version="1.30")
+    emulator = Emulator(tmp_path / "emulator", faults=dict(DEFAULT_TIMING, sandbox_after_watch=True),
+                        server_version="1.30")  # the sandbox-ready point is seen under any load
     emulator.start()
     try:
         output = tmp_path / "rl-1.30"

@@ -1,4 +1,4 @@
-"""End to end, the reliability rows of issue 5 not covered by test_e2e_failures.py:
+"""End to end, the reliability cases not covered by test_e2e_failures.py:
 an unreachable cluster, interruptions while creating and while collecting, a Job
 that is not the run's, cleanup after a partial run, a full disk, transient API
 errors and latency during creation, and a noisy episode worker.

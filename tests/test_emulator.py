@@ -424,6 +424,10 @@ def test_kubectl_watch(emu, version: str) -> None:
     pj = subprocess.Popen(base + ["get", "job", "rollout", "-o", "json", "-w"], stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True, env=env)
     wait_for(lambda: job_condition(emu, "w", "rollout", "Complete"), seconds=30)
+    # Both kubectl processes are stopped only once each has its watch open (on a loaded
+    # machine kubectl can take seconds to start), and had a moment to print what it got.
+    wait_for(lambda: any(r["watch"] and r["path"] == "/apis/batch/v1/namespaces/w/jobs" for r in emu.requests),
+             seconds=60)
     time.sleep(0.5)
     for p in (pj, pp):
         p.send_signal(signal.SIGINT)
@@ -555,7 +559,9 @@ def test_namespace_termination_and_terminating_namespace(emu_factory) -> None:
 # --------------------------------------------------------------------------- kubelet behaviour
 def test_logs_waiting_follow_and_previous(emu_factory) -> None:
     need_bwrap()
-    emu = emu_factory(faults={"sandbox_delay": 1.0, "sandbox_jitter": 0})
+    # The sandbox waits for a watch on the Job's pods: the container is still being created
+    # when its log is first asked for, however long kubectl takes to start.
+    emu = emu_factory(faults={"sandbox_delay": 0.2, "sandbox_jitter": 0, "sandbox_after_watch": True})
     k = Kubectl(emu, default_kubectl())
     prog = "import time\nfor i in range(3):\n    print('tick', i, flush=True); time.sleep(0.3)\n"
     setup_namespace(k, "lg", prog)
@@ -564,6 +570,7 @@ def test_logs_waiting_follow_and_previous(emu_factory) -> None:
     p = k("logs", "-n", "lg", pod, "-c", "episode", check=False)
     assert p.returncode == 1
     assert 'container "episode" in pod "%s" is waiting to start: ContainerCreating' % pod in p.stderr
+    _read_watch(emu, "/api/v1/namespaces/lg/pods?watch=1&labelSelector=job-name%3Drollout&timeoutSeconds=1")
     wait_for(lambda: emu.get("pods", "lg", pod)["status"].get("phase") == "Running", seconds=10)
     out = k("logs", "-n", "lg", pod, "-c", "episode", "-f", "--timestamps").stdout
     assert [ln.split(" ", 1)[1] for ln in out.splitlines()] == ["tick 0", "tick 1", "tick 2"]
@@ -767,3 +774,11 @@ def test_cli(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=15) == 0
     assert (tmp_path / "cli" / "truth.json").exists()
+
+
+def test_an_unknown_fault_is_refused_not_ignored(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="unknown fault.*replace_pods"):
+        Emulator(tmp_path / "typo", faults={"replace_pods": [0]})
+    emu = Emulator(tmp_path / "known", faults={"replace_pod": [0]})
+    with pytest.raises(ValueError, match="unknown fault.*api_latncy"):
+        emu.set_faults(api_latncy=1.0)

@@ -3,7 +3,8 @@ kube-controller-manager, kube-scheduler and etcd, with tests/node_agent.py doing
 the kubelet's part (the worker runs under bubblewrap).
 
 One cluster serves every test of a pytest process (the `real_cluster` fixture);
-each run makes its own namespace, so the tests do not see each other.
+each run makes its own namespace, so the tests do not see each other. Run with
+`python3 tests/run_tests.py --python 3.13 -- tests/test_real_cluster.py`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from e2e_support import PRODUCT, interrupt, load, start_tool, tool, wait_for
 
 import rl_batch_demo
 
-pytestmark = [pytest.mark.e2e, pytest.mark.real_cluster]
+# One control plane for the whole tier: under pytest-xdist (--dist loadgroup) every test of
+# this module runs in the same worker, so one cluster is started, not one per worker.
+pytestmark = [pytest.mark.e2e, pytest.mark.real_cluster, pytest.mark.xdist_group("real-cluster")]
 
 
 def kubectl_run(cluster, kubectl: str, *args: str, kubeconfig: Path = None) -> subprocess.CompletedProcess:
@@ -199,7 +202,7 @@ def test_api_server_killed_and_restarted_mid_run(real_cluster, tmp_path):
     assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT])
+@pytest.mark.parametrize("signum", [signal.SIGINT], ids=["SIGINT"])
 def test_interrupt_while_episodes_run_then_cleanup_stops_them(real_cluster, tmp_path, signum):
     kubectl, cluster = real_cluster
     output = tmp_path / "out"

@@ -1123,3 +1123,9 @@ def test_a_failed_batch_says_which_evidence_exists() -> None:
     pods = [{"metadata": {"name": "a"}}, {"metadata": {"name": "b"}}]
     assert demo.saved_evidence(None, pods, {"a": "{}\n", "b": ""}, [{}]) == (
         "saved: job.json (unreadable), pods.json (2 pods), events.txt (1 events), 1 of 2 pod logs with content")
+
+
+def test_many_problems_of_one_kind_are_a_few_lines() -> None:
+    problems = [f"rollout-{i}.log: forbidden" for i in range(500)]
+    assert demo.summarised_problems(problems) == problems[:3] + ["... and 497 more (see the saved files)"]
+    assert demo.summarised_problems(problems[:4]) == problems[:4]

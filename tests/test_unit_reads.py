@@ -199,3 +199,32 @@ def test_a_pod_the_watch_saw_vanish_stays_in_the_evidence_as_last_seen() -> None
     watched = [pod("a", "Running"), pod("c", "Running")]  # a: older than the list; c: deleted since
     assert demo.with_vanished(listed, watched) == [pod("a", "Succeeded"), pod("b", "Succeeded"),
                                                    pod("c", "Running")]
+
+
+class StoppedWatch:
+    """A watch process that has already ended."""
+
+    def poll(self) -> int:
+        return 0
+
+    def wait(self, timeout: float | None = None) -> int:
+        return 0
+
+
+def pod_event(name: str, phase: str) -> tuple:
+    return ("pods", {"type": "MODIFIED", "object": dict(pod(name, phase), kind="Pod")})
+
+
+def test_drain_takes_in_what_the_pod_watch_delivered_up_to_its_end_marker() -> None:
+    follower = demo.BatchFollower(demo.Kubectl("kubectl-never-run"), NAMESPACE, "rollout", 2,
+                                  demo.Progress(quiet=True), None)  # type: ignore[arg-type]
+    follower._failures = {"job": 0, "pods": 0}  # as follow() leaves them
+    follower._watches["pods"] = StoppedWatch()  # type: ignore[assignment]
+    for item in (pod_event("rollout-a", "Running"), ("ended", "job", None), pod_event("rollout-b", "Running"),
+                 ("ended", "pods", None), pod_event("rollout-c", "Running")):
+        follower._queue.put(item)
+    follower.drain()
+    assert sorted(follower.pods) == ["rollout-a", "rollout-b"]
+    assert follower._watches == {}
+    # It stopped at the pod watch's end: what follows is another watch's business.
+    assert follower._queue.get_nowait() == pod_event("rollout-c", "Running")

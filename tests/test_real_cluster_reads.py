@@ -1,0 +1,91 @@
+"""On a real control plane (kube-apiserver 1.35 and etcd, see test_real_cluster.py):
+the pods verified after a Job's end are listed in pages from a revision not
+older than the one at which the end was seen, and a pod still running when the
+Job's status says Complete fails the run by name."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import pytest
+
+from e2e_support import load, start_tool, tool, wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.real_cluster]
+
+WAIT = 180
+
+
+def test_pods_are_listed_in_pages_not_older_than_the_jobs_end(real_cluster, tmp_path):
+    kubectl, cluster = real_cluster
+    output = tmp_path / "rl-paged"
+    result = tool(cluster, kubectl, "run", "--count", "5", "--chunk-size", "2", "--output", str(output), "--quiet")
+    assert result.returncode == 0, result.stderr
+    assert "Warning" not in result.stderr
+    read = load(output / "client.json")["pods_read"]
+    # 5 pods in pages of 2; etcd's revisions are numbers, so "not older" can be checked.
+    assert read["source"] == "list" and read["pages"] == 3 and read["continue_expiries"] == 0
+    assert int(read["resource_version"]) >= int(read["not_older_than"])
+    pods = load(output / "pods.json")["items"]
+    assert len(pods) == 5 and all(pod["status"]["phase"] == "Succeeded" for pod in pods)
+    assert load(output / "results.json")["reward_sum"] == 5
+
+
+SLOW_SECOND_EPISODE = '''"""Episode 0 finishes at once; episode 1 is still working when the Job is marked Complete."""
+import json
+import os
+import time
+
+if os.environ.get("JOB_COMPLETION_INDEX") == "1":
+    time.sleep(600)
+for event in ("ready", "reward"):
+    record = {"event": event, "at": time.time(), "episode_id": os.environ["EPISODE_ID"]}
+    if event == "reward":
+        record.update(reward=1, tests_exit=0, baseline_exit=1)
+    print(json.dumps(record), flush=True)
+'''
+
+
+def test_a_pod_running_when_the_job_says_complete_fails_the_run_by_name(real_cluster, tmp_path):
+    kubectl, cluster = real_cluster
+    script = tmp_path / "slow_second.py"
+    script.write_text(SLOW_SECOND_EPISODE)
+    output = tmp_path / "rl-unfinished"
+    process = start_tool(cluster, kubectl, "run", "--count", "2", "--episode-script", str(script),
+                         "--output", str(output), "--quiet")
+    namespace = wait_for(lambda: (output / "receipt.json").is_file() and load(output / "receipt.json").get("job_uid")
+                         and load(output / "receipt.json")["namespace"], WAIT, "the Job's UID in the receipt")
+
+    def phases() -> dict:
+        return {pod["metadata"]["name"]: pod["status"].get("phase") for pod in cluster.list("pods", namespace)}
+
+    wait_for(lambda: sorted(phases().values()) == ["Running", "Succeeded"], WAIT,
+             "one pod succeeded and the other still running")
+    running = next(name for name, phase in phases().items() if phase == "Running")
+    # Someone else writes the Job's status (a controller of its own, by hand): Complete
+    # while one pod is still running.
+    job = cluster.get("jobs", namespace, "rollout")
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    conditions = [{"type": kind, "status": "True", "reason": "CompletionsReached",
+                   "message": "Reached expected number of succeeded pods",
+                   "lastProbeTime": now, "lastTransitionTime": now} for kind in ("SuccessCriteriaMet", "Complete")]
+    status = dict(job["status"], conditions=conditions, succeeded=2, active=0, completionTime=now,
+                  completedIndexes="0,1", uncountedTerminatedPods={})
+    status.pop("ready", None)
+    patched = subprocess.run([kubectl, "replace", "--subresource=status", "-f", "-"],
+                             input=json.dumps(dict(job, status=status)), env=cluster.env(),
+                             capture_output=True, text=True, timeout=WAIT)
+    if patched.returncode != 0:
+        process.kill()
+        process.communicate()
+        pytest.fail(f"the API server refused the Complete status: {patched.stderr}")
+    stdout, stderr = process.communicate(timeout=300)
+    assert process.returncode == 1, (stdout, stderr)
+    assert "Traceback" not in stderr
+    assert f"pod {running}: phase is Running, not Succeeded" in stderr, stderr
+    assert not (output / "results.json").exists()
+    pods = {pod["metadata"]["name"]: pod for pod in load(output / "pods.json")["items"]}
+    assert pods[running]["status"]["phase"] == "Running"
+    tool(cluster, kubectl, "cleanup", "--output", str(output))
