@@ -73,6 +73,8 @@ WATCH_RESTARTS_BEFORE_POLLING = 3
 # Lists are read in pages of kubectl's own default --chunk-size: each page is one
 # call well inside the per-call limit, however many pods the batch has.
 LIST_PAGE_SIZE = 500
+# Up to this many episodes (about one page of events) events.txt is kubectl's own table.
+EVENTS_TABLE_BY_KUBECTL_UP_TO = 100
 # How long one page is asked again: a watch cache that is catching up answers
 # "Too large resource version" (retry after 1 s) until it has.
 PAGE_RETRY_SECONDS = 60
@@ -526,6 +528,91 @@ def job_manifest(namespace: str, count: int, parallelism: int, image: str,
 def list_manifest(items: Sequence[dict]) -> dict:
     """A `v1 List`, the shape kubectl prints for several objects."""
     return {"apiVersion": "v1", "kind": "List", "metadata": {}, "items": list(items)}
+
+
+# --------------------------------------------------------------------------
+# Capacity: can the batch's pods all run at once on the nodes there are?
+
+QUANTITY_SUFFIXES = {
+    "Ki": 2 ** 10, "Mi": 2 ** 20, "Gi": 2 ** 30, "Ti": 2 ** 40, "Pi": 2 ** 50, "Ei": 2 ** 60,
+    "n": 1e-9, "u": 1e-6, "m": 1e-3, "": 1.0, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
+}
+
+
+def parse_quantity(text: Any) -> float | None:
+    """A Kubernetes quantity ("250m", "768Mi", "1e3", 2) as a number, or None if it is not one."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        return float(text)
+    match = re.fullmatch(r"\s*([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)([a-zA-Z]{0,2})\s*", str(text or ""))
+    if not match or match.group(2) not in QUANTITY_SUFFIXES:
+        return None
+    return float(match.group(1)) * QUANTITY_SUFFIXES[match.group(2)]
+
+
+def schedulable(node: dict) -> bool:
+    """A node that takes new pods: Ready, not cordoned, no NoSchedule/NoExecute taint."""
+    spec = node.get("spec") or {}
+    if spec.get("unschedulable"):
+        return False
+    if any(taint.get("effect") in ("NoSchedule", "NoExecute") for taint in spec.get("taints") or []):
+        return False
+    return condition_true(node, "Ready")
+
+
+def capacity_plan(nodes: Sequence[dict], runtime_class: dict | None, requests: dict, count: int,
+                  parallelism: int) -> dict:
+    """How many episodes fit at once on the nodes' allocatable CPU, memory and pod slots; pure.
+
+    Counts allocatable resources, not what other pods already use, so it is an upper bound.
+    """
+    overhead = ((runtime_class or {}).get("overhead") or {}).get("podFixed") or {}
+    need = {resource: (parse_quantity(requests.get(resource)) or 0.0) + (parse_quantity(overhead.get(resource)) or 0.0)
+            for resource in ("cpu", "memory")}
+    fits: dict[str, int] = {}
+    for node in nodes:
+        if not schedulable(node):
+            continue
+        allocatable = (node.get("status") or {}).get("allocatable") or {}
+        room = [math.floor((parse_quantity(allocatable.get(resource)) or 0.0) / need[resource] + 1e-9)
+                for resource in ("cpu", "memory") if need[resource] > 0]
+        pods = parse_quantity(allocatable.get("pods"))
+        if pods is not None:
+            room.append(int(pods))
+        fits[node["metadata"]["name"]] = max(0, min(room))
+    at_once = sum(fits.values())
+    wanted = min(count, parallelism)
+    return {
+        "checked": True,
+        "schedulable_nodes": len(fits),
+        "nodes_seen": len(nodes),
+        "per_episode": {"cpu": f"{requests.get('cpu', '0')} + overhead {overhead.get('cpu', '0')}",
+                        "memory": f"{requests.get('memory', '0')} + overhead {overhead.get('memory', '0')}",
+                        "cpu_cores": rounded(need["cpu"], 4), "memory_bytes": int(need["memory"])},
+        "episodes_fit_at_once": at_once,
+        "episodes_fit_per_node": fits,
+        "fits_at_once": at_once >= wanted,
+        "expected_waves": math.ceil(count / max(1, min(wanted, at_once))) if at_once else None,
+        "waves_at_parallelism": math.ceil(count / max(1, parallelism)),
+        "note": "from the nodes' allocatable CPU, memory and pod slots and the RuntimeClass's podFixed "
+                "overhead; pods other workloads already run are not subtracted",
+    }
+
+
+def capacity_warning(plan: dict, parallelism: int) -> str | None:
+    """One warning when the batch's pods cannot all run at once, else None."""
+    if not plan.get("checked"):
+        return f"Warning: capacity check skipped ({plan.get('reason')})"
+    if plan["fits_at_once"]:
+        return None
+    if not plan["episodes_fit_at_once"]:
+        return (f"Warning: capacity: no schedulable node has room for one episode "
+                f"({plan['per_episode']['cpu']} CPU, {plan['per_episode']['memory']} memory); "
+                f"its pods will stay Pending")
+    return (f"Warning: capacity: the {plan['schedulable_nodes']} schedulable node(s) fit about "
+            f"{plan['episodes_fit_at_once']} episodes at once ({plan['per_episode']['cpu']} CPU, "
+            f"{plan['per_episode']['memory']} memory each), fewer than parallelism {parallelism}: "
+            f"expect about {plan['expected_waves']} waves instead of {plan['waves_at_parallelism']}, "
+            f"and pods Pending meanwhile")
 
 
 # --------------------------------------------------------------------------
@@ -1324,6 +1411,61 @@ def count_nodes(nodes: Iterable[str | None]) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
+# Throughput: how fast the batch went through, from every episode's points.
+RAMP_POINTS = ("pod_created", "scheduled", "sandbox_ready", "ready", "reward", "container_finished")
+
+
+def per_whole_second_peak(moments: Sequence[float]) -> int:
+    """The most moments that fall in one whole second (Kubernetes' own grain)."""
+    counts: dict[int, int] = {}
+    for moment in moments:
+        counts[math.floor(moment)] = counts.get(math.floor(moment), 0) + 1
+    return max(counts.values(), default=0)
+
+
+def most_at_once(intervals: Iterable[tuple[float, float]]) -> int:
+    """The largest number of (start, end) intervals open at one moment (an end before a start that ties)."""
+    edges = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals],
+                   key=lambda edge: (edge[0], edge[1]))
+    running = peak = 0
+    for _, step in edges:
+        running += step
+        peak = max(peak, running)
+    return peak
+
+
+def throughput(batches: Sequence[tuple[str, dict]]) -> dict:
+    """Pods created and sandboxes ready per second, and the most episodes running at once."""
+    records = [(summary, record) for _, summary in batches for record in summary["_episodes"]]
+    created = [r["points"]["pod_created"][0] for _, r in records if r["points"].get("pod_created")]
+    sandboxes = [r["points"]["sandbox_ready"][0] for _, r in records if r["points"].get("sandbox_ready")]
+    first_job = min((summary["_job_created"] for _, summary in batches), default=None)
+    running = []
+    for _, record in records:
+        points = record["points"]
+        start = points.get("process_started") or points.get("container_started") or points.get("ready")
+        ends = [p[0] for p in (points.get("reward"), points.get("container_finished")) if p is not None]
+        if start is not None and ends:
+            running.append((start[0], max(ends)))
+
+    def mean_rate(moments: Sequence[float]) -> float | None:
+        if not moments or first_job is None:
+            return None
+        # Whole-second times: a span shorter than their precision is read as one second.
+        return rounded(len(moments) / max(WHOLE_SECOND, max(moments) - first_job), 2)
+
+    return {
+        "pods_created_per_second": mean_rate(created),
+        "sandboxes_ready_per_second_mean": mean_rate(sandboxes),
+        "sandboxes_ready_per_second_peak": per_whole_second_peak(sandboxes) if sandboxes else None,
+        "max_episodes_running_at_once": most_at_once(running) if running else None,
+        "sandboxes_ready_known": len(sandboxes),
+        "note": "means: count / seconds from the first Job's creation to the last such moment (at least 1 s); "
+                "peak: the most in one whole second (Kubernetes times are whole seconds); an episode runs "
+                "from its process start to the later of its reward and its container's finish",
+    }
+
+
 def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
                     events: Sequence[dict], count: int, builtin: bool = True,
                     client_observed_at: float | None = None,
@@ -1525,6 +1667,157 @@ def timeline_svg(batches: Sequence[tuple[str, dict]], title: str) -> str:
     return "\n".join(parts) + "\n"
 
 
+# Pictures that read at any size: the ramp (cumulative counts over time) and the
+# distributions (CDFs). Each line is thinned to a few hundred steps, so the file stays
+# small and the browser quick however many episodes there are.
+CHART_STEPS = 400
+TIMELINE_MAX_ROWS = 200
+RAMP_COLOURS = {
+    "pod_created": "#9e9e9e",
+    "scheduled": "#6c757d",
+    "sandbox_ready": "#f4a259",
+    "ready": "#2a9d8f",
+    "reward": "#4f86c6",
+    "container_finished": "#1d1d1d",
+}
+CDF_COLOURS = dict(PHASE_COLOURS, pod_to_ready="#d62828", pod_to_reward="#1d1d1d")
+
+
+def thinned(values: Sequence[float], steps: int = CHART_STEPS) -> list[tuple[float, int]]:
+    """(value, how many values are <= it) at no more than `steps` evenly spaced ranks, the last included."""
+    ordered = sorted(values)
+    if not ordered:
+        return []
+    count = len(ordered)
+    kept = min(steps, count)
+    ranks = sorted({min(count, max(1, round(count * (i + 1) / kept))) for i in range(kept)})
+    return [(ordered[rank - 1], rank) for rank in ranks]
+
+
+def chart_svg(title: str, subtitle: str, series: Sequence[tuple[str, str, list[tuple[float, float]], bool, str]],
+              x_label: str, y_label: str, y_max: float, y_ticks: Sequence[tuple[float, str]],
+              x_min: float = 0.0) -> str:
+    """Step lines on shared axes; each series is (legend text, colour, [(x, y)] rising in x, bold?, tooltip)."""
+    width, height = 1000, 560
+    left, right, top, bottom = 70, 270, 56, 60
+    plot_w, plot_h = width - left - right, height - top - bottom
+    x_max = max([x for _, _, points, _, _ in series for x, _ in points] + [x_min + 1.0])
+    step = nice_step(x_max - x_min)
+    axis_start = math.floor(x_min / step) * step
+    axis_end = math.ceil(x_max / step) * step
+
+    def sx(value: float) -> float:
+        return left + plot_w * (value - axis_start) / (axis_end - axis_start)
+
+    def sy(value: float) -> float:
+        return top + plot_h * (1 - value / max(y_max, 1e-9))
+
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
+        f'<rect width="{width}" height="{height}" fill="white"/>',
+        f'<text x="{left}" y="22" font-size="15" font-weight="bold">{html_escape(title)}</text>',
+        f'<text x="{left}" y="40" fill="#444">{html_escape(subtitle)}</text>',
+    ]
+    tick = axis_start
+    while tick <= axis_end + 1e-9:
+        parts.append(f'<line x1="{sx(tick):.1f}" y1="{top}" x2="{sx(tick):.1f}" y2="{top + plot_h}" stroke="#e5e5e5"/>')
+        parts.append(f'<text x="{sx(tick):.1f}" y="{top + plot_h + 16}" text-anchor="middle">{tick:g}</text>')
+        tick += step
+    for value, text in y_ticks:
+        parts.append(f'<line x1="{left}" y1="{sy(value):.1f}" x2="{left + plot_w}" y2="{sy(value):.1f}" '
+                     f'stroke="#e5e5e5"/>')
+        parts.append(f'<text x="{left - 6}" y="{sy(value) + 4:.1f}" text-anchor="end">{html_escape(text)}</text>')
+    parts.append(f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="black"/>')
+    parts.append(f'<text x="{left + plot_w / 2:.0f}" y="{height - 18}" text-anchor="middle">'
+                 f'{html_escape(x_label)}</text>')
+    parts.append(f'<text x="16" y="{top + plot_h / 2:.0f}" text-anchor="middle" '
+                 f'transform="rotate(-90 16 {top + plot_h / 2:.0f})">{html_escape(y_label)}</text>')
+    for index, (label, colour, _, bold, _) in enumerate(series):
+        legend_y = top + 8 + 20 * index
+        parts.append(f'<line x1="{left + plot_w + 14}" y1="{legend_y}" x2="{left + plot_w + 38}" y2="{legend_y}" '
+                     f'stroke="{colour}" stroke-width="{3 if bold else 2}"/>')
+        parts.append(f'<text x="{left + plot_w + 44}" y="{legend_y + 4}">{html_escape(label)}</text>')
+    # The bold line is drawn last, so no other hides it.
+    for label, colour, points, bold, tooltip in sorted(series, key=lambda line: line[3]):
+        if not points:
+            continue
+        path = [f"M{sx(points[0][0]):.1f},{sy(0):.1f}"]
+        previous_y = 0.0
+        for x_value, y_value in points:
+            path.append(f"L{sx(x_value):.1f},{sy(previous_y):.1f}L{sx(x_value):.1f},{sy(y_value):.1f}")
+            previous_y = y_value
+        parts.append(f'<path d="{"".join(path)}" fill="none" stroke="{colour}" '
+                     f'stroke-width="{2.5 if bold else 1.5}"><title>{html_escape(tooltip)}</title></path>')
+    parts.append("</svg>")
+    return "\n".join(parts) + "\n"
+
+
+def ramp_svg(batches: Sequence[tuple[str, dict]], title: str) -> str:
+    """How many pods had been created, scheduled, ... finished, over time from the first Job's creation."""
+    records = [(summary, record) for _, summary in batches for record in summary["_episodes"]]
+    total = len(records)
+    origin = min((summary["_job_created"] for summary, _ in records), default=0.0)
+    series = []
+    for point in RAMP_POINTS:
+        moments = [record["points"][point][0] - origin for _, record in records if record["points"].get(point)]
+        known = "" if len(moments) == total else f" ({len(moments)} known)"
+        series.append((f"{point.replace('_', ' ')}{known}", RAMP_COLOURS[point],
+                       [(x, float(n)) for x, n in thinned(moments)], point == "ready",
+                       f"{point}: {len(moments)} episodes"))
+    figures = throughput(batches)
+    subtitle = (f"{total} episodes; pods created {figures['pods_created_per_second'] or '-'}/s; sandboxes ready "
+                f"{figures['sandboxes_ready_per_second_mean'] or '-'}/s mean, "
+                f"{figures['sandboxes_ready_per_second_peak'] or '-'} in the busiest second; "
+                f"at most {figures['max_episodes_running_at_once'] or '-'} running at once")
+    y_step = nice_step(max(total, 1), ticks=5)
+    ticks = []
+    value = 0.0
+    while value <= total + 1e-9:
+        ticks.append((value, f"{value:g}"))
+        value += y_step
+    return chart_svg(title, subtitle, series, "seconds after the Job was created", "episodes (cumulative)",
+                     max(total, 1), ticks)
+
+
+def cdf_svg(batches: Sequence[tuple[str, dict]], title: str) -> str:
+    """The distribution of each phase's duration: the share of episodes done within x seconds."""
+    records = [record for _, summary in batches for record in summary["_episodes"]]
+    series, lowest = [], 0.0
+    for phase in PHASES:
+        values = [record["phases"][phase][0] for record in records if record["phases"].get(phase) is not None]
+        if values:
+            lowest = min(lowest, min(values))
+            p50, p95 = percentile(values, 0.5), percentile(values, 0.95)
+            label = f"{phase.replace('_', ' ')}  {p50:.2f} / {p95:.2f}"
+        else:
+            label = f"{phase.replace('_', ' ')}: no samples"
+        series.append((label, CDF_COLOURS[phase],
+                       [(x, n / len(values)) for x, n in thinned(values)], phase == "pod_to_ready",
+                       f"{phase}: {len(values)} episodes"))
+    ticks = [(q / 4, f"{q * 25}%") for q in range(5)]
+    subtitle = (f"{len(records)} episodes; each line: the share of episodes whose phase took at most x seconds; "
+                f"legend: P50 / P95 in seconds")
+    return chart_svg(title, subtitle, series, "seconds", "share of episodes", 1.0, ticks, x_min=lowest)
+
+
+def timeline_sample(batches: Sequence[tuple[str, dict]], limit: int = TIMELINE_MAX_ROWS) -> tuple[list, str]:
+    """At most `limit` episodes for the timeline, evenly spread in order of pod creation, and a note saying so."""
+    total = sum(len(summary["_episodes"]) for _, summary in batches)
+    if total <= limit:
+        return list(batches), ""
+    ordered = sorted(((name, summary, record) for name, summary in batches for record in summary["_episodes"]),
+                     key=lambda item: ((item[2]["points"].get("pod_created") or (0.0,))[0],
+                                       (item[2]["points"].get("ready") or (0.0,))[0]))
+    keep = {round(i * (total - 1) / (limit - 1)) for i in range(limit)}
+    chosen: dict[str, list] = {}
+    for index, (name, summary, record) in enumerate(ordered):
+        if index in keep:
+            chosen.setdefault(name, []).append(record)
+    sampled = [(name, dict(summary, _episodes=chosen[name])) for name, summary in batches if name in chosen]
+    return sampled, f" - {len(keep)} of {total} episodes, evenly spread in order of pod creation"
+
+
 def public_results(results: dict) -> dict:
     """Results as printed: without per-pod rows or private working fields."""
     printed = {k: v for k, v in results.items() if k != "pods" and not k.startswith("_")}
@@ -1543,6 +1836,16 @@ def saved_results(results: dict) -> dict:
     if isinstance(saved.get("warmup"), dict):
         saved["warmup"] = saved_results(saved["warmup"])
     return saved
+
+
+def throughput_line(figures: dict) -> str:
+    """The throughput figures in one line for the terminal."""
+    def shown(value: Any) -> str:
+        return "-" if value is None else f"{value:g}"
+    return (f"throughput: pods created {shown(figures.get('pods_created_per_second'))}/s, sandboxes ready "
+            f"{shown(figures.get('sandboxes_ready_per_second_mean'))}/s mean and "
+            f"{shown(figures.get('sandboxes_ready_per_second_peak'))} in the busiest second, "
+            f"at most {shown(figures.get('max_episodes_running_at_once'))} episodes running at once")
 
 
 def phase_table(phases: dict[str, dict]) -> str:
@@ -2022,6 +2325,8 @@ class BatchFollower:
         # must be at least this new, however far behind the pod watch is.
         self.end_resource_version: str | None = None
         self.processes_while_waiting = 0
+        # The most watch events ever waiting to be handled: a client that keeps up keeps it small.
+        self.queue_peak = 0
 
     # -- following --------------------------------------------------------
 
@@ -2048,6 +2353,7 @@ class BatchFollower:
                 except queue.Empty:
                     self._show(submitted_monotonic)
                     continue
+                self.queue_peak = max(self.queue_peak, self._queue.qsize() + 1)
                 self._handle(item, client_deadline)
                 self._show(submitted_monotonic)
         finally:
@@ -2231,8 +2537,29 @@ def write_text(path: str, text: str) -> None:
         raise DemoError(f"cannot write {path}: {error.strerror or error}") from None
 
 
+# A list longer than this is written one compact item per line: indenting makes json use
+# its pure-Python encoder, ten times slower, which costs seconds for thousands of pods.
+ONE_LINE_ITEMS_FROM = 100
+
+
+def json_text(value: Any, level: int = 0) -> str:
+    """JSON indented by two spaces, as json.dumps(indent=2), but long lists hold one item per line."""
+    pad = "  " * (level + 1)
+    if isinstance(value, dict) and value:
+        inner = ",\n".join(f"{pad}{json.dumps(str(key))}: {json_text(item, level + 1)}"
+                           for key, item in value.items())
+        return "{\n" + inner + "\n" + "  " * level + "}"
+    if isinstance(value, (list, tuple)) and value:
+        if len(value) >= ONE_LINE_ITEMS_FROM:
+            items = [json.dumps(item) for item in value]
+        else:
+            items = [json_text(item, level + 1) for item in value]
+        return "[\n" + ",\n".join(pad + item for item in items) + "\n" + "  " * level + "]"
+    return json.dumps(value)
+
+
 def write_json(path: str, data: Any) -> None:
-    write_text(path, json.dumps(data, indent=2) + "\n")
+    write_text(path, json_text(data) + "\n")
 
 
 def read_json(path: str, what: str) -> Any:
@@ -2465,6 +2792,7 @@ class RunAction:
         self.check_runtime_class()
         if rollout_policy(self.settings):
             self.check_server_version()
+        self.check_capacity()
         self.create_namespace()
         if self.settings["harden"]:
             self.create(network_policy_manifest(self.namespace))
@@ -2480,7 +2808,7 @@ class RunAction:
         write_json(os.path.join(self.output, RESULTS_FILE), saved_results(results))
         measured = [(entry["job"], summary) for entry, summary in summaries if entry["measured"]]
         write_text(os.path.join(self.output, "episodes.csv"), episodes_csv(measured))
-        write_text(os.path.join(self.output, "timeline.svg"), timeline_svg(measured, timeline_title(self.settings)))
+        write_pictures(self.output, measured, self.settings)
         return results
 
     def check_runtime_class(self) -> None:
@@ -2515,6 +2843,15 @@ class RunAction:
             raise DemoError(f"--retries and --allow-failures need Kubernetes >= 1.33 (backoffLimitPerIndex, "
                             f"maxFailedIndexes and podFailurePolicy FailIndex); context {self.kubectl.context!r} "
                             f"serves {found[0]}.{found[1]}; nothing was created")
+
+    def check_capacity(self) -> None:
+        """Warn, before anything is created, when the nodes cannot run the whole batch at once."""
+        plan = read_capacity(self.kubectl, self.settings)
+        self.settings["capacity"] = plan
+        write_json(os.path.join(self.output, SETTINGS_FILE), self.settings)
+        warning = capacity_warning(plan, self.settings["parallelism"])
+        if warning:
+            print(warning, file=sys.stderr, flush=True)
 
     def server_of_context(self) -> str:
         """` (URL)` of the context's API server for a message, or nothing if kubectl cannot say."""
@@ -2578,6 +2915,7 @@ class RunAction:
             if self.follower.observed_monotonic is not None else None,
             "kubectl_processes_while_waiting": self.follower.processes_while_waiting,
             "watch_restarts": self.follower.watch_restarts,
+            "watch_queue_peak": self.follower.queue_peak,
             "wait_mode": "poll" if self.follower.polling else "watch",
         }
         job, reading, logs, events = self.collect(job_name)
@@ -2690,7 +3028,10 @@ class RunAction:
         with concurrent.futures.ThreadPoolExecutor(4) as fetchers:
             job_future = fetchers.submit(fetch_job)
             pods_future = fetchers.submit(fetch_pods)
-            table_future = fetchers.submit(fetch_events_table)
+            # kubectl sorts only a list it reads whole, in one request: beyond a few pages of
+            # events the table is made from the events read in pages instead.
+            table_future = fetchers.submit(fetch_events_table) \
+                if self.settings["count"] <= EVENTS_TABLE_BY_KUBECTL_UP_TO else None
             events_future = fetchers.submit(fetch_events_json)
             return self.save_evidence(follower, job_future, pods_future, table_future, events_future,
                                       retry_until)
@@ -2720,11 +3061,17 @@ class RunAction:
         pods_list = list_manifest(pods)
         pods_list["metadata"] = {"resourceVersion": reading.resource_version or ""}
         write_json(os.path.join(self.batch_dir, "pods.json"), pods_list)
-        try:
-            write_text(os.path.join(self.batch_dir, "events.txt"), table_future.result())
-        except DemoError as error:
-            problems.append(f"events: {error}")
-            write_text(os.path.join(self.batch_dir, "events.txt"), "")
+        # The logs are written while the events are still being read in pages.
+        follower.finish_log_reads()
+        logs = self.read_logs(pods, follower, retry_until, problems)
+        for name, text in logs.items():
+            write_text(os.path.join(self.batch_dir, f"{name}.log"), text)
+        if table_future is not None:
+            try:
+                write_text(os.path.join(self.batch_dir, "events.txt"), table_future.result())
+            except DemoError as error:
+                problems.append(f"events: {error}")
+                write_text(os.path.join(self.batch_dir, "events.txt"), "")
         try:
             events_listing = events_future.result()
             events = events_listing.items
@@ -2734,6 +3081,8 @@ class RunAction:
         except DemoError as error:
             problems.append(f"events: {error}")
             events = []
+        if table_future is None:
+            write_text(os.path.join(self.batch_dir, "events.txt"), events_table(events) if events else "")
         batches = [entry["job"] for entry in self.settings["batches"]]
         if len(batches) > 1 and events:
             # The namespace's events cover every batch so far; each batch keeps its own.
@@ -2741,10 +3090,6 @@ class RunAction:
             write_json(os.path.join(self.batch_dir, "events.json"), list_manifest(events))
             write_text(os.path.join(self.batch_dir, "events.txt"), events_table(events))
         write_json(os.path.join(self.batch_dir, "observed.json"), follower.observed)
-        follower.finish_log_reads()
-        logs = self.read_logs(pods, follower, retry_until, problems)
-        for name, text in logs.items():
-            write_text(os.path.join(self.batch_dir, f"{name}.log"), text)
         for line in summarised_problems(problems):
             print(f"Warning: could not save {line}", file=sys.stderr)
         return job, reading, logs, events
@@ -2886,6 +3231,33 @@ def rollout_figures(rows: Sequence[dict], job: dict, pods: Sequence[dict], group
     return figures
 
 
+def read_capacity(kubectl: Kubectl, settings: dict) -> dict:
+    """The capacity plan from the live nodes and RuntimeClass; a check that cannot read them says why."""
+    retry_until = time.monotonic() + FIRST_CONTACT_RETRY_SECONDS
+    try:
+        runtime_class = kubectl.json(["get", "runtimeclass", settings["runtime"]], retry_until=retry_until)
+        nodes = kubectl.json(["get", "nodes", f"--chunk-size={settings.get('chunk_size', LIST_PAGE_SIZE)}"],
+                             retry_until=retry_until)
+    except DemoError as error:
+        forbidden = "forbidden" in getattr(error, "stderr", "").lower()
+        return {"checked": False, "reason": "reading nodes or the RuntimeClass is not permitted" if forbidden
+                else str(error)}
+    manifest = job_manifest("capacity", settings["count"], settings["parallelism"], settings["image"],
+                            settings["runtime"], settings["timeout"])
+    requests = manifest["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]
+    return capacity_plan((nodes or {}).get("items") or [], runtime_class, requests, settings["count"],
+                         settings["parallelism"])
+
+
+def write_pictures(output: str, measured: Sequence[tuple[str, dict]], settings: dict) -> None:
+    """timeline.svg (a sample of a large batch), ramp.svg and cdf.svg."""
+    title = timeline_title(settings)
+    sampled, note = timeline_sample(measured)
+    write_text(os.path.join(output, "timeline.svg"), timeline_svg(sampled, title + note))
+    write_text(os.path.join(output, "ramp.svg"), ramp_svg(measured, f"Ramp: {title}"))
+    write_text(os.path.join(output, "cdf.svg"), cdf_svg(measured, f"Phase durations: {title}"))
+
+
 def cpu_seconds() -> float:
     """CPU time of this process and its finished children (kubectl), or 0 where unknown."""
     if resource is None:
@@ -2951,6 +3323,9 @@ def assemble_results(settings: dict, summaries: Sequence[tuple[dict, dict]], cli
     if client is not None:
         results["client"] = client
     results["_batches"] = [(entry["job"], s) for entry, s in summaries if entry["measured"]]
+    results["throughput"] = throughput(results["_batches"])
+    if settings.get("capacity") is not None:
+        results["capacity"] = settings["capacity"]
     return results
 
 
@@ -3062,6 +3437,7 @@ def perform_run(args: argparse.Namespace) -> tuple[int, dict | None]:
         print(json.dumps(public_results(results), indent=2))
         if not args.quiet:
             print(phase_table(results["phases"]), file=sys.stderr)
+            print(throughput_line(results["throughput"]), file=sys.stderr)
     if args.cleanup and action.touched_cluster:
         print(f"Cleaning up (--cleanup) after {'a failed' if failure else 'the'} run.", file=sys.stderr)
         try:
@@ -3294,6 +3670,7 @@ def report(args: argparse.Namespace) -> int:
     print(json.dumps(public_results(results), indent=2))
     if not args.quiet:
         print(phase_table(results["phases"]), file=sys.stderr)
+        print(throughput_line(results["throughput"]), file=sys.stderr)
     return 0
 
 

@@ -4,6 +4,7 @@
 Usage:
     python3 tests/benchmark.py [--quick] [--kubectl PATH] [--cases 10,20,200,500]
                                [--reps N] [--guide-max N] [--keep]
+    python3 tests/benchmark.py --scale [--scale-10000]
 
 For each case it starts a fresh Kubernetes API emulator (tests/kube_emulator.py,
 pods run for real in bubblewrap), then runs, one after the other and in new
@@ -31,6 +32,14 @@ a straightforward worker (json and subprocess imported at the top).
 Emulator timing: faults sandbox_delay 0.4 s, sandbox_jitter 0.1 s (as the
 end-to-end tests use), 3 nodes, Kubernetes 1.33; everything else the
 emulator's defaults (job status lag 0.2 s, scheduler 10 ms).
+
+--scale measures the scale targets at 500 and 2,000 episodes (and 10,000 with
+--scale-10000), parallelism 1,000, on the emulator's lightweight kubelet, whose
+containers emit the built-in worker's events with realistic timing but spawn no
+process (the client is the real one, with real kubectl): completion lag,
+post-completion time, peak RSS, kubectl processes, API requests per episode from
+the emulator's request log, and watches answered 410 Gone or restarted. Each size
+is set against the smallest one measured in the same invocation.
 
 Not part of the pytest run. Standard library only.
 """
@@ -77,6 +86,17 @@ WORKER_TIMING_RUNS = 9
 
 TARGET_LAG_SECONDS = 0.2
 TARGET_POST_SECONDS_20 = 0.5
+
+# Scale on the emulator's lightweight kubelet: containers emit the built-in worker's events
+# with realistic timing but spawn no process, so thousands of pods fit on two cores.
+LIGHTWEIGHT_FAULTS = dict(EMULATOR_FAULTS, lightweight_kubelet=True)
+LIGHTWEIGHT_PARALLELISM = 1000
+LIGHTWEIGHT_SIZES = (500, 2000)
+LIGHTWEIGHT_LONG_SIZE = 10000
+LIGHTWEIGHT_DEADLINE_SECONDS = 3600
+TARGET_POST_SECONDS = {2000: 1.0, 10000: 3.0}
+TARGET_PEAK_RSS_MB = 300
+TARGET_REQUESTS_PER_EPISODE = 1.2
 
 # Runs a script as __main__ and, at exit, writes the rusage of this process
 # alone and of its finished children to the file named by argv[1].
@@ -168,7 +188,7 @@ def sample_rss(pid: int, samples: list[tuple[float, int, int]], stop: threading.
 
 
 def run_client(emulator: Emulator, kind: str, count: int, parallelism: int, kubectl: str,
-               workdir: Path, label: str) -> dict:
+               workdir: Path, label: str, extra: Sequence[str] = ()) -> dict:
     """Run the product or the guide's client once; return its figures, measured from outside."""
     output = workdir / label
     usage_path = workdir / f"{label}.rusage.json"
@@ -176,12 +196,13 @@ def run_client(emulator: Emulator, kind: str, count: int, parallelism: int, kube
         script = PRODUCT
         args = ["run", "--quiet", "--count", str(count), "--parallelism", str(parallelism),
                 "--max-episodes", str(max(count, rl_batch_demo.DEFAULT_MAX_EPISODES)),
-                "--output", str(output), "--kubectl", kubectl]
+                "--output", str(output), "--kubectl", kubectl, *extra]
     else:
         script = GUIDE
         args = ["--count", str(count), "--parallelism", str(parallelism), "--output", str(output),
                 "--kubectl", kubectl]
     argv = [sys.executable, "-c", RUSAGE_WRAPPER, str(usage_path), str(script)] + args
+    requests_before, expired_before = len(emulator.requests), emulator.watches_expired
     with open(workdir / f"{label}.stdout", "wb") as stdout, open(workdir / f"{label}.stderr", "wb") as stderr:
         started = time.monotonic()
         process = subprocess.Popen(argv, env=emulator.env(), stdout=stdout, stderr=stderr,
@@ -223,6 +244,13 @@ def run_client(emulator: Emulator, kind: str, count: int, parallelism: int, kube
         "peak_rss_at_end_mb": at_end[-1][1] / 1024,
         "wait_seconds": wait["observed_at"] - wait["submitted_at"],
         "truth_wait_seconds": end_truth - wait["submitted_at"],
+        # Every request the run made, cluster-wide ones (nodes, discovery) included: nothing
+        # else talks to the emulator over HTTP while it runs.
+        "api_requests": len(emulator.requests) - requests_before,
+        "watches_expired": emulator.watches_expired - expired_before,
+        "watch_restarts": wait.get("watch_restarts", 0),
+        "watch_queue_peak": wait.get("watch_queue_peak"),
+        "pods_read_pages": (wait.get("pods_read") or {}).get("pages"),
     }
 
 
@@ -276,6 +304,72 @@ def scale_case(count: int, parallelism: int, with_guide: bool, kubectl: str, roo
 
     with_emulator(workdir, EMULATOR_FAULTS, body)
     return runs
+
+
+def lightweight_case(count: int, kubectl: str, root: Path) -> dict:
+    """One product run of `count` episodes at parallelism 1,000 (or the count) on the lightweight kubelet."""
+    workdir = root / f"lightweight-{count}"
+    workdir.mkdir()
+
+    def body(emulator: Emulator) -> dict:
+        # The emulator, not the client, sets the pace (about 20 to 50 pods a second on two
+        # loaded CPUs): the Job's deadline is the emulator's, not a cluster's.
+        figures = run_client(emulator, "product", count, min(count, LIGHTWEIGHT_PARALLELISM), kubectl, workdir,
+                             "product", ["--timeout", str(LIGHTWEIGHT_DEADLINE_SECONDS)])
+        say(f"  {count:>5} episodes (parallelism {figures['parallelism']}, lightweight kubelet): lag "
+            f"{figures['lag_seconds']:.3f} s, post {figures['post_seconds']:.3f} s, "
+            f"wall {figures['wall_seconds']:.1f} s")
+        return figures
+
+    return with_emulator(workdir, LIGHTWEIGHT_FAULTS, body)
+
+
+def lightweight_rows(runs: dict[int, dict]) -> list[tuple[str, Any, Any, str, str]]:
+    """The scale targets at each size, and each size against the smallest measured in this run."""
+    rows: list[tuple[str, Any, Any, str, str]] = []
+    if not runs:
+        return rows
+    base_count = min(runs)
+    base = runs[base_count]
+
+    def add(name: str, value: Any, baseline: Any, target: str = "") -> None:
+        shown_ratio = "-"
+        if isinstance(value, (int, float)) and isinstance(baseline, (int, float)) and baseline:
+            shown_ratio = f"{value / baseline:.2f}"
+        rows.append((name, value, baseline, shown_ratio, target))
+
+    for count, run in sorted(runs.items()):
+        prefix = f"{count} ep (p{run['parallelism']}, lightweight)"
+        lag = run["lag_seconds"]
+        add(f"{prefix}: completion lag (s)", lag, base["lag_seconds"],
+            f"<= {TARGET_LAG_SECONDS} {verdict(lag <= TARGET_LAG_SECONDS)}")
+        post = run["post_seconds"]
+        post_target = TARGET_POST_SECONDS.get(count)
+        add(f"{prefix}: post-completion to results.json (s)", post, base["post_seconds"],
+            f"<= {post_target} {verdict(post <= post_target)}" if post_target else "")
+        add(f"{prefix}: post-completion per episode (ms)", 1000 * post / count,
+            1000 * base["post_seconds"] / base_count)
+        add(f"{prefix}: submit -> end seen by client (s)", run["wait_seconds"], base["wait_seconds"])
+        add(f"{prefix}: CPU tool process alone (s)", run["tool_cpu_seconds"], base["tool_cpu_seconds"])
+        add(f"{prefix}: CPU kubectl children (s)", run["kubectl_cpu_seconds"], base["kubectl_cpu_seconds"])
+        rss = run["peak_rss_mb"]
+        add(f"{prefix}: peak RSS of tool (MB)", rss, base["peak_rss_mb"],
+            f"<= {TARGET_PEAK_RSS_MB} {verdict(rss <= TARGET_PEAK_RSS_MB)}" if count >= 10000 else "")
+        add(f"{prefix}: kubectl processes per run", run["kubectl_processes"], base["kubectl_processes"],
+            f"= smallest {verdict(run['kubectl_processes'] == base['kubectl_processes'])}")
+        requests = run["api_requests"]
+        add(f"{prefix}: API requests (emulator's log)", requests, base["api_requests"])
+        add(f"{prefix}: API requests per episode", requests / count, base["api_requests"] / base_count)
+        if count != base_count:
+            growth = (requests - base["api_requests"]) / (count - base_count)
+            add(f"{prefix}: API requests per added episode (vs {base_count})", growth, None,
+                f"<= {TARGET_REQUESTS_PER_EPISODE} {verdict(growth <= TARGET_REQUESTS_PER_EPISODE)}")
+        add(f"{prefix}: most watch events waiting in the client at once", run["watch_queue_peak"],
+            base["watch_queue_peak"])
+        fell_behind = run["watches_expired"] + run["watch_restarts"]
+        add(f"{prefix}: watches answered 410 Gone / restarted", f"{run['watches_expired']} / {run['watch_restarts']}",
+            f"{base['watches_expired']} / {base['watch_restarts']}", f"0 / 0 {verdict(fell_behind == 0)}")
+    return rows
 
 
 def wait_length_case(kubectl: str, root: Path) -> dict[str, dict[str, dict]]:
@@ -381,8 +475,8 @@ def verdict(ok: bool | None) -> str:
     return "" if ok is None else ("met" if ok else "MISSED")
 
 
-def render_table(rows: list[tuple[str, Any, Any, str, str]]) -> str:
-    header = ("figure", "product", "guide", "guide/product", "target")
+def render_table(rows: list[tuple[str, Any, Any, str, str]],
+                 header: tuple[str, ...] = ("figure", "product", "guide", "guide/product", "target")) -> str:
     cells = [header] + [(name, fmt(p), fmt(g), ratio_text, target) for name, p, g, ratio_text, target in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
     lines = []
@@ -546,13 +640,27 @@ def build_parser() -> argparse.ArgumentParser:
                         help="run the guide's method on large cases up to N episodes (default 200; --quick 0)")
     parser.add_argument("--no-wait-check", action="store_true", help="skip the short/long wait check")
     parser.add_argument("--no-worker", action="store_true", help="skip the worker import measurement")
+    parser.add_argument("--scale", action="store_true",
+                        help=f"scale targets at {' and '.join(map(str, LIGHTWEIGHT_SIZES))} episodes, parallelism "
+                             f"{LIGHTWEIGHT_PARALLELISM}, on the emulator's lightweight kubelet (no process per "
+                             f"pod); alone it skips the other cases unless --cases is given")
+    parser.add_argument("--scale-sizes", default=None, metavar="N,N,...",
+                        help=f"with --scale, these sizes instead (default {','.join(map(str, LIGHTWEIGHT_SIZES))})")
+    parser.add_argument("--scale-10000", action="store_true",
+                        help=f"with --scale, also {LIGHTWEIGHT_LONG_SIZE} episodes (long: about 10 minutes)")
     parser.add_argument("--keep", action="store_true", help="keep the emulators' and runs' files")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    cases = [int(c) for c in (args.cases or ("10,20" if args.quick else "10,20,200,500")).split(",") if c]
+    default_cases = "" if args.scale else ("10,20" if args.quick else "10,20,200,500")
+    cases = [int(c) for c in (args.cases if args.cases is not None else default_cases).split(",") if c]
+    if args.scale:
+        args.no_wait_check = args.no_wait_check or args.cases is None
+        args.no_worker = args.no_worker or args.cases is None
+    sizes = [int(c) for c in args.scale_sizes.split(",") if c] if args.scale_sizes else list(LIGHTWEIGHT_SIZES)
+    scale_sizes = sizes + ([LIGHTWEIGHT_LONG_SIZE] if args.scale_10000 else []) if args.scale else []
     reps = args.reps or (2 if args.quick else 5)
     guide_max = args.guide_max if args.guide_max is not None else (0 if args.quick else 200)
     kubectl = args.kubectl or prereqs.default_kubectl(prereqs.find_kubectls())
@@ -569,6 +677,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     scale: dict[int, dict[str, dict]] = {}
     waits: dict[str, dict[str, dict]] = {}
     worker: dict[str, dict] = {}
+    lightweight: dict[int, dict] = {}
     try:
         if not args.no_worker:
             say("worker start-up ...")
@@ -583,6 +692,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.no_wait_check:
             say("wait-length check ...")
             waits = wait_length_case(kubectl, root)
+        for count in scale_sizes:
+            say(f"scale {count} (lightweight kubelet) ...")
+            lightweight[count] = lightweight_case(count, kubectl, root)
     except BenchmarkError as error:
         raise SystemExit(f"Error: {error} (files kept in {root})") from None
     elapsed = time.monotonic() - began
@@ -605,7 +717,14 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{own_cpu:.0f} CPU-s of {elapsed * (os.cpu_count() or 1):.0f} available")
     print("ratio column = guide / product (above 1: the product is lower, i.e. faster or leaner)")
     print()
-    print(render_table(build_rows(repeated, scale, waits, worker)))
+    rows = build_rows(repeated, scale, waits, worker)
+    if rows:
+        print(render_table(rows))
+    if lightweight:
+        print(f"\nScale on the lightweight kubelet (faults {json.dumps(LIGHTWEIGHT_FAULTS)}); baseline = the "
+              f"{min(lightweight)}-episode run of this invocation; ratio = size / baseline:")
+        print(render_table(lightweight_rows(lightweight), header=("figure", "value", f"at {min(lightweight)}",
+                                                                   "ratio", "target")))
     for line in linearity_lines(repeated, scale):
         print(line)
     print(f"\nbenchmark took {elapsed:.0f} s")

@@ -16,6 +16,9 @@ needed to run a batch/v1 Job end to end:
   container as a real local process inside bubblewrap (read-only host root,
   volumes at their mount paths, uid/gid from the securityContext, no
   network), container statuses, logs, graceful deletion;
+  With the fault ``lightweight_kubelet`` (scale tests only) a container spawns
+  no process and writes the built-in worker's events with declared timing
+  (``LIGHTWEIGHT_TIMING``), so thousands of pods fit on two cores;
 * ``GarbageCollector``- background / foreground / orphan propagation;
 * ``NamespaceController`` - namespace termination and its conditions.
 * Pod Security Admission - pods in a namespace labelled
@@ -114,6 +117,9 @@ FAULTS: Dict[str, str] = {
     "image_pull_backoff": "per index (or True): the image never pulls",
     "unreadable_logs": "per index: the kubelet does not serve the pod's log",
     "log_tamper": "{index: duplicate_ready | drop_reward | wrong_id | junk_lines}: the log is altered",
+    "lightweight_kubelet": "True or {timing}: containers print the built-in worker's events without a "
+                           "process (scale tests only)",
+    "forbidden": "[resource, ...]: requests for these answer 403 as RBAC would",
 }
 READ_PATH_FAULTS: Dict[str, str] = {
     "watch_delay": "the watch cache runs this far behind the store: watches get each event this late, "
@@ -123,6 +129,33 @@ READ_PATH_FAULTS: Dict[str, str] = {
     "list_latency": "every list answer is this late (504 Timeout when the request's timeout is shorter)",
     "continue_ttl": "a list's continue token stays good this long, then answers 410 Expired",
 }
+# The lightweight kubelet, for scale tests only (fault "lightweight_kubelet": true, or a dict
+# overriding these keys): a container spawns no process; it writes the built-in worker's
+# events ("ready" with the worker's own clock readings, then "reward") into its log with
+# this timing, in seconds, each delay scaled by uniform(1 - jitter, 1 + jitter), and exits 0.
+# A container with a per-pod fault (fail_pods, replace_pod, ...) still runs for real.
+LIGHTWEIGHT_TIMING: Dict[str, float] = {
+    "process_start": 0.02,     # container started -> interpreter running (the /proc start time)
+    "imports": 0.05,           # interpreter start -> the worker's imports done
+    "write_task": 0.003,       # imports done -> ready (writing the task's two files)
+    "episode_work": 0.15,      # ready -> reward (the tests run twice)
+    "exit": 0.01,              # reward -> process exit
+    "jitter": 0.3,
+}
+LIGHTWEIGHT_TESTS_OUTPUT = ("...\n----------------------------------------------------------------------\n"
+                            "Ran 3 tests in 0.000s\n\nOK\n")
+
+
+def check_lightweight(value: Any) -> None:
+    """Reject a lightweight_kubelet setting that is not true/false or {timing key: seconds}."""
+    if value is None or isinstance(value, bool):
+        return
+    if not isinstance(value, dict) or any(k not in LIGHTWEIGHT_TIMING or isinstance(v, bool)
+                                          or not isinstance(v, (int, float)) or v < 0 for k, v in value.items()):
+        raise ValueError("fault lightweight_kubelet takes true or {%s: seconds}, not %r"
+                         % (", ".join(LIGHTWEIGHT_TIMING), value))
+
+
 # Real values: a list that needs a newer resourceVersion than the watch cache has waits
 # 3 s (apiserver cacher blockTimeout) then answers 504 "Too large resource version" with
 # retryAfterSeconds 1; a continue token lives until etcd compacts its revision (5 min).
@@ -1762,6 +1795,17 @@ class ApiServer:
                 raise ApiError(504, "Timeout", "Timeout: request did not complete within requested timeout "
                                                "- context deadline exceeded", {})
             time.sleep(latency)
+        for resource in faults.get("forbidden") or ():
+            # RBAC without a grant for this resource (core group, cluster scope), as the real message reads.
+            found = re.search(r"^/api/v1/%s(?:/([^/]+))?$" % re.escape(resource), path)
+            if found:
+                verb = {"GET": "watch" if is_watch else ("get" if found.group(1) else "list")}.get(
+                    h.command, h.command.lower())
+                message = ('%s is forbidden: User "admin" cannot %s resource "%s" in API group "" at the '
+                           'cluster scope' % (resource if not found.group(1) else '%s "%s"' % (resource, found.group(1)),
+                                              verb, resource))
+                return self.send_json(h, 403, ApiError(403, "Forbidden", message,
+                                                       {"kind": resource}).status())
         errs = faults.get("api_errors")
         if errs:
             with self.emu._req_lock:
@@ -2065,7 +2109,11 @@ class ApiServer:
         return obj
 
     def list_objects(self, info: ResourceInfo, ns: Optional[str], query: Dict[str, str]) -> List[dict]:
-        objs, _ = self.store.list(info.store, ns if info.namespaced else None)
+        """The matching objects as stored, sorted, not copied (the store replaces, never mutates,
+        what it holds): copying every object for every page made a list of tens of thousands of
+        events slower than a request may take."""
+        objs = self.store.list_raw(info.store, ns if info.namespaced else None)
+        objs.sort(key=lambda o: (o["metadata"].get("namespace", ""), o["metadata"]["name"]))
         lsel = LabelSelector(query.get("labelSelector", ""))
         fsel = FieldSelector(query.get("fieldSelector", ""))
         return [o for o in objs if lsel.matches(o["metadata"].get("labels")) and fsel.matches(o)]
@@ -2214,6 +2262,7 @@ class ApiServer:
         gen = self.generation
         try:
             if not send_initial and rv_param not in ("", "0") and expired:
+                emu.watches_expired += 1
                 err = ApiError(410, "Expired", "too old resource version: %s (%d)" % (rv_param, store.compacted_rv))
                 self.write_chunk(h, encode("ERROR", err.status()))
                 self.end_chunked(h)
@@ -2235,6 +2284,7 @@ class ApiServer:
                         err = ApiError(410, "Expired", "too old resource version: %d (%d)"
                                        % (cursor, store.compacted_rv))
                         events = None
+                        emu.watches_expired += 1
                     if events == []:
                         store.cond.wait(min(0.5, max(0.01, deadline - now)))
                         events = store.events_since(cursor) if cursor >= store.compacted_rv else []
@@ -2906,8 +2956,21 @@ class Scheduler(Controller):
 
     name = "default-scheduler"
 
+    def __init__(self, emu: "Emulator"):
+        super().__init__(emu)
+        # Pod uid -> node of every bound pod not yet finished, kept from the store's events:
+        # counting them by listing every pod for every pod scheduled is quadratic at scale.
+        self.bound: Dict[str, str] = {}
+
     def on_event(self, etype: str, store: str, obj: dict) -> None:
-        if store == "pods" and etype != "DELETED" and self._eligible(obj):
+        if store != "pods":
+            return
+        uid, node = obj["metadata"].get("uid", ""), (obj.get("spec") or {}).get("nodeName")
+        if etype == "DELETED" or pod_terminal(obj) or not node:
+            self.bound.pop(uid, None)
+        else:
+            self.bound[uid] = node
+        if etype != "DELETED" and self._eligible(obj):
             md = obj["metadata"]
             self.queue.add((md["namespace"], md["name"]), self.emu.t("schedule_delay"))
 
@@ -2929,10 +2992,10 @@ class Scheduler(Controller):
         if pod is None or not self._eligible(pod):
             return
         load: Dict[str, int] = {n: 0 for n in emu.node_names}
-        for p in self.store.list_raw("pods"):
-            n = (p.get("spec") or {}).get("nodeName")
-            if n in load and not pod_terminal(p):
-                load[n] += 1
+        with self.store.lock:
+            for n in self.bound.values():
+                if n in load:
+                    load[n] += 1
         node = min(emu.node_names, key=lambda n: (load[n], random.random()))
         now = emu.api_now()
 
@@ -3253,9 +3316,14 @@ class ContainerRunner(threading.Thread):
             elif attempt < attempts - 1:
                 argv = ["python", "-c", "import sys; print('emulator: injected crash before restart "
                                         "(restart_container)', flush=True); sys.exit(1)"]
+            elif emu.lightweight():
+                argv = None
             else:
                 argv = self._argv(env or {})
-            code = self._run_once(argv, env or {}, uid, gid, attempt, restarting=attempt < attempts - 1)
+            if argv is None:
+                code = self._run_emitted(env or {}, attempt)
+            else:
+                code = self._run_once(argv, env or {}, uid, gid, attempt, restarting=attempt < attempts - 1)
             if code is None:
                 return
             if attempt < attempts - 1 and w.sleep(emu.t("restart_delay")):
@@ -3340,6 +3408,61 @@ class ContainerRunner(threading.Thread):
         with self.proc_lock:
             self.proc = None
         return code
+
+    def _run_emitted(self, env: Dict[str, str], attempt: int) -> Optional[int]:
+        """The lightweight kubelet: the built-in worker's events with its timing, no process."""
+        emu, w = self.emu, self.w
+        timing = emu.lightweight() or {}
+        jitter = timing["jitter"]
+
+        def delay(key: str) -> float:
+            return timing[key] * random.uniform(1 - jitter, 1 + jitter)
+
+        cid = hex64("%s/%s/%d" % (w.uid, self.cname, attempt))
+        self.event("Normal", "Created", ("Created container: %s" if emu.v >= (1, 32) else "Created container %s")
+                   % self.cname)
+        log = ContainerLog(emu.workdir / "logs" / ("%s_%s_%s-%d.log" % (w.ns, w.name, self.cname, attempt)))
+        emu.logs.setdefault((w.uid, self.cname), []).append(log)
+        start = emu.api_now()
+        true_start = time.time()
+        self.event("Normal", "Started", "Started container %s" % self.cname)
+        if not self.started_once:
+            emu.truth_set("pods", w.key, "container_started", true_start)
+            self.started_once = True
+        w.started_at = true_start
+
+        def running(cs: dict) -> None:
+            cs["state"] = {"running": {"startedAt": fmt_time(start)}}
+            cs.update(ready=True, started=True, restartCount=attempt, image=self.image_ref,
+                      imageID=self.image_id, containerID="containerd://" + cid)
+        w.update_container(self.cname, running)
+        episode = env.get("EPISODE_ID", "")
+        # /proc start times are clock ticks of 10 ms.
+        process_started = round(true_start + delay("process_start"), 2)
+        imports_done = process_started + delay("imports")
+        ready_at = imports_done + delay("write_task")
+        stopped = w.sleep(max(0.0, ready_at - time.time()))
+        if not stopped:
+            log.append((json.dumps({"event": "ready", "at": time.time(), "episode_id": episode,
+                                    "imports_done_at": imports_done, "process_started_at": process_started,
+                                    "modules_before_ready": 31, "import_seconds": imports_done - process_started})
+                        + "\n").encode())
+            stopped = w.sleep(delay("episode_work"))
+        if not stopped:
+            log.append((json.dumps({"event": "reward", "at": time.time(), "episode_id": episode, "reward": 1,
+                                    "baseline_exit": 1, "tests_exit": 0,
+                                    "tests_output": LIGHTWEIGHT_TESTS_OUTPUT}) + "\n").encode())
+            stopped = w.sleep(delay("exit"))
+        log.close()
+        code = 143 if stopped else 0
+        self.exit_codes.append(code)
+        emu.truth_set("pods", w.key, "container_finished", time.time(), first=False)
+        emu.truth_set("pods", w.key, "exit_code", code, raw=True)
+        self.last_terminated = {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
+                                "startedAt": fmt_time(start), "finishedAt": fmt_time(emu.api_now()),
+                                "containerID": "containerd://" + cid}
+        self.set_state({"terminated": dict(self.last_terminated)}, ready=False, started=False)
+        return None if stopped else code
 
     def _pump(self, proc: subprocess.Popen, log: ContainerLog) -> None:
         mode = self.emu.log_tamper_mode(self.w.index)
@@ -3674,7 +3797,9 @@ class PodWorker(threading.Thread):
                 if over:
                     self._evict(over)
                     break
-            self.deleting.wait(0.05)
+            # A thousand pods polling every 50 ms would starve the API server of the GIL;
+            # the lightweight kubelet's containers report their own end, so a slow poll loses nothing.
+            self.deleting.wait(0.5 if emu.lightweight() else 0.05)
         for r in self.runners:
             r.join(10)
         if self.deleting.is_set() and not pod_terminal(self.store_pod() or {}):
@@ -4064,12 +4189,14 @@ class Emulator:
         self.python = python
         self.context = "kube-emulator"
         self.requests: List[Dict[str, Any]] = []
+        self.watches_expired = 0  # watches answered 410 Gone: their client fell behind the history
         self._req_lock = threading.Lock()
         self._stopping = threading.Event()
         self._started = False
         self._stopped = False
         self.store = Store(self.api_now, int(self.timing["watch_history"]))
         check_faults(self.faults)
+        check_lightweight(self.faults.get("lightweight_kubelet"))
         self.reads = ReadPath(self)
         self.api = ApiServer(self)
         self.logs: Dict[Tuple[str, str], List[ContainerLog]] = {}
@@ -4131,6 +4258,7 @@ class Emulator:
 
     def set_faults(self, **kw: Any) -> None:
         check_faults(kw)
+        check_lightweight(kw.get("lightweight_kubelet"))
         for k, v in kw.items():
             self.reads.fault_set_at[k] = time.time()
             if k == "missing_runtimeclass":
@@ -4190,6 +4318,13 @@ class Emulator:
         self.stop()
 
     # ---------------------------------------------------------------- helpers
+    def lightweight(self) -> Optional[Dict[str, float]]:
+        """The lightweight kubelet's timing when it is selected (scale tests only), else None."""
+        value = self.faults.get("lightweight_kubelet")
+        if not value:
+            return None
+        return dict(LIGHTWEIGHT_TIMING, **(value if isinstance(value, dict) else {}))
+
     def api_skew(self) -> float:
         return float(self.faults.get("api_clock_skew") or 0)
 
