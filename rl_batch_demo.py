@@ -136,7 +136,37 @@ TRANSIENT_ERROR_MARKERS = (
 )
 
 EXIT_USAGE = 2
+# A batch with failed episodes that --allow-failures accepted: results.json and
+# rewards.jsonl are complete, and a script can tell this from a clean pass (0).
+EXIT_PARTIAL = 3
 EXIT_INTERRUPTED = 130
+
+REWARDS_FILE = "rewards.jsonl"
+TASK_FILE_ENV = "TASK_FILE"
+TASKS_VOLUME = "tasks"
+TASKS_MOUNT = "/tasks"
+TASKS_CONFIGMAP_PREFIX = "tasks-"
+# A ConfigMap holds at most 1 MiB (1,048,576 bytes) of data; each chunk of tasks stays under
+# 1,000,000 bytes, which leaves room for the object's own fields.
+TASKS_CONFIGMAP_BYTES = 1_000_000
+# Tasks travel in at most this many ConfigMaps (about 16 MB), so the Job that mounts them all,
+# and each pod's volume, stays a reasonable size.
+TASKS_MAX_CONFIGMAPS = 16
+INDEX_FAILURE_COUNT_ANNOTATION = "batch.kubernetes.io/job-index-failure-count"
+INDEX_IGNORED_FAILURE_COUNT_ANNOTATION = "batch.kubernetes.io/job-index-ignored-failure-count"
+# backoffLimitPerIndex, maxFailedIndexes and the FailIndex action are GA (always on) from here.
+RETRIES_MIN_SERVER = (1, 33)
+FAILURE_CLASSES = ("infrastructure", "episode", "verifier")
+# Exit codes that are no verdict of the episode program: the runtime could not run its command
+# (126, 127), or something outside killed it (137 SIGKILL: the OOM killer or the kubelet; 143
+# SIGTERM: a pod being stopped). The Job API cannot tell an OOM kill from another SIGKILL, so
+# an OOM kill is retried and classified as infrastructure like the rest.
+INFRASTRUCTURE_EXIT_CODES = (126, 127, 137, 143)
+INFRASTRUCTURE_POD_REASONS = ("Evicted", "NodeLost", "Preempting", "UnexpectedAdmissionError",
+                              "NodeAffinity", "OutOfcpu", "OutOfmemory", "Shutdown", "Terminated")
+INFRASTRUCTURE_TERMINATED_REASONS = ("OOMKilled", "ContainerStatusUnknown", "StartError", "ContainerCannotRun")
+# The built-in worker's own words when its baseline passes: its test did not check the bug.
+BASELINE_PASSED_MESSAGE = "baseline must fail the boundary test"
 
 WORKER_SOURCE = r'''"""One RL rollout episode: fix the code -> run the tests -> reward.
 
@@ -265,7 +295,29 @@ class DemoError(Exception):
 
 
 class VerificationError(DemoError):
-    """An episode or the batch broke a rule of the honest-result checks."""
+    """An episode or the batch broke a rule of the honest-result checks.
+
+    `failure_class` says whose fault it is: "episode" (the program broke the event
+    protocol), "verifier" (the built-in checks of the result failed) or
+    "infrastructure" (the container was restarted under it).
+    """
+
+    def __init__(self, message: str, failure_class: str = "episode") -> None:
+        super().__init__(message)
+        self.failure_class = failure_class
+
+
+class Task(NamedTuple):
+    """One line of a --tasks file: its id (the `id` field, else its line number) and its JSON text."""
+    task_id: Any
+    line: int
+    text: str
+
+
+class RolloutPolicy(NamedTuple):
+    """How a rollout batch treats failures: retries per episode and failed episodes accepted."""
+    retries: int
+    allow_failures: int
 
 
 # --------------------------------------------------------------------------
@@ -300,11 +352,102 @@ def network_policy_manifest(namespace: str) -> dict:
             "spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}}
 
 
+def parse_tasks(lines: Iterable[str]) -> list[Task]:
+    """The tasks of a JSONL file: one JSON object per non-blank line; ValueError names a bad line."""
+    tasks = []
+    for number, line in enumerate(lines, start=1):
+        text = line.strip()
+        if not text:
+            continue
+        try:
+            value = json.loads(text)
+        except ValueError as error:
+            raise ValueError(f"line {number} is not JSON ({error})") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"line {number} is not a JSON object")
+        task_id = value.get("id", number)
+        if isinstance(task_id, (dict, list)):
+            raise ValueError(f"line {number}: the task id must be a string or a number")
+        tasks.append(Task(task_id, number, text))
+    if not tasks:
+        raise ValueError("no tasks in it")
+    ids = [task.task_id for task in tasks]
+    if len(set(map(json.dumps, ids))) != len(ids):
+        duplicate = next(i for i in ids if ids.count(i) > 1)
+        raise ValueError(f"task id {duplicate!r} appears more than once")
+    return tasks
+
+
+def task_key(position: int) -> str:
+    return f"task-{position}.json"
+
+
+def task_configmaps(namespace: str, tasks: Sequence[Task]) -> list[dict]:
+    """The ConfigMaps that carry the tasks, one key per task, split to stay under a ConfigMap's size."""
+    chunks: list[dict[str, str]] = [{}]
+    size = 0
+    for position, task in enumerate(tasks):
+        key = task_key(position)
+        entry = len(key.encode("utf-8")) + len(task.text.encode("utf-8"))
+        if entry > TASKS_CONFIGMAP_BYTES:
+            raise DemoError(f"task on line {task.line} takes {entry} bytes; one task may take at most "
+                            f"{TASKS_CONFIGMAP_BYTES} bytes (a ConfigMap holds 1 MiB); nothing was created")
+        if size + entry > TASKS_CONFIGMAP_BYTES:
+            chunks.append({})
+            size = 0
+        chunks[-1][key] = task.text
+        size += entry
+    if len(chunks) > TASKS_MAX_CONFIGMAPS:
+        total = sum(len(t.text.encode("utf-8")) for t in tasks)
+        raise DemoError(f"the tasks take {total} bytes, more than {TASKS_MAX_CONFIGMAPS} ConfigMaps of "
+                        f"{TASKS_CONFIGMAP_BYTES} bytes can carry; split them into several batches; "
+                        f"nothing was created")
+    return [{"apiVersion": "v1", "kind": "ConfigMap",
+             "metadata": {"name": f"{TASKS_CONFIGMAP_PREFIX}{number}", "namespace": namespace},
+             "data": data} for number, data in enumerate(chunks)]
+
+
+def tasks_volume(configmaps: Sequence[dict], group_size: int) -> dict:
+    """One volume with a file per episode, `<completion index>.json`, holding that episode's task:
+    episodes g*G .. g*G+G-1 share task g, projected from its one ConfigMap key."""
+    sources = []
+    for configmap in configmaps:
+        items = []
+        for key in configmap["data"]:
+            position = int(key[len("task-"):-len(".json")])
+            items += [{"key": key, "path": f"{index}.json"}
+                      for index in range(position * group_size, (position + 1) * group_size)]
+        sources.append({"configMap": {"name": configmap["metadata"]["name"], "items": items}})
+    return {"name": TASKS_VOLUME, "projected": {"sources": sources}}
+
+
+def pod_failure_policy() -> dict:
+    """Retry what is not the episode's doing; fail an episode at once on its own failure.
+
+    A disruption (eviction, preemption, node loss) is counted against the episode's
+    retries even when its container then exits with a code of its own; any other
+    exit code of the episode container, save those of INFRASTRUCTURE_EXIT_CODES,
+    is the episode's verdict and is never retried.
+    """
+    return {"rules": [
+        {"action": "Count", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+        {"action": "FailIndex", "onExitCodes": {"containerName": CONTAINER_NAME, "operator": "NotIn",
+                                                "values": list(INFRASTRUCTURE_EXIT_CODES)}},
+    ]}
+
+
 def job_manifest(namespace: str, count: int, parallelism: int, image: str,
                  runtime: str, deadline_seconds: int = DEFAULT_JOB_DEADLINE_SECONDS,
                  name: str = JOB_NAME, harden: bool = False,
-                 indexed: bool = False) -> dict:
-    """The Job whose pods are the episodes: backoffLimit 0, so one failed episode fails the batch."""
+                 indexed: bool = False, tasks: dict | None = None,
+                 policy: RolloutPolicy | None = None) -> dict:
+    """The Job whose pods are the episodes: backoffLimit 0, so one failed episode fails the batch.
+
+    `tasks` (a volume from tasks_volume) gives each episode its task file, named by
+    TASK_FILE; `policy` replaces backoffLimit 0 with retries per episode
+    (backoffLimitPerIndex), a number of failed episodes the Job tolerates
+    (maxFailedIndexes) and the podFailurePolicy that tells whose failure it was.
+    """
     container_security: dict[str, Any] = {
         "allowPrivilegeEscalation": False,
         "capabilities": {"drop": ["ALL"]},
@@ -318,9 +461,12 @@ def job_manifest(namespace: str, count: int, parallelism: int, image: str,
         {"name": "EPISODE_ID",
          "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
     ]
-    if indexed:
+    if indexed or tasks or policy:
         env.append({"name": "EPISODE_INDEX", "valueFrom": {"fieldRef": {
             "fieldPath": f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"}}})
+    if tasks:
+        # $(EPISODE_INDEX) expands because it is defined earlier in the list.
+        env.append({"name": TASK_FILE_ENV, "value": f"{TASKS_MOUNT}/$(EPISODE_INDEX).json"})
     spec: dict[str, Any] = {
         "completions": count,
         "parallelism": parallelism,
@@ -361,8 +507,19 @@ def job_manifest(namespace: str, count: int, parallelism: int, image: str,
             },
         },
     }
-    if indexed:
+    if indexed or tasks or policy:
         spec["completionMode"] = "Indexed"
+    if tasks:
+        pod_spec = spec["template"]["spec"]
+        pod_spec["containers"][0]["volumeMounts"].append(
+            {"name": TASKS_VOLUME, "mountPath": TASKS_MOUNT, "readOnly": True})
+        pod_spec["volumes"].append(tasks)
+    if policy:
+        # The Job-wide limit would end the batch at its first failure; each episode has its own.
+        del spec["backoffLimit"]
+        spec["backoffLimitPerIndex"] = policy.retries
+        spec["maxFailedIndexes"] = policy.allow_failures
+        spec["podFailurePolicy"] = pod_failure_policy()
     return {"apiVersion": "batch/v1", "kind": "Job",
             "metadata": {"name": name, "namespace": namespace},
             "spec": spec}
@@ -807,13 +964,14 @@ def verify_episode(pod: dict, events: list[dict], job_created: float, builtin: b
     value = reward.get("reward")
     if builtin:
         if value != 1 or isinstance(value, bool):
-            raise VerificationError(f"pod {name}: reward is {value!r}, not 1")
+            raise VerificationError(f"pod {name}: reward is {value!r}, not 1", "verifier")
         tests_exit, baseline_exit = reward.get("tests_exit"), reward.get("baseline_exit")
         if tests_exit != 0 or isinstance(tests_exit, bool):
-            raise VerificationError(f"pod {name}: tests_exit is {tests_exit!r}, not 0")
+            raise VerificationError(f"pod {name}: tests_exit is {tests_exit!r}, not 0", "verifier")
         if baseline_exit in (0, None) or not isinstance(baseline_exit, int) or isinstance(baseline_exit, bool):
             raise VerificationError(
-                f"pod {name}: baseline_exit is {reward.get('baseline_exit')!r}; the baseline must fail")
+                f"pod {name}: baseline_exit is {reward.get('baseline_exit')!r}; the baseline must fail",
+                "verifier")
     elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise VerificationError(f"pod {name}: reward is {value!r}, not a number")
     pod_created = parse_time(pod["metadata"].get("creationTimestamp"))
@@ -823,10 +981,11 @@ def verify_episode(pod: dict, events: list[dict], job_created: float, builtin: b
     if not in_order:
         raise VerificationError(
             f"pod {name}: times out of order (job created {moments[0]}, pod created {moments[1]}, "
-            f"ready {moments[2]}, reward {moments[3]}): unsynchronised clocks or broken events")
+            f"ready {moments[2]}, reward {moments[3]}): unsynchronised clocks or broken events", "verifier")
     status = container_status(pod)
     if status.get("restartCount", 0) != 0:
-        raise VerificationError(f"pod {name}: container restarted {status.get('restartCount')} time(s)")
+        raise VerificationError(f"pod {name}: container restarted {status.get('restartCount')} time(s)",
+                                "infrastructure")
     terminated = container_terminated(pod)
     if terminated is None:
         raise VerificationError(f"pod {name}: container has no terminated state")
@@ -854,6 +1013,263 @@ def verify_batch(count: int, job: dict, pods: Sequence[dict], logs: dict[str, st
         ready, reward = verify_episode(pod, events, job_created, builtin)
         episodes.append((pod, ready, reward))
     return episodes
+
+
+# --------------------------------------------------------------------------
+# Rollouts: every episode's outcome, its failure classified, none dropped.
+
+
+def job_end_reason(job: dict | None) -> str | None:
+    """The reason of the Job's Failed (or FailureTarget) condition, e.g. DeadlineExceeded."""
+    for kind in ("Failed", "FailureTarget"):
+        entry = condition(job or {}, kind)
+        if entry and entry.get("status") == "True":
+            return entry.get("reason")
+    return None
+
+
+def pod_warnings(events: Iterable[dict], most: int = 3) -> dict[str, list[str]]:
+    """Pod name -> its first few distinct Warning events as `reason: message` (a kubelet says
+    "Failed: Error: ErrImagePull"), each message cut to one short line."""
+    warnings: dict[str, list[str]] = {}
+    for event in events:
+        regarding = event_object(event)
+        if event.get("type") == "Warning" and regarding.get("kind") == "Pod":
+            message = " ".join(str(event.get("message") or event.get("note") or "").split())
+            text = f"{event.get('reason') or 'Unknown'}: {message[:120]}".rstrip(": ")
+            seen = warnings.setdefault(regarding.get("name", ""), [])
+            if text not in seen and len(seen) < most:
+                seen.append(text)
+    return warnings
+
+
+def classify_attempt(pod: dict, log_text: str, job: dict, builtin: bool,
+                     warnings: Sequence[str] = ()) -> tuple[str | None, str | None]:
+    """(failure class, why) of one pod, or (None, None) for an episode that passed every check.
+
+    Infrastructure: the pod was disrupted, never scheduled, never started its
+    container, was killed from outside, or was stopped by the batch's end before it
+    started. Episode: the program exited non-zero on its own, broke the event
+    protocol, or was still running at the Job's deadline. Verifier: the built-in
+    checks of the result failed (the baseline passed, the patched tests failed,
+    reward not 1, times out of order). `warnings` (the pod's Warning event reasons)
+    are named with an infrastructure failure: a pod stopped at the deadline while
+    its image would not pull says so.
+    """
+    failure_class, why = classify_pod_state(pod, log_text, job, builtin)
+    if failure_class == "infrastructure" and warnings:
+        why = f"{why}; pod warnings: {'; '.join(warnings)}"
+    return failure_class, why
+
+
+def classify_pod_state(pod: dict, log_text: str, job: dict, builtin: bool) -> tuple[str | None, str | None]:
+    """classify_attempt from the pod's status and log alone."""
+    status = pod.get("status") or {}
+    phase = status.get("phase")
+    disrupted = condition(pod, "DisruptionTarget")
+    if disrupted and disrupted.get("status") == "True":
+        return "infrastructure", (f"disrupted ({disrupted.get('reason', '?')}: "
+                                  f"{(disrupted.get('message') or '').strip()})").replace(": )", ")")
+    if status.get("reason") in INFRASTRUCTURE_POD_REASONS:
+        return "infrastructure", f"pod {status['reason']}: {(status.get('message') or '').strip()}".rstrip(": ")
+    if phase == "Succeeded":
+        try:
+            job_created = parse_time(job["metadata"].get("creationTimestamp"))
+            verify_episode(pod, parse_events(log_text.splitlines()), job_created or 0.0, builtin)
+        except VerificationError as error:
+            return error.failure_class, str(error).split(": ", 1)[-1]
+        return None, None
+    state = container_status(pod).get("state") or {}
+    started = "running" in state or bool((state.get("terminated") or {}).get("startedAt"))
+    end = job_end_reason(job)
+    own_exit = (state.get("terminated") or {}).get("exitCode") not in (None, 0) + INFRASTRUCTURE_EXIT_CODES
+    if pod["metadata"].get("deletionTimestamp") and end is not None and not own_exit:
+        # Stopped by the Job controller as the Job ended, not by anything of its own.
+        if started and end == "DeadlineExceeded":
+            return "episode", "still running at the Job's deadline"
+        return "infrastructure", f"stopped when the Job ended ({end}) before it finished"
+    if not (pod.get("spec") or {}).get("nodeName"):
+        scheduled = condition(pod, "PodScheduled") or {}
+        return "infrastructure", f"never scheduled: {scheduled.get('message') or 'no node assigned'}"
+    if "waiting" in state:
+        waiting = state["waiting"]
+        return "infrastructure", (f"container never started ({waiting.get('reason', 'waiting')}: "
+                                  f"{waiting.get('message', '')})").replace(": )", ")")
+    if "running" in state:
+        if end == "DeadlineExceeded":
+            return "episode", "still running at the Job's deadline"
+        return "infrastructure", f"still running when the batch ended ({end or 'not finished'})"
+    terminated = state.get("terminated")
+    if terminated is None:
+        return "infrastructure", "container never started (no container status)"
+    code, reason = terminated.get("exitCode"), terminated.get("reason") or ""
+    if reason in INFRASTRUCTURE_TERMINATED_REASONS or code in INFRASTRUCTURE_EXIT_CODES or code == 0:
+        return "infrastructure", f"container {reason or 'ended'} with exit code {code}"
+    if builtin and BASELINE_PASSED_MESSAGE in log_text:
+        return "verifier", f"exited {code}: {BASELINE_PASSED_MESSAGE}"
+    rewards = [e for e in parse_events(log_text.splitlines()) if e["event"] == "reward"]
+    if builtin and len(rewards) == 1 and rewards[0].get("tests_exit") not in (0, None):
+        return "verifier", f"exited {code}: the patched code failed its tests (tests_exit {rewards[0]['tests_exit']})"
+    return "episode", f"exited {code}"
+
+
+def pod_index(pod: dict) -> int | None:
+    try:
+        return int((pod["metadata"].get("annotations") or {}).get(COMPLETION_INDEX_ANNOTATION, ""))
+    except ValueError:
+        return None
+
+
+def attempts_recorded(pod: dict) -> int:
+    """This pod's attempt number as the Job controller counts it: 1 + the index's earlier failures."""
+    annotations = pod["metadata"].get("annotations") or {}
+    total = 1
+    for key in (INDEX_FAILURE_COUNT_ANNOTATION, INDEX_IGNORED_FAILURE_COUNT_ANNOTATION):
+        try:
+            total += max(0, int(annotations.get(key, "0")))
+        except ValueError:
+            pass
+    return total
+
+
+REWARD_ROW_FIELDS = ("index", "task_id", "group", "pod", "attempts", "reward", "failure_class", "failure",
+                     "node", "pod_to_ready_seconds", "batch_to_ready_seconds", "batch_to_reward_seconds",
+                     "episode_seconds", "evidence", "earlier_attempts")
+
+
+def episode_rows(count: int, job: dict, pods: Sequence[dict], logs: dict[str, str], builtin: bool,
+                 task_ids: Sequence[Any] | None, group_size: int, events: Sequence[dict] = ()) -> list[dict]:
+    """One row per episode (completion index), its final attempt's outcome; pure.
+
+    The final attempt is the pod that succeeded, else the newest one. Every index
+    has a row, an episode whose pod was never created included.
+    """
+    job_created = parse_time(job["metadata"].get("creationTimestamp")) or 0.0
+    warnings = pod_warnings(events)
+    by_index: dict[int, list[dict]] = {}
+    for pod in pods:
+        index = pod_index(pod)
+        if index is not None and 0 <= index < count:
+            by_index.setdefault(index, []).append(pod)
+    rows = []
+    for index in range(count):
+        attempts = sorted(by_index.get(index, []),
+                          key=lambda p: (parse_time(p["metadata"].get("creationTimestamp")) or 0.0,
+                                         attempts_recorded(p), pod_name(p)))
+        group = index // group_size
+        row: dict[str, Any] = {"index": index, "task_id": task_ids[group] if task_ids else None,
+                               "group": group}
+        if not attempts:
+            end = job_end_reason(job)
+            row.update({"pod": None, "attempts": 0, "reward": None, "failure_class": "infrastructure",
+                        "failure": f"never started: the Job ended ({end or 'unfinished'}) before it "
+                                   f"created this episode's pod", "evidence": "job.json"})
+            rows.append(row)
+            continue
+        outcomes = [(pod, *classify_attempt(pod, logs.get(pod_name(pod), ""), job, builtin,
+                                            warnings.get(pod_name(pod), ()))) for pod in attempts]
+        final = next((o for o in outcomes if o[1] is None), outcomes[-1])
+        pod, failure_class, failure = final
+        name = pod_name(pod)
+        events = parse_events(logs.get(name, "").splitlines())
+        ready = next((e for e in events if e["event"] == "ready"), {})
+        reward = next((e for e in events if e["event"] == "reward"), {})
+        created = parse_time(pod["metadata"].get("creationTimestamp"))
+
+        def seconds(later: Any, earlier: float | None) -> float | None:
+            ok = isinstance(later, (int, float)) and not isinstance(later, bool) and earlier is not None
+            return rounded(later - earlier) if ok else None
+
+        row.update({
+            "pod": name,
+            "attempts": max(len(attempts), attempts_recorded(pod)),
+            "reward": reward.get("reward"),
+            "failure_class": failure_class,
+            "failure": failure,
+            "node": (pod.get("spec") or {}).get("nodeName"),
+            "pod_to_ready_seconds": seconds(ready.get("at"), created),
+            "batch_to_ready_seconds": seconds(ready.get("at"), job_created),
+            "batch_to_reward_seconds": seconds(reward.get("at"), job_created),
+            "episode_seconds": seconds(reward.get("at"), ready.get("at") if "at" in ready else None),
+            "evidence": f"{name}.log" if failure_class else None,
+            "earlier_attempts": [{"pod": pod_name(p), "failure_class": c, "failure": f}
+                                 for p, c, f in outcomes if p is not pod],
+        })
+        for key, value in reward.items():
+            if key in ("event", "reward"):
+                continue
+            row[key if key not in REWARD_ROW_FIELDS else f"episode_{key}"] = value
+        rows.append(row)
+    return rows
+
+
+def rewards_jsonl(rows: Iterable[dict]) -> str:
+    """rewards.jsonl: one JSON object per episode, in index order."""
+    return "".join(json.dumps(row, sort_keys=False) + "\n" for row in rows)
+
+
+def failure_counts(classes: Iterable[str | None]) -> dict[str, int]:
+    counts = {kind: 0 for kind in FAILURE_CLASSES}
+    for kind in classes:
+        if kind is not None:
+            counts[kind] += 1
+    return counts
+
+
+def attempt_figures(rows: Sequence[dict]) -> dict:
+    """First attempts and final outcomes counted apart: what retries bought."""
+    first = [(row["earlier_attempts"][0]["failure_class"] if row.get("earlier_attempts") else row["failure_class"])
+             for row in rows]
+    final = [row["failure_class"] for row in rows]
+    return {
+        "attempts_total": sum(row["attempts"] for row in rows),
+        "episodes_retried": sum(1 for row in rows if row["attempts"] > 1),
+        "first_attempt": {"succeeded": first.count(None), "failed": failure_counts(first)},
+        "final": {"succeeded": final.count(None), "failed": failure_counts(final)},
+    }
+
+
+def group_figures(rows: Sequence[dict], group_size: int) -> list[dict]:
+    """Per group of G episodes sharing a task: complete or not, time until all G rewards are in
+    (from the Job's creation), and the spread between its fastest and slowest reward."""
+    groups = []
+    for start in range(0, len(rows), group_size):
+        members = rows[start:start + group_size]
+        done = [row["batch_to_reward_seconds"] for row in members
+                if row["failure_class"] is None and row["batch_to_reward_seconds"] is not None]
+        complete = len(done) == len(members)
+        rewards = [row["reward"] for row in members if row["failure_class"] is None]
+        groups.append({
+            "group": members[0]["group"], "task_id": members[0]["task_id"], "episodes": len(members),
+            "rewards_in": len(done), "complete": complete,
+            "all_rewards_seconds": max(done) if complete else None,
+            "spread_seconds": rounded(max(done) - min(done)) if done else None,
+            "reward_mean": rounded(sum(rewards) / len(rewards), 6) if rewards and all(
+                isinstance(r, (int, float)) for r in rewards) else None,
+        })
+    return groups
+
+
+def censored_pod_to_ready(rows: Sequence[dict], job: dict, pods: Sequence[dict]) -> dict:
+    """pod_to_ready over every episode: one that never became ready counts as ready at the Job's
+    deadline (Job start + activeDeadlineSeconds, minus its pod's creation), so a slow tail of
+    failures raises the percentiles instead of vanishing from them."""
+    start = parse_time((job.get("status") or {}).get("startTime")) or parse_time(
+        job["metadata"].get("creationTimestamp"))
+    deadline = (start or 0.0) + ((job.get("spec") or {}).get("activeDeadlineSeconds") or 0)
+    created = {pod_name(p): parse_time(p["metadata"].get("creationTimestamp")) for p in pods}
+    values, censored = [], 0
+    for row in rows:
+        if row.get("pod_to_ready_seconds") is not None:
+            values.append(row["pod_to_ready_seconds"])
+            continue
+        censored += 1
+        pod_created = created.get(row["pod"]) if row["pod"] else None
+        values.append(deadline - (pod_created if pod_created is not None else (start or 0.0)))
+    return {"p50": rounded(percentile(values, 0.50)), "p95": rounded(percentile(values, 0.95)),
+            "max": rounded(max(values)), "samples": len(values), "censored": censored,
+            "censored_at": "the Job's deadline: startTime + activeDeadlineSeconds - the pod's creation "
+                           "(the Job's start for an episode without a pod)"}
 
 
 # --------------------------------------------------------------------------
@@ -2657,17 +3073,34 @@ def batch_names(rounds: int, warmup: bool) -> list[tuple[str, bool]]:
     return names
 
 
-def planned_objects(namespace: str, run_id: str, settings: dict, worker_source: str) -> list[dict]:
+def rollout_policy(settings: dict) -> RolloutPolicy | None:
+    """Retries and accepted failures, when either was asked for; else the guide's backoffLimit 0."""
+    if settings.get("retries") is None and settings.get("allow_failures") is None:
+        return None
+    return RolloutPolicy(settings.get("retries") or 0, settings.get("allow_failures") or 0)
+
+
+def batch_job(namespace: str, settings: dict, name: str, task_maps: Sequence[dict]) -> dict:
+    """The Job of one batch, from the run's settings and the ConfigMaps that carry its tasks."""
+    return job_manifest(
+        namespace, settings["count"], settings["parallelism"], settings["image"],
+        settings["runtime"], settings["timeout"], name=name, harden=settings["harden"],
+        indexed=not settings["builtin"],
+        tasks=tasks_volume(task_maps, settings.get("group_size") or 1) if task_maps else None,
+        policy=rollout_policy(settings))
+
+
+def planned_objects(namespace: str, run_id: str, settings: dict, worker_source: str,
+                    tasks: Sequence[Task] = ()) -> list[dict]:
     """Every object `run` creates, in creation order."""
     objects = [namespace_manifest(namespace, run_id, settings["harden"])]
     if settings["harden"]:
         objects.append(network_policy_manifest(namespace))
     objects.append(configmap_manifest(namespace, worker_source))
+    task_maps = task_configmaps(namespace, tasks) if tasks else []
+    objects += task_maps
     for name, _ in batch_names(settings["rounds"], settings["warmup"]):
-        objects.append(job_manifest(
-            namespace, settings["count"], settings["parallelism"], settings["image"],
-            settings["runtime"], settings["timeout"], name=name, harden=settings["harden"],
-            indexed=not settings["builtin"]))
+        objects.append(batch_job(namespace, settings, name, task_maps))
     return objects
 
 
@@ -2804,6 +3237,8 @@ class RunAction:
         self.batch_dir = output
         self.touched_cluster = False
         self.cpu_start = cpu_seconds()
+        self.tasks: list[Task] = list(getattr(args, "task_list", None) or [])
+        self.task_maps = task_configmaps(self.namespace, self.tasks) if self.tasks else []
 
     # -- steps ------------------------------------------------------------
 
@@ -2816,11 +3251,15 @@ class RunAction:
                                     for name, measured in batches]
         write_json(os.path.join(self.output, SETTINGS_FILE), self.settings)
         self.check_runtime_class()
+        if rollout_policy(self.settings):
+            self.check_server_version()
         self.check_capacity()
         self.create_namespace()
         if self.settings["harden"]:
             self.create(network_policy_manifest(self.namespace))
         self.create(configmap_manifest(self.namespace, self.worker_source))
+        for task_map in self.task_maps:
+            self.create(task_map)
         summaries = []
         for entry in self.settings["batches"]:
             self.batch_dir = os.path.normpath(os.path.join(self.output, entry["dir"]))
@@ -2850,6 +3289,21 @@ class RunAction:
                                 f"nothing was created (pass --runtime NAME)") from None
             raise DemoError(f"cannot reach the cluster of context {self.kubectl.context!r}: {error}; "
                             f"nothing was created") from None
+
+    def check_server_version(self) -> None:
+        """Retries and accepted failures need the Job API of Kubernetes >= 1.33; an older server
+        would drop or reject the fields, so say so before anything is created."""
+        try:
+            version = json.loads(self.kubectl.run(["get", "--raw", "/version"],
+                                                  retry_until=time.monotonic() + FIRST_CONTACT_RETRY_SECONDS))
+            found = (int(version["major"]), int(re.sub(r"\D.*", "", version["minor"]) or 0))
+        except (KubectlError, ValueError, KeyError, TypeError) as error:
+            raise DemoError(f"cannot tell the Kubernetes version of context {self.kubectl.context!r} ({error}); "
+                            f"--retries and --allow-failures need >= 1.33; nothing was created") from None
+        if found < RETRIES_MIN_SERVER:
+            raise DemoError(f"--retries and --allow-failures need Kubernetes >= 1.33 (backoffLimitPerIndex, "
+                            f"maxFailedIndexes and podFailurePolicy FailIndex); context {self.kubectl.context!r} "
+                            f"serves {found[0]}.{found[1]}; nothing was created")
 
     def check_capacity(self) -> None:
         """Warn, before anything is created, when the nodes cannot run the whole batch at once."""
@@ -2898,10 +3352,7 @@ class RunAction:
 
     def run_batch(self, job_name: str) -> dict:
         """Submit one Job, follow it, save its evidence, verify and summarise it."""
-        manifest = job_manifest(
-            self.namespace, self.settings["count"], self.settings["parallelism"],
-            self.settings["image"], self.settings["runtime"], self.settings["timeout"],
-            name=job_name, harden=self.settings["harden"], indexed=not self.settings["builtin"])
+        manifest = batch_job(self.namespace, self.settings, job_name, self.task_maps)
         write_json(os.path.join(self.batch_dir, "job-submitted.json"), manifest)
         submitted_wall = time.time()
         submitted = time.monotonic()
@@ -2937,28 +3388,63 @@ class RunAction:
             "source": reading.source, "not_older_than": self.follower.end_resource_version,
             "resource_version": reading.resource_version, "pages": reading.pages,
             "continue_expiries": reading.continue_expiries, "read_again": reading.reread}
-        if end != "Complete":
-            raise DemoError("\n  ".join(
-                ["Job failed or timed out; inspect saved status/events/logs, then cleanup"]
-                + describe_failure(job, pods, job_name, self.settings["timeout"] + CLIENT_GRACE_SECONDS)
-                + [saved_evidence(job, pods, logs, events)]))
-        if reading.source == "watch" and len(pods) < self.settings["count"]:
-            # A watch that saw fewer pods than episodes proves nothing about the others.
-            raise DemoError(f"cannot verify the batch: the pods could not be listed and the pod watch saw "
-                            f"only {len(pods)} of {self.settings['count']}")
-        try:
-            summary = summarise_batch(job, pods, logs, events, self.settings["count"],
-                                      self.settings["builtin"], self.follower.observed_wall,
-                                      self.follower.observations())
-        except VerificationError as error:
-            if reading.source == "watch":
-                raise VerificationError(f"{error} (judged from the pods the watch saw, each unfinished one "
-                                        f"read again: the pods could not be listed)") from None
-            raise
+        if self.settings.get("rollout"):
+            summary = self.rollout_summary(job_name, end, job, reading, logs, events)
+        else:
+            if end != "Complete":
+                raise DemoError("\n  ".join(
+                    ["Job failed or timed out; inspect saved status/events/logs, then cleanup"]
+                    + describe_failure(job, pods, job_name, self.settings["timeout"] + CLIENT_GRACE_SECONDS)
+                    + [saved_evidence(job, pods, logs, events)]))
+            if reading.source == "watch" and len(pods) < self.settings["count"]:
+                # A watch that saw fewer pods than episodes proves nothing about the others.
+                raise DemoError(f"cannot verify the batch: the pods could not be listed and the pod watch saw "
+                                f"only {len(pods)} of {self.settings['count']}")
+            try:
+                summary = summarise_batch(job, pods, logs, events, self.settings["count"],
+                                          self.settings["builtin"], self.follower.observed_wall,
+                                          self.follower.observations())
+            except VerificationError as error:
+                if reading.source == "watch":
+                    raise VerificationError(f"{error} (judged from the pods the watch saw, each unfinished one "
+                                            f"read again: the pods could not be listed)") from None
+                raise
         summary["client_job_complete_seconds"] = client["client_job_complete_seconds"]
         client["post_completion_seconds"] = rounded(time.monotonic() - self.follower.observed_monotonic)
         write_json(os.path.join(self.batch_dir, "client.json"), client)
         summary["_client"] = client
+        return summary
+
+    def rollout_summary(self, job_name: str, end: str | None, job: dict | None, reading: PodReading,
+                        logs: dict[str, str], events: Sequence[dict]) -> dict:
+        """Write rewards.jsonl with every episode; accept the batch if its failures are within
+        --allow-failures, and summarise its successful episodes."""
+        assert self.follower is not None
+        settings, pods, count = self.settings, reading.pods, self.settings["count"]
+        group_size = settings.get("group_size") or 1
+        rows = episode_rows(count, job or {"metadata": {}}, pods, logs, settings["builtin"],
+                            settings.get("task_ids"), group_size, events)
+        write_text(os.path.join(self.batch_dir, REWARDS_FILE), rewards_jsonl(rows))
+        failures = [row for row in rows if row["failure_class"]]
+        said = failures_said(failures)
+        if end is None or job is None:
+            raise DemoError("\n  ".join(
+                ["Job did not finish; inspect saved status/events/logs, then cleanup"]
+                + describe_failure(job, pods, job_name, settings["timeout"] + CLIENT_GRACE_SECONDS)
+                + [f"{REWARDS_FILE} lists every episode as last seen", saved_evidence(job, pods, logs, events)]))
+        if reading.source == "watch" and len(pods) < count:
+            raise DemoError(f"cannot verify the batch: the pods could not be listed and the pod watch saw "
+                            f"only {len(pods)} of {count}")
+        try:
+            summary = summarise_rollout(rows, job, pods, logs, events, settings, self.follower.observed_wall,
+                                        self.follower.observations())
+        except DemoError as error:
+            raise DemoError(f"{error}\n  {REWARDS_FILE} lists every episode with its class; "
+                            f"{saved_evidence(job, pods, logs, events)}") from None
+        if failures:
+            print("\n  ".join([f"Accepted a partial batch: {len(failures)} of {count} episodes failed "
+                               f"({said}); every episode is in {REWARDS_FILE}"] + failure_lines(failures)),
+                  file=sys.stderr)
         return summary
 
     def collect(self, job_name: str, quick: bool = False) -> tuple:
@@ -3140,6 +3626,74 @@ class RunAction:
         self.pool.shutdown(wait=False)
 
 
+def failures_said(failures: Sequence[dict]) -> str:
+    """`infrastructure 1, episode 2`: the failed episodes counted by class."""
+    counts = failure_counts(row["failure_class"] for row in failures)
+    return ", ".join(f"{kind} {number}" for kind, number in counts.items() if number)
+
+
+def failure_lines(failures: Sequence[dict], most: int = 10) -> list[str]:
+    """One line per failed episode (the first few): which, whose fault, why."""
+    return [f"episode {row['index']} (task {row['task_id']!r}, pod {row['pod']}, "
+            f"{row['attempts']} attempt(s)): {row['failure_class']}: {row['failure']}"
+            for row in failures[:most]] + ([f"... and {len(failures) - most} more"] if len(failures) > most else [])
+
+
+def summarise_rollout(rows: Sequence[dict], job: dict, pods: Sequence[dict], logs: dict[str, str],
+                      events: Sequence[dict], settings: dict, observed_at: float | None = None,
+                      observed: dict | None = None) -> dict:
+    """A rollout batch's summary: the figures of its successful episodes, with failures, attempts and
+    groups; DemoError when more episodes failed than --allow-failures accepts, or all did. Pure."""
+    failures = [row for row in rows if row["failure_class"]]
+    allowed = settings.get("allow_failures") or 0
+    if len(failures) > allowed or len(failures) == len(rows):
+        accepts = f"--allow-failures accepts {allowed}" if len(failures) > allowed else "none succeeded"
+        raise DemoError("\n  ".join([f"{len(failures)} of {len(rows)} episodes failed "
+                                     f"({failures_said(failures)}); {accepts}"] + failure_lines(failures)))
+    successes = {row["pod"] for row in rows if row["failure_class"] is None}
+    summary = summarise_batch(job, [pod for pod in pods if pod_name(pod) in successes], logs, events,
+                              len(successes), settings["builtin"], observed_at, observed)
+    summary.update(rollout_figures(rows, job, pods, settings.get("group_size") or 1, allowed,
+                                   settings.get("retries") or 0))
+    return summary
+
+
+ROLLOUT_FIELDS = ("failed_episodes", "failures_by_class", "failures", "accepted_partial", "allow_failures",
+                  "retries", "attempts", "group_size", "groups", "groups_complete", "group_all_rewards_seconds",
+                  "group_spread_seconds", "pod_to_ready_censored", "job_end")
+
+
+def rollout_figures(rows: Sequence[dict], job: dict, pods: Sequence[dict], group_size: int,
+                    allowed: int, retries: int) -> dict:
+    """What a rollout batch adds to its summary: failures by class, attempts, groups."""
+    failures = [row for row in rows if row["failure_class"]]
+    groups = group_figures(rows, group_size)
+    complete = [g for g in groups if g["complete"]]
+    figures: dict[str, Any] = {
+        "episodes": len(rows),
+        "failed_episodes": len(failures),
+        "failures_by_class": failure_counts(row["failure_class"] for row in failures),
+        "failures": [{key: row[key] for key in ("index", "task_id", "pod", "attempts", "failure_class",
+                                                "failure", "evidence")} for row in failures],
+        "accepted_partial": bool(failures),
+        "allow_failures": allowed,
+        "retries": retries,
+        "attempts": attempt_figures(rows),
+        "group_size": group_size,
+        "groups": groups,
+        "groups_complete": len(complete),
+        "group_all_rewards_seconds": describe([g["all_rewards_seconds"] for g in complete],
+                                              missing=len(groups) - len(complete)),
+        "group_spread_seconds": describe([g["spread_seconds"] for g in groups if g["spread_seconds"] is not None]),
+        "job_end": {"condition": job_finished(job), "reason": job_end_reason(job)},
+    }
+    if failures:
+        censored = censored_pod_to_ready(rows, job, pods)
+        figures.update({"pod_to_ready_p50_seconds": censored["p50"], "pod_to_ready_p95_seconds": censored["p95"],
+                        "pod_to_ready_max_seconds": censored["max"], "pod_to_ready_censored": censored})
+    return figures
+
+
 def read_capacity(kubectl: Kubectl, settings: dict) -> dict:
     """The capacity plan from the live nodes and RuntimeClass; a check that cannot read them says why."""
     retry_until = time.monotonic() + FIRST_CONTACT_RETRY_SECONDS
@@ -3229,6 +3783,11 @@ def assemble_results(settings: dict, summaries: Sequence[tuple[dict, dict]], cli
         results["rounds"] = [dict(s, job=entry["job"]) for entry, s in summaries if entry["measured"]]
     if warmups:
         results["warmup"] = warmups[0]
+    if len(measured) == 1:
+        for key in ROLLOUT_FIELDS + ("pod_to_ready_p50_seconds", "pod_to_ready_p95_seconds",
+                                     "pod_to_ready_max_seconds"):
+            if key in measured[0] and "failed_episodes" in measured[0]:
+                results[key] = measured[0][key]
     if client is not None:
         results["client"] = client
     results["_batches"] = [(entry["job"], s) for entry, s in summaries if entry["measured"]]
@@ -3284,7 +3843,13 @@ def check_episode_syntax(script: str, source: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Submit the batch(es), wait, save every record, verify, report."""
+    return perform_run(args)[0]
+
+
+def perform_run(args: argparse.Namespace) -> tuple[int, dict | None]:
+    """`run`: its exit status (0, or EXIT_PARTIAL for an accepted partial batch) and its results."""
     worker_source, builtin = load_worker(args.episode_script)
+    tasks: list[Task] = list(getattr(args, "task_list", None) or [])
     settings = {
         "version": __version__, "count": args.count, "parallelism": args.parallelism,
         "image": args.image, "runtime": args.runtime,
@@ -3293,11 +3858,16 @@ def run(args: argparse.Namespace) -> int:
         "builtin": builtin, "episode_script": args.episode_script, "chunk_size": args.chunk_size,
         "episode_script_sha256": None if builtin else hashlib.sha256(worker_source.encode("utf-8")).hexdigest(),
     }
+    if getattr(args, "rollout", False):
+        settings.update({"rollout": True, "tasks_file": getattr(args, "tasks", None),
+                         "group_size": args.group_size, "retries": args.retries,
+                         "allow_failures": args.allow_failures,
+                         "task_ids": [task.task_id for task in tasks] if tasks else None})
     if args.dry_run:
         run_id = secrets.token_hex(6)
-        objects = planned_objects(NAMESPACE_PREFIX + run_id, run_id, settings, worker_source)
+        objects = planned_objects(NAMESPACE_PREFIX + run_id, run_id, settings, worker_source, tasks)
         print(json.dumps(list_manifest(objects), indent=2))
-        return 0
+        return 0, None
     output = args.output
     if os.path.lexists(output):
         raise DemoError(f"output directory {output} already exists; records are never overwritten, "
@@ -3324,14 +3894,14 @@ def run(args: argparse.Namespace) -> int:
             pass
         print(f"Interrupted. Evidence saved in {output}; receipt.json names namespace "
               f"{action.namespace}.\nClean up with: {cleanup_hint}", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return EXIT_INTERRUPTED, None
     except DemoError as error:
         failure = error
     finally:
         action.close()
         if previous_handler is not None:
             signal.signal(signal.SIGTERM, previous_handler)
-    if failure is None:
+    if failure is None and getattr(args, "print_results", True):
         print(json.dumps(public_results(results), indent=2))
         if not args.quiet:
             print(phase_tables(results), file=sys.stderr)
@@ -3355,7 +3925,7 @@ def run(args: argparse.Namespace) -> int:
     if action.touched_cluster and not args.cleanup and not args.quiet:
         print(f"The namespace {action.namespace} stays for inspection; clean up with: {cleanup_hint}",
               file=sys.stderr)
-    return 0
+    return (EXIT_PARTIAL if results.get("accepted_partial") else 0), results
 
 
 def release_output(output: str) -> bool:
@@ -3525,11 +4095,18 @@ def load_saved_batch(directory: str, settings: dict) -> dict:
             [f"Job {job_name} never finished while the run watched it (the run was interrupted or gave up "
              f"waiting: job.json has no Complete or Failed condition); nothing to report"]
             + describe_failure(job, pods, job_name, 0)[1:]))
-    if end != "Complete":
+    if end != "Complete" and not settings.get("rollout"):
         raise DemoError("\n  ".join(["the saved Job did not complete"] + describe_failure(
             job, pods, job_name, settings.get("timeout", 0))))
     observed_path = os.path.join(directory, "observed.json")
     observed = read_json(observed_path, "observed.json") if os.path.exists(observed_path) else {}
+    if settings.get("rollout"):
+        rows = episode_rows(settings["count"], job, pods, logs, settings.get("builtin", True),
+                            settings.get("task_ids"), settings.get("group_size") or 1, events)
+        summary = summarise_rollout(rows, job, pods, logs, events, settings, client.get("observed_at"), observed)
+        summary["client_job_complete_seconds"] = client.get("client_job_complete_seconds")
+        summary["_client"] = client or None
+        return summary
     summary = summarise_batch(job, pods, logs, events, settings["count"], settings.get("builtin", True),
                               client.get("observed_at"), observed)
     summary["client_job_complete_seconds"] = client.get("client_job_complete_seconds")
@@ -3587,6 +4164,16 @@ def compare(args: argparse.Namespace) -> int:
 # Command line.
 
 
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
 def positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -3632,8 +4219,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "--output runs/first --count 10")
     run_parser.add_argument("--output", required=True, metavar="DIR",
                             help="new directory for every record of the run (must not exist)")
-    run_parser.add_argument("--count", type=int, default=DEFAULT_COUNT, metavar="N",
-                            help="episodes (Job completions)")
+    run_parser.add_argument("--count", type=int, default=None, metavar="N",
+                            help=f"episodes (Job completions) (default: {DEFAULT_COUNT}; with --tasks, "
+                                 f"the tasks times --group-size)")
     run_parser.add_argument("--parallelism", type=int, default=None, metavar="P",
                             help="episodes at once (default: the count)")
     run_parser.add_argument("--image", default=DEFAULT_IMAGE, help="container image with python")
@@ -3656,6 +4244,19 @@ def build_parser() -> argparse.ArgumentParser:
                             help="first run one unmeasured batch of the same shape (cache_state 'warmed')")
     run_parser.add_argument("--episode-script", default=None, metavar="FILE",
                             help="ship this episode program instead of the built-in one")
+    run_parser.add_argument("--tasks", default=None, metavar="FILE",
+                            help=f"JSONL file, one task (JSON object) per line; each episode finds its own in "
+                                 f"the file named by ${TASK_FILE_ENV}; the task id is its `id` field, else its "
+                                 f"line number. rewards.jsonl lists every episode's outcome")
+    run_parser.add_argument("--group-size", type=positive_int, default=1, metavar="G",
+                            help="episodes per task (GRPO-style groups); needs --tasks")
+    run_parser.add_argument("--retries", type=non_negative_int, default=None, metavar="N",
+                            help="retry each episode up to N times after an infrastructure failure (eviction, "
+                                 "node loss, a killed container); an episode's own failure is never retried. "
+                                 "Needs Kubernetes >= 1.33")
+    run_parser.add_argument("--allow-failures", type=non_negative_int, default=None, metavar="K",
+                            help=f"accept up to K failed episodes: results.json and rewards.jsonl list them "
+                                 f"with their class, and the run exits {EXIT_PARTIAL}. Needs Kubernetes >= 1.33")
     run_parser.add_argument("--dry-run", action="store_true",
                             help="print the objects that would be created as a v1 List; touch nothing")
     run_parser.add_argument("--harden", action="store_true",
@@ -3693,6 +4294,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check_run_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """1 <= parallelism <= count <= cap, else a usage error (exit 2) from `run`'s parser."""
+    check_rollout_arguments(parser, args)
+    if args.count is None:
+        args.count = DEFAULT_COUNT
     if args.parallelism is None:
         args.parallelism = args.count
     if args.count < 1:
@@ -3702,6 +4306,33 @@ def check_run_arguments(parser: argparse.ArgumentParser, args: argparse.Namespac
                      f"(raise it with --max-episodes {args.count})")
     if not 1 <= args.parallelism <= args.count:
         parser.error(f"--parallelism must be between 1 and the count ({args.count}), got {args.parallelism}")
+
+
+def check_rollout_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--tasks sets the count (tasks x --group-size); the rollout options stand alone, one batch."""
+    if args.tasks is not None and getattr(args, "task_list", None) is None:
+        try:
+            with open(args.tasks, encoding="utf-8") as handle:
+                args.task_list = parse_tasks(handle)
+        except OSError as error:
+            parser.error(f"--tasks {args.tasks}: {error.strerror or error}")
+        except (ValueError, UnicodeDecodeError) as error:
+            parser.error(f"--tasks {args.tasks}: {error}")
+    tasks = getattr(args, "task_list", None)
+    if tasks:
+        count = len(tasks) * args.group_size
+        if args.count is not None and args.count != count:
+            parser.error(f"--count {args.count} disagrees with --tasks: {len(tasks)} tasks x --group-size "
+                         f"{args.group_size} = {count} episodes (leave --count out)")
+        args.count = count
+    elif args.group_size != 1:
+        parser.error("--group-size needs --tasks (G episodes per task)")
+    args.rollout = bool(tasks) or args.retries is not None or args.allow_failures is not None
+    if args.rollout and (args.rounds != 1 or args.warmup):
+        parser.error("--tasks, --retries and --allow-failures run one batch: leave out --rounds and --warmup")
+    if args.allow_failures is not None and args.allow_failures > (args.count or DEFAULT_COUNT):
+        parser.error(f"--allow-failures {args.allow_failures} is more than the {args.count or DEFAULT_COUNT} "
+                     f"episodes")
 
 
 def check_run_directory(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -3716,6 +4347,45 @@ def check_run_directory(parser: argparse.ArgumentParser, args: argparse.Namespac
 DISPATCH: dict[str, Callable[[argparse.Namespace], int]] = {
     "run": run, "cleanup": cleanup, "report": report, "compare": compare,
 }
+
+
+def run_batch(tasks: Sequence[dict] | None = None, *, output: str, group_size: int = 1,
+              retries: int | None = None, allow_failures: int | None = None,
+              options: Sequence[str] = ()) -> dict:
+    """Run one batch in-process and return its results, with `rewards` (one row per episode).
+
+    `tasks` are JSON objects (their `id` field, else their position from 1, is the
+    task id); without them, `options` must say `--count N`. `options` are further
+    `run` options, e.g. ["--context", "kind-kind", "--episode-script", "ep.py"].
+    An accepted partial batch returns with results["accepted_partial"] True; any
+    failure raises DemoError, the evidence kept in `output`; an interrupted run
+    (Ctrl-C, SIGTERM) saves what it can and raises KeyboardInterrupt.
+    """
+    argv = ["run", "--output", output, "--quiet", "--group-size", str(group_size), *options]
+    if retries is not None:
+        argv += ["--retries", str(retries)]
+    if allow_failures is not None:
+        argv += ["--allow-failures", str(allow_failures)]
+    try:
+        args = build_parser().parse_args(argv)
+        if tasks is not None:
+            args.task_list = parse_tasks(json.dumps(task) for task in tasks)
+            args.tasks = "(run_batch)"
+        check_run_arguments(args.action_parser, args)
+        args.rollout = True  # a trainer calling in always gets its rewards, one row per episode
+    except SystemExit as exit_:
+        raise DemoError(f"run_batch: invalid arguments (exit status {exit_.code}; see stderr)") from None
+    except ValueError as error:
+        raise DemoError(f"run_batch: tasks: {error}") from None
+    args.print_results = False
+    status, results = perform_run(args)
+    if status not in (0, EXIT_PARTIAL) or results is None:
+        # The run saved what it could and said how to clean up; the caller decides what an interrupt means.
+        raise KeyboardInterrupt
+    saved = saved_results(results)
+    rewards_path = os.path.join(output, REWARDS_FILE)
+    saved["rewards"] = [json.loads(line) for line in read_text(rewards_path).splitlines() if line.strip()]
+    return saved
 
 
 def main(argv: Sequence[str] | None = None) -> int:

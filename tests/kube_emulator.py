@@ -2558,6 +2558,9 @@ class JobController(Controller):
         self.counted: Dict[str, Set[str]] = {}
         self.last_failure: Dict[str, float] = {}
         self.create_backoff: Dict[str, Tuple[float, int]] = {}
+        # (job uid, index) -> (counted failures, ignored failures, last counted failure time): what the
+        # real controller reads from the replaced pod's annotations when it creates the next one.
+        self.index_failures: Dict[Tuple[str, int], Tuple[int, int, float]] = {}
 
     def on_event(self, etype: str, store: str, obj: dict) -> None:
         md = obj["metadata"]
@@ -2602,6 +2605,10 @@ class JobController(Controller):
         counted = self.counted.setdefault(uid, set())
         indexed = spec.get("completionMode") == "Indexed"
         done_idx: Set[int] = set(parse_index_list(status.get("completedIndexes", "")))
+        per_index = indexed and spec.get("backoffLimitPerIndex") is not None
+        failed_idx: Set[int] = set(parse_index_list(status.get("failedIndexes") or ""))
+        policy = spec.get("podFailurePolicy")
+        fail_job_message: Optional[str] = None
 
         # 1. account finished pods and drop their tracking finalizers
         new_succ = new_fail = 0
@@ -2609,8 +2616,8 @@ class JobController(Controller):
             pmd = p["metadata"]
             phase = (p.get("status") or {}).get("phase")
             finished = phase in ("Succeeded", "Failed") or bool(pmd.get("deletionTimestamp"))
-            if not finished:
-                continue
+            if not finished or (policy is not None and phase not in ("Succeeded", "Failed")):
+                continue  # with a podFailurePolicy only a terminal pod counts (isPodFailed)
             if pmd["uid"] not in counted and JOB_TRACKING_FINALIZER in (pmd.get("finalizers") or []):
                 counted.add(pmd["uid"])
                 if phase == "Succeeded":
@@ -2618,8 +2625,23 @@ class JobController(Controller):
                     if indexed:
                         done_idx.add(int((pmd.get("annotations") or {}).get(
                             "batch.kubernetes.io/job-completion-index", "0")))
-                elif pmd["uid"] in emu.replaced_uids:
+                elif policy is None and not per_index and pmd["uid"] in emu.replaced_uids:
                     pass  # replace_pod fault: treated like podFailurePolicy Ignore on DisruptionTarget
+                elif policy is not None or per_index:
+                    message, count_failed, action = match_pod_failure_policy(policy, p)
+                    if action == "FailJob" and fail_job_message is None:
+                        fail_job_message = message
+                    if count_failed:
+                        new_fail += 1
+                        self.last_failure[uid] = time.time()
+                    if per_index:
+                        ix = int((pmd.get("annotations") or {}).get(
+                            "batch.kubernetes.io/job-completion-index", "0"))
+                        fails, ignored = index_failure_counts(p)
+                        if action == "FailIndex" or (count_failed and fails >= spec["backoffLimitPerIndex"]):
+                            failed_idx.add(ix)
+                        self.index_failures[(uid, ix)] = (fails + 1, ignored, time.time()) if count_failed \
+                            else (fails, ignored + 1, self.index_failures.get((uid, ix), (0, 0, 0.0))[2])
                 else:
                     new_fail += 1
                     self.last_failure[uid] = time.time()
@@ -2653,10 +2675,18 @@ class JobController(Controller):
                 ads = spec.get("activeDeadlineSeconds")
                 start = parse_time(status.get("startTime"))
                 fail_reason = fail_msg = None
-                if ads is not None and start is not None and now - start >= ads:
+                if fail_job_message is not None:
+                    fail_reason, fail_msg = "PodFailurePolicy", fail_job_message
+                elif ads is not None and start is not None and now - start >= ads:
                     fail_reason, fail_msg = "DeadlineExceeded", "Job was active longer than specified deadline"
                 elif failed > spec.get("backoffLimit", 6):
                     fail_reason, fail_msg = "BackoffLimitExceeded", "Job has reached the specified backoff limit"
+                elif per_index and spec.get("maxFailedIndexes") is not None \
+                        and len(failed_idx) > spec["maxFailedIndexes"]:
+                    fail_reason, fail_msg = ("MaxFailedIndexesExceeded",
+                                             "Job has exceeded the specified maximal number of failed indexes")
+                elif per_index and failed_idx and len(failed_idx) + len(done_idx) >= (completions or 0):
+                    fail_reason, fail_msg = "FailedIndexes", "Job has failed indexes"
                 success = False
                 if completions is not None:
                     success = succeeded >= completions
@@ -2686,8 +2716,14 @@ class JobController(Controller):
                     if spec.get("podReplacementPolicy") == "Failed":
                         want -= len(terminating)
                     need = want - len(active)
+                    if per_index:
+                        want = min(parallelism, (completions or 0) - succeeded - len(failed_idx))
+                        if spec.get("podReplacementPolicy") == "Failed":
+                            want -= len(terminating)
+                        need = want - len(active)
                     if need > 0:
-                        self._create_pods(job, need, active, done_idx, failed)
+                        self._create_pods(job, need, active, done_idx, failed,
+                                          failed_idx if per_index else None)
         # 2. write status
         status["active"] = len(active)
         status["ready"] = ready
@@ -2698,6 +2734,8 @@ class JobController(Controller):
         status["uncountedTerminatedPods"] = {}
         if indexed:
             status["completedIndexes"] = format_index_list(sorted(done_idx))
+        if per_index:
+            status["failedIndexes"] = format_index_list(sorted(failed_idx))
         for k in ("active", "succeeded", "failed"):
             if not status.get(k):
                 status.pop(k, None)
@@ -2749,13 +2787,15 @@ class JobController(Controller):
                 pass
         return []
 
-    def _create_pods(self, job: dict, need: int, active: List[dict], done_idx: Set[int], failed: int) -> None:
+    def _create_pods(self, job: dict, need: int, active: List[dict], done_idx: Set[int], failed: int,
+                     failed_idx: Optional[Set[int]] = None) -> None:
         emu = self.emu
         uid = job["metadata"]["uid"]
         key = (job["metadata"]["namespace"], job["metadata"]["name"])
         now = time.time()
-        # pod failure back-off (10s, 20s, ... capped at 6 min) before replacements
-        if failed and uid in self.last_failure:
+        # pod failure back-off (10s, 20s, ... capped at 6 min) before replacements; with
+        # backoffLimitPerIndex each index backs off on its own counted failures
+        if failed and uid in self.last_failure and failed_idx is None:
             delay = min(emu.t("job_backoff_base") * (2 ** (failed - 1)), 360.0)
             wait = self.last_failure[uid] + delay - now
             if wait > 0:
@@ -2770,10 +2810,25 @@ class JobController(Controller):
         if spec.get("completionMode") == "Indexed":
             busy = {int((p["metadata"].get("annotations") or {}).get("batch.kubernetes.io/job-completion-index", -1))
                     for p in active}
-            free = [i for i in range(spec.get("completions") or 0) if i not in done_idx and i not in busy]
+            free = [i for i in range(spec.get("completions") or 0)
+                    if i not in done_idx and i not in busy and i not in (failed_idx or ())]
+            if failed_idx is not None:
+                waits = {i: self.index_failures[(uid, i)][2] + min(emu.t("job_backoff_base") * 2 ** (
+                    self.index_failures[(uid, i)][0] - 1), 360.0) - now
+                    for i in free if self.index_failures.get((uid, i), (0, 0, 0.0))[0] > 0}
+                later = [w for w in waits.values() if w > 0]
+                if later:
+                    self.queue.add(key, min(later))
+                free = [i for i in free if waits.get(i, 0) <= 0]
             indexes = list(free[:need])
         for idx in indexes:
             pod = self._pod_from_template(job, idx)
+            if failed_idx is not None and idx is not None:
+                fails, ignored, _ = self.index_failures.get((uid, idx), (0, 0, 0.0))
+                annotations = pod["metadata"].setdefault("annotations", {})
+                annotations["batch.kubernetes.io/job-index-failure-count"] = str(fails)
+                if ignored:
+                    annotations["batch.kubernetes.io/job-index-ignored-failure-count"] = str(ignored)
             try:
                 created, _ = emu.api_create(CANONICAL["pods"], job["metadata"]["namespace"], pod,
                                             {"fieldValidation": "Ignore"})
@@ -2812,6 +2867,51 @@ class JobController(Controller):
                     "apiVersion": "v1",
                     "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}})
         return {"apiVersion": "v1", "kind": "Pod", "metadata": md, "spec": spec}
+
+
+def match_pod_failure_policy(policy: Optional[dict], pod: dict) -> Tuple[Optional[str], bool, Optional[str]]:
+    """(FailJob message, count the failure?, action) of a failed pod, as matchPodFailurePolicy: the
+    first rule that matches wins; exit code 0 never matches; no match counts the failure."""
+    status = pod.get("status") or {}
+    for number, rule in enumerate((policy or {}).get("rules") or []):
+        action = rule.get("action")
+        on_codes = rule.get("onExitCodes")
+        matched = None
+        if on_codes is not None:
+            for cs in (status.get("containerStatuses") or []) + (status.get("initContainerStatuses") or []):
+                term = (cs.get("state") or {}).get("terminated")
+                if term is None or (on_codes.get("containerName") not in (None, cs.get("name"))):
+                    continue
+                code = term.get("exitCode", 0)
+                listed = code in (on_codes.get("values") or [])
+                if code != 0 and listed == (on_codes.get("operator") == "In"):
+                    matched = "Container %s for pod %s/%s failed with exit code %s matching %s rule at index %d" % (
+                        cs.get("name"), pod["metadata"].get("namespace"), pod["metadata"]["name"], code, action,
+                        number)
+                    break
+        else:
+            for cond in status.get("conditions") or []:
+                if any(cond.get("type") == pattern.get("type") and cond.get("status") == pattern.get("status", "True")
+                       for pattern in rule.get("onPodConditions") or []):
+                    matched = "Pod %s/%s has condition %s matching %s rule at index %d" % (
+                        pod["metadata"].get("namespace"), pod["metadata"]["name"], cond.get("type"), action, number)
+                    break
+        if matched is not None:
+            return (matched if action == "FailJob" else None), action != "Ignore", action
+    return None, True, None
+
+
+def index_failure_counts(pod: dict) -> Tuple[int, int]:
+    """The pod's job-index-failure-count and job-index-ignored-failure-count annotations (0 when absent)."""
+    annotations = pod["metadata"].get("annotations") or {}
+
+    def number(key: str) -> int:
+        try:
+            return max(0, int(annotations.get(key, "0")))
+        except ValueError:
+            return 0
+    return (number("batch.kubernetes.io/job-index-failure-count"),
+            number("batch.kubernetes.io/job-index-ignored-failure-count"))
 
 
 def _drop_finalizer(fin: str) -> Callable[[dict], Optional[bool]]:
@@ -3735,6 +3835,10 @@ class PodWorker(threading.Thread):
             self.deleting.wait(0.5 if emu.lightweight() else 0.05)
         for r in self.runners:
             r.join(10)
+        if self.deleting.is_set() and not pod_terminal(self.store_pod() or {}):
+            # A container that gave up waiting (an image that never pulled) as the pod was deleted
+            # ended before the loop saw the deletion: the pod still ends Failed, as a kubelet's does.
+            self._terminate_all()
 
     def _terminate_all(self) -> None:
         """Graceful stop: SIGTERM, wait min(grace, grace_cap), SIGKILL."""
@@ -3834,9 +3938,25 @@ class PodWorker(threading.Thread):
                     if src.get("serviceAccountToken"):
                         (d / src["serviceAccountToken"].get("path", "token")).write_text(
                             "emulator-token-%s" % self.uid)
-                    if src.get("configMap"):
+                    if src.get("configMap") and src["configMap"].get("name") == "kube-root-ca.crt":
                         for it in src["configMap"].get("items") or []:
                             (d / it["path"]).write_text(EMULATOR_CA)
+                    elif src.get("configMap"):
+                        ref = src["configMap"]
+                        cm = emu.store.get("configmaps", self.ns, ref.get("name", ""))
+                        if cm is None and not ref.get("optional"):
+                            raise MountError('MountVolume.SetUp failed for volume "%s" : configmap "%s" not found'
+                                             % (name, ref.get("name")))
+                        data = dict((cm or {}).get("data") or {})
+                        pairs = [(it["key"], it["path"]) for it in ref["items"]] if ref.get("items") else \
+                            [(k, k) for k in data]
+                        for key, path in pairs:
+                            if key not in data and cm is not None:
+                                raise MountError('MountVolume.SetUp failed for volume "%s" : configmap references '
+                                                 'non-existent config key: %s' % (name, key))
+                            target = d / path
+                            target.parent.mkdir(parents=True, exist_ok=True)
+                            target.write_text(data.get(key, ""))
                     if src.get("downwardAPI"):
                         for it in src["downwardAPI"].get("items") or []:
                             val = resolve_field_ref(pod, (it.get("fieldRef") or {}).get("fieldPath", "")) or ""
@@ -4586,6 +4706,38 @@ class Emulator:
             if spec.get("completionMode") == "Indexed" and spec.get("completions") is None:
                 errs.append(("spec.completions", "FieldValueRequired",
                              "Required value: when completion mode is Indexed"))
+            per_index = spec.get("backoffLimitPerIndex")
+            if per_index is not None and spec.get("completionMode") != "Indexed":
+                errs.append(("spec.backoffLimitPerIndex", "FieldValueForbidden",
+                             "Forbidden: requires indexed completion mode"))
+            if spec.get("maxFailedIndexes") is not None and per_index is None:
+                errs.append(("spec.backoffLimitPerIndex", "FieldValueRequired",
+                             "Required value: when maxFailedIndexes is specified"))
+            if spec.get("maxFailedIndexes") is not None and spec.get("completions") is not None \
+                    and spec["maxFailedIndexes"] > spec["completions"]:
+                errs.append(("spec.maxFailedIndexes", "FieldValueInvalid",
+                             "Invalid value: %s: must be less than or equal to completions"
+                             % spec["maxFailedIndexes"]))
+            policy = spec.get("podFailurePolicy")
+            if policy is not None:
+                if rp != "Never":
+                    errs.append(("spec.template.spec.restartPolicy", "FieldValueInvalid",
+                                 'Invalid value: "%s": only "Never" is supported when podFailurePolicy '
+                                 'is specified' % rp))
+                for number, rule in enumerate(policy.get("rules") or []):
+                    action = rule.get("action")
+                    if action not in ("Count", "FailIndex", "FailJob", "Ignore"):
+                        errs.append(("spec.podFailurePolicy.rules[%d].action" % number, "FieldValueNotSupported",
+                                     'Unsupported value: "%s": supported values: "Count", "FailIndex", '
+                                     '"FailJob", "Ignore"' % action))
+                    elif action == "FailIndex" and per_index is None:
+                        errs.append(("spec.podFailurePolicy.rules[%d].action" % number, "FieldValueInvalid",
+                                     'Invalid value: "FailIndex": requires the backoffLimitPerIndex to be set'))
+                    codes = rule.get("onExitCodes")
+                    if codes is not None and codes.get("operator") == "In" and 0 in (codes.get("values") or []):
+                        errs.append(("spec.podFailurePolicy.rules[%d].onExitCodes.values[%d]" % (
+                            number, codes["values"].index(0)), "FieldValueInvalid",
+                            "Invalid value: 0: must not be 0 for the In operator"))
         elif info.store == "configmaps":
             for k in list((body.get("data") or {})) + list((body.get("binaryData") or {})):
                 if not _CM_KEY.match(k):

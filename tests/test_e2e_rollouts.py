@@ -1,0 +1,259 @@
+"""End to end, rollouts: tasks in, rewards out, failures classified, infrastructure failures
+retried through the Job's per-index API, partial batches accepted with exit status 3.
+Real kubectl against the emulator, whose Job controller follows backoffLimitPerIndex,
+maxFailedIndexes and podFailurePolicy as the real one does."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import rl_batch_demo
+from e2e_support import DEFAULT_TIMING, load, run_namespaces, tool
+from kube_emulator import Emulator
+
+pytestmark = pytest.mark.e2e
+
+# Reads its task from $TASK_FILE; the task's "fail" makes the episode fail on its own.
+TASK_EPISODE = '''
+import json, os, sys, time
+EPISODE_ID = os.environ["EPISODE_ID"]
+def emit(event, **fields):
+    print(json.dumps(dict({"event": event, "at": time.time(), "episode_id": EPISODE_ID}, **fields)), flush=True)
+with open(os.environ["TASK_FILE"]) as handle:
+    task = json.load(handle)
+emit("ready")
+if task.get("fail"):
+    sys.exit("the agent gave up")
+emit("reward", reward=task["x"] * 0.5, task_seen=task.get("id"), index="kept apart")
+'''
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, require_e2e: Any):
+    """(kubectl 1.35, make(server_version=..., **faults)): emulators whose Job back-off is short."""
+    kubectl = require_e2e("1.35")
+    started = []
+
+    def make(server_version: str = "1.33", **faults: Any) -> Emulator:
+        emulator = Emulator(tmp_path / f"emulator-{len(started)}", faults={**DEFAULT_TIMING, **faults},
+                            server_version=server_version, timing={"job_backoff_base": 0.5})
+        emulator.start()
+        started.append(emulator)
+        return emulator
+
+    yield kubectl, make
+    for emulator in started:
+        emulator.stop()
+
+
+def rewards_of(output: Path) -> list[dict]:
+    return [json.loads(line) for line in (output / "rewards.jsonl").read_text().splitlines()]
+
+
+def write_script(tmp_path: Path) -> Path:
+    script = tmp_path / "episode.py"
+    script.write_text(TASK_EPISODE)
+    return script
+
+
+def test_tasks_in_rewards_out_in_groups(cluster: Any, tmp_path: Path) -> None:
+    kubectl, make = cluster
+    emulator = make()
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"id": "alpha", "x": 1}\n\n{"x": 2}\n{"x": 4, "note": "third"}\n')
+    output = tmp_path / "out"
+    result = tool(emulator, kubectl, "run", "--output", str(output), "--quiet", "--tasks", str(tasks),
+                  "--group-size", "2", "--episode-script", str(write_script(tmp_path)))
+    assert result.returncode == 0, result.stderr
+    rows = rewards_of(output)
+    assert [row["index"] for row in rows] == [0, 1, 2, 3, 4, 5]
+    # The id field, else the line number (blank lines count).
+    assert [row["task_id"] for row in rows] == ["alpha", "alpha", 3, 3, 4, 4]
+    assert [row["group"] for row in rows] == [0, 0, 1, 1, 2, 2]
+    assert [row["reward"] for row in rows] == [0.5, 0.5, 1.0, 1.0, 2.0, 2.0]
+    assert [row["task_seen"] for row in rows] == ["alpha", "alpha", None, None, None, None]
+    assert all(row["failure_class"] is None and row["attempts"] == 1 for row in rows)
+    assert all(row["episode_index"] == "kept apart" for row in rows)  # never overwrites the tool's own field
+    assert all(row["batch_to_reward_seconds"] >= row["batch_to_ready_seconds"] > 0 for row in rows)
+    pods = {p["metadata"]["name"]: p for p in load(output / "pods.json")["items"]}
+    for row in rows:
+        assert pods[row["pod"]]["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"] \
+            == str(row["index"])
+    results = load(output / "results.json")
+    assert results["episodes"] == 6 and results["failed_episodes"] == 0
+    assert results["groups_complete"] == 3
+    assert [g["task_id"] for g in results["groups"]] == ["alpha", 3, 4]
+    for group in results["groups"]:
+        members = [r["batch_to_reward_seconds"] for r in rows if r["group"] == group["group"]]
+        assert group["all_rewards_seconds"] == max(members)
+        assert group["spread_seconds"] == pytest.approx(max(members) - min(members), abs=0.002)
+    # Tasks alone keep the guide's Job: one bad episode fails the batch.
+    job = load(output / "job-submitted.json")["spec"]
+    assert job["backoffLimit"] == 0 and "backoffLimitPerIndex" not in job
+    namespace = load(output / "receipt.json")["namespace"]
+    shipped = emulator.get("configmaps", namespace, "tasks-0")["data"]
+    assert shipped["task-0.json"] == '{"id": "alpha", "x": 1}'
+
+
+def test_evicted_episode_is_retried_and_the_batch_passes(cluster: Any, tmp_path: Path) -> None:
+    kubectl, make = cluster
+    emulator = make(replace_pod=[0])  # the first pod created is evicted while it runs
+    output = tmp_path / "out"
+    result = tool(emulator, kubectl, "run", "--output", str(output), "--quiet", "--count", "3",
+                  "--retries", "1")
+    assert result.returncode == 0, result.stderr
+    rows = rewards_of(output)
+    assert all(row["failure_class"] is None and row["reward"] == 1 for row in rows)
+    retried = [row for row in rows if row["attempts"] > 1]
+    assert len(retried) == 1 and retried[0]["attempts"] == 2
+    earlier = retried[0]["earlier_attempts"]
+    assert len(earlier) == 1 and earlier[0]["failure_class"] == "infrastructure"
+    assert "disrupted" in earlier[0]["failure"] and "TerminationByKubelet" in earlier[0]["failure"]
+    pods = {p["metadata"]["name"]: p for p in load(output / "pods.json")["items"]}
+    assert len(pods) == 4
+    assert pods[retried[0]["pod"]]["metadata"]["annotations"]["batch.kubernetes.io/job-index-failure-count"] == "1"
+    results = load(output / "results.json")
+    assert results["attempts"] == {
+        "attempts_total": 4, "episodes_retried": 1,
+        "first_attempt": {"succeeded": 2, "failed": {"infrastructure": 1, "episode": 0, "verifier": 0}},
+        "final": {"succeeded": 3, "failed": {"infrastructure": 0, "episode": 0, "verifier": 0}}}
+    assert results["job_end"] == {"condition": "Complete", "reason": None}
+    job = load(output / "job.json")
+    assert job["status"]["failed"] == 1 and job["status"]["failedIndexes"] == ""
+
+
+def test_episode_failure_is_not_retried_and_a_partial_batch_exits_3(cluster: Any, tmp_path: Path) -> None:
+    kubectl, make = cluster
+    emulator = make()
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"id": "ok", "x": 2}\n{"id": "bad", "x": 2, "fail": true}\n{"id": "ok2", "x": 2}\n')
+    output = tmp_path / "out"
+    result = tool(emulator, kubectl, "run", "--output", str(output), "--quiet", "--tasks", str(tasks),
+                  "--episode-script", str(write_script(tmp_path)), "--retries", "2", "--allow-failures", "1")
+    assert result.returncode == rl_batch_demo.EXIT_PARTIAL == 3, result.stderr
+    assert "Accepted a partial batch: 1 of 3 episodes failed (episode 1)" in result.stderr
+    rows = rewards_of(output)
+    assert [row["failure_class"] for row in rows] == [None, "episode", None]
+    bad = rows[1]
+    assert bad["task_id"] == "bad" and bad["attempts"] == 1 and bad["failure"] == "exited 1"
+    assert bad["evidence"] == f"{bad['pod']}.log" and (output / bad["evidence"]).is_file()
+    assert bad["reward"] is None and bad["pod_to_ready_seconds"] is not None
+    assert len(load(output / "pods.json")["items"]) == 3  # FailIndex: never retried
+    results = load(output / "results.json")
+    assert results["accepted_partial"] is True
+    assert results["failures_by_class"] == {"infrastructure": 0, "episode": 1, "verifier": 0}
+    assert results["job_end"] == {"condition": "Failed", "reason": "FailedIndexes"}
+    assert results["successful_episodes"] == 2 and results["episodes"] == 3
+    assert results["groups_complete"] == 2 and results["groups"][1]["complete"] is False
+    assert results["pod_to_ready_censored"]["censored"] == 0
+    assert load(output / "job.json")["status"]["failedIndexes"] == "1"
+    # `report` recomputes the same outcome from the saved files alone.
+    report = tool(emulator, kubectl, "report", str(output), "--quiet")
+    assert report.returncode == 0, report.stderr
+    printed = json.loads(report.stdout)
+    assert (printed["failed_episodes"], printed["failures"]) == (1, results["failures"])
+
+
+def test_failures_beyond_the_allowance_fail_the_run_with_every_episode_listed(cluster: Any,
+                                                                            tmp_path: Path) -> None:
+    kubectl, make = cluster
+    emulator = make(fail_pods=[1])
+    output = tmp_path / "out"
+    result = tool(emulator, kubectl, "run", "--output", str(output), "--quiet", "--count", "3",
+                  "--retries", "1")
+    assert result.returncode == 1, result.stderr
+    # maxFailedIndexes 0: the first failed episode ends the Job, which stops any still running.
+    assert re.search(r"[13] of 3 episodes failed \((infrastructure 2, )?episode 1\); --allow-failures accepts 0",
+                     result.stderr), result.stderr
+    assert "Traceback" not in result.stderr
+    rows = rewards_of(output)
+    assert len(rows) == 3 and [r["failure_class"] for r in rows].count("episode") == 1
+    assert all("MaxFailedIndexesExceeded" in r["failure"] for r in rows if r["failure_class"] == "infrastructure")
+    assert load(output / "job.json")["status"]["conditions"][-1]["reason"] == "MaxFailedIndexesExceeded"
+    assert not (output / "results.json").exists()
+
+
+def test_image_pull_failure_is_infrastructure(cluster: Any, tmp_path: Path) -> None:
+    kubectl, make = cluster
+    emulator = make(image_pull_backoff=[0])
+    output = tmp_path / "out"
+    result = tool(emulator, kubectl, "run", "--output", str(output), "--quiet", "--count", "2",
+                  "--timeout", "4", "--allow-failures", "1")
+    assert result.returncode == 3, result.stderr
+    rows = rewards_of(output)
+    failed = [row for row in rows if row["failure_class"]]
+    assert len(failed) == 1 and failed[0]["failure_class"] == "infrastructure"
+    assert "DeadlineExceeded" in failed[0]["failure"]
+    assert "ErrImagePull" in failed[0]["failure"] or "BackOff" in failed[0]["failure"]
+    results = load(output / "results.json")
+    censored = results["pod_to_ready_censored"]
+    assert censored["censored"] == 1 and censored["samples"] == 2
+    assert results["pod_to_ready_max_seconds"] == censored["max"] >= 3
+
+
+def test_retries_refused_on_a_cluster_older_than_1_33(cluster: Any, tmp_path: Path) -> None:
+    kubectl, make = cluster
+    emulator = make(server_version="1.32")
+    output = tmp_path / "out"
+    result = tool(emulator, kubectl, "run", "--output", str(output), "--quiet", "--retries", "1")
+    assert result.returncode == 1
+    assert "--retries and --allow-failures need Kubernetes >= 1.33" in result.stderr
+    assert "serves 1.32; nothing was created" in result.stderr
+    assert run_namespaces(emulator) == []
+
+
+def test_run_batch_in_process_returns_every_reward(cluster: Any, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    kubectl, make = cluster
+    emulator = make()
+    for name, value in emulator.env().items():
+        monkeypatch.setenv(name, value)
+    results = rl_batch_demo.run_batch(
+        [{"id": "t1", "x": 2}, {"id": "t2", "x": 2, "fail": True}], output=str(tmp_path / "out"),
+        group_size=2, retries=0, allow_failures=2,
+        options=["--kubectl", kubectl, "--episode-script", str(write_script(tmp_path))])
+    assert results["accepted_partial"] is True
+    assert [(r["task_id"], r["failure_class"], r["reward"]) for r in results["rewards"]] == [
+        ("t1", None, 1.0), ("t1", None, 1.0), ("t2", "episode", None), ("t2", "episode", None)]
+    with pytest.raises(rl_batch_demo.DemoError, match="2 of 2 episodes failed"):
+        rl_batch_demo.run_batch([{"x": 1, "fail": True}], output=str(tmp_path / "out2"), group_size=2,
+                                allow_failures=1, options=["--kubectl", kubectl, "--episode-script",
+                                                           str(write_script(tmp_path))])
+    assert os.path.exists(tmp_path / "out2" / "rewards.jsonl")
+
+
+def test_readme_task_episode_runs_as_documented(cluster: Any, tmp_path: Path) -> None:
+    kubectl, make = cluster
+    emulator = make()
+    blocks = re.findall(r"```python\n(.*?)```", (Path(__file__).parent.parent / "README.md").read_text(), flags=re.S)
+    script = tmp_path / "task_episode.py"
+    script.write_text(next(block for block in blocks if block.startswith("# task_episode.py")))
+    tasks = tmp_path / "step.jsonl"
+    tasks.write_text('{"id": "issue-101", "prompt": "fix it", "answer": 42}\n'
+                     '{"id": "issue-102", "prompt": "and this", "answer": 7}\n')
+    output = tmp_path / "out"
+    result = tool(emulator, kubectl, "run", "--output", str(output), "--quiet", "--tasks", str(tasks),
+                  "--group-size", "2", "--episode-script", str(script), "--retries", "1", "--allow-failures", "1")
+    assert result.returncode == 0, result.stderr
+    assert [(r["task_id"], r["reward"], r["prompt_chars"]) for r in rewards_of(output)] == [
+        ("issue-101", 1.0, 6), ("issue-101", 1.0, 6), ("issue-102", 0.0, 8), ("issue-102", 0.0, 8)]
+
+
+def test_a_failed_builtin_check_is_a_verifier_failure(cluster: Any, tmp_path: Path) -> None:
+    kubectl, make = cluster
+    emulator = make(api_clock_skew=30)  # the API's clock runs ahead: every episode's times out of order
+    output = tmp_path / "out"
+    result = tool(emulator, kubectl, "run", "--output", str(output), "--quiet", "--count", "2",
+                  "--allow-failures", "1")
+    assert result.returncode == 1, result.stderr
+    assert "2 of 2 episodes failed (verifier 2); --allow-failures accepts 1" in result.stderr
+    rows = rewards_of(output)
+    assert [row["failure_class"] for row in rows] == ["verifier", "verifier"]
+    assert all("unsynchronised clocks or broken events" in row["failure"] and row["reward"] == 1 for row in rows)
+    assert all(row["attempts"] == 1 for row in rows)  # the pods succeeded: nothing for the Job to retry

@@ -1,0 +1,77 @@
+"""Rollouts on a real control plane: the real kube-apiserver validates the per-index Job and
+its podFailurePolicy, and the real Job controller retries an evicted episode, fails an
+episode's own failure at once and ends a partial batch with FailedIndexes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from e2e_support import load, start_tool, tool, wait_for
+from test_e2e_rollouts import TASK_EPISODE, rewards_of
+
+pytestmark = [pytest.mark.e2e, pytest.mark.real_cluster]
+
+# Reads its task; a task asking for a pause holds the episode long enough to be evicted.
+PAUSING_EPISODE = TASK_EPISODE.replace('emit("ready")\n', 'emit("ready")\ntime.sleep(task.get("pause", 0))\n')
+
+
+def script(tmp_path: Path, source: str) -> Path:
+    path = tmp_path / "episode.py"
+    path.write_text(source)
+    return path
+
+
+def test_tasks_an_episode_failure_and_a_partial_batch(real_cluster, tmp_path):
+    kubectl, cluster = real_cluster
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"id": "ok", "x": 2}\n{"id": "bad", "x": 2, "fail": true}\n')
+    output = tmp_path / "out"
+    result = tool(cluster, kubectl, "run", "--output", str(output), "--quiet", "--tasks", str(tasks),
+                  "--group-size", "2", "--episode-script", str(script(tmp_path, TASK_EPISODE)),
+                  "--retries", "2", "--allow-failures", "2")
+    assert result.returncode == 3, result.stderr
+    rows = rewards_of(output)
+    assert [(r["task_id"], r["failure_class"], r["attempts"], r["reward"]) for r in rows] == [
+        ("ok", None, 1, 1.0), ("ok", None, 1, 1.0), ("bad", "episode", 1, None), ("bad", "episode", 1, None)]
+    job = load(output / "job.json")
+    assert job["status"]["failedIndexes"] == "2,3"
+    assert [c["reason"] for c in job["status"]["conditions"] if c["type"] == "Failed"] == ["FailedIndexes"]
+    assert len(load(output / "pods.json")["items"]) == 4  # FailIndex: the failed ones never retried
+    assert load(output / "results.json")["failures_by_class"] == {"infrastructure": 0, "episode": 2, "verifier": 0}
+    assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
+
+
+def test_an_evicted_episode_is_retried_by_the_job_controller(real_cluster, tmp_path):
+    kubectl, cluster = real_cluster
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"id": "slow", "x": 2, "pause": 8}\n{"id": "quick", "x": 2}\n')
+    output = tmp_path / "out"
+    process = start_tool(cluster, kubectl, "run", "--output", str(output), "--quiet", "--tasks", str(tasks),
+                         "--episode-script", str(script(tmp_path, PAUSING_EPISODE)), "--retries", "1")
+
+    def slow_pod_running():
+        if not (output / "receipt.json").exists():
+            return None
+        namespace = load(output / "receipt.json")["namespace"]
+        return next((p for p in cluster.list("pods", namespace)
+                     if (p["metadata"].get("annotations") or {}).get("batch.kubernetes.io/job-completion-index") == "0"
+                     and (p.get("status") or {}).get("phase") == "Running"), None)
+
+    victim = wait_for(slow_pod_running, 120, "the slow episode running")
+    cluster.agent.evict(victim["metadata"]["namespace"], victim["metadata"]["name"])
+    stdout, stderr = process.communicate(timeout=300)
+    assert process.returncode == 0, stderr
+    rows = rewards_of(output)
+    assert [(r["task_id"], r["failure_class"], r["attempts"]) for r in rows] == [("slow", None, 2), ("quick", None, 1)]
+    assert rows[0]["earlier_attempts"][0]["pod"] == victim["metadata"]["name"]
+    assert rows[0]["earlier_attempts"][0]["failure_class"] == "infrastructure"
+    pods = {p["metadata"]["name"]: p for p in load(output / "pods.json")["items"]}
+    assert pods[rows[0]["pod"]]["metadata"]["annotations"]["batch.kubernetes.io/job-index-failure-count"] == "1"
+    results = load(output / "results.json")
+    assert results["attempts"]["first_attempt"]["failed"]["infrastructure"] == 1
+    assert results["attempts"]["final"]["succeeded"] == 2
+    assert json.loads((output / "run.json").read_text())["retries"] == 1
+    assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
