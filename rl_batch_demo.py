@@ -4164,24 +4164,23 @@ def compare(args: argparse.Namespace) -> int:
 # Command line.
 
 
-def non_negative_int(text: str) -> int:
+def whole_number(text: str, minimum: int, wanted: str) -> int:
+    """A command-line whole number no smaller than `minimum`; `wanted` says so in the error."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"must be {wanted}, got {value}")
     return value
+
+
+def non_negative_int(text: str) -> int:
+    return whole_number(text, 0, "0 or more")
 
 
 def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+    return whole_number(text, 1, "at least 1")
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
