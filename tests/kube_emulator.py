@@ -3345,6 +3345,14 @@ class ContainerRunner(threading.Thread):
             if attempt < attempts - 1 and w.sleep(emu.t("restart_delay")):
                 return
 
+    def mark_started(self, true_start: float) -> None:
+        """The kubelet's Started event, the truth's first container start, and the pod's start time."""
+        self.event("Normal", "Started", "Started container %s" % self.cname)
+        if not self.started_once:
+            self.emu.truth_set("pods", self.w.key, "container_started", true_start)
+            self.started_once = True
+        self.w.started_at = true_start
+
     def _run_once(self, argv: List[str], env: Dict[str, str], uid: int, gid: int, attempt: int,
                   restarting: bool = False) -> Optional[int]:
         emu, w = self.emu, self.w
@@ -3380,11 +3388,7 @@ class ContainerRunner(threading.Thread):
                                            "containerID": "containerd://" + cid}}, ready=False, started=False)
             self.event("Warning", "Failed", "Error: %s" % msg)
             return 128
-        self.event("Normal", "Started", "Started container %s" % self.cname)
-        if not self.started_once:
-            emu.truth_set("pods", w.key, "container_started", true_start)
-            self.started_once = True
-        w.started_at = true_start
+        self.mark_started(true_start)
 
         def running(cs: dict) -> None:
             last = cs.get("state", {}).get("terminated") or (cs.get("lastState") or {}).get("terminated")
@@ -3442,11 +3446,7 @@ class ContainerRunner(threading.Thread):
         emu.logs.setdefault((w.uid, self.cname), []).append(log)
         start = emu.api_now()
         true_start = time.time()
-        self.event("Normal", "Started", "Started container %s" % self.cname)
-        if not self.started_once:
-            emu.truth_set("pods", w.key, "container_started", true_start)
-            self.started_once = True
-        w.started_at = true_start
+        self.mark_started(true_start)
 
         def running(cs: dict) -> None:
             cs["state"] = {"running": {"startedAt": fmt_time(start)}}
