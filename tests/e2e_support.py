@@ -86,3 +86,19 @@ def assert_cleanup_works(emulator: Any, kubectl: str, output: Path) -> None:
     assert "Traceback" not in cleaned.stderr
     assert cleaned.stdout.startswith("Deleted test namespace: agc-rl-")
     assert run_namespaces(emulator) == []
+
+
+# An Indexed episode script whose episode 1 is still working when a test marks the Job Complete.
+SLOW_SECOND_EPISODE = '''"""Episode 0 finishes at once; episode 1 is still working when the Job is marked Complete."""
+import json
+import os
+import time
+
+if os.environ.get("JOB_COMPLETION_INDEX") == "1":
+    time.sleep(600)
+for event in ("ready", "reward"):
+    record = {"event": event, "at": time.time(), "episode_id": os.environ["EPISODE_ID"]}
+    if event == "reward":
+        record.update(reward=1, tests_exit=0, baseline_exit=1)
+    print(json.dumps(record), flush=True)
+'''

@@ -13,7 +13,7 @@ from urllib.parse import quote
 
 import pytest
 
-from e2e_support import load, start_tool, tool, wait_for
+from e2e_support import SLOW_SECOND_EPISODE, load, start_tool, tool, wait_for
 from kube_emulator import Emulator
 
 pytestmark = pytest.mark.e2e
@@ -117,21 +117,6 @@ def test_the_pods_are_listed_in_pages(make_cluster, tmp_path, continue_ttl):
     events = [r for r in emulator.requests if r["path"] == f"/api/v1/namespaces/{namespace}/events"
               and r["query"].get("limit") == "3"]
     assert events, "the events were not read in pages"
-
-
-SLOW_SECOND_EPISODE = '''"""Episode 0 finishes at once; episode 1 is still working when the Job is marked Complete."""
-import json
-import os
-import time
-
-if os.environ.get("JOB_COMPLETION_INDEX") == "1":
-    time.sleep(600)
-for event in ("ready", "reward"):
-    record = {"event": event, "at": time.time(), "episode_id": os.environ["EPISODE_ID"]}
-    if event == "reward":
-        record.update(reward=1, tests_exit=0, baseline_exit=1)
-    print(json.dumps(record), flush=True)
-'''
 
 
 def test_a_genuinely_unfinished_pod_still_fails_the_run_by_name(make_cluster, tmp_path):

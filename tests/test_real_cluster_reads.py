@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from e2e_support import load, start_tool, tool, wait_for
+from e2e_support import SLOW_SECOND_EPISODE, load, start_tool, tool, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.real_cluster]
 
@@ -31,21 +31,6 @@ def test_pods_are_listed_in_pages_not_older_than_the_jobs_end(real_cluster, tmp_
     pods = load(output / "pods.json")["items"]
     assert len(pods) == 5 and all(pod["status"]["phase"] == "Succeeded" for pod in pods)
     assert load(output / "results.json")["reward_sum"] == 5
-
-
-SLOW_SECOND_EPISODE = '''"""Episode 0 finishes at once; episode 1 is still working when the Job is marked Complete."""
-import json
-import os
-import time
-
-if os.environ.get("JOB_COMPLETION_INDEX") == "1":
-    time.sleep(600)
-for event in ("ready", "reward"):
-    record = {"event": event, "at": time.time(), "episode_id": os.environ["EPISODE_ID"]}
-    if event == "reward":
-        record.update(reward=1, tests_exit=0, baseline_exit=1)
-    print(json.dumps(record), flush=True)
-'''
 
 
 def test_a_pod_running_when_the_job_says_complete_fails_the_run_by_name(real_cluster, tmp_path):
