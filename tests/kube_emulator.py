@@ -1547,6 +1547,87 @@ def check_faults(faults: dict) -> None:
             raise ValueError("fault %s takes seconds or {resource: seconds}, not %r" % (name, value))
 
 
+class Faults:
+    """The faults in force, validated when set, and the one rule for whom each applies to.
+
+    A fault that names pods applies to every pod when it is True, else to the pods whose
+    creation index (0, 1, ...) it lists, as a list or as a dict's keys; a dict's value is that
+    pod's setting. A fault measured in seconds may override a timing, and a read-path fault may
+    give its seconds per resource.
+    """
+
+    def __init__(self, values: Optional[dict] = None):
+        values = clone(values or {})
+        check_faults(values)
+        check_lightweight(values.get("lightweight_kubelet"))
+        self._values: Dict[str, Any] = values
+        self._lock = threading.Lock()
+        now = time.time()
+        self.set_at: Dict[str, float] = {name: now for name in values}
+
+    def set(self, **values: Any) -> None:
+        """Set faults (None clears one), noting when: a stall runs from the moment it is set."""
+        check_faults(values)
+        check_lightweight(values.get("lightweight_kubelet"))
+        with self._lock:
+            for name, value in values.items():
+                self.set_at[name] = time.time()
+                if value is None:
+                    self._values.pop(name, None)
+                else:
+                    self._values[name] = clone(value)
+
+    def value(self, name: str) -> Any:
+        """The fault's value as set, None when it is not set."""
+        return self._values.get(name)
+
+    def on(self, name: str) -> bool:
+        return bool(self._values.get(name))
+
+    def applies(self, name: str, pod_index: Optional[int]) -> bool:
+        """Does the fault hit the pod created `pod_index`-th (None: a pod the emulator did not number)?"""
+        value = self._values.get(name)
+        if value is True:
+            return True
+        return pod_index is not None and pod_index in self._indexes(value)
+
+    def for_pod(self, name: str, pod_index: Optional[int]) -> Any:
+        """The setting a per-pod fault given as {index: setting} holds for this pod, else None."""
+        value = self._values.get(name)
+        if not isinstance(value, dict) or pod_index is None:
+            return None
+        return {int(k): v for k, v in value.items()}.get(pod_index)
+
+    @staticmethod
+    def _indexes(value: Any) -> Set[int]:
+        if isinstance(value, (dict, list, tuple, set)):
+            return {int(x) for x in value}
+        return set()
+
+    def timing(self, name: str, default: float, resource: Optional[str] = None) -> float:
+        """The seconds the fault sets (for `resource`, when it names resources), else `default`."""
+        value = self._values.get(name)
+        if isinstance(value, dict):
+            value = value.get(resource)
+        return default if value is None else float(value)
+
+    def lightweight(self) -> Optional[Dict[str, float]]:
+        """The lightweight kubelet's timing when it is selected (scale tests only), else None."""
+        value = self._values.get("lightweight_kubelet")
+        if not value:
+            return None
+        return dict(LIGHTWEIGHT_TIMING, **(value if isinstance(value, dict) else {}))
+
+    def take_request_error(self, request: str) -> Optional[int]:
+        """The status the request (path and query) fails with under api_errors, counting it, else None."""
+        with self._lock:
+            errors = self._values.get("api_errors")
+            if not errors or errors.get("count", 0) <= 0 or (errors.get("match") or "") not in request:
+                return None
+            errors["count"] -= 1
+            return int(errors.get("status", 503))
+
+
 def encode_continue(rv: int, key: Tuple[str, str], snapshot: str = "") -> str:
     token: Dict[str, Any] = {"rv": rv, "start": list(key)}
     if snapshot:
@@ -1589,8 +1670,6 @@ class ReadPath:
         self.times: List[float] = []
         self.rvs: List[int] = []
         self.base_rv = emu.store.rv
-        now = time.time()
-        self.fault_set_at: Dict[str, float] = {name: now for name in emu.faults}
         self.snapshots: Dict[str, Tuple[float, List[dict]]] = {}
         self.lock = threading.Lock()
         emu.store.listeners.append(self.on_store_event)
@@ -1606,22 +1685,17 @@ class ReadPath:
             del self.times[:drop]
             del self.rvs[:drop]
 
-    def seconds(self, fault: str, store: str, default: float = 0.0) -> float:
-        value = self.emu.faults.get(fault)
-        if isinstance(value, dict):
-            value = value.get(store)
-        return default if value is None else float(value)
-
     def timing(self, key: str) -> float:
         return float(self.emu.timing.get(key, READ_PATH_TIMING[key]))
 
     def cache_rv(self, store: str) -> int:
         """The resourceVersion the watch cache of `store` has reached."""
         now = time.time()
-        delay = self.seconds("watch_delay", store)
+        faults = self.emu.faults
+        delay = faults.timing("watch_delay", 0.0, store)
         view = now - delay
-        stall = self.seconds("watch_stall", store)
-        since = self.fault_set_at.get("watch_stall", 0.0)
+        stall = faults.timing("watch_stall", 0.0, store)
+        since = faults.set_at.get("watch_stall", 0.0)
         if stall and since <= now < since + stall:
             view = min(view, since - delay)
         with self.emu.store.lock:
@@ -1643,7 +1717,7 @@ class ReadPath:
     # -- lists --------------------------------------------------------------
     def before_list(self, info: "ResourceInfo", query: Dict[str, str]) -> None:
         """A slow list's delay, the ListOptions rules, and waiting for a NotOlderThan version."""
-        latency = self.seconds("list_latency", info.store)
+        latency = self.emu.faults.timing("list_latency", 0.0, info.store)
         if latency > 0:
             limit = parse_go_duration(query.get("timeout"))
             if limit is not None and limit < latency:
@@ -1703,7 +1777,7 @@ class ReadPath:
                 snapshot = data.get("snap", "")
                 with self.lock:
                     kept = self.snapshots.get(snapshot)
-                ttl = self.seconds("continue_ttl", info.store, self.timing("continue_ttl"))
+                ttl = self.emu.faults.timing("continue_ttl", self.timing("continue_ttl"), info.store)
                 if kept is None or time.time() - kept[0] > ttl or data["rv"] < self.emu.store.compacted_rv:
                     raise ExpiredContinue(encode_continue(-1, data["start"]))
                 items, rv = kept[1], str(data["rv"])
@@ -1794,7 +1868,7 @@ class ApiServer:
     def _faults_then_route(self, h: _Handler, path: str, query: Dict[str, str], body: bytes,
                            is_watch: bool) -> int:
         faults = self.emu.faults
-        latency = float(faults.get("api_latency") or 0)
+        latency = faults.timing("api_latency", 0.0)
         if latency > 0:
             limit = parse_go_duration(query.get("timeout")) if not is_watch else None
             if limit is not None and limit < latency:
@@ -1802,7 +1876,7 @@ class ApiServer:
                 raise ApiError(504, "Timeout", "Timeout: request did not complete within requested timeout "
                                                "- context deadline exceeded", {})
             time.sleep(latency)
-        for resource in faults.get("forbidden") or ():
+        for resource in faults.value("forbidden") or ():
             # RBAC without a grant for this resource (core group, cluster scope), as the real message reads.
             found = re.search(r"^/api/v1/%s(?:/([^/]+))?$" % re.escape(resource), path)
             if found:
@@ -1813,27 +1887,18 @@ class ApiServer:
                                               verb, resource))
                 return self.send_json(h, 403, ApiError(403, "Forbidden", message,
                                                        {"kind": resource}).status())
-        errs = faults.get("api_errors")
-        if errs:
-            with self.emu._req_lock:
-                match = errs.get("match") or ""
-                full = path + ("?" + "&".join("%s=%s" % kv for kv in query.items()) if query else "")
-                if errs.get("count", 0) > 0 and match in full:
-                    errs["count"] -= 1
-                    fire = True
-                else:
-                    fire = False
-            if fire:
-                code = int(errs.get("status", 503))
-                reason, msg = {
-                    500: ("InternalError", 'an error on the server ("") has prevented the request from succeeding'),
-                    503: ("ServiceUnavailable", "the server is currently unable to handle the request"),
-                    504: ("Timeout", "the server was unable to return a response in the time allotted, "
-                                     "but may still be processing the request"),
-                    429: ("TooManyRequests", "the server has received too many requests and has asked us "
-                                             "to try again later"),
-                }.get(code, ("InternalError", "an error on the server has prevented the request from succeeding"))
-                return self.send_json(h, code, ApiError(code, reason, msg, {}).status())
+        code = faults.take_request_error(path + ("?" + "&".join("%s=%s" % kv for kv in query.items())
+                                                 if query else ""))
+        if code is not None:
+            reason, msg = {
+                500: ("InternalError", 'an error on the server ("") has prevented the request from succeeding'),
+                503: ("ServiceUnavailable", "the server is currently unable to handle the request"),
+                504: ("Timeout", "the server was unable to return a response in the time allotted, "
+                                 "but may still be processing the request"),
+                429: ("TooManyRequests", "the server has received too many requests and has asked us "
+                                         "to try again later"),
+            }.get(code, ("InternalError", "an error on the server has prevented the request from succeeding"))
+            return self.send_json(h, code, ApiError(code, reason, msg, {}).status())
         return self.route(h, path, query, body, is_watch)
 
     def send_json(self, h: _Handler, code: int, obj: Any, headers: Optional[Dict[str, str]] = None,
@@ -2350,7 +2415,7 @@ class ApiServer:
         if not node:
             raise err_bad_request("pod %s does not have a host assigned" % name)
         idx = emu.pod_index(pod["metadata"]["uid"])
-        if idx is not None and idx in emu.fault_set("unreadable_logs"):
+        if emu.faults.applies("unreadable_logs", idx):
             host_ip = (pod.get("status") or {}).get("hostIP") or emu.node_ip(node)
             msg = ('Get "https://%s:10250/containerLogs/%s/%s/%s": dial tcp %s:10250: connect: connection refused'
                    % (host_ip, ns, name, cname, host_ip))
@@ -2378,7 +2443,7 @@ class ApiServer:
             since = emu.api_now() - float(query["sinceSeconds"])
         elif query.get("sinceTime"):
             since = parse_time(query["sinceTime"])
-        skew = float(emu.faults.get("api_clock_skew") or 0)
+        skew = emu.api_skew()
 
         def render(lines: List[Tuple[float, bytes]]) -> bytes:
             out = bytearray()
@@ -2569,7 +2634,7 @@ class JobController(Controller):
         elif store == "pods":
             ref = controller_ref(obj)
             if ref and ref.get("kind") == "Job":
-                self.queue.add((md.get("namespace", ""), ref["name"]), self.emu.t("job_status_lag"))
+                self.queue.add((md.get("namespace", ""), ref["name"]), self.emu.faults.timing("job_status_lag", self.emu.t("job_status_lag")))
                 if etype != "DELETED" and JOB_TRACKING_FINALIZER in (md.get("finalizers") or []) \
                         and self.store.by_uid(ref.get("uid", "")) is None:
                     self.queue.add(("orphan", md.get("namespace", ""), md["name"]), 0.0)
@@ -2577,7 +2642,7 @@ class JobController(Controller):
     def resync(self) -> None:
         self.resync_orphans()
         for j in self.store.list_raw("jobs"):
-            self.queue.add((j["metadata"]["namespace"], j["metadata"]["name"]), self.emu.t("job_status_lag"))
+            self.queue.add((j["metadata"]["namespace"], j["metadata"]["name"]), self.emu.faults.timing("job_status_lag", self.emu.t("job_status_lag")))
 
     # ---------------------------------------------------------------
     def sync(self, key: Tuple) -> None:
@@ -2585,7 +2650,7 @@ class JobController(Controller):
             self._sync_orphan_pod(key[1], key[2])
             return
         emu = self.emu
-        stalled = emu.faults.get("job_controller_stalled")
+        stalled = emu.faults.value("job_controller_stalled")
         if stalled is True:
             return  # kube-controller-manager down: no pods, no conditions, no deadline
         ns, name = key
@@ -3303,7 +3368,7 @@ class ContainerRunner(threading.Thread):
         emu, w = self.emu, self.w
         idx = w.index
         image = self.c.get("image", "")
-        if emu.fault_applies("image_pull_backoff", idx):
+        if emu.faults.applies("image_pull_backoff", idx):
             self._image_pull_backoff(image)
             return
         if not self.image_ready and not self.ensure_image():
@@ -3317,22 +3382,22 @@ class ContainerRunner(threading.Thread):
             self.event("Warning", "Failed", "Error: %s" % err)
             if w.sleep(1.0):
                 return
-        attempts = 2 if emu.fault_applies("restart_container", idx) else 1
+        attempts = 2 if emu.faults.applies("restart_container", idx) else 1
         for attempt in range(attempts):
             if w.stop_requested():
                 return
-            if emu.fault_applies("replace_pod", idx):
+            if emu.faults.applies("replace_pod", idx):
                 # The pod is replaced while it runs, so it must still be running then
                 # whatever the machine's load: it holds until evicted.
                 argv = ["python", "-c", "import time; print('emulator: held until evicted (replace_pod)',"
                                         " flush=True); time.sleep(3600)"]
-            elif emu.fault_applies("fail_pods", idx):
+            elif emu.faults.applies("fail_pods", idx):
                 argv = ["python", "-c", "import sys; print('emulator: injected container failure (fail_pods)',"
                                         " flush=True); sys.exit(3)"]
             elif attempt < attempts - 1:
                 argv = ["python", "-c", "import sys; print('emulator: injected crash before restart "
                                         "(restart_container)', flush=True); sys.exit(1)"]
-            elif emu.lightweight():
+            elif emu.faults.lightweight():
                 argv = None
             else:
                 argv = self._argv(env or {})
@@ -3433,7 +3498,7 @@ class ContainerRunner(threading.Thread):
     def _run_emitted(self, env: Dict[str, str], attempt: int) -> Optional[int]:
         """The lightweight kubelet: the built-in worker's events with its timing, no process."""
         emu, w = self.emu, self.w
-        timing = emu.lightweight() or {}
+        timing = emu.faults.lightweight() or {}
         jitter = timing["jitter"]
 
         def delay(key: str) -> float:
@@ -3482,7 +3547,7 @@ class ContainerRunner(threading.Thread):
         return None if stopped else code
 
     def _pump(self, proc: subprocess.Popen, log: ContainerLog) -> None:
-        mode = self.emu.log_tamper_mode(self.w.index)
+        mode = self.emu.faults.for_pod("log_tamper", self.w.index)
         assert proc.stdout is not None
         for line in iter(proc.stdout.readline, b""):
             for out in tamper_line(mode, line):
@@ -3715,7 +3780,7 @@ class PodWorker(threading.Thread):
             set_condition(conds, c)
         if terminal and emu.v >= (1, 29):
             set_condition(conds, condition("PodReadyToStartContainers", "False", now))
-        elif running and emu.v >= (1, 29) and emu.faults.get("sandbox_status_with_running"):
+        elif running and emu.v >= (1, 29) and emu.faults.on("sandbox_status_with_running"):
             # A real kubelet writes the status it computed before starting the pod's containers,
             # so the sandbox's readiness usually first reaches the API in the same update as the
             # running container, stamped with that update's time.
@@ -3773,7 +3838,7 @@ class PodWorker(threading.Thread):
                 if self.sleep(1.0):
                     self._terminate_all()
                     return
-        if emu.faults.get("sandbox_after_watch"):
+        if emu.faults.on("sandbox_after_watch"):
             # Fired by a state, not a timer: the sandbox starts once a client watches this
             # pod's Job's pods, so a client that was slow to start its watch still sees every
             # transition, however fast the episode and however loaded the machine.
@@ -3782,7 +3847,8 @@ class PodWorker(threading.Thread):
                 if self.sleep(0.02):
                     self._terminate_all()
                     return
-        delay = emu.t("sandbox_delay") + random.uniform(0, max(0.0, emu.t("sandbox_jitter")))
+        delay = (emu.faults.timing("sandbox_delay", emu.t("sandbox_delay"))
+                 + random.uniform(0, max(0.0, emu.faults.timing("sandbox_jitter", emu.t("sandbox_jitter")))))
         emu.truth_set("pods", self.key, "sandbox_delay", delay, raw=True)
         if self.sleep(delay):
             self._terminate_all()
@@ -3795,7 +3861,7 @@ class PodWorker(threading.Thread):
             st = o.setdefault("status", {})
             st["podIP"] = pod_ip
             st["podIPs"] = [{"ip": pod_ip}]
-            if emu.v >= (1, 29) and not emu.faults.get("sandbox_status_with_running"):
+            if emu.v >= (1, 29) and not emu.faults.on("sandbox_status_with_running"):
                 set_condition(st.setdefault("conditions", []),
                               condition("PodReadyToStartContainers", "True", emu.api_now()))
             self.recompute(o)
@@ -3808,7 +3874,7 @@ class PodWorker(threading.Thread):
         self.runners = [ContainerRunner(self, c) for c in containers]
         # As the kubelet does, in the same step that saw the sandbox ready: the first container's
         # image is pulled or found at once, so its event follows the sandbox by milliseconds.
-        if self.runners and not emu.fault_applies("image_pull_backoff", self.index):
+        if self.runners and not emu.faults.applies("image_pull_backoff", self.index):
             if not self.runners[0].ensure_image():
                 self._terminate_all()
                 return
@@ -3819,7 +3885,7 @@ class PodWorker(threading.Thread):
             if self.deleting.is_set() or emu._stopping.is_set():
                 self._terminate_all()
                 break
-            if emu.fault_applies("replace_pod", self.index) and self.started_at is not None \
+            if emu.faults.applies("replace_pod", self.index) and self.started_at is not None \
                     and time.time() - self.started_at >= emu.t("replace_after") and not self.evicted:
                 self._evict("The node was low on resource: ephemeral-storage. Threshold quantity: 1Gi, "
                             "available: 512Mi. ", replaced=True)
@@ -3832,7 +3898,7 @@ class PodWorker(threading.Thread):
                     break
             # A thousand pods polling every 50 ms would starve the API server of the GIL;
             # the lightweight kubelet's containers report their own end, so a slow poll loses nothing.
-            self.deleting.wait(0.5 if emu.lightweight() else 0.05)
+            self.deleting.wait(0.5 if emu.faults.lightweight() else 0.05)
         for r in self.runners:
             r.join(10)
         if self.deleting.is_set() and not pod_terminal(self.store_pod() or {}):
@@ -4213,7 +4279,7 @@ class Emulator:
                  timing: Optional[dict] = None):
         self.workdir = Path(workdir).resolve()
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.faults: Dict[str, Any] = clone(faults or {})
+        self.faults = Faults(faults)
         self.timing: Dict[str, float] = dict(DEFAULT_TIMING)
         self.timing.update(timing or {})
         self.nodes = int(nodes)
@@ -4228,8 +4294,6 @@ class Emulator:
         self._started = False
         self._stopped = False
         self.store = Store(self.api_now, int(self.timing["watch_history"]))
-        check_faults(self.faults)
-        check_lightweight(self.faults.get("lightweight_kubelet"))
         self.reads = ReadPath(self)
         self.api = ApiServer(self)
         self.logs: Dict[Tuple[str, str], List[ContainerLog]] = {}
@@ -4290,19 +4354,12 @@ class Emulator:
             return clone(self._truth)
 
     def set_faults(self, **kw: Any) -> None:
-        check_faults(kw)
-        check_lightweight(kw.get("lightweight_kubelet"))
-        for k, v in kw.items():
-            self.reads.fault_set_at[k] = time.time()
-            if k == "missing_runtimeclass":
-                if v and self.store.get("runtimeclasses", None, "cube"):
-                    self.store.remove("runtimeclasses", None, "cube")
-                elif not v and not self.store.get("runtimeclasses", None, "cube"):
-                    self._create_runtimeclass()
-            if v is None:
-                self.faults.pop(k, None)
-            else:
-                self.faults[k] = clone(v)
+        self.faults.set(**kw)
+        if "missing_runtimeclass" in kw:
+            if kw["missing_runtimeclass"] and self.store.get("runtimeclasses", None, "cube"):
+                self.store.remove("runtimeclasses", None, "cube")
+            elif not kw["missing_runtimeclass"] and not self.store.get("runtimeclasses", None, "cube"):
+                self._create_runtimeclass()
 
     def restart_api(self, down_seconds: float = 1.0) -> None:
         port = self.api.port
@@ -4351,22 +4408,13 @@ class Emulator:
         self.stop()
 
     # ---------------------------------------------------------------- helpers
-    def lightweight(self) -> Optional[Dict[str, float]]:
-        """The lightweight kubelet's timing when it is selected (scale tests only), else None."""
-        value = self.faults.get("lightweight_kubelet")
-        if not value:
-            return None
-        return dict(LIGHTWEIGHT_TIMING, **(value if isinstance(value, dict) else {}))
-
     def api_skew(self) -> float:
-        return float(self.faults.get("api_clock_skew") or 0)
+        return self.faults.timing("api_clock_skew", 0.0)
 
     def api_now(self) -> float:
         return time.time() + self.api_skew()
 
     def t(self, key: str) -> float:
-        if key in ("sandbox_delay", "sandbox_jitter", "job_status_lag") and self.faults.get(key) is not None:
-            return float(self.faults[key])
         return float(self.timing[key])
 
     def node_ip(self, node: str) -> str:
@@ -4387,32 +4435,6 @@ class Emulator:
     def pod_index(self, uid: str) -> Optional[int]:
         with self._truth_lock:
             return self._pod_index.get(uid)
-
-    def fault_applies(self, name: str, idx: Optional[int]) -> bool:
-        v = self.faults.get(name)
-        if v is True:
-            return True
-        if not v or idx is None:
-            return False
-        if isinstance(v, dict):
-            return str(idx) in v
-        if isinstance(v, (list, tuple, set)):
-            return idx in v
-        return False
-
-    def fault_set(self, name: str) -> Set[int]:
-        v = self.faults.get(name)
-        if isinstance(v, (list, tuple, set)):
-            return set(int(x) for x in v)
-        if isinstance(v, dict):
-            return set(int(x) for x in v)
-        return set()
-
-    def log_tamper_mode(self, idx: Optional[int]) -> Optional[str]:
-        v = self.faults.get("log_tamper") or {}
-        if idx is None:
-            return None
-        return v.get(str(idx)) or v.get(idx)  # type: ignore[call-overload]
 
     def truth_set(self, section: str, key: str, field: str, value: Any = None, raw: bool = False,
                   first: bool = True) -> None:
@@ -4503,7 +4525,7 @@ class Emulator:
                                         "kubeletVersion": "v%s.0" % self.server_version,
                                         "kubeProxyVersion": "", "operatingSystem": "linux",
                                         "architecture": "amd64"}}})
-        if not self.faults.get("missing_runtimeclass"):
+        if not self.faults.on("missing_runtimeclass"):
             self._create_runtimeclass()
 
     # ---------------------------------------------------------------- events
@@ -4757,7 +4779,7 @@ class Emulator:
     def _admit_namespaces(self, body: dict, err_name: str) -> None:
         body["spec"] = {"finalizers": ["kubernetes"]}
         body["status"] = {"phase": "Active"}
-        if self._booted and self.faults.get("stuck_terminating"):
+        if self._booted and self.faults.on("stuck_terminating"):
             fins = body["metadata"].setdefault("finalizers", [])
             if STUCK_FINALIZER not in fins:
                 fins.append(STUCK_FINALIZER)
