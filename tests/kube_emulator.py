@@ -48,6 +48,7 @@ import heapq
 import http.server
 import json
 import os
+import queue
 import random
 import re
 import select
@@ -4080,7 +4081,11 @@ class PodWorker(threading.Thread):
 
 
 class Kubelet:
-    """One emulated node: starts a PodWorker per bound pod, deletes finished pods."""
+    """One emulated node: starts a PodWorker per bound pod, deletes finished pods.
+
+    The store's listener only queues the node's pod events; the kubelet's sync loop takes them
+    in order and starts, signals and finishes the pod workers, outside the store's lock.
+    """
 
     def __init__(self, emu: "Emulator", node: str, index: int):
         self.emu = emu
@@ -4092,14 +4097,31 @@ class Kubelet:
         self._ip_seq = 1
         self._ips: Dict[str, str] = {}
         self.finalq = WorkQueue()
+        self.pod_events: "queue.Queue[Tuple[str, dict]]" = queue.Queue()
         self.thread = threading.Thread(target=self._final_loop, name="kubelet-" + node, daemon=True)
+        self.sync_thread = threading.Thread(target=self._sync_loop, name="kubelet-sync-" + node, daemon=True)
 
     def start(self) -> None:
         self.thread.start()
+        self.sync_thread.start()
 
     def on_event(self, etype: str, store: str, obj: dict) -> None:
-        if store != "pods" or (obj.get("spec") or {}).get("nodeName") != self.node:
-            return
+        """Store listener (called with the store lock held): queue this node's pod events only."""
+        if store == "pods" and (obj.get("spec") or {}).get("nodeName") == self.node:
+            self.pod_events.put((etype, obj))
+
+    def _sync_loop(self) -> None:
+        while not self.emu._stopping.is_set():
+            try:
+                etype, pod = self.pod_events.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            try:
+                self._sync_pod(etype, pod)
+            except Exception:
+                traceback.print_exc()
+
+    def _sync_pod(self, etype: str, obj: dict) -> None:
         md = obj["metadata"]
         uid = md["uid"]
         with self.lock:
@@ -4155,6 +4177,8 @@ class Kubelet:
                 pass
 
     def stop(self) -> None:
+        if self.sync_thread.is_alive():
+            self.sync_thread.join(2)  # no worker starts after this
         for w in list(self.workers.values()):
             w.deleting.set()
             for r in w.runners:
