@@ -1804,6 +1804,16 @@ class ReadPath:
         return page, rv, cont, (len(items) - start - limit) if unfiltered else None
 
 
+def to_version(info: ResourceInfo, obj: dict) -> dict:
+    """Stored (canonical) object -> the representation of ``info``'s group/version."""
+    if info.group == "events.k8s.io":
+        return core_event_to_v1(obj)
+    obj = dict(obj)
+    obj["kind"], obj["apiVersion"] = info.kind, info.api_version
+    # JSON field order like the real server: kind/apiVersion first
+    return dict([("kind", obj.pop("kind")), ("apiVersion", obj.pop("apiVersion"))] + list(obj.items()))
+
+
 class ApiServer:
     """The REST layer: routing, (de)serialisation, faults, watch and logs."""
 
@@ -2111,7 +2121,7 @@ class ApiServer:
                 raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the "
                                                         "requested resource", {})
             body_obj = self.decode_body(h, body)
-            obj, warnings = emu.api_create(info, ns, body_obj, query)
+            obj, warnings = emu.writes.api_create(info, ns, body_obj, query)
             headers = {"Warning": ", ".join('299 - "%s"' % w.replace('"', '\\"') for w in warnings)} \
                 if warnings else None
             return self.send_json(h, 201, self.render_single(info, obj, accept, query), headers)
@@ -2120,7 +2130,7 @@ class ApiServer:
                 raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the "
                                                         "requested resource", {})
             body_obj = self.decode_body(h, body)
-            obj = emu.api_update(info, ns, name, sub, body_obj, query)
+            obj = emu.writes.api_update(info, ns, name, sub, body_obj, query)
             return self.send_json(h, 200, self.render_single(info, obj, accept, query))
         if method == "PATCH":
             if name is None:
@@ -2131,7 +2141,7 @@ class ApiServer:
                 patch = json.loads(body or b"null")
             except ValueError as e:
                 raise err_bad_request("error decoding patch: %s" % e)
-            obj = emu.api_patch(info, ns, name, sub, ctype, patch, query)
+            obj = emu.writes.api_patch(info, ns, name, sub, ctype, patch, query)
             return self.send_json(h, 200, self.render_single(info, obj, accept, query))
         if method == "DELETE":
             opts: Dict[str, Any] = {}
@@ -2150,12 +2160,12 @@ class ApiServer:
                 items = self.list_objects(info, ns, query)
                 for it in items:
                     try:
-                        emu.api_delete(info, it["metadata"].get("namespace"), it["metadata"]["name"], opts)
+                        emu.writes.api_delete(info, it["metadata"].get("namespace"), it["metadata"]["name"], opts)
                     except ApiError:
                         pass
                 return self.send_json(h, 200, {"kind": "Status", "apiVersion": "v1", "metadata": {},
                                                "status": "Success"})
-            code, out = emu.api_delete(info, ns, name, opts)
+            code, out = emu.writes.api_delete(info, ns, name, opts)
             if out.get("kind") != "Status":
                 out = self.render_single(info, out, accept, query)
             return self.send_json(h, code, out)
@@ -2192,15 +2202,6 @@ class ApiServer:
         return [o for o in objs if lsel.matches(o["metadata"].get("labels")) and fsel.matches(o)]
 
     # -- rendering --------------------------------------------------------
-    def to_version(self, info: ResourceInfo, obj: dict) -> dict:
-        """Stored (canonical) object -> the representation of ``info``'s group/version."""
-        if info.group == "events.k8s.io":
-            return core_event_to_v1(obj)
-        obj = dict(obj)
-        obj["kind"], obj["apiVersion"] = info.kind, info.api_version
-        # JSON field order like the real server: kind/apiVersion first
-        return dict([("kind", obj.pop("kind")), ("apiVersion", obj.pop("apiVersion"))] + list(obj.items()))
-
     @staticmethod
     def wants(accept: str) -> str:
         if "as=Table" in accept:
@@ -2215,7 +2216,7 @@ class ApiServer:
             return self.table(info, [obj], query, str(obj["metadata"].get("resourceVersion", "")))
         if mode == "metadata":
             return {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]}
-        return self.to_version(info, obj)
+        return to_version(info, obj)
 
     def table(self, info: ResourceInfo, objs: List[dict], query: Dict[str, str], rv: str,
               cont: Optional[str] = None, headers: bool = True) -> dict:
@@ -2225,7 +2226,7 @@ class ApiServer:
         for o in objs:
             row: Dict[str, Any] = {"cells": table_row(info.store, o, now)}
             if include == "Object":
-                row["object"] = self.to_version(info, o)
+                row["object"] = to_version(info, o)
             elif include != "None":
                 row["object"] = {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
                                  "metadata": o["metadata"]}
@@ -2258,7 +2259,7 @@ class ApiServer:
                                "metadata": o["metadata"]} for o in page]}
         out_items = []
         for o in page:
-            v = self.to_version(info, o)
+            v = to_version(info, o)
             v.pop("kind", None)
             v.pop("apiVersion", None)
             out_items.append(v)
@@ -2300,7 +2301,7 @@ class ApiServer:
             elif mode == "metadata":
                 o = {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]}
             else:
-                o = self.to_version(info, obj)
+                o = to_version(info, obj)
             return json.dumps({"type": etype, "object": o}, separators=(",", ":")).encode() + b"\n"
 
         def bookmark(rv: int, initial_end: bool = False) -> bytes:
@@ -2415,7 +2416,7 @@ class ApiServer:
         node = pod["spec"].get("nodeName")
         if not node:
             raise err_bad_request("pod %s does not have a host assigned" % name)
-        idx = emu.pod_index(pod["metadata"]["uid"])
+        idx = emu.truth_record.pod_index(pod["metadata"]["uid"])
         if emu.faults.applies("unreadable_logs", idx):
             host_ip = (pod.get("status") or {}).get("hostIP") or emu.node_ip(node)
             msg = ('Get "https://%s:10250/containerLogs/%s/%s/%s": dial tcp %s:10250: connect: connection refused'
@@ -2762,7 +2763,7 @@ class JobController(Controller):
                     active = self._delete_pods(job, active) or []
                     if new_ver:
                         set_condition(conds, condition("FailureTarget", "True", now, fail_reason, fail_msg, probe=True))
-                        emu.truth_set("jobs", "%s/%s" % (ns, name), "failure_target")
+                        emu.truth_record.note("jobs", "%s/%s" % (ns, name), "failure_target")
                         self.queue.add(key, 0.05)
                     else:
                         self._finish(job, conds, "Failed", fail_reason, fail_msg, status)
@@ -2770,7 +2771,7 @@ class JobController(Controller):
                     if new_ver:
                         set_condition(conds, condition("SuccessCriteriaMet", "True", now, "CompletionsReached",
                                                        self.COMPLETE_MSG, probe=True))
-                        emu.truth_set("jobs", "%s/%s" % (ns, name), "success_criteria_met")
+                        emu.truth_record.note("jobs", "%s/%s" % (ns, name), "success_criteria_met")
                         self.queue.add(key, 0.05)
                     else:
                         self._finish(job, conds, "Complete", None, None, status)
@@ -2836,18 +2837,18 @@ class JobController(Controller):
         key = "%s/%s" % (job["metadata"]["namespace"], job["metadata"]["name"])
         if ctype == "Complete":
             status["completionTime"] = fmt_time(now)
-            emu.truth_set("jobs", key, "complete")
-            emu.record_event(job, "Normal", "Completed", "Job completed", "job-controller")
+            emu.truth_record.note("jobs", key, "complete")
+            emu.events.record(job, "Normal", "Completed", "Job completed", "job-controller")
         else:
-            emu.truth_set("jobs", key, "failed")
-            emu.record_event(job, "Warning", reason or "Failed", message or "", "job-controller")
+            emu.truth_record.note("jobs", key, "failed")
+            emu.events.record(job, "Warning", reason or "Failed", message or "", "job-controller")
 
     def _delete_pods(self, job: dict, pods: List[dict]) -> List[dict]:
         for p in pods:
             try:
-                self.emu.api_delete(CANONICAL["pods"], p["metadata"]["namespace"], p["metadata"]["name"],
+                self.emu.writes.api_delete(CANONICAL["pods"], p["metadata"]["namespace"], p["metadata"]["name"],
                                     {"propagationPolicy": "Background"})
-                self.emu.record_event(job, "Normal", "SuccessfulDelete", "Deleted pod: %s" % p["metadata"]["name"],
+                self.emu.events.record(job, "Normal", "SuccessfulDelete", "Deleted pod: %s" % p["metadata"]["name"],
                                       "job-controller")
             except ApiError:
                 pass
@@ -2896,17 +2897,17 @@ class JobController(Controller):
                 if ignored:
                     annotations["batch.kubernetes.io/job-index-ignored-failure-count"] = str(ignored)
             try:
-                created, _ = emu.api_create(CANONICAL["pods"], job["metadata"]["namespace"], pod,
+                created, _ = emu.writes.api_create(CANONICAL["pods"], job["metadata"]["namespace"], pod,
                                             {"fieldValidation": "Ignore"})
             except ApiError as e:
                 attempts += 1
                 delay = min(emu.t("create_retry_base") * (2 ** (attempts - 1)), 10.0)
                 self.create_backoff[uid] = (time.time() + delay, attempts)
-                emu.record_event(job, "Warning", "FailedCreate", "Error creating: %s" % e.message, "job-controller")
+                emu.events.record(job, "Warning", "FailedCreate", "Error creating: %s" % e.message, "job-controller")
                 self.queue.add(key, delay)
                 return
             self.create_backoff.pop(uid, None)
-            emu.record_event(job, "Normal", "SuccessfulCreate", "Created pod: %s" % created["metadata"]["name"],
+            emu.events.record(job, "Normal", "SuccessfulCreate", "Created pod: %s" % created["metadata"]["name"],
                              "job-controller")
 
     @staticmethod
@@ -3086,9 +3087,9 @@ class Scheduler(Controller):
         # One clock reading for the record and the event: the scheduler stamps its
         # event at the binding, so the two are the same moment.
         scheduled_at = time.time()
-        emu.truth_set("pods", "%s/%s" % (ns, name), "scheduled", scheduled_at)
-        emu.truth_set("pods", "%s/%s" % (ns, name), "node", node, raw=True)
-        emu.record_scheduler_event(new, "Successfully assigned %s/%s to %s" % (ns, name, node), scheduled_at)
+        emu.truth_record.note("pods", "%s/%s" % (ns, name), "scheduled", scheduled_at)
+        emu.truth_record.note("pods", "%s/%s" % (ns, name), "node", node, raw=True)
+        emu.events.record_scheduled(new, "Successfully assigned %s/%s to %s" % (ns, name, node), scheduled_at)
 
 
 # --------------------------------------------------------------------------
@@ -3146,7 +3147,7 @@ class GarbageCollector(Controller):
                 owners_alive = [r for r in owner_refs(dep) if self.store.by_uid(r.get("uid", "")) is not None]
                 if not owners_alive and not dep["metadata"].get("deletionTimestamp"):
                     try:
-                        emu.api_delete(CANONICAL[store], dep["metadata"].get("namespace"), dep["metadata"]["name"],
+                        emu.writes.api_delete(CANONICAL[store], dep["metadata"].get("namespace"), dep["metadata"]["name"],
                                        {"propagationPolicy": "Background"})
                     except ApiError:
                         pass
@@ -3175,7 +3176,7 @@ class GarbageCollector(Controller):
             for dstore, dep in deps:
                 if not dep["metadata"].get("deletionTimestamp"):
                     try:
-                        emu.api_delete(CANONICAL[dstore], dep["metadata"].get("namespace"),
+                        emu.writes.api_delete(CANONICAL[dstore], dep["metadata"].get("namespace"),
                                        dep["metadata"]["name"], {"propagationPolicy": "Foreground"})
                     except ApiError:
                         pass
@@ -3221,7 +3222,7 @@ class NamespaceController(Controller):
             if ns["metadata"].get("deletionTimestamp") or self.store.get("configmaps", name, "kube-root-ca.crt"):
                 return
             try:
-                emu.create_object(CANONICAL["configmaps"], {
+                emu.writes.create_object(CANONICAL["configmaps"], {
                     "apiVersion": "v1", "kind": "ConfigMap",
                     "metadata": {"name": "kube-root-ca.crt", "namespace": name,
                                  "annotations": {"kubernetes.io/description": "Contains a CA bundle that can be "
@@ -3251,7 +3252,7 @@ class NamespaceController(Controller):
                     finalizers[f] = finalizers.get(f, 0) + 1
                 if not o["metadata"].get("deletionTimestamp"):
                     try:
-                        emu.api_delete(info, name, o["metadata"]["name"], {"propagationPolicy": "Background"})
+                        emu.writes.api_delete(info, name, o["metadata"]["name"], {"propagationPolicy": "Background"})
                     except ApiError:
                         pass
         now = emu.api_now()
@@ -3340,7 +3341,7 @@ class ContainerRunner(threading.Thread):
     def event(self, etype: str, reason: str, message: str) -> None:
         pod = self.emu.store.get("pods", self.w.ns, self.w.name)
         if pod is not None:
-            self.emu.record_event(pod, etype, reason, message, "kubelet", host=self.w.kl.node,
+            self.emu.events.record(pod, etype, reason, message, "kubelet", host=self.w.kl.node,
                                   field_path="spec.containers{%s}" % self.cname)
 
     # -- main --------------------------------------------------------------
@@ -3415,7 +3416,7 @@ class ContainerRunner(threading.Thread):
         """The kubelet's Started event, the truth's first container start, and the pod's start time."""
         self.event("Normal", "Started", "Started container %s" % self.cname)
         if not self.started_once:
-            self.emu.truth_set("pods", self.w.key, "container_started", true_start)
+            self.emu.truth_record.note("pods", self.w.key, "container_started", true_start)
             self.started_once = True
         self.w.started_at = true_start
 
@@ -3477,8 +3478,8 @@ class ContainerRunner(threading.Thread):
         code = rc if rc >= 0 else 128 - rc
         self.exit_codes.append(code)
         end = emu.api_now()
-        emu.truth_set("pods", w.key, "container_finished", exited_at, first=False)
-        emu.truth_set("pods", w.key, "exit_code", code, raw=True)
+        emu.truth_record.note("pods", w.key, "container_finished", exited_at, first=False)
+        emu.truth_record.note("pods", w.key, "exit_code", code, raw=True)
         self.last_terminated = {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
                                 "startedAt": fmt_time(start), "finishedAt": fmt_time(end),
                                 "containerID": "containerd://" + cid}
@@ -3539,8 +3540,8 @@ class ContainerRunner(threading.Thread):
         log.close()
         code = 143 if stopped else 0
         self.exit_codes.append(code)
-        emu.truth_set("pods", w.key, "container_finished", time.time(), first=False)
-        emu.truth_set("pods", w.key, "exit_code", code, raw=True)
+        emu.truth_record.note("pods", w.key, "container_finished", time.time(), first=False)
+        emu.truth_record.note("pods", w.key, "exit_code", code, raw=True)
         self.last_terminated = {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
                                 "startedAt": fmt_time(start), "finishedAt": fmt_time(emu.api_now()),
                                 "containerID": "containerd://" + cid}
@@ -3690,7 +3691,7 @@ class PodWorker(threading.Thread):
         self.pod = pod
         self.ns, self.name, self.uid = md["namespace"], md["name"], md["uid"]
         self.key = "%s/%s" % (self.ns, self.name)
-        self.index = self.emu.pod_index(self.uid)
+        self.index = self.emu.truth_record.pod_index(self.uid)
         self.hostname = (pod.get("spec") or {}).get("hostname") or self.name
         self.deleting = threading.Event()
         self.removed = threading.Event()
@@ -3835,7 +3836,7 @@ class PodWorker(threading.Thread):
                 self._prepare_volumes(self.store_pod())
                 break
             except MountError as e:
-                emu.record_event(self.store_pod(), "Warning", "FailedMount", str(e), "kubelet", host=self.kl.node)
+                emu.events.record(self.store_pod(), "Warning", "FailedMount", str(e), "kubelet", host=self.kl.node)
                 if self.sleep(1.0):
                     self._terminate_all()
                     return
@@ -3850,7 +3851,7 @@ class PodWorker(threading.Thread):
                     return
         delay = (emu.faults.timing("sandbox_delay", emu.t("sandbox_delay"))
                  + random.uniform(0, max(0.0, emu.faults.timing("sandbox_jitter", emu.t("sandbox_jitter")))))
-        emu.truth_set("pods", self.key, "sandbox_delay", delay, raw=True)
+        emu.truth_record.note("pods", self.key, "sandbox_delay", delay, raw=True)
         if self.sleep(delay):
             self._terminate_all()
             return
@@ -3870,7 +3871,7 @@ class PodWorker(threading.Thread):
 
         if self.update(sandbox) is None:
             return
-        emu.truth_set("pods", self.key, "sandbox_ready", sandbox_ready_at)
+        emu.truth_record.note("pods", self.key, "sandbox_ready", sandbox_ready_at)
         self.pod = self.store_pod()
         self.runners = [ContainerRunner(self, c) for c in containers]
         # As the kubelet does, in the same step that saw the sandbox ready: the first container's
@@ -3946,7 +3947,7 @@ class PodWorker(threading.Thread):
             emu.replaced_uids.add(self.uid)
         self.evicted = True
         pod = self.store_pod()
-        emu.record_event(pod, "Warning", "Evicted", message, "kubelet", host=self.kl.node)
+        emu.events.record(pod, "Warning", "Evicted", message, "kubelet", host=self.kl.node)
         now = emu.api_now()
 
         def mark(o: dict) -> Optional[bool]:
@@ -4075,7 +4076,7 @@ class PodWorker(threading.Thread):
                     except OSError:
                         pass
             if used > limit:
-                self.emu.truth_set("pods", self.key, "size_limit_exceeded", used, raw=True)
+                self.emu.truth_record.note("pods", self.key, "size_limit_exceeded", used, raw=True)
                 return 'Usage of EmptyDir volume "%s" exceeds the limit "%s". ' % (v["name"], ed["sizeLimit"])
         return None
 
@@ -4171,7 +4172,7 @@ class Kubelet:
                 if w is not None and not w.done:
                     continue
             try:
-                self.emu.api_delete(CANONICAL["pods"], ns, name, {"gracePeriodSeconds": 0,
+                self.emu.writes.api_delete(CANONICAL["pods"], ns, name, {"gracePeriodSeconds": 0,
                                                                   "preconditions": {"uid": uid}})
             except ApiError:
                 pass
@@ -4295,316 +4296,65 @@ def qos_class(spec: dict) -> str:
 # the emulator
 # --------------------------------------------------------------------------
 
-class Emulator:
-    """A Kubernetes API server + controllers + kubelets in one process."""
+class TruthRecord:
+    """What really happened and when, by the emulator's own clock (tests compare the tool's view
+    with it): per pod, Job and namespace, and each pod's creation index, which faults name pods by."""
 
-    def __init__(self, workdir: Any, faults: Optional[dict] = None, nodes: int = 3,
-                 server_version: str = "1.33", python: str = sys.executable,
-                 timing: Optional[dict] = None):
-        self.workdir = Path(workdir).resolve()
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.faults = Faults(faults)
-        self.timing: Dict[str, float] = dict(DEFAULT_TIMING)
-        self.timing.update(timing or {})
-        self.nodes = int(nodes)
-        self.server_version = str(server_version).lstrip("v")
-        self.v = version_tuple(self.server_version)
-        self.python = python
-        self.context = "kube-emulator"
-        self.requests: List[Dict[str, Any]] = []
-        self.watches_expired = 0  # watches answered 410 Gone: their client fell behind the history
-        self._req_lock = threading.Lock()
-        self._stopping = threading.Event()
-        self._started = False
-        self._stopped = False
-        self.store = Store(self.api_now, int(self.timing["watch_history"]))
-        self.reads = ReadPath(self)
-        self.api = ApiServer(self)
-        self.logs: Dict[Tuple[str, str], List[ContainerLog]] = {}
+    def __init__(self, store: Store):
+        self.store = store
         self._truth: Dict[str, Dict[str, Dict[str, Any]]] = {"pods": {}, "jobs": {}, "namespaces": {}}
-        self._truth_lock = threading.Lock()
+        self._lock = threading.Lock()
         self._pod_index: Dict[str, int] = {}
         self._pod_counter = 0
-        self.replaced_uids: Set[str] = set()
-        self._event_index: Dict[Tuple, Tuple[str, str]] = {}
-        self.kubeconfig = self.workdir / "kubeconfig"
-        self.truth_path = self.workdir / "truth.json"
-        self.bindir = self.workdir / "bin"
-        self.node_names = ["emu-node-%d" % (i + 1) for i in range(self.nodes)]
-        self.controllers: List[Controller] = [JobController(self), Scheduler(self), GarbageCollector(self),
-                                              NamespaceController(self)]
-        self.kubelets = [Kubelet(self, n, i + 1) for i, n in enumerate(self.node_names)]
-        self._booted = False
-        self.store.listeners.append(self._on_store_event)
 
-    # ---------------------------------------------------------------- public
-    @property
-    def url(self) -> str:
-        return "http://127.0.0.1:%d" % self.api.port
-
-    def start(self) -> "Emulator":
-        if self._started:
-            return self
-        self._started = True
-        (self.workdir / "logs").mkdir(exist_ok=True)
-        (self.workdir / "pods").mkdir(exist_ok=True)
-        (self.workdir / "home").mkdir(exist_ok=True)
-        self.bindir.mkdir(exist_ok=True)
-        for n in ("python", "python3"):
-            link = self.bindir / n
-            if link.is_symlink() or link.exists():
-                link.unlink()
-            # The real file, not a virtualenv's link to it: the sandbox shows the host's
-            # root read-only but a fresh /tmp, where a venv (or a CI checkout) may live.
-            link.symlink_to(os.path.realpath(self.python))
-        self.api.listen(0)
-        self._write_kubeconfig()
-        self._bootstrap()
-        self._booted = True
-        for c in self.controllers:
-            c.start()
-        for k in self.kubelets:
-            k.start()
-        return self
-
-    def env(self) -> Dict[str, str]:
-        env = dict(os.environ)
-        env["KUBECONFIG"] = str(self.kubeconfig)
-        env["HOME"] = str(self.workdir / "home")
-        return env
-
-    def truth(self) -> dict:
-        with self._truth_lock:
+    def snapshot(self) -> dict:
+        with self._lock:
             return clone(self._truth)
 
-    def set_faults(self, **kw: Any) -> None:
-        self.faults.set(**kw)
-        if "missing_runtimeclass" in kw:
-            if kw["missing_runtimeclass"] and self.store.get("runtimeclasses", None, "cube"):
-                self.store.remove("runtimeclasses", None, "cube")
-            elif not kw["missing_runtimeclass"] and not self.store.get("runtimeclasses", None, "cube"):
-                self._create_runtimeclass()
-
-    def restart_api(self, down_seconds: float = 1.0) -> None:
-        port = self.api.port
-        self.api.close()
-        time.sleep(down_seconds)
-        deadline = time.time() + 10
-        while True:
-            try:
-                self.api.listen(port)
-                return
-            except OSError:
-                if time.time() > deadline:
-                    raise
-                time.sleep(0.05)
-
-    def get(self, kind_plural: str, namespace: Optional[str], name: str) -> Optional[dict]:
-        info = self._info_for(kind_plural)
-        obj = self.store.get(info.store, namespace if info.namespaced else None, name)
-        return self.api.to_version(info, obj) if obj is not None else None
-
-    def list(self, kind_plural: str, namespace: Optional[str] = None) -> List[dict]:
-        info = self._info_for(kind_plural)
-        objs, _ = self.store.list(info.store, namespace if info.namespaced else None)
-        return [self.api.to_version(info, o) for o in objs]
-
-    def stop(self) -> None:
-        if self._stopped or not self._started:
-            self._stopped = True
-            return
-        self._stopped = True
-        self._stopping.set()
-        for k in self.kubelets:
-            k.stop()
-        self.api.close()
-        for c in self.controllers:
-            c.thread.join(2)
-        try:
-            self.truth_path.write_text(json.dumps(self.truth(), indent=2, sort_keys=True))
-        except OSError:
-            pass
-
-    def __enter__(self) -> "Emulator":
-        return self.start()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
-
-    # ---------------------------------------------------------------- helpers
-    def api_skew(self) -> float:
-        return self.faults.timing("api_clock_skew", 0.0)
-
-    def api_now(self) -> float:
-        return time.time() + self.api_skew()
-
-    def t(self, key: str) -> float:
-        return float(self.timing[key])
-
-    def node_ip(self, node: str) -> str:
-        try:
-            i = self.node_names.index(node)
-        except ValueError:
-            i = 0
-        return "172.18.0.%d" % (i + 2)
-
-    def pods_watched(self, ns: str, job_name: str) -> bool:
-        """Has a client asked to watch the pods of this Job (by its job-name label)?"""
-        path = "/api/v1/namespaces/%s/pods" % ns
-        selector = "job-name=%s" % job_name
-        with self._req_lock:
-            return any(r["watch"] and r["path"] == path and selector in r["query"].get("labelSelector", "").split(",")
-                       for r in self.requests)
-
     def pod_index(self, uid: str) -> Optional[int]:
-        with self._truth_lock:
+        with self._lock:
             return self._pod_index.get(uid)
 
-    def truth_set(self, section: str, key: str, field: str, value: Any = None, raw: bool = False,
-                  first: bool = True) -> None:
-        with self._truth_lock:
+    def note(self, section: str, key: str, field: str, value: Any = None, raw: bool = False,
+             first: bool = True) -> None:
+        """Note a field (default: now); unless `raw`, only its first value counts unless `first` is False."""
+        with self._lock:
             d = self._truth[section].setdefault(key, {})
             if raw:
                 d[field] = value
             elif not first or field not in d:
                 d[field] = time.time() if value is None else value
 
-    def _info_for(self, plural: str) -> ResourceInfo:
-        if plural in CANONICAL:
-            return CANONICAL[plural]
-        for r in RESOURCES:
-            if plural in (r.plural, r.kind.lower(), r.singular) or plural in r.short_names:
-                return r
-        raise KeyError(plural)
-
-    def _on_store_event(self, etype: str, store: str, obj: dict) -> None:
+    def on_store_event(self, etype: str, store: str, obj: dict) -> None:
+        """Store listener: creation, termination and deletion of pods, Jobs and namespaces."""
+        if store not in ("pods", "jobs", "namespaces"):
+            return
         md = obj["metadata"]
         key = "%s/%s" % (md.get("namespace"), md["name"]) if md.get("namespace") else md["name"]
-        if store in ("pods", "jobs", "namespaces"):
-            if etype == "ADDED":
-                with self._truth_lock:
-                    self._truth[store][key] = {"created": self.store.created_wall.pop(md["uid"], time.time())}
-                    if store == "pods":
-                        self._pod_index[md["uid"]] = self._pod_counter
-                        self._truth[store][key]["index"] = self._pod_counter
-                        self._pod_counter += 1
-            elif etype == "DELETED":
-                self.truth_set(store, key, "deleted")
-            elif md.get("deletionTimestamp"):
-                self.truth_set(store, key, "terminating")
-        for c in self.controllers:
-            c.on_event(etype, store, obj)
-        for k in self.kubelets:
-            k.on_event(etype, store, obj)
+        if etype == "ADDED":
+            with self._lock:
+                self._truth[store][key] = {"created": self.store.created_wall.pop(md["uid"], time.time())}
+                if store == "pods":
+                    self._pod_index[md["uid"]] = self._pod_counter
+                    self._truth[store][key]["index"] = self._pod_counter
+                    self._pod_counter += 1
+        elif etype == "DELETED":
+            self.note(store, key, "deleted")
+        elif md.get("deletionTimestamp"):
+            self.note(store, key, "terminating")
 
-    def _write_kubeconfig(self) -> None:
-        cfg = {"apiVersion": "v1", "kind": "Config", "preferences": {},
-               "clusters": [{"name": self.context, "cluster": {"server": self.url}}],
-               "users": [{"name": self.context, "user": {"username": "admin", "password": "emulator"}}],
-               "contexts": [{"name": self.context, "context": {"cluster": self.context, "user": self.context,
-                                                               "namespace": "default"}}],
-               "current-context": self.context}
-        self.kubeconfig.write_text(json.dumps(cfg, indent=2))
 
-    def _create_runtimeclass(self) -> None:
-        self.create_object(CANONICAL["runtimeclasses"], {
-            "apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "cube"},
-            "handler": "cube", "overhead": {"podFixed": {"cpu": "250m", "memory": "768Mi"}}})
+class WritePath:
+    """Writes as the API server takes them: decoding checks, admission, defaulting, validation and
+    storage for create, update, patch and delete (used by the REST layer and the controllers)."""
 
-    def _bootstrap(self) -> None:
-        for name in ("default", "kube-system", "kube-public", "kube-node-lease"):
-            self.create_object(CANONICAL["namespaces"], {"apiVersion": "v1", "kind": "Namespace",
-                                                         "metadata": {"name": name}})
-        import platform
-        for i, n in enumerate(self.node_names):
-            now = self.api_now()
+    def __init__(self, store: Store, faults: Faults, clock: Callable[[], float], version: Tuple[int, int]):
+        self.store = store
+        self.faults = faults
+        self.clock = clock
+        self.version = version
+        self.booted = False  # the bootstrap objects are made; faults apply from here on
 
-            def nc(t: str, s: str, r: str, m: str) -> dict:
-                return {"type": t, "status": s, "lastHeartbeatTime": fmt_time(now),
-                        "lastTransitionTime": fmt_time(now), "reason": r, "message": m}
-            res = {"cpu": "8", "memory": "32Gi", "pods": "110", "ephemeral-storage": "100Gi"}
-            self.create_object(CANONICAL["nodes"], {
-                "apiVersion": "v1", "kind": "Node",
-                "metadata": {"name": n, "labels": {
-                    "kubernetes.io/hostname": n, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
-                    "beta.kubernetes.io/os": "linux", "beta.kubernetes.io/arch": "amd64"},
-                    "annotations": {"node.alpha.kubernetes.io/ttl": "0"}},
-                "spec": {"podCIDR": "10.244.%d.0/24" % (i + 1), "podCIDRs": ["10.244.%d.0/24" % (i + 1)],
-                         "providerID": "emulator://%s" % n},
-                "status": {"capacity": dict(res), "allocatable": dict(res),
-                           "conditions": [nc("MemoryPressure", "False", "KubeletHasSufficientMemory",
-                                             "kubelet has sufficient memory available"),
-                                          nc("DiskPressure", "False", "KubeletHasNoDiskPressure",
-                                             "kubelet has no disk pressure"),
-                                          nc("PIDPressure", "False", "KubeletHasSufficientPID",
-                                             "kubelet has sufficient PID available"),
-                                          nc("Ready", "True", "KubeletReady", "kubelet is posting ready status")],
-                           "addresses": [{"type": "InternalIP", "address": self.node_ip(n)},
-                                         {"type": "Hostname", "address": n}],
-                           "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
-                           "nodeInfo": {"machineID": hex64(n)[:32], "systemUUID": str(uuid.uuid5(uuid.NAMESPACE_DNS, n)),
-                                        "bootID": str(uuid.uuid4()), "kernelVersion": platform.release(),
-                                        "osImage": "Emulated Linux (bubblewrap)",
-                                        "containerRuntimeVersion": "containerd://1.7.27",
-                                        "kubeletVersion": "v%s.0" % self.server_version,
-                                        "kubeProxyVersion": "", "operatingSystem": "linux",
-                                        "architecture": "amd64"}}})
-        if not self.faults.on("missing_runtimeclass"):
-            self._create_runtimeclass()
-
-    # ---------------------------------------------------------------- events
-    def record_event(self, obj: dict, etype: str, reason: str, message: str, component: str,
-                     host: Optional[str] = None, field_path: Optional[str] = None) -> None:
-        """core/v1 event like client-go's EventRecorder (with aggregation of repeats)."""
-        md = obj.get("metadata") or {}
-        ns = md.get("namespace") or "default"
-        io: Dict[str, Any] = {"kind": obj.get("kind"), "name": md.get("name"), "uid": md.get("uid"),
-                              "apiVersion": obj.get("apiVersion"), "resourceVersion": md.get("resourceVersion")}
-        if md.get("namespace"):
-            io["namespace"] = md["namespace"]
-        if field_path:
-            io["fieldPath"] = field_path
-        key = (md.get("uid"), field_path, reason, message, component, host, etype)
-        now = self.api_now()
-        existing = self._event_index.get(key)
-        if existing and self.store.get("events", existing[0], existing[1]) is not None:
-            def bump(o: dict) -> Optional[bool]:
-                o["count"] = o.get("count", 1) + 1
-                o["lastTimestamp"] = fmt_time(now)
-                return True
-            self.store.update("events", existing[0], existing[1], bump)
-            return
-        src: Dict[str, Any] = {"component": component}
-        if host:
-            src["host"] = host
-        ev = {"apiVersion": "v1", "kind": "Event",
-              "metadata": {"name": "%s.%x" % (md.get("name"), time.time_ns()), "namespace": ns},
-              "involvedObject": io, "reason": reason, "message": message, "source": src,
-              "firstTimestamp": fmt_time(now), "lastTimestamp": fmt_time(now), "count": 1, "type": etype,
-              "eventTime": None, "reportingComponent": component, "reportingInstance": host or ""}
-        try:
-            created = self.create_object(CANONICAL["events"], ev)
-            self._event_index[key] = (ns, created["metadata"]["name"])
-        except ApiError:
-            pass
-
-    def record_scheduler_event(self, pod: dict, note: str, at: float) -> None:
-        """The scheduler records through events.k8s.io/v1: eventTime (µs), no first/lastTimestamp."""
-        md = pod["metadata"]
-        ev = {"apiVersion": "v1", "kind": "Event",
-              "metadata": {"name": "%s.%x" % (md["name"], int(at * 1e9)), "namespace": md["namespace"]},
-              "involvedObject": {"kind": "Pod", "namespace": md["namespace"], "name": md["name"],
-                                 "uid": md["uid"], "apiVersion": "v1", "resourceVersion": md["resourceVersion"]},
-              "reason": "Scheduled", "message": note, "source": {}, "firstTimestamp": None,
-              "lastTimestamp": None, "type": "Normal", "eventTime": fmt_micro(at + self.api_skew()),
-              "action": "Binding", "reportingComponent": "default-scheduler",
-              "reportingInstance": "default-scheduler-emu-control-plane"}
-        try:
-            self.create_object(CANONICAL["events"], ev)
-        except ApiError:
-            pass
-
-    # ---------------------------------------------------------------- REST verbs
     def api_create(self, info: ResourceInfo, ns: Optional[str], body: dict,
                    query: Dict[str, str]) -> Tuple[dict, List[str]]:
         body = clone(body)
@@ -4704,7 +4454,7 @@ class Emulator:
                 if self.store.get(canon.store, ns if canon.namespaced else None, name) is not None:
                     raise err_already_exists(canon, name)
                 md.setdefault("uid", str(uuid.uuid4()))
-                md["creationTimestamp"] = fmt_time(self.api_now())
+                md["creationTimestamp"] = fmt_time(self.clock())
                 return body
             try:
                 return self.store.create(canon.store, body)
@@ -4803,7 +4553,7 @@ class Emulator:
     def _admit_namespaces(self, body: dict, err_name: str) -> None:
         body["spec"] = {"finalizers": ["kubernetes"]}
         body["status"] = {"phase": "Active"}
-        if self._booted and self.faults.on("stuck_terminating"):
+        if self.booted and self.faults.on("stuck_terminating"):
             fins = body["metadata"].setdefault("finalizers", [])
             if STUCK_FINALIZER not in fins:
                 fins.append(STUCK_FINALIZER)
@@ -4823,7 +4573,7 @@ class Emulator:
         if spec.get("backoffLimit") is None:
             spec["backoffLimit"] = 6 if spec.get("backoffLimitPerIndex") is None else 2147483647
         spec.setdefault("suspend", False)
-        if self.v >= (1, 29):
+        if self.version >= (1, 29):
             spec.setdefault("podReplacementPolicy", "Failed" if spec.get("podFailurePolicy") else
                             "TerminatingOrFailed")
         md["uid"] = str(uuid.uuid4())
@@ -4845,7 +4595,7 @@ class Emulator:
     def _admit_pods(self, body: dict, err_name: str) -> None:
         spec = body.setdefault("spec", {})
         default_pod_spec(spec)
-        if self.v >= (1, 33):
+        if self.version >= (1, 33):
             body["metadata"]["generation"] = 1
         nsobj = self.store.get("namespaces", None, body["metadata"].get("namespace") or "")
         policy = pod_security_policy(((nsobj or {}).get("metadata") or {}).get("labels"), "enforce")
@@ -4971,7 +4721,7 @@ class Emulator:
         cur = self.store.get(info.store, store_ns, name)
         if cur is None:
             raise err_not_found(info, name)
-        doc = self.api.to_version(info, cur)
+        doc = to_version(info, cur)
         if ctype == "application/json-patch+json":
             if not isinstance(patch, list):
                 raise err_bad_request("json: cannot unmarshal object into Go value of type jsonpatch.Patch")
@@ -5011,11 +4761,11 @@ class Emulator:
             raise err_invalid(info, name, [("propagationPolicy", "FieldValueNotSupported",
                                             'Unsupported value: "%s": supported values: "Foreground", '
                                             '"Background", "Orphan", "nil"' % policy)])
-        now = self.api_now()
+        now = self.clock()
         if dry:
             out = clone(cur)
             out["metadata"]["deletionTimestamp"] = fmt_time(now)
-            return 200, self.api.to_version(info, out)
+            return 200, to_version(info, out)
         if store == "namespaces":
             if name in ("default", "kube-system", "kube-public"):
                 raise err_forbidden(info, name, "this namespace may not be deleted")
@@ -5089,6 +4839,302 @@ class Emulator:
                          "details": details}
         code = 202 if policy == "Foreground" and opts.get("orphanDependents") is False else 200
         return code, new
+
+
+class EventRecorder:
+    """Records core/v1 Events for the controllers and kubelets, as client-go's recorders do."""
+
+    def __init__(self, store: Store, writes: WritePath, clock: Callable[[], float], skew: Callable[[], float]):
+        self.store = store
+        self.writes = writes
+        self.clock = clock
+        self.skew = skew
+        self._event_index: Dict[Tuple, Tuple[str, str]] = {}
+
+    def record(self, obj: dict, etype: str, reason: str, message: str, component: str,
+                     host: Optional[str] = None, field_path: Optional[str] = None) -> None:
+        """core/v1 event like client-go's EventRecorder (with aggregation of repeats)."""
+        md = obj.get("metadata") or {}
+        ns = md.get("namespace") or "default"
+        io: Dict[str, Any] = {"kind": obj.get("kind"), "name": md.get("name"), "uid": md.get("uid"),
+                              "apiVersion": obj.get("apiVersion"), "resourceVersion": md.get("resourceVersion")}
+        if md.get("namespace"):
+            io["namespace"] = md["namespace"]
+        if field_path:
+            io["fieldPath"] = field_path
+        key = (md.get("uid"), field_path, reason, message, component, host, etype)
+        now = self.clock()
+        existing = self._event_index.get(key)
+        if existing and self.store.get("events", existing[0], existing[1]) is not None:
+            def bump(o: dict) -> Optional[bool]:
+                o["count"] = o.get("count", 1) + 1
+                o["lastTimestamp"] = fmt_time(now)
+                return True
+            self.store.update("events", existing[0], existing[1], bump)
+            return
+        src: Dict[str, Any] = {"component": component}
+        if host:
+            src["host"] = host
+        ev = {"apiVersion": "v1", "kind": "Event",
+              "metadata": {"name": "%s.%x" % (md.get("name"), time.time_ns()), "namespace": ns},
+              "involvedObject": io, "reason": reason, "message": message, "source": src,
+              "firstTimestamp": fmt_time(now), "lastTimestamp": fmt_time(now), "count": 1, "type": etype,
+              "eventTime": None, "reportingComponent": component, "reportingInstance": host or ""}
+        try:
+            created = self.writes.create_object(CANONICAL["events"], ev)
+            self._event_index[key] = (ns, created["metadata"]["name"])
+        except ApiError:
+            pass
+
+    def record_scheduled(self, pod: dict, note: str, at: float) -> None:
+        """The scheduler records through events.k8s.io/v1: eventTime (µs), no first/lastTimestamp."""
+        md = pod["metadata"]
+        ev = {"apiVersion": "v1", "kind": "Event",
+              "metadata": {"name": "%s.%x" % (md["name"], int(at * 1e9)), "namespace": md["namespace"]},
+              "involvedObject": {"kind": "Pod", "namespace": md["namespace"], "name": md["name"],
+                                 "uid": md["uid"], "apiVersion": "v1", "resourceVersion": md["resourceVersion"]},
+              "reason": "Scheduled", "message": note, "source": {}, "firstTimestamp": None,
+              "lastTimestamp": None, "type": "Normal", "eventTime": fmt_micro(at + self.skew()),
+              "action": "Binding", "reportingComponent": "default-scheduler",
+              "reportingInstance": "default-scheduler-emu-control-plane"}
+        try:
+            self.writes.create_object(CANONICAL["events"], ev)
+        except ApiError:
+            pass
+
+
+class Emulator:
+    """A Kubernetes API server + controllers + kubelets in one process.
+
+    The composition root: it builds the store, the faults, the read and write paths, the API
+    server, the event recorder, the truth record, the controllers and the kubelets, wires the
+    store's listeners, and starts and stops them; the tests' handle on all of it.
+    """
+
+    def __init__(self, workdir: Any, faults: Optional[dict] = None, nodes: int = 3,
+                 server_version: str = "1.33", python: str = sys.executable,
+                 timing: Optional[dict] = None):
+        self.workdir = Path(workdir).resolve()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.faults = Faults(faults)
+        self.timing: Dict[str, float] = dict(DEFAULT_TIMING)
+        self.timing.update(timing or {})
+        self.nodes = int(nodes)
+        self.server_version = str(server_version).lstrip("v")
+        self.v = version_tuple(self.server_version)
+        self.python = python
+        self.context = "kube-emulator"
+        self.requests: List[Dict[str, Any]] = []
+        self.watches_expired = 0  # watches answered 410 Gone: their client fell behind the history
+        self._req_lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._started = False
+        self._stopped = False
+        self.store = Store(self.api_now, int(self.timing["watch_history"]))
+        self.reads = ReadPath(self)
+        self.api = ApiServer(self)
+        self.logs: Dict[Tuple[str, str], List[ContainerLog]] = {}
+        self.truth_record = TruthRecord(self.store)
+        self.writes = WritePath(self.store, self.faults, self.api_now, self.v)
+        self.events = EventRecorder(self.store, self.writes, self.api_now, self.api_skew)
+        self.replaced_uids: Set[str] = set()
+        self.kubeconfig = self.workdir / "kubeconfig"
+        self.truth_path = self.workdir / "truth.json"
+        self.bindir = self.workdir / "bin"
+        self.node_names = ["emu-node-%d" % (i + 1) for i in range(self.nodes)]
+        self.controllers: List[Controller] = [JobController(self), Scheduler(self), GarbageCollector(self),
+                                              NamespaceController(self)]
+        self.kubelets = [Kubelet(self, n, i + 1) for i, n in enumerate(self.node_names)]
+        self.store.listeners.append(self.truth_record.on_store_event)
+        self.store.listeners.append(self._on_store_event)
+
+    # ---------------------------------------------------------------- public
+    @property
+    def url(self) -> str:
+        return "http://127.0.0.1:%d" % self.api.port
+
+    def start(self) -> "Emulator":
+        if self._started:
+            return self
+        self._started = True
+        (self.workdir / "logs").mkdir(exist_ok=True)
+        (self.workdir / "pods").mkdir(exist_ok=True)
+        (self.workdir / "home").mkdir(exist_ok=True)
+        self.bindir.mkdir(exist_ok=True)
+        for n in ("python", "python3"):
+            link = self.bindir / n
+            if link.is_symlink() or link.exists():
+                link.unlink()
+            # The real file, not a virtualenv's link to it: the sandbox shows the host's
+            # root read-only but a fresh /tmp, where a venv (or a CI checkout) may live.
+            link.symlink_to(os.path.realpath(self.python))
+        self.api.listen(0)
+        self._write_kubeconfig()
+        self._bootstrap()
+        self.writes.booted = True
+        for c in self.controllers:
+            c.start()
+        for k in self.kubelets:
+            k.start()
+        return self
+
+    def env(self) -> Dict[str, str]:
+        env = dict(os.environ)
+        env["KUBECONFIG"] = str(self.kubeconfig)
+        env["HOME"] = str(self.workdir / "home")
+        return env
+
+    def truth(self) -> dict:
+        return self.truth_record.snapshot()
+
+    def set_faults(self, **kw: Any) -> None:
+        self.faults.set(**kw)
+        if "missing_runtimeclass" in kw:
+            if kw["missing_runtimeclass"] and self.store.get("runtimeclasses", None, "cube"):
+                self.store.remove("runtimeclasses", None, "cube")
+            elif not kw["missing_runtimeclass"] and not self.store.get("runtimeclasses", None, "cube"):
+                self._create_runtimeclass()
+
+    def restart_api(self, down_seconds: float = 1.0) -> None:
+        port = self.api.port
+        self.api.close()
+        time.sleep(down_seconds)
+        deadline = time.time() + 10
+        while True:
+            try:
+                self.api.listen(port)
+                return
+            except OSError:
+                if time.time() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def get(self, kind_plural: str, namespace: Optional[str], name: str) -> Optional[dict]:
+        info = self._info_for(kind_plural)
+        obj = self.store.get(info.store, namespace if info.namespaced else None, name)
+        return to_version(info, obj) if obj is not None else None
+
+    def list(self, kind_plural: str, namespace: Optional[str] = None) -> List[dict]:
+        info = self._info_for(kind_plural)
+        objs, _ = self.store.list(info.store, namespace if info.namespaced else None)
+        return [to_version(info, o) for o in objs]
+
+    def stop(self) -> None:
+        if self._stopped or not self._started:
+            self._stopped = True
+            return
+        self._stopped = True
+        self._stopping.set()
+        for k in self.kubelets:
+            k.stop()
+        self.api.close()
+        for c in self.controllers:
+            c.thread.join(2)
+        try:
+            self.truth_path.write_text(json.dumps(self.truth(), indent=2, sort_keys=True))
+        except OSError:
+            pass
+
+    def __enter__(self) -> "Emulator":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    # ---------------------------------------------------------------- helpers
+    def api_skew(self) -> float:
+        return self.faults.timing("api_clock_skew", 0.0)
+
+    def api_now(self) -> float:
+        return time.time() + self.api_skew()
+
+    def t(self, key: str) -> float:
+        return float(self.timing[key])
+
+    def node_ip(self, node: str) -> str:
+        try:
+            i = self.node_names.index(node)
+        except ValueError:
+            i = 0
+        return "172.18.0.%d" % (i + 2)
+
+    def pods_watched(self, ns: str, job_name: str) -> bool:
+        """Has a client asked to watch the pods of this Job (by its job-name label)?"""
+        path = "/api/v1/namespaces/%s/pods" % ns
+        selector = "job-name=%s" % job_name
+        with self._req_lock:
+            return any(r["watch"] and r["path"] == path and selector in r["query"].get("labelSelector", "").split(",")
+                       for r in self.requests)
+
+    def _info_for(self, plural: str) -> ResourceInfo:
+        if plural in CANONICAL:
+            return CANONICAL[plural]
+        for r in RESOURCES:
+            if plural in (r.plural, r.kind.lower(), r.singular) or plural in r.short_names:
+                return r
+        raise KeyError(plural)
+
+    def _on_store_event(self, etype: str, store: str, obj: dict) -> None:
+        for c in self.controllers:
+            c.on_event(etype, store, obj)
+        for k in self.kubelets:
+            k.on_event(etype, store, obj)
+
+    def _write_kubeconfig(self) -> None:
+        cfg = {"apiVersion": "v1", "kind": "Config", "preferences": {},
+               "clusters": [{"name": self.context, "cluster": {"server": self.url}}],
+               "users": [{"name": self.context, "user": {"username": "admin", "password": "emulator"}}],
+               "contexts": [{"name": self.context, "context": {"cluster": self.context, "user": self.context,
+                                                               "namespace": "default"}}],
+               "current-context": self.context}
+        self.kubeconfig.write_text(json.dumps(cfg, indent=2))
+
+    def _create_runtimeclass(self) -> None:
+        self.writes.create_object(CANONICAL["runtimeclasses"], {
+            "apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "cube"},
+            "handler": "cube", "overhead": {"podFixed": {"cpu": "250m", "memory": "768Mi"}}})
+
+    def _bootstrap(self) -> None:
+        for name in ("default", "kube-system", "kube-public", "kube-node-lease"):
+            self.writes.create_object(CANONICAL["namespaces"], {"apiVersion": "v1", "kind": "Namespace",
+                                                         "metadata": {"name": name}})
+        import platform
+        for i, n in enumerate(self.node_names):
+            now = self.api_now()
+
+            def nc(t: str, s: str, r: str, m: str) -> dict:
+                return {"type": t, "status": s, "lastHeartbeatTime": fmt_time(now),
+                        "lastTransitionTime": fmt_time(now), "reason": r, "message": m}
+            res = {"cpu": "8", "memory": "32Gi", "pods": "110", "ephemeral-storage": "100Gi"}
+            self.writes.create_object(CANONICAL["nodes"], {
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": n, "labels": {
+                    "kubernetes.io/hostname": n, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
+                    "beta.kubernetes.io/os": "linux", "beta.kubernetes.io/arch": "amd64"},
+                    "annotations": {"node.alpha.kubernetes.io/ttl": "0"}},
+                "spec": {"podCIDR": "10.244.%d.0/24" % (i + 1), "podCIDRs": ["10.244.%d.0/24" % (i + 1)],
+                         "providerID": "emulator://%s" % n},
+                "status": {"capacity": dict(res), "allocatable": dict(res),
+                           "conditions": [nc("MemoryPressure", "False", "KubeletHasSufficientMemory",
+                                             "kubelet has sufficient memory available"),
+                                          nc("DiskPressure", "False", "KubeletHasNoDiskPressure",
+                                             "kubelet has no disk pressure"),
+                                          nc("PIDPressure", "False", "KubeletHasSufficientPID",
+                                             "kubelet has sufficient PID available"),
+                                          nc("Ready", "True", "KubeletReady", "kubelet is posting ready status")],
+                           "addresses": [{"type": "InternalIP", "address": self.node_ip(n)},
+                                         {"type": "Hostname", "address": n}],
+                           "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+                           "nodeInfo": {"machineID": hex64(n)[:32], "systemUUID": str(uuid.uuid5(uuid.NAMESPACE_DNS, n)),
+                                        "bootID": str(uuid.uuid4()), "kernelVersion": platform.release(),
+                                        "osImage": "Emulated Linux (bubblewrap)",
+                                        "containerRuntimeVersion": "containerd://1.7.27",
+                                        "kubeletVersion": "v%s.0" % self.server_version,
+                                        "kubeProxyVersion": "", "operatingSystem": "linux",
+                                        "architecture": "amd64"}}})
+        if not self.faults.on("missing_runtimeclass"):
+            self._create_runtimeclass()
+
 
 
 def _delete_path(obj: dict, path: str) -> None:

@@ -78,13 +78,13 @@ STAMPS = {"pod_created": lambda pod: pod["metadata"]["creationTimestamp"],
 def record_deletes(emulator: Emulator) -> list[dict]:
     """Every deletion the emulator performs, with its options (the request log has no bodies)."""
     deletes: list[dict] = []
-    original = emulator.api_delete
+    original = emulator.writes.api_delete
 
     def api_delete(info: Any, namespace: Any, name: str, opts: dict) -> Any:
         deletes.append({"store": info.store, "namespace": namespace, "name": name, "opts": dict(opts)})
         return original(info, namespace, name, opts)
 
-    emulator.api_delete = api_delete  # type: ignore[method-assign]
+    emulator.writes.api_delete = api_delete  # type: ignore[method-assign]
     return deletes
 
 
