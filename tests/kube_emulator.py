@@ -2614,6 +2614,30 @@ def pod_terminal(pod: dict) -> bool:
 # Job controller
 # --------------------------------------------------------------------------
 
+class JobSync:
+    """One pass of the Job controller over one Job: what it read and what it has counted so far."""
+
+    def __init__(self, job: dict, pods: List[dict], now: float):
+        self.job = job
+        md = job["metadata"]
+        self.ns, self.name, self.uid = md["namespace"], md["name"], md["uid"]
+        self.spec: dict = job.get("spec") or {}
+        self.status: dict = clone(job.get("status") or {})
+        self.conds: List[dict] = self.status.setdefault("conditions", [])
+        self.now = now
+        self.pods = pods
+        self.indexed = self.spec.get("completionMode") == "Indexed"
+        self.per_index = self.indexed and self.spec.get("backoffLimitPerIndex") is not None
+        self.done_idx: Set[int] = set(parse_index_list(self.status.get("completedIndexes", "")))
+        self.failed_idx: Set[int] = set(parse_index_list(self.status.get("failedIndexes") or ""))
+        self.fail_job_message: Optional[str] = None  # a pod failure policy's FailJob rule matched
+        self.succeeded = 0
+        self.failed = 0
+        self.active = [p for p in pods if not pod_terminal(p) and not p["metadata"].get("deletionTimestamp")]
+        self.terminating = [p for p in pods if not pod_terminal(p) and p["metadata"].get("deletionTimestamp")]
+        self.ready = sum(1 for p in self.active if cond_true((p.get("status") or {}).get("conditions"), "Ready"))
+
+
 class JobController(Controller):
     """batch/v1 Job controller (NonIndexed and Indexed completion modes)."""
 
@@ -2636,7 +2660,7 @@ class JobController(Controller):
         elif store == "pods":
             ref = controller_ref(obj)
             if ref and ref.get("kind") == "Job":
-                self.queue.add((md.get("namespace", ""), ref["name"]), self.emu.faults.timing("job_status_lag", self.emu.t("job_status_lag")))
+                self.queue.add((md.get("namespace", ""), ref["name"]), self._status_lag())
                 if etype != "DELETED" and JOB_TRACKING_FINALIZER in (md.get("finalizers") or []) \
                         and self.store.by_uid(ref.get("uid", "")) is None:
                     self.queue.add(("orphan", md.get("namespace", ""), md["name"]), 0.0)
@@ -2644,15 +2668,17 @@ class JobController(Controller):
     def resync(self) -> None:
         self.resync_orphans()
         for j in self.store.list_raw("jobs"):
-            self.queue.add((j["metadata"]["namespace"], j["metadata"]["name"]), self.emu.faults.timing("job_status_lag", self.emu.t("job_status_lag")))
+            self.queue.add((j["metadata"]["namespace"], j["metadata"]["name"]), self._status_lag())
+
+    def _status_lag(self) -> float:
+        return self.emu.faults.timing("job_status_lag", self.emu.t("job_status_lag"))
 
     # ---------------------------------------------------------------
     def sync(self, key: Tuple) -> None:
         if key[0] == "orphan":
             self._sync_orphan_pod(key[1], key[2])
             return
-        emu = self.emu
-        stalled = emu.faults.value("job_controller_stalled")
+        stalled = self.emu.faults.value("job_controller_stalled")
         if stalled is True:
             return  # kube-controller-manager down: no pods, no conditions, no deadline
         ns, name = key
@@ -2660,26 +2686,24 @@ class JobController(Controller):
         if job is None:
             return
         uid = job["metadata"]["uid"]
-        spec = job.get("spec") or {}
-        status = clone(job.get("status") or {})
-        conds: List[dict] = status.setdefault("conditions", [])
-        new_ver = emu.v >= (1, 31)
-        now = emu.api_now()
         pods = [p for p in self.store.list_raw("pods", ns)
                 if any(r.get("uid") == uid and r.get("controller") for r in owner_refs(p))]
         if stalled and len(pods) >= int(stalled):
             return  # stalls once it has made this many pods: they run on, the Job stays unfinished
-        counted = self.counted.setdefault(uid, set())
-        indexed = spec.get("completionMode") == "Indexed"
-        done_idx: Set[int] = set(parse_index_list(status.get("completedIndexes", "")))
-        per_index = indexed and spec.get("backoffLimitPerIndex") is not None
-        failed_idx: Set[int] = set(parse_index_list(status.get("failedIndexes") or ""))
-        policy = spec.get("podFailurePolicy")
-        fail_job_message: Optional[str] = None
+        js = JobSync(job, pods, self.emu.api_now())
+        self._account_finished(js)
+        if not (cond_true(js.conds, "Complete") or cond_true(js.conds, "Failed")):
+            self._advance(key, js)
+        self._write_status(js)
 
-        # 1. account finished pods and drop their tracking finalizers
+    def _account_finished(self, js: "JobSync") -> None:
+        """Count the finished pods not yet counted (by the pod failure policy, if any) and drop their
+        tracking finalizers."""
+        emu, spec, uid = self.emu, js.spec, js.uid
+        counted = self.counted.setdefault(uid, set())
+        policy = spec.get("podFailurePolicy")
         new_succ = new_fail = 0
-        for p in pods:
+        for p in js.pods:
             pmd = p["metadata"]
             phase = (p.get("status") or {}).get("phase")
             finished = phase in ("Succeeded", "Failed") or bool(pmd.get("deletionTimestamp"))
@@ -2689,127 +2713,135 @@ class JobController(Controller):
                 counted.add(pmd["uid"])
                 if phase == "Succeeded":
                     new_succ += 1
-                    if indexed:
-                        done_idx.add(int((pmd.get("annotations") or {}).get(
+                    if js.indexed:
+                        js.done_idx.add(int((pmd.get("annotations") or {}).get(
                             "batch.kubernetes.io/job-completion-index", "0")))
-                elif policy is None and not per_index and pmd["uid"] in emu.replaced_uids:
+                elif policy is None and not js.per_index and pmd["uid"] in emu.replaced_uids:
                     pass  # replace_pod fault: treated like podFailurePolicy Ignore on DisruptionTarget
-                elif policy is not None or per_index:
+                elif policy is not None or js.per_index:
                     message, count_failed, action = match_pod_failure_policy(policy, p)
-                    if action == "FailJob" and fail_job_message is None:
-                        fail_job_message = message
+                    if action == "FailJob" and js.fail_job_message is None:
+                        js.fail_job_message = message
                     if count_failed:
                         new_fail += 1
                         self.last_failure[uid] = time.time()
-                    if per_index:
+                    if js.per_index:
                         ix = int((pmd.get("annotations") or {}).get(
                             "batch.kubernetes.io/job-completion-index", "0"))
                         fails, ignored = index_failure_counts(p)
                         if action == "FailIndex" or (count_failed and fails >= spec["backoffLimitPerIndex"]):
-                            failed_idx.add(ix)
+                            js.failed_idx.add(ix)
                         self.index_failures[(uid, ix)] = (fails + 1, ignored, time.time()) if count_failed \
                             else (fails, ignored + 1, self.index_failures.get((uid, ix), (0, 0, 0.0))[2])
                 else:
                     new_fail += 1
                     self.last_failure[uid] = time.time()
             if JOB_TRACKING_FINALIZER in (pmd.get("finalizers") or []):
-                self.store.update("pods", ns, pmd["name"], _drop_finalizer(JOB_TRACKING_FINALIZER))
-        succeeded = status.get("succeeded", 0) + new_succ
-        failed = status.get("failed", 0) + new_fail
-        if indexed:
-            succeeded = len(done_idx)
+                self.store.update("pods", js.ns, pmd["name"], _drop_finalizer(JOB_TRACKING_FINALIZER))
+        js.succeeded = len(js.done_idx) if js.indexed else js.status.get("succeeded", 0) + new_succ
+        js.failed = js.status.get("failed", 0) + new_fail
 
-        active = [p for p in pods if not pod_terminal(p) and not p["metadata"].get("deletionTimestamp")]
-        terminating = [p for p in pods if not pod_terminal(p) and p["metadata"].get("deletionTimestamp")]
-        ready = sum(1 for p in active if cond_true((p.get("status") or {}).get("conditions"), "Ready"))
-
-        finished = cond_true(conds, "Complete") or cond_true(conds, "Failed")
-        if not finished:
-            if not status.get("startTime") and not spec.get("suspend"):
-                status["startTime"] = fmt_time(now)
-            completions = spec.get("completions")
-            parallelism = spec.get("parallelism", 1)
-            if cond_true(conds, "FailureTarget"):
-                self._delete_pods(job, active)
-                if not active and not terminating:
-                    ft = find_condition(conds, "FailureTarget") or {}
-                    self._finish(job, conds, "Failed", ft.get("reason"), ft.get("message"), status)
-            elif cond_true(conds, "SuccessCriteriaMet"):
-                self._delete_pods(job, active)
-                if not active and not terminating:
-                    self._finish(job, conds, "Complete", "CompletionsReached", self.COMPLETE_MSG, status)
+    def _advance(self, key: Tuple, js: "JobSync") -> None:
+        """An unfinished Job: finish it once its pods are gone, mark success or failure, or make pods."""
+        spec, status, conds, job = js.spec, js.status, js.conds, js.job
+        if not status.get("startTime") and not spec.get("suspend"):
+            status["startTime"] = fmt_time(js.now)
+        if cond_true(conds, "FailureTarget"):
+            self._delete_pods(job, js.active)
+            if not js.active and not js.terminating:
+                ft = find_condition(conds, "FailureTarget") or {}
+                self._finish(job, conds, "Failed", ft.get("reason"), ft.get("message"), status)
+            return
+        if cond_true(conds, "SuccessCriteriaMet"):
+            self._delete_pods(job, js.active)
+            if not js.active and not js.terminating:
+                self._finish(job, conds, "Complete", "CompletionsReached", self.COMPLETE_MSG, status)
+            return
+        completions = spec.get("completions")
+        fail_reason, fail_msg = self._failure(js)
+        if completions is not None:
+            success = js.succeeded >= completions
+        else:
+            success = js.succeeded > 0 and not js.active
+        new_ver = self.emu.v >= (1, 31)
+        if fail_reason:
+            js.active = self._delete_pods(job, js.active) or []
+            if new_ver:
+                set_condition(conds, condition("FailureTarget", "True", js.now, fail_reason, fail_msg, probe=True))
+                self.emu.truth_record.note("jobs", "%s/%s" % key, "failure_target")
+                self.queue.add(key, 0.05)
             else:
-                ads = spec.get("activeDeadlineSeconds")
-                start = parse_time(status.get("startTime"))
-                fail_reason = fail_msg = None
-                if fail_job_message is not None:
-                    fail_reason, fail_msg = "PodFailurePolicy", fail_job_message
-                elif ads is not None and start is not None and now - start >= ads:
-                    fail_reason, fail_msg = "DeadlineExceeded", "Job was active longer than specified deadline"
-                elif failed > spec.get("backoffLimit", 6):
-                    fail_reason, fail_msg = "BackoffLimitExceeded", "Job has reached the specified backoff limit"
-                elif per_index and spec.get("maxFailedIndexes") is not None \
-                        and len(failed_idx) > spec["maxFailedIndexes"]:
-                    fail_reason, fail_msg = ("MaxFailedIndexesExceeded",
-                                             "Job has exceeded the specified maximal number of failed indexes")
-                elif per_index and failed_idx and len(failed_idx) + len(done_idx) >= (completions or 0):
-                    fail_reason, fail_msg = "FailedIndexes", "Job has failed indexes"
-                success = False
-                if completions is not None:
-                    success = succeeded >= completions
-                else:
-                    success = succeeded > 0 and not active
-                if fail_reason:
-                    active = self._delete_pods(job, active) or []
-                    if new_ver:
-                        set_condition(conds, condition("FailureTarget", "True", now, fail_reason, fail_msg, probe=True))
-                        emu.truth_record.note("jobs", "%s/%s" % (ns, name), "failure_target")
-                        self.queue.add(key, 0.05)
-                    else:
-                        self._finish(job, conds, "Failed", fail_reason, fail_msg, status)
-                elif success:
-                    if new_ver:
-                        set_condition(conds, condition("SuccessCriteriaMet", "True", now, "CompletionsReached",
-                                                       self.COMPLETE_MSG, probe=True))
-                        emu.truth_record.note("jobs", "%s/%s" % (ns, name), "success_criteria_met")
-                        self.queue.add(key, 0.05)
-                    else:
-                        self._finish(job, conds, "Complete", None, None, status)
-                elif not spec.get("suspend") and not job["metadata"].get("deletionTimestamp"):
-                    if completions is None:
-                        want = parallelism if succeeded == 0 else 0
-                    else:
-                        want = min(parallelism, completions - succeeded)
-                    if spec.get("podReplacementPolicy") == "Failed":
-                        want -= len(terminating)
-                    need = want - len(active)
-                    if per_index:
-                        want = min(parallelism, (completions or 0) - succeeded - len(failed_idx))
-                        if spec.get("podReplacementPolicy") == "Failed":
-                            want -= len(terminating)
-                        need = want - len(active)
-                    if need > 0:
-                        self._create_pods(job, need, active, done_idx, failed,
-                                          failed_idx if per_index else None)
-        # 2. write status
-        status["active"] = len(active)
-        status["ready"] = ready
-        status["succeeded"] = succeeded
-        status["failed"] = failed
-        if emu.v >= (1, 29):
-            status["terminating"] = len(terminating)
+                self._finish(job, conds, "Failed", fail_reason, fail_msg, status)
+        elif success:
+            if new_ver:
+                set_condition(conds, condition("SuccessCriteriaMet", "True", js.now, "CompletionsReached",
+                                               self.COMPLETE_MSG, probe=True))
+                self.emu.truth_record.note("jobs", "%s/%s" % key, "success_criteria_met")
+                self.queue.add(key, 0.05)
+            else:
+                self._finish(job, conds, "Complete", None, None, status)
+        elif not spec.get("suspend") and not job["metadata"].get("deletionTimestamp"):
+            need = self._pods_wanted(js) - len(js.active)
+            if need > 0:
+                self._create_pods(job, need, js.active, js.done_idx, js.failed,
+                                  js.failed_idx if js.per_index else None)
+
+    @staticmethod
+    def _failure(js: "JobSync") -> Tuple[Optional[str], Optional[str]]:
+        """Why the Job fails now (reason, message), first match wins, else (None, None)."""
+        spec = js.spec
+        ads = spec.get("activeDeadlineSeconds")
+        start = parse_time(js.status.get("startTime"))
+        if js.fail_job_message is not None:
+            return "PodFailurePolicy", js.fail_job_message
+        if ads is not None and start is not None and js.now - start >= ads:
+            return "DeadlineExceeded", "Job was active longer than specified deadline"
+        if js.failed > spec.get("backoffLimit", 6):
+            return "BackoffLimitExceeded", "Job has reached the specified backoff limit"
+        if js.per_index and spec.get("maxFailedIndexes") is not None \
+                and len(js.failed_idx) > spec["maxFailedIndexes"]:
+            return "MaxFailedIndexesExceeded", "Job has exceeded the specified maximal number of failed indexes"
+        if js.per_index and js.failed_idx and len(js.failed_idx) + len(js.done_idx) >= (spec.get("completions") or 0):
+            return "FailedIndexes", "Job has failed indexes"
+        return None, None
+
+    @staticmethod
+    def _pods_wanted(js: "JobSync") -> int:
+        """How many pods should be active now."""
+        spec = js.spec
+        completions = spec.get("completions")
+        parallelism = spec.get("parallelism", 1)
+        if js.per_index:
+            want = min(parallelism, (completions or 0) - js.succeeded - len(js.failed_idx))
+        elif completions is None:
+            want = parallelism if js.succeeded == 0 else 0
+        else:
+            want = min(parallelism, completions - js.succeeded)
+        if spec.get("podReplacementPolicy") == "Failed":
+            want -= len(js.terminating)
+        return want
+
+    def _write_status(self, js: "JobSync") -> None:
+        """Store the counters, indexes and conditions when they changed."""
+        status = js.status
+        status["active"] = len(js.active)
+        status["ready"] = js.ready
+        status["succeeded"] = js.succeeded
+        status["failed"] = js.failed
+        if self.emu.v >= (1, 29):
+            status["terminating"] = len(js.terminating)
         status["uncountedTerminatedPods"] = {}
-        if indexed:
-            status["completedIndexes"] = format_index_list(sorted(done_idx))
-        if per_index:
-            status["failedIndexes"] = format_index_list(sorted(failed_idx))
+        if js.indexed:
+            status["completedIndexes"] = format_index_list(sorted(js.done_idx))
+        if js.per_index:
+            status["failedIndexes"] = format_index_list(sorted(js.failed_idx))
         for k in ("active", "succeeded", "failed"):
             if not status.get(k):
                 status.pop(k, None)
-        if not conds:
+        if not js.conds:
             status.pop("conditions", None)
-        if status != (job.get("status") or {}):
-            self.store.update("jobs", ns, name, lambda o: o.__setitem__("status", status))
+        if status != (js.job.get("status") or {}):
+            self.store.update("jobs", js.ns, js.name, lambda o: o.__setitem__("status", status))
 
     def _sync_orphan_pod(self, ns: str, name: str) -> None:
         """Pods whose Job is gone lose their tracking finalizer (like syncOrphanPod)."""
