@@ -1814,6 +1814,100 @@ def to_version(info: ResourceInfo, obj: dict) -> dict:
     return dict([("kind", obj.pop("kind")), ("apiVersion", obj.pop("apiVersion"))] + list(obj.items()))
 
 
+class WatchView:
+    """What one watch shows its client: the objects its namespace and selectors match, which of
+    them the client has seen, and how each event is written (the object, its metadata or a Table)."""
+
+    def __init__(self, api: "ApiServer", info: ResourceInfo, ns: Optional[str], query: Dict[str, str],
+                 accept: str):
+        self.api = api
+        self.info = info
+        self.query = query
+        self.ns_filter = ns if info.namespaced else None
+        self.lsel = LabelSelector(query.get("labelSelector", ""))
+        self.fsel = FieldSelector(query.get("fieldSelector", ""))
+        self.mode = api.wants(accept)
+        self.first_table = True
+        self.seen: Set[Tuple[str, str]] = set()  # (namespace, name) the client holds
+
+    def matches(self, obj: dict) -> bool:
+        if self.ns_filter and obj["metadata"].get("namespace") != self.ns_filter:
+            return False
+        return self.lsel.matches(obj["metadata"].get("labels")) and self.fsel.matches(obj)
+
+    def start(self, rv_param: str, send_initial: bool) -> Tuple[List[dict], int, bool]:
+        """The initial objects to send, the resourceVersion to follow from, and whether that one is
+        compacted away (410)."""
+        store = self.api.store
+        initial: List[dict] = []
+        with store.lock:
+            if send_initial or rv_param in ("", "0"):
+                objs, cursor = store.list(self.info.store, self.ns_filter)
+                initial = [o for o in objs if self.matches(o)]
+                for o in initial:
+                    self.seen.add((o["metadata"].get("namespace", ""), o["metadata"]["name"]))
+                return initial, cursor, False
+            try:
+                cursor = int(rv_param)
+            except ValueError:
+                raise err_bad_request('invalid resource version "%s"' % rv_param)
+            if cursor < store.compacted_rv:
+                return [], cursor, True
+            objs, _ = store.list(self.info.store, self.ns_filter)
+            for o in objs:
+                if self.matches(o) and int(o["metadata"]["resourceVersion"]) <= cursor:
+                    self.seen.add((o["metadata"].get("namespace", ""), o["metadata"]["name"]))
+            return [], cursor, False
+
+    def translate(self, events: List[Tuple[int, str, str, dict]]) -> bytes:
+        """The store's events as this client sees them: an object that comes to match is ADDED, one
+        that stops matching is DELETED."""
+        out = bytearray()
+        for _, etype, sname, obj in events:
+            if sname != self.info.store:
+                continue
+            key = (obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
+            ok = self.matches(obj)
+            if etype == "ADDED":
+                if ok:
+                    self.seen.add(key)
+                    out += self.encode("ADDED", obj)
+            elif etype == "MODIFIED":
+                if ok:
+                    out += self.encode("MODIFIED" if key in self.seen else "ADDED", obj)
+                    self.seen.add(key)
+                elif key in self.seen:
+                    self.seen.discard(key)
+                    out += self.encode("DELETED", obj)
+            elif etype == "DELETED":
+                if key in self.seen or ok:
+                    self.seen.discard(key)
+                    out += self.encode("DELETED", obj)
+        return bytes(out)
+
+    def encode(self, etype: str, obj: dict) -> bytes:
+        if etype in ("BOOKMARK", "ERROR"):
+            o = obj
+        elif self.mode == "table":
+            o = self.api.table(self.info, [obj], self.query, obj["metadata"]["resourceVersion"],
+                               headers=self.first_table)
+            self.first_table = False
+        elif self.mode == "metadata":
+            o = {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]}
+        else:
+            o = to_version(self.info, obj)
+        return json.dumps({"type": etype, "object": o}, separators=(",", ":")).encode() + b"\n"
+
+    def bookmark(self, rv: int, initial_end: bool = False) -> bytes:
+        md: Dict[str, Any] = {"resourceVersion": str(rv), "creationTimestamp": None}
+        if initial_end:
+            md["annotations"] = {"k8s.io/initial-events-end": "true"}
+        kind = self.info.kind if self.mode != "table" else "Table"
+        api = self.info.api_version if self.mode != "table" else "meta.k8s.io/v1"
+        return json.dumps({"type": "BOOKMARK", "object": {"kind": kind, "apiVersion": api, "metadata": md}},
+                          separators=(",", ":")).encode() + b"\n"
+
+
 class ApiServer:
     """The REST layer: routing, (de)serialisation, faults, watch and logs."""
 
@@ -2269,9 +2363,7 @@ class ApiServer:
     def watch(self, h: _Handler, info: ResourceInfo, ns: Optional[str], query: Dict[str, str], accept: str) -> int:
         emu = self.emu
         store = self.store
-        lsel = LabelSelector(query.get("labelSelector", ""))
-        fsel = FieldSelector(query.get("fieldSelector", ""))
-        mode = self.wants(accept)
+        view = WatchView(self, info, ns, query, accept)
         bookmarks = query.get("allowWatchBookmarks") in ("true", "1", "True")
         send_initial = query.get("sendInitialEvents") in ("true", "1", "True")
         rv_param = query.get("resourceVersion", "")
@@ -2283,68 +2375,20 @@ class ApiServer:
         if query.get("timeoutSeconds"):
             timeout = float(query["timeoutSeconds"])
         deadline = time.time() + (timeout if timeout is not None else 1800 + random.random() * 1800)
-        ns_filter = ns if info.namespaced else None
-
-        def matches(obj: dict) -> bool:
-            if ns_filter and obj["metadata"].get("namespace") != ns_filter:
-                return False
-            return lsel.matches(obj["metadata"].get("labels")) and fsel.matches(obj)
-
-        first_table = [True]
-
-        def encode(etype: str, obj: dict) -> bytes:
-            if etype in ("BOOKMARK", "ERROR"):
-                o = obj
-            elif mode == "table":
-                o = self.table(info, [obj], query, obj["metadata"]["resourceVersion"], headers=first_table[0])
-                first_table[0] = False
-            elif mode == "metadata":
-                o = {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]}
-            else:
-                o = to_version(info, obj)
-            return json.dumps({"type": etype, "object": o}, separators=(",", ":")).encode() + b"\n"
-
-        def bookmark(rv: int, initial_end: bool = False) -> bytes:
-            md: Dict[str, Any] = {"resourceVersion": str(rv), "creationTimestamp": None}
-            if initial_end:
-                md["annotations"] = {"k8s.io/initial-events-end": "true"}
-            kind = info.kind if mode != "table" else "Table"
-            api = info.api_version if mode != "table" else "meta.k8s.io/v1"
-            return json.dumps({"type": "BOOKMARK", "object": {"kind": kind, "apiVersion": api, "metadata": md}},
-                              separators=(",", ":")).encode() + b"\n"
-
-        visible: Set[Tuple[str, str]] = set()
-        initial: List[dict] = []
-        with store.lock:
-            if send_initial or rv_param in ("", "0"):
-                objs, cursor = store.list(info.store, ns_filter)
-                initial = [o for o in objs if matches(o)]
-                for o in initial:
-                    visible.add((o["metadata"].get("namespace", ""), o["metadata"]["name"]))
-            else:
-                try:
-                    cursor = int(rv_param)
-                except ValueError:
-                    raise err_bad_request('invalid resource version "%s"' % rv_param)
-                expired = cursor < store.compacted_rv
-                if not expired:
-                    objs, _ = store.list(info.store, ns_filter)
-                    for o in objs:
-                        if matches(o) and int(o["metadata"]["resourceVersion"]) <= cursor:
-                            visible.add((o["metadata"].get("namespace", ""), o["metadata"]["name"]))
+        initial, cursor, expired = view.start(rv_param, send_initial)
         self.start_chunked(h, "application/json")
         gen = self.generation
         try:
-            if not send_initial and rv_param not in ("", "0") and expired:
+            if expired:
                 emu.watches_expired += 1
                 err = ApiError(410, "Expired", "too old resource version: %s (%d)" % (rv_param, store.compacted_rv))
-                self.write_chunk(h, encode("ERROR", err.status()))
+                self.write_chunk(h, view.encode("ERROR", err.status()))
                 self.end_chunked(h)
                 return 200
             for o in initial:
-                self.write_chunk(h, encode("ADDED", o))
+                self.write_chunk(h, view.encode("ADDED", o))
             if send_initial and bookmarks:
-                self.write_chunk(h, bookmark(cursor, initial_end=True))
+                self.write_chunk(h, view.bookmark(cursor, initial_end=True))
             last_bookmark = time.time()
             interval = float(emu.timing["bookmark_interval"])
             while True:
@@ -2363,37 +2407,18 @@ class ApiServer:
                         store.cond.wait(min(0.5, max(0.01, deadline - now)))
                         events = store.events_since(cursor) if cursor >= store.compacted_rv else []
                 if events is None:
-                    self.write_chunk(h, encode("ERROR", err.status()))
+                    self.write_chunk(h, view.encode("ERROR", err.status()))
                     break
                 events, held = emu.reads.visible(info.store, events)
                 if held and not events:
                     time.sleep(0.05)  # the watch cache has not taken these in yet
-                out = bytearray()
-                for rv, etype, sname, obj in events:
-                    cursor = rv
-                    if sname != info.store:
-                        continue
-                    key = (obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
-                    ok = matches(obj)
-                    if etype == "ADDED":
-                        if ok:
-                            visible.add(key)
-                            out += encode("ADDED", obj)
-                    elif etype == "MODIFIED":
-                        if ok:
-                            out += encode("MODIFIED" if key in visible else "ADDED", obj)
-                            visible.add(key)
-                        elif key in visible:
-                            visible.discard(key)
-                            out += encode("DELETED", obj)
-                    elif etype == "DELETED":
-                        if key in visible or ok:
-                            visible.discard(key)
-                            out += encode("DELETED", obj)
+                if events:
+                    cursor = events[-1][0]
+                out = view.translate(events)
                 if out:
-                    self.write_chunk(h, bytes(out))
+                    self.write_chunk(h, out)
                 if bookmarks and time.time() - last_bookmark >= interval:
-                    self.write_chunk(h, bookmark(cursor))
+                    self.write_chunk(h, view.bookmark(cursor))
                     last_bookmark = time.time()
         except (BrokenPipeError, ConnectionResetError, OSError):
             return 200
