@@ -2904,9 +2904,9 @@ class JobController(Controller):
         for p in pods:
             try:
                 self.emu.writes.api_delete(CANONICAL["pods"], p["metadata"]["namespace"], p["metadata"]["name"],
-                                    {"propagationPolicy": "Background"})
+                                           {"propagationPolicy": "Background"})
                 self.emu.events.record(job, "Normal", "SuccessfulDelete", "Deleted pod: %s" % p["metadata"]["name"],
-                                      "job-controller")
+                                       "job-controller")
             except ApiError:
                 pass
         return []
@@ -2955,7 +2955,7 @@ class JobController(Controller):
                     annotations["batch.kubernetes.io/job-index-ignored-failure-count"] = str(ignored)
             try:
                 created, _ = emu.writes.api_create(CANONICAL["pods"], job["metadata"]["namespace"], pod,
-                                            {"fieldValidation": "Ignore"})
+                                                   {"fieldValidation": "Ignore"})
             except ApiError as e:
                 attempts += 1
                 delay = min(emu.t("create_retry_base") * (2 ** (attempts - 1)), 10.0)
@@ -2965,7 +2965,7 @@ class JobController(Controller):
                 return
             self.create_backoff.pop(uid, None)
             emu.events.record(job, "Normal", "SuccessfulCreate", "Created pod: %s" % created["metadata"]["name"],
-                             "job-controller")
+                              "job-controller")
 
     @staticmethod
     def _pod_from_template(job: dict, index: Optional[int]) -> dict:
@@ -3204,8 +3204,8 @@ class GarbageCollector(Controller):
                 owners_alive = [r for r in owner_refs(dep) if self.store.by_uid(r.get("uid", "")) is not None]
                 if not owners_alive and not dep["metadata"].get("deletionTimestamp"):
                     try:
-                        emu.writes.api_delete(CANONICAL[store], dep["metadata"].get("namespace"), dep["metadata"]["name"],
-                                       {"propagationPolicy": "Background"})
+                        emu.writes.api_delete(CANONICAL[store], dep["metadata"].get("namespace"),
+                                              dep["metadata"]["name"], {"propagationPolicy": "Background"})
                     except ApiError:
                         pass
             return
@@ -3234,7 +3234,7 @@ class GarbageCollector(Controller):
                 if not dep["metadata"].get("deletionTimestamp"):
                     try:
                         emu.writes.api_delete(CANONICAL[dstore], dep["metadata"].get("namespace"),
-                                       dep["metadata"]["name"], {"propagationPolicy": "Foreground"})
+                                              dep["metadata"]["name"], {"propagationPolicy": "Foreground"})
                     except ApiError:
                         pass
                 if any(r.get("uid") == uid and r.get("blockOwnerDeletion") for r in owner_refs(dep)):
@@ -3399,7 +3399,7 @@ class ContainerRunner(threading.Thread):
         pod = self.emu.store.get("pods", self.w.ns, self.w.name)
         if pod is not None:
             self.emu.events.record(pod, etype, reason, message, "kubelet", host=self.w.kl.node,
-                                  field_path="spec.containers{%s}" % self.cname)
+                                   field_path="spec.containers{%s}" % self.cname)
 
     # -- main --------------------------------------------------------------
     def run(self) -> None:
@@ -4230,7 +4230,7 @@ class Kubelet:
                     continue
             try:
                 self.emu.writes.api_delete(CANONICAL["pods"], ns, name, {"gracePeriodSeconds": 0,
-                                                                  "preconditions": {"uid": uid}})
+                                                                         "preconditions": {"uid": uid}})
             except ApiError:
                 pass
 
