@@ -1767,14 +1767,21 @@ def count_nodes(nodes: Iterable[str | None]) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-def start_path_phases(records: Iterable[dict]) -> dict[str, dict] | None:
-    """When a batch mixes start paths (the image found on the node, or pulled), the phases of each
-    path apart: pooled, a pull's seconds would pass for a slow sandbox. None for one path."""
+START_PATH_PARTS = (("image", "image_cache"), ("runtime", "runtime_class"))
+
+
+def start_path_phases(records: Sequence[dict]) -> dict[str, dict] | None:
+    """When a batch mixes start paths (the image found on the node or pulled; the runtime class),
+    the phases of each path apart: pooled, a pull's seconds would pass for a slow sandbox. A path
+    is named by the parts that differ within the batch. None for one path."""
+    varying = [(label, key) for label, key in START_PATH_PARTS
+               if len({record.get(key) for record in records}) > 1]
+    if not varying:
+        return None
     paths: dict[str, list] = {}
     for record in records:
-        paths.setdefault(f"image {record.get('image_cache') or 'unknown'}", []).append(record["phases"])
-    if len(paths) < 2:
-        return None
+        path = ", ".join(f"{label} {record.get(key) or 'unknown'}" for label, key in varying)
+        paths.setdefault(path, []).append(record["phases"])
     return {path: phase_summary(durations) for path, durations in sorted(paths.items())}
 
 
@@ -1882,6 +1889,7 @@ def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
             "batch_to_reward_seconds": rounded(reward["at"] - job_created),
         })
         records.append({"pod": name, "points": points, "phases": phases, "image_cache": cache.get(name),
+                        "runtime_class": (pod.get("spec") or {}).get("runtimeClassName"),
                         "index": (pod["metadata"].get("annotations") or {}).get(COMPLETION_INDEX_ANNOTATION),
                         "guide_pod_to_ready": ready["at"] - created})
     phases = phase_summary(durations)
@@ -1937,7 +1945,7 @@ def episodes_csv(batches: Sequence[tuple[str, dict]]) -> str:
     absolute time with its source, clock and precision) and every phase with its precision."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(["batch", "pod", "index", "node", "reward", "image_cache"]
+    writer.writerow(["batch", "pod", "index", "node", "reward", "image_cache", "runtime_class"]
                     + [f"{p}_after_job_seconds" for p in POINTS]
                     + [f"{p}_precision_seconds" for p in POINTS]
                     + [f"{phase}_seconds" for phase in PHASES]
@@ -1952,7 +1960,7 @@ def episodes_csv(batches: Sequence[tuple[str, dict]]) -> str:
             points, phases = record["points"], record["phases"]
             writer.writerow(
                 [batch_name, record["pod"], record["index"] or "", row["node"] or "", row["reward"],
-                 record.get("image_cache") or ""]
+                 record.get("image_cache") or "", record.get("runtime_class") or ""]
                 + ["" if points[p] is None else f"{points[p][0] - summary['_job_created']:.6f}" for p in POINTS]
                 + ["" if points[p] is None else f"{points[p][1]:.6g}" for p in POINTS]
                 + ["" if phases[ph] is None else f"{phases[ph][0]:.6f}" for ph in PHASES]
@@ -3764,7 +3772,7 @@ def assemble_results(settings: dict, summaries: Sequence[tuple[dict, dict]], cli
                                / max(1, sum(s["episodes"] for s in measured)), 6),
         "rounds_measured": len(measured),
         "phases": phases,
-        "phases_by_start_path": start_path_phases(r for s in measured for r in s["_episodes"]),
+        "phases_by_start_path": start_path_phases([r for s in measured for r in s["_episodes"]]),
         "phase_points": POINT_SOURCES,
         "clock_warnings": [w for s in measured for w in s["clocks"]["warnings"]],
         "nodes": count_nodes(row["node"] for row in rows),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import calendar
+import csv
 import io
 import json
 import os
@@ -792,7 +793,7 @@ def test_scheduled_event_times_only_from_pod_scheduled_events() -> None:
 
 
 EXPECTED_CSV_HEADER = ",".join(
-    ["batch", "pod", "index", "node", "reward", "image_cache"]
+    ["batch", "pod", "index", "node", "reward", "image_cache", "runtime_class"]
     + [f"{point}_after_job_seconds" for point in demo.POINTS]
     + [f"{point}_precision_seconds" for point in demo.POINTS]
     + [f"{phase}_seconds" for phase in demo.PHASES]
@@ -809,7 +810,7 @@ def test_episodes_csv_header_and_rows() -> None:
     lines = demo.episodes_csv([("rollout", summary)]).splitlines()
     assert lines[0] == EXPECTED_CSV_HEADER
     assert lines[1:] == [
-        "rollout,rollout-4kq2m,,node-1,1,present,"
+        "rollout,rollout-4kq2m,,node-1,1,present,cube,"
         "1.000000,1.250000,2.000000,2.510000,2.500000,3.250000,3.500000,8.000000,9.000000,"
         "1,1e-06,1.75,0.51,0.01,1e-06,1e-06,1e-06,1,"
         "0.250000,0.750000,0.500000,0.750000,0.250000,4.500000,1.000000,2.500000,7.000000,"
@@ -817,7 +818,7 @@ def test_episodes_csv_header_and_rows() -> None:
         'Pod creationTimestamp,Scheduled event eventTime,"PodReadyToStartContainers condition, after Scheduled eventTime","worker process start, after container startedAt",worker /proc start time,worker imports_done_at,worker ready event,worker reward event,container finishedAt,'
         "control plane,control plane,node,node,node,node,node,node,node,"
         "1,1.75,1.76,0.010001,2e-06,2e-06,1,1,1",
-        "rollout,rollout-9vtzb,,node-2,1,pulled,"
+        "rollout,rollout-9vtzb,,node-2,1,pulled,cube,"
         "1.000000,1.500000,3.000000,3.010000,3.000000,4.000000,4.250000,8.500000,9.000000,"
         "1,1e-06,2.5,0.01,0.01,1e-06,1e-06,1e-06,1,"
         "0.500000,1.500000,0.000000,1.000000,0.250000,4.250000,0.500000,3.250000,7.500000,"
@@ -826,7 +827,7 @@ def test_episodes_csv_header_and_rows() -> None:
         "control plane,control plane,node,node,node,node,node,node,node,"
         "1,2.5,2.51,0.010001,2e-06,2e-06,1,1,1",
         # No sandbox condition and no kubelet event: empty cells; scheduled from the whole-second condition.
-        "rollout,rollout-p7x8s,,node-1,1,,"
+        "rollout,rollout-p7x8s,,node-1,1,,cube,"
         "2.000000,2.000000,,3.510000,3.500000,4.500000,5.000000,9.750000,10.000000,"
         "1,1,,0.51,0.01,1e-06,1e-06,1e-06,1,"
         "0.000000,,,1.000000,0.500000,4.750000,0.250000,3.000000,7.750000,"
@@ -1334,6 +1335,26 @@ def test_a_batch_that_mixes_start_paths_shows_each_paths_phases() -> None:
     assert "start path: image pulled" in text
     # One start path: no split.
     assert demo.start_path_phases([{"image_cache": "present", "phases": {}}] * 2) is None
+
+
+def test_a_batch_that_mixes_runtime_classes_shows_each_runtimes_phases() -> None:
+    job, pods, logs, events = synthetic_batch()
+    for pod, runtime in zip(pods, ("cube", "cube", "runc")):
+        pod["spec"]["runtimeClassName"] = runtime
+    events = [e for e in events if e.get("reason") != "Pulled"]  # one image path: unknown for all
+    summary = demo.summarise_batch(job, pods, logs, events, 3)
+    by_path = summary["phases_by_start_path"]
+    # Named by what differs: the runtime class alone.
+    assert sorted(by_path) == ["runtime cube", "runtime runc"]
+    assert by_path["runtime cube"]["scheduling"]["samples"] == 2
+    assert by_path["runtime runc"]["scheduling"]["samples"] == 1
+    rows = list(csv.DictReader(io.StringIO(demo.episodes_csv([("rollout", summary)]))))
+    assert [row["runtime_class"] for row in rows] == ["cube", "cube", "runc"]
+    # Both differ: both name the path.
+    records = [{"image_cache": cache, "runtime_class": runtime, "phases": {}}
+               for cache, runtime in (("present", "cube"), ("pulled", "cube"), ("present", "runc"))]
+    assert sorted(demo.start_path_phases(records)) == [
+        "image present, runtime cube", "image present, runtime runc", "image pulled, runtime cube"]
 
 
 def test_a_figure_finer_than_its_rounding_is_printed_as_measured() -> None:
