@@ -1430,24 +1430,29 @@ def split_observed(observed: dict | None) -> tuple[dict[str, dict], dict[str, fl
     return observed, {}
 
 
-def whole_second(moment: float | None, source: str, clock: str, offset: float = 0.0) -> Bound | None:
+# Each reading on another clock is moved onto the reference clock by `offset`, and widened
+# each side by `slack`, how far that correction may be off.
+def whole_second(moment: float | None, source: str, clock: str, offset: float = 0.0,
+                 slack: float = 0.0) -> Bound | None:
     """A Kubernetes stamp: truncated to the second, so the moment lies in [T, T+1)."""
-    return None if moment is None else Bound(moment - offset, moment + WHOLE_SECOND - offset, source, clock)
+    return None if moment is None else \
+        Bound(moment - offset - slack, moment + WHOLE_SECOND - offset + slack, source, clock)
 
 
-def upper(moment: float | None, source: str, clock: str, offset: float = 0.0) -> Bound | None:
-    return None if moment is None else Bound(None, moment - offset, source, clock)
+def upper(moment: float | None, source: str, clock: str, offset: float = 0.0, slack: float = 0.0) -> Bound | None:
+    return None if moment is None else Bound(None, moment - offset + slack, source, clock)
 
 
-def lower(moment: float | None, source: str, clock: str, offset: float = 0.0) -> Bound | None:
-    return None if moment is None else Bound(moment - offset, None, source, clock)
+def lower(moment: float | None, source: str, clock: str, offset: float = 0.0, slack: float = 0.0) -> Bound | None:
+    return None if moment is None else Bound(moment - offset - slack, None, source, clock)
 
 
-def followed_by_event(moment: float | None, source: str, clock: str, offset: float = 0.0) -> Bound | None:
+def followed_by_event(moment: float | None, source: str, clock: str, offset: float = 0.0,
+                      slack: float = 0.0) -> Bound | None:
     """A step that an event reports as soon as it returns: at most EVENT_FOLLOWS_SECONDS before its name."""
     if moment is None:
         return None
-    return Bound(moment - offset - EVENT_FOLLOWS_SECONDS, moment - offset, source, clock)
+    return Bound(moment - offset - EVENT_FOLLOWS_SECONDS - slack, moment - offset + slack, source, clock)
 
 
 def sharpest(bounds: Iterable[Bound | None], stamp: Bound | None = None) -> Point | None:
@@ -1492,13 +1497,15 @@ def episode_points(pod: dict, ready: dict, reward: dict, scheduled_at: float | N
     `observed` is what this client's watch saw of the pod (when each transition first
     arrived, and stamps seen only while it ran); `kubelet` the kubelet's container events
     (reason -> name time, node); `offsets` each clock's reading minus the control plane's
-    ("client", and "node" for this pod's node).
+    ("client", and "node" for this pod's node), and how far each may be off ("client_slack",
+    "node_slack"): a point read on that clock is that much less precise.
     """
     observed = observed or {}
     seen = observed.get("seen") or {}
     kubelet = kubelet or {}
     offsets = offsets or {}
     client, node = offsets.get("client", 0.0), offsets.get("node", 0.0)
+    client_slack, node_slack = offsets.get("client_slack", 0.0), offsets.get("node_slack", 0.0)
     status = container_status(pod)
     state = status.get("state") or {}
     running = state.get("terminated") or state.get("running") or {}
@@ -1510,7 +1517,7 @@ def episode_points(pod: dict, ready: dict, reward: dict, scheduled_at: float | N
     created = whole_second(parse_time(pod["metadata"].get("creationTimestamp")),
                            "Pod creationTimestamp", cp)
     pod_created = sharpest([followed_by_event(created_event_at, "SuccessfulCreate event name", cp),
-                            upper(seen.get("added"), "watch saw the pod", on_client, client)], created)
+                            upper(seen.get("added"), "watch saw the pod", on_client, client, client_slack)], created)
 
     if scheduled_at is not None:
         scheduled: Point | None = Point(scheduled_at, EVENT_TIME, "Scheduled event eventTime", cp)
@@ -1527,16 +1534,17 @@ def episode_points(pod: dict, ready: dict, reward: dict, scheduled_at: float | N
     image_event = min((kubelet[r] for r in ("Pulling", "Pulled") if r in kubelet), default=None)
     sandbox_ready = sharpest([
         followed_by_event(image_event[0] if image_event else None,
-                          f"kubelet {'Pulling' if 'Pulling' in kubelet else 'Pulled'} event name", on_node, node),
-        upper(named("Created"), "kubelet Created event name", on_node, node),
-        upper(seen.get("sandbox_ready"), "watch saw the sandbox ready", on_client, client),
+                          f"kubelet {'Pulling' if 'Pulling' in kubelet else 'Pulled'} event name",
+                          on_node, node, node_slack),
+        upper(named("Created"), "kubelet Created event name", on_node, node, node_slack),
+        upper(seen.get("sandbox_ready"), "watch saw the sandbox ready", on_client, client, client_slack),
         lower(scheduled.at if scheduled is not None and scheduled.precision <= EVENT_TIME else None,
               "Scheduled eventTime", cp),
         lower(created.lower if created is not None else None, "Pod creationTimestamp", cp),
         # The kubelet stamps this condition when its status update reports it, often together
         # with the running container: the sandbox was ready by then, maybe long before.
         upper(None if sandbox_stamp is None else sandbox_stamp + WHOLE_SECOND,
-              "PodReadyToStartContainers condition", on_node, node),
+              "PodReadyToStartContainers condition", on_node, node, node_slack),
     ])
     if sandbox_ready is not None and sandbox_stamp is not None and \
             sandbox_ready.source.startswith("PodReadyToStartContainers"):
@@ -1547,22 +1555,23 @@ def episode_points(pod: dict, ready: dict, reward: dict, scheduled_at: float | N
 
     process = worker_time(ready.get("process_started_at"))
     container_started = sharpest([
-        lower(named("Created"), "kubelet Created event name", on_node, node),
-        upper(named("Started"), "kubelet Started event name", on_node, node),
-        upper(None if process is None else process + PROC_TICK, "worker process start", on_node, node),
-        upper(seen.get("running"), "watch saw the container running", on_client, client),
-    ], whole_second(parse_time(running.get("startedAt")), "container startedAt", on_node, node))
+        lower(named("Created"), "kubelet Created event name", on_node, node, node_slack),
+        upper(named("Started"), "kubelet Started event name", on_node, node, node_slack),
+        upper(None if process is None else process + PROC_TICK, "worker process start", on_node, node, node_slack),
+        upper(seen.get("running"), "watch saw the container running", on_client, client, client_slack),
+    ], whole_second(parse_time(running.get("startedAt")), "container startedAt", on_node, node, node_slack))
 
     def worker(value: Any, precision: float, source: str) -> Point | None:
         moment = worker_time(value)
-        return None if moment is None else Point(moment - node, precision, source, on_node)
+        return None if moment is None else Point(moment - node, round(precision + 2 * node_slack, 6), source,
+                                                  on_node)
 
     reward_at = worker_time(reward.get("at"))
     finished = sharpest([
-        lower(reward_at, "worker reward event", on_node, node),
-        upper(seen.get("terminated"), "watch saw the container terminated", on_client, client),
+        lower(reward_at, "worker reward event", on_node, node, node_slack),
+        upper(seen.get("terminated"), "watch saw the container terminated", on_client, client, client_slack),
     ], whole_second(parse_time((state.get("terminated") or {}).get("finishedAt")),
-                    "container finishedAt", on_node, node))
+                    "container finishedAt", on_node, node, node_slack))
     return {
         "pod_created": pod_created,
         "scheduled": scheduled,
@@ -1592,29 +1601,48 @@ class ClockBounds:
         self.highest = value if self.highest is None else min(self.highest, value)
         self.samples += 1
 
-    def offset(self) -> float:
-        """The correction applied: none while the clocks may agree, else the least that fits the evidence."""
-        if self.lowest is not None and self.highest is not None and self.lowest > self.highest:
+    def contradictory(self) -> bool:
+        return self.lowest is not None and self.highest is not None and self.lowest > self.highest
+
+    def apart(self) -> float:
+        """The least the clocks are proven apart by (signed), 0 while they may agree."""
+        if self.contradictory():
             return 0.0  # contradictory evidence: corrected by nothing, and said so
         value = 0.0 if self.lowest is None else max(0.0, self.lowest)
         return value if self.highest is None else min(value, self.highest)
 
+    def offset(self) -> float:
+        """The correction applied: none while the clocks may agree (the points then assume they do),
+        else the middle of what the evidence allows, or its one known edge."""
+        if self.apart() == 0.0:
+            return 0.0
+        if self.lowest is None or self.highest is None:
+            return self.apart()
+        return (self.lowest + self.highest) / 2
+
+    def slack(self) -> float:
+        """How far the applied correction may be off: half the evidence's interval, when corrected."""
+        if self.apart() == 0.0 or self.lowest is None or self.highest is None:
+            return 0.0
+        return (self.highest - self.lowest) / 2
+
     def describe(self, what: str, evidence: str) -> tuple[dict, list[str]]:
-        offset = self.offset()
-        entry = {"offset_seconds": rounded(offset, 6),
+        offset, apart = self.offset(), self.apart()
+        entry = {"offset_seconds": rounded(offset, 6), "correction_slack_seconds": rounded(self.slack(), 6),
                  "at_least_seconds": rounded(self.lowest, 6), "at_most_seconds": rounded(self.highest, 6),
                  "uncertainty_seconds": None if self.lowest is None or self.highest is None
                  else rounded(max(0.0, self.highest - self.lowest), 6),
                  "samples": self.samples, "evidence": evidence}
         warnings = []
-        if self.lowest is not None and self.highest is not None and self.lowest > self.highest:
+        if self.contradictory():
             warnings.append(f"{what}: the evidence contradicts itself (offset at least {self.lowest:.3f} s and "
                             f"at most {self.highest:.3f} s); no correction applied, sub-second points that mix "
                             f"clocks may be wrong by that much")
-        elif abs(offset) > CLOCK_TOLERANCE_SECONDS:
-            warnings.append(f"{what} disagree by at least {abs(offset):.3f} s (more than the "
+        elif abs(apart) > CLOCK_TOLERANCE_SECONDS:
+            warnings.append(f"{what} disagree by at least {abs(apart):.3f} s (more than the "
                             f"{CLOCK_TOLERANCE_SECONDS:g} s a sharp point claims); its times were corrected by "
-                            f"{-offset:+.3f} s onto the control plane's clock")
+                            f"{-offset:+.3f} s (+/- {self.slack():.3f} s, added to their precision) onto the "
+                            f"control plane's clock")
         return entry, warnings
 
 
@@ -1628,7 +1656,9 @@ def clock_offsets(job: dict, pods: Sequence[dict], events: Sequence[dict], obser
     creationTimestamp) and after the pod exists; the client sees a container running only
     after the kubelet's Started event. The kubelet's first container event follows a sandbox
     it started only once the pod was bound, and the scheduler's Scheduled event follows
-    that binding within milliseconds.
+    that binding within milliseconds; so does the pod's startTime, which the kubelet stamps
+    as it takes the pod up (whole seconds, but within a second of the binding, and its
+    second's fraction differs from pod to pod, so a few pods pin the node's clock closely).
     """
     client = ClockBounds()
     job_created = parse_time(job["metadata"].get("creationTimestamp"))
@@ -1661,6 +1691,13 @@ def clock_offsets(job: dict, pods: Sequence[dict], events: Sequence[dict], obser
         if name in scheduled and name in first_container_event:
             named, node = first_container_event[name]
             nodes.setdefault(node, ClockBounds()).at_most(named - scheduled[name])
+        started_on_node = parse_time((pod.get("status") or {}).get("startTime"))
+        node_name = (pod.get("spec") or {}).get("nodeName")
+        if name in scheduled and started_on_node is not None and node_name:
+            # The kubelet stamps the pod's startTime when it first takes the bound pod up:
+            # after the binding, which the scheduler's Scheduled event follows at once.
+            nodes.setdefault(node_name, ClockBounds()).at_most(
+                started_on_node + WHOLE_SECOND - (scheduled[name] - EVENT_FOLLOWS_SECONDS))
         seen = (observed_pods.get(name) or {}).get("seen") or {}
         created = parse_time(pod["metadata"].get("creationTimestamp"))
         if created is not None and seen.get("added") is not None:
@@ -1683,13 +1720,16 @@ def clock_offsets(job: dict, pods: Sequence[dict], events: Sequence[dict], obser
         node_entry, node_warnings = bounds.describe(
             f"node {node}'s and the control plane's clocks",
             "kubelet event names before their creationTimestamp's second ends, after the pod's creation "
-            "and after the scheduler's Scheduled eventTime")
+            "and after the scheduler's Scheduled eventTime; the pod's startTime after that eventTime")
         result["nodes"][node] = node_entry
         warnings += node_warnings
         if node in client_vs_node:
             node_entry["client_minus_node_at_most_seconds"] = rounded(client_vs_node[node], 6)
             disagreement = entry["offset_seconds"] - node_entry["offset_seconds"] - client_vs_node[node]
-            if disagreement > CLOCK_TOLERANCE_SECONDS:
+            # A correction known only within its slack may account for that much of it.
+            allowed = CLOCK_TOLERANCE_SECONDS + entry["correction_slack_seconds"] \
+                + node_entry["correction_slack_seconds"]
+            if disagreement > allowed:
                 warnings.append(f"the client saw containers on node {node} running {disagreement:.3f} s before "
                                 f"the node's own Started events (corrected clocks): the client's and the node's "
                                 f"clocks disagree")
@@ -1873,8 +1913,10 @@ def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
         name = pod_name(pod)
         created = parse_time(pod["metadata"]["creationTimestamp"])
         node = (pod.get("spec") or {}).get("nodeName") or ""
-        offsets = {"client": client_offset,
-                   "node": (clocks["nodes"].get(node) or {}).get("offset_seconds") or 0.0}
+        node_clock = clocks["nodes"].get(node) or {}
+        offsets = {"client": client_offset, "client_slack": clocks["client"]["correction_slack_seconds"],
+                   "node": node_clock.get("offset_seconds") or 0.0,
+                   "node_slack": node_clock.get("correction_slack_seconds") or 0.0}
         points = episode_points(pod, ready, reward, scheduled.get(name), observed_pods.get(name),
                                 kubelet.get(name), creations.get(name), offsets)
         phases = phase_durations(points)

@@ -4,7 +4,7 @@
 Usage:
     python3 tests/phase_accuracy.py [--kubectl PATH] [--count 12] [--parallelism 6]
                                     [--sandbox 0.6] [--jitter 0.4] [--together] [--skew SECONDS]
-                                    [--keep DIR]
+                                    [--node-clock SECONDS] [--keep DIR]
 
 Starts a Kubernetes API emulator (tests/kube_emulator.py, pods run for real in
 bubblewrap) whose sandbox takes --sandbox .. --sandbox + --jitter seconds, runs
@@ -13,7 +13,9 @@ against the emulator's record of the true moment, the largest stated precision,
 and how many errors the stated precision fails to cover; then the same for
 sandbox_creation. --together has the kubelet report the sandbox's readiness in
 the same status update as the running container, as a real kubelet usually does.
---skew sets the emulator's API clock ahead by that many seconds.
+--skew sets the emulator's API clock ahead by that many seconds; --node-clock sets
+one node's clock (emu-node-1: its kubelet's stamps and event names, its containers'
+clock readings) that far ahead of the API's (negative: behind).
 
 Not part of the pytest run; the end-to-end tests hold the same figures.
 Standard library only.
@@ -39,6 +41,7 @@ from kube_emulator import Emulator  # noqa: E402
 import prereqs  # noqa: E402
 
 PRODUCT = Path(__file__).resolve().parent.parent / "rl_batch_demo.py"
+SKEWED_NODE = "emu-node-1"
 # Point -> the emulator's truth field of the same moment.
 TRUTH_FIELDS = {"pod_created": "created", "scheduled": "scheduled", "sandbox_ready": "sandbox_ready",
                 "container_started": "container_started", "container_finished": "container_finished"}
@@ -106,6 +109,7 @@ def main() -> int:
     parser.add_argument("--jitter", type=float, default=0.4)
     parser.add_argument("--together", action="store_true")
     parser.add_argument("--skew", type=float, default=0.0)
+    parser.add_argument("--node-clock", type=float, default=0.0)
     parser.add_argument("--keep", type=Path, default=None, help="copy the run's directory here")
     args = parser.parse_args()
     kubectl = args.kubectl or prereqs.default_kubectl(prereqs.find_kubectls())
@@ -114,6 +118,8 @@ def main() -> int:
         faults["sandbox_status_with_running"] = True
     if args.skew:
         faults["api_clock_skew"] = args.skew
+    if args.node_clock:
+        faults["node_clock_offset"] = {SKEWED_NODE: args.node_clock}
     with tempfile.TemporaryDirectory() as work:
         emulator = Emulator(Path(work) / "emulator", faults=faults)
         emulator.start()
@@ -139,7 +145,8 @@ def main() -> int:
             shutil.copytree(output, args.keep)
     print(f"{args.count} episodes, parallelism {args.parallelism}, sandbox {args.sandbox}.."
           f"{args.sandbox + args.jitter} s{', sandbox and running in one update' if args.together else ''}"
-          f"{f', API clock {args.skew:+g} s' if args.skew else ''}; kubectl {kubectl}")
+          f"{f', API clock {args.skew:+g} s' if args.skew else ''}"
+          f"{f', {SKEWED_NODE} clock {args.node_clock:+g} s' if args.node_clock else ''}; kubectl {kubectl}")
     for point, errors in point_errors(rows, truth, namespace).items():
         print(line(point, errors))
     print(line("sandbox_creation", sandbox_errors(rows, truth, namespace)))

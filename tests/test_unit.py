@@ -1273,7 +1273,11 @@ def test_a_watch_behind_the_server_second_shows_a_clock_apart_loudly() -> None:
     observed["job"] = {key: value - 0.5 for key, value in observed["job"].items()}
     summary = demo.summarise_batch(job, pods, logs, events, 1, observed=observed)
     client = summary["clocks"]["client"]
-    assert client["offset_seconds"] == pytest.approx(-0.49)  # at most 1.01 - 0.5 - 1 (pod created stamp)
+    assert client["at_most_seconds"] == pytest.approx(-0.49)  # at most 1.01 - 0.5 - 1 (pod created stamp)
+    # Corrected by the middle of what the evidence allows, which holds the true -0.5 within its slack.
+    assert client["offset_seconds"] == pytest.approx((client["at_least_seconds"] + client["at_most_seconds"]) / 2)
+    assert client["correction_slack_seconds"] == pytest.approx(client["at_most_seconds"] - client["offset_seconds"])
+    assert abs(client["offset_seconds"] + 0.5) <= client["correction_slack_seconds"]
     assert any("client's and the control plane's clocks disagree" in w for w in summary["clocks"]["warnings"])
     # Corrected onto the control plane's clock, the watch's times fall back into their seconds.
     finished = summary["_episodes"][0]["points"]["container_finished"]
@@ -1317,9 +1321,38 @@ def test_a_node_clock_behind_the_control_plane_is_said_loudly() -> None:
     summary = demo.summarise_batch(job, pods, logs, events, 1, observed=observed)
     node = summary["clocks"]["nodes"]["node-1"]
     assert node["at_most_seconds"] == pytest.approx(1.96 - 1.2 - 1.03)  # Pulled - Scheduled eventTime
-    assert node["offset_seconds"] == pytest.approx(-0.27)
+    assert node["offset_seconds"] == pytest.approx((node["at_least_seconds"] + node["at_most_seconds"]) / 2)
+    assert abs(node["offset_seconds"] + 1.2) <= node["correction_slack_seconds"]
+    # A point read on the node's clock is corrected, and as imprecise as the correction.
+    ready = summary["_episodes"][0]["points"]["ready"]
+    assert ready.precision == pytest.approx(1e-6 + 2 * node["correction_slack_seconds"], abs=1e-6)
     assert any("node node-1's and the control plane's clocks disagree by at least 0.270 s" in warning
                for warning in summary["clocks"]["warnings"])
+
+
+def test_a_node_clock_behind_by_less_than_the_sandbox_is_pinned_by_the_pods_start_time() -> None:
+    # The node runs 0.4 s behind. Its first container event follows the binding by the whole
+    # sandbox (0.5 s here), so on its own it allows a clock that agrees; but the kubelet took
+    # the pod up at once: at 20:00:00.98 by its clock, stamped startTime 20:00:00, while the
+    # scheduler's Scheduled eventTime says 20:00:01.37 on the control plane's.
+    pod = make_pod(POD_A, created=stamp(1), scheduled=stamp(1), sandbox_ready=stamp(1), started=stamp(1),
+                   finished=stamp(3))
+    pod["status"]["startTime"] = stamp(0)
+    events = [
+        dict(named_event("Scheduled", POD_A, T0 + 1.37), eventTime="2026-11-29T20:00:01.370000Z",
+             source={}, reportingComponent="default-scheduler"),
+        named_event("Pulled", POD_A, T0 + 1.87 - 0.4, stored=T0 + 1.9),
+    ]
+    clocks = demo.clock_offsets(make_job(), [pod], events, {}, {})
+    node = clocks["nodes"]["node-1"]
+    assert node["at_most_seconds"] == pytest.approx(0 + 1 - (1.37 - demo.EVENT_FOLLOWS_SECONDS))
+    assert node["at_least_seconds"] == pytest.approx(1.47 - 1 - 1)  # Pulled named before it was stored
+    assert abs(node["offset_seconds"] + 0.4) <= node["correction_slack_seconds"]
+    assert any("node node-1's and the control plane's clocks disagree by at least 0.270 s" in warning
+               for warning in clocks["warnings"])
+    # Without the start time, the sandbox's length hides the offset.
+    del pod["status"]["startTime"]
+    assert demo.clock_offsets(make_job(), [pod], events, {}, {})["nodes"]["node-1"]["offset_seconds"] == 0.0
 
 
 def test_a_batch_that_mixes_start_paths_shows_each_paths_phases() -> None:
