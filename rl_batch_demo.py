@@ -20,6 +20,7 @@ Also: `report DIR`, `compare DIR_A DIR_B`; `run --help` lists every option.
 from __future__ import annotations
 
 import argparse
+import bisect
 import codecs
 import concurrent.futures
 import csv
@@ -1292,7 +1293,8 @@ POINTS = (
 )
 POINT_SOURCES = {
     "pod_created": "the Job controller's SuccessfulCreate event name (ns), within Pod creationTimestamp's "
-                   "second, else the client's watch seeing the pod (upper bound) within that second",
+                   "second, else the client's watch seeing the pod (upper bound) within that second and "
+                   "after the Job's creation",
     "scheduled": "scheduler's Scheduled event eventTime (microseconds); "
                  "PodScheduled condition (whole seconds) if the event is gone",
     "sandbox_ready": "the kubelet's first container event (Pulling/Pulled) name (ns), which follows the "
@@ -1491,14 +1493,16 @@ def worker_time(value: Any) -> float | None:
 def episode_points(pod: dict, ready: dict, reward: dict, scheduled_at: float | None,
                    observed: dict | None = None, kubelet: dict[str, tuple[float, str]] | None = None,
                    created_event_at: float | None = None,
-                   offsets: dict[str, float] | None = None) -> dict[str, Point | None]:
+                   offsets: dict[str, float] | None = None,
+                   created_after: Bound | None = None) -> dict[str, Point | None]:
     """When each point of one episode happened, from its sharpest sources, on the control plane's clock.
 
     `observed` is what this client's watch saw of the pod (when each transition first
     arrived, and stamps seen only while it ran); `kubelet` the kubelet's container events
     (reason -> name time, node); `offsets` each clock's reading minus the control plane's
     ("client", and "node" for this pod's node), and how far each may be off ("client_slack",
-    "node_slack"): a point read on that clock is that much less precise.
+    "node_slack"): a point read on that clock is that much less precise. `created_after`:
+    what else the pod was created after (its Job's creation, an earlier pod's end).
     """
     observed = observed or {}
     seen = observed.get("seen") or {}
@@ -1517,7 +1521,8 @@ def episode_points(pod: dict, ready: dict, reward: dict, scheduled_at: float | N
     created = whole_second(parse_time(pod["metadata"].get("creationTimestamp")),
                            "Pod creationTimestamp", cp)
     pod_created = sharpest([followed_by_event(created_event_at, "SuccessfulCreate event name", cp),
-                            upper(seen.get("added"), "watch saw the pod", on_client, client, client_slack)], created)
+                            upper(seen.get("added"), "watch saw the pod", on_client, client, client_slack),
+                            created_after], created)
 
     if scheduled_at is not None:
         scheduled: Point | None = Point(scheduled_at, EVENT_TIME, "Scheduled event eventTime", cp)
@@ -1825,6 +1830,35 @@ def start_path_phases(records: Sequence[dict]) -> dict[str, dict] | None:
     return {path: phase_summary(durations) for path, durations in sorted(paths.items())}
 
 
+def slot_freed_after(seen_added: dict[str, float], ended_after: dict[str, float],
+                     parallelism: int) -> dict[str, float]:
+    """Pod -> a moment it was created after, from its Job's parallelism.
+
+    A Job runs at most `parallelism` pods at once, so a pod created after n others came only
+    once n - parallelism + 1 of them had ended. A watch delivers pods in the order they were
+    created, so those it saw added earlier were created earlier (pods seen at the same moment,
+    as in one listing, say nothing of their order). `ended_after`: a moment each pod's
+    container ended after; a pod with an unknown end among the earlier ones leaves no bound.
+    """
+    found: dict[str, float] = {}
+    ends: list[float] = []
+    earlier = 0
+    unknown = False
+    by_arrival = sorted(seen_added.items(), key=lambda item: item[1])
+    for start in range(len(by_arrival)):
+        name, seen = by_arrival[start]
+        while by_arrival[earlier][1] < seen:
+            other = by_arrival[earlier][0]
+            if other in ended_after:
+                bisect.insort(ends, ended_after[other])
+            else:
+                unknown = True
+            earlier += 1
+        if earlier >= parallelism and not unknown:
+            found[name] = ends[earlier - parallelism]
+    return found
+
+
 def job_creation(job: dict, job_observed: dict[str, float], client_offset: float) -> Point:
     """When the Job was truly created: inside the client's create call and its creationTimestamp's second."""
     stamp = whole_second(parse_time(job["metadata"].get("creationTimestamp")), "Job creationTimestamp",
@@ -1908,17 +1942,34 @@ def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
     observed_pods, job_observed = split_observed(observed)
     clocks = clock_offsets(job, pods, events, observed_pods, job_observed)
     client_offset = clocks["client"]["offset_seconds"]
+    job_created_point = job_creation(job, job_observed, client_offset)
+
+    def clock_offsets_of(pod: dict) -> dict[str, float]:
+        node_clock = clocks["nodes"].get((pod.get("spec") or {}).get("nodeName") or "") or {}
+        return {"client": client_offset, "client_slack": clocks["client"]["correction_slack_seconds"],
+                "node": node_clock.get("offset_seconds") or 0.0,
+                "node_slack": node_clock.get("correction_slack_seconds") or 0.0}
+
+    ended_after = {}
+    for pod, _, reward in episodes:
+        offsets = clock_offsets_of(pod)
+        reward_at = worker_time(reward.get("at"))
+        if reward_at is not None:
+            ended_after[pod_name(pod)] = reward_at - offsets["node"] - offsets["node_slack"]
+    seen_added = {name: seen["seen"]["added"] for name, seen in observed_pods.items()
+                  if (seen.get("seen") or {}).get("added") is not None}
+    slots = slot_freed_after(seen_added, ended_after, int((job.get("spec") or {}).get("parallelism") or 1)) \
+        if len(seen_added) == len(pods) == count else {}
     rows, records, durations = [], [], []
     for pod, ready, reward in episodes:
         name = pod_name(pod)
         created = parse_time(pod["metadata"]["creationTimestamp"])
-        node = (pod.get("spec") or {}).get("nodeName") or ""
-        node_clock = clocks["nodes"].get(node) or {}
-        offsets = {"client": client_offset, "client_slack": clocks["client"]["correction_slack_seconds"],
-                   "node": node_clock.get("offset_seconds") or 0.0,
-                   "node_slack": node_clock.get("correction_slack_seconds") or 0.0}
+        offsets = clock_offsets_of(pod)
+        created_after = max([lower(job_created_point.earliest, "the Job's creation", REFERENCE_CLOCK),
+                             lower(slots.get(name), "an earlier pod's end freeing its slot", REFERENCE_CLOCK)],
+                            key=lambda bound: -math.inf if bound is None else bound.lower)
         points = episode_points(pod, ready, reward, scheduled.get(name), observed_pods.get(name),
-                                kubelet.get(name), creations.get(name), offsets)
+                                kubelet.get(name), creations.get(name), offsets, created_after)
         phases = phase_durations(points)
         durations.append(phases)
         rows.append({
@@ -1951,7 +2002,7 @@ def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
         "pod_to_ready_p95_seconds": guide["p95"],
         "pod_to_ready_max_seconds": guide["max"],
         "phases": phases,
-        "job_created": job_creation(job, job_observed, client_offset)._asdict(),
+        "job_created": job_created_point._asdict(),
         "phases_by_start_path": start_path_phases(records),
         "clocks": clocks,
         "completion_gap": completion_gap(job, pods, last_reward, client_observed_at),
@@ -2837,13 +2888,19 @@ class BatchFollower:
 
     # -- following --------------------------------------------------------
 
+    def watch_pods_first(self, client_deadline: float) -> None:
+        """Start the pod watch before the Job exists: each pod's ADDED then arrives as the pod is
+        created, rather than in the first listing of a watch started after the create call."""
+        self._start_watch("pods", client_deadline)
+
     def follow(self, submitted_monotonic: float, client_deadline: float) -> str | None:
         """Wait until the Job is Complete or Failed ("Complete"/"Failed"), or None at the deadline."""
-        processes_before = self.kubectl.processes
+        processes_before = self.kubectl.processes - len(self._watches)  # a watch started first is this wait's
         self._failures = {"job": 0, "pods": 0}
         try:
             for kind in ("job", "pods"):
-                self._start_watch(kind, client_deadline)
+                if kind not in self._watches:
+                    self._start_watch(kind, client_deadline)
             next_poll = time.monotonic()
             while self.end is None:
                 now = time.monotonic()
@@ -3407,16 +3464,22 @@ class RunAction:
         submitted_wall = time.time()
         submitted = time.monotonic()
         client_deadline = submitted + self.settings["timeout"] + CLIENT_GRACE_SECONDS
-        if self.proxy is None:
-            try:
-                self.proxy = ApiProxy(self.kubectl)
-            except DemoError as error:  # e.g. kubectl proxy forbidden here: one process per read instead
-                print(f"Warning: {error}; reading logs with one kubectl per pod", file=sys.stderr)
         self.follower = BatchFollower(self.kubectl, self.namespace, job_name, self.settings["count"],
                                       self.progress, self.pool, self.proxy)
+        # First, so that it is listening by the time the Job's first pods are created.
+        self.follower.watch_pods_first(client_deadline)
+        if self.proxy is None:
+            try:
+                self.proxy = self.follower.proxy = ApiProxy(self.kubectl)
+            except DemoError as error:  # e.g. kubectl proxy forbidden here: one process per read instead
+                print(f"Warning: {error}; reading logs with one kubectl per pod", file=sys.stderr)
         self.progress.new_batch()
         self.follower.job_observed["submitted"] = time.time()
-        created = self.create(manifest)
+        try:
+            created = self.create(manifest)
+        except BaseException:
+            self.follower.stop_watches()
+            raise
         self.follower.job_observed["create_returned"] = time.time()
         record_job_uid(self.receipt, job_name, created["metadata"]["uid"])
         write_json(os.path.join(self.output, RECEIPT_FILE), self.receipt)

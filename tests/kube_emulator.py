@@ -167,6 +167,12 @@ def check_lightweight(value: Any) -> None:
 READ_PATH_TIMING: Dict[str, float] = {"fresh_block": 3.0, "fresh_retry_after": 1.0, "continue_ttl": 300.0}
 
 
+# client-go's EventAggregator: this many events about one object that differ only by message,
+# within this many seconds, and the rest are combined into one.
+EVENT_AGGREGATE_AFTER = 10
+EVENT_AGGREGATE_SECONDS = 600.0
+
+
 def clone(obj: Any) -> Any:
     """Deep copy for JSON-like data (faster than copy.deepcopy)."""
     return json.loads(json.dumps(obj))
@@ -4270,6 +4276,8 @@ class Emulator:
         self._pod_counter = 0
         self.replaced_uids: Set[str] = set()
         self._event_index: Dict[Tuple, Tuple[str, str]] = {}
+        # Aggregate key -> (first seen, the distinct messages since): client-go's EventAggregator.
+        self._event_similar: Dict[Tuple, Tuple[float, set]] = {}
         self.kubeconfig = self.workdir / "kubeconfig"
         self.truth_path = self.workdir / "truth.json"
         self.bindir = self.workdir / "bin"
@@ -4548,7 +4556,9 @@ class Emulator:
     # ---------------------------------------------------------------- events
     def record_event(self, obj: dict, etype: str, reason: str, message: str, component: str,
                      host: Optional[str] = None, field_path: Optional[str] = None) -> None:
-        """core/v1 event like client-go's EventRecorder (with aggregation of repeats)."""
+        """core/v1 event like client-go's EventRecorder: a repeat bumps its event's count; from the
+        10th event in 10 minutes that differs only by message (a Job's SuccessfulCreate per pod),
+        one combined event stands for them all, "(combined from similar events): <latest message>"."""
         md = obj.get("metadata") or {}
         ns = md.get("namespace") or "default"
         io: Dict[str, Any] = {"kind": obj.get("kind"), "name": md.get("name"), "uid": md.get("uid"),
@@ -4558,6 +4568,14 @@ class Emulator:
         if field_path:
             io["fieldPath"] = field_path
         key = (md.get("uid"), field_path, reason, message, component, host, etype)
+        similar = (md.get("uid"), field_path, reason, component, host, etype)
+        first, messages = self._event_similar.get(similar) or (time.time(), set())
+        if time.time() - first > EVENT_AGGREGATE_SECONDS:
+            first, messages = time.time(), set()
+        messages.add(message)
+        self._event_similar[similar] = (first, messages)
+        if len(messages) >= EVENT_AGGREGATE_AFTER:
+            key, message = similar, "(combined from similar events): " + message
         if component == "kubelet" and host:
             # A kubelet's recorder names and stamps its events on its node's clock.
             ahead = named_ahead = self.api_skew() + self.node_offset(host)
@@ -4570,6 +4588,7 @@ class Emulator:
             def bump(o: dict) -> Optional[bool]:
                 o["count"] = o.get("count", 1) + 1
                 o["lastTimestamp"] = fmt_time(now)
+                o["message"] = message
                 return True
             self.store.update("events", existing[0], existing[1], bump)
             return

@@ -47,8 +47,10 @@ def skewed_run(kubectl: str, tmp_path, offset: float, sandbox: float) -> Run:
     # its pod's creation and the run fail as out of order: the sandbox is made long enough.
     (-1.5, 2.0),
     # Behind by less than the sandbox takes: the kubelet's first container event alone allows
-    # clocks that agree; the pods' start times pin it.
-    (-0.4, 0.6),
+    # clocks that agree; the pods' start times (whole seconds, within a second of the binding)
+    # prove it whatever their fractions. A smaller offset is proven only when some pod's start
+    # time falls late in its second: the reported bounds still hold it, uncorrected.
+    (-1.3, 1.6),
 ])
 def test_a_node_clock_off_is_found_said_and_corrected(require_e2e, tmp_path, offset, sandbox):
     kubectl = require_e2e(KUBECTL_VERSION)
@@ -59,8 +61,9 @@ def test_a_node_clock_off_is_found_said_and_corrected(require_e2e, tmp_path, off
     clocks = run.results["clocks"]
     node = clocks["nodes"][SKEWED]
     # The evidence's interval holds the true offset, and so does the correction within its uncertainty.
-    assert node["at_least_seconds"] <= offset <= node["at_most_seconds"], node
-    assert abs(node["offset_seconds"] - offset) <= node["correction_slack_seconds"] <= node["uncertainty_seconds"]
+    assert node["at_least_seconds"] <= offset <= node["at_most_seconds"], (node, clocks["warnings"])
+    assert abs(node["offset_seconds"] - offset) <= node["correction_slack_seconds"] <= node["uncertainty_seconds"], \
+        (node, clocks["warnings"])
     # Each edge comes from whole-second stamps whose fractions vary from pod to pod: a few pods
     # narrow it well below the second a single stamp leaves open.
     assert node["uncertainty_seconds"] < 1.0, node
