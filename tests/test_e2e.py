@@ -167,7 +167,7 @@ def test_parallel_then_sequential_then_cleanup(kubectl_and_cluster, tmp_path):
     calls = [r for r in emulator.requests if not r["watch"]]
     longer = [r for r in calls if r["query"].get("timeout") != "30s"]
     assert len(longer) < len(calls)
-    assert all(r["method"] == "GET" and r["path"].endswith(("/pods", "/jobs"))
+    assert all(r["method"] == "GET" and r["path"].endswith(("/pods", "/jobs", "/events"))
                and r["query"].get("timeout", "").endswith("s") for r in longer), \
         sorted({(r["method"], r["path"], r["query"].get("timeout")) for r in longer})
     assert all(r["status"] < 500 for r in emulator.requests)

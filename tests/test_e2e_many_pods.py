@@ -55,10 +55,12 @@ def test_pods_past_the_recorders_tenth_are_placed_by_the_watch(require_e2e, tmp_
         error, precision = errors[row["pod"]]
         assert abs(error) <= precision + (TRUTH_NOTED_AFTER if error < 0 else 0.0), (row, error, precision)
         if row["pod"] in named:
-            assert row["pod_created_source"] == "SuccessfulCreate event name", row
+            assert "SuccessfulCreate event name" in row["pod_created_source"], row
         else:
-            # Placed by the watch that saw it created, after its Job's creation or its stamp's second.
+            # Placed by the watch that saw it created (after its Job's creation or its stamp's second),
+            # unless a loaded machine delivered it after its stamp's second had ended.
             assert row["pod_created_source"] in ("watch saw the pod, after the Job's creation",
-                                                 "watch saw the pod, after Pod creationTimestamp"), row
+                                                 "watch saw the pod, after Pod creationTimestamp",
+                                                 "Pod creationTimestamp"), row
             watched.append(precision)
-    print("precision of the pods placed by the watch:", sorted(watched))
+    print("precision of the pods past the recorder's tenth:", sorted(watched))

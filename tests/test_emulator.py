@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import prereqs  # noqa: E402
 from conftest import require_prerequisites  # noqa: E402
 from e2e_support import wait_for  # noqa: E402
-from kube_emulator import Emulator  # noqa: E402
+from kube_emulator import Emulator, check_faults  # noqa: E402
 
 
 # --------------------------------------------------------------------------- prerequisites
@@ -481,7 +481,7 @@ def test_watch_protocol(emu_factory) -> None:
     assert bm["object"]["metadata"]["annotations"] == {"k8s.io/initial-events-end": "true"}
     for i in range(40):
         k_ = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "d%d" % i, "namespace": "wp"}}
-        emu.api.emu.create_object(emu._info_for("configmaps"), k_)
+        emu.writes.create_object(emu._info_for("configmaps"), k_)
     evs = _read_watch(emu, "/api/v1/namespaces/wp/configmaps?watch=1&resourceVersion=2&timeoutSeconds=1")
     assert evs[0]["type"] == "ERROR" and evs[0]["object"]["code"] == 410
     assert evs[0]["object"]["reason"] == "Expired" and "too old resource version" in evs[0]["object"]["message"]
@@ -723,7 +723,7 @@ def test_fault_node_clock_offset(emu_factory) -> None:
                 assert abs(stamp(event["firstTimestamp"]) - named) < 2, event
                 assert abs(stamp(event["metadata"]["creationTimestamp"]) - true["container_started"]) < 5, event
     with pytest.raises(ValueError, match="node_clock_offset takes"):
-        Emulator(Path("/nonexistent"), faults={"node_clock_offset": 1.5})
+        check_faults({"node_clock_offset": 1.5})
 
 
 def test_fault_api_latency_and_errors(emu_factory) -> None:
