@@ -1957,25 +1957,25 @@ def start_path_phases(records: Sequence[dict]) -> dict[str, dict] | None:
     return {path: phase_summary(durations) for path, durations in sorted(paths.items())}
 
 
-def slot_freed_after(seen_added: dict[str, float], ended_after: dict[str, float],
+def slot_freed_after(created_within: dict[str, tuple[float, float]], ended_after: dict[str, float],
                      parallelism: int) -> dict[str, float]:
     """Pod -> a moment it was created after, from its Job's parallelism.
 
     A Job runs at most `parallelism` pods at once, so a pod created after n others came only
-    once n - parallelism + 1 of them had ended. A watch delivers pods in the order they were
-    created, so those it saw added earlier were created earlier (pods seen at the same moment,
-    as in one listing, say nothing of their order). `ended_after`: a moment each pod's
-    container ended after; a pod with an unknown end among the earlier ones leaves no bound.
+    once n - parallelism + 1 of them had ended. `created_within`: each pod's creation lies in
+    (earliest, latest); another pod was provably created before it when its latest precedes
+    this one's earliest (a watch's order says less: its first listing comes in name order).
+    `ended_after`: a moment each pod's container ended after; an earlier pod whose end is
+    unknown leaves no bound.
     """
     found: dict[str, float] = {}
+    by_latest = sorted(created_within.items(), key=lambda item: item[1][1])
     ends: list[float] = []
     earlier = 0
     unknown = False
-    by_arrival = sorted(seen_added.items(), key=lambda item: item[1])
-    for start in range(len(by_arrival)):
-        name, seen = by_arrival[start]
-        while by_arrival[earlier][1] < seen:
-            other = by_arrival[earlier][0]
+    for name, (earliest, _) in sorted(created_within.items(), key=lambda item: item[1][0]):
+        while earlier < len(by_latest) and by_latest[earlier][1][1] < earliest:
+            other = by_latest[earlier][0]
             if other in ended_after:
                 bisect.insort(ends, ended_after[other])
             else:
@@ -2083,10 +2083,17 @@ def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
         reward_at = worker_time(reward.get("at"))
         if reward_at is not None:
             ended_after[pod_name(pod)] = reward_at - offsets["node"] - offsets["node_slack"]
-    seen_added = {name: seen["seen"]["added"] for name, seen in observed_pods.items()
-                  if (seen.get("seen") or {}).get("added") is not None}
-    slots = slot_freed_after(seen_added, ended_after, int((job.get("spec") or {}).get("parallelism") or 1)) \
-        if len(seen_added) == len(pods) == count else {}
+    created_within = {}
+    for pod, _, _ in episodes:
+        name = pod_name(pod)
+        stamp = parse_time(pod["metadata"]["creationTimestamp"])
+        seen = ((observed_pods.get(name) or {}).get("seen") or {}).get("added")
+        latest = [stamp + WHOLE_SECOND, creations.get(name)] + \
+            ([] if seen is None else [seen - client_offset + clocks["client"]["correction_slack_seconds"]])
+        created_within[name] = (max(stamp, job_created_point.earliest or stamp),
+                                min(moment for moment in latest if moment is not None))
+    slots = slot_freed_after(created_within, ended_after, int((job.get("spec") or {}).get("parallelism") or 1)) \
+        if len(pods) == count else {}
     rows, records, durations = [], [], []
     for pod, ready, reward in episodes:
         name = pod_name(pod)

@@ -63,7 +63,7 @@ def check_run(cluster, output: Path, count: int, parallelism: int) -> dict:
 
 def most_at_once(cluster, namespace: str) -> int:
     """The most episode containers of one namespace that ran at the same moment (the node agent's record)."""
-    runs = [r for (ns, _), r in list(cluster.agent.truth.items()) if ns == namespace]
+    runs = [r for (ns, _), r in list(cluster.agent.truth.items()) if ns == namespace and "container_started" in r]
     moments = sorted([(r["container_started"], 1) for r in runs] + [(r["container_finished"], -1) for r in runs])
     running = most = 0
     for _, change in moments:

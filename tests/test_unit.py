@@ -1357,14 +1357,16 @@ def test_a_node_clock_behind_by_less_than_the_sandbox_is_pinned_by_the_pods_star
 
 def test_a_pod_past_the_parallelism_was_created_after_enough_earlier_pods_ended() -> None:
     # Parallelism 2: a, b start; c only once one of them ended, d once two of a, b, c had.
-    seen = {"a": 10.0, "b": 10.1, "c": 13.0, "d": 14.0}
+    within = {"a": (10.0, 10.05), "b": (10.0, 10.1), "c": (13.0, 13.02), "d": (14.0, 14.01)}
     ended = {"a": 12.5, "b": 13.5, "c": 13.8}
-    assert demo.slot_freed_after(seen, ended, 2) == {"c": 12.5, "d": 13.5}
-    # Seen together (one listing): their order is unknown, so neither bounds the other.
-    assert demo.slot_freed_after({"a": 10.0, "b": 10.0, "c": 10.0}, ended, 2) == {}
+    assert demo.slot_freed_after(within, ended, 2) == {"c": 12.5, "d": 13.5}
+    # Creations that may overlap say nothing of their order: c might precede a, so nothing bounds c.
+    within["c"] = (10.0, 13.02)
+    assert demo.slot_freed_after(within, ended, 2) == {"d": 13.5}
     # An earlier pod whose end is unknown may have ended first: no bound from then on.
-    assert demo.slot_freed_after(seen, {"b": 13.5, "c": 13.8}, 2) == {}
-    assert demo.slot_freed_after(seen, ended, 4) == {}
+    within["c"] = (13.0, 13.02)
+    assert demo.slot_freed_after(within, {"b": 13.5, "c": 13.8}, 2) == {}
+    assert demo.slot_freed_after(within, ended, 4) == {}
 
 
 def test_a_batch_that_mixes_start_paths_shows_each_paths_phases() -> None:
