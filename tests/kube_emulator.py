@@ -4802,54 +4802,15 @@ class WritePath:
         cur = self.store.get(store, store_ns, name)
         if cur is None:
             raise err_not_found(info, name)
-        pre = opts.get("preconditions") or {}
-        if pre.get("uid") and pre["uid"] != cur["metadata"]["uid"]:
-            raise ApiError(409, "Conflict", "Precondition failed: UID in precondition: %s, UID in object meta: %s"
-                           % (pre["uid"], cur["metadata"]["uid"]), {"name": name, "kind": info.plural})
-        if pre.get("resourceVersion") and pre["resourceVersion"] != cur["metadata"]["resourceVersion"]:
-            raise err_conflict(info, name)
-        dry = "All" in (opts.get("dryRun") or [])
-        policy = opts.get("propagationPolicy")
-        if policy is None and opts.get("orphanDependents") is not None:
-            policy = "Orphan" if opts["orphanDependents"] else "Background"
-        if policy is None:
-            policy = "Orphan" if store == "jobs" else "Background"
-        if policy not in ("Orphan", "Background", "Foreground"):
-            raise err_invalid(info, name, [("propagationPolicy", "FieldValueNotSupported",
-                                            'Unsupported value: "%s": supported values: "Foreground", '
-                                            '"Background", "Orphan", "nil"' % policy)])
+        policy = self._deletion_policy(info, name, cur, opts)
         now = self.clock()
-        if dry:
+        if "All" in (opts.get("dryRun") or []):
             out = clone(cur)
             out["metadata"]["deletionTimestamp"] = fmt_time(now)
             return 200, to_version(info, out)
         if store == "namespaces":
-            if name in ("default", "kube-system", "kube-public"):
-                raise err_forbidden(info, name, "this namespace may not be deleted")
-            if cur["metadata"].get("deletionTimestamp"):
-                return 200, cur
-
-            def terminate(o: dict) -> Optional[bool]:
-                o["metadata"]["deletionTimestamp"] = fmt_time(now)
-                o["metadata"]["deletionGracePeriodSeconds"] = 0
-                o.setdefault("status", {})["phase"] = "Terminating"
-                if policy == "Orphan":
-                    fins = o["metadata"].setdefault("finalizers", [])
-                    if ORPHAN_FINALIZER not in fins:
-                        fins.append(ORPHAN_FINALIZER)
-                return True
-            new = self.store.update(store, None, name, terminate)
-            return 200, new if new is not None else cur
-
-        grace = 0
-        if store == "pods":
-            node = (cur.get("spec") or {}).get("nodeName")
-            if opts.get("gracePeriodSeconds") is not None:
-                grace = int(opts["gracePeriodSeconds"])
-            else:
-                grace = int((cur.get("spec") or {}).get("terminationGracePeriodSeconds", 30))
-            if not node or pod_terminal(cur):
-                grace = 0
+            return 200, self._terminate_namespace(info, cur, policy, now)
+        grace = self._pod_grace(cur, opts) if store == "pods" else 0
         fins = list(cur["metadata"].get("finalizers") or [])
         if policy == "Foreground" and FOREGROUND_FINALIZER not in fins:
             fins.append(FOREGROUND_FINALIZER)
@@ -4859,13 +4820,7 @@ class WritePath:
             final = self.store.remove(store, store_ns, name)
             if final is None:
                 raise err_not_found(info, name)
-            details: Dict[str, Any] = {"name": name, "kind": info.plural, "uid": cur["metadata"]["uid"]}
-            if info.group:
-                details["group"] = info.group
-            if store == "pods":
-                return 200, final
-            return 200, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
-                         "details": details}
+            return 200, final if store == "pods" else deleted_status(info, name, cur["metadata"]["uid"])
 
         def mark(o: dict) -> Optional[bool]:
             omd = o["metadata"]
@@ -4873,11 +4828,7 @@ class WritePath:
             if fins != list(omd.get("finalizers") or []):
                 omd["finalizers"] = list(fins)
                 changed = True
-            if not omd.get("deletionTimestamp"):
-                omd["deletionTimestamp"] = fmt_time(now + grace)
-                omd["deletionGracePeriodSeconds"] = grace
-                changed = True
-            elif grace < (omd.get("deletionGracePeriodSeconds") or 0):
+            if not omd.get("deletionTimestamp") or grace < (omd.get("deletionGracePeriodSeconds") or 0):
                 omd["deletionTimestamp"] = fmt_time(now + grace)
                 omd["deletionGracePeriodSeconds"] = grace
                 changed = True
@@ -4889,13 +4840,66 @@ class WritePath:
         if new is None:
             raise err_not_found(info, name)
         if self.store.get(store, store_ns, name) is None:
-            details = {"name": name, "kind": info.plural, "uid": cur["metadata"]["uid"]}
-            if info.group:
-                details["group"] = info.group
-            return 200, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
-                         "details": details}
+            return 200, deleted_status(info, name, cur["metadata"]["uid"])
         code = 202 if policy == "Foreground" and opts.get("orphanDependents") is False else 200
         return code, new
+
+    @staticmethod
+    def _deletion_policy(info: ResourceInfo, name: str, cur: dict, opts: dict) -> str:
+        """Check the delete's preconditions; its propagation policy, defaulted as the resource's strategy does."""
+        pre = opts.get("preconditions") or {}
+        if pre.get("uid") and pre["uid"] != cur["metadata"]["uid"]:
+            raise ApiError(409, "Conflict", "Precondition failed: UID in precondition: %s, UID in object meta: %s"
+                           % (pre["uid"], cur["metadata"]["uid"]), {"name": name, "kind": info.plural})
+        if pre.get("resourceVersion") and pre["resourceVersion"] != cur["metadata"]["resourceVersion"]:
+            raise err_conflict(info, name)
+        policy = opts.get("propagationPolicy")
+        if policy is None and opts.get("orphanDependents") is not None:
+            policy = "Orphan" if opts["orphanDependents"] else "Background"
+        if policy is None:
+            policy = "Orphan" if info.store == "jobs" else "Background"
+        if policy not in ("Orphan", "Background", "Foreground"):
+            raise err_invalid(info, name, [("propagationPolicy", "FieldValueNotSupported",
+                                            'Unsupported value: "%s": supported values: "Foreground", '
+                                            '"Background", "Orphan", "nil"' % policy)])
+        return policy
+
+    def _terminate_namespace(self, info: ResourceInfo, cur: dict, policy: str, now: float) -> dict:
+        """A namespace is not removed at once: it turns Terminating for the namespace controller."""
+        name = cur["metadata"]["name"]
+        if name in ("default", "kube-system", "kube-public"):
+            raise err_forbidden(info, name, "this namespace may not be deleted")
+        if cur["metadata"].get("deletionTimestamp"):
+            return cur
+
+        def terminate(o: dict) -> Optional[bool]:
+            o["metadata"]["deletionTimestamp"] = fmt_time(now)
+            o["metadata"]["deletionGracePeriodSeconds"] = 0
+            o.setdefault("status", {})["phase"] = "Terminating"
+            if policy == "Orphan":
+                fins = o["metadata"].setdefault("finalizers", [])
+                if ORPHAN_FINALIZER not in fins:
+                    fins.append(ORPHAN_FINALIZER)
+            return True
+        new = self.store.update("namespaces", None, name, terminate)
+        return new if new is not None else cur
+
+    @staticmethod
+    def _pod_grace(pod: dict, opts: dict) -> int:
+        """The grace period a pod's deletion gives its kubelet: none when it is unbound or finished."""
+        if not (pod.get("spec") or {}).get("nodeName") or pod_terminal(pod):
+            return 0
+        if opts.get("gracePeriodSeconds") is not None:
+            return int(opts["gracePeriodSeconds"])
+        return int((pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30))
+
+
+def deleted_status(info: ResourceInfo, name: str, uid: str) -> dict:
+    """The Status a delete answers when the object is gone at once."""
+    details: Dict[str, Any] = {"name": name, "kind": info.plural, "uid": uid}
+    if info.group:
+        details["group"] = info.group
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "details": details}
 
 
 class EventRecorder:
