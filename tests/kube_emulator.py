@@ -4349,57 +4349,102 @@ def qos_class(spec: dict) -> str:
     return "Guaranteed" if guaranteed else "Burstable"
 
 
-# --------------------------------------------------------------------------
-# the emulator
-# --------------------------------------------------------------------------
+def validation_errors(info: ResourceInfo, body: dict) -> List[Tuple[str, str, str]]:
+    """The field errors a create of `body` answers 422 with (pods, Jobs, ConfigMaps, RuntimeClasses)."""
+    errs: List[Tuple[str, str, str]] = []
+    if info.store == "pods":
+        errs += validate_pod_spec(body.get("spec") or {}, "spec")
+    elif info.store == "jobs":
+        spec = body.get("spec") or {}
+        tspec = (spec.get("template") or {}).get("spec") or {}
+        errs += validate_pod_spec(tspec, "spec.template.spec")
+        rp = tspec.get("restartPolicy")
+        if rp not in ("OnFailure", "Never"):
+            errs = [e for e in errs if e[0] != "spec.template.spec.restartPolicy"]
+            errs.append(("spec.template.spec.restartPolicy", "FieldValueNotSupported",
+                         'Unsupported value: "%s": supported values: "OnFailure", "Never"' % rp))
+        for f in ("parallelism", "completions", "backoffLimit"):
+            if spec.get(f) is not None and (not isinstance(spec[f], int) or spec[f] < 0):
+                errs.append(("spec.%s" % f, "FieldValueInvalid",
+                             "Invalid value: %s: must be greater than or equal to 0" % spec[f]))
+        ads = spec.get("activeDeadlineSeconds")
+        if ads is not None and (not isinstance(ads, int) or ads <= 0):
+            errs.append(("spec.activeDeadlineSeconds", "FieldValueInvalid",
+                         "Invalid value: %s: must be greater than or equal to 1" % ads))
+        if spec.get("completionMode") not in ("NonIndexed", "Indexed"):
+            errs.append(("spec.completionMode", "FieldValueNotSupported",
+                         'Unsupported value: "%s": supported values: "NonIndexed", "Indexed"'
+                         % spec.get("completionMode")))
+        if spec.get("completionMode") == "Indexed" and spec.get("completions") is None:
+            errs.append(("spec.completions", "FieldValueRequired",
+                         "Required value: when completion mode is Indexed"))
+        per_index = spec.get("backoffLimitPerIndex")
+        if per_index is not None and spec.get("completionMode") != "Indexed":
+            errs.append(("spec.backoffLimitPerIndex", "FieldValueForbidden",
+                         "Forbidden: requires indexed completion mode"))
+        if spec.get("maxFailedIndexes") is not None and per_index is None:
+            errs.append(("spec.backoffLimitPerIndex", "FieldValueRequired",
+                         "Required value: when maxFailedIndexes is specified"))
+        if spec.get("maxFailedIndexes") is not None and spec.get("completions") is not None \
+                and spec["maxFailedIndexes"] > spec["completions"]:
+            errs.append(("spec.maxFailedIndexes", "FieldValueInvalid",
+                         "Invalid value: %s: must be less than or equal to completions"
+                         % spec["maxFailedIndexes"]))
+        policy = spec.get("podFailurePolicy")
+        if policy is not None:
+            if rp != "Never":
+                errs.append(("spec.template.spec.restartPolicy", "FieldValueInvalid",
+                             'Invalid value: "%s": only "Never" is supported when podFailurePolicy '
+                             'is specified' % rp))
+            for number, rule in enumerate(policy.get("rules") or []):
+                action = rule.get("action")
+                if action not in ("Count", "FailIndex", "FailJob", "Ignore"):
+                    errs.append(("spec.podFailurePolicy.rules[%d].action" % number, "FieldValueNotSupported",
+                                 'Unsupported value: "%s": supported values: "Count", "FailIndex", '
+                                 '"FailJob", "Ignore"' % action))
+                elif action == "FailIndex" and per_index is None:
+                    errs.append(("spec.podFailurePolicy.rules[%d].action" % number, "FieldValueInvalid",
+                                 'Invalid value: "FailIndex": requires the backoffLimitPerIndex to be set'))
+                codes = rule.get("onExitCodes")
+                if codes is not None and codes.get("operator") == "In" and 0 in (codes.get("values") or []):
+                    errs.append(("spec.podFailurePolicy.rules[%d].onExitCodes.values[%d]" % (
+                        number, codes["values"].index(0)), "FieldValueInvalid",
+                        "Invalid value: 0: must not be 0 for the In operator"))
+    elif info.store == "configmaps":
+        for k in list((body.get("data") or {})) + list((body.get("binaryData") or {})):
+            if not _CM_KEY.match(k):
+                errs.append(("data[%s]" % k, "FieldValueInvalid",
+                             "Invalid value: \"%s\": a valid config key must consist of alphanumeric "
+                             "characters, '-', '_' or '.' (e.g. 'key.name',  or 'KEY_NAME',  or 'key-name', "
+                             "regex used for validation is '[-._a-zA-Z0-9]+')" % k))
+        for k, v in (body.get("data") or {}).items():
+            if not isinstance(v, str):
+                errs.append(("data[%s]" % k, "FieldValueInvalid", "Invalid value: must be a string"))
+    elif info.store == "runtimeclasses":
+        if not body.get("handler"):
+            errs.append(("handler", "FieldValueRequired", "Required value"))
+    return errs
 
-class TruthRecord:
-    """What really happened and when, by the emulator's own clock (tests compare the tool's view
-    with it): per pod, Job and namespace, and each pod's creation index, which faults name pods by."""
 
-    def __init__(self, store: Store):
-        self.store = store
-        self._truth: Dict[str, Dict[str, Dict[str, Any]]] = {"pods": {}, "jobs": {}, "namespaces": {}}
-        self._lock = threading.Lock()
-        self._pod_index: Dict[str, int] = {}
-        self._pod_counter = 0
-
-    def snapshot(self) -> dict:
-        with self._lock:
-            return clone(self._truth)
-
-    def pod_index(self, uid: str) -> Optional[int]:
-        with self._lock:
-            return self._pod_index.get(uid)
-
-    def note(self, section: str, key: str, field: str, value: Any = None, raw: bool = False,
-             first: bool = True) -> None:
-        """Note a field (default: now); unless `raw`, only its first value counts unless `first` is False."""
-        with self._lock:
-            d = self._truth[section].setdefault(key, {})
-            if raw:
-                d[field] = value
-            elif not first or field not in d:
-                d[field] = time.time() if value is None else value
-
-    def on_store_event(self, etype: str, store: str, obj: dict) -> None:
-        """Store listener: creation, termination and deletion of pods, Jobs and namespaces."""
-        if store not in ("pods", "jobs", "namespaces"):
+def _delete_path(obj: dict, path: str) -> None:
+    """Remove the field at a dotted path with [i] list indexes (unknown fields are dropped)."""
+    parts = re.findall(r"[^.\[\]]+|\[\d+\]", path)
+    cur: Any = obj
+    for p in parts[:-1]:
+        if p.startswith("["):
+            cur = cur[int(p[1:-1])]
+        else:
+            cur = cur.get(p)
+        if cur is None:
             return
-        md = obj["metadata"]
-        key = "%s/%s" % (md.get("namespace"), md["name"]) if md.get("namespace") else md["name"]
-        if etype == "ADDED":
-            with self._lock:
-                self._truth[store][key] = {"created": self.store.created_wall.pop(md["uid"], time.time())}
-                if store == "pods":
-                    self._pod_index[md["uid"]] = self._pod_counter
-                    self._truth[store][key]["index"] = self._pod_counter
-                    self._pod_counter += 1
-        elif etype == "DELETED":
-            self.note(store, key, "deleted")
-        elif md.get("deletionTimestamp"):
-            self.note(store, key, "terminating")
+    last = parts[-1]
+    if isinstance(cur, dict):
+        cur.pop(last, None)
 
+
+# --------------------------------------------------------------------------
+# the write path, the event recorder, the truth record and the emulator
+# --------------------------------------------------------------------------
 
 class WritePath:
     """Writes as the API server takes them: decoding checks, admission, defaulting, validation and
@@ -4504,7 +4549,7 @@ class WritePath:
                                      "my-name" if canon.store == "namespaces" else "example.com", rx))])
             if canon.store == "namespaces":
                 md.setdefault("labels", {})["kubernetes.io/metadata.name"] = name
-            errs = self._validate(canon, body)
+            errs = validation_errors(canon, body)
             if errs:
                 raise err_invalid(canon, name, errs)
             if dry_run:
@@ -4530,81 +4575,6 @@ class WritePath:
                                 "terminated" % ns, [{"reason": "NamespaceTerminating",
                                                      "message": "namespace %s is being terminated" % ns,
                                                      "field": "metadata.namespace"}])
-
-    def _validate(self, info: ResourceInfo, body: dict) -> List[Tuple[str, str, str]]:
-        errs: List[Tuple[str, str, str]] = []
-        if info.store == "pods":
-            errs += validate_pod_spec(body.get("spec") or {}, "spec")
-        elif info.store == "jobs":
-            spec = body.get("spec") or {}
-            tspec = (spec.get("template") or {}).get("spec") or {}
-            errs += validate_pod_spec(tspec, "spec.template.spec")
-            rp = tspec.get("restartPolicy")
-            if rp not in ("OnFailure", "Never"):
-                errs = [e for e in errs if e[0] != "spec.template.spec.restartPolicy"]
-                errs.append(("spec.template.spec.restartPolicy", "FieldValueNotSupported",
-                             'Unsupported value: "%s": supported values: "OnFailure", "Never"' % rp))
-            for f in ("parallelism", "completions", "backoffLimit"):
-                if spec.get(f) is not None and (not isinstance(spec[f], int) or spec[f] < 0):
-                    errs.append(("spec.%s" % f, "FieldValueInvalid",
-                                 "Invalid value: %s: must be greater than or equal to 0" % spec[f]))
-            ads = spec.get("activeDeadlineSeconds")
-            if ads is not None and (not isinstance(ads, int) or ads <= 0):
-                errs.append(("spec.activeDeadlineSeconds", "FieldValueInvalid",
-                             "Invalid value: %s: must be greater than or equal to 1" % ads))
-            if spec.get("completionMode") not in ("NonIndexed", "Indexed"):
-                errs.append(("spec.completionMode", "FieldValueNotSupported",
-                             'Unsupported value: "%s": supported values: "NonIndexed", "Indexed"'
-                             % spec.get("completionMode")))
-            if spec.get("completionMode") == "Indexed" and spec.get("completions") is None:
-                errs.append(("spec.completions", "FieldValueRequired",
-                             "Required value: when completion mode is Indexed"))
-            per_index = spec.get("backoffLimitPerIndex")
-            if per_index is not None and spec.get("completionMode") != "Indexed":
-                errs.append(("spec.backoffLimitPerIndex", "FieldValueForbidden",
-                             "Forbidden: requires indexed completion mode"))
-            if spec.get("maxFailedIndexes") is not None and per_index is None:
-                errs.append(("spec.backoffLimitPerIndex", "FieldValueRequired",
-                             "Required value: when maxFailedIndexes is specified"))
-            if spec.get("maxFailedIndexes") is not None and spec.get("completions") is not None \
-                    and spec["maxFailedIndexes"] > spec["completions"]:
-                errs.append(("spec.maxFailedIndexes", "FieldValueInvalid",
-                             "Invalid value: %s: must be less than or equal to completions"
-                             % spec["maxFailedIndexes"]))
-            policy = spec.get("podFailurePolicy")
-            if policy is not None:
-                if rp != "Never":
-                    errs.append(("spec.template.spec.restartPolicy", "FieldValueInvalid",
-                                 'Invalid value: "%s": only "Never" is supported when podFailurePolicy '
-                                 'is specified' % rp))
-                for number, rule in enumerate(policy.get("rules") or []):
-                    action = rule.get("action")
-                    if action not in ("Count", "FailIndex", "FailJob", "Ignore"):
-                        errs.append(("spec.podFailurePolicy.rules[%d].action" % number, "FieldValueNotSupported",
-                                     'Unsupported value: "%s": supported values: "Count", "FailIndex", '
-                                     '"FailJob", "Ignore"' % action))
-                    elif action == "FailIndex" and per_index is None:
-                        errs.append(("spec.podFailurePolicy.rules[%d].action" % number, "FieldValueInvalid",
-                                     'Invalid value: "FailIndex": requires the backoffLimitPerIndex to be set'))
-                    codes = rule.get("onExitCodes")
-                    if codes is not None and codes.get("operator") == "In" and 0 in (codes.get("values") or []):
-                        errs.append(("spec.podFailurePolicy.rules[%d].onExitCodes.values[%d]" % (
-                            number, codes["values"].index(0)), "FieldValueInvalid",
-                            "Invalid value: 0: must not be 0 for the In operator"))
-        elif info.store == "configmaps":
-            for k in list((body.get("data") or {})) + list((body.get("binaryData") or {})):
-                if not _CM_KEY.match(k):
-                    errs.append(("data[%s]" % k, "FieldValueInvalid",
-                                 "Invalid value: \"%s\": a valid config key must consist of alphanumeric "
-                                 "characters, '-', '_' or '.' (e.g. 'key.name',  or 'KEY_NAME',  or 'key-name', "
-                                 "regex used for validation is '[-._a-zA-Z0-9]+')" % k))
-            for k, v in (body.get("data") or {}).items():
-                if not isinstance(v, str):
-                    errs.append(("data[%s]" % k, "FieldValueInvalid", "Invalid value: must be a string"))
-        elif info.store == "runtimeclasses":
-            if not body.get("handler"):
-                errs.append(("handler", "FieldValueRequired", "Required value"))
-        return errs
 
     # admission / defaulting per resource ----------------------------------
     def _admit_namespaces(self, body: dict, err_name: str) -> None:
@@ -4964,6 +4934,54 @@ class EventRecorder:
             pass
 
 
+class TruthRecord:
+    """What really happened and when, by the emulator's own clock (tests compare the tool's view
+    with it): per pod, Job and namespace, and each pod's creation index, which faults name pods by."""
+
+    def __init__(self, store: Store):
+        self.store = store
+        self._truth: Dict[str, Dict[str, Dict[str, Any]]] = {"pods": {}, "jobs": {}, "namespaces": {}}
+        self._lock = threading.Lock()
+        self._pod_index: Dict[str, int] = {}
+        self._pod_counter = 0
+
+    def snapshot(self) -> dict:
+        with self._lock:
+            return clone(self._truth)
+
+    def pod_index(self, uid: str) -> Optional[int]:
+        with self._lock:
+            return self._pod_index.get(uid)
+
+    def note(self, section: str, key: str, field: str, value: Any = None, raw: bool = False,
+             first: bool = True) -> None:
+        """Note a field (default: now); unless `raw`, only its first value counts unless `first` is False."""
+        with self._lock:
+            d = self._truth[section].setdefault(key, {})
+            if raw:
+                d[field] = value
+            elif not first or field not in d:
+                d[field] = time.time() if value is None else value
+
+    def on_store_event(self, etype: str, store: str, obj: dict) -> None:
+        """Store listener: creation, termination and deletion of pods, Jobs and namespaces."""
+        if store not in ("pods", "jobs", "namespaces"):
+            return
+        md = obj["metadata"]
+        key = "%s/%s" % (md.get("namespace"), md["name"]) if md.get("namespace") else md["name"]
+        if etype == "ADDED":
+            with self._lock:
+                self._truth[store][key] = {"created": self.store.created_wall.pop(md["uid"], time.time())}
+                if store == "pods":
+                    self._pod_index[md["uid"]] = self._pod_counter
+                    self._truth[store][key]["index"] = self._pod_counter
+                    self._pod_counter += 1
+        elif etype == "DELETED":
+            self.note(store, key, "deleted")
+        elif md.get("deletionTimestamp"):
+            self.note(store, key, "terminating")
+
+
 class Emulator:
     """A Kubernetes API server + controllers + kubelets in one process.
 
@@ -5196,22 +5214,6 @@ class Emulator:
         if not self.faults.on("missing_runtimeclass"):
             self._create_runtimeclass()
 
-
-
-def _delete_path(obj: dict, path: str) -> None:
-    """Remove the field at a dotted path with [i] list indexes (unknown fields are dropped)."""
-    parts = re.findall(r"[^.\[\]]+|\[\d+\]", path)
-    cur: Any = obj
-    for p in parts[:-1]:
-        if p.startswith("["):
-            cur = cur[int(p[1:-1])]
-        else:
-            cur = cur.get(p)
-        if cur is None:
-            return
-    last = parts[-1]
-    if isinstance(cur, dict):
-        cur.pop(last, None)
 
 
 # --------------------------------------------------------------------------
