@@ -624,6 +624,8 @@ def capacity_warning(plan: dict, parallelism: int) -> str | None:
 # Parsing what the cluster and the episodes said.
 
 
+# Thousands of pods and events share each whole second's stamp: each is parsed once.
+@functools.lru_cache(maxsize=1 << 16)
 def parse_time(text: str | None) -> float | None:
     """RFC 3339 (`2026-01-02T03:04:05Z`, optional fraction or offset) -> epoch seconds."""
     if not text:
@@ -966,7 +968,8 @@ def compact_event(event: dict) -> dict:
                                          "creationTimestamp": metadata.get("creationTimestamp")}}
     for field in ("involvedObject", "regarding"):
         if event.get(field):
-            kept[field] = {key: event[field][key] for key in ("kind", "name", "uid") if key in event[field]}
+            kept[field] = {key: event[field][key] for key in ("kind", "name", "uid", "fieldPath")
+                           if key in event[field]}
     for field in ("reason", "type", "message", "note", "eventTime", "lastTimestamp", "count", "reportingInstance"):
         if event.get(field) is not None:
             kept[field] = event[field]
@@ -988,6 +991,8 @@ class EventStore:
         self.compact: dict[str, dict] = {}
         self._where: dict[str, tuple[int, int]] = {}  # name -> (offset, length) in the spool
         self._spool = tempfile.TemporaryFile()
+        self._spool_end = 0
+        self._read_since = False
         self._shared = SharedStrings()
         # The revision the events are known to be at least as new as, once a list has said so.
         self.resource_version: str | None = None
@@ -1005,9 +1010,12 @@ class EventStore:
             self._where.pop(name, None)
             return
         data = json.dumps(event).encode("utf-8")
-        offset = self._spool.seek(0, os.SEEK_END)
+        if self._read_since:  # back to the end after reading
+            self._spool.seek(self._spool_end)
+            self._read_since = False
         self._spool.write(data)
-        self._where[name] = (offset, len(data))
+        self._where[name] = (self._spool_end, len(data))
+        self._spool_end += len(data)
         self.compact[name] = self._shared.share(compact_event(event))
 
     def events(self, names: Iterable[str] | None = None) -> list[dict]:
@@ -1018,6 +1026,7 @@ class EventStore:
         """Each event's last version as JSON text, in the order a list gives them."""
         for name in sorted(self._where if names is None else names):
             offset, length = self._where[name]
+            self._read_since = True
             self._spool.seek(offset)
             yield self._spool.read(length).decode("utf-8")
 
@@ -1468,14 +1477,14 @@ class Bound(NamedTuple):
     clock: str
 
 
+# Nanoseconds since 1970 take 15 or 16 hex digits from 1972 to 2554: anything else is another name.
+EVENT_NAME_TIME = re.compile(r"\.([0-9a-f]{15,16})$")
+
+
 def event_name_time(event: dict) -> float | None:
     """The moment an event's recorder named it, from `<object>.<hex UnixNano>` (on the recorder's clock)."""
-    name = (event.get("metadata") or {}).get("name") or ""
-    suffix = name.rsplit(".", 1)[-1] if "." in name else ""
-    # Nanoseconds since 1970 take 15 or 16 hex digits from 1972 to 2554: anything else is another name.
-    if len(suffix) not in (15, 16) or any(c not in "0123456789abcdef" for c in suffix):
-        return None
-    return int(suffix, 16) / 1e9
+    found = EVENT_NAME_TIME.search((event.get("metadata") or {}).get("name") or "")
+    return int(found.group(1), 16) / 1e9 if found else None
 
 
 def kubelet_container_events(events: Iterable[dict]) -> dict[str, dict[str, tuple[float, str]]]:
@@ -1741,7 +1750,8 @@ class ClockBounds:
 
 
 def clock_offsets(job: dict, pods: Sequence[dict], events: Sequence[dict], observed_pods: dict[str, dict],
-                  job_observed: dict[str, float]) -> dict:
+                  job_observed: dict[str, float],
+                  kubelet: dict[str, dict[str, tuple[float, str]]] | None = None) -> dict:
     """Each clock's offset from the control plane's, bounded by transitions seen on both.
 
     A watch sees a change after it happened and a server stamp truncates it: the client's
@@ -1777,7 +1787,9 @@ def clock_offsets(job: dict, pods: Sequence[dict], events: Sequence[dict], obser
             started.setdefault(regarding.get("name", ""), (named, node))
     client_vs_node: dict[str, float] = {}
     scheduled = scheduled_event_times(events)
-    first_container_event = {pod: min(reasons.values()) for pod, reasons in kubelet_container_events(events).items()}
+    if kubelet is None:
+        kubelet = kubelet_container_events(events)
+    first_container_event = {pod: min(reasons.values()) for pod, reasons in kubelet.items()}
     for pod in pods:
         name = pod_name(pod)
         if name in scheduled and name in first_container_event:
@@ -1981,7 +1993,7 @@ def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
     kubelet = kubelet_container_events(events)
     creations = pod_creation_events(events)
     observed_pods, job_observed = split_observed(observed)
-    clocks = clock_offsets(job, pods, events, observed_pods, job_observed)
+    clocks = clock_offsets(job, pods, events, observed_pods, job_observed, kubelet)
     client_offset = clocks["client"]["offset_seconds"]
     rows, records, durations = [], [], []
     for pod, ready, reward in episodes:
@@ -3145,9 +3157,11 @@ class BatchFollower:
         if deleted:
             # Keep the last state seen: a pod that vanished is still part of the evidence.
             self.deleted.add(name)
-            self.pods.setdefault(name, self._shared.share(pod))
+            self.pods.setdefault(name, pod)
             return
-        pod = self._shared.share(pod)
+        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            # Its state from now on is what is held to the end: worth holding small.
+            pod = self._shared.share(pod)
         self.pods[name] = pod
         record_pod_observation(self.observed.setdefault(name, {}), pod,
                                time.time() if arrived is None else arrived)
