@@ -2913,8 +2913,11 @@ class BatchFollower:
 
     def __init__(self, kubectl: Kubectl, namespace: str, job_name: str, count: int,
                  progress: Progress, pool: concurrent.futures.ThreadPoolExecutor,
-                 proxy: ApiProxy | None = None) -> None:
+                 proxy: ApiProxy | None = None, log_dir: str | None = None) -> None:
         self.kubectl = kubectl
+        # Where each log read while waiting is saved at once, so little is left to write at the end.
+        self.log_dir = log_dir
+        self.logs_saved: dict[str, str] = {}  # pod name -> the log text saved as <pod>.log
         self.proxy = proxy
         self.namespace = namespace
         self.job_name = job_name
@@ -2929,6 +2932,9 @@ class BatchFollower:
         # not watched (then listed at the end) when the watch is refused or broke for good.
         self.events = EventStore()
         self.events_watched = True
+        # How the events saved were read: "watch" (followed, as many as the API counted after
+        # the end) or "list" (read in pages after the end).
+        self.events_read = "list"
         # Pod name -> (containerID, log) read after that container terminated: complete.
         self.logs: dict[str, tuple[str, str]] = {}
         self._log_reads: dict[tuple[str, str], concurrent.futures.Future] = {}
@@ -3177,10 +3183,13 @@ class BatchFollower:
 
     def _read_log(self, name: str, container_id: str) -> None:
         try:
-            self.logs[name] = (container_id, read_log(
-                self.kubectl, self.proxy, self.namespace, name, time.monotonic() + COLLECT_RETRY_SECONDS))
+            text = read_log(self.kubectl, self.proxy, self.namespace, name, time.monotonic() + COLLECT_RETRY_SECONDS)
+            self.logs[name] = (container_id, text)
+            if self.log_dir is not None:
+                write_text(os.path.join(self.log_dir, f"{name}.log"), text)
+                self.logs_saved[name] = text
         except DemoError:
-            pass  # read again when the batch's evidence is collected
+            pass  # read again (and saved) when the batch's evidence is collected
 
     def _show(self, submitted_monotonic: float) -> None:
         status = (self.job or {}).get("status") or {}
@@ -3637,7 +3646,7 @@ class RunAction:
             except DemoError as error:  # e.g. kubectl proxy forbidden here: one process per read instead
                 print(f"Warning: {error}; reading logs with one kubectl per pod", file=sys.stderr)
         self.follower = BatchFollower(self.kubectl, self.namespace, job_name, self.settings["count"],
-                                      self.progress, self.pool, self.proxy)
+                                      self.progress, self.pool, self.proxy, self.batch_dir)
         self.progress.new_batch()
         self.follower.job_observed["submitted"] = time.time()
         created = self.create(manifest)
@@ -3662,6 +3671,7 @@ class RunAction:
             "source": reading.source, "not_older_than": self.follower.end_resource_version,
             "resource_version": reading.resource_version, "pages": reading.pages,
             "continue_expiries": reading.continue_expiries, "read_again": reading.reread}
+        client["events_read"] = self.follower.events_read
         if self.settings.get("rollout"):
             summary = self.rollout_summary(job_name, end, job, reading, logs, events)
         else:
@@ -3768,6 +3778,8 @@ class RunAction:
             return self.kubectl.run(["get", "events", "--sort-by=.metadata.creationTimestamp"]
                                     + namespace_args, retry_until=retry_until)
 
+        follower.events_read = "watch" if events_watched else "list"
+
         def fetch_events_json() -> PagedList | EventStore:
             if events_watched:
                 return follower.events
@@ -3821,7 +3833,8 @@ class RunAction:
         follower.finish_log_reads()
         logs = self.read_logs(pods, follower, retry_until, problems)
         for name, text in logs.items():
-            write_text(os.path.join(self.batch_dir, f"{name}.log"), text)
+            if follower.logs_saved.get(name) is not text:  # else saved as it was read
+                write_text(os.path.join(self.batch_dir, f"{name}.log"), text)
         if table_future is not None:
             try:
                 write_text(os.path.join(self.batch_dir, "events.txt"), table_future.result())
