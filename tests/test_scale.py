@@ -271,6 +271,10 @@ def test_json_text_is_indented_json_with_long_lists_one_item_per_line():
     lines = text.splitlines()
     assert lines[3] == '    {"metadata": {"name": "pod-0"}},'
     assert len(lines) == demo.ONE_LINE_ITEMS_FROM + 5
+    # An object of as many entries (the pods observed) likewise.
+    observed = {"pods": {f"pod-{n}": {"ready": 1.5} for n in range(demo.ONE_LINE_ITEMS_FROM)}}
+    lines = demo.json_text(observed).splitlines()
+    assert json.loads("\n".join(lines)) == observed and lines[2] == '    "pod-0": {"ready": 1.5},'
 
 
 # --------------------------------------------------------------------------
