@@ -2428,39 +2428,7 @@ class ApiServer:
     # -- logs -------------------------------------------------------------
     def serve_log(self, h: _Handler, info: ResourceInfo, ns: str, name: str, query: Dict[str, str]) -> int:
         emu = self.emu
-        pod = self.get_object(info, ns, name)
-        containers = [c["name"] for c in pod["spec"].get("containers") or []]
-        cname = query.get("container")
-        if not cname:
-            if len(containers) != 1:
-                raise err_bad_request("a container name must be specified for pod %s, choose one of: [%s]"
-                                      % (name, " ".join(containers)))
-            cname = containers[0]
-        if cname not in containers:
-            raise err_bad_request("container %s is not valid for pod %s" % (cname, name))
-        node = pod["spec"].get("nodeName")
-        if not node:
-            raise err_bad_request("pod %s does not have a host assigned" % name)
-        idx = emu.truth_record.pod_index(pod["metadata"]["uid"])
-        if emu.faults.applies("unreadable_logs", idx):
-            host_ip = (pod.get("status") or {}).get("hostIP") or emu.node_ip(node)
-            msg = ('Get "https://%s:10250/containerLogs/%s/%s/%s": dial tcp %s:10250: connect: connection refused'
-                   % (host_ip, ns, name, cname, host_ip))
-            raise ApiError(500, "", msg)
-        runs = emu.logs.get((pod["metadata"]["uid"], cname)) or []
-        previous = query.get("previous") in ("true", "1", "True")
-        if previous:
-            if len(runs) < 2:
-                raise err_bad_request('previous terminated container "%s" in pod "%s" not found' % (cname, name))
-            run = runs[-2]
-        else:
-            if not runs:
-                reason = "ContainerCreating"
-                for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-                    if cs.get("name") == cname and (cs.get("state") or {}).get("waiting"):
-                        reason = cs["state"]["waiting"].get("reason") or reason
-                raise err_bad_request('container "%s" in pod "%s" is waiting to start: %s' % (cname, name, reason))
-            run = runs[-1]
+        run = self._log_run(self.get_object(info, ns, name), query)
         follow = query.get("follow") in ("true", "1", "True")
         timestamps = query.get("timestamps") in ("true", "1", "True")
         tail = int(query["tailLines"]) if query.get("tailLines") not in (None, "") else None
@@ -2520,6 +2488,42 @@ class ApiServer:
             return 200
         self.end_chunked(h)
         return 200
+
+    def _log_run(self, pod: dict, query: Dict[str, str]) -> ContainerLog:
+        """The container run whose log is asked for (the current or the previous one), as the kubelet finds it."""
+        emu = self.emu
+        ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+        containers = [c["name"] for c in pod["spec"].get("containers") or []]
+        cname = query.get("container")
+        if not cname:
+            if len(containers) != 1:
+                raise err_bad_request("a container name must be specified for pod %s, choose one of: [%s]"
+                                      % (name, " ".join(containers)))
+            cname = containers[0]
+        if cname not in containers:
+            raise err_bad_request("container %s is not valid for pod %s" % (cname, name))
+        node = pod["spec"].get("nodeName")
+        if not node:
+            raise err_bad_request("pod %s does not have a host assigned" % name)
+        idx = emu.truth_record.pod_index(pod["metadata"]["uid"])
+        if emu.faults.applies("unreadable_logs", idx):
+            host_ip = (pod.get("status") or {}).get("hostIP") or emu.node_ip(node)
+            msg = ('Get "https://%s:10250/containerLogs/%s/%s/%s": dial tcp %s:10250: connect: connection refused'
+                   % (host_ip, ns, name, cname, host_ip))
+            raise ApiError(500, "", msg)
+        runs = emu.logs.get((pod["metadata"]["uid"], cname)) or []
+        previous = query.get("previous") in ("true", "1", "True")
+        if previous:
+            if len(runs) < 2:
+                raise err_bad_request('previous terminated container "%s" in pod "%s" not found' % (cname, name))
+            return runs[-2]
+        if not runs:
+            reason = "ContainerCreating"
+            for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+                if cs.get("name") == cname and (cs.get("state") or {}).get("waiting"):
+                    reason = cs["state"]["waiting"].get("reason") or reason
+            raise err_bad_request('container "%s" in pod "%s" is waiting to start: %s' % (cname, name, reason))
+        return runs[-1]
 
 
 ListOptionsInfo = ResourceInfo("meta.k8s.io", "v1", "listoptions", "ListOptions", False)
