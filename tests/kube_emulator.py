@@ -3274,27 +3274,37 @@ class NamespaceController(Controller):
                 self.queue.add(("delete", n["metadata"]["name"]), 0)
 
     def sync(self, key: Tuple[str, str]) -> None:
-        emu = self.emu
         kind, name = key
         ns = self.store.get("namespaces", None, name)
         if ns is None:
             return
         if kind == "rootca":
-            if ns["metadata"].get("deletionTimestamp") or self.store.get("configmaps", name, "kube-root-ca.crt"):
-                return
-            try:
-                emu.writes.create_object(CANONICAL["configmaps"], {
-                    "apiVersion": "v1", "kind": "ConfigMap",
-                    "metadata": {"name": "kube-root-ca.crt", "namespace": name,
-                                 "annotations": {"kubernetes.io/description": "Contains a CA bundle that can be "
-                                                 "used to verify the kube-apiserver when using internal endpoints "
-                                                 "such as the internal service IP or kubernetes.default.svc. No "
-                                                 "other usage is guaranteed across distributions of Kubernetes "
-                                                 "clusters."}},
-                    "data": {"ca.crt": EMULATOR_CA}})
-            except ApiError:
-                pass
+            self._publish_root_ca(ns)
+        else:
+            self._finalize(key, ns)
+
+    def _publish_root_ca(self, ns: dict) -> None:
+        """Every live namespace gets the kube-root-ca.crt ConfigMap (the root CA publisher)."""
+        name = ns["metadata"]["name"]
+        if ns["metadata"].get("deletionTimestamp") or self.store.get("configmaps", name, "kube-root-ca.crt"):
             return
+        try:
+            self.emu.writes.create_object(CANONICAL["configmaps"], {
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "kube-root-ca.crt", "namespace": name,
+                             "annotations": {"kubernetes.io/description": "Contains a CA bundle that can be "
+                                             "used to verify the kube-apiserver when using internal endpoints "
+                                             "such as the internal service IP or kubernetes.default.svc. No "
+                                             "other usage is guaranteed across distributions of Kubernetes "
+                                             "clusters."}},
+                "data": {"ca.crt": EMULATOR_CA}})
+        except ApiError:
+            pass
+
+    def _finalize(self, key: Tuple[str, str], ns: dict) -> None:
+        """A terminating namespace: delete its content, report what remains, drop its finalizer once empty."""
+        emu = self.emu
+        name = ns["metadata"]["name"]
         if not ns["metadata"].get("deletionTimestamp"):
             return
         if "kubernetes" not in ((ns.get("spec") or {}).get("finalizers") or []):
@@ -3316,34 +3326,7 @@ class NamespaceController(Controller):
                         emu.writes.api_delete(info, name, o["metadata"]["name"], {"propagationPolicy": "Background"})
                     except ApiError:
                         pass
-        now = emu.api_now()
-
-        def ns_cond(ctype: str, status: str, reason: str, message: str) -> dict:
-            return {"type": ctype, "status": status, "lastTransitionTime": fmt_time(now),
-                    "reason": reason, "message": message}
-
-        conds = [
-            ns_cond("NamespaceDeletionDiscoveryFailure", "False", "ResourcesDiscovered",
-                    "All resources successfully discovered"),
-            ns_cond("NamespaceDeletionGroupVersionParsingFailure", "False", "ParsedGroupVersions",
-                    "All legacy kube types successfully parsed"),
-            ns_cond("NamespaceDeletionContentFailure", "False", "ContentDeleted",
-                    "All content successfully deleted, may be waiting on finalization"),
-        ]
-        if remaining:
-            conds.append(ns_cond("NamespaceContentRemaining", "True", "SomeResourcesRemain",
-                                 "Some resources are remaining: " + ", ".join(
-                                     "%s has %d resource instances" % (k, v) for k, v in sorted(remaining.items()))))
-        else:
-            conds.append(ns_cond("NamespaceContentRemaining", "False", "ContentRemoved",
-                                 "All content successfully removed"))
-        if finalizers:
-            conds.append(ns_cond("NamespaceFinalizersRemaining", "True", "SomeFinalizersRemain",
-                                 "Some content in the namespace has finalizers remaining: " + ", ".join(
-                                     "%s in %d resource instances" % (k, v) for k, v in sorted(finalizers.items()))))
-        else:
-            conds.append(ns_cond("NamespaceFinalizersRemaining", "False", "ContentHasNoFinalizers",
-                                 "All content-preserving finalizers finished"))
+        conds = namespace_deletion_conditions(remaining, finalizers, emu.api_now())
 
         def set_conds(o: dict) -> Optional[bool]:
             st = o.setdefault("status", {})
@@ -3361,6 +3344,37 @@ class NamespaceController(Controller):
         self.store.update("namespaces", None, name, set_conds)
         if remaining:
             self.queue.add(key, 0.2)
+
+
+def namespace_deletion_conditions(remaining: Dict[str, int], finalizers: Dict[str, int], now: float) -> List[dict]:
+    """A terminating namespace's conditions, given its remaining objects per resource and finalizers."""
+    def ns_cond(ctype: str, status: str, reason: str, message: str) -> dict:
+        return {"type": ctype, "status": status, "lastTransitionTime": fmt_time(now),
+                "reason": reason, "message": message}
+
+    conds = [
+        ns_cond("NamespaceDeletionDiscoveryFailure", "False", "ResourcesDiscovered",
+                "All resources successfully discovered"),
+        ns_cond("NamespaceDeletionGroupVersionParsingFailure", "False", "ParsedGroupVersions",
+                "All legacy kube types successfully parsed"),
+        ns_cond("NamespaceDeletionContentFailure", "False", "ContentDeleted",
+                "All content successfully deleted, may be waiting on finalization"),
+    ]
+    if remaining:
+        conds.append(ns_cond("NamespaceContentRemaining", "True", "SomeResourcesRemain",
+                             "Some resources are remaining: " + ", ".join(
+                                 "%s has %d resource instances" % (k, v) for k, v in sorted(remaining.items()))))
+    else:
+        conds.append(ns_cond("NamespaceContentRemaining", "False", "ContentRemoved",
+                             "All content successfully removed"))
+    if finalizers:
+        conds.append(ns_cond("NamespaceFinalizersRemaining", "True", "SomeFinalizersRemain",
+                             "Some content in the namespace has finalizers remaining: " + ", ".join(
+                                 "%s in %d resource instances" % (k, v) for k, v in sorted(finalizers.items()))))
+    else:
+        conds.append(ns_cond("NamespaceFinalizersRemaining", "False", "ContentHasNoFinalizers",
+                             "All content-preserving finalizers finished"))
+    return conds
 
 
 EMULATOR_CA = ("-----BEGIN CERTIFICATE-----\nMIIBkTCB+wIJAKHBfpegPjMCMA0GCSqGSIb3DQEBCwUAMBExDzANBgNVBAMMBmt1\n"
