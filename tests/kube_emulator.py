@@ -111,6 +111,9 @@ FAULTS: Dict[str, str] = {
     "api_latency": "seconds every API answer is late",
     "api_errors": "{count, match, status}: the next `count` requests whose path contains `match` fail",
     "api_clock_skew": "seconds the API server's and kubelets' clocks run ahead",
+    "node_clock_offset": "{node: seconds}: that node's clock runs this far ahead of the API server's (negative: "
+                         "behind): its kubelet's status stamps, event names and event times, its containers' log "
+                         "timestamps, and the times the built-in worker reads in its containers",
     "missing_runtimeclass": "the RuntimeClass cube does not exist",
     "job_controller_stalled": "True: the Job controller does nothing; N: it stops once a Job has N pods",
     "stuck_terminating": "namespaces get a finalizer no one removes",
@@ -163,6 +166,12 @@ def check_lightweight(value: Any) -> None:
 # 3 s (apiserver cacher blockTimeout) then answers 504 "Too large resource version" with
 # retryAfterSeconds 1; a continue token lives until etcd compacts its revision (5 min).
 READ_PATH_TIMING: Dict[str, float] = {"fresh_block": 3.0, "fresh_retry_after": 1.0, "continue_ttl": 300.0}
+
+
+# client-go's EventAggregator: this many events about one object that differ only by message,
+# within this many seconds, and the rest are combined into one.
+EVENT_AGGREGATE_AFTER = 10
+EVENT_AGGREGATE_SECONDS = 600.0
 
 
 def clone(obj: Any) -> Any:
@@ -1539,6 +1548,10 @@ def check_faults(faults: dict) -> None:
     if unknown:
         raise ValueError("unknown fault(s) %s; the emulator knows %s"
                          % (", ".join(unknown), ", ".join(sorted(set(FAULTS) | set(READ_PATH_FAULTS)))))
+    offsets = faults.get("node_clock_offset")
+    if offsets is not None and (not isinstance(offsets, dict) or not all(
+            isinstance(a, (int, float)) and not isinstance(a, bool) for a in offsets.values())):
+        raise ValueError("fault node_clock_offset takes {node: seconds}, not %r" % (offsets,))
     for name in READ_PATH_FAULTS:
         value = faults.get(name)
         if value is None:
@@ -2438,7 +2451,7 @@ class ApiServer:
             since = emu.api_now() - float(query["sinceSeconds"])
         elif query.get("sinceTime"):
             since = parse_time(query["sinceTime"])
-        skew = emu.api_skew()
+        skew = emu.api_skew() + emu.node_offset(node)
 
         def render(lines: List[Tuple[float, bytes]]) -> bytes:
             out = bytearray()
@@ -3510,7 +3523,7 @@ class ContainerRunner(threading.Thread):
                                argv, str(emu.bindir))
         log = ContainerLog(emu.workdir / "logs" / ("%s_%s_%s-%d.log" % (w.ns, w.name, self.cname, attempt)))
         emu.logs.setdefault((w.uid, self.cname), []).append(log)
-        start = emu.api_now()
+        start = emu.node_now(w.kl.node)
         # The true start is taken before the process is spawned: on a loaded machine the
         # spawn and the Started event can take a while, and the container runs meanwhile.
         true_start = time.time()
@@ -3552,7 +3565,7 @@ class ContainerRunner(threading.Thread):
         log.close()
         code = rc if rc >= 0 else 128 - rc
         self.exit_codes.append(code)
-        end = emu.api_now()
+        end = emu.node_now(w.kl.node)
         emu.truth_record.note("pods", w.key, "container_finished", exited_at, first=False)
         emu.truth_record.note("pods", w.key, "exit_code", code, raw=True)
         self.last_terminated = {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
@@ -3586,7 +3599,7 @@ class ContainerRunner(threading.Thread):
                    % self.cname)
         log = ContainerLog(emu.workdir / "logs" / ("%s_%s_%s-%d.log" % (w.ns, w.name, self.cname, attempt)))
         emu.logs.setdefault((w.uid, self.cname), []).append(log)
-        start = emu.api_now()
+        start = emu.node_now(w.kl.node)
         true_start = time.time()
         self.mark_started(true_start)
 
@@ -3602,15 +3615,17 @@ class ContainerRunner(threading.Thread):
         ready_at = imports_done + delay("write_task")
         stopped = w.sleep(max(0.0, ready_at - time.time()))
         if not stopped:
-            log.append((json.dumps({"event": "ready", "at": time.time(), "episode_id": episode,
-                                    "imports_done_at": imports_done, "process_started_at": process_started,
-                                    "modules_before_ready": 31, "import_seconds": imports_done - process_started})
-                        + "\n").encode())
+            log.append(on_node_clock(
+                (json.dumps({"event": "ready", "at": time.time(), "episode_id": episode,
+                             "imports_done_at": imports_done, "process_started_at": process_started,
+                             "modules_before_ready": 31, "import_seconds": imports_done - process_started})
+                 + "\n").encode(), emu.node_offset(w.kl.node)))
             stopped = w.sleep(delay("episode_work"))
         if not stopped:
-            log.append((json.dumps({"event": "reward", "at": time.time(), "episode_id": episode, "reward": 1,
-                                    "baseline_exit": 1, "tests_exit": 0,
-                                    "tests_output": LIGHTWEIGHT_TESTS_OUTPUT}) + "\n").encode())
+            log.append(on_node_clock(
+                (json.dumps({"event": "reward", "at": time.time(), "episode_id": episode, "reward": 1,
+                             "baseline_exit": 1, "tests_exit": 0,
+                             "tests_output": LIGHTWEIGHT_TESTS_OUTPUT}) + "\n").encode(), emu.node_offset(w.kl.node)))
             stopped = w.sleep(delay("exit"))
         log.close()
         code = 143 if stopped else 0
@@ -3618,16 +3633,17 @@ class ContainerRunner(threading.Thread):
         emu.truth_record.note("pods", w.key, "container_finished", time.time(), first=False)
         emu.truth_record.note("pods", w.key, "exit_code", code, raw=True)
         self.last_terminated = {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
-                                "startedAt": fmt_time(start), "finishedAt": fmt_time(emu.api_now()),
+                                "startedAt": fmt_time(start), "finishedAt": fmt_time(emu.node_now(w.kl.node)),
                                 "containerID": "containerd://" + cid}
         self.set_state({"terminated": dict(self.last_terminated)}, ready=False, started=False)
         return None if stopped else code
 
     def _pump(self, proc: subprocess.Popen, log: ContainerLog) -> None:
         mode = self.emu.faults.for_pod("log_tamper", self.w.index)
+        ahead = self.emu.node_offset(self.w.kl.node)
         assert proc.stdout is not None
         for line in iter(proc.stdout.readline, b""):
-            for out in tamper_line(mode, line):
+            for out in tamper_line(mode, on_node_clock(line, ahead)):
                 log.append(out)
 
     def kill(self, sig: int) -> None:
@@ -3755,6 +3771,27 @@ def tamper_line(mode: Optional[str], line: bytes) -> List[bytes]:
     return [line]
 
 
+# The clock readings the built-in worker prints: on a node whose clock is off, all of them are.
+WORKER_CLOCK_FIELDS = ("at", "process_started_at", "imports_done_at")
+
+
+def on_node_clock(line: bytes, ahead: float) -> bytes:
+    """A worker event line as a process on a node whose clock runs `ahead` seconds would print it."""
+    if not ahead:
+        return line
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return line
+    if not isinstance(obj, dict) or "event" not in obj:
+        return line
+    for field in WORKER_CLOCK_FIELDS:
+        value = obj.get(field)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            obj[field] = value + ahead
+    return json.dumps(obj).encode() + b"\n"
+
+
 class PodWorker(threading.Thread):
     """The kubelet's per-pod worker: sandbox, volumes, containers, termination."""
 
@@ -3829,7 +3866,7 @@ class PodWorker(threading.Thread):
         emu = self.emu
         st = o.setdefault("status", {})
         css = st.get("containerStatuses") or []
-        now = emu.api_now()
+        now = emu.node_now(self.kl.node)
         conds = st.setdefault("conditions", [])
         terminated = [cs for cs in css if (cs.get("state") or {}).get("terminated")]
         running = [cs for cs in css if (cs.get("state") or {}).get("running")]
@@ -3883,7 +3920,7 @@ class PodWorker(threading.Thread):
         pod = self.store_pod()
         spec = pod.get("spec") or {}
         containers = spec.get("containers") or []
-        now = emu.api_now()
+        now = emu.node_now(self.kl.node)
 
         def init(o: dict) -> Optional[bool]:
             st = o.setdefault("status", {})
@@ -3940,7 +3977,7 @@ class PodWorker(threading.Thread):
             st["podIPs"] = [{"ip": pod_ip}]
             if emu.v >= (1, 29) and not emu.faults.on("sandbox_status_with_running"):
                 set_condition(st.setdefault("conditions", []),
-                              condition("PodReadyToStartContainers", "True", emu.api_now()))
+                              condition("PodReadyToStartContainers", "True", emu.node_now(self.kl.node)))
             self.recompute(o)
             return True
 
@@ -3999,7 +4036,7 @@ class PodWorker(threading.Thread):
         for r in self.runners:
             r.join(10)
         # containers that never ran: mark them terminated so the pod can reach a terminal phase
-        now = self.emu.api_now()
+        now = self.emu.node_now(self.kl.node)
 
         def fin(o: dict) -> Optional[bool]:
             st = o.setdefault("status", {})
@@ -4023,7 +4060,7 @@ class PodWorker(threading.Thread):
         self.evicted = True
         pod = self.store_pod()
         emu.events.record(pod, "Warning", "Evicted", message, "kubelet", host=self.kl.node)
-        now = emu.api_now()
+        now = emu.node_now(self.kl.node)
 
         def mark(o: dict) -> Optional[bool]:
             st = o.setdefault("status", {})
@@ -4893,16 +4930,22 @@ def deleted_status(info: ResourceInfo, name: str, uid: str) -> dict:
 class EventRecorder:
     """Records core/v1 Events for the controllers and kubelets, as client-go's recorders do."""
 
-    def __init__(self, store: Store, writes: WritePath, clock: Callable[[], float], skew: Callable[[], float]):
+    def __init__(self, store: Store, writes: WritePath, clock: Callable[[], float], skew: Callable[[], float],
+                 node_ahead: Callable[[Optional[str]], float] = lambda node: 0.0):
         self.store = store
         self.writes = writes
         self.clock = clock
         self.skew = skew
+        self.node_ahead = node_ahead  # how far a node's clock runs ahead of the API server's
         self._event_index: Dict[Tuple, Tuple[str, str]] = {}
+        # Aggregate key -> (first seen, the distinct messages since): client-go's EventAggregator.
+        self._event_similar: Dict[Tuple, Tuple[float, set]] = {}
 
     def record(self, obj: dict, etype: str, reason: str, message: str, component: str,
                      host: Optional[str] = None, field_path: Optional[str] = None) -> None:
-        """core/v1 event like client-go's EventRecorder (with aggregation of repeats)."""
+        """core/v1 event like client-go's EventRecorder: a repeat bumps its event's count; from the
+        10th event in 10 minutes that differs only by message (a Job's SuccessfulCreate per pod),
+        one combined event stands for them all, "(combined from similar events): <latest message>"."""
         md = obj.get("metadata") or {}
         ns = md.get("namespace") or "default"
         io: Dict[str, Any] = {"kind": obj.get("kind"), "name": md.get("name"), "uid": md.get("uid"),
@@ -4912,12 +4955,27 @@ class EventRecorder:
         if field_path:
             io["fieldPath"] = field_path
         key = (md.get("uid"), field_path, reason, message, component, host, etype)
-        now = self.clock()
+        similar = (md.get("uid"), field_path, reason, component, host, etype)
+        first, messages = self._event_similar.get(similar) or (time.time(), set())
+        if time.time() - first > EVENT_AGGREGATE_SECONDS:
+            first, messages = time.time(), set()
+        messages.add(message)
+        self._event_similar[similar] = (first, messages)
+        if len(messages) >= EVENT_AGGREGATE_AFTER:
+            key, message = similar, "(combined from similar events): " + message
+        if component == "kubelet" and host:
+            # A kubelet's recorder names and stamps its events on its node's clock.
+            ahead = self.skew() + self.node_ahead(host)
+            named_ns = time.time_ns() + int(round(ahead * 1e9))
+            now = time.time() + ahead
+        else:
+            named_ns, now = time.time_ns(), self.clock()
         existing = self._event_index.get(key)
         if existing and self.store.get("events", existing[0], existing[1]) is not None:
             def bump(o: dict) -> Optional[bool]:
                 o["count"] = o.get("count", 1) + 1
                 o["lastTimestamp"] = fmt_time(now)
+                o["message"] = message
                 return True
             self.store.update("events", existing[0], existing[1], bump)
             return
@@ -4925,7 +4983,7 @@ class EventRecorder:
         if host:
             src["host"] = host
         ev = {"apiVersion": "v1", "kind": "Event",
-              "metadata": {"name": "%s.%x" % (md.get("name"), time.time_ns()), "namespace": ns},
+              "metadata": {"name": "%s.%x" % (md.get("name"), named_ns), "namespace": ns},
               "involvedObject": io, "reason": reason, "message": message, "source": src,
               "firstTimestamp": fmt_time(now), "lastTimestamp": fmt_time(now), "count": 1, "type": etype,
               "eventTime": None, "reportingComponent": component, "reportingInstance": host or ""}
@@ -5033,7 +5091,7 @@ class Emulator:
         self.logs: Dict[Tuple[str, str], List[ContainerLog]] = {}
         self.truth_record = TruthRecord(self.store)
         self.writes = WritePath(self.store, self.faults, self.api_now, self.v)
-        self.events = EventRecorder(self.store, self.writes, self.api_now, self.api_skew)
+        self.events = EventRecorder(self.store, self.writes, self.api_now, self.api_skew, self.node_offset)
         self.replaced_uids: Set[str] = set()
         self.kubeconfig = self.workdir / "kubeconfig"
         self.truth_path = self.workdir / "truth.json"
@@ -5144,6 +5202,14 @@ class Emulator:
 
     def api_now(self) -> float:
         return time.time() + self.api_skew()
+
+    def node_offset(self, node: Optional[str]) -> float:
+        """How far this node's clock runs ahead of the API server's (node_clock_offset)."""
+        return float((self.faults.value("node_clock_offset") or {}).get(node or "", 0))
+
+    def node_now(self, node: Optional[str]) -> float:
+        """The node's clock: what its kubelet stamps and names events with."""
+        return self.api_now() + self.node_offset(node)
 
     def t(self, key: str) -> float:
         return float(self.timing[key])
