@@ -2441,7 +2441,8 @@ class ApiServer:
     # -- logs -------------------------------------------------------------
     def serve_log(self, h: _Handler, info: ResourceInfo, ns: str, name: str, query: Dict[str, str]) -> int:
         emu = self.emu
-        run = self._log_run(self.get_object(info, ns, name), query)
+        pod = self.get_object(info, ns, name)
+        run = self._log_run(pod, query)
         follow = query.get("follow") in ("true", "1", "True")
         timestamps = query.get("timestamps") in ("true", "1", "True")
         tail = int(query["tailLines"]) if query.get("tailLines") not in (None, "") else None
@@ -2451,7 +2452,7 @@ class ApiServer:
             since = emu.api_now() - float(query["sinceSeconds"])
         elif query.get("sinceTime"):
             since = parse_time(query["sinceTime"])
-        skew = emu.api_skew() + emu.node_offset(node)
+        skew = emu.api_skew() + emu.node_offset(pod["spec"].get("nodeName"))
 
         def render(lines: List[Tuple[float, bytes]]) -> bytes:
             out = bytearray()
@@ -4942,7 +4943,7 @@ class EventRecorder:
         self._event_similar: Dict[Tuple, Tuple[float, set]] = {}
 
     def record(self, obj: dict, etype: str, reason: str, message: str, component: str,
-                     host: Optional[str] = None, field_path: Optional[str] = None) -> None:
+               host: Optional[str] = None, field_path: Optional[str] = None) -> None:
         """core/v1 event like client-go's EventRecorder: a repeat bumps its event's count; from the
         10th event in 10 minutes that differs only by message (a Job's SuccessfulCreate per pod),
         one combined event stands for them all, "(combined from similar events): <latest message>"."""
