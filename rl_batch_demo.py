@@ -625,6 +625,8 @@ def capacity_warning(plan: dict, parallelism: int) -> str | None:
 # Parsing what the cluster and the episodes said.
 
 
+# Thousands of pods and events share each whole second's stamp: each is parsed once.
+@functools.lru_cache(maxsize=1 << 16)
 def parse_time(text: str | None) -> float | None:
     """RFC 3339 (`2026-01-02T03:04:05Z`, optional fraction or offset) -> epoch seconds."""
     if not text:
@@ -967,7 +969,8 @@ def compact_event(event: dict) -> dict:
                                          "creationTimestamp": metadata.get("creationTimestamp")}}
     for field in ("involvedObject", "regarding"):
         if event.get(field):
-            kept[field] = {key: event[field][key] for key in ("kind", "name", "uid") if key in event[field]}
+            kept[field] = {key: event[field][key] for key in ("kind", "name", "uid", "fieldPath")
+                           if key in event[field]}
     for field in ("reason", "type", "message", "note", "eventTime", "lastTimestamp", "count", "reportingInstance"):
         if event.get(field) is not None:
             kept[field] = event[field]
@@ -989,6 +992,8 @@ class EventStore:
         self.compact: dict[str, dict] = {}
         self._where: dict[str, tuple[int, int]] = {}  # name -> (offset, length) in the spool
         self._spool = tempfile.TemporaryFile()
+        self._spool_end = 0
+        self._read_since = False
         self._shared = SharedStrings()
         # The revision the events are known to be at least as new as, once a list has said so.
         self.resource_version: str | None = None
@@ -1006,9 +1011,12 @@ class EventStore:
             self._where.pop(name, None)
             return
         data = json.dumps(event).encode("utf-8")
-        offset = self._spool.seek(0, os.SEEK_END)
+        if self._read_since:  # back to the end after reading
+            self._spool.seek(self._spool_end)
+            self._read_since = False
         self._spool.write(data)
-        self._where[name] = (offset, len(data))
+        self._where[name] = (self._spool_end, len(data))
+        self._spool_end += len(data)
         self.compact[name] = self._shared.share(compact_event(event))
 
     def events(self, names: Iterable[str] | None = None) -> list[dict]:
@@ -1019,6 +1027,7 @@ class EventStore:
         """Each event's last version as JSON text, in the order a list gives them."""
         for name in sorted(self._where if names is None else names):
             offset, length = self._where[name]
+            self._read_since = True
             self._spool.seek(offset)
             yield self._spool.read(length).decode("utf-8")
 
@@ -1470,14 +1479,14 @@ class Bound(NamedTuple):
     clock: str
 
 
+# Nanoseconds since 1970 take 15 or 16 hex digits from 1972 to 2554: anything else is another name.
+EVENT_NAME_TIME = re.compile(r"\.([0-9a-f]{15,16})$")
+
+
 def event_name_time(event: dict) -> float | None:
     """The moment an event's recorder named it, from `<object>.<hex UnixNano>` (on the recorder's clock)."""
-    name = (event.get("metadata") or {}).get("name") or ""
-    suffix = name.rsplit(".", 1)[-1] if "." in name else ""
-    # Nanoseconds since 1970 take 15 or 16 hex digits from 1972 to 2554: anything else is another name.
-    if len(suffix) not in (15, 16) or any(c not in "0123456789abcdef" for c in suffix):
-        return None
-    return int(suffix, 16) / 1e9
+    found = EVENT_NAME_TIME.search((event.get("metadata") or {}).get("name") or "")
+    return int(found.group(1), 16) / 1e9 if found else None
 
 
 def kubelet_container_events(events: Iterable[dict]) -> dict[str, dict[str, tuple[float, str]]]:
@@ -1779,7 +1788,8 @@ class ClockBounds:
 
 
 def clock_offsets(job: dict, pods: Sequence[dict], events: Sequence[dict], observed_pods: dict[str, dict],
-                  job_observed: dict[str, float]) -> dict:
+                  job_observed: dict[str, float],
+                  kubelet: dict[str, dict[str, tuple[float, str]]] | None = None) -> dict:
     """Each clock's offset from the control plane's, bounded by transitions seen on both.
 
     A watch sees a change after it happened and a server stamp truncates it: the client's
@@ -1817,7 +1827,9 @@ def clock_offsets(job: dict, pods: Sequence[dict], events: Sequence[dict], obser
             started.setdefault(regarding.get("name", ""), (named, node))
     client_vs_node: dict[str, float] = {}
     scheduled = scheduled_event_times(events)
-    first_container_event = {pod: min(reasons.values()) for pod, reasons in kubelet_container_events(events).items()}
+    if kubelet is None:
+        kubelet = kubelet_container_events(events)
+    first_container_event = {pod: min(reasons.values()) for pod, reasons in kubelet.items()}
     for pod in pods:
         name = pod_name(pod)
         if name in scheduled and name in first_container_event:
@@ -2067,7 +2079,7 @@ def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
     kubelet = kubelet_container_events(events)
     creations = pod_creation_events(events)
     observed_pods, job_observed = split_observed(observed)
-    clocks = clock_offsets(job, pods, events, observed_pods, job_observed)
+    clocks = clock_offsets(job, pods, events, observed_pods, job_observed, kubelet)
     client_offset = clocks["client"]["offset_seconds"]
     job_created_point = job_creation(job, job_observed, client_offset)
 
@@ -3005,6 +3017,77 @@ class Progress:
             self._open_line = False
 
 
+class BatchState:
+    """What the watches of one Job have said: a pure reducer of their changes, with no
+    thread, process or clock of its own.
+
+    It holds the Job and each pod as last seen (a pod once, its repeated strings shared
+    once it has ended), the namespace's events, and when (the client's wall clock, given
+    with each change) each transition first arrived: an upper bound on when it happened,
+    kept for `report` as observed.json.
+    """
+
+    def __init__(self) -> None:
+        self.job: dict | None = None
+        self.pods: dict[str, dict] = {}
+        self.deleted: set[str] = set()
+        self.events = EventStore()
+        self.observed: dict[str, dict[str, Any]] = {}  # pod name -> transition -> time, and stamps seen only while it ran
+        self.job_observed: dict[str, float] = {}  # "added" or a condition type that turned True -> time
+        self.end: str | None = None
+        # The Job's resourceVersion when its end was seen: the evidence read afterwards
+        # must be at least this new, however far behind the pod watch is.
+        self.end_resource_version: str | None = None
+        self._shared = SharedStrings()
+
+    def apply(self, kind: str, change: str, obj: dict, arrived: float) -> list[tuple[str, str]]:
+        """One change a watch (or a poll) delivered about the Job ("job"), a pod ("pods") or an
+        event ("events"). Returns the (pod, containerID) of each episode container it shows ended."""
+        if kind == "job":
+            self.on_job(obj, arrived)
+            return []
+        if kind == "events":
+            self.events.apply(change, obj)
+            return []
+        return self.on_pod(obj, change == "DELETED", arrived)
+
+    def on_job(self, job: dict, arrived: float) -> bool:
+        """Take the Job as last seen; True when this is the change that showed its end."""
+        self.job = job
+        record_job_observation(self.job_observed, job, arrived)
+        end = job_finished(job)
+        if not end or self.end is not None:
+            return False
+        self.end_resource_version = job.get("metadata", {}).get("resourceVersion") or None
+        self.end = end
+        return True
+
+    def on_pod(self, pod: dict, deleted: bool, arrived: float) -> list[tuple[str, str]]:
+        name = (pod.get("metadata") or {}).get("name")
+        if not name:
+            return []
+        if deleted:
+            # Keep the last state seen: a pod that vanished is still part of the evidence.
+            self.deleted.add(name)
+            self.pods.setdefault(name, pod)
+            return []
+        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            # Its state from now on is what is held to the end: worth holding small.
+            pod = self._shared.share(pod)
+        self.pods[name] = pod
+        record_pod_observation(self.observed.setdefault(name, {}), pod, arrived)
+        terminated = container_terminated(pod)
+        return [] if terminated is None else [(name, terminated.get("containerID", ""))]
+
+    def pods_are_final(self) -> bool:
+        """Each pod of the Complete Job was seen to its final state (see pods_final)."""
+        return self.end == "Complete" and not self.deleted and pods_final(self.job, self.pods.values())
+
+    def observations(self) -> dict:
+        """What the watches saw and when, as saved in observed.json."""
+        return {"clock": "client (time.time())", "pods": self.observed, "job": self.job_observed}
+
+
 class BatchFollower:
     """Follows one Job and its pods until the Job ends, reading each log as its pod finishes.
 
@@ -3014,42 +3097,49 @@ class BatchFollower:
 
     def __init__(self, kubectl: Kubectl, namespace: str, job_name: str, count: int,
                  progress: Progress, pool: concurrent.futures.ThreadPoolExecutor,
-                 proxy: ApiProxy | None = None) -> None:
+                 proxy: ApiProxy | None = None, log_dir: str | None = None) -> None:
         self.kubectl = kubectl
+        # Where each log read while waiting is saved at once, so little is left to write at the end.
+        self.log_dir = log_dir
+        self.logs_saved: dict[str, str] = {}  # pod name -> the log text saved as <pod>.log
         self.proxy = proxy
         self.namespace = namespace
         self.job_name = job_name
         self.count = count
         self.progress = progress
         self.pool = pool
-        self.job: dict | None = None
-        self.pods: dict[str, dict] = {}
-        self.deleted: set[str] = set()
-        self._shared = SharedStrings()
-        # The namespace's events, followed while waiting so that little is left to read at the end;
-        # not watched (then listed at the end) when the watch is refused or broke for good.
-        self.events = EventStore()
+        self.state = BatchState()
+        # The namespace's events are followed while waiting so that little is left to read at the
+        # end; not watched (then listed at the end) when the watch is refused or broke for good.
         self.events_watched = True
+        # How the events saved were read: "watch" (followed, as many as the API counted after
+        # the end) or "list" (read in pages after the end).
+        self.events_read = "list"
         # Pod name -> (containerID, log) read after that container terminated: complete.
         self.logs: dict[str, tuple[str, str]] = {}
         self._log_reads: dict[tuple[str, str], concurrent.futures.Future] = {}
-        # What this client saw, and when (its own wall clock) each change first arrived:
-        # an upper bound on when it happened, kept for `report` as observed.json.
-        self.observed: dict[str, dict[str, Any]] = {}  # pod name -> transition -> time, and stamps seen only while it ran
-        self.job_observed: dict[str, float] = {}  # "added" or a condition type that turned True -> time
         self._queue: queue.Queue = queue.Queue()
         self._watches: dict[str, subprocess.Popen] = {}
         self.watch_restarts = 0
         self.polling = False
-        self.end: str | None = None
         self.observed_monotonic: float | None = None
         self.observed_wall: float | None = None
-        # The Job's resourceVersion when its end was seen: the evidence read afterwards
-        # must be at least this new, however far behind the pod watch is.
-        self.end_resource_version: str | None = None
         self.processes_while_waiting = 0
         # The most watch events ever waiting to be handled: a client that keeps up keeps it small.
         self.queue_peak = 0
+
+    # What the watches said, as the state holds it.
+    job = property(lambda self: self.state.job)
+    pods = property(lambda self: self.state.pods)
+    deleted = property(lambda self: self.state.deleted)
+    events = property(lambda self: self.state.events)
+    observed = property(lambda self: self.state.observed)
+    job_observed = property(lambda self: self.state.job_observed)
+    end = property(lambda self: self.state.end)
+    end_resource_version = property(lambda self: self.state.end_resource_version)
+
+    def observations(self) -> dict:
+        return self.state.observations()
 
     # -- following --------------------------------------------------------
 
@@ -3126,10 +3216,8 @@ class BatchFollower:
             return
         if kind == "job":
             self._on_job(obj, arrived)
-        elif kind == "events":
-            self.events.apply(event.get("type") or "ADDED", obj)
         else:
-            self._on_pod(obj, deleted=event.get("type") == "DELETED", arrived=arrived)
+            self._read_logs_of(self.state.apply(kind, event.get("type") or "ADDED", obj, arrived))
 
     def _start_watch(self, kind: str, client_deadline: float) -> None:
         seconds = math.ceil(client_deadline - time.monotonic())
@@ -3233,8 +3321,7 @@ class BatchFollower:
 
     def pods_are_final(self) -> bool:
         """The pod watch saw each pod of the Complete Job to its final state (see pods_final)."""
-        return self.end == "Complete" and not self.polling and not self.deleted \
-            and pods_final(self.job, self.pods.values())
+        return not self.polling and self.state.pods_are_final()
 
     def _poll(self, client_deadline: float) -> None:
         retry_until = min(client_deadline, time.monotonic() + CALL_TIMEOUT_SECONDS)
@@ -3248,44 +3335,28 @@ class BatchFollower:
         self._on_job(job, seen)
 
     def _on_job(self, job: dict, arrived: float | None = None) -> None:
-        self.job = job
-        record_job_observation(self.job_observed, job, time.time() if arrived is None else arrived)
-        end = job_finished(job)
-        if end and self.end is None:
+        if self.state.on_job(job, time.time() if arrived is None else arrived):
             self.observed_monotonic = time.monotonic()
             self.observed_wall = time.time()
-            self.end_resource_version = job.get("metadata", {}).get("resourceVersion") or None
-            self.end = end
 
     def _on_pod(self, pod: dict, deleted: bool = False, arrived: float | None = None) -> None:
-        name = (pod.get("metadata") or {}).get("name")
-        if not name:
-            return
-        if deleted:
-            # Keep the last state seen: a pod that vanished is still part of the evidence.
-            self.deleted.add(name)
-            self.pods.setdefault(name, self._shared.share(pod))
-            return
-        pod = self._shared.share(pod)
-        self.pods[name] = pod
-        record_pod_observation(self.observed.setdefault(name, {}), pod,
-                               time.time() if arrived is None else arrived)
-        terminated = container_terminated(pod)
-        # Keyed by container: a restarted container's log is read again.
-        key = (name, (terminated or {}).get("containerID", ""))
-        if terminated is not None and key not in self._log_reads:
-            self._log_reads[key] = self.pool.submit(self._read_log, *key)
+        self._read_logs_of(self.state.on_pod(pod, deleted, time.time() if arrived is None else arrived))
 
-    def observations(self) -> dict:
-        """What the watches saw and when, as saved in observed.json."""
-        return {"clock": "client (time.time())", "pods": self.observed, "job": self.job_observed}
+    def _read_logs_of(self, ended: list[tuple[str, str]]) -> None:
+        """Read the log of each ended container once; keyed by container, so a restarted one's is read again."""
+        for key in ended:
+            if key not in self._log_reads:
+                self._log_reads[key] = self.pool.submit(self._read_log, *key)
 
     def _read_log(self, name: str, container_id: str) -> None:
         try:
-            self.logs[name] = (container_id, read_log(
-                self.kubectl, self.proxy, self.namespace, name, time.monotonic() + COLLECT_RETRY_SECONDS))
+            text = read_log(self.kubectl, self.proxy, self.namespace, name, time.monotonic() + COLLECT_RETRY_SECONDS)
+            self.logs[name] = (container_id, text)
+            if self.log_dir is not None:
+                write_text(os.path.join(self.log_dir, f"{name}.log"), text)
+                self.logs_saved[name] = text
         except DemoError:
-            pass  # read again when the batch's evidence is collected
+            pass  # read again (and saved) when the batch's evidence is collected
 
     def _show(self, submitted_monotonic: float) -> None:
         status = (self.job or {}).get("status") or {}
@@ -3737,7 +3808,7 @@ class RunAction:
         submitted = time.monotonic()
         client_deadline = submitted + self.settings["timeout"] + CLIENT_GRACE_SECONDS
         self.follower = BatchFollower(self.kubectl, self.namespace, job_name, self.settings["count"],
-                                      self.progress, self.pool, self.proxy)
+                                      self.progress, self.pool, self.proxy, self.batch_dir)
         # First, so that it is listening by the time the Job's first pods are created.
         self.follower.watch_pods_first(client_deadline)
         if self.proxy is None:
@@ -3773,6 +3844,7 @@ class RunAction:
             "source": reading.source, "not_older_than": self.follower.end_resource_version,
             "resource_version": reading.resource_version, "pages": reading.pages,
             "continue_expiries": reading.continue_expiries, "read_again": reading.reread}
+        client["events_read"] = self.follower.events_read
         if self.settings.get("rollout"):
             summary = self.rollout_summary(job_name, end, job, reading, logs, events)
         else:
@@ -3879,6 +3951,8 @@ class RunAction:
             return self.kubectl.run(["get", "events", "--sort-by=.metadata.creationTimestamp"]
                                     + namespace_args, retry_until=retry_until)
 
+        follower.events_read = "watch" if events_watched else "list"
+
         def fetch_events_json() -> PagedList | EventStore:
             if events_watched:
                 return follower.events
@@ -3932,7 +4006,8 @@ class RunAction:
         follower.finish_log_reads()
         logs = self.read_logs(pods, follower, retry_until, problems)
         for name, text in logs.items():
-            write_text(os.path.join(self.batch_dir, f"{name}.log"), text)
+            if follower.logs_saved.get(name) is not text:  # else saved as it was read
+                write_text(os.path.join(self.batch_dir, f"{name}.log"), text)
         if table_future is not None:
             try:
                 write_text(os.path.join(self.batch_dir, "events.txt"), table_future.result())

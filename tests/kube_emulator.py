@@ -4386,57 +4386,102 @@ def qos_class(spec: dict) -> str:
     return "Guaranteed" if guaranteed else "Burstable"
 
 
-# --------------------------------------------------------------------------
-# the emulator
-# --------------------------------------------------------------------------
+def validation_errors(info: ResourceInfo, body: dict) -> List[Tuple[str, str, str]]:
+    """The field errors a create of `body` answers 422 with (pods, Jobs, ConfigMaps, RuntimeClasses)."""
+    errs: List[Tuple[str, str, str]] = []
+    if info.store == "pods":
+        errs += validate_pod_spec(body.get("spec") or {}, "spec")
+    elif info.store == "jobs":
+        spec = body.get("spec") or {}
+        tspec = (spec.get("template") or {}).get("spec") or {}
+        errs += validate_pod_spec(tspec, "spec.template.spec")
+        rp = tspec.get("restartPolicy")
+        if rp not in ("OnFailure", "Never"):
+            errs = [e for e in errs if e[0] != "spec.template.spec.restartPolicy"]
+            errs.append(("spec.template.spec.restartPolicy", "FieldValueNotSupported",
+                         'Unsupported value: "%s": supported values: "OnFailure", "Never"' % rp))
+        for f in ("parallelism", "completions", "backoffLimit"):
+            if spec.get(f) is not None and (not isinstance(spec[f], int) or spec[f] < 0):
+                errs.append(("spec.%s" % f, "FieldValueInvalid",
+                             "Invalid value: %s: must be greater than or equal to 0" % spec[f]))
+        ads = spec.get("activeDeadlineSeconds")
+        if ads is not None and (not isinstance(ads, int) or ads <= 0):
+            errs.append(("spec.activeDeadlineSeconds", "FieldValueInvalid",
+                         "Invalid value: %s: must be greater than or equal to 1" % ads))
+        if spec.get("completionMode") not in ("NonIndexed", "Indexed"):
+            errs.append(("spec.completionMode", "FieldValueNotSupported",
+                         'Unsupported value: "%s": supported values: "NonIndexed", "Indexed"'
+                         % spec.get("completionMode")))
+        if spec.get("completionMode") == "Indexed" and spec.get("completions") is None:
+            errs.append(("spec.completions", "FieldValueRequired",
+                         "Required value: when completion mode is Indexed"))
+        per_index = spec.get("backoffLimitPerIndex")
+        if per_index is not None and spec.get("completionMode") != "Indexed":
+            errs.append(("spec.backoffLimitPerIndex", "FieldValueForbidden",
+                         "Forbidden: requires indexed completion mode"))
+        if spec.get("maxFailedIndexes") is not None and per_index is None:
+            errs.append(("spec.backoffLimitPerIndex", "FieldValueRequired",
+                         "Required value: when maxFailedIndexes is specified"))
+        if spec.get("maxFailedIndexes") is not None and spec.get("completions") is not None \
+                and spec["maxFailedIndexes"] > spec["completions"]:
+            errs.append(("spec.maxFailedIndexes", "FieldValueInvalid",
+                         "Invalid value: %s: must be less than or equal to completions"
+                         % spec["maxFailedIndexes"]))
+        policy = spec.get("podFailurePolicy")
+        if policy is not None:
+            if rp != "Never":
+                errs.append(("spec.template.spec.restartPolicy", "FieldValueInvalid",
+                             'Invalid value: "%s": only "Never" is supported when podFailurePolicy '
+                             'is specified' % rp))
+            for number, rule in enumerate(policy.get("rules") or []):
+                action = rule.get("action")
+                if action not in ("Count", "FailIndex", "FailJob", "Ignore"):
+                    errs.append(("spec.podFailurePolicy.rules[%d].action" % number, "FieldValueNotSupported",
+                                 'Unsupported value: "%s": supported values: "Count", "FailIndex", '
+                                 '"FailJob", "Ignore"' % action))
+                elif action == "FailIndex" and per_index is None:
+                    errs.append(("spec.podFailurePolicy.rules[%d].action" % number, "FieldValueInvalid",
+                                 'Invalid value: "FailIndex": requires the backoffLimitPerIndex to be set'))
+                codes = rule.get("onExitCodes")
+                if codes is not None and codes.get("operator") == "In" and 0 in (codes.get("values") or []):
+                    errs.append(("spec.podFailurePolicy.rules[%d].onExitCodes.values[%d]" % (
+                        number, codes["values"].index(0)), "FieldValueInvalid",
+                        "Invalid value: 0: must not be 0 for the In operator"))
+    elif info.store == "configmaps":
+        for k in list((body.get("data") or {})) + list((body.get("binaryData") or {})):
+            if not _CM_KEY.match(k):
+                errs.append(("data[%s]" % k, "FieldValueInvalid",
+                             "Invalid value: \"%s\": a valid config key must consist of alphanumeric "
+                             "characters, '-', '_' or '.' (e.g. 'key.name',  or 'KEY_NAME',  or 'key-name', "
+                             "regex used for validation is '[-._a-zA-Z0-9]+')" % k))
+        for k, v in (body.get("data") or {}).items():
+            if not isinstance(v, str):
+                errs.append(("data[%s]" % k, "FieldValueInvalid", "Invalid value: must be a string"))
+    elif info.store == "runtimeclasses":
+        if not body.get("handler"):
+            errs.append(("handler", "FieldValueRequired", "Required value"))
+    return errs
 
-class TruthRecord:
-    """What really happened and when, by the emulator's own clock (tests compare the tool's view
-    with it): per pod, Job and namespace, and each pod's creation index, which faults name pods by."""
 
-    def __init__(self, store: Store):
-        self.store = store
-        self._truth: Dict[str, Dict[str, Dict[str, Any]]] = {"pods": {}, "jobs": {}, "namespaces": {}}
-        self._lock = threading.Lock()
-        self._pod_index: Dict[str, int] = {}
-        self._pod_counter = 0
-
-    def snapshot(self) -> dict:
-        with self._lock:
-            return clone(self._truth)
-
-    def pod_index(self, uid: str) -> Optional[int]:
-        with self._lock:
-            return self._pod_index.get(uid)
-
-    def note(self, section: str, key: str, field: str, value: Any = None, raw: bool = False,
-             first: bool = True) -> None:
-        """Note a field (default: now); unless `raw`, only its first value counts unless `first` is False."""
-        with self._lock:
-            d = self._truth[section].setdefault(key, {})
-            if raw:
-                d[field] = value
-            elif not first or field not in d:
-                d[field] = time.time() if value is None else value
-
-    def on_store_event(self, etype: str, store: str, obj: dict) -> None:
-        """Store listener: creation, termination and deletion of pods, Jobs and namespaces."""
-        if store not in ("pods", "jobs", "namespaces"):
+def _delete_path(obj: dict, path: str) -> None:
+    """Remove the field at a dotted path with [i] list indexes (unknown fields are dropped)."""
+    parts = re.findall(r"[^.\[\]]+|\[\d+\]", path)
+    cur: Any = obj
+    for p in parts[:-1]:
+        if p.startswith("["):
+            cur = cur[int(p[1:-1])]
+        else:
+            cur = cur.get(p)
+        if cur is None:
             return
-        md = obj["metadata"]
-        key = "%s/%s" % (md.get("namespace"), md["name"]) if md.get("namespace") else md["name"]
-        if etype == "ADDED":
-            with self._lock:
-                self._truth[store][key] = {"created": self.store.created_wall.pop(md["uid"], time.time())}
-                if store == "pods":
-                    self._pod_index[md["uid"]] = self._pod_counter
-                    self._truth[store][key]["index"] = self._pod_counter
-                    self._pod_counter += 1
-        elif etype == "DELETED":
-            self.note(store, key, "deleted")
-        elif md.get("deletionTimestamp"):
-            self.note(store, key, "terminating")
+    last = parts[-1]
+    if isinstance(cur, dict):
+        cur.pop(last, None)
 
+
+# --------------------------------------------------------------------------
+# the write path, the event recorder, the truth record and the emulator
+# --------------------------------------------------------------------------
 
 class WritePath:
     """Writes as the API server takes them: decoding checks, admission, defaulting, validation and
@@ -4541,7 +4586,7 @@ class WritePath:
                                      "my-name" if canon.store == "namespaces" else "example.com", rx))])
             if canon.store == "namespaces":
                 md.setdefault("labels", {})["kubernetes.io/metadata.name"] = name
-            errs = self._validate(canon, body)
+            errs = validation_errors(canon, body)
             if errs:
                 raise err_invalid(canon, name, errs)
             if dry_run:
@@ -4567,81 +4612,6 @@ class WritePath:
                                 "terminated" % ns, [{"reason": "NamespaceTerminating",
                                                      "message": "namespace %s is being terminated" % ns,
                                                      "field": "metadata.namespace"}])
-
-    def _validate(self, info: ResourceInfo, body: dict) -> List[Tuple[str, str, str]]:
-        errs: List[Tuple[str, str, str]] = []
-        if info.store == "pods":
-            errs += validate_pod_spec(body.get("spec") or {}, "spec")
-        elif info.store == "jobs":
-            spec = body.get("spec") or {}
-            tspec = (spec.get("template") or {}).get("spec") or {}
-            errs += validate_pod_spec(tspec, "spec.template.spec")
-            rp = tspec.get("restartPolicy")
-            if rp not in ("OnFailure", "Never"):
-                errs = [e for e in errs if e[0] != "spec.template.spec.restartPolicy"]
-                errs.append(("spec.template.spec.restartPolicy", "FieldValueNotSupported",
-                             'Unsupported value: "%s": supported values: "OnFailure", "Never"' % rp))
-            for f in ("parallelism", "completions", "backoffLimit"):
-                if spec.get(f) is not None and (not isinstance(spec[f], int) or spec[f] < 0):
-                    errs.append(("spec.%s" % f, "FieldValueInvalid",
-                                 "Invalid value: %s: must be greater than or equal to 0" % spec[f]))
-            ads = spec.get("activeDeadlineSeconds")
-            if ads is not None and (not isinstance(ads, int) or ads <= 0):
-                errs.append(("spec.activeDeadlineSeconds", "FieldValueInvalid",
-                             "Invalid value: %s: must be greater than or equal to 1" % ads))
-            if spec.get("completionMode") not in ("NonIndexed", "Indexed"):
-                errs.append(("spec.completionMode", "FieldValueNotSupported",
-                             'Unsupported value: "%s": supported values: "NonIndexed", "Indexed"'
-                             % spec.get("completionMode")))
-            if spec.get("completionMode") == "Indexed" and spec.get("completions") is None:
-                errs.append(("spec.completions", "FieldValueRequired",
-                             "Required value: when completion mode is Indexed"))
-            per_index = spec.get("backoffLimitPerIndex")
-            if per_index is not None and spec.get("completionMode") != "Indexed":
-                errs.append(("spec.backoffLimitPerIndex", "FieldValueForbidden",
-                             "Forbidden: requires indexed completion mode"))
-            if spec.get("maxFailedIndexes") is not None and per_index is None:
-                errs.append(("spec.backoffLimitPerIndex", "FieldValueRequired",
-                             "Required value: when maxFailedIndexes is specified"))
-            if spec.get("maxFailedIndexes") is not None and spec.get("completions") is not None \
-                    and spec["maxFailedIndexes"] > spec["completions"]:
-                errs.append(("spec.maxFailedIndexes", "FieldValueInvalid",
-                             "Invalid value: %s: must be less than or equal to completions"
-                             % spec["maxFailedIndexes"]))
-            policy = spec.get("podFailurePolicy")
-            if policy is not None:
-                if rp != "Never":
-                    errs.append(("spec.template.spec.restartPolicy", "FieldValueInvalid",
-                                 'Invalid value: "%s": only "Never" is supported when podFailurePolicy '
-                                 'is specified' % rp))
-                for number, rule in enumerate(policy.get("rules") or []):
-                    action = rule.get("action")
-                    if action not in ("Count", "FailIndex", "FailJob", "Ignore"):
-                        errs.append(("spec.podFailurePolicy.rules[%d].action" % number, "FieldValueNotSupported",
-                                     'Unsupported value: "%s": supported values: "Count", "FailIndex", '
-                                     '"FailJob", "Ignore"' % action))
-                    elif action == "FailIndex" and per_index is None:
-                        errs.append(("spec.podFailurePolicy.rules[%d].action" % number, "FieldValueInvalid",
-                                     'Invalid value: "FailIndex": requires the backoffLimitPerIndex to be set'))
-                    codes = rule.get("onExitCodes")
-                    if codes is not None and codes.get("operator") == "In" and 0 in (codes.get("values") or []):
-                        errs.append(("spec.podFailurePolicy.rules[%d].onExitCodes.values[%d]" % (
-                            number, codes["values"].index(0)), "FieldValueInvalid",
-                            "Invalid value: 0: must not be 0 for the In operator"))
-        elif info.store == "configmaps":
-            for k in list((body.get("data") or {})) + list((body.get("binaryData") or {})):
-                if not _CM_KEY.match(k):
-                    errs.append(("data[%s]" % k, "FieldValueInvalid",
-                                 "Invalid value: \"%s\": a valid config key must consist of alphanumeric "
-                                 "characters, '-', '_' or '.' (e.g. 'key.name',  or 'KEY_NAME',  or 'key-name', "
-                                 "regex used for validation is '[-._a-zA-Z0-9]+')" % k))
-            for k, v in (body.get("data") or {}).items():
-                if not isinstance(v, str):
-                    errs.append(("data[%s]" % k, "FieldValueInvalid", "Invalid value: must be a string"))
-        elif info.store == "runtimeclasses":
-            if not body.get("handler"):
-                errs.append(("handler", "FieldValueRequired", "Required value"))
-        return errs
 
     # admission / defaulting per resource ----------------------------------
     def _admit_namespaces(self, body: dict, err_name: str) -> None:
@@ -4839,54 +4809,15 @@ class WritePath:
         cur = self.store.get(store, store_ns, name)
         if cur is None:
             raise err_not_found(info, name)
-        pre = opts.get("preconditions") or {}
-        if pre.get("uid") and pre["uid"] != cur["metadata"]["uid"]:
-            raise ApiError(409, "Conflict", "Precondition failed: UID in precondition: %s, UID in object meta: %s"
-                           % (pre["uid"], cur["metadata"]["uid"]), {"name": name, "kind": info.plural})
-        if pre.get("resourceVersion") and pre["resourceVersion"] != cur["metadata"]["resourceVersion"]:
-            raise err_conflict(info, name)
-        dry = "All" in (opts.get("dryRun") or [])
-        policy = opts.get("propagationPolicy")
-        if policy is None and opts.get("orphanDependents") is not None:
-            policy = "Orphan" if opts["orphanDependents"] else "Background"
-        if policy is None:
-            policy = "Orphan" if store == "jobs" else "Background"
-        if policy not in ("Orphan", "Background", "Foreground"):
-            raise err_invalid(info, name, [("propagationPolicy", "FieldValueNotSupported",
-                                            'Unsupported value: "%s": supported values: "Foreground", '
-                                            '"Background", "Orphan", "nil"' % policy)])
+        policy = self._deletion_policy(info, name, cur, opts)
         now = self.clock()
-        if dry:
+        if "All" in (opts.get("dryRun") or []):
             out = clone(cur)
             out["metadata"]["deletionTimestamp"] = fmt_time(now)
             return 200, to_version(info, out)
         if store == "namespaces":
-            if name in ("default", "kube-system", "kube-public"):
-                raise err_forbidden(info, name, "this namespace may not be deleted")
-            if cur["metadata"].get("deletionTimestamp"):
-                return 200, cur
-
-            def terminate(o: dict) -> Optional[bool]:
-                o["metadata"]["deletionTimestamp"] = fmt_time(now)
-                o["metadata"]["deletionGracePeriodSeconds"] = 0
-                o.setdefault("status", {})["phase"] = "Terminating"
-                if policy == "Orphan":
-                    fins = o["metadata"].setdefault("finalizers", [])
-                    if ORPHAN_FINALIZER not in fins:
-                        fins.append(ORPHAN_FINALIZER)
-                return True
-            new = self.store.update(store, None, name, terminate)
-            return 200, new if new is not None else cur
-
-        grace = 0
-        if store == "pods":
-            node = (cur.get("spec") or {}).get("nodeName")
-            if opts.get("gracePeriodSeconds") is not None:
-                grace = int(opts["gracePeriodSeconds"])
-            else:
-                grace = int((cur.get("spec") or {}).get("terminationGracePeriodSeconds", 30))
-            if not node or pod_terminal(cur):
-                grace = 0
+            return 200, self._terminate_namespace(info, cur, policy, now)
+        grace = self._pod_grace(cur, opts) if store == "pods" else 0
         fins = list(cur["metadata"].get("finalizers") or [])
         if policy == "Foreground" and FOREGROUND_FINALIZER not in fins:
             fins.append(FOREGROUND_FINALIZER)
@@ -4896,13 +4827,7 @@ class WritePath:
             final = self.store.remove(store, store_ns, name)
             if final is None:
                 raise err_not_found(info, name)
-            details: Dict[str, Any] = {"name": name, "kind": info.plural, "uid": cur["metadata"]["uid"]}
-            if info.group:
-                details["group"] = info.group
-            if store == "pods":
-                return 200, final
-            return 200, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
-                         "details": details}
+            return 200, final if store == "pods" else deleted_status(info, name, cur["metadata"]["uid"])
 
         def mark(o: dict) -> Optional[bool]:
             omd = o["metadata"]
@@ -4910,11 +4835,7 @@ class WritePath:
             if fins != list(omd.get("finalizers") or []):
                 omd["finalizers"] = list(fins)
                 changed = True
-            if not omd.get("deletionTimestamp"):
-                omd["deletionTimestamp"] = fmt_time(now + grace)
-                omd["deletionGracePeriodSeconds"] = grace
-                changed = True
-            elif grace < (omd.get("deletionGracePeriodSeconds") or 0):
+            if not omd.get("deletionTimestamp") or grace < (omd.get("deletionGracePeriodSeconds") or 0):
                 omd["deletionTimestamp"] = fmt_time(now + grace)
                 omd["deletionGracePeriodSeconds"] = grace
                 changed = True
@@ -4926,13 +4847,66 @@ class WritePath:
         if new is None:
             raise err_not_found(info, name)
         if self.store.get(store, store_ns, name) is None:
-            details = {"name": name, "kind": info.plural, "uid": cur["metadata"]["uid"]}
-            if info.group:
-                details["group"] = info.group
-            return 200, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
-                         "details": details}
+            return 200, deleted_status(info, name, cur["metadata"]["uid"])
         code = 202 if policy == "Foreground" and opts.get("orphanDependents") is False else 200
         return code, new
+
+    @staticmethod
+    def _deletion_policy(info: ResourceInfo, name: str, cur: dict, opts: dict) -> str:
+        """Check the delete's preconditions; its propagation policy, defaulted as the resource's strategy does."""
+        pre = opts.get("preconditions") or {}
+        if pre.get("uid") and pre["uid"] != cur["metadata"]["uid"]:
+            raise ApiError(409, "Conflict", "Precondition failed: UID in precondition: %s, UID in object meta: %s"
+                           % (pre["uid"], cur["metadata"]["uid"]), {"name": name, "kind": info.plural})
+        if pre.get("resourceVersion") and pre["resourceVersion"] != cur["metadata"]["resourceVersion"]:
+            raise err_conflict(info, name)
+        policy = opts.get("propagationPolicy")
+        if policy is None and opts.get("orphanDependents") is not None:
+            policy = "Orphan" if opts["orphanDependents"] else "Background"
+        if policy is None:
+            policy = "Orphan" if info.store == "jobs" else "Background"
+        if policy not in ("Orphan", "Background", "Foreground"):
+            raise err_invalid(info, name, [("propagationPolicy", "FieldValueNotSupported",
+                                            'Unsupported value: "%s": supported values: "Foreground", '
+                                            '"Background", "Orphan", "nil"' % policy)])
+        return policy
+
+    def _terminate_namespace(self, info: ResourceInfo, cur: dict, policy: str, now: float) -> dict:
+        """A namespace is not removed at once: it turns Terminating for the namespace controller."""
+        name = cur["metadata"]["name"]
+        if name in ("default", "kube-system", "kube-public"):
+            raise err_forbidden(info, name, "this namespace may not be deleted")
+        if cur["metadata"].get("deletionTimestamp"):
+            return cur
+
+        def terminate(o: dict) -> Optional[bool]:
+            o["metadata"]["deletionTimestamp"] = fmt_time(now)
+            o["metadata"]["deletionGracePeriodSeconds"] = 0
+            o.setdefault("status", {})["phase"] = "Terminating"
+            if policy == "Orphan":
+                fins = o["metadata"].setdefault("finalizers", [])
+                if ORPHAN_FINALIZER not in fins:
+                    fins.append(ORPHAN_FINALIZER)
+            return True
+        new = self.store.update("namespaces", None, name, terminate)
+        return new if new is not None else cur
+
+    @staticmethod
+    def _pod_grace(pod: dict, opts: dict) -> int:
+        """The grace period a pod's deletion gives its kubelet: none when it is unbound or finished."""
+        if not (pod.get("spec") or {}).get("nodeName") or pod_terminal(pod):
+            return 0
+        if opts.get("gracePeriodSeconds") is not None:
+            return int(opts["gracePeriodSeconds"])
+        return int((pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30))
+
+
+def deleted_status(info: ResourceInfo, name: str, uid: str) -> dict:
+    """The Status a delete answers when the object is gone at once."""
+    details: Dict[str, Any] = {"name": name, "kind": info.plural, "uid": uid}
+    if info.group:
+        details["group"] = info.group
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "details": details}
 
 
 class EventRecorder:
@@ -5016,6 +4990,54 @@ class EventRecorder:
             self.writes.create_object(CANONICAL["events"], ev)
         except ApiError:
             pass
+
+
+class TruthRecord:
+    """What really happened and when, by the emulator's own clock (tests compare the tool's view
+    with it): per pod, Job and namespace, and each pod's creation index, which faults name pods by."""
+
+    def __init__(self, store: Store):
+        self.store = store
+        self._truth: Dict[str, Dict[str, Dict[str, Any]]] = {"pods": {}, "jobs": {}, "namespaces": {}}
+        self._lock = threading.Lock()
+        self._pod_index: Dict[str, int] = {}
+        self._pod_counter = 0
+
+    def snapshot(self) -> dict:
+        with self._lock:
+            return clone(self._truth)
+
+    def pod_index(self, uid: str) -> Optional[int]:
+        with self._lock:
+            return self._pod_index.get(uid)
+
+    def note(self, section: str, key: str, field: str, value: Any = None, raw: bool = False,
+             first: bool = True) -> None:
+        """Note a field (default: now); unless `raw`, only its first value counts unless `first` is False."""
+        with self._lock:
+            d = self._truth[section].setdefault(key, {})
+            if raw:
+                d[field] = value
+            elif not first or field not in d:
+                d[field] = time.time() if value is None else value
+
+    def on_store_event(self, etype: str, store: str, obj: dict) -> None:
+        """Store listener: creation, termination and deletion of pods, Jobs and namespaces."""
+        if store not in ("pods", "jobs", "namespaces"):
+            return
+        md = obj["metadata"]
+        key = "%s/%s" % (md.get("namespace"), md["name"]) if md.get("namespace") else md["name"]
+        if etype == "ADDED":
+            with self._lock:
+                self._truth[store][key] = {"created": self.store.created_wall.pop(md["uid"], time.time())}
+                if store == "pods":
+                    self._pod_index[md["uid"]] = self._pod_counter
+                    self._truth[store][key]["index"] = self._pod_counter
+                    self._pod_counter += 1
+        elif etype == "DELETED":
+            self.note(store, key, "deleted")
+        elif md.get("deletionTimestamp"):
+            self.note(store, key, "terminating")
 
 
 class Emulator:
@@ -5258,22 +5280,6 @@ class Emulator:
         if not self.faults.on("missing_runtimeclass"):
             self._create_runtimeclass()
 
-
-
-def _delete_path(obj: dict, path: str) -> None:
-    """Remove the field at a dotted path with [i] list indexes (unknown fields are dropped)."""
-    parts = re.findall(r"[^.\[\]]+|\[\d+\]", path)
-    cur: Any = obj
-    for p in parts[:-1]:
-        if p.startswith("["):
-            cur = cur[int(p[1:-1])]
-        else:
-            cur = cur.get(p)
-        if cur is None:
-            return
-    last = parts[-1]
-    if isinstance(cur, dict):
-        cur.pop(last, None)
 
 
 # --------------------------------------------------------------------------
