@@ -2235,24 +2235,20 @@ def timeline_sample(batches: Sequence[tuple[str, dict]], limit: int = TIMELINE_M
     return sampled, f" - {len(keep)} of {total} episodes, evenly spread in order of pod creation"
 
 
+def saved_results(results: dict, printed: bool = False) -> dict:
+    """Results as saved in results.json: everything but private working fields; as `printed`,
+    also without the per-pod rows. The same for each round and the warm-up inside."""
+    kept = {k: v for k, v in results.items() if not k.startswith("_") and not (printed and k == "pods")}
+    if "rounds" in kept:
+        kept["rounds"] = [saved_results(r, printed) for r in kept["rounds"]]
+    if isinstance(kept.get("warmup"), dict):
+        kept["warmup"] = saved_results(kept["warmup"], printed)
+    return kept
+
+
 def public_results(results: dict) -> dict:
     """Results as printed: without per-pod rows or private working fields."""
-    printed = {k: v for k, v in results.items() if k != "pods" and not k.startswith("_")}
-    if "rounds" in printed:
-        printed["rounds"] = [public_results(r) for r in printed["rounds"]]
-    if isinstance(printed.get("warmup"), dict):
-        printed["warmup"] = public_results(printed["warmup"])
-    return printed
-
-
-def saved_results(results: dict) -> dict:
-    """Results as saved in results.json: everything but private working fields."""
-    saved = {k: v for k, v in results.items() if not k.startswith("_")}
-    if "rounds" in saved:
-        saved["rounds"] = [saved_results(r) for r in saved["rounds"]]
-    if isinstance(saved.get("warmup"), dict):
-        saved["warmup"] = saved_results(saved["warmup"])
-    return saved
+    return saved_results(results, printed=True)
 
 
 def throughput_line(figures: dict) -> str:
@@ -3500,11 +3496,9 @@ def run_one_batch(run: RunContext, entry: dict) -> dict:
         "continue_expiries": reading.continue_expiries, "read_again": reading.reread}
     summarise = rollout_summary if run.settings.get("rollout") else verified_summary
     summary = summarise(batch, end, job, reading, logs, events)
-    summary["client_job_complete_seconds"] = client["client_job_complete_seconds"]
     client["post_completion_seconds"] = rounded(time.monotonic() - follower.observed_monotonic)
     write_json(os.path.join(batch_dir, "client.json"), client)
-    summary["_client"] = client
-    return summary
+    return with_client_wait(summary, client)
 
 
 def client_wait(follower: BatchFollower, end: str | None, submitted_wall: float, submitted: float) -> dict:
@@ -3519,6 +3513,14 @@ def client_wait(follower: BatchFollower, end: str | None, submitted_wall: float,
         "watch_queue_peak": follower.queue_peak,
         "wait_mode": "poll" if follower.polling else "watch",
     }
+
+
+def with_client_wait(summary: dict, client: dict | None) -> dict:
+    """A batch's summary with how the client waited for it: the one figure among its own, the
+    whole record (client.json) for results.json's `client_wait`."""
+    summary["client_job_complete_seconds"] = (client or {}).get("client_job_complete_seconds")
+    summary["_client"] = client or None
+    return summary
 
 
 def verified_summary(batch: BatchEvidence, end: str | None, job: dict | None, reading: PodReading,
@@ -4272,14 +4274,10 @@ def load_saved_batch(directory: str, settings: dict) -> dict:
         rows = episode_rows(settings["count"], job, pods, logs, settings.get("builtin", True),
                             settings.get("task_ids"), settings.get("group_size") or 1, events)
         summary = summarise_rollout(rows, job, pods, logs, events, settings, client.get("observed_at"), observed)
-        summary["client_job_complete_seconds"] = client.get("client_job_complete_seconds")
-        summary["_client"] = client or None
-        return summary
-    summary = summarise_batch(job, pods, logs, events, settings["count"], settings.get("builtin", True),
-                              client.get("observed_at"), observed)
-    summary["client_job_complete_seconds"] = client.get("client_job_complete_seconds")
-    summary["_client"] = client or None
-    return summary
+    else:
+        summary = summarise_batch(job, pods, logs, events, settings["count"], settings.get("builtin", True),
+                                  client.get("observed_at"), observed)
+    return with_client_wait(summary, client)
 
 
 def recompute(output: str) -> dict:
