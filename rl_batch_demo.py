@@ -84,6 +84,9 @@ PAGE_RETRY_SECONDS = 60
 # whose token expires this often is given up.
 LIST_EXPIRIES = 3
 COLLECT_RETRY_SECONDS = 10
+# After a Job's end, how long its pod and event watches are given to deliver what
+# happened up to the end before the pods and events are listed instead.
+SETTLE_SECONDS = 2.0
 PROXY_START_SECONDS = 10
 # The private directory of each run's `kubectl proxy` socket carries the run's pid,
 # so a later run can tell (and remove) the directory of a run that was killed.
@@ -104,6 +107,8 @@ RUN_LABEL = "agc-demo-run"
 APP_LABEL = "rl-batch-demo"
 NAMESPACE_PREFIX = "agc-rl-"
 COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+# The Job controller keeps this finalizer on each pod until it has counted the pod's end.
+JOB_TRACKING_FINALIZER = "batch.kubernetes.io/job-tracking"
 
 RECEIPT_FILE = "receipt.json"
 RESULTS_FILE = "results.json"
@@ -621,6 +626,8 @@ def capacity_warning(plan: dict, parallelism: int) -> str | None:
 # Parsing what the cluster and the episodes said.
 
 
+# Thousands of pods and events share each whole second's stamp: each is parsed once.
+@functools.lru_cache(maxsize=1 << 16)
 def parse_time(text: str | None) -> float | None:
     """RFC 3339 (`2026-01-02T03:04:05Z`, optional fraction or offset) -> epoch seconds."""
     if not text:
@@ -898,11 +905,135 @@ def with_vanished(listed: Iterable[dict], watched: Iterable[dict]) -> list[dict]
 class PodReading(NamedTuple):
     """A Job's pods as read after its end, and how they were read."""
     pods: list[dict]
-    source: str  # "list" (not older than the Job's end), or "watch" when no list could be read
+    # "list" (not older than the Job's end), "final watch" (the pod watch saw each pod's last
+    # change), or "watch" when no list could be read
+    source: str
     resource_version: str | None
     pages: int
     continue_expiries: int
     reread: list[str]  # pods read again on their own because they still looked unfinished
+
+
+def pods_final(job: dict | None, pods: Iterable[dict]) -> bool:
+    """Whether these pods, as a watch last saw them, are the Complete Job's pods for good, so
+    that a list read now would show the same: each ended and was counted by the Job controller
+    (which then removes its tracking finalizer, the pod's last change), and the Job counted
+    no more pods than these."""
+    status = (job or {}).get("status") or {}
+    uncounted = status.get("uncountedTerminatedPods") or {}
+    if job_finished(job or {}) != "Complete" or status.get("active") or \
+            uncounted.get("succeeded") or uncounted.get("failed"):
+        return False
+    ended = 0
+    for pod in pods:
+        metadata = pod.get("metadata") or {}
+        if (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed") or \
+                JOB_TRACKING_FINALIZER in (metadata.get("finalizers") or []) or metadata.get("deletionTimestamp"):
+            return False
+        ended += 1
+    return ended >= (status.get("succeeded") or 0) + (status.get("failed") or 0)
+
+
+class SharedStrings:
+    """One string object for each repeated text (field names, nodes, images, reasons).
+
+    Thousands of decoded pods and events repeat the same texts, each decoded anew;
+    sharing them holds a pod in about half the memory. The table is emptied when it
+    grows large, so the texts seen only once (uids, revisions) never pile up.
+    """
+
+    def __init__(self, most: int = 200_000) -> None:
+        self.most = most
+        self.table: dict[str, str] = {}
+
+    def share(self, value: Any) -> Any:
+        if len(self.table) > self.most:
+            self.table.clear()
+        return self._share(value)
+
+    def _share(self, value: Any) -> Any:
+        table = self.table
+        if isinstance(value, str):
+            return table.setdefault(value, value)
+        if isinstance(value, dict):
+            return {table.setdefault(key, key): self._share(item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [self._share(item) for item in value]
+        return value
+
+
+def compact_event(event: dict) -> dict:
+    """The fields of an event this tool reads, in the event's own shape (core/v1 or
+    events.k8s.io/v1), so every reader of events takes it as it takes the whole event."""
+    metadata = event.get("metadata") or {}
+    kept: dict[str, Any] = {"metadata": {"name": metadata.get("name"),
+                                         "creationTimestamp": metadata.get("creationTimestamp")}}
+    for field in ("involvedObject", "regarding"):
+        if event.get(field):
+            kept[field] = {key: event[field][key] for key in ("kind", "name", "uid", "fieldPath")
+                           if key in event[field]}
+    for field in ("reason", "type", "message", "note", "eventTime", "lastTimestamp", "count", "reportingInstance"):
+        if event.get(field) is not None:
+            kept[field] = event[field]
+    source = event.get("source") or {}
+    if source:
+        kept["source"] = {key: source[key] for key in ("component", "host") if key in source}
+    return kept
+
+
+class EventStore:
+    """A namespace's events as a watch delivers them: a pure reducer of the watch's changes.
+
+    Each event is held compact (the fields this tool reads) for the summary, and its
+    whole last version is kept on disk for events.json, so a batch of thousands of
+    pods holds its tens of thousands of events in little memory.
+    """
+
+    def __init__(self) -> None:
+        self.compact: dict[str, dict] = {}
+        self._where: dict[str, tuple[int, int]] = {}  # name -> (offset, length) in the spool
+        self._spool = tempfile.TemporaryFile()
+        self._spool_end = 0
+        self._read_since = False
+        self._shared = SharedStrings()
+        # The revision the events are known to be at least as new as, once a list has said so.
+        self.resource_version: str | None = None
+
+    def __len__(self) -> int:
+        return len(self.compact)
+
+    def apply(self, change: str, event: dict) -> None:
+        """One change a watch delivered: ADDED or MODIFIED keeps the event's newest version, DELETED forgets it."""
+        name = (event.get("metadata") or {}).get("name")
+        if not name:
+            return
+        if change == "DELETED":
+            self.compact.pop(name, None)
+            self._where.pop(name, None)
+            return
+        data = json.dumps(event).encode("utf-8")
+        if self._read_since:  # back to the end after reading
+            self._spool.seek(self._spool_end)
+            self._read_since = False
+        self._spool.write(data)
+        self._where[name] = (self._spool_end, len(data))
+        self._spool_end += len(data)
+        self.compact[name] = self._shared.share(compact_event(event))
+
+    def events(self, names: Iterable[str] | None = None) -> list[dict]:
+        """The compact events in the order a list gives them (by name)."""
+        return [self.compact[name] for name in sorted(self.compact if names is None else names)]
+
+    def whole(self, names: Iterable[str] | None = None) -> Iterator[str]:
+        """Each event's last version as JSON text, in the order a list gives them."""
+        for name in sorted(self._where if names is None else names):
+            offset, length = self._where[name]
+            self._read_since = True
+            self._spool.seek(offset)
+            yield self._spool.read(length).decode("utf-8")
+
+    def close(self) -> None:
+        self._spool.close()
 
 
 # --------------------------------------------------------------------------
@@ -1348,14 +1479,14 @@ class Bound(NamedTuple):
     clock: str
 
 
+# Nanoseconds since 1970 take 15 or 16 hex digits from 1972 to 2554: anything else is another name.
+EVENT_NAME_TIME = re.compile(r"\.([0-9a-f]{15,16})$")
+
+
 def event_name_time(event: dict) -> float | None:
     """The moment an event's recorder named it, from `<object>.<hex UnixNano>` (on the recorder's clock)."""
-    name = (event.get("metadata") or {}).get("name") or ""
-    suffix = name.rsplit(".", 1)[-1] if "." in name else ""
-    # Nanoseconds since 1970 take 15 or 16 hex digits from 1972 to 2554: anything else is another name.
-    if len(suffix) not in (15, 16) or any(c not in "0123456789abcdef" for c in suffix):
-        return None
-    return int(suffix, 16) / 1e9
+    found = EVENT_NAME_TIME.search((event.get("metadata") or {}).get("name") or "")
+    return int(found.group(1), 16) / 1e9 if found else None
 
 
 def kubelet_container_events(events: Iterable[dict]) -> dict[str, dict[str, tuple[float, str]]]:
@@ -1621,7 +1752,8 @@ class ClockBounds:
 
 
 def clock_offsets(job: dict, pods: Sequence[dict], events: Sequence[dict], observed_pods: dict[str, dict],
-                  job_observed: dict[str, float]) -> dict:
+                  job_observed: dict[str, float],
+                  kubelet: dict[str, dict[str, tuple[float, str]]] | None = None) -> dict:
     """Each clock's offset from the control plane's, bounded by transitions seen on both.
 
     A watch sees a change after it happened and a server stamp truncates it: the client's
@@ -1657,7 +1789,9 @@ def clock_offsets(job: dict, pods: Sequence[dict], events: Sequence[dict], obser
             started.setdefault(regarding.get("name", ""), (named, node))
     client_vs_node: dict[str, float] = {}
     scheduled = scheduled_event_times(events)
-    first_container_event = {pod: min(reasons.values()) for pod, reasons in kubelet_container_events(events).items()}
+    if kubelet is None:
+        kubelet = kubelet_container_events(events)
+    first_container_event = {pod: min(reasons.values()) for pod, reasons in kubelet.items()}
     for pod in pods:
         name = pod_name(pod)
         if name in scheduled and name in first_container_event:
@@ -1861,7 +1995,7 @@ def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
     kubelet = kubelet_container_events(events)
     creations = pod_creation_events(events)
     observed_pods, job_observed = split_observed(observed)
-    clocks = clock_offsets(job, pods, events, observed_pods, job_observed)
+    clocks = clock_offsets(job, pods, events, observed_pods, job_observed, kubelet)
     client_offset = clocks["client"]["offset_seconds"]
     rows, records, durations = [], [], []
     for pod, ready, reward in episodes:
@@ -2709,6 +2843,31 @@ def reread_pods(kubectl: Kubectl, proxy: ApiProxy | None, namespace: str, names:
     return fresh
 
 
+def list_total(page: dict) -> int | None:
+    """How many objects a list holds in all, from its first page: the page's items and, when
+    more follow, the API's remainingItemCount (None when it does not say)."""
+    items = len(page.get("items") or [])
+    metadata = page.get("metadata") or {}
+    if not metadata.get("continue"):
+        return items
+    remaining = metadata.get("remainingItemCount")
+    return items + int(remaining) if isinstance(remaining, int) else None
+
+
+def count_events(kubectl: Kubectl, proxy: ApiProxy | None, namespace: str,
+                 retry_until: float | None) -> tuple[int | None, str | None]:
+    """How many events the namespace holds now, and the revision that was: a list of one,
+    read from the newest revision."""
+    text = api_read(kubectl, proxy, f"/api/v1/namespaces/{namespace}/events?limit=1", retry_until)
+    try:
+        page = json.loads(text)
+    except ValueError:
+        return None, None
+    if not isinstance(page, dict):
+        return None, None
+    return list_total(page), (page.get("metadata") or {}).get("resourceVersion")
+
+
 def read_job_pods(kubectl: Kubectl, proxy: ApiProxy | None, namespace: str, job_name: str,
                   not_older_than: str | None, retry_seconds: float | None,
                   page_size: int = LIST_PAGE_SIZE) -> PodReading:
@@ -2778,6 +2937,12 @@ class BatchFollower:
         self.pool = pool
         self.job: dict | None = None
         self.pods: dict[str, dict] = {}
+        self.deleted: set[str] = set()
+        self._shared = SharedStrings()
+        # The namespace's events, followed while waiting so that little is left to read at the end;
+        # not watched (then listed at the end) when the watch is refused or broke for good.
+        self.events = EventStore()
+        self.events_watched = True
         # Pod name -> (containerID, log) read after that container terminated: complete.
         self.logs: dict[str, tuple[str, str]] = {}
         self._log_reads: dict[tuple[str, str], concurrent.futures.Future] = {}
@@ -2804,9 +2969,9 @@ class BatchFollower:
     def follow(self, submitted_monotonic: float, client_deadline: float) -> str | None:
         """Wait until the Job is Complete or Failed ("Complete"/"Failed"), or None at the deadline."""
         processes_before = self.kubectl.processes
-        self._failures = {"job": 0, "pods": 0}
+        self._failures = {"job": 0, "pods": 0, "events": 0}
         try:
-            for kind in ("job", "pods"):
+            for kind in ("job", "pods", "events"):
                 self._start_watch(kind, client_deadline)
             next_poll = time.monotonic()
             while self.end is None:
@@ -2828,9 +2993,10 @@ class BatchFollower:
                 self._handle(item, client_deadline)
                 self._show(submitted_monotonic)
         finally:
-            # The pod watch goes on while the evidence is read: should no pod list answer,
-            # what it saw by then is all there is to go on.
-            self.stop_watches(keep="pods" if self.end is not None else None)
+            # The pod and event watches go on while the evidence is read: they deliver what
+            # happened up to the end, and should no pod list answer, what the pod watch saw
+            # by then is all there is to go on.
+            self.stop_watches(keep=("pods", "events") if self.end is not None else ())
             self.progress.finish()
             self.processes_while_waiting = self.kubectl.processes - processes_before
         return self.end
@@ -2840,6 +3006,10 @@ class BatchFollower:
         if item[0] == "ended":
             kind, refusal = item[1], item[2]
             self._watches.pop(kind, None)
+            if kind == "events" and (refusal or self._failures[kind] >= WATCH_RESTARTS_BEFORE_POLLING):
+                # The events are listed after the end instead, as they can be without a watch.
+                self.events_watched = False
+                return
             if self.end is not None or self.polling:
                 return
             if refusal:
@@ -2863,6 +3033,8 @@ class BatchFollower:
             return
         if kind == "job":
             self._on_job(obj, arrived)
+        elif kind == "events":
+            self.events.apply(event.get("type") or "ADDED", obj)
         else:
             self._on_pod(obj, deleted=event.get("type") == "DELETED", arrived=arrived)
 
@@ -2872,6 +3044,8 @@ class BatchFollower:
             # A list watch, not `get job NAME -w`: for one named object kubectl drops its
             # watch's first event, losing any change made between its GET and its watch.
             args = ["get", "jobs", "--field-selector", f"metadata.name={self.job_name}"]
+        elif kind == "events":
+            args = ["get", "events"]
         else:
             args = ["get", "pods", "-l", f"job-name={self.job_name}"]
         args += ["-n", self.namespace, "-o", "json", "--watch", "--output-watch-events"]
@@ -2903,8 +3077,8 @@ class BatchFollower:
         process.wait()
         self._queue.put(("ended", kind, refusal(errors)))
 
-    def stop_watches(self, keep: str | None = None) -> None:
-        stopping = {kind: process for kind, process in self._watches.items() if kind != keep}
+    def stop_watches(self, keep: Sequence[str] = ()) -> None:
+        stopping = {kind: process for kind, process in self._watches.items() if kind not in keep}
         for process in stopping.values():
             if process.poll() is None:
                 process.terminate()
@@ -2930,6 +3104,45 @@ class BatchFollower:
             if item[0] != "ended":
                 self._handle(item, deadline)
 
+    def settle(self, events_expected: int | None, seconds: float) -> None:
+        """After the end: take in what the watches still deliver until the pods are final and
+        the events number `events_expected` (None: not waited for), for up to `seconds`."""
+        deadline = time.monotonic() + seconds
+        while not self.settled(events_expected):
+            try:
+                item = self._queue.get(timeout=max(0.0, min(0.1, deadline - time.monotonic())))
+            except queue.Empty:
+                if time.monotonic() >= deadline:
+                    return
+                continue
+            while True:  # everything already delivered, before judging again
+                self._handle(item, deadline)
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+
+    def settled(self, events_expected: int | None) -> bool:
+        """Nothing more worth waiting for: each watch has delivered enough, or never will."""
+        events_done = events_expected is None or not self._following("events") or \
+            self.events_caught_up(events_expected)
+        pods_done = not self._following("pods") or self.end != "Complete" or bool(self.deleted) or \
+            self.pods_are_final()
+        return events_done and pods_done
+
+    def _following(self, kind: str) -> bool:
+        return kind in self._watches and not self.polling and (kind != "events" or self.events_watched)
+
+    def events_caught_up(self, events_expected: int | None) -> bool:
+        """The event watch holds at least as many events as the API did after the end."""
+        return self.events_watched and not self.polling and events_expected is not None \
+            and len(self.events) >= events_expected
+
+    def pods_are_final(self) -> bool:
+        """The pod watch saw each pod of the Complete Job to its final state (see pods_final)."""
+        return self.end == "Complete" and not self.polling and not self.deleted \
+            and pods_final(self.job, self.pods.values())
+
     def _poll(self, client_deadline: float) -> None:
         retry_until = min(client_deadline, time.monotonic() + CALL_TIMEOUT_SECONDS)
         job = self.kubectl.get_json(["get", "job", self.job_name, "-n", self.namespace],
@@ -2952,11 +3165,17 @@ class BatchFollower:
             self.end = end
 
     def _on_pod(self, pod: dict, deleted: bool = False, arrived: float | None = None) -> None:
-        name = pod_name(pod)
+        name = (pod.get("metadata") or {}).get("name")
+        if not name:
+            return
         if deleted:
             # Keep the last state seen: a pod that vanished is still part of the evidence.
+            self.deleted.add(name)
             self.pods.setdefault(name, pod)
             return
+        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            # Its state from now on is what is held to the end: worth holding small.
+            pod = self._shared.share(pod)
         self.pods[name] = pod
         record_pod_observation(self.observed.setdefault(name, {}), pod,
                                time.time() if arrived is None else arrived)
@@ -2997,12 +3216,17 @@ class BatchFollower:
 # Files.
 
 
-def write_text(path: str, text: str) -> None:
-    """Write a file whole or not at all (a crash never leaves half a receipt)."""
+def write_text(path: str, text: str | Iterable[str]) -> None:
+    """Write a file whole or not at all (a crash never leaves half a receipt); the text may
+    come in pieces, so a large file is never held whole in memory."""
     temporary = f"{path}.tmp"
     try:
         with open(temporary, "w", encoding="utf-8") as handle:
-            handle.write(text)
+            if isinstance(text, str):
+                handle.write(text)
+            else:
+                for piece in text:
+                    handle.write(piece)
         os.replace(temporary, path)
     except OSError as error:
         try:
@@ -3017,24 +3241,57 @@ def write_text(path: str, text: str) -> None:
 ONE_LINE_ITEMS_FROM = 100
 
 
+class _Encoded(NamedTuple):
+    text: str
+
+
+class EncodedItems(NamedTuple):
+    """The items of a JSON list already encoded one per text (as json.dumps writes them)."""
+    texts: Callable[[], Iterator[str]]
+    count: int
+
+
+def json_pieces(value: Any, level: int = 0) -> Iterator[str]:
+    """JSON indented by two spaces, as json.dumps(indent=2), but long lists hold one item per
+    line; in pieces, so a file of thousands of pods is written without one string of it all."""
+    pad = "  " * (level + 1)
+    if isinstance(value, EncodedItems):
+        if value.count >= ONE_LINE_ITEMS_FROM:
+            value = [_Encoded(text) for text in value.texts()]
+        else:
+            value = [json.loads(text) for text in value.texts()]
+    if isinstance(value, dict) and value:
+        yield "{\n"
+        for position, (key, item) in enumerate(value.items()):
+            yield (",\n" if position else "") + f"{pad}{json.dumps(str(key))}: "
+            yield from json_pieces(item, level + 1)
+        yield "\n" + "  " * level + "}"
+    elif isinstance(value, (list, tuple)) and value:
+        one_line = len(value) >= ONE_LINE_ITEMS_FROM
+        yield "[\n"
+        for position, item in enumerate(value):
+            yield ",\n" + pad if position else pad
+            if isinstance(item, _Encoded):
+                yield item.text
+            elif one_line:
+                yield json.dumps(item)
+            else:
+                yield from json_pieces(item, level + 1)
+        yield "\n" + "  " * level + "]"
+    else:
+        yield json.dumps(value)
+
+
 def json_text(value: Any, level: int = 0) -> str:
     """JSON indented by two spaces, as json.dumps(indent=2), but long lists hold one item per line."""
-    pad = "  " * (level + 1)
-    if isinstance(value, dict) and value:
-        inner = ",\n".join(f"{pad}{json.dumps(str(key))}: {json_text(item, level + 1)}"
-                           for key, item in value.items())
-        return "{\n" + inner + "\n" + "  " * level + "}"
-    if isinstance(value, (list, tuple)) and value:
-        if len(value) >= ONE_LINE_ITEMS_FROM:
-            items = [json.dumps(item) for item in value]
-        else:
-            items = [json_text(item, level + 1) for item in value]
-        return "[\n" + ",\n".join(pad + item for item in items) + "\n" + "  " * level + "]"
-    return json.dumps(value)
+    return "".join(json_pieces(value, level))
 
 
 def write_json(path: str, data: Any) -> None:
-    write_text(path, json_text(data) + "\n")
+    def pieces() -> Iterator[str]:
+        yield from json_pieces(data)
+        yield "\n"
+    write_text(path, pieces())
 
 
 def read_json(path: str, what: str) -> Any:
@@ -3332,6 +3589,23 @@ def waiting_note(job: dict | None, elapsed: float) -> str:
         return (f"  (past the Job's {deadline} s deadline: waiting up to {CLIENT_GRACE_SECONDS} s more for "
                 f"the Job controller to end it)")
     return ""
+
+
+def write_events(path: str, source: PagedList | EventStore | None, events: Sequence[dict],
+                 resource_version: str | None) -> None:
+    """events.json: the namespace's events as an EventList of the revision they were read at,
+    or (`resource_version` None) a batch's share of them as a `v1 List`; each event whole
+    even where the summary holds only its compact form."""
+    if isinstance(source, EventStore):
+        names = [event["metadata"]["name"] for event in events]
+        items: Any = EncodedItems(lambda: source.whole(names), len(names))
+    else:
+        items = list(events)
+    if resource_version is None:
+        write_json(path, dict(list_manifest([]), items=items))
+    else:
+        write_json(path, {"apiVersion": "v1", "kind": "EventList", "metadata": {"resourceVersion": resource_version},
+                          "items": items})
 
 
 @dataclasses.dataclass
@@ -3666,8 +3940,25 @@ class BatchEvidence:
             except DemoError:
                 return follower.job
 
+        events_expected = None
+        if not quick and follower.events_watched:
+            try:
+                events_expected, follower.events.resource_version = count_events(
+                    self.kubectl, self.proxy, self.namespace, retry_until)
+            except DemoError:
+                pass  # then the events are listed below
+        if not quick:
+            follower.settle(events_expected, SETTLE_SECONDS)
+        watched_final = follower.pods_are_final()
+        events_watched = follower.events_caught_up(events_expected)
+        follower.stop_watches(keep=() if watched_final else ("pods",))
+
         def fetch_pods() -> PodReading:
-            # Never the watch's view: it may run behind. The list is at least as new as the
+            if watched_final:
+                # Each pod's last change arrived: a list would show the very same pods.
+                return PodReading(sorted(follower.pods.values(), key=pod_name), "final watch",
+                                  follower.end_resource_version, 0, 0, [])
+            # Else never the watch's view: it may run behind. The list is at least as new as the
             # moment the Job's end was seen, and its pages are retried while a cache catches up.
             return read_job_pods(self.kubectl, self.proxy, self.namespace, job_name,
                                  follower.end_resource_version, None if quick else PAGE_RETRY_SECONDS,
@@ -3678,7 +3969,9 @@ class BatchEvidence:
             return self.kubectl.run(["get", "events", "--sort-by=.metadata.creationTimestamp"]
                                     + namespace_args, retry_until=retry_until)
 
-        def fetch_events_json() -> PagedList:
+        def fetch_events_json() -> PagedList | EventStore:
+            if events_watched:
+                return follower.events
             retry_seconds = None if quick else COLLECT_RETRY_SECONDS
             path = f"/api/v1/namespaces/{self.namespace}/events"
             if self.proxy is not None:
@@ -3719,7 +4012,7 @@ class BatchEvidence:
             fresh = reread_pods(self.kubectl, self.proxy, self.namespace, unfinished_pods(watched),
                                 None if retry_until is None else COLLECT_RETRY_SECONDS)
             reading = PodReading(with_fresh_pods(watched, fresh), "watch", None, 0, 0, sorted(fresh))
-        else:
+        elif reading.source == "list":
             reading = reading._replace(pods=with_vanished(reading.pods, watched))
         pods = reading.pods
         pods_list = list_manifest(pods)
@@ -3736,13 +4029,13 @@ class BatchEvidence:
             except DemoError as error:
                 problems.append(f"events: {error}")
                 write_text(os.path.join(self.batch_dir, "events.txt"), "")
+        events_path = os.path.join(self.batch_dir, "events.json")
         try:
             events_listing = events_future.result()
-            events = events_listing.items
-            write_json(os.path.join(self.batch_dir, "events.json"), {
-                "apiVersion": "v1", "kind": "EventList",
-                "metadata": {"resourceVersion": events_listing.resource_version or ""}, "items": events})
+            events = events_listing.events() if isinstance(events_listing, EventStore) else events_listing.items
+            write_events(events_path, events_listing, events, events_listing.resource_version or "")
         except DemoError as error:
+            events_listing = None
             problems.append(f"events: {error}")
             events = []
         if table_future is None:
@@ -3751,7 +4044,7 @@ class BatchEvidence:
         if len(batches) > 1 and events:
             # The namespace's events cover every batch so far; each batch keeps its own.
             events = batch_events(events, job, pods, first=follower.job_name == batches[0])
-            write_json(os.path.join(self.batch_dir, "events.json"), list_manifest(events))
+            write_events(events_path, events_listing, events, None)
             write_text(os.path.join(self.batch_dir, "events.txt"), events_table(events))
         write_json(os.path.join(self.batch_dir, "observed.json"), follower.observations())
         for line in summarised_problems(problems):

@@ -48,6 +48,7 @@ import heapq
 import http.server
 import json
 import os
+import queue
 import random
 import re
 import select
@@ -1547,6 +1548,87 @@ def check_faults(faults: dict) -> None:
             raise ValueError("fault %s takes seconds or {resource: seconds}, not %r" % (name, value))
 
 
+class Faults:
+    """The faults in force, validated when set, and the one rule for whom each applies to.
+
+    A fault that names pods applies to every pod when it is True, else to the pods whose
+    creation index (0, 1, ...) it lists, as a list or as a dict's keys; a dict's value is that
+    pod's setting. A fault measured in seconds may override a timing, and a read-path fault may
+    give its seconds per resource.
+    """
+
+    def __init__(self, values: Optional[dict] = None):
+        values = clone(values or {})
+        check_faults(values)
+        check_lightweight(values.get("lightweight_kubelet"))
+        self._values: Dict[str, Any] = values
+        self._lock = threading.Lock()
+        now = time.time()
+        self.set_at: Dict[str, float] = {name: now for name in values}
+
+    def set(self, **values: Any) -> None:
+        """Set faults (None clears one), noting when: a stall runs from the moment it is set."""
+        check_faults(values)
+        check_lightweight(values.get("lightweight_kubelet"))
+        with self._lock:
+            for name, value in values.items():
+                self.set_at[name] = time.time()
+                if value is None:
+                    self._values.pop(name, None)
+                else:
+                    self._values[name] = clone(value)
+
+    def value(self, name: str) -> Any:
+        """The fault's value as set, None when it is not set."""
+        return self._values.get(name)
+
+    def on(self, name: str) -> bool:
+        return bool(self._values.get(name))
+
+    def applies(self, name: str, pod_index: Optional[int]) -> bool:
+        """Does the fault hit the pod created `pod_index`-th (None: a pod the emulator did not number)?"""
+        value = self._values.get(name)
+        if value is True:
+            return True
+        return pod_index is not None and pod_index in self._indexes(value)
+
+    def for_pod(self, name: str, pod_index: Optional[int]) -> Any:
+        """The setting a per-pod fault given as {index: setting} holds for this pod, else None."""
+        value = self._values.get(name)
+        if not isinstance(value, dict) or pod_index is None:
+            return None
+        return {int(k): v for k, v in value.items()}.get(pod_index)
+
+    @staticmethod
+    def _indexes(value: Any) -> Set[int]:
+        if isinstance(value, (dict, list, tuple, set)):
+            return {int(x) for x in value}
+        return set()
+
+    def timing(self, name: str, default: float, resource: Optional[str] = None) -> float:
+        """The seconds the fault sets (for `resource`, when it names resources), else `default`."""
+        value = self._values.get(name)
+        if isinstance(value, dict):
+            value = value.get(resource)
+        return default if value is None else float(value)
+
+    def lightweight(self) -> Optional[Dict[str, float]]:
+        """The lightweight kubelet's timing when it is selected (scale tests only), else None."""
+        value = self._values.get("lightweight_kubelet")
+        if not value:
+            return None
+        return dict(LIGHTWEIGHT_TIMING, **(value if isinstance(value, dict) else {}))
+
+    def take_request_error(self, request: str) -> Optional[int]:
+        """The status the request (path and query) fails with under api_errors, counting it, else None."""
+        with self._lock:
+            errors = self._values.get("api_errors")
+            if not errors or errors.get("count", 0) <= 0 or (errors.get("match") or "") not in request:
+                return None
+            errors["count"] -= 1
+            return int(errors.get("status", 503))
+
+
 def encode_continue(rv: int, key: Tuple[str, str], snapshot: str = "") -> str:
     token: Dict[str, Any] = {"rv": rv, "start": list(key)}
     if snapshot:
@@ -1589,8 +1671,6 @@ class ReadPath:
         self.times: List[float] = []
         self.rvs: List[int] = []
         self.base_rv = emu.store.rv
-        now = time.time()
-        self.fault_set_at: Dict[str, float] = {name: now for name in emu.faults}
         self.snapshots: Dict[str, Tuple[float, List[dict]]] = {}
         self.lock = threading.Lock()
         emu.store.listeners.append(self.on_store_event)
@@ -1606,22 +1686,17 @@ class ReadPath:
             del self.times[:drop]
             del self.rvs[:drop]
 
-    def seconds(self, fault: str, store: str, default: float = 0.0) -> float:
-        value = self.emu.faults.get(fault)
-        if isinstance(value, dict):
-            value = value.get(store)
-        return default if value is None else float(value)
-
     def timing(self, key: str) -> float:
         return float(self.emu.timing.get(key, READ_PATH_TIMING[key]))
 
     def cache_rv(self, store: str) -> int:
         """The resourceVersion the watch cache of `store` has reached."""
         now = time.time()
-        delay = self.seconds("watch_delay", store)
+        faults = self.emu.faults
+        delay = faults.timing("watch_delay", 0.0, store)
         view = now - delay
-        stall = self.seconds("watch_stall", store)
-        since = self.fault_set_at.get("watch_stall", 0.0)
+        stall = faults.timing("watch_stall", 0.0, store)
+        since = faults.set_at.get("watch_stall", 0.0)
         if stall and since <= now < since + stall:
             view = min(view, since - delay)
         with self.emu.store.lock:
@@ -1643,7 +1718,7 @@ class ReadPath:
     # -- lists --------------------------------------------------------------
     def before_list(self, info: "ResourceInfo", query: Dict[str, str]) -> None:
         """A slow list's delay, the ListOptions rules, and waiting for a NotOlderThan version."""
-        latency = self.seconds("list_latency", info.store)
+        latency = self.emu.faults.timing("list_latency", 0.0, info.store)
         if latency > 0:
             limit = parse_go_duration(query.get("timeout"))
             if limit is not None and limit < latency:
@@ -1703,7 +1778,7 @@ class ReadPath:
                 snapshot = data.get("snap", "")
                 with self.lock:
                     kept = self.snapshots.get(snapshot)
-                ttl = self.seconds("continue_ttl", info.store, self.timing("continue_ttl"))
+                ttl = self.emu.faults.timing("continue_ttl", self.timing("continue_ttl"), info.store)
                 if kept is None or time.time() - kept[0] > ttl or data["rv"] < self.emu.store.compacted_rv:
                     raise ExpiredContinue(encode_continue(-1, data["start"]))
                 items, rv = kept[1], str(data["rv"])
@@ -1727,6 +1802,110 @@ class ReadPath:
         # etcd counts what is left only when nothing is filtered out
         unfiltered = not query.get("labelSelector") and not query.get("fieldSelector")
         return page, rv, cont, (len(items) - start - limit) if unfiltered else None
+
+
+def to_version(info: ResourceInfo, obj: dict) -> dict:
+    """Stored (canonical) object -> the representation of ``info``'s group/version."""
+    if info.group == "events.k8s.io":
+        return core_event_to_v1(obj)
+    obj = dict(obj)
+    obj["kind"], obj["apiVersion"] = info.kind, info.api_version
+    # JSON field order like the real server: kind/apiVersion first
+    return dict([("kind", obj.pop("kind")), ("apiVersion", obj.pop("apiVersion"))] + list(obj.items()))
+
+
+class WatchView:
+    """What one watch shows its client: the objects its namespace and selectors match, which of
+    them the client has seen, and how each event is written (the object, its metadata or a Table)."""
+
+    def __init__(self, api: "ApiServer", info: ResourceInfo, ns: Optional[str], query: Dict[str, str],
+                 accept: str):
+        self.api = api
+        self.info = info
+        self.query = query
+        self.ns_filter = ns if info.namespaced else None
+        self.lsel = LabelSelector(query.get("labelSelector", ""))
+        self.fsel = FieldSelector(query.get("fieldSelector", ""))
+        self.mode = api.wants(accept)
+        self.first_table = True
+        self.seen: Set[Tuple[str, str]] = set()  # (namespace, name) the client holds
+
+    def matches(self, obj: dict) -> bool:
+        if self.ns_filter and obj["metadata"].get("namespace") != self.ns_filter:
+            return False
+        return self.lsel.matches(obj["metadata"].get("labels")) and self.fsel.matches(obj)
+
+    def start(self, rv_param: str, send_initial: bool) -> Tuple[List[dict], int, bool]:
+        """The initial objects to send, the resourceVersion to follow from, and whether that one is
+        compacted away (410)."""
+        store = self.api.store
+        initial: List[dict] = []
+        with store.lock:
+            if send_initial or rv_param in ("", "0"):
+                objs, cursor = store.list(self.info.store, self.ns_filter)
+                initial = [o for o in objs if self.matches(o)]
+                for o in initial:
+                    self.seen.add((o["metadata"].get("namespace", ""), o["metadata"]["name"]))
+                return initial, cursor, False
+            try:
+                cursor = int(rv_param)
+            except ValueError:
+                raise err_bad_request('invalid resource version "%s"' % rv_param)
+            if cursor < store.compacted_rv:
+                return [], cursor, True
+            objs, _ = store.list(self.info.store, self.ns_filter)
+            for o in objs:
+                if self.matches(o) and int(o["metadata"]["resourceVersion"]) <= cursor:
+                    self.seen.add((o["metadata"].get("namespace", ""), o["metadata"]["name"]))
+            return [], cursor, False
+
+    def translate(self, events: List[Tuple[int, str, str, dict]]) -> bytes:
+        """The store's events as this client sees them: an object that comes to match is ADDED, one
+        that stops matching is DELETED."""
+        out = bytearray()
+        for _, etype, sname, obj in events:
+            if sname != self.info.store:
+                continue
+            key = (obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
+            ok = self.matches(obj)
+            if etype == "ADDED":
+                if ok:
+                    self.seen.add(key)
+                    out += self.encode("ADDED", obj)
+            elif etype == "MODIFIED":
+                if ok:
+                    out += self.encode("MODIFIED" if key in self.seen else "ADDED", obj)
+                    self.seen.add(key)
+                elif key in self.seen:
+                    self.seen.discard(key)
+                    out += self.encode("DELETED", obj)
+            elif etype == "DELETED":
+                if key in self.seen or ok:
+                    self.seen.discard(key)
+                    out += self.encode("DELETED", obj)
+        return bytes(out)
+
+    def encode(self, etype: str, obj: dict) -> bytes:
+        if etype in ("BOOKMARK", "ERROR"):
+            o = obj
+        elif self.mode == "table":
+            o = self.api.table(self.info, [obj], self.query, obj["metadata"]["resourceVersion"],
+                               headers=self.first_table)
+            self.first_table = False
+        elif self.mode == "metadata":
+            o = {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]}
+        else:
+            o = to_version(self.info, obj)
+        return json.dumps({"type": etype, "object": o}, separators=(",", ":")).encode() + b"\n"
+
+    def bookmark(self, rv: int, initial_end: bool = False) -> bytes:
+        md: Dict[str, Any] = {"resourceVersion": str(rv), "creationTimestamp": None}
+        if initial_end:
+            md["annotations"] = {"k8s.io/initial-events-end": "true"}
+        kind = self.info.kind if self.mode != "table" else "Table"
+        api = self.info.api_version if self.mode != "table" else "meta.k8s.io/v1"
+        return json.dumps({"type": "BOOKMARK", "object": {"kind": kind, "apiVersion": api, "metadata": md}},
+                          separators=(",", ":")).encode() + b"\n"
 
 
 class ApiServer:
@@ -1794,7 +1973,7 @@ class ApiServer:
     def _faults_then_route(self, h: _Handler, path: str, query: Dict[str, str], body: bytes,
                            is_watch: bool) -> int:
         faults = self.emu.faults
-        latency = float(faults.get("api_latency") or 0)
+        latency = faults.timing("api_latency", 0.0)
         if latency > 0:
             limit = parse_go_duration(query.get("timeout")) if not is_watch else None
             if limit is not None and limit < latency:
@@ -1802,7 +1981,7 @@ class ApiServer:
                 raise ApiError(504, "Timeout", "Timeout: request did not complete within requested timeout "
                                                "- context deadline exceeded", {})
             time.sleep(latency)
-        for resource in faults.get("forbidden") or ():
+        for resource in faults.value("forbidden") or ():
             # RBAC without a grant for this resource (core group, cluster scope), as the real message reads.
             found = re.search(r"^/api/v1/%s(?:/([^/]+))?$" % re.escape(resource), path)
             if found:
@@ -1813,27 +1992,18 @@ class ApiServer:
                                               verb, resource))
                 return self.send_json(h, 403, ApiError(403, "Forbidden", message,
                                                        {"kind": resource}).status())
-        errs = faults.get("api_errors")
-        if errs:
-            with self.emu._req_lock:
-                match = errs.get("match") or ""
-                full = path + ("?" + "&".join("%s=%s" % kv for kv in query.items()) if query else "")
-                if errs.get("count", 0) > 0 and match in full:
-                    errs["count"] -= 1
-                    fire = True
-                else:
-                    fire = False
-            if fire:
-                code = int(errs.get("status", 503))
-                reason, msg = {
-                    500: ("InternalError", 'an error on the server ("") has prevented the request from succeeding'),
-                    503: ("ServiceUnavailable", "the server is currently unable to handle the request"),
-                    504: ("Timeout", "the server was unable to return a response in the time allotted, "
-                                     "but may still be processing the request"),
-                    429: ("TooManyRequests", "the server has received too many requests and has asked us "
-                                             "to try again later"),
-                }.get(code, ("InternalError", "an error on the server has prevented the request from succeeding"))
-                return self.send_json(h, code, ApiError(code, reason, msg, {}).status())
+        code = faults.take_request_error(path + ("?" + "&".join("%s=%s" % kv for kv in query.items())
+                                                 if query else ""))
+        if code is not None:
+            reason, msg = {
+                500: ("InternalError", 'an error on the server ("") has prevented the request from succeeding'),
+                503: ("ServiceUnavailable", "the server is currently unable to handle the request"),
+                504: ("Timeout", "the server was unable to return a response in the time allotted, "
+                                 "but may still be processing the request"),
+                429: ("TooManyRequests", "the server has received too many requests and has asked us "
+                                         "to try again later"),
+            }.get(code, ("InternalError", "an error on the server has prevented the request from succeeding"))
+            return self.send_json(h, code, ApiError(code, reason, msg, {}).status())
         return self.route(h, path, query, body, is_watch)
 
     def send_json(self, h: _Handler, code: int, obj: Any, headers: Optional[Dict[str, str]] = None,
@@ -2045,7 +2215,7 @@ class ApiServer:
                 raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the "
                                                         "requested resource", {})
             body_obj = self.decode_body(h, body)
-            obj, warnings = emu.api_create(info, ns, body_obj, query)
+            obj, warnings = emu.writes.api_create(info, ns, body_obj, query)
             headers = {"Warning": ", ".join('299 - "%s"' % w.replace('"', '\\"') for w in warnings)} \
                 if warnings else None
             return self.send_json(h, 201, self.render_single(info, obj, accept, query), headers)
@@ -2054,7 +2224,7 @@ class ApiServer:
                 raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the "
                                                         "requested resource", {})
             body_obj = self.decode_body(h, body)
-            obj = emu.api_update(info, ns, name, sub, body_obj, query)
+            obj = emu.writes.api_update(info, ns, name, sub, body_obj, query)
             return self.send_json(h, 200, self.render_single(info, obj, accept, query))
         if method == "PATCH":
             if name is None:
@@ -2065,7 +2235,7 @@ class ApiServer:
                 patch = json.loads(body or b"null")
             except ValueError as e:
                 raise err_bad_request("error decoding patch: %s" % e)
-            obj = emu.api_patch(info, ns, name, sub, ctype, patch, query)
+            obj = emu.writes.api_patch(info, ns, name, sub, ctype, patch, query)
             return self.send_json(h, 200, self.render_single(info, obj, accept, query))
         if method == "DELETE":
             opts: Dict[str, Any] = {}
@@ -2084,12 +2254,12 @@ class ApiServer:
                 items = self.list_objects(info, ns, query)
                 for it in items:
                     try:
-                        emu.api_delete(info, it["metadata"].get("namespace"), it["metadata"]["name"], opts)
+                        emu.writes.api_delete(info, it["metadata"].get("namespace"), it["metadata"]["name"], opts)
                     except ApiError:
                         pass
                 return self.send_json(h, 200, {"kind": "Status", "apiVersion": "v1", "metadata": {},
                                                "status": "Success"})
-            code, out = emu.api_delete(info, ns, name, opts)
+            code, out = emu.writes.api_delete(info, ns, name, opts)
             if out.get("kind") != "Status":
                 out = self.render_single(info, out, accept, query)
             return self.send_json(h, code, out)
@@ -2126,15 +2296,6 @@ class ApiServer:
         return [o for o in objs if lsel.matches(o["metadata"].get("labels")) and fsel.matches(o)]
 
     # -- rendering --------------------------------------------------------
-    def to_version(self, info: ResourceInfo, obj: dict) -> dict:
-        """Stored (canonical) object -> the representation of ``info``'s group/version."""
-        if info.group == "events.k8s.io":
-            return core_event_to_v1(obj)
-        obj = dict(obj)
-        obj["kind"], obj["apiVersion"] = info.kind, info.api_version
-        # JSON field order like the real server: kind/apiVersion first
-        return dict([("kind", obj.pop("kind")), ("apiVersion", obj.pop("apiVersion"))] + list(obj.items()))
-
     @staticmethod
     def wants(accept: str) -> str:
         if "as=Table" in accept:
@@ -2149,7 +2310,7 @@ class ApiServer:
             return self.table(info, [obj], query, str(obj["metadata"].get("resourceVersion", "")))
         if mode == "metadata":
             return {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]}
-        return self.to_version(info, obj)
+        return to_version(info, obj)
 
     def table(self, info: ResourceInfo, objs: List[dict], query: Dict[str, str], rv: str,
               cont: Optional[str] = None, headers: bool = True) -> dict:
@@ -2159,7 +2320,7 @@ class ApiServer:
         for o in objs:
             row: Dict[str, Any] = {"cells": table_row(info.store, o, now)}
             if include == "Object":
-                row["object"] = self.to_version(info, o)
+                row["object"] = to_version(info, o)
             elif include != "None":
                 row["object"] = {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
                                  "metadata": o["metadata"]}
@@ -2192,7 +2353,7 @@ class ApiServer:
                                "metadata": o["metadata"]} for o in page]}
         out_items = []
         for o in page:
-            v = self.to_version(info, o)
+            v = to_version(info, o)
             v.pop("kind", None)
             v.pop("apiVersion", None)
             out_items.append(v)
@@ -2202,9 +2363,7 @@ class ApiServer:
     def watch(self, h: _Handler, info: ResourceInfo, ns: Optional[str], query: Dict[str, str], accept: str) -> int:
         emu = self.emu
         store = self.store
-        lsel = LabelSelector(query.get("labelSelector", ""))
-        fsel = FieldSelector(query.get("fieldSelector", ""))
-        mode = self.wants(accept)
+        view = WatchView(self, info, ns, query, accept)
         bookmarks = query.get("allowWatchBookmarks") in ("true", "1", "True")
         send_initial = query.get("sendInitialEvents") in ("true", "1", "True")
         rv_param = query.get("resourceVersion", "")
@@ -2216,68 +2375,20 @@ class ApiServer:
         if query.get("timeoutSeconds"):
             timeout = float(query["timeoutSeconds"])
         deadline = time.time() + (timeout if timeout is not None else 1800 + random.random() * 1800)
-        ns_filter = ns if info.namespaced else None
-
-        def matches(obj: dict) -> bool:
-            if ns_filter and obj["metadata"].get("namespace") != ns_filter:
-                return False
-            return lsel.matches(obj["metadata"].get("labels")) and fsel.matches(obj)
-
-        first_table = [True]
-
-        def encode(etype: str, obj: dict) -> bytes:
-            if etype in ("BOOKMARK", "ERROR"):
-                o = obj
-            elif mode == "table":
-                o = self.table(info, [obj], query, obj["metadata"]["resourceVersion"], headers=first_table[0])
-                first_table[0] = False
-            elif mode == "metadata":
-                o = {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]}
-            else:
-                o = self.to_version(info, obj)
-            return json.dumps({"type": etype, "object": o}, separators=(",", ":")).encode() + b"\n"
-
-        def bookmark(rv: int, initial_end: bool = False) -> bytes:
-            md: Dict[str, Any] = {"resourceVersion": str(rv), "creationTimestamp": None}
-            if initial_end:
-                md["annotations"] = {"k8s.io/initial-events-end": "true"}
-            kind = info.kind if mode != "table" else "Table"
-            api = info.api_version if mode != "table" else "meta.k8s.io/v1"
-            return json.dumps({"type": "BOOKMARK", "object": {"kind": kind, "apiVersion": api, "metadata": md}},
-                              separators=(",", ":")).encode() + b"\n"
-
-        visible: Set[Tuple[str, str]] = set()
-        initial: List[dict] = []
-        with store.lock:
-            if send_initial or rv_param in ("", "0"):
-                objs, cursor = store.list(info.store, ns_filter)
-                initial = [o for o in objs if matches(o)]
-                for o in initial:
-                    visible.add((o["metadata"].get("namespace", ""), o["metadata"]["name"]))
-            else:
-                try:
-                    cursor = int(rv_param)
-                except ValueError:
-                    raise err_bad_request('invalid resource version "%s"' % rv_param)
-                expired = cursor < store.compacted_rv
-                if not expired:
-                    objs, _ = store.list(info.store, ns_filter)
-                    for o in objs:
-                        if matches(o) and int(o["metadata"]["resourceVersion"]) <= cursor:
-                            visible.add((o["metadata"].get("namespace", ""), o["metadata"]["name"]))
+        initial, cursor, expired = view.start(rv_param, send_initial)
         self.start_chunked(h, "application/json")
         gen = self.generation
         try:
-            if not send_initial and rv_param not in ("", "0") and expired:
+            if expired:
                 emu.watches_expired += 1
                 err = ApiError(410, "Expired", "too old resource version: %s (%d)" % (rv_param, store.compacted_rv))
-                self.write_chunk(h, encode("ERROR", err.status()))
+                self.write_chunk(h, view.encode("ERROR", err.status()))
                 self.end_chunked(h)
                 return 200
             for o in initial:
-                self.write_chunk(h, encode("ADDED", o))
+                self.write_chunk(h, view.encode("ADDED", o))
             if send_initial and bookmarks:
-                self.write_chunk(h, bookmark(cursor, initial_end=True))
+                self.write_chunk(h, view.bookmark(cursor, initial_end=True))
             last_bookmark = time.time()
             interval = float(emu.timing["bookmark_interval"])
             while True:
@@ -2296,37 +2407,18 @@ class ApiServer:
                         store.cond.wait(min(0.5, max(0.01, deadline - now)))
                         events = store.events_since(cursor) if cursor >= store.compacted_rv else []
                 if events is None:
-                    self.write_chunk(h, encode("ERROR", err.status()))
+                    self.write_chunk(h, view.encode("ERROR", err.status()))
                     break
                 events, held = emu.reads.visible(info.store, events)
                 if held and not events:
                     time.sleep(0.05)  # the watch cache has not taken these in yet
-                out = bytearray()
-                for rv, etype, sname, obj in events:
-                    cursor = rv
-                    if sname != info.store:
-                        continue
-                    key = (obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
-                    ok = matches(obj)
-                    if etype == "ADDED":
-                        if ok:
-                            visible.add(key)
-                            out += encode("ADDED", obj)
-                    elif etype == "MODIFIED":
-                        if ok:
-                            out += encode("MODIFIED" if key in visible else "ADDED", obj)
-                            visible.add(key)
-                        elif key in visible:
-                            visible.discard(key)
-                            out += encode("DELETED", obj)
-                    elif etype == "DELETED":
-                        if key in visible or ok:
-                            visible.discard(key)
-                            out += encode("DELETED", obj)
+                if events:
+                    cursor = events[-1][0]
+                out = view.translate(events)
                 if out:
-                    self.write_chunk(h, bytes(out))
+                    self.write_chunk(h, out)
                 if bookmarks and time.time() - last_bookmark >= interval:
-                    self.write_chunk(h, bookmark(cursor))
+                    self.write_chunk(h, view.bookmark(cursor))
                     last_bookmark = time.time()
         except (BrokenPipeError, ConnectionResetError, OSError):
             return 200
@@ -2349,8 +2441,8 @@ class ApiServer:
         node = pod["spec"].get("nodeName")
         if not node:
             raise err_bad_request("pod %s does not have a host assigned" % name)
-        idx = emu.pod_index(pod["metadata"]["uid"])
-        if idx is not None and idx in emu.fault_set("unreadable_logs"):
+        idx = emu.truth_record.pod_index(pod["metadata"]["uid"])
+        if emu.faults.applies("unreadable_logs", idx):
             host_ip = (pod.get("status") or {}).get("hostIP") or emu.node_ip(node)
             msg = ('Get "https://%s:10250/containerLogs/%s/%s/%s": dial tcp %s:10250: connect: connection refused'
                    % (host_ip, ns, name, cname, host_ip))
@@ -2378,7 +2470,7 @@ class ApiServer:
             since = emu.api_now() - float(query["sinceSeconds"])
         elif query.get("sinceTime"):
             since = parse_time(query["sinceTime"])
-        skew = float(emu.faults.get("api_clock_skew") or 0)
+        skew = emu.api_skew()
 
         def render(lines: List[Tuple[float, bytes]]) -> bytes:
             out = bytearray()
@@ -2547,6 +2639,30 @@ def pod_terminal(pod: dict) -> bool:
 # Job controller
 # --------------------------------------------------------------------------
 
+class JobSync:
+    """One pass of the Job controller over one Job: what it read and what it has counted so far."""
+
+    def __init__(self, job: dict, pods: List[dict], now: float):
+        self.job = job
+        md = job["metadata"]
+        self.ns, self.name, self.uid = md["namespace"], md["name"], md["uid"]
+        self.spec: dict = job.get("spec") or {}
+        self.status: dict = clone(job.get("status") or {})
+        self.conds: List[dict] = self.status.setdefault("conditions", [])
+        self.now = now
+        self.pods = pods
+        self.indexed = self.spec.get("completionMode") == "Indexed"
+        self.per_index = self.indexed and self.spec.get("backoffLimitPerIndex") is not None
+        self.done_idx: Set[int] = set(parse_index_list(self.status.get("completedIndexes", "")))
+        self.failed_idx: Set[int] = set(parse_index_list(self.status.get("failedIndexes") or ""))
+        self.fail_job_message: Optional[str] = None  # a pod failure policy's FailJob rule matched
+        self.succeeded = 0
+        self.failed = 0
+        self.active = [p for p in pods if not pod_terminal(p) and not p["metadata"].get("deletionTimestamp")]
+        self.terminating = [p for p in pods if not pod_terminal(p) and p["metadata"].get("deletionTimestamp")]
+        self.ready = sum(1 for p in self.active if cond_true((p.get("status") or {}).get("conditions"), "Ready"))
+
+
 class JobController(Controller):
     """batch/v1 Job controller (NonIndexed and Indexed completion modes)."""
 
@@ -2569,7 +2685,7 @@ class JobController(Controller):
         elif store == "pods":
             ref = controller_ref(obj)
             if ref and ref.get("kind") == "Job":
-                self.queue.add((md.get("namespace", ""), ref["name"]), self.emu.t("job_status_lag"))
+                self.queue.add((md.get("namespace", ""), ref["name"]), self._status_lag())
                 if etype != "DELETED" and JOB_TRACKING_FINALIZER in (md.get("finalizers") or []) \
                         and self.store.by_uid(ref.get("uid", "")) is None:
                     self.queue.add(("orphan", md.get("namespace", ""), md["name"]), 0.0)
@@ -2577,15 +2693,17 @@ class JobController(Controller):
     def resync(self) -> None:
         self.resync_orphans()
         for j in self.store.list_raw("jobs"):
-            self.queue.add((j["metadata"]["namespace"], j["metadata"]["name"]), self.emu.t("job_status_lag"))
+            self.queue.add((j["metadata"]["namespace"], j["metadata"]["name"]), self._status_lag())
+
+    def _status_lag(self) -> float:
+        return self.emu.faults.timing("job_status_lag", self.emu.t("job_status_lag"))
 
     # ---------------------------------------------------------------
     def sync(self, key: Tuple) -> None:
         if key[0] == "orphan":
             self._sync_orphan_pod(key[1], key[2])
             return
-        emu = self.emu
-        stalled = emu.faults.get("job_controller_stalled")
+        stalled = self.emu.faults.value("job_controller_stalled")
         if stalled is True:
             return  # kube-controller-manager down: no pods, no conditions, no deadline
         ns, name = key
@@ -2593,26 +2711,24 @@ class JobController(Controller):
         if job is None:
             return
         uid = job["metadata"]["uid"]
-        spec = job.get("spec") or {}
-        status = clone(job.get("status") or {})
-        conds: List[dict] = status.setdefault("conditions", [])
-        new_ver = emu.v >= (1, 31)
-        now = emu.api_now()
         pods = [p for p in self.store.list_raw("pods", ns)
                 if any(r.get("uid") == uid and r.get("controller") for r in owner_refs(p))]
         if stalled and len(pods) >= int(stalled):
             return  # stalls once it has made this many pods: they run on, the Job stays unfinished
-        counted = self.counted.setdefault(uid, set())
-        indexed = spec.get("completionMode") == "Indexed"
-        done_idx: Set[int] = set(parse_index_list(status.get("completedIndexes", "")))
-        per_index = indexed and spec.get("backoffLimitPerIndex") is not None
-        failed_idx: Set[int] = set(parse_index_list(status.get("failedIndexes") or ""))
-        policy = spec.get("podFailurePolicy")
-        fail_job_message: Optional[str] = None
+        js = JobSync(job, pods, self.emu.api_now())
+        self._account_finished(js)
+        if not (cond_true(js.conds, "Complete") or cond_true(js.conds, "Failed")):
+            self._advance(key, js)
+        self._write_status(js)
 
-        # 1. account finished pods and drop their tracking finalizers
+    def _account_finished(self, js: "JobSync") -> None:
+        """Count the finished pods not yet counted (by the pod failure policy, if any) and drop their
+        tracking finalizers."""
+        emu, spec, uid = self.emu, js.spec, js.uid
+        counted = self.counted.setdefault(uid, set())
+        policy = spec.get("podFailurePolicy")
         new_succ = new_fail = 0
-        for p in pods:
+        for p in js.pods:
             pmd = p["metadata"]
             phase = (p.get("status") or {}).get("phase")
             finished = phase in ("Succeeded", "Failed") or bool(pmd.get("deletionTimestamp"))
@@ -2622,127 +2738,135 @@ class JobController(Controller):
                 counted.add(pmd["uid"])
                 if phase == "Succeeded":
                     new_succ += 1
-                    if indexed:
-                        done_idx.add(int((pmd.get("annotations") or {}).get(
+                    if js.indexed:
+                        js.done_idx.add(int((pmd.get("annotations") or {}).get(
                             "batch.kubernetes.io/job-completion-index", "0")))
-                elif policy is None and not per_index and pmd["uid"] in emu.replaced_uids:
+                elif policy is None and not js.per_index and pmd["uid"] in emu.replaced_uids:
                     pass  # replace_pod fault: treated like podFailurePolicy Ignore on DisruptionTarget
-                elif policy is not None or per_index:
+                elif policy is not None or js.per_index:
                     message, count_failed, action = match_pod_failure_policy(policy, p)
-                    if action == "FailJob" and fail_job_message is None:
-                        fail_job_message = message
+                    if action == "FailJob" and js.fail_job_message is None:
+                        js.fail_job_message = message
                     if count_failed:
                         new_fail += 1
                         self.last_failure[uid] = time.time()
-                    if per_index:
+                    if js.per_index:
                         ix = int((pmd.get("annotations") or {}).get(
                             "batch.kubernetes.io/job-completion-index", "0"))
                         fails, ignored = index_failure_counts(p)
                         if action == "FailIndex" or (count_failed and fails >= spec["backoffLimitPerIndex"]):
-                            failed_idx.add(ix)
+                            js.failed_idx.add(ix)
                         self.index_failures[(uid, ix)] = (fails + 1, ignored, time.time()) if count_failed \
                             else (fails, ignored + 1, self.index_failures.get((uid, ix), (0, 0, 0.0))[2])
                 else:
                     new_fail += 1
                     self.last_failure[uid] = time.time()
             if JOB_TRACKING_FINALIZER in (pmd.get("finalizers") or []):
-                self.store.update("pods", ns, pmd["name"], _drop_finalizer(JOB_TRACKING_FINALIZER))
-        succeeded = status.get("succeeded", 0) + new_succ
-        failed = status.get("failed", 0) + new_fail
-        if indexed:
-            succeeded = len(done_idx)
+                self.store.update("pods", js.ns, pmd["name"], _drop_finalizer(JOB_TRACKING_FINALIZER))
+        js.succeeded = len(js.done_idx) if js.indexed else js.status.get("succeeded", 0) + new_succ
+        js.failed = js.status.get("failed", 0) + new_fail
 
-        active = [p for p in pods if not pod_terminal(p) and not p["metadata"].get("deletionTimestamp")]
-        terminating = [p for p in pods if not pod_terminal(p) and p["metadata"].get("deletionTimestamp")]
-        ready = sum(1 for p in active if cond_true((p.get("status") or {}).get("conditions"), "Ready"))
-
-        finished = cond_true(conds, "Complete") or cond_true(conds, "Failed")
-        if not finished:
-            if not status.get("startTime") and not spec.get("suspend"):
-                status["startTime"] = fmt_time(now)
-            completions = spec.get("completions")
-            parallelism = spec.get("parallelism", 1)
-            if cond_true(conds, "FailureTarget"):
-                self._delete_pods(job, active)
-                if not active and not terminating:
-                    ft = find_condition(conds, "FailureTarget") or {}
-                    self._finish(job, conds, "Failed", ft.get("reason"), ft.get("message"), status)
-            elif cond_true(conds, "SuccessCriteriaMet"):
-                self._delete_pods(job, active)
-                if not active and not terminating:
-                    self._finish(job, conds, "Complete", "CompletionsReached", self.COMPLETE_MSG, status)
+    def _advance(self, key: Tuple, js: "JobSync") -> None:
+        """An unfinished Job: finish it once its pods are gone, mark success or failure, or make pods."""
+        spec, status, conds, job = js.spec, js.status, js.conds, js.job
+        if not status.get("startTime") and not spec.get("suspend"):
+            status["startTime"] = fmt_time(js.now)
+        if cond_true(conds, "FailureTarget"):
+            self._delete_pods(job, js.active)
+            if not js.active and not js.terminating:
+                ft = find_condition(conds, "FailureTarget") or {}
+                self._finish(job, conds, "Failed", ft.get("reason"), ft.get("message"), status)
+            return
+        if cond_true(conds, "SuccessCriteriaMet"):
+            self._delete_pods(job, js.active)
+            if not js.active and not js.terminating:
+                self._finish(job, conds, "Complete", "CompletionsReached", self.COMPLETE_MSG, status)
+            return
+        completions = spec.get("completions")
+        fail_reason, fail_msg = self._failure(js)
+        if completions is not None:
+            success = js.succeeded >= completions
+        else:
+            success = js.succeeded > 0 and not js.active
+        new_ver = self.emu.v >= (1, 31)
+        if fail_reason:
+            js.active = self._delete_pods(job, js.active) or []
+            if new_ver:
+                set_condition(conds, condition("FailureTarget", "True", js.now, fail_reason, fail_msg, probe=True))
+                self.emu.truth_record.note("jobs", "%s/%s" % key, "failure_target")
+                self.queue.add(key, 0.05)
             else:
-                ads = spec.get("activeDeadlineSeconds")
-                start = parse_time(status.get("startTime"))
-                fail_reason = fail_msg = None
-                if fail_job_message is not None:
-                    fail_reason, fail_msg = "PodFailurePolicy", fail_job_message
-                elif ads is not None and start is not None and now - start >= ads:
-                    fail_reason, fail_msg = "DeadlineExceeded", "Job was active longer than specified deadline"
-                elif failed > spec.get("backoffLimit", 6):
-                    fail_reason, fail_msg = "BackoffLimitExceeded", "Job has reached the specified backoff limit"
-                elif per_index and spec.get("maxFailedIndexes") is not None \
-                        and len(failed_idx) > spec["maxFailedIndexes"]:
-                    fail_reason, fail_msg = ("MaxFailedIndexesExceeded",
-                                             "Job has exceeded the specified maximal number of failed indexes")
-                elif per_index and failed_idx and len(failed_idx) + len(done_idx) >= (completions or 0):
-                    fail_reason, fail_msg = "FailedIndexes", "Job has failed indexes"
-                success = False
-                if completions is not None:
-                    success = succeeded >= completions
-                else:
-                    success = succeeded > 0 and not active
-                if fail_reason:
-                    active = self._delete_pods(job, active) or []
-                    if new_ver:
-                        set_condition(conds, condition("FailureTarget", "True", now, fail_reason, fail_msg, probe=True))
-                        emu.truth_set("jobs", "%s/%s" % (ns, name), "failure_target")
-                        self.queue.add(key, 0.05)
-                    else:
-                        self._finish(job, conds, "Failed", fail_reason, fail_msg, status)
-                elif success:
-                    if new_ver:
-                        set_condition(conds, condition("SuccessCriteriaMet", "True", now, "CompletionsReached",
-                                                       self.COMPLETE_MSG, probe=True))
-                        emu.truth_set("jobs", "%s/%s" % (ns, name), "success_criteria_met")
-                        self.queue.add(key, 0.05)
-                    else:
-                        self._finish(job, conds, "Complete", None, None, status)
-                elif not spec.get("suspend") and not job["metadata"].get("deletionTimestamp"):
-                    if completions is None:
-                        want = parallelism if succeeded == 0 else 0
-                    else:
-                        want = min(parallelism, completions - succeeded)
-                    if spec.get("podReplacementPolicy") == "Failed":
-                        want -= len(terminating)
-                    need = want - len(active)
-                    if per_index:
-                        want = min(parallelism, (completions or 0) - succeeded - len(failed_idx))
-                        if spec.get("podReplacementPolicy") == "Failed":
-                            want -= len(terminating)
-                        need = want - len(active)
-                    if need > 0:
-                        self._create_pods(job, need, active, done_idx, failed,
-                                          failed_idx if per_index else None)
-        # 2. write status
-        status["active"] = len(active)
-        status["ready"] = ready
-        status["succeeded"] = succeeded
-        status["failed"] = failed
-        if emu.v >= (1, 29):
-            status["terminating"] = len(terminating)
+                self._finish(job, conds, "Failed", fail_reason, fail_msg, status)
+        elif success:
+            if new_ver:
+                set_condition(conds, condition("SuccessCriteriaMet", "True", js.now, "CompletionsReached",
+                                               self.COMPLETE_MSG, probe=True))
+                self.emu.truth_record.note("jobs", "%s/%s" % key, "success_criteria_met")
+                self.queue.add(key, 0.05)
+            else:
+                self._finish(job, conds, "Complete", None, None, status)
+        elif not spec.get("suspend") and not job["metadata"].get("deletionTimestamp"):
+            need = self._pods_wanted(js) - len(js.active)
+            if need > 0:
+                self._create_pods(job, need, js.active, js.done_idx, js.failed,
+                                  js.failed_idx if js.per_index else None)
+
+    @staticmethod
+    def _failure(js: "JobSync") -> Tuple[Optional[str], Optional[str]]:
+        """Why the Job fails now (reason, message), first match wins, else (None, None)."""
+        spec = js.spec
+        ads = spec.get("activeDeadlineSeconds")
+        start = parse_time(js.status.get("startTime"))
+        if js.fail_job_message is not None:
+            return "PodFailurePolicy", js.fail_job_message
+        if ads is not None and start is not None and js.now - start >= ads:
+            return "DeadlineExceeded", "Job was active longer than specified deadline"
+        if js.failed > spec.get("backoffLimit", 6):
+            return "BackoffLimitExceeded", "Job has reached the specified backoff limit"
+        if js.per_index and spec.get("maxFailedIndexes") is not None \
+                and len(js.failed_idx) > spec["maxFailedIndexes"]:
+            return "MaxFailedIndexesExceeded", "Job has exceeded the specified maximal number of failed indexes"
+        if js.per_index and js.failed_idx and len(js.failed_idx) + len(js.done_idx) >= (spec.get("completions") or 0):
+            return "FailedIndexes", "Job has failed indexes"
+        return None, None
+
+    @staticmethod
+    def _pods_wanted(js: "JobSync") -> int:
+        """How many pods should be active now."""
+        spec = js.spec
+        completions = spec.get("completions")
+        parallelism = spec.get("parallelism", 1)
+        if js.per_index:
+            want = min(parallelism, (completions or 0) - js.succeeded - len(js.failed_idx))
+        elif completions is None:
+            want = parallelism if js.succeeded == 0 else 0
+        else:
+            want = min(parallelism, completions - js.succeeded)
+        if spec.get("podReplacementPolicy") == "Failed":
+            want -= len(js.terminating)
+        return want
+
+    def _write_status(self, js: "JobSync") -> None:
+        """Store the counters, indexes and conditions when they changed."""
+        status = js.status
+        status["active"] = len(js.active)
+        status["ready"] = js.ready
+        status["succeeded"] = js.succeeded
+        status["failed"] = js.failed
+        if self.emu.v >= (1, 29):
+            status["terminating"] = len(js.terminating)
         status["uncountedTerminatedPods"] = {}
-        if indexed:
-            status["completedIndexes"] = format_index_list(sorted(done_idx))
-        if per_index:
-            status["failedIndexes"] = format_index_list(sorted(failed_idx))
+        if js.indexed:
+            status["completedIndexes"] = format_index_list(sorted(js.done_idx))
+        if js.per_index:
+            status["failedIndexes"] = format_index_list(sorted(js.failed_idx))
         for k in ("active", "succeeded", "failed"):
             if not status.get(k):
                 status.pop(k, None)
-        if not conds:
+        if not js.conds:
             status.pop("conditions", None)
-        if status != (job.get("status") or {}):
-            self.store.update("jobs", ns, name, lambda o: o.__setitem__("status", status))
+        if status != (js.job.get("status") or {}):
+            self.store.update("jobs", js.ns, js.name, lambda o: o.__setitem__("status", status))
 
     def _sync_orphan_pod(self, ns: str, name: str) -> None:
         """Pods whose Job is gone lose their tracking finalizer (like syncOrphanPod)."""
@@ -2770,19 +2894,19 @@ class JobController(Controller):
         key = "%s/%s" % (job["metadata"]["namespace"], job["metadata"]["name"])
         if ctype == "Complete":
             status["completionTime"] = fmt_time(now)
-            emu.truth_set("jobs", key, "complete")
-            emu.record_event(job, "Normal", "Completed", "Job completed", "job-controller")
+            emu.truth_record.note("jobs", key, "complete")
+            emu.events.record(job, "Normal", "Completed", "Job completed", "job-controller")
         else:
-            emu.truth_set("jobs", key, "failed")
-            emu.record_event(job, "Warning", reason or "Failed", message or "", "job-controller")
+            emu.truth_record.note("jobs", key, "failed")
+            emu.events.record(job, "Warning", reason or "Failed", message or "", "job-controller")
 
     def _delete_pods(self, job: dict, pods: List[dict]) -> List[dict]:
         for p in pods:
             try:
-                self.emu.api_delete(CANONICAL["pods"], p["metadata"]["namespace"], p["metadata"]["name"],
-                                    {"propagationPolicy": "Background"})
-                self.emu.record_event(job, "Normal", "SuccessfulDelete", "Deleted pod: %s" % p["metadata"]["name"],
-                                      "job-controller")
+                self.emu.writes.api_delete(CANONICAL["pods"], p["metadata"]["namespace"], p["metadata"]["name"],
+                                           {"propagationPolicy": "Background"})
+                self.emu.events.record(job, "Normal", "SuccessfulDelete", "Deleted pod: %s" % p["metadata"]["name"],
+                                       "job-controller")
             except ApiError:
                 pass
         return []
@@ -2830,18 +2954,18 @@ class JobController(Controller):
                 if ignored:
                     annotations["batch.kubernetes.io/job-index-ignored-failure-count"] = str(ignored)
             try:
-                created, _ = emu.api_create(CANONICAL["pods"], job["metadata"]["namespace"], pod,
-                                            {"fieldValidation": "Ignore"})
+                created, _ = emu.writes.api_create(CANONICAL["pods"], job["metadata"]["namespace"], pod,
+                                                   {"fieldValidation": "Ignore"})
             except ApiError as e:
                 attempts += 1
                 delay = min(emu.t("create_retry_base") * (2 ** (attempts - 1)), 10.0)
                 self.create_backoff[uid] = (time.time() + delay, attempts)
-                emu.record_event(job, "Warning", "FailedCreate", "Error creating: %s" % e.message, "job-controller")
+                emu.events.record(job, "Warning", "FailedCreate", "Error creating: %s" % e.message, "job-controller")
                 self.queue.add(key, delay)
                 return
             self.create_backoff.pop(uid, None)
-            emu.record_event(job, "Normal", "SuccessfulCreate", "Created pod: %s" % created["metadata"]["name"],
-                             "job-controller")
+            emu.events.record(job, "Normal", "SuccessfulCreate", "Created pod: %s" % created["metadata"]["name"],
+                              "job-controller")
 
     @staticmethod
     def _pod_from_template(job: dict, index: Optional[int]) -> dict:
@@ -3020,9 +3144,9 @@ class Scheduler(Controller):
         # One clock reading for the record and the event: the scheduler stamps its
         # event at the binding, so the two are the same moment.
         scheduled_at = time.time()
-        emu.truth_set("pods", "%s/%s" % (ns, name), "scheduled", scheduled_at)
-        emu.truth_set("pods", "%s/%s" % (ns, name), "node", node, raw=True)
-        emu.record_scheduler_event(new, "Successfully assigned %s/%s to %s" % (ns, name, node), scheduled_at)
+        emu.truth_record.note("pods", "%s/%s" % (ns, name), "scheduled", scheduled_at)
+        emu.truth_record.note("pods", "%s/%s" % (ns, name), "node", node, raw=True)
+        emu.events.record_scheduled(new, "Successfully assigned %s/%s to %s" % (ns, name, node), scheduled_at)
 
 
 # --------------------------------------------------------------------------
@@ -3080,8 +3204,8 @@ class GarbageCollector(Controller):
                 owners_alive = [r for r in owner_refs(dep) if self.store.by_uid(r.get("uid", "")) is not None]
                 if not owners_alive and not dep["metadata"].get("deletionTimestamp"):
                     try:
-                        emu.api_delete(CANONICAL[store], dep["metadata"].get("namespace"), dep["metadata"]["name"],
-                                       {"propagationPolicy": "Background"})
+                        emu.writes.api_delete(CANONICAL[store], dep["metadata"].get("namespace"),
+                                              dep["metadata"]["name"], {"propagationPolicy": "Background"})
                     except ApiError:
                         pass
             return
@@ -3109,8 +3233,8 @@ class GarbageCollector(Controller):
             for dstore, dep in deps:
                 if not dep["metadata"].get("deletionTimestamp"):
                     try:
-                        emu.api_delete(CANONICAL[dstore], dep["metadata"].get("namespace"),
-                                       dep["metadata"]["name"], {"propagationPolicy": "Foreground"})
+                        emu.writes.api_delete(CANONICAL[dstore], dep["metadata"].get("namespace"),
+                                              dep["metadata"]["name"], {"propagationPolicy": "Foreground"})
                     except ApiError:
                         pass
                 if any(r.get("uid") == uid and r.get("blockOwnerDeletion") for r in owner_refs(dep)):
@@ -3155,7 +3279,7 @@ class NamespaceController(Controller):
             if ns["metadata"].get("deletionTimestamp") or self.store.get("configmaps", name, "kube-root-ca.crt"):
                 return
             try:
-                emu.create_object(CANONICAL["configmaps"], {
+                emu.writes.create_object(CANONICAL["configmaps"], {
                     "apiVersion": "v1", "kind": "ConfigMap",
                     "metadata": {"name": "kube-root-ca.crt", "namespace": name,
                                  "annotations": {"kubernetes.io/description": "Contains a CA bundle that can be "
@@ -3185,7 +3309,7 @@ class NamespaceController(Controller):
                     finalizers[f] = finalizers.get(f, 0) + 1
                 if not o["metadata"].get("deletionTimestamp"):
                     try:
-                        emu.api_delete(info, name, o["metadata"]["name"], {"propagationPolicy": "Background"})
+                        emu.writes.api_delete(info, name, o["metadata"]["name"], {"propagationPolicy": "Background"})
                     except ApiError:
                         pass
         now = emu.api_now()
@@ -3274,8 +3398,8 @@ class ContainerRunner(threading.Thread):
     def event(self, etype: str, reason: str, message: str) -> None:
         pod = self.emu.store.get("pods", self.w.ns, self.w.name)
         if pod is not None:
-            self.emu.record_event(pod, etype, reason, message, "kubelet", host=self.w.kl.node,
-                                  field_path="spec.containers{%s}" % self.cname)
+            self.emu.events.record(pod, etype, reason, message, "kubelet", host=self.w.kl.node,
+                                   field_path="spec.containers{%s}" % self.cname)
 
     # -- main --------------------------------------------------------------
     def run(self) -> None:
@@ -3303,7 +3427,7 @@ class ContainerRunner(threading.Thread):
         emu, w = self.emu, self.w
         idx = w.index
         image = self.c.get("image", "")
-        if emu.fault_applies("image_pull_backoff", idx):
+        if emu.faults.applies("image_pull_backoff", idx):
             self._image_pull_backoff(image)
             return
         if not self.image_ready and not self.ensure_image():
@@ -3317,22 +3441,22 @@ class ContainerRunner(threading.Thread):
             self.event("Warning", "Failed", "Error: %s" % err)
             if w.sleep(1.0):
                 return
-        attempts = 2 if emu.fault_applies("restart_container", idx) else 1
+        attempts = 2 if emu.faults.applies("restart_container", idx) else 1
         for attempt in range(attempts):
             if w.stop_requested():
                 return
-            if emu.fault_applies("replace_pod", idx):
+            if emu.faults.applies("replace_pod", idx):
                 # The pod is replaced while it runs, so it must still be running then
                 # whatever the machine's load: it holds until evicted.
                 argv = ["python", "-c", "import time; print('emulator: held until evicted (replace_pod)',"
                                         " flush=True); time.sleep(3600)"]
-            elif emu.fault_applies("fail_pods", idx):
+            elif emu.faults.applies("fail_pods", idx):
                 argv = ["python", "-c", "import sys; print('emulator: injected container failure (fail_pods)',"
                                         " flush=True); sys.exit(3)"]
             elif attempt < attempts - 1:
                 argv = ["python", "-c", "import sys; print('emulator: injected crash before restart "
                                         "(restart_container)', flush=True); sys.exit(1)"]
-            elif emu.lightweight():
+            elif emu.faults.lightweight():
                 argv = None
             else:
                 argv = self._argv(env or {})
@@ -3349,7 +3473,7 @@ class ContainerRunner(threading.Thread):
         """The kubelet's Started event, the truth's first container start, and the pod's start time."""
         self.event("Normal", "Started", "Started container %s" % self.cname)
         if not self.started_once:
-            self.emu.truth_set("pods", self.w.key, "container_started", true_start)
+            self.emu.truth_record.note("pods", self.w.key, "container_started", true_start)
             self.started_once = True
         self.w.started_at = true_start
 
@@ -3411,8 +3535,8 @@ class ContainerRunner(threading.Thread):
         code = rc if rc >= 0 else 128 - rc
         self.exit_codes.append(code)
         end = emu.api_now()
-        emu.truth_set("pods", w.key, "container_finished", exited_at, first=False)
-        emu.truth_set("pods", w.key, "exit_code", code, raw=True)
+        emu.truth_record.note("pods", w.key, "container_finished", exited_at, first=False)
+        emu.truth_record.note("pods", w.key, "exit_code", code, raw=True)
         self.last_terminated = {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
                                 "startedAt": fmt_time(start), "finishedAt": fmt_time(end),
                                 "containerID": "containerd://" + cid}
@@ -3433,7 +3557,7 @@ class ContainerRunner(threading.Thread):
     def _run_emitted(self, env: Dict[str, str], attempt: int) -> Optional[int]:
         """The lightweight kubelet: the built-in worker's events with its timing, no process."""
         emu, w = self.emu, self.w
-        timing = emu.lightweight() or {}
+        timing = emu.faults.lightweight() or {}
         jitter = timing["jitter"]
 
         def delay(key: str) -> float:
@@ -3473,8 +3597,8 @@ class ContainerRunner(threading.Thread):
         log.close()
         code = 143 if stopped else 0
         self.exit_codes.append(code)
-        emu.truth_set("pods", w.key, "container_finished", time.time(), first=False)
-        emu.truth_set("pods", w.key, "exit_code", code, raw=True)
+        emu.truth_record.note("pods", w.key, "container_finished", time.time(), first=False)
+        emu.truth_record.note("pods", w.key, "exit_code", code, raw=True)
         self.last_terminated = {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
                                 "startedAt": fmt_time(start), "finishedAt": fmt_time(emu.api_now()),
                                 "containerID": "containerd://" + cid}
@@ -3482,7 +3606,7 @@ class ContainerRunner(threading.Thread):
         return None if stopped else code
 
     def _pump(self, proc: subprocess.Popen, log: ContainerLog) -> None:
-        mode = self.emu.log_tamper_mode(self.w.index)
+        mode = self.emu.faults.for_pod("log_tamper", self.w.index)
         assert proc.stdout is not None
         for line in iter(proc.stdout.readline, b""):
             for out in tamper_line(mode, line):
@@ -3624,7 +3748,7 @@ class PodWorker(threading.Thread):
         self.pod = pod
         self.ns, self.name, self.uid = md["namespace"], md["name"], md["uid"]
         self.key = "%s/%s" % (self.ns, self.name)
-        self.index = self.emu.pod_index(self.uid)
+        self.index = self.emu.truth_record.pod_index(self.uid)
         self.hostname = (pod.get("spec") or {}).get("hostname") or self.name
         self.deleting = threading.Event()
         self.removed = threading.Event()
@@ -3715,7 +3839,7 @@ class PodWorker(threading.Thread):
             set_condition(conds, c)
         if terminal and emu.v >= (1, 29):
             set_condition(conds, condition("PodReadyToStartContainers", "False", now))
-        elif running and emu.v >= (1, 29) and emu.faults.get("sandbox_status_with_running"):
+        elif running and emu.v >= (1, 29) and emu.faults.on("sandbox_status_with_running"):
             # A real kubelet writes the status it computed before starting the pod's containers,
             # so the sandbox's readiness usually first reaches the API in the same update as the
             # running container, stamped with that update's time.
@@ -3769,11 +3893,11 @@ class PodWorker(threading.Thread):
                 self._prepare_volumes(self.store_pod())
                 break
             except MountError as e:
-                emu.record_event(self.store_pod(), "Warning", "FailedMount", str(e), "kubelet", host=self.kl.node)
+                emu.events.record(self.store_pod(), "Warning", "FailedMount", str(e), "kubelet", host=self.kl.node)
                 if self.sleep(1.0):
                     self._terminate_all()
                     return
-        if emu.faults.get("sandbox_after_watch"):
+        if emu.faults.on("sandbox_after_watch"):
             # Fired by a state, not a timer: the sandbox starts once a client watches this
             # pod's Job's pods, so a client that was slow to start its watch still sees every
             # transition, however fast the episode and however loaded the machine.
@@ -3782,8 +3906,9 @@ class PodWorker(threading.Thread):
                 if self.sleep(0.02):
                     self._terminate_all()
                     return
-        delay = emu.t("sandbox_delay") + random.uniform(0, max(0.0, emu.t("sandbox_jitter")))
-        emu.truth_set("pods", self.key, "sandbox_delay", delay, raw=True)
+        delay = (emu.faults.timing("sandbox_delay", emu.t("sandbox_delay"))
+                 + random.uniform(0, max(0.0, emu.faults.timing("sandbox_jitter", emu.t("sandbox_jitter")))))
+        emu.truth_record.note("pods", self.key, "sandbox_delay", delay, raw=True)
         if self.sleep(delay):
             self._terminate_all()
             return
@@ -3795,7 +3920,7 @@ class PodWorker(threading.Thread):
             st = o.setdefault("status", {})
             st["podIP"] = pod_ip
             st["podIPs"] = [{"ip": pod_ip}]
-            if emu.v >= (1, 29) and not emu.faults.get("sandbox_status_with_running"):
+            if emu.v >= (1, 29) and not emu.faults.on("sandbox_status_with_running"):
                 set_condition(st.setdefault("conditions", []),
                               condition("PodReadyToStartContainers", "True", emu.api_now()))
             self.recompute(o)
@@ -3803,12 +3928,12 @@ class PodWorker(threading.Thread):
 
         if self.update(sandbox) is None:
             return
-        emu.truth_set("pods", self.key, "sandbox_ready", sandbox_ready_at)
+        emu.truth_record.note("pods", self.key, "sandbox_ready", sandbox_ready_at)
         self.pod = self.store_pod()
         self.runners = [ContainerRunner(self, c) for c in containers]
         # As the kubelet does, in the same step that saw the sandbox ready: the first container's
         # image is pulled or found at once, so its event follows the sandbox by milliseconds.
-        if self.runners and not emu.fault_applies("image_pull_backoff", self.index):
+        if self.runners and not emu.faults.applies("image_pull_backoff", self.index):
             if not self.runners[0].ensure_image():
                 self._terminate_all()
                 return
@@ -3819,7 +3944,7 @@ class PodWorker(threading.Thread):
             if self.deleting.is_set() or emu._stopping.is_set():
                 self._terminate_all()
                 break
-            if emu.fault_applies("replace_pod", self.index) and self.started_at is not None \
+            if emu.faults.applies("replace_pod", self.index) and self.started_at is not None \
                     and time.time() - self.started_at >= emu.t("replace_after") and not self.evicted:
                 self._evict("The node was low on resource: ephemeral-storage. Threshold quantity: 1Gi, "
                             "available: 512Mi. ", replaced=True)
@@ -3832,7 +3957,7 @@ class PodWorker(threading.Thread):
                     break
             # A thousand pods polling every 50 ms would starve the API server of the GIL;
             # the lightweight kubelet's containers report their own end, so a slow poll loses nothing.
-            self.deleting.wait(0.5 if emu.lightweight() else 0.05)
+            self.deleting.wait(0.5 if emu.faults.lightweight() else 0.05)
         for r in self.runners:
             r.join(10)
         if self.deleting.is_set() and not pod_terminal(self.store_pod() or {}):
@@ -3879,7 +4004,7 @@ class PodWorker(threading.Thread):
             emu.replaced_uids.add(self.uid)
         self.evicted = True
         pod = self.store_pod()
-        emu.record_event(pod, "Warning", "Evicted", message, "kubelet", host=self.kl.node)
+        emu.events.record(pod, "Warning", "Evicted", message, "kubelet", host=self.kl.node)
         now = emu.api_now()
 
         def mark(o: dict) -> Optional[bool]:
@@ -4008,13 +4133,17 @@ class PodWorker(threading.Thread):
                     except OSError:
                         pass
             if used > limit:
-                self.emu.truth_set("pods", self.key, "size_limit_exceeded", used, raw=True)
+                self.emu.truth_record.note("pods", self.key, "size_limit_exceeded", used, raw=True)
                 return 'Usage of EmptyDir volume "%s" exceeds the limit "%s". ' % (v["name"], ed["sizeLimit"])
         return None
 
 
 class Kubelet:
-    """One emulated node: starts a PodWorker per bound pod, deletes finished pods."""
+    """One emulated node: starts a PodWorker per bound pod, deletes finished pods.
+
+    The store's listener only queues the node's pod events; the kubelet's sync loop takes them
+    in order and starts, signals and finishes the pod workers, outside the store's lock.
+    """
 
     def __init__(self, emu: "Emulator", node: str, index: int):
         self.emu = emu
@@ -4026,14 +4155,31 @@ class Kubelet:
         self._ip_seq = 1
         self._ips: Dict[str, str] = {}
         self.finalq = WorkQueue()
+        self.pod_events: "queue.Queue[Tuple[str, dict]]" = queue.Queue()
         self.thread = threading.Thread(target=self._final_loop, name="kubelet-" + node, daemon=True)
+        self.sync_thread = threading.Thread(target=self._sync_loop, name="kubelet-sync-" + node, daemon=True)
 
     def start(self) -> None:
         self.thread.start()
+        self.sync_thread.start()
 
     def on_event(self, etype: str, store: str, obj: dict) -> None:
-        if store != "pods" or (obj.get("spec") or {}).get("nodeName") != self.node:
-            return
+        """Store listener (called with the store lock held): queue this node's pod events only."""
+        if store == "pods" and (obj.get("spec") or {}).get("nodeName") == self.node:
+            self.pod_events.put((etype, obj))
+
+    def _sync_loop(self) -> None:
+        while not self.emu._stopping.is_set():
+            try:
+                etype, pod = self.pod_events.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            try:
+                self._sync_pod(etype, pod)
+            except Exception:
+                traceback.print_exc()
+
+    def _sync_pod(self, etype: str, obj: dict) -> None:
         md = obj["metadata"]
         uid = md["uid"]
         with self.lock:
@@ -4083,12 +4229,14 @@ class Kubelet:
                 if w is not None and not w.done:
                     continue
             try:
-                self.emu.api_delete(CANONICAL["pods"], ns, name, {"gracePeriodSeconds": 0,
-                                                                  "preconditions": {"uid": uid}})
+                self.emu.writes.api_delete(CANONICAL["pods"], ns, name, {"gracePeriodSeconds": 0,
+                                                                         "preconditions": {"uid": uid}})
             except ApiError:
                 pass
 
     def stop(self) -> None:
+        if self.sync_thread.is_alive():
+            self.sync_thread.join(2)  # no worker starts after this
         for w in list(self.workers.values()):
             w.deleting.set()
             for r in w.runners:
@@ -4205,360 +4353,65 @@ def qos_class(spec: dict) -> str:
 # the emulator
 # --------------------------------------------------------------------------
 
-class Emulator:
-    """A Kubernetes API server + controllers + kubelets in one process."""
+class TruthRecord:
+    """What really happened and when, by the emulator's own clock (tests compare the tool's view
+    with it): per pod, Job and namespace, and each pod's creation index, which faults name pods by."""
 
-    def __init__(self, workdir: Any, faults: Optional[dict] = None, nodes: int = 3,
-                 server_version: str = "1.33", python: str = sys.executable,
-                 timing: Optional[dict] = None):
-        self.workdir = Path(workdir).resolve()
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.faults: Dict[str, Any] = clone(faults or {})
-        self.timing: Dict[str, float] = dict(DEFAULT_TIMING)
-        self.timing.update(timing or {})
-        self.nodes = int(nodes)
-        self.server_version = str(server_version).lstrip("v")
-        self.v = version_tuple(self.server_version)
-        self.python = python
-        self.context = "kube-emulator"
-        self.requests: List[Dict[str, Any]] = []
-        self.watches_expired = 0  # watches answered 410 Gone: their client fell behind the history
-        self._req_lock = threading.Lock()
-        self._stopping = threading.Event()
-        self._started = False
-        self._stopped = False
-        self.store = Store(self.api_now, int(self.timing["watch_history"]))
-        check_faults(self.faults)
-        check_lightweight(self.faults.get("lightweight_kubelet"))
-        self.reads = ReadPath(self)
-        self.api = ApiServer(self)
-        self.logs: Dict[Tuple[str, str], List[ContainerLog]] = {}
+    def __init__(self, store: Store):
+        self.store = store
         self._truth: Dict[str, Dict[str, Dict[str, Any]]] = {"pods": {}, "jobs": {}, "namespaces": {}}
-        self._truth_lock = threading.Lock()
+        self._lock = threading.Lock()
         self._pod_index: Dict[str, int] = {}
         self._pod_counter = 0
-        self.replaced_uids: Set[str] = set()
-        self._event_index: Dict[Tuple, Tuple[str, str]] = {}
-        self.kubeconfig = self.workdir / "kubeconfig"
-        self.truth_path = self.workdir / "truth.json"
-        self.bindir = self.workdir / "bin"
-        self.node_names = ["emu-node-%d" % (i + 1) for i in range(self.nodes)]
-        self.controllers: List[Controller] = [JobController(self), Scheduler(self), GarbageCollector(self),
-                                              NamespaceController(self)]
-        self.kubelets = [Kubelet(self, n, i + 1) for i, n in enumerate(self.node_names)]
-        self._booted = False
-        self.store.listeners.append(self._on_store_event)
 
-    # ---------------------------------------------------------------- public
-    @property
-    def url(self) -> str:
-        return "http://127.0.0.1:%d" % self.api.port
-
-    def start(self) -> "Emulator":
-        if self._started:
-            return self
-        self._started = True
-        (self.workdir / "logs").mkdir(exist_ok=True)
-        (self.workdir / "pods").mkdir(exist_ok=True)
-        (self.workdir / "home").mkdir(exist_ok=True)
-        self.bindir.mkdir(exist_ok=True)
-        for n in ("python", "python3"):
-            link = self.bindir / n
-            if link.is_symlink() or link.exists():
-                link.unlink()
-            # The real file, not a virtualenv's link to it: the sandbox shows the host's
-            # root read-only but a fresh /tmp, where a venv (or a CI checkout) may live.
-            link.symlink_to(os.path.realpath(self.python))
-        self.api.listen(0)
-        self._write_kubeconfig()
-        self._bootstrap()
-        self._booted = True
-        for c in self.controllers:
-            c.start()
-        for k in self.kubelets:
-            k.start()
-        return self
-
-    def env(self) -> Dict[str, str]:
-        env = dict(os.environ)
-        env["KUBECONFIG"] = str(self.kubeconfig)
-        env["HOME"] = str(self.workdir / "home")
-        return env
-
-    def truth(self) -> dict:
-        with self._truth_lock:
+    def snapshot(self) -> dict:
+        with self._lock:
             return clone(self._truth)
 
-    def set_faults(self, **kw: Any) -> None:
-        check_faults(kw)
-        check_lightweight(kw.get("lightweight_kubelet"))
-        for k, v in kw.items():
-            self.reads.fault_set_at[k] = time.time()
-            if k == "missing_runtimeclass":
-                if v and self.store.get("runtimeclasses", None, "cube"):
-                    self.store.remove("runtimeclasses", None, "cube")
-                elif not v and not self.store.get("runtimeclasses", None, "cube"):
-                    self._create_runtimeclass()
-            if v is None:
-                self.faults.pop(k, None)
-            else:
-                self.faults[k] = clone(v)
-
-    def restart_api(self, down_seconds: float = 1.0) -> None:
-        port = self.api.port
-        self.api.close()
-        time.sleep(down_seconds)
-        deadline = time.time() + 10
-        while True:
-            try:
-                self.api.listen(port)
-                return
-            except OSError:
-                if time.time() > deadline:
-                    raise
-                time.sleep(0.05)
-
-    def get(self, kind_plural: str, namespace: Optional[str], name: str) -> Optional[dict]:
-        info = self._info_for(kind_plural)
-        obj = self.store.get(info.store, namespace if info.namespaced else None, name)
-        return self.api.to_version(info, obj) if obj is not None else None
-
-    def list(self, kind_plural: str, namespace: Optional[str] = None) -> List[dict]:
-        info = self._info_for(kind_plural)
-        objs, _ = self.store.list(info.store, namespace if info.namespaced else None)
-        return [self.api.to_version(info, o) for o in objs]
-
-    def stop(self) -> None:
-        if self._stopped or not self._started:
-            self._stopped = True
-            return
-        self._stopped = True
-        self._stopping.set()
-        for k in self.kubelets:
-            k.stop()
-        self.api.close()
-        for c in self.controllers:
-            c.thread.join(2)
-        try:
-            self.truth_path.write_text(json.dumps(self.truth(), indent=2, sort_keys=True))
-        except OSError:
-            pass
-
-    def __enter__(self) -> "Emulator":
-        return self.start()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
-
-    # ---------------------------------------------------------------- helpers
-    def lightweight(self) -> Optional[Dict[str, float]]:
-        """The lightweight kubelet's timing when it is selected (scale tests only), else None."""
-        value = self.faults.get("lightweight_kubelet")
-        if not value:
-            return None
-        return dict(LIGHTWEIGHT_TIMING, **(value if isinstance(value, dict) else {}))
-
-    def api_skew(self) -> float:
-        return float(self.faults.get("api_clock_skew") or 0)
-
-    def api_now(self) -> float:
-        return time.time() + self.api_skew()
-
-    def t(self, key: str) -> float:
-        if key in ("sandbox_delay", "sandbox_jitter", "job_status_lag") and self.faults.get(key) is not None:
-            return float(self.faults[key])
-        return float(self.timing[key])
-
-    def node_ip(self, node: str) -> str:
-        try:
-            i = self.node_names.index(node)
-        except ValueError:
-            i = 0
-        return "172.18.0.%d" % (i + 2)
-
-    def pods_watched(self, ns: str, job_name: str) -> bool:
-        """Has a client asked to watch the pods of this Job (by its job-name label)?"""
-        path = "/api/v1/namespaces/%s/pods" % ns
-        selector = "job-name=%s" % job_name
-        with self._req_lock:
-            return any(r["watch"] and r["path"] == path and selector in r["query"].get("labelSelector", "").split(",")
-                       for r in self.requests)
-
     def pod_index(self, uid: str) -> Optional[int]:
-        with self._truth_lock:
+        with self._lock:
             return self._pod_index.get(uid)
 
-    def fault_applies(self, name: str, idx: Optional[int]) -> bool:
-        v = self.faults.get(name)
-        if v is True:
-            return True
-        if not v or idx is None:
-            return False
-        if isinstance(v, dict):
-            return str(idx) in v
-        if isinstance(v, (list, tuple, set)):
-            return idx in v
-        return False
-
-    def fault_set(self, name: str) -> Set[int]:
-        v = self.faults.get(name)
-        if isinstance(v, (list, tuple, set)):
-            return set(int(x) for x in v)
-        if isinstance(v, dict):
-            return set(int(x) for x in v)
-        return set()
-
-    def log_tamper_mode(self, idx: Optional[int]) -> Optional[str]:
-        v = self.faults.get("log_tamper") or {}
-        if idx is None:
-            return None
-        return v.get(str(idx)) or v.get(idx)  # type: ignore[call-overload]
-
-    def truth_set(self, section: str, key: str, field: str, value: Any = None, raw: bool = False,
-                  first: bool = True) -> None:
-        with self._truth_lock:
+    def note(self, section: str, key: str, field: str, value: Any = None, raw: bool = False,
+             first: bool = True) -> None:
+        """Note a field (default: now); unless `raw`, only its first value counts unless `first` is False."""
+        with self._lock:
             d = self._truth[section].setdefault(key, {})
             if raw:
                 d[field] = value
             elif not first or field not in d:
                 d[field] = time.time() if value is None else value
 
-    def _info_for(self, plural: str) -> ResourceInfo:
-        if plural in CANONICAL:
-            return CANONICAL[plural]
-        for r in RESOURCES:
-            if plural in (r.plural, r.kind.lower(), r.singular) or plural in r.short_names:
-                return r
-        raise KeyError(plural)
-
-    def _on_store_event(self, etype: str, store: str, obj: dict) -> None:
+    def on_store_event(self, etype: str, store: str, obj: dict) -> None:
+        """Store listener: creation, termination and deletion of pods, Jobs and namespaces."""
+        if store not in ("pods", "jobs", "namespaces"):
+            return
         md = obj["metadata"]
         key = "%s/%s" % (md.get("namespace"), md["name"]) if md.get("namespace") else md["name"]
-        if store in ("pods", "jobs", "namespaces"):
-            if etype == "ADDED":
-                with self._truth_lock:
-                    self._truth[store][key] = {"created": self.store.created_wall.pop(md["uid"], time.time())}
-                    if store == "pods":
-                        self._pod_index[md["uid"]] = self._pod_counter
-                        self._truth[store][key]["index"] = self._pod_counter
-                        self._pod_counter += 1
-            elif etype == "DELETED":
-                self.truth_set(store, key, "deleted")
-            elif md.get("deletionTimestamp"):
-                self.truth_set(store, key, "terminating")
-        for c in self.controllers:
-            c.on_event(etype, store, obj)
-        for k in self.kubelets:
-            k.on_event(etype, store, obj)
+        if etype == "ADDED":
+            with self._lock:
+                self._truth[store][key] = {"created": self.store.created_wall.pop(md["uid"], time.time())}
+                if store == "pods":
+                    self._pod_index[md["uid"]] = self._pod_counter
+                    self._truth[store][key]["index"] = self._pod_counter
+                    self._pod_counter += 1
+        elif etype == "DELETED":
+            self.note(store, key, "deleted")
+        elif md.get("deletionTimestamp"):
+            self.note(store, key, "terminating")
 
-    def _write_kubeconfig(self) -> None:
-        cfg = {"apiVersion": "v1", "kind": "Config", "preferences": {},
-               "clusters": [{"name": self.context, "cluster": {"server": self.url}}],
-               "users": [{"name": self.context, "user": {"username": "admin", "password": "emulator"}}],
-               "contexts": [{"name": self.context, "context": {"cluster": self.context, "user": self.context,
-                                                               "namespace": "default"}}],
-               "current-context": self.context}
-        self.kubeconfig.write_text(json.dumps(cfg, indent=2))
 
-    def _create_runtimeclass(self) -> None:
-        self.create_object(CANONICAL["runtimeclasses"], {
-            "apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "cube"},
-            "handler": "cube", "overhead": {"podFixed": {"cpu": "250m", "memory": "768Mi"}}})
+class WritePath:
+    """Writes as the API server takes them: decoding checks, admission, defaulting, validation and
+    storage for create, update, patch and delete (used by the REST layer and the controllers)."""
 
-    def _bootstrap(self) -> None:
-        for name in ("default", "kube-system", "kube-public", "kube-node-lease"):
-            self.create_object(CANONICAL["namespaces"], {"apiVersion": "v1", "kind": "Namespace",
-                                                         "metadata": {"name": name}})
-        import platform
-        for i, n in enumerate(self.node_names):
-            now = self.api_now()
+    def __init__(self, store: Store, faults: Faults, clock: Callable[[], float], version: Tuple[int, int]):
+        self.store = store
+        self.faults = faults
+        self.clock = clock
+        self.version = version
+        self.booted = False  # the bootstrap objects are made; faults apply from here on
 
-            def nc(t: str, s: str, r: str, m: str) -> dict:
-                return {"type": t, "status": s, "lastHeartbeatTime": fmt_time(now),
-                        "lastTransitionTime": fmt_time(now), "reason": r, "message": m}
-            res = {"cpu": "8", "memory": "32Gi", "pods": "110", "ephemeral-storage": "100Gi"}
-            self.create_object(CANONICAL["nodes"], {
-                "apiVersion": "v1", "kind": "Node",
-                "metadata": {"name": n, "labels": {
-                    "kubernetes.io/hostname": n, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
-                    "beta.kubernetes.io/os": "linux", "beta.kubernetes.io/arch": "amd64"},
-                    "annotations": {"node.alpha.kubernetes.io/ttl": "0"}},
-                "spec": {"podCIDR": "10.244.%d.0/24" % (i + 1), "podCIDRs": ["10.244.%d.0/24" % (i + 1)],
-                         "providerID": "emulator://%s" % n},
-                "status": {"capacity": dict(res), "allocatable": dict(res),
-                           "conditions": [nc("MemoryPressure", "False", "KubeletHasSufficientMemory",
-                                             "kubelet has sufficient memory available"),
-                                          nc("DiskPressure", "False", "KubeletHasNoDiskPressure",
-                                             "kubelet has no disk pressure"),
-                                          nc("PIDPressure", "False", "KubeletHasSufficientPID",
-                                             "kubelet has sufficient PID available"),
-                                          nc("Ready", "True", "KubeletReady", "kubelet is posting ready status")],
-                           "addresses": [{"type": "InternalIP", "address": self.node_ip(n)},
-                                         {"type": "Hostname", "address": n}],
-                           "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
-                           "nodeInfo": {"machineID": hex64(n)[:32], "systemUUID": str(uuid.uuid5(uuid.NAMESPACE_DNS, n)),
-                                        "bootID": str(uuid.uuid4()), "kernelVersion": platform.release(),
-                                        "osImage": "Emulated Linux (bubblewrap)",
-                                        "containerRuntimeVersion": "containerd://1.7.27",
-                                        "kubeletVersion": "v%s.0" % self.server_version,
-                                        "kubeProxyVersion": "", "operatingSystem": "linux",
-                                        "architecture": "amd64"}}})
-        if not self.faults.get("missing_runtimeclass"):
-            self._create_runtimeclass()
-
-    # ---------------------------------------------------------------- events
-    def record_event(self, obj: dict, etype: str, reason: str, message: str, component: str,
-                     host: Optional[str] = None, field_path: Optional[str] = None) -> None:
-        """core/v1 event like client-go's EventRecorder (with aggregation of repeats)."""
-        md = obj.get("metadata") or {}
-        ns = md.get("namespace") or "default"
-        io: Dict[str, Any] = {"kind": obj.get("kind"), "name": md.get("name"), "uid": md.get("uid"),
-                              "apiVersion": obj.get("apiVersion"), "resourceVersion": md.get("resourceVersion")}
-        if md.get("namespace"):
-            io["namespace"] = md["namespace"]
-        if field_path:
-            io["fieldPath"] = field_path
-        key = (md.get("uid"), field_path, reason, message, component, host, etype)
-        now = self.api_now()
-        existing = self._event_index.get(key)
-        if existing and self.store.get("events", existing[0], existing[1]) is not None:
-            def bump(o: dict) -> Optional[bool]:
-                o["count"] = o.get("count", 1) + 1
-                o["lastTimestamp"] = fmt_time(now)
-                return True
-            self.store.update("events", existing[0], existing[1], bump)
-            return
-        src: Dict[str, Any] = {"component": component}
-        if host:
-            src["host"] = host
-        ev = {"apiVersion": "v1", "kind": "Event",
-              "metadata": {"name": "%s.%x" % (md.get("name"), time.time_ns()), "namespace": ns},
-              "involvedObject": io, "reason": reason, "message": message, "source": src,
-              "firstTimestamp": fmt_time(now), "lastTimestamp": fmt_time(now), "count": 1, "type": etype,
-              "eventTime": None, "reportingComponent": component, "reportingInstance": host or ""}
-        try:
-            created = self.create_object(CANONICAL["events"], ev)
-            self._event_index[key] = (ns, created["metadata"]["name"])
-        except ApiError:
-            pass
-
-    def record_scheduler_event(self, pod: dict, note: str, at: float) -> None:
-        """The scheduler records through events.k8s.io/v1: eventTime (µs), no first/lastTimestamp."""
-        md = pod["metadata"]
-        ev = {"apiVersion": "v1", "kind": "Event",
-              "metadata": {"name": "%s.%x" % (md["name"], int(at * 1e9)), "namespace": md["namespace"]},
-              "involvedObject": {"kind": "Pod", "namespace": md["namespace"], "name": md["name"],
-                                 "uid": md["uid"], "apiVersion": "v1", "resourceVersion": md["resourceVersion"]},
-              "reason": "Scheduled", "message": note, "source": {}, "firstTimestamp": None,
-              "lastTimestamp": None, "type": "Normal", "eventTime": fmt_micro(at + self.api_skew()),
-              "action": "Binding", "reportingComponent": "default-scheduler",
-              "reportingInstance": "default-scheduler-emu-control-plane"}
-        try:
-            self.create_object(CANONICAL["events"], ev)
-        except ApiError:
-            pass
-
-    # ---------------------------------------------------------------- REST verbs
     def api_create(self, info: ResourceInfo, ns: Optional[str], body: dict,
                    query: Dict[str, str]) -> Tuple[dict, List[str]]:
         body = clone(body)
@@ -4658,7 +4511,7 @@ class Emulator:
                 if self.store.get(canon.store, ns if canon.namespaced else None, name) is not None:
                     raise err_already_exists(canon, name)
                 md.setdefault("uid", str(uuid.uuid4()))
-                md["creationTimestamp"] = fmt_time(self.api_now())
+                md["creationTimestamp"] = fmt_time(self.clock())
                 return body
             try:
                 return self.store.create(canon.store, body)
@@ -4757,7 +4610,7 @@ class Emulator:
     def _admit_namespaces(self, body: dict, err_name: str) -> None:
         body["spec"] = {"finalizers": ["kubernetes"]}
         body["status"] = {"phase": "Active"}
-        if self._booted and self.faults.get("stuck_terminating"):
+        if self.booted and self.faults.on("stuck_terminating"):
             fins = body["metadata"].setdefault("finalizers", [])
             if STUCK_FINALIZER not in fins:
                 fins.append(STUCK_FINALIZER)
@@ -4777,7 +4630,7 @@ class Emulator:
         if spec.get("backoffLimit") is None:
             spec["backoffLimit"] = 6 if spec.get("backoffLimitPerIndex") is None else 2147483647
         spec.setdefault("suspend", False)
-        if self.v >= (1, 29):
+        if self.version >= (1, 29):
             spec.setdefault("podReplacementPolicy", "Failed" if spec.get("podFailurePolicy") else
                             "TerminatingOrFailed")
         md["uid"] = str(uuid.uuid4())
@@ -4799,7 +4652,7 @@ class Emulator:
     def _admit_pods(self, body: dict, err_name: str) -> None:
         spec = body.setdefault("spec", {})
         default_pod_spec(spec)
-        if self.v >= (1, 33):
+        if self.version >= (1, 33):
             body["metadata"]["generation"] = 1
         nsobj = self.store.get("namespaces", None, body["metadata"].get("namespace") or "")
         policy = pod_security_policy(((nsobj or {}).get("metadata") or {}).get("labels"), "enforce")
@@ -4925,7 +4778,7 @@ class Emulator:
         cur = self.store.get(info.store, store_ns, name)
         if cur is None:
             raise err_not_found(info, name)
-        doc = self.api.to_version(info, cur)
+        doc = to_version(info, cur)
         if ctype == "application/json-patch+json":
             if not isinstance(patch, list):
                 raise err_bad_request("json: cannot unmarshal object into Go value of type jsonpatch.Patch")
@@ -4965,11 +4818,11 @@ class Emulator:
             raise err_invalid(info, name, [("propagationPolicy", "FieldValueNotSupported",
                                             'Unsupported value: "%s": supported values: "Foreground", '
                                             '"Background", "Orphan", "nil"' % policy)])
-        now = self.api_now()
+        now = self.clock()
         if dry:
             out = clone(cur)
             out["metadata"]["deletionTimestamp"] = fmt_time(now)
-            return 200, self.api.to_version(info, out)
+            return 200, to_version(info, out)
         if store == "namespaces":
             if name in ("default", "kube-system", "kube-public"):
                 raise err_forbidden(info, name, "this namespace may not be deleted")
@@ -5043,6 +4896,302 @@ class Emulator:
                          "details": details}
         code = 202 if policy == "Foreground" and opts.get("orphanDependents") is False else 200
         return code, new
+
+
+class EventRecorder:
+    """Records core/v1 Events for the controllers and kubelets, as client-go's recorders do."""
+
+    def __init__(self, store: Store, writes: WritePath, clock: Callable[[], float], skew: Callable[[], float]):
+        self.store = store
+        self.writes = writes
+        self.clock = clock
+        self.skew = skew
+        self._event_index: Dict[Tuple, Tuple[str, str]] = {}
+
+    def record(self, obj: dict, etype: str, reason: str, message: str, component: str,
+                     host: Optional[str] = None, field_path: Optional[str] = None) -> None:
+        """core/v1 event like client-go's EventRecorder (with aggregation of repeats)."""
+        md = obj.get("metadata") or {}
+        ns = md.get("namespace") or "default"
+        io: Dict[str, Any] = {"kind": obj.get("kind"), "name": md.get("name"), "uid": md.get("uid"),
+                              "apiVersion": obj.get("apiVersion"), "resourceVersion": md.get("resourceVersion")}
+        if md.get("namespace"):
+            io["namespace"] = md["namespace"]
+        if field_path:
+            io["fieldPath"] = field_path
+        key = (md.get("uid"), field_path, reason, message, component, host, etype)
+        now = self.clock()
+        existing = self._event_index.get(key)
+        if existing and self.store.get("events", existing[0], existing[1]) is not None:
+            def bump(o: dict) -> Optional[bool]:
+                o["count"] = o.get("count", 1) + 1
+                o["lastTimestamp"] = fmt_time(now)
+                return True
+            self.store.update("events", existing[0], existing[1], bump)
+            return
+        src: Dict[str, Any] = {"component": component}
+        if host:
+            src["host"] = host
+        ev = {"apiVersion": "v1", "kind": "Event",
+              "metadata": {"name": "%s.%x" % (md.get("name"), time.time_ns()), "namespace": ns},
+              "involvedObject": io, "reason": reason, "message": message, "source": src,
+              "firstTimestamp": fmt_time(now), "lastTimestamp": fmt_time(now), "count": 1, "type": etype,
+              "eventTime": None, "reportingComponent": component, "reportingInstance": host or ""}
+        try:
+            created = self.writes.create_object(CANONICAL["events"], ev)
+            self._event_index[key] = (ns, created["metadata"]["name"])
+        except ApiError:
+            pass
+
+    def record_scheduled(self, pod: dict, note: str, at: float) -> None:
+        """The scheduler records through events.k8s.io/v1: eventTime (µs), no first/lastTimestamp."""
+        md = pod["metadata"]
+        ev = {"apiVersion": "v1", "kind": "Event",
+              "metadata": {"name": "%s.%x" % (md["name"], int(at * 1e9)), "namespace": md["namespace"]},
+              "involvedObject": {"kind": "Pod", "namespace": md["namespace"], "name": md["name"],
+                                 "uid": md["uid"], "apiVersion": "v1", "resourceVersion": md["resourceVersion"]},
+              "reason": "Scheduled", "message": note, "source": {}, "firstTimestamp": None,
+              "lastTimestamp": None, "type": "Normal", "eventTime": fmt_micro(at + self.skew()),
+              "action": "Binding", "reportingComponent": "default-scheduler",
+              "reportingInstance": "default-scheduler-emu-control-plane"}
+        try:
+            self.writes.create_object(CANONICAL["events"], ev)
+        except ApiError:
+            pass
+
+
+class Emulator:
+    """A Kubernetes API server + controllers + kubelets in one process.
+
+    The composition root: it builds the store, the faults, the read and write paths, the API
+    server, the event recorder, the truth record, the controllers and the kubelets, wires the
+    store's listeners, and starts and stops them; the tests' handle on all of it.
+    """
+
+    def __init__(self, workdir: Any, faults: Optional[dict] = None, nodes: int = 3,
+                 server_version: str = "1.33", python: str = sys.executable,
+                 timing: Optional[dict] = None):
+        self.workdir = Path(workdir).resolve()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.faults = Faults(faults)
+        self.timing: Dict[str, float] = dict(DEFAULT_TIMING)
+        self.timing.update(timing or {})
+        self.nodes = int(nodes)
+        self.server_version = str(server_version).lstrip("v")
+        self.v = version_tuple(self.server_version)
+        self.python = python
+        self.context = "kube-emulator"
+        self.requests: List[Dict[str, Any]] = []
+        self.watches_expired = 0  # watches answered 410 Gone: their client fell behind the history
+        self._req_lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._started = False
+        self._stopped = False
+        self.store = Store(self.api_now, int(self.timing["watch_history"]))
+        self.reads = ReadPath(self)
+        self.api = ApiServer(self)
+        self.logs: Dict[Tuple[str, str], List[ContainerLog]] = {}
+        self.truth_record = TruthRecord(self.store)
+        self.writes = WritePath(self.store, self.faults, self.api_now, self.v)
+        self.events = EventRecorder(self.store, self.writes, self.api_now, self.api_skew)
+        self.replaced_uids: Set[str] = set()
+        self.kubeconfig = self.workdir / "kubeconfig"
+        self.truth_path = self.workdir / "truth.json"
+        self.bindir = self.workdir / "bin"
+        self.node_names = ["emu-node-%d" % (i + 1) for i in range(self.nodes)]
+        self.controllers: List[Controller] = [JobController(self), Scheduler(self), GarbageCollector(self),
+                                              NamespaceController(self)]
+        self.kubelets = [Kubelet(self, n, i + 1) for i, n in enumerate(self.node_names)]
+        self.store.listeners.append(self.truth_record.on_store_event)
+        self.store.listeners.append(self._on_store_event)
+
+    # ---------------------------------------------------------------- public
+    @property
+    def url(self) -> str:
+        return "http://127.0.0.1:%d" % self.api.port
+
+    def start(self) -> "Emulator":
+        if self._started:
+            return self
+        self._started = True
+        (self.workdir / "logs").mkdir(exist_ok=True)
+        (self.workdir / "pods").mkdir(exist_ok=True)
+        (self.workdir / "home").mkdir(exist_ok=True)
+        self.bindir.mkdir(exist_ok=True)
+        for n in ("python", "python3"):
+            link = self.bindir / n
+            if link.is_symlink() or link.exists():
+                link.unlink()
+            # The real file, not a virtualenv's link to it: the sandbox shows the host's
+            # root read-only but a fresh /tmp, where a venv (or a CI checkout) may live.
+            link.symlink_to(os.path.realpath(self.python))
+        self.api.listen(0)
+        self._write_kubeconfig()
+        self._bootstrap()
+        self.writes.booted = True
+        for c in self.controllers:
+            c.start()
+        for k in self.kubelets:
+            k.start()
+        return self
+
+    def env(self) -> Dict[str, str]:
+        env = dict(os.environ)
+        env["KUBECONFIG"] = str(self.kubeconfig)
+        env["HOME"] = str(self.workdir / "home")
+        return env
+
+    def truth(self) -> dict:
+        return self.truth_record.snapshot()
+
+    def set_faults(self, **kw: Any) -> None:
+        self.faults.set(**kw)
+        if "missing_runtimeclass" in kw:
+            if kw["missing_runtimeclass"] and self.store.get("runtimeclasses", None, "cube"):
+                self.store.remove("runtimeclasses", None, "cube")
+            elif not kw["missing_runtimeclass"] and not self.store.get("runtimeclasses", None, "cube"):
+                self._create_runtimeclass()
+
+    def restart_api(self, down_seconds: float = 1.0) -> None:
+        port = self.api.port
+        self.api.close()
+        time.sleep(down_seconds)
+        deadline = time.time() + 10
+        while True:
+            try:
+                self.api.listen(port)
+                return
+            except OSError:
+                if time.time() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def get(self, kind_plural: str, namespace: Optional[str], name: str) -> Optional[dict]:
+        info = self._info_for(kind_plural)
+        obj = self.store.get(info.store, namespace if info.namespaced else None, name)
+        return to_version(info, obj) if obj is not None else None
+
+    def list(self, kind_plural: str, namespace: Optional[str] = None) -> List[dict]:
+        info = self._info_for(kind_plural)
+        objs, _ = self.store.list(info.store, namespace if info.namespaced else None)
+        return [to_version(info, o) for o in objs]
+
+    def stop(self) -> None:
+        if self._stopped or not self._started:
+            self._stopped = True
+            return
+        self._stopped = True
+        self._stopping.set()
+        for k in self.kubelets:
+            k.stop()
+        self.api.close()
+        for c in self.controllers:
+            c.thread.join(2)
+        try:
+            self.truth_path.write_text(json.dumps(self.truth(), indent=2, sort_keys=True))
+        except OSError:
+            pass
+
+    def __enter__(self) -> "Emulator":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    # ---------------------------------------------------------------- helpers
+    def api_skew(self) -> float:
+        return self.faults.timing("api_clock_skew", 0.0)
+
+    def api_now(self) -> float:
+        return time.time() + self.api_skew()
+
+    def t(self, key: str) -> float:
+        return float(self.timing[key])
+
+    def node_ip(self, node: str) -> str:
+        try:
+            i = self.node_names.index(node)
+        except ValueError:
+            i = 0
+        return "172.18.0.%d" % (i + 2)
+
+    def pods_watched(self, ns: str, job_name: str) -> bool:
+        """Has a client asked to watch the pods of this Job (by its job-name label)?"""
+        path = "/api/v1/namespaces/%s/pods" % ns
+        selector = "job-name=%s" % job_name
+        with self._req_lock:
+            return any(r["watch"] and r["path"] == path and selector in r["query"].get("labelSelector", "").split(",")
+                       for r in self.requests)
+
+    def _info_for(self, plural: str) -> ResourceInfo:
+        if plural in CANONICAL:
+            return CANONICAL[plural]
+        for r in RESOURCES:
+            if plural in (r.plural, r.kind.lower(), r.singular) or plural in r.short_names:
+                return r
+        raise KeyError(plural)
+
+    def _on_store_event(self, etype: str, store: str, obj: dict) -> None:
+        for c in self.controllers:
+            c.on_event(etype, store, obj)
+        for k in self.kubelets:
+            k.on_event(etype, store, obj)
+
+    def _write_kubeconfig(self) -> None:
+        cfg = {"apiVersion": "v1", "kind": "Config", "preferences": {},
+               "clusters": [{"name": self.context, "cluster": {"server": self.url}}],
+               "users": [{"name": self.context, "user": {"username": "admin", "password": "emulator"}}],
+               "contexts": [{"name": self.context, "context": {"cluster": self.context, "user": self.context,
+                                                               "namespace": "default"}}],
+               "current-context": self.context}
+        self.kubeconfig.write_text(json.dumps(cfg, indent=2))
+
+    def _create_runtimeclass(self) -> None:
+        self.writes.create_object(CANONICAL["runtimeclasses"], {
+            "apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "cube"},
+            "handler": "cube", "overhead": {"podFixed": {"cpu": "250m", "memory": "768Mi"}}})
+
+    def _bootstrap(self) -> None:
+        for name in ("default", "kube-system", "kube-public", "kube-node-lease"):
+            self.writes.create_object(CANONICAL["namespaces"], {"apiVersion": "v1", "kind": "Namespace",
+                                                         "metadata": {"name": name}})
+        import platform
+        for i, n in enumerate(self.node_names):
+            now = self.api_now()
+
+            def nc(t: str, s: str, r: str, m: str) -> dict:
+                return {"type": t, "status": s, "lastHeartbeatTime": fmt_time(now),
+                        "lastTransitionTime": fmt_time(now), "reason": r, "message": m}
+            res = {"cpu": "8", "memory": "32Gi", "pods": "110", "ephemeral-storage": "100Gi"}
+            self.writes.create_object(CANONICAL["nodes"], {
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": n, "labels": {
+                    "kubernetes.io/hostname": n, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
+                    "beta.kubernetes.io/os": "linux", "beta.kubernetes.io/arch": "amd64"},
+                    "annotations": {"node.alpha.kubernetes.io/ttl": "0"}},
+                "spec": {"podCIDR": "10.244.%d.0/24" % (i + 1), "podCIDRs": ["10.244.%d.0/24" % (i + 1)],
+                         "providerID": "emulator://%s" % n},
+                "status": {"capacity": dict(res), "allocatable": dict(res),
+                           "conditions": [nc("MemoryPressure", "False", "KubeletHasSufficientMemory",
+                                             "kubelet has sufficient memory available"),
+                                          nc("DiskPressure", "False", "KubeletHasNoDiskPressure",
+                                             "kubelet has no disk pressure"),
+                                          nc("PIDPressure", "False", "KubeletHasSufficientPID",
+                                             "kubelet has sufficient PID available"),
+                                          nc("Ready", "True", "KubeletReady", "kubelet is posting ready status")],
+                           "addresses": [{"type": "InternalIP", "address": self.node_ip(n)},
+                                         {"type": "Hostname", "address": n}],
+                           "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+                           "nodeInfo": {"machineID": hex64(n)[:32], "systemUUID": str(uuid.uuid5(uuid.NAMESPACE_DNS, n)),
+                                        "bootID": str(uuid.uuid4()), "kernelVersion": platform.release(),
+                                        "osImage": "Emulated Linux (bubblewrap)",
+                                        "containerRuntimeVersion": "containerd://1.7.27",
+                                        "kubeletVersion": "v%s.0" % self.server_version,
+                                        "kubeProxyVersion": "", "operatingSystem": "linux",
+                                        "architecture": "amd64"}}})
+        if not self.faults.on("missing_runtimeclass"):
+            self._create_runtimeclass()
+
 
 
 def _delete_path(obj: dict, path: str) -> None:

@@ -90,7 +90,7 @@ def main() -> int:
     emulator.start()
     os.environ.update(emulator.env())  # the tool's kubectl calls inherit this environment
     try:
-        emulator.create_object(emulator._info_for("namespaces"),
+        emulator.writes.create_object(emulator._info_for("namespaces"),
                                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
         template = demo.job_manifest(NAMESPACE, 1, 1, demo.DEFAULT_IMAGE, demo.DEFAULT_RUNTIME,
                                      demo.DEFAULT_JOB_DEADLINE_SECONDS)["spec"]["template"]

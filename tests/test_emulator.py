@@ -480,7 +480,7 @@ def test_watch_protocol(emu_factory) -> None:
     assert bm["object"]["metadata"]["annotations"] == {"k8s.io/initial-events-end": "true"}
     for i in range(40):
         k_ = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "d%d" % i, "namespace": "wp"}}
-        emu.api.emu.create_object(emu._info_for("configmaps"), k_)
+        emu.writes.create_object(emu._info_for("configmaps"), k_)
     evs = _read_watch(emu, "/api/v1/namespaces/wp/configmaps?watch=1&resourceVersion=2&timeoutSeconds=1")
     assert evs[0]["type"] == "ERROR" and evs[0]["object"]["code"] == 410
     assert evs[0]["object"]["reason"] == "Expired" and "too old resource version" in evs[0]["object"]["message"]

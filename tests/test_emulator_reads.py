@@ -33,7 +33,7 @@ def emulator(tmp_path):
         emulator.start()
         made.append(emulator)
         namespaces = emulator._info_for("namespaces")
-        emulator.create_object(namespaces, {"apiVersion": "v1", "kind": "Namespace",
+        emulator.writes.create_object(namespaces, {"apiVersion": "v1", "kind": "Namespace",
                                             "metadata": {"name": NAMESPACE}})
         # The namespace controller adds its root CA configmap soon after: wait for it, so
         # that every configmap listed below is one the test made or that one.
@@ -51,7 +51,7 @@ def emulator(tmp_path):
 def add_configmaps(emulator: Emulator, names: list[str]) -> None:
     info = emulator._info_for("configmaps")
     for name in names:
-        emulator.create_object(info, {"apiVersion": "v1", "kind": "ConfigMap",
+        emulator.writes.create_object(info, {"apiVersion": "v1", "kind": "ConfigMap",
                                       "metadata": {"name": name, "namespace": NAMESPACE,
                                                    "labels": {"set": "test"}}})
 

@@ -1,0 +1,213 @@
+"""Unit tests of what the tool keeps from its watches so that little is read after a
+Job's end: when the pod watch's view is final (a list would show the same pods), the
+namespace's events as a reducer of watch changes (compact in memory, whole on disk),
+the count of events a list of one reports, and the follower settling after the end
+fed queue items by hand. No thread, no kubectl, no API."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import rl_batch_demo as demo
+
+NAMESPACE = "agc-rl-0123456789ab"
+FINALIZER = "batch.kubernetes.io/job-tracking"
+
+
+def job(succeeded: int = 2, failed: int = 0, end: str = "Complete", **status: object) -> dict:
+    conditions = [{"type": end, "status": "True"}] if end else []
+    return {"metadata": {"name": "rollout", "resourceVersion": "90"},
+            "status": dict({"succeeded": succeeded, "failed": failed, "conditions": conditions}, **status)}
+
+
+def pod(name: str, phase: str = "Succeeded", finalizers: list[str] | None = None, **metadata: object) -> dict:
+    return {"kind": "Pod", "apiVersion": "v1",
+            "metadata": dict({"name": name, "namespace": NAMESPACE, "finalizers": finalizers or []}, **metadata),
+            "status": {"phase": phase}}
+
+
+def event(name: str, reason: str = "Scheduled", rv: str = "10", **fields: object) -> dict:
+    return dict({"kind": "Event", "apiVersion": "v1",
+                 "metadata": {"name": name, "namespace": NAMESPACE, "uid": f"uid-{name}", "resourceVersion": rv,
+                              "creationTimestamp": "2026-01-01T00:00:01Z", "managedFields": [{"big": "x" * 50}]},
+                 "involvedObject": {"kind": "Pod", "name": name.split(".")[0], "uid": "pod-uid",
+                                    "apiVersion": "v1", "fieldPath": "spec.containers{episode}"},
+                 "reason": reason, "message": f"{reason} it", "type": "Normal", "count": 1,
+                 "source": {"component": "kubelet", "host": "node-1"},
+                 "firstTimestamp": "2026-01-01T00:00:01Z", "lastTimestamp": "2026-01-01T00:00:01Z",
+                 "eventTime": None, "reportingComponent": "kubelet", "reportingInstance": "node-1"}, **fields)
+
+
+# --------------------------------------------------------------------------
+# When the pod watch's view is final.
+
+
+def test_ended_and_counted_pods_of_a_complete_job_are_final() -> None:
+    assert demo.pods_final(job(2), [pod("a"), pod("b")])
+    assert demo.pods_final(job(1, failed=1), [pod("a"), pod("b", "Failed")])
+
+
+def test_a_pod_not_yet_counted_by_the_job_controller_is_not_final() -> None:
+    # The controller removes its finalizer once it has counted the pod: that change is still to come.
+    assert not demo.pods_final(job(2), [pod("a"), pod("b", finalizers=[FINALIZER])])
+    assert not demo.pods_final(job(2, uncountedTerminatedPods={"succeeded": ["uid-b"]}), [pod("a"), pod("b")])
+
+
+def test_a_running_or_deleted_pod_is_not_final() -> None:
+    assert not demo.pods_final(job(2), [pod("a"), pod("b", "Running")])
+    assert not demo.pods_final(job(2), [pod("a"), pod("b", deletionTimestamp="2026-01-01T00:00:09Z")])
+
+
+def test_fewer_pods_than_the_job_counted_are_not_final() -> None:
+    # The watch never delivered one of them: a list would show it.
+    assert not demo.pods_final(job(3), [pod("a"), pod("b")])
+
+
+def test_only_a_complete_job_has_final_pods() -> None:
+    assert not demo.pods_final(job(2, end="Failed"), [pod("a"), pod("b")])
+    assert not demo.pods_final(job(2, end=""), [pod("a"), pod("b")])
+    assert not demo.pods_final(job(2, active=1), [pod("a"), pod("b")])
+    assert not demo.pods_final(None, [pod("a")])
+
+
+# --------------------------------------------------------------------------
+# The events as a reducer of watch changes.
+
+
+def test_the_event_store_keeps_each_events_newest_version_in_list_order() -> None:
+    store = demo.EventStore()
+    first = event("p-2.aa", count=1)
+    store.apply("ADDED", first)
+    store.apply("ADDED", event("p-1.bb", "Pulled"))
+    store.apply("MODIFIED", event("p-2.aa", count=3, rv="12"))
+    assert len(store) == 2
+    assert [json.loads(text)["metadata"]["name"] for text in store.whole()] == ["p-1.bb", "p-2.aa"]
+    assert json.loads(list(store.whole(["p-2.aa"]))[0]) == event("p-2.aa", count=3, rv="12")
+    assert [e["count"] for e in store.events()] == [1, 3]
+
+
+def test_a_deleted_event_is_forgotten_and_a_nameless_one_ignored() -> None:
+    store = demo.EventStore()
+    store.apply("ADDED", event("p-1.aa"))
+    store.apply("ADDED", event("p-2.bb"))
+    store.apply("DELETED", event("p-1.aa"))
+    store.apply("ADDED", {"kind": "Event", "metadata": {}})
+    assert [e["metadata"]["name"] for e in store.events()] == ["p-2.bb"]
+    assert len(list(store.whole())) == 1
+
+
+def test_a_compact_event_reads_as_the_whole_one() -> None:
+    whole = [event("p-1.18ed0000000000aa", "Scheduled", eventTime="2026-01-01T00:00:01.250000Z"),
+             event("p-1.18ed0000000000bb", "Pulled", message="Container image \"x\" already present on machine"),
+             event("p-1.18ed0000000000cc", "Started"),
+             event("p-1.18ed0000000000dd", "BackOff", type="Warning", count=4),
+             event("rollout.18ed0000000000ee", "SuccessfulCreate", message="Created pod: p-1",
+                   involvedObject={"kind": "Job", "name": "rollout", "uid": "job-uid"},
+                   source={"component": "job-controller"})]
+    compact = [demo.compact_event(copy.deepcopy(e)) for e in whole]
+    assert "managedFields" not in compact[0]["metadata"] and "apiVersion" not in compact[0]["involvedObject"]
+    other_container = event("p-1.18ed0000000000ff", "Started",
+                            involvedObject={"kind": "Pod", "name": "p-1", "fieldPath": "spec.initContainers{setup}"})
+    whole.append(other_container)
+    compact.append(demo.compact_event(other_container))
+    for read in (demo.scheduled_event_times, demo.image_cache_states, demo.warning_summary, demo.pod_warnings,
+                 demo.kubelet_container_events, demo.pod_creation_events, demo.events_table):
+        assert read(compact) == read(whole), read.__name__
+    owner = {"metadata": {"name": "rollout", "uid": "job-uid"}}
+    kept = demo.batch_events(compact, owner, [], first=True)
+    assert kept == [compact[4]] and kept == [demo.compact_event(e) for e in demo.batch_events(whole, owner, [], True)]
+
+
+def test_an_events_k8s_io_event_keeps_regarding_and_note() -> None:
+    whole = {"metadata": {"name": "p-1.aa", "creationTimestamp": "2026-01-01T00:00:01Z"},
+             "regarding": {"kind": "Pod", "name": "p-1"}, "reason": "Failed", "note": "it broke", "type": "Warning"}
+    compact = demo.compact_event(whole)
+    assert demo.pod_warnings([compact]) == demo.pod_warnings([whole]) == {"p-1": ["Failed: it broke"]}
+
+
+def test_shared_strings_keep_values_equal_and_share_repeats() -> None:
+    shared = demo.SharedStrings()
+    first = shared.share(json.loads(json.dumps(pod("a"))))
+    second = shared.share(json.loads(json.dumps(pod("b"))))
+    assert first == pod("a") and second == pod("b")
+    assert first["status"]["phase"] is second["status"]["phase"]
+    assert next(iter(first)) is next(iter(second))
+
+
+def test_shared_strings_forget_everything_when_the_table_grows_large() -> None:
+    shared = demo.SharedStrings(most=3)
+    for number in range(10):
+        assert shared.share({"name": f"pod-{number}"}) == {"name": f"pod-{number}"}
+    assert len(shared.table) <= 4
+
+
+def test_the_total_of_a_list_is_its_items_and_the_remaining_count() -> None:
+    assert demo.list_total({"metadata": {"continue": "t", "remainingItemCount": 41}, "items": [{}]}) == 42
+    assert demo.list_total({"metadata": {}, "items": [{}]}) == 1
+    assert demo.list_total({"metadata": {}, "items": []}) == 0
+    # More follow but the API does not say how many (as with a selector): unknown.
+    assert demo.list_total({"metadata": {"continue": "t"}, "items": [{}]}) is None
+
+
+def test_long_encoded_items_are_written_as_given_one_per_line() -> None:
+    items = [{"n": number} for number in range(demo.ONE_LINE_ITEMS_FROM)]
+    encoded = demo.EncodedItems(lambda: (json.dumps(item) for item in items), len(items))
+    assert demo.json_text({"items": encoded}) == demo.json_text({"items": items})
+    few = demo.EncodedItems(lambda: (json.dumps(item) for item in items[:2]), 2)
+    assert demo.json_text({"items": few}) == demo.json_text({"items": items[:2]}) == json.dumps(
+        {"items": items[:2]}, indent=2)
+
+
+# --------------------------------------------------------------------------
+# The follower after the end, fed by hand.
+
+
+class Watch:
+    """Stands for a running watch process: the follower only asks whether it runs."""
+
+    def poll(self) -> int:
+        return 0
+
+    def wait(self, timeout: float | None = None) -> int:
+        return 0
+
+
+def follower_at_the_end(pods: list[dict], succeeded: int) -> demo.BatchFollower:
+    follower = demo.BatchFollower(demo.Kubectl("kubectl-never-run"), NAMESPACE, "rollout", succeeded,
+                                  demo.Progress(quiet=True), pool=None)  # type: ignore[arg-type]
+    follower._failures = {"job": 0, "pods": 0, "events": 0}
+    follower._watches = {"pods": Watch(), "events": Watch()}  # type: ignore[dict-item]
+    for item in pods:
+        follower._on_pod(item)
+    follower._on_job(job(succeeded))
+    return follower
+
+
+def test_the_follower_settles_once_each_pods_last_change_and_every_event_arrived() -> None:
+    follower = follower_at_the_end([pod("a"), pod("b", finalizers=[FINALIZER])], 2)
+    follower._queue.put(("events", {"type": "ADDED", "object": event("a.1")}))
+    follower._queue.put(("pods", {"type": "MODIFIED", "object": pod("b")}))
+    follower._queue.put(("events", {"type": "ADDED", "object": event("b.1")}))
+    assert not follower.settled(2)
+    follower.settle(2, seconds=5)
+    assert follower.settled(2) and follower.pods_are_final() and follower.events_caught_up(2)
+    assert sorted(follower.pods) == ["a", "b"] and len(follower.events) == 2
+
+
+def test_the_follower_stops_waiting_at_its_deadline_when_a_pod_never_ends() -> None:
+    follower = follower_at_the_end([pod("a"), pod("b", "Running", finalizers=[FINALIZER])], 2)
+    follower.settle(None, seconds=0.2)
+    assert not follower.pods_are_final()
+
+
+def test_events_not_watched_are_not_waited_for() -> None:
+    follower = follower_at_the_end([pod("a")], 1)
+    follower.events_watched = False
+    assert follower.settled(5) and not follower.events_caught_up(5)
+
+
+def test_a_pod_deleted_under_the_watch_is_never_final() -> None:
+    follower = follower_at_the_end([pod("a"), pod("b")], 2)
+    follower._on_pod(pod("b"), deleted=True)
+    assert not follower.pods_are_final() and follower.settled(None)
