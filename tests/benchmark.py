@@ -174,15 +174,20 @@ def say(text: str) -> None:
 # One client run, measured from outside.
 
 
-def sample_rss(pid: int, samples: list[tuple[float, int, int]], stop: threading.Event) -> None:
-    """(wall time, VmRSS kB, VmHWM kB) of the process every few milliseconds until it ends."""
+def sample_rss(pid: int, samples: list[tuple[float, int, int, float]], stop: threading.Event) -> None:
+    """(wall time, VmRSS kB, VmHWM kB, CPU seconds) of the process every few milliseconds until it ends."""
     path = f"/proc/{pid}/status"
+    ticks = os.sysconf("SC_CLK_TCK")
     while not stop.is_set():
         try:
             with open(path) as handle:
                 fields = dict(line.split(":", 1) for line in handle if line.startswith(("VmRSS", "VmHWM")))
-            samples.append((time.time(), int(fields["VmRSS"].split()[0]), int(fields["VmHWM"].split()[0])))
-        except (OSError, ValueError, KeyError):
+            with open(f"/proc/{pid}/stat") as handle:
+                # utime and stime, after the command name (which may hold spaces) and 11 other fields
+                stat = handle.read().rsplit(")", 1)[1].split()
+            samples.append((time.time(), int(fields["VmRSS"].split()[0]), int(fields["VmHWM"].split()[0]),
+                            (int(stat[11]) + int(stat[12])) / ticks))
+        except (OSError, ValueError, KeyError, IndexError):
             return
         stop.wait(RSS_SAMPLE_SECONDS)
 
@@ -207,7 +212,7 @@ def run_client(emulator: Emulator, kind: str, count: int, parallelism: int, kube
         started = time.monotonic()
         process = subprocess.Popen(argv, env=emulator.env(), stdout=stdout, stderr=stderr,
                                    stdin=subprocess.DEVNULL)
-        samples: list[tuple[float, int, int]] = []
+        samples: list[tuple[float, int, int, float]] = []
         stop = threading.Event()
         sampler = threading.Thread(target=sample_rss, args=(process.pid, samples, stop), daemon=True)
         sampler.start()
@@ -228,7 +233,7 @@ def run_client(emulator: Emulator, kind: str, count: int, parallelism: int, kube
     requests = [dict(r, at=round(r["at"] - wait["observed_at"], 4)) for r in list(emulator.requests)
                 if f"/namespaces/{results['namespace']}/" in r["path"]]
     (workdir / f"{label}.requests.json").write_text(json.dumps(requests, indent=1))
-    at_end = [(rss, hwm) for moment, rss, hwm in samples if moment <= wait["observed_at"]] or [(0, 0)]
+    at_end = [(rss, hwm, cpu) for moment, rss, hwm, cpu in samples if moment <= wait["observed_at"]] or [(0, 0, 0.0)]
     return {
         "kind": kind, "count": count, "parallelism": parallelism, "wall_seconds": wall,
         "lag_seconds": wait["observed_at"] - end_truth,
@@ -242,6 +247,8 @@ def run_client(emulator: Emulator, kind: str, count: int, parallelism: int, kube
         "peak_rss_mb": own["self_maxrss_kb"] / 1024,
         "rss_at_end_mb": at_end[-1][0] / 1024,
         "peak_rss_at_end_mb": at_end[-1][1] / 1024,
+        # The tool's own CPU after it saw the end: what the post-completion work costs on an idle machine.
+        "post_cpu_seconds": own["self_cpu"] - at_end[-1][2],
         "wait_seconds": wait["observed_at"] - wait["submitted_at"],
         "truth_wait_seconds": end_truth - wait["submitted_at"],
         # Every request the run made, cluster-wide ones (nodes, discovery) included: nothing
@@ -349,12 +356,14 @@ def lightweight_rows(runs: dict[int, dict]) -> list[tuple[str, Any, Any, str, st
             f"<= {post_target} {verdict(post <= post_target)}" if post_target else "")
         add(f"{prefix}: post-completion per episode (ms)", 1000 * post / count,
             1000 * base["post_seconds"] / base_count)
+        add(f"{prefix}: CPU of tool after the end (s)", run["post_cpu_seconds"], base["post_cpu_seconds"])
         add(f"{prefix}: submit -> end seen by client (s)", run["wait_seconds"], base["wait_seconds"])
         add(f"{prefix}: CPU tool process alone (s)", run["tool_cpu_seconds"], base["tool_cpu_seconds"])
         add(f"{prefix}: CPU kubectl children (s)", run["kubectl_cpu_seconds"], base["kubectl_cpu_seconds"])
         rss = run["peak_rss_mb"]
         add(f"{prefix}: peak RSS of tool (MB)", rss, base["peak_rss_mb"],
             f"<= {TARGET_PEAK_RSS_MB} {verdict(rss <= TARGET_PEAK_RSS_MB)}" if count >= 10000 else "")
+        add(f"{prefix}: peak RSS of tool until the end (MB)", run["peak_rss_at_end_mb"], base["peak_rss_at_end_mb"])
         add(f"{prefix}: kubectl processes per run", run["kubectl_processes"], base["kubectl_processes"],
             f"= smallest {verdict(run['kubectl_processes'] == base['kubectl_processes'])}")
         requests = run["api_requests"]

@@ -189,8 +189,9 @@ def test_interrupt_while_collecting_keeps_the_receipt_and_evidence(make_cluster,
     # From now on every new request is slow, so collecting the evidence takes seconds.
     emulator.set_faults(api_latency=1.5)
     events_path = f"/api/v1/namespaces/{name}/events"
-    wait_for(lambda: any(r["path"] == events_path for r in emulator.requests), WAIT,
-             "the tool to start collecting (reading the namespace's events)")
+    # The events are watched from the start; after the end a list of one counts them.
+    wait_for(lambda: any(r["path"] == events_path and r["query"].get("limit") == "1" for r in emulator.requests),
+             WAIT, "the tool to start collecting (counting the namespace's events)")
     assert process.poll() is None, "the run ended before it could be interrupted while collecting"
     job = emulator.get("jobs", name, "rollout")
     assert any(c["type"] == "Complete" and c["status"] == "True" for c in job["status"]["conditions"])

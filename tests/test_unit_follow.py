@@ -211,3 +211,30 @@ def test_a_pod_deleted_under_the_watch_is_never_final() -> None:
     follower = follower_at_the_end([pod("a"), pod("b")], 2)
     follower._on_pod(pod("b"), deleted=True)
     assert not follower.pods_are_final() and follower.settled(None)
+
+
+# --------------------------------------------------------------------------
+# The state alone: a reducer of watch changes, no follower around it.
+
+
+def test_the_state_reports_each_ended_container_and_the_jobs_end_once() -> None:
+    state = demo.BatchState()
+    running = pod("a", "Running")
+    assert state.apply("pods", "ADDED", running, 100.0) == []
+    ended = pod("a")
+    ended["status"]["containerStatuses"] = [{"name": "episode", "state": {"terminated": {"containerID": "c-1"}}}]
+    assert state.apply("pods", "MODIFIED", ended, 101.0) == [("a", "c-1")]
+    assert state.apply("job", "MODIFIED", job(1, end=""), 101.5) == [] and state.end is None
+    assert state.on_job(job(1), 102.0) and state.end == "Complete" and state.end_resource_version == "90"
+    assert not state.on_job(job(1), 103.0)  # the end is told once
+    assert state.pods_are_final() and state.observations()["pods"]["a"]
+    assert state.apply("events", "ADDED", event("a.1"), 102.5) == [] and len(state.events) == 1
+
+
+def test_the_state_keeps_a_deleted_pod_as_last_seen_and_then_is_never_final() -> None:
+    state = demo.BatchState()
+    state.apply("pods", "ADDED", pod("a"), 100.0)
+    state.apply("pods", "DELETED", pod("a", "Running"), 101.0)
+    state.on_job(job(1), 102.0)
+    assert state.pods["a"]["status"]["phase"] == "Succeeded" and state.deleted == {"a"}
+    assert not state.pods_are_final()
