@@ -23,7 +23,9 @@ import argparse
 import bisect
 import codecs
 import concurrent.futures
+import contextlib
 import csv
+import dataclasses
 import datetime
 import functools
 import hashlib
@@ -2505,24 +2507,20 @@ def timeline_sample(batches: Sequence[tuple[str, dict]], limit: int = TIMELINE_M
     return sampled, f" - {len(keep)} of {total} episodes, evenly spread in order of pod creation"
 
 
+def saved_results(results: dict, printed: bool = False) -> dict:
+    """Results as saved in results.json: everything but private working fields; as `printed`,
+    also without the per-pod rows. The same for each round and the warm-up inside."""
+    kept = {k: v for k, v in results.items() if not k.startswith("_") and not (printed and k == "pods")}
+    if "rounds" in kept:
+        kept["rounds"] = [saved_results(r, printed) for r in kept["rounds"]]
+    if isinstance(kept.get("warmup"), dict):
+        kept["warmup"] = saved_results(kept["warmup"], printed)
+    return kept
+
+
 def public_results(results: dict) -> dict:
     """Results as printed: without per-pod rows or private working fields."""
-    printed = {k: v for k, v in results.items() if k != "pods" and not k.startswith("_")}
-    if "rounds" in printed:
-        printed["rounds"] = [public_results(r) for r in printed["rounds"]]
-    if isinstance(printed.get("warmup"), dict):
-        printed["warmup"] = public_results(printed["warmup"])
-    return printed
-
-
-def saved_results(results: dict) -> dict:
-    """Results as saved in results.json: everything but private working fields."""
-    saved = {k: v for k, v in results.items() if not k.startswith("_")}
-    if "rounds" in saved:
-        saved["rounds"] = [saved_results(r) for r in saved["rounds"]]
-    if isinstance(saved.get("warmup"), dict):
-        saved["warmup"] = saved_results(saved["warmup"])
-    return saved
+    return saved_results(results, printed=True)
 
 
 def throughput_line(figures: dict) -> str:
@@ -2775,7 +2773,7 @@ class Kubectl:
             raise KubectlError(verb, completed.returncode, completed.stderr)
         return completed.stdout
 
-    def json(self, args: Sequence[str], **options: Any) -> Any:
+    def get_json(self, args: Sequence[str], **options: Any) -> Any:
         """Run a call with `-o json`; None when kubectl printed nothing (--ignore-not-found)."""
         text = self.run(list(args) + ["-o", "json"], **options)
         if not text.strip():
@@ -2784,6 +2782,22 @@ class Kubectl:
             return json.loads(text)
         except ValueError:
             raise DemoError(f"kubectl {' '.join(args[:2])} printed something that is not JSON") from None
+
+    def get(self, kind: str, name: str, namespace: str | None = None, missing_ok: bool = False,
+            retry_until: float | None = None) -> dict | None:
+        """One object; None if it does not exist and `missing_ok` (else that is a KubectlError)."""
+        args = ["get", kind, name] + (["-n", namespace] if namespace else [])
+        return self.get_json(args + (["--ignore-not-found"] if missing_ok else []), retry_until=retry_until)
+
+    def create(self, manifest: dict, retry_until: float | None = None) -> dict:
+        """Create one object from its manifest; the object as the API server stored it."""
+        return self.get_json(["create", "-f", "-"], input_text=json.dumps(manifest), retry_until=retry_until)
+
+    def delete(self, kind: str, name: str, namespace: str | None, *flags: str,
+               retry_until: float | None = None) -> None:
+        """Ask for one object's deletion; one already gone is no error."""
+        args = ["delete", kind, name] + (["-n", namespace] if namespace else [])
+        self.run(args + list(flags) + ["--ignore-not-found"], retry_until=retry_until)
 
     def stream(self, args: Sequence[str], seconds: int, detached: bool = False,
                stderr: Any = None) -> subprocess.Popen:
@@ -3370,10 +3384,10 @@ class BatchFollower:
 
     def _poll(self, client_deadline: float) -> None:
         retry_until = min(client_deadline, time.monotonic() + CALL_TIMEOUT_SECONDS)
-        job = self.kubectl.json(["get", "job", self.job_name, "-n", self.namespace],
-                                retry_until=retry_until)
-        pods = self.kubectl.json(["get", "pods", "-l", f"job-name={self.job_name}", "-n", self.namespace],
-                                 retry_until=retry_until)
+        job = self.kubectl.get_json(["get", "job", self.job_name, "-n", self.namespace],
+                                    retry_until=retry_until)
+        pods = self.kubectl.get_json(["get", "pods", "-l", f"job-name={self.job_name}", "-n", self.namespace],
+                                     retry_until=retry_until)
         seen = time.time()
         for pod in (pods or {}).get("items", []):
             self._on_pod(pod, arrived=seen)
@@ -3530,6 +3544,96 @@ def cleanup_command(output: str, kubectl_binary: str = "kubectl") -> str:
 
 
 # --------------------------------------------------------------------------
+# The receipt: what a run created, and the proof that it is the run's own.
+
+
+class Receipt:
+    """receipt.json: the namespace and Jobs of one run and their UIDs, saved whole at every change.
+
+    A run writes it before it changes anything in the cluster and adds each UID the
+    moment the object exists, so an interruption at any point leaves a receipt that
+    names everything created so far; cleanup deletes only what it proves.
+    """
+
+    def __init__(self, path: str, fields: dict[str, Any]) -> None:
+        self.path = path
+        self.fields = fields
+
+    @classmethod
+    def start(cls, output: str, context: str, namespace: str, run_id: str) -> Receipt:
+        """A new run's receipt; written by its first `save()`."""
+        return cls(os.path.join(output, RECEIPT_FILE), {"context": context, "namespace": namespace, "run_id": run_id})
+
+    @classmethod
+    def read(cls, output: str) -> Receipt:
+        """The receipt in a run's directory, written by this tool or by the guide's script."""
+        path = os.path.join(output, RECEIPT_FILE)
+        fields = read_json(path, "receipt")
+        if not isinstance(fields, dict) or not all(isinstance(fields.get(k), str) and fields.get(k)
+                                                   for k in ("context", "namespace", "run_id")):
+            raise DemoError(f"receipt {path} lacks context, namespace or run_id; nothing was deleted")
+        if not fields["namespace"].startswith(NAMESPACE_PREFIX):
+            raise DemoError(f"receipt names namespace {fields['namespace']!r}, which this tool never "
+                            f"creates; nothing was deleted")
+        return cls(path, fields)
+
+    @property
+    def context(self) -> str:
+        return self.fields["context"]
+
+    @property
+    def namespace(self) -> str:
+        return self.fields["namespace"]
+
+    @property
+    def run_id(self) -> str:
+        return self.fields["run_id"]
+
+    @property
+    def namespace_uid(self) -> str | None:
+        """Ours under `namespace_uid`, the guide's under `uid`."""
+        return self.fields.get("namespace_uid") or self.fields.get("uid")
+
+    def save(self) -> None:
+        write_json(self.path, self.fields)
+
+    def record_namespace(self, uid: str) -> None:
+        """The namespace's UID under the guide's key `uid`, and under our clearer name beside it."""
+        self.fields["uid"] = self.fields["namespace_uid"] = uid
+        self.save()
+
+    def record_job(self, job_name: str, uid: str) -> None:
+        """Every Job of the run under `jobs`; the guide's `job_uid` is only ever Job `rollout`'s,
+        since the guide's cleanup deletes the Job of that name when its UID matches."""
+        self.fields.setdefault("jobs", {})[job_name] = uid
+        if job_name == JOB_NAME:
+            self.fields["job_uid"] = uid
+        self.save()
+
+    def has_job(self, job_name: str) -> bool:
+        return job_name in (self.fields.get("jobs") or {})
+
+    def job_uids(self) -> dict[str, str | None]:
+        """The UID of every Job the receipt names; an old receipt's Job `rollout` by its saved job.json."""
+        expected = dict(self.fields.get("jobs") or {})
+        if self.fields.get("job_uid"):
+            expected.setdefault(JOB_NAME, self.fields["job_uid"])
+        if JOB_NAME not in expected:
+            saved = os.path.join(os.path.dirname(self.path), "job.json")
+            if os.path.exists(saved):
+                expected[JOB_NAME] = (read_json(saved, "job.json").get("metadata") or {}).get("uid")
+        return expected
+
+    def owns_namespace(self, live: dict | None) -> bool:
+        """Whether a live namespace is this run's: it carries the run's label and, once the
+        receipt holds a UID, that UID (a namespace deleted and made again under the name is not)."""
+        metadata = (live or {}).get("metadata") or {}
+        if (metadata.get("labels") or {}).get(RUN_LABEL) != self.run_id:
+            return False
+        return not self.namespace_uid or metadata.get("uid") == self.namespace_uid
+
+
+# --------------------------------------------------------------------------
 # The `run` action.
 
 
@@ -3568,18 +3672,32 @@ def batch_job(namespace: str, settings: dict, name: str, task_maps: Sequence[dic
         policy=rollout_policy(settings))
 
 
+class RunPlan(NamedTuple):
+    """Every object one run creates, built once: `--dry-run` prints them and `run` creates them."""
+    namespace: dict
+    setup: list[dict]  # the NetworkPolicy (--harden), the worker's ConfigMap, the tasks' ConfigMaps
+    jobs: dict[str, dict]  # each batch's Job by its name, in the order the batches run
+
+    def objects(self) -> list[dict]:
+        """In creation order."""
+        return [self.namespace, *self.setup, *self.jobs.values()]
+
+
+def plan_run(namespace: str, run_id: str, settings: dict, worker_source: str,
+             tasks: Sequence[Task] = ()) -> RunPlan:
+    """Every object `run` creates, from its settings alone."""
+    task_maps = task_configmaps(namespace, tasks) if tasks else []
+    setup = [network_policy_manifest(namespace)] if settings["harden"] else []
+    setup += [configmap_manifest(namespace, worker_source), *task_maps]
+    jobs = {name: batch_job(namespace, settings, name, task_maps)
+            for name, _ in batch_names(settings["rounds"], settings["warmup"])}
+    return RunPlan(namespace_manifest(namespace, run_id, settings["harden"]), setup, jobs)
+
+
 def planned_objects(namespace: str, run_id: str, settings: dict, worker_source: str,
                     tasks: Sequence[Task] = ()) -> list[dict]:
     """Every object `run` creates, in creation order."""
-    objects = [namespace_manifest(namespace, run_id, settings["harden"])]
-    if settings["harden"]:
-        objects.append(network_policy_manifest(namespace))
-    objects.append(configmap_manifest(namespace, worker_source))
-    task_maps = task_configmaps(namespace, tasks) if tasks else []
-    objects += task_maps
-    for name, _ in batch_names(settings["rounds"], settings["warmup"]):
-        objects.append(batch_job(namespace, settings, name, task_maps))
-    return objects
+    return plan_run(namespace, run_id, settings, worker_source, tasks).objects()
 
 
 def find_kubectl(binary: str) -> str:
@@ -3711,243 +3829,331 @@ def write_events(path: str, source: PagedList | EventStore | None, events: Seque
                           "items": items})
 
 
-class RunAction:
-    """One `run`: its steps in order, with everything needed to salvage an interruption."""
+@dataclasses.dataclass
+class RunContext:
+    """What the steps of one `run` share: its settings and plan, its receipt, its open handles."""
+    settings: dict
+    plan: RunPlan
+    receipt: Receipt
+    kubectl: Kubectl
+    output: str
+    progress: Progress
+    pool: concurrent.futures.ThreadPoolExecutor
+    cpu_start: float
+    proxy: ApiProxy | None = None
+    batch: BatchEvidence | None = None  # the batch under way: what an interruption saves
+    touched_cluster: bool = False
 
-    def __init__(self, args: argparse.Namespace, settings: dict, worker_source: str,
-                 kubectl: Kubectl, output: str) -> None:
-        self.args = args
-        self.settings = settings
-        self.worker_source = worker_source
-        self.kubectl = kubectl
-        self.output = output
-        self.run_id = secrets.token_hex(6)
-        self.namespace = NAMESPACE_PREFIX + self.run_id
-        self.receipt: dict[str, Any] = {"context": kubectl.context, "namespace": self.namespace,
-                                        "run_id": self.run_id}
-        self.progress = Progress(args.quiet)
-        self.pool = concurrent.futures.ThreadPoolExecutor(LOG_READERS)
-        self.follower: BatchFollower | None = None
-        self.proxy: ApiProxy | None = None
-        self.batch_dir = output
-        self.touched_cluster = False
-        self.cpu_start = cpu_seconds()
-        self.tasks: list[Task] = list(getattr(args, "task_list", None) or [])
-        self.task_maps = task_configmaps(self.namespace, self.tasks) if self.tasks else []
+    @property
+    def namespace(self) -> str:
+        return self.receipt.namespace
 
-    # -- steps ------------------------------------------------------------
 
-    def execute(self) -> dict:
-        write_json(os.path.join(self.output, RECEIPT_FILE), self.receipt)
-        batches = batch_names(self.settings["rounds"], self.settings["warmup"])
-        self.settings["namespace"] = self.namespace
-        self.settings["batches"] = [{"job": name, "measured": measured,
-                                     "dir": name if len(batches) > 1 else "."}
-                                    for name, measured in batches]
-        write_json(os.path.join(self.output, SETTINGS_FILE), self.settings)
-        self.check_runtime_class()
-        if rollout_policy(self.settings):
-            self.check_server_version()
-        self.check_capacity()
-        self.create_namespace()
-        if self.settings["harden"]:
-            self.create(network_policy_manifest(self.namespace))
-        self.create(configmap_manifest(self.namespace, self.worker_source))
-        for task_map in self.task_maps:
-            self.create(task_map)
-        summaries = []
-        for entry in self.settings["batches"]:
-            self.batch_dir = os.path.normpath(os.path.join(self.output, entry["dir"]))
-            os.makedirs(self.batch_dir, exist_ok=True)
-            summaries.append((entry, self.run_batch(entry["job"])))
-        results = assemble_results(self.settings, summaries, self.client_figures())
-        write_json(os.path.join(self.output, RESULTS_FILE), saved_results(results))
-        measured = [(entry["job"], summary) for entry, summary in summaries if entry["measured"]]
-        write_text(os.path.join(self.output, "episodes.csv"), episodes_csv(measured))
-        write_pictures(self.output, measured, self.settings)
-        return results
+def execute(run: RunContext) -> dict:
+    """The steps of `run`, in order; each leaves on disk what a failure after it needs."""
+    save_run_records(run)
+    check_runtime_class(run)
+    if rollout_policy(run.settings):
+        check_server_version(run)
+    check_capacity(run)
+    create_namespace(run)
+    for manifest in run.plan.setup:
+        create_object(run, manifest)
+    summaries = [(entry, run_one_batch(run, entry)) for entry in run.settings["batches"]]
+    return save_results(run, summaries)
 
-    def check_runtime_class(self) -> None:
-        runtime = self.settings["runtime"]
-        try:
-            # The first contact with the cluster: retried briefly, so an unreachable
-            # cluster is reported in seconds rather than after a minute.
-            self.kubectl.run(["get", "runtimeclass", runtime, "-o", "name"],
-                             retry_until=time.monotonic() + FIRST_CONTACT_RETRY_SECONDS)
-        except KubectlError as error:
-            if UNSERVED_PATH_MESSAGE in error.stderr:  # no missing RuntimeClass: an unknown URL
-                raise DemoError(f"the endpoint of context {self.kubectl.context!r}{self.server_of_context()} "
-                                f"does not serve the Kubernetes API (or lacks node.k8s.io/v1 RuntimeClass): "
-                                f"{error}; nothing was created") from None
-            if error.not_found:
-                raise DemoError(f"RuntimeClass {runtime!r} not found in context {self.kubectl.context!r}; "
-                                f"nothing was created (pass --runtime NAME)") from None
-            raise DemoError(f"cannot reach the cluster of context {self.kubectl.context!r}: {error}; "
-                            f"nothing was created") from None
 
-    def check_server_version(self) -> None:
-        """Retries and accepted failures need the Job API of Kubernetes >= 1.33; an older server
-        would drop or reject the fields, so say so before anything is created."""
-        try:
-            version = json.loads(self.kubectl.run(["get", "--raw", "/version"],
-                                                  retry_until=time.monotonic() + FIRST_CONTACT_RETRY_SECONDS))
-            found = (int(version["major"]), int(re.sub(r"\D.*", "", version["minor"]) or 0))
-        except (KubectlError, ValueError, KeyError, TypeError) as error:
-            raise DemoError(f"cannot tell the Kubernetes version of context {self.kubectl.context!r} ({error}); "
-                            f"--retries and --allow-failures need >= 1.33; nothing was created") from None
-        if found < RETRIES_MIN_SERVER:
-            raise DemoError(f"--retries and --allow-failures need Kubernetes >= 1.33 (backoffLimitPerIndex, "
-                            f"maxFailedIndexes and podFailurePolicy FailIndex); context {self.kubectl.context!r} "
-                            f"serves {found[0]}.{found[1]}; nothing was created")
+def save_run_records(run: RunContext) -> None:
+    """The receipt and run.json, before anything in the cluster changes."""
+    run.receipt.save()
+    write_json(os.path.join(run.output, SETTINGS_FILE), run.settings)
 
-    def check_capacity(self) -> None:
-        """Warn, before anything is created, when the nodes cannot run the whole batch at once."""
-        plan = read_capacity(self.kubectl, self.settings)
-        self.settings["capacity"] = plan
-        write_json(os.path.join(self.output, SETTINGS_FILE), self.settings)
-        warning = capacity_warning(plan, self.settings["parallelism"])
-        if warning:
-            print(warning, file=sys.stderr, flush=True)
 
-    def server_of_context(self) -> str:
-        """` (URL)` of the context's API server for a message, or nothing if kubectl cannot say."""
-        try:
-            server = self.kubectl.run(["config", "view", "--minify", "-o",
-                                       "jsonpath={.clusters[0].cluster.server}"], request_timeout=None).strip()
-        except DemoError:
-            return ""
-        return f" ({server})" if server else ""
+def check_runtime_class(run: RunContext) -> None:
+    """The RuntimeClass exists; the first contact with the cluster, so it also says whether it answers."""
+    runtime, context = run.settings["runtime"], run.kubectl.context
+    try:
+        # Retried briefly, so an unreachable cluster is reported in seconds rather than after a minute.
+        run.kubectl.run(["get", "runtimeclass", runtime, "-o", "name"],
+                        retry_until=time.monotonic() + FIRST_CONTACT_RETRY_SECONDS)
+    except KubectlError as error:
+        if UNSERVED_PATH_MESSAGE in error.stderr:  # no missing RuntimeClass: an unknown URL
+            raise DemoError(f"the endpoint of context {context!r}{server_of_context(run.kubectl)} "
+                            f"does not serve the Kubernetes API (or lacks node.k8s.io/v1 RuntimeClass): "
+                            f"{error}; nothing was created") from None
+        if error.not_found:
+            raise DemoError(f"RuntimeClass {runtime!r} not found in context {context!r}; "
+                            f"nothing was created (pass --runtime NAME)") from None
+        raise DemoError(f"cannot reach the cluster of context {context!r}: {error}; "
+                        f"nothing was created") from None
 
-    def create_namespace(self) -> None:
-        self.touched_cluster = True
-        created = self.create(namespace_manifest(self.namespace, self.run_id, self.settings["harden"]))
-        record_namespace_uid(self.receipt, created["metadata"]["uid"])
-        write_json(os.path.join(self.output, RECEIPT_FILE), self.receipt)
-        print(f"Test namespace: {self.namespace}", flush=True)
 
-    def create(self, manifest: dict) -> dict:
-        """Create one object; a retry that finds it already there adopts it only if it is provably ours."""
-        retries_before = self.kubectl.retries
-        try:
-            return self.kubectl.json(["create", "-f", "-"], input_text=json.dumps(manifest),
-                                     retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS)
-        except KubectlError as error:
-            # Only a retried create may find its own first attempt already done.
-            if not error.already_exists or self.kubectl.retries == retries_before:
-                raise
-        kind = manifest["kind"].lower()
-        name = manifest["metadata"]["name"]
-        namespace_args = [] if kind == "namespace" else ["-n", self.namespace]
-        existing = self.kubectl.json(["get", kind, name] + namespace_args,
-                                     retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS)
-        labels = (existing or {}).get("metadata", {}).get("labels") or {}
-        if kind == "namespace" and labels.get(RUN_LABEL) != self.run_id:
-            raise DemoError(f"namespace {name} already exists and is not this run's")
-        return existing
+def check_server_version(run: RunContext) -> None:
+    """Retries and accepted failures need the Job API of Kubernetes >= 1.33; an older server
+    would drop or reject the fields, so say so before anything is created."""
+    context = run.kubectl.context
+    try:
+        version = json.loads(run.kubectl.run(["get", "--raw", "/version"],
+                                             retry_until=time.monotonic() + FIRST_CONTACT_RETRY_SECONDS))
+        found = (int(version["major"]), int(re.sub(r"\D.*", "", version["minor"]) or 0))
+    except (KubectlError, ValueError, KeyError, TypeError) as error:
+        raise DemoError(f"cannot tell the Kubernetes version of context {context!r} ({error}); "
+                        f"--retries and --allow-failures need >= 1.33; nothing was created") from None
+    if found < RETRIES_MIN_SERVER:
+        raise DemoError(f"--retries and --allow-failures need Kubernetes >= 1.33 (backoffLimitPerIndex, "
+                        f"maxFailedIndexes and podFailurePolicy FailIndex); context {context!r} "
+                        f"serves {found[0]}.{found[1]}; nothing was created")
 
-    def run_batch(self, job_name: str) -> dict:
-        """Submit one Job, follow it, save its evidence, verify and summarise it."""
-        manifest = batch_job(self.namespace, self.settings, job_name, self.task_maps)
-        write_json(os.path.join(self.batch_dir, "job-submitted.json"), manifest)
-        submitted_wall = time.time()
-        submitted = time.monotonic()
-        client_deadline = submitted + self.settings["timeout"] + CLIENT_GRACE_SECONDS
-        self.follower = BatchFollower(self.kubectl, self.namespace, job_name, self.settings["count"],
-                                      self.progress, self.pool, self.proxy, self.batch_dir)
-        # First, so that it is listening by the time the Job's first pods are created.
-        self.follower.watch_pods_first(client_deadline)
-        if self.proxy is None:
-            try:
-                self.proxy = self.follower.proxy = ApiProxy(self.kubectl)
-            except DemoError as error:  # e.g. kubectl proxy forbidden here: one process per read instead
-                print(f"Warning: {error}; reading logs with one kubectl per pod", file=sys.stderr)
-        self.progress.new_batch()
-        self.follower.job_observed["submitted"] = time.time()
-        try:
-            created = self.create(manifest)
-        except BaseException:
-            self.follower.stop_watches()
+
+def check_capacity(run: RunContext) -> None:
+    """Warn, before anything is created, when the nodes cannot run the whole batch at once;
+    run.json keeps the plan."""
+    plan = read_capacity(run.kubectl, run.settings)
+    run.settings = dict(run.settings, capacity=plan)
+    write_json(os.path.join(run.output, SETTINGS_FILE), run.settings)
+    warning = capacity_warning(plan, run.settings["parallelism"])
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
+
+
+def server_of_context(kubectl: Kubectl) -> str:
+    """` (URL)` of the context's API server for a message, or nothing if kubectl cannot say."""
+    try:
+        server = kubectl.run(["config", "view", "--minify", "-o", "jsonpath={.clusters[0].cluster.server}"],
+                             request_timeout=None).strip()
+    except DemoError:
+        return ""
+    return f" ({server})" if server else ""
+
+
+def create_namespace(run: RunContext) -> None:
+    """The run's namespace, its UID in the receipt at once."""
+    run.touched_cluster = True
+    created = create_object(run, run.plan.namespace)
+    run.receipt.record_namespace(created["metadata"]["uid"])
+    print(f"Test namespace: {run.namespace}", flush=True)
+
+
+def create_object(run: RunContext, manifest: dict) -> dict:
+    """Create one object; a retry that finds it already there adopts it only if it is provably ours."""
+    kubectl = run.kubectl
+    retries_before = kubectl.retries
+    try:
+        return kubectl.create(manifest, retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS)
+    except KubectlError as error:
+        # Only a retried create may find its own first attempt already done.
+        if not error.already_exists or kubectl.retries == retries_before:
             raise
-        self.follower.job_observed["create_returned"] = time.time()
-        record_job_uid(self.receipt, job_name, created["metadata"]["uid"])
-        write_json(os.path.join(self.output, RECEIPT_FILE), self.receipt)
-        end = self.follower.follow(submitted, client_deadline)
-        client = {
-            "job": job_name, "end": end, "submitted_at": submitted_wall,
-            "observed_at": self.follower.observed_wall,
-            "client_job_complete_seconds": rounded(self.follower.observed_monotonic - submitted)
-            if self.follower.observed_monotonic is not None else None,
-            "kubectl_processes_while_waiting": self.follower.processes_while_waiting,
-            "watch_restarts": self.follower.watch_restarts,
-            "watch_queue_peak": self.follower.queue_peak,
-            "wait_mode": "poll" if self.follower.polling else "watch",
-        }
-        job, reading, logs, events = self.collect(job_name)
-        self.follower.stop_watches()
-        pods = reading.pods
-        client["pods_read"] = {
-            "source": reading.source, "not_older_than": self.follower.end_resource_version,
-            "resource_version": reading.resource_version, "pages": reading.pages,
-            "continue_expiries": reading.continue_expiries, "read_again": reading.reread}
-        client["events_read"] = self.follower.events_read
-        if self.settings.get("rollout"):
-            summary = self.rollout_summary(job_name, end, job, reading, logs, events)
-        else:
-            if end != "Complete":
-                raise DemoError("\n  ".join(
-                    ["Job failed or timed out; inspect saved status/events/logs, then cleanup"]
-                    + describe_failure(job, pods, job_name, self.settings["timeout"] + CLIENT_GRACE_SECONDS)
-                    + [saved_evidence(job, pods, logs, events)]))
-            if reading.source == "watch" and len(pods) < self.settings["count"]:
-                # A watch that saw fewer pods than episodes proves nothing about the others.
-                raise DemoError(f"cannot verify the batch: the pods could not be listed and the pod watch saw "
-                                f"only {len(pods)} of {self.settings['count']}")
-            try:
-                summary = summarise_batch(job, pods, logs, events, self.settings["count"],
-                                          self.settings["builtin"], self.follower.observed_wall,
-                                          self.follower.observations())
-            except VerificationError as error:
-                if reading.source == "watch":
-                    raise VerificationError(f"{error} (judged from the pods the watch saw, each unfinished one "
-                                            f"read again: the pods could not be listed)") from None
-                raise
-        summary["client_job_complete_seconds"] = client["client_job_complete_seconds"]
-        client["post_completion_seconds"] = rounded(time.monotonic() - self.follower.observed_monotonic)
-        write_json(os.path.join(self.batch_dir, "client.json"), client)
-        summary["_client"] = client
-        return summary
+    kind = manifest["kind"].lower()
+    name = manifest["metadata"]["name"]
+    existing = kubectl.get(kind, name, None if kind == "namespace" else run.namespace,
+                           retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS)
+    if kind == "namespace" and not run.receipt.owns_namespace(existing):
+        raise DemoError(f"namespace {name} already exists and is not this run's")
+    return existing
 
-    def rollout_summary(self, job_name: str, end: str | None, job: dict | None, reading: PodReading,
-                        logs: dict[str, str], events: Sequence[dict]) -> dict:
-        """Write rewards.jsonl with every episode; accept the batch if its failures are within
-        --allow-failures, and summarise its successful episodes."""
-        assert self.follower is not None
-        settings, pods, count = self.settings, reading.pods, self.settings["count"]
-        group_size = settings.get("group_size") or 1
-        rows = episode_rows(count, job or {"metadata": {}}, pods, logs, settings["builtin"],
-                            settings.get("task_ids"), group_size, events)
-        write_text(os.path.join(self.batch_dir, REWARDS_FILE), rewards_jsonl(rows))
-        failures = [row for row in rows if row["failure_class"]]
-        said = failures_said(failures)
-        if end is None or job is None:
-            raise DemoError("\n  ".join(
-                ["Job did not finish; inspect saved status/events/logs, then cleanup"]
-                + describe_failure(job, pods, job_name, settings["timeout"] + CLIENT_GRACE_SECONDS)
-                + [f"{REWARDS_FILE} lists every episode as last seen", saved_evidence(job, pods, logs, events)]))
-        if reading.source == "watch" and len(pods) < count:
-            raise DemoError(f"cannot verify the batch: the pods could not be listed and the pod watch saw "
-                            f"only {len(pods)} of {count}")
+
+def open_proxy(run: RunContext) -> None:
+    """The API proxy that reads logs and pages, once a run; without it, one kubectl per read."""
+    if run.proxy is None:
         try:
-            summary = summarise_rollout(rows, job, pods, logs, events, settings, self.follower.observed_wall,
-                                        self.follower.observations())
-        except DemoError as error:
-            raise DemoError(f"{error}\n  {REWARDS_FILE} lists every episode with its class; "
-                            f"{saved_evidence(job, pods, logs, events)}") from None
-        if failures:
-            print("\n  ".join([f"Accepted a partial batch: {len(failures)} of {count} episodes failed "
-                               f"({said}); every episode is in {REWARDS_FILE}"] + failure_lines(failures)),
-                  file=sys.stderr)
-        return summary
+            run.proxy = ApiProxy(run.kubectl)
+        except DemoError as error:  # e.g. kubectl proxy forbidden here
+            print(f"Warning: {error}; reading logs with one kubectl per pod", file=sys.stderr)
+
+
+def run_one_batch(run: RunContext, entry: dict) -> dict:
+    """Submit one Job, follow it, save its evidence, verify and summarise it."""
+    job_name = entry["job"]
+    batch_dir = os.path.normpath(os.path.join(run.output, entry["dir"]))
+    os.makedirs(batch_dir, exist_ok=True)
+    manifest = run.plan.jobs[job_name]
+    write_json(os.path.join(batch_dir, "job-submitted.json"), manifest)
+    submitted_wall = time.time()
+    submitted = time.monotonic()
+    client_deadline = submitted + run.settings["timeout"] + CLIENT_GRACE_SECONDS
+    follower = BatchFollower(run.kubectl, run.namespace, job_name, run.settings["count"],
+                             run.progress, run.pool, run.proxy, batch_dir)
+    run.batch = batch = BatchEvidence(run, follower, batch_dir)
+    # First, so that it is listening by the time the Job's first pods are created.
+    follower.watch_pods_first(client_deadline)
+    open_proxy(run)
+    follower.proxy = run.proxy
+    run.progress.new_batch()
+    follower.job_observed["submitted"] = time.time()
+    try:
+        created = create_object(run, manifest)
+    except BaseException:
+        follower.stop_watches()
+        raise
+    follower.job_observed["create_returned"] = time.time()
+    run.receipt.record_job(job_name, created["metadata"]["uid"])
+    end = follower.follow(submitted, client_deadline)
+    client = client_wait(follower, end, submitted_wall, submitted)
+    job, reading, logs, events = batch.collect(job_name)
+    follower.stop_watches()
+    client["pods_read"] = {
+        "source": reading.source, "not_older_than": follower.end_resource_version,
+        "resource_version": reading.resource_version, "pages": reading.pages,
+        "continue_expiries": reading.continue_expiries, "read_again": reading.reread}
+    client["events_read"] = follower.events_read
+    summarise = rollout_summary if run.settings.get("rollout") else verified_summary
+    summary = summarise(batch, end, job, reading, logs, events)
+    client["post_completion_seconds"] = rounded(time.monotonic() - follower.observed_monotonic)
+    write_json(os.path.join(batch_dir, "client.json"), client)
+    return with_client_wait(summary, client)
+
+
+def client_wait(follower: BatchFollower, end: str | None, submitted_wall: float, submitted: float) -> dict:
+    """How the client waited for one Job: when it saw the end, and what the wait cost."""
+    return {
+        "job": follower.job_name, "end": end, "submitted_at": submitted_wall,
+        "observed_at": follower.observed_wall,
+        "client_job_complete_seconds": rounded(follower.observed_monotonic - submitted)
+        if follower.observed_monotonic is not None else None,
+        "kubectl_processes_while_waiting": follower.processes_while_waiting,
+        "watch_restarts": follower.watch_restarts,
+        "watch_queue_peak": follower.queue_peak,
+        "wait_mode": "poll" if follower.polling else "watch",
+    }
+
+
+def with_client_wait(summary: dict, client: dict | None) -> dict:
+    """A batch's summary with how the client waited for it: the one figure among its own, the
+    whole record (client.json) for results.json's `client_wait`."""
+    summary["client_job_complete_seconds"] = (client or {}).get("client_job_complete_seconds")
+    summary["_client"] = client or None
+    return summary
+
+
+def verified_summary(batch: BatchEvidence, end: str | None, job: dict | None, reading: PodReading,
+                     logs: dict[str, str], events: Sequence[dict]) -> dict:
+    """The summary of a batch whose every episode must succeed; a batch that did not fails here."""
+    settings, pods, job_name = batch.settings, reading.pods, batch.follower.job_name
+    if end != "Complete":
+        raise DemoError("\n  ".join(
+            ["Job failed or timed out; inspect saved status/events/logs, then cleanup"]
+            + describe_failure(job, pods, job_name, settings["timeout"] + CLIENT_GRACE_SECONDS)
+            + [saved_evidence(job, pods, logs, events)]))
+    if reading.source == "watch" and len(pods) < settings["count"]:
+        # A watch that saw fewer pods than episodes proves nothing about the others.
+        raise DemoError(f"cannot verify the batch: the pods could not be listed and the pod watch saw "
+                        f"only {len(pods)} of {settings['count']}")
+    try:
+        return summarise_batch(job, pods, logs, events, settings["count"], settings["builtin"],
+                               batch.follower.observed_wall, batch.follower.observations())
+    except VerificationError as error:
+        if reading.source == "watch":
+            raise VerificationError(f"{error} (judged from the pods the watch saw, each unfinished one "
+                                    f"read again: the pods could not be listed)") from None
+        raise
+
+
+def rollout_summary(batch: BatchEvidence, end: str | None, job: dict | None, reading: PodReading,
+                    logs: dict[str, str], events: Sequence[dict]) -> dict:
+    """Write rewards.jsonl with every episode; accept the batch if its failures are within
+    --allow-failures, and summarise its successful episodes."""
+    settings, pods, count, job_name = batch.settings, reading.pods, batch.settings["count"], batch.follower.job_name
+    group_size = settings.get("group_size") or 1
+    rows = episode_rows(count, job or {"metadata": {}}, pods, logs, settings["builtin"],
+                        settings.get("task_ids"), group_size, events)
+    write_text(os.path.join(batch.batch_dir, REWARDS_FILE), rewards_jsonl(rows))
+    failures = [row for row in rows if row["failure_class"]]
+    said = failures_said(failures)
+    if end is None or job is None:
+        raise DemoError("\n  ".join(
+            ["Job did not finish; inspect saved status/events/logs, then cleanup"]
+            + describe_failure(job, pods, job_name, settings["timeout"] + CLIENT_GRACE_SECONDS)
+            + [f"{REWARDS_FILE} lists every episode as last seen", saved_evidence(job, pods, logs, events)]))
+    if reading.source == "watch" and len(pods) < count:
+        raise DemoError(f"cannot verify the batch: the pods could not be listed and the pod watch saw "
+                        f"only {len(pods)} of {count}")
+    try:
+        summary = summarise_rollout(rows, job, pods, logs, events, settings, batch.follower.observed_wall,
+                                    batch.follower.observations())
+    except DemoError as error:
+        raise DemoError(f"{error}\n  {REWARDS_FILE} lists every episode with its class; "
+                        f"{saved_evidence(job, pods, logs, events)}") from None
+    if failures:
+        print("\n  ".join([f"Accepted a partial batch: {len(failures)} of {count} episodes failed "
+                           f"({said}); every episode is in {REWARDS_FILE}"] + failure_lines(failures)),
+              file=sys.stderr)
+    return summary
+
+
+def save_results(run: RunContext, summaries: Sequence[tuple[dict, dict]]) -> dict:
+    """results.json, episodes.csv and the pictures, from every batch's summary."""
+    results = assemble_results(run.settings, summaries, client_figures(run))
+    write_json(os.path.join(run.output, RESULTS_FILE), saved_results(results))
+    measured = [(entry["job"], summary) for entry, summary in summaries if entry["measured"]]
+    write_text(os.path.join(run.output, "episodes.csv"), episodes_csv(measured))
+    write_pictures(run.output, measured, run.settings)
+    return results
+
+
+def client_figures(run: RunContext) -> dict:
+    """What the run cost on this machine: kubectl processes, retries, CPU, peak memory."""
+    figures = {"kubectl_processes": run.kubectl.processes, "api_retries": run.kubectl.retries,
+               "cpu_seconds": rounded(cpu_seconds() - run.cpu_start)}
+    if resource is not None:
+        # ru_maxrss is in KiB on Linux (bytes on macOS).
+        scale = 1 if sys.platform == "darwin" else 1024
+        figures["peak_rss_mib"] = rounded(
+            resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2 ** 20, 1)
+    return figures
+
+
+def salvage(run: RunContext) -> None:
+    """After an interruption: save what can be saved quickly and complete the receipt."""
+    batch = run.batch
+    if batch is not None:
+        batch.follower.stop_watches()
+        try:
+            batch.collect(batch.follower.job_name, quick=True)
+        except (DemoError, OSError):
+            pass  # whatever could be saved is saved
+    if run.touched_cluster and not run.receipt.namespace_uid:
+        try:
+            live = run.kubectl.get("namespace", run.namespace, missing_ok=True)
+        except DemoError:
+            live = None
+        if live and run.receipt.owns_namespace(live):
+            run.receipt.record_namespace(live["metadata"]["uid"])
+    if batch is not None and not run.receipt.has_job(batch.follower.job_name):
+        try:
+            live = run.kubectl.get("job", batch.follower.job_name, run.namespace, missing_ok=True)
+        except DemoError:
+            live = None
+        if live:
+            run.receipt.record_job(batch.follower.job_name, live["metadata"]["uid"])
+    # Saved again even when nothing was added: the interruption may have come while it was written.
+    run.receipt.save()
+
+
+def close(run: RunContext) -> None:
+    """Stop what the run started: watches, the proxy, idle log readers."""
+    if run.batch is not None:
+        run.batch.follower.stop_watches()
+    if run.proxy is not None:
+        run.proxy.close()
+    run.pool.shutdown(wait=False)
+
+
+class BatchEvidence:
+    """The batch under way: its follower, and the saving of its evidence into its own directory."""
+
+    def __init__(self, run: RunContext, follower: BatchFollower, batch_dir: str) -> None:
+        self.follower = follower
+        self.batch_dir = batch_dir
+        self.kubectl = run.kubectl
+        self.pool = run.pool
+        self.namespace = run.namespace
+        self.settings = run.settings
+
+    @property
+    def proxy(self) -> ApiProxy | None:
+        """The run's proxy, as the follower reads through it (opened after the pod watch started)."""
+        return self.follower.proxy
 
     def collect(self, job_name: str, quick: bool = False) -> tuple:
         """Save job.json, pods.json, events.txt, events.json and one log per pod: the evidence of a batch."""
@@ -3963,7 +4169,7 @@ class RunAction:
             if follower.end is not None and follower.job is not None:
                 return follower.job
             try:
-                return self.kubectl.json(["get", "job", job_name] + namespace_args, retry_until=retry_until)
+                return self.kubectl.get_json(["get", "job", job_name] + namespace_args, retry_until=retry_until)
             except DemoError:
                 return follower.job
 
@@ -4106,51 +4312,6 @@ class RunAction:
                 logs[name] = ""
         return dict(sorted(logs.items()))
 
-    def client_figures(self) -> dict:
-        """What the run cost on this machine: kubectl processes, retries, CPU, peak memory."""
-        figures = {"kubectl_processes": self.kubectl.processes, "api_retries": self.kubectl.retries,
-                   "cpu_seconds": rounded(cpu_seconds() - self.cpu_start)}
-        if resource is not None:
-            # ru_maxrss is in KiB on Linux (bytes on macOS).
-            scale = 1 if sys.platform == "darwin" else 1024
-            figures["peak_rss_mib"] = rounded(
-                resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2 ** 20, 1)
-        return figures
-
-    # -- when things go wrong --------------------------------------------
-
-    def salvage(self) -> None:
-        """After an interruption: save what can be saved quickly and complete the receipt."""
-        if self.follower is not None:
-            self.follower.stop_watches()
-            try:
-                self.collect(self.follower.job_name, quick=True)
-            except (DemoError, OSError):
-                pass  # whatever could be saved is saved
-        if self.touched_cluster and "namespace_uid" not in self.receipt:
-            try:
-                live = self.kubectl.json(["get", "namespace", self.namespace, "--ignore-not-found"])
-            except DemoError:
-                live = None
-            if live and (live["metadata"].get("labels") or {}).get(RUN_LABEL) == self.run_id:
-                record_namespace_uid(self.receipt, live["metadata"]["uid"])
-        if self.follower is not None and self.follower.job_name not in self.receipt.get("jobs", {}):
-            try:
-                live = self.kubectl.json(["get", "job", self.follower.job_name, "-n", self.namespace,
-                                          "--ignore-not-found"])
-            except DemoError:
-                live = None
-            if live:
-                record_job_uid(self.receipt, self.follower.job_name, live["metadata"]["uid"])
-        write_json(os.path.join(self.output, RECEIPT_FILE), self.receipt)
-
-    def close(self) -> None:
-        if self.follower is not None:
-            self.follower.stop_watches()
-        if self.proxy is not None:
-            self.proxy.close()
-        self.pool.shutdown(wait=False)
-
 
 def failures_said(failures: Sequence[dict]) -> str:
     """`infrastructure 1, episode 2`: the failed episodes counted by class."""
@@ -4224,8 +4385,8 @@ def read_capacity(kubectl: Kubectl, settings: dict) -> dict:
     """The capacity plan from the live nodes and RuntimeClass; a check that cannot read them says why."""
     retry_until = time.monotonic() + FIRST_CONTACT_RETRY_SECONDS
     try:
-        runtime_class = kubectl.json(["get", "runtimeclass", settings["runtime"]], retry_until=retry_until)
-        nodes = kubectl.json(["get", "nodes", f"--chunk-size={settings.get('chunk_size', LIST_PAGE_SIZE)}"],
+        runtime_class = kubectl.get("runtimeclass", settings["runtime"], retry_until=retry_until)
+        nodes = kubectl.get_json(["get", "nodes", f"--chunk-size={settings.get('chunk_size', LIST_PAGE_SIZE)}"],
                              retry_until=retry_until)
     except DemoError as error:
         forbidden = "forbidden" in getattr(error, "stderr", "").lower()
@@ -4376,6 +4537,33 @@ def perform_run(args: argparse.Namespace) -> tuple[int, dict | None]:
     """`run`: its exit status (0, or EXIT_PARTIAL for an accepted partial batch) and its results."""
     worker_source, builtin = load_worker(args.episode_script)
     tasks: list[Task] = list(getattr(args, "task_list", None) or [])
+    settings = run_settings(args, worker_source, builtin, tasks)
+    if args.dry_run:
+        run_id = secrets.token_hex(6)
+        objects = planned_objects(NAMESPACE_PREFIX + run_id, run_id, settings, worker_source, tasks)
+        print(json.dumps(list_manifest(objects), indent=2))
+        return 0, None
+    run = start_run(args, settings, worker_source, tasks)
+    cleanup_hint = cleanup_command(run.output, args.kubectl)
+    failure: DemoError | None = None
+    with sigterm_interrupts():
+        try:
+            results = execute(run)
+        except KeyboardInterrupt:
+            interrupted(run, cleanup_hint)
+            return EXIT_INTERRUPTED, None
+        except DemoError as error:
+            failure = error
+        finally:
+            close(run)
+    if failure is None and getattr(args, "print_results", True):
+        print_results(results, args.quiet)
+    finish_run(run, failure, args.cleanup, args.quiet, cleanup_hint)
+    return (EXIT_PARTIAL if results.get("accepted_partial") else 0), results
+
+
+def run_settings(args: argparse.Namespace, worker_source: str, builtin: bool, tasks: Sequence[Task]) -> dict:
+    """What run.json records of the command line, before the cluster is asked anything."""
     settings = {
         "version": __version__, "count": args.count, "parallelism": args.parallelism,
         "image": args.image, "runtime": args.runtime,
@@ -4389,69 +4577,89 @@ def perform_run(args: argparse.Namespace) -> tuple[int, dict | None]:
                          "group_size": args.group_size, "retries": args.retries,
                          "allow_failures": args.allow_failures,
                          "task_ids": [task.task_id for task in tasks] if tasks else None})
-    if args.dry_run:
-        run_id = secrets.token_hex(6)
-        objects = planned_objects(NAMESPACE_PREFIX + run_id, run_id, settings, worker_source, tasks)
-        print(json.dumps(list_manifest(objects), indent=2))
-        return 0, None
+    return settings
+
+
+def start_run(args: argparse.Namespace, settings: dict, worker_source: str, tasks: Sequence[Task]) -> RunContext:
+    """Claim the output directory and name the context, run id and namespace; nothing in the cluster changes."""
     output = args.output
     if os.path.lexists(output):
         raise DemoError(f"output directory {output} already exists; records are never overwritten, "
                         f"choose a new --output")
     kubectl = Kubectl(find_kubectl(args.kubectl), verbose=args.verbose)
     kubectl.context = resolve_context(kubectl, args.context)
-    settings["context"] = kubectl.context
     try:
         os.makedirs(output)
     except OSError as error:
         raise DemoError(f"cannot create output directory {output}: {error.strerror or error}") from None
-    action = RunAction(args, settings, worker_source, kubectl, output)
-    cleanup_hint = cleanup_command(output, args.kubectl)
-    previous_handler = signal.signal(signal.SIGTERM, raise_interrupt) \
+    run_id = secrets.token_hex(6)
+    namespace = NAMESPACE_PREFIX + run_id
+    batches = batch_names(settings["rounds"], settings["warmup"])
+    settings = dict(settings, context=kubectl.context, namespace=namespace,
+                    batches=[{"job": name, "measured": measured, "dir": name if len(batches) > 1 else "."}
+                             for name, measured in batches])
+    return RunContext(settings, plan_run(namespace, run_id, settings, worker_source, tasks),
+                      Receipt.start(output, kubectl.context, namespace, run_id), kubectl, output,
+                      Progress(args.quiet), concurrent.futures.ThreadPoolExecutor(LOG_READERS), cpu_seconds())
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM interrupts as Ctrl-C does, so a stopped run saves its evidence (main thread only:
+    no other thread may set a signal handler)."""
+    previous = signal.signal(signal.SIGTERM, raise_interrupt) \
         if threading.current_thread() is threading.main_thread() else None
-    failure: DemoError | None = None
     try:
-        results = action.execute()
-    except KeyboardInterrupt:
-        action.progress.finish()
-        try:
-            action.salvage()
-        except (KeyboardInterrupt, DemoError):
-            pass
-        print(f"Interrupted. Evidence saved in {output}; receipt.json names namespace "
-              f"{action.namespace}.\nClean up with: {cleanup_hint}", file=sys.stderr)
-        return EXIT_INTERRUPTED, None
-    except DemoError as error:
-        failure = error
+        yield
     finally:
-        action.close()
-        if previous_handler is not None:
-            signal.signal(signal.SIGTERM, previous_handler)
-    if failure is None and getattr(args, "print_results", True):
-        print(json.dumps(public_results(results), indent=2))
-        if not args.quiet:
-            print(phase_tables(results), file=sys.stderr)
-            print(throughput_line(results["throughput"]), file=sys.stderr)
-        warn_clocks(results)
-    if args.cleanup and action.touched_cluster:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def interrupted(run: RunContext, cleanup_hint: str) -> None:
+    """After Ctrl-C or SIGTERM: salvage what is quick to save and say how to clean up."""
+    run.progress.finish()
+    try:
+        salvage(run)
+    except (KeyboardInterrupt, DemoError):
+        pass
+    print(f"Interrupted. Evidence saved in {run.output}; receipt.json names namespace "
+          f"{run.namespace}.\nClean up with: {cleanup_hint}", file=sys.stderr)
+
+
+def print_results(results: dict, quiet: bool) -> None:
+    """The results on stdout; the phase tables and throughput beside the progress on stderr."""
+    print(json.dumps(public_results(results), indent=2))
+    if not quiet:
+        print(phase_tables(results), file=sys.stderr)
+        print(throughput_line(results["throughput"]), file=sys.stderr)
+    warn_clocks(results)
+
+
+def finish_run(run: RunContext, failure: DemoError | None, clean_up: bool, quiet: bool, cleanup_hint: str) -> None:
+    """`--cleanup` if asked, then one error naming why the run failed, its evidence and what to clean up."""
+    if clean_up and run.touched_cluster:
         print(f"Cleaning up (--cleanup) after {'a failed' if failure else 'the'} run.", file=sys.stderr)
         try:
             # stdout carries only the results; what cleanup says goes with the progress.
-            cleanup_namespace(kubectl, action.receipt, output, report=sys.stderr)
+            cleanup_namespace(run.kubectl, run.receipt, report=sys.stderr)
         except DemoError as error:
             # Never let a failed cleanup hide why the run failed or where its evidence is.
-            why = f"{failure}\n  evidence: {output}\n  --cleanup failed too: " if failure else ""
+            why = f"{failure}\n  evidence: {run.output}\n  --cleanup failed too: " if failure else ""
             raise DemoError(f"{why}{error}\n  clean up: {cleanup_hint}") from None
     if failure is not None:
-        if not action.touched_cluster and release_output(output):
-            raise DemoError(f"{failure}\n  {output} was removed again, so the same --output can be reused")
-        if action.touched_cluster and not args.cleanup:
-            raise DemoError(f"{failure}\n  evidence: {output}\n  clean up: {cleanup_hint}")
-        raise DemoError(f"{failure}\n  evidence: {output}")
-    if action.touched_cluster and not args.cleanup and not args.quiet:
-        print(f"The namespace {action.namespace} stays for inspection; clean up with: {cleanup_hint}",
+        if not run.touched_cluster and release_output(run.output):
+            raise DemoError(f"{failure}\n  {run.output} was removed again, so the same --output can be reused")
+        if run.touched_cluster and not clean_up:
+            raise DemoError(f"{failure}\n  evidence: {run.output}\n  clean up: {cleanup_hint}")
+        raise DemoError(f"{failure}\n  evidence: {run.output}")
+    if run.touched_cluster and not clean_up and not quiet:
+        print(f"The namespace {run.namespace} stays for inspection; clean up with: {cleanup_hint}",
               file=sys.stderr)
-    return (EXIT_PARTIAL if results.get("accepted_partial") else 0), results
 
 
 def release_output(output: str) -> bool:
@@ -4469,49 +4677,15 @@ def release_output(output: str) -> bool:
     return True
 
 
-def raise_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
-
-
 # --------------------------------------------------------------------------
 # The `cleanup` action.
 
 
-def record_namespace_uid(receipt: dict, uid: str) -> None:
-    """The namespace's UID under the guide's key `uid`, and under our clearer name beside it."""
-    receipt["uid"] = receipt["namespace_uid"] = uid
-
-
-def record_job_uid(receipt: dict, job_name: str, uid: str) -> None:
-    """Every Job of the run under `jobs`; the guide's `job_uid` is only ever Job `rollout`'s,
-    since the guide's cleanup deletes the Job of that name when its UID matches."""
-    receipt.setdefault("jobs", {})[job_name] = uid
-    if job_name == JOB_NAME:
-        receipt["job_uid"] = uid
-
-
-def receipt_namespace_uid(receipt: dict) -> str | None:
-    """The namespace UID of a receipt written by this tool or by the guide's script."""
-    return receipt.get("namespace_uid") or receipt.get("uid")
-
-
-def read_receipt(output: str) -> dict:
-    receipt = read_json(os.path.join(output, RECEIPT_FILE), "receipt")
-    if not isinstance(receipt, dict) or not all(isinstance(receipt.get(k), str) and receipt.get(k)
-                                                for k in ("context", "namespace", "run_id")):
-        raise DemoError(f"receipt {os.path.join(output, RECEIPT_FILE)} lacks context, namespace or "
-                        f"run_id; nothing was deleted")
-    if not receipt["namespace"].startswith(NAMESPACE_PREFIX):
-        raise DemoError(f"receipt names namespace {receipt['namespace']!r}, which this tool never "
-                        f"creates; nothing was deleted")
-    return receipt
-
-
-def wait_gone(kubectl: Kubectl, args: list[str], seconds: float) -> dict | None:
+def wait_gone(kubectl: Kubectl, kind: str, name: str, namespace: str | None, seconds: float) -> dict | None:
     """Poll until the object is gone; return its last state if it is still there at the deadline."""
     deadline = time.monotonic() + seconds
     while True:
-        live = kubectl.json(args + ["--ignore-not-found"], retry_until=deadline)
+        live = kubectl.get(kind, name, namespace, missing_ok=True, retry_until=deadline)
         if live is None:
             return None
         if time.monotonic() >= deadline:
@@ -4519,79 +4693,80 @@ def wait_gone(kubectl: Kubectl, args: list[str], seconds: float) -> dict | None:
         time.sleep(POLL_INTERVAL_SECONDS)
 
 
-def cleanup_namespace(kubectl: Kubectl, receipt: dict, output: str,
+def cleanup_namespace(kubectl: Kubectl, receipt: Receipt,
                       wait_seconds: float = DELETE_WAIT_SECONDS, report: TextIO | None = None) -> None:
     """Delete the run's Jobs and namespace, only after proving both are the run's own."""
     report = report or sys.stdout
-    namespace = receipt["namespace"]
+    namespace = receipt.namespace
     try:
-        live = kubectl.json(["get", "namespace", namespace, "--ignore-not-found"],
-                            retry_until=time.monotonic() + FIRST_CONTACT_RETRY_SECONDS)
+        live = kubectl.get("namespace", namespace, missing_ok=True,
+                           retry_until=time.monotonic() + FIRST_CONTACT_RETRY_SECONDS)
     except KubectlError as error:
-        raise DemoError(f"cannot reach the cluster of context {receipt['context']!r} to look up "
+        raise DemoError(f"cannot reach the cluster of context {receipt.context!r} to look up "
                         f"namespace {namespace}: {error}; nothing was deleted") from None
-    retry_until = time.monotonic() + CALL_TIMEOUT_SECONDS
     if live is None:
         print("Namespace already absent", file=report, flush=True)
         return
-    uid = live["metadata"].get("uid")
-    label = (live["metadata"].get("labels") or {}).get(RUN_LABEL)
-    expected_uid = receipt_namespace_uid(receipt)
-    if not expected_uid or uid != expected_uid or label != receipt["run_id"]:
+    # Only a UID the run recorded proves the namespace its own: the label alone could be copied.
+    if not receipt.namespace_uid or not receipt.owns_namespace(live):
+        label = (live["metadata"].get("labels") or {}).get(RUN_LABEL)
         raise DemoError(
-            f"refusing to delete namespace {namespace}: its UID {uid} / label {RUN_LABEL}={label} "
-            f"do not match the receipt ({expected_uid} / {receipt['run_id']}); "
+            f"refusing to delete namespace {namespace}: its UID {live['metadata'].get('uid')} / label "
+            f"{RUN_LABEL}={label} do not match the receipt ({receipt.namespace_uid} / {receipt.run_id}); "
             f"nothing was deleted")
-    expected_jobs = dict(receipt.get("jobs") or {})
-    if receipt.get("job_uid"):
-        expected_jobs.setdefault(JOB_NAME, receipt["job_uid"])
-    if JOB_NAME not in expected_jobs:
-        saved = os.path.join(output, "job.json")
-        if os.path.exists(saved):
-            expected_jobs[JOB_NAME] = (read_json(saved, "job.json").get("metadata") or {}).get("uid")
-    names = sorted(set(expected_jobs) | {JOB_NAME})
-    live_jobs = {}
-    for name in names:
-        job = kubectl.json(["get", "job", name, "-n", namespace, "--ignore-not-found"], retry_until=retry_until)
+    retry_until = time.monotonic() + CALL_TIMEOUT_SECONDS
+    jobs = proven_jobs(kubectl, receipt, retry_until)
+    for name in jobs:
+        kubectl.delete("job", name, namespace, "--cascade=foreground", "--wait=false", retry_until=retry_until)
+    for name in jobs:
+        if wait_gone(kubectl, "job", name, namespace, wait_seconds) is not None:
+            raise DemoError(f"Job {name} in {namespace} still exists after {wait_seconds:g} s; "
+                            f"inspect it with: kubectl --context {receipt.context} get job {name} "
+                            f"-n {namespace} -o yaml")
+    kubectl.delete("namespace", namespace, None, "--wait=false", retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS)
+    stuck = wait_gone(kubectl, "namespace", namespace, None, wait_seconds)
+    if stuck is not None:
+        raise namespace_stuck(namespace, stuck, receipt.context, wait_seconds)
+    print(f"Deleted test namespace: {namespace}", file=report, flush=True)
+
+
+def proven_jobs(kubectl: Kubectl, receipt: Receipt, retry_until: float) -> list[str]:
+    """The run's Jobs that still exist, each proven by the receipt's UID; any other refuses the cleanup."""
+    expected = receipt.job_uids()
+    live_jobs = []
+    for name in sorted(set(expected) | {JOB_NAME}):
+        job = kubectl.get("job", name, receipt.namespace, missing_ok=True, retry_until=retry_until)
         if job is None:
             continue
-        if job["metadata"].get("uid") != expected_jobs.get(name):
-            raise DemoError(f"refusing to delete Job {name} in {namespace}: its UID "
+        if job["metadata"].get("uid") != expected.get(name):
+            raise DemoError(f"refusing to delete Job {name} in {receipt.namespace}: its UID "
                             f"{job['metadata'].get('uid')} is not the receipt's "
-                            f"({expected_jobs.get(name)}); nothing was deleted")
-        live_jobs[name] = job
-    for name in live_jobs:
-        kubectl.run(["delete", "job", name, "-n", namespace, "--cascade=foreground", "--wait=false",
-                     "--ignore-not-found"], retry_until=retry_until)
-    for name in live_jobs:
-        if wait_gone(kubectl, ["get", "job", name, "-n", namespace], wait_seconds) is not None:
-            raise DemoError(f"Job {name} in {namespace} still exists after {wait_seconds:g} s; "
-                            f"inspect it with: kubectl --context {receipt['context']} get job {name} "
-                            f"-n {namespace} -o yaml")
-    kubectl.run(["delete", "namespace", namespace, "--wait=false", "--ignore-not-found"],
-                retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS)
-    stuck = wait_gone(kubectl, ["get", "namespace", namespace], wait_seconds)
-    if stuck is not None:
-        finalizers = (stuck.get("metadata", {}).get("finalizers") or []) + \
-            ((stuck.get("spec") or {}).get("finalizers") or [])
-        reasons = [f"{c.get('type')}: {c.get('message')}" for c in (stuck.get("status") or {}).get("conditions") or []
-                   if c.get("status") == "True"]
-        raise DemoError(
-            f"namespace {namespace} is still {(stuck.get('status') or {}).get('phase', 'present')} after "
-            f"{wait_seconds:g} s; inspect its finalizers ({', '.join(finalizers) or 'none listed'})"
-            + (f" and conditions ({'; '.join(reasons)})" if reasons else "")
-            + f" with: kubectl --context {receipt['context']} get namespace {namespace} -o yaml "
-              f"(finalizers are never stripped by this tool); run cleanup again later")
-    print(f"Deleted test namespace: {namespace}", file=report, flush=True)
+                            f"({expected.get(name)}); nothing was deleted")
+        live_jobs.append(name)
+    return live_jobs
+
+
+def namespace_stuck(namespace: str, stuck: dict, context: str, wait_seconds: float) -> DemoError:
+    """Why a deleted namespace is still there, and how to look; finalizers are never stripped here."""
+    finalizers = (stuck.get("metadata", {}).get("finalizers") or []) + \
+        ((stuck.get("spec") or {}).get("finalizers") or [])
+    reasons = [f"{c.get('type')}: {c.get('message')}" for c in (stuck.get("status") or {}).get("conditions") or []
+               if c.get("status") == "True"]
+    return DemoError(
+        f"namespace {namespace} is still {(stuck.get('status') or {}).get('phase', 'present')} after "
+        f"{wait_seconds:g} s; inspect its finalizers ({', '.join(finalizers) or 'none listed'})"
+        + (f" and conditions ({'; '.join(reasons)})" if reasons else "")
+        + f" with: kubectl --context {context} get namespace {namespace} -o yaml "
+          f"(finalizers are never stripped by this tool); run cleanup again later")
 
 
 def cleanup(args: argparse.Namespace) -> int:
     """Delete what the receipt proves this run created; the output directory is kept."""
-    receipt = read_receipt(args.output)
-    kubectl = Kubectl(find_kubectl(args.kubectl), receipt["context"], verbose=args.verbose)
+    receipt = Receipt.read(args.output)
+    kubectl = Kubectl(find_kubectl(args.kubectl), receipt.context, verbose=args.verbose)
     # Silence from a binary that is not kubectl would read as "Namespace already absent".
     require_kubectl(kubectl)
-    cleanup_namespace(kubectl, receipt, args.output, args.wait)
+    cleanup_namespace(kubectl, receipt, args.wait)
     return 0
 
 
@@ -4630,14 +4805,10 @@ def load_saved_batch(directory: str, settings: dict) -> dict:
         rows = episode_rows(settings["count"], job, pods, logs, settings.get("builtin", True),
                             settings.get("task_ids"), settings.get("group_size") or 1, events)
         summary = summarise_rollout(rows, job, pods, logs, events, settings, client.get("observed_at"), observed)
-        summary["client_job_complete_seconds"] = client.get("client_job_complete_seconds")
-        summary["_client"] = client or None
-        return summary
-    summary = summarise_batch(job, pods, logs, events, settings["count"], settings.get("builtin", True),
-                              client.get("observed_at"), observed)
-    summary["client_job_complete_seconds"] = client.get("client_job_complete_seconds")
-    summary["_client"] = client or None
-    return summary
+    else:
+        summary = summarise_batch(job, pods, logs, events, settings["count"], settings.get("builtin", True),
+                                  client.get("observed_at"), observed)
+    return with_client_wait(summary, client)
 
 
 def recompute(output: str) -> dict:
@@ -4646,11 +4817,11 @@ def recompute(output: str) -> dict:
     if os.path.exists(settings_path):
         settings = read_json(settings_path, "run.json")
     else:  # a run saved by the guide's script, which keeps only the guide's files
-        receipt = read_receipt(output)
+        receipt = Receipt.read(output)
         saved = read_json(os.path.join(output, RESULTS_FILE), "results.json")
         settings = {"count": saved["episodes"], "parallelism": saved["parallelism"], "image": saved["image"],
                     "runtime": saved["runtime"], "rounds": 1, "warmup": False, "builtin": True,
-                    "context": receipt["context"], "namespace": receipt["namespace"],
+                    "context": receipt.context, "namespace": receipt.namespace,
                     "batches": [{"job": JOB_NAME, "measured": True, "dir": "."}]}
     summaries = [(entry, load_saved_batch(os.path.normpath(os.path.join(output, entry["dir"])), settings))
                  for entry in settings["batches"]]
@@ -4668,12 +4839,7 @@ def warn_clocks(results: dict) -> None:
 
 def report(args: argparse.Namespace) -> int:
     """Recompute and reprint a finished run from its saved files."""
-    results = recompute(args.output)
-    print(json.dumps(public_results(results), indent=2))
-    if not args.quiet:
-        print(phase_tables(results), file=sys.stderr)
-        print(throughput_line(results["throughput"]), file=sys.stderr)
-    warn_clocks(results)
+    print_results(recompute(args.output), args.quiet)
     return 0
 
 

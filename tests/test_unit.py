@@ -273,6 +273,63 @@ def test_planned_objects_index_only_custom_scripts() -> None:
     assert custom_job["spec"]["completionMode"] == "Indexed"
 
 
+def test_the_plan_lists_every_object_in_creation_order_and_each_batch_job_by_name() -> None:
+    settings = {"harden": True, "rounds": 2, "warmup": True, "count": 4, "parallelism": 2,
+                "image": "python:3.12-alpine", "runtime": "cube", "timeout": 240, "builtin": True}
+    plan = demo.plan_run(NAMESPACE, RUN_ID, settings, demo.WORKER_SOURCE)
+    assert [(o["kind"], o["metadata"]["name"]) for o in plan.objects()] == [
+        ("Namespace", NAMESPACE), ("NetworkPolicy", "deny-all"), ("ConfigMap", "episode"),
+        ("Job", "rollout-warmup"), ("Job", "rollout-1"), ("Job", "rollout-2")]
+    assert list(plan.jobs) == ["rollout-warmup", "rollout-1", "rollout-2"]
+    assert plan.objects() == demo.planned_objects(NAMESPACE, RUN_ID, settings, demo.WORKER_SOURCE)
+
+
+# --------------------------------------------------------------------------
+# The receipt: saved whole at every change, and the one test of "is this namespace ours?".
+
+
+def live_namespace(run_id: str, uid: str) -> dict:
+    return {"metadata": {"name": NAMESPACE, "uid": uid, "labels": {"agc-demo-run": run_id}}}
+
+
+def test_a_receipt_is_saved_at_every_change_with_the_guides_keys(tmp_path: Path) -> None:
+    receipt = demo.Receipt.start(str(tmp_path), "kind-kind", NAMESPACE, RUN_ID)
+    assert not (tmp_path / "receipt.json").exists()
+    receipt.save()
+    receipt.record_namespace("ns-uid")
+    receipt.record_job("rollout-warmup", "warmup-uid")
+    receipt.record_job("rollout", "job-uid")
+    assert json.loads((tmp_path / "receipt.json").read_text()) == {
+        "context": "kind-kind", "namespace": NAMESPACE, "run_id": RUN_ID, "uid": "ns-uid",
+        "namespace_uid": "ns-uid", "jobs": {"rollout-warmup": "warmup-uid", "rollout": "job-uid"},
+        "job_uid": "job-uid"}
+    assert not (tmp_path / "receipt.json.tmp").exists()
+    read = demo.Receipt.read(str(tmp_path))
+    assert (read.context, read.namespace, read.run_id, read.namespace_uid) == ("kind-kind", NAMESPACE, RUN_ID, "ns-uid")
+    assert read.job_uids() == {"rollout-warmup": "warmup-uid", "rollout": "job-uid"}
+
+
+def test_a_namespace_is_ours_by_the_run_label_and_once_recorded_by_its_uid(tmp_path: Path) -> None:
+    receipt = demo.Receipt.start(str(tmp_path), "kind-kind", NAMESPACE, RUN_ID)
+    assert receipt.owns_namespace(live_namespace(RUN_ID, "any-uid"))  # created, its UID not yet recorded
+    assert not receipt.owns_namespace(live_namespace("fedcba987654", "any-uid"))
+    assert not receipt.owns_namespace({"metadata": {"name": NAMESPACE, "uid": "any-uid"}})
+    assert not receipt.owns_namespace(None)
+    receipt.record_namespace("ns-uid")
+    assert receipt.owns_namespace(live_namespace(RUN_ID, "ns-uid"))
+    assert not receipt.owns_namespace(live_namespace(RUN_ID, "any-uid"))  # deleted and made again
+
+
+def test_the_guides_receipt_proves_its_job_by_the_uid_in_job_json(tmp_path: Path) -> None:
+    (tmp_path / "receipt.json").write_text(json.dumps(
+        {"context": "kind-kind", "namespace": NAMESPACE, "run_id": RUN_ID, "uid": "ns-uid"}))
+    assert demo.Receipt.read(str(tmp_path)).job_uids() == {}
+    (tmp_path / "job.json").write_text(json.dumps(make_job()))
+    receipt = demo.Receipt.read(str(tmp_path))
+    assert receipt.namespace_uid == "ns-uid"
+    assert receipt.job_uids() == {"rollout": "job-uid-1"}
+
+
 # --------------------------------------------------------------------------
 # Percentiles: index (n-1)*q, linear between closest ranks, NumPy's default.
 
