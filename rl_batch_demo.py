@@ -20,6 +20,7 @@ Also: `report DIR`, `compare DIR_A DIR_B`; `run --help` lists every option.
 from __future__ import annotations
 
 import argparse
+import bisect
 import codecs
 import concurrent.futures
 import csv
@@ -1448,7 +1449,8 @@ POINTS = (
 )
 POINT_SOURCES = {
     "pod_created": "the Job controller's SuccessfulCreate event name (ns), within Pod creationTimestamp's "
-                   "second, else the client's watch seeing the pod (upper bound) within that second",
+                   "second, else the client's watch seeing the pod (upper bound) within that second and "
+                   "after the Job's creation",
     "scheduled": "scheduler's Scheduled event eventTime (microseconds); "
                  "PodScheduled condition (whole seconds) if the event is gone",
     "sandbox_ready": "the kubelet's first container event (Pulling/Pulled) name (ns), which follows the "
@@ -1586,24 +1588,29 @@ def split_observed(observed: dict | None) -> tuple[dict[str, dict], dict[str, fl
     return observed, {}
 
 
-def whole_second(moment: float | None, source: str, clock: str, offset: float = 0.0) -> Bound | None:
+# Each reading on another clock is moved onto the reference clock by `offset`, and widened
+# each side by `slack`, how far that correction may be off.
+def whole_second(moment: float | None, source: str, clock: str, offset: float = 0.0,
+                 slack: float = 0.0) -> Bound | None:
     """A Kubernetes stamp: truncated to the second, so the moment lies in [T, T+1)."""
-    return None if moment is None else Bound(moment - offset, moment + WHOLE_SECOND - offset, source, clock)
+    return None if moment is None else \
+        Bound(moment - offset - slack, moment + WHOLE_SECOND - offset + slack, source, clock)
 
 
-def upper(moment: float | None, source: str, clock: str, offset: float = 0.0) -> Bound | None:
-    return None if moment is None else Bound(None, moment - offset, source, clock)
+def upper(moment: float | None, source: str, clock: str, offset: float = 0.0, slack: float = 0.0) -> Bound | None:
+    return None if moment is None else Bound(None, moment - offset + slack, source, clock)
 
 
-def lower(moment: float | None, source: str, clock: str, offset: float = 0.0) -> Bound | None:
-    return None if moment is None else Bound(moment - offset, None, source, clock)
+def lower(moment: float | None, source: str, clock: str, offset: float = 0.0, slack: float = 0.0) -> Bound | None:
+    return None if moment is None else Bound(moment - offset - slack, None, source, clock)
 
 
-def followed_by_event(moment: float | None, source: str, clock: str, offset: float = 0.0) -> Bound | None:
+def followed_by_event(moment: float | None, source: str, clock: str, offset: float = 0.0,
+                      slack: float = 0.0) -> Bound | None:
     """A step that an event reports as soon as it returns: at most EVENT_FOLLOWS_SECONDS before its name."""
     if moment is None:
         return None
-    return Bound(moment - offset - EVENT_FOLLOWS_SECONDS, moment - offset, source, clock)
+    return Bound(moment - offset - EVENT_FOLLOWS_SECONDS - slack, moment - offset + slack, source, clock)
 
 
 def sharpest(bounds: Iterable[Bound | None], stamp: Bound | None = None) -> Point | None:
@@ -1642,19 +1649,23 @@ def worker_time(value: Any) -> float | None:
 def episode_points(pod: dict, ready: dict, reward: dict, scheduled_at: float | None,
                    observed: dict | None = None, kubelet: dict[str, tuple[float, str]] | None = None,
                    created_event_at: float | None = None,
-                   offsets: dict[str, float] | None = None) -> dict[str, Point | None]:
+                   offsets: dict[str, float] | None = None,
+                   created_after: Bound | None = None) -> dict[str, Point | None]:
     """When each point of one episode happened, from its sharpest sources, on the control plane's clock.
 
     `observed` is what this client's watch saw of the pod (when each transition first
     arrived, and stamps seen only while it ran); `kubelet` the kubelet's container events
     (reason -> name time, node); `offsets` each clock's reading minus the control plane's
-    ("client", and "node" for this pod's node).
+    ("client", and "node" for this pod's node), and how far each may be off ("client_slack",
+    "node_slack"): a point read on that clock is that much less precise. `created_after`:
+    what else the pod was created after (its Job's creation, an earlier pod's end).
     """
     observed = observed or {}
     seen = observed.get("seen") or {}
     kubelet = kubelet or {}
     offsets = offsets or {}
     client, node = offsets.get("client", 0.0), offsets.get("node", 0.0)
+    client_slack, node_slack = offsets.get("client_slack", 0.0), offsets.get("node_slack", 0.0)
     status = container_status(pod)
     state = status.get("state") or {}
     running = state.get("terminated") or state.get("running") or {}
@@ -1666,7 +1677,8 @@ def episode_points(pod: dict, ready: dict, reward: dict, scheduled_at: float | N
     created = whole_second(parse_time(pod["metadata"].get("creationTimestamp")),
                            "Pod creationTimestamp", cp)
     pod_created = sharpest([followed_by_event(created_event_at, "SuccessfulCreate event name", cp),
-                            upper(seen.get("added"), "watch saw the pod", on_client, client)], created)
+                            upper(seen.get("added"), "watch saw the pod", on_client, client, client_slack),
+                            created_after], created)
 
     if scheduled_at is not None:
         scheduled: Point | None = Point(scheduled_at, EVENT_TIME, "Scheduled event eventTime", cp)
@@ -1683,16 +1695,17 @@ def episode_points(pod: dict, ready: dict, reward: dict, scheduled_at: float | N
     image_event = min((kubelet[r] for r in ("Pulling", "Pulled") if r in kubelet), default=None)
     sandbox_ready = sharpest([
         followed_by_event(image_event[0] if image_event else None,
-                          f"kubelet {'Pulling' if 'Pulling' in kubelet else 'Pulled'} event name", on_node, node),
-        upper(named("Created"), "kubelet Created event name", on_node, node),
-        upper(seen.get("sandbox_ready"), "watch saw the sandbox ready", on_client, client),
+                          f"kubelet {'Pulling' if 'Pulling' in kubelet else 'Pulled'} event name",
+                          on_node, node, node_slack),
+        upper(named("Created"), "kubelet Created event name", on_node, node, node_slack),
+        upper(seen.get("sandbox_ready"), "watch saw the sandbox ready", on_client, client, client_slack),
         lower(scheduled.at if scheduled is not None and scheduled.precision <= EVENT_TIME else None,
               "Scheduled eventTime", cp),
         lower(created.lower if created is not None else None, "Pod creationTimestamp", cp),
         # The kubelet stamps this condition when its status update reports it, often together
         # with the running container: the sandbox was ready by then, maybe long before.
         upper(None if sandbox_stamp is None else sandbox_stamp + WHOLE_SECOND,
-              "PodReadyToStartContainers condition", on_node, node),
+              "PodReadyToStartContainers condition", on_node, node, node_slack),
     ])
     if sandbox_ready is not None and sandbox_stamp is not None and \
             sandbox_ready.source.startswith("PodReadyToStartContainers"):
@@ -1703,22 +1716,23 @@ def episode_points(pod: dict, ready: dict, reward: dict, scheduled_at: float | N
 
     process = worker_time(ready.get("process_started_at"))
     container_started = sharpest([
-        lower(named("Created"), "kubelet Created event name", on_node, node),
-        upper(named("Started"), "kubelet Started event name", on_node, node),
-        upper(None if process is None else process + PROC_TICK, "worker process start", on_node, node),
-        upper(seen.get("running"), "watch saw the container running", on_client, client),
-    ], whole_second(parse_time(running.get("startedAt")), "container startedAt", on_node, node))
+        lower(named("Created"), "kubelet Created event name", on_node, node, node_slack),
+        upper(named("Started"), "kubelet Started event name", on_node, node, node_slack),
+        upper(None if process is None else process + PROC_TICK, "worker process start", on_node, node, node_slack),
+        upper(seen.get("running"), "watch saw the container running", on_client, client, client_slack),
+    ], whole_second(parse_time(running.get("startedAt")), "container startedAt", on_node, node, node_slack))
 
     def worker(value: Any, precision: float, source: str) -> Point | None:
         moment = worker_time(value)
-        return None if moment is None else Point(moment - node, precision, source, on_node)
+        return None if moment is None else Point(moment - node, round(precision + 2 * node_slack, 6), source,
+                                                  on_node)
 
     reward_at = worker_time(reward.get("at"))
     finished = sharpest([
-        lower(reward_at, "worker reward event", on_node, node),
-        upper(seen.get("terminated"), "watch saw the container terminated", on_client, client),
+        lower(reward_at, "worker reward event", on_node, node, node_slack),
+        upper(seen.get("terminated"), "watch saw the container terminated", on_client, client, client_slack),
     ], whole_second(parse_time((state.get("terminated") or {}).get("finishedAt")),
-                    "container finishedAt", on_node, node))
+                    "container finishedAt", on_node, node, node_slack))
     return {
         "pod_created": pod_created,
         "scheduled": scheduled,
@@ -1748,29 +1762,53 @@ class ClockBounds:
         self.highest = value if self.highest is None else min(self.highest, value)
         self.samples += 1
 
-    def offset(self) -> float:
-        """The correction applied: none while the clocks may agree, else the least that fits the evidence."""
-        if self.lowest is not None and self.highest is not None and self.lowest > self.highest:
+    def contradictory(self) -> bool:
+        return self.lowest is not None and self.highest is not None and self.lowest > self.highest
+
+    def apart(self) -> float:
+        """The least the clocks are proven apart by (signed), 0 while they may agree."""
+        if self.contradictory():
             return 0.0  # contradictory evidence: corrected by nothing, and said so
         value = 0.0 if self.lowest is None else max(0.0, self.lowest)
         return value if self.highest is None else min(value, self.highest)
 
+    def corrected(self) -> bool:
+        """Proven apart by more than a sharp point's precision: a lesser gap may be no more than
+        the premises' allowances (an event named a little later than they say) and is left alone."""
+        return abs(self.apart()) > CLOCK_TOLERANCE_SECONDS
+
+    def offset(self) -> float:
+        """The correction applied: none while the clocks may agree (the points then assume they do),
+        else the middle of what the evidence allows, or its one known edge."""
+        if not self.corrected():
+            return 0.0
+        if self.lowest is None or self.highest is None:
+            return self.apart()
+        return (self.lowest + self.highest) / 2
+
+    def slack(self) -> float:
+        """How far the applied correction may be off: half the evidence's interval, when corrected."""
+        if not self.corrected() or self.lowest is None or self.highest is None:
+            return 0.0
+        return (self.highest - self.lowest) / 2
+
     def describe(self, what: str, evidence: str) -> tuple[dict, list[str]]:
-        offset = self.offset()
-        entry = {"offset_seconds": rounded(offset, 6),
+        offset, apart = self.offset(), self.apart()
+        entry = {"offset_seconds": rounded(offset, 6), "correction_slack_seconds": rounded(self.slack(), 6),
                  "at_least_seconds": rounded(self.lowest, 6), "at_most_seconds": rounded(self.highest, 6),
                  "uncertainty_seconds": None if self.lowest is None or self.highest is None
                  else rounded(max(0.0, self.highest - self.lowest), 6),
                  "samples": self.samples, "evidence": evidence}
         warnings = []
-        if self.lowest is not None and self.highest is not None and self.lowest > self.highest:
+        if self.contradictory():
             warnings.append(f"{what}: the evidence contradicts itself (offset at least {self.lowest:.3f} s and "
                             f"at most {self.highest:.3f} s); no correction applied, sub-second points that mix "
                             f"clocks may be wrong by that much")
-        elif abs(offset) > CLOCK_TOLERANCE_SECONDS:
-            warnings.append(f"{what} disagree by at least {abs(offset):.3f} s (more than the "
+        elif abs(apart) > CLOCK_TOLERANCE_SECONDS:
+            warnings.append(f"{what} disagree by at least {abs(apart):.3f} s (more than the "
                             f"{CLOCK_TOLERANCE_SECONDS:g} s a sharp point claims); its times were corrected by "
-                            f"{-offset:+.3f} s onto the control plane's clock")
+                            f"{-offset:+.3f} s (+/- {self.slack():.3f} s, added to their precision) onto the "
+                            f"control plane's clock")
         return entry, warnings
 
 
@@ -1785,7 +1823,9 @@ def clock_offsets(job: dict, pods: Sequence[dict], events: Sequence[dict], obser
     creationTimestamp) and after the pod exists; the client sees a container running only
     after the kubelet's Started event. The kubelet's first container event follows a sandbox
     it started only once the pod was bound, and the scheduler's Scheduled event follows
-    that binding within milliseconds.
+    that binding within milliseconds; so does the pod's startTime, which the kubelet stamps
+    as it takes the pod up (whole seconds, but within a second of the binding, and its
+    second's fraction differs from pod to pod, so a few pods pin the node's clock closely).
     """
     client = ClockBounds()
     job_created = parse_time(job["metadata"].get("creationTimestamp"))
@@ -1820,6 +1860,13 @@ def clock_offsets(job: dict, pods: Sequence[dict], events: Sequence[dict], obser
         if name in scheduled and name in first_container_event:
             named, node = first_container_event[name]
             nodes.setdefault(node, ClockBounds()).at_most(named - scheduled[name])
+        started_on_node = parse_time((pod.get("status") or {}).get("startTime"))
+        node_name = (pod.get("spec") or {}).get("nodeName")
+        if name in scheduled and started_on_node is not None and node_name:
+            # The kubelet stamps the pod's startTime when it first takes the bound pod up:
+            # after the binding, which the scheduler's Scheduled event follows at once.
+            nodes.setdefault(node_name, ClockBounds()).at_most(
+                started_on_node + WHOLE_SECOND - (scheduled[name] - EVENT_FOLLOWS_SECONDS))
         seen = (observed_pods.get(name) or {}).get("seen") or {}
         created = parse_time(pod["metadata"].get("creationTimestamp"))
         if created is not None and seen.get("added") is not None:
@@ -1842,13 +1889,16 @@ def clock_offsets(job: dict, pods: Sequence[dict], events: Sequence[dict], obser
         node_entry, node_warnings = bounds.describe(
             f"node {node}'s and the control plane's clocks",
             "kubelet event names before their creationTimestamp's second ends, after the pod's creation "
-            "and after the scheduler's Scheduled eventTime")
+            "and after the scheduler's Scheduled eventTime; the pod's startTime after that eventTime")
         result["nodes"][node] = node_entry
         warnings += node_warnings
         if node in client_vs_node:
             node_entry["client_minus_node_at_most_seconds"] = rounded(client_vs_node[node], 6)
             disagreement = entry["offset_seconds"] - node_entry["offset_seconds"] - client_vs_node[node]
-            if disagreement > CLOCK_TOLERANCE_SECONDS:
+            # A correction known only within its slack may account for that much of it.
+            allowed = CLOCK_TOLERANCE_SECONDS + entry["correction_slack_seconds"] \
+                + node_entry["correction_slack_seconds"]
+            if disagreement > allowed:
                 warnings.append(f"the client saw containers on node {node} running {disagreement:.3f} s before "
                                 f"the node's own Started events (corrected clocks): the client's and the node's "
                                 f"clocks disagree")
@@ -1926,15 +1976,51 @@ def count_nodes(nodes: Iterable[str | None]) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-def start_path_phases(records: Iterable[dict]) -> dict[str, dict] | None:
-    """When a batch mixes start paths (the image found on the node, or pulled), the phases of each
-    path apart: pooled, a pull's seconds would pass for a slow sandbox. None for one path."""
+START_PATH_PARTS = (("image", "image_cache"), ("runtime", "runtime_class"))
+
+
+def start_path_phases(records: Sequence[dict]) -> dict[str, dict] | None:
+    """When a batch mixes start paths (the image found on the node or pulled; the runtime class),
+    the phases of each path apart: pooled, a pull's seconds would pass for a slow sandbox. A path
+    is named by the parts that differ within the batch. None for one path."""
+    varying = [(label, key) for label, key in START_PATH_PARTS
+               if len({record.get(key) for record in records}) > 1]
+    if not varying:
+        return None
     paths: dict[str, list] = {}
     for record in records:
-        paths.setdefault(f"image {record.get('image_cache') or 'unknown'}", []).append(record["phases"])
-    if len(paths) < 2:
-        return None
+        path = ", ".join(f"{label} {record.get(key) or 'unknown'}" for label, key in varying)
+        paths.setdefault(path, []).append(record["phases"])
     return {path: phase_summary(durations) for path, durations in sorted(paths.items())}
+
+
+def slot_freed_after(created_within: dict[str, tuple[float, float]], ended_after: dict[str, float],
+                     parallelism: int) -> dict[str, float]:
+    """Pod -> a moment it was created after, from its Job's parallelism.
+
+    A Job runs at most `parallelism` pods at once, so a pod created after n others came only
+    once n - parallelism + 1 of them had ended. `created_within`: each pod's creation lies in
+    (earliest, latest); another pod was provably created before it when its latest precedes
+    this one's earliest (a watch's order says less: its first listing comes in name order).
+    `ended_after`: a moment each pod's container ended after; an earlier pod whose end is
+    unknown leaves no bound.
+    """
+    found: dict[str, float] = {}
+    by_latest = sorted(created_within.items(), key=lambda item: item[1][1])
+    ends: list[float] = []
+    earlier = 0
+    unknown = False
+    for name, (earliest, _) in sorted(created_within.items(), key=lambda item: item[1][0]):
+        while earlier < len(by_latest) and by_latest[earlier][1][1] < earliest:
+            other = by_latest[earlier][0]
+            if other in ended_after:
+                bisect.insort(ends, ended_after[other])
+            else:
+                unknown = True
+            earlier += 1
+        if earlier >= parallelism and not unknown:
+            found[name] = ends[earlier - parallelism]
+    return found
 
 
 def job_creation(job: dict, job_observed: dict[str, float], client_offset: float) -> Point:
@@ -2020,15 +2106,41 @@ def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
     observed_pods, job_observed = split_observed(observed)
     clocks = clock_offsets(job, pods, events, observed_pods, job_observed, kubelet)
     client_offset = clocks["client"]["offset_seconds"]
+    job_created_point = job_creation(job, job_observed, client_offset)
+
+    def clock_offsets_of(pod: dict) -> dict[str, float]:
+        node_clock = clocks["nodes"].get((pod.get("spec") or {}).get("nodeName") or "") or {}
+        return {"client": client_offset, "client_slack": clocks["client"]["correction_slack_seconds"],
+                "node": node_clock.get("offset_seconds") or 0.0,
+                "node_slack": node_clock.get("correction_slack_seconds") or 0.0}
+
+    ended_after = {}
+    for pod, _, reward in episodes:
+        offsets = clock_offsets_of(pod)
+        reward_at = worker_time(reward.get("at"))
+        if reward_at is not None:
+            ended_after[pod_name(pod)] = reward_at - offsets["node"] - offsets["node_slack"]
+    created_within = {}
+    for pod, _, _ in episodes:
+        name = pod_name(pod)
+        stamp = parse_time(pod["metadata"]["creationTimestamp"])
+        seen = ((observed_pods.get(name) or {}).get("seen") or {}).get("added")
+        latest = [stamp + WHOLE_SECOND, creations.get(name)] + \
+            ([] if seen is None else [seen - client_offset + clocks["client"]["correction_slack_seconds"]])
+        created_within[name] = (max(stamp, job_created_point.earliest or stamp),
+                                min(moment for moment in latest if moment is not None))
+    slots = slot_freed_after(created_within, ended_after, int((job.get("spec") or {}).get("parallelism") or 1)) \
+        if len(pods) == count else {}
     rows, records, durations = [], [], []
     for pod, ready, reward in episodes:
         name = pod_name(pod)
         created = parse_time(pod["metadata"]["creationTimestamp"])
-        node = (pod.get("spec") or {}).get("nodeName") or ""
-        offsets = {"client": client_offset,
-                   "node": (clocks["nodes"].get(node) or {}).get("offset_seconds") or 0.0}
+        offsets = clock_offsets_of(pod)
+        created_after = max([lower(job_created_point.earliest, "the Job's creation", REFERENCE_CLOCK),
+                             lower(slots.get(name), "an earlier pod's end freeing its slot", REFERENCE_CLOCK)],
+                            key=lambda bound: -math.inf if bound is None else bound.lower)
         points = episode_points(pod, ready, reward, scheduled.get(name), observed_pods.get(name),
-                                kubelet.get(name), creations.get(name), offsets)
+                                kubelet.get(name), creations.get(name), offsets, created_after)
         phases = phase_durations(points)
         durations.append(phases)
         rows.append({
@@ -2041,6 +2153,7 @@ def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
             "batch_to_reward_seconds": rounded(reward["at"] - job_created),
         })
         records.append({"pod": name, "points": points, "phases": phases, "image_cache": cache.get(name),
+                        "runtime_class": (pod.get("spec") or {}).get("runtimeClassName"),
                         "index": (pod["metadata"].get("annotations") or {}).get(COMPLETION_INDEX_ANNOTATION),
                         "guide_pod_to_ready": ready["at"] - created})
     phases = phase_summary(durations)
@@ -2060,7 +2173,7 @@ def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
         "pod_to_ready_p95_seconds": guide["p95"],
         "pod_to_ready_max_seconds": guide["max"],
         "phases": phases,
-        "job_created": job_creation(job, job_observed, client_offset)._asdict(),
+        "job_created": job_created_point._asdict(),
         "phases_by_start_path": start_path_phases(records),
         "clocks": clocks,
         "completion_gap": completion_gap(job, pods, last_reward, client_observed_at),
@@ -2096,7 +2209,7 @@ def episodes_csv(batches: Sequence[tuple[str, dict]]) -> str:
     absolute time with its source, clock and precision) and every phase with its precision."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(["batch", "pod", "index", "node", "reward", "image_cache"]
+    writer.writerow(["batch", "pod", "index", "node", "reward", "image_cache", "runtime_class"]
                     + [f"{p}_after_job_seconds" for p in POINTS]
                     + [f"{p}_precision_seconds" for p in POINTS]
                     + [f"{phase}_seconds" for phase in PHASES]
@@ -2111,7 +2224,7 @@ def episodes_csv(batches: Sequence[tuple[str, dict]]) -> str:
             points, phases = record["points"], record["phases"]
             writer.writerow(
                 [batch_name, record["pod"], record["index"] or "", row["node"] or "", row["reward"],
-                 record.get("image_cache") or ""]
+                 record.get("image_cache") or "", record.get("runtime_class") or ""]
                 + ["" if points[p] is None else f"{points[p][0] - summary['_job_created']:.6f}" for p in POINTS]
                 + ["" if points[p] is None else f"{points[p][1]:.6g}" for p in POINTS]
                 + ["" if phases[ph] is None else f"{phases[ph][0]:.6f}" for ph in PHASES]
@@ -3075,13 +3188,19 @@ class BatchFollower:
 
     # -- following --------------------------------------------------------
 
+    def watch_pods_first(self, client_deadline: float) -> None:
+        """Start the pod watch before the Job exists: each pod's ADDED then arrives as the pod is
+        created, rather than in the first listing of a watch started after the create call."""
+        self._start_watch("pods", client_deadline)
+
     def follow(self, submitted_monotonic: float, client_deadline: float) -> str | None:
         """Wait until the Job is Complete or Failed ("Complete"/"Failed"), or None at the deadline."""
-        processes_before = self.kubectl.processes
+        processes_before = self.kubectl.processes - len(self._watches)  # a watch started first is this wait's
         self._failures = {"job": 0, "pods": 0, "events": 0}
         try:
             for kind in ("job", "pods", "events"):
-                self._start_watch(kind, client_deadline)
+                if kind not in self._watches:
+                    self._start_watch(kind, client_deadline)
             next_poll = time.monotonic()
             while self.end is None:
                 now = time.monotonic()
@@ -3733,16 +3852,22 @@ class RunAction:
         submitted_wall = time.time()
         submitted = time.monotonic()
         client_deadline = submitted + self.settings["timeout"] + CLIENT_GRACE_SECONDS
-        if self.proxy is None:
-            try:
-                self.proxy = ApiProxy(self.kubectl)
-            except DemoError as error:  # e.g. kubectl proxy forbidden here: one process per read instead
-                print(f"Warning: {error}; reading logs with one kubectl per pod", file=sys.stderr)
         self.follower = BatchFollower(self.kubectl, self.namespace, job_name, self.settings["count"],
                                       self.progress, self.pool, self.proxy, self.batch_dir)
+        # First, so that it is listening by the time the Job's first pods are created.
+        self.follower.watch_pods_first(client_deadline)
+        if self.proxy is None:
+            try:
+                self.proxy = self.follower.proxy = ApiProxy(self.kubectl)
+            except DemoError as error:  # e.g. kubectl proxy forbidden here: one process per read instead
+                print(f"Warning: {error}; reading logs with one kubectl per pod", file=sys.stderr)
         self.progress.new_batch()
         self.follower.job_observed["submitted"] = time.time()
-        created = self.create(manifest)
+        try:
+            created = self.create(manifest)
+        except BaseException:
+            self.follower.stop_watches()
+            raise
         self.follower.job_observed["create_returned"] = time.time()
         record_job_uid(self.receipt, job_name, created["metadata"]["uid"])
         write_json(os.path.join(self.output, RECEIPT_FILE), self.receipt)
@@ -4165,7 +4290,7 @@ def assemble_results(settings: dict, summaries: Sequence[tuple[dict, dict]], cli
                                / max(1, sum(s["episodes"] for s in measured)), 6),
         "rounds_measured": len(measured),
         "phases": phases,
-        "phases_by_start_path": start_path_phases(r for s in measured for r in s["_episodes"]),
+        "phases_by_start_path": start_path_phases([r for s in measured for r in s["_episodes"]]),
         "phase_points": POINT_SOURCES,
         "clock_warnings": [w for s in measured for w in s["clocks"]["warnings"]],
         "nodes": count_nodes(row["node"] for row in rows),

@@ -141,21 +141,11 @@ def require_e2e() -> Callable[..., Optional[str]]:
 @pytest.fixture
 def make_cluster(tmp_path, require_e2e):
     """(kubectl path, make(**faults) -> a started emulator); every emulator made is stopped after the test."""
-    from e2e_support import DEFAULT_TIMING
-    from kube_emulator import Emulator
+    from e2e_support import emulators
 
     kubectl = require_e2e()
-    started = []
-
-    def make(**faults):
-        emulator = Emulator(tmp_path / f"emulator-{len(started)}", faults={**DEFAULT_TIMING, **faults})
-        emulator.start()
-        started.append(emulator)
-        return emulator
-
-    yield kubectl, make
-    for emulator in started:
-        emulator.stop()
+    with emulators(tmp_path) as make:
+        yield kubectl, make
 
 
 @pytest.fixture(scope="session")

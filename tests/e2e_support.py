@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -9,7 +10,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+from kube_emulator import Emulator
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PRODUCT = REPO_ROOT / "rl_batch_demo.py"
@@ -17,6 +20,26 @@ PRODUCT = REPO_ROOT / "rl_batch_demo.py"
 # Realistic but quick: a sandbox takes a moment to start, so a sequential batch
 # is clearly slower than a parallel one, as on a real cluster.
 DEFAULT_TIMING = {"sandbox_delay": 0.4, "sandbox_jitter": 0.1}
+
+
+@contextlib.contextmanager
+def emulators(directory: Path, **options: Any) -> Iterator[Callable[..., Emulator]]:
+    """make(server_version="1.33", **faults) -> a started emulator under `directory` with the default
+    timing faults and the given Emulator options; every emulator made is stopped on leaving."""
+    started: list[Emulator] = []
+
+    def make(server_version: str = "1.33", **faults: Any) -> Emulator:
+        emulator = Emulator(directory / f"emulator-{len(started)}", faults={**DEFAULT_TIMING, **faults},
+                            server_version=server_version, **options)
+        emulator.start()
+        started.append(emulator)
+        return emulator
+
+    try:
+        yield make
+    finally:
+        for emulator in started:
+            emulator.stop()
 
 
 def tool(emulator: Any, kubectl: str, *args: str, timeout: float = 300,
@@ -86,6 +109,41 @@ def assert_cleanup_works(emulator: Any, kubectl: str, output: Path) -> None:
     assert "Traceback" not in cleaned.stderr
     assert cleaned.stdout.startswith("Deleted test namespace: agc-rl-")
     assert run_namespaces(emulator) == []
+
+
+def assert_refused_a_running_pod(process: subprocess.Popen, output: Path, running: str) -> None:
+    """The run saw its Job Complete with pod `running` still running: it fails on that pod, saves
+    the pod as it read it, and writes no results."""
+    stdout, stderr = process.communicate(timeout=300)
+    assert process.returncode == 1, (stdout, stderr)
+    assert "Traceback" not in stderr
+    assert f"pod {running}: phase is Running, not Succeeded" in stderr, stderr
+    assert not (output / "results.json").exists()
+    pods = {pod["metadata"]["name"]: pod for pod in load(output / "pods.json")["items"]}
+    assert pods[running]["status"]["phase"] == "Running"
+
+
+def most_at_once(runs: Iterable[dict]) -> int:
+    """The most containers that ran at one moment, from records of when each started and finished."""
+    runs = list(runs)
+    moments = sorted([(r["container_started"], 1) for r in runs] + [(r["container_finished"], -1) for r in runs])
+    running = most = 0
+    for _, change in moments:
+        running += change
+        most = max(most, running)
+    return most
+
+
+def assert_cleanup_twice(cluster: Any, kubectl: str, output: Path) -> None:
+    """`cleanup` deletes the run's namespace and keeps its output; a second one finds it already absent."""
+    namespace = load(output / "receipt.json")["namespace"]
+    cleaned = tool(cluster, kubectl, "cleanup", "--output", str(output))
+    assert cleaned.returncode == 0, cleaned.stderr
+    assert cleaned.stdout.strip() == f"Deleted test namespace: {namespace}"
+    assert cluster.get("namespaces", None, namespace) is None
+    assert output.is_dir() and (output / "results.json").is_file()
+    again = tool(cluster, kubectl, "cleanup", "--output", str(output))
+    assert again.returncode == 0 and again.stdout.strip() == "Namespace already absent", again.stderr
 
 
 # An Indexed episode script whose episode 1 is still working when a test marks the Job Complete.

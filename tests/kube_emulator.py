@@ -111,6 +111,9 @@ FAULTS: Dict[str, str] = {
     "api_latency": "seconds every API answer is late",
     "api_errors": "{count, match, status}: the next `count` requests whose path contains `match` fail",
     "api_clock_skew": "seconds the API server's and kubelets' clocks run ahead",
+    "node_clock_offset": "{node: seconds}: that node's clock runs this far ahead of the API server's (negative: "
+                         "behind): its kubelet's status stamps, event names and event times, its containers' log "
+                         "timestamps, and the times the built-in worker reads in its containers",
     "missing_runtimeclass": "the RuntimeClass cube does not exist",
     "job_controller_stalled": "True: the Job controller does nothing; N: it stops once a Job has N pods",
     "stuck_terminating": "namespaces get a finalizer no one removes",
@@ -163,6 +166,12 @@ def check_lightweight(value: Any) -> None:
 # 3 s (apiserver cacher blockTimeout) then answers 504 "Too large resource version" with
 # retryAfterSeconds 1; a continue token lives until etcd compacts its revision (5 min).
 READ_PATH_TIMING: Dict[str, float] = {"fresh_block": 3.0, "fresh_retry_after": 1.0, "continue_ttl": 300.0}
+
+
+# client-go's EventAggregator: this many events about one object that differ only by message,
+# within this many seconds, and the rest are combined into one.
+EVENT_AGGREGATE_AFTER = 10
+EVENT_AGGREGATE_SECONDS = 600.0
 
 
 def clone(obj: Any) -> Any:
@@ -1539,6 +1548,10 @@ def check_faults(faults: dict) -> None:
     if unknown:
         raise ValueError("unknown fault(s) %s; the emulator knows %s"
                          % (", ".join(unknown), ", ".join(sorted(set(FAULTS) | set(READ_PATH_FAULTS)))))
+    offsets = faults.get("node_clock_offset")
+    if offsets is not None and (not isinstance(offsets, dict) or not all(
+            isinstance(a, (int, float)) and not isinstance(a, bool) for a in offsets.values())):
+        raise ValueError("fault node_clock_offset takes {node: seconds}, not %r" % (offsets,))
     for name in READ_PATH_FAULTS:
         value = faults.get(name)
         if value is None:
@@ -2429,38 +2442,7 @@ class ApiServer:
     def serve_log(self, h: _Handler, info: ResourceInfo, ns: str, name: str, query: Dict[str, str]) -> int:
         emu = self.emu
         pod = self.get_object(info, ns, name)
-        containers = [c["name"] for c in pod["spec"].get("containers") or []]
-        cname = query.get("container")
-        if not cname:
-            if len(containers) != 1:
-                raise err_bad_request("a container name must be specified for pod %s, choose one of: [%s]"
-                                      % (name, " ".join(containers)))
-            cname = containers[0]
-        if cname not in containers:
-            raise err_bad_request("container %s is not valid for pod %s" % (cname, name))
-        node = pod["spec"].get("nodeName")
-        if not node:
-            raise err_bad_request("pod %s does not have a host assigned" % name)
-        idx = emu.truth_record.pod_index(pod["metadata"]["uid"])
-        if emu.faults.applies("unreadable_logs", idx):
-            host_ip = (pod.get("status") or {}).get("hostIP") or emu.node_ip(node)
-            msg = ('Get "https://%s:10250/containerLogs/%s/%s/%s": dial tcp %s:10250: connect: connection refused'
-                   % (host_ip, ns, name, cname, host_ip))
-            raise ApiError(500, "", msg)
-        runs = emu.logs.get((pod["metadata"]["uid"], cname)) or []
-        previous = query.get("previous") in ("true", "1", "True")
-        if previous:
-            if len(runs) < 2:
-                raise err_bad_request('previous terminated container "%s" in pod "%s" not found' % (cname, name))
-            run = runs[-2]
-        else:
-            if not runs:
-                reason = "ContainerCreating"
-                for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-                    if cs.get("name") == cname and (cs.get("state") or {}).get("waiting"):
-                        reason = cs["state"]["waiting"].get("reason") or reason
-                raise err_bad_request('container "%s" in pod "%s" is waiting to start: %s' % (cname, name, reason))
-            run = runs[-1]
+        run = self._log_run(pod, query)
         follow = query.get("follow") in ("true", "1", "True")
         timestamps = query.get("timestamps") in ("true", "1", "True")
         tail = int(query["tailLines"]) if query.get("tailLines") not in (None, "") else None
@@ -2470,7 +2452,7 @@ class ApiServer:
             since = emu.api_now() - float(query["sinceSeconds"])
         elif query.get("sinceTime"):
             since = parse_time(query["sinceTime"])
-        skew = emu.api_skew()
+        skew = emu.api_skew() + emu.node_offset(pod["spec"].get("nodeName"))
 
         def render(lines: List[Tuple[float, bytes]]) -> bytes:
             out = bytearray()
@@ -2520,6 +2502,42 @@ class ApiServer:
             return 200
         self.end_chunked(h)
         return 200
+
+    def _log_run(self, pod: dict, query: Dict[str, str]) -> ContainerLog:
+        """The container run whose log is asked for (the current or the previous one), as the kubelet finds it."""
+        emu = self.emu
+        ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+        containers = [c["name"] for c in pod["spec"].get("containers") or []]
+        cname = query.get("container")
+        if not cname:
+            if len(containers) != 1:
+                raise err_bad_request("a container name must be specified for pod %s, choose one of: [%s]"
+                                      % (name, " ".join(containers)))
+            cname = containers[0]
+        if cname not in containers:
+            raise err_bad_request("container %s is not valid for pod %s" % (cname, name))
+        node = pod["spec"].get("nodeName")
+        if not node:
+            raise err_bad_request("pod %s does not have a host assigned" % name)
+        idx = emu.truth_record.pod_index(pod["metadata"]["uid"])
+        if emu.faults.applies("unreadable_logs", idx):
+            host_ip = (pod.get("status") or {}).get("hostIP") or emu.node_ip(node)
+            msg = ('Get "https://%s:10250/containerLogs/%s/%s/%s": dial tcp %s:10250: connect: connection refused'
+                   % (host_ip, ns, name, cname, host_ip))
+            raise ApiError(500, "", msg)
+        runs = emu.logs.get((pod["metadata"]["uid"], cname)) or []
+        previous = query.get("previous") in ("true", "1", "True")
+        if previous:
+            if len(runs) < 2:
+                raise err_bad_request('previous terminated container "%s" in pod "%s" not found' % (cname, name))
+            return runs[-2]
+        if not runs:
+            reason = "ContainerCreating"
+            for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+                if cs.get("name") == cname and (cs.get("state") or {}).get("waiting"):
+                    reason = cs["state"]["waiting"].get("reason") or reason
+            raise err_bad_request('container "%s" in pod "%s" is waiting to start: %s' % (cname, name, reason))
+        return runs[-1]
 
 
 ListOptionsInfo = ResourceInfo("meta.k8s.io", "v1", "listoptions", "ListOptions", False)
@@ -3270,27 +3288,37 @@ class NamespaceController(Controller):
                 self.queue.add(("delete", n["metadata"]["name"]), 0)
 
     def sync(self, key: Tuple[str, str]) -> None:
-        emu = self.emu
         kind, name = key
         ns = self.store.get("namespaces", None, name)
         if ns is None:
             return
         if kind == "rootca":
-            if ns["metadata"].get("deletionTimestamp") or self.store.get("configmaps", name, "kube-root-ca.crt"):
-                return
-            try:
-                emu.writes.create_object(CANONICAL["configmaps"], {
-                    "apiVersion": "v1", "kind": "ConfigMap",
-                    "metadata": {"name": "kube-root-ca.crt", "namespace": name,
-                                 "annotations": {"kubernetes.io/description": "Contains a CA bundle that can be "
-                                                 "used to verify the kube-apiserver when using internal endpoints "
-                                                 "such as the internal service IP or kubernetes.default.svc. No "
-                                                 "other usage is guaranteed across distributions of Kubernetes "
-                                                 "clusters."}},
-                    "data": {"ca.crt": EMULATOR_CA}})
-            except ApiError:
-                pass
+            self._publish_root_ca(ns)
+        else:
+            self._finalize(key, ns)
+
+    def _publish_root_ca(self, ns: dict) -> None:
+        """Every live namespace gets the kube-root-ca.crt ConfigMap (the root CA publisher)."""
+        name = ns["metadata"]["name"]
+        if ns["metadata"].get("deletionTimestamp") or self.store.get("configmaps", name, "kube-root-ca.crt"):
             return
+        try:
+            self.emu.writes.create_object(CANONICAL["configmaps"], {
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "kube-root-ca.crt", "namespace": name,
+                             "annotations": {"kubernetes.io/description": "Contains a CA bundle that can be "
+                                             "used to verify the kube-apiserver when using internal endpoints "
+                                             "such as the internal service IP or kubernetes.default.svc. No "
+                                             "other usage is guaranteed across distributions of Kubernetes "
+                                             "clusters."}},
+                "data": {"ca.crt": EMULATOR_CA}})
+        except ApiError:
+            pass
+
+    def _finalize(self, key: Tuple[str, str], ns: dict) -> None:
+        """A terminating namespace: delete its content, report what remains, drop its finalizer once empty."""
+        emu = self.emu
+        name = ns["metadata"]["name"]
         if not ns["metadata"].get("deletionTimestamp"):
             return
         if "kubernetes" not in ((ns.get("spec") or {}).get("finalizers") or []):
@@ -3312,34 +3340,7 @@ class NamespaceController(Controller):
                         emu.writes.api_delete(info, name, o["metadata"]["name"], {"propagationPolicy": "Background"})
                     except ApiError:
                         pass
-        now = emu.api_now()
-
-        def ns_cond(ctype: str, status: str, reason: str, message: str) -> dict:
-            return {"type": ctype, "status": status, "lastTransitionTime": fmt_time(now),
-                    "reason": reason, "message": message}
-
-        conds = [
-            ns_cond("NamespaceDeletionDiscoveryFailure", "False", "ResourcesDiscovered",
-                    "All resources successfully discovered"),
-            ns_cond("NamespaceDeletionGroupVersionParsingFailure", "False", "ParsedGroupVersions",
-                    "All legacy kube types successfully parsed"),
-            ns_cond("NamespaceDeletionContentFailure", "False", "ContentDeleted",
-                    "All content successfully deleted, may be waiting on finalization"),
-        ]
-        if remaining:
-            conds.append(ns_cond("NamespaceContentRemaining", "True", "SomeResourcesRemain",
-                                 "Some resources are remaining: " + ", ".join(
-                                     "%s has %d resource instances" % (k, v) for k, v in sorted(remaining.items()))))
-        else:
-            conds.append(ns_cond("NamespaceContentRemaining", "False", "ContentRemoved",
-                                 "All content successfully removed"))
-        if finalizers:
-            conds.append(ns_cond("NamespaceFinalizersRemaining", "True", "SomeFinalizersRemain",
-                                 "Some content in the namespace has finalizers remaining: " + ", ".join(
-                                     "%s in %d resource instances" % (k, v) for k, v in sorted(finalizers.items()))))
-        else:
-            conds.append(ns_cond("NamespaceFinalizersRemaining", "False", "ContentHasNoFinalizers",
-                                 "All content-preserving finalizers finished"))
+        conds = namespace_deletion_conditions(remaining, finalizers, emu.api_now())
 
         def set_conds(o: dict) -> Optional[bool]:
             st = o.setdefault("status", {})
@@ -3357,6 +3358,37 @@ class NamespaceController(Controller):
         self.store.update("namespaces", None, name, set_conds)
         if remaining:
             self.queue.add(key, 0.2)
+
+
+def namespace_deletion_conditions(remaining: Dict[str, int], finalizers: Dict[str, int], now: float) -> List[dict]:
+    """A terminating namespace's conditions, given its remaining objects per resource and finalizers."""
+    def ns_cond(ctype: str, status: str, reason: str, message: str) -> dict:
+        return {"type": ctype, "status": status, "lastTransitionTime": fmt_time(now),
+                "reason": reason, "message": message}
+
+    conds = [
+        ns_cond("NamespaceDeletionDiscoveryFailure", "False", "ResourcesDiscovered",
+                "All resources successfully discovered"),
+        ns_cond("NamespaceDeletionGroupVersionParsingFailure", "False", "ParsedGroupVersions",
+                "All legacy kube types successfully parsed"),
+        ns_cond("NamespaceDeletionContentFailure", "False", "ContentDeleted",
+                "All content successfully deleted, may be waiting on finalization"),
+    ]
+    if remaining:
+        conds.append(ns_cond("NamespaceContentRemaining", "True", "SomeResourcesRemain",
+                             "Some resources are remaining: " + ", ".join(
+                                 "%s has %d resource instances" % (k, v) for k, v in sorted(remaining.items()))))
+    else:
+        conds.append(ns_cond("NamespaceContentRemaining", "False", "ContentRemoved",
+                             "All content successfully removed"))
+    if finalizers:
+        conds.append(ns_cond("NamespaceFinalizersRemaining", "True", "SomeFinalizersRemain",
+                             "Some content in the namespace has finalizers remaining: " + ", ".join(
+                                 "%s in %d resource instances" % (k, v) for k, v in sorted(finalizers.items()))))
+    else:
+        conds.append(ns_cond("NamespaceFinalizersRemaining", "False", "ContentHasNoFinalizers",
+                             "All content-preserving finalizers finished"))
+    return conds
 
 
 EMULATOR_CA = ("-----BEGIN CERTIFICATE-----\nMIIBkTCB+wIJAKHBfpegPjMCMA0GCSqGSIb3DQEBCwUAMBExDzANBgNVBAMMBmt1\n"
@@ -3492,7 +3524,7 @@ class ContainerRunner(threading.Thread):
                                argv, str(emu.bindir))
         log = ContainerLog(emu.workdir / "logs" / ("%s_%s_%s-%d.log" % (w.ns, w.name, self.cname, attempt)))
         emu.logs.setdefault((w.uid, self.cname), []).append(log)
-        start = emu.api_now()
+        start = emu.node_now(w.kl.node)
         # The true start is taken before the process is spawned: on a loaded machine the
         # spawn and the Started event can take a while, and the container runs meanwhile.
         true_start = time.time()
@@ -3534,7 +3566,7 @@ class ContainerRunner(threading.Thread):
         log.close()
         code = rc if rc >= 0 else 128 - rc
         self.exit_codes.append(code)
-        end = emu.api_now()
+        end = emu.node_now(w.kl.node)
         emu.truth_record.note("pods", w.key, "container_finished", exited_at, first=False)
         emu.truth_record.note("pods", w.key, "exit_code", code, raw=True)
         self.last_terminated = {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
@@ -3568,7 +3600,7 @@ class ContainerRunner(threading.Thread):
                    % self.cname)
         log = ContainerLog(emu.workdir / "logs" / ("%s_%s_%s-%d.log" % (w.ns, w.name, self.cname, attempt)))
         emu.logs.setdefault((w.uid, self.cname), []).append(log)
-        start = emu.api_now()
+        start = emu.node_now(w.kl.node)
         true_start = time.time()
         self.mark_started(true_start)
 
@@ -3584,15 +3616,17 @@ class ContainerRunner(threading.Thread):
         ready_at = imports_done + delay("write_task")
         stopped = w.sleep(max(0.0, ready_at - time.time()))
         if not stopped:
-            log.append((json.dumps({"event": "ready", "at": time.time(), "episode_id": episode,
-                                    "imports_done_at": imports_done, "process_started_at": process_started,
-                                    "modules_before_ready": 31, "import_seconds": imports_done - process_started})
-                        + "\n").encode())
+            log.append(on_node_clock(
+                (json.dumps({"event": "ready", "at": time.time(), "episode_id": episode,
+                             "imports_done_at": imports_done, "process_started_at": process_started,
+                             "modules_before_ready": 31, "import_seconds": imports_done - process_started})
+                 + "\n").encode(), emu.node_offset(w.kl.node)))
             stopped = w.sleep(delay("episode_work"))
         if not stopped:
-            log.append((json.dumps({"event": "reward", "at": time.time(), "episode_id": episode, "reward": 1,
-                                    "baseline_exit": 1, "tests_exit": 0,
-                                    "tests_output": LIGHTWEIGHT_TESTS_OUTPUT}) + "\n").encode())
+            log.append(on_node_clock(
+                (json.dumps({"event": "reward", "at": time.time(), "episode_id": episode, "reward": 1,
+                             "baseline_exit": 1, "tests_exit": 0,
+                             "tests_output": LIGHTWEIGHT_TESTS_OUTPUT}) + "\n").encode(), emu.node_offset(w.kl.node)))
             stopped = w.sleep(delay("exit"))
         log.close()
         code = 143 if stopped else 0
@@ -3600,16 +3634,17 @@ class ContainerRunner(threading.Thread):
         emu.truth_record.note("pods", w.key, "container_finished", time.time(), first=False)
         emu.truth_record.note("pods", w.key, "exit_code", code, raw=True)
         self.last_terminated = {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
-                                "startedAt": fmt_time(start), "finishedAt": fmt_time(emu.api_now()),
+                                "startedAt": fmt_time(start), "finishedAt": fmt_time(emu.node_now(w.kl.node)),
                                 "containerID": "containerd://" + cid}
         self.set_state({"terminated": dict(self.last_terminated)}, ready=False, started=False)
         return None if stopped else code
 
     def _pump(self, proc: subprocess.Popen, log: ContainerLog) -> None:
         mode = self.emu.faults.for_pod("log_tamper", self.w.index)
+        ahead = self.emu.node_offset(self.w.kl.node)
         assert proc.stdout is not None
         for line in iter(proc.stdout.readline, b""):
-            for out in tamper_line(mode, line):
+            for out in tamper_line(mode, on_node_clock(line, ahead)):
                 log.append(out)
 
     def kill(self, sig: int) -> None:
@@ -3737,6 +3772,27 @@ def tamper_line(mode: Optional[str], line: bytes) -> List[bytes]:
     return [line]
 
 
+# The clock readings the built-in worker prints: on a node whose clock is off, all of them are.
+WORKER_CLOCK_FIELDS = ("at", "process_started_at", "imports_done_at")
+
+
+def on_node_clock(line: bytes, ahead: float) -> bytes:
+    """A worker event line as a process on a node whose clock runs `ahead` seconds would print it."""
+    if not ahead:
+        return line
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return line
+    if not isinstance(obj, dict) or "event" not in obj:
+        return line
+    for field in WORKER_CLOCK_FIELDS:
+        value = obj.get(field)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            obj[field] = value + ahead
+    return json.dumps(obj).encode() + b"\n"
+
+
 class PodWorker(threading.Thread):
     """The kubelet's per-pod worker: sandbox, volumes, containers, termination."""
 
@@ -3811,7 +3867,7 @@ class PodWorker(threading.Thread):
         emu = self.emu
         st = o.setdefault("status", {})
         css = st.get("containerStatuses") or []
-        now = emu.api_now()
+        now = emu.node_now(self.kl.node)
         conds = st.setdefault("conditions", [])
         terminated = [cs for cs in css if (cs.get("state") or {}).get("terminated")]
         running = [cs for cs in css if (cs.get("state") or {}).get("running")]
@@ -3865,7 +3921,7 @@ class PodWorker(threading.Thread):
         pod = self.store_pod()
         spec = pod.get("spec") or {}
         containers = spec.get("containers") or []
-        now = emu.api_now()
+        now = emu.node_now(self.kl.node)
 
         def init(o: dict) -> Optional[bool]:
             st = o.setdefault("status", {})
@@ -3922,7 +3978,7 @@ class PodWorker(threading.Thread):
             st["podIPs"] = [{"ip": pod_ip}]
             if emu.v >= (1, 29) and not emu.faults.on("sandbox_status_with_running"):
                 set_condition(st.setdefault("conditions", []),
-                              condition("PodReadyToStartContainers", "True", emu.api_now()))
+                              condition("PodReadyToStartContainers", "True", emu.node_now(self.kl.node)))
             self.recompute(o)
             return True
 
@@ -3981,7 +4037,7 @@ class PodWorker(threading.Thread):
         for r in self.runners:
             r.join(10)
         # containers that never ran: mark them terminated so the pod can reach a terminal phase
-        now = self.emu.api_now()
+        now = self.emu.node_now(self.kl.node)
 
         def fin(o: dict) -> Optional[bool]:
             st = o.setdefault("status", {})
@@ -4005,7 +4061,7 @@ class PodWorker(threading.Thread):
         self.evicted = True
         pod = self.store_pod()
         emu.events.record(pod, "Warning", "Evicted", message, "kubelet", host=self.kl.node)
-        now = emu.api_now()
+        now = emu.node_now(self.kl.node)
 
         def mark(o: dict) -> Optional[bool]:
             st = o.setdefault("status", {})
@@ -4349,57 +4405,102 @@ def qos_class(spec: dict) -> str:
     return "Guaranteed" if guaranteed else "Burstable"
 
 
-# --------------------------------------------------------------------------
-# the emulator
-# --------------------------------------------------------------------------
+def validation_errors(info: ResourceInfo, body: dict) -> List[Tuple[str, str, str]]:
+    """The field errors a create of `body` answers 422 with (pods, Jobs, ConfigMaps, RuntimeClasses)."""
+    errs: List[Tuple[str, str, str]] = []
+    if info.store == "pods":
+        errs += validate_pod_spec(body.get("spec") or {}, "spec")
+    elif info.store == "jobs":
+        spec = body.get("spec") or {}
+        tspec = (spec.get("template") or {}).get("spec") or {}
+        errs += validate_pod_spec(tspec, "spec.template.spec")
+        rp = tspec.get("restartPolicy")
+        if rp not in ("OnFailure", "Never"):
+            errs = [e for e in errs if e[0] != "spec.template.spec.restartPolicy"]
+            errs.append(("spec.template.spec.restartPolicy", "FieldValueNotSupported",
+                         'Unsupported value: "%s": supported values: "OnFailure", "Never"' % rp))
+        for f in ("parallelism", "completions", "backoffLimit"):
+            if spec.get(f) is not None and (not isinstance(spec[f], int) or spec[f] < 0):
+                errs.append(("spec.%s" % f, "FieldValueInvalid",
+                             "Invalid value: %s: must be greater than or equal to 0" % spec[f]))
+        ads = spec.get("activeDeadlineSeconds")
+        if ads is not None and (not isinstance(ads, int) or ads <= 0):
+            errs.append(("spec.activeDeadlineSeconds", "FieldValueInvalid",
+                         "Invalid value: %s: must be greater than or equal to 1" % ads))
+        if spec.get("completionMode") not in ("NonIndexed", "Indexed"):
+            errs.append(("spec.completionMode", "FieldValueNotSupported",
+                         'Unsupported value: "%s": supported values: "NonIndexed", "Indexed"'
+                         % spec.get("completionMode")))
+        if spec.get("completionMode") == "Indexed" and spec.get("completions") is None:
+            errs.append(("spec.completions", "FieldValueRequired",
+                         "Required value: when completion mode is Indexed"))
+        per_index = spec.get("backoffLimitPerIndex")
+        if per_index is not None and spec.get("completionMode") != "Indexed":
+            errs.append(("spec.backoffLimitPerIndex", "FieldValueForbidden",
+                         "Forbidden: requires indexed completion mode"))
+        if spec.get("maxFailedIndexes") is not None and per_index is None:
+            errs.append(("spec.backoffLimitPerIndex", "FieldValueRequired",
+                         "Required value: when maxFailedIndexes is specified"))
+        if spec.get("maxFailedIndexes") is not None and spec.get("completions") is not None \
+                and spec["maxFailedIndexes"] > spec["completions"]:
+            errs.append(("spec.maxFailedIndexes", "FieldValueInvalid",
+                         "Invalid value: %s: must be less than or equal to completions"
+                         % spec["maxFailedIndexes"]))
+        policy = spec.get("podFailurePolicy")
+        if policy is not None:
+            if rp != "Never":
+                errs.append(("spec.template.spec.restartPolicy", "FieldValueInvalid",
+                             'Invalid value: "%s": only "Never" is supported when podFailurePolicy '
+                             'is specified' % rp))
+            for number, rule in enumerate(policy.get("rules") or []):
+                action = rule.get("action")
+                if action not in ("Count", "FailIndex", "FailJob", "Ignore"):
+                    errs.append(("spec.podFailurePolicy.rules[%d].action" % number, "FieldValueNotSupported",
+                                 'Unsupported value: "%s": supported values: "Count", "FailIndex", '
+                                 '"FailJob", "Ignore"' % action))
+                elif action == "FailIndex" and per_index is None:
+                    errs.append(("spec.podFailurePolicy.rules[%d].action" % number, "FieldValueInvalid",
+                                 'Invalid value: "FailIndex": requires the backoffLimitPerIndex to be set'))
+                codes = rule.get("onExitCodes")
+                if codes is not None and codes.get("operator") == "In" and 0 in (codes.get("values") or []):
+                    errs.append(("spec.podFailurePolicy.rules[%d].onExitCodes.values[%d]" % (
+                        number, codes["values"].index(0)), "FieldValueInvalid",
+                        "Invalid value: 0: must not be 0 for the In operator"))
+    elif info.store == "configmaps":
+        for k in list((body.get("data") or {})) + list((body.get("binaryData") or {})):
+            if not _CM_KEY.match(k):
+                errs.append(("data[%s]" % k, "FieldValueInvalid",
+                             "Invalid value: \"%s\": a valid config key must consist of alphanumeric "
+                             "characters, '-', '_' or '.' (e.g. 'key.name',  or 'KEY_NAME',  or 'key-name', "
+                             "regex used for validation is '[-._a-zA-Z0-9]+')" % k))
+        for k, v in (body.get("data") or {}).items():
+            if not isinstance(v, str):
+                errs.append(("data[%s]" % k, "FieldValueInvalid", "Invalid value: must be a string"))
+    elif info.store == "runtimeclasses":
+        if not body.get("handler"):
+            errs.append(("handler", "FieldValueRequired", "Required value"))
+    return errs
 
-class TruthRecord:
-    """What really happened and when, by the emulator's own clock (tests compare the tool's view
-    with it): per pod, Job and namespace, and each pod's creation index, which faults name pods by."""
 
-    def __init__(self, store: Store):
-        self.store = store
-        self._truth: Dict[str, Dict[str, Dict[str, Any]]] = {"pods": {}, "jobs": {}, "namespaces": {}}
-        self._lock = threading.Lock()
-        self._pod_index: Dict[str, int] = {}
-        self._pod_counter = 0
-
-    def snapshot(self) -> dict:
-        with self._lock:
-            return clone(self._truth)
-
-    def pod_index(self, uid: str) -> Optional[int]:
-        with self._lock:
-            return self._pod_index.get(uid)
-
-    def note(self, section: str, key: str, field: str, value: Any = None, raw: bool = False,
-             first: bool = True) -> None:
-        """Note a field (default: now); unless `raw`, only its first value counts unless `first` is False."""
-        with self._lock:
-            d = self._truth[section].setdefault(key, {})
-            if raw:
-                d[field] = value
-            elif not first or field not in d:
-                d[field] = time.time() if value is None else value
-
-    def on_store_event(self, etype: str, store: str, obj: dict) -> None:
-        """Store listener: creation, termination and deletion of pods, Jobs and namespaces."""
-        if store not in ("pods", "jobs", "namespaces"):
+def _delete_path(obj: dict, path: str) -> None:
+    """Remove the field at a dotted path with [i] list indexes (unknown fields are dropped)."""
+    parts = re.findall(r"[^.\[\]]+|\[\d+\]", path)
+    cur: Any = obj
+    for p in parts[:-1]:
+        if p.startswith("["):
+            cur = cur[int(p[1:-1])]
+        else:
+            cur = cur.get(p)
+        if cur is None:
             return
-        md = obj["metadata"]
-        key = "%s/%s" % (md.get("namespace"), md["name"]) if md.get("namespace") else md["name"]
-        if etype == "ADDED":
-            with self._lock:
-                self._truth[store][key] = {"created": self.store.created_wall.pop(md["uid"], time.time())}
-                if store == "pods":
-                    self._pod_index[md["uid"]] = self._pod_counter
-                    self._truth[store][key]["index"] = self._pod_counter
-                    self._pod_counter += 1
-        elif etype == "DELETED":
-            self.note(store, key, "deleted")
-        elif md.get("deletionTimestamp"):
-            self.note(store, key, "terminating")
+    last = parts[-1]
+    if isinstance(cur, dict):
+        cur.pop(last, None)
 
+
+# --------------------------------------------------------------------------
+# the write path, the event recorder, the truth record and the emulator
+# --------------------------------------------------------------------------
 
 class WritePath:
     """Writes as the API server takes them: decoding checks, admission, defaulting, validation and
@@ -4504,7 +4605,7 @@ class WritePath:
                                      "my-name" if canon.store == "namespaces" else "example.com", rx))])
             if canon.store == "namespaces":
                 md.setdefault("labels", {})["kubernetes.io/metadata.name"] = name
-            errs = self._validate(canon, body)
+            errs = validation_errors(canon, body)
             if errs:
                 raise err_invalid(canon, name, errs)
             if dry_run:
@@ -4530,81 +4631,6 @@ class WritePath:
                                 "terminated" % ns, [{"reason": "NamespaceTerminating",
                                                      "message": "namespace %s is being terminated" % ns,
                                                      "field": "metadata.namespace"}])
-
-    def _validate(self, info: ResourceInfo, body: dict) -> List[Tuple[str, str, str]]:
-        errs: List[Tuple[str, str, str]] = []
-        if info.store == "pods":
-            errs += validate_pod_spec(body.get("spec") or {}, "spec")
-        elif info.store == "jobs":
-            spec = body.get("spec") or {}
-            tspec = (spec.get("template") or {}).get("spec") or {}
-            errs += validate_pod_spec(tspec, "spec.template.spec")
-            rp = tspec.get("restartPolicy")
-            if rp not in ("OnFailure", "Never"):
-                errs = [e for e in errs if e[0] != "spec.template.spec.restartPolicy"]
-                errs.append(("spec.template.spec.restartPolicy", "FieldValueNotSupported",
-                             'Unsupported value: "%s": supported values: "OnFailure", "Never"' % rp))
-            for f in ("parallelism", "completions", "backoffLimit"):
-                if spec.get(f) is not None and (not isinstance(spec[f], int) or spec[f] < 0):
-                    errs.append(("spec.%s" % f, "FieldValueInvalid",
-                                 "Invalid value: %s: must be greater than or equal to 0" % spec[f]))
-            ads = spec.get("activeDeadlineSeconds")
-            if ads is not None and (not isinstance(ads, int) or ads <= 0):
-                errs.append(("spec.activeDeadlineSeconds", "FieldValueInvalid",
-                             "Invalid value: %s: must be greater than or equal to 1" % ads))
-            if spec.get("completionMode") not in ("NonIndexed", "Indexed"):
-                errs.append(("spec.completionMode", "FieldValueNotSupported",
-                             'Unsupported value: "%s": supported values: "NonIndexed", "Indexed"'
-                             % spec.get("completionMode")))
-            if spec.get("completionMode") == "Indexed" and spec.get("completions") is None:
-                errs.append(("spec.completions", "FieldValueRequired",
-                             "Required value: when completion mode is Indexed"))
-            per_index = spec.get("backoffLimitPerIndex")
-            if per_index is not None and spec.get("completionMode") != "Indexed":
-                errs.append(("spec.backoffLimitPerIndex", "FieldValueForbidden",
-                             "Forbidden: requires indexed completion mode"))
-            if spec.get("maxFailedIndexes") is not None and per_index is None:
-                errs.append(("spec.backoffLimitPerIndex", "FieldValueRequired",
-                             "Required value: when maxFailedIndexes is specified"))
-            if spec.get("maxFailedIndexes") is not None and spec.get("completions") is not None \
-                    and spec["maxFailedIndexes"] > spec["completions"]:
-                errs.append(("spec.maxFailedIndexes", "FieldValueInvalid",
-                             "Invalid value: %s: must be less than or equal to completions"
-                             % spec["maxFailedIndexes"]))
-            policy = spec.get("podFailurePolicy")
-            if policy is not None:
-                if rp != "Never":
-                    errs.append(("spec.template.spec.restartPolicy", "FieldValueInvalid",
-                                 'Invalid value: "%s": only "Never" is supported when podFailurePolicy '
-                                 'is specified' % rp))
-                for number, rule in enumerate(policy.get("rules") or []):
-                    action = rule.get("action")
-                    if action not in ("Count", "FailIndex", "FailJob", "Ignore"):
-                        errs.append(("spec.podFailurePolicy.rules[%d].action" % number, "FieldValueNotSupported",
-                                     'Unsupported value: "%s": supported values: "Count", "FailIndex", '
-                                     '"FailJob", "Ignore"' % action))
-                    elif action == "FailIndex" and per_index is None:
-                        errs.append(("spec.podFailurePolicy.rules[%d].action" % number, "FieldValueInvalid",
-                                     'Invalid value: "FailIndex": requires the backoffLimitPerIndex to be set'))
-                    codes = rule.get("onExitCodes")
-                    if codes is not None and codes.get("operator") == "In" and 0 in (codes.get("values") or []):
-                        errs.append(("spec.podFailurePolicy.rules[%d].onExitCodes.values[%d]" % (
-                            number, codes["values"].index(0)), "FieldValueInvalid",
-                            "Invalid value: 0: must not be 0 for the In operator"))
-        elif info.store == "configmaps":
-            for k in list((body.get("data") or {})) + list((body.get("binaryData") or {})):
-                if not _CM_KEY.match(k):
-                    errs.append(("data[%s]" % k, "FieldValueInvalid",
-                                 "Invalid value: \"%s\": a valid config key must consist of alphanumeric "
-                                 "characters, '-', '_' or '.' (e.g. 'key.name',  or 'KEY_NAME',  or 'key-name', "
-                                 "regex used for validation is '[-._a-zA-Z0-9]+')" % k))
-            for k, v in (body.get("data") or {}).items():
-                if not isinstance(v, str):
-                    errs.append(("data[%s]" % k, "FieldValueInvalid", "Invalid value: must be a string"))
-        elif info.store == "runtimeclasses":
-            if not body.get("handler"):
-                errs.append(("handler", "FieldValueRequired", "Required value"))
-        return errs
 
     # admission / defaulting per resource ----------------------------------
     def _admit_namespaces(self, body: dict, err_name: str) -> None:
@@ -4802,54 +4828,15 @@ class WritePath:
         cur = self.store.get(store, store_ns, name)
         if cur is None:
             raise err_not_found(info, name)
-        pre = opts.get("preconditions") or {}
-        if pre.get("uid") and pre["uid"] != cur["metadata"]["uid"]:
-            raise ApiError(409, "Conflict", "Precondition failed: UID in precondition: %s, UID in object meta: %s"
-                           % (pre["uid"], cur["metadata"]["uid"]), {"name": name, "kind": info.plural})
-        if pre.get("resourceVersion") and pre["resourceVersion"] != cur["metadata"]["resourceVersion"]:
-            raise err_conflict(info, name)
-        dry = "All" in (opts.get("dryRun") or [])
-        policy = opts.get("propagationPolicy")
-        if policy is None and opts.get("orphanDependents") is not None:
-            policy = "Orphan" if opts["orphanDependents"] else "Background"
-        if policy is None:
-            policy = "Orphan" if store == "jobs" else "Background"
-        if policy not in ("Orphan", "Background", "Foreground"):
-            raise err_invalid(info, name, [("propagationPolicy", "FieldValueNotSupported",
-                                            'Unsupported value: "%s": supported values: "Foreground", '
-                                            '"Background", "Orphan", "nil"' % policy)])
+        policy = self._deletion_policy(info, name, cur, opts)
         now = self.clock()
-        if dry:
+        if "All" in (opts.get("dryRun") or []):
             out = clone(cur)
             out["metadata"]["deletionTimestamp"] = fmt_time(now)
             return 200, to_version(info, out)
         if store == "namespaces":
-            if name in ("default", "kube-system", "kube-public"):
-                raise err_forbidden(info, name, "this namespace may not be deleted")
-            if cur["metadata"].get("deletionTimestamp"):
-                return 200, cur
-
-            def terminate(o: dict) -> Optional[bool]:
-                o["metadata"]["deletionTimestamp"] = fmt_time(now)
-                o["metadata"]["deletionGracePeriodSeconds"] = 0
-                o.setdefault("status", {})["phase"] = "Terminating"
-                if policy == "Orphan":
-                    fins = o["metadata"].setdefault("finalizers", [])
-                    if ORPHAN_FINALIZER not in fins:
-                        fins.append(ORPHAN_FINALIZER)
-                return True
-            new = self.store.update(store, None, name, terminate)
-            return 200, new if new is not None else cur
-
-        grace = 0
-        if store == "pods":
-            node = (cur.get("spec") or {}).get("nodeName")
-            if opts.get("gracePeriodSeconds") is not None:
-                grace = int(opts["gracePeriodSeconds"])
-            else:
-                grace = int((cur.get("spec") or {}).get("terminationGracePeriodSeconds", 30))
-            if not node or pod_terminal(cur):
-                grace = 0
+            return 200, self._terminate_namespace(info, cur, policy, now)
+        grace = self._pod_grace(cur, opts) if store == "pods" else 0
         fins = list(cur["metadata"].get("finalizers") or [])
         if policy == "Foreground" and FOREGROUND_FINALIZER not in fins:
             fins.append(FOREGROUND_FINALIZER)
@@ -4859,13 +4846,7 @@ class WritePath:
             final = self.store.remove(store, store_ns, name)
             if final is None:
                 raise err_not_found(info, name)
-            details: Dict[str, Any] = {"name": name, "kind": info.plural, "uid": cur["metadata"]["uid"]}
-            if info.group:
-                details["group"] = info.group
-            if store == "pods":
-                return 200, final
-            return 200, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
-                         "details": details}
+            return 200, final if store == "pods" else deleted_status(info, name, cur["metadata"]["uid"])
 
         def mark(o: dict) -> Optional[bool]:
             omd = o["metadata"]
@@ -4873,11 +4854,7 @@ class WritePath:
             if fins != list(omd.get("finalizers") or []):
                 omd["finalizers"] = list(fins)
                 changed = True
-            if not omd.get("deletionTimestamp"):
-                omd["deletionTimestamp"] = fmt_time(now + grace)
-                omd["deletionGracePeriodSeconds"] = grace
-                changed = True
-            elif grace < (omd.get("deletionGracePeriodSeconds") or 0):
+            if not omd.get("deletionTimestamp") or grace < (omd.get("deletionGracePeriodSeconds") or 0):
                 omd["deletionTimestamp"] = fmt_time(now + grace)
                 omd["deletionGracePeriodSeconds"] = grace
                 changed = True
@@ -4889,28 +4866,87 @@ class WritePath:
         if new is None:
             raise err_not_found(info, name)
         if self.store.get(store, store_ns, name) is None:
-            details = {"name": name, "kind": info.plural, "uid": cur["metadata"]["uid"]}
-            if info.group:
-                details["group"] = info.group
-            return 200, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
-                         "details": details}
+            return 200, deleted_status(info, name, cur["metadata"]["uid"])
         code = 202 if policy == "Foreground" and opts.get("orphanDependents") is False else 200
         return code, new
+
+    @staticmethod
+    def _deletion_policy(info: ResourceInfo, name: str, cur: dict, opts: dict) -> str:
+        """Check the delete's preconditions; its propagation policy, defaulted as the resource's strategy does."""
+        pre = opts.get("preconditions") or {}
+        if pre.get("uid") and pre["uid"] != cur["metadata"]["uid"]:
+            raise ApiError(409, "Conflict", "Precondition failed: UID in precondition: %s, UID in object meta: %s"
+                           % (pre["uid"], cur["metadata"]["uid"]), {"name": name, "kind": info.plural})
+        if pre.get("resourceVersion") and pre["resourceVersion"] != cur["metadata"]["resourceVersion"]:
+            raise err_conflict(info, name)
+        policy = opts.get("propagationPolicy")
+        if policy is None and opts.get("orphanDependents") is not None:
+            policy = "Orphan" if opts["orphanDependents"] else "Background"
+        if policy is None:
+            policy = "Orphan" if info.store == "jobs" else "Background"
+        if policy not in ("Orphan", "Background", "Foreground"):
+            raise err_invalid(info, name, [("propagationPolicy", "FieldValueNotSupported",
+                                            'Unsupported value: "%s": supported values: "Foreground", '
+                                            '"Background", "Orphan", "nil"' % policy)])
+        return policy
+
+    def _terminate_namespace(self, info: ResourceInfo, cur: dict, policy: str, now: float) -> dict:
+        """A namespace is not removed at once: it turns Terminating for the namespace controller."""
+        name = cur["metadata"]["name"]
+        if name in ("default", "kube-system", "kube-public"):
+            raise err_forbidden(info, name, "this namespace may not be deleted")
+        if cur["metadata"].get("deletionTimestamp"):
+            return cur
+
+        def terminate(o: dict) -> Optional[bool]:
+            o["metadata"]["deletionTimestamp"] = fmt_time(now)
+            o["metadata"]["deletionGracePeriodSeconds"] = 0
+            o.setdefault("status", {})["phase"] = "Terminating"
+            if policy == "Orphan":
+                fins = o["metadata"].setdefault("finalizers", [])
+                if ORPHAN_FINALIZER not in fins:
+                    fins.append(ORPHAN_FINALIZER)
+            return True
+        new = self.store.update("namespaces", None, name, terminate)
+        return new if new is not None else cur
+
+    @staticmethod
+    def _pod_grace(pod: dict, opts: dict) -> int:
+        """The grace period a pod's deletion gives its kubelet: none when it is unbound or finished."""
+        if not (pod.get("spec") or {}).get("nodeName") or pod_terminal(pod):
+            return 0
+        if opts.get("gracePeriodSeconds") is not None:
+            return int(opts["gracePeriodSeconds"])
+        return int((pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30))
+
+
+def deleted_status(info: ResourceInfo, name: str, uid: str) -> dict:
+    """The Status a delete answers when the object is gone at once."""
+    details: Dict[str, Any] = {"name": name, "kind": info.plural, "uid": uid}
+    if info.group:
+        details["group"] = info.group
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "details": details}
 
 
 class EventRecorder:
     """Records core/v1 Events for the controllers and kubelets, as client-go's recorders do."""
 
-    def __init__(self, store: Store, writes: WritePath, clock: Callable[[], float], skew: Callable[[], float]):
+    def __init__(self, store: Store, writes: WritePath, clock: Callable[[], float], skew: Callable[[], float],
+                 node_ahead: Callable[[Optional[str]], float] = lambda node: 0.0):
         self.store = store
         self.writes = writes
         self.clock = clock
         self.skew = skew
+        self.node_ahead = node_ahead  # how far a node's clock runs ahead of the API server's
         self._event_index: Dict[Tuple, Tuple[str, str]] = {}
+        # Aggregate key -> (first seen, the distinct messages since): client-go's EventAggregator.
+        self._event_similar: Dict[Tuple, Tuple[float, set]] = {}
 
     def record(self, obj: dict, etype: str, reason: str, message: str, component: str,
-                     host: Optional[str] = None, field_path: Optional[str] = None) -> None:
-        """core/v1 event like client-go's EventRecorder (with aggregation of repeats)."""
+               host: Optional[str] = None, field_path: Optional[str] = None) -> None:
+        """core/v1 event like client-go's EventRecorder: a repeat bumps its event's count; from the
+        10th event in 10 minutes that differs only by message (a Job's SuccessfulCreate per pod),
+        one combined event stands for them all, "(combined from similar events): <latest message>"."""
         md = obj.get("metadata") or {}
         ns = md.get("namespace") or "default"
         io: Dict[str, Any] = {"kind": obj.get("kind"), "name": md.get("name"), "uid": md.get("uid"),
@@ -4920,12 +4956,27 @@ class EventRecorder:
         if field_path:
             io["fieldPath"] = field_path
         key = (md.get("uid"), field_path, reason, message, component, host, etype)
-        now = self.clock()
+        similar = (md.get("uid"), field_path, reason, component, host, etype)
+        first, messages = self._event_similar.get(similar) or (time.time(), set())
+        if time.time() - first > EVENT_AGGREGATE_SECONDS:
+            first, messages = time.time(), set()
+        messages.add(message)
+        self._event_similar[similar] = (first, messages)
+        if len(messages) >= EVENT_AGGREGATE_AFTER:
+            key, message = similar, "(combined from similar events): " + message
+        if component == "kubelet" and host:
+            # A kubelet's recorder names and stamps its events on its node's clock.
+            ahead = self.skew() + self.node_ahead(host)
+            named_ns = time.time_ns() + int(round(ahead * 1e9))
+            now = time.time() + ahead
+        else:
+            named_ns, now = time.time_ns(), self.clock()
         existing = self._event_index.get(key)
         if existing and self.store.get("events", existing[0], existing[1]) is not None:
             def bump(o: dict) -> Optional[bool]:
                 o["count"] = o.get("count", 1) + 1
                 o["lastTimestamp"] = fmt_time(now)
+                o["message"] = message
                 return True
             self.store.update("events", existing[0], existing[1], bump)
             return
@@ -4933,7 +4984,7 @@ class EventRecorder:
         if host:
             src["host"] = host
         ev = {"apiVersion": "v1", "kind": "Event",
-              "metadata": {"name": "%s.%x" % (md.get("name"), time.time_ns()), "namespace": ns},
+              "metadata": {"name": "%s.%x" % (md.get("name"), named_ns), "namespace": ns},
               "involvedObject": io, "reason": reason, "message": message, "source": src,
               "firstTimestamp": fmt_time(now), "lastTimestamp": fmt_time(now), "count": 1, "type": etype,
               "eventTime": None, "reportingComponent": component, "reportingInstance": host or ""}
@@ -4958,6 +5009,54 @@ class EventRecorder:
             self.writes.create_object(CANONICAL["events"], ev)
         except ApiError:
             pass
+
+
+class TruthRecord:
+    """What really happened and when, by the emulator's own clock (tests compare the tool's view
+    with it): per pod, Job and namespace, and each pod's creation index, which faults name pods by."""
+
+    def __init__(self, store: Store):
+        self.store = store
+        self._truth: Dict[str, Dict[str, Dict[str, Any]]] = {"pods": {}, "jobs": {}, "namespaces": {}}
+        self._lock = threading.Lock()
+        self._pod_index: Dict[str, int] = {}
+        self._pod_counter = 0
+
+    def snapshot(self) -> dict:
+        with self._lock:
+            return clone(self._truth)
+
+    def pod_index(self, uid: str) -> Optional[int]:
+        with self._lock:
+            return self._pod_index.get(uid)
+
+    def note(self, section: str, key: str, field: str, value: Any = None, raw: bool = False,
+             first: bool = True) -> None:
+        """Note a field (default: now); unless `raw`, only its first value counts unless `first` is False."""
+        with self._lock:
+            d = self._truth[section].setdefault(key, {})
+            if raw:
+                d[field] = value
+            elif not first or field not in d:
+                d[field] = time.time() if value is None else value
+
+    def on_store_event(self, etype: str, store: str, obj: dict) -> None:
+        """Store listener: creation, termination and deletion of pods, Jobs and namespaces."""
+        if store not in ("pods", "jobs", "namespaces"):
+            return
+        md = obj["metadata"]
+        key = "%s/%s" % (md.get("namespace"), md["name"]) if md.get("namespace") else md["name"]
+        if etype == "ADDED":
+            with self._lock:
+                self._truth[store][key] = {"created": self.store.created_wall.pop(md["uid"], time.time())}
+                if store == "pods":
+                    self._pod_index[md["uid"]] = self._pod_counter
+                    self._truth[store][key]["index"] = self._pod_counter
+                    self._pod_counter += 1
+        elif etype == "DELETED":
+            self.note(store, key, "deleted")
+        elif md.get("deletionTimestamp"):
+            self.note(store, key, "terminating")
 
 
 class Emulator:
@@ -4993,7 +5092,7 @@ class Emulator:
         self.logs: Dict[Tuple[str, str], List[ContainerLog]] = {}
         self.truth_record = TruthRecord(self.store)
         self.writes = WritePath(self.store, self.faults, self.api_now, self.v)
-        self.events = EventRecorder(self.store, self.writes, self.api_now, self.api_skew)
+        self.events = EventRecorder(self.store, self.writes, self.api_now, self.api_skew, self.node_offset)
         self.replaced_uids: Set[str] = set()
         self.kubeconfig = self.workdir / "kubeconfig"
         self.truth_path = self.workdir / "truth.json"
@@ -5105,6 +5204,14 @@ class Emulator:
     def api_now(self) -> float:
         return time.time() + self.api_skew()
 
+    def node_offset(self, node: Optional[str]) -> float:
+        """How far this node's clock runs ahead of the API server's (node_clock_offset)."""
+        return float((self.faults.value("node_clock_offset") or {}).get(node or "", 0))
+
+    def node_now(self, node: Optional[str]) -> float:
+        """The node's clock: what its kubelet stamps and names events with."""
+        return self.api_now() + self.node_offset(node)
+
     def t(self, key: str) -> float:
         return float(self.timing[key])
 
@@ -5192,22 +5299,6 @@ class Emulator:
         if not self.faults.on("missing_runtimeclass"):
             self._create_runtimeclass()
 
-
-
-def _delete_path(obj: dict, path: str) -> None:
-    """Remove the field at a dotted path with [i] list indexes (unknown fields are dropped)."""
-    parts = re.findall(r"[^.\[\]]+|\[\d+\]", path)
-    cur: Any = obj
-    for p in parts[:-1]:
-        if p.startswith("["):
-            cur = cur[int(p[1:-1])]
-        else:
-            cur = cur.get(p)
-        if cur is None:
-            return
-    last = parts[-1]
-    if isinstance(cur, dict):
-        cur.pop(last, None)
 
 
 # --------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import http.server
 import os
+import random
 import signal
 import ssl
 import subprocess
@@ -105,6 +106,7 @@ class PodWorker(threading.Thread):
         self.phase = "Pending"
         self.status_lock = threading.Lock()
         self.extra_status: dict = {}
+        self.image_checked: set = set()  # containers whose image the worker already found present
 
     # -- signals -----------------------------------------------------------
     def on_deletion(self, pod: dict) -> None:
@@ -194,13 +196,8 @@ class PodWorker(threading.Thread):
         self.set_condition("PodReadyToStartContainers", "False")
         self.set_condition("Initialized", "True")
         self.post_status()
-        if self.sleep(self.agent.sandbox_seconds):
-            self._terminate()
-            return
-        pod_ip = self.agent.pod_ip()
-        self.extra_status.update({"podIP": pod_ip, "podIPs": [{"ip": pod_ip}]})
-        self.set_condition("PodReadyToStartContainers", "True")
-        self.post_status()
+        # As a kubelet does, the volumes are mounted before the sandbox is asked for, so that the
+        # first container's image check follows the sandbox at once.
         volumes: Dict[str, Tuple[str, str]] = {}
         while True:
             try:
@@ -211,6 +208,18 @@ class PodWorker(threading.Thread):
                 if self.sleep(2.0):
                     self._terminate()
                     return
+        if self.sleep(self.agent.sandbox_seconds + random.uniform(0, self.agent.sandbox_jitter)):
+            self._terminate()
+            return
+        self.agent.note(self.ns, self.name, sandbox_ready=time.time())
+        # SyncPod goes on from the sandbox to the first container's image in the same step; the
+        # status manager posts the sandbox's readiness on its own, after that.
+        if self.containers:
+            self.image_present(self.containers[0])
+        pod_ip = self.agent.pod_ip()
+        self.extra_status.update({"podIP": pod_ip, "podIPs": [{"ip": pod_ip}]})
+        self.set_condition("PodReadyToStartContainers", "True")
+        self.post_status()
         threads = [threading.Thread(target=self._run_container, args=(c, volumes), daemon=True)
                    for c in self.containers]
         for t in threads:
@@ -328,10 +337,16 @@ class PodWorker(threading.Thread):
             return ""
 
     # -- containers ----------------------------------------------------------
+    def image_present(self, c: ContainerRun) -> None:
+        """The kubelet's first step for a container: the image is found on the node (no pulls here)."""
+        if c.name not in self.image_checked:
+            self.image_checked.add(c.name)
+            self.event("Normal", "Pulled", f'Container image "{c.spec.get("image", "")}" already present on '
+                                           f'machine', c.name)
+
     def _run_container(self, c: ContainerRun, volumes: Dict[str, Tuple[str, str]]) -> None:
         spec = c.spec
-        image = spec.get("image", "")
-        self.event("Normal", "Pulled", f'Container image "{image}" already present on machine', c.name)
+        self.image_present(c)
         env, uid, gid, error = self._environment(spec)
         while error:
             c.status["state"] = {"waiting": {"reason": "CreateContainerConfigError", "message": error}}
@@ -379,7 +394,7 @@ class PodWorker(threading.Thread):
             self.event("Warning", "Failed", f"Error: {message}", c.name)
             self.post_status()
             return
-        self.agent.truth[(self.ns, self.name)] = {"node": self.node, "container_started": true_start}
+        self.agent.note(self.ns, self.name, node=self.node, container_started=true_start)
         self.event("Normal", "Started", f"Started container {c.name}", c.name)
         c.status.update(state={"running": {"startedAt": started}}, ready=True, started=True, image=c.image,
                         imageID=c.image_id, containerID=f"containerd://{cid}")
@@ -390,7 +405,7 @@ class PodWorker(threading.Thread):
         rc = c.process.wait()
         log.close()
         code = rc if rc >= 0 else 128 - rc
-        self.agent.truth[(self.ns, self.name)].update(container_finished=time.time(), exit_code=code)
+        self.agent.note(self.ns, self.name, container_finished=time.time(), exit_code=code)
         c.status.update(ready=False, started=False, state={"terminated": {
             "exitCode": code, "reason": "Completed" if code == 0 else "Error", "startedAt": started,
             "finishedAt": now_rfc3339(), "containerID": f"containerd://{cid}"}})
@@ -474,12 +489,13 @@ class NodeAgent:
     """Nodes rldemo-node-1..N on 127.0.0.1, against a real API server."""
 
     def __init__(self, api: Api, workdir: Path, pki: Path, nodes: int = 3, sandbox_seconds: float = 0.4,
-                 python: str = sys.executable):
+                 python: str = sys.executable, sandbox_jitter: float = 0.0):
         self.api = api
         self.workdir = Path(workdir)
         self.pki = Path(pki)
         self.node_names = [f"rldemo-node-{i + 1}" for i in range(nodes)]
         self.sandbox_seconds = sandbox_seconds
+        self.sandbox_jitter = sandbox_jitter  # each sandbox takes up to this much longer, at random
         self.python = python
         self.node_ip = "127.0.0.1"
         self.bindir = self.workdir / "bin"
@@ -489,8 +505,11 @@ class NodeAgent:
         self.lock = threading.Lock()
         self.threads: List[threading.Thread] = []
         self._ip_counter = 0
-        # What really happened to each container (wall-clock times), for the tests to hold figures against.
+        # What really happened to each pod (wall-clock times, first occurrence), for the tests to hold
+        # figures against: seen (the agent took up the bound pod), sandbox_ready, container_started,
+        # container_finished; and its node and exit code.
         self.truth: Dict[Tuple[str, str], dict] = {}
+        self.truth_lock = threading.Lock()
         self.port = free_port()
         self.server: Optional[_KubeletServer] = None
 
@@ -658,6 +677,7 @@ class NodeAgent:
                 return
             if terminal or (pod.get("status") or {}).get("startTime"):
                 return  # already run by this node (the agent keeps no state across restarts)
+            self.note(md["namespace"], md["name"], seen=time.time())
             worker = PodWorker(self, node, pod)
             with self.lock:
                 self.workers[uid] = worker
@@ -666,6 +686,14 @@ class NodeAgent:
         worker.pod = pod
         if md.get("deletionTimestamp") and not worker.deleting.is_set():
             worker.on_deletion(pod)
+
+    def note(self, namespace: str, name: str, **fields: Any) -> None:
+        """Record what happened to a pod; a moment keeps its first value, the last run's end its last."""
+        with self.truth_lock:
+            record = self.truth.setdefault((namespace, name), {})
+            for field, value in fields.items():
+                if field in ("container_finished", "exit_code") or field not in record:
+                    record[field] = value
 
     def forget(self, worker: PodWorker) -> None:
         with self.lock:

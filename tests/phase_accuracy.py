@@ -4,7 +4,7 @@
 Usage:
     python3 tests/phase_accuracy.py [--kubectl PATH] [--count 12] [--parallelism 6]
                                     [--sandbox 0.6] [--jitter 0.4] [--together] [--skew SECONDS]
-                                    [--keep DIR]
+                                    [--node-clock SECONDS] [--real] [--keep DIR]
 
 Starts a Kubernetes API emulator (tests/kube_emulator.py, pods run for real in
 bubblewrap) whose sandbox takes --sandbox .. --sandbox + --jitter seconds, runs
@@ -13,7 +13,16 @@ against the emulator's record of the true moment, the largest stated precision,
 and how many errors the stated precision fails to cover; then the same for
 sandbox_creation. --together has the kubelet report the sandbox's readiness in
 the same status update as the running container, as a real kubelet usually does.
---skew sets the emulator's API clock ahead by that many seconds.
+--skew sets the emulator's API clock ahead by that many seconds; --node-clock sets
+one node's clock (emu-node-1: its kubelet's stamps and event names, its containers'
+clock readings) that far ahead of the API's (negative: behind).
+
+--real holds the same figures on the real control plane instead (kube-apiserver,
+-scheduler, -controller-manager and etcd from tests/.cache, tests/node_agent.py as the
+kubelet, kubectl 1.35 by default): the node agent records when it took each pod up, when
+its sandbox was ready and when its container started and ended. Pod creation and
+scheduling have no truth there; sandbox_creation is held from the scheduler's own
+Scheduled eventTime to the agent's sandbox.
 
 Not part of the pytest run; the end-to-end tests hold the same figures.
 Standard library only.
@@ -39,6 +48,7 @@ from kube_emulator import Emulator  # noqa: E402
 import prereqs  # noqa: E402
 
 PRODUCT = Path(__file__).resolve().parent.parent / "rl_batch_demo.py"
+SKEWED_NODE = "emu-node-1"
 # Point -> the emulator's truth field of the same moment.
 TRUTH_FIELDS = {"pod_created": "created", "scheduled": "scheduled", "sandbox_ready": "sandbox_ready",
                 "container_started": "container_started", "container_finished": "container_finished"}
@@ -50,7 +60,7 @@ def point_errors(rows: list[dict], truth: dict, namespace: str) -> dict[str, lis
     for row in rows:
         pod_truth = truth["pods"][f"{namespace}/{row['pod']}"]
         for point, field in TRUTH_FIELDS.items():
-            if row[f"{point}_at"]:
+            if row[f"{point}_at"] and field in pod_truth:
                 errors[point].append((float(row[f"{point}_at"]) - pod_truth[field],
                                       float(row[f"{point}_precision_seconds"])))
     return errors
@@ -61,10 +71,17 @@ def sandbox_errors(rows: list[dict], truth: dict, namespace: str) -> list[tuple[
     found = []
     for row in rows:
         pod_truth = truth["pods"][f"{namespace}/{row['pod']}"]
-        true = pod_truth["sandbox_ready"] - pod_truth["scheduled"]
+        scheduled = pod_truth.get("scheduled", float(row["scheduled_at"]))
+        true = pod_truth["sandbox_ready"] - scheduled
         found.append((float(row["sandbox_creation_seconds"]) - true,
                       float(row["sandbox_creation_precision_seconds"])))
     return found
+
+
+def agent_truth(agent: object, namespace: str) -> dict:
+    """The node agent's record in the emulator's truth shape: {"pods": {"ns/pod": {field: time}}}."""
+    return {"pods": {f"{ns}/{name}": dict(record) for (ns, name), record in list(agent.truth.items())  # type: ignore
+                     if ns == namespace}}
 
 
 def recorder_late(events: list[dict], truth: dict, namespace: str) -> dict[str, int]:
@@ -79,7 +96,8 @@ def recorder_late(events: list[dict], truth: dict, namespace: str) -> dict[str, 
         name = key.split("/", 1)[1]
         if not key.startswith(namespace + "/"):
             continue
-        if name in created and created[name] - pod_truth["created"] > rl_batch_demo.EVENT_FOLLOWS_SECONDS:
+        if name in created and "created" in pod_truth and \
+                created[name] - pod_truth["created"] > rl_batch_demo.EVENT_FOLLOWS_SECONDS:
             late["pod_created"] += 1
         pulled = kubelet.get(name, {}).get("Pulled")
         if pulled and pulled[0] - pod_truth["sandbox_ready"] > rl_batch_demo.EVENT_FOLLOWS_SECONDS:
@@ -106,44 +124,65 @@ def main() -> int:
     parser.add_argument("--jitter", type=float, default=0.4)
     parser.add_argument("--together", action="store_true")
     parser.add_argument("--skew", type=float, default=0.0)
+    parser.add_argument("--node-clock", type=float, default=0.0)
+    parser.add_argument("--real", action="store_true", help="the real control plane, not the emulator")
     parser.add_argument("--keep", type=Path, default=None, help="copy the run's directory here")
     args = parser.parse_args()
-    kubectl = args.kubectl or prereqs.default_kubectl(prereqs.find_kubectls())
+    kubectls = prereqs.find_kubectls()
+    kubectl = args.kubectl or (kubectls.get("1.35") if args.real else prereqs.default_kubectl(kubectls))
     faults = {"sandbox_delay": args.sandbox, "sandbox_jitter": args.jitter}
     if args.together:
         faults["sandbox_status_with_running"] = True
     if args.skew:
         faults["api_clock_skew"] = args.skew
+    if args.node_clock:
+        faults["node_clock_offset"] = {SKEWED_NODE: args.node_clock}
     with tempfile.TemporaryDirectory() as work:
-        emulator = Emulator(Path(work) / "emulator", faults=faults)
-        emulator.start()
+        if args.real:
+            from conftest import discovered_control_plane
+            from local_cluster import LocalCluster
+            cluster = LocalCluster(Path(work) / "cluster", Path(discovered_control_plane() or ""),
+                                   sandbox_seconds=args.sandbox)
+            cluster.start()
+            assert cluster.agent is not None
+            cluster.agent.sandbox_jitter = args.jitter
+            env = cluster.env()
+        else:
+            cluster = Emulator(Path(work) / "emulator", faults=faults)
+            cluster.start()
+            env = cluster.env()
         try:
             output = Path(work) / "run"
             result = subprocess.run([sys.executable, str(PRODUCT), "run", "--count", str(args.count),
                                      "--parallelism", str(args.parallelism), "--output", str(output),
                                      "--kubectl", kubectl, "--quiet"],
-                                    env=emulator.env(), capture_output=True, text=True, timeout=600)
+                                    env=env, capture_output=True, text=True, timeout=600)
             if result.returncode != 0:
                 print(result.stderr, file=sys.stderr)
                 return 1
-            truth = emulator.truth()
             namespace = json.loads((output / "receipt.json").read_text())["namespace"]
-            events = emulator.list("events", namespace)
+            if args.real:
+                truth = agent_truth(cluster.agent, namespace)
+                events = json.loads((output / "events.json").read_text())["items"]
+            else:
+                truth = cluster.truth()
+                events = cluster.list("events", namespace)
         finally:
-            emulator.stop()
-        namespace = json.loads((output / "receipt.json").read_text())["namespace"]
+            cluster.stop()
         with open(output / "episodes.csv", newline="") as handle:
             rows = list(csv.DictReader(handle))
         results = json.loads((output / "results.json").read_text())
         if args.keep:
             shutil.copytree(output, args.keep)
-    print(f"{args.count} episodes, parallelism {args.parallelism}, sandbox {args.sandbox}.."
+    print(f"{'real control plane' if args.real else 'emulator'}: "
+          f"{args.count} episodes, parallelism {args.parallelism}, sandbox {args.sandbox}.."
           f"{args.sandbox + args.jitter} s{', sandbox and running in one update' if args.together else ''}"
-          f"{f', API clock {args.skew:+g} s' if args.skew else ''}; kubectl {kubectl}")
+          f"{f', API clock {args.skew:+g} s' if args.skew else ''}"
+          f"{f', {SKEWED_NODE} clock {args.node_clock:+g} s' if args.node_clock else ''}; kubectl {kubectl}")
     for point, errors in point_errors(rows, truth, namespace).items():
         print(line(point, errors))
     print(line("sandbox_creation", sandbox_errors(rows, truth, namespace)))
-    print("emulator's own events named over the tool's allowance after their step:",
+    print("events the cluster named over the tool's allowance after their step:",
           recorder_late(events, truth, namespace), f"(load average {os.getloadavg()[0]:.1f})")
     print("clocks:", json.dumps(results.get("clocks"), indent=1))
     for warning in results.get("clock_warnings") or []:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e_support import load, run_namespaces, tool
+from e2e_support import assert_cleanup_twice, load, most_at_once, run_namespaces, tool
 from kube_emulator import Emulator
 
 import rl_batch_demo
@@ -116,16 +116,10 @@ def check_run(emulator: Emulator, output: Path, count: int, parallelism: int) ->
     return results
 
 
-def most_at_once(emulator: Emulator, output: Path) -> int:
-    """The most episode containers of one run that were running at the same moment."""
+def pod_truths(emulator: Emulator, output: Path) -> list[dict]:
+    """The emulator's record of each pod of the run in `output`."""
     namespace = load(output / "receipt.json")["namespace"]
-    pods = [p for key, p in emulator.truth()["pods"].items() if key.startswith(namespace + "/")]
-    moments = sorted([(p["container_started"], 1) for p in pods] + [(p["container_finished"], -1) for p in pods])
-    running = most = 0
-    for _, change in moments:
-        running += change
-        most = max(most, running)
-    return most
+    return [p for key, p in emulator.truth()["pods"].items() if key.startswith(namespace + "/")]
 
 
 def test_parallel_then_sequential_then_cleanup(kubectl_and_cluster, tmp_path):
@@ -145,22 +139,15 @@ def test_parallel_then_sequential_then_cleanup(kubectl_and_cluster, tmp_path):
     sequential_results = check_run(emulator, sequential_dir, 10, 1)
     # Ten at once really ran side by side, one at a time never overlapped (the emulator's
     # truth), and so the last reward came several times later.
-    assert most_at_once(emulator, parallel_dir) >= 5
-    assert most_at_once(emulator, sequential_dir) == 1
+    assert most_at_once(pod_truths(emulator, parallel_dir)) >= 5
+    assert most_at_once(pod_truths(emulator, sequential_dir)) == 1
     assert sequential_results["batch_to_all_rewards_seconds"] > 3 * parallel_results["batch_to_all_rewards_seconds"]
 
     compared = tool(emulator, kubectl, "compare", str(parallel_dir), str(sequential_dir))
     assert compared.returncode == 0 and "batch_to_all_rewards_seconds" in compared.stdout
 
     for output in (parallel_dir, sequential_dir):
-        namespace = load(output / "receipt.json")["namespace"]
-        cleaned = tool(emulator, kubectl, "cleanup", "--output", str(output))
-        assert cleaned.returncode == 0, cleaned.stderr
-        assert cleaned.stdout.strip() == f"Deleted test namespace: {namespace}"
-        assert emulator.get("namespaces", None, namespace) is None
-        assert output.is_dir() and (output / "results.json").is_file()
-        again = tool(emulator, kubectl, "cleanup", "--output", str(output))
-        assert again.returncode == 0 and again.stdout.strip() == "Namespace already absent"
+        assert_cleanup_twice(emulator, kubectl, output)
     assert run_namespaces(emulator) == []
     # Every request-and-answer call carried the 30 s request timeout; a watch, and the list
     # its kubectl makes first, are bounded by the run's deadline instead. None met a server error.

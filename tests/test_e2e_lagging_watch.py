@@ -13,7 +13,7 @@ from urllib.parse import quote
 
 import pytest
 
-from e2e_support import SLOW_SECOND_EPISODE, load, start_tool, tool, wait_for
+from e2e_support import SLOW_SECOND_EPISODE, assert_refused_a_running_pod, load, start_tool, tool, wait_for
 from kube_emulator import Emulator
 
 pytestmark = pytest.mark.e2e
@@ -164,13 +164,7 @@ def test_a_genuinely_unfinished_pod_still_fails_the_run_by_name(make_cluster, tm
     subprocess.run([kubectl, "patch", "job", "rollout", "-n", namespace, "--subresource=status", "--type=merge",
                     "-p", json.dumps({"status": {"conditions": conditions, "succeeded": 2, "active": 0}})],
                    env=emulator.env(), check=True, capture_output=True, text=True, timeout=WAIT)
-    stdout, stderr = process.communicate(timeout=300)
-    assert process.returncode == 1, (stdout, stderr)
-    assert "Traceback" not in stderr
-    assert f"pod {running}: phase is Running, not Succeeded" in stderr, stderr
-    assert not (output / "results.json").exists()
-    pods = {pod["metadata"]["name"]: pod for pod in load(output / "pods.json")["items"]}
-    assert pods[running]["status"]["phase"] == "Running"
+    assert_refused_a_running_pod(process, output, running)
     for name in ("job.json", "events.txt", f"{running}.log"):
         assert (output / name).is_file(), name
     # It was read again on its own before the run concluded anything from it.

@@ -14,8 +14,7 @@ from typing import Any
 import pytest
 
 import rl_batch_demo
-from e2e_support import DEFAULT_TIMING, load, run_namespaces, tool
-from kube_emulator import Emulator
+from e2e_support import emulators, load, run_namespaces, tool
 
 pytestmark = pytest.mark.e2e
 
@@ -38,18 +37,8 @@ emit("reward", reward=task["x"] * 0.5, task_seen=task.get("id"), index="kept apa
 def cluster(tmp_path: Path, require_e2e: Any):
     """(kubectl 1.35, make(server_version=..., **faults)): emulators whose Job back-off is short."""
     kubectl = require_e2e("1.35")
-    started = []
-
-    def make(server_version: str = "1.33", **faults: Any) -> Emulator:
-        emulator = Emulator(tmp_path / f"emulator-{len(started)}", faults={**DEFAULT_TIMING, **faults},
-                            server_version=server_version, timing={"job_backoff_base": 0.5})
-        emulator.start()
-        started.append(emulator)
-        return emulator
-
-    yield kubectl, make
-    for emulator in started:
-        emulator.stop()
+    with emulators(tmp_path, timing={"job_backoff_base": 0.5}) as make:
+        yield kubectl, make
 
 
 def rewards_of(output: Path) -> list[dict]:

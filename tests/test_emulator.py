@@ -5,6 +5,7 @@ them (tests/conftest.py): a missing one skips its tests, or fails them when $CI 
 """
 from __future__ import annotations
 
+import calendar
 import json
 import os
 import signal
@@ -22,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import prereqs  # noqa: E402
 from conftest import require_prerequisites  # noqa: E402
 from e2e_support import wait_for  # noqa: E402
-from kube_emulator import Emulator  # noqa: E402
+from kube_emulator import Emulator, check_faults  # noqa: E402
 
 
 # --------------------------------------------------------------------------- prerequisites
@@ -685,6 +686,44 @@ def test_fault_api_clock_skew(emu_factory) -> None:
     created = time.mktime(time.strptime(ns["metadata"]["creationTimestamp"], "%Y-%m-%dT%H:%M:%SZ")) - time.timezone
     assert 3598 <= created - before <= 3602
     assert emu.truth()["namespaces"]["skew"]["created"] - before < 5
+
+
+def test_fault_node_clock_offset(emu_factory) -> None:
+    """One node's clock runs an hour ahead: its kubelet's stamps, event names and times, and its
+    containers' clock readings are on it; the other nodes, the API server and the truth are not."""
+    need_bwrap()
+    emu = emu_factory(faults={"node_clock_offset": {"emu-node-1": 3600}})
+    k = Kubectl(emu, default_kubectl())
+    run_job(emu, k, "nodeclock", count=6, parallelism=6)
+    truth = emu.truth()["pods"]
+    pods = emu.list("pods", "nodeclock")
+    assert {p["spec"]["nodeName"] for p in pods} > {"emu-node-1"}, "the pods must spread over the nodes"
+
+    def stamp(text: str) -> float:
+        return float(calendar.timegm(time.strptime(text, "%Y-%m-%dT%H:%M:%SZ")))
+
+    for pod in pods:
+        name, ahead = pod["metadata"]["name"], 3600 if pod["spec"]["nodeName"] == "emu-node-1" else 0
+        true = truth["nodeclock/" + name]
+        assert 0 <= true["container_started"] < true["container_finished"] < time.time()
+        assert abs(stamp(pod["status"]["startTime"]) - (true["scheduled"] + ahead)) < 5
+        terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+        assert abs(stamp(terminated["finishedAt"]) - (true["container_finished"] + ahead)) < 5
+        assert abs(stamp(pod["metadata"]["creationTimestamp"]) - true["created"]) < 5
+        ready, reward = log_events(k("logs", "-n", "nodeclock", name).stdout)
+        assert abs(ready["at"] - (true["container_started"] + ahead)) < 5
+        assert abs(reward["at"] - (true["container_finished"] + ahead)) < 5
+        for event in emu.list("events", "nodeclock"):
+            if event["involvedObject"].get("name") != name:
+                continue
+            named = int(event["metadata"]["name"].rsplit(".", 1)[1], 16) / 1e9
+            on_node = (event.get("source") or {}).get("component") == "kubelet"
+            assert abs(named - (true["container_started"] + (ahead if on_node else 0))) < 5, event
+            if on_node:
+                assert abs(stamp(event["firstTimestamp"]) - named) < 2, event
+                assert abs(stamp(event["metadata"]["creationTimestamp"]) - true["container_started"]) < 5, event
+    with pytest.raises(ValueError, match="node_clock_offset takes"):
+        check_faults({"node_clock_offset": 1.5})
 
 
 def test_fault_api_latency_and_errors(emu_factory) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e_support import PRODUCT, interrupt, load, start_tool, tool, wait_for
+from e2e_support import PRODUCT, assert_cleanup_twice, interrupt, load, most_at_once, start_tool, tool, wait_for
 
 import rl_batch_demo
 
@@ -61,15 +61,9 @@ def check_run(cluster, output: Path, count: int, parallelism: int) -> dict:
     return results
 
 
-def most_at_once(cluster, namespace: str) -> int:
-    """The most episode containers of one namespace that ran at the same moment (the node agent's record)."""
-    runs = [r for (ns, _), r in list(cluster.agent.truth.items()) if ns == namespace]
-    moments = sorted([(r["container_started"], 1) for r in runs] + [(r["container_finished"], -1) for r in runs])
-    running = most = 0
-    for _, change in moments:
-        running += change
-        most = max(most, running)
-    return most
+def container_runs(cluster, namespace: str) -> list[dict]:
+    """The node agent's record of each container run in `namespace` (pods whose container started)."""
+    return [r for (ns, _), r in list(cluster.agent.truth.items()) if ns == namespace and "container_started" in r]
 
 
 def test_guide_batches_then_cleanup_twice(real_cluster, tmp_path):
@@ -83,8 +77,8 @@ def test_guide_batches_then_cleanup_twice(real_cluster, tmp_path):
                       "--output", str(sequential_dir), "--quiet")
     assert sequential.returncode == 0, sequential.stderr
     sequential_results = check_run(cluster, sequential_dir, 10, 1)
-    assert most_at_once(cluster, parallel_results["namespace"]) >= 5
-    assert most_at_once(cluster, sequential_results["namespace"]) == 1
+    assert most_at_once(container_runs(cluster, parallel_results["namespace"])) >= 5
+    assert most_at_once(container_runs(cluster, sequential_results["namespace"])) == 1
 
     # The logs the tool saved are the ones the real API server serves from the node agent.
     pod = parallel_results["pods"][0]["pod"]
@@ -93,13 +87,7 @@ def test_guide_batches_then_cleanup_twice(real_cluster, tmp_path):
     assert logs.stdout == (parallel_dir / f"{pod}.log").read_text()
 
     for output in (parallel_dir, sequential_dir):
-        namespace = load(output / "receipt.json")["namespace"]
-        cleaned = tool(cluster, kubectl, "cleanup", "--output", str(output))
-        assert cleaned.returncode == 0, cleaned.stderr
-        assert cleaned.stdout.strip() == f"Deleted test namespace: {namespace}"
-        assert cluster.get("namespaces", None, namespace) is None
-        again = tool(cluster, kubectl, "cleanup", "--output", str(output))
-        assert again.returncode == 0 and again.stdout.strip() == "Namespace already absent", again.stderr
+        assert_cleanup_twice(cluster, kubectl, output)
 
 
 def test_rounds_with_warmup_then_foreground_cleanup(real_cluster, tmp_path):

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from e2e_support import SLOW_SECOND_EPISODE, load, start_tool, tool, wait_for
+from e2e_support import SLOW_SECOND_EPISODE, assert_refused_a_running_pod, load, start_tool, tool, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.real_cluster]
 
@@ -81,11 +81,5 @@ def test_a_pod_running_when_the_job_says_complete_fails_the_run_by_name(real_clu
         process.kill()
         process.communicate()
         pytest.fail(f"the API server refused the Complete status: {patched.stderr}")
-    stdout, stderr = process.communicate(timeout=300)
-    assert process.returncode == 1, (stdout, stderr)
-    assert "Traceback" not in stderr
-    assert f"pod {running}: phase is Running, not Succeeded" in stderr, stderr
-    assert not (output / "results.json").exists()
-    pods = {pod["metadata"]["name"]: pod for pod in load(output / "pods.json")["items"]}
-    assert pods[running]["status"]["phase"] == "Running"
+    assert_refused_a_running_pod(process, output, running)
     tool(cluster, kubectl, "cleanup", "--output", str(output))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import calendar
+import csv
 import io
 import json
 import os
@@ -357,25 +358,16 @@ def test_a_pod_not_succeeded_fails(phase: str) -> None:
         demo.verify_batch(3, job, pods, logs)
 
 
-@pytest.mark.parametrize("events, found", [
-    ([reward_event(POD_B, T0 + 8.5)], 0),
-    ([ready_event(POD_B, T0 + 4.25), ready_event(POD_B, T0 + 4.5), reward_event(POD_B, T0 + 8.5)], 2),
+@pytest.mark.parametrize("events, event, found", [
+    ([reward_event(POD_B, T0 + 8.5)], "ready", 0),
+    ([ready_event(POD_B, T0 + 4.25), ready_event(POD_B, T0 + 4.5), reward_event(POD_B, T0 + 8.5)], "ready", 2),
+    ([ready_event(POD_B, T0 + 4.25)], "reward", 0),
+    ([ready_event(POD_B, T0 + 4.25), reward_event(POD_B, T0 + 8.5), reward_event(POD_B, T0 + 8.6)], "reward", 2),
 ])
-def test_not_exactly_one_ready_event_fails(events: list[dict], found: int) -> None:
+def test_not_exactly_one_ready_or_reward_event_fails(events: list[dict], event: str, found: int) -> None:
     job, pods, logs = valid_batch()
     logs[POD_B] = log_text(*events)
-    with pytest.raises(VerificationError, match=rf"pod {POD_B}: .*one ready event, found {found}"):
-        demo.verify_batch(3, job, pods, logs)
-
-
-@pytest.mark.parametrize("events, found", [
-    ([ready_event(POD_B, T0 + 4.25)], 0),
-    ([ready_event(POD_B, T0 + 4.25), reward_event(POD_B, T0 + 8.5), reward_event(POD_B, T0 + 8.6)], 2),
-])
-def test_not_exactly_one_reward_event_fails(events: list[dict], found: int) -> None:
-    job, pods, logs = valid_batch()
-    logs[POD_B] = log_text(*events)
-    with pytest.raises(VerificationError, match=rf"pod {POD_B}: .*one reward event, found {found}"):
+    with pytest.raises(VerificationError, match=rf"pod {POD_B}: .*one {event} event, found {found}"):
         demo.verify_batch(3, job, pods, logs)
 
 
@@ -792,7 +784,7 @@ def test_scheduled_event_times_only_from_pod_scheduled_events() -> None:
 
 
 EXPECTED_CSV_HEADER = ",".join(
-    ["batch", "pod", "index", "node", "reward", "image_cache"]
+    ["batch", "pod", "index", "node", "reward", "image_cache", "runtime_class"]
     + [f"{point}_after_job_seconds" for point in demo.POINTS]
     + [f"{point}_precision_seconds" for point in demo.POINTS]
     + [f"{phase}_seconds" for phase in demo.PHASES]
@@ -809,7 +801,7 @@ def test_episodes_csv_header_and_rows() -> None:
     lines = demo.episodes_csv([("rollout", summary)]).splitlines()
     assert lines[0] == EXPECTED_CSV_HEADER
     assert lines[1:] == [
-        "rollout,rollout-4kq2m,,node-1,1,present,"
+        "rollout,rollout-4kq2m,,node-1,1,present,cube,"
         "1.000000,1.250000,2.000000,2.510000,2.500000,3.250000,3.500000,8.000000,9.000000,"
         "1,1e-06,1.75,0.51,0.01,1e-06,1e-06,1e-06,1,"
         "0.250000,0.750000,0.500000,0.750000,0.250000,4.500000,1.000000,2.500000,7.000000,"
@@ -817,7 +809,7 @@ def test_episodes_csv_header_and_rows() -> None:
         'Pod creationTimestamp,Scheduled event eventTime,"PodReadyToStartContainers condition, after Scheduled eventTime","worker process start, after container startedAt",worker /proc start time,worker imports_done_at,worker ready event,worker reward event,container finishedAt,'
         "control plane,control plane,node,node,node,node,node,node,node,"
         "1,1.75,1.76,0.010001,2e-06,2e-06,1,1,1",
-        "rollout,rollout-9vtzb,,node-2,1,pulled,"
+        "rollout,rollout-9vtzb,,node-2,1,pulled,cube,"
         "1.000000,1.500000,3.000000,3.010000,3.000000,4.000000,4.250000,8.500000,9.000000,"
         "1,1e-06,2.5,0.01,0.01,1e-06,1e-06,1e-06,1,"
         "0.500000,1.500000,0.000000,1.000000,0.250000,4.250000,0.500000,3.250000,7.500000,"
@@ -826,7 +818,7 @@ def test_episodes_csv_header_and_rows() -> None:
         "control plane,control plane,node,node,node,node,node,node,node,"
         "1,2.5,2.51,0.010001,2e-06,2e-06,1,1,1",
         # No sandbox condition and no kubelet event: empty cells; scheduled from the whole-second condition.
-        "rollout,rollout-p7x8s,,node-1,1,,"
+        "rollout,rollout-p7x8s,,node-1,1,,cube,"
         "2.000000,2.000000,,3.510000,3.500000,4.500000,5.000000,9.750000,10.000000,"
         "1,1,,0.51,0.01,1e-06,1e-06,1e-06,1,"
         "0.000000,,,1.000000,0.500000,4.750000,0.250000,3.000000,7.750000,"
@@ -1272,7 +1264,11 @@ def test_a_watch_behind_the_server_second_shows_a_clock_apart_loudly() -> None:
     observed["job"] = {key: value - 0.5 for key, value in observed["job"].items()}
     summary = demo.summarise_batch(job, pods, logs, events, 1, observed=observed)
     client = summary["clocks"]["client"]
-    assert client["offset_seconds"] == pytest.approx(-0.49)  # at most 1.01 - 0.5 - 1 (pod created stamp)
+    assert client["at_most_seconds"] == pytest.approx(-0.49)  # at most 1.01 - 0.5 - 1 (pod created stamp)
+    # Corrected by the middle of what the evidence allows, which holds the true -0.5 within its slack.
+    assert client["offset_seconds"] == pytest.approx((client["at_least_seconds"] + client["at_most_seconds"]) / 2)
+    assert client["correction_slack_seconds"] == pytest.approx(client["at_most_seconds"] - client["offset_seconds"])
+    assert abs(client["offset_seconds"] + 0.5) <= client["correction_slack_seconds"]
     assert any("client's and the control plane's clocks disagree" in w for w in summary["clocks"]["warnings"])
     # Corrected onto the control plane's clock, the watch's times fall back into their seconds.
     finished = summary["_episodes"][0]["points"]["container_finished"]
@@ -1316,9 +1312,52 @@ def test_a_node_clock_behind_the_control_plane_is_said_loudly() -> None:
     summary = demo.summarise_batch(job, pods, logs, events, 1, observed=observed)
     node = summary["clocks"]["nodes"]["node-1"]
     assert node["at_most_seconds"] == pytest.approx(1.96 - 1.2 - 1.03)  # Pulled - Scheduled eventTime
-    assert node["offset_seconds"] == pytest.approx(-0.27)
+    assert node["offset_seconds"] == pytest.approx((node["at_least_seconds"] + node["at_most_seconds"]) / 2)
+    assert abs(node["offset_seconds"] + 1.2) <= node["correction_slack_seconds"]
+    # A point read on the node's clock is corrected, and as imprecise as the correction.
+    ready = summary["_episodes"][0]["points"]["ready"]
+    assert ready.precision == pytest.approx(1e-6 + 2 * node["correction_slack_seconds"], abs=1e-6)
     assert any("node node-1's and the control plane's clocks disagree by at least 0.270 s" in warning
                for warning in summary["clocks"]["warnings"])
+
+
+def test_a_node_clock_behind_by_less_than_the_sandbox_is_pinned_by_the_pods_start_time() -> None:
+    # The node runs 0.4 s behind. Its first container event follows the binding by the whole
+    # sandbox (0.5 s here), so on its own it allows a clock that agrees; but the kubelet took
+    # the pod up at once: at 20:00:00.98 by its clock, stamped startTime 20:00:00, while the
+    # scheduler's Scheduled eventTime says 20:00:01.37 on the control plane's.
+    pod = make_pod(POD_A, created=stamp(1), scheduled=stamp(1), sandbox_ready=stamp(1), started=stamp(1),
+                   finished=stamp(3))
+    pod["status"]["startTime"] = stamp(0)
+    events = [
+        dict(named_event("Scheduled", POD_A, T0 + 1.37), eventTime="2026-11-29T20:00:01.370000Z",
+             source={}, reportingComponent="default-scheduler"),
+        named_event("Pulled", POD_A, T0 + 1.87 - 0.4, stored=T0 + 1.9),
+    ]
+    clocks = demo.clock_offsets(make_job(), [pod], events, {}, {})
+    node = clocks["nodes"]["node-1"]
+    assert node["at_most_seconds"] == pytest.approx(0 + 1 - (1.37 - demo.EVENT_FOLLOWS_SECONDS))
+    assert node["at_least_seconds"] == pytest.approx(1.47 - 1 - 1)  # Pulled named before it was stored
+    assert abs(node["offset_seconds"] + 0.4) <= node["correction_slack_seconds"]
+    assert any("node node-1's and the control plane's clocks disagree by at least 0.270 s" in warning
+               for warning in clocks["warnings"])
+    # Without the start time, the sandbox's length hides the offset.
+    del pod["status"]["startTime"]
+    assert demo.clock_offsets(make_job(), [pod], events, {}, {})["nodes"]["node-1"]["offset_seconds"] == 0.0
+
+
+def test_a_pod_past_the_parallelism_was_created_after_enough_earlier_pods_ended() -> None:
+    # Parallelism 2: a, b start; c only once one of them ended, d once two of a, b, c had.
+    within = {"a": (10.0, 10.05), "b": (10.0, 10.1), "c": (13.0, 13.02), "d": (14.0, 14.01)}
+    ended = {"a": 12.5, "b": 13.5, "c": 13.8}
+    assert demo.slot_freed_after(within, ended, 2) == {"c": 12.5, "d": 13.5}
+    # Creations that may overlap say nothing of their order: c might precede a, so nothing bounds c.
+    within["c"] = (10.0, 13.02)
+    assert demo.slot_freed_after(within, ended, 2) == {"d": 13.5}
+    # An earlier pod whose end is unknown may have ended first: no bound from then on.
+    within["c"] = (13.0, 13.02)
+    assert demo.slot_freed_after(within, {"b": 13.5, "c": 13.8}, 2) == {}
+    assert demo.slot_freed_after(within, ended, 4) == {}
 
 
 def test_a_batch_that_mixes_start_paths_shows_each_paths_phases() -> None:
@@ -1334,6 +1373,26 @@ def test_a_batch_that_mixes_start_paths_shows_each_paths_phases() -> None:
     assert "start path: image pulled" in text
     # One start path: no split.
     assert demo.start_path_phases([{"image_cache": "present", "phases": {}}] * 2) is None
+
+
+def test_a_batch_that_mixes_runtime_classes_shows_each_runtimes_phases() -> None:
+    job, pods, logs, events = synthetic_batch()
+    for pod, runtime in zip(pods, ("cube", "cube", "runc")):
+        pod["spec"]["runtimeClassName"] = runtime
+    events = [e for e in events if e.get("reason") != "Pulled"]  # one image path: unknown for all
+    summary = demo.summarise_batch(job, pods, logs, events, 3)
+    by_path = summary["phases_by_start_path"]
+    # Named by what differs: the runtime class alone.
+    assert sorted(by_path) == ["runtime cube", "runtime runc"]
+    assert by_path["runtime cube"]["scheduling"]["samples"] == 2
+    assert by_path["runtime runc"]["scheduling"]["samples"] == 1
+    rows = list(csv.DictReader(io.StringIO(demo.episodes_csv([("rollout", summary)]))))
+    assert [row["runtime_class"] for row in rows] == ["cube", "cube", "runc"]
+    # Both differ: both name the path.
+    records = [{"image_cache": cache, "runtime_class": runtime, "phases": {}}
+               for cache, runtime in (("present", "cube"), ("pulled", "cube"), ("present", "runc"))]
+    assert sorted(demo.start_path_phases(records)) == [
+        "image present, runtime cube", "image present, runtime runc", "image pulled, runtime cube"]
 
 
 def test_a_figure_finer_than_its_rounding_is_printed_as_measured() -> None:
