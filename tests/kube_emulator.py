@@ -26,6 +26,15 @@ needed to run a batch/v1 Job end to end:
   real ``violates PodSecurity "restricted:latest": ...`` message; ``warn`` adds
   warnings for pods and Job templates.
 
+How it is put together: ``Emulator`` only composes and starts the pieces.  The
+``Store`` holds every object and the watch history; its listeners only enqueue.
+``Faults`` holds the faults in force (declared in ``FAULTS`` and
+``READ_PATH_FAULTS``, refused when unknown) and says whom each hits.  Reads go
+through ``ReadPath`` (the watch cache), writes through ``WritePath`` (admission,
+defaulting, validation); ``ApiServer`` routes HTTP to them.  ``EventRecorder``
+writes the components' Events and ``TruthRecord`` notes when things really
+happened, for the tests to compare with.
+
 Only the Python standard library is used (Python >= 3.9).
 
 Python API::
