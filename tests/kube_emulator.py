@@ -3157,20 +3157,24 @@ class Scheduler(Controller):
         node = min(emu.node_names, key=lambda n: (load[n], random.random()))
         now = emu.api_now()
 
+        bound_at: List[float] = []
+
         def bind(o: dict) -> Optional[bool]:
             if o["spec"].get("nodeName"):
                 return False
             o["spec"]["nodeName"] = node
             st = o.setdefault("status", {})
             set_condition(st.setdefault("conditions", []), condition("PodScheduled", "True", now))
+            bound_at.append(time.time())
             return True
 
         new = self.store.update("pods", ns, name, bind)
         if new is None or new["spec"].get("nodeName") != node:
             return
-        # One clock reading for the record and the event: the scheduler stamps its
-        # event at the binding, so the two are the same moment.
-        scheduled_at = time.time()
+        # One clock reading for the record and the event: the scheduler stamps its event at
+        # the binding, so the two are the same moment. Taken as the binding is written, before
+        # the kubelet can hear of it: however loaded the machine, the node takes the pod up after.
+        scheduled_at = bound_at[-1]
         emu.truth_record.note("pods", "%s/%s" % (ns, name), "scheduled", scheduled_at)
         emu.truth_record.note("pods", "%s/%s" % (ns, name), "node", node, raw=True)
         emu.events.record_scheduled(new, "Successfully assigned %s/%s to %s" % (ns, name, node), scheduled_at)
