@@ -3579,7 +3579,8 @@ class ContainerRunner(threading.Thread):
         log.close()
         code = rc if rc >= 0 else 128 - rc
         self.exit_codes.append(code)
-        end = emu.node_now(w.kl.node)
+        # The runtime reports the exit's own moment, however long the log took to drain since.
+        end = emu.node_now(w.kl.node, exited_at)
         emu.truth_record.note("pods", w.key, "container_finished", exited_at, first=False)
         emu.truth_record.note("pods", w.key, "exit_code", code, raw=True)
         self.last_terminated = {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
@@ -5221,9 +5222,9 @@ class Emulator:
         """How far this node's clock runs ahead of the API server's (node_clock_offset)."""
         return float((self.faults.value("node_clock_offset") or {}).get(node or "", 0))
 
-    def node_now(self, node: Optional[str]) -> float:
-        """The node's clock: what its kubelet stamps and names events with."""
-        return self.api_now() + self.node_offset(node)
+    def node_now(self, node: Optional[str], moment: Optional[float] = None) -> float:
+        """The node's clock now (or at `moment`): what its kubelet stamps and names events with."""
+        return (time.time() if moment is None else moment) + self.api_skew() + self.node_offset(node)
 
     def t(self, key: str) -> float:
         return float(self.timing[key])

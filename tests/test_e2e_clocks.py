@@ -66,7 +66,7 @@ def test_a_node_clock_off_is_found_said_and_corrected(require_e2e, tmp_path, off
     assert all(SKEWED in line for line in warnings), warnings
     assert run.results["clock_warnings"] == [line[len("WARNING: clocks: "):] for line in warnings]
     # Every point within its stated precision of the truth, on the skewed node as elsewhere.
-    lags = recorder_lags(run)
+    lags = recorder_lags(run, {SKEWED: offset})
     for point, errors in point_errors(run, job, run.rows).items():
         for row, (error, precision) in zip(run.rows, errors):
             allowed = precision + (TRUTH_NOTED_AFTER if error < 0 else 2e-6 + lags.get((row["pod"], point), 0.0))
@@ -79,4 +79,4 @@ def test_a_node_clock_off_is_found_said_and_corrected(require_e2e, tmp_path, off
             earliest, latest = windows[point]
             assert earliest - precision - TRUTH_NOTED_AFTER <= at <= latest + precision, \
                 (row["pod"], row["node"], point, at - earliest, at - latest, precision)
-    assert_phases_match_truth(run, job, run.rows)
+    assert_phases_match_truth(run, job, run.rows, {SKEWED: offset})

@@ -200,17 +200,20 @@ def true_windows(run: Run, pod: str, imports_done: float) -> dict[str, tuple[flo
     return windows
 
 
-def recorder_lags(run: Run) -> dict[tuple[str, str], float]:
+def recorder_lags(run: Run, node_clocks: dict[str, float] | None = None) -> dict[tuple[str, str], float]:
     """(pod, point) -> how much later than EVENT_FOLLOWS_SECONDS after the truth the emulator's
     own recorder named the event the tool reads that point from. A real controller or kubelet
     names it within milliseconds; an emulator on a loaded machine can be slower, and the
-    point is then off by that much more than its stated precision."""
+    point is then off by that much more than its stated precision. `node_clocks`: how far each
+    node's clock runs ahead (node_clock_offset), taken off the names its kubelet wrote."""
     created = rl_batch_demo.pod_creation_events(run.events)
     kubelet = rl_batch_demo.kubelet_container_events(run.events)
     lags = {}
     for name in run.pods:
         truth = run.pod_truth(name)
-        named = {"pod_created": created.get(name), "sandbox_ready": (kubelet.get(name, {}).get("Pulled") or (None,))[0]}
+        pulled = (kubelet.get(name, {}).get("Pulled") or (None,))[0]
+        ahead = (node_clocks or {}).get(run.pods[name]["spec"].get("nodeName"), 0.0)
+        named = {"pod_created": created.get(name), "sandbox_ready": None if pulled is None else pulled - ahead}
         for point, at in named.items():
             if at is not None:
                 lags[(name, point)] = max(0.0, at - truth[TRUTH_FIELDS[point]] - rl_batch_demo.EVENT_FOLLOWS_SECONDS)
@@ -262,10 +265,11 @@ def assert_points_match_truth(run: Run, job_name: str, job: dict, rows: list[dic
             (pod, process, truth["container_started"], points["imports_done"])
 
 
-def assert_phases_match_truth(run: Run, job: dict, rows: list[dict]) -> dict[str, list[float]]:
+def assert_phases_match_truth(run: Run, job: dict, rows: list[dict],
+                              node_clocks: dict[str, float] | None = None) -> dict[str, list[float]]:
     """Each phase of each episode within its stated precision of the true duration; returns the columns."""
     columns: dict[str, list[float]] = {phase: [] for phase in PHASES}
-    lags = recorder_lags(run)
+    lags = recorder_lags(run, node_clocks)
     for row in rows:
         points = reported_points(job, row)
         truth = true_windows(run, row["pod"], points["imports_done"][0])
