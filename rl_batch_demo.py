@@ -927,12 +927,17 @@ def pods_final(job: dict | None, pods: Iterable[dict]) -> bool:
         return False
     ended = 0
     for pod in pods:
-        metadata = pod.get("metadata") or {}
-        if (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed") or \
-                JOB_TRACKING_FINALIZER in (metadata.get("finalizers") or []) or metadata.get("deletionTimestamp"):
+        if not pods_final_one(pod):
             return False
         ended += 1
     return ended >= (status.get("succeeded") or 0) + (status.get("failed") or 0)
+
+
+def pods_final_one(pod: dict) -> bool:
+    """The pod ended, the Job controller counted it, and it is not being deleted: no change is to come."""
+    metadata = pod.get("metadata") or {}
+    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed") and \
+        JOB_TRACKING_FINALIZER not in (metadata.get("finalizers") or []) and not metadata.get("deletionTimestamp")
 
 
 class SharedStrings:
@@ -982,6 +987,38 @@ def compact_event(event: dict) -> dict:
     return kept
 
 
+class Spool:
+    """Texts kept on disk by name, the newest of each: what is written whole at the end but
+    need not be held in memory until then."""
+
+    def __init__(self) -> None:
+        self._file = tempfile.TemporaryFile()
+        self._where: dict[str, tuple[int, int]] = {}  # name -> (offset, length)
+        self._end = 0
+        self._read_since = False
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._where
+
+    def put(self, name: str, text: str) -> None:
+        data = text.encode("utf-8")
+        if self._read_since:  # back to the end after reading
+            self._file.seek(self._end)
+            self._read_since = False
+        self._file.write(data)
+        self._where[name] = (self._end, len(data))
+        self._end += len(data)
+
+    def forget(self, name: str) -> None:
+        self._where.pop(name, None)
+
+    def get(self, name: str) -> str:
+        offset, length = self._where[name]
+        self._read_since = True
+        self._file.seek(offset)
+        return self._file.read(length).decode("utf-8")
+
+
 class EventStore:
     """A namespace's events as a watch delivers them: a pure reducer of the watch's changes.
 
@@ -992,10 +1029,7 @@ class EventStore:
 
     def __init__(self) -> None:
         self.compact: dict[str, dict] = {}
-        self._where: dict[str, tuple[int, int]] = {}  # name -> (offset, length) in the spool
-        self._spool = tempfile.TemporaryFile()
-        self._spool_end = 0
-        self._read_since = False
+        self._spool = Spool()
         self._shared = SharedStrings()
         # The revision the events are known to be at least as new as, once a list has said so.
         self.resource_version: str | None = None
@@ -1010,16 +1044,13 @@ class EventStore:
             return
         if change == "DELETED":
             self.compact.pop(name, None)
-            self._where.pop(name, None)
+            self._spool.forget(name)
             return
-        data = json.dumps(event).encode("utf-8")
-        if self._read_since:  # back to the end after reading
-            self._spool.seek(self._spool_end)
-            self._read_since = False
-        self._spool.write(data)
-        self._where[name] = (self._spool_end, len(data))
-        self._spool_end += len(data)
+        self._spool.put(name, json.dumps(event))
         self.compact[name] = self._shared.share(compact_event(event))
+
+    def forget_shared(self) -> None:
+        self._shared.table.clear()
 
     def events(self, names: Iterable[str] | None = None) -> list[dict]:
         """The compact events in the order a list gives them (by name)."""
@@ -1027,14 +1058,8 @@ class EventStore:
 
     def whole(self, names: Iterable[str] | None = None) -> Iterator[str]:
         """Each event's last version as JSON text, in the order a list gives them."""
-        for name in sorted(self._where if names is None else names):
-            offset, length = self._where[name]
-            self._read_since = True
-            self._spool.seek(offset)
-            yield self._spool.read(length).decode("utf-8")
-
-    def close(self) -> None:
-        self._spool.close()
+        for name in sorted(self.compact if names is None else names):
+            yield self._spool.get(name)
 
 
 # --------------------------------------------------------------------------
@@ -3053,6 +3078,10 @@ class BatchState:
         # must be at least this new, however far behind the pod watch is.
         self.end_resource_version: str | None = None
         self._shared = SharedStrings()
+        # Each pod's text for pods.json, encoded as soon as the pod looks final (ended, counted,
+        # not being deleted) rather than all at the end; name -> the resourceVersion encoded.
+        self._final_texts = Spool()
+        self._final_versions: dict[str, str] = {}
 
     def apply(self, kind: str, change: str, obj: dict, arrived: float) -> list[tuple[str, str]]:
         """One change a watch (or a poll) delivered about the Job ("job"), a pod ("pods") or an
@@ -3088,10 +3117,26 @@ class BatchState:
         if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
             # Its state from now on is what is held to the end: worth holding small.
             pod = self._shared.share(pod)
+            if pods_final_one(pod):
+                self._final_texts.put(name, json.dumps(pod))
+                self._final_versions[name] = pod["metadata"].get("resourceVersion")
         self.pods[name] = pod
         record_pod_observation(self.observed.setdefault(name, {}), pod, arrived)
         terminated = container_terminated(pod)
         return [] if terminated is None else [(name, terminated.get("containerID", ""))]
+
+    def pod_text(self, pod: dict) -> str:
+        """A pod as json.dumps writes it: the text encoded while waiting when it is of this very version."""
+        name = pod_name(pod)
+        version = pod["metadata"].get("resourceVersion")
+        if version is not None and self._final_versions.get(name) == version and self.pods.get(name) is pod:
+            return self._final_texts.get(name)
+        return json.dumps(pod)
+
+    def forget_shared(self) -> None:
+        """Once nothing more is watched: the tables of shared strings are of no more use."""
+        self._shared.table.clear()
+        self.events.forget_shared()
 
     def pods_are_final(self) -> bool:
         """Each pod of the Complete Job was seen to its final state (see pods_final)."""
@@ -3412,13 +3457,9 @@ def write_text(path: str, text: str | Iterable[str]) -> None:
         raise DemoError(f"cannot write {path}: {error.strerror or error}") from None
 
 
-# A list longer than this is written one compact item per line: indenting makes json use
-# its pure-Python encoder, ten times slower, which costs seconds for thousands of pods.
+# A list (or an object) longer than this is written one compact item per line: indenting
+# makes json use its pure-Python encoder, ten times slower, which costs seconds for thousands of pods.
 ONE_LINE_ITEMS_FROM = 100
-
-
-class _Encoded(NamedTuple):
-    text: str
 
 
 class EncodedItems(NamedTuple):
@@ -3428,28 +3469,32 @@ class EncodedItems(NamedTuple):
 
 
 def json_pieces(value: Any, level: int = 0) -> Iterator[str]:
-    """JSON indented by two spaces, as json.dumps(indent=2), but long lists hold one item per
-    line; in pieces, so a file of thousands of pods is written without one string of it all."""
+    """JSON indented by two spaces, as json.dumps(indent=2), but long lists and objects hold one
+    item per line; in pieces, so a file of thousands of pods is written without one string of it all."""
     pad = "  " * (level + 1)
-    if isinstance(value, EncodedItems):
-        if value.count >= ONE_LINE_ITEMS_FROM:
-            value = [_Encoded(text) for text in value.texts()]
-        else:
-            value = [json.loads(text) for text in value.texts()]
-    if isinstance(value, dict) and value:
+    if isinstance(value, EncodedItems) and value.count < ONE_LINE_ITEMS_FROM:
+        value = [json.loads(text) for text in value.texts()]
+    if isinstance(value, EncodedItems) and value.count:
+        yield "[\n"
+        for position, text in enumerate(value.texts()):
+            yield (",\n" + pad if position else pad) + text
+        yield "\n" + "  " * level + "]"
+    elif isinstance(value, dict) and value:
+        one_line = len(value) >= ONE_LINE_ITEMS_FROM
         yield "{\n"
         for position, (key, item) in enumerate(value.items()):
             yield (",\n" if position else "") + f"{pad}{json.dumps(str(key))}: "
-            yield from json_pieces(item, level + 1)
+            if one_line:
+                yield json.dumps(item)
+            else:
+                yield from json_pieces(item, level + 1)
         yield "\n" + "  " * level + "}"
     elif isinstance(value, (list, tuple)) and value:
         one_line = len(value) >= ONE_LINE_ITEMS_FROM
         yield "[\n"
         for position, item in enumerate(value):
             yield ",\n" + pad if position else pad
-            if isinstance(item, _Encoded):
-                yield item.text
-            elif one_line:
+            if one_line:
                 yield json.dumps(item)
             else:
                 yield from json_pieces(item, level + 1)
@@ -4137,6 +4182,8 @@ class BatchEvidence:
         watched_final = follower.pods_are_final()
         events_watched = follower.events_caught_up(events_expected)
         follower.stop_watches(keep=() if watched_final else ("pods",))
+        if watched_final:
+            follower.state.forget_shared()
 
         def fetch_pods() -> PodReading:
             if watched_final:
@@ -4202,9 +4249,9 @@ class BatchEvidence:
         elif reading.source == "list":
             reading = reading._replace(pods=with_vanished(reading.pods, watched))
         pods = reading.pods
-        pods_list = list_manifest(pods)
-        pods_list["metadata"] = {"resourceVersion": reading.resource_version or ""}
-        write_json(os.path.join(self.batch_dir, "pods.json"), pods_list)
+        texts = EncodedItems(lambda: (follower.state.pod_text(pod) for pod in pods), len(pods))
+        write_json(os.path.join(self.batch_dir, "pods.json"), dict(
+            list_manifest([]), metadata={"resourceVersion": reading.resource_version or ""}, items=texts))
         # The logs are written while the events are still being read in pages.
         follower.finish_log_reads()
         logs = self.read_logs(pods, follower, retry_until, problems)

@@ -26,6 +26,15 @@ needed to run a batch/v1 Job end to end:
   real ``violates PodSecurity "restricted:latest": ...`` message; ``warn`` adds
   warnings for pods and Job templates.
 
+How it is put together: ``Emulator`` only composes and starts the pieces.  The
+``Store`` holds every object and the watch history; its listeners only enqueue.
+``Faults`` holds the faults in force (declared in ``FAULTS`` and
+``READ_PATH_FAULTS``, refused when unknown) and says whom each hits.  Reads go
+through ``ReadPath`` (the watch cache), writes through ``WritePath`` (admission,
+defaulting, validation); ``ApiServer`` routes HTTP to them.  ``EventRecorder``
+writes the components' Events and ``TruthRecord`` notes when things really
+happened, for the tests to compare with.
+
 Only the Python standard library is used (Python >= 3.9).
 
 Python API::
@@ -2442,38 +2451,7 @@ class ApiServer:
     def serve_log(self, h: _Handler, info: ResourceInfo, ns: str, name: str, query: Dict[str, str]) -> int:
         emu = self.emu
         pod = self.get_object(info, ns, name)
-        containers = [c["name"] for c in pod["spec"].get("containers") or []]
-        cname = query.get("container")
-        if not cname:
-            if len(containers) != 1:
-                raise err_bad_request("a container name must be specified for pod %s, choose one of: [%s]"
-                                      % (name, " ".join(containers)))
-            cname = containers[0]
-        if cname not in containers:
-            raise err_bad_request("container %s is not valid for pod %s" % (cname, name))
-        node = pod["spec"].get("nodeName")
-        if not node:
-            raise err_bad_request("pod %s does not have a host assigned" % name)
-        idx = emu.truth_record.pod_index(pod["metadata"]["uid"])
-        if emu.faults.applies("unreadable_logs", idx):
-            host_ip = (pod.get("status") or {}).get("hostIP") or emu.node_ip(node)
-            msg = ('Get "https://%s:10250/containerLogs/%s/%s/%s": dial tcp %s:10250: connect: connection refused'
-                   % (host_ip, ns, name, cname, host_ip))
-            raise ApiError(500, "", msg)
-        runs = emu.logs.get((pod["metadata"]["uid"], cname)) or []
-        previous = query.get("previous") in ("true", "1", "True")
-        if previous:
-            if len(runs) < 2:
-                raise err_bad_request('previous terminated container "%s" in pod "%s" not found' % (cname, name))
-            run = runs[-2]
-        else:
-            if not runs:
-                reason = "ContainerCreating"
-                for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-                    if cs.get("name") == cname and (cs.get("state") or {}).get("waiting"):
-                        reason = cs["state"]["waiting"].get("reason") or reason
-                raise err_bad_request('container "%s" in pod "%s" is waiting to start: %s' % (cname, name, reason))
-            run = runs[-1]
+        run = self._log_run(pod, query)
         follow = query.get("follow") in ("true", "1", "True")
         timestamps = query.get("timestamps") in ("true", "1", "True")
         tail = int(query["tailLines"]) if query.get("tailLines") not in (None, "") else None
@@ -2483,7 +2461,7 @@ class ApiServer:
             since = emu.api_now() - float(query["sinceSeconds"])
         elif query.get("sinceTime"):
             since = parse_time(query["sinceTime"])
-        skew = emu.api_skew() + emu.node_offset(node)
+        skew = emu.api_skew() + emu.node_offset(pod["spec"].get("nodeName"))
 
         def render(lines: List[Tuple[float, bytes]]) -> bytes:
             out = bytearray()
@@ -2533,6 +2511,42 @@ class ApiServer:
             return 200
         self.end_chunked(h)
         return 200
+
+    def _log_run(self, pod: dict, query: Dict[str, str]) -> ContainerLog:
+        """The container run whose log is asked for (the current or the previous one), as the kubelet finds it."""
+        emu = self.emu
+        ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+        containers = [c["name"] for c in pod["spec"].get("containers") or []]
+        cname = query.get("container")
+        if not cname:
+            if len(containers) != 1:
+                raise err_bad_request("a container name must be specified for pod %s, choose one of: [%s]"
+                                      % (name, " ".join(containers)))
+            cname = containers[0]
+        if cname not in containers:
+            raise err_bad_request("container %s is not valid for pod %s" % (cname, name))
+        node = pod["spec"].get("nodeName")
+        if not node:
+            raise err_bad_request("pod %s does not have a host assigned" % name)
+        idx = emu.truth_record.pod_index(pod["metadata"]["uid"])
+        if emu.faults.applies("unreadable_logs", idx):
+            host_ip = (pod.get("status") or {}).get("hostIP") or emu.node_ip(node)
+            msg = ('Get "https://%s:10250/containerLogs/%s/%s/%s": dial tcp %s:10250: connect: connection refused'
+                   % (host_ip, ns, name, cname, host_ip))
+            raise ApiError(500, "", msg)
+        runs = emu.logs.get((pod["metadata"]["uid"], cname)) or []
+        previous = query.get("previous") in ("true", "1", "True")
+        if previous:
+            if len(runs) < 2:
+                raise err_bad_request('previous terminated container "%s" in pod "%s" not found' % (cname, name))
+            return runs[-2]
+        if not runs:
+            reason = "ContainerCreating"
+            for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+                if cs.get("name") == cname and (cs.get("state") or {}).get("waiting"):
+                    reason = cs["state"]["waiting"].get("reason") or reason
+            raise err_bad_request('container "%s" in pod "%s" is waiting to start: %s' % (cname, name, reason))
+        return runs[-1]
 
 
 ListOptionsInfo = ResourceInfo("meta.k8s.io", "v1", "listoptions", "ListOptions", False)
@@ -3143,20 +3157,24 @@ class Scheduler(Controller):
         node = min(emu.node_names, key=lambda n: (load[n], random.random()))
         now = emu.api_now()
 
+        bound_at: List[float] = []
+
         def bind(o: dict) -> Optional[bool]:
             if o["spec"].get("nodeName"):
                 return False
             o["spec"]["nodeName"] = node
             st = o.setdefault("status", {})
             set_condition(st.setdefault("conditions", []), condition("PodScheduled", "True", now))
+            bound_at.append(time.time())
             return True
 
         new = self.store.update("pods", ns, name, bind)
         if new is None or new["spec"].get("nodeName") != node:
             return
-        # One clock reading for the record and the event: the scheduler stamps its
-        # event at the binding, so the two are the same moment.
-        scheduled_at = time.time()
+        # One clock reading for the record and the event: the scheduler stamps its event at
+        # the binding, so the two are the same moment. Taken as the binding is written, before
+        # the kubelet can hear of it: however loaded the machine, the node takes the pod up after.
+        scheduled_at = bound_at[-1]
         emu.truth_record.note("pods", "%s/%s" % (ns, name), "scheduled", scheduled_at)
         emu.truth_record.note("pods", "%s/%s" % (ns, name), "node", node, raw=True)
         emu.events.record_scheduled(new, "Successfully assigned %s/%s to %s" % (ns, name, node), scheduled_at)
@@ -3283,27 +3301,37 @@ class NamespaceController(Controller):
                 self.queue.add(("delete", n["metadata"]["name"]), 0)
 
     def sync(self, key: Tuple[str, str]) -> None:
-        emu = self.emu
         kind, name = key
         ns = self.store.get("namespaces", None, name)
         if ns is None:
             return
         if kind == "rootca":
-            if ns["metadata"].get("deletionTimestamp") or self.store.get("configmaps", name, "kube-root-ca.crt"):
-                return
-            try:
-                emu.writes.create_object(CANONICAL["configmaps"], {
-                    "apiVersion": "v1", "kind": "ConfigMap",
-                    "metadata": {"name": "kube-root-ca.crt", "namespace": name,
-                                 "annotations": {"kubernetes.io/description": "Contains a CA bundle that can be "
-                                                 "used to verify the kube-apiserver when using internal endpoints "
-                                                 "such as the internal service IP or kubernetes.default.svc. No "
-                                                 "other usage is guaranteed across distributions of Kubernetes "
-                                                 "clusters."}},
-                    "data": {"ca.crt": EMULATOR_CA}})
-            except ApiError:
-                pass
+            self._publish_root_ca(ns)
+        else:
+            self._finalize(key, ns)
+
+    def _publish_root_ca(self, ns: dict) -> None:
+        """Every live namespace gets the kube-root-ca.crt ConfigMap (the root CA publisher)."""
+        name = ns["metadata"]["name"]
+        if ns["metadata"].get("deletionTimestamp") or self.store.get("configmaps", name, "kube-root-ca.crt"):
             return
+        try:
+            self.emu.writes.create_object(CANONICAL["configmaps"], {
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "kube-root-ca.crt", "namespace": name,
+                             "annotations": {"kubernetes.io/description": "Contains a CA bundle that can be "
+                                             "used to verify the kube-apiserver when using internal endpoints "
+                                             "such as the internal service IP or kubernetes.default.svc. No "
+                                             "other usage is guaranteed across distributions of Kubernetes "
+                                             "clusters."}},
+                "data": {"ca.crt": EMULATOR_CA}})
+        except ApiError:
+            pass
+
+    def _finalize(self, key: Tuple[str, str], ns: dict) -> None:
+        """A terminating namespace: delete its content, report what remains, drop its finalizer once empty."""
+        emu = self.emu
+        name = ns["metadata"]["name"]
         if not ns["metadata"].get("deletionTimestamp"):
             return
         if "kubernetes" not in ((ns.get("spec") or {}).get("finalizers") or []):
@@ -3325,34 +3353,7 @@ class NamespaceController(Controller):
                         emu.writes.api_delete(info, name, o["metadata"]["name"], {"propagationPolicy": "Background"})
                     except ApiError:
                         pass
-        now = emu.api_now()
-
-        def ns_cond(ctype: str, status: str, reason: str, message: str) -> dict:
-            return {"type": ctype, "status": status, "lastTransitionTime": fmt_time(now),
-                    "reason": reason, "message": message}
-
-        conds = [
-            ns_cond("NamespaceDeletionDiscoveryFailure", "False", "ResourcesDiscovered",
-                    "All resources successfully discovered"),
-            ns_cond("NamespaceDeletionGroupVersionParsingFailure", "False", "ParsedGroupVersions",
-                    "All legacy kube types successfully parsed"),
-            ns_cond("NamespaceDeletionContentFailure", "False", "ContentDeleted",
-                    "All content successfully deleted, may be waiting on finalization"),
-        ]
-        if remaining:
-            conds.append(ns_cond("NamespaceContentRemaining", "True", "SomeResourcesRemain",
-                                 "Some resources are remaining: " + ", ".join(
-                                     "%s has %d resource instances" % (k, v) for k, v in sorted(remaining.items()))))
-        else:
-            conds.append(ns_cond("NamespaceContentRemaining", "False", "ContentRemoved",
-                                 "All content successfully removed"))
-        if finalizers:
-            conds.append(ns_cond("NamespaceFinalizersRemaining", "True", "SomeFinalizersRemain",
-                                 "Some content in the namespace has finalizers remaining: " + ", ".join(
-                                     "%s in %d resource instances" % (k, v) for k, v in sorted(finalizers.items()))))
-        else:
-            conds.append(ns_cond("NamespaceFinalizersRemaining", "False", "ContentHasNoFinalizers",
-                                 "All content-preserving finalizers finished"))
+        conds = namespace_deletion_conditions(remaining, finalizers, emu.api_now())
 
         def set_conds(o: dict) -> Optional[bool]:
             st = o.setdefault("status", {})
@@ -3370,6 +3371,37 @@ class NamespaceController(Controller):
         self.store.update("namespaces", None, name, set_conds)
         if remaining:
             self.queue.add(key, 0.2)
+
+
+def namespace_deletion_conditions(remaining: Dict[str, int], finalizers: Dict[str, int], now: float) -> List[dict]:
+    """A terminating namespace's conditions, given its remaining objects per resource and finalizers."""
+    def ns_cond(ctype: str, status: str, reason: str, message: str) -> dict:
+        return {"type": ctype, "status": status, "lastTransitionTime": fmt_time(now),
+                "reason": reason, "message": message}
+
+    conds = [
+        ns_cond("NamespaceDeletionDiscoveryFailure", "False", "ResourcesDiscovered",
+                "All resources successfully discovered"),
+        ns_cond("NamespaceDeletionGroupVersionParsingFailure", "False", "ParsedGroupVersions",
+                "All legacy kube types successfully parsed"),
+        ns_cond("NamespaceDeletionContentFailure", "False", "ContentDeleted",
+                "All content successfully deleted, may be waiting on finalization"),
+    ]
+    if remaining:
+        conds.append(ns_cond("NamespaceContentRemaining", "True", "SomeResourcesRemain",
+                             "Some resources are remaining: " + ", ".join(
+                                 "%s has %d resource instances" % (k, v) for k, v in sorted(remaining.items()))))
+    else:
+        conds.append(ns_cond("NamespaceContentRemaining", "False", "ContentRemoved",
+                             "All content successfully removed"))
+    if finalizers:
+        conds.append(ns_cond("NamespaceFinalizersRemaining", "True", "SomeFinalizersRemain",
+                             "Some content in the namespace has finalizers remaining: " + ", ".join(
+                                 "%s in %d resource instances" % (k, v) for k, v in sorted(finalizers.items()))))
+    else:
+        conds.append(ns_cond("NamespaceFinalizersRemaining", "False", "ContentHasNoFinalizers",
+                             "All content-preserving finalizers finished"))
+    return conds
 
 
 EMULATOR_CA = ("-----BEGIN CERTIFICATE-----\nMIIBkTCB+wIJAKHBfpegPjMCMA0GCSqGSIb3DQEBCwUAMBExDzANBgNVBAMMBmt1\n"
@@ -4924,7 +4956,7 @@ class EventRecorder:
         self._event_similar: Dict[Tuple, Tuple[float, set]] = {}
 
     def record(self, obj: dict, etype: str, reason: str, message: str, component: str,
-                     host: Optional[str] = None, field_path: Optional[str] = None) -> None:
+               host: Optional[str] = None, field_path: Optional[str] = None) -> None:
         """core/v1 event like client-go's EventRecorder: a repeat bumps its event's count; from the
         10th event in 10 minutes that differs only by message (a Job's SuccessfulCreate per pod),
         one combined event stands for them all, "(combined from similar events): <latest message>"."""

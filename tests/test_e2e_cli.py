@@ -49,7 +49,7 @@ def test_verbose_echoes_every_kubectl_command_and_proxy_request(make_cluster, tm
     assert tails.count(["create", "-f", "-", "-o", "json"]) == 3  # namespace, configmap, job
     assert ["get", "runtimeclass", "cube", "-o", "name"] in tails
     watches = [argv for argv in argvs if "--watch" in argv]
-    assert sorted(argv[argv.index("get") + 1] for argv in watches) == ["jobs", "pods"]
+    assert sorted(argv[argv.index("get") + 1] for argv in watches) == ["events", "jobs", "pods"]
     assert all(argv[3].startswith("--request-timeout=") for argv in watches)  # bounded, and shown so
     proxies = [argv for argv in argvs if "proxy" in argv]
     assert len(proxies) == 1 and proxies[0][-1].startswith("--unix-socket=")

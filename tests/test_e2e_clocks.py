@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import pytest
 
-from e2e_support import load, tool
-from kube_emulator import Emulator
+from e2e_support import load
 from test_e2e_phases import (KUBECTL_VERSION, Run, assert_phases_match_truth, point_errors, recorder_lags,
-                             reported_points, true_windows)
+                             reported_points, true_windows, twelve_episodes)
 
 pytestmark = pytest.mark.e2e
 
@@ -25,20 +24,9 @@ TRUTH_NOTED_AFTER = 0.01
 
 
 def skewed_run(kubectl: str, tmp_path, offset: float, sandbox: float) -> Run:
-    emulator = Emulator(tmp_path / "emulator", faults={
-        "sandbox_delay": sandbox, "sandbox_jitter": 0.4, "sandbox_status_with_running": True,
-        "node_clock_offset": {SKEWED: offset}})
-    emulator.start()
-    try:
-        output = tmp_path / "rl-12"
-        result = tool(emulator, kubectl, "run", "--count", "12", "--parallelism", "6", "--output", str(output),
-                      "--quiet")
-        assert result.returncode == 0, result.stderr
-        run = Run(emulator, output, result.stdout)
-        run.stderr = result.stderr  # type: ignore[attr-defined]
-    finally:
-        emulator.stop()
-    return run
+    return twelve_episodes(kubectl, tmp_path, {"sandbox_delay": sandbox, "sandbox_jitter": 0.4,
+                                               "sandbox_status_with_running": True,
+                                               "node_clock_offset": {SKEWED: offset}})
 
 
 @pytest.mark.parametrize("offset, sandbox", [
@@ -72,9 +60,9 @@ def test_a_node_clock_off_is_found_said_and_corrected(require_e2e, tmp_path, off
             assert other["at_least_seconds"] <= 0 <= other["at_most_seconds"], (name, other)
             assert other["offset_seconds"] == 0.0, (name, other)
     # Said loudly, naming the node, even with --quiet.
-    warnings = [line for line in run.stderr.splitlines() if line.startswith("WARNING: clocks:")]  # type: ignore
+    warnings = [line for line in run.stderr.splitlines() if line.startswith("WARNING: clocks:")]
     assert any(f"node {SKEWED}'s and the control plane's clocks disagree" in line for line in warnings), \
-        run.stderr  # type: ignore[attr-defined]
+        run.stderr
     assert all(SKEWED in line for line in warnings), warnings
     assert run.results["clock_warnings"] == [line[len("WARNING: clocks: "):] for line in warnings]
     # Every point within its stated precision of the truth, on the skewed node as elsewhere.

@@ -103,9 +103,10 @@ def cluster(tmp_path_factory, require_e2e):
 class Run:
     """A finished run: its files, and the emulator's record of the same moments."""
 
-    def __init__(self, emulator: Emulator, output: Path, stdout: str) -> None:
+    def __init__(self, emulator: Emulator, output: Path, stdout: str, stderr: str = "") -> None:
         self.output = output
         self.stdout = stdout
+        self.stderr = stderr
         self.results = load(output / "results.json")
         self.receipt = load(output / "receipt.json")
         self.namespace = self.receipt["namespace"]
@@ -125,6 +126,20 @@ class Run:
 
     def pod_truth(self, pod: str) -> dict:
         return self.truth["pods"][f"{self.namespace}/{pod}"]
+
+
+def twelve_episodes(kubectl: str, tmp_path: Path, faults: dict[str, Any]) -> Run:
+    """12 episodes at parallelism 6 on an emulator with these faults, finished and checked to pass."""
+    emulator = Emulator(tmp_path / "emulator", faults=faults)
+    emulator.start()
+    try:
+        output = tmp_path / "rl-12"
+        result = tool(emulator, kubectl, "run", "--count", "12", "--parallelism", "6", "--output", str(output),
+                      "--quiet")
+        assert result.returncode == 0, result.stderr
+        return Run(emulator, output, result.stdout, result.stderr)
+    finally:
+        emulator.stop()
 
 
 def log_receipt_times(emulator: Emulator, pod: dict) -> dict[str, float]:
@@ -341,17 +356,9 @@ def test_twelve_episodes_meet_the_sub_second_targets(require_e2e, tmp_path):
     start and end, which its own spawn and exit bound, in the typical episode: on a loaded machine
     those can take longer, and the tool must then say so, not claim more)."""
     kubectl = require_e2e(KUBECTL_VERSION)
-    emulator = Emulator(tmp_path / "emulator", faults={"sandbox_delay": 0.6, "sandbox_jitter": 0.4,
-                                                       "sandbox_status_with_running": True})
-    emulator.start()
-    try:
-        output = tmp_path / "rl-12"
-        result = tool(emulator, kubectl, "run", "--count", "12", "--parallelism", "6", "--output", str(output),
-                      "--quiet")
-        assert result.returncode == 0, result.stderr
-        run = Run(emulator, output, result.stdout)
-    finally:
-        emulator.stop()
+    run = twelve_episodes(kubectl, tmp_path, {"sandbox_delay": 0.6, "sandbox_jitter": 0.4,
+                                              "sandbox_status_with_running": True})
+    output = run.output
     job = load(output / "job.json")
     assert len(run.rows) == 12
     # The sandbox's condition really did arrive with the running container: the watch saw both at once.

@@ -238,3 +238,27 @@ def test_the_state_keeps_a_deleted_pod_as_last_seen_and_then_is_never_final() ->
     state.on_job(job(1), 102.0)
     assert state.pods["a"]["status"]["phase"] == "Succeeded" and state.deleted == {"a"}
     assert not state.pods_are_final()
+
+
+def test_a_final_pod_is_encoded_while_waiting_and_that_text_used_only_for_its_version() -> None:
+    state = demo.BatchState()
+    final = pod("a", resourceVersion="7")
+    state.apply("pods", "MODIFIED", final, 100.0)
+    held = state.pods["a"]
+    assert json.loads(state.pod_text(held)) == final
+    # A later version of the pod (or another object) is encoded anew.
+    newer = pod("a", resourceVersion="8", labels={"x": "y"})
+    state.apply("pods", "MODIFIED", newer, 101.0)
+    assert json.loads(state.pod_text(state.pods["a"])) == newer
+    assert json.loads(state.pod_text(final)) == final
+
+
+def test_a_spool_gives_back_the_newest_text_of_each_name_between_writes() -> None:
+    spool = demo.Spool()
+    spool.put("a", "first ✓")
+    spool.put("b", "other")
+    assert spool.get("a") == "first ✓"
+    spool.put("a", "second")
+    assert spool.get("a") == "second" and spool.get("b") == "other" and "a" in spool
+    spool.forget("a")
+    assert "a" not in spool
