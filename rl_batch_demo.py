@@ -3859,8 +3859,7 @@ def execute(run: RunContext) -> dict:
     create_namespace(run)
     for manifest in run.plan.setup:
         create_object(run, manifest)
-    summaries = [(entry, run_one_batch(run, entry)) for entry in run.settings["batches"]]
-    return save_results(run, summaries)
+    return save_results(run, [run_one_batch(run, entry) for entry in run.settings["batches"]])
 
 
 def save_run_records(run: RunContext) -> None:
@@ -3962,7 +3961,7 @@ def open_proxy(run: RunContext) -> None:
             print(f"Warning: {error}; reading logs with one kubectl per pod", file=sys.stderr)
 
 
-def run_one_batch(run: RunContext, entry: dict) -> dict:
+def run_one_batch(run: RunContext, entry: dict) -> BatchOutcome:
     """Submit one Job, follow it, save its evidence, verify and summarise it."""
     job_name = entry["job"]
     batch_dir = os.path.normpath(os.path.join(run.output, entry["dir"]))
@@ -4001,7 +4000,7 @@ def run_one_batch(run: RunContext, entry: dict) -> dict:
     summary = summarise(batch, end, job, reading, logs, events)
     client["post_completion_seconds"] = rounded(time.monotonic() - follower.observed_monotonic)
     write_json(os.path.join(batch_dir, "client.json"), client)
-    return with_client_wait(summary, client)
+    return outcome(entry, summary, client)
 
 
 def client_wait(follower: BatchFollower, end: str | None, submitted_wall: float, submitted: float) -> dict:
@@ -4018,12 +4017,10 @@ def client_wait(follower: BatchFollower, end: str | None, submitted_wall: float,
     }
 
 
-def with_client_wait(summary: dict, client: dict | None) -> dict:
-    """A batch's summary with how the client waited for it: the one figure among its own, the
-    whole record (client.json) for results.json's `client_wait`."""
+def outcome(entry: dict, summary: dict, client: dict | None) -> BatchOutcome:
+    """A batch's outcome; of how the client waited, its summary shows the one figure."""
     summary["client_job_complete_seconds"] = (client or {}).get("client_job_complete_seconds")
-    summary["_client"] = client or None
-    return summary
+    return BatchOutcome(entry, summary, client or None)
 
 
 def verified_summary(batch: BatchEvidence, end: str | None, job: dict | None, reading: PodReading,
@@ -4081,11 +4078,11 @@ def rollout_summary(batch: BatchEvidence, end: str | None, job: dict | None, rea
     return summary
 
 
-def save_results(run: RunContext, summaries: Sequence[tuple[dict, dict]]) -> dict:
+def save_results(run: RunContext, batches: Sequence[BatchOutcome]) -> dict:
     """results.json, episodes.csv and the pictures, from every batch's summary."""
-    results = assemble_results(run.settings, summaries, client_figures(run))
+    results = assemble_results(run.settings, batches, client_figures(run))
     write_json(os.path.join(run.output, RESULTS_FILE), saved_results(results))
-    measured = [(entry["job"], summary) for entry, summary in summaries if entry["measured"]]
+    measured = [(batch.entry["job"], batch.summary) for batch in batches if batch.entry["measured"]]
     write_text(os.path.join(run.output, "episodes.csv"), episodes_csv(measured))
     write_pictures(run.output, measured, run.settings)
     return results
@@ -4417,12 +4414,20 @@ def cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
-def assemble_results(settings: dict, summaries: Sequence[tuple[dict, dict]], client: dict | None) -> dict:
+class BatchOutcome(NamedTuple):
+    """One batch as results.json pools them."""
+    entry: dict  # its entry in run.json's `batches`: job, measured, dir
+    summary: dict
+    client_wait: dict | None  # client.json: how the client waited (none for a run of the guide's script)
+
+
+def assemble_results(settings: dict, batches: Sequence[BatchOutcome], client: dict | None) -> dict:
     """results.json from the batches' summaries; several rounds are pooled."""
-    measured = [summary for entry, summary in summaries if entry["measured"]]
-    warmups = [summary for entry, summary in summaries if not entry["measured"]]
-    rows = [dict(row, job=entry["job"]) if len(measured) > 1 else row
-            for entry, summary in summaries if entry["measured"] for row in summary["pods"]]
+    measured_batches = [batch for batch in batches if batch.entry["measured"]]
+    measured = [batch.summary for batch in measured_batches]
+    warmups = [batch.summary for batch in batches if not batch.entry["measured"]]
+    rows = [dict(row, job=batch.entry["job"]) if len(measured) > 1 else row
+            for batch in measured_batches for row in batch.summary["pods"]]
     phases = phase_summary([r["phases"] for s in measured for r in s["_episodes"]])
     guide = describe([r["guide_pod_to_ready"] for s in measured for r in s["_episodes"]])
     client_seconds = [s.get("client_job_complete_seconds") for s in measured]
@@ -4465,9 +4470,9 @@ def assemble_results(settings: dict, summaries: Sequence[tuple[dict, dict]], cli
         results["completion_gap"] = measured[0]["completion_gap"]
         results["clocks"] = measured[0]["clocks"]
         results["job_created"] = measured[0]["job_created"]
-        results["client_wait"] = measured[0].get("_client")
+        results["client_wait"] = measured_batches[0].client_wait
     else:
-        results["rounds"] = [dict(s, job=entry["job"]) for entry, s in summaries if entry["measured"]]
+        results["rounds"] = [dict(batch.summary, job=batch.entry["job"]) for batch in measured_batches]
     if warmups:
         results["warmup"] = warmups[0]
     if len(measured) == 1:
@@ -4477,7 +4482,7 @@ def assemble_results(settings: dict, summaries: Sequence[tuple[dict, dict]], cli
                 results[key] = measured[0][key]
     if client is not None:
         results["client"] = client
-    results["_batches"] = [(entry["job"], s) for entry, s in summaries if entry["measured"]]
+    results["_batches"] = [(batch.entry["job"], batch.summary) for batch in measured_batches]
     results["throughput"] = throughput(results["_batches"])
     if settings.get("capacity") is not None:
         results["capacity"] = settings["capacity"]
@@ -4774,7 +4779,7 @@ def cleanup(args: argparse.Namespace) -> int:
 # `report` and `compare`: saved files only, no cluster.
 
 
-def load_saved_batch(directory: str, settings: dict) -> dict:
+def load_saved_batch(directory: str, entry: dict, settings: dict) -> BatchOutcome:
     """Recompute one batch's summary from its saved files."""
     job_path = os.path.join(directory, "job.json")
     if not os.path.exists(job_path):
@@ -4808,7 +4813,7 @@ def load_saved_batch(directory: str, settings: dict) -> dict:
     else:
         summary = summarise_batch(job, pods, logs, events, settings["count"], settings.get("builtin", True),
                                   client.get("observed_at"), observed)
-    return with_client_wait(summary, client)
+    return outcome(entry, summary, client)
 
 
 def recompute(output: str) -> dict:
@@ -4823,11 +4828,11 @@ def recompute(output: str) -> dict:
                     "runtime": saved["runtime"], "rounds": 1, "warmup": False, "builtin": True,
                     "context": receipt.context, "namespace": receipt.namespace,
                     "batches": [{"job": JOB_NAME, "measured": True, "dir": "."}]}
-    summaries = [(entry, load_saved_batch(os.path.normpath(os.path.join(output, entry["dir"])), settings))
-                 for entry in settings["batches"]]
+    batches = [load_saved_batch(os.path.normpath(os.path.join(output, entry["dir"])), entry, settings)
+               for entry in settings["batches"]]
     previous = os.path.join(output, RESULTS_FILE)
     client = read_json(previous, "results.json").get("client") if os.path.exists(previous) else None
-    return assemble_results(settings, summaries, client)
+    return assemble_results(settings, batches, client)
 
 
 def warn_clocks(results: dict) -> None:

@@ -673,7 +673,7 @@ def write_json(path: Path, data: Any) -> None:
 
 def write_saved_run(directory: Path, *, run_json: bool = True, job_end: str = "Complete",
                     rewards: Optional[dict[str, Any]] = None) -> Path:
-    """A finished run's directory as `run` leaves it (RunAction.execute/collect)."""
+    """A finished run's directory as `run` leaves it (execute, BatchEvidence.collect)."""
     directory.mkdir()
     write_json(directory / "receipt.json", {"context": "emulator", "namespace": NAMESPACE, "run_id": RUN_ID,
                                             "namespace_uid": "ns-uid-1", "jobs": {"rollout": "job-uid-1"},
