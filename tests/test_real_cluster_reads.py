@@ -65,18 +65,24 @@ def test_a_pod_running_when_the_job_says_complete_fails_the_run_by_name(real_clu
              "one pod succeeded and the other still running")
     running = next(name for name, phase in phases().items() if phase == "Running")
     # Someone else writes the Job's status (a controller of its own, by hand): Complete
-    # while one pod is still running.
-    job = cluster.get("jobs", namespace, "rollout")
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    conditions = [{"type": kind, "status": "True", "reason": "CompletionsReached",
-                   "message": "Reached expected number of succeeded pods",
-                   "lastProbeTime": now, "lastTransitionTime": now} for kind in ("SuccessCriteriaMet", "Complete")]
-    status = dict(job["status"], conditions=conditions, succeeded=2, active=0, completionTime=now,
-                  completedIndexes="0,1", uncountedTerminatedPods={})
-    status.pop("ready", None)
-    patched = subprocess.run([kubectl, "replace", "--subresource=status", "-f", "-"],
-                             input=json.dumps(dict(job, status=status)), env=cluster.env(),
-                             capture_output=True, text=True, timeout=WAIT)
+    # while one pod is still running. The Job controller may write the Job between our read
+    # and our replace (409 Conflict on the resourceVersion); read it again and retry, as any
+    # client of optimistic concurrency does.
+    for _ in range(10):
+        job = cluster.get("jobs", namespace, "rollout")
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        conditions = [{"type": kind, "status": "True", "reason": "CompletionsReached",
+                       "message": "Reached expected number of succeeded pods",
+                       "lastProbeTime": now, "lastTransitionTime": now}
+                      for kind in ("SuccessCriteriaMet", "Complete")]
+        status = dict(job["status"], conditions=conditions, succeeded=2, active=0, completionTime=now,
+                      completedIndexes="0,1", uncountedTerminatedPods={})
+        status.pop("ready", None)
+        patched = subprocess.run([kubectl, "replace", "--subresource=status", "-f", "-"],
+                                 input=json.dumps(dict(job, status=status)), env=cluster.env(),
+                                 capture_output=True, text=True, timeout=WAIT)
+        if patched.returncode == 0 or "(Conflict)" not in patched.stderr:
+            break
     if patched.returncode != 0:
         process.kill()
         process.communicate()
