@@ -1462,3 +1462,17 @@ def test_many_problems_of_one_kind_are_a_few_lines() -> None:
     problems = [f"rollout-{i}.log: forbidden" for i in range(500)]
     assert demo.summarised_problems(problems) == problems[:3] + ["... and 497 more (see the saved files)"]
     assert demo.summarised_problems(problems[:4]) == problems[:4]
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="VmHWM is Linux's")
+def test_peak_memory_is_the_tools_own_not_that_of_the_process_that_spawned_it() -> None:
+    # Linux carries ru_maxrss over an exec from the spawning process: a tool started by a large
+    # trainer would report the trainer's memory as its own.
+    ballast = b"x" * (200 << 20)
+    probe = "import rl_batch_demo, resource; print(rl_batch_demo.peak_rss_mib(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
+    printed = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                             cwd=os.path.dirname(os.path.abspath(demo.__file__))).stdout.split()
+    del ballast
+    peak, maxrss_kib = float(printed[0]), int(printed[1])
+    assert maxrss_kib / 1024 >= 200, "the premise: ru_maxrss starts at the spawning process's RSS"
+    assert 0 < peak < 100, peak
