@@ -284,6 +284,9 @@ def test_the_readme_role_is_enough(real_cluster, tmp_path):
         assert result.returncode == 0, (name, result.stderr)
         results = load(output / "results.json")
         assert results["reward_sum"] == 2 * (2 if extra and extra[0] == "--rounds" else 1)
+        if name != "rounds":  # (each round's client.json is in its own folder)
+            # The events followed while waiting, not listed again after the end: the role lets them be watched.
+            assert load(output / "client.json")["events_read"] == "watch", name
         cleaned = as_user(cluster, kubeconfig, kubectl, "cleanup", "--output", str(output))
         assert cleaned.returncode == 0, (name, cleaned.stderr)
         assert cluster.get("namespaces", None, results["namespace"]) is None
@@ -313,7 +316,8 @@ def test_a_role_without_watch_fails_clearly(real_cluster, tmp_path):
     kubectl, cluster = real_cluster
     rbac = readme_rbac().replace('verbs: ["create", "get", "list", "watch", "delete"]',
                                  'verbs: ["create", "get", "list", "delete"]') \
-        .replace('verbs: ["get", "list", "watch"]', 'verbs: ["get", "list"]')
+        .replace('verbs: ["get", "list", "watch"]', 'verbs: ["get", "list"]') \
+        .replace('verbs: ["list", "watch"]', 'verbs: ["list"]')
     assert "watch" not in rbac
     kubeconfig = user_with(cluster, kubectl, "no-watch", rbac)
     output = tmp_path / "out"
