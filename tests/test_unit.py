@@ -189,7 +189,7 @@ def expected_job(count: int, parallelism: int) -> dict:
 
 
 @pytest.mark.parametrize("count, parallelism", [(10, 10), (10, 1)])
-def test_job_manifest_is_spec_a37_field_by_field(count: int, parallelism: int) -> None:
+def test_job_manifest_is_the_guides_job_field_by_field(count: int, parallelism: int) -> None:
     manifest = demo.job_manifest(NAMESPACE, count, parallelism, "python:3.12-alpine", "cube")
     expected = expected_job(count, parallelism)
     # Field by field first, so a failure names the field; then the whole.
