@@ -295,11 +295,16 @@ def live_namespace(run_id: str, uid: str) -> dict:
 def test_a_receipt_is_saved_at_every_change_with_the_guides_keys(tmp_path: Path) -> None:
     receipt = demo.Receipt.start(str(tmp_path), "kind-kind", NAMESPACE, RUN_ID)
     assert not (tmp_path / "receipt.json").exists()
+    saved = lambda: json.loads((tmp_path / "receipt.json").read_text())  # noqa: E731
     receipt.save()
+    assert saved() == {"context": "kind-kind", "namespace": NAMESPACE, "run_id": RUN_ID}
+    # Each UID is on disk the moment it is recorded, not only once a later change saves it.
     receipt.record_namespace("ns-uid")
+    assert saved()["namespace_uid"] == saved()["uid"] == "ns-uid"
     receipt.record_job("rollout-warmup", "warmup-uid")
+    assert saved()["jobs"] == {"rollout-warmup": "warmup-uid"} and "job_uid" not in saved()
     receipt.record_job("rollout", "job-uid")
-    assert json.loads((tmp_path / "receipt.json").read_text()) == {
+    assert saved() == {
         "context": "kind-kind", "namespace": NAMESPACE, "run_id": RUN_ID, "uid": "ns-uid",
         "namespace_uid": "ns-uid", "jobs": {"rollout-warmup": "warmup-uid", "rollout": "job-uid"},
         "job_uid": "job-uid"}
