@@ -4092,12 +4092,27 @@ def client_figures(run: RunContext) -> dict:
     """What the run cost on this machine: kubectl processes, retries, CPU, peak memory."""
     figures = {"kubectl_processes": run.kubectl.processes, "api_retries": run.kubectl.retries,
                "cpu_seconds": rounded(cpu_seconds() - run.cpu_start)}
-    if resource is not None:
-        # ru_maxrss is in KiB on Linux (bytes on macOS).
-        scale = 1 if sys.platform == "darwin" else 1024
-        figures["peak_rss_mib"] = rounded(
-            resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2 ** 20, 1)
+    peak = peak_rss_mib()
+    if peak is not None:
+        figures["peak_rss_mib"] = peak
     return figures
+
+
+def peak_rss_mib() -> float | None:
+    """This process's own peak resident memory in MiB: Linux's VmHWM where there is one, since
+    ru_maxrss carries over an exec the RSS of whatever spawned the tool (a large trainer's)."""
+    try:
+        with open("/proc/self/status", encoding="utf-8", errors="replace") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return rounded(int(line.split()[1]) / 1024, 1)  # in kB
+    except (OSError, ValueError, IndexError):
+        pass  # not Linux: ru_maxrss below
+    if resource is None:
+        return None
+    # ru_maxrss is in KiB on Linux (bytes on macOS).
+    scale = 1 if sys.platform == "darwin" else 1024
+    return rounded(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2 ** 20, 1)
 
 
 def salvage(run: RunContext) -> None:

@@ -743,7 +743,7 @@ def test_report_recomputes_the_saved_run(tmp_path: Path, capsys: Any, no_subproc
     captured = capsys.readouterr()
     printed = json.loads(captured.out)
     assert {key: printed.get(key) for key in EXPECTED_REPORT} == EXPECTED_REPORT
-    assert "pods" not in printed  # per-pod rows are saved, not printed (A3.12)
+    assert "pods" not in printed  # per-pod rows are saved in results.json, not printed
     assert printed["nodes"] == {"node-1": 2, "node-2": 1}
     assert printed["warnings"] == {"FailedScheduling": {"count": 2, "objects": ["Pod/rollout-p7x8s"]}}
     assert printed["completion_gap"]["job_complete_to_client_observed_seconds"] == 1.5  # +11 -> +12.5

@@ -3,7 +3,7 @@ real kubectl against the emulator, each feature held against the files it writes
 what it prints, and what the emulator saw.
 
 Faults and scripts keep the batches small (1-4 episodes) except where the size is
-the point (B2's 30 episodes)."""
+the point (30 episodes past the default cap of 20)."""
 
 from __future__ import annotations
 

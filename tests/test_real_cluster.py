@@ -284,9 +284,30 @@ def test_the_readme_role_is_enough(real_cluster, tmp_path):
         assert result.returncode == 0, (name, result.stderr)
         results = load(output / "results.json")
         assert results["reward_sum"] == 2 * (2 if extra and extra[0] == "--rounds" else 1)
+        if name != "rounds":  # (each round's client.json is in its own folder)
+            # The events followed while waiting, not listed again after the end: the role lets them be watched.
+            assert load(output / "client.json")["events_read"] == "watch", name
         cleaned = as_user(cluster, kubeconfig, kubectl, "cleanup", "--output", str(output))
         assert cleaned.returncode == 0, (name, cleaned.stderr)
         assert cluster.get("namespaces", None, results["namespace"]) is None
+
+
+def test_a_role_that_may_only_list_events_reads_them_after_the_end(real_cluster, tmp_path):
+    kubectl, cluster = real_cluster
+    events_rule = '''    resources: ["events"]
+    verbs: ["list", "watch"]'''
+    assert events_rule in readme_rbac()
+    rbac = readme_rbac().replace(events_rule, events_rule.replace('["list", "watch"]', '["list"]'))
+    kubeconfig = user_with(cluster, kubectl, "list-events", rbac)
+    output = tmp_path / "out"
+    result = as_user(cluster, kubeconfig, kubectl, "run", "--count", "2", "--output", str(output), "--quiet")
+    assert result.returncode == 0, result.stderr
+    # The events watch was refused: the events are listed after the end instead, all of them.
+    assert load(output / "client.json")["events_read"] == "list"
+    scheduled = [e for e in load(output / "events.json")["items"] if e["reason"] == "Scheduled"]
+    assert len(scheduled) == 2
+    cleaned = as_user(cluster, kubeconfig, kubectl, "cleanup", "--output", str(output))
+    assert cleaned.returncode == 0, cleaned.stderr
 
 
 def test_a_role_without_pod_logs_fails_clearly(real_cluster, tmp_path):
@@ -313,7 +334,8 @@ def test_a_role_without_watch_fails_clearly(real_cluster, tmp_path):
     kubectl, cluster = real_cluster
     rbac = readme_rbac().replace('verbs: ["create", "get", "list", "watch", "delete"]',
                                  'verbs: ["create", "get", "list", "delete"]') \
-        .replace('verbs: ["get", "list", "watch"]', 'verbs: ["get", "list"]')
+        .replace('verbs: ["get", "list", "watch"]', 'verbs: ["get", "list"]') \
+        .replace('verbs: ["list", "watch"]', 'verbs: ["list"]')
     assert "watch" not in rbac
     kubeconfig = user_with(cluster, kubectl, "no-watch", rbac)
     output = tmp_path / "out"

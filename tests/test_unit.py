@@ -189,7 +189,7 @@ def expected_job(count: int, parallelism: int) -> dict:
 
 
 @pytest.mark.parametrize("count, parallelism", [(10, 10), (10, 1)])
-def test_job_manifest_is_spec_a37_field_by_field(count: int, parallelism: int) -> None:
+def test_job_manifest_is_the_guides_job_field_by_field(count: int, parallelism: int) -> None:
     manifest = demo.job_manifest(NAMESPACE, count, parallelism, "python:3.12-alpine", "cube")
     expected = expected_job(count, parallelism)
     # Field by field first, so a failure names the field; then the whole.
@@ -295,11 +295,16 @@ def live_namespace(run_id: str, uid: str) -> dict:
 def test_a_receipt_is_saved_at_every_change_with_the_guides_keys(tmp_path: Path) -> None:
     receipt = demo.Receipt.start(str(tmp_path), "kind-kind", NAMESPACE, RUN_ID)
     assert not (tmp_path / "receipt.json").exists()
+    saved = lambda: json.loads((tmp_path / "receipt.json").read_text())  # noqa: E731
     receipt.save()
+    assert saved() == {"context": "kind-kind", "namespace": NAMESPACE, "run_id": RUN_ID}
+    # Each UID is on disk the moment it is recorded, not only once a later change saves it.
     receipt.record_namespace("ns-uid")
+    assert saved()["namespace_uid"] == saved()["uid"] == "ns-uid"
     receipt.record_job("rollout-warmup", "warmup-uid")
+    assert saved()["jobs"] == {"rollout-warmup": "warmup-uid"} and "job_uid" not in saved()
     receipt.record_job("rollout", "job-uid")
-    assert json.loads((tmp_path / "receipt.json").read_text()) == {
+    assert saved() == {
         "context": "kind-kind", "namespace": NAMESPACE, "run_id": RUN_ID, "uid": "ns-uid",
         "namespace_uid": "ns-uid", "jobs": {"rollout-warmup": "warmup-uid", "rollout": "job-uid"},
         "job_uid": "job-uid"}
@@ -1462,3 +1467,17 @@ def test_many_problems_of_one_kind_are_a_few_lines() -> None:
     problems = [f"rollout-{i}.log: forbidden" for i in range(500)]
     assert demo.summarised_problems(problems) == problems[:3] + ["... and 497 more (see the saved files)"]
     assert demo.summarised_problems(problems[:4]) == problems[:4]
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="VmHWM is Linux's")
+def test_peak_memory_is_the_tools_own_not_that_of_the_process_that_spawned_it() -> None:
+    # Linux carries ru_maxrss over an exec from the spawning process: a tool started by a large
+    # trainer would report the trainer's memory as its own.
+    ballast = b"x" * (200 << 20)
+    probe = "import rl_batch_demo, resource; print(rl_batch_demo.peak_rss_mib(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
+    printed = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                             cwd=os.path.dirname(os.path.abspath(demo.__file__))).stdout.split()
+    del ballast
+    peak, maxrss_kib = float(printed[0]), int(printed[1])
+    assert maxrss_kib / 1024 >= 200, "the premise: ru_maxrss starts at the spawning process's RSS"
+    assert 0 < peak < 100, peak
