@@ -1806,6 +1806,12 @@ class ClockBounds:
             warnings.append(f"{what}: the evidence contradicts itself (offset at least {self.lowest:.3f} s and "
                             f"at most {self.highest:.3f} s); no correction applied, sub-second points that mix "
                             f"clocks may be wrong by that much")
+        elif abs(apart) > CLOCK_TOLERANCE_SECONDS and (self.lowest is None or self.highest is None):
+            # One edge only: the correction is the least gap proven; how much more there is, nothing says.
+            warnings.append(f"{what} disagree by at least {abs(apart):.3f} s (more than the "
+                            f"{CLOCK_TOLERANCE_SECONDS:g} s a sharp point claims); its times were corrected by "
+                            f"{-offset:+.3f} s, the least gap proven, but no evidence bounds the gap from the "
+                            f"other side: points on this clock may be off by more than their stated precision")
         elif abs(apart) > CLOCK_TOLERANCE_SECONDS:
             warnings.append(f"{what} disagree by at least {abs(apart):.3f} s (more than the "
                             f"{CLOCK_TOLERANCE_SECONDS:g} s a sharp point claims); its times were corrected by "

@@ -1481,3 +1481,18 @@ def test_peak_memory_is_the_tools_own_not_that_of_the_process_that_spawned_it() 
     peak, maxrss_kib = float(printed[0]), int(printed[1])
     assert maxrss_kib / 1024 >= 200, "the premise: ru_maxrss starts at the spawning process's RSS"
     assert 0 < peak < 100, peak
+
+
+def test_a_clock_bounded_on_one_side_only_is_corrected_by_the_least_gap_and_says_it_may_be_more() -> None:
+    bounds = demo.ClockBounds()
+    bounds.at_most(-0.7)  # proven at least 0.7 s behind; nothing says by how much more
+    entry, warnings = bounds.describe("node node-1's and the control plane's clocks", "test")
+    assert entry["offset_seconds"] == pytest.approx(-0.7)
+    assert entry["uncertainty_seconds"] is None
+    assert len(warnings) == 1 and "disagree by at least 0.700 s" in warnings[0]
+    assert "may be off by more than their stated precision" in warnings[0]
+    both = demo.ClockBounds()
+    both.at_least(-0.9)
+    both.at_most(-0.7)
+    _, warnings = both.describe("node node-1's and the control plane's clocks", "test")
+    assert "+/- 0.100 s" in warnings[0] and "may be off by more" not in warnings[0]
