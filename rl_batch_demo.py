@@ -3995,15 +3995,16 @@ def run_one_batch(run: RunContext, entry: dict) -> BatchOutcome:
     run.receipt.record_job(job_name, created["metadata"]["uid"])
     end = follower.follow(submitted, client_deadline)
     client = client_wait(follower, end, submitted_wall, submitted)
-    job, reading, logs, events = batch.collect(job_name)
+    evidence = batch.collect(job_name)
     follower.stop_watches()
+    reading = evidence.reading
     client["pods_read"] = {
         "source": reading.source, "not_older_than": follower.end_resource_version,
         "resource_version": reading.resource_version, "pages": reading.pages,
         "continue_expiries": reading.continue_expiries, "read_again": reading.reread}
     client["events_read"] = follower.events_read
     summarise = rollout_summary if run.settings.get("rollout") else verified_summary
-    summary = summarise(batch, end, job, reading, logs, events)
+    summary = summarise(batch, end, evidence)
     client["post_completion_seconds"] = rounded(time.monotonic() - follower.observed_monotonic)
     write_json(os.path.join(batch_dir, "client.json"), client)
     return outcome(entry, summary, client)
@@ -4029,9 +4030,9 @@ def outcome(entry: dict, summary: dict, client: dict | None) -> BatchOutcome:
     return BatchOutcome(entry, summary, client or None)
 
 
-def verified_summary(batch: BatchEvidence, end: str | None, job: dict | None, reading: PodReading,
-                     logs: dict[str, str], events: Sequence[dict]) -> dict:
+def verified_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) -> dict:
     """The summary of a batch whose every episode must succeed; a batch that did not fails here."""
+    job, reading, logs, events = evidence
     settings, pods, job_name = batch.settings, reading.pods, batch.follower.job_name
     if end != "Complete":
         raise DemoError("\n  ".join(
@@ -4052,10 +4053,10 @@ def verified_summary(batch: BatchEvidence, end: str | None, job: dict | None, re
         raise
 
 
-def rollout_summary(batch: BatchEvidence, end: str | None, job: dict | None, reading: PodReading,
-                    logs: dict[str, str], events: Sequence[dict]) -> dict:
+def rollout_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) -> dict:
     """Write rewards.jsonl with every episode; accept the batch if its failures are within
     --allow-failures, and summarise its successful episodes."""
+    job, reading, logs, events = evidence
     settings, pods, count, job_name = batch.settings, reading.pods, batch.settings["count"], batch.follower.job_name
     group_size = settings.get("group_size") or 1
     rows = episode_rows(count, job or {"metadata": {}}, pods, logs, settings["builtin"],
@@ -4157,6 +4158,14 @@ def close(run: RunContext) -> None:
     run.pool.shutdown(wait=False)
 
 
+class Evidence(NamedTuple):
+    """What was saved of a finished batch, as its verification reads it."""
+    job: dict | None  # None when the Job could not be read and the watch never saw it
+    reading: PodReading
+    logs: dict[str, str]  # pod name -> its log, empty when unreadable
+    events: Sequence[dict]  # this batch's events
+
+
 class BatchEvidence:
     """The batch under way: its follower, and the saving of its evidence into its own directory."""
 
@@ -4173,7 +4182,7 @@ class BatchEvidence:
         """The run's proxy, as the follower reads through it (opened after the pod watch started)."""
         return self.follower.proxy
 
-    def collect(self, job_name: str, quick: bool = False) -> tuple:
+    def collect(self, job_name: str, quick: bool = False) -> Evidence:
         """Save job.json, pods.json, events.txt, events.json and one log per pod: the evidence of a batch."""
         follower = self.follower
         assert follower is not None
@@ -4249,7 +4258,7 @@ class BatchEvidence:
                                       retry_until)
 
     def save_evidence(self, follower: BatchFollower, job_future: Any, pods_future: Any, table_future: Any,
-                      events_future: Any, retry_until: float | None) -> tuple:
+                      events_future: Any, retry_until: float | None) -> Evidence:
         """Write what the fetches brought; fall back to the watch's view where a fetch failed."""
         problems = []
         job = job_future.result()
@@ -4305,7 +4314,7 @@ class BatchEvidence:
         write_json(os.path.join(self.batch_dir, "observed.json"), follower.observations())
         for line in summarised_problems(problems):
             print(f"Warning: could not save {line}", file=sys.stderr)
-        return job, reading, logs, events
+        return Evidence(job, reading, logs, events)
 
     def read_logs(self, pods: Sequence[dict], follower: BatchFollower,
                   retry_until: float | None, problems: list[str]) -> dict[str, str]:
