@@ -4128,7 +4128,7 @@ def salvage(run: RunContext) -> None:
     if batch is not None:
         batch.follower.stop_watches()
         try:
-            batch.collect(batch.follower.job_name, quick=True)
+            batch.collect(batch.follower.job_name, retry=False)
         except (DemoError, OSError):
             pass  # whatever could be saved is saved
     if run.touched_cluster and not run.receipt.namespace_uid:
@@ -4182,13 +4182,14 @@ class BatchEvidence:
         """The run's proxy, as the follower reads through it (opened after the pod watch started)."""
         return self.follower.proxy
 
-    def collect(self, job_name: str, quick: bool = False) -> Evidence:
-        """Save job.json, pods.json, events.txt, events.json and one log per pod: the evidence of a batch."""
+    def collect(self, job_name: str, retry: bool = True) -> Evidence:
+        """Save job.json, pods.json, events.txt, events.json and one log per pod: the evidence of a batch.
+        Without `retry`, each is read once, at once: no retries, no wait for the watches to settle."""
         follower = self.follower
         assert follower is not None
         # Evidence is worth a few retries, not a long wait: a log that a kubelet
         # cannot serve now is saved empty and the episode fails verification.
-        retry_until = None if quick else time.monotonic() + COLLECT_RETRY_SECONDS
+        retry_until = time.monotonic() + COLLECT_RETRY_SECONDS if retry else None
         namespace_args = ["-n", self.namespace]
         page_size = self.settings.get("chunk_size", LIST_PAGE_SIZE)
 
@@ -4201,13 +4202,13 @@ class BatchEvidence:
                 return follower.job
 
         events_expected = None
-        if not quick and follower.events_watched:
+        if retry and follower.events_watched:
             try:
                 events_expected, follower.events.resource_version = count_events(
                     self.kubectl, self.proxy, self.namespace, retry_until)
             except DemoError:
                 pass  # then the events are listed below
-        if not quick:
+        if retry:
             follower.settle(events_expected, SETTLE_SECONDS)
         watched_final = follower.pods_are_final()
         events_watched = follower.events_caught_up(events_expected)
@@ -4223,7 +4224,7 @@ class BatchEvidence:
             # Else never the watch's view: it may run behind. The list is at least as new as the
             # moment the Job's end was seen, and its pages are retried while a cache catches up.
             return read_job_pods(self.kubectl, self.proxy, self.namespace, job_name,
-                                 follower.end_resource_version, None if quick else PAGE_RETRY_SECONDS,
+                                 follower.end_resource_version, PAGE_RETRY_SECONDS if retry else None,
                                  page_size)
 
         def fetch_events_table() -> str:
@@ -4236,7 +4237,7 @@ class BatchEvidence:
         def fetch_events_json() -> PagedList | EventStore:
             if events_watched:
                 return follower.events
-            retry_seconds = None if quick else COLLECT_RETRY_SECONDS
+            retry_seconds = COLLECT_RETRY_SECONDS if retry else None
             path = f"/api/v1/namespaces/{self.namespace}/events"
             if self.proxy is not None:
                 try:
