@@ -2795,6 +2795,12 @@ class Kubectl:
         args = ["get", kind, name] + (["-n", namespace] if namespace else [])
         return self.get_json(args + (["--ignore-not-found"] if missing_ok else []), retry_until=retry_until)
 
+    def get_list(self, kind: str, namespace: str | None = None, *flags: str,
+                 retry_until: float | None = None) -> dict | None:
+        """Every object of a kind (that `flags` such as a label selector let through), as one List."""
+        args = ["get", kind] + list(flags) + (["-n", namespace] if namespace else [])
+        return self.get_json(args, retry_until=retry_until)
+
     def create(self, manifest: dict, retry_until: float | None = None) -> dict:
         """Create one object from its manifest; the object as the API server stored it."""
         return self.get_json(["create", "-f", "-"], input_text=json.dumps(manifest), retry_until=retry_until)
@@ -3390,9 +3396,8 @@ class BatchFollower:
 
     def _poll(self, client_deadline: float) -> None:
         retry_until = min(client_deadline, time.monotonic() + CALL_TIMEOUT_SECONDS)
-        job = self.kubectl.get_json(["get", "job", self.job_name, "-n", self.namespace],
-                                    retry_until=retry_until)
-        pods = self.kubectl.get_json(["get", "pods", "-l", f"job-name={self.job_name}", "-n", self.namespace],
+        job = self.kubectl.get("job", self.job_name, self.namespace, retry_until=retry_until)
+        pods = self.kubectl.get_list("pods", self.namespace, "-l", f"job-name={self.job_name}",
                                      retry_until=retry_until)
         seen = time.time()
         for pod in (pods or {}).get("items", []):
@@ -4190,14 +4195,13 @@ class BatchEvidence:
         # Evidence is worth a few retries, not a long wait: a log that a kubelet
         # cannot serve now is saved empty and the episode fails verification.
         retry_until = time.monotonic() + COLLECT_RETRY_SECONDS if retry else None
-        namespace_args = ["-n", self.namespace]
         page_size = self.settings.get("chunk_size", LIST_PAGE_SIZE)
 
         def fetch_job() -> dict | None:
             if follower.end is not None and follower.job is not None:
                 return follower.job
             try:
-                return self.kubectl.get_json(["get", "job", job_name] + namespace_args, retry_until=retry_until)
+                return self.kubectl.get("job", job_name, self.namespace, retry_until=retry_until)
             except DemoError:
                 return follower.job
 
@@ -4229,8 +4233,8 @@ class BatchEvidence:
 
         def fetch_events_table() -> str:
             # kubectl reads a sorted list in one piece whatever --chunk-size says.
-            return self.kubectl.run(["get", "events", "--sort-by=.metadata.creationTimestamp"]
-                                    + namespace_args, retry_until=retry_until)
+            return self.kubectl.run(["get", "events", "--sort-by=.metadata.creationTimestamp",
+                                     "-n", self.namespace], retry_until=retry_until)
 
         follower.events_read = "watch" if events_watched else "list"
 
@@ -4414,8 +4418,8 @@ def read_capacity(kubectl: Kubectl, settings: dict) -> dict:
     retry_until = time.monotonic() + FIRST_CONTACT_RETRY_SECONDS
     try:
         runtime_class = kubectl.get("runtimeclass", settings["runtime"], retry_until=retry_until)
-        nodes = kubectl.get_json(["get", "nodes", f"--chunk-size={settings.get('chunk_size', LIST_PAGE_SIZE)}"],
-                             retry_until=retry_until)
+        nodes = kubectl.get_list("nodes", None, f"--chunk-size={settings.get('chunk_size', LIST_PAGE_SIZE)}",
+                                 retry_until=retry_until)
     except DemoError as error:
         forbidden = "forbidden" in getattr(error, "stderr", "").lower()
         return {"checked": False, "reason": "reading nodes or the RuntimeClass is not permitted" if forbidden
