@@ -3918,7 +3918,8 @@ def check_server_version(run: RunContext) -> None:
 def check_capacity(run: RunContext) -> None:
     """Warn, before anything is created, when the nodes cannot run the whole batch at once;
     run.json keeps the plan."""
-    plan = read_capacity(run.kubectl, run.settings)
+    # Every batch's Job asks for the same resources per pod.
+    plan = read_capacity(run.kubectl, run.settings, next(iter(run.plan.jobs.values())))
     run.settings = dict(run.settings, capacity=plan)
     write_json(os.path.join(run.output, SETTINGS_FILE), run.settings)
     warning = capacity_warning(plan, run.settings["parallelism"])
@@ -4413,8 +4414,9 @@ def rollout_figures(rows: Sequence[dict], job: dict, pods: Sequence[dict], group
     return figures
 
 
-def read_capacity(kubectl: Kubectl, settings: dict) -> dict:
-    """The capacity plan from the live nodes and RuntimeClass; a check that cannot read them says why."""
+def read_capacity(kubectl: Kubectl, settings: dict, job: dict) -> dict:
+    """The capacity plan for `job`'s pods from the live nodes and RuntimeClass; a check that cannot
+    read them says why."""
     retry_until = time.monotonic() + FIRST_CONTACT_RETRY_SECONDS
     try:
         runtime_class = kubectl.get("runtimeclass", settings["runtime"], retry_until=retry_until)
@@ -4424,9 +4426,7 @@ def read_capacity(kubectl: Kubectl, settings: dict) -> dict:
         forbidden = "forbidden" in getattr(error, "stderr", "").lower()
         return {"checked": False, "reason": "reading nodes or the RuntimeClass is not permitted" if forbidden
                 else str(error)}
-    manifest = job_manifest("capacity", settings["count"], settings["parallelism"], settings["image"],
-                            settings["runtime"], settings["timeout"])
-    requests = manifest["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]
+    requests = job["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]
     return capacity_plan((nodes or {}).get("items") or [], runtime_class, requests, settings["count"],
                          settings["parallelism"])
 
