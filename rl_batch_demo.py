@@ -3514,11 +3514,6 @@ def json_pieces(value: Any, level: int = 0) -> Iterator[str]:
         yield json.dumps(value)
 
 
-def json_text(value: Any, level: int = 0) -> str:
-    """JSON indented by two spaces, as json.dumps(indent=2), but long lists hold one item per line."""
-    return "".join(json_pieces(value, level))
-
-
 def write_json(path: str, data: Any) -> None:
     def pieces() -> Iterator[str]:
         yield from json_pieces(data)
