@@ -3193,8 +3193,9 @@ class BatchFollower:
         self._watches: dict[str, subprocess.Popen] = {}
         self.watch_restarts = 0
         self.polling = False
-        self.observed_monotonic: float | None = None
-        self.observed_wall: float | None = None
+        # When this client saw the Job's end, on both clocks (observed.json is what the watches saw).
+        self.end_seen_monotonic: float | None = None
+        self.end_seen_wall: float | None = None
         self.processes_while_waiting = 0
         # The most watch events ever waiting to be handled: a client that keeps up keeps it small.
         self.queue_peak = 0
@@ -3406,8 +3407,8 @@ class BatchFollower:
 
     def _on_job(self, job: dict, arrived: float | None = None) -> None:
         if self.state.on_job(job, time.time() if arrived is None else arrived):
-            self.observed_monotonic = time.monotonic()
-            self.observed_wall = time.time()
+            self.end_seen_monotonic = time.monotonic()
+            self.end_seen_wall = time.time()
 
     def _on_pod(self, pod: dict, deleted: bool = False, arrived: float | None = None) -> None:
         self._read_logs_of(self.state.on_pod(pod, deleted, time.time() if arrived is None else arrived))
@@ -4006,7 +4007,7 @@ def run_one_batch(run: RunContext, entry: dict) -> BatchOutcome:
     client["events_read"] = follower.events_read
     summarise = rollout_summary if run.settings.get("rollout") else verified_summary
     summary = summarise(batch, end, evidence)
-    client["post_completion_seconds"] = rounded(time.monotonic() - follower.observed_monotonic)
+    client["post_completion_seconds"] = rounded(time.monotonic() - follower.end_seen_monotonic)
     write_json(os.path.join(batch_dir, "client.json"), client)
     return outcome(entry, summary, client)
 
@@ -4015,9 +4016,9 @@ def client_wait(follower: BatchFollower, end: str | None, submitted_wall: float,
     """How the client waited for one Job: when it saw the end, and what the wait cost."""
     return {
         "job": follower.job_name, "end": end, "submitted_at": submitted_wall,
-        "observed_at": follower.observed_wall,
-        "client_job_complete_seconds": rounded(follower.observed_monotonic - submitted)
-        if follower.observed_monotonic is not None else None,
+        "observed_at": follower.end_seen_wall,
+        "client_job_complete_seconds": rounded(follower.end_seen_monotonic - submitted)
+        if follower.end_seen_monotonic is not None else None,
         "kubectl_processes_while_waiting": follower.processes_while_waiting,
         "watch_restarts": follower.watch_restarts,
         "watch_queue_peak": follower.queue_peak,
@@ -4046,7 +4047,7 @@ def verified_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) 
                         f"only {len(pods)} of {settings['count']}")
     try:
         return summarise_batch(job, pods, logs, events, settings["count"], settings["builtin"],
-                               batch.follower.observed_wall, batch.follower.observations())
+                               batch.follower.end_seen_wall, batch.follower.observations())
     except VerificationError as error:
         if reading.source == "watch":
             raise VerificationError(f"{error} (judged from the pods the watch saw, each unfinished one "
@@ -4074,7 +4075,7 @@ def rollout_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) -
         raise DemoError(f"cannot verify the batch: the pods could not be listed and the pod watch saw "
                         f"only {len(pods)} of {count}")
     try:
-        summary = summarise_rollout(rows, job, pods, logs, events, settings, batch.follower.observed_wall,
+        summary = summarise_rollout(rows, job, pods, logs, events, settings, batch.follower.end_seen_wall,
                                     batch.follower.observations())
     except DemoError as error:
         raise DemoError(f"{error}\n  {REWARDS_FILE} lists every episode with its class; "
@@ -4355,7 +4356,7 @@ def failure_lines(failures: Sequence[dict], most: int = 10) -> list[str]:
 
 
 def summarise_rollout(rows: Sequence[dict], job: dict, pods: Sequence[dict], logs: dict[str, str],
-                      events: Sequence[dict], settings: dict, observed_at: float | None = None,
+                      events: Sequence[dict], settings: dict, end_seen_at: float | None = None,
                       observed: dict | None = None) -> dict:
     """A rollout batch's summary: the figures of its successful episodes, with failures, attempts and
     groups; DemoError when more episodes failed than --allow-failures accepts, or all did. Pure."""
@@ -4367,7 +4368,7 @@ def summarise_rollout(rows: Sequence[dict], job: dict, pods: Sequence[dict], log
                                      f"({failures_said(failures)}); {accepts}"] + failure_lines(failures)))
     successes = {row["pod"] for row in rows if row["failure_class"] is None}
     summary = summarise_batch(job, [pod for pod in pods if pod_name(pod) in successes], logs, events,
-                              len(successes), settings["builtin"], observed_at, observed)
+                              len(successes), settings["builtin"], end_seen_at, observed)
     summary.update(rollout_figures(rows, job, pods, settings.get("group_size") or 1, allowed,
                                    settings.get("retries") or 0))
     return summary
