@@ -3446,7 +3446,9 @@ class BatchFollower:
 def write_text(path: str, text: str | Iterable[str]) -> None:
     """Write a file whole or not at all (a crash never leaves half a receipt); the text may
     come in pieces, so a large file is never held whole in memory."""
-    temporary = f"{path}.tmp"
+    # One temporary name per writer: two threads saving the same file (a log read late while
+    # it is read again) must not rename each other's half-written text into place.
+    temporary = f"{path}.{threading.get_ident()}.tmp"
     try:
         with open(temporary, "w", encoding="utf-8") as handle:
             if isinstance(text, str):
