@@ -3255,7 +3255,12 @@ class BatchFollower:
             kind, refusal = item[1], item[2]
             self._watches.pop(kind, None)
             if kind == "events" and (refusal or self._failures[kind] >= WATCH_RESTARTS_BEFORE_POLLING):
-                # The events are listed after the end instead, as they can be without a watch.
+                # The events are listed after the end instead, as they can be without a watch;
+                # said once, since for thousands of pods that list is the slow part of the end.
+                if self.events_watched:
+                    why = refusal or f"it broke {self._failures[kind]} times"
+                    print(f"Warning: cannot watch the events ({why}); they are listed after the Job "
+                          f"ends instead (grant watch on events to follow them)", file=sys.stderr, flush=True)
                 self.events_watched = False
                 return
             if self.end is not None or self.polling:
