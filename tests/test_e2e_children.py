@@ -70,9 +70,9 @@ def test_killed_run_leaves_no_process_and_stays_cleanable(make_cluster, tmp_path
             pids = [pid for pid in children_of(process.pid) if command_line(pid)[:1] == [kubectl]]
             watches = [pid for pid in pids if "--watch" in command_line(pid)]
             proxies = [pid for pid in pids if "proxy" in command_line(pid)]
-            return watches + proxies if len(watches) == 2 and len(proxies) == 1 else None
+            return watches + proxies if len(watches) == 3 and len(proxies) == 1 else None
 
-        kubectl_children = wait_for(long_lived_children, WAIT, "the tool's two watches and its proxy")
+        kubectl_children = wait_for(long_lived_children, WAIT, "the tool's three watches and its proxy")
         socket_directories = list(temporary.glob(f"rl-batch-demo-{process.pid}-*"))
         assert len(socket_directories) == 1, list(temporary.iterdir())
     finally:
