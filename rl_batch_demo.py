@@ -775,8 +775,10 @@ def image_cache_states(events: Iterable[dict]) -> dict[str, str]:
     """Pod name -> "present" (the node had the image) or "pulled", from the kubelet's Pulled event."""
     states: dict[str, str] = {}
     for event in events:
+        if event.get("reason") != "Pulled":
+            continue
         regarding = event_object(event)
-        if event.get("reason") != "Pulled" or regarding.get("kind") != "Pod":
+        if regarding.get("kind") != "Pod":
             continue
         message = event.get("message") or event.get("note") or ""
         if "already present on machine" in message:
@@ -1085,10 +1087,11 @@ def describe(values: Sequence[float], missing: int = 0) -> dict:
     """P50/P95/P99/max/mean of a sample, with its size and how many were missing."""
     summary: dict[str, Any] = {"samples": len(values), "missing": missing}
     if values:
+        ordered = sorted(values)  # once: percentile's own sort of a sorted list is a single pass
         summary.update({
-            "p50": rounded(percentile(values, 0.50)),
-            "p95": rounded(percentile(values, 0.95)),
-            "p99": rounded(percentile(values, 0.99)),
+            "p50": rounded(percentile(ordered, 0.50)),
+            "p95": rounded(percentile(ordered, 0.95)),
+            "p99": rounded(percentile(ordered, 0.99)),
             "max": rounded(max(values)),
             "mean": rounded(sum(values) / len(values)),
         })
@@ -1520,9 +1523,11 @@ def kubelet_container_events(events: Iterable[dict]) -> dict[str, dict[str, tupl
     """Pod name -> reason -> (earliest name time, node) of the kubelet's container events."""
     found: dict[str, dict[str, tuple[float, str]]] = {}
     for event in events:
-        regarding = event_object(event)
         reason = event.get("reason")
-        if regarding.get("kind") != "Pod" or reason not in KUBELET_CONTAINER_REASONS:
+        if reason not in KUBELET_CONTAINER_REASONS:
+            continue
+        regarding = event_object(event)
+        if regarding.get("kind") != "Pod":
             continue
         if regarding.get("fieldPath") not in (None, f"spec.containers{{{CONTAINER_NAME}}}"):
             continue
@@ -1541,9 +1546,10 @@ def pod_creation_events(events: Iterable[dict]) -> dict[str, float]:
     recorder combined with similar ones names no pod of its own and is skipped."""
     created: dict[str, float] = {}
     for event in events:
+        if event.get("reason") != "SuccessfulCreate":
+            continue
         message = event.get("message") or event.get("note") or ""
-        if event.get("reason") != "SuccessfulCreate" or event_object(event).get("kind") != "Job" \
-                or not message.startswith("Created pod: ") or int(event.get("count") or 1) != 1:
+        if event_object(event).get("kind") != "Job" or not message.startswith("Created pod: ") or int(event.get("count") or 1) != 1:
             continue
         moment = event_name_time(event)
         if moment is not None:
@@ -1822,7 +1828,8 @@ class ClockBounds:
 
 def clock_offsets(job: dict, pods: Sequence[dict], events: Sequence[dict], observed_pods: dict[str, dict],
                   job_observed: dict[str, float],
-                  kubelet: dict[str, dict[str, tuple[float, str]]] | None = None) -> dict:
+                  kubelet: dict[str, dict[str, tuple[float, str]]] | None = None,
+                  scheduled: dict[str, float] | None = None) -> dict:
     """Each clock's offset from the control plane's, bounded by transitions seen on both.
 
     A watch sees a change after it happened and a server stamp truncates it: the client's
@@ -1848,18 +1855,22 @@ def clock_offsets(job: dict, pods: Sequence[dict], events: Sequence[dict], obser
     nodes: dict[str, ClockBounds] = {}
     started: dict[str, tuple[float, str]] = {}
     for event in events:
-        regarding = event_object(event)
-        node = (event.get("source") or {}).get("host")
-        named = event_name_time(event)
-        stored = parse_time((event.get("metadata") or {}).get("creationTimestamp"))
-        if not node or named is None or (event.get("source") or {}).get("component") != "kubelet":
+        source = event.get("source") or {}
+        node = source.get("host")
+        if not node or source.get("component") != "kubelet":
             continue
+        named = event_name_time(event)
+        if named is None:
+            continue
+        regarding = event_object(event)
+        stored = parse_time((event.get("metadata") or {}).get("creationTimestamp"))
         if stored is not None and int(event.get("count") or 1) == 1:
             nodes.setdefault(node, ClockBounds()).at_least(named - stored - WHOLE_SECOND)
         if event.get("reason") == "Started" and regarding.get("kind") == "Pod":
             started.setdefault(regarding.get("name", ""), (named, node))
     client_vs_node: dict[str, float] = {}
-    scheduled = scheduled_event_times(events)
+    if scheduled is None:
+        scheduled = scheduled_event_times(events)
     if kubelet is None:
         kubelet = kubelet_container_events(events)
     first_container_event = {pod: min(reasons.values()) for pod, reasons in kubelet.items()}
@@ -2112,7 +2123,7 @@ def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
     kubelet = kubelet_container_events(events)
     creations = pod_creation_events(events)
     observed_pods, job_observed = split_observed(observed)
-    clocks = clock_offsets(job, pods, events, observed_pods, job_observed, kubelet)
+    clocks = clock_offsets(job, pods, events, observed_pods, job_observed, kubelet, scheduled)
     client_offset = clocks["client"]["offset_seconds"]
     job_created_point = job_creation(job, job_observed, client_offset)
 
