@@ -28,6 +28,7 @@ import csv
 import dataclasses
 import datetime
 import functools
+import gc
 import hashlib
 import http.client
 import io
@@ -2110,6 +2111,21 @@ def throughput(batches: Sequence[tuple[str, dict]]) -> dict:
     }
 
 
+@contextlib.contextmanager
+def cycle_collector_paused() -> Iterator[None]:
+    """Hold Python's cycle collector while the summary builds its many small records: each of its
+    passes would walk every pod and event still held, seconds at thousands of episodes, to free
+    nothing (the records hold no cycles; reference counts free them)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+@cycle_collector_paused()
 def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
                     events: Sequence[dict], count: int, builtin: bool = True,
                     client_observed_at: float | None = None,
@@ -2238,19 +2254,21 @@ def episodes_csv(batches: Sequence[tuple[str, dict]]) -> str:
                     + [f"{phase}_precision_seconds" for phase in PHASES])
     for batch_name, summary in batches:
         rows = {row["pod"]: row for row in summary["pods"]}
+        job_created = summary["_job_created"]
         for record in summary["_episodes"]:
             row = rows[record["pod"]]
-            points, phases = record["points"], record["phases"]
+            points = [record["points"][p] for p in POINTS]
+            phases = [record["phases"][ph] for ph in PHASES]
             writer.writerow(
                 [batch_name, record["pod"], record["index"] or "", row["node"] or "", row["reward"],
                  record.get("image_cache") or "", record.get("runtime_class") or ""]
-                + ["" if points[p] is None else f"{points[p][0] - summary['_job_created']:.6f}" for p in POINTS]
-                + ["" if points[p] is None else f"{points[p][1]:.6g}" for p in POINTS]
-                + ["" if phases[ph] is None else f"{phases[ph][0]:.6f}" for ph in PHASES]
-                + ["" if points[p] is None else f"{points[p][0]:.6f}" for p in POINTS]
-                + ["" if points[p] is None else getattr(points[p], "source", "") for p in POINTS]
-                + ["" if points[p] is None else getattr(points[p], "clock", "") for p in POINTS]
-                + ["" if phases[ph] is None else f"{phases[ph][1]:.6g}" for ph in PHASES])
+                + ["" if point is None else f"{point[0] - job_created:.6f}" for point in points]
+                + ["" if point is None else f"{point[1]:.6g}" for point in points]
+                + ["" if phase is None else f"{phase[0]:.6f}" for phase in phases]
+                + ["" if point is None else f"{point[0]:.6f}" for point in points]
+                + ["" if point is None else getattr(point, "source", "") for point in points]
+                + ["" if point is None else getattr(point, "clock", "") for point in points]
+                + ["" if phase is None else f"{phase[1]:.6g}" for phase in phases])
     return out.getvalue()
 
 
@@ -4095,6 +4113,7 @@ def rollout_summary(batch: BatchEvidence, end: str | None, job: dict | None, rea
     return summary
 
 
+@cycle_collector_paused()
 def save_results(run: RunContext, batches: Sequence[BatchOutcome]) -> dict:
     """results.json, episodes.csv and the pictures, from every batch's summary."""
     results = assemble_results(run.settings, batches, client_figures(run))
@@ -4460,7 +4479,11 @@ def assemble_results(settings: dict, batches: Sequence[BatchOutcome], client: di
     warmups = [batch.summary for batch in batches if not batch.entry["measured"]]
     rows = [dict(row, job=batch.entry["job"]) if len(measured) > 1 else row
             for batch in measured_batches for row in batch.summary["pods"]]
-    phases = phase_summary([r["phases"] for s in measured for r in s["_episodes"]])
+    if len(measured) == 1:  # its own summary already pooled the same episodes
+        phases, by_start_path = measured[0]["phases"], measured[0]["phases_by_start_path"]
+    else:
+        phases = phase_summary([r["phases"] for s in measured for r in s["_episodes"]])
+        by_start_path = start_path_phases([r for s in measured for r in s["_episodes"]])
     guide = describe([r["guide_pod_to_ready"] for s in measured for r in s["_episodes"]])
     client_seconds = [s.get("client_job_complete_seconds") for s in measured]
     results: dict[str, Any] = {
@@ -4488,7 +4511,7 @@ def assemble_results(settings: dict, batches: Sequence[BatchOutcome], client: di
                                / max(1, sum(s["episodes"] for s in measured)), 6),
         "rounds_measured": len(measured),
         "phases": phases,
-        "phases_by_start_path": start_path_phases([r for s in measured for r in s["_episodes"]]),
+        "phases_by_start_path": by_start_path,
         "phase_points": POINT_SOURCES,
         "clock_warnings": [w for s in measured for w in s["clocks"]["warnings"]],
         "nodes": count_nodes(row["node"] for row in rows),
