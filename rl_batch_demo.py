@@ -32,6 +32,7 @@ import gc
 import hashlib
 import http.client
 import io
+import itertools
 import json
 import math
 import os
@@ -1629,14 +1630,17 @@ def sharpest(bounds: Iterable[Bound | None], stamp: Bound | None = None) -> Poin
     that saw it), or the start of the server's second when a stamp is all there is. Sources
     that contradict each other (clocks apart) leave the stamp alone to speak.
     """
-    known = [b for b in bounds if b is not None] + ([stamp] if stamp is not None else [])
-    lowers = [b for b in known if b.lower is not None]
-    uppers = [b for b in known if b.upper is not None]
-    if not uppers:
+    low = high = None  # the first bound with the latest lower end, the first with the earliest upper end
+    for bound in itertools.chain(bounds, (stamp,)):
+        if bound is None:
+            continue
+        if bound.lower is not None and (low is None or bound.lower > low.lower):  # type: ignore[operator]
+            low = bound
+        if bound.upper is not None and (high is None or bound.upper < high.upper):  # type: ignore[operator]
+            high = bound
+    if high is None:
         return None  # nothing shows it happened at all
-    low = max(lowers, key=lambda b: b.lower) if lowers else None
-    high = min(uppers, key=lambda b: b.upper) if uppers else None
-    if low is not None and high is not None and low.lower > high.upper:  # type: ignore[operator]
+    if low is not None and low.lower > high.upper:  # type: ignore[operator]
         if stamp is not None:
             return sharpest([], stamp)
         return Point(high.upper, math.inf, f"{high.source} (other sources disagree)", high.clock)  # type: ignore[arg-type]
