@@ -3288,7 +3288,12 @@ class BatchFollower:
             kind, refusal = item[1], item[2]
             self._watches.pop(kind, None)
             if kind == "events" and (refusal or self._failures[kind] >= WATCH_RESTARTS_BEFORE_POLLING):
-                # The events are listed after the end instead, as they can be without a watch.
+                # The events are listed after the end instead, as they can be without a watch;
+                # said once, since for thousands of pods that list is the slow part of the end.
+                if self.events_watched:
+                    why = refusal or f"it broke {self._failures[kind]} times"
+                    print(f"Warning: cannot watch the events ({why}); they are listed after the Job "
+                          f"ends instead (grant watch on events to follow them)", file=sys.stderr, flush=True)
                 self.events_watched = False
                 return
             if self.end is not None or self.polling:
@@ -3479,7 +3484,9 @@ class BatchFollower:
 def write_text(path: str, text: str | Iterable[str]) -> None:
     """Write a file whole or not at all (a crash never leaves half a receipt); the text may
     come in pieces, so a large file is never held whole in memory."""
-    temporary = f"{path}.tmp"
+    # One temporary name per writer: two threads saving the same file (a log read late while
+    # it is read again) must not rename each other's half-written text into place.
+    temporary = f"{path}.{threading.get_ident()}.tmp"
     try:
         with open(temporary, "w", encoding="utf-8") as handle:
             if isinstance(text, str):

@@ -355,10 +355,12 @@ def test_pod_to_ready_keeps_the_guides_definition_beside_the_sharp_phase(six):
 def test_twelve_episodes_meet_the_sub_second_targets(require_e2e, tmp_path):
     """12 episodes at parallelism 6, a 0.6-1.0 s sandbox, and the kubelet reporting the sandbox's
     readiness in the same status update as the running container (as a real kubelet usually
-    does, so that condition says nothing sharp): every point within 0.15 s of the truth, each
-    stated precision covering its error; the precision itself at most 0.15 s (for the container's
-    start and end, which its own spawn and exit bound, in the typical episode: on a loaded machine
-    those can take longer, and the tool must then say so, not claim more)."""
+    does, so that condition says nothing sharp): every stated precision covers its error; every
+    point within 0.15 s of the truth with a precision of at most 0.15 s, except two kinds held
+    only to covering: the container's start and end (bounded by its own spawn and exit, which a
+    loaded machine stretches: there the typical episode meets 0.15 s) and the creation of pods
+    past the recorder's ninth (their creation events are combined into one, so nothing names
+    their moment; the tool places them between their slot's freeing and the watch)."""
     kubectl = require_e2e(KUBECTL_VERSION)
     run = twelve_episodes(kubectl, tmp_path, {"sandbox_delay": 0.6, "sandbox_jitter": 0.4,
                                               "sandbox_status_with_running": True})

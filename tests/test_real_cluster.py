@@ -304,6 +304,7 @@ def test_a_role_that_may_only_list_events_reads_them_after_the_end(real_cluster,
     assert result.returncode == 0, result.stderr
     # The events watch was refused: the events are listed after the end instead, all of them.
     assert load(output / "client.json")["events_read"] == "list"
+    assert "Warning: cannot watch the events" in result.stderr and "grant watch on events" in result.stderr
     scheduled = [e for e in load(output / "events.json")["items"] if e["reason"] == "Scheduled"]
     assert len(scheduled) == 2
     cleaned = as_user(cluster, kubeconfig, kubectl, "cleanup", "--output", str(output))

@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
@@ -308,7 +309,7 @@ def test_a_receipt_is_saved_at_every_change_with_the_guides_keys(tmp_path: Path)
         "context": "kind-kind", "namespace": NAMESPACE, "run_id": RUN_ID, "uid": "ns-uid",
         "namespace_uid": "ns-uid", "jobs": {"rollout-warmup": "warmup-uid", "rollout": "job-uid"},
         "job_uid": "job-uid"}
-    assert not (tmp_path / "receipt.json.tmp").exists()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["receipt.json"]  # no temporary left
     read = demo.Receipt.read(str(tmp_path))
     assert (read.context, read.namespace, read.run_id, read.namespace_uid) == ("kind-kind", NAMESPACE, RUN_ID, "ns-uid")
     assert read.job_uids() == {"rollout-warmup": "warmup-uid", "rollout": "job-uid"}
@@ -1496,3 +1497,29 @@ def test_a_clock_bounded_on_one_side_only_is_corrected_by_the_least_gap_and_says
     both.at_most(-0.7)
     _, warnings = both.describe("node node-1's and the control plane's clocks", "test")
     assert "+/- 0.100 s" in warnings[0] and "may be off by more" not in warnings[0]
+
+
+def test_two_threads_writing_one_file_each_leave_it_whole(tmp_path) -> None:
+    path = str(tmp_path / "pod.log")
+    texts = ["a" * 200_000, "b" * 300_000]
+    barrier = threading.Barrier(2)
+
+    def writer(text: str) -> None:
+        def pieces():
+            barrier.wait()  # both writers are inside write_text at once
+            for start in range(0, len(text), 1000):
+                yield text[start:start + 1000]
+        try:
+            demo.write_text(path, pieces())
+        except demo.DemoError as error:
+            failures.append(error)
+
+    failures: list = []
+    threads = [threading.Thread(target=writer, args=(text,)) for text in texts]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+    assert (tmp_path / "pod.log").read_text() in texts
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pod.log"]
