@@ -2481,8 +2481,9 @@ def chart_svg(title: str, subtitle: str, series: Sequence[tuple[str, str, list[t
     return "\n".join(parts) + "\n"
 
 
-def ramp_svg(batches: Sequence[tuple[str, dict]], title: str) -> str:
-    """How many pods had been created, scheduled, ... finished, over time from the first Job's creation."""
+def ramp_svg(batches: Sequence[tuple[str, dict]], title: str, figures: dict | None = None) -> str:
+    """How many pods had been created, scheduled, ... finished, over time from the first Job's creation;
+    `figures`: the batches' throughput, when already computed."""
     records = [(summary, record) for _, summary in batches for record in summary["_episodes"]]
     total = len(records)
     origin = min((summary["_job_created"] for summary, _ in records), default=0.0)
@@ -2493,7 +2494,7 @@ def ramp_svg(batches: Sequence[tuple[str, dict]], title: str) -> str:
         series.append((f"{point.replace('_', ' ')}{known}", RAMP_COLOURS[point],
                        [(x, float(n)) for x, n in thinned(moments)], point == "ready",
                        f"{point}: {len(moments)} episodes"))
-    figures = throughput(batches)
+    figures = figures if figures is not None else throughput(batches)
     subtitle = (f"{total} episodes; pods created {figures['pods_created_per_second'] or '-'}/s; sandboxes ready "
                 f"{figures['sandboxes_ready_per_second_mean'] or '-'}/s mean, "
                 f"{figures['sandboxes_ready_per_second_peak'] or '-'} in the busiest second; "
@@ -4131,7 +4132,7 @@ def save_results(run: RunContext, batches: Sequence[BatchOutcome]) -> dict:
     write_json(os.path.join(run.output, RESULTS_FILE), saved_results(results))
     measured = [(batch.entry["job"], batch.summary) for batch in batches if batch.entry["measured"]]
     write_text(os.path.join(run.output, "episodes.csv"), episodes_csv(measured))
-    write_pictures(run.output, measured, run.settings)
+    write_pictures(run.output, measured, run.settings, results["throughput"])
     return results
 
 
@@ -4458,12 +4459,13 @@ def read_capacity(kubectl: Kubectl, settings: dict) -> dict:
                          settings["parallelism"])
 
 
-def write_pictures(output: str, measured: Sequence[tuple[str, dict]], settings: dict) -> None:
-    """timeline.svg (a sample of a large batch), ramp.svg and cdf.svg."""
+def write_pictures(output: str, measured: Sequence[tuple[str, dict]], settings: dict,
+                   figures: dict | None = None) -> None:
+    """timeline.svg (a sample of a large batch), ramp.svg and cdf.svg; `figures`: the throughput, if known."""
     title = timeline_title(settings)
     sampled, note = timeline_sample(measured)
     write_text(os.path.join(output, "timeline.svg"), timeline_svg(sampled, title + note))
-    write_text(os.path.join(output, "ramp.svg"), ramp_svg(measured, f"Ramp: {title}"))
+    write_text(os.path.join(output, "ramp.svg"), ramp_svg(measured, f"Ramp: {title}", figures))
     write_text(os.path.join(output, "cdf.svg"), cdf_svg(measured, f"Phase durations: {title}"))
 
 
