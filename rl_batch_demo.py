@@ -2829,6 +2829,12 @@ class Kubectl:
         args = ["get", kind, name] + (["-n", namespace] if namespace else [])
         return self.get_json(args + (["--ignore-not-found"] if missing_ok else []), retry_until=retry_until)
 
+    def get_list(self, kind: str, namespace: str | None = None, *flags: str,
+                 retry_until: float | None = None) -> dict | None:
+        """Every object of a kind (that `flags` such as a label selector let through), as one List."""
+        args = ["get", kind] + list(flags) + (["-n", namespace] if namespace else [])
+        return self.get_json(args, retry_until=retry_until)
+
     def create(self, manifest: dict, retry_until: float | None = None) -> dict:
         """Create one object from its manifest; the object as the API server stored it."""
         return self.get_json(["create", "-f", "-"], input_text=json.dumps(manifest), retry_until=retry_until)
@@ -3221,8 +3227,9 @@ class BatchFollower:
         self._watches: dict[str, subprocess.Popen] = {}
         self.watch_restarts = 0
         self.polling = False
-        self.observed_monotonic: float | None = None
-        self.observed_wall: float | None = None
+        # When this client saw the Job's end, on both clocks (observed.json is what the watches saw).
+        self.end_seen_monotonic: float | None = None
+        self.end_seen_wall: float | None = None
         self.processes_while_waiting = 0
         # The most watch events ever waiting to be handled: a client that keeps up keeps it small.
         self.queue_peak = 0
@@ -3429,9 +3436,8 @@ class BatchFollower:
 
     def _poll(self, client_deadline: float) -> None:
         retry_until = min(client_deadline, time.monotonic() + CALL_TIMEOUT_SECONDS)
-        job = self.kubectl.get_json(["get", "job", self.job_name, "-n", self.namespace],
-                                    retry_until=retry_until)
-        pods = self.kubectl.get_json(["get", "pods", "-l", f"job-name={self.job_name}", "-n", self.namespace],
+        job = self.kubectl.get("job", self.job_name, self.namespace, retry_until=retry_until)
+        pods = self.kubectl.get_list("pods", self.namespace, "-l", f"job-name={self.job_name}",
                                      retry_until=retry_until)
         seen = time.time()
         for pod in (pods or {}).get("items", []):
@@ -3440,8 +3446,8 @@ class BatchFollower:
 
     def _on_job(self, job: dict, arrived: float | None = None) -> None:
         if self.state.on_job(job, time.time() if arrived is None else arrived):
-            self.observed_monotonic = time.monotonic()
-            self.observed_wall = time.time()
+            self.end_seen_monotonic = time.monotonic()
+            self.end_seen_wall = time.time()
 
     def _on_pod(self, pod: dict, deleted: bool = False, arrived: float | None = None) -> None:
         self._read_logs_of(self.state.on_pod(pod, deleted, time.time() if arrived is None else arrived))
@@ -3548,11 +3554,6 @@ def json_pieces(value: Any, level: int = 0) -> Iterator[str]:
         yield "\n" + "  " * level + "]"
     else:
         yield json.dumps(value)
-
-
-def json_text(value: Any, level: int = 0) -> str:
-    """JSON indented by two spaces, as json.dumps(indent=2), but long lists hold one item per line."""
-    return "".join(json_pieces(value, level))
 
 
 def write_json(path: str, data: Any) -> None:
@@ -3954,7 +3955,8 @@ def check_server_version(run: RunContext) -> None:
 def check_capacity(run: RunContext) -> None:
     """Warn, before anything is created, when the nodes cannot run the whole batch at once;
     run.json keeps the plan."""
-    plan = read_capacity(run.kubectl, run.settings)
+    # Every batch's Job asks for the same resources per pod.
+    plan = read_capacity(run.kubectl, run.settings, next(iter(run.plan.jobs.values())))
     run.settings = dict(run.settings, capacity=plan)
     write_json(os.path.join(run.output, SETTINGS_FILE), run.settings)
     warning = capacity_warning(plan, run.settings["parallelism"])
@@ -4036,16 +4038,17 @@ def run_one_batch(run: RunContext, entry: dict) -> BatchOutcome:
     run.receipt.record_job(job_name, created["metadata"]["uid"])
     end = follower.follow(submitted, client_deadline)
     client = client_wait(follower, end, submitted_wall, submitted)
-    job, reading, logs, events = batch.collect(job_name)
+    evidence = batch.collect(job_name)
     follower.stop_watches()
+    reading = evidence.reading
     client["pods_read"] = {
         "source": reading.source, "not_older_than": follower.end_resource_version,
         "resource_version": reading.resource_version, "pages": reading.pages,
         "continue_expiries": reading.continue_expiries, "read_again": reading.reread}
     client["events_read"] = follower.events_read
     summarise = rollout_summary if run.settings.get("rollout") else verified_summary
-    summary = summarise(batch, end, job, reading, logs, events)
-    client["post_completion_seconds"] = rounded(time.monotonic() - follower.observed_monotonic)
+    summary = summarise(batch, end, evidence)
+    client["post_completion_seconds"] = rounded(time.monotonic() - follower.end_seen_monotonic)
     write_json(os.path.join(batch_dir, "client.json"), client)
     return outcome(entry, summary, client)
 
@@ -4054,9 +4057,9 @@ def client_wait(follower: BatchFollower, end: str | None, submitted_wall: float,
     """How the client waited for one Job: when it saw the end, and what the wait cost."""
     return {
         "job": follower.job_name, "end": end, "submitted_at": submitted_wall,
-        "observed_at": follower.observed_wall,
-        "client_job_complete_seconds": rounded(follower.observed_monotonic - submitted)
-        if follower.observed_monotonic is not None else None,
+        "observed_at": follower.end_seen_wall,
+        "client_job_complete_seconds": rounded(follower.end_seen_monotonic - submitted)
+        if follower.end_seen_monotonic is not None else None,
         "kubectl_processes_while_waiting": follower.processes_while_waiting,
         "watch_restarts": follower.watch_restarts,
         "watch_queue_peak": follower.queue_peak,
@@ -4070,9 +4073,9 @@ def outcome(entry: dict, summary: dict, client: dict | None) -> BatchOutcome:
     return BatchOutcome(entry, summary, client or None)
 
 
-def verified_summary(batch: BatchEvidence, end: str | None, job: dict | None, reading: PodReading,
-                     logs: dict[str, str], events: Sequence[dict]) -> dict:
+def verified_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) -> dict:
     """The summary of a batch whose every episode must succeed; a batch that did not fails here."""
+    job, reading, logs, events = evidence
     settings, pods, job_name = batch.settings, reading.pods, batch.follower.job_name
     if end != "Complete":
         raise DemoError("\n  ".join(
@@ -4085,7 +4088,7 @@ def verified_summary(batch: BatchEvidence, end: str | None, job: dict | None, re
                         f"only {len(pods)} of {settings['count']}")
     try:
         return summarise_batch(job, pods, logs, events, settings["count"], settings["builtin"],
-                               batch.follower.observed_wall, batch.follower.observations())
+                               batch.follower.end_seen_wall, batch.follower.observations())
     except VerificationError as error:
         if reading.source == "watch":
             raise VerificationError(f"{error} (judged from the pods the watch saw, each unfinished one "
@@ -4093,10 +4096,10 @@ def verified_summary(batch: BatchEvidence, end: str | None, job: dict | None, re
         raise
 
 
-def rollout_summary(batch: BatchEvidence, end: str | None, job: dict | None, reading: PodReading,
-                    logs: dict[str, str], events: Sequence[dict]) -> dict:
+def rollout_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) -> dict:
     """Write rewards.jsonl with every episode; accept the batch if its failures are within
     --allow-failures, and summarise its successful episodes."""
+    job, reading, logs, events = evidence
     settings, pods, count, job_name = batch.settings, reading.pods, batch.settings["count"], batch.follower.job_name
     group_size = settings.get("group_size") or 1
     rows = episode_rows(count, job or {"metadata": {}}, pods, logs, settings["builtin"],
@@ -4113,7 +4116,7 @@ def rollout_summary(batch: BatchEvidence, end: str | None, job: dict | None, rea
         raise DemoError(f"cannot verify the batch: the pods could not be listed and the pod watch saw "
                         f"only {len(pods)} of {count}")
     try:
-        summary = summarise_rollout(rows, job, pods, logs, events, settings, batch.follower.observed_wall,
+        summary = summarise_rollout(rows, job, pods, logs, events, settings, batch.follower.end_seen_wall,
                                     batch.follower.observations())
     except DemoError as error:
         raise DemoError(f"{error}\n  {REWARDS_FILE} lists every episode with its class; "
@@ -4169,7 +4172,7 @@ def salvage(run: RunContext) -> None:
     if batch is not None:
         batch.follower.stop_watches()
         try:
-            batch.collect(batch.follower.job_name, quick=True)
+            batch.collect(batch.follower.job_name, retry=False)
         except (DemoError, OSError):
             pass  # whatever could be saved is saved
     if run.touched_cluster and not run.receipt.namespace_uid:
@@ -4199,6 +4202,14 @@ def close(run: RunContext) -> None:
     run.pool.shutdown(wait=False)
 
 
+class Evidence(NamedTuple):
+    """What was saved of a finished batch, as its verification reads it."""
+    job: dict | None  # None when the Job could not be read and the watch never saw it
+    reading: PodReading
+    logs: dict[str, str]  # pod name -> its log, empty when unreadable
+    events: Sequence[dict]  # this batch's events
+
+
 class BatchEvidence:
     """The batch under way: its follower, and the saving of its evidence into its own directory."""
 
@@ -4215,32 +4226,32 @@ class BatchEvidence:
         """The run's proxy, as the follower reads through it (opened after the pod watch started)."""
         return self.follower.proxy
 
-    def collect(self, job_name: str, quick: bool = False) -> tuple:
-        """Save job.json, pods.json, events.txt, events.json and one log per pod: the evidence of a batch."""
+    def collect(self, job_name: str, retry: bool = True) -> Evidence:
+        """Save job.json, pods.json, events.txt, events.json and one log per pod: the evidence of a batch.
+        Without `retry`, each is read once, at once: no retries, no wait for the watches to settle."""
         follower = self.follower
         assert follower is not None
         # Evidence is worth a few retries, not a long wait: a log that a kubelet
         # cannot serve now is saved empty and the episode fails verification.
-        retry_until = None if quick else time.monotonic() + COLLECT_RETRY_SECONDS
-        namespace_args = ["-n", self.namespace]
+        retry_until = time.monotonic() + COLLECT_RETRY_SECONDS if retry else None
         page_size = self.settings.get("chunk_size", LIST_PAGE_SIZE)
 
         def fetch_job() -> dict | None:
             if follower.end is not None and follower.job is not None:
                 return follower.job
             try:
-                return self.kubectl.get_json(["get", "job", job_name] + namespace_args, retry_until=retry_until)
+                return self.kubectl.get("job", job_name, self.namespace, retry_until=retry_until)
             except DemoError:
                 return follower.job
 
         events_expected = None
-        if not quick and follower.events_watched:
+        if retry and follower.events_watched:
             try:
                 events_expected, follower.events.resource_version = count_events(
                     self.kubectl, self.proxy, self.namespace, retry_until)
             except DemoError:
                 pass  # then the events are listed below
-        if not quick:
+        if retry:
             follower.settle(events_expected, SETTLE_SECONDS)
         watched_final = follower.pods_are_final()
         events_watched = follower.events_caught_up(events_expected)
@@ -4256,20 +4267,20 @@ class BatchEvidence:
             # Else never the watch's view: it may run behind. The list is at least as new as the
             # moment the Job's end was seen, and its pages are retried while a cache catches up.
             return read_job_pods(self.kubectl, self.proxy, self.namespace, job_name,
-                                 follower.end_resource_version, None if quick else PAGE_RETRY_SECONDS,
+                                 follower.end_resource_version, PAGE_RETRY_SECONDS if retry else None,
                                  page_size)
 
         def fetch_events_table() -> str:
             # kubectl reads a sorted list in one piece whatever --chunk-size says.
-            return self.kubectl.run(["get", "events", "--sort-by=.metadata.creationTimestamp"]
-                                    + namespace_args, retry_until=retry_until)
+            return self.kubectl.run(["get", "events", "--sort-by=.metadata.creationTimestamp",
+                                     "-n", self.namespace], retry_until=retry_until)
 
         follower.events_read = "watch" if events_watched else "list"
 
         def fetch_events_json() -> PagedList | EventStore:
             if events_watched:
                 return follower.events
-            retry_seconds = None if quick else COLLECT_RETRY_SECONDS
+            retry_seconds = COLLECT_RETRY_SECONDS if retry else None
             path = f"/api/v1/namespaces/{self.namespace}/events"
             if self.proxy is not None:
                 try:
@@ -4291,7 +4302,7 @@ class BatchEvidence:
                                       retry_until)
 
     def save_evidence(self, follower: BatchFollower, job_future: Any, pods_future: Any, table_future: Any,
-                      events_future: Any, retry_until: float | None) -> tuple:
+                      events_future: Any, retry_until: float | None) -> Evidence:
         """Write what the fetches brought; fall back to the watch's view where a fetch failed."""
         problems = []
         job = job_future.result()
@@ -4347,7 +4358,7 @@ class BatchEvidence:
         write_json(os.path.join(self.batch_dir, "observed.json"), follower.observations())
         for line in summarised_problems(problems):
             print(f"Warning: could not save {line}", file=sys.stderr)
-        return job, reading, logs, events
+        return Evidence(job, reading, logs, events)
 
     def read_logs(self, pods: Sequence[dict], follower: BatchFollower,
                   retry_until: float | None, problems: list[str]) -> dict[str, str]:
@@ -4387,7 +4398,7 @@ def failure_lines(failures: Sequence[dict], most: int = 10) -> list[str]:
 
 
 def summarise_rollout(rows: Sequence[dict], job: dict, pods: Sequence[dict], logs: dict[str, str],
-                      events: Sequence[dict], settings: dict, observed_at: float | None = None,
+                      events: Sequence[dict], settings: dict, end_seen_at: float | None = None,
                       observed: dict | None = None) -> dict:
     """A rollout batch's summary: the figures of its successful episodes, with failures, attempts and
     groups; DemoError when more episodes failed than --allow-failures accepts, or all did. Pure."""
@@ -4399,7 +4410,7 @@ def summarise_rollout(rows: Sequence[dict], job: dict, pods: Sequence[dict], log
                                      f"({failures_said(failures)}); {accepts}"] + failure_lines(failures)))
     successes = {row["pod"] for row in rows if row["failure_class"] is None}
     summary = summarise_batch(job, [pod for pod in pods if pod_name(pod) in successes], logs, events,
-                              len(successes), settings["builtin"], observed_at, observed)
+                              len(successes), settings["builtin"], end_seen_at, observed)
     summary.update(rollout_figures(rows, job, pods, settings.get("group_size") or 1, allowed,
                                    settings.get("retries") or 0))
     return summary
@@ -4441,20 +4452,19 @@ def rollout_figures(rows: Sequence[dict], job: dict, pods: Sequence[dict], group
     return figures
 
 
-def read_capacity(kubectl: Kubectl, settings: dict) -> dict:
-    """The capacity plan from the live nodes and RuntimeClass; a check that cannot read them says why."""
+def read_capacity(kubectl: Kubectl, settings: dict, job: dict) -> dict:
+    """The capacity plan for `job`'s pods from the live nodes and RuntimeClass; a check that cannot
+    read them says why."""
     retry_until = time.monotonic() + FIRST_CONTACT_RETRY_SECONDS
     try:
         runtime_class = kubectl.get("runtimeclass", settings["runtime"], retry_until=retry_until)
-        nodes = kubectl.get_json(["get", "nodes", f"--chunk-size={settings.get('chunk_size', LIST_PAGE_SIZE)}"],
-                             retry_until=retry_until)
+        nodes = kubectl.get_list("nodes", None, f"--chunk-size={settings.get('chunk_size', LIST_PAGE_SIZE)}",
+                                 retry_until=retry_until)
     except DemoError as error:
         forbidden = "forbidden" in getattr(error, "stderr", "").lower()
         return {"checked": False, "reason": "reading nodes or the RuntimeClass is not permitted" if forbidden
                 else str(error)}
-    manifest = job_manifest("capacity", settings["count"], settings["parallelism"], settings["image"],
-                            settings["runtime"], settings["timeout"])
-    requests = manifest["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]
+    requests = job["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]
     return capacity_plan((nodes or {}).get("items") or [], runtime_class, requests, settings["count"],
                          settings["parallelism"])
 

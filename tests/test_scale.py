@@ -262,18 +262,18 @@ def test_timeline_sample_of_rounds_keeps_each_rounds_name():
     assert sum(len(s["_episodes"]) for _, s in sampled) == demo.TIMELINE_MAX_ROWS
 
 
-def test_json_text_is_indented_json_with_long_lists_one_item_per_line():
+def test_json_pieces_are_indented_json_with_long_lists_one_item_per_line():
     small = {"a": [1, {"b": None, "c": []}], "d": {}, "e": 1.5, "f": 'x"y', "g": True}
-    assert demo.json_text(small) == json.dumps(small, indent=2)
+    assert "".join(demo.json_pieces(small)) == json.dumps(small, indent=2)
     large = {"kind": "List", "items": [{"metadata": {"name": f"pod-{n}"}} for n in range(demo.ONE_LINE_ITEMS_FROM)]}
-    text = demo.json_text(large)
+    text = "".join(demo.json_pieces(large))
     assert json.loads(text) == large
     lines = text.splitlines()
     assert lines[3] == '    {"metadata": {"name": "pod-0"}},'
     assert len(lines) == demo.ONE_LINE_ITEMS_FROM + 5
     # An object of as many entries (the pods observed) likewise.
     observed = {"pods": {f"pod-{n}": {"ready": 1.5} for n in range(demo.ONE_LINE_ITEMS_FROM)}}
-    lines = demo.json_text(observed).splitlines()
+    lines = "".join(demo.json_pieces(observed)).splitlines()
     assert json.loads("\n".join(lines)) == observed and lines[2] == '    "pod-0": {"ready": 1.5},'
 
 
