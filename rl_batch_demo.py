@@ -28,9 +28,11 @@ import csv
 import dataclasses
 import datetime
 import functools
+import gc
 import hashlib
 import http.client
 import io
+import itertools
 import json
 import math
 import os
@@ -775,8 +777,10 @@ def image_cache_states(events: Iterable[dict]) -> dict[str, str]:
     """Pod name -> "present" (the node had the image) or "pulled", from the kubelet's Pulled event."""
     states: dict[str, str] = {}
     for event in events:
+        if event.get("reason") != "Pulled":
+            continue
         regarding = event_object(event)
-        if event.get("reason") != "Pulled" or regarding.get("kind") != "Pod":
+        if regarding.get("kind") != "Pod":
             continue
         message = event.get("message") or event.get("note") or ""
         if "already present on machine" in message:
@@ -1085,10 +1089,11 @@ def describe(values: Sequence[float], missing: int = 0) -> dict:
     """P50/P95/P99/max/mean of a sample, with its size and how many were missing."""
     summary: dict[str, Any] = {"samples": len(values), "missing": missing}
     if values:
+        ordered = sorted(values)  # once: percentile's own sort of a sorted list is a single pass
         summary.update({
-            "p50": rounded(percentile(values, 0.50)),
-            "p95": rounded(percentile(values, 0.95)),
-            "p99": rounded(percentile(values, 0.99)),
+            "p50": rounded(percentile(ordered, 0.50)),
+            "p95": rounded(percentile(ordered, 0.95)),
+            "p99": rounded(percentile(ordered, 0.99)),
             "max": rounded(max(values)),
             "mean": rounded(sum(values) / len(values)),
         })
@@ -1520,9 +1525,11 @@ def kubelet_container_events(events: Iterable[dict]) -> dict[str, dict[str, tupl
     """Pod name -> reason -> (earliest name time, node) of the kubelet's container events."""
     found: dict[str, dict[str, tuple[float, str]]] = {}
     for event in events:
-        regarding = event_object(event)
         reason = event.get("reason")
-        if regarding.get("kind") != "Pod" or reason not in KUBELET_CONTAINER_REASONS:
+        if reason not in KUBELET_CONTAINER_REASONS:
+            continue
+        regarding = event_object(event)
+        if regarding.get("kind") != "Pod":
             continue
         if regarding.get("fieldPath") not in (None, f"spec.containers{{{CONTAINER_NAME}}}"):
             continue
@@ -1541,9 +1548,10 @@ def pod_creation_events(events: Iterable[dict]) -> dict[str, float]:
     recorder combined with similar ones names no pod of its own and is skipped."""
     created: dict[str, float] = {}
     for event in events:
+        if event.get("reason") != "SuccessfulCreate":
+            continue
         message = event.get("message") or event.get("note") or ""
-        if event.get("reason") != "SuccessfulCreate" or event_object(event).get("kind") != "Job" \
-                or not message.startswith("Created pod: ") or int(event.get("count") or 1) != 1:
+        if event_object(event).get("kind") != "Job" or not message.startswith("Created pod: ") or int(event.get("count") or 1) != 1:
             continue
         moment = event_name_time(event)
         if moment is not None:
@@ -1622,14 +1630,17 @@ def sharpest(bounds: Iterable[Bound | None], stamp: Bound | None = None) -> Poin
     that saw it), or the start of the server's second when a stamp is all there is. Sources
     that contradict each other (clocks apart) leave the stamp alone to speak.
     """
-    known = [b for b in bounds if b is not None] + ([stamp] if stamp is not None else [])
-    lowers = [b for b in known if b.lower is not None]
-    uppers = [b for b in known if b.upper is not None]
-    if not uppers:
+    low = high = None  # the first bound with the latest lower end, the first with the earliest upper end
+    for bound in itertools.chain(bounds, (stamp,)):
+        if bound is None:
+            continue
+        if bound.lower is not None and (low is None or bound.lower > low.lower):  # type: ignore[operator]
+            low = bound
+        if bound.upper is not None and (high is None or bound.upper < high.upper):  # type: ignore[operator]
+            high = bound
+    if high is None:
         return None  # nothing shows it happened at all
-    low = max(lowers, key=lambda b: b.lower) if lowers else None
-    high = min(uppers, key=lambda b: b.upper) if uppers else None
-    if low is not None and high is not None and low.lower > high.upper:  # type: ignore[operator]
+    if low is not None and low.lower > high.upper:  # type: ignore[operator]
         if stamp is not None:
             return sharpest([], stamp)
         return Point(high.upper, math.inf, f"{high.source} (other sources disagree)", high.clock)  # type: ignore[arg-type]
@@ -1822,7 +1833,8 @@ class ClockBounds:
 
 def clock_offsets(job: dict, pods: Sequence[dict], events: Sequence[dict], observed_pods: dict[str, dict],
                   job_observed: dict[str, float],
-                  kubelet: dict[str, dict[str, tuple[float, str]]] | None = None) -> dict:
+                  kubelet: dict[str, dict[str, tuple[float, str]]] | None = None,
+                  scheduled: dict[str, float] | None = None) -> dict:
     """Each clock's offset from the control plane's, bounded by transitions seen on both.
 
     A watch sees a change after it happened and a server stamp truncates it: the client's
@@ -1848,18 +1860,22 @@ def clock_offsets(job: dict, pods: Sequence[dict], events: Sequence[dict], obser
     nodes: dict[str, ClockBounds] = {}
     started: dict[str, tuple[float, str]] = {}
     for event in events:
-        regarding = event_object(event)
-        node = (event.get("source") or {}).get("host")
-        named = event_name_time(event)
-        stored = parse_time((event.get("metadata") or {}).get("creationTimestamp"))
-        if not node or named is None or (event.get("source") or {}).get("component") != "kubelet":
+        source = event.get("source") or {}
+        node = source.get("host")
+        if not node or source.get("component") != "kubelet":
             continue
+        named = event_name_time(event)
+        if named is None:
+            continue
+        regarding = event_object(event)
+        stored = parse_time((event.get("metadata") or {}).get("creationTimestamp"))
         if stored is not None and int(event.get("count") or 1) == 1:
             nodes.setdefault(node, ClockBounds()).at_least(named - stored - WHOLE_SECOND)
         if event.get("reason") == "Started" and regarding.get("kind") == "Pod":
             started.setdefault(regarding.get("name", ""), (named, node))
     client_vs_node: dict[str, float] = {}
-    scheduled = scheduled_event_times(events)
+    if scheduled is None:
+        scheduled = scheduled_event_times(events)
     if kubelet is None:
         kubelet = kubelet_container_events(events)
     first_container_event = {pod: min(reasons.values()) for pod, reasons in kubelet.items()}
@@ -2099,6 +2115,21 @@ def throughput(batches: Sequence[tuple[str, dict]]) -> dict:
     }
 
 
+@contextlib.contextmanager
+def cycle_collector_paused() -> Iterator[None]:
+    """Hold Python's cycle collector while the summary builds its many small records: each of its
+    passes would walk every pod and event still held, seconds at thousands of episodes, to free
+    nothing (the records hold no cycles; reference counts free them)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+@cycle_collector_paused()
 def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
                     events: Sequence[dict], count: int, builtin: bool = True,
                     client_observed_at: float | None = None,
@@ -2112,7 +2143,7 @@ def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
     kubelet = kubelet_container_events(events)
     creations = pod_creation_events(events)
     observed_pods, job_observed = split_observed(observed)
-    clocks = clock_offsets(job, pods, events, observed_pods, job_observed, kubelet)
+    clocks = clock_offsets(job, pods, events, observed_pods, job_observed, kubelet, scheduled)
     client_offset = clocks["client"]["offset_seconds"]
     job_created_point = job_creation(job, job_observed, client_offset)
 
@@ -2227,19 +2258,21 @@ def episodes_csv(batches: Sequence[tuple[str, dict]]) -> str:
                     + [f"{phase}_precision_seconds" for phase in PHASES])
     for batch_name, summary in batches:
         rows = {row["pod"]: row for row in summary["pods"]}
+        job_created = summary["_job_created"]
         for record in summary["_episodes"]:
             row = rows[record["pod"]]
-            points, phases = record["points"], record["phases"]
+            points = [record["points"][p] for p in POINTS]
+            phases = [record["phases"][ph] for ph in PHASES]
             writer.writerow(
                 [batch_name, record["pod"], record["index"] or "", row["node"] or "", row["reward"],
                  record.get("image_cache") or "", record.get("runtime_class") or ""]
-                + ["" if points[p] is None else f"{points[p][0] - summary['_job_created']:.6f}" for p in POINTS]
-                + ["" if points[p] is None else f"{points[p][1]:.6g}" for p in POINTS]
-                + ["" if phases[ph] is None else f"{phases[ph][0]:.6f}" for ph in PHASES]
-                + ["" if points[p] is None else f"{points[p][0]:.6f}" for p in POINTS]
-                + ["" if points[p] is None else getattr(points[p], "source", "") for p in POINTS]
-                + ["" if points[p] is None else getattr(points[p], "clock", "") for p in POINTS]
-                + ["" if phases[ph] is None else f"{phases[ph][1]:.6g}" for ph in PHASES])
+                + ["" if point is None else f"{point[0] - job_created:.6f}" for point in points]
+                + ["" if point is None else f"{point[1]:.6g}" for point in points]
+                + ["" if phase is None else f"{phase[0]:.6f}" for phase in phases]
+                + ["" if point is None else f"{point[0]:.6f}" for point in points]
+                + ["" if point is None else getattr(point, "source", "") for point in points]
+                + ["" if point is None else getattr(point, "clock", "") for point in points]
+                + ["" if phase is None else f"{phase[1]:.6g}" for phase in phases])
     return out.getvalue()
 
 
@@ -2448,8 +2481,9 @@ def chart_svg(title: str, subtitle: str, series: Sequence[tuple[str, str, list[t
     return "\n".join(parts) + "\n"
 
 
-def ramp_svg(batches: Sequence[tuple[str, dict]], title: str) -> str:
-    """How many pods had been created, scheduled, ... finished, over time from the first Job's creation."""
+def ramp_svg(batches: Sequence[tuple[str, dict]], title: str, figures: dict | None = None) -> str:
+    """How many pods had been created, scheduled, ... finished, over time from the first Job's creation;
+    `figures`: the batches' throughput, when already computed."""
     records = [(summary, record) for _, summary in batches for record in summary["_episodes"]]
     total = len(records)
     origin = min((summary["_job_created"] for summary, _ in records), default=0.0)
@@ -2460,7 +2494,7 @@ def ramp_svg(batches: Sequence[tuple[str, dict]], title: str) -> str:
         series.append((f"{point.replace('_', ' ')}{known}", RAMP_COLOURS[point],
                        [(x, float(n)) for x, n in thinned(moments)], point == "ready",
                        f"{point}: {len(moments)} episodes"))
-    figures = throughput(batches)
+    figures = figures if figures is not None else throughput(batches)
     subtitle = (f"{total} episodes; pods created {figures['pods_created_per_second'] or '-'}/s; sandboxes ready "
                 f"{figures['sandboxes_ready_per_second_mean'] or '-'}/s mean, "
                 f"{figures['sandboxes_ready_per_second_peak'] or '-'} in the busiest second; "
@@ -4094,13 +4128,14 @@ def rollout_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) -
     return summary
 
 
+@cycle_collector_paused()
 def save_results(run: RunContext, batches: Sequence[BatchOutcome]) -> dict:
     """results.json, episodes.csv and the pictures, from every batch's summary."""
     results = assemble_results(run.settings, batches, client_figures(run))
     write_json(os.path.join(run.output, RESULTS_FILE), saved_results(results))
     measured = [(batch.entry["job"], batch.summary) for batch in batches if batch.entry["measured"]]
     write_text(os.path.join(run.output, "episodes.csv"), episodes_csv(measured))
-    write_pictures(run.output, measured, run.settings)
+    write_pictures(run.output, measured, run.settings, results["throughput"])
     return results
 
 
@@ -4434,12 +4469,13 @@ def read_capacity(kubectl: Kubectl, settings: dict, job: dict) -> dict:
                          settings["parallelism"])
 
 
-def write_pictures(output: str, measured: Sequence[tuple[str, dict]], settings: dict) -> None:
-    """timeline.svg (a sample of a large batch), ramp.svg and cdf.svg."""
+def write_pictures(output: str, measured: Sequence[tuple[str, dict]], settings: dict,
+                   figures: dict | None = None) -> None:
+    """timeline.svg (a sample of a large batch), ramp.svg and cdf.svg; `figures`: the throughput, if known."""
     title = timeline_title(settings)
     sampled, note = timeline_sample(measured)
     write_text(os.path.join(output, "timeline.svg"), timeline_svg(sampled, title + note))
-    write_text(os.path.join(output, "ramp.svg"), ramp_svg(measured, f"Ramp: {title}"))
+    write_text(os.path.join(output, "ramp.svg"), ramp_svg(measured, f"Ramp: {title}", figures))
     write_text(os.path.join(output, "cdf.svg"), cdf_svg(measured, f"Phase durations: {title}"))
 
 
@@ -4466,7 +4502,11 @@ def assemble_results(settings: dict, batches: Sequence[BatchOutcome], client: di
     warmups = [batch.summary for batch in batches if not batch.entry["measured"]]
     rows = [dict(row, job=batch.entry["job"]) if len(measured) > 1 else row
             for batch in measured_batches for row in batch.summary["pods"]]
-    phases = phase_summary([r["phases"] for s in measured for r in s["_episodes"]])
+    if len(measured) == 1:  # its own summary already pooled the same episodes
+        phases, by_start_path = measured[0]["phases"], measured[0]["phases_by_start_path"]
+    else:
+        phases = phase_summary([r["phases"] for s in measured for r in s["_episodes"]])
+        by_start_path = start_path_phases([r for s in measured for r in s["_episodes"]])
     guide = describe([r["guide_pod_to_ready"] for s in measured for r in s["_episodes"]])
     client_seconds = [s.get("client_job_complete_seconds") for s in measured]
     results: dict[str, Any] = {
@@ -4494,7 +4534,7 @@ def assemble_results(settings: dict, batches: Sequence[BatchOutcome], client: di
                                / max(1, sum(s["episodes"] for s in measured)), 6),
         "rounds_measured": len(measured),
         "phases": phases,
-        "phases_by_start_path": start_path_phases([r for s in measured for r in s["_episodes"]]),
+        "phases_by_start_path": by_start_path,
         "phase_points": POINT_SOURCES,
         "clock_warnings": [w for s in measured for w in s["clocks"]["warnings"]],
         "nodes": count_nodes(row["node"] for row in rows),
