@@ -3193,6 +3193,67 @@ class BatchState:
         return {"clock": "client (time.time())", "pods": self.observed, "job": self.job_observed}
 
 
+class LogReader:
+    """The one place a batch's episode logs are read: each as its container ends (saved at once to
+    the batch directory, so little is left to write at the end), and at collection whatever is missing."""
+
+    def __init__(self, kubectl: Kubectl, namespace: str, pool: concurrent.futures.ThreadPoolExecutor,
+                 proxy: ApiProxy | None = None, log_dir: str | None = None) -> None:
+        self.kubectl = kubectl
+        self.namespace = namespace
+        self.pool = pool
+        self.proxy = proxy
+        self.log_dir = log_dir
+        # Pod name -> (containerID, log) read after that container terminated: complete.
+        self.early: dict[str, tuple[str, str]] = {}
+        self.saved: dict[str, str] = {}  # pod name -> the log text saved as <pod>.log
+        self._reads: dict[tuple[str, str], concurrent.futures.Future] = {}
+
+    def schedule(self, ended: list[tuple[str, str]]) -> None:
+        """Read the log of each ended container once; keyed by container, so a restarted one's is read again."""
+        for key in ended:
+            if key not in self._reads:
+                self._reads[key] = self.pool.submit(self._read_early, *key)
+
+    def _read_early(self, name: str, container_id: str) -> None:
+        try:
+            text = read_log(self.kubectl, self.proxy, self.namespace, name, time.monotonic() + COLLECT_RETRY_SECONDS)
+            self.early[name] = (container_id, text)
+            if self.log_dir is not None:
+                write_text(os.path.join(self.log_dir, f"{name}.log"), text)
+                self.saved[name] = text
+        except DemoError:
+            pass  # read again (and saved) when the batch's evidence is collected
+
+    def collect(self, pods: Sequence[dict], batch_dir: str, retry_until: float | None,
+                problems: list[str]) -> dict[str, str]:
+        """Each pod's episode log, read after its container ended (else read now) and saved in
+        `batch_dir`; unreadable -> empty, and why goes to `problems`."""
+        concurrent.futures.wait(list(self._reads.values()), timeout=CALL_TIMEOUT_SECONDS)
+        logs: dict[str, str] = {}
+        pending = {}
+        for pod in pods:
+            name = pod_name(pod)
+            terminated = container_terminated(pod)
+            read_early = self.early.get(name)
+            if terminated is not None and read_early and read_early[0] == terminated.get("containerID", ""):
+                logs[name] = read_early[1]
+            else:
+                pending[name] = self.pool.submit(
+                    read_log, self.kubectl, self.proxy, self.namespace, name, retry_until)
+        for name, future in pending.items():
+            try:
+                logs[name] = future.result()
+            except DemoError as error:
+                problems.append(f"{name}.log: {error}")
+                logs[name] = ""
+        logs = dict(sorted(logs.items()))
+        for name, text in logs.items():
+            if self.saved.get(name) is not text:  # else saved as it was read
+                write_text(os.path.join(batch_dir, f"{name}.log"), text)
+        return logs
+
+
 class BatchFollower:
     """Follows one Job and its pods until the Job ends, reading each log as its pod finishes.
 
@@ -3204,15 +3265,11 @@ class BatchFollower:
                  progress: Progress, pool: concurrent.futures.ThreadPoolExecutor,
                  proxy: ApiProxy | None = None, log_dir: str | None = None) -> None:
         self.kubectl = kubectl
-        # Where each log read while waiting is saved at once, so little is left to write at the end.
-        self.log_dir = log_dir
-        self.logs_saved: dict[str, str] = {}  # pod name -> the log text saved as <pod>.log
-        self.proxy = proxy
+        self.log_reader = LogReader(kubectl, namespace, pool, proxy, log_dir)
         self.namespace = namespace
         self.job_name = job_name
         self.count = count
         self.progress = progress
-        self.pool = pool
         self.state = BatchState()
         # The namespace's events are followed while waiting so that little is left to read at the
         # end; not watched (then listed at the end) when the watch is refused or broke for good.
@@ -3220,9 +3277,6 @@ class BatchFollower:
         # How the events saved were read: "watch" (followed, as many as the API counted after
         # the end) or "list" (read in pages after the end).
         self.events_read = "list"
-        # Pod name -> (containerID, log) read after that container terminated: complete.
-        self.logs: dict[str, tuple[str, str]] = {}
-        self._log_reads: dict[tuple[str, str], concurrent.futures.Future] = {}
         self._queue: queue.Queue = queue.Queue()
         self._watches: dict[str, subprocess.Popen] = {}
         self.watch_restarts = 0
@@ -3328,7 +3382,7 @@ class BatchFollower:
         if kind == "job":
             self._on_job(obj, arrived)
         else:
-            self._read_logs_of(self.state.apply(kind, event.get("type") or "ADDED", obj, arrived))
+            self.log_reader.schedule(self.state.apply(kind, event.get("type") or "ADDED", obj, arrived))
 
     def _start_watch(self, kind: str, client_deadline: float) -> None:
         seconds = math.ceil(client_deadline - time.monotonic())
@@ -3450,23 +3504,7 @@ class BatchFollower:
             self.end_seen_wall = time.time()
 
     def _on_pod(self, pod: dict, deleted: bool = False, arrived: float | None = None) -> None:
-        self._read_logs_of(self.state.on_pod(pod, deleted, time.time() if arrived is None else arrived))
-
-    def _read_logs_of(self, ended: list[tuple[str, str]]) -> None:
-        """Read the log of each ended container once; keyed by container, so a restarted one's is read again."""
-        for key in ended:
-            if key not in self._log_reads:
-                self._log_reads[key] = self.pool.submit(self._read_log, *key)
-
-    def _read_log(self, name: str, container_id: str) -> None:
-        try:
-            text = read_log(self.kubectl, self.proxy, self.namespace, name, time.monotonic() + COLLECT_RETRY_SECONDS)
-            self.logs[name] = (container_id, text)
-            if self.log_dir is not None:
-                write_text(os.path.join(self.log_dir, f"{name}.log"), text)
-                self.logs_saved[name] = text
-        except DemoError:
-            pass  # read again (and saved) when the batch's evidence is collected
+        self.log_reader.schedule(self.state.on_pod(pod, deleted, time.time() if arrived is None else arrived))
 
     def _show(self, submitted_monotonic: float) -> None:
         status = (self.job or {}).get("status") or {}
@@ -3476,12 +3514,6 @@ class BatchFollower:
             f"active {status.get('active', 0)}  ready {status.get('ready', 0)}  "
             f"succeeded {status.get('succeeded', 0)}/{self.count}  failed {status.get('failed', 0)}"
             + ("  (polling)" if self.polling else "") + waiting_note(self.job, elapsed))
-
-    # -- collecting -------------------------------------------------------
-
-    def finish_log_reads(self) -> None:
-        """Wait for log reads under way."""
-        concurrent.futures.wait(list(self._log_reads.values()), timeout=CALL_TIMEOUT_SECONDS)
 
 
 # --------------------------------------------------------------------------
@@ -4026,7 +4058,7 @@ def run_one_batch(run: RunContext, entry: dict) -> BatchOutcome:
     # First, so that it is listening by the time the Job's first pods are created.
     follower.watch_pods_first(client_deadline)
     open_proxy(run)
-    follower.proxy = run.proxy
+    follower.log_reader.proxy = run.proxy
     run.progress.new_batch()
     follower.job_observed["submitted"] = time.time()
     try:
@@ -4217,14 +4249,13 @@ class BatchEvidence:
         self.follower = follower
         self.batch_dir = batch_dir
         self.kubectl = run.kubectl
-        self.pool = run.pool
         self.namespace = run.namespace
         self.settings = run.settings
 
     @property
     def proxy(self) -> ApiProxy | None:
         """The run's proxy, as the follower reads through it (opened after the pod watch started)."""
-        return self.follower.proxy
+        return self.follower.log_reader.proxy
 
     def collect(self, job_name: str, retry: bool = True) -> Evidence:
         """Save job.json, pods.json, events.txt, events.json and one log per pod: the evidence of a batch.
@@ -4327,11 +4358,7 @@ class BatchEvidence:
         write_json(os.path.join(self.batch_dir, "pods.json"), dict(
             list_manifest([]), metadata={"resourceVersion": reading.resource_version or ""}, items=texts))
         # The logs are written while the events are still being read in pages.
-        follower.finish_log_reads()
-        logs = self.read_logs(pods, follower, retry_until, problems)
-        for name, text in logs.items():
-            if follower.logs_saved.get(name) is not text:  # else saved as it was read
-                write_text(os.path.join(self.batch_dir, f"{name}.log"), text)
+        logs = follower.log_reader.collect(pods, self.batch_dir, retry_until, problems)
         if table_future is not None:
             try:
                 write_text(os.path.join(self.batch_dir, "events.txt"), table_future.result())
@@ -4359,29 +4386,6 @@ class BatchEvidence:
         for line in summarised_problems(problems):
             print(f"Warning: could not save {line}", file=sys.stderr)
         return Evidence(job, reading, logs, events)
-
-    def read_logs(self, pods: Sequence[dict], follower: BatchFollower,
-                  retry_until: float | None, problems: list[str]) -> dict[str, str]:
-        """Each pod's episode log, read after its container ended (else read now); unreadable -> empty,
-        and why goes to `problems`."""
-        logs: dict[str, str] = {}
-        pending = {}
-        for pod in pods:
-            name = pod_name(pod)
-            terminated = container_terminated(pod)
-            read_early = follower.logs.get(name)
-            if terminated is not None and read_early and read_early[0] == terminated.get("containerID", ""):
-                logs[name] = read_early[1]
-            else:
-                pending[name] = self.pool.submit(
-                    read_log, self.kubectl, self.proxy, self.namespace, name, retry_until)
-        for name, future in pending.items():
-            try:
-                logs[name] = future.result()
-            except DemoError as error:
-                problems.append(f"{name}.log: {error}")
-                logs[name] = ""
-        return dict(sorted(logs.items()))
 
 
 def failures_said(failures: Sequence[dict]) -> str:
