@@ -3254,6 +3254,82 @@ class LogReader:
         return logs
 
 
+class WatchStream:
+    """One batch's watches (`kubectl get -w` of its Job, its pods, the namespace's events): each
+    process's output turned by a thread into queue items, (kind, event, arrival) and at its end
+    ("ended", kind, refusal); and how often each broke in a row, for the restarts."""
+
+    def __init__(self, kubectl: Kubectl, namespace: str, job_name: str) -> None:
+        self.kubectl = kubectl
+        self.namespace = namespace
+        self.job_name = job_name
+        self.queue: queue.Queue = queue.Queue()
+        self.processes: dict[str, subprocess.Popen] = {}
+        self.failures = {"job": 0, "pods": 0, "events": 0}
+
+    def __contains__(self, kind: str) -> bool:
+        return kind in self.processes
+
+    def __len__(self) -> int:
+        return len(self.processes)
+
+    def start(self, kind: str, client_deadline: float) -> None:
+        seconds = math.ceil(client_deadline - time.monotonic())
+        if kind == "job":
+            # A list watch, not `get job NAME -w`: for one named object kubectl drops its
+            # watch's first event, losing any change made between its GET and its watch.
+            args = ["get", "jobs", "--field-selector", f"metadata.name={self.job_name}"]
+        elif kind == "events":
+            args = ["get", "events"]
+        else:
+            args = ["get", "pods", "-l", f"job-name={self.job_name}"]
+        args += ["-n", self.namespace, "-o", "json", "--watch", "--output-watch-events"]
+        errors = tempfile.TemporaryFile()
+        try:
+            process = self.kubectl.stream(args, seconds, stderr=errors)
+        except OSError as error:
+            errors.close()
+            raise DemoError(f"cannot run kubectl {self.kubectl.binary!r}: {error}") from None
+        self.processes[kind] = process
+        threading.Thread(target=self._pump, args=(kind, process, errors), daemon=True).start()
+
+    def _pump(self, kind: str, process: subprocess.Popen, errors: Any) -> None:
+        """Turn a watch's output into queue items; say when it ends."""
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+        def chunks() -> Iterator[str]:
+            while True:
+                data = process.stdout.read(65536)  # type: ignore[union-attr]
+                if not data:
+                    return
+                yield decoder.decode(data)
+
+        try:
+            for value in iter_json_stream(chunks()):
+                self.queue.put((kind, value, time.time()))
+        except (OSError, ValueError):
+            pass  # the pipe closed under us: reported as the watch's end below
+        process.wait()
+        self.queue.put(("ended", kind, refusal(errors)))
+
+    def restart(self, kind: str, client_deadline: float) -> None:
+        """Start a broken watch again, after a pause that grows with its breaks in a row."""
+        time.sleep(min(2.0, 0.2 * 2 ** self.failures[kind]))
+        self.start(kind, client_deadline)
+
+    def stop(self, keep: Sequence[str] = ()) -> None:
+        stopping = {kind: process for kind, process in self.processes.items() if kind not in keep}
+        for process in stopping.values():
+            if process.poll() is None:
+                process.terminate()
+        for kind, process in stopping.items():
+            try:
+                process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                process.kill()
+            del self.processes[kind]
+
+
 class BatchFollower:
     """Follows one Job and its pods until the Job ends, reading each log as its pod finishes.
 
@@ -3277,8 +3353,7 @@ class BatchFollower:
         # How the events saved were read: "watch" (followed, as many as the API counted after
         # the end) or "list" (read in pages after the end).
         self.events_read = "list"
-        self._queue: queue.Queue = queue.Queue()
-        self._watches: dict[str, subprocess.Popen] = {}
+        self.watches = WatchStream(kubectl, namespace, job_name)
         self.watch_restarts = 0
         self.polling = False
         # When this client saw the Job's end, on both clocks (observed.json is what the watches saw).
@@ -3306,16 +3381,16 @@ class BatchFollower:
     def watch_pods_first(self, client_deadline: float) -> None:
         """Start the pod watch before the Job exists: each pod's ADDED then arrives as the pod is
         created, rather than in the first listing of a watch started after the create call."""
-        self._start_watch("pods", client_deadline)
+        self.watches.start("pods", client_deadline)
 
     def follow(self, submitted_monotonic: float, client_deadline: float) -> str | None:
         """Wait until the Job is Complete or Failed ("Complete"/"Failed"), or None at the deadline."""
-        processes_before = self.kubectl.processes - len(self._watches)  # a watch started first is this wait's
-        self._failures = {"job": 0, "pods": 0, "events": 0}
+        processes_before = self.kubectl.processes - len(self.watches)  # a watch started first is this wait's
+        self.watches.failures = {"job": 0, "pods": 0, "events": 0}
         try:
             for kind in ("job", "pods", "events"):
-                if kind not in self._watches:
-                    self._start_watch(kind, client_deadline)
+                if kind not in self.watches:
+                    self.watches.start(kind, client_deadline)
             next_poll = time.monotonic()
             while self.end is None:
                 now = time.monotonic()
@@ -3328,11 +3403,11 @@ class BatchFollower:
                         break
                 wait = min(client_deadline, next_poll if self.polling else now + 1.0) - time.monotonic()
                 try:
-                    item = self._queue.get(timeout=max(0.01, wait))
+                    item = self.watches.queue.get(timeout=max(0.01, wait))
                 except queue.Empty:
                     self._show(submitted_monotonic)
                     continue
-                self.queue_peak = max(self.queue_peak, self._queue.qsize() + 1)
+                self.queue_peak = max(self.queue_peak, self.watches.queue.qsize() + 1)
                 self._handle(item, client_deadline)
                 self._show(submitted_monotonic)
         finally:
@@ -3348,12 +3423,12 @@ class BatchFollower:
         """One queue item: a watch event, or the end of a watch (restarted, or polling after repeated breaks)."""
         if item[0] == "ended":
             kind, refusal = item[1], item[2]
-            self._watches.pop(kind, None)
-            if kind == "events" and (refusal or self._failures[kind] >= WATCH_RESTARTS_BEFORE_POLLING):
+            self.watches.processes.pop(kind, None)
+            if kind == "events" and (refusal or self.watches.failures[kind] >= WATCH_RESTARTS_BEFORE_POLLING):
                 # The events are listed after the end instead, as they can be without a watch;
                 # said once, since for thousands of pods that list is the slow part of the end.
                 if self.events_watched:
-                    why = refusal or f"it broke {self._failures[kind]} times"
+                    why = refusal or f"it broke {self.watches.failures[kind]} times"
                     print(f"Warning: cannot watch the events ({why}); they are listed after the Job "
                           f"ends instead (grant watch on events to follow them)", file=sys.stderr, flush=True)
                 self.events_watched = False
@@ -3364,18 +3439,17 @@ class BatchFollower:
                 # Refused for good, unlike a broken connection: each restart would list and be
                 # refused again, so say what is missing instead of looping.
                 raise DemoError(f"cannot watch the {kind}: {refusal}")
-            self._failures[kind] += 1
-            if self._failures[kind] > WATCH_RESTARTS_BEFORE_POLLING:
+            self.watches.failures[kind] += 1
+            if self.watches.failures[kind] > WATCH_RESTARTS_BEFORE_POLLING:
                 self.polling = True
                 self.stop_watches()
                 return
             self.watch_restarts += 1
-            time.sleep(min(2.0, 0.2 * 2 ** self._failures[kind]))
-            self._start_watch(kind, client_deadline)
+            self.watches.restart(kind, client_deadline)
             return
         kind, event = item[0], item[1]
         arrived = item[2] if len(item) > 2 else time.time()
-        self._failures[kind] = 0
+        self.watches.failures[kind] = 0
         obj = event.get("object") if isinstance(event, dict) and "object" in event else event
         if not isinstance(obj, dict) or obj.get("kind") == "Status":
             return
@@ -3384,65 +3458,17 @@ class BatchFollower:
         else:
             self.log_reader.schedule(self.state.apply(kind, event.get("type") or "ADDED", obj, arrived))
 
-    def _start_watch(self, kind: str, client_deadline: float) -> None:
-        seconds = math.ceil(client_deadline - time.monotonic())
-        if kind == "job":
-            # A list watch, not `get job NAME -w`: for one named object kubectl drops its
-            # watch's first event, losing any change made between its GET and its watch.
-            args = ["get", "jobs", "--field-selector", f"metadata.name={self.job_name}"]
-        elif kind == "events":
-            args = ["get", "events"]
-        else:
-            args = ["get", "pods", "-l", f"job-name={self.job_name}"]
-        args += ["-n", self.namespace, "-o", "json", "--watch", "--output-watch-events"]
-        errors = tempfile.TemporaryFile()
-        try:
-            process = self.kubectl.stream(args, seconds, stderr=errors)
-        except OSError as error:
-            errors.close()
-            raise DemoError(f"cannot run kubectl {self.kubectl.binary!r}: {error}") from None
-        self._watches[kind] = process
-        threading.Thread(target=self._pump, args=(kind, process, errors), daemon=True).start()
-
-    def _pump(self, kind: str, process: subprocess.Popen, errors: Any) -> None:
-        """Turn a watch's output into queue items; say when it ends."""
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-
-        def chunks() -> Iterator[str]:
-            while True:
-                data = process.stdout.read(65536)  # type: ignore[union-attr]
-                if not data:
-                    return
-                yield decoder.decode(data)
-
-        try:
-            for value in iter_json_stream(chunks()):
-                self._queue.put((kind, value, time.time()))
-        except (OSError, ValueError):
-            pass  # the pipe closed under us: reported as the watch's end below
-        process.wait()
-        self._queue.put(("ended", kind, refusal(errors)))
-
     def stop_watches(self, keep: Sequence[str] = ()) -> None:
-        stopping = {kind: process for kind, process in self._watches.items() if kind not in keep}
-        for process in stopping.values():
-            if process.poll() is None:
-                process.terminate()
-        for kind, process in stopping.items():
-            try:
-                process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                process.kill()
-            del self._watches[kind]
+        self.watches.stop(keep)
 
     def drain(self) -> None:
         """Stop the pod watch and take in everything it delivered since the Job ended."""
-        watching = "pods" in self._watches
+        watching = "pods" in self.watches
         self.stop_watches()
         deadline = time.monotonic() + 5
         while watching:
             try:
-                item = self._queue.get(timeout=max(0.01, deadline - time.monotonic()))
+                item = self.watches.queue.get(timeout=max(0.01, deadline - time.monotonic()))
             except queue.Empty:
                 return
             if item[0] == "ended" and item[1] == "pods":
@@ -3456,7 +3482,7 @@ class BatchFollower:
         deadline = time.monotonic() + seconds
         while not self.settled(events_expected):
             try:
-                item = self._queue.get(timeout=max(0.0, min(0.1, deadline - time.monotonic())))
+                item = self.watches.queue.get(timeout=max(0.0, min(0.1, deadline - time.monotonic())))
             except queue.Empty:
                 if time.monotonic() >= deadline:
                     return
@@ -3464,7 +3490,7 @@ class BatchFollower:
             while True:  # everything already delivered, before judging again
                 self._handle(item, deadline)
                 try:
-                    item = self._queue.get_nowait()
+                    item = self.watches.queue.get_nowait()
                 except queue.Empty:
                     break
 
@@ -3477,7 +3503,7 @@ class BatchFollower:
         return events_done and pods_done
 
     def _following(self, kind: str) -> bool:
-        return kind in self._watches and not self.polling and (kind != "events" or self.events_watched)
+        return kind in self.watches and not self.polling and (kind != "events" or self.events_watched)
 
     def events_caught_up(self, events_expected: int | None) -> bool:
         """The event watch holds at least as many events as the API did after the end."""

@@ -176,8 +176,8 @@ class Watch:
 def follower_at_the_end(pods: list[dict], succeeded: int) -> demo.BatchFollower:
     follower = demo.BatchFollower(demo.Kubectl("kubectl-never-run"), NAMESPACE, "rollout", succeeded,
                                   demo.Progress(quiet=True), pool=None)  # type: ignore[arg-type]
-    follower._failures = {"job": 0, "pods": 0, "events": 0}
-    follower._watches = {"pods": Watch(), "events": Watch()}  # type: ignore[dict-item]
+    follower.watches.failures = {"job": 0, "pods": 0, "events": 0}
+    follower.watches.processes = {"pods": Watch(), "events": Watch()}  # type: ignore[dict-item]
     for item in pods:
         follower._on_pod(item)
     follower._on_job(job(succeeded))
@@ -186,9 +186,9 @@ def follower_at_the_end(pods: list[dict], succeeded: int) -> demo.BatchFollower:
 
 def test_the_follower_settles_once_each_pods_last_change_and_every_event_arrived() -> None:
     follower = follower_at_the_end([pod("a"), pod("b", finalizers=[FINALIZER])], 2)
-    follower._queue.put(("events", {"type": "ADDED", "object": event("a.1")}))
-    follower._queue.put(("pods", {"type": "MODIFIED", "object": pod("b")}))
-    follower._queue.put(("events", {"type": "ADDED", "object": event("b.1")}))
+    follower.watches.queue.put(("events", {"type": "ADDED", "object": event("a.1")}))
+    follower.watches.queue.put(("pods", {"type": "MODIFIED", "object": pod("b")}))
+    follower.watches.queue.put(("events", {"type": "ADDED", "object": event("b.1")}))
     assert not follower.settled(2)
     follower.settle(2, seconds=5)
     assert follower.settled(2) and follower.pods_are_final() and follower.events_caught_up(2)

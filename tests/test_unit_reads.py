@@ -218,13 +218,13 @@ def pod_event(name: str, phase: str) -> tuple:
 def test_drain_takes_in_what_the_pod_watch_delivered_up_to_its_end_marker() -> None:
     follower = demo.BatchFollower(demo.Kubectl("kubectl-never-run"), NAMESPACE, "rollout", 2,
                                   demo.Progress(quiet=True), None)  # type: ignore[arg-type]
-    follower._failures = {"job": 0, "pods": 0}  # as follow() leaves them
-    follower._watches["pods"] = StoppedWatch()  # type: ignore[assignment]
+    follower.watches.failures = {"job": 0, "pods": 0}  # as follow() leaves them
+    follower.watches.processes["pods"] = StoppedWatch()  # type: ignore[assignment]
     for item in (pod_event("rollout-a", "Running"), ("ended", "job", None), pod_event("rollout-b", "Running"),
                  ("ended", "pods", None), pod_event("rollout-c", "Running")):
-        follower._queue.put(item)
+        follower.watches.queue.put(item)
     follower.drain()
     assert sorted(follower.pods) == ["rollout-a", "rollout-b"]
-    assert follower._watches == {}
+    assert follower.watches.processes == {}
     # It stopped at the pod watch's end: what follows is another watch's business.
-    assert follower._queue.get_nowait() == pod_event("rollout-c", "Running")
+    assert follower.watches.queue.get_nowait() == pod_event("rollout-c", "Running")
