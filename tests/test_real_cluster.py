@@ -175,6 +175,16 @@ def running_pods(cluster, output: Path) -> list:
     return [p for p in cluster.list("pods", namespace) if (p.get("status") or {}).get("phase") == "Running"]
 
 
+def start_two_slow_episodes(cluster, kubectl: str, tmp_path: Path, output: Path, seconds: float):
+    """A run of two episodes that each take `seconds`, returned once both pods run: (process, pods)."""
+    script = slow_script(tmp_path, seconds)
+    process = start_tool(cluster, kubectl, "run", "--count", "2", "--episode-script", str(script),
+                         "--output", str(output), "--quiet")
+    pods = wait_for(lambda: len(running_pods(cluster, output)) == 2 and running_pods(cluster, output), 90,
+                    "two running pods")
+    return process, pods
+
+
 def test_api_server_killed_and_restarted_mid_run(real_cluster, tmp_path):
     kubectl, cluster = real_cluster
     output = tmp_path / "out"
@@ -194,10 +204,7 @@ def test_api_server_killed_and_restarted_mid_run(real_cluster, tmp_path):
 def test_interrupt_while_episodes_run_then_cleanup_stops_them(real_cluster, tmp_path, signum):
     kubectl, cluster = real_cluster
     output = tmp_path / "out"
-    process = start_tool(cluster, kubectl, "run", "--count", "2", "--episode-script", str(slow_script(tmp_path, 600)),
-                         "--output", str(output), "--quiet")
-    pods = wait_for(lambda: len(running_pods(cluster, output)) == 2 and running_pods(cluster, output), 90,
-                    "two running pods")
+    process, pods = start_two_slow_episodes(cluster, kubectl, tmp_path, output, 600)
     result = interrupt(process, signum)
     assert result.returncode == 130, result.stderr
     assert "Traceback" not in result.stderr and f"cleanup --output {output}" in result.stderr
@@ -233,10 +240,7 @@ def test_namespace_held_by_a_finalizer_is_named_and_never_stripped(real_cluster,
 def test_a_pod_evicted_by_its_node_fails_the_run_clearly(real_cluster, tmp_path):
     kubectl, cluster = real_cluster
     output = tmp_path / "out"
-    process = start_tool(cluster, kubectl, "run", "--count", "2", "--episode-script", str(slow_script(tmp_path, 20)),
-                         "--output", str(output), "--quiet")
-    pods = wait_for(lambda: len(running_pods(cluster, output)) == 2 and running_pods(cluster, output), 90,
-                    "two running pods")
+    process, pods = start_two_slow_episodes(cluster, kubectl, tmp_path, output, 20)
     victim = pods[0]["metadata"]["name"]
     cluster.agent.evict(pods[0]["metadata"]["namespace"], victim)
     stdout, stderr = process.communicate(timeout=240)
