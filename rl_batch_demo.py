@@ -3330,6 +3330,65 @@ class WatchStream:
             del self.processes[kind]
 
 
+def status_line(job_name: str, count: int, job: dict | None, elapsed: float, polling: bool) -> str:
+    """The progress shown while a Job is followed: its pods by state, the time since it was submitted,
+    and what the client is waiting for once no pod runs."""
+    status = (job or {}).get("status") or {}
+    return (f"{job_name}: {elapsed:6.1f}s  "
+            f"active {status.get('active', 0)}  ready {status.get('ready', 0)}  "
+            f"succeeded {status.get('succeeded', 0)}/{count}  failed {status.get('failed', 0)}"
+            + ("  (polling)" if polling else "") + waiting_note(job, elapsed))
+
+
+class PollFallback:
+    """Once the watches broke too often in a row to be worth restarting: the Job and its pods,
+    read every POLL_INTERVAL_SECONDS instead."""
+
+    def __init__(self, kubectl: Kubectl, namespace: str, job_name: str) -> None:
+        self.kubectl = kubectl
+        self.namespace = namespace
+        self.job_name = job_name
+        self.active = False
+        self.next_read = 0.0
+
+    def start(self) -> None:
+        """Poll from now on, the first read at once."""
+        self.active = True
+        self.next_read = time.monotonic()
+
+    def due(self, now: float) -> bool:
+        return self.active and now >= self.next_read
+
+    def wake_at(self, now: float) -> float:
+        """When a wait for the watches' next item ends: at the next read, else within a second
+        (the progress is shown again even when nothing arrives)."""
+        return self.next_read if self.active else now + 1.0
+
+    def read(self, client_deadline: float) -> tuple[dict, list[dict], float]:
+        """The Job and its pods as read now, and when (the client's wall clock)."""
+        retry_until = min(client_deadline, time.monotonic() + CALL_TIMEOUT_SECONDS)
+        job = self.kubectl.get("job", self.job_name, self.namespace, retry_until=retry_until)
+        pods = self.kubectl.get_list("pods", self.namespace, "-l", f"job-name={self.job_name}",
+                                     retry_until=retry_until)
+        seen = time.time()
+        self.next_read = time.monotonic() + POLL_INTERVAL_SECONDS
+        return job, (pods or {}).get("items", []), seen
+
+
+@dataclasses.dataclass
+class WaitCost:
+    """What following a Job cost the client: the kubectl processes it started while waiting, the
+    watches it restarted, and the most watch items ever waiting to be handled (a client that
+    keeps up keeps that small)."""
+    processes: int = 0
+    restarts: int = 0
+    queue_peak: int = 0
+
+    def took(self, waiting: int) -> None:
+        """One watch item taken, with `waiting` more behind it."""
+        self.queue_peak = max(self.queue_peak, waiting + 1)
+
+
 class BatchFollower:
     """Follows one Job and its pods until the Job ends, reading each log as its pod finishes.
 
@@ -3341,42 +3400,39 @@ class BatchFollower:
                  progress: Progress, pool: concurrent.futures.ThreadPoolExecutor,
                  proxy: ApiProxy | None = None, log_dir: str | None = None) -> None:
         self.kubectl = kubectl
-        self.log_reader = LogReader(kubectl, namespace, pool, proxy, log_dir)
-        self.namespace = namespace
         self.job_name = job_name
         self.count = count
         self.progress = progress
         self.state = BatchState()
+        self.watches = WatchStream(kubectl, namespace, job_name)
+        self.poller = PollFallback(kubectl, namespace, job_name)
+        self.log_reader = LogReader(kubectl, namespace, pool, proxy, log_dir)
+        self.cost = WaitCost()
         # The namespace's events are followed while waiting so that little is left to read at the
         # end; not watched (then listed at the end) when the watch is refused or broke for good.
         self.events_watched = True
         # How the events saved were read: "watch" (followed, as many as the API counted after
         # the end) or "list" (read in pages after the end).
         self.events_read = "list"
-        self.watches = WatchStream(kubectl, namespace, job_name)
-        self.watch_restarts = 0
-        self.polling = False
         # When this client saw the Job's end, on both clocks (observed.json is what the watches saw).
         self.end_seen_monotonic: float | None = None
         self.end_seen_wall: float | None = None
-        self.processes_while_waiting = 0
-        # The most watch events ever waiting to be handled: a client that keeps up keeps it small.
-        self.queue_peak = 0
 
-    # What the watches said, as the state holds it.
+    # What the watches said, as the state holds it; what the wait cost.
     job = property(lambda self: self.state.job)
     pods = property(lambda self: self.state.pods)
     deleted = property(lambda self: self.state.deleted)
     events = property(lambda self: self.state.events)
-    observed = property(lambda self: self.state.observed)
     job_observed = property(lambda self: self.state.job_observed)
     end = property(lambda self: self.state.end)
     end_resource_version = property(lambda self: self.state.end_resource_version)
+    polling = property(lambda self: self.poller.active)
+    processes_while_waiting = property(lambda self: self.cost.processes)
+    watch_restarts = property(lambda self: self.cost.restarts)
+    queue_peak = property(lambda self: self.cost.queue_peak)
 
     def observations(self) -> dict:
         return self.state.observations()
-
-    # -- following --------------------------------------------------------
 
     def watch_pods_first(self, client_deadline: float) -> None:
         """Start the pod watch before the Job exists: each pod's ADDED then arrives as the pod is
@@ -3391,24 +3447,12 @@ class BatchFollower:
             for kind in ("job", "pods", "events"):
                 if kind not in self.watches:
                     self.watches.start(kind, client_deadline)
-            next_poll = time.monotonic()
-            while self.end is None:
-                now = time.monotonic()
-                if now >= client_deadline:
-                    break
-                if self.polling and now >= next_poll:
+            while self.end is None and time.monotonic() < client_deadline:
+                if self.poller.due(time.monotonic()):
                     self._poll(client_deadline)
-                    next_poll = time.monotonic() + POLL_INTERVAL_SECONDS
                     if self.end is not None:
                         break
-                wait = min(client_deadline, next_poll if self.polling else now + 1.0) - time.monotonic()
-                try:
-                    item = self.watches.queue.get(timeout=max(0.01, wait))
-                except queue.Empty:
-                    self._show(submitted_monotonic)
-                    continue
-                self.queue_peak = max(self.queue_peak, self.watches.queue.qsize() + 1)
-                self._handle(item, client_deadline)
+                self._take_next(client_deadline)
                 self._show(submitted_monotonic)
         finally:
             # The pod and event watches go on while the evidence is read: they deliver what
@@ -3416,36 +3460,29 @@ class BatchFollower:
             # by then is all there is to go on.
             self.stop_watches(keep=("pods", "events") if self.end is not None else ())
             self.progress.finish()
-            self.processes_while_waiting = self.kubectl.processes - processes_before
+            self.cost.processes = self.kubectl.processes - processes_before
         return self.end
 
-    def _handle(self, item: tuple, client_deadline: float) -> None:
-        """One queue item: a watch event, or the end of a watch (restarted, or polling after repeated breaks)."""
+    def _poll(self, client_deadline: float) -> None:
+        job, pods, seen = self.poller.read(client_deadline)
+        for pod in pods:
+            self._on_pod(pod, arrived=seen)
+        self._on_job(job, seen)
+
+    def _take_next(self, client_deadline: float) -> None:
+        """The watches' next item, should one come before the next poll (or within a second)."""
+        wait = min(client_deadline, self.poller.wake_at(time.monotonic())) - time.monotonic()
+        try:
+            item = self.watches.queue.get(timeout=max(0.01, wait))
+        except queue.Empty:
+            return
+        self.cost.took(self.watches.queue.qsize())
+        self.take(item, client_deadline)
+
+    def take(self, item: tuple, client_deadline: float) -> None:
+        """One queue item: a watch event, or the end of a watch."""
         if item[0] == "ended":
-            kind, refusal = item[1], item[2]
-            self.watches.processes.pop(kind, None)
-            if kind == "events" and (refusal or self.watches.failures[kind] >= WATCH_RESTARTS_BEFORE_POLLING):
-                # The events are listed after the end instead, as they can be without a watch;
-                # said once, since for thousands of pods that list is the slow part of the end.
-                if self.events_watched:
-                    why = refusal or f"it broke {self.watches.failures[kind]} times"
-                    print(f"Warning: cannot watch the events ({why}); they are listed after the Job "
-                          f"ends instead (grant watch on events to follow them)", file=sys.stderr, flush=True)
-                self.events_watched = False
-                return
-            if self.end is not None or self.polling:
-                return
-            if refusal:
-                # Refused for good, unlike a broken connection: each restart would list and be
-                # refused again, so say what is missing instead of looping.
-                raise DemoError(f"cannot watch the {kind}: {refusal}")
-            self.watches.failures[kind] += 1
-            if self.watches.failures[kind] > WATCH_RESTARTS_BEFORE_POLLING:
-                self.polling = True
-                self.stop_watches()
-                return
-            self.watch_restarts += 1
-            self.watches.restart(kind, client_deadline)
+            self._watch_ended(item[1], item[2], client_deadline)
             return
         kind, event = item[0], item[1]
         arrived = item[2] if len(item) > 2 else time.time()
@@ -3458,71 +3495,38 @@ class BatchFollower:
         else:
             self.log_reader.schedule(self.state.apply(kind, event.get("type") or "ADDED", obj, arrived))
 
+    def _watch_ended(self, kind: str, refusal: str | None, client_deadline: float) -> None:
+        """A watch ended: restarted, or after repeated breaks the follower polls instead (the
+        events, which can be listed after the end, are given up instead)."""
+        self.watches.processes.pop(kind, None)
+        if kind == "events" and (refusal or self.watches.failures[kind] >= WATCH_RESTARTS_BEFORE_POLLING):
+            self._unwatch_events(refusal)
+            return
+        if self.end is not None or self.polling:
+            return
+        if refusal:
+            # Refused for good, unlike a broken connection: each restart would list and be
+            # refused again, so say what is missing instead of looping.
+            raise DemoError(f"cannot watch the {kind}: {refusal}")
+        self.watches.failures[kind] += 1
+        if self.watches.failures[kind] > WATCH_RESTARTS_BEFORE_POLLING:
+            self.poller.start()
+            self.stop_watches()
+            return
+        self.cost.restarts += 1
+        self.watches.restart(kind, client_deadline)
+
+    def _unwatch_events(self, refusal: str | None) -> None:
+        """The events are listed after the end instead, as they can be without a watch; said
+        once, since for thousands of pods that list is the slow part of the end."""
+        if self.events_watched:
+            why = refusal or f"it broke {self.watches.failures['events']} times"
+            print(f"Warning: cannot watch the events ({why}); they are listed after the Job "
+                  f"ends instead (grant watch on events to follow them)", file=sys.stderr, flush=True)
+        self.events_watched = False
+
     def stop_watches(self, keep: Sequence[str] = ()) -> None:
         self.watches.stop(keep)
-
-    def drain(self) -> None:
-        """Stop the pod watch and take in everything it delivered since the Job ended."""
-        watching = "pods" in self.watches
-        self.stop_watches()
-        deadline = time.monotonic() + 5
-        while watching:
-            try:
-                item = self.watches.queue.get(timeout=max(0.01, deadline - time.monotonic()))
-            except queue.Empty:
-                return
-            if item[0] == "ended" and item[1] == "pods":
-                return
-            if item[0] != "ended":
-                self._handle(item, deadline)
-
-    def settle(self, events_expected: int | None, seconds: float) -> None:
-        """After the end: take in what the watches still deliver until the pods are final and
-        the events number `events_expected` (None: not waited for), for up to `seconds`."""
-        deadline = time.monotonic() + seconds
-        while not self.settled(events_expected):
-            try:
-                item = self.watches.queue.get(timeout=max(0.0, min(0.1, deadline - time.monotonic())))
-            except queue.Empty:
-                if time.monotonic() >= deadline:
-                    return
-                continue
-            while True:  # everything already delivered, before judging again
-                self._handle(item, deadline)
-                try:
-                    item = self.watches.queue.get_nowait()
-                except queue.Empty:
-                    break
-
-    def settled(self, events_expected: int | None) -> bool:
-        """Nothing more worth waiting for: each watch has delivered enough, or never will."""
-        events_done = events_expected is None or not self._following("events") or \
-            self.events_caught_up(events_expected)
-        pods_done = not self._following("pods") or self.end != "Complete" or bool(self.deleted) or \
-            self.pods_are_final()
-        return events_done and pods_done
-
-    def _following(self, kind: str) -> bool:
-        return kind in self.watches and not self.polling and (kind != "events" or self.events_watched)
-
-    def events_caught_up(self, events_expected: int | None) -> bool:
-        """The event watch holds at least as many events as the API did after the end."""
-        return self.events_watched and not self.polling and events_expected is not None \
-            and len(self.events) >= events_expected
-
-    def pods_are_final(self) -> bool:
-        """The pod watch saw each pod of the Complete Job to its final state (see pods_final)."""
-        return not self.polling and self.state.pods_are_final()
-
-    def _poll(self, client_deadline: float) -> None:
-        retry_until = min(client_deadline, time.monotonic() + CALL_TIMEOUT_SECONDS)
-        job = self.kubectl.get("job", self.job_name, self.namespace, retry_until=retry_until)
-        pods = self.kubectl.get_list("pods", self.namespace, "-l", f"job-name={self.job_name}",
-                                     retry_until=retry_until)
-        seen = time.time()
-        for pod in (pods or {}).get("items", []):
-            self._on_pod(pod, arrived=seen)
-        self._on_job(job, seen)
 
     def _on_job(self, job: dict, arrived: float | None = None) -> None:
         if self.state.on_job(job, time.time() if arrived is None else arrived):
@@ -3533,13 +3537,88 @@ class BatchFollower:
         self.log_reader.schedule(self.state.on_pod(pod, deleted, time.time() if arrived is None else arrived))
 
     def _show(self, submitted_monotonic: float) -> None:
-        status = (self.job or {}).get("status") or {}
-        elapsed = time.monotonic() - submitted_monotonic
-        self.progress.update(
-            f"{self.job_name}: {elapsed:6.1f}s  "
-            f"active {status.get('active', 0)}  ready {status.get('ready', 0)}  "
-            f"succeeded {status.get('succeeded', 0)}/{self.count}  failed {status.get('failed', 0)}"
-            + ("  (polling)" if self.polling else "") + waiting_note(self.job, elapsed))
+        self.progress.update(status_line(self.job_name, self.count, self.job,
+                                         time.monotonic() - submitted_monotonic, self.polling))
+
+
+
+
+# After the Job's end its pod and event watches still deliver what happened up to it.
+
+
+def drain_pod_watch(follower: BatchFollower) -> None:
+    """Stop the pod watch and take in everything it delivered since the Job ended."""
+    watching = "pods" in follower.watches
+    follower.stop_watches()
+    deadline = time.monotonic() + 5
+    while watching:
+        try:
+            item = follower.watches.queue.get(timeout=max(0.01, deadline - time.monotonic()))
+        except queue.Empty:
+            return
+        if item[0] == "ended" and item[1] == "pods":
+            return
+        if item[0] != "ended":
+            follower.take(item, deadline)
+
+
+def settle_watches(follower: BatchFollower, events_expected: int | None, seconds: float) -> None:
+    """After the end: take in what the watches still deliver until the pods are final and
+    the events number `events_expected` (None: not waited for), for up to `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not watches_settled(follower, events_expected):
+        try:
+            item = follower.watches.queue.get(timeout=max(0.0, min(0.1, deadline - time.monotonic())))
+        except queue.Empty:
+            if time.monotonic() >= deadline:
+                return
+            continue
+        while True:  # everything already delivered, before judging again
+            follower.take(item, deadline)
+            try:
+                item = follower.watches.queue.get_nowait()
+            except queue.Empty:
+                break
+
+
+def watches_settled(follower: BatchFollower, events_expected: int | None) -> bool:
+    """Nothing more worth waiting for: each watch has delivered enough, or never will."""
+    events_done = events_expected is None or not watch_followed(follower, "events") or \
+        events_caught_up(follower, events_expected)
+    pods_done = not watch_followed(follower, "pods") or follower.end != "Complete" or bool(follower.deleted) or \
+        watched_pods_final(follower)
+    return events_done and pods_done
+
+
+def watch_followed(follower: BatchFollower, kind: str) -> bool:
+    """The watch of `kind` runs and is what the follower goes by."""
+    return kind in follower.watches and not follower.polling and (kind != "events" or follower.events_watched)
+
+
+def events_caught_up(follower: BatchFollower, events_expected: int | None) -> bool:
+    """The event watch holds at least as many events as the API did after the end."""
+    return follower.events_watched and not follower.polling and events_expected is not None \
+        and len(follower.events) >= events_expected
+
+
+def watched_pods_final(follower: BatchFollower) -> bool:
+    """The pod watch saw each pod of the Complete Job to its final state (see pods_final)."""
+    return not follower.polling and follower.state.pods_are_final()
+
+
+def settle_after_end(follower: BatchFollower, kubectl: Kubectl, proxy: ApiProxy | None, namespace: str,
+                     retry_until: float | None) -> int | None:
+    """After the end: how many events the API holds (a list of one: its items and remainingItemCount),
+    and up to SETTLE_SECONDS for the watches to deliver that many and each pod's final state.
+    None when the events are not watched or could not be counted: then they are not waited for."""
+    events_expected = None
+    if follower.events_watched:
+        try:
+            events_expected, follower.events.resource_version = count_events(kubectl, proxy, namespace, retry_until)
+        except DemoError:
+            pass  # then the events are listed after all
+    settle_watches(follower, events_expected, SETTLE_SECONDS)
+    return events_expected
 
 
 # --------------------------------------------------------------------------
@@ -4301,17 +4380,10 @@ class BatchEvidence:
             except DemoError:
                 return follower.job
 
-        events_expected = None
-        if retry and follower.events_watched:
-            try:
-                events_expected, follower.events.resource_version = count_events(
-                    self.kubectl, self.proxy, self.namespace, retry_until)
-            except DemoError:
-                pass  # then the events are listed below
-        if retry:
-            follower.settle(events_expected, SETTLE_SECONDS)
-        watched_final = follower.pods_are_final()
-        events_watched = follower.events_caught_up(events_expected)
+        events_expected = settle_after_end(follower, self.kubectl, self.proxy, self.namespace, retry_until) \
+            if retry else None
+        watched_final = watched_pods_final(follower)
+        events_watched = events_caught_up(follower, events_expected)
         follower.stop_watches(keep=() if watched_final else ("pods",))
         if watched_final:
             follower.state.forget_shared()
@@ -4371,7 +4443,7 @@ class BatchEvidence:
             reading = None
             print(f"Warning: could not list the pods ({error}); pods.json holds what the pod watch "
                   f"saw, each pod it saw unfinished read again", file=sys.stderr)
-        follower.drain()
+        drain_pod_watch(follower)
         watched = list(follower.pods.values())
         if reading is None:
             fresh = reread_pods(self.kubectl, self.proxy, self.namespace, unfinished_pods(watched),
