@@ -4347,6 +4347,26 @@ class Evidence(NamedTuple):
     events: Sequence[dict]  # this batch's events
 
 
+def read_events(kubectl: Kubectl, proxy: ApiProxy | None, namespace: str, page_size: int,
+                retry_seconds: float | None) -> PagedList:
+    """The namespace's events listed in pages: through the proxy when there is one, else (or
+    should that fail) by kubectl."""
+    path = f"/api/v1/namespaces/{namespace}/events"
+    if proxy is not None:
+        try:
+            return read_pages(kubectl, proxy, PagedList(path, limit=page_size), retry_seconds)
+        except DemoError:
+            pass  # ask kubectl below
+    return read_pages(kubectl, None, PagedList(path, limit=page_size), retry_seconds)
+
+
+def read_events_table(kubectl: Kubectl, namespace: str, retry_until: float | None) -> str:
+    """The namespace's events as `kubectl get events` prints them, oldest first."""
+    # kubectl reads a sorted list in one piece whatever --chunk-size says.
+    return kubectl.run(["get", "events", "--sort-by=.metadata.creationTimestamp", "-n", namespace],
+                       retry_until=retry_until)
+
+
 class BatchEvidence:
     """The batch under way: its follower, and the saving of its evidence into its own directory."""
 
@@ -4366,20 +4386,9 @@ class BatchEvidence:
         """Save job.json, pods.json, events.txt, events.json and one log per pod: the evidence of a batch.
         Without `retry`, each is read once, at once: no retries, no wait for the watches to settle."""
         follower = self.follower
-        assert follower is not None
         # Evidence is worth a few retries, not a long wait: a log that a kubelet
         # cannot serve now is saved empty and the episode fails verification.
         retry_until = time.monotonic() + COLLECT_RETRY_SECONDS if retry else None
-        page_size = self.settings.get("chunk_size", LIST_PAGE_SIZE)
-
-        def fetch_job() -> dict | None:
-            if follower.end is not None and follower.job is not None:
-                return follower.job
-            try:
-                return self.kubectl.get("job", job_name, self.namespace, retry_until=retry_until)
-            except DemoError:
-                return follower.job
-
         events_expected = settle_after_end(follower, self.kubectl, self.proxy, self.namespace, retry_until) \
             if retry else None
         watched_final = watched_pods_final(follower)
@@ -4387,56 +4396,68 @@ class BatchEvidence:
         follower.stop_watches(keep=() if watched_final else ("pods",))
         if watched_final:
             follower.state.forget_shared()
-
-        def fetch_pods() -> PodReading:
-            if watched_final:
-                # Each pod's last change arrived: a list would show the very same pods.
-                return PodReading(sorted(follower.pods.values(), key=pod_name), "final watch",
-                                  follower.end_resource_version, 0, 0, [])
-            # Else never the watch's view: it may run behind. The list is at least as new as the
-            # moment the Job's end was seen, and its pages are retried while a cache catches up.
-            return read_job_pods(self.kubectl, self.proxy, self.namespace, job_name,
-                                 follower.end_resource_version, PAGE_RETRY_SECONDS if retry else None,
-                                 page_size)
-
-        def fetch_events_table() -> str:
-            # kubectl reads a sorted list in one piece whatever --chunk-size says.
-            return self.kubectl.run(["get", "events", "--sort-by=.metadata.creationTimestamp",
-                                     "-n", self.namespace], retry_until=retry_until)
-
         follower.events_read = "watch" if events_watched else "list"
-
-        def fetch_events_json() -> PagedList | EventStore:
-            if events_watched:
-                return follower.events
-            retry_seconds = COLLECT_RETRY_SECONDS if retry else None
-            path = f"/api/v1/namespaces/{self.namespace}/events"
-            if self.proxy is not None:
-                try:
-                    return read_pages(self.kubectl, self.proxy, PagedList(path, limit=page_size), retry_seconds)
-                except DemoError:
-                    pass  # ask kubectl below
-            return read_pages(self.kubectl, None, PagedList(path, limit=page_size), retry_seconds)
-
         # Its own threads: the log readers' pool may still be busy with reads under way.
         with concurrent.futures.ThreadPoolExecutor(4) as fetchers:
-            job_future = fetchers.submit(fetch_job)
-            pods_future = fetchers.submit(fetch_pods)
+            job_future = fetchers.submit(self._read_job, job_name, retry_until)
+            pods_future = fetchers.submit(self._read_pods, job_name, watched_final, retry)
             # kubectl sorts only a list it reads whole, in one request: beyond a few pages of
             # events the table is made from the events read in pages instead.
-            table_future = fetchers.submit(fetch_events_table) \
+            table_future = fetchers.submit(read_events_table, self.kubectl, self.namespace, retry_until) \
                 if self.settings["count"] <= EVENTS_TABLE_BY_KUBECTL_UP_TO else None
-            events_future = fetchers.submit(fetch_events_json)
+            events_future = fetchers.submit(self._read_events, events_watched, retry)
             return self.save_evidence(follower, job_future, pods_future, table_future, events_future,
                                       retry_until)
 
-    def save_evidence(self, follower: BatchFollower, job_future: Any, pods_future: Any, table_future: Any,
-                      events_future: Any, retry_until: float | None) -> Evidence:
+    def _read_job(self, job_name: str, retry_until: float | None) -> dict | None:
+        """The Job as its end was seen, else as read now, else as last watched."""
+        follower = self.follower
+        if follower.end is not None and follower.job is not None:
+            return follower.job
+        try:
+            return self.kubectl.get("job", job_name, self.namespace, retry_until=retry_until)
+        except DemoError:
+            return follower.job
+
+    def _read_pods(self, job_name: str, watched_final: bool, retry: bool) -> PodReading:
+        follower = self.follower
+        if watched_final:
+            # Each pod's last change arrived: a list would show the very same pods.
+            return PodReading(sorted(follower.pods.values(), key=pod_name), "final watch",
+                              follower.end_resource_version, 0, 0, [])
+        # Else never the watch's view: it may run behind. The list is at least as new as the
+        # moment the Job's end was seen, and its pages are retried while a cache catches up.
+        return read_job_pods(self.kubectl, self.proxy, self.namespace, job_name,
+                             follower.end_resource_version, PAGE_RETRY_SECONDS if retry else None,
+                             self.settings.get("chunk_size", LIST_PAGE_SIZE))
+
+    def _read_events(self, events_watched: bool, retry: bool) -> PagedList | EventStore:
+        if events_watched:
+            return self.follower.events
+        return read_events(self.kubectl, self.proxy, self.namespace, self.settings.get("chunk_size", LIST_PAGE_SIZE),
+                           COLLECT_RETRY_SECONDS if retry else None)
+
+    def save_evidence(self, follower: BatchFollower, job_future: concurrent.futures.Future,
+                      pods_future: concurrent.futures.Future, table_future: concurrent.futures.Future | None,
+                      events_future: concurrent.futures.Future, retry_until: float | None) -> Evidence:
         """Write what the fetches brought; fall back to the watch's view where a fetch failed."""
-        problems = []
+        problems: list[str] = []
         job = job_future.result()
         if job is not None:
             write_json(os.path.join(self.batch_dir, "job.json"), job)
+        reading = self._save_pods(pods_future, retry_until)
+        # The logs are written while the events are still being read in pages.
+        logs = follower.log_reader.collect(reading.pods, self.batch_dir, retry_until, problems)
+        events = self._save_events(table_future, events_future, job, reading.pods, problems)
+        write_json(os.path.join(self.batch_dir, "observed.json"), follower.observations())
+        for line in summarised_problems(problems):
+            print(f"Warning: could not save {line}", file=sys.stderr)
+        return Evidence(job, reading, logs, events)
+
+    def _save_pods(self, pods_future: concurrent.futures.Future, retry_until: float | None) -> PodReading:
+        """pods.json: the pods as listed (with any the list no longer shows), else as the pod watch
+        saw them, each it saw unfinished read again."""
+        follower = self.follower
         try:
             reading = pods_future.result()
         except DemoError as error:
@@ -4455,8 +4476,11 @@ class BatchEvidence:
         texts = EncodedItems(lambda: (follower.state.pod_text(pod) for pod in pods), len(pods))
         write_json(os.path.join(self.batch_dir, "pods.json"), dict(
             list_manifest([]), metadata={"resourceVersion": reading.resource_version or ""}, items=texts))
-        # The logs are written while the events are still being read in pages.
-        logs = follower.log_reader.collect(pods, self.batch_dir, retry_until, problems)
+        return reading
+
+    def _save_events(self, table_future: concurrent.futures.Future | None, events_future: concurrent.futures.Future,
+                     job: dict | None, pods: Sequence[dict], problems: list[str]) -> list[dict]:
+        """events.txt and events.json, of this batch alone; the events, empty when unreadable."""
         if table_future is not None:
             try:
                 write_text(os.path.join(self.batch_dir, "events.txt"), table_future.result())
@@ -4477,13 +4501,10 @@ class BatchEvidence:
         batches = [entry["job"] for entry in self.settings["batches"]]
         if len(batches) > 1 and events:
             # The namespace's events cover every batch so far; each batch keeps its own.
-            events = batch_events(events, job, pods, first=follower.job_name == batches[0])
+            events = batch_events(events, job, pods, first=self.follower.job_name == batches[0])
             write_events(events_path, events_listing, events, None)
             write_text(os.path.join(self.batch_dir, "events.txt"), events_table(events))
-        write_json(os.path.join(self.batch_dir, "observed.json"), follower.observations())
-        for line in summarised_problems(problems):
-            print(f"Warning: could not save {line}", file=sys.stderr)
-        return Evidence(job, reading, logs, events)
+        return events
 
 
 def failures_said(failures: Sequence[dict]) -> str:
