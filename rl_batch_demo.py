@@ -3359,11 +3359,6 @@ class PollFallback:
     def due(self, now: float) -> bool:
         return self.active and now >= self.next_read
 
-    def wake_at(self, now: float) -> float:
-        """When a wait for the watches' next item ends: at the next read, else within a second
-        (the progress is shown again even when nothing arrives)."""
-        return self.next_read if self.active else now + 1.0
-
     def read(self, client_deadline: float) -> tuple[dict, list[dict], float]:
         """The Job and its pods as read now, and when (the client's wall clock)."""
         retry_until = min(client_deadline, time.monotonic() + CALL_TIMEOUT_SECONDS)
@@ -3470,8 +3465,10 @@ class BatchFollower:
         self._on_job(job, seen)
 
     def _take_next(self, client_deadline: float) -> None:
-        """The watches' next item, should one come before the next poll (or within a second)."""
-        wait = min(client_deadline, self.poller.wake_at(time.monotonic())) - time.monotonic()
+        """The watches' next item, should one come before the next poll; else within a second,
+        so that the progress is shown again even when nothing arrives."""
+        wake = self.poller.next_read if self.polling else time.monotonic() + 1.0
+        wait = min(client_deadline, wake) - time.monotonic()
         try:
             item = self.watches.queue.get(timeout=max(0.01, wait))
         except queue.Empty:
