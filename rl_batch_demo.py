@@ -2115,6 +2115,30 @@ def throughput(batches: Sequence[tuple[str, BatchSummary]]) -> dict:
     }
 
 
+def slots_freed(episodes: Sequence[tuple[dict, dict, dict]], clock_offsets_of: Callable[[dict], dict[str, float]],
+                creations: dict[str, float], observed_pods: dict[str, dict], job_earliest: float | None,
+                parallelism: int) -> dict[str, float]:
+    """Per pod, the latest moment an earlier pod's end provably freed the slot it was created into:
+    each pod's creation bounded by its stamp, its creation event and the watch, each end by its
+    reward on the node's clock (corrected, less its slack)."""
+    ended_after = {}
+    for pod, _, reward in episodes:
+        offsets = clock_offsets_of(pod)
+        reward_at = worker_time(reward.get("at"))
+        if reward_at is not None:
+            ended_after[pod_name(pod)] = reward_at - offsets["node"] - offsets["node_slack"]
+    created_within = {}
+    for pod, _, _ in episodes:
+        name, offsets = pod_name(pod), clock_offsets_of(pod)
+        stamp = parse_time(pod["metadata"]["creationTimestamp"])
+        seen = ((observed_pods.get(name) or {}).get("seen") or {}).get("added")
+        latest = [stamp + WHOLE_SECOND, creations.get(name)] + \
+            ([] if seen is None else [seen - offsets["client"] + offsets["client_slack"]])
+        created_within[name] = (max(stamp, job_earliest or stamp),
+                                min(moment for moment in latest if moment is not None))
+    return slot_freed_after(created_within, ended_after, parallelism)
+
+
 @dataclasses.dataclass
 class BatchSummary:
     """One batch verified and measured: `figures` is its saved form; the rest is what the CSV, the
@@ -2163,23 +2187,8 @@ def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
                 "node": node_clock.get("offset_seconds") or 0.0,
                 "node_slack": node_clock.get("correction_slack_seconds") or 0.0}
 
-    ended_after = {}
-    for pod, _, reward in episodes:
-        offsets = clock_offsets_of(pod)
-        reward_at = worker_time(reward.get("at"))
-        if reward_at is not None:
-            ended_after[pod_name(pod)] = reward_at - offsets["node"] - offsets["node_slack"]
-    created_within = {}
-    for pod, _, _ in episodes:
-        name = pod_name(pod)
-        stamp = parse_time(pod["metadata"]["creationTimestamp"])
-        seen = ((observed_pods.get(name) or {}).get("seen") or {}).get("added")
-        latest = [stamp + WHOLE_SECOND, creations.get(name)] + \
-            ([] if seen is None else [seen - client_offset + clocks["client"]["correction_slack_seconds"]])
-        created_within[name] = (max(stamp, job_created_point.earliest or stamp),
-                                min(moment for moment in latest if moment is not None))
-    slots = slot_freed_after(created_within, ended_after, int((job.get("spec") or {}).get("parallelism") or 1)) \
-        if len(pods) == count else {}
+    slots = slots_freed(episodes, clock_offsets_of, creations, observed_pods, job_created_point.earliest,
+                        int((job.get("spec") or {}).get("parallelism") or 1)) if len(pods) == count else {}
     rows, records, durations = [], [], []
     for pod, ready, reward in episodes:
         name = pod_name(pod)
@@ -2303,35 +2312,20 @@ def timeline_title(settings: dict) -> str:
 def timeline_svg(batches: Sequence[tuple[str, BatchSummary]], title: str) -> str:
     """One bar per episode on a shared axis from its Job's creation, coloured by phase."""
     # Bars in the order the pods were created, each batch from its Job's true creation.
-    episodes = [(name, summary, record) for name, summary in batches
+    episodes = [(summary.origin, record) for _, summary in batches
                 for record in sorted(summary.episodes, key=lambda r: (
                     r["points"]["pod_created"][0] if r["points"].get("pod_created") else math.inf, r["pod"]))]
     count = len(episodes)
     row_height = 18 if count <= 40 else max(3, min(12, 720 // max(count, 1)))
-    # Thin rows are drawn edge to edge: a gap would leave a hairline of colour.
-    bar_gap = 1 if row_height >= 8 else 0
     labels = row_height >= 10
     left = 170 if labels else 60
     width, right = 1000, 30
     plot_width = width - left - right
-    legend = [(phase.replace("_", " "), f'fill="{colour}"') for phase, colour in PHASE_COLOURS.items()]
-    legend.append(("split below its precision", 'fill="url(#unsplit)"'))
-    legend_parts, legend_x, legend_y = [], left, 32
-    for name, fill in legend:
-        item_width = 16 + 7 * len(name) + 14
-        if legend_x + item_width > width - right and legend_x > left:
-            legend_x, legend_y = left, legend_y + 18
-        legend_parts.append(f'<rect x="{legend_x}" y="{legend_y}" width="12" height="12" {fill}/>')
-        legend_parts.append(f'<text x="{legend_x + 16}" y="{legend_y + 10}">{name}</text>')
-        legend_x += item_width
-    top = legend_y + 38
+    legend_parts, legend_bottom = timeline_legend(left, width - right)
+    top = legend_bottom + 38
     height = top + row_height * count + 80
-    span = 0.0
-    for _, summary, record in episodes:
-        for point in record["points"].values():
-            if point is not None:
-                span = max(span, point[0] - summary.origin)
-    span = max(span, 1.0)
+    span = max([point[0] - origin for origin, record in episodes
+                for point in record["points"].values() if point is not None] + [1.0])
     step = nice_step(span)
     axis_end = math.ceil(span / step) * step
 
@@ -2361,40 +2355,63 @@ def timeline_svg(batches: Sequence[tuple[str, BatchSummary]], title: str) -> str
         parts.append(f'<text x="{left - 12}" y="{top + row_height * count / 2:.0f}" text-anchor="middle" '
                      f'transform="rotate(-90 {left - 12} {top + row_height * count / 2:.0f})">'
                      f'{count} episodes, one row each</text>')
-    for row, (_, summary, record) in enumerate(episodes):
+    for row, (origin, record) in enumerate(episodes):
         y = top + row * row_height
-        points = record["points"]
         if labels:
             label = record["pod"]  # a pod's name starts with its Job's: it names the round too
             parts.append(f'<text x="{left - 6}" y="{y + row_height * 0.7:.1f}" text-anchor="end" '
                          f'font-size="11">{html_escape(label[-26:])}</text>')
-        # Whole-second points can fall before the sub-second point drawn just before them;
-        # such a phase cannot be split from the next one, so both are drawn as one hatched bar.
-        cursor: float | None = None
-        unsplit: list[str] = []
-        for phase, colour in PHASE_COLOURS.items():
-            start, end = PHASES[phase]
-            if points.get(start) is None or points.get(end) is None:
-                cursor, unsplit = None, []
-                continue
-            begin = points[start][0] if cursor is None else max(cursor, points[start][0])
-            finish = points[end][0]
-            if finish < begin:
-                unsplit.append(phase)
-                continue
-            if finish == begin:
-                continue
-            names = "+".join(unsplit + [phase])
-            fill = "url(#unsplit)" if unsplit else colour
-            x0 = x(begin - summary.origin)
-            x1 = x(finish - summary.origin)
-            parts.append(
-                f'<rect x="{x0:.2f}" y="{y + bar_gap}" width="{x1 - x0:.2f}" '
-                f'height="{row_height - 2 * bar_gap}" fill="{fill}"><title>{html_escape(record["pod"])} '
-                f'{names}: {finish - begin:.3f} s</title></rect>')
-            cursor, unsplit = finish, []
+        parts += timeline_bars(record, lambda moment: x(moment - origin), y, row_height)
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
+
+
+def timeline_legend(left: int, right_edge: int) -> tuple[list[str], int]:
+    """The timeline's legend, one swatch per phase, wrapped at `right_edge`; and its last row's y."""
+    legend = [(phase.replace("_", " "), f'fill="{colour}"') for phase, colour in PHASE_COLOURS.items()]
+    legend.append(("split below its precision", 'fill="url(#unsplit)"'))
+    parts, legend_x, legend_y = [], left, 32
+    for name, fill in legend:
+        item_width = 16 + 7 * len(name) + 14
+        if legend_x + item_width > right_edge and legend_x > left:
+            legend_x, legend_y = left, legend_y + 18
+        parts.append(f'<rect x="{legend_x}" y="{legend_y}" width="12" height="12" {fill}/>')
+        parts.append(f'<text x="{legend_x + 16}" y="{legend_y + 10}">{name}</text>')
+        legend_x += item_width
+    return parts, legend_y
+
+
+def timeline_bars(record: dict, x: Callable[[float], float], y: int, row_height: int) -> list[str]:
+    """One episode's row of phase bars; `x` places an absolute moment on the axis."""
+    points = record["points"]
+    # Thin rows are drawn edge to edge: a gap would leave a hairline of colour.
+    bar_gap = 1 if row_height >= 8 else 0
+    parts = []
+    # Whole-second points can fall before the sub-second point drawn just before them;
+    # such a phase cannot be split from the next one, so both are drawn as one hatched bar.
+    cursor: float | None = None
+    unsplit: list[str] = []
+    for phase, colour in PHASE_COLOURS.items():
+        start, end = PHASES[phase]
+        if points.get(start) is None or points.get(end) is None:
+            cursor, unsplit = None, []
+            continue
+        begin = points[start][0] if cursor is None else max(cursor, points[start][0])
+        finish = points[end][0]
+        if finish < begin:
+            unsplit.append(phase)
+            continue
+        if finish == begin:
+            continue
+        names = "+".join(unsplit + [phase])
+        fill = "url(#unsplit)" if unsplit else colour
+        x0, x1 = x(begin), x(finish)
+        parts.append(
+            f'<rect x="{x0:.2f}" y="{y + bar_gap}" width="{x1 - x0:.2f}" '
+            f'height="{row_height - 2 * bar_gap}" fill="{fill}"><title>{html_escape(record["pod"])} '
+            f'{names}: {finish - begin:.3f} s</title></rect>')
+        cursor, unsplit = finish, []
+    return parts
 
 
 # Pictures that read at any size: the ramp (cumulative counts over time) and the
