@@ -2115,6 +2115,21 @@ def throughput(batches: Sequence[tuple[str, BatchSummary]]) -> dict:
     }
 
 
+def pod_row(pod: dict, ready: dict, reward: dict, job_created: float) -> dict:
+    """One episode's row in `pods`: its seconds from the whole-second creationTimestamps, as the
+    guide computes them."""
+    created = parse_time(pod["metadata"]["creationTimestamp"])
+    return {
+        "pod": pod_name(pod),
+        "node": (pod.get("spec") or {}).get("nodeName"),
+        "image_id": container_status(pod).get("imageID"),
+        "reward": reward.get("reward"),
+        "pod_to_ready_seconds": rounded(ready["at"] - created),
+        "batch_to_ready_seconds": rounded(ready["at"] - job_created),
+        "batch_to_reward_seconds": rounded(reward["at"] - job_created),
+    }
+
+
 def slots_freed(episodes: Sequence[tuple[dict, dict, dict]], clock_offsets_of: Callable[[dict], dict[str, float]],
                 creations: dict[str, float], observed_pods: dict[str, dict], job_earliest: float | None,
                 parallelism: int) -> dict[str, float]:
@@ -2201,15 +2216,7 @@ def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
                                 kubelet.get(name), creations.get(name), offsets, created_after)
         phases = phase_durations(points)
         durations.append(phases)
-        rows.append({
-            "pod": name,
-            "node": (pod.get("spec") or {}).get("nodeName"),
-            "image_id": container_status(pod).get("imageID"),
-            "reward": reward.get("reward"),
-            "pod_to_ready_seconds": rounded(ready["at"] - created),
-            "batch_to_ready_seconds": rounded(ready["at"] - job_created),
-            "batch_to_reward_seconds": rounded(reward["at"] - job_created),
-        })
+        rows.append(pod_row(pod, ready, reward, job_created))
         records.append({"pod": name, "points": points, "phases": phases, "image_cache": cache.get(name),
                         "runtime_class": (pod.get("spec") or {}).get("runtimeClassName"),
                         "index": (pod["metadata"].get("annotations") or {}).get(COMPLETION_INDEX_ANNOTATION),
