@@ -2047,14 +2047,16 @@ def slot_freed_after(created_within: dict[str, tuple[float, float]], ended_after
     return found
 
 
-def job_creation(job: dict, job_observed: dict[str, float], client_offset: float) -> Point:
-    """When the Job was truly created: inside the client's create call and its creationTimestamp's second."""
+def job_creation(job: dict, job_observed: dict[str, float], client_offset: float,
+                 client_slack: float = 0.0) -> Point:
+    """When the Job was truly created: inside the client's create call and its creationTimestamp's
+    second; the client's moments widened by how far its clock's correction may be off."""
     stamp = whole_second(parse_time(job["metadata"].get("creationTimestamp")), "Job creationTimestamp",
                          REFERENCE_CLOCK)
     point = sharpest([
-        lower(job_observed.get("submitted"), "client's create call", "client", client_offset),
-        upper(job_observed.get("create_returned"), "client's create call", "client", client_offset),
-        upper(job_observed.get("added"), "watch saw the Job", "client", client_offset),
+        lower(job_observed.get("submitted"), "client's create call", "client", client_offset, client_slack),
+        upper(job_observed.get("create_returned"), "client's create call", "client", client_offset, client_slack),
+        upper(job_observed.get("added"), "watch saw the Job", "client", client_offset, client_slack),
     ], stamp)
     assert point is not None and stamp is not None  # verify_batch checked the stamp
     return point
@@ -2194,7 +2196,7 @@ def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
     observed_pods, job_observed = split_observed(observed)
     clocks = clock_offsets(job, pods, events, observed_pods, job_observed, kubelet, scheduled)
     client_offset = clocks["client"]["offset_seconds"]
-    job_created_point = job_creation(job, job_observed, client_offset)
+    job_created_point = job_creation(job, job_observed, client_offset, clocks["client"]["correction_slack_seconds"])
 
     def clock_offsets_of(pod: dict) -> dict[str, float]:
         node_clock = clocks["nodes"].get((pod.get("spec") or {}).get("nodeName") or "") or {}

@@ -1336,6 +1336,12 @@ def test_a_watch_behind_the_server_second_shows_a_clock_apart_loudly() -> None:
     # Corrected onto the control plane's clock, the watch's times fall back into their seconds.
     finished = summary.episodes[0]["points"]["container_finished"]
     assert 3 <= finished.at - T0 < 4
+    # The Job's creation read on the client's clock is as uncertain as that clock's correction:
+    # the create call alone (offset by the correction, slack left out) would place it 0.5 s late
+    # at a precision of 0.07 s. It was truly created within T0 .. T0 + 0.02.
+    job_created = summary.figures["job_created"]
+    for truth in (T0, T0 + 0.02):
+        assert abs(job_created["at"] - truth) <= job_created["precision"], (job_created, truth - T0)
 
 
 def test_sharpest_keeps_the_stamp_when_the_sources_contradict_it() -> None:
