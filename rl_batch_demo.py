@@ -2137,12 +2137,14 @@ def slots_freed(episodes: Sequence[tuple[dict, dict, dict]], clock_offsets_of: C
                 parallelism: int) -> dict[str, float]:
     """Per pod, the latest moment an earlier pod's end provably freed the slot it was created into:
     each pod's creation bounded by its stamp, its creation event and the watch, each end by its
-    reward on the node's clock (corrected, less its slack)."""
+    reward on the node's clock (corrected, less its slack). A pod asked to be deleted may have
+    freed its slot before its end (by default a Job replaces a terminating pod at once), and
+    its deletionTimestamp does not say when: a later delete shortens it. Its end is unknown."""
     ended_after = {}
     for pod, _, reward in episodes:
         offsets = clock_offsets_of(pod)
         reward_at = worker_time(reward.get("at"))
-        if reward_at is not None:
+        if reward_at is not None and not pod["metadata"].get("deletionTimestamp"):
             ended_after[pod_name(pod)] = reward_at - offsets["node"] - offsets["node_slack"]
     created_within = {}
     for pod, _, _ in episodes:

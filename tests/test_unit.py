@@ -1429,6 +1429,22 @@ def test_a_pod_past_the_parallelism_was_created_after_enough_earlier_pods_ended(
     assert demo.slot_freed_after(within, ended, 4) == {}
 
 
+def test_a_pod_asked_to_be_deleted_bounds_no_later_pods_creation() -> None:
+    # Parallelism 1: b was created after a ended, by its reward at T0 + 5. Had a been asked to be
+    # deleted, the Job could have replaced it at once, long before its reward: nothing bounds b.
+    def episode(name: str, created: str, reward_at: float, **metadata: Any) -> tuple:
+        pod = {"metadata": {"name": name, "creationTimestamp": created, **metadata}, "spec": {}}
+        return pod, {}, {"at": reward_at}
+
+    def no_offsets(pod: dict) -> dict:
+        return {"client": 0.0, "client_slack": 0.0, "node": 0.0, "node_slack": 0.0}
+    b = episode("b", stamp(6), T0 + 9)
+    ended = episode("a", stamp(0), T0 + 5)
+    assert demo.slots_freed([ended, b], no_offsets, {}, {}, T0, 1) == {"b": T0 + 5}
+    deleted = episode("a", stamp(0), T0 + 5, deletionTimestamp=stamp(32), deletionGracePeriodSeconds=30)
+    assert demo.slots_freed([deleted, b], no_offsets, {}, {}, T0, 1) == {}
+
+
 def test_a_batch_that_mixes_start_paths_shows_each_paths_phases() -> None:
     job, pods, logs, events = synthetic_batch()
     summary = demo.summarise_batch(job, pods, logs, events, 3)
