@@ -446,6 +446,74 @@ def pod_failure_policy() -> dict:
     ]}
 
 
+def episode_env(indexed: bool, tasks: dict | None) -> list[dict]:
+    """The episode's environment: its pod's name, and in an Indexed Job its index and its task file."""
+    env: list[dict[str, Any]] = [
+        {"name": "EPISODE_ID",
+         "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+    ]
+    if indexed:
+        env.append({"name": "EPISODE_INDEX", "valueFrom": {"fieldRef": {
+            "fieldPath": f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"}}})
+    if tasks:
+        # $(EPISODE_INDEX) expands because it is defined earlier in the list.
+        env.append({"name": TASK_FILE_ENV, "value": f"{TASKS_MOUNT}/$(EPISODE_INDEX).json"})
+    return env
+
+
+def episode_container(image: str, harden: bool, indexed: bool, tasks: dict | None) -> dict:
+    """The container that runs the episode program: unprivileged, small requests and limits."""
+    security: dict[str, Any] = {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    if harden:
+        security["readOnlyRootFilesystem"] = True
+    mounts = [
+        {"name": "demo", "mountPath": "/demo", "readOnly": True},
+        {"name": "workspace", "mountPath": "/workspace"},
+    ]
+    if tasks:
+        mounts.append({"name": TASKS_VOLUME, "mountPath": TASKS_MOUNT, "readOnly": True})
+    return {
+        "name": CONTAINER_NAME,
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["python", "-B", f"/demo/{WORKER_KEY}"],
+        "env": episode_env(indexed, tasks),
+        "securityContext": security,
+        "resources": {
+            "requests": {"cpu": "100m", "memory": "64Mi"},
+            "limits": {"cpu": "500m", "memory": "128Mi"},
+        },
+        "volumeMounts": mounts,
+    }
+
+
+def episode_pod_spec(image: str, runtime: str, harden: bool, indexed: bool, tasks: dict | None) -> dict:
+    """An episode's pod: in the sandbox runtime, never restarted, non-root, without a service account token."""
+    volumes = [
+        {"name": "demo", "configMap": {"name": CONFIGMAP_NAME}},
+        {"name": "workspace", "emptyDir": {"sizeLimit": "64Mi"} if harden else {}},
+    ]
+    if tasks:
+        volumes.append(tasks)
+    return {
+        "runtimeClassName": runtime,
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "securityContext": {
+            "runAsUser": 1000,
+            "runAsGroup": 1000,
+            "fsGroup": 1000,
+            "runAsNonRoot": True,
+        },
+        "containers": [episode_container(image, harden, indexed, tasks)],
+        "volumes": volumes,
+    }
+
+
 def job_manifest(namespace: str, count: int, parallelism: int, image: str,
                  runtime: str, deadline_seconds: int = DEFAULT_JOB_DEADLINE_SECONDS,
                  name: str = JOB_NAME, harden: bool = False,
@@ -458,25 +526,7 @@ def job_manifest(namespace: str, count: int, parallelism: int, image: str,
     (backoffLimitPerIndex), a number of failed episodes the Job tolerates
     (maxFailedIndexes) and the podFailurePolicy that tells whose failure it was.
     """
-    container_security: dict[str, Any] = {
-        "allowPrivilegeEscalation": False,
-        "capabilities": {"drop": ["ALL"]},
-        "seccompProfile": {"type": "RuntimeDefault"},
-    }
-    workspace_volume: dict[str, Any] = {"name": "workspace", "emptyDir": {}}
-    if harden:
-        container_security["readOnlyRootFilesystem"] = True
-        workspace_volume["emptyDir"] = {"sizeLimit": "64Mi"}
-    env: list[dict[str, Any]] = [
-        {"name": "EPISODE_ID",
-         "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-    ]
-    if indexed or tasks or policy:
-        env.append({"name": "EPISODE_INDEX", "valueFrom": {"fieldRef": {
-            "fieldPath": f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"}}})
-    if tasks:
-        # $(EPISODE_INDEX) expands because it is defined earlier in the list.
-        env.append({"name": TASK_FILE_ENV, "value": f"{TASKS_MOUNT}/$(EPISODE_INDEX).json"})
+    indexed_mode = bool(indexed or tasks or policy)
     spec: dict[str, Any] = {
         "completions": count,
         "parallelism": parallelism,
@@ -484,46 +534,11 @@ def job_manifest(namespace: str, count: int, parallelism: int, image: str,
         "activeDeadlineSeconds": deadline_seconds,
         "template": {
             "metadata": {"labels": {"app": APP_LABEL}},
-            "spec": {
-                "runtimeClassName": runtime,
-                "restartPolicy": "Never",
-                "automountServiceAccountToken": False,
-                "securityContext": {
-                    "runAsUser": 1000,
-                    "runAsGroup": 1000,
-                    "fsGroup": 1000,
-                    "runAsNonRoot": True,
-                },
-                "containers": [{
-                    "name": CONTAINER_NAME,
-                    "image": image,
-                    "imagePullPolicy": "IfNotPresent",
-                    "command": ["python", "-B", f"/demo/{WORKER_KEY}"],
-                    "env": env,
-                    "securityContext": container_security,
-                    "resources": {
-                        "requests": {"cpu": "100m", "memory": "64Mi"},
-                        "limits": {"cpu": "500m", "memory": "128Mi"},
-                    },
-                    "volumeMounts": [
-                        {"name": "demo", "mountPath": "/demo", "readOnly": True},
-                        {"name": "workspace", "mountPath": "/workspace"},
-                    ],
-                }],
-                "volumes": [
-                    {"name": "demo", "configMap": {"name": CONFIGMAP_NAME}},
-                    workspace_volume,
-                ],
-            },
+            "spec": episode_pod_spec(image, runtime, harden, indexed_mode, tasks),
         },
     }
-    if indexed or tasks or policy:
+    if indexed_mode:
         spec["completionMode"] = "Indexed"
-    if tasks:
-        pod_spec = spec["template"]["spec"]
-        pod_spec["containers"][0]["volumeMounts"].append(
-            {"name": TASKS_VOLUME, "mountPath": TASKS_MOUNT, "readOnly": True})
-        pod_spec["volumes"].append(tasks)
     if policy:
         # The Job-wide limit would end the batch at its first failure; each episode has its own.
         del spec["backoffLimit"]
