@@ -1674,6 +1674,113 @@ def worker_time(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
+class EpisodeClocks(NamedTuple):
+    """The client's and the episode's node's clock readings minus the control plane's, and how far
+    each correction may be off: a point read on that clock is that much less precise."""
+    client: float = 0.0
+    client_slack: float = 0.0
+    node: float = 0.0
+    node_slack: float = 0.0
+
+    @classmethod
+    def of(cls, offsets: dict[str, float]) -> EpisodeClocks:
+        return cls(offsets.get("client", 0.0), offsets.get("client_slack", 0.0),
+                   offsets.get("node", 0.0), offsets.get("node_slack", 0.0))
+
+
+def kubelet_named(kubelet: dict[str, tuple[float, str]], reason: str) -> float | None:
+    """When the kubelet named its event of that reason (on the node's clock), if it did."""
+    return kubelet[reason][0] if reason in kubelet else None
+
+
+def pod_created_point(created: Bound | None, seen: dict, created_event_at: float | None,
+                      created_after: Bound | None, clocks: EpisodeClocks) -> Point | None:
+    """The pod's creation: its stamp's second, sharpened by the Job controller's event and this client's watch."""
+    return sharpest([followed_by_event(created_event_at, "SuccessfulCreate event name", REFERENCE_CLOCK),
+                     upper(seen.get("added"), "watch saw the pod", "client", clocks.client, clocks.client_slack),
+                     created_after], created)
+
+
+def scheduled_point(pod: dict, scheduled_at: float | None) -> Point | None:
+    """The pod's binding to a node: the scheduler's Scheduled eventTime, else its condition's second."""
+    if scheduled_at is not None:
+        return Point(scheduled_at, EVENT_TIME, "Scheduled event eventTime", REFERENCE_CLOCK)
+    entry = condition(pod, "PodScheduled")
+    return sharpest([], whole_second(parse_time((entry or {}).get("lastTransitionTime")),
+                                     "PodScheduled condition", REFERENCE_CLOCK))
+
+
+def sandbox_ready_stamp(pod: dict, observed: dict) -> float | None:
+    """The PodReadyToStartContainers condition's time while it is True, else as this client's watch saw it."""
+    sandbox_condition = condition(pod, "PodReadyToStartContainers") or {}
+    stamp = parse_time(sandbox_condition.get("lastTransitionTime")) \
+        if sandbox_condition.get("status") == "True" else None
+    return parse_time(observed.get("sandbox_ready")) if stamp is None else stamp
+
+
+def sandbox_ready_point(pod: dict, observed: dict, kubelet: dict[str, tuple[float, str]],
+                        scheduled: Point | None, created: Bound | None, clocks: EpisodeClocks) -> Point | None:
+    """The pod's sandbox ready: after its binding and creation, before the kubelet's first image or container
+    event."""
+    seen = observed.get("seen") or {}
+    node, node_slack = clocks.node, clocks.node_slack
+    sandbox_stamp = sandbox_ready_stamp(pod, observed)
+    image_event = min((kubelet[r] for r in ("Pulling", "Pulled") if r in kubelet), default=None)
+    sandbox_ready = sharpest([
+        followed_by_event(image_event[0] if image_event else None,
+                          f"kubelet {'Pulling' if 'Pulling' in kubelet else 'Pulled'} event name",
+                          "node", node, node_slack),
+        upper(kubelet_named(kubelet, "Created"), "kubelet Created event name", "node", node, node_slack),
+        upper(seen.get("sandbox_ready"), "watch saw the sandbox ready", "client", clocks.client, clocks.client_slack),
+        lower(scheduled.at if scheduled is not None and scheduled.precision <= EVENT_TIME else None,
+              "Scheduled eventTime", REFERENCE_CLOCK),
+        lower(created.lower if created is not None else None, "Pod creationTimestamp", REFERENCE_CLOCK),
+        # The kubelet stamps this condition when its status update reports it, often together
+        # with the running container: the sandbox was ready by then, maybe long before.
+        upper(None if sandbox_stamp is None else sandbox_stamp + WHOLE_SECOND,
+              "PodReadyToStartContainers condition", "node", node, node_slack),
+    ])
+    if sandbox_ready is not None and sandbox_stamp is not None and \
+            sandbox_ready.source.startswith("PodReadyToStartContainers"):
+        # Only the condition bounds it from above: read it as the condition says, as far as the
+        # lower bound allows; the precision still spans everything before.
+        sandbox_ready = sandbox_ready._replace(
+            at=min(sandbox_ready.at, max(sandbox_stamp - node, sandbox_ready.at - sandbox_ready.precision)))
+    return sandbox_ready
+
+
+def container_started_point(state: dict, ready: dict, kubelet: dict[str, tuple[float, str]], seen: dict,
+                            clocks: EpisodeClocks) -> Point | None:
+    """The container's start: its startedAt second, sharpened by the kubelet's events, the worker's process
+    start and this client's watch."""
+    node, node_slack = clocks.node, clocks.node_slack
+    running = state.get("terminated") or state.get("running") or {}
+    process = worker_time(ready.get("process_started_at"))
+    return sharpest([
+        lower(kubelet_named(kubelet, "Created"), "kubelet Created event name", "node", node, node_slack),
+        upper(kubelet_named(kubelet, "Started"), "kubelet Started event name", "node", node, node_slack),
+        upper(None if process is None else process + PROC_TICK, "worker process start", "node", node, node_slack),
+        upper(seen.get("running"), "watch saw the container running", "client", clocks.client, clocks.client_slack),
+    ], whole_second(parse_time(running.get("startedAt")), "container startedAt", "node", node, node_slack))
+
+
+def container_finished_point(state: dict, reward: dict, seen: dict, clocks: EpisodeClocks) -> Point | None:
+    """The container's end: its finishedAt second, after the worker's reward, before this client's watch saw it."""
+    return sharpest([
+        lower(worker_time(reward.get("at")), "worker reward event", "node", clocks.node, clocks.node_slack),
+        upper(seen.get("terminated"), "watch saw the container terminated", "client", clocks.client,
+              clocks.client_slack),
+    ], whole_second(parse_time((state.get("terminated") or {}).get("finishedAt")),
+                    "container finishedAt", "node", clocks.node, clocks.node_slack))
+
+
+def worker_point(value: Any, precision: float, source: str, clocks: EpisodeClocks) -> Point | None:
+    """A moment the worker read on the node's clock, moved onto the control plane's."""
+    moment = worker_time(value)
+    return None if moment is None else Point(moment - clocks.node, round(precision + 2 * clocks.node_slack, 6),
+                                              source, "node")
+
+
 def episode_points(pod: dict, ready: dict, reward: dict, scheduled_at: float | None,
                    observed: dict | None = None, kubelet: dict[str, tuple[float, str]] | None = None,
                    created_event_at: float | None = None,
@@ -1691,86 +1798,22 @@ def episode_points(pod: dict, ready: dict, reward: dict, scheduled_at: float | N
     observed = observed or {}
     seen = observed.get("seen") or {}
     kubelet = kubelet or {}
-    offsets = offsets or {}
-    client, node = offsets.get("client", 0.0), offsets.get("node", 0.0)
-    client_slack, node_slack = offsets.get("client_slack", 0.0), offsets.get("node_slack", 0.0)
-    status = container_status(pod)
-    state = status.get("state") or {}
-    running = state.get("terminated") or state.get("running") or {}
-    cp, on_node, on_client = REFERENCE_CLOCK, "node", "client"
-
-    def named(reason: str) -> float | None:
-        return kubelet[reason][0] if reason in kubelet else None
-
+    clocks = EpisodeClocks.of(offsets or {})
+    state = container_status(pod).get("state") or {}
     created = whole_second(parse_time(pod["metadata"].get("creationTimestamp")),
-                           "Pod creationTimestamp", cp)
-    pod_created = sharpest([followed_by_event(created_event_at, "SuccessfulCreate event name", cp),
-                            upper(seen.get("added"), "watch saw the pod", on_client, client, client_slack),
-                            created_after], created)
-
-    if scheduled_at is not None:
-        scheduled: Point | None = Point(scheduled_at, EVENT_TIME, "Scheduled event eventTime", cp)
-    else:
-        entry = condition(pod, "PodScheduled")
-        scheduled = sharpest([], whole_second(parse_time((entry or {}).get("lastTransitionTime")),
-                                              "PodScheduled condition", cp))
-
-    sandbox_condition = condition(pod, "PodReadyToStartContainers") or {}
-    sandbox_stamp = parse_time(sandbox_condition.get("lastTransitionTime")) \
-        if sandbox_condition.get("status") == "True" else None
-    if sandbox_stamp is None:
-        sandbox_stamp = parse_time(observed.get("sandbox_ready"))
-    image_event = min((kubelet[r] for r in ("Pulling", "Pulled") if r in kubelet), default=None)
-    sandbox_ready = sharpest([
-        followed_by_event(image_event[0] if image_event else None,
-                          f"kubelet {'Pulling' if 'Pulling' in kubelet else 'Pulled'} event name",
-                          on_node, node, node_slack),
-        upper(named("Created"), "kubelet Created event name", on_node, node, node_slack),
-        upper(seen.get("sandbox_ready"), "watch saw the sandbox ready", on_client, client, client_slack),
-        lower(scheduled.at if scheduled is not None and scheduled.precision <= EVENT_TIME else None,
-              "Scheduled eventTime", cp),
-        lower(created.lower if created is not None else None, "Pod creationTimestamp", cp),
-        # The kubelet stamps this condition when its status update reports it, often together
-        # with the running container: the sandbox was ready by then, maybe long before.
-        upper(None if sandbox_stamp is None else sandbox_stamp + WHOLE_SECOND,
-              "PodReadyToStartContainers condition", on_node, node, node_slack),
-    ])
-    if sandbox_ready is not None and sandbox_stamp is not None and \
-            sandbox_ready.source.startswith("PodReadyToStartContainers"):
-        # Only the condition bounds it from above: read it as the condition says, as far as the
-        # lower bound allows; the precision still spans everything before.
-        sandbox_ready = sandbox_ready._replace(
-            at=min(sandbox_ready.at, max(sandbox_stamp - node, sandbox_ready.at - sandbox_ready.precision)))
-
-    process = worker_time(ready.get("process_started_at"))
-    container_started = sharpest([
-        lower(named("Created"), "kubelet Created event name", on_node, node, node_slack),
-        upper(named("Started"), "kubelet Started event name", on_node, node, node_slack),
-        upper(None if process is None else process + PROC_TICK, "worker process start", on_node, node, node_slack),
-        upper(seen.get("running"), "watch saw the container running", on_client, client, client_slack),
-    ], whole_second(parse_time(running.get("startedAt")), "container startedAt", on_node, node, node_slack))
-
-    def worker(value: Any, precision: float, source: str) -> Point | None:
-        moment = worker_time(value)
-        return None if moment is None else Point(moment - node, round(precision + 2 * node_slack, 6), source,
-                                                  on_node)
-
-    reward_at = worker_time(reward.get("at"))
-    finished = sharpest([
-        lower(reward_at, "worker reward event", on_node, node, node_slack),
-        upper(seen.get("terminated"), "watch saw the container terminated", on_client, client, client_slack),
-    ], whole_second(parse_time((state.get("terminated") or {}).get("finishedAt")),
-                    "container finishedAt", on_node, node, node_slack))
+                           "Pod creationTimestamp", REFERENCE_CLOCK)
+    scheduled = scheduled_point(pod, scheduled_at)
     return {
-        "pod_created": pod_created,
+        "pod_created": pod_created_point(created, seen, created_event_at, created_after, clocks),
         "scheduled": scheduled,
-        "sandbox_ready": sandbox_ready,
-        "container_started": container_started,
-        "process_started": worker(ready.get("process_started_at"), PROC_TICK, "worker /proc start time"),
-        "imports_done": worker(ready.get("imports_done_at"), EVENT_TIME, "worker imports_done_at"),
-        "ready": worker(ready.get("at"), EVENT_TIME, "worker ready event"),
-        "reward": worker(reward.get("at"), EVENT_TIME, "worker reward event"),
-        "container_finished": finished,
+        "sandbox_ready": sandbox_ready_point(pod, observed, kubelet, scheduled, created, clocks),
+        "container_started": container_started_point(state, ready, kubelet, seen, clocks),
+        "process_started": worker_point(ready.get("process_started_at"), PROC_TICK, "worker /proc start time",
+                                        clocks),
+        "imports_done": worker_point(ready.get("imports_done_at"), EVENT_TIME, "worker imports_done_at", clocks),
+        "ready": worker_point(ready.get("at"), EVENT_TIME, "worker ready event", clocks),
+        "reward": worker_point(reward.get("at"), EVENT_TIME, "worker reward event", clocks),
+        "container_finished": container_finished_point(state, reward, seen, clocks),
     }
 
 
