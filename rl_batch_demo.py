@@ -1889,22 +1889,9 @@ class ClockBounds:
         return entry, warnings
 
 
-def clock_offsets(job: dict, pods: Sequence[dict], events: Sequence[dict], observed_pods: dict[str, dict],
-                  job_observed: dict[str, float],
-                  kubelet: dict[str, dict[str, tuple[float, str]]] | None = None,
-                  scheduled: dict[str, float] | None = None) -> dict:
-    """Each clock's offset from the control plane's, bounded by transitions seen on both.
-
-    A watch sees a change after it happened and a server stamp truncates it: the client's
-    clock reads at most (seen - stamp) ahead. The client's create call precedes the Job's
-    creation. A kubelet names an event before the API server stores it (the event's
-    creationTimestamp) and after the pod exists; the client sees a container running only
-    after the kubelet's Started event. The kubelet's first container event follows a sandbox
-    it started only once the pod was bound, and the scheduler's Scheduled event follows
-    that binding within milliseconds; so does the pod's startTime, which the kubelet stamps
-    as it takes the pod up (whole seconds, but within a second of the binding, and its
-    second's fraction differs from pod to pod, so a few pods pin the node's clock closely).
-    """
+def client_clock_bounds(job: dict, job_observed: dict[str, float], pods: Sequence[dict],
+                        observed_pods: dict[str, dict]) -> ClockBounds:
+    """The client's clock: its create call before the Job's stamp, its watch after each stamped change."""
     client = ClockBounds()
     job_created = parse_time(job["metadata"].get("creationTimestamp"))
     if job_created is not None and job_observed.get("submitted") is not None:
@@ -1915,6 +1902,20 @@ def clock_offsets(job: dict, pods: Sequence[dict], events: Sequence[dict], obser
         stamp = parse_time((condition(job, kind) or {}).get("lastTransitionTime"))
         if stamp is not None and kind not in ("added", "submitted", "create_returned"):
             client.at_most(seen_at - stamp)
+    for pod in pods:
+        seen = (observed_pods.get(pod_name(pod)) or {}).get("seen") or {}
+        created = parse_time(pod["metadata"].get("creationTimestamp"))
+        if created is not None and seen.get("added") is not None:
+            client.at_most(seen["added"] - created)
+        bound = parse_time((condition(pod, "PodScheduled") or {}).get("lastTransitionTime"))
+        if bound is not None and seen.get("bound") is not None:
+            client.at_most(seen["bound"] - bound)
+    return client
+
+
+def kubelet_event_clocks(events: Sequence[dict]) -> tuple[dict[str, ClockBounds], dict[str, tuple[float, str]]]:
+    """Each node's clock from its kubelet's events, named before they were stored; and each pod's first
+    Started event (name time, node)."""
     nodes: dict[str, ClockBounds] = {}
     started: dict[str, tuple[float, str]] = {}
     for event in events:
@@ -1931,11 +1932,14 @@ def clock_offsets(job: dict, pods: Sequence[dict], events: Sequence[dict], obser
             nodes.setdefault(node, ClockBounds()).at_least(named - stored - WHOLE_SECOND)
         if event.get("reason") == "Started" and regarding.get("kind") == "Pod":
             started.setdefault(regarding.get("name", ""), (named, node))
-    client_vs_node: dict[str, float] = {}
-    if scheduled is None:
-        scheduled = scheduled_event_times(events)
-    if kubelet is None:
-        kubelet = kubelet_container_events(events)
+    return nodes, started
+
+
+def bound_nodes_by_pods(nodes: dict[str, ClockBounds], pods: Sequence[dict], scheduled: dict[str, float],
+                        kubelet: dict[str, dict[str, tuple[float, str]]],
+                        started: dict[str, tuple[float, str]]) -> None:
+    """Bound each node's clock from above by its pods: its kubelet acts on a pod only after the pod's
+    creation and binding."""
     first_container_event = {pod: min(reasons.values()) for pod, reasons in kubelet.items()}
     for pod in pods:
         name = pod_name(pod)
@@ -1949,20 +1953,29 @@ def clock_offsets(job: dict, pods: Sequence[dict], events: Sequence[dict], obser
             # after the binding, which the scheduler's Scheduled event follows at once.
             nodes.setdefault(node_name, ClockBounds()).at_most(
                 started_on_node + WHOLE_SECOND - (scheduled[name] - EVENT_FOLLOWS_SECONDS))
-        seen = (observed_pods.get(name) or {}).get("seen") or {}
         created = parse_time(pod["metadata"].get("creationTimestamp"))
-        if created is not None and seen.get("added") is not None:
-            client.at_most(seen["added"] - created)
-        bound = parse_time((condition(pod, "PodScheduled") or {}).get("lastTransitionTime"))
-        if bound is not None and seen.get("bound") is not None:
-            client.at_most(seen["bound"] - bound)
-        if name in started:
+        if name in started and created is not None:
             named, node = started[name]
-            if created is not None:
-                nodes.setdefault(node, ClockBounds()).at_most(named - created)
-            if seen.get("running") is not None:
-                gap = seen["running"] - named
-                client_vs_node[node] = min(client_vs_node.get(node, gap), gap)
+            nodes.setdefault(node, ClockBounds()).at_most(named - created)
+
+
+def client_seen_running(pods: Sequence[dict], observed_pods: dict[str, dict],
+                        started: dict[str, tuple[float, str]]) -> dict[str, float]:
+    """Node -> the most the client's clock reads ahead of it: the client saw each container running only
+    after its kubelet's Started event."""
+    client_vs_node: dict[str, float] = {}
+    for pod in pods:
+        name = pod_name(pod)
+        seen = (observed_pods.get(name) or {}).get("seen") or {}
+        if name in started and seen.get("running") is not None:
+            named, node = started[name]
+            gap = seen["running"] - named
+            client_vs_node[node] = min(client_vs_node.get(node, gap), gap)
+    return client_vs_node
+
+
+def describe_clocks(client: ClockBounds, nodes: dict[str, ClockBounds], client_vs_node: dict[str, float]) -> dict:
+    """The clocks entry: each clock's offset and evidence, and a warning for each that disagrees."""
     entry, warnings = client.describe("the client's and the control plane's clocks",
                                       "the create call before the Job's creationTimestamp; the watch seeing "
                                       "stamped changes (pod created, bound, Job conditions) after their second")
@@ -1986,6 +1999,32 @@ def clock_offsets(job: dict, pods: Sequence[dict], events: Sequence[dict], obser
                                 f"clocks disagree")
     result["warnings"] = warnings
     return result
+
+
+def clock_offsets(job: dict, pods: Sequence[dict], events: Sequence[dict], observed_pods: dict[str, dict],
+                  job_observed: dict[str, float],
+                  kubelet: dict[str, dict[str, tuple[float, str]]] | None = None,
+                  scheduled: dict[str, float] | None = None) -> dict:
+    """Each clock's offset from the control plane's, bounded by transitions seen on both.
+
+    A watch sees a change after it happened and a server stamp truncates it: the client's
+    clock reads at most (seen - stamp) ahead. The client's create call precedes the Job's
+    creation. A kubelet names an event before the API server stores it (the event's
+    creationTimestamp) and after the pod exists; the client sees a container running only
+    after the kubelet's Started event. The kubelet's first container event follows a sandbox
+    it started only once the pod was bound, and the scheduler's Scheduled event follows
+    that binding within milliseconds; so does the pod's startTime, which the kubelet stamps
+    as it takes the pod up (whole seconds, but within a second of the binding, and its
+    second's fraction differs from pod to pod, so a few pods pin the node's clock closely).
+    """
+    if scheduled is None:
+        scheduled = scheduled_event_times(events)
+    if kubelet is None:
+        kubelet = kubelet_container_events(events)
+    client = client_clock_bounds(job, job_observed, pods, observed_pods)
+    nodes, started = kubelet_event_clocks(events)
+    bound_nodes_by_pods(nodes, pods, scheduled, kubelet, started)
+    return describe_clocks(client, nodes, client_seen_running(pods, observed_pods, started))
 
 
 def phase_durations(points: dict[str, Any]) -> dict[str, tuple[float, float] | None]:
