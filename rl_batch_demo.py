@@ -5107,7 +5107,90 @@ def add_run_directory(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", metavar="DIR", help="the same, as `run` names it")
 
 
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """`run`'s arguments: the batch, the cluster, what each episode runs, and how the run behaves."""
+    parser.add_argument("--output", required=True, metavar="DIR",
+                        help="new directory for every record of the run (must not exist)")
+    parser.add_argument("--count", type=int, default=None, metavar="N",
+                        help=f"episodes (Job completions) (default: {DEFAULT_COUNT}; with --tasks, "
+                             f"the tasks times --group-size)")
+    parser.add_argument("--parallelism", type=int, default=None, metavar="P",
+                        help="episodes at once (default: the count)")
+    parser.add_argument("--image", default=DEFAULT_IMAGE, help="container image with python")
+    parser.add_argument("--runtime", default=DEFAULT_RUNTIME, metavar="RUNTIMECLASS",
+                        help="RuntimeClass that sandboxes each episode")
+    parser.add_argument("--context", default=None, metavar="NAME",
+                        help="kube context (default: the current context)")
+    parser.add_argument("--kubectl", default="kubectl", metavar="PATH", help="kubectl binary")
+    parser.add_argument("--timeout", type=positive_int, default=None, metavar="SECONDS",
+                        help=f"the Job's activeDeadlineSeconds; the client gives up "
+                             f"{CLIENT_GRACE_SECONDS} s later (default: {DEFAULT_JOB_DEADLINE_SECONDS}, "
+                             f"grown with the batch above {DEADLINE_GROWS_ABOVE_EPISODES} episodes)")
+    parser.add_argument("--max-episodes", type=positive_int, default=DEFAULT_MAX_EPISODES, metavar="N",
+                        help="safety cap on --count; raise it explicitly for large batches")
+    parser.add_argument("--chunk-size", type=positive_int, default=LIST_PAGE_SIZE, metavar="N",
+                        help="read lists (pods, events) in pages of N items, as kubectl --chunk-size")
+    parser.add_argument("--rounds", type=positive_int, default=1, metavar="R",
+                        help="measured batches, one after another in the same namespace")
+    parser.add_argument("--warmup", action="store_true",
+                        help="first run one unmeasured batch of the same shape (cache_state 'warmed')")
+    add_episode_arguments(parser)
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the objects that would be created as a v1 List; touch nothing")
+    parser.add_argument("--harden", action="store_true",
+                        help="deny all network traffic, read-only root filesystem, workspace size "
+                             "limit, Pod Security 'restricted'")
+    parser.add_argument("--cleanup", action="store_true",
+                        help="after every file is saved, clean up as `cleanup` would")
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    parser.add_argument("--verbose", action="store_true",
+                        help="echo every kubectl command line (and request through its proxy) on stderr")
+
+
+def add_episode_arguments(parser: argparse.ArgumentParser) -> None:
+    """What each episode of `run` runs: its program, its task, and which of its failures the batch accepts."""
+    parser.add_argument("--episode-script", default=None, metavar="FILE",
+                        help="ship this episode program instead of the built-in one")
+    parser.add_argument("--tasks", default=None, metavar="FILE",
+                        help=f"JSONL file, one task (JSON object) per line; each episode finds its own in "
+                             f"the file named by ${TASK_FILE_ENV}; the task id is its `id` field, else its "
+                             f"line number. rewards.jsonl lists every episode's outcome")
+    parser.add_argument("--group-size", type=positive_int, default=1, metavar="G",
+                        help="episodes per task (GRPO-style groups); needs --tasks")
+    parser.add_argument("--retries", type=non_negative_int, default=None, metavar="N",
+                        help="retry each episode up to N times after an infrastructure failure (eviction, "
+                             "node loss, a killed container); an episode's own failure is never retried. "
+                             "Needs Kubernetes >= 1.33")
+    parser.add_argument("--allow-failures", type=non_negative_int, default=None, metavar="K",
+                        help=f"accept up to K failed episodes: results.json and rewards.jsonl list them "
+                             f"with their class, and the run exits {EXIT_PARTIAL}. Needs Kubernetes >= 1.33")
+
+
+def add_cleanup_arguments(parser: argparse.ArgumentParser) -> None:
+    """`cleanup`'s arguments: the run's directory, and the kubectl that deletes."""
+    add_run_directory(parser)
+    parser.add_argument("--kubectl", default="kubectl", metavar="PATH", help="kubectl binary")
+    parser.add_argument("--wait", type=positive_int, default=DELETE_WAIT_SECONDS, metavar="SECONDS",
+                        help="how long to wait for the Jobs, then the namespace, to disappear")
+    parser.add_argument("--verbose", action="store_true",
+                        help="echo every kubectl command line (and request through its proxy) on stderr")
+
+
+def add_report_arguments(parser: argparse.ArgumentParser) -> None:
+    """`report`'s arguments: the run's directory."""
+    add_run_directory(parser)
+    parser.add_argument("--quiet", action="store_true", help="no phase table on stderr")
+
+
+def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
+    """`compare`'s arguments: the two runs."""
+    parser.add_argument("first", metavar="DIR_A", help="the first run's output directory (A)")
+    parser.add_argument("second", metavar="DIR_B",
+                        help="the second run's output directory (B; ratios are B/A)")
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The command line: one subcommand per action, each with its own arguments, its purpose and an example."""
     parser = argparse.ArgumentParser(
         prog=program_name() if program_name() != "python3 rl_batch_demo.py" else "rl_batch_demo.py",
         description="Measure how fast a Kubernetes cluster with a sandbox runtime runs a batch of "
@@ -5115,79 +5198,14 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="`ACTION --help` describes each action, with an example.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
-
-    run_parser = add_action(actions, "run", "submit a batch of episodes, wait, verify and report",
-                            "--output runs/first --count 10")
-    run_parser.add_argument("--output", required=True, metavar="DIR",
-                            help="new directory for every record of the run (must not exist)")
-    run_parser.add_argument("--count", type=int, default=None, metavar="N",
-                            help=f"episodes (Job completions) (default: {DEFAULT_COUNT}; with --tasks, "
-                                 f"the tasks times --group-size)")
-    run_parser.add_argument("--parallelism", type=int, default=None, metavar="P",
-                            help="episodes at once (default: the count)")
-    run_parser.add_argument("--image", default=DEFAULT_IMAGE, help="container image with python")
-    run_parser.add_argument("--runtime", default=DEFAULT_RUNTIME, metavar="RUNTIMECLASS",
-                            help="RuntimeClass that sandboxes each episode")
-    run_parser.add_argument("--context", default=None, metavar="NAME",
-                            help="kube context (default: the current context)")
-    run_parser.add_argument("--kubectl", default="kubectl", metavar="PATH", help="kubectl binary")
-    run_parser.add_argument("--timeout", type=positive_int, default=None, metavar="SECONDS",
-                            help=f"the Job's activeDeadlineSeconds; the client gives up "
-                                 f"{CLIENT_GRACE_SECONDS} s later (default: {DEFAULT_JOB_DEADLINE_SECONDS}, "
-                                 f"grown with the batch above {DEADLINE_GROWS_ABOVE_EPISODES} episodes)")
-    run_parser.add_argument("--max-episodes", type=positive_int, default=DEFAULT_MAX_EPISODES, metavar="N",
-                            help="safety cap on --count; raise it explicitly for large batches")
-    run_parser.add_argument("--chunk-size", type=positive_int, default=LIST_PAGE_SIZE, metavar="N",
-                            help="read lists (pods, events) in pages of N items, as kubectl --chunk-size")
-    run_parser.add_argument("--rounds", type=positive_int, default=1, metavar="R",
-                            help="measured batches, one after another in the same namespace")
-    run_parser.add_argument("--warmup", action="store_true",
-                            help="first run one unmeasured batch of the same shape (cache_state 'warmed')")
-    run_parser.add_argument("--episode-script", default=None, metavar="FILE",
-                            help="ship this episode program instead of the built-in one")
-    run_parser.add_argument("--tasks", default=None, metavar="FILE",
-                            help=f"JSONL file, one task (JSON object) per line; each episode finds its own in "
-                                 f"the file named by ${TASK_FILE_ENV}; the task id is its `id` field, else its "
-                                 f"line number. rewards.jsonl lists every episode's outcome")
-    run_parser.add_argument("--group-size", type=positive_int, default=1, metavar="G",
-                            help="episodes per task (GRPO-style groups); needs --tasks")
-    run_parser.add_argument("--retries", type=non_negative_int, default=None, metavar="N",
-                            help="retry each episode up to N times after an infrastructure failure (eviction, "
-                                 "node loss, a killed container); an episode's own failure is never retried. "
-                                 "Needs Kubernetes >= 1.33")
-    run_parser.add_argument("--allow-failures", type=non_negative_int, default=None, metavar="K",
-                            help=f"accept up to K failed episodes: results.json and rewards.jsonl list them "
-                                 f"with their class, and the run exits {EXIT_PARTIAL}. Needs Kubernetes >= 1.33")
-    run_parser.add_argument("--dry-run", action="store_true",
-                            help="print the objects that would be created as a v1 List; touch nothing")
-    run_parser.add_argument("--harden", action="store_true",
-                            help="deny all network traffic, read-only root filesystem, workspace size "
-                                 "limit, Pod Security 'restricted'")
-    run_parser.add_argument("--cleanup", action="store_true",
-                            help="after every file is saved, clean up as `cleanup` would")
-    run_parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
-    run_parser.add_argument("--verbose", action="store_true",
-                            help="echo every kubectl command line (and request through its proxy) on stderr")
-
-    cleanup_parser = add_action(actions, "cleanup", "delete what the run's receipt proves it created",
-                                "--output runs/first")
-    add_run_directory(cleanup_parser)
-    cleanup_parser.add_argument("--kubectl", default="kubectl", metavar="PATH", help="kubectl binary")
-    cleanup_parser.add_argument("--wait", type=positive_int, default=DELETE_WAIT_SECONDS, metavar="SECONDS",
-                                help="how long to wait for the Jobs, then the namespace, to disappear")
-    cleanup_parser.add_argument("--verbose", action="store_true",
-                                help="echo every kubectl command line (and request through its proxy) on stderr")
-
-    report_parser = add_action(actions, "report", "recompute and reprint a finished run from its files",
-                               "runs/first")
-    add_run_directory(report_parser)
-    report_parser.add_argument("--quiet", action="store_true", help="no phase table on stderr")
-
-    compare_parser = add_action(actions, "compare", "print the key figures of two runs side by side, "
-                                "with ratios", "runs/parallel runs/serial")
-    compare_parser.add_argument("first", metavar="DIR_A", help="the first run's output directory (A)")
-    compare_parser.add_argument("second", metavar="DIR_B",
-                                help="the second run's output directory (B; ratios are B/A)")
+    add_run_arguments(add_action(actions, "run", "submit a batch of episodes, wait, verify and report",
+                                 "--output runs/first --count 10"))
+    add_cleanup_arguments(add_action(actions, "cleanup", "delete what the run's receipt proves it created",
+                                     "--output runs/first"))
+    add_report_arguments(add_action(actions, "report", "recompute and reprint a finished run from its files",
+                                    "runs/first"))
+    add_compare_arguments(add_action(actions, "compare", "print the key figures of two runs side by side, "
+                                     "with ratios", "runs/parallel runs/serial"))
     for action_parser in actions.choices.values():
         action_parser.set_defaults(action_parser=action_parser)
     return parser
