@@ -1675,8 +1675,7 @@ def worker_time(value: Any) -> float | None:
 
 
 class EpisodeClocks(NamedTuple):
-    """The client's and the episode's node's clock readings minus the control plane's, and how far
-    each correction may be off: a point read on that clock is that much less precise."""
+    """The client's and the episode's node's clocks minus the control plane's, and how far each may be off."""
     client: float = 0.0
     client_slack: float = 0.0
     node: float = 0.0
@@ -1684,6 +1683,7 @@ class EpisodeClocks(NamedTuple):
 
     @classmethod
     def of(cls, offsets: dict[str, float]) -> EpisodeClocks:
+        """From episode_points' `offsets`: a clock not named there reads as the control plane's."""
         return cls(offsets.get("client", 0.0), offsets.get("client_slack", 0.0),
                    offsets.get("node", 0.0), offsets.get("node_slack", 0.0))
 
@@ -1720,8 +1720,7 @@ def sandbox_ready_stamp(pod: dict, observed: dict) -> float | None:
 
 def sandbox_ready_point(pod: dict, observed: dict, kubelet: dict[str, tuple[float, str]],
                         scheduled: Point | None, created: Bound | None, clocks: EpisodeClocks) -> Point | None:
-    """The pod's sandbox ready: after its binding and creation, before the kubelet's first image or container
-    event."""
+    """The pod's sandbox ready: after its binding and creation, before the kubelet's first image or container event."""
     seen = observed.get("seen") or {}
     node, node_slack = clocks.node, clocks.node_slack
     sandbox_stamp = sandbox_ready_stamp(pod, observed)
@@ -1751,8 +1750,7 @@ def sandbox_ready_point(pod: dict, observed: dict, kubelet: dict[str, tuple[floa
 
 def container_started_point(state: dict, ready: dict, kubelet: dict[str, tuple[float, str]], seen: dict,
                             clocks: EpisodeClocks) -> Point | None:
-    """The container's start: its startedAt second, sharpened by the kubelet's events, the worker's process
-    start and this client's watch."""
+    """The container's start: its startedAt second, sharpened by the kubelet's events, the worker and the watch."""
     node, node_slack = clocks.node, clocks.node_slack
     running = state.get("terminated") or state.get("running") or {}
     process = worker_time(ready.get("process_started_at"))
@@ -1914,8 +1912,7 @@ def client_clock_bounds(job: dict, job_observed: dict[str, float], pods: Sequenc
 
 
 def kubelet_event_clocks(events: Sequence[dict]) -> tuple[dict[str, ClockBounds], dict[str, tuple[float, str]]]:
-    """Each node's clock from its kubelet's events, named before they were stored; and each pod's first
-    Started event (name time, node)."""
+    """Each node's clock from its kubelet's events (named before they are stored), and each pod's first Started."""
     nodes: dict[str, ClockBounds] = {}
     started: dict[str, tuple[float, str]] = {}
     for event in events:
@@ -1938,8 +1935,7 @@ def kubelet_event_clocks(events: Sequence[dict]) -> tuple[dict[str, ClockBounds]
 def bound_nodes_by_pods(nodes: dict[str, ClockBounds], pods: Sequence[dict], scheduled: dict[str, float],
                         kubelet: dict[str, dict[str, tuple[float, str]]],
                         started: dict[str, tuple[float, str]]) -> None:
-    """Bound each node's clock from above by its pods: its kubelet acts on a pod only after the pod's
-    creation and binding."""
+    """Bound each node's clock from above: its kubelet acts on a pod only after the pod's creation and binding."""
     first_container_event = {pod: min(reasons.values()) for pod, reasons in kubelet.items()}
     for pod in pods:
         name = pod_name(pod)
@@ -1961,8 +1957,7 @@ def bound_nodes_by_pods(nodes: dict[str, ClockBounds], pods: Sequence[dict], sch
 
 def client_seen_running(pods: Sequence[dict], observed_pods: dict[str, dict],
                         started: dict[str, tuple[float, str]]) -> dict[str, float]:
-    """Node -> the most the client's clock reads ahead of it: the client saw each container running only
-    after its kubelet's Started event."""
+    """Node -> the most the client's clock reads ahead of it: the watch sees a container run after it Started."""
     client_vs_node: dict[str, float] = {}
     for pod in pods:
         name = pod_name(pod)
