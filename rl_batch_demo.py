@@ -3636,7 +3636,7 @@ class BatchFollower:
         """The events are listed after the end instead, as they can be without a watch; said
         once, since for thousands of pods that list is the slow part of the end."""
         if self.events_watched:
-            why = refusal or f"it broke {self.watches.failures['events']} times"
+            why = refusal or f"it broke {self.watches.failures['events'] + 1} times in a row"
             print(f"Warning: cannot watch the events ({why}); they are listed after the Job "
                   f"ends instead (grant watch on events to follow them)", file=sys.stderr, flush=True)
         self.events_watched = False

@@ -214,6 +214,14 @@ def test_a_pod_deleted_under_the_watch_is_never_final() -> None:
     assert not demo.watched_pods_final(follower) and demo.watches_settled(follower, None)
 
 
+def test_an_event_watch_that_keeps_breaking_is_given_up_saying_how_often_it_broke(capsys) -> None:
+    follower = follower_at_the_end([pod("a")], 1)
+    follower.watches.failures["events"] = demo.WATCH_RESTARTS_BEFORE_POLLING  # each restart broke too
+    follower.take(("ended", "events", None), 0.0)
+    assert not follower.events_watched and "events" not in follower.watches
+    assert f"(it broke {demo.WATCH_RESTARTS_BEFORE_POLLING + 1} times in a row)" in capsys.readouterr().err
+
+
 # --------------------------------------------------------------------------
 # The state alone: a reducer of watch changes, no follower around it.
 
