@@ -1522,6 +1522,68 @@ class _HTTPServer(http.server.ThreadingHTTPServer):
     request_queue_size = 256
 
 
+def send_bytes(h: _Handler, code: int, data: bytes, content_type: str,
+               headers: Optional[Dict[str, str]] = None) -> int:
+    """One whole response (no body for HEAD); returns the status code for the request log."""
+    h.send_response(code)
+    h.send_header("Content-Type", content_type)
+    h.send_header("Content-Length", str(len(data)))
+    h.send_header("Cache-Control", "no-cache, private")
+    h.send_header("Audit-Id", str(uuid.uuid4()))
+    for k, v in (headers or {}).items():
+        h.send_header(k, v)
+    h.end_headers()
+    if h.command != "HEAD":
+        h.wfile.write(data)
+    h.wfile.flush()
+    return code
+
+
+def send_json(h: _Handler, code: int, obj: Any, headers: Optional[Dict[str, str]] = None,
+              content_type: str = "application/json") -> int:
+    """One whole response of a JSON document (or bytes already encoded)."""
+    data = json.dumps(obj, separators=(",", ":")).encode() if not isinstance(obj, bytes) else obj
+    return send_bytes(h, code, data, content_type, headers)
+
+
+def start_chunked(h: _Handler, content_type: str) -> None:
+    """The headers of a streamed response (a watch, a followed log)."""
+    h.send_response(200)
+    h.send_header("Content-Type", content_type)
+    h.send_header("Transfer-Encoding", "chunked")
+    h.send_header("Cache-Control", "no-cache, private")
+    h.end_headers()
+    h.wfile.flush()
+
+
+def write_chunk(h: _Handler, data: bytes) -> None:
+    """One chunk of a streamed response, sent at once (nothing for empty data)."""
+    if not data:
+        return
+    h.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+    h.wfile.flush()
+
+
+def client_gone(h: _Handler) -> bool:
+    """True when the client closed its side (detects abandoned watches/follows)."""
+    try:
+        readable, _, _ = select.select([h.connection], [], [], 0)
+        if readable:
+            return h.connection.recv(1, socket.MSG_PEEK) == b""
+    except (OSError, ValueError):
+        return True
+    return False
+
+
+def end_chunked(h: _Handler) -> None:
+    """The last chunk of a streamed response, if the client is still there to take it."""
+    try:
+        h.wfile.write(b"0\r\n\r\n")
+        h.wfile.flush()
+    except OSError:
+        pass
+
+
 # --------------------------------------------------------------------------
 # The read path: a watch cache that may lag or stall, slow lists, paging
 # --------------------------------------------------------------------------
@@ -1840,15 +1902,16 @@ class WatchView:
     """What one watch shows its client: the objects its namespace and selectors match, which of
     them the client has seen, and how each event is written (the object, its metadata or a Table)."""
 
-    def __init__(self, api: "ApiServer", info: ResourceInfo, ns: Optional[str], query: Dict[str, str],
-                 accept: str):
-        self.api = api
+    def __init__(self, store: "Store", render: "Representation", info: ResourceInfo, ns: Optional[str],
+                 query: Dict[str, str], accept: str):
+        self.store = store
+        self.render = render
         self.info = info
         self.query = query
         self.ns_filter = ns if info.namespaced else None
         self.lsel = LabelSelector(query.get("labelSelector", ""))
         self.fsel = FieldSelector(query.get("fieldSelector", ""))
-        self.mode = api.wants(accept)
+        self.mode = render.wants(accept)
         self.first_table = True
         self.seen: Set[Tuple[str, str]] = set()  # (namespace, name) the client holds
 
@@ -1860,7 +1923,7 @@ class WatchView:
     def start(self, rv_param: str, send_initial: bool) -> Tuple[List[dict], int, bool]:
         """The initial objects to send, the resourceVersion to follow from, and whether that one is
         compacted away (410)."""
-        store = self.api.store
+        store = self.store
         initial: List[dict] = []
         with store.lock:
             if send_initial or rv_param in ("", "0"):
@@ -1911,7 +1974,7 @@ class WatchView:
         if etype in ("BOOKMARK", "ERROR"):
             o = obj
         elif self.mode == "table":
-            o = self.api.table(self.info, [obj], self.query, obj["metadata"]["resourceVersion"],
+            o = self.render.table(self.info, [obj], self.query, obj["metadata"]["resourceVersion"],
                                headers=self.first_table)
             self.first_table = False
         elif self.mode == "metadata":
@@ -1930,8 +1993,430 @@ class WatchView:
                           separators=(",", ":")).encode() + b"\n"
 
 
+NOT_FOUND_MESSAGE = "the server could not find the requested resource"
+NOT_ALLOWED_MESSAGE = "the server does not allow this method on the requested resource"
+
+# The body of an injected error status code, worded as the real server's.
+INJECTED_ERRORS = {
+    500: ("InternalError", 'an error on the server ("") has prevented the request from succeeding'),
+    503: ("ServiceUnavailable", "the server is currently unable to handle the request"),
+    504: ("Timeout", "the server was unable to return a response in the time allotted, "
+                     "but may still be processing the request"),
+    429: ("TooManyRequests", "the server has received too many requests and has asked us "
+                             "to try again later"),
+}
+
+
+def not_found() -> ApiError:
+    return ApiError(404, "NotFound", NOT_FOUND_MESSAGE, {})
+
+
+def not_allowed() -> ApiError:
+    return ApiError(405, "MethodNotAllowed", NOT_ALLOWED_MESSAGE, {})
+
+
+def is_true(value: Optional[str]) -> bool:
+    """A boolean query parameter as the API server reads it."""
+    return value in ("true", "1", "True")
+
+
+class RequestFaults:
+    """The faults a request meets before it is routed: latency, RBAC refusals and injected errors."""
+
+    def __init__(self, emu: "Emulator"):
+        self.emu = emu
+
+    def answer(self, h: _Handler, path: str, query: Dict[str, str], is_watch: bool) -> Optional[int]:
+        """Delay the request as the faults ask, and answer it when a fault refuses it (else None)."""
+        faults = self.emu.faults
+        latency = faults.timing("api_latency", 0.0)
+        if latency > 0:
+            limit = parse_go_duration(query.get("timeout")) if not is_watch else None
+            if limit is not None and limit < latency:
+                time.sleep(limit)
+                raise ApiError(504, "Timeout", "Timeout: request did not complete within requested timeout "
+                                               "- context deadline exceeded", {})
+            time.sleep(latency)
+        for resource in faults.value("forbidden") or ():
+            # RBAC without a grant for this resource (core group, cluster scope), as the real message reads.
+            found = re.search(r"^/api/v1/%s(?:/([^/]+))?$" % re.escape(resource), path)
+            if found:
+                verb = {"GET": "watch" if is_watch else ("get" if found.group(1) else "list")}.get(
+                    h.command, h.command.lower())
+                message = ('%s is forbidden: User "admin" cannot %s resource "%s" in API group "" at the '
+                           'cluster scope' % (resource if not found.group(1) else '%s "%s"' % (resource, found.group(1)),
+                                              verb, resource))
+                return send_json(h, 403, ApiError(403, "Forbidden", message, {"kind": resource}).status())
+        code = faults.take_request_error(path + ("?" + "&".join("%s=%s" % kv for kv in query.items())
+                                                 if query else ""))
+        if code is not None:
+            reason, msg = INJECTED_ERRORS.get(
+                code, ("InternalError", "an error on the server has prevented the request from succeeding"))
+            return send_json(h, code, ApiError(code, reason, msg, {}).status())
+        return None
+
+
+class Discovery:
+    """The server's own documents: health, version, API groups, resource lists and OpenAPI."""
+
+    def __init__(self, api: "ApiServer"):
+        self.api = api
+        self.emu = api.emu
+
+    def serve(self, h: _Handler, path: str, query: Dict[str, str]) -> Optional[int]:
+        """Answer a request for one of these documents; None when the path names none of them."""
+        if path in ("/healthz", "/readyz", "/livez"):
+            return send_bytes(h, 200, b"ok", "text/plain; charset=utf-8")
+        if path == "/version":
+            return send_json(h, 200, self.version())
+        if path == "/api":
+            return send_json(h, 200, {"kind": "APIVersions", "versions": ["v1"],
+                                      "serverAddressByClientCIDRs": [
+                                          {"clientCIDR": "0.0.0.0/0",
+                                           "serverAddress": "127.0.0.1:%d" % self.api.port}]})
+        if path == "/apis":
+            return send_json(h, 200, {"kind": "APIGroupList", "apiVersion": "v1",
+                                      "groups": [self.api_group(g) for g in self.groups()]})
+        if path.startswith("/openapi"):
+            return self.openapi(h, path, query)
+        parts = [p for p in path.split("/") if p]
+        if len(parts) == 2 and parts[0] == "apis" and parts[1] in self.groups():
+            return send_json(h, 200, dict(self.api_group(parts[1]), kind="APIGroup", apiVersion="v1"))
+        if parts == ["api", "v1"]:
+            return send_json(h, 200, self.resource_list("", "v1"))
+        if len(parts) == 3 and parts[0] == "apis" and (parts[1], parts[2]) in GROUP_VERSIONS:
+            return send_json(h, 200, self.resource_list(parts[1], parts[2]))
+        return None
+
+    def version(self) -> dict:
+        major, minor = version_tuple(self.emu.server_version)
+        return {"major": str(major), "minor": str(minor), "emulationMajor": str(major),
+                "emulationMinor": str(minor), "minCompatibilityMajor": str(major),
+                "minCompatibilityMinor": str(minor - 1),
+                "gitVersion": "v%d.%d.0" % (major, minor),
+                "gitCommit": hex64("v%d.%d.0" % (major, minor))[:40], "gitTreeState": "clean",
+                "buildDate": "2025-04-23T13:00:00Z", "goVersion": "go1.24.2", "compiler": "gc",
+                "platform": "linux/amd64"}
+
+    @staticmethod
+    def groups() -> List[str]:
+        out: List[str] = []
+        for g, _ in GROUP_VERSIONS:
+            if g and g not in out:
+                out.append(g)
+        return out
+
+    @staticmethod
+    def api_group(group: str) -> dict:
+        versions = [{"groupVersion": "%s/%s" % (group, v), "version": v} for g, v in GROUP_VERSIONS if g == group]
+        return {"name": group, "versions": versions, "preferredVersion": versions[0]}
+
+    @staticmethod
+    def resource_list(group: str, version: str) -> dict:
+        res = []
+        for r in RESOURCES:
+            if r.group != group or r.version != version:
+                continue
+            item: Dict[str, Any] = {"name": r.plural, "singularName": r.singular, "namespaced": r.namespaced,
+                                    "kind": r.kind, "verbs": list(VERBS),
+                                    "storageVersionHash": base64.b64encode(
+                                        hashlib.sha256(r.api_version.encode() + r.plural.encode()).digest()[:8]
+                                    ).decode()}
+            if r.short_names:
+                item["shortNames"] = list(r.short_names)
+            if r.categories:
+                item["categories"] = list(r.categories)
+            res.append(item)
+            for sub, verbs in r.subresources.items():
+                res.append({"name": "%s/%s" % (r.plural, sub), "singularName": "", "namespaced": r.namespaced,
+                            "kind": r.kind if sub != "log" else "Pod", "verbs": verbs})
+        gv = version if not group else "%s/%s" % (group, version)
+        return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": res}
+
+    def openapi(self, h: _Handler, path: str, query: Dict[str, str]) -> int:
+        server_version = self.emu.server_version
+        if path == "/openapi/v2":
+            accept = h.headers.get("Accept", "")
+            if "protobuf" in accept:
+                return send_bytes(h, 200, openapi_v2_protobuf(server_version),
+                                  "application/com.github.proto-openapi.spec.v2.v1.0+protobuf")
+            return send_json(h, 200, {"swagger": "2.0", "info": {"title": "Kubernetes",
+                                                                "version": "v%s.0" % server_version},
+                                      "paths": {}, "definitions": {}})
+        if path == "/openapi/v3":
+            paths = {}
+            for g, v in GROUP_VERSIONS:
+                gvp = "api/v1" if not g else "apis/%s/%s" % (g, v)
+                doc = json.dumps(openapi_v3_doc(g, v, server_version), sort_keys=True).encode()
+                paths[gvp] = {"serverRelativeURL": "/openapi/v3/%s?hash=%s"
+                                                   % (gvp, hashlib.sha512(doc).hexdigest().upper()[:128])}
+            return send_json(h, 200, {"paths": paths})
+        rest = path[len("/openapi/v3/"):]
+        for g, v in GROUP_VERSIONS:
+            gvp = "api/v1" if not g else "apis/%s/%s" % (g, v)
+            if rest == gvp:
+                headers = {"Cache-Control": "public, immutable", "Etag": '"%s"' % query.get("hash", "")}
+                data = json.dumps(openapi_v3_doc(g, v, server_version), sort_keys=True).encode()
+                return send_bytes(h, 200, data, "application/json", headers)
+        raise not_found()
+
+
+class Representation:
+    """How objects are written for a client: in the asked group/version, as metadata only, or as a Table."""
+
+    def __init__(self, emu: "Emulator"):
+        self.emu = emu
+
+    @staticmethod
+    def wants(accept: str) -> str:
+        if "as=Table" in accept:
+            return "table"
+        if "as=PartialObjectMetadata" in accept:
+            return "metadata"
+        return "object"
+
+    def single(self, info: ResourceInfo, obj: dict, accept: str, query: Dict[str, str]) -> dict:
+        mode = self.wants(accept)
+        if mode == "table":
+            return self.table(info, [obj], query, str(obj["metadata"].get("resourceVersion", "")))
+        if mode == "metadata":
+            return {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]}
+        return to_version(info, obj)
+
+    def table(self, info: ResourceInfo, objs: List[dict], query: Dict[str, str], rv: str,
+              cont: Optional[str] = None, headers: bool = True) -> dict:
+        include = query.get("includeObject", "Metadata")
+        now = self.emu.api_now()
+        rows = []
+        for o in objs:
+            row: Dict[str, Any] = {"cells": table_row(info.store, o, now)}
+            if include == "Object":
+                row["object"] = to_version(info, o)
+            elif include != "None":
+                row["object"] = {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
+                                 "metadata": o["metadata"]}
+            rows.append(row)
+        md: Dict[str, Any] = {"resourceVersion": rv}
+        if cont:
+            md["continue"] = cont
+        return {"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": md,
+                "columnDefinitions": table_columns(info.store) if headers else None, "rows": rows}
+
+    def list(self, info: ResourceInfo, page: List[dict], rv: str, cont: Optional[str], remaining: Optional[int],
+             query: Dict[str, str], accept: str) -> dict:
+        """One page of a list as the client asked for it."""
+        mode = self.wants(accept)
+        if mode == "table":
+            return self.table(info, page, query, rv, cont)
+        md: Dict[str, Any] = {"resourceVersion": rv}
+        if cont:
+            md["continue"] = cont
+            if remaining is not None:
+                md["remainingItemCount"] = remaining
+        if mode == "metadata":
+            return {"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": md,
+                    "items": [{"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
+                               "metadata": o["metadata"]} for o in page]}
+        out_items = []
+        for o in page:
+            v = to_version(info, o)
+            v.pop("kind", None)
+            v.pop("apiVersion", None)
+            out_items.append(v)
+        return {"kind": info.kind + "List", "apiVersion": info.api_version, "metadata": md, "items": out_items}
+
+
+class WatchServer:
+    """Serves watches: the initial objects, then the store's events as the watch cache lets them through."""
+
+    def __init__(self, api: "ApiServer"):
+        self.api = api
+        self.emu = api.emu
+        self.store = api.store
+
+    def serve(self, h: _Handler, info: ResourceInfo, ns: Optional[str], query: Dict[str, str], accept: str) -> int:
+        emu = self.emu
+        view = WatchView(self.store, self.api.render, info, ns, query, accept)
+        bookmarks = is_true(query.get("allowWatchBookmarks"))
+        send_initial = is_true(query.get("sendInitialEvents"))
+        rv_param = query.get("resourceVersion", "")
+        if send_initial and query.get("resourceVersionMatch") != "NotOlderThan":
+            raise err_invalid(ListOptionsInfo, "", [("sendInitialEvents", "FieldValueForbidden",
+                              "Forbidden: sendInitialEvents is forbidden for watch unless the "
+                              "resourceVersionMatch is set to NotOlderThan")])
+        timeout = None
+        if query.get("timeoutSeconds"):
+            timeout = float(query["timeoutSeconds"])
+        deadline = time.time() + (timeout if timeout is not None else 1800 + random.random() * 1800)
+        initial, cursor, expired = view.start(rv_param, send_initial)
+        start_chunked(h, "application/json")
+        gen = self.api.generation
+        try:
+            if expired:
+                emu.watches_expired += 1
+                err = ApiError(410, "Expired", "too old resource version: %s (%d)"
+                               % (rv_param, self.store.compacted_rv))
+                write_chunk(h, view.encode("ERROR", err.status()))
+                end_chunked(h)
+                return 200
+            for o in initial:
+                write_chunk(h, view.encode("ADDED", o))
+            if send_initial and bookmarks:
+                write_chunk(h, view.bookmark(cursor, initial_end=True))
+            self._follow(h, view, info, cursor, deadline, bookmarks, gen)
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            return 200
+        end_chunked(h)
+        return 200
+
+    def _follow(self, h: _Handler, view: "WatchView", info: ResourceInfo, cursor: int, deadline: float,
+                bookmarks: bool, gen: int) -> None:
+        """Send the store's events after `cursor` (and bookmarks) until the watch ends."""
+        emu, store = self.emu, self.store
+        last_bookmark = time.time()
+        interval = float(emu.timing["bookmark_interval"])
+        while True:
+            now = time.time()
+            if now >= deadline or self.api.generation != gen or emu._stopping.is_set() or client_gone(h):
+                break
+            with store.cond:
+                try:
+                    events = store.events_since(cursor)
+                except Expired:
+                    err = ApiError(410, "Expired", "too old resource version: %d (%d)"
+                                   % (cursor, store.compacted_rv))
+                    events = None
+                    emu.watches_expired += 1
+                if events == []:
+                    store.cond.wait(min(0.5, max(0.01, deadline - now)))
+                    events = store.events_since(cursor) if cursor >= store.compacted_rv else []
+            if events is None:
+                write_chunk(h, view.encode("ERROR", err.status()))
+                break
+            events, held = emu.reads.visible(info.store, events)
+            if held and not events:
+                time.sleep(0.05)  # the watch cache has not taken these in yet
+            if events:
+                cursor = events[-1][0]
+            out = view.translate(events)
+            if out:
+                write_chunk(h, out)
+            if bookmarks and time.time() - last_bookmark >= interval:
+                write_chunk(h, view.bookmark(cursor))
+                last_bookmark = time.time()
+
+
+class LogServer:
+    """Serves pod logs: which container run, tail, limit, since and timestamps, and following a log."""
+
+    def __init__(self, api: "ApiServer"):
+        self.api = api
+        self.emu = api.emu
+
+    def serve(self, h: _Handler, info: ResourceInfo, ns: str, name: str, query: Dict[str, str]) -> int:
+        emu = self.emu
+        pod = self.api.get_object(info, ns, name)
+        run = self.container_run(pod, query)
+        tail = int(query["tailLines"]) if query.get("tailLines") not in (None, "") else None
+        limit_bytes = int(query["limitBytes"]) if query.get("limitBytes") not in (None, "") else None
+        since = None
+        if query.get("sinceSeconds"):
+            since = emu.api_now() - float(query["sinceSeconds"])
+        elif query.get("sinceTime"):
+            since = parse_time(query["sinceTime"])
+        skew = emu.api_skew() + emu.node_offset(pod["spec"].get("nodeName"))
+        timestamps = is_true(query.get("timestamps"))
+
+        def render(lines: List[Tuple[float, bytes]]) -> bytes:
+            out = bytearray()
+            for t, line in lines:
+                if since is not None and t + skew < since:
+                    continue
+                if timestamps:
+                    ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(int(t + skew)))
+                    out += ("%s.%09dZ " % (ts, int(((t + skew) % 1) * 1e9))).encode()
+                out += line
+            return bytes(out)
+
+        with run.cond:
+            lines = list(run.lines)
+            # A follow goes on from exactly the lines taken here, read under the same lock,
+            # so a line written meanwhile is neither skipped nor sent twice.
+            pos = len(lines)
+        if tail is not None:
+            lines = lines[-tail:] if tail > 0 else []
+        data = render(lines)
+        if limit_bytes is not None:
+            data = data[:limit_bytes]
+        if not is_true(query.get("follow")):
+            return send_bytes(h, 200, data, "text/plain")
+        start_chunked(h, "text/plain")
+        gen = self.api.generation
+        try:
+            write_chunk(h, data)
+            self._follow(h, run, pos, render, len(data), limit_bytes, gen)
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            return 200
+        end_chunked(h)
+        return 200
+
+    def _follow(self, h: _Handler, run: ContainerLog, pos: int, render: Callable[[List[Tuple[float, bytes]]], bytes],
+                sent: int, limit_bytes: Optional[int], gen: int) -> None:
+        """Send the lines the run writes after `pos` until it ends, the limit is reached or the client leaves."""
+        while limit_bytes is None or sent < limit_bytes:
+            with run.cond:
+                if pos >= len(run.lines) and not run.closed:
+                    run.cond.wait(0.5)
+                new = run.lines[pos:]
+                pos += len(new)
+                closed = run.closed and pos >= len(run.lines)
+            if new:
+                chunk = render(new)
+                if limit_bytes is not None:
+                    chunk = chunk[:limit_bytes - sent]
+                write_chunk(h, chunk)
+                sent += len(chunk)
+            if closed or self.api.generation != gen or self.emu._stopping.is_set() or client_gone(h):
+                break
+
+    def container_run(self, pod: dict, query: Dict[str, str]) -> ContainerLog:
+        """The container run whose log is asked for (the current or the previous one), as the kubelet finds it."""
+        emu = self.emu
+        ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+        containers = [c["name"] for c in pod["spec"].get("containers") or []]
+        cname = query.get("container")
+        if not cname:
+            if len(containers) != 1:
+                raise err_bad_request("a container name must be specified for pod %s, choose one of: [%s]"
+                                      % (name, " ".join(containers)))
+            cname = containers[0]
+        if cname not in containers:
+            raise err_bad_request("container %s is not valid for pod %s" % (cname, name))
+        node = pod["spec"].get("nodeName")
+        if not node:
+            raise err_bad_request("pod %s does not have a host assigned" % name)
+        idx = emu.truth_record.pod_index(pod["metadata"]["uid"])
+        if emu.faults.applies("unreadable_logs", idx):
+            host_ip = (pod.get("status") or {}).get("hostIP") or emu.node_ip(node)
+            msg = ('Get "https://%s:10250/containerLogs/%s/%s/%s": dial tcp %s:10250: connect: connection refused'
+                   % (host_ip, ns, name, cname, host_ip))
+            raise ApiError(500, "", msg)
+        runs = emu.logs.get((pod["metadata"]["uid"], cname)) or []
+        if is_true(query.get("previous")):
+            if len(runs) < 2:
+                raise err_bad_request('previous terminated container "%s" in pod "%s" not found' % (cname, name))
+            return runs[-2]
+        if not runs:
+            reason = "ContainerCreating"
+            for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+                if cs.get("name") == cname and (cs.get("state") or {}).get("waiting"):
+                    reason = cs["state"]["waiting"].get("reason") or reason
+            raise err_bad_request('container "%s" in pod "%s" is waiting to start: %s' % (cname, name, reason))
+        return runs[-1]
+
+
 class ApiServer:
-    """The REST layer: routing, (de)serialisation, faults, watch and logs."""
+    """The REST layer: listening, the request log, routing and the verbs on resources."""
 
     def __init__(self, emu: "Emulator"):
         self.emu = emu
@@ -1941,6 +2426,11 @@ class ApiServer:
         self.thread: Optional[threading.Thread] = None
         self.port = 0
         self.generation = 0
+        self.request_faults = RequestFaults(emu)
+        self.discovery = Discovery(self)
+        self.render = Representation(emu)
+        self.watches = WatchServer(self)
+        self.logs = LogServer(self)
 
     # -- lifecycle --------------------------------------------------------
     def listen(self, port: int = 0) -> None:
@@ -1982,188 +2472,41 @@ class ApiServer:
         with self.emu._req_lock:
             self.emu.requests.append(entry)
         try:
-            code = self._faults_then_route(h, path, query, body, is_watch)
+            code = self.request_faults.answer(h, path, query, is_watch)
+            if code is None:
+                code = self.route(h, path, query, body, is_watch)
         except ApiError as e:
-            code = self.send_json(h, e.code, e.status())
+            code = send_json(h, e.code, e.status())
         except (BrokenPipeError, ConnectionResetError):
             code = 499
         except Exception as e:  # pragma: no cover - surfaced as a 500 like a real server
             traceback.print_exc()
-            code = self.send_json(h, 500, ApiError(500, "InternalError", "Internal error occurred: %s" % e).status())
+            code = send_json(h, 500, ApiError(500, "InternalError", "Internal error occurred: %s" % e).status())
         entry["status"] = code
-
-    def _faults_then_route(self, h: _Handler, path: str, query: Dict[str, str], body: bytes,
-                           is_watch: bool) -> int:
-        faults = self.emu.faults
-        latency = faults.timing("api_latency", 0.0)
-        if latency > 0:
-            limit = parse_go_duration(query.get("timeout")) if not is_watch else None
-            if limit is not None and limit < latency:
-                time.sleep(limit)
-                raise ApiError(504, "Timeout", "Timeout: request did not complete within requested timeout "
-                                               "- context deadline exceeded", {})
-            time.sleep(latency)
-        for resource in faults.value("forbidden") or ():
-            # RBAC without a grant for this resource (core group, cluster scope), as the real message reads.
-            found = re.search(r"^/api/v1/%s(?:/([^/]+))?$" % re.escape(resource), path)
-            if found:
-                verb = {"GET": "watch" if is_watch else ("get" if found.group(1) else "list")}.get(
-                    h.command, h.command.lower())
-                message = ('%s is forbidden: User "admin" cannot %s resource "%s" in API group "" at the '
-                           'cluster scope' % (resource if not found.group(1) else '%s "%s"' % (resource, found.group(1)),
-                                              verb, resource))
-                return self.send_json(h, 403, ApiError(403, "Forbidden", message,
-                                                       {"kind": resource}).status())
-        code = faults.take_request_error(path + ("?" + "&".join("%s=%s" % kv for kv in query.items())
-                                                 if query else ""))
-        if code is not None:
-            reason, msg = {
-                500: ("InternalError", 'an error on the server ("") has prevented the request from succeeding'),
-                503: ("ServiceUnavailable", "the server is currently unable to handle the request"),
-                504: ("Timeout", "the server was unable to return a response in the time allotted, "
-                                 "but may still be processing the request"),
-                429: ("TooManyRequests", "the server has received too many requests and has asked us "
-                                         "to try again later"),
-            }.get(code, ("InternalError", "an error on the server has prevented the request from succeeding"))
-            return self.send_json(h, code, ApiError(code, reason, msg, {}).status())
-        return self.route(h, path, query, body, is_watch)
-
-    def send_json(self, h: _Handler, code: int, obj: Any, headers: Optional[Dict[str, str]] = None,
-                  content_type: str = "application/json") -> int:
-        data = json.dumps(obj, separators=(",", ":")).encode() if not isinstance(obj, bytes) else obj
-        return self.send_bytes(h, code, data, content_type, headers)
-
-    def send_bytes(self, h: _Handler, code: int, data: bytes, content_type: str,
-                   headers: Optional[Dict[str, str]] = None) -> int:
-        h.send_response(code)
-        h.send_header("Content-Type", content_type)
-        h.send_header("Content-Length", str(len(data)))
-        h.send_header("Cache-Control", "no-cache, private")
-        h.send_header("Audit-Id", str(uuid.uuid4()))
-        for k, v in (headers or {}).items():
-            h.send_header(k, v)
-        h.end_headers()
-        if h.command != "HEAD":
-            h.wfile.write(data)
-        h.wfile.flush()
-        return code
-
-    def start_chunked(self, h: _Handler, content_type: str) -> None:
-        h.send_response(200)
-        h.send_header("Content-Type", content_type)
-        h.send_header("Transfer-Encoding", "chunked")
-        h.send_header("Cache-Control", "no-cache, private")
-        h.end_headers()
-        h.wfile.flush()
-
-    @staticmethod
-    def write_chunk(h: _Handler, data: bytes) -> None:
-        if not data:
-            return
-        h.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-        h.wfile.flush()
-
-    @staticmethod
-    def client_gone(h: _Handler) -> bool:
-        """True when the client closed its side (detects abandoned watches/follows)."""
-        try:
-            readable, _, _ = select.select([h.connection], [], [], 0)
-            if readable:
-                return h.connection.recv(1, socket.MSG_PEEK) == b""
-        except (OSError, ValueError):
-            return True
-        return False
-
-    @staticmethod
-    def end_chunked(h: _Handler) -> None:
-        try:
-            h.wfile.write(b"0\r\n\r\n")
-            h.wfile.flush()
-        except OSError:
-            pass
 
     # -- routing ----------------------------------------------------------
     def route(self, h: _Handler, path: str, query: Dict[str, str], body: bytes, is_watch: bool) -> int:
-        emu = self.emu
-        method = h.command
-        if path in ("/healthz", "/readyz", "/livez"):
-            return self.send_bytes(h, 200, b"ok", "text/plain; charset=utf-8")
-        if path == "/version":
-            major, minor = version_tuple(emu.server_version)
-            return self.send_json(h, 200, {
-                "major": str(major), "minor": str(minor), "emulationMajor": str(major),
-                "emulationMinor": str(minor), "minCompatibilityMajor": str(major),
-                "minCompatibilityMinor": str(minor - 1),
-                "gitVersion": "v%d.%d.0" % (major, minor),
-                "gitCommit": hex64("v%d.%d.0" % (major, minor))[:40], "gitTreeState": "clean",
-                "buildDate": "2025-04-23T13:00:00Z", "goVersion": "go1.24.2", "compiler": "gc",
-                "platform": "linux/amd64"})
-        if path == "/api":
-            return self.send_json(h, 200, {"kind": "APIVersions", "versions": ["v1"],
-                                           "serverAddressByClientCIDRs": [
-                                               {"clientCIDR": "0.0.0.0/0",
-                                                "serverAddress": "127.0.0.1:%d" % self.port}]})
-        if path == "/apis":
-            return self.send_json(h, 200, {"kind": "APIGroupList", "apiVersion": "v1",
-                                           "groups": [self._api_group(g) for g in self._groups()]})
-        if path.startswith("/openapi"):
-            return self._openapi(h, path, query)
+        code = self.discovery.serve(h, path, query)
+        if code is not None:
+            return code
         parts = [p for p in path.split("/") if p]
         if parts[:2] == ["api", "v1"]:
             group, version, rest = "", "v1", parts[2:]
         elif len(parts) >= 3 and parts[0] == "apis":
             group, version, rest = parts[1], parts[2], parts[3:]
-        elif len(parts) == 2 and parts[0] == "apis" and parts[1] in self._groups():
-            return self.send_json(h, 200, dict(self._api_group(parts[1]), kind="APIGroup", apiVersion="v1"))
         else:
-            raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
-        if (group, version) not in GROUP_VERSIONS:
-            raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
-        if not rest:
-            return self.send_json(h, 200, self._resource_list(group, version))
+            raise not_found()
+        if (group, version) not in GROUP_VERSIONS or not rest:
+            raise not_found()
         info, ns, name, sub = self._parse_resource_path(group, version, rest)
-        return self._serve_resource(h, method, info, ns, name, sub, query, body, is_watch)
-
-    def _groups(self) -> List[str]:
-        out: List[str] = []
-        for g, _ in GROUP_VERSIONS:
-            if g and g not in out:
-                out.append(g)
-        return out
-
-    @staticmethod
-    def _api_group(group: str) -> dict:
-        versions = [{"groupVersion": "%s/%s" % (group, v), "version": v} for g, v in GROUP_VERSIONS if g == group]
-        return {"name": group, "versions": versions, "preferredVersion": versions[0]}
-
-    @staticmethod
-    def _resource_list(group: str, version: str) -> dict:
-        res = []
-        for r in RESOURCES:
-            if r.group != group or r.version != version:
-                continue
-            item: Dict[str, Any] = {"name": r.plural, "singularName": r.singular, "namespaced": r.namespaced,
-                                    "kind": r.kind, "verbs": list(VERBS),
-                                    "storageVersionHash": base64.b64encode(
-                                        hashlib.sha256(r.api_version.encode() + r.plural.encode()).digest()[:8]
-                                    ).decode()}
-            if r.short_names:
-                item["shortNames"] = list(r.short_names)
-            if r.categories:
-                item["categories"] = list(r.categories)
-            res.append(item)
-            for sub, verbs in r.subresources.items():
-                res.append({"name": "%s/%s" % (r.plural, sub), "singularName": "", "namespaced": r.namespaced,
-                            "kind": r.kind if sub != "log" else "Pod", "verbs": verbs})
-        gv = version if not group else "%s/%s" % (group, version)
-        return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": res}
+        return self._serve_resource(h, h.command, info, ns, name, sub, query, body, is_watch)
 
     def _parse_resource_path(self, group: str, version: str,
                              rest: List[str]) -> Tuple[ResourceInfo, Optional[str], Optional[str], Optional[str]]:
         def need(plural: str) -> ResourceInfo:
             info = find_resource(group, version, plural)
             if info is None:
-                raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
+                raise not_found()
             return info
 
         if rest[0] == "namespaces" and len(rest) >= 3 and find_resource(group, version, rest[2]) is not None \
@@ -2173,119 +2516,92 @@ class ApiServer:
             name = rest[3] if len(rest) > 3 else None
             sub = rest[4] if len(rest) > 4 else None
             if len(rest) > 5:
-                raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
+                raise not_found()
             return info, ns, name, sub
         info = need(rest[0])
         name = rest[1] if len(rest) > 1 else None
         sub = rest[2] if len(rest) > 2 else None
         if len(rest) > 3:
-            raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
+            raise not_found()
         return info, None, name, sub
-
-    # -- openapi ----------------------------------------------------------
-    def _openapi(self, h: _Handler, path: str, query: Dict[str, str]) -> int:
-        emu = self.emu
-        if path == "/openapi/v2":
-            accept = h.headers.get("Accept", "")
-            if "protobuf" in accept:
-                return self.send_bytes(h, 200, openapi_v2_protobuf(emu.server_version),
-                                       "application/com.github.proto-openapi.spec.v2.v1.0+protobuf")
-            return self.send_json(h, 200, {"swagger": "2.0", "info": {"title": "Kubernetes",
-                                                                     "version": "v%s.0" % emu.server_version},
-                                           "paths": {}, "definitions": {}})
-        if path == "/openapi/v3":
-            paths = {}
-            for g, v in GROUP_VERSIONS:
-                gvp = "api/v1" if not g else "apis/%s/%s" % (g, v)
-                doc = json.dumps(openapi_v3_doc(g, v, emu.server_version), sort_keys=True).encode()
-                paths[gvp] = {"serverRelativeURL": "/openapi/v3/%s?hash=%s"
-                                                   % (gvp, hashlib.sha512(doc).hexdigest().upper()[:128])}
-            return self.send_json(h, 200, {"paths": paths})
-        rest = path[len("/openapi/v3/"):]
-        for g, v in GROUP_VERSIONS:
-            gvp = "api/v1" if not g else "apis/%s/%s" % (g, v)
-            if rest == gvp:
-                headers = {"Cache-Control": "public, immutable", "Etag": '"%s"' % query.get("hash", "")}
-                data = json.dumps(openapi_v3_doc(g, v, emu.server_version), sort_keys=True).encode()
-                return self.send_bytes(h, 200, data, "application/json", headers)
-        raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
 
     # -- resources --------------------------------------------------------
     def _serve_resource(self, h: _Handler, method: str, info: ResourceInfo, ns: Optional[str],
                         name: Optional[str], sub: Optional[str], query: Dict[str, str],
                         body: bytes, is_watch: bool) -> int:
-        emu = self.emu
         if info.namespaced is False and ns is not None:
-            raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
+            raise not_found()
         if sub is not None and sub not in info.subresources:
-            raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
+            raise not_found()
         accept = h.headers.get("Accept", "")
         if method in ("GET", "HEAD"):
-            if name is None:
-                if is_watch:
-                    return self.watch(h, info, ns, query, accept)
-                return self.send_json(h, 200, self.list_response(info, ns, query, accept))
-            if sub == "log":
-                return self.serve_log(h, info, ns or "", name, query)
-            if is_watch:  # deprecated watch on a single object
-                q = dict(query, fieldSelector="metadata.name=%s" % name)
-                return self.watch(h, info, ns, q, accept)
-            obj = self.get_object(info, ns, name)
-            return self.send_json(h, 200, self.render_single(info, obj, accept, query))
+            return self._read(h, info, ns, name, sub, query, accept, is_watch)
+        if method == "DELETE":
+            return self._delete(h, info, ns, name, query, body, accept)
+        if method not in ("POST", "PUT", "PATCH"):
+            raise not_allowed()
+        if (method == "POST") != (name is None):  # POST names a collection, PUT and PATCH one object
+            raise not_allowed()
+        writes = self.emu.writes
         if method == "POST":
-            if name is not None:
-                raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the "
-                                                        "requested resource", {})
-            body_obj = self.decode_body(h, body)
-            obj, warnings = emu.writes.api_create(info, ns, body_obj, query)
+            obj, warnings = writes.api_create(info, ns, self.decode_body(h, body), query)
             headers = {"Warning": ", ".join('299 - "%s"' % w.replace('"', '\\"') for w in warnings)} \
                 if warnings else None
-            return self.send_json(h, 201, self.render_single(info, obj, accept, query), headers)
+            return send_json(h, 201, self.render.single(info, obj, accept, query), headers)
         if method == "PUT":
-            if name is None:
-                raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the "
-                                                        "requested resource", {})
-            body_obj = self.decode_body(h, body)
-            obj = emu.writes.api_update(info, ns, name, sub, body_obj, query)
-            return self.send_json(h, 200, self.render_single(info, obj, accept, query))
-        if method == "PATCH":
-            if name is None:
-                raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the "
-                                                        "requested resource", {})
+            obj = writes.api_update(info, ns, name, sub, self.decode_body(h, body), query)
+        else:
             ctype = (h.headers.get("Content-Type") or "").split(";")[0].strip()
             try:
                 patch = json.loads(body or b"null")
             except ValueError as e:
                 raise err_bad_request("error decoding patch: %s" % e)
-            obj = emu.writes.api_patch(info, ns, name, sub, ctype, patch, query)
-            return self.send_json(h, 200, self.render_single(info, obj, accept, query))
-        if method == "DELETE":
-            opts: Dict[str, Any] = {}
-            if body:
+            obj = writes.api_patch(info, ns, name, sub, ctype, patch, query)
+        return send_json(h, 200, self.render.single(info, obj, accept, query))
+
+    def _read(self, h: _Handler, info: ResourceInfo, ns: Optional[str], name: Optional[str], sub: Optional[str],
+              query: Dict[str, str], accept: str, is_watch: bool) -> int:
+        """GET: a list, a watch, a pod's log or one object."""
+        if name is None:
+            if is_watch:
+                return self.watches.serve(h, info, ns, query, accept)
+            return send_json(h, 200, self.list_response(info, ns, query, accept))
+        if sub == "log":
+            return self.logs.serve(h, info, ns or "", name, query)
+        if is_watch:  # deprecated watch on a single object
+            q = dict(query, fieldSelector="metadata.name=%s" % name)
+            return self.watches.serve(h, info, ns, q, accept)
+        obj = self.get_object(info, ns, name)
+        return send_json(h, 200, self.render.single(info, obj, accept, query))
+
+    def _delete(self, h: _Handler, info: ResourceInfo, ns: Optional[str], name: Optional[str],
+                query: Dict[str, str], body: bytes, accept: str) -> int:
+        """DELETE of one object, or of every object a list would return (deletecollection)."""
+        writes = self.emu.writes
+        opts: Dict[str, Any] = {}
+        if body:
+            try:
+                opts = json.loads(body)
+            except ValueError:
+                raise err_bad_request("the body of the request was in an unknown format")
+        if "propagationPolicy" in query:
+            opts["propagationPolicy"] = query["propagationPolicy"]
+        if "gracePeriodSeconds" in query:
+            opts["gracePeriodSeconds"] = int(query["gracePeriodSeconds"])
+        if "dryRun" in query:
+            opts["dryRun"] = [query["dryRun"]]
+        if name is None:
+            items = self.list_objects(info, ns, query)
+            for it in items:
                 try:
-                    opts = json.loads(body)
-                except ValueError:
-                    raise err_bad_request("the body of the request was in an unknown format")
-            if "propagationPolicy" in query:
-                opts["propagationPolicy"] = query["propagationPolicy"]
-            if "gracePeriodSeconds" in query:
-                opts["gracePeriodSeconds"] = int(query["gracePeriodSeconds"])
-            if "dryRun" in query:
-                opts["dryRun"] = [query["dryRun"]]
-            if name is None:
-                items = self.list_objects(info, ns, query)
-                for it in items:
-                    try:
-                        emu.writes.api_delete(info, it["metadata"].get("namespace"), it["metadata"]["name"], opts)
-                    except ApiError:
-                        pass
-                return self.send_json(h, 200, {"kind": "Status", "apiVersion": "v1", "metadata": {},
-                                               "status": "Success"})
-            code, out = emu.writes.api_delete(info, ns, name, opts)
-            if out.get("kind") != "Status":
-                out = self.render_single(info, out, accept, query)
-            return self.send_json(h, code, out)
-        raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource", {})
+                    writes.api_delete(info, it["metadata"].get("namespace"), it["metadata"]["name"], opts)
+                except ApiError:
+                    pass
+            return send_json(h, 200, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"})
+        code, out = writes.api_delete(info, ns, name, opts)
+        if out.get("kind") != "Status":
+            out = self.render.single(info, out, accept, query)
+        return send_json(h, code, out)
 
     def decode_body(self, h: _Handler, body: bytes) -> dict:
         ctype = (h.headers.get("Content-Type") or "application/json").split(";")[0].strip()
@@ -2317,42 +2633,6 @@ class ApiServer:
         fsel = FieldSelector(query.get("fieldSelector", ""))
         return [o for o in objs if lsel.matches(o["metadata"].get("labels")) and fsel.matches(o)]
 
-    # -- rendering --------------------------------------------------------
-    @staticmethod
-    def wants(accept: str) -> str:
-        if "as=Table" in accept:
-            return "table"
-        if "as=PartialObjectMetadata" in accept:
-            return "metadata"
-        return "object"
-
-    def render_single(self, info: ResourceInfo, obj: dict, accept: str, query: Dict[str, str]) -> dict:
-        mode = self.wants(accept)
-        if mode == "table":
-            return self.table(info, [obj], query, str(obj["metadata"].get("resourceVersion", "")))
-        if mode == "metadata":
-            return {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]}
-        return to_version(info, obj)
-
-    def table(self, info: ResourceInfo, objs: List[dict], query: Dict[str, str], rv: str,
-              cont: Optional[str] = None, headers: bool = True) -> dict:
-        include = query.get("includeObject", "Metadata")
-        now = self.emu.api_now()
-        rows = []
-        for o in objs:
-            row: Dict[str, Any] = {"cells": table_row(info.store, o, now)}
-            if include == "Object":
-                row["object"] = to_version(info, o)
-            elif include != "None":
-                row["object"] = {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
-                                 "metadata": o["metadata"]}
-            rows.append(row)
-        md: Dict[str, Any] = {"resourceVersion": rv}
-        if cont:
-            md["continue"] = cont
-        return {"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": md,
-                "columnDefinitions": table_columns(info.store) if headers else None, "rows": rows}
-
     def list_response(self, info: ResourceInfo, ns: Optional[str], query: Dict[str, str], accept: str) -> dict:
         self.emu.reads.before_list(info, query)
 
@@ -2361,192 +2641,7 @@ class ApiServer:
                 return self.list_objects(info, ns, query), str(self.store.rv)
 
         page, rv, cont, remaining = self.emu.reads.page(info, query, current)
-        mode = self.wants(accept)
-        if mode == "table":
-            return self.table(info, page, query, rv, cont)
-        md: Dict[str, Any] = {"resourceVersion": rv}
-        if cont:
-            md["continue"] = cont
-            if remaining is not None:
-                md["remainingItemCount"] = remaining
-        if mode == "metadata":
-            return {"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": md,
-                    "items": [{"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
-                               "metadata": o["metadata"]} for o in page]}
-        out_items = []
-        for o in page:
-            v = to_version(info, o)
-            v.pop("kind", None)
-            v.pop("apiVersion", None)
-            out_items.append(v)
-        return {"kind": info.kind + "List", "apiVersion": info.api_version, "metadata": md, "items": out_items}
-
-    # -- watch ------------------------------------------------------------
-    def watch(self, h: _Handler, info: ResourceInfo, ns: Optional[str], query: Dict[str, str], accept: str) -> int:
-        emu = self.emu
-        store = self.store
-        view = WatchView(self, info, ns, query, accept)
-        bookmarks = query.get("allowWatchBookmarks") in ("true", "1", "True")
-        send_initial = query.get("sendInitialEvents") in ("true", "1", "True")
-        rv_param = query.get("resourceVersion", "")
-        if send_initial and query.get("resourceVersionMatch") != "NotOlderThan":
-            raise err_invalid(ListOptionsInfo, "", [("sendInitialEvents", "FieldValueForbidden",
-                              "Forbidden: sendInitialEvents is forbidden for watch unless the "
-                              "resourceVersionMatch is set to NotOlderThan")])
-        timeout = None
-        if query.get("timeoutSeconds"):
-            timeout = float(query["timeoutSeconds"])
-        deadline = time.time() + (timeout if timeout is not None else 1800 + random.random() * 1800)
-        initial, cursor, expired = view.start(rv_param, send_initial)
-        self.start_chunked(h, "application/json")
-        gen = self.generation
-        try:
-            if expired:
-                emu.watches_expired += 1
-                err = ApiError(410, "Expired", "too old resource version: %s (%d)" % (rv_param, store.compacted_rv))
-                self.write_chunk(h, view.encode("ERROR", err.status()))
-                self.end_chunked(h)
-                return 200
-            for o in initial:
-                self.write_chunk(h, view.encode("ADDED", o))
-            if send_initial and bookmarks:
-                self.write_chunk(h, view.bookmark(cursor, initial_end=True))
-            last_bookmark = time.time()
-            interval = float(emu.timing["bookmark_interval"])
-            while True:
-                now = time.time()
-                if now >= deadline or self.generation != gen or emu._stopping.is_set() or self.client_gone(h):
-                    break
-                with store.cond:
-                    try:
-                        events = store.events_since(cursor)
-                    except Expired:
-                        err = ApiError(410, "Expired", "too old resource version: %d (%d)"
-                                       % (cursor, store.compacted_rv))
-                        events = None
-                        emu.watches_expired += 1
-                    if events == []:
-                        store.cond.wait(min(0.5, max(0.01, deadline - now)))
-                        events = store.events_since(cursor) if cursor >= store.compacted_rv else []
-                if events is None:
-                    self.write_chunk(h, view.encode("ERROR", err.status()))
-                    break
-                events, held = emu.reads.visible(info.store, events)
-                if held and not events:
-                    time.sleep(0.05)  # the watch cache has not taken these in yet
-                if events:
-                    cursor = events[-1][0]
-                out = view.translate(events)
-                if out:
-                    self.write_chunk(h, out)
-                if bookmarks and time.time() - last_bookmark >= interval:
-                    self.write_chunk(h, view.bookmark(cursor))
-                    last_bookmark = time.time()
-        except (BrokenPipeError, ConnectionResetError, OSError):
-            return 200
-        self.end_chunked(h)
-        return 200
-
-    # -- logs -------------------------------------------------------------
-    def serve_log(self, h: _Handler, info: ResourceInfo, ns: str, name: str, query: Dict[str, str]) -> int:
-        emu = self.emu
-        pod = self.get_object(info, ns, name)
-        run = self._log_run(pod, query)
-        follow = query.get("follow") in ("true", "1", "True")
-        timestamps = query.get("timestamps") in ("true", "1", "True")
-        tail = int(query["tailLines"]) if query.get("tailLines") not in (None, "") else None
-        limit_bytes = int(query["limitBytes"]) if query.get("limitBytes") not in (None, "") else None
-        since = None
-        if query.get("sinceSeconds"):
-            since = emu.api_now() - float(query["sinceSeconds"])
-        elif query.get("sinceTime"):
-            since = parse_time(query["sinceTime"])
-        skew = emu.api_skew() + emu.node_offset(pod["spec"].get("nodeName"))
-
-        def render(lines: List[Tuple[float, bytes]]) -> bytes:
-            out = bytearray()
-            for t, line in lines:
-                if since is not None and t + skew < since:
-                    continue
-                if timestamps:
-                    ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(int(t + skew)))
-                    out += ("%s.%09dZ " % (ts, int(((t + skew) % 1) * 1e9))).encode()
-                out += line
-            return bytes(out)
-
-        with run.cond:
-            lines = list(run.lines)
-            # A follow goes on from exactly the lines taken here, read under the same lock,
-            # so a line written meanwhile is neither skipped nor sent twice.
-            pos = len(lines)
-        if tail is not None:
-            lines = lines[-tail:] if tail > 0 else []
-        data = render(lines)
-        sent = 0
-        if limit_bytes is not None:
-            data = data[:limit_bytes]
-        if not follow:
-            return self.send_bytes(h, 200, data, "text/plain")
-        self.start_chunked(h, "text/plain")
-        gen = self.generation
-        try:
-            self.write_chunk(h, data)
-            sent = len(data)
-            while limit_bytes is None or sent < limit_bytes:
-                with run.cond:
-                    if pos >= len(run.lines) and not run.closed:
-                        run.cond.wait(0.5)
-                    new = run.lines[pos:]
-                    pos += len(new)
-                    closed = run.closed and pos >= len(run.lines)
-                if new:
-                    chunk = render(new)
-                    if limit_bytes is not None:
-                        chunk = chunk[:limit_bytes - sent]
-                    self.write_chunk(h, chunk)
-                    sent += len(chunk)
-                if closed or self.generation != gen or emu._stopping.is_set() or self.client_gone(h):
-                    break
-        except (BrokenPipeError, ConnectionResetError, OSError):
-            return 200
-        self.end_chunked(h)
-        return 200
-
-    def _log_run(self, pod: dict, query: Dict[str, str]) -> ContainerLog:
-        """The container run whose log is asked for (the current or the previous one), as the kubelet finds it."""
-        emu = self.emu
-        ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
-        containers = [c["name"] for c in pod["spec"].get("containers") or []]
-        cname = query.get("container")
-        if not cname:
-            if len(containers) != 1:
-                raise err_bad_request("a container name must be specified for pod %s, choose one of: [%s]"
-                                      % (name, " ".join(containers)))
-            cname = containers[0]
-        if cname not in containers:
-            raise err_bad_request("container %s is not valid for pod %s" % (cname, name))
-        node = pod["spec"].get("nodeName")
-        if not node:
-            raise err_bad_request("pod %s does not have a host assigned" % name)
-        idx = emu.truth_record.pod_index(pod["metadata"]["uid"])
-        if emu.faults.applies("unreadable_logs", idx):
-            host_ip = (pod.get("status") or {}).get("hostIP") or emu.node_ip(node)
-            msg = ('Get "https://%s:10250/containerLogs/%s/%s/%s": dial tcp %s:10250: connect: connection refused'
-                   % (host_ip, ns, name, cname, host_ip))
-            raise ApiError(500, "", msg)
-        runs = emu.logs.get((pod["metadata"]["uid"], cname)) or []
-        previous = query.get("previous") in ("true", "1", "True")
-        if previous:
-            if len(runs) < 2:
-                raise err_bad_request('previous terminated container "%s" in pod "%s" not found' % (cname, name))
-            return runs[-2]
-        if not runs:
-            reason = "ContainerCreating"
-            for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-                if cs.get("name") == cname and (cs.get("state") or {}).get("waiting"):
-                    reason = cs["state"]["waiting"].get("reason") or reason
-            raise err_bad_request('container "%s" in pod "%s" is waiting to start: %s' % (cname, name, reason))
-        return runs[-1]
+        return self.render.list(info, page, rv, cont, remaining, query, accept)
 
 
 ListOptionsInfo = ResourceInfo("meta.k8s.io", "v1", "listoptions", "ListOptions", False)
