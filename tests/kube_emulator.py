@@ -493,88 +493,135 @@ def _psa_must_set(spec: dict, field: str, good: Callable[[Any], bool], reason: s
     return None
 
 
+def _psa_allow_privilege_escalation(spec: dict) -> Optional[Tuple[str, str]]:
+    """allowPrivilegeEscalation (restricted): every container sets it to false."""
+    bad = [c.get("name", "") for c in _pod_containers(spec)
+           if (c.get("securityContext") or {}).get("allowPrivilegeEscalation") is not False]
+    if not bad:
+        return None
+    return ("allowPrivilegeEscalation != false",
+            "%s must set securityContext.allowPrivilegeEscalation=false" % _containers_noun(bad))
+
+
+def _psa_capabilities(spec: dict) -> Optional[Tuple[str, str]]:
+    """capabilities_restricted: every container drops ALL and adds nothing but NET_BIND_SERVICE."""
+    missing_drop, adding, forbidden = [], [], set()
+    for c in _pod_containers(spec):
+        caps = (c.get("securityContext") or {}).get("capabilities")
+        if caps is None:
+            missing_drop.append(c.get("name", ""))
+            continue
+        if "ALL" not in (caps.get("drop") or []):
+            missing_drop.append(c.get("name", ""))
+        extra = [a for a in caps.get("add") or [] if a != "NET_BIND_SERVICE"]
+        if extra:
+            adding.append(c.get("name", ""))
+            forbidden.update(extra)
+    details = []
+    if missing_drop:
+        details.append('%s must set securityContext.capabilities.drop=["ALL"]' % _containers_noun(missing_drop))
+    if adding:
+        details.append("%s must not include %s in securityContext.capabilities.add"
+                       % (_containers_noun(adding), _join_quote(sorted(forbidden))))
+    return ("unrestricted capabilities", "; ".join(details)) if details else None
+
+
+def _psa_host_namespaces(spec: dict) -> Optional[Tuple[str, str]]:
+    """hostNamespaces: no host network, PID or IPC namespace."""
+    host = [f + "=true" for f in ("hostNetwork", "hostPID", "hostIPC") if spec.get(f)]
+    return ("host namespaces", ", ".join(host)) if host else None
+
+
+def _psa_host_path_volumes(spec: dict) -> Optional[Tuple[str, str]]:
+    """hostPathVolumes (baseline; restrictedVolumes covers it at restricted): no hostPath volume."""
+    hp = [v.get("name", "") for v in spec.get("volumes") or [] if v.get("hostPath") is not None]
+    if not hp:
+        return None
+    return ("hostPath volumes", "%s %s" % ("volume" if len(hp) == 1 else "volumes", _join_quote(hp)))
+
+
+def _psa_privileged(spec: dict) -> Optional[Tuple[str, str]]:
+    """privileged: no privileged container."""
+    privileged = [c.get("name", "") for c in _pod_containers(spec)
+                  if (c.get("securityContext") or {}).get("privileged")]
+    if not privileged:
+        return None
+    return ("privileged", "%s must not set securityContext.privileged=true" % _containers_noun(privileged))
+
+
+def _psa_restricted_volumes(spec: dict) -> Optional[Tuple[str, str]]:
+    """restrictedVolumes: only the volume types the restricted level allows."""
+    bad_volumes = sorted(v.get("name", "") for v in spec.get("volumes") or []
+                         if not any(v.get(t) is not None for t in PSA_RESTRICTED_VOLUMES))
+    if not bad_volumes:
+        return None
+    return ("restricted volume types", "volumes [%s] have restricted types"
+            % " ".join('"%s"' % n for n in bad_volumes))
+
+
+def _psa_run_as_non_root(spec: dict) -> Optional[Tuple[str, str]]:
+    """runAsNonRoot (restricted): true on the pod or on every container, false nowhere."""
+    return _psa_must_set(spec, "runAsNonRoot", lambda v: v is True, "runAsNonRoot != true", True,
+                         "securityContext.runAsNonRoot=true",
+                         lambda setters, _: "%s must not set securityContext.runAsNonRoot=false"
+                         % " and ".join(setters))
+
+
+def _psa_run_as_user(spec: dict) -> Optional[Tuple[str, str]]:
+    """runAsUser (restricted): neither the pod nor a container runs as user 0."""
+    setters = ["pod"] if (spec.get("securityContext") or {}).get("runAsUser") == 0 else []
+    zero = [c.get("name", "") for c in _pod_containers(spec)
+            if (c.get("securityContext") or {}).get("runAsUser") == 0]
+    if zero:
+        setters.append(_containers_noun(zero))
+    return ("runAsUser=0", "%s must not set runAsUser=0" % " and ".join(setters)) if setters else None
+
+
+def _psa_seccomp_restricted(spec: dict) -> Optional[Tuple[str, str]]:
+    """seccompProfile_restricted: RuntimeDefault or Localhost on the pod or on every container."""
+    return _psa_must_set(spec, "seccompProfile",
+                         lambda v: isinstance(v, dict) and v.get("type") in ("RuntimeDefault", "Localhost"),
+                         "seccompProfile", True,
+                         'securityContext.seccompProfile.type to "RuntimeDefault" or "Localhost"',
+                         lambda setters, values: "%s must not set securityContext.seccompProfile.type to %s"
+                         % (" and ".join(setters), _join_quote(values)))
+
+
+def _psa_seccomp_baseline(spec: dict) -> Optional[Tuple[str, str]]:
+    """seccompProfile_baseline: Unconfined nowhere."""
+    unconfined = [c.get("name", "") for c in _pod_containers(spec)
+                  if ((c.get("securityContext") or {}).get("seccompProfile") or {}).get("type") == "Unconfined"]
+    pod_unconfined = ((spec.get("securityContext") or {}).get("seccompProfile") or {}).get("type") == "Unconfined"
+    if not unconfined and not pod_unconfined:
+        return None
+    who = (["pod"] if pod_unconfined else []) + ([_containers_noun(unconfined)] if unconfined else [])
+    return ("seccompProfile", '%s must not set securityContext.seccompProfile.type to "Unconfined"'
+            % " and ".join(who))
+
+
+# The checks in the policy registry's order (by check ID), each with the levels it applies at.
+PSA_CHECKS: List[Tuple[Tuple[str, ...], Callable[[dict], Optional[Tuple[str, str]]]]] = [
+    (("restricted",), _psa_allow_privilege_escalation),
+    (("restricted",), _psa_capabilities),
+    (("baseline", "restricted"), _psa_host_namespaces),
+    (("baseline",), _psa_host_path_volumes),
+    (("baseline", "restricted"), _psa_privileged),
+    (("restricted",), _psa_restricted_volumes),
+    (("restricted",), _psa_run_as_non_root),
+    (("restricted",), _psa_run_as_user),
+    (("restricted",), _psa_seccomp_restricted),
+    (("baseline",), _psa_seccomp_baseline),
+]
+
+
 def pod_security_violations(spec: dict, level: str) -> List[Tuple[str, str]]:
     """(reason, detail) per failed check, in the policy registry's order (by check ID)."""
-    if level not in ("baseline", "restricted"):
-        return []
-    restricted = level == "restricted"
-    containers = _pod_containers(spec)
     out: List[Tuple[str, str]] = []
-
-    def add(result: Optional[Tuple[str, str]]) -> None:
-        if result:
-            out.append(result)
-
-    if restricted:  # allowPrivilegeEscalation
-        bad = [c.get("name", "") for c in containers
-               if (c.get("securityContext") or {}).get("allowPrivilegeEscalation") is not False]
-        if bad:
-            add(("allowPrivilegeEscalation != false",
-                 "%s must set securityContext.allowPrivilegeEscalation=false" % _containers_noun(bad)))
-    if restricted:  # capabilities_restricted
-        missing_drop, adding, forbidden = [], [], set()
-        for c in containers:
-            caps = (c.get("securityContext") or {}).get("capabilities")
-            if caps is None:
-                missing_drop.append(c.get("name", ""))
-                continue
-            if "ALL" not in (caps.get("drop") or []):
-                missing_drop.append(c.get("name", ""))
-            extra = [a for a in caps.get("add") or [] if a != "NET_BIND_SERVICE"]
-            if extra:
-                adding.append(c.get("name", ""))
-                forbidden.update(extra)
-        details = []
-        if missing_drop:
-            details.append('%s must set securityContext.capabilities.drop=["ALL"]' % _containers_noun(missing_drop))
-        if adding:
-            details.append("%s must not include %s in securityContext.capabilities.add"
-                           % (_containers_noun(adding), _join_quote(sorted(forbidden))))
-        if details:
-            add(("unrestricted capabilities", "; ".join(details)))
-    host = [f + "=true" for f in ("hostNetwork", "hostPID", "hostIPC") if spec.get(f)]
-    if host:  # hostNamespaces
-        add(("host namespaces", ", ".join(host)))
-    if not restricted:  # hostPathVolumes (restrictedVolumes covers it at restricted)
-        hp = [v.get("name", "") for v in spec.get("volumes") or [] if v.get("hostPath") is not None]
-        if hp:
-            add(("hostPath volumes", "%s %s" % ("volume" if len(hp) == 1 else "volumes", _join_quote(hp))))
-    privileged = [c.get("name", "") for c in containers if (c.get("securityContext") or {}).get("privileged")]
-    if privileged:
-        add(("privileged", "%s must not set securityContext.privileged=true" % _containers_noun(privileged)))
-    if restricted:  # restrictedVolumes
-        bad_volumes = sorted(v.get("name", "") for v in spec.get("volumes") or []
-                             if not any(v.get(t) is not None for t in PSA_RESTRICTED_VOLUMES))
-        if bad_volumes:
-            add(("restricted volume types", "volumes [%s] have restricted types"
-                 % " ".join('"%s"' % n for n in bad_volumes)))
-    if restricted:  # runAsNonRoot
-        add(_psa_must_set(spec, "runAsNonRoot", lambda v: v is True, "runAsNonRoot != true", True,
-                          "securityContext.runAsNonRoot=true",
-                          lambda setters, _: "%s must not set securityContext.runAsNonRoot=false"
-                          % " and ".join(setters)))
-    if restricted:  # runAsUser
-        setters = ["pod"] if (spec.get("securityContext") or {}).get("runAsUser") == 0 else []
-        zero = [c.get("name", "") for c in containers if (c.get("securityContext") or {}).get("runAsUser") == 0]
-        if zero:
-            setters.append(_containers_noun(zero))
-        if setters:
-            add(("runAsUser=0", "%s must not set runAsUser=0" % " and ".join(setters)))
-    if restricted:  # seccompProfile_restricted
-        add(_psa_must_set(spec, "seccompProfile",
-                          lambda v: isinstance(v, dict) and v.get("type") in ("RuntimeDefault", "Localhost"),
-                          "seccompProfile", True,
-                          'securityContext.seccompProfile.type to "RuntimeDefault" or "Localhost"',
-                          lambda setters, values: "%s must not set securityContext.seccompProfile.type to %s"
-                          % (" and ".join(setters), _join_quote(values))))
-    else:  # seccompProfile_baseline
-        unconfined = [c.get("name", "") for c in containers
-                      if ((c.get("securityContext") or {}).get("seccompProfile") or {}).get("type") == "Unconfined"]
-        pod_unconfined = ((spec.get("securityContext") or {}).get("seccompProfile") or {}).get("type") == "Unconfined"
-        if unconfined or pod_unconfined:
-            who = (["pod"] if pod_unconfined else []) + ([_containers_noun(unconfined)] if unconfined else [])
-            add(("seccompProfile", '%s must not set securityContext.seccompProfile.type to "Unconfined"'
-                 % " and ".join(who)))
+    for levels, check in PSA_CHECKS:
+        if level in levels:
+            result = check(spec)
+            if result:
+                out.append(result)
     return out
 
 
@@ -4514,81 +4561,116 @@ def qos_class(spec: dict) -> str:
     return "Guaranteed" if guaranteed else "Burstable"
 
 
+def validate_pod(body: dict) -> List[Tuple[str, str, str]]:
+    """A pod's field errors: its spec's."""
+    return validate_pod_spec(body.get("spec") or {}, "spec")
+
+
+def validate_job(body: dict) -> List[Tuple[str, str, str]]:
+    """A Job's field errors: its pod template's, its counts and completion mode's, its pod failure policy's."""
+    spec = body.get("spec") or {}
+    tspec = (spec.get("template") or {}).get("spec") or {}
+    errs = validate_pod_spec(tspec, "spec.template.spec")
+    rp = tspec.get("restartPolicy")
+    if rp not in ("OnFailure", "Never"):
+        errs = [e for e in errs if e[0] != "spec.template.spec.restartPolicy"]
+        errs.append(("spec.template.spec.restartPolicy", "FieldValueNotSupported",
+                     'Unsupported value: "%s": supported values: "OnFailure", "Never"' % rp))
+    errs += _job_count_errors(spec)
+    policy = spec.get("podFailurePolicy")
+    if policy is not None:
+        if rp != "Never":
+            errs.append(("spec.template.spec.restartPolicy", "FieldValueInvalid",
+                         'Invalid value: "%s": only "Never" is supported when podFailurePolicy '
+                         'is specified' % rp))
+        errs += _pod_failure_policy_errors(policy, spec.get("backoffLimitPerIndex"))
+    return errs
+
+
+def _job_count_errors(spec: dict) -> List[Tuple[str, str, str]]:
+    """A Job spec's errors in its counts, deadline, completion mode and per-index limits."""
+    errs: List[Tuple[str, str, str]] = []
+    for f in ("parallelism", "completions", "backoffLimit"):
+        if spec.get(f) is not None and (not isinstance(spec[f], int) or spec[f] < 0):
+            errs.append(("spec.%s" % f, "FieldValueInvalid",
+                         "Invalid value: %s: must be greater than or equal to 0" % spec[f]))
+    ads = spec.get("activeDeadlineSeconds")
+    if ads is not None and (not isinstance(ads, int) or ads <= 0):
+        errs.append(("spec.activeDeadlineSeconds", "FieldValueInvalid",
+                     "Invalid value: %s: must be greater than or equal to 1" % ads))
+    if spec.get("completionMode") not in ("NonIndexed", "Indexed"):
+        errs.append(("spec.completionMode", "FieldValueNotSupported",
+                     'Unsupported value: "%s": supported values: "NonIndexed", "Indexed"'
+                     % spec.get("completionMode")))
+    if spec.get("completionMode") == "Indexed" and spec.get("completions") is None:
+        errs.append(("spec.completions", "FieldValueRequired",
+                     "Required value: when completion mode is Indexed"))
+    per_index = spec.get("backoffLimitPerIndex")
+    if per_index is not None and spec.get("completionMode") != "Indexed":
+        errs.append(("spec.backoffLimitPerIndex", "FieldValueForbidden",
+                     "Forbidden: requires indexed completion mode"))
+    if spec.get("maxFailedIndexes") is not None and per_index is None:
+        errs.append(("spec.backoffLimitPerIndex", "FieldValueRequired",
+                     "Required value: when maxFailedIndexes is specified"))
+    if spec.get("maxFailedIndexes") is not None and spec.get("completions") is not None \
+            and spec["maxFailedIndexes"] > spec["completions"]:
+        errs.append(("spec.maxFailedIndexes", "FieldValueInvalid",
+                     "Invalid value: %s: must be less than or equal to completions"
+                     % spec["maxFailedIndexes"]))
+    return errs
+
+
+def _pod_failure_policy_errors(policy: dict, per_index: Any) -> List[Tuple[str, str, str]]:
+    """A pod failure policy's errors: each rule's action and exit codes."""
+    errs: List[Tuple[str, str, str]] = []
+    for number, rule in enumerate(policy.get("rules") or []):
+        action = rule.get("action")
+        if action not in ("Count", "FailIndex", "FailJob", "Ignore"):
+            errs.append(("spec.podFailurePolicy.rules[%d].action" % number, "FieldValueNotSupported",
+                         'Unsupported value: "%s": supported values: "Count", "FailIndex", '
+                         '"FailJob", "Ignore"' % action))
+        elif action == "FailIndex" and per_index is None:
+            errs.append(("spec.podFailurePolicy.rules[%d].action" % number, "FieldValueInvalid",
+                         'Invalid value: "FailIndex": requires the backoffLimitPerIndex to be set'))
+        codes = rule.get("onExitCodes")
+        if codes is not None and codes.get("operator") == "In" and 0 in (codes.get("values") or []):
+            errs.append(("spec.podFailurePolicy.rules[%d].onExitCodes.values[%d]" % (
+                number, codes["values"].index(0)), "FieldValueInvalid",
+                "Invalid value: 0: must not be 0 for the In operator"))
+    return errs
+
+
+def validate_config_map(body: dict) -> List[Tuple[str, str, str]]:
+    """A ConfigMap's field errors: its keys, and values that are not strings."""
+    errs: List[Tuple[str, str, str]] = []
+    for k in list((body.get("data") or {})) + list((body.get("binaryData") or {})):
+        if not _CM_KEY.match(k):
+            errs.append(("data[%s]" % k, "FieldValueInvalid",
+                         "Invalid value: \"%s\": a valid config key must consist of alphanumeric "
+                         "characters, '-', '_' or '.' (e.g. 'key.name',  or 'KEY_NAME',  or 'key-name', "
+                         "regex used for validation is '[-._a-zA-Z0-9]+')" % k))
+    for k, v in (body.get("data") or {}).items():
+        if not isinstance(v, str):
+            errs.append(("data[%s]" % k, "FieldValueInvalid", "Invalid value: must be a string"))
+    return errs
+
+
+def validate_runtime_class(body: dict) -> List[Tuple[str, str, str]]:
+    """A RuntimeClass's field errors: it names a handler."""
+    return [] if body.get("handler") else [("handler", "FieldValueRequired", "Required value")]
+
+
+# The resources whose creates are validated, by store.
+VALIDATORS: Dict[str, Callable[[dict], List[Tuple[str, str, str]]]] = {
+    "pods": validate_pod, "jobs": validate_job, "configmaps": validate_config_map,
+    "runtimeclasses": validate_runtime_class,
+}
+
+
 def validation_errors(info: ResourceInfo, body: dict) -> List[Tuple[str, str, str]]:
     """The field errors a create of `body` answers 422 with (pods, Jobs, ConfigMaps, RuntimeClasses)."""
-    errs: List[Tuple[str, str, str]] = []
-    if info.store == "pods":
-        errs += validate_pod_spec(body.get("spec") or {}, "spec")
-    elif info.store == "jobs":
-        spec = body.get("spec") or {}
-        tspec = (spec.get("template") or {}).get("spec") or {}
-        errs += validate_pod_spec(tspec, "spec.template.spec")
-        rp = tspec.get("restartPolicy")
-        if rp not in ("OnFailure", "Never"):
-            errs = [e for e in errs if e[0] != "spec.template.spec.restartPolicy"]
-            errs.append(("spec.template.spec.restartPolicy", "FieldValueNotSupported",
-                         'Unsupported value: "%s": supported values: "OnFailure", "Never"' % rp))
-        for f in ("parallelism", "completions", "backoffLimit"):
-            if spec.get(f) is not None and (not isinstance(spec[f], int) or spec[f] < 0):
-                errs.append(("spec.%s" % f, "FieldValueInvalid",
-                             "Invalid value: %s: must be greater than or equal to 0" % spec[f]))
-        ads = spec.get("activeDeadlineSeconds")
-        if ads is not None and (not isinstance(ads, int) or ads <= 0):
-            errs.append(("spec.activeDeadlineSeconds", "FieldValueInvalid",
-                         "Invalid value: %s: must be greater than or equal to 1" % ads))
-        if spec.get("completionMode") not in ("NonIndexed", "Indexed"):
-            errs.append(("spec.completionMode", "FieldValueNotSupported",
-                         'Unsupported value: "%s": supported values: "NonIndexed", "Indexed"'
-                         % spec.get("completionMode")))
-        if spec.get("completionMode") == "Indexed" and spec.get("completions") is None:
-            errs.append(("spec.completions", "FieldValueRequired",
-                         "Required value: when completion mode is Indexed"))
-        per_index = spec.get("backoffLimitPerIndex")
-        if per_index is not None and spec.get("completionMode") != "Indexed":
-            errs.append(("spec.backoffLimitPerIndex", "FieldValueForbidden",
-                         "Forbidden: requires indexed completion mode"))
-        if spec.get("maxFailedIndexes") is not None and per_index is None:
-            errs.append(("spec.backoffLimitPerIndex", "FieldValueRequired",
-                         "Required value: when maxFailedIndexes is specified"))
-        if spec.get("maxFailedIndexes") is not None and spec.get("completions") is not None \
-                and spec["maxFailedIndexes"] > spec["completions"]:
-            errs.append(("spec.maxFailedIndexes", "FieldValueInvalid",
-                         "Invalid value: %s: must be less than or equal to completions"
-                         % spec["maxFailedIndexes"]))
-        policy = spec.get("podFailurePolicy")
-        if policy is not None:
-            if rp != "Never":
-                errs.append(("spec.template.spec.restartPolicy", "FieldValueInvalid",
-                             'Invalid value: "%s": only "Never" is supported when podFailurePolicy '
-                             'is specified' % rp))
-            for number, rule in enumerate(policy.get("rules") or []):
-                action = rule.get("action")
-                if action not in ("Count", "FailIndex", "FailJob", "Ignore"):
-                    errs.append(("spec.podFailurePolicy.rules[%d].action" % number, "FieldValueNotSupported",
-                                 'Unsupported value: "%s": supported values: "Count", "FailIndex", '
-                                 '"FailJob", "Ignore"' % action))
-                elif action == "FailIndex" and per_index is None:
-                    errs.append(("spec.podFailurePolicy.rules[%d].action" % number, "FieldValueInvalid",
-                                 'Invalid value: "FailIndex": requires the backoffLimitPerIndex to be set'))
-                codes = rule.get("onExitCodes")
-                if codes is not None and codes.get("operator") == "In" and 0 in (codes.get("values") or []):
-                    errs.append(("spec.podFailurePolicy.rules[%d].onExitCodes.values[%d]" % (
-                        number, codes["values"].index(0)), "FieldValueInvalid",
-                        "Invalid value: 0: must not be 0 for the In operator"))
-    elif info.store == "configmaps":
-        for k in list((body.get("data") or {})) + list((body.get("binaryData") or {})):
-            if not _CM_KEY.match(k):
-                errs.append(("data[%s]" % k, "FieldValueInvalid",
-                             "Invalid value: \"%s\": a valid config key must consist of alphanumeric "
-                             "characters, '-', '_' or '.' (e.g. 'key.name',  or 'KEY_NAME',  or 'key-name', "
-                             "regex used for validation is '[-._a-zA-Z0-9]+')" % k))
-        for k, v in (body.get("data") or {}).items():
-            if not isinstance(v, str):
-                errs.append(("data[%s]" % k, "FieldValueInvalid", "Invalid value: must be a string"))
-    elif info.store == "runtimeclasses":
-        if not body.get("handler"):
-            errs.append(("handler", "FieldValueRequired", "Required value"))
-    return errs
+    validate = VALIDATORS.get(info.store)
+    return validate(body) if validate else []
 
 
 def _delete_path(obj: dict, path: str) -> None:
