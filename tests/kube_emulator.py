@@ -3632,21 +3632,7 @@ class ContainerRunner(threading.Thread):
         for attempt in range(attempts):
             if w.stop_requested():
                 return
-            if emu.faults.applies("replace_pod", idx):
-                # The pod is replaced while it runs, so it must still be running then
-                # whatever the machine's load: it holds until evicted.
-                argv = ["python", "-c", "import time; print('emulator: held until evicted (replace_pod)',"
-                                        " flush=True); time.sleep(3600)"]
-            elif emu.faults.applies("fail_pods", idx):
-                argv = ["python", "-c", "import sys; print('emulator: injected container failure (fail_pods)',"
-                                        " flush=True); sys.exit(3)"]
-            elif attempt < attempts - 1:
-                argv = ["python", "-c", "import sys; print('emulator: injected crash before restart "
-                                        "(restart_container)', flush=True); sys.exit(1)"]
-            elif emu.faults.lightweight():
-                argv = None
-            else:
-                argv = self._argv(env or {})
+            argv = self._attempt_argv(attempt < attempts - 1, env or {})
             if argv is None:
                 code = self._run_emitted(env or {}, attempt)
             else:
@@ -3656,6 +3642,24 @@ class ContainerRunner(threading.Thread):
             if attempt < attempts - 1 and w.sleep(emu.t("restart_delay")):
                 return
 
+    def _attempt_argv(self, crash_first: bool, env: Dict[str, str]) -> Optional[List[str]]:
+        """What an attempt runs: a fault's stand-in, the container's command, or None (the lightweight kubelet)."""
+        faults, idx = self.emu.faults, self.w.index
+        if faults.applies("replace_pod", idx):
+            # The pod is replaced while it runs, so it must still be running then
+            # whatever the machine's load: it holds until evicted.
+            return ["python", "-c", "import time; print('emulator: held until evicted (replace_pod)',"
+                                    " flush=True); time.sleep(3600)"]
+        if faults.applies("fail_pods", idx):
+            return ["python", "-c", "import sys; print('emulator: injected container failure (fail_pods)',"
+                                    " flush=True); sys.exit(3)"]
+        if crash_first:
+            return ["python", "-c", "import sys; print('emulator: injected crash before restart "
+                                    "(restart_container)', flush=True); sys.exit(1)"]
+        if faults.lightweight():
+            return None
+        return self._argv(env)
+
     def mark_started(self, true_start: float) -> None:
         """The kubelet's Started event, the truth's first container start, and the pod's start time."""
         self.event("Normal", "Started", "Started container %s" % self.cname)
@@ -3664,21 +3668,34 @@ class ContainerRunner(threading.Thread):
             self.started_once = True
         self.w.started_at = true_start
 
-    def _run_once(self, argv: List[str], env: Dict[str, str], uid: int, gid: int, attempt: int,
-                  restarting: bool = False) -> Optional[int]:
+    def _created(self, attempt: int) -> Tuple[str, ContainerLog]:
+        """The Created event of this run, its container ID and its new (registered) log."""
         emu, w = self.emu, self.w
         cid = hex64("%s/%s/%d" % (w.uid, self.cname, attempt))
-        v = emu.v
-        self.event("Normal", "Created", ("Created container: %s" if v >= (1, 32) else "Created container %s")
+        self.event("Normal", "Created", ("Created container: %s" if emu.v >= (1, 32) else "Created container %s")
                    % self.cname)
-        mounts, _ = w.mounts_for(self.c)
-        sc = self.c.get("securityContext") or {}
-        ro_root = bool(sc.get("readOnlyRootFilesystem"))
-        hostname = w.hostname
-        cmd = build_bwrap_argv(uid, gid, hostname, mounts, ro_root, self.c.get("workingDir") or "/",
-                               argv, str(emu.bindir))
         log = ContainerLog(emu.workdir / "logs" / ("%s_%s_%s-%d.log" % (w.ns, w.name, self.cname, attempt)))
         emu.logs.setdefault((w.uid, self.cname), []).append(log)
+        return cid, log
+
+    def _exited(self, code: int, cid: str, start: float, exited_at: float, finished_at: float) -> None:
+        """Keep a run's exit: its code, the truth's container end and the terminated state it leaves."""
+        emu, w = self.emu, self.w
+        self.exit_codes.append(code)
+        emu.truth_record.note("pods", w.key, "container_finished", exited_at, first=False)
+        emu.truth_record.note("pods", w.key, "exit_code", code, raw=True)
+        self.last_terminated = {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
+                                "startedAt": fmt_time(start), "finishedAt": fmt_time(finished_at),
+                                "containerID": "containerd://" + cid}
+
+    def _run_once(self, argv: List[str], env: Dict[str, str], uid: int, gid: int, attempt: int,
+                  restarting: bool = False) -> Optional[int]:
+        """One run of the container's process in the sandbox: its exit code, None when the pod stopped first."""
+        emu, w = self.emu, self.w
+        cid, log = self._created(attempt)
+        mounts, ro_root = w.mounts_for(self.c)
+        cmd = build_bwrap_argv(uid, gid, w.hostname, mounts, ro_root, self.c.get("workingDir") or "/",
+                               argv, str(emu.bindir))
         start = emu.node_now(w.kl.node)
         # The true start is taken before the process is spawned: on a loaded machine the
         # spawn and the Started event can take a while, and the container runs meanwhile.
@@ -3692,15 +3709,35 @@ class ContainerRunner(threading.Thread):
                                              stderr=subprocess.STDOUT, env=env, close_fds=True)
         except OSError as e:
             log.close()
-            msg = ('failed to create containerd task: failed to create shim task: OCI runtime create failed: '
-                   'runc create failed: unable to start container process: %s' % e)
-            self.set_state({"terminated": {"exitCode": 128, "reason": "StartError", "message": msg,
-                                           "startedAt": "1970-01-01T00:00:00Z", "finishedAt": fmt_time(start),
-                                           "containerID": "containerd://" + cid}}, ready=False, started=False)
-            self.event("Warning", "Failed", "Error: %s" % msg)
+            self._start_failed(e, cid, start)
             return 128
         self.mark_started(true_start)
+        self._set_running(start, attempt, cid)
+        reader = threading.Thread(target=self._pump, args=(self.proc, log), daemon=True)
+        reader.start()
+        rc = self.proc.wait()
+        exited_at = time.time()
+        reader.join(5)
+        log.close()
+        code = rc if rc >= 0 else 128 - rc
+        # The runtime reports the exit's own moment, however long the log took to drain since.
+        self._exited(code, cid, start, exited_at, emu.node_now(w.kl.node, exited_at))
+        self._report_exit(restarting)
+        with self.proc_lock:
+            self.proc = None
+        return code
 
+    def _start_failed(self, error: OSError, cid: str, start: float) -> None:
+        """The status and event of a container whose process could not be started."""
+        msg = ('failed to create containerd task: failed to create shim task: OCI runtime create failed: '
+               'runc create failed: unable to start container process: %s' % error)
+        self.set_state({"terminated": {"exitCode": 128, "reason": "StartError", "message": msg,
+                                       "startedAt": "1970-01-01T00:00:00Z", "finishedAt": fmt_time(start),
+                                       "containerID": "containerd://" + cid}}, ready=False, started=False)
+        self.event("Warning", "Failed", "Error: %s" % msg)
+
+    def _set_running(self, start: float, attempt: int, cid: str) -> None:
+        """The running state of this run, the previous run's end kept as the last state."""
         def running(cs: dict) -> None:
             last = cs.get("state", {}).get("terminated") or (cs.get("lastState") or {}).get("terminated")
             cs["state"] = {"running": {"startedAt": fmt_time(start)}}
@@ -3712,22 +3749,12 @@ class ContainerRunner(threading.Thread):
             cs["containerID"] = "containerd://" + cid
             if attempt and last:
                 cs["lastState"] = {"terminated": last}
-        w.update_container(self.cname, running)
-        reader = threading.Thread(target=self._pump, args=(self.proc, log), daemon=True)
-        reader.start()
-        rc = self.proc.wait()
-        exited_at = time.time()
-        reader.join(5)
-        log.close()
-        code = rc if rc >= 0 else 128 - rc
-        self.exit_codes.append(code)
-        # The runtime reports the exit's own moment, however long the log took to drain since.
-        end = emu.node_now(w.kl.node, exited_at)
-        emu.truth_record.note("pods", w.key, "container_finished", exited_at, first=False)
-        emu.truth_record.note("pods", w.key, "exit_code", code, raw=True)
-        self.last_terminated = {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
-                                "startedAt": fmt_time(start), "finishedAt": fmt_time(end),
-                                "containerID": "containerd://" + cid}
+        self.w.update_container(self.cname, running)
+
+    def _report_exit(self, restarting: bool) -> None:
+        """The state a run's exit leaves: terminated, or waiting to restart."""
+        w = self.w
+        assert self.last_terminated is not None
         if restarting and not w.stop_requested():
             # One status update from running to CrashLoopBackOff, as a kubelet that restarts
             # the container reports it: never a terminated state that would make the pod Failed.
@@ -3738,9 +3765,6 @@ class ContainerRunner(threading.Thread):
                            lastState={"terminated": dict(self.last_terminated)})
         else:
             self.set_state({"terminated": dict(self.last_terminated)}, ready=False, started=False)
-        with self.proc_lock:
-            self.proc = None
-        return code
 
     def _run_emitted(self, env: Dict[str, str], attempt: int) -> Optional[int]:
         """The lightweight kubelet: the built-in worker's events with its timing, no process."""
@@ -3751,11 +3775,7 @@ class ContainerRunner(threading.Thread):
         def delay(key: str) -> float:
             return timing[key] * random.uniform(1 - jitter, 1 + jitter)
 
-        cid = hex64("%s/%s/%d" % (w.uid, self.cname, attempt))
-        self.event("Normal", "Created", ("Created container: %s" if emu.v >= (1, 32) else "Created container %s")
-                   % self.cname)
-        log = ContainerLog(emu.workdir / "logs" / ("%s_%s_%s-%d.log" % (w.ns, w.name, self.cname, attempt)))
-        emu.logs.setdefault((w.uid, self.cname), []).append(log)
+        cid, log = self._created(attempt)
         start = emu.node_now(w.kl.node)
         true_start = time.time()
         self.mark_started(true_start)
@@ -3786,12 +3806,7 @@ class ContainerRunner(threading.Thread):
             stopped = w.sleep(delay("exit"))
         log.close()
         code = 143 if stopped else 0
-        self.exit_codes.append(code)
-        emu.truth_record.note("pods", w.key, "container_finished", time.time(), first=False)
-        emu.truth_record.note("pods", w.key, "exit_code", code, raw=True)
-        self.last_terminated = {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
-                                "startedAt": fmt_time(start), "finishedAt": fmt_time(emu.node_now(w.kl.node)),
-                                "containerID": "containerd://" + cid}
+        self._exited(code, cid, start, time.time(), emu.node_now(w.kl.node))
         self.set_state({"terminated": dict(self.last_terminated)}, ready=False, started=False)
         return None if stopped else code
 
@@ -3949,6 +3964,33 @@ def on_node_clock(line: bytes, ahead: float) -> bytes:
     return json.dumps(obj).encode() + b"\n"
 
 
+def write_config_map_volume(directory: Path, volume: str, ref: dict, config_map: Optional[dict]) -> None:
+    """A configMap volume's files (the items named, else every key) with their modes, as a kubelet writes them."""
+    if config_map is None and not ref.get("optional"):
+        raise MountError('MountVolume.SetUp failed for volume "%s" : configmap "%s" not found'
+                         % (volume, ref.get("name")))
+    directory.mkdir(parents=True, exist_ok=True)
+    data = dict((config_map or {}).get("data") or {})
+    binary = {k: base64.b64decode(b) for k, b in ((config_map or {}).get("binaryData") or {}).items()}
+    mode = ref.get("defaultMode", 0o644)
+    items = ref.get("items")
+    pairs = [(it["key"], it["path"], it.get("mode", mode)) for it in items] if items else \
+        [(k, k, mode) for k in list(data) + list(binary)]
+    for key, path, file_mode in pairs:
+        target = directory / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(binary[key] if key in binary else data.get(key, "").encode())
+        os.chmod(target, file_mode)
+    os.chmod(directory, 0o755)
+
+
+def write_downward_api_files(pod: dict, directory: Path, items: List[dict]) -> None:
+    """The pod's fields a downwardAPI volume (or projection) names, one file each."""
+    for it in items:
+        val = resolve_field_ref(pod, (it.get("fieldRef") or {}).get("fieldPath", "")) or ""
+        (directory / it["path"]).write_text(val)
+
+
 class PodWorker(threading.Thread):
     """The kubelet's per-pod worker: sandbox, volumes, containers, termination."""
 
@@ -4073,10 +4115,22 @@ class PodWorker(threading.Thread):
             self._maybe_final_delete()
 
     def _run(self) -> None:
+        """The pod's life on its node, step by step; a step returns False when the pod stopped meanwhile."""
+        containers = (self.store_pod().get("spec") or {}).get("containers") or []
+        if not (self._initial_status(containers) and self._mount_volumes() and self._wait_for_watch()
+                and self._start_sandbox() and self._start_containers(containers)):
+            return
+        self._supervise()
+        for r in self.runners:
+            r.join(10)
+        if self.deleting.is_set() and not pod_terminal(self.store_pod() or {}):
+            # A container that gave up waiting (an image that never pulled) as the pod was deleted
+            # ended before the loop saw the deletion: the pod still ends Failed, as a kubelet's does.
+            self._terminate_all()
+
+    def _initial_status(self, containers: List[dict]) -> bool:
+        """The status a kubelet first writes: Pending on this node, every container creating."""
         emu = self.emu
-        pod = self.store_pod()
-        spec = pod.get("spec") or {}
-        containers = spec.get("containers") or []
         now = emu.node_now(self.kl.node)
 
         def init(o: dict) -> Optional[bool]:
@@ -4096,19 +4150,26 @@ class PodWorker(threading.Thread):
             self.recompute(o)
             return True
 
-        if self.update(init) is None:
-            return
+        return self.update(init) is not None
+
+    def _mount_volumes(self) -> bool:
+        """Mount the pod's volumes, retrying (with a FailedMount event) until they mount or the pod stops."""
         # Volumes are mounted before the sandbox is asked for (the kubelet waits for them first),
         # so the kubelet's first container event follows the sandbox at once.
         while True:
             try:
                 self._prepare_volumes(self.store_pod())
-                break
+                return True
             except MountError as e:
-                emu.events.record(self.store_pod(), "Warning", "FailedMount", str(e), "kubelet", host=self.kl.node)
+                self.emu.events.record(self.store_pod(), "Warning", "FailedMount", str(e), "kubelet",
+                                       host=self.kl.node)
                 if self.sleep(1.0):
                     self._terminate_all()
-                    return
+                    return False
+
+    def _wait_for_watch(self) -> bool:
+        """With the sandbox_after_watch fault: hold the sandbox until a client watches this Job's pods."""
+        emu = self.emu
         if emu.faults.on("sandbox_after_watch"):
             # Fired by a state, not a timer: the sandbox starts once a client watches this
             # pod's Job's pods, so a client that was slow to start its watch still sees every
@@ -4117,13 +4178,18 @@ class PodWorker(threading.Thread):
             while job and not emu.pods_watched(self.ns, job):
                 if self.sleep(0.02):
                     self._terminate_all()
-                    return
+                    return False
+        return True
+
+    def _start_sandbox(self) -> bool:
+        """The sandbox's start (after its delay): the pod's IP and, on newer nodes, PodReadyToStartContainers."""
+        emu = self.emu
         delay = (emu.faults.timing("sandbox_delay", emu.t("sandbox_delay"))
                  + random.uniform(0, max(0.0, emu.faults.timing("sandbox_jitter", emu.t("sandbox_jitter")))))
         emu.truth_record.note("pods", self.key, "sandbox_delay", delay, raw=True)
         if self.sleep(delay):
             self._terminate_all()
-            return
+            return False
         pod_ip = self.kl.pod_ip(self)
         # RunPodSandbox has returned: the sandbox is ready now, whenever its status reaches the API.
         sandbox_ready_at = time.time()
@@ -4139,18 +4205,27 @@ class PodWorker(threading.Thread):
             return True
 
         if self.update(sandbox) is None:
-            return
+            return False
         emu.truth_record.note("pods", self.key, "sandbox_ready", sandbox_ready_at)
+        return True
+
+    def _start_containers(self, containers: List[dict]) -> bool:
+        """A runner per container, the first one's image pulled at once, then every runner started."""
         self.pod = self.store_pod()
         self.runners = [ContainerRunner(self, c) for c in containers]
         # As the kubelet does, in the same step that saw the sandbox ready: the first container's
         # image is pulled or found at once, so its event follows the sandbox by milliseconds.
-        if self.runners and not emu.faults.applies("image_pull_backoff", self.index):
+        if self.runners and not self.emu.faults.applies("image_pull_backoff", self.index):
             if not self.runners[0].ensure_image():
                 self._terminate_all()
-                return
+                return False
         for r in self.runners:
             r.start()
+        return True
+
+    def _supervise(self) -> None:
+        """While containers run: stop them on deletion, and evict for the replace_pod fault or a full emptyDir."""
+        emu = self.emu
         last_size_check = 0.0
         while any(r.is_alive() for r in self.runners):
             if self.deleting.is_set() or emu._stopping.is_set():
@@ -4170,12 +4245,6 @@ class PodWorker(threading.Thread):
             # A thousand pods polling every 50 ms would starve the API server of the GIL;
             # the lightweight kubelet's containers report their own end, so a slow poll loses nothing.
             self.deleting.wait(0.5 if emu.faults.lightweight() else 0.05)
-        for r in self.runners:
-            r.join(10)
-        if self.deleting.is_set() and not pod_terminal(self.store_pod() or {}):
-            # A container that gave up waiting (an image that never pulled) as the pod was deleted
-            # ended before the loop saw the deletion: the pod still ends Failed, as a kubelet's does.
-            self._terminate_all()
 
     def _terminate_all(self) -> None:
         """Graceful stop: SIGTERM, wait min(grace, grace_cap), SIGKILL."""
@@ -4238,83 +4307,66 @@ class PodWorker(threading.Thread):
 
     # -- volumes -----------------------------------------------------------
     def _prepare_volumes(self, pod: dict) -> None:
-        emu = self.emu
+        """Mount each of the pod's volumes not mounted yet (a MountError says which one cannot be)."""
         for v in (pod.get("spec") or {}).get("volumes") or []:
-            name = v["name"]
-            if name in self.volumes:
-                continue
-            d = self.dir / "volumes" / name
-            if v.get("configMap") is not None:
-                ref = v["configMap"]
-                cm = emu.store.get("configmaps", self.ns, ref.get("name", ""))
-                if cm is None and not ref.get("optional"):
-                    raise MountError('MountVolume.SetUp failed for volume "%s" : configmap "%s" not found'
-                                     % (name, ref.get("name")))
-                d.mkdir(parents=True, exist_ok=True)
-                data = dict((cm or {}).get("data") or {})
-                binary = {k: base64.b64decode(b) for k, b in ((cm or {}).get("binaryData") or {}).items()}
-                mode = ref.get("defaultMode", 420)
-                items = ref.get("items")
-                pairs = [(it["key"], it["path"], it.get("mode", mode)) for it in items] if items else \
-                    [(k, k, mode) for k in list(data) + list(binary)]
-                for key, path, fmode in pairs:
-                    target = d / path
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    payload = binary[key] if key in binary else data.get(key, "").encode()
-                    target.write_bytes(payload)
-                    os.chmod(target, fmode)
-                os.chmod(d, 0o755)
-                self.volumes[name] = (str(d), "configMap")
-            elif v.get("emptyDir") is not None:
-                d.mkdir(parents=True, exist_ok=True)
-                os.chmod(d, 0o777)
-                self.volumes[name] = (str(d), "emptyDir")
-            elif v.get("projected") is not None:
-                d.mkdir(parents=True, exist_ok=True)
-                for src in v["projected"].get("sources") or []:
-                    if src.get("serviceAccountToken"):
-                        (d / src["serviceAccountToken"].get("path", "token")).write_text(
-                            "emulator-token-%s" % self.uid)
-                    if src.get("configMap") and src["configMap"].get("name") == "kube-root-ca.crt":
-                        for it in src["configMap"].get("items") or []:
-                            (d / it["path"]).write_text(EMULATOR_CA)
-                    elif src.get("configMap"):
-                        ref = src["configMap"]
-                        cm = emu.store.get("configmaps", self.ns, ref.get("name", ""))
-                        if cm is None and not ref.get("optional"):
-                            raise MountError('MountVolume.SetUp failed for volume "%s" : configmap "%s" not found'
-                                             % (name, ref.get("name")))
-                        data = dict((cm or {}).get("data") or {})
-                        pairs = [(it["key"], it["path"]) for it in ref["items"]] if ref.get("items") else \
-                            [(k, k) for k in data]
-                        for key, path in pairs:
-                            if key not in data and cm is not None:
-                                raise MountError('MountVolume.SetUp failed for volume "%s" : configmap references '
-                                                 'non-existent config key: %s' % (name, key))
-                            target = d / path
-                            target.parent.mkdir(parents=True, exist_ok=True)
-                            target.write_text(data.get(key, ""))
-                    if src.get("downwardAPI"):
-                        for it in src["downwardAPI"].get("items") or []:
-                            val = resolve_field_ref(pod, (it.get("fieldRef") or {}).get("fieldPath", "")) or ""
-                            (d / it["path"]).write_text(val)
-                for f in d.iterdir():
-                    os.chmod(f, 0o644)
-                self.volumes[name] = (str(d), "projected")
-            elif v.get("downwardAPI") is not None:
-                d.mkdir(parents=True, exist_ok=True)
-                for it in v["downwardAPI"].get("items") or []:
-                    val = resolve_field_ref(pod, (it.get("fieldRef") or {}).get("fieldPath", "")) or ""
-                    (d / it["path"]).write_text(val)
-                self.volumes[name] = (str(d), "downwardAPI")
-            elif v.get("hostPath") is not None:
-                self.volumes[name] = (v["hostPath"].get("path", "/"), "hostPath")
-            elif v.get("secret") is not None:
-                raise MountError('MountVolume.SetUp failed for volume "%s" : secret "%s" not found'
-                                 % (name, v["secret"].get("secretName")))
-            else:
-                raise MountError('MountVolume.SetUp failed for volume "%s" : volume type not supported by '
-                                 'the emulator' % name)
+            if v["name"] not in self.volumes:
+                self.volumes[v["name"]] = self._mount(pod, v)
+
+    def _mount(self, pod: dict, v: dict) -> Tuple[str, str]:
+        """One volume, written under the pod's directory as its type asks: (its host path, its type)."""
+        name = v["name"]
+        d = self.dir / "volumes" / name
+        if v.get("configMap") is not None:
+            ref = v["configMap"]
+            write_config_map_volume(d, name, ref, self.emu.store.get("configmaps", self.ns, ref.get("name", "")))
+            return str(d), "configMap"
+        if v.get("emptyDir") is not None:
+            d.mkdir(parents=True, exist_ok=True)
+            os.chmod(d, 0o777)
+            return str(d), "emptyDir"
+        if v.get("projected") is not None:
+            d.mkdir(parents=True, exist_ok=True)
+            for src in v["projected"].get("sources") or []:
+                self._project(pod, d, name, src)
+            for f in d.iterdir():
+                os.chmod(f, 0o644)
+            return str(d), "projected"
+        if v.get("downwardAPI") is not None:
+            d.mkdir(parents=True, exist_ok=True)
+            write_downward_api_files(pod, d, v["downwardAPI"].get("items") or [])
+            return str(d), "downwardAPI"
+        if v.get("hostPath") is not None:
+            return v["hostPath"].get("path", "/"), "hostPath"
+        if v.get("secret") is not None:
+            raise MountError('MountVolume.SetUp failed for volume "%s" : secret "%s" not found'
+                             % (name, v["secret"].get("secretName")))
+        raise MountError('MountVolume.SetUp failed for volume "%s" : volume type not supported by '
+                         'the emulator' % name)
+
+    def _project(self, pod: dict, d: Path, name: str, src: dict) -> None:
+        """One source of a projected volume: the token, the root CA, configMap keys or downward API fields."""
+        if src.get("serviceAccountToken"):
+            (d / src["serviceAccountToken"].get("path", "token")).write_text("emulator-token-%s" % self.uid)
+        if src.get("configMap") and src["configMap"].get("name") == "kube-root-ca.crt":
+            for it in src["configMap"].get("items") or []:
+                (d / it["path"]).write_text(EMULATOR_CA)
+        elif src.get("configMap"):
+            ref = src["configMap"]
+            cm = self.emu.store.get("configmaps", self.ns, ref.get("name", ""))
+            if cm is None and not ref.get("optional"):
+                raise MountError('MountVolume.SetUp failed for volume "%s" : configmap "%s" not found'
+                                 % (name, ref.get("name")))
+            data = dict((cm or {}).get("data") or {})
+            pairs = [(it["key"], it["path"]) for it in ref["items"]] if ref.get("items") else [(k, k) for k in data]
+            for key, path in pairs:
+                if key not in data and cm is not None:
+                    raise MountError('MountVolume.SetUp failed for volume "%s" : configmap references '
+                                     'non-existent config key: %s' % (name, key))
+                target = d / path
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(data.get(key, ""))
+        if src.get("downwardAPI"):
+            write_downward_api_files(pod, d, src["downwardAPI"].get("items") or [])
 
     def mounts_for(self, container: dict) -> Tuple[List[Tuple[str, str, bool]], bool]:
         out = []
