@@ -3521,28 +3521,27 @@ def namespace_deletion_conditions(remaining: Dict[str, int], finalizers: Dict[st
         return {"type": ctype, "status": status, "lastTransitionTime": fmt_time(now),
                 "reason": reason, "message": message}
 
-    conds = [
-        ns_cond("NamespaceDeletionDiscoveryFailure", "False", "ResourcesDiscovered",
-                "All resources successfully discovered"),
-        ns_cond("NamespaceDeletionGroupVersionParsingFailure", "False", "ParsedGroupVersions",
-                "All legacy kube types successfully parsed"),
-        ns_cond("NamespaceDeletionContentFailure", "False", "ContentDeleted",
-                "All content successfully deleted, may be waiting on finalization"),
-    ]
-    if remaining:
-        conds.append(ns_cond("NamespaceContentRemaining", "True", "SomeResourcesRemain",
-                             "Some resources are remaining: " + ", ".join(
-                                 "%s has %d resource instances" % (k, v) for k, v in sorted(remaining.items()))))
-    else:
-        conds.append(ns_cond("NamespaceContentRemaining", "False", "ContentRemoved",
-                             "All content successfully removed"))
-    if finalizers:
-        conds.append(ns_cond("NamespaceFinalizersRemaining", "True", "SomeFinalizersRemain",
-                             "Some content in the namespace has finalizers remaining: " + ", ".join(
-                                 "%s in %d resource instances" % (k, v) for k, v in sorted(finalizers.items()))))
-    else:
-        conds.append(ns_cond("NamespaceFinalizersRemaining", "False", "ContentHasNoFinalizers",
-                             "All content-preserving finalizers finished"))
+    def counted(ctype: str, counts: Dict[str, int], some: Tuple[str, str, str], none: Tuple[str, str]) -> dict:
+        """True with the counts per resource when there are any, else False."""
+        if not counts:
+            return ns_cond(ctype, "False", *none)
+        reason, message, each = some
+        return ns_cond(ctype, "True", reason, message + ", ".join(each % kv for kv in sorted(counts.items())))
+
+    conds = [ns_cond(ctype, "False", reason, message) for ctype, reason, message in (
+        ("NamespaceDeletionDiscoveryFailure", "ResourcesDiscovered", "All resources successfully discovered"),
+        ("NamespaceDeletionGroupVersionParsingFailure", "ParsedGroupVersions",
+         "All legacy kube types successfully parsed"),
+        ("NamespaceDeletionContentFailure", "ContentDeleted",
+         "All content successfully deleted, may be waiting on finalization"),
+    )]
+    conds.append(counted("NamespaceContentRemaining", remaining,
+                         ("SomeResourcesRemain", "Some resources are remaining: ", "%s has %d resource instances"),
+                         ("ContentRemoved", "All content successfully removed")))
+    conds.append(counted("NamespaceFinalizersRemaining", finalizers,
+                         ("SomeFinalizersRemain", "Some content in the namespace has finalizers remaining: ",
+                          "%s in %d resource instances"),
+                         ("ContentHasNoFinalizers", "All content-preserving finalizers finished")))
     return conds
 
 
@@ -3989,6 +3988,15 @@ def write_downward_api_files(pod: dict, directory: Path, items: List[dict]) -> N
     for it in items:
         val = resolve_field_ref(pod, (it.get("fieldRef") or {}).get("fieldPath", "")) or ""
         (directory / it["path"]).write_text(val)
+
+
+def told_of_removal(kind: str, worker: Any) -> bool:
+    """On a pod's DELETED event, tell its worker (if it has one) that the pod is gone; True for that event."""
+    if kind != "DELETED":
+        return False
+    if worker is not None:
+        worker.on_removed()
+    return True
 
 
 class PodWorker(threading.Thread):
@@ -4448,9 +4456,7 @@ class Kubelet:
         uid = md["uid"]
         with self.lock:
             w = self.workers.get(uid)
-            if etype == "DELETED":
-                if w is not None:
-                    w.on_removed()
+            if told_of_removal(etype, w):
                 return
             if w is None:
                 if pod_terminal(obj):

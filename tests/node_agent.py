@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from urllib.parse import parse_qs, quote, urlsplit
 
 from control_plane import Api, ApiError, free_port
-from kube_emulator import hex64, normalize_image, write_config_map_volume
+from kube_emulator import hex64, normalize_image, told_of_removal, write_config_map_volume
 from sandbox import SANDBOX_PATH, ContainerLog, MountError, build_bwrap_argv, expand_vars, resolve_field_ref, \
     signal_tree
 
@@ -650,9 +650,7 @@ class NodeAgent:
         uid = md["uid"]
         with self.lock:
             worker = self.workers.get(uid)
-        if kind == "DELETED":
-            if worker is not None:
-                worker.on_removed()
+        if told_of_removal(kind, worker):
             return
         terminal = (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
         if worker is None:
