@@ -31,7 +31,10 @@ How it is put together: ``Emulator`` only composes and starts the pieces.  The
 ``Faults`` holds the faults in force (declared in ``FAULTS`` and
 ``READ_PATH_FAULTS``, refused when unknown) and says whom each hits.  Reads go
 through ``ReadPath`` (the watch cache), writes through ``WritePath`` (admission,
-defaulting, validation); ``ApiServer`` routes HTTP to them.  ``EventRecorder``
+defaulting, validation); ``ApiServer`` routes HTTP to them and composes the
+rest of the REST layer: ``RequestFaults`` (latency, refusals, injected errors),
+``Discovery`` (version, groups, resource lists, OpenAPI), ``Representation``
+(objects, metadata or Tables), ``WatchServer`` and ``LogServer``.  ``EventRecorder``
 writes the components' Events and ``TruthRecord`` notes when things really
 happened, for the tests to compare with.
 
@@ -3999,6 +4002,17 @@ def told_of_removal(kind: str, worker: Any) -> bool:
     return True
 
 
+def link_python(bindir: Path, python: str) -> None:
+    """`python` and `python3` in `bindir`, for the sandbox's PATH, link to the interpreter's real file."""
+    for n in ("python", "python3"):
+        link = bindir / n
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        # The real file, not a virtualenv's link to it: the sandbox shows the host's
+        # root read-only but a fresh /tmp, where a venv (or a CI checkout) may live.
+        link.symlink_to(os.path.realpath(python))
+
+
 class PodWorker(threading.Thread):
     """The kubelet's per-pod worker: sandbox, volumes, containers, termination."""
 
@@ -5366,13 +5380,7 @@ class Emulator:
         (self.workdir / "pods").mkdir(exist_ok=True)
         (self.workdir / "home").mkdir(exist_ok=True)
         self.bindir.mkdir(exist_ok=True)
-        for n in ("python", "python3"):
-            link = self.bindir / n
-            if link.is_symlink() or link.exists():
-                link.unlink()
-            # The real file, not a virtualenv's link to it: the sandbox shows the host's
-            # root read-only but a fresh /tmp, where a venv (or a CI checkout) may live.
-            link.symlink_to(os.path.realpath(self.python))
+        link_python(self.bindir, self.python)
         self.api.listen(0)
         self._write_kubeconfig()
         self._bootstrap()

@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from urllib.parse import parse_qs, quote, urlsplit
 
 from control_plane import Api, ApiError, free_port
-from kube_emulator import hex64, normalize_image, told_of_removal, write_config_map_volume
+from kube_emulator import hex64, link_python, normalize_image, told_of_removal, write_config_map_volume
 from sandbox import SANDBOX_PATH, ContainerLog, MountError, build_bwrap_argv, expand_vars, resolve_field_ref, \
     signal_tree
 
@@ -503,12 +503,7 @@ class NodeAgent:
         for d in ("logs", "pods"):
             (self.workdir / d).mkdir(parents=True, exist_ok=True)
         self.bindir.mkdir(parents=True, exist_ok=True)
-        for name in ("python", "python3"):
-            link = self.bindir / name
-            if link.is_symlink() or link.exists():
-                link.unlink()
-            # The real file, not a virtualenv's link to it: the sandbox shows a fresh /tmp.
-            link.symlink_to(os.path.realpath(self.python))
+        link_python(self.bindir, self.python)
         self._serve()
         for node in self.node_names:
             self._register(node)
