@@ -446,6 +446,74 @@ def pod_failure_policy() -> dict:
     ]}
 
 
+def episode_env(indexed: bool, tasks: dict | None) -> list[dict]:
+    """The episode's environment: its pod's name, and in an Indexed Job its index and its task file."""
+    env: list[dict[str, Any]] = [
+        {"name": "EPISODE_ID",
+         "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+    ]
+    if indexed:
+        env.append({"name": "EPISODE_INDEX", "valueFrom": {"fieldRef": {
+            "fieldPath": f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"}}})
+    if tasks:
+        # $(EPISODE_INDEX) expands because it is defined earlier in the list.
+        env.append({"name": TASK_FILE_ENV, "value": f"{TASKS_MOUNT}/$(EPISODE_INDEX).json"})
+    return env
+
+
+def episode_container(image: str, harden: bool, indexed: bool, tasks: dict | None) -> dict:
+    """The container that runs the episode program: unprivileged, small requests and limits."""
+    security: dict[str, Any] = {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    if harden:
+        security["readOnlyRootFilesystem"] = True
+    mounts = [
+        {"name": "demo", "mountPath": "/demo", "readOnly": True},
+        {"name": "workspace", "mountPath": "/workspace"},
+    ]
+    if tasks:
+        mounts.append({"name": TASKS_VOLUME, "mountPath": TASKS_MOUNT, "readOnly": True})
+    return {
+        "name": CONTAINER_NAME,
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["python", "-B", f"/demo/{WORKER_KEY}"],
+        "env": episode_env(indexed, tasks),
+        "securityContext": security,
+        "resources": {
+            "requests": {"cpu": "100m", "memory": "64Mi"},
+            "limits": {"cpu": "500m", "memory": "128Mi"},
+        },
+        "volumeMounts": mounts,
+    }
+
+
+def episode_pod_spec(image: str, runtime: str, harden: bool, indexed: bool, tasks: dict | None) -> dict:
+    """An episode's pod: in the sandbox runtime, never restarted, non-root, without a service account token."""
+    volumes = [
+        {"name": "demo", "configMap": {"name": CONFIGMAP_NAME}},
+        {"name": "workspace", "emptyDir": {"sizeLimit": "64Mi"} if harden else {}},
+    ]
+    if tasks:
+        volumes.append(tasks)
+    return {
+        "runtimeClassName": runtime,
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "securityContext": {
+            "runAsUser": 1000,
+            "runAsGroup": 1000,
+            "fsGroup": 1000,
+            "runAsNonRoot": True,
+        },
+        "containers": [episode_container(image, harden, indexed, tasks)],
+        "volumes": volumes,
+    }
+
+
 def job_manifest(namespace: str, count: int, parallelism: int, image: str,
                  runtime: str, deadline_seconds: int = DEFAULT_JOB_DEADLINE_SECONDS,
                  name: str = JOB_NAME, harden: bool = False,
@@ -458,25 +526,7 @@ def job_manifest(namespace: str, count: int, parallelism: int, image: str,
     (backoffLimitPerIndex), a number of failed episodes the Job tolerates
     (maxFailedIndexes) and the podFailurePolicy that tells whose failure it was.
     """
-    container_security: dict[str, Any] = {
-        "allowPrivilegeEscalation": False,
-        "capabilities": {"drop": ["ALL"]},
-        "seccompProfile": {"type": "RuntimeDefault"},
-    }
-    workspace_volume: dict[str, Any] = {"name": "workspace", "emptyDir": {}}
-    if harden:
-        container_security["readOnlyRootFilesystem"] = True
-        workspace_volume["emptyDir"] = {"sizeLimit": "64Mi"}
-    env: list[dict[str, Any]] = [
-        {"name": "EPISODE_ID",
-         "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-    ]
-    if indexed or tasks or policy:
-        env.append({"name": "EPISODE_INDEX", "valueFrom": {"fieldRef": {
-            "fieldPath": f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"}}})
-    if tasks:
-        # $(EPISODE_INDEX) expands because it is defined earlier in the list.
-        env.append({"name": TASK_FILE_ENV, "value": f"{TASKS_MOUNT}/$(EPISODE_INDEX).json"})
+    indexed_mode = bool(indexed or tasks or policy)
     spec: dict[str, Any] = {
         "completions": count,
         "parallelism": parallelism,
@@ -484,46 +534,11 @@ def job_manifest(namespace: str, count: int, parallelism: int, image: str,
         "activeDeadlineSeconds": deadline_seconds,
         "template": {
             "metadata": {"labels": {"app": APP_LABEL}},
-            "spec": {
-                "runtimeClassName": runtime,
-                "restartPolicy": "Never",
-                "automountServiceAccountToken": False,
-                "securityContext": {
-                    "runAsUser": 1000,
-                    "runAsGroup": 1000,
-                    "fsGroup": 1000,
-                    "runAsNonRoot": True,
-                },
-                "containers": [{
-                    "name": CONTAINER_NAME,
-                    "image": image,
-                    "imagePullPolicy": "IfNotPresent",
-                    "command": ["python", "-B", f"/demo/{WORKER_KEY}"],
-                    "env": env,
-                    "securityContext": container_security,
-                    "resources": {
-                        "requests": {"cpu": "100m", "memory": "64Mi"},
-                        "limits": {"cpu": "500m", "memory": "128Mi"},
-                    },
-                    "volumeMounts": [
-                        {"name": "demo", "mountPath": "/demo", "readOnly": True},
-                        {"name": "workspace", "mountPath": "/workspace"},
-                    ],
-                }],
-                "volumes": [
-                    {"name": "demo", "configMap": {"name": CONFIGMAP_NAME}},
-                    workspace_volume,
-                ],
-            },
+            "spec": episode_pod_spec(image, runtime, harden, indexed_mode, tasks),
         },
     }
-    if indexed or tasks or policy:
+    if indexed_mode:
         spec["completionMode"] = "Indexed"
-    if tasks:
-        pod_spec = spec["template"]["spec"]
-        pod_spec["containers"][0]["volumeMounts"].append(
-            {"name": TASKS_VOLUME, "mountPath": TASKS_MOUNT, "readOnly": True})
-        pod_spec["volumes"].append(tasks)
     if policy:
         # The Job-wide limit would end the batch at its first failure; each episode has its own.
         del spec["backoffLimit"]
@@ -1659,6 +1674,111 @@ def worker_time(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
+class EpisodeClocks(NamedTuple):
+    """The client's and the episode's node's clocks minus the control plane's, and how far each may be off."""
+    client: float = 0.0
+    client_slack: float = 0.0
+    node: float = 0.0
+    node_slack: float = 0.0
+
+    @classmethod
+    def of(cls, offsets: dict[str, float]) -> EpisodeClocks:
+        """From episode_points' `offsets`: a clock not named there reads as the control plane's."""
+        return cls(offsets.get("client", 0.0), offsets.get("client_slack", 0.0),
+                   offsets.get("node", 0.0), offsets.get("node_slack", 0.0))
+
+
+def kubelet_named(kubelet: dict[str, tuple[float, str]], reason: str) -> float | None:
+    """When the kubelet named its event of that reason (on the node's clock), if it did."""
+    return kubelet[reason][0] if reason in kubelet else None
+
+
+def pod_created_point(created: Bound | None, seen: dict, created_event_at: float | None,
+                      created_after: Bound | None, clocks: EpisodeClocks) -> Point | None:
+    """The pod's creation: its stamp's second, sharpened by the Job controller's event and this client's watch."""
+    return sharpest([followed_by_event(created_event_at, "SuccessfulCreate event name", REFERENCE_CLOCK),
+                     upper(seen.get("added"), "watch saw the pod", "client", clocks.client, clocks.client_slack),
+                     created_after], created)
+
+
+def scheduled_point(pod: dict, scheduled_at: float | None) -> Point | None:
+    """The pod's binding to a node: the scheduler's Scheduled eventTime, else its condition's second."""
+    if scheduled_at is not None:
+        return Point(scheduled_at, EVENT_TIME, "Scheduled event eventTime", REFERENCE_CLOCK)
+    entry = condition(pod, "PodScheduled")
+    return sharpest([], whole_second(parse_time((entry or {}).get("lastTransitionTime")),
+                                     "PodScheduled condition", REFERENCE_CLOCK))
+
+
+def sandbox_ready_stamp(pod: dict, observed: dict) -> float | None:
+    """The PodReadyToStartContainers condition's time while it is True, else as this client's watch saw it."""
+    sandbox_condition = condition(pod, "PodReadyToStartContainers") or {}
+    stamp = parse_time(sandbox_condition.get("lastTransitionTime")) \
+        if sandbox_condition.get("status") == "True" else None
+    return parse_time(observed.get("sandbox_ready")) if stamp is None else stamp
+
+
+def sandbox_ready_point(pod: dict, observed: dict, kubelet: dict[str, tuple[float, str]],
+                        scheduled: Point | None, created: Bound | None, clocks: EpisodeClocks) -> Point | None:
+    """The pod's sandbox ready: after its binding and creation, before the kubelet's first image or container event."""
+    seen = observed.get("seen") or {}
+    node, node_slack = clocks.node, clocks.node_slack
+    sandbox_stamp = sandbox_ready_stamp(pod, observed)
+    image_event = min((kubelet[r] for r in ("Pulling", "Pulled") if r in kubelet), default=None)
+    sandbox_ready = sharpest([
+        followed_by_event(image_event[0] if image_event else None,
+                          f"kubelet {'Pulling' if 'Pulling' in kubelet else 'Pulled'} event name",
+                          "node", node, node_slack),
+        upper(kubelet_named(kubelet, "Created"), "kubelet Created event name", "node", node, node_slack),
+        upper(seen.get("sandbox_ready"), "watch saw the sandbox ready", "client", clocks.client, clocks.client_slack),
+        lower(scheduled.at if scheduled is not None and scheduled.precision <= EVENT_TIME else None,
+              "Scheduled eventTime", REFERENCE_CLOCK),
+        lower(created.lower if created is not None else None, "Pod creationTimestamp", REFERENCE_CLOCK),
+        # The kubelet stamps this condition when its status update reports it, often together
+        # with the running container: the sandbox was ready by then, maybe long before.
+        upper(None if sandbox_stamp is None else sandbox_stamp + WHOLE_SECOND,
+              "PodReadyToStartContainers condition", "node", node, node_slack),
+    ])
+    if sandbox_ready is not None and sandbox_stamp is not None and \
+            sandbox_ready.source.startswith("PodReadyToStartContainers"):
+        # Only the condition bounds it from above: read it as the condition says, as far as the
+        # lower bound allows; the precision still spans everything before.
+        sandbox_ready = sandbox_ready._replace(
+            at=min(sandbox_ready.at, max(sandbox_stamp - node, sandbox_ready.at - sandbox_ready.precision)))
+    return sandbox_ready
+
+
+def container_started_point(state: dict, ready: dict, kubelet: dict[str, tuple[float, str]], seen: dict,
+                            clocks: EpisodeClocks) -> Point | None:
+    """The container's start: its startedAt second, sharpened by the kubelet's events, the worker and the watch."""
+    node, node_slack = clocks.node, clocks.node_slack
+    running = state.get("terminated") or state.get("running") or {}
+    process = worker_time(ready.get("process_started_at"))
+    return sharpest([
+        lower(kubelet_named(kubelet, "Created"), "kubelet Created event name", "node", node, node_slack),
+        upper(kubelet_named(kubelet, "Started"), "kubelet Started event name", "node", node, node_slack),
+        upper(None if process is None else process + PROC_TICK, "worker process start", "node", node, node_slack),
+        upper(seen.get("running"), "watch saw the container running", "client", clocks.client, clocks.client_slack),
+    ], whole_second(parse_time(running.get("startedAt")), "container startedAt", "node", node, node_slack))
+
+
+def container_finished_point(state: dict, reward: dict, seen: dict, clocks: EpisodeClocks) -> Point | None:
+    """The container's end: its finishedAt second, after the worker's reward, before this client's watch saw it."""
+    return sharpest([
+        lower(worker_time(reward.get("at")), "worker reward event", "node", clocks.node, clocks.node_slack),
+        upper(seen.get("terminated"), "watch saw the container terminated", "client", clocks.client,
+              clocks.client_slack),
+    ], whole_second(parse_time((state.get("terminated") or {}).get("finishedAt")),
+                    "container finishedAt", "node", clocks.node, clocks.node_slack))
+
+
+def worker_point(value: Any, precision: float, source: str, clocks: EpisodeClocks) -> Point | None:
+    """A moment the worker read on the node's clock, moved onto the control plane's."""
+    moment = worker_time(value)
+    return None if moment is None else Point(moment - clocks.node, round(precision + 2 * clocks.node_slack, 6),
+                                              source, "node")
+
+
 def episode_points(pod: dict, ready: dict, reward: dict, scheduled_at: float | None,
                    observed: dict | None = None, kubelet: dict[str, tuple[float, str]] | None = None,
                    created_event_at: float | None = None,
@@ -1676,86 +1796,22 @@ def episode_points(pod: dict, ready: dict, reward: dict, scheduled_at: float | N
     observed = observed or {}
     seen = observed.get("seen") or {}
     kubelet = kubelet or {}
-    offsets = offsets or {}
-    client, node = offsets.get("client", 0.0), offsets.get("node", 0.0)
-    client_slack, node_slack = offsets.get("client_slack", 0.0), offsets.get("node_slack", 0.0)
-    status = container_status(pod)
-    state = status.get("state") or {}
-    running = state.get("terminated") or state.get("running") or {}
-    cp, on_node, on_client = REFERENCE_CLOCK, "node", "client"
-
-    def named(reason: str) -> float | None:
-        return kubelet[reason][0] if reason in kubelet else None
-
+    clocks = EpisodeClocks.of(offsets or {})
+    state = container_status(pod).get("state") or {}
     created = whole_second(parse_time(pod["metadata"].get("creationTimestamp")),
-                           "Pod creationTimestamp", cp)
-    pod_created = sharpest([followed_by_event(created_event_at, "SuccessfulCreate event name", cp),
-                            upper(seen.get("added"), "watch saw the pod", on_client, client, client_slack),
-                            created_after], created)
-
-    if scheduled_at is not None:
-        scheduled: Point | None = Point(scheduled_at, EVENT_TIME, "Scheduled event eventTime", cp)
-    else:
-        entry = condition(pod, "PodScheduled")
-        scheduled = sharpest([], whole_second(parse_time((entry or {}).get("lastTransitionTime")),
-                                              "PodScheduled condition", cp))
-
-    sandbox_condition = condition(pod, "PodReadyToStartContainers") or {}
-    sandbox_stamp = parse_time(sandbox_condition.get("lastTransitionTime")) \
-        if sandbox_condition.get("status") == "True" else None
-    if sandbox_stamp is None:
-        sandbox_stamp = parse_time(observed.get("sandbox_ready"))
-    image_event = min((kubelet[r] for r in ("Pulling", "Pulled") if r in kubelet), default=None)
-    sandbox_ready = sharpest([
-        followed_by_event(image_event[0] if image_event else None,
-                          f"kubelet {'Pulling' if 'Pulling' in kubelet else 'Pulled'} event name",
-                          on_node, node, node_slack),
-        upper(named("Created"), "kubelet Created event name", on_node, node, node_slack),
-        upper(seen.get("sandbox_ready"), "watch saw the sandbox ready", on_client, client, client_slack),
-        lower(scheduled.at if scheduled is not None and scheduled.precision <= EVENT_TIME else None,
-              "Scheduled eventTime", cp),
-        lower(created.lower if created is not None else None, "Pod creationTimestamp", cp),
-        # The kubelet stamps this condition when its status update reports it, often together
-        # with the running container: the sandbox was ready by then, maybe long before.
-        upper(None if sandbox_stamp is None else sandbox_stamp + WHOLE_SECOND,
-              "PodReadyToStartContainers condition", on_node, node, node_slack),
-    ])
-    if sandbox_ready is not None and sandbox_stamp is not None and \
-            sandbox_ready.source.startswith("PodReadyToStartContainers"):
-        # Only the condition bounds it from above: read it as the condition says, as far as the
-        # lower bound allows; the precision still spans everything before.
-        sandbox_ready = sandbox_ready._replace(
-            at=min(sandbox_ready.at, max(sandbox_stamp - node, sandbox_ready.at - sandbox_ready.precision)))
-
-    process = worker_time(ready.get("process_started_at"))
-    container_started = sharpest([
-        lower(named("Created"), "kubelet Created event name", on_node, node, node_slack),
-        upper(named("Started"), "kubelet Started event name", on_node, node, node_slack),
-        upper(None if process is None else process + PROC_TICK, "worker process start", on_node, node, node_slack),
-        upper(seen.get("running"), "watch saw the container running", on_client, client, client_slack),
-    ], whole_second(parse_time(running.get("startedAt")), "container startedAt", on_node, node, node_slack))
-
-    def worker(value: Any, precision: float, source: str) -> Point | None:
-        moment = worker_time(value)
-        return None if moment is None else Point(moment - node, round(precision + 2 * node_slack, 6), source,
-                                                  on_node)
-
-    reward_at = worker_time(reward.get("at"))
-    finished = sharpest([
-        lower(reward_at, "worker reward event", on_node, node, node_slack),
-        upper(seen.get("terminated"), "watch saw the container terminated", on_client, client, client_slack),
-    ], whole_second(parse_time((state.get("terminated") or {}).get("finishedAt")),
-                    "container finishedAt", on_node, node, node_slack))
+                           "Pod creationTimestamp", REFERENCE_CLOCK)
+    scheduled = scheduled_point(pod, scheduled_at)
     return {
-        "pod_created": pod_created,
+        "pod_created": pod_created_point(created, seen, created_event_at, created_after, clocks),
         "scheduled": scheduled,
-        "sandbox_ready": sandbox_ready,
-        "container_started": container_started,
-        "process_started": worker(ready.get("process_started_at"), PROC_TICK, "worker /proc start time"),
-        "imports_done": worker(ready.get("imports_done_at"), EVENT_TIME, "worker imports_done_at"),
-        "ready": worker(ready.get("at"), EVENT_TIME, "worker ready event"),
-        "reward": worker(reward.get("at"), EVENT_TIME, "worker reward event"),
-        "container_finished": finished,
+        "sandbox_ready": sandbox_ready_point(pod, observed, kubelet, scheduled, created, clocks),
+        "container_started": container_started_point(state, ready, kubelet, seen, clocks),
+        "process_started": worker_point(ready.get("process_started_at"), PROC_TICK, "worker /proc start time",
+                                        clocks),
+        "imports_done": worker_point(ready.get("imports_done_at"), EVENT_TIME, "worker imports_done_at", clocks),
+        "ready": worker_point(ready.get("at"), EVENT_TIME, "worker ready event", clocks),
+        "reward": worker_point(reward.get("at"), EVENT_TIME, "worker reward event", clocks),
+        "container_finished": container_finished_point(state, reward, seen, clocks),
     }
 
 
@@ -1831,22 +1887,9 @@ class ClockBounds:
         return entry, warnings
 
 
-def clock_offsets(job: dict, pods: Sequence[dict], events: Sequence[dict], observed_pods: dict[str, dict],
-                  job_observed: dict[str, float],
-                  kubelet: dict[str, dict[str, tuple[float, str]]] | None = None,
-                  scheduled: dict[str, float] | None = None) -> dict:
-    """Each clock's offset from the control plane's, bounded by transitions seen on both.
-
-    A watch sees a change after it happened and a server stamp truncates it: the client's
-    clock reads at most (seen - stamp) ahead. The client's create call precedes the Job's
-    creation. A kubelet names an event before the API server stores it (the event's
-    creationTimestamp) and after the pod exists; the client sees a container running only
-    after the kubelet's Started event. The kubelet's first container event follows a sandbox
-    it started only once the pod was bound, and the scheduler's Scheduled event follows
-    that binding within milliseconds; so does the pod's startTime, which the kubelet stamps
-    as it takes the pod up (whole seconds, but within a second of the binding, and its
-    second's fraction differs from pod to pod, so a few pods pin the node's clock closely).
-    """
+def client_clock_bounds(job: dict, job_observed: dict[str, float], pods: Sequence[dict],
+                        observed_pods: dict[str, dict]) -> ClockBounds:
+    """The client's clock: its create call before the Job's stamp, its watch after each stamped change."""
     client = ClockBounds()
     job_created = parse_time(job["metadata"].get("creationTimestamp"))
     if job_created is not None and job_observed.get("submitted") is not None:
@@ -1857,6 +1900,19 @@ def clock_offsets(job: dict, pods: Sequence[dict], events: Sequence[dict], obser
         stamp = parse_time((condition(job, kind) or {}).get("lastTransitionTime"))
         if stamp is not None and kind not in ("added", "submitted", "create_returned"):
             client.at_most(seen_at - stamp)
+    for pod in pods:
+        seen = (observed_pods.get(pod_name(pod)) or {}).get("seen") or {}
+        created = parse_time(pod["metadata"].get("creationTimestamp"))
+        if created is not None and seen.get("added") is not None:
+            client.at_most(seen["added"] - created)
+        bound = parse_time((condition(pod, "PodScheduled") or {}).get("lastTransitionTime"))
+        if bound is not None and seen.get("bound") is not None:
+            client.at_most(seen["bound"] - bound)
+    return client
+
+
+def kubelet_event_clocks(events: Sequence[dict]) -> tuple[dict[str, ClockBounds], dict[str, tuple[float, str]]]:
+    """Each node's clock from its kubelet's events (named before they are stored), and each pod's first Started."""
     nodes: dict[str, ClockBounds] = {}
     started: dict[str, tuple[float, str]] = {}
     for event in events:
@@ -1873,11 +1929,13 @@ def clock_offsets(job: dict, pods: Sequence[dict], events: Sequence[dict], obser
             nodes.setdefault(node, ClockBounds()).at_least(named - stored - WHOLE_SECOND)
         if event.get("reason") == "Started" and regarding.get("kind") == "Pod":
             started.setdefault(regarding.get("name", ""), (named, node))
-    client_vs_node: dict[str, float] = {}
-    if scheduled is None:
-        scheduled = scheduled_event_times(events)
-    if kubelet is None:
-        kubelet = kubelet_container_events(events)
+    return nodes, started
+
+
+def bound_nodes_by_pods(nodes: dict[str, ClockBounds], pods: Sequence[dict], scheduled: dict[str, float],
+                        kubelet: dict[str, dict[str, tuple[float, str]]],
+                        started: dict[str, tuple[float, str]]) -> None:
+    """Bound each node's clock from above: its kubelet acts on a pod only after the pod's creation and binding."""
     first_container_event = {pod: min(reasons.values()) for pod, reasons in kubelet.items()}
     for pod in pods:
         name = pod_name(pod)
@@ -1891,20 +1949,28 @@ def clock_offsets(job: dict, pods: Sequence[dict], events: Sequence[dict], obser
             # after the binding, which the scheduler's Scheduled event follows at once.
             nodes.setdefault(node_name, ClockBounds()).at_most(
                 started_on_node + WHOLE_SECOND - (scheduled[name] - EVENT_FOLLOWS_SECONDS))
-        seen = (observed_pods.get(name) or {}).get("seen") or {}
         created = parse_time(pod["metadata"].get("creationTimestamp"))
-        if created is not None and seen.get("added") is not None:
-            client.at_most(seen["added"] - created)
-        bound = parse_time((condition(pod, "PodScheduled") or {}).get("lastTransitionTime"))
-        if bound is not None and seen.get("bound") is not None:
-            client.at_most(seen["bound"] - bound)
-        if name in started:
+        if name in started and created is not None:
             named, node = started[name]
-            if created is not None:
-                nodes.setdefault(node, ClockBounds()).at_most(named - created)
-            if seen.get("running") is not None:
-                gap = seen["running"] - named
-                client_vs_node[node] = min(client_vs_node.get(node, gap), gap)
+            nodes.setdefault(node, ClockBounds()).at_most(named - created)
+
+
+def client_seen_running(pods: Sequence[dict], observed_pods: dict[str, dict],
+                        started: dict[str, tuple[float, str]]) -> dict[str, float]:
+    """Node -> the most the client's clock reads ahead of it: the watch sees a container run after it Started."""
+    client_vs_node: dict[str, float] = {}
+    for pod in pods:
+        name = pod_name(pod)
+        seen = (observed_pods.get(name) or {}).get("seen") or {}
+        if name in started and seen.get("running") is not None:
+            named, node = started[name]
+            gap = seen["running"] - named
+            client_vs_node[node] = min(client_vs_node.get(node, gap), gap)
+    return client_vs_node
+
+
+def describe_clocks(client: ClockBounds, nodes: dict[str, ClockBounds], client_vs_node: dict[str, float]) -> dict:
+    """The clocks entry: each clock's offset and evidence, and a warning for each that disagrees."""
     entry, warnings = client.describe("the client's and the control plane's clocks",
                                       "the create call before the Job's creationTimestamp; the watch seeing "
                                       "stamped changes (pod created, bound, Job conditions) after their second")
@@ -1928,6 +1994,32 @@ def clock_offsets(job: dict, pods: Sequence[dict], events: Sequence[dict], obser
                                 f"clocks disagree")
     result["warnings"] = warnings
     return result
+
+
+def clock_offsets(job: dict, pods: Sequence[dict], events: Sequence[dict], observed_pods: dict[str, dict],
+                  job_observed: dict[str, float],
+                  kubelet: dict[str, dict[str, tuple[float, str]]] | None = None,
+                  scheduled: dict[str, float] | None = None) -> dict:
+    """Each clock's offset from the control plane's, bounded by transitions seen on both.
+
+    A watch sees a change after it happened and a server stamp truncates it: the client's
+    clock reads at most (seen - stamp) ahead. The client's create call precedes the Job's
+    creation. A kubelet names an event before the API server stores it (the event's
+    creationTimestamp) and after the pod exists; the client sees a container running only
+    after the kubelet's Started event. The kubelet's first container event follows a sandbox
+    it started only once the pod was bound, and the scheduler's Scheduled event follows
+    that binding within milliseconds; so does the pod's startTime, which the kubelet stamps
+    as it takes the pod up (whole seconds, but within a second of the binding, and its
+    second's fraction differs from pod to pod, so a few pods pin the node's clock closely).
+    """
+    if scheduled is None:
+        scheduled = scheduled_event_times(events)
+    if kubelet is None:
+        kubelet = kubelet_container_events(events)
+    client = client_clock_bounds(job, job_observed, pods, observed_pods)
+    nodes, started = kubelet_event_clocks(events)
+    bound_nodes_by_pods(nodes, pods, scheduled, kubelet, started)
+    return describe_clocks(client, nodes, client_seen_running(pods, observed_pods, started))
 
 
 def phase_durations(points: dict[str, Any]) -> dict[str, tuple[float, float] | None]:
@@ -2047,14 +2139,16 @@ def slot_freed_after(created_within: dict[str, tuple[float, float]], ended_after
     return found
 
 
-def job_creation(job: dict, job_observed: dict[str, float], client_offset: float) -> Point:
-    """When the Job was truly created: inside the client's create call and its creationTimestamp's second."""
+def job_creation(job: dict, job_observed: dict[str, float], client_offset: float,
+                 client_slack: float = 0.0) -> Point:
+    """When the Job was truly created: inside the client's create call and its creationTimestamp's
+    second; the client's moments widened by how far its clock's correction may be off."""
     stamp = whole_second(parse_time(job["metadata"].get("creationTimestamp")), "Job creationTimestamp",
                          REFERENCE_CLOCK)
     point = sharpest([
-        lower(job_observed.get("submitted"), "client's create call", "client", client_offset),
-        upper(job_observed.get("create_returned"), "client's create call", "client", client_offset),
-        upper(job_observed.get("added"), "watch saw the Job", "client", client_offset),
+        lower(job_observed.get("submitted"), "client's create call", "client", client_offset, client_slack),
+        upper(job_observed.get("create_returned"), "client's create call", "client", client_offset, client_slack),
+        upper(job_observed.get("added"), "watch saw the Job", "client", client_offset, client_slack),
     ], stamp)
     assert point is not None and stamp is not None  # verify_batch checked the stamp
     return point
@@ -2083,14 +2177,14 @@ def most_at_once(intervals: Iterable[tuple[float, float]]) -> int:
     return peak
 
 
-def throughput(batches: Sequence[tuple[str, dict]]) -> dict:
+def throughput(batches: Sequence[tuple[str, BatchSummary]]) -> dict:
     """Pods created and sandboxes ready per second, and the most episodes running at once."""
-    records = [(summary, record) for _, summary in batches for record in summary["_episodes"]]
-    created = [r["points"]["pod_created"][0] for _, r in records if r["points"].get("pod_created")]
-    sandboxes = [r["points"]["sandbox_ready"][0] for _, r in records if r["points"].get("sandbox_ready")]
-    first_job = min((summary["_job_created"] for _, summary in batches), default=None)
+    records = [record for _, summary in batches for record in summary.episodes]
+    created = [r["points"]["pod_created"][0] for r in records if r["points"].get("pod_created")]
+    sandboxes = [r["points"]["sandbox_ready"][0] for r in records if r["points"].get("sandbox_ready")]
+    first_job = min((summary.job_created for _, summary in batches), default=None)
     running = []
-    for _, record in records:
+    for record in records:
         points = record["points"]
         start = points.get("process_started") or points.get("container_started") or points.get("ready")
         ends = [p[0] for p in (points.get("reward"), points.get("container_finished")) if p is not None]
@@ -2115,6 +2209,57 @@ def throughput(batches: Sequence[tuple[str, dict]]) -> dict:
     }
 
 
+def pod_row(pod: dict, ready: dict, reward: dict, job_created: float) -> dict:
+    """One episode's row in `pods`: its seconds from the whole-second creationTimestamps, as the
+    guide computes them."""
+    created = parse_time(pod["metadata"]["creationTimestamp"])
+    return {
+        "pod": pod_name(pod),
+        "node": (pod.get("spec") or {}).get("nodeName"),
+        "image_id": container_status(pod).get("imageID"),
+        "reward": reward.get("reward"),
+        "pod_to_ready_seconds": rounded(ready["at"] - created),
+        "batch_to_ready_seconds": rounded(ready["at"] - job_created),
+        "batch_to_reward_seconds": rounded(reward["at"] - job_created),
+    }
+
+
+def slots_freed(episodes: Sequence[tuple[dict, dict, dict]], clock_offsets_of: Callable[[dict], dict[str, float]],
+                creations: dict[str, float], observed_pods: dict[str, dict], job_earliest: float | None,
+                parallelism: int) -> dict[str, float]:
+    """Per pod, the latest moment an earlier pod's end provably freed the slot it was created into:
+    each pod's creation bounded by its stamp, its creation event and the watch, each end by its
+    reward on the node's clock (corrected, less its slack). A pod asked to be deleted may have
+    freed its slot before its end (by default a Job replaces a terminating pod at once), and
+    its deletionTimestamp does not say when: a later delete shortens it. Its end is unknown."""
+    ended_after = {}
+    for pod, _, reward in episodes:
+        offsets = clock_offsets_of(pod)
+        reward_at = worker_time(reward.get("at"))
+        if reward_at is not None and not pod["metadata"].get("deletionTimestamp"):
+            ended_after[pod_name(pod)] = reward_at - offsets["node"] - offsets["node_slack"]
+    created_within = {}
+    for pod, _, _ in episodes:
+        name, offsets = pod_name(pod), clock_offsets_of(pod)
+        stamp = parse_time(pod["metadata"]["creationTimestamp"])
+        seen = ((observed_pods.get(name) or {}).get("seen") or {}).get("added")
+        latest = [stamp + WHOLE_SECOND, creations.get(name)] + \
+            ([] if seen is None else [seen - offsets["client"] + offsets["client_slack"]])
+        created_within[name] = (max(stamp, job_earliest or stamp),
+                                min(moment for moment in latest if moment is not None))
+    return slot_freed_after(created_within, ended_after, parallelism)
+
+
+@dataclasses.dataclass
+class BatchSummary:
+    """One batch verified and measured: `figures` is its saved form; the rest is what the CSV, the
+    pictures and the pooling of rounds read, and nothing saves as such."""
+    figures: dict[str, Any]
+    episodes: list[dict]  # per episode: pod, index, points, phases, image_cache, runtime_class, guide_pod_to_ready
+    job_created: float  # the Job's creationTimestamp (whole seconds)
+    origin: float  # where its time axis starts: the earliest moment its Job may have existed
+
+
 @contextlib.contextmanager
 def cycle_collector_paused() -> Iterator[None]:
     """Hold Python's cycle collector while the summary builds its many small records: each of its
@@ -2133,7 +2278,7 @@ def cycle_collector_paused() -> Iterator[None]:
 def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
                     events: Sequence[dict], count: int, builtin: bool = True,
                     client_observed_at: float | None = None,
-                    observed: dict[str, dict] | None = None) -> dict:
+                    observed: dict[str, dict] | None = None) -> BatchSummary:
     """Verify one batch and compute its figures and its phase breakdown; pure."""
     episodes = verify_batch(count, job, pods, logs, builtin)
     job_created = parse_time(job["metadata"]["creationTimestamp"])
@@ -2145,7 +2290,7 @@ def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
     observed_pods, job_observed = split_observed(observed)
     clocks = clock_offsets(job, pods, events, observed_pods, job_observed, kubelet, scheduled)
     client_offset = clocks["client"]["offset_seconds"]
-    job_created_point = job_creation(job, job_observed, client_offset)
+    job_created_point = job_creation(job, job_observed, client_offset, clocks["client"]["correction_slack_seconds"])
 
     def clock_offsets_of(pod: dict) -> dict[str, float]:
         node_clock = clocks["nodes"].get((pod.get("spec") or {}).get("nodeName") or "") or {}
@@ -2153,23 +2298,8 @@ def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
                 "node": node_clock.get("offset_seconds") or 0.0,
                 "node_slack": node_clock.get("correction_slack_seconds") or 0.0}
 
-    ended_after = {}
-    for pod, _, reward in episodes:
-        offsets = clock_offsets_of(pod)
-        reward_at = worker_time(reward.get("at"))
-        if reward_at is not None:
-            ended_after[pod_name(pod)] = reward_at - offsets["node"] - offsets["node_slack"]
-    created_within = {}
-    for pod, _, _ in episodes:
-        name = pod_name(pod)
-        stamp = parse_time(pod["metadata"]["creationTimestamp"])
-        seen = ((observed_pods.get(name) or {}).get("seen") or {}).get("added")
-        latest = [stamp + WHOLE_SECOND, creations.get(name)] + \
-            ([] if seen is None else [seen - client_offset + clocks["client"]["correction_slack_seconds"]])
-        created_within[name] = (max(stamp, job_created_point.earliest or stamp),
-                                min(moment for moment in latest if moment is not None))
-    slots = slot_freed_after(created_within, ended_after, int((job.get("spec") or {}).get("parallelism") or 1)) \
-        if len(pods) == count else {}
+    slots = slots_freed(episodes, clock_offsets_of, creations, observed_pods, job_created_point.earliest,
+                        int((job.get("spec") or {}).get("parallelism") or 1)) if len(pods) == count else {}
     rows, records, durations = [], [], []
     for pod, ready, reward in episodes:
         name = pod_name(pod)
@@ -2182,15 +2312,7 @@ def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
                                 kubelet.get(name), creations.get(name), offsets, created_after)
         phases = phase_durations(points)
         durations.append(phases)
-        rows.append({
-            "pod": name,
-            "node": (pod.get("spec") or {}).get("nodeName"),
-            "image_id": container_status(pod).get("imageID"),
-            "reward": reward.get("reward"),
-            "pod_to_ready_seconds": rounded(ready["at"] - created),
-            "batch_to_ready_seconds": rounded(ready["at"] - job_created),
-            "batch_to_reward_seconds": rounded(reward["at"] - job_created),
-        })
+        rows.append(pod_row(pod, ready, reward, job_created))
         records.append({"pod": name, "points": points, "phases": phases, "image_cache": cache.get(name),
                         "runtime_class": (pod.get("spec") or {}).get("runtimeClassName"),
                         "index": (pod["metadata"].get("annotations") or {}).get(COMPLETION_INDEX_ANNOTATION),
@@ -2199,7 +2321,7 @@ def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
     guide = describe([record["guide_pod_to_ready"] for record in records])
     rewards = [r["reward"] for r in rows]
     last_reward = max(reward["at"] for _, _, reward in episodes)
-    summary = {
+    figures = {
         "episodes": len(rows),
         "successful_episodes": sum(1 for r in rewards if r == 1) if builtin else len(rows),
         "reward_sum": sum(rewards),
@@ -2221,12 +2343,9 @@ def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
         "warnings": warning_summary(events),
         "pods": rows,
     }
-    summary["_episodes"] = records  # for the CSV and the timeline; not saved as such
-    summary["_job_created"] = job_created
     # The axis starts where the Job may first have existed: its pods can be created before
     # the create call returns.
-    summary["_origin"] = summary["job_created"]["earliest"]
-    return summary
+    return BatchSummary(figures, records, job_created, job_created_point.earliest or job_created)
 
 
 # --------------------------------------------------------------------------
@@ -2243,7 +2362,7 @@ PHASE_COLOURS = {
 }
 
 
-def episodes_csv(batches: Sequence[tuple[str, dict]]) -> str:
+def episodes_csv(batches: Sequence[tuple[str, BatchSummary]]) -> str:
     """One row per episode: every point (seconds after its Job's creationTimestamp, and as an
     absolute time with its source, clock and precision) and every phase with its precision."""
     out = io.StringIO()
@@ -2257,9 +2376,9 @@ def episodes_csv(batches: Sequence[tuple[str, dict]]) -> str:
                     + [f"{p}_clock" for p in POINTS]
                     + [f"{phase}_precision_seconds" for phase in PHASES])
     for batch_name, summary in batches:
-        rows = {row["pod"]: row for row in summary["pods"]}
-        job_created = summary["_job_created"]
-        for record in summary["_episodes"]:
+        rows = {row["pod"]: row for row in summary.figures["pods"]}
+        job_created = summary.job_created
+        for record in summary.episodes:
             row = rows[record["pod"]]
             points = [record["points"][p] for p in POINTS]
             phases = [record["phases"][ph] for ph in PHASES]
@@ -2293,43 +2412,23 @@ def timeline_title(settings: dict) -> str:
     return f"{episodes}, parallelism {settings['parallelism']}, runtime {settings['runtime']}"
 
 
-def origin_of(summary: dict) -> float:
-    """Where a batch's time axis starts: its Job's true creation when known, else its creationTimestamp."""
-    return summary.get("_origin") or summary["_job_created"]
-
-
-def timeline_svg(batches: Sequence[tuple[str, dict]], title: str) -> str:
+def timeline_svg(batches: Sequence[tuple[str, BatchSummary]], title: str) -> str:
     """One bar per episode on a shared axis from its Job's creation, coloured by phase."""
     # Bars in the order the pods were created, each batch from its Job's true creation.
-    episodes = [(name, summary, record) for name, summary in batches
-                for record in sorted(summary["_episodes"], key=lambda r: (
+    episodes = [(summary.origin, record) for _, summary in batches
+                for record in sorted(summary.episodes, key=lambda r: (
                     r["points"]["pod_created"][0] if r["points"].get("pod_created") else math.inf, r["pod"]))]
     count = len(episodes)
     row_height = 18 if count <= 40 else max(3, min(12, 720 // max(count, 1)))
-    # Thin rows are drawn edge to edge: a gap would leave a hairline of colour.
-    bar_gap = 1 if row_height >= 8 else 0
     labels = row_height >= 10
     left = 170 if labels else 60
     width, right = 1000, 30
     plot_width = width - left - right
-    legend = [(phase.replace("_", " "), f'fill="{colour}"') for phase, colour in PHASE_COLOURS.items()]
-    legend.append(("split below its precision", 'fill="url(#unsplit)"'))
-    legend_parts, legend_x, legend_y = [], left, 32
-    for name, fill in legend:
-        item_width = 16 + 7 * len(name) + 14
-        if legend_x + item_width > width - right and legend_x > left:
-            legend_x, legend_y = left, legend_y + 18
-        legend_parts.append(f'<rect x="{legend_x}" y="{legend_y}" width="12" height="12" {fill}/>')
-        legend_parts.append(f'<text x="{legend_x + 16}" y="{legend_y + 10}">{name}</text>')
-        legend_x += item_width
-    top = legend_y + 38
+    legend_parts, legend_bottom = timeline_legend(left, width - right)
+    top = legend_bottom + 38
     height = top + row_height * count + 80
-    span = 0.0
-    for _, summary, record in episodes:
-        for point in record["points"].values():
-            if point is not None:
-                span = max(span, point[0] - origin_of(summary))
-    span = max(span, 1.0)
+    span = max([point[0] - origin for origin, record in episodes
+                for point in record["points"].values() if point is not None] + [1.0])
     step = nice_step(span)
     axis_end = math.ceil(span / step) * step
 
@@ -2359,40 +2458,63 @@ def timeline_svg(batches: Sequence[tuple[str, dict]], title: str) -> str:
         parts.append(f'<text x="{left - 12}" y="{top + row_height * count / 2:.0f}" text-anchor="middle" '
                      f'transform="rotate(-90 {left - 12} {top + row_height * count / 2:.0f})">'
                      f'{count} episodes, one row each</text>')
-    for row, (_, summary, record) in enumerate(episodes):
+    for row, (origin, record) in enumerate(episodes):
         y = top + row * row_height
-        points = record["points"]
         if labels:
             label = record["pod"]  # a pod's name starts with its Job's: it names the round too
             parts.append(f'<text x="{left - 6}" y="{y + row_height * 0.7:.1f}" text-anchor="end" '
                          f'font-size="11">{html_escape(label[-26:])}</text>')
-        # Whole-second points can fall before the sub-second point drawn just before them;
-        # such a phase cannot be split from the next one, so both are drawn as one hatched bar.
-        cursor: float | None = None
-        unsplit: list[str] = []
-        for phase, colour in PHASE_COLOURS.items():
-            start, end = PHASES[phase]
-            if points.get(start) is None or points.get(end) is None:
-                cursor, unsplit = None, []
-                continue
-            begin = points[start][0] if cursor is None else max(cursor, points[start][0])
-            finish = points[end][0]
-            if finish < begin:
-                unsplit.append(phase)
-                continue
-            if finish == begin:
-                continue
-            names = "+".join(unsplit + [phase])
-            fill = "url(#unsplit)" if unsplit else colour
-            x0 = x(begin - origin_of(summary))
-            x1 = x(finish - origin_of(summary))
-            parts.append(
-                f'<rect x="{x0:.2f}" y="{y + bar_gap}" width="{x1 - x0:.2f}" '
-                f'height="{row_height - 2 * bar_gap}" fill="{fill}"><title>{html_escape(record["pod"])} '
-                f'{names}: {finish - begin:.3f} s</title></rect>')
-            cursor, unsplit = finish, []
+        parts += timeline_bars(record, lambda moment: x(moment - origin), y, row_height)
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
+
+
+def timeline_legend(left: int, right_edge: int) -> tuple[list[str], int]:
+    """The timeline's legend, one swatch per phase, wrapped at `right_edge`; and its last row's y."""
+    legend = [(phase.replace("_", " "), f'fill="{colour}"') for phase, colour in PHASE_COLOURS.items()]
+    legend.append(("split below its precision", 'fill="url(#unsplit)"'))
+    parts, legend_x, legend_y = [], left, 32
+    for name, fill in legend:
+        item_width = 16 + 7 * len(name) + 14
+        if legend_x + item_width > right_edge and legend_x > left:
+            legend_x, legend_y = left, legend_y + 18
+        parts.append(f'<rect x="{legend_x}" y="{legend_y}" width="12" height="12" {fill}/>')
+        parts.append(f'<text x="{legend_x + 16}" y="{legend_y + 10}">{name}</text>')
+        legend_x += item_width
+    return parts, legend_y
+
+
+def timeline_bars(record: dict, x: Callable[[float], float], y: int, row_height: int) -> list[str]:
+    """One episode's row of phase bars; `x` places an absolute moment on the axis."""
+    points = record["points"]
+    # Thin rows are drawn edge to edge: a gap would leave a hairline of colour.
+    bar_gap = 1 if row_height >= 8 else 0
+    parts = []
+    # Whole-second points can fall before the sub-second point drawn just before them;
+    # such a phase cannot be split from the next one, so both are drawn as one hatched bar.
+    cursor: float | None = None
+    unsplit: list[str] = []
+    for phase, colour in PHASE_COLOURS.items():
+        start, end = PHASES[phase]
+        if points.get(start) is None or points.get(end) is None:
+            cursor, unsplit = None, []
+            continue
+        begin = points[start][0] if cursor is None else max(cursor, points[start][0])
+        finish = points[end][0]
+        if finish < begin:
+            unsplit.append(phase)
+            continue
+        if finish == begin:
+            continue
+        names = "+".join(unsplit + [phase])
+        fill = "url(#unsplit)" if unsplit else colour
+        x0, x1 = x(begin), x(finish)
+        parts.append(
+            f'<rect x="{x0:.2f}" y="{y + bar_gap}" width="{x1 - x0:.2f}" '
+            f'height="{row_height - 2 * bar_gap}" fill="{fill}"><title>{html_escape(record["pod"])} '
+            f'{names}: {finish - begin:.3f} s</title></rect>')
+        cursor, unsplit = finish, []
+    return parts
 
 
 # Pictures that read at any size: the ramp (cumulative counts over time) and the
@@ -2481,15 +2603,15 @@ def chart_svg(title: str, subtitle: str, series: Sequence[tuple[str, str, list[t
     return "\n".join(parts) + "\n"
 
 
-def ramp_svg(batches: Sequence[tuple[str, dict]], title: str, figures: dict | None = None) -> str:
+def ramp_svg(batches: Sequence[tuple[str, BatchSummary]], title: str, figures: dict | None = None) -> str:
     """How many pods had been created, scheduled, ... finished, over time from the first Job's creation;
     `figures`: the batches' throughput, when already computed."""
-    records = [(summary, record) for _, summary in batches for record in summary["_episodes"]]
+    records = [record for _, summary in batches for record in summary.episodes]
     total = len(records)
-    origin = min((summary["_job_created"] for summary, _ in records), default=0.0)
+    origin = min((summary.job_created for _, summary in batches if summary.episodes), default=0.0)
     series = []
     for point in RAMP_POINTS:
-        moments = [record["points"][point][0] - origin for _, record in records if record["points"].get(point)]
+        moments = [record["points"][point][0] - origin for record in records if record["points"].get(point)]
         known = "" if len(moments) == total else f" ({len(moments)} known)"
         series.append((f"{point.replace('_', ' ')}{known}", RAMP_COLOURS[point],
                        [(x, float(n)) for x, n in thinned(moments)], point == "ready",
@@ -2509,9 +2631,9 @@ def ramp_svg(batches: Sequence[tuple[str, dict]], title: str, figures: dict | No
                      max(total, 1), ticks)
 
 
-def cdf_svg(batches: Sequence[tuple[str, dict]], title: str) -> str:
+def cdf_svg(batches: Sequence[tuple[str, BatchSummary]], title: str) -> str:
     """The distribution of each phase's duration: the share of episodes done within x seconds."""
-    records = [record for _, summary in batches for record in summary["_episodes"]]
+    records = [record for _, summary in batches for record in summary.episodes]
     series, lowest = [], 0.0
     for phase in PHASES:
         values = [record["phases"][phase][0] for record in records if record["phases"].get(phase) is not None]
@@ -2530,12 +2652,13 @@ def cdf_svg(batches: Sequence[tuple[str, dict]], title: str) -> str:
     return chart_svg(title, subtitle, series, "seconds", "share of episodes", 1.0, ticks, x_min=lowest)
 
 
-def timeline_sample(batches: Sequence[tuple[str, dict]], limit: int = TIMELINE_MAX_ROWS) -> tuple[list, str]:
+def timeline_sample(batches: Sequence[tuple[str, BatchSummary]],
+                    limit: int = TIMELINE_MAX_ROWS) -> tuple[list[tuple[str, BatchSummary]], str]:
     """At most `limit` episodes for the timeline, evenly spread in order of pod creation, and a note saying so."""
-    total = sum(len(summary["_episodes"]) for _, summary in batches)
+    total = sum(len(summary.episodes) for _, summary in batches)
     if total <= limit:
         return list(batches), ""
-    ordered = sorted(((name, summary, record) for name, summary in batches for record in summary["_episodes"]),
+    ordered = sorted(((name, summary, record) for name, summary in batches for record in summary.episodes),
                      key=lambda item: ((item[2]["points"].get("pod_created") or (0.0,))[0],
                                        (item[2]["points"].get("ready") or (0.0,))[0]))
     keep = {round(i * (total - 1) / (limit - 1)) for i in range(limit)}
@@ -2543,24 +2666,20 @@ def timeline_sample(batches: Sequence[tuple[str, dict]], limit: int = TIMELINE_M
     for index, (name, summary, record) in enumerate(ordered):
         if index in keep:
             chosen.setdefault(name, []).append(record)
-    sampled = [(name, dict(summary, _episodes=chosen[name])) for name, summary in batches if name in chosen]
+    sampled = [(name, dataclasses.replace(summary, episodes=chosen[name])) for name, summary in batches
+               if name in chosen]
     return sampled, f" - {len(keep)} of {total} episodes, evenly spread in order of pod creation"
 
 
-def saved_results(results: dict, printed: bool = False) -> dict:
-    """Results as saved in results.json: everything but private working fields; as `printed`,
-    also without the per-pod rows. The same for each round and the warm-up inside."""
-    kept = {k: v for k, v in results.items() if not k.startswith("_") and not (printed and k == "pods")}
+def printed_results(saved: dict) -> dict:
+    """Results as printed, from their saved form: without the per-pod rows, in each round and the
+    warm-up too."""
+    kept = {key: value for key, value in saved.items() if key != "pods"}
     if "rounds" in kept:
-        kept["rounds"] = [saved_results(r, printed) for r in kept["rounds"]]
+        kept["rounds"] = [printed_results(round_) for round_ in kept["rounds"]]
     if isinstance(kept.get("warmup"), dict):
-        kept["warmup"] = saved_results(kept["warmup"], printed)
+        kept["warmup"] = printed_results(kept["warmup"])
     return kept
-
-
-def public_results(results: dict) -> dict:
-    """Results as printed: without per-pod rows or private working fields."""
-    return saved_results(results, printed=True)
 
 
 def throughput_line(figures: dict) -> str:
@@ -3955,7 +4074,7 @@ class RunContext:
         return self.receipt.namespace
 
 
-def execute(run: RunContext) -> dict:
+def execute(run: RunContext) -> Results:
     """The steps of `run`, in order; each leaves on disk what a failure after it needs."""
     save_run_records(run)
     check_runtime_class(run)
@@ -4108,7 +4227,7 @@ def run_one_batch(run: RunContext, entry: dict) -> BatchOutcome:
     summary = summarise(batch, end, evidence)
     client["post_completion_seconds"] = rounded(time.monotonic() - follower.end_seen_monotonic)
     write_json(os.path.join(batch_dir, "client.json"), client)
-    return outcome(entry, summary, client)
+    return BatchOutcome(entry, summary, client or None)
 
 
 def client_wait(follower: BatchFollower, end: str | None, submitted_wall: float, submitted: float) -> dict:
@@ -4125,13 +4244,7 @@ def client_wait(follower: BatchFollower, end: str | None, submitted_wall: float,
     }
 
 
-def outcome(entry: dict, summary: dict, client: dict | None) -> BatchOutcome:
-    """A batch's outcome; of how the client waited, its summary shows the one figure."""
-    summary["client_job_complete_seconds"] = (client or {}).get("client_job_complete_seconds")
-    return BatchOutcome(entry, summary, client or None)
-
-
-def verified_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) -> dict:
+def verified_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) -> BatchSummary:
     """The summary of a batch whose every episode must succeed; a batch that did not fails here."""
     job, reading, logs, events = evidence
     settings, pods, job_name = batch.settings, reading.pods, batch.follower.job_name
@@ -4154,7 +4267,7 @@ def verified_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) 
         raise
 
 
-def rollout_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) -> dict:
+def rollout_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) -> BatchSummary:
     """Write rewards.jsonl with every episode; accept the batch if its failures are within
     --allow-failures, and summarise its successful episodes."""
     job, reading, logs, events = evidence
@@ -4187,13 +4300,12 @@ def rollout_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) -
 
 
 @cycle_collector_paused()
-def save_results(run: RunContext, batches: Sequence[BatchOutcome]) -> dict:
+def save_results(run: RunContext, batches: Sequence[BatchOutcome]) -> Results:
     """results.json, episodes.csv and the pictures, from every batch's summary."""
     results = assemble_results(run.settings, batches, client_figures(run))
-    write_json(os.path.join(run.output, RESULTS_FILE), saved_results(results))
-    measured = [(batch.entry["job"], batch.summary) for batch in batches if batch.entry["measured"]]
-    write_text(os.path.join(run.output, "episodes.csv"), episodes_csv(measured))
-    write_pictures(run.output, measured, run.settings, results["throughput"])
+    write_json(os.path.join(run.output, RESULTS_FILE), results.figures)
+    write_text(os.path.join(run.output, "episodes.csv"), episodes_csv(results.batches))
+    write_pictures(run.output, results.batches, run.settings, results.figures["throughput"])
     return results
 
 
@@ -4429,7 +4541,7 @@ def failure_lines(failures: Sequence[dict], most: int = 10) -> list[str]:
 
 def summarise_rollout(rows: Sequence[dict], job: dict, pods: Sequence[dict], logs: dict[str, str],
                       events: Sequence[dict], settings: dict, end_seen_at: float | None = None,
-                      observed: dict | None = None) -> dict:
+                      observed: dict | None = None) -> BatchSummary:
     """A rollout batch's summary: the figures of its successful episodes, with failures, attempts and
     groups; DemoError when more episodes failed than --allow-failures accepts, or all did. Pure."""
     failures = [row for row in rows if row["failure_class"]]
@@ -4441,7 +4553,7 @@ def summarise_rollout(rows: Sequence[dict], job: dict, pods: Sequence[dict], log
     successes = {row["pod"] for row in rows if row["failure_class"] is None}
     summary = summarise_batch(job, [pod for pod in pods if pod_name(pod) in successes], logs, events,
                               len(successes), settings["builtin"], end_seen_at, observed)
-    summary.update(rollout_figures(rows, job, pods, settings.get("group_size") or 1, allowed,
+    summary.figures.update(rollout_figures(rows, job, pods, settings.get("group_size") or 1, allowed,
                                    settings.get("retries") or 0))
     return summary
 
@@ -4499,7 +4611,7 @@ def read_capacity(kubectl: Kubectl, settings: dict, job: dict) -> dict:
                          settings["parallelism"])
 
 
-def write_pictures(output: str, measured: Sequence[tuple[str, dict]], settings: dict,
+def write_pictures(output: str, measured: Sequence[tuple[str, BatchSummary]], settings: dict,
                    figures: dict | None = None) -> None:
     """timeline.svg (a sample of a large batch), ramp.svg and cdf.svg; `figures`: the throughput, if known."""
     title = timeline_title(settings)
@@ -4521,23 +4633,37 @@ def cpu_seconds() -> float:
 class BatchOutcome(NamedTuple):
     """One batch as results.json pools them."""
     entry: dict  # its entry in run.json's `batches`: job, measured, dir
-    summary: dict
+    summary: BatchSummary
     client_wait: dict | None  # client.json: how the client waited (none for a run of the guide's script)
 
+    def figures(self) -> dict:
+        """The batch's saved form; of how the client waited, it shows the one figure."""
+        return dict(self.summary.figures,
+                    client_job_complete_seconds=(self.client_wait or {}).get("client_job_complete_seconds"))
 
-def assemble_results(settings: dict, batches: Sequence[BatchOutcome], client: dict | None) -> dict:
+
+@dataclasses.dataclass
+class Results:
+    """A run's results: `figures` as results.json saves them (printed_results gives the printed
+    form), and the measured batches they pool, for episodes.csv and the pictures."""
+    figures: dict[str, Any]
+    batches: list[tuple[str, BatchSummary]]  # each measured batch: its Job's name and its summary
+
+
+def assemble_results(settings: dict, batches: Sequence[BatchOutcome], client: dict | None) -> Results:
     """results.json from the batches' summaries; several rounds are pooled."""
     measured_batches = [batch for batch in batches if batch.entry["measured"]]
-    measured = [batch.summary for batch in measured_batches]
-    warmups = [batch.summary for batch in batches if not batch.entry["measured"]]
+    measured = [batch.figures() for batch in measured_batches]
+    warmups = [batch.figures() for batch in batches if not batch.entry["measured"]]
+    episodes = [record for batch in measured_batches for record in batch.summary.episodes]
     rows = [dict(row, job=batch.entry["job"]) if len(measured) > 1 else row
-            for batch in measured_batches for row in batch.summary["pods"]]
+            for batch in measured_batches for row in batch.summary.figures["pods"]]
     if len(measured) == 1:  # its own summary already pooled the same episodes
         phases, by_start_path = measured[0]["phases"], measured[0]["phases_by_start_path"]
     else:
-        phases = phase_summary([r["phases"] for s in measured for r in s["_episodes"]])
-        by_start_path = start_path_phases([r for s in measured for r in s["_episodes"]])
-    guide = describe([r["guide_pod_to_ready"] for s in measured for r in s["_episodes"]])
+        phases = phase_summary([r["phases"] for r in episodes])
+        by_start_path = start_path_phases(episodes)
+    guide = describe([r["guide_pod_to_ready"] for r in episodes])
     client_seconds = [s.get("client_job_complete_seconds") for s in measured]
     results: dict[str, Any] = {
         "episodes": sum(s["episodes"] for s in measured),
@@ -4555,7 +4681,7 @@ def assemble_results(settings: dict, batches: Sequence[BatchOutcome], client: di
         "runtime": settings["runtime"],
         "parallelism": settings["parallelism"],
         "cache_state": "warmed" if settings["warmup"] else "uncontrolled",
-        "image_cache": count_image_cache(record.get("image_cache") for s in measured for record in s["_episodes"]),
+        "image_cache": count_image_cache(record.get("image_cache") for record in episodes),
         "harden": settings.get("harden", False),
         "episode_script": settings.get("episode_script"),
         "episode_script_sha256": settings.get("episode_script_sha256"),
@@ -4580,7 +4706,7 @@ def assemble_results(settings: dict, batches: Sequence[BatchOutcome], client: di
         results["job_created"] = measured[0]["job_created"]
         results["client_wait"] = measured_batches[0].client_wait
     else:
-        results["rounds"] = [dict(batch.summary, job=batch.entry["job"]) for batch in measured_batches]
+        results["rounds"] = [dict(figures, job=batch.entry["job"]) for batch, figures in zip(measured_batches, measured)]
     if warmups:
         results["warmup"] = warmups[0]
     if len(measured) == 1:
@@ -4590,11 +4716,11 @@ def assemble_results(settings: dict, batches: Sequence[BatchOutcome], client: di
                 results[key] = measured[0][key]
     if client is not None:
         results["client"] = client
-    results["_batches"] = [(batch.entry["job"], batch.summary) for batch in measured_batches]
-    results["throughput"] = throughput(results["_batches"])
+    pooled = [(batch.entry["job"], batch.summary) for batch in measured_batches]
+    results["throughput"] = throughput(pooled)
     if settings.get("capacity") is not None:
         results["capacity"] = settings["capacity"]
-    return results
+    return Results(results, pooled)
 
 
 def merge_warnings(summaries: Iterable[dict]) -> dict:
@@ -4646,7 +4772,7 @@ def run(args: argparse.Namespace) -> int:
     return perform_run(args)[0]
 
 
-def perform_run(args: argparse.Namespace) -> tuple[int, dict | None]:
+def perform_run(args: argparse.Namespace) -> tuple[int, Results | None]:
     """`run`: its exit status (0, or EXIT_PARTIAL for an accepted partial batch) and its results."""
     worker_source, builtin = load_worker(args.episode_script)
     tasks: list[Task] = list(getattr(args, "task_list", None) or [])
@@ -4670,9 +4796,9 @@ def perform_run(args: argparse.Namespace) -> tuple[int, dict | None]:
         finally:
             close(run)
     if failure is None and getattr(args, "print_results", True):
-        print_results(results, args.quiet)
+        print_results(results.figures, args.quiet)
     finish_run(run, failure, args.cleanup, args.quiet, cleanup_hint)
-    return (EXIT_PARTIAL if results.get("accepted_partial") else 0), results
+    return (EXIT_PARTIAL if results.figures.get("accepted_partial") else 0), results
 
 
 def run_settings(args: argparse.Namespace, worker_source: str, builtin: bool, tasks: Sequence[Task]) -> dict:
@@ -4745,8 +4871,9 @@ def interrupted(run: RunContext, cleanup_hint: str) -> None:
 
 
 def print_results(results: dict, quiet: bool) -> None:
-    """The results on stdout; the phase tables and throughput beside the progress on stderr."""
-    print(json.dumps(public_results(results), indent=2))
+    """The results (their saved form) on stdout without per-pod rows; the phase tables and
+    throughput beside the progress on stderr."""
+    print(json.dumps(printed_results(results), indent=2))
     if not quiet:
         print(phase_tables(results), file=sys.stderr)
         print(throughput_line(results["throughput"]), file=sys.stderr)
@@ -4921,10 +5048,10 @@ def load_saved_batch(directory: str, entry: dict, settings: dict) -> BatchOutcom
     else:
         summary = summarise_batch(job, pods, logs, events, settings["count"], settings.get("builtin", True),
                                   client.get("observed_at"), observed)
-    return outcome(entry, summary, client)
+    return BatchOutcome(entry, summary, client or None)
 
 
-def recompute(output: str) -> dict:
+def recompute(output: str) -> Results:
     """Results of a finished run from its saved files alone."""
     settings_path = os.path.join(output, SETTINGS_FILE)
     if os.path.exists(settings_path):
@@ -4952,7 +5079,7 @@ def warn_clocks(results: dict) -> None:
 
 def report(args: argparse.Namespace) -> int:
     """Recompute and reprint a finished run from its saved files."""
-    print_results(recompute(args.output), args.quiet)
+    print_results(recompute(args.output).figures, args.quiet)
     return 0
 
 
@@ -5010,7 +5137,90 @@ def add_run_directory(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", metavar="DIR", help="the same, as `run` names it")
 
 
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """`run`'s arguments: the batch, the cluster, what each episode runs, and how the run behaves."""
+    parser.add_argument("--output", required=True, metavar="DIR",
+                        help="new directory for every record of the run (must not exist)")
+    parser.add_argument("--count", type=int, default=None, metavar="N",
+                        help=f"episodes (Job completions) (default: {DEFAULT_COUNT}; with --tasks, "
+                             f"the tasks times --group-size)")
+    parser.add_argument("--parallelism", type=int, default=None, metavar="P",
+                        help="episodes at once (default: the count)")
+    parser.add_argument("--image", default=DEFAULT_IMAGE, help="container image with python")
+    parser.add_argument("--runtime", default=DEFAULT_RUNTIME, metavar="RUNTIMECLASS",
+                        help="RuntimeClass that sandboxes each episode")
+    parser.add_argument("--context", default=None, metavar="NAME",
+                        help="kube context (default: the current context)")
+    parser.add_argument("--kubectl", default="kubectl", metavar="PATH", help="kubectl binary")
+    parser.add_argument("--timeout", type=positive_int, default=None, metavar="SECONDS",
+                        help=f"the Job's activeDeadlineSeconds; the client gives up "
+                             f"{CLIENT_GRACE_SECONDS} s later (default: {DEFAULT_JOB_DEADLINE_SECONDS}, "
+                             f"grown with the batch above {DEADLINE_GROWS_ABOVE_EPISODES} episodes)")
+    parser.add_argument("--max-episodes", type=positive_int, default=DEFAULT_MAX_EPISODES, metavar="N",
+                        help="safety cap on --count; raise it explicitly for large batches")
+    parser.add_argument("--chunk-size", type=positive_int, default=LIST_PAGE_SIZE, metavar="N",
+                        help="read lists (pods, events) in pages of N items, as kubectl --chunk-size")
+    parser.add_argument("--rounds", type=positive_int, default=1, metavar="R",
+                        help="measured batches, one after another in the same namespace")
+    parser.add_argument("--warmup", action="store_true",
+                        help="first run one unmeasured batch of the same shape (cache_state 'warmed')")
+    add_episode_arguments(parser)
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the objects that would be created as a v1 List; touch nothing")
+    parser.add_argument("--harden", action="store_true",
+                        help="deny all network traffic, read-only root filesystem, workspace size "
+                             "limit, Pod Security 'restricted'")
+    parser.add_argument("--cleanup", action="store_true",
+                        help="after every file is saved, clean up as `cleanup` would")
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    parser.add_argument("--verbose", action="store_true",
+                        help="echo every kubectl command line (and request through its proxy) on stderr")
+
+
+def add_episode_arguments(parser: argparse.ArgumentParser) -> None:
+    """What each episode of `run` runs: its program, its task, and which of its failures the batch accepts."""
+    parser.add_argument("--episode-script", default=None, metavar="FILE",
+                        help="ship this episode program instead of the built-in one")
+    parser.add_argument("--tasks", default=None, metavar="FILE",
+                        help=f"JSONL file, one task (JSON object) per line; each episode finds its own in "
+                             f"the file named by ${TASK_FILE_ENV}; the task id is its `id` field, else its "
+                             f"line number. rewards.jsonl lists every episode's outcome")
+    parser.add_argument("--group-size", type=positive_int, default=1, metavar="G",
+                        help="episodes per task (GRPO-style groups); needs --tasks")
+    parser.add_argument("--retries", type=non_negative_int, default=None, metavar="N",
+                        help="retry each episode up to N times after an infrastructure failure (eviction, "
+                             "node loss, a killed container); an episode's own failure is never retried. "
+                             "Needs Kubernetes >= 1.33")
+    parser.add_argument("--allow-failures", type=non_negative_int, default=None, metavar="K",
+                        help=f"accept up to K failed episodes: results.json and rewards.jsonl list them "
+                             f"with their class, and the run exits {EXIT_PARTIAL}. Needs Kubernetes >= 1.33")
+
+
+def add_cleanup_arguments(parser: argparse.ArgumentParser) -> None:
+    """`cleanup`'s arguments: the run's directory, and the kubectl that deletes."""
+    add_run_directory(parser)
+    parser.add_argument("--kubectl", default="kubectl", metavar="PATH", help="kubectl binary")
+    parser.add_argument("--wait", type=positive_int, default=DELETE_WAIT_SECONDS, metavar="SECONDS",
+                        help="how long to wait for the Jobs, then the namespace, to disappear")
+    parser.add_argument("--verbose", action="store_true",
+                        help="echo every kubectl command line (and request through its proxy) on stderr")
+
+
+def add_report_arguments(parser: argparse.ArgumentParser) -> None:
+    """`report`'s arguments: the run's directory."""
+    add_run_directory(parser)
+    parser.add_argument("--quiet", action="store_true", help="no phase table on stderr")
+
+
+def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
+    """`compare`'s arguments: the two runs."""
+    parser.add_argument("first", metavar="DIR_A", help="the first run's output directory (A)")
+    parser.add_argument("second", metavar="DIR_B",
+                        help="the second run's output directory (B; ratios are B/A)")
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The command line: one subcommand per action, each with its own arguments, its purpose and an example."""
     parser = argparse.ArgumentParser(
         prog=program_name() if program_name() != "python3 rl_batch_demo.py" else "rl_batch_demo.py",
         description="Measure how fast a Kubernetes cluster with a sandbox runtime runs a batch of "
@@ -5018,79 +5228,14 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="`ACTION --help` describes each action, with an example.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
-
-    run_parser = add_action(actions, "run", "submit a batch of episodes, wait, verify and report",
-                            "--output runs/first --count 10")
-    run_parser.add_argument("--output", required=True, metavar="DIR",
-                            help="new directory for every record of the run (must not exist)")
-    run_parser.add_argument("--count", type=int, default=None, metavar="N",
-                            help=f"episodes (Job completions) (default: {DEFAULT_COUNT}; with --tasks, "
-                                 f"the tasks times --group-size)")
-    run_parser.add_argument("--parallelism", type=int, default=None, metavar="P",
-                            help="episodes at once (default: the count)")
-    run_parser.add_argument("--image", default=DEFAULT_IMAGE, help="container image with python")
-    run_parser.add_argument("--runtime", default=DEFAULT_RUNTIME, metavar="RUNTIMECLASS",
-                            help="RuntimeClass that sandboxes each episode")
-    run_parser.add_argument("--context", default=None, metavar="NAME",
-                            help="kube context (default: the current context)")
-    run_parser.add_argument("--kubectl", default="kubectl", metavar="PATH", help="kubectl binary")
-    run_parser.add_argument("--timeout", type=positive_int, default=None, metavar="SECONDS",
-                            help=f"the Job's activeDeadlineSeconds; the client gives up "
-                                 f"{CLIENT_GRACE_SECONDS} s later (default: {DEFAULT_JOB_DEADLINE_SECONDS}, "
-                                 f"grown with the batch above {DEADLINE_GROWS_ABOVE_EPISODES} episodes)")
-    run_parser.add_argument("--max-episodes", type=positive_int, default=DEFAULT_MAX_EPISODES, metavar="N",
-                            help="safety cap on --count; raise it explicitly for large batches")
-    run_parser.add_argument("--chunk-size", type=positive_int, default=LIST_PAGE_SIZE, metavar="N",
-                            help="read lists (pods, events) in pages of N items, as kubectl --chunk-size")
-    run_parser.add_argument("--rounds", type=positive_int, default=1, metavar="R",
-                            help="measured batches, one after another in the same namespace")
-    run_parser.add_argument("--warmup", action="store_true",
-                            help="first run one unmeasured batch of the same shape (cache_state 'warmed')")
-    run_parser.add_argument("--episode-script", default=None, metavar="FILE",
-                            help="ship this episode program instead of the built-in one")
-    run_parser.add_argument("--tasks", default=None, metavar="FILE",
-                            help=f"JSONL file, one task (JSON object) per line; each episode finds its own in "
-                                 f"the file named by ${TASK_FILE_ENV}; the task id is its `id` field, else its "
-                                 f"line number. rewards.jsonl lists every episode's outcome")
-    run_parser.add_argument("--group-size", type=positive_int, default=1, metavar="G",
-                            help="episodes per task (GRPO-style groups); needs --tasks")
-    run_parser.add_argument("--retries", type=non_negative_int, default=None, metavar="N",
-                            help="retry each episode up to N times after an infrastructure failure (eviction, "
-                                 "node loss, a killed container); an episode's own failure is never retried. "
-                                 "Needs Kubernetes >= 1.33")
-    run_parser.add_argument("--allow-failures", type=non_negative_int, default=None, metavar="K",
-                            help=f"accept up to K failed episodes: results.json and rewards.jsonl list them "
-                                 f"with their class, and the run exits {EXIT_PARTIAL}. Needs Kubernetes >= 1.33")
-    run_parser.add_argument("--dry-run", action="store_true",
-                            help="print the objects that would be created as a v1 List; touch nothing")
-    run_parser.add_argument("--harden", action="store_true",
-                            help="deny all network traffic, read-only root filesystem, workspace size "
-                                 "limit, Pod Security 'restricted'")
-    run_parser.add_argument("--cleanup", action="store_true",
-                            help="after every file is saved, clean up as `cleanup` would")
-    run_parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
-    run_parser.add_argument("--verbose", action="store_true",
-                            help="echo every kubectl command line (and request through its proxy) on stderr")
-
-    cleanup_parser = add_action(actions, "cleanup", "delete what the run's receipt proves it created",
-                                "--output runs/first")
-    add_run_directory(cleanup_parser)
-    cleanup_parser.add_argument("--kubectl", default="kubectl", metavar="PATH", help="kubectl binary")
-    cleanup_parser.add_argument("--wait", type=positive_int, default=DELETE_WAIT_SECONDS, metavar="SECONDS",
-                                help="how long to wait for the Jobs, then the namespace, to disappear")
-    cleanup_parser.add_argument("--verbose", action="store_true",
-                                help="echo every kubectl command line (and request through its proxy) on stderr")
-
-    report_parser = add_action(actions, "report", "recompute and reprint a finished run from its files",
-                               "runs/first")
-    add_run_directory(report_parser)
-    report_parser.add_argument("--quiet", action="store_true", help="no phase table on stderr")
-
-    compare_parser = add_action(actions, "compare", "print the key figures of two runs side by side, "
-                                "with ratios", "runs/parallel runs/serial")
-    compare_parser.add_argument("first", metavar="DIR_A", help="the first run's output directory (A)")
-    compare_parser.add_argument("second", metavar="DIR_B",
-                                help="the second run's output directory (B; ratios are B/A)")
+    add_run_arguments(add_action(actions, "run", "submit a batch of episodes, wait, verify and report",
+                                 "--output runs/first --count 10"))
+    add_cleanup_arguments(add_action(actions, "cleanup", "delete what the run's receipt proves it created",
+                                     "--output runs/first"))
+    add_report_arguments(add_action(actions, "report", "recompute and reprint a finished run from its files",
+                                    "runs/first"))
+    add_compare_arguments(add_action(actions, "compare", "print the key figures of two runs side by side, "
+                                     "with ratios", "runs/parallel runs/serial"))
     for action_parser in actions.choices.values():
         action_parser.set_defaults(action_parser=action_parser)
     return parser
@@ -5186,7 +5331,7 @@ def run_batch(tasks: Sequence[dict] | None = None, *, output: str, group_size: i
     if status not in (0, EXIT_PARTIAL) or results is None:
         # The run saved what it could and said how to clean up; the caller decides what an interrupt means.
         raise KeyboardInterrupt
-    saved = saved_results(results)
+    saved = dict(results.figures)
     rewards_path = os.path.join(output, REWARDS_FILE)
     saved["rewards"] = [json.loads(line) for line in read_text(rewards_path).splitlines() if line.strip()]
     return saved
