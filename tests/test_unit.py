@@ -389,6 +389,14 @@ def test_describe_gives_rounded_percentiles_max_mean_and_counts() -> None:
 # Verification: every rule, each with an example that breaks it.
 
 
+def assert_log_fails(pod: str, events: list[dict], message: str, builtin: bool = True) -> None:
+    """A valid batch but for `pod`'s log, made of `events`, fails verification at that pod with `message`."""
+    job, pods, logs = valid_batch()
+    logs[pod] = log_text(*events)
+    with pytest.raises(VerificationError, match=rf"pod {pod}: {message}"):
+        demo.verify_batch(3, job, pods, logs, builtin=builtin)
+
+
 def test_a_fully_valid_batch_passes_sorted_by_pod_name() -> None:
     job, pods, logs = valid_batch()
     episodes = demo.verify_batch(3, job, list(reversed(pods)), logs)
@@ -428,10 +436,7 @@ def test_a_pod_not_succeeded_fails(phase: str) -> None:
     ([ready_event(POD_B, T0 + 4.25), reward_event(POD_B, T0 + 8.5), reward_event(POD_B, T0 + 8.6)], "reward", 2),
 ])
 def test_not_exactly_one_ready_or_reward_event_fails(events: list[dict], event: str, found: int) -> None:
-    job, pods, logs = valid_batch()
-    logs[POD_B] = log_text(*events)
-    with pytest.raises(VerificationError, match=rf"pod {POD_B}: .*one {event} event, found {found}"):
-        demo.verify_batch(3, job, pods, logs)
+    assert_log_fails(POD_B, events, rf".*one {event} event, found {found}")
 
 
 def test_an_empty_or_missing_log_fails() -> None:
@@ -442,42 +447,31 @@ def test_an_empty_or_missing_log_fails() -> None:
 
 
 def test_ready_episode_id_must_be_the_pod_name() -> None:
-    job, pods, logs = valid_batch()
-    logs[POD_A] = log_text(ready_event(POD_B, T0 + 3.5), reward_event(POD_B, T0 + 8.0))
-    with pytest.raises(VerificationError, match=rf"pod {POD_A}: ready event has episode_id '{POD_B}'"):
-        demo.verify_batch(3, job, pods, logs)
+    assert_log_fails(POD_A, [ready_event(POD_B, T0 + 3.5), reward_event(POD_B, T0 + 8.0)],
+                     f"ready event has episode_id '{POD_B}'")
 
 
 def test_reward_episode_id_must_equal_the_ready_one() -> None:
-    job, pods, logs = valid_batch()
-    logs[POD_A] = log_text(ready_event(POD_A, T0 + 3.5), reward_event("", T0 + 8.0))
-    with pytest.raises(VerificationError, match=rf"pod {POD_A}: reward event has episode_id ''"):
-        demo.verify_batch(3, job, pods, logs)
+    assert_log_fails(POD_A, [ready_event(POD_A, T0 + 3.5), reward_event("", T0 + 8.0)],
+                     "reward event has episode_id ''")
 
 
 @pytest.mark.parametrize("reward, shown", [(0, "0"), (True, "True"), (0.5, "0.5"), ("1", "'1'"), (None, "None")])
 def test_builtin_reward_must_be_the_integer_1(reward: Any, shown: str) -> None:
-    job, pods, logs = valid_batch()
-    logs[POD_C] = log_text(ready_event(POD_C, T0 + 5.0), reward_event(POD_C, T0 + 9.75, reward=reward))
-    with pytest.raises(VerificationError, match=rf"pod {POD_C}: reward is {shown}, not 1"):
-        demo.verify_batch(3, job, pods, logs)
+    assert_log_fails(POD_C, [ready_event(POD_C, T0 + 5.0), reward_event(POD_C, T0 + 9.75, reward=reward)],
+                     f"reward is {shown}, not 1")
 
 
 @pytest.mark.parametrize("tests_exit", [1, False, "0"])
 def test_builtin_tests_exit_must_be_0(tests_exit: object) -> None:
-    job, pods, logs = valid_batch()
-    logs[POD_C] = log_text(ready_event(POD_C, T0 + 5.0), reward_event(POD_C, T0 + 9.75, tests_exit=tests_exit))
-    with pytest.raises(VerificationError, match=rf"pod {POD_C}: tests_exit is {tests_exit!r}, not 0"):
-        demo.verify_batch(3, job, pods, logs)
+    assert_log_fails(POD_C, [ready_event(POD_C, T0 + 5.0), reward_event(POD_C, T0 + 9.75, tests_exit=tests_exit)],
+                     f"tests_exit is {tests_exit!r}, not 0")
 
 
 @pytest.mark.parametrize("baseline", [0, None, True, "1"])
 def test_builtin_baseline_must_have_failed(baseline: object) -> None:
-    job, pods, logs = valid_batch()
-    logs[POD_C] = log_text(ready_event(POD_C, T0 + 5.0),
-                           reward_event(POD_C, T0 + 9.75, baseline_exit=baseline))
-    with pytest.raises(VerificationError, match=rf"pod {POD_C}: baseline_exit is {baseline!r}; the baseline must fail"):
-        demo.verify_batch(3, job, pods, logs)
+    assert_log_fails(POD_C, [ready_event(POD_C, T0 + 5.0), reward_event(POD_C, T0 + 9.75, baseline_exit=baseline)],
+                     f"baseline_exit is {baseline!r}; the baseline must fail")
 
 
 def test_pod_created_before_its_job_is_out_of_order() -> None:
@@ -488,18 +482,12 @@ def test_pod_created_before_its_job_is_out_of_order() -> None:
 
 
 def test_ready_before_pod_creation_is_out_of_order() -> None:
-    job, pods, logs = valid_batch()
     # POD_C was created at T0+2; a ready at T0+1.5 cannot be its.
-    logs[POD_C] = log_text(ready_event(POD_C, T0 + 1.5), reward_event(POD_C, T0 + 9.75))
-    with pytest.raises(VerificationError, match=rf"pod {POD_C}: times out of order"):
-        demo.verify_batch(3, job, pods, logs)
+    assert_log_fails(POD_C, [ready_event(POD_C, T0 + 1.5), reward_event(POD_C, T0 + 9.75)], "times out of order")
 
 
 def test_reward_before_ready_is_out_of_order() -> None:
-    job, pods, logs = valid_batch()
-    logs[POD_B] = log_text(ready_event(POD_B, T0 + 4.25), reward_event(POD_B, T0 + 4.0))
-    with pytest.raises(VerificationError, match=rf"pod {POD_B}: times out of order"):
-        demo.verify_batch(3, job, pods, logs)
+    assert_log_fails(POD_B, [ready_event(POD_B, T0 + 4.25), reward_event(POD_B, T0 + 4.0)], "times out of order")
 
 
 def test_equal_whole_second_times_are_in_order() -> None:
@@ -547,17 +535,13 @@ def test_custom_script_rewards_may_be_any_number(reward: float) -> None:
 
 @pytest.mark.parametrize("reward, shown", [("high", "'high'"), (None, "None"), (True, "True")])
 def test_custom_script_reward_must_be_a_number(reward: Any, shown: str) -> None:
-    job, pods, logs = valid_batch()
-    logs[POD_A] = log_text(ready_event(POD_A, T0 + 3.5), reward_event(POD_A, T0 + 8.0, reward=reward))
-    with pytest.raises(VerificationError, match=rf"pod {POD_A}: reward is {shown}, not a number"):
-        demo.verify_batch(3, job, pods, logs, builtin=False)
+    assert_log_fails(POD_A, [ready_event(POD_A, T0 + 3.5), reward_event(POD_A, T0 + 8.0, reward=reward)],
+                     f"reward is {shown}, not a number", builtin=False)
 
 
 def test_custom_script_still_checks_ids_and_order() -> None:
-    job, pods, logs = valid_batch()
-    logs[POD_A] = log_text(ready_event(POD_A, T0 + 3.5), reward_event(POD_A, T0 + 3.0, reward=0))
-    with pytest.raises(VerificationError, match=rf"pod {POD_A}: times out of order"):
-        demo.verify_batch(3, job, pods, logs, builtin=False)
+    assert_log_fails(POD_A, [ready_event(POD_A, T0 + 3.5), reward_event(POD_A, T0 + 3.0, reward=0)],
+                     "times out of order", builtin=False)
 
 
 # --------------------------------------------------------------------------
