@@ -26,6 +26,8 @@ import pytest
 
 import prereqs
 import rl_batch_demo as demo
+import sandbox
+from conftest import discovered_bwrap, skip_or_fail
 from rl_batch_demo import VerificationError
 
 NAMESPACE = "agc-rl-0123456789ab"
@@ -976,38 +978,12 @@ def test_worker_flat_json_is_json_for_the_ready_event() -> None:
 
 def bwrap_or_skip(require_e2e: Any) -> str:
     require_e2e(kubectl=False, bwrap=True)
-    bwrap = os.environ.get("RLDEMO_BWRAP") or prereqs.find_bwrap()
+    bwrap = discovered_bwrap()
     assert bwrap is not None
     problem = prereqs.bwrap_problem(bwrap)
     if problem:
-        message = f"bwrap cannot make a sandbox here: {problem}"
-        if prereqs.e2e_required():
-            pytest.fail(f"{message}; CI / RLDEMO_REQUIRE_E2E forbids skipping", pytrace=False)
-        pytest.skip(message)
+        skip_or_fail(f"bwrap cannot make a sandbox here: {problem}")
     return bwrap
-
-
-def sandbox_argv(bwrap: str, workspace: Path, demo_dir: Path, episode_id: str) -> list[str]:
-    """bwrap argv: a fresh root with the host's /usr and /etc, this Python, /workspace and /demo."""
-    python = os.path.realpath(sys.executable)
-    argv = [bwrap, "--tmpfs", "/", "--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
-    for top in ("/bin", "/lib", "/lib64", "/sbin"):
-        if os.path.islink(top):
-            argv += ["--symlink", os.readlink(top), top]
-        elif os.path.isdir(top):
-            argv += ["--ro-bind", top, top]
-    prefixes = {os.path.realpath(p) for p in (sys.base_prefix, os.path.dirname(os.path.dirname(python)))}
-    for prefix in sorted(prefixes):
-        if prefix != "/usr" and not prefix.startswith("/usr/"):
-            argv += ["--ro-bind", prefix, prefix]
-    return argv + [
-        "--bind", str(workspace), "/workspace", "--ro-bind", str(demo_dir), "/demo",
-        "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-        "--unshare-all", "--die-with-parent", "--uid", "1000", "--gid", "1000",
-        "--clearenv", "--setenv", "EPISODE_ID", episode_id, "--setenv", "PATH", "/usr/bin:/bin",
-        "--chdir", "/",
-        python, "-B", "/demo/episode.py",
-    ]
 
 
 @pytest.fixture(scope="module")
@@ -1015,12 +991,17 @@ def worker_run(tmp_path_factory: pytest.TempPathFactory, require_e2e: Any) -> di
     """Run WORKER_SOURCE once, for real, as a pod would: exit code, stdout, wall-clock bounds, workspace."""
     bwrap = bwrap_or_skip(require_e2e)
     root = tmp_path_factory.mktemp("worker")
-    workspace, demo_dir = root / "workspace", root / "demo"
-    workspace.mkdir()
-    demo_dir.mkdir()
+    workspace, demo_dir, bindir = root / "workspace", root / "demo", root / "bin"
+    for directory in (workspace, demo_dir, bindir):
+        directory.mkdir()
     (demo_dir / "episode.py").write_text(demo.WORKER_SOURCE, encoding="utf-8")
+    # The sandbox the emulator's kubelet gives a pod: the host's root read-only, the volumes at
+    # /workspace and (read-only) /demo, uid 1000, no network; run by the bwrap found, not PATH's.
+    mounts = [(str(workspace), "/workspace", False), (str(demo_dir), "/demo", True)]
+    argv = sandbox.build_bwrap_argv(1000, 1000, "rollout-x7k2p", mounts, False, "/",
+                                    [os.path.realpath(sys.executable), "-B", "/demo/episode.py"], str(bindir))
     started = time.time()
-    completed = subprocess.run(sandbox_argv(bwrap, workspace, demo_dir, "rollout-x7k2p"),
+    completed = subprocess.run([bwrap] + argv[1:], env={"EPISODE_ID": "rollout-x7k2p", "PATH": "/usr/bin:/bin"},
                                capture_output=True, text=True, timeout=60)
     return {"returncode": completed.returncode, "stdout": completed.stdout, "stderr": completed.stderr,
             "started": started, "ended": time.time(), "workspace": workspace}
