@@ -912,12 +912,17 @@ def test_timeline_svg_is_xml_with_one_row_per_episode_and_a_legend() -> None:
     assert f"{POD_C} episode_work: 4.750 s" in titles
 
 
+def compare_rows(table: str) -> dict[str, list[str]]:
+    """A compare table's rows below its header: {metric: [A, B, B/A]}."""
+    return {line.split()[0]: line.split()[1:] for line in table.splitlines()[1:]}
+
+
 def test_compare_table_shows_what_each_run_was() -> None:
     first = {"episodes": 2, "image": "python:3.12-alpine", "runtime": "cube", "cache_state": "warmed",
              "harden": False, "episode_script_sha256": None, "image_cache": {"present": 2, "pulled": 0}}
     second = {"episodes": 2, "image": "python:3.12-alpine", "runtime": "kata", "cache_state": "uncontrolled",
               "harden": True, "episode_script_sha256": "ab" * 32, "image_cache": {"present": 0, "pulled": 2}}
-    rows = {line.split()[0]: line.split()[1:] for line in demo.compare_table(first, second, "A", "B").splitlines()}
+    rows = compare_rows(demo.compare_table(first, second, "A", "B"))
     assert rows["image"] == ["python:3.12-alpine", "python:3.12-alpine", "same"]
     assert rows["runtime"] == ["cube", "kata", "differ"]
     assert rows["cache_state"] == ["warmed", "uncontrolled", "differ"]
@@ -927,32 +932,35 @@ def test_compare_table_shows_what_each_run_was() -> None:
     assert rows["image_pulled_episodes"] == ["0", "2", "-"]
 
 
+# The guide's 10-way parallel run (A), the same batch at parallelism 1 (B), and what
+# `compare` shows of them.
+GUIDE_PARALLEL = {"episodes": 10, "parallelism": 10, "reward_sum": 10, "batch_to_all_ready_seconds": 3.7,
+                  "batch_to_all_rewards_seconds": 8.4, "client_job_complete_seconds": 12.7,
+                  "pod_to_ready_p50_seconds": 3.7, "pod_to_ready_p95_seconds": 3.7, "pod_to_ready_max_seconds": 3.8}
+GUIDE_SERIAL = dict(GUIDE_PARALLEL, parallelism=1, batch_to_all_ready_seconds=93.1, batch_to_all_rewards_seconds=97.6,
+                    client_job_complete_seconds=101.6, pod_to_ready_p50_seconds=3.6, pod_to_ready_p95_seconds=3.8,
+                    pod_to_ready_max_seconds=3.9)
+GUIDE_COMPARE_HEADER = ["metric", "A:", "parallel", "B:", "serial", "B/A"]
+GUIDE_COMPARE_ROWS = {
+    "episodes": ["10", "10", "1.00"],
+    "parallelism": ["10", "1", "0.10"],
+    "reward_sum": ["10", "10", "1.00"],
+    "batch_to_all_ready_seconds": ["3.7", "93.1", "25.16"],       # 93.1 / 3.7 = 25.162
+    "batch_to_all_rewards_seconds": ["8.4", "97.6", "11.62"],     # 97.6 / 8.4 = 11.619
+    "client_job_complete_seconds": ["12.7", "101.6", "8.00"],
+    "pod_to_ready_p50_seconds": ["3.7", "3.6", "0.97"],           # 3.6 / 3.7 = 0.973
+    "pod_to_ready_p95_seconds": ["3.7", "3.8", "1.03"],           # 3.8 / 3.7 = 1.027
+    "pod_to_ready_max_seconds": ["3.8", "3.9", "1.03"],           # 3.9 / 3.8 = 1.026
+}
+
+
 def test_compare_table_ratios() -> None:
-    # The guide's 10-way parallel run (A) against parallelism 1 (B).
-    first = {"episodes": 10, "parallelism": 10, "reward_sum": 10, "batch_to_all_ready_seconds": 3.7,
-             "batch_to_all_rewards_seconds": 8.4, "client_job_complete_seconds": 12.7,
-             "pod_to_ready_p50_seconds": 3.7, "pod_to_ready_p95_seconds": 3.7, "pod_to_ready_max_seconds": 3.8,
-             "phases": {"python_imports": {"p50": 1.32}}}
-    second = {"episodes": 10, "parallelism": 1, "reward_sum": 10, "batch_to_all_ready_seconds": 93.1,
-              "batch_to_all_rewards_seconds": 97.6, "client_job_complete_seconds": 101.6,
-              "pod_to_ready_p50_seconds": 3.6, "pod_to_ready_p95_seconds": None, "pod_to_ready_max_seconds": 3.9,
-              "phases": {"python_imports": {"p50": 0.66}}}
+    first = dict(GUIDE_PARALLEL, phases={"python_imports": {"p50": 1.32}})
+    second = dict(GUIDE_SERIAL, pod_to_ready_p95_seconds=None, phases={"python_imports": {"p50": 0.66}})
     table = demo.compare_table(first, second, "A: parallel", "B: serial")
-    lines = table.splitlines()
-    assert lines[0].split() == ["metric", "A:", "parallel", "B:", "serial", "B/A"]
-    rows = {line.split()[0]: line.split()[1:] for line in lines[1:]}
-    assert rows == {
-        "episodes": ["10", "10", "1.00"],
-        "parallelism": ["10", "1", "0.10"],
-        "reward_sum": ["10", "10", "1.00"],
-        "batch_to_all_ready_seconds": ["3.7", "93.1", "25.16"],       # 93.1 / 3.7 = 25.162
-        "batch_to_all_rewards_seconds": ["8.4", "97.6", "11.62"],     # 97.6 / 8.4 = 11.619
-        "client_job_complete_seconds": ["12.7", "101.6", "8.00"],
-        "pod_to_ready_p50_seconds": ["3.7", "3.6", "0.97"],           # 3.6 / 3.7 = 0.973
-        "pod_to_ready_p95_seconds": ["3.7", "-", "-"],
-        "pod_to_ready_max_seconds": ["3.8", "3.9", "1.03"],           # 3.9 / 3.8 = 1.026
-        "python_imports_p50_seconds": ["1.32", "0.66", "0.50"],
-    }
+    assert table.splitlines()[0].split() == GUIDE_COMPARE_HEADER
+    assert compare_rows(table) == dict(GUIDE_COMPARE_ROWS, pod_to_ready_p95_seconds=["3.7", "-", "-"],
+                                       python_imports_p50_seconds=["1.32", "0.66", "0.50"])
 
 
 def worker_namespace() -> dict:
