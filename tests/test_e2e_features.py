@@ -616,10 +616,7 @@ def test_pod_security_admission_in_the_emulator(make_cluster, tmp_path):
     def failed_create() -> list:
         return [e for e in emulator.list("events", "locked") if e.get("reason") == "FailedCreate"]
 
-    deadline = time.monotonic() + 20
-    while not failed_create() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    [event] = failed_create()[:1]
+    [event] = wait_for(failed_create, 20, "the FailedCreate event")[:1]
     assert event["message"].startswith('Error creating: pods "rollout-" is forbidden: violates PodSecurity '
                                        '"restricted:latest": allowPrivilegeEscalation != false'), event
     assert emulator.list("pods", "locked") == []
