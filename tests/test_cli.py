@@ -35,7 +35,7 @@ def usage_error(argv: list[str]) -> int:
 
 
 def error_line(err: str) -> str:
-    """The one `Error:` line an expected failure prints (B11): no traceback, one line."""
+    """The one `Error:` line an expected failure prints: no traceback, one line."""
     lines = err.strip().splitlines()
     assert "Traceback" not in err
     assert len(lines) == 1, err
