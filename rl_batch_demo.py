@@ -2083,14 +2083,14 @@ def most_at_once(intervals: Iterable[tuple[float, float]]) -> int:
     return peak
 
 
-def throughput(batches: Sequence[tuple[str, dict]]) -> dict:
+def throughput(batches: Sequence[tuple[str, BatchSummary]]) -> dict:
     """Pods created and sandboxes ready per second, and the most episodes running at once."""
-    records = [(summary, record) for _, summary in batches for record in summary["_episodes"]]
-    created = [r["points"]["pod_created"][0] for _, r in records if r["points"].get("pod_created")]
-    sandboxes = [r["points"]["sandbox_ready"][0] for _, r in records if r["points"].get("sandbox_ready")]
-    first_job = min((summary["_job_created"] for _, summary in batches), default=None)
+    records = [record for _, summary in batches for record in summary.episodes]
+    created = [r["points"]["pod_created"][0] for r in records if r["points"].get("pod_created")]
+    sandboxes = [r["points"]["sandbox_ready"][0] for r in records if r["points"].get("sandbox_ready")]
+    first_job = min((summary.job_created for _, summary in batches), default=None)
     running = []
-    for _, record in records:
+    for record in records:
         points = record["points"]
         start = points.get("process_started") or points.get("container_started") or points.get("ready")
         ends = [p[0] for p in (points.get("reward"), points.get("container_finished")) if p is not None]
@@ -2115,6 +2115,55 @@ def throughput(batches: Sequence[tuple[str, dict]]) -> dict:
     }
 
 
+def pod_row(pod: dict, ready: dict, reward: dict, job_created: float) -> dict:
+    """One episode's row in `pods`: its seconds from the whole-second creationTimestamps, as the
+    guide computes them."""
+    created = parse_time(pod["metadata"]["creationTimestamp"])
+    return {
+        "pod": pod_name(pod),
+        "node": (pod.get("spec") or {}).get("nodeName"),
+        "image_id": container_status(pod).get("imageID"),
+        "reward": reward.get("reward"),
+        "pod_to_ready_seconds": rounded(ready["at"] - created),
+        "batch_to_ready_seconds": rounded(ready["at"] - job_created),
+        "batch_to_reward_seconds": rounded(reward["at"] - job_created),
+    }
+
+
+def slots_freed(episodes: Sequence[tuple[dict, dict, dict]], clock_offsets_of: Callable[[dict], dict[str, float]],
+                creations: dict[str, float], observed_pods: dict[str, dict], job_earliest: float | None,
+                parallelism: int) -> dict[str, float]:
+    """Per pod, the latest moment an earlier pod's end provably freed the slot it was created into:
+    each pod's creation bounded by its stamp, its creation event and the watch, each end by its
+    reward on the node's clock (corrected, less its slack)."""
+    ended_after = {}
+    for pod, _, reward in episodes:
+        offsets = clock_offsets_of(pod)
+        reward_at = worker_time(reward.get("at"))
+        if reward_at is not None:
+            ended_after[pod_name(pod)] = reward_at - offsets["node"] - offsets["node_slack"]
+    created_within = {}
+    for pod, _, _ in episodes:
+        name, offsets = pod_name(pod), clock_offsets_of(pod)
+        stamp = parse_time(pod["metadata"]["creationTimestamp"])
+        seen = ((observed_pods.get(name) or {}).get("seen") or {}).get("added")
+        latest = [stamp + WHOLE_SECOND, creations.get(name)] + \
+            ([] if seen is None else [seen - offsets["client"] + offsets["client_slack"]])
+        created_within[name] = (max(stamp, job_earliest or stamp),
+                                min(moment for moment in latest if moment is not None))
+    return slot_freed_after(created_within, ended_after, parallelism)
+
+
+@dataclasses.dataclass
+class BatchSummary:
+    """One batch verified and measured: `figures` is its saved form; the rest is what the CSV, the
+    pictures and the pooling of rounds read, and nothing saves as such."""
+    figures: dict[str, Any]
+    episodes: list[dict]  # per episode: pod, index, points, phases, image_cache, runtime_class, guide_pod_to_ready
+    job_created: float  # the Job's creationTimestamp (whole seconds)
+    origin: float  # where its time axis starts: the earliest moment its Job may have existed
+
+
 @contextlib.contextmanager
 def cycle_collector_paused() -> Iterator[None]:
     """Hold Python's cycle collector while the summary builds its many small records: each of its
@@ -2133,7 +2182,7 @@ def cycle_collector_paused() -> Iterator[None]:
 def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
                     events: Sequence[dict], count: int, builtin: bool = True,
                     client_observed_at: float | None = None,
-                    observed: dict[str, dict] | None = None) -> dict:
+                    observed: dict[str, dict] | None = None) -> BatchSummary:
     """Verify one batch and compute its figures and its phase breakdown; pure."""
     episodes = verify_batch(count, job, pods, logs, builtin)
     job_created = parse_time(job["metadata"]["creationTimestamp"])
@@ -2153,23 +2202,8 @@ def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
                 "node": node_clock.get("offset_seconds") or 0.0,
                 "node_slack": node_clock.get("correction_slack_seconds") or 0.0}
 
-    ended_after = {}
-    for pod, _, reward in episodes:
-        offsets = clock_offsets_of(pod)
-        reward_at = worker_time(reward.get("at"))
-        if reward_at is not None:
-            ended_after[pod_name(pod)] = reward_at - offsets["node"] - offsets["node_slack"]
-    created_within = {}
-    for pod, _, _ in episodes:
-        name = pod_name(pod)
-        stamp = parse_time(pod["metadata"]["creationTimestamp"])
-        seen = ((observed_pods.get(name) or {}).get("seen") or {}).get("added")
-        latest = [stamp + WHOLE_SECOND, creations.get(name)] + \
-            ([] if seen is None else [seen - client_offset + clocks["client"]["correction_slack_seconds"]])
-        created_within[name] = (max(stamp, job_created_point.earliest or stamp),
-                                min(moment for moment in latest if moment is not None))
-    slots = slot_freed_after(created_within, ended_after, int((job.get("spec") or {}).get("parallelism") or 1)) \
-        if len(pods) == count else {}
+    slots = slots_freed(episodes, clock_offsets_of, creations, observed_pods, job_created_point.earliest,
+                        int((job.get("spec") or {}).get("parallelism") or 1)) if len(pods) == count else {}
     rows, records, durations = [], [], []
     for pod, ready, reward in episodes:
         name = pod_name(pod)
@@ -2182,15 +2216,7 @@ def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
                                 kubelet.get(name), creations.get(name), offsets, created_after)
         phases = phase_durations(points)
         durations.append(phases)
-        rows.append({
-            "pod": name,
-            "node": (pod.get("spec") or {}).get("nodeName"),
-            "image_id": container_status(pod).get("imageID"),
-            "reward": reward.get("reward"),
-            "pod_to_ready_seconds": rounded(ready["at"] - created),
-            "batch_to_ready_seconds": rounded(ready["at"] - job_created),
-            "batch_to_reward_seconds": rounded(reward["at"] - job_created),
-        })
+        rows.append(pod_row(pod, ready, reward, job_created))
         records.append({"pod": name, "points": points, "phases": phases, "image_cache": cache.get(name),
                         "runtime_class": (pod.get("spec") or {}).get("runtimeClassName"),
                         "index": (pod["metadata"].get("annotations") or {}).get(COMPLETION_INDEX_ANNOTATION),
@@ -2199,7 +2225,7 @@ def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
     guide = describe([record["guide_pod_to_ready"] for record in records])
     rewards = [r["reward"] for r in rows]
     last_reward = max(reward["at"] for _, _, reward in episodes)
-    summary = {
+    figures = {
         "episodes": len(rows),
         "successful_episodes": sum(1 for r in rewards if r == 1) if builtin else len(rows),
         "reward_sum": sum(rewards),
@@ -2221,12 +2247,9 @@ def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
         "warnings": warning_summary(events),
         "pods": rows,
     }
-    summary["_episodes"] = records  # for the CSV and the timeline; not saved as such
-    summary["_job_created"] = job_created
     # The axis starts where the Job may first have existed: its pods can be created before
     # the create call returns.
-    summary["_origin"] = summary["job_created"]["earliest"]
-    return summary
+    return BatchSummary(figures, records, job_created, job_created_point.earliest or job_created)
 
 
 # --------------------------------------------------------------------------
@@ -2243,7 +2266,7 @@ PHASE_COLOURS = {
 }
 
 
-def episodes_csv(batches: Sequence[tuple[str, dict]]) -> str:
+def episodes_csv(batches: Sequence[tuple[str, BatchSummary]]) -> str:
     """One row per episode: every point (seconds after its Job's creationTimestamp, and as an
     absolute time with its source, clock and precision) and every phase with its precision."""
     out = io.StringIO()
@@ -2257,9 +2280,9 @@ def episodes_csv(batches: Sequence[tuple[str, dict]]) -> str:
                     + [f"{p}_clock" for p in POINTS]
                     + [f"{phase}_precision_seconds" for phase in PHASES])
     for batch_name, summary in batches:
-        rows = {row["pod"]: row for row in summary["pods"]}
-        job_created = summary["_job_created"]
-        for record in summary["_episodes"]:
+        rows = {row["pod"]: row for row in summary.figures["pods"]}
+        job_created = summary.job_created
+        for record in summary.episodes:
             row = rows[record["pod"]]
             points = [record["points"][p] for p in POINTS]
             phases = [record["phases"][ph] for ph in PHASES]
@@ -2293,43 +2316,23 @@ def timeline_title(settings: dict) -> str:
     return f"{episodes}, parallelism {settings['parallelism']}, runtime {settings['runtime']}"
 
 
-def origin_of(summary: dict) -> float:
-    """Where a batch's time axis starts: its Job's true creation when known, else its creationTimestamp."""
-    return summary.get("_origin") or summary["_job_created"]
-
-
-def timeline_svg(batches: Sequence[tuple[str, dict]], title: str) -> str:
+def timeline_svg(batches: Sequence[tuple[str, BatchSummary]], title: str) -> str:
     """One bar per episode on a shared axis from its Job's creation, coloured by phase."""
     # Bars in the order the pods were created, each batch from its Job's true creation.
-    episodes = [(name, summary, record) for name, summary in batches
-                for record in sorted(summary["_episodes"], key=lambda r: (
+    episodes = [(summary.origin, record) for _, summary in batches
+                for record in sorted(summary.episodes, key=lambda r: (
                     r["points"]["pod_created"][0] if r["points"].get("pod_created") else math.inf, r["pod"]))]
     count = len(episodes)
     row_height = 18 if count <= 40 else max(3, min(12, 720 // max(count, 1)))
-    # Thin rows are drawn edge to edge: a gap would leave a hairline of colour.
-    bar_gap = 1 if row_height >= 8 else 0
     labels = row_height >= 10
     left = 170 if labels else 60
     width, right = 1000, 30
     plot_width = width - left - right
-    legend = [(phase.replace("_", " "), f'fill="{colour}"') for phase, colour in PHASE_COLOURS.items()]
-    legend.append(("split below its precision", 'fill="url(#unsplit)"'))
-    legend_parts, legend_x, legend_y = [], left, 32
-    for name, fill in legend:
-        item_width = 16 + 7 * len(name) + 14
-        if legend_x + item_width > width - right and legend_x > left:
-            legend_x, legend_y = left, legend_y + 18
-        legend_parts.append(f'<rect x="{legend_x}" y="{legend_y}" width="12" height="12" {fill}/>')
-        legend_parts.append(f'<text x="{legend_x + 16}" y="{legend_y + 10}">{name}</text>')
-        legend_x += item_width
-    top = legend_y + 38
+    legend_parts, legend_bottom = timeline_legend(left, width - right)
+    top = legend_bottom + 38
     height = top + row_height * count + 80
-    span = 0.0
-    for _, summary, record in episodes:
-        for point in record["points"].values():
-            if point is not None:
-                span = max(span, point[0] - origin_of(summary))
-    span = max(span, 1.0)
+    span = max([point[0] - origin for origin, record in episodes
+                for point in record["points"].values() if point is not None] + [1.0])
     step = nice_step(span)
     axis_end = math.ceil(span / step) * step
 
@@ -2359,40 +2362,63 @@ def timeline_svg(batches: Sequence[tuple[str, dict]], title: str) -> str:
         parts.append(f'<text x="{left - 12}" y="{top + row_height * count / 2:.0f}" text-anchor="middle" '
                      f'transform="rotate(-90 {left - 12} {top + row_height * count / 2:.0f})">'
                      f'{count} episodes, one row each</text>')
-    for row, (_, summary, record) in enumerate(episodes):
+    for row, (origin, record) in enumerate(episodes):
         y = top + row * row_height
-        points = record["points"]
         if labels:
             label = record["pod"]  # a pod's name starts with its Job's: it names the round too
             parts.append(f'<text x="{left - 6}" y="{y + row_height * 0.7:.1f}" text-anchor="end" '
                          f'font-size="11">{html_escape(label[-26:])}</text>')
-        # Whole-second points can fall before the sub-second point drawn just before them;
-        # such a phase cannot be split from the next one, so both are drawn as one hatched bar.
-        cursor: float | None = None
-        unsplit: list[str] = []
-        for phase, colour in PHASE_COLOURS.items():
-            start, end = PHASES[phase]
-            if points.get(start) is None or points.get(end) is None:
-                cursor, unsplit = None, []
-                continue
-            begin = points[start][0] if cursor is None else max(cursor, points[start][0])
-            finish = points[end][0]
-            if finish < begin:
-                unsplit.append(phase)
-                continue
-            if finish == begin:
-                continue
-            names = "+".join(unsplit + [phase])
-            fill = "url(#unsplit)" if unsplit else colour
-            x0 = x(begin - origin_of(summary))
-            x1 = x(finish - origin_of(summary))
-            parts.append(
-                f'<rect x="{x0:.2f}" y="{y + bar_gap}" width="{x1 - x0:.2f}" '
-                f'height="{row_height - 2 * bar_gap}" fill="{fill}"><title>{html_escape(record["pod"])} '
-                f'{names}: {finish - begin:.3f} s</title></rect>')
-            cursor, unsplit = finish, []
+        parts += timeline_bars(record, lambda moment: x(moment - origin), y, row_height)
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
+
+
+def timeline_legend(left: int, right_edge: int) -> tuple[list[str], int]:
+    """The timeline's legend, one swatch per phase, wrapped at `right_edge`; and its last row's y."""
+    legend = [(phase.replace("_", " "), f'fill="{colour}"') for phase, colour in PHASE_COLOURS.items()]
+    legend.append(("split below its precision", 'fill="url(#unsplit)"'))
+    parts, legend_x, legend_y = [], left, 32
+    for name, fill in legend:
+        item_width = 16 + 7 * len(name) + 14
+        if legend_x + item_width > right_edge and legend_x > left:
+            legend_x, legend_y = left, legend_y + 18
+        parts.append(f'<rect x="{legend_x}" y="{legend_y}" width="12" height="12" {fill}/>')
+        parts.append(f'<text x="{legend_x + 16}" y="{legend_y + 10}">{name}</text>')
+        legend_x += item_width
+    return parts, legend_y
+
+
+def timeline_bars(record: dict, x: Callable[[float], float], y: int, row_height: int) -> list[str]:
+    """One episode's row of phase bars; `x` places an absolute moment on the axis."""
+    points = record["points"]
+    # Thin rows are drawn edge to edge: a gap would leave a hairline of colour.
+    bar_gap = 1 if row_height >= 8 else 0
+    parts = []
+    # Whole-second points can fall before the sub-second point drawn just before them;
+    # such a phase cannot be split from the next one, so both are drawn as one hatched bar.
+    cursor: float | None = None
+    unsplit: list[str] = []
+    for phase, colour in PHASE_COLOURS.items():
+        start, end = PHASES[phase]
+        if points.get(start) is None or points.get(end) is None:
+            cursor, unsplit = None, []
+            continue
+        begin = points[start][0] if cursor is None else max(cursor, points[start][0])
+        finish = points[end][0]
+        if finish < begin:
+            unsplit.append(phase)
+            continue
+        if finish == begin:
+            continue
+        names = "+".join(unsplit + [phase])
+        fill = "url(#unsplit)" if unsplit else colour
+        x0, x1 = x(begin), x(finish)
+        parts.append(
+            f'<rect x="{x0:.2f}" y="{y + bar_gap}" width="{x1 - x0:.2f}" '
+            f'height="{row_height - 2 * bar_gap}" fill="{fill}"><title>{html_escape(record["pod"])} '
+            f'{names}: {finish - begin:.3f} s</title></rect>')
+        cursor, unsplit = finish, []
+    return parts
 
 
 # Pictures that read at any size: the ramp (cumulative counts over time) and the
@@ -2481,15 +2507,15 @@ def chart_svg(title: str, subtitle: str, series: Sequence[tuple[str, str, list[t
     return "\n".join(parts) + "\n"
 
 
-def ramp_svg(batches: Sequence[tuple[str, dict]], title: str, figures: dict | None = None) -> str:
+def ramp_svg(batches: Sequence[tuple[str, BatchSummary]], title: str, figures: dict | None = None) -> str:
     """How many pods had been created, scheduled, ... finished, over time from the first Job's creation;
     `figures`: the batches' throughput, when already computed."""
-    records = [(summary, record) for _, summary in batches for record in summary["_episodes"]]
+    records = [record for _, summary in batches for record in summary.episodes]
     total = len(records)
-    origin = min((summary["_job_created"] for summary, _ in records), default=0.0)
+    origin = min((summary.job_created for _, summary in batches if summary.episodes), default=0.0)
     series = []
     for point in RAMP_POINTS:
-        moments = [record["points"][point][0] - origin for _, record in records if record["points"].get(point)]
+        moments = [record["points"][point][0] - origin for record in records if record["points"].get(point)]
         known = "" if len(moments) == total else f" ({len(moments)} known)"
         series.append((f"{point.replace('_', ' ')}{known}", RAMP_COLOURS[point],
                        [(x, float(n)) for x, n in thinned(moments)], point == "ready",
@@ -2509,9 +2535,9 @@ def ramp_svg(batches: Sequence[tuple[str, dict]], title: str, figures: dict | No
                      max(total, 1), ticks)
 
 
-def cdf_svg(batches: Sequence[tuple[str, dict]], title: str) -> str:
+def cdf_svg(batches: Sequence[tuple[str, BatchSummary]], title: str) -> str:
     """The distribution of each phase's duration: the share of episodes done within x seconds."""
-    records = [record for _, summary in batches for record in summary["_episodes"]]
+    records = [record for _, summary in batches for record in summary.episodes]
     series, lowest = [], 0.0
     for phase in PHASES:
         values = [record["phases"][phase][0] for record in records if record["phases"].get(phase) is not None]
@@ -2530,12 +2556,13 @@ def cdf_svg(batches: Sequence[tuple[str, dict]], title: str) -> str:
     return chart_svg(title, subtitle, series, "seconds", "share of episodes", 1.0, ticks, x_min=lowest)
 
 
-def timeline_sample(batches: Sequence[tuple[str, dict]], limit: int = TIMELINE_MAX_ROWS) -> tuple[list, str]:
+def timeline_sample(batches: Sequence[tuple[str, BatchSummary]],
+                    limit: int = TIMELINE_MAX_ROWS) -> tuple[list[tuple[str, BatchSummary]], str]:
     """At most `limit` episodes for the timeline, evenly spread in order of pod creation, and a note saying so."""
-    total = sum(len(summary["_episodes"]) for _, summary in batches)
+    total = sum(len(summary.episodes) for _, summary in batches)
     if total <= limit:
         return list(batches), ""
-    ordered = sorted(((name, summary, record) for name, summary in batches for record in summary["_episodes"]),
+    ordered = sorted(((name, summary, record) for name, summary in batches for record in summary.episodes),
                      key=lambda item: ((item[2]["points"].get("pod_created") or (0.0,))[0],
                                        (item[2]["points"].get("ready") or (0.0,))[0]))
     keep = {round(i * (total - 1) / (limit - 1)) for i in range(limit)}
@@ -2543,24 +2570,20 @@ def timeline_sample(batches: Sequence[tuple[str, dict]], limit: int = TIMELINE_M
     for index, (name, summary, record) in enumerate(ordered):
         if index in keep:
             chosen.setdefault(name, []).append(record)
-    sampled = [(name, dict(summary, _episodes=chosen[name])) for name, summary in batches if name in chosen]
+    sampled = [(name, dataclasses.replace(summary, episodes=chosen[name])) for name, summary in batches
+               if name in chosen]
     return sampled, f" - {len(keep)} of {total} episodes, evenly spread in order of pod creation"
 
 
-def saved_results(results: dict, printed: bool = False) -> dict:
-    """Results as saved in results.json: everything but private working fields; as `printed`,
-    also without the per-pod rows. The same for each round and the warm-up inside."""
-    kept = {k: v for k, v in results.items() if not k.startswith("_") and not (printed and k == "pods")}
+def printed_results(saved: dict) -> dict:
+    """Results as printed, from their saved form: without the per-pod rows, in each round and the
+    warm-up too."""
+    kept = {key: value for key, value in saved.items() if key != "pods"}
     if "rounds" in kept:
-        kept["rounds"] = [saved_results(r, printed) for r in kept["rounds"]]
+        kept["rounds"] = [printed_results(round_) for round_ in kept["rounds"]]
     if isinstance(kept.get("warmup"), dict):
-        kept["warmup"] = saved_results(kept["warmup"], printed)
+        kept["warmup"] = printed_results(kept["warmup"])
     return kept
-
-
-def public_results(results: dict) -> dict:
-    """Results as printed: without per-pod rows or private working fields."""
-    return saved_results(results, printed=True)
 
 
 def throughput_line(figures: dict) -> str:
@@ -3955,7 +3978,7 @@ class RunContext:
         return self.receipt.namespace
 
 
-def execute(run: RunContext) -> dict:
+def execute(run: RunContext) -> Results:
     """The steps of `run`, in order; each leaves on disk what a failure after it needs."""
     save_run_records(run)
     check_runtime_class(run)
@@ -4108,7 +4131,7 @@ def run_one_batch(run: RunContext, entry: dict) -> BatchOutcome:
     summary = summarise(batch, end, evidence)
     client["post_completion_seconds"] = rounded(time.monotonic() - follower.end_seen_monotonic)
     write_json(os.path.join(batch_dir, "client.json"), client)
-    return outcome(entry, summary, client)
+    return BatchOutcome(entry, summary, client or None)
 
 
 def client_wait(follower: BatchFollower, end: str | None, submitted_wall: float, submitted: float) -> dict:
@@ -4125,13 +4148,7 @@ def client_wait(follower: BatchFollower, end: str | None, submitted_wall: float,
     }
 
 
-def outcome(entry: dict, summary: dict, client: dict | None) -> BatchOutcome:
-    """A batch's outcome; of how the client waited, its summary shows the one figure."""
-    summary["client_job_complete_seconds"] = (client or {}).get("client_job_complete_seconds")
-    return BatchOutcome(entry, summary, client or None)
-
-
-def verified_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) -> dict:
+def verified_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) -> BatchSummary:
     """The summary of a batch whose every episode must succeed; a batch that did not fails here."""
     job, reading, logs, events = evidence
     settings, pods, job_name = batch.settings, reading.pods, batch.follower.job_name
@@ -4154,7 +4171,7 @@ def verified_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) 
         raise
 
 
-def rollout_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) -> dict:
+def rollout_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) -> BatchSummary:
     """Write rewards.jsonl with every episode; accept the batch if its failures are within
     --allow-failures, and summarise its successful episodes."""
     job, reading, logs, events = evidence
@@ -4187,13 +4204,12 @@ def rollout_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) -
 
 
 @cycle_collector_paused()
-def save_results(run: RunContext, batches: Sequence[BatchOutcome]) -> dict:
+def save_results(run: RunContext, batches: Sequence[BatchOutcome]) -> Results:
     """results.json, episodes.csv and the pictures, from every batch's summary."""
     results = assemble_results(run.settings, batches, client_figures(run))
-    write_json(os.path.join(run.output, RESULTS_FILE), saved_results(results))
-    measured = [(batch.entry["job"], batch.summary) for batch in batches if batch.entry["measured"]]
-    write_text(os.path.join(run.output, "episodes.csv"), episodes_csv(measured))
-    write_pictures(run.output, measured, run.settings, results["throughput"])
+    write_json(os.path.join(run.output, RESULTS_FILE), results.figures)
+    write_text(os.path.join(run.output, "episodes.csv"), episodes_csv(results.batches))
+    write_pictures(run.output, results.batches, run.settings, results.figures["throughput"])
     return results
 
 
@@ -4429,7 +4445,7 @@ def failure_lines(failures: Sequence[dict], most: int = 10) -> list[str]:
 
 def summarise_rollout(rows: Sequence[dict], job: dict, pods: Sequence[dict], logs: dict[str, str],
                       events: Sequence[dict], settings: dict, end_seen_at: float | None = None,
-                      observed: dict | None = None) -> dict:
+                      observed: dict | None = None) -> BatchSummary:
     """A rollout batch's summary: the figures of its successful episodes, with failures, attempts and
     groups; DemoError when more episodes failed than --allow-failures accepts, or all did. Pure."""
     failures = [row for row in rows if row["failure_class"]]
@@ -4441,7 +4457,7 @@ def summarise_rollout(rows: Sequence[dict], job: dict, pods: Sequence[dict], log
     successes = {row["pod"] for row in rows if row["failure_class"] is None}
     summary = summarise_batch(job, [pod for pod in pods if pod_name(pod) in successes], logs, events,
                               len(successes), settings["builtin"], end_seen_at, observed)
-    summary.update(rollout_figures(rows, job, pods, settings.get("group_size") or 1, allowed,
+    summary.figures.update(rollout_figures(rows, job, pods, settings.get("group_size") or 1, allowed,
                                    settings.get("retries") or 0))
     return summary
 
@@ -4499,7 +4515,7 @@ def read_capacity(kubectl: Kubectl, settings: dict, job: dict) -> dict:
                          settings["parallelism"])
 
 
-def write_pictures(output: str, measured: Sequence[tuple[str, dict]], settings: dict,
+def write_pictures(output: str, measured: Sequence[tuple[str, BatchSummary]], settings: dict,
                    figures: dict | None = None) -> None:
     """timeline.svg (a sample of a large batch), ramp.svg and cdf.svg; `figures`: the throughput, if known."""
     title = timeline_title(settings)
@@ -4521,23 +4537,37 @@ def cpu_seconds() -> float:
 class BatchOutcome(NamedTuple):
     """One batch as results.json pools them."""
     entry: dict  # its entry in run.json's `batches`: job, measured, dir
-    summary: dict
+    summary: BatchSummary
     client_wait: dict | None  # client.json: how the client waited (none for a run of the guide's script)
 
+    def figures(self) -> dict:
+        """The batch's saved form; of how the client waited, it shows the one figure."""
+        return dict(self.summary.figures,
+                    client_job_complete_seconds=(self.client_wait or {}).get("client_job_complete_seconds"))
 
-def assemble_results(settings: dict, batches: Sequence[BatchOutcome], client: dict | None) -> dict:
+
+@dataclasses.dataclass
+class Results:
+    """A run's results: `figures` as results.json saves them (printed_results gives the printed
+    form), and the measured batches they pool, for episodes.csv and the pictures."""
+    figures: dict[str, Any]
+    batches: list[tuple[str, BatchSummary]]  # each measured batch: its Job's name and its summary
+
+
+def assemble_results(settings: dict, batches: Sequence[BatchOutcome], client: dict | None) -> Results:
     """results.json from the batches' summaries; several rounds are pooled."""
     measured_batches = [batch for batch in batches if batch.entry["measured"]]
-    measured = [batch.summary for batch in measured_batches]
-    warmups = [batch.summary for batch in batches if not batch.entry["measured"]]
+    measured = [batch.figures() for batch in measured_batches]
+    warmups = [batch.figures() for batch in batches if not batch.entry["measured"]]
+    episodes = [record for batch in measured_batches for record in batch.summary.episodes]
     rows = [dict(row, job=batch.entry["job"]) if len(measured) > 1 else row
-            for batch in measured_batches for row in batch.summary["pods"]]
+            for batch in measured_batches for row in batch.summary.figures["pods"]]
     if len(measured) == 1:  # its own summary already pooled the same episodes
         phases, by_start_path = measured[0]["phases"], measured[0]["phases_by_start_path"]
     else:
-        phases = phase_summary([r["phases"] for s in measured for r in s["_episodes"]])
-        by_start_path = start_path_phases([r for s in measured for r in s["_episodes"]])
-    guide = describe([r["guide_pod_to_ready"] for s in measured for r in s["_episodes"]])
+        phases = phase_summary([r["phases"] for r in episodes])
+        by_start_path = start_path_phases(episodes)
+    guide = describe([r["guide_pod_to_ready"] for r in episodes])
     client_seconds = [s.get("client_job_complete_seconds") for s in measured]
     results: dict[str, Any] = {
         "episodes": sum(s["episodes"] for s in measured),
@@ -4555,7 +4585,7 @@ def assemble_results(settings: dict, batches: Sequence[BatchOutcome], client: di
         "runtime": settings["runtime"],
         "parallelism": settings["parallelism"],
         "cache_state": "warmed" if settings["warmup"] else "uncontrolled",
-        "image_cache": count_image_cache(record.get("image_cache") for s in measured for record in s["_episodes"]),
+        "image_cache": count_image_cache(record.get("image_cache") for record in episodes),
         "harden": settings.get("harden", False),
         "episode_script": settings.get("episode_script"),
         "episode_script_sha256": settings.get("episode_script_sha256"),
@@ -4580,7 +4610,7 @@ def assemble_results(settings: dict, batches: Sequence[BatchOutcome], client: di
         results["job_created"] = measured[0]["job_created"]
         results["client_wait"] = measured_batches[0].client_wait
     else:
-        results["rounds"] = [dict(batch.summary, job=batch.entry["job"]) for batch in measured_batches]
+        results["rounds"] = [dict(figures, job=batch.entry["job"]) for batch, figures in zip(measured_batches, measured)]
     if warmups:
         results["warmup"] = warmups[0]
     if len(measured) == 1:
@@ -4590,11 +4620,11 @@ def assemble_results(settings: dict, batches: Sequence[BatchOutcome], client: di
                 results[key] = measured[0][key]
     if client is not None:
         results["client"] = client
-    results["_batches"] = [(batch.entry["job"], batch.summary) for batch in measured_batches]
-    results["throughput"] = throughput(results["_batches"])
+    pooled = [(batch.entry["job"], batch.summary) for batch in measured_batches]
+    results["throughput"] = throughput(pooled)
     if settings.get("capacity") is not None:
         results["capacity"] = settings["capacity"]
-    return results
+    return Results(results, pooled)
 
 
 def merge_warnings(summaries: Iterable[dict]) -> dict:
@@ -4646,7 +4676,7 @@ def run(args: argparse.Namespace) -> int:
     return perform_run(args)[0]
 
 
-def perform_run(args: argparse.Namespace) -> tuple[int, dict | None]:
+def perform_run(args: argparse.Namespace) -> tuple[int, Results | None]:
     """`run`: its exit status (0, or EXIT_PARTIAL for an accepted partial batch) and its results."""
     worker_source, builtin = load_worker(args.episode_script)
     tasks: list[Task] = list(getattr(args, "task_list", None) or [])
@@ -4670,9 +4700,9 @@ def perform_run(args: argparse.Namespace) -> tuple[int, dict | None]:
         finally:
             close(run)
     if failure is None and getattr(args, "print_results", True):
-        print_results(results, args.quiet)
+        print_results(results.figures, args.quiet)
     finish_run(run, failure, args.cleanup, args.quiet, cleanup_hint)
-    return (EXIT_PARTIAL if results.get("accepted_partial") else 0), results
+    return (EXIT_PARTIAL if results.figures.get("accepted_partial") else 0), results
 
 
 def run_settings(args: argparse.Namespace, worker_source: str, builtin: bool, tasks: Sequence[Task]) -> dict:
@@ -4745,8 +4775,9 @@ def interrupted(run: RunContext, cleanup_hint: str) -> None:
 
 
 def print_results(results: dict, quiet: bool) -> None:
-    """The results on stdout; the phase tables and throughput beside the progress on stderr."""
-    print(json.dumps(public_results(results), indent=2))
+    """The results (their saved form) on stdout without per-pod rows; the phase tables and
+    throughput beside the progress on stderr."""
+    print(json.dumps(printed_results(results), indent=2))
     if not quiet:
         print(phase_tables(results), file=sys.stderr)
         print(throughput_line(results["throughput"]), file=sys.stderr)
@@ -4921,10 +4952,10 @@ def load_saved_batch(directory: str, entry: dict, settings: dict) -> BatchOutcom
     else:
         summary = summarise_batch(job, pods, logs, events, settings["count"], settings.get("builtin", True),
                                   client.get("observed_at"), observed)
-    return outcome(entry, summary, client)
+    return BatchOutcome(entry, summary, client or None)
 
 
-def recompute(output: str) -> dict:
+def recompute(output: str) -> Results:
     """Results of a finished run from its saved files alone."""
     settings_path = os.path.join(output, SETTINGS_FILE)
     if os.path.exists(settings_path):
@@ -4952,7 +4983,7 @@ def warn_clocks(results: dict) -> None:
 
 def report(args: argparse.Namespace) -> int:
     """Recompute and reprint a finished run from its saved files."""
-    print_results(recompute(args.output), args.quiet)
+    print_results(recompute(args.output).figures, args.quiet)
     return 0
 
 
@@ -5186,7 +5217,7 @@ def run_batch(tasks: Sequence[dict] | None = None, *, output: str, group_size: i
     if status not in (0, EXIT_PARTIAL) or results is None:
         # The run saved what it could and said how to clean up; the caller decides what an interrupt means.
         raise KeyboardInterrupt
-    saved = saved_results(results)
+    saved = dict(results.figures)
     rewards_path = os.path.join(output, REWARDS_FILE)
     saved["rewards"] = [json.loads(line) for line in read_text(rewards_path).splitlines() if line.strip()]
     return saved

@@ -160,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
         raise GuideError(f"Job {end or 'timed out'}; see {output}")
 
     summary = summarise_batch(job, pods, logs, [], args.count, True, observed_wall)
-    results = {key: value for key, value in summary.items() if not key.startswith("_")}
+    results = dict(summary.figures)
     results.update({
         "context": kubectl.context, "namespace": namespace, "image": args.image, "runtime": args.runtime,
         "parallelism": args.parallelism, "cache_state": "uncontrolled",

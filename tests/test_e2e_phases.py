@@ -531,8 +531,8 @@ def test_missing_scheduler_events_fall_back_or_are_counted_missing(six, tmp_path
     shutil.copytree(six.output, copy)
     (copy / "events.json").unlink()
     recomputed = rl_batch_demo.recompute(str(copy))
-    (_, summary), = recomputed["_batches"]
-    for record in summary["_episodes"]:
+    (_, summary), = recomputed.batches
+    for record in summary.episodes:
         scheduled = record["points"]["scheduled"]
         assert scheduled is not None and scheduled[1] == 1.0, (record["pod"], scheduled)
         assert_whole_second(scheduled[0], six.pod_truth(record["pod"])["scheduled"], f"{record['pod']} scheduled")
@@ -542,7 +542,7 @@ def test_missing_scheduler_events_fall_back_or_are_counted_missing(six, tmp_path
         true = six.pod_truth(record["pod"])["sandbox_ready"]
         assert sandbox.source != "" and sandbox.precision > 0.15, sandbox
         assert abs(sandbox.at - true) <= sandbox.precision + TRUTH_NOTED_AFTER, (sandbox, true)
-    phases = recomputed["phases"]
+    phases = recomputed.figures["phases"]
     for phase in ("scheduling", "sandbox_creation"):
         assert phases[phase]["samples"] == 6 and phases[phase]["missing"] == 0
         assert phases[phase]["precision_seconds"] >= 1.0
@@ -557,12 +557,12 @@ def test_missing_scheduler_events_fall_back_or_are_counted_missing(six, tmp_path
     (copy / "pods.json").write_text(json.dumps(pods))
     (copy / "observed.json").unlink()
     recomputed = rl_batch_demo.recompute(str(copy))
-    (_, summary), = recomputed["_batches"]
-    for record in summary["_episodes"]:
+    (_, summary), = recomputed.batches
+    for record in summary.episodes:
         assert record["points"]["scheduled"] is None, record
         # The final PodReadyToStartContainers is False (the pod ended): not a sandbox time.
         assert record["points"]["sandbox_ready"] is None, record
-    phases = recomputed["phases"]
+    phases = recomputed.figures["phases"]
     for phase in ("scheduling", "sandbox_creation", "container_start"):
         assert phases[phase]["samples"] == 0 and phases[phase]["missing"] == 6, (phase, phases[phase])
         assert "p50" not in phases[phase] or phases[phase]["p50"] is None
@@ -595,7 +595,7 @@ def test_report_recomputes_identical_figures_without_a_cluster(six, cluster):
     requests_before = len(emulator.requests)
     printed = report(six.output)
     assert len(emulator.requests) == requests_before
-    expected = rl_batch_demo.public_results(six.results)
+    expected = rl_batch_demo.printed_results(six.results)
     assert printed == expected
     # `run` printed the same figures.
     assert json.loads(six.stdout.split("\n", 1)[1]) == expected
@@ -707,7 +707,7 @@ def test_rounds_figures_per_round_and_pooled_hold_against_the_truth(rounds):
 
 
 def test_rounds_report_recomputes_the_same_figures(rounds):
-    assert report(rounds.output) == rl_batch_demo.public_results(rounds.results)
+    assert report(rounds.output) == rl_batch_demo.printed_results(rounds.results)
 
 
 def test_compare_prints_each_metric_once_with_its_ratio(six, rounds, tmp_path):
@@ -816,7 +816,7 @@ def test_timeline_has_one_labelled_row_per_episode_a_legend_and_an_axis(six):
 WHOLE_SECOND_MODEL = ("pod_created", "sandbox_ready", "container_started", "container_finished")
 
 
-def synthetic_batch(count: int, parallelism: int = 50) -> dict:
+def synthetic_batch(count: int, parallelism: int = 50) -> rl_batch_demo.BatchSummary:
     """A batch as `summarise_batch` sees it, from a model of true times in waves of `parallelism`:
     Kubernetes points truncated to the second, event and worker points exact."""
     job_created = 1_800_000_000.85
@@ -836,7 +836,8 @@ def synthetic_batch(count: int, parallelism: int = 50) -> dict:
                   (moment, WORKER_POINTS.get(point, 1e-6)) for point, moment in true.items()}
         records.append({"pod": f"rollout-{n:03d}x", "points": points,
                         "phases": rl_batch_demo.phase_durations(points), "index": None})
-    return {"_episodes": records, "_job_created": float(math.floor(job_created))}
+    whole_second = float(math.floor(job_created))
+    return rl_batch_demo.BatchSummary(figures={}, episodes=records, job_created=whole_second, origin=whole_second)
 
 
 @pytest.mark.parametrize("count", [10, 200])

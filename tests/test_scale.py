@@ -28,7 +28,7 @@ SVG = "{http://www.w3.org/2000/svg}"
 
 
 def synthetic_batch(count: int, parallelism: int, job_created: float = 1_800_000_000.0,
-                    sandbox_every: int = 1) -> dict:
+                    sandbox_every: int = 1) -> demo.BatchSummary:
     records = []
     for n in range(count):
         wave, jitter = divmod(n, parallelism)[0], (n * 37 % 100) / 1000
@@ -48,7 +48,7 @@ def synthetic_batch(count: int, parallelism: int, job_created: float = 1_800_000
             points["sandbox_ready"] = None
         records.append({"pod": f"rollout-{n:05d}", "points": points, "phases": demo.phase_durations(points),
                         "index": None})
-    return {"_episodes": records, "_job_created": job_created}
+    return demo.BatchSummary(figures={}, episodes=records, job_created=job_created, origin=job_created)
 
 
 # --------------------------------------------------------------------------
@@ -144,10 +144,10 @@ def test_per_whole_second_peak_buckets_by_the_second():
 def test_throughput_of_waves_of_pods():
     batch = synthetic_batch(300, parallelism=100)
     figures = demo.throughput([("rollout", batch)])
-    created = [r["points"]["pod_created"][0] for r in batch["_episodes"]]
-    sandboxes = [r["points"]["sandbox_ready"][0] for r in batch["_episodes"]]
-    assert figures["pods_created_per_second"] == round(300 / (max(created) - batch["_job_created"]), 2)
-    assert figures["sandboxes_ready_per_second_mean"] == round(300 / (max(sandboxes) - batch["_job_created"]), 2)
+    created = [r["points"]["pod_created"][0] for r in batch.episodes]
+    sandboxes = [r["points"]["sandbox_ready"][0] for r in batch.episodes]
+    assert figures["pods_created_per_second"] == round(300 / (max(created) - batch.job_created), 2)
+    assert figures["sandboxes_ready_per_second_mean"] == round(300 / (max(sandboxes) - batch.job_created), 2)
     assert figures["sandboxes_ready_per_second_peak"] == max(sandboxes.count(t) for t in set(sandboxes))
     # Each wave's episodes end before the next wave's start: at most one wave runs at once.
     assert figures["max_episodes_running_at_once"] == 100
@@ -157,7 +157,7 @@ def test_throughput_of_waves_of_pods():
 
 def test_throughput_without_sandbox_times_says_none_and_reads_a_short_span_as_one_second():
     batch = synthetic_batch(5, parallelism=5, sandbox_every=10 ** 9)
-    batch["_episodes"] = [dict(r, points=dict(r["points"], sandbox_ready=None)) for r in batch["_episodes"]]
+    batch.episodes = [dict(r, points=dict(r["points"], sandbox_ready=None)) for r in batch.episodes]
     figures = demo.throughput([("rollout", batch)])
     assert figures["sandboxes_ready_per_second_mean"] is None
     assert figures["sandboxes_ready_per_second_peak"] is None
@@ -214,13 +214,13 @@ def test_cdf_svg_has_one_line_per_phase_from_0_to_100_percent(count):
     bottoms = {first_y(d) for d in paths.values()}
     assert len(tops) == 1 and len(bottoms) == 1 and tops.pop() < bottoms.pop()
     texts = ["".join(t.itertext()) for t in ElementTree.fromstring(text).iter(f"{SVG}text")]
-    values = [r["phases"]["pod_to_ready"][0] for r in batch["_episodes"]]
+    values = [r["phases"]["pod_to_ready"][0] for r in batch.episodes]
     assert f"pod to ready  {demo.percentile(values, 0.5):.2f} / {demo.percentile(values, 0.95):.2f}" in texts
 
 
 def test_cdf_svg_of_a_phase_without_samples_says_so():
     batch = synthetic_batch(4, parallelism=4, sandbox_every=10 ** 9)
-    for record in batch["_episodes"]:
+    for record in batch.episodes:
         record["points"]["sandbox_ready"] = None
         record["phases"] = demo.phase_durations(record["points"])
     text = demo.cdf_svg([("rollout", batch)], "phases")
@@ -241,14 +241,14 @@ def test_timeline_sample_keeps_small_batches_whole_and_spreads_a_sample_over_lar
     assert demo.timeline_sample(small) == (small, "")
     large = synthetic_batch(2000, parallelism=1000)
     sampled, note = demo.timeline_sample([("rollout", large)])
-    kept = [record["pod"] for record in sampled[0][1]["_episodes"]]
+    kept = [record["pod"] for record in sampled[0][1].episodes]
     assert len(kept) == demo.TIMELINE_MAX_ROWS
     assert note == f" - {demo.TIMELINE_MAX_ROWS} of 2000 episodes, evenly spread in order of pod creation"
     # The first and last pods created are in; both waves are.
-    order = sorted(large["_episodes"], key=lambda r: (r["points"]["pod_created"][0], r["points"]["ready"][0]))
+    order = sorted(large.episodes, key=lambda r: (r["points"]["pod_created"][0], r["points"]["ready"][0]))
     assert order[0]["pod"] in kept and order[-1]["pod"] in kept
     assert sum(1 for pod in kept if int(pod.split("-")[1]) < 1000) == demo.TIMELINE_MAX_ROWS // 2
-    assert len(large["_episodes"]) == 2000  # the batch itself is untouched
+    assert len(large.episodes) == 2000  # the batch itself is untouched
     svg = demo.timeline_svg(sampled, "2000 episodes" + note)
     rows = {rect.get("y") for rect in ElementTree.fromstring(svg).iter(f"{SVG}rect")
             if rect.find(f"{SVG}title") is not None}
@@ -259,7 +259,7 @@ def test_timeline_sample_of_rounds_keeps_each_rounds_name():
     rounds = [("rollout-1", synthetic_batch(150, 150)), ("rollout-2", synthetic_batch(150, 150, 1_800_000_100.0))]
     sampled, _ = demo.timeline_sample(rounds)
     assert [name for name, _ in sampled] == ["rollout-1", "rollout-2"]
-    assert sum(len(s["_episodes"]) for _, s in sampled) == demo.TIMELINE_MAX_ROWS
+    assert sum(len(s.episodes) for _, s in sampled) == demo.TIMELINE_MAX_ROWS
 
 
 def test_json_pieces_are_indented_json_with_long_lists_one_item_per_line():

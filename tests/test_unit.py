@@ -702,8 +702,8 @@ ROW_FIELDS = ["pod", "node", "image_id", "reward", "pod_to_ready_seconds",
 def test_summarise_batch_rows_are_exactly_the_spec_fields_hand_computed() -> None:
     job, pods, logs, events = synthetic_batch()
     summary = demo.summarise_batch(job, pods, logs, events, 3)
-    assert [list(row) for row in summary["pods"]] == [ROW_FIELDS] * 3
-    assert summary["pods"] == [
+    assert [list(row) for row in summary.figures["pods"]] == [ROW_FIELDS] * 3
+    assert summary.figures["pods"] == [
         {"pod": POD_A, "node": "node-1", "image_id": "docker.io/library/python@sha256:aaa", "reward": 1,
          "pod_to_ready_seconds": 2.5, "batch_to_ready_seconds": 3.5, "batch_to_reward_seconds": 8.0},
         {"pod": POD_B, "node": "node-2", "image_id": "docker.io/library/python@sha256:bbb", "reward": 1,
@@ -717,7 +717,7 @@ def test_summarise_batch_headline_figures() -> None:
     job, pods, logs, events = synthetic_batch()
     summary = demo.summarise_batch(job, pods, logs, events, 3)
     # pod_to_ready sorted: 2.5 3.0 3.25; p50 = 3.0; p95 index 1.9 -> 3.0 + 0.9*0.25 = 3.225.
-    assert {key: summary[key] for key in (
+    assert {key: summary.figures[key] for key in (
         "episodes", "successful_episodes", "reward_sum", "batch_to_all_ready_seconds",
         "batch_to_all_rewards_seconds", "pod_to_ready_p50_seconds", "pod_to_ready_p95_seconds",
         "pod_to_ready_max_seconds")} == {
@@ -736,7 +736,7 @@ def test_summarise_batch_refuses_a_dishonest_batch() -> None:
 
 def test_phases_with_precision_and_missing_counts() -> None:
     job, pods, logs, events = synthetic_batch()
-    phases = demo.summarise_batch(job, pods, logs, events, 3)["phases"]
+    phases = demo.summarise_batch(job, pods, logs, events, 3).figures["phases"]
 
     def figures(name: str) -> dict:
         return {k: phases[name][k] for k in ("samples", "missing", "p50", "max", "precision_seconds")}
@@ -777,7 +777,7 @@ def test_phases_without_sandbox_condition_anywhere_are_all_missing() -> None:
     for pod in pods:
         pod["status"]["conditions"] = [c for c in pod["status"]["conditions"]
                                        if c["type"] != "PodReadyToStartContainers"]
-    phases = demo.summarise_batch(job, pods, logs, events, 3)["phases"]
+    phases = demo.summarise_batch(job, pods, logs, events, 3).figures["phases"]
     assert phases["sandbox_creation"]["samples"] == 0
     assert phases["sandbox_creation"]["missing"] == 3
     assert phases["sandbox_creation"]["precision_seconds"] is None
@@ -1128,10 +1128,10 @@ def test_sandbox_ready_comes_from_the_true_transition_only() -> None:
             if entry["type"] == "PodReadyToStartContainers":
                 entry["status"] = "False"
                 entry["lastTransitionTime"] = "2026-11-29T20:00:30Z"
-    phases = demo.summarise_batch(job, pods, logs, events, 3)["phases"]
+    phases = demo.summarise_batch(job, pods, logs, events, 3).figures["phases"]
     assert phases["sandbox_creation"]["samples"] == 0 and phases["sandbox_creation"]["missing"] == 3
     observed = {POD_A: {"sandbox_ready": "2026-11-29T20:00:02Z"}}
-    phases = demo.summarise_batch(job, pods, logs, events, 3, observed=observed)["phases"]
+    phases = demo.summarise_batch(job, pods, logs, events, 3, observed=observed).figures["phases"]
     assert phases["sandbox_creation"]["samples"] == 1
     assert phases["sandbox_creation"]["p50"] == 0.75  # 20:00:02 - scheduled 20:00:01.25
 
@@ -1258,7 +1258,7 @@ def sharp_batch() -> tuple[dict, list[dict], dict[str, str], list[dict], dict]:
 def test_every_point_from_its_sharpest_source() -> None:
     job, pods, logs, events, observed = sharp_batch()
     summary = demo.summarise_batch(job, pods, logs, events, 1, observed=observed)
-    points = summary["_episodes"][0]["points"]
+    points = summary.episodes[0]["points"]
     shown = {name: (round(p.at - T0, 6), p.precision, p.clock) for name, p in points.items()}
     assert shown == {
         # Named by the Job controller just after creating the pod; within 0.1 s of it and in its second.
@@ -1278,18 +1278,18 @@ def test_every_point_from_its_sharpest_source() -> None:
     assert points["container_started"].source == "kubelet Started event name, after kubelet Created event name"
     # Every point with a server stamp lies in that stamp's second.
     assert 1 <= shown["pod_created"][0] < 2 and 3 <= shown["container_finished"][0] < 4
-    phases = summary["_episodes"][0]["phases"]
+    phases = summary.episodes[0]["phases"]
     assert phases["sandbox_creation"] == (pytest.approx(0.93), pytest.approx(0.100001))
     # The Job's true creation: inside the client's create call.
-    assert summary["job_created"]["at"] == pytest.approx(T0 + 0.02)
-    assert summary["job_created"]["precision"] == pytest.approx(0.02)
+    assert summary.figures["job_created"]["at"] == pytest.approx(T0 + 0.02)
+    assert summary.figures["job_created"]["precision"] == pytest.approx(0.02)
     # No clock is shown apart from the others, so none is corrected.
-    assert summary["clocks"]["warnings"] == []
-    assert summary["clocks"]["client"]["offset_seconds"] == 0.0
-    assert summary["clocks"]["nodes"]["node-1"]["offset_seconds"] == 0.0
+    assert summary.figures["clocks"]["warnings"] == []
+    assert summary.figures["clocks"]["client"]["offset_seconds"] == 0.0
+    assert summary.figures["clocks"]["nodes"]["node-1"]["offset_seconds"] == 0.0
     # The guide's pod_to_ready stays whole-second: ready 2.5 - created 1 (stamp).
-    assert summary["pod_to_ready_p50_seconds"] == 1.5
-    assert summary["phases"]["pod_to_ready"]["p50"] == pytest.approx(1.495)
+    assert summary.figures["pod_to_ready_p50_seconds"] == 1.5
+    assert summary.figures["phases"]["pod_to_ready"]["p50"] == pytest.approx(1.495)
 
 
 def test_a_watch_behind_the_server_second_shows_a_clock_apart_loudly() -> None:
@@ -1299,15 +1299,15 @@ def test_a_watch_behind_the_server_second_shows_a_clock_apart_loudly() -> None:
         observed["pods"][POD_A]["seen"][seen] -= 0.5
     observed["job"] = {key: value - 0.5 for key, value in observed["job"].items()}
     summary = demo.summarise_batch(job, pods, logs, events, 1, observed=observed)
-    client = summary["clocks"]["client"]
+    client = summary.figures["clocks"]["client"]
     assert client["at_most_seconds"] == pytest.approx(-0.49)  # at most 1.01 - 0.5 - 1 (pod created stamp)
     # Corrected by the middle of what the evidence allows, which holds the true -0.5 within its slack.
     assert client["offset_seconds"] == pytest.approx((client["at_least_seconds"] + client["at_most_seconds"]) / 2)
     assert client["correction_slack_seconds"] == pytest.approx(client["at_most_seconds"] - client["offset_seconds"])
     assert abs(client["offset_seconds"] + 0.5) <= client["correction_slack_seconds"]
-    assert any("client's and the control plane's clocks disagree" in w for w in summary["clocks"]["warnings"])
+    assert any("client's and the control plane's clocks disagree" in w for w in summary.figures["clocks"]["warnings"])
     # Corrected onto the control plane's clock, the watch's times fall back into their seconds.
-    finished = summary["_episodes"][0]["points"]["container_finished"]
+    finished = summary.episodes[0]["points"]["container_finished"]
     assert 3 <= finished.at - T0 < 4
 
 
@@ -1346,15 +1346,15 @@ def test_a_node_clock_behind_the_control_plane_is_said_loudly() -> None:
             at = demo.event_name_time(event) - 1.2
             event["metadata"]["name"] = f"{POD_A}.{int(round(at * 1e9)):x}"
     summary = demo.summarise_batch(job, pods, logs, events, 1, observed=observed)
-    node = summary["clocks"]["nodes"]["node-1"]
+    node = summary.figures["clocks"]["nodes"]["node-1"]
     assert node["at_most_seconds"] == pytest.approx(1.96 - 1.2 - 1.03)  # Pulled - Scheduled eventTime
     assert node["offset_seconds"] == pytest.approx((node["at_least_seconds"] + node["at_most_seconds"]) / 2)
     assert abs(node["offset_seconds"] + 1.2) <= node["correction_slack_seconds"]
     # A point read on the node's clock is corrected, and as imprecise as the correction.
-    ready = summary["_episodes"][0]["points"]["ready"]
+    ready = summary.episodes[0]["points"]["ready"]
     assert ready.precision == pytest.approx(1e-6 + 2 * node["correction_slack_seconds"], abs=1e-6)
     assert any("node node-1's and the control plane's clocks disagree by at least 0.270 s" in warning
-               for warning in summary["clocks"]["warnings"])
+               for warning in summary.figures["clocks"]["warnings"])
 
 
 def test_a_node_clock_behind_by_less_than_the_sandbox_is_pinned_by_the_pods_start_time() -> None:
@@ -1399,13 +1399,13 @@ def test_a_pod_past_the_parallelism_was_created_after_enough_earlier_pods_ended(
 def test_a_batch_that_mixes_start_paths_shows_each_paths_phases() -> None:
     job, pods, logs, events = synthetic_batch()
     summary = demo.summarise_batch(job, pods, logs, events, 3)
-    by_path = summary["phases_by_start_path"]
+    by_path = summary.figures["phases_by_start_path"]
     # A found its image, B pulled it, C left no trace of which.
     assert sorted(by_path) == ["image present", "image pulled", "image unknown"]
     assert by_path["image pulled"]["sandbox_creation"]["p50"] == 1.5
     assert by_path["image present"]["sandbox_creation"]["p50"] == 0.75
     assert by_path["image unknown"]["sandbox_creation"]["samples"] == 0
-    text = demo.phase_tables({"phases": summary["phases"], "phases_by_start_path": by_path})
+    text = demo.phase_tables({"phases": summary.figures["phases"], "phases_by_start_path": by_path})
     assert "start path: image pulled" in text
     # One start path: no split.
     assert demo.start_path_phases([{"image_cache": "present", "phases": {}}] * 2) is None
@@ -1417,7 +1417,7 @@ def test_a_batch_that_mixes_runtime_classes_shows_each_runtimes_phases() -> None
         pod["spec"]["runtimeClassName"] = runtime
     events = [e for e in events if e.get("reason") != "Pulled"]  # one image path: unknown for all
     summary = demo.summarise_batch(job, pods, logs, events, 3)
-    by_path = summary["phases_by_start_path"]
+    by_path = summary.figures["phases_by_start_path"]
     # Named by what differs: the runtime class alone.
     assert sorted(by_path) == ["runtime cube", "runtime runc"]
     assert by_path["runtime cube"]["scheduling"]["samples"] == 2
