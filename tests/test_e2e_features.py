@@ -21,7 +21,7 @@ from typing import Optional
 import pytest
 
 from e2e_support import (PRODUCT, REPO_ROOT, assert_evidence_saved, load, run_namespaces,
-                         start_tool, tool, wait_for)
+                         start_tool, tool, wait_for, write_script)
 from kube_emulator import Emulator, pod_security_violations
 
 import rl_batch_demo
@@ -94,12 +94,6 @@ except OSError as error:
     sys.exit(1)
 emit("reward", reward=1)
 '''
-
-
-def write_script(tmp_path: Path, text: str, name: str = "episode.py") -> Path:
-    path = tmp_path / name
-    path.write_text(text)
-    return path
 
 
 def split_stdout(stdout: str) -> tuple[str, dict]:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import rl_batch_demo
-from e2e_support import emulators, load, run_namespaces, tool
+from e2e_support import emulators, load, run_namespaces, tool, write_script
 
 pytestmark = pytest.mark.e2e
 
@@ -43,12 +43,6 @@ def cluster(tmp_path: Path, require_e2e: Any):
 
 def rewards_of(output: Path) -> list[dict]:
     return [json.loads(line) for line in (output / "rewards.jsonl").read_text().splitlines()]
-
-
-def write_script(tmp_path: Path, source: str = TASK_EPISODE) -> Path:
-    script = tmp_path / "episode.py"
-    script.write_text(source)
-    return script
 
 
 def tasks_run(tmp_path: Path, tasks: str, *options: str, episode: str = TASK_EPISODE) -> tuple[list[str], Path]:
@@ -210,14 +204,14 @@ def test_run_batch_in_process_returns_every_reward(cluster: Any, tmp_path: Path,
     results = rl_batch_demo.run_batch(
         [{"id": "t1", "x": 2}, {"id": "t2", "x": 2, "fail": True}], output=str(tmp_path / "out"),
         group_size=2, retries=0, allow_failures=2,
-        options=["--kubectl", kubectl, "--episode-script", str(write_script(tmp_path))])
+        options=["--kubectl", kubectl, "--episode-script", str(write_script(tmp_path, TASK_EPISODE))])
     assert results["accepted_partial"] is True
     assert [(r["task_id"], r["failure_class"], r["reward"]) for r in results["rewards"]] == [
         ("t1", None, 1.0), ("t1", None, 1.0), ("t2", "episode", None), ("t2", "episode", None)]
     with pytest.raises(rl_batch_demo.DemoError, match="2 of 2 episodes failed"):
         rl_batch_demo.run_batch([{"x": 1, "fail": True}], output=str(tmp_path / "out2"), group_size=2,
                                 allow_failures=1, options=["--kubectl", kubectl, "--episode-script",
-                                                           str(write_script(tmp_path))])
+                                                           str(write_script(tmp_path, TASK_EPISODE))])
     assert os.path.exists(tmp_path / "out2" / "rewards.jsonl")
 
 
