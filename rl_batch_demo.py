@@ -446,6 +446,74 @@ def pod_failure_policy() -> dict:
     ]}
 
 
+def episode_env(indexed: bool, tasks: dict | None) -> list[dict]:
+    """The episode's environment: its pod's name, and in an Indexed Job its index and its task file."""
+    env: list[dict[str, Any]] = [
+        {"name": "EPISODE_ID",
+         "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+    ]
+    if indexed:
+        env.append({"name": "EPISODE_INDEX", "valueFrom": {"fieldRef": {
+            "fieldPath": f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"}}})
+    if tasks:
+        # $(EPISODE_INDEX) expands because it is defined earlier in the list.
+        env.append({"name": TASK_FILE_ENV, "value": f"{TASKS_MOUNT}/$(EPISODE_INDEX).json"})
+    return env
+
+
+def episode_container(image: str, harden: bool, indexed: bool, tasks: dict | None) -> dict:
+    """The container that runs the episode program: unprivileged, small requests and limits."""
+    security: dict[str, Any] = {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    if harden:
+        security["readOnlyRootFilesystem"] = True
+    mounts = [
+        {"name": "demo", "mountPath": "/demo", "readOnly": True},
+        {"name": "workspace", "mountPath": "/workspace"},
+    ]
+    if tasks:
+        mounts.append({"name": TASKS_VOLUME, "mountPath": TASKS_MOUNT, "readOnly": True})
+    return {
+        "name": CONTAINER_NAME,
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["python", "-B", f"/demo/{WORKER_KEY}"],
+        "env": episode_env(indexed, tasks),
+        "securityContext": security,
+        "resources": {
+            "requests": {"cpu": "100m", "memory": "64Mi"},
+            "limits": {"cpu": "500m", "memory": "128Mi"},
+        },
+        "volumeMounts": mounts,
+    }
+
+
+def episode_pod_spec(image: str, runtime: str, harden: bool, indexed: bool, tasks: dict | None) -> dict:
+    """An episode's pod: in the sandbox runtime, never restarted, non-root, without a service account token."""
+    volumes = [
+        {"name": "demo", "configMap": {"name": CONFIGMAP_NAME}},
+        {"name": "workspace", "emptyDir": {"sizeLimit": "64Mi"} if harden else {}},
+    ]
+    if tasks:
+        volumes.append(tasks)
+    return {
+        "runtimeClassName": runtime,
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "securityContext": {
+            "runAsUser": 1000,
+            "runAsGroup": 1000,
+            "fsGroup": 1000,
+            "runAsNonRoot": True,
+        },
+        "containers": [episode_container(image, harden, indexed, tasks)],
+        "volumes": volumes,
+    }
+
+
 def job_manifest(namespace: str, count: int, parallelism: int, image: str,
                  runtime: str, deadline_seconds: int = DEFAULT_JOB_DEADLINE_SECONDS,
                  name: str = JOB_NAME, harden: bool = False,
@@ -458,25 +526,7 @@ def job_manifest(namespace: str, count: int, parallelism: int, image: str,
     (backoffLimitPerIndex), a number of failed episodes the Job tolerates
     (maxFailedIndexes) and the podFailurePolicy that tells whose failure it was.
     """
-    container_security: dict[str, Any] = {
-        "allowPrivilegeEscalation": False,
-        "capabilities": {"drop": ["ALL"]},
-        "seccompProfile": {"type": "RuntimeDefault"},
-    }
-    workspace_volume: dict[str, Any] = {"name": "workspace", "emptyDir": {}}
-    if harden:
-        container_security["readOnlyRootFilesystem"] = True
-        workspace_volume["emptyDir"] = {"sizeLimit": "64Mi"}
-    env: list[dict[str, Any]] = [
-        {"name": "EPISODE_ID",
-         "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-    ]
-    if indexed or tasks or policy:
-        env.append({"name": "EPISODE_INDEX", "valueFrom": {"fieldRef": {
-            "fieldPath": f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"}}})
-    if tasks:
-        # $(EPISODE_INDEX) expands because it is defined earlier in the list.
-        env.append({"name": TASK_FILE_ENV, "value": f"{TASKS_MOUNT}/$(EPISODE_INDEX).json"})
+    indexed_mode = bool(indexed or tasks or policy)
     spec: dict[str, Any] = {
         "completions": count,
         "parallelism": parallelism,
@@ -484,46 +534,11 @@ def job_manifest(namespace: str, count: int, parallelism: int, image: str,
         "activeDeadlineSeconds": deadline_seconds,
         "template": {
             "metadata": {"labels": {"app": APP_LABEL}},
-            "spec": {
-                "runtimeClassName": runtime,
-                "restartPolicy": "Never",
-                "automountServiceAccountToken": False,
-                "securityContext": {
-                    "runAsUser": 1000,
-                    "runAsGroup": 1000,
-                    "fsGroup": 1000,
-                    "runAsNonRoot": True,
-                },
-                "containers": [{
-                    "name": CONTAINER_NAME,
-                    "image": image,
-                    "imagePullPolicy": "IfNotPresent",
-                    "command": ["python", "-B", f"/demo/{WORKER_KEY}"],
-                    "env": env,
-                    "securityContext": container_security,
-                    "resources": {
-                        "requests": {"cpu": "100m", "memory": "64Mi"},
-                        "limits": {"cpu": "500m", "memory": "128Mi"},
-                    },
-                    "volumeMounts": [
-                        {"name": "demo", "mountPath": "/demo", "readOnly": True},
-                        {"name": "workspace", "mountPath": "/workspace"},
-                    ],
-                }],
-                "volumes": [
-                    {"name": "demo", "configMap": {"name": CONFIGMAP_NAME}},
-                    workspace_volume,
-                ],
-            },
+            "spec": episode_pod_spec(image, runtime, harden, indexed_mode, tasks),
         },
     }
-    if indexed or tasks or policy:
+    if indexed_mode:
         spec["completionMode"] = "Indexed"
-    if tasks:
-        pod_spec = spec["template"]["spec"]
-        pod_spec["containers"][0]["volumeMounts"].append(
-            {"name": TASKS_VOLUME, "mountPath": TASKS_MOUNT, "readOnly": True})
-        pod_spec["volumes"].append(tasks)
     if policy:
         # The Job-wide limit would end the batch at its first failure; each episode has its own.
         del spec["backoffLimit"]
@@ -1659,6 +1674,111 @@ def worker_time(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
+class EpisodeClocks(NamedTuple):
+    """The client's and the episode's node's clocks minus the control plane's, and how far each may be off."""
+    client: float = 0.0
+    client_slack: float = 0.0
+    node: float = 0.0
+    node_slack: float = 0.0
+
+    @classmethod
+    def of(cls, offsets: dict[str, float]) -> EpisodeClocks:
+        """From episode_points' `offsets`: a clock not named there reads as the control plane's."""
+        return cls(offsets.get("client", 0.0), offsets.get("client_slack", 0.0),
+                   offsets.get("node", 0.0), offsets.get("node_slack", 0.0))
+
+
+def kubelet_named(kubelet: dict[str, tuple[float, str]], reason: str) -> float | None:
+    """When the kubelet named its event of that reason (on the node's clock), if it did."""
+    return kubelet[reason][0] if reason in kubelet else None
+
+
+def pod_created_point(created: Bound | None, seen: dict, created_event_at: float | None,
+                      created_after: Bound | None, clocks: EpisodeClocks) -> Point | None:
+    """The pod's creation: its stamp's second, sharpened by the Job controller's event and this client's watch."""
+    return sharpest([followed_by_event(created_event_at, "SuccessfulCreate event name", REFERENCE_CLOCK),
+                     upper(seen.get("added"), "watch saw the pod", "client", clocks.client, clocks.client_slack),
+                     created_after], created)
+
+
+def scheduled_point(pod: dict, scheduled_at: float | None) -> Point | None:
+    """The pod's binding to a node: the scheduler's Scheduled eventTime, else its condition's second."""
+    if scheduled_at is not None:
+        return Point(scheduled_at, EVENT_TIME, "Scheduled event eventTime", REFERENCE_CLOCK)
+    entry = condition(pod, "PodScheduled")
+    return sharpest([], whole_second(parse_time((entry or {}).get("lastTransitionTime")),
+                                     "PodScheduled condition", REFERENCE_CLOCK))
+
+
+def sandbox_ready_stamp(pod: dict, observed: dict) -> float | None:
+    """The PodReadyToStartContainers condition's time while it is True, else as this client's watch saw it."""
+    sandbox_condition = condition(pod, "PodReadyToStartContainers") or {}
+    stamp = parse_time(sandbox_condition.get("lastTransitionTime")) \
+        if sandbox_condition.get("status") == "True" else None
+    return parse_time(observed.get("sandbox_ready")) if stamp is None else stamp
+
+
+def sandbox_ready_point(pod: dict, observed: dict, kubelet: dict[str, tuple[float, str]],
+                        scheduled: Point | None, created: Bound | None, clocks: EpisodeClocks) -> Point | None:
+    """The pod's sandbox ready: after its binding and creation, before the kubelet's first image or container event."""
+    seen = observed.get("seen") or {}
+    node, node_slack = clocks.node, clocks.node_slack
+    sandbox_stamp = sandbox_ready_stamp(pod, observed)
+    image_event = min((kubelet[r] for r in ("Pulling", "Pulled") if r in kubelet), default=None)
+    sandbox_ready = sharpest([
+        followed_by_event(image_event[0] if image_event else None,
+                          f"kubelet {'Pulling' if 'Pulling' in kubelet else 'Pulled'} event name",
+                          "node", node, node_slack),
+        upper(kubelet_named(kubelet, "Created"), "kubelet Created event name", "node", node, node_slack),
+        upper(seen.get("sandbox_ready"), "watch saw the sandbox ready", "client", clocks.client, clocks.client_slack),
+        lower(scheduled.at if scheduled is not None and scheduled.precision <= EVENT_TIME else None,
+              "Scheduled eventTime", REFERENCE_CLOCK),
+        lower(created.lower if created is not None else None, "Pod creationTimestamp", REFERENCE_CLOCK),
+        # The kubelet stamps this condition when its status update reports it, often together
+        # with the running container: the sandbox was ready by then, maybe long before.
+        upper(None if sandbox_stamp is None else sandbox_stamp + WHOLE_SECOND,
+              "PodReadyToStartContainers condition", "node", node, node_slack),
+    ])
+    if sandbox_ready is not None and sandbox_stamp is not None and \
+            sandbox_ready.source.startswith("PodReadyToStartContainers"):
+        # Only the condition bounds it from above: read it as the condition says, as far as the
+        # lower bound allows; the precision still spans everything before.
+        sandbox_ready = sandbox_ready._replace(
+            at=min(sandbox_ready.at, max(sandbox_stamp - node, sandbox_ready.at - sandbox_ready.precision)))
+    return sandbox_ready
+
+
+def container_started_point(state: dict, ready: dict, kubelet: dict[str, tuple[float, str]], seen: dict,
+                            clocks: EpisodeClocks) -> Point | None:
+    """The container's start: its startedAt second, sharpened by the kubelet's events, the worker and the watch."""
+    node, node_slack = clocks.node, clocks.node_slack
+    running = state.get("terminated") or state.get("running") or {}
+    process = worker_time(ready.get("process_started_at"))
+    return sharpest([
+        lower(kubelet_named(kubelet, "Created"), "kubelet Created event name", "node", node, node_slack),
+        upper(kubelet_named(kubelet, "Started"), "kubelet Started event name", "node", node, node_slack),
+        upper(None if process is None else process + PROC_TICK, "worker process start", "node", node, node_slack),
+        upper(seen.get("running"), "watch saw the container running", "client", clocks.client, clocks.client_slack),
+    ], whole_second(parse_time(running.get("startedAt")), "container startedAt", "node", node, node_slack))
+
+
+def container_finished_point(state: dict, reward: dict, seen: dict, clocks: EpisodeClocks) -> Point | None:
+    """The container's end: its finishedAt second, after the worker's reward, before this client's watch saw it."""
+    return sharpest([
+        lower(worker_time(reward.get("at")), "worker reward event", "node", clocks.node, clocks.node_slack),
+        upper(seen.get("terminated"), "watch saw the container terminated", "client", clocks.client,
+              clocks.client_slack),
+    ], whole_second(parse_time((state.get("terminated") or {}).get("finishedAt")),
+                    "container finishedAt", "node", clocks.node, clocks.node_slack))
+
+
+def worker_point(value: Any, precision: float, source: str, clocks: EpisodeClocks) -> Point | None:
+    """A moment the worker read on the node's clock, moved onto the control plane's."""
+    moment = worker_time(value)
+    return None if moment is None else Point(moment - clocks.node, round(precision + 2 * clocks.node_slack, 6),
+                                              source, "node")
+
+
 def episode_points(pod: dict, ready: dict, reward: dict, scheduled_at: float | None,
                    observed: dict | None = None, kubelet: dict[str, tuple[float, str]] | None = None,
                    created_event_at: float | None = None,
@@ -1676,86 +1796,22 @@ def episode_points(pod: dict, ready: dict, reward: dict, scheduled_at: float | N
     observed = observed or {}
     seen = observed.get("seen") or {}
     kubelet = kubelet or {}
-    offsets = offsets or {}
-    client, node = offsets.get("client", 0.0), offsets.get("node", 0.0)
-    client_slack, node_slack = offsets.get("client_slack", 0.0), offsets.get("node_slack", 0.0)
-    status = container_status(pod)
-    state = status.get("state") or {}
-    running = state.get("terminated") or state.get("running") or {}
-    cp, on_node, on_client = REFERENCE_CLOCK, "node", "client"
-
-    def named(reason: str) -> float | None:
-        return kubelet[reason][0] if reason in kubelet else None
-
+    clocks = EpisodeClocks.of(offsets or {})
+    state = container_status(pod).get("state") or {}
     created = whole_second(parse_time(pod["metadata"].get("creationTimestamp")),
-                           "Pod creationTimestamp", cp)
-    pod_created = sharpest([followed_by_event(created_event_at, "SuccessfulCreate event name", cp),
-                            upper(seen.get("added"), "watch saw the pod", on_client, client, client_slack),
-                            created_after], created)
-
-    if scheduled_at is not None:
-        scheduled: Point | None = Point(scheduled_at, EVENT_TIME, "Scheduled event eventTime", cp)
-    else:
-        entry = condition(pod, "PodScheduled")
-        scheduled = sharpest([], whole_second(parse_time((entry or {}).get("lastTransitionTime")),
-                                              "PodScheduled condition", cp))
-
-    sandbox_condition = condition(pod, "PodReadyToStartContainers") or {}
-    sandbox_stamp = parse_time(sandbox_condition.get("lastTransitionTime")) \
-        if sandbox_condition.get("status") == "True" else None
-    if sandbox_stamp is None:
-        sandbox_stamp = parse_time(observed.get("sandbox_ready"))
-    image_event = min((kubelet[r] for r in ("Pulling", "Pulled") if r in kubelet), default=None)
-    sandbox_ready = sharpest([
-        followed_by_event(image_event[0] if image_event else None,
-                          f"kubelet {'Pulling' if 'Pulling' in kubelet else 'Pulled'} event name",
-                          on_node, node, node_slack),
-        upper(named("Created"), "kubelet Created event name", on_node, node, node_slack),
-        upper(seen.get("sandbox_ready"), "watch saw the sandbox ready", on_client, client, client_slack),
-        lower(scheduled.at if scheduled is not None and scheduled.precision <= EVENT_TIME else None,
-              "Scheduled eventTime", cp),
-        lower(created.lower if created is not None else None, "Pod creationTimestamp", cp),
-        # The kubelet stamps this condition when its status update reports it, often together
-        # with the running container: the sandbox was ready by then, maybe long before.
-        upper(None if sandbox_stamp is None else sandbox_stamp + WHOLE_SECOND,
-              "PodReadyToStartContainers condition", on_node, node, node_slack),
-    ])
-    if sandbox_ready is not None and sandbox_stamp is not None and \
-            sandbox_ready.source.startswith("PodReadyToStartContainers"):
-        # Only the condition bounds it from above: read it as the condition says, as far as the
-        # lower bound allows; the precision still spans everything before.
-        sandbox_ready = sandbox_ready._replace(
-            at=min(sandbox_ready.at, max(sandbox_stamp - node, sandbox_ready.at - sandbox_ready.precision)))
-
-    process = worker_time(ready.get("process_started_at"))
-    container_started = sharpest([
-        lower(named("Created"), "kubelet Created event name", on_node, node, node_slack),
-        upper(named("Started"), "kubelet Started event name", on_node, node, node_slack),
-        upper(None if process is None else process + PROC_TICK, "worker process start", on_node, node, node_slack),
-        upper(seen.get("running"), "watch saw the container running", on_client, client, client_slack),
-    ], whole_second(parse_time(running.get("startedAt")), "container startedAt", on_node, node, node_slack))
-
-    def worker(value: Any, precision: float, source: str) -> Point | None:
-        moment = worker_time(value)
-        return None if moment is None else Point(moment - node, round(precision + 2 * node_slack, 6), source,
-                                                  on_node)
-
-    reward_at = worker_time(reward.get("at"))
-    finished = sharpest([
-        lower(reward_at, "worker reward event", on_node, node, node_slack),
-        upper(seen.get("terminated"), "watch saw the container terminated", on_client, client, client_slack),
-    ], whole_second(parse_time((state.get("terminated") or {}).get("finishedAt")),
-                    "container finishedAt", on_node, node, node_slack))
+                           "Pod creationTimestamp", REFERENCE_CLOCK)
+    scheduled = scheduled_point(pod, scheduled_at)
     return {
-        "pod_created": pod_created,
+        "pod_created": pod_created_point(created, seen, created_event_at, created_after, clocks),
         "scheduled": scheduled,
-        "sandbox_ready": sandbox_ready,
-        "container_started": container_started,
-        "process_started": worker(ready.get("process_started_at"), PROC_TICK, "worker /proc start time"),
-        "imports_done": worker(ready.get("imports_done_at"), EVENT_TIME, "worker imports_done_at"),
-        "ready": worker(ready.get("at"), EVENT_TIME, "worker ready event"),
-        "reward": worker(reward.get("at"), EVENT_TIME, "worker reward event"),
-        "container_finished": finished,
+        "sandbox_ready": sandbox_ready_point(pod, observed, kubelet, scheduled, created, clocks),
+        "container_started": container_started_point(state, ready, kubelet, seen, clocks),
+        "process_started": worker_point(ready.get("process_started_at"), PROC_TICK, "worker /proc start time",
+                                        clocks),
+        "imports_done": worker_point(ready.get("imports_done_at"), EVENT_TIME, "worker imports_done_at", clocks),
+        "ready": worker_point(ready.get("at"), EVENT_TIME, "worker ready event", clocks),
+        "reward": worker_point(reward.get("at"), EVENT_TIME, "worker reward event", clocks),
+        "container_finished": container_finished_point(state, reward, seen, clocks),
     }
 
 
@@ -1831,22 +1887,9 @@ class ClockBounds:
         return entry, warnings
 
 
-def clock_offsets(job: dict, pods: Sequence[dict], events: Sequence[dict], observed_pods: dict[str, dict],
-                  job_observed: dict[str, float],
-                  kubelet: dict[str, dict[str, tuple[float, str]]] | None = None,
-                  scheduled: dict[str, float] | None = None) -> dict:
-    """Each clock's offset from the control plane's, bounded by transitions seen on both.
-
-    A watch sees a change after it happened and a server stamp truncates it: the client's
-    clock reads at most (seen - stamp) ahead. The client's create call precedes the Job's
-    creation. A kubelet names an event before the API server stores it (the event's
-    creationTimestamp) and after the pod exists; the client sees a container running only
-    after the kubelet's Started event. The kubelet's first container event follows a sandbox
-    it started only once the pod was bound, and the scheduler's Scheduled event follows
-    that binding within milliseconds; so does the pod's startTime, which the kubelet stamps
-    as it takes the pod up (whole seconds, but within a second of the binding, and its
-    second's fraction differs from pod to pod, so a few pods pin the node's clock closely).
-    """
+def client_clock_bounds(job: dict, job_observed: dict[str, float], pods: Sequence[dict],
+                        observed_pods: dict[str, dict]) -> ClockBounds:
+    """The client's clock: its create call before the Job's stamp, its watch after each stamped change."""
     client = ClockBounds()
     job_created = parse_time(job["metadata"].get("creationTimestamp"))
     if job_created is not None and job_observed.get("submitted") is not None:
@@ -1857,6 +1900,19 @@ def clock_offsets(job: dict, pods: Sequence[dict], events: Sequence[dict], obser
         stamp = parse_time((condition(job, kind) or {}).get("lastTransitionTime"))
         if stamp is not None and kind not in ("added", "submitted", "create_returned"):
             client.at_most(seen_at - stamp)
+    for pod in pods:
+        seen = (observed_pods.get(pod_name(pod)) or {}).get("seen") or {}
+        created = parse_time(pod["metadata"].get("creationTimestamp"))
+        if created is not None and seen.get("added") is not None:
+            client.at_most(seen["added"] - created)
+        bound = parse_time((condition(pod, "PodScheduled") or {}).get("lastTransitionTime"))
+        if bound is not None and seen.get("bound") is not None:
+            client.at_most(seen["bound"] - bound)
+    return client
+
+
+def kubelet_event_clocks(events: Sequence[dict]) -> tuple[dict[str, ClockBounds], dict[str, tuple[float, str]]]:
+    """Each node's clock from its kubelet's events (named before they are stored), and each pod's first Started."""
     nodes: dict[str, ClockBounds] = {}
     started: dict[str, tuple[float, str]] = {}
     for event in events:
@@ -1873,11 +1929,13 @@ def clock_offsets(job: dict, pods: Sequence[dict], events: Sequence[dict], obser
             nodes.setdefault(node, ClockBounds()).at_least(named - stored - WHOLE_SECOND)
         if event.get("reason") == "Started" and regarding.get("kind") == "Pod":
             started.setdefault(regarding.get("name", ""), (named, node))
-    client_vs_node: dict[str, float] = {}
-    if scheduled is None:
-        scheduled = scheduled_event_times(events)
-    if kubelet is None:
-        kubelet = kubelet_container_events(events)
+    return nodes, started
+
+
+def bound_nodes_by_pods(nodes: dict[str, ClockBounds], pods: Sequence[dict], scheduled: dict[str, float],
+                        kubelet: dict[str, dict[str, tuple[float, str]]],
+                        started: dict[str, tuple[float, str]]) -> None:
+    """Bound each node's clock from above: its kubelet acts on a pod only after the pod's creation and binding."""
     first_container_event = {pod: min(reasons.values()) for pod, reasons in kubelet.items()}
     for pod in pods:
         name = pod_name(pod)
@@ -1891,20 +1949,28 @@ def clock_offsets(job: dict, pods: Sequence[dict], events: Sequence[dict], obser
             # after the binding, which the scheduler's Scheduled event follows at once.
             nodes.setdefault(node_name, ClockBounds()).at_most(
                 started_on_node + WHOLE_SECOND - (scheduled[name] - EVENT_FOLLOWS_SECONDS))
-        seen = (observed_pods.get(name) or {}).get("seen") or {}
         created = parse_time(pod["metadata"].get("creationTimestamp"))
-        if created is not None and seen.get("added") is not None:
-            client.at_most(seen["added"] - created)
-        bound = parse_time((condition(pod, "PodScheduled") or {}).get("lastTransitionTime"))
-        if bound is not None and seen.get("bound") is not None:
-            client.at_most(seen["bound"] - bound)
-        if name in started:
+        if name in started and created is not None:
             named, node = started[name]
-            if created is not None:
-                nodes.setdefault(node, ClockBounds()).at_most(named - created)
-            if seen.get("running") is not None:
-                gap = seen["running"] - named
-                client_vs_node[node] = min(client_vs_node.get(node, gap), gap)
+            nodes.setdefault(node, ClockBounds()).at_most(named - created)
+
+
+def client_seen_running(pods: Sequence[dict], observed_pods: dict[str, dict],
+                        started: dict[str, tuple[float, str]]) -> dict[str, float]:
+    """Node -> the most the client's clock reads ahead of it: the watch sees a container run after it Started."""
+    client_vs_node: dict[str, float] = {}
+    for pod in pods:
+        name = pod_name(pod)
+        seen = (observed_pods.get(name) or {}).get("seen") or {}
+        if name in started and seen.get("running") is not None:
+            named, node = started[name]
+            gap = seen["running"] - named
+            client_vs_node[node] = min(client_vs_node.get(node, gap), gap)
+    return client_vs_node
+
+
+def describe_clocks(client: ClockBounds, nodes: dict[str, ClockBounds], client_vs_node: dict[str, float]) -> dict:
+    """The clocks entry: each clock's offset and evidence, and a warning for each that disagrees."""
     entry, warnings = client.describe("the client's and the control plane's clocks",
                                       "the create call before the Job's creationTimestamp; the watch seeing "
                                       "stamped changes (pod created, bound, Job conditions) after their second")
@@ -1928,6 +1994,32 @@ def clock_offsets(job: dict, pods: Sequence[dict], events: Sequence[dict], obser
                                 f"clocks disagree")
     result["warnings"] = warnings
     return result
+
+
+def clock_offsets(job: dict, pods: Sequence[dict], events: Sequence[dict], observed_pods: dict[str, dict],
+                  job_observed: dict[str, float],
+                  kubelet: dict[str, dict[str, tuple[float, str]]] | None = None,
+                  scheduled: dict[str, float] | None = None) -> dict:
+    """Each clock's offset from the control plane's, bounded by transitions seen on both.
+
+    A watch sees a change after it happened and a server stamp truncates it: the client's
+    clock reads at most (seen - stamp) ahead. The client's create call precedes the Job's
+    creation. A kubelet names an event before the API server stores it (the event's
+    creationTimestamp) and after the pod exists; the client sees a container running only
+    after the kubelet's Started event. The kubelet's first container event follows a sandbox
+    it started only once the pod was bound, and the scheduler's Scheduled event follows
+    that binding within milliseconds; so does the pod's startTime, which the kubelet stamps
+    as it takes the pod up (whole seconds, but within a second of the binding, and its
+    second's fraction differs from pod to pod, so a few pods pin the node's clock closely).
+    """
+    if scheduled is None:
+        scheduled = scheduled_event_times(events)
+    if kubelet is None:
+        kubelet = kubelet_container_events(events)
+    client = client_clock_bounds(job, job_observed, pods, observed_pods)
+    nodes, started = kubelet_event_clocks(events)
+    bound_nodes_by_pods(nodes, pods, scheduled, kubelet, started)
+    return describe_clocks(client, nodes, client_seen_running(pods, observed_pods, started))
 
 
 def phase_durations(points: dict[str, Any]) -> dict[str, tuple[float, float] | None]:
@@ -2047,14 +2139,16 @@ def slot_freed_after(created_within: dict[str, tuple[float, float]], ended_after
     return found
 
 
-def job_creation(job: dict, job_observed: dict[str, float], client_offset: float) -> Point:
-    """When the Job was truly created: inside the client's create call and its creationTimestamp's second."""
+def job_creation(job: dict, job_observed: dict[str, float], client_offset: float,
+                 client_slack: float = 0.0) -> Point:
+    """When the Job was truly created: inside the client's create call and its creationTimestamp's
+    second; the client's moments widened by how far its clock's correction may be off."""
     stamp = whole_second(parse_time(job["metadata"].get("creationTimestamp")), "Job creationTimestamp",
                          REFERENCE_CLOCK)
     point = sharpest([
-        lower(job_observed.get("submitted"), "client's create call", "client", client_offset),
-        upper(job_observed.get("create_returned"), "client's create call", "client", client_offset),
-        upper(job_observed.get("added"), "watch saw the Job", "client", client_offset),
+        lower(job_observed.get("submitted"), "client's create call", "client", client_offset, client_slack),
+        upper(job_observed.get("create_returned"), "client's create call", "client", client_offset, client_slack),
+        upper(job_observed.get("added"), "watch saw the Job", "client", client_offset, client_slack),
     ], stamp)
     assert point is not None and stamp is not None  # verify_batch checked the stamp
     return point
@@ -2135,12 +2229,14 @@ def slots_freed(episodes: Sequence[tuple[dict, dict, dict]], clock_offsets_of: C
                 parallelism: int) -> dict[str, float]:
     """Per pod, the latest moment an earlier pod's end provably freed the slot it was created into:
     each pod's creation bounded by its stamp, its creation event and the watch, each end by its
-    reward on the node's clock (corrected, less its slack)."""
+    reward on the node's clock (corrected, less its slack). A pod asked to be deleted may have
+    freed its slot before its end (by default a Job replaces a terminating pod at once), and
+    its deletionTimestamp does not say when: a later delete shortens it. Its end is unknown."""
     ended_after = {}
     for pod, _, reward in episodes:
         offsets = clock_offsets_of(pod)
         reward_at = worker_time(reward.get("at"))
-        if reward_at is not None:
+        if reward_at is not None and not pod["metadata"].get("deletionTimestamp"):
             ended_after[pod_name(pod)] = reward_at - offsets["node"] - offsets["node_slack"]
     created_within = {}
     for pod, _, _ in episodes:
@@ -2194,7 +2290,7 @@ def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
     observed_pods, job_observed = split_observed(observed)
     clocks = clock_offsets(job, pods, events, observed_pods, job_observed, kubelet, scheduled)
     client_offset = clocks["client"]["offset_seconds"]
-    job_created_point = job_creation(job, job_observed, client_offset)
+    job_created_point = job_creation(job, job_observed, client_offset, clocks["client"]["correction_slack_seconds"])
 
     def clock_offsets_of(pod: dict) -> dict[str, float]:
         node_clock = clocks["nodes"].get((pod.get("spec") or {}).get("nodeName") or "") or {}
@@ -5041,7 +5137,90 @@ def add_run_directory(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", metavar="DIR", help="the same, as `run` names it")
 
 
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """`run`'s arguments: the batch, the cluster, what each episode runs, and how the run behaves."""
+    parser.add_argument("--output", required=True, metavar="DIR",
+                        help="new directory for every record of the run (must not exist)")
+    parser.add_argument("--count", type=int, default=None, metavar="N",
+                        help=f"episodes (Job completions) (default: {DEFAULT_COUNT}; with --tasks, "
+                             f"the tasks times --group-size)")
+    parser.add_argument("--parallelism", type=int, default=None, metavar="P",
+                        help="episodes at once (default: the count)")
+    parser.add_argument("--image", default=DEFAULT_IMAGE, help="container image with python")
+    parser.add_argument("--runtime", default=DEFAULT_RUNTIME, metavar="RUNTIMECLASS",
+                        help="RuntimeClass that sandboxes each episode")
+    parser.add_argument("--context", default=None, metavar="NAME",
+                        help="kube context (default: the current context)")
+    parser.add_argument("--kubectl", default="kubectl", metavar="PATH", help="kubectl binary")
+    parser.add_argument("--timeout", type=positive_int, default=None, metavar="SECONDS",
+                        help=f"the Job's activeDeadlineSeconds; the client gives up "
+                             f"{CLIENT_GRACE_SECONDS} s later (default: {DEFAULT_JOB_DEADLINE_SECONDS}, "
+                             f"grown with the batch above {DEADLINE_GROWS_ABOVE_EPISODES} episodes)")
+    parser.add_argument("--max-episodes", type=positive_int, default=DEFAULT_MAX_EPISODES, metavar="N",
+                        help="safety cap on --count; raise it explicitly for large batches")
+    parser.add_argument("--chunk-size", type=positive_int, default=LIST_PAGE_SIZE, metavar="N",
+                        help="read lists (pods, events) in pages of N items, as kubectl --chunk-size")
+    parser.add_argument("--rounds", type=positive_int, default=1, metavar="R",
+                        help="measured batches, one after another in the same namespace")
+    parser.add_argument("--warmup", action="store_true",
+                        help="first run one unmeasured batch of the same shape (cache_state 'warmed')")
+    add_episode_arguments(parser)
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the objects that would be created as a v1 List; touch nothing")
+    parser.add_argument("--harden", action="store_true",
+                        help="deny all network traffic, read-only root filesystem, workspace size "
+                             "limit, Pod Security 'restricted'")
+    parser.add_argument("--cleanup", action="store_true",
+                        help="after every file is saved, clean up as `cleanup` would")
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    parser.add_argument("--verbose", action="store_true",
+                        help="echo every kubectl command line (and request through its proxy) on stderr")
+
+
+def add_episode_arguments(parser: argparse.ArgumentParser) -> None:
+    """What each episode of `run` runs: its program, its task, and which of its failures the batch accepts."""
+    parser.add_argument("--episode-script", default=None, metavar="FILE",
+                        help="ship this episode program instead of the built-in one")
+    parser.add_argument("--tasks", default=None, metavar="FILE",
+                        help=f"JSONL file, one task (JSON object) per line; each episode finds its own in "
+                             f"the file named by ${TASK_FILE_ENV}; the task id is its `id` field, else its "
+                             f"line number. rewards.jsonl lists every episode's outcome")
+    parser.add_argument("--group-size", type=positive_int, default=1, metavar="G",
+                        help="episodes per task (GRPO-style groups); needs --tasks")
+    parser.add_argument("--retries", type=non_negative_int, default=None, metavar="N",
+                        help="retry each episode up to N times after an infrastructure failure (eviction, "
+                             "node loss, a killed container); an episode's own failure is never retried. "
+                             "Needs Kubernetes >= 1.33")
+    parser.add_argument("--allow-failures", type=non_negative_int, default=None, metavar="K",
+                        help=f"accept up to K failed episodes: results.json and rewards.jsonl list them "
+                             f"with their class, and the run exits {EXIT_PARTIAL}. Needs Kubernetes >= 1.33")
+
+
+def add_cleanup_arguments(parser: argparse.ArgumentParser) -> None:
+    """`cleanup`'s arguments: the run's directory, and the kubectl that deletes."""
+    add_run_directory(parser)
+    parser.add_argument("--kubectl", default="kubectl", metavar="PATH", help="kubectl binary")
+    parser.add_argument("--wait", type=positive_int, default=DELETE_WAIT_SECONDS, metavar="SECONDS",
+                        help="how long to wait for the Jobs, then the namespace, to disappear")
+    parser.add_argument("--verbose", action="store_true",
+                        help="echo every kubectl command line (and request through its proxy) on stderr")
+
+
+def add_report_arguments(parser: argparse.ArgumentParser) -> None:
+    """`report`'s arguments: the run's directory."""
+    add_run_directory(parser)
+    parser.add_argument("--quiet", action="store_true", help="no phase table on stderr")
+
+
+def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
+    """`compare`'s arguments: the two runs."""
+    parser.add_argument("first", metavar="DIR_A", help="the first run's output directory (A)")
+    parser.add_argument("second", metavar="DIR_B",
+                        help="the second run's output directory (B; ratios are B/A)")
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The command line: one subcommand per action, each with its own arguments, its purpose and an example."""
     parser = argparse.ArgumentParser(
         prog=program_name() if program_name() != "python3 rl_batch_demo.py" else "rl_batch_demo.py",
         description="Measure how fast a Kubernetes cluster with a sandbox runtime runs a batch of "
@@ -5049,79 +5228,14 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="`ACTION --help` describes each action, with an example.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
-
-    run_parser = add_action(actions, "run", "submit a batch of episodes, wait, verify and report",
-                            "--output runs/first --count 10")
-    run_parser.add_argument("--output", required=True, metavar="DIR",
-                            help="new directory for every record of the run (must not exist)")
-    run_parser.add_argument("--count", type=int, default=None, metavar="N",
-                            help=f"episodes (Job completions) (default: {DEFAULT_COUNT}; with --tasks, "
-                                 f"the tasks times --group-size)")
-    run_parser.add_argument("--parallelism", type=int, default=None, metavar="P",
-                            help="episodes at once (default: the count)")
-    run_parser.add_argument("--image", default=DEFAULT_IMAGE, help="container image with python")
-    run_parser.add_argument("--runtime", default=DEFAULT_RUNTIME, metavar="RUNTIMECLASS",
-                            help="RuntimeClass that sandboxes each episode")
-    run_parser.add_argument("--context", default=None, metavar="NAME",
-                            help="kube context (default: the current context)")
-    run_parser.add_argument("--kubectl", default="kubectl", metavar="PATH", help="kubectl binary")
-    run_parser.add_argument("--timeout", type=positive_int, default=None, metavar="SECONDS",
-                            help=f"the Job's activeDeadlineSeconds; the client gives up "
-                                 f"{CLIENT_GRACE_SECONDS} s later (default: {DEFAULT_JOB_DEADLINE_SECONDS}, "
-                                 f"grown with the batch above {DEADLINE_GROWS_ABOVE_EPISODES} episodes)")
-    run_parser.add_argument("--max-episodes", type=positive_int, default=DEFAULT_MAX_EPISODES, metavar="N",
-                            help="safety cap on --count; raise it explicitly for large batches")
-    run_parser.add_argument("--chunk-size", type=positive_int, default=LIST_PAGE_SIZE, metavar="N",
-                            help="read lists (pods, events) in pages of N items, as kubectl --chunk-size")
-    run_parser.add_argument("--rounds", type=positive_int, default=1, metavar="R",
-                            help="measured batches, one after another in the same namespace")
-    run_parser.add_argument("--warmup", action="store_true",
-                            help="first run one unmeasured batch of the same shape (cache_state 'warmed')")
-    run_parser.add_argument("--episode-script", default=None, metavar="FILE",
-                            help="ship this episode program instead of the built-in one")
-    run_parser.add_argument("--tasks", default=None, metavar="FILE",
-                            help=f"JSONL file, one task (JSON object) per line; each episode finds its own in "
-                                 f"the file named by ${TASK_FILE_ENV}; the task id is its `id` field, else its "
-                                 f"line number. rewards.jsonl lists every episode's outcome")
-    run_parser.add_argument("--group-size", type=positive_int, default=1, metavar="G",
-                            help="episodes per task (GRPO-style groups); needs --tasks")
-    run_parser.add_argument("--retries", type=non_negative_int, default=None, metavar="N",
-                            help="retry each episode up to N times after an infrastructure failure (eviction, "
-                                 "node loss, a killed container); an episode's own failure is never retried. "
-                                 "Needs Kubernetes >= 1.33")
-    run_parser.add_argument("--allow-failures", type=non_negative_int, default=None, metavar="K",
-                            help=f"accept up to K failed episodes: results.json and rewards.jsonl list them "
-                                 f"with their class, and the run exits {EXIT_PARTIAL}. Needs Kubernetes >= 1.33")
-    run_parser.add_argument("--dry-run", action="store_true",
-                            help="print the objects that would be created as a v1 List; touch nothing")
-    run_parser.add_argument("--harden", action="store_true",
-                            help="deny all network traffic, read-only root filesystem, workspace size "
-                                 "limit, Pod Security 'restricted'")
-    run_parser.add_argument("--cleanup", action="store_true",
-                            help="after every file is saved, clean up as `cleanup` would")
-    run_parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
-    run_parser.add_argument("--verbose", action="store_true",
-                            help="echo every kubectl command line (and request through its proxy) on stderr")
-
-    cleanup_parser = add_action(actions, "cleanup", "delete what the run's receipt proves it created",
-                                "--output runs/first")
-    add_run_directory(cleanup_parser)
-    cleanup_parser.add_argument("--kubectl", default="kubectl", metavar="PATH", help="kubectl binary")
-    cleanup_parser.add_argument("--wait", type=positive_int, default=DELETE_WAIT_SECONDS, metavar="SECONDS",
-                                help="how long to wait for the Jobs, then the namespace, to disappear")
-    cleanup_parser.add_argument("--verbose", action="store_true",
-                                help="echo every kubectl command line (and request through its proxy) on stderr")
-
-    report_parser = add_action(actions, "report", "recompute and reprint a finished run from its files",
-                               "runs/first")
-    add_run_directory(report_parser)
-    report_parser.add_argument("--quiet", action="store_true", help="no phase table on stderr")
-
-    compare_parser = add_action(actions, "compare", "print the key figures of two runs side by side, "
-                                "with ratios", "runs/parallel runs/serial")
-    compare_parser.add_argument("first", metavar="DIR_A", help="the first run's output directory (A)")
-    compare_parser.add_argument("second", metavar="DIR_B",
-                                help="the second run's output directory (B; ratios are B/A)")
+    add_run_arguments(add_action(actions, "run", "submit a batch of episodes, wait, verify and report",
+                                 "--output runs/first --count 10"))
+    add_cleanup_arguments(add_action(actions, "cleanup", "delete what the run's receipt proves it created",
+                                     "--output runs/first"))
+    add_report_arguments(add_action(actions, "report", "recompute and reprint a finished run from its files",
+                                    "runs/first"))
+    add_compare_arguments(add_action(actions, "compare", "print the key figures of two runs side by side, "
+                                     "with ratios", "runs/parallel runs/serial"))
     for action_parser in actions.choices.values():
         action_parser.set_defaults(action_parser=action_parser)
     return parser

@@ -1309,6 +1309,12 @@ def test_a_watch_behind_the_server_second_shows_a_clock_apart_loudly() -> None:
     # Corrected onto the control plane's clock, the watch's times fall back into their seconds.
     finished = summary.episodes[0]["points"]["container_finished"]
     assert 3 <= finished.at - T0 < 4
+    # The Job's creation read on the client's clock is as uncertain as that clock's correction:
+    # the create call alone (offset by the correction, slack left out) would place it 0.5 s late
+    # at a precision of 0.07 s. It was truly created within T0 .. T0 + 0.02.
+    job_created = summary.figures["job_created"]
+    for truth in (T0, T0 + 0.02):
+        assert abs(job_created["at"] - truth) <= job_created["precision"], (job_created, truth - T0)
 
 
 def test_sharpest_keeps_the_stamp_when_the_sources_contradict_it() -> None:
@@ -1394,6 +1400,22 @@ def test_a_pod_past_the_parallelism_was_created_after_enough_earlier_pods_ended(
     within["c"] = (13.0, 13.02)
     assert demo.slot_freed_after(within, {"b": 13.5, "c": 13.8}, 2) == {}
     assert demo.slot_freed_after(within, ended, 4) == {}
+
+
+def test_a_pod_asked_to_be_deleted_bounds_no_later_pods_creation() -> None:
+    # Parallelism 1: b was created after a ended, by its reward at T0 + 5. Had a been asked to be
+    # deleted, the Job could have replaced it at once, long before its reward: nothing bounds b.
+    def episode(name: str, created: str, reward_at: float, **metadata: Any) -> tuple:
+        pod = {"metadata": {"name": name, "creationTimestamp": created, **metadata}, "spec": {}}
+        return pod, {}, {"at": reward_at}
+
+    def no_offsets(pod: dict) -> dict:
+        return {"client": 0.0, "client_slack": 0.0, "node": 0.0, "node_slack": 0.0}
+    b = episode("b", stamp(6), T0 + 9)
+    ended = episode("a", stamp(0), T0 + 5)
+    assert demo.slots_freed([ended, b], no_offsets, {}, {}, T0, 1) == {"b": T0 + 5}
+    deleted = episode("a", stamp(0), T0 + 5, deletionTimestamp=stamp(32), deletionGracePeriodSeconds=30)
+    assert demo.slots_freed([deleted, b], no_offsets, {}, {}, T0, 1) == {}
 
 
 def test_a_batch_that_mixes_start_paths_shows_each_paths_phases() -> None:
