@@ -12,7 +12,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, NoReturn, Optional
 
 import pytest
 
@@ -91,11 +91,15 @@ def require_prerequisites(kubectl_version: Optional[str] = None, *,
     if control_plane and discovered_control_plane() is None:
         missing.append("the control plane binaries (kube-apiserver, ...; built with Go)")
     if missing:
-        reason = f"missing prerequisite: {', '.join(missing)} (python3 tests/run_tests.py finds or installs them)"
-        if prereqs.e2e_required():
-            pytest.fail(f"{reason}; CI / RLDEMO_REQUIRE_E2E forbids skipping", pytrace=False)
-        pytest.skip(reason)
+        skip_or_fail(f"missing prerequisite: {', '.join(missing)} (python3 tests/run_tests.py finds or installs them)")
     return path
+
+
+def skip_or_fail(reason: str) -> NoReturn:
+    """Skip the test for want of what `reason` names -- or fail it when CI / RLDEMO_REQUIRE_E2E is set."""
+    if prereqs.e2e_required():
+        pytest.fail(f"{reason}; CI / RLDEMO_REQUIRE_E2E forbids skipping", pytrace=False)
+    pytest.skip(reason)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

@@ -66,6 +66,13 @@ def wait_for(predicate: Any, seconds: float = 20.0, what: str = "the condition")
     raise AssertionError(f"timed out after {seconds} s waiting for {what}")
 
 
+def write_script(directory: Path, source: str, name: str = "episode.py") -> Path:
+    """An episode script for --episode-script, written into `directory`."""
+    path = directory / name
+    path.write_text(source)
+    return path
+
+
 def load(path: Path) -> Any:
     return json.loads(path.read_text())
 

@@ -8,7 +8,6 @@ built here in the shape `run` writes them.
 
 from __future__ import annotations
 
-import calendar
 import json
 import os
 import http.server
@@ -25,15 +24,8 @@ import pytest
 
 import rl_batch_demo as demo
 from rl_batch_demo import main
-
-T0 = calendar.timegm((2026, 11, 29, 20, 0, 0))  # the Job's creationTimestamp
-NAMESPACE = "agc-rl-0123456789ab"
-RUN_ID = "0123456789ab"
-
-
-def stamp(seconds_after_t0: int) -> str:
-    return f"2026-11-29T20:00:{seconds_after_t0:02d}Z"
-
+from test_unit import (GUIDE_COMPARE_HEADER, GUIDE_COMPARE_ROWS, GUIDE_PARALLEL, GUIDE_SERIAL, NAMESPACE, RUN_ID, T0,
+                       compare_rows, log_text, ready_event, reward_event, stamp)
 
 def usage_error(argv: list[str]) -> int:
     """The exit status of a `main` that must stop with a usage error."""
@@ -43,7 +35,7 @@ def usage_error(argv: list[str]) -> int:
 
 
 def error_line(err: str) -> str:
-    """The one `Error:` line an expected failure prints (B11): no traceback, one line."""
+    """The one `Error:` line an expected failure prints: no traceback, one line."""
     lines = err.strip().splitlines()
     assert "Traceback" not in err
     assert len(lines) == 1, err
@@ -146,6 +138,24 @@ def test_flags_reach_the_job(tmp_path: Path, capsys: Any) -> None:
     assert job["spec"]["activeDeadlineSeconds"] == 100
     assert pod["containers"][0]["image"] == "registry.local/python:3.13"
     assert pod["runtimeClassName"] == "kata"
+
+
+def test_the_default_deadline_is_the_guides_up_to_the_cap_and_grows_past_it(tmp_path: Path, capsys: Any) -> None:
+    output = tmp_path / "out"
+
+    def deadline(count: int, parallelism: int) -> int:
+        job = dry_run(["--output", str(output), "--count", str(count), "--max-episodes", str(count),
+                       "--parallelism", str(parallelism)], capsys)["Job"]
+        assert job["spec"]["completions"] == count and job["spec"]["parallelism"] == parallelism
+        return job["spec"]["activeDeadlineSeconds"]
+
+    assert deadline(20, 20) == deadline(20, 1) == 240  # the guide's default is unchanged up to the cap
+    wide, narrow, sequential = deadline(500, 500), deadline(500, 50), deadline(500, 1)
+    assert wide == demo.default_timeout(500, 500) >= 240
+    assert narrow == demo.default_timeout(500, 50) >= wide
+    # One episode at a time: each of the 500 waves gets at least ~10 s (the guide's sequential pace).
+    assert sequential == demo.default_timeout(500, 1) >= 500 * 10
+    assert not output.exists()
 
 
 def help_sections(text: str) -> dict[str, str]:
@@ -659,14 +669,6 @@ def saved_pod(name: str, created: int, finished: int, node: str) -> dict:
     }
 
 
-def worker_log(name: str, ready_at: float, reward_at: float, reward: Any = 1) -> str:
-    ready = {"event": "ready", "at": ready_at, "episode_id": name, "imports_done_at": ready_at - 0.25,
-             "process_started_at": ready_at - 1.0, "modules_before_ready": 34, "import_seconds": 0.75}
-    result = {"event": "reward", "at": reward_at, "episode_id": name, "reward": reward,
-              "baseline_exit": 1, "tests_exit": 0, "tests_output": "...\nRan 3 tests in 0.000s\n\nOK\n"}
-    return json.dumps(ready) + "\n" + json.dumps(result) + "\n"
-
-
 def write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
 
@@ -709,7 +711,8 @@ def write_saved_run(directory: Path, *, run_json: bool = True, job_end: str = "C
     (directory / "events.txt").write_text("LAST SEEN   TYPE      REASON             OBJECT\n")
     for name, _, ready, reward, _, _ in PODS:
         value = (rewards or {}).get(name, 1)
-        (directory / f"{name}.log").write_text(worker_log(name, T0 + ready, T0 + reward, value))
+        (directory / f"{name}.log").write_text(log_text(ready_event(name, T0 + ready),
+                                                        reward_event(name, T0 + reward, reward=value)))
     write_json(directory / "client.json", {
         "job": "rollout", "end": job_end, "submitted_at": T0 - 0.2, "observed_at": T0 + 12.5,
         "client_job_complete_seconds": 12.7, "kubectl_processes_while_waiting": 2,
@@ -798,7 +801,7 @@ def interrupted_run(directory: Path) -> Path:
     running["phase"] = "Running"
     running["containerStatuses"][0]["state"] = {"running": {"startedAt": stamp(3)}}
     write_json(directory / "pods.json", pods)
-    (directory / "rollout-p7x8s.log").write_text(worker_log("rollout-p7x8s", T0 + 5.0, T0 + 9.75).splitlines()[0])
+    (directory / "rollout-p7x8s.log").write_text(json.dumps(ready_event("rollout-p7x8s", T0 + 5.0)))
     (directory / "client.json").unlink()
     assert not (directory / "results.json").exists()
     return directory
@@ -835,14 +838,8 @@ def test_report_of_an_empty_directory_is_a_one_line_error(tmp_path: Path, capsys
 
 def guide_results(**changes: Any) -> dict:
     """results.json of the guide's 10-way parallel run, in the guide's fields."""
-    results = {
-        "episodes": 10, "successful_episodes": 10, "reward_sum": 10,
-        "batch_to_all_ready_seconds": 3.7, "batch_to_all_rewards_seconds": 8.4,
-        "pod_to_ready_p50_seconds": 3.7, "pod_to_ready_p95_seconds": 3.7, "pod_to_ready_max_seconds": 3.8,
-        "pods": [], "context": "emulator", "namespace": NAMESPACE, "image": "python:3.12-alpine",
-        "runtime": "cube", "parallelism": 10, "cache_state": "uncontrolled",
-        "client_job_complete_seconds": 12.7,
-    }
+    results = dict(GUIDE_PARALLEL, successful_episodes=10, pods=[], context="emulator", namespace=NAMESPACE,
+                   image="python:3.12-alpine", runtime="cube", cache_state="uncontrolled")
     results.update(changes)
     return results
 
@@ -852,29 +849,14 @@ def test_compare_prints_both_runs_with_ratios(tmp_path: Path, capsys: Any, no_su
     parallel.mkdir()
     serial.mkdir()
     write_json(parallel / "results.json", guide_results())
-    write_json(serial / "results.json", guide_results(
-        parallelism=1, batch_to_all_ready_seconds=93.1, batch_to_all_rewards_seconds=97.6,
-        client_job_complete_seconds=101.6, pod_to_ready_p50_seconds=3.6, pod_to_ready_p95_seconds=3.8,
-        pod_to_ready_max_seconds=3.9))
+    write_json(serial / "results.json", guide_results(**GUIDE_SERIAL))
     assert main(["compare", str(parallel), str(serial)]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["metric", "A:", "parallel", "B:", "serial", "B/A"]
-    rows = {line.split()[0]: line.split()[1:] for line in lines[1:]}
-    assert rows == {
-        "episodes": ["10", "10", "1.00"],
-        "parallelism": ["10", "1", "0.10"],
-        "reward_sum": ["10", "10", "1.00"],
-        "batch_to_all_ready_seconds": ["3.7", "93.1", "25.16"],     # 93.1 / 3.7 = 25.162
-        "batch_to_all_rewards_seconds": ["8.4", "97.6", "11.62"],   # 97.6 / 8.4 = 11.619
-        "client_job_complete_seconds": ["12.7", "101.6", "8.00"],
-        "pod_to_ready_p50_seconds": ["3.7", "3.6", "0.97"],         # 3.6 / 3.7 = 0.973
-        "pod_to_ready_p95_seconds": ["3.7", "3.8", "1.03"],         # 3.8 / 3.7 = 1.027
-        "pod_to_ready_max_seconds": ["3.8", "3.9", "1.03"],         # 3.9 / 3.8 = 1.026
-        # What each run was: alike here, so the figures compare like with like.
-        "image": ["python:3.12-alpine", "python:3.12-alpine", "same"],
-        "runtime": ["cube", "cube", "same"],
-        "cache_state": ["uncontrolled", "uncontrolled", "same"],
-    }
+    printed = capsys.readouterr().out
+    assert printed.splitlines()[0].split() == GUIDE_COMPARE_HEADER
+    # What each run was: alike here, so the figures compare like with like.
+    assert compare_rows(printed) == dict(GUIDE_COMPARE_ROWS, image=["python:3.12-alpine", "python:3.12-alpine", "same"],
+                                         runtime=["cube", "cube", "same"],
+                                         cache_state=["uncontrolled", "uncontrolled", "same"])
     assert no_subprocesses == []
 
 

@@ -44,6 +44,8 @@ def test_verbose_echoes_every_kubectl_command_and_proxy_request(make_cluster, tm
     # Every kubectl command is echoed whole, as a shell would run it: the binary, the context.
     assert argvs and all(argv[1:3] == ["--context", emulator.context] for argv in argvs[1:]), lines
     assert argvs[0][1:] == ["config", "current-context"]
+    # After the context, each bounds its requests: 30 s for a request-and-answer call and the proxy.
+    assert all(argv[3] == "--request-timeout=30s" for argv in argvs[1:] if "--watch" not in argv), lines
     assert all(argv[0] == kubectl for argv in argvs)
     tails = [request(argv) for argv in argvs]
     assert tails.count(["create", "-f", "-", "-o", "json"]) == 3  # namespace, configmap, job

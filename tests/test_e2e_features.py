@@ -21,7 +21,7 @@ from typing import Optional
 import pytest
 
 from e2e_support import (PRODUCT, REPO_ROOT, assert_evidence_saved, load, run_namespaces,
-                         start_tool, tool, wait_for)
+                         start_tool, tool, wait_for, write_script)
 from kube_emulator import Emulator, pod_security_violations
 
 import rl_batch_demo
@@ -94,12 +94,6 @@ except OSError as error:
     sys.exit(1)
 emit("reward", reward=1)
 '''
-
-
-def write_script(tmp_path: Path, text: str, name: str = "episode.py") -> Path:
-    path = tmp_path / name
-    path.write_text(text)
-    return path
 
 
 def split_stdout(stdout: str) -> tuple[str, dict]:
@@ -226,18 +220,6 @@ def test_timeout_bounds_the_client_when_the_job_never_ends(make_cluster, tmp_pat
 # --max-episodes
 
 
-def dry_run(*args: str) -> dict:
-    result = subprocess.run([sys.executable, str(PRODUCT), "run", "--dry-run", *args],
-                            capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
-
-
-def job_of(listing: dict) -> dict:
-    [job] = [item for item in listing["items"] if item["kind"] == "Job"]
-    return job
-
-
 def test_the_cap_is_raised_only_when_asked(tmp_path):
     output = tmp_path / "out"
     refused = subprocess.run([sys.executable, str(PRODUCT), "run", "--count", "21", "--output", str(output)],
@@ -250,19 +232,6 @@ def test_the_cap_is_raised_only_when_asked(tmp_path):
     over = subprocess.run([sys.executable, str(PRODUCT), "run", "--count", "31", "--max-episodes", "30",
                            "--output", str(output)], capture_output=True, text=True, timeout=60)
     assert over.returncode == 2 and "over the cap of 30" in over.stderr
-
-    def deadline(count: int, parallelism: int) -> int:
-        job = job_of(dry_run("--output", str(output), "--count", str(count), "--max-episodes", str(count),
-                             "--parallelism", str(parallelism)))
-        assert job["spec"]["completions"] == count and job["spec"]["parallelism"] == parallelism
-        return job["spec"]["activeDeadlineSeconds"]
-
-    assert deadline(20, 20) == deadline(20, 1) == 240  # the guide's default is unchanged up to the cap
-    wide, narrow, sequential = deadline(500, 500), deadline(500, 50), deadline(500, 1)
-    assert wide == rl_batch_demo.default_timeout(500, 500) >= 240
-    assert narrow == rl_batch_demo.default_timeout(500, 50) >= wide
-    # One episode at a time: each of the 500 waves gets at least ~10 s (the guide's sequential pace).
-    assert sequential == rl_batch_demo.default_timeout(500, 1) >= 500 * 10
     assert not output.exists()
 
 
@@ -641,10 +610,7 @@ def test_pod_security_admission_in_the_emulator(make_cluster, tmp_path):
     def failed_create() -> list:
         return [e for e in emulator.list("events", "locked") if e.get("reason") == "FailedCreate"]
 
-    deadline = time.monotonic() + 20
-    while not failed_create() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    [event] = failed_create()[:1]
+    [event] = wait_for(failed_create, 20, "the FailedCreate event")[:1]
     assert event["message"].startswith('Error creating: pods "rollout-" is forbidden: violates PodSecurity '
                                        '"restricted:latest": allowPrivilegeEscalation != false'), event
     assert emulator.list("pods", "locked") == []

@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 import pytest
 
-import prereqs
+from conftest import skip_or_fail
 from e2e_support import (PRODUCT, assert_cleanup_works, interrupt, load, receipt_of, run_namespaces,
                          start_tool, tool, wait_for)
 from kube_emulator import Emulator
@@ -40,10 +40,7 @@ def small_disk(tmp_path):
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mountpoint)],
                              capture_output=True, text=True)
     if mounted.returncode != 0:
-        reason = f"cannot mount a small tmpfs to fill up: {mounted.stderr.strip()}"
-        if prereqs.e2e_required():
-            pytest.fail(f"{reason}; CI / RLDEMO_REQUIRE_E2E forbids skipping", pytrace=False)
-        pytest.skip(reason)
+        skip_or_fail(f"cannot mount a small tmpfs to fill up: {mounted.stderr.strip()}")
     try:
         yield mountpoint
     finally:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import rl_batch_demo
-from e2e_support import emulators, load, run_namespaces, tool
+from e2e_support import emulators, load, run_namespaces, tool, write_script
 
 pytestmark = pytest.mark.e2e
 
@@ -45,20 +45,20 @@ def rewards_of(output: Path) -> list[dict]:
     return [json.loads(line) for line in (output / "rewards.jsonl").read_text().splitlines()]
 
 
-def write_script(tmp_path: Path) -> Path:
-    script = tmp_path / "episode.py"
-    script.write_text(TASK_EPISODE)
-    return script
+def tasks_run(tmp_path: Path, tasks: str, *options: str, episode: str = TASK_EPISODE) -> tuple[list[str], Path]:
+    """The arguments of a `run` of `tasks` (JSON lines) by the `episode` script, and its output directory."""
+    (tmp_path / "tasks.jsonl").write_text(tasks)
+    output = tmp_path / "out"
+    return ["run", "--output", str(output), "--quiet", "--tasks", str(tmp_path / "tasks.jsonl"),
+            "--episode-script", str(write_script(tmp_path, episode)), *options], output
 
 
 def test_tasks_in_rewards_out_in_groups(cluster: Any, tmp_path: Path) -> None:
     kubectl, make = cluster
     emulator = make()
-    tasks = tmp_path / "tasks.jsonl"
-    tasks.write_text('{"id": "alpha", "x": 1}\n\n{"x": 2}\n{"x": 4, "note": "third"}\n')
-    output = tmp_path / "out"
-    result = tool(emulator, kubectl, "run", "--output", str(output), "--quiet", "--tasks", str(tasks),
-                  "--group-size", "2", "--episode-script", str(write_script(tmp_path)))
+    args, output = tasks_run(tmp_path, '{"id": "alpha", "x": 1}\n\n{"x": 2}\n{"x": 4, "note": "third"}\n',
+                             "--group-size", "2")
+    result = tool(emulator, kubectl, *args)
     assert result.returncode == 0, result.stderr
     rows = rewards_of(output)
     assert [row["index"] for row in rows] == [0, 1, 2, 3, 4, 5]
@@ -120,11 +120,9 @@ def test_evicted_episode_is_retried_and_the_batch_passes(cluster: Any, tmp_path:
 def test_episode_failure_is_not_retried_and_a_partial_batch_exits_3(cluster: Any, tmp_path: Path) -> None:
     kubectl, make = cluster
     emulator = make()
-    tasks = tmp_path / "tasks.jsonl"
-    tasks.write_text('{"id": "ok", "x": 2}\n{"id": "bad", "x": 2, "fail": true}\n{"id": "ok2", "x": 2}\n')
-    output = tmp_path / "out"
-    result = tool(emulator, kubectl, "run", "--output", str(output), "--quiet", "--tasks", str(tasks),
-                  "--episode-script", str(write_script(tmp_path)), "--retries", "2", "--allow-failures", "1")
+    args, output = tasks_run(tmp_path, '{"id": "ok", "x": 2}\n{"id": "bad", "x": 2, "fail": true}\n'
+                                       '{"id": "ok2", "x": 2}\n', "--retries", "2", "--allow-failures", "1")
+    result = tool(emulator, kubectl, *args)
     assert result.returncode == rl_batch_demo.EXIT_PARTIAL == 3, result.stderr
     assert "Accepted a partial batch: 1 of 3 episodes failed (episode 1)" in result.stderr
     rows = rewards_of(output)
@@ -206,14 +204,14 @@ def test_run_batch_in_process_returns_every_reward(cluster: Any, tmp_path: Path,
     results = rl_batch_demo.run_batch(
         [{"id": "t1", "x": 2}, {"id": "t2", "x": 2, "fail": True}], output=str(tmp_path / "out"),
         group_size=2, retries=0, allow_failures=2,
-        options=["--kubectl", kubectl, "--episode-script", str(write_script(tmp_path))])
+        options=["--kubectl", kubectl, "--episode-script", str(write_script(tmp_path, TASK_EPISODE))])
     assert results["accepted_partial"] is True
     assert [(r["task_id"], r["failure_class"], r["reward"]) for r in results["rewards"]] == [
         ("t1", None, 1.0), ("t1", None, 1.0), ("t2", "episode", None), ("t2", "episode", None)]
     with pytest.raises(rl_batch_demo.DemoError, match="2 of 2 episodes failed"):
         rl_batch_demo.run_batch([{"x": 1, "fail": True}], output=str(tmp_path / "out2"), group_size=2,
                                 allow_failures=1, options=["--kubectl", kubectl, "--episode-script",
-                                                           str(write_script(tmp_path))])
+                                                           str(write_script(tmp_path, TASK_EPISODE))])
     assert os.path.exists(tmp_path / "out2" / "rewards.jsonl")
 
 
@@ -221,14 +219,11 @@ def test_readme_task_episode_runs_as_documented(cluster: Any, tmp_path: Path) ->
     kubectl, make = cluster
     emulator = make()
     blocks = re.findall(r"```python\n(.*?)```", (Path(__file__).parent.parent / "README.md").read_text(), flags=re.S)
-    script = tmp_path / "task_episode.py"
-    script.write_text(next(block for block in blocks if block.startswith("# task_episode.py")))
-    tasks = tmp_path / "step.jsonl"
-    tasks.write_text('{"id": "issue-101", "prompt": "fix it", "answer": 42}\n'
-                     '{"id": "issue-102", "prompt": "and this", "answer": 7}\n')
-    output = tmp_path / "out"
-    result = tool(emulator, kubectl, "run", "--output", str(output), "--quiet", "--tasks", str(tasks),
-                  "--group-size", "2", "--episode-script", str(script), "--retries", "1", "--allow-failures", "1")
+    args, output = tasks_run(tmp_path, '{"id": "issue-101", "prompt": "fix it", "answer": 42}\n'
+                                       '{"id": "issue-102", "prompt": "and this", "answer": 7}\n',
+                             "--group-size", "2", "--retries", "1", "--allow-failures", "1",
+                             episode=next(block for block in blocks if block.startswith("# task_episode.py")))
+    result = tool(emulator, kubectl, *args)
     assert result.returncode == 0, result.stderr
     assert [(r["task_id"], r["reward"], r["prompt_chars"]) for r in rewards_of(output)] == [
         ("issue-101", 1.0, 6), ("issue-101", 1.0, 6), ("issue-102", 0.0, 8), ("issue-102", 0.0, 8)]

@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import json
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from typing import Any
@@ -18,6 +17,7 @@ from urllib.parse import quote
 import pytest
 
 from conftest import require_prerequisites
+from e2e_support import wait_for
 from kube_emulator import Emulator
 
 NAMESPACE = "reads"
@@ -37,10 +37,7 @@ def emulator(tmp_path):
                                             "metadata": {"name": NAMESPACE}})
         # The namespace controller adds its root CA configmap soon after: wait for it, so
         # that every configmap listed below is one the test made or that one.
-        deadline = time.monotonic() + 30
-        while emulator.get("configmaps", NAMESPACE, "kube-root-ca.crt") is None:
-            assert time.monotonic() < deadline, "no kube-root-ca.crt"
-            time.sleep(0.02)
+        wait_for(lambda: emulator.get("configmaps", NAMESPACE, "kube-root-ca.crt"), 30, "kube-root-ca.crt")
         return emulator
 
     yield make

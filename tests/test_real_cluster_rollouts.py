@@ -5,12 +5,11 @@ episode's own failure at once and ends a partial batch with FailedIndexes."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from e2e_support import load, start_tool, tool, wait_for
-from test_e2e_rollouts import TASK_EPISODE, rewards_of
+from test_e2e_rollouts import TASK_EPISODE, rewards_of, tasks_run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.real_cluster]
 
@@ -18,20 +17,11 @@ pytestmark = [pytest.mark.e2e, pytest.mark.real_cluster]
 PAUSING_EPISODE = TASK_EPISODE.replace('emit("ready")\n', 'emit("ready")\ntime.sleep(task.get("pause", 0))\n')
 
 
-def script(tmp_path: Path, source: str) -> Path:
-    path = tmp_path / "episode.py"
-    path.write_text(source)
-    return path
-
-
 def test_tasks_an_episode_failure_and_a_partial_batch(real_cluster, tmp_path):
     kubectl, cluster = real_cluster
-    tasks = tmp_path / "tasks.jsonl"
-    tasks.write_text('{"id": "ok", "x": 2}\n{"id": "bad", "x": 2, "fail": true}\n')
-    output = tmp_path / "out"
-    result = tool(cluster, kubectl, "run", "--output", str(output), "--quiet", "--tasks", str(tasks),
-                  "--group-size", "2", "--episode-script", str(script(tmp_path, TASK_EPISODE)),
-                  "--retries", "2", "--allow-failures", "2")
+    args, output = tasks_run(tmp_path, '{"id": "ok", "x": 2}\n{"id": "bad", "x": 2, "fail": true}\n',
+                             "--group-size", "2", "--retries", "2", "--allow-failures", "2")
+    result = tool(cluster, kubectl, *args)
     assert result.returncode == 3, result.stderr
     rows = rewards_of(output)
     assert [(r["task_id"], r["failure_class"], r["attempts"], r["reward"]) for r in rows] == [
@@ -46,11 +36,9 @@ def test_tasks_an_episode_failure_and_a_partial_batch(real_cluster, tmp_path):
 
 def test_an_evicted_episode_is_retried_by_the_job_controller(real_cluster, tmp_path):
     kubectl, cluster = real_cluster
-    tasks = tmp_path / "tasks.jsonl"
-    tasks.write_text('{"id": "slow", "x": 2, "pause": 8}\n{"id": "quick", "x": 2}\n')
-    output = tmp_path / "out"
-    process = start_tool(cluster, kubectl, "run", "--output", str(output), "--quiet", "--tasks", str(tasks),
-                         "--episode-script", str(script(tmp_path, PAUSING_EPISODE)), "--retries", "1")
+    args, output = tasks_run(tmp_path, '{"id": "slow", "x": 2, "pause": 8}\n{"id": "quick", "x": 2}\n',
+                             "--retries", "1", episode=PAUSING_EPISODE)
+    process = start_tool(cluster, kubectl, *args)
 
     def slow_pod_running():
         if not (output / "receipt.json").exists():

@@ -13,6 +13,9 @@ import csv
 import json
 import math
 import re
+import subprocess
+from pathlib import Path
+from typing import NamedTuple
 from xml.etree import ElementTree
 
 import pytest
@@ -284,9 +287,19 @@ SCALE_COUNT = 400
 SCALE_PARALLELISM = 200
 
 
+class ScaleRun(NamedTuple):
+    """One batch of the scale fixture: its output directory, the finished tool, the API requests it made
+    and its results.json."""
+    output: Path
+    done: subprocess.CompletedProcess
+    requests: list
+    results: dict
+
+
 @pytest.fixture(scope="module")
 def scale_run(tmp_path_factory, require_e2e):
-    """One 400-episode batch at parallelism 200 and a 10-episode one, on one lightweight-kubelet emulator."""
+    """(emulator, small, large): a 10-episode batch and a 400-episode one at parallelism 200 (ScaleRuns),
+    on one lightweight-kubelet emulator."""
     from e2e_support import DEFAULT_TIMING
     from kube_emulator import Emulator
 
@@ -302,8 +315,8 @@ def scale_run(tmp_path_factory, require_e2e):
             done = tool(emulator, kubectl, "run", "--count", str(count), "--parallelism", str(parallelism),
                         "--max-episodes", str(count), "--output", str(output), timeout=600)
             assert done.returncode == 0, done.stderr[-3000:]
-            runs[count] = (output, done, list(emulator.requests[first:]))
-        yield emulator, runs
+            runs[count] = ScaleRun(output, done, list(emulator.requests[first:]), load(output / "results.json"))
+        yield emulator, runs[10], runs[SCALE_COUNT]
     finally:
         emulator.stop()
 
@@ -311,9 +324,8 @@ def scale_run(tmp_path_factory, require_e2e):
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_lightweight_kubelet_scale_batch_is_verified_whole(scale_run):
-    emulator, runs = scale_run
-    output, done, _ = runs[SCALE_COUNT]
-    results = load(output / "results.json")
+    _, _, large = scale_run
+    output, results = large.output, large.results
     assert results["episodes"] == results["successful_episodes"] == SCALE_COUNT
     assert len(results["pods"]) == SCALE_COUNT
     # The lightweight containers printed what the built-in worker prints.
@@ -328,8 +340,8 @@ def test_lightweight_kubelet_scale_batch_is_verified_whole(scale_run):
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_lightweight_kubelet_scale_costs_constant_processes_and_about_one_request_per_episode(scale_run):
-    emulator, runs = scale_run
-    small, large = load(runs[10][0] / "results.json"), load(runs[SCALE_COUNT][0] / "results.json")
+    emulator, small_run, large_run = scale_run
+    small, large = small_run.results, large_run.results
     # Never more than a small batch's (one fewer: a large batch's events table is made from the
     # events followed); while waiting, the watches of the Job, its pods and the events.
     assert large["client"]["kubectl_processes"] <= small["client"]["kubectl_processes"]
@@ -338,7 +350,7 @@ def test_lightweight_kubelet_scale_costs_constant_processes_and_about_one_reques
     # How far the client fell behind its watches is recorded (benchmark.py prints it).
     assert isinstance(large["client_wait"]["watch_queue_peak"], int) and large["client_wait"]["watch_queue_peak"] >= 1
     # Requests: one log read per episode plus a constant (discovery, creates, watches, pages).
-    requests = {count: len(runs[count][2]) for count in runs}
+    requests = {10: len(small_run.requests), SCALE_COUNT: len(large_run.requests)}
     per_episode_growth = (requests[SCALE_COUNT] - requests[10]) / (SCALE_COUNT - 10)
     assert per_episode_growth <= 1.2, requests
     assert requests[SCALE_COUNT] <= 1.2 * SCALE_COUNT + 60, requests
@@ -347,9 +359,8 @@ def test_lightweight_kubelet_scale_costs_constant_processes_and_about_one_reques
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_lightweight_kubelet_scale_capacity_warns_of_waves_before_creating(scale_run):
-    emulator, runs = scale_run
-    output, done, requests = runs[SCALE_COUNT]
-    capacity = load(output / "results.json")["capacity"]
+    _, small, large = scale_run
+    done, requests, capacity = large.done, large.requests, large.results["capacity"]
     # Three emulated nodes of 8 CPU: 22 episodes of 100m + 250m overhead each.
     assert capacity["episodes_fit_at_once"] == 66 and not capacity["fits_at_once"]
     assert capacity["expected_waves"] == math.ceil(SCALE_COUNT / 66)
@@ -360,16 +371,14 @@ def test_lightweight_kubelet_scale_capacity_warns_of_waves_before_creating(scale
     nodes = next(i for i, r in enumerate(requests) if r["path"] == "/api/v1/nodes")
     created = next(i for i, r in enumerate(requests) if r["method"] == "POST" and r["path"] == "/api/v1/namespaces")
     assert nodes < created
-    small = load(runs[10][0] / "results.json")["capacity"]
-    assert small["fits_at_once"] and "capacity" not in runs[10][1].stderr
+    assert small.results["capacity"]["fits_at_once"] and "capacity" not in small.done.stderr
 
 
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_lightweight_kubelet_scale_pictures_hold_every_episode(scale_run):
-    _, runs = scale_run
-    output, done, _ = runs[SCALE_COUNT]
-    results = load(output / "results.json")
+    _, small, large = scale_run
+    output, done, results = large.output, large.done, large.results
     ramp = paths_by_title((output / "ramp.svg").read_text())
     # Each line counts the episodes whose point is known: every one, but the sandbox's readiness
     # only where the pod watch saw it while the pod ran.
@@ -390,8 +399,7 @@ def test_lightweight_kubelet_scale_pictures_hold_every_episode(scale_run):
     assert 0 < figures["max_episodes_running_at_once"] <= SCALE_PARALLELISM
     assert figures["pods_created_per_second"] > 0 and figures["sandboxes_ready_per_second_peak"] >= 1
     assert "throughput: pods created" in done.stderr
-    small = load(runs[10][0] / "results.json")["throughput"]
-    assert small["max_episodes_running_at_once"] <= 10
+    assert small.results["throughput"]["max_episodes_running_at_once"] <= 10
 
 
 @pytest.mark.e2e

@@ -26,6 +26,8 @@ import pytest
 
 import prereqs
 import rl_batch_demo as demo
+import sandbox
+from conftest import discovered_bwrap, skip_or_fail
 from rl_batch_demo import VerificationError
 
 NAMESPACE = "agc-rl-0123456789ab"
@@ -389,6 +391,14 @@ def test_describe_gives_rounded_percentiles_max_mean_and_counts() -> None:
 # Verification: every rule, each with an example that breaks it.
 
 
+def assert_log_fails(pod: str, events: list[dict], message: str, builtin: bool = True) -> None:
+    """A valid batch but for `pod`'s log, made of `events`, fails verification at that pod with `message`."""
+    job, pods, logs = valid_batch()
+    logs[pod] = log_text(*events)
+    with pytest.raises(VerificationError, match=rf"pod {pod}: {message}"):
+        demo.verify_batch(3, job, pods, logs, builtin=builtin)
+
+
 def test_a_fully_valid_batch_passes_sorted_by_pod_name() -> None:
     job, pods, logs = valid_batch()
     episodes = demo.verify_batch(3, job, list(reversed(pods)), logs)
@@ -428,10 +438,7 @@ def test_a_pod_not_succeeded_fails(phase: str) -> None:
     ([ready_event(POD_B, T0 + 4.25), reward_event(POD_B, T0 + 8.5), reward_event(POD_B, T0 + 8.6)], "reward", 2),
 ])
 def test_not_exactly_one_ready_or_reward_event_fails(events: list[dict], event: str, found: int) -> None:
-    job, pods, logs = valid_batch()
-    logs[POD_B] = log_text(*events)
-    with pytest.raises(VerificationError, match=rf"pod {POD_B}: .*one {event} event, found {found}"):
-        demo.verify_batch(3, job, pods, logs)
+    assert_log_fails(POD_B, events, rf".*one {event} event, found {found}")
 
 
 def test_an_empty_or_missing_log_fails() -> None:
@@ -442,42 +449,31 @@ def test_an_empty_or_missing_log_fails() -> None:
 
 
 def test_ready_episode_id_must_be_the_pod_name() -> None:
-    job, pods, logs = valid_batch()
-    logs[POD_A] = log_text(ready_event(POD_B, T0 + 3.5), reward_event(POD_B, T0 + 8.0))
-    with pytest.raises(VerificationError, match=rf"pod {POD_A}: ready event has episode_id '{POD_B}'"):
-        demo.verify_batch(3, job, pods, logs)
+    assert_log_fails(POD_A, [ready_event(POD_B, T0 + 3.5), reward_event(POD_B, T0 + 8.0)],
+                     f"ready event has episode_id '{POD_B}'")
 
 
 def test_reward_episode_id_must_equal_the_ready_one() -> None:
-    job, pods, logs = valid_batch()
-    logs[POD_A] = log_text(ready_event(POD_A, T0 + 3.5), reward_event("", T0 + 8.0))
-    with pytest.raises(VerificationError, match=rf"pod {POD_A}: reward event has episode_id ''"):
-        demo.verify_batch(3, job, pods, logs)
+    assert_log_fails(POD_A, [ready_event(POD_A, T0 + 3.5), reward_event("", T0 + 8.0)],
+                     "reward event has episode_id ''")
 
 
 @pytest.mark.parametrize("reward, shown", [(0, "0"), (True, "True"), (0.5, "0.5"), ("1", "'1'"), (None, "None")])
 def test_builtin_reward_must_be_the_integer_1(reward: Any, shown: str) -> None:
-    job, pods, logs = valid_batch()
-    logs[POD_C] = log_text(ready_event(POD_C, T0 + 5.0), reward_event(POD_C, T0 + 9.75, reward=reward))
-    with pytest.raises(VerificationError, match=rf"pod {POD_C}: reward is {shown}, not 1"):
-        demo.verify_batch(3, job, pods, logs)
+    assert_log_fails(POD_C, [ready_event(POD_C, T0 + 5.0), reward_event(POD_C, T0 + 9.75, reward=reward)],
+                     f"reward is {shown}, not 1")
 
 
 @pytest.mark.parametrize("tests_exit", [1, False, "0"])
 def test_builtin_tests_exit_must_be_0(tests_exit: object) -> None:
-    job, pods, logs = valid_batch()
-    logs[POD_C] = log_text(ready_event(POD_C, T0 + 5.0), reward_event(POD_C, T0 + 9.75, tests_exit=tests_exit))
-    with pytest.raises(VerificationError, match=rf"pod {POD_C}: tests_exit is {tests_exit!r}, not 0"):
-        demo.verify_batch(3, job, pods, logs)
+    assert_log_fails(POD_C, [ready_event(POD_C, T0 + 5.0), reward_event(POD_C, T0 + 9.75, tests_exit=tests_exit)],
+                     f"tests_exit is {tests_exit!r}, not 0")
 
 
 @pytest.mark.parametrize("baseline", [0, None, True, "1"])
 def test_builtin_baseline_must_have_failed(baseline: object) -> None:
-    job, pods, logs = valid_batch()
-    logs[POD_C] = log_text(ready_event(POD_C, T0 + 5.0),
-                           reward_event(POD_C, T0 + 9.75, baseline_exit=baseline))
-    with pytest.raises(VerificationError, match=rf"pod {POD_C}: baseline_exit is {baseline!r}; the baseline must fail"):
-        demo.verify_batch(3, job, pods, logs)
+    assert_log_fails(POD_C, [ready_event(POD_C, T0 + 5.0), reward_event(POD_C, T0 + 9.75, baseline_exit=baseline)],
+                     f"baseline_exit is {baseline!r}; the baseline must fail")
 
 
 def test_pod_created_before_its_job_is_out_of_order() -> None:
@@ -488,18 +484,12 @@ def test_pod_created_before_its_job_is_out_of_order() -> None:
 
 
 def test_ready_before_pod_creation_is_out_of_order() -> None:
-    job, pods, logs = valid_batch()
     # POD_C was created at T0+2; a ready at T0+1.5 cannot be its.
-    logs[POD_C] = log_text(ready_event(POD_C, T0 + 1.5), reward_event(POD_C, T0 + 9.75))
-    with pytest.raises(VerificationError, match=rf"pod {POD_C}: times out of order"):
-        demo.verify_batch(3, job, pods, logs)
+    assert_log_fails(POD_C, [ready_event(POD_C, T0 + 1.5), reward_event(POD_C, T0 + 9.75)], "times out of order")
 
 
 def test_reward_before_ready_is_out_of_order() -> None:
-    job, pods, logs = valid_batch()
-    logs[POD_B] = log_text(ready_event(POD_B, T0 + 4.25), reward_event(POD_B, T0 + 4.0))
-    with pytest.raises(VerificationError, match=rf"pod {POD_B}: times out of order"):
-        demo.verify_batch(3, job, pods, logs)
+    assert_log_fails(POD_B, [ready_event(POD_B, T0 + 4.25), reward_event(POD_B, T0 + 4.0)], "times out of order")
 
 
 def test_equal_whole_second_times_are_in_order() -> None:
@@ -547,17 +537,13 @@ def test_custom_script_rewards_may_be_any_number(reward: float) -> None:
 
 @pytest.mark.parametrize("reward, shown", [("high", "'high'"), (None, "None"), (True, "True")])
 def test_custom_script_reward_must_be_a_number(reward: Any, shown: str) -> None:
-    job, pods, logs = valid_batch()
-    logs[POD_A] = log_text(ready_event(POD_A, T0 + 3.5), reward_event(POD_A, T0 + 8.0, reward=reward))
-    with pytest.raises(VerificationError, match=rf"pod {POD_A}: reward is {shown}, not a number"):
-        demo.verify_batch(3, job, pods, logs, builtin=False)
+    assert_log_fails(POD_A, [ready_event(POD_A, T0 + 3.5), reward_event(POD_A, T0 + 8.0, reward=reward)],
+                     f"reward is {shown}, not a number", builtin=False)
 
 
 def test_custom_script_still_checks_ids_and_order() -> None:
-    job, pods, logs = valid_batch()
-    logs[POD_A] = log_text(ready_event(POD_A, T0 + 3.5), reward_event(POD_A, T0 + 3.0, reward=0))
-    with pytest.raises(VerificationError, match=rf"pod {POD_A}: times out of order"):
-        demo.verify_batch(3, job, pods, logs, builtin=False)
+    assert_log_fails(POD_A, [ready_event(POD_A, T0 + 3.5), reward_event(POD_A, T0 + 3.0, reward=0)],
+                     "times out of order", builtin=False)
 
 
 # --------------------------------------------------------------------------
@@ -926,12 +912,17 @@ def test_timeline_svg_is_xml_with_one_row_per_episode_and_a_legend() -> None:
     assert f"{POD_C} episode_work: 4.750 s" in titles
 
 
+def compare_rows(table: str) -> dict[str, list[str]]:
+    """A compare table's rows below its header: {metric: [A, B, B/A]}."""
+    return {line.split()[0]: line.split()[1:] for line in table.splitlines()[1:]}
+
+
 def test_compare_table_shows_what_each_run_was() -> None:
     first = {"episodes": 2, "image": "python:3.12-alpine", "runtime": "cube", "cache_state": "warmed",
              "harden": False, "episode_script_sha256": None, "image_cache": {"present": 2, "pulled": 0}}
     second = {"episodes": 2, "image": "python:3.12-alpine", "runtime": "kata", "cache_state": "uncontrolled",
               "harden": True, "episode_script_sha256": "ab" * 32, "image_cache": {"present": 0, "pulled": 2}}
-    rows = {line.split()[0]: line.split()[1:] for line in demo.compare_table(first, second, "A", "B").splitlines()}
+    rows = compare_rows(demo.compare_table(first, second, "A", "B"))
     assert rows["image"] == ["python:3.12-alpine", "python:3.12-alpine", "same"]
     assert rows["runtime"] == ["cube", "kata", "differ"]
     assert rows["cache_state"] == ["warmed", "uncontrolled", "differ"]
@@ -941,32 +932,35 @@ def test_compare_table_shows_what_each_run_was() -> None:
     assert rows["image_pulled_episodes"] == ["0", "2", "-"]
 
 
+# The guide's 10-way parallel run (A), the same batch at parallelism 1 (B), and what
+# `compare` shows of them.
+GUIDE_PARALLEL = {"episodes": 10, "parallelism": 10, "reward_sum": 10, "batch_to_all_ready_seconds": 3.7,
+                  "batch_to_all_rewards_seconds": 8.4, "client_job_complete_seconds": 12.7,
+                  "pod_to_ready_p50_seconds": 3.7, "pod_to_ready_p95_seconds": 3.7, "pod_to_ready_max_seconds": 3.8}
+GUIDE_SERIAL = dict(GUIDE_PARALLEL, parallelism=1, batch_to_all_ready_seconds=93.1, batch_to_all_rewards_seconds=97.6,
+                    client_job_complete_seconds=101.6, pod_to_ready_p50_seconds=3.6, pod_to_ready_p95_seconds=3.8,
+                    pod_to_ready_max_seconds=3.9)
+GUIDE_COMPARE_HEADER = ["metric", "A:", "parallel", "B:", "serial", "B/A"]
+GUIDE_COMPARE_ROWS = {
+    "episodes": ["10", "10", "1.00"],
+    "parallelism": ["10", "1", "0.10"],
+    "reward_sum": ["10", "10", "1.00"],
+    "batch_to_all_ready_seconds": ["3.7", "93.1", "25.16"],       # 93.1 / 3.7 = 25.162
+    "batch_to_all_rewards_seconds": ["8.4", "97.6", "11.62"],     # 97.6 / 8.4 = 11.619
+    "client_job_complete_seconds": ["12.7", "101.6", "8.00"],
+    "pod_to_ready_p50_seconds": ["3.7", "3.6", "0.97"],           # 3.6 / 3.7 = 0.973
+    "pod_to_ready_p95_seconds": ["3.7", "3.8", "1.03"],           # 3.8 / 3.7 = 1.027
+    "pod_to_ready_max_seconds": ["3.8", "3.9", "1.03"],           # 3.9 / 3.8 = 1.026
+}
+
+
 def test_compare_table_ratios() -> None:
-    # The guide's 10-way parallel run (A) against parallelism 1 (B).
-    first = {"episodes": 10, "parallelism": 10, "reward_sum": 10, "batch_to_all_ready_seconds": 3.7,
-             "batch_to_all_rewards_seconds": 8.4, "client_job_complete_seconds": 12.7,
-             "pod_to_ready_p50_seconds": 3.7, "pod_to_ready_p95_seconds": 3.7, "pod_to_ready_max_seconds": 3.8,
-             "phases": {"python_imports": {"p50": 1.32}}}
-    second = {"episodes": 10, "parallelism": 1, "reward_sum": 10, "batch_to_all_ready_seconds": 93.1,
-              "batch_to_all_rewards_seconds": 97.6, "client_job_complete_seconds": 101.6,
-              "pod_to_ready_p50_seconds": 3.6, "pod_to_ready_p95_seconds": None, "pod_to_ready_max_seconds": 3.9,
-              "phases": {"python_imports": {"p50": 0.66}}}
+    first = dict(GUIDE_PARALLEL, phases={"python_imports": {"p50": 1.32}})
+    second = dict(GUIDE_SERIAL, pod_to_ready_p95_seconds=None, phases={"python_imports": {"p50": 0.66}})
     table = demo.compare_table(first, second, "A: parallel", "B: serial")
-    lines = table.splitlines()
-    assert lines[0].split() == ["metric", "A:", "parallel", "B:", "serial", "B/A"]
-    rows = {line.split()[0]: line.split()[1:] for line in lines[1:]}
-    assert rows == {
-        "episodes": ["10", "10", "1.00"],
-        "parallelism": ["10", "1", "0.10"],
-        "reward_sum": ["10", "10", "1.00"],
-        "batch_to_all_ready_seconds": ["3.7", "93.1", "25.16"],       # 93.1 / 3.7 = 25.162
-        "batch_to_all_rewards_seconds": ["8.4", "97.6", "11.62"],     # 97.6 / 8.4 = 11.619
-        "client_job_complete_seconds": ["12.7", "101.6", "8.00"],
-        "pod_to_ready_p50_seconds": ["3.7", "3.6", "0.97"],           # 3.6 / 3.7 = 0.973
-        "pod_to_ready_p95_seconds": ["3.7", "-", "-"],
-        "pod_to_ready_max_seconds": ["3.8", "3.9", "1.03"],           # 3.9 / 3.8 = 1.026
-        "python_imports_p50_seconds": ["1.32", "0.66", "0.50"],
-    }
+    assert table.splitlines()[0].split() == GUIDE_COMPARE_HEADER
+    assert compare_rows(table) == dict(GUIDE_COMPARE_ROWS, pod_to_ready_p95_seconds=["3.7", "-", "-"],
+                                       python_imports_p50_seconds=["1.32", "0.66", "0.50"])
 
 
 def worker_namespace() -> dict:
@@ -992,38 +986,12 @@ def test_worker_flat_json_is_json_for_the_ready_event() -> None:
 
 def bwrap_or_skip(require_e2e: Any) -> str:
     require_e2e(kubectl=False, bwrap=True)
-    bwrap = os.environ.get("RLDEMO_BWRAP") or prereqs.find_bwrap()
+    bwrap = discovered_bwrap()
     assert bwrap is not None
     problem = prereqs.bwrap_problem(bwrap)
     if problem:
-        message = f"bwrap cannot make a sandbox here: {problem}"
-        if prereqs.e2e_required():
-            pytest.fail(f"{message}; CI / RLDEMO_REQUIRE_E2E forbids skipping", pytrace=False)
-        pytest.skip(message)
+        skip_or_fail(f"bwrap cannot make a sandbox here: {problem}")
     return bwrap
-
-
-def sandbox_argv(bwrap: str, workspace: Path, demo_dir: Path, episode_id: str) -> list[str]:
-    """bwrap argv: a fresh root with the host's /usr and /etc, this Python, /workspace and /demo."""
-    python = os.path.realpath(sys.executable)
-    argv = [bwrap, "--tmpfs", "/", "--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
-    for top in ("/bin", "/lib", "/lib64", "/sbin"):
-        if os.path.islink(top):
-            argv += ["--symlink", os.readlink(top), top]
-        elif os.path.isdir(top):
-            argv += ["--ro-bind", top, top]
-    prefixes = {os.path.realpath(p) for p in (sys.base_prefix, os.path.dirname(os.path.dirname(python)))}
-    for prefix in sorted(prefixes):
-        if prefix != "/usr" and not prefix.startswith("/usr/"):
-            argv += ["--ro-bind", prefix, prefix]
-    return argv + [
-        "--bind", str(workspace), "/workspace", "--ro-bind", str(demo_dir), "/demo",
-        "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-        "--unshare-all", "--die-with-parent", "--uid", "1000", "--gid", "1000",
-        "--clearenv", "--setenv", "EPISODE_ID", episode_id, "--setenv", "PATH", "/usr/bin:/bin",
-        "--chdir", "/",
-        python, "-B", "/demo/episode.py",
-    ]
 
 
 @pytest.fixture(scope="module")
@@ -1031,12 +999,17 @@ def worker_run(tmp_path_factory: pytest.TempPathFactory, require_e2e: Any) -> di
     """Run WORKER_SOURCE once, for real, as a pod would: exit code, stdout, wall-clock bounds, workspace."""
     bwrap = bwrap_or_skip(require_e2e)
     root = tmp_path_factory.mktemp("worker")
-    workspace, demo_dir = root / "workspace", root / "demo"
-    workspace.mkdir()
-    demo_dir.mkdir()
+    workspace, demo_dir, bindir = root / "workspace", root / "demo", root / "bin"
+    for directory in (workspace, demo_dir, bindir):
+        directory.mkdir()
     (demo_dir / "episode.py").write_text(demo.WORKER_SOURCE, encoding="utf-8")
+    # The sandbox the emulator's kubelet gives a pod: the host's root read-only, the volumes at
+    # /workspace and (read-only) /demo, uid 1000, no network; run by the bwrap found, not PATH's.
+    mounts = [(str(workspace), "/workspace", False), (str(demo_dir), "/demo", True)]
+    argv = sandbox.build_bwrap_argv(1000, 1000, "rollout-x7k2p", mounts, False, "/",
+                                    [os.path.realpath(sys.executable), "-B", "/demo/episode.py"], str(bindir))
     started = time.time()
-    completed = subprocess.run(sandbox_argv(bwrap, workspace, demo_dir, "rollout-x7k2p"),
+    completed = subprocess.run([bwrap] + argv[1:], env={"EPISODE_ID": "rollout-x7k2p", "PATH": "/usr/bin:/bin"},
                                capture_output=True, text=True, timeout=60)
     return {"returncode": completed.returncode, "stdout": completed.stdout, "stderr": completed.stderr,
             "started": started, "ended": time.time(), "workspace": workspace}

@@ -11,6 +11,7 @@ import pytest
 
 import kube_emulator
 import rl_batch_demo as demo
+from test_cli import usage_error
 from test_unit import (JOB_CREATED, NAMESPACE, T0, log_text, make_job, make_pod, ready_event, reward_event,
                        stamp)
 
@@ -322,10 +323,9 @@ def test_emulator_fail_job_rule_says_which_container_and_rule() -> None:
 # The command line: the rollout options, in-process.
 
 
-def usage_error(argv: list[str], capsys: pytest.CaptureFixture) -> str:
-    with pytest.raises(SystemExit) as exited:
-        demo.main(argv)
-    assert exited.value.code == 2
+def usage_message(argv: list[str], capsys: pytest.CaptureFixture) -> str:
+    """What `main` printed on stopping with a usage error (exit status 2)."""
+    assert usage_error(argv) == 2
     return capsys.readouterr().err
 
 
@@ -350,13 +350,13 @@ def test_rollout_usage_errors(extra: list[str], message: str, tmp_path: Any, tas
                               capsys: pytest.CaptureFixture) -> None:
     argv = ["run", "--output", str(tmp_path / "out")] + [
         a.format(tasks=task_file, missing=tmp_path / "none.jsonl") for a in extra]
-    assert message in usage_error(argv, capsys)
+    assert message in usage_message(argv, capsys)
 
 
 def test_a_bad_task_line_is_a_usage_error_naming_it(tmp_path: Any, capsys: pytest.CaptureFixture) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": 1}\n{"id": 2,\n')
-    err = usage_error(["run", "--output", str(tmp_path / "out"), "--tasks", str(bad)], capsys)
+    err = usage_message(["run", "--output", str(tmp_path / "out"), "--tasks", str(bad)], capsys)
     assert f"--tasks {bad}: line 2 is not JSON" in err
 
 
