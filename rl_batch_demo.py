@@ -3449,6 +3449,60 @@ class WatchStream:
             del self.processes[kind]
 
 
+def status_line(job_name: str, count: int, job: dict | None, elapsed: float, polling: bool) -> str:
+    """The progress shown while a Job is followed: its pods by state, the time since it was submitted,
+    and what the client is waiting for once no pod runs."""
+    status = (job or {}).get("status") or {}
+    return (f"{job_name}: {elapsed:6.1f}s  "
+            f"active {status.get('active', 0)}  ready {status.get('ready', 0)}  "
+            f"succeeded {status.get('succeeded', 0)}/{count}  failed {status.get('failed', 0)}"
+            + ("  (polling)" if polling else "") + waiting_note(job, elapsed))
+
+
+class PollFallback:
+    """Once the watches broke too often in a row to be worth restarting: the Job and its pods,
+    read every POLL_INTERVAL_SECONDS instead."""
+
+    def __init__(self, kubectl: Kubectl, namespace: str, job_name: str) -> None:
+        self.kubectl = kubectl
+        self.namespace = namespace
+        self.job_name = job_name
+        self.active = False
+        self.next_read = 0.0
+
+    def start(self) -> None:
+        """Poll from now on, the first read at once."""
+        self.active = True
+        self.next_read = time.monotonic()
+
+    def due(self, now: float) -> bool:
+        return self.active and now >= self.next_read
+
+    def read(self, client_deadline: float) -> tuple[dict, list[dict], float]:
+        """The Job and its pods as read now, and when (the client's wall clock)."""
+        retry_until = min(client_deadline, time.monotonic() + CALL_TIMEOUT_SECONDS)
+        job = self.kubectl.get("job", self.job_name, self.namespace, retry_until=retry_until)
+        pods = self.kubectl.get_list("pods", self.namespace, "-l", f"job-name={self.job_name}",
+                                     retry_until=retry_until)
+        seen = time.time()
+        self.next_read = time.monotonic() + POLL_INTERVAL_SECONDS
+        return job, (pods or {}).get("items", []), seen
+
+
+@dataclasses.dataclass
+class WaitCost:
+    """What following a Job cost the client: the kubectl processes it started while waiting, the
+    watches it restarted, and the most watch items ever waiting to be handled (a client that
+    keeps up keeps that small)."""
+    processes: int = 0
+    restarts: int = 0
+    queue_peak: int = 0
+
+    def took(self, waiting: int) -> None:
+        """One watch item taken, with `waiting` more behind it."""
+        self.queue_peak = max(self.queue_peak, waiting + 1)
+
+
 class BatchFollower:
     """Follows one Job and its pods until the Job ends, reading each log as its pod finishes.
 
@@ -3460,42 +3514,39 @@ class BatchFollower:
                  progress: Progress, pool: concurrent.futures.ThreadPoolExecutor,
                  proxy: ApiProxy | None = None, log_dir: str | None = None) -> None:
         self.kubectl = kubectl
-        self.log_reader = LogReader(kubectl, namespace, pool, proxy, log_dir)
-        self.namespace = namespace
         self.job_name = job_name
         self.count = count
         self.progress = progress
         self.state = BatchState()
+        self.watches = WatchStream(kubectl, namespace, job_name)
+        self.poller = PollFallback(kubectl, namespace, job_name)
+        self.log_reader = LogReader(kubectl, namespace, pool, proxy, log_dir)
+        self.cost = WaitCost()
         # The namespace's events are followed while waiting so that little is left to read at the
         # end; not watched (then listed at the end) when the watch is refused or broke for good.
         self.events_watched = True
         # How the events saved were read: "watch" (followed, as many as the API counted after
         # the end) or "list" (read in pages after the end).
         self.events_read = "list"
-        self.watches = WatchStream(kubectl, namespace, job_name)
-        self.watch_restarts = 0
-        self.polling = False
         # When this client saw the Job's end, on both clocks (observed.json is what the watches saw).
         self.end_seen_monotonic: float | None = None
         self.end_seen_wall: float | None = None
-        self.processes_while_waiting = 0
-        # The most watch events ever waiting to be handled: a client that keeps up keeps it small.
-        self.queue_peak = 0
 
-    # What the watches said, as the state holds it.
+    # What the watches said, as the state holds it; what the wait cost.
     job = property(lambda self: self.state.job)
     pods = property(lambda self: self.state.pods)
     deleted = property(lambda self: self.state.deleted)
     events = property(lambda self: self.state.events)
-    observed = property(lambda self: self.state.observed)
     job_observed = property(lambda self: self.state.job_observed)
     end = property(lambda self: self.state.end)
     end_resource_version = property(lambda self: self.state.end_resource_version)
+    polling = property(lambda self: self.poller.active)
+    processes_while_waiting = property(lambda self: self.cost.processes)
+    watch_restarts = property(lambda self: self.cost.restarts)
+    queue_peak = property(lambda self: self.cost.queue_peak)
 
     def observations(self) -> dict:
         return self.state.observations()
-
-    # -- following --------------------------------------------------------
 
     def watch_pods_first(self, client_deadline: float) -> None:
         """Start the pod watch before the Job exists: each pod's ADDED then arrives as the pod is
@@ -3510,24 +3561,12 @@ class BatchFollower:
             for kind in ("job", "pods", "events"):
                 if kind not in self.watches:
                     self.watches.start(kind, client_deadline)
-            next_poll = time.monotonic()
-            while self.end is None:
-                now = time.monotonic()
-                if now >= client_deadline:
-                    break
-                if self.polling and now >= next_poll:
+            while self.end is None and time.monotonic() < client_deadline:
+                if self.poller.due(time.monotonic()):
                     self._poll(client_deadline)
-                    next_poll = time.monotonic() + POLL_INTERVAL_SECONDS
                     if self.end is not None:
                         break
-                wait = min(client_deadline, next_poll if self.polling else now + 1.0) - time.monotonic()
-                try:
-                    item = self.watches.queue.get(timeout=max(0.01, wait))
-                except queue.Empty:
-                    self._show(submitted_monotonic)
-                    continue
-                self.queue_peak = max(self.queue_peak, self.watches.queue.qsize() + 1)
-                self._handle(item, client_deadline)
+                self._take_next(client_deadline)
                 self._show(submitted_monotonic)
         finally:
             # The pod and event watches go on while the evidence is read: they deliver what
@@ -3535,36 +3574,31 @@ class BatchFollower:
             # by then is all there is to go on.
             self.stop_watches(keep=("pods", "events") if self.end is not None else ())
             self.progress.finish()
-            self.processes_while_waiting = self.kubectl.processes - processes_before
+            self.cost.processes = self.kubectl.processes - processes_before
         return self.end
 
-    def _handle(self, item: tuple, client_deadline: float) -> None:
-        """One queue item: a watch event, or the end of a watch (restarted, or polling after repeated breaks)."""
+    def _poll(self, client_deadline: float) -> None:
+        job, pods, seen = self.poller.read(client_deadline)
+        for pod in pods:
+            self._on_pod(pod, arrived=seen)
+        self._on_job(job, seen)
+
+    def _take_next(self, client_deadline: float) -> None:
+        """The watches' next item, should one come before the next poll; else within a second,
+        so that the progress is shown again even when nothing arrives."""
+        wake = self.poller.next_read if self.polling else time.monotonic() + 1.0
+        wait = min(client_deadline, wake) - time.monotonic()
+        try:
+            item = self.watches.queue.get(timeout=max(0.01, wait))
+        except queue.Empty:
+            return
+        self.cost.took(self.watches.queue.qsize())
+        self.take(item, client_deadline)
+
+    def take(self, item: tuple, client_deadline: float) -> None:
+        """One queue item: a watch event, or the end of a watch."""
         if item[0] == "ended":
-            kind, refusal = item[1], item[2]
-            self.watches.processes.pop(kind, None)
-            if kind == "events" and (refusal or self.watches.failures[kind] >= WATCH_RESTARTS_BEFORE_POLLING):
-                # The events are listed after the end instead, as they can be without a watch;
-                # said once, since for thousands of pods that list is the slow part of the end.
-                if self.events_watched:
-                    why = refusal or f"it broke {self.watches.failures[kind]} times"
-                    print(f"Warning: cannot watch the events ({why}); they are listed after the Job "
-                          f"ends instead (grant watch on events to follow them)", file=sys.stderr, flush=True)
-                self.events_watched = False
-                return
-            if self.end is not None or self.polling:
-                return
-            if refusal:
-                # Refused for good, unlike a broken connection: each restart would list and be
-                # refused again, so say what is missing instead of looping.
-                raise DemoError(f"cannot watch the {kind}: {refusal}")
-            self.watches.failures[kind] += 1
-            if self.watches.failures[kind] > WATCH_RESTARTS_BEFORE_POLLING:
-                self.polling = True
-                self.stop_watches()
-                return
-            self.watch_restarts += 1
-            self.watches.restart(kind, client_deadline)
+            self._watch_ended(item[1], item[2], client_deadline)
             return
         kind, event = item[0], item[1]
         arrived = item[2] if len(item) > 2 else time.time()
@@ -3577,71 +3611,38 @@ class BatchFollower:
         else:
             self.log_reader.schedule(self.state.apply(kind, event.get("type") or "ADDED", obj, arrived))
 
+    def _watch_ended(self, kind: str, refusal: str | None, client_deadline: float) -> None:
+        """A watch ended: restarted, or after repeated breaks the follower polls instead (the
+        events, which can be listed after the end, are given up instead)."""
+        self.watches.processes.pop(kind, None)
+        if kind == "events" and (refusal or self.watches.failures[kind] >= WATCH_RESTARTS_BEFORE_POLLING):
+            self._unwatch_events(refusal)
+            return
+        if self.end is not None or self.polling:
+            return
+        if refusal:
+            # Refused for good, unlike a broken connection: each restart would list and be
+            # refused again, so say what is missing instead of looping.
+            raise DemoError(f"cannot watch the {kind}: {refusal}")
+        self.watches.failures[kind] += 1
+        if self.watches.failures[kind] > WATCH_RESTARTS_BEFORE_POLLING:
+            self.poller.start()
+            self.stop_watches()
+            return
+        self.cost.restarts += 1
+        self.watches.restart(kind, client_deadline)
+
+    def _unwatch_events(self, refusal: str | None) -> None:
+        """The events are listed after the end instead, as they can be without a watch; said
+        once, since for thousands of pods that list is the slow part of the end."""
+        if self.events_watched:
+            why = refusal or f"it broke {self.watches.failures['events']} times"
+            print(f"Warning: cannot watch the events ({why}); they are listed after the Job "
+                  f"ends instead (grant watch on events to follow them)", file=sys.stderr, flush=True)
+        self.events_watched = False
+
     def stop_watches(self, keep: Sequence[str] = ()) -> None:
         self.watches.stop(keep)
-
-    def drain(self) -> None:
-        """Stop the pod watch and take in everything it delivered since the Job ended."""
-        watching = "pods" in self.watches
-        self.stop_watches()
-        deadline = time.monotonic() + 5
-        while watching:
-            try:
-                item = self.watches.queue.get(timeout=max(0.01, deadline - time.monotonic()))
-            except queue.Empty:
-                return
-            if item[0] == "ended" and item[1] == "pods":
-                return
-            if item[0] != "ended":
-                self._handle(item, deadline)
-
-    def settle(self, events_expected: int | None, seconds: float) -> None:
-        """After the end: take in what the watches still deliver until the pods are final and
-        the events number `events_expected` (None: not waited for), for up to `seconds`."""
-        deadline = time.monotonic() + seconds
-        while not self.settled(events_expected):
-            try:
-                item = self.watches.queue.get(timeout=max(0.0, min(0.1, deadline - time.monotonic())))
-            except queue.Empty:
-                if time.monotonic() >= deadline:
-                    return
-                continue
-            while True:  # everything already delivered, before judging again
-                self._handle(item, deadline)
-                try:
-                    item = self.watches.queue.get_nowait()
-                except queue.Empty:
-                    break
-
-    def settled(self, events_expected: int | None) -> bool:
-        """Nothing more worth waiting for: each watch has delivered enough, or never will."""
-        events_done = events_expected is None or not self._following("events") or \
-            self.events_caught_up(events_expected)
-        pods_done = not self._following("pods") or self.end != "Complete" or bool(self.deleted) or \
-            self.pods_are_final()
-        return events_done and pods_done
-
-    def _following(self, kind: str) -> bool:
-        return kind in self.watches and not self.polling and (kind != "events" or self.events_watched)
-
-    def events_caught_up(self, events_expected: int | None) -> bool:
-        """The event watch holds at least as many events as the API did after the end."""
-        return self.events_watched and not self.polling and events_expected is not None \
-            and len(self.events) >= events_expected
-
-    def pods_are_final(self) -> bool:
-        """The pod watch saw each pod of the Complete Job to its final state (see pods_final)."""
-        return not self.polling and self.state.pods_are_final()
-
-    def _poll(self, client_deadline: float) -> None:
-        retry_until = min(client_deadline, time.monotonic() + CALL_TIMEOUT_SECONDS)
-        job = self.kubectl.get("job", self.job_name, self.namespace, retry_until=retry_until)
-        pods = self.kubectl.get_list("pods", self.namespace, "-l", f"job-name={self.job_name}",
-                                     retry_until=retry_until)
-        seen = time.time()
-        for pod in (pods or {}).get("items", []):
-            self._on_pod(pod, arrived=seen)
-        self._on_job(job, seen)
 
     def _on_job(self, job: dict, arrived: float | None = None) -> None:
         if self.state.on_job(job, time.time() if arrived is None else arrived):
@@ -3652,13 +3653,88 @@ class BatchFollower:
         self.log_reader.schedule(self.state.on_pod(pod, deleted, time.time() if arrived is None else arrived))
 
     def _show(self, submitted_monotonic: float) -> None:
-        status = (self.job or {}).get("status") or {}
-        elapsed = time.monotonic() - submitted_monotonic
-        self.progress.update(
-            f"{self.job_name}: {elapsed:6.1f}s  "
-            f"active {status.get('active', 0)}  ready {status.get('ready', 0)}  "
-            f"succeeded {status.get('succeeded', 0)}/{self.count}  failed {status.get('failed', 0)}"
-            + ("  (polling)" if self.polling else "") + waiting_note(self.job, elapsed))
+        self.progress.update(status_line(self.job_name, self.count, self.job,
+                                         time.monotonic() - submitted_monotonic, self.polling))
+
+
+
+
+# After the Job's end its pod and event watches still deliver what happened up to it.
+
+
+def drain_pod_watch(follower: BatchFollower) -> None:
+    """Stop the pod watch and take in everything it delivered since the Job ended."""
+    watching = "pods" in follower.watches
+    follower.stop_watches()
+    deadline = time.monotonic() + 5
+    while watching:
+        try:
+            item = follower.watches.queue.get(timeout=max(0.01, deadline - time.monotonic()))
+        except queue.Empty:
+            return
+        if item[0] == "ended" and item[1] == "pods":
+            return
+        if item[0] != "ended":
+            follower.take(item, deadline)
+
+
+def settle_watches(follower: BatchFollower, events_expected: int | None, seconds: float) -> None:
+    """After the end: take in what the watches still deliver until the pods are final and
+    the events number `events_expected` (None: not waited for), for up to `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not watches_settled(follower, events_expected):
+        try:
+            item = follower.watches.queue.get(timeout=max(0.0, min(0.1, deadline - time.monotonic())))
+        except queue.Empty:
+            if time.monotonic() >= deadline:
+                return
+            continue
+        while True:  # everything already delivered, before judging again
+            follower.take(item, deadline)
+            try:
+                item = follower.watches.queue.get_nowait()
+            except queue.Empty:
+                break
+
+
+def watches_settled(follower: BatchFollower, events_expected: int | None) -> bool:
+    """Nothing more worth waiting for: each watch has delivered enough, or never will."""
+    events_done = events_expected is None or not watch_followed(follower, "events") or \
+        events_caught_up(follower, events_expected)
+    pods_done = not watch_followed(follower, "pods") or follower.end != "Complete" or bool(follower.deleted) or \
+        watched_pods_final(follower)
+    return events_done and pods_done
+
+
+def watch_followed(follower: BatchFollower, kind: str) -> bool:
+    """The watch of `kind` runs and is what the follower goes by."""
+    return kind in follower.watches and not follower.polling and (kind != "events" or follower.events_watched)
+
+
+def events_caught_up(follower: BatchFollower, events_expected: int | None) -> bool:
+    """The event watch holds at least as many events as the API did after the end."""
+    return follower.events_watched and not follower.polling and events_expected is not None \
+        and len(follower.events) >= events_expected
+
+
+def watched_pods_final(follower: BatchFollower) -> bool:
+    """The pod watch saw each pod of the Complete Job to its final state (see pods_final)."""
+    return not follower.polling and follower.state.pods_are_final()
+
+
+def settle_after_end(follower: BatchFollower, kubectl: Kubectl, proxy: ApiProxy | None, namespace: str,
+                     retry_until: float | None) -> int | None:
+    """After the end: how many events the API holds (a list of one: its items and remainingItemCount),
+    and up to SETTLE_SECONDS for the watches to deliver that many and each pod's final state.
+    None when the events are not watched or could not be counted: then they are not waited for."""
+    events_expected = None
+    if follower.events_watched:
+        try:
+            events_expected, follower.events.resource_version = count_events(kubectl, proxy, namespace, retry_until)
+        except DemoError:
+            pass  # then the events are listed after all
+    settle_watches(follower, events_expected, SETTLE_SECONDS)
+    return events_expected
 
 
 # --------------------------------------------------------------------------
@@ -4380,6 +4456,26 @@ class Evidence(NamedTuple):
     events: Sequence[dict]  # this batch's events
 
 
+def read_events(kubectl: Kubectl, proxy: ApiProxy | None, namespace: str, page_size: int,
+                retry_seconds: float | None) -> PagedList:
+    """The namespace's events listed in pages: through the proxy when there is one, else (or
+    should that fail) by kubectl."""
+    path = f"/api/v1/namespaces/{namespace}/events"
+    if proxy is not None:
+        try:
+            return read_pages(kubectl, proxy, PagedList(path, limit=page_size), retry_seconds)
+        except DemoError:
+            pass  # ask kubectl below
+    return read_pages(kubectl, None, PagedList(path, limit=page_size), retry_seconds)
+
+
+def read_events_table(kubectl: Kubectl, namespace: str, retry_until: float | None) -> str:
+    """The namespace's events as `kubectl get events` prints them, oldest first."""
+    # kubectl reads a sorted list in one piece whatever --chunk-size says.
+    return kubectl.run(["get", "events", "--sort-by=.metadata.creationTimestamp", "-n", namespace],
+                       retry_until=retry_until)
+
+
 class BatchEvidence:
     """The batch under way: its follower, and the saving of its evidence into its own directory."""
 
@@ -4399,91 +4495,85 @@ class BatchEvidence:
         """Save job.json, pods.json, events.txt, events.json and one log per pod: the evidence of a batch.
         Without `retry`, each is read once, at once: no retries, no wait for the watches to settle."""
         follower = self.follower
-        assert follower is not None
         # Evidence is worth a few retries, not a long wait: a log that a kubelet
         # cannot serve now is saved empty and the episode fails verification.
         retry_until = time.monotonic() + COLLECT_RETRY_SECONDS if retry else None
-        page_size = self.settings.get("chunk_size", LIST_PAGE_SIZE)
-
-        def fetch_job() -> dict | None:
-            if follower.end is not None and follower.job is not None:
-                return follower.job
-            try:
-                return self.kubectl.get("job", job_name, self.namespace, retry_until=retry_until)
-            except DemoError:
-                return follower.job
-
-        events_expected = None
-        if retry and follower.events_watched:
-            try:
-                events_expected, follower.events.resource_version = count_events(
-                    self.kubectl, self.proxy, self.namespace, retry_until)
-            except DemoError:
-                pass  # then the events are listed below
-        if retry:
-            follower.settle(events_expected, SETTLE_SECONDS)
-        watched_final = follower.pods_are_final()
-        events_watched = follower.events_caught_up(events_expected)
+        events_expected = settle_after_end(follower, self.kubectl, self.proxy, self.namespace, retry_until) \
+            if retry else None
+        watched_final = watched_pods_final(follower)
+        events_watched = events_caught_up(follower, events_expected)
         follower.stop_watches(keep=() if watched_final else ("pods",))
         if watched_final:
             follower.state.forget_shared()
-
-        def fetch_pods() -> PodReading:
-            if watched_final:
-                # Each pod's last change arrived: a list would show the very same pods.
-                return PodReading(sorted(follower.pods.values(), key=pod_name), "final watch",
-                                  follower.end_resource_version, 0, 0, [])
-            # Else never the watch's view: it may run behind. The list is at least as new as the
-            # moment the Job's end was seen, and its pages are retried while a cache catches up.
-            return read_job_pods(self.kubectl, self.proxy, self.namespace, job_name,
-                                 follower.end_resource_version, PAGE_RETRY_SECONDS if retry else None,
-                                 page_size)
-
-        def fetch_events_table() -> str:
-            # kubectl reads a sorted list in one piece whatever --chunk-size says.
-            return self.kubectl.run(["get", "events", "--sort-by=.metadata.creationTimestamp",
-                                     "-n", self.namespace], retry_until=retry_until)
-
         follower.events_read = "watch" if events_watched else "list"
-
-        def fetch_events_json() -> PagedList | EventStore:
-            if events_watched:
-                return follower.events
-            retry_seconds = COLLECT_RETRY_SECONDS if retry else None
-            path = f"/api/v1/namespaces/{self.namespace}/events"
-            if self.proxy is not None:
-                try:
-                    return read_pages(self.kubectl, self.proxy, PagedList(path, limit=page_size), retry_seconds)
-                except DemoError:
-                    pass  # ask kubectl below
-            return read_pages(self.kubectl, None, PagedList(path, limit=page_size), retry_seconds)
-
         # Its own threads: the log readers' pool may still be busy with reads under way.
         with concurrent.futures.ThreadPoolExecutor(4) as fetchers:
-            job_future = fetchers.submit(fetch_job)
-            pods_future = fetchers.submit(fetch_pods)
+            job_future = fetchers.submit(self._read_job, job_name, retry_until)
+            pods_future = fetchers.submit(self._read_pods, job_name, watched_final, retry)
             # kubectl sorts only a list it reads whole, in one request: beyond a few pages of
             # events the table is made from the events read in pages instead.
-            table_future = fetchers.submit(fetch_events_table) \
+            table_future = fetchers.submit(read_events_table, self.kubectl, self.namespace, retry_until) \
                 if self.settings["count"] <= EVENTS_TABLE_BY_KUBECTL_UP_TO else None
-            events_future = fetchers.submit(fetch_events_json)
+            events_future = fetchers.submit(self._read_events, events_watched, retry)
             return self.save_evidence(follower, job_future, pods_future, table_future, events_future,
                                       retry_until)
 
-    def save_evidence(self, follower: BatchFollower, job_future: Any, pods_future: Any, table_future: Any,
-                      events_future: Any, retry_until: float | None) -> Evidence:
+    def _read_job(self, job_name: str, retry_until: float | None) -> dict | None:
+        """The Job as its end was seen, else as read now, else as last watched."""
+        follower = self.follower
+        if follower.end is not None and follower.job is not None:
+            return follower.job
+        try:
+            return self.kubectl.get("job", job_name, self.namespace, retry_until=retry_until)
+        except DemoError:
+            return follower.job
+
+    def _read_pods(self, job_name: str, watched_final: bool, retry: bool) -> PodReading:
+        follower = self.follower
+        if watched_final:
+            # Each pod's last change arrived: a list would show the very same pods.
+            return PodReading(sorted(follower.pods.values(), key=pod_name), "final watch",
+                              follower.end_resource_version, 0, 0, [])
+        # Else never the watch's view: it may run behind. The list is at least as new as the
+        # moment the Job's end was seen, and its pages are retried while a cache catches up.
+        return read_job_pods(self.kubectl, self.proxy, self.namespace, job_name,
+                             follower.end_resource_version, PAGE_RETRY_SECONDS if retry else None,
+                             self.settings.get("chunk_size", LIST_PAGE_SIZE))
+
+    def _read_events(self, events_watched: bool, retry: bool) -> PagedList | EventStore:
+        if events_watched:
+            return self.follower.events
+        return read_events(self.kubectl, self.proxy, self.namespace, self.settings.get("chunk_size", LIST_PAGE_SIZE),
+                           COLLECT_RETRY_SECONDS if retry else None)
+
+    def save_evidence(self, follower: BatchFollower, job_future: concurrent.futures.Future,
+                      pods_future: concurrent.futures.Future, table_future: concurrent.futures.Future | None,
+                      events_future: concurrent.futures.Future, retry_until: float | None) -> Evidence:
         """Write what the fetches brought; fall back to the watch's view where a fetch failed."""
-        problems = []
+        problems: list[str] = []
         job = job_future.result()
         if job is not None:
             write_json(os.path.join(self.batch_dir, "job.json"), job)
+        reading = self._save_pods(pods_future, retry_until)
+        # The logs are written while the events are still being read in pages.
+        logs = follower.log_reader.collect(reading.pods, self.batch_dir, retry_until, problems)
+        events = self._save_events(table_future, events_future, job, reading.pods, problems)
+        write_json(os.path.join(self.batch_dir, "observed.json"), follower.observations())
+        for line in summarised_problems(problems):
+            print(f"Warning: could not save {line}", file=sys.stderr)
+        return Evidence(job, reading, logs, events)
+
+    def _save_pods(self, pods_future: concurrent.futures.Future, retry_until: float | None) -> PodReading:
+        """pods.json: the pods as listed (with any the list no longer shows), else as the pod watch
+        saw them, each it saw unfinished read again."""
+        follower = self.follower
         try:
             reading = pods_future.result()
         except DemoError as error:
             reading = None
             print(f"Warning: could not list the pods ({error}); pods.json holds what the pod watch "
                   f"saw, each pod it saw unfinished read again", file=sys.stderr)
-        follower.drain()
+        drain_pod_watch(follower)
         watched = list(follower.pods.values())
         if reading is None:
             fresh = reread_pods(self.kubectl, self.proxy, self.namespace, unfinished_pods(watched),
@@ -4495,8 +4585,11 @@ class BatchEvidence:
         texts = EncodedItems(lambda: (follower.state.pod_text(pod) for pod in pods), len(pods))
         write_json(os.path.join(self.batch_dir, "pods.json"), dict(
             list_manifest([]), metadata={"resourceVersion": reading.resource_version or ""}, items=texts))
-        # The logs are written while the events are still being read in pages.
-        logs = follower.log_reader.collect(pods, self.batch_dir, retry_until, problems)
+        return reading
+
+    def _save_events(self, table_future: concurrent.futures.Future | None, events_future: concurrent.futures.Future,
+                     job: dict | None, pods: Sequence[dict], problems: list[str]) -> list[dict]:
+        """events.txt and events.json, of this batch alone; the events, empty when unreadable."""
         if table_future is not None:
             try:
                 write_text(os.path.join(self.batch_dir, "events.txt"), table_future.result())
@@ -4517,13 +4610,10 @@ class BatchEvidence:
         batches = [entry["job"] for entry in self.settings["batches"]]
         if len(batches) > 1 and events:
             # The namespace's events cover every batch so far; each batch keeps its own.
-            events = batch_events(events, job, pods, first=follower.job_name == batches[0])
+            events = batch_events(events, job, pods, first=self.follower.job_name == batches[0])
             write_events(events_path, events_listing, events, None)
             write_text(os.path.join(self.batch_dir, "events.txt"), events_table(events))
-        write_json(os.path.join(self.batch_dir, "observed.json"), follower.observations())
-        for line in summarised_problems(problems):
-            print(f"Warning: could not save {line}", file=sys.stderr)
-        return Evidence(job, reading, logs, events)
+        return events
 
 
 def failures_said(failures: Sequence[dict]) -> str:

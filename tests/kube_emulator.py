@@ -31,7 +31,10 @@ How it is put together: ``Emulator`` only composes and starts the pieces.  The
 ``Faults`` holds the faults in force (declared in ``FAULTS`` and
 ``READ_PATH_FAULTS``, refused when unknown) and says whom each hits.  Reads go
 through ``ReadPath`` (the watch cache), writes through ``WritePath`` (admission,
-defaulting, validation); ``ApiServer`` routes HTTP to them.  ``EventRecorder``
+defaulting, validation); ``ApiServer`` routes HTTP to them and composes the
+rest of the REST layer: ``RequestFaults`` (latency, refusals, injected errors),
+``Discovery`` (version, groups, resource lists, OpenAPI), ``Representation``
+(objects, metadata or Tables), ``WatchServer`` and ``LogServer``.  ``EventRecorder``
 writes the components' Events and ``TruthRecord`` notes when things really
 happened, for the tests to compare with.
 
@@ -493,88 +496,135 @@ def _psa_must_set(spec: dict, field: str, good: Callable[[Any], bool], reason: s
     return None
 
 
+def _psa_allow_privilege_escalation(spec: dict) -> Optional[Tuple[str, str]]:
+    """allowPrivilegeEscalation (restricted): every container sets it to false."""
+    bad = [c.get("name", "") for c in _pod_containers(spec)
+           if (c.get("securityContext") or {}).get("allowPrivilegeEscalation") is not False]
+    if not bad:
+        return None
+    return ("allowPrivilegeEscalation != false",
+            "%s must set securityContext.allowPrivilegeEscalation=false" % _containers_noun(bad))
+
+
+def _psa_capabilities(spec: dict) -> Optional[Tuple[str, str]]:
+    """capabilities_restricted: every container drops ALL and adds nothing but NET_BIND_SERVICE."""
+    missing_drop, adding, forbidden = [], [], set()
+    for c in _pod_containers(spec):
+        caps = (c.get("securityContext") or {}).get("capabilities")
+        if caps is None:
+            missing_drop.append(c.get("name", ""))
+            continue
+        if "ALL" not in (caps.get("drop") or []):
+            missing_drop.append(c.get("name", ""))
+        extra = [a for a in caps.get("add") or [] if a != "NET_BIND_SERVICE"]
+        if extra:
+            adding.append(c.get("name", ""))
+            forbidden.update(extra)
+    details = []
+    if missing_drop:
+        details.append('%s must set securityContext.capabilities.drop=["ALL"]' % _containers_noun(missing_drop))
+    if adding:
+        details.append("%s must not include %s in securityContext.capabilities.add"
+                       % (_containers_noun(adding), _join_quote(sorted(forbidden))))
+    return ("unrestricted capabilities", "; ".join(details)) if details else None
+
+
+def _psa_host_namespaces(spec: dict) -> Optional[Tuple[str, str]]:
+    """hostNamespaces: no host network, PID or IPC namespace."""
+    host = [f + "=true" for f in ("hostNetwork", "hostPID", "hostIPC") if spec.get(f)]
+    return ("host namespaces", ", ".join(host)) if host else None
+
+
+def _psa_host_path_volumes(spec: dict) -> Optional[Tuple[str, str]]:
+    """hostPathVolumes (baseline; restrictedVolumes covers it at restricted): no hostPath volume."""
+    hp = [v.get("name", "") for v in spec.get("volumes") or [] if v.get("hostPath") is not None]
+    if not hp:
+        return None
+    return ("hostPath volumes", "%s %s" % ("volume" if len(hp) == 1 else "volumes", _join_quote(hp)))
+
+
+def _psa_privileged(spec: dict) -> Optional[Tuple[str, str]]:
+    """privileged: no privileged container."""
+    privileged = [c.get("name", "") for c in _pod_containers(spec)
+                  if (c.get("securityContext") or {}).get("privileged")]
+    if not privileged:
+        return None
+    return ("privileged", "%s must not set securityContext.privileged=true" % _containers_noun(privileged))
+
+
+def _psa_restricted_volumes(spec: dict) -> Optional[Tuple[str, str]]:
+    """restrictedVolumes: only the volume types the restricted level allows."""
+    bad_volumes = sorted(v.get("name", "") for v in spec.get("volumes") or []
+                         if not any(v.get(t) is not None for t in PSA_RESTRICTED_VOLUMES))
+    if not bad_volumes:
+        return None
+    return ("restricted volume types", "volumes [%s] have restricted types"
+            % " ".join('"%s"' % n for n in bad_volumes))
+
+
+def _psa_run_as_non_root(spec: dict) -> Optional[Tuple[str, str]]:
+    """runAsNonRoot (restricted): true on the pod or on every container, false nowhere."""
+    return _psa_must_set(spec, "runAsNonRoot", lambda v: v is True, "runAsNonRoot != true", True,
+                         "securityContext.runAsNonRoot=true",
+                         lambda setters, _: "%s must not set securityContext.runAsNonRoot=false"
+                         % " and ".join(setters))
+
+
+def _psa_run_as_user(spec: dict) -> Optional[Tuple[str, str]]:
+    """runAsUser (restricted): neither the pod nor a container runs as user 0."""
+    setters = ["pod"] if (spec.get("securityContext") or {}).get("runAsUser") == 0 else []
+    zero = [c.get("name", "") for c in _pod_containers(spec)
+            if (c.get("securityContext") or {}).get("runAsUser") == 0]
+    if zero:
+        setters.append(_containers_noun(zero))
+    return ("runAsUser=0", "%s must not set runAsUser=0" % " and ".join(setters)) if setters else None
+
+
+def _psa_seccomp_restricted(spec: dict) -> Optional[Tuple[str, str]]:
+    """seccompProfile_restricted: RuntimeDefault or Localhost on the pod or on every container."""
+    return _psa_must_set(spec, "seccompProfile",
+                         lambda v: isinstance(v, dict) and v.get("type") in ("RuntimeDefault", "Localhost"),
+                         "seccompProfile", True,
+                         'securityContext.seccompProfile.type to "RuntimeDefault" or "Localhost"',
+                         lambda setters, values: "%s must not set securityContext.seccompProfile.type to %s"
+                         % (" and ".join(setters), _join_quote(values)))
+
+
+def _psa_seccomp_baseline(spec: dict) -> Optional[Tuple[str, str]]:
+    """seccompProfile_baseline: Unconfined nowhere."""
+    unconfined = [c.get("name", "") for c in _pod_containers(spec)
+                  if ((c.get("securityContext") or {}).get("seccompProfile") or {}).get("type") == "Unconfined"]
+    pod_unconfined = ((spec.get("securityContext") or {}).get("seccompProfile") or {}).get("type") == "Unconfined"
+    if not unconfined and not pod_unconfined:
+        return None
+    who = (["pod"] if pod_unconfined else []) + ([_containers_noun(unconfined)] if unconfined else [])
+    return ("seccompProfile", '%s must not set securityContext.seccompProfile.type to "Unconfined"'
+            % " and ".join(who))
+
+
+# The checks in the policy registry's order (by check ID), each with the levels it applies at.
+PSA_CHECKS: List[Tuple[Tuple[str, ...], Callable[[dict], Optional[Tuple[str, str]]]]] = [
+    (("restricted",), _psa_allow_privilege_escalation),
+    (("restricted",), _psa_capabilities),
+    (("baseline", "restricted"), _psa_host_namespaces),
+    (("baseline",), _psa_host_path_volumes),
+    (("baseline", "restricted"), _psa_privileged),
+    (("restricted",), _psa_restricted_volumes),
+    (("restricted",), _psa_run_as_non_root),
+    (("restricted",), _psa_run_as_user),
+    (("restricted",), _psa_seccomp_restricted),
+    (("baseline",), _psa_seccomp_baseline),
+]
+
+
 def pod_security_violations(spec: dict, level: str) -> List[Tuple[str, str]]:
     """(reason, detail) per failed check, in the policy registry's order (by check ID)."""
-    if level not in ("baseline", "restricted"):
-        return []
-    restricted = level == "restricted"
-    containers = _pod_containers(spec)
     out: List[Tuple[str, str]] = []
-
-    def add(result: Optional[Tuple[str, str]]) -> None:
-        if result:
-            out.append(result)
-
-    if restricted:  # allowPrivilegeEscalation
-        bad = [c.get("name", "") for c in containers
-               if (c.get("securityContext") or {}).get("allowPrivilegeEscalation") is not False]
-        if bad:
-            add(("allowPrivilegeEscalation != false",
-                 "%s must set securityContext.allowPrivilegeEscalation=false" % _containers_noun(bad)))
-    if restricted:  # capabilities_restricted
-        missing_drop, adding, forbidden = [], [], set()
-        for c in containers:
-            caps = (c.get("securityContext") or {}).get("capabilities")
-            if caps is None:
-                missing_drop.append(c.get("name", ""))
-                continue
-            if "ALL" not in (caps.get("drop") or []):
-                missing_drop.append(c.get("name", ""))
-            extra = [a for a in caps.get("add") or [] if a != "NET_BIND_SERVICE"]
-            if extra:
-                adding.append(c.get("name", ""))
-                forbidden.update(extra)
-        details = []
-        if missing_drop:
-            details.append('%s must set securityContext.capabilities.drop=["ALL"]' % _containers_noun(missing_drop))
-        if adding:
-            details.append("%s must not include %s in securityContext.capabilities.add"
-                           % (_containers_noun(adding), _join_quote(sorted(forbidden))))
-        if details:
-            add(("unrestricted capabilities", "; ".join(details)))
-    host = [f + "=true" for f in ("hostNetwork", "hostPID", "hostIPC") if spec.get(f)]
-    if host:  # hostNamespaces
-        add(("host namespaces", ", ".join(host)))
-    if not restricted:  # hostPathVolumes (restrictedVolumes covers it at restricted)
-        hp = [v.get("name", "") for v in spec.get("volumes") or [] if v.get("hostPath") is not None]
-        if hp:
-            add(("hostPath volumes", "%s %s" % ("volume" if len(hp) == 1 else "volumes", _join_quote(hp))))
-    privileged = [c.get("name", "") for c in containers if (c.get("securityContext") or {}).get("privileged")]
-    if privileged:
-        add(("privileged", "%s must not set securityContext.privileged=true" % _containers_noun(privileged)))
-    if restricted:  # restrictedVolumes
-        bad_volumes = sorted(v.get("name", "") for v in spec.get("volumes") or []
-                             if not any(v.get(t) is not None for t in PSA_RESTRICTED_VOLUMES))
-        if bad_volumes:
-            add(("restricted volume types", "volumes [%s] have restricted types"
-                 % " ".join('"%s"' % n for n in bad_volumes)))
-    if restricted:  # runAsNonRoot
-        add(_psa_must_set(spec, "runAsNonRoot", lambda v: v is True, "runAsNonRoot != true", True,
-                          "securityContext.runAsNonRoot=true",
-                          lambda setters, _: "%s must not set securityContext.runAsNonRoot=false"
-                          % " and ".join(setters)))
-    if restricted:  # runAsUser
-        setters = ["pod"] if (spec.get("securityContext") or {}).get("runAsUser") == 0 else []
-        zero = [c.get("name", "") for c in containers if (c.get("securityContext") or {}).get("runAsUser") == 0]
-        if zero:
-            setters.append(_containers_noun(zero))
-        if setters:
-            add(("runAsUser=0", "%s must not set runAsUser=0" % " and ".join(setters)))
-    if restricted:  # seccompProfile_restricted
-        add(_psa_must_set(spec, "seccompProfile",
-                          lambda v: isinstance(v, dict) and v.get("type") in ("RuntimeDefault", "Localhost"),
-                          "seccompProfile", True,
-                          'securityContext.seccompProfile.type to "RuntimeDefault" or "Localhost"',
-                          lambda setters, values: "%s must not set securityContext.seccompProfile.type to %s"
-                          % (" and ".join(setters), _join_quote(values))))
-    else:  # seccompProfile_baseline
-        unconfined = [c.get("name", "") for c in containers
-                      if ((c.get("securityContext") or {}).get("seccompProfile") or {}).get("type") == "Unconfined"]
-        pod_unconfined = ((spec.get("securityContext") or {}).get("seccompProfile") or {}).get("type") == "Unconfined"
-        if unconfined or pod_unconfined:
-            who = (["pod"] if pod_unconfined else []) + ([_containers_noun(unconfined)] if unconfined else [])
-            add(("seccompProfile", '%s must not set securityContext.seccompProfile.type to "Unconfined"'
-                 % " and ".join(who)))
+    for levels, check in PSA_CHECKS:
+        if level in levels:
+            result = check(spec)
+            if result:
+                out.append(result)
     return out
 
 
@@ -1522,6 +1572,68 @@ class _HTTPServer(http.server.ThreadingHTTPServer):
     request_queue_size = 256
 
 
+def send_bytes(h: _Handler, code: int, data: bytes, content_type: str,
+               headers: Optional[Dict[str, str]] = None) -> int:
+    """One whole response (no body for HEAD); returns the status code for the request log."""
+    h.send_response(code)
+    h.send_header("Content-Type", content_type)
+    h.send_header("Content-Length", str(len(data)))
+    h.send_header("Cache-Control", "no-cache, private")
+    h.send_header("Audit-Id", str(uuid.uuid4()))
+    for k, v in (headers or {}).items():
+        h.send_header(k, v)
+    h.end_headers()
+    if h.command != "HEAD":
+        h.wfile.write(data)
+    h.wfile.flush()
+    return code
+
+
+def send_json(h: _Handler, code: int, obj: Any, headers: Optional[Dict[str, str]] = None,
+              content_type: str = "application/json") -> int:
+    """One whole response of a JSON document (or bytes already encoded)."""
+    data = json.dumps(obj, separators=(",", ":")).encode() if not isinstance(obj, bytes) else obj
+    return send_bytes(h, code, data, content_type, headers)
+
+
+def start_chunked(h: _Handler, content_type: str) -> None:
+    """The headers of a streamed response (a watch, a followed log)."""
+    h.send_response(200)
+    h.send_header("Content-Type", content_type)
+    h.send_header("Transfer-Encoding", "chunked")
+    h.send_header("Cache-Control", "no-cache, private")
+    h.end_headers()
+    h.wfile.flush()
+
+
+def write_chunk(h: _Handler, data: bytes) -> None:
+    """One chunk of a streamed response, sent at once (nothing for empty data)."""
+    if not data:
+        return
+    h.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+    h.wfile.flush()
+
+
+def client_gone(h: _Handler) -> bool:
+    """True when the client closed its side (detects abandoned watches/follows)."""
+    try:
+        readable, _, _ = select.select([h.connection], [], [], 0)
+        if readable:
+            return h.connection.recv(1, socket.MSG_PEEK) == b""
+    except (OSError, ValueError):
+        return True
+    return False
+
+
+def end_chunked(h: _Handler) -> None:
+    """The last chunk of a streamed response, if the client is still there to take it."""
+    try:
+        h.wfile.write(b"0\r\n\r\n")
+        h.wfile.flush()
+    except OSError:
+        pass
+
+
 # --------------------------------------------------------------------------
 # The read path: a watch cache that may lag or stall, slow lists, paging
 # --------------------------------------------------------------------------
@@ -1840,15 +1952,16 @@ class WatchView:
     """What one watch shows its client: the objects its namespace and selectors match, which of
     them the client has seen, and how each event is written (the object, its metadata or a Table)."""
 
-    def __init__(self, api: "ApiServer", info: ResourceInfo, ns: Optional[str], query: Dict[str, str],
-                 accept: str):
-        self.api = api
+    def __init__(self, store: "Store", render: "Representation", info: ResourceInfo, ns: Optional[str],
+                 query: Dict[str, str], accept: str):
+        self.store = store
+        self.render = render
         self.info = info
         self.query = query
         self.ns_filter = ns if info.namespaced else None
         self.lsel = LabelSelector(query.get("labelSelector", ""))
         self.fsel = FieldSelector(query.get("fieldSelector", ""))
-        self.mode = api.wants(accept)
+        self.mode = render.wants(accept)
         self.first_table = True
         self.seen: Set[Tuple[str, str]] = set()  # (namespace, name) the client holds
 
@@ -1860,7 +1973,7 @@ class WatchView:
     def start(self, rv_param: str, send_initial: bool) -> Tuple[List[dict], int, bool]:
         """The initial objects to send, the resourceVersion to follow from, and whether that one is
         compacted away (410)."""
-        store = self.api.store
+        store = self.store
         initial: List[dict] = []
         with store.lock:
             if send_initial or rv_param in ("", "0"):
@@ -1911,7 +2024,7 @@ class WatchView:
         if etype in ("BOOKMARK", "ERROR"):
             o = obj
         elif self.mode == "table":
-            o = self.api.table(self.info, [obj], self.query, obj["metadata"]["resourceVersion"],
+            o = self.render.table(self.info, [obj], self.query, obj["metadata"]["resourceVersion"],
                                headers=self.first_table)
             self.first_table = False
         elif self.mode == "metadata":
@@ -1930,8 +2043,430 @@ class WatchView:
                           separators=(",", ":")).encode() + b"\n"
 
 
+NOT_FOUND_MESSAGE = "the server could not find the requested resource"
+NOT_ALLOWED_MESSAGE = "the server does not allow this method on the requested resource"
+
+# The body of an injected error status code, worded as the real server's.
+INJECTED_ERRORS = {
+    500: ("InternalError", 'an error on the server ("") has prevented the request from succeeding'),
+    503: ("ServiceUnavailable", "the server is currently unable to handle the request"),
+    504: ("Timeout", "the server was unable to return a response in the time allotted, "
+                     "but may still be processing the request"),
+    429: ("TooManyRequests", "the server has received too many requests and has asked us "
+                             "to try again later"),
+}
+
+
+def not_found() -> ApiError:
+    return ApiError(404, "NotFound", NOT_FOUND_MESSAGE, {})
+
+
+def not_allowed() -> ApiError:
+    return ApiError(405, "MethodNotAllowed", NOT_ALLOWED_MESSAGE, {})
+
+
+def is_true(value: Optional[str]) -> bool:
+    """A boolean query parameter as the API server reads it."""
+    return value in ("true", "1", "True")
+
+
+class RequestFaults:
+    """The faults a request meets before it is routed: latency, RBAC refusals and injected errors."""
+
+    def __init__(self, emu: "Emulator"):
+        self.emu = emu
+
+    def answer(self, h: _Handler, path: str, query: Dict[str, str], is_watch: bool) -> Optional[int]:
+        """Delay the request as the faults ask, and answer it when a fault refuses it (else None)."""
+        faults = self.emu.faults
+        latency = faults.timing("api_latency", 0.0)
+        if latency > 0:
+            limit = parse_go_duration(query.get("timeout")) if not is_watch else None
+            if limit is not None and limit < latency:
+                time.sleep(limit)
+                raise ApiError(504, "Timeout", "Timeout: request did not complete within requested timeout "
+                                               "- context deadline exceeded", {})
+            time.sleep(latency)
+        for resource in faults.value("forbidden") or ():
+            # RBAC without a grant for this resource (core group, cluster scope), as the real message reads.
+            found = re.search(r"^/api/v1/%s(?:/([^/]+))?$" % re.escape(resource), path)
+            if found:
+                verb = {"GET": "watch" if is_watch else ("get" if found.group(1) else "list")}.get(
+                    h.command, h.command.lower())
+                message = ('%s is forbidden: User "admin" cannot %s resource "%s" in API group "" at the '
+                           'cluster scope' % (resource if not found.group(1) else '%s "%s"' % (resource, found.group(1)),
+                                              verb, resource))
+                return send_json(h, 403, ApiError(403, "Forbidden", message, {"kind": resource}).status())
+        code = faults.take_request_error(path + ("?" + "&".join("%s=%s" % kv for kv in query.items())
+                                                 if query else ""))
+        if code is not None:
+            reason, msg = INJECTED_ERRORS.get(
+                code, ("InternalError", "an error on the server has prevented the request from succeeding"))
+            return send_json(h, code, ApiError(code, reason, msg, {}).status())
+        return None
+
+
+class Discovery:
+    """The server's own documents: health, version, API groups, resource lists and OpenAPI."""
+
+    def __init__(self, api: "ApiServer"):
+        self.api = api
+        self.emu = api.emu
+
+    def serve(self, h: _Handler, path: str, query: Dict[str, str]) -> Optional[int]:
+        """Answer a request for one of these documents; None when the path names none of them."""
+        if path in ("/healthz", "/readyz", "/livez"):
+            return send_bytes(h, 200, b"ok", "text/plain; charset=utf-8")
+        if path == "/version":
+            return send_json(h, 200, self.version())
+        if path == "/api":
+            return send_json(h, 200, {"kind": "APIVersions", "versions": ["v1"],
+                                      "serverAddressByClientCIDRs": [
+                                          {"clientCIDR": "0.0.0.0/0",
+                                           "serverAddress": "127.0.0.1:%d" % self.api.port}]})
+        if path == "/apis":
+            return send_json(h, 200, {"kind": "APIGroupList", "apiVersion": "v1",
+                                      "groups": [self.api_group(g) for g in self.groups()]})
+        if path.startswith("/openapi"):
+            return self.openapi(h, path, query)
+        parts = [p for p in path.split("/") if p]
+        if len(parts) == 2 and parts[0] == "apis" and parts[1] in self.groups():
+            return send_json(h, 200, dict(self.api_group(parts[1]), kind="APIGroup", apiVersion="v1"))
+        if parts == ["api", "v1"]:
+            return send_json(h, 200, self.resource_list("", "v1"))
+        if len(parts) == 3 and parts[0] == "apis" and (parts[1], parts[2]) in GROUP_VERSIONS:
+            return send_json(h, 200, self.resource_list(parts[1], parts[2]))
+        return None
+
+    def version(self) -> dict:
+        major, minor = version_tuple(self.emu.server_version)
+        return {"major": str(major), "minor": str(minor), "emulationMajor": str(major),
+                "emulationMinor": str(minor), "minCompatibilityMajor": str(major),
+                "minCompatibilityMinor": str(minor - 1),
+                "gitVersion": "v%d.%d.0" % (major, minor),
+                "gitCommit": hex64("v%d.%d.0" % (major, minor))[:40], "gitTreeState": "clean",
+                "buildDate": "2025-04-23T13:00:00Z", "goVersion": "go1.24.2", "compiler": "gc",
+                "platform": "linux/amd64"}
+
+    @staticmethod
+    def groups() -> List[str]:
+        out: List[str] = []
+        for g, _ in GROUP_VERSIONS:
+            if g and g not in out:
+                out.append(g)
+        return out
+
+    @staticmethod
+    def api_group(group: str) -> dict:
+        versions = [{"groupVersion": "%s/%s" % (group, v), "version": v} for g, v in GROUP_VERSIONS if g == group]
+        return {"name": group, "versions": versions, "preferredVersion": versions[0]}
+
+    @staticmethod
+    def resource_list(group: str, version: str) -> dict:
+        res = []
+        for r in RESOURCES:
+            if r.group != group or r.version != version:
+                continue
+            item: Dict[str, Any] = {"name": r.plural, "singularName": r.singular, "namespaced": r.namespaced,
+                                    "kind": r.kind, "verbs": list(VERBS),
+                                    "storageVersionHash": base64.b64encode(
+                                        hashlib.sha256(r.api_version.encode() + r.plural.encode()).digest()[:8]
+                                    ).decode()}
+            if r.short_names:
+                item["shortNames"] = list(r.short_names)
+            if r.categories:
+                item["categories"] = list(r.categories)
+            res.append(item)
+            for sub, verbs in r.subresources.items():
+                res.append({"name": "%s/%s" % (r.plural, sub), "singularName": "", "namespaced": r.namespaced,
+                            "kind": r.kind if sub != "log" else "Pod", "verbs": verbs})
+        gv = version if not group else "%s/%s" % (group, version)
+        return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": res}
+
+    def openapi(self, h: _Handler, path: str, query: Dict[str, str]) -> int:
+        server_version = self.emu.server_version
+        if path == "/openapi/v2":
+            accept = h.headers.get("Accept", "")
+            if "protobuf" in accept:
+                return send_bytes(h, 200, openapi_v2_protobuf(server_version),
+                                  "application/com.github.proto-openapi.spec.v2.v1.0+protobuf")
+            return send_json(h, 200, {"swagger": "2.0", "info": {"title": "Kubernetes",
+                                                                "version": "v%s.0" % server_version},
+                                      "paths": {}, "definitions": {}})
+        if path == "/openapi/v3":
+            paths = {}
+            for g, v in GROUP_VERSIONS:
+                gvp = "api/v1" if not g else "apis/%s/%s" % (g, v)
+                doc = json.dumps(openapi_v3_doc(g, v, server_version), sort_keys=True).encode()
+                paths[gvp] = {"serverRelativeURL": "/openapi/v3/%s?hash=%s"
+                                                   % (gvp, hashlib.sha512(doc).hexdigest().upper()[:128])}
+            return send_json(h, 200, {"paths": paths})
+        rest = path[len("/openapi/v3/"):]
+        for g, v in GROUP_VERSIONS:
+            gvp = "api/v1" if not g else "apis/%s/%s" % (g, v)
+            if rest == gvp:
+                headers = {"Cache-Control": "public, immutable", "Etag": '"%s"' % query.get("hash", "")}
+                data = json.dumps(openapi_v3_doc(g, v, server_version), sort_keys=True).encode()
+                return send_bytes(h, 200, data, "application/json", headers)
+        raise not_found()
+
+
+class Representation:
+    """How objects are written for a client: in the asked group/version, as metadata only, or as a Table."""
+
+    def __init__(self, emu: "Emulator"):
+        self.emu = emu
+
+    @staticmethod
+    def wants(accept: str) -> str:
+        if "as=Table" in accept:
+            return "table"
+        if "as=PartialObjectMetadata" in accept:
+            return "metadata"
+        return "object"
+
+    def single(self, info: ResourceInfo, obj: dict, accept: str, query: Dict[str, str]) -> dict:
+        mode = self.wants(accept)
+        if mode == "table":
+            return self.table(info, [obj], query, str(obj["metadata"].get("resourceVersion", "")))
+        if mode == "metadata":
+            return {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]}
+        return to_version(info, obj)
+
+    def table(self, info: ResourceInfo, objs: List[dict], query: Dict[str, str], rv: str,
+              cont: Optional[str] = None, headers: bool = True) -> dict:
+        include = query.get("includeObject", "Metadata")
+        now = self.emu.api_now()
+        rows = []
+        for o in objs:
+            row: Dict[str, Any] = {"cells": table_row(info.store, o, now)}
+            if include == "Object":
+                row["object"] = to_version(info, o)
+            elif include != "None":
+                row["object"] = {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
+                                 "metadata": o["metadata"]}
+            rows.append(row)
+        md: Dict[str, Any] = {"resourceVersion": rv}
+        if cont:
+            md["continue"] = cont
+        return {"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": md,
+                "columnDefinitions": table_columns(info.store) if headers else None, "rows": rows}
+
+    def list(self, info: ResourceInfo, page: List[dict], rv: str, cont: Optional[str], remaining: Optional[int],
+             query: Dict[str, str], accept: str) -> dict:
+        """One page of a list as the client asked for it."""
+        mode = self.wants(accept)
+        if mode == "table":
+            return self.table(info, page, query, rv, cont)
+        md: Dict[str, Any] = {"resourceVersion": rv}
+        if cont:
+            md["continue"] = cont
+            if remaining is not None:
+                md["remainingItemCount"] = remaining
+        if mode == "metadata":
+            return {"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": md,
+                    "items": [{"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
+                               "metadata": o["metadata"]} for o in page]}
+        out_items = []
+        for o in page:
+            v = to_version(info, o)
+            v.pop("kind", None)
+            v.pop("apiVersion", None)
+            out_items.append(v)
+        return {"kind": info.kind + "List", "apiVersion": info.api_version, "metadata": md, "items": out_items}
+
+
+class WatchServer:
+    """Serves watches: the initial objects, then the store's events as the watch cache lets them through."""
+
+    def __init__(self, api: "ApiServer"):
+        self.api = api
+        self.emu = api.emu
+        self.store = api.store
+
+    def serve(self, h: _Handler, info: ResourceInfo, ns: Optional[str], query: Dict[str, str], accept: str) -> int:
+        emu = self.emu
+        view = WatchView(self.store, self.api.render, info, ns, query, accept)
+        bookmarks = is_true(query.get("allowWatchBookmarks"))
+        send_initial = is_true(query.get("sendInitialEvents"))
+        rv_param = query.get("resourceVersion", "")
+        if send_initial and query.get("resourceVersionMatch") != "NotOlderThan":
+            raise err_invalid(ListOptionsInfo, "", [("sendInitialEvents", "FieldValueForbidden",
+                              "Forbidden: sendInitialEvents is forbidden for watch unless the "
+                              "resourceVersionMatch is set to NotOlderThan")])
+        timeout = None
+        if query.get("timeoutSeconds"):
+            timeout = float(query["timeoutSeconds"])
+        deadline = time.time() + (timeout if timeout is not None else 1800 + random.random() * 1800)
+        initial, cursor, expired = view.start(rv_param, send_initial)
+        start_chunked(h, "application/json")
+        gen = self.api.generation
+        try:
+            if expired:
+                emu.watches_expired += 1
+                err = ApiError(410, "Expired", "too old resource version: %s (%d)"
+                               % (rv_param, self.store.compacted_rv))
+                write_chunk(h, view.encode("ERROR", err.status()))
+                end_chunked(h)
+                return 200
+            for o in initial:
+                write_chunk(h, view.encode("ADDED", o))
+            if send_initial and bookmarks:
+                write_chunk(h, view.bookmark(cursor, initial_end=True))
+            self._follow(h, view, info, cursor, deadline, bookmarks, gen)
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            return 200
+        end_chunked(h)
+        return 200
+
+    def _follow(self, h: _Handler, view: "WatchView", info: ResourceInfo, cursor: int, deadline: float,
+                bookmarks: bool, gen: int) -> None:
+        """Send the store's events after `cursor` (and bookmarks) until the watch ends."""
+        emu, store = self.emu, self.store
+        last_bookmark = time.time()
+        interval = float(emu.timing["bookmark_interval"])
+        while True:
+            now = time.time()
+            if now >= deadline or self.api.generation != gen or emu._stopping.is_set() or client_gone(h):
+                break
+            with store.cond:
+                try:
+                    events = store.events_since(cursor)
+                except Expired:
+                    err = ApiError(410, "Expired", "too old resource version: %d (%d)"
+                                   % (cursor, store.compacted_rv))
+                    events = None
+                    emu.watches_expired += 1
+                if events == []:
+                    store.cond.wait(min(0.5, max(0.01, deadline - now)))
+                    events = store.events_since(cursor) if cursor >= store.compacted_rv else []
+            if events is None:
+                write_chunk(h, view.encode("ERROR", err.status()))
+                break
+            events, held = emu.reads.visible(info.store, events)
+            if held and not events:
+                time.sleep(0.05)  # the watch cache has not taken these in yet
+            if events:
+                cursor = events[-1][0]
+            out = view.translate(events)
+            if out:
+                write_chunk(h, out)
+            if bookmarks and time.time() - last_bookmark >= interval:
+                write_chunk(h, view.bookmark(cursor))
+                last_bookmark = time.time()
+
+
+class LogServer:
+    """Serves pod logs: which container run, tail, limit, since and timestamps, and following a log."""
+
+    def __init__(self, api: "ApiServer"):
+        self.api = api
+        self.emu = api.emu
+
+    def serve(self, h: _Handler, info: ResourceInfo, ns: str, name: str, query: Dict[str, str]) -> int:
+        emu = self.emu
+        pod = self.api.get_object(info, ns, name)
+        run = self.container_run(pod, query)
+        tail = int(query["tailLines"]) if query.get("tailLines") not in (None, "") else None
+        limit_bytes = int(query["limitBytes"]) if query.get("limitBytes") not in (None, "") else None
+        since = None
+        if query.get("sinceSeconds"):
+            since = emu.api_now() - float(query["sinceSeconds"])
+        elif query.get("sinceTime"):
+            since = parse_time(query["sinceTime"])
+        skew = emu.api_skew() + emu.node_offset(pod["spec"].get("nodeName"))
+        timestamps = is_true(query.get("timestamps"))
+
+        def render(lines: List[Tuple[float, bytes]]) -> bytes:
+            out = bytearray()
+            for t, line in lines:
+                if since is not None and t + skew < since:
+                    continue
+                if timestamps:
+                    ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(int(t + skew)))
+                    out += ("%s.%09dZ " % (ts, int(((t + skew) % 1) * 1e9))).encode()
+                out += line
+            return bytes(out)
+
+        with run.cond:
+            lines = list(run.lines)
+            # A follow goes on from exactly the lines taken here, read under the same lock,
+            # so a line written meanwhile is neither skipped nor sent twice.
+            pos = len(lines)
+        if tail is not None:
+            lines = lines[-tail:] if tail > 0 else []
+        data = render(lines)
+        if limit_bytes is not None:
+            data = data[:limit_bytes]
+        if not is_true(query.get("follow")):
+            return send_bytes(h, 200, data, "text/plain")
+        start_chunked(h, "text/plain")
+        gen = self.api.generation
+        try:
+            write_chunk(h, data)
+            self._follow(h, run, pos, render, len(data), limit_bytes, gen)
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            return 200
+        end_chunked(h)
+        return 200
+
+    def _follow(self, h: _Handler, run: ContainerLog, pos: int, render: Callable[[List[Tuple[float, bytes]]], bytes],
+                sent: int, limit_bytes: Optional[int], gen: int) -> None:
+        """Send the lines the run writes after `pos` until it ends, the limit is reached or the client leaves."""
+        while limit_bytes is None or sent < limit_bytes:
+            with run.cond:
+                if pos >= len(run.lines) and not run.closed:
+                    run.cond.wait(0.5)
+                new = run.lines[pos:]
+                pos += len(new)
+                closed = run.closed and pos >= len(run.lines)
+            if new:
+                chunk = render(new)
+                if limit_bytes is not None:
+                    chunk = chunk[:limit_bytes - sent]
+                write_chunk(h, chunk)
+                sent += len(chunk)
+            if closed or self.api.generation != gen or self.emu._stopping.is_set() or client_gone(h):
+                break
+
+    def container_run(self, pod: dict, query: Dict[str, str]) -> ContainerLog:
+        """The container run whose log is asked for (the current or the previous one), as the kubelet finds it."""
+        emu = self.emu
+        ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+        containers = [c["name"] for c in pod["spec"].get("containers") or []]
+        cname = query.get("container")
+        if not cname:
+            if len(containers) != 1:
+                raise err_bad_request("a container name must be specified for pod %s, choose one of: [%s]"
+                                      % (name, " ".join(containers)))
+            cname = containers[0]
+        if cname not in containers:
+            raise err_bad_request("container %s is not valid for pod %s" % (cname, name))
+        node = pod["spec"].get("nodeName")
+        if not node:
+            raise err_bad_request("pod %s does not have a host assigned" % name)
+        idx = emu.truth_record.pod_index(pod["metadata"]["uid"])
+        if emu.faults.applies("unreadable_logs", idx):
+            host_ip = (pod.get("status") or {}).get("hostIP") or emu.node_ip(node)
+            msg = ('Get "https://%s:10250/containerLogs/%s/%s/%s": dial tcp %s:10250: connect: connection refused'
+                   % (host_ip, ns, name, cname, host_ip))
+            raise ApiError(500, "", msg)
+        runs = emu.logs.get((pod["metadata"]["uid"], cname)) or []
+        if is_true(query.get("previous")):
+            if len(runs) < 2:
+                raise err_bad_request('previous terminated container "%s" in pod "%s" not found' % (cname, name))
+            return runs[-2]
+        if not runs:
+            reason = "ContainerCreating"
+            for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+                if cs.get("name") == cname and (cs.get("state") or {}).get("waiting"):
+                    reason = cs["state"]["waiting"].get("reason") or reason
+            raise err_bad_request('container "%s" in pod "%s" is waiting to start: %s' % (cname, name, reason))
+        return runs[-1]
+
+
 class ApiServer:
-    """The REST layer: routing, (de)serialisation, faults, watch and logs."""
+    """The REST layer: listening, the request log, routing and the verbs on resources."""
 
     def __init__(self, emu: "Emulator"):
         self.emu = emu
@@ -1941,6 +2476,11 @@ class ApiServer:
         self.thread: Optional[threading.Thread] = None
         self.port = 0
         self.generation = 0
+        self.request_faults = RequestFaults(emu)
+        self.discovery = Discovery(self)
+        self.render = Representation(emu)
+        self.watches = WatchServer(self)
+        self.logs = LogServer(self)
 
     # -- lifecycle --------------------------------------------------------
     def listen(self, port: int = 0) -> None:
@@ -1982,188 +2522,41 @@ class ApiServer:
         with self.emu._req_lock:
             self.emu.requests.append(entry)
         try:
-            code = self._faults_then_route(h, path, query, body, is_watch)
+            code = self.request_faults.answer(h, path, query, is_watch)
+            if code is None:
+                code = self.route(h, path, query, body, is_watch)
         except ApiError as e:
-            code = self.send_json(h, e.code, e.status())
+            code = send_json(h, e.code, e.status())
         except (BrokenPipeError, ConnectionResetError):
             code = 499
         except Exception as e:  # pragma: no cover - surfaced as a 500 like a real server
             traceback.print_exc()
-            code = self.send_json(h, 500, ApiError(500, "InternalError", "Internal error occurred: %s" % e).status())
+            code = send_json(h, 500, ApiError(500, "InternalError", "Internal error occurred: %s" % e).status())
         entry["status"] = code
-
-    def _faults_then_route(self, h: _Handler, path: str, query: Dict[str, str], body: bytes,
-                           is_watch: bool) -> int:
-        faults = self.emu.faults
-        latency = faults.timing("api_latency", 0.0)
-        if latency > 0:
-            limit = parse_go_duration(query.get("timeout")) if not is_watch else None
-            if limit is not None and limit < latency:
-                time.sleep(limit)
-                raise ApiError(504, "Timeout", "Timeout: request did not complete within requested timeout "
-                                               "- context deadline exceeded", {})
-            time.sleep(latency)
-        for resource in faults.value("forbidden") or ():
-            # RBAC without a grant for this resource (core group, cluster scope), as the real message reads.
-            found = re.search(r"^/api/v1/%s(?:/([^/]+))?$" % re.escape(resource), path)
-            if found:
-                verb = {"GET": "watch" if is_watch else ("get" if found.group(1) else "list")}.get(
-                    h.command, h.command.lower())
-                message = ('%s is forbidden: User "admin" cannot %s resource "%s" in API group "" at the '
-                           'cluster scope' % (resource if not found.group(1) else '%s "%s"' % (resource, found.group(1)),
-                                              verb, resource))
-                return self.send_json(h, 403, ApiError(403, "Forbidden", message,
-                                                       {"kind": resource}).status())
-        code = faults.take_request_error(path + ("?" + "&".join("%s=%s" % kv for kv in query.items())
-                                                 if query else ""))
-        if code is not None:
-            reason, msg = {
-                500: ("InternalError", 'an error on the server ("") has prevented the request from succeeding'),
-                503: ("ServiceUnavailable", "the server is currently unable to handle the request"),
-                504: ("Timeout", "the server was unable to return a response in the time allotted, "
-                                 "but may still be processing the request"),
-                429: ("TooManyRequests", "the server has received too many requests and has asked us "
-                                         "to try again later"),
-            }.get(code, ("InternalError", "an error on the server has prevented the request from succeeding"))
-            return self.send_json(h, code, ApiError(code, reason, msg, {}).status())
-        return self.route(h, path, query, body, is_watch)
-
-    def send_json(self, h: _Handler, code: int, obj: Any, headers: Optional[Dict[str, str]] = None,
-                  content_type: str = "application/json") -> int:
-        data = json.dumps(obj, separators=(",", ":")).encode() if not isinstance(obj, bytes) else obj
-        return self.send_bytes(h, code, data, content_type, headers)
-
-    def send_bytes(self, h: _Handler, code: int, data: bytes, content_type: str,
-                   headers: Optional[Dict[str, str]] = None) -> int:
-        h.send_response(code)
-        h.send_header("Content-Type", content_type)
-        h.send_header("Content-Length", str(len(data)))
-        h.send_header("Cache-Control", "no-cache, private")
-        h.send_header("Audit-Id", str(uuid.uuid4()))
-        for k, v in (headers or {}).items():
-            h.send_header(k, v)
-        h.end_headers()
-        if h.command != "HEAD":
-            h.wfile.write(data)
-        h.wfile.flush()
-        return code
-
-    def start_chunked(self, h: _Handler, content_type: str) -> None:
-        h.send_response(200)
-        h.send_header("Content-Type", content_type)
-        h.send_header("Transfer-Encoding", "chunked")
-        h.send_header("Cache-Control", "no-cache, private")
-        h.end_headers()
-        h.wfile.flush()
-
-    @staticmethod
-    def write_chunk(h: _Handler, data: bytes) -> None:
-        if not data:
-            return
-        h.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-        h.wfile.flush()
-
-    @staticmethod
-    def client_gone(h: _Handler) -> bool:
-        """True when the client closed its side (detects abandoned watches/follows)."""
-        try:
-            readable, _, _ = select.select([h.connection], [], [], 0)
-            if readable:
-                return h.connection.recv(1, socket.MSG_PEEK) == b""
-        except (OSError, ValueError):
-            return True
-        return False
-
-    @staticmethod
-    def end_chunked(h: _Handler) -> None:
-        try:
-            h.wfile.write(b"0\r\n\r\n")
-            h.wfile.flush()
-        except OSError:
-            pass
 
     # -- routing ----------------------------------------------------------
     def route(self, h: _Handler, path: str, query: Dict[str, str], body: bytes, is_watch: bool) -> int:
-        emu = self.emu
-        method = h.command
-        if path in ("/healthz", "/readyz", "/livez"):
-            return self.send_bytes(h, 200, b"ok", "text/plain; charset=utf-8")
-        if path == "/version":
-            major, minor = version_tuple(emu.server_version)
-            return self.send_json(h, 200, {
-                "major": str(major), "minor": str(minor), "emulationMajor": str(major),
-                "emulationMinor": str(minor), "minCompatibilityMajor": str(major),
-                "minCompatibilityMinor": str(minor - 1),
-                "gitVersion": "v%d.%d.0" % (major, minor),
-                "gitCommit": hex64("v%d.%d.0" % (major, minor))[:40], "gitTreeState": "clean",
-                "buildDate": "2025-04-23T13:00:00Z", "goVersion": "go1.24.2", "compiler": "gc",
-                "platform": "linux/amd64"})
-        if path == "/api":
-            return self.send_json(h, 200, {"kind": "APIVersions", "versions": ["v1"],
-                                           "serverAddressByClientCIDRs": [
-                                               {"clientCIDR": "0.0.0.0/0",
-                                                "serverAddress": "127.0.0.1:%d" % self.port}]})
-        if path == "/apis":
-            return self.send_json(h, 200, {"kind": "APIGroupList", "apiVersion": "v1",
-                                           "groups": [self._api_group(g) for g in self._groups()]})
-        if path.startswith("/openapi"):
-            return self._openapi(h, path, query)
+        code = self.discovery.serve(h, path, query)
+        if code is not None:
+            return code
         parts = [p for p in path.split("/") if p]
         if parts[:2] == ["api", "v1"]:
             group, version, rest = "", "v1", parts[2:]
         elif len(parts) >= 3 and parts[0] == "apis":
             group, version, rest = parts[1], parts[2], parts[3:]
-        elif len(parts) == 2 and parts[0] == "apis" and parts[1] in self._groups():
-            return self.send_json(h, 200, dict(self._api_group(parts[1]), kind="APIGroup", apiVersion="v1"))
         else:
-            raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
-        if (group, version) not in GROUP_VERSIONS:
-            raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
-        if not rest:
-            return self.send_json(h, 200, self._resource_list(group, version))
+            raise not_found()
+        if (group, version) not in GROUP_VERSIONS or not rest:
+            raise not_found()
         info, ns, name, sub = self._parse_resource_path(group, version, rest)
-        return self._serve_resource(h, method, info, ns, name, sub, query, body, is_watch)
-
-    def _groups(self) -> List[str]:
-        out: List[str] = []
-        for g, _ in GROUP_VERSIONS:
-            if g and g not in out:
-                out.append(g)
-        return out
-
-    @staticmethod
-    def _api_group(group: str) -> dict:
-        versions = [{"groupVersion": "%s/%s" % (group, v), "version": v} for g, v in GROUP_VERSIONS if g == group]
-        return {"name": group, "versions": versions, "preferredVersion": versions[0]}
-
-    @staticmethod
-    def _resource_list(group: str, version: str) -> dict:
-        res = []
-        for r in RESOURCES:
-            if r.group != group or r.version != version:
-                continue
-            item: Dict[str, Any] = {"name": r.plural, "singularName": r.singular, "namespaced": r.namespaced,
-                                    "kind": r.kind, "verbs": list(VERBS),
-                                    "storageVersionHash": base64.b64encode(
-                                        hashlib.sha256(r.api_version.encode() + r.plural.encode()).digest()[:8]
-                                    ).decode()}
-            if r.short_names:
-                item["shortNames"] = list(r.short_names)
-            if r.categories:
-                item["categories"] = list(r.categories)
-            res.append(item)
-            for sub, verbs in r.subresources.items():
-                res.append({"name": "%s/%s" % (r.plural, sub), "singularName": "", "namespaced": r.namespaced,
-                            "kind": r.kind if sub != "log" else "Pod", "verbs": verbs})
-        gv = version if not group else "%s/%s" % (group, version)
-        return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": res}
+        return self._serve_resource(h, h.command, info, ns, name, sub, query, body, is_watch)
 
     def _parse_resource_path(self, group: str, version: str,
                              rest: List[str]) -> Tuple[ResourceInfo, Optional[str], Optional[str], Optional[str]]:
         def need(plural: str) -> ResourceInfo:
             info = find_resource(group, version, plural)
             if info is None:
-                raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
+                raise not_found()
             return info
 
         if rest[0] == "namespaces" and len(rest) >= 3 and find_resource(group, version, rest[2]) is not None \
@@ -2173,119 +2566,92 @@ class ApiServer:
             name = rest[3] if len(rest) > 3 else None
             sub = rest[4] if len(rest) > 4 else None
             if len(rest) > 5:
-                raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
+                raise not_found()
             return info, ns, name, sub
         info = need(rest[0])
         name = rest[1] if len(rest) > 1 else None
         sub = rest[2] if len(rest) > 2 else None
         if len(rest) > 3:
-            raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
+            raise not_found()
         return info, None, name, sub
-
-    # -- openapi ----------------------------------------------------------
-    def _openapi(self, h: _Handler, path: str, query: Dict[str, str]) -> int:
-        emu = self.emu
-        if path == "/openapi/v2":
-            accept = h.headers.get("Accept", "")
-            if "protobuf" in accept:
-                return self.send_bytes(h, 200, openapi_v2_protobuf(emu.server_version),
-                                       "application/com.github.proto-openapi.spec.v2.v1.0+protobuf")
-            return self.send_json(h, 200, {"swagger": "2.0", "info": {"title": "Kubernetes",
-                                                                     "version": "v%s.0" % emu.server_version},
-                                           "paths": {}, "definitions": {}})
-        if path == "/openapi/v3":
-            paths = {}
-            for g, v in GROUP_VERSIONS:
-                gvp = "api/v1" if not g else "apis/%s/%s" % (g, v)
-                doc = json.dumps(openapi_v3_doc(g, v, emu.server_version), sort_keys=True).encode()
-                paths[gvp] = {"serverRelativeURL": "/openapi/v3/%s?hash=%s"
-                                                   % (gvp, hashlib.sha512(doc).hexdigest().upper()[:128])}
-            return self.send_json(h, 200, {"paths": paths})
-        rest = path[len("/openapi/v3/"):]
-        for g, v in GROUP_VERSIONS:
-            gvp = "api/v1" if not g else "apis/%s/%s" % (g, v)
-            if rest == gvp:
-                headers = {"Cache-Control": "public, immutable", "Etag": '"%s"' % query.get("hash", "")}
-                data = json.dumps(openapi_v3_doc(g, v, emu.server_version), sort_keys=True).encode()
-                return self.send_bytes(h, 200, data, "application/json", headers)
-        raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
 
     # -- resources --------------------------------------------------------
     def _serve_resource(self, h: _Handler, method: str, info: ResourceInfo, ns: Optional[str],
                         name: Optional[str], sub: Optional[str], query: Dict[str, str],
                         body: bytes, is_watch: bool) -> int:
-        emu = self.emu
         if info.namespaced is False and ns is not None:
-            raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
+            raise not_found()
         if sub is not None and sub not in info.subresources:
-            raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
+            raise not_found()
         accept = h.headers.get("Accept", "")
         if method in ("GET", "HEAD"):
-            if name is None:
-                if is_watch:
-                    return self.watch(h, info, ns, query, accept)
-                return self.send_json(h, 200, self.list_response(info, ns, query, accept))
-            if sub == "log":
-                return self.serve_log(h, info, ns or "", name, query)
-            if is_watch:  # deprecated watch on a single object
-                q = dict(query, fieldSelector="metadata.name=%s" % name)
-                return self.watch(h, info, ns, q, accept)
-            obj = self.get_object(info, ns, name)
-            return self.send_json(h, 200, self.render_single(info, obj, accept, query))
+            return self._read(h, info, ns, name, sub, query, accept, is_watch)
+        if method == "DELETE":
+            return self._delete(h, info, ns, name, query, body, accept)
+        if method not in ("POST", "PUT", "PATCH"):
+            raise not_allowed()
+        if (method == "POST") != (name is None):  # POST names a collection, PUT and PATCH one object
+            raise not_allowed()
+        writes = self.emu.writes
         if method == "POST":
-            if name is not None:
-                raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the "
-                                                        "requested resource", {})
-            body_obj = self.decode_body(h, body)
-            obj, warnings = emu.writes.api_create(info, ns, body_obj, query)
+            obj, warnings = writes.api_create(info, ns, self.decode_body(h, body), query)
             headers = {"Warning": ", ".join('299 - "%s"' % w.replace('"', '\\"') for w in warnings)} \
                 if warnings else None
-            return self.send_json(h, 201, self.render_single(info, obj, accept, query), headers)
+            return send_json(h, 201, self.render.single(info, obj, accept, query), headers)
         if method == "PUT":
-            if name is None:
-                raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the "
-                                                        "requested resource", {})
-            body_obj = self.decode_body(h, body)
-            obj = emu.writes.api_update(info, ns, name, sub, body_obj, query)
-            return self.send_json(h, 200, self.render_single(info, obj, accept, query))
-        if method == "PATCH":
-            if name is None:
-                raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the "
-                                                        "requested resource", {})
+            obj = writes.api_update(info, ns, name, sub, self.decode_body(h, body), query)
+        else:
             ctype = (h.headers.get("Content-Type") or "").split(";")[0].strip()
             try:
                 patch = json.loads(body or b"null")
             except ValueError as e:
                 raise err_bad_request("error decoding patch: %s" % e)
-            obj = emu.writes.api_patch(info, ns, name, sub, ctype, patch, query)
-            return self.send_json(h, 200, self.render_single(info, obj, accept, query))
-        if method == "DELETE":
-            opts: Dict[str, Any] = {}
-            if body:
+            obj = writes.api_patch(info, ns, name, sub, ctype, patch, query)
+        return send_json(h, 200, self.render.single(info, obj, accept, query))
+
+    def _read(self, h: _Handler, info: ResourceInfo, ns: Optional[str], name: Optional[str], sub: Optional[str],
+              query: Dict[str, str], accept: str, is_watch: bool) -> int:
+        """GET: a list, a watch, a pod's log or one object."""
+        if name is None:
+            if is_watch:
+                return self.watches.serve(h, info, ns, query, accept)
+            return send_json(h, 200, self.list_response(info, ns, query, accept))
+        if sub == "log":
+            return self.logs.serve(h, info, ns or "", name, query)
+        if is_watch:  # deprecated watch on a single object
+            q = dict(query, fieldSelector="metadata.name=%s" % name)
+            return self.watches.serve(h, info, ns, q, accept)
+        obj = self.get_object(info, ns, name)
+        return send_json(h, 200, self.render.single(info, obj, accept, query))
+
+    def _delete(self, h: _Handler, info: ResourceInfo, ns: Optional[str], name: Optional[str],
+                query: Dict[str, str], body: bytes, accept: str) -> int:
+        """DELETE of one object, or of every object a list would return (deletecollection)."""
+        writes = self.emu.writes
+        opts: Dict[str, Any] = {}
+        if body:
+            try:
+                opts = json.loads(body)
+            except ValueError:
+                raise err_bad_request("the body of the request was in an unknown format")
+        if "propagationPolicy" in query:
+            opts["propagationPolicy"] = query["propagationPolicy"]
+        if "gracePeriodSeconds" in query:
+            opts["gracePeriodSeconds"] = int(query["gracePeriodSeconds"])
+        if "dryRun" in query:
+            opts["dryRun"] = [query["dryRun"]]
+        if name is None:
+            items = self.list_objects(info, ns, query)
+            for it in items:
                 try:
-                    opts = json.loads(body)
-                except ValueError:
-                    raise err_bad_request("the body of the request was in an unknown format")
-            if "propagationPolicy" in query:
-                opts["propagationPolicy"] = query["propagationPolicy"]
-            if "gracePeriodSeconds" in query:
-                opts["gracePeriodSeconds"] = int(query["gracePeriodSeconds"])
-            if "dryRun" in query:
-                opts["dryRun"] = [query["dryRun"]]
-            if name is None:
-                items = self.list_objects(info, ns, query)
-                for it in items:
-                    try:
-                        emu.writes.api_delete(info, it["metadata"].get("namespace"), it["metadata"]["name"], opts)
-                    except ApiError:
-                        pass
-                return self.send_json(h, 200, {"kind": "Status", "apiVersion": "v1", "metadata": {},
-                                               "status": "Success"})
-            code, out = emu.writes.api_delete(info, ns, name, opts)
-            if out.get("kind") != "Status":
-                out = self.render_single(info, out, accept, query)
-            return self.send_json(h, code, out)
-        raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource", {})
+                    writes.api_delete(info, it["metadata"].get("namespace"), it["metadata"]["name"], opts)
+                except ApiError:
+                    pass
+            return send_json(h, 200, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"})
+        code, out = writes.api_delete(info, ns, name, opts)
+        if out.get("kind") != "Status":
+            out = self.render.single(info, out, accept, query)
+        return send_json(h, code, out)
 
     def decode_body(self, h: _Handler, body: bytes) -> dict:
         ctype = (h.headers.get("Content-Type") or "application/json").split(";")[0].strip()
@@ -2317,42 +2683,6 @@ class ApiServer:
         fsel = FieldSelector(query.get("fieldSelector", ""))
         return [o for o in objs if lsel.matches(o["metadata"].get("labels")) and fsel.matches(o)]
 
-    # -- rendering --------------------------------------------------------
-    @staticmethod
-    def wants(accept: str) -> str:
-        if "as=Table" in accept:
-            return "table"
-        if "as=PartialObjectMetadata" in accept:
-            return "metadata"
-        return "object"
-
-    def render_single(self, info: ResourceInfo, obj: dict, accept: str, query: Dict[str, str]) -> dict:
-        mode = self.wants(accept)
-        if mode == "table":
-            return self.table(info, [obj], query, str(obj["metadata"].get("resourceVersion", "")))
-        if mode == "metadata":
-            return {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]}
-        return to_version(info, obj)
-
-    def table(self, info: ResourceInfo, objs: List[dict], query: Dict[str, str], rv: str,
-              cont: Optional[str] = None, headers: bool = True) -> dict:
-        include = query.get("includeObject", "Metadata")
-        now = self.emu.api_now()
-        rows = []
-        for o in objs:
-            row: Dict[str, Any] = {"cells": table_row(info.store, o, now)}
-            if include == "Object":
-                row["object"] = to_version(info, o)
-            elif include != "None":
-                row["object"] = {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
-                                 "metadata": o["metadata"]}
-            rows.append(row)
-        md: Dict[str, Any] = {"resourceVersion": rv}
-        if cont:
-            md["continue"] = cont
-        return {"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": md,
-                "columnDefinitions": table_columns(info.store) if headers else None, "rows": rows}
-
     def list_response(self, info: ResourceInfo, ns: Optional[str], query: Dict[str, str], accept: str) -> dict:
         self.emu.reads.before_list(info, query)
 
@@ -2361,192 +2691,7 @@ class ApiServer:
                 return self.list_objects(info, ns, query), str(self.store.rv)
 
         page, rv, cont, remaining = self.emu.reads.page(info, query, current)
-        mode = self.wants(accept)
-        if mode == "table":
-            return self.table(info, page, query, rv, cont)
-        md: Dict[str, Any] = {"resourceVersion": rv}
-        if cont:
-            md["continue"] = cont
-            if remaining is not None:
-                md["remainingItemCount"] = remaining
-        if mode == "metadata":
-            return {"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": md,
-                    "items": [{"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
-                               "metadata": o["metadata"]} for o in page]}
-        out_items = []
-        for o in page:
-            v = to_version(info, o)
-            v.pop("kind", None)
-            v.pop("apiVersion", None)
-            out_items.append(v)
-        return {"kind": info.kind + "List", "apiVersion": info.api_version, "metadata": md, "items": out_items}
-
-    # -- watch ------------------------------------------------------------
-    def watch(self, h: _Handler, info: ResourceInfo, ns: Optional[str], query: Dict[str, str], accept: str) -> int:
-        emu = self.emu
-        store = self.store
-        view = WatchView(self, info, ns, query, accept)
-        bookmarks = query.get("allowWatchBookmarks") in ("true", "1", "True")
-        send_initial = query.get("sendInitialEvents") in ("true", "1", "True")
-        rv_param = query.get("resourceVersion", "")
-        if send_initial and query.get("resourceVersionMatch") != "NotOlderThan":
-            raise err_invalid(ListOptionsInfo, "", [("sendInitialEvents", "FieldValueForbidden",
-                              "Forbidden: sendInitialEvents is forbidden for watch unless the "
-                              "resourceVersionMatch is set to NotOlderThan")])
-        timeout = None
-        if query.get("timeoutSeconds"):
-            timeout = float(query["timeoutSeconds"])
-        deadline = time.time() + (timeout if timeout is not None else 1800 + random.random() * 1800)
-        initial, cursor, expired = view.start(rv_param, send_initial)
-        self.start_chunked(h, "application/json")
-        gen = self.generation
-        try:
-            if expired:
-                emu.watches_expired += 1
-                err = ApiError(410, "Expired", "too old resource version: %s (%d)" % (rv_param, store.compacted_rv))
-                self.write_chunk(h, view.encode("ERROR", err.status()))
-                self.end_chunked(h)
-                return 200
-            for o in initial:
-                self.write_chunk(h, view.encode("ADDED", o))
-            if send_initial and bookmarks:
-                self.write_chunk(h, view.bookmark(cursor, initial_end=True))
-            last_bookmark = time.time()
-            interval = float(emu.timing["bookmark_interval"])
-            while True:
-                now = time.time()
-                if now >= deadline or self.generation != gen or emu._stopping.is_set() or self.client_gone(h):
-                    break
-                with store.cond:
-                    try:
-                        events = store.events_since(cursor)
-                    except Expired:
-                        err = ApiError(410, "Expired", "too old resource version: %d (%d)"
-                                       % (cursor, store.compacted_rv))
-                        events = None
-                        emu.watches_expired += 1
-                    if events == []:
-                        store.cond.wait(min(0.5, max(0.01, deadline - now)))
-                        events = store.events_since(cursor) if cursor >= store.compacted_rv else []
-                if events is None:
-                    self.write_chunk(h, view.encode("ERROR", err.status()))
-                    break
-                events, held = emu.reads.visible(info.store, events)
-                if held and not events:
-                    time.sleep(0.05)  # the watch cache has not taken these in yet
-                if events:
-                    cursor = events[-1][0]
-                out = view.translate(events)
-                if out:
-                    self.write_chunk(h, out)
-                if bookmarks and time.time() - last_bookmark >= interval:
-                    self.write_chunk(h, view.bookmark(cursor))
-                    last_bookmark = time.time()
-        except (BrokenPipeError, ConnectionResetError, OSError):
-            return 200
-        self.end_chunked(h)
-        return 200
-
-    # -- logs -------------------------------------------------------------
-    def serve_log(self, h: _Handler, info: ResourceInfo, ns: str, name: str, query: Dict[str, str]) -> int:
-        emu = self.emu
-        pod = self.get_object(info, ns, name)
-        run = self._log_run(pod, query)
-        follow = query.get("follow") in ("true", "1", "True")
-        timestamps = query.get("timestamps") in ("true", "1", "True")
-        tail = int(query["tailLines"]) if query.get("tailLines") not in (None, "") else None
-        limit_bytes = int(query["limitBytes"]) if query.get("limitBytes") not in (None, "") else None
-        since = None
-        if query.get("sinceSeconds"):
-            since = emu.api_now() - float(query["sinceSeconds"])
-        elif query.get("sinceTime"):
-            since = parse_time(query["sinceTime"])
-        skew = emu.api_skew() + emu.node_offset(pod["spec"].get("nodeName"))
-
-        def render(lines: List[Tuple[float, bytes]]) -> bytes:
-            out = bytearray()
-            for t, line in lines:
-                if since is not None and t + skew < since:
-                    continue
-                if timestamps:
-                    ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(int(t + skew)))
-                    out += ("%s.%09dZ " % (ts, int(((t + skew) % 1) * 1e9))).encode()
-                out += line
-            return bytes(out)
-
-        with run.cond:
-            lines = list(run.lines)
-            # A follow goes on from exactly the lines taken here, read under the same lock,
-            # so a line written meanwhile is neither skipped nor sent twice.
-            pos = len(lines)
-        if tail is not None:
-            lines = lines[-tail:] if tail > 0 else []
-        data = render(lines)
-        sent = 0
-        if limit_bytes is not None:
-            data = data[:limit_bytes]
-        if not follow:
-            return self.send_bytes(h, 200, data, "text/plain")
-        self.start_chunked(h, "text/plain")
-        gen = self.generation
-        try:
-            self.write_chunk(h, data)
-            sent = len(data)
-            while limit_bytes is None or sent < limit_bytes:
-                with run.cond:
-                    if pos >= len(run.lines) and not run.closed:
-                        run.cond.wait(0.5)
-                    new = run.lines[pos:]
-                    pos += len(new)
-                    closed = run.closed and pos >= len(run.lines)
-                if new:
-                    chunk = render(new)
-                    if limit_bytes is not None:
-                        chunk = chunk[:limit_bytes - sent]
-                    self.write_chunk(h, chunk)
-                    sent += len(chunk)
-                if closed or self.generation != gen or emu._stopping.is_set() or self.client_gone(h):
-                    break
-        except (BrokenPipeError, ConnectionResetError, OSError):
-            return 200
-        self.end_chunked(h)
-        return 200
-
-    def _log_run(self, pod: dict, query: Dict[str, str]) -> ContainerLog:
-        """The container run whose log is asked for (the current or the previous one), as the kubelet finds it."""
-        emu = self.emu
-        ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
-        containers = [c["name"] for c in pod["spec"].get("containers") or []]
-        cname = query.get("container")
-        if not cname:
-            if len(containers) != 1:
-                raise err_bad_request("a container name must be specified for pod %s, choose one of: [%s]"
-                                      % (name, " ".join(containers)))
-            cname = containers[0]
-        if cname not in containers:
-            raise err_bad_request("container %s is not valid for pod %s" % (cname, name))
-        node = pod["spec"].get("nodeName")
-        if not node:
-            raise err_bad_request("pod %s does not have a host assigned" % name)
-        idx = emu.truth_record.pod_index(pod["metadata"]["uid"])
-        if emu.faults.applies("unreadable_logs", idx):
-            host_ip = (pod.get("status") or {}).get("hostIP") or emu.node_ip(node)
-            msg = ('Get "https://%s:10250/containerLogs/%s/%s/%s": dial tcp %s:10250: connect: connection refused'
-                   % (host_ip, ns, name, cname, host_ip))
-            raise ApiError(500, "", msg)
-        runs = emu.logs.get((pod["metadata"]["uid"], cname)) or []
-        previous = query.get("previous") in ("true", "1", "True")
-        if previous:
-            if len(runs) < 2:
-                raise err_bad_request('previous terminated container "%s" in pod "%s" not found' % (cname, name))
-            return runs[-2]
-        if not runs:
-            reason = "ContainerCreating"
-            for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-                if cs.get("name") == cname and (cs.get("state") or {}).get("waiting"):
-                    reason = cs["state"]["waiting"].get("reason") or reason
-            raise err_bad_request('container "%s" in pod "%s" is waiting to start: %s' % (cname, name, reason))
-        return runs[-1]
+        return self.render.list(info, page, rv, cont, remaining, query, accept)
 
 
 ListOptionsInfo = ResourceInfo("meta.k8s.io", "v1", "listoptions", "ListOptions", False)
@@ -3379,28 +3524,27 @@ def namespace_deletion_conditions(remaining: Dict[str, int], finalizers: Dict[st
         return {"type": ctype, "status": status, "lastTransitionTime": fmt_time(now),
                 "reason": reason, "message": message}
 
-    conds = [
-        ns_cond("NamespaceDeletionDiscoveryFailure", "False", "ResourcesDiscovered",
-                "All resources successfully discovered"),
-        ns_cond("NamespaceDeletionGroupVersionParsingFailure", "False", "ParsedGroupVersions",
-                "All legacy kube types successfully parsed"),
-        ns_cond("NamespaceDeletionContentFailure", "False", "ContentDeleted",
-                "All content successfully deleted, may be waiting on finalization"),
-    ]
-    if remaining:
-        conds.append(ns_cond("NamespaceContentRemaining", "True", "SomeResourcesRemain",
-                             "Some resources are remaining: " + ", ".join(
-                                 "%s has %d resource instances" % (k, v) for k, v in sorted(remaining.items()))))
-    else:
-        conds.append(ns_cond("NamespaceContentRemaining", "False", "ContentRemoved",
-                             "All content successfully removed"))
-    if finalizers:
-        conds.append(ns_cond("NamespaceFinalizersRemaining", "True", "SomeFinalizersRemain",
-                             "Some content in the namespace has finalizers remaining: " + ", ".join(
-                                 "%s in %d resource instances" % (k, v) for k, v in sorted(finalizers.items()))))
-    else:
-        conds.append(ns_cond("NamespaceFinalizersRemaining", "False", "ContentHasNoFinalizers",
-                             "All content-preserving finalizers finished"))
+    def counted(ctype: str, counts: Dict[str, int], some: Tuple[str, str, str], none: Tuple[str, str]) -> dict:
+        """True with the counts per resource when there are any, else False."""
+        if not counts:
+            return ns_cond(ctype, "False", *none)
+        reason, message, each = some
+        return ns_cond(ctype, "True", reason, message + ", ".join(each % kv for kv in sorted(counts.items())))
+
+    conds = [ns_cond(ctype, "False", reason, message) for ctype, reason, message in (
+        ("NamespaceDeletionDiscoveryFailure", "ResourcesDiscovered", "All resources successfully discovered"),
+        ("NamespaceDeletionGroupVersionParsingFailure", "ParsedGroupVersions",
+         "All legacy kube types successfully parsed"),
+        ("NamespaceDeletionContentFailure", "ContentDeleted",
+         "All content successfully deleted, may be waiting on finalization"),
+    )]
+    conds.append(counted("NamespaceContentRemaining", remaining,
+                         ("SomeResourcesRemain", "Some resources are remaining: ", "%s has %d resource instances"),
+                         ("ContentRemoved", "All content successfully removed")))
+    conds.append(counted("NamespaceFinalizersRemaining", finalizers,
+                         ("SomeFinalizersRemain", "Some content in the namespace has finalizers remaining: ",
+                          "%s in %d resource instances"),
+                         ("ContentHasNoFinalizers", "All content-preserving finalizers finished")))
     return conds
 
 
@@ -3490,21 +3634,7 @@ class ContainerRunner(threading.Thread):
         for attempt in range(attempts):
             if w.stop_requested():
                 return
-            if emu.faults.applies("replace_pod", idx):
-                # The pod is replaced while it runs, so it must still be running then
-                # whatever the machine's load: it holds until evicted.
-                argv = ["python", "-c", "import time; print('emulator: held until evicted (replace_pod)',"
-                                        " flush=True); time.sleep(3600)"]
-            elif emu.faults.applies("fail_pods", idx):
-                argv = ["python", "-c", "import sys; print('emulator: injected container failure (fail_pods)',"
-                                        " flush=True); sys.exit(3)"]
-            elif attempt < attempts - 1:
-                argv = ["python", "-c", "import sys; print('emulator: injected crash before restart "
-                                        "(restart_container)', flush=True); sys.exit(1)"]
-            elif emu.faults.lightweight():
-                argv = None
-            else:
-                argv = self._argv(env or {})
+            argv = self._attempt_argv(attempt < attempts - 1, env or {})
             if argv is None:
                 code = self._run_emitted(env or {}, attempt)
             else:
@@ -3514,6 +3644,24 @@ class ContainerRunner(threading.Thread):
             if attempt < attempts - 1 and w.sleep(emu.t("restart_delay")):
                 return
 
+    def _attempt_argv(self, crash_first: bool, env: Dict[str, str]) -> Optional[List[str]]:
+        """What an attempt runs: a fault's stand-in, the container's command, or None (the lightweight kubelet)."""
+        faults, idx = self.emu.faults, self.w.index
+        if faults.applies("replace_pod", idx):
+            # The pod is replaced while it runs, so it must still be running then
+            # whatever the machine's load: it holds until evicted.
+            return ["python", "-c", "import time; print('emulator: held until evicted (replace_pod)',"
+                                    " flush=True); time.sleep(3600)"]
+        if faults.applies("fail_pods", idx):
+            return ["python", "-c", "import sys; print('emulator: injected container failure (fail_pods)',"
+                                    " flush=True); sys.exit(3)"]
+        if crash_first:
+            return ["python", "-c", "import sys; print('emulator: injected crash before restart "
+                                    "(restart_container)', flush=True); sys.exit(1)"]
+        if faults.lightweight():
+            return None
+        return self._argv(env)
+
     def mark_started(self, true_start: float) -> None:
         """The kubelet's Started event, the truth's first container start, and the pod's start time."""
         self.event("Normal", "Started", "Started container %s" % self.cname)
@@ -3522,21 +3670,34 @@ class ContainerRunner(threading.Thread):
             self.started_once = True
         self.w.started_at = true_start
 
-    def _run_once(self, argv: List[str], env: Dict[str, str], uid: int, gid: int, attempt: int,
-                  restarting: bool = False) -> Optional[int]:
+    def _created(self, attempt: int) -> Tuple[str, ContainerLog]:
+        """The Created event of this run, its container ID and its new (registered) log."""
         emu, w = self.emu, self.w
         cid = hex64("%s/%s/%d" % (w.uid, self.cname, attempt))
-        v = emu.v
-        self.event("Normal", "Created", ("Created container: %s" if v >= (1, 32) else "Created container %s")
+        self.event("Normal", "Created", ("Created container: %s" if emu.v >= (1, 32) else "Created container %s")
                    % self.cname)
-        mounts, _ = w.mounts_for(self.c)
-        sc = self.c.get("securityContext") or {}
-        ro_root = bool(sc.get("readOnlyRootFilesystem"))
-        hostname = w.hostname
-        cmd = build_bwrap_argv(uid, gid, hostname, mounts, ro_root, self.c.get("workingDir") or "/",
-                               argv, str(emu.bindir))
         log = ContainerLog(emu.workdir / "logs" / ("%s_%s_%s-%d.log" % (w.ns, w.name, self.cname, attempt)))
         emu.logs.setdefault((w.uid, self.cname), []).append(log)
+        return cid, log
+
+    def _exited(self, code: int, cid: str, start: float, exited_at: float, finished_at: float) -> None:
+        """Keep a run's exit: its code, the truth's container end and the terminated state it leaves."""
+        emu, w = self.emu, self.w
+        self.exit_codes.append(code)
+        emu.truth_record.note("pods", w.key, "container_finished", exited_at, first=False)
+        emu.truth_record.note("pods", w.key, "exit_code", code, raw=True)
+        self.last_terminated = {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
+                                "startedAt": fmt_time(start), "finishedAt": fmt_time(finished_at),
+                                "containerID": "containerd://" + cid}
+
+    def _run_once(self, argv: List[str], env: Dict[str, str], uid: int, gid: int, attempt: int,
+                  restarting: bool = False) -> Optional[int]:
+        """One run of the container's process in the sandbox: its exit code, None when the pod stopped first."""
+        emu, w = self.emu, self.w
+        cid, log = self._created(attempt)
+        mounts, ro_root = w.mounts_for(self.c)
+        cmd = build_bwrap_argv(uid, gid, w.hostname, mounts, ro_root, self.c.get("workingDir") or "/",
+                               argv, str(emu.bindir))
         start = emu.node_now(w.kl.node)
         # The true start is taken before the process is spawned: on a loaded machine the
         # spawn and the Started event can take a while, and the container runs meanwhile.
@@ -3550,15 +3711,35 @@ class ContainerRunner(threading.Thread):
                                              stderr=subprocess.STDOUT, env=env, close_fds=True)
         except OSError as e:
             log.close()
-            msg = ('failed to create containerd task: failed to create shim task: OCI runtime create failed: '
-                   'runc create failed: unable to start container process: %s' % e)
-            self.set_state({"terminated": {"exitCode": 128, "reason": "StartError", "message": msg,
-                                           "startedAt": "1970-01-01T00:00:00Z", "finishedAt": fmt_time(start),
-                                           "containerID": "containerd://" + cid}}, ready=False, started=False)
-            self.event("Warning", "Failed", "Error: %s" % msg)
+            self._start_failed(e, cid, start)
             return 128
         self.mark_started(true_start)
+        self._set_running(start, attempt, cid)
+        reader = threading.Thread(target=self._pump, args=(self.proc, log), daemon=True)
+        reader.start()
+        rc = self.proc.wait()
+        exited_at = time.time()
+        reader.join(5)
+        log.close()
+        code = rc if rc >= 0 else 128 - rc
+        # The runtime reports the exit's own moment, however long the log took to drain since.
+        self._exited(code, cid, start, exited_at, emu.node_now(w.kl.node, exited_at))
+        self._report_exit(restarting)
+        with self.proc_lock:
+            self.proc = None
+        return code
 
+    def _start_failed(self, error: OSError, cid: str, start: float) -> None:
+        """The status and event of a container whose process could not be started."""
+        msg = ('failed to create containerd task: failed to create shim task: OCI runtime create failed: '
+               'runc create failed: unable to start container process: %s' % error)
+        self.set_state({"terminated": {"exitCode": 128, "reason": "StartError", "message": msg,
+                                       "startedAt": "1970-01-01T00:00:00Z", "finishedAt": fmt_time(start),
+                                       "containerID": "containerd://" + cid}}, ready=False, started=False)
+        self.event("Warning", "Failed", "Error: %s" % msg)
+
+    def _set_running(self, start: float, attempt: int, cid: str) -> None:
+        """The running state of this run, the previous run's end kept as the last state."""
         def running(cs: dict) -> None:
             last = cs.get("state", {}).get("terminated") or (cs.get("lastState") or {}).get("terminated")
             cs["state"] = {"running": {"startedAt": fmt_time(start)}}
@@ -3570,22 +3751,12 @@ class ContainerRunner(threading.Thread):
             cs["containerID"] = "containerd://" + cid
             if attempt and last:
                 cs["lastState"] = {"terminated": last}
-        w.update_container(self.cname, running)
-        reader = threading.Thread(target=self._pump, args=(self.proc, log), daemon=True)
-        reader.start()
-        rc = self.proc.wait()
-        exited_at = time.time()
-        reader.join(5)
-        log.close()
-        code = rc if rc >= 0 else 128 - rc
-        self.exit_codes.append(code)
-        # The runtime reports the exit's own moment, however long the log took to drain since.
-        end = emu.node_now(w.kl.node, exited_at)
-        emu.truth_record.note("pods", w.key, "container_finished", exited_at, first=False)
-        emu.truth_record.note("pods", w.key, "exit_code", code, raw=True)
-        self.last_terminated = {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
-                                "startedAt": fmt_time(start), "finishedAt": fmt_time(end),
-                                "containerID": "containerd://" + cid}
+        self.w.update_container(self.cname, running)
+
+    def _report_exit(self, restarting: bool) -> None:
+        """The state a run's exit leaves: terminated, or waiting to restart."""
+        w = self.w
+        assert self.last_terminated is not None
         if restarting and not w.stop_requested():
             # One status update from running to CrashLoopBackOff, as a kubelet that restarts
             # the container reports it: never a terminated state that would make the pod Failed.
@@ -3596,9 +3767,6 @@ class ContainerRunner(threading.Thread):
                            lastState={"terminated": dict(self.last_terminated)})
         else:
             self.set_state({"terminated": dict(self.last_terminated)}, ready=False, started=False)
-        with self.proc_lock:
-            self.proc = None
-        return code
 
     def _run_emitted(self, env: Dict[str, str], attempt: int) -> Optional[int]:
         """The lightweight kubelet: the built-in worker's events with its timing, no process."""
@@ -3609,11 +3777,7 @@ class ContainerRunner(threading.Thread):
         def delay(key: str) -> float:
             return timing[key] * random.uniform(1 - jitter, 1 + jitter)
 
-        cid = hex64("%s/%s/%d" % (w.uid, self.cname, attempt))
-        self.event("Normal", "Created", ("Created container: %s" if emu.v >= (1, 32) else "Created container %s")
-                   % self.cname)
-        log = ContainerLog(emu.workdir / "logs" / ("%s_%s_%s-%d.log" % (w.ns, w.name, self.cname, attempt)))
-        emu.logs.setdefault((w.uid, self.cname), []).append(log)
+        cid, log = self._created(attempt)
         start = emu.node_now(w.kl.node)
         true_start = time.time()
         self.mark_started(true_start)
@@ -3644,12 +3808,7 @@ class ContainerRunner(threading.Thread):
             stopped = w.sleep(delay("exit"))
         log.close()
         code = 143 if stopped else 0
-        self.exit_codes.append(code)
-        emu.truth_record.note("pods", w.key, "container_finished", time.time(), first=False)
-        emu.truth_record.note("pods", w.key, "exit_code", code, raw=True)
-        self.last_terminated = {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
-                                "startedAt": fmt_time(start), "finishedAt": fmt_time(emu.node_now(w.kl.node)),
-                                "containerID": "containerd://" + cid}
+        self._exited(code, cid, start, time.time(), emu.node_now(w.kl.node))
         self.set_state({"terminated": dict(self.last_terminated)}, ready=False, started=False)
         return None if stopped else code
 
@@ -3807,6 +3966,53 @@ def on_node_clock(line: bytes, ahead: float) -> bytes:
     return json.dumps(obj).encode() + b"\n"
 
 
+def write_config_map_volume(directory: Path, volume: str, ref: dict, config_map: Optional[dict]) -> None:
+    """A configMap volume's files (the items named, else every key) with their modes, as a kubelet writes them."""
+    if config_map is None and not ref.get("optional"):
+        raise MountError('MountVolume.SetUp failed for volume "%s" : configmap "%s" not found'
+                         % (volume, ref.get("name")))
+    directory.mkdir(parents=True, exist_ok=True)
+    data = dict((config_map or {}).get("data") or {})
+    binary = {k: base64.b64decode(b) for k, b in ((config_map or {}).get("binaryData") or {}).items()}
+    mode = ref.get("defaultMode", 0o644)
+    items = ref.get("items")
+    pairs = [(it["key"], it["path"], it.get("mode", mode)) for it in items] if items else \
+        [(k, k, mode) for k in list(data) + list(binary)]
+    for key, path, file_mode in pairs:
+        target = directory / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(binary[key] if key in binary else data.get(key, "").encode())
+        os.chmod(target, file_mode)
+    os.chmod(directory, 0o755)
+
+
+def write_downward_api_files(pod: dict, directory: Path, items: List[dict]) -> None:
+    """The pod's fields a downwardAPI volume (or projection) names, one file each."""
+    for it in items:
+        val = resolve_field_ref(pod, (it.get("fieldRef") or {}).get("fieldPath", "")) or ""
+        (directory / it["path"]).write_text(val)
+
+
+def told_of_removal(kind: str, worker: Any) -> bool:
+    """On a pod's DELETED event, tell its worker (if it has one) that the pod is gone; True for that event."""
+    if kind != "DELETED":
+        return False
+    if worker is not None:
+        worker.on_removed()
+    return True
+
+
+def link_python(bindir: Path, python: str) -> None:
+    """`python` and `python3` in `bindir`, for the sandbox's PATH, link to the interpreter's real file."""
+    for n in ("python", "python3"):
+        link = bindir / n
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        # The real file, not a virtualenv's link to it: the sandbox shows the host's
+        # root read-only but a fresh /tmp, where a venv (or a CI checkout) may live.
+        link.symlink_to(os.path.realpath(python))
+
+
 class PodWorker(threading.Thread):
     """The kubelet's per-pod worker: sandbox, volumes, containers, termination."""
 
@@ -3931,10 +4137,22 @@ class PodWorker(threading.Thread):
             self._maybe_final_delete()
 
     def _run(self) -> None:
+        """The pod's life on its node, step by step; a step returns False when the pod stopped meanwhile."""
+        containers = (self.store_pod().get("spec") or {}).get("containers") or []
+        if not (self._initial_status(containers) and self._mount_volumes() and self._wait_for_watch()
+                and self._start_sandbox() and self._start_containers(containers)):
+            return
+        self._supervise()
+        for r in self.runners:
+            r.join(10)
+        if self.deleting.is_set() and not pod_terminal(self.store_pod() or {}):
+            # A container that gave up waiting (an image that never pulled) as the pod was deleted
+            # ended before the loop saw the deletion: the pod still ends Failed, as a kubelet's does.
+            self._terminate_all()
+
+    def _initial_status(self, containers: List[dict]) -> bool:
+        """The status a kubelet first writes: Pending on this node, every container creating."""
         emu = self.emu
-        pod = self.store_pod()
-        spec = pod.get("spec") or {}
-        containers = spec.get("containers") or []
         now = emu.node_now(self.kl.node)
 
         def init(o: dict) -> Optional[bool]:
@@ -3954,19 +4172,26 @@ class PodWorker(threading.Thread):
             self.recompute(o)
             return True
 
-        if self.update(init) is None:
-            return
+        return self.update(init) is not None
+
+    def _mount_volumes(self) -> bool:
+        """Mount the pod's volumes, retrying (with a FailedMount event) until they mount or the pod stops."""
         # Volumes are mounted before the sandbox is asked for (the kubelet waits for them first),
         # so the kubelet's first container event follows the sandbox at once.
         while True:
             try:
                 self._prepare_volumes(self.store_pod())
-                break
+                return True
             except MountError as e:
-                emu.events.record(self.store_pod(), "Warning", "FailedMount", str(e), "kubelet", host=self.kl.node)
+                self.emu.events.record(self.store_pod(), "Warning", "FailedMount", str(e), "kubelet",
+                                       host=self.kl.node)
                 if self.sleep(1.0):
                     self._terminate_all()
-                    return
+                    return False
+
+    def _wait_for_watch(self) -> bool:
+        """With the sandbox_after_watch fault: hold the sandbox until a client watches this Job's pods."""
+        emu = self.emu
         if emu.faults.on("sandbox_after_watch"):
             # Fired by a state, not a timer: the sandbox starts once a client watches this
             # pod's Job's pods, so a client that was slow to start its watch still sees every
@@ -3975,13 +4200,18 @@ class PodWorker(threading.Thread):
             while job and not emu.pods_watched(self.ns, job):
                 if self.sleep(0.02):
                     self._terminate_all()
-                    return
+                    return False
+        return True
+
+    def _start_sandbox(self) -> bool:
+        """The sandbox's start (after its delay): the pod's IP and, on newer nodes, PodReadyToStartContainers."""
+        emu = self.emu
         delay = (emu.faults.timing("sandbox_delay", emu.t("sandbox_delay"))
                  + random.uniform(0, max(0.0, emu.faults.timing("sandbox_jitter", emu.t("sandbox_jitter")))))
         emu.truth_record.note("pods", self.key, "sandbox_delay", delay, raw=True)
         if self.sleep(delay):
             self._terminate_all()
-            return
+            return False
         pod_ip = self.kl.pod_ip(self)
         # RunPodSandbox has returned: the sandbox is ready now, whenever its status reaches the API.
         sandbox_ready_at = time.time()
@@ -3997,18 +4227,27 @@ class PodWorker(threading.Thread):
             return True
 
         if self.update(sandbox) is None:
-            return
+            return False
         emu.truth_record.note("pods", self.key, "sandbox_ready", sandbox_ready_at)
+        return True
+
+    def _start_containers(self, containers: List[dict]) -> bool:
+        """A runner per container, the first one's image pulled at once, then every runner started."""
         self.pod = self.store_pod()
         self.runners = [ContainerRunner(self, c) for c in containers]
         # As the kubelet does, in the same step that saw the sandbox ready: the first container's
         # image is pulled or found at once, so its event follows the sandbox by milliseconds.
-        if self.runners and not emu.faults.applies("image_pull_backoff", self.index):
+        if self.runners and not self.emu.faults.applies("image_pull_backoff", self.index):
             if not self.runners[0].ensure_image():
                 self._terminate_all()
-                return
+                return False
         for r in self.runners:
             r.start()
+        return True
+
+    def _supervise(self) -> None:
+        """While containers run: stop them on deletion, and evict for the replace_pod fault or a full emptyDir."""
+        emu = self.emu
         last_size_check = 0.0
         while any(r.is_alive() for r in self.runners):
             if self.deleting.is_set() or emu._stopping.is_set():
@@ -4028,12 +4267,6 @@ class PodWorker(threading.Thread):
             # A thousand pods polling every 50 ms would starve the API server of the GIL;
             # the lightweight kubelet's containers report their own end, so a slow poll loses nothing.
             self.deleting.wait(0.5 if emu.faults.lightweight() else 0.05)
-        for r in self.runners:
-            r.join(10)
-        if self.deleting.is_set() and not pod_terminal(self.store_pod() or {}):
-            # A container that gave up waiting (an image that never pulled) as the pod was deleted
-            # ended before the loop saw the deletion: the pod still ends Failed, as a kubelet's does.
-            self._terminate_all()
 
     def _terminate_all(self) -> None:
         """Graceful stop: SIGTERM, wait min(grace, grace_cap), SIGKILL."""
@@ -4096,83 +4329,66 @@ class PodWorker(threading.Thread):
 
     # -- volumes -----------------------------------------------------------
     def _prepare_volumes(self, pod: dict) -> None:
-        emu = self.emu
+        """Mount each of the pod's volumes not mounted yet (a MountError says which one cannot be)."""
         for v in (pod.get("spec") or {}).get("volumes") or []:
-            name = v["name"]
-            if name in self.volumes:
-                continue
-            d = self.dir / "volumes" / name
-            if v.get("configMap") is not None:
-                ref = v["configMap"]
-                cm = emu.store.get("configmaps", self.ns, ref.get("name", ""))
-                if cm is None and not ref.get("optional"):
-                    raise MountError('MountVolume.SetUp failed for volume "%s" : configmap "%s" not found'
-                                     % (name, ref.get("name")))
-                d.mkdir(parents=True, exist_ok=True)
-                data = dict((cm or {}).get("data") or {})
-                binary = {k: base64.b64decode(b) for k, b in ((cm or {}).get("binaryData") or {}).items()}
-                mode = ref.get("defaultMode", 420)
-                items = ref.get("items")
-                pairs = [(it["key"], it["path"], it.get("mode", mode)) for it in items] if items else \
-                    [(k, k, mode) for k in list(data) + list(binary)]
-                for key, path, fmode in pairs:
-                    target = d / path
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    payload = binary[key] if key in binary else data.get(key, "").encode()
-                    target.write_bytes(payload)
-                    os.chmod(target, fmode)
-                os.chmod(d, 0o755)
-                self.volumes[name] = (str(d), "configMap")
-            elif v.get("emptyDir") is not None:
-                d.mkdir(parents=True, exist_ok=True)
-                os.chmod(d, 0o777)
-                self.volumes[name] = (str(d), "emptyDir")
-            elif v.get("projected") is not None:
-                d.mkdir(parents=True, exist_ok=True)
-                for src in v["projected"].get("sources") or []:
-                    if src.get("serviceAccountToken"):
-                        (d / src["serviceAccountToken"].get("path", "token")).write_text(
-                            "emulator-token-%s" % self.uid)
-                    if src.get("configMap") and src["configMap"].get("name") == "kube-root-ca.crt":
-                        for it in src["configMap"].get("items") or []:
-                            (d / it["path"]).write_text(EMULATOR_CA)
-                    elif src.get("configMap"):
-                        ref = src["configMap"]
-                        cm = emu.store.get("configmaps", self.ns, ref.get("name", ""))
-                        if cm is None and not ref.get("optional"):
-                            raise MountError('MountVolume.SetUp failed for volume "%s" : configmap "%s" not found'
-                                             % (name, ref.get("name")))
-                        data = dict((cm or {}).get("data") or {})
-                        pairs = [(it["key"], it["path"]) for it in ref["items"]] if ref.get("items") else \
-                            [(k, k) for k in data]
-                        for key, path in pairs:
-                            if key not in data and cm is not None:
-                                raise MountError('MountVolume.SetUp failed for volume "%s" : configmap references '
-                                                 'non-existent config key: %s' % (name, key))
-                            target = d / path
-                            target.parent.mkdir(parents=True, exist_ok=True)
-                            target.write_text(data.get(key, ""))
-                    if src.get("downwardAPI"):
-                        for it in src["downwardAPI"].get("items") or []:
-                            val = resolve_field_ref(pod, (it.get("fieldRef") or {}).get("fieldPath", "")) or ""
-                            (d / it["path"]).write_text(val)
-                for f in d.iterdir():
-                    os.chmod(f, 0o644)
-                self.volumes[name] = (str(d), "projected")
-            elif v.get("downwardAPI") is not None:
-                d.mkdir(parents=True, exist_ok=True)
-                for it in v["downwardAPI"].get("items") or []:
-                    val = resolve_field_ref(pod, (it.get("fieldRef") or {}).get("fieldPath", "")) or ""
-                    (d / it["path"]).write_text(val)
-                self.volumes[name] = (str(d), "downwardAPI")
-            elif v.get("hostPath") is not None:
-                self.volumes[name] = (v["hostPath"].get("path", "/"), "hostPath")
-            elif v.get("secret") is not None:
-                raise MountError('MountVolume.SetUp failed for volume "%s" : secret "%s" not found'
-                                 % (name, v["secret"].get("secretName")))
-            else:
-                raise MountError('MountVolume.SetUp failed for volume "%s" : volume type not supported by '
-                                 'the emulator' % name)
+            if v["name"] not in self.volumes:
+                self.volumes[v["name"]] = self._mount(pod, v)
+
+    def _mount(self, pod: dict, v: dict) -> Tuple[str, str]:
+        """One volume, written under the pod's directory as its type asks: (its host path, its type)."""
+        name = v["name"]
+        d = self.dir / "volumes" / name
+        if v.get("configMap") is not None:
+            ref = v["configMap"]
+            write_config_map_volume(d, name, ref, self.emu.store.get("configmaps", self.ns, ref.get("name", "")))
+            return str(d), "configMap"
+        if v.get("emptyDir") is not None:
+            d.mkdir(parents=True, exist_ok=True)
+            os.chmod(d, 0o777)
+            return str(d), "emptyDir"
+        if v.get("projected") is not None:
+            d.mkdir(parents=True, exist_ok=True)
+            for src in v["projected"].get("sources") or []:
+                self._project(pod, d, name, src)
+            for f in d.iterdir():
+                os.chmod(f, 0o644)
+            return str(d), "projected"
+        if v.get("downwardAPI") is not None:
+            d.mkdir(parents=True, exist_ok=True)
+            write_downward_api_files(pod, d, v["downwardAPI"].get("items") or [])
+            return str(d), "downwardAPI"
+        if v.get("hostPath") is not None:
+            return v["hostPath"].get("path", "/"), "hostPath"
+        if v.get("secret") is not None:
+            raise MountError('MountVolume.SetUp failed for volume "%s" : secret "%s" not found'
+                             % (name, v["secret"].get("secretName")))
+        raise MountError('MountVolume.SetUp failed for volume "%s" : volume type not supported by '
+                         'the emulator' % name)
+
+    def _project(self, pod: dict, d: Path, name: str, src: dict) -> None:
+        """One source of a projected volume: the token, the root CA, configMap keys or downward API fields."""
+        if src.get("serviceAccountToken"):
+            (d / src["serviceAccountToken"].get("path", "token")).write_text("emulator-token-%s" % self.uid)
+        if src.get("configMap") and src["configMap"].get("name") == "kube-root-ca.crt":
+            for it in src["configMap"].get("items") or []:
+                (d / it["path"]).write_text(EMULATOR_CA)
+        elif src.get("configMap"):
+            ref = src["configMap"]
+            cm = self.emu.store.get("configmaps", self.ns, ref.get("name", ""))
+            if cm is None and not ref.get("optional"):
+                raise MountError('MountVolume.SetUp failed for volume "%s" : configmap "%s" not found'
+                                 % (name, ref.get("name")))
+            data = dict((cm or {}).get("data") or {})
+            pairs = [(it["key"], it["path"]) for it in ref["items"]] if ref.get("items") else [(k, k) for k in data]
+            for key, path in pairs:
+                if key not in data and cm is not None:
+                    raise MountError('MountVolume.SetUp failed for volume "%s" : configmap references '
+                                     'non-existent config key: %s' % (name, key))
+                target = d / path
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(data.get(key, ""))
+        if src.get("downwardAPI"):
+            write_downward_api_files(pod, d, src["downwardAPI"].get("items") or [])
 
     def mounts_for(self, container: dict) -> Tuple[List[Tuple[str, str, bool]], bool]:
         out = []
@@ -4254,9 +4470,7 @@ class Kubelet:
         uid = md["uid"]
         with self.lock:
             w = self.workers.get(uid)
-            if etype == "DELETED":
-                if w is not None:
-                    w.on_removed()
+            if told_of_removal(etype, w):
                 return
             if w is None:
                 if pod_terminal(obj):
@@ -4419,81 +4633,116 @@ def qos_class(spec: dict) -> str:
     return "Guaranteed" if guaranteed else "Burstable"
 
 
+def validate_pod(body: dict) -> List[Tuple[str, str, str]]:
+    """A pod's field errors: its spec's."""
+    return validate_pod_spec(body.get("spec") or {}, "spec")
+
+
+def validate_job(body: dict) -> List[Tuple[str, str, str]]:
+    """A Job's field errors: its pod template's, its counts and completion mode's, its pod failure policy's."""
+    spec = body.get("spec") or {}
+    tspec = (spec.get("template") or {}).get("spec") or {}
+    errs = validate_pod_spec(tspec, "spec.template.spec")
+    rp = tspec.get("restartPolicy")
+    if rp not in ("OnFailure", "Never"):
+        errs = [e for e in errs if e[0] != "spec.template.spec.restartPolicy"]
+        errs.append(("spec.template.spec.restartPolicy", "FieldValueNotSupported",
+                     'Unsupported value: "%s": supported values: "OnFailure", "Never"' % rp))
+    errs += _job_count_errors(spec)
+    policy = spec.get("podFailurePolicy")
+    if policy is not None:
+        if rp != "Never":
+            errs.append(("spec.template.spec.restartPolicy", "FieldValueInvalid",
+                         'Invalid value: "%s": only "Never" is supported when podFailurePolicy '
+                         'is specified' % rp))
+        errs += _pod_failure_policy_errors(policy, spec.get("backoffLimitPerIndex"))
+    return errs
+
+
+def _job_count_errors(spec: dict) -> List[Tuple[str, str, str]]:
+    """A Job spec's errors in its counts, deadline, completion mode and per-index limits."""
+    errs: List[Tuple[str, str, str]] = []
+    for f in ("parallelism", "completions", "backoffLimit"):
+        if spec.get(f) is not None and (not isinstance(spec[f], int) or spec[f] < 0):
+            errs.append(("spec.%s" % f, "FieldValueInvalid",
+                         "Invalid value: %s: must be greater than or equal to 0" % spec[f]))
+    ads = spec.get("activeDeadlineSeconds")
+    if ads is not None and (not isinstance(ads, int) or ads <= 0):
+        errs.append(("spec.activeDeadlineSeconds", "FieldValueInvalid",
+                     "Invalid value: %s: must be greater than or equal to 1" % ads))
+    if spec.get("completionMode") not in ("NonIndexed", "Indexed"):
+        errs.append(("spec.completionMode", "FieldValueNotSupported",
+                     'Unsupported value: "%s": supported values: "NonIndexed", "Indexed"'
+                     % spec.get("completionMode")))
+    if spec.get("completionMode") == "Indexed" and spec.get("completions") is None:
+        errs.append(("spec.completions", "FieldValueRequired",
+                     "Required value: when completion mode is Indexed"))
+    per_index = spec.get("backoffLimitPerIndex")
+    if per_index is not None and spec.get("completionMode") != "Indexed":
+        errs.append(("spec.backoffLimitPerIndex", "FieldValueForbidden",
+                     "Forbidden: requires indexed completion mode"))
+    if spec.get("maxFailedIndexes") is not None and per_index is None:
+        errs.append(("spec.backoffLimitPerIndex", "FieldValueRequired",
+                     "Required value: when maxFailedIndexes is specified"))
+    if spec.get("maxFailedIndexes") is not None and spec.get("completions") is not None \
+            and spec["maxFailedIndexes"] > spec["completions"]:
+        errs.append(("spec.maxFailedIndexes", "FieldValueInvalid",
+                     "Invalid value: %s: must be less than or equal to completions"
+                     % spec["maxFailedIndexes"]))
+    return errs
+
+
+def _pod_failure_policy_errors(policy: dict, per_index: Any) -> List[Tuple[str, str, str]]:
+    """A pod failure policy's errors: each rule's action and exit codes."""
+    errs: List[Tuple[str, str, str]] = []
+    for number, rule in enumerate(policy.get("rules") or []):
+        action = rule.get("action")
+        if action not in ("Count", "FailIndex", "FailJob", "Ignore"):
+            errs.append(("spec.podFailurePolicy.rules[%d].action" % number, "FieldValueNotSupported",
+                         'Unsupported value: "%s": supported values: "Count", "FailIndex", '
+                         '"FailJob", "Ignore"' % action))
+        elif action == "FailIndex" and per_index is None:
+            errs.append(("spec.podFailurePolicy.rules[%d].action" % number, "FieldValueInvalid",
+                         'Invalid value: "FailIndex": requires the backoffLimitPerIndex to be set'))
+        codes = rule.get("onExitCodes")
+        if codes is not None and codes.get("operator") == "In" and 0 in (codes.get("values") or []):
+            errs.append(("spec.podFailurePolicy.rules[%d].onExitCodes.values[%d]" % (
+                number, codes["values"].index(0)), "FieldValueInvalid",
+                "Invalid value: 0: must not be 0 for the In operator"))
+    return errs
+
+
+def validate_config_map(body: dict) -> List[Tuple[str, str, str]]:
+    """A ConfigMap's field errors: its keys, and values that are not strings."""
+    errs: List[Tuple[str, str, str]] = []
+    for k in list((body.get("data") or {})) + list((body.get("binaryData") or {})):
+        if not _CM_KEY.match(k):
+            errs.append(("data[%s]" % k, "FieldValueInvalid",
+                         "Invalid value: \"%s\": a valid config key must consist of alphanumeric "
+                         "characters, '-', '_' or '.' (e.g. 'key.name',  or 'KEY_NAME',  or 'key-name', "
+                         "regex used for validation is '[-._a-zA-Z0-9]+')" % k))
+    for k, v in (body.get("data") or {}).items():
+        if not isinstance(v, str):
+            errs.append(("data[%s]" % k, "FieldValueInvalid", "Invalid value: must be a string"))
+    return errs
+
+
+def validate_runtime_class(body: dict) -> List[Tuple[str, str, str]]:
+    """A RuntimeClass's field errors: it names a handler."""
+    return [] if body.get("handler") else [("handler", "FieldValueRequired", "Required value")]
+
+
+# The resources whose creates are validated, by store.
+VALIDATORS: Dict[str, Callable[[dict], List[Tuple[str, str, str]]]] = {
+    "pods": validate_pod, "jobs": validate_job, "configmaps": validate_config_map,
+    "runtimeclasses": validate_runtime_class,
+}
+
+
 def validation_errors(info: ResourceInfo, body: dict) -> List[Tuple[str, str, str]]:
     """The field errors a create of `body` answers 422 with (pods, Jobs, ConfigMaps, RuntimeClasses)."""
-    errs: List[Tuple[str, str, str]] = []
-    if info.store == "pods":
-        errs += validate_pod_spec(body.get("spec") or {}, "spec")
-    elif info.store == "jobs":
-        spec = body.get("spec") or {}
-        tspec = (spec.get("template") or {}).get("spec") or {}
-        errs += validate_pod_spec(tspec, "spec.template.spec")
-        rp = tspec.get("restartPolicy")
-        if rp not in ("OnFailure", "Never"):
-            errs = [e for e in errs if e[0] != "spec.template.spec.restartPolicy"]
-            errs.append(("spec.template.spec.restartPolicy", "FieldValueNotSupported",
-                         'Unsupported value: "%s": supported values: "OnFailure", "Never"' % rp))
-        for f in ("parallelism", "completions", "backoffLimit"):
-            if spec.get(f) is not None and (not isinstance(spec[f], int) or spec[f] < 0):
-                errs.append(("spec.%s" % f, "FieldValueInvalid",
-                             "Invalid value: %s: must be greater than or equal to 0" % spec[f]))
-        ads = spec.get("activeDeadlineSeconds")
-        if ads is not None and (not isinstance(ads, int) or ads <= 0):
-            errs.append(("spec.activeDeadlineSeconds", "FieldValueInvalid",
-                         "Invalid value: %s: must be greater than or equal to 1" % ads))
-        if spec.get("completionMode") not in ("NonIndexed", "Indexed"):
-            errs.append(("spec.completionMode", "FieldValueNotSupported",
-                         'Unsupported value: "%s": supported values: "NonIndexed", "Indexed"'
-                         % spec.get("completionMode")))
-        if spec.get("completionMode") == "Indexed" and spec.get("completions") is None:
-            errs.append(("spec.completions", "FieldValueRequired",
-                         "Required value: when completion mode is Indexed"))
-        per_index = spec.get("backoffLimitPerIndex")
-        if per_index is not None and spec.get("completionMode") != "Indexed":
-            errs.append(("spec.backoffLimitPerIndex", "FieldValueForbidden",
-                         "Forbidden: requires indexed completion mode"))
-        if spec.get("maxFailedIndexes") is not None and per_index is None:
-            errs.append(("spec.backoffLimitPerIndex", "FieldValueRequired",
-                         "Required value: when maxFailedIndexes is specified"))
-        if spec.get("maxFailedIndexes") is not None and spec.get("completions") is not None \
-                and spec["maxFailedIndexes"] > spec["completions"]:
-            errs.append(("spec.maxFailedIndexes", "FieldValueInvalid",
-                         "Invalid value: %s: must be less than or equal to completions"
-                         % spec["maxFailedIndexes"]))
-        policy = spec.get("podFailurePolicy")
-        if policy is not None:
-            if rp != "Never":
-                errs.append(("spec.template.spec.restartPolicy", "FieldValueInvalid",
-                             'Invalid value: "%s": only "Never" is supported when podFailurePolicy '
-                             'is specified' % rp))
-            for number, rule in enumerate(policy.get("rules") or []):
-                action = rule.get("action")
-                if action not in ("Count", "FailIndex", "FailJob", "Ignore"):
-                    errs.append(("spec.podFailurePolicy.rules[%d].action" % number, "FieldValueNotSupported",
-                                 'Unsupported value: "%s": supported values: "Count", "FailIndex", '
-                                 '"FailJob", "Ignore"' % action))
-                elif action == "FailIndex" and per_index is None:
-                    errs.append(("spec.podFailurePolicy.rules[%d].action" % number, "FieldValueInvalid",
-                                 'Invalid value: "FailIndex": requires the backoffLimitPerIndex to be set'))
-                codes = rule.get("onExitCodes")
-                if codes is not None and codes.get("operator") == "In" and 0 in (codes.get("values") or []):
-                    errs.append(("spec.podFailurePolicy.rules[%d].onExitCodes.values[%d]" % (
-                        number, codes["values"].index(0)), "FieldValueInvalid",
-                        "Invalid value: 0: must not be 0 for the In operator"))
-    elif info.store == "configmaps":
-        for k in list((body.get("data") or {})) + list((body.get("binaryData") or {})):
-            if not _CM_KEY.match(k):
-                errs.append(("data[%s]" % k, "FieldValueInvalid",
-                             "Invalid value: \"%s\": a valid config key must consist of alphanumeric "
-                             "characters, '-', '_' or '.' (e.g. 'key.name',  or 'KEY_NAME',  or 'key-name', "
-                             "regex used for validation is '[-._a-zA-Z0-9]+')" % k))
-        for k, v in (body.get("data") or {}).items():
-            if not isinstance(v, str):
-                errs.append(("data[%s]" % k, "FieldValueInvalid", "Invalid value: must be a string"))
-    elif info.store == "runtimeclasses":
-        if not body.get("handler"):
-            errs.append(("handler", "FieldValueRequired", "Required value"))
-    return errs
+    validate = VALIDATORS.get(info.store)
+    return validate(body) if validate else []
 
 
 def _delete_path(obj: dict, path: str) -> None:
@@ -5131,13 +5380,7 @@ class Emulator:
         (self.workdir / "pods").mkdir(exist_ok=True)
         (self.workdir / "home").mkdir(exist_ok=True)
         self.bindir.mkdir(exist_ok=True)
-        for n in ("python", "python3"):
-            link = self.bindir / n
-            if link.is_symlink() or link.exists():
-                link.unlink()
-            # The real file, not a virtualenv's link to it: the sandbox shows the host's
-            # root read-only but a fresh /tmp, where a venv (or a CI checkout) may live.
-            link.symlink_to(os.path.realpath(self.python))
+        link_python(self.bindir, self.python)
         self.api.listen(0)
         self._write_kubeconfig()
         self._bootstrap()

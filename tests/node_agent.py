@@ -12,7 +12,6 @@ Standard library only.
 
 from __future__ import annotations
 
-import base64
 import http.server
 import os
 import random
@@ -28,7 +27,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from urllib.parse import parse_qs, quote, urlsplit
 
 from control_plane import Api, ApiError, free_port
-from kube_emulator import hex64, normalize_image
+from kube_emulator import hex64, link_python, normalize_image, told_of_removal, write_config_map_volume
 from sandbox import SANDBOX_PATH, ContainerLog, MountError, build_bwrap_argv, expand_vars, resolve_field_ref, \
     signal_tree
 
@@ -283,21 +282,7 @@ class PodWorker(threading.Thread):
             if v.get("configMap") is not None:
                 ref = v["configMap"]
                 cm = self.api.get_or_none(f"/api/v1/namespaces/{self.ns}/configmaps/{ref.get('name', '')}")
-                if cm is None and not ref.get("optional"):
-                    raise MountError(f'MountVolume.SetUp failed for volume "{name}" : configmap '
-                                     f'"{ref.get("name")}" not found')
-                data = dict((cm or {}).get("data") or {})
-                binary = {k: base64.b64decode(b) for k, b in ((cm or {}).get("binaryData") or {}).items()}
-                mode = ref.get("defaultMode", 0o644)
-                items = ref.get("items")
-                pairs = [(i["key"], i["path"], i.get("mode", mode)) for i in items] if items else \
-                    [(k, k, mode) for k in list(data) + list(binary)]
-                for key, path, file_mode in pairs:
-                    target = d / path
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    target.write_bytes(binary[key] if key in binary else data.get(key, "").encode())
-                    os.chmod(target, file_mode)
-                os.chmod(d, 0o755)
+                write_config_map_volume(d, name, ref, cm)
                 out[name] = (str(d), "configMap")
             elif v.get("emptyDir") is not None:
                 os.chmod(d, 0o777)
@@ -518,12 +503,7 @@ class NodeAgent:
         for d in ("logs", "pods"):
             (self.workdir / d).mkdir(parents=True, exist_ok=True)
         self.bindir.mkdir(parents=True, exist_ok=True)
-        for name in ("python", "python3"):
-            link = self.bindir / name
-            if link.is_symlink() or link.exists():
-                link.unlink()
-            # The real file, not a virtualenv's link to it: the sandbox shows a fresh /tmp.
-            link.symlink_to(os.path.realpath(self.python))
+        link_python(self.bindir, self.python)
         self._serve()
         for node in self.node_names:
             self._register(node)
@@ -665,9 +645,7 @@ class NodeAgent:
         uid = md["uid"]
         with self.lock:
             worker = self.workers.get(uid)
-        if kind == "DELETED":
-            if worker is not None:
-                worker.on_removed()
+        if told_of_removal(kind, worker):
             return
         terminal = (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
         if worker is None:

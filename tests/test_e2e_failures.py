@@ -151,6 +151,20 @@ def test_api_server_restart_while_waiting(make_cluster, tmp_path):
     assert results["client_wait"]["watch_restarts"] >= 1
 
 
+def test_a_job_watch_that_keeps_breaking_gives_way_to_polling(make_cluster, tmp_path):
+    kubectl, make = make_cluster
+    # Each list and watch of the Job by its name's field selector fails; reading the Job by name does not.
+    emulator = make(api_errors={"count": 10000, "match": "/jobs?fieldSelector=", "status": 503})
+    output = tmp_path / "out"
+    result = tool(emulator, kubectl, "run", "--count", "2", "--output", str(output), "--quiet")
+    assert result.returncode == 0, result.stderr
+    results = load(output / "results.json")
+    assert results["reward_sum"] == 2
+    wait = results["client_wait"]
+    assert wait["wait_mode"] == "poll" and wait["watch_restarts"] == 3, wait
+    assert wait["end"] == "Complete" and wait["client_job_complete_seconds"] is not None
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_interrupt_while_waiting_keeps_the_receipt(make_cluster, tmp_path, signum):
     kubectl, make = make_cluster

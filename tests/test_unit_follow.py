@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import unittest.mock
 
 import rl_batch_demo as demo
 
@@ -189,28 +190,29 @@ def test_the_follower_settles_once_each_pods_last_change_and_every_event_arrived
     follower.watches.queue.put(("events", {"type": "ADDED", "object": event("a.1")}))
     follower.watches.queue.put(("pods", {"type": "MODIFIED", "object": pod("b")}))
     follower.watches.queue.put(("events", {"type": "ADDED", "object": event("b.1")}))
-    assert not follower.settled(2)
-    follower.settle(2, seconds=5)
-    assert follower.settled(2) and follower.pods_are_final() and follower.events_caught_up(2)
+    assert not demo.watches_settled(follower, 2)
+    demo.settle_watches(follower, 2, seconds=5)
+    assert demo.watches_settled(follower, 2) and demo.watched_pods_final(follower)
+    assert demo.events_caught_up(follower, 2)
     assert sorted(follower.pods) == ["a", "b"] and len(follower.events) == 2
 
 
 def test_the_follower_stops_waiting_at_its_deadline_when_a_pod_never_ends() -> None:
     follower = follower_at_the_end([pod("a"), pod("b", "Running", finalizers=[FINALIZER])], 2)
-    follower.settle(None, seconds=0.2)
-    assert not follower.pods_are_final()
+    demo.settle_watches(follower, None, seconds=0.2)
+    assert not demo.watched_pods_final(follower)
 
 
 def test_events_not_watched_are_not_waited_for() -> None:
     follower = follower_at_the_end([pod("a")], 1)
     follower.events_watched = False
-    assert follower.settled(5) and not follower.events_caught_up(5)
+    assert demo.watches_settled(follower, 5) and not demo.events_caught_up(follower, 5)
 
 
 def test_a_pod_deleted_under_the_watch_is_never_final() -> None:
     follower = follower_at_the_end([pod("a"), pod("b")], 2)
     follower._on_pod(pod("b"), deleted=True)
-    assert not follower.pods_are_final() and follower.settled(None)
+    assert not demo.watched_pods_final(follower) and demo.watches_settled(follower, None)
 
 
 # --------------------------------------------------------------------------
@@ -245,7 +247,10 @@ def test_a_final_pod_is_encoded_while_waiting_and_that_text_used_only_for_its_ve
     final = pod("a", resourceVersion="7")
     state.apply("pods", "MODIFIED", final, 100.0)
     held = state.pods["a"]
-    assert json.loads(state.pod_text(held)) == final
+    # After the wait nothing is encoded again: the text is the one made as the pod arrived.
+    with unittest.mock.patch.object(demo.json, "dumps", side_effect=AssertionError("encoded after the wait")):
+        text = state.pod_text(held)
+    assert json.loads(text) == final
     # A later version of the pod (or another object) is encoded anew.
     newer = pod("a", resourceVersion="8", labels={"x": "y"})
     state.apply("pods", "MODIFIED", newer, 101.0)
@@ -262,3 +267,11 @@ def test_a_spool_gives_back_the_newest_text_of_each_name_between_writes() -> Non
     assert spool.get("a") == "second" and spool.get("b") == "other" and "a" in spool
     spool.forget("a")
     assert "a" not in spool
+
+
+def test_the_status_line_counts_the_jobs_pods_and_says_when_it_polls() -> None:
+    running = {"spec": {}, "status": {"active": 3, "ready": 2, "succeeded": 1}}
+    assert demo.status_line("rollout", 4, running, 12.34, polling=False) == (
+        "rollout:   12.3s  active 3  ready 2  succeeded 1/4  failed 0")
+    assert demo.status_line("rollout", 4, None, 0.0, polling=True) == (
+        "rollout:    0.0s  active 0  ready 0  succeeded 0/4  failed 0  (polling)")

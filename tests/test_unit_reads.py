@@ -223,7 +223,7 @@ def test_drain_takes_in_what_the_pod_watch_delivered_up_to_its_end_marker() -> N
     for item in (pod_event("rollout-a", "Running"), ("ended", "job", None), pod_event("rollout-b", "Running"),
                  ("ended", "pods", None), pod_event("rollout-c", "Running")):
         follower.watches.queue.put(item)
-    follower.drain()
+    demo.drain_pod_watch(follower)
     assert sorted(follower.pods) == ["rollout-a", "rollout-b"]
     assert follower.watches.processes == {}
     # It stopped at the pod watch's end: what follows is another watch's business.
