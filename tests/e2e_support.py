@@ -14,6 +14,8 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from kube_emulator import Emulator
 
+import rl_batch_demo
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PRODUCT = REPO_ROOT / "rl_batch_demo.py"
 
@@ -107,6 +109,31 @@ def receipt_of(output: Path) -> dict:
 def pods_of(output: Path) -> list[str]:
     """The names of the pods a run saved in pods.json."""
     return [p["metadata"]["name"] for p in load(output / "pods.json")["items"]]
+
+
+def assert_run_agrees_with_cluster(cluster: Any, output: Path, count: int, parallelism: int) -> dict:
+    """A finished run's files agree with each other and with the cluster's objects (an emulator or a
+    real control plane): its namespace, its Job as submitted and as it ended, and every episode's
+    reward and log. Returns results.json."""
+    results = load(output / "results.json")
+    assert results["episodes"] == results["successful_episodes"] == results["reward_sum"] == count
+    assert results["parallelism"] == parallelism
+    assert results["context"] == cluster.context
+    receipt = load(output / "receipt.json")
+    namespace = receipt["namespace"]
+    assert cluster.get("namespaces", None, namespace)["metadata"]["uid"] == receipt["namespace_uid"]
+    job = load(output / "job.json")
+    assert job["metadata"]["uid"] == receipt["job_uid"] == cluster.get("jobs", namespace, "rollout")["metadata"]["uid"]
+    assert any(c["type"] == "Complete" and c["status"] == "True" for c in job["status"]["conditions"])
+    assert load(output / "job-submitted.json") == rl_batch_demo.job_manifest(namespace, count, parallelism,
+                                                                            "python:3.12-alpine", "cube")
+    nodes = {n["metadata"]["name"] for n in cluster.list("nodes")}
+    for row in results["pods"]:
+        assert row["reward"] == 1 and row["node"] in nodes
+        events = rl_batch_demo.parse_events((output / f"{row['pod']}.log").read_text().splitlines())
+        assert [e["event"] for e in events] == ["ready", "reward"]
+        assert events[0]["episode_id"] == row["pod"]
+    return results
 
 
 def assert_cleanup_works(emulator: Any, kubectl: str, output: Path) -> None:

@@ -699,17 +699,17 @@ def test_fault_node_clock_offset(emu_factory) -> None:
     pods = emu.list("pods", "nodeclock")
     assert {p["spec"]["nodeName"] for p in pods} > {"emu-node-1"}, "the pods must spread over the nodes"
 
-    def stamp(text: str) -> float:
+    def epoch_seconds(text: str) -> float:
         return float(calendar.timegm(time.strptime(text, "%Y-%m-%dT%H:%M:%SZ")))
 
     for pod in pods:
         name, ahead = pod["metadata"]["name"], 3600 if pod["spec"]["nodeName"] == "emu-node-1" else 0
         true = truth["nodeclock/" + name]
         assert 0 <= true["container_started"] < true["container_finished"] < time.time()
-        assert abs(stamp(pod["status"]["startTime"]) - (true["scheduled"] + ahead)) < 5
+        assert abs(epoch_seconds(pod["status"]["startTime"]) - (true["scheduled"] + ahead)) < 5
         terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
-        assert abs(stamp(terminated["finishedAt"]) - (true["container_finished"] + ahead)) < 5
-        assert abs(stamp(pod["metadata"]["creationTimestamp"]) - true["created"]) < 5
+        assert abs(epoch_seconds(terminated["finishedAt"]) - (true["container_finished"] + ahead)) < 5
+        assert abs(epoch_seconds(pod["metadata"]["creationTimestamp"]) - true["created"]) < 5
         ready, reward = log_events(k("logs", "-n", "nodeclock", name).stdout)
         assert abs(ready["at"] - (true["container_started"] + ahead)) < 5
         assert abs(reward["at"] - (true["container_finished"] + ahead)) < 5
@@ -720,8 +720,8 @@ def test_fault_node_clock_offset(emu_factory) -> None:
             on_node = (event.get("source") or {}).get("component") == "kubelet"
             assert abs(named - (true["container_started"] + (ahead if on_node else 0))) < 5, event
             if on_node:
-                assert abs(stamp(event["firstTimestamp"]) - named) < 2, event
-                assert abs(stamp(event["metadata"]["creationTimestamp"]) - true["container_started"]) < 5, event
+                assert abs(epoch_seconds(event["firstTimestamp"]) - named) < 2, event
+                assert abs(epoch_seconds(event["metadata"]["creationTimestamp"]) - true["container_started"]) < 5, event
     with pytest.raises(ValueError, match="node_clock_offset takes"):
         check_faults({"node_clock_offset": 1.5})
 

@@ -19,9 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from e2e_support import PRODUCT, assert_cleanup_twice, interrupt, load, most_at_once, start_tool, tool, wait_for
-
-import rl_batch_demo
+from e2e_support import (PRODUCT, assert_cleanup_twice, assert_run_agrees_with_cluster, interrupt, load, most_at_once,
+                         start_tool, tool, wait_for)
 
 # One control plane for the whole tier: under pytest-xdist (--dist loadgroup) every test of
 # this module runs in the same worker, so one cluster is started, not one per worker.
@@ -35,26 +34,11 @@ def kubectl_run(cluster, kubectl: str, *args: str, kubeconfig: Path = None) -> s
 
 def check_run(cluster, output: Path, count: int, parallelism: int) -> dict:
     """The run's files agree with each other, with the API server and with what the node agent ran."""
-    results = load(output / "results.json")
-    assert results["episodes"] == results["successful_episodes"] == results["reward_sum"] == count
-    assert results["parallelism"] == parallelism
-    assert results["context"] == cluster.context
-    receipt = load(output / "receipt.json")
-    namespace = receipt["namespace"]
-    assert cluster.get("namespaces", None, namespace)["metadata"]["uid"] == receipt["namespace_uid"]
-    job = load(output / "job.json")
-    assert job["metadata"]["uid"] == receipt["job_uid"] == cluster.get("jobs", namespace, "rollout")["metadata"]["uid"]
-    assert any(c["type"] == "Complete" and c["status"] == "True" for c in job["status"]["conditions"])
-    assert load(output / "job-submitted.json") == rl_batch_demo.job_manifest(namespace, count, parallelism,
-                                                                            "python:3.12-alpine", "cube")
-    nodes = {n["metadata"]["name"] for n in cluster.list("nodes")}
+    results = assert_run_agrees_with_cluster(cluster, output, count, parallelism)
+    namespace = load(output / "receipt.json")["namespace"]
     for row in results["pods"]:
-        assert row["reward"] == 1 and row["node"] in nodes
         ran = cluster.agent.truth[(namespace, row["pod"])]
         assert ran["node"] == row["node"] and ran["exit_code"] == 0
-        events = rl_batch_demo.parse_events((output / f"{row['pod']}.log").read_text().splitlines())
-        assert [e["event"] for e in events] == ["ready", "reward"]
-        assert events[0]["episode_id"] == row["pod"]
     events = (output / "events.txt").read_text()
     for reason in ("Scheduled", "Pulled", "Created", "Started", "SuccessfulCreate", "Completed"):
         assert reason in events, f"no {reason} event in events.txt"
