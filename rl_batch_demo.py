@@ -3373,16 +3373,29 @@ class LogReader:
         return logs
 
 
+class WatchEvent(NamedTuple):
+    """What a watch printed: of the Job, the pods or the events (`kind`), and when it arrived."""
+    kind: str
+    event: dict
+    arrived: float
+
+
+class WatchEnded(NamedTuple):
+    """A watch's process ended; `refusal`: the API's refusal it printed, if it was one."""
+    kind: str
+    refusal: str | None
+
+
 class WatchStream:
     """One batch's watches (`kubectl get -w` of its Job, its pods, the namespace's events): each
-    process's output turned by a thread into queue items, (kind, event, arrival) and at its end
-    ("ended", kind, refusal); and how often each broke in a row, for the restarts."""
+    process's output turned by a thread into queue items, a WatchEvent for each event and a
+    WatchEnded at its end; and how often each broke in a row, for the restarts."""
 
     def __init__(self, kubectl: Kubectl, namespace: str, job_name: str) -> None:
         self.kubectl = kubectl
         self.namespace = namespace
         self.job_name = job_name
-        self.queue: queue.Queue = queue.Queue()
+        self.queue: queue.Queue[WatchEvent | WatchEnded] = queue.Queue()
         self.processes: dict[str, subprocess.Popen] = {}
         self.failures = {"job": 0, "pods": 0, "events": 0}
 
@@ -3425,11 +3438,11 @@ class WatchStream:
 
         try:
             for value in iter_json_stream(chunks()):
-                self.queue.put((kind, value, time.time()))
+                self.queue.put(WatchEvent(kind, value, time.time()))
         except (OSError, ValueError):
             pass  # the pipe closed under us: reported as the watch's end below
         process.wait()
-        self.queue.put(("ended", kind, refusal(errors)))
+        self.queue.put(WatchEnded(kind, refusal(errors)))
 
     def restart(self, kind: str, client_deadline: float) -> None:
         """Start a broken watch again, after a pause that grows with its breaks in a row."""
@@ -3595,13 +3608,12 @@ class BatchFollower:
         self.cost.took(self.watches.queue.qsize())
         self.take(item, client_deadline)
 
-    def take(self, item: tuple, client_deadline: float) -> None:
+    def take(self, item: WatchEvent | WatchEnded, client_deadline: float) -> None:
         """One queue item: a watch event, or the end of a watch."""
-        if item[0] == "ended":
-            self._watch_ended(item[1], item[2], client_deadline)
+        if isinstance(item, WatchEnded):
+            self._watch_ended(item.kind, item.refusal, client_deadline)
             return
-        kind, event = item[0], item[1]
-        arrived = item[2] if len(item) > 2 else time.time()
+        kind, event, arrived = item
         self.watches.failures[kind] = 0
         obj = event.get("object") if isinstance(event, dict) and "object" in event else event
         if not isinstance(obj, dict) or obj.get("kind") == "Status":
@@ -3672,10 +3684,11 @@ def drain_pod_watch(follower: BatchFollower) -> None:
             item = follower.watches.queue.get(timeout=max(0.01, deadline - time.monotonic()))
         except queue.Empty:
             return
-        if item[0] == "ended" and item[1] == "pods":
-            return
-        if item[0] != "ended":
-            follower.take(item, deadline)
+        if isinstance(item, WatchEnded):
+            if item.kind == "pods":
+                return
+            continue  # another watch's end: what follows the Job's end needs only the pods
+        follower.take(item, deadline)
 
 
 def settle_watches(follower: BatchFollower, events_expected: int | None, seconds: float) -> None:

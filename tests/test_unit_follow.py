@@ -187,9 +187,9 @@ def follower_at_the_end(pods: list[dict], succeeded: int) -> demo.BatchFollower:
 
 def test_the_follower_settles_once_each_pods_last_change_and_every_event_arrived() -> None:
     follower = follower_at_the_end([pod("a"), pod("b", finalizers=[FINALIZER])], 2)
-    follower.watches.queue.put(("events", {"type": "ADDED", "object": event("a.1")}))
-    follower.watches.queue.put(("pods", {"type": "MODIFIED", "object": pod("b")}))
-    follower.watches.queue.put(("events", {"type": "ADDED", "object": event("b.1")}))
+    follower.watches.queue.put(demo.WatchEvent("events", {"type": "ADDED", "object": event("a.1")}, 100.0))
+    follower.watches.queue.put(demo.WatchEvent("pods", {"type": "MODIFIED", "object": pod("b")}, 100.1))
+    follower.watches.queue.put(demo.WatchEvent("events", {"type": "ADDED", "object": event("b.1")}, 100.2))
     assert not demo.watches_settled(follower, 2)
     demo.settle_watches(follower, 2, seconds=5)
     assert demo.watches_settled(follower, 2) and demo.watched_pods_final(follower)
@@ -218,7 +218,7 @@ def test_a_pod_deleted_under_the_watch_is_never_final() -> None:
 def test_an_event_watch_that_keeps_breaking_is_given_up_saying_how_often_it_broke(capsys) -> None:
     follower = follower_at_the_end([pod("a")], 1)
     follower.watches.failures["events"] = demo.WATCH_RESTARTS_BEFORE_POLLING  # each restart broke too
-    follower.take(("ended", "events", None), 0.0)
+    follower.take(demo.WatchEnded("events", None), 0.0)
     assert not follower.events_watched and "events" not in follower.watches
     assert f"(it broke {demo.WATCH_RESTARTS_BEFORE_POLLING + 1} times in a row)" in capsys.readouterr().err
 

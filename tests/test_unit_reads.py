@@ -211,8 +211,8 @@ class StoppedWatch:
         return 0
 
 
-def pod_event(name: str, phase: str) -> tuple:
-    return ("pods", {"type": "MODIFIED", "object": dict(pod(name, phase), kind="Pod")})
+def pod_event(name: str, phase: str) -> demo.WatchEvent:
+    return demo.WatchEvent("pods", {"type": "MODIFIED", "object": dict(pod(name, phase), kind="Pod")}, 100.0)
 
 
 def test_drain_takes_in_what_the_pod_watch_delivered_up_to_its_end_marker() -> None:
@@ -220,8 +220,8 @@ def test_drain_takes_in_what_the_pod_watch_delivered_up_to_its_end_marker() -> N
                                   demo.Progress(quiet=True), None)  # type: ignore[arg-type]
     follower.watches.failures = {"job": 0, "pods": 0}  # as follow() leaves them
     follower.watches.processes["pods"] = StoppedWatch()  # type: ignore[assignment]
-    for item in (pod_event("rollout-a", "Running"), ("ended", "job", None), pod_event("rollout-b", "Running"),
-                 ("ended", "pods", None), pod_event("rollout-c", "Running")):
+    for item in (pod_event("rollout-a", "Running"), demo.WatchEnded("job", None), pod_event("rollout-b", "Running"),
+                 demo.WatchEnded("pods", None), pod_event("rollout-c", "Running")):
         follower.watches.queue.put(item)
     demo.drain_pod_watch(follower)
     assert sorted(follower.pods) == ["rollout-a", "rollout-b"]
