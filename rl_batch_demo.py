@@ -3538,9 +3538,6 @@ class BatchFollower:
         # The namespace's events are followed while waiting so that little is left to read at the
         # end; not watched (then listed at the end) when the watch is refused or broke for good.
         self.events_watched = True
-        # How the events saved were read: "watch" (followed, as many as the API counted after
-        # the end) or "list" (read in pages after the end).
-        self.events_read = "list"
         # When this client saw the Job's end, on both clocks (observed.json is what the watches saw).
         self.end_seen_monotonic: float | None = None
         self.end_seen_wall: float | None = None
@@ -4311,7 +4308,7 @@ def run_one_batch(run: RunContext, entry: dict) -> BatchOutcome:
         "source": reading.source, "not_older_than": follower.end_resource_version,
         "resource_version": reading.resource_version, "pages": reading.pages,
         "continue_expiries": reading.continue_expiries, "read_again": reading.reread}
-    client["events_read"] = follower.events_read
+    client["events_read"] = batch.events_read
     summarise = rollout_summary if run.settings.get("rollout") else verified_summary
     summary = summarise(batch, end, evidence)
     client["post_completion_seconds"] = rounded(time.monotonic() - follower.end_seen_monotonic)
@@ -4498,6 +4495,9 @@ class BatchEvidence:
         self.kubectl = run.kubectl
         self.namespace = run.namespace
         self.settings = run.settings
+        # How the events saved were read: "watch" (followed, as many as the API counted after
+        # the end) or "list" (read in pages after the end).
+        self.events_read = "list"
 
     @property
     def proxy(self) -> ApiProxy | None:
@@ -4518,7 +4518,7 @@ class BatchEvidence:
         follower.stop_watches(keep=() if watched_final else ("pods",))
         if watched_final:
             follower.state.forget_shared()
-        follower.events_read = "watch" if events_watched else "list"
+        self.events_read = "watch" if events_watched else "list"
         # Its own threads: the log readers' pool may still be busy with reads under way.
         with concurrent.futures.ThreadPoolExecutor(4) as fetchers:
             job_future = fetchers.submit(self._read_job, job_name, retry_until)
