@@ -2139,8 +2139,7 @@ def slot_freed_after(created_within: dict[str, tuple[float, float]], ended_after
     return found
 
 
-def job_creation(job: dict, job_observed: dict[str, float], client_offset: float,
-                 client_slack: float = 0.0) -> Point:
+def job_creation(job: dict, job_observed: dict[str, float], client_offset: float, client_slack: float) -> Point:
     """When the Job was truly created: inside the client's create call and its creationTimestamp's
     second; the client's moments widened by how far its clock's correction may be off."""
     stamp = whole_second(parse_time(job["metadata"].get("creationTimestamp")), "Job creationTimestamp",
@@ -2226,17 +2225,18 @@ def pod_row(pod: dict, ready: dict, reward: dict, job_created: float) -> dict:
 
 def slots_freed(episodes: Sequence[tuple[dict, dict, dict]], clock_offsets_of: Callable[[dict], dict[str, float]],
                 creations: dict[str, float], observed_pods: dict[str, dict], job_earliest: float | None,
-                parallelism: int) -> dict[str, float]:
+                parallelism: int, replaces_terminating: bool = True) -> dict[str, float]:
     """Per pod, the latest moment an earlier pod's end provably freed the slot it was created into:
     each pod's creation bounded by its stamp, its creation event and the watch, each end by its
-    reward on the node's clock (corrected, less its slack). A pod asked to be deleted may have
-    freed its slot before its end (by default a Job replaces a terminating pod at once), and
-    its deletionTimestamp does not say when: a later delete shortens it. Its end is unknown."""
+    reward on the node's clock (corrected, less its slack). Where the Job `replaces_terminating`
+    pods (its podReplacementPolicy is not Failed), a pod asked to be deleted freed its slot at
+    the request, maybe before its end, and its deletionTimestamp need not name that moment (a
+    later, shorter delete moves it): its end is unknown."""
     ended_after = {}
     for pod, _, reward in episodes:
         offsets = clock_offsets_of(pod)
         reward_at = worker_time(reward.get("at"))
-        if reward_at is not None and not pod["metadata"].get("deletionTimestamp"):
+        if reward_at is not None and not (replaces_terminating and pod["metadata"].get("deletionTimestamp")):
             ended_after[pod_name(pod)] = reward_at - offsets["node"] - offsets["node_slack"]
     created_within = {}
     for pod, _, _ in episodes:
@@ -2252,7 +2252,8 @@ def slots_freed(episodes: Sequence[tuple[dict, dict, dict]], clock_offsets_of: C
 
 @dataclasses.dataclass
 class BatchSummary:
-    """One batch verified and measured: `figures` is its saved form; the rest is what the CSV, the
+    """One batch verified and measured: `figures` are its own figures as results.json saves them
+    (BatchOutcome.figures adds how long the client waited); the rest is what the CSV, the
     pictures and the pooling of rounds read, and nothing saves as such."""
     figures: dict[str, Any]
     episodes: list[dict]  # per episode: pod, index, points, phases, image_cache, runtime_class, guide_pod_to_ready
@@ -2298,8 +2299,10 @@ def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
                 "node": node_clock.get("offset_seconds") or 0.0,
                 "node_slack": node_clock.get("correction_slack_seconds") or 0.0}
 
+    job_spec = job.get("spec") or {}
     slots = slots_freed(episodes, clock_offsets_of, creations, observed_pods, job_created_point.earliest,
-                        int((job.get("spec") or {}).get("parallelism") or 1)) if len(pods) == count else {}
+                        int(job_spec.get("parallelism") or 1),
+                        job_spec.get("podReplacementPolicy") != "Failed") if len(pods) == count else {}
     rows, records, durations = [], [], []
     for pod, ready, reward in episodes:
         name = pod_name(pod)
@@ -2424,8 +2427,8 @@ def timeline_svg(batches: Sequence[tuple[str, BatchSummary]], title: str) -> str
     left = 170 if labels else 60
     width, right = 1000, 30
     plot_width = width - left - right
-    legend_parts, legend_bottom = timeline_legend(left, width - right)
-    top = legend_bottom + 38
+    legend_parts, legend_last_row = timeline_legend(left, width - right)
+    top = legend_last_row + 38
     height = top + row_height * count + 80
     span = max([point[0] - origin for origin, record in episodes
                 for point in record["points"].values() if point is not None] + [1.0])
@@ -3497,9 +3500,12 @@ class PollFallback:
         job = self.kubectl.get("job", self.job_name, self.namespace, retry_until=retry_until)
         pods = self.kubectl.get_list("pods", self.namespace, "-l", f"job-name={self.job_name}",
                                      retry_until=retry_until)
-        seen = time.time()
+        return job, (pods or {}).get("items", []), time.time()
+
+    def taken_in(self) -> None:
+        """The last read is taken in: the next one follows a whole interval later, however long
+        thousands of pods took to apply."""
         self.next_read = time.monotonic() + POLL_INTERVAL_SECONDS
-        return job, (pods or {}).get("items", []), seen
 
 
 @dataclasses.dataclass
@@ -3592,6 +3598,7 @@ class BatchFollower:
         for pod in pods:
             self._on_pod(pod, arrived=seen)
         self._on_job(job, seen)
+        self.poller.taken_in()
 
     def _take_next(self, client_deadline: float) -> None:
         """The watches' next item, should one come before the next poll; else within a second,
@@ -3664,8 +3671,6 @@ class BatchFollower:
     def _show(self, submitted_monotonic: float) -> None:
         self.progress.update(status_line(self.job_name, self.count, self.job,
                                          time.monotonic() - submitted_monotonic, self.polling))
-
-
 
 
 # After the Job's end its pod and event watches still deliver what happened up to it.
@@ -4542,6 +4547,7 @@ class BatchEvidence:
             return follower.job
 
     def _read_pods(self, job_name: str, watched_final: bool, retry: bool) -> PodReading:
+        """The Job's pods: as watched when each one's last change arrived, else listed."""
         follower = self.follower
         if watched_final:
             # Each pod's last change arrived: a list would show the very same pods.
@@ -4554,6 +4560,7 @@ class BatchEvidence:
                              self.settings.get("chunk_size", LIST_PAGE_SIZE))
 
     def _read_events(self, events_watched: bool, retry: bool) -> PagedList | EventStore:
+        """The namespace's events: as watched when the watch caught up with them all, else listed."""
         if events_watched:
             return self.follower.events
         return read_events(self.kubectl, self.proxy, self.namespace, self.settings.get("chunk_size", LIST_PAGE_SIZE),

@@ -27,6 +27,7 @@ from rl_batch_demo import main
 from test_unit import (GUIDE_COMPARE_HEADER, GUIDE_COMPARE_ROWS, GUIDE_PARALLEL, GUIDE_SERIAL, NAMESPACE, RUN_ID, T0,
                        compare_rows, log_text, ready_event, reward_event, stamp)
 
+
 def usage_error(argv: list[str]) -> int:
     """The exit status of a `main` that must stop with a usage error."""
     with pytest.raises(SystemExit) as stopped:

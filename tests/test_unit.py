@@ -1416,6 +1416,9 @@ def test_a_pod_asked_to_be_deleted_bounds_no_later_pods_creation() -> None:
     assert demo.slots_freed([ended, b], no_offsets, {}, {}, T0, 1) == {"b": T0 + 5}
     deleted = episode("a", stamp(0), T0 + 5, deletionTimestamp=stamp(32), deletionGracePeriodSeconds=30)
     assert demo.slots_freed([deleted, b], no_offsets, {}, {}, T0, 1) == {}
+    # A Job that waits for a terminating pod to end before replacing it (podReplacementPolicy
+    # Failed, as with a podFailurePolicy): the end still frees the slot.
+    assert demo.slots_freed([deleted, b], no_offsets, {}, {}, T0, 1, replaces_terminating=False) == {"b": T0 + 5}
 
 
 def test_a_batch_that_mixes_start_paths_shows_each_paths_phases() -> None:

@@ -216,11 +216,22 @@ def test_a_pod_deleted_under_the_watch_is_never_final() -> None:
 
 
 def test_an_event_watch_that_keeps_breaking_is_given_up_saying_how_often_it_broke(capsys) -> None:
-    follower = follower_at_the_end([pod("a")], 1)
-    follower.watches.failures["events"] = demo.WATCH_RESTARTS_BEFORE_POLLING  # each restart broke too
-    follower.take(demo.WatchEnded("events", None), 0.0)
+    follower = demo.BatchFollower(demo.Kubectl("kubectl-never-run"), NAMESPACE, "rollout", 1,
+                                  demo.Progress(quiet=True), pool=None)  # type: ignore[arg-type]
+    follower.watches.failures = {"job": 0, "pods": 0, "events": 0}
+    follower.watches.processes = {"events": Watch()}  # type: ignore[dict-item]
+    restarted = []
+
+    def restart(kind: str, client_deadline: float) -> None:  # at once, and no process
+        restarted.append(kind)
+        follower.watches.processes[kind] = Watch()  # type: ignore[assignment]
+    follower.watches.restart = restart  # type: ignore[method-assign]
+    breaks = demo.WATCH_RESTARTS_BEFORE_POLLING + 1  # the first break, then each restart's
+    for _ in range(breaks):
+        follower.take(demo.WatchEnded("events", None), 0.0)
+    assert restarted == ["events"] * demo.WATCH_RESTARTS_BEFORE_POLLING
     assert not follower.events_watched and "events" not in follower.watches
-    assert f"(it broke {demo.WATCH_RESTARTS_BEFORE_POLLING + 1} times in a row)" in capsys.readouterr().err
+    assert f"(it broke {breaks} times in a row)" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------
