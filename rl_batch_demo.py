@@ -1681,12 +1681,6 @@ class EpisodeClocks(NamedTuple):
     node: float = 0.0
     node_slack: float = 0.0
 
-    @classmethod
-    def of(cls, offsets: dict[str, float]) -> EpisodeClocks:
-        """From episode_points' `offsets`: a clock not named there reads as the control plane's."""
-        return cls(offsets.get("client", 0.0), offsets.get("client_slack", 0.0),
-                   offsets.get("node", 0.0), offsets.get("node_slack", 0.0))
-
 
 def kubelet_named(kubelet: dict[str, tuple[float, str]], reason: str) -> float | None:
     """When the kubelet named its event of that reason (on the node's clock), if it did."""
@@ -1782,21 +1776,20 @@ def worker_point(value: Any, precision: float, source: str, clocks: EpisodeClock
 def episode_points(pod: dict, ready: dict, reward: dict, scheduled_at: float | None,
                    observed: dict | None = None, kubelet: dict[str, tuple[float, str]] | None = None,
                    created_event_at: float | None = None,
-                   offsets: dict[str, float] | None = None,
+                   clocks: EpisodeClocks = EpisodeClocks(),
                    created_after: Bound | None = None) -> dict[str, Point | None]:
     """When each point of one episode happened, from its sharpest sources, on the control plane's clock.
 
     `observed` is what this client's watch saw of the pod (when each transition first
     arrived, and stamps seen only while it ran); `kubelet` the kubelet's container events
-    (reason -> name time, node); `offsets` each clock's reading minus the control plane's
-    ("client", and "node" for this pod's node), and how far each may be off ("client_slack",
-    "node_slack"): a point read on that clock is that much less precise. `created_after`:
+    (reason -> name time, node); `clocks` the client's and this pod's node's clocks minus the
+    control plane's, and how far each may be off: a point read on that clock is that much less
+    precise (by default every clock reads as the control plane's). `created_after`:
     what else the pod was created after (its Job's creation, an earlier pod's end).
     """
     observed = observed or {}
     seen = observed.get("seen") or {}
     kubelet = kubelet or {}
-    clocks = EpisodeClocks.of(offsets or {})
     state = container_status(pod).get("state") or {}
     created = whole_second(parse_time(pod["metadata"].get("creationTimestamp")),
                            "Pod creationTimestamp", REFERENCE_CLOCK)
@@ -2223,7 +2216,7 @@ def pod_row(pod: dict, ready: dict, reward: dict, job_created: float) -> dict:
     }
 
 
-def slots_freed(episodes: Sequence[tuple[dict, dict, dict]], clock_offsets_of: Callable[[dict], dict[str, float]],
+def slots_freed(episodes: Sequence[tuple[dict, dict, dict]], clocks_of: Callable[[dict], EpisodeClocks],
                 creations: dict[str, float], observed_pods: dict[str, dict], job_earliest: float | None,
                 parallelism: int, replaces_terminating: bool = True) -> dict[str, float]:
     """Per pod, the latest moment an earlier pod's end provably freed the slot it was created into:
@@ -2234,17 +2227,17 @@ def slots_freed(episodes: Sequence[tuple[dict, dict, dict]], clock_offsets_of: C
     later, shorter delete moves it): its end is unknown."""
     ended_after = {}
     for pod, _, reward in episodes:
-        offsets = clock_offsets_of(pod)
         reward_at = worker_time(reward.get("at"))
         if reward_at is not None and not (replaces_terminating and pod["metadata"].get("deletionTimestamp")):
-            ended_after[pod_name(pod)] = reward_at - offsets["node"] - offsets["node_slack"]
+            clocks = clocks_of(pod)
+            ended_after[pod_name(pod)] = reward_at - clocks.node - clocks.node_slack
     created_within = {}
     for pod, _, _ in episodes:
-        name, offsets = pod_name(pod), clock_offsets_of(pod)
+        name, clocks = pod_name(pod), clocks_of(pod)
         stamp = parse_time(pod["metadata"]["creationTimestamp"])
         seen = ((observed_pods.get(name) or {}).get("seen") or {}).get("added")
         latest = [stamp + WHOLE_SECOND, creations.get(name)] + \
-            ([] if seen is None else [seen - offsets["client"] + offsets["client_slack"]])
+            ([] if seen is None else [seen - clocks.client + clocks.client_slack])
         created_within[name] = (max(stamp, job_earliest or stamp),
                                 min(moment for moment in latest if moment is not None))
     return slot_freed_after(created_within, ended_after, parallelism)
@@ -2293,26 +2286,28 @@ def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
     client_offset = clocks["client"]["offset_seconds"]
     job_created_point = job_creation(job, job_observed, client_offset, clocks["client"]["correction_slack_seconds"])
 
-    def clock_offsets_of(pod: dict) -> dict[str, float]:
-        node_clock = clocks["nodes"].get((pod.get("spec") or {}).get("nodeName") or "") or {}
-        return {"client": client_offset, "client_slack": clocks["client"]["correction_slack_seconds"],
-                "node": node_clock.get("offset_seconds") or 0.0,
-                "node_slack": node_clock.get("correction_slack_seconds") or 0.0}
+    # Each node's clocks once, not each pod's: its pods share them.
+    client_only = EpisodeClocks(client_offset, clocks["client"]["correction_slack_seconds"])
+    node_clocks = {node: client_only._replace(node=entry.get("offset_seconds") or 0.0,
+                                              node_slack=entry.get("correction_slack_seconds") or 0.0)
+                   for node, entry in clocks["nodes"].items() if entry}
+
+    def clocks_of(pod: dict) -> EpisodeClocks:
+        return node_clocks.get((pod.get("spec") or {}).get("nodeName") or "", client_only)
 
     job_spec = job.get("spec") or {}
-    slots = slots_freed(episodes, clock_offsets_of, creations, observed_pods, job_created_point.earliest,
+    slots = slots_freed(episodes, clocks_of, creations, observed_pods, job_created_point.earliest,
                         int(job_spec.get("parallelism") or 1),
                         job_spec.get("podReplacementPolicy") != "Failed") if len(pods) == count else {}
     rows, records, durations = [], [], []
     for pod, ready, reward in episodes:
         name = pod_name(pod)
         created = parse_time(pod["metadata"]["creationTimestamp"])
-        offsets = clock_offsets_of(pod)
         created_after = max([lower(job_created_point.earliest, "the Job's creation", REFERENCE_CLOCK),
                              lower(slots.get(name), "an earlier pod's end freeing its slot", REFERENCE_CLOCK)],
                             key=lambda bound: -math.inf if bound is None else bound.lower)
         points = episode_points(pod, ready, reward, scheduled.get(name), observed_pods.get(name),
-                                kubelet.get(name), creations.get(name), offsets, created_after)
+                                kubelet.get(name), creations.get(name), clocks_of(pod), created_after)
         phases = phase_durations(points)
         durations.append(phases)
         rows.append(pod_row(pod, ready, reward, job_created))

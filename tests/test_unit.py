@@ -1409,8 +1409,8 @@ def test_a_pod_asked_to_be_deleted_bounds_no_later_pods_creation() -> None:
         pod = {"metadata": {"name": name, "creationTimestamp": created, **metadata}, "spec": {}}
         return pod, {}, {"at": reward_at}
 
-    def no_offsets(pod: dict) -> dict:
-        return {"client": 0.0, "client_slack": 0.0, "node": 0.0, "node_slack": 0.0}
+    def no_offsets(pod: dict) -> demo.EpisodeClocks:
+        return demo.EpisodeClocks()
     b = episode("b", stamp(6), T0 + 9)
     ended = episode("a", stamp(0), T0 + 5)
     assert demo.slots_freed([ended, b], no_offsets, {}, {}, T0, 1) == {"b": T0 + 5}
