@@ -3543,7 +3543,7 @@ class BatchFollower:
         self.end_seen_monotonic: float | None = None
         self.end_seen_wall: float | None = None
 
-    # What the watches said, as the state holds it; what the wait cost.
+    # What the watches said, as the state holds it.
     job = property(lambda self: self.state.job)
     pods = property(lambda self: self.state.pods)
     deleted = property(lambda self: self.state.deleted)
@@ -3552,9 +3552,6 @@ class BatchFollower:
     end = property(lambda self: self.state.end)
     end_resource_version = property(lambda self: self.state.end_resource_version)
     polling = property(lambda self: self.poller.active)
-    processes_while_waiting = property(lambda self: self.cost.processes)
-    watch_restarts = property(lambda self: self.cost.restarts)
-    queue_peak = property(lambda self: self.cost.queue_peak)
 
     def observations(self) -> dict:
         return self.state.observations()
@@ -4313,7 +4310,7 @@ def run_one_batch(run: RunContext, entry: dict) -> BatchOutcome:
     summary = summarise(batch, end, evidence)
     client["post_completion_seconds"] = rounded(time.monotonic() - follower.end_seen_monotonic)
     write_json(os.path.join(batch_dir, "client.json"), client)
-    return BatchOutcome(entry, summary, client or None)
+    return BatchOutcome(entry, summary, client)
 
 
 def client_wait(follower: BatchFollower, end: str | None, submitted_wall: float, submitted: float) -> dict:
@@ -4323,9 +4320,9 @@ def client_wait(follower: BatchFollower, end: str | None, submitted_wall: float,
         "observed_at": follower.end_seen_wall,
         "client_job_complete_seconds": rounded(follower.end_seen_monotonic - submitted)
         if follower.end_seen_monotonic is not None else None,
-        "kubectl_processes_while_waiting": follower.processes_while_waiting,
-        "watch_restarts": follower.watch_restarts,
-        "watch_queue_peak": follower.queue_peak,
+        "kubectl_processes_while_waiting": follower.cost.processes,
+        "watch_restarts": follower.cost.restarts,
+        "watch_queue_peak": follower.cost.queue_peak,
         "wait_mode": "poll" if follower.polling else "watch",
     }
 
@@ -4528,8 +4525,7 @@ class BatchEvidence:
             table_future = fetchers.submit(read_events_table, self.kubectl, self.namespace, retry_until) \
                 if self.settings["count"] <= EVENTS_TABLE_BY_KUBECTL_UP_TO else None
             events_future = fetchers.submit(self._read_events, events_watched, retry)
-            return self.save_evidence(follower, job_future, pods_future, table_future, events_future,
-                                      retry_until)
+            return self.save_evidence(job_future, pods_future, table_future, events_future, retry_until)
 
     def _read_job(self, job_name: str, retry_until: float | None) -> dict | None:
         """The Job as its end was seen, else as read now, else as last watched."""
@@ -4561,10 +4557,11 @@ class BatchEvidence:
         return read_events(self.kubectl, self.proxy, self.namespace, self.settings.get("chunk_size", LIST_PAGE_SIZE),
                            COLLECT_RETRY_SECONDS if retry else None)
 
-    def save_evidence(self, follower: BatchFollower, job_future: concurrent.futures.Future,
+    def save_evidence(self, job_future: concurrent.futures.Future,
                       pods_future: concurrent.futures.Future, table_future: concurrent.futures.Future | None,
                       events_future: concurrent.futures.Future, retry_until: float | None) -> Evidence:
         """Write what the fetches brought; fall back to the watch's view where a fetch failed."""
+        follower = self.follower
         problems: list[str] = []
         job = job_future.result()
         if job is not None:
@@ -4659,7 +4656,7 @@ def summarise_rollout(rows: Sequence[dict], job: dict, pods: Sequence[dict], log
     summary = summarise_batch(job, [pod for pod in pods if pod_name(pod) in successes], logs, events,
                               len(successes), settings["builtin"], end_seen_at, observed)
     summary.figures.update(rollout_figures(rows, job, pods, settings.get("group_size") or 1, allowed,
-                                   settings.get("retries") or 0))
+                                           settings.get("retries") or 0))
     return summary
 
 
