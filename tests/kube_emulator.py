@@ -2514,7 +2514,7 @@ class ApiServer:
         query = {k: v[-1] for k, v in qs.items()}
         length = int(h.headers.get("Content-Length") or 0)
         body = h.rfile.read(length) if length else b""
-        is_watch = query.get("watch") in ("1", "true", "True")
+        is_watch = is_true(query.get("watch"))
         entry: Dict[str, Any] = {"at": t0, "method": h.command, "path": path, "query": query,
                                  "status": None, "user_agent": h.headers.get("User-Agent", ""),
                                  "watch": is_watch, "accept": h.headers.get("Accept", ""),

@@ -27,7 +27,8 @@ from typing import Any, Dict, List, Optional, Tuple
 from urllib.parse import parse_qs, quote, urlsplit
 
 from control_plane import Api, ApiError, free_port
-from kube_emulator import hex64, link_python, normalize_image, told_of_removal, write_config_map_volume
+from kube_emulator import (hex64, link_python, normalize_image, told_of_removal, write_config_map_volume,
+                           write_downward_api_files)
 from sandbox import SANDBOX_PATH, ContainerLog, MountError, build_bwrap_argv, expand_vars, resolve_field_ref, \
     signal_tree
 
@@ -297,9 +298,7 @@ class PodWorker(threading.Thread):
                                                   f"{source['configMap'].get('name', '')}") or {}
                         for item in source["configMap"].get("items") or []:
                             (d / item["path"]).write_text((cm.get("data") or {}).get(item["key"], ""))
-                    for item in (source.get("downwardAPI") or {}).get("items") or []:
-                        value = resolve_field_ref(self.pod, (item.get("fieldRef") or {}).get("fieldPath", ""))
-                        (d / item["path"]).write_text(value or "")
+                    write_downward_api_files(self.pod, d, (source.get("downwardAPI") or {}).get("items") or [])
                 for f in d.iterdir():
                     os.chmod(f, 0o644)
                 out[name] = (str(d), "projected")

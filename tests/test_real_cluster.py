@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from e2e_support import (PRODUCT, assert_cleanup_twice, assert_run_agrees_with_cluster, interrupt, load, most_at_once,
-                         start_tool, tool, wait_for)
+                         start_tool, tool, wait_for, write_script)
 
 # One control plane for the whole tier: under pytest-xdist (--dist loadgroup) every test of
 # this module runs in the same worker, so one cluster is started, not one per worker.
@@ -93,7 +93,7 @@ def test_rounds_with_warmup_then_foreground_cleanup(real_cluster, tmp_path):
 
 
 def test_episode_script_runs_as_an_indexed_job(real_cluster, tmp_path):
-    from test_e2e_features import HALF_REWARD_SCRIPT, episode_events, write_script
+    from test_e2e_features import HALF_REWARD_SCRIPT, episode_events
 
     kubectl, cluster = real_cluster
     output = tmp_path / "out"
@@ -147,9 +147,7 @@ emit("reward", reward=1)
 
 
 def slow_script(tmp_path: Path, seconds: float) -> Path:
-    path = tmp_path / "slow.py"
-    path.write_text(SLOW_SCRIPT % seconds)
-    return path
+    return write_script(tmp_path, SLOW_SCRIPT % seconds, "slow.py")
 
 
 def running_pods(cluster, output: Path) -> list:
