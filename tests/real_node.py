@@ -358,11 +358,20 @@ def cleanup_leftovers() -> None:
     for record in RECORDS.iterdir():
         try:
             owner = int((record / "owner").read_text())
-            os.kill(owner, 0)
-            continue  # its owner still runs
         except (OSError, ValueError):
-            pass
+            owner = 0
+        if owner and _alive(owner):
+            continue
         teardown(record)
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie -- killed, not yet reaped -- does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 # --- the cluster ---------------------------------------------------------------------

@@ -136,7 +136,15 @@ def test_episode_script_with_tasks_runs_as_an_indexed_job(real_node, tmp_path):
     assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
 
 
-def test_logs_follow_through_the_kubelet_then_eviction_is_retried(real_node, tmp_path):
+def evict(cluster, pod: dict, grace_seconds: int = None) -> None:
+    namespace, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+    body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
+    if grace_seconds is not None:
+        body["deleteOptions"] = {"gracePeriodSeconds": grace_seconds}
+    cluster.api.create(f"/api/v1/namespaces/{namespace}/pods/{name}/eviction", body)
+
+
+def test_logs_follow_through_the_kubelet_then_evictions(real_node, tmp_path):
     kubectl, cluster = real_node
     output = tmp_path / "out"
     process = start_tool(cluster, kubectl, "run", "--count", "2", "--episode-script", str(slow_script(tmp_path, 15)),
@@ -144,25 +152,28 @@ def test_logs_follow_through_the_kubelet_then_eviction_is_retried(real_node, tmp
     try:
         pods = wait_for(lambda: len(running_pods(cluster, output)) == 2 and running_pods(cluster, output), 120,
                         "two running pods")
-        namespace, victim = pods[0]["metadata"]["namespace"], pods[0]["metadata"]["name"]
-        follow = subprocess.Popen([kubectl, "logs", "-f", victim, "-n", namespace], env=cluster.env(),
+        patient, killed = sorted(pods, key=lambda p: p["metadata"]["name"])
+        follow = subprocess.Popen([kubectl, "logs", "-f", patient["metadata"]["name"],
+                                   "-n", patient["metadata"]["namespace"]], env=cluster.env(),
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        first = follow.stdout.readline()
-        assert json.loads(first)["event"] == "ready"
-        cluster.api.create(f"/api/v1/namespaces/{namespace}/pods/{victim}/eviction",
-                           {"apiVersion": "policy/v1", "kind": "Eviction",
-                            "metadata": {"name": victim, "namespace": namespace}})
-        # The followed stream ends when the kubelet stops the evicted container.
+        assert json.loads(follow.stdout.readline())["event"] == "ready"
+        # The episode is PID 1 and ignores SIGTERM: within the 30 s grace it runs on to its reward.
+        evict(cluster, patient)
+        # With a 1 s grace it is killed (137): an infrastructure failure, retried.
+        evict(cluster, killed, grace_seconds=1)
         rest, _ = follow.communicate(timeout=120)
         stdout, stderr = process.communicate(timeout=300)
     finally:
         if process.poll() is None:
             process.kill()
+    assert [json.loads(line)["event"] for line in rest.splitlines()] == ["reward"]
     assert process.returncode == 0, stderr
-    results = load(output / "results.json")
-    assert results["reward_sum"] == 2
-    rows = [json.loads(line) for line in (output / "rewards.jsonl").read_text().splitlines()]
-    assert max(row["attempts"] for row in rows) == 2, rows
+    assert load(output / "results.json")["reward_sum"] == 2
+    rows = {row["pod"]: row for row in map(json.loads, (output / "rewards.jsonl").read_text().splitlines())}
+    assert rows[patient["metadata"]["name"]]["attempts"] == 1
+    retried = [row for name, row in rows.items() if name != patient["metadata"]["name"]]
+    assert len(retried) == 1 and retried[0]["attempts"] == 2, rows
+    assert retried[0]["earlier_attempts"], retried
     assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
 
 
