@@ -195,3 +195,31 @@ def test_interrupt_then_cleanup_stops_the_containers(real_node, tmp_path):
     while namespace in cluster.crictl("ps", "-a", "-o", "json").stdout and time.monotonic() < deadline:
         time.sleep(1)
     assert namespace not in cluster.crictl("ps", "-a", "-o", "json").stdout
+
+
+def test_leftovers_of_a_killed_run_are_torn_down(real_node, tmp_path):
+    """A run killed outright leaves its network namespace, mounts and cgroups; the next start removes them."""
+    import real_node as node
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    name = f"rldemo-{dead.pid}-leftover"
+    record = node.RECORDS / name
+    record.mkdir(parents=True)
+    (record / "owner").write_text(str(dead.pid))
+    (record / "state.json").write_text(json.dumps({"name": name, "netns": name, "workdir": str(tmp_path)}))
+    node.run(["ip", "netns", "add", name])
+    (tmp_path / "mnt").mkdir()
+    node.run(["mount", "-t", "tmpfs", "tmpfs", str(tmp_path / "mnt")])
+    (node.CGROUP_ROOT / "memory" / name / "kubepods").mkdir(parents=True)
+    node.cleanup_leftovers()
+    assert not Path(f"/run/netns/{name}").exists()
+    assert node._mounts_under([str(tmp_path)]) == []
+    assert not (node.CGROUP_ROOT / "memory" / name).exists()
+    assert not record.exists()
+    # The running cluster's own record was left alone: its owner (this process) is alive.
+    assert (node.RECORDS / cluster_name(real_node)).is_dir()
+
+
+def cluster_name(real_node) -> str:
+    return real_node[1].name
