@@ -104,10 +104,14 @@ def _python_files(python: str) -> Dict[str, str]:
                  "print(sysconfig.get_config_var('VERSION'))"])
     executable, stdlib, version = probe.stdout.split()
     files = {f"/usr/local/bin/python{version}": os.path.realpath(executable)}
-    skip = {"test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "__pycache__", "site-packages"}
+    skip = {"test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "site-packages"}
     for root, dirs, names in os.walk(stdlib):
         dirs[:] = [d for d in dirs if d not in skip and not d.startswith("config-")]
         for name in names:
+            # The compiled modules stay (the episodes run `python -B` under a CPU limit: compiling
+            # unittest's imports from source took seconds), the optimised variants go.
+            if ".opt-" in name:
+                continue
             source = os.path.join(root, name)
             files[f"/usr/local/lib/python{version}/{os.path.relpath(source, stdlib)}"] = source
     libraries: Dict[str, str] = {}
@@ -182,7 +186,7 @@ def ensure_image_layers(node_bin: Path, log: Any = print) -> Dict[str, Path]:
     """{"python": layer tar, "pause": layer tar}, made once under the build cache."""
     IMAGE_CACHE.mkdir(parents=True, exist_ok=True)
     python = python_for_image()
-    python_layer = IMAGE_CACHE / f"python-{Path(os.path.realpath(python)).parent.parent.name}.tar"
+    python_layer = IMAGE_CACHE / f"python-{Path(os.path.realpath(python)).parent.parent.name}-pyc.tar"
     if not python_layer.exists():
         started = time.monotonic()
         files = _python_files(python)
