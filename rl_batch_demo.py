@@ -2704,6 +2704,7 @@ RAMP_COLOURS = {
     "ready": "#2a9d8f",
     "reward": "#4f86c6",
     "container_finished": "#1d1d1d",
+    "reward_delivered": "#d62828",
 }
 CDF_COLOURS = dict(PHASE_COLOURS, pod_to_ready="#d62828", pod_to_reward="#1d1d1d")
 
@@ -2791,6 +2792,12 @@ def ramp_svg(batches: Sequence[tuple[str, BatchSummary]], title: str, figures: d
         series.append((f"{point.replace('_', ' ')}{known}", RAMP_COLOURS[point],
                        [(x, float(n)) for x, n in thinned(moments)], point == "ready",
                        f"{point}: {len(moments)} episodes"))
+    delivered = [moment - origin for _, summary in batches for moment in summary.deliveries]
+    if delivered:
+        # A rollout's successful rewards as they reached rewards.jsonl (the client's clock).
+        series.append(("reward in rewards.jsonl", RAMP_COLOURS["reward_delivered"],
+                       [(x, float(n)) for x, n in thinned(delivered)], True,
+                       f"rewards delivered: {len(delivered)} lines"))
     figures = figures if figures is not None else throughput(batches)
     subtitle = (f"{total} episodes; pods created {figures['pods_created_per_second'] or '-'}/s; sandboxes ready "
                 f"{figures['sandboxes_ready_per_second_mean'] or '-'}/s mean, "

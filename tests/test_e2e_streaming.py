@@ -8,7 +8,9 @@ activeDeadlineSeconds as the real ones do."""
 from __future__ import annotations
 
 import json
-import time
+import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +115,7 @@ def test_each_line_lands_as_its_episode_ends_and_the_file_ends_in_index_order(cl
     assert results["reward_delivery_lag_p50_seconds"] >= 0
     assert "need" not in results and "kth_reward_seconds" not in results
     assert load(output / "client.json")["reward_deliveries"]
+    assert "rewards delivered: 3 lines" in (output / "ramp.svg").read_text()
     # `report` recomputes the same delivery figures from the saved files.
     report = tool(emulator, kubectl, "report", str(output), "--quiet")
     assert report.returncode == 0, report.stderr
@@ -180,3 +183,24 @@ def test_need_refused_before_anything_is_created_on_a_cluster_older_than_1_33(cl
     assert result.returncode == 1
     assert "--need needs Kubernetes >= 1.33" in result.stderr and "serves 1.32; nothing was created" in result.stderr
     assert run_namespaces(emulator) == []
+
+
+def test_readme_trainer_loop_masks_what_it_must_not_learn_from(cluster: Any, tmp_path: Path) -> None:
+    kubectl, make = cluster
+    emulator = make()
+    blocks = re.findall(r"```python\n(.*?)```", (Path(__file__).parent.parent / "README.md").read_text(), flags=re.S)
+    trainer = write_script(tmp_path, next(b for b in blocks if b.startswith("# trainer_loop.py")), "trainer_loop.py")
+    tasks = [{"id": n, "x": 1, "hold": n == 2} for n in range(5)]
+    args, output = held_run(tmp_path, tasks, "--need", "4")
+    # The trainer starts first and follows the file as the run writes it.
+    follower = subprocess.Popen([sys.executable, str(trainer), str(output / "rewards.jsonl"), "5"],
+                                stdout=subprocess.PIPE, text=True)
+    try:
+        result = tool(emulator, kubectl, *args, timeout=120)
+        printed, _ = follower.communicate(timeout=60)
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+    assert result.returncode == 0, result.stderr
+    # The 4 successes are learnt from; the cancelled straggler is masked.
+    assert printed.strip() == "4 samples, 1 masked"
