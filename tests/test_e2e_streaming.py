@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+import rl_batch_demo as rl_batch
 from e2e_support import emulators, load, run_namespaces, start_tool, tool, wait_for, write_script
 
 pytestmark = pytest.mark.e2e
@@ -204,3 +205,122 @@ def test_readme_trainer_loop_masks_what_it_must_not_learn_from(cluster: Any, tmp
     assert result.returncode == 0, result.stderr
     # The 4 successes are learnt from; the cancelled straggler is masked.
     assert printed.strip() == "4 samples, 1 masked"
+
+
+# --------------------------------------------------------------------------
+# From Python: on_reward and stream_batch see each line before the run ends.
+
+
+@pytest.fixture
+def python_cluster(cluster: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """(kubectl, emulator) with the emulator's environment set for an in-process run."""
+    kubectl, make = cluster
+    emulator = make()
+    for name, value in emulator.env().items():
+        monkeypatch.setenv(name, value)
+    return kubectl, emulator
+
+
+HELD_AND_FAST = [{"id": "held", "x": 1, "hold": True}, {"id": "fast", "x": 2}]
+
+
+def python_run(kubectl: str, tmp_path: Path) -> dict:
+    return dict(output=str(tmp_path / "out"), kubectl=kubectl,
+                episode_script=write_script(tmp_path, HELD_EPISODE))
+
+
+def test_on_reward_is_told_each_line_while_the_batch_runs(python_cluster: Any, tmp_path: Path) -> None:
+    kubectl, emulator = python_cluster
+    told: list[dict] = []
+
+    def on_reward(line: dict) -> None:
+        told.append(line)
+        if line["index"] == 1:
+            # Episode 0 is still held: its line can only come once this test releases it.
+            assert [row["index"] for row in lines_of(tmp_path / "out")] == [1]
+            release(emulator, 0)
+
+    results = rl_batch.run_batch(HELD_AND_FAST, on_reward=on_reward, **python_run(kubectl, tmp_path))
+    assert [line["index"] for line in told] == [1, 0]
+    assert results["rewards"] == sorted(told, key=lambda line: line["index"])
+    assert [line["valid"] for line in told] == [True, True]
+
+
+def test_stream_batch_yields_lines_as_they_land_and_returns_the_results(python_cluster: Any,
+                                                                        tmp_path: Path) -> None:
+    kubectl, emulator = python_cluster
+    seen: list[dict] = []
+
+    def trainer() -> Any:
+        results = yield from rl_batch.stream_batch(HELD_AND_FAST, **python_run(kubectl, tmp_path))
+        return results
+
+    stream = trainer()
+    for line in stream:
+        seen.append(line)
+        if len(seen) == 1:
+            assert line["index"] == 1
+            release(emulator, 0)
+    assert [line["index"] for line in seen] == [1, 0]
+    # A plain for loop reads the results back from the run's directory.
+    saved = rl_batch.batch_results(tmp_path / "out")
+    assert saved["rewards"] == sorted(seen, key=lambda line: line["index"])
+    assert saved["first_reward_seconds"] > 0
+    # `yield from` hands the generator's return value on.
+    gen = rl_batch.stream_batch(HELD_AND_FAST, **dict(python_run(kubectl, tmp_path), output=str(tmp_path / "o2")))
+    first = next(gen)
+    release(emulator, 0)  # the second run's held episode
+    rest = []
+    with pytest.raises(StopIteration) as stopped:
+        while True:
+            rest.append(next(gen))
+    assert stopped.value.value["rewards"] == sorted([first, *rest], key=lambda line: line["index"])
+
+
+def test_a_callback_that_raises_stops_the_run_as_ctrl_c_does(python_cluster: Any, tmp_path: Path,
+                                                             capfd: pytest.CaptureFixture) -> None:
+    kubectl, emulator = python_cluster
+
+    def on_reward(line: dict) -> None:
+        raise ValueError("the trainer's buffer is full")
+
+    with pytest.raises(ValueError, match="the trainer's buffer is full"):
+        rl_batch.run_batch(HELD_AND_FAST, on_reward=on_reward, **python_run(kubectl, tmp_path))
+    output = tmp_path / "out"
+    namespace = load(output / "receipt.json")["namespace"]
+    err = capfd.readouterr().err
+    assert "on_reward raised ValueError: the trainer's buffer is full; the run stopped." in err
+    assert f"receipt.json names namespace {namespace}" in err and "Clean up with:" in err
+    assert [ns["metadata"]["name"] for ns in run_namespaces(emulator)] == [namespace]  # kept for cleanup
+    assert [line["index"] for line in lines_of(output)] == [1]
+    assert (output / "pods.json").exists() and not (output / "results.json").exists()
+
+
+def test_leaving_the_stream_early_stops_the_run_once_its_evidence_is_saved(python_cluster: Any, tmp_path: Path,
+                                                                          capfd: pytest.CaptureFixture) -> None:
+    kubectl, emulator = python_cluster
+    stream = rl_batch.stream_batch(HELD_AND_FAST, **python_run(kubectl, tmp_path))
+    assert next(stream)["index"] == 1
+    stream.close()  # the held episode is never released: only the stop ends the run
+    output = tmp_path / "out"
+    err = capfd.readouterr().err
+    assert "stream_batch()'s reader stopped before the batch ended; the run stopped." in err
+    namespace = load(output / "receipt.json")["namespace"]
+    assert [ns["metadata"]["name"] for ns in run_namespaces(emulator)] == [namespace]
+    assert (output / "pods.json").exists()
+
+
+def test_readme_stream_example_runs_as_written(python_cluster: Any, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture) -> None:
+    kubectl, emulator = python_cluster
+    blocks = re.findall(r"```python\n(.*?)```", (Path(__file__).parent.parent / "README.md").read_text(), flags=re.S)
+    example = next(block for block in blocks if block.startswith("# stream.py"))
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "kubectl").symlink_to(kubectl)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{__import__('os').environ['PATH']}")
+    monkeypatch.chdir(tmp_path)
+    exec(compile(example, "README.md", "exec"), {})
+    learnt, need, settled = capsys.readouterr().out.split()
+    # Every episode of the built-in demo succeeds, unless the Job cancelled it once 3 had.
+    assert need == "3" and settled == "4" and 3 <= int(learnt) <= 4
