@@ -5409,6 +5409,11 @@ def check_run_arguments(args: argparse.Namespace, spelling: Spelling = COMMAND_L
     if not 1 <= args.parallelism <= args.count:
         raise UsageError(f"{spelling.name('parallelism')} must be between 1 and the count ({args.count}), "
                          f"got {args.parallelism}")
+    if getattr(args, "task_list", None) and args.episode_script is None:
+        # The built-in episode never reads a task: its reward of 1 would pass for the task's.
+        raise UsageError(f"{spelling.name('tasks')} needs {spelling.name('episode_script')}: the built-in "
+                         f"episode ignores tasks, so its rewards would not come from them; ship an episode "
+                         f"that reads its task from ${TASK_FILE_ENV}")
 
 
 def check_rollout_arguments(args: argparse.Namespace, spelling: Spelling = COMMAND_LINE) -> None:

@@ -347,12 +347,15 @@ def task_file(tmp_path: Any) -> Any:
     (["--allow-failures", "11"], "--allow-failures 11 is more than the 10 episodes"),
     (["--retries", "-1"], "argument --retries: must be 0 or more, got -1"),
     (["--tasks", "{missing}"], "No such file or directory"),
+    (["--tasks", "{tasks}"], "--tasks needs --episode-script: the built-in episode ignores tasks, so its rewards "
+                             "would not come from them; ship an episode that reads its task from $TASK_FILE"),
 ])
 def test_rollout_usage_errors(extra: list[str], message: str, tmp_path: Any, task_file: Any,
                               capsys: pytest.CaptureFixture) -> None:
     argv = ["run", "--output", str(tmp_path / "out")] + [
         a.format(tasks=task_file, missing=tmp_path / "none.jsonl") for a in extra]
     assert message in usage_message(argv, capsys)
+    assert not (tmp_path / "out").exists()  # refused before anything is created
 
 
 def test_a_bad_task_line_is_a_usage_error_naming_it(tmp_path: Any, capsys: pytest.CaptureFixture) -> None:
@@ -364,7 +367,9 @@ def test_a_bad_task_line_is_a_usage_error_naming_it(tmp_path: Any, capsys: pytes
 
 def test_dry_run_with_tasks_lists_their_configmap_before_the_job(tmp_path: Any, task_file: Any,
                                                                   capsys: pytest.CaptureFixture) -> None:
+    (tmp_path / "ep.py").write_text("print('reads its task')\n")
     assert demo.main(["run", "--output", str(tmp_path / "out"), "--tasks", str(task_file), "--group-size", "2",
+                      "--episode-script", str(tmp_path / "ep.py"),
                       "--allow-failures", "1", "--dry-run"]) == 0
     items = json.loads(capsys.readouterr().out)["items"]
     assert [(o["kind"], o["metadata"]["name"]) for o in items] == [
@@ -399,6 +404,7 @@ def test_dry_run_with_tasks_lists_their_configmap_before_the_job(tmp_path: Any, 
     ([{"x": {1, 2}}], {}, ValueError, "tasks[0] is not JSON: Object of type set is not JSON serializable"),
     ([], {}, ValueError, "tasks is empty"),
     (None, {"options": ["--bogus"]}, ValueError, "options: unrecognized arguments: --bogus"),
+    ([{"id": 1}], {}, ValueError, "tasks needs episode_script=: the built-in episode ignores tasks"),
     (None, {"options": "--count 2"}, TypeError, "options must be a list of strings"),
     (None, {"count": 2, "options": ["--count", "3"]}, ValueError,
      "count= and options' --count both set count: give it once"),
