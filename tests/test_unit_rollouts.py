@@ -18,6 +18,21 @@ from test_unit import (JOB_CREATED, NAMESPACE, T0, log_text, make_job, make_pod,
 INDEX = "batch.kubernetes.io/job-completion-index"
 
 
+PYTHON_TRACEBACK = """Traceback (most recent call last):
+  File "/demo/episode.py", line 9, in <module>
+    score(task)
+  File "/demo/episode.py", line 5, in score
+    return task["answer"]
+KeyError: 'answer'
+"""
+# What `python /demo/episode.py` prints for a script that does not compile: no "Traceback" line.
+SYNTAX_ERROR_LOG = """  File "/demo/episode.py", line 1
+    print("hello"
+         ^
+SyntaxError: '(' was never closed
+"""
+
+
 def indexed_pod(name: str, index: int, failures: int = 0, **options: Any) -> dict:
     pod = make_pod(name, **options)
     pod["metadata"]["annotations"] = {INDEX: str(index)}
@@ -168,6 +183,10 @@ def deleted(pod: dict) -> dict:
      ("infrastructure", "container restarted 1 time(s)")),
     (make_pod("p", phase="Failed", exit_code=2), log_text(ready_event("p", T0 + 3.0)), make_job(),
      ("episode", "exited 2")),
+    (make_pod("p", phase="Failed", exit_code=1), log_text(ready_event("p", T0 + 3.0)) + PYTHON_TRACEBACK,
+     make_job(), ("episode", "exited 1: KeyError: 'answer'")),
+    (make_pod("p", phase="Failed", exit_code=1), SYNTAX_ERROR_LOG, make_job(),
+     ("episode", "exited 1: SyntaxError: '(' was never closed")),
     (deleted(make_pod("p", phase="Failed", exit_code=143)), "", failed_job("DeadlineExceeded"),
      ("episode", "still running at the Job's deadline")),
     (make_pod("p"), log_text(ready_event("p", T0 + 3.0)), make_job(),
@@ -334,6 +353,28 @@ def task_file(tmp_path: Any) -> Any:
     path = tmp_path / "tasks.jsonl"
     path.write_text('{"id": "a"}\n{"id": "b"}\n{"id": "c"}\n')
     return path
+
+
+@pytest.mark.parametrize("log, tail", [
+    (PYTHON_TRACEBACK, "KeyError: 'answer'"),
+    (SYNTAX_ERROR_LOG, "SyntaxError: '(' was never closed"),
+    # A chained exception: the last traceback's line, the one that ended the program.
+    ("Traceback (most recent call last):\n  File \"a\", line 1, in <module>\nValueError: x\n\nDuring handling "
+     "of the above exception, another exception occurred:\n\n" + PYTHON_TRACEBACK + "after\n", "KeyError: 'answer'"),
+    ('{"event": "ready"}\nthe agent gave up\n', None),  # sys.exit("...") prints no traceback
+    ("", None),
+])
+def test_traceback_tail_is_the_line_that_ended_the_program(log: str, tail: Optional[str]) -> None:
+    assert demo.traceback_tail(log) == tail
+
+
+def test_a_failed_pod_line_quotes_its_traceback() -> None:
+    pod = make_pod("p", phase="Failed", exit_code=1)
+    job = make_job()
+    assert demo.describe_failure(job, [pod], "rollout", 240, {"p": SYNTAX_ERROR_LOG})[1:] == [
+        "pod p: Failed, container exited 1 (Error): SyntaxError: '(' was never closed"]
+    assert demo.describe_failure(job, [pod], "rollout", 240, {"p": "no traceback\n"})[1:] == [
+        "pod p: Failed, container exited 1 (Error)"]
 
 
 @pytest.mark.parametrize("extra, message", [
