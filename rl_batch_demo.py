@@ -2289,8 +2289,8 @@ class BatchSummary:
     pictures and the pooling of rounds read, and nothing saves as such."""
     figures: dict[str, Any]
     episodes: list[dict]  # per episode: pod, index, points, phases, image_cache, runtime_class, guide_pod_to_ready
-    job_created: float  # the Job's creationTimestamp (whole seconds)
-    origin: float  # where its time axis starts: the earliest moment its Job may have existed
+    job_created: float  # the Job's creationTimestamp (whole seconds): where every time axis starts
+    origin: float  # the earliest moment its Job may have existed, within the second after job_created
 
 
 @contextlib.contextmanager
@@ -2380,8 +2380,8 @@ def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
         "warnings": warning_summary(events),
         "pods": rows,
     }
-    # The axis starts where the Job may first have existed: its pods can be created before
-    # the create call returns.
+    # The Job may first have existed before the create call returned (its pods can be created
+    # before): the timeline marks that moment on its axis, which starts at job_created.
     return BatchSummary(figures, records, job_created, job_created_point.earliest or job_created)
 
 
@@ -2449,10 +2449,14 @@ def timeline_title(settings: dict) -> str:
     return f"{episodes}, parallelism {settings['parallelism']}, runtime {settings['runtime']}"
 
 
+# Every picture and episodes.csv count from the same zero as results.json's batch_to_* figures.
+TIME_AXIS = "seconds after the Job's creationTimestamp (its whole second, as results.json and episodes.csv count)"
+
+
 def timeline_svg(batches: Sequence[tuple[str, BatchSummary]], title: str) -> str:
-    """One bar per episode on a shared axis from its Job's creation, coloured by phase."""
-    # Bars in the order the pods were created, each batch from its Job's true creation.
-    episodes = [(summary.origin, record) for _, summary in batches
+    """One bar per episode on a shared axis from its Job's creationTimestamp, coloured by phase."""
+    # Bars in the order the pods were created, each batch from its Job's creationTimestamp.
+    episodes = [(summary.job_created, record) for _, summary in batches
                 for record in sorted(summary.episodes, key=lambda r: (
                     r["points"]["pod_created"][0] if r["points"].get("pod_created") else math.inf, r["pod"]))]
     count = len(episodes)
@@ -2490,7 +2494,14 @@ def timeline_svg(batches: Sequence[tuple[str, BatchSummary]], title: str) -> str
         tick += step
     parts.append(f'<line x1="{left}" y1="{axis_y}" x2="{left + plot_width}" y2="{axis_y}" stroke="black"/>')
     parts.append(f'<text x="{left + plot_width / 2:.0f}" y="{axis_y + 36}" text-anchor="middle">'
-                 f'seconds after the Job was created</text>')
+                 f'{html_escape(TIME_AXIS)}</text>')
+    if len(batches) == 1 and batches[0][1].origin > batches[0][1].job_created:
+        # Where the Job may first have existed: its stamp only names the second it began in.
+        summary = batches[0][1]
+        created_x = x(summary.origin - summary.job_created)
+        parts.append(f'<line x1="{created_x:.1f}" y1="{top - 4}" x2="{created_x:.1f}" y2="{axis_y}" '
+                     f'stroke="#888" stroke-dasharray="4 3"><title>the Job created, at the earliest: '
+                     f'{summary.origin - summary.job_created:.3f} s</title></line>')
     if not labels:
         parts.append(f'<text x="{left - 12}" y="{top + row_height * count / 2:.0f}" text-anchor="middle" '
                      f'transform="rotate(-90 {left - 12} {top + row_height * count / 2:.0f})">'
@@ -2641,14 +2652,13 @@ def chart_svg(title: str, subtitle: str, series: Sequence[tuple[str, str, list[t
 
 
 def ramp_svg(batches: Sequence[tuple[str, BatchSummary]], title: str, figures: dict | None = None) -> str:
-    """How many pods had been created, scheduled, ... finished, over time from the first Job's creation;
-    `figures`: the batches' throughput, when already computed."""
-    records = [record for _, summary in batches for record in summary.episodes]
+    """How many pods had been created, scheduled, ... finished, over time from their Job's
+    creationTimestamp (as the timeline counts); `figures`: the batches' throughput, when already computed."""
+    records = [(summary.job_created, record) for _, summary in batches for record in summary.episodes]
     total = len(records)
-    origin = min((summary.job_created for _, summary in batches if summary.episodes), default=0.0)
     series = []
     for point in RAMP_POINTS:
-        moments = [record["points"][point][0] - origin for record in records if record["points"].get(point)]
+        moments = [record["points"][point][0] - origin for origin, record in records if record["points"].get(point)]
         known = "" if len(moments) == total else f" ({len(moments)} known)"
         series.append((f"{point.replace('_', ' ')}{known}", RAMP_COLOURS[point],
                        [(x, float(n)) for x, n in thinned(moments)], point == "ready",
@@ -2664,7 +2674,7 @@ def ramp_svg(batches: Sequence[tuple[str, BatchSummary]], title: str, figures: d
     while value <= total + 1e-9:
         ticks.append((value, f"{value:g}"))
         value += y_step
-    return chart_svg(title, subtitle, series, "seconds after the Job was created", "episodes (cumulative)",
+    return chart_svg(title, subtitle, series, TIME_AXIS, "episodes (cumulative)",
                      max(total, 1), ticks)
 
 
