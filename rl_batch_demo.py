@@ -48,6 +48,7 @@ import sys
 import tempfile
 import threading
 import time
+import tokenize
 import urllib.parse
 from html import escape as html_escape
 from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence, TextIO
@@ -1236,6 +1237,30 @@ def pod_warnings(events: Iterable[dict], most: int = 3) -> dict[str, list[str]]:
     return warnings
 
 
+TRACEBACK_START = re.compile(r'(Traceback \(most recent call last\):|  File ".*", line \d+)')
+EXCEPTION_LINE = re.compile(r"[A-Za-z_][\w.]*(: .*)?")
+
+
+def traceback_tail(log_text: str) -> str | None:
+    """The last line of the last Python traceback in a log (`ZeroDivisionError: division by
+    zero`), what a failed episode's line quotes; a SyntaxError has no "Traceback" header, only
+    its `File` lines, so either opens one."""
+    last, in_trace = None, False
+    for line in log_text.splitlines():
+        if TRACEBACK_START.match(line):
+            in_trace = True
+        elif in_trace and not line[:1].isspace():
+            in_trace = False
+            if EXCEPTION_LINE.fullmatch(line.rstrip()):
+                last = line.strip()
+    return last
+
+
+def with_traceback(why: str, log_text: str) -> str:
+    tail = traceback_tail(log_text)
+    return f"{why}: {tail}" if tail else why
+
+
 def classify_attempt(pod: dict, log_text: str, job: dict, builtin: bool,
                      warnings: Sequence[str] = ()) -> tuple[str | None, str | None]:
     """(failure class, why) of one pod, or (None, None) for an episode that passed every check.
@@ -1303,7 +1328,7 @@ def classify_pod_state(pod: dict, log_text: str, job: dict, builtin: bool) -> tu
     rewards = [e for e in parse_events(log_text.splitlines()) if e["event"] == "reward"]
     if builtin and len(rewards) == 1 and rewards[0].get("tests_exit") not in (0, None):
         return "verifier", f"exited {code}: the patched code failed its tests (tests_exit {rewards[0]['tests_exit']})"
-    return "episode", f"exited {code}"
+    return "episode", with_traceback(f"exited {code}", log_text)
 
 
 def pod_index(pod: dict) -> int | None:
@@ -4072,8 +4097,10 @@ def resolve_context(kubectl: Kubectl, wanted: str | None) -> str:
     return context
 
 
-def describe_failure(job: dict | None, pods: Sequence[dict], job_name: str, limit_seconds: int) -> list[str]:
-    """Why a Job did not complete: its condition and each pod that did not succeed."""
+def describe_failure(job: dict | None, pods: Sequence[dict], job_name: str, limit_seconds: int,
+                     logs: dict[str, str] | None = None) -> list[str]:
+    """Why a Job did not complete: its condition and each pod that did not succeed (a failed
+    container's line quotes the end of the Python traceback in its log)."""
     lines = []
     failed = condition(job or {}, "Failed")
     if failed and failed.get("status") == "True":
@@ -4086,8 +4113,8 @@ def describe_failure(job: dict | None, pods: Sequence[dict], job_name: str, limi
             continue
         state = container_status(pod).get("state") or {}
         if "terminated" in state:
-            detail = (f"container exited {state['terminated'].get('exitCode')} "
-                      f"({state['terminated'].get('reason', '')})")
+            detail = with_traceback(f"container exited {state['terminated'].get('exitCode')} "
+                                    f"({state['terminated'].get('reason', '')})", (logs or {}).get(pod_name(pod), ""))
         elif "waiting" in state:
             detail = f"{state['waiting'].get('reason', 'waiting')}: {state['waiting'].get('message', '')}".rstrip(": ")
         elif "running" in state:
@@ -4350,7 +4377,7 @@ def verified_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) 
     if end != "Complete":
         raise DemoError("\n  ".join(
             ["Job failed or timed out; inspect saved status/events/logs, then cleanup"]
-            + describe_failure(job, pods, job_name, settings["timeout"] + CLIENT_GRACE_SECONDS)
+            + describe_failure(job, pods, job_name, settings["timeout"] + CLIENT_GRACE_SECONDS, logs)
             + [saved_evidence(job, pods, logs, events)]))
     if reading.source == "watch" and len(pods) < settings["count"]:
         # A watch that saw fewer pods than episodes proves nothing about the others.
@@ -4380,7 +4407,7 @@ def rollout_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) -
     if end is None or job is None:
         raise DemoError("\n  ".join(
             ["Job did not finish; inspect saved status/events/logs, then cleanup"]
-            + describe_failure(job, pods, job_name, settings["timeout"] + CLIENT_GRACE_SECONDS)
+            + describe_failure(job, pods, job_name, settings["timeout"] + CLIENT_GRACE_SECONDS, logs)
             + [f"{REWARDS_FILE} lists every episode as last seen", saved_evidence(job, pods, logs, events)]))
     if reading.source == "watch" and len(pods) < count:
         raise DemoError(f"cannot verify the batch: the pods could not be listed and the pod watch saw "
@@ -4868,7 +4895,9 @@ def check_episode_syntax(script: str, source: str) -> None:
     """Refuse a script that does not compile before it costs a namespace and a Job.
 
     The image's Python may be newer than this one; a script this Python cannot
-    compile is then only warned about, since the image may well run it.
+    compile is then only warned about, since the image may well run it, unless its
+    error is one no newer Python would accept either (an unclosed bracket or string,
+    bad indentation).
     """
     try:
         compile(source, script, "exec", dont_inherit=True)
@@ -4877,12 +4906,37 @@ def check_episode_syntax(script: str, source: str) -> None:
         where = f"{script}, line {line}" if line else script
         text = (getattr(error, "text", None) or "").strip()
         detail = f"{getattr(error, 'msg', None) or error}" + (f": {text}" if text else "")
-        if sys.version_info < NEWEST_SYNTAX_PYTHON:
+        if sys.version_info < NEWEST_SYNTAX_PYTHON and not broken_on_every_python(source, error):
             print(f"Warning: --episode-script {where} does not compile on Python "
                   f"{sys.version_info[0]}.{sys.version_info[1]} ({detail}); the image's Python may "
                   f"be newer, so it is shipped anyway", file=sys.stderr)
             return
         raise DemoError(f"--episode-script {where}: {detail}; nothing was created") from None
+
+
+BRACKET_PAIRS = {")": "(", "]": "[", "}": "{"}
+
+
+def broken_on_every_python(source: str, error: SyntaxError | ValueError) -> bool:
+    """Whether a compile error cannot come from syntax newer than this Python's: a null byte,
+    bad indentation, or tokens that do not pair up (an unclosed or unmatched bracket, an
+    unterminated string). Newer grammar (match, except*, type aliases, PEP 701 f-strings)
+    still tokenizes into paired brackets and whole strings on an older tokenizer."""
+    if not isinstance(error, SyntaxError) or isinstance(error, IndentationError):
+        return True
+    opened: list[str] = []
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(source).readline):
+            if token.type == tokenize.ERRORTOKEN and token.string[:1] in "'\"":
+                return True  # a string that never ends on its line
+            if token.type == tokenize.OP and token.string in "([{":
+                opened.append(token.string)
+            elif token.type == tokenize.OP and token.string in BRACKET_PAIRS:
+                if not opened or opened.pop() != BRACKET_PAIRS[token.string]:
+                    return True
+    except (tokenize.TokenError, SyntaxError):  # EOF inside brackets or a triple-quoted string; a bad dedent
+        return True
+    return bool(opened)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -5162,10 +5216,10 @@ def load_saved_batch(directory: str, entry: dict, settings: dict) -> BatchOutcom
         raise DemoError("\n  ".join(
             [f"Job {job_name} never finished while the run watched it (the run was interrupted or gave up "
              f"waiting: job.json has no Complete or Failed condition); nothing to report"]
-            + describe_failure(job, pods, job_name, 0)[1:]))
+            + describe_failure(job, pods, job_name, 0, logs)[1:]))
     if end != "Complete" and not settings.get("rollout"):
         raise DemoError("\n  ".join(["the saved Job did not complete"] + describe_failure(
-            job, pods, job_name, settings.get("timeout", 0))))
+            job, pods, job_name, settings.get("timeout", 0), logs)))
     observed_path = os.path.join(directory, "observed.json")
     observed = read_json(observed_path, "observed.json") if os.path.exists(observed_path) else {}
     if settings.get("rollout"):
@@ -5409,6 +5463,11 @@ def check_run_arguments(args: argparse.Namespace, spelling: Spelling = COMMAND_L
     if not 1 <= args.parallelism <= args.count:
         raise UsageError(f"{spelling.name('parallelism')} must be between 1 and the count ({args.count}), "
                          f"got {args.parallelism}")
+    if getattr(args, "task_list", None) and args.episode_script is None:
+        # The built-in episode never reads a task: its reward of 1 would pass for the task's.
+        raise UsageError(f"{spelling.name('tasks')} needs {spelling.name('episode_script')}: the built-in "
+                         f"episode ignores tasks, so its rewards would not come from them; ship an episode "
+                         f"that reads its task from ${TASK_FILE_ENV}")
 
 
 def check_rollout_arguments(args: argparse.Namespace, spelling: Spelling = COMMAND_LINE) -> None:
