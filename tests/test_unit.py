@@ -1116,7 +1116,7 @@ STDLIB_ALLOW_LIST = frozenset("""
     itertools json locale logging math mimetypes numbers operator os pathlib pickle platform
     posixpath pprint queue random re resource secrets select selectors shlex shutil signal socket
     stat statistics string struct subprocess sys sysconfig tarfile tempfile textwrap threading
-    time timeit traceback types typing unicodedata unittest urllib uuid warnings weakref xml zipfile
+    time timeit tokenize traceback types typing unicodedata unittest urllib uuid warnings weakref xml zipfile
     zlib
 """.split())
 
