@@ -2086,6 +2086,10 @@ def phase_summary(episodes_durations: Sequence[dict[str, tuple[float, float] | N
     return summary
 
 
+def difference(later: float | None, earlier: float | None) -> float | None:
+    return None if later is None or earlier is None else later - earlier
+
+
 def completion_gap(job: dict, pods: Sequence[dict], last_reward_at: float,
                    client_observed_at: float | None) -> dict:
     """What the time between the last reward and the client seeing the end is made of."""
@@ -2096,19 +2100,44 @@ def completion_gap(job: dict, pods: Sequence[dict], last_reward_at: float,
     end_kind = job_finished(job) or "Complete"
     end = parse_time((condition(job, end_kind) or {}).get("lastTransitionTime"))
 
-    def between(first: float | None, last: float | None) -> float | None:
-        return None if first is None or last is None else rounded(last - first)
-
-    return {
-        "last_reward_to_last_container_finished_seconds": between(last_reward_at, last_finished),
-        "last_container_finished_to_success_criteria_met_seconds": between(last_finished, criteria),
-        "last_container_finished_to_job_complete_seconds": between(last_finished, end),
-        "job_complete_to_client_observed_seconds": between(end, client_observed_at),
-        "last_reward_to_client_observed_seconds": between(last_reward_at, client_observed_at),
-        "precision_seconds": WHOLE_SECOND,
-        "note": "container finish and Job conditions are whole-second Kubernetes times; "
-                "SuccessCriteriaMet exists on Kubernetes >= 1.31",
+    # A Kubernetes time names the second its moment fell in. The moments happen in this order
+    # (reward, container finished, the Job's conditions, the client seeing it), so each stamp
+    # is read no earlier than the moment before it: every part is then 0 or more, where two
+    # stamps' difference could read as a negative duration, and the parts still add up.
+    finish_at = None if last_finished is None else max(last_finished, last_reward_at)
+    after_finish = last_reward_at if finish_at is None else finish_at
+    met_at = None if criteria is None else max(criteria, after_finish)
+    end_at = None if end is None else max(end, after_finish)
+    # Per part: its earlier and later stamps, each with how far its moment may lie after it
+    # (the bounds), and the part as read.
+    parts = {
+        "last_reward_to_last_container_finished_seconds":
+            ((last_reward_at, 0.0), (last_finished, WHOLE_SECOND), difference(finish_at, last_reward_at)),
+        "last_container_finished_to_success_criteria_met_seconds":
+            ((last_finished, WHOLE_SECOND), (criteria, WHOLE_SECOND), difference(met_at, finish_at)),
+        "last_container_finished_to_job_complete_seconds":
+            ((last_finished, WHOLE_SECOND), (end, WHOLE_SECOND), difference(end_at, finish_at)),
+        "job_complete_to_client_observed_seconds":
+            ((end, WHOLE_SECOND), (client_observed_at, 0.0), difference(client_observed_at, end_at)),
+        "last_reward_to_client_observed_seconds":
+            ((last_reward_at, 0.0), (client_observed_at, 0.0), difference(client_observed_at, last_reward_at)),
     }
+    gap: dict[str, Any] = {}
+    bounds: dict[str, list[float]] = {}
+    for name, ((first, first_spread), (last, last_spread), seconds) in parts.items():
+        if first is None or last is None or seconds is None:
+            gap[name] = None
+            continue
+        gap[name] = rounded(max(0.0, seconds))
+        bounds[name] = [rounded(max(0.0, last - first - first_spread)), rounded(max(0.0, last + last_spread - first))]
+    gap.update({
+        "bounds_seconds": bounds,
+        "precision_seconds": WHOLE_SECOND,
+        "note": "container finish and Job conditions are whole-second Kubernetes times, each read no earlier "
+                "than the moment before it; each part lies within its bounds_seconds; SuccessCriteriaMet "
+                "exists on Kubernetes >= 1.31",
+    })
+    return gap
 
 
 def node_distribution(pods: Iterable[dict]) -> dict[str, int]:

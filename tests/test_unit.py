@@ -798,7 +798,27 @@ def test_completion_gap_hand_computed() -> None:
         "job_complete_to_client_observed_seconds": 1.5,
         "last_reward_to_client_observed_seconds": 2.75,
         "precision_seconds": 1.0,
+        # Each whole-second end may lie anywhere in its second.
+        "bounds_seconds": {
+            "last_reward_to_last_container_finished_seconds": [0.25, 1.25],
+            "last_container_finished_to_success_criteria_met_seconds": [0.0, 1.0],
+            "last_container_finished_to_job_complete_seconds": [0.0, 2.0],
+            "job_complete_to_client_observed_seconds": [0.5, 1.5],
+            "last_reward_to_client_observed_seconds": [2.75, 2.75],
+        },
     }
+
+
+def test_completion_gap_whose_sign_its_precision_cannot_settle_is_never_negative() -> None:
+    # The last reward at +10.68; its container's finishedAt names second +10: it finished
+    # between 10.68 and 11, which the two stamps' difference (-0.68) reads as a bug.
+    job, pods, _, _ = synthetic_batch()
+    gap = demo.completion_gap(job, pods, last_reward_at=T0 + 10.68, client_observed_at=T0 + 12.5)
+    assert gap["bounds_seconds"]["last_reward_to_last_container_finished_seconds"] == [0.0, 0.32]
+    assert gap["last_reward_to_last_container_finished_seconds"] == 0.0  # read as finished no earlier than the reward
+    assert gap["last_container_finished_to_job_complete_seconds"] == 0.32  # the Job stamped +11
+    assert gap["job_complete_to_client_observed_seconds"] == 1.5
+    assert all(value >= 0 for key, value in gap.items() if key.endswith("_seconds") and isinstance(value, float))
 
 
 def test_completion_gap_without_client_or_success_criteria() -> None:
