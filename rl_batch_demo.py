@@ -2811,23 +2811,43 @@ def throughput_line(figures: dict) -> str:
             f"at most {shown(figures.get('max_episodes_running_at_once'))} episodes running at once")
 
 
+# The phase of the guide's name, measured between sharper points: named apart where printed.
+SHARP_POD_TO_READY = "pod_to_ready (sharp)"
+
+
 def phase_table(phases: dict[str, dict]) -> str:
     """A plain-text table of the phase breakdown."""
     lines = [f"{'phase':<24}{'p50':>8}{'p95':>8}{'p99':>8}{'max':>8}{'n':>6}{'missing':>9}  precision"]
     for phase, entry in phases.items():
+        label = SHARP_POD_TO_READY if phase == "pod_to_ready" else phase
         precision = entry.get("precision_seconds")
 
         def cell(key: str) -> str:
             return f"{figure(entry.get(key), precision):>8}"
-        lines.append(f"{phase:<24}{cell('p50')}{cell('p95')}{cell('p99')}{cell('max')}"
+        lines.append(f"{label:<24}{cell('p50')}{cell('p95')}{cell('p99')}{cell('max')}"
                      f"{entry['samples']:>6}{entry['missing']:>9}  "
                      f"{'-' if precision is None else f'{precision:.3g} s'}")
     return "\n".join(lines)
 
 
+def pod_to_ready_line(results: dict) -> str | None:
+    """The two pod_to_ready P50s side by side, each named by how it is measured."""
+    sharp = (results.get("phases") or {}).get("pod_to_ready") or {}
+    guide = results.get("pod_to_ready_p50_seconds")
+    if guide is None or sharp.get("p50") is None:
+        return None
+    counted = " (failed episodes counted at the deadline)" if results.get("pod_to_ready_censored") else ""
+    return (f"pod_to_ready P50: {guide:.3f} s the guide's (from the pod's whole-second creationTimestamp; "
+            f"pod_to_ready_p50_seconds{counted})\n"
+            f"                  {figure(sharp['p50'], sharp.get('precision_seconds')):>5} s sharp (between the "
+            f"sharpest points; phases.pod_to_ready)")
+
+
 def phase_tables(results: dict) -> str:
-    """The phase table, then one per start path when the batch mixed them."""
-    tables = [phase_table(results["phases"])]
+    """The phase table and the two pod_to_ready P50s, then one table per start path when the
+    batch mixed them."""
+    tables = [phase_table(results["phases"]) + "".join(f"\n{line}" for line in [pod_to_ready_line(results)]
+                                                        if line)]
     for path, phases in (results.get("phases_by_start_path") or {}).items():
         tables.append(f"start path: {path}\n{phase_table(phases)}")
     return "\n\n".join(tables)

@@ -1478,6 +1478,22 @@ def test_a_pod_asked_to_be_deleted_bounds_no_later_pods_creation() -> None:
     assert demo.slots_freed([deleted, b], no_offsets, {}, {}, T0, 1, replaces_terminating=False) == {"b": T0 + 5}
 
 
+def test_the_two_pod_to_ready_p50s_are_named_apart_and_shown_side_by_side() -> None:
+    job, pods, logs, events = synthetic_batch()
+    figures = demo.summarise_batch(job, pods, logs, events, 3).figures
+    # The guide's counts from the pod's whole-second stamp; the phase from its sharpest creation point.
+    figures["pod_to_ready_p50_seconds"], figures["phases"]["pod_to_ready"]["p50"] = 1.561, 0.764
+    text = demo.phase_tables(figures)
+    guide, sharp = 1.561, 0.764
+    rows = {line[:24].strip(): line for line in text.splitlines()}
+    assert "pod_to_ready" not in rows and rows["pod_to_ready (sharp)"].split()[2] == f"{sharp:.3f}"
+    [guide_line] = [line for line in text.splitlines() if line.startswith("pod_to_ready P50:")]
+    assert guide_line.startswith(f"pod_to_ready P50: {guide:.3f} s the guide's (from the pod's whole-second "
+                                 f"creationTimestamp; pod_to_ready_p50_seconds)")
+    next_line = text.splitlines()[text.splitlines().index(guide_line) + 1]
+    assert next_line.split()[:3] == [f"{sharp:.3f}", "s", "sharp"]
+
+
 def test_a_batch_that_mixes_start_paths_shows_each_paths_phases() -> None:
     job, pods, logs, events = synthetic_batch()
     summary = demo.summarise_batch(job, pods, logs, events, 3)
