@@ -2289,8 +2289,11 @@ class BatchSummary:
     pictures and the pooling of rounds read, and nothing saves as such."""
     figures: dict[str, Any]
     episodes: list[dict]  # per episode: pod, index, points, phases, image_cache, runtime_class, guide_pod_to_ready
-    job_created: float  # the Job's creationTimestamp (whole seconds)
-    origin: float  # where its time axis starts: the earliest moment its Job may have existed
+    job_created: float  # the Job's creationTimestamp (whole seconds): where every time axis starts
+    origin: float  # the earliest moment its Job may have existed, within the second after job_created
+    # Accepted failures, each with its points as far as it got, for the timeline to draw:
+    # pod (None when it never existed), points, phases, index, failure_class, failure.
+    failed: list[dict] = dataclasses.field(default_factory=list)
 
 
 @contextlib.contextmanager
@@ -2311,8 +2314,11 @@ def cycle_collector_paused() -> Iterator[None]:
 def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
                     events: Sequence[dict], count: int, builtin: bool = True,
                     client_observed_at: float | None = None,
-                    observed: dict[str, dict] | None = None) -> BatchSummary:
-    """Verify one batch and compute its figures and its phase breakdown; pure."""
+                    observed: dict[str, dict] | None = None,
+                    failed: Sequence[tuple[dict | None, dict]] = ()) -> BatchSummary:
+    """Verify one batch and compute its figures and its phase breakdown; pure. `failed`: the
+    accepted failures, (final pod or None, rewards row), placed as far as they got, from the
+    same sources and clocks, for the timeline; no figure counts them."""
     episodes = verify_batch(count, job, pods, logs, builtin)
     job_created = parse_time(job["metadata"]["creationTimestamp"])
     assert job_created is not None  # verify_batch checked it
@@ -2354,6 +2360,19 @@ def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
                         "runtime_class": (pod.get("spec") or {}).get("runtimeClassName"),
                         "index": (pod["metadata"].get("annotations") or {}).get(COMPLETION_INDEX_ANNOTATION),
                         "guide_pod_to_ready": ready["at"] - created})
+    failed_records = []
+    for pod, row in failed:
+        points = {point: None for point in POINTS}
+        if pod is not None:
+            log_events = parse_events(logs.get(pod_name(pod), "").splitlines())
+            ready, reward = (next((e for e in log_events if e["event"] == name), {}) for name in ("ready", "reward"))
+            points = episode_points(pod, ready, reward, scheduled.get(pod_name(pod)),
+                                    observed_pods.get(pod_name(pod)), kubelet.get(pod_name(pod)),
+                                    creations.get(pod_name(pod)), clocks_of(pod),
+                                    lower(job_created_point.earliest, "the Job's creation", REFERENCE_CLOCK))
+        failed_records.append({"pod": row["pod"], "points": points, "phases": phase_durations(points),
+                               "index": row["index"], "failure_class": row["failure_class"],
+                               "failure": row["failure"]})
     phases = phase_summary(durations)
     guide = describe([record["guide_pod_to_ready"] for record in records])
     rewards = [r["reward"] for r in rows]
@@ -2380,9 +2399,9 @@ def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
         "warnings": warning_summary(events),
         "pods": rows,
     }
-    # The axis starts where the Job may first have existed: its pods can be created before
-    # the create call returns.
-    return BatchSummary(figures, records, job_created, job_created_point.earliest or job_created)
+    # The Job may first have existed before the create call returned (its pods can be created
+    # before): the timeline marks that moment on its axis, which starts at job_created.
+    return BatchSummary(figures, records, job_created, job_created_point.earliest or job_created, failed_records)
 
 
 # --------------------------------------------------------------------------
@@ -2449,12 +2468,16 @@ def timeline_title(settings: dict) -> str:
     return f"{episodes}, parallelism {settings['parallelism']}, runtime {settings['runtime']}"
 
 
+# Every picture and episodes.csv count from the same zero as results.json's batch_to_* figures.
+TIME_AXIS = "seconds after the Job's creationTimestamp (its whole second, as results.json and episodes.csv count)"
+
+
 def timeline_svg(batches: Sequence[tuple[str, BatchSummary]], title: str) -> str:
-    """One bar per episode on a shared axis from its Job's creation, coloured by phase."""
-    # Bars in the order the pods were created, each batch from its Job's true creation.
-    episodes = [(summary.origin, record) for _, summary in batches
-                for record in sorted(summary.episodes, key=lambda r: (
-                    r["points"]["pod_created"][0] if r["points"].get("pod_created") else math.inf, r["pod"]))]
+    """One bar per episode on a shared axis from its Job's creationTimestamp, coloured by phase."""
+    # Bars in the order the pods were created, each batch from its Job's creationTimestamp.
+    episodes = [(summary.job_created, record) for _, summary in batches
+                for record in sorted(summary.episodes + summary.failed, key=lambda r: (
+                    r["points"]["pod_created"][0] if r["points"].get("pod_created") else math.inf, r["pod"] or ""))]
     count = len(episodes)
     row_height = 18 if count <= 40 else max(3, min(12, 720 // max(count, 1)))
     labels = row_height >= 10
@@ -2490,26 +2513,54 @@ def timeline_svg(batches: Sequence[tuple[str, BatchSummary]], title: str) -> str
         tick += step
     parts.append(f'<line x1="{left}" y1="{axis_y}" x2="{left + plot_width}" y2="{axis_y}" stroke="black"/>')
     parts.append(f'<text x="{left + plot_width / 2:.0f}" y="{axis_y + 36}" text-anchor="middle">'
-                 f'seconds after the Job was created</text>')
+                 f'{html_escape(TIME_AXIS)}</text>')
+    if len(batches) == 1 and batches[0][1].origin > batches[0][1].job_created:
+        # Where the Job may first have existed: its stamp only names the second it began in.
+        summary = batches[0][1]
+        created_x = x(summary.origin - summary.job_created)
+        parts.append(f'<line x1="{created_x:.1f}" y1="{top - 4}" x2="{created_x:.1f}" y2="{axis_y}" '
+                     f'stroke="#888" stroke-dasharray="4 3"><title>the Job created, at the earliest: '
+                     f'{summary.origin - summary.job_created:.3f} s</title></line>')
     if not labels:
         parts.append(f'<text x="{left - 12}" y="{top + row_height * count / 2:.0f}" text-anchor="middle" '
                      f'transform="rotate(-90 {left - 12} {top + row_height * count / 2:.0f})">'
                      f'{count} episodes, one row each</text>')
     for row, (origin, record) in enumerate(episodes):
         y = top + row * row_height
+        failed = "failure_class" in record
         if labels:
-            label = record["pod"]  # a pod's name starts with its Job's: it names the round too
-            parts.append(f'<text x="{left - 6}" y="{y + row_height * 0.7:.1f}" text-anchor="end" '
-                         f'font-size="11">{html_escape(label[-26:])}</text>')
+            # A pod's name starts with its Job's: it names the round too.
+            label = record["pod"] or f"episode {record['index']}: no pod"
+            parts.append(f'<text x="{left - 6}" y="{y + row_height * 0.7:.1f}" text-anchor="end" font-size="11"'
+                         f'{FAILED_FILL if failed else ""}>{html_escape(label[-26:])}</text>')
         parts += timeline_bars(record, lambda moment: x(moment - origin), y, row_height)
+        if failed:
+            parts.append(failed_marker(record, lambda moment: x(moment - origin), left, y, row_height))
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
+
+
+FAILED_FILL = ' fill="#c1121f"'
+GAP_MEANING = "gap: a point not reported (e.g. by an episode script) or not measured"
+FAILED_MEANING = "\u2715 failed episode, drawn as far as it got"
+
+
+def failed_marker(record: dict, x: Callable[[float], float], left: int, y: int, row_height: int) -> str:
+    """A failed episode's mark after the last point it reached (at the axis start if none), its
+    class and why in the tooltip."""
+    reached = [point[0] for point in record["points"].values() if point is not None]
+    at = x(max(reached)) if reached else float(left)
+    why = f"{record['pod'] or 'episode ' + str(record['index'])} failed ({record['failure_class']}): {record['failure']}"
+    return (f'<text x="{at + 2:.1f}" y="{y + row_height * 0.8:.1f}" font-size="{min(12, row_height + 2)}"'
+            f'{FAILED_FILL}>\u2715<title>{html_escape(why)}</title></text>')
 
 
 def timeline_legend(left: int, right_edge: int) -> tuple[list[str], int]:
     """The timeline's legend, one swatch per phase, wrapped at `right_edge`; and its last row's y."""
     legend = [(phase.replace("_", " "), f'fill="{colour}"') for phase, colour in PHASE_COLOURS.items()]
     legend.append(("split below its precision", 'fill="url(#unsplit)"'))
+    legend.append((FAILED_MEANING, FAILED_FILL.strip()))
+    legend.append((GAP_MEANING, 'fill="white" stroke="#999"'))
     parts, legend_x, legend_y = [], left, 32
     for name, fill in legend:
         item_width = 16 + 7 * len(name) + 14
@@ -2641,20 +2692,20 @@ def chart_svg(title: str, subtitle: str, series: Sequence[tuple[str, str, list[t
 
 
 def ramp_svg(batches: Sequence[tuple[str, BatchSummary]], title: str, figures: dict | None = None) -> str:
-    """How many pods had been created, scheduled, ... finished, over time from the first Job's creation;
-    `figures`: the batches' throughput, when already computed."""
-    records = [record for _, summary in batches for record in summary.episodes]
+    """How many pods had been created, scheduled, ... finished, over time from their Job's
+    creationTimestamp (as the timeline counts); `figures`: the batches' throughput, when already computed."""
+    records = [(summary.job_created, record) for _, summary in batches for record in summary.episodes]
     total = len(records)
-    origin = min((summary.job_created for _, summary in batches if summary.episodes), default=0.0)
     series = []
     for point in RAMP_POINTS:
-        moments = [record["points"][point][0] - origin for record in records if record["points"].get(point)]
+        moments = [record["points"][point][0] - origin for origin, record in records if record["points"].get(point)]
         known = "" if len(moments) == total else f" ({len(moments)} known)"
         series.append((f"{point.replace('_', ' ')}{known}", RAMP_COLOURS[point],
                        [(x, float(n)) for x, n in thinned(moments)], point == "ready",
                        f"{point}: {len(moments)} episodes"))
     figures = figures if figures is not None else throughput(batches)
-    subtitle = (f"{total} episodes; pods created {figures['pods_created_per_second'] or '-'}/s; sandboxes ready "
+    failed = sum(len(summary.failed) for _, summary in batches)
+    subtitle = (f"{total} episodes{f' ({failed} failed, not counted)' if failed else ''}; pods created {figures['pods_created_per_second'] or '-'}/s; sandboxes ready "
                 f"{figures['sandboxes_ready_per_second_mean'] or '-'}/s mean, "
                 f"{figures['sandboxes_ready_per_second_peak'] or '-'} in the busiest second; "
                 f"at most {figures['max_episodes_running_at_once'] or '-'} running at once")
@@ -2664,7 +2715,7 @@ def ramp_svg(batches: Sequence[tuple[str, BatchSummary]], title: str, figures: d
     while value <= total + 1e-9:
         ticks.append((value, f"{value:g}"))
         value += y_step
-    return chart_svg(title, subtitle, series, "seconds after the Job was created", "episodes (cumulative)",
+    return chart_svg(title, subtitle, series, TIME_AXIS, "episodes (cumulative)",
                      max(total, 1), ticks)
 
 
@@ -2692,10 +2743,11 @@ def cdf_svg(batches: Sequence[tuple[str, BatchSummary]], title: str) -> str:
 def timeline_sample(batches: Sequence[tuple[str, BatchSummary]],
                     limit: int = TIMELINE_MAX_ROWS) -> tuple[list[tuple[str, BatchSummary]], str]:
     """At most `limit` episodes for the timeline, evenly spread in order of pod creation, and a note saying so."""
-    total = sum(len(summary.episodes) for _, summary in batches)
+    total = sum(len(summary.episodes) + len(summary.failed) for _, summary in batches)
     if total <= limit:
         return list(batches), ""
-    ordered = sorted(((name, summary, record) for name, summary in batches for record in summary.episodes),
+    ordered = sorted(((name, summary, record) for name, summary in batches
+                      for record in summary.episodes + summary.failed),
                      key=lambda item: ((item[2]["points"].get("pod_created") or (0.0,))[0],
                                        (item[2]["points"].get("ready") or (0.0,))[0]))
     keep = {round(i * (total - 1) / (limit - 1)) for i in range(limit)}
@@ -2703,8 +2755,9 @@ def timeline_sample(batches: Sequence[tuple[str, BatchSummary]],
     for index, (name, summary, record) in enumerate(ordered):
         if index in keep:
             chosen.setdefault(name, []).append(record)
-    sampled = [(name, dataclasses.replace(summary, episodes=chosen[name])) for name, summary in batches
-               if name in chosen]
+    sampled = [(name, dataclasses.replace(summary, episodes=[r for r in chosen[name] if "failure_class" not in r],
+                                          failed=[r for r in chosen[name] if "failure_class" in r]))
+               for name, summary in batches if name in chosen]
     return sampled, f" - {len(keep)} of {total} episodes, evenly spread in order of pod creation"
 
 
@@ -4696,8 +4749,10 @@ def summarise_rollout(rows: Sequence[dict], job: dict, pods: Sequence[dict], log
         raise DemoError("\n  ".join([f"{len(failures)} of {len(rows)} episodes failed "
                                      f"({failures_said(failures)}); {accepts}"] + failure_lines(failures)))
     successes = {row["pod"] for row in rows if row["failure_class"] is None}
+    by_name = {pod_name(pod): pod for pod in pods}
     summary = summarise_batch(job, [pod for pod in pods if pod_name(pod) in successes], logs, events,
-                              len(successes), settings["builtin"], end_seen_at, observed)
+                              len(successes), settings["builtin"], end_seen_at, observed,
+                              [(by_name.get(row["pod"]), row) for row in failures])
     summary.figures.update(rollout_figures(rows, job, pods, settings.get("group_size") or 1, allowed,
                                            settings.get("retries") or 0))
     return summary

@@ -912,6 +912,43 @@ def test_timeline_svg_is_xml_with_one_row_per_episode_and_a_legend() -> None:
     assert f"{POD_C} episode_work: 4.750 s" in titles
 
 
+def axis_seconds(root: ElementTree.Element, x: float) -> float:
+    """Where `x` (px) falls on a picture's time axis, read from its tick labels (the numbers
+    centred under the axis)."""
+    ticks = sorted((float(t.get("x")), float(t.text)) for t in root.iter(f"{SVG}text")
+                   if t.get("text-anchor") == "middle" and (t.text or "").replace(".", "", 1).isdigit())
+    (x0, t0), (x1, t1) = ticks[0], ticks[1]
+    return t0 + (x - x0) * (t1 - t0) / (x1 - x0)
+
+
+def test_ramp_and_timeline_share_one_time_origin_and_say_which() -> None:
+    # The Job's stamp names second 100; it was truly created at 100.45 at the earliest, and its
+    # pod at 100.8: both pictures put the pod at 0.8 s, as episodes.csv and results.json count.
+    points = {point: None for point in demo.POINTS}
+    points.update(pod_created=demo.Point(100.8, 0.01, "test", "control plane"),
+                  scheduled=demo.Point(101.0, 0.01, "test", "control plane"),
+                  ready=demo.Point(102.0, 0.01, "test", "node"), reward=demo.Point(103.0, 0.01, "test", "node"))
+    record = {"pod": "rollout-abcde", "points": points, "phases": demo.phase_durations(points), "index": None}
+    summary = demo.BatchSummary(figures={}, episodes=[record], job_created=100.0, origin=100.45)
+    figures = {"pods_created_per_second": 1, "sandboxes_ready_per_second_mean": None,
+               "sandboxes_ready_per_second_peak": None, "max_episodes_running_at_once": 1}
+    timeline = ElementTree.fromstring(demo.timeline_svg([("rollout", summary)], "1 episode"))
+    ramp = ElementTree.fromstring(demo.ramp_svg([("rollout", summary)], "1 episode", figures))
+    [scheduling] = [rect for rect in timeline.iter(f"{SVG}rect")
+                    if (rect.findtext(f"{SVG}title") or "").startswith("rollout-abcde scheduling")]
+    assert axis_seconds(timeline, float(scheduling.get("x"))) == pytest.approx(0.8, abs=0.01)
+    created_line = next(path for path in ramp.iter(f"{SVG}path")
+                        if path.findtext(f"{SVG}title") == "pod_created: 1 episodes")
+    first_x = float(created_line.get("d")[1:].split(",")[0])
+    assert axis_seconds(ramp, first_x) == pytest.approx(0.8, abs=0.01)
+    for picture in (timeline, ramp):
+        assert demo.TIME_AXIS in ["".join(t.itertext()) for t in picture.iter(f"{SVG}text")]
+    assert "creationTimestamp" in demo.TIME_AXIS and "episodes.csv" in demo.TIME_AXIS
+    # The true creation, at the earliest, is marked on the timeline where it was.
+    [marker] = [line for line in timeline.iter(f"{SVG}line") if line.findtext(f"{SVG}title")]
+    assert axis_seconds(timeline, float(marker.get("x1"))) == pytest.approx(0.45, abs=0.01)
+
+
 def compare_rows(table: str) -> dict[str, list[str]]:
     """A compare table's rows below its header: {metric: [A, B, B/A]}."""
     return {line.split()[0]: line.split()[1:] for line in table.splitlines()[1:]}
@@ -1079,7 +1116,7 @@ STDLIB_ALLOW_LIST = frozenset("""
     itertools json locale logging math mimetypes numbers operator os pathlib pickle platform
     posixpath pprint queue random re resource secrets select selectors shlex shutil signal socket
     stat statistics string struct subprocess sys sysconfig tarfile tempfile textwrap threading
-    time timeit traceback types typing unicodedata unittest urllib uuid warnings weakref xml zipfile
+    time timeit tokenize traceback types typing unicodedata unittest urllib uuid warnings weakref xml zipfile
     zlib
 """.split())
 
