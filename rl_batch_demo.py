@@ -2086,6 +2086,10 @@ def phase_summary(episodes_durations: Sequence[dict[str, tuple[float, float] | N
     return summary
 
 
+def difference(later: float | None, earlier: float | None) -> float | None:
+    return None if later is None or earlier is None else later - earlier
+
+
 def completion_gap(job: dict, pods: Sequence[dict], last_reward_at: float,
                    client_observed_at: float | None) -> dict:
     """What the time between the last reward and the client seeing the end is made of."""
@@ -2096,19 +2100,44 @@ def completion_gap(job: dict, pods: Sequence[dict], last_reward_at: float,
     end_kind = job_finished(job) or "Complete"
     end = parse_time((condition(job, end_kind) or {}).get("lastTransitionTime"))
 
-    def between(first: float | None, last: float | None) -> float | None:
-        return None if first is None or last is None else rounded(last - first)
-
-    return {
-        "last_reward_to_last_container_finished_seconds": between(last_reward_at, last_finished),
-        "last_container_finished_to_success_criteria_met_seconds": between(last_finished, criteria),
-        "last_container_finished_to_job_complete_seconds": between(last_finished, end),
-        "job_complete_to_client_observed_seconds": between(end, client_observed_at),
-        "last_reward_to_client_observed_seconds": between(last_reward_at, client_observed_at),
-        "precision_seconds": WHOLE_SECOND,
-        "note": "container finish and Job conditions are whole-second Kubernetes times; "
-                "SuccessCriteriaMet exists on Kubernetes >= 1.31",
+    # A Kubernetes time names the second its moment fell in. The moments happen in this order
+    # (reward, container finished, the Job's conditions, the client seeing it), so each stamp
+    # is read no earlier than the moment before it: every part is then 0 or more, where two
+    # stamps' difference could read as a negative duration, and the parts still add up.
+    finish_at = None if last_finished is None else max(last_finished, last_reward_at)
+    after_finish = last_reward_at if finish_at is None else finish_at
+    met_at = None if criteria is None else max(criteria, after_finish)
+    end_at = None if end is None else max(end, after_finish)
+    # Per part: its earlier and later stamps, each with how far its moment may lie after it
+    # (the bounds), and the part as read.
+    parts = {
+        "last_reward_to_last_container_finished_seconds":
+            ((last_reward_at, 0.0), (last_finished, WHOLE_SECOND), difference(finish_at, last_reward_at)),
+        "last_container_finished_to_success_criteria_met_seconds":
+            ((last_finished, WHOLE_SECOND), (criteria, WHOLE_SECOND), difference(met_at, finish_at)),
+        "last_container_finished_to_job_complete_seconds":
+            ((last_finished, WHOLE_SECOND), (end, WHOLE_SECOND), difference(end_at, finish_at)),
+        "job_complete_to_client_observed_seconds":
+            ((end, WHOLE_SECOND), (client_observed_at, 0.0), difference(client_observed_at, end_at)),
+        "last_reward_to_client_observed_seconds":
+            ((last_reward_at, 0.0), (client_observed_at, 0.0), difference(client_observed_at, last_reward_at)),
     }
+    gap: dict[str, Any] = {}
+    bounds: dict[str, list[float]] = {}
+    for name, ((first, first_spread), (last, last_spread), seconds) in parts.items():
+        if first is None or last is None or seconds is None:
+            gap[name] = None
+            continue
+        gap[name] = rounded(max(0.0, seconds))
+        bounds[name] = [rounded(max(0.0, last - first - first_spread)), rounded(max(0.0, last + last_spread - first))]
+    gap.update({
+        "bounds_seconds": bounds,
+        "precision_seconds": WHOLE_SECOND,
+        "note": "container finish and Job conditions are whole-second Kubernetes times, each read no earlier "
+                "than the moment before it; each part lies within its bounds_seconds; SuccessCriteriaMet "
+                "exists on Kubernetes >= 1.31",
+    })
+    return gap
 
 
 def node_distribution(pods: Iterable[dict]) -> dict[str, int]:
@@ -2782,23 +2811,43 @@ def throughput_line(figures: dict) -> str:
             f"at most {shown(figures.get('max_episodes_running_at_once'))} episodes running at once")
 
 
+# The phase of the guide's name, measured between sharper points: named apart where printed.
+SHARP_POD_TO_READY = "pod_to_ready (sharp)"
+
+
 def phase_table(phases: dict[str, dict]) -> str:
     """A plain-text table of the phase breakdown."""
     lines = [f"{'phase':<24}{'p50':>8}{'p95':>8}{'p99':>8}{'max':>8}{'n':>6}{'missing':>9}  precision"]
     for phase, entry in phases.items():
+        label = SHARP_POD_TO_READY if phase == "pod_to_ready" else phase
         precision = entry.get("precision_seconds")
 
         def cell(key: str) -> str:
             return f"{figure(entry.get(key), precision):>8}"
-        lines.append(f"{phase:<24}{cell('p50')}{cell('p95')}{cell('p99')}{cell('max')}"
+        lines.append(f"{label:<24}{cell('p50')}{cell('p95')}{cell('p99')}{cell('max')}"
                      f"{entry['samples']:>6}{entry['missing']:>9}  "
                      f"{'-' if precision is None else f'{precision:.3g} s'}")
     return "\n".join(lines)
 
 
+def pod_to_ready_line(results: dict) -> str | None:
+    """The two pod_to_ready P50s side by side, each named by how it is measured."""
+    sharp = (results.get("phases") or {}).get("pod_to_ready") or {}
+    guide = results.get("pod_to_ready_p50_seconds")
+    if guide is None or sharp.get("p50") is None:
+        return None
+    counted = " (failed episodes counted at the deadline)" if results.get("pod_to_ready_censored") else ""
+    return (f"pod_to_ready P50: {guide:.3f} s the guide's (from the pod's whole-second creationTimestamp; "
+            f"pod_to_ready_p50_seconds{counted})\n"
+            f"                  {figure(sharp['p50'], sharp.get('precision_seconds')):>5} s sharp (between the "
+            f"sharpest points; phases.pod_to_ready)")
+
+
 def phase_tables(results: dict) -> str:
-    """The phase table, then one per start path when the batch mixed them."""
-    tables = [phase_table(results["phases"])]
+    """The phase table and the two pod_to_ready P50s, then one table per start path when the
+    batch mixed them."""
+    tables = [phase_table(results["phases"]) + "".join(f"\n{line}" for line in [pod_to_ready_line(results)]
+                                                        if line)]
     for path, phases in (results.get("phases_by_start_path") or {}).items():
         tables.append(f"start path: {path}\n{phase_table(phases)}")
     return "\n\n".join(tables)

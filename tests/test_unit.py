@@ -798,7 +798,27 @@ def test_completion_gap_hand_computed() -> None:
         "job_complete_to_client_observed_seconds": 1.5,
         "last_reward_to_client_observed_seconds": 2.75,
         "precision_seconds": 1.0,
+        # Each whole-second end may lie anywhere in its second.
+        "bounds_seconds": {
+            "last_reward_to_last_container_finished_seconds": [0.25, 1.25],
+            "last_container_finished_to_success_criteria_met_seconds": [0.0, 1.0],
+            "last_container_finished_to_job_complete_seconds": [0.0, 2.0],
+            "job_complete_to_client_observed_seconds": [0.5, 1.5],
+            "last_reward_to_client_observed_seconds": [2.75, 2.75],
+        },
     }
+
+
+def test_completion_gap_whose_sign_its_precision_cannot_settle_is_never_negative() -> None:
+    # The last reward at +10.68; its container's finishedAt names second +10: it finished
+    # between 10.68 and 11, which the two stamps' difference (-0.68) reads as a bug.
+    job, pods, _, _ = synthetic_batch()
+    gap = demo.completion_gap(job, pods, last_reward_at=T0 + 10.68, client_observed_at=T0 + 12.5)
+    assert gap["bounds_seconds"]["last_reward_to_last_container_finished_seconds"] == [0.0, 0.32]
+    assert gap["last_reward_to_last_container_finished_seconds"] == 0.0  # read as finished no earlier than the reward
+    assert gap["last_container_finished_to_job_complete_seconds"] == 0.32  # the Job stamped +11
+    assert gap["job_complete_to_client_observed_seconds"] == 1.5
+    assert all(value >= 0 for key, value in gap.items() if key.endswith("_seconds") and isinstance(value, float))
 
 
 def test_completion_gap_without_client_or_success_criteria() -> None:
@@ -1456,6 +1476,23 @@ def test_a_pod_asked_to_be_deleted_bounds_no_later_pods_creation() -> None:
     # A Job that waits for a terminating pod to end before replacing it (podReplacementPolicy
     # Failed, as with a podFailurePolicy): the end still frees the slot.
     assert demo.slots_freed([deleted, b], no_offsets, {}, {}, T0, 1, replaces_terminating=False) == {"b": T0 + 5}
+
+
+def test_the_two_pod_to_ready_p50s_are_named_apart_and_shown_side_by_side() -> None:
+    job, pods, logs, events = synthetic_batch()
+    figures = demo.summarise_batch(job, pods, logs, events, 3).figures
+    # The guide's counts from the pod's whole-second stamp; the phase from its sharpest creation point.
+    figures["pod_to_ready_p50_seconds"], figures["phases"]["pod_to_ready"]["p50"] = 1.561, 0.764
+    figures["phases"]["pod_to_ready"]["precision_seconds"] = 0.01
+    text = demo.phase_tables(figures).split("\n\n")[0]  # the batch's table, before the start paths'
+    guide, sharp = 1.561, 0.764
+    rows = {line[:24].strip(): line for line in text.splitlines()}
+    assert "pod_to_ready" not in rows and rows["pod_to_ready (sharp)"].split()[2] == f"{sharp:.3f}"
+    [guide_line] = [line for line in text.splitlines() if line.startswith("pod_to_ready P50:")]
+    assert guide_line.startswith(f"pod_to_ready P50: {guide:.3f} s the guide's (from the pod's whole-second "
+                                 f"creationTimestamp; pod_to_ready_p50_seconds)")
+    next_line = text.splitlines()[text.splitlines().index(guide_line) + 1]
+    assert next_line.split()[:3] == [f"{sharp:.3f}", "s", "sharp"]
 
 
 def test_a_batch_that_mixes_start_paths_shows_each_paths_phases() -> None:
