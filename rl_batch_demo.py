@@ -48,6 +48,7 @@ import sys
 import tempfile
 import threading
 import time
+import tokenize
 import urllib.parse
 from html import escape as html_escape
 from typing import Any, Callable, Generator, Iterable, Iterator, NamedTuple, Sequence, TextIO
@@ -1256,6 +1257,30 @@ def pod_warnings(events: Iterable[dict], most: int = 3) -> dict[str, list[str]]:
     return warnings
 
 
+TRACEBACK_START = re.compile(r'(Traceback \(most recent call last\):|  File ".*", line \d+)')
+EXCEPTION_LINE = re.compile(r"[A-Za-z_][\w.]*(: .*)?")
+
+
+def traceback_tail(log_text: str) -> str | None:
+    """The last line of the last Python traceback in a log (`ZeroDivisionError: division by
+    zero`), what a failed episode's line quotes; a SyntaxError has no "Traceback" header, only
+    its `File` lines, so either opens one."""
+    last, in_trace = None, False
+    for line in log_text.splitlines():
+        if TRACEBACK_START.match(line):
+            in_trace = True
+        elif in_trace and not line[:1].isspace():
+            in_trace = False
+            if EXCEPTION_LINE.fullmatch(line.rstrip()):
+                last = line.strip()
+    return last
+
+
+def with_traceback(why: str, log_text: str) -> str:
+    tail = traceback_tail(log_text)
+    return f"{why}: {tail}" if tail else why
+
+
 def classify_attempt(pod: dict, log_text: str, job: dict, builtin: bool,
                      warnings: Sequence[str] = ()) -> tuple[str | None, str | None]:
     """(failure class, why) of one pod, or (None, None) for an episode that passed every check.
@@ -1342,7 +1367,7 @@ def classify_pod_state(pod: dict, log_text: str, job: dict, builtin: bool) -> tu
     rewards = [e for e in parse_events(log_text.splitlines()) if e["event"] == "reward"]
     if builtin and len(rewards) == 1 and rewards[0].get("tests_exit") not in (0, None):
         return "verifier", f"exited {code}: the patched code failed its tests (tests_exit {rewards[0]['tests_exit']})"
-    return "episode", f"exited {code}"
+    return "episode", with_traceback(f"exited {code}", log_text)
 
 
 def pod_index(pod: dict) -> int | None:
@@ -2236,6 +2261,10 @@ def phase_summary(episodes_durations: Sequence[dict[str, tuple[float, float] | N
     return summary
 
 
+def difference(later: float | None, earlier: float | None) -> float | None:
+    return None if later is None or earlier is None else later - earlier
+
+
 def completion_gap(job: dict, pods: Sequence[dict], last_reward_at: float,
                    client_observed_at: float | None) -> dict:
     """What the time between the last reward and the client seeing the end is made of."""
@@ -2246,19 +2275,44 @@ def completion_gap(job: dict, pods: Sequence[dict], last_reward_at: float,
     end_kind = job_finished(job) or "Complete"
     end = parse_time((condition(job, end_kind) or {}).get("lastTransitionTime"))
 
-    def between(first: float | None, last: float | None) -> float | None:
-        return None if first is None or last is None else rounded(last - first)
-
-    return {
-        "last_reward_to_last_container_finished_seconds": between(last_reward_at, last_finished),
-        "last_container_finished_to_success_criteria_met_seconds": between(last_finished, criteria),
-        "last_container_finished_to_job_complete_seconds": between(last_finished, end),
-        "job_complete_to_client_observed_seconds": between(end, client_observed_at),
-        "last_reward_to_client_observed_seconds": between(last_reward_at, client_observed_at),
-        "precision_seconds": WHOLE_SECOND,
-        "note": "container finish and Job conditions are whole-second Kubernetes times; "
-                "SuccessCriteriaMet exists on Kubernetes >= 1.31",
+    # A Kubernetes time names the second its moment fell in. The moments happen in this order
+    # (reward, container finished, the Job's conditions, the client seeing it), so each stamp
+    # is read no earlier than the moment before it: every part is then 0 or more, where two
+    # stamps' difference could read as a negative duration, and the parts still add up.
+    finish_at = None if last_finished is None else max(last_finished, last_reward_at)
+    after_finish = last_reward_at if finish_at is None else finish_at
+    met_at = None if criteria is None else max(criteria, after_finish)
+    end_at = None if end is None else max(end, after_finish)
+    # Per part: its earlier and later stamps, each with how far its moment may lie after it
+    # (the bounds), and the part as read.
+    parts = {
+        "last_reward_to_last_container_finished_seconds":
+            ((last_reward_at, 0.0), (last_finished, WHOLE_SECOND), difference(finish_at, last_reward_at)),
+        "last_container_finished_to_success_criteria_met_seconds":
+            ((last_finished, WHOLE_SECOND), (criteria, WHOLE_SECOND), difference(met_at, finish_at)),
+        "last_container_finished_to_job_complete_seconds":
+            ((last_finished, WHOLE_SECOND), (end, WHOLE_SECOND), difference(end_at, finish_at)),
+        "job_complete_to_client_observed_seconds":
+            ((end, WHOLE_SECOND), (client_observed_at, 0.0), difference(client_observed_at, end_at)),
+        "last_reward_to_client_observed_seconds":
+            ((last_reward_at, 0.0), (client_observed_at, 0.0), difference(client_observed_at, last_reward_at)),
     }
+    gap: dict[str, Any] = {}
+    bounds: dict[str, list[float]] = {}
+    for name, ((first, first_spread), (last, last_spread), seconds) in parts.items():
+        if first is None or last is None or seconds is None:
+            gap[name] = None
+            continue
+        gap[name] = rounded(max(0.0, seconds))
+        bounds[name] = [rounded(max(0.0, last - first - first_spread)), rounded(max(0.0, last + last_spread - first))]
+    gap.update({
+        "bounds_seconds": bounds,
+        "precision_seconds": WHOLE_SECOND,
+        "note": "container finish and Job conditions are whole-second Kubernetes times, each read no earlier "
+                "than the moment before it; each part lies within its bounds_seconds; SuccessCriteriaMet "
+                "exists on Kubernetes >= 1.31",
+    })
+    return gap
 
 
 def node_distribution(pods: Iterable[dict]) -> dict[str, int]:
@@ -2439,8 +2493,11 @@ class BatchSummary:
     pictures and the pooling of rounds read, and nothing saves as such."""
     figures: dict[str, Any]
     episodes: list[dict]  # per episode: pod, index, points, phases, image_cache, runtime_class, guide_pod_to_ready
-    job_created: float  # the Job's creationTimestamp (whole seconds)
-    origin: float  # where its time axis starts: the earliest moment its Job may have existed
+    job_created: float  # the Job's creationTimestamp (whole seconds): where every time axis starts
+    origin: float  # the earliest moment its Job may have existed, within the second after job_created
+    # Accepted failures, each with its points as far as it got, for the timeline to draw:
+    # pod (None when it never existed), points, phases, index, failure_class, failure.
+    failed: list[dict] = dataclasses.field(default_factory=list)
     # A rollout's successful rewards as they reached rewards.jsonl (the client's wall clock), for ramp.svg.
     deliveries: list[float] = dataclasses.field(default_factory=list)
 
@@ -2463,8 +2520,11 @@ def cycle_collector_paused() -> Iterator[None]:
 def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
                     events: Sequence[dict], count: int, builtin: bool = True,
                     client_observed_at: float | None = None,
-                    observed: dict[str, dict] | None = None) -> BatchSummary:
-    """Verify one batch and compute its figures and its phase breakdown; pure."""
+                    observed: dict[str, dict] | None = None,
+                    failed: Sequence[tuple[dict | None, dict]] = ()) -> BatchSummary:
+    """Verify one batch and compute its figures and its phase breakdown; pure. `failed`: the
+    accepted failures, (final pod or None, rewards row), placed as far as they got, from the
+    same sources and clocks, for the timeline; no figure counts them."""
     episodes = verify_batch(count, job, pods, logs, builtin)
     job_created = parse_time(job["metadata"]["creationTimestamp"])
     assert job_created is not None  # verify_batch checked it
@@ -2506,6 +2566,19 @@ def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
                         "runtime_class": (pod.get("spec") or {}).get("runtimeClassName"),
                         "index": (pod["metadata"].get("annotations") or {}).get(COMPLETION_INDEX_ANNOTATION),
                         "guide_pod_to_ready": ready["at"] - created})
+    failed_records = []
+    for pod, row in failed:
+        points = {point: None for point in POINTS}
+        if pod is not None:
+            log_events = parse_events(logs.get(pod_name(pod), "").splitlines())
+            ready, reward = (next((e for e in log_events if e["event"] == name), {}) for name in ("ready", "reward"))
+            points = episode_points(pod, ready, reward, scheduled.get(pod_name(pod)),
+                                    observed_pods.get(pod_name(pod)), kubelet.get(pod_name(pod)),
+                                    creations.get(pod_name(pod)), clocks_of(pod),
+                                    lower(job_created_point.earliest, "the Job's creation", REFERENCE_CLOCK))
+        failed_records.append({"pod": row["pod"], "points": points, "phases": phase_durations(points),
+                               "index": row["index"], "failure_class": row["failure_class"],
+                               "failure": row["failure"]})
     phases = phase_summary(durations)
     guide = describe([record["guide_pod_to_ready"] for record in records])
     rewards = [r["reward"] for r in rows]
@@ -2532,9 +2605,9 @@ def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
         "warnings": warning_summary(events),
         "pods": rows,
     }
-    # The axis starts where the Job may first have existed: its pods can be created before
-    # the create call returns.
-    return BatchSummary(figures, records, job_created, job_created_point.earliest or job_created)
+    # The Job may first have existed before the create call returned (its pods can be created
+    # before): the timeline marks that moment on its axis, which starts at job_created.
+    return BatchSummary(figures, records, job_created, job_created_point.earliest or job_created, failed_records)
 
 
 # --------------------------------------------------------------------------
@@ -2601,12 +2674,16 @@ def timeline_title(settings: dict) -> str:
     return f"{episodes}, parallelism {settings['parallelism']}, runtime {settings['runtime']}"
 
 
+# Every picture and episodes.csv count from the same zero as results.json's batch_to_* figures.
+TIME_AXIS = "seconds after the Job's creationTimestamp (its whole second, as results.json and episodes.csv count)"
+
+
 def timeline_svg(batches: Sequence[tuple[str, BatchSummary]], title: str) -> str:
-    """One bar per episode on a shared axis from its Job's creation, coloured by phase."""
-    # Bars in the order the pods were created, each batch from its Job's true creation.
-    episodes = [(summary.origin, record) for _, summary in batches
-                for record in sorted(summary.episodes, key=lambda r: (
-                    r["points"]["pod_created"][0] if r["points"].get("pod_created") else math.inf, r["pod"]))]
+    """One bar per episode on a shared axis from its Job's creationTimestamp, coloured by phase."""
+    # Bars in the order the pods were created, each batch from its Job's creationTimestamp.
+    episodes = [(summary.job_created, record) for _, summary in batches
+                for record in sorted(summary.episodes + summary.failed, key=lambda r: (
+                    r["points"]["pod_created"][0] if r["points"].get("pod_created") else math.inf, r["pod"] or ""))]
     count = len(episodes)
     row_height = 18 if count <= 40 else max(3, min(12, 720 // max(count, 1)))
     labels = row_height >= 10
@@ -2642,26 +2719,54 @@ def timeline_svg(batches: Sequence[tuple[str, BatchSummary]], title: str) -> str
         tick += step
     parts.append(f'<line x1="{left}" y1="{axis_y}" x2="{left + plot_width}" y2="{axis_y}" stroke="black"/>')
     parts.append(f'<text x="{left + plot_width / 2:.0f}" y="{axis_y + 36}" text-anchor="middle">'
-                 f'seconds after the Job was created</text>')
+                 f'{html_escape(TIME_AXIS)}</text>')
+    if len(batches) == 1 and batches[0][1].origin > batches[0][1].job_created:
+        # Where the Job may first have existed: its stamp only names the second it began in.
+        summary = batches[0][1]
+        created_x = x(summary.origin - summary.job_created)
+        parts.append(f'<line x1="{created_x:.1f}" y1="{top - 4}" x2="{created_x:.1f}" y2="{axis_y}" '
+                     f'stroke="#888" stroke-dasharray="4 3"><title>the Job created, at the earliest: '
+                     f'{summary.origin - summary.job_created:.3f} s</title></line>')
     if not labels:
         parts.append(f'<text x="{left - 12}" y="{top + row_height * count / 2:.0f}" text-anchor="middle" '
                      f'transform="rotate(-90 {left - 12} {top + row_height * count / 2:.0f})">'
                      f'{count} episodes, one row each</text>')
     for row, (origin, record) in enumerate(episodes):
         y = top + row * row_height
+        failed = "failure_class" in record
         if labels:
-            label = record["pod"]  # a pod's name starts with its Job's: it names the round too
-            parts.append(f'<text x="{left - 6}" y="{y + row_height * 0.7:.1f}" text-anchor="end" '
-                         f'font-size="11">{html_escape(label[-26:])}</text>')
+            # A pod's name starts with its Job's: it names the round too.
+            label = record["pod"] or f"episode {record['index']}: no pod"
+            parts.append(f'<text x="{left - 6}" y="{y + row_height * 0.7:.1f}" text-anchor="end" font-size="11"'
+                         f'{FAILED_FILL if failed else ""}>{html_escape(label[-26:])}</text>')
         parts += timeline_bars(record, lambda moment: x(moment - origin), y, row_height)
+        if failed:
+            parts.append(failed_marker(record, lambda moment: x(moment - origin), left, y, row_height))
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
+
+
+FAILED_FILL = ' fill="#c1121f"'
+GAP_MEANING = "gap: a point not reported (e.g. by an episode script) or not measured"
+FAILED_MEANING = "\u2715 failed episode, drawn as far as it got"
+
+
+def failed_marker(record: dict, x: Callable[[float], float], left: int, y: int, row_height: int) -> str:
+    """A failed episode's mark after the last point it reached (at the axis start if none), its
+    class and why in the tooltip."""
+    reached = [point[0] for point in record["points"].values() if point is not None]
+    at = x(max(reached)) if reached else float(left)
+    why = f"{record['pod'] or 'episode ' + str(record['index'])} failed ({record['failure_class']}): {record['failure']}"
+    return (f'<text x="{at + 2:.1f}" y="{y + row_height * 0.8:.1f}" font-size="{min(12, row_height + 2)}"'
+            f'{FAILED_FILL}>\u2715<title>{html_escape(why)}</title></text>')
 
 
 def timeline_legend(left: int, right_edge: int) -> tuple[list[str], int]:
     """The timeline's legend, one swatch per phase, wrapped at `right_edge`; and its last row's y."""
     legend = [(phase.replace("_", " "), f'fill="{colour}"') for phase, colour in PHASE_COLOURS.items()]
     legend.append(("split below its precision", 'fill="url(#unsplit)"'))
+    legend.append((FAILED_MEANING, FAILED_FILL.strip()))
+    legend.append((GAP_MEANING, 'fill="white" stroke="#999"'))
     parts, legend_x, legend_y = [], left, 32
     for name, fill in legend:
         item_width = 16 + 7 * len(name) + 14
@@ -2794,26 +2899,26 @@ def chart_svg(title: str, subtitle: str, series: Sequence[tuple[str, str, list[t
 
 
 def ramp_svg(batches: Sequence[tuple[str, BatchSummary]], title: str, figures: dict | None = None) -> str:
-    """How many pods had been created, scheduled, ... finished, over time from the first Job's creation;
-    `figures`: the batches' throughput, when already computed."""
-    records = [record for _, summary in batches for record in summary.episodes]
+    """How many pods had been created, scheduled, ... finished, over time from their Job's
+    creationTimestamp (as the timeline counts); `figures`: the batches' throughput, when already computed."""
+    records = [(summary.job_created, record) for _, summary in batches for record in summary.episodes]
     total = len(records)
-    origin = min((summary.job_created for _, summary in batches if summary.episodes), default=0.0)
     series = []
     for point in RAMP_POINTS:
-        moments = [record["points"][point][0] - origin for record in records if record["points"].get(point)]
+        moments = [record["points"][point][0] - origin for origin, record in records if record["points"].get(point)]
         known = "" if len(moments) == total else f" ({len(moments)} known)"
         series.append((f"{point.replace('_', ' ')}{known}", RAMP_COLOURS[point],
                        [(x, float(n)) for x, n in thinned(moments)], point == "ready",
                        f"{point}: {len(moments)} episodes"))
-    delivered = [moment - origin for _, summary in batches for moment in summary.deliveries]
+    delivered = [moment - summary.job_created for _, summary in batches for moment in summary.deliveries]
     if delivered:
         # A rollout's successful rewards as they reached rewards.jsonl (the client's clock).
         series.append(("reward in rewards.jsonl", RAMP_COLOURS["reward_delivered"],
                        [(x, float(n)) for x, n in thinned(delivered)], True,
                        f"rewards delivered: {len(delivered)} lines"))
     figures = figures if figures is not None else throughput(batches)
-    subtitle = (f"{total} episodes; pods created {figures['pods_created_per_second'] or '-'}/s; sandboxes ready "
+    failed = sum(len(summary.failed) for _, summary in batches)
+    subtitle = (f"{total} episodes{f' ({failed} failed, not counted)' if failed else ''}; pods created {figures['pods_created_per_second'] or '-'}/s; sandboxes ready "
                 f"{figures['sandboxes_ready_per_second_mean'] or '-'}/s mean, "
                 f"{figures['sandboxes_ready_per_second_peak'] or '-'} in the busiest second; "
                 f"at most {figures['max_episodes_running_at_once'] or '-'} running at once")
@@ -2823,7 +2928,7 @@ def ramp_svg(batches: Sequence[tuple[str, BatchSummary]], title: str, figures: d
     while value <= total + 1e-9:
         ticks.append((value, f"{value:g}"))
         value += y_step
-    return chart_svg(title, subtitle, series, "seconds after the Job was created", "episodes (cumulative)",
+    return chart_svg(title, subtitle, series, TIME_AXIS, "episodes (cumulative)",
                      max(total, 1), ticks)
 
 
@@ -2851,10 +2956,11 @@ def cdf_svg(batches: Sequence[tuple[str, BatchSummary]], title: str) -> str:
 def timeline_sample(batches: Sequence[tuple[str, BatchSummary]],
                     limit: int = TIMELINE_MAX_ROWS) -> tuple[list[tuple[str, BatchSummary]], str]:
     """At most `limit` episodes for the timeline, evenly spread in order of pod creation, and a note saying so."""
-    total = sum(len(summary.episodes) for _, summary in batches)
+    total = sum(len(summary.episodes) + len(summary.failed) for _, summary in batches)
     if total <= limit:
         return list(batches), ""
-    ordered = sorted(((name, summary, record) for name, summary in batches for record in summary.episodes),
+    ordered = sorted(((name, summary, record) for name, summary in batches
+                      for record in summary.episodes + summary.failed),
                      key=lambda item: ((item[2]["points"].get("pod_created") or (0.0,))[0],
                                        (item[2]["points"].get("ready") or (0.0,))[0]))
     keep = {round(i * (total - 1) / (limit - 1)) for i in range(limit)}
@@ -2862,8 +2968,9 @@ def timeline_sample(batches: Sequence[tuple[str, BatchSummary]],
     for index, (name, summary, record) in enumerate(ordered):
         if index in keep:
             chosen.setdefault(name, []).append(record)
-    sampled = [(name, dataclasses.replace(summary, episodes=chosen[name])) for name, summary in batches
-               if name in chosen]
+    sampled = [(name, dataclasses.replace(summary, episodes=[r for r in chosen[name] if "failure_class" not in r],
+                                          failed=[r for r in chosen[name] if "failure_class" in r]))
+               for name, summary in batches if name in chosen]
     return sampled, f" - {len(keep)} of {total} episodes, evenly spread in order of pod creation"
 
 
@@ -2888,23 +2995,43 @@ def throughput_line(figures: dict) -> str:
             f"at most {shown(figures.get('max_episodes_running_at_once'))} episodes running at once")
 
 
+# The phase of the guide's name, measured between sharper points: named apart where printed.
+SHARP_POD_TO_READY = "pod_to_ready (sharp)"
+
+
 def phase_table(phases: dict[str, dict]) -> str:
     """A plain-text table of the phase breakdown."""
     lines = [f"{'phase':<24}{'p50':>8}{'p95':>8}{'p99':>8}{'max':>8}{'n':>6}{'missing':>9}  precision"]
     for phase, entry in phases.items():
+        label = SHARP_POD_TO_READY if phase == "pod_to_ready" else phase
         precision = entry.get("precision_seconds")
 
         def cell(key: str) -> str:
             return f"{figure(entry.get(key), precision):>8}"
-        lines.append(f"{phase:<24}{cell('p50')}{cell('p95')}{cell('p99')}{cell('max')}"
+        lines.append(f"{label:<24}{cell('p50')}{cell('p95')}{cell('p99')}{cell('max')}"
                      f"{entry['samples']:>6}{entry['missing']:>9}  "
                      f"{'-' if precision is None else f'{precision:.3g} s'}")
     return "\n".join(lines)
 
 
+def pod_to_ready_line(results: dict) -> str | None:
+    """The two pod_to_ready P50s side by side, each named by how it is measured."""
+    sharp = (results.get("phases") or {}).get("pod_to_ready") or {}
+    guide = results.get("pod_to_ready_p50_seconds")
+    if guide is None or sharp.get("p50") is None:
+        return None
+    counted = " (failed episodes counted at the deadline)" if results.get("pod_to_ready_censored") else ""
+    return (f"pod_to_ready P50: {guide:.3f} s the guide's (from the pod's whole-second creationTimestamp; "
+            f"pod_to_ready_p50_seconds{counted})\n"
+            f"                  {figure(sharp['p50'], sharp.get('precision_seconds')):>5} s sharp (between the "
+            f"sharpest points; phases.pod_to_ready)")
+
+
 def phase_tables(results: dict) -> str:
-    """The phase table, then one per start path when the batch mixed them."""
-    tables = [phase_table(results["phases"])]
+    """The phase table and the two pod_to_ready P50s, then one table per start path when the
+    batch mixed them."""
+    tables = [phase_table(results["phases"]) + "".join(f"\n{line}" for line in [pod_to_ready_line(results)]
+                                                        if line)]
     for path, phases in (results.get("phases_by_start_path") or {}).items():
         tables.append(f"start path: {path}\n{phase_table(phases)}")
     return "\n\n".join(tables)
@@ -4419,8 +4546,10 @@ def resolve_context(kubectl: Kubectl, wanted: str | None) -> str:
     return context
 
 
-def describe_failure(job: dict | None, pods: Sequence[dict], job_name: str, limit_seconds: int) -> list[str]:
-    """Why a Job did not complete: its condition and each pod that did not succeed."""
+def describe_failure(job: dict | None, pods: Sequence[dict], job_name: str, limit_seconds: int,
+                     logs: dict[str, str] | None = None) -> list[str]:
+    """Why a Job did not complete: its condition and each pod that did not succeed (a failed
+    container's line quotes the end of the Python traceback in its log)."""
     lines = []
     failed = condition(job or {}, "Failed")
     if failed and failed.get("status") == "True":
@@ -4433,8 +4562,8 @@ def describe_failure(job: dict | None, pods: Sequence[dict], job_name: str, limi
             continue
         state = container_status(pod).get("state") or {}
         if "terminated" in state:
-            detail = (f"container exited {state['terminated'].get('exitCode')} "
-                      f"({state['terminated'].get('reason', '')})")
+            detail = with_traceback(f"container exited {state['terminated'].get('exitCode')} "
+                                    f"({state['terminated'].get('reason', '')})", (logs or {}).get(pod_name(pod), ""))
         elif "waiting" in state:
             detail = f"{state['waiting'].get('reason', 'waiting')}: {state['waiting'].get('message', '')}".rstrip(": ")
         elif "running" in state:
@@ -4712,7 +4841,7 @@ def verified_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) 
     if end != "Complete":
         raise DemoError("\n  ".join(
             ["Job failed or timed out; inspect saved status/events/logs, then cleanup"]
-            + describe_failure(job, pods, job_name, settings["timeout"] + CLIENT_GRACE_SECONDS)
+            + describe_failure(job, pods, job_name, settings["timeout"] + CLIENT_GRACE_SECONDS, logs)
             + [saved_evidence(job, pods, logs, events)]))
     if reading.source == "watch" and len(pods) < settings["count"]:
         # A watch that saw fewer pods than episodes proves nothing about the others.
@@ -4746,7 +4875,7 @@ def rollout_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) -
     if end is None or job is None:
         raise DemoError("\n  ".join(
             ["Job did not finish; inspect saved status/events/logs, then cleanup"]
-            + describe_failure(job, pods, job_name, settings["timeout"] + CLIENT_GRACE_SECONDS)
+            + describe_failure(job, pods, job_name, settings["timeout"] + CLIENT_GRACE_SECONDS, logs)
             + [f"{REWARDS_FILE} lists every episode as last seen", saved_evidence(job, pods, logs, events)]))
     if reading.source == "watch" and len(pods) < count:
         raise DemoError(f"cannot verify the batch: the pods could not be listed and the pod watch saw "
@@ -5060,8 +5189,10 @@ def summarise_rollout(rows: Sequence[dict], job: dict, pods: Sequence[dict], log
         accepts = f"--allow-failures accepts {allowed}" if len(failures) > allowed else "none succeeded"
         raise DemoError("\n  ".join([f"{len(failures)} of {len(rows)} episodes failed "
                                      f"({failures_said(failures)}); {accepts}"] + failure_lines(failures)))
+    by_name = {pod_name(pod): pod for pod in pods}
     summary = summarise_batch(job, [pod for pod in pods if pod_name(pod) in successes], logs, events,
-                              len(successes), settings["builtin"], end_seen_at, observed)
+                              len(successes), settings["builtin"], end_seen_at, observed,
+                              [(by_name.get(row["pod"]), row) for row in failures])
     summary.figures.update(rollout_figures(rows, job, pods, settings.get("group_size") or 1, allowed,
                                            settings.get("retries") or 0, need))
     return summary
@@ -5266,7 +5397,9 @@ def check_episode_syntax(script: str, source: str) -> None:
     """Refuse a script that does not compile before it costs a namespace and a Job.
 
     The image's Python may be newer than this one; a script this Python cannot
-    compile is then only warned about, since the image may well run it.
+    compile is then only warned about, since the image may well run it, unless its
+    error is one no newer Python would accept either (an unclosed bracket or string,
+    bad indentation).
     """
     try:
         compile(source, script, "exec", dont_inherit=True)
@@ -5275,12 +5408,37 @@ def check_episode_syntax(script: str, source: str) -> None:
         where = f"{script}, line {line}" if line else script
         text = (getattr(error, "text", None) or "").strip()
         detail = f"{getattr(error, 'msg', None) or error}" + (f": {text}" if text else "")
-        if sys.version_info < NEWEST_SYNTAX_PYTHON:
+        if sys.version_info < NEWEST_SYNTAX_PYTHON and not broken_on_every_python(source, error):
             print(f"Warning: --episode-script {where} does not compile on Python "
                   f"{sys.version_info[0]}.{sys.version_info[1]} ({detail}); the image's Python may "
                   f"be newer, so it is shipped anyway", file=sys.stderr)
             return
         raise DemoError(f"--episode-script {where}: {detail}; nothing was created") from None
+
+
+BRACKET_PAIRS = {")": "(", "]": "[", "}": "{"}
+
+
+def broken_on_every_python(source: str, error: SyntaxError | ValueError) -> bool:
+    """Whether a compile error cannot come from syntax newer than this Python's: a null byte,
+    bad indentation, or tokens that do not pair up (an unclosed or unmatched bracket, an
+    unterminated string). Newer grammar (match, except*, type aliases, PEP 701 f-strings)
+    still tokenizes into paired brackets and whole strings on an older tokenizer."""
+    if not isinstance(error, SyntaxError) or isinstance(error, IndentationError):
+        return True
+    opened: list[str] = []
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(source).readline):
+            if token.type == tokenize.ERRORTOKEN and token.string[:1] in "'\"":
+                return True  # a string that never ends on its line
+            if token.type == tokenize.OP and token.string in "([{":
+                opened.append(token.string)
+            elif token.type == tokenize.OP and token.string in BRACKET_PAIRS:
+                if not opened or opened.pop() != BRACKET_PAIRS[token.string]:
+                    return True
+    except (tokenize.TokenError, SyntaxError):  # EOF inside brackets or a triple-quoted string; a bad dedent
+        return True
+    return bool(opened)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -5570,10 +5728,10 @@ def load_saved_batch(directory: str, entry: dict, settings: dict) -> BatchOutcom
         raise DemoError("\n  ".join(
             [f"Job {job_name} never finished while the run watched it (the run was interrupted or gave up "
              f"waiting: job.json has no Complete or Failed condition); nothing to report"]
-            + describe_failure(job, pods, job_name, 0)[1:]))
+            + describe_failure(job, pods, job_name, 0, logs)[1:]))
     if end != "Complete" and not settings.get("rollout"):
         raise DemoError("\n  ".join(["the saved Job did not complete"] + describe_failure(
-            job, pods, job_name, settings.get("timeout", 0))))
+            job, pods, job_name, settings.get("timeout", 0), logs)))
     observed_path = os.path.join(directory, "observed.json")
     observed = read_json(observed_path, "observed.json") if os.path.exists(observed_path) else {}
     if settings.get("rollout"):
@@ -5833,6 +5991,11 @@ def check_run_arguments(args: argparse.Namespace, spelling: Spelling = COMMAND_L
     if not 1 <= args.parallelism <= args.count:
         raise UsageError(f"{spelling.name('parallelism')} must be between 1 and the count ({args.count}), "
                          f"got {args.parallelism}")
+    if getattr(args, "task_list", None) and args.episode_script is None:
+        # The built-in episode never reads a task: its reward of 1 would pass for the task's.
+        raise UsageError(f"{spelling.name('tasks')} needs {spelling.name('episode_script')}: the built-in "
+                         f"episode ignores tasks, so its rewards would not come from them; ship an episode "
+                         f"that reads its task from ${TASK_FILE_ENV}")
 
 
 def check_rollout_arguments(args: argparse.Namespace, spelling: Spelling = COMMAND_LINE) -> None:

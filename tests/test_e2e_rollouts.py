@@ -9,6 +9,7 @@ import json
 import os
 import re
 from pathlib import Path
+from xml.etree import ElementTree
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ import rl_batch_demo
 from e2e_support import emulators, load, run_namespaces, tool, write_script
 
 pytestmark = pytest.mark.e2e
+SVG = "{http://www.w3.org/2000/svg}"
 
 # Reads its task from $TASK_FILE; the task's "fail" makes the episode fail on its own.
 TASK_EPISODE = '''
@@ -132,6 +134,19 @@ def test_episode_failure_is_not_retried_and_a_partial_batch_exits_3(cluster: Any
     assert bad["evidence"] == f"{bad['pod']}.log" and (output / bad["evidence"]).is_file()
     assert bad["reward"] is None and bad["pod_to_ready_seconds"] is not None
     assert len(load(output / "pods.json")["items"]) == 3  # FailIndex: never retried
+    # The timeline draws all 3 episodes, the failed one marked, as far as it got (it was ready).
+    timeline = ElementTree.fromstring((output / "timeline.svg").read_text())
+    bars = {}
+    for rect in timeline.iter(f"{SVG}rect"):
+        title = rect.findtext(f"{SVG}title")
+        if title:
+            bars.setdefault(title.split()[0], []).append(title.split()[1].rstrip(":"))
+    assert sorted(bars) == sorted(row["pod"] for row in rows)
+    assert "episode_work" not in bars[bad["pod"]] and "scheduling" in bars[bad["pod"]]
+    [mark] = [text for text in timeline.iter(f"{SVG}text") if text.findtext(f"{SVG}title")]
+    assert mark.findtext(f"{SVG}title") == f"{bad['pod']} failed (episode): exited 1"
+    legend = ["".join(text.itertext()) for text in timeline.iter(f"{SVG}text")]
+    assert rl_batch_demo.GAP_MEANING in legend and rl_batch_demo.FAILED_MEANING in legend
     results = load(output / "results.json")
     assert results["accepted_partial"] is True
     assert results["failures_by_class"] == {"infrastructure": 0, "episode": 1, "verifier": 0}

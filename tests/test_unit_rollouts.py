@@ -18,6 +18,21 @@ from test_unit import (JOB_CREATED, NAMESPACE, T0, log_text, make_job, make_pod,
 INDEX = "batch.kubernetes.io/job-completion-index"
 
 
+PYTHON_TRACEBACK = """Traceback (most recent call last):
+  File "/demo/episode.py", line 9, in <module>
+    score(task)
+  File "/demo/episode.py", line 5, in score
+    return task["answer"]
+KeyError: 'answer'
+"""
+# What `python /demo/episode.py` prints for a script that does not compile: no "Traceback" line.
+SYNTAX_ERROR_LOG = """  File "/demo/episode.py", line 1
+    print("hello"
+         ^
+SyntaxError: '(' was never closed
+"""
+
+
 def indexed_pod(name: str, index: int, failures: int = 0, **options: Any) -> dict:
     pod = make_pod(name, **options)
     pod["metadata"]["annotations"] = {INDEX: str(index)}
@@ -168,6 +183,10 @@ def deleted(pod: dict) -> dict:
      ("infrastructure", "container restarted 1 time(s)")),
     (make_pod("p", phase="Failed", exit_code=2), log_text(ready_event("p", T0 + 3.0)), make_job(),
      ("episode", "exited 2")),
+    (make_pod("p", phase="Failed", exit_code=1), log_text(ready_event("p", T0 + 3.0)) + PYTHON_TRACEBACK,
+     make_job(), ("episode", "exited 1: KeyError: 'answer'")),
+    (make_pod("p", phase="Failed", exit_code=1), SYNTAX_ERROR_LOG, make_job(),
+     ("episode", "exited 1: SyntaxError: '(' was never closed")),
     (deleted(make_pod("p", phase="Failed", exit_code=143)), "", failed_job("DeadlineExceeded"),
      ("episode", "still running at the Job's deadline")),
     (make_pod("p"), log_text(ready_event("p", T0 + 3.0)), make_job(),
@@ -336,6 +355,28 @@ def task_file(tmp_path: Any) -> Any:
     return path
 
 
+@pytest.mark.parametrize("log, tail", [
+    (PYTHON_TRACEBACK, "KeyError: 'answer'"),
+    (SYNTAX_ERROR_LOG, "SyntaxError: '(' was never closed"),
+    # A chained exception: the last traceback's line, the one that ended the program.
+    ("Traceback (most recent call last):\n  File \"a\", line 1, in <module>\nValueError: x\n\nDuring handling "
+     "of the above exception, another exception occurred:\n\n" + PYTHON_TRACEBACK + "after\n", "KeyError: 'answer'"),
+    ('{"event": "ready"}\nthe agent gave up\n', None),  # sys.exit("...") prints no traceback
+    ("", None),
+])
+def test_traceback_tail_is_the_line_that_ended_the_program(log: str, tail: Optional[str]) -> None:
+    assert demo.traceback_tail(log) == tail
+
+
+def test_a_failed_pod_line_quotes_its_traceback() -> None:
+    pod = make_pod("p", phase="Failed", exit_code=1)
+    job = make_job()
+    assert demo.describe_failure(job, [pod], "rollout", 240, {"p": SYNTAX_ERROR_LOG})[1:] == [
+        "pod p: Failed, container exited 1 (Error): SyntaxError: '(' was never closed"]
+    assert demo.describe_failure(job, [pod], "rollout", 240, {"p": "no traceback\n"})[1:] == [
+        "pod p: Failed, container exited 1 (Error)"]
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--group-size", "2"], "--group-size needs --tasks (2 episodes per task)"),
     (["--tasks", "{tasks}", "--count", "4"],
@@ -347,12 +388,15 @@ def task_file(tmp_path: Any) -> Any:
     (["--allow-failures", "11"], "--allow-failures 11 is more than the 10 episodes"),
     (["--retries", "-1"], "argument --retries: must be 0 or more, got -1"),
     (["--tasks", "{missing}"], "No such file or directory"),
+    (["--tasks", "{tasks}"], "--tasks needs --episode-script: the built-in episode ignores tasks, so its rewards "
+                             "would not come from them; ship an episode that reads its task from $TASK_FILE"),
 ])
 def test_rollout_usage_errors(extra: list[str], message: str, tmp_path: Any, task_file: Any,
                               capsys: pytest.CaptureFixture) -> None:
     argv = ["run", "--output", str(tmp_path / "out")] + [
         a.format(tasks=task_file, missing=tmp_path / "none.jsonl") for a in extra]
     assert message in usage_message(argv, capsys)
+    assert not (tmp_path / "out").exists()  # refused before anything is created
 
 
 def test_a_bad_task_line_is_a_usage_error_naming_it(tmp_path: Any, capsys: pytest.CaptureFixture) -> None:
@@ -364,7 +408,9 @@ def test_a_bad_task_line_is_a_usage_error_naming_it(tmp_path: Any, capsys: pytes
 
 def test_dry_run_with_tasks_lists_their_configmap_before_the_job(tmp_path: Any, task_file: Any,
                                                                   capsys: pytest.CaptureFixture) -> None:
+    (tmp_path / "ep.py").write_text("print('reads its task')\n")
     assert demo.main(["run", "--output", str(tmp_path / "out"), "--tasks", str(task_file), "--group-size", "2",
+                      "--episode-script", str(tmp_path / "ep.py"),
                       "--allow-failures", "1", "--dry-run"]) == 0
     items = json.loads(capsys.readouterr().out)["items"]
     assert [(o["kind"], o["metadata"]["name"]) for o in items] == [
@@ -399,6 +445,7 @@ def test_dry_run_with_tasks_lists_their_configmap_before_the_job(tmp_path: Any, 
     ([{"x": {1, 2}}], {}, ValueError, "tasks[0] is not JSON: Object of type set is not JSON serializable"),
     ([], {}, ValueError, "tasks is empty"),
     (None, {"options": ["--bogus"]}, ValueError, "options: unrecognized arguments: --bogus"),
+    ([{"id": 1}], {}, ValueError, "tasks needs episode_script=: the built-in episode ignores tasks"),
     (None, {"options": "--count 2"}, TypeError, "options must be a list of strings"),
     (None, {"count": 2, "options": ["--count", "3"]}, ValueError,
      "count= and options' --count both set count: give it once"),
