@@ -2493,7 +2493,8 @@ def nice_step(span: float, ticks: int = 8) -> float:
 def timeline_title(settings: dict) -> str:
     """What the timeline shows: its episodes in all, and in how many rounds."""
     count, rounds = settings["count"], settings.get("rounds") or 1
-    episodes = f"{count} episodes" if rounds == 1 else f"{rounds} rounds of {count} episodes ({rounds * count} in all)"
+    episodes = plural(count, "episode") if rounds == 1 else \
+        f"{rounds} rounds of {plural(count, 'episode')} ({rounds * count} in all)"
     return f"{episodes}, parallelism {settings['parallelism']}, runtime {settings['runtime']}"
 
 
@@ -2731,13 +2732,14 @@ def ramp_svg(batches: Sequence[tuple[str, BatchSummary]], title: str, figures: d
         known = "" if len(moments) == total else f" ({len(moments)} known)"
         series.append((f"{point.replace('_', ' ')}{known}", RAMP_COLOURS[point],
                        [(x, float(n)) for x, n in thinned(moments)], point == "ready",
-                       f"{point}: {len(moments)} episodes"))
+                       f"{point}: {plural(len(moments), 'episode')}"))
     figures = figures if figures is not None else throughput(batches)
     failed = sum(len(summary.failed) for _, summary in batches)
-    subtitle = (f"{total} episodes{f' ({failed} failed, not counted)' if failed else ''}; pods created {figures['pods_created_per_second'] or '-'}/s; sandboxes ready "
+    subtitle = (f"{plural(total, 'episode')}{f' ({failed} failed, not counted)' if failed else ''}; pods created "
+                f"{figures['pods_created_per_second'] or '-'}/s; sandboxes ready "
                 f"{figures['sandboxes_ready_per_second_mean'] or '-'}/s mean, "
                 f"{figures['sandboxes_ready_per_second_peak'] or '-'} in the busiest second; "
-                f"at most {figures['max_episodes_running_at_once'] or '-'} running at once")
+                f"at most {plural(figures['max_episodes_running_at_once'] or None, 'episode')} running at once")
     y_step = nice_step(max(total, 1), ticks=5)
     ticks = []
     value = 0.0
@@ -2762,9 +2764,9 @@ def cdf_svg(batches: Sequence[tuple[str, BatchSummary]], title: str) -> str:
             label = f"{phase.replace('_', ' ')}: no samples"
         series.append((label, CDF_COLOURS[phase],
                        [(x, n / len(values)) for x, n in thinned(values)], phase == "pod_to_ready",
-                       f"{phase}: {len(values)} episodes"))
+                       f"{phase}: {plural(len(values), 'episode')}"))
     ticks = [(q / 4, f"{q * 25}%") for q in range(5)]
-    subtitle = (f"{len(records)} episodes; each line: the share of episodes whose phase took at most x seconds; "
+    subtitle = (f"{plural(len(records), 'episode')}; each line: the share of episodes whose phase took at most x seconds; "
                 f"legend: P50 / P95 in seconds")
     return chart_svg(title, subtitle, series, "seconds", "share of episodes", 1.0, ticks, x_min=lowest)
 
@@ -2808,7 +2810,7 @@ def throughput_line(figures: dict) -> str:
     return (f"throughput: pods created {shown(figures.get('pods_created_per_second'))}/s, sandboxes ready "
             f"{shown(figures.get('sandboxes_ready_per_second_mean'))}/s mean and "
             f"{shown(figures.get('sandboxes_ready_per_second_peak'))} in the busiest second, "
-            f"at most {shown(figures.get('max_episodes_running_at_once'))} episodes running at once")
+            f"at most {plural(figures.get('max_episodes_running_at_once'), 'episode')} running at once")
 
 
 # The phase of the guide's name, measured between sharper points: named apart where printed.
@@ -4773,16 +4775,21 @@ class BatchEvidence:
         return events
 
 
+def plural(number: Any, noun: str) -> str:
+    """`1 episode`, `2 episodes`: a count with its noun (a missing count reads `-`)."""
+    return f"{'-' if number is None else number} {noun}{'' if number == 1 else 's'}"
+
+
 def failures_said(failures: Sequence[dict]) -> str:
-    """`infrastructure 1, episode 2`: the failed episodes counted by class."""
+    """`1 infrastructure failure, 2 episode failures`: the failed episodes counted by class."""
     counts = failure_counts(row["failure_class"] for row in failures)
-    return ", ".join(f"{kind} {number}" for kind, number in counts.items() if number)
+    return ", ".join(plural(number, f"{kind} failure") for kind, number in counts.items() if number)
 
 
 def failure_lines(failures: Sequence[dict], most: int = 10) -> list[str]:
     """One line per failed episode (the first few): which, whose fault, why."""
     return [f"episode {row['index']} (task {row['task_id']!r}, pod {row['pod']}, "
-            f"{row['attempts']} attempt(s)): {row['failure_class']}: {row['failure']}"
+            f"{plural(row['attempts'], 'attempt')}): {row['failure_class']}: {row['failure']}"
             for row in failures[:most]] + ([f"... and {len(failures) - most} more"] if len(failures) > most else [])
 
 

@@ -126,7 +126,7 @@ def test_episode_failure_is_not_retried_and_a_partial_batch_exits_3(cluster: Any
                                        '{"id": "ok2", "x": 2}\n', "--retries", "2", "--allow-failures", "1")
     result = tool(emulator, kubectl, *args)
     assert result.returncode == rl_batch_demo.EXIT_PARTIAL == 3, result.stderr
-    assert "Accepted a partial batch: 1 of 3 episodes failed (episode 1)" in result.stderr
+    assert "Accepted a partial batch: 1 of 3 episodes failed (1 episode failure)" in result.stderr
     rows = rewards_of(output)
     assert [row["failure_class"] for row in rows] == [None, "episode", None]
     bad = rows[1]
@@ -171,7 +171,7 @@ def test_failures_beyond_the_allowance_fail_the_run_with_every_episode_listed(cl
                   "--retries", "1")
     assert result.returncode == 1, result.stderr
     # maxFailedIndexes 0: the first failed episode ends the Job, which stops any still running.
-    assert re.search(r"[13] of 3 episodes failed \((infrastructure 2, )?episode 1\); --allow-failures accepts 0",
+    assert re.search(r"[123] of 3 episodes failed \((infrastructure [12] failures?, )?1 episode failure\); --allow-failures accepts 0",
                      result.stderr), result.stderr
     assert "Traceback" not in result.stderr
     rows = rewards_of(output)
@@ -286,7 +286,7 @@ def test_a_failed_builtin_check_is_a_verifier_failure(cluster: Any, tmp_path: Pa
     result = tool(emulator, kubectl, "run", "--output", str(output), "--quiet", "--count", "2",
                   "--allow-failures", "1")
     assert result.returncode == 1, result.stderr
-    assert "2 of 2 episodes failed (verifier 2); --allow-failures accepts 1" in result.stderr
+    assert "2 of 2 episodes failed (2 verifier failures); --allow-failures accepts 1" in result.stderr
     rows = rewards_of(output)
     assert [row["failure_class"] for row in rows] == ["verifier", "verifier"]
     assert all("unsynchronised clocks or broken events" in row["failure"] and row["reward"] == 1 for row in rows)

@@ -958,7 +958,7 @@ def test_ramp_and_timeline_share_one_time_origin_and_say_which() -> None:
                     if (rect.findtext(f"{SVG}title") or "").startswith("rollout-abcde scheduling")]
     assert axis_seconds(timeline, float(scheduling.get("x"))) == pytest.approx(0.8, abs=0.01)
     created_line = next(path for path in ramp.iter(f"{SVG}path")
-                        if path.findtext(f"{SVG}title") == "pod_created: 1 episodes")
+                        if path.findtext(f"{SVG}title") == "pod_created: 1 episode")
     first_x = float(created_line.get("d")[1:].split(",")[0])
     assert axis_seconds(ramp, first_x) == pytest.approx(0.8, abs=0.01)
     for picture in (timeline, ramp):

@@ -305,8 +305,23 @@ def test_a_rollout_batch_over_its_allowance_is_refused_with_each_failure_listed(
     rows = [row(0, reward_at=5.0), dict(row(1, "episode"), failure="exited 1")]
     with pytest.raises(demo.DemoError) as raised:
         demo.summarise_rollout(rows, make_job(), [], {}, [], {"allow_failures": 0, "builtin": True})
-    assert str(raised.value) == ("1 of 2 episodes failed (episode 1); --allow-failures accepts 0\n"
-                                 "  episode 1 (task 't0', pod p1, 1 attempt(s)): episode: exited 1")
+    assert str(raised.value) == ("1 of 2 episodes failed (1 episode failure); --allow-failures accepts 0\n"
+                                 "  episode 1 (task 't0', pod p1, 1 attempt): episode: exited 1")
+
+
+@pytest.mark.parametrize("classes, said", [
+    (["episode", "episode"], "2 episode failures"),
+    (["infrastructure", "verifier", "verifier"], "1 infrastructure failure, 2 verifier failures"),
+])
+def test_failures_are_counted_in_words_not_read_as_an_index(classes: list, said: str) -> None:
+    assert demo.failures_said([{"failure_class": kind} for kind in classes]) == said
+
+
+def test_counts_of_one_are_singular() -> None:
+    assert demo.throughput_line({"max_episodes_running_at_once": 1}).endswith("at most 1 episode running at once")
+    assert demo.throughput_line({"max_episodes_running_at_once": 3}).endswith("at most 3 episodes running at once")
+    assert demo.timeline_title({"count": 1, "parallelism": 1, "runtime": "cube"}).startswith("1 episode,")
+    assert demo.plural(None, "episode") == "- episodes"
 
 
 # --------------------------------------------------------------------------
