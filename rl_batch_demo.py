@@ -3989,6 +3989,11 @@ def program_name() -> str:
     return name if name and not name.endswith(".py") else "python3 rl_batch_demo.py"
 
 
+def kubeconfig_path() -> str:
+    """The kubeconfig kubectl reads here: $KUBECONFIG (maybe a list), else ~/.kube/config."""
+    return os.environ.get("KUBECONFIG") or os.path.join(os.path.expanduser("~"), ".kube", "config")
+
+
 def cleanup_command(output: str, kubectl_binary: str = "kubectl") -> str:
     extra = "" if kubectl_binary == "kubectl" else f" --kubectl {shlex.quote(kubectl_binary)}"
     return f"{program_name()} cleanup --output {shlex.quote(output)}{extra}"
@@ -4012,8 +4017,9 @@ class Receipt:
 
     @classmethod
     def start(cls, output: str, context: str, namespace: str, run_id: str) -> Receipt:
-        """A new run's receipt; written by its first `save()`."""
-        return cls(os.path.join(output, RECEIPT_FILE), {"context": context, "namespace": namespace, "run_id": run_id})
+        """A new run's receipt, with the kubeconfig its context came from; written by its first `save()`."""
+        return cls(os.path.join(output, RECEIPT_FILE), {"context": context, "namespace": namespace, "run_id": run_id,
+                                                        "kubeconfig": kubeconfig_path()})
 
     @classmethod
     def read(cls, output: str) -> Receipt:
@@ -5157,8 +5163,11 @@ def interrupted(run: RunContext, cleanup_hint: str) -> None:
         salvage(run)
     except (KeyboardInterrupt, DemoError):
         pass
+    # Ctrl-C can read as "stop the batch": only this client stopped.
+    running = (" This stopped the client, not the Job: it runs on in the cluster, its namespace with it, until "
+               "you clean up.") if run.receipt.fields.get("jobs") else ""
     print(f"Interrupted. Evidence saved in {run.output}; receipt.json names namespace "
-          f"{run.namespace}.\nClean up with: {cleanup_hint}", file=sys.stderr)
+          f"{run.namespace}.{running}\nClean up with: {cleanup_hint}", file=sys.stderr)
 
 
 def print_results(results: dict, quiet: bool) -> None:
@@ -5237,7 +5246,10 @@ def cleanup_namespace(kubectl: Kubectl, receipt: Receipt,
         raise DemoError(f"cannot reach the cluster of context {receipt.context!r} to look up "
                         f"namespace {namespace}: {error}; nothing was deleted") from None
     if live is None:
-        print("Namespace already absent", file=report, flush=True)
+        print("Namespace already absent", file=report, flush=True)  # the guide's words, as it prints them
+        # Which one, beside the results' stream: run twice, cleanup names what it found gone.
+        print(f"({namespace} in context {receipt.context}: nothing to delete)",
+              file=sys.stderr if report is sys.stdout else report, flush=True)
         return
     # Only a UID the run recorded proves the namespace its own: the label alone could be copied.
     if not receipt.namespace_uid or not receipt.owns_namespace(live):
@@ -5292,12 +5304,28 @@ def namespace_stuck(namespace: str, stuck: dict, context: str, wait_seconds: flo
           f"(finalizers are never stripped by this tool); run cleanup again later")
 
 
+def require_receipt_context(kubectl: Kubectl, receipt: Receipt) -> None:
+    """The receipt's context must be in the kubeconfig kubectl reads now, else say which one the run used."""
+    try:
+        named = kubectl.run(["config", "get-contexts", receipt.context, "-o", "name"], request_timeout=None)
+    except KubectlError:
+        named = ""
+    if named.strip():
+        return
+    used = receipt.fields.get("kubeconfig")
+    raise DemoError(f"kube context {receipt.context!r} of {receipt.path} is not in the kubeconfig kubectl reads "
+                    f"now ({kubeconfig_path()})" + (f"; the run used {used}: clean up with KUBECONFIG={used}"
+                                                    if used and used != kubeconfig_path() else "")
+                    + "; nothing was deleted")
+
+
 def cleanup(args: argparse.Namespace) -> int:
     """Delete what the receipt proves this run created; the output directory is kept."""
     receipt = Receipt.read(args.output)
     kubectl = Kubectl(find_kubectl(args.kubectl), receipt.context, verbose=args.verbose)
     # Silence from a binary that is not kubectl would read as "Namespace already absent".
     require_kubectl(kubectl)
+    require_receipt_context(kubectl, receipt)
     cleanup_namespace(kubectl, receipt, args.wait)
     return 0
 
