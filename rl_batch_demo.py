@@ -79,8 +79,6 @@ WATCH_RESTARTS_BEFORE_POLLING = 3
 # Lists are read in pages of kubectl's own default --chunk-size: each page is one
 # call well inside the per-call limit, however many pods the batch has.
 LIST_PAGE_SIZE = 500
-# Up to this many episodes (about one page of events) events.txt is kubectl's own table.
-EVENTS_TABLE_BY_KUBECTL_UP_TO = 100
 # How long one page is asked again: a watch cache that is catching up answers
 # "Too large resource version" (retry after 1 s) until it has.
 PAGE_RETRY_SECONDS = 60
@@ -792,7 +790,8 @@ def batch_events(events: Iterable[dict], job: dict | None, pods: Sequence[dict],
 
 
 def events_table(events: Sequence[dict]) -> str:
-    """Events as a table in the order they were created, like `kubectl get events`, with UTC times."""
+    """Events as a table in the order they were created, like `kubectl get events`, with the UTC time
+    each was last seen (kubectl prints its age, which means nothing once the file is read later)."""
     lines = [f"{'LAST SEEN (UTC)':<22}{'TYPE':<9}{'REASON':<26}{'OBJECT':<40}MESSAGE"]
     for event in sorted(events, key=lambda e: e["metadata"].get("creationTimestamp") or ""):
         regarding = event_object(event)
@@ -2580,7 +2579,8 @@ def failed_marker(record: dict, x: Callable[[float], float], left: int, y: int, 
     class and why in the tooltip."""
     reached = [point[0] for point in record["points"].values() if point is not None]
     at = x(max(reached)) if reached else float(left)
-    why = f"{record['pod'] or 'episode ' + str(record['index'])} failed ({record['failure_class']}): {record['failure']}"
+    who = record["pod"] or f"episode {record['index']}"
+    why = f"{who} failed ({record['failure_class']}): {record['failure']}"
     return (f'<text x="{at + 2:.1f}" y="{y + row_height * 0.8:.1f}" font-size="{min(12, row_height + 2)}"'
             f'{FAILED_FILL}>\u2715<title>{html_escape(why)}</title></text>')
 
@@ -2766,7 +2766,8 @@ def cdf_svg(batches: Sequence[tuple[str, BatchSummary]], title: str) -> str:
                        [(x, n / len(values)) for x, n in thinned(values)], phase == "pod_to_ready",
                        f"{phase}: {plural(len(values), 'episode')}"))
     ticks = [(q / 4, f"{q * 25}%") for q in range(5)]
-    subtitle = (f"{plural(len(records), 'episode')}; each line: the share of episodes whose phase took at most x seconds; "
+    subtitle = (f"{plural(len(records), 'episode')}; each line: the share of episodes whose phase took at most "
+                f"x seconds; "
                 f"legend: P50 / P95 in seconds")
     return chart_svg(title, subtitle, series, "seconds", "share of episodes", 1.0, ticks, x_min=lowest)
 
@@ -4016,10 +4017,10 @@ class Receipt:
         self.fields = fields
 
     @classmethod
-    def start(cls, output: str, context: str, namespace: str, run_id: str) -> Receipt:
+    def start(cls, output: str, context: str, namespace: str, run_id: str, kubeconfig: str | None = None) -> Receipt:
         """A new run's receipt, with the kubeconfig its context came from; written by its first `save()`."""
-        return cls(os.path.join(output, RECEIPT_FILE), {"context": context, "namespace": namespace, "run_id": run_id,
-                                                        "kubeconfig": kubeconfig_path()})
+        fields = {"context": context, "namespace": namespace, "run_id": run_id}
+        return cls(os.path.join(output, RECEIPT_FILE), dict(fields, kubeconfig=kubeconfig) if kubeconfig else fields)
 
     @classmethod
     def read(cls, output: str) -> Receipt:
@@ -4246,8 +4247,8 @@ def summarised_problems(problems: Sequence[str], shown: int = 3) -> list[str]:
 def saved_evidence(job: dict | None, pods: Sequence[dict], logs: dict[str, str], events: Sequence[dict]) -> str:
     """Which evidence a failed batch left, so no one looks for logs that never existed."""
     written = sum(1 for text in logs.values() if text.strip())
-    parts = [f"saved: job.json{'' if job else ' (unreadable)'}", f"pods.json ({len(pods)} pods)",
-             f"events.txt ({len(events)} events)", f"{written} of {len(pods)} pod logs with content"]
+    parts = [f"saved: job.json{'' if job else ' (unreadable)'}", f"pods.json ({plural(len(pods), 'pod')})",
+             f"events.txt ({plural(len(events), 'event')})", f"{written} of {len(pods)} pod logs with content"]
     if not pods:
         parts.append("no pod is left to have a log (the Job controller deletes a Job's pods when it ends it "
                      "for its deadline)")
@@ -4629,13 +4630,6 @@ def read_events(kubectl: Kubectl, proxy: ApiProxy | None, namespace: str, page_s
     return read_pages(kubectl, None, PagedList(path, limit=page_size), retry_seconds)
 
 
-def read_events_table(kubectl: Kubectl, namespace: str, retry_until: float | None) -> str:
-    """The namespace's events as `kubectl get events` prints them, oldest first."""
-    # kubectl reads a sorted list in one piece whatever --chunk-size says.
-    return kubectl.run(["get", "events", "--sort-by=.metadata.creationTimestamp", "-n", namespace],
-                       retry_until=retry_until)
-
-
 class BatchEvidence:
     """The batch under way: its follower, and the saving of its evidence into its own directory."""
 
@@ -4673,12 +4667,8 @@ class BatchEvidence:
         with concurrent.futures.ThreadPoolExecutor(4) as fetchers:
             job_future = fetchers.submit(self._read_job, job_name, retry_until)
             pods_future = fetchers.submit(self._read_pods, job_name, watched_final, retry)
-            # kubectl sorts only a list it reads whole, in one request: beyond a few pages of
-            # events the table is made from the events read in pages instead.
-            table_future = fetchers.submit(read_events_table, self.kubectl, self.namespace, retry_until) \
-                if self.settings["count"] <= EVENTS_TABLE_BY_KUBECTL_UP_TO else None
             events_future = fetchers.submit(self._read_events, events_watched, retry)
-            return self.save_evidence(job_future, pods_future, table_future, events_future, retry_until)
+            return self.save_evidence(job_future, pods_future, events_future, retry_until)
 
     def _read_job(self, job_name: str, retry_until: float | None) -> dict | None:
         """The Job as its end was seen, else as read now, else as last watched."""
@@ -4711,7 +4701,7 @@ class BatchEvidence:
                            COLLECT_RETRY_SECONDS if retry else None)
 
     def save_evidence(self, job_future: concurrent.futures.Future,
-                      pods_future: concurrent.futures.Future, table_future: concurrent.futures.Future | None,
+                      pods_future: concurrent.futures.Future,
                       events_future: concurrent.futures.Future, retry_until: float | None) -> Evidence:
         """Write what the fetches brought; fall back to the watch's view where a fetch failed."""
         follower = self.follower
@@ -4722,7 +4712,7 @@ class BatchEvidence:
         reading = self._save_pods(pods_future, retry_until)
         # The logs are written while the events are still being read in pages.
         logs = follower.log_reader.collect(reading.pods, self.batch_dir, retry_until, problems)
-        events = self._save_events(table_future, events_future, job, reading.pods, problems)
+        events = self._save_events(events_future, job, reading.pods, problems)
         write_json(os.path.join(self.batch_dir, "observed.json"), follower.observations())
         for line in summarised_problems(problems):
             print(f"Warning: could not save {line}", file=sys.stderr)
@@ -4752,15 +4742,10 @@ class BatchEvidence:
             list_manifest([]), metadata={"resourceVersion": reading.resource_version or ""}, items=texts))
         return reading
 
-    def _save_events(self, table_future: concurrent.futures.Future | None, events_future: concurrent.futures.Future,
+    def _save_events(self, events_future: concurrent.futures.Future,
                      job: dict | None, pods: Sequence[dict], problems: list[str]) -> list[dict]:
-        """events.txt and events.json, of this batch alone; the events, empty when unreadable."""
-        if table_future is not None:
-            try:
-                write_text(os.path.join(self.batch_dir, "events.txt"), table_future.result())
-            except DemoError as error:
-                problems.append(f"events: {error}")
-                write_text(os.path.join(self.batch_dir, "events.txt"), "")
+        """events.txt and events.json, of this batch alone; the events, empty when unreadable.
+        events.txt is kubectl's table with absolute times, not its ages, which mean nothing later."""
         events_path = os.path.join(self.batch_dir, "events.json")
         try:
             events_listing = events_future.result()
@@ -4770,8 +4755,7 @@ class BatchEvidence:
             events_listing = None
             problems.append(f"events: {error}")
             events = []
-        if table_future is None:
-            write_text(os.path.join(self.batch_dir, "events.txt"), events_table(events) if events else "")
+        write_text(os.path.join(self.batch_dir, "events.txt"), events_table(events) if events else "")
         batches = [entry["job"] for entry in self.settings["batches"]]
         if len(batches) > 1 and events:
             # The namespace's events cover every batch so far; each batch keeps its own.
@@ -5134,7 +5118,7 @@ def start_run(args: argparse.Namespace, settings: dict, worker_source: str, task
                     batches=[{"job": name, "measured": measured, "dir": name if len(batches) > 1 else "."}
                              for name, measured in batches])
     return RunContext(settings, plan_run(namespace, run_id, settings, worker_source, tasks),
-                      Receipt.start(output, kubectl.context, namespace, run_id), kubectl, output,
+                      Receipt.start(output, kubectl.context, namespace, run_id, kubeconfig_path()), kubectl, output,
                       Progress(args.quiet), concurrent.futures.ThreadPoolExecutor(LOG_READERS), cpu_seconds(),
                       silent=args.quiet and not getattr(args, "print_results", True))
 

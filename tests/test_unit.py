@@ -1222,7 +1222,7 @@ def test_a_failed_batch_says_which_evidence_exists() -> None:
         "no pod is left to have a log (the Job controller deletes a Job's pods when it ends it for its deadline)")
     pods = [{"metadata": {"name": "a"}}, {"metadata": {"name": "b"}}]
     assert demo.saved_evidence(None, pods, {"a": "{}\n", "b": ""}, [{}]) == (
-        "saved: job.json (unreadable), pods.json (2 pods), events.txt (1 events), 1 of 2 pod logs with content")
+        "saved: job.json (unreadable), pods.json (2 pods), events.txt (1 event), 1 of 2 pod logs with content")
 
 
 # --------------------------------------------------------------------------
