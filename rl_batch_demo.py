@@ -2448,10 +2448,12 @@ PHASE_COLOURS = {
 
 def episodes_csv(batches: Sequence[tuple[str, BatchSummary]]) -> str:
     """One row per episode: every point (seconds after its Job's creationTimestamp, and as an
-    absolute time with its source, clock and precision) and every phase with its precision."""
+    absolute time with its source, clock and precision) and every phase with its precision.
+    `index` (the completion index) is there for an Indexed Job; a default run's pods have none."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(["batch", "pod", "index", "node", "reward", "image_cache", "runtime_class"]
+    indexed = any(record.get("index") is not None for _, summary in batches for record in summary.episodes)
+    writer.writerow(["batch", "pod", *(["index"] if indexed else []), "node", "reward", "image_cache", "runtime_class"]
                     + [f"{p}_after_job_seconds" for p in POINTS]
                     + [f"{p}_precision_seconds" for p in POINTS]
                     + [f"{phase}_seconds" for phase in PHASES]
@@ -2467,7 +2469,8 @@ def episodes_csv(batches: Sequence[tuple[str, BatchSummary]]) -> str:
             points = [record["points"][p] for p in POINTS]
             phases = [record["phases"][ph] for ph in PHASES]
             writer.writerow(
-                [batch_name, record["pod"], record["index"] or "", row["node"] or "", row["reward"],
+                [batch_name, record["pod"], *([record["index"] or ""] if indexed else []), row["node"] or "",
+                 row["reward"],
                  record.get("image_cache") or "", record.get("runtime_class") or ""]
                 + ["" if point is None else f"{point[0] - job_created:.6f}" for point in points]
                 + ["" if point is None else f"{point[1]:.6g}" for point in points]
