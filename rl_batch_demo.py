@@ -326,8 +326,8 @@ class VerificationError(DemoError):
 
 
 class Task(NamedTuple):
-    """One line of a --tasks file: its id (the `id` field, else its line number) and its JSON text."""
-    task_id: Any
+    """One line of a --tasks file: its id (the `id` field, else its line number, as a string) and its JSON text."""
+    task_id: str
     line: int
     text: str
 
@@ -389,9 +389,10 @@ def parse_tasks(lines: Iterable[str], place: Callable[[int], str] = file_line) -
         if not isinstance(value, dict):
             raise ValueError(f"{place(number)} is not a JSON object")
         task_id = value.get("id", number)
-        if isinstance(task_id, (dict, list)):
+        if isinstance(task_id, (dict, list)) or task_id is None:
             raise ValueError(f"{place(number)}: the task id must be a string or a number")
-        tasks.append(Task(task_id, number, text))
+        # Always a string: a trainer joining rewards to tasks by id meets one type, not "a" and 3.
+        tasks.append(Task(task_id if isinstance(task_id, str) else json.dumps(task_id), number, text))
     if not tasks:
         raise ValueError("no tasks in it")
     ids = [task.task_id for task in tasks]

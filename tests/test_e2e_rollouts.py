@@ -65,7 +65,7 @@ def test_tasks_in_rewards_out_in_groups(cluster: Any, tmp_path: Path) -> None:
     rows = rewards_of(output)
     assert [row["index"] for row in rows] == [0, 1, 2, 3, 4, 5]
     # The id field, else the line number (blank lines count).
-    assert [row["task_id"] for row in rows] == ["alpha", "alpha", 3, 3, 4, 4]
+    assert [row["task_id"] for row in rows] == ["alpha", "alpha", "3", "3", "4", "4"]  # strings always
     assert [row["group"] for row in rows] == [0, 0, 1, 1, 2, 2]
     assert [row["reward"] for row in rows] == [0.5, 0.5, 1.0, 1.0, 2.0, 2.0]
     assert [row["task_seen"] for row in rows] == ["alpha", "alpha", None, None, None, None]
@@ -79,7 +79,7 @@ def test_tasks_in_rewards_out_in_groups(cluster: Any, tmp_path: Path) -> None:
     results = load(output / "results.json")
     assert results["episodes"] == 6 and results["failed_episodes"] == 0
     assert results["groups_complete"] == 3
-    assert [g["task_id"] for g in results["groups"]] == ["alpha", 3, 4]
+    assert [g["task_id"] for g in results["groups"]] == ["alpha", "3", "4"]
     for group in results["groups"]:
         members = [r["batch_to_reward_seconds"] for r in rows if r["group"] == group["group"]]
         assert group["all_rewards_seconds"] == max(members)
