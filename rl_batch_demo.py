@@ -2880,19 +2880,22 @@ def figure(value: Any, precision: float | None) -> str:
 
 
 COMPARED_FIELDS = (
-    "episodes", "parallelism", "reward_sum", "batch_to_all_ready_seconds",
+    "episodes", "failed_episodes", "parallelism", "reward_sum", "batch_to_all_ready_seconds",
     "batch_to_all_rewards_seconds", "client_job_complete_seconds",
     "pod_to_ready_p50_seconds", "pod_to_ready_p95_seconds", "pod_to_ready_max_seconds",
 )
 # What a run was, beside what it measured: two runs that differ here are not alike.
-COMPARED_CONDITIONS = ("image", "runtime", "cache_state", "harden", "episode_script_sha256")
+COMPARED_CONDITIONS = ("context", "image", "runtime", "cache_state", "harden", "episode_script_sha256")
+# A run without the field failed no episode: it has results only if every episode passed.
+COMPARED_DEFAULTS = {"failed_episodes": 0}
 
 
 def compare_table(first: dict, second: dict, first_label: str, second_label: str) -> str:
     """Key figures of two runs side by side, with second/first ratios."""
     width = max(len(first_label), len(second_label), 12)
     lines = [f"{'metric':<32}{first_label:>{width}}  {second_label:>{width}}  {'B/A':>8}"]
-    rows = [(field, first.get(field), second.get(field)) for field in COMPARED_FIELDS]
+    rows = [(field, first.get(field, COMPARED_DEFAULTS.get(field)), second.get(field, COMPARED_DEFAULTS.get(field)))
+            for field in COMPARED_FIELDS]
     precise: dict[str, tuple[Any, Any]] = {}  # row -> the precision of each side's figure
     for phase in PHASES:
         # The guide's figure of the same name counts from whole seconds; the phase is sharper.

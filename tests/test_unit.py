@@ -992,7 +992,11 @@ def test_compare_table_shows_what_each_run_was() -> None:
              "harden": False, "episode_script_sha256": None, "image_cache": {"present": 2, "pulled": 0}}
     second = {"episodes": 2, "image": "python:3.12-alpine", "runtime": "kata", "cache_state": "uncontrolled",
               "harden": True, "episode_script_sha256": "ab" * 32, "image_cache": {"present": 0, "pulled": 2}}
+    second.update(context="kind-kind", failed_episodes=1, accepted_partial=True)
+    first["context"] = "gke-prod"
     rows = compare_rows(demo.compare_table(first, second, "A", "B"))
+    assert rows["context"] == ["gke-prod", "kind-kind", "differ"]
+    assert rows["failed_episodes"] == ["0", "1", "-"]  # A has results only because every episode passed
     assert rows["image"] == ["python:3.12-alpine", "python:3.12-alpine", "same"]
     assert rows["runtime"] == ["cube", "kata", "differ"]
     assert rows["cache_state"] == ["warmed", "uncontrolled", "differ"]
@@ -1013,6 +1017,7 @@ GUIDE_SERIAL = dict(GUIDE_PARALLEL, parallelism=1, batch_to_all_ready_seconds=93
 GUIDE_COMPARE_HEADER = ["metric", "A:", "parallel", "B:", "serial", "B/A"]
 GUIDE_COMPARE_ROWS = {
     "episodes": ["10", "10", "1.00"],
+    "failed_episodes": ["0", "0", "-"],  # results of a run without failures allowed: none failed
     "parallelism": ["10", "1", "0.10"],
     "reward_sum": ["10", "10", "1.00"],
     "batch_to_all_ready_seconds": ["3.7", "93.1", "25.16"],       # 93.1 / 3.7 = 25.162
