@@ -79,8 +79,6 @@ WATCH_RESTARTS_BEFORE_POLLING = 3
 # Lists are read in pages of kubectl's own default --chunk-size: each page is one
 # call well inside the per-call limit, however many pods the batch has.
 LIST_PAGE_SIZE = 500
-# Up to this many episodes (about one page of events) events.txt is kubectl's own table.
-EVENTS_TABLE_BY_KUBECTL_UP_TO = 100
 # How long one page is asked again: a watch cache that is catching up answers
 # "Too large resource version" (retry after 1 s) until it has.
 PAGE_RETRY_SECONDS = 60
@@ -338,8 +336,8 @@ class VerificationError(DemoError):
 
 
 class Task(NamedTuple):
-    """One line of a --tasks file: its id (the `id` field, else its line number) and its JSON text."""
-    task_id: Any
+    """One line of a --tasks file: its id (the `id` field, else its line number, as a string) and its JSON text."""
+    task_id: str
     line: int
     text: str
 
@@ -403,9 +401,10 @@ def parse_tasks(lines: Iterable[str], place: Callable[[int], str] = file_line) -
         if not isinstance(value, dict):
             raise ValueError(f"{place(number)} is not a JSON object")
         task_id = value.get("id", number)
-        if isinstance(task_id, (dict, list)):
+        if isinstance(task_id, (dict, list)) or task_id is None:
             raise ValueError(f"{place(number)}: the task id must be a string or a number")
-        tasks.append(Task(task_id, number, text))
+        # Always a string: a trainer joining rewards to tasks by id meets one type, not "a" and 3.
+        tasks.append(Task(task_id if isinstance(task_id, str) else json.dumps(task_id), number, text))
     if not tasks:
         raise ValueError("no tasks in it")
     ids = [task.task_id for task in tasks]
@@ -812,7 +811,8 @@ def batch_events(events: Iterable[dict], job: dict | None, pods: Sequence[dict],
 
 
 def events_table(events: Sequence[dict]) -> str:
-    """Events as a table in the order they were created, like `kubectl get events`, with UTC times."""
+    """Events as a table in the order they were created, like `kubectl get events`, with the UTC time
+    each was last seen (kubectl prints its age, which means nothing once the file is read later)."""
     lines = [f"{'LAST SEEN (UTC)':<22}{'TYPE':<9}{'REASON':<26}{'OBJECT':<40}MESSAGE"]
     for event in sorted(events, key=lambda e: e["metadata"].get("creationTimestamp") or ""):
         regarding = event_object(event)
@@ -2626,10 +2626,12 @@ PHASE_COLOURS = {
 
 def episodes_csv(batches: Sequence[tuple[str, BatchSummary]]) -> str:
     """One row per episode: every point (seconds after its Job's creationTimestamp, and as an
-    absolute time with its source, clock and precision) and every phase with its precision."""
+    absolute time with its source, clock and precision) and every phase with its precision.
+    `index` (the completion index) is there for an Indexed Job; a default run's pods have none."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(["batch", "pod", "index", "node", "reward", "image_cache", "runtime_class"]
+    indexed = any(record.get("index") is not None for _, summary in batches for record in summary.episodes)
+    writer.writerow(["batch", "pod", *(["index"] if indexed else []), "node", "reward", "image_cache", "runtime_class"]
                     + [f"{p}_after_job_seconds" for p in POINTS]
                     + [f"{p}_precision_seconds" for p in POINTS]
                     + [f"{phase}_seconds" for phase in PHASES]
@@ -2645,7 +2647,8 @@ def episodes_csv(batches: Sequence[tuple[str, BatchSummary]]) -> str:
             points = [record["points"][p] for p in POINTS]
             phases = [record["phases"][ph] for ph in PHASES]
             writer.writerow(
-                [batch_name, record["pod"], record["index"] or "", row["node"] or "", row["reward"],
+                [batch_name, record["pod"], *([record["index"] or ""] if indexed else []), row["node"] or "",
+                 row["reward"],
                  record.get("image_cache") or "", record.get("runtime_class") or ""]
                 + ["" if point is None else f"{point[0] - job_created:.6f}" for point in points]
                 + ["" if point is None else f"{point[1]:.6g}" for point in points]
@@ -2670,7 +2673,8 @@ def nice_step(span: float, ticks: int = 8) -> float:
 def timeline_title(settings: dict) -> str:
     """What the timeline shows: its episodes in all, and in how many rounds."""
     count, rounds = settings["count"], settings.get("rounds") or 1
-    episodes = f"{count} episodes" if rounds == 1 else f"{rounds} rounds of {count} episodes ({rounds * count} in all)"
+    episodes = plural(count, "episode") if rounds == 1 else \
+        f"{rounds} rounds of {plural(count, 'episode')} ({rounds * count} in all)"
     return f"{episodes}, parallelism {settings['parallelism']}, runtime {settings['runtime']}"
 
 
@@ -2756,7 +2760,8 @@ def failed_marker(record: dict, x: Callable[[float], float], left: int, y: int, 
     class and why in the tooltip."""
     reached = [point[0] for point in record["points"].values() if point is not None]
     at = x(max(reached)) if reached else float(left)
-    why = f"{record['pod'] or 'episode ' + str(record['index'])} failed ({record['failure_class']}): {record['failure']}"
+    who = record["pod"] or f"episode {record['index']}"
+    why = f"{who} failed ({record['failure_class']}): {record['failure']}"
     return (f'<text x="{at + 2:.1f}" y="{y + row_height * 0.8:.1f}" font-size="{min(12, row_height + 2)}"'
             f'{FAILED_FILL}>\u2715<title>{html_escape(why)}</title></text>')
 
@@ -2909,7 +2914,7 @@ def ramp_svg(batches: Sequence[tuple[str, BatchSummary]], title: str, figures: d
         known = "" if len(moments) == total else f" ({len(moments)} known)"
         series.append((f"{point.replace('_', ' ')}{known}", RAMP_COLOURS[point],
                        [(x, float(n)) for x, n in thinned(moments)], point == "ready",
-                       f"{point}: {len(moments)} episodes"))
+                       f"{point}: {plural(len(moments), 'episode')}"))
     delivered = [moment - summary.job_created for _, summary in batches for moment in summary.deliveries]
     if delivered:
         # A rollout's successful rewards as they reached rewards.jsonl (the client's clock).
@@ -2918,10 +2923,11 @@ def ramp_svg(batches: Sequence[tuple[str, BatchSummary]], title: str, figures: d
                        f"rewards delivered: {len(delivered)} lines"))
     figures = figures if figures is not None else throughput(batches)
     failed = sum(len(summary.failed) for _, summary in batches)
-    subtitle = (f"{total} episodes{f' ({failed} failed, not counted)' if failed else ''}; pods created {figures['pods_created_per_second'] or '-'}/s; sandboxes ready "
+    subtitle = (f"{plural(total, 'episode')}{f' ({failed} failed, not counted)' if failed else ''}; pods created "
+                f"{figures['pods_created_per_second'] or '-'}/s; sandboxes ready "
                 f"{figures['sandboxes_ready_per_second_mean'] or '-'}/s mean, "
                 f"{figures['sandboxes_ready_per_second_peak'] or '-'} in the busiest second; "
-                f"at most {figures['max_episodes_running_at_once'] or '-'} running at once")
+                f"at most {plural(figures['max_episodes_running_at_once'] or None, 'episode')} running at once")
     y_step = nice_step(max(total, 1), ticks=5)
     ticks = []
     value = 0.0
@@ -2946,9 +2952,10 @@ def cdf_svg(batches: Sequence[tuple[str, BatchSummary]], title: str) -> str:
             label = f"{phase.replace('_', ' ')}: no samples"
         series.append((label, CDF_COLOURS[phase],
                        [(x, n / len(values)) for x, n in thinned(values)], phase == "pod_to_ready",
-                       f"{phase}: {len(values)} episodes"))
+                       f"{phase}: {plural(len(values), 'episode')}"))
     ticks = [(q / 4, f"{q * 25}%") for q in range(5)]
-    subtitle = (f"{len(records)} episodes; each line: the share of episodes whose phase took at most x seconds; "
+    subtitle = (f"{plural(len(records), 'episode')}; each line: the share of episodes whose phase took at most "
+                f"x seconds; "
                 f"legend: P50 / P95 in seconds")
     return chart_svg(title, subtitle, series, "seconds", "share of episodes", 1.0, ticks, x_min=lowest)
 
@@ -2992,7 +2999,7 @@ def throughput_line(figures: dict) -> str:
     return (f"throughput: pods created {shown(figures.get('pods_created_per_second'))}/s, sandboxes ready "
             f"{shown(figures.get('sandboxes_ready_per_second_mean'))}/s mean and "
             f"{shown(figures.get('sandboxes_ready_per_second_peak'))} in the busiest second, "
-            f"at most {shown(figures.get('max_episodes_running_at_once'))} episodes running at once")
+            f"at most {plural(figures.get('max_episodes_running_at_once'), 'episode')} running at once")
 
 
 # The phase of the guide's name, measured between sharper points: named apart where printed.
@@ -3057,19 +3064,22 @@ def figure(value: Any, precision: float | None) -> str:
 
 
 COMPARED_FIELDS = (
-    "episodes", "parallelism", "reward_sum", "batch_to_all_ready_seconds",
+    "episodes", "failed_episodes", "parallelism", "reward_sum", "batch_to_all_ready_seconds",
     "batch_to_all_rewards_seconds", "client_job_complete_seconds",
     "pod_to_ready_p50_seconds", "pod_to_ready_p95_seconds", "pod_to_ready_max_seconds",
 )
 # What a run was, beside what it measured: two runs that differ here are not alike.
-COMPARED_CONDITIONS = ("image", "runtime", "cache_state", "harden", "episode_script_sha256")
+COMPARED_CONDITIONS = ("context", "image", "runtime", "cache_state", "harden", "episode_script_sha256")
+# A run without the field failed no episode: it has results only if every episode passed.
+COMPARED_DEFAULTS = {"failed_episodes": 0}
 
 
 def compare_table(first: dict, second: dict, first_label: str, second_label: str) -> str:
     """Key figures of two runs side by side, with second/first ratios."""
     width = max(len(first_label), len(second_label), 12)
     lines = [f"{'metric':<32}{first_label:>{width}}  {second_label:>{width}}  {'B/A':>8}"]
-    rows = [(field, first.get(field), second.get(field)) for field in COMPARED_FIELDS]
+    rows = [(field, first.get(field, COMPARED_DEFAULTS.get(field)), second.get(field, COMPARED_DEFAULTS.get(field)))
+            for field in COMPARED_FIELDS]
     precise: dict[str, tuple[Any, Any]] = {}  # row -> the precision of each side's figure
     for phase in PHASES:
         # The guide's figure of the same name counts from whole seconds; the phase is sharper.
@@ -4330,6 +4340,11 @@ def program_name() -> str:
     return name if name and not name.endswith(".py") else "python3 rl_batch_demo.py"
 
 
+def kubeconfig_path() -> str:
+    """The kubeconfig kubectl reads here: $KUBECONFIG (maybe a list), else ~/.kube/config."""
+    return os.environ.get("KUBECONFIG") or os.path.join(os.path.expanduser("~"), ".kube", "config")
+
+
 def cleanup_command(output: str, kubectl_binary: str = "kubectl") -> str:
     extra = "" if kubectl_binary == "kubectl" else f" --kubectl {shlex.quote(kubectl_binary)}"
     return f"{program_name()} cleanup --output {shlex.quote(output)}{extra}"
@@ -4352,9 +4367,10 @@ class Receipt:
         self.fields = fields
 
     @classmethod
-    def start(cls, output: str, context: str, namespace: str, run_id: str) -> Receipt:
-        """A new run's receipt; written by its first `save()`."""
-        return cls(os.path.join(output, RECEIPT_FILE), {"context": context, "namespace": namespace, "run_id": run_id})
+    def start(cls, output: str, context: str, namespace: str, run_id: str, kubeconfig: str | None = None) -> Receipt:
+        """A new run's receipt, with the kubeconfig its context came from; written by its first `save()`."""
+        fields = {"context": context, "namespace": namespace, "run_id": run_id}
+        return cls(os.path.join(output, RECEIPT_FILE), dict(fields, kubeconfig=kubeconfig) if kubeconfig else fields)
 
     @classmethod
     def read(cls, output: str) -> Receipt:
@@ -4585,8 +4601,8 @@ def summarised_problems(problems: Sequence[str], shown: int = 3) -> list[str]:
 def saved_evidence(job: dict | None, pods: Sequence[dict], logs: dict[str, str], events: Sequence[dict]) -> str:
     """Which evidence a failed batch left, so no one looks for logs that never existed."""
     written = sum(1 for text in logs.values() if text.strip())
-    parts = [f"saved: job.json{'' if job else ' (unreadable)'}", f"pods.json ({len(pods)} pods)",
-             f"events.txt ({len(events)} events)", f"{written} of {len(pods)} pod logs with content"]
+    parts = [f"saved: job.json{'' if job else ' (unreadable)'}", f"pods.json ({plural(len(pods), 'pod')})",
+             f"events.txt ({plural(len(events), 'event')})", f"{written} of {len(pods)} pod logs with content"]
     if not pods:
         parts.append("no pod is left to have a log (the Job controller deletes a Job's pods when it ends it "
                      "for its deadline)")
@@ -5007,13 +5023,6 @@ def read_events(kubectl: Kubectl, proxy: ApiProxy | None, namespace: str, page_s
     return read_pages(kubectl, None, PagedList(path, limit=page_size), retry_seconds)
 
 
-def read_events_table(kubectl: Kubectl, namespace: str, retry_until: float | None) -> str:
-    """The namespace's events as `kubectl get events` prints them, oldest first."""
-    # kubectl reads a sorted list in one piece whatever --chunk-size says.
-    return kubectl.run(["get", "events", "--sort-by=.metadata.creationTimestamp", "-n", namespace],
-                       retry_until=retry_until)
-
-
 class BatchEvidence:
     """The batch under way: its follower, and the saving of its evidence into its own directory."""
 
@@ -5051,12 +5060,8 @@ class BatchEvidence:
         with concurrent.futures.ThreadPoolExecutor(4) as fetchers:
             job_future = fetchers.submit(self._read_job, job_name, retry_until)
             pods_future = fetchers.submit(self._read_pods, job_name, watched_final, retry)
-            # kubectl sorts only a list it reads whole, in one request: beyond a few pages of
-            # events the table is made from the events read in pages instead.
-            table_future = fetchers.submit(read_events_table, self.kubectl, self.namespace, retry_until) \
-                if self.settings["count"] <= EVENTS_TABLE_BY_KUBECTL_UP_TO else None
             events_future = fetchers.submit(self._read_events, events_watched, retry)
-            return self.save_evidence(job_future, pods_future, table_future, events_future, retry_until)
+            return self.save_evidence(job_future, pods_future, events_future, retry_until)
 
     def _read_job(self, job_name: str, retry_until: float | None) -> dict | None:
         """The Job as its end was seen, else as read now, else as last watched."""
@@ -5089,7 +5094,7 @@ class BatchEvidence:
                            COLLECT_RETRY_SECONDS if retry else None)
 
     def save_evidence(self, job_future: concurrent.futures.Future,
-                      pods_future: concurrent.futures.Future, table_future: concurrent.futures.Future | None,
+                      pods_future: concurrent.futures.Future,
                       events_future: concurrent.futures.Future, retry_until: float | None) -> Evidence:
         """Write what the fetches brought; fall back to the watch's view where a fetch failed."""
         follower = self.follower
@@ -5100,7 +5105,7 @@ class BatchEvidence:
         reading = self._save_pods(pods_future, retry_until)
         # The logs are written while the events are still being read in pages.
         logs = follower.log_reader.collect(reading.pods, self.batch_dir, retry_until, problems)
-        events = self._save_events(table_future, events_future, job, reading.pods, problems)
+        events = self._save_events(events_future, job, reading.pods, problems)
         write_json(os.path.join(self.batch_dir, "observed.json"), follower.observations())
         for line in summarised_problems(problems):
             print(f"Warning: could not save {line}", file=sys.stderr)
@@ -5130,15 +5135,10 @@ class BatchEvidence:
             list_manifest([]), metadata={"resourceVersion": reading.resource_version or ""}, items=texts))
         return reading
 
-    def _save_events(self, table_future: concurrent.futures.Future | None, events_future: concurrent.futures.Future,
+    def _save_events(self, events_future: concurrent.futures.Future,
                      job: dict | None, pods: Sequence[dict], problems: list[str]) -> list[dict]:
-        """events.txt and events.json, of this batch alone; the events, empty when unreadable."""
-        if table_future is not None:
-            try:
-                write_text(os.path.join(self.batch_dir, "events.txt"), table_future.result())
-            except DemoError as error:
-                problems.append(f"events: {error}")
-                write_text(os.path.join(self.batch_dir, "events.txt"), "")
+        """events.txt and events.json, of this batch alone; the events, empty when unreadable.
+        events.txt is kubectl's table with absolute times, not its ages, which mean nothing later."""
         events_path = os.path.join(self.batch_dir, "events.json")
         try:
             events_listing = events_future.result()
@@ -5148,8 +5148,7 @@ class BatchEvidence:
             events_listing = None
             problems.append(f"events: {error}")
             events = []
-        if table_future is None:
-            write_text(os.path.join(self.batch_dir, "events.txt"), events_table(events) if events else "")
+        write_text(os.path.join(self.batch_dir, "events.txt"), events_table(events) if events else "")
         batches = [entry["job"] for entry in self.settings["batches"]]
         if len(batches) > 1 and events:
             # The namespace's events cover every batch so far; each batch keeps its own.
@@ -5159,16 +5158,21 @@ class BatchEvidence:
         return events
 
 
+def plural(number: Any, noun: str) -> str:
+    """`1 episode`, `2 episodes`: a count with its noun (a missing count reads `-`)."""
+    return f"{'-' if number is None else number} {noun}{'' if number == 1 else 's'}"
+
+
 def failures_said(failures: Sequence[dict]) -> str:
-    """`infrastructure 1, episode 2`: the failed episodes counted by class."""
+    """`1 infrastructure failure, 2 episode failures`: the failed episodes counted by class."""
     counts = failure_counts(row["failure_class"] for row in failures)
-    return ", ".join(f"{kind} {number}" for kind, number in counts.items() if number)
+    return ", ".join(plural(number, f"{kind} failure") for kind, number in counts.items() if number)
 
 
 def failure_lines(failures: Sequence[dict], most: int = 10) -> list[str]:
     """One line per failed episode (the first few): which, whose fault, why."""
     return [f"episode {row['index']} (task {row['task_id']!r}, pod {row['pod']}, "
-            f"{row['attempts']} attempt(s)): {row['failure_class']}: {row['failure']}"
+            f"{plural(row['attempts'], 'attempt')}): {row['failure_class']}: {row['failure']}"
             for row in failures[:most]] + ([f"... and {len(failures) - most} more"] if len(failures) > most else [])
 
 
@@ -5527,7 +5531,7 @@ def start_run(args: argparse.Namespace, settings: dict, worker_source: str, task
                     batches=[{"job": name, "measured": measured, "dir": name if len(batches) > 1 else "."}
                              for name, measured in batches])
     return RunContext(settings, plan_run(namespace, run_id, settings, worker_source, tasks),
-                      Receipt.start(output, kubectl.context, namespace, run_id), kubectl, output,
+                      Receipt.start(output, kubectl.context, namespace, run_id, kubeconfig_path()), kubectl, output,
                       Progress(args.quiet), concurrent.futures.ThreadPoolExecutor(LOG_READERS), cpu_seconds(),
                       silent=args.quiet and not getattr(args, "print_results", True),
                       on_reward=getattr(args, "on_reward", None), stop=getattr(args, "stop", None))
@@ -5558,8 +5562,11 @@ def interrupted(run: RunContext, cleanup_hint: str, why: str = "Interrupted.") -
         salvage(run)
     except (KeyboardInterrupt, DemoError):
         pass
+    # Ctrl-C can read as "stop the batch": only this client stopped.
+    running = (" This stopped the client, not the Job: it runs on in the cluster, its namespace with it, until "
+               "you clean up.") if run.receipt.fields.get("jobs") else ""
     print(f"{why} Evidence saved in {run.output}; receipt.json names namespace "
-          f"{run.namespace}.\nClean up with: {cleanup_hint}", file=sys.stderr)
+          f"{run.namespace}.{running}\nClean up with: {cleanup_hint}", file=sys.stderr)
 
 
 def print_results(results: dict, quiet: bool) -> None:
@@ -5638,7 +5645,10 @@ def cleanup_namespace(kubectl: Kubectl, receipt: Receipt,
         raise DemoError(f"cannot reach the cluster of context {receipt.context!r} to look up "
                         f"namespace {namespace}: {error}; nothing was deleted") from None
     if live is None:
-        print("Namespace already absent", file=report, flush=True)
+        print("Namespace already absent", file=report, flush=True)  # the guide's words, as it prints them
+        # Which one, beside the results' stream: run twice, cleanup names what it found gone.
+        print(f"({namespace} in context {receipt.context}: nothing to delete)",
+              file=sys.stderr if report is sys.stdout else report, flush=True)
         return
     # Only a UID the run recorded proves the namespace its own: the label alone could be copied.
     if not receipt.namespace_uid or not receipt.owns_namespace(live):
@@ -5693,12 +5703,28 @@ def namespace_stuck(namespace: str, stuck: dict, context: str, wait_seconds: flo
           f"(finalizers are never stripped by this tool); run cleanup again later")
 
 
+def require_receipt_context(kubectl: Kubectl, receipt: Receipt) -> None:
+    """The receipt's context must be in the kubeconfig kubectl reads now, else say which one the run used."""
+    try:
+        named = kubectl.run(["config", "get-contexts", receipt.context, "-o", "name"], request_timeout=None)
+    except KubectlError:
+        named = ""
+    if named.strip():
+        return
+    used = receipt.fields.get("kubeconfig")
+    raise DemoError(f"kube context {receipt.context!r} of {receipt.path} is not in the kubeconfig kubectl reads "
+                    f"now ({kubeconfig_path()})" + (f"; the run used {used}: clean up with KUBECONFIG={used}"
+                                                    if used and used != kubeconfig_path() else "")
+                    + "; nothing was deleted")
+
+
 def cleanup(args: argparse.Namespace) -> int:
     """Delete what the receipt proves this run created; the output directory is kept."""
     receipt = Receipt.read(args.output)
     kubectl = Kubectl(find_kubectl(args.kubectl), receipt.context, verbose=args.verbose)
     # Silence from a binary that is not kubectl would read as "Namespace already absent".
     require_kubectl(kubectl)
+    require_receipt_context(kubectl, receipt)
     cleanup_namespace(kubectl, receipt, args.wait)
     return 0
 

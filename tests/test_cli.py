@@ -894,7 +894,8 @@ def test_compare_prints_both_runs_with_ratios(tmp_path: Path, capsys: Any, no_su
     # What each run was: alike here, so the figures compare like with like.
     assert compare_rows(printed) == dict(GUIDE_COMPARE_ROWS, image=["python:3.12-alpine", "python:3.12-alpine", "same"],
                                          runtime=["cube", "cube", "same"],
-                                         cache_state=["uncontrolled", "uncontrolled", "same"])
+                                         cache_state=["uncontrolled", "uncontrolled", "same"],
+                                         context=["emulator", "emulator", "same"])
     assert no_subprocesses == []
 
 

@@ -853,7 +853,7 @@ def test_scheduled_event_times_only_from_pod_scheduled_events() -> None:
 
 
 EXPECTED_CSV_HEADER = ",".join(
-    ["batch", "pod", "index", "node", "reward", "image_cache", "runtime_class"]
+    ["batch", "pod", "node", "reward", "image_cache", "runtime_class"]
     + [f"{point}_after_job_seconds" for point in demo.POINTS]
     + [f"{point}_precision_seconds" for point in demo.POINTS]
     + [f"{phase}_seconds" for phase in demo.PHASES]
@@ -864,13 +864,26 @@ EXPECTED_CSV_HEADER = ",".join(
 )
 
 
+def test_episodes_csv_has_an_index_column_only_for_an_indexed_job() -> None:
+    job, pods, logs, events = synthetic_batch()
+    default = demo.summarise_batch(job, pods, logs, events, 3)
+    assert "index" not in next(csv.reader(io.StringIO(demo.episodes_csv([("rollout", default)]))))
+    for position, pod in enumerate(pods):
+        pod["metadata"].setdefault("annotations", {})[demo.COMPLETION_INDEX_ANNOTATION] = str(position)
+    indexed = demo.summarise_batch(job, pods, logs, events, 3)
+    rows = list(csv.DictReader(io.StringIO(demo.episodes_csv([("rollout", indexed)]))))
+    assert sorted(row["index"] for row in rows) == ["0", "1", "2"]
+    assert {row["pod"]: row["index"] for row in rows} == {
+        record["pod"]: record["index"] for record in indexed.episodes}
+
+
 def test_episodes_csv_header_and_rows() -> None:
     job, pods, logs, events = synthetic_batch()
     summary = demo.summarise_batch(job, pods, logs, events, 3)
     lines = demo.episodes_csv([("rollout", summary)]).splitlines()
     assert lines[0] == EXPECTED_CSV_HEADER
     assert lines[1:] == [
-        "rollout,rollout-4kq2m,,node-1,1,present,cube,"
+        "rollout,rollout-4kq2m,node-1,1,present,cube,"
         "1.000000,1.250000,2.000000,2.510000,2.500000,3.250000,3.500000,8.000000,9.000000,"
         "1,1e-06,1.75,0.51,0.01,1e-06,1e-06,1e-06,1,"
         "0.250000,0.750000,0.500000,0.750000,0.250000,4.500000,1.000000,2.500000,7.000000,"
@@ -878,7 +891,7 @@ def test_episodes_csv_header_and_rows() -> None:
         'Pod creationTimestamp,Scheduled event eventTime,"PodReadyToStartContainers condition, after Scheduled eventTime","worker process start, after container startedAt",worker /proc start time,worker imports_done_at,worker ready event,worker reward event,container finishedAt,'
         "control plane,control plane,node,node,node,node,node,node,node,"
         "1,1.75,1.76,0.010001,2e-06,2e-06,1,1,1",
-        "rollout,rollout-9vtzb,,node-2,1,pulled,cube,"
+        "rollout,rollout-9vtzb,node-2,1,pulled,cube,"
         "1.000000,1.500000,3.000000,3.010000,3.000000,4.000000,4.250000,8.500000,9.000000,"
         "1,1e-06,2.5,0.01,0.01,1e-06,1e-06,1e-06,1,"
         "0.500000,1.500000,0.000000,1.000000,0.250000,4.250000,0.500000,3.250000,7.500000,"
@@ -887,7 +900,7 @@ def test_episodes_csv_header_and_rows() -> None:
         "control plane,control plane,node,node,node,node,node,node,node,"
         "1,2.5,2.51,0.010001,2e-06,2e-06,1,1,1",
         # No sandbox condition and no kubelet event: empty cells; scheduled from the whole-second condition.
-        "rollout,rollout-p7x8s,,node-1,1,,cube,"
+        "rollout,rollout-p7x8s,node-1,1,,cube,"
         "2.000000,2.000000,,3.510000,3.500000,4.500000,5.000000,9.750000,10.000000,"
         "1,1,,0.51,0.01,1e-06,1e-06,1e-06,1,"
         "0.000000,,,1.000000,0.500000,4.750000,0.250000,3.000000,7.750000,"
@@ -958,7 +971,7 @@ def test_ramp_and_timeline_share_one_time_origin_and_say_which() -> None:
                     if (rect.findtext(f"{SVG}title") or "").startswith("rollout-abcde scheduling")]
     assert axis_seconds(timeline, float(scheduling.get("x"))) == pytest.approx(0.8, abs=0.01)
     created_line = next(path for path in ramp.iter(f"{SVG}path")
-                        if path.findtext(f"{SVG}title") == "pod_created: 1 episodes")
+                        if path.findtext(f"{SVG}title") == "pod_created: 1 episode")
     first_x = float(created_line.get("d")[1:].split(",")[0])
     assert axis_seconds(ramp, first_x) == pytest.approx(0.8, abs=0.01)
     for picture in (timeline, ramp):
@@ -979,7 +992,11 @@ def test_compare_table_shows_what_each_run_was() -> None:
              "harden": False, "episode_script_sha256": None, "image_cache": {"present": 2, "pulled": 0}}
     second = {"episodes": 2, "image": "python:3.12-alpine", "runtime": "kata", "cache_state": "uncontrolled",
               "harden": True, "episode_script_sha256": "ab" * 32, "image_cache": {"present": 0, "pulled": 2}}
+    second.update(context="kind-kind", failed_episodes=1, accepted_partial=True)
+    first["context"] = "gke-prod"
     rows = compare_rows(demo.compare_table(first, second, "A", "B"))
+    assert rows["context"] == ["gke-prod", "kind-kind", "differ"]
+    assert rows["failed_episodes"] == ["0", "1", "-"]  # A has results only because every episode passed
     assert rows["image"] == ["python:3.12-alpine", "python:3.12-alpine", "same"]
     assert rows["runtime"] == ["cube", "kata", "differ"]
     assert rows["cache_state"] == ["warmed", "uncontrolled", "differ"]
@@ -1000,6 +1017,7 @@ GUIDE_SERIAL = dict(GUIDE_PARALLEL, parallelism=1, batch_to_all_ready_seconds=93
 GUIDE_COMPARE_HEADER = ["metric", "A:", "parallel", "B:", "serial", "B/A"]
 GUIDE_COMPARE_ROWS = {
     "episodes": ["10", "10", "1.00"],
+    "failed_episodes": ["0", "0", "-"],  # results of a run without failures allowed: none failed
     "parallelism": ["10", "1", "0.10"],
     "reward_sum": ["10", "10", "1.00"],
     "batch_to_all_ready_seconds": ["3.7", "93.1", "25.16"],       # 93.1 / 3.7 = 25.162
@@ -1222,7 +1240,7 @@ def test_a_failed_batch_says_which_evidence_exists() -> None:
         "no pod is left to have a log (the Job controller deletes a Job's pods when it ends it for its deadline)")
     pods = [{"metadata": {"name": "a"}}, {"metadata": {"name": "b"}}]
     assert demo.saved_evidence(None, pods, {"a": "{}\n", "b": ""}, [{}]) == (
-        "saved: job.json (unreadable), pods.json (2 pods), events.txt (1 events), 1 of 2 pod logs with content")
+        "saved: job.json (unreadable), pods.json (2 pods), events.txt (1 event), 1 of 2 pod logs with content")
 
 
 # --------------------------------------------------------------------------

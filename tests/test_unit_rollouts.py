@@ -57,8 +57,10 @@ def failed_job(reason: str) -> dict:
 
 def test_tasks_take_their_id_field_else_their_line_number() -> None:
     tasks = demo.parse_tasks(['{"id": "a", "x": 1}\n', "\n", '  {"x": 2}  \n', '{"id": 7}\n'])
-    assert tasks == [demo.Task("a", 1, '{"id": "a", "x": 1}'), demo.Task(3, 3, '{"x": 2}'),
-                     demo.Task(7, 4, '{"id": 7}')]
+    # Always strings, so rewards.jsonl never mixes "a" with 3.
+    assert tasks == [demo.Task("a", 1, '{"id": "a", "x": 1}'), demo.Task("3", 3, '{"x": 2}'),
+                     demo.Task("7", 4, '{"id": 7}')]
+    assert [task.task_id for task in demo.parse_tasks(['{"id": 2.5}', '{"id": true}'])] == ["2.5", "true"]
 
 
 @pytest.mark.parametrize("lines, message", [
@@ -66,6 +68,8 @@ def test_tasks_take_their_id_field_else_their_line_number() -> None:
     (['[1, 2]\n'], "line 1 is not a JSON object"),
     (['{"id": {"a": 1}}\n'], "line 1: the task id must be a string or a number"),
     (['{"id": "a"}\n', '{"id": "a"}\n'], "task id 'a' appears more than once"),
+    (['{"id": 7}\n', '{"id": "7"}\n'], "task id '7' appears more than once"),
+    (['{"id": null}\n'], "line 1: the task id must be a string or a number"),
     (["\n", "  \n"], "no tasks in it"),
 ])
 def test_bad_task_files_name_the_line(lines: list[str], message: str) -> None:
@@ -305,8 +309,23 @@ def test_a_rollout_batch_over_its_allowance_is_refused_with_each_failure_listed(
     rows = [row(0, reward_at=5.0), dict(row(1, "episode"), failure="exited 1")]
     with pytest.raises(demo.DemoError) as raised:
         demo.summarise_rollout(rows, make_job(), [], {}, [], {"allow_failures": 0, "builtin": True})
-    assert str(raised.value) == ("1 of 2 episodes failed (episode 1); --allow-failures accepts 0\n"
-                                 "  episode 1 (task 't0', pod p1, 1 attempt(s)): episode: exited 1")
+    assert str(raised.value) == ("1 of 2 episodes failed (1 episode failure); --allow-failures accepts 0\n"
+                                 "  episode 1 (task 't0', pod p1, 1 attempt): episode: exited 1")
+
+
+@pytest.mark.parametrize("classes, said", [
+    (["episode", "episode"], "2 episode failures"),
+    (["infrastructure", "verifier", "verifier"], "1 infrastructure failure, 2 verifier failures"),
+])
+def test_failures_are_counted_in_words_not_read_as_an_index(classes: list, said: str) -> None:
+    assert demo.failures_said([{"failure_class": kind} for kind in classes]) == said
+
+
+def test_counts_of_one_are_singular() -> None:
+    assert demo.throughput_line({"max_episodes_running_at_once": 1}).endswith("at most 1 episode running at once")
+    assert demo.throughput_line({"max_episodes_running_at_once": 3}).endswith("at most 3 episodes running at once")
+    assert demo.timeline_title({"count": 1, "parallelism": 1, "runtime": "cube"}).startswith("1 episode,")
+    assert demo.plural(None, "episode") == "- episodes"
 
 
 # --------------------------------------------------------------------------
@@ -440,7 +459,7 @@ def test_dry_run_with_tasks_lists_their_configmap_before_the_job(tmp_path: Any, 
     ([{"id": 1}], {"count": 4}, ValueError,
      "count=4 disagrees with tasks: 1 tasks x group_size=1 = 1 episodes (leave count= out)"),
     ([[1, 2]], {}, TypeError, "tasks[0] must be a dict, got list [1, 2]"),
-    ([{"id": 1}, {"id": 1}], {}, ValueError, "tasks: task id 1 appears more than once"),
+    ([{"id": 1}, {"id": 1}], {}, ValueError, "tasks: task id '1' appears more than once"),
     ([{"id": [1]}], {}, ValueError, "tasks: tasks[0]: the task id must be a string or a number"),
     ([{"x": {1, 2}}], {}, ValueError, "tasks[0] is not JSON: Object of type set is not JSON serializable"),
     ([], {}, ValueError, "tasks is empty"),
