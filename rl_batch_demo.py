@@ -322,6 +322,31 @@ class KeywordTypeError(UsageError, TypeError):
     """A run_batch() keyword of the wrong type (a TypeError, as Python's own would be)."""
 
 
+class Spelling(NamedTuple):
+    """How the caller names a `run` setting in an error: as a flag (`--count 24`) on the
+    command line, as a keyword (`count=24`) from run_batch()."""
+    python: bool
+
+    def name(self, dest: str) -> str:
+        if dest == "tasks":
+            return "tasks" if self.python else "--tasks"
+        return f"{dest}=" if self.python else "--" + dest.replace("_", "-")
+
+    def setting(self, dest: str, value: Any) -> str:
+        return f"{dest}={value!r}" if self.python else f"{self.name(dest)} {value}"
+
+    def option(self, dest: str, metavar: str) -> str:
+        """How to pass a setting, as a hint: `--runtime NAME`, or `runtime=NAME`."""
+        return f"{dest}={metavar}" if self.python else f"{self.name(dest)} {metavar}"
+
+    def cap(self, value: int) -> str:
+        return self.setting("max_episodes", value) if self.python else f"the cap of {value} episodes"
+
+
+COMMAND_LINE = Spelling(python=False)
+PYTHON_CALL = Spelling(python=True)
+
+
 class VerificationError(DemoError):
     """An episode or the batch broke a rule of the honest-result checks.
 
@@ -4512,17 +4537,18 @@ def planned_objects(namespace: str, run_id: str, settings: dict, worker_source: 
     return plan_run(namespace, run_id, settings, worker_source, tasks).objects()
 
 
-def find_kubectl(binary: str) -> str:
+def find_kubectl(binary: str, spelling: Spelling = COMMAND_LINE) -> str:
     """The kubectl to run, or a one-line error naming what is wrong with it."""
     found = shutil.which(binary)
     if found:
         return found
     if os.path.exists(binary):
-        raise DemoError(f"kubectl at {binary} is not executable (chmod +x it or pass --kubectl PATH)")
-    raise DemoError(f"kubectl not found: {binary!r} (install kubectl or pass --kubectl PATH)")
+        raise DemoError(f"kubectl at {binary} is not executable (chmod +x it or pass "
+                        f"{spelling.option('kubectl', 'PATH')})")
+    raise DemoError(f"kubectl not found: {binary!r} (install kubectl or pass {spelling.option('kubectl', 'PATH')})")
 
 
-def require_kubectl(kubectl: Kubectl) -> None:
+def require_kubectl(kubectl: Kubectl, spelling: Spelling = COMMAND_LINE) -> None:
     """Fail unless the binary answers `version --client` as kubectl does.
 
     A binary that is not kubectl (`--kubectl /bin/true`) answers every question
@@ -4534,11 +4560,11 @@ def require_kubectl(kubectl: Kubectl) -> None:
     except (KubectlError, ValueError):
         version = None
     if not isinstance(version, dict) or "clientVersion" not in version:
-        raise DemoError(f"--kubectl {kubectl.binary} does not look like kubectl "
+        raise DemoError(f"{spelling.setting('kubectl', kubectl.binary)} does not look like kubectl "
                         f"(`version --client` printed no kubectl version)")
 
 
-def resolve_context(kubectl: Kubectl, wanted: str | None) -> str:
+def resolve_context(kubectl: Kubectl, wanted: str | None, spelling: Spelling = COMMAND_LINE) -> str:
     """The context every later call names: --context if it exists, else the current one."""
     if wanted:
         try:
@@ -4547,7 +4573,7 @@ def resolve_context(kubectl: Kubectl, wanted: str | None) -> str:
             raise DemoError(f"kube context {wanted!r} not found in the kubeconfig "
                             f"(kubectl config get-contexts lists them)") from None
         if not named.strip():
-            require_kubectl(kubectl)
+            require_kubectl(kubectl, spelling)
             raise DemoError(f"kube context {wanted!r} not found in the kubeconfig "
                             f"(kubectl config get-contexts lists them)")
         return wanted
@@ -4555,10 +4581,10 @@ def resolve_context(kubectl: Kubectl, wanted: str | None) -> str:
         context = kubectl.run(["config", "current-context"], request_timeout=None).strip()
     except KubectlError as error:
         raise DemoError(f"no current kube context ({error}); "
-                        f"set one or pass --context NAME") from None
+                        f"set one or pass {spelling.option('context', 'NAME')}") from None
     if not context:
-        require_kubectl(kubectl)
-        raise DemoError("no current kube context; set one or pass --context NAME")
+        require_kubectl(kubectl, spelling)
+        raise DemoError(f"no current kube context; set one or pass {spelling.option('context', 'NAME')}")
     return context
 
 
@@ -4658,6 +4684,7 @@ class RunContext:
     batch: BatchEvidence | None = None  # the batch under way: what an interruption saves
     touched_cluster: bool = False
     silent: bool = False  # a quiet Python caller: its stdout and stderr carry only warnings and errors
+    spelling: Spelling = COMMAND_LINE  # how its errors name the settings: flags, or run_batch()'s keywords
     on_reward: Callable[[dict], None] | None = None  # run_batch's caller, told each rewards.jsonl line
     stop: threading.Event | None = None  # set by stream_batch once its reader has gone
 
@@ -4699,7 +4726,7 @@ def check_runtime_class(run: RunContext) -> None:
                             f"{error}; nothing was created") from None
         if error.not_found:
             raise DemoError(f"RuntimeClass {runtime!r} not found in context {context!r}; "
-                            f"nothing was created (pass --runtime NAME)") from None
+                            f"nothing was created (pass {run.spelling.option('runtime', 'NAME')})") from None
         raise DemoError(f"cannot reach the cluster of context {context!r}: {error}; "
                         f"nothing was created") from None
 
@@ -4707,21 +4734,22 @@ def check_runtime_class(run: RunContext) -> None:
 def check_server_version(run: RunContext) -> None:
     """Retries, accepted failures and --need need the Job API of Kubernetes >= 1.33; an older server
     would drop or reject the fields, so say so before anything is created."""
-    context = run.kubectl.context
-    asked = "--need" if run.settings.get("need") is not None else "--retries and --allow-failures"
+    context, name = run.kubectl.context, run.spelling.name
+    needs = f"{name('need')} needs" if run.settings.get("need") is not None else \
+        f"{name('retries')} and {name('allow_failures')} need"
     try:
         version = json.loads(run.kubectl.run(["get", "--raw", "/version"],
                                              retry_until=time.monotonic() + FIRST_CONTACT_RETRY_SECONDS))
         found = (int(version["major"]), int(re.sub(r"\D.*", "", version["minor"]) or 0))
     except (KubectlError, ValueError, KeyError, TypeError) as error:
         raise DemoError(f"cannot tell the Kubernetes version of context {context!r} ({error}); "
-                        f"{asked} need >= 1.33; nothing was created") from None
+                        f"{needs} >= 1.33; nothing was created") from None
     if run.settings.get("need") is not None and found < NEED_MIN_SERVER:
-        raise DemoError(f"--need needs Kubernetes >= 1.33 (the Job's successPolicy, with "
-                        f"backoffLimitPerIndex and maxFailedIndexes); context {context!r} serves "
-                        f"{found[0]}.{found[1]}; nothing was created")
+        raise DemoError(f"{needs} Kubernetes >= 1.33 (the Job's successPolicy, with backoffLimitPerIndex "
+                        f"and maxFailedIndexes); context {context!r} serves {found[0]}.{found[1]}; "
+                        f"nothing was created")
     if found < RETRIES_MIN_SERVER:
-        raise DemoError(f"--retries and --allow-failures need Kubernetes >= 1.33 (backoffLimitPerIndex, "
+        raise DemoError(f"{needs} Kubernetes >= 1.33 (backoffLimitPerIndex, "
                         f"maxFailedIndexes and podFailurePolicy FailIndex); context {context!r} "
                         f"serves {found[0]}.{found[1]}; nothing was created")
 
@@ -5384,7 +5412,7 @@ def merge_warnings(summaries: Iterable[dict]) -> dict:
     return merged
 
 
-def load_worker(script: str | None) -> tuple[str, bool]:
+def load_worker(script: str | None, spelling: Spelling = COMMAND_LINE) -> tuple[str, bool]:
     """The episode program to ship and whether it is the built-in one."""
     if script is None:
         return WORKER_SOURCE, True
@@ -5392,12 +5420,13 @@ def load_worker(script: str | None) -> tuple[str, bool]:
         with open(script, encoding="utf-8") as handle:
             source = handle.read()
     except (OSError, UnicodeDecodeError) as error:
-        raise DemoError(f"cannot read --episode-script {script}: {getattr(error, 'strerror', None) or error}") from None
-    check_episode_syntax(script, source)
+        raise DemoError(f"cannot read {spelling.setting('episode_script', script)}: "
+                        f"{getattr(error, 'strerror', None) or error}") from None
+    check_episode_syntax(script, source, spelling)
     return source, False
 
 
-def check_episode_syntax(script: str, source: str) -> None:
+def check_episode_syntax(script: str, source: str, spelling: Spelling = COMMAND_LINE) -> None:
     """Refuse a script that does not compile before it costs a namespace and a Job.
 
     The image's Python may be newer than this one; a script this Python cannot
@@ -5409,15 +5438,15 @@ def check_episode_syntax(script: str, source: str) -> None:
         compile(source, script, "exec", dont_inherit=True)
     except (SyntaxError, ValueError) as error:
         line = getattr(error, "lineno", None)
-        where = f"{script}, line {line}" if line else script
+        where = spelling.setting("episode_script", script) + (f", line {line}" if line else "")
         text = (getattr(error, "text", None) or "").strip()
         detail = f"{getattr(error, 'msg', None) or error}" + (f": {text}" if text else "")
         if sys.version_info < NEWEST_SYNTAX_PYTHON and not broken_on_every_python(source, error):
-            print(f"Warning: --episode-script {where} does not compile on Python "
+            print(f"Warning: {where} does not compile on Python "
                   f"{sys.version_info[0]}.{sys.version_info[1]} ({detail}); the image's Python may "
                   f"be newer, so it is shipped anyway", file=sys.stderr)
             return
-        raise DemoError(f"--episode-script {where}: {detail}; nothing was created") from None
+        raise DemoError(f"{where}: {detail}; nothing was created") from None
 
 
 BRACKET_PAIRS = {")": "(", "]": "[", "}": "{"}
@@ -5455,7 +5484,7 @@ def perform_run(args: argparse.Namespace) -> tuple[int, Results | None]:
     if args.dry_run:
         print(json.dumps(dry_run_listing(args), indent=2))
         return 0, None
-    worker_source, builtin = load_worker(args.episode_script)
+    worker_source, builtin = load_worker(args.episode_script, getattr(args, "spelling", COMMAND_LINE))
     tasks: list[Task] = list(getattr(args, "task_list", None) or [])
     settings = run_settings(args, worker_source, builtin, tasks)
     run = start_run(args, settings, worker_source, tasks)
@@ -5483,7 +5512,7 @@ def perform_run(args: argparse.Namespace) -> tuple[int, Results | None]:
 
 def dry_run_listing(args: argparse.Namespace) -> dict:
     """`run --dry-run`: the objects a run would create, as one v1 List; nothing is touched."""
-    worker_source, builtin = load_worker(args.episode_script)
+    worker_source, builtin = load_worker(args.episode_script, getattr(args, "spelling", COMMAND_LINE))
     tasks: list[Task] = list(getattr(args, "task_list", None) or [])
     run_id = secrets.token_hex(6)
     settings = run_settings(args, worker_source, builtin, tasks)
@@ -5514,12 +5543,12 @@ def run_settings(args: argparse.Namespace, worker_source: str, builtin: bool, ta
 
 def start_run(args: argparse.Namespace, settings: dict, worker_source: str, tasks: Sequence[Task]) -> RunContext:
     """Claim the output directory and name the context, run id and namespace; nothing in the cluster changes."""
-    output = args.output
+    output, spelling = args.output, getattr(args, "spelling", COMMAND_LINE)
     if os.path.lexists(output):
         raise DemoError(f"output directory {output} already exists; records are never overwritten, "
-                        f"choose a new --output")
-    kubectl = Kubectl(find_kubectl(args.kubectl), verbose=args.verbose)
-    kubectl.context = resolve_context(kubectl, args.context)
+                        f"choose a new {spelling.name('output')}")
+    kubectl = Kubectl(find_kubectl(args.kubectl, spelling), verbose=args.verbose)
+    kubectl.context = resolve_context(kubectl, args.context, spelling)
     try:
         os.makedirs(output)
     except OSError as error:
@@ -5533,7 +5562,7 @@ def start_run(args: argparse.Namespace, settings: dict, worker_source: str, task
     return RunContext(settings, plan_run(namespace, run_id, settings, worker_source, tasks),
                       Receipt.start(output, kubectl.context, namespace, run_id, kubeconfig_path()), kubectl, output,
                       Progress(args.quiet), concurrent.futures.ThreadPoolExecutor(LOG_READERS), cpu_seconds(),
-                      silent=args.quiet and not getattr(args, "print_results", True),
+                      silent=args.quiet and not getattr(args, "print_results", True), spelling=spelling,
                       on_reward=getattr(args, "on_reward", None), stop=getattr(args, "stop", None))
 
 
@@ -5593,7 +5622,8 @@ def finish_run(run: RunContext, failure: DemoError | None, clean_up: bool, quiet
             raise DemoError(f"{why}{error}\n  clean up: {cleanup_hint}") from None
     if failure is not None:
         if not run.touched_cluster and release_output(run.output):
-            raise DemoError(f"{failure}\n  {run.output} was removed again, so the same --output can be reused")
+            raise DemoError(f"{failure}\n  {run.output} was removed again, so the same "
+                            f"{run.spelling.name('output')} can be reused")
         if run.touched_cluster and not clean_up:
             raise DemoError(f"{failure}\n  evidence: {run.output}\n  clean up: {cleanup_hint}")
         raise DemoError(f"{failure}\n  evidence: {run.output}")
@@ -5977,27 +6007,6 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.Argument
     return parser
 
 
-class Spelling(NamedTuple):
-    """How the caller names a `run` setting in an error: as a flag (`--count 24`) on the
-    command line, as a keyword (`count=24`) from run_batch()."""
-    python: bool
-
-    def name(self, dest: str) -> str:
-        if dest == "tasks":
-            return "tasks" if self.python else "--tasks"
-        return f"{dest}=" if self.python else "--" + dest.replace("_", "-")
-
-    def setting(self, dest: str, value: Any) -> str:
-        return f"{dest}={value!r}" if self.python else f"{self.name(dest)} {value}"
-
-    def cap(self, value: int) -> str:
-        return self.setting("max_episodes", value) if self.python else f"the cap of {value} episodes"
-
-
-COMMAND_LINE = Spelling(python=False)
-PYTHON_CALL = Spelling(python=True)
-
-
 def check_run_arguments(args: argparse.Namespace, spelling: Spelling = COMMAND_LINE) -> None:
     """1 <= parallelism <= count <= cap, else UsageError naming the settings as the caller spelled them."""
     say = spelling.setting
@@ -6224,7 +6233,7 @@ def batch_arguments(caller: str, tasks: Sequence[dict] | str | os.PathLike | Non
     elif tasks is not None:
         args.task_list, args.tasks = python_tasks(tasks), f"({caller})"
     check_run_arguments(args, PYTHON_CALL)
-    args.print_results = False
+    args.print_results, args.spelling = False, PYTHON_CALL
     return args
 
 

@@ -524,3 +524,24 @@ def test_run_batch_keywords_reach_the_objects_it_creates(tmp_path: Any, capsys: 
     assert listing["items"][-1]["spec"]["completions"] == 3
     with pytest.raises(demo.UsageError, match=r"^tasks='.*none.jsonl': No such file or directory$"):
         demo.run_batch(str(tmp_path / "none.jsonl"), output=str(tmp_path / "out"), dry_run=True)
+
+
+def test_run_batch_failures_before_the_cluster_name_its_keywords(tmp_path: Any, monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture) -> None:
+    script = tmp_path / "ep.py"
+    script.write_text("print('episode')\n")
+    (tmp_path / "taken").mkdir()
+    with pytest.raises(demo.DemoError, match=r"records are never overwritten, choose a new output=$"):
+        demo.run_batch(output=tmp_path / "taken", count=1)
+    with pytest.raises(demo.DemoError, match=r"^kubectl not found: '/no/kubectl' \(install kubectl or pass "
+                                             r"kubectl=PATH\)$"):
+        demo.run_batch(output=tmp_path / "out", count=1, kubectl="/no/kubectl")
+    with pytest.raises(demo.DemoError, match=r"^cannot read episode_script='.*missing.py': No such file"):
+        demo.run_batch(output=tmp_path / "out", count=1, episode_script=tmp_path / "missing.py")
+    script.write_text('print("hello"\n')
+    with pytest.raises(demo.DemoError, match=r"^episode_script='.*ep.py', line 1: .*; nothing was created$"):
+        demo.run_batch(output=tmp_path / "out", count=1, episode_script=script)
+    assert not (tmp_path / "out").exists()
+    # The command line keeps its flags.
+    assert demo.main(["run", "--output", str(tmp_path / "out"), "--kubectl", "/no/kubectl"]) == 1
+    assert "(install kubectl or pass --kubectl PATH)" in capsys.readouterr().err
