@@ -566,6 +566,17 @@ def test_harden_passes_under_enforced_restrictions(make_cluster, tmp_path):
     assert cleaned.returncode == 0, cleaned.stderr
 
 
+def test_a_failed_episode_line_quotes_the_end_of_its_traceback(make_cluster, tmp_path):
+    kubectl, make = make_cluster
+    emulator = make()
+    script = write_script(tmp_path, EMIT + 'emit("ready")\ntask = {}\nprint(task["answer"])\n')
+    result = tool(emulator, kubectl, "run", "--count", "1", "--episode-script", str(script),
+                  "--output", str(tmp_path / "out"), "--quiet")
+    assert result.returncode == 1
+    assert re.search(r"pod rollout-0-[a-z0-9]{5}: Failed, container exited 1 \(Error\): KeyError: 'answer'\n",
+                     result.stderr), result.stderr
+
+
 def test_read_only_root_is_really_enforced(make_cluster, tmp_path):
     kubectl, make = make_cluster
     emulator = make()

@@ -798,7 +798,7 @@ def check_timeline(svg_text: str, pods: list[str], labelled: bool) -> ElementTre
         assert float(texts[name].get("x")) + CHAR_WIDTH * len(name) <= width, \
             f"legend entry {name!r} at x={texts[name].get('x')} runs past the {width:g} px wide picture"
     # A time axis with its label and increasing ticks from 0.
-    assert "seconds after the Job was created" in texts
+    assert rl_batch_demo.TIME_AXIS in texts
     ticks = [float(t) for t in texts if t.replace(".", "", 1).isdigit()]
     assert ticks[0] == 0 and ticks == sorted(ticks) and len(ticks) >= 3
     if labelled:
