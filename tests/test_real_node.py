@@ -46,7 +46,9 @@ def check_run(cluster, output: Path, count: int, parallelism: int) -> dict:
         assert status["imageID"].startswith("docker.io/library/python@sha256:")
         assert status["state"]["terminated"]["exitCode"] == 0
     reasons = {e["reason"] for e in events_of(output)}
-    for reason in ("Scheduled", "Pulled", "Created", "Started", "SuccessfulCreate", "Completed"):
+    # (Not the Job's Completed: the Job controller records it after setting the Job's condition,
+    # so a run that saw the condition may have read the events before it.)
+    for reason in ("Scheduled", "Pulled", "Created", "Started", "SuccessfulCreate"):
         assert reason in reasons, f"no {reason} event in events.json"
     return results
 
