@@ -317,6 +317,15 @@ class DemoError(Exception):
     """An expected failure: reported as one or a few lines, exit status 1."""
 
 
+class UsageError(DemoError, ValueError):
+    """A `run` setting out of bounds, named as its caller spelled it: a flag on the command
+    line (main() then prints argparse's usage, exit 2), a keyword from run_batch()."""
+
+
+class KeywordTypeError(UsageError, TypeError):
+    """A run_batch() keyword of the wrong type (a TypeError, as Python's own would be)."""
+
+
 class VerificationError(DemoError):
     """An episode or the batch broke a rule of the honest-result checks.
 
@@ -397,8 +406,13 @@ def network_policy_manifest(namespace: str) -> dict:
             "spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}}
 
 
-def parse_tasks(lines: Iterable[str]) -> list[Task]:
-    """The tasks of a JSONL file: one JSON object per non-blank line; ValueError names a bad line."""
+def file_line(number: int) -> str:
+    return f"line {number}"
+
+
+def parse_tasks(lines: Iterable[str], place: Callable[[int], str] = file_line) -> list[Task]:
+    """The tasks of a JSONL file: one JSON object per non-blank line; ValueError names a bad
+    line as `place` says it (a file's line number, or a Python list's index)."""
     tasks = []
     for number, line in enumerate(lines, start=1):
         text = line.strip()
@@ -407,12 +421,12 @@ def parse_tasks(lines: Iterable[str]) -> list[Task]:
         try:
             value = json.loads(text)
         except ValueError as error:
-            raise ValueError(f"line {number} is not JSON ({error})") from None
+            raise ValueError(f"{place(number)} is not JSON ({error})") from None
         if not isinstance(value, dict):
-            raise ValueError(f"line {number} is not a JSON object")
+            raise ValueError(f"{place(number)} is not a JSON object")
         task_id = value.get("id", number)
         if isinstance(task_id, (dict, list)):
-            raise ValueError(f"line {number}: the task id must be a string or a number")
+            raise ValueError(f"{place(number)}: the task id must be a string or a number")
         tasks.append(Task(task_id, number, text))
     if not tasks:
         raise ValueError("no tasks in it")
@@ -4240,6 +4254,7 @@ class RunContext:
     proxy: ApiProxy | None = None
     batch: BatchEvidence | None = None  # the batch under way: what an interruption saves
     touched_cluster: bool = False
+    silent: bool = False  # a quiet Python caller: its stdout and stderr carry only warnings and errors
 
     @property
     def namespace(self) -> str:
@@ -4336,7 +4351,8 @@ def create_namespace(run: RunContext) -> None:
     run.touched_cluster = True
     created = create_object(run, run.plan.namespace)
     run.receipt.record_namespace(created["metadata"]["uid"])
-    print(f"Test namespace: {run.namespace}", flush=True)
+    if not run.silent:
+        print(f"Test namespace: {run.namespace}", flush=True)
 
 
 def create_object(run: RunContext, manifest: dict) -> dict:
@@ -4973,15 +4989,12 @@ def run(args: argparse.Namespace) -> int:
 
 def perform_run(args: argparse.Namespace) -> tuple[int, Results | None]:
     """`run`: its exit status (0, or EXIT_PARTIAL for an accepted partial batch) and its results."""
+    if args.dry_run:
+        print(json.dumps(dry_run_listing(args), indent=2))
+        return 0, None
     worker_source, builtin = load_worker(args.episode_script)
     tasks: list[Task] = list(getattr(args, "task_list", None) or [])
     settings = run_settings(args, worker_source, builtin, tasks)
-    if args.dry_run:
-        run_id = secrets.token_hex(6)
-        origin = run_origin(run_id, args.output, USER_UNKNOWN_BEFORE_RUN, settings.get("ttl_seconds"))
-        objects = planned_objects(NAMESPACE_PREFIX + run_id, run_id, settings, worker_source, tasks, origin)
-        print(json.dumps(list_manifest(objects), indent=2))
-        return 0, None
     run = start_run(args, settings, worker_source, tasks)
     cleanup_hint = cleanup_command(run.output, args.kubectl)
     failure: DemoError | None = None
@@ -4999,6 +5012,16 @@ def perform_run(args: argparse.Namespace) -> tuple[int, Results | None]:
         print_results(results.figures, args.quiet)
     finish_run(run, failure, args.cleanup, args.quiet, cleanup_hint)
     return (EXIT_PARTIAL if results.figures.get("accepted_partial") else 0), results
+
+
+def dry_run_listing(args: argparse.Namespace) -> dict:
+    """`run --dry-run`: the objects a run would create, as one v1 List; nothing is touched."""
+    worker_source, builtin = load_worker(args.episode_script)
+    tasks: list[Task] = list(getattr(args, "task_list", None) or [])
+    run_id = secrets.token_hex(6)
+    settings = run_settings(args, worker_source, builtin, tasks)
+    origin = run_origin(run_id, args.output, USER_UNKNOWN_BEFORE_RUN, settings.get("ttl_seconds"))
+    return list_manifest(planned_objects(NAMESPACE_PREFIX + run_id, run_id, settings, worker_source, tasks, origin))
 
 
 def run_settings(args: argparse.Namespace, worker_source: str, builtin: bool, tasks: Sequence[Task]) -> dict:
@@ -5040,7 +5063,8 @@ def start_run(args: argparse.Namespace, settings: dict, worker_source: str, task
                              for name, measured in batches])
     return RunContext(settings, plan_run(namespace, run_id, settings, worker_source, tasks),
                       Receipt.start(output, kubectl.context, namespace, run_id), kubectl, output,
-                      Progress(args.quiet), concurrent.futures.ThreadPoolExecutor(LOG_READERS), cpu_seconds())
+                      Progress(args.quiet), concurrent.futures.ThreadPoolExecutor(LOG_READERS), cpu_seconds(),
+                      silent=args.quiet and not getattr(args, "print_results", True))
 
 
 @contextlib.contextmanager
@@ -5084,10 +5108,11 @@ def print_results(results: dict, quiet: bool) -> None:
 def finish_run(run: RunContext, failure: DemoError | None, clean_up: bool, quiet: bool, cleanup_hint: str) -> None:
     """`--cleanup` if asked, then one error naming why the run failed, its evidence and what to clean up."""
     if clean_up and run.touched_cluster:
-        print(f"Cleaning up (--cleanup) after {'a failed' if failure else 'the'} run.", file=sys.stderr)
+        # stdout carries only the results; what cleanup says goes with the progress.
+        report = io.StringIO() if run.silent else sys.stderr
+        print(f"Cleaning up (--cleanup) after {'a failed' if failure else 'the'} run.", file=report)
         try:
-            # stdout carries only the results; what cleanup says goes with the progress.
-            cleanup_namespace(run.kubectl, run.receipt, report=sys.stderr)
+            cleanup_namespace(run.kubectl, run.receipt, report=report)
         except DemoError as error:
             # Never let a failed cleanup hide why the run failed or where its evidence is.
             why = f"{failure}\n  evidence: {run.output}\n  --cleanup failed too: " if failure else ""
@@ -5431,9 +5456,10 @@ def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the second run's output directory (B; ratios are B/A)")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The command line: one subcommand per action, each with its own arguments, its purpose and an example."""
-    parser = argparse.ArgumentParser(
+def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The command line: one subcommand per action, each with its own arguments, its purpose and an
+    example (`parser_class` is every action's parser class too)."""
+    parser = parser_class(
         prog=program_name() if program_name() != "python3 rl_batch_demo.py" else "rl_batch_demo.py",
         description="Measure how fast a Kubernetes cluster with a sandbox runtime runs a batch of "
                     "RL rollout episodes.",
@@ -5453,47 +5479,78 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def check_run_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """1 <= parallelism <= count <= cap, else a usage error (exit 2) from `run`'s parser."""
-    check_rollout_arguments(parser, args)
+class Spelling(NamedTuple):
+    """How the caller names a `run` setting in an error: as a flag (`--count 24`) on the
+    command line, as a keyword (`count=24`) from run_batch()."""
+    python: bool
+
+    def name(self, dest: str) -> str:
+        if dest == "tasks":
+            return "tasks" if self.python else "--tasks"
+        return f"{dest}=" if self.python else "--" + dest.replace("_", "-")
+
+    def setting(self, dest: str, value: Any) -> str:
+        return f"{dest}={value!r}" if self.python else f"{self.name(dest)} {value}"
+
+    def cap(self, value: int) -> str:
+        return self.setting("max_episodes", value) if self.python else f"the cap of {value} episodes"
+
+
+COMMAND_LINE = Spelling(python=False)
+PYTHON_CALL = Spelling(python=True)
+
+
+def check_run_arguments(args: argparse.Namespace, spelling: Spelling = COMMAND_LINE) -> None:
+    """1 <= parallelism <= count <= cap, else UsageError naming the settings as the caller spelled them."""
+    say = spelling.setting
+    check_rollout_arguments(args, spelling)
     if args.count is None:
         args.count = DEFAULT_COUNT
     if args.parallelism is None:
         args.parallelism = args.count
     if args.count < 1:
-        parser.error(f"--count must be at least 1, got {args.count}")
+        raise UsageError(f"{spelling.name('count')} must be at least 1, got {args.count}")
     if args.count > args.max_episodes:
-        parser.error(f"--count {args.count} is over the cap of {args.max_episodes} episodes "
-                     f"(raise it with --max-episodes {args.count})")
+        tasks = getattr(args, "task_list", None)
+        episodes = (f"{say('group_size', args.group_size)} with {len(tasks)} tasks is {args.count} episodes, "
+                    f"over {spelling.cap(args.max_episodes)}" if tasks else
+                    f"{say('count', args.count)} is over {spelling.cap(args.max_episodes)}")
+        raise UsageError(f"{episodes} (raise it with {say('max_episodes', args.count)})")
     if not 1 <= args.parallelism <= args.count:
-        parser.error(f"--parallelism must be between 1 and the count ({args.count}), got {args.parallelism}")
+        raise UsageError(f"{spelling.name('parallelism')} must be between 1 and the count ({args.count}), "
+                         f"got {args.parallelism}")
 
 
-def check_rollout_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+def check_rollout_arguments(args: argparse.Namespace, spelling: Spelling = COMMAND_LINE) -> None:
     """--tasks sets the count (tasks x --group-size); the rollout options stand alone, one batch."""
+    name, say = spelling.name, spelling.setting
     if args.tasks is not None and getattr(args, "task_list", None) is None:
+        where = say("tasks", args.tasks) if spelling.python else f"--tasks {args.tasks}"
         try:
             with open(args.tasks, encoding="utf-8") as handle:
                 args.task_list = parse_tasks(handle)
         except OSError as error:
-            parser.error(f"--tasks {args.tasks}: {error.strerror or error}")
+            raise UsageError(f"{where}: {error.strerror or error}") from None
         except (ValueError, UnicodeDecodeError) as error:
-            parser.error(f"--tasks {args.tasks}: {error}")
+            raise UsageError(f"{where}: {error}") from None
     tasks = getattr(args, "task_list", None)
     if tasks:
         count = len(tasks) * args.group_size
         if args.count is not None and args.count != count:
-            parser.error(f"--count {args.count} disagrees with --tasks: {len(tasks)} tasks x --group-size "
-                         f"{args.group_size} = {count} episodes (leave --count out)")
+            raise UsageError(f"{say('count', args.count)} disagrees with {name('tasks')}: {len(tasks)} tasks x "
+                             f"{say('group_size', args.group_size)} = {count} episodes (leave "
+                             f"{name('count')} out)")
         args.count = count
     elif args.group_size != 1:
-        parser.error("--group-size needs --tasks (G episodes per task)")
-    args.rollout = bool(tasks) or args.retries is not None or args.allow_failures is not None
+        raise UsageError(f"{name('group_size')} needs {name('tasks')} ({args.group_size} episodes per task)")
+    # A trainer calling in always gets its rewards, one row per episode.
+    args.rollout = bool(tasks) or args.retries is not None or args.allow_failures is not None or spelling.python
     if args.rollout and (args.rounds != 1 or args.warmup):
-        parser.error("--tasks, --retries and --allow-failures run one batch: leave out --rounds and --warmup")
+        runs = "run_batch() runs" if spelling.python else "--tasks, --retries and --allow-failures run"
+        raise UsageError(f"{runs} one batch: leave out {name('rounds')} and {name('warmup')}")
     if args.allow_failures is not None and args.allow_failures > (args.count or DEFAULT_COUNT):
-        parser.error(f"--allow-failures {args.allow_failures} is more than the {args.count or DEFAULT_COUNT} "
-                     f"episodes")
+        raise UsageError(f"{say('allow_failures', args.allow_failures)} is more than the "
+                         f"{args.count or DEFAULT_COUNT} episodes")
 
 
 def check_run_directory(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -5510,41 +5567,172 @@ DISPATCH: dict[str, Callable[[argparse.Namespace], int]] = {
 }
 
 
-def run_batch(tasks: Sequence[dict] | None = None, *, output: str, group_size: int = 1,
-              retries: int | None = None, allow_failures: int | None = None,
-              options: Sequence[str] = ()) -> dict:
+class RaisingParser(argparse.ArgumentParser):
+    """The parser of run_batch()'s `options`: a bad option is a UsageError, no usage block printed."""
+
+    def error(self, message: str) -> Any:
+        raise UsageError(f"options: {message}")
+
+
+class RunKeyword(NamedTuple):
+    """One `run` flag as a run_batch() keyword: its name, flag, type, default and help."""
+    name: str
+    flag: str
+    kind: type
+    path: bool  # a file or a program: an os.PathLike is taken too
+    default: Any
+    check: Callable[[str], Any] | None  # the flag's own argparse check, for the value's bounds
+    help: str
+
+    @property
+    def annotation(self) -> str:
+        spelled = "str | os.PathLike" if self.path else self.kind.__name__
+        return spelled if self.default is not None else spelled + " | None"
+
+    def value(self, given: Any) -> Any:
+        """The keyword's value checked in Python's terms, as the parsed flag would hold it."""
+        if given is None and self.default is None:
+            return None
+        wanted = (str, os.PathLike) if self.path else self.kind
+        if not isinstance(given, wanted) or (self.kind is int and isinstance(given, bool)):
+            raise KeywordTypeError(f"{self.name}= must be {self.annotation}, got {type(given).__name__} "
+                                   f"{given!r}")
+        if self.path:
+            return os.fspath(given)
+        if self.check is not None and self.kind in (int, str):
+            try:
+                checked = self.check(str(given))
+            except argparse.ArgumentTypeError as error:
+                raise UsageError(f"{self.name}={given!r}: {error}") from None
+            # A text the flag reads into something else (`ttl="2h"`: seconds) is held as the flag holds it.
+            return checked if self.kind is str else given
+        return given
+
+
+# Where run_batch() and the command line differ: a trainer calling in every step wants no
+# progress and no namespace left behind (the files stay); the command line keeps the guide's.
+PYTHON_DEFAULTS = {"cleanup": True, "quiet": True}
+# Not keywords: `output` is run_batch()'s own parameter and `tasks` its first argument.
+NOT_KEYWORDS = {"help", "output", "tasks"}
+
+
+def run_keywords() -> dict[str, RunKeyword]:
+    """Every `run` flag as a keyword, read from the parser: a flag added to `run` is a keyword at once."""
+    actions = next(action for action in build_parser()._actions if isinstance(action, argparse._SubParsersAction))
+    keywords = {}
+    for action in actions.choices["run"]._actions:
+        if action.dest in NOT_KEYWORDS or not action.option_strings:
+            continue
+        kind = bool if action.nargs == 0 else int if action.type in (int, positive_int, non_negative_int) else str
+        keywords[action.dest] = RunKeyword(
+            action.dest, action.option_strings[-1], kind, action.metavar in ("FILE", "PATH"),
+            PYTHON_DEFAULTS.get(action.dest, action.default), action.type if callable(action.type) else None,
+            " ".join((action.help or "").split()))
+    return keywords
+
+
+def takes_run_keywords(function: Callable[..., Any]) -> Callable[..., Any]:
+    """Show `run`'s flags as a batch function's typed keywords, in its signature and its
+    docstring (for help() and editors); batch_arguments() checks them."""
+    import inspect  # only to describe the signature
+    import textwrap
+    signature = inspect.signature(function)
+    own = [parameter for parameter in signature.parameters.values() if parameter.kind != parameter.VAR_KEYWORD]
+    added = [inspect.Parameter(keyword.name, inspect.Parameter.KEYWORD_ONLY, default=keyword.default,
+                               annotation=keyword.annotation) for keyword in RUN_KEYWORDS.values()]
+    function.__signature__ = signature.replace(parameters=own + added)  # type: ignore[attr-defined]
+    lines = ["", "Keywords (each is the `run` flag of its name):"]
+    for keyword in RUN_KEYWORDS.values():
+        lines.append(f"    {keyword.name}: {keyword.annotation} = {keyword.default!r}  ({keyword.flag})")
+        lines += textwrap.wrap(keyword.help, 80, initial_indent=" " * 8, subsequent_indent=" " * 8)
+    function.__doc__ = (function.__doc__ or "").rstrip() + "\n" + "\n".join(lines) + "\n"
+    return function
+
+
+def python_tasks(tasks: Sequence[dict]) -> list[Task]:
+    """A Python caller's tasks, each refused in Python's terms (tasks[i], not a file's line)."""
+    if isinstance(tasks, (dict, bytes)) or not isinstance(tasks, Sequence):
+        raise KeywordTypeError(f"tasks must be a list of dicts or a JSONL file's path, got "
+                               f"{type(tasks).__name__}")
+    texts = []
+    for position, task in enumerate(tasks):
+        if not isinstance(task, dict):
+            raise KeywordTypeError(f"tasks[{position}] must be a dict, got {type(task).__name__} {task!r}")
+        try:
+            texts.append(json.dumps(task))
+        except (TypeError, ValueError) as error:
+            raise UsageError(f"tasks[{position}] is not JSON: {error}") from None
+    if not texts:
+        raise UsageError("tasks is empty: give at least one task, or None and count=")
+    try:
+        return parse_tasks(texts, place=lambda number: f"tasks[{number - 1}]")
+    except ValueError as error:
+        raise UsageError(f"tasks: {error}") from None
+
+
+def batch_arguments(caller: str, tasks: Sequence[dict] | str | os.PathLike | None, output: str | os.PathLike,
+                    options: Sequence[str], keywords: dict[str, Any]) -> argparse.Namespace:
+    """A Python call's `run` arguments, checked in Python's terms before anything is created."""
+    unknown = sorted(set(keywords) - set(RUN_KEYWORDS))
+    if unknown:
+        raise KeywordTypeError(f"{caller}() got an unexpected keyword argument {unknown[0]!r}")
+    if isinstance(options, str) or not all(isinstance(option, str) for option in options):
+        raise KeywordTypeError(f"options must be a list of strings, got {options!r}")
+    flags = {option.split("=", 1)[0] for option in options if option.startswith("--")}
+    for name in sorted(keywords):
+        if RUN_KEYWORDS[name].flag in flags:
+            raise UsageError(f"{name}= and options' {RUN_KEYWORDS[name].flag} both set {name}: give it once")
+    for own, flag in (("output", "--output"), ("tasks", "--tasks")):
+        if flag in flags:
+            raise UsageError(f"options' {flag}: give {own} as {caller}()'s own argument")
+    if not isinstance(output, (str, os.PathLike)):
+        raise KeywordTypeError(f"output= must be str | os.PathLike, got {type(output).__name__} {output!r}")
+    args = build_parser(RaisingParser).parse_args(["run", "--output", os.fspath(output), *options])
+    for name, keyword in RUN_KEYWORDS.items():
+        if name in keywords:
+            setattr(args, name, keyword.value(keywords[name]))
+        elif name in PYTHON_DEFAULTS and keyword.flag not in flags:
+            setattr(args, name, keyword.default)
+    if isinstance(tasks, (str, os.PathLike)):
+        args.tasks = os.fspath(tasks)
+    elif tasks is not None:
+        args.task_list, args.tasks = python_tasks(tasks), f"({caller})"
+    check_run_arguments(args, PYTHON_CALL)
+    args.print_results = False
+    return args
+
+
+RUN_KEYWORDS = run_keywords()
+
+
+@takes_run_keywords
+def run_batch(tasks: Sequence[dict] | str | os.PathLike | None = None, *, output: str | os.PathLike,
+              options: Sequence[str] = (), **keywords: Any) -> dict:
     """Run one batch in-process and return its results, with `rewards` (one row per episode).
 
     `tasks` are JSON objects (their `id` field, else their position from 1, is the
-    task id); without them, `options` must say `--count N`. `options` are further
-    `run` options, e.g. ["--context", "kind-kind", "--episode-script", "ep.py"].
-    An accepted partial batch returns with results["accepted_partial"] True; any
-    failure raises DemoError, the evidence kept in `output`; an interrupted run
-    (Ctrl-C, SIGTERM) saves what it can and raises KeyboardInterrupt.
+    task id), or the path of a JSONL file as `run --tasks` takes; without them,
+    `count=` says how many episodes. Every `run` flag is a keyword of its name (listed
+    below); `options` takes `run` flags as strings for the rest. Unlike the command
+    line, run_batch() prints nothing (`quiet=False` shows the progress) and deletes the
+    namespace once every file is saved, the files staying (`cleanup=False` keeps it).
+
+    A bad argument raises UsageError (a DemoError and a ValueError; KeywordTypeError, also
+    a TypeError, for a wrong type) before anything is created. An accepted partial
+    batch returns with results["accepted_partial"] True; any other failure raises
+    DemoError, the evidence kept in `output`; an interrupted run (Ctrl-C, SIGTERM)
+    saves what it can and raises KeyboardInterrupt, the namespace kept for `cleanup`.
+    `dry_run=True` returns the objects a run would create, as a v1 List.
     """
-    argv = ["run", "--output", output, "--quiet", "--group-size", str(group_size), *options]
-    if retries is not None:
-        argv += ["--retries", str(retries)]
-    if allow_failures is not None:
-        argv += ["--allow-failures", str(allow_failures)]
-    try:
-        args = build_parser().parse_args(argv)
-        if tasks is not None:
-            args.task_list = parse_tasks(json.dumps(task) for task in tasks)
-            args.tasks = "(run_batch)"
-        check_run_arguments(args.action_parser, args)
-        args.rollout = True  # a trainer calling in always gets its rewards, one row per episode
-    except SystemExit as exit_:
-        raise DemoError(f"run_batch: invalid arguments (exit status {exit_.code}; see stderr)") from None
-    except ValueError as error:
-        raise DemoError(f"run_batch: tasks: {error}") from None
-    args.print_results = False
+    args = batch_arguments("run_batch", tasks, output, options, keywords)
+    if args.dry_run:
+        return dry_run_listing(args)
     status, results = perform_run(args)
     if status not in (0, EXIT_PARTIAL) or results is None:
         # The run saved what it could and said how to clean up; the caller decides what an interrupt means.
         raise KeyboardInterrupt
     saved = dict(results.figures)
-    rewards_path = os.path.join(output, REWARDS_FILE)
+    rewards_path = os.path.join(args.output, REWARDS_FILE)
     saved["rewards"] = [json.loads(line) for line in read_text(rewards_path).splitlines() if line.strip()]
     return saved
 
@@ -5553,7 +5741,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.action == "run":
-        check_run_arguments(args.action_parser, args)
+        try:
+            check_run_arguments(args)
+        except UsageError as error:
+            args.action_parser.error(str(error))
     elif args.action in ("cleanup", "report"):
         check_run_directory(args.action_parser, args)
     try:

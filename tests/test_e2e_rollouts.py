@@ -203,16 +203,51 @@ def test_run_batch_in_process_returns_every_reward(cluster: Any, tmp_path: Path,
         monkeypatch.setenv(name, value)
     results = rl_batch_demo.run_batch(
         [{"id": "t1", "x": 2}, {"id": "t2", "x": 2, "fail": True}], output=str(tmp_path / "out"),
-        group_size=2, retries=0, allow_failures=2,
-        options=["--kubectl", kubectl, "--episode-script", str(write_script(tmp_path, TASK_EPISODE))])
+        group_size=2, retries=0, allow_failures=2, kubectl=kubectl, cleanup=False,
+        episode_script=write_script(tmp_path, TASK_EPISODE))
     assert results["accepted_partial"] is True
     assert [(r["task_id"], r["failure_class"], r["reward"]) for r in results["rewards"]] == [
         ("t1", None, 1.0), ("t1", None, 1.0), ("t2", "episode", None), ("t2", "episode", None)]
+    # cleanup=False keeps the namespace, as the command line does.
+    assert [ns["metadata"]["name"] for ns in run_namespaces(emulator)] == [results["namespace"]]
     with pytest.raises(rl_batch_demo.DemoError, match="2 of 2 episodes failed"):
         rl_batch_demo.run_batch([{"x": 1, "fail": True}], output=str(tmp_path / "out2"), group_size=2,
                                 allow_failures=1, options=["--kubectl", kubectl, "--episode-script",
                                                            str(write_script(tmp_path, TASK_EPISODE))])
     assert os.path.exists(tmp_path / "out2" / "rewards.jsonl")
+    # By default a Python call deletes its namespace once the evidence is saved, also after a failure.
+    assert [ns["metadata"]["name"] for ns in run_namespaces(emulator)] == [results["namespace"]]
+    assert {path.name for path in (tmp_path / "out2").iterdir()} >= {"job.json", "pods.json",
+                                                                      "receipt.json", "rewards.jsonl"}
+
+
+def test_readme_python_example_runs_as_written(cluster: Any, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture) -> None:
+    """The README's run_batch example, word for word: three tasks of 8 episodes, its context and
+    its episode script; only the cluster behind "kind-kind" is the emulator."""
+    kubectl, make = cluster
+    emulator = make()
+    blocks = re.findall(r"```python\n(.*?)```", (Path(__file__).parent.parent / "README.md").read_text(), flags=re.S)
+    example = next(block for block in blocks if "run_batch(" in block)
+    (tmp_path / "task_episode.py").write_text(next(b for b in blocks if b.startswith("# task_episode.py")))
+    config = json.loads(emulator.kubeconfig.read_text())
+    config["contexts"][0]["name"] = config["current-context"] = "kind-kind"
+    (tmp_path / "kubeconfig").write_text(json.dumps(config))
+    (tmp_path / "bin").mkdir()
+    os.symlink(kubectl, tmp_path / "bin" / "kubectl")
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "kubeconfig"))
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.chdir(tmp_path)
+    exec(compile(example, "README.md", "exec"), {})
+    out, err = capsys.readouterr()
+    assert out == "False 24\n", (out, err)
+    rewards = rewards_of(tmp_path / "runs" / "step-17")
+    assert [(r["task_id"], r["reward"]) for r in rewards] == \
+        [("issue-101", 1.0)] * 8 + [("issue-102", 0.0)] * 8 + [("issue-103", 0.0)] * 8
+    assert run_namespaces(emulator) == []  # deleted by default; the files stay
+    assert load(tmp_path / "runs" / "step-17" / "receipt.json")["context"] == "kind-kind"
+    assert err == ""  # quiet by default: a training loop's output stays its own
 
 
 def test_readme_task_episode_runs_as_documented(cluster: Any, tmp_path: Path) -> None:

@@ -93,3 +93,11 @@ def test_a_bad_ttl_is_a_usage_error(tmp_path, capsys) -> None:
     assert exit_.value.code == 2
     assert "not a duration: 'soon'" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_run_batch_takes_the_ttl_as_the_flag_does(tmp_path) -> None:
+    listing = demo.run_batch(output=tmp_path / "out", count=1, dry_run=True, ttl="1h30m")
+    expires = demo.parse_time(listing["items"][0]["metadata"]["annotations"]["rl-batch-demo.agc/expires-at"])
+    assert 5300 < expires - demo.time.time() <= 5400
+    with pytest.raises(demo.UsageError, match="ttl='soon'"):
+        demo.run_batch(output=tmp_path / "out", count=1, dry_run=True, ttl="soon")

@@ -337,10 +337,12 @@ def task_file(tmp_path: Any) -> Any:
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--group-size", "2"], "--group-size needs --tasks (G episodes per task)"),
+    (["--group-size", "2"], "--group-size needs --tasks (2 episodes per task)"),
     (["--tasks", "{tasks}", "--count", "4"],
      "--count 4 disagrees with --tasks: 3 tasks x --group-size 1 = 3 episodes (leave --count out)"),
-    (["--tasks", "{tasks}", "--group-size", "7"], "--count 21 is over the cap of 20 episodes"),
+    (["--tasks", "{tasks}", "--group-size", "7"],
+     "--group-size 7 with 3 tasks is 21 episodes, over the cap of 20 episodes (raise it with --max-episodes 21)"),
+    (["--count", "21"], "--count 21 is over the cap of 20 episodes (raise it with --max-episodes 21)"),
     (["--retries", "1", "--rounds", "2"], "--tasks, --retries and --allow-failures run one batch"),
     (["--allow-failures", "11"], "--allow-failures 11 is more than the 10 episodes"),
     (["--retries", "-1"], "argument --retries: must be 0 or more, got -1"),
@@ -376,8 +378,83 @@ def test_dry_run_with_tasks_lists_their_configmap_before_the_job(tmp_path: Any, 
     assert not (tmp_path / "out").exists()
 
 
-def test_run_batch_refuses_bad_arguments_with_its_one_exception(tmp_path: Any) -> None:
-    with pytest.raises(demo.DemoError, match="run_batch: tasks: line 1 is not a JSON object"):
-        demo.run_batch([[1, 2]], output=str(tmp_path / "out"))
-    with pytest.raises(demo.DemoError, match="run_batch: invalid arguments"):
-        demo.run_batch(None, output=str(tmp_path / "out"), group_size=2)
+@pytest.mark.parametrize("tasks, keywords, error, message", [
+    ([{"id": 1}, {"id": 2}, {"id": 3}], {"group_size": 8}, ValueError,
+     "group_size=8 with 3 tasks is 24 episodes, over max_episodes=20 (raise it with max_episodes=24)"),
+    (None, {"count": 24}, ValueError, "count=24 is over max_episodes=20 (raise it with max_episodes=24)"),
+    (None, {"count": "2"}, TypeError, "count= must be int | None, got str '2'"),
+    (None, {"harden": 1}, TypeError, "harden= must be bool, got int 1"),
+    (None, {"cout": 2}, TypeError, "run_batch() got an unexpected keyword argument 'cout'"),
+    (None, {"timeout": 0}, ValueError, "timeout=0: must be at least 1, got 0"),
+    (None, {"retries": -1}, ValueError, "retries=-1: must be 0 or more, got -1"),
+    (None, {"group_size": 2}, ValueError, "group_size= needs tasks (2 episodes per task)"),
+    (None, {"count": 2, "parallelism": 5}, ValueError, "parallelism= must be between 1 and the count (2), got 5"),
+    (None, {"rounds": 2}, ValueError, "run_batch() runs one batch: leave out rounds= and warmup="),
+    (None, {"allow_failures": 11}, ValueError, "allow_failures=11 is more than the 10 episodes"),
+    ([{"id": 1}], {"count": 4}, ValueError,
+     "count=4 disagrees with tasks: 1 tasks x group_size=1 = 1 episodes (leave count= out)"),
+    ([[1, 2]], {}, TypeError, "tasks[0] must be a dict, got list [1, 2]"),
+    ([{"id": 1}, {"id": 1}], {}, ValueError, "tasks: task id 1 appears more than once"),
+    ([{"id": [1]}], {}, ValueError, "tasks: tasks[0]: the task id must be a string or a number"),
+    ([{"x": {1, 2}}], {}, ValueError, "tasks[0] is not JSON: Object of type set is not JSON serializable"),
+    ([], {}, ValueError, "tasks is empty"),
+    (None, {"options": ["--bogus"]}, ValueError, "options: unrecognized arguments: --bogus"),
+    (None, {"options": "--count 2"}, TypeError, "options must be a list of strings"),
+    (None, {"count": 2, "options": ["--count", "3"]}, ValueError,
+     "count= and options' --count both set count: give it once"),
+    (None, {"options": ["--output=elsewhere"]}, ValueError,
+     "options' --output: give output as run_batch()'s own argument"),
+])
+def test_run_batch_says_what_is_wrong_in_python_terms(tasks: Any, keywords: dict, error: type, message: str,
+                                                      tmp_path: Any, capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(demo.UsageError) as raised:
+        demo.run_batch(tasks, output=str(tmp_path / "out"), **keywords)
+    assert isinstance(raised.value, error) and str(raised.value).startswith(message), str(raised.value)
+    assert capsys.readouterr() == ("", "")  # no usage block, nothing printed: the reason is the exception's
+    assert not (tmp_path / "out").exists()
+
+
+def test_every_run_flag_is_a_typed_documented_keyword_of_run_batch() -> None:
+    import inspect
+    run_parser = demo.build_parser().parse_args(["run", "--output", "x"]).action_parser
+    flags = {action.dest: action for action in run_parser._actions if action.option_strings and
+             action.dest not in ("help", "output", "tasks")}
+    parameters = inspect.signature(demo.run_batch).parameters
+    assert set(flags) <= set(parameters)
+    assert list(parameters)[:3] == ["tasks", "output", "options"]
+    for name, action in flags.items():
+        parameter = parameters[name]
+        assert parameter.kind is inspect.Parameter.KEYWORD_ONLY and parameter.annotation, name
+        assert f"    {name}: {parameter.annotation} = {parameter.default!r}  ({action.option_strings[-1]})" \
+            in demo.run_batch.__doc__, name
+    assert (parameters["count"].annotation, parameters["episode_script"].annotation) == \
+        ("int | None", "str | os.PathLike | None")
+    # The two defaults a trainer calling in wants, unlike the command line's.
+    assert (parameters["cleanup"].default, parameters["quiet"].default) == (True, True)
+    assert (flags["cleanup"].default, flags["quiet"].default) == (False, False)
+
+
+def test_run_batch_keywords_reach_the_objects_it_creates(tmp_path: Any, capsys: pytest.CaptureFixture) -> None:
+    script = tmp_path / "ep.py"
+    script.write_text("print('episode')\n")
+    listing = demo.run_batch([{"id": "a"}, {"id": "b"}],
+                             output=tmp_path / "out", group_size=3, parallelism=2, image="img:1", runtime="gvisor",
+                             timeout=77, retries=1, allow_failures=2, harden=True, episode_script=script,
+                             dry_run=True)
+    assert capsys.readouterr() == ("", "")
+    kinds = [item["kind"] for item in listing["items"]]
+    assert kinds[0] == "Namespace" and "NetworkPolicy" in kinds  # harden=True
+    job = listing["items"][-1]
+    spec, pod = job["spec"], job["spec"]["template"]["spec"]
+    assert (spec["completions"], spec["parallelism"], spec["activeDeadlineSeconds"], spec["backoffLimitPerIndex"],
+            spec["maxFailedIndexes"]) == (6, 2, 77, 1, 2)
+    assert (pod["runtimeClassName"], pod["containers"][0]["image"]) == ("gvisor", "img:1")
+    episode = next(item for item in listing["items"] if item["metadata"]["name"] == "episode")
+    assert episode["data"]["episode.py"] == "print('episode')\n"
+    # A --tasks file's path is taken as the tasks, as `run --tasks` takes it.
+    (tmp_path / "tasks.jsonl").write_text('{"id": "a"}\n{"id": "b"}\n{"id": "c"}\n')
+    listing = demo.run_batch(tmp_path / "tasks.jsonl", output=str(tmp_path / "out"), episode_script=str(script),
+                             dry_run=True)
+    assert listing["items"][-1]["spec"]["completions"] == 3
+    with pytest.raises(demo.UsageError, match=r"^tasks='.*none.jsonl': No such file or directory$"):
+        demo.run_batch(str(tmp_path / "none.jsonl"), output=str(tmp_path / "out"), dry_run=True)
