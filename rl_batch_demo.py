@@ -4560,7 +4560,7 @@ def rollout_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) -
                         f"only {len(pods)} of {count}")
     try:
         summary = summarise_rollout(rows, job, pods, logs, events, settings, batch.follower.end_seen_wall,
-                                    batch.follower.observations())
+                                    batch.follower.observations(), batch.spelling)
     except DemoError as error:
         raise DemoError(f"{error}\n  {REWARDS_FILE} lists every episode with its class; "
                         f"{saved_evidence(job, pods, logs, events)}") from None
@@ -4674,6 +4674,7 @@ class BatchEvidence:
         self.kubectl = run.kubectl
         self.namespace = run.namespace
         self.settings = run.settings
+        self.spelling = run.spelling
         # How the events saved were read: "watch" (followed, as many as the API counted after
         # the end) or "list" (read in pages after the end).
         self.events_read = "list"
@@ -4820,13 +4821,15 @@ def failure_lines(failures: Sequence[dict], most: int = 10) -> list[str]:
 
 def summarise_rollout(rows: Sequence[dict], job: dict, pods: Sequence[dict], logs: dict[str, str],
                       events: Sequence[dict], settings: dict, end_seen_at: float | None = None,
-                      observed: dict | None = None) -> BatchSummary:
+                      observed: dict | None = None, spelling: Spelling = COMMAND_LINE) -> BatchSummary:
     """A rollout batch's summary: the figures of its successful episodes, with failures, attempts and
     groups; DemoError when more episodes failed than --allow-failures accepts, or all did. Pure."""
     failures = [row for row in rows if row["failure_class"]]
     allowed = settings.get("allow_failures") or 0
     if len(failures) > allowed or len(failures) == len(rows):
-        accepts = f"--allow-failures accepts {allowed}" if len(failures) > allowed else "none succeeded"
+        allowance = f"allow_failures={allowed} accepts no more" if spelling.python else \
+            f"--allow-failures accepts {allowed}"
+        accepts = allowance if len(failures) > allowed else "none succeeded"
         raise DemoError("\n  ".join([f"{len(failures)} of {len(rows)} episodes failed "
                                      f"({failures_said(failures)}); {accepts}"] + failure_lines(failures)))
     successes = {row["pod"] for row in rows if row["failure_class"] is None}
