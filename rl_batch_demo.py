@@ -51,7 +51,7 @@ import time
 import tokenize
 import urllib.parse
 from html import escape as html_escape
-from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence, TextIO
+from typing import Any, Callable, Generator, Iterable, Iterator, NamedTuple, Sequence, TextIO
 
 try:
     import resource
@@ -166,6 +166,16 @@ INDEX_IGNORED_FAILURE_COUNT_ANNOTATION = "batch.kubernetes.io/job-index-ignored-
 # backoffLimitPerIndex, maxFailedIndexes and the FailIndex action are GA (always on) from here.
 RETRIES_MIN_SERVER = (1, 33)
 FAILURE_CLASSES = ("infrastructure", "episode", "verifier")
+# An episode the Job stopped because --need was met: no failure, and no sample to learn from.
+CANCELLED = "cancelled"
+# The classes whose line a trainer may learn from: the agent's own outcome.
+VALID_CLASSES = (None, "episode")
+# successPolicy and its SuccessCriteriaMet condition are GA (always on) from here.
+NEED_MIN_SERVER = (1, 33)
+# The reason of a Job's SuccessCriteriaMet (then Complete) condition when its successPolicy was met.
+SUCCESS_POLICY_REASON = "SuccessPolicy"
+# The kubelet's reason on a pod that outlived its activeDeadlineSeconds (--episode-timeout).
+POD_DEADLINE_REASON = "DeadlineExceeded"
 # Exit codes that are no verdict of the episode program: the runtime could not run its command
 # (126, 127), or something outside killed it (137 SIGKILL: the OOM killer or the kubelet; 143
 # SIGTERM: a pod being stopped). The Job API cannot tell an OOM kill from another SIGKILL, so
@@ -358,9 +368,11 @@ class Task(NamedTuple):
 
 
 class RolloutPolicy(NamedTuple):
-    """How a rollout batch treats failures: retries per episode and failed episodes accepted."""
+    """How a rollout batch treats failures: retries per episode and failed episodes accepted; with
+    `need`, the Job ends as soon as that many episodes have succeeded (successPolicy)."""
     retries: int
     allow_failures: int
+    need: int | None = None
 
 
 # --------------------------------------------------------------------------
@@ -530,15 +542,19 @@ def episode_container(image: str, harden: bool, indexed: bool, tasks: dict | Non
     }
 
 
-def episode_pod_spec(image: str, runtime: str, harden: bool, indexed: bool, tasks: dict | None) -> dict:
-    """An episode's pod: in the sandbox runtime, never restarted, non-root, without a service account token."""
+def episode_pod_spec(image: str, runtime: str, harden: bool, indexed: bool, tasks: dict | None,
+                     episode_timeout: int | None = None) -> dict:
+    """An episode's pod: in the sandbox runtime, never restarted, non-root, without a service account token;
+    with `episode_timeout`, stopped by its kubelet that many seconds after the pod started."""
     volumes = [
         {"name": "demo", "configMap": {"name": CONFIGMAP_NAME}},
         {"name": "workspace", "emptyDir": {"sizeLimit": "64Mi"} if harden else {}},
     ]
     if tasks:
         volumes.append(tasks)
+    deadline = {} if episode_timeout is None else {"activeDeadlineSeconds": episode_timeout}
     return {
+        **deadline,
         "runtimeClassName": runtime,
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
@@ -557,13 +573,15 @@ def job_manifest(namespace: str, count: int, parallelism: int, image: str,
                  runtime: str, deadline_seconds: int = DEFAULT_JOB_DEADLINE_SECONDS,
                  name: str = JOB_NAME, harden: bool = False,
                  indexed: bool = False, tasks: dict | None = None,
-                 policy: RolloutPolicy | None = None) -> dict:
+                 policy: RolloutPolicy | None = None, episode_timeout: int | None = None) -> dict:
     """The Job whose pods are the episodes: backoffLimit 0, so one failed episode fails the batch.
 
     `tasks` (a volume from tasks_volume) gives each episode its task file, named by
     TASK_FILE; `policy` replaces backoffLimit 0 with retries per episode
     (backoffLimitPerIndex), a number of failed episodes the Job tolerates
-    (maxFailedIndexes) and the podFailurePolicy that tells whose failure it was.
+    (maxFailedIndexes) and the podFailurePolicy that tells whose failure it was; its
+    `need` ends the Job once that many episodes succeeded (successPolicy), the rest
+    stopped. `episode_timeout` is each pod's activeDeadlineSeconds.
     """
     indexed_mode = bool(indexed or tasks or policy)
     spec: dict[str, Any] = {
@@ -573,7 +591,7 @@ def job_manifest(namespace: str, count: int, parallelism: int, image: str,
         "activeDeadlineSeconds": deadline_seconds,
         "template": {
             "metadata": {"labels": {"app": APP_LABEL}},
-            "spec": episode_pod_spec(image, runtime, harden, indexed_mode, tasks),
+            "spec": episode_pod_spec(image, runtime, harden, indexed_mode, tasks, episode_timeout),
         },
     }
     if indexed_mode:
@@ -584,6 +602,8 @@ def job_manifest(namespace: str, count: int, parallelism: int, image: str,
         spec["backoffLimitPerIndex"] = policy.retries
         spec["maxFailedIndexes"] = policy.allow_failures
         spec["podFailurePolicy"] = pod_failure_policy()
+        if policy.need is not None:
+            spec["successPolicy"] = {"rules": [{"succeededCount": policy.need}]}
     return {"apiVersion": "batch/v1", "kind": "Job",
             "metadata": {"name": name, "namespace": namespace},
             "spec": spec}
@@ -1305,6 +1325,15 @@ def classify_attempt(pod: dict, log_text: str, job: dict, builtin: bool,
     return failure_class, why
 
 
+def job_cut_short(job: dict | None) -> bool:
+    """The Job's successPolicy (--need) was met: it stops every episode still running."""
+    for kind in ("SuccessCriteriaMet", "Complete"):
+        entry = condition(job or {}, kind)
+        if entry and entry.get("status") == "True" and entry.get("reason") == SUCCESS_POLICY_REASON:
+            return True
+    return False
+
+
 def classify_pod_state(pod: dict, log_text: str, job: dict, builtin: bool) -> tuple[str | None, str | None]:
     """classify_attempt from the pod's status and log alone."""
     status = pod.get("status") or {}
@@ -1324,6 +1353,16 @@ def classify_pod_state(pod: dict, log_text: str, job: dict, builtin: bool) -> tu
         return None, None
     state = container_status(pod).get("state") or {}
     started = "running" in state or bool((state.get("terminated") or {}).get("startedAt"))
+    if job_cut_short(job) and (pod["metadata"].get("deletionTimestamp") or phase != "Failed"):
+        # Stopped (or about to be) by the Job because enough episodes had succeeded.
+        return CANCELLED, "cancelled: --need was met while it ran" if started else \
+            "cancelled: --need was met before its container started"
+    if status.get("reason") == POD_DEADLINE_REASON:
+        limit = (pod.get("spec") or {}).get("activeDeadlineSeconds")
+        if started:
+            return "episode", f"ran out of time: still running {limit} s after its pod started (--episode-timeout)"
+        return "infrastructure", (f"container never started within --episode-timeout ({limit} s from its pod's "
+                                  f"start, image pull included)")
     end = job_end_reason(job)
     own_exit = (state.get("terminated") or {}).get("exitCode") not in (None, 0) + INFRASTRUCTURE_EXIT_CODES
     if pod["metadata"].get("deletionTimestamp") and end is not None and not own_exit:
@@ -1375,75 +1414,202 @@ def attempts_recorded(pod: dict) -> int:
     return total
 
 
-REWARD_ROW_FIELDS = ("index", "task_id", "group", "pod", "attempts", "reward", "failure_class", "failure",
-                     "node", "pod_to_ready_seconds", "batch_to_ready_seconds", "batch_to_reward_seconds",
-                     "episode_seconds", "evidence", "earlier_attempts")
+REWARD_ROW_FIELDS = ("index", "task_id", "group", "pod", "attempts", "reward", "failure_class", "valid",
+                     "failure", "node", "pod_to_ready_seconds", "batch_to_ready_seconds",
+                     "batch_to_reward_seconds", "episode_seconds", "evidence", "earlier_attempts")
+
+
+def reward_valid(failure_class: str | None) -> bool:
+    """Whether a trainer may learn from the line: the agent's own outcome (a success, or the episode's
+    own failure) is; a loss to the infrastructure, the verifier or a cancellation is masked."""
+    return failure_class in VALID_CLASSES
+
+
+def pods_by_index(pods: Iterable[dict], count: int) -> dict[int, list[dict]]:
+    """Each completion index's pods (its attempts), oldest first."""
+    by_index: dict[int, list[dict]] = {}
+    for pod in pods:
+        index = pod_index(pod)
+        if index is not None and 0 <= index < count:
+            by_index.setdefault(index, []).append(pod)
+    for attempts in by_index.values():
+        attempts.sort(key=lambda p: (parse_time(p["metadata"].get("creationTimestamp")) or 0.0,
+                                     attempts_recorded(p), pod_name(p)))
+    return by_index
 
 
 def episode_rows(count: int, job: dict, pods: Sequence[dict], logs: dict[str, str], builtin: bool,
                  task_ids: Sequence[Any] | None, group_size: int, events: Sequence[dict] = ()) -> list[dict]:
     """One row per episode (completion index), its final attempt's outcome; pure.
 
-    The final attempt is the pod that succeeded, else the newest one. Every index
-    has a row, an episode whose pod was never created included.
+    Every index has a row, an episode whose pod was never created included.
     """
-    job_created = parse_time(job["metadata"].get("creationTimestamp")) or 0.0
     warnings = pod_warnings(events)
-    by_index: dict[int, list[dict]] = {}
-    for pod in pods:
-        index = pod_index(pod)
-        if index is not None and 0 <= index < count:
-            by_index.setdefault(index, []).append(pod)
-    rows = []
-    for index in range(count):
-        attempts = sorted(by_index.get(index, []),
-                          key=lambda p: (parse_time(p["metadata"].get("creationTimestamp")) or 0.0,
-                                         attempts_recorded(p), pod_name(p)))
-        group = index // group_size
-        row: dict[str, Any] = {"index": index, "task_id": task_ids[group] if task_ids else None,
-                               "group": group}
-        if not attempts:
-            end = job_end_reason(job)
-            row.update({"pod": None, "attempts": 0, "reward": None, "failure_class": "infrastructure",
-                        "failure": f"never started: the Job ended ({end or 'unfinished'}) before it "
-                                   f"created this episode's pod", "evidence": "job.json"})
-            rows.append(row)
+    by_index = pods_by_index(pods, count)
+    return [episode_row(index, by_index.get(index, []), job, logs, builtin, task_ids, group_size, warnings)
+            for index in range(count)]
+
+
+def episode_row(index: int, attempts: Sequence[dict], job: dict, logs: dict[str, str], builtin: bool,
+                task_ids: Sequence[Any] | None, group_size: int,
+                warnings: dict[str, list[str]] | None = None) -> dict:
+    """The row of one episode from its attempts (oldest first); pure. The final attempt is the pod
+    that succeeded, else the newest one."""
+    job_created = parse_time(job["metadata"].get("creationTimestamp")) or 0.0
+    group = index // group_size
+    row: dict[str, Any] = {"index": index, "task_id": task_ids[group] if task_ids else None, "group": group}
+    if not attempts:
+        if job_cut_short(job):
+            row.update({"pod": None, "attempts": 0, "reward": None, "failure_class": CANCELLED, "valid": False,
+                        "failure": "cancelled: --need was met before this episode's pod was created",
+                        "evidence": "job.json"})
+            return row
+        end = job_end_reason(job)
+        row.update({"pod": None, "attempts": 0, "reward": None, "failure_class": "infrastructure",
+                    "valid": False, "failure": f"never started: the Job ended ({end or 'unfinished'}) before "
+                                               f"it created this episode's pod", "evidence": "job.json"})
+        return row
+    outcomes = [(pod, *classify_attempt(pod, logs.get(pod_name(pod), ""), job, builtin,
+                                        (warnings or {}).get(pod_name(pod), ()))) for pod in attempts]
+    final = next((o for o in outcomes if o[1] is None), outcomes[-1])
+    pod, failure_class, failure = final
+    name = pod_name(pod)
+    events = parse_events(logs.get(name, "").splitlines())
+    ready = next((e for e in events if e["event"] == "ready"), {})
+    reward = next((e for e in events if e["event"] == "reward"), {})
+    created = parse_time(pod["metadata"].get("creationTimestamp"))
+
+    def seconds(later: Any, earlier: float | None) -> float | None:
+        ok = isinstance(later, (int, float)) and not isinstance(later, bool) and earlier is not None
+        return rounded(later - earlier) if ok else None
+
+    row.update({
+        "pod": name,
+        "attempts": max(len(attempts), attempts_recorded(pod)),
+        "reward": reward.get("reward"),
+        "failure_class": failure_class,
+        "valid": reward_valid(failure_class),
+        "failure": failure,
+        "node": (pod.get("spec") or {}).get("nodeName"),
+        "pod_to_ready_seconds": seconds(ready.get("at"), created),
+        "batch_to_ready_seconds": seconds(ready.get("at"), job_created),
+        "batch_to_reward_seconds": seconds(reward.get("at"), job_created),
+        "episode_seconds": seconds(reward.get("at"), ready.get("at") if "at" in ready else None),
+        "evidence": f"{name}.log" if failure_class else None,
+        "earlier_attempts": [{"pod": pod_name(p), "failure_class": c, "failure": f}
+                             for p, c, f in outcomes if p is not pod],
+    })
+    for key, value in reward.items():
+        if key in ("event", "reward"):
             continue
-        outcomes = [(pod, *classify_attempt(pod, logs.get(pod_name(pod), ""), job, builtin,
-                                            warnings.get(pod_name(pod), ()))) for pod in attempts]
-        final = next((o for o in outcomes if o[1] is None), outcomes[-1])
-        pod, failure_class, failure = final
-        name = pod_name(pod)
-        events = parse_events(logs.get(name, "").splitlines())
-        ready = next((e for e in events if e["event"] == "ready"), {})
-        reward = next((e for e in events if e["event"] == "reward"), {})
-        created = parse_time(pod["metadata"].get("creationTimestamp"))
+        row[key if key not in REWARD_ROW_FIELDS else f"episode_{key}"] = value
+    return row
 
-        def seconds(later: Any, earlier: float | None) -> float | None:
-            ok = isinstance(later, (int, float)) and not isinstance(later, bool) and earlier is not None
-            return rounded(later - earlier) if ok else None
 
-        row.update({
-            "pod": name,
-            "attempts": max(len(attempts), attempts_recorded(pod)),
-            "reward": reward.get("reward"),
-            "failure_class": failure_class,
-            "failure": failure,
-            "node": (pod.get("spec") or {}).get("nodeName"),
-            "pod_to_ready_seconds": seconds(ready.get("at"), created),
-            "batch_to_ready_seconds": seconds(ready.get("at"), job_created),
-            "batch_to_reward_seconds": seconds(reward.get("at"), job_created),
-            "episode_seconds": seconds(reward.get("at"), ready.get("at") if "at" in ready else None),
-            "evidence": f"{name}.log" if failure_class else None,
-            "earlier_attempts": [{"pod": pod_name(p), "failure_class": c, "failure": f}
-                                 for p, c, f in outcomes if p is not pod],
-        })
-        for key, value in reward.items():
-            if key in ("event", "reward"):
-                continue
-            row[key if key not in REWARD_ROW_FIELDS else f"episode_{key}"] = value
-        rows.append(row)
-    return rows
+def failure_settled(job: dict | None, index: int) -> bool:
+    """The Job will not run this index again: it counts it among its failed indexes, or it has
+    ended (or is ending: FailureTarget, SuccessCriteriaMet)."""
+    status = (job or {}).get("status") or {}
+    if any(condition_true(job or {}, kind) for kind in ("Complete", "Failed", "FailureTarget", "SuccessCriteriaMet")):
+        return True
+    return index in index_list(status.get("failedIndexes") or "")
+
+
+def index_list(text: str) -> set[int]:
+    """A Job's index list ("1,3-5") as a set; a malformed piece is skipped."""
+    indexes: set[int] = set()
+    for piece in text.split(","):
+        first, _, last = piece.strip().partition("-")
+        try:
+            indexes.update(range(int(first), int(last or first) + 1))
+        except ValueError:
+            continue
+    return indexes
+
+
+def settled_attempt(attempts: Sequence[dict], job: dict | None, index: int, logs: dict[str, str],
+                    may_retry: bool) -> bool:
+    """Whether an episode's outcome is final, from what was seen so far; pure.
+
+    Its attempt that succeeded, else its newest, has ended and every attempt's log is read
+    (`logs`: those read after their container ended). A success is final at once; a failure
+    once the Job will not retry it: without retries at once, else when the Job says so
+    (failure_settled). A failed pod being deleted waits for the Job's word too: whether the
+    Job's end (or --need) stopped it, or something else did, decides its class.
+    """
+    if not attempts:
+        return False
+    final = next((p for p in attempts if (p.get("status") or {}).get("phase") == "Succeeded"), attempts[-1])
+    phase = (final.get("status") or {}).get("phase")
+    if phase not in ("Succeeded", "Failed") or any(pod_name(p) not in logs for p in attempts):
+        return False
+    if phase == "Succeeded":
+        return True
+    if may_retry or final["metadata"].get("deletionTimestamp"):
+        return failure_settled(job, index)
+    return True
+
+
+class Delivery(NamedTuple):
+    """One line of rewards.jsonl as it was written: when (the client's wall clock), and between which
+    moments its episode's container ended (None where nothing bounds it)."""
+    index: int
+    success: bool
+    written_at: float
+    ended_after: float | None  # its reward event, or the start of its container's finishedAt second
+    ended_before: float | None  # the end of that second, or the client's watch seeing it, the earlier
+    streamed: bool  # written while the batch ran, not from the evidence read after its end
+
+    def saved(self) -> list:
+        return list(self)
+
+
+def container_end_bounds(pod: dict | None, log_text: str, seen_terminated: float | None
+                         ) -> tuple[float | None, float | None]:
+    """Between which moments a pod's episode container ended: after its reward event (the episode's
+    last act) and within its finishedAt second, before the client's watch saw it terminated."""
+    if pod is None:
+        return None, None
+    terminated = container_terminated(pod) or {}
+    finished = parse_time(terminated.get("finishedAt"))
+    reward = next((e for e in parse_events(log_text.splitlines()) if e["event"] == "reward"), {})
+    after = [t for t in (worker_time(reward.get("at")), finished) if t is not None]
+    before = [t for t in (None if finished is None else finished + WHOLE_SECOND, seen_terminated) if t is not None]
+    return (max(after) if after else None), (min(before) if before else None)
+
+
+def delivery_figures(deliveries: Sequence[Delivery], origin: float | None, origin_slack: float | None,
+                     need: int | None) -> dict:
+    """When the rewards reached rewards.jsonl: the first (and with --need the K-th) success from the
+    Job's creation, and each line's lag from its container's end; pure."""
+    successes = sorted(d.written_at for d in deliveries if d.success)
+    lags = [d.written_at - d.ended_after for d in deliveries if d.ended_after is not None]
+    widths = [max(0.0, d.ended_before - d.ended_after) for d in deliveries
+              if d.ended_after is not None and d.ended_before is not None]
+
+    def since_origin(moment: float | None) -> float | None:
+        return None if moment is None or origin is None else rounded(moment - origin)
+
+    figures: dict[str, Any] = {
+        "first_reward_seconds": since_origin(successes[0] if successes else None),
+        "reward_delivery_lag_p50_seconds": rounded(percentile(lags, 0.50)) if lags else None,
+        "reward_delivery_lag_p99_seconds": rounded(percentile(lags, 0.99)) if lags else None,
+        "reward_delivery_lag_max_seconds": rounded(max(lags)) if lags else None,
+        "reward_delivery": {
+            "lines": len(deliveries), "streamed": sum(1 for d in deliveries if d.streamed),
+            "written_after_the_end": sum(1 for d in deliveries if not d.streamed),
+            "lag_samples": len(lags),
+            "lag_from": "the earliest moment the episode's container can have ended (its reward event, "
+                        "else its finishedAt second) to its line written to rewards.jsonl",
+            "lag_precision_seconds": rounded(max(widths)) if widths else None,
+            "times_from": "the Job's creation, as the start of the client's create call (up to "
+                          "origin_precision_seconds early)",
+            "origin_precision_seconds": rounded(origin_slack) if origin_slack is not None else None,
+        },
+    }
+    if need is not None:
+        figures["kth_reward_seconds"] = since_origin(successes[need - 1] if len(successes) >= need else None)
+    return figures
 
 
 def rewards_jsonl(rows: Iterable[dict]) -> str:
@@ -1451,10 +1617,16 @@ def rewards_jsonl(rows: Iterable[dict]) -> str:
     return "".join(json.dumps(row, sort_keys=False) + "\n" for row in rows)
 
 
+def is_failure(row: dict) -> bool:
+    """A failed episode: neither a success nor cancelled once --need was met."""
+    return row["failure_class"] not in (None, CANCELLED)
+
+
 def failure_counts(classes: Iterable[str | None]) -> dict[str, int]:
+    """Failures by class; successes and cancelled episodes are no failures."""
     counts = {kind: 0 for kind in FAILURE_CLASSES}
     for kind in classes:
-        if kind is not None:
+        if kind in counts:
             counts[kind] += 1
     return counts
 
@@ -1468,7 +1640,8 @@ def attempt_figures(rows: Sequence[dict]) -> dict:
         "attempts_total": sum(row["attempts"] for row in rows),
         "episodes_retried": sum(1 for row in rows if row["attempts"] > 1),
         "first_attempt": {"succeeded": first.count(None), "failed": failure_counts(first)},
-        "final": {"succeeded": final.count(None), "failed": failure_counts(final)},
+        "final": {"succeeded": final.count(None), "failed": failure_counts(final),
+                  "cancelled": final.count(CANCELLED)},
     }
 
 
@@ -1503,6 +1676,8 @@ def censored_pod_to_ready(rows: Sequence[dict], job: dict, pods: Sequence[dict])
     created = {pod_name(p): parse_time(p["metadata"].get("creationTimestamp")) for p in pods}
     values, censored = [], 0
     for row in rows:
+        if row["failure_class"] == CANCELLED:
+            continue  # stopped by the Job once --need was met: never late, just not needed
         if row.get("pod_to_ready_seconds") is not None:
             values.append(row["pod_to_ready_seconds"])
             continue
@@ -2348,6 +2523,8 @@ class BatchSummary:
     # Accepted failures, each with its points as far as it got, for the timeline to draw:
     # pod (None when it never existed), points, phases, index, failure_class, failure.
     failed: list[dict] = dataclasses.field(default_factory=list)
+    # A rollout's successful rewards as they reached rewards.jsonl (the client's wall clock), for ramp.svg.
+    deliveries: list[float] = dataclasses.field(default_factory=list)
 
 
 @contextlib.contextmanager
@@ -2676,6 +2853,7 @@ RAMP_COLOURS = {
     "ready": "#2a9d8f",
     "reward": "#4f86c6",
     "container_finished": "#1d1d1d",
+    "reward_delivered": "#d62828",
 }
 CDF_COLOURS = dict(PHASE_COLOURS, pod_to_ready="#d62828", pod_to_reward="#1d1d1d")
 
@@ -2762,6 +2940,12 @@ def ramp_svg(batches: Sequence[tuple[str, BatchSummary]], title: str, figures: d
         series.append((f"{point.replace('_', ' ')}{known}", RAMP_COLOURS[point],
                        [(x, float(n)) for x, n in thinned(moments)], point == "ready",
                        f"{point}: {plural(len(moments), 'episode')}"))
+    delivered = [moment - summary.job_created for _, summary in batches for moment in summary.deliveries]
+    if delivered:
+        # A rollout's successful rewards as they reached rewards.jsonl (the client's clock).
+        series.append(("reward in rewards.jsonl", RAMP_COLOURS["reward_delivered"],
+                       [(x, float(n)) for x, n in thinned(delivered)], True,
+                       f"rewards delivered: {len(delivered)} lines"))
     figures = figures if figures is not None else throughput(batches)
     failed = sum(len(summary.failed) for _, summary in batches)
     subtitle = (f"{plural(total, 'episode')}{f' ({failed} failed, not counted)' if failed else ''}; pods created "
@@ -3501,6 +3685,8 @@ class LogReader:
         self.early: dict[str, tuple[str, str]] = {}
         self.saved: dict[str, str] = {}  # pod name -> the log text saved as <pod>.log
         self._reads: dict[tuple[str, str], concurrent.futures.Future] = {}
+        # Told (from a reader's thread) the name of each pod whose log was read after its end.
+        self.on_read: Callable[[str], None] | None = None
 
     def schedule(self, ended: list[tuple[str, str]]) -> None:
         """Read the log of each ended container once; keyed by container, so a restarted one's is read again."""
@@ -3516,7 +3702,9 @@ class LogReader:
                 write_text(os.path.join(self.log_dir, f"{name}.log"), text)
                 self.saved[name] = text
         except DemoError:
-            pass  # read again (and saved) when the batch's evidence is collected
+            return  # read again (and saved) when the batch's evidence is collected
+        if self.on_read is not None:
+            self.on_read(name)
 
     def collect(self, pods: Sequence[dict], batch_dir: str, retry_until: float | None,
                 problems: list[str]) -> dict[str, str]:
@@ -3547,6 +3735,142 @@ class LogReader:
         return logs
 
 
+class RewardCallbackError(Exception):
+    """The caller's on_reward callback raised: the run stops as an interruption does, and the
+    callback's own exception (`original`) is raised to the caller."""
+
+    def __init__(self, original: BaseException) -> None:
+        super().__init__(f"on_reward raised {type(original).__name__}: {original}")
+        self.original = original
+
+
+class RewardStream:
+    """rewards.jsonl while the batch runs: each episode's line is appended (and flushed) the moment its
+    outcome is final, and never changed; at the end the file is rewritten whole, in index order, with
+    the very same lines and those of the episodes settled only by the evidence read after the end.
+
+    `judge` is told which pods changed (or whose log was read) and settles their episodes;
+    `on_reward`, if given, is called with each line's row as it is written, from the thread that
+    follows the batch (the one that called `run`).
+    """
+
+    def __init__(self, path: str, settings: dict, on_reward: Callable[[dict], None] | None = None,
+                 stop: threading.Event | None = None) -> None:
+        self.path = path
+        self.count = settings["count"]
+        self.builtin = settings["builtin"]
+        self.task_ids = settings.get("task_ids")
+        self.group_size = settings.get("group_size") or 1
+        self.may_retry = bool(settings.get("retries"))
+        self.on_reward = on_reward
+        self.rows: dict[int, dict] = {}
+        self.deliveries: list[Delivery] = []
+        self.pods_of: dict[int, set[str]] = {}
+        self.waiting: set[int] = set()  # an attempt of theirs ended: settled once the log or the Job says so
+        self._handle: TextIO | None = open(path, "w", encoding="utf-8")
+        # Set from another thread (stream_batch's reader gone): the run stops at its next turn.
+        self.stop = stop
+
+    def check_stop(self) -> None:
+        """Stop the run, as an on_reward callback raising would, once asked to from another thread."""
+        if self.stop is not None and self.stop.is_set():
+            raise RewardCallbackError(StreamClosed("stream_batch()'s reader stopped before the batch ended"))
+
+    def judge(self, state: BatchState, early: dict[str, tuple[str, str]], names: Iterable[str] | None) -> None:
+        """Settle the episodes of these pods (None: every episode waiting on the Job's word)."""
+        if names is None:
+            indexes = set(self.waiting)
+        else:
+            indexes = set()
+            for name in names:
+                pod = state.pods.get(name)
+                index = None if pod is None else pod_index(pod)
+                if index is not None and 0 <= index < self.count and index not in self.rows:
+                    self.pods_of.setdefault(index, set()).add(name)
+                    indexes.add(index)
+        for index in sorted(indexes):
+            self._settle(index, state, early)
+
+    def _settle(self, index: int, state: BatchState, early: dict[str, tuple[str, str]]) -> None:
+        attempts = pods_by_index((state.pods[name] for name in self.pods_of.get(index, ())), self.count).get(index, [])
+        logs = ended_logs(attempts, early)
+        if not settled_attempt(attempts, state.job, index, logs, self.may_retry):
+            if any(pod_terminal(p) for p in attempts):
+                self.waiting.add(index)
+            return
+        warnings = pod_warnings(state.events.events()) if any(
+            (p.get("status") or {}).get("phase") == "Failed" for p in attempts) else {}
+        row = episode_row(index, attempts, state.job or {"metadata": {}}, logs, self.builtin, self.task_ids,
+                          self.group_size, warnings)
+        final = next((p for p in attempts if pod_name(p) == row["pod"]), None)
+        seen = ((state.observed.get(row["pod"] or "") or {}).get("seen") or {}).get("terminated")
+        self.deliver(row, final, logs.get(row["pod"] or "", ""), seen, streamed=True)
+
+    def deliver(self, row: dict, pod: dict | None, log_text: str, seen_terminated: float | None,
+                streamed: bool) -> None:
+        """Append one episode's line, once; then hand it to on_reward."""
+        index = row["index"]
+        if index in self.rows or self._handle is None:
+            return
+        self._handle.write(json.dumps(row) + "\n")
+        self._handle.flush()
+        written = time.time()
+        self.rows[index] = row
+        self.waiting.discard(index)
+        after, before = container_end_bounds(pod, log_text, seen_terminated)
+        self.deliveries.append(Delivery(index, row["failure_class"] is None, written, after, before, streamed))
+        if self.on_reward is not None:
+            try:
+                self.on_reward(dict(row))
+            except Exception as error:
+                # Told once: the lines saved while the run stops are not handed to it again.
+                self.on_reward = None
+                raise RewardCallbackError(error) from error
+
+    def finish(self, rows: Sequence[dict], pods: Sequence[dict], logs: dict[str, str],
+               observed: dict[str, dict]) -> list[dict]:
+        """The batch's rows: each line already written as it was, the rest (from the evidence read
+        after the end) appended; then the file rewritten atomically in index order."""
+        by_name = {pod_name(pod): pod for pod in pods}
+        for row in rows:
+            name = row.get("pod") or ""
+            seen = ((observed.get(name) or {}).get("seen") or {}).get("terminated")
+            self.deliver(row, by_name.get(name), logs.get(name, ""), seen, streamed=False)
+        self.close()
+        final = [self.rows[index] for index in sorted(self.rows)]
+        write_text(self.path, rewards_jsonl(final))
+        return final
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
+
+
+def ended_logs(attempts: Sequence[dict], early: dict[str, tuple[str, str]]) -> dict[str, str]:
+    """The logs of these pods read after their container ended; an ended pod whose container never
+    ran has none to read (empty)."""
+    logs = {}
+    for pod in attempts:
+        name = pod_name(pod)
+        terminated = container_terminated(pod)
+        read = early.get(name)
+        if terminated is not None and read and read[0] == terminated.get("containerID", ""):
+            logs[name] = read[1]
+        elif terminated is None and pod_terminal(pod):
+            logs[name] = ""
+    return logs
+
+
+def pod_terminal(pod: dict) -> bool:
+    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+
+
+class LogRead(NamedTuple):
+    """A pod's log was read after its container ended: its episode may be settled now."""
+    pod: str
+
+
 class WatchEvent(NamedTuple):
     """What a watch printed: of the Job, the pods or the events (`kind`), and when it arrived."""
     kind: str
@@ -3569,7 +3893,7 @@ class WatchStream:
         self.kubectl = kubectl
         self.namespace = namespace
         self.job_name = job_name
-        self.queue: queue.Queue[WatchEvent | WatchEnded] = queue.Queue()
+        self.queue: queue.Queue[WatchEvent | WatchEnded | LogRead] = queue.Queue()
         self.processes: dict[str, subprocess.Popen] = {}
         self.failures = {"job": 0, "pods": 0, "events": 0}
 
@@ -3702,7 +4026,8 @@ class BatchFollower:
 
     def __init__(self, kubectl: Kubectl, namespace: str, job_name: str, count: int,
                  progress: Progress, pool: concurrent.futures.ThreadPoolExecutor,
-                 proxy: ApiProxy | None = None, log_dir: str | None = None) -> None:
+                 proxy: ApiProxy | None = None, log_dir: str | None = None,
+                 rewards: RewardStream | None = None) -> None:
         self.kubectl = kubectl
         self.job_name = job_name
         self.count = count
@@ -3711,6 +4036,10 @@ class BatchFollower:
         self.watches = WatchStream(kubectl, namespace, job_name)
         self.poller = PollFallback(kubectl, namespace, job_name)
         self.log_reader = LogReader(kubectl, namespace, pool, proxy, log_dir)
+        # A rollout's rewards.jsonl, each line written as its episode settles (a log read wakes the loop).
+        self.rewards = rewards
+        if rewards is not None:
+            self.log_reader.on_read = lambda name: self.watches.queue.put(LogRead(name))
         self.cost = WaitCost()
         # The namespace's events are followed while waiting so that little is left to read at the
         # end; not watched (then listed at the end) when the watch is refused or broke for good.
@@ -3746,6 +4075,8 @@ class BatchFollower:
                 if kind not in self.watches:
                     self.watches.start(kind, client_deadline)
             while self.end is None and time.monotonic() < client_deadline:
+                if self.rewards is not None:
+                    self.rewards.check_stop()
                 if self.poller.due(time.monotonic()):
                     self._poll(client_deadline)
                     if self.end is not None:
@@ -3780,10 +4111,13 @@ class BatchFollower:
         self.cost.took(self.watches.queue.qsize())
         self.take(item, client_deadline)
 
-    def take(self, item: WatchEvent | WatchEnded, client_deadline: float) -> None:
-        """One queue item: a watch event, or the end of a watch."""
+    def take(self, item: WatchEvent | WatchEnded | LogRead, client_deadline: float) -> None:
+        """One queue item: a watch event, the end of a watch, or a log read."""
         if isinstance(item, WatchEnded):
             self._watch_ended(item.kind, item.refusal, client_deadline)
+            return
+        if isinstance(item, LogRead):
+            self.judge([item.pod])
             return
         kind, event, arrived = item
         self.watches.failures[kind] = 0
@@ -3794,6 +4128,13 @@ class BatchFollower:
             self._on_job(obj, arrived)
         else:
             self.log_reader.schedule(self.state.apply(kind, event.get("type") or "ADDED", obj, arrived))
+            if kind == "pods":
+                self.judge([(obj.get("metadata") or {}).get("name", "")])
+
+    def judge(self, names: Iterable[str] | None) -> None:
+        """Write the rewards.jsonl line of each episode these pods settle (None: those waiting on the Job)."""
+        if self.rewards is not None:
+            self.rewards.judge(self.state, self.log_reader.early, names)
 
     def _watch_ended(self, kind: str, refusal: str | None, client_deadline: float) -> None:
         """A watch ended: restarted, or after repeated breaks the follower polls instead (the
@@ -3832,9 +4173,11 @@ class BatchFollower:
         if self.state.on_job(job, time.time() if arrived is None else arrived):
             self.end_seen_monotonic = time.monotonic()
             self.end_seen_wall = time.time()
+        self.judge(None)
 
     def _on_pod(self, pod: dict, deleted: bool = False, arrived: float | None = None) -> None:
         self.log_reader.schedule(self.state.on_pod(pod, deleted, time.time() if arrived is None else arrived))
+        self.judge([pod_name(pod)])
 
     def _show(self, submitted_monotonic: float) -> None:
         self.progress.update(status_line(self.job_name, self.count, self.job,
@@ -4146,7 +4489,11 @@ def batch_names(rounds: int, warmup: bool) -> list[tuple[str, bool]]:
 
 
 def rollout_policy(settings: dict) -> RolloutPolicy | None:
-    """Retries and accepted failures, when either was asked for; else the guide's backoffLimit 0."""
+    """Retries and accepted failures, when either was asked for, or --need (which accepts the
+    failures it over-provisions for: count - need); else the guide's backoffLimit 0."""
+    need = settings.get("need")
+    if need is not None:
+        return RolloutPolicy(settings.get("retries") or 0, settings["count"] - need, need)
     if settings.get("retries") is None and settings.get("allow_failures") is None:
         return None
     return RolloutPolicy(settings.get("retries") or 0, settings.get("allow_failures") or 0)
@@ -4159,7 +4506,7 @@ def batch_job(namespace: str, settings: dict, name: str, task_maps: Sequence[dic
         settings["runtime"], settings["timeout"], name=name, harden=settings["harden"],
         indexed=not settings["builtin"],
         tasks=tasks_volume(task_maps, settings.get("group_size") or 1) if task_maps else None,
-        policy=rollout_policy(settings))
+        policy=rollout_policy(settings), episode_timeout=settings.get("episode_timeout"))
 
 
 class RunPlan(NamedTuple):
@@ -4338,6 +4685,8 @@ class RunContext:
     touched_cluster: bool = False
     silent: bool = False  # a quiet Python caller: its stdout and stderr carry only warnings and errors
     spelling: Spelling = COMMAND_LINE  # how its errors name the settings: flags, or run_batch()'s keywords
+    on_reward: Callable[[dict], None] | None = None  # run_batch's caller, told each rewards.jsonl line
+    stop: threading.Event | None = None  # set by stream_batch once its reader has gone
 
     @property
     def namespace(self) -> str:
@@ -4349,7 +4698,7 @@ def execute(run: RunContext) -> Results:
     save_run_records(run)
     check_runtime_class(run)
     if rollout_policy(run.settings):
-        check_server_version(run)
+        check_server_version(run)  # --need among them
     check_capacity(run)
     create_namespace(run)
     for manifest in run.plan.setup:
@@ -4383,10 +4732,11 @@ def check_runtime_class(run: RunContext) -> None:
 
 
 def check_server_version(run: RunContext) -> None:
-    """Retries and accepted failures need the Job API of Kubernetes >= 1.33; an older server
+    """Retries, accepted failures and --need need the Job API of Kubernetes >= 1.33; an older server
     would drop or reject the fields, so say so before anything is created."""
     context, name = run.kubectl.context, run.spelling.name
-    needs = f"{name('retries')} and {name('allow_failures')} need"
+    needs = f"{name('need')} needs" if run.settings.get("need") is not None else \
+        f"{name('retries')} and {name('allow_failures')} need"
     try:
         version = json.loads(run.kubectl.run(["get", "--raw", "/version"],
                                              retry_until=time.monotonic() + FIRST_CONTACT_RETRY_SECONDS))
@@ -4394,6 +4744,10 @@ def check_server_version(run: RunContext) -> None:
     except (KubectlError, ValueError, KeyError, TypeError) as error:
         raise DemoError(f"cannot tell the Kubernetes version of context {context!r} ({error}); "
                         f"{needs} >= 1.33; nothing was created") from None
+    if run.settings.get("need") is not None and found < NEED_MIN_SERVER:
+        raise DemoError(f"{needs} Kubernetes >= 1.33 (the Job's successPolicy, with backoffLimitPerIndex "
+                        f"and maxFailedIndexes); context {context!r} serves {found[0]}.{found[1]}; "
+                        f"nothing was created")
     if found < RETRIES_MIN_SERVER:
         raise DemoError(f"{needs} Kubernetes >= 1.33 (backoffLimitPerIndex, "
                         f"maxFailedIndexes and podFailurePolicy FailIndex); context {context!r} "
@@ -4469,8 +4823,10 @@ def run_one_batch(run: RunContext, entry: dict) -> BatchOutcome:
     submitted_wall = time.time()
     submitted = time.monotonic()
     client_deadline = submitted + run.settings["timeout"] + CLIENT_GRACE_SECONDS
+    rewards = RewardStream(os.path.join(batch_dir, REWARDS_FILE), run.settings, run.on_reward, run.stop) \
+        if run.settings.get("rollout") else None
     follower = BatchFollower(run.kubectl, run.namespace, job_name, run.settings["count"],
-                             run.progress, run.pool, run.proxy, batch_dir)
+                             run.progress, run.pool, run.proxy, batch_dir, rewards)
     run.batch = batch = BatchEvidence(run, follower, batch_dir)
     # First, so that it is listening by the time the Job's first pods are created.
     follower.watch_pods_first(client_deadline)
@@ -4496,7 +4852,13 @@ def run_one_batch(run: RunContext, entry: dict) -> BatchOutcome:
         "continue_expiries": reading.continue_expiries, "read_again": reading.reread}
     client["events_read"] = batch.events_read
     summarise = rollout_summary if run.settings.get("rollout") else verified_summary
-    summary = summarise(batch, end, evidence)
+    try:
+        summary = summarise(batch, end, evidence)
+    finally:
+        if rewards is not None:
+            rewards.close()
+            client["reward_deliveries"] = [d.saved() for d in rewards.deliveries]
+            write_json(os.path.join(batch_dir, "client.json"), client)
     client["post_completion_seconds"] = rounded(time.monotonic() - follower.end_seen_monotonic)
     write_json(os.path.join(batch_dir, "client.json"), client)
     return BatchOutcome(entry, summary, client)
@@ -4547,8 +4909,12 @@ def rollout_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) -
     group_size = settings.get("group_size") or 1
     rows = episode_rows(count, job or {"metadata": {}}, pods, logs, settings["builtin"],
                         settings.get("task_ids"), group_size, events)
-    write_text(os.path.join(batch.batch_dir, REWARDS_FILE), rewards_jsonl(rows))
-    failures = [row for row in rows if row["failure_class"]]
+    follower = batch.follower
+    if follower.rewards is not None:
+        rows = follower.rewards.finish(rows, pods, logs, follower.state.observed)
+    else:
+        write_text(os.path.join(batch.batch_dir, REWARDS_FILE), rewards_jsonl(rows))
+    failures = [row for row in rows if is_failure(row)]
     said = failures_said(failures)
     if end is None or job is None:
         raise DemoError("\n  ".join(
@@ -4564,11 +4930,29 @@ def rollout_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) -
     except DemoError as error:
         raise DemoError(f"{error}\n  {REWARDS_FILE} lists every episode with its class; "
                         f"{saved_evidence(job, pods, logs, events)}") from None
+    if follower.rewards is not None:
+        summary.figures.update(batch_delivery_figures(follower.rewards.deliveries, follower.job_observed,
+                                                      settings.get("need")))
+        summary.deliveries = [d.written_at for d in follower.rewards.deliveries if d.success]
+    cancelled = summary.figures.get("cancelled_episodes") or 0
+    if settings.get("need") is not None:
+        print(f"--need {settings['need']} met: {count - cancelled - len(failures)} of {count} episodes "
+              f"succeeded, {cancelled} cancelled, {len(failures)} failed" + (f" ({said})" if failures else ""),
+              file=sys.stderr)
     if failures:
-        print("\n  ".join([f"Accepted a partial batch: {len(failures)} of {count} episodes failed "
+        accepted = "Failures within --need" if settings.get("need") is not None else "Accepted a partial batch"
+        print("\n  ".join([f"{accepted}: {len(failures)} of {count} episodes failed "
                            f"({said}); every episode is in {REWARDS_FILE}"] + failure_lines(failures)),
               file=sys.stderr)
     return summary
+
+
+def batch_delivery_figures(deliveries: Sequence[Delivery], job_observed: dict[str, float],
+                           need: int | None) -> dict:
+    """delivery_figures from the moments the client's create call started and returned."""
+    submitted, returned = job_observed.get("submitted"), job_observed.get("create_returned")
+    slack = returned - submitted if submitted is not None and returned is not None else None
+    return delivery_figures(deliveries, submitted, slack, need)
 
 
 @cycle_collector_paused()
@@ -4639,6 +5023,8 @@ def close(run: RunContext) -> None:
     """Stop what the run started: watches, the proxy, idle log readers."""
     if run.batch is not None:
         run.batch.follower.stop_watches()
+        if run.batch.follower.rewards is not None:
+            run.batch.follower.rewards.close()
     if run.proxy is not None:
         run.proxy.close()
     run.pool.shutdown(wait=False)
@@ -4824,33 +5210,41 @@ def summarise_rollout(rows: Sequence[dict], job: dict, pods: Sequence[dict], log
                       observed: dict | None = None, spelling: Spelling = COMMAND_LINE) -> BatchSummary:
     """A rollout batch's summary: the figures of its successful episodes, with failures, attempts and
     groups; DemoError when more episodes failed than --allow-failures accepts, or all did. Pure."""
-    failures = [row for row in rows if row["failure_class"]]
-    allowed = settings.get("allow_failures") or 0
-    if len(failures) > allowed or len(failures) == len(rows):
+    failures = [row for row in rows if is_failure(row)]
+    need = settings.get("need")
+    allowed = len(rows) - need if need is not None else settings.get("allow_failures") or 0
+    successes = {row["pod"] for row in rows if row["failure_class"] is None}
+    if need is not None and len(successes) < need:
+        raise DemoError("\n  ".join([f"{len(successes)} of {len(rows)} episodes succeeded, fewer than "
+                                     f"{spelling.setting('need', need)} ({len(failures)} failed: "
+                                     f"{failures_said(failures) or 'none'})"] + failure_lines(failures)))
+    if len(failures) > allowed or not successes:
         allowance = f"allow_failures={allowed} accepts no more" if spelling.python else \
             f"--allow-failures accepts {allowed}"
         accepts = allowance if len(failures) > allowed else "none succeeded"
         raise DemoError("\n  ".join([f"{len(failures)} of {len(rows)} episodes failed "
                                      f"({failures_said(failures)}); {accepts}"] + failure_lines(failures)))
-    successes = {row["pod"] for row in rows if row["failure_class"] is None}
     by_name = {pod_name(pod): pod for pod in pods}
     summary = summarise_batch(job, [pod for pod in pods if pod_name(pod) in successes], logs, events,
                               len(successes), settings["builtin"], end_seen_at, observed,
                               [(by_name.get(row["pod"]), row) for row in failures])
     summary.figures.update(rollout_figures(rows, job, pods, settings.get("group_size") or 1, allowed,
-                                           settings.get("retries") or 0))
+                                           settings.get("retries") or 0, need))
     return summary
 
 
 ROLLOUT_FIELDS = ("failed_episodes", "failures_by_class", "failures", "accepted_partial", "allow_failures",
                   "retries", "attempts", "group_size", "groups", "groups_complete", "group_all_rewards_seconds",
-                  "group_spread_seconds", "pod_to_ready_censored", "job_end")
+                  "group_spread_seconds", "pod_to_ready_censored", "job_end", "need", "cancelled_episodes",
+                  "first_reward_seconds", "kth_reward_seconds", "reward_delivery_lag_p50_seconds",
+                  "reward_delivery_lag_p99_seconds", "reward_delivery_lag_max_seconds", "reward_delivery")
 
 
 def rollout_figures(rows: Sequence[dict], job: dict, pods: Sequence[dict], group_size: int,
-                    allowed: int, retries: int) -> dict:
-    """What a rollout batch adds to its summary: failures by class, attempts, groups."""
-    failures = [row for row in rows if row["failure_class"]]
+                    allowed: int, retries: int, need: int | None = None) -> dict:
+    """What a rollout batch adds to its summary: failures by class, attempts, groups; with --need,
+    the episodes it cancelled (no failures: a run that got its K successes exits 0)."""
+    failures = [row for row in rows if is_failure(row)]
     groups = group_figures(rows, group_size)
     complete = [g for g in groups if g["complete"]]
     figures: dict[str, Any] = {
@@ -4859,8 +5253,9 @@ def rollout_figures(rows: Sequence[dict], job: dict, pods: Sequence[dict], group
         "failures_by_class": failure_counts(row["failure_class"] for row in failures),
         "failures": [{key: row[key] for key in ("index", "task_id", "pod", "attempts", "failure_class",
                                                 "failure", "evidence")} for row in failures],
-        "accepted_partial": bool(failures),
+        "accepted_partial": bool(failures) and need is None,
         "allow_failures": allowed,
+        "cancelled_episodes": sum(1 for row in rows if row["failure_class"] == CANCELLED),
         "retries": retries,
         "attempts": attempt_figures(rows),
         "group_size": group_size,
@@ -4869,8 +5264,11 @@ def rollout_figures(rows: Sequence[dict], job: dict, pods: Sequence[dict], group
         "group_all_rewards_seconds": describe([g["all_rewards_seconds"] for g in complete],
                                               missing=len(groups) - len(complete)),
         "group_spread_seconds": describe([g["spread_seconds"] for g in groups if g["spread_seconds"] is not None]),
-        "job_end": {"condition": job_finished(job), "reason": job_end_reason(job)},
+        "job_end": {"condition": job_finished(job), "reason": job_end_reason(job) or (
+            SUCCESS_POLICY_REASON if job_cut_short(job) else None)},
     }
+    if need is not None:
+        figures["need"] = need
     if failures:
         censored = censored_pod_to_ready(rows, job, pods)
         figures.update({"pod_to_ready_p50_seconds": censored["p50"], "pod_to_ready_p95_seconds": censored["p95"],
@@ -5101,6 +5499,10 @@ def perform_run(args: argparse.Namespace) -> tuple[int, Results | None]:
         except KeyboardInterrupt:
             interrupted(run, cleanup_hint)
             return EXIT_INTERRUPTED, None
+        except RewardCallbackError as error:
+            # The caller's own code stopped the run: saved as after Ctrl-C, its exception raised as it was.
+            interrupted(run, cleanup_hint, f"{error}; the run stopped.")
+            raise error.original from None
         except DemoError as error:
             failure = error
         finally:
@@ -5135,6 +5537,10 @@ def run_settings(args: argparse.Namespace, worker_source: str, builtin: bool, ta
                          "group_size": args.group_size, "retries": args.retries,
                          "allow_failures": args.allow_failures,
                          "task_ids": [task.task_id for task in tasks] if tasks else None})
+    if getattr(args, "need", None) is not None:
+        settings["need"] = args.need
+    if getattr(args, "episode_timeout", None) is not None:
+        settings["episode_timeout"] = args.episode_timeout
     return settings
 
 
@@ -5159,7 +5565,8 @@ def start_run(args: argparse.Namespace, settings: dict, worker_source: str, task
     return RunContext(settings, plan_run(namespace, run_id, settings, worker_source, tasks),
                       Receipt.start(output, kubectl.context, namespace, run_id, kubeconfig_path()), kubectl, output,
                       Progress(args.quiet), concurrent.futures.ThreadPoolExecutor(LOG_READERS), cpu_seconds(),
-                      silent=args.quiet and not getattr(args, "print_results", True), spelling=spelling)
+                      silent=args.quiet and not getattr(args, "print_results", True), spelling=spelling,
+                      on_reward=getattr(args, "on_reward", None), stop=getattr(args, "stop", None))
 
 
 @contextlib.contextmanager
@@ -5179,8 +5586,9 @@ def raise_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
-def interrupted(run: RunContext, cleanup_hint: str) -> None:
-    """After Ctrl-C or SIGTERM: salvage what is quick to save and say how to clean up."""
+def interrupted(run: RunContext, cleanup_hint: str, why: str = "Interrupted.") -> None:
+    """After Ctrl-C or SIGTERM (or an on_reward callback that raised): salvage what is quick to save
+    and say how to clean up."""
     run.progress.finish()
     try:
         salvage(run)
@@ -5189,7 +5597,7 @@ def interrupted(run: RunContext, cleanup_hint: str) -> None:
     # Ctrl-C can read as "stop the batch": only this client stopped.
     running = (" This stopped the client, not the Job: it runs on in the cluster, its namespace with it, until "
                "you clean up.") if run.receipt.fields.get("jobs") else ""
-    print(f"Interrupted. Evidence saved in {run.output}; receipt.json names namespace "
+    print(f"{why} Evidence saved in {run.output}; receipt.json names namespace "
           f"{run.namespace}.{running}\nClean up with: {cleanup_hint}", file=sys.stderr)
 
 
@@ -5389,6 +5797,11 @@ def load_saved_batch(directory: str, entry: dict, settings: dict) -> BatchOutcom
         rows = episode_rows(settings["count"], job, pods, logs, settings.get("builtin", True),
                             settings.get("task_ids"), settings.get("group_size") or 1, events)
         summary = summarise_rollout(rows, job, pods, logs, events, settings, client.get("observed_at"), observed)
+        if client.get("reward_deliveries") is not None:
+            deliveries = [Delivery(*saved) for saved in client["reward_deliveries"]]
+            summary.figures.update(batch_delivery_figures(deliveries, split_observed(observed)[1],
+                                                          settings.get("need")))
+            summary.deliveries = [d.written_at for d in deliveries if d.success]
     else:
         summary = summarise_batch(job, pods, logs, events, settings["count"], settings.get("builtin", True),
                                   client.get("observed_at"), observed)
@@ -5538,6 +5951,17 @@ def add_episode_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allow-failures", type=non_negative_int, default=None, metavar="K",
                         help=f"accept up to K failed episodes: results.json and rewards.jsonl list them "
                              f"with their class, and the run exits {EXIT_PARTIAL}. Needs Kubernetes >= 1.33")
+    parser.add_argument("--need", type=positive_int, default=None, metavar="K",
+                        help="over-provision: end the batch as soon as K of its --count episodes have "
+                             "succeeded (the Job's successPolicy); Kubernetes stops the rest, recorded as "
+                             "failure_class 'cancelled', and up to count - K failures are absorbed. "
+                             "1 <= K < count; not with --group-size or --allow-failures. Needs "
+                             "Kubernetes >= 1.33")
+    parser.add_argument("--episode-timeout", type=positive_int, default=None, metavar="S",
+                        help="stop each episode S seconds after its pod started (the pod's "
+                             "activeDeadlineSeconds: counted from the pod's start on its node, image pull "
+                             "and sandbox start included); an episode past it is an 'episode' failure and "
+                             "is never retried (so not with --retries)")
 
 
 def add_cleanup_arguments(parser: argparse.ArgumentParser) -> None:
@@ -5635,13 +6059,38 @@ def check_rollout_arguments(args: argparse.Namespace, spelling: Spelling = COMMA
     elif args.group_size != 1:
         raise UsageError(f"{name('group_size')} needs {name('tasks')} ({args.group_size} episodes per task)")
     # A trainer calling in always gets its rewards, one row per episode.
-    args.rollout = bool(tasks) or args.retries is not None or args.allow_failures is not None or spelling.python
+    args.rollout = bool(tasks) or args.retries is not None or args.allow_failures is not None \
+        or args.need is not None or spelling.python
     if args.rollout and (args.rounds != 1 or args.warmup):
-        runs = "run_batch() runs" if spelling.python else "--tasks, --retries and --allow-failures run"
+        runs = "run_batch() runs" if spelling.python else "--tasks, --retries, --allow-failures and --need run"
         raise UsageError(f"{runs} one batch: leave out {name('rounds')} and {name('warmup')}")
+    check_need_arguments(args, spelling)
+    if args.episode_timeout is not None and args.retries:
+        # The kubelet stops a pod past its activeDeadlineSeconds with no exit code of the episode's
+        # own and no pod condition a podFailurePolicy rule can match: the Job would retry it.
+        raise UsageError(f"{name('episode_timeout')} cannot hold with {name('retries')}: the Job API would "
+                         f"retry an episode stopped at its deadline (its pod fails with reason "
+                         f"DeadlineExceeded, which no podFailurePolicy rule can match)")
     if args.allow_failures is not None and args.allow_failures > (args.count or DEFAULT_COUNT):
         raise UsageError(f"{say('allow_failures', args.allow_failures)} is more than the "
                          f"{args.count or DEFAULT_COUNT} episodes")
+
+
+def check_need_arguments(args: argparse.Namespace, spelling: Spelling = COMMAND_LINE) -> None:
+    """--need K: 1 <= K < count, and none of the options whose promise the first K of N would break."""
+    if args.need is None:
+        return
+    name, say = spelling.name, spelling.setting
+    count = args.count or DEFAULT_COUNT
+    if args.need >= count:
+        raise UsageError(f"{say('need', args.need)} must be fewer than the {count} episodes (it "
+                         f"over-provisions: run count > K episodes and keep the first K rewards)")
+    if args.group_size != 1:
+        raise UsageError(f"{name('need')} cannot hold with {name('group_size')}: the Job stops whichever "
+                         f"episodes are still running once K succeeded, so groups would be cut short at random")
+    if args.allow_failures is not None:
+        raise UsageError(f"{name('need')} already accepts count - K = {count - args.need} failed episodes: "
+                         f"leave out {name('allow_failures')}")
 
 
 def check_run_directory(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -5796,7 +6245,8 @@ RUN_KEYWORDS = run_keywords()
 
 @takes_run_keywords
 def run_batch(tasks: Sequence[dict] | str | os.PathLike | None = None, *, output: str | os.PathLike,
-              options: Sequence[str] = (), **keywords: Any) -> dict:
+              options: Sequence[str] = (), on_reward: Callable[[dict], Any] | None = None,
+              **keywords: Any) -> dict:
     """Run one batch in-process and return its results, with `rewards` (one row per episode).
 
     `tasks` are JSON objects (their `id` field, else their position from 1, is the
@@ -5812,10 +6262,24 @@ def run_batch(tasks: Sequence[dict] | str | os.PathLike | None = None, *, output
     DemoError, the evidence kept in `output`; an interrupted run (Ctrl-C, SIGTERM)
     saves what it can and raises KeyboardInterrupt, the namespace kept for `cleanup`.
     `dry_run=True` returns the objects a run would create, as a v1 List.
+
+    `on_reward(line)` is called with each rewards.jsonl line (a dict) the moment it is
+    written, while the batch runs, from the thread that follows the batch (run_batch's
+    caller's own thread; stream_batch's thread of its own). Should it raise, the run stops
+    as on Ctrl-C (evidence saved, the namespace named on stderr and kept for `cleanup`)
+    and its exception is raised from run_batch as it was.
     """
+    if on_reward is not None and not callable(on_reward):
+        raise KeywordTypeError(f"on_reward= must be callable, got {type(on_reward).__name__} {on_reward!r}")
     args = batch_arguments("run_batch", tasks, output, options, keywords)
     if args.dry_run:
         return dry_run_listing(args)
+    args.on_reward = on_reward
+    return batch_run(args)
+
+
+def batch_run(args: argparse.Namespace) -> dict:
+    """run_batch()'s run of its checked arguments: the results with `rewards`."""
     status, results = perform_run(args)
     if status not in (0, EXIT_PARTIAL) or results is None:
         # The run saved what it could and said how to clean up; the caller decides what an interrupt means.
@@ -5824,6 +6288,62 @@ def run_batch(tasks: Sequence[dict] | str | os.PathLike | None = None, *, output
     rewards_path = os.path.join(args.output, REWARDS_FILE)
     saved["rewards"] = [json.loads(line) for line in read_text(rewards_path).splitlines() if line.strip()]
     return saved
+
+
+def batch_results(output: str | os.PathLike) -> dict:
+    """What run_batch() returns, read back from a finished run's directory: results.json with
+    `rewards`, the rows of rewards.jsonl (for a plain `for` loop over stream_batch())."""
+    results = read_json(os.path.join(os.fspath(output), RESULTS_FILE), RESULTS_FILE)
+    rewards = read_text(os.path.join(os.fspath(output), REWARDS_FILE))
+    results["rewards"] = [json.loads(line) for line in rewards.splitlines() if line.strip()]
+    return results
+
+
+class StreamClosed(Exception):
+    """stream_batch()'s reader stopped before the batch ended."""
+
+
+@takes_run_keywords
+def stream_batch(tasks: Sequence[dict] | str | os.PathLike | None = None, *, output: str | os.PathLike,
+                 options: Sequence[str] = (), **keywords: Any) -> Generator[dict, None, dict]:
+    """Run one batch as run_batch() does (the same arguments), yielding each rewards.jsonl line
+    (a dict) the moment it is written; the generator's return value (StopIteration.value, what
+    `results = yield from stream_batch(...)` gives) is what run_batch() returns.
+
+    A plain `for` loop gets the results afterwards with batch_results(output). The batch runs
+    in a thread of the tool's; its errors (UsageError, DemoError, KeyboardInterrupt) are raised
+    here, where the lines are read. Leaving the loop early (break, an exception, close()) stops
+    the run as on Ctrl-C and waits until it has saved its evidence (the namespace is kept for
+    `cleanup` and named on stderr).
+    """
+    args = batch_arguments("stream_batch", tasks, output, options, keywords)
+    if args.dry_run:
+        return dry_run_listing(args)
+    lines: queue.Queue[tuple[str, Any]] = queue.Queue()
+    args.on_reward = lambda line: lines.put(("line", line))
+    args.stop = threading.Event()
+
+    def run() -> None:
+        try:
+            lines.put(("results", batch_run(args)))
+        except BaseException as error:  # raised again in the reader's thread
+            lines.put(("error", error))
+
+    worker = threading.Thread(target=run, name="rl-batch-demo stream_batch", daemon=True)
+    worker.start()
+    try:
+        while True:
+            kind, value = lines.get()
+            if kind == "line":
+                yield value
+            elif kind == "error":
+                raise value
+            else:
+                return value
+    finally:
+        if worker.is_alive():
+            args.stop.set()
+            worker.join()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

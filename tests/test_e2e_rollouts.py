@@ -113,7 +113,7 @@ def test_evicted_episode_is_retried_and_the_batch_passes(cluster: Any, tmp_path:
     assert results["attempts"] == {
         "attempts_total": 4, "episodes_retried": 1,
         "first_attempt": {"succeeded": 2, "failed": {"infrastructure": 1, "episode": 0, "verifier": 0}},
-        "final": {"succeeded": 3, "failed": {"infrastructure": 0, "episode": 0, "verifier": 0}}}
+        "final": {"succeeded": 3, "failed": {"infrastructure": 0, "episode": 0, "verifier": 0}, "cancelled": 0}}
     assert results["job_end"] == {"condition": "Complete", "reason": None}
     job = load(output / "job.json")
     assert job["status"]["failed"] == 1 and job["status"]["failedIndexes"] == ""

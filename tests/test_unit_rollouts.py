@@ -248,7 +248,7 @@ def test_every_episode_has_a_row_its_final_attempt_and_what_came_before() -> Non
     rows = demo.episode_rows(3, job, [failed, retried, first], logs, True, ["t0", "t1"], 2)
     assert rows[0] == {
         "index": 0, "task_id": "t0", "group": 0, "pod": "rollout-0-bbbbb", "attempts": 2, "reward": 1,
-        "failure_class": None, "failure": None, "node": "node-1", "pod_to_ready_seconds": 1.0,
+        "failure_class": None, "valid": True, "failure": None, "node": "node-1", "pod_to_ready_seconds": 1.0,
         "batch_to_ready_seconds": 3.0, "batch_to_reward_seconds": 5.5, "episode_seconds": 2.5,
         "evidence": None,
         "earlier_attempts": [{"pod": "rollout-0-aaaaa", "failure_class": "infrastructure",
@@ -259,7 +259,7 @@ def test_every_episode_has_a_row_its_final_attempt_and_what_came_before() -> Non
             rows[1]["reward"], rows[1]["pod_to_ready_seconds"]) == \
         ("episode", "exited 1", 1, "rollout-1-ccccc.log", None, 1.5)
     assert rows[2] == {"index": 2, "task_id": "t1", "group": 1, "pod": None, "attempts": 0, "reward": None,
-                       "failure_class": "infrastructure", "evidence": "job.json",
+                       "failure_class": "infrastructure", "valid": False, "evidence": "job.json",
                        "failure": "never started: the Job ended (FailedIndexes) before it created this "
                                   "episode's pod"}
     lines = demo.rewards_jsonl(rows).splitlines()
@@ -290,7 +290,7 @@ def test_attempts_count_first_attempts_and_final_outcomes_apart() -> None:
     assert demo.attempt_figures(rows) == {
         "attempts_total": 7, "episodes_retried": 2,
         "first_attempt": {"succeeded": 1, "failed": {"infrastructure": 2, "episode": 1, "verifier": 0}},
-        "final": {"succeeded": 2, "failed": {"infrastructure": 1, "episode": 1, "verifier": 0}}}
+        "final": {"succeeded": 2, "failed": {"infrastructure": 1, "episode": 1, "verifier": 0}, "cancelled": 0}}
 
 
 def test_pod_to_ready_counts_a_never_ready_episode_as_ready_at_the_deadline() -> None:
@@ -403,7 +403,7 @@ def test_a_failed_pod_line_quotes_its_traceback() -> None:
     (["--tasks", "{tasks}", "--group-size", "7"],
      "--group-size 7 with 3 tasks is 21 episodes, over the cap of 20 episodes (raise it with --max-episodes 21)"),
     (["--count", "21"], "--count 21 is over the cap of 20 episodes (raise it with --max-episodes 21)"),
-    (["--retries", "1", "--rounds", "2"], "--tasks, --retries and --allow-failures run one batch"),
+    (["--retries", "1", "--rounds", "2"], "--tasks, --retries, --allow-failures and --need run one batch"),
     (["--allow-failures", "11"], "--allow-failures 11 is more than the 10 episodes"),
     (["--retries", "-1"], "argument --retries: must be 0 or more, got -1"),
     (["--tasks", "{missing}"], "No such file or directory"),
