@@ -2777,7 +2777,7 @@ def timeline_svg(batches: Sequence[tuple[str, BatchSummary]], title: str) -> str
 
 FAILED_FILL = ' fill="#c1121f"'
 GAP_MEANING = "gap: a point not reported (e.g. by an episode script) or not measured"
-FAILED_MEANING = "\u2715 failed episode, drawn as far as it got"
+FAILED_MEANING = "\u2715 failed (or cancelled) episode, drawn as far as it got"
 
 
 def failed_marker(record: dict, x: Callable[[float], float], left: int, y: int, row_height: int) -> str:
@@ -2786,7 +2786,8 @@ def failed_marker(record: dict, x: Callable[[float], float], left: int, y: int, 
     reached = [point[0] for point in record["points"].values() if point is not None]
     at = x(max(reached)) if reached else float(left)
     who = record["pod"] or f"episode {record['index']}"
-    why = f"{who} failed ({record['failure_class']}): {record['failure']}"
+    what = "cancelled" if record["failure_class"] == CANCELLED else f"failed ({record['failure_class']})"
+    why = f"{who} {what}: {record['failure']}"
     return (f'<text x="{at + 2:.1f}" y="{y + row_height * 0.8:.1f}" font-size="{min(12, row_height + 2)}"'
             f'{FAILED_FILL}>\u2715<title>{html_escape(why)}</title></text>')
 
@@ -2948,7 +2949,8 @@ def ramp_svg(batches: Sequence[tuple[str, BatchSummary]], title: str, figures: d
                        f"rewards delivered: {len(delivered)} lines"))
     figures = figures if figures is not None else throughput(batches)
     failed = sum(len(summary.failed) for _, summary in batches)
-    subtitle = (f"{plural(total, 'episode')}{f' ({failed} failed, not counted)' if failed else ''}; pods created "
+    left_out = f" ({failed} failed or cancelled, not counted)" if failed else ""
+    subtitle = (f"{plural(total, 'episode')}{left_out}; pods created "
                 f"{figures['pods_created_per_second'] or '-'}/s; sandboxes ready "
                 f"{figures['sandboxes_ready_per_second_mean'] or '-'}/s mean, "
                 f"{figures['sandboxes_ready_per_second_peak'] or '-'} in the busiest second; "
@@ -5227,7 +5229,8 @@ def summarise_rollout(rows: Sequence[dict], job: dict, pods: Sequence[dict], log
     by_name = {pod_name(pod): pod for pod in pods}
     summary = summarise_batch(job, [pod for pod in pods if pod_name(pod) in successes], logs, events,
                               len(successes), settings["builtin"], end_seen_at, observed,
-                              [(by_name.get(row["pod"]), row) for row in failures])
+                              # Cancelled episodes too: the timeline draws every episode.
+                              [(by_name.get(row["pod"]), row) for row in rows if row["failure_class"] is not None])
     summary.figures.update(rollout_figures(rows, job, pods, settings.get("group_size") or 1, allowed,
                                            settings.get("retries") or 0, need))
     return summary
