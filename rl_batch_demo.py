@@ -2841,7 +2841,7 @@ def timeline_svg(batches: Sequence[tuple[str, BatchSummary]], title: str) -> str
 
 FAILED_FILL = ' fill="#c1121f"'
 GAP_MEANING = "gap: a point not reported (e.g. by an episode script) or not measured"
-FAILED_MEANING = "\u2715 failed episode, drawn as far as it got"
+FAILED_MEANING = "\u2715 failed (or cancelled) episode, drawn as far as it got"
 
 
 def failed_marker(record: dict, x: Callable[[float], float], left: int, y: int, row_height: int) -> str:
@@ -2850,7 +2850,8 @@ def failed_marker(record: dict, x: Callable[[float], float], left: int, y: int, 
     reached = [point[0] for point in record["points"].values() if point is not None]
     at = x(max(reached)) if reached else float(left)
     who = record["pod"] or f"episode {record['index']}"
-    why = f"{who} failed ({record['failure_class']}): {record['failure']}"
+    what = "cancelled" if record["failure_class"] == CANCELLED else f"failed ({record['failure_class']})"
+    why = f"{who} {what}: {record['failure']}"
     return (f'<text x="{at + 2:.1f}" y="{y + row_height * 0.8:.1f}" font-size="{min(12, row_height + 2)}"'
             f'{FAILED_FILL}>\u2715<title>{html_escape(why)}</title></text>')
 
@@ -3012,7 +3013,8 @@ def ramp_svg(batches: Sequence[tuple[str, BatchSummary]], title: str, figures: d
                        f"rewards delivered: {len(delivered)} lines"))
     figures = figures if figures is not None else throughput(batches)
     failed = sum(len(summary.failed) for _, summary in batches)
-    subtitle = (f"{plural(total, 'episode')}{f' ({failed} failed, not counted)' if failed else ''}; pods created "
+    left_out = f" ({failed} failed or cancelled, not counted)" if failed else ""
+    subtitle = (f"{plural(total, 'episode')}{left_out}; pods created "
                 f"{figures['pods_created_per_second'] or '-'}/s; sandboxes ready "
                 f"{figures['sandboxes_ready_per_second_mean'] or '-'}/s mean, "
                 f"{figures['sandboxes_ready_per_second_peak'] or '-'} in the busiest second; "
@@ -5023,7 +5025,7 @@ def rollout_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) -
                         f"only {len(pods)} of {count}")
     try:
         summary = summarise_rollout(rows, job, pods, logs, events, settings, batch.follower.end_seen_wall,
-                                    batch.follower.observations())
+                                    batch.follower.observations(), batch.spelling)
     except DemoError as error:
         raise DemoError(f"{error}\n  {REWARDS_FILE} lists every episode with its class; "
                         f"{saved_evidence(job, pods, logs, events)}") from None
@@ -5157,6 +5159,7 @@ class BatchEvidence:
         self.kubectl = run.kubectl
         self.namespace = run.namespace
         self.settings = run.settings
+        self.spelling = run.spelling
         # How the events saved were read: "watch" (followed, as many as the API counted after
         # the end) or "list" (read in pages after the end).
         self.events_read = "list"
@@ -5303,7 +5306,7 @@ def failure_lines(failures: Sequence[dict], most: int = 10) -> list[str]:
 
 def summarise_rollout(rows: Sequence[dict], job: dict, pods: Sequence[dict], logs: dict[str, str],
                       events: Sequence[dict], settings: dict, end_seen_at: float | None = None,
-                      observed: dict | None = None) -> BatchSummary:
+                      observed: dict | None = None, spelling: Spelling = COMMAND_LINE) -> BatchSummary:
     """A rollout batch's summary: the figures of its successful episodes, with failures, attempts and
     groups; DemoError when more episodes failed than --allow-failures accepts, or all did. Pure."""
     failures = [row for row in rows if is_failure(row)]
@@ -5311,17 +5314,20 @@ def summarise_rollout(rows: Sequence[dict], job: dict, pods: Sequence[dict], log
     allowed = len(rows) - need if need is not None else settings.get("allow_failures") or 0
     successes = {row["pod"] for row in rows if row["failure_class"] is None}
     if need is not None and len(successes) < need:
-        raise DemoError("\n  ".join([f"{len(successes)} of {len(rows)} episodes succeeded, fewer than --need "
-                                     f"{need} ({len(failures)} failed: {failures_said(failures) or 'none'})"]
-                                    + failure_lines(failures)))
+        raise DemoError("\n  ".join([f"{len(successes)} of {len(rows)} episodes succeeded, fewer than "
+                                     f"{spelling.setting('need', need)} ({len(failures)} failed: "
+                                     f"{failures_said(failures) or 'none'})"] + failure_lines(failures)))
     if len(failures) > allowed or not successes:
-        accepts = f"--allow-failures accepts {allowed}" if len(failures) > allowed else "none succeeded"
+        allowance = f"allow_failures={allowed} accepts no more" if spelling.python else \
+            f"--allow-failures accepts {allowed}"
+        accepts = allowance if len(failures) > allowed else "none succeeded"
         raise DemoError("\n  ".join([f"{len(failures)} of {len(rows)} episodes failed "
                                      f"({failures_said(failures)}); {accepts}"] + failure_lines(failures)))
     by_name = {pod_name(pod): pod for pod in pods}
     summary = summarise_batch(job, [pod for pod in pods if pod_name(pod) in successes], logs, events,
                               len(successes), settings["builtin"], end_seen_at, observed,
-                              [(by_name.get(row["pod"]), row) for row in failures])
+                              # Cancelled episodes too: the timeline draws every episode.
+                              [(by_name.get(row["pod"]), row) for row in rows if row["failure_class"] is not None])
     summary.figures.update(rollout_figures(rows, job, pods, settings.get("group_size") or 1, allowed,
                                            settings.get("retries") or 0, need))
     return summary
