@@ -49,9 +49,10 @@ import sys
 import tempfile
 import threading
 import time
+import tokenize
 import urllib.parse
 from html import escape as html_escape
-from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence, TextIO
+from typing import Any, Callable, Generator, Iterable, Iterator, NamedTuple, Sequence, TextIO
 
 try:
     import resource
@@ -79,8 +80,6 @@ WATCH_RESTARTS_BEFORE_POLLING = 3
 # Lists are read in pages of kubectl's own default --chunk-size: each page is one
 # call well inside the per-call limit, however many pods the batch has.
 LIST_PAGE_SIZE = 500
-# Up to this many episodes (about one page of events) events.txt is kubectl's own table.
-EVENTS_TABLE_BY_KUBECTL_UP_TO = 100
 # How long one page is asked again: a watch cache that is catching up answers
 # "Too large resource version" (retry after 1 s) until it has.
 PAGE_RETRY_SECONDS = 60
@@ -180,6 +179,16 @@ INDEX_IGNORED_FAILURE_COUNT_ANNOTATION = "batch.kubernetes.io/job-index-ignored-
 # backoffLimitPerIndex, maxFailedIndexes and the FailIndex action are GA (always on) from here.
 RETRIES_MIN_SERVER = (1, 33)
 FAILURE_CLASSES = ("infrastructure", "episode", "verifier")
+# An episode the Job stopped because --need was met: no failure, and no sample to learn from.
+CANCELLED = "cancelled"
+# The classes whose line a trainer may learn from: the agent's own outcome.
+VALID_CLASSES = (None, "episode")
+# successPolicy and its SuccessCriteriaMet condition are GA (always on) from here.
+NEED_MIN_SERVER = (1, 33)
+# The reason of a Job's SuccessCriteriaMet (then Complete) condition when its successPolicy was met.
+SUCCESS_POLICY_REASON = "SuccessPolicy"
+# The kubelet's reason on a pod that outlived its activeDeadlineSeconds (--episode-timeout).
+POD_DEADLINE_REASON = "DeadlineExceeded"
 # Exit codes that are no verdict of the episode program: the runtime could not run its command
 # (126, 127), or something outside killed it (137 SIGKILL: the OOM killer or the kubelet; 143
 # SIGTERM: a pod being stopped). The Job API cannot tell an OOM kill from another SIGKILL, so
@@ -326,6 +335,31 @@ class KeywordTypeError(UsageError, TypeError):
     """A run_batch() keyword of the wrong type (a TypeError, as Python's own would be)."""
 
 
+class Spelling(NamedTuple):
+    """How the caller names a `run` setting in an error: as a flag (`--count 24`) on the
+    command line, as a keyword (`count=24`) from run_batch()."""
+    python: bool
+
+    def name(self, dest: str) -> str:
+        if dest == "tasks":
+            return "tasks" if self.python else "--tasks"
+        return f"{dest}=" if self.python else "--" + dest.replace("_", "-")
+
+    def setting(self, dest: str, value: Any) -> str:
+        return f"{dest}={value!r}" if self.python else f"{self.name(dest)} {value}"
+
+    def option(self, dest: str, metavar: str) -> str:
+        """How to pass a setting, as a hint: `--runtime NAME`, or `runtime=NAME`."""
+        return f"{dest}={metavar}" if self.python else f"{self.name(dest)} {metavar}"
+
+    def cap(self, value: int) -> str:
+        return self.setting("max_episodes", value) if self.python else f"the cap of {value} episodes"
+
+
+COMMAND_LINE = Spelling(python=False)
+PYTHON_CALL = Spelling(python=True)
+
+
 class VerificationError(DemoError):
     """An episode or the batch broke a rule of the honest-result checks.
 
@@ -340,16 +374,18 @@ class VerificationError(DemoError):
 
 
 class Task(NamedTuple):
-    """One line of a --tasks file: its id (the `id` field, else its line number) and its JSON text."""
-    task_id: Any
+    """One line of a --tasks file: its id (the `id` field, else its line number, as a string) and its JSON text."""
+    task_id: str
     line: int
     text: str
 
 
 class RolloutPolicy(NamedTuple):
-    """How a rollout batch treats failures: retries per episode and failed episodes accepted."""
+    """How a rollout batch treats failures: retries per episode and failed episodes accepted; with
+    `need`, the Job ends as soon as that many episodes have succeeded (successPolicy)."""
     retries: int
     allow_failures: int
+    need: int | None = None
 
 
 # --------------------------------------------------------------------------
@@ -425,9 +461,10 @@ def parse_tasks(lines: Iterable[str], place: Callable[[int], str] = file_line) -
         if not isinstance(value, dict):
             raise ValueError(f"{place(number)} is not a JSON object")
         task_id = value.get("id", number)
-        if isinstance(task_id, (dict, list)):
+        if isinstance(task_id, (dict, list)) or task_id is None:
             raise ValueError(f"{place(number)}: the task id must be a string or a number")
-        tasks.append(Task(task_id, number, text))
+        # Always a string: a trainer joining rewards to tasks by id meets one type, not "a" and 3.
+        tasks.append(Task(task_id if isinstance(task_id, str) else json.dumps(task_id), number, text))
     if not tasks:
         raise ValueError("no tasks in it")
     ids = [task.task_id for task in tasks]
@@ -540,15 +577,19 @@ def episode_container(image: str, harden: bool, indexed: bool, tasks: dict | Non
     }
 
 
-def episode_pod_spec(image: str, runtime: str, harden: bool, indexed: bool, tasks: dict | None) -> dict:
-    """An episode's pod: in the sandbox runtime, never restarted, non-root, without a service account token."""
+def episode_pod_spec(image: str, runtime: str, harden: bool, indexed: bool, tasks: dict | None,
+                     episode_timeout: int | None = None) -> dict:
+    """An episode's pod: in the sandbox runtime, never restarted, non-root, without a service account token;
+    with `episode_timeout`, stopped by its kubelet that many seconds after the pod started."""
     volumes = [
         {"name": "demo", "configMap": {"name": CONFIGMAP_NAME}},
         {"name": "workspace", "emptyDir": {"sizeLimit": "64Mi"} if harden else {}},
     ]
     if tasks:
         volumes.append(tasks)
+    deadline = {} if episode_timeout is None else {"activeDeadlineSeconds": episode_timeout}
     return {
+        **deadline,
         "runtimeClassName": runtime,
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
@@ -567,13 +608,15 @@ def job_manifest(namespace: str, count: int, parallelism: int, image: str,
                  runtime: str, deadline_seconds: int = DEFAULT_JOB_DEADLINE_SECONDS,
                  name: str = JOB_NAME, harden: bool = False,
                  indexed: bool = False, tasks: dict | None = None,
-                 policy: RolloutPolicy | None = None) -> dict:
+                 policy: RolloutPolicy | None = None, episode_timeout: int | None = None) -> dict:
     """The Job whose pods are the episodes: backoffLimit 0, so one failed episode fails the batch.
 
     `tasks` (a volume from tasks_volume) gives each episode its task file, named by
     TASK_FILE; `policy` replaces backoffLimit 0 with retries per episode
     (backoffLimitPerIndex), a number of failed episodes the Job tolerates
-    (maxFailedIndexes) and the podFailurePolicy that tells whose failure it was.
+    (maxFailedIndexes) and the podFailurePolicy that tells whose failure it was; its
+    `need` ends the Job once that many episodes succeeded (successPolicy), the rest
+    stopped. `episode_timeout` is each pod's activeDeadlineSeconds.
     """
     indexed_mode = bool(indexed or tasks or policy)
     spec: dict[str, Any] = {
@@ -583,7 +626,7 @@ def job_manifest(namespace: str, count: int, parallelism: int, image: str,
         "activeDeadlineSeconds": deadline_seconds,
         "template": {
             "metadata": {"labels": {"app": APP_LABEL}},
-            "spec": episode_pod_spec(image, runtime, harden, indexed_mode, tasks),
+            "spec": episode_pod_spec(image, runtime, harden, indexed_mode, tasks, episode_timeout),
         },
     }
     if indexed_mode:
@@ -594,6 +637,8 @@ def job_manifest(namespace: str, count: int, parallelism: int, image: str,
         spec["backoffLimitPerIndex"] = policy.retries
         spec["maxFailedIndexes"] = policy.allow_failures
         spec["podFailurePolicy"] = pod_failure_policy()
+        if policy.need is not None:
+            spec["successPolicy"] = {"rules": [{"succeededCount": policy.need}]}
     return {"apiVersion": "batch/v1", "kind": "Job",
             "metadata": {"name": name, "namespace": namespace},
             "spec": spec}
@@ -855,7 +900,8 @@ def batch_events(events: Iterable[dict], job: dict | None, pods: Sequence[dict],
 
 
 def events_table(events: Sequence[dict]) -> str:
-    """Events as a table in the order they were created, like `kubectl get events`, with UTC times."""
+    """Events as a table in the order they were created, like `kubectl get events`, with the UTC time
+    each was last seen (kubectl prints its age, which means nothing once the file is read later)."""
     lines = [f"{'LAST SEEN (UTC)':<22}{'TYPE':<9}{'REASON':<26}{'OBJECT':<40}MESSAGE"]
     for event in sorted(events, key=lambda e: e["metadata"].get("creationTimestamp") or ""):
         regarding = event_object(event)
@@ -1300,6 +1346,30 @@ def pod_warnings(events: Iterable[dict], most: int = 3) -> dict[str, list[str]]:
     return warnings
 
 
+TRACEBACK_START = re.compile(r'(Traceback \(most recent call last\):|  File ".*", line \d+)')
+EXCEPTION_LINE = re.compile(r"[A-Za-z_][\w.]*(: .*)?")
+
+
+def traceback_tail(log_text: str) -> str | None:
+    """The last line of the last Python traceback in a log (`ZeroDivisionError: division by
+    zero`), what a failed episode's line quotes; a SyntaxError has no "Traceback" header, only
+    its `File` lines, so either opens one."""
+    last, in_trace = None, False
+    for line in log_text.splitlines():
+        if TRACEBACK_START.match(line):
+            in_trace = True
+        elif in_trace and not line[:1].isspace():
+            in_trace = False
+            if EXCEPTION_LINE.fullmatch(line.rstrip()):
+                last = line.strip()
+    return last
+
+
+def with_traceback(why: str, log_text: str) -> str:
+    tail = traceback_tail(log_text)
+    return f"{why}: {tail}" if tail else why
+
+
 def classify_attempt(pod: dict, log_text: str, job: dict, builtin: bool,
                      warnings: Sequence[str] = ()) -> tuple[str | None, str | None]:
     """(failure class, why) of one pod, or (None, None) for an episode that passed every check.
@@ -1317,6 +1387,15 @@ def classify_attempt(pod: dict, log_text: str, job: dict, builtin: bool,
     if failure_class == "infrastructure" and warnings:
         why = f"{why}; pod warnings: {'; '.join(warnings)}"
     return failure_class, why
+
+
+def job_cut_short(job: dict | None) -> bool:
+    """The Job's successPolicy (--need) was met: it stops every episode still running."""
+    for kind in ("SuccessCriteriaMet", "Complete"):
+        entry = condition(job or {}, kind)
+        if entry and entry.get("status") == "True" and entry.get("reason") == SUCCESS_POLICY_REASON:
+            return True
+    return False
 
 
 def classify_pod_state(pod: dict, log_text: str, job: dict, builtin: bool) -> tuple[str | None, str | None]:
@@ -1338,6 +1417,16 @@ def classify_pod_state(pod: dict, log_text: str, job: dict, builtin: bool) -> tu
         return None, None
     state = container_status(pod).get("state") or {}
     started = "running" in state or bool((state.get("terminated") or {}).get("startedAt"))
+    if job_cut_short(job) and (pod["metadata"].get("deletionTimestamp") or phase != "Failed"):
+        # Stopped (or about to be) by the Job because enough episodes had succeeded.
+        return CANCELLED, "cancelled: --need was met while it ran" if started else \
+            "cancelled: --need was met before its container started"
+    if status.get("reason") == POD_DEADLINE_REASON:
+        limit = (pod.get("spec") or {}).get("activeDeadlineSeconds")
+        if started:
+            return "episode", f"ran out of time: still running {limit} s after its pod started (--episode-timeout)"
+        return "infrastructure", (f"container never started within --episode-timeout ({limit} s from its pod's "
+                                  f"start, image pull included)")
     end = job_end_reason(job)
     own_exit = (state.get("terminated") or {}).get("exitCode") not in (None, 0) + INFRASTRUCTURE_EXIT_CODES
     if pod["metadata"].get("deletionTimestamp") and end is not None and not own_exit:
@@ -1367,7 +1456,7 @@ def classify_pod_state(pod: dict, log_text: str, job: dict, builtin: bool) -> tu
     rewards = [e for e in parse_events(log_text.splitlines()) if e["event"] == "reward"]
     if builtin and len(rewards) == 1 and rewards[0].get("tests_exit") not in (0, None):
         return "verifier", f"exited {code}: the patched code failed its tests (tests_exit {rewards[0]['tests_exit']})"
-    return "episode", f"exited {code}"
+    return "episode", with_traceback(f"exited {code}", log_text)
 
 
 def pod_index(pod: dict) -> int | None:
@@ -1389,75 +1478,202 @@ def attempts_recorded(pod: dict) -> int:
     return total
 
 
-REWARD_ROW_FIELDS = ("index", "task_id", "group", "pod", "attempts", "reward", "failure_class", "failure",
-                     "node", "pod_to_ready_seconds", "batch_to_ready_seconds", "batch_to_reward_seconds",
-                     "episode_seconds", "evidence", "earlier_attempts")
+REWARD_ROW_FIELDS = ("index", "task_id", "group", "pod", "attempts", "reward", "failure_class", "valid",
+                     "failure", "node", "pod_to_ready_seconds", "batch_to_ready_seconds",
+                     "batch_to_reward_seconds", "episode_seconds", "evidence", "earlier_attempts")
+
+
+def reward_valid(failure_class: str | None) -> bool:
+    """Whether a trainer may learn from the line: the agent's own outcome (a success, or the episode's
+    own failure) is; a loss to the infrastructure, the verifier or a cancellation is masked."""
+    return failure_class in VALID_CLASSES
+
+
+def pods_by_index(pods: Iterable[dict], count: int) -> dict[int, list[dict]]:
+    """Each completion index's pods (its attempts), oldest first."""
+    by_index: dict[int, list[dict]] = {}
+    for pod in pods:
+        index = pod_index(pod)
+        if index is not None and 0 <= index < count:
+            by_index.setdefault(index, []).append(pod)
+    for attempts in by_index.values():
+        attempts.sort(key=lambda p: (parse_time(p["metadata"].get("creationTimestamp")) or 0.0,
+                                     attempts_recorded(p), pod_name(p)))
+    return by_index
 
 
 def episode_rows(count: int, job: dict, pods: Sequence[dict], logs: dict[str, str], builtin: bool,
                  task_ids: Sequence[Any] | None, group_size: int, events: Sequence[dict] = ()) -> list[dict]:
     """One row per episode (completion index), its final attempt's outcome; pure.
 
-    The final attempt is the pod that succeeded, else the newest one. Every index
-    has a row, an episode whose pod was never created included.
+    Every index has a row, an episode whose pod was never created included.
     """
-    job_created = parse_time(job["metadata"].get("creationTimestamp")) or 0.0
     warnings = pod_warnings(events)
-    by_index: dict[int, list[dict]] = {}
-    for pod in pods:
-        index = pod_index(pod)
-        if index is not None and 0 <= index < count:
-            by_index.setdefault(index, []).append(pod)
-    rows = []
-    for index in range(count):
-        attempts = sorted(by_index.get(index, []),
-                          key=lambda p: (parse_time(p["metadata"].get("creationTimestamp")) or 0.0,
-                                         attempts_recorded(p), pod_name(p)))
-        group = index // group_size
-        row: dict[str, Any] = {"index": index, "task_id": task_ids[group] if task_ids else None,
-                               "group": group}
-        if not attempts:
-            end = job_end_reason(job)
-            row.update({"pod": None, "attempts": 0, "reward": None, "failure_class": "infrastructure",
-                        "failure": f"never started: the Job ended ({end or 'unfinished'}) before it "
-                                   f"created this episode's pod", "evidence": "job.json"})
-            rows.append(row)
+    by_index = pods_by_index(pods, count)
+    return [episode_row(index, by_index.get(index, []), job, logs, builtin, task_ids, group_size, warnings)
+            for index in range(count)]
+
+
+def episode_row(index: int, attempts: Sequence[dict], job: dict, logs: dict[str, str], builtin: bool,
+                task_ids: Sequence[Any] | None, group_size: int,
+                warnings: dict[str, list[str]] | None = None) -> dict:
+    """The row of one episode from its attempts (oldest first); pure. The final attempt is the pod
+    that succeeded, else the newest one."""
+    job_created = parse_time(job["metadata"].get("creationTimestamp")) or 0.0
+    group = index // group_size
+    row: dict[str, Any] = {"index": index, "task_id": task_ids[group] if task_ids else None, "group": group}
+    if not attempts:
+        if job_cut_short(job):
+            row.update({"pod": None, "attempts": 0, "reward": None, "failure_class": CANCELLED, "valid": False,
+                        "failure": "cancelled: --need was met before this episode's pod was created",
+                        "evidence": "job.json"})
+            return row
+        end = job_end_reason(job)
+        row.update({"pod": None, "attempts": 0, "reward": None, "failure_class": "infrastructure",
+                    "valid": False, "failure": f"never started: the Job ended ({end or 'unfinished'}) before "
+                                               f"it created this episode's pod", "evidence": "job.json"})
+        return row
+    outcomes = [(pod, *classify_attempt(pod, logs.get(pod_name(pod), ""), job, builtin,
+                                        (warnings or {}).get(pod_name(pod), ()))) for pod in attempts]
+    final = next((o for o in outcomes if o[1] is None), outcomes[-1])
+    pod, failure_class, failure = final
+    name = pod_name(pod)
+    events = parse_events(logs.get(name, "").splitlines())
+    ready = next((e for e in events if e["event"] == "ready"), {})
+    reward = next((e for e in events if e["event"] == "reward"), {})
+    created = parse_time(pod["metadata"].get("creationTimestamp"))
+
+    def seconds(later: Any, earlier: float | None) -> float | None:
+        ok = isinstance(later, (int, float)) and not isinstance(later, bool) and earlier is not None
+        return rounded(later - earlier) if ok else None
+
+    row.update({
+        "pod": name,
+        "attempts": max(len(attempts), attempts_recorded(pod)),
+        "reward": reward.get("reward"),
+        "failure_class": failure_class,
+        "valid": reward_valid(failure_class),
+        "failure": failure,
+        "node": (pod.get("spec") or {}).get("nodeName"),
+        "pod_to_ready_seconds": seconds(ready.get("at"), created),
+        "batch_to_ready_seconds": seconds(ready.get("at"), job_created),
+        "batch_to_reward_seconds": seconds(reward.get("at"), job_created),
+        "episode_seconds": seconds(reward.get("at"), ready.get("at") if "at" in ready else None),
+        "evidence": f"{name}.log" if failure_class else None,
+        "earlier_attempts": [{"pod": pod_name(p), "failure_class": c, "failure": f}
+                             for p, c, f in outcomes if p is not pod],
+    })
+    for key, value in reward.items():
+        if key in ("event", "reward"):
             continue
-        outcomes = [(pod, *classify_attempt(pod, logs.get(pod_name(pod), ""), job, builtin,
-                                            warnings.get(pod_name(pod), ()))) for pod in attempts]
-        final = next((o for o in outcomes if o[1] is None), outcomes[-1])
-        pod, failure_class, failure = final
-        name = pod_name(pod)
-        events = parse_events(logs.get(name, "").splitlines())
-        ready = next((e for e in events if e["event"] == "ready"), {})
-        reward = next((e for e in events if e["event"] == "reward"), {})
-        created = parse_time(pod["metadata"].get("creationTimestamp"))
+        row[key if key not in REWARD_ROW_FIELDS else f"episode_{key}"] = value
+    return row
 
-        def seconds(later: Any, earlier: float | None) -> float | None:
-            ok = isinstance(later, (int, float)) and not isinstance(later, bool) and earlier is not None
-            return rounded(later - earlier) if ok else None
 
-        row.update({
-            "pod": name,
-            "attempts": max(len(attempts), attempts_recorded(pod)),
-            "reward": reward.get("reward"),
-            "failure_class": failure_class,
-            "failure": failure,
-            "node": (pod.get("spec") or {}).get("nodeName"),
-            "pod_to_ready_seconds": seconds(ready.get("at"), created),
-            "batch_to_ready_seconds": seconds(ready.get("at"), job_created),
-            "batch_to_reward_seconds": seconds(reward.get("at"), job_created),
-            "episode_seconds": seconds(reward.get("at"), ready.get("at") if "at" in ready else None),
-            "evidence": f"{name}.log" if failure_class else None,
-            "earlier_attempts": [{"pod": pod_name(p), "failure_class": c, "failure": f}
-                                 for p, c, f in outcomes if p is not pod],
-        })
-        for key, value in reward.items():
-            if key in ("event", "reward"):
-                continue
-            row[key if key not in REWARD_ROW_FIELDS else f"episode_{key}"] = value
-        rows.append(row)
-    return rows
+def failure_settled(job: dict | None, index: int) -> bool:
+    """The Job will not run this index again: it counts it among its failed indexes, or it has
+    ended (or is ending: FailureTarget, SuccessCriteriaMet)."""
+    status = (job or {}).get("status") or {}
+    if any(condition_true(job or {}, kind) for kind in ("Complete", "Failed", "FailureTarget", "SuccessCriteriaMet")):
+        return True
+    return index in index_list(status.get("failedIndexes") or "")
+
+
+def index_list(text: str) -> set[int]:
+    """A Job's index list ("1,3-5") as a set; a malformed piece is skipped."""
+    indexes: set[int] = set()
+    for piece in text.split(","):
+        first, _, last = piece.strip().partition("-")
+        try:
+            indexes.update(range(int(first), int(last or first) + 1))
+        except ValueError:
+            continue
+    return indexes
+
+
+def settled_attempt(attempts: Sequence[dict], job: dict | None, index: int, logs: dict[str, str],
+                    may_retry: bool) -> bool:
+    """Whether an episode's outcome is final, from what was seen so far; pure.
+
+    Its attempt that succeeded, else its newest, has ended and every attempt's log is read
+    (`logs`: those read after their container ended). A success is final at once; a failure
+    once the Job will not retry it: without retries at once, else when the Job says so
+    (failure_settled). A failed pod being deleted waits for the Job's word too: whether the
+    Job's end (or --need) stopped it, or something else did, decides its class.
+    """
+    if not attempts:
+        return False
+    final = next((p for p in attempts if (p.get("status") or {}).get("phase") == "Succeeded"), attempts[-1])
+    phase = (final.get("status") or {}).get("phase")
+    if phase not in ("Succeeded", "Failed") or any(pod_name(p) not in logs for p in attempts):
+        return False
+    if phase == "Succeeded":
+        return True
+    if may_retry or final["metadata"].get("deletionTimestamp"):
+        return failure_settled(job, index)
+    return True
+
+
+class Delivery(NamedTuple):
+    """One line of rewards.jsonl as it was written: when (the client's wall clock), and between which
+    moments its episode's container ended (None where nothing bounds it)."""
+    index: int
+    success: bool
+    written_at: float
+    ended_after: float | None  # its reward event, or the start of its container's finishedAt second
+    ended_before: float | None  # the end of that second, or the client's watch seeing it, the earlier
+    streamed: bool  # written while the batch ran, not from the evidence read after its end
+
+    def saved(self) -> list:
+        return list(self)
+
+
+def container_end_bounds(pod: dict | None, log_text: str, seen_terminated: float | None
+                         ) -> tuple[float | None, float | None]:
+    """Between which moments a pod's episode container ended: after its reward event (the episode's
+    last act) and within its finishedAt second, before the client's watch saw it terminated."""
+    if pod is None:
+        return None, None
+    terminated = container_terminated(pod) or {}
+    finished = parse_time(terminated.get("finishedAt"))
+    reward = next((e for e in parse_events(log_text.splitlines()) if e["event"] == "reward"), {})
+    after = [t for t in (worker_time(reward.get("at")), finished) if t is not None]
+    before = [t for t in (None if finished is None else finished + WHOLE_SECOND, seen_terminated) if t is not None]
+    return (max(after) if after else None), (min(before) if before else None)
+
+
+def delivery_figures(deliveries: Sequence[Delivery], origin: float | None, origin_slack: float | None,
+                     need: int | None) -> dict:
+    """When the rewards reached rewards.jsonl: the first (and with --need the K-th) success from the
+    Job's creation, and each line's lag from its container's end; pure."""
+    successes = sorted(d.written_at for d in deliveries if d.success)
+    lags = [d.written_at - d.ended_after for d in deliveries if d.ended_after is not None]
+    widths = [max(0.0, d.ended_before - d.ended_after) for d in deliveries
+              if d.ended_after is not None and d.ended_before is not None]
+
+    def since_origin(moment: float | None) -> float | None:
+        return None if moment is None or origin is None else rounded(moment - origin)
+
+    figures: dict[str, Any] = {
+        "first_reward_seconds": since_origin(successes[0] if successes else None),
+        "reward_delivery_lag_p50_seconds": rounded(percentile(lags, 0.50)) if lags else None,
+        "reward_delivery_lag_p99_seconds": rounded(percentile(lags, 0.99)) if lags else None,
+        "reward_delivery_lag_max_seconds": rounded(max(lags)) if lags else None,
+        "reward_delivery": {
+            "lines": len(deliveries), "streamed": sum(1 for d in deliveries if d.streamed),
+            "written_after_the_end": sum(1 for d in deliveries if not d.streamed),
+            "lag_samples": len(lags),
+            "lag_from": "the earliest moment the episode's container can have ended (its reward event, "
+                        "else its finishedAt second) to its line written to rewards.jsonl",
+            "lag_precision_seconds": rounded(max(widths)) if widths else None,
+            "times_from": "the Job's creation, as the start of the client's create call (up to "
+                          "origin_precision_seconds early)",
+            "origin_precision_seconds": rounded(origin_slack) if origin_slack is not None else None,
+        },
+    }
+    if need is not None:
+        figures["kth_reward_seconds"] = since_origin(successes[need - 1] if len(successes) >= need else None)
+    return figures
 
 
 def rewards_jsonl(rows: Iterable[dict]) -> str:
@@ -1465,10 +1681,16 @@ def rewards_jsonl(rows: Iterable[dict]) -> str:
     return "".join(json.dumps(row, sort_keys=False) + "\n" for row in rows)
 
 
+def is_failure(row: dict) -> bool:
+    """A failed episode: neither a success nor cancelled once --need was met."""
+    return row["failure_class"] not in (None, CANCELLED)
+
+
 def failure_counts(classes: Iterable[str | None]) -> dict[str, int]:
+    """Failures by class; successes and cancelled episodes are no failures."""
     counts = {kind: 0 for kind in FAILURE_CLASSES}
     for kind in classes:
-        if kind is not None:
+        if kind in counts:
             counts[kind] += 1
     return counts
 
@@ -1482,7 +1704,8 @@ def attempt_figures(rows: Sequence[dict]) -> dict:
         "attempts_total": sum(row["attempts"] for row in rows),
         "episodes_retried": sum(1 for row in rows if row["attempts"] > 1),
         "first_attempt": {"succeeded": first.count(None), "failed": failure_counts(first)},
-        "final": {"succeeded": final.count(None), "failed": failure_counts(final)},
+        "final": {"succeeded": final.count(None), "failed": failure_counts(final),
+                  "cancelled": final.count(CANCELLED)},
     }
 
 
@@ -1517,6 +1740,8 @@ def censored_pod_to_ready(rows: Sequence[dict], job: dict, pods: Sequence[dict])
     created = {pod_name(p): parse_time(p["metadata"].get("creationTimestamp")) for p in pods}
     values, censored = [], 0
     for row in rows:
+        if row["failure_class"] == CANCELLED:
+            continue  # stopped by the Job once --need was met: never late, just not needed
         if row.get("pod_to_ready_seconds") is not None:
             values.append(row["pod_to_ready_seconds"])
             continue
@@ -2125,6 +2350,10 @@ def phase_summary(episodes_durations: Sequence[dict[str, tuple[float, float] | N
     return summary
 
 
+def difference(later: float | None, earlier: float | None) -> float | None:
+    return None if later is None or earlier is None else later - earlier
+
+
 def completion_gap(job: dict, pods: Sequence[dict], last_reward_at: float,
                    client_observed_at: float | None) -> dict:
     """What the time between the last reward and the client seeing the end is made of."""
@@ -2135,19 +2364,44 @@ def completion_gap(job: dict, pods: Sequence[dict], last_reward_at: float,
     end_kind = job_finished(job) or "Complete"
     end = parse_time((condition(job, end_kind) or {}).get("lastTransitionTime"))
 
-    def between(first: float | None, last: float | None) -> float | None:
-        return None if first is None or last is None else rounded(last - first)
-
-    return {
-        "last_reward_to_last_container_finished_seconds": between(last_reward_at, last_finished),
-        "last_container_finished_to_success_criteria_met_seconds": between(last_finished, criteria),
-        "last_container_finished_to_job_complete_seconds": between(last_finished, end),
-        "job_complete_to_client_observed_seconds": between(end, client_observed_at),
-        "last_reward_to_client_observed_seconds": between(last_reward_at, client_observed_at),
-        "precision_seconds": WHOLE_SECOND,
-        "note": "container finish and Job conditions are whole-second Kubernetes times; "
-                "SuccessCriteriaMet exists on Kubernetes >= 1.31",
+    # A Kubernetes time names the second its moment fell in. The moments happen in this order
+    # (reward, container finished, the Job's conditions, the client seeing it), so each stamp
+    # is read no earlier than the moment before it: every part is then 0 or more, where two
+    # stamps' difference could read as a negative duration, and the parts still add up.
+    finish_at = None if last_finished is None else max(last_finished, last_reward_at)
+    after_finish = last_reward_at if finish_at is None else finish_at
+    met_at = None if criteria is None else max(criteria, after_finish)
+    end_at = None if end is None else max(end, after_finish)
+    # Per part: its earlier and later stamps, each with how far its moment may lie after it
+    # (the bounds), and the part as read.
+    parts = {
+        "last_reward_to_last_container_finished_seconds":
+            ((last_reward_at, 0.0), (last_finished, WHOLE_SECOND), difference(finish_at, last_reward_at)),
+        "last_container_finished_to_success_criteria_met_seconds":
+            ((last_finished, WHOLE_SECOND), (criteria, WHOLE_SECOND), difference(met_at, finish_at)),
+        "last_container_finished_to_job_complete_seconds":
+            ((last_finished, WHOLE_SECOND), (end, WHOLE_SECOND), difference(end_at, finish_at)),
+        "job_complete_to_client_observed_seconds":
+            ((end, WHOLE_SECOND), (client_observed_at, 0.0), difference(client_observed_at, end_at)),
+        "last_reward_to_client_observed_seconds":
+            ((last_reward_at, 0.0), (client_observed_at, 0.0), difference(client_observed_at, last_reward_at)),
     }
+    gap: dict[str, Any] = {}
+    bounds: dict[str, list[float]] = {}
+    for name, ((first, first_spread), (last, last_spread), seconds) in parts.items():
+        if first is None or last is None or seconds is None:
+            gap[name] = None
+            continue
+        gap[name] = rounded(max(0.0, seconds))
+        bounds[name] = [rounded(max(0.0, last - first - first_spread)), rounded(max(0.0, last + last_spread - first))]
+    gap.update({
+        "bounds_seconds": bounds,
+        "precision_seconds": WHOLE_SECOND,
+        "note": "container finish and Job conditions are whole-second Kubernetes times, each read no earlier "
+                "than the moment before it; each part lies within its bounds_seconds; SuccessCriteriaMet "
+                "exists on Kubernetes >= 1.31",
+    })
+    return gap
 
 
 def node_distribution(pods: Iterable[dict]) -> dict[str, int]:
@@ -2328,8 +2582,13 @@ class BatchSummary:
     pictures and the pooling of rounds read, and nothing saves as such."""
     figures: dict[str, Any]
     episodes: list[dict]  # per episode: pod, index, points, phases, image_cache, runtime_class, guide_pod_to_ready
-    job_created: float  # the Job's creationTimestamp (whole seconds)
-    origin: float  # where its time axis starts: the earliest moment its Job may have existed
+    job_created: float  # the Job's creationTimestamp (whole seconds): where every time axis starts
+    origin: float  # the earliest moment its Job may have existed, within the second after job_created
+    # Accepted failures, each with its points as far as it got, for the timeline to draw:
+    # pod (None when it never existed), points, phases, index, failure_class, failure.
+    failed: list[dict] = dataclasses.field(default_factory=list)
+    # A rollout's successful rewards as they reached rewards.jsonl (the client's wall clock), for ramp.svg.
+    deliveries: list[float] = dataclasses.field(default_factory=list)
 
 
 @contextlib.contextmanager
@@ -2350,8 +2609,11 @@ def cycle_collector_paused() -> Iterator[None]:
 def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
                     events: Sequence[dict], count: int, builtin: bool = True,
                     client_observed_at: float | None = None,
-                    observed: dict[str, dict] | None = None) -> BatchSummary:
-    """Verify one batch and compute its figures and its phase breakdown; pure."""
+                    observed: dict[str, dict] | None = None,
+                    failed: Sequence[tuple[dict | None, dict]] = ()) -> BatchSummary:
+    """Verify one batch and compute its figures and its phase breakdown; pure. `failed`: the
+    accepted failures, (final pod or None, rewards row), placed as far as they got, from the
+    same sources and clocks, for the timeline; no figure counts them."""
     episodes = verify_batch(count, job, pods, logs, builtin)
     job_created = parse_time(job["metadata"]["creationTimestamp"])
     assert job_created is not None  # verify_batch checked it
@@ -2393,6 +2655,19 @@ def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
                         "runtime_class": (pod.get("spec") or {}).get("runtimeClassName"),
                         "index": (pod["metadata"].get("annotations") or {}).get(COMPLETION_INDEX_ANNOTATION),
                         "guide_pod_to_ready": ready["at"] - created})
+    failed_records = []
+    for pod, row in failed:
+        points = {point: None for point in POINTS}
+        if pod is not None:
+            log_events = parse_events(logs.get(pod_name(pod), "").splitlines())
+            ready, reward = (next((e for e in log_events if e["event"] == name), {}) for name in ("ready", "reward"))
+            points = episode_points(pod, ready, reward, scheduled.get(pod_name(pod)),
+                                    observed_pods.get(pod_name(pod)), kubelet.get(pod_name(pod)),
+                                    creations.get(pod_name(pod)), clocks_of(pod),
+                                    lower(job_created_point.earliest, "the Job's creation", REFERENCE_CLOCK))
+        failed_records.append({"pod": row["pod"], "points": points, "phases": phase_durations(points),
+                               "index": row["index"], "failure_class": row["failure_class"],
+                               "failure": row["failure"]})
     phases = phase_summary(durations)
     guide = describe([record["guide_pod_to_ready"] for record in records])
     rewards = [r["reward"] for r in rows]
@@ -2419,9 +2694,9 @@ def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
         "warnings": warning_summary(events),
         "pods": rows,
     }
-    # The axis starts where the Job may first have existed: its pods can be created before
-    # the create call returns.
-    return BatchSummary(figures, records, job_created, job_created_point.earliest or job_created)
+    # The Job may first have existed before the create call returned (its pods can be created
+    # before): the timeline marks that moment on its axis, which starts at job_created.
+    return BatchSummary(figures, records, job_created, job_created_point.earliest or job_created, failed_records)
 
 
 # --------------------------------------------------------------------------
@@ -2440,10 +2715,12 @@ PHASE_COLOURS = {
 
 def episodes_csv(batches: Sequence[tuple[str, BatchSummary]]) -> str:
     """One row per episode: every point (seconds after its Job's creationTimestamp, and as an
-    absolute time with its source, clock and precision) and every phase with its precision."""
+    absolute time with its source, clock and precision) and every phase with its precision.
+    `index` (the completion index) is there for an Indexed Job; a default run's pods have none."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(["batch", "pod", "index", "node", "reward", "image_cache", "runtime_class"]
+    indexed = any(record.get("index") is not None for _, summary in batches for record in summary.episodes)
+    writer.writerow(["batch", "pod", *(["index"] if indexed else []), "node", "reward", "image_cache", "runtime_class"]
                     + [f"{p}_after_job_seconds" for p in POINTS]
                     + [f"{p}_precision_seconds" for p in POINTS]
                     + [f"{phase}_seconds" for phase in PHASES]
@@ -2459,7 +2736,8 @@ def episodes_csv(batches: Sequence[tuple[str, BatchSummary]]) -> str:
             points = [record["points"][p] for p in POINTS]
             phases = [record["phases"][ph] for ph in PHASES]
             writer.writerow(
-                [batch_name, record["pod"], record["index"] or "", row["node"] or "", row["reward"],
+                [batch_name, record["pod"], *([record["index"] or ""] if indexed else []), row["node"] or "",
+                 row["reward"],
                  record.get("image_cache") or "", record.get("runtime_class") or ""]
                 + ["" if point is None else f"{point[0] - job_created:.6f}" for point in points]
                 + ["" if point is None else f"{point[1]:.6g}" for point in points]
@@ -2484,16 +2762,21 @@ def nice_step(span: float, ticks: int = 8) -> float:
 def timeline_title(settings: dict) -> str:
     """What the timeline shows: its episodes in all, and in how many rounds."""
     count, rounds = settings["count"], settings.get("rounds") or 1
-    episodes = f"{count} episodes" if rounds == 1 else f"{rounds} rounds of {count} episodes ({rounds * count} in all)"
+    episodes = plural(count, "episode") if rounds == 1 else \
+        f"{rounds} rounds of {plural(count, 'episode')} ({rounds * count} in all)"
     return f"{episodes}, parallelism {settings['parallelism']}, runtime {settings['runtime']}"
 
 
+# Every picture and episodes.csv count from the same zero as results.json's batch_to_* figures.
+TIME_AXIS = "seconds after the Job's creationTimestamp (its whole second, as results.json and episodes.csv count)"
+
+
 def timeline_svg(batches: Sequence[tuple[str, BatchSummary]], title: str) -> str:
-    """One bar per episode on a shared axis from its Job's creation, coloured by phase."""
-    # Bars in the order the pods were created, each batch from its Job's true creation.
-    episodes = [(summary.origin, record) for _, summary in batches
-                for record in sorted(summary.episodes, key=lambda r: (
-                    r["points"]["pod_created"][0] if r["points"].get("pod_created") else math.inf, r["pod"]))]
+    """One bar per episode on a shared axis from its Job's creationTimestamp, coloured by phase."""
+    # Bars in the order the pods were created, each batch from its Job's creationTimestamp.
+    episodes = [(summary.job_created, record) for _, summary in batches
+                for record in sorted(summary.episodes + summary.failed, key=lambda r: (
+                    r["points"]["pod_created"][0] if r["points"].get("pod_created") else math.inf, r["pod"] or ""))]
     count = len(episodes)
     row_height = 18 if count <= 40 else max(3, min(12, 720 // max(count, 1)))
     labels = row_height >= 10
@@ -2529,26 +2812,56 @@ def timeline_svg(batches: Sequence[tuple[str, BatchSummary]], title: str) -> str
         tick += step
     parts.append(f'<line x1="{left}" y1="{axis_y}" x2="{left + plot_width}" y2="{axis_y}" stroke="black"/>')
     parts.append(f'<text x="{left + plot_width / 2:.0f}" y="{axis_y + 36}" text-anchor="middle">'
-                 f'seconds after the Job was created</text>')
+                 f'{html_escape(TIME_AXIS)}</text>')
+    if len(batches) == 1 and batches[0][1].origin > batches[0][1].job_created:
+        # Where the Job may first have existed: its stamp only names the second it began in.
+        summary = batches[0][1]
+        created_x = x(summary.origin - summary.job_created)
+        parts.append(f'<line x1="{created_x:.1f}" y1="{top - 4}" x2="{created_x:.1f}" y2="{axis_y}" '
+                     f'stroke="#888" stroke-dasharray="4 3"><title>the Job created, at the earliest: '
+                     f'{summary.origin - summary.job_created:.3f} s</title></line>')
     if not labels:
         parts.append(f'<text x="{left - 12}" y="{top + row_height * count / 2:.0f}" text-anchor="middle" '
                      f'transform="rotate(-90 {left - 12} {top + row_height * count / 2:.0f})">'
                      f'{count} episodes, one row each</text>')
     for row, (origin, record) in enumerate(episodes):
         y = top + row * row_height
+        failed = "failure_class" in record
         if labels:
-            label = record["pod"]  # a pod's name starts with its Job's: it names the round too
-            parts.append(f'<text x="{left - 6}" y="{y + row_height * 0.7:.1f}" text-anchor="end" '
-                         f'font-size="11">{html_escape(label[-26:])}</text>')
+            # A pod's name starts with its Job's: it names the round too.
+            label = record["pod"] or f"episode {record['index']}: no pod"
+            parts.append(f'<text x="{left - 6}" y="{y + row_height * 0.7:.1f}" text-anchor="end" font-size="11"'
+                         f'{FAILED_FILL if failed else ""}>{html_escape(label[-26:])}</text>')
         parts += timeline_bars(record, lambda moment: x(moment - origin), y, row_height)
+        if failed:
+            parts.append(failed_marker(record, lambda moment: x(moment - origin), left, y, row_height))
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
+
+
+FAILED_FILL = ' fill="#c1121f"'
+GAP_MEANING = "gap: a point not reported (e.g. by an episode script) or not measured"
+FAILED_MEANING = "\u2715 failed (or cancelled) episode, drawn as far as it got"
+
+
+def failed_marker(record: dict, x: Callable[[float], float], left: int, y: int, row_height: int) -> str:
+    """A failed episode's mark after the last point it reached (at the axis start if none), its
+    class and why in the tooltip."""
+    reached = [point[0] for point in record["points"].values() if point is not None]
+    at = x(max(reached)) if reached else float(left)
+    who = record["pod"] or f"episode {record['index']}"
+    what = "cancelled" if record["failure_class"] == CANCELLED else f"failed ({record['failure_class']})"
+    why = f"{who} {what}: {record['failure']}"
+    return (f'<text x="{at + 2:.1f}" y="{y + row_height * 0.8:.1f}" font-size="{min(12, row_height + 2)}"'
+            f'{FAILED_FILL}>\u2715<title>{html_escape(why)}</title></text>')
 
 
 def timeline_legend(left: int, right_edge: int) -> tuple[list[str], int]:
     """The timeline's legend, one swatch per phase, wrapped at `right_edge`; and its last row's y."""
     legend = [(phase.replace("_", " "), f'fill="{colour}"') for phase, colour in PHASE_COLOURS.items()]
     legend.append(("split below its precision", 'fill="url(#unsplit)"'))
+    legend.append((FAILED_MEANING, FAILED_FILL.strip()))
+    legend.append((GAP_MEANING, 'fill="white" stroke="#999"'))
     parts, legend_x, legend_y = [], left, 32
     for name, fill in legend:
         item_width = 16 + 7 * len(name) + 14
@@ -2605,6 +2918,7 @@ RAMP_COLOURS = {
     "ready": "#2a9d8f",
     "reward": "#4f86c6",
     "container_finished": "#1d1d1d",
+    "reward_delivered": "#d62828",
 }
 CDF_COLOURS = dict(PHASE_COLOURS, pod_to_ready="#d62828", pod_to_reward="#1d1d1d")
 
@@ -2680,30 +2994,38 @@ def chart_svg(title: str, subtitle: str, series: Sequence[tuple[str, str, list[t
 
 
 def ramp_svg(batches: Sequence[tuple[str, BatchSummary]], title: str, figures: dict | None = None) -> str:
-    """How many pods had been created, scheduled, ... finished, over time from the first Job's creation;
-    `figures`: the batches' throughput, when already computed."""
-    records = [record for _, summary in batches for record in summary.episodes]
+    """How many pods had been created, scheduled, ... finished, over time from their Job's
+    creationTimestamp (as the timeline counts); `figures`: the batches' throughput, when already computed."""
+    records = [(summary.job_created, record) for _, summary in batches for record in summary.episodes]
     total = len(records)
-    origin = min((summary.job_created for _, summary in batches if summary.episodes), default=0.0)
     series = []
     for point in RAMP_POINTS:
-        moments = [record["points"][point][0] - origin for record in records if record["points"].get(point)]
+        moments = [record["points"][point][0] - origin for origin, record in records if record["points"].get(point)]
         known = "" if len(moments) == total else f" ({len(moments)} known)"
         series.append((f"{point.replace('_', ' ')}{known}", RAMP_COLOURS[point],
                        [(x, float(n)) for x, n in thinned(moments)], point == "ready",
-                       f"{point}: {len(moments)} episodes"))
+                       f"{point}: {plural(len(moments), 'episode')}"))
+    delivered = [moment - summary.job_created for _, summary in batches for moment in summary.deliveries]
+    if delivered:
+        # A rollout's successful rewards as they reached rewards.jsonl (the client's clock).
+        series.append(("reward in rewards.jsonl", RAMP_COLOURS["reward_delivered"],
+                       [(x, float(n)) for x, n in thinned(delivered)], True,
+                       f"rewards delivered: {len(delivered)} lines"))
     figures = figures if figures is not None else throughput(batches)
-    subtitle = (f"{total} episodes; pods created {figures['pods_created_per_second'] or '-'}/s; sandboxes ready "
+    failed = sum(len(summary.failed) for _, summary in batches)
+    left_out = f" ({failed} failed or cancelled, not counted)" if failed else ""
+    subtitle = (f"{plural(total, 'episode')}{left_out}; pods created "
+                f"{figures['pods_created_per_second'] or '-'}/s; sandboxes ready "
                 f"{figures['sandboxes_ready_per_second_mean'] or '-'}/s mean, "
                 f"{figures['sandboxes_ready_per_second_peak'] or '-'} in the busiest second; "
-                f"at most {figures['max_episodes_running_at_once'] or '-'} running at once")
+                f"at most {plural(figures['max_episodes_running_at_once'] or None, 'episode')} running at once")
     y_step = nice_step(max(total, 1), ticks=5)
     ticks = []
     value = 0.0
     while value <= total + 1e-9:
         ticks.append((value, f"{value:g}"))
         value += y_step
-    return chart_svg(title, subtitle, series, "seconds after the Job was created", "episodes (cumulative)",
+    return chart_svg(title, subtitle, series, TIME_AXIS, "episodes (cumulative)",
                      max(total, 1), ticks)
 
 
@@ -2721,9 +3043,10 @@ def cdf_svg(batches: Sequence[tuple[str, BatchSummary]], title: str) -> str:
             label = f"{phase.replace('_', ' ')}: no samples"
         series.append((label, CDF_COLOURS[phase],
                        [(x, n / len(values)) for x, n in thinned(values)], phase == "pod_to_ready",
-                       f"{phase}: {len(values)} episodes"))
+                       f"{phase}: {plural(len(values), 'episode')}"))
     ticks = [(q / 4, f"{q * 25}%") for q in range(5)]
-    subtitle = (f"{len(records)} episodes; each line: the share of episodes whose phase took at most x seconds; "
+    subtitle = (f"{plural(len(records), 'episode')}; each line: the share of episodes whose phase took at most "
+                f"x seconds; "
                 f"legend: P50 / P95 in seconds")
     return chart_svg(title, subtitle, series, "seconds", "share of episodes", 1.0, ticks, x_min=lowest)
 
@@ -2731,10 +3054,11 @@ def cdf_svg(batches: Sequence[tuple[str, BatchSummary]], title: str) -> str:
 def timeline_sample(batches: Sequence[tuple[str, BatchSummary]],
                     limit: int = TIMELINE_MAX_ROWS) -> tuple[list[tuple[str, BatchSummary]], str]:
     """At most `limit` episodes for the timeline, evenly spread in order of pod creation, and a note saying so."""
-    total = sum(len(summary.episodes) for _, summary in batches)
+    total = sum(len(summary.episodes) + len(summary.failed) for _, summary in batches)
     if total <= limit:
         return list(batches), ""
-    ordered = sorted(((name, summary, record) for name, summary in batches for record in summary.episodes),
+    ordered = sorted(((name, summary, record) for name, summary in batches
+                      for record in summary.episodes + summary.failed),
                      key=lambda item: ((item[2]["points"].get("pod_created") or (0.0,))[0],
                                        (item[2]["points"].get("ready") or (0.0,))[0]))
     keep = {round(i * (total - 1) / (limit - 1)) for i in range(limit)}
@@ -2742,8 +3066,9 @@ def timeline_sample(batches: Sequence[tuple[str, BatchSummary]],
     for index, (name, summary, record) in enumerate(ordered):
         if index in keep:
             chosen.setdefault(name, []).append(record)
-    sampled = [(name, dataclasses.replace(summary, episodes=chosen[name])) for name, summary in batches
-               if name in chosen]
+    sampled = [(name, dataclasses.replace(summary, episodes=[r for r in chosen[name] if "failure_class" not in r],
+                                          failed=[r for r in chosen[name] if "failure_class" in r]))
+               for name, summary in batches if name in chosen]
     return sampled, f" - {len(keep)} of {total} episodes, evenly spread in order of pod creation"
 
 
@@ -2765,26 +3090,46 @@ def throughput_line(figures: dict) -> str:
     return (f"throughput: pods created {shown(figures.get('pods_created_per_second'))}/s, sandboxes ready "
             f"{shown(figures.get('sandboxes_ready_per_second_mean'))}/s mean and "
             f"{shown(figures.get('sandboxes_ready_per_second_peak'))} in the busiest second, "
-            f"at most {shown(figures.get('max_episodes_running_at_once'))} episodes running at once")
+            f"at most {plural(figures.get('max_episodes_running_at_once'), 'episode')} running at once")
+
+
+# The phase of the guide's name, measured between sharper points: named apart where printed.
+SHARP_POD_TO_READY = "pod_to_ready (sharp)"
 
 
 def phase_table(phases: dict[str, dict]) -> str:
     """A plain-text table of the phase breakdown."""
     lines = [f"{'phase':<24}{'p50':>8}{'p95':>8}{'p99':>8}{'max':>8}{'n':>6}{'missing':>9}  precision"]
     for phase, entry in phases.items():
+        label = SHARP_POD_TO_READY if phase == "pod_to_ready" else phase
         precision = entry.get("precision_seconds")
 
         def cell(key: str) -> str:
             return f"{figure(entry.get(key), precision):>8}"
-        lines.append(f"{phase:<24}{cell('p50')}{cell('p95')}{cell('p99')}{cell('max')}"
+        lines.append(f"{label:<24}{cell('p50')}{cell('p95')}{cell('p99')}{cell('max')}"
                      f"{entry['samples']:>6}{entry['missing']:>9}  "
                      f"{'-' if precision is None else f'{precision:.3g} s'}")
     return "\n".join(lines)
 
 
+def pod_to_ready_line(results: dict) -> str | None:
+    """The two pod_to_ready P50s side by side, each named by how it is measured."""
+    sharp = (results.get("phases") or {}).get("pod_to_ready") or {}
+    guide = results.get("pod_to_ready_p50_seconds")
+    if guide is None or sharp.get("p50") is None:
+        return None
+    counted = " (failed episodes counted at the deadline)" if results.get("pod_to_ready_censored") else ""
+    return (f"pod_to_ready P50: {guide:.3f} s the guide's (from the pod's whole-second creationTimestamp; "
+            f"pod_to_ready_p50_seconds{counted})\n"
+            f"                  {figure(sharp['p50'], sharp.get('precision_seconds')):>5} s sharp (between the "
+            f"sharpest points; phases.pod_to_ready)")
+
+
 def phase_tables(results: dict) -> str:
-    """The phase table, then one per start path when the batch mixed them."""
-    tables = [phase_table(results["phases"])]
+    """The phase table and the two pod_to_ready P50s, then one table per start path when the
+    batch mixed them."""
+    tables = [phase_table(results["phases"]) + "".join(f"\n{line}" for line in [pod_to_ready_line(results)]
+                                                        if line)]
     for path, phases in (results.get("phases_by_start_path") or {}).items():
         tables.append(f"start path: {path}\n{phase_table(phases)}")
     return "\n\n".join(tables)
@@ -2810,19 +3155,22 @@ def figure(value: Any, precision: float | None) -> str:
 
 
 COMPARED_FIELDS = (
-    "episodes", "parallelism", "reward_sum", "batch_to_all_ready_seconds",
+    "episodes", "failed_episodes", "parallelism", "reward_sum", "batch_to_all_ready_seconds",
     "batch_to_all_rewards_seconds", "client_job_complete_seconds",
     "pod_to_ready_p50_seconds", "pod_to_ready_p95_seconds", "pod_to_ready_max_seconds",
 )
 # What a run was, beside what it measured: two runs that differ here are not alike.
-COMPARED_CONDITIONS = ("image", "runtime", "cache_state", "harden", "episode_script_sha256")
+COMPARED_CONDITIONS = ("context", "image", "runtime", "cache_state", "harden", "episode_script_sha256")
+# A run without the field failed no episode: it has results only if every episode passed.
+COMPARED_DEFAULTS = {"failed_episodes": 0}
 
 
 def compare_table(first: dict, second: dict, first_label: str, second_label: str) -> str:
     """Key figures of two runs side by side, with second/first ratios."""
     width = max(len(first_label), len(second_label), 12)
     lines = [f"{'metric':<32}{first_label:>{width}}  {second_label:>{width}}  {'B/A':>8}"]
-    rows = [(field, first.get(field), second.get(field)) for field in COMPARED_FIELDS]
+    rows = [(field, first.get(field, COMPARED_DEFAULTS.get(field)), second.get(field, COMPARED_DEFAULTS.get(field)))
+            for field in COMPARED_FIELDS]
     precise: dict[str, tuple[Any, Any]] = {}  # row -> the precision of each side's figure
     for phase in PHASES:
         # The guide's figure of the same name counts from whole seconds; the phase is sharper.
@@ -3537,6 +3885,8 @@ class LogReader:
         self.early: dict[str, tuple[str, str]] = {}
         self.saved: dict[str, str] = {}  # pod name -> the log text saved as <pod>.log
         self._reads: dict[tuple[str, str], concurrent.futures.Future] = {}
+        # Told (from a reader's thread) the name of each pod whose log was read after its end.
+        self.on_read: Callable[[str], None] | None = None
 
     def schedule(self, ended: list[tuple[str, str]]) -> None:
         """Read the log of each ended container once; keyed by container, so a restarted one's is read again."""
@@ -3552,7 +3902,9 @@ class LogReader:
                 write_text(os.path.join(self.log_dir, f"{name}.log"), text)
                 self.saved[name] = text
         except DemoError:
-            pass  # read again (and saved) when the batch's evidence is collected
+            return  # read again (and saved) when the batch's evidence is collected
+        if self.on_read is not None:
+            self.on_read(name)
 
     def collect(self, pods: Sequence[dict], batch_dir: str, retry_until: float | None,
                 problems: list[str]) -> dict[str, str]:
@@ -3583,6 +3935,142 @@ class LogReader:
         return logs
 
 
+class RewardCallbackError(Exception):
+    """The caller's on_reward callback raised: the run stops as an interruption does, and the
+    callback's own exception (`original`) is raised to the caller."""
+
+    def __init__(self, original: BaseException) -> None:
+        super().__init__(f"on_reward raised {type(original).__name__}: {original}")
+        self.original = original
+
+
+class RewardStream:
+    """rewards.jsonl while the batch runs: each episode's line is appended (and flushed) the moment its
+    outcome is final, and never changed; at the end the file is rewritten whole, in index order, with
+    the very same lines and those of the episodes settled only by the evidence read after the end.
+
+    `judge` is told which pods changed (or whose log was read) and settles their episodes;
+    `on_reward`, if given, is called with each line's row as it is written, from the thread that
+    follows the batch (the one that called `run`).
+    """
+
+    def __init__(self, path: str, settings: dict, on_reward: Callable[[dict], None] | None = None,
+                 stop: threading.Event | None = None) -> None:
+        self.path = path
+        self.count = settings["count"]
+        self.builtin = settings["builtin"]
+        self.task_ids = settings.get("task_ids")
+        self.group_size = settings.get("group_size") or 1
+        self.may_retry = bool(settings.get("retries"))
+        self.on_reward = on_reward
+        self.rows: dict[int, dict] = {}
+        self.deliveries: list[Delivery] = []
+        self.pods_of: dict[int, set[str]] = {}
+        self.waiting: set[int] = set()  # an attempt of theirs ended: settled once the log or the Job says so
+        self._handle: TextIO | None = open(path, "w", encoding="utf-8")
+        # Set from another thread (stream_batch's reader gone): the run stops at its next turn.
+        self.stop = stop
+
+    def check_stop(self) -> None:
+        """Stop the run, as an on_reward callback raising would, once asked to from another thread."""
+        if self.stop is not None and self.stop.is_set():
+            raise RewardCallbackError(StreamClosed("stream_batch()'s reader stopped before the batch ended"))
+
+    def judge(self, state: BatchState, early: dict[str, tuple[str, str]], names: Iterable[str] | None) -> None:
+        """Settle the episodes of these pods (None: every episode waiting on the Job's word)."""
+        if names is None:
+            indexes = set(self.waiting)
+        else:
+            indexes = set()
+            for name in names:
+                pod = state.pods.get(name)
+                index = None if pod is None else pod_index(pod)
+                if index is not None and 0 <= index < self.count and index not in self.rows:
+                    self.pods_of.setdefault(index, set()).add(name)
+                    indexes.add(index)
+        for index in sorted(indexes):
+            self._settle(index, state, early)
+
+    def _settle(self, index: int, state: BatchState, early: dict[str, tuple[str, str]]) -> None:
+        attempts = pods_by_index((state.pods[name] for name in self.pods_of.get(index, ())), self.count).get(index, [])
+        logs = ended_logs(attempts, early)
+        if not settled_attempt(attempts, state.job, index, logs, self.may_retry):
+            if any(pod_terminal(p) for p in attempts):
+                self.waiting.add(index)
+            return
+        warnings = pod_warnings(state.events.events()) if any(
+            (p.get("status") or {}).get("phase") == "Failed" for p in attempts) else {}
+        row = episode_row(index, attempts, state.job or {"metadata": {}}, logs, self.builtin, self.task_ids,
+                          self.group_size, warnings)
+        final = next((p for p in attempts if pod_name(p) == row["pod"]), None)
+        seen = ((state.observed.get(row["pod"] or "") or {}).get("seen") or {}).get("terminated")
+        self.deliver(row, final, logs.get(row["pod"] or "", ""), seen, streamed=True)
+
+    def deliver(self, row: dict, pod: dict | None, log_text: str, seen_terminated: float | None,
+                streamed: bool) -> None:
+        """Append one episode's line, once; then hand it to on_reward."""
+        index = row["index"]
+        if index in self.rows or self._handle is None:
+            return
+        self._handle.write(json.dumps(row) + "\n")
+        self._handle.flush()
+        written = time.time()
+        self.rows[index] = row
+        self.waiting.discard(index)
+        after, before = container_end_bounds(pod, log_text, seen_terminated)
+        self.deliveries.append(Delivery(index, row["failure_class"] is None, written, after, before, streamed))
+        if self.on_reward is not None:
+            try:
+                self.on_reward(dict(row))
+            except Exception as error:
+                # Told once: the lines saved while the run stops are not handed to it again.
+                self.on_reward = None
+                raise RewardCallbackError(error) from error
+
+    def finish(self, rows: Sequence[dict], pods: Sequence[dict], logs: dict[str, str],
+               observed: dict[str, dict]) -> list[dict]:
+        """The batch's rows: each line already written as it was, the rest (from the evidence read
+        after the end) appended; then the file rewritten atomically in index order."""
+        by_name = {pod_name(pod): pod for pod in pods}
+        for row in rows:
+            name = row.get("pod") or ""
+            seen = ((observed.get(name) or {}).get("seen") or {}).get("terminated")
+            self.deliver(row, by_name.get(name), logs.get(name, ""), seen, streamed=False)
+        self.close()
+        final = [self.rows[index] for index in sorted(self.rows)]
+        write_text(self.path, rewards_jsonl(final))
+        return final
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
+
+
+def ended_logs(attempts: Sequence[dict], early: dict[str, tuple[str, str]]) -> dict[str, str]:
+    """The logs of these pods read after their container ended; an ended pod whose container never
+    ran has none to read (empty)."""
+    logs = {}
+    for pod in attempts:
+        name = pod_name(pod)
+        terminated = container_terminated(pod)
+        read = early.get(name)
+        if terminated is not None and read and read[0] == terminated.get("containerID", ""):
+            logs[name] = read[1]
+        elif terminated is None and pod_terminal(pod):
+            logs[name] = ""
+    return logs
+
+
+def pod_terminal(pod: dict) -> bool:
+    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+
+
+class LogRead(NamedTuple):
+    """A pod's log was read after its container ended: its episode may be settled now."""
+    pod: str
+
+
 class WatchEvent(NamedTuple):
     """What a watch printed: of the Job, the pods or the events (`kind`), and when it arrived."""
     kind: str
@@ -3605,7 +4093,7 @@ class WatchStream:
         self.kubectl = kubectl
         self.namespace = namespace
         self.job_name = job_name
-        self.queue: queue.Queue[WatchEvent | WatchEnded] = queue.Queue()
+        self.queue: queue.Queue[WatchEvent | WatchEnded | LogRead] = queue.Queue()
         self.processes: dict[str, subprocess.Popen] = {}
         self.failures = {"job": 0, "pods": 0, "events": 0}
 
@@ -3738,7 +4226,8 @@ class BatchFollower:
 
     def __init__(self, kubectl: Kubectl, namespace: str, job_name: str, count: int,
                  progress: Progress, pool: concurrent.futures.ThreadPoolExecutor,
-                 proxy: ApiProxy | None = None, log_dir: str | None = None) -> None:
+                 proxy: ApiProxy | None = None, log_dir: str | None = None,
+                 rewards: RewardStream | None = None) -> None:
         self.kubectl = kubectl
         self.job_name = job_name
         self.count = count
@@ -3747,6 +4236,10 @@ class BatchFollower:
         self.watches = WatchStream(kubectl, namespace, job_name)
         self.poller = PollFallback(kubectl, namespace, job_name)
         self.log_reader = LogReader(kubectl, namespace, pool, proxy, log_dir)
+        # A rollout's rewards.jsonl, each line written as its episode settles (a log read wakes the loop).
+        self.rewards = rewards
+        if rewards is not None:
+            self.log_reader.on_read = lambda name: self.watches.queue.put(LogRead(name))
         self.cost = WaitCost()
         # The namespace's events are followed while waiting so that little is left to read at the
         # end; not watched (then listed at the end) when the watch is refused or broke for good.
@@ -3782,6 +4275,8 @@ class BatchFollower:
                 if kind not in self.watches:
                     self.watches.start(kind, client_deadline)
             while self.end is None and time.monotonic() < client_deadline:
+                if self.rewards is not None:
+                    self.rewards.check_stop()
                 if self.poller.due(time.monotonic()):
                     self._poll(client_deadline)
                     if self.end is not None:
@@ -3816,10 +4311,13 @@ class BatchFollower:
         self.cost.took(self.watches.queue.qsize())
         self.take(item, client_deadline)
 
-    def take(self, item: WatchEvent | WatchEnded, client_deadline: float) -> None:
-        """One queue item: a watch event, or the end of a watch."""
+    def take(self, item: WatchEvent | WatchEnded | LogRead, client_deadline: float) -> None:
+        """One queue item: a watch event, the end of a watch, or a log read."""
         if isinstance(item, WatchEnded):
             self._watch_ended(item.kind, item.refusal, client_deadline)
+            return
+        if isinstance(item, LogRead):
+            self.judge([item.pod])
             return
         kind, event, arrived = item
         self.watches.failures[kind] = 0
@@ -3830,6 +4328,13 @@ class BatchFollower:
             self._on_job(obj, arrived)
         else:
             self.log_reader.schedule(self.state.apply(kind, event.get("type") or "ADDED", obj, arrived))
+            if kind == "pods":
+                self.judge([(obj.get("metadata") or {}).get("name", "")])
+
+    def judge(self, names: Iterable[str] | None) -> None:
+        """Write the rewards.jsonl line of each episode these pods settle (None: those waiting on the Job)."""
+        if self.rewards is not None:
+            self.rewards.judge(self.state, self.log_reader.early, names)
 
     def _watch_ended(self, kind: str, refusal: str | None, client_deadline: float) -> None:
         """A watch ended: restarted, or after repeated breaks the follower polls instead (the
@@ -3868,9 +4373,11 @@ class BatchFollower:
         if self.state.on_job(job, time.time() if arrived is None else arrived):
             self.end_seen_monotonic = time.monotonic()
             self.end_seen_wall = time.time()
+        self.judge(None)
 
     def _on_pod(self, pod: dict, deleted: bool = False, arrived: float | None = None) -> None:
         self.log_reader.schedule(self.state.on_pod(pod, deleted, time.time() if arrived is None else arrived))
+        self.judge([pod_name(pod)])
 
     def _show(self, submitted_monotonic: float) -> None:
         self.progress.update(status_line(self.job_name, self.count, self.job,
@@ -4058,6 +4565,11 @@ def program_name() -> str:
     return name if name and not name.endswith(".py") else "python3 rl_batch_demo.py"
 
 
+def kubeconfig_path() -> str:
+    """The kubeconfig kubectl reads here: $KUBECONFIG (maybe a list), else ~/.kube/config."""
+    return os.environ.get("KUBECONFIG") or os.path.join(os.path.expanduser("~"), ".kube", "config")
+
+
 def cleanup_command(output: str, kubectl_binary: str = "kubectl") -> str:
     extra = "" if kubectl_binary == "kubectl" else f" --kubectl {shlex.quote(kubectl_binary)}"
     return f"{program_name()} cleanup --output {shlex.quote(output)}{extra}"
@@ -4080,9 +4592,10 @@ class Receipt:
         self.fields = fields
 
     @classmethod
-    def start(cls, output: str, context: str, namespace: str, run_id: str) -> Receipt:
-        """A new run's receipt; written by its first `save()`."""
-        return cls(os.path.join(output, RECEIPT_FILE), {"context": context, "namespace": namespace, "run_id": run_id})
+    def start(cls, output: str, context: str, namespace: str, run_id: str, kubeconfig: str | None = None) -> Receipt:
+        """A new run's receipt, with the kubeconfig its context came from; written by its first `save()`."""
+        fields = {"context": context, "namespace": namespace, "run_id": run_id}
+        return cls(os.path.join(output, RECEIPT_FILE), dict(fields, kubeconfig=kubeconfig) if kubeconfig else fields)
 
     @classmethod
     def read(cls, output: str) -> Receipt:
@@ -4176,7 +4689,11 @@ def batch_names(rounds: int, warmup: bool) -> list[tuple[str, bool]]:
 
 
 def rollout_policy(settings: dict) -> RolloutPolicy | None:
-    """Retries and accepted failures, when either was asked for; else the guide's backoffLimit 0."""
+    """Retries and accepted failures, when either was asked for, or --need (which accepts the
+    failures it over-provisions for: count - need); else the guide's backoffLimit 0."""
+    need = settings.get("need")
+    if need is not None:
+        return RolloutPolicy(settings.get("retries") or 0, settings["count"] - need, need)
     if settings.get("retries") is None and settings.get("allow_failures") is None:
         return None
     return RolloutPolicy(settings.get("retries") or 0, settings.get("allow_failures") or 0)
@@ -4189,7 +4706,7 @@ def batch_job(namespace: str, settings: dict, name: str, task_maps: Sequence[dic
         settings["runtime"], settings["timeout"], name=name, harden=settings["harden"],
         indexed=not settings["builtin"],
         tasks=tasks_volume(task_maps, settings.get("group_size") or 1) if task_maps else None,
-        policy=rollout_policy(settings))
+        policy=rollout_policy(settings), episode_timeout=settings.get("episode_timeout"))
 
 
 class RunPlan(NamedTuple):
@@ -4245,17 +4762,18 @@ def current_user(kubectl: Kubectl) -> str:
     return named or "(unknown)"
 
 
-def find_kubectl(binary: str) -> str:
+def find_kubectl(binary: str, spelling: Spelling = COMMAND_LINE) -> str:
     """The kubectl to run, or a one-line error naming what is wrong with it."""
     found = shutil.which(binary)
     if found:
         return found
     if os.path.exists(binary):
-        raise DemoError(f"kubectl at {binary} is not executable (chmod +x it or pass --kubectl PATH)")
-    raise DemoError(f"kubectl not found: {binary!r} (install kubectl or pass --kubectl PATH)")
+        raise DemoError(f"kubectl at {binary} is not executable (chmod +x it or pass "
+                        f"{spelling.option('kubectl', 'PATH')})")
+    raise DemoError(f"kubectl not found: {binary!r} (install kubectl or pass {spelling.option('kubectl', 'PATH')})")
 
 
-def require_kubectl(kubectl: Kubectl) -> None:
+def require_kubectl(kubectl: Kubectl, spelling: Spelling = COMMAND_LINE) -> None:
     """Fail unless the binary answers `version --client` as kubectl does.
 
     A binary that is not kubectl (`--kubectl /bin/true`) answers every question
@@ -4267,11 +4785,11 @@ def require_kubectl(kubectl: Kubectl) -> None:
     except (KubectlError, ValueError):
         version = None
     if not isinstance(version, dict) or "clientVersion" not in version:
-        raise DemoError(f"--kubectl {kubectl.binary} does not look like kubectl "
+        raise DemoError(f"{spelling.setting('kubectl', kubectl.binary)} does not look like kubectl "
                         f"(`version --client` printed no kubectl version)")
 
 
-def resolve_context(kubectl: Kubectl, wanted: str | None) -> str:
+def resolve_context(kubectl: Kubectl, wanted: str | None, spelling: Spelling = COMMAND_LINE) -> str:
     """The context every later call names: --context if it exists, else the current one."""
     if wanted:
         try:
@@ -4280,7 +4798,7 @@ def resolve_context(kubectl: Kubectl, wanted: str | None) -> str:
             raise DemoError(f"kube context {wanted!r} not found in the kubeconfig "
                             f"(kubectl config get-contexts lists them)") from None
         if not named.strip():
-            require_kubectl(kubectl)
+            require_kubectl(kubectl, spelling)
             raise DemoError(f"kube context {wanted!r} not found in the kubeconfig "
                             f"(kubectl config get-contexts lists them)")
         return wanted
@@ -4288,15 +4806,17 @@ def resolve_context(kubectl: Kubectl, wanted: str | None) -> str:
         context = kubectl.run(["config", "current-context"], request_timeout=None).strip()
     except KubectlError as error:
         raise DemoError(f"no current kube context ({error}); "
-                        f"set one or pass --context NAME") from None
+                        f"set one or pass {spelling.option('context', 'NAME')}") from None
     if not context:
-        require_kubectl(kubectl)
-        raise DemoError("no current kube context; set one or pass --context NAME")
+        require_kubectl(kubectl, spelling)
+        raise DemoError(f"no current kube context; set one or pass {spelling.option('context', 'NAME')}")
     return context
 
 
-def describe_failure(job: dict | None, pods: Sequence[dict], job_name: str, limit_seconds: int) -> list[str]:
-    """Why a Job did not complete: its condition and each pod that did not succeed."""
+def describe_failure(job: dict | None, pods: Sequence[dict], job_name: str, limit_seconds: int,
+                     logs: dict[str, str] | None = None) -> list[str]:
+    """Why a Job did not complete: its condition and each pod that did not succeed (a failed
+    container's line quotes the end of the Python traceback in its log)."""
     lines = []
     failed = condition(job or {}, "Failed")
     if failed and failed.get("status") == "True":
@@ -4309,8 +4829,8 @@ def describe_failure(job: dict | None, pods: Sequence[dict], job_name: str, limi
             continue
         state = container_status(pod).get("state") or {}
         if "terminated" in state:
-            detail = (f"container exited {state['terminated'].get('exitCode')} "
-                      f"({state['terminated'].get('reason', '')})")
+            detail = with_traceback(f"container exited {state['terminated'].get('exitCode')} "
+                                    f"({state['terminated'].get('reason', '')})", (logs or {}).get(pod_name(pod), ""))
         elif "waiting" in state:
             detail = f"{state['waiting'].get('reason', 'waiting')}: {state['waiting'].get('message', '')}".rstrip(": ")
         elif "running" in state:
@@ -4332,8 +4852,8 @@ def summarised_problems(problems: Sequence[str], shown: int = 3) -> list[str]:
 def saved_evidence(job: dict | None, pods: Sequence[dict], logs: dict[str, str], events: Sequence[dict]) -> str:
     """Which evidence a failed batch left, so no one looks for logs that never existed."""
     written = sum(1 for text in logs.values() if text.strip())
-    parts = [f"saved: job.json{'' if job else ' (unreadable)'}", f"pods.json ({len(pods)} pods)",
-             f"events.txt ({len(events)} events)", f"{written} of {len(pods)} pod logs with content"]
+    parts = [f"saved: job.json{'' if job else ' (unreadable)'}", f"pods.json ({plural(len(pods), 'pod')})",
+             f"events.txt ({plural(len(events), 'event')})", f"{written} of {len(pods)} pod logs with content"]
     if not pods:
         parts.append("no pod is left to have a log (the Job controller deletes a Job's pods when it ends it "
                      "for its deadline)")
@@ -4389,6 +4909,9 @@ class RunContext:
     batch: BatchEvidence | None = None  # the batch under way: what an interruption saves
     touched_cluster: bool = False
     silent: bool = False  # a quiet Python caller: its stdout and stderr carry only warnings and errors
+    spelling: Spelling = COMMAND_LINE  # how its errors name the settings: flags, or run_batch()'s keywords
+    on_reward: Callable[[dict], None] | None = None  # run_batch's caller, told each rewards.jsonl line
+    stop: threading.Event | None = None  # set by stream_batch once its reader has gone
 
     @property
     def namespace(self) -> str:
@@ -4400,7 +4923,7 @@ def execute(run: RunContext) -> Results:
     save_run_records(run)
     check_runtime_class(run)
     if rollout_policy(run.settings):
-        check_server_version(run)
+        check_server_version(run)  # --need among them
     check_capacity(run)
     stamp_origin(run)
     create_namespace(run)
@@ -4429,24 +4952,30 @@ def check_runtime_class(run: RunContext) -> None:
                             f"{error}; nothing was created") from None
         if error.not_found:
             raise DemoError(f"RuntimeClass {runtime!r} not found in context {context!r}; "
-                            f"nothing was created (pass --runtime NAME)") from None
+                            f"nothing was created (pass {run.spelling.option('runtime', 'NAME')})") from None
         raise DemoError(f"cannot reach the cluster of context {context!r}: {error}; "
                         f"nothing was created") from None
 
 
 def check_server_version(run: RunContext) -> None:
-    """Retries and accepted failures need the Job API of Kubernetes >= 1.33; an older server
+    """Retries, accepted failures and --need need the Job API of Kubernetes >= 1.33; an older server
     would drop or reject the fields, so say so before anything is created."""
-    context = run.kubectl.context
+    context, name = run.kubectl.context, run.spelling.name
+    needs = f"{name('need')} needs" if run.settings.get("need") is not None else \
+        f"{name('retries')} and {name('allow_failures')} need"
     try:
         version = json.loads(run.kubectl.run(["get", "--raw", "/version"],
                                              retry_until=time.monotonic() + FIRST_CONTACT_RETRY_SECONDS))
         found = (int(version["major"]), int(re.sub(r"\D.*", "", version["minor"]) or 0))
     except (KubectlError, ValueError, KeyError, TypeError) as error:
         raise DemoError(f"cannot tell the Kubernetes version of context {context!r} ({error}); "
-                        f"--retries and --allow-failures need >= 1.33; nothing was created") from None
+                        f"{needs} >= 1.33; nothing was created") from None
+    if run.settings.get("need") is not None and found < NEED_MIN_SERVER:
+        raise DemoError(f"{needs} Kubernetes >= 1.33 (the Job's successPolicy, with backoffLimitPerIndex "
+                        f"and maxFailedIndexes); context {context!r} serves {found[0]}.{found[1]}; "
+                        f"nothing was created")
     if found < RETRIES_MIN_SERVER:
-        raise DemoError(f"--retries and --allow-failures need Kubernetes >= 1.33 (backoffLimitPerIndex, "
+        raise DemoError(f"{needs} Kubernetes >= 1.33 (backoffLimitPerIndex, "
                         f"maxFailedIndexes and podFailurePolicy FailIndex); context {context!r} "
                         f"serves {found[0]}.{found[1]}; nothing was created")
 
@@ -4527,8 +5056,10 @@ def run_one_batch(run: RunContext, entry: dict) -> BatchOutcome:
     submitted_wall = time.time()
     submitted = time.monotonic()
     client_deadline = submitted + run.settings["timeout"] + CLIENT_GRACE_SECONDS
+    rewards = RewardStream(os.path.join(batch_dir, REWARDS_FILE), run.settings, run.on_reward, run.stop) \
+        if run.settings.get("rollout") else None
     follower = BatchFollower(run.kubectl, run.namespace, job_name, run.settings["count"],
-                             run.progress, run.pool, run.proxy, batch_dir)
+                             run.progress, run.pool, run.proxy, batch_dir, rewards)
     run.batch = batch = BatchEvidence(run, follower, batch_dir)
     # First, so that it is listening by the time the Job's first pods are created.
     follower.watch_pods_first(client_deadline)
@@ -4554,7 +5085,13 @@ def run_one_batch(run: RunContext, entry: dict) -> BatchOutcome:
         "continue_expiries": reading.continue_expiries, "read_again": reading.reread}
     client["events_read"] = batch.events_read
     summarise = rollout_summary if run.settings.get("rollout") else verified_summary
-    summary = summarise(batch, end, evidence)
+    try:
+        summary = summarise(batch, end, evidence)
+    finally:
+        if rewards is not None:
+            rewards.close()
+            client["reward_deliveries"] = [d.saved() for d in rewards.deliveries]
+            write_json(os.path.join(batch_dir, "client.json"), client)
     client["post_completion_seconds"] = rounded(time.monotonic() - follower.end_seen_monotonic)
     write_json(os.path.join(batch_dir, "client.json"), client)
     return BatchOutcome(entry, summary, client)
@@ -4581,7 +5118,7 @@ def verified_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) 
     if end != "Complete":
         raise DemoError("\n  ".join(
             ["Job failed or timed out; inspect saved status/events/logs, then cleanup"]
-            + describe_failure(job, pods, job_name, settings["timeout"] + CLIENT_GRACE_SECONDS)
+            + describe_failure(job, pods, job_name, settings["timeout"] + CLIENT_GRACE_SECONDS, logs)
             + [saved_evidence(job, pods, logs, events)]))
     if reading.source == "watch" and len(pods) < settings["count"]:
         # A watch that saw fewer pods than episodes proves nothing about the others.
@@ -4605,28 +5142,50 @@ def rollout_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) -
     group_size = settings.get("group_size") or 1
     rows = episode_rows(count, job or {"metadata": {}}, pods, logs, settings["builtin"],
                         settings.get("task_ids"), group_size, events)
-    write_text(os.path.join(batch.batch_dir, REWARDS_FILE), rewards_jsonl(rows))
-    failures = [row for row in rows if row["failure_class"]]
+    follower = batch.follower
+    if follower.rewards is not None:
+        rows = follower.rewards.finish(rows, pods, logs, follower.state.observed)
+    else:
+        write_text(os.path.join(batch.batch_dir, REWARDS_FILE), rewards_jsonl(rows))
+    failures = [row for row in rows if is_failure(row)]
     said = failures_said(failures)
     if end is None or job is None:
         raise DemoError("\n  ".join(
             ["Job did not finish; inspect saved status/events/logs, then cleanup"]
-            + describe_failure(job, pods, job_name, settings["timeout"] + CLIENT_GRACE_SECONDS)
+            + describe_failure(job, pods, job_name, settings["timeout"] + CLIENT_GRACE_SECONDS, logs)
             + [f"{REWARDS_FILE} lists every episode as last seen", saved_evidence(job, pods, logs, events)]))
     if reading.source == "watch" and len(pods) < count:
         raise DemoError(f"cannot verify the batch: the pods could not be listed and the pod watch saw "
                         f"only {len(pods)} of {count}")
     try:
         summary = summarise_rollout(rows, job, pods, logs, events, settings, batch.follower.end_seen_wall,
-                                    batch.follower.observations())
+                                    batch.follower.observations(), batch.spelling)
     except DemoError as error:
         raise DemoError(f"{error}\n  {REWARDS_FILE} lists every episode with its class; "
                         f"{saved_evidence(job, pods, logs, events)}") from None
+    if follower.rewards is not None:
+        summary.figures.update(batch_delivery_figures(follower.rewards.deliveries, follower.job_observed,
+                                                      settings.get("need")))
+        summary.deliveries = [d.written_at for d in follower.rewards.deliveries if d.success]
+    cancelled = summary.figures.get("cancelled_episodes") or 0
+    if settings.get("need") is not None:
+        print(f"--need {settings['need']} met: {count - cancelled - len(failures)} of {count} episodes "
+              f"succeeded, {cancelled} cancelled, {len(failures)} failed" + (f" ({said})" if failures else ""),
+              file=sys.stderr)
     if failures:
-        print("\n  ".join([f"Accepted a partial batch: {len(failures)} of {count} episodes failed "
+        accepted = "Failures within --need" if settings.get("need") is not None else "Accepted a partial batch"
+        print("\n  ".join([f"{accepted}: {len(failures)} of {count} episodes failed "
                            f"({said}); every episode is in {REWARDS_FILE}"] + failure_lines(failures)),
               file=sys.stderr)
     return summary
+
+
+def batch_delivery_figures(deliveries: Sequence[Delivery], job_observed: dict[str, float],
+                           need: int | None) -> dict:
+    """delivery_figures from the moments the client's create call started and returned."""
+    submitted, returned = job_observed.get("submitted"), job_observed.get("create_returned")
+    slack = returned - submitted if submitted is not None and returned is not None else None
+    return delivery_figures(deliveries, submitted, slack, need)
 
 
 @cycle_collector_paused()
@@ -4697,6 +5256,8 @@ def close(run: RunContext) -> None:
     """Stop what the run started: watches, the proxy, idle log readers."""
     if run.batch is not None:
         run.batch.follower.stop_watches()
+        if run.batch.follower.rewards is not None:
+            run.batch.follower.rewards.close()
     if run.proxy is not None:
         run.proxy.close()
     run.pool.shutdown(wait=False)
@@ -4723,13 +5284,6 @@ def read_events(kubectl: Kubectl, proxy: ApiProxy | None, namespace: str, page_s
     return read_pages(kubectl, None, PagedList(path, limit=page_size), retry_seconds)
 
 
-def read_events_table(kubectl: Kubectl, namespace: str, retry_until: float | None) -> str:
-    """The namespace's events as `kubectl get events` prints them, oldest first."""
-    # kubectl reads a sorted list in one piece whatever --chunk-size says.
-    return kubectl.run(["get", "events", "--sort-by=.metadata.creationTimestamp", "-n", namespace],
-                       retry_until=retry_until)
-
-
 class BatchEvidence:
     """The batch under way: its follower, and the saving of its evidence into its own directory."""
 
@@ -4739,6 +5293,7 @@ class BatchEvidence:
         self.kubectl = run.kubectl
         self.namespace = run.namespace
         self.settings = run.settings
+        self.spelling = run.spelling
         # How the events saved were read: "watch" (followed, as many as the API counted after
         # the end) or "list" (read in pages after the end).
         self.events_read = "list"
@@ -4767,12 +5322,8 @@ class BatchEvidence:
         with concurrent.futures.ThreadPoolExecutor(4) as fetchers:
             job_future = fetchers.submit(self._read_job, job_name, retry_until)
             pods_future = fetchers.submit(self._read_pods, job_name, watched_final, retry)
-            # kubectl sorts only a list it reads whole, in one request: beyond a few pages of
-            # events the table is made from the events read in pages instead.
-            table_future = fetchers.submit(read_events_table, self.kubectl, self.namespace, retry_until) \
-                if self.settings["count"] <= EVENTS_TABLE_BY_KUBECTL_UP_TO else None
             events_future = fetchers.submit(self._read_events, events_watched, retry)
-            return self.save_evidence(job_future, pods_future, table_future, events_future, retry_until)
+            return self.save_evidence(job_future, pods_future, events_future, retry_until)
 
     def _read_job(self, job_name: str, retry_until: float | None) -> dict | None:
         """The Job as its end was seen, else as read now, else as last watched."""
@@ -4805,7 +5356,7 @@ class BatchEvidence:
                            COLLECT_RETRY_SECONDS if retry else None)
 
     def save_evidence(self, job_future: concurrent.futures.Future,
-                      pods_future: concurrent.futures.Future, table_future: concurrent.futures.Future | None,
+                      pods_future: concurrent.futures.Future,
                       events_future: concurrent.futures.Future, retry_until: float | None) -> Evidence:
         """Write what the fetches brought; fall back to the watch's view where a fetch failed."""
         follower = self.follower
@@ -4816,7 +5367,7 @@ class BatchEvidence:
         reading = self._save_pods(pods_future, retry_until)
         # The logs are written while the events are still being read in pages.
         logs = follower.log_reader.collect(reading.pods, self.batch_dir, retry_until, problems)
-        events = self._save_events(table_future, events_future, job, reading.pods, problems)
+        events = self._save_events(events_future, job, reading.pods, problems)
         write_json(os.path.join(self.batch_dir, "observed.json"), follower.observations())
         for line in summarised_problems(problems):
             print(f"Warning: could not save {line}", file=sys.stderr)
@@ -4846,15 +5397,10 @@ class BatchEvidence:
             list_manifest([]), metadata={"resourceVersion": reading.resource_version or ""}, items=texts))
         return reading
 
-    def _save_events(self, table_future: concurrent.futures.Future | None, events_future: concurrent.futures.Future,
+    def _save_events(self, events_future: concurrent.futures.Future,
                      job: dict | None, pods: Sequence[dict], problems: list[str]) -> list[dict]:
-        """events.txt and events.json, of this batch alone; the events, empty when unreadable."""
-        if table_future is not None:
-            try:
-                write_text(os.path.join(self.batch_dir, "events.txt"), table_future.result())
-            except DemoError as error:
-                problems.append(f"events: {error}")
-                write_text(os.path.join(self.batch_dir, "events.txt"), "")
+        """events.txt and events.json, of this batch alone; the events, empty when unreadable.
+        events.txt is kubectl's table with absolute times, not its ages, which mean nothing later."""
         events_path = os.path.join(self.batch_dir, "events.json")
         try:
             events_listing = events_future.result()
@@ -4864,8 +5410,7 @@ class BatchEvidence:
             events_listing = None
             problems.append(f"events: {error}")
             events = []
-        if table_future is None:
-            write_text(os.path.join(self.batch_dir, "events.txt"), events_table(events) if events else "")
+        write_text(os.path.join(self.batch_dir, "events.txt"), events_table(events) if events else "")
         batches = [entry["job"] for entry in self.settings["batches"]]
         if len(batches) > 1 and events:
             # The namespace's events cover every batch so far; each batch keeps its own.
@@ -4875,47 +5420,65 @@ class BatchEvidence:
         return events
 
 
+def plural(number: Any, noun: str) -> str:
+    """`1 episode`, `2 episodes`: a count with its noun (a missing count reads `-`)."""
+    return f"{'-' if number is None else number} {noun}{'' if number == 1 else 's'}"
+
+
 def failures_said(failures: Sequence[dict]) -> str:
-    """`infrastructure 1, episode 2`: the failed episodes counted by class."""
+    """`1 infrastructure failure, 2 episode failures`: the failed episodes counted by class."""
     counts = failure_counts(row["failure_class"] for row in failures)
-    return ", ".join(f"{kind} {number}" for kind, number in counts.items() if number)
+    return ", ".join(plural(number, f"{kind} failure") for kind, number in counts.items() if number)
 
 
 def failure_lines(failures: Sequence[dict], most: int = 10) -> list[str]:
     """One line per failed episode (the first few): which, whose fault, why."""
     return [f"episode {row['index']} (task {row['task_id']!r}, pod {row['pod']}, "
-            f"{row['attempts']} attempt(s)): {row['failure_class']}: {row['failure']}"
+            f"{plural(row['attempts'], 'attempt')}): {row['failure_class']}: {row['failure']}"
             for row in failures[:most]] + ([f"... and {len(failures) - most} more"] if len(failures) > most else [])
 
 
 def summarise_rollout(rows: Sequence[dict], job: dict, pods: Sequence[dict], logs: dict[str, str],
                       events: Sequence[dict], settings: dict, end_seen_at: float | None = None,
-                      observed: dict | None = None) -> BatchSummary:
+                      observed: dict | None = None, spelling: Spelling = COMMAND_LINE) -> BatchSummary:
     """A rollout batch's summary: the figures of its successful episodes, with failures, attempts and
     groups; DemoError when more episodes failed than --allow-failures accepts, or all did. Pure."""
-    failures = [row for row in rows if row["failure_class"]]
-    allowed = settings.get("allow_failures") or 0
-    if len(failures) > allowed or len(failures) == len(rows):
-        accepts = f"--allow-failures accepts {allowed}" if len(failures) > allowed else "none succeeded"
+    failures = [row for row in rows if is_failure(row)]
+    need = settings.get("need")
+    allowed = len(rows) - need if need is not None else settings.get("allow_failures") or 0
+    successes = {row["pod"] for row in rows if row["failure_class"] is None}
+    if need is not None and len(successes) < need:
+        raise DemoError("\n  ".join([f"{len(successes)} of {len(rows)} episodes succeeded, fewer than "
+                                     f"{spelling.setting('need', need)} ({len(failures)} failed: "
+                                     f"{failures_said(failures) or 'none'})"] + failure_lines(failures)))
+    if len(failures) > allowed or not successes:
+        allowance = f"allow_failures={allowed} accepts no more" if spelling.python else \
+            f"--allow-failures accepts {allowed}"
+        accepts = allowance if len(failures) > allowed else "none succeeded"
         raise DemoError("\n  ".join([f"{len(failures)} of {len(rows)} episodes failed "
                                      f"({failures_said(failures)}); {accepts}"] + failure_lines(failures)))
-    successes = {row["pod"] for row in rows if row["failure_class"] is None}
+    by_name = {pod_name(pod): pod for pod in pods}
     summary = summarise_batch(job, [pod for pod in pods if pod_name(pod) in successes], logs, events,
-                              len(successes), settings["builtin"], end_seen_at, observed)
+                              len(successes), settings["builtin"], end_seen_at, observed,
+                              # Cancelled episodes too: the timeline draws every episode.
+                              [(by_name.get(row["pod"]), row) for row in rows if row["failure_class"] is not None])
     summary.figures.update(rollout_figures(rows, job, pods, settings.get("group_size") or 1, allowed,
-                                           settings.get("retries") or 0))
+                                           settings.get("retries") or 0, need))
     return summary
 
 
 ROLLOUT_FIELDS = ("failed_episodes", "failures_by_class", "failures", "accepted_partial", "allow_failures",
                   "retries", "attempts", "group_size", "groups", "groups_complete", "group_all_rewards_seconds",
-                  "group_spread_seconds", "pod_to_ready_censored", "job_end")
+                  "group_spread_seconds", "pod_to_ready_censored", "job_end", "need", "cancelled_episodes",
+                  "first_reward_seconds", "kth_reward_seconds", "reward_delivery_lag_p50_seconds",
+                  "reward_delivery_lag_p99_seconds", "reward_delivery_lag_max_seconds", "reward_delivery")
 
 
 def rollout_figures(rows: Sequence[dict], job: dict, pods: Sequence[dict], group_size: int,
-                    allowed: int, retries: int) -> dict:
-    """What a rollout batch adds to its summary: failures by class, attempts, groups."""
-    failures = [row for row in rows if row["failure_class"]]
+                    allowed: int, retries: int, need: int | None = None) -> dict:
+    """What a rollout batch adds to its summary: failures by class, attempts, groups; with --need,
+    the episodes it cancelled (no failures: a run that got its K successes exits 0)."""
+    failures = [row for row in rows if is_failure(row)]
     groups = group_figures(rows, group_size)
     complete = [g for g in groups if g["complete"]]
     figures: dict[str, Any] = {
@@ -4924,8 +5487,9 @@ def rollout_figures(rows: Sequence[dict], job: dict, pods: Sequence[dict], group
         "failures_by_class": failure_counts(row["failure_class"] for row in failures),
         "failures": [{key: row[key] for key in ("index", "task_id", "pod", "attempts", "failure_class",
                                                 "failure", "evidence")} for row in failures],
-        "accepted_partial": bool(failures),
+        "accepted_partial": bool(failures) and need is None,
         "allow_failures": allowed,
+        "cancelled_episodes": sum(1 for row in rows if row["failure_class"] == CANCELLED),
         "retries": retries,
         "attempts": attempt_figures(rows),
         "group_size": group_size,
@@ -4934,8 +5498,11 @@ def rollout_figures(rows: Sequence[dict], job: dict, pods: Sequence[dict], group
         "group_all_rewards_seconds": describe([g["all_rewards_seconds"] for g in complete],
                                               missing=len(groups) - len(complete)),
         "group_spread_seconds": describe([g["spread_seconds"] for g in groups if g["spread_seconds"] is not None]),
-        "job_end": {"condition": job_finished(job), "reason": job_end_reason(job)},
+        "job_end": {"condition": job_finished(job), "reason": job_end_reason(job) or (
+            SUCCESS_POLICY_REASON if job_cut_short(job) else None)},
     }
+    if need is not None:
+        figures["need"] = need
     if failures:
         censored = censored_pod_to_ready(rows, job, pods)
         figures.update({"pod_to_ready_p50_seconds": censored["p50"], "pod_to_ready_p95_seconds": censored["p95"],
@@ -5082,7 +5649,7 @@ def merge_warnings(summaries: Iterable[dict]) -> dict:
     return merged
 
 
-def load_worker(script: str | None) -> tuple[str, bool]:
+def load_worker(script: str | None, spelling: Spelling = COMMAND_LINE) -> tuple[str, bool]:
     """The episode program to ship and whether it is the built-in one."""
     if script is None:
         return WORKER_SOURCE, True
@@ -5090,30 +5657,58 @@ def load_worker(script: str | None) -> tuple[str, bool]:
         with open(script, encoding="utf-8") as handle:
             source = handle.read()
     except (OSError, UnicodeDecodeError) as error:
-        raise DemoError(f"cannot read --episode-script {script}: {getattr(error, 'strerror', None) or error}") from None
-    check_episode_syntax(script, source)
+        raise DemoError(f"cannot read {spelling.setting('episode_script', script)}: "
+                        f"{getattr(error, 'strerror', None) or error}") from None
+    check_episode_syntax(script, source, spelling)
     return source, False
 
 
-def check_episode_syntax(script: str, source: str) -> None:
+def check_episode_syntax(script: str, source: str, spelling: Spelling = COMMAND_LINE) -> None:
     """Refuse a script that does not compile before it costs a namespace and a Job.
 
     The image's Python may be newer than this one; a script this Python cannot
-    compile is then only warned about, since the image may well run it.
+    compile is then only warned about, since the image may well run it, unless its
+    error is one no newer Python would accept either (an unclosed bracket or string,
+    bad indentation).
     """
     try:
         compile(source, script, "exec", dont_inherit=True)
     except (SyntaxError, ValueError) as error:
         line = getattr(error, "lineno", None)
-        where = f"{script}, line {line}" if line else script
+        where = spelling.setting("episode_script", script) + (f", line {line}" if line else "")
         text = (getattr(error, "text", None) or "").strip()
         detail = f"{getattr(error, 'msg', None) or error}" + (f": {text}" if text else "")
-        if sys.version_info < NEWEST_SYNTAX_PYTHON:
-            print(f"Warning: --episode-script {where} does not compile on Python "
+        if sys.version_info < NEWEST_SYNTAX_PYTHON and not broken_on_every_python(source, error):
+            print(f"Warning: {where} does not compile on Python "
                   f"{sys.version_info[0]}.{sys.version_info[1]} ({detail}); the image's Python may "
                   f"be newer, so it is shipped anyway", file=sys.stderr)
             return
-        raise DemoError(f"--episode-script {where}: {detail}; nothing was created") from None
+        raise DemoError(f"{where}: {detail}; nothing was created") from None
+
+
+BRACKET_PAIRS = {")": "(", "]": "[", "}": "{"}
+
+
+def broken_on_every_python(source: str, error: SyntaxError | ValueError) -> bool:
+    """Whether a compile error cannot come from syntax newer than this Python's: a null byte,
+    bad indentation, or tokens that do not pair up (an unclosed or unmatched bracket, an
+    unterminated string). Newer grammar (match, except*, type aliases, PEP 701 f-strings)
+    still tokenizes into paired brackets and whole strings on an older tokenizer."""
+    if not isinstance(error, SyntaxError) or isinstance(error, IndentationError):
+        return True
+    opened: list[str] = []
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(source).readline):
+            if token.type == tokenize.ERRORTOKEN and token.string[:1] in "'\"":
+                return True  # a string that never ends on its line
+            if token.type == tokenize.OP and token.string in "([{":
+                opened.append(token.string)
+            elif token.type == tokenize.OP and token.string in BRACKET_PAIRS:
+                if not opened or opened.pop() != BRACKET_PAIRS[token.string]:
+                    return True
+    except (tokenize.TokenError, SyntaxError):  # EOF inside brackets or a triple-quoted string; a bad dedent
+        return True
+    return bool(opened)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -5126,7 +5721,7 @@ def perform_run(args: argparse.Namespace) -> tuple[int, Results | None]:
     if args.dry_run:
         print(json.dumps(dry_run_listing(args), indent=2))
         return 0, None
-    worker_source, builtin = load_worker(args.episode_script)
+    worker_source, builtin = load_worker(args.episode_script, getattr(args, "spelling", COMMAND_LINE))
     tasks: list[Task] = list(getattr(args, "task_list", None) or [])
     settings = run_settings(args, worker_source, builtin, tasks)
     run = start_run(args, settings, worker_source, tasks)
@@ -5138,6 +5733,10 @@ def perform_run(args: argparse.Namespace) -> tuple[int, Results | None]:
         except KeyboardInterrupt:
             interrupted(run, cleanup_hint)
             return EXIT_INTERRUPTED, None
+        except RewardCallbackError as error:
+            # The caller's own code stopped the run: saved as after Ctrl-C, its exception raised as it was.
+            interrupted(run, cleanup_hint, f"{error}; the run stopped.")
+            raise error.original from None
         except DemoError as error:
             failure = error
         finally:
@@ -5150,7 +5749,7 @@ def perform_run(args: argparse.Namespace) -> tuple[int, Results | None]:
 
 def dry_run_listing(args: argparse.Namespace) -> dict:
     """`run --dry-run`: the objects a run would create, as one v1 List; nothing is touched."""
-    worker_source, builtin = load_worker(args.episode_script)
+    worker_source, builtin = load_worker(args.episode_script, getattr(args, "spelling", COMMAND_LINE))
     tasks: list[Task] = list(getattr(args, "task_list", None) or [])
     run_id = secrets.token_hex(6)
     settings = run_settings(args, worker_source, builtin, tasks)
@@ -5174,17 +5773,21 @@ def run_settings(args: argparse.Namespace, worker_source: str, builtin: bool, ta
                          "group_size": args.group_size, "retries": args.retries,
                          "allow_failures": args.allow_failures,
                          "task_ids": [task.task_id for task in tasks] if tasks else None})
+    if getattr(args, "need", None) is not None:
+        settings["need"] = args.need
+    if getattr(args, "episode_timeout", None) is not None:
+        settings["episode_timeout"] = args.episode_timeout
     return settings
 
 
 def start_run(args: argparse.Namespace, settings: dict, worker_source: str, tasks: Sequence[Task]) -> RunContext:
     """Claim the output directory and name the context, run id and namespace; nothing in the cluster changes."""
-    output = args.output
+    output, spelling = args.output, getattr(args, "spelling", COMMAND_LINE)
     if os.path.lexists(output):
         raise DemoError(f"output directory {output} already exists; records are never overwritten, "
-                        f"choose a new --output")
-    kubectl = Kubectl(find_kubectl(args.kubectl), verbose=args.verbose)
-    kubectl.context = resolve_context(kubectl, args.context)
+                        f"choose a new {spelling.name('output')}")
+    kubectl = Kubectl(find_kubectl(args.kubectl, spelling), verbose=args.verbose)
+    kubectl.context = resolve_context(kubectl, args.context, spelling)
     try:
         os.makedirs(output)
     except OSError as error:
@@ -5196,9 +5799,10 @@ def start_run(args: argparse.Namespace, settings: dict, worker_source: str, task
                     batches=[{"job": name, "measured": measured, "dir": name if len(batches) > 1 else "."}
                              for name, measured in batches])
     return RunContext(settings, plan_run(namespace, run_id, settings, worker_source, tasks),
-                      Receipt.start(output, kubectl.context, namespace, run_id), kubectl, output,
+                      Receipt.start(output, kubectl.context, namespace, run_id, kubeconfig_path()), kubectl, output,
                       Progress(args.quiet), concurrent.futures.ThreadPoolExecutor(LOG_READERS), cpu_seconds(),
-                      silent=args.quiet and not getattr(args, "print_results", True))
+                      silent=args.quiet and not getattr(args, "print_results", True), spelling=spelling,
+                      on_reward=getattr(args, "on_reward", None), stop=getattr(args, "stop", None))
 
 
 @contextlib.contextmanager
@@ -5218,15 +5822,19 @@ def raise_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
-def interrupted(run: RunContext, cleanup_hint: str) -> None:
-    """After Ctrl-C or SIGTERM: salvage what is quick to save and say how to clean up."""
+def interrupted(run: RunContext, cleanup_hint: str, why: str = "Interrupted.") -> None:
+    """After Ctrl-C or SIGTERM (or an on_reward callback that raised): salvage what is quick to save
+    and say how to clean up."""
     run.progress.finish()
     try:
         salvage(run)
     except (KeyboardInterrupt, DemoError):
         pass
-    print(f"Interrupted. Evidence saved in {run.output}; receipt.json names namespace "
-          f"{run.namespace}.\nClean up with: {cleanup_hint}", file=sys.stderr)
+    # Ctrl-C can read as "stop the batch": only this client stopped.
+    running = (" This stopped the client, not the Job: it runs on in the cluster, its namespace with it, until "
+               "you clean up.") if run.receipt.fields.get("jobs") else ""
+    print(f"{why} Evidence saved in {run.output}; receipt.json names namespace "
+          f"{run.namespace}.{running}\nClean up with: {cleanup_hint}", file=sys.stderr)
 
 
 def print_results(results: dict, quiet: bool) -> None:
@@ -5253,7 +5861,8 @@ def finish_run(run: RunContext, failure: DemoError | None, clean_up: bool, quiet
             raise DemoError(f"{why}{error}\n  clean up: {cleanup_hint}") from None
     if failure is not None:
         if not run.touched_cluster and release_output(run.output):
-            raise DemoError(f"{failure}\n  {run.output} was removed again, so the same --output can be reused")
+            raise DemoError(f"{failure}\n  {run.output} was removed again, so the same "
+                            f"{run.spelling.name('output')} can be reused")
         if run.touched_cluster and not clean_up:
             raise DemoError(f"{failure}\n  evidence: {run.output}\n  clean up: {cleanup_hint}")
         raise DemoError(f"{failure}\n  evidence: {run.output}")
@@ -5305,7 +5914,10 @@ def cleanup_namespace(kubectl: Kubectl, receipt: Receipt,
         raise DemoError(f"cannot reach the cluster of context {receipt.context!r} to look up "
                         f"namespace {namespace}: {error}; nothing was deleted") from None
     if live is None:
-        print("Namespace already absent", file=report, flush=True)
+        print("Namespace already absent", file=report, flush=True)  # the guide's words, as it prints them
+        # Which one, beside the results' stream: run twice, cleanup names what it found gone.
+        print(f"({namespace} in context {receipt.context}: nothing to delete)",
+              file=sys.stderr if report is sys.stdout else report, flush=True)
         return
     # Only a UID the run recorded proves the namespace its own: the label alone could be copied.
     if not receipt.namespace_uid or not receipt.owns_namespace(live):
@@ -5360,6 +5972,21 @@ def namespace_stuck(namespace: str, stuck: dict, context: str, wait_seconds: flo
           f"(finalizers are never stripped by this tool); run cleanup again later")
 
 
+def require_receipt_context(kubectl: Kubectl, receipt: Receipt) -> None:
+    """The receipt's context must be in the kubeconfig kubectl reads now, else say which one the run used."""
+    try:
+        named = kubectl.run(["config", "get-contexts", receipt.context, "-o", "name"], request_timeout=None)
+    except KubectlError:
+        named = ""
+    if named.strip():
+        return
+    used = receipt.fields.get("kubeconfig")
+    raise DemoError(f"kube context {receipt.context!r} of {receipt.path} is not in the kubeconfig kubectl reads "
+                    f"now ({kubeconfig_path()})" + (f"; the run used {used}: clean up with KUBECONFIG={used}"
+                                                    if used and used != kubeconfig_path() else "")
+                    + "; nothing was deleted")
+
+
 def cleanup(args: argparse.Namespace) -> int:
     """Delete what the receipt proves this run created; the output directory is kept.
     With --stale, reap the tool's finished and expired runs instead, receipts or not."""
@@ -5369,6 +5996,7 @@ def cleanup(args: argparse.Namespace) -> int:
     kubectl = Kubectl(find_kubectl(args.kubectl), receipt.context, verbose=args.verbose)
     # Silence from a binary that is not kubectl would read as "Namespace already absent".
     require_kubectl(kubectl)
+    require_receipt_context(kubectl, receipt)
     cleanup_namespace(kubectl, receipt, args.wait)
     return 0
 
@@ -5509,16 +6137,21 @@ def load_saved_batch(directory: str, entry: dict, settings: dict) -> BatchOutcom
         raise DemoError("\n  ".join(
             [f"Job {job_name} never finished while the run watched it (the run was interrupted or gave up "
              f"waiting: job.json has no Complete or Failed condition); nothing to report"]
-            + describe_failure(job, pods, job_name, 0)[1:]))
+            + describe_failure(job, pods, job_name, 0, logs)[1:]))
     if end != "Complete" and not settings.get("rollout"):
         raise DemoError("\n  ".join(["the saved Job did not complete"] + describe_failure(
-            job, pods, job_name, settings.get("timeout", 0))))
+            job, pods, job_name, settings.get("timeout", 0), logs)))
     observed_path = os.path.join(directory, "observed.json")
     observed = read_json(observed_path, "observed.json") if os.path.exists(observed_path) else {}
     if settings.get("rollout"):
         rows = episode_rows(settings["count"], job, pods, logs, settings.get("builtin", True),
                             settings.get("task_ids"), settings.get("group_size") or 1, events)
         summary = summarise_rollout(rows, job, pods, logs, events, settings, client.get("observed_at"), observed)
+        if client.get("reward_deliveries") is not None:
+            deliveries = [Delivery(*saved) for saved in client["reward_deliveries"]]
+            summary.figures.update(batch_delivery_figures(deliveries, split_observed(observed)[1],
+                                                          settings.get("need")))
+            summary.deliveries = [d.written_at for d in deliveries if d.success]
     else:
         summary = summarise_batch(job, pods, logs, events, settings["count"], settings.get("builtin", True),
                                   client.get("observed_at"), observed)
@@ -5679,6 +6312,17 @@ def add_episode_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allow-failures", type=non_negative_int, default=None, metavar="K",
                         help=f"accept up to K failed episodes: results.json and rewards.jsonl list them "
                              f"with their class, and the run exits {EXIT_PARTIAL}. Needs Kubernetes >= 1.33")
+    parser.add_argument("--need", type=positive_int, default=None, metavar="K",
+                        help="over-provision: end the batch as soon as K of its --count episodes have "
+                             "succeeded (the Job's successPolicy); Kubernetes stops the rest, recorded as "
+                             "failure_class 'cancelled', and up to count - K failures are absorbed. "
+                             "1 <= K < count; not with --group-size or --allow-failures. Needs "
+                             "Kubernetes >= 1.33")
+    parser.add_argument("--episode-timeout", type=positive_int, default=None, metavar="S",
+                        help="stop each episode S seconds after its pod started (the pod's "
+                             "activeDeadlineSeconds: counted from the pod's start on its node, image pull "
+                             "and sandbox start included); an episode past it is an 'episode' failure and "
+                             "is never retried (so not with --retries)")
 
 
 def add_cleanup_arguments(parser: argparse.ArgumentParser) -> None:
@@ -5748,27 +6392,6 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.Argument
     return parser
 
 
-class Spelling(NamedTuple):
-    """How the caller names a `run` setting in an error: as a flag (`--count 24`) on the
-    command line, as a keyword (`count=24`) from run_batch()."""
-    python: bool
-
-    def name(self, dest: str) -> str:
-        if dest == "tasks":
-            return "tasks" if self.python else "--tasks"
-        return f"{dest}=" if self.python else "--" + dest.replace("_", "-")
-
-    def setting(self, dest: str, value: Any) -> str:
-        return f"{dest}={value!r}" if self.python else f"{self.name(dest)} {value}"
-
-    def cap(self, value: int) -> str:
-        return self.setting("max_episodes", value) if self.python else f"the cap of {value} episodes"
-
-
-COMMAND_LINE = Spelling(python=False)
-PYTHON_CALL = Spelling(python=True)
-
-
 def check_run_arguments(args: argparse.Namespace, spelling: Spelling = COMMAND_LINE) -> None:
     """1 <= parallelism <= count <= cap, else UsageError naming the settings as the caller spelled them."""
     say = spelling.setting
@@ -5788,6 +6411,11 @@ def check_run_arguments(args: argparse.Namespace, spelling: Spelling = COMMAND_L
     if not 1 <= args.parallelism <= args.count:
         raise UsageError(f"{spelling.name('parallelism')} must be between 1 and the count ({args.count}), "
                          f"got {args.parallelism}")
+    if getattr(args, "task_list", None) and args.episode_script is None:
+        # The built-in episode never reads a task: its reward of 1 would pass for the task's.
+        raise UsageError(f"{spelling.name('tasks')} needs {spelling.name('episode_script')}: the built-in "
+                         f"episode ignores tasks, so its rewards would not come from them; ship an episode "
+                         f"that reads its task from ${TASK_FILE_ENV}")
 
 
 def check_rollout_arguments(args: argparse.Namespace, spelling: Spelling = COMMAND_LINE) -> None:
@@ -5813,13 +6441,38 @@ def check_rollout_arguments(args: argparse.Namespace, spelling: Spelling = COMMA
     elif args.group_size != 1:
         raise UsageError(f"{name('group_size')} needs {name('tasks')} ({args.group_size} episodes per task)")
     # A trainer calling in always gets its rewards, one row per episode.
-    args.rollout = bool(tasks) or args.retries is not None or args.allow_failures is not None or spelling.python
+    args.rollout = bool(tasks) or args.retries is not None or args.allow_failures is not None \
+        or args.need is not None or spelling.python
     if args.rollout and (args.rounds != 1 or args.warmup):
-        runs = "run_batch() runs" if spelling.python else "--tasks, --retries and --allow-failures run"
+        runs = "run_batch() runs" if spelling.python else "--tasks, --retries, --allow-failures and --need run"
         raise UsageError(f"{runs} one batch: leave out {name('rounds')} and {name('warmup')}")
+    check_need_arguments(args, spelling)
+    if args.episode_timeout is not None and args.retries:
+        # The kubelet stops a pod past its activeDeadlineSeconds with no exit code of the episode's
+        # own and no pod condition a podFailurePolicy rule can match: the Job would retry it.
+        raise UsageError(f"{name('episode_timeout')} cannot hold with {name('retries')}: the Job API would "
+                         f"retry an episode stopped at its deadline (its pod fails with reason "
+                         f"DeadlineExceeded, which no podFailurePolicy rule can match)")
     if args.allow_failures is not None and args.allow_failures > (args.count or DEFAULT_COUNT):
         raise UsageError(f"{say('allow_failures', args.allow_failures)} is more than the "
                          f"{args.count or DEFAULT_COUNT} episodes")
+
+
+def check_need_arguments(args: argparse.Namespace, spelling: Spelling = COMMAND_LINE) -> None:
+    """--need K: 1 <= K < count, and none of the options whose promise the first K of N would break."""
+    if args.need is None:
+        return
+    name, say = spelling.name, spelling.setting
+    count = args.count or DEFAULT_COUNT
+    if args.need >= count:
+        raise UsageError(f"{say('need', args.need)} must be fewer than the {count} episodes (it "
+                         f"over-provisions: run count > K episodes and keep the first K rewards)")
+    if args.group_size != 1:
+        raise UsageError(f"{name('need')} cannot hold with {name('group_size')}: the Job stops whichever "
+                         f"episodes are still running once K succeeded, so groups would be cut short at random")
+    if args.allow_failures is not None:
+        raise UsageError(f"{name('need')} already accepts count - K = {count - args.need} failed episodes: "
+                         f"leave out {name('allow_failures')}")
 
 
 def check_run_directory(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -5979,7 +6632,7 @@ def batch_arguments(caller: str, tasks: Sequence[dict] | str | os.PathLike | Non
     elif tasks is not None:
         args.task_list, args.tasks = python_tasks(tasks), f"({caller})"
     check_run_arguments(args, PYTHON_CALL)
-    args.print_results = False
+    args.print_results, args.spelling = False, PYTHON_CALL
     return args
 
 
@@ -5988,7 +6641,8 @@ RUN_KEYWORDS = run_keywords()
 
 @takes_run_keywords
 def run_batch(tasks: Sequence[dict] | str | os.PathLike | None = None, *, output: str | os.PathLike,
-              options: Sequence[str] = (), **keywords: Any) -> dict:
+              options: Sequence[str] = (), on_reward: Callable[[dict], Any] | None = None,
+              **keywords: Any) -> dict:
     """Run one batch in-process and return its results, with `rewards` (one row per episode).
 
     `tasks` are JSON objects (their `id` field, else their position from 1, is the
@@ -6004,10 +6658,24 @@ def run_batch(tasks: Sequence[dict] | str | os.PathLike | None = None, *, output
     DemoError, the evidence kept in `output`; an interrupted run (Ctrl-C, SIGTERM)
     saves what it can and raises KeyboardInterrupt, the namespace kept for `cleanup`.
     `dry_run=True` returns the objects a run would create, as a v1 List.
+
+    `on_reward(line)` is called with each rewards.jsonl line (a dict) the moment it is
+    written, while the batch runs, from the thread that follows the batch (run_batch's
+    caller's own thread; stream_batch's thread of its own). Should it raise, the run stops
+    as on Ctrl-C (evidence saved, the namespace named on stderr and kept for `cleanup`)
+    and its exception is raised from run_batch as it was.
     """
+    if on_reward is not None and not callable(on_reward):
+        raise KeywordTypeError(f"on_reward= must be callable, got {type(on_reward).__name__} {on_reward!r}")
     args = batch_arguments("run_batch", tasks, output, options, keywords)
     if args.dry_run:
         return dry_run_listing(args)
+    args.on_reward = on_reward
+    return batch_run(args)
+
+
+def batch_run(args: argparse.Namespace) -> dict:
+    """run_batch()'s run of its checked arguments: the results with `rewards`."""
     status, results = perform_run(args)
     if status not in (0, EXIT_PARTIAL) or results is None:
         # The run saved what it could and said how to clean up; the caller decides what an interrupt means.
@@ -6016,6 +6684,62 @@ def run_batch(tasks: Sequence[dict] | str | os.PathLike | None = None, *, output
     rewards_path = os.path.join(args.output, REWARDS_FILE)
     saved["rewards"] = [json.loads(line) for line in read_text(rewards_path).splitlines() if line.strip()]
     return saved
+
+
+def batch_results(output: str | os.PathLike) -> dict:
+    """What run_batch() returns, read back from a finished run's directory: results.json with
+    `rewards`, the rows of rewards.jsonl (for a plain `for` loop over stream_batch())."""
+    results = read_json(os.path.join(os.fspath(output), RESULTS_FILE), RESULTS_FILE)
+    rewards = read_text(os.path.join(os.fspath(output), REWARDS_FILE))
+    results["rewards"] = [json.loads(line) for line in rewards.splitlines() if line.strip()]
+    return results
+
+
+class StreamClosed(Exception):
+    """stream_batch()'s reader stopped before the batch ended."""
+
+
+@takes_run_keywords
+def stream_batch(tasks: Sequence[dict] | str | os.PathLike | None = None, *, output: str | os.PathLike,
+                 options: Sequence[str] = (), **keywords: Any) -> Generator[dict, None, dict]:
+    """Run one batch as run_batch() does (the same arguments), yielding each rewards.jsonl line
+    (a dict) the moment it is written; the generator's return value (StopIteration.value, what
+    `results = yield from stream_batch(...)` gives) is what run_batch() returns.
+
+    A plain `for` loop gets the results afterwards with batch_results(output). The batch runs
+    in a thread of the tool's; its errors (UsageError, DemoError, KeyboardInterrupt) are raised
+    here, where the lines are read. Leaving the loop early (break, an exception, close()) stops
+    the run as on Ctrl-C and waits until it has saved its evidence (the namespace is kept for
+    `cleanup` and named on stderr).
+    """
+    args = batch_arguments("stream_batch", tasks, output, options, keywords)
+    if args.dry_run:
+        return dry_run_listing(args)
+    lines: queue.Queue[tuple[str, Any]] = queue.Queue()
+    args.on_reward = lambda line: lines.put(("line", line))
+    args.stop = threading.Event()
+
+    def run() -> None:
+        try:
+            lines.put(("results", batch_run(args)))
+        except BaseException as error:  # raised again in the reader's thread
+            lines.put(("error", error))
+
+    worker = threading.Thread(target=run, name="rl-batch-demo stream_batch", daemon=True)
+    worker.start()
+    try:
+        while True:
+            kind, value = lines.get()
+            if kind == "line":
+                yield value
+            elif kind == "error":
+                raise value
+            else:
+                return value
+    finally:
+        if worker.is_alive():
+            args.stop.set()
+            worker.join()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -3130,12 +3130,17 @@ class JobController(Controller):
                 self._finish(job, conds, "Failed", ft.get("reason"), ft.get("message"), status)
             return
         if cond_true(conds, "SuccessCriteriaMet"):
+            # Complete takes the reason and message of the criteria met (CompletionsReached or SuccessPolicy)
+            # once every pod left running has terminated.
+            met = find_condition(conds, "SuccessCriteriaMet") or {}
             self._delete_pods(job, js.active)
             if not js.active and not js.terminating:
-                self._finish(job, conds, "Complete", "CompletionsReached", self.COMPLETE_MSG, status)
+                self._finish(job, conds, "Complete", met.get("reason") or "CompletionsReached",
+                             met.get("message") or self.COMPLETE_MSG, status)
             return
         completions = spec.get("completions")
         fail_reason, fail_msg = self._failure(js)
+        policy_met = self._success_policy_met(js) if not fail_reason else None
         if completions is not None:
             success = js.succeeded >= completions
         else:
@@ -3149,6 +3154,14 @@ class JobController(Controller):
                 self.queue.add(key, 0.05)
             else:
                 self._finish(job, conds, "Failed", fail_reason, fail_msg, status)
+        elif policy_met is not None:
+            # Enough indexes succeeded: the rest are stopped, never counted as the Job's failure,
+            # and the Job is Complete once they have all terminated.
+            js.active = self._delete_pods(job, js.active) or []
+            set_condition(conds, condition("SuccessCriteriaMet", "True", js.now, "SuccessPolicy", policy_met,
+                                           probe=True))
+            self.emu.truth_record.note("jobs", "%s/%s" % key, "success_criteria_met")
+            self.queue.add(key, 0.05)
         elif success:
             if new_ver:
                 set_condition(conds, condition("SuccessCriteriaMet", "True", js.now, "CompletionsReached",
@@ -3162,6 +3175,26 @@ class JobController(Controller):
             if need > 0:
                 self._create_pods(job, need, js.active, js.done_idx, js.failed,
                                   js.failed_idx if js.per_index else None)
+
+    def _success_policy_met(self, js: "JobSync") -> Optional[str]:
+        """The message of the first successPolicy rule the succeeded indexes meet (matchSuccessPolicy),
+        else None; only for an Indexed Job, on a version that knows the field."""
+        policy = js.spec.get("successPolicy")
+        if not js.indexed or policy is None or not js.done_idx or self.emu.v < (1, 31):
+            return None
+        completions = js.spec.get("completions") or 0
+        for number, rule in enumerate(policy.get("rules") or []):
+            count = rule.get("succeededCount")
+            if rule.get("succeededIndexes") is not None:
+                wanted = {i for i in parse_index_list(rule["succeededIndexes"]) if i < completions}
+                if not wanted:
+                    continue
+                done = len(wanted & js.done_idx)
+                if done == len(wanted) or (count is not None and done >= count):
+                    return "Matched rules at index %d" % number
+            elif count is not None and len(js.done_idx) >= count:
+                return "Matched rules at index %d" % number
+        return None
 
     @staticmethod
     def _failure(js: "JobSync") -> Tuple[Optional[str], Optional[str]]:
@@ -4214,6 +4247,7 @@ class PodWorker(threading.Thread):
         self.dir = self.emu.workdir / "pods" / self.uid
         self.volumes: Dict[str, Tuple[str, str]] = {}
         self.started_at: Optional[float] = None
+        self.active_since: Optional[float] = None  # its status.startTime, held to the nanosecond as a kubelet does
         self.evicted = False
         self._status_lock = threading.Lock()
 
@@ -4271,7 +4305,8 @@ class PodWorker(threading.Thread):
         conds = st.setdefault("conditions", [])
         terminated = [cs for cs in css if (cs.get("state") or {}).get("terminated")]
         running = [cs for cs in css if (cs.get("state") or {}).get("running")]
-        if st.get("reason") == "Evicted":
+        if st.get("reason") == "Evicted" or (st.get("reason") == "DeadlineExceeded" and css and all(
+                (cs.get("state") or {}).get("terminated") for cs in css)):
             phase = "Failed"
         elif css and len(terminated) == len(css):
             phase = "Succeeded" if all(cs["state"]["terminated"].get("exitCode") == 0 for cs in css) else "Failed"
@@ -4341,6 +4376,7 @@ class PodWorker(threading.Thread):
             st["hostIP"] = self.kl.ip
             st["hostIPs"] = [{"ip": self.kl.ip}]
             st["startTime"] = fmt_time(now)
+            self.active_since = time.time()
             conds = st.setdefault("conditions", [])
             if emu.v >= (1, 29):
                 set_condition(conds, condition("PodReadyToStartContainers", "False", now))
@@ -4444,6 +4480,9 @@ class PodWorker(threading.Thread):
                 if over:
                     self._evict(over)
                     break
+            if self._past_active_deadline():
+                self._stop_at_deadline()
+                break
             # A thousand pods polling every 50 ms would starve the API server of the GIL;
             # the lightweight kubelet's containers report their own end, so a slow poll loses nothing.
             self.deleting.wait(0.5 if emu.faults.lightweight() else 0.05)
@@ -4480,6 +4519,32 @@ class PodWorker(threading.Thread):
             return True
         if not self.removed.is_set():
             self.update(fin)
+
+    def _past_active_deadline(self) -> bool:
+        """The pod has been active on this node for its activeDeadlineSeconds (from its start)."""
+        limit = (self.pod.get("spec") or {}).get("activeDeadlineSeconds")
+        return limit is not None and self.active_since is not None and time.time() - self.active_since >= limit
+
+    def _stop_at_deadline(self) -> None:
+        """As the kubelet's active deadline handler: a Normal DeadlineExceeded event, the containers
+        stopped with the pod's grace period, and the pod Failed with reason DeadlineExceeded (no
+        condition of its own: no DisruptionTarget). The terminal phase reaches the API only once
+        the containers have stopped."""
+        message = "Pod was active on the node longer than the specified deadline"
+        self.emu.events.record(self.store_pod(), "Normal", "DeadlineExceeded", message, "kubelet",
+                               host=self.kl.node)
+        self.grace = float((self.pod.get("spec") or {}).get("terminationGracePeriodSeconds") or 30)
+        self.evicted = True  # stops the pod's steps as an eviction does
+
+        def mark(o: dict) -> Optional[bool]:
+            # Set before the containers stop, so the status that first shows the pod Failed says why.
+            st = o.setdefault("status", {})
+            st["reason"] = "DeadlineExceeded"
+            st["message"] = message
+            self.recompute(o)
+            return True
+        self.update(mark)
+        self._terminate_all()
 
     def _evict(self, message: str, replaced: bool = False) -> None:
         emu = self.emu
@@ -4836,6 +4901,34 @@ def validate_job(body: dict) -> List[Tuple[str, str, str]]:
                          'Invalid value: "%s": only "Never" is supported when podFailurePolicy '
                          'is specified' % rp))
         errs += _pod_failure_policy_errors(policy, spec.get("backoffLimitPerIndex"))
+    errs += _success_policy_errors(spec)
+    return errs
+
+
+def _success_policy_errors(spec: dict) -> List[Tuple[str, str, str]]:
+    """A success policy's errors: Indexed only, at least one rule, each count within completions."""
+    policy = spec.get("successPolicy")
+    if policy is None:
+        return []
+    if spec.get("completionMode") != "Indexed":
+        return [("spec.successPolicy", "FieldValueInvalid", "Invalid value: %s: requires indexed completion mode"
+                 % json.dumps(policy))]
+    rules = policy.get("rules") or []
+    if not rules:
+        return [("spec.successPolicy.rules", "FieldValueRequired",
+                 "Required value: at least one rules must be specified when the successPolicy is specified")]
+    errs: List[Tuple[str, str, str]] = []
+    completions = spec.get("completions") or 0
+    for number, rule in enumerate(rules):
+        path = "spec.successPolicy.rules[%d]" % number
+        count = rule.get("succeededCount")
+        if count is None and rule.get("succeededIndexes") is None:
+            errs.append((path, "FieldValueRequired",
+                         "Required value: at least one of succeededCount or succeededIndexes must be specified"))
+        elif count is not None and (not isinstance(count, int) or count < 0 or count > completions):
+            errs.append((path + ".succeededCount", "FieldValueInvalid",
+                         "Invalid value: %s: must be less than or equal to %d (the number of specified completions)"
+                         % (count, completions)))
     return errs
 
 

@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
 """A local Kubernetes cluster for trying the tool, and for the real-cluster tests.
 
-    python3 tests/local_cluster.py [--emulator] [--workdir DIR] [--nodes N]
+    python3 tests/local_cluster.py [--emulator] [--workdir DIR] [--keep] [--nodes N]
 
 Starts a real control plane (etcd, kube-apiserver, kube-controller-manager,
 kube-scheduler, built once from the Go module proxy by
 tests/build_control_plane.py) with tests/node_agent.py doing the kubelet's part
 -- or, with --emulator, the tests' API emulator -- writes a kubeconfig, prints
 `READY <kubeconfig path>` on one line once `kubectl get nodes` works, and stops
-everything on SIGINT or SIGTERM. Then, in another shell:
+everything on SIGINT or SIGTERM, removing the temporary directory it made for its
+state (its logs, the control plane's data) unless --keep says otherwise. Then, in
+another shell:
 
     KUBECONFIG=<kubeconfig path> python3 rl_batch_demo.py run --count 10 --output rl-parallel-10
 
@@ -137,13 +139,17 @@ def kubectl_works(kubectl: str, env: Dict[str, str]) -> bool:
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--emulator", action="store_true", help="the tests' API emulator instead of the real control plane")
-    parser.add_argument("--workdir", help="where to keep state (default: a new temporary directory)")
+    parser.add_argument("--workdir", help="where to keep state, kept after stopping (default: a new temporary "
+                                          "directory, removed after stopping)")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary state directory after stopping")
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--kubectl", default=os.environ.get("KUBECTL") or shutil.which("kubectl") or "",
                         help="kubectl used to check the cluster answers (default: kubectl on PATH)")
     args = parser.parse_args(argv)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="rldemo-cluster-"))
     workdir.mkdir(parents=True, exist_ok=True)
+    # Only a directory this script made is removed: a --workdir is the user's.
+    remove = args.workdir is None and not args.keep
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
@@ -166,11 +172,14 @@ def main(argv: Optional[List[str]] = None) -> int:
             print("local_cluster: `kubectl get nodes` fails against the new cluster", file=sys.stderr)
             return 1
         print(f"READY {cluster.kubeconfig}", flush=True)
-        print(f"local_cluster: state in {workdir}; stop with Ctrl-C", file=sys.stderr, flush=True)
+        print(f"local_cluster: state in {workdir}{' (removed on stopping; --keep keeps it)' if remove else ''}; "
+              f"stop with Ctrl-C", file=sys.stderr, flush=True)
         stop.wait()
     finally:
         cluster.stop()
-    print(json.dumps({"stopped": str(workdir)}), file=sys.stderr)
+        if remove:
+            shutil.rmtree(workdir, ignore_errors=True)
+    print(json.dumps({"stopped": str(workdir), "removed": remove}), file=sys.stderr)
     return 0
 
 

@@ -193,6 +193,7 @@ class PodWorker(threading.Thread):
     def _run(self) -> None:
         ip = self.agent.node_ip
         self.extra_status = {"hostIP": ip, "hostIPs": [{"ip": ip}], "startTime": now_rfc3339()}
+        self.active_since = time.monotonic()
         self.set_condition("PodReadyToStartContainers", "False")
         self.set_condition("Initialized", "True")
         self.post_status()
@@ -228,6 +229,9 @@ class PodWorker(threading.Thread):
             if self.stop_requested():
                 self._terminate()
                 break
+            if self.past_active_deadline():
+                self.stop_at_deadline()
+                break
             self.deleting.wait(0.05)
         for t in threads:
             t.join(15)
@@ -256,6 +260,22 @@ class PodWorker(threading.Thread):
                     "startedAt": None, "finishedAt": now_rfc3339()}})
         if not self.removed:
             self.post_status()
+
+    def past_active_deadline(self) -> bool:
+        """Active on this node for the pod's activeDeadlineSeconds, counted from its start."""
+        limit = (self.pod.get("spec") or {}).get("activeDeadlineSeconds")
+        return limit is not None and time.monotonic() - self.active_since >= limit
+
+    def stop_at_deadline(self) -> None:
+        """As a kubelet's active deadline handler: a Normal DeadlineExceeded event, the pod's reason and
+        message, its containers stopped with its grace period; Failed once they have stopped."""
+        message = "Pod was active on the node longer than the specified deadline"
+        self.event("Normal", "DeadlineExceeded", message)
+        with self.status_lock:
+            self.extra_status.update({"reason": "DeadlineExceeded", "message": message})
+        self.grace = float((self.pod.get("spec") or {}).get("terminationGracePeriodSeconds") or 30)
+        self.post_status()
+        self._terminate()
 
     def evict(self, message: str) -> None:
         """Evicted by this node: phase Failed, reason Evicted, a DisruptionTarget condition."""

@@ -375,6 +375,43 @@ def test_an_episode_script_in_newer_syntax_than_this_python_is_only_warned_about
     assert "line 2 does not compile on Python" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("source", [
+    'print("hello"\n',                      # an unclosed bracket is not newer syntax
+    'x = (1]\n',
+    "message = 'never ends\n",
+    '"""a docstring that never ends\n',
+    'if True:\n    x = 1\n        y = 2\n',  # bad indentation
+    'print("a")\0\n',
+])
+def test_a_script_broken_on_every_python_is_refused_even_on_an_older_one(
+        source: str, tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(demo, "NEWEST_SYNTAX_PYTHON", (99, 0))  # this Python is older than the image's
+    script = tmp_path / "broken.py"
+    script.write_text(source)
+    assert main(["run", "--output", str(tmp_path / "out"), "--dry-run", "--episode-script", str(script)]) == 1
+    line = error_line(capsys.readouterr().err)
+    assert f"--episode-script {script}" in line and "nothing was created" in line
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("source", [
+    "match command:\n    case 'go':\n        pass\n",        # 3.10
+    "try:\n    pass\nexcept* ValueError:\n    pass\n",       # 3.11
+    "type Reward = float\n",                                 # 3.12
+    'task = {"a": 1}\nprint(f"{task["a"]}")\n',               # 3.12 (PEP 701)
+])
+def test_newer_syntax_is_shipped_on_an_older_python(source: str, tmp_path: Path, capsys: Any,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(demo, "NEWEST_SYNTAX_PYTHON", (99, 0))
+    script = tmp_path / "newer.py"
+    script.write_text("command = 'go'\n" + source)
+    assert main(["run", "--output", str(tmp_path / "out"), "--dry-run", "--episode-script", str(script)]) == 0
+    try:
+        compile(script.read_text(), str(script), "exec")
+    except SyntaxError:
+        assert "does not compile on Python" in capsys.readouterr().err  # warned, shipped
+
+
 # --------------------------------------------------------------------------
 # Refusals before anything is created.
 
@@ -857,7 +894,8 @@ def test_compare_prints_both_runs_with_ratios(tmp_path: Path, capsys: Any, no_su
     # What each run was: alike here, so the figures compare like with like.
     assert compare_rows(printed) == dict(GUIDE_COMPARE_ROWS, image=["python:3.12-alpine", "python:3.12-alpine", "same"],
                                          runtime=["cube", "cube", "same"],
-                                         cache_state=["uncontrolled", "uncontrolled", "same"])
+                                         cache_state=["uncontrolled", "uncontrolled", "same"],
+                                         context=["emulator", "emulator", "same"])
     assert no_subprocesses == []
 
 

@@ -92,7 +92,13 @@ def check_run(emulator: Emulator, output: Path, count: int, parallelism: int) ->
     assert results["client_job_complete_seconds"] >= job_truth["complete"] - job_truth["created"] - 0.5
     assert results["client_job_complete_seconds"] < 120
 
-    assert (output / "events.txt").read_text().splitlines()[0].split()[:3] == ["LAST", "SEEN", "TYPE"]
+    header, *lines = (output / "events.txt").read_text().splitlines()
+    assert header.split()[:4] == ["LAST", "SEEN", "(UTC)", "TYPE"]
+    # Absolute times, as the events say them, never kubectl's ages ("5s"), which mean nothing later.
+    created = {e["metadata"]["name"]: e for e in load(output / "events.json")["items"]}
+    stamps = sorted((e.get("lastTimestamp") or e.get("eventTime") or e["metadata"]["creationTimestamp"])[:19] + "Z"
+                    for e in created.values())
+    assert sorted(line.split()[0] for line in lines) == stamps and len(lines) == len(created) > 0
     with open(output / "episodes.csv", newline="") as handle:
         assert len(list(csv.DictReader(handle))) == count
     svg = ElementTree.parse(output / "timeline.svg").getroot()

@@ -4,7 +4,12 @@ echoes every kubectl command line and every request through the tool's own
 
 from __future__ import annotations
 
+import json
+import os
 import shlex
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -85,3 +90,28 @@ def test_without_verbose_no_command_line_is_echoed(make_cluster, tmp_path: Path)
     assert "--watch" not in result.stderr and "proxy --unix-socket" not in result.stderr
     cleaned = tool(emulator, kubectl, "cleanup", "--output", str(output))
     assert cleaned.returncode == 0 and echoed(cleaned.stderr) == [], cleaned.stderr
+
+
+@pytest.mark.parametrize("keep", [False, True], ids=["removed", "kept"])
+def test_local_cluster_removes_its_temporary_state_on_stopping_unless_kept(require_e2e, tmp_path: Path,
+                                                                          keep: bool) -> None:
+    require_e2e()
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    argv = [sys.executable, str(Path(__file__).resolve().parent / "local_cluster.py"), "--emulator", "--kubectl", ""]
+    process = subprocess.Popen(argv + (["--keep"] if keep else []), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=dict(os.environ, TMPDIR=str(temporary)))
+    try:
+        line = process.stdout.readline()
+        assert line.startswith("READY "), (line, process.stderr.read() if process.poll() is not None else "")
+        [state] = list(temporary.glob("rldemo-cluster-*"))
+        assert Path(line.split(" ", 1)[1].strip()).is_relative_to(state)  # the kubeconfig is in it
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    stopped = json.loads(process.stderr.read().strip().splitlines()[-1])
+    assert stopped == {"stopped": str(state), "removed": not keep}
+    assert state.exists() is keep

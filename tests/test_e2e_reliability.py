@@ -75,6 +75,8 @@ def assert_cleanup_finds_nothing(emulator: Emulator, kubectl: str, output: Path)
     assert "Traceback" not in again.stderr
     assert again.stdout.strip() == "Namespace already absent"
     assert not any(r["method"] == "DELETE" for r in emulator.requests[requests_before:])
+    receipt = load(output / "receipt.json")
+    assert f"({receipt['namespace']} in context {receipt['context']}: nothing to delete)" in again.stderr
 
 
 # --------------------------------------------------------------------------
@@ -133,6 +135,27 @@ def test_unreachable_cluster_fails_before_any_change_and_cleanup_says_so(make_cl
     # ...and once the context reaches a live cluster, finds nothing to delete.
     assert_cleanup_finds_nothing(emulator, kubectl, output)
     assert run_namespaces(emulator) == []
+
+
+def test_cleanup_with_a_kubeconfig_lacking_the_runs_context_names_the_one_the_run_used(make_cluster, tmp_path):
+    kubectl, make = make_cluster
+    emulator = make()
+    output = tmp_path / "out"
+    result = tool(emulator, kubectl, "run", "--count", "1", "--output", str(output), "--quiet")
+    assert result.returncode == 0, result.stderr
+    assert load(output / "receipt.json")["kubeconfig"] == str(emulator.kubeconfig)
+    config = json.loads(emulator.kubeconfig.read_text())
+    config["contexts"][0]["name"] = config["current-context"] = "another-cluster"
+    other = tmp_path / "other-kubeconfig"
+    other.write_text(json.dumps(config))
+    refused = tool_in({**emulator.env(), "KUBECONFIG": str(other)}, kubectl, "cleanup", "--output", str(output))
+    assert_clean_failure(refused)
+    assert refused.stderr == (
+        f"Error: kube context 'kube-emulator' of {output / 'receipt.json'} is not in the kubeconfig kubectl reads "
+        f"now ({other}); the run used {emulator.kubeconfig}: clean up with KUBECONFIG={emulator.kubeconfig}; "
+        f"nothing was deleted\n")
+    assert len(run_namespaces(emulator)) == 1
+    assert_cleanup_works(emulator, kubectl, output)
 
 
 # --------------------------------------------------------------------------
@@ -197,6 +220,9 @@ def test_interrupt_while_collecting_keeps_the_receipt_and_evidence(make_cluster,
     receipt = load(output / "receipt.json")
     assert receipt["namespace_uid"] == uid(emulator.get("namespaces", None, name))
     assert receipt["job_uid"] == receipt["jobs"]["rollout"] == uid(job)
+    # Ctrl-C stopped the client only, and says so.
+    assert "This stopped the client, not the Job: it runs on in the cluster, its namespace with it, until you " \
+        "clean up." in result.stderr
     assert not (output / "results.json").exists()
     emulator.set_faults(api_latency=None)
     assert_cleanup_works(emulator, kubectl, output)

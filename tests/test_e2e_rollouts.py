@@ -9,6 +9,7 @@ import json
 import os
 import re
 from pathlib import Path
+from xml.etree import ElementTree
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ import rl_batch_demo
 from e2e_support import emulators, load, run_namespaces, tool, write_script
 
 pytestmark = pytest.mark.e2e
+SVG = "{http://www.w3.org/2000/svg}"
 
 # Reads its task from $TASK_FILE; the task's "fail" makes the episode fail on its own.
 TASK_EPISODE = '''
@@ -63,7 +65,7 @@ def test_tasks_in_rewards_out_in_groups(cluster: Any, tmp_path: Path) -> None:
     rows = rewards_of(output)
     assert [row["index"] for row in rows] == [0, 1, 2, 3, 4, 5]
     # The id field, else the line number (blank lines count).
-    assert [row["task_id"] for row in rows] == ["alpha", "alpha", 3, 3, 4, 4]
+    assert [row["task_id"] for row in rows] == ["alpha", "alpha", "3", "3", "4", "4"]  # strings always
     assert [row["group"] for row in rows] == [0, 0, 1, 1, 2, 2]
     assert [row["reward"] for row in rows] == [0.5, 0.5, 1.0, 1.0, 2.0, 2.0]
     assert [row["task_seen"] for row in rows] == ["alpha", "alpha", None, None, None, None]
@@ -77,7 +79,7 @@ def test_tasks_in_rewards_out_in_groups(cluster: Any, tmp_path: Path) -> None:
     results = load(output / "results.json")
     assert results["episodes"] == 6 and results["failed_episodes"] == 0
     assert results["groups_complete"] == 3
-    assert [g["task_id"] for g in results["groups"]] == ["alpha", 3, 4]
+    assert [g["task_id"] for g in results["groups"]] == ["alpha", "3", "4"]
     for group in results["groups"]:
         members = [r["batch_to_reward_seconds"] for r in rows if r["group"] == group["group"]]
         assert group["all_rewards_seconds"] == max(members)
@@ -111,7 +113,7 @@ def test_evicted_episode_is_retried_and_the_batch_passes(cluster: Any, tmp_path:
     assert results["attempts"] == {
         "attempts_total": 4, "episodes_retried": 1,
         "first_attempt": {"succeeded": 2, "failed": {"infrastructure": 1, "episode": 0, "verifier": 0}},
-        "final": {"succeeded": 3, "failed": {"infrastructure": 0, "episode": 0, "verifier": 0}}}
+        "final": {"succeeded": 3, "failed": {"infrastructure": 0, "episode": 0, "verifier": 0}, "cancelled": 0}}
     assert results["job_end"] == {"condition": "Complete", "reason": None}
     job = load(output / "job.json")
     assert job["status"]["failed"] == 1 and job["status"]["failedIndexes"] == ""
@@ -124,7 +126,7 @@ def test_episode_failure_is_not_retried_and_a_partial_batch_exits_3(cluster: Any
                                        '{"id": "ok2", "x": 2}\n', "--retries", "2", "--allow-failures", "1")
     result = tool(emulator, kubectl, *args)
     assert result.returncode == rl_batch_demo.EXIT_PARTIAL == 3, result.stderr
-    assert "Accepted a partial batch: 1 of 3 episodes failed (episode 1)" in result.stderr
+    assert "Accepted a partial batch: 1 of 3 episodes failed (1 episode failure)" in result.stderr
     rows = rewards_of(output)
     assert [row["failure_class"] for row in rows] == [None, "episode", None]
     bad = rows[1]
@@ -132,6 +134,19 @@ def test_episode_failure_is_not_retried_and_a_partial_batch_exits_3(cluster: Any
     assert bad["evidence"] == f"{bad['pod']}.log" and (output / bad["evidence"]).is_file()
     assert bad["reward"] is None and bad["pod_to_ready_seconds"] is not None
     assert len(load(output / "pods.json")["items"]) == 3  # FailIndex: never retried
+    # The timeline draws all 3 episodes, the failed one marked, as far as it got (it was ready).
+    timeline = ElementTree.fromstring((output / "timeline.svg").read_text())
+    bars = {}
+    for rect in timeline.iter(f"{SVG}rect"):
+        title = rect.findtext(f"{SVG}title")
+        if title:
+            bars.setdefault(title.split()[0], []).append(title.split()[1].rstrip(":"))
+    assert sorted(bars) == sorted(row["pod"] for row in rows)
+    assert "episode_work" not in bars[bad["pod"]] and "scheduling" in bars[bad["pod"]]
+    [mark] = [text for text in timeline.iter(f"{SVG}text") if text.findtext(f"{SVG}title")]
+    assert mark.findtext(f"{SVG}title") == f"{bad['pod']} failed (episode): exited 1"
+    legend = ["".join(text.itertext()) for text in timeline.iter(f"{SVG}text")]
+    assert rl_batch_demo.GAP_MEANING in legend and rl_batch_demo.FAILED_MEANING in legend
     results = load(output / "results.json")
     assert results["accepted_partial"] is True
     assert results["failures_by_class"] == {"infrastructure": 0, "episode": 1, "verifier": 0}
@@ -156,7 +171,8 @@ def test_failures_beyond_the_allowance_fail_the_run_with_every_episode_listed(cl
                   "--retries", "1")
     assert result.returncode == 1, result.stderr
     # maxFailedIndexes 0: the first failed episode ends the Job, which stops any still running.
-    assert re.search(r"[13] of 3 episodes failed \((infrastructure 2, )?episode 1\); --allow-failures accepts 0",
+    assert re.search(r"[123] of 3 episodes failed \(([12] infrastructure failures?, )?1 episode failure\); "
+                     r"--allow-failures accepts 0",
                      result.stderr), result.stderr
     assert "Traceback" not in result.stderr
     rows = rewards_of(output)
@@ -210,7 +226,8 @@ def test_run_batch_in_process_returns_every_reward(cluster: Any, tmp_path: Path,
         ("t1", None, 1.0), ("t1", None, 1.0), ("t2", "episode", None), ("t2", "episode", None)]
     # cleanup=False keeps the namespace, as the command line does.
     assert [ns["metadata"]["name"] for ns in run_namespaces(emulator)] == [results["namespace"]]
-    with pytest.raises(rl_batch_demo.DemoError, match="2 of 2 episodes failed"):
+    with pytest.raises(rl_batch_demo.DemoError,
+                       match=r"^2 of 2 episodes failed \(2 episode failures\); allow_failures=1 accepts no more\n"):
         rl_batch_demo.run_batch([{"x": 1, "fail": True}], output=str(tmp_path / "out2"), group_size=2,
                                 allow_failures=1, options=["--kubectl", kubectl, "--episode-script",
                                                            str(write_script(tmp_path, TASK_EPISODE))])
@@ -271,7 +288,7 @@ def test_a_failed_builtin_check_is_a_verifier_failure(cluster: Any, tmp_path: Pa
     result = tool(emulator, kubectl, "run", "--output", str(output), "--quiet", "--count", "2",
                   "--allow-failures", "1")
     assert result.returncode == 1, result.stderr
-    assert "2 of 2 episodes failed (verifier 2); --allow-failures accepts 1" in result.stderr
+    assert "2 of 2 episodes failed (2 verifier failures); --allow-failures accepts 1" in result.stderr
     rows = rewards_of(output)
     assert [row["failure_class"] for row in rows] == ["verifier", "verifier"]
     assert all("unsynchronised clocks or broken events" in row["failure"] and row["reward"] == 1 for row in rows)

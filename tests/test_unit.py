@@ -798,7 +798,27 @@ def test_completion_gap_hand_computed() -> None:
         "job_complete_to_client_observed_seconds": 1.5,
         "last_reward_to_client_observed_seconds": 2.75,
         "precision_seconds": 1.0,
+        # Each whole-second end may lie anywhere in its second.
+        "bounds_seconds": {
+            "last_reward_to_last_container_finished_seconds": [0.25, 1.25],
+            "last_container_finished_to_success_criteria_met_seconds": [0.0, 1.0],
+            "last_container_finished_to_job_complete_seconds": [0.0, 2.0],
+            "job_complete_to_client_observed_seconds": [0.5, 1.5],
+            "last_reward_to_client_observed_seconds": [2.75, 2.75],
+        },
     }
+
+
+def test_completion_gap_whose_sign_its_precision_cannot_settle_is_never_negative() -> None:
+    # The last reward at +10.68; its container's finishedAt names second +10: it finished
+    # between 10.68 and 11, which the two stamps' difference (-0.68) reads as a bug.
+    job, pods, _, _ = synthetic_batch()
+    gap = demo.completion_gap(job, pods, last_reward_at=T0 + 10.68, client_observed_at=T0 + 12.5)
+    assert gap["bounds_seconds"]["last_reward_to_last_container_finished_seconds"] == [0.0, 0.32]
+    assert gap["last_reward_to_last_container_finished_seconds"] == 0.0  # read as finished no earlier than the reward
+    assert gap["last_container_finished_to_job_complete_seconds"] == 0.32  # the Job stamped +11
+    assert gap["job_complete_to_client_observed_seconds"] == 1.5
+    assert all(value >= 0 for key, value in gap.items() if key.endswith("_seconds") and isinstance(value, float))
 
 
 def test_completion_gap_without_client_or_success_criteria() -> None:
@@ -833,7 +853,7 @@ def test_scheduled_event_times_only_from_pod_scheduled_events() -> None:
 
 
 EXPECTED_CSV_HEADER = ",".join(
-    ["batch", "pod", "index", "node", "reward", "image_cache", "runtime_class"]
+    ["batch", "pod", "node", "reward", "image_cache", "runtime_class"]
     + [f"{point}_after_job_seconds" for point in demo.POINTS]
     + [f"{point}_precision_seconds" for point in demo.POINTS]
     + [f"{phase}_seconds" for phase in demo.PHASES]
@@ -844,13 +864,26 @@ EXPECTED_CSV_HEADER = ",".join(
 )
 
 
+def test_episodes_csv_has_an_index_column_only_for_an_indexed_job() -> None:
+    job, pods, logs, events = synthetic_batch()
+    default = demo.summarise_batch(job, pods, logs, events, 3)
+    assert "index" not in next(csv.reader(io.StringIO(demo.episodes_csv([("rollout", default)]))))
+    for position, pod in enumerate(pods):
+        pod["metadata"].setdefault("annotations", {})[demo.COMPLETION_INDEX_ANNOTATION] = str(position)
+    indexed = demo.summarise_batch(job, pods, logs, events, 3)
+    rows = list(csv.DictReader(io.StringIO(demo.episodes_csv([("rollout", indexed)]))))
+    assert sorted(row["index"] for row in rows) == ["0", "1", "2"]
+    assert {row["pod"]: row["index"] for row in rows} == {
+        record["pod"]: record["index"] for record in indexed.episodes}
+
+
 def test_episodes_csv_header_and_rows() -> None:
     job, pods, logs, events = synthetic_batch()
     summary = demo.summarise_batch(job, pods, logs, events, 3)
     lines = demo.episodes_csv([("rollout", summary)]).splitlines()
     assert lines[0] == EXPECTED_CSV_HEADER
     assert lines[1:] == [
-        "rollout,rollout-4kq2m,,node-1,1,present,cube,"
+        "rollout,rollout-4kq2m,node-1,1,present,cube,"
         "1.000000,1.250000,2.000000,2.510000,2.500000,3.250000,3.500000,8.000000,9.000000,"
         "1,1e-06,1.75,0.51,0.01,1e-06,1e-06,1e-06,1,"
         "0.250000,0.750000,0.500000,0.750000,0.250000,4.500000,1.000000,2.500000,7.000000,"
@@ -858,7 +891,7 @@ def test_episodes_csv_header_and_rows() -> None:
         'Pod creationTimestamp,Scheduled event eventTime,"PodReadyToStartContainers condition, after Scheduled eventTime","worker process start, after container startedAt",worker /proc start time,worker imports_done_at,worker ready event,worker reward event,container finishedAt,'
         "control plane,control plane,node,node,node,node,node,node,node,"
         "1,1.75,1.76,0.010001,2e-06,2e-06,1,1,1",
-        "rollout,rollout-9vtzb,,node-2,1,pulled,cube,"
+        "rollout,rollout-9vtzb,node-2,1,pulled,cube,"
         "1.000000,1.500000,3.000000,3.010000,3.000000,4.000000,4.250000,8.500000,9.000000,"
         "1,1e-06,2.5,0.01,0.01,1e-06,1e-06,1e-06,1,"
         "0.500000,1.500000,0.000000,1.000000,0.250000,4.250000,0.500000,3.250000,7.500000,"
@@ -867,7 +900,7 @@ def test_episodes_csv_header_and_rows() -> None:
         "control plane,control plane,node,node,node,node,node,node,node,"
         "1,2.5,2.51,0.010001,2e-06,2e-06,1,1,1",
         # No sandbox condition and no kubelet event: empty cells; scheduled from the whole-second condition.
-        "rollout,rollout-p7x8s,,node-1,1,,cube,"
+        "rollout,rollout-p7x8s,node-1,1,,cube,"
         "2.000000,2.000000,,3.510000,3.500000,4.500000,5.000000,9.750000,10.000000,"
         "1,1,,0.51,0.01,1e-06,1e-06,1e-06,1,"
         "0.000000,,,1.000000,0.500000,4.750000,0.250000,3.000000,7.750000,"
@@ -912,6 +945,43 @@ def test_timeline_svg_is_xml_with_one_row_per_episode_and_a_legend() -> None:
     assert f"{POD_C} episode_work: 4.750 s" in titles
 
 
+def axis_seconds(root: ElementTree.Element, x: float) -> float:
+    """Where `x` (px) falls on a picture's time axis, read from its tick labels (the numbers
+    centred under the axis)."""
+    ticks = sorted((float(t.get("x")), float(t.text)) for t in root.iter(f"{SVG}text")
+                   if t.get("text-anchor") == "middle" and (t.text or "").replace(".", "", 1).isdigit())
+    (x0, t0), (x1, t1) = ticks[0], ticks[1]
+    return t0 + (x - x0) * (t1 - t0) / (x1 - x0)
+
+
+def test_ramp_and_timeline_share_one_time_origin_and_say_which() -> None:
+    # The Job's stamp names second 100; it was truly created at 100.45 at the earliest, and its
+    # pod at 100.8: both pictures put the pod at 0.8 s, as episodes.csv and results.json count.
+    points = {point: None for point in demo.POINTS}
+    points.update(pod_created=demo.Point(100.8, 0.01, "test", "control plane"),
+                  scheduled=demo.Point(101.0, 0.01, "test", "control plane"),
+                  ready=demo.Point(102.0, 0.01, "test", "node"), reward=demo.Point(103.0, 0.01, "test", "node"))
+    record = {"pod": "rollout-abcde", "points": points, "phases": demo.phase_durations(points), "index": None}
+    summary = demo.BatchSummary(figures={}, episodes=[record], job_created=100.0, origin=100.45)
+    figures = {"pods_created_per_second": 1, "sandboxes_ready_per_second_mean": None,
+               "sandboxes_ready_per_second_peak": None, "max_episodes_running_at_once": 1}
+    timeline = ElementTree.fromstring(demo.timeline_svg([("rollout", summary)], "1 episode"))
+    ramp = ElementTree.fromstring(demo.ramp_svg([("rollout", summary)], "1 episode", figures))
+    [scheduling] = [rect for rect in timeline.iter(f"{SVG}rect")
+                    if (rect.findtext(f"{SVG}title") or "").startswith("rollout-abcde scheduling")]
+    assert axis_seconds(timeline, float(scheduling.get("x"))) == pytest.approx(0.8, abs=0.01)
+    created_line = next(path for path in ramp.iter(f"{SVG}path")
+                        if path.findtext(f"{SVG}title") == "pod_created: 1 episode")
+    first_x = float(created_line.get("d")[1:].split(",")[0])
+    assert axis_seconds(ramp, first_x) == pytest.approx(0.8, abs=0.01)
+    for picture in (timeline, ramp):
+        assert demo.TIME_AXIS in ["".join(t.itertext()) for t in picture.iter(f"{SVG}text")]
+    assert "creationTimestamp" in demo.TIME_AXIS and "episodes.csv" in demo.TIME_AXIS
+    # The true creation, at the earliest, is marked on the timeline where it was.
+    [marker] = [line for line in timeline.iter(f"{SVG}line") if line.findtext(f"{SVG}title")]
+    assert axis_seconds(timeline, float(marker.get("x1"))) == pytest.approx(0.45, abs=0.01)
+
+
 def compare_rows(table: str) -> dict[str, list[str]]:
     """A compare table's rows below its header: {metric: [A, B, B/A]}."""
     return {line.split()[0]: line.split()[1:] for line in table.splitlines()[1:]}
@@ -922,7 +992,11 @@ def test_compare_table_shows_what_each_run_was() -> None:
              "harden": False, "episode_script_sha256": None, "image_cache": {"present": 2, "pulled": 0}}
     second = {"episodes": 2, "image": "python:3.12-alpine", "runtime": "kata", "cache_state": "uncontrolled",
               "harden": True, "episode_script_sha256": "ab" * 32, "image_cache": {"present": 0, "pulled": 2}}
+    second.update(context="kind-kind", failed_episodes=1, accepted_partial=True)
+    first["context"] = "gke-prod"
     rows = compare_rows(demo.compare_table(first, second, "A", "B"))
+    assert rows["context"] == ["gke-prod", "kind-kind", "differ"]
+    assert rows["failed_episodes"] == ["0", "1", "-"]  # A has results only because every episode passed
     assert rows["image"] == ["python:3.12-alpine", "python:3.12-alpine", "same"]
     assert rows["runtime"] == ["cube", "kata", "differ"]
     assert rows["cache_state"] == ["warmed", "uncontrolled", "differ"]
@@ -943,6 +1017,7 @@ GUIDE_SERIAL = dict(GUIDE_PARALLEL, parallelism=1, batch_to_all_ready_seconds=93
 GUIDE_COMPARE_HEADER = ["metric", "A:", "parallel", "B:", "serial", "B/A"]
 GUIDE_COMPARE_ROWS = {
     "episodes": ["10", "10", "1.00"],
+    "failed_episodes": ["0", "0", "-"],  # results of a run without failures allowed: none failed
     "parallelism": ["10", "1", "0.10"],
     "reward_sum": ["10", "10", "1.00"],
     "batch_to_all_ready_seconds": ["3.7", "93.1", "25.16"],       # 93.1 / 3.7 = 25.162
@@ -1079,7 +1154,7 @@ STDLIB_ALLOW_LIST = frozenset("""
     itertools json locale logging math mimetypes numbers operator os pathlib pickle platform
     posixpath pprint queue random re resource secrets select selectors shlex shutil signal socket
     stat statistics string struct subprocess sys sysconfig tarfile tempfile textwrap threading
-    time timeit traceback types typing unicodedata unittest urllib uuid warnings weakref xml zipfile
+    time timeit tokenize traceback types typing unicodedata unittest urllib uuid warnings weakref xml zipfile
     zlib
 """.split())
 
@@ -1165,7 +1240,7 @@ def test_a_failed_batch_says_which_evidence_exists() -> None:
         "no pod is left to have a log (the Job controller deletes a Job's pods when it ends it for its deadline)")
     pods = [{"metadata": {"name": "a"}}, {"metadata": {"name": "b"}}]
     assert demo.saved_evidence(None, pods, {"a": "{}\n", "b": ""}, [{}]) == (
-        "saved: job.json (unreadable), pods.json (2 pods), events.txt (1 events), 1 of 2 pod logs with content")
+        "saved: job.json (unreadable), pods.json (2 pods), events.txt (1 event), 1 of 2 pod logs with content")
 
 
 # --------------------------------------------------------------------------
@@ -1419,6 +1494,23 @@ def test_a_pod_asked_to_be_deleted_bounds_no_later_pods_creation() -> None:
     # A Job that waits for a terminating pod to end before replacing it (podReplacementPolicy
     # Failed, as with a podFailurePolicy): the end still frees the slot.
     assert demo.slots_freed([deleted, b], no_offsets, {}, {}, T0, 1, replaces_terminating=False) == {"b": T0 + 5}
+
+
+def test_the_two_pod_to_ready_p50s_are_named_apart_and_shown_side_by_side() -> None:
+    job, pods, logs, events = synthetic_batch()
+    figures = demo.summarise_batch(job, pods, logs, events, 3).figures
+    # The guide's counts from the pod's whole-second stamp; the phase from its sharpest creation point.
+    figures["pod_to_ready_p50_seconds"], figures["phases"]["pod_to_ready"]["p50"] = 1.561, 0.764
+    figures["phases"]["pod_to_ready"]["precision_seconds"] = 0.01
+    text = demo.phase_tables(figures).split("\n\n")[0]  # the batch's table, before the start paths'
+    guide, sharp = 1.561, 0.764
+    rows = {line[:24].strip(): line for line in text.splitlines()}
+    assert "pod_to_ready" not in rows and rows["pod_to_ready (sharp)"].split()[2] == f"{sharp:.3f}"
+    [guide_line] = [line for line in text.splitlines() if line.startswith("pod_to_ready P50:")]
+    assert guide_line.startswith(f"pod_to_ready P50: {guide:.3f} s the guide's (from the pod's whole-second "
+                                 f"creationTimestamp; pod_to_ready_p50_seconds)")
+    next_line = text.splitlines()[text.splitlines().index(guide_line) + 1]
+    assert next_line.split()[:3] == [f"{sharp:.3f}", "s", "sharp"]
 
 
 def test_a_batch_that_mixes_start_paths_shows_each_paths_phases() -> None:

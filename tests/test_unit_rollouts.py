@@ -18,6 +18,21 @@ from test_unit import (JOB_CREATED, NAMESPACE, T0, log_text, make_job, make_pod,
 INDEX = "batch.kubernetes.io/job-completion-index"
 
 
+PYTHON_TRACEBACK = """Traceback (most recent call last):
+  File "/demo/episode.py", line 9, in <module>
+    score(task)
+  File "/demo/episode.py", line 5, in score
+    return task["answer"]
+KeyError: 'answer'
+"""
+# What `python /demo/episode.py` prints for a script that does not compile: no "Traceback" line.
+SYNTAX_ERROR_LOG = """  File "/demo/episode.py", line 1
+    print("hello"
+         ^
+SyntaxError: '(' was never closed
+"""
+
+
 def indexed_pod(name: str, index: int, failures: int = 0, **options: Any) -> dict:
     pod = make_pod(name, **options)
     pod["metadata"]["annotations"] = {INDEX: str(index)}
@@ -42,8 +57,10 @@ def failed_job(reason: str) -> dict:
 
 def test_tasks_take_their_id_field_else_their_line_number() -> None:
     tasks = demo.parse_tasks(['{"id": "a", "x": 1}\n', "\n", '  {"x": 2}  \n', '{"id": 7}\n'])
-    assert tasks == [demo.Task("a", 1, '{"id": "a", "x": 1}'), demo.Task(3, 3, '{"x": 2}'),
-                     demo.Task(7, 4, '{"id": 7}')]
+    # Always strings, so rewards.jsonl never mixes "a" with 3.
+    assert tasks == [demo.Task("a", 1, '{"id": "a", "x": 1}'), demo.Task("3", 3, '{"x": 2}'),
+                     demo.Task("7", 4, '{"id": 7}')]
+    assert [task.task_id for task in demo.parse_tasks(['{"id": 2.5}', '{"id": true}'])] == ["2.5", "true"]
 
 
 @pytest.mark.parametrize("lines, message", [
@@ -51,6 +68,8 @@ def test_tasks_take_their_id_field_else_their_line_number() -> None:
     (['[1, 2]\n'], "line 1 is not a JSON object"),
     (['{"id": {"a": 1}}\n'], "line 1: the task id must be a string or a number"),
     (['{"id": "a"}\n', '{"id": "a"}\n'], "task id 'a' appears more than once"),
+    (['{"id": 7}\n', '{"id": "7"}\n'], "task id '7' appears more than once"),
+    (['{"id": null}\n'], "line 1: the task id must be a string or a number"),
     (["\n", "  \n"], "no tasks in it"),
 ])
 def test_bad_task_files_name_the_line(lines: list[str], message: str) -> None:
@@ -168,6 +187,10 @@ def deleted(pod: dict) -> dict:
      ("infrastructure", "container restarted 1 time(s)")),
     (make_pod("p", phase="Failed", exit_code=2), log_text(ready_event("p", T0 + 3.0)), make_job(),
      ("episode", "exited 2")),
+    (make_pod("p", phase="Failed", exit_code=1), log_text(ready_event("p", T0 + 3.0)) + PYTHON_TRACEBACK,
+     make_job(), ("episode", "exited 1: KeyError: 'answer'")),
+    (make_pod("p", phase="Failed", exit_code=1), SYNTAX_ERROR_LOG, make_job(),
+     ("episode", "exited 1: SyntaxError: '(' was never closed")),
     (deleted(make_pod("p", phase="Failed", exit_code=143)), "", failed_job("DeadlineExceeded"),
      ("episode", "still running at the Job's deadline")),
     (make_pod("p"), log_text(ready_event("p", T0 + 3.0)), make_job(),
@@ -225,7 +248,7 @@ def test_every_episode_has_a_row_its_final_attempt_and_what_came_before() -> Non
     rows = demo.episode_rows(3, job, [failed, retried, first], logs, True, ["t0", "t1"], 2)
     assert rows[0] == {
         "index": 0, "task_id": "t0", "group": 0, "pod": "rollout-0-bbbbb", "attempts": 2, "reward": 1,
-        "failure_class": None, "failure": None, "node": "node-1", "pod_to_ready_seconds": 1.0,
+        "failure_class": None, "valid": True, "failure": None, "node": "node-1", "pod_to_ready_seconds": 1.0,
         "batch_to_ready_seconds": 3.0, "batch_to_reward_seconds": 5.5, "episode_seconds": 2.5,
         "evidence": None,
         "earlier_attempts": [{"pod": "rollout-0-aaaaa", "failure_class": "infrastructure",
@@ -236,7 +259,7 @@ def test_every_episode_has_a_row_its_final_attempt_and_what_came_before() -> Non
             rows[1]["reward"], rows[1]["pod_to_ready_seconds"]) == \
         ("episode", "exited 1", 1, "rollout-1-ccccc.log", None, 1.5)
     assert rows[2] == {"index": 2, "task_id": "t1", "group": 1, "pod": None, "attempts": 0, "reward": None,
-                       "failure_class": "infrastructure", "evidence": "job.json",
+                       "failure_class": "infrastructure", "valid": False, "evidence": "job.json",
                        "failure": "never started: the Job ended (FailedIndexes) before it created this "
                                   "episode's pod"}
     lines = demo.rewards_jsonl(rows).splitlines()
@@ -267,7 +290,7 @@ def test_attempts_count_first_attempts_and_final_outcomes_apart() -> None:
     assert demo.attempt_figures(rows) == {
         "attempts_total": 7, "episodes_retried": 2,
         "first_attempt": {"succeeded": 1, "failed": {"infrastructure": 2, "episode": 1, "verifier": 0}},
-        "final": {"succeeded": 2, "failed": {"infrastructure": 1, "episode": 1, "verifier": 0}}}
+        "final": {"succeeded": 2, "failed": {"infrastructure": 1, "episode": 1, "verifier": 0}, "cancelled": 0}}
 
 
 def test_pod_to_ready_counts_a_never_ready_episode_as_ready_at_the_deadline() -> None:
@@ -286,8 +309,23 @@ def test_a_rollout_batch_over_its_allowance_is_refused_with_each_failure_listed(
     rows = [row(0, reward_at=5.0), dict(row(1, "episode"), failure="exited 1")]
     with pytest.raises(demo.DemoError) as raised:
         demo.summarise_rollout(rows, make_job(), [], {}, [], {"allow_failures": 0, "builtin": True})
-    assert str(raised.value) == ("1 of 2 episodes failed (episode 1); --allow-failures accepts 0\n"
-                                 "  episode 1 (task 't0', pod p1, 1 attempt(s)): episode: exited 1")
+    assert str(raised.value) == ("1 of 2 episodes failed (1 episode failure); --allow-failures accepts 0\n"
+                                 "  episode 1 (task 't0', pod p1, 1 attempt): episode: exited 1")
+
+
+@pytest.mark.parametrize("classes, said", [
+    (["episode", "episode"], "2 episode failures"),
+    (["infrastructure", "verifier", "verifier"], "1 infrastructure failure, 2 verifier failures"),
+])
+def test_failures_are_counted_in_words_not_read_as_an_index(classes: list, said: str) -> None:
+    assert demo.failures_said([{"failure_class": kind} for kind in classes]) == said
+
+
+def test_counts_of_one_are_singular() -> None:
+    assert demo.throughput_line({"max_episodes_running_at_once": 1}).endswith("at most 1 episode running at once")
+    assert demo.throughput_line({"max_episodes_running_at_once": 3}).endswith("at most 3 episodes running at once")
+    assert demo.timeline_title({"count": 1, "parallelism": 1, "runtime": "cube"}).startswith("1 episode,")
+    assert demo.plural(None, "episode") == "- episodes"
 
 
 # --------------------------------------------------------------------------
@@ -336,6 +374,28 @@ def task_file(tmp_path: Any) -> Any:
     return path
 
 
+@pytest.mark.parametrize("log, tail", [
+    (PYTHON_TRACEBACK, "KeyError: 'answer'"),
+    (SYNTAX_ERROR_LOG, "SyntaxError: '(' was never closed"),
+    # A chained exception: the last traceback's line, the one that ended the program.
+    ("Traceback (most recent call last):\n  File \"a\", line 1, in <module>\nValueError: x\n\nDuring handling "
+     "of the above exception, another exception occurred:\n\n" + PYTHON_TRACEBACK + "after\n", "KeyError: 'answer'"),
+    ('{"event": "ready"}\nthe agent gave up\n', None),  # sys.exit("...") prints no traceback
+    ("", None),
+])
+def test_traceback_tail_is_the_line_that_ended_the_program(log: str, tail: Optional[str]) -> None:
+    assert demo.traceback_tail(log) == tail
+
+
+def test_a_failed_pod_line_quotes_its_traceback() -> None:
+    pod = make_pod("p", phase="Failed", exit_code=1)
+    job = make_job()
+    assert demo.describe_failure(job, [pod], "rollout", 240, {"p": SYNTAX_ERROR_LOG})[1:] == [
+        "pod p: Failed, container exited 1 (Error): SyntaxError: '(' was never closed"]
+    assert demo.describe_failure(job, [pod], "rollout", 240, {"p": "no traceback\n"})[1:] == [
+        "pod p: Failed, container exited 1 (Error)"]
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--group-size", "2"], "--group-size needs --tasks (2 episodes per task)"),
     (["--tasks", "{tasks}", "--count", "4"],
@@ -343,16 +403,19 @@ def task_file(tmp_path: Any) -> Any:
     (["--tasks", "{tasks}", "--group-size", "7"],
      "--group-size 7 with 3 tasks is 21 episodes, over the cap of 20 episodes (raise it with --max-episodes 21)"),
     (["--count", "21"], "--count 21 is over the cap of 20 episodes (raise it with --max-episodes 21)"),
-    (["--retries", "1", "--rounds", "2"], "--tasks, --retries and --allow-failures run one batch"),
+    (["--retries", "1", "--rounds", "2"], "--tasks, --retries, --allow-failures and --need run one batch"),
     (["--allow-failures", "11"], "--allow-failures 11 is more than the 10 episodes"),
     (["--retries", "-1"], "argument --retries: must be 0 or more, got -1"),
     (["--tasks", "{missing}"], "No such file or directory"),
+    (["--tasks", "{tasks}"], "--tasks needs --episode-script: the built-in episode ignores tasks, so its rewards "
+                             "would not come from them; ship an episode that reads its task from $TASK_FILE"),
 ])
 def test_rollout_usage_errors(extra: list[str], message: str, tmp_path: Any, task_file: Any,
                               capsys: pytest.CaptureFixture) -> None:
     argv = ["run", "--output", str(tmp_path / "out")] + [
         a.format(tasks=task_file, missing=tmp_path / "none.jsonl") for a in extra]
     assert message in usage_message(argv, capsys)
+    assert not (tmp_path / "out").exists()  # refused before anything is created
 
 
 def test_a_bad_task_line_is_a_usage_error_naming_it(tmp_path: Any, capsys: pytest.CaptureFixture) -> None:
@@ -364,7 +427,9 @@ def test_a_bad_task_line_is_a_usage_error_naming_it(tmp_path: Any, capsys: pytes
 
 def test_dry_run_with_tasks_lists_their_configmap_before_the_job(tmp_path: Any, task_file: Any,
                                                                   capsys: pytest.CaptureFixture) -> None:
+    (tmp_path / "ep.py").write_text("print('reads its task')\n")
     assert demo.main(["run", "--output", str(tmp_path / "out"), "--tasks", str(task_file), "--group-size", "2",
+                      "--episode-script", str(tmp_path / "ep.py"),
                       "--allow-failures", "1", "--dry-run"]) == 0
     items = json.loads(capsys.readouterr().out)["items"]
     assert [(o["kind"], o["metadata"]["name"]) for o in items] == [
@@ -394,11 +459,12 @@ def test_dry_run_with_tasks_lists_their_configmap_before_the_job(tmp_path: Any, 
     ([{"id": 1}], {"count": 4}, ValueError,
      "count=4 disagrees with tasks: 1 tasks x group_size=1 = 1 episodes (leave count= out)"),
     ([[1, 2]], {}, TypeError, "tasks[0] must be a dict, got list [1, 2]"),
-    ([{"id": 1}, {"id": 1}], {}, ValueError, "tasks: task id 1 appears more than once"),
+    ([{"id": 1}, {"id": 1}], {}, ValueError, "tasks: task id '1' appears more than once"),
     ([{"id": [1]}], {}, ValueError, "tasks: tasks[0]: the task id must be a string or a number"),
     ([{"x": {1, 2}}], {}, ValueError, "tasks[0] is not JSON: Object of type set is not JSON serializable"),
     ([], {}, ValueError, "tasks is empty"),
     (None, {"options": ["--bogus"]}, ValueError, "options: unrecognized arguments: --bogus"),
+    ([{"id": 1}], {}, ValueError, "tasks needs episode_script=: the built-in episode ignores tasks"),
     (None, {"options": "--count 2"}, TypeError, "options must be a list of strings"),
     (None, {"count": 2, "options": ["--count", "3"]}, ValueError,
      "count= and options' --count both set count: give it once"),
@@ -458,3 +524,24 @@ def test_run_batch_keywords_reach_the_objects_it_creates(tmp_path: Any, capsys: 
     assert listing["items"][-1]["spec"]["completions"] == 3
     with pytest.raises(demo.UsageError, match=r"^tasks='.*none.jsonl': No such file or directory$"):
         demo.run_batch(str(tmp_path / "none.jsonl"), output=str(tmp_path / "out"), dry_run=True)
+
+
+def test_run_batch_failures_before_the_cluster_name_its_keywords(tmp_path: Any, monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture) -> None:
+    script = tmp_path / "ep.py"
+    script.write_text("print('episode')\n")
+    (tmp_path / "taken").mkdir()
+    with pytest.raises(demo.DemoError, match=r"records are never overwritten, choose a new output=$"):
+        demo.run_batch(output=tmp_path / "taken", count=1)
+    with pytest.raises(demo.DemoError, match=r"^kubectl not found: '/no/kubectl' \(install kubectl or pass "
+                                             r"kubectl=PATH\)$"):
+        demo.run_batch(output=tmp_path / "out", count=1, kubectl="/no/kubectl")
+    with pytest.raises(demo.DemoError, match=r"^cannot read episode_script='.*missing.py': No such file"):
+        demo.run_batch(output=tmp_path / "out", count=1, episode_script=tmp_path / "missing.py")
+    script.write_text('print("hello"\n')
+    with pytest.raises(demo.DemoError, match=r"^episode_script='.*ep.py', line 1: .*; nothing was created$"):
+        demo.run_batch(output=tmp_path / "out", count=1, episode_script=script)
+    assert not (tmp_path / "out").exists()
+    # The command line keeps its flags.
+    assert demo.main(["run", "--output", str(tmp_path / "out"), "--kubectl", "/no/kubectl"]) == 1
+    assert "(install kubectl or pass --kubectl PATH)" in capsys.readouterr().err

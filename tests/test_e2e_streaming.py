@@ -1,0 +1,338 @@
+"""End to end, streaming rollouts: each rewards.jsonl line written as its episode ends (seen by
+a reader while held episodes still run, released by the test, never by a timer), the first K of
+N (--need: the Job's successPolicy, the rest cancelled), a deadline per episode
+(--episode-timeout: the pod's activeDeadlineSeconds), and `valid` on every line. Real kubectl
+against the emulator, whose Job controller and kubelet follow successPolicy and
+activeDeadlineSeconds as the real ones do."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from xml.etree import ElementTree
+from typing import Any
+
+import pytest
+
+import rl_batch_demo as rl_batch
+from e2e_support import emulators, load, run_namespaces, start_tool, tool, wait_for, write_script
+
+pytestmark = pytest.mark.e2e
+
+# An episode whose task says "hold" waits, after `ready`, until a file named `release` appears in
+# its workspace (the test writes it into the pod's emptyDir on the node); the others end at once.
+HELD_EPISODE = '''
+import json, os, sys, time
+EPISODE_ID = os.environ["EPISODE_ID"]
+def emit(event, **fields):
+    print(json.dumps(dict({"event": event, "at": time.time(), "episode_id": EPISODE_ID}, **fields)), flush=True)
+with open(os.environ["TASK_FILE"]) as handle:
+    task = json.load(handle)
+emit("ready")
+while task.get("hold") and not os.path.exists("/workspace/release"):
+    time.sleep(0.05)
+if task.get("fail"):
+    sys.exit("the agent gave up")
+emit("reward", reward=task["x"])
+'''
+
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, require_e2e: Any):
+    kubectl = require_e2e("1.35")
+    with emulators(tmp_path, timing={"job_backoff_base": 0.5}) as make:
+        yield kubectl, make
+
+
+def held_run(tmp_path: Path, tasks: list[dict], *options: str) -> tuple[list[str], Path]:
+    (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(task) + "\n" for task in tasks))
+    output = tmp_path / "out"
+    return ["run", "--output", str(output), "--quiet", "--tasks", str(tmp_path / "tasks.jsonl"),
+            "--episode-script", str(write_script(tmp_path, HELD_EPISODE)), *options], output
+
+
+def lines_of(output: Path) -> list[dict]:
+    path = output / "rewards.jsonl"
+    text = path.read_text() if path.exists() else ""
+    # A reader tailing the file sees whole lines only: each is written and flushed at once.
+    return [json.loads(line) for line in text.splitlines(keepends=True) if line.endswith("\n")]
+
+
+def pod_of_index(emulator: Any, index: int) -> dict | None:
+    for pod in emulator.list("pods"):
+        annotations = pod["metadata"].get("annotations") or {}
+        if annotations.get("batch.kubernetes.io/job-completion-index") == str(index):
+            return pod
+    return None
+
+
+def release(emulator: Any, index: int) -> None:
+    """Let the held episode of this index end: the file its script waits for, in its emptyDir."""
+    pod = wait_for(lambda: pod_of_index(emulator, index), what=f"the pod of episode {index}")
+    workspace = emulator.workdir / "pods" / pod["metadata"]["uid"] / "volumes" / "workspace"
+    wait_for(workspace.is_dir, what=f"episode {index}'s workspace")
+    (workspace / "release").write_text("go")
+
+
+def test_each_line_lands_as_its_episode_ends_and_the_file_ends_in_index_order(cluster: Any,
+                                                                            tmp_path: Path) -> None:
+    kubectl, make = cluster
+    emulator = make()
+    tasks = [{"id": "slow", "x": 1, "hold": True}, {"id": "fast", "x": 2}, {"id": "late", "x": 3, "hold": True},
+             {"id": "bad", "x": 4, "fail": True}]
+    args, output = held_run(tmp_path, tasks, "--allow-failures", "1")
+    process = start_tool(emulator, kubectl, *args)
+    try:
+        # Episodes 1 and 3 end at once and their lines land while 0 and 2 are still held.
+        early = wait_for(lambda: len(lines_of(output)) >= 2 and lines_of(output), what="the first two lines")
+        assert sorted(line["index"] for line in early) == [1, 3]
+        assert process.poll() is None
+        release(emulator, 2)
+        wait_for(lambda: len(lines_of(output)) >= 3, what="episode 2's line")
+        streamed = lines_of(output)
+        assert streamed[:2] == early  # written once, never rewritten
+        assert streamed[2]["index"] == 2 and process.poll() is None
+        release(emulator, 0)
+        out, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 3, err
+    final = lines_of(output)
+    assert [line["index"] for line in final] == [0, 1, 2, 3]
+    # The same lines as written while the batch ran, now in index order.
+    by_index = {line["index"]: line for line in streamed}
+    assert all(final[index] == by_index[index] for index in by_index)
+    assert [(line["reward"], line["failure_class"], line["valid"]) for line in final] == [
+        (1, None, True), (2, None, True), (3, None, True), (None, "episode", True)]
+    results = load(output / "results.json")
+    delivery = results["reward_delivery"]
+    assert delivery["lines"] == 4 and delivery["streamed"] == 4 and delivery["written_after_the_end"] == 0
+    assert 0 < results["first_reward_seconds"] <= results["batch_to_all_rewards_seconds"] + 1
+    assert results["reward_delivery_lag_p50_seconds"] <= results["reward_delivery_lag_p99_seconds"] \
+        <= results["reward_delivery_lag_max_seconds"]
+    assert results["reward_delivery_lag_p50_seconds"] >= 0
+    assert "need" not in results and "kth_reward_seconds" not in results
+    assert load(output / "client.json")["reward_deliveries"]
+    assert "rewards delivered: 3 lines" in (output / "ramp.svg").read_text()
+    # `report` recomputes the same delivery figures from the saved files.
+    report = tool(emulator, kubectl, "report", str(output), "--quiet")
+    assert report.returncode == 0, report.stderr
+    printed = json.loads(report.stdout)
+    assert printed["first_reward_seconds"] == results["first_reward_seconds"]
+    assert printed["reward_delivery_lag_p99_seconds"] == results["reward_delivery_lag_p99_seconds"]
+
+
+def test_need_ends_the_batch_at_k_successes_and_cancels_the_stragglers(cluster: Any, tmp_path: Path) -> None:
+    kubectl, make = cluster
+    emulator = make()
+    # Two stragglers are never released: only the Job's successPolicy can end them.
+    tasks = [{"id": n, "x": 1, "hold": n in (1, 4)} for n in range(5)]
+    args, output = held_run(tmp_path, tasks, "--need", "3")
+    result = tool(emulator, kubectl, *args, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "--need 3 met: 3 of 5 episodes succeeded, 2 cancelled, 0 failed" in result.stderr
+    job = load(output / "job-submitted.json")["spec"]
+    assert job["successPolicy"] == {"rules": [{"succeededCount": 3}]}
+    assert job["completionMode"] == "Indexed" and job["maxFailedIndexes"] == 2
+    lines = lines_of(output)
+    assert [line["index"] for line in lines] == [0, 1, 2, 3, 4]
+    assert [(line["failure_class"], line["valid"]) for line in lines] == [
+        (None, True), ("cancelled", False), (None, True), (None, True), ("cancelled", False)]
+    assert all(line["failure"].startswith("cancelled: --need was met") for line in lines if line["valid"] is False)
+    results = load(output / "results.json")
+    assert (results["need"], results["cancelled_episodes"], results["failed_episodes"]) == (3, 2, 0)
+    assert results["accepted_partial"] is False and results["successful_episodes"] == 3
+    assert results["job_end"] == {"condition": "Complete", "reason": "SuccessPolicy"}
+    assert 0 < results["first_reward_seconds"] <= results["kth_reward_seconds"]
+    saved = load(output / "job.json")
+    conditions = [(c["type"], c.get("reason")) for c in saved["status"]["conditions"]]
+    assert conditions == [("SuccessCriteriaMet", "SuccessPolicy"), ("Complete", "SuccessPolicy")]
+    assert saved["status"]["succeeded"] == 3
+    # The timeline draws all 5 episodes, each cancelled one marked as such, as far as it got.
+    timeline = ElementTree.fromstring((output / "timeline.svg").read_text())
+    marks = sorted(text.findtext(f"{SVG}title") for text in timeline.iter(f"{SVG}text")
+                   if text.findtext(f"{SVG}title"))
+    cancelled = sorted(line["pod"] for line in lines if line["failure_class"] == "cancelled")
+    assert [mark.split(" ", 2)[:2] for mark in marks] == [[pod, "cancelled:"] for pod in cancelled]
+    rows = {rect.findtext(f"{SVG}title").split()[0] for rect in timeline.iter(f"{SVG}rect")
+            if rect.findtext(f"{SVG}title")}
+    assert rows == {line["pod"] for line in lines}
+
+
+def test_an_episode_past_its_timeout_is_an_episode_failure_never_retried(cluster: Any, tmp_path: Path) -> None:
+    kubectl, make = cluster
+    emulator = make()
+    tasks = [{"id": "stuck", "x": 1, "hold": True}, {"id": "quick", "x": 2}]
+    args, output = held_run(tmp_path, tasks, "--episode-timeout", "3", "--allow-failures", "1")
+    result = tool(emulator, kubectl, *args, timeout=120)
+    assert result.returncode == 3, result.stderr
+    assert load(output / "job-submitted.json")["spec"]["template"]["spec"]["activeDeadlineSeconds"] == 3
+    lines = lines_of(output)
+    stuck = lines[0]
+    assert (stuck["failure_class"], stuck["valid"], stuck["attempts"]) == ("episode", True, 1)
+    assert stuck["failure"] == "ran out of time: still running 3 s after its pod started (--episode-timeout)"
+    assert lines[1]["failure_class"] is None
+    pods = {p["metadata"]["name"]: p for p in load(output / "pods.json")["items"]}
+    assert len(pods) == 2
+    status = pods[stuck["pod"]]["status"]
+    assert (status["phase"], status["reason"]) == ("Failed", "DeadlineExceeded")
+    assert status["message"] == "Pod was active on the node longer than the specified deadline"
+    events = (output / "events.txt").read_text()
+    assert "DeadlineExceeded" in events
+
+
+def test_need_refused_before_anything_is_created_on_a_cluster_older_than_1_33(cluster: Any,
+                                                                            tmp_path: Path) -> None:
+    kubectl, make = cluster
+    emulator = make(server_version="1.32")
+    output = tmp_path / "out"
+    result = tool(emulator, kubectl, "run", "--output", str(output), "--quiet", "--count", "3", "--need", "2")
+    assert result.returncode == 1
+    assert "--need needs Kubernetes >= 1.33" in result.stderr and "serves 1.32; nothing was created" in result.stderr
+    assert run_namespaces(emulator) == []
+
+
+def test_readme_trainer_loop_masks_what_it_must_not_learn_from(cluster: Any, tmp_path: Path) -> None:
+    kubectl, make = cluster
+    emulator = make()
+    blocks = re.findall(r"```python\n(.*?)```", (Path(__file__).parent.parent / "README.md").read_text(), flags=re.S)
+    trainer = write_script(tmp_path, next(b for b in blocks if b.startswith("# trainer_loop.py")), "trainer_loop.py")
+    tasks = [{"id": n, "x": 1, "hold": n == 2} for n in range(5)]
+    args, output = held_run(tmp_path, tasks, "--need", "4")
+    # The trainer starts first and follows the file as the run writes it.
+    follower = subprocess.Popen([sys.executable, str(trainer), str(output / "rewards.jsonl"), "5"],
+                                stdout=subprocess.PIPE, text=True)
+    try:
+        result = tool(emulator, kubectl, *args, timeout=120)
+        printed, _ = follower.communicate(timeout=60)
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+    assert result.returncode == 0, result.stderr
+    # The 4 successes are learnt from; the cancelled straggler is masked.
+    assert printed.strip() == "4 samples, 1 masked"
+
+
+# --------------------------------------------------------------------------
+# From Python: on_reward and stream_batch see each line before the run ends.
+
+
+@pytest.fixture
+def python_cluster(cluster: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """(kubectl, emulator) with the emulator's environment set for an in-process run."""
+    kubectl, make = cluster
+    emulator = make()
+    for name, value in emulator.env().items():
+        monkeypatch.setenv(name, value)
+    return kubectl, emulator
+
+
+HELD_AND_FAST = [{"id": "held", "x": 1, "hold": True}, {"id": "fast", "x": 2}]
+
+
+def python_run(kubectl: str, tmp_path: Path) -> dict:
+    return dict(output=str(tmp_path / "out"), kubectl=kubectl,
+                episode_script=write_script(tmp_path, HELD_EPISODE))
+
+
+def test_on_reward_is_told_each_line_while_the_batch_runs(python_cluster: Any, tmp_path: Path) -> None:
+    kubectl, emulator = python_cluster
+    told: list[dict] = []
+
+    def on_reward(line: dict) -> None:
+        told.append(line)
+        if line["index"] == 1:
+            # Episode 0 is still held: its line can only come once this test releases it.
+            assert [row["index"] for row in lines_of(tmp_path / "out")] == [1]
+            release(emulator, 0)
+
+    results = rl_batch.run_batch(HELD_AND_FAST, on_reward=on_reward, **python_run(kubectl, tmp_path))
+    assert [line["index"] for line in told] == [1, 0]
+    assert results["rewards"] == sorted(told, key=lambda line: line["index"])
+    assert [line["valid"] for line in told] == [True, True]
+
+
+def test_stream_batch_yields_lines_as_they_land_and_returns_the_results(python_cluster: Any,
+                                                                        tmp_path: Path) -> None:
+    kubectl, emulator = python_cluster
+    seen: list[dict] = []
+
+    def trainer() -> Any:
+        results = yield from rl_batch.stream_batch(HELD_AND_FAST, **python_run(kubectl, tmp_path))
+        return results
+
+    stream = trainer()
+    for line in stream:
+        seen.append(line)
+        if len(seen) == 1:
+            assert line["index"] == 1
+            release(emulator, 0)
+    assert [line["index"] for line in seen] == [1, 0]
+    # A plain for loop reads the results back from the run's directory.
+    saved = rl_batch.batch_results(tmp_path / "out")
+    assert saved["rewards"] == sorted(seen, key=lambda line: line["index"])
+    assert saved["first_reward_seconds"] > 0
+    # `yield from` hands the generator's return value on.
+    gen = rl_batch.stream_batch(HELD_AND_FAST, **dict(python_run(kubectl, tmp_path), output=str(tmp_path / "o2")))
+    first = next(gen)
+    release(emulator, 0)  # the second run's held episode
+    rest = []
+    with pytest.raises(StopIteration) as stopped:
+        while True:
+            rest.append(next(gen))
+    assert stopped.value.value["rewards"] == sorted([first, *rest], key=lambda line: line["index"])
+
+
+def test_a_callback_that_raises_stops_the_run_as_ctrl_c_does(python_cluster: Any, tmp_path: Path,
+                                                             capfd: pytest.CaptureFixture) -> None:
+    kubectl, emulator = python_cluster
+
+    def on_reward(line: dict) -> None:
+        raise ValueError("the trainer's buffer is full")
+
+    with pytest.raises(ValueError, match="the trainer's buffer is full"):
+        rl_batch.run_batch(HELD_AND_FAST, on_reward=on_reward, **python_run(kubectl, tmp_path))
+    output = tmp_path / "out"
+    namespace = load(output / "receipt.json")["namespace"]
+    err = capfd.readouterr().err
+    assert "on_reward raised ValueError: the trainer's buffer is full; the run stopped." in err
+    assert f"receipt.json names namespace {namespace}" in err and "Clean up with:" in err
+    assert [ns["metadata"]["name"] for ns in run_namespaces(emulator)] == [namespace]  # kept for cleanup
+    assert [line["index"] for line in lines_of(output)] == [1]
+    assert (output / "pods.json").exists() and not (output / "results.json").exists()
+
+
+def test_leaving_the_stream_early_stops_the_run_once_its_evidence_is_saved(python_cluster: Any, tmp_path: Path,
+                                                                          capfd: pytest.CaptureFixture) -> None:
+    kubectl, emulator = python_cluster
+    stream = rl_batch.stream_batch(HELD_AND_FAST, **python_run(kubectl, tmp_path))
+    assert next(stream)["index"] == 1
+    stream.close()  # the held episode is never released: only the stop ends the run
+    output = tmp_path / "out"
+    err = capfd.readouterr().err
+    assert "stream_batch()'s reader stopped before the batch ended; the run stopped." in err
+    namespace = load(output / "receipt.json")["namespace"]
+    assert [ns["metadata"]["name"] for ns in run_namespaces(emulator)] == [namespace]
+    assert (output / "pods.json").exists()
+
+
+def test_readme_stream_example_runs_as_written(python_cluster: Any, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture) -> None:
+    kubectl, emulator = python_cluster
+    blocks = re.findall(r"```python\n(.*?)```", (Path(__file__).parent.parent / "README.md").read_text(), flags=re.S)
+    example = next(block for block in blocks if block.startswith("# stream.py"))
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "kubectl").symlink_to(kubectl)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{__import__('os').environ['PATH']}")
+    monkeypatch.chdir(tmp_path)
+    exec(compile(example, "README.md", "exec"), {})
+    learnt, need, settled = capsys.readouterr().out.split()
+    # Every episode of the built-in demo succeeds, unless the Job cancelled it once 3 had.
+    assert need == "3" and settled == "4" and 3 <= int(learnt) <= 4

@@ -1,0 +1,279 @@
+"""Unit tests of streaming rollouts: `valid` for every failure class, when an episode's outcome is
+settled while the batch runs, cancellation (--need) and the per-episode deadline in the classifier,
+the delivery figures, the RewardStream file (lines appended, never changed, rewritten in index
+order), the manifests of --need and --episode-timeout, and the refused combinations."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+import rl_batch_demo as demo
+from test_unit import T0, make_job, stamp
+from test_unit_rollouts import evicted, honest_log, indexed_pod, usage_message
+
+NEED_MET = {"type": "SuccessCriteriaMet", "status": "True", "reason": "SuccessPolicy",
+            "message": "Matched rules at index 0", "lastTransitionTime": stamp(8)}
+
+
+def running_job(*conditions: dict, failed_indexes: str = "") -> dict:
+    job = make_job(end="Complete", criteria_at=None)
+    job["status"] = {"conditions": list(conditions), "failedIndexes": failed_indexes}
+    return job
+
+
+def deleted(pod: dict) -> dict:
+    pod["metadata"]["deletionTimestamp"] = stamp(9)
+    return pod
+
+
+def timed_out(pod: dict) -> dict:
+    pod["status"].update(reason="DeadlineExceeded",
+                         message="Pod was active on the node longer than the specified deadline")
+    pod["spec"]["activeDeadlineSeconds"] = 30
+    return pod
+
+
+# --------------------------------------------------------------------------
+# valid: the agent's own outcome, or a line to mask.
+
+
+@pytest.mark.parametrize("pod, log, job, failure_class, valid", [
+    (indexed_pod("p", 0), honest_log("p"), make_job(), None, True),
+    (indexed_pod("p", 0, phase="Failed", exit_code=1), "", make_job(), "episode", True),
+    (timed_out(indexed_pod("p", 0, phase="Failed", exit_code=143)), "", make_job(), "episode", True),
+    (evicted(indexed_pod("p", 0, phase="Failed", exit_code=137)), "", make_job(), "infrastructure", False),
+    (indexed_pod("p", 0, phase="Failed", exit_code=137), "", make_job(), "infrastructure", False),
+    (indexed_pod("p", 0), honest_log("p", tests_exit=1, reward=0), make_job(), "verifier", False),
+    (deleted(indexed_pod("p", 0, phase="Failed", exit_code=143)), "", running_job(NEED_MET), "cancelled", False),
+])
+def test_every_line_says_whether_a_trainer_may_learn_from_it(pod: dict, log: str, job: dict,
+                                                             failure_class: Any, valid: bool) -> None:
+    row = demo.episode_row(0, [pod], job, {"p": log}, True, None, 1)
+    assert (row["failure_class"], row["valid"]) == (failure_class, valid)
+    assert list(row)[:8] == ["index", "task_id", "group", "pod", "attempts", "reward", "failure_class", "valid"]
+
+
+def test_an_episode_never_created_is_masked_and_cancelled_once_need_was_met() -> None:
+    row = demo.episode_row(3, [], running_job(NEED_MET), {}, True, None, 1)
+    assert (row["failure_class"], row["valid"], row["evidence"]) == ("cancelled", False, "job.json")
+    row = demo.episode_row(3, [], running_job({"type": "Failed", "status": "True", "reason": "DeadlineExceeded"}),
+                           {}, True, None, 1)
+    assert (row["failure_class"], row["valid"]) == ("infrastructure", False)
+
+
+# --------------------------------------------------------------------------
+# Cancelled and timed-out episodes in the classifier.
+
+
+def test_a_pod_stopped_once_need_was_met_is_cancelled_whatever_its_exit_code() -> None:
+    job = running_job(NEED_MET)
+    for code in (143, 137, 1):
+        pod = deleted(indexed_pod("p", 0, phase="Failed", exit_code=code))
+        assert demo.classify_attempt(pod, "", job, True) == ("cancelled", "cancelled: --need was met while it ran")
+    # One that failed on its own before (not being deleted) keeps its own class.
+    assert demo.classify_attempt(indexed_pod("p", 0, phase="Failed", exit_code=1), "", job, True) == \
+        ("episode", "exited 1")
+    # Without --need met, a deleted pod is what it was.
+    assert demo.classify_attempt(deleted(indexed_pod("p", 0, phase="Failed", exit_code=1)), "",
+                                 running_job(), True)[0] == "episode"
+
+
+def test_a_pod_past_its_deadline_ran_out_of_time_unless_it_never_started() -> None:
+    pod = timed_out(indexed_pod("p", 0, phase="Failed", exit_code=143))
+    assert demo.classify_attempt(pod, "", make_job(), True) == \
+        ("episode", "ran out of time: still running 30 s after its pod started (--episode-timeout)")
+    never = timed_out(indexed_pod("p", 0, phase="Failed", exit_code=None))
+    never["status"]["containerStatuses"][0]["state"] = {"waiting": {"reason": "ImagePullBackOff"}}
+    assert demo.classify_attempt(never, "", make_job(), True)[0] == "infrastructure"
+
+
+# --------------------------------------------------------------------------
+# When an outcome is final while the batch runs.
+
+
+def test_a_success_settles_once_its_log_is_read() -> None:
+    pod = indexed_pod("p", 0)
+    assert not demo.settled_attempt([pod], running_job(), 0, {}, may_retry=True)
+    assert demo.settled_attempt([pod], running_job(), 0, {"p": honest_log("p")}, may_retry=True)
+    running = indexed_pod("p", 0, phase="Running", exit_code=None)
+    assert not demo.settled_attempt([running], running_job(), 0, {"p": ""}, may_retry=False)
+
+
+def test_a_failure_settles_at_once_without_retries_else_when_the_job_will_not_retry_it() -> None:
+    pod = indexed_pod("p", 0, phase="Failed", exit_code=137)
+    assert demo.settled_attempt([pod], running_job(), 0, {"p": ""}, may_retry=False)
+    assert not demo.settled_attempt([pod], running_job(), 0, {"p": ""}, may_retry=True)
+    assert demo.settled_attempt([pod], running_job(failed_indexes="0,2-3"), 0, {"p": ""}, may_retry=True)
+    assert not demo.settled_attempt([pod], running_job(failed_indexes="1,2-3"), 0, {"p": ""}, may_retry=True)
+    ended = running_job({"type": "FailureTarget", "status": "True", "reason": "DeadlineExceeded"})
+    assert demo.settled_attempt([pod], ended, 0, {"p": ""}, may_retry=True)
+
+
+def test_a_deleted_pod_waits_for_the_jobs_word_on_why() -> None:
+    pod = deleted(indexed_pod("p", 0, phase="Failed", exit_code=143))
+    assert not demo.settled_attempt([pod], running_job(), 0, {"p": ""}, may_retry=False)
+    assert demo.settled_attempt([pod], running_job(NEED_MET), 0, {"p": ""}, may_retry=False)
+
+
+def test_every_attempts_log_is_needed_and_a_container_that_never_ran_has_none() -> None:
+    first = indexed_pod("a", 0, phase="Failed", exit_code=137, created=stamp(1))
+    second = indexed_pod("b", 0, failures=1, created=stamp(2))
+    logs = {"b": honest_log("b")}
+    assert not demo.settled_attempt([first, second], running_job(), 0, logs, may_retry=True)
+    assert demo.settled_attempt([first, second], running_job(), 0, dict(logs, a=""), may_retry=True)
+    never = indexed_pod("c", 0, phase="Failed", exit_code=None)
+    never["status"]["containerStatuses"][0]["state"] = {"waiting": {"reason": "ErrImagePull"}}
+    assert demo.ended_logs([never], {}) == {"c": ""}
+    ended = indexed_pod("d", 0)
+    assert demo.ended_logs([ended], {"d": ("containerd://other", "x")}) == {}
+    assert demo.ended_logs([ended], {"d": ("containerd://d", "x")}) == {"d": "x"}
+
+
+def test_index_lists_read_as_the_job_controller_writes_them() -> None:
+    assert demo.index_list("0,2-4,9") == {0, 2, 3, 4, 9}
+    assert demo.index_list("") == set() and demo.index_list("x,1") == {1}
+
+
+# --------------------------------------------------------------------------
+# Delivery figures.
+
+
+def test_delivery_figures_count_from_the_create_call_and_the_earliest_possible_end() -> None:
+    deliveries = [demo.Delivery(0, True, 110.5, 110.0, 110.25, True),
+                  demo.Delivery(1, False, 112.0, 111.0, 112.0, True),
+                  demo.Delivery(2, True, 113.0, 112.9, None, True),
+                  demo.Delivery(3, True, 120.0, None, None, False)]
+    figures = demo.delivery_figures(deliveries, 100.0, 0.25, need=2)
+    assert figures["first_reward_seconds"] == 10.5
+    assert figures["kth_reward_seconds"] == 13.0
+    assert figures["reward_delivery_lag_p50_seconds"] == 0.5
+    assert figures["reward_delivery_lag_max_seconds"] == 1.0
+    assert figures["reward_delivery_lag_p99_seconds"] == pytest.approx(0.99, abs=0.001)
+    assert figures["reward_delivery"]["lag_samples"] == 3
+    assert figures["reward_delivery"]["lag_precision_seconds"] == 1.0
+    assert figures["reward_delivery"]["written_after_the_end"] == 1
+    assert figures["reward_delivery"]["origin_precision_seconds"] == 0.25
+    assert "kth_reward_seconds" not in demo.delivery_figures(deliveries, 100.0, 0.25, need=None)
+    assert demo.delivery_figures(deliveries[:2], 100.0, None, need=2)["kth_reward_seconds"] is None
+
+
+def test_a_containers_end_lies_after_its_reward_and_within_its_finished_second() -> None:
+    pod = indexed_pod("p", 0, finished=stamp(9))
+    finished = demo.parse_time(stamp(9))
+    assert demo.container_end_bounds(pod, honest_log("p", reward_at=finished + 0.4), finished + 0.7) == \
+        (finished + 0.4, finished + 0.7)
+    assert demo.container_end_bounds(pod, "", None) == (finished, finished + 1.0)
+    assert demo.container_end_bounds(None, "", None) == (None, None)
+
+
+# --------------------------------------------------------------------------
+# The stream itself.
+
+
+class Seen:
+    """What the stream saw of the batch: pods, their early logs, the Job."""
+
+    def __init__(self) -> None:
+        self.state = demo.BatchState()
+        self.early: dict[str, tuple[str, str]] = {}
+
+    def pod(self, pod: dict, log: str | None = None) -> str:
+        self.state.on_pod(pod, False, T0 + 10)
+        if log is not None:
+            self.early[pod["metadata"]["name"]] = (f"containerd://{pod['metadata']['name']}", log)
+        return pod["metadata"]["name"]
+
+
+def stream_settings(count: int, retries: int = 0) -> dict:
+    return {"count": count, "builtin": True, "retries": retries}
+
+
+def test_lines_are_appended_as_episodes_settle_and_rewritten_in_index_order(tmp_path: Any) -> None:
+    path = tmp_path / "rewards.jsonl"
+    told: list[dict] = []
+    stream = demo.RewardStream(str(path), stream_settings(3), told.append)
+    seen = Seen()
+    seen.state.on_job(running_job(), T0 + 1)
+    stream.judge(seen.state, seen.early, [seen.pod(indexed_pod("p2", 2), honest_log("p2"))])
+    stream.judge(seen.state, seen.early, [seen.pod(indexed_pod("p0", 0))])  # its log not read yet
+    written = path.read_text().splitlines()
+    assert [json.loads(line)["index"] for line in written] == [2]
+    seen.pod(indexed_pod("p0", 0), honest_log("p0"))
+    stream.judge(seen.state, seen.early, ["p0"])
+    assert path.read_text().splitlines()[0] == written[0]  # never rewritten while the batch runs
+    assert [row["index"] for row in told] == [2, 0]
+    # At the end: the rows from the evidence; the lines written keep their text, the rest are added.
+    final_rows = [dict(demo.episode_row(i, [], running_job(), {}, True, None, 1), note="from the end")
+                  for i in range(3)]
+    rows = stream.finish(final_rows, [], {}, {})
+    assert [row["index"] for row in rows] == [0, 1, 2]
+    lines = path.read_text().splitlines()
+    assert lines[2] == written[0] and "note" not in json.loads(lines[0]) and json.loads(lines[1])["note"]
+    assert [d.streamed for d in stream.deliveries] == [True, True, False]
+
+
+def test_a_failure_waits_for_the_jobs_word_when_it_may_be_retried(tmp_path: Any) -> None:
+    stream = demo.RewardStream(str(tmp_path / "rewards.jsonl"), stream_settings(2, retries=1))
+    seen = Seen()
+    seen.state.on_job(running_job(), T0 + 1)
+    stream.judge(seen.state, seen.early, [seen.pod(indexed_pod("p1", 1, phase="Failed", exit_code=1), "")])
+    assert stream.rows == {} and stream.waiting == {1}
+    seen.state.on_job(running_job(failed_indexes="1"), T0 + 2)
+    stream.judge(seen.state, seen.early, None)
+    assert stream.rows[1]["failure_class"] == "episode" and stream.waiting == set()
+
+
+def test_a_callback_that_raises_stops_the_run_with_its_own_exception(tmp_path: Any) -> None:
+    def refuse(row: dict) -> None:
+        raise ValueError("trainer full")
+
+    stream = demo.RewardStream(str(tmp_path / "rewards.jsonl"), stream_settings(1), refuse)
+    seen = Seen()
+    with pytest.raises(demo.RewardCallbackError) as caught:
+        stream.judge(seen.state, seen.early, [seen.pod(indexed_pod("p", 0), honest_log("p"))])
+    assert isinstance(caught.value.original, ValueError)
+    assert json.loads((tmp_path / "rewards.jsonl").read_text())["index"] == 0  # the line was written first
+
+
+# --------------------------------------------------------------------------
+# Manifests and refusals.
+
+
+def test_need_makes_an_indexed_job_with_a_success_policy_absorbing_count_minus_k_failures() -> None:
+    settings = {"count": 8, "parallelism": 8, "image": "img", "runtime": "cube", "timeout": 240, "harden": False,
+                "builtin": True, "rollout": True, "need": 6, "episode_timeout": 45}
+    spec = demo.batch_job("ns", settings, "rollout", [])["spec"]
+    assert spec["successPolicy"] == {"rules": [{"succeededCount": 6}]}
+    assert (spec["completionMode"], spec["backoffLimitPerIndex"], spec["maxFailedIndexes"]) == ("Indexed", 0, 2)
+    assert spec["template"]["spec"]["activeDeadlineSeconds"] == 45
+    plain = demo.job_manifest("ns", 2, 2, "img", "cube")["spec"]
+    assert "successPolicy" not in plain and "activeDeadlineSeconds" not in plain["template"]["spec"]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--count", "4", "--need", "4"], "--need 4 must be fewer than the 4 episodes"),
+    (["--need", "0"], "argument --need: must be at least 1, got 0"),
+    (["--tasks", "{tasks}", "--group-size", "2", "--need", "3"], "--need cannot hold with --group-size"),
+    (["--count", "4", "--need", "2", "--allow-failures", "1"],
+     "--need already accepts count - K = 2 failed episodes: leave out --allow-failures"),
+    (["--count", "4", "--need", "2", "--rounds", "2"], "--tasks, --retries, --allow-failures and --need run one batch"),
+    (["--episode-timeout", "30", "--retries", "1"], "--episode-timeout cannot hold with --retries"),
+    (["--episode-timeout", "0"], "argument --episode-timeout: must be at least 1, got 0"),
+])
+def test_combinations_that_cannot_hold_are_usage_errors(extra: list[str], message: str, tmp_path: Any,
+                                                        capsys: pytest.CaptureFixture) -> None:
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"id": "a"}\n{"id": "b"}\n')
+    argv = ["run", "--output", str(tmp_path / "out")] + [a.format(tasks=tasks) for a in extra]
+    assert message in usage_message(argv, capsys)
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_help_says_the_episode_deadline_counts_from_the_pods_start(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit):
+        demo.main(["run", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "counted from the pod's start on its node, image pull and sandbox start included" in text
