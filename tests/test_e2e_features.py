@@ -119,7 +119,8 @@ def episode_events(output: Path, event: str) -> dict[str, dict]:
 
 
 def post_paths(emulator: Emulator) -> list[str]:
-    return [r["path"] for r in emulator.requests if r["method"] == "POST"]
+    """The paths of the POSTs that create objects (`kubectl auth whoami`'s self review stores nothing)."""
+    return [r["path"] for r in emulator.requests if r["method"] == "POST" and not r["path"].endswith("reviews")]
 
 
 # --------------------------------------------------------------------------
@@ -509,6 +510,12 @@ def test_dry_run_prints_exactly_what_run_creates(make_cluster, tmp_path):
     live = emulator.get("namespaces", None, real_namespace)
     assert {k: v for k, v in live["metadata"]["labels"].items() if k != "kubernetes.io/metadata.name"} == \
         planned_same[0]["metadata"]["labels"]
+    # The annotations too, but for the user (--dry-run asks the cluster nothing, so it cannot know it)
+    # and the output directory, which differs here.
+    unknown = {"rl-batch-demo.agc/user": rl_batch_demo.USER_UNKNOWN_BEFORE_RUN,
+               "rl-batch-demo.agc/output": planned_same[0]["metadata"]["annotations"]["rl-batch-demo.agc/output"]}
+    assert planned_same[0]["metadata"]["annotations"] == dict(live["metadata"]["annotations"], **unknown)
+    assert live["metadata"]["annotations"]["rl-batch-demo.agc/output"] == str(output.resolve())
     assert emulator.get("networkpolicies", real_namespace, "deny-all")["spec"] == planned_same[1]["spec"]
     assert emulator.get("configmaps", real_namespace, "episode")["data"] == planned_same[2]["data"]
     assert load(output / "job-submitted.json") == planned_same[3]
