@@ -3798,10 +3798,12 @@ class RewardStream:
             if any(pod_terminal(p) for p in attempts):
                 self.waiting.add(index)
             return
-        warnings = pod_warnings(state.events.events()) if any(
-            (p.get("status") or {}).get("phase") == "Failed" for p in attempts) else {}
-        row = episode_row(index, attempts, state.job or {"metadata": {}}, logs, self.builtin, self.task_ids,
-                          self.group_size, warnings)
+        job = state.job or {"metadata": {}}
+        row = episode_row(index, attempts, job, logs, self.builtin, self.task_ids, self.group_size)
+        if "infrastructure" in [row["failure_class"]] + [a["failure_class"] for a in row.get("earlier_attempts", [])]:
+            # Only an infrastructure failure names its pod's warnings: the events are read for those alone.
+            row = episode_row(index, attempts, job, logs, self.builtin, self.task_ids, self.group_size,
+                              pod_warnings(state.events.events()))
         final = next((p for p in attempts if pod_name(p) == row["pod"]), None)
         seen = ((state.observed.get(row["pod"] or "") or {}).get("seen") or {}).get("terminated")
         self.deliver(row, final, logs.get(row["pod"] or "", ""), seen, streamed=True)
