@@ -1559,6 +1559,7 @@ class Delivery(NamedTuple):
     ended_after: float | None  # its reward event, or the start of its container's finishedAt second
     ended_before: float | None  # the end of that second, or the client's watch seeing it, the earlier
     streamed: bool  # written while the batch ran, not from the evidence read after its end
+    seen_at: float | None = None  # the client's watch seeing the container terminated
 
     def saved(self) -> list:
         return list(self)
@@ -1584,6 +1585,8 @@ def delivery_figures(deliveries: Sequence[Delivery], origin: float | None, origi
     Job's creation, and each line's lag from its container's end; pure."""
     successes = sorted(d.written_at for d in deliveries if d.success)
     lags = [d.written_at - d.ended_after for d in deliveries if d.ended_after is not None]
+    # The client's own part: from its watch seeing the container's end to the line written.
+    own = [d.written_at - d.seen_at for d in deliveries if d.seen_at is not None]
     widths = [max(0.0, d.ended_before - d.ended_after) for d in deliveries
               if d.ended_after is not None and d.ended_before is not None]
 
@@ -1599,6 +1602,8 @@ def delivery_figures(deliveries: Sequence[Delivery], origin: float | None, origi
             "lines": len(deliveries), "streamed": sum(1 for d in deliveries if d.streamed),
             "written_after_the_end": sum(1 for d in deliveries if not d.streamed),
             "lag_samples": len(lags),
+            "seen_to_written_p50_seconds": rounded(percentile(own, 0.50)) if own else None,
+            "seen_to_written_p99_seconds": rounded(percentile(own, 0.99)) if own else None,
             "lag_from": "the earliest moment the episode's container can have ended (its reward event, "
                         "else its finishedAt second) to its line written to rewards.jsonl",
             "lag_precision_seconds": rounded(max(widths)) if widths else None,
@@ -3820,7 +3825,8 @@ class RewardStream:
         self.rows[index] = row
         self.waiting.discard(index)
         after, before = container_end_bounds(pod, log_text, seen_terminated)
-        self.deliveries.append(Delivery(index, row["failure_class"] is None, written, after, before, streamed))
+        self.deliveries.append(Delivery(index, row["failure_class"] is None, written, after, before, streamed,
+                                        seen_terminated))
         if self.on_reward is not None:
             try:
                 self.on_reward(dict(row))

@@ -438,7 +438,9 @@ def streaming_lines(stragglers: dict[str, dict], delivery: dict) -> list[str]:
               f"{verdict(delivery['reward_delivery_lag_p99_seconds'] < TARGET_DELIVERY_LAG_P99_SECONDS)}), "
               f"max {delivery['reward_delivery_lag_max_seconds']} s; lines streamed "
               f"{delivery['delivery']['streamed']} of {delivery['delivery']['lines']}; lag precision "
-              f"{delivery['delivery']['lag_precision_seconds']} s; client CPU {delivery['tool_cpu_seconds']:.1f} s "
+              f"{delivery['delivery']['lag_precision_seconds']} s; of it the client's own part (its watch seeing the "
+              f"end -> the line written) p50 {delivery['delivery']['seen_to_written_p50_seconds']} s, p99 "
+              f"{delivery['delivery']['seen_to_written_p99_seconds']} s; client CPU {delivery['tool_cpu_seconds']:.1f} s "
               f"(+ kubectl {delivery['kubectl_cpu_seconds']:.1f} s), wall {delivery['wall_seconds']:.1f} s"]
     return lines
 

@@ -142,8 +142,8 @@ def test_index_lists_read_as_the_job_controller_writes_them() -> None:
 
 
 def test_delivery_figures_count_from_the_create_call_and_the_earliest_possible_end() -> None:
-    deliveries = [demo.Delivery(0, True, 110.5, 110.0, 110.25, True),
-                  demo.Delivery(1, False, 112.0, 111.0, 112.0, True),
+    deliveries = [demo.Delivery(0, True, 110.5, 110.0, 110.25, True, 110.25),
+                  demo.Delivery(1, False, 112.0, 111.0, 112.0, True, 111.75),
                   demo.Delivery(2, True, 113.0, 112.9, None, True),
                   demo.Delivery(3, True, 120.0, None, None, False)]
     figures = demo.delivery_figures(deliveries, 100.0, 0.25, need=2)
@@ -153,6 +153,7 @@ def test_delivery_figures_count_from_the_create_call_and_the_earliest_possible_e
     assert figures["reward_delivery_lag_max_seconds"] == 1.0
     assert figures["reward_delivery_lag_p99_seconds"] == pytest.approx(0.99, abs=0.001)
     assert figures["reward_delivery"]["lag_samples"] == 3
+    assert figures["reward_delivery"]["seen_to_written_p50_seconds"] == 0.25
     assert figures["reward_delivery"]["lag_precision_seconds"] == 1.0
     assert figures["reward_delivery"]["written_after_the_end"] == 1
     assert figures["reward_delivery"]["origin_precision_seconds"] == 0.25
