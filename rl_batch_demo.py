@@ -13,7 +13,8 @@ Usage:
                                  [--image IMAGE] [--runtime RUNTIMECLASS]
     python3 rl_batch_demo.py cleanup --output DIR
 
-Also: `report DIR`, `compare DIR_A DIR_B`; `run --help` lists every option.
+Also: `report DIR`, `compare DIR_A DIR_B`, `list`, `cleanup --stale AGE`;
+`run --help` lists every option.
 """
 # SPDX-License-Identifier: MIT
 
@@ -108,6 +109,18 @@ WORKER_KEY = "episode.py"
 RUN_LABEL = "agc-demo-run"
 APP_LABEL = "rl-batch-demo"
 NAMESPACE_PREFIX = "agc-rl-"
+# What each run's namespace says of itself, from its creation, so a run is found and
+# reaped without its receipt. The domain prefix keeps these keys apart from anyone else's.
+ANNOTATION_PREFIX = "rl-batch-demo.agc/"
+RUN_ID_ANNOTATION = ANNOTATION_PREFIX + "run-id"
+VERSION_ANNOTATION = ANNOTATION_PREFIX + "version"
+HOST_ANNOTATION = ANNOTATION_PREFIX + "host"
+OUTPUT_ANNOTATION = ANNOTATION_PREFIX + "output"
+USER_ANNOTATION = ANNOTATION_PREFIX + "user"
+EXPIRES_ANNOTATION = ANNOTATION_PREFIX + "expires-at"
+# `run --dry-run` asks the cluster nothing, so it cannot know who the run would be.
+USER_UNKNOWN_BEFORE_RUN = "(kubectl auth whoami, at run time)"
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 # The Job controller keeps this finalizer on each pod until it has counted the pod's end.
 JOB_TRACKING_FINALIZER = "batch.kubernetes.io/job-tracking"
@@ -379,8 +392,28 @@ class RolloutPolicy(NamedTuple):
 # Manifests: plain dicts built from their arguments alone.
 
 
-def namespace_manifest(namespace: str, run_id: str, harden: bool = False) -> dict:
-    """The run's own Namespace, labelled with the run id."""
+class RunOrigin(NamedTuple):
+    """Who starts a run, from where, and until when it may live: its namespace's annotations."""
+    run_id: str
+    version: str
+    host: str
+    output: str  # absolute
+    user: str
+    expires_at: float | None  # epoch seconds, from `run --ttl`
+
+
+def origin_annotations(origin: RunOrigin) -> dict[str, str]:
+    """The annotations that let `list` and `cleanup --stale` know a run without its receipt."""
+    annotations = {RUN_ID_ANNOTATION: origin.run_id, VERSION_ANNOTATION: origin.version,
+                   HOST_ANNOTATION: origin.host, OUTPUT_ANNOTATION: origin.output, USER_ANNOTATION: origin.user}
+    if origin.expires_at is not None:
+        annotations[EXPIRES_ANNOTATION] = rfc3339(origin.expires_at)
+    return annotations
+
+
+def namespace_manifest(namespace: str, run_id: str, harden: bool = False, origin: RunOrigin | None = None) -> dict:
+    """The run's own Namespace, labelled with the run id; annotated with its origin when given
+    (in the manifest itself, so the namespace never exists without them)."""
     labels = {RUN_LABEL: run_id}
     if harden:
         labels.update({
@@ -389,8 +422,10 @@ def namespace_manifest(namespace: str, run_id: str, harden: bool = False) -> dic
             "pod-security.kubernetes.io/warn": "restricted",
             "pod-security.kubernetes.io/audit": "restricted",
         })
-    return {"apiVersion": "v1", "kind": "Namespace",
-            "metadata": {"name": namespace, "labels": labels}}
+    metadata: dict[str, Any] = {"name": namespace, "labels": labels}
+    if origin is not None:
+        metadata["annotations"] = origin_annotations(origin)
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": metadata}
 
 
 def configmap_manifest(namespace: str, worker_source: str) -> dict:
@@ -724,6 +759,35 @@ def parse_time(text: str | None) -> float | None:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=datetime.timezone.utc)
     return moment.timestamp()
+
+
+def rfc3339(moment: float) -> str:
+    """Epoch seconds -> RFC 3339 in UTC, whole seconds, as Kubernetes writes times."""
+    return datetime.datetime.fromtimestamp(int(moment), datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_duration(text: str) -> int:
+    """`90s`, `30m`, `2h`, `1d`, `1h30m` -> seconds (more than 0); ValueError naming the text otherwise."""
+    value = text.strip().lower()
+    parts = re.findall(r"(\d+)([smhd])", value)
+    if not value or "".join(number + unit for number, unit in parts) != value:
+        raise ValueError(f"not a duration: {text!r} (e.g. 90s, 30m, 2h, 1d, 1h30m)")
+    seconds = sum(int(number) * DURATION_UNITS[unit] for number, unit in parts)
+    if seconds <= 0:
+        raise ValueError(f"duration must be more than 0: {text!r}")
+    return seconds
+
+
+def format_duration(seconds: float) -> str:
+    """Seconds -> the two largest units, as kubectl shows an age: `45s`, `12m`, `3h5m`, `2d4h`."""
+    whole = max(0, int(seconds))
+    if whole < 120:
+        return f"{whole}s"
+    for unit, size, smaller, smaller_size in (("d", 86400, "h", 3600), ("h", 3600, "m", 60)):
+        if whole >= size * (2 if unit == "d" else 1):
+            rest = (whole % size) // smaller_size
+            return f"{whole // size}{unit}" + (f"{rest}{smaller}" if rest else "")
+    return f"{whole // 60}m"
 
 
 def parse_events(lines: Iterable[str]) -> list[dict]:
@@ -2782,7 +2846,7 @@ def timeline_svg(batches: Sequence[tuple[str, BatchSummary]], title: str) -> str
 
 FAILED_FILL = ' fill="#c1121f"'
 GAP_MEANING = "gap: a point not reported (e.g. by an episode script) or not measured"
-FAILED_MEANING = "\u2715 failed episode, drawn as far as it got"
+FAILED_MEANING = "\u2715 failed (or cancelled) episode, drawn as far as it got"
 
 
 def failed_marker(record: dict, x: Callable[[float], float], left: int, y: int, row_height: int) -> str:
@@ -2791,7 +2855,8 @@ def failed_marker(record: dict, x: Callable[[float], float], left: int, y: int, 
     reached = [point[0] for point in record["points"].values() if point is not None]
     at = x(max(reached)) if reached else float(left)
     who = record["pod"] or f"episode {record['index']}"
-    why = f"{who} failed ({record['failure_class']}): {record['failure']}"
+    what = "cancelled" if record["failure_class"] == CANCELLED else f"failed ({record['failure_class']})"
+    why = f"{who} {what}: {record['failure']}"
     return (f'<text x="{at + 2:.1f}" y="{y + row_height * 0.8:.1f}" font-size="{min(12, row_height + 2)}"'
             f'{FAILED_FILL}>\u2715<title>{html_escape(why)}</title></text>')
 
@@ -2953,7 +3018,8 @@ def ramp_svg(batches: Sequence[tuple[str, BatchSummary]], title: str, figures: d
                        f"rewards delivered: {len(delivered)} lines"))
     figures = figures if figures is not None else throughput(batches)
     failed = sum(len(summary.failed) for _, summary in batches)
-    subtitle = (f"{plural(total, 'episode')}{f' ({failed} failed, not counted)' if failed else ''}; pods created "
+    left_out = f" ({failed} failed or cancelled, not counted)" if failed else ""
+    subtitle = (f"{plural(total, 'episode')}{left_out}; pods created "
                 f"{figures['pods_created_per_second'] or '-'}/s; sandboxes ready "
                 f"{figures['sandboxes_ready_per_second_mean'] or '-'}/s mean, "
                 f"{figures['sandboxes_ready_per_second_peak'] or '-'} in the busiest second; "
@@ -4529,20 +4595,45 @@ class RunPlan(NamedTuple):
 
 
 def plan_run(namespace: str, run_id: str, settings: dict, worker_source: str,
-             tasks: Sequence[Task] = ()) -> RunPlan:
-    """Every object `run` creates, from its settings alone."""
+             tasks: Sequence[Task] = (), origin: RunOrigin | None = None) -> RunPlan:
+    """Every object `run` creates, from its settings (and the run's origin, once known) alone."""
     task_maps = task_configmaps(namespace, tasks) if tasks else []
     setup = [network_policy_manifest(namespace)] if settings["harden"] else []
     setup += [configmap_manifest(namespace, worker_source), *task_maps]
     jobs = {name: batch_job(namespace, settings, name, task_maps)
             for name, _ in batch_names(settings["rounds"], settings["warmup"])}
-    return RunPlan(namespace_manifest(namespace, run_id, settings["harden"]), setup, jobs)
+    return RunPlan(namespace_manifest(namespace, run_id, settings["harden"], origin), setup, jobs)
 
 
 def planned_objects(namespace: str, run_id: str, settings: dict, worker_source: str,
-                    tasks: Sequence[Task] = ()) -> list[dict]:
+                    tasks: Sequence[Task] = (), origin: RunOrigin | None = None) -> list[dict]:
     """Every object `run` creates, in creation order."""
-    return plan_run(namespace, run_id, settings, worker_source, tasks).objects()
+    return plan_run(namespace, run_id, settings, worker_source, tasks, origin).objects()
+
+
+def run_origin(run_id: str, output: str, user: str, ttl_seconds: int | None) -> RunOrigin:
+    """This run's origin as of now: this host, the absolute output directory, the expiry `--ttl` sets."""
+    return RunOrigin(run_id, __version__, socket.gethostname(), os.path.abspath(output), user,
+                     None if ttl_seconds is None else time.time() + ttl_seconds)
+
+
+def current_user(kubectl: Kubectl) -> str:
+    """Who the context's credentials are: the API server's answer to `kubectl auth whoami`
+    (a SelfSubjectReview), else, where the server or kubectl has none, the context's user
+    in the kubeconfig."""
+    try:
+        review = kubectl.get_json(["auth", "whoami"], retry_until=time.monotonic() + FIRST_CONTACT_RETRY_SECONDS)
+        username = (((review or {}).get("status") or {}).get("userInfo") or {}).get("username")
+        if isinstance(username, str) and username:
+            return username
+    except (KubectlError, DemoError):
+        pass  # no SelfSubjectReview API (before 1.28, or turned off), or a kubectl older than 1.27
+    try:
+        named = kubectl.run(["config", "view", "--minify", "-o", "jsonpath={.contexts[0].context.user}"],
+                            request_timeout=None).strip()
+    except KubectlError:
+        named = ""
+    return named or "(unknown)"
 
 
 def find_kubectl(binary: str, spelling: Spelling = COMMAND_LINE) -> str:
@@ -4708,6 +4799,7 @@ def execute(run: RunContext) -> Results:
     if rollout_policy(run.settings):
         check_server_version(run)  # --need among them
     check_capacity(run)
+    stamp_origin(run)
     create_namespace(run)
     for manifest in run.plan.setup:
         create_object(run, manifest)
@@ -4782,6 +4874,13 @@ def server_of_context(kubectl: Kubectl) -> str:
     except DemoError:
         return ""
     return f" ({server})" if server else ""
+
+
+def stamp_origin(run: RunContext) -> None:
+    """Who starts the run, from where and until when, into the namespace about to be created."""
+    origin = run_origin(run.receipt.run_id, run.output, current_user(run.kubectl), run.settings.get("ttl_seconds"))
+    run.plan = run.plan._replace(namespace=namespace_manifest(run.namespace, origin.run_id, run.settings["harden"],
+                                                              origin))
 
 
 def create_namespace(run: RunContext) -> None:
@@ -4934,7 +5033,7 @@ def rollout_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) -
                         f"only {len(pods)} of {count}")
     try:
         summary = summarise_rollout(rows, job, pods, logs, events, settings, batch.follower.end_seen_wall,
-                                    batch.follower.observations())
+                                    batch.follower.observations(), batch.spelling)
     except DemoError as error:
         raise DemoError(f"{error}\n  {REWARDS_FILE} lists every episode with its class; "
                         f"{saved_evidence(job, pods, logs, events)}") from None
@@ -5068,6 +5167,7 @@ class BatchEvidence:
         self.kubectl = run.kubectl
         self.namespace = run.namespace
         self.settings = run.settings
+        self.spelling = run.spelling
         # How the events saved were read: "watch" (followed, as many as the API counted after
         # the end) or "list" (read in pages after the end).
         self.events_read = "list"
@@ -5214,7 +5314,7 @@ def failure_lines(failures: Sequence[dict], most: int = 10) -> list[str]:
 
 def summarise_rollout(rows: Sequence[dict], job: dict, pods: Sequence[dict], logs: dict[str, str],
                       events: Sequence[dict], settings: dict, end_seen_at: float | None = None,
-                      observed: dict | None = None) -> BatchSummary:
+                      observed: dict | None = None, spelling: Spelling = COMMAND_LINE) -> BatchSummary:
     """A rollout batch's summary: the figures of its successful episodes, with failures, attempts and
     groups; DemoError when more episodes failed than --allow-failures accepts, or all did. Pure."""
     failures = [row for row in rows if is_failure(row)]
@@ -5222,17 +5322,20 @@ def summarise_rollout(rows: Sequence[dict], job: dict, pods: Sequence[dict], log
     allowed = len(rows) - need if need is not None else settings.get("allow_failures") or 0
     successes = {row["pod"] for row in rows if row["failure_class"] is None}
     if need is not None and len(successes) < need:
-        raise DemoError("\n  ".join([f"{len(successes)} of {len(rows)} episodes succeeded, fewer than --need "
-                                     f"{need} ({len(failures)} failed: {failures_said(failures) or 'none'})"]
-                                    + failure_lines(failures)))
+        raise DemoError("\n  ".join([f"{len(successes)} of {len(rows)} episodes succeeded, fewer than "
+                                     f"{spelling.setting('need', need)} ({len(failures)} failed: "
+                                     f"{failures_said(failures) or 'none'})"] + failure_lines(failures)))
     if len(failures) > allowed or not successes:
-        accepts = f"--allow-failures accepts {allowed}" if len(failures) > allowed else "none succeeded"
+        allowance = f"allow_failures={allowed} accepts no more" if spelling.python else \
+            f"--allow-failures accepts {allowed}"
+        accepts = allowance if len(failures) > allowed else "none succeeded"
         raise DemoError("\n  ".join([f"{len(failures)} of {len(rows)} episodes failed "
                                      f"({failures_said(failures)}); {accepts}"] + failure_lines(failures)))
     by_name = {pod_name(pod): pod for pod in pods}
     summary = summarise_batch(job, [pod for pod in pods if pod_name(pod) in successes], logs, events,
                               len(successes), settings["builtin"], end_seen_at, observed,
-                              [(by_name.get(row["pod"]), row) for row in failures])
+                              # Cancelled episodes too: the timeline draws every episode.
+                              [(by_name.get(row["pod"]), row) for row in rows if row["failure_class"] is not None])
     summary.figures.update(rollout_figures(rows, job, pods, settings.get("group_size") or 1, allowed,
                                            settings.get("retries") or 0, need))
     return summary
@@ -5524,7 +5627,8 @@ def dry_run_listing(args: argparse.Namespace) -> dict:
     tasks: list[Task] = list(getattr(args, "task_list", None) or [])
     run_id = secrets.token_hex(6)
     settings = run_settings(args, worker_source, builtin, tasks)
-    return list_manifest(planned_objects(NAMESPACE_PREFIX + run_id, run_id, settings, worker_source, tasks))
+    origin = run_origin(run_id, args.output, USER_UNKNOWN_BEFORE_RUN, settings.get("ttl_seconds"))
+    return list_manifest(planned_objects(NAMESPACE_PREFIX + run_id, run_id, settings, worker_source, tasks, origin))
 
 
 def run_settings(args: argparse.Namespace, worker_source: str, builtin: bool, tasks: Sequence[Task]) -> dict:
@@ -5536,6 +5640,7 @@ def run_settings(args: argparse.Namespace, worker_source: str, builtin: bool, ta
         "rounds": args.rounds, "warmup": args.warmup, "harden": args.harden,
         "builtin": builtin, "episode_script": args.episode_script, "chunk_size": args.chunk_size,
         "episode_script_sha256": None if builtin else hashlib.sha256(worker_source.encode("utf-8")).hexdigest(),
+        "ttl_seconds": args.ttl,
     }
     if getattr(args, "rollout", False):
         settings.update({"rollout": True, "tasks_file": getattr(args, "tasks", None),
@@ -5877,6 +5982,14 @@ def positive_int(text: str) -> int:
     return whole_number(text, 1, "at least 1")
 
 
+def duration_seconds(text: str) -> int:
+    """A command-line duration (`30m`, `2h`, `1h30m`) in seconds."""
+    try:
+        return parse_duration(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
     """Name each default in the help, except where there is none to name; keep examples as written."""
 
@@ -5934,6 +6047,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                              "limit, Pod Security 'restricted'")
     parser.add_argument("--cleanup", action="store_true",
                         help="after every file is saved, clean up as `cleanup` would")
+    parser.add_argument("--ttl", type=duration_seconds, default=None, metavar="DURATION",
+                        help="the run may be deleted this long after it starts (e.g. 30m, 2h), ended or not, "
+                             "by `cleanup --stale`; recorded on its namespace")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     parser.add_argument("--verbose", action="store_true",
                         help="echo every kubectl command line (and request through its proxy) on stderr")
@@ -6144,11 +6260,13 @@ class RunKeyword(NamedTuple):
                                    f"{given!r}")
         if self.path:
             return os.fspath(given)
-        if self.check is not None and self.kind is int:
+        if self.check is not None and self.kind in (int, str):
             try:
-                self.check(str(given))
+                checked = self.check(str(given))
             except argparse.ArgumentTypeError as error:
                 raise UsageError(f"{self.name}={given!r}: {error}") from None
+            # A text the flag reads into something else (`ttl="2h"`: seconds) is held as the flag holds it.
+            return checked if self.kind is str else given
         return given
 
 
