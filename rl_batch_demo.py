@@ -3212,6 +3212,140 @@ def compare_table(first: dict, second: dict, first_label: str, second_label: str
 
 
 # --------------------------------------------------------------------------
+# Runs in a cluster: what `list` shows and what `cleanup --stale` decides, from the
+# namespaces and Jobs alone (no receipt needed).
+
+# What a run is doing: a Job of it has not ended (running), all ended Complete
+# (succeeded) or one Failed (failed), its namespace is being deleted (terminating), or
+# no Job of the tool is in it yet (pending: a run starting, or one that stopped before
+# it submitted its Job).
+RUN_STATES = ("running", "succeeded", "failed", "terminating", "pending")
+
+
+class ClusterRun(NamedTuple):
+    """One run found in a cluster: its namespace, what the namespace says of the run, its Jobs' state."""
+    namespace: str
+    uid: str
+    run_id: str  # the agc-demo-run label's value
+    annotated_run_id: str | None  # the run-id annotation's; None on a run of the guide's script
+    created_at: float | None
+    state: str
+    jobs: int  # Jobs of the tool in the namespace
+    episodes: int  # their completions, all told
+    succeeded: int
+    user: str | None
+    host: str | None
+    output: str | None
+    expires_at: float | None
+
+    @property
+    def guide(self) -> bool:
+        """Made by the guide's script: its label, none of this tool's annotations."""
+        return self.annotated_run_id is None
+
+    def age(self, now: float) -> float:
+        return max(0.0, now - self.created_at) if self.created_at is not None else 0.0
+
+
+def run_state(namespace: dict, jobs: Sequence[dict]) -> str:
+    """One of RUN_STATES, from the namespace's phase and its Jobs' conditions."""
+    if (namespace.get("metadata") or {}).get("deletionTimestamp") or \
+            (namespace.get("status") or {}).get("phase") == "Terminating":
+        return "terminating"
+    if not jobs:
+        return "pending"
+    ends = [job_finished(job) for job in jobs]
+    if None in ends:
+        return "running"
+    return "failed" if "Failed" in ends else "succeeded"
+
+
+def cluster_runs(namespaces: Iterable[dict], jobs: Iterable[dict]) -> list[ClusterRun]:
+    """Every namespace with the run label, oldest first, with the tool's Jobs inside it
+    (`jobs`: Jobs labelled app=rl-batch-demo, from every namespace)."""
+    by_namespace: dict[str, list[dict]] = {}
+    for job in jobs:
+        metadata = job.get("metadata") or {}
+        if (metadata.get("labels") or {}).get("app") == APP_LABEL:
+            by_namespace.setdefault(metadata.get("namespace", ""), []).append(job)
+    runs = []
+    for namespace in namespaces:
+        metadata = namespace.get("metadata") or {}
+        labels, annotations = metadata.get("labels") or {}, metadata.get("annotations") or {}
+        if RUN_LABEL not in labels:
+            continue
+        inside = by_namespace.get(metadata.get("name", ""), [])
+        runs.append(ClusterRun(
+            namespace=metadata.get("name", ""), uid=metadata.get("uid", ""), run_id=labels[RUN_LABEL],
+            annotated_run_id=annotations.get(RUN_ID_ANNOTATION), created_at=parse_time(metadata.get("creationTimestamp")),
+            state=run_state(namespace, inside), jobs=len(inside),
+            episodes=sum(int((job.get("spec") or {}).get("completions") or 1) for job in inside),
+            succeeded=sum(int((job.get("status") or {}).get("succeeded") or 0) for job in inside),
+            user=annotations.get(USER_ANNOTATION), host=annotations.get(HOST_ANNOTATION),
+            output=annotations.get(OUTPUT_ANNOTATION), expires_at=parse_time(annotations.get(EXPIRES_ANNOTATION))))
+    return sorted(runs, key=lambda run: (run.created_at or 0.0, run.namespace))
+
+
+def run_record(run: ClusterRun, now: float) -> dict:
+    """One run as `list -o json` prints it."""
+    return {"namespace": run.namespace, "uid": run.uid, "run_id": run.annotated_run_id or run.run_id,
+            "state": run.state, "age_seconds": round(run.age(now)), "episodes": run.episodes,
+            "succeeded": run.succeeded, "user": run.user, "host": run.host, "output": run.output,
+            "expires": rfc3339(run.expires_at) if run.expires_at is not None else None, "guide": run.guide}
+
+
+def expiry_text(run: ClusterRun, now: float) -> str:
+    if run.expires_at is None:
+        return "-"
+    if run.expires_at <= now:
+        return f"expired {format_duration(now - run.expires_at)} ago"
+    return f"in {format_duration(run.expires_at - now)}"
+
+
+def runs_table(runs: Sequence[ClusterRun], now: float) -> str:
+    """One line per run: namespace, state, age, episodes done of total, who and where from, expiry."""
+    rows = [("NAMESPACE", "STATE", "AGE", "EPISODES", "USER", "FROM", "EXPIRES")]
+    for run in runs:
+        where = "(guide's script)" if run.guide else f"{run.host or '?'}:{run.output or '?'}"
+        rows.append((run.namespace, run.state, format_duration(run.age(now)), f"{run.succeeded}/{run.episodes}",
+                     run.user or "-", where, expiry_text(run, now)))
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+    return "\n".join("   ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows)
+
+
+class Verdict(NamedTuple):
+    """What `cleanup --stale` does with one run, and why."""
+    delete: bool
+    why: str
+
+
+def stale_verdict(run: ClusterRun, now: float, stale_seconds: float, user: str, all_users: bool) -> Verdict:
+    """Delete a run of this tool, proven so, of `user` (or anyone's, with `all_users`), that is past
+    its --ttl, or older than `stale_seconds` with every Job ended; leave anything else, saying why."""
+    if run.state == "terminating":
+        return Verdict(False, "already being deleted (Terminating)")
+    if run.guide:
+        return Verdict(False, "made by the guide's script (no run-id annotation): clean it up with its receipt "
+                              "(cleanup --output DIR)")
+    if run.annotated_run_id != run.run_id or run.namespace != NAMESPACE_PREFIX + run.run_id:
+        return Verdict(False, f"its name, {RUN_LABEL} label ({run.run_id}) and run-id annotation "
+                              f"({run.annotated_run_id}) disagree: not proven a run of this tool")
+    if not run.jobs:
+        return Verdict(False, f"no Job labelled app={APP_LABEL} inside: not proven a run of this tool")
+    if not all_users and run.user != user:
+        return Verdict(False, f"started by {run.user}, not by you ({user}); --all-users reaps every user's runs")
+    if run.expires_at is not None and run.expires_at <= now:
+        return Verdict(True, f"{run.state}, past its --ttl (expired {format_duration(now - run.expires_at)} ago)")
+    if run.state == "running":
+        return Verdict(False, "still running (a Job has not ended)")
+    if run.age(now) < stale_seconds:
+        return Verdict(False, f"{run.state}, {format_duration(run.age(now))} old: younger than --stale "
+                              f"{format_duration(stale_seconds)}")
+    return Verdict(True, f"{run.state}, {format_duration(run.age(now))} old: older than --stale "
+                         f"{format_duration(stale_seconds)}")
+
+
+# --------------------------------------------------------------------------
 # The one edge to the cluster.
 
 
@@ -5862,13 +5996,127 @@ def require_receipt_context(kubectl: Kubectl, receipt: Receipt) -> None:
 
 
 def cleanup(args: argparse.Namespace) -> int:
-    """Delete what the receipt proves this run created; the output directory is kept."""
+    """Delete what the receipt proves this run created; the output directory is kept.
+    With --stale, reap the tool's finished and expired runs instead, receipts or not."""
+    if args.stale is not None:
+        return cleanup_stale(args)
     receipt = Receipt.read(args.output)
     kubectl = Kubectl(find_kubectl(args.kubectl), receipt.context, verbose=args.verbose)
     # Silence from a binary that is not kubectl would read as "Namespace already absent".
     require_kubectl(kubectl)
     require_receipt_context(kubectl, receipt)
     cleanup_namespace(kubectl, receipt, args.wait)
+    return 0
+
+
+# --------------------------------------------------------------------------
+# `list` and `cleanup --stale`: the tool's runs in a cluster, found without their receipts.
+
+
+def cluster_kubectl(args: argparse.Namespace) -> Kubectl:
+    """kubectl for --context (else the current context), named in every call like `run`'s."""
+    kubectl = Kubectl(find_kubectl(args.kubectl), verbose=args.verbose)
+    kubectl.context = resolve_context(kubectl, args.context)
+    return kubectl
+
+
+def list_everywhere(kubectl: Kubectl, kind: str, selector: str, what: str) -> list[dict]:
+    """Every object of a kind that the label selector lets through, in the whole cluster; a
+    refusal says which permission is missing."""
+    flags = ["-l", selector] + (["--all-namespaces"] if kind != "namespaces" else [])
+    try:
+        listing = kubectl.get_list(kind, None, *flags, retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS)
+    except KubectlError as error:
+        if "(Forbidden)" in error.stderr:
+            raise DemoError(f"the account of context {kubectl.context!r} may not list {what} at the cluster "
+                            f"scope, which `list` and `cleanup --stale` need: grant `list` on {what} (see the "
+                            f"README's Permissions)") from None
+        raise DemoError(f"cannot list the {what} of context {kubectl.context!r}: {error}") from None
+    return (listing or {}).get("items") or []
+
+
+def find_runs(kubectl: Kubectl) -> list[ClusterRun]:
+    """The runs in the context's cluster: namespaces with the run label, and the tool's Jobs."""
+    namespaces = list_everywhere(kubectl, "namespaces", RUN_LABEL, "namespaces")
+    jobs = list_everywhere(kubectl, "jobs", f"app={APP_LABEL}", "jobs (batch)")
+    return cluster_runs(namespaces, jobs)
+
+
+def delete_if_uid(kubectl: Kubectl, namespace: str, uid: str) -> str:
+    """Ask for the namespace's deletion only if it still has `uid` (the API server checks the
+    precondition): "deleted", "recreated" (another namespace has the name now) or "gone"."""
+    options = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": uid},
+               "propagationPolicy": "Background"}
+    try:
+        # `delete --raw -f -` sends stdin as the DELETE's body, so the precondition travels with it.
+        kubectl.run(["delete", "--raw", f"/api/v1/namespaces/{namespace}", "-f", "-"], input_text=json.dumps(options),
+                    retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS)
+    except KubectlError as error:
+        if "(Conflict)" in error.stderr:
+            return "recreated"
+        if error.not_found:
+            return "gone"
+        raise DemoError(f"cannot delete namespace {namespace}: {error}") from None
+    return "deleted"
+
+
+def wait_runs_gone(kubectl: Kubectl, deleted: Sequence[ClusterRun], seconds: float) -> list[dict]:
+    """Wait until no namespace of `deleted` (by UID) is left; those still there at the deadline."""
+    deadline = time.monotonic() + seconds
+    uids = {run.uid for run in deleted}
+    while uids:
+        left = [namespace for namespace in list_everywhere(kubectl, "namespaces", RUN_LABEL, "namespaces")
+                if (namespace.get("metadata") or {}).get("uid") in uids]
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(POLL_INTERVAL_SECONDS)
+    return []
+
+
+def cleanup_stale(args: argparse.Namespace) -> int:
+    """Delete the runs of this tool past their --ttl, or older than --stale with every Job ended;
+    say what was deleted, what was left and why."""
+    kubectl = cluster_kubectl(args)
+    runs, user, now = find_runs(kubectl), current_user(kubectl), time.time()
+    deleted: list[ClusterRun] = []
+    would = 0
+    for found in runs:
+        verdict = stale_verdict(found, now, args.stale, user, args.all_users)
+        if not verdict.delete:
+            print(f"Left {found.namespace}: {verdict.why}", flush=True)
+        elif args.dry_run:
+            would += 1
+            print(f"Would delete {found.namespace}: {verdict.why}", flush=True)
+        else:
+            outcome = delete_if_uid(kubectl, found.namespace, found.uid)
+            if outcome == "deleted":
+                deleted.append(found)
+                print(f"Deleted {found.namespace}: {verdict.why}", flush=True)
+            elif outcome == "recreated":
+                print(f"Left {found.namespace}: made again under that name since it was listed (its UID is "
+                      f"no longer {found.uid}); not touched", flush=True)
+            else:
+                print(f"Left {found.namespace}: already gone", flush=True)
+    done = f"Would delete {would}" if args.dry_run else f"Deleted {len(deleted)}"
+    print(f"{done}, left {len(runs) - would - len(deleted)} of {len(runs)} runs in context {kubectl.context}.",
+          flush=True)
+    stuck = wait_runs_gone(kubectl, deleted, args.wait)
+    if stuck:
+        raise DemoError("; ".join(str(namespace_stuck(namespace["metadata"]["name"], namespace, kubectl.context,
+                                                      args.wait)) for namespace in stuck))
+    return 0
+
+
+def list_runs(args: argparse.Namespace) -> int:
+    """Print the tool's runs in the cluster, one line each (or a JSON list with -o json)."""
+    kubectl = cluster_kubectl(args)
+    runs, now = find_runs(kubectl), time.time()
+    if args.format == "json":
+        print(json.dumps([run_record(run, now) for run in runs], indent=2))
+    elif runs:
+        print(runs_table(runs, now))
+    else:
+        print(f"No runs in context {kubectl.context}.", file=sys.stderr)
     return 0
 
 
@@ -6091,8 +6339,27 @@ def add_cleanup_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kubectl", default="kubectl", metavar="PATH", help="kubectl binary")
     parser.add_argument("--wait", type=positive_int, default=DELETE_WAIT_SECONDS, metavar="SECONDS",
                         help="how long to wait for the Jobs, then the namespace, to disappear")
+    parser.add_argument("--stale", type=duration_seconds, default=None, metavar="AGE",
+                        help="instead of one run's receipt: delete every run of this tool in the cluster older "
+                             "than AGE (e.g. 2h) whose Jobs have all ended, and every run past its --ttl")
+    parser.add_argument("--all-users", action="store_true",
+                        help="with --stale: every user's runs, not only yours")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="with --stale: say what would be deleted; delete nothing")
+    parser.add_argument("--context", default=None, metavar="NAME",
+                        help="with --stale: kube context (default: the current context)")
     parser.add_argument("--verbose", action="store_true",
                         help="echo every kubectl command line (and request through its proxy) on stderr")
+
+
+def add_list_arguments(parser: argparse.ArgumentParser) -> None:
+    """`list`'s arguments: the cluster, and how to print."""
+    parser.add_argument("-o", dest="format", choices=("table", "json"), default="table",
+                        help="one line per run, or a JSON list for scripts")
+    parser.add_argument("--context", default=None, metavar="NAME",
+                        help="kube context (default: the current context)")
+    parser.add_argument("--kubectl", default="kubectl", metavar="PATH", help="kubectl binary")
+    parser.add_argument("--verbose", action="store_true", help="echo every kubectl command line on stderr")
 
 
 def add_report_arguments(parser: argparse.ArgumentParser) -> None:
@@ -6122,6 +6389,8 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.Argument
                                  "--output runs/first --count 10"))
     add_cleanup_arguments(add_action(actions, "cleanup", "delete what the run's receipt proves it created",
                                      "--output runs/first"))
+    add_list_arguments(add_action(actions, "list", "list the runs of this tool (and of the guide's script) "
+                                  "in the context's cluster", "-o json"))
     add_report_arguments(add_action(actions, "report", "recompute and reprint a finished run from its files",
                                     "runs/first"))
     add_compare_arguments(add_action(actions, "compare", "print the key figures of two runs side by side, "
@@ -6223,8 +6492,20 @@ def check_run_directory(parser: argparse.ArgumentParser, args: argparse.Namespac
     args.output = args.output if args.directory is None else args.directory
 
 
+def check_cleanup_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """One run's directory, or --stale AGE for the cluster's runs; --stale's own options only with it."""
+    if args.stale is None:
+        for flag, given in (("--all-users", args.all_users), ("--dry-run", args.dry_run),
+                            ("--context", args.context is not None)):
+            if given:
+                parser.error(f"{flag} goes with --stale AGE (a receipt names its own context and run)")
+        check_run_directory(parser, args)
+    elif args.directory is not None or args.output is not None:
+        parser.error("--stale finds the runs in the cluster: name no run directory with it")
+
+
 DISPATCH: dict[str, Callable[[argparse.Namespace], int]] = {
-    "run": run, "cleanup": cleanup, "report": report, "compare": compare,
+    "run": run, "cleanup": cleanup, "list": list_runs, "report": report, "compare": compare,
 }
 
 
@@ -6477,7 +6758,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             check_run_arguments(args)
         except UsageError as error:
             args.action_parser.error(str(error))
-    elif args.action in ("cleanup", "report"):
+    elif args.action == "cleanup":
+        check_cleanup_arguments(args.action_parser, args)
+    elif args.action == "report":
         check_run_directory(args.action_parser, args)
     try:
         return DISPATCH[args.action](args)

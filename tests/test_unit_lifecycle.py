@@ -101,3 +101,108 @@ def test_run_batch_takes_the_ttl_as_the_flag_does(tmp_path) -> None:
     assert 5300 < expires - demo.time.time() <= 5400
     with pytest.raises(demo.UsageError, match="ttl='soon'"):
         demo.run_batch(output=tmp_path / "out", count=1, dry_run=True, ttl="soon")
+
+
+# --------------------------------------------------------------------------
+# A run's state, and what `cleanup --stale` does with it.
+
+
+def namespace(name: str = NAMESPACE, run_id: str = RUN_ID, annotated: bool = True, user: str = "alice",
+              expires: str | None = None, terminating: bool = False) -> dict:
+    annotations = {"rl-batch-demo.agc/run-id": run_id, "rl-batch-demo.agc/user": user,
+                   "rl-batch-demo.agc/host": "bastion-1", "rl-batch-demo.agc/output": "/runs/a"} if annotated else {}
+    if expires:
+        annotations["rl-batch-demo.agc/expires-at"] = expires
+    metadata = {"name": name, "uid": "uid-" + name, "labels": {"agc-demo-run": run_id},
+                "creationTimestamp": demo.rfc3339(T0), "annotations": annotations}
+    if terminating:
+        metadata["deletionTimestamp"] = demo.rfc3339(T0 + 10)
+    return {"metadata": metadata, "status": {"phase": "Terminating" if terminating else "Active"}}
+
+
+def job(ns: str = NAMESPACE, end: str | None = "Complete", completions: int = 3, succeeded: int = 3,
+        app: str = "rl-batch-demo") -> dict:
+    conditions = [{"type": end, "status": "True"}] if end else [{"type": "SuccessCriteriaMet", "status": "True"}]
+    return {"metadata": {"name": "rollout", "namespace": ns, "labels": {"app": app}},
+            "spec": {"completions": completions}, "status": {"succeeded": succeeded, "conditions": conditions}}
+
+
+@pytest.mark.parametrize("jobs, terminating, state", [
+    ([job()], False, "succeeded"),
+    ([job(), job(end="Failed")], False, "failed"),
+    ([job(end="Failed"), job(end=None)], False, "running"),  # criteria met, pods still terminating: not ended
+    ([], False, "pending"),
+    ([job(end=None)], True, "terminating"),
+])
+def test_a_runs_state_comes_from_its_namespace_and_jobs(jobs, terminating, state) -> None:
+    assert demo.run_state(namespace(terminating=terminating), jobs) == state
+    assert state in demo.RUN_STATES
+
+
+def test_runs_are_namespaces_with_the_label_and_the_tools_jobs_inside() -> None:
+    runs = demo.cluster_runs(
+        [namespace(), namespace("agc-rl-guide0000000", "guide0000000", annotated=False),
+         {"metadata": {"name": "unrelated", "uid": "u", "labels": {}}}],
+        [job(completions=3, succeeded=2, end=None), job(completions=4, succeeded=4), job(app="someone-else"),
+         job("agc-rl-guide0000000", completions=2, succeeded=2)])
+    assert [run.namespace for run in runs] == [NAMESPACE, "agc-rl-guide0000000"]
+    ours, guide = runs
+    assert (ours.state, ours.jobs, ours.episodes, ours.succeeded, ours.guide) == ("running", 2, 7, 6, False)
+    assert (guide.state, guide.guide, guide.user) == ("succeeded", True, None)
+    record = demo.run_record(ours, T0 + 3600.4)
+    assert record == {"namespace": NAMESPACE, "uid": "uid-" + NAMESPACE, "run_id": RUN_ID, "state": "running",
+                      "age_seconds": 3600, "episodes": 7, "succeeded": 6, "user": "alice", "host": "bastion-1",
+                      "output": "/runs/a", "expires": None, "guide": False}
+    assert demo.run_record(guide, T0)["run_id"] == "guide0000000"
+    table = demo.runs_table(runs, T0 + 3600).splitlines()
+    assert table[0].split() == ["NAMESPACE", "STATE", "AGE", "EPISODES", "USER", "FROM", "EXPIRES"]
+    assert table[1].split() == [NAMESPACE, "running", "1h", "6/7", "alice", "bastion-1:/runs/a", "-"]
+    assert table[2].split() == ["agc-rl-guide0000000", "succeeded", "1h", "2/2", "-", "(guide's", "script)", "-"]
+
+
+HOUR = 3600
+
+
+def verdict(ns: dict, jobs: list, now: float = T0 + 2 * HOUR, user: str = "alice", all_users: bool = False):
+    return demo.stale_verdict(demo.cluster_runs([ns], jobs)[0], now, HOUR, user, all_users)
+
+
+@pytest.mark.parametrize("ns, jobs, now, user, all_users, delete, why", [
+    (namespace(), [job()], T0 + 2 * HOUR, "alice", False, True, "succeeded, 2h old: older than --stale 1h"),
+    (namespace(), [job(end="Failed")], T0 + 2 * HOUR, "alice", False, True, "failed, 2h old"),
+    (namespace(), [job()], T0 + 30 * 60, "alice", False, False, "younger than --stale 1h"),
+    (namespace(), [job(end=None)], T0 + 9 * HOUR, "alice", False, False, "still running"),
+    (namespace(expires=demo.rfc3339(T0 + 60)), [job(end=None)], T0 + 120, "alice", False, True,
+     "running, past its --ttl (expired 60s ago)"),
+    (namespace(expires=demo.rfc3339(T0 + 3 * HOUR)), [job(end=None)], T0 + 2 * HOUR, "alice", False, False,
+     "still running"),
+    (namespace(user="bob"), [job()], T0 + 2 * HOUR, "alice", False, False, "started by bob, not by you (alice)"),
+    (namespace(user="bob"), [job()], T0 + 2 * HOUR, "alice", True, True, "older than --stale"),
+    (namespace(user="bob", expires=demo.rfc3339(T0)), [job()], T0 + 2 * HOUR, "alice", False, False,
+     "started by bob"),
+    (namespace(annotated=False), [job()], T0 + 9 * HOUR, "alice", True, False, "made by the guide's script"),
+    (namespace(), [], T0 + 9 * HOUR, "alice", True, False, "no Job labelled app=rl-batch-demo inside"),
+    (namespace(), [job(app="copycat")], T0 + 9 * HOUR, "alice", True, False, "no Job labelled"),
+    (namespace("agc-rl-aaaaaaaaaaaa"), [job("agc-rl-aaaaaaaaaaaa")], T0 + 9 * HOUR, "alice", True, False,
+     "disagree: not proven"),
+    (namespace(terminating=True), [job()], T0 + 9 * HOUR, "alice", True, False, "already being deleted"),
+])
+def test_what_cleanup_stale_deletes_and_why(ns, jobs, now, user, all_users, delete, why) -> None:
+    decided = verdict(ns, jobs, now, user, all_users)
+    assert decided.delete is delete
+    assert why in decided.why
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["cleanup", "--stale", "1h", "--output", "runs/a"], "--stale finds the runs in the cluster"),
+    (["cleanup", "runs/a", "--dry-run"], "--dry-run goes with --stale AGE"),
+    (["cleanup", "runs/a", "--all-users"], "--all-users goes with --stale AGE"),
+    (["cleanup", "--output", "runs/a", "--context", "x"], "--context goes with --stale AGE"),
+    (["cleanup", "--stale", "old"], "not a duration: 'old'"),
+    (["list", "-o", "yaml"], "invalid choice: 'yaml'"),
+])
+def test_cleanup_stale_and_list_usage_errors(argv, message, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
