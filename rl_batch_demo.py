@@ -1413,6 +1413,10 @@ def classify_pod_state(pod: dict, log_text: str, job: dict, builtin: bool) -> tu
             job_created = parse_time(job["metadata"].get("creationTimestamp"))
             verify_episode(pod, parse_events(log_text.splitlines()), job_created or 0.0, builtin)
         except VerificationError as error:
+            if job_cut_short(job) and pod["metadata"].get("deletionTimestamp"):
+                # Stopped by the Job once --need was met, it exited 0 before its reward was complete.
+                return CANCELLED, f"cancelled: --need was met while it ran (it exited 0 before a complete " \
+                                  f"reward: {str(error).split(': ', 1)[-1]})"
             return error.failure_class, str(error).split(": ", 1)[-1]
         return None, None
     state = container_status(pod).get("state") or {}

@@ -76,6 +76,11 @@ def test_a_pod_stopped_once_need_was_met_is_cancelled_whatever_its_exit_code() -
     # One that failed on its own before (not being deleted) keeps its own class.
     assert demo.classify_attempt(indexed_pod("p", 0, phase="Failed", exit_code=1), "", job, True) == \
         ("episode", "exited 1")
+    # One that exited 0 when stopped, before its reward, was cancelled too; one with its reward succeeded.
+    stopped = deleted(indexed_pod("p", 0))
+    assert demo.classify_attempt(stopped, "", job, True)[0] == "cancelled"
+    assert demo.classify_attempt(stopped, honest_log("p"), job, True) == (None, None)
+    assert demo.classify_attempt(indexed_pod("p", 0), "", job, True)[0] == "episode"
     # Without --need met, a deleted pod is what it was.
     assert demo.classify_attempt(deleted(indexed_pod("p", 0, phase="Failed", exit_code=1)), "",
                                  running_job(), True)[0] == "episode"
