@@ -1773,6 +1773,12 @@ PROC_TICK = 0.01
 # How long after the step it reports an event is named at most: the recorder stamps the name
 # (`<object>.<hex UnixNano>`) as soon as the step returns, with no other work in between.
 EVENT_FOLLOWS_SECONDS = 0.1
+# How long after the binding the scheduler takes its Scheduled eventTime at most. Not at once:
+# it takes it once its bind request has returned (a round trip through the API server and
+# etcd, then its goroutine's turn), which a loaded machine stretches (0.16 s after the node
+# agent saw the binding, at load ~30 on two cores). Where this is looser, the PodScheduled
+# condition's second bounds the binding instead: the API server stamps it in the binding.
+SCHEDULED_FOLLOWS_BINDING_SECONDS = 0.5
 # Clocks that disagree by more than this are reported loudly: it is the precision the
 # sharpest cluster-side points claim.
 CLOCK_TOLERANCE_SECONDS = 0.05
@@ -2237,6 +2243,15 @@ def kubelet_event_clocks(events: Sequence[dict]) -> tuple[dict[str, ClockBounds]
     return nodes, started
 
 
+def bound_after(pod: dict, scheduled_at: float | None) -> float | None:
+    """The earliest the pod can have been bound (control plane's clock): its PodScheduled second's
+    start, or SCHEDULED_FOLLOWS_BINDING_SECONDS before the scheduler's eventTime if that is later."""
+    stamp = parse_time((condition(pod, "PodScheduled") or {}).get("lastTransitionTime"))
+    after_event = None if scheduled_at is None else scheduled_at - SCHEDULED_FOLLOWS_BINDING_SECONDS
+    known = [moment for moment in (stamp, after_event) if moment is not None]
+    return max(known) if known else None
+
+
 def bound_nodes_by_pods(nodes: dict[str, ClockBounds], pods: Sequence[dict], scheduled: dict[str, float],
                         kubelet: dict[str, dict[str, tuple[float, str]]],
                         started: dict[str, tuple[float, str]]) -> None:
@@ -2244,16 +2259,16 @@ def bound_nodes_by_pods(nodes: dict[str, ClockBounds], pods: Sequence[dict], sch
     first_container_event = {pod: min(reasons.values()) for pod, reasons in kubelet.items()}
     for pod in pods:
         name = pod_name(pod)
-        if name in scheduled and name in first_container_event:
+        # Only a pod the scheduler bound (its event) is known to have waited for a binding here.
+        bound = bound_after(pod, scheduled[name]) if name in scheduled else None
+        if bound is not None and name in first_container_event:
             named, node = first_container_event[name]
-            nodes.setdefault(node, ClockBounds()).at_most(named - scheduled[name])
+            nodes.setdefault(node, ClockBounds()).at_most(named - bound)
         started_on_node = parse_time((pod.get("status") or {}).get("startTime"))
         node_name = (pod.get("spec") or {}).get("nodeName")
-        if name in scheduled and started_on_node is not None and node_name:
-            # The kubelet stamps the pod's startTime when it first takes the bound pod up:
-            # after the binding, which the scheduler's Scheduled event follows at once.
-            nodes.setdefault(node_name, ClockBounds()).at_most(
-                started_on_node + WHOLE_SECOND - (scheduled[name] - EVENT_FOLLOWS_SECONDS))
+        if bound is not None and started_on_node is not None and node_name:
+            # The kubelet stamps the pod's startTime when it first takes the bound pod up: after the binding.
+            nodes.setdefault(node_name, ClockBounds()).at_most(started_on_node + WHOLE_SECOND - bound)
         created = parse_time(pod["metadata"].get("creationTimestamp"))
         if name in started and created is not None:
             named, node = started[name]
@@ -2284,7 +2299,9 @@ def describe_clocks(client: ClockBounds, nodes: dict[str, ClockBounds], client_v
         node_entry, node_warnings = bounds.describe(
             f"node {node}'s and the control plane's clocks",
             "kubelet event names before their creationTimestamp's second ends, after the pod's creation "
-            "and after the scheduler's Scheduled eventTime; the pod's startTime after that eventTime")
+            "and after its binding (within its PodScheduled second, at most "
+            f"{SCHEDULED_FOLLOWS_BINDING_SECONDS:g} s before the Scheduled eventTime); the pod's startTime "
+            "after that binding")
         result["nodes"][node] = node_entry
         warnings += node_warnings
         if node in client_vs_node:
@@ -2312,10 +2329,10 @@ def clock_offsets(job: dict, pods: Sequence[dict], events: Sequence[dict], obser
     creation. A kubelet names an event before the API server stores it (the event's
     creationTimestamp) and after the pod exists; the client sees a container running only
     after the kubelet's Started event. The kubelet's first container event follows a sandbox
-    it started only once the pod was bound, and the scheduler's Scheduled event follows
-    that binding within milliseconds; so does the pod's startTime, which the kubelet stamps
-    as it takes the pod up (whole seconds, but within a second of the binding, and its
-    second's fraction differs from pod to pod, so a few pods pin the node's clock closely).
+    it started only once the pod was bound, which lies in its PodScheduled second and at most
+    SCHEDULED_FOLLOWS_BINDING_SECONDS before the scheduler's Scheduled eventTime; so does the
+    pod's startTime, which the kubelet stamps as it takes the pod up (whole seconds, and its
+    second's fraction differs from pod to pod, so a few pods pin the node's clock).
     """
     if scheduled is None:
         scheduled = scheduled_event_times(events)
@@ -3418,6 +3435,51 @@ def die_with_parent() -> Callable[[], None] | None:
     return arm
 
 
+class InterruptsAcrossForks:
+    """Holds a Ctrl-C or SIGTERM back while the main thread starts a child, and raises it after.
+
+    A pre-exec step (die_with_parent) makes the interpreter run its fork handlers in this
+    process around the fork. A KeyboardInterrupt raised inside one is printed ("Exception
+    ignored in ... _afterFork") and dropped, so the run went on as if never interrupted, and
+    it leaves the lock that logging's handler holds over the fork taken, so the next child
+    any other thread starts waits for it forever. On a loaded machine the main thread spends
+    long enough in fork for both to happen. So while it starts a child, the handler only
+    notes the signal; the start then stops that child and raises the interrupt.
+    """
+
+    def __init__(self) -> None:
+        self.starting = False  # the main thread is starting a child
+        self.held = False  # a signal came meanwhile
+
+    def handle(self, signum: int, frame: Any) -> None:
+        if self.starting:
+            self.held = True
+            return
+        raise KeyboardInterrupt
+
+    def start(self, starter: Callable[[], subprocess.Popen]) -> subprocess.Popen:
+        """The child `starter` starts, with any interrupt held back until it has."""
+        if threading.current_thread() is not threading.main_thread():
+            return starter()  # signal handlers run in the main thread alone
+        self.starting, self.held = True, False
+        try:
+            child = starter()
+        except BaseException:
+            self.starting = False
+            if self.held:
+                raise KeyboardInterrupt from None
+            raise
+        self.starting = False
+        if self.held:
+            child.kill()
+            child.wait()
+            raise KeyboardInterrupt
+        return child
+
+
+INTERRUPTS = InterruptsAcrossForks()
+
+
 class Kubectl:
     """Runs kubectl against one context with bounded requests; counts what it started.
 
@@ -3483,14 +3545,23 @@ class Kubectl:
         argv = self.argv(args, request_timeout)
         self.echo_argv(argv)
         try:
-            # Always an input, if only an empty one: kubectl must never wait on the terminal.
-            completed = subprocess.run(
-                argv, input=input_text or "", capture_output=True,
-                text=True, timeout=CALL_TIMEOUT_SECONDS, preexec_fn=die_with_parent())
-        except subprocess.TimeoutExpired:
-            raise KubectlError(verb, None, f"no answer within {CALL_TIMEOUT_SECONDS} s") from None
+            process = INTERRUPTS.start(lambda: subprocess.Popen(
+                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                text=True, preexec_fn=die_with_parent()))
         except OSError as error:
             raise DemoError(f"cannot run kubectl {self.binary!r}: {error.strerror or error}") from None
+        with process:
+            try:
+                # Always an input, if only an empty one: kubectl must never wait on the terminal.
+                stdout, stderr = process.communicate(input_text or "", timeout=CALL_TIMEOUT_SECONDS)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.communicate()
+                raise KubectlError(verb, None, f"no answer within {CALL_TIMEOUT_SECONDS} s") from None
+            except BaseException:  # an interrupt: the call ends with it
+                process.kill()
+                raise
+        completed = subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
         if completed.returncode != 0:
             if CREDENTIALS_PROMPT in completed.stdout + completed.stderr:
                 raise DemoError(f"kubectl {verb}: the kubeconfig gives no credentials for context "
@@ -3542,10 +3613,10 @@ class Kubectl:
             self.processes += 1
         argv = self.argv(args, f"{max(1, seconds)}s")
         self.echo_argv(argv)
-        return subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=stderr or tempfile.TemporaryFile(), bufsize=0,
-            start_new_session=detached, preexec_fn=die_with_parent())
+        errors = stderr or tempfile.TemporaryFile()
+        return INTERRUPTS.start(lambda: subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors, bufsize=0,
+            start_new_session=detached, preexec_fn=die_with_parent()))
 
 
 def refusal(errors: Any) -> str | None:
@@ -5739,7 +5810,7 @@ def perform_run(args: argparse.Namespace) -> tuple[int, Results | None]:
     run = start_run(args, settings, worker_source, tasks)
     cleanup_hint = cleanup_command(run.output, args.kubectl)
     failure: DemoError | None = None
-    with sigterm_interrupts():
+    with signals_interrupt():
         try:
             results = execute(run)
         except KeyboardInterrupt:
@@ -5818,20 +5889,17 @@ def start_run(args: argparse.Namespace, settings: dict, worker_source: str, task
 
 
 @contextlib.contextmanager
-def sigterm_interrupts() -> Iterator[None]:
-    """SIGTERM interrupts as Ctrl-C does, so a stopped run saves its evidence (main thread only:
-    no other thread may set a signal handler)."""
-    previous = signal.signal(signal.SIGTERM, raise_interrupt) \
-        if threading.current_thread() is threading.main_thread() else None
+def signals_interrupt() -> Iterator[None]:
+    """SIGTERM interrupts as Ctrl-C does, so a stopped run saves its evidence, and neither lands inside
+    a fork (InterruptsAcrossForks; main thread only: no other thread may set a signal handler)."""
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = {signum: signal.signal(signum, INTERRUPTS.handle) for signum in (signal.SIGINT, signal.SIGTERM)} \
+        if main_thread else {}
     try:
         yield
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
-
-
-def raise_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def interrupted(run: RunContext, cleanup_hint: str, why: str = "Interrupted.") -> None:
@@ -6767,7 +6835,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif args.action == "report":
         check_run_directory(args.action_parser, args)
     try:
-        return DISPATCH[args.action](args)
+        with signals_interrupt():
+            return DISPATCH[args.action](args)
     except DemoError as error:
         print(f"Error: {error}", file=sys.stderr)
         return 1

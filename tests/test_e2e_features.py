@@ -631,7 +631,7 @@ def test_pod_security_admission_in_the_emulator(make_cluster, tmp_path):
     def failed_create() -> list:
         return [e for e in emulator.list("events", "locked") if e.get("reason") == "FailedCreate"]
 
-    [event] = wait_for(failed_create, 20, "the FailedCreate event")[:1]
+    [event] = wait_for(failed_create, 120, "the FailedCreate event")[:1]
     assert event["message"].startswith('Error creating: pods "rollout-" is forbidden: violates PodSecurity '
                                        '"restricted:latest": allowPrivilegeEscalation != false'), event
     assert emulator.list("pods", "locked") == []
@@ -704,7 +704,7 @@ def test_a_failed_cleanup_does_not_hide_why_the_run_failed(make_cluster, tmp_pat
     output = tmp_path / "out"
     process = start_tool(emulator, kubectl, "run", "--count", "2", "--cleanup", "--output", str(output), "--quiet")
     receipt = wait_for(lambda: (output / "receipt.json").exists() and "namespace_uid" in load(output / "receipt.json")
-                       and load(output / "receipt.json"), 30, "the namespace in the receipt")
+                       and load(output / "receipt.json"), 120, "the namespace in the receipt")
     # Someone relabels the namespace while the batch runs: cleanup must then refuse.
     subprocess.run([kubectl, "label", "namespace", receipt["namespace"], "agc-demo-run=someone-else",
                     "--overwrite"], env=emulator.env(), check=True, capture_output=True, text=True)

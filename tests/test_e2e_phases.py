@@ -515,7 +515,7 @@ def test_warning_summary_counts_a_provoked_failed_create(cluster, tmp_path):
         process = start_tool(emulator, kubectl, "run", "--count", "2", "--output", str(output), "--quiet")
         try:
             wait_for(lambda: removed and any(e["reason"] == "FailedCreate" for e in
-                                             emulator.list("events", removed["namespace"])), 60,
+                                             emulator.list("events", removed["namespace"])), 120,
                      "the FailedCreate warning")
         finally:
             emulator.set_faults(missing_runtimeclass=False)  # recreates the RuntimeClass
@@ -553,7 +553,9 @@ def test_missing_scheduler_events_fall_back_or_are_counted_missing(six, tmp_path
         # honestly wider, and still holds its truth.
         sandbox = record["points"]["sandbox_ready"]
         true = six.pod_truth(record["pod"])["sandbox_ready"]
-        assert sandbox.source != "" and sandbox.precision > 0.15, sandbox
+        # Wider than the event's allowance it had: from the pod's creation second to the watch,
+        # which spans at least the sandbox's 0.4 s.
+        assert sandbox.source != "" and sandbox.precision > rl_batch_demo.EVENT_FOLLOWS_SECONDS, sandbox
         assert abs(sandbox.at - true) <= sandbox.precision + TRUTH_NOTED_AFTER, (sandbox, true)
     phases = recomputed.figures["phases"]
     for phase in ("scheduling", "sandbox_creation"):
