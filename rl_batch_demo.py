@@ -1413,6 +1413,10 @@ def classify_pod_state(pod: dict, log_text: str, job: dict, builtin: bool) -> tu
             job_created = parse_time(job["metadata"].get("creationTimestamp"))
             verify_episode(pod, parse_events(log_text.splitlines()), job_created or 0.0, builtin)
         except VerificationError as error:
+            if job_cut_short(job) and pod["metadata"].get("deletionTimestamp"):
+                # Stopped by the Job once --need was met, it exited 0 before its reward was complete.
+                return CANCELLED, f"cancelled: --need was met while it ran (it exited 0 before a complete " \
+                                  f"reward: {str(error).split(': ', 1)[-1]})"
             return error.failure_class, str(error).split(": ", 1)[-1]
         return None, None
     state = container_status(pod).get("state") or {}
@@ -1623,6 +1627,7 @@ class Delivery(NamedTuple):
     ended_after: float | None  # its reward event, or the start of its container's finishedAt second
     ended_before: float | None  # the end of that second, or the client's watch seeing it, the earlier
     streamed: bool  # written while the batch ran, not from the evidence read after its end
+    seen_at: float | None = None  # the client's watch seeing the container terminated
 
     def saved(self) -> list:
         return list(self)
@@ -1648,6 +1653,8 @@ def delivery_figures(deliveries: Sequence[Delivery], origin: float | None, origi
     Job's creation, and each line's lag from its container's end; pure."""
     successes = sorted(d.written_at for d in deliveries if d.success)
     lags = [d.written_at - d.ended_after for d in deliveries if d.ended_after is not None]
+    # The client's own part: from its watch seeing the container's end to the line written.
+    own = [d.written_at - d.seen_at for d in deliveries if d.seen_at is not None]
     widths = [max(0.0, d.ended_before - d.ended_after) for d in deliveries
               if d.ended_after is not None and d.ended_before is not None]
 
@@ -1663,6 +1670,8 @@ def delivery_figures(deliveries: Sequence[Delivery], origin: float | None, origi
             "lines": len(deliveries), "streamed": sum(1 for d in deliveries if d.streamed),
             "written_after_the_end": sum(1 for d in deliveries if not d.streamed),
             "lag_samples": len(lags),
+            "seen_to_written_p50_seconds": rounded(percentile(own, 0.50)) if own else None,
+            "seen_to_written_p99_seconds": rounded(percentile(own, 0.99)) if own else None,
             "lag_from": "the earliest moment the episode's container can have ended (its reward event, "
                         "else its finishedAt second) to its line written to rewards.jsonl",
             "lag_precision_seconds": rounded(max(widths)) if widths else None,
@@ -4069,10 +4078,12 @@ class RewardStream:
             if any(pod_terminal(p) for p in attempts):
                 self.waiting.add(index)
             return
-        warnings = pod_warnings(state.events.events()) if any(
-            (p.get("status") or {}).get("phase") == "Failed" for p in attempts) else {}
-        row = episode_row(index, attempts, state.job or {"metadata": {}}, logs, self.builtin, self.task_ids,
-                          self.group_size, warnings)
+        job = state.job or {"metadata": {}}
+        row = episode_row(index, attempts, job, logs, self.builtin, self.task_ids, self.group_size)
+        if "infrastructure" in [row["failure_class"]] + [a["failure_class"] for a in row.get("earlier_attempts", [])]:
+            # Only an infrastructure failure names its pod's warnings: the events are read for those alone.
+            row = episode_row(index, attempts, job, logs, self.builtin, self.task_ids, self.group_size,
+                              pod_warnings(state.events.events()))
         final = next((p for p in attempts if pod_name(p) == row["pod"]), None)
         seen = ((state.observed.get(row["pod"] or "") or {}).get("seen") or {}).get("terminated")
         self.deliver(row, final, logs.get(row["pod"] or "", ""), seen, streamed=True)
@@ -4089,7 +4100,8 @@ class RewardStream:
         self.rows[index] = row
         self.waiting.discard(index)
         after, before = container_end_bounds(pod, log_text, seen_terminated)
-        self.deliveries.append(Delivery(index, row["failure_class"] is None, written, after, before, streamed))
+        self.deliveries.append(Delivery(index, row["failure_class"] is None, written, after, before, streamed,
+                                        seen_terminated))
         if self.on_reward is not None:
             try:
                 self.on_reward(dict(row))

@@ -334,5 +334,6 @@ def test_readme_stream_example_runs_as_written(python_cluster: Any, tmp_path: Pa
     monkeypatch.chdir(tmp_path)
     exec(compile(example, "README.md", "exec"), {})
     learnt, need, settled = capsys.readouterr().out.split()
+    lines = [(line["failure_class"], line["failure"]) for line in lines_of(tmp_path / "runs" / "step-18")]
     # Every episode of the built-in demo succeeds, unless the Job cancelled it once 3 had.
-    assert need == "3" and settled == "4" and 3 <= int(learnt) <= 4
+    assert need == "3" and settled == "4" and 3 <= int(learnt) <= 4, lines
