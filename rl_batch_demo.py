@@ -13,7 +13,8 @@ Usage:
                                  [--image IMAGE] [--runtime RUNTIMECLASS]
     python3 rl_batch_demo.py cleanup --output DIR
 
-Also: `report DIR`, `compare DIR_A DIR_B`; `run --help` lists every option.
+Also: `report DIR`, `compare DIR_A DIR_B`, `list`, `cleanup --stale AGE`;
+`run --help` lists every option.
 """
 # SPDX-License-Identifier: MIT
 
@@ -108,6 +109,18 @@ WORKER_KEY = "episode.py"
 RUN_LABEL = "agc-demo-run"
 APP_LABEL = "rl-batch-demo"
 NAMESPACE_PREFIX = "agc-rl-"
+# What each run's namespace says of itself, from its creation, so a run is found and
+# reaped without its receipt. The domain prefix keeps these keys apart from anyone else's.
+ANNOTATION_PREFIX = "rl-batch-demo.agc/"
+RUN_ID_ANNOTATION = ANNOTATION_PREFIX + "run-id"
+VERSION_ANNOTATION = ANNOTATION_PREFIX + "version"
+HOST_ANNOTATION = ANNOTATION_PREFIX + "host"
+OUTPUT_ANNOTATION = ANNOTATION_PREFIX + "output"
+USER_ANNOTATION = ANNOTATION_PREFIX + "user"
+EXPIRES_ANNOTATION = ANNOTATION_PREFIX + "expires-at"
+# `run --dry-run` asks the cluster nothing, so it cannot know who the run would be.
+USER_UNKNOWN_BEFORE_RUN = "(kubectl auth whoami, at run time)"
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 # The Job controller keeps this finalizer on each pod until it has counted the pod's end.
 JOB_TRACKING_FINALIZER = "batch.kubernetes.io/job-tracking"
@@ -379,8 +392,28 @@ class RolloutPolicy(NamedTuple):
 # Manifests: plain dicts built from their arguments alone.
 
 
-def namespace_manifest(namespace: str, run_id: str, harden: bool = False) -> dict:
-    """The run's own Namespace, labelled with the run id."""
+class RunOrigin(NamedTuple):
+    """Who starts a run, from where, and until when it may live: its namespace's annotations."""
+    run_id: str
+    version: str
+    host: str
+    output: str  # absolute
+    user: str
+    expires_at: float | None  # epoch seconds, from `run --ttl`
+
+
+def origin_annotations(origin: RunOrigin) -> dict[str, str]:
+    """The annotations that let `list` and `cleanup --stale` know a run without its receipt."""
+    annotations = {RUN_ID_ANNOTATION: origin.run_id, VERSION_ANNOTATION: origin.version,
+                   HOST_ANNOTATION: origin.host, OUTPUT_ANNOTATION: origin.output, USER_ANNOTATION: origin.user}
+    if origin.expires_at is not None:
+        annotations[EXPIRES_ANNOTATION] = rfc3339(origin.expires_at)
+    return annotations
+
+
+def namespace_manifest(namespace: str, run_id: str, harden: bool = False, origin: RunOrigin | None = None) -> dict:
+    """The run's own Namespace, labelled with the run id; annotated with its origin when given
+    (in the manifest itself, so the namespace never exists without them)."""
     labels = {RUN_LABEL: run_id}
     if harden:
         labels.update({
@@ -389,8 +422,10 @@ def namespace_manifest(namespace: str, run_id: str, harden: bool = False) -> dic
             "pod-security.kubernetes.io/warn": "restricted",
             "pod-security.kubernetes.io/audit": "restricted",
         })
-    return {"apiVersion": "v1", "kind": "Namespace",
-            "metadata": {"name": namespace, "labels": labels}}
+    metadata: dict[str, Any] = {"name": namespace, "labels": labels}
+    if origin is not None:
+        metadata["annotations"] = origin_annotations(origin)
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": metadata}
 
 
 def configmap_manifest(namespace: str, worker_source: str) -> dict:
@@ -724,6 +759,35 @@ def parse_time(text: str | None) -> float | None:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=datetime.timezone.utc)
     return moment.timestamp()
+
+
+def rfc3339(moment: float) -> str:
+    """Epoch seconds -> RFC 3339 in UTC, whole seconds, as Kubernetes writes times."""
+    return datetime.datetime.fromtimestamp(int(moment), datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_duration(text: str) -> int:
+    """`90s`, `30m`, `2h`, `1d`, `1h30m` -> seconds (more than 0); ValueError naming the text otherwise."""
+    value = text.strip().lower()
+    parts = re.findall(r"(\d+)([smhd])", value)
+    if not value or "".join(number + unit for number, unit in parts) != value:
+        raise ValueError(f"not a duration: {text!r} (e.g. 90s, 30m, 2h, 1d, 1h30m)")
+    seconds = sum(int(number) * DURATION_UNITS[unit] for number, unit in parts)
+    if seconds <= 0:
+        raise ValueError(f"duration must be more than 0: {text!r}")
+    return seconds
+
+
+def format_duration(seconds: float) -> str:
+    """Seconds -> the two largest units, as kubectl shows an age: `45s`, `12m`, `3h5m`, `2d4h`."""
+    whole = max(0, int(seconds))
+    if whole < 120:
+        return f"{whole}s"
+    for unit, size, smaller, smaller_size in (("d", 86400, "h", 3600), ("h", 3600, "m", 60)):
+        if whole >= size * (2 if unit == "d" else 1):
+            rest = (whole % size) // smaller_size
+            return f"{whole // size}{unit}" + (f"{rest}{smaller}" if rest else "")
+    return f"{whole // 60}m"
 
 
 def parse_events(lines: Iterable[str]) -> list[dict]:
@@ -1351,6 +1415,10 @@ def classify_pod_state(pod: dict, log_text: str, job: dict, builtin: bool) -> tu
             job_created = parse_time(job["metadata"].get("creationTimestamp"))
             verify_episode(pod, parse_events(log_text.splitlines()), job_created or 0.0, builtin)
         except VerificationError as error:
+            if job_cut_short(job) and pod["metadata"].get("deletionTimestamp"):
+                # Stopped by the Job once --need was met, it exited 0 before its reward was complete.
+                return CANCELLED, f"cancelled: --need was met while it ran (it exited 0 before a complete " \
+                                  f"reward: {str(error).split(': ', 1)[-1]})"
             return error.failure_class, str(error).split(": ", 1)[-1]
         return None, None
     state = container_status(pod).get("state") or {}
@@ -1561,6 +1629,7 @@ class Delivery(NamedTuple):
     ended_after: float | None  # its reward event, or the start of its container's finishedAt second
     ended_before: float | None  # the end of that second, or the client's watch seeing it, the earlier
     streamed: bool  # written while the batch ran, not from the evidence read after its end
+    seen_at: float | None = None  # the client's watch seeing the container terminated
 
     def saved(self) -> list:
         return list(self)
@@ -1586,6 +1655,8 @@ def delivery_figures(deliveries: Sequence[Delivery], origin: float | None, origi
     Job's creation, and each line's lag from its container's end; pure."""
     successes = sorted(d.written_at for d in deliveries if d.success)
     lags = [d.written_at - d.ended_after for d in deliveries if d.ended_after is not None]
+    # The client's own part: from its watch seeing the container's end to the line written.
+    own = [d.written_at - d.seen_at for d in deliveries if d.seen_at is not None]
     widths = [max(0.0, d.ended_before - d.ended_after) for d in deliveries
               if d.ended_after is not None and d.ended_before is not None]
 
@@ -1601,6 +1672,8 @@ def delivery_figures(deliveries: Sequence[Delivery], origin: float | None, origi
             "lines": len(deliveries), "streamed": sum(1 for d in deliveries if d.streamed),
             "written_after_the_end": sum(1 for d in deliveries if not d.streamed),
             "lag_samples": len(lags),
+            "seen_to_written_p50_seconds": rounded(percentile(own, 0.50)) if own else None,
+            "seen_to_written_p99_seconds": rounded(percentile(own, 0.99)) if own else None,
             "lag_from": "the earliest moment the episode's container can have ended (its reward event, "
                         "else its finishedAt second) to its line written to rewards.jsonl",
             "lag_precision_seconds": rounded(max(widths)) if widths else None,
@@ -1702,6 +1775,12 @@ PROC_TICK = 0.01
 # How long after the step it reports an event is named at most: the recorder stamps the name
 # (`<object>.<hex UnixNano>`) as soon as the step returns, with no other work in between.
 EVENT_FOLLOWS_SECONDS = 0.1
+# How long after the binding the scheduler takes its Scheduled eventTime at most. Not at once:
+# it takes it once its bind request has returned (a round trip through the API server and
+# etcd, then its goroutine's turn), which a loaded machine stretches (0.16 s after the node
+# agent saw the binding, at load ~30 on two cores). Where this is looser, the PodScheduled
+# condition's second bounds the binding instead: the API server stamps it in the binding.
+SCHEDULED_FOLLOWS_BINDING_SECONDS = 0.5
 # Clocks that disagree by more than this are reported loudly: it is the precision the
 # sharpest cluster-side points claim.
 CLOCK_TOLERANCE_SECONDS = 0.05
@@ -2166,6 +2245,15 @@ def kubelet_event_clocks(events: Sequence[dict]) -> tuple[dict[str, ClockBounds]
     return nodes, started
 
 
+def bound_after(pod: dict, scheduled_at: float | None) -> float | None:
+    """The earliest the pod can have been bound (control plane's clock): its PodScheduled second's
+    start, or SCHEDULED_FOLLOWS_BINDING_SECONDS before the scheduler's eventTime if that is later."""
+    stamp = parse_time((condition(pod, "PodScheduled") or {}).get("lastTransitionTime"))
+    after_event = None if scheduled_at is None else scheduled_at - SCHEDULED_FOLLOWS_BINDING_SECONDS
+    known = [moment for moment in (stamp, after_event) if moment is not None]
+    return max(known) if known else None
+
+
 def bound_nodes_by_pods(nodes: dict[str, ClockBounds], pods: Sequence[dict], scheduled: dict[str, float],
                         kubelet: dict[str, dict[str, tuple[float, str]]],
                         started: dict[str, tuple[float, str]]) -> None:
@@ -2173,16 +2261,16 @@ def bound_nodes_by_pods(nodes: dict[str, ClockBounds], pods: Sequence[dict], sch
     first_container_event = {pod: min(reasons.values()) for pod, reasons in kubelet.items()}
     for pod in pods:
         name = pod_name(pod)
-        if name in scheduled and name in first_container_event:
+        # Only a pod the scheduler bound (its event) is known to have waited for a binding here.
+        bound = bound_after(pod, scheduled[name]) if name in scheduled else None
+        if bound is not None and name in first_container_event:
             named, node = first_container_event[name]
-            nodes.setdefault(node, ClockBounds()).at_most(named - scheduled[name])
+            nodes.setdefault(node, ClockBounds()).at_most(named - bound)
         started_on_node = parse_time((pod.get("status") or {}).get("startTime"))
         node_name = (pod.get("spec") or {}).get("nodeName")
-        if name in scheduled and started_on_node is not None and node_name:
-            # The kubelet stamps the pod's startTime when it first takes the bound pod up:
-            # after the binding, which the scheduler's Scheduled event follows at once.
-            nodes.setdefault(node_name, ClockBounds()).at_most(
-                started_on_node + WHOLE_SECOND - (scheduled[name] - EVENT_FOLLOWS_SECONDS))
+        if bound is not None and started_on_node is not None and node_name:
+            # The kubelet stamps the pod's startTime when it first takes the bound pod up: after the binding.
+            nodes.setdefault(node_name, ClockBounds()).at_most(started_on_node + WHOLE_SECOND - bound)
         created = parse_time(pod["metadata"].get("creationTimestamp"))
         if name in started and created is not None:
             named, node = started[name]
@@ -2213,7 +2301,9 @@ def describe_clocks(client: ClockBounds, nodes: dict[str, ClockBounds], client_v
         node_entry, node_warnings = bounds.describe(
             f"node {node}'s and the control plane's clocks",
             "kubelet event names before their creationTimestamp's second ends, after the pod's creation "
-            "and after the scheduler's Scheduled eventTime; the pod's startTime after that eventTime")
+            "and after its binding (within its PodScheduled second, at most "
+            f"{SCHEDULED_FOLLOWS_BINDING_SECONDS:g} s before the Scheduled eventTime); the pod's startTime "
+            "after that binding")
         result["nodes"][node] = node_entry
         warnings += node_warnings
         if node in client_vs_node:
@@ -2241,10 +2331,10 @@ def clock_offsets(job: dict, pods: Sequence[dict], events: Sequence[dict], obser
     creation. A kubelet names an event before the API server stores it (the event's
     creationTimestamp) and after the pod exists; the client sees a container running only
     after the kubelet's Started event. The kubelet's first container event follows a sandbox
-    it started only once the pod was bound, and the scheduler's Scheduled event follows
-    that binding within milliseconds; so does the pod's startTime, which the kubelet stamps
-    as it takes the pod up (whole seconds, but within a second of the binding, and its
-    second's fraction differs from pod to pod, so a few pods pin the node's clock closely).
+    it started only once the pod was bound, which lies in its PodScheduled second and at most
+    SCHEDULED_FOLLOWS_BINDING_SECONDS before the scheduler's Scheduled eventTime; so does the
+    pod's startTime, which the kubelet stamps as it takes the pod up (whole seconds, and its
+    second's fraction differs from pod to pod, so a few pods pin the node's clock).
     """
     if scheduled is None:
         scheduled = scheduled_event_times(events)
@@ -2779,7 +2869,7 @@ def timeline_svg(batches: Sequence[tuple[str, BatchSummary]], title: str) -> str
 
 FAILED_FILL = ' fill="#c1121f"'
 GAP_MEANING = "gap: a point not reported (e.g. by an episode script) or not measured"
-FAILED_MEANING = "\u2715 failed episode, drawn as far as it got"
+FAILED_MEANING = "\u2715 failed (or cancelled) episode, drawn as far as it got"
 
 
 def failed_marker(record: dict, x: Callable[[float], float], left: int, y: int, row_height: int) -> str:
@@ -2788,7 +2878,8 @@ def failed_marker(record: dict, x: Callable[[float], float], left: int, y: int, 
     reached = [point[0] for point in record["points"].values() if point is not None]
     at = x(max(reached)) if reached else float(left)
     who = record["pod"] or f"episode {record['index']}"
-    why = f"{who} failed ({record['failure_class']}): {record['failure']}"
+    what = "cancelled" if record["failure_class"] == CANCELLED else f"failed ({record['failure_class']})"
+    why = f"{who} {what}: {record['failure']}"
     return (f'<text x="{at + 2:.1f}" y="{y + row_height * 0.8:.1f}" font-size="{min(12, row_height + 2)}"'
             f'{FAILED_FILL}>\u2715<title>{html_escape(why)}</title></text>')
 
@@ -2950,7 +3041,8 @@ def ramp_svg(batches: Sequence[tuple[str, BatchSummary]], title: str, figures: d
                        f"rewards delivered: {len(delivered)} lines"))
     figures = figures if figures is not None else throughput(batches)
     failed = sum(len(summary.failed) for _, summary in batches)
-    subtitle = (f"{plural(total, 'episode')}{f' ({failed} failed, not counted)' if failed else ''}; pods created "
+    left_out = f" ({failed} failed or cancelled, not counted)" if failed else ""
+    subtitle = (f"{plural(total, 'episode')}{left_out}; pods created "
                 f"{figures['pods_created_per_second'] or '-'}/s; sandboxes ready "
                 f"{figures['sandboxes_ready_per_second_mean'] or '-'}/s mean, "
                 f"{figures['sandboxes_ready_per_second_peak'] or '-'} in the busiest second; "
@@ -3143,6 +3235,140 @@ def compare_table(first: dict, second: dict, first_label: str, second_label: str
 
 
 # --------------------------------------------------------------------------
+# Runs in a cluster: what `list` shows and what `cleanup --stale` decides, from the
+# namespaces and Jobs alone (no receipt needed).
+
+# What a run is doing: a Job of it has not ended (running), all ended Complete
+# (succeeded) or one Failed (failed), its namespace is being deleted (terminating), or
+# no Job of the tool is in it yet (pending: a run starting, or one that stopped before
+# it submitted its Job).
+RUN_STATES = ("running", "succeeded", "failed", "terminating", "pending")
+
+
+class ClusterRun(NamedTuple):
+    """One run found in a cluster: its namespace, what the namespace says of the run, its Jobs' state."""
+    namespace: str
+    uid: str
+    run_id: str  # the agc-demo-run label's value
+    annotated_run_id: str | None  # the run-id annotation's; None on a run of the guide's script
+    created_at: float | None
+    state: str
+    jobs: int  # Jobs of the tool in the namespace
+    episodes: int  # their completions, all told
+    succeeded: int
+    user: str | None
+    host: str | None
+    output: str | None
+    expires_at: float | None
+
+    @property
+    def guide(self) -> bool:
+        """Made by the guide's script: its label, none of this tool's annotations."""
+        return self.annotated_run_id is None
+
+    def age(self, now: float) -> float:
+        return max(0.0, now - self.created_at) if self.created_at is not None else 0.0
+
+
+def run_state(namespace: dict, jobs: Sequence[dict]) -> str:
+    """One of RUN_STATES, from the namespace's phase and its Jobs' conditions."""
+    if (namespace.get("metadata") or {}).get("deletionTimestamp") or \
+            (namespace.get("status") or {}).get("phase") == "Terminating":
+        return "terminating"
+    if not jobs:
+        return "pending"
+    ends = [job_finished(job) for job in jobs]
+    if None in ends:
+        return "running"
+    return "failed" if "Failed" in ends else "succeeded"
+
+
+def cluster_runs(namespaces: Iterable[dict], jobs: Iterable[dict]) -> list[ClusterRun]:
+    """Every namespace with the run label, oldest first, with the tool's Jobs inside it
+    (`jobs`: Jobs labelled app=rl-batch-demo, from every namespace)."""
+    by_namespace: dict[str, list[dict]] = {}
+    for job in jobs:
+        metadata = job.get("metadata") or {}
+        if (metadata.get("labels") or {}).get("app") == APP_LABEL:
+            by_namespace.setdefault(metadata.get("namespace", ""), []).append(job)
+    runs = []
+    for namespace in namespaces:
+        metadata = namespace.get("metadata") or {}
+        labels, annotations = metadata.get("labels") or {}, metadata.get("annotations") or {}
+        if RUN_LABEL not in labels:
+            continue
+        inside = by_namespace.get(metadata.get("name", ""), [])
+        runs.append(ClusterRun(
+            namespace=metadata.get("name", ""), uid=metadata.get("uid", ""), run_id=labels[RUN_LABEL],
+            annotated_run_id=annotations.get(RUN_ID_ANNOTATION), created_at=parse_time(metadata.get("creationTimestamp")),
+            state=run_state(namespace, inside), jobs=len(inside),
+            episodes=sum(int((job.get("spec") or {}).get("completions") or 1) for job in inside),
+            succeeded=sum(int((job.get("status") or {}).get("succeeded") or 0) for job in inside),
+            user=annotations.get(USER_ANNOTATION), host=annotations.get(HOST_ANNOTATION),
+            output=annotations.get(OUTPUT_ANNOTATION), expires_at=parse_time(annotations.get(EXPIRES_ANNOTATION))))
+    return sorted(runs, key=lambda run: (run.created_at or 0.0, run.namespace))
+
+
+def run_record(run: ClusterRun, now: float) -> dict:
+    """One run as `list -o json` prints it."""
+    return {"namespace": run.namespace, "uid": run.uid, "run_id": run.annotated_run_id or run.run_id,
+            "state": run.state, "age_seconds": round(run.age(now)), "episodes": run.episodes,
+            "succeeded": run.succeeded, "user": run.user, "host": run.host, "output": run.output,
+            "expires": rfc3339(run.expires_at) if run.expires_at is not None else None, "guide": run.guide}
+
+
+def expiry_text(run: ClusterRun, now: float) -> str:
+    if run.expires_at is None:
+        return "-"
+    if run.expires_at <= now:
+        return f"expired {format_duration(now - run.expires_at)} ago"
+    return f"in {format_duration(run.expires_at - now)}"
+
+
+def runs_table(runs: Sequence[ClusterRun], now: float) -> str:
+    """One line per run: namespace, state, age, episodes done of total, who and where from, expiry."""
+    rows = [("NAMESPACE", "STATE", "AGE", "EPISODES", "USER", "FROM", "EXPIRES")]
+    for run in runs:
+        where = "(guide's script)" if run.guide else f"{run.host or '?'}:{run.output or '?'}"
+        rows.append((run.namespace, run.state, format_duration(run.age(now)), f"{run.succeeded}/{run.episodes}",
+                     run.user or "-", where, expiry_text(run, now)))
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+    return "\n".join("   ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows)
+
+
+class Verdict(NamedTuple):
+    """What `cleanup --stale` does with one run, and why."""
+    delete: bool
+    why: str
+
+
+def stale_verdict(run: ClusterRun, now: float, stale_seconds: float, user: str, all_users: bool) -> Verdict:
+    """Delete a run of this tool, proven so, of `user` (or anyone's, with `all_users`), that is past
+    its --ttl, or older than `stale_seconds` with every Job ended; leave anything else, saying why."""
+    if run.state == "terminating":
+        return Verdict(False, "already being deleted (Terminating)")
+    if run.guide:
+        return Verdict(False, "made by the guide's script (no run-id annotation): clean it up with its receipt "
+                              "(cleanup --output DIR)")
+    if run.annotated_run_id != run.run_id or run.namespace != NAMESPACE_PREFIX + run.run_id:
+        return Verdict(False, f"its name, {RUN_LABEL} label ({run.run_id}) and run-id annotation "
+                              f"({run.annotated_run_id}) disagree: not proven a run of this tool")
+    if not run.jobs:
+        return Verdict(False, f"no Job labelled app={APP_LABEL} inside: not proven a run of this tool")
+    if not all_users and run.user != user:
+        return Verdict(False, f"started by {run.user}, not by you ({user}); --all-users reaps every user's runs")
+    if run.expires_at is not None and run.expires_at <= now:
+        return Verdict(True, f"{run.state}, past its --ttl (expired {format_duration(now - run.expires_at)} ago)")
+    if run.state == "running":
+        return Verdict(False, "still running (a Job has not ended)")
+    if run.age(now) < stale_seconds:
+        return Verdict(False, f"{run.state}, {format_duration(run.age(now))} old: younger than --stale "
+                              f"{format_duration(stale_seconds)}")
+    return Verdict(True, f"{run.state}, {format_duration(run.age(now))} old: older than --stale "
+                         f"{format_duration(stale_seconds)}")
+
+
+# --------------------------------------------------------------------------
 # The one edge to the cluster.
 
 
@@ -3211,6 +3437,51 @@ def die_with_parent() -> Callable[[], None] | None:
     return arm
 
 
+class InterruptsAcrossForks:
+    """Holds a Ctrl-C or SIGTERM back while the main thread starts a child, and raises it after.
+
+    A pre-exec step (die_with_parent) makes the interpreter run its fork handlers in this
+    process around the fork. A KeyboardInterrupt raised inside one is printed ("Exception
+    ignored in ... _afterFork") and dropped, so the run went on as if never interrupted, and
+    it leaves the lock that logging's handler holds over the fork taken, so the next child
+    any other thread starts waits for it forever. On a loaded machine the main thread spends
+    long enough in fork for both to happen. So while it starts a child, the handler only
+    notes the signal; the start then stops that child and raises the interrupt.
+    """
+
+    def __init__(self) -> None:
+        self.starting = False  # the main thread is starting a child
+        self.held = False  # a signal came meanwhile
+
+    def handle(self, signum: int, frame: Any) -> None:
+        if self.starting:
+            self.held = True
+            return
+        raise KeyboardInterrupt
+
+    def start(self, starter: Callable[[], subprocess.Popen]) -> subprocess.Popen:
+        """The child `starter` starts, with any interrupt held back until it has."""
+        if threading.current_thread() is not threading.main_thread():
+            return starter()  # signal handlers run in the main thread alone
+        self.starting, self.held = True, False
+        try:
+            child = starter()
+        except BaseException:
+            self.starting = False
+            if self.held:
+                raise KeyboardInterrupt from None
+            raise
+        self.starting = False
+        if self.held:
+            child.kill()
+            child.wait()
+            raise KeyboardInterrupt
+        return child
+
+
+INTERRUPTS = InterruptsAcrossForks()
+
+
 class Kubectl:
     """Runs kubectl against one context with bounded requests; counts what it started.
 
@@ -3276,14 +3547,23 @@ class Kubectl:
         argv = self.argv(args, request_timeout)
         self.echo_argv(argv)
         try:
-            # Always an input, if only an empty one: kubectl must never wait on the terminal.
-            completed = subprocess.run(
-                argv, input=input_text or "", capture_output=True,
-                text=True, timeout=CALL_TIMEOUT_SECONDS, preexec_fn=die_with_parent())
-        except subprocess.TimeoutExpired:
-            raise KubectlError(verb, None, f"no answer within {CALL_TIMEOUT_SECONDS} s") from None
+            process = INTERRUPTS.start(lambda: subprocess.Popen(
+                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                text=True, preexec_fn=die_with_parent()))
         except OSError as error:
             raise DemoError(f"cannot run kubectl {self.binary!r}: {error.strerror or error}") from None
+        with process:
+            try:
+                # Always an input, if only an empty one: kubectl must never wait on the terminal.
+                stdout, stderr = process.communicate(input_text or "", timeout=CALL_TIMEOUT_SECONDS)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.communicate()
+                raise KubectlError(verb, None, f"no answer within {CALL_TIMEOUT_SECONDS} s") from None
+            except BaseException:  # an interrupt: the call ends with it
+                process.kill()
+                raise
+        completed = subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
         if completed.returncode != 0:
             if CREDENTIALS_PROMPT in completed.stdout + completed.stderr:
                 raise DemoError(f"kubectl {verb}: the kubeconfig gives no credentials for context "
@@ -3335,10 +3615,10 @@ class Kubectl:
             self.processes += 1
         argv = self.argv(args, f"{max(1, seconds)}s")
         self.echo_argv(argv)
-        return subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=stderr or tempfile.TemporaryFile(), bufsize=0,
-            start_new_session=detached, preexec_fn=die_with_parent())
+        errors = stderr or tempfile.TemporaryFile()
+        return INTERRUPTS.start(lambda: subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors, bufsize=0,
+            start_new_session=detached, preexec_fn=die_with_parent()))
 
 
 def refusal(errors: Any) -> str | None:
@@ -3800,10 +4080,12 @@ class RewardStream:
             if any(pod_terminal(p) for p in attempts):
                 self.waiting.add(index)
             return
-        warnings = pod_warnings(state.events.events()) if any(
-            (p.get("status") or {}).get("phase") == "Failed" for p in attempts) else {}
-        row = episode_row(index, attempts, state.job or {"metadata": {}}, logs, self.builtin, self.task_ids,
-                          self.group_size, warnings)
+        job = state.job or {"metadata": {}}
+        row = episode_row(index, attempts, job, logs, self.builtin, self.task_ids, self.group_size)
+        if "infrastructure" in [row["failure_class"]] + [a["failure_class"] for a in row.get("earlier_attempts", [])]:
+            # Only an infrastructure failure names its pod's warnings: the events are read for those alone.
+            row = episode_row(index, attempts, job, logs, self.builtin, self.task_ids, self.group_size,
+                              pod_warnings(state.events.events()))
         final = next((p for p in attempts if pod_name(p) == row["pod"]), None)
         seen = ((state.observed.get(row["pod"] or "") or {}).get("seen") or {}).get("terminated")
         self.deliver(row, final, logs.get(row["pod"] or "", ""), seen, streamed=True)
@@ -3820,7 +4102,8 @@ class RewardStream:
         self.rows[index] = row
         self.waiting.discard(index)
         after, before = container_end_bounds(pod, log_text, seen_terminated)
-        self.deliveries.append(Delivery(index, row["failure_class"] is None, written, after, before, streamed))
+        self.deliveries.append(Delivery(index, row["failure_class"] is None, written, after, before, streamed,
+                                        seen_terminated))
         if self.on_reward is not None:
             try:
                 self.on_reward(dict(row))
@@ -4523,20 +4806,45 @@ class RunPlan(NamedTuple):
 
 
 def plan_run(namespace: str, run_id: str, settings: dict, worker_source: str,
-             tasks: Sequence[Task] = ()) -> RunPlan:
-    """Every object `run` creates, from its settings alone."""
+             tasks: Sequence[Task] = (), origin: RunOrigin | None = None) -> RunPlan:
+    """Every object `run` creates, from its settings (and the run's origin, once known) alone."""
     task_maps = task_configmaps(namespace, tasks) if tasks else []
     setup = [network_policy_manifest(namespace)] if settings["harden"] else []
     setup += [configmap_manifest(namespace, worker_source), *task_maps]
     jobs = {name: batch_job(namespace, settings, name, task_maps)
             for name, _ in batch_names(settings["rounds"], settings["warmup"])}
-    return RunPlan(namespace_manifest(namespace, run_id, settings["harden"]), setup, jobs)
+    return RunPlan(namespace_manifest(namespace, run_id, settings["harden"], origin), setup, jobs)
 
 
 def planned_objects(namespace: str, run_id: str, settings: dict, worker_source: str,
-                    tasks: Sequence[Task] = ()) -> list[dict]:
+                    tasks: Sequence[Task] = (), origin: RunOrigin | None = None) -> list[dict]:
     """Every object `run` creates, in creation order."""
-    return plan_run(namespace, run_id, settings, worker_source, tasks).objects()
+    return plan_run(namespace, run_id, settings, worker_source, tasks, origin).objects()
+
+
+def run_origin(run_id: str, output: str, user: str, ttl_seconds: int | None) -> RunOrigin:
+    """This run's origin as of now: this host, the absolute output directory, the expiry `--ttl` sets."""
+    return RunOrigin(run_id, __version__, socket.gethostname(), os.path.abspath(output), user,
+                     None if ttl_seconds is None else time.time() + ttl_seconds)
+
+
+def current_user(kubectl: Kubectl) -> str:
+    """Who the context's credentials are: the API server's answer to `kubectl auth whoami`
+    (a SelfSubjectReview), else, where the server or kubectl has none, the context's user
+    in the kubeconfig."""
+    try:
+        review = kubectl.get_json(["auth", "whoami"], retry_until=time.monotonic() + FIRST_CONTACT_RETRY_SECONDS)
+        username = (((review or {}).get("status") or {}).get("userInfo") or {}).get("username")
+        if isinstance(username, str) and username:
+            return username
+    except (KubectlError, DemoError):
+        pass  # no SelfSubjectReview API (before 1.28, or turned off), or a kubectl older than 1.27
+    try:
+        named = kubectl.run(["config", "view", "--minify", "-o", "jsonpath={.contexts[0].context.user}"],
+                            request_timeout=None).strip()
+    except KubectlError:
+        named = ""
+    return named or "(unknown)"
 
 
 def find_kubectl(binary: str, spelling: Spelling = COMMAND_LINE) -> str:
@@ -4702,6 +5010,7 @@ def execute(run: RunContext) -> Results:
     if rollout_policy(run.settings):
         check_server_version(run)  # --need among them
     check_capacity(run)
+    stamp_origin(run)
     create_namespace(run)
     for manifest in run.plan.setup:
         create_object(run, manifest)
@@ -4776,6 +5085,13 @@ def server_of_context(kubectl: Kubectl) -> str:
     except DemoError:
         return ""
     return f" ({server})" if server else ""
+
+
+def stamp_origin(run: RunContext) -> None:
+    """Who starts the run, from where and until when, into the namespace about to be created."""
+    origin = run_origin(run.receipt.run_id, run.output, current_user(run.kubectl), run.settings.get("ttl_seconds"))
+    run.plan = run.plan._replace(namespace=namespace_manifest(run.namespace, origin.run_id, run.settings["harden"],
+                                                              origin))
 
 
 def create_namespace(run: RunContext) -> None:
@@ -4928,7 +5244,7 @@ def rollout_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) -
                         f"only {len(pods)} of {count}")
     try:
         summary = summarise_rollout(rows, job, pods, logs, events, settings, batch.follower.end_seen_wall,
-                                    batch.follower.observations())
+                                    batch.follower.observations(), batch.spelling)
     except DemoError as error:
         raise DemoError(f"{error}\n  {REWARDS_FILE} lists every episode with its class; "
                         f"{saved_evidence(job, pods, logs, events)}") from None
@@ -5062,6 +5378,7 @@ class BatchEvidence:
         self.kubectl = run.kubectl
         self.namespace = run.namespace
         self.settings = run.settings
+        self.spelling = run.spelling
         # How the events saved were read: "watch" (followed, as many as the API counted after
         # the end) or "list" (read in pages after the end).
         self.events_read = "list"
@@ -5208,7 +5525,7 @@ def failure_lines(failures: Sequence[dict], most: int = 10) -> list[str]:
 
 def summarise_rollout(rows: Sequence[dict], job: dict, pods: Sequence[dict], logs: dict[str, str],
                       events: Sequence[dict], settings: dict, end_seen_at: float | None = None,
-                      observed: dict | None = None) -> BatchSummary:
+                      observed: dict | None = None, spelling: Spelling = COMMAND_LINE) -> BatchSummary:
     """A rollout batch's summary: the figures of its successful episodes, with failures, attempts and
     groups; DemoError when more episodes failed than --allow-failures accepts, or all did. Pure."""
     failures = [row for row in rows if is_failure(row)]
@@ -5216,17 +5533,20 @@ def summarise_rollout(rows: Sequence[dict], job: dict, pods: Sequence[dict], log
     allowed = len(rows) - need if need is not None else settings.get("allow_failures") or 0
     successes = {row["pod"] for row in rows if row["failure_class"] is None}
     if need is not None and len(successes) < need:
-        raise DemoError("\n  ".join([f"{len(successes)} of {len(rows)} episodes succeeded, fewer than --need "
-                                     f"{need} ({len(failures)} failed: {failures_said(failures) or 'none'})"]
-                                    + failure_lines(failures)))
+        raise DemoError("\n  ".join([f"{len(successes)} of {len(rows)} episodes succeeded, fewer than "
+                                     f"{spelling.setting('need', need)} ({len(failures)} failed: "
+                                     f"{failures_said(failures) or 'none'})"] + failure_lines(failures)))
     if len(failures) > allowed or not successes:
-        accepts = f"--allow-failures accepts {allowed}" if len(failures) > allowed else "none succeeded"
+        allowance = f"allow_failures={allowed} accepts no more" if spelling.python else \
+            f"--allow-failures accepts {allowed}"
+        accepts = allowance if len(failures) > allowed else "none succeeded"
         raise DemoError("\n  ".join([f"{len(failures)} of {len(rows)} episodes failed "
                                      f"({failures_said(failures)}); {accepts}"] + failure_lines(failures)))
     by_name = {pod_name(pod): pod for pod in pods}
     summary = summarise_batch(job, [pod for pod in pods if pod_name(pod) in successes], logs, events,
                               len(successes), settings["builtin"], end_seen_at, observed,
-                              [(by_name.get(row["pod"]), row) for row in failures])
+                              # Cancelled episodes too: the timeline draws every episode.
+                              [(by_name.get(row["pod"]), row) for row in rows if row["failure_class"] is not None])
     summary.figures.update(rollout_figures(rows, job, pods, settings.get("group_size") or 1, allowed,
                                            settings.get("retries") or 0, need))
     return summary
@@ -5492,7 +5812,7 @@ def perform_run(args: argparse.Namespace) -> tuple[int, Results | None]:
     run = start_run(args, settings, worker_source, tasks)
     cleanup_hint = cleanup_command(run.output, args.kubectl)
     failure: DemoError | None = None
-    with sigterm_interrupts():
+    with signals_interrupt():
         try:
             results = execute(run)
         except KeyboardInterrupt:
@@ -5518,7 +5838,8 @@ def dry_run_listing(args: argparse.Namespace) -> dict:
     tasks: list[Task] = list(getattr(args, "task_list", None) or [])
     run_id = secrets.token_hex(6)
     settings = run_settings(args, worker_source, builtin, tasks)
-    return list_manifest(planned_objects(NAMESPACE_PREFIX + run_id, run_id, settings, worker_source, tasks))
+    origin = run_origin(run_id, args.output, USER_UNKNOWN_BEFORE_RUN, settings.get("ttl_seconds"))
+    return list_manifest(planned_objects(NAMESPACE_PREFIX + run_id, run_id, settings, worker_source, tasks, origin))
 
 
 def run_settings(args: argparse.Namespace, worker_source: str, builtin: bool, tasks: Sequence[Task]) -> dict:
@@ -5530,6 +5851,7 @@ def run_settings(args: argparse.Namespace, worker_source: str, builtin: bool, ta
         "rounds": args.rounds, "warmup": args.warmup, "harden": args.harden,
         "builtin": builtin, "episode_script": args.episode_script, "chunk_size": args.chunk_size,
         "episode_script_sha256": None if builtin else hashlib.sha256(worker_source.encode("utf-8")).hexdigest(),
+        "ttl_seconds": args.ttl,
     }
     if getattr(args, "rollout", False):
         settings.update({"rollout": True, "tasks_file": getattr(args, "tasks", None),
@@ -5569,20 +5891,17 @@ def start_run(args: argparse.Namespace, settings: dict, worker_source: str, task
 
 
 @contextlib.contextmanager
-def sigterm_interrupts() -> Iterator[None]:
-    """SIGTERM interrupts as Ctrl-C does, so a stopped run saves its evidence (main thread only:
-    no other thread may set a signal handler)."""
-    previous = signal.signal(signal.SIGTERM, raise_interrupt) \
-        if threading.current_thread() is threading.main_thread() else None
+def signals_interrupt() -> Iterator[None]:
+    """SIGTERM interrupts as Ctrl-C does, so a stopped run saves its evidence, and neither lands inside
+    a fork (InterruptsAcrossForks; main thread only: no other thread may set a signal handler)."""
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = {signum: signal.signal(signum, INTERRUPTS.handle) for signum in (signal.SIGINT, signal.SIGTERM)} \
+        if main_thread else {}
     try:
         yield
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
-
-
-def raise_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def interrupted(run: RunContext, cleanup_hint: str, why: str = "Interrupted.") -> None:
@@ -5751,13 +6070,127 @@ def require_receipt_context(kubectl: Kubectl, receipt: Receipt) -> None:
 
 
 def cleanup(args: argparse.Namespace) -> int:
-    """Delete what the receipt proves this run created; the output directory is kept."""
+    """Delete what the receipt proves this run created; the output directory is kept.
+    With --stale, reap the tool's finished and expired runs instead, receipts or not."""
+    if args.stale is not None:
+        return cleanup_stale(args)
     receipt = Receipt.read(args.output)
     kubectl = Kubectl(find_kubectl(args.kubectl), receipt.context, verbose=args.verbose)
     # Silence from a binary that is not kubectl would read as "Namespace already absent".
     require_kubectl(kubectl)
     require_receipt_context(kubectl, receipt)
     cleanup_namespace(kubectl, receipt, args.wait)
+    return 0
+
+
+# --------------------------------------------------------------------------
+# `list` and `cleanup --stale`: the tool's runs in a cluster, found without their receipts.
+
+
+def cluster_kubectl(args: argparse.Namespace) -> Kubectl:
+    """kubectl for --context (else the current context), named in every call like `run`'s."""
+    kubectl = Kubectl(find_kubectl(args.kubectl), verbose=args.verbose)
+    kubectl.context = resolve_context(kubectl, args.context)
+    return kubectl
+
+
+def list_everywhere(kubectl: Kubectl, kind: str, selector: str, what: str) -> list[dict]:
+    """Every object of a kind that the label selector lets through, in the whole cluster; a
+    refusal says which permission is missing."""
+    flags = ["-l", selector] + (["--all-namespaces"] if kind != "namespaces" else [])
+    try:
+        listing = kubectl.get_list(kind, None, *flags, retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS)
+    except KubectlError as error:
+        if "(Forbidden)" in error.stderr:
+            raise DemoError(f"the account of context {kubectl.context!r} may not list {what} at the cluster "
+                            f"scope, which `list` and `cleanup --stale` need: grant `list` on {what} (see the "
+                            f"README's Permissions)") from None
+        raise DemoError(f"cannot list the {what} of context {kubectl.context!r}: {error}") from None
+    return (listing or {}).get("items") or []
+
+
+def find_runs(kubectl: Kubectl) -> list[ClusterRun]:
+    """The runs in the context's cluster: namespaces with the run label, and the tool's Jobs."""
+    namespaces = list_everywhere(kubectl, "namespaces", RUN_LABEL, "namespaces")
+    jobs = list_everywhere(kubectl, "jobs", f"app={APP_LABEL}", "jobs (batch)")
+    return cluster_runs(namespaces, jobs)
+
+
+def delete_if_uid(kubectl: Kubectl, namespace: str, uid: str) -> str:
+    """Ask for the namespace's deletion only if it still has `uid` (the API server checks the
+    precondition): "deleted", "recreated" (another namespace has the name now) or "gone"."""
+    options = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": uid},
+               "propagationPolicy": "Background"}
+    try:
+        # `delete --raw -f -` sends stdin as the DELETE's body, so the precondition travels with it.
+        kubectl.run(["delete", "--raw", f"/api/v1/namespaces/{namespace}", "-f", "-"], input_text=json.dumps(options),
+                    retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS)
+    except KubectlError as error:
+        if "(Conflict)" in error.stderr:
+            return "recreated"
+        if error.not_found:
+            return "gone"
+        raise DemoError(f"cannot delete namespace {namespace}: {error}") from None
+    return "deleted"
+
+
+def wait_runs_gone(kubectl: Kubectl, deleted: Sequence[ClusterRun], seconds: float) -> list[dict]:
+    """Wait until no namespace of `deleted` (by UID) is left; those still there at the deadline."""
+    deadline = time.monotonic() + seconds
+    uids = {run.uid for run in deleted}
+    while uids:
+        left = [namespace for namespace in list_everywhere(kubectl, "namespaces", RUN_LABEL, "namespaces")
+                if (namespace.get("metadata") or {}).get("uid") in uids]
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(POLL_INTERVAL_SECONDS)
+    return []
+
+
+def cleanup_stale(args: argparse.Namespace) -> int:
+    """Delete the runs of this tool past their --ttl, or older than --stale with every Job ended;
+    say what was deleted, what was left and why."""
+    kubectl = cluster_kubectl(args)
+    runs, user, now = find_runs(kubectl), current_user(kubectl), time.time()
+    deleted: list[ClusterRun] = []
+    would = 0
+    for found in runs:
+        verdict = stale_verdict(found, now, args.stale, user, args.all_users)
+        if not verdict.delete:
+            print(f"Left {found.namespace}: {verdict.why}", flush=True)
+        elif args.dry_run:
+            would += 1
+            print(f"Would delete {found.namespace}: {verdict.why}", flush=True)
+        else:
+            outcome = delete_if_uid(kubectl, found.namespace, found.uid)
+            if outcome == "deleted":
+                deleted.append(found)
+                print(f"Deleted {found.namespace}: {verdict.why}", flush=True)
+            elif outcome == "recreated":
+                print(f"Left {found.namespace}: made again under that name since it was listed (its UID is "
+                      f"no longer {found.uid}); not touched", flush=True)
+            else:
+                print(f"Left {found.namespace}: already gone", flush=True)
+    done = f"Would delete {would}" if args.dry_run else f"Deleted {len(deleted)}"
+    print(f"{done}, left {len(runs) - would - len(deleted)} of {len(runs)} runs in context {kubectl.context}.",
+          flush=True)
+    stuck = wait_runs_gone(kubectl, deleted, args.wait)
+    if stuck:
+        raise DemoError("; ".join(str(namespace_stuck(namespace["metadata"]["name"], namespace, kubectl.context,
+                                                      args.wait)) for namespace in stuck))
+    return 0
+
+
+def list_runs(args: argparse.Namespace) -> int:
+    """Print the tool's runs in the cluster, one line each (or a JSON list with -o json)."""
+    kubectl = cluster_kubectl(args)
+    runs, now = find_runs(kubectl), time.time()
+    if args.format == "json":
+        print(json.dumps([run_record(run, now) for run in runs], indent=2))
+    elif runs:
+        print(runs_table(runs, now))
+    else:
+        print(f"No runs in context {kubectl.context}.", file=sys.stderr)
     return 0
 
 
@@ -5871,6 +6304,14 @@ def positive_int(text: str) -> int:
     return whole_number(text, 1, "at least 1")
 
 
+def duration_seconds(text: str) -> int:
+    """A command-line duration (`30m`, `2h`, `1h30m`) in seconds."""
+    try:
+        return parse_duration(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
     """Name each default in the help, except where there is none to name; keep examples as written."""
 
@@ -5928,6 +6369,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                              "limit, Pod Security 'restricted'")
     parser.add_argument("--cleanup", action="store_true",
                         help="after every file is saved, clean up as `cleanup` would")
+    parser.add_argument("--ttl", type=duration_seconds, default=None, metavar="DURATION",
+                        help="the run may be deleted this long after it starts (e.g. 30m, 2h), ended or not, "
+                             "by `cleanup --stale`; recorded on its namespace")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     parser.add_argument("--verbose", action="store_true",
                         help="echo every kubectl command line (and request through its proxy) on stderr")
@@ -5969,8 +6413,27 @@ def add_cleanup_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kubectl", default="kubectl", metavar="PATH", help="kubectl binary")
     parser.add_argument("--wait", type=positive_int, default=DELETE_WAIT_SECONDS, metavar="SECONDS",
                         help="how long to wait for the Jobs, then the namespace, to disappear")
+    parser.add_argument("--stale", type=duration_seconds, default=None, metavar="AGE",
+                        help="instead of one run's receipt: delete every run of this tool in the cluster older "
+                             "than AGE (e.g. 2h) whose Jobs have all ended, and every run past its --ttl")
+    parser.add_argument("--all-users", action="store_true",
+                        help="with --stale: every user's runs, not only yours")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="with --stale: say what would be deleted; delete nothing")
+    parser.add_argument("--context", default=None, metavar="NAME",
+                        help="with --stale: kube context (default: the current context)")
     parser.add_argument("--verbose", action="store_true",
                         help="echo every kubectl command line (and request through its proxy) on stderr")
+
+
+def add_list_arguments(parser: argparse.ArgumentParser) -> None:
+    """`list`'s arguments: the cluster, and how to print."""
+    parser.add_argument("-o", dest="format", choices=("table", "json"), default="table",
+                        help="one line per run, or a JSON list for scripts")
+    parser.add_argument("--context", default=None, metavar="NAME",
+                        help="kube context (default: the current context)")
+    parser.add_argument("--kubectl", default="kubectl", metavar="PATH", help="kubectl binary")
+    parser.add_argument("--verbose", action="store_true", help="echo every kubectl command line on stderr")
 
 
 def add_report_arguments(parser: argparse.ArgumentParser) -> None:
@@ -6000,6 +6463,8 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.Argument
                                  "--output runs/first --count 10"))
     add_cleanup_arguments(add_action(actions, "cleanup", "delete what the run's receipt proves it created",
                                      "--output runs/first"))
+    add_list_arguments(add_action(actions, "list", "list the runs of this tool (and of the guide's script) "
+                                  "in the context's cluster", "-o json"))
     add_report_arguments(add_action(actions, "report", "recompute and reprint a finished run from its files",
                                     "runs/first"))
     add_compare_arguments(add_action(actions, "compare", "print the key figures of two runs side by side, "
@@ -6101,8 +6566,20 @@ def check_run_directory(parser: argparse.ArgumentParser, args: argparse.Namespac
     args.output = args.output if args.directory is None else args.directory
 
 
+def check_cleanup_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """One run's directory, or --stale AGE for the cluster's runs; --stale's own options only with it."""
+    if args.stale is None:
+        for flag, given in (("--all-users", args.all_users), ("--dry-run", args.dry_run),
+                            ("--context", args.context is not None)):
+            if given:
+                parser.error(f"{flag} goes with --stale AGE (a receipt names its own context and run)")
+        check_run_directory(parser, args)
+    elif args.directory is not None or args.output is not None:
+        parser.error("--stale finds the runs in the cluster: name no run directory with it")
+
+
 DISPATCH: dict[str, Callable[[argparse.Namespace], int]] = {
-    "run": run, "cleanup": cleanup, "report": report, "compare": compare,
+    "run": run, "cleanup": cleanup, "list": list_runs, "report": report, "compare": compare,
 }
 
 
@@ -6138,11 +6615,13 @@ class RunKeyword(NamedTuple):
                                    f"{given!r}")
         if self.path:
             return os.fspath(given)
-        if self.check is not None and self.kind is int:
+        if self.check is not None and self.kind in (int, str):
             try:
-                self.check(str(given))
+                checked = self.check(str(given))
             except argparse.ArgumentTypeError as error:
                 raise UsageError(f"{self.name}={given!r}: {error}") from None
+            # A text the flag reads into something else (`ttl="2h"`: seconds) is held as the flag holds it.
+            return checked if self.kind is str else given
         return given
 
 
@@ -6353,10 +6832,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             check_run_arguments(args)
         except UsageError as error:
             args.action_parser.error(str(error))
-    elif args.action in ("cleanup", "report"):
+    elif args.action == "cleanup":
+        check_cleanup_arguments(args.action_parser, args)
+    elif args.action == "report":
         check_run_directory(args.action_parser, args)
     try:
-        return DISPATCH[args.action](args)
+        with signals_interrupt():
+            return DISPATCH[args.action](args)
     except DemoError as error:
         print(f"Error: {error}", file=sys.stderr)
         return 1

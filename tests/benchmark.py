@@ -41,6 +41,12 @@ post-completion time, peak RSS, kubectl processes, API requests per episode from
 the emulator's request log, and watches answered 410 Gone or restarted. Each size
 is set against the smallest one measured in the same invocation.
 
+--streaming measures streaming rollouts: 32 episodes of which 4 hang for 120 s (real
+episodes in bubblewrap), run once with `--need 28` and once waiting for all: wall time,
+the time from the Job's creation to the first and the 28th reward in rewards.jsonl; and the
+delivery lag (each line's container end -> the line written, results.json's
+reward_delivery_lag_*) at 2,000 episodes on the lightweight kubelet, with the client's CPU.
+
 Not part of the pytest run. Standard library only.
 """
 # SPDX-License-Identifier: MIT
@@ -340,6 +346,103 @@ def lightweight_case(count: int, kubectl: str, root: Path) -> dict:
         return figures
 
     return with_emulator(workdir, LIGHTWEIGHT_FAULTS, body)
+
+
+STRAGGLER_COUNT, STRAGGLER_NEED, STRAGGLERS, STRAGGLER_HANG_SECONDS = 32, 28, 4, 120
+DELIVERY_LAG_SIZE = 2000
+TARGET_DELIVERY_LAG_P99_SECONDS = 0.5
+# Reads its task; a straggler's task makes it hang before its reward.
+HANGING_EPISODE = """\
+import json, os, time
+EPISODE_ID = os.environ["EPISODE_ID"]
+def emit(event, **fields):
+    print(json.dumps(dict({"event": event, "at": time.time(), "episode_id": EPISODE_ID}, **fields)), flush=True)
+with open(os.environ["TASK_FILE"]) as handle:
+    task = json.load(handle)
+emit("ready")
+time.sleep(task.get("hang", 0))
+emit("reward", reward=1)
+"""
+
+
+def nth_reward_seconds(output: Path, n: int) -> float | None:
+    """From the start of the create call to the n-th successful line written (client.json's deliveries)."""
+    client = json.loads((output / "client.json").read_text())
+    observed = json.loads((output / "observed.json").read_text())
+    submitted = observed["job"]["submitted"]
+    written = sorted(d[2] for d in client["reward_deliveries"] if d[1])
+    return written[n - 1] - submitted if len(written) >= n else None
+
+
+def straggler_case(kubectl: str, root: Path) -> dict[str, dict]:
+    """32 episodes, 4 hanging 120 s: --need 28 against waiting for all, on one emulator."""
+    workdir = root / "stragglers"
+    workdir.mkdir()
+    tasks = workdir / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps({"id": n, "hang": STRAGGLER_HANG_SECONDS if n % 8 == 3 else 0}) + "\n"
+                             for n in range(STRAGGLER_COUNT)))
+    script = workdir / "hanging_episode.py"
+    script.write_text(HANGING_EPISODE)
+    runs: dict[str, dict] = {}
+
+    def body(emulator: Emulator) -> None:
+        for label, extra in (("need", ["--need", str(STRAGGLER_NEED)]), ("all", ["--allow-failures", "0"])):
+            figures = run_client(emulator, "product", STRAGGLER_COUNT, STRAGGLER_COUNT, kubectl, workdir, label,
+                                 ["--tasks", str(tasks), "--episode-script", str(script), *extra])
+            results = json.loads((workdir / label / "results.json").read_text())
+            figures.update(first=results["first_reward_seconds"],
+                           kth=nth_reward_seconds(workdir / label, STRAGGLER_NEED),
+                           cancelled=results.get("cancelled_episodes"),
+                           lag_p99=results["reward_delivery_lag_p99_seconds"])
+            runs[label] = figures
+            say(f"  {label}: wall {figures['wall_seconds']:.1f} s, 28th reward {figures['kth']:.2f} s")
+
+    with_emulator(workdir, EMULATOR_FAULTS, body)
+    return runs
+
+
+def delivery_lag_case(kubectl: str, root: Path) -> dict:
+    """A 2,000-episode rollout on the lightweight kubelet: each line's delivery lag, and the client's CPU."""
+    workdir = root / f"delivery-{DELIVERY_LAG_SIZE}"
+    workdir.mkdir()
+
+    def body(emulator: Emulator) -> dict:
+        figures = run_client(emulator, "product", DELIVERY_LAG_SIZE, min(DELIVERY_LAG_SIZE, LIGHTWEIGHT_PARALLELISM),
+                             kubectl, workdir, "product",
+                             ["--timeout", str(LIGHTWEIGHT_DEADLINE_SECONDS), "--allow-failures", "0"])
+        results = json.loads((workdir / "product" / "results.json").read_text())
+        figures.update({key: results[key] for key in (
+            "reward_delivery_lag_p50_seconds", "reward_delivery_lag_p99_seconds", "reward_delivery_lag_max_seconds",
+            "first_reward_seconds")}, delivery=results["reward_delivery"])
+        return figures
+
+    return with_emulator(workdir, LIGHTWEIGHT_FAULTS, body)
+
+
+def streaming_lines(stragglers: dict[str, dict], delivery: dict) -> list[str]:
+    need, everything = stragglers["need"], stragglers["all"]
+    lines = [f"\nStreaming: {STRAGGLER_COUNT} episodes, {STRAGGLERS} hang {STRAGGLER_HANG_SECONDS} s "
+             f"(faults {json.dumps(EMULATOR_FAULTS)}; times from the Job's creation)",
+             render_table([
+                 ("wall time of the run", round(need["wall_seconds"], 2), round(everything["wall_seconds"], 2),
+                  ratio(need["wall_seconds"], everything["wall_seconds"]), ""),
+                 (f"{STRAGGLER_NEED}th reward in rewards.jsonl", round(need["kth"], 2), round(everything["kth"], 2),
+                  ratio(need["kth"], everything["kth"]), ""),
+                 ("first reward in rewards.jsonl", need["first"], everything["first"], "", ""),
+                 ("episodes cancelled", need["cancelled"], everything["cancelled"] or 0, "", ""),
+                 ("delivery lag p99 (s)", need["lag_p99"], everything["lag_p99"], "", ""),
+             ], header=("figure", f"--need {STRAGGLER_NEED}", "wait for all", "all / need", "target"))]
+    lines += [f"\nDelivery lag at {DELIVERY_LAG_SIZE} episodes (lightweight kubelet, parallelism "
+              f"{min(DELIVERY_LAG_SIZE, LIGHTWEIGHT_PARALLELISM)}): p50 {delivery['reward_delivery_lag_p50_seconds']} s, "
+              f"p99 {delivery['reward_delivery_lag_p99_seconds']} s (target < {TARGET_DELIVERY_LAG_P99_SECONDS} s: "
+              f"{verdict(delivery['reward_delivery_lag_p99_seconds'] < TARGET_DELIVERY_LAG_P99_SECONDS)}), "
+              f"max {delivery['reward_delivery_lag_max_seconds']} s; lines streamed "
+              f"{delivery['delivery']['streamed']} of {delivery['delivery']['lines']}; lag precision "
+              f"{delivery['delivery']['lag_precision_seconds']} s; of it the client's own part (its watch seeing the "
+              f"end -> the line written) p50 {delivery['delivery']['seen_to_written_p50_seconds']} s, p99 "
+              f"{delivery['delivery']['seen_to_written_p99_seconds']} s; client CPU {delivery['tool_cpu_seconds']:.1f} s "
+              f"(+ kubectl {delivery['kubectl_cpu_seconds']:.1f} s), wall {delivery['wall_seconds']:.1f} s"]
+    return lines
 
 
 def lightweight_rows(runs: dict[int, dict]) -> list[tuple[str, Any, Any, str, str]]:
@@ -668,15 +771,19 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"with --scale, these sizes instead (default {','.join(map(str, LIGHTWEIGHT_SIZES))})")
     parser.add_argument("--scale-10000", action="store_true",
                         help=f"with --scale, also {LIGHTWEIGHT_LONG_SIZE} episodes (long: about 10 minutes)")
+    parser.add_argument("--streaming", action="store_true",
+                        help=f"only streaming rollouts: {STRAGGLER_COUNT} episodes with {STRAGGLERS} hanging, "
+                             f"--need {STRAGGLER_NEED} against waiting for all; delivery lag at "
+                             f"{DELIVERY_LAG_SIZE} episodes")
     parser.add_argument("--keep", action="store_true", help="keep the emulators' and runs' files")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    default_cases = "" if args.scale else ("10,20" if args.quick else "10,20,200,500")
+    default_cases = "" if args.scale or args.streaming else ("10,20" if args.quick else "10,20,200,500")
     cases = [int(c) for c in (args.cases if args.cases is not None else default_cases).split(",") if c]
-    if args.scale:
+    if args.scale or args.streaming:
         args.no_wait_check = args.no_wait_check or args.cases is None
         args.no_worker = args.no_worker or args.cases is None
     sizes = [int(c) for c in args.scale_sizes.split(",") if c] if args.scale_sizes else list(LIGHTWEIGHT_SIZES)
@@ -698,7 +805,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     waits: dict[str, dict[str, dict]] = {}
     worker: dict[str, dict] = {}
     lightweight: dict[int, dict] = {}
+    stragglers: dict[str, dict] = {}
+    delivery: dict = {}
     try:
+        if args.streaming:
+            say("stragglers: --need against waiting for all ...")
+            stragglers = straggler_case(kubectl, root)
+            say(f"delivery lag at {DELIVERY_LAG_SIZE} episodes ...")
+            delivery = delivery_lag_case(kubectl, root)
         if not args.no_worker:
             say("worker start-up ...")
             worker = worker_case(root, WORKER_TIMING_RUNS)
@@ -747,6 +861,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                                    "ratio", "target")))
     for line in linearity_lines(repeated, scale):
         print(line)
+    if stragglers:
+        for line in streaming_lines(stragglers, delivery):
+            print(line)
     print(f"\nbenchmark took {elapsed:.0f} s")
     if args.keep:
         print(f"files kept in {root}")

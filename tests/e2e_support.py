@@ -58,7 +58,7 @@ def start_tool(emulator: Any, kubectl: str, *args: str) -> subprocess.Popen:
     return subprocess.Popen(argv, env=emulator.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def wait_for(predicate: Any, seconds: float = 20.0, what: str = "the condition") -> Any:
+def wait_for(predicate: Any, seconds: float = 120.0, what: str = "the condition") -> Any:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         value = predicate()

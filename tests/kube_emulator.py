@@ -28,7 +28,10 @@ needed to run a batch/v1 Job end to end:
 
 How it is put together: ``Emulator`` only composes and starts the pieces.  The
 ``Store`` holds every object and the watch history; its listeners only enqueue.
-``Faults`` holds the faults in force (declared in ``FAULTS`` and
+``Authenticator`` knows each request's user (a bearer token per user, as
+``--token-auth-file`` does; the admin's basic credentials) and ``Authorizer``
+answers 403 as RBAC does for a user without a grant; ``SelfReview`` answers
+``kubectl auth whoami`` (SelfSubjectReview).  ``Faults`` holds the faults in force (declared in ``FAULTS`` and
 ``READ_PATH_FAULTS``, refused when unknown) and says whom each hits.  Reads go
 through ``ReadPath`` (the watch cache), writes through ``WritePath`` (admission,
 defaulting, validation); ``ApiServer`` routes HTTP to them and composes the
@@ -1572,6 +1575,23 @@ class _HTTPServer(http.server.ThreadingHTTPServer):
     request_queue_size = 256
 
 
+def read_body(h: _Handler) -> bytes:
+    """A request's body, of a Content-Length or chunked (as kubectl sends a body it streams,
+    e.g. `kubectl delete --raw PATH -f -`)."""
+    if "chunked" in (h.headers.get("Transfer-Encoding") or "").lower():
+        chunks = []
+        while True:
+            size = int(h.rfile.readline().split(b";", 1)[0].strip() or b"0", 16)
+            if size == 0:
+                while h.rfile.readline() not in (b"\r\n", b"\n", b""):  # trailers, then the blank line
+                    pass
+                return b"".join(chunks)
+            chunks.append(h.rfile.read(size))
+            h.rfile.readline()
+    length = int(h.headers.get("Content-Length") or 0)
+    return h.rfile.read(length) if length else b""
+
+
 def send_bytes(h: _Handler, code: int, data: bytes, content_type: str,
                headers: Optional[Dict[str, str]] = None) -> int:
     """One whole response (no body for HEAD); returns the status code for the request log."""
@@ -2070,13 +2090,148 @@ def is_true(value: Optional[str]) -> bool:
     return value in ("true", "1", "True")
 
 
+class UserInfo:
+    """An authenticated user: name, UID and groups, as authentication.k8s.io/v1 UserInfo."""
+
+    def __init__(self, name: str, groups: List[str], rules: Optional[List[dict]] = None):
+        self.name = name
+        self.uid = str(uuid.uuid5(uuid.NAMESPACE_URL, "kube-emulator-user:" + name))
+        self.groups = list(groups) + ["system:authenticated"]
+        self.rules = rules  # RBAC PolicyRules granted; None: everything (system:masters)
+
+    def info(self) -> dict:
+        return {"username": self.name, "uid": self.uid, "groups": list(self.groups)}
+
+
+# What any authenticated user may do without a grant of its own: the bootstrap ClusterRoles
+# system:discovery, system:public-info-viewer and system:basic-user.
+BASIC_USER_RESOURCES = {("authentication.k8s.io", "selfsubjectreviews"), ("authorization.k8s.io", "selfsubjectaccessreviews"),
+                        ("authorization.k8s.io", "selfsubjectrulesreviews")}
+ADMIN_BASIC_AUTH = "Basic " + base64.b64encode(b"admin:emulator").decode()
+
+
+
+class Authenticator:
+    """Who sent a request: a bearer token names a user made with `add_user` (as a token file does),
+    the admin's basic credentials (the emulator's own kubeconfig) name the admin, and a request
+    with no credentials at all (the tests' own raw reads) is the admin's too; any other
+    credentials answer 401 Unauthorized."""
+
+    def __init__(self) -> None:
+        self.admin = UserInfo("admin", ["system:masters"])
+        self.tokens: Dict[str, UserInfo] = {}
+
+    def add(self, name: str, groups: List[str], rules: Optional[List[dict]]) -> str:
+        token = "emulator-" + uuid.uuid4().hex
+        self.tokens[token] = UserInfo(name, groups, rules)
+        return token
+
+    def authenticate(self, header: Optional[str]) -> UserInfo:
+        if not header or header == ADMIN_BASIC_AUTH:
+            return self.admin
+        scheme, _, credential = header.partition(" ")
+        if scheme.lower() == "bearer" and credential.strip() in self.tokens:
+            return self.tokens[credential.strip()]
+        raise ApiError(401, "Unauthorized", "Unauthorized", {})
+
+
+class RequestAttributes:
+    """What RBAC decides on (k8s.io/apiserver RequestInfoFactory): verb, API group, resource,
+    subresource, namespace and name; `resource` None for a path outside the resource APIs."""
+
+    # Subresources of a namespace itself, not resources inside it.
+    NAMESPACE_SUBRESOURCES = ("status", "finalize")
+
+    def __init__(self, method: str, path: str, is_watch: bool):
+        self.group, self.resource, self.subresource, self.namespace, self.name = "", None, "", "", ""
+        parts = [p for p in path.split("/") if p]
+        if parts[:2] == ["api", "v1"]:
+            rest = parts[2:]
+        elif len(parts) >= 3 and parts[0] == "apis":
+            self.group, rest = parts[1], parts[3:]
+        else:
+            rest = []
+        if rest and rest[0] == "namespaces" and len(rest) > 1:
+            self.namespace = rest[1]
+            if len(rest) > 2 and rest[2] not in self.NAMESPACE_SUBRESOURCES:
+                rest = rest[2:]
+        if rest:
+            self.resource = rest[0]
+            self.name = rest[1] if len(rest) > 1 else ""
+            self.subresource = rest[2] if len(rest) > 2 else ""
+        collection = {"GET": "list", "HEAD": "list", "POST": "create", "DELETE": "deletecollection"}
+        one = {"GET": "get", "HEAD": "get", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
+        self.verb = "watch" if is_watch else (one if self.name else collection).get(method, method.lower())
+
+    def allowed_by(self, rules: List[dict]) -> bool:
+        resource = self.resource + ("/" + self.subresource if self.subresource else "")
+        return any(self.group in (r.get("apiGroups") or []) or "*" in (r.get("apiGroups") or [])
+                   for r in rules
+                   if (resource in (r.get("resources") or []) or "*" in (r.get("resources") or []))
+                   and (self.verb in (r.get("verbs") or []) or "*" in (r.get("verbs") or [])))
+
+    def forbidden(self, user: str) -> ApiError:
+        """403 worded as the API server's (responsewriters.forbiddenMessage)."""
+        qualified_resource = self.resource + ("." + self.group if self.group else "")
+        label = '%s "%s"' % (qualified_resource, self.name) if self.name else qualified_resource
+        resource = self.resource + ("/" + self.subresource if self.subresource else "")
+        scope = 'in the namespace "%s"' % self.namespace if self.namespace else "at the cluster scope"
+        details: Dict[str, Any] = {"kind": self.resource}
+        if self.name:
+            details["name"] = self.name
+        if self.group:
+            details["group"] = self.group
+        return ApiError(403, "Forbidden", '%s is forbidden: User "%s" cannot %s resource "%s" in API group "%s" %s'
+                        % (label, user, self.verb, resource, self.group, scope), details)
+
+
+class Authorizer:
+    """RBAC's answer for a user: system:masters may do anything; any user may use the discovery
+    paths and review itself; anyone else only what its rules grant."""
+
+    @staticmethod
+    def check(user: UserInfo, method: str, path: str, is_watch: bool) -> None:
+        if user.rules is None:
+            return
+        attributes = RequestAttributes(method, path, is_watch)
+        if attributes.resource is None or (attributes.group, attributes.resource) in BASIC_USER_RESOURCES:
+            return
+        if not attributes.allowed_by(user.rules):
+            raise attributes.forbidden(user.name)
+
+
+class SelfReview:
+    """POST selfsubjectreviews (`kubectl auth whoami`): the request's own user, as
+    authentication.k8s.io/v1 serves it from 1.28 and v1beta1 in 1.27; older servers have none."""
+
+    def __init__(self, emu: "Emulator"):
+        self.emu = emu
+
+    def versions(self) -> List[str]:
+        if self.emu.v >= (1, 28):
+            return ["v1"]
+        return ["v1beta1"] if self.emu.v >= (1, 27) else []
+
+    def serve(self, h: _Handler, path: str, user: UserInfo) -> Optional[int]:
+        parts = [p for p in path.split("/") if p]
+        if len(parts) != 4 or parts[:2] != ["apis", "authentication.k8s.io"] or parts[3] != "selfsubjectreviews" \
+                or parts[2] not in self.versions():
+            return None
+        if h.command != "POST":
+            raise not_allowed()
+        return send_json(h, 201, {"kind": "SelfSubjectReview", "apiVersion": "authentication.k8s.io/" + parts[2],
+                                  "metadata": {"creationTimestamp": fmt_time(self.emu.api_now())},
+                                  "status": {"userInfo": user.info()}})
+
+
 class RequestFaults:
     """The faults a request meets before it is routed: latency, RBAC refusals and injected errors."""
 
     def __init__(self, emu: "Emulator"):
         self.emu = emu
 
-    def answer(self, h: _Handler, path: str, query: Dict[str, str], is_watch: bool) -> Optional[int]:
+    def answer(self, h: _Handler, path: str, query: Dict[str, str], is_watch: bool,
+               user: str = "admin") -> Optional[int]:
         """Delay the request as the faults ask, and answer it when a fault refuses it (else None)."""
         faults = self.emu.faults
         latency = faults.timing("api_latency", 0.0)
@@ -2093,9 +2248,9 @@ class RequestFaults:
             if found:
                 verb = {"GET": "watch" if is_watch else ("get" if found.group(1) else "list")}.get(
                     h.command, h.command.lower())
-                message = ('%s is forbidden: User "admin" cannot %s resource "%s" in API group "" at the '
+                message = ('%s is forbidden: User "%s" cannot %s resource "%s" in API group "" at the '
                            'cluster scope' % (resource if not found.group(1) else '%s "%s"' % (resource, found.group(1)),
-                                              verb, resource))
+                                              user, verb, resource))
                 return send_json(h, 403, ApiError(403, "Forbidden", message, {"kind": resource}).status())
         code = faults.take_request_error(path + ("?" + "&".join("%s=%s" % kv for kv in query.items())
                                                  if query else ""))
@@ -2473,10 +2628,17 @@ class ApiServer:
         self.store = emu.store
         self.connections: Set[socket.socket] = set()
         self.httpd: Optional[_HTTPServer] = None
+        # Users' credentials travel over TLS only (client-go sends no token over plain HTTP):
+        # the port `add_user` kubeconfigs name, and the server certificate it presents.
+        self.tls_httpd: Optional[_HTTPServer] = None
+        self.tls_port = 0
+        self.tls_context: Optional[Any] = None
         self.thread: Optional[threading.Thread] = None
         self.port = 0
         self.generation = 0
         self.request_faults = RequestFaults(emu)
+        self.authenticator = Authenticator()
+        self.self_review = SelfReview(emu)
         self.discovery = Discovery(self)
         self.render = Representation(emu)
         self.watches = WatchServer(self)
@@ -2491,12 +2653,26 @@ class ApiServer:
                                        name="kube-emulator-http", daemon=True)
         self.thread.start()
 
+    def listen_tls(self, context: Any, port: int = 0) -> None:
+        """Serve the same API over TLS as well (for users with tokens), on `port` or a free one."""
+        import ssl
+        self.tls_context = context
+        httpd = _HTTPServer(("127.0.0.1", port), _Handler)
+        httpd.api = self  # type: ignore[attr-defined]
+        assert isinstance(context, ssl.SSLContext)
+        httpd.socket = context.wrap_socket(httpd.socket, server_side=True)
+        self.tls_httpd = httpd
+        self.tls_port = httpd.server_address[1]
+        threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.1},
+                         name="kube-emulator-https", daemon=True).start()
+
     def close(self) -> None:
         self.generation += 1
-        if self.httpd is not None:
-            self.httpd.shutdown()
-            self.httpd.server_close()
-            self.httpd = None
+        for httpd in (self.httpd, self.tls_httpd):
+            if httpd is not None:
+                httpd.shutdown()
+                httpd.server_close()
+        self.httpd = self.tls_httpd = None
         for conn in list(self.connections):
             try:
                 conn.shutdown(socket.SHUT_RDWR)
@@ -2512,8 +2688,7 @@ class ApiServer:
         path = url.path.rstrip("/") or "/"
         qs = parse_qs(url.query, keep_blank_values=True)
         query = {k: v[-1] for k, v in qs.items()}
-        length = int(h.headers.get("Content-Length") or 0)
-        body = h.rfile.read(length) if length else b""
+        body = read_body(h)
         is_watch = is_true(query.get("watch"))
         entry: Dict[str, Any] = {"at": t0, "method": h.command, "path": path, "query": query,
                                  "status": None, "user_agent": h.headers.get("User-Agent", ""),
@@ -2522,7 +2697,12 @@ class ApiServer:
         with self.emu._req_lock:
             self.emu.requests.append(entry)
         try:
-            code = self.request_faults.answer(h, path, query, is_watch)
+            user = self.authenticator.authenticate(h.headers.get("Authorization"))
+            entry["user"] = user.name
+            Authorizer.check(user, h.command, path, is_watch)
+            code = self.request_faults.answer(h, path, query, is_watch, user.name)
+            if code is None:
+                code = self.self_review.serve(h, path, user)
             if code is None:
                 code = self.route(h, path, query, body, is_watch)
         except ApiError as e:
@@ -5184,6 +5364,8 @@ class WritePath:
         cur = self.store.get(store, store_ns, name)
         if cur is None:
             raise err_not_found(info, name)
+        if store == "namespaces" and name in IMMORTAL_NAMESPACES:  # admission, before the registry's checks
+            raise err_forbidden(info, name, "this namespace may not be deleted")
         policy = self._deletion_policy(info, name, cur, opts)
         now = self.clock()
         if "All" in (opts.get("dryRun") or []):
@@ -5231,8 +5413,7 @@ class WritePath:
         """Check the delete's preconditions; its propagation policy, defaulted as the resource's strategy does."""
         pre = opts.get("preconditions") or {}
         if pre.get("uid") and pre["uid"] != cur["metadata"]["uid"]:
-            raise ApiError(409, "Conflict", "Precondition failed: UID in precondition: %s, UID in object meta: %s"
-                           % (pre["uid"], cur["metadata"]["uid"]), {"name": name, "kind": info.plural})
+            raise uid_precondition_failed(info, name, pre["uid"], cur["metadata"]["uid"])
         if pre.get("resourceVersion") and pre["resourceVersion"] != cur["metadata"]["resourceVersion"]:
             raise err_conflict(info, name)
         policy = opts.get("propagationPolicy")
@@ -5249,8 +5430,6 @@ class WritePath:
     def _terminate_namespace(self, info: ResourceInfo, cur: dict, policy: str, now: float) -> dict:
         """A namespace is not removed at once: it turns Terminating for the namespace controller."""
         name = cur["metadata"]["name"]
-        if name in ("default", "kube-system", "kube-public"):
-            raise err_forbidden(info, name, "this namespace may not be deleted")
         if cur["metadata"].get("deletionTimestamp"):
             return cur
 
@@ -5274,6 +5453,25 @@ class WritePath:
         if opts.get("gracePeriodSeconds") is not None:
             return int(opts["gracePeriodSeconds"])
         return int((pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30))
+
+
+def uid_precondition_failed(info: ResourceInfo, name: str, wanted: str, found: str) -> ApiError:
+    """409 for a delete whose UID precondition does not hold, worded as kube-apiserver 1.35 words it:
+    the namespace registry checks it itself, every other resource's store in its own words."""
+    if info.store == "namespaces":
+        return ApiError(409, "Conflict", 'Operation cannot be fulfilled on namespaces "%s": Precondition failed: '
+                        'UID in precondition: %s, UID in object meta: %s' % (name, wanted, found),
+                        {"name": name, "kind": "namespaces"})
+    details: Dict[str, Any] = {"name": name, "kind": info.kind}
+    if info.group:
+        details["group"] = info.group
+    return ApiError(409, "Conflict", 'Operation cannot be fulfilled on %s "%s": the UID in the precondition (%s) '
+                    'does not match the UID in record (%s). The object might have been deleted and then recreated'
+                    % (info.kind + ("." + info.group if info.group else ""), name, wanted, found), details)
+
+
+# The NamespaceLifecycle admission plugin refuses to delete these.
+IMMORTAL_NAMESPACES = ("default", "kube-system", "kube-public")
 
 
 def deleted_status(info: ResourceInfo, name: str, uid: str) -> dict:
@@ -5484,11 +5682,27 @@ class Emulator:
             k.start()
         return self
 
-    def env(self) -> Dict[str, str]:
+    def env(self, kubeconfig: Optional[Path] = None) -> Dict[str, str]:
         env = dict(os.environ)
-        env["KUBECONFIG"] = str(self.kubeconfig)
+        env["KUBECONFIG"] = str(kubeconfig or self.kubeconfig)
         env["HOME"] = str(self.workdir / "home")
         return env
+
+    def add_user(self, name: str, groups: Tuple[str, ...] = (), rules: Optional[List[dict]] = None) -> Path:
+        """A kubeconfig for a new user `name` (a bearer token of its own), context `self.context`;
+        with `rules` (RBAC PolicyRules) the user may do only what they grant, else anything."""
+        token = self.api.authenticator.add(name, list(groups), rules)
+        ca = self._serve_tls()
+        path = self.workdir / ("user-%s.kubeconfig" % name)
+        cfg = {"apiVersion": "v1", "kind": "Config", "preferences": {},
+               "clusters": [{"name": self.context, "cluster": {"server": "https://127.0.0.1:%d" % self.api.tls_port,
+                                                                "certificate-authority": str(ca)}}],
+               "users": [{"name": name, "user": {"token": token}}],
+               "contexts": [{"name": self.context, "context": {"cluster": self.context, "user": name,
+                                                               "namespace": "default"}}],
+               "current-context": self.context}
+        path.write_text(json.dumps(cfg, indent=2))
+        return path
 
     def truth(self) -> dict:
         return self.truth_record.snapshot()
@@ -5502,18 +5716,35 @@ class Emulator:
                 self._create_runtimeclass()
 
     def restart_api(self, down_seconds: float = 1.0) -> None:
-        port = self.api.port
+        port, tls_port, tls_context = self.api.port, self.api.tls_port, self.api.tls_context
         self.api.close()
         time.sleep(down_seconds)
         deadline = time.time() + 10
         while True:
             try:
                 self.api.listen(port)
+                if tls_context is not None:
+                    self.api.listen_tls(tls_context, tls_port)
                 return
             except OSError:
                 if time.time() > deadline:
                     raise
                 time.sleep(0.05)
+
+    def _serve_tls(self) -> Path:
+        """Start the TLS listener once, with a CA and a server certificate made by `openssl`; the CA's path."""
+        pki = self.workdir / "pki"
+        if self.api.tls_httpd is None:
+            import ssl
+            from control_plane import make_ca, make_cert
+            pki.mkdir(exist_ok=True)
+            make_ca(pki)
+            cert, key = make_cert(pki, "apiserver", "/CN=kube-emulator", server_names=("localhost",),
+                                  server_ips=("127.0.0.1",))
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(str(cert), str(key))
+            self.api.listen_tls(context)
+        return pki / "ca.crt"
 
     def get(self, kind_plural: str, namespace: Optional[str], name: str) -> Optional[dict]:
         info = self._info_for(kind_plural)

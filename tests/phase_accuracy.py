@@ -4,7 +4,7 @@
 Usage:
     python3 tests/phase_accuracy.py [--kubectl PATH] [--count 12] [--parallelism 6]
                                     [--sandbox 0.6] [--jitter 0.4] [--together] [--skew SECONDS]
-                                    [--node-clock SECONDS] [--real] [--keep DIR]
+                                    [--node-clock SECONDS] [--real | --kubelet] [--keep DIR]
 
 Starts a Kubernetes API emulator (tests/kube_emulator.py, pods run for real in
 bubblewrap) whose sandbox takes --sandbox .. --sandbox + --jitter seconds, runs
@@ -24,7 +24,19 @@ its sandbox was ready and when its container started and ended. Pod creation and
 scheduling have no truth there; sandbox_creation is held from the scheduler's own
 Scheduled eventTime to the agent's sandbox.
 
-Not part of the pytest run; the end-to-end tests hold the same figures.
+--kubelet is the hook for the real node (a real kubelet and container runtime, being built
+apart): its targets are set here, and it measures once tests/local_cluster.py offers a
+`KubeletCluster(workdir, bin_dir)` with start(), stop(), env() and truth(namespace) (the
+node's record of each pod in the emulator's truth shape); until then it says so and exits 2.
+
+Then one line per target, PASS or FAIL, and the exit status says whether all passed:
+  - each point an event names (the pod's creation by the Job controller's event, for the pods
+    it names alone; the binding; the sandbox) within POINT_TARGET (0.15 s) of the truth, with
+    a stated precision no wider, and sandbox_creation within it of its true length;
+  - the load-bound points (the container's start and end, bounded by its own spawn and exit
+    and the watch, which a loaded machine stretches): their median precision within it.
+These are targets: how close the points come depends on the machine's load as well as on the
+code, so the pytest suite never holds them (it holds that every precision covers its error).
 Standard library only.
 """
 # SPDX-License-Identifier: MIT
@@ -48,25 +60,35 @@ from kube_emulator import Emulator  # noqa: E402
 import prereqs  # noqa: E402
 
 PRODUCT = Path(__file__).resolve().parent.parent / "rl_batch_demo.py"
+# What a point must achieve against the truth: within this of it, its stated precision no wider.
+POINT_TARGET = 0.15
+# Bounded by the container's own spawn or exit and the watch's delivery: held by their median precision.
+LOAD_BOUND_POINTS = ("container_started", "container_finished")
+# The targets each cluster is held to (a point without a truth there is held by its precision alone).
+TARGETS = {
+    "emulator": ("pod_created", "scheduled", "sandbox_ready", "sandbox_creation") + LOAD_BOUND_POINTS,
+    "real control plane": ("pod_created", "sandbox_ready", "sandbox_creation") + LOAD_BOUND_POINTS,
+    "real node": ("pod_created", "sandbox_ready", "sandbox_creation") + LOAD_BOUND_POINTS,
+}
 SKEWED_NODE = "emu-node-1"
 # Point -> the emulator's truth field of the same moment.
 TRUTH_FIELDS = {"pod_created": "created", "scheduled": "scheduled", "sandbox_ready": "sandbox_ready",
                 "container_started": "container_started", "container_finished": "container_finished"}
 
 
-def point_errors(rows: list[dict], truth: dict, namespace: str) -> dict[str, list[tuple[float, float]]]:
-    """Point -> (reported - true, stated precision) per episode."""
-    errors: dict[str, list[tuple[float, float]]] = {point: [] for point in TRUTH_FIELDS}
+def point_errors(rows: list[dict], truth: dict, namespace: str) -> dict[str, list[tuple[float, float, str]]]:
+    """Point -> (reported - true, stated precision, pod) per episode that has a truth for it."""
+    errors: dict[str, list[tuple[float, float, str]]] = {point: [] for point in TRUTH_FIELDS}
     for row in rows:
         pod_truth = truth["pods"][f"{namespace}/{row['pod']}"]
         for point, field in TRUTH_FIELDS.items():
             if row[f"{point}_at"] and field in pod_truth:
                 errors[point].append((float(row[f"{point}_at"]) - pod_truth[field],
-                                      float(row[f"{point}_precision_seconds"])))
+                                      float(row[f"{point}_precision_seconds"]), row["pod"]))
     return errors
 
 
-def sandbox_errors(rows: list[dict], truth: dict, namespace: str) -> list[tuple[float, float]]:
+def sandbox_errors(rows: list[dict], truth: dict, namespace: str) -> list[tuple[float, float, str]]:
     """sandbox_creation reported - true (scheduled -> sandbox ready), with its precision."""
     found = []
     for row in rows:
@@ -74,7 +96,44 @@ def sandbox_errors(rows: list[dict], truth: dict, namespace: str) -> list[tuple[
         scheduled = pod_truth.get("scheduled", float(row["scheduled_at"]))
         true = pod_truth["sandbox_ready"] - scheduled
         found.append((float(row["sandbox_creation_seconds"]) - true,
-                      float(row["sandbox_creation_precision_seconds"])))
+                      float(row["sandbox_creation_precision_seconds"]), row["pod"]))
+    return found
+
+
+def precisions(rows: list[dict], point: str) -> list[tuple[float, str]]:
+    """(stated precision, pod) of a point in every episode that has it, truth or not."""
+    return [(float(row[f"{point}_precision_seconds"]), row["pod"]) for row in rows if row[f"{point}_at"]]
+
+
+def target_lines(cluster: str, rows: list[dict], errors: dict[str, list[tuple[float, float, str]]],
+                 named_creations: set[str]) -> list[tuple[bool, str]]:
+    """(passed, line) per target the cluster is held to."""
+    found = []
+    for name in TARGETS[cluster]:
+        if name in LOAD_BOUND_POINTS:
+            median = statistics.median(p for p, _ in precisions(rows, name))
+            found.append((median <= POINT_TARGET, f"{name}: median precision {median:.3f} s <= {POINT_TARGET} s"))
+            continue
+        samples = errors[name]
+        pods = {pod for _, _, pod in samples}
+        if name == "pod_created":
+            # Past the recorder's ninth, creation events are combined: nothing names those pods' moment.
+            samples = [e for e in samples if e[2] in named_creations]
+            pods = named_creations
+        widest = max((p for p, pod in precisions(rows, name) if pod in pods), default=None) \
+            if name != "sandbox_creation" else max((p for _, p, _ in samples), default=None)
+        if widest is None:
+            found.append((False, f"{name}: no samples"))
+            continue
+        if samples:
+            worst = max(abs(e) for e, _, _ in samples)
+            held = worst <= POINT_TARGET and (name == "sandbox_creation" or widest <= POINT_TARGET)
+            found.append((held, f"{name}: worst error {worst:.3f} s"
+                          + ("" if name == "sandbox_creation" else f", widest precision {widest:.3f} s")
+                          + f" <= {POINT_TARGET} s ({len(samples)} episodes)"))
+        else:  # no truth here: the precision alone
+            found.append((widest <= POINT_TARGET, f"{name}: widest precision {widest:.3f} s <= {POINT_TARGET} s "
+                                                  f"(no truth here; {len(pods)} episodes)"))
     return found
 
 
@@ -105,14 +164,23 @@ def recorder_late(events: list[dict], truth: dict, namespace: str) -> dict[str, 
     return late
 
 
-def line(name: str, errors: list[tuple[float, float]]) -> str:
+def line(name: str, errors: list[tuple[float, float, str]]) -> str:
     if not errors:
         return f"{name:<20} no samples"
     worst = max(errors, key=lambda e: abs(e[0]))[0]
     typical = statistics.median(e[0] for e in errors)
-    uncovered = sum(1 for error, precision in errors if abs(error) > precision)
+    uncovered = sum(1 for error, precision, _ in errors if abs(error) > precision)
     return (f"{name:<20} worst {worst:+.3f} s  median {typical:+.3f} s  "
-            f"max precision {max(p for _, p in errors):.3f} s  not covered {uncovered}/{len(errors)}")
+            f"median precision {statistics.median(p for _, p, _ in errors):.3f} s  "
+            f"max precision {max(p for _, p, _ in errors):.3f} s  not covered {uncovered}/{len(errors)}")
+
+
+def kubelet_cluster(work: Path, sandbox: float) -> object | None:
+    """The real node's cluster from tests/local_cluster.py, or None while it offers none."""
+    import local_cluster
+    from conftest import discovered_control_plane
+    make = getattr(local_cluster, "KubeletCluster", None)
+    return None if make is None else make(work / "cluster", Path(discovered_control_plane() or ""))
 
 
 def main() -> int:
@@ -125,11 +193,15 @@ def main() -> int:
     parser.add_argument("--together", action="store_true")
     parser.add_argument("--skew", type=float, default=0.0)
     parser.add_argument("--node-clock", type=float, default=0.0)
-    parser.add_argument("--real", action="store_true", help="the real control plane, not the emulator")
+    modes = parser.add_mutually_exclusive_group()
+    modes.add_argument("--real", action="store_true", help="the real control plane, not the emulator")
+    modes.add_argument("--kubelet", action="store_true", help="the real control plane and a real node")
     parser.add_argument("--keep", type=Path, default=None, help="copy the run's directory here")
     args = parser.parse_args()
     kubectls = prereqs.find_kubectls()
-    kubectl = args.kubectl or (kubectls.get("1.35") if args.real else prereqs.default_kubectl(kubectls))
+    kubectl = args.kubectl or (kubectls.get("1.35") if args.real or args.kubelet
+                               else prereqs.default_kubectl(kubectls))
+    cluster_name = "real node" if args.kubelet else "real control plane" if args.real else "emulator"
     faults = {"sandbox_delay": args.sandbox, "sandbox_jitter": args.jitter}
     if args.together:
         faults["sandbox_status_with_running"] = True
@@ -138,7 +210,15 @@ def main() -> int:
     if args.node_clock:
         faults["node_clock_offset"] = {SKEWED_NODE: args.node_clock}
     with tempfile.TemporaryDirectory() as work:
-        if args.real:
+        if args.kubelet:
+            cluster = kubelet_cluster(Path(work), args.sandbox)
+            if cluster is None:
+                print("Error: tests/local_cluster.py offers no real node (KubeletCluster) yet: nothing measured",
+                      file=sys.stderr)
+                return 2
+            cluster.start()  # type: ignore[attr-defined]
+            env = cluster.env()  # type: ignore[attr-defined]
+        elif args.real:
             from conftest import discovered_control_plane
             from local_cluster import LocalCluster
             cluster = LocalCluster(Path(work) / "cluster", Path(discovered_control_plane() or ""),
@@ -161,34 +241,45 @@ def main() -> int:
                 print(result.stderr, file=sys.stderr)
                 return 1
             namespace = json.loads((output / "receipt.json").read_text())["namespace"]
-            if args.real:
+            if args.kubelet:
+                truth = cluster.truth(namespace)  # type: ignore[attr-defined]
+                events = json.loads((output / "events.json").read_text())["items"]
+            elif args.real:
                 truth = agent_truth(cluster.agent, namespace)
                 events = json.loads((output / "events.json").read_text())["items"]
             else:
                 truth = cluster.truth()
                 events = cluster.list("events", namespace)
         finally:
-            cluster.stop()
+            cluster.stop()  # type: ignore[attr-defined]
         with open(output / "episodes.csv", newline="") as handle:
             rows = list(csv.DictReader(handle))
         results = json.loads((output / "results.json").read_text())
         if args.keep:
             shutil.copytree(output, args.keep)
-    print(f"{'real control plane' if args.real else 'emulator'}: "
+    print(f"{cluster_name}: "
           f"{args.count} episodes, parallelism {args.parallelism}, sandbox {args.sandbox}.."
-          f"{args.sandbox + args.jitter} s{', sandbox and running in one update' if args.together else ''}"
+          f"{args.sandbox + args.jitter} s{', sandbox and running in one update' if args.together and cluster_name == 'emulator' else ''}"
           f"{f', API clock {args.skew:+g} s' if args.skew else ''}"
           f"{f', {SKEWED_NODE} clock {args.node_clock:+g} s' if args.node_clock else ''}; kubectl {kubectl}")
-    for point, errors in point_errors(rows, truth, namespace).items():
-        print(line(point, errors))
-    print(line("sandbox_creation", sandbox_errors(rows, truth, namespace)))
+    errors = point_errors(rows, truth, namespace)
+    errors["sandbox_creation"] = sandbox_errors(rows, truth, namespace)
+    for point, found in errors.items():
+        print(line(point, found))
     print("events the cluster named over the tool's allowance after their step:",
           recorder_late(events, truth, namespace), f"(load average {os.getloadavg()[0]:.1f})")
     print("clocks:", json.dumps(results.get("clocks"), indent=1))
     for warning in results.get("clock_warnings") or []:
         print("WARNING:", warning)
     print(result.stderr.strip())
-    return 0
+    sys.path.insert(0, str(PRODUCT.parent))
+    import rl_batch_demo
+    named = set(rl_batch_demo.pod_creation_events(events))
+    held = target_lines(cluster_name, rows, errors, named)
+    print(f"targets ({cluster_name}, load average {os.getloadavg()[0]:.1f}):")
+    for passed, text in held:
+        print(f"{'PASS' if passed else 'FAIL'} {text}")
+    return 0 if all(passed for passed, _ in held) else 1
 
 
 if __name__ == "__main__":

@@ -89,8 +89,11 @@ def check_run(emulator: Emulator, output: Path, count: int, parallelism: int) ->
         assert pod_truth["exit_code"] == 0
         ready_at = job_truth["created"] // 1 + row["batch_to_ready_seconds"]
         assert pod_truth["container_started"] - 0.05 <= ready_at <= pod_truth["container_finished"] + 0.05
+    # The client saw the Job complete after it did (the figure counts from the truncated
+    # creationTimestamp; the truth's notes trail the stamp by up to 0.5 s); how long after is
+    # the machine's load. It was the Complete condition that ended its wait, not its own limit.
     assert results["client_job_complete_seconds"] >= job_truth["complete"] - job_truth["created"] - 0.5
-    assert results["client_job_complete_seconds"] < 120
+    assert results["client_wait"]["end"] == "Complete", results["client_wait"]
 
     header, *lines = (output / "events.txt").read_text().splitlines()
     assert header.split()[:4] == ["LAST", "SEEN", "(UTC)", "TYPE"]
@@ -128,10 +131,9 @@ def test_parallel_then_sequential_then_cleanup(kubectl_and_cluster, tmp_path):
     assert sequential.returncode == 0, sequential.stderr
     sequential_results = check_run(emulator, sequential_dir, 10, 1)
     # Ten at once really ran side by side, one at a time never overlapped (the emulator's
-    # truth), and so the last reward came several times later.
+    # truth). How much sooner the parallel batch ended is the machine's load: not held.
     assert most_at_once(pod_truths(emulator, parallel_dir)) >= 5
     assert most_at_once(pod_truths(emulator, sequential_dir)) == 1
-    assert sequential_results["batch_to_all_rewards_seconds"] > 3 * parallel_results["batch_to_all_rewards_seconds"]
 
     compared = tool(emulator, kubectl, "compare", str(parallel_dir), str(sequential_dir))
     assert compared.returncode == 0 and "batch_to_all_rewards_seconds" in compared.stdout

@@ -79,7 +79,7 @@ def test_killed_run_leaves_no_process_and_stays_cleanable(make_cluster, tmp_path
         process.send_signal(signal.SIGKILL)
         process.wait(timeout=WAIT)
 
-    wait_for(lambda: not any(alive(pid) for pid in kubectl_children), 10,
+    wait_for(lambda: not any(alive(pid) for pid in kubectl_children), 120,
              "the killed tool's kubectl children to end")
     receipt = load(output / "receipt.json")
     assert receipt["namespace"].startswith("agc-rl-")

@@ -7,13 +7,12 @@ from __future__ import annotations
 import json
 import re
 import signal
-import time
 from pathlib import Path
 
 import pytest
 
 from e2e_support import (assert_cleanup_works, assert_evidence_saved, interrupt, load, pods_of,
-                         run_namespaces, start_tool, tool, wait_for)
+                         receipt_of, run_namespaces, start_tool, tool, wait_for)
 from kube_emulator import Emulator
 
 pytestmark = pytest.mark.e2e
@@ -172,7 +171,12 @@ def test_interrupt_while_waiting_keeps_the_receipt(make_cluster, tmp_path, signu
     output = tmp_path / "out"
     process = start_tool(emulator, kubectl, "run", "--count", "2", "--output", str(output), "--quiet")
     wait_for(lambda: emulator.list("pods"), 120, "pods to exist")  # a bound, not a measurement
-    time.sleep(0.5)
+    # Interrupted while it waits: the Job's UID in its receipt and its watch on the pods open
+    # (a fixed pause could end before either on a loaded machine).
+    name = wait_for(lambda: receipt_of(output).get("job_uid") and receipt_of(output)["namespace"], 120,
+                    "the Job's UID in the receipt")
+    wait_for(lambda: any(r["watch"] and r["path"] == f"/api/v1/namespaces/{name}/pods" for r in emulator.requests),
+             120, "the tool to watch the pods")
     result = interrupt(process, signum)
     assert result.returncode == 130, result.stderr
     assert "Traceback" not in result.stderr

@@ -119,7 +119,8 @@ def episode_events(output: Path, event: str) -> dict[str, dict]:
 
 
 def post_paths(emulator: Emulator) -> list[str]:
-    return [r["path"] for r in emulator.requests if r["method"] == "POST"]
+    """The paths of the POSTs that create objects (`kubectl auth whoami`'s self review stores nothing)."""
+    return [r["path"] for r in emulator.requests if r["method"] == "POST" and not r["path"].endswith("reviews")]
 
 
 # --------------------------------------------------------------------------
@@ -509,6 +510,12 @@ def test_dry_run_prints_exactly_what_run_creates(make_cluster, tmp_path):
     live = emulator.get("namespaces", None, real_namespace)
     assert {k: v for k, v in live["metadata"]["labels"].items() if k != "kubernetes.io/metadata.name"} == \
         planned_same[0]["metadata"]["labels"]
+    # The annotations too, but for the user (--dry-run asks the cluster nothing, so it cannot know it)
+    # and the output directory, which differs here.
+    unknown = {"rl-batch-demo.agc/user": rl_batch_demo.USER_UNKNOWN_BEFORE_RUN,
+               "rl-batch-demo.agc/output": planned_same[0]["metadata"]["annotations"]["rl-batch-demo.agc/output"]}
+    assert planned_same[0]["metadata"]["annotations"] == dict(live["metadata"]["annotations"], **unknown)
+    assert live["metadata"]["annotations"]["rl-batch-demo.agc/output"] == str(output.resolve())
     assert emulator.get("networkpolicies", real_namespace, "deny-all")["spec"] == planned_same[1]["spec"]
     assert emulator.get("configmaps", real_namespace, "episode")["data"] == planned_same[2]["data"]
     assert load(output / "job-submitted.json") == planned_same[3]
@@ -624,7 +631,7 @@ def test_pod_security_admission_in_the_emulator(make_cluster, tmp_path):
     def failed_create() -> list:
         return [e for e in emulator.list("events", "locked") if e.get("reason") == "FailedCreate"]
 
-    [event] = wait_for(failed_create, 20, "the FailedCreate event")[:1]
+    [event] = wait_for(failed_create, 120, "the FailedCreate event")[:1]
     assert event["message"].startswith('Error creating: pods "rollout-" is forbidden: violates PodSecurity '
                                        '"restricted:latest": allowPrivilegeEscalation != false'), event
     assert emulator.list("pods", "locked") == []
@@ -697,7 +704,7 @@ def test_a_failed_cleanup_does_not_hide_why_the_run_failed(make_cluster, tmp_pat
     output = tmp_path / "out"
     process = start_tool(emulator, kubectl, "run", "--count", "2", "--cleanup", "--output", str(output), "--quiet")
     receipt = wait_for(lambda: (output / "receipt.json").exists() and "namespace_uid" in load(output / "receipt.json")
-                       and load(output / "receipt.json"), 30, "the namespace in the receipt")
+                       and load(output / "receipt.json"), 120, "the namespace in the receipt")
     # Someone relabels the namespace while the batch runs: cleanup must then refuse.
     subprocess.run([kubectl, "label", "namespace", receipt["namespace"], "agc-demo-run=someone-else",
                     "--overwrite"], env=emulator.env(), check=True, capture_output=True, text=True)

@@ -515,7 +515,7 @@ def test_warning_summary_counts_a_provoked_failed_create(cluster, tmp_path):
         process = start_tool(emulator, kubectl, "run", "--count", "2", "--output", str(output), "--quiet")
         try:
             wait_for(lambda: removed and any(e["reason"] == "FailedCreate" for e in
-                                             emulator.list("events", removed["namespace"])), 60,
+                                             emulator.list("events", removed["namespace"])), 120,
                      "the FailedCreate warning")
         finally:
             emulator.set_faults(missing_runtimeclass=False)  # recreates the RuntimeClass
@@ -553,7 +553,9 @@ def test_missing_scheduler_events_fall_back_or_are_counted_missing(six, tmp_path
         # honestly wider, and still holds its truth.
         sandbox = record["points"]["sandbox_ready"]
         true = six.pod_truth(record["pod"])["sandbox_ready"]
-        assert sandbox.source != "" and sandbox.precision > 0.15, sandbox
+        # Wider than the event's allowance it had: from the pod's creation second to the watch,
+        # which spans at least the sandbox's 0.4 s.
+        assert sandbox.source != "" and sandbox.precision > rl_batch_demo.EVENT_FOLLOWS_SECONDS, sandbox
         assert abs(sandbox.at - true) <= sandbox.precision + TRUTH_NOTED_AFTER, (sandbox, true)
     phases = recomputed.figures["phases"]
     for phase in ("scheduling", "sandbox_creation"):
@@ -731,8 +733,9 @@ def test_compare_prints_each_metric_once_with_its_ratio(six, rounds, tmp_path):
     assert header.split()[1:] == ["A:", "rl-6", "B:", "rl-rounds", "B/A"]
     lines = [line.split() for line in body]
     for field in rl_batch_demo.COMPARED_FIELDS:
-        a, b = six.results[field], rounds.results[field]
-        assert [field, str(a), str(b), f"{b / a:.2f}"] in lines, field
+        default = rl_batch_demo.COMPARED_DEFAULTS.get(field)  # failed_episodes: 0 without --allow-failures
+        a, b = six.results.get(field, default), rounds.results.get(field, default)
+        assert [field, str(a), str(b), f"{b / a:.2f}" if a else "-"] in lines, field
     for phase in PHASES:
         entry_a, entry_b = six.results["phases"][phase], rounds.results["phases"][phase]
         a, b = entry_a["p50"], entry_b["p50"]

@@ -226,7 +226,8 @@ def test_run_batch_in_process_returns_every_reward(cluster: Any, tmp_path: Path,
         ("t1", None, 1.0), ("t1", None, 1.0), ("t2", "episode", None), ("t2", "episode", None)]
     # cleanup=False keeps the namespace, as the command line does.
     assert [ns["metadata"]["name"] for ns in run_namespaces(emulator)] == [results["namespace"]]
-    with pytest.raises(rl_batch_demo.DemoError, match="2 of 2 episodes failed"):
+    with pytest.raises(rl_batch_demo.DemoError,
+                       match=r"^2 of 2 episodes failed \(2 episode failures\); allow_failures=1 accepts no more\n"):
         rl_batch_demo.run_batch([{"x": 1, "fail": True}], output=str(tmp_path / "out2"), group_size=2,
                                 allow_failures=1, options=["--kubectl", kubectl, "--episode-script",
                                                            str(write_script(tmp_path, TASK_EPISODE))])

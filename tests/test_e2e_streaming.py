@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from xml.etree import ElementTree
 from typing import Any
 
 import pytest
@@ -37,6 +38,8 @@ if task.get("fail"):
     sys.exit("the agent gave up")
 emit("reward", reward=task["x"])
 '''
+
+SVG = "{http://www.w3.org/2000/svg}"
 
 
 @pytest.fixture
@@ -151,6 +154,15 @@ def test_need_ends_the_batch_at_k_successes_and_cancels_the_stragglers(cluster: 
     conditions = [(c["type"], c.get("reason")) for c in saved["status"]["conditions"]]
     assert conditions == [("SuccessCriteriaMet", "SuccessPolicy"), ("Complete", "SuccessPolicy")]
     assert saved["status"]["succeeded"] == 3
+    # The timeline draws all 5 episodes, each cancelled one marked as such, as far as it got.
+    timeline = ElementTree.fromstring((output / "timeline.svg").read_text())
+    marks = sorted(text.findtext(f"{SVG}title") for text in timeline.iter(f"{SVG}text")
+                   if text.findtext(f"{SVG}title"))
+    cancelled = sorted(line["pod"] for line in lines if line["failure_class"] == "cancelled")
+    assert [mark.split(" ", 2)[:2] for mark in marks] == [[pod, "cancelled:"] for pod in cancelled]
+    rows = {rect.findtext(f"{SVG}title").split()[0] for rect in timeline.iter(f"{SVG}rect")
+            if rect.findtext(f"{SVG}title")}
+    assert rows == {line["pod"] for line in lines}
 
 
 def test_an_episode_past_its_timeout_is_an_episode_failure_never_retried(cluster: Any, tmp_path: Path) -> None:
@@ -322,5 +334,6 @@ def test_readme_stream_example_runs_as_written(python_cluster: Any, tmp_path: Pa
     monkeypatch.chdir(tmp_path)
     exec(compile(example, "README.md", "exec"), {})
     learnt, need, settled = capsys.readouterr().out.split()
+    lines = [(line["failure_class"], line["failure"]) for line in lines_of(tmp_path / "runs" / "step-18")]
     # Every episode of the built-in demo succeeds, unless the Job cancelled it once 3 had.
-    assert need == "3" and settled == "4" and 3 <= int(learnt) <= 4
+    assert need == "3" and settled == "4" and 3 <= int(learnt) <= 4, lines

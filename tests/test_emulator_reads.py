@@ -37,7 +37,7 @@ def emulator(tmp_path):
                                             "metadata": {"name": NAMESPACE}})
         # The namespace controller adds its root CA configmap soon after: wait for it, so
         # that every configmap listed below is one the test made or that one.
-        wait_for(lambda: emulator.get("configmaps", NAMESPACE, "kube-root-ca.crt"), 30, "kube-root-ca.crt")
+        wait_for(lambda: emulator.get("configmaps", NAMESPACE, "kube-root-ca.crt"), 120, "kube-root-ca.crt")
         return emulator
 
     yield make

@@ -162,7 +162,7 @@ def start_two_slow_episodes(cluster, kubectl: str, tmp_path: Path, output: Path,
     script = slow_script(tmp_path, seconds)
     process = start_tool(cluster, kubectl, "run", "--count", "2", "--episode-script", str(script),
                          "--output", str(output), "--quiet")
-    pods = wait_for(lambda: len(running_pods(cluster, output)) == 2 and running_pods(cluster, output), 90,
+    pods = wait_for(lambda: len(running_pods(cluster, output)) == 2 and running_pods(cluster, output), 120,
                     "two running pods")
     return process, pods
 
@@ -172,7 +172,7 @@ def test_api_server_killed_and_restarted_mid_run(real_cluster, tmp_path):
     output = tmp_path / "out"
     process = start_tool(cluster, kubectl, "run", "--count", "3", "--episode-script", str(slow_script(tmp_path, 8)),
                          "--output", str(output), "--quiet")
-    wait_for(lambda: len(running_pods(cluster, output)) == 3, 90, "three running pods")
+    wait_for(lambda: len(running_pods(cluster, output)) == 3, 120, "three running pods")
     cluster.control_plane.restart_apiserver(down_seconds=2.0)
     stdout, stderr = process.communicate(timeout=240)
     assert process.returncode == 0, stderr
@@ -214,7 +214,7 @@ def test_namespace_held_by_a_finalizer_is_named_and_never_stripped(real_cluster,
     held = cluster.get("namespaces", None, namespace)
     assert held["metadata"]["finalizers"] == ["example.com/stuck"] and held["status"]["phase"] == "Terminating"
     cluster.api.merge_patch(f"/api/v1/namespaces/{namespace}", {"metadata": {"finalizers": None}})
-    wait_for(lambda: cluster.get("namespaces", None, namespace) is None, 60, "the namespace to go")
+    wait_for(lambda: cluster.get("namespaces", None, namespace) is None, 120, "the namespace to go")
     again = tool(cluster, kubectl, "cleanup", "--output", str(output))
     assert again.returncode == 0 and again.stdout.strip() == "Namespace already absent", again.stderr
 

@@ -76,6 +76,11 @@ def test_a_pod_stopped_once_need_was_met_is_cancelled_whatever_its_exit_code() -
     # One that failed on its own before (not being deleted) keeps its own class.
     assert demo.classify_attempt(indexed_pod("p", 0, phase="Failed", exit_code=1), "", job, True) == \
         ("episode", "exited 1")
+    # One that exited 0 when stopped, before its reward, was cancelled too; one with its reward succeeded.
+    stopped = deleted(indexed_pod("p", 0))
+    assert demo.classify_attempt(stopped, "", job, True)[0] == "cancelled"
+    assert demo.classify_attempt(stopped, honest_log("p"), job, True) == (None, None)
+    assert demo.classify_attempt(indexed_pod("p", 0), "", job, True)[0] == "episode"
     # Without --need met, a deleted pod is what it was.
     assert demo.classify_attempt(deleted(indexed_pod("p", 0, phase="Failed", exit_code=1)), "",
                                  running_job(), True)[0] == "episode"
@@ -142,8 +147,8 @@ def test_index_lists_read_as_the_job_controller_writes_them() -> None:
 
 
 def test_delivery_figures_count_from_the_create_call_and_the_earliest_possible_end() -> None:
-    deliveries = [demo.Delivery(0, True, 110.5, 110.0, 110.25, True),
-                  demo.Delivery(1, False, 112.0, 111.0, 112.0, True),
+    deliveries = [demo.Delivery(0, True, 110.5, 110.0, 110.25, True, 110.25),
+                  demo.Delivery(1, False, 112.0, 111.0, 112.0, True, 111.75),
                   demo.Delivery(2, True, 113.0, 112.9, None, True),
                   demo.Delivery(3, True, 120.0, None, None, False)]
     figures = demo.delivery_figures(deliveries, 100.0, 0.25, need=2)
@@ -153,6 +158,7 @@ def test_delivery_figures_count_from_the_create_call_and_the_earliest_possible_e
     assert figures["reward_delivery_lag_max_seconds"] == 1.0
     assert figures["reward_delivery_lag_p99_seconds"] == pytest.approx(0.99, abs=0.001)
     assert figures["reward_delivery"]["lag_samples"] == 3
+    assert figures["reward_delivery"]["seen_to_written_p50_seconds"] == 0.25
     assert figures["reward_delivery"]["lag_precision_seconds"] == 1.0
     assert figures["reward_delivery"]["written_after_the_end"] == 1
     assert figures["reward_delivery"]["origin_precision_seconds"] == 0.25
