@@ -1403,7 +1403,9 @@ def classify_pod_state(pod: dict, log_text: str, job: dict, builtin: bool) -> tu
     status = pod.get("status") or {}
     phase = status.get("phase")
     disrupted = condition(pod, "DisruptionTarget")
-    if disrupted and disrupted.get("status") == "True":
+    # A disrupted pod whose program still finished (PID 1 ignores SIGTERM unless it handles it,
+    # so an evicted episode often runs on to exit 0) Succeeded: the Job counts it, so do we.
+    if disrupted and disrupted.get("status") == "True" and phase != "Succeeded":
         return "infrastructure", (f"disrupted ({disrupted.get('reason', '?')}: "
                                   f"{(disrupted.get('message') or '').strip()})").replace(": )", ")")
     if status.get("reason") in INFRASTRUCTURE_POD_REASONS:

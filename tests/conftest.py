@@ -28,6 +28,7 @@ MARKERS = {
     "e2e": "end-to-end: real kubectl against the emulator in tests/, pods sandboxed by bubblewrap",
     "slow": "takes more than a few seconds; deselect with -m 'not slow'",
     "real_cluster": "end-to-end on a real control plane (kube-apiserver, controllers, scheduler) and the node agent",
+    "real_node": "end-to-end on a real control plane and a real node (kubelet, containerd, runc), as root",
 }
 
 
@@ -67,13 +68,24 @@ def discovered_control_plane() -> Optional[str]:
     return str(build_control_plane.BIN_DIR) if build_control_plane.binaries_present() else None
 
 
+@functools.lru_cache(maxsize=None)
+def discovered_node_bin() -> Optional[str]:
+    """The directory of the real node's binaries from $RLDEMO_NODE_BIN or the cache (nothing is built)."""
+    given = os.environ.get("RLDEMO_NODE_BIN")
+    if given:
+        return given
+    import build_node
+    return str(build_node.BIN_DIR) if build_node.binaries_present() and not build_node.debian_missing() else None
+
+
 def default_kubectl_path() -> Optional[str]:
     """$RLDEMO_KUBECTL, else 1.33, else the newest found, else kubectl on PATH."""
     return os.environ.get("RLDEMO_KUBECTL") or prereqs.default_kubectl(discovered_kubectls())
 
 
 def require_prerequisites(kubectl_version: Optional[str] = None, *,
-                          kubectl: bool = True, bwrap: bool = True, control_plane: bool = False) -> Optional[str]:
+                          kubectl: bool = True, bwrap: bool = True, control_plane: bool = False,
+                          node: bool = False) -> Optional[str]:
     """Skip the test -- or fail it when CI / RLDEMO_REQUIRE_E2E is set -- unless the
     prerequisites are present. Returns the kubectl path (the default one when
     kubectl_version is None; None when kubectl=False).
@@ -90,6 +102,10 @@ def require_prerequisites(kubectl_version: Optional[str] = None, *,
         missing.append("bwrap (bubblewrap)")
     if control_plane and discovered_control_plane() is None:
         missing.append("the control plane binaries (kube-apiserver, ...; built with Go)")
+    if node and discovered_node_bin() is None:
+        missing.append("the real node's binaries (kubelet, containerd, ...; built with Go) and runc/crun/CNI")
+    if node and os.geteuid() != 0:
+        missing.append("root (the real node runs containerd and the kubelet)")
     if missing:
         skip_or_fail(f"missing prerequisite: {', '.join(missing)} (python3 tests/run_tests.py finds or installs them)")
     return path
@@ -159,6 +175,19 @@ def real_cluster(tmp_path_factory):
 
     kubectl = require_prerequisites("1.35", control_plane=True)
     cluster = LocalCluster(tmp_path_factory.mktemp("real-cluster"), Path(discovered_control_plane()))
+    cluster.start()
+    yield kubectl, cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def real_node(tmp_path_factory):
+    """(kubectl 1.35 path, a RealNodeCluster): the real control plane and a real kubelet, per test process."""
+    from real_node import RealNodeCluster
+
+    kubectl = require_prerequisites("1.35", bwrap=False, control_plane=True, node=True)
+    cluster = RealNodeCluster(tmp_path_factory.mktemp("real-node"), Path(discovered_control_plane()),
+                              Path(discovered_node_bin()))
     cluster.start()
     yield kubectl, cluster
     cluster.stop()

@@ -195,8 +195,14 @@ class Api:
 class ControlPlane:
     """etcd + kube-apiserver + kube-controller-manager + kube-scheduler, as local processes."""
 
-    def __init__(self, workdir: Path, bin_dir: Path):
+    def __init__(self, workdir: Path, bin_dir: Path, *, netns: Optional[str] = None,
+                 client_port: Optional[int] = None, runtime_overhead: bool = True):
+        """`netns`: run every component inside that network namespace (made by the caller), with
+        the API server reached from here through `client_port` (a relay the caller runs);
+        `runtime_overhead`: whether RuntimeClass cube reserves a VM sandbox's overhead."""
         self.workdir = Path(workdir)
+        self.netns = netns
+        self.runtime_overhead = runtime_overhead
         self.bin_dir = Path(bin_dir)
         self.pki = self.workdir / "pki"
         self.logs = self.workdir / "logs"
@@ -204,6 +210,7 @@ class ControlPlane:
         self.etcd_port = free_port()
         self.etcd_peer_port = free_port()
         self.api_port = free_port()
+        self.client_port = client_port or self.api_port
         self.kubeconfig = self.workdir / "kubeconfig"
         self.context = CONTEXT
         self.api: Optional[Api] = None
@@ -211,6 +218,12 @@ class ControlPlane:
 
     @property
     def server(self) -> str:
+        """The API server as clients here (kubectl, the tool) reach it."""
+        return f"https://127.0.0.1:{self.client_port}"
+
+    @property
+    def internal_server(self) -> str:
+        """The API server as the components beside it (in its network namespace) reach it."""
         return f"https://127.0.0.1:{self.api_port}"
 
     # -- lifecycle ---------------------------------------------------------
@@ -285,7 +298,7 @@ class ControlPlane:
     def component_kubeconfig(self, name: str) -> Path:
         path = self.workdir / f"{name}.kubeconfig"
         if not path.exists():
-            write_kubeconfig(path, self.server, self.pki / "ca.crt", self.pki / f"{name}.crt",
+            write_kubeconfig(path, self.internal_server, self.pki / "ca.crt", self.pki / f"{name}.crt",
                              self.pki / f"{name}.key", name, context=name)
         return path
 
@@ -300,7 +313,8 @@ class ControlPlane:
     def _start(self, name: str, args: List[str]) -> subprocess.Popen:
         log = open(self.logs / f"{name}.log", "ab")
         try:
-            process = subprocess.Popen([str(self.bin_dir / name), *args], stdin=subprocess.DEVNULL,
+            prefix = ["nsenter", f"--net=/run/netns/{self.netns}"] if self.netns else []
+            process = subprocess.Popen([*prefix, str(self.bin_dir / name), *args], stdin=subprocess.DEVNULL,
                                        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         finally:
             log.close()
@@ -337,7 +351,7 @@ class ControlPlane:
             "--allow-privileged=true", "--profiling=false", "--endpoint-reconciler-type=none",
             "--max-requests-inflight=800", "--max-mutating-requests-inflight=400",
         ])
-        self.api = Api("127.0.0.1", self.api_port, pki / "ca.crt", pki / "admin.crt", pki / "admin.key")
+        self.api = Api("127.0.0.1", self.client_port, pki / "ca.crt", pki / "admin.crt", pki / "admin.key")
         self.wait_ready()
 
     def wait_ready(self, timeout: float = START_TIMEOUT_SECONDS) -> None:
@@ -376,8 +390,10 @@ class ControlPlane:
             api.create("/apis/node.k8s.io/v1/runtimeclasses",
                        {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
                         "metadata": {"name": "cube"}, "handler": "cube",
-                        # What a VM sandbox reserves per pod, as the emulator's cube does.
-                        "overhead": {"podFixed": {"cpu": "250m", "memory": "768Mi"}}})
+                        # What a VM sandbox reserves per pod, as the emulator's cube does
+                        # (a real node's cube is runc, which reserves nothing).
+                        **({"overhead": {"podFixed": {"cpu": "250m", "memory": "768Mi"}}}
+                           if self.runtime_overhead else {})})
         # The node agent runs as system:node:<name> would; the kubelet API is served with the
         # apiserver-kubelet-client identity, which system:masters covers.
         deadline = time.monotonic() + 60

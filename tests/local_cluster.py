@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """A local Kubernetes cluster for trying the tool, and for the real-cluster tests.
 
-    python3 tests/local_cluster.py [--emulator] [--workdir DIR] [--keep] [--nodes N]
+    python3 tests/local_cluster.py [--emulator | --kubelet] [--workdir DIR] [--keep] [--nodes N]
 
 Starts a real control plane (etcd, kube-apiserver, kube-controller-manager,
 kube-scheduler, built once from the Go module proxy by
 tests/build_control_plane.py) with tests/node_agent.py doing the kubelet's part
--- or, with --emulator, the tests' API emulator -- writes a kubeconfig, prints
+-- or, with --emulator, the tests' API emulator; with --kubelet, one real node
+(kubelet, containerd, runc: tests/real_node.py, as root) -- writes a kubeconfig, prints
 `READY <kubeconfig path>` on one line once `kubectl get nodes` works, and stops
 everything on SIGINT or SIGTERM, removing the temporary directory it made for its
 state (its logs, the control plane's data) unless --keep says otherwise. Then, in
@@ -138,7 +139,10 @@ def kubectl_works(kubectl: str, env: Dict[str, str]) -> bool:
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--emulator", action="store_true", help="the tests' API emulator instead of the real control plane")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--emulator", action="store_true", help="the tests' API emulator instead of the real control plane")
+    mode.add_argument("--kubelet", action="store_true",
+                      help="a real node (kubelet, containerd, runc; needs root) instead of the node agent")
     parser.add_argument("--workdir", help="where to keep state, kept after stopping (default: a new temporary "
                                           "directory, removed after stopping)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary state directory after stopping")
@@ -164,7 +168,21 @@ def main(argv: Optional[List[str]] = None) -> int:
         except BuildError as error:
             print(f"local_cluster: cannot build the control plane: {error}", file=sys.stderr)
             return 1
-        cluster = LocalCluster(workdir, bin_dir, nodes=args.nodes)
+        if args.kubelet:
+            import build_node
+            from real_node import RealNodeCluster
+            try:
+                node_bin = build_node.ensure_built(log=lambda *a, **k: print(*a, file=sys.stderr, **k))
+            except BuildError as error:
+                print(f"local_cluster: cannot build the real node: {error}", file=sys.stderr)
+                return 1
+            if os.geteuid() != 0:
+                print("local_cluster: --kubelet runs containerd and the kubelet: run it as root", file=sys.stderr)
+                return 1
+            cluster = RealNodeCluster(workdir, bin_dir, node_bin,
+                                      log=lambda *a, **k: print(*a, file=sys.stderr, **k))
+        else:
+            cluster = LocalCluster(workdir, bin_dir, nodes=args.nodes)
     try:
         cluster.start()
         env = cluster.env()

@@ -4,8 +4,10 @@
     python3 tests/run_tests.py [--python X.Y] [--no-install] [PYTEST ARGS...]
 
 Finds (or installs) the prerequisites -- bubblewrap, kubectl 1.27/1.33/1.35,
-Python 3.9 and 3.13, and the real control plane's binaries (built once with Go,
-see tests/build_control_plane.py) -- makes one virtualenv per Python under tests/.cache/
+Python 3.9 and 3.13, the real control plane's binaries (built once with Go,
+see tests/build_control_plane.py) and the real node's (kubelet, containerd,
+a registry, crane, crictl, built once with Go, and Debian's runc, crun and CNI
+plugins: tests/build_node.py) -- makes one virtualenv per Python under tests/.cache/
 with the test extras from pyproject.toml, then runs pytest once per Python.
 Arguments it does not know (or everything after `--`) go to pytest and
 replace the default `tests` path.
@@ -31,6 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import build_control_plane  # noqa: E402  (needs the path above)
+import build_node  # noqa: E402  (needs the path above)
 import prereqs  # noqa: E402  (needs the path above)
 
 REPO_ROOT = prereqs.REPO_ROOT
@@ -52,6 +55,10 @@ REAL_CLUSTER_PYTHON = "3.13"
 # Every file's real-cluster tests (the marker selects them), not one file's: a tier
 # left out of this pass would run nowhere, since the other passes deselect it.
 REAL_CLUSTER_ARGS = ["-n", "0", "-m", REAL_CLUSTER_MARKER, "tests"]
+# The real node's tier (a kubelet, containerd and runc running the episodes) gets a pass of its
+# own after that, on the same Python, for the same reasons: it needs the two cores to itself.
+REAL_NODE_MARKER = "real_node"
+REAL_NODE_ARGS = ["-n", "0", "-m", REAL_NODE_MARKER, "tests"]
 PIP_ENV = {"PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"}
 
 
@@ -175,6 +182,11 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         help=f"run only on this Python (repeatable; default: {' and '.join(prereqs.PYTHON_VERSIONS)})",
     )
     parser.add_argument(
+        "--real-node", action="store_true",
+        help="also build the real node (tests/build_node.py) and run its tier in a pass of its own; "
+             "not yet part of the default run: its guide batch can time out on a loaded machine",
+    )
+    parser.add_argument(
         "--no-install", action="store_true",
         help="do not apt-get, npm pack or pip install; use only what is already here",
     )
@@ -232,6 +244,23 @@ def check_control_plane(install: bool, missing: list[str]) -> str | None:
         return None
 
 
+def check_node(install: bool, missing: list[str]) -> str | None:
+    """Build (once) or find the real node's binaries (kubelet, containerd, ...) and Debian's runc."""
+    if build_node.binaries_present() and not build_node.debian_missing():
+        say(f"  real node    {relative(build_node.BIN_DIR)} (cached)")
+        return str(build_node.BIN_DIR)
+    if not install:
+        missing.append("the real node's binaries (--no-install: not built)")
+        say("  real node    MISSING (not built: --no-install)")
+        return None
+    try:
+        return str(build_node.ensure_built(log=lambda message, **_: say(f"  {message}")))
+    except build_node.BuildError as error:
+        missing.append("the real node's binaries (kubelet, containerd, runc, ...; see above)")
+        say(f"  real node    CANNOT BUILD: {error}")
+        return None
+
+
 def check_pythons(versions: tuple[str, ...], install: bool, missing: list[str]) -> dict[str, Path]:
     """{version: venv python} with the test requirements installed, per wanted Python."""
     interpreters = prereqs.find_pythons(versions)
@@ -253,11 +282,14 @@ def check_pythons(versions: tuple[str, ...], install: bool, missing: list[str]) 
 
 
 def pytest_environment(kubectls: dict[str, str], default_kubectl: str | None,
-                       bwrap: str | None, control_plane: str | None, ci: bool) -> dict[str, str]:
+                       bwrap: str | None, control_plane: str | None, ci: bool,
+                       node: str | None = None) -> dict[str, str]:
     """Our environment plus what conftest.py reads, so pytest does not search again."""
     env = dict(os.environ, RLDEMO_KUBECTLS=json.dumps(kubectls), PYTHONUNBUFFERED="1")
     if control_plane:
         env["RLDEMO_CONTROL_PLANE_BIN"] = control_plane
+    if node:
+        env["RLDEMO_NODE_BIN"] = node
     if default_kubectl:
         env["RLDEMO_KUBECTL"] = default_kubectl
     if bwrap:
@@ -281,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         default_kubectl = prereqs.default_kubectl(kubectls)
         say(f"  default kubectl: {default_kubectl or 'NONE'}")
         control_plane = check_control_plane(install, missing)
+        node = check_node(install, missing) if args.real_node else None
         venvs = check_pythons(tuple(args.python or prereqs.PYTHON_VERSIONS), install, missing)
         if not venvs and not ci:
             here = f"{sys.version_info[0]}.{sys.version_info[1]}"
@@ -299,14 +332,16 @@ def main(argv: list[str] | None = None) -> int:
         say("FAILED: no Python to run pytest with")
         return 1
 
-    env = pytest_environment(kubectls, default_kubectl, bwrap, control_plane, ci)
+    env = pytest_environment(kubectls, default_kubectl, bwrap, control_plane, ci, node)
     passes = []
     for version, python in venvs.items():
-        selection = pytest_args or ["-m", f"not {REAL_CLUSTER_MARKER}", "tests"]
+        selection = pytest_args or ["-m", f"not {REAL_CLUSTER_MARKER} and not {REAL_NODE_MARKER}", "tests"]
         passes.append((version, python, PYTEST_ARGS_ALWAYS + PYTEST_ARGS_BY_PYTHON.get(version, []) + selection))
     if not pytest_args:
         newest = REAL_CLUSTER_PYTHON if REAL_CLUSTER_PYTHON in venvs else list(venvs)[-1]
         passes.append((f"{newest} real cluster", venvs[newest], REAL_CLUSTER_ARGS))
+        if args.real_node:
+            passes.append((f"{newest} real node", venvs[newest], REAL_NODE_ARGS))
     results = []
     for label, python, command_args in passes:
         say()

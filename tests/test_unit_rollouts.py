@@ -210,6 +210,14 @@ def test_each_failure_is_classified(pod: dict, log: str, job: dict, expected: tu
     assert demo.classify_attempt(pod, log, job, builtin=True) == expected
 
 
+def test_a_disrupted_pod_that_still_succeeded_is_a_success_as_the_job_counts_it() -> None:
+    # A real kubelet's eviction: SIGTERM to PID 1, which ignores it, so the episode ran to exit 0.
+    pod = make_pod("p")
+    pod["status"]["conditions"].append({"type": "DisruptionTarget", "status": "True",
+                                        "reason": "EvictionByEvictionAPI", "message": "Eviction API: evicting"})
+    assert demo.classify_attempt(pod, honest_log("p"), make_job(), builtin=True) == (None, None)
+
+
 def test_an_infrastructure_failure_names_the_pods_warnings() -> None:
     pod = deleted(make_pod("p", phase="Failed", exit_code=137, started=""))
     assert demo.classify_attempt(pod, "", failed_job("DeadlineExceeded"), True,

@@ -1,0 +1,229 @@
+"""End to end on a real node: the real tool, kubectl 1.35, the real control plane, and a real
+kubelet with containerd and runc running the episodes in the guide's image, pulled from a local
+registry (tests/real_node.py).
+
+One cluster serves every test of a pytest process (the `real_node` fixture); each run makes its
+own namespace. Run with `python3 tests/run_tests.py --python 3.13 -- -m real_node tests`
+(as root: the node runs containerd and the kubelet).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from e2e_support import (assert_cleanup_twice, assert_run_agrees_with_cluster, interrupt, load, start_tool, tool,
+                         wait_for, write_script)
+from test_real_cluster import running_pods, slow_script
+
+pytestmark = [pytest.mark.e2e, pytest.mark.real_node, pytest.mark.xdist_group("real-node")]
+
+GUIDE_IMAGE = "docker.io/library/python:3.12-alpine"
+
+
+def kubectl_run(cluster, kubectl: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([kubectl, *args], env=cluster.env(), capture_output=True, text=True, timeout=timeout)
+
+
+def events_of(output: Path) -> list[dict]:
+    return load(output / "events.json")["items"]
+
+
+def check_run(cluster, output: Path, count: int, parallelism: int) -> dict:
+    """The run's files agree with the API server, and every pod ran on the real node in its runtime."""
+    results = assert_run_agrees_with_cluster(cluster, output, count, parallelism)
+    pods = load(output / "pods.json")["items"]
+    assert len(pods) == count
+    for pod in pods:
+        assert pod["spec"]["nodeName"] == cluster.node_name
+        status = pod["status"]["containerStatuses"][0]
+        # Only a real container runtime reports these.
+        assert status["containerID"].startswith("containerd://")
+        assert status["imageID"].startswith("docker.io/library/python@sha256:")
+        assert status["state"]["terminated"]["exitCode"] == 0
+    reasons = {e["reason"] for e in events_of(output)}
+    # (Not the Job's Completed: the Job controller records it after setting the Job's condition,
+    # so a run that saw the condition may have read the events before it.)
+    for reason in ("Scheduled", "Pulled", "Created", "Started", "SuccessfulCreate"):
+        assert reason in reasons, f"no {reason} event in events.json"
+    return results
+
+
+def test_guide_batches_then_cleanup_twice(real_node, tmp_path):
+    kubectl, cluster = real_node
+    parallel_dir, sequential_dir = tmp_path / "rl-parallel-10", tmp_path / "rl-sequential-10"
+    parallel = tool(cluster, kubectl, "run", "--count", "10", "--output", str(parallel_dir), "--quiet")
+    assert parallel.returncode == 0, parallel.stderr
+    check_run(cluster, parallel_dir, 10, 10)
+    sequential = tool(cluster, kubectl, "run", "--count", "10", "--parallelism", "1",
+                      "--output", str(sequential_dir), "--quiet")
+    assert sequential.returncode == 0, sequential.stderr
+    check_run(cluster, sequential_dir, 10, 1)
+    # One at a time: each container started after the one before it had finished.
+    pods = sorted(load(sequential_dir / "pods.json")["items"],
+                  key=lambda p: p["status"]["containerStatuses"][0]["state"]["terminated"]["startedAt"])
+    for before, after in zip(pods, pods[1:]):
+        assert before["status"]["containerStatuses"][0]["state"]["terminated"]["finishedAt"] <= \
+            after["status"]["containerStatuses"][0]["state"]["terminated"]["startedAt"]
+
+    # `kubectl logs` goes through the API server to the real kubelet.
+    namespace = load(parallel_dir / "receipt.json")["namespace"]
+    pod = load(parallel_dir / "results.json")["pods"][0]["pod"]
+    logs = kubectl_run(cluster, kubectl, "logs", pod, "-n", namespace)
+    assert logs.returncode == 0, logs.stderr
+    assert logs.stdout == (parallel_dir / f"{pod}.log").read_text()
+    for output in (parallel_dir, sequential_dir):
+        assert_cleanup_twice(cluster, kubectl, output)
+
+
+def test_image_pulled_when_absent_and_found_present_after(real_node, tmp_path):
+    kubectl, cluster = real_node
+    cluster.crictl("rmi", GUIDE_IMAGE, check=False)
+    pulled_dir, present_dir = tmp_path / "pulled", tmp_path / "present"
+    for output in (pulled_dir, present_dir):
+        result = tool(cluster, kubectl, "run", "--count", "1", "--output", str(output), "--quiet")
+        assert result.returncode == 0, result.stderr
+    pulled = [e["message"] for e in events_of(pulled_dir) if e["reason"] == "Pulled"]
+    present = [e["message"] for e in events_of(present_dir) if e["reason"] == "Pulled"]
+    assert len(pulled) == len(present) == 1
+    assert pulled[0].startswith('Successfully pulled image "python:3.12-alpine"'), pulled
+    assert "already present on machine" in present[0], present
+    assert "Pulling" in {e["reason"] for e in events_of(pulled_dir)}
+    assert "Pulling" not in {e["reason"] for e in events_of(present_dir)}
+    for output in (pulled_dir, present_dir):
+        assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
+
+
+def test_an_image_the_registry_lacks_fails_as_infrastructure(real_node, tmp_path):
+    kubectl, cluster = real_node
+    output = tmp_path / "out"
+    result = tool(cluster, kubectl, "run", "--count", "2", "--image", "python:0-missing", "--timeout", "20",
+                  "--retries", "1", "--allow-failures", "1", "--output", str(output), "--quiet")
+    assert result.returncode != 0, result.stderr
+    assert "Traceback" not in result.stderr
+    rows = [json.loads(line) for line in (output / "rewards.jsonl").read_text().splitlines()]
+    assert rows and all(row["failure_class"] == "infrastructure" for row in rows), rows
+    assert any("ErrImagePull" in row["failure"] or "ImagePullBackOff" in row["failure"] for row in rows), rows
+    messages = " ".join(e["message"] for e in events_of(output) if e["reason"] == "Failed")
+    assert "python:0-missing" in messages and "not found" in messages, messages
+    assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
+
+
+def test_harden_runs_on_the_real_node(real_node, tmp_path):
+    kubectl, cluster = real_node
+    output = tmp_path / "out"
+    result = tool(cluster, kubectl, "run", "--count", "2", "--harden", "--output", str(output), "--quiet")
+    assert result.returncode == 0, result.stderr
+    pods = load(output / "pods.json")["items"]
+    assert all(p["spec"]["containers"][0]["securityContext"]["readOnlyRootFilesystem"] for p in pods)
+    assert load(output / "results.json")["reward_sum"] == 2
+    assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
+
+
+def test_episode_script_with_tasks_runs_as_an_indexed_job(real_node, tmp_path):
+    from test_e2e_features import HALF_REWARD_SCRIPT
+
+    kubectl, cluster = real_node
+    output = tmp_path / "out"
+    script = write_script(tmp_path, HALF_REWARD_SCRIPT)
+    result = tool(cluster, kubectl, "run", "--count", "4", "--parallelism", "2", "--episode-script", str(script),
+                  "--output", str(output), "--quiet")
+    assert result.returncode == 0, result.stderr
+    results = load(output / "results.json")
+    assert results["reward_sum"] == 2.0 and results["successful_episodes"] == 4
+    assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
+
+
+def evict(cluster, pod: dict, grace_seconds: int = None) -> None:
+    namespace, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+    body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
+    if grace_seconds is not None:
+        body["deleteOptions"] = {"gracePeriodSeconds": grace_seconds}
+    cluster.api.create(f"/api/v1/namespaces/{namespace}/pods/{name}/eviction", body)
+
+
+def test_logs_follow_through_the_kubelet_and_an_evicted_episode_is_retried(real_node, tmp_path):
+    kubectl, cluster = real_node
+    output = tmp_path / "out"
+    process = start_tool(cluster, kubectl, "run", "--count", "2", "--episode-script", str(slow_script(tmp_path, 15)),
+                         "--retries", "1", "--output", str(output), "--quiet")
+    try:
+        pods = wait_for(lambda: len(running_pods(cluster, output)) == 2 and running_pods(cluster, output), 120,
+                        "two running pods")
+        followed, killed = sorted(pods, key=lambda p: p["metadata"]["name"])
+        follow = subprocess.Popen([kubectl, "logs", "-f", followed["metadata"]["name"],
+                                   "-n", followed["metadata"]["namespace"]], env=cluster.env(),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert json.loads(follow.stdout.readline())["event"] == "ready"
+        # The episode is PID 1 and ignores SIGTERM, so only a short grace kills it (137): an
+        # infrastructure failure, retried. (With the default 30 s it runs on to its reward, and the
+        # pod, deleted once it ends, may take its log with it before the tool reads it.)
+        evict(cluster, killed, grace_seconds=1)
+        rest, _ = follow.communicate(timeout=120)
+        stdout, stderr = process.communicate(timeout=300)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    # The followed stream went on through the kubelet until the container ended.
+    assert [json.loads(line)["event"] for line in rest.splitlines()] == ["reward"]
+    assert process.returncode == 0, stderr
+    assert load(output / "results.json")["reward_sum"] == 2
+    rows = {row["pod"]: row for row in map(json.loads, (output / "rewards.jsonl").read_text().splitlines())}
+    assert rows[followed["metadata"]["name"]]["attempts"] == 1
+    retried = [row for name, row in rows.items() if name != followed["metadata"]["name"]]
+    assert len(retried) == 1 and retried[0]["attempts"] == 2, rows
+    assert retried[0]["earlier_attempts"][0]["pod"] == killed["metadata"]["name"]
+    assert "EvictionByEvictionAPI" in retried[0]["earlier_attempts"][0]["failure"]
+    assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
+
+
+def test_interrupt_then_cleanup_stops_the_containers(real_node, tmp_path):
+    kubectl, cluster = real_node
+    output = tmp_path / "out"
+    process = start_tool(cluster, kubectl, "run", "--count", "2", "--episode-script", str(slow_script(tmp_path, 600)),
+                         "--output", str(output), "--quiet")
+    wait_for(lambda: len(running_pods(cluster, output)) == 2, 120, "two running pods")
+    result = interrupt(process)
+    assert result.returncode == 130, result.stderr
+    assert "Traceback" not in result.stderr and f"cleanup --output {output}" in result.stderr
+    namespace = load(output / "receipt.json")["namespace"]
+    cleaned = tool(cluster, kubectl, "cleanup", "--output", str(output))
+    assert cleaned.returncode == 0, cleaned.stderr
+    assert cluster.get("namespaces", None, namespace) is None
+    # The real containers are gone from containerd too.
+    deadline = time.monotonic() + 60
+    while namespace in cluster.crictl("ps", "-a", "-o", "json").stdout and time.monotonic() < deadline:
+        time.sleep(1)
+    assert namespace not in cluster.crictl("ps", "-a", "-o", "json").stdout
+
+
+def test_leftovers_of_a_killed_run_are_torn_down(real_node, tmp_path):
+    """A run killed outright leaves its network namespace, mounts and cgroups; the next start removes them."""
+    import real_node as node
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    name = f"rldemo-{dead.pid}-leftover"
+    record = node.RECORDS / name
+    record.mkdir(parents=True)
+    (record / "owner").write_text(str(dead.pid))
+    (record / "state.json").write_text(json.dumps({"name": name, "netns": name, "workdir": str(tmp_path)}))
+    node.run(["ip", "netns", "add", name])
+    (tmp_path / "mnt").mkdir()
+    node.run(["mount", "-t", "tmpfs", "tmpfs", str(tmp_path / "mnt")])
+    (node.CGROUP_ROOT / "memory" / name / "kubepods").mkdir(parents=True)
+    node.cleanup_leftovers()
+    assert not Path(f"/run/netns/{name}").exists()
+    assert node._mounts_under([str(tmp_path)]) == []
+    assert not (node.CGROUP_ROOT / "memory" / name).exists()
+    assert not record.exists()
+    # The running cluster's own record was left alone: its owner (this process) is alive.
+    assert (node.RECORDS / cluster_name(real_node)).is_dir()
+
+
+def cluster_name(real_node) -> str:
+    return real_node[1].name
