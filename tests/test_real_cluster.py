@@ -40,7 +40,9 @@ def check_run(cluster, output: Path, count: int, parallelism: int) -> dict:
         ran = cluster.agent.truth[(namespace, row["pod"])]
         assert ran["node"] == row["node"] and ran["exit_code"] == 0
     events = (output / "events.txt").read_text()
-    for reason in ("Scheduled", "Pulled", "Created", "Started", "SuccessfulCreate", "Completed"):
+    # Not the Job's Completed event: the Job controller records it after it sets the Job's Complete
+    # condition, so on a loaded control plane it can come after the run's last read of the events.
+    for reason in ("Scheduled", "Pulled", "Created", "Started", "SuccessfulCreate"):
         assert reason in events, f"no {reason} event in events.txt"
     return results
 
