@@ -52,7 +52,7 @@ import time
 import tokenize
 import urllib.parse
 from html import escape as html_escape
-from typing import Any, Callable, Generator, Iterable, Iterator, NamedTuple, Sequence, TextIO
+from typing import Any, Callable, Generator, Iterable, Iterator, NamedTuple, NoReturn, Sequence, TextIO
 
 try:
     import resource
@@ -5855,7 +5855,23 @@ def perform_run(args: argparse.Namespace) -> tuple[int, Results | None]:
     if failure is None and getattr(args, "print_results", True):
         print_results(results.figures, args.quiet)
     finish_run(run, failure, args.cleanup, args.quiet, cleanup_hint)
-    return (EXIT_PARTIAL if results.figures.get("accepted_partial") else 0), results
+    status = EXIT_PARTIAL if results.figures.get("accepted_partial") else 0
+    if getattr(args, "exit_when_done", False):
+        exit_at_once(status)  # while the run is still held: freeing it is what would take the time
+    return status, results
+
+
+def exit_at_once(status: int) -> NoReturn:
+    """End the process now, its output flushed. By then every file is written, every kubectl it
+    started has been stopped and waited for, and nothing it holds is needed: freeing that (every
+    pod, event and summary of the run: a quarter of a second at 2,000 episodes) and joining idle
+    log readers is all a normal exit would add."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass  # a closed or broken stream: nothing more can be said on it
+    os._exit(status)
 
 
 def dry_run_listing(args: argparse.Namespace) -> dict:
@@ -6850,9 +6866,13 @@ def stream_batch(tasks: Sequence[dict] | str | os.PathLike | None = None, *, out
             worker.join()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, exit_when_done: bool = False) -> int:
+    """The command line; `exit_when_done` (the console's entry points) ends the process the moment
+    its work is done (exit_at_once), not when Python has freed everything, so a caller running it
+    every step waits for nothing after the run."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.exit_when_done = exit_when_done
     if args.action == "run":
         try:
             check_run_arguments(args)
@@ -6875,8 +6895,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def cli() -> None:
     """Console-script entry point."""
-    sys.exit(main())
+    exit_at_once(main(exit_when_done=True))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_at_once(main(exit_when_done=True))
