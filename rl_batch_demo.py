@@ -3460,9 +3460,12 @@ class InterruptsAcrossForks:
         raise KeyboardInterrupt
 
     def start(self, starter: Callable[[], subprocess.Popen]) -> subprocess.Popen:
-        """The child `starter` starts, with any interrupt held back until it has."""
+        """The child `starter` starts, with any interrupt held back until it has (inside `holding`,
+        until that block ends: whoever holds it stops the child)."""
         if threading.current_thread() is not threading.main_thread():
             return starter()  # signal handlers run in the main thread alone
+        if self.starting:
+            return starter()
         self.starting, self.held = True, False
         try:
             child = starter()
@@ -3477,6 +3480,26 @@ class InterruptsAcrossForks:
             child.wait()
             raise KeyboardInterrupt
         return child
+
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[None]:
+        """An interrupt held back while the block runs, and raised when it ends. A thread's start
+        waits on a lock of the threading module's: an interrupt raised inside that wait leaves the
+        lock released twice (RuntimeError) instead of stopping the run as Ctrl-C should."""
+        if threading.current_thread() is not threading.main_thread() or self.starting:
+            yield
+            return
+        self.starting, self.held = True, False
+        try:
+            yield
+        except BaseException:
+            self.starting = False
+            if self.held:
+                raise KeyboardInterrupt from None
+            raise
+        self.starting = False
+        if self.held:
+            raise KeyboardInterrupt
 
 
 INTERRUPTS = InterruptsAcrossForks()
@@ -4217,13 +4240,15 @@ class WatchStream:
             args = ["get", "pods", "-l", f"job-name={self.job_name}"]
         args += ["-n", self.namespace, "-o", "json", "--watch", "--output-watch-events"]
         errors = tempfile.TemporaryFile()
-        try:
-            process = self.kubectl.stream(args, seconds, stderr=errors)
-        except OSError as error:
-            errors.close()
-            raise DemoError(f"cannot run kubectl {self.kubectl.binary!r}: {error}") from None
-        self.processes[kind] = process
-        threading.Thread(target=self._pump, args=(kind, process, errors), daemon=True).start()
+        # An interrupt comes once the watch is whole: its process, known to be stopped, and its reader.
+        with INTERRUPTS.holding():
+            try:
+                process = self.kubectl.stream(args, seconds, stderr=errors)
+            except OSError as error:
+                errors.close()
+                raise DemoError(f"cannot run kubectl {self.kubectl.binary!r}: {error}") from None
+            self.processes[kind] = process
+            threading.Thread(target=self._pump, args=(kind, process, errors), daemon=True).start()
 
     def _pump(self, kind: str, process: subprocess.Popen, errors: Any) -> None:
         """Turn a watch's output into queue items; say when it ends."""

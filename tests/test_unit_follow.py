@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import copy
 import json
+import signal
 import unittest.mock
+
+import pytest
 
 import rl_batch_demo as demo
 
@@ -296,3 +299,47 @@ def test_the_status_line_counts_the_jobs_pods_and_says_when_it_polls() -> None:
         "rollout:   12.3s  active 3  ready 2  succeeded 1/4  failed 0")
     assert demo.status_line("rollout", 4, None, 0.0, polling=True) == (
         "rollout:    0.0s  active 0  ready 0  succeeded 0/4  failed 0  (polling)")
+
+
+# --------------------------------------------------------------------------
+# An interrupt while a watch starts.
+
+
+class Child:
+    """Stands for a started kubectl: told whether it was killed."""
+
+    def __init__(self) -> None:
+        self.killed = False
+
+    def kill(self) -> None:
+        self.killed = True
+
+    def wait(self) -> int:
+        return 0
+
+
+def test_an_interrupt_while_a_watch_starts_is_raised_once_its_process_and_reader_have_started() -> None:
+    interrupts = demo.InterruptsAcrossForks()
+    done = []
+    child = Child()
+    with pytest.raises(KeyboardInterrupt):
+        with interrupts.holding():
+            interrupts.handle(signal.SIGINT, None)  # held: raising here could land inside Thread.start
+            started = interrupts.start(lambda: child)  # type: ignore[arg-type,return-value]
+            done.append(started)
+    # The child started inside is the holder's to stop (the watch's stop does), not killed here.
+    assert done == [child] and not child.killed and not interrupts.starting
+
+
+def test_an_interrupt_while_a_child_starts_alone_kills_it_and_is_raised() -> None:
+    interrupts = demo.InterruptsAcrossForks()
+    child = Child()
+
+    def starter() -> Child:
+        interrupts.handle(signal.SIGTERM, None)
+        return child
+    with pytest.raises(KeyboardInterrupt):
+        interrupts.start(starter)  # type: ignore[arg-type]
+    assert child.killed
+    with interrupts.holding():  # nothing held: the block ends quietly
+        pass
