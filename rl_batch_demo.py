@@ -3951,9 +3951,17 @@ class Progress:
             self._open_line = False
 
 
+class StateChange(NamedTuple):
+    """What one change did to a batch's state, as BatchState.apply returns it."""
+    kind: str  # "job", "pods" or "events"
+    pod: str | None = None  # the pod it was about (also when deleted)
+    ended: tuple[tuple[str, str], ...] = ()  # (pod, containerID) of each episode container it shows ended
+    job_ended: bool = False  # this is the change that showed the Job's end
+
+
 class BatchState:
     """What the watches of one Job have said: a pure reducer of their changes, with no
-    thread, process or clock of its own.
+    thread, process or clock of its own; `apply` is the one way a change comes in.
 
     It holds the Job and each pod as last seen (a pod once, its repeated strings shared
     once it has ended), the namespace's events, and when (the client's wall clock, given
@@ -3978,18 +3986,26 @@ class BatchState:
         self._final_texts = Spool()
         self._final_versions: dict[str, str] = {}
 
-    def apply(self, kind: str, change: str, obj: dict, arrived: float) -> list[tuple[str, str]]:
+    def apply(self, kind: str, change: str, obj: dict, arrived: float) -> StateChange:
         """One change a watch (or a poll) delivered about the Job ("job"), a pod ("pods") or an
-        event ("events"). Returns the (pod, containerID) of each episode container it shows ended."""
+        event ("events"): `change` is the watch's type (ADDED, MODIFIED, DELETED), `arrived`
+        when it reached the client."""
         if kind == "job":
-            self.on_job(obj, arrived)
-            return []
+            return StateChange(kind, job_ended=self._on_job(obj, arrived))
         if kind == "events":
             self.events.apply(change, obj)
-            return []
-        return self.on_pod(obj, change == "DELETED", arrived)
+            return StateChange(kind)
+        return self._on_pod(obj, change == "DELETED", arrived)
 
-    def on_job(self, job: dict, arrived: float) -> bool:
+    def submitted(self, at: float) -> None:
+        """The client's create call for the Job starts now (its wall clock)."""
+        self.job_observed["submitted"] = at
+
+    def created(self, at: float) -> None:
+        """The client's create call for the Job returned (its wall clock)."""
+        self.job_observed["create_returned"] = at
+
+    def _on_job(self, job: dict, arrived: float) -> bool:
         """Take the Job as last seen; True when this is the change that showed its end."""
         self.job = job
         record_job_observation(self.job_observed, job, arrived)
@@ -4000,15 +4016,15 @@ class BatchState:
         self.end = end
         return True
 
-    def on_pod(self, pod: dict, deleted: bool, arrived: float) -> list[tuple[str, str]]:
+    def _on_pod(self, pod: dict, deleted: bool, arrived: float) -> StateChange:
         name = (pod.get("metadata") or {}).get("name")
         if not name:
-            return []
+            return StateChange("pods", name)
         if deleted:
             # Keep the last state seen: a pod that vanished is still part of the evidence.
             self.deleted.add(name)
             self.pods.setdefault(name, pod)
-            return []
+            return StateChange("pods", name)
         if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
             # Its state from now on is what is held to the end: worth holding small.
             pod = self._shared.share(pod)
@@ -4018,7 +4034,7 @@ class BatchState:
         self.pods[name] = pod
         record_pod_observation(self.observed.setdefault(name, {}), pod, arrived)
         terminated = container_terminated(pod)
-        return [] if terminated is None else [(name, terminated.get("containerID", ""))]
+        return StateChange("pods", name, () if terminated is None else ((name, terminated.get("containerID", "")),))
 
     def pod_text(self, pod: dict) -> str:
         """A pod as json.dumps writes it: the text encoded while waiting when it is of this very version."""
@@ -4047,7 +4063,8 @@ class LogReader:
     the batch directory, so little is left to write at the end), and at collection whatever is missing."""
 
     def __init__(self, kubectl: Kubectl, namespace: str, pool: concurrent.futures.ThreadPoolExecutor,
-                 proxy: ApiProxy | None = None, log_dir: str | None = None) -> None:
+                 proxy: ApiProxy | None = None, log_dir: str | None = None,
+                 on_read: Callable[[str], None] | None = None) -> None:
         self.kubectl = kubectl
         self.namespace = namespace
         self.pool = pool
@@ -4058,9 +4075,9 @@ class LogReader:
         self.saved: dict[str, str] = {}  # pod name -> the log text saved as <pod>.log
         self._reads: dict[tuple[str, str], concurrent.futures.Future] = {}
         # Told (from a reader's thread) the name of each pod whose log was read after its end.
-        self.on_read: Callable[[str], None] | None = None
+        self.on_read = on_read
 
-    def schedule(self, ended: list[tuple[str, str]]) -> None:
+    def schedule(self, ended: Iterable[tuple[str, str]]) -> None:
         """Read the log of each ended container once; keyed by container, so a restarted one's is read again."""
         for key in ended:
             if key not in self._reads:
@@ -4392,56 +4409,71 @@ class WaitCost:
         self.queue_peak = max(self.queue_peak, waiting + 1)
 
 
+class Submission(NamedTuple):
+    """The one moment a Job was submitted: just before the client's create call, on both clocks."""
+    wall: float
+    monotonic: float
+
+
 class BatchFollower:
-    """Follows one Job and its pods until the Job ends, reading each log as its pod finishes.
+    """Follows one Job and its pods until the Job ends, reading each log as its pod finishes;
+    after the end, takes in what its watches still deliver until the evidence is settled.
 
     Watches (`kubectl get -w`) tell the end at once with no polling delay; a broken
-    watch is restarted, and after repeated breaks the follower polls instead.
+    watch is restarted, and after repeated breaks the follower polls instead. Every change,
+    watched or polled, reaches the state through BatchState.apply.
     """
 
     def __init__(self, kubectl: Kubectl, namespace: str, job_name: str, count: int,
                  progress: Progress, pool: concurrent.futures.ThreadPoolExecutor,
                  proxy: ApiProxy | None = None, log_dir: str | None = None,
-                 rewards: RewardStream | None = None) -> None:
+                 rewards: RewardStream | None = None, watches: WatchStream | None = None) -> None:
         self.kubectl = kubectl
+        self.namespace = namespace
         self.job_name = job_name
         self.count = count
         self.progress = progress
+        self.proxy = proxy
         self.state = BatchState()
-        self.watches = WatchStream(kubectl, namespace, job_name)
+        # Given already started when its pod watch had to listen before the proxy was opened.
+        self.watches = watches or WatchStream(kubectl, namespace, job_name)
         self.poller = PollFallback(kubectl, namespace, job_name)
-        self.log_reader = LogReader(kubectl, namespace, pool, proxy, log_dir)
         # A rollout's rewards.jsonl, each line written as its episode settles (a log read wakes the loop).
         self.rewards = rewards
-        if rewards is not None:
-            self.log_reader.on_read = lambda name: self.watches.queue.put(LogRead(name))
+        self.log_reader = LogReader(kubectl, namespace, pool, proxy, log_dir,
+                                    on_read=self._log_read if rewards is not None else None)
         self.cost = WaitCost()
         # The namespace's events are followed while waiting so that little is left to read at the
         # end; not watched (then listed at the end) when the watch is refused or broke for good.
         self.events_watched = True
+        self.submission: Submission | None = None
         # When this client saw the Job's end, on both clocks (observed.json is what the watches saw).
         self.end_seen_monotonic: float | None = None
         self.end_seen_wall: float | None = None
 
-    # What the watches said, as the state holds it.
-    job = property(lambda self: self.state.job)
-    pods = property(lambda self: self.state.pods)
-    deleted = property(lambda self: self.state.deleted)
-    events = property(lambda self: self.state.events)
-    job_observed = property(lambda self: self.state.job_observed)
-    end = property(lambda self: self.state.end)
-    end_resource_version = property(lambda self: self.state.end_resource_version)
-    polling = property(lambda self: self.poller.active)
+    @property
+    def polling(self) -> bool:
+        """The watches gave up for good: the Job and its pods are read every POLL_INTERVAL_SECONDS."""
+        return self.poller.active
 
     def observations(self) -> dict:
         return self.state.observations()
 
-    def watch_pods_first(self, client_deadline: float) -> None:
-        """Start the pod watch before the Job exists: each pod's ADDED then arrives as the pod is
-        created, rather than in the first listing of a watch started after the create call."""
-        self.watches.start("pods", client_deadline)
+    def submit(self, create: Callable[[], dict]) -> dict:
+        """Create the Job with `create`, the moment just before it taken as the submission's;
+        the watches stop should it fail."""
+        self.progress.new_batch()
+        self.submission = Submission(time.time(), time.monotonic())
+        self.state.submitted(self.submission.wall)
+        try:
+            created = create()
+        except BaseException:
+            self.stop_watches()
+            raise
+        self.state.created(time.time())
+        return created
 
-    def follow(self, submitted_monotonic: float, client_deadline: float) -> str | None:
+    def follow(self, client_deadline: float) -> str | None:
         """Wait until the Job is Complete or Failed ("Complete"/"Failed"), or None at the deadline."""
         processes_before = self.kubectl.processes - len(self.watches)  # a watch started first is this wait's
         self.watches.failures = {"job": 0, "pods": 0, "events": 0}
@@ -4449,29 +4481,29 @@ class BatchFollower:
             for kind in ("job", "pods", "events"):
                 if kind not in self.watches:
                     self.watches.start(kind, client_deadline)
-            while self.end is None and time.monotonic() < client_deadline:
+            while self.state.end is None and time.monotonic() < client_deadline:
                 if self.rewards is not None:
                     self.rewards.check_stop()
                 if self.poller.due(time.monotonic()):
                     self._poll(client_deadline)
-                    if self.end is not None:
+                    if self.state.end is not None:
                         break
                 self._take_next(client_deadline)
-                self._show(submitted_monotonic)
+                self._show()
         finally:
             # The pod and event watches go on while the evidence is read: they deliver what
             # happened up to the end, and should no pod list answer, what the pod watch saw
             # by then is all there is to go on.
-            self.stop_watches(keep=("pods", "events") if self.end is not None else ())
+            self.stop_watches(keep=("pods", "events") if self.state.end is not None else ())
             self.progress.finish()
             self.cost.processes = self.kubectl.processes - processes_before
-        return self.end
+        return self.state.end
 
     def _poll(self, client_deadline: float) -> None:
         job, pods, seen = self.poller.read(client_deadline)
         for pod in pods:
-            self._on_pod(pod, arrived=seen)
-        self._on_job(job, seen)
+            self._apply("pods", "ADDED", pod, seen)
+        self._apply("job", "MODIFIED", job, seen)
         self.poller.taken_in()
 
     def _take_next(self, client_deadline: float) -> None:
@@ -4499,17 +4531,30 @@ class BatchFollower:
         obj = event.get("object") if isinstance(event, dict) and "object" in event else event
         if not isinstance(obj, dict) or obj.get("kind") == "Status":
             return
+        self._apply(kind, event.get("type") or "ADDED", obj, arrived)
+
+    def _apply(self, kind: str, change: str, obj: dict, arrived: float) -> StateChange:
+        """One change into the state, then what it calls for: the ended containers' logs read,
+        the moment the end was seen noted, the episodes it may settle judged."""
+        changed = self.state.apply(kind, change, obj, arrived)
+        self.log_reader.schedule(changed.ended)
+        if changed.job_ended:
+            self.end_seen_monotonic = time.monotonic()
+            self.end_seen_wall = time.time()
         if kind == "job":
-            self._on_job(obj, arrived)
-        else:
-            self.log_reader.schedule(self.state.apply(kind, event.get("type") or "ADDED", obj, arrived))
-            if kind == "pods":
-                self.judge([(obj.get("metadata") or {}).get("name", "")])
+            self.judge(None)
+        elif kind == "pods":
+            self.judge([changed.pod or ""])
+        return changed
 
     def judge(self, names: Iterable[str] | None) -> None:
         """Write the rewards.jsonl line of each episode these pods settle (None: those waiting on the Job)."""
         if self.rewards is not None:
             self.rewards.judge(self.state, self.log_reader.early, names)
+
+    def _log_read(self, name: str) -> None:
+        """From a log reader's thread: a log was read, which wakes the loop to settle its episode."""
+        self.watches.queue.put(LogRead(name))
 
     def _watch_ended(self, kind: str, refusal: str | None, client_deadline: float) -> None:
         """A watch ended: restarted, or after repeated breaks the follower polls instead (the
@@ -4518,7 +4563,7 @@ class BatchFollower:
         if kind == "events" and (refusal or self.watches.failures[kind] >= WATCH_RESTARTS_BEFORE_POLLING):
             self._unwatch_events(refusal)
             return
-        if self.end is not None or self.polling:
+        if self.state.end is not None or self.polling:
             return
         if refusal:
             # Refused for good, unlike a broken connection: each restart would list and be
@@ -4544,98 +4589,80 @@ class BatchFollower:
     def stop_watches(self, keep: Sequence[str] = ()) -> None:
         self.watches.stop(keep)
 
-    def _on_job(self, job: dict, arrived: float | None = None) -> None:
-        if self.state.on_job(job, time.time() if arrived is None else arrived):
-            self.end_seen_monotonic = time.monotonic()
-            self.end_seen_wall = time.time()
-        self.judge(None)
+    def _show(self) -> None:
+        elapsed = time.monotonic() - self.submission.monotonic if self.submission is not None else 0.0
+        self.progress.update(status_line(self.job_name, self.count, self.state.job, elapsed, self.polling))
 
-    def _on_pod(self, pod: dict, deleted: bool = False, arrived: float | None = None) -> None:
-        self.log_reader.schedule(self.state.on_pod(pod, deleted, time.time() if arrived is None else arrived))
-        self.judge([pod_name(pod)])
+    # After the Job's end its pod and event watches still deliver what happened up to it.
 
-    def _show(self, submitted_monotonic: float) -> None:
-        self.progress.update(status_line(self.job_name, self.count, self.job,
-                                         time.monotonic() - submitted_monotonic, self.polling))
-
-
-# After the Job's end its pod and event watches still deliver what happened up to it.
-
-
-def drain_pod_watch(follower: BatchFollower) -> None:
-    """Stop the pod watch and take in everything it delivered since the Job ended."""
-    watching = "pods" in follower.watches
-    follower.stop_watches()
-    deadline = time.monotonic() + 5
-    while watching:
-        try:
-            item = follower.watches.queue.get(timeout=max(0.01, deadline - time.monotonic()))
-        except queue.Empty:
-            return
-        if isinstance(item, WatchEnded):
-            if item.kind == "pods":
-                return
-            continue  # another watch's end: what follows the Job's end needs only the pods
-        follower.take(item, deadline)
-
-
-def settle_watches(follower: BatchFollower, events_expected: int | None, seconds: float) -> None:
-    """After the end: take in what the watches still deliver until the pods are final and
-    the events number `events_expected` (None: not waited for), for up to `seconds`."""
-    deadline = time.monotonic() + seconds
-    while not watches_settled(follower, events_expected):
-        try:
-            item = follower.watches.queue.get(timeout=max(0.0, min(0.1, deadline - time.monotonic())))
-        except queue.Empty:
-            if time.monotonic() >= deadline:
-                return
-            continue
-        while True:  # everything already delivered, before judging again
-            follower.take(item, deadline)
+    def settle_after_end(self, retry_until: float | None) -> int | None:
+        """After the end: how many events the API holds (a list of one: its items and remainingItemCount),
+        and up to SETTLE_SECONDS for the watches to deliver that many and each pod's final state.
+        None when the events are not watched or could not be counted: then they are not waited for."""
+        events_expected = None
+        if self.events_watched:
             try:
-                item = follower.watches.queue.get_nowait()
+                events_expected, self.state.events.resource_version = count_events(
+                    self.kubectl, self.proxy, self.namespace, retry_until)
+            except DemoError:
+                pass  # then the events are listed after all
+        self.settle_watches(events_expected, SETTLE_SECONDS)
+        return events_expected
+
+    def settle_watches(self, events_expected: int | None, seconds: float) -> None:
+        """After the end: take in what the watches still deliver until the pods are final and
+        the events number `events_expected` (None: not waited for), for up to `seconds`."""
+        deadline = time.monotonic() + seconds
+        while not self.watches_settled(events_expected):
+            try:
+                item = self.watches.queue.get(timeout=max(0.0, min(0.1, deadline - time.monotonic())))
             except queue.Empty:
-                break
+                if time.monotonic() >= deadline:
+                    return
+                continue
+            while True:  # everything already delivered, before judging again
+                self.take(item, deadline)
+                try:
+                    item = self.watches.queue.get_nowait()
+                except queue.Empty:
+                    break
 
+    def drain_pod_watch(self) -> None:
+        """Stop the pod watch and take in everything it delivered since the Job ended."""
+        watching = "pods" in self.watches
+        self.stop_watches()
+        deadline = time.monotonic() + 5
+        while watching:
+            try:
+                item = self.watches.queue.get(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty:
+                return
+            if isinstance(item, WatchEnded):
+                if item.kind == "pods":
+                    return
+                continue  # another watch's end: what follows the Job's end needs only the pods
+            self.take(item, deadline)
 
-def watches_settled(follower: BatchFollower, events_expected: int | None) -> bool:
-    """Nothing more worth waiting for: each watch has delivered enough, or never will."""
-    events_done = events_expected is None or not watch_followed(follower, "events") or \
-        events_caught_up(follower, events_expected)
-    pods_done = not watch_followed(follower, "pods") or follower.end != "Complete" or bool(follower.deleted) or \
-        watched_pods_final(follower)
-    return events_done and pods_done
+    def watches_settled(self, events_expected: int | None) -> bool:
+        """Nothing more worth waiting for: each watch has delivered enough, or never will."""
+        events_done = events_expected is None or not self.watch_followed("events") or \
+            self.events_caught_up(events_expected)
+        pods_done = not self.watch_followed("pods") or self.state.end != "Complete" or bool(self.state.deleted) \
+            or self.watched_pods_final()
+        return events_done and pods_done
 
+    def watch_followed(self, kind: str) -> bool:
+        """The watch of `kind` runs and is what the follower goes by."""
+        return kind in self.watches and not self.polling and (kind != "events" or self.events_watched)
 
-def watch_followed(follower: BatchFollower, kind: str) -> bool:
-    """The watch of `kind` runs and is what the follower goes by."""
-    return kind in follower.watches and not follower.polling and (kind != "events" or follower.events_watched)
+    def events_caught_up(self, events_expected: int | None) -> bool:
+        """The event watch holds at least as many events as the API did after the end."""
+        return self.events_watched and not self.polling and events_expected is not None \
+            and len(self.state.events) >= events_expected
 
-
-def events_caught_up(follower: BatchFollower, events_expected: int | None) -> bool:
-    """The event watch holds at least as many events as the API did after the end."""
-    return follower.events_watched and not follower.polling and events_expected is not None \
-        and len(follower.events) >= events_expected
-
-
-def watched_pods_final(follower: BatchFollower) -> bool:
-    """The pod watch saw each pod of the Complete Job to its final state (see pods_final)."""
-    return not follower.polling and follower.state.pods_are_final()
-
-
-def settle_after_end(follower: BatchFollower, kubectl: Kubectl, proxy: ApiProxy | None, namespace: str,
-                     retry_until: float | None) -> int | None:
-    """After the end: how many events the API holds (a list of one: its items and remainingItemCount),
-    and up to SETTLE_SECONDS for the watches to deliver that many and each pod's final state.
-    None when the events are not watched or could not be counted: then they are not waited for."""
-    events_expected = None
-    if follower.events_watched:
-        try:
-            events_expected, follower.events.resource_version = count_events(kubectl, proxy, namespace, retry_until)
-        except DemoError:
-            pass  # then the events are listed after all
-    settle_watches(follower, events_expected, SETTLE_SECONDS)
-    return events_expected
+    def watched_pods_final(self) -> bool:
+        """The pod watch saw each pod of the Complete Job to its final state (see pods_final)."""
+        return not self.polling and self.state.pods_are_final()
 
 
 # --------------------------------------------------------------------------
@@ -5235,34 +5262,32 @@ def run_one_batch(run: RunContext, entry: BatchEntry) -> BatchOutcome:
     os.makedirs(batch_dir, exist_ok=True)
     manifest = run.plan.jobs[job_name]
     write_json(os.path.join(batch_dir, "job-submitted.json"), manifest)
-    submitted_wall = time.time()
-    submitted = time.monotonic()
-    client_deadline = submitted + run.settings.timeout + CLIENT_GRACE_SECONDS
+    # The client's own deadline, which bounds its watches from their start; its measures start
+    # at the submission, just before the create call.
+    client_deadline = time.monotonic() + run.settings.timeout + CLIENT_GRACE_SECONDS
+    watches = WatchStream(run.kubectl, run.namespace, job_name)
+    # The pod watch first, so that it is listening by the time the Job's first pods are created
+    # (and starts while the proxy does).
+    watches.start("pods", client_deadline)
+    try:
+        open_proxy(run)
+    except BaseException:
+        watches.stop()
+        raise
     rewards = RewardStream(os.path.join(batch_dir, REWARDS_FILE), run.settings, run.on_reward, run.stop) \
         if run.settings.rollout else None
     follower = BatchFollower(run.kubectl, run.namespace, job_name, run.settings.count,
-                             run.progress, run.pool, run.proxy, batch_dir, rewards)
+                             run.progress, run.pool, run.proxy, batch_dir, rewards, watches)
     run.batch = batch = BatchEvidence(run, follower, batch_dir)
-    # First, so that it is listening by the time the Job's first pods are created.
-    follower.watch_pods_first(client_deadline)
-    open_proxy(run)
-    follower.log_reader.proxy = run.proxy
-    run.progress.new_batch()
-    follower.job_observed["submitted"] = time.time()
-    try:
-        created = create_object(run, manifest)
-    except BaseException:
-        follower.stop_watches()
-        raise
-    follower.job_observed["create_returned"] = time.time()
+    created = follower.submit(lambda: create_object(run, manifest))
     run.receipt.record_job(job_name, created["metadata"]["uid"])
-    end = follower.follow(submitted, client_deadline)
-    client = client_wait(follower, end, submitted_wall, submitted)
+    end = follower.follow(client_deadline)
+    client = client_wait(follower, end)
     evidence = batch.collect(job_name)
     follower.stop_watches()
     reading = evidence.reading
     client["pods_read"] = {
-        "source": reading.source, "not_older_than": follower.end_resource_version,
+        "source": reading.source, "not_older_than": follower.state.end_resource_version,
         "resource_version": reading.resource_version, "pages": reading.pages,
         "continue_expiries": reading.continue_expiries, "read_again": reading.reread}
     client["events_read"] = batch.events_read
@@ -5279,12 +5304,14 @@ def run_one_batch(run: RunContext, entry: BatchEntry) -> BatchOutcome:
     return BatchOutcome(entry, summary, client)
 
 
-def client_wait(follower: BatchFollower, end: str | None, submitted_wall: float, submitted: float) -> dict:
+def client_wait(follower: BatchFollower, end: str | None) -> dict:
     """How the client waited for one Job: when it saw the end, and what the wait cost."""
+    submission = follower.submission
+    assert submission is not None  # followed only once submitted
     return {
-        "job": follower.job_name, "end": end, "submitted_at": submitted_wall,
+        "job": follower.job_name, "end": end, "submitted_at": submission.wall,
         "observed_at": follower.end_seen_wall,
-        "client_job_complete_seconds": rounded(follower.end_seen_monotonic - submitted)
+        "client_job_complete_seconds": rounded(follower.end_seen_monotonic - submission.monotonic)
         if follower.end_seen_monotonic is not None else None,
         "kubectl_processes_while_waiting": follower.cost.processes,
         "watch_restarts": follower.cost.restarts,
@@ -5345,7 +5372,7 @@ def rollout_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) -
         raise DemoError(f"{error}\n  {REWARDS_FILE} lists every episode with its class; "
                         f"{saved_evidence(job, pods, logs, events)}") from None
     if follower.rewards is not None:
-        summary.figures.update(batch_delivery_figures(follower.rewards.deliveries, follower.job_observed,
+        summary.figures.update(batch_delivery_figures(follower.rewards.deliveries, follower.state.job_observed,
                                                       settings.need))
         summary.deliveries = [d.written_at for d in follower.rewards.deliveries if d.success]
     cancelled = summary.figures.get("cancelled_episodes") or 0
@@ -5481,8 +5508,8 @@ class BatchEvidence:
 
     @property
     def proxy(self) -> ApiProxy | None:
-        """The run's proxy, as the follower reads through it (opened after the pod watch started)."""
-        return self.follower.log_reader.proxy
+        """The run's proxy, as the follower reads through it."""
+        return self.follower.proxy
 
     def collect(self, job_name: str, retry: bool = True) -> Evidence:
         """Save job.json, pods.json, events.txt, events.json and one log per pod: the evidence of a batch.
@@ -5491,10 +5518,9 @@ class BatchEvidence:
         # Evidence is worth a few retries, not a long wait: a log that a kubelet
         # cannot serve now is saved empty and the episode fails verification.
         retry_until = time.monotonic() + COLLECT_RETRY_SECONDS if retry else None
-        events_expected = settle_after_end(follower, self.kubectl, self.proxy, self.namespace, retry_until) \
-            if retry else None
-        watched_final = watched_pods_final(follower)
-        events_watched = events_caught_up(follower, events_expected)
+        events_expected = follower.settle_after_end(retry_until) if retry else None
+        watched_final = follower.watched_pods_final()
+        events_watched = follower.events_caught_up(events_expected)
         follower.stop_watches(keep=() if watched_final else ("pods",))
         if watched_final:
             follower.state.forget_shared()
@@ -5508,31 +5534,31 @@ class BatchEvidence:
 
     def _read_job(self, job_name: str, retry_until: float | None) -> dict | None:
         """The Job as its end was seen, else as read now, else as last watched."""
-        follower = self.follower
-        if follower.end is not None and follower.job is not None:
-            return follower.job
+        state = self.follower.state
+        if state.end is not None and state.job is not None:
+            return state.job
         try:
             return self.kubectl.get("job", job_name, self.namespace, retry_until=retry_until)
         except DemoError:
-            return follower.job
+            return state.job
 
     def _read_pods(self, job_name: str, watched_final: bool, retry: bool) -> PodReading:
         """The Job's pods: as watched when each one's last change arrived, else listed."""
-        follower = self.follower
+        state = self.follower.state
         if watched_final:
             # Each pod's last change arrived: a list would show the very same pods.
-            return PodReading(sorted(follower.pods.values(), key=pod_name), "final watch",
-                              follower.end_resource_version, 0, 0, [])
+            return PodReading(sorted(state.pods.values(), key=pod_name), "final watch",
+                              state.end_resource_version, 0, 0, [])
         # Else never the watch's view: it may run behind. The list is at least as new as the
         # moment the Job's end was seen, and its pages are retried while a cache catches up.
         return read_job_pods(self.kubectl, self.proxy, self.namespace, job_name,
-                             follower.end_resource_version, PAGE_RETRY_SECONDS if retry else None,
+                             state.end_resource_version, PAGE_RETRY_SECONDS if retry else None,
                              self.settings.chunk_size)
 
     def _read_events(self, events_watched: bool, retry: bool) -> PagedList | EventStore:
         """The namespace's events: as watched when the watch caught up with them all, else listed."""
         if events_watched:
-            return self.follower.events
+            return self.follower.state.events
         return read_events(self.kubectl, self.proxy, self.namespace, self.settings.chunk_size,
                            COLLECT_RETRY_SECONDS if retry else None)
 
@@ -5564,8 +5590,8 @@ class BatchEvidence:
             reading = None
             print(f"Warning: could not list the pods ({error}); pods.json holds what the pod watch "
                   f"saw, each pod it saw unfinished read again", file=sys.stderr)
-        drain_pod_watch(follower)
-        watched = list(follower.pods.values())
+        follower.drain_pod_watch()
+        watched = list(follower.state.pods.values())
         if reading is None:
             fresh = reread_pods(self.kubectl, self.proxy, self.namespace, unfinished_pods(watched),
                                 None if retry_until is None else COLLECT_RETRY_SECONDS)
