@@ -388,6 +388,96 @@ class RolloutPolicy(NamedTuple):
     need: int | None = None
 
 
+class BatchEntry(NamedTuple):
+    """One batch of a run, as run.json's `batches` lists it: its Job, whether it is measured (a
+    warm-up is not), and its directory under the run's (`.` when the run has one batch)."""
+    job: str
+    measured: bool
+    dir: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What one run was asked to do, made once (run_settings(), from the command line's or
+    run_batch()'s checked arguments; or read back from run.json) and read by attribute.
+    `saved()` is run.json's form of it, key for key."""
+    count: int
+    parallelism: int
+    image: str = DEFAULT_IMAGE
+    runtime: str = DEFAULT_RUNTIME
+    timeout: int = DEFAULT_JOB_DEADLINE_SECONDS  # the Job's activeDeadlineSeconds
+    rounds: int = 1
+    warmup: bool = False
+    harden: bool = False
+    builtin: bool = True  # the built-in episode, not an --episode-script
+    episode_script: str | None = None
+    chunk_size: int = LIST_PAGE_SIZE
+    episode_script_sha256: str | None = None
+    ttl_seconds: int | None = None
+    version: str | None = None  # the tool's, as it started the run (none for a run of the guide's script)
+    # A rollout batch (--tasks, --retries, --allow-failures, --need, or a Python caller): rewards.jsonl.
+    rollout: bool = False
+    tasks_file: str | None = None
+    group_size: int = 1
+    retries: int | None = None  # None: not asked for (the guide's backoffLimit 0)
+    allow_failures: int | None = None
+    task_ids: tuple[str, ...] | None = None
+    need: int | None = None
+    episode_timeout: int | None = None
+    # Known once the run has named its context and namespace.
+    context: str | None = None
+    namespace: str | None = None
+    batches: tuple[BatchEntry, ...] = ()
+
+    def saved(self) -> dict[str, Any]:
+        """run.json's fields: the rollout options only for a rollout, --need and --episode-timeout
+        only when given."""
+        saved: dict[str, Any] = {
+            "version": self.version, "count": self.count, "parallelism": self.parallelism,
+            "image": self.image, "runtime": self.runtime, "timeout": self.timeout,
+            "rounds": self.rounds, "warmup": self.warmup, "harden": self.harden,
+            "builtin": self.builtin, "episode_script": self.episode_script, "chunk_size": self.chunk_size,
+            "episode_script_sha256": self.episode_script_sha256, "ttl_seconds": self.ttl_seconds,
+        }
+        if self.rollout:
+            saved.update({"rollout": True, "tasks_file": self.tasks_file, "group_size": self.group_size,
+                          "retries": self.retries, "allow_failures": self.allow_failures,
+                          "task_ids": None if self.task_ids is None else list(self.task_ids)})
+        if self.need is not None:
+            saved["need"] = self.need
+        if self.episode_timeout is not None:
+            saved["episode_timeout"] = self.episode_timeout
+        saved.update({"context": self.context, "namespace": self.namespace,
+                      "batches": [entry._asdict() for entry in self.batches]})
+        return saved
+
+    @classmethod
+    def from_saved(cls, saved: dict[str, Any]) -> Settings:
+        """A run's settings read back from its run.json; a field an older run did not record takes
+        the value that run had. DemoError names a field the results cannot do without."""
+        missing = [key for key in SAVED_SETTINGS_NEEDED if key not in saved]
+        if missing:
+            raise DemoError(f"run.json lacks {', '.join(map(repr, missing))}: not a run directory "
+                            f"this tool can report")
+        task_ids = saved.get("task_ids")
+        return cls(
+            count=saved["count"], parallelism=saved["parallelism"], image=saved["image"],
+            runtime=saved["runtime"], timeout=saved.get("timeout", 0), rounds=saved.get("rounds") or 1,
+            warmup=saved["warmup"], harden=saved.get("harden", False), builtin=saved.get("builtin", True),
+            episode_script=saved.get("episode_script"), chunk_size=saved.get("chunk_size", LIST_PAGE_SIZE),
+            episode_script_sha256=saved.get("episode_script_sha256"), ttl_seconds=saved.get("ttl_seconds"),
+            version=saved.get("version"), rollout=bool(saved.get("rollout")), tasks_file=saved.get("tasks_file"),
+            group_size=saved.get("group_size") or 1, retries=saved.get("retries"),
+            allow_failures=saved.get("allow_failures"), task_ids=None if task_ids is None else tuple(task_ids),
+            need=saved.get("need"), episode_timeout=saved.get("episode_timeout"), context=saved["context"],
+            namespace=saved["namespace"],
+            batches=tuple(BatchEntry(entry["job"], entry["measured"], entry["dir"]) for entry in saved["batches"]))
+
+
+# What results.json cannot be made without: every other field of run.json has a default.
+SAVED_SETTINGS_NEEDED = ("count", "parallelism", "image", "runtime", "warmup", "context", "namespace", "batches")
+
+
 # --------------------------------------------------------------------------
 # Manifests: plain dicts built from their arguments alone.
 
@@ -2920,12 +3010,12 @@ def nice_step(span: float, ticks: int = 8) -> float:
     return 10 * power
 
 
-def timeline_title(settings: dict) -> str:
+def timeline_title(settings: Settings) -> str:
     """What the timeline shows: its episodes in all, and in how many rounds."""
-    count, rounds = settings["count"], settings.get("rounds") or 1
+    count, rounds = settings.count, settings.rounds
     episodes = plural(count, "episode") if rounds == 1 else \
         f"{rounds} rounds of {plural(count, 'episode')} ({rounds * count} in all)"
-    return f"{episodes}, parallelism {settings['parallelism']}, runtime {settings['runtime']}"
+    return f"{episodes}, parallelism {settings.parallelism}, runtime {settings.runtime}"
 
 
 # Every picture and episodes.csv count from the same zero as results.json's batch_to_* figures.
@@ -4209,14 +4299,14 @@ class RewardStream:
     follows the batch (the one that called `run`).
     """
 
-    def __init__(self, path: str, settings: dict, on_reward: Callable[[dict], None] | None = None,
+    def __init__(self, path: str, settings: Settings, on_reward: Callable[[dict], None] | None = None,
                  stop: threading.Event | None = None) -> None:
         self.path = path
-        self.count = settings["count"]
-        self.builtin = settings["builtin"]
-        self.task_ids = settings.get("task_ids")
-        self.group_size = settings.get("group_size") or 1
-        self.may_retry = bool(settings.get("retries"))
+        self.count = settings.count
+        self.builtin = settings.builtin
+        self.task_ids = settings.task_ids
+        self.group_size = settings.group_size
+        self.may_retry = bool(settings.retries)
         self.on_reward = on_reward
         self.rows: dict[int, dict] = {}
         self.deliveries: list[Delivery] = []
@@ -4976,25 +5066,24 @@ def batch_names(rounds: int, warmup: bool) -> list[tuple[str, bool]]:
     return names
 
 
-def rollout_policy(settings: dict) -> RolloutPolicy | None:
+def rollout_policy(settings: Settings) -> RolloutPolicy | None:
     """Retries and accepted failures, when either was asked for, or --need (which accepts the
     failures it over-provisions for: count - need); else the guide's backoffLimit 0."""
-    need = settings.get("need")
-    if need is not None:
-        return RolloutPolicy(settings.get("retries") or 0, settings["count"] - need, need)
-    if settings.get("retries") is None and settings.get("allow_failures") is None:
+    if settings.need is not None:
+        return RolloutPolicy(settings.retries or 0, settings.count - settings.need, settings.need)
+    if settings.retries is None and settings.allow_failures is None:
         return None
-    return RolloutPolicy(settings.get("retries") or 0, settings.get("allow_failures") or 0)
+    return RolloutPolicy(settings.retries or 0, settings.allow_failures or 0)
 
 
-def batch_job(namespace: str, settings: dict, name: str, task_maps: Sequence[dict]) -> dict:
+def batch_job(namespace: str, settings: Settings, name: str, task_maps: Sequence[dict]) -> dict:
     """The Job of one batch, from the run's settings and the ConfigMaps that carry its tasks."""
     return job_manifest(
-        namespace, settings["count"], settings["parallelism"], settings["image"],
-        settings["runtime"], settings["timeout"], name=name, harden=settings["harden"],
-        indexed=not settings["builtin"],
-        tasks=tasks_volume(task_maps, settings.get("group_size") or 1) if task_maps else None,
-        policy=rollout_policy(settings), episode_timeout=settings.get("episode_timeout"))
+        namespace, settings.count, settings.parallelism, settings.image,
+        settings.runtime, settings.timeout, name=name, harden=settings.harden,
+        indexed=not settings.builtin,
+        tasks=tasks_volume(task_maps, settings.group_size) if task_maps else None,
+        policy=rollout_policy(settings), episode_timeout=settings.episode_timeout)
 
 
 class RunPlan(NamedTuple):
@@ -5008,18 +5097,18 @@ class RunPlan(NamedTuple):
         return [self.namespace, *self.setup, *self.jobs.values()]
 
 
-def plan_run(namespace: str, run_id: str, settings: dict, worker_source: str,
+def plan_run(namespace: str, run_id: str, settings: Settings, worker_source: str,
              tasks: Sequence[Task] = (), origin: RunOrigin | None = None) -> RunPlan:
     """Every object `run` creates, from its settings (and the run's origin, once known) alone."""
     task_maps = task_configmaps(namespace, tasks) if tasks else []
-    setup = [network_policy_manifest(namespace)] if settings["harden"] else []
+    setup = [network_policy_manifest(namespace)] if settings.harden else []
     setup += [configmap_manifest(namespace, worker_source), *task_maps]
     jobs = {name: batch_job(namespace, settings, name, task_maps)
-            for name, _ in batch_names(settings["rounds"], settings["warmup"])}
-    return RunPlan(namespace_manifest(namespace, run_id, settings["harden"], origin), setup, jobs)
+            for name, _ in batch_names(settings.rounds, settings.warmup)}
+    return RunPlan(namespace_manifest(namespace, run_id, settings.harden, origin), setup, jobs)
 
 
-def planned_objects(namespace: str, run_id: str, settings: dict, worker_source: str,
+def planned_objects(namespace: str, run_id: str, settings: Settings, worker_source: str,
                     tasks: Sequence[Task] = (), origin: RunOrigin | None = None) -> list[dict]:
     """Every object `run` creates, in creation order."""
     return plan_run(namespace, run_id, settings, worker_source, tasks, origin).objects()
@@ -5185,7 +5274,7 @@ def write_events(path: str, source: PagedList | EventStore | None, events: Seque
 @dataclasses.dataclass
 class RunContext:
     """What the steps of one `run` share: its settings and plan, its receipt, its open handles."""
-    settings: dict
+    settings: Settings
     plan: RunPlan
     receipt: Receipt
     kubectl: Kubectl
@@ -5200,6 +5289,7 @@ class RunContext:
     spelling: Spelling = COMMAND_LINE  # how its errors name the settings: flags, or run_batch()'s keywords
     on_reward: Callable[[dict], None] | None = None  # run_batch's caller, told each rewards.jsonl line
     stop: threading.Event | None = None  # set by stream_batch once its reader has gone
+    capacity: dict | None = None  # what check_capacity found the nodes can run: run.json keeps it
 
     @property
     def namespace(self) -> str:
@@ -5217,18 +5307,26 @@ def execute(run: RunContext) -> Results:
     create_namespace(run)
     for manifest in run.plan.setup:
         create_object(run, manifest)
-    return save_results(run, [run_one_batch(run, entry) for entry in run.settings["batches"]])
+    return save_results(run, [run_one_batch(run, entry) for entry in run.settings.batches])
 
 
 def save_run_records(run: RunContext) -> None:
     """The receipt and run.json, before anything in the cluster changes."""
     run.receipt.save()
-    write_json(os.path.join(run.output, SETTINGS_FILE), run.settings)
+    save_run_json(run)
+
+
+def save_run_json(run: RunContext) -> None:
+    """run.json: the run's settings, and the capacity plan once known."""
+    saved = run.settings.saved()
+    if run.capacity is not None:
+        saved["capacity"] = run.capacity
+    write_json(os.path.join(run.output, SETTINGS_FILE), saved)
 
 
 def check_runtime_class(run: RunContext) -> None:
     """The RuntimeClass exists; the first contact with the cluster, so it also says whether it answers."""
-    runtime, context = run.settings["runtime"], run.kubectl.context
+    runtime, context = run.settings.runtime, run.kubectl.context
     try:
         # Retried briefly, so an unreachable cluster is reported in seconds rather than after a minute.
         run.kubectl.run(["get", "runtimeclass", runtime, "-o", "name"],
@@ -5249,7 +5347,7 @@ def check_server_version(run: RunContext) -> None:
     """Retries, accepted failures and --need need the Job API of Kubernetes >= 1.33; an older server
     would drop or reject the fields, so say so before anything is created."""
     context, name = run.kubectl.context, run.spelling.name
-    needs = f"{name('need')} needs" if run.settings.get("need") is not None else \
+    needs = f"{name('need')} needs" if run.settings.need is not None else \
         f"{name('retries')} and {name('allow_failures')} need"
     try:
         version = json.loads(run.kubectl.run(["get", "--raw", "/version"],
@@ -5258,7 +5356,7 @@ def check_server_version(run: RunContext) -> None:
     except (KubectlError, ValueError, KeyError, TypeError) as error:
         raise DemoError(f"cannot tell the Kubernetes version of context {context!r} ({error}); "
                         f"{needs} >= 1.33; nothing was created") from None
-    if run.settings.get("need") is not None and found < NEED_MIN_SERVER:
+    if run.settings.need is not None and found < NEED_MIN_SERVER:
         raise DemoError(f"{needs} Kubernetes >= 1.33 (the Job's successPolicy, with backoffLimitPerIndex "
                         f"and maxFailedIndexes); context {context!r} serves {found[0]}.{found[1]}; "
                         f"nothing was created")
@@ -5272,10 +5370,9 @@ def check_capacity(run: RunContext) -> None:
     """Warn, before anything is created, when the nodes cannot run the whole batch at once;
     run.json keeps the plan."""
     # Every batch's Job asks for the same resources per pod.
-    plan = read_capacity(run.kubectl, run.settings, next(iter(run.plan.jobs.values())))
-    run.settings = dict(run.settings, capacity=plan)
-    write_json(os.path.join(run.output, SETTINGS_FILE), run.settings)
-    warning = capacity_warning(plan, run.settings["parallelism"])
+    run.capacity = read_capacity(run.kubectl, run.settings, next(iter(run.plan.jobs.values())))
+    save_run_json(run)
+    warning = capacity_warning(run.capacity, run.settings.parallelism)
     if warning:
         print(warning, file=sys.stderr, flush=True)
 
@@ -5292,8 +5389,8 @@ def server_of_context(kubectl: Kubectl) -> str:
 
 def stamp_origin(run: RunContext) -> None:
     """Who starts the run, from where and until when, into the namespace about to be created."""
-    origin = run_origin(run.receipt.run_id, run.output, current_user(run.kubectl), run.settings.get("ttl_seconds"))
-    run.plan = run.plan._replace(namespace=namespace_manifest(run.namespace, origin.run_id, run.settings["harden"],
+    origin = run_origin(run.receipt.run_id, run.output, current_user(run.kubectl), run.settings.ttl_seconds)
+    run.plan = run.plan._replace(namespace=namespace_manifest(run.namespace, origin.run_id, run.settings.harden,
                                                               origin))
 
 
@@ -5334,16 +5431,16 @@ def open_proxy(run: RunContext) -> None:
             print(f"Warning: {error}; reading logs with one kubectl per pod", file=sys.stderr)
 
 
-def run_one_batch(run: RunContext, entry: dict) -> BatchOutcome:
+def run_one_batch(run: RunContext, entry: BatchEntry) -> BatchOutcome:
     """Submit one Job, follow it, save its evidence, verify and summarise it."""
-    job_name = entry["job"]
-    batch_dir = os.path.normpath(os.path.join(run.output, entry["dir"]))
+    job_name = entry.job
+    batch_dir = os.path.normpath(os.path.join(run.output, entry.dir))
     os.makedirs(batch_dir, exist_ok=True)
     manifest = run.plan.jobs[job_name]
     write_json(os.path.join(batch_dir, "job-submitted.json"), manifest)
     # The client's own deadline, which bounds its watches from their start; its measures start
     # at the submission, just before the create call.
-    client_deadline = time.monotonic() + run.settings["timeout"] + CLIENT_GRACE_SECONDS
+    client_deadline = time.monotonic() + run.settings.timeout + CLIENT_GRACE_SECONDS
     watches = WatchStream(run.kubectl, run.namespace, job_name)
     # The pod watch first, so that it is listening by the time the Job's first pods are created
     # (and starts while the proxy does).
@@ -5354,10 +5451,10 @@ def run_one_batch(run: RunContext, entry: dict) -> BatchOutcome:
         watches.stop()
         raise
     rewards = RewardStream(os.path.join(batch_dir, REWARDS_FILE), run.settings, run.on_reward, run.stop) \
-        if run.settings.get("rollout") else None
-    follower = BatchFollower(run.kubectl, run.namespace, job_name, run.settings["count"],
+        if run.settings.rollout else None
+    follower = BatchFollower(run.kubectl, run.namespace, job_name, run.settings.count,
                              run.progress, run.pool, run.proxy, batch_dir, rewards, watches,
-                             EpisodeDrafts(run.settings["builtin"]))
+                             EpisodeDrafts(run.settings.builtin))
     run.batch = batch = BatchEvidence(run, follower, batch_dir)
     created = follower.submit(lambda: create_object(run, manifest))
     run.receipt.record_job(job_name, created["metadata"]["uid"])
@@ -5371,7 +5468,7 @@ def run_one_batch(run: RunContext, entry: dict) -> BatchOutcome:
         "resource_version": reading.resource_version, "pages": reading.pages,
         "continue_expiries": reading.continue_expiries, "read_again": reading.reread}
     client["events_read"] = batch.events_read
-    summarise = rollout_summary if run.settings.get("rollout") else verified_summary
+    summarise = rollout_summary if run.settings.rollout else verified_summary
     try:
         summary = summarise(batch, end, evidence)
     finally:
@@ -5409,14 +5506,14 @@ def verified_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) 
     if end != "Complete":
         raise DemoError("\n  ".join(
             ["Job failed or timed out; inspect saved status/events/logs, then cleanup"]
-            + describe_failure(job, pods, job_name, settings["timeout"] + CLIENT_GRACE_SECONDS, logs)
+            + describe_failure(job, pods, job_name, settings.timeout + CLIENT_GRACE_SECONDS, logs)
             + [saved_evidence(job, pods, logs, events)]))
-    if reading.source == "watch" and len(pods) < settings["count"]:
+    if reading.source == "watch" and len(pods) < settings.count:
         # A watch that saw fewer pods than episodes proves nothing about the others.
         raise DemoError(f"cannot verify the batch: the pods could not be listed and the pod watch saw "
-                        f"only {len(pods)} of {settings['count']}")
+                        f"only {len(pods)} of {settings.count}")
     try:
-        return summarise_batch(job, pods, logs, events, settings["count"], settings["builtin"],
+        return summarise_batch(job, pods, logs, events, settings.count, settings.builtin,
                                batch.follower.end_seen_wall, batch.follower.observations(),
                                drafts=batch.follower.drafts.drafts if batch.follower.drafts else None)
     except VerificationError as error:
@@ -5430,10 +5527,9 @@ def rollout_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) -
     """Write rewards.jsonl with every episode; accept the batch if its failures are within
     --allow-failures, and summarise its successful episodes."""
     job, reading, logs, events = evidence
-    settings, pods, count, job_name = batch.settings, reading.pods, batch.settings["count"], batch.follower.job_name
-    group_size = settings.get("group_size") or 1
-    rows = episode_rows(count, job or {"metadata": {}}, pods, logs, settings["builtin"],
-                        settings.get("task_ids"), group_size, events)
+    settings, pods, count, job_name = batch.settings, reading.pods, batch.settings.count, batch.follower.job_name
+    rows = episode_rows(count, job or {"metadata": {}}, pods, logs, settings.builtin,
+                        settings.task_ids, settings.group_size, events)
     follower = batch.follower
     if follower.rewards is not None:
         rows = follower.rewards.finish(rows, pods, logs, follower.state.observed)
@@ -5444,7 +5540,7 @@ def rollout_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) -
     if end is None or job is None:
         raise DemoError("\n  ".join(
             ["Job did not finish; inspect saved status/events/logs, then cleanup"]
-            + describe_failure(job, pods, job_name, settings["timeout"] + CLIENT_GRACE_SECONDS, logs)
+            + describe_failure(job, pods, job_name, settings.timeout + CLIENT_GRACE_SECONDS, logs)
             + [f"{REWARDS_FILE} lists every episode as last seen", saved_evidence(job, pods, logs, events)]))
     if reading.source == "watch" and len(pods) < count:
         raise DemoError(f"cannot verify the batch: the pods could not be listed and the pod watch saw "
@@ -5458,15 +5554,15 @@ def rollout_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) -
                         f"{saved_evidence(job, pods, logs, events)}") from None
     if follower.rewards is not None:
         summary.figures.update(batch_delivery_figures(follower.rewards.deliveries, follower.state.job_observed,
-                                                      settings.get("need")))
+                                                      settings.need))
         summary.deliveries = [d.written_at for d in follower.rewards.deliveries if d.success]
     cancelled = summary.figures.get("cancelled_episodes") or 0
-    if settings.get("need") is not None:
-        print(f"--need {settings['need']} met: {count - cancelled - len(failures)} of {count} episodes "
+    if settings.need is not None:
+        print(f"--need {settings.need} met: {count - cancelled - len(failures)} of {count} episodes "
               f"succeeded, {cancelled} cancelled, {len(failures)} failed" + (f" ({said})" if failures else ""),
               file=sys.stderr)
     if failures:
-        accepted = "Failures within --need" if settings.get("need") is not None else "Accepted a partial batch"
+        accepted = "Failures within --need" if settings.need is not None else "Accepted a partial batch"
         print("\n  ".join([f"{accepted}: {len(failures)} of {count} episodes failed "
                            f"({said}); every episode is in {REWARDS_FILE}"] + failure_lines(failures)),
               file=sys.stderr)
@@ -5484,7 +5580,7 @@ def batch_delivery_figures(deliveries: Sequence[Delivery], job_observed: dict[st
 @cycle_collector_paused()
 def save_results(run: RunContext, batches: Sequence[BatchOutcome]) -> Results:
     """results.json, episodes.csv and the pictures, from every batch's summary."""
-    results = assemble_results(run.settings, batches, client_figures(run))
+    results = assemble_results(run.settings, batches, client_figures(run), run.capacity)
     write_json(os.path.join(run.output, RESULTS_FILE), results.figures)
     write_text(os.path.join(run.output, "episodes.csv"), episodes_csv(results.batches))
     write_pictures(run.output, results.batches, run.settings, results.figures["throughput"])
@@ -5638,13 +5734,13 @@ class BatchEvidence:
         # moment the Job's end was seen, and its pages are retried while a cache catches up.
         return read_job_pods(self.kubectl, self.proxy, self.namespace, job_name,
                              state.end_resource_version, PAGE_RETRY_SECONDS if retry else None,
-                             self.settings.get("chunk_size", LIST_PAGE_SIZE))
+                             self.settings.chunk_size)
 
     def _read_events(self, events_watched: bool, retry: bool) -> PagedList | EventStore:
         """The namespace's events: as watched when the watch caught up with them all, else listed."""
         if events_watched:
             return self.follower.state.events
-        return read_events(self.kubectl, self.proxy, self.namespace, self.settings.get("chunk_size", LIST_PAGE_SIZE),
+        return read_events(self.kubectl, self.proxy, self.namespace, self.settings.chunk_size,
                            COLLECT_RETRY_SECONDS if retry else None)
 
     def save_evidence(self, job_future: concurrent.futures.Future,
@@ -5703,7 +5799,7 @@ class BatchEvidence:
             problems.append(f"events: {error}")
             events = []
         write_text(os.path.join(self.batch_dir, "events.txt"), events_table(events) if events else "")
-        batches = [entry["job"] for entry in self.settings["batches"]]
+        batches = [entry.job for entry in self.settings.batches]
         if len(batches) > 1 and events:
             # The namespace's events cover every batch so far; each batch keeps its own.
             events = batch_events(events, job, pods, first=self.follower.job_name == batches[0])
@@ -5731,14 +5827,14 @@ def failure_lines(failures: Sequence[dict], most: int = 10) -> list[str]:
 
 
 def summarise_rollout(rows: Sequence[dict], job: dict, pods: Sequence[dict], logs: dict[str, str],
-                      events: Sequence[dict], settings: dict, end_seen_at: float | None = None,
+                      events: Sequence[dict], settings: Settings, end_seen_at: float | None = None,
                       observed: dict | None = None, spelling: Spelling = COMMAND_LINE,
                       drafts: Mapping[str, EpisodeDraft] | None = None) -> BatchSummary:
     """A rollout batch's summary: the figures of its successful episodes, with failures, attempts and
     groups; DemoError when more episodes failed than --allow-failures accepts, or all did. Pure."""
     failures = [row for row in rows if is_failure(row)]
-    need = settings.get("need")
-    allowed = len(rows) - need if need is not None else settings.get("allow_failures") or 0
+    need = settings.need
+    allowed = len(rows) - need if need is not None else settings.allow_failures or 0
     successes = {row["pod"] for row in rows if row["failure_class"] is None}
     if need is not None and len(successes) < need:
         raise DemoError("\n  ".join([f"{len(successes)} of {len(rows)} episodes succeeded, fewer than "
@@ -5752,12 +5848,12 @@ def summarise_rollout(rows: Sequence[dict], job: dict, pods: Sequence[dict], log
                                      f"({failures_said(failures)}); {accepts}"] + failure_lines(failures)))
     by_name = {pod_name(pod): pod for pod in pods}
     summary = summarise_batch(job, [pod for pod in pods if pod_name(pod) in successes], logs, events,
-                              len(successes), settings["builtin"], end_seen_at, observed,
+                              len(successes), settings.builtin, end_seen_at, observed,
                               # Cancelled episodes too: the timeline draws every episode.
                               [(by_name.get(row["pod"]), row) for row in rows if row["failure_class"] is not None],
                               drafts)
-    summary.figures.update(rollout_figures(rows, job, pods, settings.get("group_size") or 1, allowed,
-                                           settings.get("retries") or 0, need))
+    summary.figures.update(rollout_figures(rows, job, pods, settings.group_size, allowed,
+                                           settings.retries or 0, need))
     return summary
 
 
@@ -5804,24 +5900,24 @@ def rollout_figures(rows: Sequence[dict], job: dict, pods: Sequence[dict], group
     return figures
 
 
-def read_capacity(kubectl: Kubectl, settings: dict, job: dict) -> dict:
+def read_capacity(kubectl: Kubectl, settings: Settings, job: dict) -> dict:
     """The capacity plan for `job`'s pods from the live nodes and RuntimeClass; a check that cannot
     read them says why."""
     retry_until = time.monotonic() + FIRST_CONTACT_RETRY_SECONDS
     try:
-        runtime_class = kubectl.get("runtimeclass", settings["runtime"], retry_until=retry_until)
-        nodes = kubectl.get_list("nodes", None, f"--chunk-size={settings.get('chunk_size', LIST_PAGE_SIZE)}",
+        runtime_class = kubectl.get("runtimeclass", settings.runtime, retry_until=retry_until)
+        nodes = kubectl.get_list("nodes", None, f"--chunk-size={settings.chunk_size}",
                                  retry_until=retry_until)
     except DemoError as error:
         forbidden = "forbidden" in getattr(error, "stderr", "").lower()
         return {"checked": False, "reason": "reading nodes or the RuntimeClass is not permitted" if forbidden
                 else str(error)}
     requests = job["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]
-    return capacity_plan((nodes or {}).get("items") or [], runtime_class, requests, settings["count"],
-                         settings["parallelism"])
+    return capacity_plan((nodes or {}).get("items") or [], runtime_class, requests, settings.count,
+                         settings.parallelism)
 
 
-def write_pictures(output: str, measured: Sequence[tuple[str, BatchSummary]], settings: dict,
+def write_pictures(output: str, measured: Sequence[tuple[str, BatchSummary]], settings: Settings,
                    figures: dict | None = None) -> None:
     """timeline.svg (a sample of a large batch), ramp.svg and cdf.svg; `figures`: the throughput, if known."""
     title = timeline_title(settings)
@@ -5842,7 +5938,7 @@ def cpu_seconds() -> float:
 
 class BatchOutcome(NamedTuple):
     """One batch as results.json pools them."""
-    entry: dict  # its entry in run.json's `batches`: job, measured, dir
+    entry: BatchEntry  # its entry in run.json's `batches`
     summary: BatchSummary
     client_wait: dict | None  # client.json: how the client waited (none for a run of the guide's script)
 
@@ -5860,13 +5956,15 @@ class Results:
     batches: list[tuple[str, BatchSummary]]  # each measured batch: its Job's name and its summary
 
 
-def assemble_results(settings: dict, batches: Sequence[BatchOutcome], client: dict | None) -> Results:
-    """results.json from the batches' summaries; several rounds are pooled."""
-    measured_batches = [batch for batch in batches if batch.entry["measured"]]
+def assemble_results(settings: Settings, batches: Sequence[BatchOutcome], client: dict | None,
+                     capacity: dict | None = None) -> Results:
+    """results.json from the batches' summaries; several rounds are pooled. `capacity`: the plan
+    check_capacity made, if it did."""
+    measured_batches = [batch for batch in batches if batch.entry.measured]
     measured = [batch.figures() for batch in measured_batches]
-    warmups = [batch.figures() for batch in batches if not batch.entry["measured"]]
+    warmups = [batch.figures() for batch in batches if not batch.entry.measured]
     episodes = [record for batch in measured_batches for record in batch.summary.episodes]
-    rows = [dict(row, job=batch.entry["job"]) if len(measured) > 1 else row
+    rows = [dict(row, job=batch.entry.job) if len(measured) > 1 else row
             for batch in measured_batches for row in batch.summary.figures["pods"]]
     if len(measured) == 1:  # its own summary already pooled the same episodes
         phases, by_start_path = measured[0]["phases"], measured[0]["phases_by_start_path"]
@@ -5885,16 +5983,16 @@ def assemble_results(settings: dict, batches: Sequence[BatchOutcome], client: di
         "pod_to_ready_p95_seconds": guide["p95"],
         "pod_to_ready_max_seconds": guide["max"],
         "pods": rows,
-        "context": settings["context"],
-        "namespace": settings["namespace"],
-        "image": settings["image"],
-        "runtime": settings["runtime"],
-        "parallelism": settings["parallelism"],
-        "cache_state": "warmed" if settings["warmup"] else "uncontrolled",
+        "context": settings.context,
+        "namespace": settings.namespace,
+        "image": settings.image,
+        "runtime": settings.runtime,
+        "parallelism": settings.parallelism,
+        "cache_state": "warmed" if settings.warmup else "uncontrolled",
         "image_cache": count_image_cache(record.get("image_cache") for record in episodes),
-        "harden": settings.get("harden", False),
-        "episode_script": settings.get("episode_script"),
-        "episode_script_sha256": settings.get("episode_script_sha256"),
+        "harden": settings.harden,
+        "episode_script": settings.episode_script,
+        "episode_script_sha256": settings.episode_script_sha256,
         "client_job_complete_seconds": None if None in client_seconds else max(client_seconds),
         "reward_mean": rounded(sum(s["reward_sum"] for s in measured)
                                / max(1, sum(s["episodes"] for s in measured)), 6),
@@ -5916,7 +6014,7 @@ def assemble_results(settings: dict, batches: Sequence[BatchOutcome], client: di
         results["job_created"] = measured[0]["job_created"]
         results["client_wait"] = measured_batches[0].client_wait
     else:
-        results["rounds"] = [dict(figures, job=batch.entry["job"]) for batch, figures in zip(measured_batches, measured)]
+        results["rounds"] = [dict(figures, job=batch.entry.job) for batch, figures in zip(measured_batches, measured)]
     if warmups:
         results["warmup"] = warmups[0]
     if len(measured) == 1:
@@ -5926,10 +6024,10 @@ def assemble_results(settings: dict, batches: Sequence[BatchOutcome], client: di
                 results[key] = measured[0][key]
     if client is not None:
         results["client"] = client
-    pooled = [(batch.entry["job"], batch.summary) for batch in measured_batches]
+    pooled = [(batch.entry.job, batch.summary) for batch in measured_batches]
     results["throughput"] = throughput(pooled)
-    if settings.get("capacity") is not None:
-        results["capacity"] = settings["capacity"]
+    if capacity is not None:
+        results["capacity"] = capacity
     return Results(results, pooled)
 
 
@@ -6017,8 +6115,7 @@ def perform_run(args: argparse.Namespace) -> tuple[int, Results | None]:
         return 0, None
     worker_source, builtin = load_worker(args.episode_script, getattr(args, "spelling", COMMAND_LINE))
     tasks: list[Task] = list(getattr(args, "task_list", None) or [])
-    settings = run_settings(args, worker_source, builtin, tasks)
-    run = start_run(args, settings, worker_source, tasks)
+    run = start_run(args, worker_source, builtin, tasks)
     cleanup_hint = cleanup_command(run.output, args.kubectl)
     failure: DemoError | None = None
     with signals_interrupt():
@@ -6062,35 +6159,36 @@ def dry_run_listing(args: argparse.Namespace) -> dict:
     worker_source, builtin = load_worker(args.episode_script, getattr(args, "spelling", COMMAND_LINE))
     tasks: list[Task] = list(getattr(args, "task_list", None) or [])
     run_id = secrets.token_hex(6)
-    settings = run_settings(args, worker_source, builtin, tasks)
-    origin = run_origin(run_id, args.output, USER_UNKNOWN_BEFORE_RUN, settings.get("ttl_seconds"))
+    settings = run_settings(args, worker_source, builtin, tasks, None, NAMESPACE_PREFIX + run_id)
+    origin = run_origin(run_id, args.output, USER_UNKNOWN_BEFORE_RUN, settings.ttl_seconds)
     return list_manifest(planned_objects(NAMESPACE_PREFIX + run_id, run_id, settings, worker_source, tasks, origin))
 
 
-def run_settings(args: argparse.Namespace, worker_source: str, builtin: bool, tasks: Sequence[Task]) -> dict:
-    """What run.json records of the command line, before the cluster is asked anything."""
-    settings = {
-        "version": __version__, "count": args.count, "parallelism": args.parallelism,
-        "image": args.image, "runtime": args.runtime,
-        "timeout": args.timeout or default_timeout(args.count, args.parallelism),
-        "rounds": args.rounds, "warmup": args.warmup, "harden": args.harden,
-        "builtin": builtin, "episode_script": args.episode_script, "chunk_size": args.chunk_size,
-        "episode_script_sha256": None if builtin else hashlib.sha256(worker_source.encode("utf-8")).hexdigest(),
-        "ttl_seconds": args.ttl,
-    }
-    if getattr(args, "rollout", False):
-        settings.update({"rollout": True, "tasks_file": getattr(args, "tasks", None),
-                         "group_size": args.group_size, "retries": args.retries,
-                         "allow_failures": args.allow_failures,
-                         "task_ids": [task.task_id for task in tasks] if tasks else None})
-    if getattr(args, "need", None) is not None:
-        settings["need"] = args.need
-    if getattr(args, "episode_timeout", None) is not None:
-        settings["episode_timeout"] = args.episode_timeout
-    return settings
+def run_settings(args: argparse.Namespace, worker_source: str, builtin: bool, tasks: Sequence[Task],
+                 context: str | None, namespace: str) -> Settings:
+    """The run's settings, once, from its checked arguments (the command line's or run_batch()'s),
+    its episode program, and the context and namespace it runs in (no context for --dry-run)."""
+    rollout = bool(getattr(args, "rollout", False))
+    batches = batch_names(args.rounds, args.warmup)
+    return Settings(
+        version=__version__, count=args.count, parallelism=args.parallelism, image=args.image,
+        runtime=args.runtime, timeout=args.timeout or default_timeout(args.count, args.parallelism),
+        rounds=args.rounds, warmup=args.warmup, harden=args.harden, builtin=builtin,
+        episode_script=args.episode_script, chunk_size=args.chunk_size,
+        episode_script_sha256=None if builtin else hashlib.sha256(worker_source.encode("utf-8")).hexdigest(),
+        ttl_seconds=args.ttl, rollout=rollout,
+        # The rollout options are recorded (and read) only for a rollout batch.
+        tasks_file=getattr(args, "tasks", None) if rollout else None,
+        group_size=args.group_size if rollout else 1,
+        retries=args.retries if rollout else None,
+        allow_failures=args.allow_failures if rollout else None,
+        task_ids=tuple(task.task_id for task in tasks) if rollout and tasks else None,
+        need=getattr(args, "need", None), episode_timeout=getattr(args, "episode_timeout", None),
+        context=context, namespace=namespace,
+        batches=tuple(BatchEntry(name, measured, name if len(batches) > 1 else ".") for name, measured in batches))
 
 
-def start_run(args: argparse.Namespace, settings: dict, worker_source: str, tasks: Sequence[Task]) -> RunContext:
+def start_run(args: argparse.Namespace, worker_source: str, builtin: bool, tasks: Sequence[Task]) -> RunContext:
     """Claim the output directory and name the context, run id and namespace; nothing in the cluster changes."""
     output, spelling = args.output, getattr(args, "spelling", COMMAND_LINE)
     if os.path.lexists(output):
@@ -6104,10 +6202,7 @@ def start_run(args: argparse.Namespace, settings: dict, worker_source: str, task
         raise DemoError(f"cannot create output directory {output}: {error.strerror or error}") from None
     run_id = secrets.token_hex(6)
     namespace = NAMESPACE_PREFIX + run_id
-    batches = batch_names(settings["rounds"], settings["warmup"])
-    settings = dict(settings, context=kubectl.context, namespace=namespace,
-                    batches=[{"job": name, "measured": measured, "dir": name if len(batches) > 1 else "."}
-                             for name, measured in batches])
+    settings = run_settings(args, worker_source, builtin, tasks, kubectl.context, namespace)
     return RunContext(settings, plan_run(namespace, run_id, settings, worker_source, tasks),
                       Receipt.start(output, kubectl.context, namespace, run_id, kubeconfig_path()), kubectl, output,
                       Progress(args.quiet), concurrent.futures.ThreadPoolExecutor(LOG_READERS), cpu_seconds(),
@@ -6423,7 +6518,7 @@ def list_runs(args: argparse.Namespace) -> int:
 # `report` and `compare`: saved files only, no cluster.
 
 
-def load_saved_batch(directory: str, entry: dict, settings: dict) -> BatchOutcome:
+def load_saved_batch(directory: str, entry: BatchEntry, settings: Settings) -> BatchOutcome:
     """Recompute one batch's summary from its saved files."""
     job_path = os.path.join(directory, "job.json")
     if not os.path.exists(job_path):
@@ -6445,22 +6540,22 @@ def load_saved_batch(directory: str, entry: dict, settings: dict) -> BatchOutcom
             [f"Job {job_name} never finished while the run watched it (the run was interrupted or gave up "
              f"waiting: job.json has no Complete or Failed condition); nothing to report"]
             + describe_failure(job, pods, job_name, 0, logs)[1:]))
-    if end != "Complete" and not settings.get("rollout"):
+    if end != "Complete" and not settings.rollout:
         raise DemoError("\n  ".join(["the saved Job did not complete"] + describe_failure(
-            job, pods, job_name, settings.get("timeout", 0), logs)))
+            job, pods, job_name, settings.timeout, logs)))
     observed_path = os.path.join(directory, "observed.json")
     observed = read_json(observed_path, "observed.json") if os.path.exists(observed_path) else {}
-    if settings.get("rollout"):
-        rows = episode_rows(settings["count"], job, pods, logs, settings.get("builtin", True),
-                            settings.get("task_ids"), settings.get("group_size") or 1, events)
+    if settings.rollout:
+        rows = episode_rows(settings.count, job, pods, logs, settings.builtin,
+                            settings.task_ids, settings.group_size, events)
         summary = summarise_rollout(rows, job, pods, logs, events, settings, client.get("observed_at"), observed)
         if client.get("reward_deliveries") is not None:
             deliveries = [Delivery(*saved) for saved in client["reward_deliveries"]]
             summary.figures.update(batch_delivery_figures(deliveries, split_observed(observed)[1],
-                                                          settings.get("need")))
+                                                          settings.need))
             summary.deliveries = [d.written_at for d in deliveries if d.success]
     else:
-        summary = summarise_batch(job, pods, logs, events, settings["count"], settings.get("builtin", True),
+        summary = summarise_batch(job, pods, logs, events, settings.count, settings.builtin,
                                   client.get("observed_at"), observed)
     return BatchOutcome(entry, summary, client or None)
 
@@ -6469,19 +6564,20 @@ def recompute(output: str) -> Results:
     """Results of a finished run from its saved files alone."""
     settings_path = os.path.join(output, SETTINGS_FILE)
     if os.path.exists(settings_path):
-        settings = read_json(settings_path, "run.json")
+        saved_settings = read_json(settings_path, "run.json")
+        settings, capacity = Settings.from_saved(saved_settings), saved_settings.get("capacity")
     else:  # a run saved by the guide's script, which keeps only the guide's files
         receipt = Receipt.read(output)
         saved = read_json(os.path.join(output, RESULTS_FILE), "results.json")
-        settings = {"count": saved["episodes"], "parallelism": saved["parallelism"], "image": saved["image"],
-                    "runtime": saved["runtime"], "rounds": 1, "warmup": False, "builtin": True,
-                    "context": receipt.context, "namespace": receipt.namespace,
-                    "batches": [{"job": JOB_NAME, "measured": True, "dir": "."}]}
-    batches = [load_saved_batch(os.path.normpath(os.path.join(output, entry["dir"])), entry, settings)
-               for entry in settings["batches"]]
+        settings = Settings(count=saved["episodes"], parallelism=saved["parallelism"], image=saved["image"],
+                            runtime=saved["runtime"], timeout=0, context=receipt.context,
+                            namespace=receipt.namespace, batches=(BatchEntry(JOB_NAME, True, "."),))
+        capacity = None
+    batches = [load_saved_batch(os.path.normpath(os.path.join(output, entry.dir)), entry, settings)
+               for entry in settings.batches]
     previous = os.path.join(output, RESULTS_FILE)
     client = read_json(previous, "results.json").get("client") if os.path.exists(previous) else None
-    return assemble_results(settings, batches, client)
+    return assemble_results(settings, batches, client, capacity)
 
 
 def warn_clocks(results: dict) -> None:

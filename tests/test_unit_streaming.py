@@ -193,8 +193,8 @@ class Seen:
         return pod["metadata"]["name"]
 
 
-def stream_settings(count: int, retries: int = 0) -> dict:
-    return {"count": count, "builtin": True, "retries": retries}
+def stream_settings(count: int, retries: int = 0) -> demo.Settings:
+    return demo.Settings(count=count, parallelism=count, rollout=True, retries=retries)
 
 
 def test_lines_are_appended_as_episodes_settle_and_rewritten_in_index_order(tmp_path: Any) -> None:
@@ -249,8 +249,8 @@ def test_a_callback_that_raises_stops_the_run_with_its_own_exception(tmp_path: A
 
 
 def test_need_makes_an_indexed_job_with_a_success_policy_absorbing_count_minus_k_failures() -> None:
-    settings = {"count": 8, "parallelism": 8, "image": "img", "runtime": "cube", "timeout": 240, "harden": False,
-                "builtin": True, "rollout": True, "need": 6, "episode_timeout": 45}
+    settings = demo.Settings(count=8, parallelism=8, image="img", runtime="cube", timeout=240, rollout=True,
+                             need=6, episode_timeout=45)
     spec = demo.batch_job("ns", settings, "rollout", [])["spec"]
     assert spec["successPolicy"] == {"rules": [{"succeededCount": 6}]}
     assert (spec["completionMode"], spec["backoffLimitPerIndex"], spec["maxFailedIndexes"]) == ("Indexed", 0, 2)
