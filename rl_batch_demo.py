@@ -4125,7 +4125,7 @@ class BatchState:
     kept for `report` as observed.json.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, indented_pods: bool = False) -> None:
         self.job: dict | None = None
         self.pods: dict[str, dict] = {}
         self.deleted: set[str] = set()
@@ -4141,6 +4141,9 @@ class BatchState:
         # not being deleted) rather than all at the end; name -> the resourceVersion encoded.
         self._final_texts = Spool()
         self._final_versions: dict[str, str] = {}
+        # A small batch's pods.json is indented (see pod_text), in pure Python: made as each pod
+        # ends, that costs nothing after the end.
+        self.indented_pods = indented_pods
 
     def apply(self, kind: str, change: str, obj: dict, arrived: float) -> StateChange:
         """One change a watch (or a poll) delivered about the Job ("job"), a pod ("pods") or an
@@ -4185,20 +4188,22 @@ class BatchState:
             # Its state from now on is what is held to the end: worth holding small.
             pod = self._shared.share(pod)
             if pods_final_one(pod):
-                self._final_texts.put(name, json.dumps(pod))
+                self._final_texts.put(name, pod_json(pod, self.indented_pods))
                 self._final_versions[name] = pod["metadata"].get("resourceVersion")
         self.pods[name] = pod
         record_pod_observation(self.observed.setdefault(name, {}), pod, arrived)
         terminated = container_terminated(pod)
         return StateChange("pods", name, () if terminated is None else ((name, terminated.get("containerID", "")),))
 
-    def pod_text(self, pod: dict) -> str:
-        """A pod as json.dumps writes it: the text encoded while waiting when it is of this very version."""
+    def pod_text(self, pod: dict, indented: bool = False) -> str:
+        """A pod as pods.json holds it (see pod_json): the text encoded while waiting when it is of
+        this very version and in this form."""
         name = pod_name(pod)
         version = pod["metadata"].get("resourceVersion")
-        if version is not None and self._final_versions.get(name) == version and self.pods.get(name) is pod:
+        if version is not None and self._final_versions.get(name) == version and self.pods.get(name) is pod \
+                and indented == self.indented_pods:
             return self._final_texts.get(name)
-        return json.dumps(pod)
+        return pod_json(pod, indented)
 
     def forget_shared(self) -> None:
         """Once nothing more is watched: the tables of shared strings are of no more use."""
@@ -4593,7 +4598,7 @@ class BatchFollower:
         self.count = count
         self.progress = progress
         self.proxy = proxy
-        self.state = BatchState()
+        self.state = BatchState(indented_pods=count < ONE_LINE_ITEMS_FROM)
         # Given already started when its pod watch had to listen before the proxy was opened.
         self.watches = watches or WatchStream(kubectl, namespace, job_name)
         self.poller = PollFallback(kubectl, namespace, job_name)
@@ -4873,15 +4878,33 @@ ONE_LINE_ITEMS_FROM = 100
 
 
 class EncodedItems(NamedTuple):
-    """The items of a JSON list already encoded one per text (as json.dumps writes them)."""
+    """The items of a JSON list already encoded one per text: as json.dumps writes them, or
+    (`indented`) as json_pieces does at their place in the file."""
     texts: Callable[[], Iterator[str]]
     count: int
+    indented: bool = False
+
+
+# Where pods.json holds each pod: {"items": [pod, ...]} puts them two levels down.
+POD_LIST_LEVEL = 2
+
+
+def pod_json(pod: dict, indented: bool) -> str:
+    """One pod's text in pods.json: compact (a long list's item), or indented at its place."""
+    return "".join(json_pieces(pod, POD_LIST_LEVEL)) if indented else json.dumps(pod)
 
 
 def json_pieces(value: Any, level: int = 0) -> Iterator[str]:
     """JSON indented by two spaces, as json.dumps(indent=2), but long lists and objects hold one
     item per line; in pieces, so a file of thousands of pods is written without one string of it all."""
     pad = "  " * (level + 1)
+    if isinstance(value, EncodedItems) and value.indented and value.count:
+        # Each text is json_pieces(item, level + 1), as the list branch below would make it.
+        yield "[\n"
+        for position, text in enumerate(value.texts()):
+            yield (",\n" + pad if position else pad) + text
+        yield "\n" + "  " * level + "]"
+        return
     if isinstance(value, EncodedItems) and value.count < ONE_LINE_ITEMS_FROM:
         value = [json.loads(text) for text in value.texts()]
     if isinstance(value, EncodedItems) and value.count:
@@ -5780,7 +5803,8 @@ class BatchEvidence:
         elif reading.source == "list":
             reading = reading._replace(pods=with_vanished(reading.pods, watched))
         pods = reading.pods
-        texts = EncodedItems(lambda: (follower.state.pod_text(pod) for pod in pods), len(pods))
+        indented = len(pods) < ONE_LINE_ITEMS_FROM
+        texts = EncodedItems(lambda: (follower.state.pod_text(pod, indented) for pod in pods), len(pods), indented)
         write_json(os.path.join(self.batch_dir, "pods.json"), dict(
             list_manifest([]), metadata={"resourceVersion": reading.resource_version or ""}, items=texts))
         return reading

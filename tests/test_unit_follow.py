@@ -282,6 +282,21 @@ def test_a_final_pod_is_encoded_while_waiting_and_that_text_used_only_for_its_ve
     assert json.loads(state.pod_text(final)) == final
 
 
+def test_a_small_batchs_pods_are_indented_as_they_end_and_pods_json_is_the_plain_lists_text(tmp_path) -> None:
+    state = demo.BatchState(indented_pods=True)
+    for name, version in (("a", "7"), ("b", "8")):
+        state.apply("pods", "MODIFIED", pod(name, resourceVersion=version), 100.0)
+    held = [state.pods["a"], state.pods["b"]]
+    with unittest.mock.patch.object(demo, "pod_json", side_effect=AssertionError("encoded after the wait")):
+        texts = [state.pod_text(item, indented=True) for item in held]
+    demo.write_json(str(tmp_path / "encoded.json"), dict(demo.list_manifest([]), items=demo.EncodedItems(
+        lambda: iter(texts), len(texts), indented=True)))
+    demo.write_json(str(tmp_path / "plain.json"), dict(demo.list_manifest([]), items=held))
+    assert (tmp_path / "encoded.json").read_bytes() == (tmp_path / "plain.json").read_bytes()
+    # The compact form, asked of a state that holds the indented one, is made anew.
+    assert json.loads(state.pod_text(held[0], indented=False)) == held[0]
+
+
 def test_a_spool_gives_back_the_newest_text_of_each_name_between_writes() -> None:
     spool = demo.Spool()
     spool.put("a", "first ✓")
