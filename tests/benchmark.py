@@ -799,6 +799,93 @@ def linearity_lines(repeated: dict[int, dict[str, list[dict]]], scale: dict[int,
 # Command line.
 
 
+# --------------------------------------------------------------------------
+# The cost model to 100,000 episodes: the tool followed against the replay stand-in kubectl.
+
+
+REPLAY = TESTS_DIR / "replay_kubectl.py"
+REPLAY_SIZES = (10000, 30000, 100000)
+REPLAY_RATES = (500, 2000)
+TARGET_REPLAY_RSS_MB = 1024
+TARGET_REPLAY_TAIL_SECONDS = 10.0
+
+
+def replay_case(count: int, rate: int, root: Path) -> dict:
+    """One run of the product against tests/replay_kubectl.py: `count` episodes, the pod watch
+    printing `rate` lines a second. The true end is the moment the stand-in printed the Job's
+    Complete line."""
+    workdir = root / f"replay-{count}-{rate}"
+    workdir.mkdir(parents=True)
+    output, state, usage_path = workdir / "out", workdir / "state", workdir / "rusage.json"
+    args = ["run", "--quiet", "--count", str(count), "--parallelism", str(count), "--max-episodes", str(count),
+            "--output", str(output), "--kubectl", str(REPLAY), "--timeout", str(LIGHTWEIGHT_DEADLINE_SECONDS)]
+    env = dict(os.environ, REPLAY_STATE=str(state), REPLAY_EPISODES=str(count),
+               REPLAY_POD_EVENTS_PER_SECOND=str(rate))
+    argv = [sys.executable, "-c", RUSAGE_WRAPPER, str(usage_path), str(PRODUCT)] + args
+    with open(workdir / "stdout", "wb") as stdout, open(workdir / "stderr", "wb") as stderr:
+        started = time.monotonic()
+        process = subprocess.Popen(argv, env=env, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL)
+        samples: list[tuple[float, int, int, float]] = []
+        stop = threading.Event()
+        sampler = threading.Thread(target=sample_rss, args=(process.pid, samples, {}, stop), daemon=True)
+        sampler.start()
+        _, status, _ = os.wait4(process.pid, 0)
+        exited_at = time.time()
+        wall = time.monotonic() - started
+        stop.set()
+        sampler.join()
+    if os.waitstatus_to_exitcode(status) != 0:
+        tail = (workdir / "stderr").read_text(errors="replace").strip().splitlines()[-5:]
+        raise BenchmarkError(f"replay run of {count} exited {os.waitstatus_to_exitcode(status)}: {' | '.join(tail)}")
+    client = json.loads((output / "client.json").read_text())
+    own = json.loads(usage_path.read_text())
+    end = json.loads((state / "jobs.done").read_text())["at"]
+    pods_done = json.loads((state / "pods.done").read_text())
+    before_end = [cpu for moment, _, _, cpu in samples if moment <= client["observed_at"]] or [0.0]
+    submitted = client["submitted_at"]
+    figures = {
+        "count": count, "rate": rate, "wall_seconds": wall,
+        "replay_seconds": end - submitted,
+        "replay_behind_seconds": pods_done["behind_seconds"],
+        "lag_seconds": client["observed_at"] - end,
+        "tail_seconds": exited_at - end,
+        "queue_peak": client["watch_queue_peak"],
+        "cpu_waiting_ms_per_episode": 1000 * before_end[-1] / count,
+        "cpu_after_end_ms_per_episode": 1000 * (own["self_cpu"] - before_end[-1]) / count,
+        "peak_rss_mb": own["self_maxrss_kb"] / 1024,
+        "drafts_taken": client.get("episodes_summarised_while_waiting"),
+        "files_mb": sum(path.stat().st_size for path in output.iterdir()) / 2 ** 20,
+        "pods_json_mb": (output / "pods.json").stat().st_size / 2 ** 20,
+    }
+    say(f"  replay {count} episodes at {rate} pod lines/s: lag {figures['lag_seconds']:.3f} s, tail "
+        f"{figures['tail_seconds']:.2f} s, peak RSS {figures['peak_rss_mb']:.0f} MB, queue peak {figures['queue_peak']}, "
+        f"wall {wall:.0f} s")
+    return figures
+
+
+def replay_rows(runs: list[dict]) -> list[tuple[str, Any, Any, str, str]]:
+    rows: list[tuple[str, Any, Any, str, str]] = []
+    for run in runs:
+        prefix = f"{run['count']} ep at {run['rate']} pod lines/s"
+        rss, tail = run["peak_rss_mb"], run["tail_seconds"]
+        big = run["count"] >= 100000
+        rows += [
+            (f"{prefix}: replay took (s; stand-in behind its schedule by at most)", run["replay_seconds"],
+             run["replay_behind_seconds"], "-", ""),
+            (f"{prefix}: most watch events waiting in the client at once", run["queue_peak"], None, "-", ""),
+            (f"{prefix}: Job's end printed -> seen by the client (s)", run["lag_seconds"], None, "-", ""),
+            (f"{prefix}: tool CPU while waiting, per episode (ms)", run["cpu_waiting_ms_per_episode"], None, "-", ""),
+            (f"{prefix}: tool CPU after the end, per episode (ms)", run["cpu_after_end_ms_per_episode"], None, "-", ""),
+            (f"{prefix}: peak RSS of the tool (MB)", rss, None, "-",
+             f"<= {TARGET_REPLAY_RSS_MB} {verdict(rss <= TARGET_REPLAY_RSS_MB)}" if big else ""),
+            (f"{prefix}: end -> process exit (s)", tail, None, "-",
+             f"<= {TARGET_REPLAY_TAIL_SECONDS:g} {verdict(tail <= TARGET_REPLAY_TAIL_SECONDS)}" if big else ""),
+            (f"{prefix}: episodes taken from their drafts", run["drafts_taken"], None, "-", ""),
+            (f"{prefix}: files written (MB; pods.json)", run["files_mb"], run["pods_json_mb"], "-", ""),
+        ]
+    return rows
+
+
 @contextlib.contextmanager
 def busy_loops(per_core: int) -> Any:
     """`per_core` busy loops on every core while the block runs: a loaded machine, made on purpose."""
@@ -915,6 +1002,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"only streaming rollouts: {STRAGGLER_COUNT} episodes with {STRAGGLERS} hanging, "
                              f"--need {STRAGGLER_NEED} against waiting for all; delivery lag at "
                              f"{DELIVERY_LAG_SIZE} episodes")
+    parser.add_argument("--replay", default=None, metavar="N@RATE,...",
+                        help=f"only the cost model: the product followed against tests/replay_kubectl.py, e.g. "
+                             f"10000@500,100000@2000 (episodes @ pod watch lines a second)")
     parser.add_argument("--loaded", action="store_true",
                         help=f"measure every case again with {BUSY_LOOPS_PER_CORE} busy loops per core and print "
                              f"those figures too, after the quiet ones")
@@ -940,6 +1030,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit("Error: bwrap (bubblewrap) is needed to run the episodes")
     product_digest = hashlib.sha256(PRODUCT.read_bytes()).hexdigest()[:12]
     root = Path(tempfile.mkdtemp(prefix="rl-bench-"))
+    if args.replay:
+        return replay_main(args, root, product_digest)
     began = time.monotonic()
     load_before = load_average()
     cpu_before = os.times()
@@ -979,6 +1071,31 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"\n== {name}: load average (1 min) at its end {load_at_end}\n")
         print_measured(measured)
     print(f"\nbenchmark took {elapsed:.0f} s")
+    if args.keep:
+        print(f"files kept in {root}")
+    else:
+        shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+def replay_main(args: argparse.Namespace, root: Path, product_digest: str) -> int:
+    """--replay: each size and rate asked for, one after the other."""
+    load_before = load_average()
+    runs = []
+    try:
+        for spec in args.replay.split(","):
+            count, rate = (int(part) for part in spec.split("@"))
+            say(f"replay {count} episodes at {rate} pod lines a second ...")
+            runs.append(replay_case(count, rate, root))
+    except BenchmarkError as error:
+        raise SystemExit(f"Error: {error} (files kept in {root})") from None
+    print(f"command: {shlex.join([sys.executable] + sys.argv)}")
+    print(f"machine: {platform.node()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
+          f"product sha256 {product_digest}; load average (1 min) before {load_before}, after {load_average()}")
+    print(f"replay: {REPLAY.name} serving tests/recorded/replay-3 scaled up (7 pod watch lines and 5 events per "
+          f"episode); the tool unchanged")
+    print()
+    print(render_table(replay_rows(runs), header=("figure", "value", "beside", "-", "target")))
     if args.keep:
         print(f"files kept in {root}")
     else:
