@@ -5282,42 +5282,69 @@ def run_one_batch(run: RunContext, entry: BatchEntry) -> BatchOutcome:
     created = follower.submit(lambda: create_object(run, manifest))
     run.receipt.record_job(job_name, created["metadata"]["uid"])
     end = follower.follow(client_deadline)
-    client = client_wait(follower, end)
+    wait = client_wait(follower, end)
     evidence = batch.collect(job_name)
     follower.stop_watches()
-    reading = evidence.reading
-    client["pods_read"] = {
-        "source": reading.source, "not_older_than": follower.state.end_resource_version,
-        "resource_version": reading.resource_version, "pages": reading.pages,
-        "continue_expiries": reading.continue_expiries, "read_again": reading.reread}
-    client["events_read"] = batch.events_read
+    wait = wait._replace(pods_read=pods_read(evidence.reading, follower.state.end_resource_version),
+                         events_read=batch.events_read)
     summarise = rollout_summary if run.settings.rollout else verified_summary
+    client_path = os.path.join(batch_dir, "client.json")
     try:
         summary = summarise(batch, end, evidence)
     finally:
         if rewards is not None:
             rewards.close()
-            client["reward_deliveries"] = [d.saved() for d in rewards.deliveries]
-            write_json(os.path.join(batch_dir, "client.json"), client)
-    client["post_completion_seconds"] = rounded(time.monotonic() - follower.end_seen_monotonic)
-    write_json(os.path.join(batch_dir, "client.json"), client)
-    return BatchOutcome(entry, summary, client)
+            wait = wait._replace(reward_deliveries=[d.saved() for d in rewards.deliveries])
+            write_json(client_path, wait.saved())  # kept, with the deliveries, should the summary fail
+    wait = wait._replace(post_completion_seconds=rounded(time.monotonic() - follower.end_seen_monotonic))
+    write_json(client_path, wait.saved())
+    return BatchOutcome(entry, summary, wait.saved())
 
 
-def client_wait(follower: BatchFollower, end: str | None) -> dict:
-    """How the client waited for one Job: when it saw the end, and what the wait cost."""
+class ClientWait(NamedTuple):
+    """How the client waited for one Job (client.json): when it saw the end, what the wait cost,
+    how the evidence was read after it, and (a rollout) when each rewards.jsonl line was written."""
+    job: str
+    end: str | None  # Complete or Failed; None when the client gave up waiting
+    submitted_at: float  # wall clock, just before the create call
+    observed_at: float | None  # wall clock, when the client saw the end
+    client_job_complete_seconds: float | None
+    kubectl_processes_while_waiting: int
+    watch_restarts: int
+    watch_queue_peak: int
+    wait_mode: str  # "watch", or "poll" once the watches gave up
+    pods_read: dict | None = None  # pods_read(): known once the evidence is read
+    events_read: str | None = None  # "watch" or "list" (BatchEvidence.events_read)
+    reward_deliveries: list[list] | None = None  # a rollout's Delivery records, saved
+    post_completion_seconds: float | None = None  # from seeing the end to the summary made
+
+    def saved(self) -> dict[str, Any]:
+        """client.json's fields: the ones not known yet (or not a rollout's) left out."""
+        return {key: value for key, value in self._asdict().items()
+                if value is not None or key not in CLIENT_WAIT_LATER}
+
+
+# What client.json gains as the batch is read and summarised; the fields before are there from the end.
+CLIENT_WAIT_LATER = ("pods_read", "events_read", "reward_deliveries", "post_completion_seconds")
+
+
+def client_wait(follower: BatchFollower, end: str | None) -> ClientWait:
+    """How the client waited for one Job, as of the end seen (or given up on)."""
     submission = follower.submission
     assert submission is not None  # followed only once submitted
-    return {
-        "job": follower.job_name, "end": end, "submitted_at": submission.wall,
-        "observed_at": follower.end_seen_wall,
-        "client_job_complete_seconds": rounded(follower.end_seen_monotonic - submission.monotonic)
+    return ClientWait(
+        job=follower.job_name, end=end, submitted_at=submission.wall, observed_at=follower.end_seen_wall,
+        client_job_complete_seconds=rounded(follower.end_seen_monotonic - submission.monotonic)
         if follower.end_seen_monotonic is not None else None,
-        "kubectl_processes_while_waiting": follower.cost.processes,
-        "watch_restarts": follower.cost.restarts,
-        "watch_queue_peak": follower.cost.queue_peak,
-        "wait_mode": "poll" if follower.polling else "watch",
-    }
+        kubectl_processes_while_waiting=follower.cost.processes, watch_restarts=follower.cost.restarts,
+        watch_queue_peak=follower.cost.queue_peak, wait_mode="poll" if follower.polling else "watch")
+
+
+def pods_read(reading: PodReading, not_older_than: str | None) -> dict[str, Any]:
+    """client.json's `pods_read`: how the Job's pods were read after its end."""
+    return {"source": reading.source, "not_older_than": not_older_than,
+            "resource_version": reading.resource_version, "pages": reading.pages,
+            "continue_expiries": reading.continue_expiries, "read_again": reading.reread}
 
 
 def verified_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) -> BatchSummary:
@@ -5399,21 +5426,31 @@ def batch_delivery_figures(deliveries: Sequence[Delivery], job_observed: dict[st
 @cycle_collector_paused()
 def save_results(run: RunContext, batches: Sequence[BatchOutcome]) -> Results:
     """results.json, episodes.csv and the pictures, from every batch's summary."""
-    results = assemble_results(run.settings, batches, client_figures(run), run.capacity)
+    results = assemble_results(run.settings, batches, client_figures(run).saved(), run.capacity)
     write_json(os.path.join(run.output, RESULTS_FILE), results.figures)
     write_text(os.path.join(run.output, "episodes.csv"), episodes_csv(results.batches))
     write_pictures(run.output, results.batches, run.settings, results.figures["throughput"])
     return results
 
 
-def client_figures(run: RunContext) -> dict:
+class ClientCost(NamedTuple):
+    """What the run cost on this machine (results.json's `client`)."""
+    kubectl_processes: int
+    api_retries: int
+    cpu_seconds: float | None
+    peak_rss_mib: float | None  # None where the platform cannot say: then left out
+
+    def saved(self) -> dict[str, Any]:
+        saved = self._asdict()
+        if self.peak_rss_mib is None:
+            del saved["peak_rss_mib"]
+        return saved
+
+
+def client_figures(run: RunContext) -> ClientCost:
     """What the run cost on this machine: kubectl processes, retries, CPU, peak memory."""
-    figures = {"kubectl_processes": run.kubectl.processes, "api_retries": run.kubectl.retries,
-               "cpu_seconds": rounded(cpu_seconds() - run.cpu_start)}
-    peak = peak_rss_mib()
-    if peak is not None:
-        figures["peak_rss_mib"] = peak
-    return figures
+    return ClientCost(run.kubectl.processes, run.kubectl.retries, rounded(cpu_seconds() - run.cpu_start),
+                      peak_rss_mib())
 
 
 def peak_rss_mib() -> float | None:
@@ -5775,27 +5812,42 @@ class Results:
 
 def assemble_results(settings: Settings, batches: Sequence[BatchOutcome], client: dict | None,
                      capacity: dict | None = None) -> Results:
-    """results.json from the batches' summaries; several rounds are pooled. `capacity`: the plan
-    check_capacity made, if it did."""
-    measured_batches = [batch for batch in batches if batch.entry.measured]
-    measured = [batch.figures() for batch in measured_batches]
-    warmups = [batch.figures() for batch in batches if not batch.entry.measured]
-    episodes = [record for batch in measured_batches for record in batch.summary.episodes]
+    """results.json, top to bottom: the fields of every run, then a single batch's own or the
+    rounds', the warm-up, what the run cost (`client`), the throughput, and the capacity plan
+    check_capacity made (`capacity`, if it did)."""
+    measured = [batch for batch in batches if batch.entry.measured]
+    warmups = [batch for batch in batches if not batch.entry.measured]
+    results = common_results(settings, measured)
+    results.update(single_batch_results(measured[0]) if len(measured) == 1 else rounds_results(measured))
+    if warmups:
+        results["warmup"] = warmups[0].figures()
+    if client is not None:
+        results["client"] = client
+    pooled = [(batch.entry.job, batch.summary) for batch in measured]
+    results["throughput"] = throughput(pooled)
+    if capacity is not None:
+        results["capacity"] = capacity
+    return Results(results, pooled)
+
+
+def common_results(settings: Settings, measured: Sequence[BatchOutcome]) -> dict[str, Any]:
+    """The fields of every results.json: the measured batches pooled, and the run's settings."""
+    figures = [batch.figures() for batch in measured]
+    episodes = [record for batch in measured for record in batch.summary.episodes]
     rows = [dict(row, job=batch.entry.job) if len(measured) > 1 else row
-            for batch in measured_batches for row in batch.summary.figures["pods"]]
+            for batch in measured for row in batch.summary.figures["pods"]]
     if len(measured) == 1:  # its own summary already pooled the same episodes
-        phases, by_start_path = measured[0]["phases"], measured[0]["phases_by_start_path"]
+        phases, by_start_path = figures[0]["phases"], figures[0]["phases_by_start_path"]
     else:
-        phases = phase_summary([r["phases"] for r in episodes])
-        by_start_path = start_path_phases(episodes)
+        phases, by_start_path = phase_summary([r["phases"] for r in episodes]), start_path_phases(episodes)
     guide = describe([r["guide_pod_to_ready"] for r in episodes])
-    client_seconds = [s.get("client_job_complete_seconds") for s in measured]
-    results: dict[str, Any] = {
-        "episodes": sum(s["episodes"] for s in measured),
-        "successful_episodes": sum(s["successful_episodes"] for s in measured),
-        "reward_sum": sum(s["reward_sum"] for s in measured),
-        "batch_to_all_ready_seconds": max(s["batch_to_all_ready_seconds"] for s in measured),
-        "batch_to_all_rewards_seconds": max(s["batch_to_all_rewards_seconds"] for s in measured),
+    client_seconds = [f.get("client_job_complete_seconds") for f in figures]
+    return {
+        "episodes": sum(f["episodes"] for f in figures),
+        "successful_episodes": sum(f["successful_episodes"] for f in figures),
+        "reward_sum": sum(f["reward_sum"] for f in figures),
+        "batch_to_all_ready_seconds": max(f["batch_to_all_ready_seconds"] for f in figures),
+        "batch_to_all_rewards_seconds": max(f["batch_to_all_rewards_seconds"] for f in figures),
         "pod_to_ready_p50_seconds": guide["p50"],
         "pod_to_ready_p95_seconds": guide["p95"],
         "pod_to_ready_max_seconds": guide["max"],
@@ -5811,41 +5863,39 @@ def assemble_results(settings: Settings, batches: Sequence[BatchOutcome], client
         "episode_script": settings.episode_script,
         "episode_script_sha256": settings.episode_script_sha256,
         "client_job_complete_seconds": None if None in client_seconds else max(client_seconds),
-        "reward_mean": rounded(sum(s["reward_sum"] for s in measured)
-                               / max(1, sum(s["episodes"] for s in measured)), 6),
-        "rounds_measured": len(measured),
+        "reward_mean": rounded(sum(f["reward_sum"] for f in figures) / max(1, sum(f["episodes"] for f in figures)),
+                               6),
+        "rounds_measured": len(figures),
         "phases": phases,
         "phases_by_start_path": by_start_path,
         "phase_points": POINT_SOURCES,
-        "clock_warnings": [w for s in measured for w in s["clocks"]["warnings"]],
+        "clock_warnings": [w for f in figures for w in f["clocks"]["warnings"]],
         "nodes": count_nodes(row["node"] for row in rows),
-        "warnings": merge_warnings([s["warnings"] for s in measured]),
+        "warnings": merge_warnings([f["warnings"] for f in figures]),
     }
-    if len(measured) > 1:
-        results["round_figures"] = ("batch_to_all_ready_seconds, batch_to_all_rewards_seconds and "
-                                    "client_job_complete_seconds are the slowest round's; each round's "
-                                    "are in rounds[], and the percentiles pool every round's episodes")
-    if len(measured) == 1:
-        results["completion_gap"] = measured[0]["completion_gap"]
-        results["clocks"] = measured[0]["clocks"]
-        results["job_created"] = measured[0]["job_created"]
-        results["client_wait"] = measured_batches[0].client_wait
-    else:
-        results["rounds"] = [dict(figures, job=batch.entry.job) for batch, figures in zip(measured_batches, measured)]
-    if warmups:
-        results["warmup"] = warmups[0]
-    if len(measured) == 1:
-        for key in ROLLOUT_FIELDS + ("pod_to_ready_p50_seconds", "pod_to_ready_p95_seconds",
-                                     "pod_to_ready_max_seconds"):
-            if key in measured[0] and "failed_episodes" in measured[0]:
-                results[key] = measured[0][key]
-    if client is not None:
-        results["client"] = client
-    pooled = [(batch.entry.job, batch.summary) for batch in measured_batches]
-    results["throughput"] = throughput(pooled)
-    if capacity is not None:
-        results["capacity"] = capacity
-    return Results(results, pooled)
+
+
+def single_batch_results(batch: BatchOutcome) -> dict[str, Any]:
+    """What results.json adds for one measured batch: its completion gap, clocks, Job creation and
+    wait; for a rollout, its failures, attempts and groups (and the guide's pod_to_ready figures
+    with its failed episodes counted at the deadline)."""
+    figures = batch.figures()
+    results = {"completion_gap": figures["completion_gap"], "clocks": figures["clocks"],
+               "job_created": figures["job_created"], "client_wait": batch.client_wait}
+    if "failed_episodes" in figures:
+        results.update({key: figures[key] for key in ROLLOUT_FIELDS + (
+            "pod_to_ready_p50_seconds", "pod_to_ready_p95_seconds", "pod_to_ready_max_seconds") if key in figures})
+    return results
+
+
+def rounds_results(measured: Sequence[BatchOutcome]) -> dict[str, Any]:
+    """What results.json adds for several measured rounds: each round's own figures."""
+    return {
+        "round_figures": ("batch_to_all_ready_seconds, batch_to_all_rewards_seconds and "
+                          "client_job_complete_seconds are the slowest round's; each round's "
+                          "are in rounds[], and the percentiles pool every round's episodes"),
+        "rounds": [dict(batch.figures(), job=batch.entry.job) for batch in measured],
+    }
 
 
 def merge_warnings(summaries: Iterable[dict]) -> dict:
