@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import calendar
 import csv
+import dataclasses
 import io
 import json
 import os
@@ -268,17 +269,16 @@ def test_indexed_mode_for_episode_scripts_adds_completion_index() -> None:
 
 
 def test_planned_objects_index_only_custom_scripts() -> None:
-    settings = {"harden": False, "rounds": 1, "warmup": False, "count": 4, "parallelism": 2,
-                "image": "python:3.12-alpine", "runtime": "cube", "timeout": 240, "builtin": True}
+    settings = demo.Settings(count=4, parallelism=2, image="python:3.12-alpine", runtime="cube", timeout=240)
     builtin_job = demo.planned_objects(NAMESPACE, RUN_ID, settings, demo.WORKER_SOURCE)[-1]
-    custom_job = demo.planned_objects(NAMESPACE, RUN_ID, dict(settings, builtin=False), "print()")[-1]
+    custom_job = demo.planned_objects(NAMESPACE, RUN_ID, dataclasses.replace(settings, builtin=False), "print()")[-1]
     assert "completionMode" not in builtin_job["spec"]
     assert custom_job["spec"]["completionMode"] == "Indexed"
 
 
 def test_the_plan_lists_every_object_in_creation_order_and_each_batch_job_by_name() -> None:
-    settings = {"harden": True, "rounds": 2, "warmup": True, "count": 4, "parallelism": 2,
-                "image": "python:3.12-alpine", "runtime": "cube", "timeout": 240, "builtin": True}
+    settings = demo.Settings(count=4, parallelism=2, image="python:3.12-alpine", runtime="cube", timeout=240,
+                             harden=True, rounds=2, warmup=True)
     plan = demo.plan_run(NAMESPACE, RUN_ID, settings, demo.WORKER_SOURCE)
     assert [(o["kind"], o["metadata"]["name"]) for o in plan.objects()] == [
         ("Namespace", NAMESPACE), ("NetworkPolicy", "deny-all"), ("ConfigMap", "episode"),
