@@ -1336,11 +1336,11 @@ def test_every_point_from_its_sharpest_source() -> None:
     points = summary.episodes[0]["points"]
     shown = {name: (round(p.at - T0, 6), p.precision, p.clock) for name, p in points.items()}
     assert shown == {
-        # Named by the Job controller just after creating the pod; within 0.1 s of it and in its second.
+        # Named by the Job controller after creating the pod; within its allowance of it and in its second.
         "pod_created": (1.005, 0.005, "control plane"),
         "scheduled": (1.03, 1e-6, "control plane"),
-        # The kubelet's Pulled follows the sandbox at once: within 0.1 s before it.
-        "sandbox_ready": (1.96, 0.1, "node"),
+        # The kubelet's Pulled follows the sandbox: within the event's allowance (0.5 s) before it.
+        "sandbox_ready": (1.96, 0.5, "node"),
         # Between the Created and Started events.
         "container_started": (2.18, 0.06, "node"),
         "process_started": (2.2, 0.01, "node"),
@@ -1354,7 +1354,7 @@ def test_every_point_from_its_sharpest_source() -> None:
     # Every point with a server stamp lies in that stamp's second.
     assert 1 <= shown["pod_created"][0] < 2 and 3 <= shown["container_finished"][0] < 4
     phases = summary.episodes[0]["phases"]
-    assert phases["sandbox_creation"] == (pytest.approx(0.93), pytest.approx(0.100001))
+    assert phases["sandbox_creation"] == (pytest.approx(0.93), pytest.approx(0.500001))
     # The Job's true creation: inside the client's create call.
     assert summary.figures["job_created"]["at"] == pytest.approx(T0 + 0.02)
     assert summary.figures["job_created"]["precision"] == pytest.approx(0.02)
