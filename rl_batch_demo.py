@@ -2,6 +2,36 @@
 """Measure how fast a Kubernetes cluster with a sandbox runtime runs a batch of
 RL rollout episodes for coding agents.
 
+The file's sections, top to bottom (each line is its section's banner):
+    Constants: defaults, limits, timeouts, and the names of what a run creates and saves.
+    The episode program every pod runs (`WORKER_SOURCE`), shipped in a ConfigMap.
+    Errors, and the records the sections share (`Settings`, `Task`, `RolloutPolicy`).
+    Manifests: plain dicts built from their arguments alone.
+    Capacity: can the batch's pods all run at once on the nodes there are?
+    Parsing what the cluster and the episodes said.
+    Reading a Job's pods after its end: lists in pages, not older than the end.
+    Statistics.
+    Verification: the first violation fails the whole batch; no bad episode is dropped.
+    Rollouts: every episode's outcome, its failure classified, none dropped.
+    Measurement: what each episode went through, from the API and the worker.
+    Rendering: CSV, SVG timeline, tables.
+    Runs in a cluster: what `list` shows and `cleanup --stale` decides, without receipts.
+    The one edge to the cluster: `Kubectl` runs every kubectl; `ApiProxy`; reads through them.
+    Following a batch: its watches, the state they feed, its logs and rewards, its evidence.
+    Files.
+    The receipt: what a run created, and the proof that it is the run's own.
+    The `run` action: `perform_run` -> `start_run` -> `execute`, its steps on one `RunContext`.
+    The `cleanup` action.
+    `list` and `cleanup --stale`: the tool's runs in a cluster, found without their receipts.
+    `report` and `compare`: saved files only, no cluster.
+    Command line: the parser, `main`, and `run_batch` / `stream_batch` for Python callers.
+
+A run starts at main() -> run_command() (or run_batch() / stream_batch() from Python)
+-> perform_run(): start_run() makes its Settings and RunPlan; execute() calls its steps
+in order; run_one_batch() submits each Job, follows it (BatchFollower) and saves its
+evidence (BatchEvidence); save_results() writes results.json (assemble_results). `report`
+recomputes the results from the saved files alone (recompute).
+
 One Kubernetes Job, N pods, N episodes. Each episode writes a small buggy
 program and its unit tests, proves the tests fail, applies a fixed patch (a
 deterministic stand-in for a model's action), runs the tests again and reports
@@ -58,6 +88,9 @@ try:
     import resource
 except ImportError:  # not on Windows; CPU figures are then left out
     resource = None  # type: ignore[assignment]
+
+# --------------------------------------------------------------------------
+# Constants: defaults, limits, timeouts, and the names of what a run creates and saves.
 
 __version__ = "0.1.0"
 
@@ -200,6 +233,9 @@ INFRASTRUCTURE_TERMINATED_REASONS = ("OOMKilled", "ContainerStatusUnknown", "Sta
 # The built-in worker's own words when its baseline passes: its test did not check the bug.
 BASELINE_PASSED_MESSAGE = "baseline must fail the boundary test"
 
+# --------------------------------------------------------------------------
+# The episode program every pod runs (`WORKER_SOURCE`), shipped in a ConfigMap.
+
 WORKER_SOURCE = r'''"""One RL rollout episode: fix the code -> run the tests -> reward.
 
 Prints one JSON event per stdout line: "ready" once the task is written,
@@ -320,6 +356,10 @@ def main():
 if __name__ == "__main__":
     main()
 '''
+
+
+# --------------------------------------------------------------------------
+# Errors, and the records the sections share (`Settings`, `Task`, `RolloutPolicy`).
 
 
 class DemoError(Exception):
@@ -1330,8 +1370,7 @@ def describe(values: Sequence[float], missing: int = 0) -> dict:
 
 
 # --------------------------------------------------------------------------
-# Verification: the first violation fails the whole batch; a bad episode is never dropped
-# and the rest reported as a success.
+# Verification: the first violation fails the whole batch; no bad episode is dropped.
 
 
 def verify_episode(pod: dict, events: list[dict], job_created: float, builtin: bool) -> tuple[dict, dict]:
@@ -1640,9 +1679,9 @@ def episode_row(index: int, attempts: Sequence[dict], job: dict, logs: dict[str,
     final = next((o for o in outcomes if o[1] is None), outcomes[-1])
     pod, failure_class, failure = final
     name = pod_name(pod)
-    events = parse_events(logs.get(name, "").splitlines())
-    ready = next((e for e in events if e["event"] == "ready"), {})
-    reward = next((e for e in events if e["event"] == "reward"), {})
+    worker_events = parse_events(logs.get(name, "").splitlines())
+    ready = next((e for e in worker_events if e["event"] == "ready"), {})
+    reward = next((e for e in worker_events if e["event"] == "reward"), {})
     created = parse_time(pod["metadata"].get("creationTimestamp"))
 
     def seconds(later: Any, earlier: float | None) -> float | None:
@@ -1868,9 +1907,14 @@ def censored_pod_to_ready(rows: Sequence[dict], job: dict, pods: Sequence[dict])
 WHOLE_SECOND = 1.0
 EVENT_TIME = 1e-6
 PROC_TICK = 0.01
-# How long after the step it reports an event is named at most: the recorder stamps the name
-# (`<object>.<hex UnixNano>`) as soon as the step returns, with no other work in between.
-EVENT_FOLLOWS_SECONDS = 0.1
+# How long after the step it reports an event is named at most. The recorder stamps the name
+# (`<object>.<hex UnixNano>`) when it is called, but that is after the step's own call has
+# returned: the Job controller's pod create (the API server stamps the pod, writes it to etcd,
+# answers), the kubelet's RunPodSandbox (then its sandbox status and image checks over the
+# CRI), and then the goroutine's turn, which a loaded machine stretches (0.22 s for a Job
+# controller's SuccessfulCreate at load 40 on two cores). The same allowance as the
+# scheduler's eventTime after its binding, for the same reason.
+EVENT_FOLLOWS_SECONDS = 0.5
 # How long after the binding the scheduler takes its Scheduled eventTime at most. Not at once:
 # it takes it once its bind request has returned (a round trip through the API server and
 # etcd, then its goroutine's turn), which a loaded machine stretches (0.16 s after the node
@@ -3458,8 +3502,7 @@ def compare_table(first: dict, second: dict, first_label: str, second_label: str
 
 
 # --------------------------------------------------------------------------
-# Runs in a cluster: what `list` shows and what `cleanup --stale` decides, from the
-# namespaces and Jobs alone (no receipt needed).
+# Runs in a cluster: what `list` shows and `cleanup --stale` decides, without receipts.
 
 # What a run is doing: a Job of it has not ended (running), all ended Complete
 # (succeeded) or one Failed (failed), its namespace is being deleted (terminating), or
@@ -3592,7 +3635,7 @@ def stale_verdict(run: ClusterRun, now: float, stale_seconds: float, user: str, 
 
 
 # --------------------------------------------------------------------------
-# The one edge to the cluster.
+# The one edge to the cluster: `Kubectl` runs every kubectl; `ApiProxy`; reads through them.
 
 
 class KubectlError(DemoError):
@@ -4071,6 +4114,23 @@ def read_job_pods(kubectl: Kubectl, proxy: ApiProxy | None, namespace: str, job_
     fresh = reread_pods(kubectl, proxy, namespace, unfinished_pods(pods), retry_seconds)
     return PodReading(with_fresh_pods(pods, fresh), "list", listing.resource_version, listing.pages,
                       listing.expiries, sorted(fresh))
+
+
+def read_events(kubectl: Kubectl, proxy: ApiProxy | None, namespace: str, page_size: int,
+                retry_seconds: float | None) -> PagedList:
+    """The namespace's events listed in pages: through the proxy when there is one, else (or
+    should that fail) by kubectl."""
+    path = f"/api/v1/namespaces/{namespace}/events"
+    if proxy is not None:
+        try:
+            return read_pages(kubectl, proxy, PagedList(path, limit=page_size), retry_seconds)
+        except DemoError:
+            pass  # ask kubectl below
+    return read_pages(kubectl, None, PagedList(path, limit=page_size), retry_seconds)
+
+
+# --------------------------------------------------------------------------
+# Following a batch: its watches, the state they feed, its logs and rewards, its evidence.
 
 
 class Progress:
@@ -4846,6 +4906,150 @@ class BatchFollower:
         return not self.polling and self.state.pods_are_final()
 
 
+class Evidence(NamedTuple):
+    """What was saved of a finished batch, as its verification reads it."""
+    job: dict | None  # None when the Job could not be read and the watch never saw it
+    reading: PodReading
+    logs: dict[str, str]  # pod name -> its log, empty when unreadable
+    events: Sequence[dict]  # this batch's events
+
+
+class BatchEvidence:
+    """The batch under way: its follower, and the saving of its evidence into its own directory."""
+
+    def __init__(self, run: RunContext, follower: BatchFollower, batch_dir: str) -> None:
+        self.follower = follower
+        self.batch_dir = batch_dir
+        self.kubectl = run.kubectl
+        self.namespace = run.namespace
+        self.settings = run.settings
+        self.spelling = run.spelling
+        # How the events saved were read: "watch" (followed, as many as the API counted after
+        # the end) or "list" (read in pages after the end).
+        self.events_read = "list"
+
+    @property
+    def proxy(self) -> ApiProxy | None:
+        """The run's proxy, as the follower reads through it."""
+        return self.follower.proxy
+
+    def collect(self, job_name: str, retry: bool = True) -> Evidence:
+        """Save job.json, pods.json, events.txt, events.json and one log per pod: the evidence of a batch.
+        Without `retry`, each is read once, at once: no retries, no wait for the watches to settle."""
+        follower = self.follower
+        # Evidence is worth a few retries, not a long wait: a log that a kubelet
+        # cannot serve now is saved empty and the episode fails verification.
+        retry_until = time.monotonic() + COLLECT_RETRY_SECONDS if retry else None
+        events_expected = follower.settle_after_end(retry_until) if retry else None
+        watched_final = follower.watched_pods_final()
+        events_watched = follower.events_caught_up(events_expected)
+        follower.stop_watches(keep=() if watched_final else ("pods",))
+        if watched_final:
+            follower.state.forget_shared()
+        self.events_read = "watch" if events_watched else "list"
+        # Its own threads: the log readers' pool may still be busy with reads under way.
+        with concurrent.futures.ThreadPoolExecutor(4) as fetchers:
+            job_future = fetchers.submit(self._read_job, job_name, retry_until)
+            pods_future = fetchers.submit(self._read_pods, job_name, watched_final, retry)
+            events_future = fetchers.submit(self._read_events, events_watched, retry)
+            return self.save_evidence(job_future, pods_future, events_future, retry_until)
+
+    def _read_job(self, job_name: str, retry_until: float | None) -> dict | None:
+        """The Job as its end was seen, else as read now, else as last watched."""
+        state = self.follower.state
+        if state.end is not None and state.job is not None:
+            return state.job
+        try:
+            return self.kubectl.get("job", job_name, self.namespace, retry_until=retry_until)
+        except DemoError:
+            return state.job
+
+    def _read_pods(self, job_name: str, watched_final: bool, retry: bool) -> PodReading:
+        """The Job's pods: as watched when each one's last change arrived, else listed."""
+        state = self.follower.state
+        if watched_final:
+            # Each pod's last change arrived: a list would show the very same pods.
+            return PodReading(sorted(state.pods.values(), key=pod_name), "final watch",
+                              state.end_resource_version, 0, 0, [])
+        # Else never the watch's view: it may run behind. The list is at least as new as the
+        # moment the Job's end was seen, and its pages are retried while a cache catches up.
+        return read_job_pods(self.kubectl, self.proxy, self.namespace, job_name,
+                             state.end_resource_version, PAGE_RETRY_SECONDS if retry else None,
+                             self.settings.chunk_size)
+
+    def _read_events(self, events_watched: bool, retry: bool) -> PagedList | EventStore:
+        """The namespace's events: as watched when the watch caught up with them all, else listed."""
+        if events_watched:
+            return self.follower.state.events
+        return read_events(self.kubectl, self.proxy, self.namespace, self.settings.chunk_size,
+                           COLLECT_RETRY_SECONDS if retry else None)
+
+    def save_evidence(self, job_future: concurrent.futures.Future,
+                      pods_future: concurrent.futures.Future,
+                      events_future: concurrent.futures.Future, retry_until: float | None) -> Evidence:
+        """Write what the fetches brought; fall back to the watch's view where a fetch failed."""
+        follower = self.follower
+        problems: list[str] = []
+        job = job_future.result()
+        if job is not None:
+            write_json(os.path.join(self.batch_dir, "job.json"), job)
+        reading = self._save_pods(pods_future, retry_until)
+        # The logs are written while the events are still being read in pages.
+        logs = follower.log_reader.collect(reading.pods, self.batch_dir, retry_until, problems)
+        events = self._save_events(events_future, job, reading.pods, problems)
+        write_json(os.path.join(self.batch_dir, "observed.json"), follower.observations())
+        for line in summarised_problems(problems):
+            print(f"Warning: could not save {line}", file=sys.stderr)
+        return Evidence(job, reading, logs, events)
+
+    def _save_pods(self, pods_future: concurrent.futures.Future, retry_until: float | None) -> PodReading:
+        """pods.json: the pods as listed (with any the list no longer shows), else as the pod watch
+        saw them, each it saw unfinished read again."""
+        follower = self.follower
+        try:
+            reading = pods_future.result()
+        except DemoError as error:
+            reading = None
+            print(f"Warning: could not list the pods ({error}); pods.json holds what the pod watch "
+                  f"saw, each pod it saw unfinished read again", file=sys.stderr)
+        follower.drain_pod_watch()
+        watched = list(follower.state.pods.values())
+        if reading is None:
+            fresh = reread_pods(self.kubectl, self.proxy, self.namespace, unfinished_pods(watched),
+                                None if retry_until is None else COLLECT_RETRY_SECONDS)
+            reading = PodReading(with_fresh_pods(watched, fresh), "watch", None, 0, 0, sorted(fresh))
+        elif reading.source == "list":
+            reading = reading._replace(pods=with_vanished(reading.pods, watched))
+        pods = reading.pods
+        indented = len(pods) < ONE_LINE_ITEMS_FROM
+        texts = EncodedItems(lambda: (follower.state.pod_text(pod, indented) for pod in pods), len(pods), indented)
+        write_json(os.path.join(self.batch_dir, "pods.json"), dict(
+            list_manifest([]), metadata={"resourceVersion": reading.resource_version or ""}, items=texts))
+        return reading
+
+    def _save_events(self, events_future: concurrent.futures.Future,
+                     job: dict | None, pods: Sequence[dict], problems: list[str]) -> list[dict]:
+        """events.txt and events.json, of this batch alone; the events, empty when unreadable.
+        events.txt is kubectl's table with absolute times, not its ages, which mean nothing later."""
+        events_path = os.path.join(self.batch_dir, "events.json")
+        try:
+            events_listing = events_future.result()
+            events = events_listing.events() if isinstance(events_listing, EventStore) else events_listing.items
+            write_events(events_path, events_listing, events, events_listing.resource_version or "")
+        except DemoError as error:
+            events_listing = None
+            problems.append(f"events: {error}")
+            events = []
+        write_text(os.path.join(self.batch_dir, "events.txt"), events_table(events) if events else "")
+        batches = [entry.job for entry in self.settings.batches]
+        if len(batches) > 1 and events:
+            # The namespace's events cover every batch so far; each batch keeps its own.
+            events = batch_events(events, job, pods, first=self.follower.job_name == batches[0])
+            write_events(events_path, events_listing, events, None)
+            write_text(os.path.join(self.batch_dir, "events.txt"), events_table(events))
+        return events
+
+
 # --------------------------------------------------------------------------
 # Files.
 
@@ -5068,7 +5272,7 @@ class Receipt:
 
 
 # --------------------------------------------------------------------------
-# The `run` action.
+# The `run` action: `perform_run` -> `start_run` -> `execute`, its steps on one `RunContext`.
 
 
 def default_timeout(count: int, parallelism: int) -> int:
@@ -5262,15 +5466,15 @@ def saved_evidence(job: dict | None, pods: Sequence[dict], logs: dict[str, str],
 
 def waiting_note(job: dict | None, elapsed: float) -> str:
     """What the client is waiting for once the Job has stopped running pods, else nothing."""
-    spec, conditions = (job or {}).get("spec") or {}, (job or {})
-    failure = condition(conditions, "FailureTarget")
+    job = job or {}
+    failure = condition(job, "FailureTarget")
     if failure and failure.get("status") == "True":
         return (f"  ({failure.get('reason', 'failing')}: waiting for the pods to stop before Kubernetes "
                 f"marks the Job Failed)")
-    success = condition(conditions, "SuccessCriteriaMet")
+    success = condition(job, "SuccessCriteriaMet")
     if success and success.get("status") == "True":
         return "  (all succeeded: waiting for the pods to stop before Kubernetes marks the Job Complete)"
-    deadline = spec.get("activeDeadlineSeconds")
+    deadline = (job.get("spec") or {}).get("activeDeadlineSeconds")
     if isinstance(deadline, int) and elapsed > deadline:
         return (f"  (past the Job's {deadline} s deadline: waiting up to {CLIENT_GRACE_SECONDS} s more for "
                 f"the Job controller to end it)")
@@ -5482,44 +5686,73 @@ def run_one_batch(run: RunContext, entry: BatchEntry) -> BatchOutcome:
     created = follower.submit(lambda: create_object(run, manifest))
     run.receipt.record_job(job_name, created["metadata"]["uid"])
     end = follower.follow(client_deadline)
-    client = client_wait(follower, end)
+    wait = client_wait(follower, end)
     evidence = batch.collect(job_name)
     follower.stop_watches()
-    reading = evidence.reading
-    client["pods_read"] = {
-        "source": reading.source, "not_older_than": follower.state.end_resource_version,
-        "resource_version": reading.resource_version, "pages": reading.pages,
-        "continue_expiries": reading.continue_expiries, "read_again": reading.reread}
-    client["events_read"] = batch.events_read
+    wait = wait._replace(pods_read=pods_read(evidence.reading, follower.state.end_resource_version),
+                         events_read=batch.events_read)
     summarise = rollout_summary if run.settings.rollout else verified_summary
+    client_path = os.path.join(batch_dir, "client.json")
     try:
         summary = summarise(batch, end, evidence)
     finally:
         if rewards is not None:
             rewards.close()
-            client["reward_deliveries"] = [d.saved() for d in rewards.deliveries]
-            write_json(os.path.join(batch_dir, "client.json"), client)
+            wait = wait._replace(reward_deliveries=[d.saved() for d in rewards.deliveries])
+            write_json(client_path, wait.saved())  # kept, with the deliveries, should the summary fail
+    wait = wait._replace(episodes_summarised_while_waiting=summary.drafts_taken,
+                         post_completion_seconds=rounded(time.monotonic() - follower.end_seen_monotonic))
+    write_json(client_path, wait.saved())
+    return BatchOutcome(entry, summary, wait.saved())
+
+
+class ClientWait(NamedTuple):
+    """How the client waited for one Job (client.json): when it saw the end, what the wait cost,
+    how the evidence was read after it, and (a rollout) when each rewards.jsonl line was written."""
+    job: str
+    end: str | None  # Complete or Failed; None when the client gave up waiting
+    submitted_at: float  # wall clock, just before the create call
+    observed_at: float | None  # wall clock, when the client saw the end
+    client_job_complete_seconds: float | None
+    kubectl_processes_while_waiting: int
+    watch_restarts: int
+    watch_queue_peak: int
+    wait_mode: str  # "watch", or "poll" once the watches gave up
+    pods_read: dict | None = None  # pods_read(): known once the evidence is read
+    events_read: str | None = None  # "watch" or "list" (BatchEvidence.events_read)
+    reward_deliveries: list[list] | None = None  # a rollout's Delivery records, saved
     # How many episodes' points the summary took from their drafts, made while the batch ran.
-    client["episodes_summarised_while_waiting"] = summary.drafts_taken
-    client["post_completion_seconds"] = rounded(time.monotonic() - follower.end_seen_monotonic)
-    write_json(os.path.join(batch_dir, "client.json"), client)
-    return BatchOutcome(entry, summary, client)
+    episodes_summarised_while_waiting: int | None = None
+    post_completion_seconds: float | None = None  # from seeing the end to the summary made
+
+    def saved(self) -> dict[str, Any]:
+        """client.json's fields: the ones not known yet (or not a rollout's) left out."""
+        return {key: value for key, value in self._asdict().items()
+                if value is not None or key not in CLIENT_WAIT_LATER}
 
 
-def client_wait(follower: BatchFollower, end: str | None) -> dict:
-    """How the client waited for one Job: when it saw the end, and what the wait cost."""
+# What client.json gains as the batch is read and summarised; the fields before are there from the end.
+CLIENT_WAIT_LATER = ("pods_read", "events_read", "reward_deliveries", "episodes_summarised_while_waiting",
+                     "post_completion_seconds")
+
+
+def client_wait(follower: BatchFollower, end: str | None) -> ClientWait:
+    """How the client waited for one Job, as of the end seen (or given up on)."""
     submission = follower.submission
     assert submission is not None  # followed only once submitted
-    return {
-        "job": follower.job_name, "end": end, "submitted_at": submission.wall,
-        "observed_at": follower.end_seen_wall,
-        "client_job_complete_seconds": rounded(follower.end_seen_monotonic - submission.monotonic)
+    return ClientWait(
+        job=follower.job_name, end=end, submitted_at=submission.wall, observed_at=follower.end_seen_wall,
+        client_job_complete_seconds=rounded(follower.end_seen_monotonic - submission.monotonic)
         if follower.end_seen_monotonic is not None else None,
-        "kubectl_processes_while_waiting": follower.cost.processes,
-        "watch_restarts": follower.cost.restarts,
-        "watch_queue_peak": follower.cost.queue_peak,
-        "wait_mode": "poll" if follower.polling else "watch",
-    }
+        kubectl_processes_while_waiting=follower.cost.processes, watch_restarts=follower.cost.restarts,
+        watch_queue_peak=follower.cost.queue_peak, wait_mode="poll" if follower.polling else "watch")
+
+
+def pods_read(reading: PodReading, not_older_than: str | None) -> dict[str, Any]:
+    """client.json's `pods_read`: how the Job's pods were read after its end."""
+    return {"source": reading.source, "not_older_than": not_older_than,
+            "resource_version": reading.resource_version, "pages": reading.pages,
+            "continue_expiries": reading.continue_expiries, "read_again": reading.reread}
 
 
 def verified_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) -> BatchSummary:
@@ -5603,21 +5836,31 @@ def batch_delivery_figures(deliveries: Sequence[Delivery], job_observed: dict[st
 @cycle_collector_paused()
 def save_results(run: RunContext, batches: Sequence[BatchOutcome]) -> Results:
     """results.json, episodes.csv and the pictures, from every batch's summary."""
-    results = assemble_results(run.settings, batches, client_figures(run), run.capacity)
+    results = assemble_results(run.settings, batches, client_figures(run).saved(), run.capacity)
     write_json(os.path.join(run.output, RESULTS_FILE), results.figures)
     write_text(os.path.join(run.output, "episodes.csv"), episodes_csv(results.batches))
     write_pictures(run.output, results.batches, run.settings, results.figures["throughput"])
     return results
 
 
-def client_figures(run: RunContext) -> dict:
+class ClientCost(NamedTuple):
+    """What the run cost on this machine (results.json's `client`)."""
+    kubectl_processes: int
+    api_retries: int
+    cpu_seconds: float | None
+    peak_rss_mib: float | None  # None where the platform cannot say: then left out
+
+    def saved(self) -> dict[str, Any]:
+        saved = self._asdict()
+        if self.peak_rss_mib is None:
+            del saved["peak_rss_mib"]
+        return saved
+
+
+def client_figures(run: RunContext) -> ClientCost:
     """What the run cost on this machine: kubectl processes, retries, CPU, peak memory."""
-    figures = {"kubectl_processes": run.kubectl.processes, "api_retries": run.kubectl.retries,
-               "cpu_seconds": rounded(cpu_seconds() - run.cpu_start)}
-    peak = peak_rss_mib()
-    if peak is not None:
-        figures["peak_rss_mib"] = peak
-    return figures
+    return ClientCost(run.kubectl.processes, run.kubectl.retries, rounded(cpu_seconds() - run.cpu_start),
+                      peak_rss_mib())
 
 
 def peak_rss_mib() -> float | None:
@@ -5673,163 +5916,6 @@ def close(run: RunContext) -> None:
     if run.proxy is not None:
         run.proxy.close()
     run.pool.shutdown(wait=False)
-
-
-class Evidence(NamedTuple):
-    """What was saved of a finished batch, as its verification reads it."""
-    job: dict | None  # None when the Job could not be read and the watch never saw it
-    reading: PodReading
-    logs: dict[str, str]  # pod name -> its log, empty when unreadable
-    events: Sequence[dict]  # this batch's events
-
-
-def read_events(kubectl: Kubectl, proxy: ApiProxy | None, namespace: str, page_size: int,
-                retry_seconds: float | None) -> PagedList:
-    """The namespace's events listed in pages: through the proxy when there is one, else (or
-    should that fail) by kubectl."""
-    path = f"/api/v1/namespaces/{namespace}/events"
-    if proxy is not None:
-        try:
-            return read_pages(kubectl, proxy, PagedList(path, limit=page_size), retry_seconds)
-        except DemoError:
-            pass  # ask kubectl below
-    return read_pages(kubectl, None, PagedList(path, limit=page_size), retry_seconds)
-
-
-class BatchEvidence:
-    """The batch under way: its follower, and the saving of its evidence into its own directory."""
-
-    def __init__(self, run: RunContext, follower: BatchFollower, batch_dir: str) -> None:
-        self.follower = follower
-        self.batch_dir = batch_dir
-        self.kubectl = run.kubectl
-        self.namespace = run.namespace
-        self.settings = run.settings
-        self.spelling = run.spelling
-        # How the events saved were read: "watch" (followed, as many as the API counted after
-        # the end) or "list" (read in pages after the end).
-        self.events_read = "list"
-
-    @property
-    def proxy(self) -> ApiProxy | None:
-        """The run's proxy, as the follower reads through it."""
-        return self.follower.proxy
-
-    def collect(self, job_name: str, retry: bool = True) -> Evidence:
-        """Save job.json, pods.json, events.txt, events.json and one log per pod: the evidence of a batch.
-        Without `retry`, each is read once, at once: no retries, no wait for the watches to settle."""
-        follower = self.follower
-        # Evidence is worth a few retries, not a long wait: a log that a kubelet
-        # cannot serve now is saved empty and the episode fails verification.
-        retry_until = time.monotonic() + COLLECT_RETRY_SECONDS if retry else None
-        events_expected = follower.settle_after_end(retry_until) if retry else None
-        watched_final = follower.watched_pods_final()
-        events_watched = follower.events_caught_up(events_expected)
-        follower.stop_watches(keep=() if watched_final else ("pods",))
-        if watched_final:
-            follower.state.forget_shared()
-        self.events_read = "watch" if events_watched else "list"
-        # Its own threads: the log readers' pool may still be busy with reads under way.
-        with concurrent.futures.ThreadPoolExecutor(4) as fetchers:
-            job_future = fetchers.submit(self._read_job, job_name, retry_until)
-            pods_future = fetchers.submit(self._read_pods, job_name, watched_final, retry)
-            events_future = fetchers.submit(self._read_events, events_watched, retry)
-            return self.save_evidence(job_future, pods_future, events_future, retry_until)
-
-    def _read_job(self, job_name: str, retry_until: float | None) -> dict | None:
-        """The Job as its end was seen, else as read now, else as last watched."""
-        state = self.follower.state
-        if state.end is not None and state.job is not None:
-            return state.job
-        try:
-            return self.kubectl.get("job", job_name, self.namespace, retry_until=retry_until)
-        except DemoError:
-            return state.job
-
-    def _read_pods(self, job_name: str, watched_final: bool, retry: bool) -> PodReading:
-        """The Job's pods: as watched when each one's last change arrived, else listed."""
-        state = self.follower.state
-        if watched_final:
-            # Each pod's last change arrived: a list would show the very same pods.
-            return PodReading(sorted(state.pods.values(), key=pod_name), "final watch",
-                              state.end_resource_version, 0, 0, [])
-        # Else never the watch's view: it may run behind. The list is at least as new as the
-        # moment the Job's end was seen, and its pages are retried while a cache catches up.
-        return read_job_pods(self.kubectl, self.proxy, self.namespace, job_name,
-                             state.end_resource_version, PAGE_RETRY_SECONDS if retry else None,
-                             self.settings.chunk_size)
-
-    def _read_events(self, events_watched: bool, retry: bool) -> PagedList | EventStore:
-        """The namespace's events: as watched when the watch caught up with them all, else listed."""
-        if events_watched:
-            return self.follower.state.events
-        return read_events(self.kubectl, self.proxy, self.namespace, self.settings.chunk_size,
-                           COLLECT_RETRY_SECONDS if retry else None)
-
-    def save_evidence(self, job_future: concurrent.futures.Future,
-                      pods_future: concurrent.futures.Future,
-                      events_future: concurrent.futures.Future, retry_until: float | None) -> Evidence:
-        """Write what the fetches brought; fall back to the watch's view where a fetch failed."""
-        follower = self.follower
-        problems: list[str] = []
-        job = job_future.result()
-        if job is not None:
-            write_json(os.path.join(self.batch_dir, "job.json"), job)
-        reading = self._save_pods(pods_future, retry_until)
-        # The logs are written while the events are still being read in pages.
-        logs = follower.log_reader.collect(reading.pods, self.batch_dir, retry_until, problems)
-        events = self._save_events(events_future, job, reading.pods, problems)
-        write_json(os.path.join(self.batch_dir, "observed.json"), follower.observations())
-        for line in summarised_problems(problems):
-            print(f"Warning: could not save {line}", file=sys.stderr)
-        return Evidence(job, reading, logs, events)
-
-    def _save_pods(self, pods_future: concurrent.futures.Future, retry_until: float | None) -> PodReading:
-        """pods.json: the pods as listed (with any the list no longer shows), else as the pod watch
-        saw them, each it saw unfinished read again."""
-        follower = self.follower
-        try:
-            reading = pods_future.result()
-        except DemoError as error:
-            reading = None
-            print(f"Warning: could not list the pods ({error}); pods.json holds what the pod watch "
-                  f"saw, each pod it saw unfinished read again", file=sys.stderr)
-        follower.drain_pod_watch()
-        watched = list(follower.state.pods.values())
-        if reading is None:
-            fresh = reread_pods(self.kubectl, self.proxy, self.namespace, unfinished_pods(watched),
-                                None if retry_until is None else COLLECT_RETRY_SECONDS)
-            reading = PodReading(with_fresh_pods(watched, fresh), "watch", None, 0, 0, sorted(fresh))
-        elif reading.source == "list":
-            reading = reading._replace(pods=with_vanished(reading.pods, watched))
-        pods = reading.pods
-        indented = len(pods) < ONE_LINE_ITEMS_FROM
-        texts = EncodedItems(lambda: (follower.state.pod_text(pod, indented) for pod in pods), len(pods), indented)
-        write_json(os.path.join(self.batch_dir, "pods.json"), dict(
-            list_manifest([]), metadata={"resourceVersion": reading.resource_version or ""}, items=texts))
-        return reading
-
-    def _save_events(self, events_future: concurrent.futures.Future,
-                     job: dict | None, pods: Sequence[dict], problems: list[str]) -> list[dict]:
-        """events.txt and events.json, of this batch alone; the events, empty when unreadable.
-        events.txt is kubectl's table with absolute times, not its ages, which mean nothing later."""
-        events_path = os.path.join(self.batch_dir, "events.json")
-        try:
-            events_listing = events_future.result()
-            events = events_listing.events() if isinstance(events_listing, EventStore) else events_listing.items
-            write_events(events_path, events_listing, events, events_listing.resource_version or "")
-        except DemoError as error:
-            events_listing = None
-            problems.append(f"events: {error}")
-            events = []
-        write_text(os.path.join(self.batch_dir, "events.txt"), events_table(events) if events else "")
-        batches = [entry.job for entry in self.settings.batches]
-        if len(batches) > 1 and events:
-            # The namespace's events cover every batch so far; each batch keeps its own.
-            events = batch_events(events, job, pods, first=self.follower.job_name == batches[0])
-            write_events(events_path, events_listing, events, None)
-            write_text(os.path.join(self.batch_dir, "events.txt"), events_table(events))
-        return events
 
 
 def plural(number: Any, noun: str) -> str:
@@ -5982,27 +6068,42 @@ class Results:
 
 def assemble_results(settings: Settings, batches: Sequence[BatchOutcome], client: dict | None,
                      capacity: dict | None = None) -> Results:
-    """results.json from the batches' summaries; several rounds are pooled. `capacity`: the plan
-    check_capacity made, if it did."""
-    measured_batches = [batch for batch in batches if batch.entry.measured]
-    measured = [batch.figures() for batch in measured_batches]
-    warmups = [batch.figures() for batch in batches if not batch.entry.measured]
-    episodes = [record for batch in measured_batches for record in batch.summary.episodes]
+    """results.json, top to bottom: the fields of every run, then a single batch's own or the
+    rounds', the warm-up, what the run cost (`client`), the throughput, and the capacity plan
+    check_capacity made (`capacity`, if it did)."""
+    measured = [batch for batch in batches if batch.entry.measured]
+    warmups = [batch for batch in batches if not batch.entry.measured]
+    results = common_results(settings, measured)
+    results.update(single_batch_results(measured[0]) if len(measured) == 1 else rounds_results(measured))
+    if warmups:
+        results["warmup"] = warmups[0].figures()
+    if client is not None:
+        results["client"] = client
+    pooled = [(batch.entry.job, batch.summary) for batch in measured]
+    results["throughput"] = throughput(pooled)
+    if capacity is not None:
+        results["capacity"] = capacity
+    return Results(results, pooled)
+
+
+def common_results(settings: Settings, measured: Sequence[BatchOutcome]) -> dict[str, Any]:
+    """The fields of every results.json: the measured batches pooled, and the run's settings."""
+    figures = [batch.figures() for batch in measured]
+    episodes = [record for batch in measured for record in batch.summary.episodes]
     rows = [dict(row, job=batch.entry.job) if len(measured) > 1 else row
-            for batch in measured_batches for row in batch.summary.figures["pods"]]
+            for batch in measured for row in batch.summary.figures["pods"]]
     if len(measured) == 1:  # its own summary already pooled the same episodes
-        phases, by_start_path = measured[0]["phases"], measured[0]["phases_by_start_path"]
+        phases, by_start_path = figures[0]["phases"], figures[0]["phases_by_start_path"]
     else:
-        phases = phase_summary([r["phases"] for r in episodes])
-        by_start_path = start_path_phases(episodes)
+        phases, by_start_path = phase_summary([r["phases"] for r in episodes]), start_path_phases(episodes)
     guide = describe([r["guide_pod_to_ready"] for r in episodes])
-    client_seconds = [s.get("client_job_complete_seconds") for s in measured]
-    results: dict[str, Any] = {
-        "episodes": sum(s["episodes"] for s in measured),
-        "successful_episodes": sum(s["successful_episodes"] for s in measured),
-        "reward_sum": sum(s["reward_sum"] for s in measured),
-        "batch_to_all_ready_seconds": max(s["batch_to_all_ready_seconds"] for s in measured),
-        "batch_to_all_rewards_seconds": max(s["batch_to_all_rewards_seconds"] for s in measured),
+    client_seconds = [f.get("client_job_complete_seconds") for f in figures]
+    return {
+        "episodes": sum(f["episodes"] for f in figures),
+        "successful_episodes": sum(f["successful_episodes"] for f in figures),
+        "reward_sum": sum(f["reward_sum"] for f in figures),
+        "batch_to_all_ready_seconds": max(f["batch_to_all_ready_seconds"] for f in figures),
+        "batch_to_all_rewards_seconds": max(f["batch_to_all_rewards_seconds"] for f in figures),
         "pod_to_ready_p50_seconds": guide["p50"],
         "pod_to_ready_p95_seconds": guide["p95"],
         "pod_to_ready_max_seconds": guide["max"],
@@ -6018,41 +6119,39 @@ def assemble_results(settings: Settings, batches: Sequence[BatchOutcome], client
         "episode_script": settings.episode_script,
         "episode_script_sha256": settings.episode_script_sha256,
         "client_job_complete_seconds": None if None in client_seconds else max(client_seconds),
-        "reward_mean": rounded(sum(s["reward_sum"] for s in measured)
-                               / max(1, sum(s["episodes"] for s in measured)), 6),
-        "rounds_measured": len(measured),
+        "reward_mean": rounded(sum(f["reward_sum"] for f in figures) / max(1, sum(f["episodes"] for f in figures)),
+                               6),
+        "rounds_measured": len(figures),
         "phases": phases,
         "phases_by_start_path": by_start_path,
         "phase_points": POINT_SOURCES,
-        "clock_warnings": [w for s in measured for w in s["clocks"]["warnings"]],
+        "clock_warnings": [w for f in figures for w in f["clocks"]["warnings"]],
         "nodes": count_nodes(row["node"] for row in rows),
-        "warnings": merge_warnings([s["warnings"] for s in measured]),
+        "warnings": merge_warnings([f["warnings"] for f in figures]),
     }
-    if len(measured) > 1:
-        results["round_figures"] = ("batch_to_all_ready_seconds, batch_to_all_rewards_seconds and "
-                                    "client_job_complete_seconds are the slowest round's; each round's "
-                                    "are in rounds[], and the percentiles pool every round's episodes")
-    if len(measured) == 1:
-        results["completion_gap"] = measured[0]["completion_gap"]
-        results["clocks"] = measured[0]["clocks"]
-        results["job_created"] = measured[0]["job_created"]
-        results["client_wait"] = measured_batches[0].client_wait
-    else:
-        results["rounds"] = [dict(figures, job=batch.entry.job) for batch, figures in zip(measured_batches, measured)]
-    if warmups:
-        results["warmup"] = warmups[0]
-    if len(measured) == 1:
-        for key in ROLLOUT_FIELDS + ("pod_to_ready_p50_seconds", "pod_to_ready_p95_seconds",
-                                     "pod_to_ready_max_seconds"):
-            if key in measured[0] and "failed_episodes" in measured[0]:
-                results[key] = measured[0][key]
-    if client is not None:
-        results["client"] = client
-    pooled = [(batch.entry.job, batch.summary) for batch in measured_batches]
-    results["throughput"] = throughput(pooled)
-    if capacity is not None:
-        results["capacity"] = capacity
-    return Results(results, pooled)
+
+
+def single_batch_results(batch: BatchOutcome) -> dict[str, Any]:
+    """What results.json adds for one measured batch: its completion gap, clocks, Job creation and
+    wait; for a rollout, its failures, attempts and groups (and the guide's pod_to_ready figures
+    with its failed episodes counted at the deadline)."""
+    figures = batch.figures()
+    results = {"completion_gap": figures["completion_gap"], "clocks": figures["clocks"],
+               "job_created": figures["job_created"], "client_wait": batch.client_wait}
+    if "failed_episodes" in figures:
+        results.update({key: figures[key] for key in ROLLOUT_FIELDS + (
+            "pod_to_ready_p50_seconds", "pod_to_ready_p95_seconds", "pod_to_ready_max_seconds") if key in figures})
+    return results
+
+
+def rounds_results(measured: Sequence[BatchOutcome]) -> dict[str, Any]:
+    """What results.json adds for several measured rounds: each round's own figures."""
+    return {
+        "round_figures": ("batch_to_all_ready_seconds, batch_to_all_rewards_seconds and "
+                          "client_job_complete_seconds are the slowest round's; each round's "
+                          "are in rounds[], and the percentiles pool every round's episodes"),
+        "rounds": [dict(batch.figures(), job=batch.entry.job) for batch in measured],
+    }
 
 
 def merge_warnings(summaries: Iterable[dict]) -> dict:
@@ -6127,8 +6226,8 @@ def broken_on_every_python(source: str, error: SyntaxError | ValueError) -> bool
     return bool(opened)
 
 
-def run(args: argparse.Namespace) -> int:
-    """Submit the batch(es), wait, save every record, verify, report."""
+def run_command(args: argparse.Namespace) -> int:
+    """`run`: submit the batch(es), wait, save every record, verify, report."""
     return perform_run(args)[0]
 
 
@@ -6627,7 +6726,7 @@ def compare(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------
-# Command line.
+# Command line: the parser, `main`, and `run_batch` / `stream_batch` for Python callers.
 
 
 def whole_number(text: str, minimum: int, wanted: str) -> int:
@@ -6924,7 +7023,7 @@ def check_cleanup_arguments(parser: argparse.ArgumentParser, args: argparse.Name
 
 
 DISPATCH: dict[str, Callable[[argparse.Namespace], int]] = {
-    "run": run, "cleanup": cleanup, "list": list_runs, "report": report, "compare": compare,
+    "run": run_command, "cleanup": cleanup, "list": list_runs, "report": report, "compare": compare,
 }
 
 
@@ -7146,13 +7245,13 @@ def stream_batch(tasks: Sequence[dict] | str | os.PathLike | None = None, *, out
     args.on_reward = lambda line: lines.put(("line", line))
     args.stop = threading.Event()
 
-    def run() -> None:
+    def run_in_thread() -> None:
         try:
             lines.put(("results", batch_run(args)))
         except BaseException as error:  # raised again in the reader's thread
             lines.put(("error", error))
 
-    worker = threading.Thread(target=run, name="rl-batch-demo stream_batch", daemon=True)
+    worker = threading.Thread(target=run_in_thread, name="rl-batch-demo stream_batch", daemon=True)
     worker.start()
     try:
         while True:
