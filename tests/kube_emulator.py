@@ -137,6 +137,8 @@ FAULTS: Dict[str, str] = {
     "replace_pod": "per index: the pod holds until it is evicted and replaced",
     "image_pull_backoff": "per index (or True): the image never pulls",
     "unreadable_logs": "per index: the kubelet does not serve the pod's log",
+    "log_gone": "per index: the kubelet answers the pod's log with its notice that the log is gone "
+                "(status 200, as when the runtime no longer has the container)",
     "log_tamper": "{index: duplicate_ready | drop_reward | wrong_id | junk_lines}: the log is altered",
     "lightweight_kubelet": "True or {timing}: containers print the built-in worker's events without a "
                            "process (scale tests only)",
@@ -2522,6 +2524,13 @@ class LogServer:
         emu = self.emu
         pod = self.api.get_object(info, ns, name)
         run = self.container_run(pod, query)
+        if emu.faults.applies("log_gone", emu.truth_record.pod_index(pod["metadata"]["uid"])):
+            # The kubelet has sent its headers (status 200) before it asks the runtime for the
+            # container, so the runtime's failure arrives as the body.
+            statuses = (pod.get("status") or {}).get("containerStatuses") or [{}]
+            container_id = statuses[0].get("containerID") or "containerd://" + "0" * 64
+            return send_bytes(h, 200, b"unable to retrieve container logs for " + container_id.encode(),
+                              "text/plain")
         tail = int(query["tailLines"]) if query.get("tailLines") not in (None, "") else None
         limit_bytes = int(query["limitBytes"]) if query.get("limitBytes") not in (None, "") else None
         since = None
