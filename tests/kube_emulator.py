@@ -3831,7 +3831,9 @@ class ContainerRunner(threading.Thread):
             self.event("Normal", "Pulled", 'Successfully pulled image "%s" in 52ms (52ms including waiting). '
                                            'Image size: 19203584 bytes.' % image)
         else:
-            self.event("Normal", "Pulled", 'Container image "%s" already present on machine' % image)
+            # The kubelet of 1.35 adds that the pod may use it (seen on kubelet v1.35.4).
+            self.event("Normal", "Pulled", 'Container image "%s" already present on machine%s'
+                       % (image, " and can be accessed by the pod" if self.emu.v >= (1, 35) else ""))
         return True
 
     def _run(self) -> None:
@@ -3886,7 +3888,9 @@ class ContainerRunner(threading.Thread):
 
     def mark_started(self, true_start: float) -> None:
         """The kubelet's Started event, the truth's first container start, and the pod's start time."""
-        self.event("Normal", "Started", "Started container %s" % self.cname)
+        # The kubelet of 1.35 no longer names the container (the event's fieldPath does).
+        self.event("Normal", "Started", "Container started" if self.emu.v >= (1, 35)
+                   else "Started container %s" % self.cname)
         if not self.started_once:
             self.emu.truth_record.note("pods", self.w.key, "container_started", true_start)
             self.started_once = True
@@ -3896,8 +3900,8 @@ class ContainerRunner(threading.Thread):
         """The Created event of this run, its container ID and its new (registered) log."""
         emu, w = self.emu, self.w
         cid = hex64("%s/%s/%d" % (w.uid, self.cname, attempt))
-        self.event("Normal", "Created", ("Created container: %s" if emu.v >= (1, 32) else "Created container %s")
-                   % self.cname)
+        self.event("Normal", "Created", "Container created" if emu.v >= (1, 35) else
+                   ("Created container: %s" if emu.v >= (1, 32) else "Created container %s") % self.cname)
         log = ContainerLog(emu.workdir / "logs" / ("%s_%s_%s-%d.log" % (w.ns, w.name, self.cname, attempt)))
         emu.logs.setdefault((w.uid, self.cname), []).append(log)
         return cid, log
