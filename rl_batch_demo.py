@@ -424,6 +424,126 @@ class RolloutPolicy(NamedTuple):
     need: int | None = None
 
 
+class BatchEntry(NamedTuple):
+    """One batch of a run, as run.json's `batches` lists it: its Job, whether it is measured (a
+    warm-up is not), and its directory under the run's (`.` when the run has one batch); `jobs`:
+    its Jobs when it has one per image (none: its one Job, `job`)."""
+    job: str
+    measured: bool
+    dir: str
+    jobs: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What one run was asked to do, made once (run_settings(), from the command line's or
+    run_batch()'s checked arguments; or read back from run.json) and read by attribute.
+    `saved()` is run.json's form of it, key for key."""
+    count: int
+    parallelism: int
+    image: str = DEFAULT_IMAGE
+    runtime: str = DEFAULT_RUNTIME
+    timeout: int = DEFAULT_JOB_DEADLINE_SECONDS  # the Job's activeDeadlineSeconds
+    rounds: int = 1
+    warmup: bool = False
+    harden: bool = False
+    builtin: bool = True  # the built-in episode, not an --episode-script
+    episode_script: str | None = None
+    chunk_size: int = LIST_PAGE_SIZE
+    episode_script_sha256: str | None = None
+    ttl_seconds: int | None = None
+    version: str | None = None  # the tool's, as it started the run (none for a run of the guide's script)
+    # A rollout batch (--tasks, --retries, --allow-failures, --need, or a Python caller): rewards.jsonl.
+    rollout: bool = False
+    tasks_file: str | None = None
+    group_size: int = 1
+    retries: int | None = None  # None: not asked for (the guide's backoffLimit 0)
+    allow_failures: int | None = None
+    task_ids: tuple[str, ...] | None = None
+    need: int | None = None
+    episode_timeout: int | None = None
+    # An image per task: each task's image (after --image-map, as `image` is), the map itself,
+    # the pods' pull deadline, and whether the images are pre-pulled.
+    task_images: tuple[str, ...] | None = None
+    image_map: tuple[tuple[str, str], ...] = ()
+    pull_timeout: int | None = None
+    prepull: bool = False
+    # Known once the run has named its context and namespace.
+    context: str | None = None
+    namespace: str | None = None
+    batches: tuple[BatchEntry, ...] = ()
+
+    def saved(self) -> dict[str, Any]:
+        """run.json's fields: the rollout options only for a rollout, --need and --episode-timeout
+        only when given."""
+        saved: dict[str, Any] = {
+            "version": self.version, "count": self.count, "parallelism": self.parallelism,
+            "image": self.image, "runtime": self.runtime, "timeout": self.timeout,
+            "rounds": self.rounds, "warmup": self.warmup, "harden": self.harden,
+            "builtin": self.builtin, "episode_script": self.episode_script, "chunk_size": self.chunk_size,
+            "episode_script_sha256": self.episode_script_sha256, "ttl_seconds": self.ttl_seconds,
+        }
+        if self.rollout:
+            saved.update({"rollout": True, "tasks_file": self.tasks_file, "group_size": self.group_size,
+                          "retries": self.retries, "allow_failures": self.allow_failures,
+                          "task_ids": None if self.task_ids is None else list(self.task_ids)})
+        if self.need is not None:
+            saved["need"] = self.need
+        if self.episode_timeout is not None:
+            saved["episode_timeout"] = self.episode_timeout
+        if self.rollout and self.task_images is not None:
+            saved["task_images"] = list(self.task_images)
+        if self.image_map:
+            saved["image_map"] = dict(self.image_map)
+        if self.pull_timeout is not None:
+            saved["pull_timeout"] = self.pull_timeout
+        if self.prepull:
+            saved["prepull"] = True
+        saved.update({"context": self.context, "namespace": self.namespace,
+                      "batches": [saved_entry(entry) for entry in self.batches]})
+        return saved
+
+    @classmethod
+    def from_saved(cls, saved: dict[str, Any]) -> Settings:
+        """A run's settings read back from its run.json; a field an older run did not record takes
+        the value that run had. DemoError names a field the results cannot do without."""
+        missing = [key for key in SAVED_SETTINGS_NEEDED if key not in saved]
+        if missing:
+            raise DemoError(f"run.json lacks {', '.join(map(repr, missing))}: not a run directory "
+                            f"this tool can report")
+        task_ids = saved.get("task_ids")
+        return cls(
+            count=saved["count"], parallelism=saved["parallelism"], image=saved["image"],
+            runtime=saved["runtime"], timeout=saved.get("timeout", 0), rounds=saved.get("rounds") or 1,
+            warmup=saved["warmup"], harden=saved.get("harden", False), builtin=saved.get("builtin", True),
+            episode_script=saved.get("episode_script"), chunk_size=saved.get("chunk_size", LIST_PAGE_SIZE),
+            episode_script_sha256=saved.get("episode_script_sha256"), ttl_seconds=saved.get("ttl_seconds"),
+            version=saved.get("version"), rollout=bool(saved.get("rollout")), tasks_file=saved.get("tasks_file"),
+            group_size=saved.get("group_size") or 1, retries=saved.get("retries"),
+            allow_failures=saved.get("allow_failures"), task_ids=None if task_ids is None else tuple(task_ids),
+            need=saved.get("need"), episode_timeout=saved.get("episode_timeout"), context=saved["context"],
+            namespace=saved["namespace"],
+            batches=tuple(BatchEntry(entry["job"], entry["measured"], entry["dir"], tuple(entry.get("jobs") or ()))
+                          for entry in saved["batches"]),
+            task_images=None if saved.get("task_images") is None else tuple(saved["task_images"]),
+            image_map=tuple((saved.get("image_map") or {}).items()), pull_timeout=saved.get("pull_timeout"),
+            prepull=bool(saved.get("prepull")))
+
+
+def saved_entry(entry: BatchEntry) -> dict[str, Any]:
+    """A batch as run.json lists it: `jobs` only for a batch of one Job per image."""
+    saved = entry._asdict()
+    if not entry.jobs:
+        del saved["jobs"]
+    else:
+        saved["jobs"] = list(entry.jobs)
+    return saved
+
+
+# What results.json cannot be made without: every other field of run.json has a default.
+SAVED_SETTINGS_NEEDED = ("count", "parallelism", "image", "runtime", "warmup", "context", "namespace", "batches")
+
+
 # --------------------------------------------------------------------------
 # Manifests: plain dicts built from their arguments alone.
 
@@ -1872,9 +1992,9 @@ def episode_rows(count: int, job: dict, pods: Sequence[dict], logs: dict[str, st
             for index in range(count)]
 
 
-def group_images(settings: dict) -> list[str | None]:
+def group_images(settings: Settings) -> list[str]:
     """The image of each group of episodes (a task's; without tasks, each episode's)."""
-    return settings.get("task_images") or [settings.get("image")] * settings["count"]
+    return list(settings.task_images or [settings.image] * settings.count)
 
 
 def episode_row(index: int, attempts: Sequence[dict], job: dict, logs: dict[str, str], builtin: bool,
@@ -2132,9 +2252,14 @@ def censored_pod_to_ready(rows: Sequence[dict], job: dict, pods: Sequence[dict])
 WHOLE_SECOND = 1.0
 EVENT_TIME = 1e-6
 PROC_TICK = 0.01
-# How long after the step it reports an event is named at most: the recorder stamps the name
-# (`<object>.<hex UnixNano>`) as soon as the step returns, with no other work in between.
-EVENT_FOLLOWS_SECONDS = 0.1
+# How long after the step it reports an event is named at most. The recorder stamps the name
+# (`<object>.<hex UnixNano>`) when it is called, but that is after the step's own call has
+# returned: the Job controller's pod create (the API server stamps the pod, writes it to etcd,
+# answers), the kubelet's RunPodSandbox (then its sandbox status and image checks over the
+# CRI), and then the goroutine's turn, which a loaded machine stretches (0.22 s for a Job
+# controller's SuccessfulCreate at load 40 on two cores). The same allowance as the
+# scheduler's eventTime after its binding, for the same reason.
+EVENT_FOLLOWS_SECONDS = 0.5
 # How long after the binding the scheduler takes its Scheduled eventTime at most. Not at once:
 # it takes it once its bind request has returned (a round trip through the API server and
 # etcd, then its goroutine's turn), which a loaded machine stretches (0.16 s after the node
@@ -3223,12 +3348,12 @@ def nice_step(span: float, ticks: int = 8) -> float:
     return 10 * power
 
 
-def timeline_title(settings: dict) -> str:
+def timeline_title(settings: Settings) -> str:
     """What the timeline shows: its episodes in all, and in how many rounds."""
-    count, rounds = settings["count"], settings.get("rounds") or 1
+    count, rounds = settings.count, settings.rounds
     episodes = plural(count, "episode") if rounds == 1 else \
         f"{rounds} rounds of {plural(count, 'episode')} ({rounds * count} in all)"
-    return f"{episodes}, parallelism {settings['parallelism']}, runtime {settings['runtime']}"
+    return f"{episodes}, parallelism {settings.parallelism}, runtime {settings.runtime}"
 
 
 # Every picture and episodes.csv count from the same zero as results.json's batch_to_* figures.
@@ -4354,9 +4479,17 @@ def saved_batch_job(saved: dict, batch: str) -> dict:
     return jobs.view() or {"metadata": {"name": batch}}
 
 
+class StateChange(NamedTuple):
+    """What one change did to a batch's state, as BatchState.apply returns it."""
+    kind: str  # "job", "pods" or "events"
+    pod: str | None = None  # the pod it was about (also when deleted)
+    ended: tuple[tuple[str, str], ...] = ()  # (pod, containerID) of each episode container it shows ended
+    job_ended: bool = False  # this is the change that showed the Job's end
+
+
 class BatchState:
     """What the watches of one Job have said: a pure reducer of their changes, with no
-    thread, process or clock of its own.
+    thread, process or clock of its own; `apply` is the one way a change comes in.
 
     It holds the Job and each pod as last seen (a pod once, its repeated strings shared
     once it has ended), the namespace's events, and when (the client's wall clock, given
@@ -4381,18 +4514,26 @@ class BatchState:
         self._final_texts = Spool()
         self._final_versions: dict[str, str] = {}
 
-    def apply(self, kind: str, change: str, obj: dict, arrived: float) -> list[tuple[str, str]]:
+    def apply(self, kind: str, change: str, obj: dict, arrived: float) -> StateChange:
         """One change a watch (or a poll) delivered about the Job ("job"), a pod ("pods") or an
-        event ("events"). Returns the (pod, containerID) of each episode container it shows ended."""
+        event ("events"): `change` is the watch's type (ADDED, MODIFIED, DELETED), `arrived`
+        when it reached the client."""
         if kind == "job":
-            self.on_job(obj, arrived)
-            return []
+            return StateChange(kind, job_ended=self._on_job(obj, arrived))
         if kind == "events":
             self.events.apply(change, obj)
-            return []
-        return self.on_pod(obj, change == "DELETED", arrived)
+            return StateChange(kind)
+        return self._on_pod(obj, change == "DELETED", arrived)
 
-    def on_job(self, job: dict, arrived: float) -> bool:
+    def submitted(self, at: float) -> None:
+        """The client's create call for the Job starts now (its wall clock)."""
+        self.job_observed["submitted"] = at
+
+    def created(self, at: float) -> None:
+        """The client's create call for the Job returned (its wall clock)."""
+        self.job_observed["create_returned"] = at
+
+    def _on_job(self, job: dict, arrived: float) -> bool:
         """Take the Job as last seen; True when this is the change that showed its end."""
         self.job = job
         record_job_observation(self.job_observed, job, arrived)
@@ -4403,15 +4544,15 @@ class BatchState:
         self.end = end
         return True
 
-    def on_pod(self, pod: dict, deleted: bool, arrived: float) -> list[tuple[str, str]]:
+    def _on_pod(self, pod: dict, deleted: bool, arrived: float) -> StateChange:
         name = (pod.get("metadata") or {}).get("name")
         if not name:
-            return []
+            return StateChange("pods", name)
         if deleted:
             # Keep the last state seen: a pod that vanished is still part of the evidence.
             self.deleted.add(name)
             self.pods.setdefault(name, pod)
-            return []
+            return StateChange("pods", name)
         if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
             # Its state from now on is what is held to the end: worth holding small.
             pod = self._shared.share(pod)
@@ -4421,7 +4562,7 @@ class BatchState:
         self.pods[name] = pod
         record_pod_observation(self.observed.setdefault(name, {}), pod, arrived)
         terminated = container_terminated(pod)
-        return [] if terminated is None else [(name, terminated.get("containerID", ""))]
+        return StateChange("pods", name, () if terminated is None else ((name, terminated.get("containerID", "")),))
 
     def pod_text(self, pod: dict) -> str:
         """A pod as json.dumps writes it: the text encoded while waiting when it is of this very version."""
@@ -4450,7 +4591,8 @@ class LogReader:
     the batch directory, so little is left to write at the end), and at collection whatever is missing."""
 
     def __init__(self, kubectl: Kubectl, namespace: str, pool: concurrent.futures.ThreadPoolExecutor,
-                 proxy: ApiProxy | None = None, log_dir: str | None = None) -> None:
+                 proxy: ApiProxy | None = None, log_dir: str | None = None,
+                 on_read: Callable[[str], None] | None = None) -> None:
         self.kubectl = kubectl
         self.namespace = namespace
         self.pool = pool
@@ -4461,9 +4603,9 @@ class LogReader:
         self.saved: dict[str, str] = {}  # pod name -> the log text saved as <pod>.log
         self._reads: dict[tuple[str, str], concurrent.futures.Future] = {}
         # Told (from a reader's thread) the name of each pod whose log was read after its end.
-        self.on_read: Callable[[str], None] | None = None
+        self.on_read = on_read
 
-    def schedule(self, ended: list[tuple[str, str]]) -> None:
+    def schedule(self, ended: Iterable[tuple[str, str]]) -> None:
         """Read the log of each ended container once; keyed by container, so a restarted one's is read again."""
         for key in ended:
             if key not in self._reads:
@@ -4529,15 +4671,15 @@ class RewardStream:
     follows the batch (the one that called `run`).
     """
 
-    def __init__(self, path: str, settings: dict, on_reward: Callable[[dict], None] | None = None,
+    def __init__(self, path: str, settings: Settings, on_reward: Callable[[dict], None] | None = None,
                  stop: threading.Event | None = None) -> None:
         self.path = path
-        self.count = settings["count"]
-        self.builtin = settings["builtin"]
-        self.task_ids = settings.get("task_ids")
-        self.group_size = settings.get("group_size") or 1
+        self.count = settings.count
+        self.builtin = settings.builtin
+        self.task_ids = settings.task_ids
+        self.group_size = settings.group_size
         self.images = group_images(settings)
-        self.may_retry = bool(settings.get("retries"))
+        self.may_retry = bool(settings.retries)
         self.on_reward = on_reward
         self.rows: dict[int, dict] = {}
         self.deliveries: list[Delivery] = []
@@ -4769,19 +4911,17 @@ class PollFallback:
     def due(self, now: float) -> bool:
         return self.active and now >= self.next_read
 
-    def read(self, client_deadline: float) -> tuple[dict, list[dict], float]:
-        """The Job and its pods as read now, and when (the client's wall clock)."""
+    def read(self, client_deadline: float) -> tuple[list[dict], list[dict], float]:
+        """The batch's Jobs and its pods as read now, and when (the client's wall clock)."""
         retry_until = min(client_deadline, time.monotonic() + CALL_TIMEOUT_SECONDS)
         if self.jobs.several:
-            for job in (self.kubectl.get_list("jobs", self.namespace, *self.jobs.job_selector(),
-                                              retry_until=retry_until) or {}).get("items", []):
-                self.jobs.see(job)
-            job = self.jobs.view() or {}
+            jobs = (self.kubectl.get_list("jobs", self.namespace, *self.jobs.job_selector(),
+                                          retry_until=retry_until) or {}).get("items", [])
         else:
-            job = self.kubectl.get("job", self.job_name, self.namespace, retry_until=retry_until)
+            jobs = [self.kubectl.get("job", self.job_name, self.namespace, retry_until=retry_until)]
         pods = self.kubectl.get_list("pods", self.namespace, "-l", self.jobs.pod_selector(),
                                      retry_until=retry_until)
-        return job, (pods or {}).get("items", []), time.time()
+        return jobs, (pods or {}).get("items", []), time.time()
 
     def taken_in(self) -> None:
         """The last read is taken in: the next one follows a whole interval later, however long
@@ -4803,58 +4943,74 @@ class WaitCost:
         self.queue_peak = max(self.queue_peak, waiting + 1)
 
 
+class Submission(NamedTuple):
+    """The one moment a Job was submitted: just before the client's create call, on both clocks."""
+    wall: float
+    monotonic: float
+
+
 class BatchFollower:
-    """Follows one Job and its pods until the Job ends, reading each log as its pod finishes.
+    """Follows one Job and its pods until the Job ends, reading each log as its pod finishes;
+    after the end, takes in what its watches still deliver until the evidence is settled.
 
     Watches (`kubectl get -w`) tell the end at once with no polling delay; a broken
-    watch is restarted, and after repeated breaks the follower polls instead.
+    watch is restarted, and after repeated breaks the follower polls instead. Every change,
+    watched or polled, reaches the state through BatchState.apply.
     """
 
     def __init__(self, kubectl: Kubectl, namespace: str, job_name: str, count: int,
                  progress: Progress, pool: concurrent.futures.ThreadPoolExecutor,
                  proxy: ApiProxy | None = None, log_dir: str | None = None,
-                 rewards: RewardStream | None = None, job_names: Sequence[str] | None = None) -> None:
+                 rewards: RewardStream | None = None, watches: WatchStream | None = None,
+                 job_names: Sequence[str] | None = None) -> None:
         self.kubectl = kubectl
+        self.namespace = namespace
         self.job_name = job_name
         self.count = count
         self.progress = progress
+        self.proxy = proxy
         self.state = BatchState()
         # The batch's Jobs (`job_names`: one per image, else the one named `job_name`), followed as one.
         self.jobs = BatchJobs(job_name, job_names or [job_name])
-        self.watches = WatchStream(kubectl, namespace, job_name, self.jobs)
+        # Given already started when its pod watch had to listen before the proxy was opened.
+        self.watches = watches or WatchStream(kubectl, namespace, job_name, self.jobs)
         self.poller = PollFallback(kubectl, namespace, job_name, self.jobs)
-        self.log_reader = LogReader(kubectl, namespace, pool, proxy, log_dir)
         # A rollout's rewards.jsonl, each line written as its episode settles (a log read wakes the loop).
         self.rewards = rewards
-        if rewards is not None:
-            self.log_reader.on_read = lambda name: self.watches.queue.put(LogRead(name))
+        self.log_reader = LogReader(kubectl, namespace, pool, proxy, log_dir,
+                                    on_read=self._log_read if rewards is not None else None)
         self.cost = WaitCost()
         # The namespace's events are followed while waiting so that little is left to read at the
         # end; not watched (then listed at the end) when the watch is refused or broke for good.
         self.events_watched = True
+        self.submission: Submission | None = None
         # When this client saw the Job's end, on both clocks (observed.json is what the watches saw).
         self.end_seen_monotonic: float | None = None
         self.end_seen_wall: float | None = None
 
-    # What the watches said, as the state holds it.
-    job = property(lambda self: self.state.job)
-    pods = property(lambda self: self.state.pods)
-    deleted = property(lambda self: self.state.deleted)
-    events = property(lambda self: self.state.events)
-    job_observed = property(lambda self: self.state.job_observed)
-    end = property(lambda self: self.state.end)
-    end_resource_version = property(lambda self: self.state.end_resource_version)
-    polling = property(lambda self: self.poller.active)
+    @property
+    def polling(self) -> bool:
+        """The watches gave up for good: the Job and its pods are read every POLL_INTERVAL_SECONDS."""
+        return self.poller.active
 
     def observations(self) -> dict:
         return self.state.observations()
 
-    def watch_pods_first(self, client_deadline: float) -> None:
-        """Start the pod watch before the Job exists: each pod's ADDED then arrives as the pod is
-        created, rather than in the first listing of a watch started after the create call."""
-        self.watches.start("pods", client_deadline)
+    def submit(self, create: Callable[[], dict]) -> dict:
+        """Create the Job with `create`, the moment just before it taken as the submission's;
+        the watches stop should it fail."""
+        self.progress.new_batch()
+        self.submission = Submission(time.time(), time.monotonic())
+        self.state.submitted(self.submission.wall)
+        try:
+            created = create()
+        except BaseException:
+            self.stop_watches()
+            raise
+        self.state.created(time.time())
+        return created
 
-    def follow(self, submitted_monotonic: float, client_deadline: float) -> str | None:
+    def follow(self, client_deadline: float) -> str | None:
         """Wait until the Job is Complete or Failed ("Complete"/"Failed"), or None at the deadline."""
         processes_before = self.kubectl.processes - len(self.watches)  # a watch started first is this wait's
         self.watches.failures = {"job": 0, "pods": 0, "events": 0}
@@ -4862,29 +5018,30 @@ class BatchFollower:
             for kind in ("job", "pods", "events"):
                 if kind not in self.watches:
                     self.watches.start(kind, client_deadline)
-            while self.end is None and time.monotonic() < client_deadline:
+            while self.state.end is None and time.monotonic() < client_deadline:
                 if self.rewards is not None:
                     self.rewards.check_stop()
                 if self.poller.due(time.monotonic()):
                     self._poll(client_deadline)
-                    if self.end is not None:
+                    if self.state.end is not None:
                         break
                 self._take_next(client_deadline)
-                self._show(submitted_monotonic)
+                self._show()
         finally:
             # The pod and event watches go on while the evidence is read: they deliver what
             # happened up to the end, and should no pod list answer, what the pod watch saw
             # by then is all there is to go on.
-            self.stop_watches(keep=("pods", "events") if self.end is not None else ())
+            self.stop_watches(keep=("pods", "events") if self.state.end is not None else ())
             self.progress.finish()
             self.cost.processes = self.kubectl.processes - processes_before
-        return self.end
+        return self.state.end
 
     def _poll(self, client_deadline: float) -> None:
-        job, pods, seen = self.poller.read(client_deadline)
+        jobs, pods, seen = self.poller.read(client_deadline)
         for pod in pods:
-            self._on_pod(pod, arrived=seen)
-        self._on_job(job, seen)
+            self._apply("pods", "ADDED", pod, seen)
+        for job in jobs:
+            self._apply("job", "MODIFIED", job, seen)
         self.poller.taken_in()
 
     def _take_next(self, client_deadline: float) -> None:
@@ -4912,19 +5069,36 @@ class BatchFollower:
         obj = event.get("object") if isinstance(event, dict) and "object" in event else event
         if not isinstance(obj, dict) or obj.get("kind") == "Status":
             return
+        self._apply(kind, event.get("type") or "ADDED", obj, arrived)
+
+    def _apply(self, kind: str, change: str, obj: dict, arrived: float) -> StateChange:
+        """One change into the state, then what it calls for: the ended containers' logs read,
+        the moment the end was seen noted, the episodes it may settle judged. A Job comes in as the
+        batch's Job (BatchJobs: one Job of several is read with the others)."""
         if kind == "job":
-            batch_job_seen = self.jobs.see(obj)
-            if batch_job_seen is not None:
-                self._on_job(batch_job_seen, arrived)
-        else:
-            self.log_reader.schedule(self.state.apply(kind, event.get("type") or "ADDED", obj, arrived))
-            if kind == "pods":
-                self.judge([(obj.get("metadata") or {}).get("name", "")])
+            batch_job = self.jobs.see(obj)
+            if batch_job is None:
+                return StateChange(kind)  # not one of the batch's Jobs
+            obj = batch_job
+        changed = self.state.apply(kind, change, obj, arrived)
+        self.log_reader.schedule(changed.ended)
+        if changed.job_ended:
+            self.end_seen_monotonic = time.monotonic()
+            self.end_seen_wall = time.time()
+        if kind == "job":
+            self.judge(None)
+        elif kind == "pods":
+            self.judge([changed.pod or ""])
+        return changed
 
     def judge(self, names: Iterable[str] | None) -> None:
         """Write the rewards.jsonl line of each episode these pods settle (None: those waiting on the Job)."""
         if self.rewards is not None:
             self.rewards.judge(self.state, self.log_reader.early, names)
+
+    def _log_read(self, name: str) -> None:
+        """From a log reader's thread: a log was read, which wakes the loop to settle its episode."""
+        self.watches.queue.put(LogRead(name))
 
     def _watch_ended(self, kind: str, refusal: str | None, client_deadline: float) -> None:
         """A watch ended: restarted, or after repeated breaks the follower polls instead (the
@@ -4933,7 +5107,7 @@ class BatchFollower:
         if kind == "events" and (refusal or self.watches.failures[kind] >= WATCH_RESTARTS_BEFORE_POLLING):
             self._unwatch_events(refusal)
             return
-        if self.end is not None or self.polling:
+        if self.state.end is not None or self.polling:
             return
         if refusal:
             # Refused for good, unlike a broken connection: each restart would list and be
@@ -4959,98 +5133,80 @@ class BatchFollower:
     def stop_watches(self, keep: Sequence[str] = ()) -> None:
         self.watches.stop(keep)
 
-    def _on_job(self, job: dict, arrived: float | None = None) -> None:
-        if self.state.on_job(job, time.time() if arrived is None else arrived):
-            self.end_seen_monotonic = time.monotonic()
-            self.end_seen_wall = time.time()
-        self.judge(None)
+    def _show(self) -> None:
+        elapsed = time.monotonic() - self.submission.monotonic if self.submission is not None else 0.0
+        self.progress.update(status_line(self.job_name, self.count, self.state.job, elapsed, self.polling))
 
-    def _on_pod(self, pod: dict, deleted: bool = False, arrived: float | None = None) -> None:
-        self.log_reader.schedule(self.state.on_pod(pod, deleted, time.time() if arrived is None else arrived))
-        self.judge([pod_name(pod)])
+    # After the Job's end its pod and event watches still deliver what happened up to it.
 
-    def _show(self, submitted_monotonic: float) -> None:
-        self.progress.update(status_line(self.job_name, self.count, self.job,
-                                         time.monotonic() - submitted_monotonic, self.polling))
-
-
-# After the Job's end its pod and event watches still deliver what happened up to it.
-
-
-def drain_pod_watch(follower: BatchFollower) -> None:
-    """Stop the pod watch and take in everything it delivered since the Job ended."""
-    watching = "pods" in follower.watches
-    follower.stop_watches()
-    deadline = time.monotonic() + 5
-    while watching:
-        try:
-            item = follower.watches.queue.get(timeout=max(0.01, deadline - time.monotonic()))
-        except queue.Empty:
-            return
-        if isinstance(item, WatchEnded):
-            if item.kind == "pods":
-                return
-            continue  # another watch's end: what follows the Job's end needs only the pods
-        follower.take(item, deadline)
-
-
-def settle_watches(follower: BatchFollower, events_expected: int | None, seconds: float) -> None:
-    """After the end: take in what the watches still deliver until the pods are final and
-    the events number `events_expected` (None: not waited for), for up to `seconds`."""
-    deadline = time.monotonic() + seconds
-    while not watches_settled(follower, events_expected):
-        try:
-            item = follower.watches.queue.get(timeout=max(0.0, min(0.1, deadline - time.monotonic())))
-        except queue.Empty:
-            if time.monotonic() >= deadline:
-                return
-            continue
-        while True:  # everything already delivered, before judging again
-            follower.take(item, deadline)
+    def settle_after_end(self, retry_until: float | None) -> int | None:
+        """After the end: how many events the API holds (a list of one: its items and remainingItemCount),
+        and up to SETTLE_SECONDS for the watches to deliver that many and each pod's final state.
+        None when the events are not watched or could not be counted: then they are not waited for."""
+        events_expected = None
+        if self.events_watched:
             try:
-                item = follower.watches.queue.get_nowait()
+                events_expected, self.state.events.resource_version = count_events(
+                    self.kubectl, self.proxy, self.namespace, retry_until)
+            except DemoError:
+                pass  # then the events are listed after all
+        self.settle_watches(events_expected, SETTLE_SECONDS)
+        return events_expected
+
+    def settle_watches(self, events_expected: int | None, seconds: float) -> None:
+        """After the end: take in what the watches still deliver until the pods are final and
+        the events number `events_expected` (None: not waited for), for up to `seconds`."""
+        deadline = time.monotonic() + seconds
+        while not self.watches_settled(events_expected):
+            try:
+                item = self.watches.queue.get(timeout=max(0.0, min(0.1, deadline - time.monotonic())))
             except queue.Empty:
-                break
+                if time.monotonic() >= deadline:
+                    return
+                continue
+            while True:  # everything already delivered, before judging again
+                self.take(item, deadline)
+                try:
+                    item = self.watches.queue.get_nowait()
+                except queue.Empty:
+                    break
 
+    def drain_pod_watch(self) -> None:
+        """Stop the pod watch and take in everything it delivered since the Job ended."""
+        watching = "pods" in self.watches
+        self.stop_watches()
+        deadline = time.monotonic() + 5
+        while watching:
+            try:
+                item = self.watches.queue.get(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty:
+                return
+            if isinstance(item, WatchEnded):
+                if item.kind == "pods":
+                    return
+                continue  # another watch's end: what follows the Job's end needs only the pods
+            self.take(item, deadline)
 
-def watches_settled(follower: BatchFollower, events_expected: int | None) -> bool:
-    """Nothing more worth waiting for: each watch has delivered enough, or never will."""
-    events_done = events_expected is None or not watch_followed(follower, "events") or \
-        events_caught_up(follower, events_expected)
-    pods_done = not watch_followed(follower, "pods") or follower.end != "Complete" or bool(follower.deleted) or \
-        watched_pods_final(follower)
-    return events_done and pods_done
+    def watches_settled(self, events_expected: int | None) -> bool:
+        """Nothing more worth waiting for: each watch has delivered enough, or never will."""
+        events_done = events_expected is None or not self.watch_followed("events") or \
+            self.events_caught_up(events_expected)
+        pods_done = not self.watch_followed("pods") or self.state.end != "Complete" or bool(self.state.deleted) \
+            or self.watched_pods_final()
+        return events_done and pods_done
 
+    def watch_followed(self, kind: str) -> bool:
+        """The watch of `kind` runs and is what the follower goes by."""
+        return kind in self.watches and not self.polling and (kind != "events" or self.events_watched)
 
-def watch_followed(follower: BatchFollower, kind: str) -> bool:
-    """The watch of `kind` runs and is what the follower goes by."""
-    return kind in follower.watches and not follower.polling and (kind != "events" or follower.events_watched)
+    def events_caught_up(self, events_expected: int | None) -> bool:
+        """The event watch holds at least as many events as the API did after the end."""
+        return self.events_watched and not self.polling and events_expected is not None \
+            and len(self.state.events) >= events_expected
 
-
-def events_caught_up(follower: BatchFollower, events_expected: int | None) -> bool:
-    """The event watch holds at least as many events as the API did after the end."""
-    return follower.events_watched and not follower.polling and events_expected is not None \
-        and len(follower.events) >= events_expected
-
-
-def watched_pods_final(follower: BatchFollower) -> bool:
-    """The pod watch saw each pod of the Complete Job to its final state (see pods_final)."""
-    return not follower.polling and follower.state.pods_are_final()
-
-
-def settle_after_end(follower: BatchFollower, kubectl: Kubectl, proxy: ApiProxy | None, namespace: str,
-                     retry_until: float | None) -> int | None:
-    """After the end: how many events the API holds (a list of one: its items and remainingItemCount),
-    and up to SETTLE_SECONDS for the watches to deliver that many and each pod's final state.
-    None when the events are not watched or could not be counted: then they are not waited for."""
-    events_expected = None
-    if follower.events_watched:
-        try:
-            events_expected, follower.events.resource_version = count_events(kubectl, proxy, namespace, retry_until)
-        except DemoError:
-            pass  # then the events are listed after all
-    settle_watches(follower, events_expected, SETTLE_SECONDS)
-    return events_expected
+    def watched_pods_final(self) -> bool:
+        """The pod watch saw each pod of the Complete Job to its final state (see pods_final)."""
+        return not self.polling and self.state.pods_are_final()
 
 
 # --------------------------------------------------------------------------
@@ -5278,32 +5434,30 @@ def batch_names(rounds: int, warmup: bool) -> list[tuple[str, bool]]:
     return names
 
 
-def rollout_policy(settings: dict) -> RolloutPolicy | None:
+def rollout_policy(settings: Settings) -> RolloutPolicy | None:
     """Retries and accepted failures, when either was asked for, or --need (which accepts the
     failures it over-provisions for: count - need); else the guide's backoffLimit 0."""
-    need = settings.get("need")
-    if need is not None:
-        return RolloutPolicy(settings.get("retries") or 0, settings["count"] - need, need)
-    if settings.get("retries") is None and settings.get("allow_failures") is None:
+    if settings.need is not None:
+        return RolloutPolicy(settings.retries or 0, settings.count - settings.need, settings.need)
+    if settings.retries is None and settings.allow_failures is None:
         return None
-    return RolloutPolicy(settings.get("retries") or 0, settings.get("allow_failures") or 0)
+    return RolloutPolicy(settings.retries or 0, settings.allow_failures or 0)
 
 
-def pod_deadline(settings: dict) -> int | None:
+def pod_deadline(settings: Settings) -> int | None:
     """Each pod's activeDeadlineSeconds, counted from its start on the node: --pull-timeout and
     --episode-timeout together, since one deadline bounds the pull and the episode after it."""
-    parts = [settings.get("pull_timeout"), settings.get("episode_timeout")]
-    known = [part for part in parts if part is not None]
+    known = [part for part in (settings.pull_timeout, settings.episode_timeout) if part is not None]
     return sum(known) if known else None
 
 
-def batch_job(namespace: str, settings: dict, name: str, task_maps: Sequence[dict]) -> dict:
+def batch_job(namespace: str, settings: Settings, name: str, task_maps: Sequence[dict]) -> dict:
     """The Job of one batch, from the run's settings and the ConfigMaps that carry its tasks."""
     return job_manifest(
-        namespace, settings["count"], settings["parallelism"], settings["image"],
-        settings["runtime"], settings["timeout"], name=name, harden=settings["harden"],
-        indexed=not settings["builtin"],
-        tasks=tasks_volume(task_maps, settings.get("group_size") or 1) if task_maps else None,
+        namespace, settings.count, settings.parallelism, settings.image,
+        settings.runtime, settings.timeout, name=name, harden=settings.harden,
+        indexed=not settings.builtin,
+        tasks=tasks_volume(task_maps, settings.group_size) if task_maps else None,
         policy=rollout_policy(settings), episode_timeout=pod_deadline(settings))
 
 
@@ -5312,16 +5466,16 @@ def image_job_name(batch: str, number: int) -> str:
     return f"{batch}-image-{number}"
 
 
-def batch_jobs(namespace: str, settings: dict, name: str, task_maps: Sequence[dict],
+def batch_jobs(namespace: str, settings: Settings, name: str, task_maps: Sequence[dict],
                groups: Sequence[ImageGroup]) -> list[dict]:
     """The Jobs of one batch: its one Job, or one per image, --parallelism shared between them."""
     if len(groups) == 1:
-        return [batch_job(namespace, dict(settings, image=groups[0].image), name, task_maps)]
-    shares = parallelism_shares(settings["parallelism"], [len(group.indexes) for group in groups])
+        return [batch_job(namespace, dataclasses.replace(settings, image=groups[0].image), name, task_maps)]
+    shares = parallelism_shares(settings.parallelism, [len(group.indexes) for group in groups])
     return [job_manifest(
-        namespace, len(group.indexes), share, group.image, settings["runtime"], settings["timeout"],
-        name=image_job_name(name, number), harden=settings["harden"], indexed=True,
-        tasks=tasks_volume(task_maps, settings.get("group_size") or 1, group.indexes) if task_maps else None,
+        namespace, len(group.indexes), share, group.image, settings.runtime, settings.timeout,
+        name=image_job_name(name, number), harden=settings.harden, indexed=True,
+        tasks=tasks_volume(task_maps, settings.group_size, group.indexes) if task_maps else None,
         policy=rollout_policy(settings), episode_timeout=pod_deadline(settings), batch=name,
         episode_indexes=group.indexes)
         for number, (group, share) in enumerate(zip(groups, shares), start=1)]
@@ -5338,20 +5492,19 @@ class RunPlan(NamedTuple):
         return [self.namespace, *self.setup, *(job for jobs in self.jobs.values() for job in jobs)]
 
 
-def plan_run(namespace: str, run_id: str, settings: dict, worker_source: str,
+def plan_run(namespace: str, run_id: str, settings: Settings, worker_source: str,
              tasks: Sequence[Task] = (), origin: RunOrigin | None = None) -> RunPlan:
     """Every object `run` creates, from its settings (and the run's origin, once known) alone."""
     task_maps = task_configmaps(namespace, tasks) if tasks else []
-    setup = [network_policy_manifest(namespace)] if settings["harden"] else []
+    setup = [network_policy_manifest(namespace)] if settings.harden else []
     setup += [configmap_manifest(namespace, worker_source), *task_maps]
-    groups = image_groups(tasks, settings["count"], settings.get("group_size") or 1, settings["image"],
-                          tuple((settings.get("image_map") or {}).items()))
+    groups = image_groups(tasks, settings.count, settings.group_size, settings.image, settings.image_map)
     jobs = {name: batch_jobs(namespace, settings, name, task_maps, groups)
-            for name, _ in batch_names(settings["rounds"], settings["warmup"])}
-    return RunPlan(namespace_manifest(namespace, run_id, settings["harden"], origin), setup, jobs)
+            for name, _ in batch_names(settings.rounds, settings.warmup)}
+    return RunPlan(namespace_manifest(namespace, run_id, settings.harden, origin), setup, jobs)
 
 
-def planned_objects(namespace: str, run_id: str, settings: dict, worker_source: str,
+def planned_objects(namespace: str, run_id: str, settings: Settings, worker_source: str,
                     tasks: Sequence[Task] = (), origin: RunOrigin | None = None) -> list[dict]:
     """Every object `run` creates, in creation order."""
     return plan_run(namespace, run_id, settings, worker_source, tasks, origin).objects()
@@ -5517,7 +5670,7 @@ def write_events(path: str, source: PagedList | EventStore | None, events: Seque
 @dataclasses.dataclass
 class RunContext:
     """What the steps of one `run` share: its settings and plan, its receipt, its open handles."""
-    settings: dict
+    settings: Settings
     plan: RunPlan
     receipt: Receipt
     kubectl: Kubectl
@@ -5533,6 +5686,7 @@ class RunContext:
     on_reward: Callable[[dict], None] | None = None  # run_batch's caller, told each rewards.jsonl line
     prepull: dict | None = None  # --prepull's figures, once it ran
     stop: threading.Event | None = None  # set by stream_batch once its reader has gone
+    capacity: dict | None = None  # what check_capacity found the nodes can run: run.json keeps it
 
     @property
     def namespace(self) -> str:
@@ -5550,20 +5704,28 @@ def execute(run: RunContext) -> Results:
     create_namespace(run)
     for manifest in run.plan.setup:
         create_object(run, manifest)
-    if run.settings.get("prepull"):
+    if run.settings.prepull:
         prepull(run)
-    return save_results(run, [run_one_batch(run, entry) for entry in run.settings["batches"]])
+    return save_results(run, [run_one_batch(run, entry) for entry in run.settings.batches])
 
 
 def save_run_records(run: RunContext) -> None:
     """The receipt and run.json, before anything in the cluster changes."""
     run.receipt.save()
-    write_json(os.path.join(run.output, SETTINGS_FILE), run.settings)
+    save_run_json(run)
+
+
+def save_run_json(run: RunContext) -> None:
+    """run.json: the run's settings, and the capacity plan once known."""
+    saved = run.settings.saved()
+    if run.capacity is not None:
+        saved["capacity"] = run.capacity
+    write_json(os.path.join(run.output, SETTINGS_FILE), saved)
 
 
 def check_runtime_class(run: RunContext) -> None:
     """The RuntimeClass exists; the first contact with the cluster, so it also says whether it answers."""
-    runtime, context = run.settings["runtime"], run.kubectl.context
+    runtime, context = run.settings.runtime, run.kubectl.context
     try:
         # Retried briefly, so an unreachable cluster is reported in seconds rather than after a minute.
         run.kubectl.run(["get", "runtimeclass", runtime, "-o", "name"],
@@ -5584,7 +5746,7 @@ def check_server_version(run: RunContext) -> None:
     """Retries, accepted failures and --need need the Job API of Kubernetes >= 1.33; an older server
     would drop or reject the fields, so say so before anything is created."""
     context, name = run.kubectl.context, run.spelling.name
-    needs = f"{name('need')} needs" if run.settings.get("need") is not None else \
+    needs = f"{name('need')} needs" if run.settings.need is not None else \
         f"{name('retries')} and {name('allow_failures')} need"
     try:
         version = json.loads(run.kubectl.run(["get", "--raw", "/version"],
@@ -5593,7 +5755,7 @@ def check_server_version(run: RunContext) -> None:
     except (KubectlError, ValueError, KeyError, TypeError) as error:
         raise DemoError(f"cannot tell the Kubernetes version of context {context!r} ({error}); "
                         f"{needs} >= 1.33; nothing was created") from None
-    if run.settings.get("need") is not None and found < NEED_MIN_SERVER:
+    if run.settings.need is not None and found < NEED_MIN_SERVER:
         raise DemoError(f"{needs} Kubernetes >= 1.33 (the Job's successPolicy, with backoffLimitPerIndex "
                         f"and maxFailedIndexes); context {context!r} serves {found[0]}.{found[1]}; "
                         f"nothing was created")
@@ -5607,10 +5769,9 @@ def check_capacity(run: RunContext) -> None:
     """Warn, before anything is created, when the nodes cannot run the whole batch at once;
     run.json keeps the plan."""
     # Every batch's Job asks for the same resources per pod.
-    plan = read_capacity(run.kubectl, run.settings, next(iter(run.plan.jobs.values()))[0])
-    run.settings = dict(run.settings, capacity=plan)
-    write_json(os.path.join(run.output, SETTINGS_FILE), run.settings)
-    warning = capacity_warning(plan, run.settings["parallelism"])
+    run.capacity = read_capacity(run.kubectl, run.settings, next(iter(run.plan.jobs.values()))[0])
+    save_run_json(run)
+    warning = capacity_warning(run.capacity, run.settings.parallelism)
     if warning:
         print(warning, file=sys.stderr, flush=True)
 
@@ -5627,8 +5788,8 @@ def server_of_context(kubectl: Kubectl) -> str:
 
 def stamp_origin(run: RunContext) -> None:
     """Who starts the run, from where and until when, into the namespace about to be created."""
-    origin = run_origin(run.receipt.run_id, run.output, current_user(run.kubectl), run.settings.get("ttl_seconds"))
-    run.plan = run.plan._replace(namespace=namespace_manifest(run.namespace, origin.run_id, run.settings["harden"],
+    origin = run_origin(run.receipt.run_id, run.output, current_user(run.kubectl), run.settings.ttl_seconds)
+    run.plan = run.plan._replace(namespace=namespace_manifest(run.namespace, origin.run_id, run.settings.harden,
                                                               origin))
 
 
@@ -5666,7 +5827,7 @@ def prepull(run: RunContext) -> None:
     Leaves prepull.json (the step's figures and its pods); the figures go into results.json."""
     retry_until = time.monotonic() + FIRST_CONTACT_RETRY_SECONDS
     try:
-        runtime_class = run.kubectl.get("runtimeclass", run.settings["runtime"], retry_until=retry_until)
+        runtime_class = run.kubectl.get("runtimeclass", run.settings.runtime, retry_until=retry_until)
         nodes = usable_nodes((run.kubectl.get_list("nodes", None, retry_until=retry_until) or {}).get("items") or [],
                              runtime_class)
     except DemoError as error:
@@ -5674,9 +5835,9 @@ def prepull(run: RunContext) -> None:
     if not nodes:
         raise DemoError("--prepull found no node the batch can use (schedulable, with the RuntimeClass's labels)")
     images = run_images(run.plan.jobs)
-    deadline_seconds = run.settings.get("pull_timeout") or run.settings["timeout"]
-    pods = [prepull_pod_manifest(run.namespace, f"prepull-{i}-{n}", node, image, run.settings["runtime"],
-                                 run.settings["harden"], deadline_seconds)
+    deadline_seconds = run.settings.pull_timeout or run.settings.timeout
+    pods = [prepull_pod_manifest(run.namespace, f"prepull-{i}-{n}", node, image, run.settings.runtime,
+                                 run.settings.harden, deadline_seconds)
             for i, image in enumerate(images, start=1) for n, node in enumerate(nodes, start=1)]
     started = time.monotonic()
     for pod in pods:
@@ -5718,50 +5879,55 @@ def open_proxy(run: RunContext) -> None:
             print(f"Warning: {error}; reading logs with one kubectl per pod", file=sys.stderr)
 
 
-def run_one_batch(run: RunContext, entry: dict) -> BatchOutcome:
+def run_one_batch(run: RunContext, entry: BatchEntry) -> BatchOutcome:
     """Submit one Job, follow it, save its evidence, verify and summarise it."""
-    job_name = entry["job"]
-    batch_dir = os.path.normpath(os.path.join(run.output, entry["dir"]))
+    job_name = entry.job
+    batch_dir = os.path.normpath(os.path.join(run.output, entry.dir))
     os.makedirs(batch_dir, exist_ok=True)
     manifests = run.plan.jobs[job_name]
+    job_names = [manifest["metadata"]["name"] for manifest in manifests]
     write_json(os.path.join(batch_dir, "job-submitted.json"),
                manifests[0] if len(manifests) == 1 else list_manifest(manifests))
     if len(manifests) > 1:
         check_jobs_accepted(run, manifests)
-    submitted_wall = time.time()
-    submitted = time.monotonic()
-    client_deadline = submitted + run.settings["timeout"] + CLIENT_GRACE_SECONDS
-    rewards = RewardStream(os.path.join(batch_dir, REWARDS_FILE), run.settings, run.on_reward, run.stop) \
-        if run.settings.get("rollout") else None
-    follower = BatchFollower(run.kubectl, run.namespace, job_name, run.settings["count"],
-                             run.progress, run.pool, run.proxy, batch_dir, rewards,
-                             [manifest["metadata"]["name"] for manifest in manifests])
-    run.batch = batch = BatchEvidence(run, follower, batch_dir)
-    # First, so that it is listening by the time the Job's first pods are created.
-    follower.watch_pods_first(client_deadline)
-    open_proxy(run)
-    follower.log_reader.proxy = run.proxy
-    run.progress.new_batch()
-    follower.job_observed["submitted"] = time.time()
+    # The client's own deadline, which bounds its watches from their start; its measures start
+    # at the submission, just before the create call.
+    client_deadline = time.monotonic() + run.settings.timeout + CLIENT_GRACE_SECONDS
+    watches = WatchStream(run.kubectl, run.namespace, job_name, BatchJobs(job_name, job_names))
+    # The pod watch first, so that it is listening by the time the Job's first pods are created
+    # (and starts while the proxy does).
+    watches.start("pods", client_deadline)
     try:
-        for manifest in manifests:  # the batch's first Job's creation is its start
-            created = create_object(run, manifest)
-            run.receipt.record_job(manifest["metadata"]["name"], created["metadata"]["uid"])
+        open_proxy(run)
     except BaseException:
-        follower.stop_watches()
+        watches.stop()
         raise
-    follower.job_observed["create_returned"] = time.time()
-    end = follower.follow(submitted, client_deadline)
-    client = client_wait(follower, end, submitted_wall, submitted)
+    rewards = RewardStream(os.path.join(batch_dir, REWARDS_FILE), run.settings, run.on_reward, run.stop) \
+        if run.settings.rollout else None
+    follower = BatchFollower(run.kubectl, run.namespace, job_name, run.settings.count,
+                             run.progress, run.pool, run.proxy, batch_dir, rewards, watches, job_names)
+    run.batch = batch = BatchEvidence(run, follower, batch_dir)
+
+    def create_jobs() -> dict:
+        """The batch's Jobs in order, each UID in the receipt at once; the batch starts with the first."""
+        created = []
+        for manifest in manifests:
+            created.append(create_object(run, manifest))
+            run.receipt.record_job(manifest["metadata"]["name"], created[-1]["metadata"]["uid"])
+        return created[0]
+
+    follower.submit(create_jobs)
+    end = follower.follow(client_deadline)
+    client = client_wait(follower, end)
     evidence = batch.collect(job_name)
     follower.stop_watches()
     reading = evidence.reading
     client["pods_read"] = {
-        "source": reading.source, "not_older_than": follower.end_resource_version,
+        "source": reading.source, "not_older_than": follower.state.end_resource_version,
         "resource_version": reading.resource_version, "pages": reading.pages,
         "continue_expiries": reading.continue_expiries, "read_again": reading.reread}
     client["events_read"] = batch.events_read
-    summarise = rollout_summary if run.settings.get("rollout") else verified_summary
+    summarise = rollout_summary if run.settings.rollout else verified_summary
     try:
         summary = summarise(batch, end, evidence)
     finally:
@@ -5787,12 +5953,14 @@ def check_jobs_accepted(run: RunContext, manifests: Sequence[dict]) -> None:
                             f"{error}; none of the batch's {len(manifests)} Jobs was created") from None
 
 
-def client_wait(follower: BatchFollower, end: str | None, submitted_wall: float, submitted: float) -> dict:
+def client_wait(follower: BatchFollower, end: str | None) -> dict:
     """How the client waited for one Job: when it saw the end, and what the wait cost."""
+    submission = follower.submission
+    assert submission is not None  # followed only once submitted
     return {
-        "job": follower.job_name, "end": end, "submitted_at": submitted_wall,
+        "job": follower.job_name, "end": end, "submitted_at": submission.wall,
         "observed_at": follower.end_seen_wall,
-        "client_job_complete_seconds": rounded(follower.end_seen_monotonic - submitted)
+        "client_job_complete_seconds": rounded(follower.end_seen_monotonic - submission.monotonic)
         if follower.end_seen_monotonic is not None else None,
         "kubectl_processes_while_waiting": follower.cost.processes,
         "watch_restarts": follower.cost.restarts,
@@ -5808,14 +5976,14 @@ def verified_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) 
     if end != "Complete":
         raise DemoError("\n  ".join(
             ["Job failed or timed out; inspect saved status/events/logs, then cleanup"]
-            + describe_failure(job, pods, job_name, settings["timeout"] + CLIENT_GRACE_SECONDS, logs)
+            + describe_failure(job, pods, job_name, settings.timeout + CLIENT_GRACE_SECONDS, logs)
             + [saved_evidence(job, pods, logs, events)]))
-    if reading.source == "watch" and len(pods) < settings["count"]:
+    if reading.source == "watch" and len(pods) < settings.count:
         # A watch that saw fewer pods than episodes proves nothing about the others.
         raise DemoError(f"cannot verify the batch: the pods could not be listed and the pod watch saw "
-                        f"only {len(pods)} of {settings['count']}")
+                        f"only {len(pods)} of {settings.count}")
     try:
-        return summarise_batch(job, pods, logs, events, settings["count"], settings["builtin"],
+        return summarise_batch(job, pods, logs, events, settings.count, settings.builtin,
                                batch.follower.end_seen_wall, batch.follower.observations())
     except VerificationError as error:
         if reading.source == "watch":
@@ -5828,10 +5996,9 @@ def rollout_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) -
     """Write rewards.jsonl with every episode; accept the batch if its failures are within
     --allow-failures, and summarise its successful episodes."""
     job, reading, logs, events = evidence
-    settings, pods, count, job_name = batch.settings, reading.pods, batch.settings["count"], batch.follower.job_name
-    group_size = settings.get("group_size") or 1
-    rows = episode_rows(count, job or {"metadata": {}}, pods, logs, settings["builtin"],
-                        settings.get("task_ids"), group_size, events, group_images(settings))
+    settings, pods, count, job_name = batch.settings, reading.pods, batch.settings.count, batch.follower.job_name
+    rows = episode_rows(count, job or {"metadata": {}}, pods, logs, settings.builtin,
+                        settings.task_ids, settings.group_size, events, group_images(settings))
     follower = batch.follower
     if follower.rewards is not None:
         rows = follower.rewards.finish(rows, pods, logs, follower.state.observed)
@@ -5842,7 +6009,7 @@ def rollout_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) -
     if end is None or job is None:
         raise DemoError("\n  ".join(
             ["Job did not finish; inspect saved status/events/logs, then cleanup"]
-            + describe_failure(job, pods, job_name, settings["timeout"] + CLIENT_GRACE_SECONDS, logs)
+            + describe_failure(job, pods, job_name, settings.timeout + CLIENT_GRACE_SECONDS, logs)
             + [f"{REWARDS_FILE} lists every episode as last seen", saved_evidence(job, pods, logs, events)]))
     if reading.source == "watch" and len(pods) < count:
         raise DemoError(f"cannot verify the batch: the pods could not be listed and the pod watch saw "
@@ -5854,16 +6021,16 @@ def rollout_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) -
         raise DemoError(f"{error}\n  {REWARDS_FILE} lists every episode with its class; "
                         f"{saved_evidence(job, pods, logs, events)}") from None
     if follower.rewards is not None:
-        summary.figures.update(batch_delivery_figures(follower.rewards.deliveries, follower.job_observed,
-                                                      settings.get("need")))
+        summary.figures.update(batch_delivery_figures(follower.rewards.deliveries, follower.state.job_observed,
+                                                      settings.need))
         summary.deliveries = [d.written_at for d in follower.rewards.deliveries if d.success]
     cancelled = summary.figures.get("cancelled_episodes") or 0
-    if settings.get("need") is not None:
-        print(f"--need {settings['need']} met: {count - cancelled - len(failures)} of {count} episodes "
+    if settings.need is not None:
+        print(f"--need {settings.need} met: {count - cancelled - len(failures)} of {count} episodes "
               f"succeeded, {cancelled} cancelled, {len(failures)} failed" + (f" ({said})" if failures else ""),
               file=sys.stderr)
     if failures:
-        accepted = "Failures within --need" if settings.get("need") is not None else "Accepted a partial batch"
+        accepted = "Failures within --need" if settings.need is not None else "Accepted a partial batch"
         print("\n  ".join([f"{accepted}: {len(failures)} of {count} episodes failed "
                            f"({said}); every episode is in {REWARDS_FILE}"] + failure_lines(failures)),
               file=sys.stderr)
@@ -5881,7 +6048,7 @@ def batch_delivery_figures(deliveries: Sequence[Delivery], job_observed: dict[st
 @cycle_collector_paused()
 def save_results(run: RunContext, batches: Sequence[BatchOutcome]) -> Results:
     """results.json, episodes.csv and the pictures, from every batch's summary."""
-    results = assemble_results(run.settings, batches, client_figures(run))
+    results = assemble_results(run.settings, batches, client_figures(run), run.capacity)
     if run.prepull is not None:
         results.figures["prepull"] = run.prepull
     write_json(os.path.join(run.output, RESULTS_FILE), results.figures)
@@ -5994,8 +6161,8 @@ class BatchEvidence:
 
     @property
     def proxy(self) -> ApiProxy | None:
-        """The run's proxy, as the follower reads through it (opened after the pod watch started)."""
-        return self.follower.log_reader.proxy
+        """The run's proxy, as the follower reads through it."""
+        return self.follower.proxy
 
     def collect(self, job_name: str, retry: bool = True) -> Evidence:
         """Save job.json, pods.json, events.txt, events.json and one log per pod: the evidence of a batch.
@@ -6004,10 +6171,9 @@ class BatchEvidence:
         # Evidence is worth a few retries, not a long wait: a log that a kubelet
         # cannot serve now is saved empty and the episode fails verification.
         retry_until = time.monotonic() + COLLECT_RETRY_SECONDS if retry else None
-        events_expected = settle_after_end(follower, self.kubectl, self.proxy, self.namespace, retry_until) \
-            if retry else None
-        watched_final = watched_pods_final(follower)
-        events_watched = events_caught_up(follower, events_expected)
+        events_expected = follower.settle_after_end(retry_until) if retry else None
+        watched_final = follower.watched_pods_final()
+        events_watched = follower.events_caught_up(events_expected)
         follower.stop_watches(keep=() if watched_final else ("pods",))
         if watched_final:
             follower.state.forget_shared()
@@ -6021,39 +6187,39 @@ class BatchEvidence:
 
     def _read_job(self, job_name: str, retry_until: float | None) -> dict | None:
         """The Job as its end was seen, else as read now, else as last watched."""
-        follower = self.follower
-        if follower.end is not None and follower.job is not None:
-            return follower.job
-        if follower.jobs.several:
-            for name in follower.jobs.names:
+        state, jobs = self.follower.state, self.follower.jobs
+        if state.end is not None and state.job is not None:
+            return state.job
+        if jobs.several:
+            for name in jobs.names:
                 try:
-                    follower.jobs.see(self.kubectl.get("job", name, self.namespace, retry_until=retry_until))
+                    jobs.see(self.kubectl.get("job", name, self.namespace, retry_until=retry_until))
                 except DemoError:
                     pass  # as last watched, if it was
-            return follower.jobs.view() or follower.job
+            return jobs.view() or state.job
         try:
             return self.kubectl.get("job", job_name, self.namespace, retry_until=retry_until)
         except DemoError:
-            return follower.job
+            return state.job
 
     def _read_pods(self, job_name: str, watched_final: bool, retry: bool) -> PodReading:
         """The Job's pods: as watched when each one's last change arrived, else listed."""
-        follower = self.follower
+        state = self.follower.state
         if watched_final:
             # Each pod's last change arrived: a list would show the very same pods.
-            return PodReading(sorted(follower.pods.values(), key=pod_name), "final watch",
-                              follower.end_resource_version, 0, 0, [])
+            return PodReading(sorted(state.pods.values(), key=pod_name), "final watch",
+                              state.end_resource_version, 0, 0, [])
         # Else never the watch's view: it may run behind. The list is at least as new as the
         # moment the Job's end was seen, and its pages are retried while a cache catches up.
         return read_job_pods(self.kubectl, self.proxy, self.namespace, job_name,
-                             follower.end_resource_version, PAGE_RETRY_SECONDS if retry else None,
-                             self.settings.get("chunk_size", LIST_PAGE_SIZE), follower.jobs.pod_selector())
+                             state.end_resource_version, PAGE_RETRY_SECONDS if retry else None,
+                             self.settings.chunk_size, self.follower.jobs.pod_selector())
 
     def _read_events(self, events_watched: bool, retry: bool) -> PagedList | EventStore:
         """The namespace's events: as watched when the watch caught up with them all, else listed."""
         if events_watched:
-            return self.follower.events
-        return read_events(self.kubectl, self.proxy, self.namespace, self.settings.get("chunk_size", LIST_PAGE_SIZE),
+            return self.follower.state.events
+        return read_events(self.kubectl, self.proxy, self.namespace, self.settings.chunk_size,
                            COLLECT_RETRY_SECONDS if retry else None)
 
     def save_evidence(self, job_future: concurrent.futures.Future,
@@ -6086,8 +6252,8 @@ class BatchEvidence:
             reading = None
             print(f"Warning: could not list the pods ({error}); pods.json holds what the pod watch "
                   f"saw, each pod it saw unfinished read again", file=sys.stderr)
-        drain_pod_watch(follower)
-        watched = list(follower.pods.values())
+        follower.drain_pod_watch()
+        watched = list(follower.state.pods.values())
         if reading is None:
             fresh = reread_pods(self.kubectl, self.proxy, self.namespace, unfinished_pods(watched),
                                 None if retry_until is None else COLLECT_RETRY_SECONDS)
@@ -6114,7 +6280,7 @@ class BatchEvidence:
             problems.append(f"events: {error}")
             events = []
         write_text(os.path.join(self.batch_dir, "events.txt"), events_table(events) if events else "")
-        batches = [entry["job"] for entry in self.settings["batches"]]
+        batches = [entry.job for entry in self.settings.batches]
         if len(batches) > 1 and events:
             # The namespace's events cover every batch so far; each batch keeps its own.
             events = batch_events(events, job, pods, first=self.follower.job_name == batches[0])
@@ -6142,13 +6308,13 @@ def failure_lines(failures: Sequence[dict], most: int = 10) -> list[str]:
 
 
 def summarise_rollout(rows: Sequence[dict], job: dict, pods: Sequence[dict], logs: dict[str, str],
-                      events: Sequence[dict], settings: dict, end_seen_at: float | None = None,
+                      events: Sequence[dict], settings: Settings, end_seen_at: float | None = None,
                       observed: dict | None = None, spelling: Spelling = COMMAND_LINE) -> BatchSummary:
     """A rollout batch's summary: the figures of its successful episodes, with failures, attempts and
     groups; DemoError when more episodes failed than --allow-failures accepts, or all did. Pure."""
     failures = [row for row in rows if is_failure(row)]
-    need = settings.get("need")
-    allowed = len(rows) - need if need is not None else settings.get("allow_failures") or 0
+    need = settings.need
+    allowed = len(rows) - need if need is not None else settings.allow_failures or 0
     successes = {row["pod"] for row in rows if row["failure_class"] is None}
     if need is not None and len(successes) < need:
         raise DemoError("\n  ".join([f"{len(successes)} of {len(rows)} episodes succeeded, fewer than "
@@ -6162,11 +6328,11 @@ def summarise_rollout(rows: Sequence[dict], job: dict, pods: Sequence[dict], log
                                      f"({failures_said(failures)}); {accepts}"] + failure_lines(failures)))
     by_name = {pod_name(pod): pod for pod in pods}
     summary = summarise_batch(job, [pod for pod in pods if pod_name(pod) in successes], logs, events,
-                              len(successes), settings["builtin"], end_seen_at, observed,
+                              len(successes), settings.builtin, end_seen_at, observed,
                               # Cancelled episodes too: the timeline draws every episode.
                               [(by_name.get(row["pod"]), row) for row in rows if row["failure_class"] is not None])
-    summary.figures.update(rollout_figures(rows, job, pods, settings.get("group_size") or 1, allowed,
-                                           settings.get("retries") or 0, need))
+    summary.figures.update(rollout_figures(rows, job, pods, settings.group_size, allowed,
+                                           settings.retries or 0, need))
     summary.figures["images"] = image_figures(summary.episodes, rows)
     return summary
 
@@ -6214,24 +6380,24 @@ def rollout_figures(rows: Sequence[dict], job: dict, pods: Sequence[dict], group
     return figures
 
 
-def read_capacity(kubectl: Kubectl, settings: dict, job: dict) -> dict:
+def read_capacity(kubectl: Kubectl, settings: Settings, job: dict) -> dict:
     """The capacity plan for `job`'s pods from the live nodes and RuntimeClass; a check that cannot
     read them says why."""
     retry_until = time.monotonic() + FIRST_CONTACT_RETRY_SECONDS
     try:
-        runtime_class = kubectl.get("runtimeclass", settings["runtime"], retry_until=retry_until)
-        nodes = kubectl.get_list("nodes", None, f"--chunk-size={settings.get('chunk_size', LIST_PAGE_SIZE)}",
+        runtime_class = kubectl.get("runtimeclass", settings.runtime, retry_until=retry_until)
+        nodes = kubectl.get_list("nodes", None, f"--chunk-size={settings.chunk_size}",
                                  retry_until=retry_until)
     except DemoError as error:
         forbidden = "forbidden" in getattr(error, "stderr", "").lower()
         return {"checked": False, "reason": "reading nodes or the RuntimeClass is not permitted" if forbidden
                 else str(error)}
     requests = job["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]
-    return capacity_plan((nodes or {}).get("items") or [], runtime_class, requests, settings["count"],
-                         settings["parallelism"])
+    return capacity_plan((nodes or {}).get("items") or [], runtime_class, requests, settings.count,
+                         settings.parallelism)
 
 
-def write_pictures(output: str, measured: Sequence[tuple[str, BatchSummary]], settings: dict,
+def write_pictures(output: str, measured: Sequence[tuple[str, BatchSummary]], settings: Settings,
                    figures: dict | None = None) -> None:
     """timeline.svg (a sample of a large batch), ramp.svg and cdf.svg; `figures`: the throughput, if known."""
     title = timeline_title(settings)
@@ -6252,7 +6418,7 @@ def cpu_seconds() -> float:
 
 class BatchOutcome(NamedTuple):
     """One batch as results.json pools them."""
-    entry: dict  # its entry in run.json's `batches`: job, measured, dir
+    entry: BatchEntry  # its entry in run.json's `batches`
     summary: BatchSummary
     client_wait: dict | None  # client.json: how the client waited (none for a run of the guide's script)
 
@@ -6270,13 +6436,15 @@ class Results:
     batches: list[tuple[str, BatchSummary]]  # each measured batch: its Job's name and its summary
 
 
-def assemble_results(settings: dict, batches: Sequence[BatchOutcome], client: dict | None) -> Results:
-    """results.json from the batches' summaries; several rounds are pooled."""
-    measured_batches = [batch for batch in batches if batch.entry["measured"]]
+def assemble_results(settings: Settings, batches: Sequence[BatchOutcome], client: dict | None,
+                     capacity: dict | None = None) -> Results:
+    """results.json from the batches' summaries; several rounds are pooled. `capacity`: the plan
+    check_capacity made, if it did."""
+    measured_batches = [batch for batch in batches if batch.entry.measured]
     measured = [batch.figures() for batch in measured_batches]
-    warmups = [batch.figures() for batch in batches if not batch.entry["measured"]]
+    warmups = [batch.figures() for batch in batches if not batch.entry.measured]
     episodes = [record for batch in measured_batches for record in batch.summary.episodes]
-    rows = [dict(row, job=batch.entry["job"]) if len(measured) > 1 else row
+    rows = [dict(row, job=batch.entry.job) if len(measured) > 1 else row
             for batch in measured_batches for row in batch.summary.figures["pods"]]
     if len(measured) == 1:  # its own summary already pooled the same episodes
         phases, by_start_path = measured[0]["phases"], measured[0]["phases_by_start_path"]
@@ -6295,16 +6463,16 @@ def assemble_results(settings: dict, batches: Sequence[BatchOutcome], client: di
         "pod_to_ready_p95_seconds": guide["p95"],
         "pod_to_ready_max_seconds": guide["max"],
         "pods": rows,
-        "context": settings["context"],
-        "namespace": settings["namespace"],
-        "image": settings["image"],
-        "runtime": settings["runtime"],
-        "parallelism": settings["parallelism"],
-        "cache_state": "warmed" if settings["warmup"] else "uncontrolled",
+        "context": settings.context,
+        "namespace": settings.namespace,
+        "image": settings.image,
+        "runtime": settings.runtime,
+        "parallelism": settings.parallelism,
+        "cache_state": "warmed" if settings.warmup else "uncontrolled",
         "image_cache": count_image_cache(record.get("image_cache") for record in episodes),
-        "harden": settings.get("harden", False),
-        "episode_script": settings.get("episode_script"),
-        "episode_script_sha256": settings.get("episode_script_sha256"),
+        "harden": settings.harden,
+        "episode_script": settings.episode_script,
+        "episode_script_sha256": settings.episode_script_sha256,
         "client_job_complete_seconds": None if None in client_seconds else max(client_seconds),
         "reward_mean": rounded(sum(s["reward_sum"] for s in measured)
                                / max(1, sum(s["episodes"] for s in measured)), 6),
@@ -6326,7 +6494,7 @@ def assemble_results(settings: dict, batches: Sequence[BatchOutcome], client: di
         results["job_created"] = measured[0]["job_created"]
         results["client_wait"] = measured_batches[0].client_wait
     else:
-        results["rounds"] = [dict(figures, job=batch.entry["job"]) for batch, figures in zip(measured_batches, measured)]
+        results["rounds"] = [dict(figures, job=batch.entry.job) for batch, figures in zip(measured_batches, measured)]
     if warmups:
         results["warmup"] = warmups[0]
     if len(measured) == 1:
@@ -6336,14 +6504,14 @@ def assemble_results(settings: dict, batches: Sequence[BatchOutcome], client: di
                 results[key] = measured[0][key]
     if client is not None:
         results["client"] = client
-    pooled = [(batch.entry["job"], batch.summary) for batch in measured_batches]
+    pooled = [(batch.entry.job, batch.summary) for batch in measured_batches]
     results["throughput"] = throughput(pooled)
-    if settings.get("capacity") is not None:
-        results["capacity"] = settings["capacity"]
+    if capacity is not None:
+        results["capacity"] = capacity
     results["images"] = measured[0]["images"] if len(measured) == 1 else image_figures(episodes)
-    results["jobs"] = sum(len(entry.get("jobs") or [entry["job"]]) for entry in settings["batches"])
-    if settings.get("image_map"):
-        results["image_map"] = settings["image_map"]
+    results["jobs"] = sum(len(entry.jobs or (entry.job,)) for entry in settings.batches)
+    if settings.image_map:
+        results["image_map"] = dict(settings.image_map)
     return Results(results, pooled)
 
 
@@ -6431,8 +6599,7 @@ def perform_run(args: argparse.Namespace) -> tuple[int, Results | None]:
         return 0, None
     worker_source, builtin = load_worker(args.episode_script, getattr(args, "spelling", COMMAND_LINE))
     tasks: list[Task] = list(getattr(args, "task_list", None) or [])
-    settings = run_settings(args, worker_source, builtin, tasks)
-    run = start_run(args, settings, worker_source, tasks)
+    run = start_run(args, worker_source, builtin, tasks)
     cleanup_hint = cleanup_command(run.output, args.kubectl)
     failure: DemoError | None = None
     with signals_interrupt():
@@ -6460,44 +6627,46 @@ def dry_run_listing(args: argparse.Namespace) -> dict:
     worker_source, builtin = load_worker(args.episode_script, getattr(args, "spelling", COMMAND_LINE))
     tasks: list[Task] = list(getattr(args, "task_list", None) or [])
     run_id = secrets.token_hex(6)
-    settings = run_settings(args, worker_source, builtin, tasks)
-    origin = run_origin(run_id, args.output, USER_UNKNOWN_BEFORE_RUN, settings.get("ttl_seconds"))
+    settings = run_settings(args, worker_source, builtin, tasks, None, NAMESPACE_PREFIX + run_id)
+    origin = run_origin(run_id, args.output, USER_UNKNOWN_BEFORE_RUN, settings.ttl_seconds)
     return list_manifest(planned_objects(NAMESPACE_PREFIX + run_id, run_id, settings, worker_source, tasks, origin))
 
 
-def run_settings(args: argparse.Namespace, worker_source: str, builtin: bool, tasks: Sequence[Task]) -> dict:
-    """What run.json records of the command line, before the cluster is asked anything."""
-    settings = {
-        "version": __version__, "count": args.count, "parallelism": args.parallelism,
-        "image": args.image, "runtime": args.runtime,
-        "timeout": args.timeout or default_timeout(args.count, args.parallelism),
-        "rounds": args.rounds, "warmup": args.warmup, "harden": args.harden,
-        "builtin": builtin, "episode_script": args.episode_script, "chunk_size": args.chunk_size,
-        "episode_script_sha256": None if builtin else hashlib.sha256(worker_source.encode("utf-8")).hexdigest(),
-        "ttl_seconds": args.ttl,
-    }
+def run_settings(args: argparse.Namespace, worker_source: str, builtin: bool, tasks: Sequence[Task],
+                 context: str | None, namespace: str) -> Settings:
+    """The run's settings, once, from its checked arguments (the command line's or run_batch()'s),
+    its episode program, and the context and namespace it runs in (no context for --dry-run)."""
+    rollout = bool(getattr(args, "rollout", False))
+    batches = batch_names(args.rounds, args.warmup)
     image_map = parse_image_map(getattr(args, "image_map", None) or ())
-    if image_map:
-        # Rewritten once, here: every later use of an image takes the rewritten reference.
-        settings.update(image=rewrite_image(args.image, image_map), image_map=dict(image_map))
-    if getattr(args, "pull_timeout", None) is not None:
-        settings["pull_timeout"] = args.pull_timeout
-    if getattr(args, "prepull", False):
-        settings["prepull"] = True
-    if getattr(args, "rollout", False):
-        settings.update({"rollout": True, "tasks_file": getattr(args, "tasks", None),
-                         "group_size": args.group_size, "retries": args.retries,
-                         "allow_failures": args.allow_failures,
-                         "task_ids": [task.task_id for task in tasks] if tasks else None,
-                         "task_images": task_images(tasks, settings["image"], image_map) if tasks else None})
-    if getattr(args, "need", None) is not None:
-        settings["need"] = args.need
-    if getattr(args, "episode_timeout", None) is not None:
-        settings["episode_timeout"] = args.episode_timeout
-    return settings
+    # Rewritten once, here: every later use of an image takes the rewritten reference.
+    image = rewrite_image(args.image, image_map)
+    groups = image_groups(tasks, args.count, args.group_size, image, image_map)
+    return Settings(
+        version=__version__, count=args.count, parallelism=args.parallelism, image=image,
+        runtime=args.runtime, timeout=args.timeout or default_timeout(args.count, args.parallelism),
+        rounds=args.rounds, warmup=args.warmup, harden=args.harden, builtin=builtin,
+        episode_script=args.episode_script, chunk_size=args.chunk_size,
+        episode_script_sha256=None if builtin else hashlib.sha256(worker_source.encode("utf-8")).hexdigest(),
+        ttl_seconds=args.ttl, rollout=rollout,
+        # The rollout options are recorded (and read) only for a rollout batch.
+        tasks_file=getattr(args, "tasks", None) if rollout else None,
+        group_size=args.group_size if rollout else 1,
+        retries=args.retries if rollout else None,
+        allow_failures=args.allow_failures if rollout else None,
+        task_ids=tuple(task.task_id for task in tasks) if rollout and tasks else None,
+        need=getattr(args, "need", None), episode_timeout=getattr(args, "episode_timeout", None),
+        context=context, namespace=namespace,
+        batches=tuple(BatchEntry(name, measured, name if len(batches) > 1 else ".",
+                                 tuple(image_job_name(name, n) for n in range(1, len(groups) + 1))
+                                 if len(groups) > 1 else ())
+                      for name, measured in batches),
+        image_map=image_map, pull_timeout=getattr(args, "pull_timeout", None),
+        prepull=bool(getattr(args, "prepull", False)),
+        task_images=tuple(task_images(tasks, image, image_map)) if rollout and tasks else None)
 
 
-def start_run(args: argparse.Namespace, settings: dict, worker_source: str, tasks: Sequence[Task]) -> RunContext:
+def start_run(args: argparse.Namespace, worker_source: str, builtin: bool, tasks: Sequence[Task]) -> RunContext:
     """Claim the output directory and name the context, run id and namespace; nothing in the cluster changes."""
     output, spelling = args.output, getattr(args, "spelling", COMMAND_LINE)
     if os.path.lexists(output):
@@ -6511,15 +6680,8 @@ def start_run(args: argparse.Namespace, settings: dict, worker_source: str, task
         raise DemoError(f"cannot create output directory {output}: {error.strerror or error}") from None
     run_id = secrets.token_hex(6)
     namespace = NAMESPACE_PREFIX + run_id
-    batches = batch_names(settings["rounds"], settings["warmup"])
-    settings = dict(settings, context=kubectl.context, namespace=namespace,
-                    batches=[{"job": name, "measured": measured, "dir": name if len(batches) > 1 else "."}
-                             for name, measured in batches])
-    plan = plan_run(namespace, run_id, settings, worker_source, tasks)
-    for entry in settings["batches"]:
-        if len(plan.jobs[entry["job"]]) > 1:
-            entry["jobs"] = [job["metadata"]["name"] for job in plan.jobs[entry["job"]]]
-    return RunContext(settings, plan,
+    settings = run_settings(args, worker_source, builtin, tasks, kubectl.context, namespace)
+    return RunContext(settings, plan_run(namespace, run_id, settings, worker_source, tasks),
                       Receipt.start(output, kubectl.context, namespace, run_id, kubeconfig_path()), kubectl, output,
                       Progress(args.quiet), concurrent.futures.ThreadPoolExecutor(LOG_READERS), cpu_seconds(),
                       silent=args.quiet and not getattr(args, "print_results", True), spelling=spelling,
@@ -6834,13 +6996,13 @@ def list_runs(args: argparse.Namespace) -> int:
 # `report` and `compare`: saved files only, no cluster.
 
 
-def load_saved_batch(directory: str, entry: dict, settings: dict) -> BatchOutcome:
+def load_saved_batch(directory: str, entry: BatchEntry, settings: Settings) -> BatchOutcome:
     """Recompute one batch's summary from its saved files."""
     job_path = os.path.join(directory, "job.json")
     if not os.path.exists(job_path):
         raise DemoError(f"no job.json in {directory}: the run stopped before its Job's status was saved "
                         f"(it was interrupted or failed early); nothing to report")
-    job = saved_batch_job(read_json(job_path, "job.json"), entry["job"])
+    job = saved_batch_job(read_json(job_path, "job.json"), entry.job)
     pods = read_json(os.path.join(directory, "pods.json"), "pods.json").get("items", [])
     events_path = os.path.join(directory, "events.json")
     events = read_json(events_path, "events.json").get("items", []) if os.path.exists(events_path) else []
@@ -6856,22 +7018,22 @@ def load_saved_batch(directory: str, entry: dict, settings: dict) -> BatchOutcom
             [f"Job {job_name} never finished while the run watched it (the run was interrupted or gave up "
              f"waiting: job.json has no Complete or Failed condition); nothing to report"]
             + describe_failure(job, pods, job_name, 0, logs)[1:]))
-    if end != "Complete" and not settings.get("rollout"):
+    if end != "Complete" and not settings.rollout:
         raise DemoError("\n  ".join(["the saved Job did not complete"] + describe_failure(
-            job, pods, job_name, settings.get("timeout", 0), logs)))
+            job, pods, job_name, settings.timeout, logs)))
     observed_path = os.path.join(directory, "observed.json")
     observed = read_json(observed_path, "observed.json") if os.path.exists(observed_path) else {}
-    if settings.get("rollout"):
-        rows = episode_rows(settings["count"], job, pods, logs, settings.get("builtin", True),
-                            settings.get("task_ids"), settings.get("group_size") or 1, events, group_images(settings))
+    if settings.rollout:
+        rows = episode_rows(settings.count, job, pods, logs, settings.builtin,
+                            settings.task_ids, settings.group_size, events, group_images(settings))
         summary = summarise_rollout(rows, job, pods, logs, events, settings, client.get("observed_at"), observed)
         if client.get("reward_deliveries") is not None:
             deliveries = [Delivery(*saved) for saved in client["reward_deliveries"]]
             summary.figures.update(batch_delivery_figures(deliveries, split_observed(observed)[1],
-                                                          settings.get("need")))
+                                                          settings.need))
             summary.deliveries = [d.written_at for d in deliveries if d.success]
     else:
-        summary = summarise_batch(job, pods, logs, events, settings["count"], settings.get("builtin", True),
+        summary = summarise_batch(job, pods, logs, events, settings.count, settings.builtin,
                                   client.get("observed_at"), observed)
     return BatchOutcome(entry, summary, client or None)
 
@@ -6880,19 +7042,20 @@ def recompute(output: str) -> Results:
     """Results of a finished run from its saved files alone."""
     settings_path = os.path.join(output, SETTINGS_FILE)
     if os.path.exists(settings_path):
-        settings = read_json(settings_path, "run.json")
+        saved_settings = read_json(settings_path, "run.json")
+        settings, capacity = Settings.from_saved(saved_settings), saved_settings.get("capacity")
     else:  # a run saved by the guide's script, which keeps only the guide's files
         receipt = Receipt.read(output)
         saved = read_json(os.path.join(output, RESULTS_FILE), "results.json")
-        settings = {"count": saved["episodes"], "parallelism": saved["parallelism"], "image": saved["image"],
-                    "runtime": saved["runtime"], "rounds": 1, "warmup": False, "builtin": True,
-                    "context": receipt.context, "namespace": receipt.namespace,
-                    "batches": [{"job": JOB_NAME, "measured": True, "dir": "."}]}
-    batches = [load_saved_batch(os.path.normpath(os.path.join(output, entry["dir"])), entry, settings)
-               for entry in settings["batches"]]
+        settings = Settings(count=saved["episodes"], parallelism=saved["parallelism"], image=saved["image"],
+                            runtime=saved["runtime"], timeout=0, context=receipt.context,
+                            namespace=receipt.namespace, batches=(BatchEntry(JOB_NAME, True, "."),))
+        capacity = None
+    batches = [load_saved_batch(os.path.normpath(os.path.join(output, entry.dir)), entry, settings)
+               for entry in settings.batches]
     previous = os.path.join(output, RESULTS_FILE)
     client = read_json(previous, "results.json").get("client") if os.path.exists(previous) else None
-    results = assemble_results(settings, batches, client)
+    results = assemble_results(settings, batches, client, capacity)
     saved_prepull = os.path.join(output, PREPULL_FILE)
     if os.path.exists(saved_prepull):
         results.figures["prepull"] = {key: value for key, value in read_json(saved_prepull, PREPULL_FILE).items()

@@ -32,7 +32,9 @@ node's record of each pod in the emulator's truth shape); until then it says so 
 Then one line per target, PASS or FAIL, and the exit status says whether all passed:
   - each point an event names (the pod's creation by the Job controller's event, for the pods
     it names alone; the binding; the sandbox) within POINT_TARGET (0.15 s) of the truth, with
-    a stated precision no wider, and sandbox_creation within it of its true length;
+    a stated precision no wider than that event's allowance (the tool's EVENT_FOLLOWS_SECONDS:
+    how late a loaded machine may name it), and sandbox_creation within POINT_TARGET of its
+    true length;
   - the load-bound points (the container's start and end, bounded by its own spawn and exit
     and the watch, which a loaded machine stretches): their median precision within it.
 These are targets: how close the points come depends on the machine's load as well as on the
@@ -105,6 +107,14 @@ def precisions(rows: list[dict], point: str) -> list[tuple[float, str]]:
     return [(float(row[f"{point}_precision_seconds"]), row["pod"]) for row in rows if row[f"{point}_at"]]
 
 
+def named_allowance(point: str) -> float:
+    """How wide a point an event names may honestly be: the scheduler's eventTime is exact to the
+    microsecond, the others are as wide as their event's allowance."""
+    sys.path.insert(0, str(PRODUCT.parent))
+    import rl_batch_demo
+    return rl_batch_demo.EVENT_TIME if point == "scheduled" else rl_batch_demo.EVENT_FOLLOWS_SECONDS
+
+
 def target_lines(cluster: str, rows: list[dict], errors: dict[str, list[tuple[float, float, str]]],
                  named_creations: set[str]) -> list[tuple[bool, str]]:
     """(passed, line) per target the cluster is held to."""
@@ -127,13 +137,16 @@ def target_lines(cluster: str, rows: list[dict], errors: dict[str, list[tuple[fl
             continue
         if samples:
             worst = max(abs(e) for e, _, _ in samples)
-            held = worst <= POINT_TARGET and (name == "sandbox_creation" or widest <= POINT_TARGET)
-            found.append((held, f"{name}: worst error {worst:.3f} s"
-                          + ("" if name == "sandbox_creation" else f", widest precision {widest:.3f} s")
-                          + f" <= {POINT_TARGET} s ({len(samples)} episodes)"))
+            allowance = named_allowance(name)
+            held = worst <= POINT_TARGET and (name == "sandbox_creation" or widest <= allowance)
+            found.append((held, f"{name}: worst error {worst:.3f} s <= {POINT_TARGET} s"
+                          + ("" if name == "sandbox_creation" else
+                             f", widest precision {widest:.3f} s <= {allowance} s")
+                          + f" ({len(samples)} episodes)"))
         else:  # no truth here: the precision alone
-            found.append((widest <= POINT_TARGET, f"{name}: widest precision {widest:.3f} s <= {POINT_TARGET} s "
-                                                  f"(no truth here; {len(pods)} episodes)"))
+            allowance = named_allowance(name)
+            found.append((widest <= allowance, f"{name}: widest precision {widest:.3f} s <= {allowance} s "
+                                               f"(no truth here; {len(pods)} episodes)"))
     return found
 
 

@@ -8,6 +8,7 @@ built here in the shape `run` writes them.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import http.server
@@ -816,6 +817,35 @@ def test_report_refuses_a_run_that_does_not_verify(tmp_path: Path, capsys: Any) 
     assert captured.out == ""
     assert "pod rollout-9vtzb: reward is 0, not 1" in captured.err
     assert "Traceback" not in captured.err
+
+
+def test_report_of_a_run_json_without_a_field_it_needs_says_which(tmp_path: Path, capsys: Any) -> None:
+    run_dir = write_saved_run(tmp_path / "run-a")
+    saved = json.loads((run_dir / "run.json").read_text())
+    del saved["context"], saved["batches"]
+    write_json(run_dir / "run.json", saved)
+    assert main(["report", str(run_dir)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == ("Error: run.json lacks 'context', 'batches': not a run directory this tool "
+                            "can report\n")
+
+
+def test_settings_read_back_from_run_json_are_the_settings_saved() -> None:
+    settings = demo.Settings(
+        count=4, parallelism=2, timeout=90, builtin=False, episode_script="episode.py",
+        episode_script_sha256="ab" * 32, ttl_seconds=600, version="0.1.0", rollout=True, tasks_file="t.jsonl",
+        group_size=2, retries=1, allow_failures=1, task_ids=("a", "b"), episode_timeout=30, context="ctx",
+        namespace=NAMESPACE, batches=(demo.BatchEntry("rollout", True, "."),))
+    saved = json.loads(json.dumps(settings.saved()))
+    assert demo.Settings.from_saved(saved) == settings
+    assert list(saved) == ["version", "count", "parallelism", "image", "runtime", "timeout", "rounds", "warmup",
+                           "harden", "builtin", "episode_script", "chunk_size", "episode_script_sha256",
+                           "ttl_seconds", "rollout", "tasks_file", "group_size", "retries", "allow_failures",
+                           "task_ids", "episode_timeout", "context", "namespace", "batches"]
+    plain = dataclasses.replace(settings, rollout=False, tasks_file=None, group_size=1, retries=None,
+                                allow_failures=None, task_ids=None, episode_timeout=None)
+    assert "rollout" not in plain.saved() and demo.Settings.from_saved(plain.saved()) == plain
 
 
 def test_report_refuses_a_job_that_did_not_complete(tmp_path: Path, capsys: Any) -> None:

@@ -55,7 +55,9 @@ def test_pods_past_the_recorders_tenth_are_placed_by_the_watch(require_e2e, tmp_
         error, precision = errors[row["pod"]]
         assert abs(error) <= precision + (TRUTH_NOTED_AFTER if error < 0 else 0.0), (row, error, precision)
         if row["pod"] in named:
-            assert "SuccessfulCreate event name" in row["pod_created_source"], row
+            # Named by the event, unless the watch saw the pod before the controller named it.
+            assert "SuccessfulCreate event name" in row["pod_created_source"] or \
+                row["pod_created_source"].startswith("watch saw the pod"), row
         else:
             # No event names it: placed by the watch that saw it created, after its Job's creation and
             # within its stamp's second (a loaded machine may deliver it after that second ended).

@@ -104,7 +104,11 @@ def test_twelve_episodes_hold_their_points_against_the_node_agents_record(real_c
         if pod in named_creations:
             # Named by the Job controller itself: as sharp as its event's allowance.
             assert created[1] <= rl_batch_demo.EVENT_FOLLOWS_SECONDS + 1e-6, (pod, row["pod_created_source"], created)
-            assert "SuccessfulCreate event name" in row["pod_created_source"], (pod, row["pod_created_source"])
+            # The event's name, unless the watch saw the pod before it: the controller names the
+            # event once its create call has returned, which a loaded machine can delay past the
+            # watch's delivery (it did at CI's load); the watch is then the sharper upper bound.
+            assert "SuccessfulCreate event name" in row["pod_created_source"] or \
+                row["pod_created_source"].startswith("watch saw the pod"), (pod, row["pod_created_source"])
         # The worker's own clock is this machine's: its events lie inside the container's life.
         for name in ("imports_done", "ready", "reward"):
             at = point(row, name)[0]

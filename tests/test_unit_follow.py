@@ -180,8 +180,8 @@ def follower_at_the_end(pods: list[dict], succeeded: int) -> demo.BatchFollower:
     follower.watches.failures = {"job": 0, "pods": 0, "events": 0}
     follower.watches.processes = {"pods": Watch(), "events": Watch()}  # type: ignore[dict-item]
     for item in pods:
-        follower._on_pod(item)
-    follower._on_job(job(succeeded))
+        follower.take(demo.WatchEvent("pods", {"type": "ADDED", "object": item}, 99.0), 0.0)
+    follower.take(demo.WatchEvent("job", {"type": "MODIFIED", "object": job(succeeded)}, 99.5), 0.0)
     return follower
 
 
@@ -190,29 +190,29 @@ def test_the_follower_settles_once_each_pods_last_change_and_every_event_arrived
     follower.watches.queue.put(demo.WatchEvent("events", {"type": "ADDED", "object": event("a.1")}, 100.0))
     follower.watches.queue.put(demo.WatchEvent("pods", {"type": "MODIFIED", "object": pod("b")}, 100.1))
     follower.watches.queue.put(demo.WatchEvent("events", {"type": "ADDED", "object": event("b.1")}, 100.2))
-    assert not demo.watches_settled(follower, 2)
-    demo.settle_watches(follower, 2, seconds=5)
-    assert demo.watches_settled(follower, 2) and demo.watched_pods_final(follower)
-    assert demo.events_caught_up(follower, 2)
-    assert sorted(follower.pods) == ["a", "b"] and len(follower.events) == 2
+    assert not follower.watches_settled(2)
+    follower.settle_watches(2, seconds=5)
+    assert follower.watches_settled(2) and follower.watched_pods_final()
+    assert follower.events_caught_up(2)
+    assert sorted(follower.state.pods) == ["a", "b"] and len(follower.state.events) == 2
 
 
 def test_the_follower_stops_waiting_at_its_deadline_when_a_pod_never_ends() -> None:
     follower = follower_at_the_end([pod("a"), pod("b", "Running", finalizers=[FINALIZER])], 2)
-    demo.settle_watches(follower, None, seconds=0.2)
-    assert not demo.watched_pods_final(follower)
+    follower.settle_watches(None, seconds=0.2)
+    assert not follower.watched_pods_final()
 
 
 def test_events_not_watched_are_not_waited_for() -> None:
     follower = follower_at_the_end([pod("a")], 1)
     follower.events_watched = False
-    assert demo.watches_settled(follower, 5) and not demo.events_caught_up(follower, 5)
+    assert follower.watches_settled(5) and not follower.events_caught_up(5)
 
 
 def test_a_pod_deleted_under_the_watch_is_never_final() -> None:
     follower = follower_at_the_end([pod("a"), pod("b")], 2)
-    follower._on_pod(pod("b"), deleted=True)
-    assert not demo.watched_pods_final(follower) and demo.watches_settled(follower, None)
+    follower.take(demo.WatchEvent("pods", {"type": "DELETED", "object": pod("b")}, 100.0), 0.0)
+    assert not follower.watched_pods_final() and follower.watches_settled(None)
 
 
 def test_an_event_watch_that_keeps_breaking_is_given_up_saying_how_often_it_broke(capsys) -> None:
@@ -241,22 +241,24 @@ def test_an_event_watch_that_keeps_breaking_is_given_up_saying_how_often_it_brok
 def test_the_state_reports_each_ended_container_and_the_jobs_end_once() -> None:
     state = demo.BatchState()
     running = pod("a", "Running")
-    assert state.apply("pods", "ADDED", running, 100.0) == []
+    assert state.apply("pods", "ADDED", running, 100.0) == demo.StateChange("pods", "a")
     ended = pod("a")
     ended["status"]["containerStatuses"] = [{"name": "episode", "state": {"terminated": {"containerID": "c-1"}}}]
-    assert state.apply("pods", "MODIFIED", ended, 101.0) == [("a", "c-1")]
-    assert state.apply("job", "MODIFIED", job(1, end=""), 101.5) == [] and state.end is None
-    assert state.on_job(job(1), 102.0) and state.end == "Complete" and state.end_resource_version == "90"
-    assert not state.on_job(job(1), 103.0)  # the end is told once
+    assert state.apply("pods", "MODIFIED", ended, 101.0) == demo.StateChange("pods", "a", (("a", "c-1"),))
+    assert state.apply("job", "MODIFIED", job(1, end=""), 101.5) == demo.StateChange("job") and state.end is None
+    assert state.apply("job", "MODIFIED", job(1), 102.0) == demo.StateChange("job", job_ended=True)
+    assert state.end == "Complete" and state.end_resource_version == "90"
+    assert not state.apply("job", "MODIFIED", job(1), 103.0).job_ended  # the end is told once
     assert state.pods_are_final() and state.observations()["pods"]["a"]
-    assert state.apply("events", "ADDED", event("a.1"), 102.5) == [] and len(state.events) == 1
+    assert state.apply("events", "ADDED", event("a.1"), 102.5) == demo.StateChange("events")
+    assert len(state.events) == 1
 
 
 def test_the_state_keeps_a_deleted_pod_as_last_seen_and_then_is_never_final() -> None:
     state = demo.BatchState()
     state.apply("pods", "ADDED", pod("a"), 100.0)
-    state.apply("pods", "DELETED", pod("a", "Running"), 101.0)
-    state.on_job(job(1), 102.0)
+    assert state.apply("pods", "DELETED", pod("a", "Running"), 101.0) == demo.StateChange("pods", "a")
+    state.apply("job", "MODIFIED", job(1), 102.0)
     assert state.pods["a"]["status"]["phase"] == "Succeeded" and state.deleted == {"a"}
     assert not state.pods_are_final()
 

@@ -69,11 +69,10 @@ def test_index_ranges() -> None:
     assert demo.index_list(demo.index_ranges(range(5))) == set(range(5))
 
 
-def settings(**changes: object) -> dict:
-    base = {"count": 8, "parallelism": 4, "image": "default:1", "runtime": "cube", "timeout": 240,
-            "harden": False, "builtin": False, "rounds": 1, "warmup": False, "group_size": 2,
-            "retries": None, "allow_failures": None}
-    return dict(base, **changes)
+def settings(**changes: object) -> demo.Settings:
+    base: dict = {"count": 8, "parallelism": 4, "image": "default:1", "runtime": "cube", "timeout": 240,
+                  "builtin": False, "group_size": 2, "rollout": True}
+    return demo.Settings(**dict(base, **changes))
 
 
 def test_one_job_per_image_with_its_episodes() -> None:
@@ -100,6 +99,20 @@ def test_one_job_per_image_with_its_episodes() -> None:
     assert plan.objects()[-3:] == jobs
 
 
+def test_settings_keep_the_image_options_in_run_json() -> None:
+    kept = settings(task_images=("b", "default:1"), image_map=(("docker.io", "mirror"),), pull_timeout=30,
+                    prepull=True, context="c", namespace=NAMESPACE,
+                    batches=(demo.BatchEntry("rollout", True, ".", ("rollout-image-1", "rollout-image-2")),))
+    saved = kept.saved()
+    assert saved["task_images"] == ["b", "default:1"] and saved["image_map"] == {"docker.io": "mirror"}
+    assert saved["pull_timeout"] == 30 and saved["prepull"] is True
+    assert saved["batches"] == [{"job": "rollout", "measured": True, "dir": ".",
+                                 "jobs": ["rollout-image-1", "rollout-image-2"]}]
+    assert demo.Settings.from_saved(saved) == kept
+    plain = settings(context="c", namespace=NAMESPACE, batches=(demo.BatchEntry("rollout", True, "."),)).saved()
+    assert "image_map" not in plain and "prepull" not in plain and "jobs" not in plain["batches"][0]
+
+
 def test_one_image_keeps_the_one_job_of_today() -> None:
     tasks = [demo.Task(str(n), n, "{}", None) for n in range(4)]
     plan = demo.plan_run(NAMESPACE, "0123456789ab", settings(), "print()", tasks)
@@ -110,9 +123,9 @@ def test_one_image_keeps_the_one_job_of_today() -> None:
 
 
 def test_pull_timeout_and_episode_timeout_share_the_pod_deadline() -> None:
-    assert demo.pod_deadline({"pull_timeout": 30, "episode_timeout": 60}) == 90
-    assert demo.pod_deadline({"pull_timeout": 30}) == 30
-    assert demo.pod_deadline({}) is None
+    assert demo.pod_deadline(settings(pull_timeout=30, episode_timeout=60)) == 90
+    assert demo.pod_deadline(settings(pull_timeout=30)) == 30
+    assert demo.pod_deadline(settings()) is None
     job = demo.batch_job(NAMESPACE, settings(pull_timeout=45), "rollout", [])
     assert job["spec"]["template"]["spec"]["activeDeadlineSeconds"] == 45
 
@@ -193,7 +206,8 @@ def test_one_job_reads_as_itself() -> None:
 def test_rows_name_their_image() -> None:
     rows = demo.episode_rows(4, {"metadata": {}}, [], {}, False, ["a", "b"], 2, images=["one", "two"])
     assert [row["image"] for row in rows] == ["one", "one", "two", "two"]
-    assert demo.group_images({"count": 2, "image": "x"}) == ["x", "x"]
+    assert demo.group_images(settings(count=2, image="x")) == ["x", "x"]
+    assert demo.group_images(settings(task_images=("a", "b"))) == ["a", "b"]
 
 
 @pytest.mark.parametrize("text, seconds", [

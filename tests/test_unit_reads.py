@@ -223,8 +223,8 @@ def test_drain_takes_in_what_the_pod_watch_delivered_up_to_its_end_marker() -> N
     for item in (pod_event("rollout-a", "Running"), demo.WatchEnded("job", None), pod_event("rollout-b", "Running"),
                  demo.WatchEnded("pods", None), pod_event("rollout-c", "Running")):
         follower.watches.queue.put(item)
-    demo.drain_pod_watch(follower)
-    assert sorted(follower.pods) == ["rollout-a", "rollout-b"]
+    follower.drain_pod_watch()
+    assert sorted(follower.state.pods) == ["rollout-a", "rollout-b"]
     assert follower.watches.processes == {}
     # It stopped at the pod watch's end: what follows is another watch's business.
     assert follower.watches.queue.get_nowait() == pod_event("rollout-c", "Running")

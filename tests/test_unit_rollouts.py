@@ -134,11 +134,10 @@ def test_the_job_with_tasks_and_retries_uses_the_per_index_api() -> None:
 
 def test_without_the_rollout_options_the_job_is_the_guides() -> None:
     assert demo.job_manifest(NAMESPACE, 10, 10, "python:3.12-alpine", "cube") == \
-        demo.batch_job(NAMESPACE, {"count": 10, "parallelism": 10, "image": "python:3.12-alpine",
-                                   "runtime": "cube", "timeout": 240, "harden": False, "builtin": True},
-                       "rollout", [])
-    assert demo.rollout_policy({"retries": None, "allow_failures": None}) is None
-    assert demo.rollout_policy({"retries": None, "allow_failures": 2}) == demo.RolloutPolicy(0, 2)
+        demo.batch_job(NAMESPACE, demo.Settings(count=10, parallelism=10, image="python:3.12-alpine",
+                                                runtime="cube", timeout=240), "rollout", [])
+    assert demo.rollout_policy(demo.Settings(count=10, parallelism=10)) is None
+    assert demo.rollout_policy(demo.Settings(count=10, parallelism=10, allow_failures=2)) == demo.RolloutPolicy(0, 2)
 
 
 # --------------------------------------------------------------------------
@@ -316,7 +315,8 @@ def test_pod_to_ready_counts_a_never_ready_episode_as_ready_at_the_deadline() ->
 def test_a_rollout_batch_over_its_allowance_is_refused_with_each_failure_listed() -> None:
     rows = [row(0, reward_at=5.0), dict(row(1, "episode"), failure="exited 1")]
     with pytest.raises(demo.DemoError) as raised:
-        demo.summarise_rollout(rows, make_job(), [], {}, [], {"allow_failures": 0, "builtin": True})
+        demo.summarise_rollout(rows, make_job(), [], {}, [], demo.Settings(count=len(rows), parallelism=1,
+                                                                           allow_failures=0))
     assert str(raised.value) == ("1 of 2 episodes failed (1 episode failure); --allow-failures accepts 0\n"
                                  "  episode 1 (task 't0', pod p1, 1 attempt): episode: exited 1")
 
@@ -332,7 +332,7 @@ def test_failures_are_counted_in_words_not_read_as_an_index(classes: list, said:
 def test_counts_of_one_are_singular() -> None:
     assert demo.throughput_line({"max_episodes_running_at_once": 1}).endswith("at most 1 episode running at once")
     assert demo.throughput_line({"max_episodes_running_at_once": 3}).endswith("at most 3 episodes running at once")
-    assert demo.timeline_title({"count": 1, "parallelism": 1, "runtime": "cube"}).startswith("1 episode,")
+    assert demo.timeline_title(demo.Settings(count=1, parallelism=1, runtime="cube")).startswith("1 episode,")
     assert demo.plural(None, "episode") == "- episodes"
 
 

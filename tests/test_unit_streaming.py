@@ -187,14 +187,14 @@ class Seen:
         self.early: dict[str, tuple[str, str]] = {}
 
     def pod(self, pod: dict, log: str | None = None) -> str:
-        self.state.on_pod(pod, False, T0 + 10)
+        self.state.apply("pods", "MODIFIED", pod, T0 + 10)
         if log is not None:
             self.early[pod["metadata"]["name"]] = (f"containerd://{pod['metadata']['name']}", log)
         return pod["metadata"]["name"]
 
 
-def stream_settings(count: int, retries: int = 0) -> dict:
-    return {"count": count, "builtin": True, "retries": retries}
+def stream_settings(count: int, retries: int = 0) -> demo.Settings:
+    return demo.Settings(count=count, parallelism=count, rollout=True, retries=retries)
 
 
 def test_lines_are_appended_as_episodes_settle_and_rewritten_in_index_order(tmp_path: Any) -> None:
@@ -202,7 +202,7 @@ def test_lines_are_appended_as_episodes_settle_and_rewritten_in_index_order(tmp_
     told: list[dict] = []
     stream = demo.RewardStream(str(path), stream_settings(3), told.append)
     seen = Seen()
-    seen.state.on_job(running_job(), T0 + 1)
+    seen.state.apply("job", "MODIFIED", running_job(), T0 + 1)
     stream.judge(seen.state, seen.early, [seen.pod(indexed_pod("p2", 2), honest_log("p2"))])
     stream.judge(seen.state, seen.early, [seen.pod(indexed_pod("p0", 0))])  # its log not read yet
     written = path.read_text().splitlines()
@@ -224,10 +224,10 @@ def test_lines_are_appended_as_episodes_settle_and_rewritten_in_index_order(tmp_
 def test_a_failure_waits_for_the_jobs_word_when_it_may_be_retried(tmp_path: Any) -> None:
     stream = demo.RewardStream(str(tmp_path / "rewards.jsonl"), stream_settings(2, retries=1))
     seen = Seen()
-    seen.state.on_job(running_job(), T0 + 1)
+    seen.state.apply("job", "MODIFIED", running_job(), T0 + 1)
     stream.judge(seen.state, seen.early, [seen.pod(indexed_pod("p1", 1, phase="Failed", exit_code=1), "")])
     assert stream.rows == {} and stream.waiting == {1}
-    seen.state.on_job(running_job(failed_indexes="1"), T0 + 2)
+    seen.state.apply("job", "MODIFIED", running_job(failed_indexes="1"), T0 + 2)
     stream.judge(seen.state, seen.early, None)
     assert stream.rows[1]["failure_class"] == "episode" and stream.waiting == set()
 
@@ -249,8 +249,8 @@ def test_a_callback_that_raises_stops_the_run_with_its_own_exception(tmp_path: A
 
 
 def test_need_makes_an_indexed_job_with_a_success_policy_absorbing_count_minus_k_failures() -> None:
-    settings = {"count": 8, "parallelism": 8, "image": "img", "runtime": "cube", "timeout": 240, "harden": False,
-                "builtin": True, "rollout": True, "need": 6, "episode_timeout": 45}
+    settings = demo.Settings(count=8, parallelism=8, image="img", runtime="cube", timeout=240, rollout=True,
+                             need=6, episode_timeout=45)
     spec = demo.batch_job("ns", settings, "rollout", [])["spec"]
     assert spec["successPolicy"] == {"rules": [{"succeededCount": 6}]}
     assert (spec["completionMode"], spec["backoffLimitPerIndex"], spec["maxFailedIndexes"]) == ("Indexed", 0, 2)
