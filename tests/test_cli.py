@@ -848,6 +848,17 @@ def test_settings_read_back_from_run_json_are_the_settings_saved() -> None:
     assert "rollout" not in plain.saved() and demo.Settings.from_saved(plain.saved()) == plain
 
 
+def test_client_json_lists_what_is_known_in_the_order_it_became_known() -> None:
+    wait = demo.ClientWait("rollout", "Complete", T0, T0 + 3, 3.0, 2, 0, 5, "watch")
+    assert list(wait.saved()) == ["job", "end", "submitted_at", "observed_at", "client_job_complete_seconds",
+                                  "kubectl_processes_while_waiting", "watch_restarts", "watch_queue_peak",
+                                  "wait_mode"]
+    done = wait._replace(pods_read={"source": "list"}, events_read="watch", post_completion_seconds=0.2)
+    assert list(done.saved())[-3:] == ["pods_read", "events_read", "post_completion_seconds"]
+    assert done._replace(end=None, observed_at=None).saved()["end"] is None  # given up on: still said
+    assert list(done._replace(reward_deliveries=[]).saved())[-2:] == ["reward_deliveries", "post_completion_seconds"]
+
+
 def test_report_refuses_a_job_that_did_not_complete(tmp_path: Path, capsys: Any) -> None:
     run_dir = write_saved_run(tmp_path / "run-a", job_end="Failed")
     assert main(["report", str(run_dir)]) == 1

@@ -1691,3 +1691,24 @@ def test_an_interrupt_during_a_kubectl_fork_is_not_lost() -> None:
                                capture_output=True, text=True, timeout=60)
     assert completed.stdout.split() == ["interrupted", "interrupted", "started"], (completed.stdout, completed.stderr)
     assert "Exception ignored" not in completed.stderr, completed.stderr
+
+
+# --------------------------------------------------------------------------
+# The file's map.
+
+BANNER_RULE = "# " + "-" * 74
+
+
+def test_the_module_docstring_maps_every_section_banner_in_order_word_for_word() -> None:
+    lines = Path(demo.__file__).read_text(encoding="utf-8").splitlines()
+    banners = []
+    for number, line in enumerate(lines):
+        if line == BANNER_RULE:
+            banners.append(lines[number + 1][len("# "):])
+            # One line each: what follows the banner's title is a blank line, not more of it.
+            assert not lines[number + 2].startswith("#"), lines[number + 1]
+    docstring = demo.__doc__.splitlines()
+    start = docstring.index("The file's sections, top to bottom (each line is its section's banner):") + 1
+    mapped = [line[len("    "):] for line in docstring[start:docstring.index("", start)]]
+    assert len(banners) > 20
+    assert mapped == banners
