@@ -433,14 +433,16 @@ def streaming_lines(stragglers: dict[str, dict], delivery: dict) -> list[str]:
                  ("delivery lag p99 (s)", need["lag_p99"], everything["lag_p99"], "", ""),
              ], header=("figure", f"--need {STRAGGLER_NEED}", "wait for all", "all / need", "target"))]
     lines += [f"\nDelivery lag at {DELIVERY_LAG_SIZE} episodes (lightweight kubelet, parallelism "
-              f"{min(DELIVERY_LAG_SIZE, LIGHTWEIGHT_PARALLELISM)}): p50 {delivery['reward_delivery_lag_p50_seconds']} s, "
+              f"{min(DELIVERY_LAG_SIZE, LIGHTWEIGHT_PARALLELISM)}): "
+              f"p50 {delivery['reward_delivery_lag_p50_seconds']} s, "
               f"p99 {delivery['reward_delivery_lag_p99_seconds']} s (target < {TARGET_DELIVERY_LAG_P99_SECONDS} s: "
               f"{verdict(delivery['reward_delivery_lag_p99_seconds'] < TARGET_DELIVERY_LAG_P99_SECONDS)}), "
               f"max {delivery['reward_delivery_lag_max_seconds']} s; lines streamed "
               f"{delivery['delivery']['streamed']} of {delivery['delivery']['lines']}; lag precision "
               f"{delivery['delivery']['lag_precision_seconds']} s; of it the client's own part (its watch seeing the "
               f"end -> the line written) p50 {delivery['delivery']['seen_to_written_p50_seconds']} s, p99 "
-              f"{delivery['delivery']['seen_to_written_p99_seconds']} s; client CPU {delivery['tool_cpu_seconds']:.1f} s "
+              f"{delivery['delivery']['seen_to_written_p99_seconds']} s; "
+              f"client CPU {delivery['tool_cpu_seconds']:.1f} s "
               f"(+ kubectl {delivery['kubectl_cpu_seconds']:.1f} s), wall {delivery['wall_seconds']:.1f} s"]
     return lines
 
@@ -503,7 +505,7 @@ def wait_length_case(kubectl: str, root: Path) -> dict[str, dict[str, dict]]:
         workdir.mkdir()
         faults = dict(EMULATOR_FAULTS, sandbox_delay=delay)
 
-        def body(emulator: Emulator, name: str = name, workdir: Path = workdir) -> None:
+        def body(emulator: Emulator, name: str = name, workdir: Path = workdir, faults: dict = faults) -> None:
             runs[name] = {kind: run_client(emulator, kind, WAIT_CHECK_COUNT, WAIT_CHECK_COUNT, kubectl,
                                            workdir, kind) for kind in ("product", "guide")}
             say(f"  sandbox delay {faults['sandbox_delay']:g} s: product waited "
