@@ -5,6 +5,7 @@ Usage:
     python3 tests/benchmark.py [--quick] [--kubectl PATH] [--cases 10,20,200,500]
                                [--reps N] [--guide-max N] [--keep]
     python3 tests/benchmark.py --scale [--scale-10000]
+    ... [--loaded]    every case again under two busy loops per core, printed after the quiet figures
 
 For each case it starts a fresh Kubernetes API emulator (tests/kube_emulator.py,
 pods run for real in bubblewrap), then runs, one after the other and in new
@@ -15,10 +16,13 @@ The emulator records the true moment each Job condition was set, so:
 
     completion lag        = client's observed_at (wall) - true time of Complete/Failed
     post-completion work  = results.json mtime - client's observed_at
+    end -> exit           = the moment the client process had exited - true time of Complete/Failed
     kubectl while waiting = the client's own count of processes started while waiting
     CPU                   = rusage of the client process and its waited-for kubectl
                             children (os.wait4), plus the client's own share alone
     peak RSS              = the client process's own VmHWM at exit (kubectl excluded)
+    largest process       = the highest VmHWM of the client and each kubectl it started
+                            (children sampled every 20 ms, each at its last sample)
 
 10- and 20-episode cases are repeated (--reps; medians reported; the two
 clients alternate which goes first). Large cases (200 at parallelism 20, 500 at
@@ -55,6 +59,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import hashlib
 import json
 import os
@@ -101,16 +106,25 @@ LIGHTWEIGHT_SIZES = (500, 2000)
 LIGHTWEIGHT_LONG_SIZE = 10000
 LIGHTWEIGHT_DEADLINE_SECONDS = 3600
 TARGET_POST_SECONDS = {2000: 1.0, 10000: 3.0}
-TARGET_PEAK_RSS_MB = 300
+# From the Job's true end to the process's exit, on a quiet machine.
+TARGET_TAIL_SECONDS = {20: 0.1, 2000: 0.5, 10000: 2.0}
+TARGET_PEAK_RSS_MB = 300  # for every process of the run at 10,000 episodes: the tool and each kubectl
+# --loaded: the cases measured again with this many busy loops per core, to show what load costs.
+BUSY_LOOPS_PER_CORE = 2
 TARGET_REQUESTS_PER_EPISODE = 1.2
 
 # Runs a script as __main__ and, at exit, writes the rusage of this process
 # alone and of its finished children to the file named by argv[1]. Its peak memory is
 # VmHWM, the high-water mark of its own address space: Linux starts ru_maxrss after an
 # exec at the RSS of the process that spawned it (here the benchmark, with its emulator).
+# The product ends with os._exit, which skips atexit: the report is written just before it.
 RUSAGE_WRAPPER = """\
-import atexit, json, resource, runpy, sys
+import atexit, json, os, resource, runpy, sys
 usage_path, script = sys.argv[1], sys.argv[2]
+def _exit_reporting(status, _exit=os._exit):
+    _report()
+    _exit(status)
+os._exit = _exit_reporting
 def _report():
     own = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -188,8 +202,34 @@ def say(text: str) -> None:
 # One client run, measured from outside.
 
 
-def sample_rss(pid: int, samples: list[tuple[float, int, int, float]], stop: threading.Event) -> None:
-    """(wall time, VmRSS kB, VmHWM kB, CPU seconds) of the process every few milliseconds until it ends."""
+def child_pids(pid: int) -> list[int]:
+    """The processes `pid` started that still run (kubectl), from every thread of it that started one."""
+    pids = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as handle:
+                pids += [int(child) for child in handle.read().split()]
+    except (OSError, ValueError):
+        pass
+    return pids
+
+
+def high_water_kb(pid: int) -> int | None:
+    """A process's VmHWM (its peak resident memory so far), None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            for line in handle:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def sample_rss(pid: int, samples: list[tuple[float, int, int, float]], children_peak_kb: dict[int, int],
+               stop: threading.Event) -> None:
+    """(wall time, VmRSS kB, VmHWM kB, CPU seconds) of the process every few milliseconds until it ends,
+    and each child's (kubectl's) VmHWM as last seen."""
     path = f"/proc/{pid}/status"
     ticks = os.sysconf("SC_CLK_TCK")
     while not stop.is_set():
@@ -203,6 +243,10 @@ def sample_rss(pid: int, samples: list[tuple[float, int, int, float]], stop: thr
                             (int(stat[11]) + int(stat[12])) / ticks))
         except (OSError, ValueError, KeyError, IndexError):
             return
+        for child in child_pids(pid):
+            peak = high_water_kb(child)
+            if peak is not None:
+                children_peak_kb[child] = max(peak, children_peak_kb.get(child, 0))
         stop.wait(RSS_SAMPLE_SECONDS)
 
 
@@ -227,10 +271,13 @@ def run_client(emulator: Emulator, kind: str, count: int, parallelism: int, kube
         process = subprocess.Popen(argv, env=emulator.env(), stdout=stdout, stderr=stderr,
                                    stdin=subprocess.DEVNULL)
         samples: list[tuple[float, int, int, float]] = []
+        children_peak_kb: dict[int, int] = {}
         stop = threading.Event()
-        sampler = threading.Thread(target=sample_rss, args=(process.pid, samples, stop), daemon=True)
+        sampler = threading.Thread(target=sample_rss, args=(process.pid, samples, children_peak_kb, stop),
+                                   daemon=True)
         sampler.start()
         _, status, usage = os.wait4(process.pid, 0)
+        exited_at = time.time()
         process.returncode = os.waitstatus_to_exitcode(status)
         wall = time.monotonic() - started
         stop.set()
@@ -256,12 +303,17 @@ def run_client(emulator: Emulator, kind: str, count: int, parallelism: int, kube
         "lag_seconds": wait["observed_at"] - end_truth,
         "post_seconds": os.path.getmtime(output / "results.json") - wait["observed_at"],
         "post_self_reported_seconds": wait.get("post_completion_seconds"),
+        # The Job's true end to the moment the process had exited (its wait returned): what a
+        # trainer that runs the tool every step waits for after the batch is done.
+        "tail_seconds": exited_at - end_truth,
+        "peak_child_rss_mb": max(children_peak_kb.values(), default=0) / 1024,
         "processes_while_waiting": wait["kubectl_processes_while_waiting"],
         "kubectl_processes": results["client"]["kubectl_processes"],
         "cpu_seconds": usage.ru_utime + usage.ru_stime,
         "tool_cpu_seconds": own["self_cpu"],
         "kubectl_cpu_seconds": own["children_cpu"],
         "peak_rss_mb": own["self_maxrss_kb"] / 1024,
+        "largest_process_mb": max([own["self_maxrss_kb"], *children_peak_kb.values()]) / 1024,
         "rss_at_end_mb": at_end[-1][0] / 1024,
         "peak_rss_at_end_mb": at_end[-1][1] / 1024,
         # The tool's own CPU after it saw the end: what the post-completion work costs on an idle machine.
@@ -472,6 +524,10 @@ def lightweight_rows(runs: dict[int, dict]) -> list[tuple[str, Any, Any, str, st
             f"<= {post_target} {verdict(post <= post_target)}" if post_target else "")
         add(f"{prefix}: post-completion per episode (ms)", 1000 * post / count,
             1000 * base["post_seconds"] / base_count)
+        tail = run["tail_seconds"]
+        tail_target = TARGET_TAIL_SECONDS.get(count)
+        add(f"{prefix}: true end -> process exit (s)", tail, base["tail_seconds"],
+            f"<= {tail_target} {verdict(tail <= tail_target)}" if tail_target else "")
         add(f"{prefix}: CPU of tool after the end (s)", run["post_cpu_seconds"], base["post_cpu_seconds"])
         add(f"{prefix}: submit -> end seen by client (s)", run["wait_seconds"], base["wait_seconds"])
         add(f"{prefix}: CPU tool process alone (s)", run["tool_cpu_seconds"], base["tool_cpu_seconds"])
@@ -480,6 +536,9 @@ def lightweight_rows(runs: dict[int, dict]) -> list[tuple[str, Any, Any, str, st
         add(f"{prefix}: peak RSS of tool (MB)", rss, base["peak_rss_mb"],
             f"<= {TARGET_PEAK_RSS_MB} {verdict(rss <= TARGET_PEAK_RSS_MB)}" if count >= 10000 else "")
         add(f"{prefix}: peak RSS of tool until the end (MB)", run["peak_rss_at_end_mb"], base["peak_rss_at_end_mb"])
+        largest = run["largest_process_mb"]
+        add(f"{prefix}: largest process of the run, tool or a kubectl (MB)", largest, base["largest_process_mb"],
+            f"<= {TARGET_PEAK_RSS_MB} {verdict(largest <= TARGET_PEAK_RSS_MB)}" if count >= 10000 else "")
         add(f"{prefix}: kubectl processes per run", run["kubectl_processes"], base["kubectl_processes"],
             f"= smallest {verdict(run['kubectl_processes'] == base['kubectl_processes'])}")
         requests = run["api_requests"]
@@ -645,6 +704,12 @@ def build_rows(repeated: dict[int, dict[str, list[dict]]], scale: dict[int, dict
             f"<= {TARGET_POST_SECONDS_20} {verdict(post <= TARGET_POST_SECONDS_20)}" if count == 20 else "")
         add(f"{prefix}: post-completion, max of {n} (s)", max(r["post_seconds"] for r in product),
             max(r["post_seconds"] for r in guide))
+        tail = median_of(product, "tail_seconds")
+        tail_target = TARGET_TAIL_SECONDS.get(count)
+        add(f"{prefix}: true end -> process exit, median (s)", tail, median_of(guide, "tail_seconds"),
+            f"<= {tail_target} {verdict(tail <= tail_target)}" if tail_target else "")
+        add(f"{prefix}: true end -> process exit, max of {n} (s)", max(r["tail_seconds"] for r in product),
+            max(r["tail_seconds"] for r in guide))
         add(f"{prefix}: submit -> end seen by client, median (s)", median_of(product, "wait_seconds"),
             median_of(guide, "wait_seconds"))
         add(f"{prefix}: kubectl processes while waiting, median", int(median_of(product, "processes_while_waiting")),
@@ -661,6 +726,8 @@ def build_rows(repeated: dict[int, dict[str, list[dict]]], scale: dict[int, dict
             median_of(guide, "kubectl_cpu_seconds"))
         add(f"{prefix}: peak RSS of tool process, median (MB)", median_of(product, "peak_rss_mb"),
             median_of(guide, "peak_rss_mb"))
+        add(f"{prefix}: largest process of the run (tool or a kubectl), median (MB)",
+            median_of(product, "largest_process_mb"), median_of(guide, "largest_process_mb"))
 
     if waits:
         short, long = waits["short"], waits["long"]
@@ -681,6 +748,7 @@ def build_rows(repeated: dict[int, dict[str, list[dict]]], scale: dict[int, dict
         add(f"{prefix}: completed", "yes", "yes" if guide else "not run", "completes: met")
         add(f"{prefix}: completion lag (s)", product["lag_seconds"], guide.get("lag_seconds"))
         add(f"{prefix}: post-completion to results.json (s)", product["post_seconds"], guide.get("post_seconds"))
+        add(f"{prefix}: true end -> process exit (s)", product["tail_seconds"], guide.get("tail_seconds"))
         add(f"{prefix}: post-completion per episode (ms)", 1000 * product["post_seconds"] / count,
             1000 * guide["post_seconds"] / count if guide else None)
         add(f"{prefix}: submit -> end seen by client (s)", product["wait_seconds"], guide.get("wait_seconds"))
@@ -733,6 +801,166 @@ def linearity_lines(repeated: dict[int, dict[str, list[dict]]], scale: dict[int,
 # Command line.
 
 
+# --------------------------------------------------------------------------
+# The cost model to 100,000 episodes: the tool followed against the replay stand-in kubectl.
+
+
+REPLAY = TESTS_DIR / "replay_kubectl.py"
+REPLAY_SIZES = (10000, 30000, 100000)
+REPLAY_RATES = (500, 2000)
+TARGET_REPLAY_RSS_MB = 1024
+TARGET_REPLAY_TAIL_SECONDS = 10.0
+
+
+def replay_case(count: int, rate: int, root: Path) -> dict:
+    """One run of the product against tests/replay_kubectl.py: `count` episodes, the pod watch
+    printing `rate` lines a second. The true end is the moment the stand-in printed the Job's
+    Complete line."""
+    workdir = root / f"replay-{count}-{rate}"
+    workdir.mkdir(parents=True)
+    output, state, usage_path = workdir / "out", workdir / "state", workdir / "rusage.json"
+    args = ["run", "--quiet", "--count", str(count), "--parallelism", str(count), "--max-episodes", str(count),
+            "--output", str(output), "--kubectl", str(REPLAY), "--timeout", str(LIGHTWEIGHT_DEADLINE_SECONDS)]
+    env = dict(os.environ, REPLAY_STATE=str(state), REPLAY_EPISODES=str(count),
+               REPLAY_POD_EVENTS_PER_SECOND=str(rate))
+    argv = [sys.executable, "-c", RUSAGE_WRAPPER, str(usage_path), str(PRODUCT)] + args
+    with open(workdir / "stdout", "wb") as stdout, open(workdir / "stderr", "wb") as stderr:
+        started = time.monotonic()
+        process = subprocess.Popen(argv, env=env, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL)
+        samples: list[tuple[float, int, int, float]] = []
+        stop = threading.Event()
+        sampler = threading.Thread(target=sample_rss, args=(process.pid, samples, {}, stop), daemon=True)
+        sampler.start()
+        _, status, _ = os.wait4(process.pid, 0)
+        exited_at = time.time()
+        wall = time.monotonic() - started
+        stop.set()
+        sampler.join()
+    if os.waitstatus_to_exitcode(status) != 0:
+        tail = (workdir / "stderr").read_text(errors="replace").strip().splitlines()[-5:]
+        raise BenchmarkError(f"replay run of {count} exited {os.waitstatus_to_exitcode(status)}: {' | '.join(tail)}")
+    client = json.loads((output / "client.json").read_text())
+    own = json.loads(usage_path.read_text())
+    end = json.loads((state / "jobs.done").read_text())["at"]
+    pods_done = json.loads((state / "pods.done").read_text())
+    before_end = [cpu for moment, _, _, cpu in samples if moment <= client["observed_at"]] or [0.0]
+    submitted = client["submitted_at"]
+    figures = {
+        "count": count, "rate": rate, "wall_seconds": wall,
+        "replay_seconds": end - submitted,
+        "replay_behind_seconds": pods_done["behind_seconds"],
+        "lag_seconds": client["observed_at"] - end,
+        "tail_seconds": exited_at - end,
+        "queue_peak": client["watch_queue_peak"],
+        "cpu_waiting_ms_per_episode": 1000 * before_end[-1] / count,
+        "cpu_after_end_ms_per_episode": 1000 * (own["self_cpu"] - before_end[-1]) / count,
+        "peak_rss_mb": own["self_maxrss_kb"] / 1024,
+        "drafts_taken": client.get("episodes_summarised_while_waiting"),
+        "files_mb": sum(path.stat().st_size for path in output.iterdir()) / 2 ** 20,
+        "pods_json_mb": (output / "pods.json").stat().st_size / 2 ** 20,
+    }
+    say(f"  replay {count} episodes at {rate} pod lines/s: lag {figures['lag_seconds']:.3f} s, tail "
+        f"{figures['tail_seconds']:.2f} s, peak RSS {figures['peak_rss_mb']:.0f} MB, "
+        f"queue peak {figures['queue_peak']}, "
+        f"wall {wall:.0f} s")
+    return figures
+
+
+def replay_rows(runs: list[dict]) -> list[tuple[str, Any, Any, str, str]]:
+    rows: list[tuple[str, Any, Any, str, str]] = []
+    for run in runs:
+        prefix = f"{run['count']} ep at {run['rate']} pod lines/s"
+        rss, tail = run["peak_rss_mb"], run["tail_seconds"]
+        big = run["count"] >= 100000
+        rows += [
+            (f"{prefix}: replay took (s; stand-in behind its schedule by at most)", run["replay_seconds"],
+             run["replay_behind_seconds"], "-", ""),
+            (f"{prefix}: most watch events waiting in the client at once", run["queue_peak"], None, "-", ""),
+            (f"{prefix}: Job's end printed -> seen by the client (s)", run["lag_seconds"], None, "-", ""),
+            (f"{prefix}: tool CPU while waiting, per episode (ms)", run["cpu_waiting_ms_per_episode"], None, "-", ""),
+            (f"{prefix}: tool CPU after the end, per episode (ms)", run["cpu_after_end_ms_per_episode"], None, "-", ""),
+            (f"{prefix}: peak RSS of the tool (MB)", rss, None, "-",
+             f"<= {TARGET_REPLAY_RSS_MB} {verdict(rss <= TARGET_REPLAY_RSS_MB)}" if big else ""),
+            (f"{prefix}: end -> process exit (s)", tail, None, "-",
+             f"<= {TARGET_REPLAY_TAIL_SECONDS:g} {verdict(tail <= TARGET_REPLAY_TAIL_SECONDS)}" if big else ""),
+            (f"{prefix}: episodes taken from their drafts", run["drafts_taken"], None, "-", ""),
+            (f"{prefix}: files written (MB; pods.json)", run["files_mb"], run["pods_json_mb"], "-", ""),
+        ]
+    return rows
+
+
+@contextlib.contextmanager
+def busy_loops(per_core: int) -> Any:
+    """`per_core` busy loops on every core while the block runs: a loaded machine, made on purpose."""
+    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL)
+             for _ in range(per_core * (os.cpu_count() or 1))]
+    try:
+        yield
+    finally:
+        for loop in loops:
+            loop.kill()
+            loop.wait()
+
+
+class Measured:
+    """Every case's figures from one pass (quiet, or under busy loops)."""
+
+    def __init__(self) -> None:
+        self.repeated: dict[int, dict[str, list[dict]]] = {}
+        self.scale: dict[int, dict[str, dict]] = {}
+        self.waits: dict[str, dict[str, dict]] = {}
+        self.worker: dict[str, dict] = {}
+        self.lightweight: dict[int, dict] = {}
+        self.stragglers: dict[str, dict] = {}
+        self.delivery: dict = {}
+
+
+def measure(args: argparse.Namespace, cases: list[int], scale_sizes: list[int], reps: int, guide_max: int,
+            kubectl: str, root: Path) -> Measured:
+    """One pass over the cases asked for."""
+    measured = Measured()
+    root.mkdir(parents=True, exist_ok=True)
+    if args.streaming:
+        say("stragglers: --need against waiting for all ...")
+        measured.stragglers = straggler_case(kubectl, root)
+        say(f"delivery lag at {DELIVERY_LAG_SIZE} episodes ...")
+        measured.delivery = delivery_lag_case(kubectl, root)
+    if not args.no_worker:
+        say("worker start-up ...")
+        measured.worker = worker_case(root, WORKER_TIMING_RUNS)
+    for count in cases:
+        say(f"case {count} ...")
+        if count in SCALE_PARALLELISM or count > rl_batch_demo.DEFAULT_MAX_EPISODES:
+            parallelism = SCALE_PARALLELISM.get(count, max(1, count // 10))
+            measured.scale[count] = scale_case(count, parallelism, count <= guide_max, kubectl, root)
+        else:
+            measured.repeated[count] = repeated_case(count, reps, kubectl, root)
+    if not args.no_wait_check:
+        say("wait-length check ...")
+        measured.waits = wait_length_case(kubectl, root)
+    for count in scale_sizes:
+        say(f"scale {count} (lightweight kubelet) ...")
+        measured.lightweight[count] = lightweight_case(count, kubectl, root)
+    return measured
+
+
+def print_measured(measured: Measured) -> None:
+    rows = build_rows(measured.repeated, measured.scale, measured.waits, measured.worker)
+    if rows:
+        print(render_table(rows))
+    lightweight = measured.lightweight
+    if lightweight:
+        print(f"\nScale on the lightweight kubelet (faults {json.dumps(LIGHTWEIGHT_FAULTS)}); baseline = the "
+              f"{min(lightweight)}-episode run of this invocation; ratio = size / baseline:")
+        print(render_table(lightweight_rows(lightweight), header=("figure", "value", f"at {min(lightweight)}",
+                                                                   "ratio", "target")))
+    for line in linearity_lines(measured.repeated, measured.scale):
+        print(line)
+    if measured.stragglers:
+        for line in streaming_lines(measured.stragglers, measured.delivery):
+            print(line)
+
+
 def kubectl_version(path: str) -> str:
     try:
         completed = subprocess.run([path, "version", "--client", "-o", "json"], capture_output=True,
@@ -777,6 +1005,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"only streaming rollouts: {STRAGGLER_COUNT} episodes with {STRAGGLERS} hanging, "
                              f"--need {STRAGGLER_NEED} against waiting for all; delivery lag at "
                              f"{DELIVERY_LAG_SIZE} episodes")
+    parser.add_argument("--replay", default=None, metavar="N@RATE,...",
+                        help="only the cost model: the product followed against tests/replay_kubectl.py, e.g. "
+                             "10000@500,100000@2000 (episodes @ pod watch lines a second)")
+    parser.add_argument("--loaded", action="store_true",
+                        help=f"measure every case again with {BUSY_LOOPS_PER_CORE} busy loops per core and print "
+                             f"those figures too, after the quiet ones")
     parser.add_argument("--keep", action="store_true", help="keep the emulators' and runs' files")
     return parser
 
@@ -799,38 +1033,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit("Error: bwrap (bubblewrap) is needed to run the episodes")
     product_digest = hashlib.sha256(PRODUCT.read_bytes()).hexdigest()[:12]
     root = Path(tempfile.mkdtemp(prefix="rl-bench-"))
+    if args.replay:
+        return replay_main(args, root, product_digest)
     began = time.monotonic()
     load_before = load_average()
     cpu_before = os.times()
-    repeated: dict[int, dict[str, list[dict]]] = {}
-    scale: dict[int, dict[str, dict]] = {}
-    waits: dict[str, dict[str, dict]] = {}
-    worker: dict[str, dict] = {}
-    lightweight: dict[int, dict] = {}
-    stragglers: dict[str, dict] = {}
-    delivery: dict = {}
+    passes: list[tuple[str, Measured, str]] = []
     try:
-        if args.streaming:
-            say("stragglers: --need against waiting for all ...")
-            stragglers = straggler_case(kubectl, root)
-            say(f"delivery lag at {DELIVERY_LAG_SIZE} episodes ...")
-            delivery = delivery_lag_case(kubectl, root)
-        if not args.no_worker:
-            say("worker start-up ...")
-            worker = worker_case(root, WORKER_TIMING_RUNS)
-        for count in cases:
-            say(f"case {count} ...")
-            if count in SCALE_PARALLELISM or count > rl_batch_demo.DEFAULT_MAX_EPISODES:
-                parallelism = SCALE_PARALLELISM.get(count, max(1, count // 10))
-                scale[count] = scale_case(count, parallelism, count <= guide_max, kubectl, root)
-            else:
-                repeated[count] = repeated_case(count, reps, kubectl, root)
-        if not args.no_wait_check:
-            say("wait-length check ...")
-            waits = wait_length_case(kubectl, root)
-        for count in scale_sizes:
-            say(f"scale {count} (lightweight kubelet) ...")
-            lightweight[count] = lightweight_case(count, kubectl, root)
+        passes.append(("quiet", measure(args, cases, scale_sizes, reps, guide_max, kubectl, root / "quiet"),
+                       load_average()))
+        if args.loaded:
+            say(f"again, with {BUSY_LOOPS_PER_CORE} busy loops per core ...")
+            with busy_loops(BUSY_LOOPS_PER_CORE):
+                loaded = measure(args, cases, scale_sizes, reps, guide_max, kubectl, root / "loaded")
+                passes.append((f"loaded ({BUSY_LOOPS_PER_CORE} busy loops per core)", loaded, load_average()))
     except BenchmarkError as error:
         raise SystemExit(f"Error: {error} (files kept in {root})") from None
     elapsed = time.monotonic() - began
@@ -853,20 +1069,36 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{own_cpu:.0f} CPU-s of {elapsed * (os.cpu_count() or 1):.0f} available")
     print("ratio column = guide / product (above 1: the product is lower, i.e. faster or leaner)")
     print()
-    rows = build_rows(repeated, scale, waits, worker)
-    if rows:
-        print(render_table(rows))
-    if lightweight:
-        print(f"\nScale on the lightweight kubelet (faults {json.dumps(LIGHTWEIGHT_FAULTS)}); baseline = the "
-              f"{min(lightweight)}-episode run of this invocation; ratio = size / baseline:")
-        print(render_table(lightweight_rows(lightweight), header=("figure", "value", f"at {min(lightweight)}",
-                                                                   "ratio", "target")))
-    for line in linearity_lines(repeated, scale):
-        print(line)
-    if stragglers:
-        for line in streaming_lines(stragglers, delivery):
-            print(line)
+    for name, measured, load_at_end in passes:
+        if len(passes) > 1:
+            print(f"\n== {name}: load average (1 min) at its end {load_at_end}\n")
+        print_measured(measured)
     print(f"\nbenchmark took {elapsed:.0f} s")
+    if args.keep:
+        print(f"files kept in {root}")
+    else:
+        shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+def replay_main(args: argparse.Namespace, root: Path, product_digest: str) -> int:
+    """--replay: each size and rate asked for, one after the other."""
+    load_before = load_average()
+    runs = []
+    try:
+        for spec in args.replay.split(","):
+            count, rate = (int(part) for part in spec.split("@"))
+            say(f"replay {count} episodes at {rate} pod lines a second ...")
+            runs.append(replay_case(count, rate, root))
+    except BenchmarkError as error:
+        raise SystemExit(f"Error: {error} (files kept in {root})") from None
+    print(f"command: {shlex.join([sys.executable] + sys.argv)}")
+    print(f"machine: {platform.node()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
+          f"product sha256 {product_digest}; load average (1 min) before {load_before}, after {load_average()}")
+    print(f"replay: {REPLAY.name} serving tests/recorded/replay-3 scaled up (7 pod watch lines and 5 events per "
+          f"episode); the tool unchanged")
+    print()
+    print(render_table(replay_rows(runs), header=("figure", "value", "beside", "-", "target")))
     if args.keep:
         print(f"files kept in {root}")
     else:

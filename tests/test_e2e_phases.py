@@ -619,6 +619,16 @@ def test_report_recomputes_identical_figures_without_a_cluster(six, cluster):
     assert json.loads(six.stdout.split("\n", 1)[1]) == expected
 
 
+def test_what_the_run_summarised_while_waiting_is_what_its_saved_files_give(six):
+    """The run drafted each episode as its pod ended and took the drafts the final evidence left
+    unchanged: its results.json and episodes.csv are exactly what the saved files recompute to
+    without drafts."""
+    recomputed = rl_batch_demo.recompute(str(six.output))
+    assert json.loads(json.dumps(recomputed.figures)) == json.loads((six.output / "results.json").read_text())
+    assert rl_batch_demo.episodes_csv(recomputed.batches) == (six.output / "episodes.csv").read_text()
+    assert "episodes_summarised_while_waiting" in json.loads((six.output / "client.json").read_text())
+
+
 # --------------------------------------------------------------------------
 # Rounds with a warm-up, then cleanup.
 

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import copy
 import json
+import signal
 import unittest.mock
+
+import pytest
 
 import rl_batch_demo as demo
 
@@ -279,6 +282,21 @@ def test_a_final_pod_is_encoded_while_waiting_and_that_text_used_only_for_its_ve
     assert json.loads(state.pod_text(final)) == final
 
 
+def test_a_small_batchs_pods_are_indented_as_they_end_and_pods_json_is_the_plain_lists_text(tmp_path) -> None:
+    state = demo.BatchState(indented_pods=True)
+    for name, version in (("a", "7"), ("b", "8")):
+        state.apply("pods", "MODIFIED", pod(name, resourceVersion=version), 100.0)
+    held = [state.pods["a"], state.pods["b"]]
+    with unittest.mock.patch.object(demo, "pod_json", side_effect=AssertionError("encoded after the wait")):
+        texts = [state.pod_text(item, indented=True) for item in held]
+    demo.write_json(str(tmp_path / "encoded.json"), dict(demo.list_manifest([]), items=demo.EncodedItems(
+        lambda: iter(texts), len(texts), indented=True)))
+    demo.write_json(str(tmp_path / "plain.json"), dict(demo.list_manifest([]), items=held))
+    assert (tmp_path / "encoded.json").read_bytes() == (tmp_path / "plain.json").read_bytes()
+    # The compact form, asked of a state that holds the indented one, is made anew.
+    assert json.loads(state.pod_text(held[0], indented=False)) == held[0]
+
+
 def test_a_spool_gives_back_the_newest_text_of_each_name_between_writes() -> None:
     spool = demo.Spool()
     spool.put("a", "first ✓")
@@ -296,3 +314,47 @@ def test_the_status_line_counts_the_jobs_pods_and_says_when_it_polls() -> None:
         "rollout:   12.3s  active 3  ready 2  succeeded 1/4  failed 0")
     assert demo.status_line("rollout", 4, None, 0.0, polling=True) == (
         "rollout:    0.0s  active 0  ready 0  succeeded 0/4  failed 0  (polling)")
+
+
+# --------------------------------------------------------------------------
+# An interrupt while a watch starts.
+
+
+class Child:
+    """Stands for a started kubectl: told whether it was killed."""
+
+    def __init__(self) -> None:
+        self.killed = False
+
+    def kill(self) -> None:
+        self.killed = True
+
+    def wait(self) -> int:
+        return 0
+
+
+def test_an_interrupt_while_a_watch_starts_is_raised_once_its_process_and_reader_have_started() -> None:
+    interrupts = demo.InterruptsAcrossForks()
+    done = []
+    child = Child()
+    with pytest.raises(KeyboardInterrupt):
+        with interrupts.holding():
+            interrupts.handle(signal.SIGINT, None)  # held: raising here could land inside Thread.start
+            started = interrupts.start(lambda: child)  # type: ignore[arg-type,return-value]
+            done.append(started)
+    # The child started inside is the holder's to stop (the watch's stop does), not killed here.
+    assert done == [child] and not child.killed and not interrupts.starting
+
+
+def test_an_interrupt_while_a_child_starts_alone_kills_it_and_is_raised() -> None:
+    interrupts = demo.InterruptsAcrossForks()
+    child = Child()
+
+    def starter() -> Child:
+        interrupts.handle(signal.SIGTERM, None)
+        return child
+    with pytest.raises(KeyboardInterrupt):
+        interrupts.start(starter)  # type: ignore[arg-type]
+    assert child.killed
+    with interrupts.holding():  # nothing held: the block ends quietly
+        pass
