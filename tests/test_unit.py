@@ -861,6 +861,7 @@ EXPECTED_CSV_HEADER = ",".join(
     + [f"{point}_source" for point in demo.POINTS]
     + [f"{point}_clock" for point in demo.POINTS]
     + [f"{phase}_precision_seconds" for phase in demo.PHASES]
+    + ["image", "image_pull_waiting_seconds", "image_pull_kubelet_seconds", "image_size_bytes"]
 )
 
 
@@ -886,7 +887,7 @@ def test_episodes_csv_header_and_rows() -> None:
         "rollout,rollout-4kq2m,node-1,1,present,cube,"
         "1.000000,1.250000,2.000000,2.510000,2.500000,3.250000,3.500000,8.000000,9.000000,"
         "1,1e-06,1.75,0.51,0.01,1e-06,1e-06,1e-06,1,"
-        "0.250000,0.750000,0.500000,0.750000,0.250000,4.500000,1.000000,2.500000,7.000000,"
+        "0.250000,0.750000,0.500000,0.750000,0.250000,4.500000,1.000000,2.500000,7.000000,,"
         "1795982401.000000,1795982401.250000,1795982402.000000,1795982402.510000,1795982402.500000,"
         "1795982403.250000,1795982403.500000,1795982408.000000,1795982409.000000,"
         'Pod creationTimestamp,Scheduled event eventTime,"PodReadyToStartContainers condition,'
@@ -894,11 +895,13 @@ def test_episodes_csv_header_and_rows() -> None:
         'worker /proc start time,worker imports_done_at,worker ready event,worker reward event,'
         'container finishedAt,'
         "control plane,control plane,node,node,node,node,node,node,node,"
-        "1,1.75,1.76,0.010001,2e-06,2e-06,1,1,1",
+        "1,1.75,1.76,0.010001,2e-06,2e-06,1,1,1,,"
+        # The kubelet's Pulled message: present, no pull, no wait.
+        ",0.000000,0.000000,",
         "rollout,rollout-9vtzb,node-2,1,pulled,cube,"
         "1.000000,1.500000,3.000000,3.010000,3.000000,4.000000,4.250000,8.500000,9.000000,"
         "1,1e-06,2.5,0.01,0.01,1e-06,1e-06,1e-06,1,"
-        "0.500000,1.500000,0.000000,1.000000,0.250000,4.250000,0.500000,3.250000,7.500000,"
+        "0.500000,1.500000,0.000000,1.000000,0.250000,4.250000,0.500000,3.250000,7.500000,,"
         "1795982401.000000,1795982401.500000,1795982403.000000,1795982403.010000,1795982403.000000,"
         "1795982404.000000,1795982404.250000,1795982408.500000,1795982409.000000,"
         'Pod creationTimestamp,Scheduled event eventTime,"PodReadyToStartContainers condition,'
@@ -906,19 +909,22 @@ def test_episodes_csv_header_and_rows() -> None:
         'worker /proc start time,worker imports_done_at,worker ready event,worker reward event,'
         'container finishedAt,'
         "control plane,control plane,node,node,node,node,node,node,node,"
-        "1,2.5,2.51,0.010001,2e-06,2e-06,1,1,1",
+        "1,2.5,2.51,0.010001,2e-06,2e-06,1,1,1,,"
+        # Pulled in 2.1s (2.1s including waiting): no wait; its size.
+        ",0.000000,2.100000,19203584",
         # No sandbox condition and no kubelet event: empty cells; scheduled from the whole-second condition.
         "rollout,rollout-p7x8s,node-1,1,,cube,"
         "2.000000,2.000000,,3.510000,3.500000,4.500000,5.000000,9.750000,10.000000,"
         "1,1,,0.51,0.01,1e-06,1e-06,1e-06,1,"
-        "0.000000,,,1.000000,0.500000,4.750000,0.250000,3.000000,7.750000,"
+        "0.000000,,,1.000000,0.500000,4.750000,0.250000,3.000000,7.750000,,"
         "1795982402.000000,1795982402.000000,,1795982403.510000,1795982403.500000,1795982404.500000,"
         "1795982405.000000,1795982409.750000,1795982410.000000,"
         'Pod creationTimestamp,PodScheduled condition,,"worker process start, after container startedAt",'
         'worker /proc start time,worker imports_done_at,worker ready event,worker reward event,'
         'container finishedAt,'
         "control plane,control plane,,node,node,node,node,node,node,"
-        "2,,,0.010001,2e-06,2e-06,1,1,1",
+        "2,,,0.010001,2e-06,2e-06,1,1,1,,"
+        ",,,",
     ]
 
 
@@ -1361,7 +1367,11 @@ def test_every_point_from_its_sharpest_source() -> None:
         "reward": (3.4, 1e-6, "node"),
         # After the reward, within finishedAt's second, seen terminated by the watch.
         "container_finished": (3.45, 0.05, "client"),
+        # The image was present: the kubelet's Pulled event alone bounds both ends of image_pull.
+        "image_pull_started": (1.96, demo.EVENT_FOLLOWS_SECONDS, "node"),
+        "image_pulled": (1.96, demo.EVENT_FOLLOWS_SECONDS, "node"),
     }
+    assert summary.episodes[0]["phases"]["image_pull"][0] == 0.0
     assert points["container_started"].source == "kubelet Started event name, after kubelet Created event name"
     # Every point with a server stamp lies in that stamp's second.
     assert 1 <= shown["pod_created"][0] < 2 and 3 <= shown["container_finished"][0] < 4
