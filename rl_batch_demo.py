@@ -7523,7 +7523,8 @@ def add_episode_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tasks", default=None, metavar="FILE",
                         help=f"JSONL file, one task (JSON object) per line; each episode finds its own in "
                              f"the file named by ${TASK_FILE_ENV}; the task id is its `id` field, else its "
-                             f"line number. rewards.jsonl lists every episode's outcome")
+                             f"line number, its `image` field its container image (one Job per image; default "
+                             f"--image). rewards.jsonl lists every episode's outcome")
     parser.add_argument("--group-size", type=positive_int, default=1, metavar="G",
                         help="episodes per task (GRPO-style groups); needs --tasks")
     parser.add_argument("--retries", type=non_negative_int, default=None, metavar="N",
