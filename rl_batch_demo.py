@@ -676,7 +676,7 @@ def parse_tasks(lines: Iterable[str], place: Callable[[int], str] = file_line) -
 
 def parse_image_map(texts: Iterable[str]) -> tuple[tuple[str, str], ...]:
     """--image-map FROM=TO, each given: (FROM, TO) pairs; ValueError names a malformed one."""
-    pairs = []
+    pairs: list[tuple[str, str]] = []
     for text in texts:
         source, equals, target = text.partition("=")
         if not equals or not source or not target or source != source.strip() or target != target.strip():
@@ -906,7 +906,7 @@ def job_manifest(namespace: str, count: int, parallelism: int, image: str,
     indexed_mode = bool(indexed or tasks or policy or episode_indexes is not None)
     launched = episode_indexes is not None
     template_metadata: dict[str, Any] = {"labels": {"app": APP_LABEL}}
-    if launched:
+    if episode_indexes is not None:  # launched
         template_metadata["labels"][BATCH_LABEL] = batch
         template_metadata["annotations"] = {EPISODE_INDEXES_ANNOTATION: index_ranges(episode_indexes)}
     spec: dict[str, Any] = {
@@ -1183,7 +1183,7 @@ def condition(obj: dict, kind: str) -> dict | None:
 
 def condition_true(obj: dict, kind: str) -> bool:
     entry = condition(obj, kind)
-    return bool(entry) and entry.get("status") == "True"
+    return entry is not None and entry.get("status") == "True"
 
 
 def job_finished(job: dict) -> str | None:
@@ -1776,8 +1776,8 @@ def verify_episode(pod: dict, events: list[dict], job_created: float, builtin: b
         raise VerificationError(f"pod {name}: reward is {value!r}, not a number")
     pod_created = parse_time(pod["metadata"].get("creationTimestamp"))
     moments = [job_created, pod_created, ready.get("at"), reward.get("at")]
-    in_order = all(isinstance(m, (int, float)) for m in moments) and \
-        all(a <= b for a, b in zip(moments, moments[1:]))
+    numbers = [m for m in moments if isinstance(m, (int, float))]
+    in_order = len(numbers) == len(moments) and all(a <= b for a, b in zip(numbers, numbers[1:]))
     if not in_order:
         raise VerificationError(
             f"pod {name}: times out of order (job created {moments[0]}, pod created {moments[1]}, "
@@ -1794,8 +1794,8 @@ def verify_episode(pod: dict, events: list[dict], job_created: float, builtin: b
     return ready, reward
 
 
-def verify_batch(count: int, job: dict, pods: Sequence[dict], logs: dict[str, str],
-                 builtin: bool = True, drafts: Mapping[str, EpisodeDraft] | None = None) -> list[tuple[dict, dict, dict]]:
+def verify_batch(count: int, job: dict, pods: Sequence[dict], logs: dict[str, str], builtin: bool = True,
+                 drafts: Mapping[str, EpisodeDraft] | None = None) -> list[tuple[dict, dict, dict]]:
     """Every episode honest, or VerificationError naming the first that is not.
 
     Returns (pod, ready event, reward event) per pod, sorted by pod name. An episode drafted
@@ -2148,7 +2148,7 @@ def settled_attempt(attempts: Sequence[dict], job: dict | None, index: int, logs
 class Delivery(NamedTuple):
     """One line of rewards.jsonl as it was written: when (the client's wall clock), and between which
     moments its episode's container ended (None where nothing bounds it)."""
-    index: int
+    index: int  # type: ignore[assignment]  # the episode's, not tuple.index()
     success: bool
     written_at: float
     ended_after: float | None  # its reward event, or the start of its container's finishedAt second
@@ -2419,7 +2419,8 @@ def pod_creation_events(events: Iterable[dict]) -> dict[str, float]:
         if event.get("reason") != "SuccessfulCreate":
             continue
         message = event.get("message") or event.get("note") or ""
-        if event_object(event).get("kind") != "Job" or not message.startswith("Created pod: ") or int(event.get("count") or 1) != 1:
+        if event_object(event).get("kind") != "Job" or not message.startswith("Created pod: ") \
+                or int(event.get("count") or 1) != 1:
             continue
         moment = event_name_time(event)
         if moment is not None:
@@ -2439,7 +2440,7 @@ def record_pod_observation(seen: dict[str, Any], pod: dict, arrived: float) -> N
     reached = {
         "added": True,
         "bound": bool((pod.get("spec") or {}).get("nodeName")),
-        "sandbox_ready": bool(sandbox) and sandbox.get("status") == "True",
+        "sandbox_ready": sandbox is not None and sandbox.get("status") == "True",
         "running": bool(state.get("running") or state.get("terminated")),
         "terminated": bool(state.get("terminated")),
     }
@@ -2520,7 +2521,7 @@ def sharpest(bounds: Iterable[Bound | None], stamp: Bound | None = None) -> Poin
     else:
         at, named = high.upper, high
     source = named.source if low is high or named is low else f"{high.source}, after {low.source}"
-    return Point(at, round(high.upper - low.lower, 6), source, named.clock, low.lower)  # type: ignore[operator]
+    return Point(at, round(high.upper - low.lower, 6), source, named.clock, low.lower)  # type: ignore[operator, arg-type]
 
 
 def worker_time(value: Any) -> float | None:
@@ -2635,7 +2636,7 @@ def creation_stamp(pod: dict) -> Bound | None:
 def episode_points(pod: dict, ready: dict, reward: dict, scheduled_at: float | None,
                    observed: dict | None = None, kubelet: dict[str, tuple[float, str]] | None = None,
                    created_event_at: float | None = None,
-                   clocks: EpisodeClocks = EpisodeClocks(),
+                   clocks: EpisodeClocks = EpisodeClocks(),  # noqa: B008 (a NamedTuple: immutable)
                    created_after: Bound | None = None) -> dict[str, Point | None]:
     """When each point of one episode happened, from its sharpest sources, on the control plane's clock.
 
@@ -2919,7 +2920,7 @@ def phase_summary(episodes_durations: Sequence[dict[str, tuple[float, float] | N
     """Per phase: P50/P95/P99/max/mean, sample and missing counts, stated precision."""
     summary = {}
     for phase, (start, end) in PHASES.items():
-        known = [d[phase] for d in episodes_durations if d.get(phase) is not None]
+        known = [duration for d in episodes_durations if (duration := d.get(phase)) is not None]
         entry = describe([value for value, _ in known], missing=len(episodes_durations) - len(known))
         widest = max((p for _, p in known), default=None)
         # An end bounded on one side only has no finite precision: JSON has no infinity, so null.
@@ -2969,7 +2970,7 @@ def completion_gap(job: dict, pods: Sequence[dict], last_reward_at: float,
             ((last_reward_at, 0.0), (client_observed_at, 0.0), difference(client_observed_at, last_reward_at)),
     }
     gap: dict[str, Any] = {}
-    bounds: dict[str, list[float]] = {}
+    bounds: dict[str, list[float | None]] = {}
     for name, ((first, first_spread), (last, last_spread), seconds) in parts.items():
         if first is None or last is None or seconds is None:
             gap[name] = None
@@ -3149,6 +3150,7 @@ def slots_freed(episodes: Sequence[tuple[dict, dict, dict]], clocks_of: Callable
     for pod, _, _ in episodes:
         name, clocks = pod_name(pod), clocks_of(pod)
         stamp = parse_time(pod["metadata"]["creationTimestamp"])
+        assert stamp is not None  # the API server stamps every pod it creates
         seen = ((observed_pods.get(name) or {}).get("seen") or {}).get("added")
         latest = [stamp + WHOLE_SECOND, creations.get(name)] + \
             ([] if seen is None else [seen - clocks.client + clocks.client_slack])
@@ -3341,34 +3343,35 @@ def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
         created = parse_time(pod["metadata"]["creationTimestamp"])
         created_after = max([lower(job_created_point.earliest, "the Job's creation", REFERENCE_CLOCK),
                              lower(slots.get(name), "an earlier pod's end freeing its slot", REFERENCE_CLOCK)],
-                            key=lambda bound: -math.inf if bound is None else bound.lower)
+                            key=lambda bound: -math.inf if bound is None or bound.lower is None else bound.lower)
         inputs = EpisodeInputs(scheduled.get(name), observed_pods.get(name), kubelet.get(name), creations.get(name),
                                clocks_of(pod), created_after)
         draft = drafts.get(name)
         drafted = None if draft is None else draft.points_for(pod, ready, inputs)
         if drafted is not None and draft is not None:
             drafts_taken += 1
-            points, phases = drafted
+            points, episode_phases = drafted
             rows.append(draft.row if draft.job_created == job_created else pod_row(pod, ready, reward, job_created))
         else:
             points = episode_points(pod, ready, reward, *inputs)
-            phases = phase_durations(points)
+            episode_phases = phase_durations(points)
             rows.append(pod_row(pod, ready, reward, job_created))
-        durations.append(phases)
-        records.append({"pod": name, "points": points, "phases": phases, "image_cache": cache.get(name),
+        durations.append(episode_phases)
+        records.append({"pod": name, "points": points, "phases": episode_phases, "image_cache": cache.get(name),
                         "runtime_class": (pod.get("spec") or {}).get("runtimeClassName"),
                         "index": None if pod_index(pod) is None else str(pod_index(pod)),
                         "image": container_image(pod), "image_pull": pulls.get(name),
                         "guide_pod_to_ready": ready["at"] - created})
     failed_records = []
-    for pod, row in failed:
+    for failed_pod, row in failed:
         points = {point: None for point in POINTS}
-        if pod is not None:
-            log_events = parse_events(logs.get(pod_name(pod), "").splitlines())
+        if failed_pod is not None:
+            failed_name = pod_name(failed_pod)
+            log_events = parse_events(logs.get(failed_name, "").splitlines())
             ready, reward = (next((e for e in log_events if e["event"] == name), {}) for name in ("ready", "reward"))
-            points = episode_points(pod, ready, reward, scheduled.get(pod_name(pod)),
-                                    observed_pods.get(pod_name(pod)), kubelet.get(pod_name(pod)),
-                                    creations.get(pod_name(pod)), clocks_of(pod),
+            points = episode_points(failed_pod, ready, reward, scheduled.get(failed_name),
+                                    observed_pods.get(failed_name), kubelet.get(failed_name),
+                                    creations.get(failed_name), clocks_of(failed_pod),
                                     lower(job_created_point.earliest, "the Job's creation", REFERENCE_CLOCK))
         failed_records.append({"pod": row["pod"], "points": points, "phases": phase_durations(points),
                                "index": row["index"], "failure_class": row["failure_class"],
@@ -3593,9 +3596,10 @@ def timeline_svg(batches: Sequence[tuple[str, BatchSummary]], title: str) -> str
             label = record["pod"] or f"episode {record['index']}: no pod"
             parts.append(f'<text x="{left - 6}" y="{y + row_height * 0.7:.1f}" text-anchor="end" font-size="11"'
                          f'{FAILED_FILL if failed else ""}>{html_escape(label[-26:])}</text>')
-        parts += timeline_bars(record, lambda moment: x(moment - origin), y, row_height)
+        # Each lambda is called before the loop moves on, so it sees this batch's origin.
+        parts += timeline_bars(record, lambda moment: x(moment - origin), y, row_height)  # noqa: B023
         if failed:
-            parts.append(failed_marker(record, lambda moment: x(moment - origin), left, y, row_height))
+            parts.append(failed_marker(record, lambda moment: x(moment - origin), left, y, row_height))  # noqa: B023
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
 
@@ -3740,7 +3744,7 @@ def chart_svg(title: str, subtitle: str, series: Sequence[tuple[str, str, list[t
                      f'stroke="{colour}" stroke-width="{3 if bold else 2}"/>')
         parts.append(f'<text x="{left + plot_w + 44}" y="{legend_y + 4}">{html_escape(label)}</text>')
     # The bold line is drawn last, so no other hides it.
-    for label, colour, points, bold, tooltip in sorted(series, key=lambda line: line[3]):
+    for _, colour, points, bold, tooltip in sorted(series, key=lambda line: line[3]):
         if not points:
             continue
         path = [f"M{sx(points[0][0]):.1f},{sy(0):.1f}"]
@@ -3824,7 +3828,7 @@ def timeline_sample(batches: Sequence[tuple[str, BatchSummary]],
                                        (item[2]["points"].get("ready") or (0.0,))[0]))
     keep = {round(i * (total - 1) / (limit - 1)) for i in range(limit)}
     chosen: dict[str, list] = {}
-    for index, (name, summary, record) in enumerate(ordered):
+    for index, (name, _, record) in enumerate(ordered):
         if index in keep:
             chosen.setdefault(name, []).append(record)
     sampled = [(name, dataclasses.replace(summary, episodes=[r for r in chosen[name] if "failure_class" not in r],
@@ -3865,8 +3869,8 @@ def phase_table(phases: dict[str, dict]) -> str:
         label = SHARP_POD_TO_READY if phase == "pod_to_ready" else phase
         precision = entry.get("precision_seconds")
 
-        def cell(key: str) -> str:
-            return f"{figure(entry.get(key), precision):>8}"
+        def cell(key: str) -> str:  # called for this row only, before the loop moves on
+            return f"{figure(entry.get(key), precision):>8}"  # noqa: B023
         lines.append(f"{label:<24}{cell('p50')}{cell('p95')}{cell('p99')}{cell('max')}"
                      f"{entry['samples']:>6}{entry['missing']:>9}  "
                      f"{'-' if precision is None else f'{precision:.3g} s'}")
@@ -3963,7 +3967,8 @@ def compare_table(first: dict, second: dict, first_label: str, second_label: str
             lines.append(f"{name:<32}{shown_a:>{width}}  {shown_b:>{width}}  {ratio:>8}")
             continue
         ratio = f"{b / a:.2f}" if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a else "-"
-        lines.append(f"{name:<32}{'-' if a is None else a!s:>{width}}  {'-' if b is None else b!s:>{width}}  {ratio:>8}")
+        shown_a, shown_b = "-" if a is None else str(a), "-" if b is None else str(b)
+        lines.append(f"{name:<32}{shown_a:>{width}}  {shown_b:>{width}}  {ratio:>8}")
     return "\n".join(lines)
 
 
@@ -4032,7 +4037,8 @@ def cluster_runs(namespaces: Iterable[dict], jobs: Iterable[dict]) -> list[Clust
         inside = by_namespace.get(metadata.get("name", ""), [])
         runs.append(ClusterRun(
             namespace=metadata.get("name", ""), uid=metadata.get("uid", ""), run_id=labels[RUN_LABEL],
-            annotated_run_id=annotations.get(RUN_ID_ANNOTATION), created_at=parse_time(metadata.get("creationTimestamp")),
+            annotated_run_id=annotations.get(RUN_ID_ANNOTATION),
+            created_at=parse_time(metadata.get("creationTimestamp")),
             state=run_state(namespace, inside), jobs=len(inside),
             episodes=sum(int((job.get("spec") or {}).get("completions") or 1) for job in inside),
             succeeded=sum(int((job.get("status") or {}).get("succeeded") or 0) for job in inside),
@@ -4713,7 +4719,8 @@ class BatchState:
         self.pods: dict[str, dict] = {}
         self.deleted: set[str] = set()
         self.events = EventStore()
-        self.observed: dict[str, dict[str, Any]] = {}  # pod name -> transition -> time, and stamps seen only while it ran
+        # pod name -> transition -> time, and the stamps seen only while it ran
+        self.observed: dict[str, dict[str, Any]] = {}
         self.job_observed: dict[str, float] = {}  # "added" or a condition type that turned True -> time
         self.end: str | None = None
         # The Job's resourceVersion when its end was seen: the evidence read afterwards
@@ -5500,7 +5507,9 @@ class BatchEvidence:
         if jobs.several:
             for name in jobs.names:
                 try:
-                    jobs.see(self.kubectl.get("job", name, self.namespace, retry_until=retry_until))
+                    job = self.kubectl.get("job", name, self.namespace, retry_until=retry_until)
+                    if job is not None:  # not missing_ok: a missing Job raised
+                        jobs.see(job)
                 except DemoError:
                     pass  # as last watched, if it was
             return jobs.view() or state.job
@@ -5632,7 +5641,7 @@ class EncodedItems(NamedTuple):
     """The items of a JSON list already encoded one per text: as json.dumps writes them, or
     (`indented`) as json_pieces does at their place in the file."""
     texts: Callable[[], Iterator[str]]
-    count: int
+    count: int  # type: ignore[assignment]  # the items', not tuple.count()
     indented: bool = False
 
 
@@ -6222,6 +6231,7 @@ def create_object(run: RunContext, manifest: dict) -> dict:
     name = manifest["metadata"]["name"]
     existing = kubectl.get(kind, name, None if kind == "namespace" else run.namespace,
                            retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS)
+    assert existing is not None  # not missing_ok: a missing object raised
     if kind == "namespace" and not run.receipt.owns_namespace(existing):
         raise DemoError(f"namespace {name} already exists and is not this run's")
     return existing
@@ -6339,6 +6349,7 @@ def run_one_batch(run: RunContext, entry: BatchEntry) -> BatchOutcome:
             rewards.close()
             wait = wait._replace(reward_deliveries=[d.saved() for d in rewards.deliveries])
             write_json(client_path, wait.saved())  # kept, with the deliveries, should the summary fail
+    assert follower.end_seen_monotonic is not None  # both summaries fail a batch whose end was not seen
     wait = wait._replace(episodes_summarised_while_waiting=summary.drafts_taken,
                          post_completion_seconds=rounded(time.monotonic() - follower.end_seen_monotonic))
     write_json(client_path, wait.saved())
@@ -6420,6 +6431,7 @@ def verified_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) 
         # A watch that saw fewer pods than episodes proves nothing about the others.
         raise DemoError(f"cannot verify the batch: the pods could not be listed and the pod watch saw "
                         f"only {len(pods)} of {settings.count}")
+    assert job is not None  # its Complete condition was seen on it
     try:
         return summarise_batch(job, pods, logs, events, settings.count, settings.builtin,
                                batch.follower.end_seen_wall, batch.follower.observations(),
@@ -6755,6 +6767,7 @@ def common_results(settings: Settings, measured: Sequence[BatchOutcome]) -> dict
         phases, by_start_path = phase_summary([r["phases"] for r in episodes]), start_path_phases(episodes)
     guide = describe([r["guide_pod_to_ready"] for r in episodes])
     client_seconds = [f.get("client_job_complete_seconds") for f in figures]
+    known_seconds = [seconds for seconds in client_seconds if seconds is not None]
     return {
         "episodes": sum(f["episodes"] for f in figures),
         "successful_episodes": sum(f["successful_episodes"] for f in figures),
@@ -6780,7 +6793,7 @@ def common_results(settings: Settings, measured: Sequence[BatchOutcome]) -> dict
         "harden": settings.harden,
         "episode_script": settings.episode_script,
         "episode_script_sha256": settings.episode_script_sha256,
-        "client_job_complete_seconds": None if None in client_seconds else max(client_seconds),
+        "client_job_complete_seconds": max(known_seconds) if len(known_seconds) == len(client_seconds) else None,
         "reward_mean": rounded(sum(f["reward_sum"] for f in figures) / max(1, sum(f["episodes"] for f in figures)),
                                6),
         "rounds_measured": len(figures),
@@ -7155,7 +7168,7 @@ def proven_jobs(kubectl: Kubectl, receipt: Receipt, retry_until: float) -> list[
     return live_jobs
 
 
-def namespace_stuck(namespace: str, stuck: dict, context: str, wait_seconds: float) -> DemoError:
+def namespace_stuck(namespace: str, stuck: dict, context: str | None, wait_seconds: float) -> DemoError:
     """Why a deleted namespace is still there, and how to look; finalizers are never stripped here."""
     finalizers = (stuck.get("metadata", {}).get("finalizers") or []) + \
         ((stuck.get("spec") or {}).get("finalizers") or [])
@@ -7779,7 +7792,7 @@ class RunKeyword(NamedTuple):
             raise KeywordTypeError(f"{self.name}= must be {self.annotation}, got {type(given).__name__} "
                                    f"{given!r}")
         if self.path:
-            return os.fspath(given)
+            return os.fspath(given)  # type: ignore[call-overload]  # a str or os.PathLike: checked above
         if self.check is not None and self.kind in (int, str):
             try:
                 checked = self.check(str(given))

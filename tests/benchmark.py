@@ -532,7 +532,8 @@ def image_case(kubectl: str, root: Path) -> dict[str, dict]:
         runs[label] = {
             "wall": wall, "prepull": (results.get("prepull") or {}).get("seconds"),
             "batch": results["client_job_complete_seconds"], "rewards": results["batch_to_all_rewards_seconds"],
-            "pod_to_ready_p50": results["pod_to_ready_p50_seconds"], "pod_to_ready_p95": results["pod_to_ready_p95_seconds"],
+            "pod_to_ready_p50": results["pod_to_ready_p50_seconds"],
+            "pod_to_ready_p95": results["pod_to_ready_p95_seconds"],
             "pull_p50": statistics.median(pulled_p50) if pulled_p50 else None, "pull_max": pulls.get("max"),
             "waiting_p50": statistics.median(waiting) if waiting else None,
             "pulled": results["image_cache"]["pulled"], "present": results["image_cache"]["present"],
@@ -551,7 +552,8 @@ def image_lines(runs: dict[str, dict]) -> list[str]:
         cells = [fmt(runs[label][key]) for label in labels]
         return f"{name:<34}" + "".join(f"{cell:>24}" for cell in cells)
 
-    lines = [f"\nImages: {IMAGE_TASKS} tasks x {IMAGE_GROUP} episodes, {IMAGE_TASKS} images of {IMAGE_BYTES // 10**6} MB "
+    lines = [f"\nImages: {IMAGE_TASKS} tasks x {IMAGE_GROUP} episodes, "
+             f"{IMAGE_TASKS} images of {IMAGE_BYTES // 10**6} MB "
              f"(a {IMAGE_BYTES / IMAGE_PULL_RATE:.0f} s cold pull at {IMAGE_PULL_RATE / 1e6:.0f} MB/s), {IMAGE_NODES} "
              f"nodes, parallelism {IMAGE_PARALLELISM} shared by {runs['all present']['jobs']} Jobs, lightweight "
              f"kubelet (faults {json.dumps(LIGHTWEIGHT_FAULTS)}); a fresh emulator per case",
@@ -593,14 +595,16 @@ def streaming_lines(stragglers: dict[str, dict], delivery: dict) -> list[str]:
                  ("delivery lag p99 (s)", need["lag_p99"], everything["lag_p99"], "", ""),
              ], header=("figure", f"--need {STRAGGLER_NEED}", "wait for all", "all / need", "target"))]
     lines += [f"\nDelivery lag at {DELIVERY_LAG_SIZE} episodes (lightweight kubelet, parallelism "
-              f"{min(DELIVERY_LAG_SIZE, LIGHTWEIGHT_PARALLELISM)}): p50 {delivery['reward_delivery_lag_p50_seconds']} s, "
+              f"{min(DELIVERY_LAG_SIZE, LIGHTWEIGHT_PARALLELISM)}): "
+              f"p50 {delivery['reward_delivery_lag_p50_seconds']} s, "
               f"p99 {delivery['reward_delivery_lag_p99_seconds']} s (target < {TARGET_DELIVERY_LAG_P99_SECONDS} s: "
               f"{verdict(delivery['reward_delivery_lag_p99_seconds'] < TARGET_DELIVERY_LAG_P99_SECONDS)}), "
               f"max {delivery['reward_delivery_lag_max_seconds']} s; lines streamed "
               f"{delivery['delivery']['streamed']} of {delivery['delivery']['lines']}; lag precision "
               f"{delivery['delivery']['lag_precision_seconds']} s; of it the client's own part (its watch seeing the "
               f"end -> the line written) p50 {delivery['delivery']['seen_to_written_p50_seconds']} s, p99 "
-              f"{delivery['delivery']['seen_to_written_p99_seconds']} s; client CPU {delivery['tool_cpu_seconds']:.1f} s "
+              f"{delivery['delivery']['seen_to_written_p99_seconds']} s; "
+              f"client CPU {delivery['tool_cpu_seconds']:.1f} s "
               f"(+ kubectl {delivery['kubectl_cpu_seconds']:.1f} s), wall {delivery['wall_seconds']:.1f} s"]
     return lines
 
@@ -670,7 +674,7 @@ def wait_length_case(kubectl: str, root: Path) -> dict[str, dict[str, dict]]:
         workdir.mkdir()
         faults = dict(EMULATOR_FAULTS, sandbox_delay=delay)
 
-        def body(emulator: Emulator, name: str = name, workdir: Path = workdir) -> None:
+        def body(emulator: Emulator, name: str = name, workdir: Path = workdir, faults: dict = faults) -> None:
             runs[name] = {kind: run_client(emulator, kind, WAIT_CHECK_COUNT, WAIT_CHECK_COUNT, kubectl,
                                            workdir, kind) for kind in ("product", "guide")}
             say(f"  sandbox delay {faults['sandbox_delay']:g} s: product waited "
@@ -966,7 +970,8 @@ def replay_case(count: int, rate: int, root: Path) -> dict:
         "pods_json_mb": (output / "pods.json").stat().st_size / 2 ** 20,
     }
     say(f"  replay {count} episodes at {rate} pod lines/s: lag {figures['lag_seconds']:.3f} s, tail "
-        f"{figures['tail_seconds']:.2f} s, peak RSS {figures['peak_rss_mb']:.0f} MB, queue peak {figures['queue_peak']}, "
+        f"{figures['tail_seconds']:.2f} s, peak RSS {figures['peak_rss_mb']:.0f} MB, "
+        f"queue peak {figures['queue_peak']}, "
         f"wall {wall:.0f} s")
     return figures
 
@@ -1123,8 +1128,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
     parser.add_argument("--replay", default=None, metavar="N@RATE,...",
-                        help=f"only the cost model: the product followed against tests/replay_kubectl.py, e.g. "
-                             f"10000@500,100000@2000 (episodes @ pod watch lines a second)")
+                        help="only the cost model: the product followed against tests/replay_kubectl.py, e.g. "
+                             "10000@500,100000@2000 (episodes @ pod watch lines a second)")
     parser.add_argument("--loaded", action="store_true",
                         help=f"measure every case again with {BUSY_LOOPS_PER_CORE} busy loops per core and print "
                              f"those figures too, after the quiet ones")

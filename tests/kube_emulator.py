@@ -1405,12 +1405,12 @@ def openapi_v3_doc(group: str, version: str, server_version: str) -> dict:
             coll = "%s/%s" % (prefix, r.plural)
         item = coll + "/{name}"
 
-        def op(action: str, desc: str, extra: Optional[list] = None) -> dict:
-            return {"description": desc, "operationId": "%s%s" % (action, r.kind),
-                    "tags": [r.gv_path.replace("/", "_")],
+        def op(action: str, desc: str, extra: Optional[list] = None) -> dict:  # called in this turn only
+            return {"description": desc, "operationId": "%s%s" % (action, r.kind),  # noqa: B023
+                    "tags": [r.gv_path.replace("/", "_")],  # noqa: B023
                     "parameters": list(params) + list(extra or []),
                     "responses": {"200": {"description": "OK"}, "401": {"description": "Unauthorized"}},
-                    "x-kubernetes-action": action, "x-kubernetes-group-version-kind": gvk}
+                    "x-kubernetes-action": action, "x-kubernetes-group-version-kind": gvk}  # noqa: B023
 
         paths[coll] = {"get": op("list", "list or watch objects of kind %s" % r.kind),
                        "post": op("post", "create a %s" % r.kind)}
@@ -1800,7 +1800,7 @@ def decode_continue(token: str) -> dict:
         data["start"] = tuple(data["start"])
         data["rv"] = int(data["rv"])
     except Exception:
-        raise err_bad_request("continue key is not valid: illegal base64 data")
+        raise err_bad_request("continue key is not valid: illegal base64 data") from None
     return data
 
 
@@ -1909,7 +1909,7 @@ class ReadPath:
         try:
             wanted = int(rv)
         except ValueError:
-            raise err_bad_request('invalid resource version "%s"' % rv)
+            raise err_bad_request('invalid resource version "%s"' % rv) from None
         deadline = time.time() + self.timing("fresh_block")
         while True:
             reached = self.cache_rv(info.store)
@@ -2009,7 +2009,7 @@ class WatchView:
             try:
                 cursor = int(rv_param)
             except ValueError:
-                raise err_bad_request('invalid resource version "%s"' % rv_param)
+                raise err_bad_request('invalid resource version "%s"' % rv_param) from None
             if cursor < store.compacted_rv:
                 return [], cursor, True
             objs, _ = store.list(self.info.store, self.ns_filter)
@@ -2112,7 +2112,8 @@ class UserInfo:
 
 # What any authenticated user may do without a grant of its own: the bootstrap ClusterRoles
 # system:discovery, system:public-info-viewer and system:basic-user.
-BASIC_USER_RESOURCES = {("authentication.k8s.io", "selfsubjectreviews"), ("authorization.k8s.io", "selfsubjectaccessreviews"),
+BASIC_USER_RESOURCES = {("authentication.k8s.io", "selfsubjectreviews"),
+                        ("authorization.k8s.io", "selfsubjectaccessreviews"),
                         ("authorization.k8s.io", "selfsubjectrulesreviews")}
 ADMIN_BASIC_AUTH = "Basic " + base64.b64encode(b"admin:emulator").decode()
 
@@ -2255,9 +2256,9 @@ class RequestFaults:
             if found:
                 verb = {"GET": "watch" if is_watch else ("get" if found.group(1) else "list")}.get(
                     h.command, h.command.lower())
+                named = resource if not found.group(1) else '%s "%s"' % (resource, found.group(1))
                 message = ('%s is forbidden: User "%s" cannot %s resource "%s" in API group "" at the '
-                           'cluster scope' % (resource if not found.group(1) else '%s "%s"' % (resource, found.group(1)),
-                                              user, verb, resource))
+                           'cluster scope' % (named, user, verb, resource))
                 return send_json(h, 403, ApiError(403, "Forbidden", message, {"kind": resource}).status())
         code = faults.take_request_error(path + ("?" + "&".join("%s=%s" % kv for kv in query.items())
                                                  if query else ""))
@@ -2792,7 +2793,7 @@ class ApiServer:
             try:
                 patch = json.loads(body or b"null")
             except ValueError as e:
-                raise err_bad_request("error decoding patch: %s" % e)
+                raise err_bad_request("error decoding patch: %s" % e) from None
             obj = writes.api_patch(info, ns, name, sub, ctype, patch, query)
         return send_json(h, 200, self.render.single(info, obj, accept, query))
 
@@ -2820,7 +2821,7 @@ class ApiServer:
             try:
                 opts = json.loads(body)
             except ValueError:
-                raise err_bad_request("the body of the request was in an unknown format")
+                raise err_bad_request("the body of the request was in an unknown format") from None
         if "propagationPolicy" in query:
             opts["propagationPolicy"] = query["propagationPolicy"]
         if "gracePeriodSeconds" in query:
@@ -2848,7 +2849,7 @@ class ApiServer:
         try:
             obj = json.loads(body or b"{}")
         except ValueError as e:
-            raise err_bad_request("couldn't get version/kind; json parse error: %s" % e)
+            raise err_bad_request("couldn't get version/kind; json parse error: %s" % e) from None
         if not isinstance(obj, dict):
             raise err_bad_request("couldn't get version/kind; json parse error: json: cannot unmarshal "
                                   "array into Go value of type struct")
@@ -5278,7 +5279,7 @@ class WritePath:
             except KeyError:
                 if generated:
                     continue
-                raise err_already_exists(canon, name)
+                raise err_already_exists(canon, name) from None
         raise err_already_exists(canon, md.get("name", ""))
 
     def _check_namespace(self, info: ResourceInfo, ns: str, err_name: str) -> None:
@@ -5452,7 +5453,7 @@ class WritePath:
         try:
             new = self.store.update(info.store, store_ns, name, mutate, expect_rv=expect)
         except ValueError:
-            raise err_conflict(info, name)
+            raise err_conflict(info, name) from None
         if new is None:
             raise err_not_found(info, name)
         return new
@@ -5972,9 +5973,9 @@ class Emulator:
         for i, n in enumerate(self.node_names):
             now = self.api_now()
 
-            def nc(t: str, s: str, r: str, m: str) -> dict:
-                return {"type": t, "status": s, "lastHeartbeatTime": fmt_time(now),
-                        "lastTransitionTime": fmt_time(now), "reason": r, "message": m}
+            def nc(t: str, s: str, r: str, m: str) -> dict:  # called in this turn only
+                return {"type": t, "status": s, "lastHeartbeatTime": fmt_time(now),  # noqa: B023
+                        "lastTransitionTime": fmt_time(now), "reason": r, "message": m}  # noqa: B023
             res = {"cpu": "8", "memory": "32Gi", "pods": "110", "ephemeral-storage": "100Gi"}
             self.writes.create_object(CANONICAL["nodes"], {
                 "apiVersion": "v1", "kind": "Node",
@@ -5995,7 +5996,8 @@ class Emulator:
                            "addresses": [{"type": "InternalIP", "address": self.node_ip(n)},
                                          {"type": "Hostname", "address": n}],
                            "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
-                           "nodeInfo": {"machineID": hex64(n)[:32], "systemUUID": str(uuid.uuid5(uuid.NAMESPACE_DNS, n)),
+                           "nodeInfo": {"machineID": hex64(n)[:32],
+                                        "systemUUID": str(uuid.uuid5(uuid.NAMESPACE_DNS, n)),
                                         "bootID": str(uuid.uuid4()), "kernelVersion": platform.release(),
                                         "osImage": "Emulated Linux (bubblewrap)",
                                         "containerRuntimeVersion": "containerd://1.7.27",

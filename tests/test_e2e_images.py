@@ -70,7 +70,8 @@ def test_one_job_per_image_keeps_the_run_wide_index(cluster: Any, tmp_path: Path
     assert [row["episode_index_seen"] for row in rows] == list(range(8))
     assert [row["task_seen"] for row in rows] == ["a", "a", "b", "b", "c", "c", "d", "d"]
     assert [row["task_file_seen"] for row in rows] == [f"/tasks/{i}.json" for i in range(8)]
-    assert {row["argv_seen"] for row in rows} == {"/demo/episode.py"} and {row["name_seen"] for row in rows} == {"__main__"}
+    assert {row["argv_seen"] for row in rows} == {"/demo/episode.py"}
+    assert {row["name_seen"] for row in rows} == {"__main__"}
     pods = {p["metadata"]["name"]: p for p in load(output / "pods.json")["items"]}
     assert len(pods) == 8
     for row in rows:  # each pod runs its task's image, in its image's Job
