@@ -103,6 +103,8 @@ DEFAULT_JOB_DEADLINE_SECONDS = 240
 # waves of pods, and its deadline grows with them.
 DEADLINE_GROWS_ABOVE_EPISODES = 20
 CLIENT_GRACE_SECONDS = 30
+# --prepull reads its pods this often: its figure is that much coarser than the batch's.
+PREPULL_POLL_SECONDS = 0.25
 REQUEST_TIMEOUT_SECONDS = 30
 CALL_TIMEOUT_SECONDS = 60
 DELETE_WAIT_SECONDS = 120
@@ -155,6 +157,31 @@ EXPIRES_ANNOTATION = ANNOTATION_PREFIX + "expires-at"
 USER_UNKNOWN_BEFORE_RUN = "(kubectl auth whoami, at run time)"
 DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+# A run whose tasks name several images runs one Job per image: every Job and pod of one batch
+# carries its batch's name under this label, and each Job's pods carry the run-wide index of each
+# of its completion indexes under this annotation ("0-3,8-11": completion index 0 is episode 0,
+# index 4 is episode 8).
+BATCH_LABEL = ANNOTATION_PREFIX + "batch"
+EPISODE_INDEXES_ANNOTATION = ANNOTATION_PREFIX + "episode-indexes"
+# --prepull's pods (one per node and image, each running `python -c pass`) carry this label.
+PREPULL_LABEL = ANNOTATION_PREFIX + "prepull"
+PREPULL_FILE = "prepull.json"
+# How a Job of several runs the episode program: the run-wide index of its completion index (which
+# Kubernetes gives every pod of an Indexed Job as JOB_COMPLETION_INDEX) becomes EPISODE_INDEX and
+# names TASK_FILE, as in a run of one Job; then the program runs in this very process, so its
+# /proc start time and import figures are its own.
+EPISODE_LAUNCHER = """\
+import os, runpy, sys
+indexes = []
+for piece in os.environ["EPISODE_INDEXES"].split(","):
+    first, _, last = piece.partition("-")
+    indexes += range(int(first), int(last or first) + 1)
+index = indexes[int(os.environ["JOB_COMPLETION_INDEX"])]
+os.environ["EPISODE_INDEX"] = str(index)
+os.environ["TASK_FILE"] = "/tasks/%d.json" % index
+sys.argv, sys.path[0] = ["/demo/episode.py"], "/demo"
+runpy.run_path("/demo/episode.py", run_name="__main__")
+"""
 # The Job controller keeps this finalizer on each pod until it has counted the pod's end.
 JOB_TRACKING_FINALIZER = "batch.kubernetes.io/job-tracking"
 
@@ -414,10 +441,19 @@ class VerificationError(DemoError):
 
 
 class Task(NamedTuple):
-    """One line of a --tasks file: its id (the `id` field, else its line number, as a string) and its JSON text."""
+    """One line of a --tasks file: its id (the `id` field, else its line number, as a string), its JSON
+    text, and the container image its `image` field names (None: the run's --image)."""
     task_id: str
     line: int
     text: str
+    image: str | None = None
+
+
+class ImageGroup(NamedTuple):
+    """The episodes of one image: their Job runs `image`; `indexes` are their run-wide episode indexes,
+    ascending (a task's group of episodes always together)."""
+    image: str
+    indexes: tuple[int, ...]
 
 
 class RolloutPolicy(NamedTuple):
@@ -430,10 +466,12 @@ class RolloutPolicy(NamedTuple):
 
 class BatchEntry(NamedTuple):
     """One batch of a run, as run.json's `batches` lists it: its Job, whether it is measured (a
-    warm-up is not), and its directory under the run's (`.` when the run has one batch)."""
+    warm-up is not), and its directory under the run's (`.` when the run has one batch); `jobs`:
+    its Jobs when it has one per image (none: its one Job, `job`)."""
     job: str
     measured: bool
     dir: str
+    jobs: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -464,6 +502,12 @@ class Settings:
     task_ids: tuple[str, ...] | None = None
     need: int | None = None
     episode_timeout: int | None = None
+    # An image per task: each task's image (after --image-map, as `image` is), the map itself,
+    # the pods' pull deadline, and whether the images are pre-pulled.
+    task_images: tuple[str, ...] | None = None
+    image_map: tuple[tuple[str, str], ...] = ()
+    pull_timeout: int | None = None
+    prepull: bool = False
     # Known once the run has named its context and namespace.
     context: str | None = None
     namespace: str | None = None
@@ -487,8 +531,16 @@ class Settings:
             saved["need"] = self.need
         if self.episode_timeout is not None:
             saved["episode_timeout"] = self.episode_timeout
+        if self.rollout and self.task_images is not None:
+            saved["task_images"] = list(self.task_images)
+        if self.image_map:
+            saved["image_map"] = dict(self.image_map)
+        if self.pull_timeout is not None:
+            saved["pull_timeout"] = self.pull_timeout
+        if self.prepull:
+            saved["prepull"] = True
         saved.update({"context": self.context, "namespace": self.namespace,
-                      "batches": [entry._asdict() for entry in self.batches]})
+                      "batches": [saved_entry(entry) for entry in self.batches]})
         return saved
 
     @classmethod
@@ -511,7 +563,21 @@ class Settings:
             allow_failures=saved.get("allow_failures"), task_ids=None if task_ids is None else tuple(task_ids),
             need=saved.get("need"), episode_timeout=saved.get("episode_timeout"), context=saved["context"],
             namespace=saved["namespace"],
-            batches=tuple(BatchEntry(entry["job"], entry["measured"], entry["dir"]) for entry in saved["batches"]))
+            batches=tuple(BatchEntry(entry["job"], entry["measured"], entry["dir"], tuple(entry.get("jobs") or ()))
+                          for entry in saved["batches"]),
+            task_images=None if saved.get("task_images") is None else tuple(saved["task_images"]),
+            image_map=tuple((saved.get("image_map") or {}).items()), pull_timeout=saved.get("pull_timeout"),
+            prepull=bool(saved.get("prepull")))
+
+
+def saved_entry(entry: BatchEntry) -> dict[str, Any]:
+    """A batch as run.json lists it: `jobs` only for a batch of one Job per image."""
+    saved = entry._asdict()
+    if not entry.jobs:
+        del saved["jobs"]
+    else:
+        saved["jobs"] = list(entry.jobs)
+    return saved
 
 
 # What results.json cannot be made without: every other field of run.json has a default.
@@ -593,8 +659,12 @@ def parse_tasks(lines: Iterable[str], place: Callable[[int], str] = file_line) -
         task_id = value.get("id", number)
         if isinstance(task_id, (dict, list)) or task_id is None:
             raise ValueError(f"{place(number)}: the task id must be a string or a number")
+        image = value.get("image")
+        if "image" in value and (not isinstance(image, str) or not image.strip() or image != image.strip()):
+            raise ValueError(f"{place(number)}: the task image must be a non-empty string without spaces "
+                             f"around it, got {image!r}")
         # Always a string: a trainer joining rewards to tasks by id meets one type, not "a" and 3.
-        tasks.append(Task(task_id if isinstance(task_id, str) else json.dumps(task_id), number, text))
+        tasks.append(Task(task_id if isinstance(task_id, str) else json.dumps(task_id), number, text, image))
     if not tasks:
         raise ValueError("no tasks in it")
     ids = [task.task_id for task in tasks]
@@ -602,6 +672,77 @@ def parse_tasks(lines: Iterable[str], place: Callable[[int], str] = file_line) -
         duplicate = next(i for i in ids if ids.count(i) > 1)
         raise ValueError(f"task id {duplicate!r} appears more than once")
     return tasks
+
+
+def parse_image_map(texts: Iterable[str]) -> tuple[tuple[str, str], ...]:
+    """--image-map FROM=TO, each given: (FROM, TO) pairs; ValueError names a malformed one."""
+    pairs: list[tuple[str, str]] = []
+    for text in texts:
+        source, equals, target = text.partition("=")
+        if not equals or not source or not target or source != source.strip() or target != target.strip():
+            raise ValueError(f"{text!r} is not FROM=TO (two image reference prefixes, e.g. "
+                             f"docker.io/swebench=registry.internal/swebench)")
+        if any(source == earlier for earlier, _ in pairs):
+            raise ValueError(f"{source!r} is mapped twice")
+        pairs.append((source, target))
+    return tuple(pairs)
+
+
+def rewrite_image(image: str, image_map: Sequence[tuple[str, str]]) -> str:
+    """An image reference with its prefix rewritten by the longest FROM it starts with (at most once)."""
+    matches = [(source, target) for source, target in image_map if image.startswith(source)]
+    if not matches:
+        return image
+    source, target = max(matches, key=lambda pair: len(pair[0]))
+    return target + image[len(source):]
+
+
+def task_images(tasks: Sequence[Task], default_image: str, image_map: Sequence[tuple[str, str]] = ()) -> list[str]:
+    """Each task's image: its own rewritten by the map, else `default_image` (--image, rewritten already)."""
+    return [rewrite_image(task.image, image_map) if task.image else default_image for task in tasks]
+
+
+def image_groups(tasks: Sequence[Task], count: int, group_size: int, default_image: str,
+                 image_map: Sequence[tuple[str, str]] = ()) -> list[ImageGroup]:
+    """The run's episodes by image, in order of the image's first appearance (see task_images);
+    without tasks, every episode runs the default image."""
+    if not tasks:
+        return [ImageGroup(default_image, tuple(range(count)))]
+    by_image: dict[str, list[int]] = {}
+    for position, image in enumerate(task_images(tasks, default_image, image_map)):
+        by_image.setdefault(image, []).extend(range(position * group_size, (position + 1) * group_size))
+    return [ImageGroup(image, tuple(indexes)) for image, indexes in by_image.items()]
+
+
+def parallelism_shares(parallelism: int, sizes: Sequence[int]) -> list[int]:
+    """--parallelism shared between the Jobs of one batch: each Job's share in proportion to its
+    episodes, at least 1 and at most its episodes, the shares adding up to at most `parallelism`
+    (largest remainders first); ValueError when there are more Jobs than pods at once."""
+    if len(sizes) > parallelism:
+        raise ValueError(f"{len(sizes)} images need at least one pod each at once")
+    total = sum(sizes)
+    exact = [parallelism * size / total for size in sizes]
+    shares = [min(size, max(1, math.floor(share))) for size, share in zip(sizes, exact)]
+    by_remainder = sorted(range(len(sizes)), key=lambda i: (-(exact[i] - math.floor(exact[i])), i))
+    while sum(shares) < parallelism and any(shares[i] < sizes[i] for i in by_remainder):
+        for i in by_remainder:
+            if sum(shares) < parallelism and shares[i] < sizes[i]:
+                shares[i] += 1
+    while sum(shares) > parallelism:  # the minimum of 1 each took more than its share
+        widest = max(range(len(sizes)), key=lambda i: (shares[i], -i))
+        shares[widest] -= 1
+    return shares
+
+
+def index_ranges(indexes: Iterable[int]) -> str:
+    """Indexes as a Job's index list: `0-3,8-11` (the format of its completedIndexes)."""
+    ranges: list[list[int]] = []
+    for index in sorted(set(indexes)):
+        if ranges and index == ranges[-1][1] + 1:
+            ranges[-1][1] = index
+        else:
+            ranges.append([index, index])
+    return ",".join(str(first) if first == last else f"{first}-{last}" for first, last in ranges)
 
 
 def task_key(position: int) -> str:
@@ -633,17 +774,21 @@ def task_configmaps(namespace: str, tasks: Sequence[Task]) -> list[dict]:
              "data": data} for number, data in enumerate(chunks)]
 
 
-def tasks_volume(configmaps: Sequence[dict], group_size: int) -> dict:
-    """One volume with a file per episode, `<completion index>.json`, holding that episode's task:
-    episodes g*G .. g*G+G-1 share task g, projected from its one ConfigMap key."""
+def tasks_volume(configmaps: Sequence[dict], group_size: int, indexes: Iterable[int] | None = None) -> dict:
+    """One volume with a file per episode, `<episode index>.json`, holding that episode's task:
+    episodes g*G .. g*G+G-1 share task g, projected from its one ConfigMap key. With `indexes`
+    (the episodes of one image's Job), only theirs."""
+    wanted = None if indexes is None else set(indexes)
     sources = []
     for configmap in configmaps:
         items = []
         for key in configmap["data"]:
             position = int(key[len("task-"):-len(".json")])
             items += [{"key": key, "path": f"{index}.json"}
-                      for index in range(position * group_size, (position + 1) * group_size)]
-        sources.append({"configMap": {"name": configmap["metadata"]["name"], "items": items}})
+                      for index in range(position * group_size, (position + 1) * group_size)
+                      if wanted is None or index in wanted]
+        if items:
+            sources.append({"configMap": {"name": configmap["metadata"]["name"], "items": items}})
     return {"name": TASKS_VOLUME, "projected": {"sources": sources}}
 
 
@@ -662,12 +807,17 @@ def pod_failure_policy() -> dict:
     ]}
 
 
-def episode_env(indexed: bool, tasks: dict | None) -> list[dict]:
-    """The episode's environment: its pod's name, and in an Indexed Job its index and its task file."""
+def episode_env(indexed: bool, tasks: dict | None, launched: bool = False) -> list[dict]:
+    """The episode's environment: its pod's name, and in an Indexed Job its index and its task file
+    (`launched`: the run-wide indexes of its Job's completion indexes, which EPISODE_LAUNCHER reads)."""
     env: list[dict[str, Any]] = [
         {"name": "EPISODE_ID",
          "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
     ]
+    if launched:
+        env.append({"name": "EPISODE_INDEXES", "valueFrom": {"fieldRef": {
+            "fieldPath": f"metadata.annotations['{EPISODE_INDEXES_ANNOTATION}']"}}})
+        return env
     if indexed:
         env.append({"name": "EPISODE_INDEX", "valueFrom": {"fieldRef": {
             "fieldPath": f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"}}})
@@ -677,8 +827,9 @@ def episode_env(indexed: bool, tasks: dict | None) -> list[dict]:
     return env
 
 
-def episode_container(image: str, harden: bool, indexed: bool, tasks: dict | None) -> dict:
-    """The container that runs the episode program: unprivileged, small requests and limits."""
+def episode_container(image: str, harden: bool, indexed: bool, tasks: dict | None, launched: bool = False) -> dict:
+    """The container that runs the episode program: unprivileged, small requests and limits;
+    `launched`, through EPISODE_LAUNCHER (a Job of several in its batch)."""
     security: dict[str, Any] = {
         "allowPrivilegeEscalation": False,
         "capabilities": {"drop": ["ALL"]},
@@ -696,8 +847,8 @@ def episode_container(image: str, harden: bool, indexed: bool, tasks: dict | Non
         "name": CONTAINER_NAME,
         "image": image,
         "imagePullPolicy": "IfNotPresent",
-        "command": ["python", "-B", f"/demo/{WORKER_KEY}"],
-        "env": episode_env(indexed, tasks),
+        "command": ["python", "-B", "-c", EPISODE_LAUNCHER] if launched else ["python", "-B", f"/demo/{WORKER_KEY}"],
+        "env": episode_env(indexed, tasks, launched),
         "securityContext": security,
         "resources": {
             "requests": {"cpu": "100m", "memory": "64Mi"},
@@ -708,7 +859,7 @@ def episode_container(image: str, harden: bool, indexed: bool, tasks: dict | Non
 
 
 def episode_pod_spec(image: str, runtime: str, harden: bool, indexed: bool, tasks: dict | None,
-                     episode_timeout: int | None = None) -> dict:
+                     episode_timeout: int | None = None, launched: bool = False) -> dict:
     """An episode's pod: in the sandbox runtime, never restarted, non-root, without a service account token;
     with `episode_timeout`, stopped by its kubelet that many seconds after the pod started."""
     volumes = [
@@ -729,7 +880,7 @@ def episode_pod_spec(image: str, runtime: str, harden: bool, indexed: bool, task
             "fsGroup": 1000,
             "runAsNonRoot": True,
         },
-        "containers": [episode_container(image, harden, indexed, tasks)],
+        "containers": [episode_container(image, harden, indexed, tasks, launched)],
         "volumes": volumes,
     }
 
@@ -738,7 +889,8 @@ def job_manifest(namespace: str, count: int, parallelism: int, image: str,
                  runtime: str, deadline_seconds: int = DEFAULT_JOB_DEADLINE_SECONDS,
                  name: str = JOB_NAME, harden: bool = False,
                  indexed: bool = False, tasks: dict | None = None,
-                 policy: RolloutPolicy | None = None, episode_timeout: int | None = None) -> dict:
+                 policy: RolloutPolicy | None = None, episode_timeout: int | None = None,
+                 batch: str | None = None, episode_indexes: Sequence[int] | None = None) -> dict:
     """The Job whose pods are the episodes: backoffLimit 0, so one failed episode fails the batch.
 
     `tasks` (a volume from tasks_volume) gives each episode its task file, named by
@@ -747,16 +899,24 @@ def job_manifest(namespace: str, count: int, parallelism: int, image: str,
     (maxFailedIndexes) and the podFailurePolicy that tells whose failure it was; its
     `need` ends the Job once that many episodes succeeded (successPolicy), the rest
     stopped. `episode_timeout` is each pod's activeDeadlineSeconds.
+
+    `batch` and `episode_indexes`: this Job is one of several in batch `batch` (one per image),
+    its completion index i the run's episode episode_indexes[i].
     """
-    indexed_mode = bool(indexed or tasks or policy)
+    indexed_mode = bool(indexed or tasks or policy or episode_indexes is not None)
+    launched = episode_indexes is not None
+    template_metadata: dict[str, Any] = {"labels": {"app": APP_LABEL}}
+    if episode_indexes is not None:  # launched
+        template_metadata["labels"][BATCH_LABEL] = batch
+        template_metadata["annotations"] = {EPISODE_INDEXES_ANNOTATION: index_ranges(episode_indexes)}
     spec: dict[str, Any] = {
         "completions": count,
         "parallelism": parallelism,
         "backoffLimit": 0,
         "activeDeadlineSeconds": deadline_seconds,
         "template": {
-            "metadata": {"labels": {"app": APP_LABEL}},
-            "spec": episode_pod_spec(image, runtime, harden, indexed_mode, tasks, episode_timeout),
+            "metadata": template_metadata,
+            "spec": episode_pod_spec(image, runtime, harden, indexed_mode, tasks, episode_timeout, launched),
         },
     }
     if indexed_mode:
@@ -769,14 +929,71 @@ def job_manifest(namespace: str, count: int, parallelism: int, image: str,
         spec["podFailurePolicy"] = pod_failure_policy()
         if policy.need is not None:
             spec["successPolicy"] = {"rules": [{"succeededCount": policy.need}]}
-    return {"apiVersion": "batch/v1", "kind": "Job",
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": spec}
+    metadata: dict[str, Any] = {"name": name, "namespace": namespace}
+    if launched:
+        metadata["labels"] = {BATCH_LABEL: batch}
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata, "spec": spec}
 
 
 def list_manifest(items: Sequence[dict]) -> dict:
     """A `v1 List`, the shape kubectl prints for several objects."""
     return {"apiVersion": "v1", "kind": "List", "metadata": {}, "items": list(items)}
+
+
+def prepull_pod_manifest(namespace: str, name: str, node: str, image: str, runtime: str, harden: bool,
+                         deadline_seconds: int) -> dict:
+    """A pod that makes `image` present on `node` (--prepull): bound to the node, in the episodes' runtime
+    and security settings, running `python -c pass` (every episode image already needs Python), stopped by
+    its kubelet after `deadline_seconds`."""
+    container = dict(episode_container(image, harden, False, None), name="prepull",
+                     command=["python", "-c", "pass"], env=[], volumeMounts=[])
+    spec = episode_pod_spec(image, runtime, harden, False, None, deadline_seconds)
+    spec.update(nodeName=node, containers=[container], volumes=[])
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace,
+                         "labels": {"app": APP_LABEL, PREPULL_LABEL: "true"}},
+            "spec": spec}
+
+
+def usable_nodes(nodes: Sequence[dict], runtime_class: dict | None) -> list[str]:
+    """The nodes an episode's pod can run on: schedulable, with the RuntimeClass's node labels."""
+    wanted = ((runtime_class or {}).get("scheduling") or {}).get("nodeSelector") or {}
+    usable = []
+    for node in nodes:
+        labels = (node.get("metadata") or {}).get("labels") or {}
+        if schedulable(node) and all(labels.get(key) == value for key, value in wanted.items()):
+            usable.append(node["metadata"]["name"])
+    return sorted(usable)
+
+
+def run_images(plan_jobs: dict[str, list[dict]]) -> list[str]:
+    """Every image the run's Jobs name, in order of first appearance."""
+    images: list[str] = []
+    for jobs in plan_jobs.values():
+        for job in jobs:
+            image = job["spec"]["template"]["spec"]["containers"][0]["image"]
+            if image not in images:
+                images.append(image)
+    return images
+
+
+def prepull_failures(pods: Sequence[dict], events: Sequence[dict] = ()) -> list[dict]:
+    """Each --prepull pod that did not succeed: its node, image and why (the kubelet's words)."""
+    warnings = pod_warnings(events)
+    failures = []
+    for pod in pods:
+        if (pod.get("status") or {}).get("phase") == "Succeeded":
+            continue
+        state = (((pod.get("status") or {}).get("containerStatuses") or [{}])[0].get("state")) or {}
+        waiting, terminated = state.get("waiting") or {}, state.get("terminated") or {}
+        why = (f"{waiting.get('reason')}: {waiting.get('message', '')}" if waiting else
+               f"{terminated.get('reason', 'ended')} with exit code {terminated.get('exitCode')}" if terminated else
+               (pod.get("status") or {}).get("reason") or (pod.get("status") or {}).get("phase") or "not started")
+        warned = warnings.get(pod_name(pod))
+        failures.append({"pod": pod_name(pod), "node": (pod.get("spec") or {}).get("nodeName"),
+                         "image": container_image(pod),
+                         "why": f"{why}" + (f"; pod warnings: {'; '.join(warned)}" if warned else "")})
+    return failures
 
 
 # --------------------------------------------------------------------------
@@ -966,7 +1183,7 @@ def condition(obj: dict, kind: str) -> dict | None:
 
 def condition_true(obj: dict, kind: str) -> bool:
     entry = condition(obj, kind)
-    return bool(entry) and entry.get("status") == "True"
+    return entry is not None and entry.get("status") == "True"
 
 
 def job_finished(job: dict) -> str | None:
@@ -977,11 +1194,86 @@ def job_finished(job: dict) -> str | None:
     return None
 
 
+def job_episode_indexes(job: dict) -> list[int] | None:
+    """The run-wide index of each completion index of a Job of several (None: a batch's one Job)."""
+    annotations = (((job.get("spec") or {}).get("template") or {}).get("metadata") or {}).get("annotations") or {}
+    text = annotations.get(EPISODE_INDEXES_ANNOTATION)
+    return None if text is None else sorted(index_list(text))
+
+
+def run_wide_indexes(job: dict, field: str) -> set[int]:
+    """A Job's completedIndexes or failedIndexes as the run's episode indexes."""
+    local = index_list(((job.get("status") or {}).get(field)) or "")
+    mapping = job_episode_indexes(job)
+    if mapping is None:
+        return local
+    return {mapping[index] for index in local if 0 <= index < len(mapping)}
+
+
+def latest_condition(jobs: Sequence[dict], kind: str) -> dict | None:
+    """The condition `kind` of the Job that reached it last, if every Job reached it (True)."""
+    entries = [condition(job, kind) for job in jobs]
+    if not entries or any(entry is None or entry.get("status") != "True" for entry in entries):
+        return None
+    return max(entries, key=lambda entry: parse_time(entry.get("lastTransitionTime")) or 0.0)  # type: ignore
+
+
+def merged_job(batch: str, jobs: Sequence[dict], expected: int) -> dict:
+    """The Jobs of one batch (one per image) read as the one Job the rest of the tool knows: created
+    when the first was, its counts and index lists the sums and unions (as run-wide indexes), and
+    ended only once all `expected` have: Complete if every one is, else Failed as the first that
+    failed says (the latest end's time). `jobs`: as last seen, in creation order."""
+    first = jobs[0]
+    metadata = first.get("metadata") or {}
+    created = min((job["metadata"].get("creationTimestamp") for job in jobs
+                   if job["metadata"].get("creationTimestamp")), key=lambda t: parse_time(t) or 0.0, default=None)
+    versions = [str(job["metadata"].get("resourceVersion") or "") for job in jobs]
+    version = max(versions, key=lambda v: int(v) if v.isdigit() else -1)
+    spec = dict(first.get("spec") or {})
+    spec.update(completions=sum(int((job.get("spec") or {}).get("completions") or 0) for job in jobs),
+                parallelism=sum(int((job.get("spec") or {}).get("parallelism") or 0) for job in jobs))
+    statuses = [job.get("status") or {} for job in jobs]
+    status: dict[str, Any] = {key: sum(int(s.get(key) or 0) for s in statuses)
+                              for key in ("active", "ready", "succeeded", "failed", "terminating")
+                              if any(key in s for s in statuses)}
+    starts = [s["startTime"] for s in statuses if s.get("startTime")]
+    if starts:
+        status["startTime"] = min(starts, key=lambda t: parse_time(t) or 0.0)
+    for field in ("completedIndexes", "failedIndexes"):
+        indexes = set().union(*(run_wide_indexes(job, field) for job in jobs))
+        if indexes or any(field in s for s in statuses):
+            status[field] = index_ranges(indexes)
+    ends = [job_finished(job) for job in jobs]
+    if len(jobs) == expected and all(ends):
+        if all(end == "Complete" for end in ends):
+            status["conditions"] = [c for c in (latest_condition(jobs, "SuccessCriteriaMet"),
+                                                latest_condition(jobs, "Complete")) if c is not None]
+        else:
+            failed = next(job for job, end in zip(jobs, ends) if end == "Failed")
+            last_end = max((condition(job, end or "") or {}).get("lastTransitionTime") or ""
+                           for job, end in zip(jobs, ends))
+            status["conditions"] = [dict(condition(failed, "Failed") or {}, lastTransitionTime=last_end)]
+    return {"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": batch, "namespace": metadata.get("namespace"), "uid": metadata.get("uid"),
+                         "creationTimestamp": created, "resourceVersion": version,
+                         "labels": {BATCH_LABEL: batch}},
+            "spec": spec, "status": status}
+
+
 def container_status(pod: dict, name: str = CONTAINER_NAME) -> dict:
     for status in (pod.get("status") or {}).get("containerStatuses") or []:
         if status.get("name") == name:
             return status
     return {}
+
+
+def container_image(pod: dict) -> str | None:
+    """The image the pod's episode container runs, as its spec names it."""
+    containers = (pod.get("spec") or {}).get("containers") or []
+    for container in containers:
+        if container.get("name") == CONTAINER_NAME:
+            return container.get("image")
+    return containers[0].get("image") if containers else None
 
 
 def container_terminated(pod: dict) -> dict | None:
@@ -1057,6 +1349,82 @@ def image_cache_states(events: Iterable[dict]) -> dict[str, str]:
         elif "Successfully pulled" in message:
             states.setdefault(regarding.get("name", ""), "pulled")
     return states
+
+
+GO_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|\u00b5s|\u03bcs|ms|s|m|h)")
+GO_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "\u00b5s": 1e-6, "\u03bcs": 1e-6, "ms": 1e-3, "s": 1.0,
+                     "m": 60.0, "h": 3600.0}
+# The kubelet's words once an image is pulled (Kubernetes >= 1.30 adds the waiting and the size):
+# `Successfully pulled image "X" in 1.234s (2.5s including waiting). Image size: 123 bytes.`
+PULLED_MESSAGE = re.compile(r'Successfully pulled image "(?P<image>[^"]*)" in (?P<pull>\S+?)'
+                            r'(?: \((?P<total>\S+) including waiting\))?\.?'
+                            r'(?: Image size: (?P<size>\d+) bytes\.)?\s*$')
+
+
+def parse_go_duration(text: str) -> float:
+    """Seconds in a Go duration as time.Duration prints it (`1.5s`, `850ms`, `1m2.5s`, `0s`);
+    ValueError for anything else."""
+    sign, body = (-1.0, text[1:]) if text.startswith("-") else (1.0, text.lstrip("+"))
+    if body == "0":
+        return 0.0
+    parts = GO_DURATION_PART.findall(body)
+    if not body or "".join(number + unit for number, unit in parts) != body:
+        raise ValueError(f"not a Go duration: {text!r}")
+    return sign * sum(float(number) * GO_DURATION_UNITS[unit] for number, unit in parts)
+
+
+class ImagePull(NamedTuple):
+    """What the kubelet said of one pod's image: pulled or present, and for a pull its own figures
+    (seconds pulling, seconds including the wait for earlier pulls on the node, bytes), None where
+    its message does not say."""
+    image: str
+    pulled: bool
+    pull_seconds: float | None = None
+    total_seconds: float | None = None
+    size_bytes: int | None = None
+
+    @property
+    def waiting_seconds(self) -> float | None:
+        """How long the pull queued behind others (the kubelet pulls one image at a time by default)."""
+        if self.pull_seconds is None or self.total_seconds is None:
+            return None
+        return max(0.0, self.total_seconds - self.pull_seconds)
+
+
+def parse_pulled_message(message: str) -> ImagePull | None:
+    """A kubelet Pulled event's message read; None for one that is neither a pull nor a present image."""
+    present = re.match(r'Container image "(?P<image>[^"]*)" already present on machine', message)
+    if present:
+        return ImagePull(present.group("image"), False)
+    found = PULLED_MESSAGE.match(message.strip())
+    if not found:
+        return None
+
+    def seconds(text: str | None) -> float | None:
+        try:
+            return None if text is None else parse_go_duration(text)
+        except ValueError:
+            return None
+
+    size = found.group("size")
+    return ImagePull(found.group("image"), True, seconds(found.group("pull")), seconds(found.group("total")),
+                     None if size is None else int(size))
+
+
+def image_pulls(events: Iterable[dict]) -> dict[str, ImagePull]:
+    """Pod name -> its episode container's image as the kubelet's Pulled event says (its first one)."""
+    pulls: dict[str, ImagePull] = {}
+    for event in events:
+        if event.get("reason") != "Pulled":
+            continue
+        regarding = event_object(event)
+        if regarding.get("kind") != "Pod" or \
+                regarding.get("fieldPath") not in (None, f"spec.containers{{{CONTAINER_NAME}}}"):
+            continue
+        pull = parse_pulled_message(str(event.get("message") or event.get("note") or ""))
+        if pull is not None:
+            pulls.setdefault(regarding.get("name", ""), pull)
+    return pulls
 
 
 def count_image_cache(states: Iterable[str | None]) -> dict[str, int]:
@@ -1408,8 +1776,8 @@ def verify_episode(pod: dict, events: list[dict], job_created: float, builtin: b
         raise VerificationError(f"pod {name}: reward is {value!r}, not a number")
     pod_created = parse_time(pod["metadata"].get("creationTimestamp"))
     moments = [job_created, pod_created, ready.get("at"), reward.get("at")]
-    in_order = all(isinstance(m, (int, float)) for m in moments) and \
-        all(a <= b for a, b in zip(moments, moments[1:]))
+    numbers = [m for m in moments if isinstance(m, (int, float))]
+    in_order = len(numbers) == len(moments) and all(a <= b for a, b in zip(numbers, numbers[1:]))
     if not in_order:
         raise VerificationError(
             f"pod {name}: times out of order (job created {moments[0]}, pod created {moments[1]}, "
@@ -1426,8 +1794,8 @@ def verify_episode(pod: dict, events: list[dict], job_created: float, builtin: b
     return ready, reward
 
 
-def verify_batch(count: int, job: dict, pods: Sequence[dict], logs: dict[str, str],
-                 builtin: bool = True, drafts: Mapping[str, EpisodeDraft] | None = None) -> list[tuple[dict, dict, dict]]:
+def verify_batch(count: int, job: dict, pods: Sequence[dict], logs: dict[str, str], builtin: bool = True,
+                 drafts: Mapping[str, EpisodeDraft] | None = None) -> list[tuple[dict, dict, dict]]:
     """Every episode honest, or VerificationError naming the first that is not.
 
     Returns (pod, ready event, reward event) per pod, sorted by pod name. An episode drafted
@@ -1466,6 +1834,9 @@ def job_end_reason(job: dict | None) -> str | None:
     return None
 
 
+PULL_FAILURE_CHARS = 400
+
+
 def pod_warnings(events: Iterable[dict], most: int = 3) -> dict[str, list[str]]:
     """Pod name -> its first few distinct Warning events as `reason: message` (a kubelet says
     "Failed: Error: ErrImagePull"), each message cut to one short line."""
@@ -1474,7 +1845,9 @@ def pod_warnings(events: Iterable[dict], most: int = 3) -> dict[str, list[str]]:
         regarding = event_object(event)
         if event.get("type") == "Warning" and regarding.get("kind") == "Pod":
             message = " ".join(str(event.get("message") or event.get("note") or "").split())
-            text = f"{event.get('reason') or 'Unknown'}: {message[:120]}".rstrip(": ")
+            # A failed pull is said whole enough to name the image and the registry's answer.
+            cut = PULL_FAILURE_CHARS if message.startswith("Failed to pull image") else 120
+            text = f"{event.get('reason') or 'Unknown'}: {message[:cut]}".rstrip(": ")
             seen = warnings.setdefault(regarding.get("name", ""), [])
             if text not in seen and len(seen) < most:
                 seen.append(text)
@@ -1566,8 +1939,9 @@ def classify_pod_state(pod: dict, log_text: str, job: dict, builtin: bool) -> tu
         limit = (pod.get("spec") or {}).get("activeDeadlineSeconds")
         if started:
             return "episode", f"ran out of time: still running {limit} s after its pod started (--episode-timeout)"
-        return "infrastructure", (f"container never started within --episode-timeout ({limit} s from its pod's "
-                                  f"start, image pull included)")
+        return "infrastructure", (f"container never started within its pod's deadline of {limit} s from its "
+                                  f"start (--pull-timeout and --episode-timeout): image {container_image(pod)} "
+                                  f"not pulled and started by then")
     end = job_end_reason(job)
     own_exit = (state.get("terminated") or {}).get("exitCode") not in (None, 0) + INFRASTRUCTURE_EXIT_CODES
     if pod["metadata"].get("deletionTimestamp") and end is not None and not own_exit:
@@ -1601,10 +1975,17 @@ def classify_pod_state(pod: dict, log_text: str, job: dict, builtin: bool) -> tu
 
 
 def pod_index(pod: dict) -> int | None:
+    """The pod's episode index in the run: its completion index, which in a Job of several (one per
+    image) is its Job's own and names the run-wide index through EPISODE_INDEXES_ANNOTATION."""
+    annotations = pod["metadata"].get("annotations") or {}
     try:
-        return int((pod["metadata"].get("annotations") or {}).get(COMPLETION_INDEX_ANNOTATION, ""))
+        index = int(annotations.get(COMPLETION_INDEX_ANNOTATION, ""))
     except ValueError:
         return None
+    if EPISODE_INDEXES_ANNOTATION not in annotations:
+        return index
+    indexes = sorted(index_list(annotations[EPISODE_INDEXES_ANNOTATION]))
+    return indexes[index] if 0 <= index < len(indexes) else None
 
 
 def attempts_recorded(pod: dict) -> int:
@@ -1619,7 +2000,7 @@ def attempts_recorded(pod: dict) -> int:
     return total
 
 
-REWARD_ROW_FIELDS = ("index", "task_id", "group", "pod", "attempts", "reward", "failure_class", "valid",
+REWARD_ROW_FIELDS = ("index", "task_id", "image", "group", "pod", "attempts", "reward", "failure_class", "valid",
                      "failure", "node", "pod_to_ready_seconds", "batch_to_ready_seconds",
                      "batch_to_reward_seconds", "episode_seconds", "evidence", "earlier_attempts")
 
@@ -1644,25 +2025,34 @@ def pods_by_index(pods: Iterable[dict], count: int) -> dict[int, list[dict]]:
 
 
 def episode_rows(count: int, job: dict, pods: Sequence[dict], logs: dict[str, str], builtin: bool,
-                 task_ids: Sequence[Any] | None, group_size: int, events: Sequence[dict] = ()) -> list[dict]:
+                 task_ids: Sequence[Any] | None, group_size: int, events: Sequence[dict] = (),
+                 images: Sequence[str | None] | None = None) -> list[dict]:
     """One row per episode (completion index), its final attempt's outcome; pure.
 
     Every index has a row, an episode whose pod was never created included.
     """
     warnings = pod_warnings(events)
     by_index = pods_by_index(pods, count)
-    return [episode_row(index, by_index.get(index, []), job, logs, builtin, task_ids, group_size, warnings)
+    return [episode_row(index, by_index.get(index, []), job, logs, builtin, task_ids, group_size, warnings, images)
             for index in range(count)]
+
+
+def group_images(settings: Settings) -> list[str]:
+    """The image of each group of episodes (a task's; without tasks, each episode's)."""
+    return list(settings.task_images or [settings.image] * settings.count)
 
 
 def episode_row(index: int, attempts: Sequence[dict], job: dict, logs: dict[str, str], builtin: bool,
                 task_ids: Sequence[Any] | None, group_size: int,
-                warnings: dict[str, list[str]] | None = None) -> dict:
+                warnings: dict[str, list[str]] | None = None, images: Sequence[str | None] | None = None) -> dict:
     """The row of one episode from its attempts (oldest first); pure. The final attempt is the pod
-    that succeeded, else the newest one."""
+    that succeeded, else the newest one. `images`: each group's image (group_images)."""
     job_created = parse_time(job["metadata"].get("creationTimestamp")) or 0.0
     group = index // group_size
-    row: dict[str, Any] = {"index": index, "task_id": task_ids[group] if task_ids else None, "group": group}
+    row: dict[str, Any] = {"index": index, "task_id": task_ids[group] if task_ids else None}
+    if images is not None:
+        row["image"] = images[group] if group < len(images) else None
+    row["group"] = group
     if not attempts:
         if job_cut_short(job):
             row.update({"pod": None, "attempts": 0, "reward": None, "failure_class": CANCELLED, "valid": False,
@@ -1758,7 +2148,7 @@ def settled_attempt(attempts: Sequence[dict], job: dict | None, index: int, logs
 class Delivery(NamedTuple):
     """One line of rewards.jsonl as it was written: when (the client's wall clock), and between which
     moments its episode's container ended (None where nothing bounds it)."""
-    index: int
+    index: int  # type: ignore[assignment]  # the episode's, not tuple.index()
     success: bool
     written_at: float
     ended_after: float | None  # its reward event, or the start of its container's finishedAt second
@@ -1958,6 +2348,9 @@ PHASES = {
     "container_exit": ("reward", "container_finished"),
     "pod_to_ready": ("pod_created", "ready"),
     "pod_to_reward": ("pod_created", "reward"),
+    # Part of container_start: the kubelet's Pulling to its Pulled event (the wait behind the node's
+    # other pulls included); 0 for an image already present (a Pulled event alone).
+    "image_pull": ("image_pull_started", "image_pulled"),
 }
 # The kubelet's events about a container, in the order it records them when it starts one:
 # image pulled or found, container created, container started.
@@ -2026,7 +2419,8 @@ def pod_creation_events(events: Iterable[dict]) -> dict[str, float]:
         if event.get("reason") != "SuccessfulCreate":
             continue
         message = event.get("message") or event.get("note") or ""
-        if event_object(event).get("kind") != "Job" or not message.startswith("Created pod: ") or int(event.get("count") or 1) != 1:
+        if event_object(event).get("kind") != "Job" or not message.startswith("Created pod: ") \
+                or int(event.get("count") or 1) != 1:
             continue
         moment = event_name_time(event)
         if moment is not None:
@@ -2046,7 +2440,7 @@ def record_pod_observation(seen: dict[str, Any], pod: dict, arrived: float) -> N
     reached = {
         "added": True,
         "bound": bool((pod.get("spec") or {}).get("nodeName")),
-        "sandbox_ready": bool(sandbox) and sandbox.get("status") == "True",
+        "sandbox_ready": sandbox is not None and sandbox.get("status") == "True",
         "running": bool(state.get("running") or state.get("terminated")),
         "terminated": bool(state.get("terminated")),
     }
@@ -2127,7 +2521,7 @@ def sharpest(bounds: Iterable[Bound | None], stamp: Bound | None = None) -> Poin
     else:
         at, named = high.upper, high
     source = named.source if low is high or named is low else f"{high.source}, after {low.source}"
-    return Point(at, round(high.upper - low.lower, 6), source, named.clock, low.lower)  # type: ignore[operator]
+    return Point(at, round(high.upper - low.lower, 6), source, named.clock, low.lower)  # type: ignore[operator, arg-type]
 
 
 def worker_time(value: Any) -> float | None:
@@ -2242,7 +2636,7 @@ def creation_stamp(pod: dict) -> Bound | None:
 def episode_points(pod: dict, ready: dict, reward: dict, scheduled_at: float | None,
                    observed: dict | None = None, kubelet: dict[str, tuple[float, str]] | None = None,
                    created_event_at: float | None = None,
-                   clocks: EpisodeClocks = EpisodeClocks(),
+                   clocks: EpisodeClocks = EpisodeClocks(),  # noqa: B008 (a NamedTuple: immutable)
                    created_after: Bound | None = None) -> dict[str, Point | None]:
     """When each point of one episode happened, from its sharpest sources, on the control plane's clock.
 
@@ -2270,7 +2664,23 @@ def episode_points(pod: dict, ready: dict, reward: dict, scheduled_at: float | N
         "ready": worker_point(ready.get("at"), EVENT_TIME, "worker ready event", clocks),
         "reward": worker_point(reward.get("at"), EVENT_TIME, "worker reward event", clocks),
         "container_finished": container_finished_point(state, reward, seen, clocks),
+        **image_pull_points(kubelet, clocks),
     }
+
+
+def image_pull_points(kubelet: dict[str, tuple[float, str]], clocks: EpisodeClocks) -> dict[str, Point | None]:
+    """When the kubelet began and ended getting the image: its Pulling and Pulled event names (a present
+    image: its Pulled event, both). Not in POINTS: they bound the phase image_pull alone."""
+    pulled = kubelet_named(kubelet, "Pulled")
+    started = kubelet_named(kubelet, "Pulling")
+    if pulled is None:
+        return {"image_pull_started": None, "image_pulled": None}
+    points = {}
+    for point, moment, reason in (("image_pull_started", pulled if started is None else started, "Pulling"),
+                                  ("image_pulled", pulled, "Pulled")):
+        points[point] = sharpest([followed_by_event(moment, f"kubelet {reason if started else 'Pulled'} event name",
+                                                    "node", clocks.node, clocks.node_slack)])
+    return points
 
 
 class ClockBounds:
@@ -2510,7 +2920,7 @@ def phase_summary(episodes_durations: Sequence[dict[str, tuple[float, float] | N
     """Per phase: P50/P95/P99/max/mean, sample and missing counts, stated precision."""
     summary = {}
     for phase, (start, end) in PHASES.items():
-        known = [d[phase] for d in episodes_durations if d.get(phase) is not None]
+        known = [duration for d in episodes_durations if (duration := d.get(phase)) is not None]
         entry = describe([value for value, _ in known], missing=len(episodes_durations) - len(known))
         widest = max((p for _, p in known), default=None)
         # An end bounded on one side only has no finite precision: JSON has no infinity, so null.
@@ -2560,7 +2970,7 @@ def completion_gap(job: dict, pods: Sequence[dict], last_reward_at: float,
             ((last_reward_at, 0.0), (client_observed_at, 0.0), difference(client_observed_at, last_reward_at)),
     }
     gap: dict[str, Any] = {}
-    bounds: dict[str, list[float]] = {}
+    bounds: dict[str, list[float | None]] = {}
     for name, ((first, first_spread), (last, last_spread), seconds) in parts.items():
         if first is None or last is None or seconds is None:
             gap[name] = None
@@ -2590,7 +3000,7 @@ def count_nodes(nodes: Iterable[str | None]) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-START_PATH_PARTS = (("image", "image_cache"), ("runtime", "runtime_class"))
+START_PATH_PARTS = (("image", "image"), ("image", "image_cache"), ("runtime", "runtime_class"))
 
 
 def start_path_phases(records: Sequence[dict]) -> dict[str, dict] | None:
@@ -2740,6 +3150,7 @@ def slots_freed(episodes: Sequence[tuple[dict, dict, dict]], clocks_of: Callable
     for pod, _, _ in episodes:
         name, clocks = pod_name(pod), clocks_of(pod)
         stamp = parse_time(pod["metadata"]["creationTimestamp"])
+        assert stamp is not None  # the API server stamps every pod it creates
         seen = ((observed_pods.get(name) or {}).get("seen") or {}).get("added")
         latest = [stamp + WHOLE_SECOND, creations.get(name)] + \
             ([] if seen is None else [seen - clocks.client + clocks.client_slack])
@@ -2904,6 +3315,7 @@ def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
     assert job_created is not None  # verify_batch checked it
     scheduled = scheduled_event_times(events)
     cache = image_cache_states(events)
+    pulls = image_pulls(events)
     kubelet = kubelet_container_events(events)
     creations = pod_creation_events(events)
     observed_pods, job_observed = split_observed(observed)
@@ -2931,33 +3343,35 @@ def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
         created = parse_time(pod["metadata"]["creationTimestamp"])
         created_after = max([lower(job_created_point.earliest, "the Job's creation", REFERENCE_CLOCK),
                              lower(slots.get(name), "an earlier pod's end freeing its slot", REFERENCE_CLOCK)],
-                            key=lambda bound: -math.inf if bound is None else bound.lower)
+                            key=lambda bound: -math.inf if bound is None or bound.lower is None else bound.lower)
         inputs = EpisodeInputs(scheduled.get(name), observed_pods.get(name), kubelet.get(name), creations.get(name),
                                clocks_of(pod), created_after)
         draft = drafts.get(name)
         drafted = None if draft is None else draft.points_for(pod, ready, inputs)
         if drafted is not None and draft is not None:
             drafts_taken += 1
-            points, phases = drafted
+            points, episode_phases = drafted
             rows.append(draft.row if draft.job_created == job_created else pod_row(pod, ready, reward, job_created))
         else:
             points = episode_points(pod, ready, reward, *inputs)
-            phases = phase_durations(points)
+            episode_phases = phase_durations(points)
             rows.append(pod_row(pod, ready, reward, job_created))
-        durations.append(phases)
-        records.append({"pod": name, "points": points, "phases": phases, "image_cache": cache.get(name),
+        durations.append(episode_phases)
+        records.append({"pod": name, "points": points, "phases": episode_phases, "image_cache": cache.get(name),
                         "runtime_class": (pod.get("spec") or {}).get("runtimeClassName"),
-                        "index": (pod["metadata"].get("annotations") or {}).get(COMPLETION_INDEX_ANNOTATION),
+                        "index": None if pod_index(pod) is None else str(pod_index(pod)),
+                        "image": container_image(pod), "image_pull": pulls.get(name),
                         "guide_pod_to_ready": ready["at"] - created})
     failed_records = []
-    for pod, row in failed:
+    for failed_pod, row in failed:
         points = {point: None for point in POINTS}
-        if pod is not None:
-            log_events = parse_events(logs.get(pod_name(pod), "").splitlines())
+        if failed_pod is not None:
+            failed_name = pod_name(failed_pod)
+            log_events = parse_events(logs.get(failed_name, "").splitlines())
             ready, reward = (next((e for e in log_events if e["event"] == name), {}) for name in ("ready", "reward"))
-            points = episode_points(pod, ready, reward, scheduled.get(pod_name(pod)),
-                                    observed_pods.get(pod_name(pod)), kubelet.get(pod_name(pod)),
-                                    creations.get(pod_name(pod)), clocks_of(pod),
+            points = episode_points(failed_pod, ready, reward, scheduled.get(failed_name),
+                                    observed_pods.get(failed_name), kubelet.get(failed_name),
+                                    creations.get(failed_name), clocks_of(failed_pod),
                                     lower(job_created_point.earliest, "the Job's creation", REFERENCE_CLOCK))
         failed_records.append({"pod": row["pod"], "points": points, "phases": phase_durations(points),
                                "index": row["index"], "failure_class": row["failure_class"],
@@ -2985,6 +3399,7 @@ def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
         "completion_gap": completion_gap(job, pods, last_reward, client_observed_at),
         "nodes": node_distribution(pods),
         "image_cache": count_image_cache(record["image_cache"] for record in records),
+        "images": image_figures(records),
         "warnings": warning_summary(events),
         "pods": rows,
     }
@@ -3008,6 +3423,43 @@ PHASE_COLOURS = {
 }
 
 
+def image_figures(records: Sequence[dict], rows: Sequence[dict] = ()) -> dict[str, dict]:
+    """Per image: its episodes (with `rows`, a rollout's every episode, and how many failed), how many
+    of the summarised ones found it present or had it pulled, the image_pull phase of those pulled
+    (the wait behind the node's other pulls included) and the kubelet's own figures: its wait, the
+    image's size."""
+    by_image: dict[str, list[dict]] = {}
+    for record in records:
+        by_image.setdefault(record.get("image") or "unknown", []).append(record)
+    attempted: dict[str, list[dict]] = {}
+    for row in rows:
+        attempted.setdefault(row.get("image") or "unknown", []).append(row)
+    figures = {}
+    for image in list(by_image) + [image for image in attempted if image not in by_image]:
+        summarised = by_image.get(image, [])
+        pulled = [record for record in summarised if record.get("image_cache") == "pulled"]
+        pull = describe([record["phases"]["image_pull"][0] for record in pulled
+                         if (record["phases"] or {}).get("image_pull") is not None])
+        reports = [record["image_pull"] for record in summarised if record.get("image_pull") is not None]
+        waiting = describe([report.waiting_seconds for report in reports
+                            if report.pulled and report.waiting_seconds is not None])
+        sizes = [report.size_bytes for report in reports if report.size_bytes is not None]
+        entry: dict[str, Any] = {
+            "episodes": len(attempted[image]) if rows else len(summarised),
+            "pulled": len(pulled),
+            "present": sum(1 for record in summarised if record.get("image_cache") == "present"),
+            "image_pull_p50_seconds": pull.get("p50"),
+            "image_pull_max_seconds": pull.get("max"),
+            "image_pull_waiting_p50_seconds": waiting.get("p50"),
+            "image_pull_waiting_max_seconds": waiting.get("max"),
+            "image_size_bytes": max(sizes) if sizes else None,
+        }
+        if rows:
+            entry["failed_episodes"] = sum(1 for row in attempted[image] if is_failure(row))
+        figures[image] = entry
+    return figures
+
+
 def episodes_csv(batches: Sequence[tuple[str, BatchSummary]]) -> str:
     """One row per episode: every point (seconds after its Job's creationTimestamp, and as an
     absolute time with its source, clock and precision) and every phase with its precision.
@@ -3022,7 +3474,8 @@ def episodes_csv(batches: Sequence[tuple[str, BatchSummary]]) -> str:
                     + [f"{p}_at" for p in POINTS]
                     + [f"{p}_source" for p in POINTS]
                     + [f"{p}_clock" for p in POINTS]
-                    + [f"{phase}_precision_seconds" for phase in PHASES])
+                    + [f"{phase}_precision_seconds" for phase in PHASES]
+                    + ["image", "image_pull_waiting_seconds", "image_pull_kubelet_seconds", "image_size_bytes"])
     for batch_name, summary in batches:
         rows = {row["pod"]: row for row in summary.figures["pods"]}
         job_created = summary.job_created
@@ -3040,8 +3493,24 @@ def episodes_csv(batches: Sequence[tuple[str, BatchSummary]]) -> str:
                 + ["" if point is None else f"{point[0]:.6f}" for point in points]
                 + ["" if point is None else getattr(point, "source", "") for point in points]
                 + ["" if point is None else getattr(point, "clock", "") for point in points]
-                + ["" if phase is None else f"{phase[1]:.6g}" for phase in phases])
+                + ["" if phase is None else f"{phase[1]:.6g}" for phase in phases]
+                + image_columns(record))
     return out.getvalue()
+
+
+def image_columns(record: dict) -> list[str]:
+    """An episode's image and what the kubelet said of its pull: the wait, the pull alone, the size."""
+    pull: ImagePull | None = record.get("image_pull")
+
+    def number(value: float | None) -> str:
+        return "" if value is None else f"{value:.6f}"
+
+    if pull is None:
+        return [record.get("image") or "", "", "", ""]
+    if not pull.pulled:  # present: no pull, so no wait
+        return [record.get("image") or "", number(0.0), number(0.0), ""]
+    return [record.get("image") or "", number(pull.waiting_seconds), number(pull.pull_seconds),
+            "" if pull.size_bytes is None else str(pull.size_bytes)]
 
 
 def nice_step(span: float, ticks: int = 8) -> float:
@@ -3127,9 +3596,10 @@ def timeline_svg(batches: Sequence[tuple[str, BatchSummary]], title: str) -> str
             label = record["pod"] or f"episode {record['index']}: no pod"
             parts.append(f'<text x="{left - 6}" y="{y + row_height * 0.7:.1f}" text-anchor="end" font-size="11"'
                          f'{FAILED_FILL if failed else ""}>{html_escape(label[-26:])}</text>')
-        parts += timeline_bars(record, lambda moment: x(moment - origin), y, row_height)
+        # Each lambda is called before the loop moves on, so it sees this batch's origin.
+        parts += timeline_bars(record, lambda moment: x(moment - origin), y, row_height)  # noqa: B023
         if failed:
-            parts.append(failed_marker(record, lambda moment: x(moment - origin), left, y, row_height))
+            parts.append(failed_marker(record, lambda moment: x(moment - origin), left, y, row_height))  # noqa: B023
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
 
@@ -3215,7 +3685,7 @@ RAMP_COLOURS = {
     "container_finished": "#1d1d1d",
     "reward_delivered": "#d62828",
 }
-CDF_COLOURS = dict(PHASE_COLOURS, pod_to_ready="#d62828", pod_to_reward="#1d1d1d")
+CDF_COLOURS = dict(PHASE_COLOURS, pod_to_ready="#d62828", pod_to_reward="#1d1d1d", image_pull="#b5651d")
 
 
 def thinned(values: Sequence[float], steps: int = CHART_STEPS) -> list[tuple[float, int]]:
@@ -3274,7 +3744,7 @@ def chart_svg(title: str, subtitle: str, series: Sequence[tuple[str, str, list[t
                      f'stroke="{colour}" stroke-width="{3 if bold else 2}"/>')
         parts.append(f'<text x="{left + plot_w + 44}" y="{legend_y + 4}">{html_escape(label)}</text>')
     # The bold line is drawn last, so no other hides it.
-    for label, colour, points, bold, tooltip in sorted(series, key=lambda line: line[3]):
+    for _, colour, points, bold, tooltip in sorted(series, key=lambda line: line[3]):
         if not points:
             continue
         path = [f"M{sx(points[0][0]):.1f},{sy(0):.1f}"]
@@ -3358,7 +3828,7 @@ def timeline_sample(batches: Sequence[tuple[str, BatchSummary]],
                                        (item[2]["points"].get("ready") or (0.0,))[0]))
     keep = {round(i * (total - 1) / (limit - 1)) for i in range(limit)}
     chosen: dict[str, list] = {}
-    for index, (name, summary, record) in enumerate(ordered):
+    for index, (name, _, record) in enumerate(ordered):
         if index in keep:
             chosen.setdefault(name, []).append(record)
     sampled = [(name, dataclasses.replace(summary, episodes=[r for r in chosen[name] if "failure_class" not in r],
@@ -3399,8 +3869,8 @@ def phase_table(phases: dict[str, dict]) -> str:
         label = SHARP_POD_TO_READY if phase == "pod_to_ready" else phase
         precision = entry.get("precision_seconds")
 
-        def cell(key: str) -> str:
-            return f"{figure(entry.get(key), precision):>8}"
+        def cell(key: str) -> str:  # called for this row only, before the loop moves on
+            return f"{figure(entry.get(key), precision):>8}"  # noqa: B023
         lines.append(f"{label:<24}{cell('p50')}{cell('p95')}{cell('p99')}{cell('max')}"
                      f"{entry['samples']:>6}{entry['missing']:>9}  "
                      f"{'-' if precision is None else f'{precision:.3g} s'}")
@@ -3497,7 +3967,8 @@ def compare_table(first: dict, second: dict, first_label: str, second_label: str
             lines.append(f"{name:<32}{shown_a:>{width}}  {shown_b:>{width}}  {ratio:>8}")
             continue
         ratio = f"{b / a:.2f}" if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a else "-"
-        lines.append(f"{name:<32}{'-' if a is None else a!s:>{width}}  {'-' if b is None else b!s:>{width}}  {ratio:>8}")
+        shown_a, shown_b = "-" if a is None else str(a), "-" if b is None else str(b)
+        lines.append(f"{name:<32}{shown_a:>{width}}  {shown_b:>{width}}  {ratio:>8}")
     return "\n".join(lines)
 
 
@@ -3566,7 +4037,8 @@ def cluster_runs(namespaces: Iterable[dict], jobs: Iterable[dict]) -> list[Clust
         inside = by_namespace.get(metadata.get("name", ""), [])
         runs.append(ClusterRun(
             namespace=metadata.get("name", ""), uid=metadata.get("uid", ""), run_id=labels[RUN_LABEL],
-            annotated_run_id=annotations.get(RUN_ID_ANNOTATION), created_at=parse_time(metadata.get("creationTimestamp")),
+            annotated_run_id=annotations.get(RUN_ID_ANNOTATION),
+            created_at=parse_time(metadata.get("creationTimestamp")),
             state=run_state(namespace, inside), jobs=len(inside),
             episodes=sum(int((job.get("spec") or {}).get("completions") or 1) for job in inside),
             succeeded=sum(int((job.get("status") or {}).get("succeeded") or 0) for job in inside),
@@ -4102,12 +4574,12 @@ def count_events(kubectl: Kubectl, proxy: ApiProxy | None, namespace: str,
 
 def read_job_pods(kubectl: Kubectl, proxy: ApiProxy | None, namespace: str, job_name: str,
                   not_older_than: str | None, retry_seconds: float | None,
-                  page_size: int = LIST_PAGE_SIZE) -> PodReading:
-    """The Job's pods, listed in pages from a revision not older than `not_older_than` (the
-    Job's end as this client saw it); a pod that still looks unfinished is read again on its
-    own before anything is concluded from it."""
+                  page_size: int = LIST_PAGE_SIZE, selector: str | None = None) -> PodReading:
+    """The Job's pods (`selector`: a batch's pods, across its Jobs), listed in pages from a revision
+    not older than `not_older_than` (the Job's end as this client saw it); a pod that still looks
+    unfinished is read again on its own before anything is concluded from it."""
     listing = read_pages(kubectl, proxy, PagedList(f"/api/v1/namespaces/{namespace}/pods",
-                                                   f"job-name={job_name}", not_older_than, page_size),
+                                                   selector or f"job-name={job_name}", not_older_than, page_size),
                          retry_seconds)
     # Items of a list carry no kind; give each the shape `kubectl get -o json` prints.
     pods = [{"apiVersion": "v1", "kind": "Pod", **pod} for pod in listing.items]
@@ -4167,6 +4639,63 @@ class Progress:
             self._open_line = False
 
 
+class BatchJobs:
+    """The Jobs of one batch as they were last seen: its one Job, or one per image, which the
+    follower and the evidence read as one (merged_job). `names`: in creation order."""
+
+    def __init__(self, batch: str, names: Sequence[str]) -> None:
+        self.batch = batch
+        self.names = list(names)
+        self.seen: dict[str, dict] = {}
+
+    @property
+    def several(self) -> bool:
+        return len(self.names) > 1
+
+    def see(self, job: dict) -> dict | None:
+        """Take one Job as read; the batch's Job as it now stands (None: not one of the batch's)."""
+        name = (job.get("metadata") or {}).get("name")
+        if name not in self.names:
+            return None
+        self.seen[name] = job
+        return self.view()
+
+    def view(self) -> dict | None:
+        """The batch's Job: the one Job as read, or the merge of those seen so far."""
+        jobs = [self.seen[name] for name in self.names if name in self.seen]
+        if not jobs:
+            return None
+        return merged_job(self.batch, jobs, len(self.names)) if self.several else jobs[0]
+
+    def saved(self) -> dict | None:
+        """job.json: the one Job, or every Job seen as a v1 List."""
+        if not self.several:
+            return self.view()
+        return list_manifest([self.seen[name] for name in self.names if name in self.seen]) if self.seen else None
+
+    def job_selector(self) -> list[str]:
+        """kubectl's arguments that list (or watch) the batch's Jobs and no other."""
+        if self.several:
+            return ["-l", f"{BATCH_LABEL}={self.batch}"]
+        # A list watch, not `get job NAME -w`: for one named object kubectl drops its
+        # watch's first event, losing any change made between its GET and its watch.
+        return ["--field-selector", f"metadata.name={self.names[0]}"]
+
+    def pod_selector(self) -> str:
+        """The label selector of the batch's pods."""
+        return f"{BATCH_LABEL}={self.batch}" if self.several else f"job-name={self.names[0]}"
+
+
+def saved_batch_job(saved: dict, batch: str) -> dict:
+    """The batch's Job from job.json as saved: the one Job, or the merge of a List of them."""
+    if saved.get("kind") != "List":
+        return saved
+    jobs = BatchJobs(batch, [job["metadata"]["name"] for job in saved.get("items") or []])
+    for job in saved.get("items") or []:
+        jobs.see(job)
+    return jobs.view() or {"metadata": {"name": batch}}
+
+
 class StateChange(NamedTuple):
     """What one change did to a batch's state, as BatchState.apply returns it."""
     kind: str  # "job", "pods" or "events"
@@ -4190,7 +4719,8 @@ class BatchState:
         self.pods: dict[str, dict] = {}
         self.deleted: set[str] = set()
         self.events = EventStore()
-        self.observed: dict[str, dict[str, Any]] = {}  # pod name -> transition -> time, and stamps seen only while it ran
+        # pod name -> transition -> time, and the stamps seen only while it ran
+        self.observed: dict[str, dict[str, Any]] = {}
         self.job_observed: dict[str, float] = {}  # "added" or a condition type that turned True -> time
         self.end: str | None = None
         # The Job's resourceVersion when its end was seen: the evidence read afterwards
@@ -4371,6 +4901,7 @@ class RewardStream:
         self.builtin = settings.builtin
         self.task_ids = settings.task_ids
         self.group_size = settings.group_size
+        self.images = group_images(settings)
         self.may_retry = bool(settings.retries)
         self.on_reward = on_reward
         self.rows: dict[int, dict] = {}
@@ -4409,11 +4940,12 @@ class RewardStream:
                 self.waiting.add(index)
             return
         job = state.job or {"metadata": {}}
-        row = episode_row(index, attempts, job, logs, self.builtin, self.task_ids, self.group_size)
+        row = episode_row(index, attempts, job, logs, self.builtin, self.task_ids, self.group_size,
+                          images=self.images)
         if "infrastructure" in [row["failure_class"]] + [a["failure_class"] for a in row.get("earlier_attempts", [])]:
             # Only an infrastructure failure names its pod's warnings: the events are read for those alone.
             row = episode_row(index, attempts, job, logs, self.builtin, self.task_ids, self.group_size,
-                              pod_warnings(state.events.events()))
+                              pod_warnings(state.events.events()), self.images)
         final = next((p for p in attempts if pod_name(p) == row["pod"]), None)
         seen = ((state.observed.get(row["pod"] or "") or {}).get("seen") or {}).get("terminated")
         self.deliver(row, final, logs.get(row["pod"] or "", ""), seen, streamed=True)
@@ -4502,10 +5034,11 @@ class WatchStream:
     process's output turned by a thread into queue items, a WatchEvent for each event and a
     WatchEnded at its end; and how often each broke in a row, for the restarts."""
 
-    def __init__(self, kubectl: Kubectl, namespace: str, job_name: str) -> None:
+    def __init__(self, kubectl: Kubectl, namespace: str, job_name: str, jobs: BatchJobs | None = None) -> None:
         self.kubectl = kubectl
         self.namespace = namespace
         self.job_name = job_name
+        self.jobs = jobs or BatchJobs(job_name, [job_name])
         self.queue: queue.Queue[WatchEvent | WatchEnded | LogRead] = queue.Queue()
         self.processes: dict[str, subprocess.Popen] = {}
         self.failures = {"job": 0, "pods": 0, "events": 0}
@@ -4519,13 +5052,11 @@ class WatchStream:
     def start(self, kind: str, client_deadline: float) -> None:
         seconds = math.ceil(client_deadline - time.monotonic())
         if kind == "job":
-            # A list watch, not `get job NAME -w`: for one named object kubectl drops its
-            # watch's first event, losing any change made between its GET and its watch.
-            args = ["get", "jobs", "--field-selector", f"metadata.name={self.job_name}"]
+            args = ["get", "jobs", *self.jobs.job_selector()]
         elif kind == "events":
             args = ["get", "events"]
         else:
-            args = ["get", "pods", "-l", f"job-name={self.job_name}"]
+            args = ["get", "pods", "-l", self.jobs.pod_selector()]
         args += ["-n", self.namespace, "-o", "json", "--watch", "--output-watch-events"]
         errors = tempfile.TemporaryFile()
         # An interrupt comes once the watch is whole: its process, known to be stopped, and its reader.
@@ -4589,10 +5120,11 @@ class PollFallback:
     """Once the watches broke too often in a row to be worth restarting: the Job and its pods,
     read every POLL_INTERVAL_SECONDS instead."""
 
-    def __init__(self, kubectl: Kubectl, namespace: str, job_name: str) -> None:
+    def __init__(self, kubectl: Kubectl, namespace: str, job_name: str, jobs: BatchJobs | None = None) -> None:
         self.kubectl = kubectl
         self.namespace = namespace
         self.job_name = job_name
+        self.jobs = jobs or BatchJobs(job_name, [job_name])
         self.active = False
         self.next_read = 0.0
 
@@ -4604,13 +5136,17 @@ class PollFallback:
     def due(self, now: float) -> bool:
         return self.active and now >= self.next_read
 
-    def read(self, client_deadline: float) -> tuple[dict, list[dict], float]:
-        """The Job and its pods as read now, and when (the client's wall clock)."""
+    def read(self, client_deadline: float) -> tuple[list[dict], list[dict], float]:
+        """The batch's Jobs and its pods as read now, and when (the client's wall clock)."""
         retry_until = min(client_deadline, time.monotonic() + CALL_TIMEOUT_SECONDS)
-        job = self.kubectl.get("job", self.job_name, self.namespace, retry_until=retry_until)
-        pods = self.kubectl.get_list("pods", self.namespace, "-l", f"job-name={self.job_name}",
+        if self.jobs.several:
+            jobs = (self.kubectl.get_list("jobs", self.namespace, *self.jobs.job_selector(),
+                                          retry_until=retry_until) or {}).get("items", [])
+        else:
+            jobs = [self.kubectl.get("job", self.job_name, self.namespace, retry_until=retry_until)]
+        pods = self.kubectl.get_list("pods", self.namespace, "-l", self.jobs.pod_selector(),
                                      retry_until=retry_until)
-        return job, (pods or {}).get("items", []), time.time()
+        return jobs, (pods or {}).get("items", []), time.time()
 
     def taken_in(self) -> None:
         """The last read is taken in: the next one follows a whole interval later, however long
@@ -4651,7 +5187,7 @@ class BatchFollower:
                  progress: Progress, pool: concurrent.futures.ThreadPoolExecutor,
                  proxy: ApiProxy | None = None, log_dir: str | None = None,
                  rewards: RewardStream | None = None, watches: WatchStream | None = None,
-                 drafts: EpisodeDrafts | None = None) -> None:
+                 drafts: EpisodeDrafts | None = None, job_names: Sequence[str] | None = None) -> None:
         self.kubectl = kubectl
         self.namespace = namespace
         self.job_name = job_name
@@ -4659,9 +5195,11 @@ class BatchFollower:
         self.progress = progress
         self.proxy = proxy
         self.state = BatchState(indented_pods=count < ONE_LINE_ITEMS_FROM)
+        # The batch's Jobs (`job_names`: one per image, else the one named `job_name`), followed as one.
+        self.jobs = BatchJobs(job_name, job_names or [job_name])
         # Given already started when its pod watch had to listen before the proxy was opened.
-        self.watches = watches or WatchStream(kubectl, namespace, job_name)
-        self.poller = PollFallback(kubectl, namespace, job_name)
+        self.watches = watches or WatchStream(kubectl, namespace, job_name, self.jobs)
+        self.poller = PollFallback(kubectl, namespace, job_name, self.jobs)
         # A rollout's rewards.jsonl, each line written as its episode settles (a log read wakes the loop).
         self.rewards = rewards
         # Each episode summarised as it ends, so that little is left to do after the Job's end.
@@ -4726,10 +5264,11 @@ class BatchFollower:
         return self.state.end
 
     def _poll(self, client_deadline: float) -> None:
-        job, pods, seen = self.poller.read(client_deadline)
+        jobs, pods, seen = self.poller.read(client_deadline)
         for pod in pods:
             self._apply("pods", "ADDED", pod, seen)
-        self._apply("job", "MODIFIED", job, seen)
+        for job in jobs:
+            self._apply("job", "MODIFIED", job, seen)
         self.poller.taken_in()
 
     def _take_next(self, client_deadline: float) -> None:
@@ -4762,7 +5301,13 @@ class BatchFollower:
 
     def _apply(self, kind: str, change: str, obj: dict, arrived: float) -> StateChange:
         """One change into the state, then what it calls for: the ended containers' logs read,
-        the moment the end was seen noted, the episodes it may settle judged."""
+        the moment the end was seen noted, the episodes it may settle judged. A Job comes in as the
+        batch's Job (BatchJobs: one Job of several is read with the others)."""
+        if kind == "job":
+            batch_job = self.jobs.see(obj)
+            if batch_job is None:
+                return StateChange(kind)  # not one of the batch's Jobs
+            obj = batch_job
         changed = self.state.apply(kind, change, obj, arrived)
         self.log_reader.schedule(changed.ended)
         if changed.job_ended:
@@ -4956,9 +5501,18 @@ class BatchEvidence:
 
     def _read_job(self, job_name: str, retry_until: float | None) -> dict | None:
         """The Job as its end was seen, else as read now, else as last watched."""
-        state = self.follower.state
+        state, jobs = self.follower.state, self.follower.jobs
         if state.end is not None and state.job is not None:
             return state.job
+        if jobs.several:
+            for name in jobs.names:
+                try:
+                    job = self.kubectl.get("job", name, self.namespace, retry_until=retry_until)
+                    if job is not None:  # not missing_ok: a missing Job raised
+                        jobs.see(job)
+                except DemoError:
+                    pass  # as last watched, if it was
+            return jobs.view() or state.job
         try:
             return self.kubectl.get("job", job_name, self.namespace, retry_until=retry_until)
         except DemoError:
@@ -4975,7 +5529,7 @@ class BatchEvidence:
         # moment the Job's end was seen, and its pages are retried while a cache catches up.
         return read_job_pods(self.kubectl, self.proxy, self.namespace, job_name,
                              state.end_resource_version, PAGE_RETRY_SECONDS if retry else None,
-                             self.settings.chunk_size)
+                             self.settings.chunk_size, self.follower.jobs.pod_selector())
 
     def _read_events(self, events_watched: bool, retry: bool) -> PagedList | EventStore:
         """The namespace's events: as watched when the watch caught up with them all, else listed."""
@@ -4992,7 +5546,9 @@ class BatchEvidence:
         problems: list[str] = []
         job = job_future.result()
         if job is not None:
-            write_json(os.path.join(self.batch_dir, "job.json"), job)
+            # A batch of several Jobs saves each as read: job.json is then their List.
+            write_json(os.path.join(self.batch_dir, "job.json"),
+                       self.follower.jobs.saved() if self.follower.jobs.several else job)
         reading = self._save_pods(pods_future, retry_until)
         # The logs are written while the events are still being read in pages.
         logs = follower.log_reader.collect(reading.pods, self.batch_dir, retry_until, problems)
@@ -5085,7 +5641,7 @@ class EncodedItems(NamedTuple):
     """The items of a JSON list already encoded one per text: as json.dumps writes them, or
     (`indented`) as json_pieces does at their place in the file."""
     texts: Callable[[], Iterator[str]]
-    count: int
+    count: int  # type: ignore[assignment]  # the items', not tuple.count()
     indented: bool = False
 
 
@@ -5303,6 +5859,13 @@ def rollout_policy(settings: Settings) -> RolloutPolicy | None:
     return RolloutPolicy(settings.retries or 0, settings.allow_failures or 0)
 
 
+def pod_deadline(settings: Settings) -> int | None:
+    """Each pod's activeDeadlineSeconds, counted from its start on the node: --pull-timeout and
+    --episode-timeout together, since one deadline bounds the pull and the episode after it."""
+    known = [part for part in (settings.pull_timeout, settings.episode_timeout) if part is not None]
+    return sum(known) if known else None
+
+
 def batch_job(namespace: str, settings: Settings, name: str, task_maps: Sequence[dict]) -> dict:
     """The Job of one batch, from the run's settings and the ConfigMaps that carry its tasks."""
     return job_manifest(
@@ -5310,18 +5873,38 @@ def batch_job(namespace: str, settings: Settings, name: str, task_maps: Sequence
         settings.runtime, settings.timeout, name=name, harden=settings.harden,
         indexed=not settings.builtin,
         tasks=tasks_volume(task_maps, settings.group_size) if task_maps else None,
-        policy=rollout_policy(settings), episode_timeout=settings.episode_timeout)
+        policy=rollout_policy(settings), episode_timeout=pod_deadline(settings))
+
+
+def image_job_name(batch: str, number: int) -> str:
+    """The Job of a batch's `number`th image (from 1)."""
+    return f"{batch}-image-{number}"
+
+
+def batch_jobs(namespace: str, settings: Settings, name: str, task_maps: Sequence[dict],
+               groups: Sequence[ImageGroup]) -> list[dict]:
+    """The Jobs of one batch: its one Job, or one per image, --parallelism shared between them."""
+    if len(groups) == 1:
+        return [batch_job(namespace, dataclasses.replace(settings, image=groups[0].image), name, task_maps)]
+    shares = parallelism_shares(settings.parallelism, [len(group.indexes) for group in groups])
+    return [job_manifest(
+        namespace, len(group.indexes), share, group.image, settings.runtime, settings.timeout,
+        name=image_job_name(name, number), harden=settings.harden, indexed=True,
+        tasks=tasks_volume(task_maps, settings.group_size, group.indexes) if task_maps else None,
+        policy=rollout_policy(settings), episode_timeout=pod_deadline(settings), batch=name,
+        episode_indexes=group.indexes)
+        for number, (group, share) in enumerate(zip(groups, shares), start=1)]
 
 
 class RunPlan(NamedTuple):
     """Every object one run creates, built once: `--dry-run` prints them and `run` creates them."""
     namespace: dict
     setup: list[dict]  # the NetworkPolicy (--harden), the worker's ConfigMap, the tasks' ConfigMaps
-    jobs: dict[str, dict]  # each batch's Job by its name, in the order the batches run
+    jobs: dict[str, list[dict]]  # each batch's Jobs (one per image) by its name, in the order the batches run
 
     def objects(self) -> list[dict]:
         """In creation order."""
-        return [self.namespace, *self.setup, *self.jobs.values()]
+        return [self.namespace, *self.setup, *(job for jobs in self.jobs.values() for job in jobs)]
 
 
 def plan_run(namespace: str, run_id: str, settings: Settings, worker_source: str,
@@ -5330,7 +5913,8 @@ def plan_run(namespace: str, run_id: str, settings: Settings, worker_source: str
     task_maps = task_configmaps(namespace, tasks) if tasks else []
     setup = [network_policy_manifest(namespace)] if settings.harden else []
     setup += [configmap_manifest(namespace, worker_source), *task_maps]
-    jobs = {name: batch_job(namespace, settings, name, task_maps)
+    groups = image_groups(tasks, settings.count, settings.group_size, settings.image, settings.image_map)
+    jobs = {name: batch_jobs(namespace, settings, name, task_maps, groups)
             for name, _ in batch_names(settings.rounds, settings.warmup)}
     return RunPlan(namespace_manifest(namespace, run_id, settings.harden, origin), setup, jobs)
 
@@ -5515,6 +6099,7 @@ class RunContext:
     silent: bool = False  # a quiet Python caller: its stdout and stderr carry only warnings and errors
     spelling: Spelling = COMMAND_LINE  # how its errors name the settings: flags, or run_batch()'s keywords
     on_reward: Callable[[dict], None] | None = None  # run_batch's caller, told each rewards.jsonl line
+    prepull: dict | None = None  # --prepull's figures, once it ran
     stop: threading.Event | None = None  # set by stream_batch once its reader has gone
     capacity: dict | None = None  # what check_capacity found the nodes can run: run.json keeps it
 
@@ -5534,6 +6119,8 @@ def execute(run: RunContext) -> Results:
     create_namespace(run)
     for manifest in run.plan.setup:
         create_object(run, manifest)
+    if run.settings.prepull:
+        prepull(run)
     return save_results(run, [run_one_batch(run, entry) for entry in run.settings.batches])
 
 
@@ -5597,7 +6184,7 @@ def check_capacity(run: RunContext) -> None:
     """Warn, before anything is created, when the nodes cannot run the whole batch at once;
     run.json keeps the plan."""
     # Every batch's Job asks for the same resources per pod.
-    run.capacity = read_capacity(run.kubectl, run.settings, next(iter(run.plan.jobs.values())))
+    run.capacity = read_capacity(run.kubectl, run.settings, next(iter(run.plan.jobs.values()))[0])
     save_run_json(run)
     warning = capacity_warning(run.capacity, run.settings.parallelism)
     if warning:
@@ -5644,9 +6231,59 @@ def create_object(run: RunContext, manifest: dict) -> dict:
     name = manifest["metadata"]["name"]
     existing = kubectl.get(kind, name, None if kind == "namespace" else run.namespace,
                            retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS)
+    assert existing is not None  # not missing_ok: a missing object raised
     if kind == "namespace" and not run.receipt.owns_namespace(existing):
         raise DemoError(f"namespace {name} already exists and is not this run's")
     return existing
+
+
+def prepull(run: RunContext) -> None:
+    """--prepull: every image of the run made present on every node the batch can use, before its
+    first Job: one pod per node and image, waited for until each ended (or its deadline passed).
+    Leaves prepull.json (the step's figures and its pods); the figures go into results.json."""
+    retry_until = time.monotonic() + FIRST_CONTACT_RETRY_SECONDS
+    try:
+        runtime_class = run.kubectl.get("runtimeclass", run.settings.runtime, retry_until=retry_until)
+        nodes = usable_nodes((run.kubectl.get_list("nodes", None, retry_until=retry_until) or {}).get("items") or [],
+                             runtime_class)
+    except DemoError as error:
+        raise DemoError(f"--prepull needs to list the nodes (and get the RuntimeClass): {error}") from None
+    if not nodes:
+        raise DemoError("--prepull found no node the batch can use (schedulable, with the RuntimeClass's labels)")
+    images = run_images(run.plan.jobs)
+    deadline_seconds = run.settings.pull_timeout or run.settings.timeout
+    pods = [prepull_pod_manifest(run.namespace, f"prepull-{i}-{n}", node, image, run.settings.runtime,
+                                 run.settings.harden, deadline_seconds)
+            for i, image in enumerate(images, start=1) for n, node in enumerate(nodes, start=1)]
+    started = time.monotonic()
+    for pod in pods:
+        create_object(run, pod)
+    finished = wait_prepulled(run, len(pods), started + deadline_seconds + CLIENT_GRACE_SECONDS)
+    seconds = time.monotonic() - started
+    events = (run.kubectl.get_list("events", run.namespace, retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS)
+              or {}).get("items") or []
+    failures = prepull_failures(finished, events)
+    run.prepull = {"seconds": rounded(seconds), "nodes": len(nodes), "images": len(images),
+                   "pods": len(pods), "failures": failures,
+                   "image_cache": count_image_cache(image_cache_states(events).get(pod_name(p)) for p in finished)}
+    write_json(os.path.join(run.output, PREPULL_FILE), dict(run.prepull, node_names=nodes, image_names=images,
+                                                            pod_states=list_manifest(finished)))
+    if not run.silent:
+        print(f"Pre-pulled {plural(len(images), 'image')} on {plural(len(nodes), 'node')} in {seconds:.1f} s"
+              + (f"; {len(failures)} of {len(pods)} pods failed: " + "; ".join(
+                  f"{f['image']} on {f['node']}: {f['why']}" for f in failures[:3]) if failures else ""),
+              file=sys.stderr, flush=True)
+
+
+def wait_prepulled(run: RunContext, count: int, deadline: float) -> list[dict]:
+    """The --prepull pods once each has ended, or as they are at the deadline (polled: a short step)."""
+    while True:
+        listed = run.kubectl.get_list("pods", run.namespace, "-l", f"{PREPULL_LABEL}=true",
+                                      retry_until=min(deadline, time.monotonic() + CALL_TIMEOUT_SECONDS))
+        pods = (listed or {}).get("items") or []
+        if (len(pods) >= count and all(pod_terminal(pod) for pod in pods)) or time.monotonic() >= deadline:
+            return sorted(pods, key=pod_name)
+        time.sleep(PREPULL_POLL_SECONDS)
 
 
 def open_proxy(run: RunContext) -> None:
@@ -5663,12 +6300,16 @@ def run_one_batch(run: RunContext, entry: BatchEntry) -> BatchOutcome:
     job_name = entry.job
     batch_dir = os.path.normpath(os.path.join(run.output, entry.dir))
     os.makedirs(batch_dir, exist_ok=True)
-    manifest = run.plan.jobs[job_name]
-    write_json(os.path.join(batch_dir, "job-submitted.json"), manifest)
+    manifests = run.plan.jobs[job_name]
+    job_names = [manifest["metadata"]["name"] for manifest in manifests]
+    write_json(os.path.join(batch_dir, "job-submitted.json"),
+               manifests[0] if len(manifests) == 1 else list_manifest(manifests))
+    if len(manifests) > 1:
+        check_jobs_accepted(run, manifests)
     # The client's own deadline, which bounds its watches from their start; its measures start
     # at the submission, just before the create call.
     client_deadline = time.monotonic() + run.settings.timeout + CLIENT_GRACE_SECONDS
-    watches = WatchStream(run.kubectl, run.namespace, job_name)
+    watches = WatchStream(run.kubectl, run.namespace, job_name, BatchJobs(job_name, job_names))
     # The pod watch first, so that it is listening by the time the Job's first pods are created
     # (and starts while the proxy does).
     watches.start("pods", client_deadline)
@@ -5681,10 +6322,18 @@ def run_one_batch(run: RunContext, entry: BatchEntry) -> BatchOutcome:
         if run.settings.rollout else None
     follower = BatchFollower(run.kubectl, run.namespace, job_name, run.settings.count,
                              run.progress, run.pool, run.proxy, batch_dir, rewards, watches,
-                             EpisodeDrafts(run.settings.builtin))
+                             EpisodeDrafts(run.settings.builtin), job_names)
     run.batch = batch = BatchEvidence(run, follower, batch_dir)
-    created = follower.submit(lambda: create_object(run, manifest))
-    run.receipt.record_job(job_name, created["metadata"]["uid"])
+
+    def create_jobs() -> dict:
+        """The batch's Jobs in order, each UID in the receipt at once; the batch starts with the first."""
+        created = []
+        for manifest in manifests:
+            created.append(create_object(run, manifest))
+            run.receipt.record_job(manifest["metadata"]["name"], created[-1]["metadata"]["uid"])
+        return created[0]
+
+    follower.submit(create_jobs)
     end = follower.follow(client_deadline)
     wait = client_wait(follower, end)
     evidence = batch.collect(job_name)
@@ -5700,10 +6349,24 @@ def run_one_batch(run: RunContext, entry: BatchEntry) -> BatchOutcome:
             rewards.close()
             wait = wait._replace(reward_deliveries=[d.saved() for d in rewards.deliveries])
             write_json(client_path, wait.saved())  # kept, with the deliveries, should the summary fail
+    assert follower.end_seen_monotonic is not None  # both summaries fail a batch whose end was not seen
     wait = wait._replace(episodes_summarised_while_waiting=summary.drafts_taken,
                          post_completion_seconds=rounded(time.monotonic() - follower.end_seen_monotonic))
     write_json(client_path, wait.saved())
     return BatchOutcome(entry, summary, wait.saved())
+
+
+def check_jobs_accepted(run: RunContext, manifests: Sequence[dict]) -> None:
+    """Each Job of a batch of several, as the API server would take it (a server-side dry run), before
+    any is created: one refused (an invalid image reference) fails the run with none of them made."""
+    for manifest in manifests:
+        try:
+            run.kubectl.run(["create", "--dry-run=server", "-f", "-", "-o", "name"], input_text=json.dumps(manifest),
+                            retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS)
+        except KubectlError as error:
+            image = manifest["spec"]["template"]["spec"]["containers"][0]["image"]
+            raise DemoError(f"the API server refuses Job {manifest['metadata']['name']} (image {image}): "
+                            f"{error}; none of the batch's {len(manifests)} Jobs was created") from None
 
 
 class ClientWait(NamedTuple):
@@ -5768,6 +6431,7 @@ def verified_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) 
         # A watch that saw fewer pods than episodes proves nothing about the others.
         raise DemoError(f"cannot verify the batch: the pods could not be listed and the pod watch saw "
                         f"only {len(pods)} of {settings.count}")
+    assert job is not None  # its Complete condition was seen on it
     try:
         return summarise_batch(job, pods, logs, events, settings.count, settings.builtin,
                                batch.follower.end_seen_wall, batch.follower.observations(),
@@ -5785,7 +6449,7 @@ def rollout_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) -
     job, reading, logs, events = evidence
     settings, pods, count, job_name = batch.settings, reading.pods, batch.settings.count, batch.follower.job_name
     rows = episode_rows(count, job or {"metadata": {}}, pods, logs, settings.builtin,
-                        settings.task_ids, settings.group_size, events)
+                        settings.task_ids, settings.group_size, events, group_images(settings))
     follower = batch.follower
     if follower.rewards is not None:
         rows = follower.rewards.finish(rows, pods, logs, follower.state.observed)
@@ -5837,6 +6501,8 @@ def batch_delivery_figures(deliveries: Sequence[Delivery], job_observed: dict[st
 def save_results(run: RunContext, batches: Sequence[BatchOutcome]) -> Results:
     """results.json, episodes.csv and the pictures, from every batch's summary."""
     results = assemble_results(run.settings, batches, client_figures(run).saved(), run.capacity)
+    if run.prepull is not None:
+        results.figures["prepull"] = run.prepull
     write_json(os.path.join(run.output, RESULTS_FILE), results.figures)
     write_text(os.path.join(run.output, "episodes.csv"), episodes_csv(results.batches))
     write_pictures(run.output, results.batches, run.settings, results.figures["throughput"])
@@ -5896,13 +6562,15 @@ def salvage(run: RunContext) -> None:
             live = None
         if live and run.receipt.owns_namespace(live):
             run.receipt.record_namespace(live["metadata"]["uid"])
-    if batch is not None and not run.receipt.has_job(batch.follower.job_name):
+    for name in [] if batch is None else batch.follower.jobs.names:
+        if run.receipt.has_job(name):
+            continue
         try:
-            live = run.kubectl.get("job", batch.follower.job_name, run.namespace, missing_ok=True)
+            live = run.kubectl.get("job", name, run.namespace, missing_ok=True)
         except DemoError:
             live = None
         if live:
-            run.receipt.record_job(batch.follower.job_name, live["metadata"]["uid"])
+            run.receipt.record_job(name, live["metadata"]["uid"])
     # Saved again even when nothing was added: the interruption may have come while it was written.
     run.receipt.save()
 
@@ -5964,6 +6632,7 @@ def summarise_rollout(rows: Sequence[dict], job: dict, pods: Sequence[dict], log
                               drafts)
     summary.figures.update(rollout_figures(rows, job, pods, settings.group_size, allowed,
                                            settings.retries or 0, need))
+    summary.figures["images"] = image_figures(summary.episodes, rows)
     return summary
 
 
@@ -6098,6 +6767,7 @@ def common_results(settings: Settings, measured: Sequence[BatchOutcome]) -> dict
         phases, by_start_path = phase_summary([r["phases"] for r in episodes]), start_path_phases(episodes)
     guide = describe([r["guide_pod_to_ready"] for r in episodes])
     client_seconds = [f.get("client_job_complete_seconds") for f in figures]
+    known_seconds = [seconds for seconds in client_seconds if seconds is not None]
     return {
         "episodes": sum(f["episodes"] for f in figures),
         "successful_episodes": sum(f["successful_episodes"] for f in figures),
@@ -6115,10 +6785,15 @@ def common_results(settings: Settings, measured: Sequence[BatchOutcome]) -> dict
         "parallelism": settings.parallelism,
         "cache_state": "warmed" if settings.warmup else "uncontrolled",
         "image_cache": count_image_cache(record.get("image_cache") for record in episodes),
+        # A batch's own figures know a rollout's failed episodes too; rounds pool the summarised ones.
+        "images": figures[0]["images"] if len(figures) == 1 else image_figures(episodes),
+        # Every Job the run created: one per batch, or one per image and batch.
+        "jobs": sum(len(entry.jobs or (entry.job,)) for entry in settings.batches),
+        **({"image_map": dict(settings.image_map)} if settings.image_map else {}),
         "harden": settings.harden,
         "episode_script": settings.episode_script,
         "episode_script_sha256": settings.episode_script_sha256,
-        "client_job_complete_seconds": None if None in client_seconds else max(client_seconds),
+        "client_job_complete_seconds": max(known_seconds) if len(known_seconds) == len(client_seconds) else None,
         "reward_mean": rounded(sum(f["reward_sum"] for f in figures) / max(1, sum(f["episodes"] for f in figures)),
                                6),
         "rounds_measured": len(figures),
@@ -6293,8 +6968,12 @@ def run_settings(args: argparse.Namespace, worker_source: str, builtin: bool, ta
     its episode program, and the context and namespace it runs in (no context for --dry-run)."""
     rollout = bool(getattr(args, "rollout", False))
     batches = batch_names(args.rounds, args.warmup)
+    image_map = parse_image_map(getattr(args, "image_map", None) or ())
+    # Rewritten once, here: every later use of an image takes the rewritten reference.
+    image = rewrite_image(args.image, image_map)
+    groups = image_groups(tasks, args.count, args.group_size, image, image_map)
     return Settings(
-        version=__version__, count=args.count, parallelism=args.parallelism, image=args.image,
+        version=__version__, count=args.count, parallelism=args.parallelism, image=image,
         runtime=args.runtime, timeout=args.timeout or default_timeout(args.count, args.parallelism),
         rounds=args.rounds, warmup=args.warmup, harden=args.harden, builtin=builtin,
         episode_script=args.episode_script, chunk_size=args.chunk_size,
@@ -6308,7 +6987,13 @@ def run_settings(args: argparse.Namespace, worker_source: str, builtin: bool, ta
         task_ids=tuple(task.task_id for task in tasks) if rollout and tasks else None,
         need=getattr(args, "need", None), episode_timeout=getattr(args, "episode_timeout", None),
         context=context, namespace=namespace,
-        batches=tuple(BatchEntry(name, measured, name if len(batches) > 1 else ".") for name, measured in batches))
+        batches=tuple(BatchEntry(name, measured, name if len(batches) > 1 else ".",
+                                 tuple(image_job_name(name, n) for n in range(1, len(groups) + 1))
+                                 if len(groups) > 1 else ())
+                      for name, measured in batches),
+        image_map=image_map, pull_timeout=getattr(args, "pull_timeout", None),
+        prepull=bool(getattr(args, "prepull", False)),
+        task_images=tuple(task_images(tasks, image, image_map)) if rollout and tasks else None)
 
 
 def start_run(args: argparse.Namespace, worker_source: str, builtin: bool, tasks: Sequence[Task]) -> RunContext:
@@ -6483,7 +7168,7 @@ def proven_jobs(kubectl: Kubectl, receipt: Receipt, retry_until: float) -> list[
     return live_jobs
 
 
-def namespace_stuck(namespace: str, stuck: dict, context: str, wait_seconds: float) -> DemoError:
+def namespace_stuck(namespace: str, stuck: dict, context: str | None, wait_seconds: float) -> DemoError:
     """Why a deleted namespace is still there, and how to look; finalizers are never stripped here."""
     finalizers = (stuck.get("metadata", {}).get("finalizers") or []) + \
         ((stuck.get("spec") or {}).get("finalizers") or [])
@@ -6647,7 +7332,7 @@ def load_saved_batch(directory: str, entry: BatchEntry, settings: Settings) -> B
     if not os.path.exists(job_path):
         raise DemoError(f"no job.json in {directory}: the run stopped before its Job's status was saved "
                         f"(it was interrupted or failed early); nothing to report")
-    job = read_json(job_path, "job.json")
+    job = saved_batch_job(read_json(job_path, "job.json"), entry.job)
     pods = read_json(os.path.join(directory, "pods.json"), "pods.json").get("items", [])
     events_path = os.path.join(directory, "events.json")
     events = read_json(events_path, "events.json").get("items", []) if os.path.exists(events_path) else []
@@ -6670,7 +7355,7 @@ def load_saved_batch(directory: str, entry: BatchEntry, settings: Settings) -> B
     observed = read_json(observed_path, "observed.json") if os.path.exists(observed_path) else {}
     if settings.rollout:
         rows = episode_rows(settings.count, job, pods, logs, settings.builtin,
-                            settings.task_ids, settings.group_size, events)
+                            settings.task_ids, settings.group_size, events, group_images(settings))
         summary = summarise_rollout(rows, job, pods, logs, events, settings, client.get("observed_at"), observed)
         if client.get("reward_deliveries") is not None:
             deliveries = [Delivery(*saved) for saved in client["reward_deliveries"]]
@@ -6700,7 +7385,12 @@ def recompute(output: str) -> Results:
                for entry in settings.batches]
     previous = os.path.join(output, RESULTS_FILE)
     client = read_json(previous, "results.json").get("client") if os.path.exists(previous) else None
-    return assemble_results(settings, batches, client, capacity)
+    results = assemble_results(settings, batches, client, capacity)
+    saved_prepull = os.path.join(output, PREPULL_FILE)
+    if os.path.exists(saved_prepull):
+        results.figures["prepull"] = {key: value for key, value in read_json(saved_prepull, PREPULL_FILE).items()
+                                      if key not in ("node_names", "image_names", "pod_states")}
+    return results
 
 
 def warn_clocks(results: dict) -> None:
@@ -6787,7 +7477,12 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                              f"the tasks times --group-size)")
     parser.add_argument("--parallelism", type=int, default=None, metavar="P",
                         help="episodes at once (default: the count)")
-    parser.add_argument("--image", default=DEFAULT_IMAGE, help="container image with python")
+    parser.add_argument("--image", default=DEFAULT_IMAGE,
+                        help="container image with python (a task's `image` field names its own)")
+    parser.add_argument("--image-map", action="append", default=None, metavar="FROM=TO",
+                        help="rewrite every image reference (--image and the tasks') that starts with FROM to "
+                             "start with TO instead, e.g. docker.io/swebench=registry.internal/swebench (a "
+                             "mirror); repeatable, the longest FROM wins")
     parser.add_argument("--runtime", default=DEFAULT_RUNTIME, metavar="RUNTIMECLASS",
                         help="RuntimeClass that sandboxes each episode")
     parser.add_argument("--context", default=None, metavar="NAME",
@@ -6828,7 +7523,8 @@ def add_episode_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tasks", default=None, metavar="FILE",
                         help=f"JSONL file, one task (JSON object) per line; each episode finds its own in "
                              f"the file named by ${TASK_FILE_ENV}; the task id is its `id` field, else its "
-                             f"line number. rewards.jsonl lists every episode's outcome")
+                             f"line number, its `image` field its container image (one Job per image; default "
+                             f"--image). rewards.jsonl lists every episode's outcome")
     parser.add_argument("--group-size", type=positive_int, default=1, metavar="G",
                         help="episodes per task (GRPO-style groups); needs --tasks")
     parser.add_argument("--retries", type=non_negative_int, default=None, metavar="N",
@@ -6849,6 +7545,15 @@ def add_episode_arguments(parser: argparse.ArgumentParser) -> None:
                              "activeDeadlineSeconds: counted from the pod's start on its node, image pull "
                              "and sandbox start included); an episode past it is an 'episode' failure and "
                              "is never retried (so not with --retries)")
+    parser.add_argument("--prepull", action="store_true",
+                        help="before the measured batch, make every image of the run present on every node "
+                             "the batch can use (one short pod per node and image, in the run's namespace), "
+                             "measured apart as results.json's `prepull`; needs list nodes")
+    parser.add_argument("--pull-timeout", type=positive_int, default=None, metavar="S",
+                        help="fail an episode whose pod has not pulled its image within S seconds of its "
+                             "start (the pod's activeDeadlineSeconds, with --episode-timeout added), as an "
+                             "infrastructure failure the Job retries under --retries; without it an image "
+                             "that never pulls holds its episode until the Job's --timeout")
 
 
 def add_cleanup_arguments(parser: argparse.ArgumentParser) -> None:
@@ -6942,6 +7647,29 @@ def check_run_arguments(args: argparse.Namespace, spelling: Spelling = COMMAND_L
         raise UsageError(f"{spelling.name('tasks')} needs {spelling.name('episode_script')}: the built-in "
                          f"episode ignores tasks, so its rewards would not come from them; ship an episode "
                          f"that reads its task from ${TASK_FILE_ENV}")
+    check_image_arguments(args, spelling)
+
+
+def check_image_arguments(args: argparse.Namespace, spelling: Spelling = COMMAND_LINE) -> None:
+    """--image-map well formed; with tasks of several images, a share of --parallelism for each
+    image's Job, and no --need (a Job's successPolicy counts its own episodes, not its batch's)."""
+    name = spelling.name
+    try:
+        image_map = parse_image_map(getattr(args, "image_map", None) or ())
+    except ValueError as error:
+        raise UsageError(f"{name('image_map')}: {error}") from None
+    tasks = getattr(args, "task_list", None) or []
+    groups = image_groups(tasks, args.count, args.group_size, rewrite_image(args.image, image_map), image_map)
+    if len(groups) == 1:
+        return
+    if getattr(args, "need", None) is not None:
+        raise UsageError(f"{name('need')} cannot hold with tasks of {len(groups)} images: each image runs its "
+                         f"own Job, and a Job's successPolicy counts only its own episodes")
+    try:
+        parallelism_shares(args.parallelism, [len(group.indexes) for group in groups])
+    except ValueError as error:
+        raise UsageError(f"{spelling.setting('parallelism', args.parallelism)} is too few: the tasks name "
+                         f"{error} (one Job per image)") from None
 
 
 def check_rollout_arguments(args: argparse.Namespace, spelling: Spelling = COMMAND_LINE) -> None:
@@ -7046,19 +7774,25 @@ class RunKeyword(NamedTuple):
 
     @property
     def annotation(self) -> str:
-        spelled = "str | os.PathLike" if self.path else self.kind.__name__
+        spelled = "str | os.PathLike" if self.path else "list[str]" if self.kind is list else self.kind.__name__
         return spelled if self.default is not None else spelled + " | None"
 
     def value(self, given: Any) -> Any:
         """The keyword's value checked in Python's terms, as the parsed flag would hold it."""
         if given is None and self.default is None:
             return None
+        if self.kind is list:  # a repeatable flag: a list of its values (`image_map=["a=b"]`)
+            if isinstance(given, str) or not isinstance(given, (list, tuple)) or \
+                    not all(isinstance(item, str) for item in given):
+                raise KeywordTypeError(f"{self.name}= must be a list of str, got {type(given).__name__} "
+                                       f"{given!r}")
+            return list(given)
         wanted = (str, os.PathLike) if self.path else self.kind
         if not isinstance(given, wanted) or (self.kind is int and isinstance(given, bool)):
             raise KeywordTypeError(f"{self.name}= must be {self.annotation}, got {type(given).__name__} "
                                    f"{given!r}")
         if self.path:
-            return os.fspath(given)
+            return os.fspath(given)  # type: ignore[call-overload]  # a str or os.PathLike: checked above
         if self.check is not None and self.kind in (int, str):
             try:
                 checked = self.check(str(given))
@@ -7083,7 +7817,8 @@ def run_keywords() -> dict[str, RunKeyword]:
     for action in actions.choices["run"]._actions:
         if action.dest in NOT_KEYWORDS or not action.option_strings:
             continue
-        kind = bool if action.nargs == 0 else int if action.type in (int, positive_int, non_negative_int) else str
+        kind = list if isinstance(action, argparse._AppendAction) else bool if action.nargs == 0 \
+            else int if action.type in (int, positive_int, non_negative_int) else str
         keywords[action.dest] = RunKeyword(
             action.dest, action.option_strings[-1], kind, action.metavar in ("FILE", "PATH"),
             PYTHON_DEFAULTS.get(action.dest, action.default), action.type if callable(action.type) else None,

@@ -5,6 +5,7 @@ Usage:
     python3 tests/benchmark.py [--quick] [--kubectl PATH] [--cases 10,20,200,500]
                                [--reps N] [--guide-max N] [--keep]
     python3 tests/benchmark.py --scale [--scale-10000]
+    python3 tests/benchmark.py --images
     ... [--loaded]    every case again under two busy loops per core, printed after the quiet figures
     python3 tests/benchmark.py --replay 10000@500,100000@2000
                       the cost model: the product followed against tests/replay_kubectl.py
@@ -52,6 +53,12 @@ episodes in bubblewrap), run once with `--need 28` and once waiting for all: wal
 the time from the Job's creation to the first and the 28th reward in rewards.jsonl; and the
 delivery lag (each line's container end -> the line written, results.json's
 reward_delivery_lag_*) at 2,000 episodes on the lightweight kubelet, with the client's CPU.
+
+--images measures an image per task: 8 tasks x 8 episodes, each task its own 150 MB image (a
+3 s cold pull), on 2 nodes of the lightweight kubelet, parallelism 16 shared by the 8 Jobs; a
+fresh emulator for each of: every image cold with the kubelet's default of one pull at a time
+per node, cold with 8 pulls at once (maxParallelImagePulls), with --prepull (pre-pull and batch
+shown apart), and every image present (the baseline).
 
 Not part of the pytest run. Standard library only.
 """
@@ -473,6 +480,109 @@ def delivery_lag_case(kubectl: str, root: Path) -> dict:
     return with_emulator(workdir, LIGHTWEIGHT_FAULTS, body)
 
 
+# --images: 8 tasks x 8 episodes, each task its own image of IMAGE_BYTES, on 2 nodes (lightweight
+# kubelet: the episodes spawn no process, the pulls take the emulator's time from the image's size).
+IMAGE_TASKS, IMAGE_GROUP, IMAGE_NODES, IMAGE_PARALLELISM = 8, 8, 2, 16
+IMAGE_BYTES, IMAGE_PULL_RATE = 150_000_000, 50e6  # a 3 s cold pull
+IMAGE_CASES = (
+    ("cold, serialized pulls", {}, []),
+    ("cold, parallel pulls", {"max_parallel_image_pulls": IMAGE_TASKS}, []),
+    ("--prepull", {}, ["--prepull"]),
+    ("all present", {"present": True}, []),
+)
+
+
+def image_case(kubectl: str, root: Path) -> dict[str, dict]:
+    """The same 64-episode rollout of 8 images on a fresh emulator per case: cold (the kubelet's default of
+    one pull at a time per node, then maxParallelImagePulls 8), with --prepull, and every image present."""
+    tasks_file = root / "image-tasks.jsonl"
+    images = [f"registry.bench.local/task-{n}:1" for n in range(IMAGE_TASKS)]
+    tasks_file.write_text("".join(json.dumps({"id": f"task-{n}", "image": image}) + "\n"
+                                  for n, image in enumerate(images)))
+    script = root / "image_episode.py"
+    script.write_text(HANGING_EPISODE)
+    runs: dict[str, dict] = {}
+    for number, (label, store, extra) in enumerate(IMAGE_CASES):
+        workdir = root / f"images-{number}"
+        workdir.mkdir()
+        options = {"registry": {image: IMAGE_BYTES for image in images}, "pull_bytes_per_second": IMAGE_PULL_RATE}
+        options.update({key: value for key, value in store.items() if key != "present"})
+        if store.get("present"):
+            options["present"] = {image: True for image in images}
+        emulator = Emulator(workdir / "emulator", faults=dict(LIGHTWEIGHT_FAULTS), nodes=IMAGE_NODES, images=options)
+        emulator.start()
+        try:
+            output = workdir / "run"
+            argv = [sys.executable, str(PRODUCT), "run", "--quiet", "--tasks", str(tasks_file),
+                    "--group-size", str(IMAGE_GROUP), "--episode-script", str(script),
+                    "--parallelism", str(IMAGE_PARALLELISM), "--max-episodes", str(IMAGE_TASKS * IMAGE_GROUP),
+                    "--allow-failures", "0", "--output", str(output), "--kubectl", kubectl, *extra]
+            started = time.monotonic()
+            done = subprocess.run(argv, env=emulator.env(), capture_output=True, text=True, timeout=1800)
+            wall = time.monotonic() - started
+        finally:
+            emulator.stop()
+        if done.returncode != 0:
+            raise BenchmarkError(f"images run {label!r} exited {done.returncode}: "
+                                 f"{' | '.join(done.stderr.strip().splitlines()[-5:])}")
+        results = json.loads((output / "results.json").read_text())
+        pulls = results["phases"]["image_pull"]
+        waiting = [entry["image_pull_waiting_p50_seconds"] for entry in results["images"].values()
+                   if entry["image_pull_waiting_p50_seconds"] is not None]
+        pulled_p50 = [entry["image_pull_p50_seconds"] for entry in results["images"].values()
+                      if entry["image_pull_p50_seconds"] is not None]
+        runs[label] = {
+            "wall": wall, "prepull": (results.get("prepull") or {}).get("seconds"),
+            "batch": results["client_job_complete_seconds"], "rewards": results["batch_to_all_rewards_seconds"],
+            "pod_to_ready_p50": results["pod_to_ready_p50_seconds"],
+            "pod_to_ready_p95": results["pod_to_ready_p95_seconds"],
+            "pull_p50": statistics.median(pulled_p50) if pulled_p50 else None, "pull_max": pulls.get("max"),
+            "waiting_p50": statistics.median(waiting) if waiting else None,
+            "pulled": results["image_cache"]["pulled"], "present": results["image_cache"]["present"],
+            "jobs": results["jobs"],
+        }
+        say(f"  {label}: wall {wall:.1f} s, batch {runs[label]['batch']} s, pulled {runs[label]['pulled']}")
+    return runs
+
+
+def image_lines(runs: dict[str, dict]) -> list[str]:
+    """The image cases side by side; the baseline is every image present."""
+    labels = [label for label, _, _ in IMAGE_CASES]
+    base = runs["all present"]
+
+    def row(name: str, key: str) -> str:
+        cells = [fmt(runs[label][key]) for label in labels]
+        return f"{name:<34}" + "".join(f"{cell:>24}" for cell in cells)
+
+    lines = [f"\nImages: {IMAGE_TASKS} tasks x {IMAGE_GROUP} episodes, "
+             f"{IMAGE_TASKS} images of {IMAGE_BYTES // 10**6} MB "
+             f"(a {IMAGE_BYTES / IMAGE_PULL_RATE:.0f} s cold pull at {IMAGE_PULL_RATE / 1e6:.0f} MB/s), {IMAGE_NODES} "
+             f"nodes, parallelism {IMAGE_PARALLELISM} shared by {runs['all present']['jobs']} Jobs, lightweight "
+             f"kubelet (faults {json.dumps(LIGHTWEIGHT_FAULTS)}); a fresh emulator per case",
+             f"{'figure':<34}" + "".join(f"{label:>24}" for label in labels),
+             row("run wall time (s)", "wall"),
+             row("pre-pull step (s)", "prepull"),
+             row("batch: create -> seen complete (s)", "batch"),
+             row("batch: Job created -> last reward", "rewards"),
+             row("pod_to_ready p50 (s)", "pod_to_ready_p50"),
+             row("pod_to_ready p95 (s)", "pod_to_ready_p95"),
+             row("image_pull of pulls, p50 (s) *", "pull_p50"),
+             row("image_pull phase max (s)", "pull_max"),
+             row("kubelet's wait in pulls, p50 (s) *", "waiting_p50"),
+             row("episodes that pulled", "pulled"),
+             row("episodes that found it present", "present")]
+    lines.append("* over the episodes that pulled: per image its p50, the median of the images' (results.json's "
+                 "images); the wait is the kubelet's own, its Pulled message's total less its pull")
+    serial, parallel = runs["cold, serialized pulls"], runs["cold, parallel pulls"]
+    lines.append(f"serialized pulls cost {serial['batch'] - parallel['batch']:.1f} s of the cold batch "
+                 f"({serial['batch']:.1f} s against {parallel['batch']:.1f} s with {IMAGE_TASKS} pulls at once; "
+                 f"the emulator gives each pull its own {IMAGE_PULL_RATE / 1e6:.0f} MB/s, so this is the most parallel "
+                 f"pulls can save, when one pull cannot fill the node's link); every image present: "
+                 f"{base['batch']:.1f} s; --prepull: {runs['--prepull']['prepull']:.1f} s of pre-pull, then "
+                 f"{runs['--prepull']['batch']:.1f} s of batch")
+    return lines
+
+
 def streaming_lines(stragglers: dict[str, dict], delivery: dict) -> list[str]:
     need, everything = stragglers["need"], stragglers["all"]
     lines = [f"\nStreaming: {STRAGGLER_COUNT} episodes, {STRAGGLERS} hang {STRAGGLER_HANG_SECONDS} s "
@@ -487,14 +597,16 @@ def streaming_lines(stragglers: dict[str, dict], delivery: dict) -> list[str]:
                  ("delivery lag p99 (s)", need["lag_p99"], everything["lag_p99"], "", ""),
              ], header=("figure", f"--need {STRAGGLER_NEED}", "wait for all", "all / need", "target"))]
     lines += [f"\nDelivery lag at {DELIVERY_LAG_SIZE} episodes (lightweight kubelet, parallelism "
-              f"{min(DELIVERY_LAG_SIZE, LIGHTWEIGHT_PARALLELISM)}): p50 {delivery['reward_delivery_lag_p50_seconds']} s, "
+              f"{min(DELIVERY_LAG_SIZE, LIGHTWEIGHT_PARALLELISM)}): "
+              f"p50 {delivery['reward_delivery_lag_p50_seconds']} s, "
               f"p99 {delivery['reward_delivery_lag_p99_seconds']} s (target < {TARGET_DELIVERY_LAG_P99_SECONDS} s: "
               f"{verdict(delivery['reward_delivery_lag_p99_seconds'] < TARGET_DELIVERY_LAG_P99_SECONDS)}), "
               f"max {delivery['reward_delivery_lag_max_seconds']} s; lines streamed "
               f"{delivery['delivery']['streamed']} of {delivery['delivery']['lines']}; lag precision "
               f"{delivery['delivery']['lag_precision_seconds']} s; of it the client's own part (its watch seeing the "
               f"end -> the line written) p50 {delivery['delivery']['seen_to_written_p50_seconds']} s, p99 "
-              f"{delivery['delivery']['seen_to_written_p99_seconds']} s; client CPU {delivery['tool_cpu_seconds']:.1f} s "
+              f"{delivery['delivery']['seen_to_written_p99_seconds']} s; "
+              f"client CPU {delivery['tool_cpu_seconds']:.1f} s "
               f"(+ kubectl {delivery['kubectl_cpu_seconds']:.1f} s), wall {delivery['wall_seconds']:.1f} s"]
     return lines
 
@@ -564,7 +676,7 @@ def wait_length_case(kubectl: str, root: Path) -> dict[str, dict[str, dict]]:
         workdir.mkdir()
         faults = dict(EMULATOR_FAULTS, sandbox_delay=delay)
 
-        def body(emulator: Emulator, name: str = name, workdir: Path = workdir) -> None:
+        def body(emulator: Emulator, name: str = name, workdir: Path = workdir, faults: dict = faults) -> None:
             runs[name] = {kind: run_client(emulator, kind, WAIT_CHECK_COUNT, WAIT_CHECK_COUNT, kubectl,
                                            workdir, kind) for kind in ("product", "guide")}
             say(f"  sandbox delay {faults['sandbox_delay']:g} s: product waited "
@@ -860,7 +972,8 @@ def replay_case(count: int, rate: int, root: Path) -> dict:
         "pods_json_mb": (output / "pods.json").stat().st_size / 2 ** 20,
     }
     say(f"  replay {count} episodes at {rate} pod lines/s: lag {figures['lag_seconds']:.3f} s, tail "
-        f"{figures['tail_seconds']:.2f} s, peak RSS {figures['peak_rss_mb']:.0f} MB, queue peak {figures['queue_peak']}, "
+        f"{figures['tail_seconds']:.2f} s, peak RSS {figures['peak_rss_mb']:.0f} MB, "
+        f"queue peak {figures['queue_peak']}, "
         f"wall {wall:.0f} s")
     return figures
 
@@ -912,6 +1025,7 @@ class Measured:
         self.lightweight: dict[int, dict] = {}
         self.stragglers: dict[str, dict] = {}
         self.delivery: dict = {}
+        self.images: dict[str, dict] = {}
 
 
 def measure(args: argparse.Namespace, cases: list[int], scale_sizes: list[int], reps: int, guide_max: int,
@@ -919,6 +1033,9 @@ def measure(args: argparse.Namespace, cases: list[int], scale_sizes: list[int], 
     """One pass over the cases asked for."""
     measured = Measured()
     root.mkdir(parents=True, exist_ok=True)
+    if args.images:
+        say("images: cold, parallel pulls, --prepull, all present ...")
+        measured.images = image_case(kubectl, root)
     if args.streaming:
         say("stragglers: --need against waiting for all ...")
         measured.stragglers = straggler_case(kubectl, root)
@@ -957,6 +1074,9 @@ def print_measured(measured: Measured) -> None:
         print(line)
     if measured.stragglers:
         for line in streaming_lines(measured.stragglers, measured.delivery):
+            print(line)
+    if measured.images:
+        for line in image_lines(measured.images):
             print(line)
 
 
@@ -1004,9 +1124,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"only streaming rollouts: {STRAGGLER_COUNT} episodes with {STRAGGLERS} hanging, "
                              f"--need {STRAGGLER_NEED} against waiting for all; delivery lag at "
                              f"{DELIVERY_LAG_SIZE} episodes")
+    parser.add_argument("--images", action="store_true",
+                        help=f"an image per task: {IMAGE_TASKS} tasks x {IMAGE_GROUP} episodes, {IMAGE_TASKS} images "
+                             f"cold (pulls serialized, then parallel), with --prepull, and all present")
+
+
     parser.add_argument("--replay", default=None, metavar="N@RATE,...",
-                        help=f"only the cost model: the product followed against tests/replay_kubectl.py, e.g. "
-                             f"10000@500,100000@2000 (episodes @ pod watch lines a second)")
+                        help="only the cost model: the product followed against tests/replay_kubectl.py, e.g. "
+                             "10000@500,100000@2000 (episodes @ pod watch lines a second)")
     parser.add_argument("--loaded", action="store_true",
                         help=f"measure every case again with {BUSY_LOOPS_PER_CORE} busy loops per core and print "
                              f"those figures too, after the quiet ones")
@@ -1016,9 +1141,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    default_cases = "" if args.scale or args.streaming else ("10,20" if args.quick else "10,20,200,500")
+    only = args.scale or args.streaming or args.images
+    default_cases = "" if only else ("10,20" if args.quick else "10,20,200,500")
     cases = [int(c) for c in (args.cases if args.cases is not None else default_cases).split(",") if c]
-    if args.scale or args.streaming:
+    if only:
         args.no_wait_check = args.no_wait_check or args.cases is None
         args.no_worker = args.no_worker or args.cases is None
     sizes = [int(c) for c in args.scale_sizes.split(",") if c] if args.scale_sizes else list(LIGHTWEIGHT_SIZES)

@@ -115,7 +115,8 @@ def _build_module_binaries(go: str, env: dict[str, str], out: Path, module: str,
     """Build the packages `entries` name from one module, in a build module of its own."""
     module_dir = CACHE_DIR / f"build-{module.replace('/', '_')}-v{version}"
     module_dir.mkdir(parents=True, exist_ok=True)
-    (module_dir / "go.mod").write_text(f"module rldemo.test/node-build\n\ngo {build_control_plane.GO_MODULE_DIRECTIVE}\n\n"
+    (module_dir / "go.mod").write_text(f"module rldemo.test/node-build\n\n"
+                                       f"go {build_control_plane.GO_MODULE_DIRECTIVE}\n\n"
                                        f"require {module} v{version}\n")
     imports = "\n".join(f'\t_ "{module}/{entry[3]}"' for entry in entries)
     (module_dir / "tools.go").write_text(f"//go:build tools\n\npackage tools\n\nimport (\n{imports}\n)\n")

@@ -45,12 +45,16 @@ Only the Python standard library is used (Python >= 3.9).
 
 Python API::
 
-    emu = Emulator(workdir, faults={...}, nodes=3, server_version="1.33")
+    emu = Emulator(workdir, faults={...}, nodes=3, server_version="1.33", images={...})
     emu.start(); env = emu.env(); ...; emu.stop()
+
+``images`` (see ``ImageStore``) gives each node an image store and a registry to pull from:
+pull time from the image's size, pulls serialized per node as the kubelet's default, the
+kubelet's own Pulling / Pulled / Failed / BackOff events, references that do not exist.
 
 CLI::
 
-    python tests/kube_emulator.py --workdir DIR [--faults JSON] [--nodes N]
+    python tests/kube_emulator.py --workdir DIR [--faults JSON] [--nodes N] [--images JSON]
 """
 from __future__ import annotations
 
@@ -1401,12 +1405,12 @@ def openapi_v3_doc(group: str, version: str, server_version: str) -> dict:
             coll = "%s/%s" % (prefix, r.plural)
         item = coll + "/{name}"
 
-        def op(action: str, desc: str, extra: Optional[list] = None) -> dict:
-            return {"description": desc, "operationId": "%s%s" % (action, r.kind),
-                    "tags": [r.gv_path.replace("/", "_")],
+        def op(action: str, desc: str, extra: Optional[list] = None) -> dict:  # called in this turn only
+            return {"description": desc, "operationId": "%s%s" % (action, r.kind),  # noqa: B023
+                    "tags": [r.gv_path.replace("/", "_")],  # noqa: B023
                     "parameters": list(params) + list(extra or []),
                     "responses": {"200": {"description": "OK"}, "401": {"description": "Unauthorized"}},
-                    "x-kubernetes-action": action, "x-kubernetes-group-version-kind": gvk}
+                    "x-kubernetes-action": action, "x-kubernetes-group-version-kind": gvk}  # noqa: B023
 
         paths[coll] = {"get": op("list", "list or watch objects of kind %s" % r.kind),
                        "post": op("post", "create a %s" % r.kind)}
@@ -1796,7 +1800,7 @@ def decode_continue(token: str) -> dict:
         data["start"] = tuple(data["start"])
         data["rv"] = int(data["rv"])
     except Exception:
-        raise err_bad_request("continue key is not valid: illegal base64 data")
+        raise err_bad_request("continue key is not valid: illegal base64 data") from None
     return data
 
 
@@ -1905,7 +1909,7 @@ class ReadPath:
         try:
             wanted = int(rv)
         except ValueError:
-            raise err_bad_request('invalid resource version "%s"' % rv)
+            raise err_bad_request('invalid resource version "%s"' % rv) from None
         deadline = time.time() + self.timing("fresh_block")
         while True:
             reached = self.cache_rv(info.store)
@@ -2005,7 +2009,7 @@ class WatchView:
             try:
                 cursor = int(rv_param)
             except ValueError:
-                raise err_bad_request('invalid resource version "%s"' % rv_param)
+                raise err_bad_request('invalid resource version "%s"' % rv_param) from None
             if cursor < store.compacted_rv:
                 return [], cursor, True
             objs, _ = store.list(self.info.store, self.ns_filter)
@@ -2074,6 +2078,9 @@ INJECTED_ERRORS = {
                      "but may still be processing the request"),
     429: ("TooManyRequests", "the server has received too many requests and has asked us "
                              "to try again later"),
+    # As a validating admission webhook that denies the object answers (a registry policy, here).
+    403: ("Forbidden", 'admission webhook "registries.policy.example" denied the request: image is '
+                       'not from an allowed registry'),
 }
 
 
@@ -2105,7 +2112,8 @@ class UserInfo:
 
 # What any authenticated user may do without a grant of its own: the bootstrap ClusterRoles
 # system:discovery, system:public-info-viewer and system:basic-user.
-BASIC_USER_RESOURCES = {("authentication.k8s.io", "selfsubjectreviews"), ("authorization.k8s.io", "selfsubjectaccessreviews"),
+BASIC_USER_RESOURCES = {("authentication.k8s.io", "selfsubjectreviews"),
+                        ("authorization.k8s.io", "selfsubjectaccessreviews"),
                         ("authorization.k8s.io", "selfsubjectrulesreviews")}
 ADMIN_BASIC_AUTH = "Basic " + base64.b64encode(b"admin:emulator").decode()
 
@@ -2248,9 +2256,9 @@ class RequestFaults:
             if found:
                 verb = {"GET": "watch" if is_watch else ("get" if found.group(1) else "list")}.get(
                     h.command, h.command.lower())
+                named = resource if not found.group(1) else '%s "%s"' % (resource, found.group(1))
                 message = ('%s is forbidden: User "%s" cannot %s resource "%s" in API group "" at the '
-                           'cluster scope' % (resource if not found.group(1) else '%s "%s"' % (resource, found.group(1)),
-                                              user, verb, resource))
+                           'cluster scope' % (named, user, verb, resource))
                 return send_json(h, 403, ApiError(403, "Forbidden", message, {"kind": resource}).status())
         code = faults.take_request_error(path + ("?" + "&".join("%s=%s" % kv for kv in query.items())
                                                  if query else ""))
@@ -2785,7 +2793,7 @@ class ApiServer:
             try:
                 patch = json.loads(body or b"null")
             except ValueError as e:
-                raise err_bad_request("error decoding patch: %s" % e)
+                raise err_bad_request("error decoding patch: %s" % e) from None
             obj = writes.api_patch(info, ns, name, sub, ctype, patch, query)
         return send_json(h, 200, self.render.single(info, obj, accept, query))
 
@@ -2813,7 +2821,7 @@ class ApiServer:
             try:
                 opts = json.loads(body)
             except ValueError:
-                raise err_bad_request("the body of the request was in an unknown format")
+                raise err_bad_request("the body of the request was in an unknown format") from None
         if "propagationPolicy" in query:
             opts["propagationPolicy"] = query["propagationPolicy"]
         if "gracePeriodSeconds" in query:
@@ -2841,7 +2849,7 @@ class ApiServer:
         try:
             obj = json.loads(body or b"{}")
         except ValueError as e:
-            raise err_bad_request("couldn't get version/kind; json parse error: %s" % e)
+            raise err_bad_request("couldn't get version/kind; json parse error: %s" % e) from None
         if not isinstance(obj, dict):
             raise err_bad_request("couldn't get version/kind; json parse error: json: cannot unmarshal "
                                   "array into Go value of type struct")
@@ -3771,6 +3779,96 @@ EMULATOR_CA = ("-----BEGIN CERTIFICATE-----\nMIIBkTCB+wIJAKHBfpegPjMCMA0GCSqGSIb
 # kubelet: sandboxes, containers (bubblewrap), logs
 # --------------------------------------------------------------------------
 
+def go_duration(seconds: float) -> str:
+    """A duration as Go's time.Duration prints one truncated to milliseconds, as the kubelet's
+    Pulled message does: ``0s``, ``850ms``, ``1.5s``, ``1m2.5s``, ``1h0m0s``."""
+    ms = int(seconds * 1000)
+    if ms <= 0:
+        return "0s"
+    if ms < 1000:
+        return "%dms" % ms
+    hours, rest = divmod(ms, 3600000)
+    minutes, rest = divmod(rest, 60000)
+    whole, frac = divmod(rest, 1000)
+    text = ("%d.%03d" % (whole, frac)).rstrip("0").rstrip(".") + "s"
+    if hours:
+        return "%dh%dm%s" % (hours, minutes, text)
+    return "%dm%s" % (minutes, text) if minutes else text
+
+
+class ImageStore:
+    """Each node's images, and the registry they are pulled from (Emulator option ``images``).
+
+    Without the option every image is present on every node, as before. With it::
+
+        {"registry": {reference: size in bytes, ...},   # what can be pulled
+         "present": {reference: [node, ...] or true},   # already on those nodes (true: every node)
+         "pull_bytes_per_second": 50e6,                 # a pull takes size / this
+         "max_parallel_image_pulls": None}              # None: one pull at a time per node
+
+    As the kubelet (serializeImagePulls true by default; maxParallelImagePulls when set): a node
+    pulls one image at a time and every other pull waits its turn; a pull whose image another
+    pod's pull brought meanwhile finds it at once (as containerd finds its layers). A reference
+    neither present nor in the registry does not exist: its pull fails as a registry's NotFound.
+    References are compared as containerd names them (``python:3`` is
+    ``docker.io/library/python:3``)."""
+
+    # A pull that finds every layer already there still resolves the manifest.
+    FOUND_SECONDS = 0.02
+
+    def __init__(self, config: Optional[dict], nodes: List[str]):
+        self.enabled = config is not None
+        config = dict(config or {})
+        unknown = set(config) - {"registry", "present", "pull_bytes_per_second", "max_parallel_image_pulls"}
+        if unknown:
+            raise ValueError("unknown images option(s): %s" % ", ".join(sorted(unknown)))
+        self.registry = {normalize_image(ref)[1]: int(size) for ref, size in (config.get("registry") or {}).items()}
+        self.rate = float(config.get("pull_bytes_per_second") or 50e6)
+        self.present: Dict[str, Set[str]] = {node: set() for node in nodes}
+        for ref, where in (config.get("present") or {}).items():
+            for node in (nodes if where is True else where):
+                self.present[node].add(normalize_image(ref)[1])
+        slots = config.get("max_parallel_image_pulls") or 1
+        self.slots = {node: threading.Semaphore(int(slots)) for node in nodes}
+        self.lock = threading.Lock()
+
+    def has(self, node: str, image: str) -> bool:
+        if not self.enabled:
+            return True
+        with self.lock:
+            return normalize_image(image)[1] in self.present[node]
+
+    def exists(self, image: str) -> bool:
+        return normalize_image(image)[1] in self.registry
+
+    def size(self, image: str) -> int:
+        return self.registry.get(normalize_image(image)[1], 0)
+
+    def pull(self, node: str, image: str, stopped: Callable[[], bool]) -> Optional[Tuple[float, int]]:
+        """One pull on `node` once its turn comes: (seconds pulling, bytes), or None when `stopped()`
+        said so first. False-y existence is the caller's to check before."""
+        slot = self.slots[node]
+        while not slot.acquire(timeout=0.02):
+            if stopped():
+                return None
+        try:
+            started = time.time()
+            if self.has(node, image):
+                seconds = self.FOUND_SECONDS
+            else:
+                seconds = self.size(image) / self.rate
+            end = started + seconds
+            while time.time() < end:
+                if stopped():
+                    return None
+                time.sleep(min(0.02, max(0.0, end - time.time())))
+            with self.lock:
+                self.present[node].add(normalize_image(image)[1])
+            return time.time() - started, self.size(image)
+        finally:
+            slot.release()
+
+
 class ContainerRunner(threading.Thread):
     """Runs one container of a pod (with fault injection) and keeps its status."""
 
@@ -3789,6 +3887,7 @@ class ContainerRunner(threading.Thread):
         self.started_once = False
         self.last_terminated: Optional[dict] = None
         self.image_ready = False
+        self.image_missing = False
 
     # -- status helpers ----------------------------------------------------
     def set_state(self, state: dict, **extra: Any) -> None:
@@ -3815,14 +3914,29 @@ class ContainerRunner(threading.Thread):
         either way). False when the pod is stopped meanwhile."""
         image = self.c.get("image", "")
         self.image_ready = True
-        if self.c.get("imagePullPolicy", "IfNotPresent") == "Always":
+        store, node = self.emu.images, self.w.kl.node
+        if not store.enabled and self.c.get("imagePullPolicy", "IfNotPresent") == "Always":
             self.event("Normal", "Pulling", 'Pulling image "%s"' % image)
             if self.w.sleep(0.05):
                 return False
             self.event("Normal", "Pulled", 'Successfully pulled image "%s" in 52ms (52ms including waiting). '
                                            'Image size: 19203584 bytes.' % image)
-        else:
+        elif self.c.get("imagePullPolicy", "IfNotPresent") != "Always" and store.has(node, image):
             self.event("Normal", "Pulled", 'Container image "%s" already present on machine' % image)
+        elif not store.exists(image) and not store.has(node, image):
+            self.image_missing = True  # the runner's own thread fails its pulls, as the kubelet retries them
+        else:
+            # As the kubelet's image manager: the Pulling event, then the pull in the node's queue; its
+            # Pulled message gives the pull's own time, then the time including the wait for its turn.
+            self.event("Normal", "Pulling", 'Pulling image "%s"' % image)
+            asked = time.time()
+            pulled = store.pull(node, image, self.w.pull_stopped)
+            if pulled is None:
+                return False
+            seconds, size = pulled
+            self.event("Normal", "Pulled", 'Successfully pulled image "%s" in %s (%s including waiting). '
+                                           'Image size: %d bytes.' % (image, go_duration(seconds),
+                                                                      go_duration(time.time() - asked), size))
         return True
 
     def _run(self) -> None:
@@ -3833,6 +3947,9 @@ class ContainerRunner(threading.Thread):
             self._image_pull_backoff(image)
             return
         if not self.image_ready and not self.ensure_image():
+            return
+        if self.image_missing:
+            self._image_pull_backoff(image)
             return
         uid, gid, err = self._identity()
         env = None
@@ -4455,7 +4572,10 @@ class PodWorker(threading.Thread):
         # image is pulled or found at once, so its event follows the sandbox by milliseconds.
         if self.runners and not self.emu.faults.applies("image_pull_backoff", self.index):
             if not self.runners[0].ensure_image():
-                self._terminate_all()
+                if self._past_active_deadline() and not self.stop_requested():
+                    self._stop_at_deadline()  # the kubelet enforces the deadline on a pod still pulling
+                else:
+                    self._terminate_all()
                 return False
         for r in self.runners:
             r.start()
@@ -4519,6 +4639,10 @@ class PodWorker(threading.Thread):
             return True
         if not self.removed.is_set():
             self.update(fin)
+
+    def pull_stopped(self) -> bool:
+        """A pull (or its wait for the node's queue) ends early: the pod stopped, or outlived its deadline."""
+        return self.stop_requested() or self._past_active_deadline()
 
     def _past_active_deadline(self) -> bool:
         """The pod has been active on this node for its activeDeadlineSeconds (from its start)."""
@@ -5155,7 +5279,7 @@ class WritePath:
             except KeyError:
                 if generated:
                     continue
-                raise err_already_exists(canon, name)
+                raise err_already_exists(canon, name) from None
         raise err_already_exists(canon, md.get("name", ""))
 
     def _check_namespace(self, info: ResourceInfo, ns: str, err_name: str) -> None:
@@ -5329,7 +5453,7 @@ class WritePath:
         try:
             new = self.store.update(info.store, store_ns, name, mutate, expect_rv=expect)
         except ValueError:
-            raise err_conflict(info, name)
+            raise err_conflict(info, name) from None
         if new is None:
             raise err_not_found(info, name)
         return new
@@ -5623,7 +5747,7 @@ class Emulator:
 
     def __init__(self, workdir: Any, faults: Optional[dict] = None, nodes: int = 3,
                  server_version: str = "1.33", python: str = sys.executable,
-                 timing: Optional[dict] = None):
+                 timing: Optional[dict] = None, images: Optional[dict] = None):
         self.workdir = Path(workdir).resolve()
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.faults = Faults(faults)
@@ -5652,6 +5776,7 @@ class Emulator:
         self.truth_path = self.workdir / "truth.json"
         self.bindir = self.workdir / "bin"
         self.node_names = ["emu-node-%d" % (i + 1) for i in range(self.nodes)]
+        self.images = ImageStore(images, self.node_names)  # each node's images (see ImageStore)
         self.controllers: List[Controller] = [JobController(self), Scheduler(self), GarbageCollector(self),
                                               NamespaceController(self)]
         self.kubelets = [Kubelet(self, n, i + 1) for i, n in enumerate(self.node_names)]
@@ -5847,9 +5972,9 @@ class Emulator:
         for i, n in enumerate(self.node_names):
             now = self.api_now()
 
-            def nc(t: str, s: str, r: str, m: str) -> dict:
-                return {"type": t, "status": s, "lastHeartbeatTime": fmt_time(now),
-                        "lastTransitionTime": fmt_time(now), "reason": r, "message": m}
+            def nc(t: str, s: str, r: str, m: str) -> dict:  # called in this turn only
+                return {"type": t, "status": s, "lastHeartbeatTime": fmt_time(now),  # noqa: B023
+                        "lastTransitionTime": fmt_time(now), "reason": r, "message": m}  # noqa: B023
             res = {"cpu": "8", "memory": "32Gi", "pods": "110", "ephemeral-storage": "100Gi"}
             self.writes.create_object(CANONICAL["nodes"], {
                 "apiVersion": "v1", "kind": "Node",
@@ -5870,7 +5995,8 @@ class Emulator:
                            "addresses": [{"type": "InternalIP", "address": self.node_ip(n)},
                                          {"type": "Hostname", "address": n}],
                            "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
-                           "nodeInfo": {"machineID": hex64(n)[:32], "systemUUID": str(uuid.uuid5(uuid.NAMESPACE_DNS, n)),
+                           "nodeInfo": {"machineID": hex64(n)[:32],
+                                        "systemUUID": str(uuid.uuid5(uuid.NAMESPACE_DNS, n)),
                                         "bootID": str(uuid.uuid4()), "kernelVersion": platform.release(),
                                         "osImage": "Emulated Linux (bubblewrap)",
                                         "containerRuntimeVersion": "containerd://1.7.27",
@@ -5891,13 +6017,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--workdir", required=True)
     ap.add_argument("--faults", default=None, help="JSON object of fault knobs")
     ap.add_argument("--timing", default=None, help="JSON object of timing knobs")
+    ap.add_argument("--images", default=None, help="JSON object: the nodes' images and their registry (ImageStore)")
     ap.add_argument("--nodes", type=int, default=3)
     ap.add_argument("--server-version", default="1.33")
     ap.add_argument("--python", default=sys.executable)
     args = ap.parse_args(argv)
     emu = Emulator(args.workdir, faults=json.loads(args.faults) if args.faults else None, nodes=args.nodes,
                    server_version=args.server_version, python=args.python,
-                   timing=json.loads(args.timing) if args.timing else None)
+                   timing=json.loads(args.timing) if args.timing else None,
+                   images=json.loads(args.images) if args.images else None)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: Any) -> None:

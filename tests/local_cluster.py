@@ -140,7 +140,8 @@ def kubectl_works(kubectl: str, env: Dict[str, str]) -> bool:
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--emulator", action="store_true", help="the tests' API emulator instead of the real control plane")
+    mode.add_argument("--emulator", action="store_true",
+                      help="the tests' API emulator instead of the real control plane")
     mode.add_argument("--kubelet", action="store_true",
                       help="a real node (kubelet, containerd, runc; needs root) instead of the node agent")
     parser.add_argument("--workdir", help="where to keep state, kept after stopping (default: a new temporary "

@@ -428,7 +428,8 @@ class PodWorker(threading.Thread):
                 return {}, 0, 0, (f"container has runAsNonRoot and image will run as root "
                                   f"(pod: {pod_ref}, container: {spec['name']})")
             if uid == 0:
-                return {}, 0, 0, f"container's runAsUser breaks non-root policy (pod: {pod_ref}, container: {spec['name']})"
+                return {}, 0, 0, (f"container's runAsUser breaks non-root policy "
+                                  f"(pod: {pod_ref}, container: {spec['name']})")
         env = {"PATH": SANDBOX_PATH, "HOSTNAME": self.hostname, "HOME": "/", "LANG": "C.UTF-8"}
         if pod_spec.get("enableServiceLinks", True):
             env.update({"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443",
@@ -579,9 +580,11 @@ class NodeAgent:
     def _node_status(self, node: str) -> None:
         conditions = [{"type": t, "status": "False", "reason": r, "message": m,
                        "lastHeartbeatTime": now_rfc3339(), "lastTransitionTime": now_rfc3339()}
-                      for t, r, m in (("MemoryPressure", "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
+                      for t, r, m in (("MemoryPressure", "KubeletHasSufficientMemory",
+                                       "kubelet has sufficient memory available"),
                                       ("DiskPressure", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
-                                      ("PIDPressure", "KubeletHasSufficientPID", "kubelet has sufficient PID available"))]
+                                      ("PIDPressure", "KubeletHasSufficientPID",
+                                       "kubelet has sufficient PID available"))]
         conditions.append({"type": "Ready", "status": "True", "reason": "KubeletReady",
                            "message": "kubelet is posting ready status", "lastHeartbeatTime": now_rfc3339(),
                            "lastTransitionTime": now_rfc3339()})

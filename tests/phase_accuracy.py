@@ -272,7 +272,8 @@ def main() -> int:
             shutil.copytree(output, args.keep)
     print(f"{cluster_name}: "
           f"{args.count} episodes, parallelism {args.parallelism}, sandbox {args.sandbox}.."
-          f"{args.sandbox + args.jitter} s{', sandbox and running in one update' if args.together and cluster_name == 'emulator' else ''}"
+          f"{args.sandbox + args.jitter} s"
+          f"{', sandbox and running in one update' if args.together and cluster_name == 'emulator' else ''}"
           f"{f', API clock {args.skew:+g} s' if args.skew else ''}"
           f"{f', {SKEWED_NODE} clock {args.node_clock:+g} s' if args.node_clock else ''}; kubectl {kubectl}")
     errors = point_errors(rows, truth, namespace)

@@ -48,7 +48,7 @@ if str(TESTS_DIR) not in sys.path:
     sys.path.insert(0, str(TESTS_DIR))
 
 import build_node  # noqa: E402
-from control_plane import ApiError, ControlPlane, ControlPlaneError, _tail, _terminate, free_port, make_cert  # noqa: E402
+from control_plane import ControlPlane, _tail, _terminate, free_port, make_cert  # noqa: E402
 from local_cluster import LocalCluster  # noqa: E402
 
 NODE_NAME = "rldemo-node"
@@ -119,10 +119,12 @@ def _python_files(python: str) -> Dict[str, str]:
         if target.startswith("/usr/local/bin/") or source.endswith(".so"):
             for line in run(["ldd", source], check=False).stdout.splitlines():
                 parts = line.split()
-                path = parts[2] if len(parts) >= 4 and parts[1] == "=>" else (parts[0] if parts and parts[0].startswith("/") else "")
+                path = parts[2] if len(parts) >= 4 and parts[1] == "=>" else \
+                    (parts[0] if parts and parts[0].startswith("/") else "")
                 if path.startswith("/"):
                     # libpython from a pyenv prefix goes where the loader looks without a cache.
-                    libraries[path if path.startswith(("/lib", "/usr/lib")) else f"/usr/lib/{os.path.basename(path)}"] = path
+                    where = path if path.startswith(("/lib", "/usr/lib")) else f"/usr/lib/{os.path.basename(path)}"
+                    libraries[where] = path
     files.update(libraries)
     return files
 
@@ -298,7 +300,7 @@ def _remove_cgroups(name: str) -> None:
         top = controller / name
         if not top.is_dir():
             continue
-        for root, dirs, _ in sorted(os.walk(top), key=lambda entry: -len(entry[0])):
+        for root, _, _ in sorted(os.walk(top), key=lambda entry: -len(entry[0])):
             for _ in range(20):
                 try:
                     os.rmdir(root)
@@ -481,8 +483,8 @@ class RealNodeCluster(LocalCluster):
     def _check_alive(self, name: str) -> None:
         process = self.processes[name]
         if process.poll() is not None:
-            raise RealNodeError(f"{name} exited with {process.returncode}; "
-                                f"{self.node_dir / 'logs' / name}.log:\n" + _tail(self.node_dir / "logs" / f"{name}.log"))
+            log = self.node_dir / "logs" / f"{name}.log"
+            raise RealNodeError(f"{name} exited with {process.returncode}; {log}:\n" + _tail(log))
 
     # -- the registry and the images ---------------------------------------------------
     def _start_registry(self) -> None:

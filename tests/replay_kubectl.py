@@ -138,8 +138,8 @@ def moved(text: str, seconds: int, nanoseconds: int = 0) -> str:
     if not seconds and not nanoseconds:
         return text
     text = STAMP.sub(lambda found: rfc3339(stamp_seconds(found.group(1)) + seconds, found.group(2)), text)
-    return EVENT_NAME.sub(lambda found: f'{found.group(1)}{int(found.group(2), 16) + seconds * 10 ** 9 + nanoseconds:016x}"',
-                          text)
+    shift = seconds * 10 ** 9 + nanoseconds
+    return EVENT_NAME.sub(lambda found: f'{found.group(1)}{int(found.group(2), 16) + shift:016x}"', text)
 
 
 def renamed(text: str, plan: Plan, namespace: str, job_uid: str, episode: int | None) -> str:

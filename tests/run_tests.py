@@ -8,7 +8,10 @@ Python 3.9 and 3.13, the real control plane's binaries (built once with Go,
 see tests/build_control_plane.py) and the real node's (kubelet, containerd,
 a registry, crane, crictl, built once with Go, and Debian's runc, crun and CNI
 plugins: tests/build_node.py) -- makes one virtualenv per Python under tests/.cache/
-with the test extras from pyproject.toml, then runs pytest once per Python.
+with the test extras from pyproject.toml, then runs the linter (ruff) on the
+product and the tests and the type checker (mypy) on the product, once, from
+the newest Python's venv -- a finding fails the run before any test starts --
+and then pytest once per Python.
 Arguments it does not know (or everything after `--`) go to pytest and
 replace the default `tests` path.
 
@@ -60,6 +63,12 @@ REAL_CLUSTER_ARGS = ["-n", "0", "-m", REAL_CLUSTER_MARKER, "tests"]
 REAL_NODE_MARKER = "real_node"
 REAL_NODE_ARGS = ["-n", "0", "-m", REAL_NODE_MARKER, "tests"]
 PIP_ENV = {"PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"}
+# What runs before pytest, once, in the newest Python's venv: the code is judged, not the Python
+# it runs on. Their settings (rules, line length, strictness, mypy's files) are in pyproject.toml.
+CHECKS = [
+    ("ruff check", ["-m", "ruff", "check", "rl_batch_demo.py", "tests"]),
+    ("mypy", ["-m", "mypy"]),
+]
 
 
 def say(message: str = "") -> None:
@@ -281,6 +290,25 @@ def check_pythons(versions: tuple[str, ...], install: bool, missing: list[str]) 
     return venvs
 
 
+def run_checks(python: Path, checks: list[tuple[str, list[str]]] = CHECKS) -> list[str]:
+    """Run the checks with `python` (their output shown as it comes); what failed, each said as
+    the check's name, or that its module is not installed there."""
+    failed = []
+    for name, args in checks:
+        say()
+        say(f"== {name}: python {' '.join(args)}")
+        module = args[1] if args[:1] == ["-m"] else None
+        if module and subprocess.run([str(python), "-c", f"import {module}"], stdin=subprocess.DEVNULL,
+                                     capture_output=True).returncode != 0:
+            failed.append(f"{name} ({module} is not installed in {relative(python)}: run without --no-install)")
+            say(f"  {failed[-1]}")
+            continue
+        completed = subprocess.run([str(python), *args], cwd=REPO_ROOT, stdin=subprocess.DEVNULL)
+        if completed.returncode != 0:
+            failed.append(name)
+    return failed
+
+
 def pytest_environment(kubectls: dict[str, str], default_kubectl: str | None,
                        bwrap: str | None, control_plane: str | None, ci: bool,
                        node: str | None = None) -> dict[str, str]:
@@ -332,13 +360,20 @@ def main(argv: list[str] | None = None) -> int:
         say("FAILED: no Python to run pytest with")
         return 1
 
+    newest = REAL_CLUSTER_PYTHON if REAL_CLUSTER_PYTHON in venvs else list(venvs)[-1]
+    failed_checks = run_checks(venvs[newest])
+    if failed_checks:
+        say()
+        say(f"FAILED before pytest (not run): {'; '.join(failed_checks)}. Fix what is listed above, "
+            f"then run this again (`python -m ruff check --fix` mends some).")
+        return 1
+
     env = pytest_environment(kubectls, default_kubectl, bwrap, control_plane, ci, node)
     passes = []
     for version, python in venvs.items():
         selection = pytest_args or ["-m", f"not {REAL_CLUSTER_MARKER} and not {REAL_NODE_MARKER}", "tests"]
         passes.append((version, python, PYTEST_ARGS_ALWAYS + PYTEST_ARGS_BY_PYTHON.get(version, []) + selection))
     if not pytest_args:
-        newest = REAL_CLUSTER_PYTHON if REAL_CLUSTER_PYTHON in venvs else list(venvs)[-1]
         passes.append((f"{newest} real cluster", venvs[newest], REAL_CLUSTER_ARGS))
         if args.real_node:
             passes.append((f"{newest} real node", venvs[newest], REAL_NODE_ARGS))

@@ -51,7 +51,7 @@ class ContainerLog:
 
     def text(self) -> str:
         with self.cond:
-            return b"".join(l for _, l in self.lines).decode("utf-8", "replace")
+            return b"".join(line for _, line in self.lines).decode("utf-8", "replace")
 
 
 def build_bwrap_argv(uid: int, gid: int, hostname: str, mounts: List[Tuple[str, str, bool]],

@@ -124,12 +124,12 @@ def test_parallel_then_sequential_then_cleanup(kubectl_and_cluster, tmp_path):
     assert parallel.stdout.startswith("Test namespace: agc-rl-")
     printed = json.loads(parallel.stdout.split("\n", 1)[1])
     assert "pods" not in printed and printed["episodes"] == 10
-    parallel_results = check_run(emulator, parallel_dir, 10, 10)
+    check_run(emulator, parallel_dir, 10, 10)
 
     sequential = tool(emulator, kubectl, "run", "--count", "10", "--parallelism", "1",
                       "--output", str(sequential_dir), "--quiet")
     assert sequential.returncode == 0, sequential.stderr
-    sequential_results = check_run(emulator, sequential_dir, 10, 1)
+    check_run(emulator, sequential_dir, 10, 1)
     # Ten at once really ran side by side, one at a time never overlapped (the emulator's
     # truth). How much sooner the parallel batch ended is the machine's load: not held.
     assert most_at_once(pod_truths(emulator, parallel_dir)) >= 5

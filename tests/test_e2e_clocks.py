@@ -54,7 +54,8 @@ def test_a_node_clock_off_is_found_said_and_corrected(require_e2e, tmp_path, off
         (node, clocks["warnings"])
     # How narrow: each edge comes from whole-second stamps whose fractions vary from pod to pod,
     # and widens as a loaded machine delays the kubelet's and the recorder's work.
-    print(f"node {offset:+g} s: offset {node['offset_seconds']:+.3f} s, uncertainty {node['uncertainty_seconds']:.3f} s")
+    print(f"node {offset:+g} s: offset {node['offset_seconds']:+.3f} s, "
+          f"uncertainty {node['uncertainty_seconds']:.3f} s")
     for name, other in clocks["nodes"].items():
         if name != SKEWED:
             assert other["at_least_seconds"] <= 0 <= other["at_most_seconds"], (name, other)

@@ -1,5 +1,5 @@
-"""End to end, the features beyond the guide (context, cap, progress, episode scripts, dry run, harden, --cleanup): the real tool and
-real kubectl against the emulator, each feature held against the files it writes,
+"""End to end, the features beyond the guide (context, cap, progress, episode scripts, dry run,
+harden, --cleanup): the real tool and real kubectl against the emulator, each feature held against the files it writes,
 what it prints, and what the emulator saw.
 
 Faults and scripts keep the batches small (1-4 episodes) except where the size is
@@ -103,7 +103,7 @@ def split_stdout(stdout: str) -> tuple[str, dict]:
     try:
         printed = json.loads(rest)
     except ValueError as error:
-        raise AssertionError(f"stdout after the namespace line is not one JSON document ({error}):\n{rest}")
+        raise AssertionError(f"stdout after the namespace line is not one JSON document ({error}):\n{rest}") from None
     return first.split(": ", 1)[1], printed
 
 

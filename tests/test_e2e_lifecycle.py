@@ -190,7 +190,8 @@ def listed(emulator, kubeconfig: Path, kubectl: str) -> dict:
 
 
 def live(emulator) -> set:
-    return {ns["metadata"]["name"] for ns in emulator.list("namespaces") if ns["metadata"]["name"].startswith("agc-rl-")}
+    names = (ns["metadata"]["name"] for ns in emulator.list("namespaces"))
+    return {name for name in names if name.startswith("agc-rl-")}
 
 
 def test_list_shows_every_run_and_cleanup_stale_reaps_only_what_it_proves(make_cluster, tmp_path):

@@ -742,7 +742,8 @@ def test_fault_node_clock_offset(emu_factory) -> None:
             assert abs(named - (true["container_started"] + (ahead if on_node else 0))) < 60, event
             if on_node:
                 assert abs(epoch_seconds(event["firstTimestamp"]) - named) < 60, event
-                assert abs(epoch_seconds(event["metadata"]["creationTimestamp"]) - true["container_started"]) < 60, event
+                created = epoch_seconds(event["metadata"]["creationTimestamp"])
+                assert abs(created - true["container_started"]) < 60, event
     with pytest.raises(ValueError, match="node_clock_offset takes"):
         check_faults({"node_clock_offset": 1.5})
 
@@ -842,3 +843,23 @@ def test_an_unknown_fault_is_refused_not_ignored(tmp_path: Path) -> None:
     emu = Emulator(tmp_path / "known", faults={"replace_pod": [0]})
     with pytest.raises(ValueError, match="unknown fault.*api_latncy"):
         emu.set_faults(api_latncy=1.0)
+
+
+@pytest.mark.parametrize("seconds, text", [(0.0, "0s"), (0.0009, "0s"), (0.85, "850ms"), (1.5, "1.5s"),
+                                           (62.5, "1m2.5s"), (3600.0, "1h0m0s"), (2.0, "2s"), (1.2345, "1.234s")])
+def test_pull_durations_read_as_the_kubelet_prints_them(seconds: float, text: str) -> None:
+    from kube_emulator import go_duration
+    assert go_duration(seconds) == text
+
+
+def test_image_store_knows_each_nodes_images() -> None:
+    from kube_emulator import ImageStore
+    store = ImageStore({"registry": {"python:3.12": 10}, "present": {"docker.io/library/python:3.12": ["n1"]},
+                        "pull_bytes_per_second": 1000}, ["n1", "n2"])
+    assert store.has("n1", "python:3.12") and not store.has("n2", "python:3.12")
+    assert store.exists("docker.io/library/python:3.12") and not store.exists("nope:1")
+    seconds, size = store.pull("n2", "python:3.12", lambda: False)
+    assert size == 10 and store.has("n2", "python:3.12")
+    assert ImageStore(None, ["n1"]).has("n1", "anything:1")  # without the option every image is present
+    with pytest.raises(ValueError, match="unknown images option"):
+        ImageStore({"registery": {}}, ["n1"])

@@ -144,7 +144,8 @@ def test_a_role_without_list_on_namespaces_is_told_so(real_cluster, tmp_path):
     kubectl, cluster = real_cluster
     rule = 'verbs: ["create", "get", "list", "delete"]    # list: for `list` and `cleanup --stale`'
     assert rule in readme_rbac()
-    kubeconfig = user_with(cluster, kubectl, "no-list", readme_rbac().replace(rule, 'verbs: ["create", "get", "delete"]'))
+    without_list = readme_rbac().replace(rule, 'verbs: ["create", "get", "delete"]')
+    kubeconfig = user_with(cluster, kubectl, "no-list", without_list)
     for args in (["list"], ["cleanup", "--stale", "1h"]):
         result = as_user(cluster, kubeconfig, kubectl, *args)
         assert result.returncode == 1, result.stdout

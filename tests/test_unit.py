@@ -861,6 +861,7 @@ EXPECTED_CSV_HEADER = ",".join(
     + [f"{point}_source" for point in demo.POINTS]
     + [f"{point}_clock" for point in demo.POINTS]
     + [f"{phase}_precision_seconds" for phase in demo.PHASES]
+    + ["image", "image_pull_waiting_seconds", "image_pull_kubelet_seconds", "image_size_bytes"]
 )
 
 
@@ -886,28 +887,44 @@ def test_episodes_csv_header_and_rows() -> None:
         "rollout,rollout-4kq2m,node-1,1,present,cube,"
         "1.000000,1.250000,2.000000,2.510000,2.500000,3.250000,3.500000,8.000000,9.000000,"
         "1,1e-06,1.75,0.51,0.01,1e-06,1e-06,1e-06,1,"
-        "0.250000,0.750000,0.500000,0.750000,0.250000,4.500000,1.000000,2.500000,7.000000,"
-        "1795982401.000000,1795982401.250000,1795982402.000000,1795982402.510000,1795982402.500000,1795982403.250000,1795982403.500000,1795982408.000000,1795982409.000000,"
-        'Pod creationTimestamp,Scheduled event eventTime,"PodReadyToStartContainers condition, after Scheduled eventTime","worker process start, after container startedAt",worker /proc start time,worker imports_done_at,worker ready event,worker reward event,container finishedAt,'
+        "0.250000,0.750000,0.500000,0.750000,0.250000,4.500000,1.000000,2.500000,7.000000,,"
+        "1795982401.000000,1795982401.250000,1795982402.000000,1795982402.510000,1795982402.500000,"
+        "1795982403.250000,1795982403.500000,1795982408.000000,1795982409.000000,"
+        'Pod creationTimestamp,Scheduled event eventTime,"PodReadyToStartContainers condition,'
+        ' after Scheduled eventTime","worker process start, after container startedAt",'
+        'worker /proc start time,worker imports_done_at,worker ready event,worker reward event,'
+        'container finishedAt,'
         "control plane,control plane,node,node,node,node,node,node,node,"
-        "1,1.75,1.76,0.010001,2e-06,2e-06,1,1,1",
+        "1,1.75,1.76,0.010001,2e-06,2e-06,1,1,1,,"
+        # The kubelet's Pulled message: present, no pull, no wait.
+        ",0.000000,0.000000,",
         "rollout,rollout-9vtzb,node-2,1,pulled,cube,"
         "1.000000,1.500000,3.000000,3.010000,3.000000,4.000000,4.250000,8.500000,9.000000,"
         "1,1e-06,2.5,0.01,0.01,1e-06,1e-06,1e-06,1,"
-        "0.500000,1.500000,0.000000,1.000000,0.250000,4.250000,0.500000,3.250000,7.500000,"
-        "1795982401.000000,1795982401.500000,1795982403.000000,1795982403.010000,1795982403.000000,1795982404.000000,1795982404.250000,1795982408.500000,1795982409.000000,"
-        'Pod creationTimestamp,Scheduled event eventTime,"PodReadyToStartContainers condition, after Scheduled eventTime","worker process start, after container startedAt",worker /proc start time,worker imports_done_at,worker ready event,worker reward event,container finishedAt,'
+        "0.500000,1.500000,0.000000,1.000000,0.250000,4.250000,0.500000,3.250000,7.500000,,"
+        "1795982401.000000,1795982401.500000,1795982403.000000,1795982403.010000,1795982403.000000,"
+        "1795982404.000000,1795982404.250000,1795982408.500000,1795982409.000000,"
+        'Pod creationTimestamp,Scheduled event eventTime,"PodReadyToStartContainers condition,'
+        ' after Scheduled eventTime","worker process start, after container startedAt",'
+        'worker /proc start time,worker imports_done_at,worker ready event,worker reward event,'
+        'container finishedAt,'
         "control plane,control plane,node,node,node,node,node,node,node,"
-        "1,2.5,2.51,0.010001,2e-06,2e-06,1,1,1",
+        "1,2.5,2.51,0.010001,2e-06,2e-06,1,1,1,,"
+        # Pulled in 2.1s (2.1s including waiting): no wait; its size.
+        ",0.000000,2.100000,19203584",
         # No sandbox condition and no kubelet event: empty cells; scheduled from the whole-second condition.
         "rollout,rollout-p7x8s,node-1,1,,cube,"
         "2.000000,2.000000,,3.510000,3.500000,4.500000,5.000000,9.750000,10.000000,"
         "1,1,,0.51,0.01,1e-06,1e-06,1e-06,1,"
-        "0.000000,,,1.000000,0.500000,4.750000,0.250000,3.000000,7.750000,"
-        "1795982402.000000,1795982402.000000,,1795982403.510000,1795982403.500000,1795982404.500000,1795982405.000000,1795982409.750000,1795982410.000000,"
-        'Pod creationTimestamp,PodScheduled condition,,"worker process start, after container startedAt",worker /proc start time,worker imports_done_at,worker ready event,worker reward event,container finishedAt,'
+        "0.000000,,,1.000000,0.500000,4.750000,0.250000,3.000000,7.750000,,"
+        "1795982402.000000,1795982402.000000,,1795982403.510000,1795982403.500000,1795982404.500000,"
+        "1795982405.000000,1795982409.750000,1795982410.000000,"
+        'Pod creationTimestamp,PodScheduled condition,,"worker process start, after container startedAt",'
+        'worker /proc start time,worker imports_done_at,worker ready event,worker reward event,'
+        'container finishedAt,'
         "control plane,control plane,,node,node,node,node,node,node,"
-        "2,,,0.010001,2e-06,2e-06,1,1,1",
+        "2,,,0.010001,2e-06,2e-06,1,1,1,,"
+        ",,,",
     ]
 
 
@@ -940,7 +957,8 @@ def test_timeline_svg_is_xml_with_one_row_per_episode_and_a_legend() -> None:
     # missing point (POD_C has no sandbox_ready) draw no bar.
     assert {phase for phase, _ in rows[POD_A]} == set(demo.PHASE_COLOURS)
     assert {phase for phase, _ in rows[POD_B]} == set(demo.PHASE_COLOURS) - {"container_start"}
-    assert {phase for phase, _ in rows[POD_C]} == set(demo.PHASE_COLOURS) - {"scheduling", "sandbox_creation", "container_start"}
+    assert {phase for phase, _ in rows[POD_C]} == \
+        set(demo.PHASE_COLOURS) - {"scheduling", "sandbox_creation", "container_start"}
     titles = {bar.find(f"{SVG}title").text for bar in bars}
     assert f"{POD_C} episode_work: 4.750 s" in titles
 
@@ -1349,7 +1367,11 @@ def test_every_point_from_its_sharpest_source() -> None:
         "reward": (3.4, 1e-6, "node"),
         # After the reward, within finishedAt's second, seen terminated by the watch.
         "container_finished": (3.45, 0.05, "client"),
+        # The image was present: the kubelet's Pulled event alone bounds both ends of image_pull.
+        "image_pull_started": (1.96, demo.EVENT_FOLLOWS_SECONDS, "node"),
+        "image_pulled": (1.96, demo.EVENT_FOLLOWS_SECONDS, "node"),
     }
+    assert summary.episodes[0]["phases"]["image_pull"][0] == 0.0
     assert points["container_started"].source == "kubelet Started event name, after kubelet Created event name"
     # Every point with a server stamp lies in that stamp's second.
     assert 1 <= shown["pod_created"][0] < 2 and 3 <= shown["container_finished"][0] < 4
@@ -1589,7 +1611,8 @@ def test_peak_memory_is_the_tools_own_not_that_of_the_process_that_spawned_it() 
     # Linux carries ru_maxrss over an exec from the spawning process: a tool started by a large
     # trainer would report the trainer's memory as its own.
     ballast = b"x" * (200 << 20)
-    probe = "import rl_batch_demo, resource; print(rl_batch_demo.peak_rss_mib(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
+    probe = ("import rl_batch_demo, resource; "
+             "print(rl_batch_demo.peak_rss_mib(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
     printed = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
                              cwd=os.path.dirname(os.path.abspath(demo.__file__))).stdout.split()
     del ballast
@@ -1702,3 +1725,21 @@ def test_the_module_docstring_maps_every_section_banner_in_order_word_for_word()
     mapped = [line[len("    "):] for line in docstring[start:docstring.index("", start)]]
     assert len(banners) > 20
     assert mapped == banners
+
+
+# --------------------------------------------------------------------------
+# The checks tests/run_tests.py runs before pytest.
+
+
+def test_run_checks_names_each_failing_check_and_a_missing_module(capsys: Any) -> None:
+    import run_tests
+    python = Path(sys.executable)
+    failed = run_tests.run_checks(python, [
+        ("passes", ["-c", "pass"]),
+        ("finds something", ["-c", "raise SystemExit(1)"]),
+        ("absent", ["-m", "no_such_module_rldemo"]),
+    ])
+    assert failed[0] == "finds something"
+    assert failed[1].startswith("absent (no_such_module_rldemo is not installed in ")
+    assert len(failed) == 2
+    assert "== passes: python -c pass" in capsys.readouterr().out
