@@ -4529,8 +4529,8 @@ class PodWorker(threading.Thread):
             # Fired by a state, not a timer: the sandbox starts once a client watches this
             # pod's Job's pods, so a client that was slow to start its watch still sees every
             # transition, however fast the episode and however loaded the machine.
-            job = ((self.store_pod() or {}).get("metadata", {}).get("labels") or {}).get("job-name")
-            while job and not emu.pods_watched(self.ns, job):
+            labels = (self.store_pod() or {}).get("metadata", {}).get("labels") or {}
+            while labels.get("job-name") and not emu.pods_watched(self.ns, labels):
                 if self.sleep(0.02):
                     self._terminate_all()
                     return False
@@ -5928,13 +5928,14 @@ class Emulator:
             i = 0
         return "172.18.0.%d" % (i + 2)
 
-    def pods_watched(self, ns: str, job_name: str) -> bool:
-        """Has a client asked to watch the pods of this Job (by its job-name label)?"""
+    def pods_watched(self, ns: str, labels: Dict[str, str]) -> bool:
+        """Has a client asked to watch pods with these labels (by its job-name label, or the label
+        that names a batch of several Jobs: every term of its equality selector among them)?"""
         path = "/api/v1/namespaces/%s/pods" % ns
-        selector = "job-name=%s" % job_name
+        pairs = {"%s=%s" % item for item in labels.items()}
         with self._req_lock:
-            return any(r["watch"] and r["path"] == path and selector in r["query"].get("labelSelector", "").split(",")
-                       for r in self.requests)
+            return any(r["watch"] and r["path"] == path and r["query"].get("labelSelector")
+                       and set(r["query"]["labelSelector"].split(",")) <= pairs for r in self.requests)
 
     def _info_for(self, plural: str) -> ResourceInfo:
         if plural in CANONICAL:

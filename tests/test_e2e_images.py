@@ -56,7 +56,8 @@ def rewards_of(output: Path) -> list[dict]:
 
 def test_one_job_per_image_keeps_the_run_wide_index(cluster: Any, tmp_path: Path) -> None:
     kubectl, make = cluster
-    emulator = make()
+    # Each sandbox waits for a watch of its pods: the batch's one pod watch (by its label) serves every Job.
+    emulator = make(sandbox_after_watch=True)
     args, output = images_run(tmp_path, "--parallelism", "4", "--image-map",
                               "docker.io/swebench=registry.internal/swebench")
     result = tool(emulator, kubectl, *args)

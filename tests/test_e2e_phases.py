@@ -276,6 +276,12 @@ def assert_phases_match_truth(run: Run, job: dict, rows: list[dict],
             precision = float(row[f"{phase}_precision_seconds"])
             columns[phase].append(seconds)
             assert seconds >= 0, (row["pod"], phase, seconds)
+            if start not in points or end not in points:
+                # image_pull: its ends are the kubelet's Pulling / Pulled event names, no point of the
+                # CSV; this emulator has every image on every node, so there is no pull: a Pulled alone.
+                assert phase == "image_pull" and row["image_cache"] == "present", (row["pod"], phase)
+                assert seconds == 0.0 and precision >= 2 * rl_batch_demo.EVENT_FOLLOWS_SECONDS - 1e-9
+                continue
             assert seconds == pytest.approx(max(0.0, points[end][0] - points[start][0]), abs=1e-5), \
                 (row["pod"], phase)
             assert precision == pytest.approx(points[start][1] + points[end][1], rel=1e-4, abs=2e-6)
