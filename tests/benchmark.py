@@ -7,6 +7,8 @@ Usage:
     python3 tests/benchmark.py --scale [--scale-10000]
     python3 tests/benchmark.py --images
     ... [--loaded]    every case again under two busy loops per core, printed after the quiet figures
+    python3 tests/benchmark.py --replay 10000@500,100000@2000
+                      the cost model: the product followed against tests/replay_kubectl.py
 
 For each case it starts a fresh Kubernetes API emulator (tests/kube_emulator.py,
 pods run for real in bubblewrap), then runs, one after the other and in new
