@@ -122,6 +122,9 @@ PAGE_RETRY_SECONDS = 60
 # whose token expires this often is given up.
 LIST_EXPIRIES = 3
 COLLECT_RETRY_SECONDS = 10
+# What a kubelet answers (status 200) in place of a log it can no longer find, the container
+# already removed from its runtime: a notice, not the episode's output.
+KUBELET_LOG_GONE = re.compile(r"unable to retrieve container logs for \S+\s*")
 # After a Job's end, how long its pod and event watches are given to deliver what
 # happened up to the end before the pods and events are listed instead.
 SETTLE_SECONDS = 2.0
@@ -4495,11 +4498,16 @@ class ApiProxy:
 
 def read_log(kubectl: Kubectl, proxy: ApiProxy | None, namespace: str, pod: str,
              retry_until: float | None) -> str:
-    """One pod's episode log: through the proxy when there is one, else with `kubectl logs`."""
+    """One pod's episode log: through the proxy when there is one, else with `kubectl logs`.
+    A kubelet's notice that the log is gone is no log: DemoError, as for any log not read."""
     if proxy is not None:
-        return proxy.get(f"/api/v1/namespaces/{namespace}/pods/{pod}/log?container={CONTAINER_NAME}",
+        text = proxy.get(f"/api/v1/namespaces/{namespace}/pods/{pod}/log?container={CONTAINER_NAME}",
                          retry_until)
-    return kubectl.run(["logs", pod, "-c", CONTAINER_NAME, "-n", namespace], retry_until=retry_until)
+    else:
+        text = kubectl.run(["logs", pod, "-c", CONTAINER_NAME, "-n", namespace], retry_until=retry_until)
+    if KUBELET_LOG_GONE.fullmatch(text):
+        raise DemoError(f"the kubelet no longer has the log ({text.strip()})")
+    return text
 
 
 def api_read(kubectl: Kubectl, proxy: ApiProxy | None, path: str, retry_until: float | None) -> str:

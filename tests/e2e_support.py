@@ -136,6 +136,30 @@ def assert_run_agrees_with_cluster(cluster: Any, output: Path, count: int, paral
     return results
 
 
+# How kubelet v1.35.4 words a container's events, as the real node's tier sees them: the node
+# agent and the emulator's kubelet at 1.35 are held to the same words.
+KUBELET_135_MESSAGES = {"Created": "Container created", "Started": "Container started"}
+KUBELET_135_PRESENT = 'Container image "{image}" already present on machine and can be accessed by the pod'
+KUBELET_135_PULLED = 'Successfully pulled image "{image}" in '
+
+
+def assert_kubelet_135_messages(events: Sequence[dict], image: str = "python:3.12-alpine") -> None:
+    """Every Created, Started and Pulled event of the pods' containers says what kubelet v1.35.4 says."""
+    seen = set()
+    for event in events:
+        reason, message = event.get("reason"), event.get("message", "")
+        if (event.get("involvedObject") or {}).get("kind") != "Pod" or reason not in ("Created", "Started", "Pulled"):
+            continue
+        seen.add(reason)
+        if reason == "Pulled":
+            assert message == KUBELET_135_PRESENT.format(image=image) or \
+                message.startswith(KUBELET_135_PULLED.format(image=image)), message
+        else:
+            assert message == KUBELET_135_MESSAGES[reason], (reason, message)
+        assert (event.get("involvedObject") or {}).get("fieldPath") == "spec.containers{episode}", event
+    assert seen == {"Created", "Started", "Pulled"}, seen
+
+
 def assert_cleanup_works(emulator: Any, kubectl: str, output: Path) -> None:
     """`cleanup` of the run in `output` deletes its namespace, and no run namespace is left."""
     cleaned = tool(emulator, kubectl, "cleanup", "--output", str(output))

@@ -141,6 +141,8 @@ FAULTS: Dict[str, str] = {
     "replace_pod": "per index: the pod holds until it is evicted and replaced",
     "image_pull_backoff": "per index (or True): the image never pulls",
     "unreadable_logs": "per index: the kubelet does not serve the pod's log",
+    "log_gone": "per index: the kubelet answers the pod's log with its notice that the log is gone "
+                "(status 200, as when the runtime no longer has the container)",
     "log_tamper": "{index: duplicate_ready | drop_reward | wrong_id | junk_lines}: the log is altered",
     "lightweight_kubelet": "True or {timing}: containers print the built-in worker's events without a "
                            "process (scale tests only)",
@@ -2539,6 +2541,13 @@ class LogServer:
         emu = self.emu
         pod = self.api.get_object(info, ns, name)
         run = self.container_run(pod, query)
+        if emu.faults.applies("log_gone", emu.truth_record.pod_index(pod["metadata"]["uid"])):
+            # The kubelet has sent its headers (status 200) before it asks the runtime for the
+            # container, so the runtime's failure arrives as the body.
+            statuses = (pod.get("status") or {}).get("containerStatuses") or [{}]
+            container_id = statuses[0].get("containerID") or "containerd://" + "0" * 64
+            return send_bytes(h, 200, b"unable to retrieve container logs for " + container_id.encode(),
+                              "text/plain")
         tail = int(query["tailLines"]) if query.get("tailLines") not in (None, "") else None
         limit_bytes = int(query["limitBytes"]) if query.get("limitBytes") not in (None, "") else None
         since = None
@@ -3932,7 +3941,9 @@ class ContainerRunner(threading.Thread):
             self.event("Normal", "Pulled", 'Successfully pulled image "%s" in 52ms (52ms including waiting). '
                                            'Image size: 19203584 bytes.' % image)
         elif self.c.get("imagePullPolicy", "IfNotPresent") != "Always" and store.has(node, image):
-            self.event("Normal", "Pulled", 'Container image "%s" already present on machine' % image)
+            # The kubelet of 1.35 adds that the pod may use it (seen on kubelet v1.35.4).
+            self.event("Normal", "Pulled", 'Container image "%s" already present on machine%s'
+                       % (image, " and can be accessed by the pod" if self.emu.v >= (1, 35) else ""))
         elif not store.exists(image) and not store.has(node, image):
             self.image_missing = True  # the runner's own thread fails its pulls, as the kubelet retries them
         else:
@@ -4004,7 +4015,9 @@ class ContainerRunner(threading.Thread):
 
     def mark_started(self, true_start: float) -> None:
         """The kubelet's Started event, the truth's first container start, and the pod's start time."""
-        self.event("Normal", "Started", "Started container %s" % self.cname)
+        # The kubelet of 1.35 no longer names the container (the event's fieldPath does).
+        self.event("Normal", "Started", "Container started" if self.emu.v >= (1, 35)
+                   else "Started container %s" % self.cname)
         if not self.started_once:
             self.emu.truth_record.note("pods", self.w.key, "container_started", true_start)
             self.started_once = True
@@ -4014,8 +4027,8 @@ class ContainerRunner(threading.Thread):
         """The Created event of this run, its container ID and its new (registered) log."""
         emu, w = self.emu, self.w
         cid = hex64("%s/%s/%d" % (w.uid, self.cname, attempt))
-        self.event("Normal", "Created", ("Created container: %s" if emu.v >= (1, 32) else "Created container %s")
-                   % self.cname)
+        self.event("Normal", "Created", "Container created" if emu.v >= (1, 35) else
+                   ("Created container: %s" if emu.v >= (1, 32) else "Created container %s") % self.cname)
         log = ContainerLog(emu.workdir / "logs" / ("%s_%s_%s-%d.log" % (w.ns, w.name, self.cname, attempt)))
         emu.logs.setdefault((w.uid, self.cname), []).append(log)
         return cid, log

@@ -345,8 +345,9 @@ class PodWorker(threading.Thread):
         """The kubelet's first step for a container: the image is found on the node (no pulls here)."""
         if c.name not in self.image_checked:
             self.image_checked.add(c.name)
+            # As kubelet v1.35.4 words them (its Created and Started no longer name the container).
             self.event("Normal", "Pulled", f'Container image "{c.spec.get("image", "")}" already present on '
-                                           f'machine', c.name)
+                                           f'machine and can be accessed by the pod', c.name)
 
     def _run_container(self, c: ContainerRun, volumes: Dict[str, Tuple[str, str]]) -> None:
         spec = c.spec
@@ -375,7 +376,7 @@ class PodWorker(threading.Thread):
         args = spec.get("args") or []
         argv = [expand_vars(a, env) for a in (list(command) + list(args) if command else list(args) or ["python3"])]
         cid = hex64(f"{self.uid}/{c.name}/0")
-        self.event("Normal", "Created", f"Created container: {c.name}", c.name)
+        self.event("Normal", "Created", "Container created", c.name)
         cmd = build_bwrap_argv(uid, gid, self.hostname, mounts, read_only_root, spec.get("workingDir") or "/",
                                argv, str(self.agent.bindir))
         log = ContainerLog(self.agent.workdir / "logs" / f"{self.ns}_{self.name}_{c.name}-0.log")
@@ -399,7 +400,7 @@ class PodWorker(threading.Thread):
             self.post_status()
             return
         self.agent.note(self.ns, self.name, node=self.node, container_started=true_start)
-        self.event("Normal", "Started", f"Started container {c.name}", c.name)
+        self.event("Normal", "Started", "Container started", c.name)
         c.status.update(state={"running": {"startedAt": started}}, ready=True, started=True, image=c.image,
                         imageID=c.image_id, containerID=f"containerd://{cid}")
         self.post_status()

@@ -61,6 +61,8 @@ RECORDS = Path("/run/rldemo-node")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CLONE_NEWNET = 0x40000000
 START_TIMEOUT_SECONDS = 180
+# The pods' cgroup's CPU weight against the machine's other processes (1024 each): ten of them.
+NODE_CPU_SHARES = 10 * 1024
 IMAGE_CACHE = build_node.CACHE_DIR / "node-images"
 PAUSE_SOURCE = """package main
 
@@ -468,6 +470,15 @@ class RealNodeCluster(LocalCluster):
         for controller in CGROUP_ROOT.iterdir():
             if (controller / "cgroup.procs").exists():
                 (controller / self.name).mkdir(exist_ok=True)
+        # Every pod's CPU weight is shared out inside this cgroup, which competes with each of the
+        # machine's other processes as one of them: at its default 1024 shares, all the pods together
+        # weighed as much as one process, and a loaded machine (20 runnable processes on 2 cores) left
+        # ten episodes a twentieth of a core, past the guide's 20 s test timeout. On a node of its
+        # own the pods' cgroup (kubepods, weighted by the node's CPUs) competes only with the
+        # system's few services; NODE_CPU_SHARES gives it the weight of that many busy processes.
+        shares = CGROUP_ROOT / "cpu" / self.name / "cpu.shares"
+        if shares.exists():
+            shares.write_text(str(NODE_CPU_SHARES))
 
     def _start(self, name: str, argv: List[str], env: Optional[Dict[str, str]] = None) -> subprocess.Popen:
         logs = self.node_dir / "logs"

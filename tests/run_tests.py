@@ -191,11 +191,6 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         help=f"run only on this Python (repeatable; default: {' and '.join(prereqs.PYTHON_VERSIONS)})",
     )
     parser.add_argument(
-        "--real-node", action="store_true",
-        help="also build the real node (tests/build_node.py) and run its tier in a pass of its own; "
-             "not yet part of the default run: its guide batch can time out on a loaded machine",
-    )
-    parser.add_argument(
         "--no-install", action="store_true",
         help="do not apt-get, npm pack or pip install; use only what is already here",
     )
@@ -341,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         default_kubectl = prereqs.default_kubectl(kubectls)
         say(f"  default kubectl: {default_kubectl or 'NONE'}")
         control_plane = check_control_plane(install, missing)
-        node = check_node(install, missing) if args.real_node else None
+        node = check_node(install, missing)
         venvs = check_pythons(tuple(args.python or prereqs.PYTHON_VERSIONS), install, missing)
         if not venvs and not ci:
             here = f"{sys.version_info[0]}.{sys.version_info[1]}"
@@ -375,8 +370,7 @@ def main(argv: list[str] | None = None) -> int:
         passes.append((version, python, PYTEST_ARGS_ALWAYS + PYTEST_ARGS_BY_PYTHON.get(version, []) + selection))
     if not pytest_args:
         passes.append((f"{newest} real cluster", venvs[newest], REAL_CLUSTER_ARGS))
-        if args.real_node:
-            passes.append((f"{newest} real node", venvs[newest], REAL_NODE_ARGS))
+        passes.append((f"{newest} real node", venvs[newest], REAL_NODE_ARGS))
     results = []
     for label, python, command_args in passes:
         say()

@@ -112,6 +112,18 @@ def test_verification_failures_name_the_pod(make_cluster, tmp_path, faults, mess
     assert_cleanup_works(emulator, kubectl, output)
 
 
+def test_a_kubelet_notice_that_the_log_is_gone_is_not_saved_as_the_log(make_cluster, tmp_path):
+    kubectl, make = make_cluster
+    emulator = make(log_gone=[0])
+    output = tmp_path / "out"
+    result = failed_run(emulator, kubectl, output, message="expected exactly one ready event, found 0")
+    assert "the kubelet no longer has the log (unable to retrieve container logs for " in result.stderr
+    logs = {p.name: p.read_text() for p in output.glob("rollout-*.log")}
+    assert len(logs) == 4 and sorted(map(len, logs.values()))[0] == 0, logs
+    assert not any("unable to retrieve" in text for text in logs.values())
+    assert_cleanup_works(emulator, kubectl, output)
+
+
 def test_junk_lines_in_logs_are_kept_and_ignored(make_cluster, tmp_path):
     kubectl, make = make_cluster
     emulator = make(log_tamper={"0": "junk_lines"})

@@ -23,7 +23,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import prereqs  # noqa: E402
 from conftest import require_prerequisites  # noqa: E402
-from e2e_support import wait_for  # noqa: E402
+from e2e_support import assert_kubelet_135_messages, wait_for  # noqa: E402
 from kube_emulator import Emulator, check_faults  # noqa: E402
 
 
@@ -291,6 +291,8 @@ def test_defaults_seen_on_a_real_api_server(emu_factory) -> None:
     events = json.loads(k("get", "events.v1.events.k8s.io", "-n", ns, "-o", "json").stdout)["items"]
     scheduled = [e for e in events if e["reason"] == "Scheduled"]
     assert scheduled and all(e["deprecatedSource"] == {} for e in scheduled)
+    # The kubelet's words for the container's steps are kubelet v1.35.4's.
+    assert_kubelet_135_messages(emu.list("events", ns))
 
 
 @pytest.mark.parametrize("version", KUBECTL_VERSIONS)

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from e2e_support import (PRODUCT, assert_cleanup_twice, assert_run_agrees_with_cluster, interrupt, load, most_at_once,
-                         start_tool, tool, wait_for, write_script)
+from e2e_support import (PRODUCT, assert_cleanup_twice, assert_kubelet_135_messages, assert_run_agrees_with_cluster,
+                         interrupt, load, most_at_once, start_tool, tool, wait_for, write_script)
 
 # One control plane for the whole tier: under pytest-xdist (--dist loadgroup) every test of
 # this module runs in the same worker, so one cluster is started, not one per worker.
@@ -44,6 +44,7 @@ def check_run(cluster, output: Path, count: int, parallelism: int) -> dict:
     # condition, so on a loaded control plane it can come after the run's last read of the events.
     for reason in ("Scheduled", "Pulled", "Created", "Started", "SuccessfulCreate"):
         assert reason in events, f"no {reason} event in events.txt"
+    assert_kubelet_135_messages(load(output / "events.json")["items"])
     return results
 
 

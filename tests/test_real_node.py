@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from e2e_support import (assert_cleanup_twice, assert_run_agrees_with_cluster, interrupt, load, start_tool, tool,
-                         wait_for, write_script)
+from e2e_support import (assert_cleanup_twice, assert_kubelet_135_messages, assert_run_agrees_with_cluster, interrupt,
+                         load, start_tool, tool, wait_for, write_script)
 from test_real_cluster import running_pods, slow_script
 
 pytestmark = [pytest.mark.e2e, pytest.mark.real_node, pytest.mark.xdist_group("real-node")]
@@ -50,6 +50,8 @@ def check_run(cluster, output: Path, count: int, parallelism: int) -> dict:
     # so a run that saw the condition may have read the events before it.)
     for reason in ("Scheduled", "Pulled", "Created", "Started", "SuccessfulCreate"):
         assert reason in reasons, f"no {reason} event in events.json"
+    # The words the node agent and the emulator's kubelet at 1.35 are held to (e2e_support).
+    assert_kubelet_135_messages(events_of(output))
     return results
 
 
