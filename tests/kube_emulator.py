@@ -1569,6 +1569,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         finally:
             self.server.api.connections.discard(self.connection)  # type: ignore[attr-defined]
 
+    def send_response(self, code: int, message: Optional[str] = None) -> None:
+        # The request log notes the status before a byte of the answer leaves: a client may read
+        # the answer and exit before the handler returns, and whoever reads the log then must
+        # already find the status (a test on a loaded machine found None).
+        entry = getattr(self, "request_entry", None)
+        if entry is not None and entry.get("status") is None:
+            entry["status"] = code
+        super().send_response(code, message)
+
     def _dispatch(self) -> None:
         self.server.api.handle(self)  # type: ignore[attr-defined]
 
@@ -2713,6 +2722,7 @@ class ApiServer:
                                  "content_type": h.headers.get("Content-Type", "")}
         with self.emu._req_lock:
             self.emu.requests.append(entry)
+        h.request_entry = entry  # type: ignore[attr-defined]
         try:
             user = self.authenticator.authenticate(h.headers.get("Authorization"))
             entry["user"] = user.name
