@@ -24,10 +24,11 @@ its sandbox was ready and when its container started and ended. Pod creation and
 scheduling have no truth there; sandbox_creation is held from the scheduler's own
 Scheduled eventTime to the agent's sandbox.
 
---kubelet is the hook for the real node (a real kubelet and container runtime, being built
-apart): its targets are set here, and it measures once tests/local_cluster.py offers a
-`KubeletCluster(workdir, bin_dir)` with start(), stop(), env() and truth(namespace) (the
-node's record of each pod in the emulator's truth shape); until then it says so and exits 2.
+--kubelet holds them on a real node (tests/real_node.py, as root: the real control plane, a
+kubelet, containerd and runc): the truth is containerd's own record, its events stamped in
+nanoseconds (sandbox ready: the sandbox's task started; container started and finished: the
+episode's task started and exited); beside them the kubelet's own metrics
+(kubelet_run_podsandbox_duration_seconds, kubelet_pod_start_sli_duration_seconds) for the run.
 
 Then one line per target, PASS or FAIL, and the exit status says whether all passed:
   - each point an event names (the pod's creation by the Job controller's event, for the pods
@@ -188,12 +189,47 @@ def line(name: str, errors: list[tuple[float, float, str]]) -> str:
             f"max precision {max(p for _, p, _ in errors):.3f} s  not covered {uncovered}/{len(errors)}")
 
 
-def kubelet_cluster(work: Path, sandbox: float) -> object | None:
-    """The real node's cluster from tests/local_cluster.py, or None while it offers none."""
-    import local_cluster
+def kubelet_cluster(work: Path) -> object:
+    """The real node's cluster (tests/real_node.py), from the binaries in the build cache."""
+    import build_node
     from conftest import discovered_control_plane
-    make = getattr(local_cluster, "KubeletCluster", None)
-    return None if make is None else make(work / "cluster", Path(discovered_control_plane() or ""))
+    from real_node import RealNodeCluster
+    if not build_node.binaries_present():
+        raise SystemExit("Error: the real node is not built (python3 tests/build_node.py): nothing measured")
+    return RealNodeCluster(work / "cluster", Path(discovered_control_plane() or ""), build_node.BIN_DIR)
+
+
+def histogram(metrics: str, name: str, labels: str = "") -> tuple[float, int]:
+    """(sum, count) of one Prometheus histogram in a metrics page, its series matching `labels`."""
+    total, count = 0.0, 0
+    for text in metrics.splitlines():
+        if text.startswith((f"{name}_sum", f"{name}_count")) and labels in text:
+            value = float(text.rsplit(" ", 1)[1])
+            if text.startswith(f"{name}_sum"):
+                total += value
+            else:
+                count += int(value)
+    return total, count
+
+
+def kubelet_metric_lines(metrics: str, rows: list[dict], truth: dict, namespace: str) -> list[str]:
+    """The kubelet's own figures for the run beside the tool's and containerd's."""
+    found = []
+    total, count = histogram(metrics, "kubelet_run_podsandbox_duration_seconds", 'runtime_handler="cube"')
+    true_sandbox = [truth["pods"][f"{namespace}/{r['pod']}"]["sandbox_ready"] - float(r["scheduled_at"])
+                    for r in rows if "sandbox_ready" in truth["pods"].get(f"{namespace}/{r['pod']}", {})]
+    reported = [float(r["sandbox_creation_seconds"]) for r in rows]
+    if count:
+        found.append(f"kubelet_run_podsandbox_duration_seconds (cube): mean {total / count:.6f} s over {count} "
+                     f"sandboxes; "
+                     f"containerd scheduled -> sandbox task started: mean {statistics.mean(true_sandbox):.3f} s; "
+                     f"the tool's sandbox_creation: mean {statistics.mean(reported):.3f} s")
+    total, count = histogram(metrics, "kubelet_pod_start_sli_duration_seconds")
+    if count:
+        found.append(f"kubelet_pod_start_sli_duration_seconds (created -> running, pulls excluded): "
+                     f"mean {total / count:.3f} s "
+                     f"over {count} pods")
+    return found or ["kubelet metrics: none of the run's series found"]
 
 
 def main() -> int:
@@ -224,11 +260,7 @@ def main() -> int:
         faults["node_clock_offset"] = {SKEWED_NODE: args.node_clock}
     with tempfile.TemporaryDirectory() as work:
         if args.kubelet:
-            cluster = kubelet_cluster(Path(work), args.sandbox)
-            if cluster is None:
-                print("Error: tests/local_cluster.py offers no real node (KubeletCluster) yet: nothing measured",
-                      file=sys.stderr)
-                return 2
+            cluster = kubelet_cluster(Path(work))
             cluster.start()  # type: ignore[attr-defined]
             env = cluster.env()  # type: ignore[attr-defined]
         elif args.real:
@@ -254,9 +286,12 @@ def main() -> int:
                 print(result.stderr, file=sys.stderr)
                 return 1
             namespace = json.loads((output / "receipt.json").read_text())["namespace"]
+            metrics = ""
             if args.kubelet:
                 truth = cluster.truth(namespace)  # type: ignore[attr-defined]
                 events = json.loads((output / "events.json").read_text())["items"]
+                metrics = subprocess.run([kubectl, "get", "--raw", "/api/v1/nodes/rldemo-node/proxy/metrics"],
+                                         env=env, capture_output=True, text=True, timeout=60).stdout
             elif args.real:
                 truth = agent_truth(cluster.agent, namespace)
                 events = json.loads((output / "events.json").read_text())["items"]
@@ -282,6 +317,17 @@ def main() -> int:
         print(line(point, found))
     print("events the cluster named over the tool's allowance after their step:",
           recorder_late(events, truth, namespace), f"(load average {os.getloadavg()[0]:.1f})")
+    if args.kubelet:
+        # The episode's /proc start time is runc's fork of it, before containerd lets it exec.
+        created = [(float(r["container_started_at"]) - truth["pods"][f"{namespace}/{r['pod']}"]["task_created"],
+                    float(r["container_started_precision_seconds"]), r["pod"]) for r in rows
+                   if r["container_started_at"] and "task_created" in truth["pods"].get(f"{namespace}/{r['pod']}", {})]
+        print(line("started vs task create", created))
+        for text in kubelet_metric_lines(metrics, rows, truth, namespace):
+            print(text)
+        if args.keep:
+            (args.keep / "kubelet-metrics.txt").write_text(metrics)
+            (args.keep / "truth.json").write_text(json.dumps(truth, indent=1))
     print("clocks:", json.dumps(results.get("clocks"), indent=1))
     for warning in results.get("clock_warnings") or []:
         print("WARNING:", warning)
@@ -290,6 +336,14 @@ def main() -> int:
     import rl_batch_demo
     named = set(rl_batch_demo.pod_creation_events(events))
     held = target_lines(cluster_name, rows, errors, named)
+    if args.kubelet:
+        # On the real node the truth is containerd's, not ours: each point must also stay within
+        # its own stated precision of it.
+        for point, found in errors.items():
+            if found:
+                covered = sum(1 for error, precision, _ in found if abs(error) <= precision)
+                held.append((covered == len(found), f"{point}: within its stated precision of containerd's record "
+                                                    f"({covered}/{len(found)} episodes)"))
     print(f"targets ({cluster_name}, load average {os.getloadavg()[0]:.1f}):")
     for passed, text in held:
         print(f"{'PASS' if passed else 'FAIL'} {text}")

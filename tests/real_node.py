@@ -30,6 +30,7 @@ or by the next start, when the process that made it is gone.
 from __future__ import annotations
 
 import ctypes
+import datetime
 import json
 import os
 import shutil
@@ -424,6 +425,7 @@ class RealNodeCluster(LocalCluster):
             self._start_registry()
             self._push_images()
             self._start_containerd()
+            self._record_containerd_events()
             self._start_kubelet()
             self.wait_node_ready()
             self.wait_default_service_account()
@@ -434,7 +436,7 @@ class RealNodeCluster(LocalCluster):
 
     def stop(self) -> None:
         self._delete_pods()
-        for name in ("kubelet", "containerd", "registry"):
+        for name in ("kubelet", "containerd-events", "containerd", "registry"):
             process = self.processes.pop(name, None)
             if process is not None:
                 _terminate(process)
@@ -606,6 +608,58 @@ state = '{base / "state"}'
             if time.monotonic() > deadline:
                 raise RealNodeError("containerd's CRI never answered")
             time.sleep(0.3)
+
+    def _record_containerd_events(self) -> None:
+        """containerd's own record of the node: every event it publishes (task create, start and
+        exit, the sandboxes' and containers' lifecycle), stamped in nanoseconds, in a log."""
+        self._start("containerd-events", [str(self.node_bin / "ctr"), "--address", str(self.containerd_socket),
+                                          "events"])
+
+    def containerd_events(self) -> List[Dict[str, Any]]:
+        """The events containerd published so far: {"at": Unix seconds, "namespace", "topic", "event"}."""
+        found = []
+        for line in (self.node_dir / "logs" / "containerd-events.log").read_text(errors="replace").splitlines():
+            # <date> <time.nanoseconds> <zone offset> <zone> <namespace> <topic> <event as JSON>
+            parts = line.split(" ", 6)
+            if len(parts) < 7 or not parts[5].startswith("/"):
+                continue
+            whole, _, fraction = parts[1].partition(".")
+            try:
+                at = datetime.datetime.strptime(f"{parts[0]} {whole} {parts[2]}", "%Y-%m-%d %H:%M:%S %z").timestamp()
+                event = json.loads(parts[6])
+            except ValueError:
+                continue
+            found.append({"at": at + float(f"0.{fraction or 0}"), "namespace": parts[4], "topic": parts[5],
+                          "event": event})
+        return found
+
+    def truth(self, namespace: str) -> Dict[str, Any]:
+        """The node's record of each pod of `namespace`, in the emulator's truth shape
+        ({"pods": {"ns/pod": {field: Unix seconds}}}), from containerd's events: sandbox_ready when
+        the sandbox's task started (the pause process, the pod's network already set up),
+        task_created when runc forked the episode's process, container_started when its task
+        started (the process let go to exec), container_finished when it exited."""
+        sandboxes = {item["id"]: item["metadata"] for item in
+                     json.loads(self.crictl("pods", "--namespace", namespace, "-o", "json").stdout)["items"]}
+        containers = {item["id"]: sandboxes[item["podSandboxId"]] for item in
+                      json.loads(self.crictl("ps", "-a", "-o", "json").stdout)["containers"]
+                      if item["podSandboxId"] in sandboxes}
+        pods: Dict[str, Dict[str, float]] = {}
+        for record in self.containerd_events():
+            event = record["event"]
+            task = event.get("container_id")
+            if record["topic"] == "/tasks/start" and task in sandboxes:
+                pods.setdefault(f"{namespace}/{sandboxes[task]['name']}", {}).setdefault("sandbox_ready", record["at"])
+            elif record["topic"] == "/tasks/create" and task in containers:
+                # runc's init forked: the process the episode's own /proc start time names.
+                pods.setdefault(f"{namespace}/{containers[task]['name']}", {}).setdefault(
+                    "task_created", record["at"])
+            elif record["topic"] == "/tasks/start" and task in containers:
+                pods.setdefault(f"{namespace}/{containers[task]['name']}", {}).setdefault(
+                    "container_started", record["at"])
+            elif record["topic"] == "/tasks/exit" and task in containers and event.get("id") == task:
+                pods.setdefault(f"{namespace}/{containers[task]['name']}", {})["container_finished"] = record["at"]
+        return {"pods": pods}
 
     def crictl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         return run([str(self.node_bin / "crictl"), "--runtime-endpoint", f"unix://{self.containerd_socket}",
