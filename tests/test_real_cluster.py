@@ -325,6 +325,7 @@ def test_a_role_without_watch_fails_clearly(real_cluster, tmp_path):
     rbac = readme_rbac().replace('verbs: ["create", "get", "list", "watch", "delete"]',
                                  'verbs: ["create", "get", "list", "delete"]') \
         .replace('verbs: ["get", "list", "watch"]', 'verbs: ["get", "list"]') \
+        .replace('verbs: ["get", "list", "watch", "create"]', 'verbs: ["get", "list", "create"]') \
         .replace('verbs: ["list", "watch"]', 'verbs: ["list"]')
     assert "watch" not in rbac
     kubeconfig = user_with(cluster, kubectl, "no-watch", rbac)
