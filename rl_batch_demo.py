@@ -1293,15 +1293,22 @@ def event_object(event: dict) -> dict:
     return event.get("involvedObject") or event.get("regarding") or {}
 
 
+def pod_events(events: Iterable[dict], reason: str) -> Iterator[tuple[dict, dict, str]]:
+    """The events of `reason` about a Pod: (event, what it is about, its message)."""
+    for event in events:
+        if event.get("reason") != reason:
+            continue
+        regarding = event_object(event)
+        if regarding.get("kind") == "Pod":
+            yield event, regarding, str(event.get("message") or event.get("note") or "")
+
+
 def scheduled_event_times(events: Iterable[dict]) -> dict[str, float]:
     """Pod name -> the scheduler's `Scheduled` eventTime (microsecond precision)."""
     times: dict[str, float] = {}
-    for event in events:
-        if event.get("reason") != "Scheduled":
-            continue
-        regarding = event_object(event)
+    for event, regarding, _ in pod_events(events, "Scheduled"):
         moment = parse_time(event.get("eventTime"))
-        if regarding.get("kind") == "Pod" and moment is not None:
+        if moment is not None:
             times[regarding.get("name", "")] = moment
     return times
 
@@ -1340,13 +1347,7 @@ def events_table(events: Sequence[dict]) -> str:
 def image_cache_states(events: Iterable[dict]) -> dict[str, str]:
     """Pod name -> "present" (the node had the image) or "pulled", from the kubelet's Pulled event."""
     states: dict[str, str] = {}
-    for event in events:
-        if event.get("reason") != "Pulled":
-            continue
-        regarding = event_object(event)
-        if regarding.get("kind") != "Pod":
-            continue
-        message = event.get("message") or event.get("note") or ""
+    for _, regarding, message in pod_events(events, "Pulled"):
         if "already present on machine" in message:
             states[regarding.get("name", "")] = "present"
         elif "Successfully pulled" in message:
@@ -1417,14 +1418,10 @@ def parse_pulled_message(message: str) -> ImagePull | None:
 def image_pulls(events: Iterable[dict]) -> dict[str, ImagePull]:
     """Pod name -> its episode container's image as the kubelet's Pulled event says (its first one)."""
     pulls: dict[str, ImagePull] = {}
-    for event in events:
-        if event.get("reason") != "Pulled":
+    for _, regarding, message in pod_events(events, "Pulled"):
+        if regarding.get("fieldPath") not in (None, f"spec.containers{{{CONTAINER_NAME}}}"):
             continue
-        regarding = event_object(event)
-        if regarding.get("kind") != "Pod" or \
-                regarding.get("fieldPath") not in (None, f"spec.containers{{{CONTAINER_NAME}}}"):
-            continue
-        pull = parse_pulled_message(str(event.get("message") or event.get("note") or ""))
+        pull = parse_pulled_message(message)
         if pull is not None:
             pulls.setdefault(regarding.get("name", ""), pull)
     return pulls

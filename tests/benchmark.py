@@ -92,6 +92,7 @@ for _path in (str(TESTS_DIR), str(REPO_ROOT)):
 
 import prereqs  # noqa: E402  (needs the path above)
 import rl_batch_demo  # noqa: E402
+from e2e_support import TASK_EPISODE_HEAD  # noqa: E402
 from kube_emulator import Emulator  # noqa: E402
 
 PRODUCT = REPO_ROOT / "rl_batch_demo.py"
@@ -413,14 +414,7 @@ STRAGGLER_COUNT, STRAGGLER_NEED, STRAGGLERS, STRAGGLER_HANG_SECONDS = 32, 28, 4,
 DELIVERY_LAG_SIZE = 2000
 TARGET_DELIVERY_LAG_P99_SECONDS = 0.5
 # Reads its task; a straggler's task makes it hang before its reward.
-HANGING_EPISODE = """\
-import json, os, time
-EPISODE_ID = os.environ["EPISODE_ID"]
-def emit(event, **fields):
-    print(json.dumps(dict({"event": event, "at": time.time(), "episode_id": EPISODE_ID}, **fields)), flush=True)
-with open(os.environ["TASK_FILE"]) as handle:
-    task = json.load(handle)
-emit("ready")
+HANGING_EPISODE = TASK_EPISODE_HEAD + """\
 time.sleep(task.get("hang", 0))
 emit("reward", reward=1)
 """

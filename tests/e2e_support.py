@@ -68,6 +68,19 @@ def wait_for(predicate: Any, seconds: float = 120.0, what: str = "the condition"
     raise AssertionError(f"timed out after {seconds} s waiting for {what}")
 
 
+# The opening every task-reading episode script shares: its events as the worker prints them,
+# its task read from $TASK_FILE, and `ready`. A test's script is this plus what it does next.
+TASK_EPISODE_HEAD = '''
+import json, os, sys, time
+EPISODE_ID = os.environ["EPISODE_ID"]
+def emit(event, **fields):
+    print(json.dumps(dict({"event": event, "at": time.time(), "episode_id": EPISODE_ID}, **fields)), flush=True)
+with open(os.environ["TASK_FILE"]) as handle:
+    task = json.load(handle)
+emit("ready")
+'''
+
+
 def write_script(directory: Path, source: str, name: str = "episode.py") -> Path:
     """An episode script for --episode-script, written into `directory`."""
     path = directory / name

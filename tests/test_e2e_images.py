@@ -13,19 +13,12 @@ from typing import Any
 import pytest
 
 import rl_batch_demo
-from e2e_support import emulators, load, run_namespaces, tool, write_script
+from e2e_support import TASK_EPISODE_HEAD, emulators, load, run_namespaces, tool, write_script
 
 pytestmark = pytest.mark.e2e
 
 # Reports what it was given: its run-wide index, its task (from $TASK_FILE) and its interpreter's argv.
-IMAGE_EPISODE = '''
-import json, os, sys, time
-EPISODE_ID = os.environ["EPISODE_ID"]
-def emit(event, **fields):
-    print(json.dumps(dict({"event": event, "at": time.time(), "episode_id": EPISODE_ID}, **fields)), flush=True)
-with open(os.environ["TASK_FILE"]) as handle:
-    task = json.load(handle)
-emit("ready")
+IMAGE_EPISODE = TASK_EPISODE_HEAD + '''\
 emit("reward", reward=1, task_seen=task["id"], episode_index_seen=int(os.environ["EPISODE_INDEX"]),
      task_file_seen=os.environ["TASK_FILE"], argv_seen=sys.argv[0], name_seen=__name__)
 '''

@@ -15,20 +15,13 @@ from typing import Any
 import pytest
 
 import rl_batch_demo
-from e2e_support import emulators, load, run_namespaces, tool, write_script
+from e2e_support import TASK_EPISODE_HEAD, emulators, load, run_namespaces, tool, write_script
 
 pytestmark = pytest.mark.e2e
 SVG = "{http://www.w3.org/2000/svg}"
 
 # Reads its task from $TASK_FILE; the task's "fail" makes the episode fail on its own.
-TASK_EPISODE = '''
-import json, os, sys, time
-EPISODE_ID = os.environ["EPISODE_ID"]
-def emit(event, **fields):
-    print(json.dumps(dict({"event": event, "at": time.time(), "episode_id": EPISODE_ID}, **fields)), flush=True)
-with open(os.environ["TASK_FILE"]) as handle:
-    task = json.load(handle)
-emit("ready")
+TASK_EPISODE = TASK_EPISODE_HEAD + '''\
 if task.get("fail"):
     sys.exit("the agent gave up")
 emit("reward", reward=task["x"] * 0.5, task_seen=task.get("id"), index="kept apart")

@@ -18,20 +18,13 @@ from typing import Any
 import pytest
 
 import rl_batch_demo as rl_batch
-from e2e_support import emulators, load, run_namespaces, start_tool, tool, wait_for, write_script
+from e2e_support import TASK_EPISODE_HEAD, emulators, load, run_namespaces, start_tool, tool, wait_for, write_script
 
 pytestmark = pytest.mark.e2e
 
 # An episode whose task says "hold" waits, after `ready`, until a file named `release` appears in
 # its workspace (the test writes it into the pod's emptyDir on the node); the others end at once.
-HELD_EPISODE = '''
-import json, os, sys, time
-EPISODE_ID = os.environ["EPISODE_ID"]
-def emit(event, **fields):
-    print(json.dumps(dict({"event": event, "at": time.time(), "episode_id": EPISODE_ID}, **fields)), flush=True)
-with open(os.environ["TASK_FILE"]) as handle:
-    task = json.load(handle)
-emit("ready")
+HELD_EPISODE = TASK_EPISODE_HEAD + '''\
 while task.get("hold") and not os.path.exists("/workspace/release"):
     time.sleep(0.05)
 if task.get("fail"):
