@@ -82,7 +82,18 @@ import time
 import tokenize
 import urllib.parse
 from html import escape as html_escape
-from typing import Any, Callable, Generator, Iterable, Iterator, Mapping, NamedTuple, NoReturn, Sequence, TextIO
+from typing import (
+    Any,
+    Callable,
+    Generator,
+    Iterable,
+    Iterator,
+    Mapping,
+    NamedTuple,
+    NoReturn,
+    Sequence,
+    TextIO,
+)
 
 try:
     import resource
@@ -257,9 +268,23 @@ POD_DEADLINE_REASON = "DeadlineExceeded"
 # SIGTERM: a pod being stopped). The Job API cannot tell an OOM kill from another SIGKILL, so
 # an OOM kill is retried and classified as infrastructure like the rest.
 INFRASTRUCTURE_EXIT_CODES = (126, 127, 137, 143)
-INFRASTRUCTURE_POD_REASONS = ("Evicted", "NodeLost", "Preempting", "UnexpectedAdmissionError",
-                              "NodeAffinity", "OutOfcpu", "OutOfmemory", "Shutdown", "Terminated")
-INFRASTRUCTURE_TERMINATED_REASONS = ("OOMKilled", "ContainerStatusUnknown", "StartError", "ContainerCannotRun")
+INFRASTRUCTURE_POD_REASONS = (
+    "Evicted",
+    "NodeLost",
+    "Preempting",
+    "UnexpectedAdmissionError",
+    "NodeAffinity",
+    "OutOfcpu",
+    "OutOfmemory",
+    "Shutdown",
+    "Terminated",
+)
+INFRASTRUCTURE_TERMINATED_REASONS = (
+    "OOMKilled",
+    "ContainerStatusUnknown",
+    "StartError",
+    "ContainerCannotRun",
+)
 # The built-in worker's own words when its baseline passes: its test did not check the bug.
 BASELINE_PASSED_MESSAGE = "baseline must fail the boundary test"
 
@@ -408,6 +433,7 @@ class KeywordTypeError(UsageError, TypeError):
 class Spelling(NamedTuple):
     """How the caller names a `run` setting in an error: as a flag (`--count 24`) on the
     command line, as a keyword (`count=24`) from run_batch()."""
+
     python: bool
 
     def name(self, dest: str) -> str:
@@ -423,7 +449,9 @@ class Spelling(NamedTuple):
         return f"{dest}={metavar}" if self.python else f"{self.name(dest)} {metavar}"
 
     def cap(self, value: int) -> str:
-        return self.setting("max_episodes", value) if self.python else f"the cap of {value} episodes"
+        return (
+            self.setting("max_episodes", value) if self.python else f"the cap of {value} episodes"
+        )
 
 
 COMMAND_LINE = Spelling(python=False)
@@ -446,6 +474,7 @@ class VerificationError(DemoError):
 class Task(NamedTuple):
     """One line of a --tasks file: its id (the `id` field, else its line number, as a string), its JSON
     text, and the container image its `image` field names (None: the run's --image)."""
+
     task_id: str
     line: int
     text: str
@@ -455,6 +484,7 @@ class Task(NamedTuple):
 class ImageGroup(NamedTuple):
     """The episodes of one image: their Job runs `image`; `indexes` are their run-wide episode indexes,
     ascending (a task's group of episodes always together)."""
+
     image: str
     indexes: tuple[int, ...]
 
@@ -462,6 +492,7 @@ class ImageGroup(NamedTuple):
 class RolloutPolicy(NamedTuple):
     """How a rollout batch treats failures: retries per episode and failed episodes accepted; with
     `need`, the Job ends as soon as that many episodes have succeeded (successPolicy)."""
+
     retries: int
     allow_failures: int
     need: int | None = None
@@ -471,6 +502,7 @@ class BatchEntry(NamedTuple):
     """One batch of a run, as run.json's `batches` lists it: its Job, whether it is measured (a
     warm-up is not), and its directory under the run's (`.` when the run has one batch); `jobs`:
     its Jobs when it has one per image (none: its one Job, `job`)."""
+
     job: str
     measured: bool
     dir: str
@@ -482,6 +514,7 @@ class Settings:
     """What one run was asked to do, made once (run_settings(), from the command line's or
     run_batch()'s checked arguments; or read back from run.json) and read by attribute.
     `saved()` is run.json's form of it, key for key."""
+
     count: int
     parallelism: int
     image: str = DEFAULT_IMAGE
@@ -495,7 +528,9 @@ class Settings:
     chunk_size: int = LIST_PAGE_SIZE
     episode_script_sha256: str | None = None
     ttl_seconds: int | None = None
-    version: str | None = None  # the tool's, as it started the run (none for a run of the guide's script)
+    version: str | None = (
+        None  # the tool's, as it started the run (none for a run of the guide's script)
+    )
     # A rollout batch (--tasks, --retries, --allow-failures, --need, or a Python caller): rewards.jsonl.
     rollout: bool = False
     tasks_file: str | None = None
@@ -520,16 +555,32 @@ class Settings:
         """run.json's fields: the rollout options only for a rollout, --need and --episode-timeout
         only when given."""
         saved: dict[str, Any] = {
-            "version": self.version, "count": self.count, "parallelism": self.parallelism,
-            "image": self.image, "runtime": self.runtime, "timeout": self.timeout,
-            "rounds": self.rounds, "warmup": self.warmup, "harden": self.harden,
-            "builtin": self.builtin, "episode_script": self.episode_script, "chunk_size": self.chunk_size,
-            "episode_script_sha256": self.episode_script_sha256, "ttl_seconds": self.ttl_seconds,
+            "version": self.version,
+            "count": self.count,
+            "parallelism": self.parallelism,
+            "image": self.image,
+            "runtime": self.runtime,
+            "timeout": self.timeout,
+            "rounds": self.rounds,
+            "warmup": self.warmup,
+            "harden": self.harden,
+            "builtin": self.builtin,
+            "episode_script": self.episode_script,
+            "chunk_size": self.chunk_size,
+            "episode_script_sha256": self.episode_script_sha256,
+            "ttl_seconds": self.ttl_seconds,
         }
         if self.rollout:
-            saved.update({"rollout": True, "tasks_file": self.tasks_file, "group_size": self.group_size,
-                          "retries": self.retries, "allow_failures": self.allow_failures,
-                          "task_ids": None if self.task_ids is None else list(self.task_ids)})
+            saved.update(
+                {
+                    "rollout": True,
+                    "tasks_file": self.tasks_file,
+                    "group_size": self.group_size,
+                    "retries": self.retries,
+                    "allow_failures": self.allow_failures,
+                    "task_ids": None if self.task_ids is None else list(self.task_ids),
+                }
+            )
         if self.need is not None:
             saved["need"] = self.need
         if self.episode_timeout is not None:
@@ -542,8 +593,13 @@ class Settings:
             saved["pull_timeout"] = self.pull_timeout
         if self.prepull:
             saved["prepull"] = True
-        saved.update({"context": self.context, "namespace": self.namespace,
-                      "batches": [saved_entry(entry) for entry in self.batches]})
+        saved.update(
+            {
+                "context": self.context,
+                "namespace": self.namespace,
+                "batches": [saved_entry(entry) for entry in self.batches],
+            }
+        )
         return saved
 
     @classmethod
@@ -552,25 +608,47 @@ class Settings:
         the value that run had. DemoError names a field the results cannot do without."""
         missing = [key for key in SAVED_SETTINGS_NEEDED if key not in saved]
         if missing:
-            raise DemoError(f"run.json lacks {', '.join(map(repr, missing))}: not a run directory "
-                            f"this tool can report")
+            raise DemoError(
+                f"run.json lacks {', '.join(map(repr, missing))}: not a run directory "
+                f"this tool can report"
+            )
         task_ids = saved.get("task_ids")
         return cls(
-            count=saved["count"], parallelism=saved["parallelism"], image=saved["image"],
-            runtime=saved["runtime"], timeout=saved.get("timeout", 0), rounds=saved.get("rounds") or 1,
-            warmup=saved["warmup"], harden=saved.get("harden", False), builtin=saved.get("builtin", True),
-            episode_script=saved.get("episode_script"), chunk_size=saved.get("chunk_size", LIST_PAGE_SIZE),
-            episode_script_sha256=saved.get("episode_script_sha256"), ttl_seconds=saved.get("ttl_seconds"),
-            version=saved.get("version"), rollout=bool(saved.get("rollout")), tasks_file=saved.get("tasks_file"),
-            group_size=saved.get("group_size") or 1, retries=saved.get("retries"),
-            allow_failures=saved.get("allow_failures"), task_ids=None if task_ids is None else tuple(task_ids),
-            need=saved.get("need"), episode_timeout=saved.get("episode_timeout"), context=saved["context"],
+            count=saved["count"],
+            parallelism=saved["parallelism"],
+            image=saved["image"],
+            runtime=saved["runtime"],
+            timeout=saved.get("timeout", 0),
+            rounds=saved.get("rounds") or 1,
+            warmup=saved["warmup"],
+            harden=saved.get("harden", False),
+            builtin=saved.get("builtin", True),
+            episode_script=saved.get("episode_script"),
+            chunk_size=saved.get("chunk_size", LIST_PAGE_SIZE),
+            episode_script_sha256=saved.get("episode_script_sha256"),
+            ttl_seconds=saved.get("ttl_seconds"),
+            version=saved.get("version"),
+            rollout=bool(saved.get("rollout")),
+            tasks_file=saved.get("tasks_file"),
+            group_size=saved.get("group_size") or 1,
+            retries=saved.get("retries"),
+            allow_failures=saved.get("allow_failures"),
+            task_ids=None if task_ids is None else tuple(task_ids),
+            need=saved.get("need"),
+            episode_timeout=saved.get("episode_timeout"),
+            context=saved["context"],
             namespace=saved["namespace"],
-            batches=tuple(BatchEntry(entry["job"], entry["measured"], entry["dir"], tuple(entry.get("jobs") or ()))
-                          for entry in saved["batches"]),
+            batches=tuple(
+                BatchEntry(
+                    entry["job"], entry["measured"], entry["dir"], tuple(entry.get("jobs") or ())
+                )
+                for entry in saved["batches"]
+            ),
             task_images=None if saved.get("task_images") is None else tuple(saved["task_images"]),
-            image_map=tuple((saved.get("image_map") or {}).items()), pull_timeout=saved.get("pull_timeout"),
-            prepull=bool(saved.get("prepull")))
+            image_map=tuple((saved.get("image_map") or {}).items()),
+            pull_timeout=saved.get("pull_timeout"),
+            prepull=bool(saved.get("prepull")),
+        )
 
 
 def saved_entry(entry: BatchEntry) -> dict[str, Any]:
@@ -584,7 +662,16 @@ def saved_entry(entry: BatchEntry) -> dict[str, Any]:
 
 
 # What results.json cannot be made without: every other field of run.json has a default.
-SAVED_SETTINGS_NEEDED = ("count", "parallelism", "image", "runtime", "warmup", "context", "namespace", "batches")
+SAVED_SETTINGS_NEEDED = (
+    "count",
+    "parallelism",
+    "image",
+    "runtime",
+    "warmup",
+    "context",
+    "namespace",
+    "batches",
+)
 
 
 # --------------------------------------------------------------------------
@@ -593,6 +680,7 @@ SAVED_SETTINGS_NEEDED = ("count", "parallelism", "image", "runtime", "warmup", "
 
 class RunOrigin(NamedTuple):
     """Who starts a run, from where, and until when it may live: its namespace's annotations."""
+
     run_id: str
     version: str
     host: str
@@ -603,24 +691,33 @@ class RunOrigin(NamedTuple):
 
 def origin_annotations(origin: RunOrigin) -> dict[str, str]:
     """The annotations that let `list` and `cleanup --stale` know a run without its receipt."""
-    annotations = {RUN_ID_ANNOTATION: origin.run_id, VERSION_ANNOTATION: origin.version,
-                   HOST_ANNOTATION: origin.host, OUTPUT_ANNOTATION: origin.output, USER_ANNOTATION: origin.user}
+    annotations = {
+        RUN_ID_ANNOTATION: origin.run_id,
+        VERSION_ANNOTATION: origin.version,
+        HOST_ANNOTATION: origin.host,
+        OUTPUT_ANNOTATION: origin.output,
+        USER_ANNOTATION: origin.user,
+    }
     if origin.expires_at is not None:
         annotations[EXPIRES_ANNOTATION] = rfc3339(origin.expires_at)
     return annotations
 
 
-def namespace_manifest(namespace: str, run_id: str, harden: bool = False, origin: RunOrigin | None = None) -> dict:
+def namespace_manifest(
+    namespace: str, run_id: str, harden: bool = False, origin: RunOrigin | None = None
+) -> dict:
     """The run's own Namespace, labelled with the run id; annotated with its origin when given
     (in the manifest itself, so the namespace never exists without them)."""
     labels = {RUN_LABEL: run_id}
     if harden:
-        labels.update({
-            "pod-security.kubernetes.io/enforce": "restricted",
-            "pod-security.kubernetes.io/enforce-version": "latest",
-            "pod-security.kubernetes.io/warn": "restricted",
-            "pod-security.kubernetes.io/audit": "restricted",
-        })
+        labels.update(
+            {
+                "pod-security.kubernetes.io/enforce": "restricted",
+                "pod-security.kubernetes.io/enforce-version": "latest",
+                "pod-security.kubernetes.io/warn": "restricted",
+                "pod-security.kubernetes.io/audit": "restricted",
+            }
+        )
     metadata: dict[str, Any] = {"name": namespace, "labels": labels}
     if origin is not None:
         metadata["annotations"] = origin_annotations(origin)
@@ -629,16 +726,22 @@ def namespace_manifest(namespace: str, run_id: str, harden: bool = False, origin
 
 def configmap_manifest(namespace: str, worker_source: str) -> dict:
     """The ConfigMap that ships the episode program to every pod."""
-    return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": CONFIGMAP_NAME, "namespace": namespace},
-            "data": {WORKER_KEY: worker_source}}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": CONFIGMAP_NAME, "namespace": namespace},
+        "data": {WORKER_KEY: worker_source},
+    }
 
 
 def network_policy_manifest(namespace: str) -> dict:
     """Deny all ingress and egress for every pod of the namespace."""
-    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-            "metadata": {"name": "deny-all", "namespace": namespace},
-            "spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": "deny-all", "namespace": namespace},
+        "spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]},
+    }
 
 
 def file_line(number: int) -> str:
@@ -663,11 +766,17 @@ def parse_tasks(lines: Iterable[str], place: Callable[[int], str] = file_line) -
         if isinstance(task_id, (dict, list)) or task_id is None:
             raise ValueError(f"{place(number)}: the task id must be a string or a number")
         image = value.get("image")
-        if "image" in value and (not isinstance(image, str) or not image.strip() or image != image.strip()):
-            raise ValueError(f"{place(number)}: the task image must be a non-empty string without spaces "
-                             f"around it, got {image!r}")
+        if "image" in value and (
+            not isinstance(image, str) or not image.strip() or image != image.strip()
+        ):
+            raise ValueError(
+                f"{place(number)}: the task image must be a non-empty string without spaces "
+                f"around it, got {image!r}"
+            )
         # Always a string: a trainer joining rewards to tasks by id meets one type, not "a" and 3.
-        tasks.append(Task(task_id if isinstance(task_id, str) else json.dumps(task_id), number, text, image))
+        tasks.append(
+            Task(task_id if isinstance(task_id, str) else json.dumps(task_id), number, text, image)
+        )
     if not tasks:
         raise ValueError("no tasks in it")
     ids = [task.task_id for task in tasks]
@@ -682,9 +791,17 @@ def parse_image_map(texts: Iterable[str]) -> tuple[tuple[str, str], ...]:
     pairs: list[tuple[str, str]] = []
     for text in texts:
         source, equals, target = text.partition("=")
-        if not equals or not source or not target or source != source.strip() or target != target.strip():
-            raise ValueError(f"{text!r} is not FROM=TO (two image reference prefixes, e.g. "
-                             f"docker.io/swebench=registry.internal/swebench)")
+        if (
+            not equals
+            or not source
+            or not target
+            or source != source.strip()
+            or target != target.strip()
+        ):
+            raise ValueError(
+                f"{text!r} is not FROM=TO (two image reference prefixes, e.g. "
+                f"docker.io/swebench=registry.internal/swebench)"
+            )
         if any(source == earlier for earlier, _ in pairs):
             raise ValueError(f"{source!r} is mapped twice")
         pairs.append((source, target))
@@ -697,23 +814,32 @@ def rewrite_image(image: str, image_map: Sequence[tuple[str, str]]) -> str:
     if not matches:
         return image
     source, target = max(matches, key=lambda pair: len(pair[0]))
-    return target + image[len(source):]
+    return target + image[len(source) :]
 
 
-def task_images(tasks: Sequence[Task], default_image: str, image_map: Sequence[tuple[str, str]] = ()) -> list[str]:
+def task_images(
+    tasks: Sequence[Task], default_image: str, image_map: Sequence[tuple[str, str]] = ()
+) -> list[str]:
     """Each task's image: its own rewritten by the map, else `default_image` (--image, rewritten already)."""
     return [rewrite_image(task.image, image_map) if task.image else default_image for task in tasks]
 
 
-def image_groups(tasks: Sequence[Task], count: int, group_size: int, default_image: str,
-                 image_map: Sequence[tuple[str, str]] = ()) -> list[ImageGroup]:
+def image_groups(
+    tasks: Sequence[Task],
+    count: int,
+    group_size: int,
+    default_image: str,
+    image_map: Sequence[tuple[str, str]] = (),
+) -> list[ImageGroup]:
     """The run's episodes by image, in order of the image's first appearance (see task_images);
     without tasks, every episode runs the default image."""
     if not tasks:
         return [ImageGroup(default_image, tuple(range(count)))]
     by_image: dict[str, list[int]] = {}
     for position, image in enumerate(task_images(tasks, default_image, image_map)):
-        by_image.setdefault(image, []).extend(range(position * group_size, (position + 1) * group_size))
+        by_image.setdefault(image, []).extend(
+            range(position * group_size, (position + 1) * group_size)
+        )
     return [ImageGroup(image, tuple(indexes)) for image, indexes in by_image.items()]
 
 
@@ -760,8 +886,10 @@ def task_configmaps(namespace: str, tasks: Sequence[Task]) -> list[dict]:
         key = task_key(position)
         entry = len(key.encode("utf-8")) + len(task.text.encode("utf-8"))
         if entry > TASKS_CONFIGMAP_BYTES:
-            raise DemoError(f"task on line {task.line} takes {entry} bytes; one task may take at most "
-                            f"{TASKS_CONFIGMAP_BYTES} bytes (a ConfigMap holds 1 MiB); nothing was created")
+            raise DemoError(
+                f"task on line {task.line} takes {entry} bytes; one task may take at most "
+                f"{TASKS_CONFIGMAP_BYTES} bytes (a ConfigMap holds 1 MiB); nothing was created"
+            )
         if size + entry > TASKS_CONFIGMAP_BYTES:
             chunks.append({})
             size = 0
@@ -769,15 +897,25 @@ def task_configmaps(namespace: str, tasks: Sequence[Task]) -> list[dict]:
         size += entry
     if len(chunks) > TASKS_MAX_CONFIGMAPS:
         total = sum(len(t.text.encode("utf-8")) for t in tasks)
-        raise DemoError(f"the tasks take {total} bytes, more than {TASKS_MAX_CONFIGMAPS} ConfigMaps of "
-                        f"{TASKS_CONFIGMAP_BYTES} bytes can carry; split them into several batches; "
-                        f"nothing was created")
-    return [{"apiVersion": "v1", "kind": "ConfigMap",
-             "metadata": {"name": f"{TASKS_CONFIGMAP_PREFIX}{number}", "namespace": namespace},
-             "data": data} for number, data in enumerate(chunks)]
+        raise DemoError(
+            f"the tasks take {total} bytes, more than {TASKS_MAX_CONFIGMAPS} ConfigMaps of "
+            f"{TASKS_CONFIGMAP_BYTES} bytes can carry; split them into several batches; "
+            f"nothing was created"
+        )
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": f"{TASKS_CONFIGMAP_PREFIX}{number}", "namespace": namespace},
+            "data": data,
+        }
+        for number, data in enumerate(chunks)
+    ]
 
 
-def tasks_volume(configmaps: Sequence[dict], group_size: int, indexes: Iterable[int] | None = None) -> dict:
+def tasks_volume(
+    configmaps: Sequence[dict], group_size: int, indexes: Iterable[int] | None = None
+) -> dict:
     """One volume with a file per episode, `<episode index>.json`, holding that episode's task:
     episodes g*G .. g*G+G-1 share task g, projected from its one ConfigMap key. With `indexes`
     (the episodes of one image's Job), only theirs."""
@@ -786,10 +924,12 @@ def tasks_volume(configmaps: Sequence[dict], group_size: int, indexes: Iterable[
     for configmap in configmaps:
         items = []
         for key in configmap["data"]:
-            position = int(key[len("task-"):-len(".json")])
-            items += [{"key": key, "path": f"{index}.json"}
-                      for index in range(position * group_size, (position + 1) * group_size)
-                      if wanted is None or index in wanted]
+            position = int(key[len("task-") : -len(".json")])
+            items += [
+                {"key": key, "path": f"{index}.json"}
+                for index in range(position * group_size, (position + 1) * group_size)
+                if wanted is None or index in wanted
+            ]
         if items:
             sources.append({"configMap": {"name": configmap["metadata"]["name"], "items": items}})
     return {"name": TASKS_VOLUME, "projected": {"sources": sources}}
@@ -803,34 +943,62 @@ def pod_failure_policy() -> dict:
     exit code of the episode container, save those of INFRASTRUCTURE_EXIT_CODES,
     is the episode's verdict and is never retried.
     """
-    return {"rules": [
-        {"action": "Count", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
-        {"action": "FailIndex", "onExitCodes": {"containerName": CONTAINER_NAME, "operator": "NotIn",
-                                                "values": list(INFRASTRUCTURE_EXIT_CODES)}},
-    ]}
+    return {
+        "rules": [
+            {
+                "action": "Count",
+                "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+            },
+            {
+                "action": "FailIndex",
+                "onExitCodes": {
+                    "containerName": CONTAINER_NAME,
+                    "operator": "NotIn",
+                    "values": list(INFRASTRUCTURE_EXIT_CODES),
+                },
+            },
+        ]
+    }
 
 
 def episode_env(indexed: bool, tasks: dict | None, launched: bool = False) -> list[dict]:
     """The episode's environment: its pod's name, and in an Indexed Job its index and its task file
     (`launched`: the run-wide indexes of its Job's completion indexes, which EPISODE_LAUNCHER reads)."""
     env: list[dict[str, Any]] = [
-        {"name": "EPISODE_ID",
-         "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "EPISODE_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
     ]
     if launched:
-        env.append({"name": "EPISODE_INDEXES", "valueFrom": {"fieldRef": {
-            "fieldPath": f"metadata.annotations['{EPISODE_INDEXES_ANNOTATION}']"}}})
+        env.append(
+            {
+                "name": "EPISODE_INDEXES",
+                "valueFrom": {
+                    "fieldRef": {
+                        "fieldPath": f"metadata.annotations['{EPISODE_INDEXES_ANNOTATION}']"
+                    }
+                },
+            }
+        )
         return env
     if indexed:
-        env.append({"name": "EPISODE_INDEX", "valueFrom": {"fieldRef": {
-            "fieldPath": f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"}}})
+        env.append(
+            {
+                "name": "EPISODE_INDEX",
+                "valueFrom": {
+                    "fieldRef": {
+                        "fieldPath": f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"
+                    }
+                },
+            }
+        )
     if tasks:
         # $(EPISODE_INDEX) expands because it is defined earlier in the list.
         env.append({"name": TASK_FILE_ENV, "value": f"{TASKS_MOUNT}/$(EPISODE_INDEX).json"})
     return env
 
 
-def episode_container(image: str, harden: bool, indexed: bool, tasks: dict | None, launched: bool = False) -> dict:
+def episode_container(
+    image: str, harden: bool, indexed: bool, tasks: dict | None, launched: bool = False
+) -> dict:
     """The container that runs the episode program: unprivileged, small requests and limits;
     `launched`, through EPISODE_LAUNCHER (a Job of several in its batch)."""
     security: dict[str, Any] = {
@@ -850,7 +1018,9 @@ def episode_container(image: str, harden: bool, indexed: bool, tasks: dict | Non
         "name": CONTAINER_NAME,
         "image": image,
         "imagePullPolicy": "IfNotPresent",
-        "command": ["python", "-B", "-c", EPISODE_LAUNCHER] if launched else ["python", "-B", f"/demo/{WORKER_KEY}"],
+        "command": ["python", "-B", "-c", EPISODE_LAUNCHER]
+        if launched
+        else ["python", "-B", f"/demo/{WORKER_KEY}"],
         "env": episode_env(indexed, tasks, launched),
         "securityContext": security,
         "resources": {
@@ -861,8 +1031,15 @@ def episode_container(image: str, harden: bool, indexed: bool, tasks: dict | Non
     }
 
 
-def episode_pod_spec(image: str, runtime: str, harden: bool, indexed: bool, tasks: dict | None,
-                     episode_timeout: int | None = None, launched: bool = False) -> dict:
+def episode_pod_spec(
+    image: str,
+    runtime: str,
+    harden: bool,
+    indexed: bool,
+    tasks: dict | None,
+    episode_timeout: int | None = None,
+    launched: bool = False,
+) -> dict:
     """An episode's pod: in the sandbox runtime, never restarted, non-root, without a service account token;
     with `episode_timeout`, stopped by its kubelet that many seconds after the pod started."""
     volumes = [
@@ -888,12 +1065,22 @@ def episode_pod_spec(image: str, runtime: str, harden: bool, indexed: bool, task
     }
 
 
-def job_manifest(namespace: str, count: int, parallelism: int, image: str,
-                 runtime: str, deadline_seconds: int = DEFAULT_JOB_DEADLINE_SECONDS,
-                 name: str = JOB_NAME, harden: bool = False,
-                 indexed: bool = False, tasks: dict | None = None,
-                 policy: RolloutPolicy | None = None, episode_timeout: int | None = None,
-                 batch: str | None = None, episode_indexes: Sequence[int] | None = None) -> dict:
+def job_manifest(
+    namespace: str,
+    count: int,
+    parallelism: int,
+    image: str,
+    runtime: str,
+    deadline_seconds: int = DEFAULT_JOB_DEADLINE_SECONDS,
+    name: str = JOB_NAME,
+    harden: bool = False,
+    indexed: bool = False,
+    tasks: dict | None = None,
+    policy: RolloutPolicy | None = None,
+    episode_timeout: int | None = None,
+    batch: str | None = None,
+    episode_indexes: Sequence[int] | None = None,
+) -> dict:
     """The Job whose pods are the episodes: backoffLimit 0, so one failed episode fails the batch.
 
     `tasks` (a volume from tasks_volume) gives each episode its task file, named by
@@ -911,7 +1098,9 @@ def job_manifest(namespace: str, count: int, parallelism: int, image: str,
     template_metadata: dict[str, Any] = {"labels": {"app": APP_LABEL}}
     if episode_indexes is not None:  # launched
         template_metadata["labels"][BATCH_LABEL] = batch
-        template_metadata["annotations"] = {EPISODE_INDEXES_ANNOTATION: index_ranges(episode_indexes)}
+        template_metadata["annotations"] = {
+            EPISODE_INDEXES_ANNOTATION: index_ranges(episode_indexes)
+        }
     spec: dict[str, Any] = {
         "completions": count,
         "parallelism": parallelism,
@@ -919,7 +1108,9 @@ def job_manifest(namespace: str, count: int, parallelism: int, image: str,
         "activeDeadlineSeconds": deadline_seconds,
         "template": {
             "metadata": template_metadata,
-            "spec": episode_pod_spec(image, runtime, harden, indexed_mode, tasks, episode_timeout, launched),
+            "spec": episode_pod_spec(
+                image, runtime, harden, indexed_mode, tasks, episode_timeout, launched
+            ),
         },
     }
     if indexed_mode:
@@ -943,19 +1134,37 @@ def list_manifest(items: Sequence[dict]) -> dict:
     return {"apiVersion": "v1", "kind": "List", "metadata": {}, "items": list(items)}
 
 
-def prepull_pod_manifest(namespace: str, name: str, node: str, image: str, runtime: str, harden: bool,
-                         deadline_seconds: int) -> dict:
+def prepull_pod_manifest(
+    namespace: str,
+    name: str,
+    node: str,
+    image: str,
+    runtime: str,
+    harden: bool,
+    deadline_seconds: int,
+) -> dict:
     """A pod that makes `image` present on `node` (--prepull): bound to the node, in the episodes' runtime
     and security settings, running `python -c pass` (every episode image already needs Python), stopped by
     its kubelet after `deadline_seconds`."""
-    container = dict(episode_container(image, harden, False, None), name="prepull",
-                     command=["python", "-c", "pass"], env=[], volumeMounts=[])
+    container = dict(
+        episode_container(image, harden, False, None),
+        name="prepull",
+        command=["python", "-c", "pass"],
+        env=[],
+        volumeMounts=[],
+    )
     spec = episode_pod_spec(image, runtime, harden, False, None, deadline_seconds)
     spec.update(nodeName=node, containers=[container], volumes=[])
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": namespace,
-                         "labels": {"app": APP_LABEL, PREPULL_LABEL: "true"}},
-            "spec": spec}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {"app": APP_LABEL, PREPULL_LABEL: "true"},
+        },
+        "spec": spec,
+    }
 
 
 def usable_nodes(nodes: Sequence[dict], runtime_class: dict | None) -> list[str]:
@@ -989,13 +1198,24 @@ def prepull_failures(pods: Sequence[dict], events: Sequence[dict] = ()) -> list[
             continue
         state = (((pod.get("status") or {}).get("containerStatuses") or [{}])[0].get("state")) or {}
         waiting, terminated = state.get("waiting") or {}, state.get("terminated") or {}
-        why = (f"{waiting.get('reason')}: {waiting.get('message', '')}" if waiting else
-               f"{terminated.get('reason', 'ended')} with exit code {terminated.get('exitCode')}" if terminated else
-               (pod.get("status") or {}).get("reason") or (pod.get("status") or {}).get("phase") or "not started")
+        why = (
+            f"{waiting.get('reason')}: {waiting.get('message', '')}"
+            if waiting
+            else f"{terminated.get('reason', 'ended')} with exit code {terminated.get('exitCode')}"
+            if terminated
+            else (pod.get("status") or {}).get("reason")
+            or (pod.get("status") or {}).get("phase")
+            or "not started"
+        )
         warned = warnings.get(pod_name(pod))
-        failures.append({"pod": pod_name(pod), "node": (pod.get("spec") or {}).get("nodeName"),
-                         "image": container_image(pod),
-                         "why": f"{why}" + (f"; pod warnings: {'; '.join(warned)}" if warned else "")})
+        failures.append(
+            {
+                "pod": pod_name(pod),
+                "node": (pod.get("spec") or {}).get("nodeName"),
+                "image": container_image(pod),
+                "why": f"{why}" + (f"; pod warnings: {'; '.join(warned)}" if warned else ""),
+            }
+        )
     return failures
 
 
@@ -1003,8 +1223,22 @@ def prepull_failures(pods: Sequence[dict], events: Sequence[dict] = ()) -> list[
 # Capacity: can the batch's pods all run at once on the nodes there are?
 
 QUANTITY_SUFFIXES = {
-    "Ki": 2 ** 10, "Mi": 2 ** 20, "Gi": 2 ** 30, "Ti": 2 ** 40, "Pi": 2 ** 50, "Ei": 2 ** 60,
-    "n": 1e-9, "u": 1e-6, "m": 1e-3, "": 1.0, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "Pi": 2**50,
+    "Ei": 2**60,
+    "n": 1e-9,
+    "u": 1e-6,
+    "m": 1e-3,
+    "": 1.0,
+    "k": 1e3,
+    "M": 1e6,
+    "G": 1e9,
+    "T": 1e12,
+    "P": 1e15,
+    "E": 1e18,
 }
 
 
@@ -1012,7 +1246,9 @@ def parse_quantity(text: Any) -> float | None:
     """A Kubernetes quantity ("250m", "768Mi", "1e3", 2) as a number, or None if it is not one."""
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         return float(text)
-    match = re.fullmatch(r"\s*([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)([a-zA-Z]{0,2})\s*", str(text or ""))
+    match = re.fullmatch(
+        r"\s*([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)([a-zA-Z]{0,2})\s*", str(text or "")
+    )
     if not match or match.group(2) not in QUANTITY_SUFFIXES:
         return None
     return float(match.group(1)) * QUANTITY_SUFFIXES[match.group(2)]
@@ -1023,27 +1259,36 @@ def schedulable(node: dict) -> bool:
     spec = node.get("spec") or {}
     if spec.get("unschedulable"):
         return False
-    if any(taint.get("effect") in ("NoSchedule", "NoExecute") for taint in spec.get("taints") or []):
+    if any(
+        taint.get("effect") in ("NoSchedule", "NoExecute") for taint in spec.get("taints") or []
+    ):
         return False
     return condition_true(node, "Ready")
 
 
-def capacity_plan(nodes: Sequence[dict], runtime_class: dict | None, requests: dict, count: int,
-                  parallelism: int) -> dict:
+def capacity_plan(
+    nodes: Sequence[dict], runtime_class: dict | None, requests: dict, count: int, parallelism: int
+) -> dict:
     """How many episodes fit at once on the nodes' allocatable CPU, memory and pod slots; pure.
 
     Counts allocatable resources, not what other pods already use, so it is an upper bound.
     """
     overhead = ((runtime_class or {}).get("overhead") or {}).get("podFixed") or {}
-    need = {resource: (parse_quantity(requests.get(resource)) or 0.0) + (parse_quantity(overhead.get(resource)) or 0.0)
-            for resource in ("cpu", "memory")}
+    need = {
+        resource: (parse_quantity(requests.get(resource)) or 0.0)
+        + (parse_quantity(overhead.get(resource)) or 0.0)
+        for resource in ("cpu", "memory")
+    }
     fits: dict[str, int] = {}
     for node in nodes:
         if not schedulable(node):
             continue
         allocatable = (node.get("status") or {}).get("allocatable") or {}
-        room = [math.floor((parse_quantity(allocatable.get(resource)) or 0.0) / need[resource] + 1e-9)
-                for resource in ("cpu", "memory") if need[resource] > 0]
+        room = [
+            math.floor((parse_quantity(allocatable.get(resource)) or 0.0) / need[resource] + 1e-9)
+            for resource in ("cpu", "memory")
+            if need[resource] > 0
+        ]
         pods = parse_quantity(allocatable.get("pods"))
         if pods is not None:
             room.append(int(pods))
@@ -1054,16 +1299,19 @@ def capacity_plan(nodes: Sequence[dict], runtime_class: dict | None, requests: d
         "checked": True,
         "schedulable_nodes": len(fits),
         "nodes_seen": len(nodes),
-        "per_episode": {"cpu": f"{requests.get('cpu', '0')} + overhead {overhead.get('cpu', '0')}",
-                        "memory": f"{requests.get('memory', '0')} + overhead {overhead.get('memory', '0')}",
-                        "cpu_cores": rounded(need["cpu"], 4), "memory_bytes": int(need["memory"])},
+        "per_episode": {
+            "cpu": f"{requests.get('cpu', '0')} + overhead {overhead.get('cpu', '0')}",
+            "memory": f"{requests.get('memory', '0')} + overhead {overhead.get('memory', '0')}",
+            "cpu_cores": rounded(need["cpu"], 4),
+            "memory_bytes": int(need["memory"]),
+        },
         "episodes_fit_at_once": at_once,
         "episodes_fit_per_node": fits,
         "fits_at_once": at_once >= wanted,
         "expected_waves": math.ceil(count / max(1, min(wanted, at_once))) if at_once else None,
         "waves_at_parallelism": math.ceil(count / max(1, parallelism)),
         "note": "from the nodes' allocatable CPU, memory and pod slots and the RuntimeClass's podFixed "
-                "overhead; pods other workloads already run are not subtracted",
+        "overhead; pods other workloads already run are not subtracted",
     }
 
 
@@ -1074,14 +1322,18 @@ def capacity_warning(plan: dict, parallelism: int) -> str | None:
     if plan["fits_at_once"]:
         return None
     if not plan["episodes_fit_at_once"]:
-        return (f"Warning: capacity: no schedulable node has room for one episode "
-                f"({plan['per_episode']['cpu']} CPU, {plan['per_episode']['memory']} memory); "
-                f"its pods will stay Pending")
-    return (f"Warning: capacity: the {plan['schedulable_nodes']} schedulable node(s) fit about "
-            f"{plan['episodes_fit_at_once']} episodes at once ({plan['per_episode']['cpu']} CPU, "
-            f"{plan['per_episode']['memory']} memory each), fewer than parallelism {parallelism}: "
-            f"expect about {plan['expected_waves']} waves instead of {plan['waves_at_parallelism']}, "
-            f"and pods Pending meanwhile")
+        return (
+            f"Warning: capacity: no schedulable node has room for one episode "
+            f"({plan['per_episode']['cpu']} CPU, {plan['per_episode']['memory']} memory); "
+            f"its pods will stay Pending"
+        )
+    return (
+        f"Warning: capacity: the {plan['schedulable_nodes']} schedulable node(s) fit about "
+        f"{plan['episodes_fit_at_once']} episodes at once ({plan['per_episode']['cpu']} CPU, "
+        f"{plan['per_episode']['memory']} memory each), fewer than parallelism {parallelism}: "
+        f"expect about {plan['expected_waves']} waves instead of {plan['waves_at_parallelism']}, "
+        f"and pods Pending meanwhile"
+    )
 
 
 # --------------------------------------------------------------------------
@@ -1113,7 +1365,9 @@ def parse_time(text: str | None) -> float | None:
 
 def rfc3339(moment: float) -> str:
     """Epoch seconds -> RFC 3339 in UTC, whole seconds, as Kubernetes writes times."""
-    return datetime.datetime.fromtimestamp(int(moment), datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.datetime.fromtimestamp(int(moment), datetime.timezone.utc).strftime(
+        "%Y-%m-%dT%H:%M:%SZ"
+    )
 
 
 def parse_duration(text: str) -> int:
@@ -1190,7 +1444,7 @@ def condition_true(obj: dict, kind: str) -> bool:
 
 
 def job_finished(job: dict) -> str | None:
-    """"Complete" or "Failed" once the Job controller has said so, else None."""
+    """ "Complete" or "Failed" once the Job controller has said so, else None."""
     for kind in ("Complete", "Failed"):
         if condition_true(job, kind):
             return kind
@@ -1199,7 +1453,9 @@ def job_finished(job: dict) -> str | None:
 
 def job_episode_indexes(job: dict) -> list[int] | None:
     """The run-wide index of each completion index of a Job of several (None: a batch's one Job)."""
-    annotations = (((job.get("spec") or {}).get("template") or {}).get("metadata") or {}).get("annotations") or {}
+    annotations = (((job.get("spec") or {}).get("template") or {}).get("metadata") or {}).get(
+        "annotations"
+    ) or {}
     text = annotations.get(EPISODE_INDEXES_ANNOTATION)
     return None if text is None else sorted(index_list(text))
 
@@ -1228,17 +1484,28 @@ def merged_job(batch: str, jobs: Sequence[dict], expected: int) -> dict:
     failed says (the latest end's time). `jobs`: as last seen, in creation order."""
     first = jobs[0]
     metadata = first.get("metadata") or {}
-    created = min((job["metadata"].get("creationTimestamp") for job in jobs
-                   if job["metadata"].get("creationTimestamp")), key=lambda t: parse_time(t) or 0.0, default=None)
+    created = min(
+        (
+            job["metadata"].get("creationTimestamp")
+            for job in jobs
+            if job["metadata"].get("creationTimestamp")
+        ),
+        key=lambda t: parse_time(t) or 0.0,
+        default=None,
+    )
     versions = [str(job["metadata"].get("resourceVersion") or "") for job in jobs]
     version = max(versions, key=lambda v: int(v) if v.isdigit() else -1)
     spec = dict(first.get("spec") or {})
-    spec.update(completions=sum(int((job.get("spec") or {}).get("completions") or 0) for job in jobs),
-                parallelism=sum(int((job.get("spec") or {}).get("parallelism") or 0) for job in jobs))
+    spec.update(
+        completions=sum(int((job.get("spec") or {}).get("completions") or 0) for job in jobs),
+        parallelism=sum(int((job.get("spec") or {}).get("parallelism") or 0) for job in jobs),
+    )
     statuses = [job.get("status") or {} for job in jobs]
-    status: dict[str, Any] = {key: sum(int(s.get(key) or 0) for s in statuses)
-                              for key in ("active", "ready", "succeeded", "failed", "terminating")
-                              if any(key in s for s in statuses)}
+    status: dict[str, Any] = {
+        key: sum(int(s.get(key) or 0) for s in statuses)
+        for key in ("active", "ready", "succeeded", "failed", "terminating")
+        if any(key in s for s in statuses)
+    }
     starts = [s["startTime"] for s in statuses if s.get("startTime")]
     if starts:
         status["startTime"] = min(starts, key=lambda t: parse_time(t) or 0.0)
@@ -1249,18 +1516,37 @@ def merged_job(batch: str, jobs: Sequence[dict], expected: int) -> dict:
     ends = [job_finished(job) for job in jobs]
     if len(jobs) == expected and all(ends):
         if all(end == "Complete" for end in ends):
-            status["conditions"] = [c for c in (latest_condition(jobs, "SuccessCriteriaMet"),
-                                                latest_condition(jobs, "Complete")) if c is not None]
+            status["conditions"] = [
+                c
+                for c in (
+                    latest_condition(jobs, "SuccessCriteriaMet"),
+                    latest_condition(jobs, "Complete"),
+                )
+                if c is not None
+            ]
         else:
             failed = next(job for job, end in zip(jobs, ends) if end == "Failed")
-            last_end = max((condition(job, end or "") or {}).get("lastTransitionTime") or ""
-                           for job, end in zip(jobs, ends))
-            status["conditions"] = [dict(condition(failed, "Failed") or {}, lastTransitionTime=last_end)]
-    return {"apiVersion": "batch/v1", "kind": "Job",
-            "metadata": {"name": batch, "namespace": metadata.get("namespace"), "uid": metadata.get("uid"),
-                         "creationTimestamp": created, "resourceVersion": version,
-                         "labels": {BATCH_LABEL: batch}},
-            "spec": spec, "status": status}
+            last_end = max(
+                (condition(job, end or "") or {}).get("lastTransitionTime") or ""
+                for job, end in zip(jobs, ends)
+            )
+            status["conditions"] = [
+                dict(condition(failed, "Failed") or {}, lastTransitionTime=last_end)
+            ]
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": batch,
+            "namespace": metadata.get("namespace"),
+            "uid": metadata.get("uid"),
+            "creationTimestamp": created,
+            "resourceVersion": version,
+            "labels": {BATCH_LABEL: batch},
+        },
+        "spec": spec,
+        "status": status,
+    }
 
 
 def container_status(pod: dict, name: str = CONTAINER_NAME) -> dict:
@@ -1313,11 +1599,15 @@ def scheduled_event_times(events: Iterable[dict]) -> dict[str, float]:
     return times
 
 
-def batch_events(events: Iterable[dict], job: dict | None, pods: Sequence[dict], first: bool) -> list[dict]:
+def batch_events(
+    events: Iterable[dict], job: dict | None, pods: Sequence[dict], first: bool
+) -> list[dict]:
     """The events of one batch of several in a namespace: about its Job or its pods, and
     (for the first batch) about whatever no Job owns, such as the ConfigMap."""
     job_name = ((job or {}).get("metadata") or {}).get("name", "")
-    uids = {((job or {}).get("metadata") or {}).get("uid")} | {p["metadata"].get("uid") for p in pods}
+    uids = {((job or {}).get("metadata") or {}).get("uid")} | {
+        p["metadata"].get("uid") for p in pods
+    }
     uids.discard(None)
     # A pod gone before the pods were listed is known by its name alone: <job>-[<index>-]<suffix>.
     own_pod = re.compile(re.escape(job_name) + r"-(\d+-)?[a-z0-9]{5}$")
@@ -1325,8 +1615,12 @@ def batch_events(events: Iterable[dict], job: dict | None, pods: Sequence[dict],
     for event in events:
         regarding = event_object(event)
         kind, name = regarding.get("kind"), regarding.get("name", "")
-        if regarding.get("uid") in uids or (kind == "Job" and name == job_name) or \
-                (kind == "Pod" and own_pod.match(name)) or (first and kind not in ("Job", "Pod")):
+        if (
+            regarding.get("uid") in uids
+            or (kind == "Job" and name == job_name)
+            or (kind == "Pod" and own_pod.match(name))
+            or (first and kind not in ("Job", "Pod"))
+        ):
             kept.append(event)
     return kept
 
@@ -1337,10 +1631,16 @@ def events_table(events: Sequence[dict]) -> str:
     lines = [f"{'LAST SEEN (UTC)':<22}{'TYPE':<9}{'REASON':<26}{'OBJECT':<40}MESSAGE"]
     for event in sorted(events, key=lambda e: e["metadata"].get("creationTimestamp") or ""):
         regarding = event_object(event)
-        seen = event.get("lastTimestamp") or event.get("eventTime") or event["metadata"].get("creationTimestamp")
-        lines.append(f"{(seen or '')[:19] + 'Z':<22}{event.get('type') or '':<9}{event.get('reason') or '':<26}"
-                     f"{regarding.get('kind', '').lower() + '/' + regarding.get('name', ''):<40}"
-                     f"{(event.get('message') or event.get('note') or '').strip()}")
+        seen = (
+            event.get("lastTimestamp")
+            or event.get("eventTime")
+            or event["metadata"].get("creationTimestamp")
+        )
+        lines.append(
+            f"{(seen or '')[:19] + 'Z':<22}{event.get('type') or '':<9}{event.get('reason') or '':<26}"
+            f"{regarding.get('kind', '').lower() + '/' + regarding.get('name', ''):<40}"
+            f"{(event.get('message') or event.get('note') or '').strip()}"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -1356,13 +1656,23 @@ def image_cache_states(events: Iterable[dict]) -> dict[str, str]:
 
 
 GO_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|\u00b5s|\u03bcs|ms|s|m|h)")
-GO_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "\u00b5s": 1e-6, "\u03bcs": 1e-6, "ms": 1e-3, "s": 1.0,
-                     "m": 60.0, "h": 3600.0}
+GO_DURATION_UNITS = {
+    "ns": 1e-9,
+    "us": 1e-6,
+    "\u00b5s": 1e-6,
+    "\u03bcs": 1e-6,
+    "ms": 1e-3,
+    "s": 1.0,
+    "m": 60.0,
+    "h": 3600.0,
+}
 # The kubelet's words once an image is pulled (Kubernetes >= 1.30 adds the waiting and the size):
 # `Successfully pulled image "X" in 1.234s (2.5s including waiting). Image size: 123 bytes.`
-PULLED_MESSAGE = re.compile(r'Successfully pulled image "(?P<image>[^"]*)" in (?P<pull>\S+?)'
-                            r'(?: \((?P<total>\S+) including waiting\))?\.?'
-                            r'(?: Image size: (?P<size>\d+) bytes\.)?\s*$')
+PULLED_MESSAGE = re.compile(
+    r'Successfully pulled image "(?P<image>[^"]*)" in (?P<pull>\S+?)'
+    r"(?: \((?P<total>\S+) including waiting\))?\.?"
+    r"(?: Image size: (?P<size>\d+) bytes\.)?\s*$"
+)
 
 
 def parse_go_duration(text: str) -> float:
@@ -1381,6 +1691,7 @@ class ImagePull(NamedTuple):
     """What the kubelet said of one pod's image: pulled or present, and for a pull its own figures
     (seconds pulling, seconds including the wait for earlier pulls on the node, bytes), None where
     its message does not say."""
+
     image: str
     pulled: bool
     pull_seconds: float | None = None
@@ -1411,8 +1722,13 @@ def parse_pulled_message(message: str) -> ImagePull | None:
             return None
 
     size = found.group("size")
-    return ImagePull(found.group("image"), True, seconds(found.group("pull")), seconds(found.group("total")),
-                     None if size is None else int(size))
+    return ImagePull(
+        found.group("image"),
+        True,
+        seconds(found.group("pull")),
+        seconds(found.group("total")),
+        None if size is None else int(size),
+    )
 
 
 def image_pulls(events: Iterable[dict]) -> dict[str, ImagePull]:
@@ -1454,8 +1770,13 @@ def warning_summary(events: Iterable[dict]) -> dict[str, dict]:
 # Reading a Job's pods after its end: lists in pages, not older than the end.
 
 
-def list_path(resource_path: str, limit: int, selector: str | None = None,
-              not_older_than: str | None = None, continue_token: str | None = None) -> str:
+def list_path(
+    resource_path: str,
+    limit: int,
+    selector: str | None = None,
+    not_older_than: str | None = None,
+    continue_token: str | None = None,
+) -> str:
     """The API path of one page of a list.
 
     A continue token carries its list's revision and the API refuses a
@@ -1488,8 +1809,13 @@ def expired_continue(answer: str) -> str | None:
 class PagedList:
     """One list read page by page: a pure reducer of the API's answers."""
 
-    def __init__(self, resource_path: str, selector: str | None = None,
-                 not_older_than: str | None = None, limit: int = LIST_PAGE_SIZE) -> None:
+    def __init__(
+        self,
+        resource_path: str,
+        selector: str | None = None,
+        not_older_than: str | None = None,
+        limit: int = LIST_PAGE_SIZE,
+    ) -> None:
         self.resource_path = resource_path
         self.selector = selector
         self.not_older_than = not_older_than
@@ -1502,8 +1828,9 @@ class PagedList:
         self.expiries = 0
 
     def next_path(self) -> str:
-        return list_path(self.resource_path, self.limit, self.selector, self.not_older_than,
-                         self.continue_token)
+        return list_path(
+            self.resource_path, self.limit, self.selector, self.not_older_than, self.continue_token
+        )
 
     def apply(self, page: dict) -> None:
         """One page: keep its items; its continue token asks for the next, none means it was the last."""
@@ -1527,8 +1854,11 @@ class PagedList:
 
 def unfinished_pods(pods: Iterable[dict]) -> list[str]:
     """Names of the pods that have not ended (phase neither Succeeded nor Failed), sorted."""
-    return sorted(pod_name(pod) for pod in pods
-                  if (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"))
+    return sorted(
+        pod_name(pod)
+        for pod in pods
+        if (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+    )
 
 
 def with_fresh_pods(pods: Iterable[dict], fresh: dict[str, dict]) -> list[dict]:
@@ -1546,6 +1876,7 @@ def with_vanished(listed: Iterable[dict], watched: Iterable[dict]) -> list[dict]
 
 class PodReading(NamedTuple):
     """A Job's pods as read after its end, and how they were read."""
+
     pods: list[dict]
     # "list" (not older than the Job's end), "final watch" (the pod watch saw each pod's last
     # change), or "watch" when no list could be read
@@ -1563,8 +1894,12 @@ def pods_final(job: dict | None, pods: Iterable[dict]) -> bool:
     no more pods than these."""
     status = (job or {}).get("status") or {}
     uncounted = status.get("uncountedTerminatedPods") or {}
-    if job_finished(job or {}) != "Complete" or status.get("active") or \
-            uncounted.get("succeeded") or uncounted.get("failed"):
+    if (
+        job_finished(job or {}) != "Complete"
+        or status.get("active")
+        or uncounted.get("succeeded")
+        or uncounted.get("failed")
+    ):
         return False
     ended = 0
     for pod in pods:
@@ -1577,8 +1912,11 @@ def pods_final(job: dict | None, pods: Iterable[dict]) -> bool:
 def pods_final_one(pod: dict) -> bool:
     """The pod ended, the Job controller counted it, and it is not being deleted: no change is to come."""
     metadata = pod.get("metadata") or {}
-    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed") and \
-        JOB_TRACKING_FINALIZER not in (metadata.get("finalizers") or []) and not metadata.get("deletionTimestamp")
+    return (
+        (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+        and JOB_TRACKING_FINALIZER not in (metadata.get("finalizers") or [])
+        and not metadata.get("deletionTimestamp")
+    )
 
 
 class SharedStrings:
@@ -1613,13 +1951,29 @@ def compact_event(event: dict) -> dict:
     """The fields of an event this tool reads, in the event's own shape (core/v1 or
     events.k8s.io/v1), so every reader of events takes it as it takes the whole event."""
     metadata = event.get("metadata") or {}
-    kept: dict[str, Any] = {"metadata": {"name": metadata.get("name"),
-                                         "creationTimestamp": metadata.get("creationTimestamp")}}
+    kept: dict[str, Any] = {
+        "metadata": {
+            "name": metadata.get("name"),
+            "creationTimestamp": metadata.get("creationTimestamp"),
+        }
+    }
     for field in ("involvedObject", "regarding"):
         if event.get(field):
-            kept[field] = {key: event[field][key] for key in ("kind", "name", "uid", "fieldPath")
-                           if key in event[field]}
-    for field in ("reason", "type", "message", "note", "eventTime", "lastTimestamp", "count", "reportingInstance"):
+            kept[field] = {
+                key: event[field][key]
+                for key in ("kind", "name", "uid", "fieldPath")
+                if key in event[field]
+            }
+    for field in (
+        "reason",
+        "type",
+        "message",
+        "note",
+        "eventTime",
+        "lastTimestamp",
+        "count",
+        "reportingInstance",
+    ):
         if event.get(field) is not None:
             kept[field] = event[field]
     source = event.get("source") or {}
@@ -1727,13 +2081,15 @@ def describe(values: Sequence[float], missing: int = 0) -> dict:
     summary: dict[str, Any] = {"samples": len(values), "missing": missing}
     if values:
         ordered = sorted(values)  # once: percentile's own sort of a sorted list is a single pass
-        summary.update({
-            "p50": rounded(percentile(ordered, 0.50)),
-            "p95": rounded(percentile(ordered, 0.95)),
-            "p99": rounded(percentile(ordered, 0.99)),
-            "max": rounded(max(values)),
-            "mean": rounded(sum(values) / len(values)),
-        })
+        summary.update(
+            {
+                "p50": rounded(percentile(ordered, 0.50)),
+                "p95": rounded(percentile(ordered, 0.95)),
+                "p99": rounded(percentile(ordered, 0.99)),
+                "max": rounded(max(values)),
+                "mean": rounded(sum(values) / len(values)),
+            }
+        )
     return summary
 
 
@@ -1741,7 +2097,9 @@ def describe(values: Sequence[float], missing: int = 0) -> dict:
 # Verification: the first violation fails the whole batch; no bad episode is dropped.
 
 
-def verify_episode(pod: dict, events: list[dict], job_created: float, builtin: bool) -> tuple[dict, dict]:
+def verify_episode(
+    pod: dict, events: list[dict], job_created: float, builtin: bool
+) -> tuple[dict, dict]:
     """Check one episode; return its ready and reward events."""
     name = pod_name(pod)
     phase = (pod.get("status") or {}).get("phase")
@@ -1750,17 +2108,23 @@ def verify_episode(pod: dict, events: list[dict], job_created: float, builtin: b
     readies = [e for e in events if e["event"] == "ready"]
     rewards = [e for e in events if e["event"] == "reward"]
     if len(readies) != 1:
-        raise VerificationError(f"pod {name}: expected exactly one ready event, found {len(readies)}")
+        raise VerificationError(
+            f"pod {name}: expected exactly one ready event, found {len(readies)}"
+        )
     if len(rewards) != 1:
-        raise VerificationError(f"pod {name}: expected exactly one reward event, found {len(rewards)}")
+        raise VerificationError(
+            f"pod {name}: expected exactly one reward event, found {len(rewards)}"
+        )
     ready, reward = readies[0], rewards[0]
     if ready.get("episode_id") != name:
         raise VerificationError(
-            f"pod {name}: ready event has episode_id {ready.get('episode_id')!r}, not the pod name")
+            f"pod {name}: ready event has episode_id {ready.get('episode_id')!r}, not the pod name"
+        )
     if reward.get("episode_id") != ready.get("episode_id"):
         raise VerificationError(
             f"pod {name}: reward event has episode_id {reward.get('episode_id')!r}, "
-            f"not the ready event's {ready.get('episode_id')!r}")
+            f"not the ready event's {ready.get('episode_id')!r}"
+        )
     value = reward.get("reward")
     if builtin:
         if value != 1 or isinstance(value, bool):
@@ -1768,10 +2132,15 @@ def verify_episode(pod: dict, events: list[dict], job_created: float, builtin: b
         tests_exit, baseline_exit = reward.get("tests_exit"), reward.get("baseline_exit")
         if tests_exit != 0 or isinstance(tests_exit, bool):
             raise VerificationError(f"pod {name}: tests_exit is {tests_exit!r}, not 0", "verifier")
-        if baseline_exit in (0, None) or not isinstance(baseline_exit, int) or isinstance(baseline_exit, bool):
+        if (
+            baseline_exit in (0, None)
+            or not isinstance(baseline_exit, int)
+            or isinstance(baseline_exit, bool)
+        ):
             raise VerificationError(
                 f"pod {name}: baseline_exit is {reward.get('baseline_exit')!r}; the baseline must fail",
-                "verifier")
+                "verifier",
+            )
     elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise VerificationError(f"pod {name}: reward is {value!r}, not a number")
     pod_created = parse_time(pod["metadata"].get("creationTimestamp"))
@@ -1781,11 +2150,15 @@ def verify_episode(pod: dict, events: list[dict], job_created: float, builtin: b
     if not in_order:
         raise VerificationError(
             f"pod {name}: times out of order (job created {moments[0]}, pod created {moments[1]}, "
-            f"ready {moments[2]}, reward {moments[3]}): unsynchronised clocks or broken events", "verifier")
+            f"ready {moments[2]}, reward {moments[3]}): unsynchronised clocks or broken events",
+            "verifier",
+        )
     status = container_status(pod)
     if status.get("restartCount", 0) != 0:
-        raise VerificationError(f"pod {name}: container restarted {status.get('restartCount')} time(s)",
-                                "infrastructure")
+        raise VerificationError(
+            f"pod {name}: container restarted {status.get('restartCount')} time(s)",
+            "infrastructure",
+        )
     terminated = container_terminated(pod)
     if terminated is None:
         raise VerificationError(f"pod {name}: container has no terminated state")
@@ -1794,8 +2167,14 @@ def verify_episode(pod: dict, events: list[dict], job_created: float, builtin: b
     return ready, reward
 
 
-def verify_batch(count: int, job: dict, pods: Sequence[dict], logs: dict[str, str], builtin: bool = True,
-                 drafts: Mapping[str, EpisodeDraft] | None = None) -> list[tuple[dict, dict, dict]]:
+def verify_batch(
+    count: int,
+    job: dict,
+    pods: Sequence[dict],
+    logs: dict[str, str],
+    builtin: bool = True,
+    drafts: Mapping[str, EpisodeDraft] | None = None,
+) -> list[tuple[dict, dict, dict]]:
     """Every episode honest, or VerificationError naming the first that is not.
 
     Returns (pod, ready event, reward event) per pod, sorted by pod name. An episode drafted
@@ -1804,7 +2183,8 @@ def verify_batch(count: int, job: dict, pods: Sequence[dict], logs: dict[str, st
     if len(pods) != count:
         raise VerificationError(
             f"expected {count} pods for {count} episodes, found {len(pods)} "
-            f"(a replaced or missing pod is a failure)")
+            f"(a replaced or missing pod is a failure)"
+        )
     job_created = parse_time(job["metadata"].get("creationTimestamp"))
     if job_created is None:
         raise VerificationError("the Job has no creationTimestamp")
@@ -1878,8 +2258,9 @@ def with_traceback(why: str, log_text: str) -> str:
     return f"{why}: {tail}" if tail else why
 
 
-def classify_attempt(pod: dict, log_text: str, job: dict, builtin: bool,
-                     warnings: Sequence[str] = ()) -> tuple[str | None, str | None]:
+def classify_attempt(
+    pod: dict, log_text: str, job: dict, builtin: bool, warnings: Sequence[str] = ()
+) -> tuple[str | None, str | None]:
     """(failure class, why) of one pod, or (None, None) for an episode that passed every check.
 
     Infrastructure: the pod was disrupted, never scheduled, never started its
@@ -1906,7 +2287,9 @@ def job_cut_short(job: dict | None) -> bool:
     return False
 
 
-def classify_pod_state(pod: dict, log_text: str, job: dict, builtin: bool) -> tuple[str | None, str | None]:
+def classify_pod_state(
+    pod: dict, log_text: str, job: dict, builtin: bool
+) -> tuple[str | None, str | None]:
     """classify_attempt from the pod's status and log alone."""
     status = pod.get("status") or {}
     phase = status.get("phase")
@@ -1914,10 +2297,15 @@ def classify_pod_state(pod: dict, log_text: str, job: dict, builtin: bool) -> tu
     # A disrupted pod whose program still finished (PID 1 ignores SIGTERM unless it handles it,
     # so an evicted episode often runs on to exit 0) Succeeded: the Job counts it, so do we.
     if disrupted and disrupted.get("status") == "True" and phase != "Succeeded":
-        return "infrastructure", (f"disrupted ({disrupted.get('reason', '?')}: "
-                                  f"{(disrupted.get('message') or '').strip()})").replace(": )", ")")
+        return "infrastructure", (
+            f"disrupted ({disrupted.get('reason', '?')}: "
+            f"{(disrupted.get('message') or '').strip()})"
+        ).replace(": )", ")")
     if status.get("reason") in INFRASTRUCTURE_POD_REASONS:
-        return "infrastructure", f"pod {status['reason']}: {(status.get('message') or '').strip()}".rstrip(": ")
+        return (
+            "infrastructure",
+            f"pod {status['reason']}: {(status.get('message') or '').strip()}".rstrip(": "),
+        )
     if phase == "Succeeded":
         try:
             job_created = parse_time(job["metadata"].get("creationTimestamp"))
@@ -1925,25 +2313,40 @@ def classify_pod_state(pod: dict, log_text: str, job: dict, builtin: bool) -> tu
         except VerificationError as error:
             if job_cut_short(job) and pod["metadata"].get("deletionTimestamp"):
                 # Stopped by the Job once --need was met, it exited 0 before its reward was complete.
-                return CANCELLED, f"cancelled: --need was met while it ran (it exited 0 before a complete " \
-                                  f"reward: {str(error).split(': ', 1)[-1]})"
+                return (
+                    CANCELLED,
+                    f"cancelled: --need was met while it ran (it exited 0 before a complete "
+                    f"reward: {str(error).split(': ', 1)[-1]})",
+                )
             return error.failure_class, str(error).split(": ", 1)[-1]
         return None, None
     state = container_status(pod).get("state") or {}
     started = "running" in state or bool((state.get("terminated") or {}).get("startedAt"))
     if job_cut_short(job) and (pod["metadata"].get("deletionTimestamp") or phase != "Failed"):
         # Stopped (or about to be) by the Job because enough episodes had succeeded.
-        return CANCELLED, "cancelled: --need was met while it ran" if started else \
-            "cancelled: --need was met before its container started"
+        return (
+            CANCELLED,
+            "cancelled: --need was met while it ran"
+            if started
+            else "cancelled: --need was met before its container started",
+        )
     if status.get("reason") == POD_DEADLINE_REASON:
         limit = (pod.get("spec") or {}).get("activeDeadlineSeconds")
         if started:
-            return "episode", f"ran out of time: still running {limit} s after its pod started (--episode-timeout)"
-        return "infrastructure", (f"container never started within its pod's deadline of {limit} s from its "
-                                  f"start (--pull-timeout and --episode-timeout): image {container_image(pod)} "
-                                  f"not pulled and started by then")
+            return (
+                "episode",
+                f"ran out of time: still running {limit} s after its pod started (--episode-timeout)",
+            )
+        return "infrastructure", (
+            f"container never started within its pod's deadline of {limit} s from its "
+            f"start (--pull-timeout and --episode-timeout): image {container_image(pod)} "
+            f"not pulled and started by then"
+        )
     end = job_end_reason(job)
-    own_exit = (state.get("terminated") or {}).get("exitCode") not in (None, 0) + INFRASTRUCTURE_EXIT_CODES
+    own_exit = (state.get("terminated") or {}).get("exitCode") not in (
+        None,
+        0,
+    ) + INFRASTRUCTURE_EXIT_CODES
     if pod["metadata"].get("deletionTimestamp") and end is not None and not own_exit:
         # Stopped by the Job controller as the Job ended, not by anything of its own.
         if started and end == "DeadlineExceeded":
@@ -1951,11 +2354,16 @@ def classify_pod_state(pod: dict, log_text: str, job: dict, builtin: bool) -> tu
         return "infrastructure", f"stopped when the Job ended ({end}) before it finished"
     if not (pod.get("spec") or {}).get("nodeName"):
         scheduled = condition(pod, "PodScheduled") or {}
-        return "infrastructure", f"never scheduled: {scheduled.get('message') or 'no node assigned'}"
+        return (
+            "infrastructure",
+            f"never scheduled: {scheduled.get('message') or 'no node assigned'}",
+        )
     if "waiting" in state:
         waiting = state["waiting"]
-        return "infrastructure", (f"container never started ({waiting.get('reason', 'waiting')}: "
-                                  f"{waiting.get('message', '')})").replace(": )", ")")
+        return "infrastructure", (
+            f"container never started ({waiting.get('reason', 'waiting')}: "
+            f"{waiting.get('message', '')})"
+        ).replace(": )", ")")
     if "running" in state:
         if end == "DeadlineExceeded":
             return "episode", "still running at the Job's deadline"
@@ -1964,13 +2372,20 @@ def classify_pod_state(pod: dict, log_text: str, job: dict, builtin: bool) -> tu
     if terminated is None:
         return "infrastructure", "container never started (no container status)"
     code, reason = terminated.get("exitCode"), terminated.get("reason") or ""
-    if reason in INFRASTRUCTURE_TERMINATED_REASONS or code in INFRASTRUCTURE_EXIT_CODES or code == 0:
+    if (
+        reason in INFRASTRUCTURE_TERMINATED_REASONS
+        or code in INFRASTRUCTURE_EXIT_CODES
+        or code == 0
+    ):
         return "infrastructure", f"container {reason or 'ended'} with exit code {code}"
     if builtin and BASELINE_PASSED_MESSAGE in log_text:
         return "verifier", f"exited {code}: {BASELINE_PASSED_MESSAGE}"
     rewards = [e for e in parse_events(log_text.splitlines()) if e["event"] == "reward"]
     if builtin and len(rewards) == 1 and rewards[0].get("tests_exit") not in (0, None):
-        return "verifier", f"exited {code}: the patched code failed its tests (tests_exit {rewards[0]['tests_exit']})"
+        return (
+            "verifier",
+            f"exited {code}: the patched code failed its tests (tests_exit {rewards[0]['tests_exit']})",
+        )
     return "episode", with_traceback(f"exited {code}", log_text)
 
 
@@ -2000,9 +2415,25 @@ def attempts_recorded(pod: dict) -> int:
     return total
 
 
-REWARD_ROW_FIELDS = ("index", "task_id", "image", "group", "pod", "attempts", "reward", "failure_class", "valid",
-                     "failure", "node", "pod_to_ready_seconds", "batch_to_ready_seconds",
-                     "batch_to_reward_seconds", "episode_seconds", "evidence", "earlier_attempts")
+REWARD_ROW_FIELDS = (
+    "index",
+    "task_id",
+    "image",
+    "group",
+    "pod",
+    "attempts",
+    "reward",
+    "failure_class",
+    "valid",
+    "failure",
+    "node",
+    "pod_to_ready_seconds",
+    "batch_to_ready_seconds",
+    "batch_to_reward_seconds",
+    "episode_seconds",
+    "evidence",
+    "earlier_attempts",
+)
 
 
 def reward_valid(failure_class: str | None) -> bool:
@@ -2019,22 +2450,47 @@ def pods_by_index(pods: Iterable[dict], count: int) -> dict[int, list[dict]]:
         if index is not None and 0 <= index < count:
             by_index.setdefault(index, []).append(pod)
     for attempts in by_index.values():
-        attempts.sort(key=lambda p: (parse_time(p["metadata"].get("creationTimestamp")) or 0.0,
-                                     attempts_recorded(p), pod_name(p)))
+        attempts.sort(
+            key=lambda p: (
+                parse_time(p["metadata"].get("creationTimestamp")) or 0.0,
+                attempts_recorded(p),
+                pod_name(p),
+            )
+        )
     return by_index
 
 
-def episode_rows(count: int, job: dict, pods: Sequence[dict], logs: dict[str, str], builtin: bool,
-                 task_ids: Sequence[Any] | None, group_size: int, events: Sequence[dict] = (),
-                 images: Sequence[str | None] | None = None) -> list[dict]:
+def episode_rows(
+    count: int,
+    job: dict,
+    pods: Sequence[dict],
+    logs: dict[str, str],
+    builtin: bool,
+    task_ids: Sequence[Any] | None,
+    group_size: int,
+    events: Sequence[dict] = (),
+    images: Sequence[str | None] | None = None,
+) -> list[dict]:
     """One row per episode (completion index), its final attempt's outcome; pure.
 
     Every index has a row, an episode whose pod was never created included.
     """
     warnings = pod_warnings(events)
     by_index = pods_by_index(pods, count)
-    return [episode_row(index, by_index.get(index, []), job, logs, builtin, task_ids, group_size, warnings, images)
-            for index in range(count)]
+    return [
+        episode_row(
+            index,
+            by_index.get(index, []),
+            job,
+            logs,
+            builtin,
+            task_ids,
+            group_size,
+            warnings,
+            images,
+        )
+        for index in range(count)
+    ]
 
 
 def group_images(settings: Settings) -> list[str]:
@@ -2042,9 +2498,17 @@ def group_images(settings: Settings) -> list[str]:
     return list(settings.task_images or [settings.image] * settings.count)
 
 
-def episode_row(index: int, attempts: Sequence[dict], job: dict, logs: dict[str, str], builtin: bool,
-                task_ids: Sequence[Any] | None, group_size: int,
-                warnings: dict[str, list[str]] | None = None, images: Sequence[str | None] | None = None) -> dict:
+def episode_row(
+    index: int,
+    attempts: Sequence[dict],
+    job: dict,
+    logs: dict[str, str],
+    builtin: bool,
+    task_ids: Sequence[Any] | None,
+    group_size: int,
+    warnings: dict[str, list[str]] | None = None,
+    images: Sequence[str | None] | None = None,
+) -> dict:
     """The row of one episode from its attempts (oldest first); pure. The final attempt is the pod
     that succeeded, else the newest one. `images`: each group's image (group_images)."""
     job_created = parse_time(job["metadata"].get("creationTimestamp")) or 0.0
@@ -2055,17 +2519,45 @@ def episode_row(index: int, attempts: Sequence[dict], job: dict, logs: dict[str,
     row["group"] = group
     if not attempts:
         if job_cut_short(job):
-            row.update({"pod": None, "attempts": 0, "reward": None, "failure_class": CANCELLED, "valid": False,
-                        "failure": "cancelled: --need was met before this episode's pod was created",
-                        "evidence": "job.json"})
+            row.update(
+                {
+                    "pod": None,
+                    "attempts": 0,
+                    "reward": None,
+                    "failure_class": CANCELLED,
+                    "valid": False,
+                    "failure": "cancelled: --need was met before this episode's pod was created",
+                    "evidence": "job.json",
+                }
+            )
             return row
         end = job_end_reason(job)
-        row.update({"pod": None, "attempts": 0, "reward": None, "failure_class": "infrastructure",
-                    "valid": False, "failure": f"never started: the Job ended ({end or 'unfinished'}) before "
-                                               f"it created this episode's pod", "evidence": "job.json"})
+        row.update(
+            {
+                "pod": None,
+                "attempts": 0,
+                "reward": None,
+                "failure_class": "infrastructure",
+                "valid": False,
+                "failure": f"never started: the Job ended ({end or 'unfinished'}) before "
+                f"it created this episode's pod",
+                "evidence": "job.json",
+            }
+        )
         return row
-    outcomes = [(pod, *classify_attempt(pod, logs.get(pod_name(pod), ""), job, builtin,
-                                        (warnings or {}).get(pod_name(pod), ()))) for pod in attempts]
+    outcomes = [
+        (
+            pod,
+            *classify_attempt(
+                pod,
+                logs.get(pod_name(pod), ""),
+                job,
+                builtin,
+                (warnings or {}).get(pod_name(pod), ()),
+            ),
+        )
+        for pod in attempts
+    ]
     final = next((o for o in outcomes if o[1] is None), outcomes[-1])
     pod, failure_class, failure = final
     name = pod_name(pod)
@@ -2078,22 +2570,29 @@ def episode_row(index: int, attempts: Sequence[dict], job: dict, logs: dict[str,
         ok = isinstance(later, (int, float)) and not isinstance(later, bool) and earlier is not None
         return rounded(later - earlier) if ok else None
 
-    row.update({
-        "pod": name,
-        "attempts": max(len(attempts), attempts_recorded(pod)),
-        "reward": reward.get("reward"),
-        "failure_class": failure_class,
-        "valid": reward_valid(failure_class),
-        "failure": failure,
-        "node": (pod.get("spec") or {}).get("nodeName"),
-        "pod_to_ready_seconds": seconds(ready.get("at"), created),
-        "batch_to_ready_seconds": seconds(ready.get("at"), job_created),
-        "batch_to_reward_seconds": seconds(reward.get("at"), job_created),
-        "episode_seconds": seconds(reward.get("at"), ready.get("at") if "at" in ready else None),
-        "evidence": f"{name}.log" if failure_class else None,
-        "earlier_attempts": [{"pod": pod_name(p), "failure_class": c, "failure": f}
-                             for p, c, f in outcomes if p is not pod],
-    })
+    row.update(
+        {
+            "pod": name,
+            "attempts": max(len(attempts), attempts_recorded(pod)),
+            "reward": reward.get("reward"),
+            "failure_class": failure_class,
+            "valid": reward_valid(failure_class),
+            "failure": failure,
+            "node": (pod.get("spec") or {}).get("nodeName"),
+            "pod_to_ready_seconds": seconds(ready.get("at"), created),
+            "batch_to_ready_seconds": seconds(ready.get("at"), job_created),
+            "batch_to_reward_seconds": seconds(reward.get("at"), job_created),
+            "episode_seconds": seconds(
+                reward.get("at"), ready.get("at") if "at" in ready else None
+            ),
+            "evidence": f"{name}.log" if failure_class else None,
+            "earlier_attempts": [
+                {"pod": pod_name(p), "failure_class": c, "failure": f}
+                for p, c, f in outcomes
+                if p is not pod
+            ],
+        }
+    )
     for key, value in reward.items():
         if key in ("event", "reward"):
             continue
@@ -2105,7 +2604,10 @@ def failure_settled(job: dict | None, index: int) -> bool:
     """The Job will not run this index again: it counts it among its failed indexes, or it has
     ended (or is ending: FailureTarget, SuccessCriteriaMet)."""
     status = (job or {}).get("status") or {}
-    if any(condition_true(job or {}, kind) for kind in ("Complete", "Failed", "FailureTarget", "SuccessCriteriaMet")):
+    if any(
+        condition_true(job or {}, kind)
+        for kind in ("Complete", "Failed", "FailureTarget", "SuccessCriteriaMet")
+    ):
         return True
     return index in index_list(status.get("failedIndexes") or "")
 
@@ -2122,8 +2624,9 @@ def index_list(text: str) -> set[int]:
     return indexes
 
 
-def settled_attempt(attempts: Sequence[dict], job: dict | None, index: int, logs: dict[str, str],
-                    may_retry: bool) -> bool:
+def settled_attempt(
+    attempts: Sequence[dict], job: dict | None, index: int, logs: dict[str, str], may_retry: bool
+) -> bool:
     """Whether an episode's outcome is final, from what was seen so far; pure.
 
     Its attempt that succeeded, else its newest, has ended and every attempt's log is read
@@ -2134,7 +2637,9 @@ def settled_attempt(attempts: Sequence[dict], job: dict | None, index: int, logs
     """
     if not attempts:
         return False
-    final = next((p for p in attempts if (p.get("status") or {}).get("phase") == "Succeeded"), attempts[-1])
+    final = next(
+        (p for p in attempts if (p.get("status") or {}).get("phase") == "Succeeded"), attempts[-1]
+    )
     phase = (final.get("status") or {}).get("phase")
     if phase not in ("Succeeded", "Failed") or any(pod_name(p) not in logs for p in attempts):
         return False
@@ -2148,11 +2653,14 @@ def settled_attempt(attempts: Sequence[dict], job: dict | None, index: int, logs
 class Delivery(NamedTuple):
     """One line of rewards.jsonl as it was written: when (the client's wall clock), and between which
     moments its episode's container ended (None where nothing bounds it)."""
+
     index: int  # type: ignore[assignment]  # the episode's, not tuple.index()
     success: bool
     written_at: float
     ended_after: float | None  # its reward event, or the start of its container's finishedAt second
-    ended_before: float | None  # the end of that second, or the client's watch seeing it, the earlier
+    ended_before: (
+        float | None
+    )  # the end of that second, or the client's watch seeing it, the earlier
     streamed: bool  # written while the batch ran, not from the evidence read after its end
     seen_at: float | None = None  # the client's watch seeing the container terminated
 
@@ -2160,8 +2668,9 @@ class Delivery(NamedTuple):
         return list(self)
 
 
-def container_end_bounds(pod: dict | None, log_text: str, seen_terminated: float | None
-                         ) -> tuple[float | None, float | None]:
+def container_end_bounds(
+    pod: dict | None, log_text: str, seen_terminated: float | None
+) -> tuple[float | None, float | None]:
     """Between which moments a pod's episode container ended: after its reward event (the episode's
     last act) and within its finishedAt second, before the client's watch saw it terminated."""
     if pod is None:
@@ -2170,20 +2679,31 @@ def container_end_bounds(pod: dict | None, log_text: str, seen_terminated: float
     finished = parse_time(terminated.get("finishedAt"))
     reward = next((e for e in parse_events(log_text.splitlines()) if e["event"] == "reward"), {})
     after = [t for t in (worker_time(reward.get("at")), finished) if t is not None]
-    before = [t for t in (None if finished is None else finished + WHOLE_SECOND, seen_terminated) if t is not None]
+    before = [
+        t
+        for t in (None if finished is None else finished + WHOLE_SECOND, seen_terminated)
+        if t is not None
+    ]
     return (max(after) if after else None), (min(before) if before else None)
 
 
-def delivery_figures(deliveries: Sequence[Delivery], origin: float | None, origin_slack: float | None,
-                     need: int | None) -> dict:
+def delivery_figures(
+    deliveries: Sequence[Delivery],
+    origin: float | None,
+    origin_slack: float | None,
+    need: int | None,
+) -> dict:
     """When the rewards reached rewards.jsonl: the first (and with --need the K-th) success from the
     Job's creation, and each line's lag from its container's end; pure."""
     successes = sorted(d.written_at for d in deliveries if d.success)
     lags = [d.written_at - d.ended_after for d in deliveries if d.ended_after is not None]
     # The client's own part: from its watch seeing the container's end to the line written.
     own = [d.written_at - d.seen_at for d in deliveries if d.seen_at is not None]
-    widths = [max(0.0, d.ended_before - d.ended_after) for d in deliveries
-              if d.ended_after is not None and d.ended_before is not None]
+    widths = [
+        max(0.0, d.ended_before - d.ended_after)
+        for d in deliveries
+        if d.ended_after is not None and d.ended_before is not None
+    ]
 
     def since_origin(moment: float | None) -> float | None:
         return None if moment is None or origin is None else rounded(moment - origin)
@@ -2194,21 +2714,24 @@ def delivery_figures(deliveries: Sequence[Delivery], origin: float | None, origi
         "reward_delivery_lag_p99_seconds": rounded(percentile(lags, 0.99)) if lags else None,
         "reward_delivery_lag_max_seconds": rounded(max(lags)) if lags else None,
         "reward_delivery": {
-            "lines": len(deliveries), "streamed": sum(1 for d in deliveries if d.streamed),
+            "lines": len(deliveries),
+            "streamed": sum(1 for d in deliveries if d.streamed),
             "written_after_the_end": sum(1 for d in deliveries if not d.streamed),
             "lag_samples": len(lags),
             "seen_to_written_p50_seconds": rounded(percentile(own, 0.50)) if own else None,
             "seen_to_written_p99_seconds": rounded(percentile(own, 0.99)) if own else None,
             "lag_from": "the earliest moment the episode's container can have ended (its reward event, "
-                        "else its finishedAt second) to its line written to rewards.jsonl",
+            "else its finishedAt second) to its line written to rewards.jsonl",
             "lag_precision_seconds": rounded(max(widths)) if widths else None,
             "times_from": "the Job's creation, as the start of the client's create call (up to "
-                          "origin_precision_seconds early)",
+            "origin_precision_seconds early)",
             "origin_precision_seconds": rounded(origin_slack) if origin_slack is not None else None,
         },
     }
     if need is not None:
-        figures["kth_reward_seconds"] = since_origin(successes[need - 1] if len(successes) >= need else None)
+        figures["kth_reward_seconds"] = since_origin(
+            successes[need - 1] if len(successes) >= need else None
+        )
     return figures
 
 
@@ -2233,15 +2756,24 @@ def failure_counts(classes: Iterable[str | None]) -> dict[str, int]:
 
 def attempt_figures(rows: Sequence[dict]) -> dict:
     """First attempts and final outcomes counted apart: what retries bought."""
-    first = [(row["earlier_attempts"][0]["failure_class"] if row.get("earlier_attempts") else row["failure_class"])
-             for row in rows]
+    first = [
+        (
+            row["earlier_attempts"][0]["failure_class"]
+            if row.get("earlier_attempts")
+            else row["failure_class"]
+        )
+        for row in rows
+    ]
     final = [row["failure_class"] for row in rows]
     return {
         "attempts_total": sum(row["attempts"] for row in rows),
         "episodes_retried": sum(1 for row in rows if row["attempts"] > 1),
         "first_attempt": {"succeeded": first.count(None), "failed": failure_counts(first)},
-        "final": {"succeeded": final.count(None), "failed": failure_counts(final),
-                  "cancelled": final.count(CANCELLED)},
+        "final": {
+            "succeeded": final.count(None),
+            "failed": failure_counts(final),
+            "cancelled": final.count(CANCELLED),
+        },
     }
 
 
@@ -2250,19 +2782,28 @@ def group_figures(rows: Sequence[dict], group_size: int) -> list[dict]:
     (from the Job's creation), and the spread between its fastest and slowest reward."""
     groups = []
     for start in range(0, len(rows), group_size):
-        members = rows[start:start + group_size]
-        done = [row["batch_to_reward_seconds"] for row in members
-                if row["failure_class"] is None and row["batch_to_reward_seconds"] is not None]
+        members = rows[start : start + group_size]
+        done = [
+            row["batch_to_reward_seconds"]
+            for row in members
+            if row["failure_class"] is None and row["batch_to_reward_seconds"] is not None
+        ]
         complete = len(done) == len(members)
         rewards = [row["reward"] for row in members if row["failure_class"] is None]
-        groups.append({
-            "group": members[0]["group"], "task_id": members[0]["task_id"], "episodes": len(members),
-            "rewards_in": len(done), "complete": complete,
-            "all_rewards_seconds": max(done) if complete else None,
-            "spread_seconds": rounded(max(done) - min(done)) if done else None,
-            "reward_mean": rounded(sum(rewards) / len(rewards), 6) if rewards and all(
-                isinstance(r, (int, float)) for r in rewards) else None,
-        })
+        groups.append(
+            {
+                "group": members[0]["group"],
+                "task_id": members[0]["task_id"],
+                "episodes": len(members),
+                "rewards_in": len(done),
+                "complete": complete,
+                "all_rewards_seconds": max(done) if complete else None,
+                "spread_seconds": rounded(max(done) - min(done)) if done else None,
+                "reward_mean": rounded(sum(rewards) / len(rewards), 6)
+                if rewards and all(isinstance(r, (int, float)) for r in rewards)
+                else None,
+            }
+        )
     return groups
 
 
@@ -2271,7 +2812,8 @@ def censored_pod_to_ready(rows: Sequence[dict], job: dict, pods: Sequence[dict])
     deadline (Job start + activeDeadlineSeconds, minus its pod's creation), so a slow tail of
     failures raises the percentiles instead of vanishing from them."""
     start = parse_time((job.get("status") or {}).get("startTime")) or parse_time(
-        job["metadata"].get("creationTimestamp"))
+        job["metadata"].get("creationTimestamp")
+    )
     deadline = (start or 0.0) + ((job.get("spec") or {}).get("activeDeadlineSeconds") or 0)
     created = {pod_name(p): parse_time(p["metadata"].get("creationTimestamp")) for p in pods}
     values, censored = [], 0
@@ -2284,10 +2826,15 @@ def censored_pod_to_ready(rows: Sequence[dict], job: dict, pods: Sequence[dict])
         censored += 1
         pod_created = created.get(row["pod"]) if row["pod"] else None
         values.append(deadline - (pod_created if pod_created is not None else (start or 0.0)))
-    return {"p50": rounded(percentile(values, 0.50)), "p95": rounded(percentile(values, 0.95)),
-            "max": rounded(max(values)), "samples": len(values), "censored": censored,
-            "censored_at": "the Job's deadline: startTime + activeDeadlineSeconds - the pod's creation "
-                           "(the Job's start for an episode without a pod)"}
+    return {
+        "p50": rounded(percentile(values, 0.50)),
+        "p95": rounded(percentile(values, 0.95)),
+        "max": rounded(max(values)),
+        "samples": len(values),
+        "censored": censored,
+        "censored_at": "the Job's deadline: startTime + activeDeadlineSeconds - the pod's creation "
+        "(the Job's start for an episode without a pod)",
+    }
 
 
 # --------------------------------------------------------------------------
@@ -2316,25 +2863,32 @@ SCHEDULED_FOLLOWS_BINDING_SECONDS = 0.5
 CLOCK_TOLERANCE_SECONDS = 0.05
 REFERENCE_CLOCK = "control plane"
 POINTS = (
-    "pod_created", "scheduled", "sandbox_ready", "container_started",
-    "process_started", "imports_done", "ready", "reward", "container_finished",
+    "pod_created",
+    "scheduled",
+    "sandbox_ready",
+    "container_started",
+    "process_started",
+    "imports_done",
+    "ready",
+    "reward",
+    "container_finished",
 )
 POINT_SOURCES = {
     "pod_created": "the Job controller's SuccessfulCreate event name (ns), within Pod creationTimestamp's "
-                   "second, else the client's watch seeing the pod (upper bound) within that second and "
-                   "after the Job's creation",
+    "second, else the client's watch seeing the pod (upper bound) within that second and "
+    "after the Job's creation",
     "scheduled": "scheduler's Scheduled event eventTime (microseconds); "
-                 "PodScheduled condition (whole seconds) if the event is gone",
+    "PodScheduled condition (whole seconds) if the event is gone",
     "sandbox_ready": "the kubelet's first container event (Pulling/Pulled) name (ns), which follows the "
-                     "sandbox at once; else PodReadyToStartContainers (whole seconds; Kubernetes >= 1.29) "
-                     "bounded by the client's watch",
+    "sandbox at once; else PodReadyToStartContainers (whole seconds; Kubernetes >= 1.29) "
+    "bounded by the client's watch",
     "container_started": "between the kubelet's Created and Started event names (ns), within startedAt's second",
     "process_started": "worker's /proc start time (10 ms ticks)",
     "imports_done": "worker clock after its imports (microseconds)",
     "ready": "worker's ready event (microseconds)",
     "reward": "worker's reward event (microseconds)",
     "container_finished": "after the reward and within finishedAt's second, up to the client's watch "
-                          "seeing the container terminated",
+    "seeing the container terminated",
 }
 # Phase name -> (from point, to point). The chain covers an episode end to end;
 # pod_to_ready is the guide's own figure (pod created -> episode ready), here from the sharpest points.
@@ -2363,6 +2917,7 @@ class Point(NamedTuple):
     `precision` is the width of the interval that holds the true moment given every
     source at hand; `at` lies inside it.
     """
+
     at: float
     precision: float
     source: str
@@ -2373,6 +2928,7 @@ class Point(NamedTuple):
 class Bound(NamedTuple):
     """What one source says about a moment, already on the reference clock: it happened
     at or after `lower` and at or before `upper` (None: no limit that side)."""
+
     lower: float | None
     upper: float | None
     source: str
@@ -2419,12 +2975,15 @@ def pod_creation_events(events: Iterable[dict]) -> dict[str, float]:
         if event.get("reason") != "SuccessfulCreate":
             continue
         message = event.get("message") or event.get("note") or ""
-        if event_object(event).get("kind") != "Job" or not message.startswith("Created pod: ") \
-                or int(event.get("count") or 1) != 1:
+        if (
+            event_object(event).get("kind") != "Job"
+            or not message.startswith("Created pod: ")
+            or int(event.get("count") or 1) != 1
+        ):
             continue
         moment = event_name_time(event)
         if moment is not None:
-            created.setdefault(message[len("Created pod: "):].strip(), moment)
+            created.setdefault(message[len("Created pod: ") :].strip(), moment)
     return created
 
 
@@ -2469,27 +3028,38 @@ def split_observed(observed: dict | None) -> tuple[dict[str, dict], dict[str, fl
 
 # Each reading on another clock is moved onto the reference clock by `offset`, and widened
 # each side by `slack`, how far that correction may be off.
-def whole_second(moment: float | None, source: str, clock: str, offset: float = 0.0,
-                 slack: float = 0.0) -> Bound | None:
+def whole_second(
+    moment: float | None, source: str, clock: str, offset: float = 0.0, slack: float = 0.0
+) -> Bound | None:
     """A Kubernetes stamp: truncated to the second, so the moment lies in [T, T+1)."""
-    return None if moment is None else \
-        Bound(moment - offset - slack, moment + WHOLE_SECOND - offset + slack, source, clock)
+    return (
+        None
+        if moment is None
+        else Bound(moment - offset - slack, moment + WHOLE_SECOND - offset + slack, source, clock)
+    )
 
 
-def upper(moment: float | None, source: str, clock: str, offset: float = 0.0, slack: float = 0.0) -> Bound | None:
+def upper(
+    moment: float | None, source: str, clock: str, offset: float = 0.0, slack: float = 0.0
+) -> Bound | None:
     return None if moment is None else Bound(None, moment - offset + slack, source, clock)
 
 
-def lower(moment: float | None, source: str, clock: str, offset: float = 0.0, slack: float = 0.0) -> Bound | None:
+def lower(
+    moment: float | None, source: str, clock: str, offset: float = 0.0, slack: float = 0.0
+) -> Bound | None:
     return None if moment is None else Bound(moment - offset - slack, None, source, clock)
 
 
-def followed_by_event(moment: float | None, source: str, clock: str, offset: float = 0.0,
-                      slack: float = 0.0) -> Bound | None:
+def followed_by_event(
+    moment: float | None, source: str, clock: str, offset: float = 0.0, slack: float = 0.0
+) -> Bound | None:
     """A step that an event reports as soon as it returns: at most EVENT_FOLLOWS_SECONDS before its name."""
     if moment is None:
         return None
-    return Bound(moment - offset - EVENT_FOLLOWS_SECONDS - slack, moment - offset + slack, source, clock)
+    return Bound(
+        moment - offset - EVENT_FOLLOWS_SECONDS - slack, moment - offset + slack, source, clock
+    )
 
 
 def sharpest(bounds: Iterable[Bound | None], stamp: Bound | None = None) -> Point | None:
@@ -2499,7 +3069,9 @@ def sharpest(bounds: Iterable[Bound | None], stamp: Bound | None = None) -> Poin
     that saw it), or the start of the server's second when a stamp is all there is. Sources
     that contradict each other (clocks apart) leave the stamp alone to speak.
     """
-    low = high = None  # the first bound with the latest lower end, the first with the earliest upper end
+    low = high = (
+        None  # the first bound with the latest lower end, the first with the earliest upper end
+    )
     for bound in itertools.chain(bounds, (stamp,)):
         if bound is None:
             continue
@@ -2530,6 +3102,7 @@ def worker_time(value: Any) -> float | None:
 
 class EpisodeClocks(NamedTuple):
     """The client's and the episode's node's clocks minus the control plane's, and how far each may be off."""
+
     client: float = 0.0
     client_slack: float = 0.0
     node: float = 0.0
@@ -2541,12 +3114,24 @@ def kubelet_named(kubelet: dict[str, tuple[float, str]], reason: str) -> float |
     return kubelet[reason][0] if reason in kubelet else None
 
 
-def pod_created_point(created: Bound | None, seen: dict, created_event_at: float | None,
-                      created_after: Bound | None, clocks: EpisodeClocks) -> Point | None:
+def pod_created_point(
+    created: Bound | None,
+    seen: dict,
+    created_event_at: float | None,
+    created_after: Bound | None,
+    clocks: EpisodeClocks,
+) -> Point | None:
     """The pod's creation: its stamp's second, sharpened by the Job controller's event and this client's watch."""
-    return sharpest([followed_by_event(created_event_at, "SuccessfulCreate event name", REFERENCE_CLOCK),
-                     upper(seen.get("added"), "watch saw the pod", "client", clocks.client, clocks.client_slack),
-                     created_after], created)
+    return sharpest(
+        [
+            followed_by_event(created_event_at, "SuccessfulCreate event name", REFERENCE_CLOCK),
+            upper(
+                seen.get("added"), "watch saw the pod", "client", clocks.client, clocks.client_slack
+            ),
+            created_after,
+        ],
+        created,
+    )
 
 
 def scheduled_point(pod: dict, scheduled_at: float | None) -> Point | None:
@@ -2554,90 +3139,213 @@ def scheduled_point(pod: dict, scheduled_at: float | None) -> Point | None:
     if scheduled_at is not None:
         return Point(scheduled_at, EVENT_TIME, "Scheduled event eventTime", REFERENCE_CLOCK)
     entry = condition(pod, "PodScheduled")
-    return sharpest([], whole_second(parse_time((entry or {}).get("lastTransitionTime")),
-                                     "PodScheduled condition", REFERENCE_CLOCK))
+    return sharpest(
+        [],
+        whole_second(
+            parse_time((entry or {}).get("lastTransitionTime")),
+            "PodScheduled condition",
+            REFERENCE_CLOCK,
+        ),
+    )
 
 
 def sandbox_ready_stamp(pod: dict, observed: dict) -> float | None:
     """The PodReadyToStartContainers condition's time while it is True, else as this client's watch saw it."""
     sandbox_condition = condition(pod, "PodReadyToStartContainers") or {}
-    stamp = parse_time(sandbox_condition.get("lastTransitionTime")) \
-        if sandbox_condition.get("status") == "True" else None
+    stamp = (
+        parse_time(sandbox_condition.get("lastTransitionTime"))
+        if sandbox_condition.get("status") == "True"
+        else None
+    )
     return parse_time(observed.get("sandbox_ready")) if stamp is None else stamp
 
 
-def sandbox_ready_point(pod: dict, observed: dict, kubelet: dict[str, tuple[float, str]],
-                        scheduled: Point | None, created: Bound | None, clocks: EpisodeClocks) -> Point | None:
+def sandbox_ready_point(
+    pod: dict,
+    observed: dict,
+    kubelet: dict[str, tuple[float, str]],
+    scheduled: Point | None,
+    created: Bound | None,
+    clocks: EpisodeClocks,
+) -> Point | None:
     """The pod's sandbox ready: after its binding and creation, before the kubelet's first image or container event."""
     seen = observed.get("seen") or {}
     node, node_slack = clocks.node, clocks.node_slack
     sandbox_stamp = sandbox_ready_stamp(pod, observed)
     image_event = min((kubelet[r] for r in ("Pulling", "Pulled") if r in kubelet), default=None)
-    sandbox_ready = sharpest([
-        followed_by_event(image_event[0] if image_event else None,
-                          f"kubelet {'Pulling' if 'Pulling' in kubelet else 'Pulled'} event name",
-                          "node", node, node_slack),
-        upper(kubelet_named(kubelet, "Created"), "kubelet Created event name", "node", node, node_slack),
-        upper(seen.get("sandbox_ready"), "watch saw the sandbox ready", "client", clocks.client, clocks.client_slack),
-        lower(scheduled.at if scheduled is not None and scheduled.precision <= EVENT_TIME else None,
-              "Scheduled eventTime", REFERENCE_CLOCK),
-        lower(created.lower if created is not None else None, "Pod creationTimestamp", REFERENCE_CLOCK),
-        # The kubelet stamps this condition when its status update reports it, often together
-        # with the running container: the sandbox was ready by then, maybe long before.
-        upper(None if sandbox_stamp is None else sandbox_stamp + WHOLE_SECOND,
-              "PodReadyToStartContainers condition", "node", node, node_slack),
-    ])
-    if sandbox_ready is not None and sandbox_stamp is not None and \
-            sandbox_ready.source.startswith("PodReadyToStartContainers"):
+    sandbox_ready = sharpest(
+        [
+            followed_by_event(
+                image_event[0] if image_event else None,
+                f"kubelet {'Pulling' if 'Pulling' in kubelet else 'Pulled'} event name",
+                "node",
+                node,
+                node_slack,
+            ),
+            upper(
+                kubelet_named(kubelet, "Created"),
+                "kubelet Created event name",
+                "node",
+                node,
+                node_slack,
+            ),
+            upper(
+                seen.get("sandbox_ready"),
+                "watch saw the sandbox ready",
+                "client",
+                clocks.client,
+                clocks.client_slack,
+            ),
+            lower(
+                scheduled.at
+                if scheduled is not None and scheduled.precision <= EVENT_TIME
+                else None,
+                "Scheduled eventTime",
+                REFERENCE_CLOCK,
+            ),
+            lower(
+                created.lower if created is not None else None,
+                "Pod creationTimestamp",
+                REFERENCE_CLOCK,
+            ),
+            # The kubelet stamps this condition when its status update reports it, often together
+            # with the running container: the sandbox was ready by then, maybe long before.
+            upper(
+                None if sandbox_stamp is None else sandbox_stamp + WHOLE_SECOND,
+                "PodReadyToStartContainers condition",
+                "node",
+                node,
+                node_slack,
+            ),
+        ]
+    )
+    if (
+        sandbox_ready is not None
+        and sandbox_stamp is not None
+        and sandbox_ready.source.startswith("PodReadyToStartContainers")
+    ):
         # Only the condition bounds it from above: read it as the condition says, as far as the
         # lower bound allows; the precision still spans everything before.
         sandbox_ready = sandbox_ready._replace(
-            at=min(sandbox_ready.at, max(sandbox_stamp - node, sandbox_ready.at - sandbox_ready.precision)))
+            at=min(
+                sandbox_ready.at,
+                max(sandbox_stamp - node, sandbox_ready.at - sandbox_ready.precision),
+            )
+        )
     return sandbox_ready
 
 
-def container_started_point(state: dict, ready: dict, kubelet: dict[str, tuple[float, str]], seen: dict,
-                            clocks: EpisodeClocks) -> Point | None:
+def container_started_point(
+    state: dict,
+    ready: dict,
+    kubelet: dict[str, tuple[float, str]],
+    seen: dict,
+    clocks: EpisodeClocks,
+) -> Point | None:
     """The container's start: its startedAt second, sharpened by the kubelet's events, the worker and the watch."""
     node, node_slack = clocks.node, clocks.node_slack
     running = state.get("terminated") or state.get("running") or {}
     process = worker_time(ready.get("process_started_at"))
-    return sharpest([
-        lower(kubelet_named(kubelet, "Created"), "kubelet Created event name", "node", node, node_slack),
-        upper(kubelet_named(kubelet, "Started"), "kubelet Started event name", "node", node, node_slack),
-        upper(None if process is None else process + PROC_TICK, "worker process start", "node", node, node_slack),
-        upper(seen.get("running"), "watch saw the container running", "client", clocks.client, clocks.client_slack),
-    ], whole_second(parse_time(running.get("startedAt")), "container startedAt", "node", node, node_slack))
+    return sharpest(
+        [
+            lower(
+                kubelet_named(kubelet, "Created"),
+                "kubelet Created event name",
+                "node",
+                node,
+                node_slack,
+            ),
+            upper(
+                kubelet_named(kubelet, "Started"),
+                "kubelet Started event name",
+                "node",
+                node,
+                node_slack,
+            ),
+            upper(
+                None if process is None else process + PROC_TICK,
+                "worker process start",
+                "node",
+                node,
+                node_slack,
+            ),
+            upper(
+                seen.get("running"),
+                "watch saw the container running",
+                "client",
+                clocks.client,
+                clocks.client_slack,
+            ),
+        ],
+        whole_second(
+            parse_time(running.get("startedAt")), "container startedAt", "node", node, node_slack
+        ),
+    )
 
 
-def container_finished_point(state: dict, reward: dict, seen: dict, clocks: EpisodeClocks) -> Point | None:
+def container_finished_point(
+    state: dict, reward: dict, seen: dict, clocks: EpisodeClocks
+) -> Point | None:
     """The container's end: its finishedAt second, after the worker's reward, before this client's watch saw it."""
-    return sharpest([
-        lower(worker_time(reward.get("at")), "worker reward event", "node", clocks.node, clocks.node_slack),
-        upper(seen.get("terminated"), "watch saw the container terminated", "client", clocks.client,
-              clocks.client_slack),
-    ], whole_second(parse_time((state.get("terminated") or {}).get("finishedAt")),
-                    "container finishedAt", "node", clocks.node, clocks.node_slack))
+    return sharpest(
+        [
+            lower(
+                worker_time(reward.get("at")),
+                "worker reward event",
+                "node",
+                clocks.node,
+                clocks.node_slack,
+            ),
+            upper(
+                seen.get("terminated"),
+                "watch saw the container terminated",
+                "client",
+                clocks.client,
+                clocks.client_slack,
+            ),
+        ],
+        whole_second(
+            parse_time((state.get("terminated") or {}).get("finishedAt")),
+            "container finishedAt",
+            "node",
+            clocks.node,
+            clocks.node_slack,
+        ),
+    )
 
 
 def worker_point(value: Any, precision: float, source: str, clocks: EpisodeClocks) -> Point | None:
     """A moment the worker read on the node's clock, moved onto the control plane's."""
     moment = worker_time(value)
-    return None if moment is None else Point(moment - clocks.node, round(precision + 2 * clocks.node_slack, 6),
-                                              source, "node")
+    return (
+        None
+        if moment is None
+        else Point(
+            moment - clocks.node, round(precision + 2 * clocks.node_slack, 6), source, "node"
+        )
+    )
 
 
 def creation_stamp(pod: dict) -> Bound | None:
     """The pod's creationTimestamp, the second its creation fell in."""
-    return whole_second(parse_time(pod["metadata"].get("creationTimestamp")), "Pod creationTimestamp",
-                        REFERENCE_CLOCK)
+    return whole_second(
+        parse_time(pod["metadata"].get("creationTimestamp")),
+        "Pod creationTimestamp",
+        REFERENCE_CLOCK,
+    )
 
 
-def episode_points(pod: dict, ready: dict, reward: dict, scheduled_at: float | None,
-                   observed: dict | None = None, kubelet: dict[str, tuple[float, str]] | None = None,
-                   created_event_at: float | None = None,
-                   clocks: EpisodeClocks = EpisodeClocks(),  # noqa: B008 (a NamedTuple: immutable)
-                   created_after: Bound | None = None) -> dict[str, Point | None]:
+def episode_points(
+    pod: dict,
+    ready: dict,
+    reward: dict,
+    scheduled_at: float | None,
+    observed: dict | None = None,
+    kubelet: dict[str, tuple[float, str]] | None = None,
+    created_event_at: float | None = None,
+    clocks: EpisodeClocks = EpisodeClocks(),  # noqa: B008 (a NamedTuple: immutable)
+    created_after: Bound | None = None,
+) -> dict[str, Point | None]:
     """When each point of one episode happened, from its sharpest sources, on the control plane's clock.
 
     `observed` is what this client's watch saw of the pod (when each transition first
@@ -2658,9 +3366,12 @@ def episode_points(pod: dict, ready: dict, reward: dict, scheduled_at: float | N
         "scheduled": scheduled,
         "sandbox_ready": sandbox_ready_point(pod, observed, kubelet, scheduled, created, clocks),
         "container_started": container_started_point(state, ready, kubelet, seen, clocks),
-        "process_started": worker_point(ready.get("process_started_at"), PROC_TICK, "worker /proc start time",
-                                        clocks),
-        "imports_done": worker_point(ready.get("imports_done_at"), EVENT_TIME, "worker imports_done_at", clocks),
+        "process_started": worker_point(
+            ready.get("process_started_at"), PROC_TICK, "worker /proc start time", clocks
+        ),
+        "imports_done": worker_point(
+            ready.get("imports_done_at"), EVENT_TIME, "worker imports_done_at", clocks
+        ),
         "ready": worker_point(ready.get("at"), EVENT_TIME, "worker ready event", clocks),
         "reward": worker_point(reward.get("at"), EVENT_TIME, "worker reward event", clocks),
         "container_finished": container_finished_point(state, reward, seen, clocks),
@@ -2668,7 +3379,9 @@ def episode_points(pod: dict, ready: dict, reward: dict, scheduled_at: float | N
     }
 
 
-def image_pull_points(kubelet: dict[str, tuple[float, str]], clocks: EpisodeClocks) -> dict[str, Point | None]:
+def image_pull_points(
+    kubelet: dict[str, tuple[float, str]], clocks: EpisodeClocks
+) -> dict[str, Point | None]:
     """When the kubelet began and ended getting the image: its Pulling and Pulled event names (a present
     image: its Pulled event, both). Not in POINTS: they bound the phase image_pull alone."""
     pulled = kubelet_named(kubelet, "Pulled")
@@ -2676,10 +3389,21 @@ def image_pull_points(kubelet: dict[str, tuple[float, str]], clocks: EpisodeCloc
     if pulled is None:
         return {"image_pull_started": None, "image_pulled": None}
     points = {}
-    for point, moment, reason in (("image_pull_started", pulled if started is None else started, "Pulling"),
-                                  ("image_pulled", pulled, "Pulled")):
-        points[point] = sharpest([followed_by_event(moment, f"kubelet {reason if started else 'Pulled'} event name",
-                                                    "node", clocks.node, clocks.node_slack)])
+    for point, moment, reason in (
+        ("image_pull_started", pulled if started is None else started, "Pulling"),
+        ("image_pulled", pulled, "Pulled"),
+    ):
+        points[point] = sharpest(
+            [
+                followed_by_event(
+                    moment,
+                    f"kubelet {reason if started else 'Pulled'} event name",
+                    "node",
+                    clocks.node,
+                    clocks.node_slack,
+                )
+            ]
+        )
     return points
 
 
@@ -2731,32 +3455,45 @@ class ClockBounds:
 
     def describe(self, what: str, evidence: str) -> tuple[dict, list[str]]:
         offset, apart = self.offset(), self.apart()
-        entry = {"offset_seconds": rounded(offset, 6), "correction_slack_seconds": rounded(self.slack(), 6),
-                 "at_least_seconds": rounded(self.lowest, 6), "at_most_seconds": rounded(self.highest, 6),
-                 "uncertainty_seconds": None if self.lowest is None or self.highest is None
-                 else rounded(max(0.0, self.highest - self.lowest), 6),
-                 "samples": self.samples, "evidence": evidence}
+        entry = {
+            "offset_seconds": rounded(offset, 6),
+            "correction_slack_seconds": rounded(self.slack(), 6),
+            "at_least_seconds": rounded(self.lowest, 6),
+            "at_most_seconds": rounded(self.highest, 6),
+            "uncertainty_seconds": None
+            if self.lowest is None or self.highest is None
+            else rounded(max(0.0, self.highest - self.lowest), 6),
+            "samples": self.samples,
+            "evidence": evidence,
+        }
         warnings = []
         if self.contradictory():
-            warnings.append(f"{what}: the evidence contradicts itself (offset at least {self.lowest:.3f} s and "
-                            f"at most {self.highest:.3f} s); no correction applied, sub-second points that mix "
-                            f"clocks may be wrong by that much")
+            warnings.append(
+                f"{what}: the evidence contradicts itself (offset at least {self.lowest:.3f} s and "
+                f"at most {self.highest:.3f} s); no correction applied, sub-second points that mix "
+                f"clocks may be wrong by that much"
+            )
         elif abs(apart) > CLOCK_TOLERANCE_SECONDS and (self.lowest is None or self.highest is None):
             # One edge only: the correction is the least gap proven; how much more there is, nothing says.
-            warnings.append(f"{what} disagree by at least {abs(apart):.3f} s (more than the "
-                            f"{CLOCK_TOLERANCE_SECONDS:g} s a sharp point claims); its times were corrected by "
-                            f"{-offset:+.3f} s, the least gap proven, but no evidence bounds the gap from the "
-                            f"other side: points on this clock may be off by more than their stated precision")
+            warnings.append(
+                f"{what} disagree by at least {abs(apart):.3f} s (more than the "
+                f"{CLOCK_TOLERANCE_SECONDS:g} s a sharp point claims); its times were corrected by "
+                f"{-offset:+.3f} s, the least gap proven, but no evidence bounds the gap from the "
+                f"other side: points on this clock may be off by more than their stated precision"
+            )
         elif abs(apart) > CLOCK_TOLERANCE_SECONDS:
-            warnings.append(f"{what} disagree by at least {abs(apart):.3f} s (more than the "
-                            f"{CLOCK_TOLERANCE_SECONDS:g} s a sharp point claims); its times were corrected by "
-                            f"{-offset:+.3f} s (+/- {self.slack():.3f} s, added to their precision) onto the "
-                            f"control plane's clock")
+            warnings.append(
+                f"{what} disagree by at least {abs(apart):.3f} s (more than the "
+                f"{CLOCK_TOLERANCE_SECONDS:g} s a sharp point claims); its times were corrected by "
+                f"{-offset:+.3f} s (+/- {self.slack():.3f} s, added to their precision) onto the "
+                f"control plane's clock"
+            )
         return entry, warnings
 
 
-def client_clock_bounds(job: dict, job_observed: dict[str, float], pods: Sequence[dict],
-                        observed_pods: dict[str, dict]) -> ClockBounds:
+def client_clock_bounds(
+    job: dict, job_observed: dict[str, float], pods: Sequence[dict], observed_pods: dict[str, dict]
+) -> ClockBounds:
     """The client's clock: its create call before the Job's stamp, its watch after each stamped change."""
     client = ClockBounds()
     job_created = parse_time(job["metadata"].get("creationTimestamp"))
@@ -2779,7 +3516,9 @@ def client_clock_bounds(job: dict, job_observed: dict[str, float], pods: Sequenc
     return client
 
 
-def kubelet_event_clocks(events: Sequence[dict]) -> tuple[dict[str, ClockBounds], dict[str, tuple[float, str]]]:
+def kubelet_event_clocks(
+    events: Sequence[dict],
+) -> tuple[dict[str, ClockBounds], dict[str, tuple[float, str]]]:
     """Each node's clock from its kubelet's events (named before they are stored), and each pod's first Started."""
     nodes: dict[str, ClockBounds] = {}
     started: dict[str, tuple[float, str]] = {}
@@ -2809,9 +3548,13 @@ def bound_after(pod: dict, scheduled_at: float | None) -> float | None:
     return max(known) if known else None
 
 
-def bound_nodes_by_pods(nodes: dict[str, ClockBounds], pods: Sequence[dict], scheduled: dict[str, float],
-                        kubelet: dict[str, dict[str, tuple[float, str]]],
-                        started: dict[str, tuple[float, str]]) -> None:
+def bound_nodes_by_pods(
+    nodes: dict[str, ClockBounds],
+    pods: Sequence[dict],
+    scheduled: dict[str, float],
+    kubelet: dict[str, dict[str, tuple[float, str]]],
+    started: dict[str, tuple[float, str]],
+) -> None:
     """Bound each node's clock from above: its kubelet acts on a pod only after the pod's creation and binding."""
     first_container_event = {pod: min(reasons.values()) for pod, reasons in kubelet.items()}
     for pod in pods:
@@ -2825,15 +3568,18 @@ def bound_nodes_by_pods(nodes: dict[str, ClockBounds], pods: Sequence[dict], sch
         node_name = (pod.get("spec") or {}).get("nodeName")
         if bound is not None and started_on_node is not None and node_name:
             # The kubelet stamps the pod's startTime when it first takes the bound pod up: after the binding.
-            nodes.setdefault(node_name, ClockBounds()).at_most(started_on_node + WHOLE_SECOND - bound)
+            nodes.setdefault(node_name, ClockBounds()).at_most(
+                started_on_node + WHOLE_SECOND - bound
+            )
         created = parse_time(pod["metadata"].get("creationTimestamp"))
         if name in started and created is not None:
             named, node = started[name]
             nodes.setdefault(node, ClockBounds()).at_most(named - created)
 
 
-def client_seen_running(pods: Sequence[dict], observed_pods: dict[str, dict],
-                        started: dict[str, tuple[float, str]]) -> dict[str, float]:
+def client_seen_running(
+    pods: Sequence[dict], observed_pods: dict[str, dict], started: dict[str, tuple[float, str]]
+) -> dict[str, float]:
     """Node -> the most the client's clock reads ahead of it: the watch sees a container run after it Started."""
     client_vs_node: dict[str, float] = {}
     for pod in pods:
@@ -2846,11 +3592,15 @@ def client_seen_running(pods: Sequence[dict], observed_pods: dict[str, dict],
     return client_vs_node
 
 
-def describe_clocks(client: ClockBounds, nodes: dict[str, ClockBounds], client_vs_node: dict[str, float]) -> dict:
+def describe_clocks(
+    client: ClockBounds, nodes: dict[str, ClockBounds], client_vs_node: dict[str, float]
+) -> dict:
     """The clocks entry: each clock's offset and evidence, and a warning for each that disagrees."""
-    entry, warnings = client.describe("the client's and the control plane's clocks",
-                                      "the create call before the Job's creationTimestamp; the watch seeing "
-                                      "stamped changes (pod created, bound, Job conditions) after their second")
+    entry, warnings = client.describe(
+        "the client's and the control plane's clocks",
+        "the create call before the Job's creationTimestamp; the watch seeing "
+        "stamped changes (pod created, bound, Job conditions) after their second",
+    )
     result: dict[str, Any] = {"reference": REFERENCE_CLOCK, "client": entry, "nodes": {}}
     for node, bounds in sorted(nodes.items()):
         node_entry, node_warnings = bounds.describe(
@@ -2858,27 +3608,40 @@ def describe_clocks(client: ClockBounds, nodes: dict[str, ClockBounds], client_v
             "kubelet event names before their creationTimestamp's second ends, after the pod's creation "
             "and after its binding (within its PodScheduled second, at most "
             f"{SCHEDULED_FOLLOWS_BINDING_SECONDS:g} s before the Scheduled eventTime); the pod's startTime "
-            "after that binding")
+            "after that binding",
+        )
         result["nodes"][node] = node_entry
         warnings += node_warnings
         if node in client_vs_node:
             node_entry["client_minus_node_at_most_seconds"] = rounded(client_vs_node[node], 6)
-            disagreement = entry["offset_seconds"] - node_entry["offset_seconds"] - client_vs_node[node]
+            disagreement = (
+                entry["offset_seconds"] - node_entry["offset_seconds"] - client_vs_node[node]
+            )
             # A correction known only within its slack may account for that much of it.
-            allowed = CLOCK_TOLERANCE_SECONDS + entry["correction_slack_seconds"] \
+            allowed = (
+                CLOCK_TOLERANCE_SECONDS
+                + entry["correction_slack_seconds"]
                 + node_entry["correction_slack_seconds"]
+            )
             if disagreement > allowed:
-                warnings.append(f"the client saw containers on node {node} running {disagreement:.3f} s before "
-                                f"the node's own Started events (corrected clocks): the client's and the node's "
-                                f"clocks disagree")
+                warnings.append(
+                    f"the client saw containers on node {node} running {disagreement:.3f} s before "
+                    f"the node's own Started events (corrected clocks): the client's and the node's "
+                    f"clocks disagree"
+                )
     result["warnings"] = warnings
     return result
 
 
-def clock_offsets(job: dict, pods: Sequence[dict], events: Sequence[dict], observed_pods: dict[str, dict],
-                  job_observed: dict[str, float],
-                  kubelet: dict[str, dict[str, tuple[float, str]]] | None = None,
-                  scheduled: dict[str, float] | None = None) -> dict:
+def clock_offsets(
+    job: dict,
+    pods: Sequence[dict],
+    events: Sequence[dict],
+    observed_pods: dict[str, dict],
+    job_observed: dict[str, float],
+    kubelet: dict[str, dict[str, tuple[float, str]]] | None = None,
+    scheduled: dict[str, float] | None = None,
+) -> dict:
     """Each clock's offset from the control plane's, bounded by transitions seen on both.
 
     A watch sees a change after it happened and a server stamp truncates it: the client's
@@ -2911,22 +3674,35 @@ def phase_durations(points: dict[str, Any]) -> dict[str, tuple[float, float] | N
     durations: dict[str, tuple[float, float] | None] = {}
     for phase, (start, end) in PHASES.items():
         first, last = points.get(start), points.get(end)
-        durations[phase] = None if first is None or last is None else (
-            max(0.0, last[0] - first[0]), round(first[1] + last[1], 6))
+        durations[phase] = (
+            None
+            if first is None or last is None
+            else (max(0.0, last[0] - first[0]), round(first[1] + last[1], 6))
+        )
     return durations
 
 
-def phase_summary(episodes_durations: Sequence[dict[str, tuple[float, float] | None]]) -> dict[str, dict]:
+def phase_summary(
+    episodes_durations: Sequence[dict[str, tuple[float, float] | None]],
+) -> dict[str, dict]:
     """Per phase: P50/P95/P99/max/mean, sample and missing counts, stated precision."""
     summary = {}
     for phase, (start, end) in PHASES.items():
         known = [duration for d in episodes_durations if (duration := d.get(phase)) is not None]
-        entry = describe([value for value, _ in known], missing=len(episodes_durations) - len(known))
+        entry = describe(
+            [value for value, _ in known], missing=len(episodes_durations) - len(known)
+        )
         widest = max((p for _, p in known), default=None)
         # An end bounded on one side only has no finite precision: JSON has no infinity, so null.
-        entry.update({"from": start, "to": end,
-                      "precision_seconds": rounded(widest, 6) if widest is not None and math.isfinite(widest)
-                      else None})
+        entry.update(
+            {
+                "from": start,
+                "to": end,
+                "precision_seconds": rounded(widest, 6)
+                if widest is not None and math.isfinite(widest)
+                else None,
+            }
+        )
         if not known:
             entry["why_missing"] = f"no episode had both {start} and {end}"
         summary[phase] = entry
@@ -2937,8 +3713,9 @@ def difference(later: float | None, earlier: float | None) -> float | None:
     return None if later is None or earlier is None else later - earlier
 
 
-def completion_gap(job: dict, pods: Sequence[dict], last_reward_at: float,
-                   client_observed_at: float | None) -> dict:
+def completion_gap(
+    job: dict, pods: Sequence[dict], last_reward_at: float, client_observed_at: float | None
+) -> dict:
     """What the time between the last reward and the client seeing the end is made of."""
     finished = [parse_time((container_terminated(p) or {}).get("finishedAt")) for p in pods]
     finished_known = [t for t in finished if t is not None]
@@ -2958,16 +3735,31 @@ def completion_gap(job: dict, pods: Sequence[dict], last_reward_at: float,
     # Per part: its earlier and later stamps, each with how far its moment may lie after it
     # (the bounds), and the part as read.
     parts = {
-        "last_reward_to_last_container_finished_seconds":
-            ((last_reward_at, 0.0), (last_finished, WHOLE_SECOND), difference(finish_at, last_reward_at)),
-        "last_container_finished_to_success_criteria_met_seconds":
-            ((last_finished, WHOLE_SECOND), (criteria, WHOLE_SECOND), difference(met_at, finish_at)),
-        "last_container_finished_to_job_complete_seconds":
-            ((last_finished, WHOLE_SECOND), (end, WHOLE_SECOND), difference(end_at, finish_at)),
-        "job_complete_to_client_observed_seconds":
-            ((end, WHOLE_SECOND), (client_observed_at, 0.0), difference(client_observed_at, end_at)),
-        "last_reward_to_client_observed_seconds":
-            ((last_reward_at, 0.0), (client_observed_at, 0.0), difference(client_observed_at, last_reward_at)),
+        "last_reward_to_last_container_finished_seconds": (
+            (last_reward_at, 0.0),
+            (last_finished, WHOLE_SECOND),
+            difference(finish_at, last_reward_at),
+        ),
+        "last_container_finished_to_success_criteria_met_seconds": (
+            (last_finished, WHOLE_SECOND),
+            (criteria, WHOLE_SECOND),
+            difference(met_at, finish_at),
+        ),
+        "last_container_finished_to_job_complete_seconds": (
+            (last_finished, WHOLE_SECOND),
+            (end, WHOLE_SECOND),
+            difference(end_at, finish_at),
+        ),
+        "job_complete_to_client_observed_seconds": (
+            (end, WHOLE_SECOND),
+            (client_observed_at, 0.0),
+            difference(client_observed_at, end_at),
+        ),
+        "last_reward_to_client_observed_seconds": (
+            (last_reward_at, 0.0),
+            (client_observed_at, 0.0),
+            difference(client_observed_at, last_reward_at),
+        ),
     }
     gap: dict[str, Any] = {}
     bounds: dict[str, list[float | None]] = {}
@@ -2976,14 +3768,19 @@ def completion_gap(job: dict, pods: Sequence[dict], last_reward_at: float,
             gap[name] = None
             continue
         gap[name] = rounded(max(0.0, seconds))
-        bounds[name] = [rounded(max(0.0, last - first - first_spread)), rounded(max(0.0, last + last_spread - first))]
-    gap.update({
-        "bounds_seconds": bounds,
-        "precision_seconds": WHOLE_SECOND,
-        "note": "container finish and Job conditions are whole-second Kubernetes times, each read no earlier "
-                "than the moment before it; each part lies within its bounds_seconds; SuccessCriteriaMet "
-                "exists on Kubernetes >= 1.31",
-    })
+        bounds[name] = [
+            rounded(max(0.0, last - first - first_spread)),
+            rounded(max(0.0, last + last_spread - first)),
+        ]
+    gap.update(
+        {
+            "bounds_seconds": bounds,
+            "precision_seconds": WHOLE_SECOND,
+            "note": "container finish and Job conditions are whole-second Kubernetes times, each read no earlier "
+            "than the moment before it; each part lies within its bounds_seconds; SuccessCriteriaMet "
+            "exists on Kubernetes >= 1.31",
+        }
+    )
     return gap
 
 
@@ -3007,8 +3804,11 @@ def start_path_phases(records: Sequence[dict]) -> dict[str, dict] | None:
     """When a batch mixes start paths (the image found on the node or pulled; the runtime class),
     the phases of each path apart: pooled, a pull's seconds would pass for a slow sandbox. A path
     is named by the parts that differ within the batch. None for one path."""
-    varying = [(label, key) for label, key in START_PATH_PARTS
-               if len({record.get(key) for record in records}) > 1]
+    varying = [
+        (label, key)
+        for label, key in START_PATH_PARTS
+        if len({record.get(key) for record in records}) > 1
+    ]
     if not varying:
         return None
     paths: dict[str, list] = {}
@@ -3018,8 +3818,9 @@ def start_path_phases(records: Sequence[dict]) -> dict[str, dict] | None:
     return {path: phase_summary(durations) for path, durations in sorted(paths.items())}
 
 
-def slot_freed_after(created_within: dict[str, tuple[float, float]], ended_after: dict[str, float],
-                     parallelism: int) -> dict[str, float]:
+def slot_freed_after(
+    created_within: dict[str, tuple[float, float]], ended_after: dict[str, float], parallelism: int
+) -> dict[str, float]:
     """Pod -> a moment it was created after, from its Job's parallelism.
 
     A Job runs at most `parallelism` pods at once, so a pod created after n others came only
@@ -3047,16 +3848,42 @@ def slot_freed_after(created_within: dict[str, tuple[float, float]], ended_after
     return found
 
 
-def job_creation(job: dict, job_observed: dict[str, float], client_offset: float, client_slack: float) -> Point:
+def job_creation(
+    job: dict, job_observed: dict[str, float], client_offset: float, client_slack: float
+) -> Point:
     """When the Job was truly created: inside the client's create call and its creationTimestamp's
     second; the client's moments widened by how far its clock's correction may be off."""
-    stamp = whole_second(parse_time(job["metadata"].get("creationTimestamp")), "Job creationTimestamp",
-                         REFERENCE_CLOCK)
-    point = sharpest([
-        lower(job_observed.get("submitted"), "client's create call", "client", client_offset, client_slack),
-        upper(job_observed.get("create_returned"), "client's create call", "client", client_offset, client_slack),
-        upper(job_observed.get("added"), "watch saw the Job", "client", client_offset, client_slack),
-    ], stamp)
+    stamp = whole_second(
+        parse_time(job["metadata"].get("creationTimestamp")),
+        "Job creationTimestamp",
+        REFERENCE_CLOCK,
+    )
+    point = sharpest(
+        [
+            lower(
+                job_observed.get("submitted"),
+                "client's create call",
+                "client",
+                client_offset,
+                client_slack,
+            ),
+            upper(
+                job_observed.get("create_returned"),
+                "client's create call",
+                "client",
+                client_offset,
+                client_slack,
+            ),
+            upper(
+                job_observed.get("added"),
+                "watch saw the Job",
+                "client",
+                client_offset,
+                client_slack,
+            ),
+        ],
+        stamp,
+    )
     assert point is not None and stamp is not None  # verify_batch checked the stamp
     return point
 
@@ -3075,8 +3902,10 @@ def per_whole_second_peak(moments: Sequence[float]) -> int:
 
 def most_at_once(intervals: Iterable[tuple[float, float]]) -> int:
     """The largest number of (start, end) intervals open at one moment (an end before a start that ties)."""
-    edges = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals],
-                   key=lambda edge: (edge[0], edge[1]))
+    edges = sorted(
+        [(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals],
+        key=lambda edge: (edge[0], edge[1]),
+    )
     running = peak = 0
     for _, step in edges:
         running += step
@@ -3088,13 +3917,19 @@ def throughput(batches: Sequence[tuple[str, BatchSummary]]) -> dict:
     """Pods created and sandboxes ready per second, and the most episodes running at once."""
     records = [record for _, summary in batches for record in summary.episodes]
     created = [r["points"]["pod_created"][0] for r in records if r["points"].get("pod_created")]
-    sandboxes = [r["points"]["sandbox_ready"][0] for r in records if r["points"].get("sandbox_ready")]
+    sandboxes = [
+        r["points"]["sandbox_ready"][0] for r in records if r["points"].get("sandbox_ready")
+    ]
     first_job = min((summary.job_created for _, summary in batches), default=None)
     running = []
     for record in records:
         points = record["points"]
-        start = points.get("process_started") or points.get("container_started") or points.get("ready")
-        ends = [p[0] for p in (points.get("reward"), points.get("container_finished")) if p is not None]
+        start = (
+            points.get("process_started") or points.get("container_started") or points.get("ready")
+        )
+        ends = [
+            p[0] for p in (points.get("reward"), points.get("container_finished")) if p is not None
+        ]
         if start is not None and ends:
             running.append((start[0], max(ends)))
 
@@ -3111,8 +3946,8 @@ def throughput(batches: Sequence[tuple[str, BatchSummary]]) -> dict:
         "max_episodes_running_at_once": most_at_once(running) if running else None,
         "sandboxes_ready_known": len(sandboxes),
         "note": "means: count / seconds from the first Job's creation to the last such moment (at least 1 s); "
-                "peak: the most in one whole second (Kubernetes times are whole seconds); an episode runs "
-                "from its process start to the later of its reward and its container's finish",
+        "peak: the most in one whole second (Kubernetes times are whole seconds); an episode runs "
+        "from its process start to the later of its reward and its container's finish",
     }
 
 
@@ -3131,9 +3966,15 @@ def pod_row(pod: dict, ready: dict, reward: dict, job_created: float) -> dict:
     }
 
 
-def slots_freed(episodes: Sequence[tuple[dict, dict, dict]], clocks_of: Callable[[dict], EpisodeClocks],
-                creations: dict[str, float], observed_pods: dict[str, dict], job_earliest: float | None,
-                parallelism: int, replaces_terminating: bool = True) -> dict[str, float]:
+def slots_freed(
+    episodes: Sequence[tuple[dict, dict, dict]],
+    clocks_of: Callable[[dict], EpisodeClocks],
+    creations: dict[str, float],
+    observed_pods: dict[str, dict],
+    job_earliest: float | None,
+    parallelism: int,
+    replaces_terminating: bool = True,
+) -> dict[str, float]:
     """Per pod, the latest moment an earlier pod's end provably freed the slot it was created into:
     each pod's creation bounded by its stamp, its creation event and the watch, each end by its
     reward on the node's clock (corrected, less its slack). Where the Job `replaces_terminating`
@@ -3143,7 +3984,9 @@ def slots_freed(episodes: Sequence[tuple[dict, dict, dict]], clocks_of: Callable
     ended_after = {}
     for pod, _, reward in episodes:
         reward_at = worker_time(reward.get("at"))
-        if reward_at is not None and not (replaces_terminating and pod["metadata"].get("deletionTimestamp")):
+        if reward_at is not None and not (
+            replaces_terminating and pod["metadata"].get("deletionTimestamp")
+        ):
             clocks = clocks_of(pod)
             ended_after[pod_name(pod)] = reward_at - clocks.node - clocks.node_slack
     created_within = {}
@@ -3152,10 +3995,13 @@ def slots_freed(episodes: Sequence[tuple[dict, dict, dict]], clocks_of: Callable
         stamp = parse_time(pod["metadata"]["creationTimestamp"])
         assert stamp is not None  # the API server stamps every pod it creates
         seen = ((observed_pods.get(name) or {}).get("seen") or {}).get("added")
-        latest = [stamp + WHOLE_SECOND, creations.get(name)] + \
-            ([] if seen is None else [seen - clocks.client + clocks.client_slack])
-        created_within[name] = (max(stamp, job_earliest or stamp),
-                                min(moment for moment in latest if moment is not None))
+        latest = [stamp + WHOLE_SECOND, creations.get(name)] + (
+            [] if seen is None else [seen - clocks.client + clocks.client_slack]
+        )
+        created_within[name] = (
+            max(stamp, job_earliest or stamp),
+            min(moment for moment in latest if moment is not None),
+        )
     return slot_freed_after(created_within, ended_after, parallelism)
 
 
@@ -3164,10 +4010,15 @@ class BatchSummary:
     """One batch verified and measured: `figures` are its own figures as results.json saves them
     (BatchOutcome.figures adds how long the client waited); the rest is what the CSV, the
     pictures and the pooling of rounds read, and nothing saves as such."""
+
     figures: dict[str, Any]
-    episodes: list[dict]  # per episode: pod, index, points, phases, image_cache, runtime_class, guide_pod_to_ready
+    episodes: list[
+        dict
+    ]  # per episode: pod, index, points, phases, image_cache, runtime_class, guide_pod_to_ready
     job_created: float  # the Job's creationTimestamp (whole seconds): where every time axis starts
-    origin: float  # the earliest moment its Job may have existed, within the second after job_created
+    origin: (
+        float  # the earliest moment its Job may have existed, within the second after job_created
+    )
     # Accepted failures, each with its points as far as it got, for the timeline to draw:
     # pod (None when it never existed), points, phases, index, failure_class, failure.
     failed: list[dict] = dataclasses.field(default_factory=list)
@@ -3193,6 +4044,7 @@ def cycle_collector_paused() -> Iterator[None]:
 class EpisodeInputs(NamedTuple):
     """Everything besides its pod and log that an episode's points are made from (episode_points'
     arguments): equal inputs give equal points."""
+
     scheduled_at: float | None
     observed: dict | None
     kubelet: dict | None
@@ -3204,6 +4056,7 @@ class EpisodeInputs(NamedTuple):
 class EpisodeDraft(NamedTuple):
     """One episode summarised as it ended, from the evidence known then: its verification, its row,
     its points and phases. summarise_batch takes what the final evidence leaves unchanged."""
+
     pod: dict
     log_text: str
     job_created: float
@@ -3217,11 +4070,16 @@ class EpisodeDraft(NamedTuple):
 
     def verified(self, pod: dict, log_text: str, job_created: float, builtin: bool) -> bool:
         """Verified already, from this very pod, log, Job creation and worker."""
-        return (self.pod is pod or self.pod == pod) and (self.log_text is log_text or self.log_text == log_text) \
-            and self.job_created == job_created and self.builtin == builtin
+        return (
+            (self.pod is pod or self.pod == pod)
+            and (self.log_text is log_text or self.log_text == log_text)
+            and self.job_created == job_created
+            and self.builtin == builtin
+        )
 
-    def points_for(self, pod: dict, ready: dict, inputs: EpisodeInputs
-                   ) -> tuple[dict[str, Point | None], dict[str, tuple[float, float] | None]] | None:
+    def points_for(
+        self, pod: dict, ready: dict, inputs: EpisodeInputs
+    ) -> tuple[dict[str, Point | None], dict[str, tuple[float, float] | None]] | None:
         """Its points and phases for these final inputs, if made from the same pod and log (None: to
         be made again). What else the pod was created after (an earlier pod's end freeing its slot,
         known for certain only once every earlier pod has ended) bears on its creation alone: should
@@ -3233,14 +4091,26 @@ class EpisodeDraft(NamedTuple):
         if inputs._replace(created_after=None) != self.inputs._replace(created_after=None):
             return None
         seen = (inputs.observed or {}).get("seen") or {}
-        points = dict(self.points, pod_created=pod_created_point(creation_stamp(pod), seen, inputs.created_event_at,
-                                                                 inputs.created_after, inputs.clocks))
+        points = dict(
+            self.points,
+            pod_created=pod_created_point(
+                creation_stamp(pod),
+                seen,
+                inputs.created_event_at,
+                inputs.created_after,
+                inputs.clocks,
+            ),
+        )
         return points, phase_durations(points)
 
 
 def nested_copy(value: Any) -> Any:
     """A copy of dicts of dicts (and tuples) that later changes to the original leave alone."""
-    return {key: nested_copy(item) for key, item in value.items()} if isinstance(value, dict) else value
+    return (
+        {key: nested_copy(item) for key, item in value.items()}
+        if isinstance(value, dict)
+        else value
+    )
 
 
 class EpisodeDrafts:
@@ -3273,8 +4143,14 @@ class EpisodeDrafts:
                 if reason not in known or named[0] < known[reason][0]:
                     known[reason] = named
 
-    def draft(self, pod: dict, log_text: str, job: dict | None, job_observed: dict[str, float],
-              observed: dict | None) -> None:
+    def draft(
+        self,
+        pod: dict,
+        log_text: str,
+        job: dict | None,
+        job_observed: dict[str, float],
+        observed: dict | None,
+    ) -> None:
         """Summarise one ended episode now; one that fails verification is left to the final pass,
         which says why."""
         name = pod_name(pod)
@@ -3282,28 +4158,50 @@ class EpisodeDrafts:
         if job_created is None or (pod.get("status") or {}).get("phase") != "Succeeded":
             return
         try:
-            ready, reward = verify_episode(pod, parse_events(log_text.splitlines()), job_created, self.builtin)
+            ready, reward = verify_episode(
+                pod, parse_events(log_text.splitlines()), job_created, self.builtin
+            )
         except VerificationError:
             self.drafts.pop(name, None)
             return
         assert job is not None  # it has a creationTimestamp
         earliest = job_creation(job, job_observed, 0.0, 0.0).earliest
-        inputs = EpisodeInputs(self.scheduled.get(name), nested_copy(observed), nested_copy(self.kubelet.get(name)),
-                               self.creations.get(name), EpisodeClocks(),
-                               lower(earliest, "the Job's creation", REFERENCE_CLOCK))
+        inputs = EpisodeInputs(
+            self.scheduled.get(name),
+            nested_copy(observed),
+            nested_copy(self.kubelet.get(name)),
+            self.creations.get(name),
+            EpisodeClocks(),
+            lower(earliest, "the Job's creation", REFERENCE_CLOCK),
+        )
         points = episode_points(pod, ready, reward, *inputs)
-        self.drafts[name] = EpisodeDraft(pod, log_text, job_created, self.builtin, ready, reward,
-                                         pod_row(pod, ready, reward, job_created), inputs, points,
-                                         phase_durations(points))
+        self.drafts[name] = EpisodeDraft(
+            pod,
+            log_text,
+            job_created,
+            self.builtin,
+            ready,
+            reward,
+            pod_row(pod, ready, reward, job_created),
+            inputs,
+            points,
+            phase_durations(points),
+        )
 
 
 @cycle_collector_paused()
-def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
-                    events: Sequence[dict], count: int, builtin: bool = True,
-                    client_observed_at: float | None = None,
-                    observed: dict[str, dict] | None = None,
-                    failed: Sequence[tuple[dict | None, dict]] = (),
-                    drafts: Mapping[str, EpisodeDraft] | None = None) -> BatchSummary:
+def summarise_batch(
+    job: dict,
+    pods: Sequence[dict],
+    logs: dict[str, str],
+    events: Sequence[dict],
+    count: int,
+    builtin: bool = True,
+    client_observed_at: float | None = None,
+    observed: dict[str, dict] | None = None,
+    failed: Sequence[tuple[dict | None, dict]] = (),
+    drafts: Mapping[str, EpisodeDraft] | None = None,
+) -> BatchSummary:
     """Verify one batch and compute its figures and its phase breakdown; pure. `failed`: the
     accepted failures, (final pod or None, rewards row), placed as far as they got, from the
     same sources and clocks, for the timeline; no figure counts them. `drafts`: episodes
@@ -3321,61 +4219,117 @@ def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
     observed_pods, job_observed = split_observed(observed)
     clocks = clock_offsets(job, pods, events, observed_pods, job_observed, kubelet, scheduled)
     client_offset = clocks["client"]["offset_seconds"]
-    job_created_point = job_creation(job, job_observed, client_offset, clocks["client"]["correction_slack_seconds"])
+    job_created_point = job_creation(
+        job, job_observed, client_offset, clocks["client"]["correction_slack_seconds"]
+    )
 
     # Each node's clocks once, not each pod's: its pods share them.
     client_only = EpisodeClocks(client_offset, clocks["client"]["correction_slack_seconds"])
-    node_clocks = {node: client_only._replace(node=entry.get("offset_seconds") or 0.0,
-                                              node_slack=entry.get("correction_slack_seconds") or 0.0)
-                   for node, entry in clocks["nodes"].items() if entry}
+    node_clocks = {
+        node: client_only._replace(
+            node=entry.get("offset_seconds") or 0.0,
+            node_slack=entry.get("correction_slack_seconds") or 0.0,
+        )
+        for node, entry in clocks["nodes"].items()
+        if entry
+    }
 
     def clocks_of(pod: dict) -> EpisodeClocks:
         return node_clocks.get((pod.get("spec") or {}).get("nodeName") or "", client_only)
 
     job_spec = job.get("spec") or {}
-    slots = slots_freed(episodes, clocks_of, creations, observed_pods, job_created_point.earliest,
-                        int(job_spec.get("parallelism") or 1),
-                        job_spec.get("podReplacementPolicy") != "Failed") if len(pods) == count else {}
+    slots = (
+        slots_freed(
+            episodes,
+            clocks_of,
+            creations,
+            observed_pods,
+            job_created_point.earliest,
+            int(job_spec.get("parallelism") or 1),
+            job_spec.get("podReplacementPolicy") != "Failed",
+        )
+        if len(pods) == count
+        else {}
+    )
     rows, records, durations = [], [], []
     drafts_taken = 0
     for pod, ready, reward in episodes:
         name = pod_name(pod)
         created = parse_time(pod["metadata"]["creationTimestamp"])
-        created_after = max([lower(job_created_point.earliest, "the Job's creation", REFERENCE_CLOCK),
-                             lower(slots.get(name), "an earlier pod's end freeing its slot", REFERENCE_CLOCK)],
-                            key=lambda bound: -math.inf if bound is None or bound.lower is None else bound.lower)
-        inputs = EpisodeInputs(scheduled.get(name), observed_pods.get(name), kubelet.get(name), creations.get(name),
-                               clocks_of(pod), created_after)
+        created_after = max(
+            [
+                lower(job_created_point.earliest, "the Job's creation", REFERENCE_CLOCK),
+                lower(slots.get(name), "an earlier pod's end freeing its slot", REFERENCE_CLOCK),
+            ],
+            key=lambda bound: -math.inf if bound is None or bound.lower is None else bound.lower,
+        )
+        inputs = EpisodeInputs(
+            scheduled.get(name),
+            observed_pods.get(name),
+            kubelet.get(name),
+            creations.get(name),
+            clocks_of(pod),
+            created_after,
+        )
         draft = drafts.get(name)
         drafted = None if draft is None else draft.points_for(pod, ready, inputs)
         if drafted is not None and draft is not None:
             drafts_taken += 1
             points, episode_phases = drafted
-            rows.append(draft.row if draft.job_created == job_created else pod_row(pod, ready, reward, job_created))
+            rows.append(
+                draft.row
+                if draft.job_created == job_created
+                else pod_row(pod, ready, reward, job_created)
+            )
         else:
             points = episode_points(pod, ready, reward, *inputs)
             episode_phases = phase_durations(points)
             rows.append(pod_row(pod, ready, reward, job_created))
         durations.append(episode_phases)
-        records.append({"pod": name, "points": points, "phases": episode_phases, "image_cache": cache.get(name),
-                        "runtime_class": (pod.get("spec") or {}).get("runtimeClassName"),
-                        "index": None if pod_index(pod) is None else str(pod_index(pod)),
-                        "image": container_image(pod), "image_pull": pulls.get(name),
-                        "guide_pod_to_ready": ready["at"] - created})
+        records.append(
+            {
+                "pod": name,
+                "points": points,
+                "phases": episode_phases,
+                "image_cache": cache.get(name),
+                "runtime_class": (pod.get("spec") or {}).get("runtimeClassName"),
+                "index": None if pod_index(pod) is None else str(pod_index(pod)),
+                "image": container_image(pod),
+                "image_pull": pulls.get(name),
+                "guide_pod_to_ready": ready["at"] - created,
+            }
+        )
     failed_records = []
     for failed_pod, row in failed:
         points = {point: None for point in POINTS}
         if failed_pod is not None:
             failed_name = pod_name(failed_pod)
             log_events = parse_events(logs.get(failed_name, "").splitlines())
-            ready, reward = (next((e for e in log_events if e["event"] == name), {}) for name in ("ready", "reward"))
-            points = episode_points(failed_pod, ready, reward, scheduled.get(failed_name),
-                                    observed_pods.get(failed_name), kubelet.get(failed_name),
-                                    creations.get(failed_name), clocks_of(failed_pod),
-                                    lower(job_created_point.earliest, "the Job's creation", REFERENCE_CLOCK))
-        failed_records.append({"pod": row["pod"], "points": points, "phases": phase_durations(points),
-                               "index": row["index"], "failure_class": row["failure_class"],
-                               "failure": row["failure"]})
+            ready, reward = (
+                next((e for e in log_events if e["event"] == name), {})
+                for name in ("ready", "reward")
+            )
+            points = episode_points(
+                failed_pod,
+                ready,
+                reward,
+                scheduled.get(failed_name),
+                observed_pods.get(failed_name),
+                kubelet.get(failed_name),
+                creations.get(failed_name),
+                clocks_of(failed_pod),
+                lower(job_created_point.earliest, "the Job's creation", REFERENCE_CLOCK),
+            )
+        failed_records.append(
+            {
+                "pod": row["pod"],
+                "points": points,
+                "phases": phase_durations(points),
+                "index": row["index"],
+                "failure_class": row["failure_class"],
+                "failure": row["failure"],
+            }
+        )
     phases = phase_summary(durations)
     guide = describe([record["guide_pod_to_ready"] for record in records])
     rewards = [r["reward"] for r in rows]
@@ -3405,8 +4359,14 @@ def summarise_batch(job: dict, pods: Sequence[dict], logs: dict[str, str],
     }
     # The Job may first have existed before the create call returned (its pods can be created
     # before): the timeline marks that moment on its axis, which starts at job_created.
-    return BatchSummary(figures, records, job_created, job_created_point.earliest or job_created, failed_records,
-                        drafts_taken=drafts_taken)
+    return BatchSummary(
+        figures,
+        records,
+        job_created,
+        job_created_point.earliest or job_created,
+        failed_records,
+        drafts_taken=drafts_taken,
+    )
 
 
 # --------------------------------------------------------------------------
@@ -3438,11 +4398,23 @@ def image_figures(records: Sequence[dict], rows: Sequence[dict] = ()) -> dict[st
     for image in list(by_image) + [image for image in attempted if image not in by_image]:
         summarised = by_image.get(image, [])
         pulled = [record for record in summarised if record.get("image_cache") == "pulled"]
-        pull = describe([record["phases"]["image_pull"][0] for record in pulled
-                         if (record["phases"] or {}).get("image_pull") is not None])
-        reports = [record["image_pull"] for record in summarised if record.get("image_pull") is not None]
-        waiting = describe([report.waiting_seconds for report in reports
-                            if report.pulled and report.waiting_seconds is not None])
+        pull = describe(
+            [
+                record["phases"]["image_pull"][0]
+                for record in pulled
+                if (record["phases"] or {}).get("image_pull") is not None
+            ]
+        )
+        reports = [
+            record["image_pull"] for record in summarised if record.get("image_pull") is not None
+        ]
+        waiting = describe(
+            [
+                report.waiting_seconds
+                for report in reports
+                if report.pulled and report.waiting_seconds is not None
+            ]
+        )
         sizes = [report.size_bytes for report in reports if report.size_bytes is not None]
         entry: dict[str, Any] = {
             "episodes": len(attempted[image]) if rows else len(summarised),
@@ -3466,16 +4438,28 @@ def episodes_csv(batches: Sequence[tuple[str, BatchSummary]]) -> str:
     `index` (the completion index) is there for an Indexed Job; a default run's pods have none."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    indexed = any(record.get("index") is not None for _, summary in batches for record in summary.episodes)
-    writer.writerow(["batch", "pod", *(["index"] if indexed else []), "node", "reward", "image_cache", "runtime_class"]
-                    + [f"{p}_after_job_seconds" for p in POINTS]
-                    + [f"{p}_precision_seconds" for p in POINTS]
-                    + [f"{phase}_seconds" for phase in PHASES]
-                    + [f"{p}_at" for p in POINTS]
-                    + [f"{p}_source" for p in POINTS]
-                    + [f"{p}_clock" for p in POINTS]
-                    + [f"{phase}_precision_seconds" for phase in PHASES]
-                    + ["image", "image_pull_waiting_seconds", "image_pull_kubelet_seconds", "image_size_bytes"])
+    indexed = any(
+        record.get("index") is not None for _, summary in batches for record in summary.episodes
+    )
+    writer.writerow(
+        [
+            "batch",
+            "pod",
+            *(["index"] if indexed else []),
+            "node",
+            "reward",
+            "image_cache",
+            "runtime_class",
+        ]
+        + [f"{p}_after_job_seconds" for p in POINTS]
+        + [f"{p}_precision_seconds" for p in POINTS]
+        + [f"{phase}_seconds" for phase in PHASES]
+        + [f"{p}_at" for p in POINTS]
+        + [f"{p}_source" for p in POINTS]
+        + [f"{p}_clock" for p in POINTS]
+        + [f"{phase}_precision_seconds" for phase in PHASES]
+        + ["image", "image_pull_waiting_seconds", "image_pull_kubelet_seconds", "image_size_bytes"]
+    )
     for batch_name, summary in batches:
         rows = {row["pod"]: row for row in summary.figures["pods"]}
         job_created = summary.job_created
@@ -3484,9 +4468,15 @@ def episodes_csv(batches: Sequence[tuple[str, BatchSummary]]) -> str:
             points = [record["points"][p] for p in POINTS]
             phases = [record["phases"][ph] for ph in PHASES]
             writer.writerow(
-                [batch_name, record["pod"], *([record["index"] or ""] if indexed else []), row["node"] or "",
-                 row["reward"],
-                 record.get("image_cache") or "", record.get("runtime_class") or ""]
+                [
+                    batch_name,
+                    record["pod"],
+                    *([record["index"] or ""] if indexed else []),
+                    row["node"] or "",
+                    row["reward"],
+                    record.get("image_cache") or "",
+                    record.get("runtime_class") or "",
+                ]
                 + ["" if point is None else f"{point[0] - job_created:.6f}" for point in points]
                 + ["" if point is None else f"{point[1]:.6g}" for point in points]
                 + ["" if phase is None else f"{phase[0]:.6f}" for phase in phases]
@@ -3494,7 +4484,8 @@ def episodes_csv(batches: Sequence[tuple[str, BatchSummary]]) -> str:
                 + ["" if point is None else getattr(point, "source", "") for point in points]
                 + ["" if point is None else getattr(point, "clock", "") for point in points]
                 + ["" if phase is None else f"{phase[1]:.6g}" for phase in phases]
-                + image_columns(record))
+                + image_columns(record)
+            )
     return out.getvalue()
 
 
@@ -3509,8 +4500,12 @@ def image_columns(record: dict) -> list[str]:
         return [record.get("image") or "", "", "", ""]
     if not pull.pulled:  # present: no pull, so no wait
         return [record.get("image") or "", number(0.0), number(0.0), ""]
-    return [record.get("image") or "", number(pull.waiting_seconds), number(pull.pull_seconds),
-            "" if pull.size_bytes is None else str(pull.size_bytes)]
+    return [
+        record.get("image") or "",
+        number(pull.waiting_seconds),
+        number(pull.pull_seconds),
+        "" if pull.size_bytes is None else str(pull.size_bytes),
+    ]
 
 
 def nice_step(span: float, ticks: int = 8) -> float:
@@ -3526,8 +4521,11 @@ def nice_step(span: float, ticks: int = 8) -> float:
 def timeline_title(settings: Settings) -> str:
     """What the timeline shows: its episodes in all, and in how many rounds."""
     count, rounds = settings.count, settings.rounds
-    episodes = plural(count, "episode") if rounds == 1 else \
-        f"{rounds} rounds of {plural(count, 'episode')} ({rounds * count} in all)"
+    episodes = (
+        plural(count, "episode")
+        if rounds == 1
+        else f"{rounds} rounds of {plural(count, 'episode')} ({rounds * count} in all)"
+    )
     return f"{episodes}, parallelism {settings.parallelism}, runtime {settings.runtime}"
 
 
@@ -3538,9 +4536,17 @@ TIME_AXIS = "seconds after the Job's creationTimestamp (its whole second, as res
 def timeline_svg(batches: Sequence[tuple[str, BatchSummary]], title: str) -> str:
     """One bar per episode on a shared axis from its Job's creationTimestamp, coloured by phase."""
     # Bars in the order the pods were created, each batch from its Job's creationTimestamp.
-    episodes = [(summary.job_created, record) for _, summary in batches
-                for record in sorted(summary.episodes + summary.failed, key=lambda r: (
-                    r["points"]["pod_created"][0] if r["points"].get("pod_created") else math.inf, r["pod"] or ""))]
+    episodes = [
+        (summary.job_created, record)
+        for _, summary in batches
+        for record in sorted(
+            summary.episodes + summary.failed,
+            key=lambda r: (
+                r["points"]["pod_created"][0] if r["points"].get("pod_created") else math.inf,
+                r["pod"] or "",
+            ),
+        )
+    ]
     count = len(episodes)
     row_height = 18 if count <= 40 else max(3, min(12, 720 // max(count, 1)))
     labels = row_height >= 10
@@ -3550,8 +4556,15 @@ def timeline_svg(batches: Sequence[tuple[str, BatchSummary]], title: str) -> str
     legend_parts, legend_last_row = timeline_legend(left, width - right)
     top = legend_last_row + 38
     height = top + row_height * count + 80
-    span = max([point[0] - origin for origin, record in episodes
-                for point in record["points"].values() if point is not None] + [1.0])
+    span = max(
+        [
+            point[0] - origin
+            for origin, record in episodes
+            for point in record["points"].values()
+            if point is not None
+        ]
+        + [1.0]
+    )
     step = nice_step(span)
     axis_end = math.ceil(span / step) * step
 
@@ -3571,35 +4584,48 @@ def timeline_svg(batches: Sequence[tuple[str, BatchSummary]], title: str) -> str
     tick = 0.0
     while tick <= axis_end + 1e-9:
         tx = x(tick)
-        parts.append(f'<line x1="{tx:.1f}" y1="{top - 4}" x2="{tx:.1f}" y2="{axis_y}" stroke="#e5e5e5"/>')
+        parts.append(
+            f'<line x1="{tx:.1f}" y1="{top - 4}" x2="{tx:.1f}" y2="{axis_y}" stroke="#e5e5e5"/>'
+        )
         parts.append(f'<text x="{tx:.1f}" y="{axis_y + 16}" text-anchor="middle">{tick:g}</text>')
         tick += step
-    parts.append(f'<line x1="{left}" y1="{axis_y}" x2="{left + plot_width}" y2="{axis_y}" stroke="black"/>')
-    parts.append(f'<text x="{left + plot_width / 2:.0f}" y="{axis_y + 36}" text-anchor="middle">'
-                 f'{html_escape(TIME_AXIS)}</text>')
+    parts.append(
+        f'<line x1="{left}" y1="{axis_y}" x2="{left + plot_width}" y2="{axis_y}" stroke="black"/>'
+    )
+    parts.append(
+        f'<text x="{left + plot_width / 2:.0f}" y="{axis_y + 36}" text-anchor="middle">'
+        f"{html_escape(TIME_AXIS)}</text>"
+    )
     if len(batches) == 1 and batches[0][1].origin > batches[0][1].job_created:
         # Where the Job may first have existed: its stamp only names the second it began in.
         summary = batches[0][1]
         created_x = x(summary.origin - summary.job_created)
-        parts.append(f'<line x1="{created_x:.1f}" y1="{top - 4}" x2="{created_x:.1f}" y2="{axis_y}" '
-                     f'stroke="#888" stroke-dasharray="4 3"><title>the Job created, at the earliest: '
-                     f'{summary.origin - summary.job_created:.3f} s</title></line>')
+        parts.append(
+            f'<line x1="{created_x:.1f}" y1="{top - 4}" x2="{created_x:.1f}" y2="{axis_y}" '
+            f'stroke="#888" stroke-dasharray="4 3"><title>the Job created, at the earliest: '
+            f"{summary.origin - summary.job_created:.3f} s</title></line>"
+        )
     if not labels:
-        parts.append(f'<text x="{left - 12}" y="{top + row_height * count / 2:.0f}" text-anchor="middle" '
-                     f'transform="rotate(-90 {left - 12} {top + row_height * count / 2:.0f})">'
-                     f'{count} episodes, one row each</text>')
+        parts.append(
+            f'<text x="{left - 12}" y="{top + row_height * count / 2:.0f}" text-anchor="middle" '
+            f'transform="rotate(-90 {left - 12} {top + row_height * count / 2:.0f})">'
+            f"{count} episodes, one row each</text>"
+        )
     for row, (origin, record) in enumerate(episodes):
         y = top + row * row_height
         failed = "failure_class" in record
         if labels:
             # A pod's name starts with its Job's: it names the round too.
             label = record["pod"] or f"episode {record['index']}: no pod"
-            parts.append(f'<text x="{left - 6}" y="{y + row_height * 0.7:.1f}" text-anchor="end" font-size="11"'
-                         f'{FAILED_FILL if failed else ""}>{html_escape(label[-26:])}</text>')
-        # Each lambda is called before the loop moves on, so it sees this batch's origin.
-        parts += timeline_bars(record, lambda moment: x(moment - origin), y, row_height)  # noqa: B023
+            parts.append(
+                f'<text x="{left - 6}" y="{y + row_height * 0.7:.1f}" text-anchor="end" font-size="11"'
+                f"{FAILED_FILL if failed else ''}>{html_escape(label[-26:])}</text>"
+            )
+        # Called before the loop moves on, so it sees this batch's origin.
+        at = lambda moment: x(moment - origin)  # noqa: B023, E731
+        parts += timeline_bars(record, at, y, row_height)
         if failed:
-            parts.append(failed_marker(record, lambda moment: x(moment - origin), left, y, row_height))  # noqa: B023
+            parts.append(failed_marker(record, at, left, y, row_height))
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
 
@@ -3609,21 +4635,31 @@ GAP_MEANING = "gap: a point not reported (e.g. by an episode script) or not meas
 FAILED_MEANING = "\u2715 failed (or cancelled) episode, drawn as far as it got"
 
 
-def failed_marker(record: dict, x: Callable[[float], float], left: int, y: int, row_height: int) -> str:
+def failed_marker(
+    record: dict, x: Callable[[float], float], left: int, y: int, row_height: int
+) -> str:
     """A failed episode's mark after the last point it reached (at the axis start if none), its
     class and why in the tooltip."""
     reached = [point[0] for point in record["points"].values() if point is not None]
     at = x(max(reached)) if reached else float(left)
     who = record["pod"] or f"episode {record['index']}"
-    what = "cancelled" if record["failure_class"] == CANCELLED else f"failed ({record['failure_class']})"
+    what = (
+        "cancelled"
+        if record["failure_class"] == CANCELLED
+        else f"failed ({record['failure_class']})"
+    )
     why = f"{who} {what}: {record['failure']}"
-    return (f'<text x="{at + 2:.1f}" y="{y + row_height * 0.8:.1f}" font-size="{min(12, row_height + 2)}"'
-            f'{FAILED_FILL}>\u2715<title>{html_escape(why)}</title></text>')
+    return (
+        f'<text x="{at + 2:.1f}" y="{y + row_height * 0.8:.1f}" font-size="{min(12, row_height + 2)}"'
+        f"{FAILED_FILL}>\u2715<title>{html_escape(why)}</title></text>"
+    )
 
 
 def timeline_legend(left: int, right_edge: int) -> tuple[list[str], int]:
     """The timeline's legend, one swatch per phase, wrapped at `right_edge`; and its last row's y."""
-    legend = [(phase.replace("_", " "), f'fill="{colour}"') for phase, colour in PHASE_COLOURS.items()]
+    legend = [
+        (phase.replace("_", " "), f'fill="{colour}"') for phase, colour in PHASE_COLOURS.items()
+    ]
     legend.append(("split below its precision", 'fill="url(#unsplit)"'))
     legend.append((FAILED_MEANING, FAILED_FILL.strip()))
     legend.append((GAP_MEANING, 'fill="white" stroke="#999"'))
@@ -3666,7 +4702,8 @@ def timeline_bars(record: dict, x: Callable[[float], float], y: int, row_height:
         parts.append(
             f'<rect x="{x0:.2f}" y="{y + bar_gap}" width="{x1 - x0:.2f}" '
             f'height="{row_height - 2 * bar_gap}" fill="{fill}"><title>{html_escape(record["pod"])} '
-            f'{names}: {finish - begin:.3f} s</title></rect>')
+            f"{names}: {finish - begin:.3f} s</title></rect>"
+        )
         cursor, unsplit = finish, []
     return parts
 
@@ -3685,7 +4722,9 @@ RAMP_COLOURS = {
     "container_finished": "#1d1d1d",
     "reward_delivered": "#d62828",
 }
-CDF_COLOURS = dict(PHASE_COLOURS, pod_to_ready="#d62828", pod_to_reward="#1d1d1d", image_pull="#b5651d")
+CDF_COLOURS = dict(
+    PHASE_COLOURS, pod_to_ready="#d62828", pod_to_reward="#1d1d1d", image_pull="#b5651d"
+)
 
 
 def thinned(values: Sequence[float], steps: int = CHART_STEPS) -> list[tuple[float, int]]:
@@ -3699,9 +4738,16 @@ def thinned(values: Sequence[float], steps: int = CHART_STEPS) -> list[tuple[flo
     return [(ordered[rank - 1], rank) for rank in ranks]
 
 
-def chart_svg(title: str, subtitle: str, series: Sequence[tuple[str, str, list[tuple[float, float]], bool, str]],
-              x_label: str, y_label: str, y_max: float, y_ticks: Sequence[tuple[float, str]],
-              x_min: float = 0.0) -> str:
+def chart_svg(
+    title: str,
+    subtitle: str,
+    series: Sequence[tuple[str, str, list[tuple[float, float]], bool, str]],
+    x_label: str,
+    y_label: str,
+    y_max: float,
+    y_ticks: Sequence[tuple[float, str]],
+    x_min: float = 0.0,
+) -> str:
     """Step lines on shared axes; each series is (legend text, colour, [(x, y)] rising in x, bold?, tooltip)."""
     width, height = 1000, 560
     left, right, top, bottom = 70, 270, 56, 60
@@ -3726,23 +4772,41 @@ def chart_svg(title: str, subtitle: str, series: Sequence[tuple[str, str, list[t
     ]
     tick = axis_start
     while tick <= axis_end + 1e-9:
-        parts.append(f'<line x1="{sx(tick):.1f}" y1="{top}" x2="{sx(tick):.1f}" y2="{top + plot_h}" stroke="#e5e5e5"/>')
-        parts.append(f'<text x="{sx(tick):.1f}" y="{top + plot_h + 16}" text-anchor="middle">{tick:g}</text>')
+        parts.append(
+            f'<line x1="{sx(tick):.1f}" y1="{top}" x2="{sx(tick):.1f}" y2="{top + plot_h}" stroke="#e5e5e5"/>'
+        )
+        parts.append(
+            f'<text x="{sx(tick):.1f}" y="{top + plot_h + 16}" text-anchor="middle">{tick:g}</text>'
+        )
         tick += step
     for value, text in y_ticks:
-        parts.append(f'<line x1="{left}" y1="{sy(value):.1f}" x2="{left + plot_w}" y2="{sy(value):.1f}" '
-                     f'stroke="#e5e5e5"/>')
-        parts.append(f'<text x="{left - 6}" y="{sy(value) + 4:.1f}" text-anchor="end">{html_escape(text)}</text>')
-    parts.append(f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="black"/>')
-    parts.append(f'<text x="{left + plot_w / 2:.0f}" y="{height - 18}" text-anchor="middle">'
-                 f'{html_escape(x_label)}</text>')
-    parts.append(f'<text x="16" y="{top + plot_h / 2:.0f}" text-anchor="middle" '
-                 f'transform="rotate(-90 16 {top + plot_h / 2:.0f})">{html_escape(y_label)}</text>')
+        parts.append(
+            f'<line x1="{left}" y1="{sy(value):.1f}" x2="{left + plot_w}" y2="{sy(value):.1f}" '
+            f'stroke="#e5e5e5"/>'
+        )
+        parts.append(
+            f'<text x="{left - 6}" y="{sy(value) + 4:.1f}" text-anchor="end">{html_escape(text)}</text>'
+        )
+    parts.append(
+        f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="black"/>'
+    )
+    parts.append(
+        f'<text x="{left + plot_w / 2:.0f}" y="{height - 18}" text-anchor="middle">'
+        f"{html_escape(x_label)}</text>"
+    )
+    parts.append(
+        f'<text x="16" y="{top + plot_h / 2:.0f}" text-anchor="middle" '
+        f'transform="rotate(-90 16 {top + plot_h / 2:.0f})">{html_escape(y_label)}</text>'
+    )
     for index, (label, colour, _, bold, _) in enumerate(series):
         legend_y = top + 8 + 20 * index
-        parts.append(f'<line x1="{left + plot_w + 14}" y1="{legend_y}" x2="{left + plot_w + 38}" y2="{legend_y}" '
-                     f'stroke="{colour}" stroke-width="{3 if bold else 2}"/>')
-        parts.append(f'<text x="{left + plot_w + 44}" y="{legend_y + 4}">{html_escape(label)}</text>')
+        parts.append(
+            f'<line x1="{left + plot_w + 14}" y1="{legend_y}" x2="{left + plot_w + 38}" y2="{legend_y}" '
+            f'stroke="{colour}" stroke-width="{3 if bold else 2}"/>'
+        )
+        parts.append(
+            f'<text x="{left + plot_w + 44}" y="{legend_y + 4}">{html_escape(label)}</text>'
+        )
     # The bold line is drawn last, so no other hides it.
     for _, colour, points, bold, tooltip in sorted(series, key=lambda line: line[3]):
         if not points:
@@ -3750,48 +4814,77 @@ def chart_svg(title: str, subtitle: str, series: Sequence[tuple[str, str, list[t
         path = [f"M{sx(points[0][0]):.1f},{sy(0):.1f}"]
         previous_y = 0.0
         for x_value, y_value in points:
-            path.append(f"L{sx(x_value):.1f},{sy(previous_y):.1f}L{sx(x_value):.1f},{sy(y_value):.1f}")
+            path.append(
+                f"L{sx(x_value):.1f},{sy(previous_y):.1f}L{sx(x_value):.1f},{sy(y_value):.1f}"
+            )
             previous_y = y_value
-        parts.append(f'<path d="{"".join(path)}" fill="none" stroke="{colour}" '
-                     f'stroke-width="{2.5 if bold else 1.5}"><title>{html_escape(tooltip)}</title></path>')
+        parts.append(
+            f'<path d="{"".join(path)}" fill="none" stroke="{colour}" '
+            f'stroke-width="{2.5 if bold else 1.5}"><title>{html_escape(tooltip)}</title></path>'
+        )
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
 
 
-def ramp_svg(batches: Sequence[tuple[str, BatchSummary]], title: str, figures: dict | None = None) -> str:
+def ramp_svg(
+    batches: Sequence[tuple[str, BatchSummary]], title: str, figures: dict | None = None
+) -> str:
     """How many pods had been created, scheduled, ... finished, over time from their Job's
     creationTimestamp (as the timeline counts); `figures`: the batches' throughput, when already computed."""
-    records = [(summary.job_created, record) for _, summary in batches for record in summary.episodes]
+    records = [
+        (summary.job_created, record) for _, summary in batches for record in summary.episodes
+    ]
     total = len(records)
     series = []
     for point in RAMP_POINTS:
-        moments = [record["points"][point][0] - origin for origin, record in records if record["points"].get(point)]
+        moments = [
+            record["points"][point][0] - origin
+            for origin, record in records
+            if record["points"].get(point)
+        ]
         known = "" if len(moments) == total else f" ({len(moments)} known)"
-        series.append((f"{point.replace('_', ' ')}{known}", RAMP_COLOURS[point],
-                       [(x, float(n)) for x, n in thinned(moments)], point == "ready",
-                       f"{point}: {plural(len(moments), 'episode')}"))
-    delivered = [moment - summary.job_created for _, summary in batches for moment in summary.deliveries]
+        series.append(
+            (
+                f"{point.replace('_', ' ')}{known}",
+                RAMP_COLOURS[point],
+                [(x, float(n)) for x, n in thinned(moments)],
+                point == "ready",
+                f"{point}: {plural(len(moments), 'episode')}",
+            )
+        )
+    delivered = [
+        moment - summary.job_created for _, summary in batches for moment in summary.deliveries
+    ]
     if delivered:
         # A rollout's successful rewards as they reached rewards.jsonl (the client's clock).
-        series.append(("reward in rewards.jsonl", RAMP_COLOURS["reward_delivered"],
-                       [(x, float(n)) for x, n in thinned(delivered)], True,
-                       f"rewards delivered: {len(delivered)} lines"))
+        series.append(
+            (
+                "reward in rewards.jsonl",
+                RAMP_COLOURS["reward_delivered"],
+                [(x, float(n)) for x, n in thinned(delivered)],
+                True,
+                f"rewards delivered: {len(delivered)} lines",
+            )
+        )
     figures = figures if figures is not None else throughput(batches)
     failed = sum(len(summary.failed) for _, summary in batches)
     left_out = f" ({failed} failed or cancelled, not counted)" if failed else ""
-    subtitle = (f"{plural(total, 'episode')}{left_out}; pods created "
-                f"{figures['pods_created_per_second'] or '-'}/s; sandboxes ready "
-                f"{figures['sandboxes_ready_per_second_mean'] or '-'}/s mean, "
-                f"{figures['sandboxes_ready_per_second_peak'] or '-'} in the busiest second; "
-                f"at most {plural(figures['max_episodes_running_at_once'] or None, 'episode')} running at once")
+    subtitle = (
+        f"{plural(total, 'episode')}{left_out}; pods created "
+        f"{figures['pods_created_per_second'] or '-'}/s; sandboxes ready "
+        f"{figures['sandboxes_ready_per_second_mean'] or '-'}/s mean, "
+        f"{figures['sandboxes_ready_per_second_peak'] or '-'} in the busiest second; "
+        f"at most {plural(figures['max_episodes_running_at_once'] or None, 'episode')} running at once"
+    )
     y_step = nice_step(max(total, 1), ticks=5)
     ticks = []
     value = 0.0
     while value <= total + 1e-9:
         ticks.append((value, f"{value:g}"))
         value += y_step
-    return chart_svg(title, subtitle, series, TIME_AXIS, "episodes (cumulative)",
-                     max(total, 1), ticks)
+    return chart_svg(
+        title, subtitle, series, TIME_AXIS, "episodes (cumulative)", max(total, 1), ticks
+    )
 
 
 def cdf_svg(batches: Sequence[tuple[str, BatchSummary]], title: str) -> str:
@@ -3799,41 +4892,72 @@ def cdf_svg(batches: Sequence[tuple[str, BatchSummary]], title: str) -> str:
     records = [record for _, summary in batches for record in summary.episodes]
     series, lowest = [], 0.0
     for phase in PHASES:
-        values = [record["phases"][phase][0] for record in records if record["phases"].get(phase) is not None]
+        values = [
+            record["phases"][phase][0]
+            for record in records
+            if record["phases"].get(phase) is not None
+        ]
         if values:
             lowest = min(lowest, min(values))
             p50, p95 = percentile(values, 0.5), percentile(values, 0.95)
             label = f"{phase.replace('_', ' ')}  {p50:.2f} / {p95:.2f}"
         else:
             label = f"{phase.replace('_', ' ')}: no samples"
-        series.append((label, CDF_COLOURS[phase],
-                       [(x, n / len(values)) for x, n in thinned(values)], phase == "pod_to_ready",
-                       f"{phase}: {plural(len(values), 'episode')}"))
+        series.append(
+            (
+                label,
+                CDF_COLOURS[phase],
+                [(x, n / len(values)) for x, n in thinned(values)],
+                phase == "pod_to_ready",
+                f"{phase}: {plural(len(values), 'episode')}",
+            )
+        )
     ticks = [(q / 4, f"{q * 25}%") for q in range(5)]
-    subtitle = (f"{plural(len(records), 'episode')}; each line: the share of episodes whose phase took at most "
-                f"x seconds; "
-                f"legend: P50 / P95 in seconds")
-    return chart_svg(title, subtitle, series, "seconds", "share of episodes", 1.0, ticks, x_min=lowest)
+    subtitle = (
+        f"{plural(len(records), 'episode')}; each line: the share of episodes whose phase took at most "
+        f"x seconds; "
+        f"legend: P50 / P95 in seconds"
+    )
+    return chart_svg(
+        title, subtitle, series, "seconds", "share of episodes", 1.0, ticks, x_min=lowest
+    )
 
 
-def timeline_sample(batches: Sequence[tuple[str, BatchSummary]],
-                    limit: int = TIMELINE_MAX_ROWS) -> tuple[list[tuple[str, BatchSummary]], str]:
+def timeline_sample(
+    batches: Sequence[tuple[str, BatchSummary]], limit: int = TIMELINE_MAX_ROWS
+) -> tuple[list[tuple[str, BatchSummary]], str]:
     """At most `limit` episodes for the timeline, evenly spread in order of pod creation, and a note saying so."""
     total = sum(len(summary.episodes) + len(summary.failed) for _, summary in batches)
     if total <= limit:
         return list(batches), ""
-    ordered = sorted(((name, summary, record) for name, summary in batches
-                      for record in summary.episodes + summary.failed),
-                     key=lambda item: ((item[2]["points"].get("pod_created") or (0.0,))[0],
-                                       (item[2]["points"].get("ready") or (0.0,))[0]))
+    ordered = sorted(
+        (
+            (name, summary, record)
+            for name, summary in batches
+            for record in summary.episodes + summary.failed
+        ),
+        key=lambda item: (
+            (item[2]["points"].get("pod_created") or (0.0,))[0],
+            (item[2]["points"].get("ready") or (0.0,))[0],
+        ),
+    )
     keep = {round(i * (total - 1) / (limit - 1)) for i in range(limit)}
     chosen: dict[str, list] = {}
     for index, (name, _, record) in enumerate(ordered):
         if index in keep:
             chosen.setdefault(name, []).append(record)
-    sampled = [(name, dataclasses.replace(summary, episodes=[r for r in chosen[name] if "failure_class" not in r],
-                                          failed=[r for r in chosen[name] if "failure_class" in r]))
-               for name, summary in batches if name in chosen]
+    sampled = [
+        (
+            name,
+            dataclasses.replace(
+                summary,
+                episodes=[r for r in chosen[name] if "failure_class" not in r],
+                failed=[r for r in chosen[name] if "failure_class" in r],
+            ),
+        )
+        for name, summary in batches
+        if name in chosen
+    ]
     return sampled, f" - {len(keep)} of {total} episodes, evenly spread in order of pod creation"
 
 
@@ -3850,12 +4974,16 @@ def printed_results(saved: dict) -> dict:
 
 def throughput_line(figures: dict) -> str:
     """The throughput figures in one line for the terminal."""
+
     def shown(value: Any) -> str:
         return "-" if value is None else f"{value:g}"
-    return (f"throughput: pods created {shown(figures.get('pods_created_per_second'))}/s, sandboxes ready "
-            f"{shown(figures.get('sandboxes_ready_per_second_mean'))}/s mean and "
-            f"{shown(figures.get('sandboxes_ready_per_second_peak'))} in the busiest second, "
-            f"at most {plural(figures.get('max_episodes_running_at_once'), 'episode')} running at once")
+
+    return (
+        f"throughput: pods created {shown(figures.get('pods_created_per_second'))}/s, sandboxes ready "
+        f"{shown(figures.get('sandboxes_ready_per_second_mean'))}/s mean and "
+        f"{shown(figures.get('sandboxes_ready_per_second_peak'))} in the busiest second, "
+        f"at most {plural(figures.get('max_episodes_running_at_once'), 'episode')} running at once"
+    )
 
 
 # The phase of the guide's name, measured between sharper points: named apart where printed.
@@ -3864,16 +4992,21 @@ SHARP_POD_TO_READY = "pod_to_ready (sharp)"
 
 def phase_table(phases: dict[str, dict]) -> str:
     """A plain-text table of the phase breakdown."""
-    lines = [f"{'phase':<24}{'p50':>8}{'p95':>8}{'p99':>8}{'max':>8}{'n':>6}{'missing':>9}  precision"]
+    lines = [
+        f"{'phase':<24}{'p50':>8}{'p95':>8}{'p99':>8}{'max':>8}{'n':>6}{'missing':>9}  precision"
+    ]
     for phase, entry in phases.items():
         label = SHARP_POD_TO_READY if phase == "pod_to_ready" else phase
         precision = entry.get("precision_seconds")
 
         def cell(key: str) -> str:  # called for this row only, before the loop moves on
             return f"{figure(entry.get(key), precision):>8}"  # noqa: B023
-        lines.append(f"{label:<24}{cell('p50')}{cell('p95')}{cell('p99')}{cell('max')}"
-                     f"{entry['samples']:>6}{entry['missing']:>9}  "
-                     f"{'-' if precision is None else f'{precision:.3g} s'}")
+
+        lines.append(
+            f"{label:<24}{cell('p50')}{cell('p95')}{cell('p99')}{cell('max')}"
+            f"{entry['samples']:>6}{entry['missing']:>9}  "
+            f"{'-' if precision is None else f'{precision:.3g} s'}"
+        )
     return "\n".join(lines)
 
 
@@ -3883,18 +5016,24 @@ def pod_to_ready_line(results: dict) -> str | None:
     guide = results.get("pod_to_ready_p50_seconds")
     if guide is None or sharp.get("p50") is None:
         return None
-    counted = " (failed episodes counted at the deadline)" if results.get("pod_to_ready_censored") else ""
-    return (f"pod_to_ready P50: {guide:.3f} s the guide's (from the pod's whole-second creationTimestamp; "
-            f"pod_to_ready_p50_seconds{counted})\n"
-            f"                  {figure(sharp['p50'], sharp.get('precision_seconds')):>5} s sharp (between the "
-            f"sharpest points; phases.pod_to_ready)")
+    counted = (
+        " (failed episodes counted at the deadline)" if results.get("pod_to_ready_censored") else ""
+    )
+    return (
+        f"pod_to_ready P50: {guide:.3f} s the guide's (from the pod's whole-second creationTimestamp; "
+        f"pod_to_ready_p50_seconds{counted})\n"
+        f"                  {figure(sharp['p50'], sharp.get('precision_seconds')):>5} s sharp (between the "
+        f"sharpest points; phases.pod_to_ready)"
+    )
 
 
 def phase_tables(results: dict) -> str:
     """The phase table and the two pod_to_ready P50s, then one table per start path when the
     batch mixed them."""
-    tables = [phase_table(results["phases"]) + "".join(f"\n{line}" for line in [pod_to_ready_line(results)]
-                                                        if line)]
+    tables = [
+        phase_table(results["phases"])
+        + "".join(f"\n{line}" for line in [pod_to_ready_line(results)] if line)
+    ]
     for path, phases in (results.get("phases_by_start_path") or {}).items():
         tables.append(f"start path: {path}\n{phase_table(phases)}")
     return "\n\n".join(tables)
@@ -3906,8 +5045,12 @@ FIGURE_RESOLUTION = 0.001
 
 def below_precision(value: Any, precision: float | None) -> bool:
     """A figure smaller than the precision it was measured with says only that it is that small."""
-    return isinstance(value, (int, float)) and precision is not None and precision >= FIGURE_RESOLUTION \
+    return (
+        isinstance(value, (int, float))
+        and precision is not None
+        and precision >= FIGURE_RESOLUTION
         and value < precision
+    )
 
 
 def figure(value: Any, precision: float | None) -> str:
@@ -3920,12 +5063,26 @@ def figure(value: Any, precision: float | None) -> str:
 
 
 COMPARED_FIELDS = (
-    "episodes", "failed_episodes", "parallelism", "reward_sum", "batch_to_all_ready_seconds",
-    "batch_to_all_rewards_seconds", "client_job_complete_seconds",
-    "pod_to_ready_p50_seconds", "pod_to_ready_p95_seconds", "pod_to_ready_max_seconds",
+    "episodes",
+    "failed_episodes",
+    "parallelism",
+    "reward_sum",
+    "batch_to_all_ready_seconds",
+    "batch_to_all_rewards_seconds",
+    "client_job_complete_seconds",
+    "pod_to_ready_p50_seconds",
+    "pod_to_ready_p95_seconds",
+    "pod_to_ready_max_seconds",
 )
 # What a run was, beside what it measured: two runs that differ here are not alike.
-COMPARED_CONDITIONS = ("context", "image", "runtime", "cache_state", "harden", "episode_script_sha256")
+COMPARED_CONDITIONS = (
+    "context",
+    "image",
+    "runtime",
+    "cache_state",
+    "harden",
+    "episode_script_sha256",
+)
 # A run without the field failed no episode: it has results only if every episode passed.
 COMPARED_DEFAULTS = {"failed_episodes": 0}
 
@@ -3934,12 +5091,22 @@ def compare_table(first: dict, second: dict, first_label: str, second_label: str
     """Key figures of two runs side by side, with second/first ratios."""
     width = max(len(first_label), len(second_label), 12)
     lines = [f"{'metric':<32}{first_label:>{width}}  {second_label:>{width}}  {'B/A':>8}"]
-    rows = [(field, first.get(field, COMPARED_DEFAULTS.get(field)), second.get(field, COMPARED_DEFAULTS.get(field)))
-            for field in COMPARED_FIELDS]
+    rows = [
+        (
+            field,
+            first.get(field, COMPARED_DEFAULTS.get(field)),
+            second.get(field, COMPARED_DEFAULTS.get(field)),
+        )
+        for field in COMPARED_FIELDS
+    ]
     precise: dict[str, tuple[Any, Any]] = {}  # row -> the precision of each side's figure
     for phase in PHASES:
         # The guide's figure of the same name counts from whole seconds; the phase is sharper.
-        row = f"{phase}_phase_p50_seconds" if f"{phase}_p50_seconds" in COMPARED_FIELDS else f"{phase}_p50_seconds"
+        row = (
+            f"{phase}_phase_p50_seconds"
+            if f"{phase}_p50_seconds" in COMPARED_FIELDS
+            else f"{phase}_p50_seconds"
+        )
         entry_a = (first.get("phases") or {}).get(phase, {})
         entry_b = (second.get("phases") or {}).get(phase, {})
         a, b = entry_a.get("p50"), entry_b.get("p50")
@@ -3947,26 +5114,56 @@ def compare_table(first: dict, second: dict, first_label: str, second_label: str
             rows.append((row, a, b))
             precise[row] = (entry_a.get("precision_seconds"), entry_b.get("precision_seconds"))
     conditions = [(field, first.get(field), second.get(field)) for field in COMPARED_CONDITIONS]
-    conditions += [(f"image_{state}_episodes", (first.get("image_cache") or {}).get(state),
-                    (second.get("image_cache") or {}).get(state)) for state in ("present", "pulled")]
+    conditions += [
+        (
+            f"image_{state}_episodes",
+            (first.get("image_cache") or {}).get(state),
+            (second.get("image_cache") or {}).get(state),
+        )
+        for state in ("present", "pulled")
+    ]
     rows += [(name, a, b) for name, a, b in conditions if a is not None or b is not None]
     for name, a, b in rows:
         if isinstance(a, str) or isinstance(b, str) or isinstance(a, bool) or isinstance(b, bool):
-            a, b = (value[:12] if isinstance(value, str) and len(value) == 64 else value for value in (a, b))
+            a, b = (
+                value[:12] if isinstance(value, str) and len(value) == 64 else value
+                for value in (a, b)
+            )
             same = "same" if a == b else "differ"
-            lines.append(f"{name:<32}{'-' if a is None else a!s:>{width}}  {'-' if b is None else b!s:>{width}}  "
-                         f"{same:>8}")
+            lines.append(
+                f"{name:<32}{'-' if a is None else a!s:>{width}}  {'-' if b is None else b!s:>{width}}  "
+                f"{same:>8}"
+            )
             continue
         if name in precise:
             # No ratio of a figure below its precision: it could be anything from 0 to that.
             (precision_a, precision_b) = precise[name]
-            ratio = "-" if below_precision(a, precision_a) or below_precision(b, precision_b) or not a \
-                or a is None or b is None else f"{b / a:.2f}"
-            shown_a = "-" if a is None else (figure(a, precision_a) if below_precision(a, precision_a) else str(a))
-            shown_b = "-" if b is None else (figure(b, precision_b) if below_precision(b, precision_b) else str(b))
+            ratio = (
+                "-"
+                if below_precision(a, precision_a)
+                or below_precision(b, precision_b)
+                or not a
+                or a is None
+                or b is None
+                else f"{b / a:.2f}"
+            )
+            shown_a = (
+                "-"
+                if a is None
+                else (figure(a, precision_a) if below_precision(a, precision_a) else str(a))
+            )
+            shown_b = (
+                "-"
+                if b is None
+                else (figure(b, precision_b) if below_precision(b, precision_b) else str(b))
+            )
             lines.append(f"{name:<32}{shown_a:>{width}}  {shown_b:>{width}}  {ratio:>8}")
             continue
-        ratio = f"{b / a:.2f}" if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a else "-"
+        ratio = (
+            f"{b / a:.2f}"
+            if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a
+            else "-"
+        )
         shown_a, shown_b = "-" if a is None else str(a), "-" if b is None else str(b)
         lines.append(f"{name:<32}{shown_a:>{width}}  {shown_b:>{width}}  {ratio:>8}")
     return "\n".join(lines)
@@ -3984,6 +5181,7 @@ RUN_STATES = ("running", "succeeded", "failed", "terminating", "pending")
 
 class ClusterRun(NamedTuple):
     """One run found in a cluster: its namespace, what the namespace says of the run, its Jobs' state."""
+
     namespace: str
     uid: str
     run_id: str  # the agc-demo-run label's value
@@ -4009,8 +5207,9 @@ class ClusterRun(NamedTuple):
 
 def run_state(namespace: dict, jobs: Sequence[dict]) -> str:
     """One of RUN_STATES, from the namespace's phase and its Jobs' conditions."""
-    if (namespace.get("metadata") or {}).get("deletionTimestamp") or \
-            (namespace.get("status") or {}).get("phase") == "Terminating":
+    if (namespace.get("metadata") or {}).get("deletionTimestamp") or (
+        namespace.get("status") or {}
+    ).get("phase") == "Terminating":
         return "terminating"
     if not jobs:
         return "pending"
@@ -4035,24 +5234,46 @@ def cluster_runs(namespaces: Iterable[dict], jobs: Iterable[dict]) -> list[Clust
         if RUN_LABEL not in labels:
             continue
         inside = by_namespace.get(metadata.get("name", ""), [])
-        runs.append(ClusterRun(
-            namespace=metadata.get("name", ""), uid=metadata.get("uid", ""), run_id=labels[RUN_LABEL],
-            annotated_run_id=annotations.get(RUN_ID_ANNOTATION),
-            created_at=parse_time(metadata.get("creationTimestamp")),
-            state=run_state(namespace, inside), jobs=len(inside),
-            episodes=sum(int((job.get("spec") or {}).get("completions") or 1) for job in inside),
-            succeeded=sum(int((job.get("status") or {}).get("succeeded") or 0) for job in inside),
-            user=annotations.get(USER_ANNOTATION), host=annotations.get(HOST_ANNOTATION),
-            output=annotations.get(OUTPUT_ANNOTATION), expires_at=parse_time(annotations.get(EXPIRES_ANNOTATION))))
+        runs.append(
+            ClusterRun(
+                namespace=metadata.get("name", ""),
+                uid=metadata.get("uid", ""),
+                run_id=labels[RUN_LABEL],
+                annotated_run_id=annotations.get(RUN_ID_ANNOTATION),
+                created_at=parse_time(metadata.get("creationTimestamp")),
+                state=run_state(namespace, inside),
+                jobs=len(inside),
+                episodes=sum(
+                    int((job.get("spec") or {}).get("completions") or 1) for job in inside
+                ),
+                succeeded=sum(
+                    int((job.get("status") or {}).get("succeeded") or 0) for job in inside
+                ),
+                user=annotations.get(USER_ANNOTATION),
+                host=annotations.get(HOST_ANNOTATION),
+                output=annotations.get(OUTPUT_ANNOTATION),
+                expires_at=parse_time(annotations.get(EXPIRES_ANNOTATION)),
+            )
+        )
     return sorted(runs, key=lambda run: (run.created_at or 0.0, run.namespace))
 
 
 def run_record(run: ClusterRun, now: float) -> dict:
     """One run as `list -o json` prints it."""
-    return {"namespace": run.namespace, "uid": run.uid, "run_id": run.annotated_run_id or run.run_id,
-            "state": run.state, "age_seconds": round(run.age(now)), "episodes": run.episodes,
-            "succeeded": run.succeeded, "user": run.user, "host": run.host, "output": run.output,
-            "expires": rfc3339(run.expires_at) if run.expires_at is not None else None, "guide": run.guide}
+    return {
+        "namespace": run.namespace,
+        "uid": run.uid,
+        "run_id": run.annotated_run_id or run.run_id,
+        "state": run.state,
+        "age_seconds": round(run.age(now)),
+        "episodes": run.episodes,
+        "succeeded": run.succeeded,
+        "user": run.user,
+        "host": run.host,
+        "output": run.output,
+        "expires": rfc3339(run.expires_at) if run.expires_at is not None else None,
+        "guide": run.guide,
+    }
 
 
 def expiry_text(run: ClusterRun, now: float) -> str:
@@ -4068,42 +5289,76 @@ def runs_table(runs: Sequence[ClusterRun], now: float) -> str:
     rows = [("NAMESPACE", "STATE", "AGE", "EPISODES", "USER", "FROM", "EXPIRES")]
     for run in runs:
         where = "(guide's script)" if run.guide else f"{run.host or '?'}:{run.output or '?'}"
-        rows.append((run.namespace, run.state, format_duration(run.age(now)), f"{run.succeeded}/{run.episodes}",
-                     run.user or "-", where, expiry_text(run, now)))
+        rows.append(
+            (
+                run.namespace,
+                run.state,
+                format_duration(run.age(now)),
+                f"{run.succeeded}/{run.episodes}",
+                run.user or "-",
+                where,
+                expiry_text(run, now),
+            )
+        )
     widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
-    return "\n".join("   ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows)
+    return "\n".join(
+        "   ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows
+    )
 
 
 class Verdict(NamedTuple):
     """What `cleanup --stale` does with one run, and why."""
+
     delete: bool
     why: str
 
 
-def stale_verdict(run: ClusterRun, now: float, stale_seconds: float, user: str, all_users: bool) -> Verdict:
+def stale_verdict(
+    run: ClusterRun, now: float, stale_seconds: float, user: str, all_users: bool
+) -> Verdict:
     """Delete a run of this tool, proven so, of `user` (or anyone's, with `all_users`), that is past
     its --ttl, or older than `stale_seconds` with every Job ended; leave anything else, saying why."""
     if run.state == "terminating":
         return Verdict(False, "already being deleted (Terminating)")
     if run.guide:
-        return Verdict(False, "made by the guide's script (no run-id annotation): clean it up with its receipt "
-                              "(cleanup --output DIR)")
+        return Verdict(
+            False,
+            "made by the guide's script (no run-id annotation): clean it up with its receipt "
+            "(cleanup --output DIR)",
+        )
     if run.annotated_run_id != run.run_id or run.namespace != NAMESPACE_PREFIX + run.run_id:
-        return Verdict(False, f"its name, {RUN_LABEL} label ({run.run_id}) and run-id annotation "
-                              f"({run.annotated_run_id}) disagree: not proven a run of this tool")
+        return Verdict(
+            False,
+            f"its name, {RUN_LABEL} label ({run.run_id}) and run-id annotation "
+            f"({run.annotated_run_id}) disagree: not proven a run of this tool",
+        )
     if not run.jobs:
-        return Verdict(False, f"no Job labelled app={APP_LABEL} inside: not proven a run of this tool")
+        return Verdict(
+            False, f"no Job labelled app={APP_LABEL} inside: not proven a run of this tool"
+        )
     if not all_users and run.user != user:
-        return Verdict(False, f"started by {run.user}, not by you ({user}); --all-users reaps every user's runs")
+        return Verdict(
+            False,
+            f"started by {run.user}, not by you ({user}); --all-users reaps every user's runs",
+        )
     if run.expires_at is not None and run.expires_at <= now:
-        return Verdict(True, f"{run.state}, past its --ttl (expired {format_duration(now - run.expires_at)} ago)")
+        return Verdict(
+            True,
+            f"{run.state}, past its --ttl (expired {format_duration(now - run.expires_at)} ago)",
+        )
     if run.state == "running":
         return Verdict(False, "still running (a Job has not ended)")
     if run.age(now) < stale_seconds:
-        return Verdict(False, f"{run.state}, {format_duration(run.age(now))} old: younger than --stale "
-                              f"{format_duration(stale_seconds)}")
-    return Verdict(True, f"{run.state}, {format_duration(run.age(now))} old: older than --stale "
-                         f"{format_duration(stale_seconds)}")
+        return Verdict(
+            False,
+            f"{run.state}, {format_duration(run.age(now))} old: younger than --stale "
+            f"{format_duration(stale_seconds)}",
+        )
+    return Verdict(
+        True,
+        f"{run.state}, {format_duration(run.age(now))} old: older than --stale "
+        f"{format_duration(stale_seconds)}",
+    )
 
 
 # --------------------------------------------------------------------------
@@ -4151,6 +5406,7 @@ def linux_prctl() -> Callable[..., int] | None:
         return None
     try:
         import ctypes
+
         return ctypes.CDLL(None, use_errno=True).prctl
     except (ImportError, OSError, AttributeError):
         return None
@@ -4172,6 +5428,7 @@ def die_with_parent() -> Callable[[], None] | None:
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() != parent:  # the parent died before the signal was armed
             os._exit(1)
+
     return arm
 
 
@@ -4272,7 +5529,9 @@ class Kubectl:
         if self.verbose:
             self.echo(" ".join(shlex.quote(arg) for arg in argv))
 
-    def argv(self, args: Sequence[str], request_timeout: str | None = f"{REQUEST_TIMEOUT_SECONDS}s") -> list[str]:
+    def argv(
+        self, args: Sequence[str], request_timeout: str | None = f"{REQUEST_TIMEOUT_SECONDS}s"
+    ) -> list[str]:
         argv = [self.binary]
         if self.context:
             argv += ["--context", self.context]
@@ -4280,9 +5539,13 @@ class Kubectl:
             argv.append(f"--request-timeout={request_timeout}")
         return argv + list(args)
 
-    def run(self, args: Sequence[str], input_text: str | None = None,
-            retry_until: float | None = None,
-            request_timeout: str | None = f"{REQUEST_TIMEOUT_SECONDS}s") -> str:
+    def run(
+        self,
+        args: Sequence[str],
+        input_text: str | None = None,
+        retry_until: float | None = None,
+        request_timeout: str | None = f"{REQUEST_TIMEOUT_SECONDS}s",
+    ) -> str:
         """Run one request-and-answer call; retry transient failures until `retry_until` (monotonic)."""
         return self.retrying(lambda: self._run_once(args, input_text, request_timeout), retry_until)
 
@@ -4293,26 +5556,40 @@ class Kubectl:
             try:
                 return call()
             except KubectlError as error:
-                if retry_until is None or not error.transient or time.monotonic() + delay > retry_until:
+                if (
+                    retry_until is None
+                    or not error.transient
+                    or time.monotonic() + delay > retry_until
+                ):
                     raise
             with self._lock:
                 self.retries += 1
             time.sleep(delay)
             delay = min(delay * 2, 4.0)
 
-    def _run_once(self, args: Sequence[str], input_text: str | None,
-                  request_timeout: str | None) -> str:
+    def _run_once(
+        self, args: Sequence[str], input_text: str | None, request_timeout: str | None
+    ) -> str:
         verb = " ".join(a for a in args[:3] if not a.startswith("-"))
         with self._lock:
             self.processes += 1
         argv = self.argv(args, request_timeout)
         self.echo_argv(argv)
         try:
-            process = INTERRUPTS.start(lambda: subprocess.Popen(
-                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                text=True, preexec_fn=die_with_parent()))
+            process = INTERRUPTS.start(
+                lambda: subprocess.Popen(
+                    argv,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    preexec_fn=die_with_parent(),
+                )
+            )
         except OSError as error:
-            raise DemoError(f"cannot run kubectl {self.binary!r}: {error.strerror or error}") from None
+            raise DemoError(
+                f"cannot run kubectl {self.binary!r}: {error.strerror or error}"
+            ) from None
         with process:
             try:
                 # Always an input, if only an empty one: kubectl must never wait on the terminal.
@@ -4320,16 +5597,20 @@ class Kubectl:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.communicate()
-                raise KubectlError(verb, None, f"no answer within {CALL_TIMEOUT_SECONDS} s") from None
+                raise KubectlError(
+                    verb, None, f"no answer within {CALL_TIMEOUT_SECONDS} s"
+                ) from None
             except BaseException:  # an interrupt: the call ends with it
                 process.kill()
                 raise
         completed = subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
         if completed.returncode != 0:
             if CREDENTIALS_PROMPT in completed.stdout + completed.stderr:
-                raise DemoError(f"kubectl {verb}: the kubeconfig gives no credentials for context "
-                                f"{self.context or '(current)'} and kubectl asked for a username; "
-                                "log in or fix the kubeconfig's user")
+                raise DemoError(
+                    f"kubectl {verb}: the kubeconfig gives no credentials for context "
+                    f"{self.context or '(current)'} and kubectl asked for a username; "
+                    "log in or fix the kubeconfig's user"
+                )
             raise KubectlError(verb, completed.returncode, completed.stderr)
         return completed.stdout
 
@@ -4341,32 +5622,52 @@ class Kubectl:
         try:
             return json.loads(text)
         except ValueError:
-            raise DemoError(f"kubectl {' '.join(args[:2])} printed something that is not JSON") from None
+            raise DemoError(
+                f"kubectl {' '.join(args[:2])} printed something that is not JSON"
+            ) from None
 
-    def get(self, kind: str, name: str, namespace: str | None = None, missing_ok: bool = False,
-            retry_until: float | None = None) -> dict | None:
+    def get(
+        self,
+        kind: str,
+        name: str,
+        namespace: str | None = None,
+        missing_ok: bool = False,
+        retry_until: float | None = None,
+    ) -> dict | None:
         """One object; None if it does not exist and `missing_ok` (else that is a KubectlError)."""
         args = ["get", kind, name] + (["-n", namespace] if namespace else [])
-        return self.get_json(args + (["--ignore-not-found"] if missing_ok else []), retry_until=retry_until)
+        return self.get_json(
+            args + (["--ignore-not-found"] if missing_ok else []), retry_until=retry_until
+        )
 
-    def get_list(self, kind: str, namespace: str | None = None, *flags: str,
-                 retry_until: float | None = None) -> dict | None:
+    def get_list(
+        self, kind: str, namespace: str | None = None, *flags: str, retry_until: float | None = None
+    ) -> dict | None:
         """Every object of a kind (that `flags` such as a label selector let through), as one List."""
         args = ["get", kind] + list(flags) + (["-n", namespace] if namespace else [])
         return self.get_json(args, retry_until=retry_until)
 
     def create(self, manifest: dict, retry_until: float | None = None) -> dict:
         """Create one object from its manifest; the object as the API server stored it."""
-        return self.get_json(["create", "-f", "-"], input_text=json.dumps(manifest), retry_until=retry_until)
+        return self.get_json(
+            ["create", "-f", "-"], input_text=json.dumps(manifest), retry_until=retry_until
+        )
 
-    def delete(self, kind: str, name: str, namespace: str | None, *flags: str,
-               retry_until: float | None = None) -> None:
+    def delete(
+        self,
+        kind: str,
+        name: str,
+        namespace: str | None,
+        *flags: str,
+        retry_until: float | None = None,
+    ) -> None:
         """Ask for one object's deletion; one already gone is no error."""
         args = ["delete", kind, name] + (["-n", namespace] if namespace else [])
         self.run(args + list(flags) + ["--ignore-not-found"], retry_until=retry_until)
 
-    def stream(self, args: Sequence[str], seconds: int, detached: bool = False,
-               stderr: Any = None) -> subprocess.Popen:
+    def stream(
+        self, args: Sequence[str], seconds: int, detached: bool = False, stderr: Any = None
+    ) -> subprocess.Popen:
         """Start a long-lived call (a watch, the proxy) with requests bounded by `seconds`.
 
         A detached one is out of the terminal's reach, so Ctrl-C leaves it to this tool to stop.
@@ -4377,9 +5678,17 @@ class Kubectl:
         argv = self.argv(args, f"{max(1, seconds)}s")
         self.echo_argv(argv)
         errors = stderr or tempfile.TemporaryFile()
-        return INTERRUPTS.start(lambda: subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors, bufsize=0,
-            start_new_session=detached, preexec_fn=die_with_parent()))
+        return INTERRUPTS.start(
+            lambda: subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=errors,
+                bufsize=0,
+                start_new_session=detached,
+                preexec_fn=die_with_parent(),
+            )
+        )
 
 
 def refusal(errors: Any) -> str | None:
@@ -4421,7 +5730,7 @@ def remove_stale_proxy_directories() -> None:
     except OSError:
         return
     for name in names:
-        pid_text = name[len(PROXY_DIRECTORY_PREFIX):].split("-", 1)[0]
+        pid_text = name[len(PROXY_DIRECTORY_PREFIX) :].split("-", 1)[0]
         if not name.startswith(PROXY_DIRECTORY_PREFIX) or not pid_text.isdigit():
             continue
         path = os.path.join(base, name)
@@ -4452,8 +5761,9 @@ class ApiProxy:
         # mode 0700: ours alone
         self.directory = tempfile.mkdtemp(prefix=f"{PROXY_DIRECTORY_PREFIX}{os.getpid()}-")
         self.socket_path = os.path.join(self.directory, "api.sock")
-        self.process = kubectl.stream(["proxy", f"--unix-socket={self.socket_path}"],
-                                      REQUEST_TIMEOUT_SECONDS, detached=True)
+        self.process = kubectl.stream(
+            ["proxy", f"--unix-socket={self.socket_path}"], REQUEST_TIMEOUT_SECONDS, detached=True
+        )
         deadline = time.monotonic() + PROXY_START_SECONDS
         while not os.path.exists(self.socket_path):
             if self.process.poll() is not None or time.monotonic() > deadline:
@@ -4493,15 +5803,19 @@ class ApiProxy:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def read_log(kubectl: Kubectl, proxy: ApiProxy | None, namespace: str, pod: str,
-             retry_until: float | None) -> str:
+def read_log(
+    kubectl: Kubectl, proxy: ApiProxy | None, namespace: str, pod: str, retry_until: float | None
+) -> str:
     """One pod's episode log: through the proxy when there is one, else with `kubectl logs`.
     A kubelet's notice that the log is gone is no log: DemoError, as for any log not read."""
     if proxy is not None:
-        text = proxy.get(f"/api/v1/namespaces/{namespace}/pods/{pod}/log?container={CONTAINER_NAME}",
-                         retry_until)
+        text = proxy.get(
+            f"/api/v1/namespaces/{namespace}/pods/{pod}/log?container={CONTAINER_NAME}", retry_until
+        )
     else:
-        text = kubectl.run(["logs", pod, "-c", CONTAINER_NAME, "-n", namespace], retry_until=retry_until)
+        text = kubectl.run(
+            ["logs", pod, "-c", CONTAINER_NAME, "-n", namespace], retry_until=retry_until
+        )
     if KUBELET_LOG_GONE.fullmatch(text):
         raise DemoError(f"the kubelet no longer has the log ({text.strip()})")
     return text
@@ -4512,12 +5826,15 @@ def api_read(kubectl: Kubectl, proxy: ApiProxy | None, path: str, retry_until: f
     if proxy is not None:
         return proxy.get(path, retry_until)
     separator = "&" if "?" in path else "?"
-    return kubectl.run(["get", "--raw", f"{path}{separator}timeout={REQUEST_TIMEOUT_SECONDS}s"],
-                       retry_until=retry_until)
+    return kubectl.run(
+        ["get", "--raw", f"{path}{separator}timeout={REQUEST_TIMEOUT_SECONDS}s"],
+        retry_until=retry_until,
+    )
 
 
-def read_pages(kubectl: Kubectl, proxy: ApiProxy | None, listing: PagedList,
-               retry_seconds: float | None) -> PagedList:
+def read_pages(
+    kubectl: Kubectl, proxy: ApiProxy | None, listing: PagedList, retry_seconds: float | None
+) -> PagedList:
     """Read a list to its last page; each page is one bounded call, asked again for up to retry_seconds."""
     while not listing.done:
         retry_until = None if retry_seconds is None else time.monotonic() + retry_seconds
@@ -4532,19 +5849,28 @@ def read_pages(kubectl: Kubectl, proxy: ApiProxy | None, listing: PagedList,
         try:
             page = json.loads(text)
         except ValueError:
-            raise DemoError(f"the list of {listing.resource_path} answered something that is not JSON") from None
+            raise DemoError(
+                f"the list of {listing.resource_path} answered something that is not JSON"
+            ) from None
         listing.apply(page)
     return listing
 
 
-def reread_pods(kubectl: Kubectl, proxy: ApiProxy | None, namespace: str, names: Iterable[str],
-                retry_seconds: float | None) -> dict[str, dict]:
+def reread_pods(
+    kubectl: Kubectl,
+    proxy: ApiProxy | None,
+    namespace: str,
+    names: Iterable[str],
+    retry_seconds: float | None,
+) -> dict[str, dict]:
     """Each named pod read again on its own (a GET reads the newest revision); unreadable ones are left out."""
     fresh = {}
     for name in names:
         retry_until = None if retry_seconds is None else time.monotonic() + retry_seconds
         try:
-            pod = json.loads(api_read(kubectl, proxy, f"/api/v1/namespaces/{namespace}/pods/{name}", retry_until))
+            pod = json.loads(
+                api_read(kubectl, proxy, f"/api/v1/namespaces/{namespace}/pods/{name}", retry_until)
+            )
         except (DemoError, ValueError):
             continue  # gone or unreadable: the earlier reading stays the evidence
         if isinstance(pod, dict) and pod.get("kind") == "Pod":
@@ -4563,8 +5889,9 @@ def list_total(page: dict) -> int | None:
     return items + int(remaining) if isinstance(remaining, int) else None
 
 
-def count_events(kubectl: Kubectl, proxy: ApiProxy | None, namespace: str,
-                 retry_until: float | None) -> tuple[int | None, str | None]:
+def count_events(
+    kubectl: Kubectl, proxy: ApiProxy | None, namespace: str, retry_until: float | None
+) -> tuple[int | None, str | None]:
     """How many events the namespace holds now, and the revision that was: a list of one,
     read from the newest revision."""
     text = api_read(kubectl, proxy, f"/api/v1/namespaces/{namespace}/events?limit=1", retry_until)
@@ -4577,24 +5904,50 @@ def count_events(kubectl: Kubectl, proxy: ApiProxy | None, namespace: str,
     return list_total(page), (page.get("metadata") or {}).get("resourceVersion")
 
 
-def read_job_pods(kubectl: Kubectl, proxy: ApiProxy | None, namespace: str, job_name: str,
-                  not_older_than: str | None, retry_seconds: float | None,
-                  page_size: int = LIST_PAGE_SIZE, selector: str | None = None) -> PodReading:
+def read_job_pods(
+    kubectl: Kubectl,
+    proxy: ApiProxy | None,
+    namespace: str,
+    job_name: str,
+    not_older_than: str | None,
+    retry_seconds: float | None,
+    page_size: int = LIST_PAGE_SIZE,
+    selector: str | None = None,
+) -> PodReading:
     """The Job's pods (`selector`: a batch's pods, across its Jobs), listed in pages from a revision
     not older than `not_older_than` (the Job's end as this client saw it); a pod that still looks
     unfinished is read again on its own before anything is concluded from it."""
-    listing = read_pages(kubectl, proxy, PagedList(f"/api/v1/namespaces/{namespace}/pods",
-                                                   selector or f"job-name={job_name}", not_older_than, page_size),
-                         retry_seconds)
+    listing = read_pages(
+        kubectl,
+        proxy,
+        PagedList(
+            f"/api/v1/namespaces/{namespace}/pods",
+            selector or f"job-name={job_name}",
+            not_older_than,
+            page_size,
+        ),
+        retry_seconds,
+    )
     # Items of a list carry no kind; give each the shape `kubectl get -o json` prints.
     pods = [{"apiVersion": "v1", "kind": "Pod", **pod} for pod in listing.items]
     fresh = reread_pods(kubectl, proxy, namespace, unfinished_pods(pods), retry_seconds)
-    return PodReading(with_fresh_pods(pods, fresh), "list", listing.resource_version, listing.pages,
-                      listing.expiries, sorted(fresh))
+    return PodReading(
+        with_fresh_pods(pods, fresh),
+        "list",
+        listing.resource_version,
+        listing.pages,
+        listing.expiries,
+        sorted(fresh),
+    )
 
 
-def read_events(kubectl: Kubectl, proxy: ApiProxy | None, namespace: str, page_size: int,
-                retry_seconds: float | None) -> PagedList:
+def read_events(
+    kubectl: Kubectl,
+    proxy: ApiProxy | None,
+    namespace: str,
+    page_size: int,
+    retry_seconds: float | None,
+) -> PagedList:
     """The namespace's events listed in pages: through the proxy when there is one, else (or
     should that fail) by kubectl."""
     path = f"/api/v1/namespaces/{namespace}/events"
@@ -4676,7 +6029,11 @@ class BatchJobs:
         """job.json: the one Job, or every Job seen as a v1 List."""
         if not self.several:
             return self.view()
-        return list_manifest([self.seen[name] for name in self.names if name in self.seen]) if self.seen else None
+        return (
+            list_manifest([self.seen[name] for name in self.names if name in self.seen])
+            if self.seen
+            else None
+        )
 
     def job_selector(self) -> list[str]:
         """kubectl's arguments that list (or watch) the batch's Jobs and no other."""
@@ -4703,9 +6060,12 @@ def saved_batch_job(saved: dict, batch: str) -> dict:
 
 class StateChange(NamedTuple):
     """What one change did to a batch's state, as BatchState.apply returns it."""
+
     kind: str  # "job", "pods" or "events"
     pod: str | None = None  # the pod it was about (also when deleted)
-    ended: tuple[tuple[str, str], ...] = ()  # (pod, containerID) of each episode container it shows ended
+    ended: tuple[
+        tuple[str, str], ...
+    ] = ()  # (pod, containerID) of each episode container it shows ended
     job_ended: bool = False  # this is the change that showed the Job's end
 
 
@@ -4726,7 +6086,9 @@ class BatchState:
         self.events = EventStore()
         # pod name -> transition -> time, and the stamps seen only while it ran
         self.observed: dict[str, dict[str, Any]] = {}
-        self.job_observed: dict[str, float] = {}  # "added" or a condition type that turned True -> time
+        self.job_observed: dict[
+            str, float
+        ] = {}  # "added" or a condition type that turned True -> time
         self.end: str | None = None
         # The Job's resourceVersion when its end was seen: the evidence read afterwards
         # must be at least this new, however far behind the pod watch is.
@@ -4788,15 +6150,21 @@ class BatchState:
         self.pods[name] = pod
         record_pod_observation(self.observed.setdefault(name, {}), pod, arrived)
         terminated = container_terminated(pod)
-        return StateChange("pods", name, () if terminated is None else ((name, terminated.get("containerID", "")),))
+        return StateChange(
+            "pods", name, () if terminated is None else ((name, terminated.get("containerID", "")),)
+        )
 
     def pod_text(self, pod: dict, indented: bool = False) -> str:
         """A pod as pods.json holds it (see pod_json): the text encoded while waiting when it is of
         this very version and in this form."""
         name = pod_name(pod)
         version = pod["metadata"].get("resourceVersion")
-        if version is not None and self._final_versions.get(name) == version and self.pods.get(name) is pod \
-                and indented == self.indented_pods:
+        if (
+            version is not None
+            and self._final_versions.get(name) == version
+            and self.pods.get(name) is pod
+            and indented == self.indented_pods
+        ):
             return self._final_texts.get(name)
         return pod_json(pod, indented)
 
@@ -4807,7 +6175,9 @@ class BatchState:
 
     def pods_are_final(self) -> bool:
         """Each pod of the Complete Job was seen to its final state (see pods_final)."""
-        return self.end == "Complete" and not self.deleted and pods_final(self.job, self.pods.values())
+        return (
+            self.end == "Complete" and not self.deleted and pods_final(self.job, self.pods.values())
+        )
 
     def observations(self) -> dict:
         """What the watches saw and when, as saved in observed.json."""
@@ -4818,9 +6188,15 @@ class LogReader:
     """The one place a batch's episode logs are read: each as its container ends (saved at once to
     the batch directory, so little is left to write at the end), and at collection whatever is missing."""
 
-    def __init__(self, kubectl: Kubectl, namespace: str, pool: concurrent.futures.ThreadPoolExecutor,
-                 proxy: ApiProxy | None = None, log_dir: str | None = None,
-                 on_read: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        kubectl: Kubectl,
+        namespace: str,
+        pool: concurrent.futures.ThreadPoolExecutor,
+        proxy: ApiProxy | None = None,
+        log_dir: str | None = None,
+        on_read: Callable[[str], None] | None = None,
+    ) -> None:
         self.kubectl = kubectl
         self.namespace = namespace
         self.pool = pool
@@ -4841,7 +6217,13 @@ class LogReader:
 
     def _read_early(self, name: str, container_id: str) -> None:
         try:
-            text = read_log(self.kubectl, self.proxy, self.namespace, name, time.monotonic() + COLLECT_RETRY_SECONDS)
+            text = read_log(
+                self.kubectl,
+                self.proxy,
+                self.namespace,
+                name,
+                time.monotonic() + COLLECT_RETRY_SECONDS,
+            )
             self.early[name] = (container_id, text)
             if self.log_dir is not None:
                 write_text(os.path.join(self.log_dir, f"{name}.log"), text)
@@ -4851,8 +6233,9 @@ class LogReader:
         if self.on_read is not None:
             self.on_read(name)
 
-    def collect(self, pods: Sequence[dict], batch_dir: str, retry_until: float | None,
-                problems: list[str]) -> dict[str, str]:
+    def collect(
+        self, pods: Sequence[dict], batch_dir: str, retry_until: float | None, problems: list[str]
+    ) -> dict[str, str]:
         """Each pod's episode log, read after its container ended (else read now) and saved in
         `batch_dir`; unreadable -> empty, and why goes to `problems`."""
         concurrent.futures.wait(list(self._reads.values()), timeout=CALL_TIMEOUT_SECONDS)
@@ -4862,11 +6245,16 @@ class LogReader:
             name = pod_name(pod)
             terminated = container_terminated(pod)
             read_early = self.early.get(name)
-            if terminated is not None and read_early and read_early[0] == terminated.get("containerID", ""):
+            if (
+                terminated is not None
+                and read_early
+                and read_early[0] == terminated.get("containerID", "")
+            ):
                 logs[name] = read_early[1]
             else:
                 pending[name] = self.pool.submit(
-                    read_log, self.kubectl, self.proxy, self.namespace, name, retry_until)
+                    read_log, self.kubectl, self.proxy, self.namespace, name, retry_until
+                )
         for name, future in pending.items():
             try:
                 logs[name] = future.result()
@@ -4899,8 +6287,13 @@ class RewardStream:
     follows the batch (the one that called `run`).
     """
 
-    def __init__(self, path: str, settings: Settings, on_reward: Callable[[dict], None] | None = None,
-                 stop: threading.Event | None = None) -> None:
+    def __init__(
+        self,
+        path: str,
+        settings: Settings,
+        on_reward: Callable[[dict], None] | None = None,
+        stop: threading.Event | None = None,
+    ) -> None:
         self.path = path
         self.count = settings.count
         self.builtin = settings.builtin
@@ -4912,7 +6305,9 @@ class RewardStream:
         self.rows: dict[int, dict] = {}
         self.deliveries: list[Delivery] = []
         self.pods_of: dict[int, set[str]] = {}
-        self.waiting: set[int] = set()  # an attempt of theirs ended: settled once the log or the Job says so
+        self.waiting: set[int] = (
+            set()
+        )  # an attempt of theirs ended: settled once the log or the Job says so
         self._handle: TextIO | None = open(path, "w", encoding="utf-8")
         # Set from another thread (stream_batch's reader gone): the run stops at its next turn.
         self.stop = stop
@@ -4920,9 +6315,13 @@ class RewardStream:
     def check_stop(self) -> None:
         """Stop the run, as an on_reward callback raising would, once asked to from another thread."""
         if self.stop is not None and self.stop.is_set():
-            raise RewardCallbackError(StreamClosed("stream_batch()'s reader stopped before the batch ended"))
+            raise RewardCallbackError(
+                StreamClosed("stream_batch()'s reader stopped before the batch ended")
+            )
 
-    def judge(self, state: BatchState, early: dict[str, tuple[str, str]], names: Iterable[str] | None) -> None:
+    def judge(
+        self, state: BatchState, early: dict[str, tuple[str, str]], names: Iterable[str] | None
+    ) -> None:
         """Settle the episodes of these pods (None: every episode waiting on the Job's word)."""
         if names is None:
             indexes = set(self.waiting)
@@ -4938,25 +6337,52 @@ class RewardStream:
             self._settle(index, state, early)
 
     def _settle(self, index: int, state: BatchState, early: dict[str, tuple[str, str]]) -> None:
-        attempts = pods_by_index((state.pods[name] for name in self.pods_of.get(index, ())), self.count).get(index, [])
+        attempts = pods_by_index(
+            (state.pods[name] for name in self.pods_of.get(index, ())), self.count
+        ).get(index, [])
         logs = ended_logs(attempts, early)
         if not settled_attempt(attempts, state.job, index, logs, self.may_retry):
             if any(pod_terminal(p) for p in attempts):
                 self.waiting.add(index)
             return
         job = state.job or {"metadata": {}}
-        row = episode_row(index, attempts, job, logs, self.builtin, self.task_ids, self.group_size,
-                          images=self.images)
-        if "infrastructure" in [row["failure_class"]] + [a["failure_class"] for a in row.get("earlier_attempts", [])]:
+        row = episode_row(
+            index,
+            attempts,
+            job,
+            logs,
+            self.builtin,
+            self.task_ids,
+            self.group_size,
+            images=self.images,
+        )
+        if "infrastructure" in [row["failure_class"]] + [
+            a["failure_class"] for a in row.get("earlier_attempts", [])
+        ]:
             # Only an infrastructure failure names its pod's warnings: the events are read for those alone.
-            row = episode_row(index, attempts, job, logs, self.builtin, self.task_ids, self.group_size,
-                              pod_warnings(state.events.events()), self.images)
+            row = episode_row(
+                index,
+                attempts,
+                job,
+                logs,
+                self.builtin,
+                self.task_ids,
+                self.group_size,
+                pod_warnings(state.events.events()),
+                self.images,
+            )
         final = next((p for p in attempts if pod_name(p) == row["pod"]), None)
         seen = ((state.observed.get(row["pod"] or "") or {}).get("seen") or {}).get("terminated")
         self.deliver(row, final, logs.get(row["pod"] or "", ""), seen, streamed=True)
 
-    def deliver(self, row: dict, pod: dict | None, log_text: str, seen_terminated: float | None,
-                streamed: bool) -> None:
+    def deliver(
+        self,
+        row: dict,
+        pod: dict | None,
+        log_text: str,
+        seen_terminated: float | None,
+        streamed: bool,
+    ) -> None:
         """Append one episode's line, once; then hand it to on_reward."""
         index = row["index"]
         if index in self.rows or self._handle is None:
@@ -4967,8 +6393,17 @@ class RewardStream:
         self.rows[index] = row
         self.waiting.discard(index)
         after, before = container_end_bounds(pod, log_text, seen_terminated)
-        self.deliveries.append(Delivery(index, row["failure_class"] is None, written, after, before, streamed,
-                                        seen_terminated))
+        self.deliveries.append(
+            Delivery(
+                index,
+                row["failure_class"] is None,
+                written,
+                after,
+                before,
+                streamed,
+                seen_terminated,
+            )
+        )
         if self.on_reward is not None:
             try:
                 self.on_reward(dict(row))
@@ -4977,8 +6412,13 @@ class RewardStream:
                 self.on_reward = None
                 raise RewardCallbackError(error) from error
 
-    def finish(self, rows: Sequence[dict], pods: Sequence[dict], logs: dict[str, str],
-               observed: dict[str, dict]) -> list[dict]:
+    def finish(
+        self,
+        rows: Sequence[dict],
+        pods: Sequence[dict],
+        logs: dict[str, str],
+        observed: dict[str, dict],
+    ) -> list[dict]:
         """The batch's rows: each line already written as it was, the rest (from the evidence read
         after the end) appended; then the file rewritten atomically in index order."""
         by_name = {pod_name(pod): pod for pod in pods}
@@ -5018,11 +6458,13 @@ def pod_terminal(pod: dict) -> bool:
 
 class LogRead(NamedTuple):
     """A pod's log was read after its container ended: its episode may be settled now."""
+
     pod: str
 
 
 class WatchEvent(NamedTuple):
     """What a watch printed: of the Job, the pods or the events (`kind`), and when it arrived."""
+
     kind: str
     event: dict
     arrived: float
@@ -5030,6 +6472,7 @@ class WatchEvent(NamedTuple):
 
 class WatchEnded(NamedTuple):
     """A watch's process ended; `refusal`: the API's refusal it printed, if it was one."""
+
     kind: str
     refusal: str | None
 
@@ -5039,7 +6482,9 @@ class WatchStream:
     process's output turned by a thread into queue items, a WatchEvent for each event and a
     WatchEnded at its end; and how often each broke in a row, for the restarts."""
 
-    def __init__(self, kubectl: Kubectl, namespace: str, job_name: str, jobs: BatchJobs | None = None) -> None:
+    def __init__(
+        self, kubectl: Kubectl, namespace: str, job_name: str, jobs: BatchJobs | None = None
+    ) -> None:
         self.kubectl = kubectl
         self.namespace = namespace
         self.job_name = job_name
@@ -5115,17 +6560,22 @@ def status_line(job_name: str, count: int, job: dict | None, elapsed: float, pol
     """The progress shown while a Job is followed: its pods by state, the time since it was submitted,
     and what the client is waiting for once no pod runs."""
     status = (job or {}).get("status") or {}
-    return (f"{job_name}: {elapsed:6.1f}s  "
-            f"active {status.get('active', 0)}  ready {status.get('ready', 0)}  "
-            f"succeeded {status.get('succeeded', 0)}/{count}  failed {status.get('failed', 0)}"
-            + ("  (polling)" if polling else "") + waiting_note(job, elapsed))
+    return (
+        f"{job_name}: {elapsed:6.1f}s  "
+        f"active {status.get('active', 0)}  ready {status.get('ready', 0)}  "
+        f"succeeded {status.get('succeeded', 0)}/{count}  failed {status.get('failed', 0)}"
+        + ("  (polling)" if polling else "")
+        + waiting_note(job, elapsed)
+    )
 
 
 class PollFallback:
     """Once the watches broke too often in a row to be worth restarting: the Job and its pods,
     read every POLL_INTERVAL_SECONDS instead."""
 
-    def __init__(self, kubectl: Kubectl, namespace: str, job_name: str, jobs: BatchJobs | None = None) -> None:
+    def __init__(
+        self, kubectl: Kubectl, namespace: str, job_name: str, jobs: BatchJobs | None = None
+    ) -> None:
         self.kubectl = kubectl
         self.namespace = namespace
         self.job_name = job_name
@@ -5145,12 +6595,17 @@ class PollFallback:
         """The batch's Jobs and its pods as read now, and when (the client's wall clock)."""
         retry_until = min(client_deadline, time.monotonic() + CALL_TIMEOUT_SECONDS)
         if self.jobs.several:
-            jobs = (self.kubectl.get_list("jobs", self.namespace, *self.jobs.job_selector(),
-                                          retry_until=retry_until) or {}).get("items", [])
+            jobs = (
+                self.kubectl.get_list(
+                    "jobs", self.namespace, *self.jobs.job_selector(), retry_until=retry_until
+                )
+                or {}
+            ).get("items", [])
         else:
             jobs = [self.kubectl.get("job", self.job_name, self.namespace, retry_until=retry_until)]
-        pods = self.kubectl.get_list("pods", self.namespace, "-l", self.jobs.pod_selector(),
-                                     retry_until=retry_until)
+        pods = self.kubectl.get_list(
+            "pods", self.namespace, "-l", self.jobs.pod_selector(), retry_until=retry_until
+        )
         return jobs, (pods or {}).get("items", []), time.time()
 
     def taken_in(self) -> None:
@@ -5164,6 +6619,7 @@ class WaitCost:
     """What following a Job cost the client: the kubectl processes it started while waiting, the
     watches it restarted, and the most watch items ever waiting to be handled (a client that
     keeps up keeps that small)."""
+
     processes: int = 0
     restarts: int = 0
     queue_peak: int = 0
@@ -5175,6 +6631,7 @@ class WaitCost:
 
 class Submission(NamedTuple):
     """The one moment a Job was submitted: just before the client's create call, on both clocks."""
+
     wall: float
     monotonic: float
 
@@ -5188,11 +6645,21 @@ class BatchFollower:
     watched or polled, reaches the state through BatchState.apply.
     """
 
-    def __init__(self, kubectl: Kubectl, namespace: str, job_name: str, count: int,
-                 progress: Progress, pool: concurrent.futures.ThreadPoolExecutor,
-                 proxy: ApiProxy | None = None, log_dir: str | None = None,
-                 rewards: RewardStream | None = None, watches: WatchStream | None = None,
-                 drafts: EpisodeDrafts | None = None, job_names: Sequence[str] | None = None) -> None:
+    def __init__(
+        self,
+        kubectl: Kubectl,
+        namespace: str,
+        job_name: str,
+        count: int,
+        progress: Progress,
+        pool: concurrent.futures.ThreadPoolExecutor,
+        proxy: ApiProxy | None = None,
+        log_dir: str | None = None,
+        rewards: RewardStream | None = None,
+        watches: WatchStream | None = None,
+        drafts: EpisodeDrafts | None = None,
+        job_names: Sequence[str] | None = None,
+    ) -> None:
         self.kubectl = kubectl
         self.namespace = namespace
         self.job_name = job_name
@@ -5209,8 +6676,14 @@ class BatchFollower:
         self.rewards = rewards
         # Each episode summarised as it ends, so that little is left to do after the Job's end.
         self.drafts = drafts
-        self.log_reader = LogReader(kubectl, namespace, pool, proxy, log_dir,
-                                    on_read=self._log_read if rewards is not None or drafts is not None else None)
+        self.log_reader = LogReader(
+            kubectl,
+            namespace,
+            pool,
+            proxy,
+            log_dir,
+            on_read=self._log_read if rewards is not None or drafts is not None else None,
+        )
         self.cost = WaitCost()
         # The namespace's events are followed while waiting so that little is left to read at the
         # end; not watched (then listed at the end) when the watch is refused or broke for good.
@@ -5244,7 +6717,9 @@ class BatchFollower:
 
     def follow(self, client_deadline: float) -> str | None:
         """Wait until the Job is Complete or Failed ("Complete"/"Failed"), or None at the deadline."""
-        processes_before = self.kubectl.processes - len(self.watches)  # a watch started first is this wait's
+        processes_before = self.kubectl.processes - len(
+            self.watches
+        )  # a watch started first is this wait's
         self.watches.failures = {"job": 0, "pods": 0, "events": 0}
         try:
             for kind in ("job", "pods", "events"):
@@ -5335,13 +6810,20 @@ class BatchFollower:
     def _draft(self, name: str) -> None:
         """Summarise this pod's episode now if it has ended and its log was read after its end."""
         pod = self.state.pods.get(name)
-        if self.drafts is None or pod is None or name in self.state.deleted or not pod_terminal(pod):
+        if (
+            self.drafts is None
+            or pod is None
+            or name in self.state.deleted
+            or not pod_terminal(pod)
+        ):
             return
         terminated = container_terminated(pod)
         read = self.log_reader.early.get(name)
         if terminated is None or read is None or read[0] != terminated.get("containerID", ""):
             return
-        self.drafts.draft(pod, read[1], self.state.job, self.state.job_observed, self.state.observed.get(name))
+        self.drafts.draft(
+            pod, read[1], self.state.job, self.state.job_observed, self.state.observed.get(name)
+        )
 
     def _log_read(self, name: str) -> None:
         """From a log reader's thread: a log was read, which wakes the loop to settle its episode."""
@@ -5351,7 +6833,9 @@ class BatchFollower:
         """A watch ended: restarted, or after repeated breaks the follower polls instead (the
         events, which can be listed after the end, are given up instead)."""
         self.watches.processes.pop(kind, None)
-        if kind == "events" and (refusal or self.watches.failures[kind] >= WATCH_RESTARTS_BEFORE_POLLING):
+        if kind == "events" and (
+            refusal or self.watches.failures[kind] >= WATCH_RESTARTS_BEFORE_POLLING
+        ):
             self._unwatch_events(refusal)
             return
         if self.state.end is not None or self.polling:
@@ -5373,16 +6857,24 @@ class BatchFollower:
         once, since for thousands of pods that list is the slow part of the end."""
         if self.events_watched:
             why = refusal or f"it broke {self.watches.failures['events'] + 1} times in a row"
-            print(f"Warning: cannot watch the events ({why}); they are listed after the Job "
-                  f"ends instead (grant watch on events to follow them)", file=sys.stderr, flush=True)
+            print(
+                f"Warning: cannot watch the events ({why}); they are listed after the Job "
+                f"ends instead (grant watch on events to follow them)",
+                file=sys.stderr,
+                flush=True,
+            )
         self.events_watched = False
 
     def stop_watches(self, keep: Sequence[str] = ()) -> None:
         self.watches.stop(keep)
 
     def _show(self) -> None:
-        elapsed = time.monotonic() - self.submission.monotonic if self.submission is not None else 0.0
-        self.progress.update(status_line(self.job_name, self.count, self.state.job, elapsed, self.polling))
+        elapsed = (
+            time.monotonic() - self.submission.monotonic if self.submission is not None else 0.0
+        )
+        self.progress.update(
+            status_line(self.job_name, self.count, self.state.job, elapsed, self.polling)
+        )
 
     # After the Job's end its pod and event watches still deliver what happened up to it.
 
@@ -5394,7 +6886,8 @@ class BatchFollower:
         if self.events_watched:
             try:
                 events_expected, self.state.events.resource_version = count_events(
-                    self.kubectl, self.proxy, self.namespace, retry_until)
+                    self.kubectl, self.proxy, self.namespace, retry_until
+                )
             except DemoError:
                 pass  # then the events are listed after all
         self.settle_watches(events_expected, SETTLE_SECONDS)
@@ -5406,7 +6899,9 @@ class BatchFollower:
         deadline = time.monotonic() + seconds
         while not self.watches_settled(events_expected):
             try:
-                item = self.watches.queue.get(timeout=max(0.0, min(0.1, deadline - time.monotonic())))
+                item = self.watches.queue.get(
+                    timeout=max(0.0, min(0.1, deadline - time.monotonic()))
+                )
             except queue.Empty:
                 if time.monotonic() >= deadline:
                     return
@@ -5436,20 +6931,33 @@ class BatchFollower:
 
     def watches_settled(self, events_expected: int | None) -> bool:
         """Nothing more worth waiting for: each watch has delivered enough, or never will."""
-        events_done = events_expected is None or not self.watch_followed("events") or \
-            self.events_caught_up(events_expected)
-        pods_done = not self.watch_followed("pods") or self.state.end != "Complete" or bool(self.state.deleted) \
+        events_done = (
+            events_expected is None
+            or not self.watch_followed("events")
+            or self.events_caught_up(events_expected)
+        )
+        pods_done = (
+            not self.watch_followed("pods")
+            or self.state.end != "Complete"
+            or bool(self.state.deleted)
             or self.watched_pods_final()
+        )
         return events_done and pods_done
 
     def watch_followed(self, kind: str) -> bool:
         """The watch of `kind` runs and is what the follower goes by."""
-        return kind in self.watches and not self.polling and (kind != "events" or self.events_watched)
+        return (
+            kind in self.watches and not self.polling and (kind != "events" or self.events_watched)
+        )
 
     def events_caught_up(self, events_expected: int | None) -> bool:
         """The event watch holds at least as many events as the API did after the end."""
-        return self.events_watched and not self.polling and events_expected is not None \
+        return (
+            self.events_watched
+            and not self.polling
+            and events_expected is not None
             and len(self.state.events) >= events_expected
+        )
 
     def watched_pods_final(self) -> bool:
         """The pod watch saw each pod of the Complete Job to its final state (see pods_final)."""
@@ -5458,6 +6966,7 @@ class BatchFollower:
 
 class Evidence(NamedTuple):
     """What was saved of a finished batch, as its verification reads it."""
+
     job: dict | None  # None when the Job could not be read and the watch never saw it
     reading: PodReading
     logs: dict[str, str]  # pod name -> its log, empty when unreadable
@@ -5528,32 +7037,56 @@ class BatchEvidence:
         state = self.follower.state
         if watched_final:
             # Each pod's last change arrived: a list would show the very same pods.
-            return PodReading(sorted(state.pods.values(), key=pod_name), "final watch",
-                              state.end_resource_version, 0, 0, [])
+            return PodReading(
+                sorted(state.pods.values(), key=pod_name),
+                "final watch",
+                state.end_resource_version,
+                0,
+                0,
+                [],
+            )
         # Else never the watch's view: it may run behind. The list is at least as new as the
         # moment the Job's end was seen, and its pages are retried while a cache catches up.
-        return read_job_pods(self.kubectl, self.proxy, self.namespace, job_name,
-                             state.end_resource_version, PAGE_RETRY_SECONDS if retry else None,
-                             self.settings.chunk_size, self.follower.jobs.pod_selector())
+        return read_job_pods(
+            self.kubectl,
+            self.proxy,
+            self.namespace,
+            job_name,
+            state.end_resource_version,
+            PAGE_RETRY_SECONDS if retry else None,
+            self.settings.chunk_size,
+            self.follower.jobs.pod_selector(),
+        )
 
     def _read_events(self, events_watched: bool, retry: bool) -> PagedList | EventStore:
         """The namespace's events: as watched when the watch caught up with them all, else listed."""
         if events_watched:
             return self.follower.state.events
-        return read_events(self.kubectl, self.proxy, self.namespace, self.settings.chunk_size,
-                           COLLECT_RETRY_SECONDS if retry else None)
+        return read_events(
+            self.kubectl,
+            self.proxy,
+            self.namespace,
+            self.settings.chunk_size,
+            COLLECT_RETRY_SECONDS if retry else None,
+        )
 
-    def save_evidence(self, job_future: concurrent.futures.Future,
-                      pods_future: concurrent.futures.Future,
-                      events_future: concurrent.futures.Future, retry_until: float | None) -> Evidence:
+    def save_evidence(
+        self,
+        job_future: concurrent.futures.Future,
+        pods_future: concurrent.futures.Future,
+        events_future: concurrent.futures.Future,
+        retry_until: float | None,
+    ) -> Evidence:
         """Write what the fetches brought; fall back to the watch's view where a fetch failed."""
         follower = self.follower
         problems: list[str] = []
         job = job_future.result()
         if job is not None:
             # A batch of several Jobs saves each as read: job.json is then their List.
-            write_json(os.path.join(self.batch_dir, "job.json"),
-                       self.follower.jobs.saved() if self.follower.jobs.several else job)
+            write_json(
+                os.path.join(self.batch_dir, "job.json"),
+                self.follower.jobs.saved() if self.follower.jobs.several else job,
+            )
         reading = self._save_pods(pods_future, retry_until)
         # The logs are written while the events are still being read in pages.
         logs = follower.log_reader.collect(reading.pods, self.batch_dir, retry_until, problems)
@@ -5563,7 +7096,9 @@ class BatchEvidence:
             print(f"Warning: could not save {line}", file=sys.stderr)
         return Evidence(job, reading, logs, events)
 
-    def _save_pods(self, pods_future: concurrent.futures.Future, retry_until: float | None) -> PodReading:
+    def _save_pods(
+        self, pods_future: concurrent.futures.Future, retry_until: float | None
+    ) -> PodReading:
         """pods.json: the pods as listed (with any the list no longer shows), else as the pod watch
         saw them, each it saw unfinished read again."""
         follower = self.follower
@@ -5571,37 +7106,66 @@ class BatchEvidence:
             reading = pods_future.result()
         except DemoError as error:
             reading = None
-            print(f"Warning: could not list the pods ({error}); pods.json holds what the pod watch "
-                  f"saw, each pod it saw unfinished read again", file=sys.stderr)
+            print(
+                f"Warning: could not list the pods ({error}); pods.json holds what the pod watch "
+                f"saw, each pod it saw unfinished read again",
+                file=sys.stderr,
+            )
         follower.drain_pod_watch()
         watched = list(follower.state.pods.values())
         if reading is None:
-            fresh = reread_pods(self.kubectl, self.proxy, self.namespace, unfinished_pods(watched),
-                                None if retry_until is None else COLLECT_RETRY_SECONDS)
-            reading = PodReading(with_fresh_pods(watched, fresh), "watch", None, 0, 0, sorted(fresh))
+            fresh = reread_pods(
+                self.kubectl,
+                self.proxy,
+                self.namespace,
+                unfinished_pods(watched),
+                None if retry_until is None else COLLECT_RETRY_SECONDS,
+            )
+            reading = PodReading(
+                with_fresh_pods(watched, fresh), "watch", None, 0, 0, sorted(fresh)
+            )
         elif reading.source == "list":
             reading = reading._replace(pods=with_vanished(reading.pods, watched))
         pods = reading.pods
         indented = len(pods) < ONE_LINE_ITEMS_FROM
-        texts = EncodedItems(lambda: (follower.state.pod_text(pod, indented) for pod in pods), len(pods), indented)
-        write_json(os.path.join(self.batch_dir, "pods.json"), dict(
-            list_manifest([]), metadata={"resourceVersion": reading.resource_version or ""}, items=texts))
+        texts = EncodedItems(
+            lambda: (follower.state.pod_text(pod, indented) for pod in pods), len(pods), indented
+        )
+        write_json(
+            os.path.join(self.batch_dir, "pods.json"),
+            dict(
+                list_manifest([]),
+                metadata={"resourceVersion": reading.resource_version or ""},
+                items=texts,
+            ),
+        )
         return reading
 
-    def _save_events(self, events_future: concurrent.futures.Future,
-                     job: dict | None, pods: Sequence[dict], problems: list[str]) -> list[dict]:
+    def _save_events(
+        self,
+        events_future: concurrent.futures.Future,
+        job: dict | None,
+        pods: Sequence[dict],
+        problems: list[str],
+    ) -> list[dict]:
         """events.txt and events.json, of this batch alone; the events, empty when unreadable.
         events.txt is kubectl's table with absolute times, not its ages, which mean nothing later."""
         events_path = os.path.join(self.batch_dir, "events.json")
         try:
             events_listing = events_future.result()
-            events = events_listing.events() if isinstance(events_listing, EventStore) else events_listing.items
+            events = (
+                events_listing.events()
+                if isinstance(events_listing, EventStore)
+                else events_listing.items
+            )
             write_events(events_path, events_listing, events, events_listing.resource_version or "")
         except DemoError as error:
             events_listing = None
             problems.append(f"events: {error}")
             events = []
-        write_text(os.path.join(self.batch_dir, "events.txt"), events_table(events) if events else "")
+        write_text(
+            os.path.join(self.batch_dir, "events.txt"), events_table(events) if events else ""
+        )
         batches = [entry.job for entry in self.settings.batches]
         if len(batches) > 1 and events:
             # The namespace's events cover every batch so far; each batch keeps its own.
@@ -5645,6 +7209,7 @@ ONE_LINE_ITEMS_FROM = 100
 class EncodedItems(NamedTuple):
     """The items of a JSON list already encoded one per text: as json.dumps writes them, or
     (`indented`) as json_pieces does at their place in the file."""
+
     texts: Callable[[], Iterator[str]]
     count: int  # type: ignore[assignment]  # the items', not tuple.count()
     indented: bool = False
@@ -5705,6 +7270,7 @@ def write_json(path: str, data: Any) -> None:
     def pieces() -> Iterator[str]:
         yield from json_pieces(data)
         yield "\n"
+
     write_text(path, pieces())
 
 
@@ -5758,22 +7324,33 @@ class Receipt:
         self.fields = fields
 
     @classmethod
-    def start(cls, output: str, context: str, namespace: str, run_id: str, kubeconfig: str | None = None) -> Receipt:
+    def start(
+        cls, output: str, context: str, namespace: str, run_id: str, kubeconfig: str | None = None
+    ) -> Receipt:
         """A new run's receipt, with the kubeconfig its context came from; written by its first `save()`."""
         fields = {"context": context, "namespace": namespace, "run_id": run_id}
-        return cls(os.path.join(output, RECEIPT_FILE), dict(fields, kubeconfig=kubeconfig) if kubeconfig else fields)
+        return cls(
+            os.path.join(output, RECEIPT_FILE),
+            dict(fields, kubeconfig=kubeconfig) if kubeconfig else fields,
+        )
 
     @classmethod
     def read(cls, output: str) -> Receipt:
         """The receipt in a run's directory, written by this tool or by the guide's script."""
         path = os.path.join(output, RECEIPT_FILE)
         fields = read_json(path, "receipt")
-        if not isinstance(fields, dict) or not all(isinstance(fields.get(k), str) and fields.get(k)
-                                                   for k in ("context", "namespace", "run_id")):
-            raise DemoError(f"receipt {path} lacks context, namespace or run_id; nothing was deleted")
+        if not isinstance(fields, dict) or not all(
+            isinstance(fields.get(k), str) and fields.get(k)
+            for k in ("context", "namespace", "run_id")
+        ):
+            raise DemoError(
+                f"receipt {path} lacks context, namespace or run_id; nothing was deleted"
+            )
         if not fields["namespace"].startswith(NAMESPACE_PREFIX):
-            raise DemoError(f"receipt names namespace {fields['namespace']!r}, which this tool never "
-                            f"creates; nothing was deleted")
+            raise DemoError(
+                f"receipt names namespace {fields['namespace']!r}, which this tool never "
+                f"creates; nothing was deleted"
+            )
         return cls(path, fields)
 
     @property
@@ -5874,11 +7451,19 @@ def pod_deadline(settings: Settings) -> int | None:
 def batch_job(namespace: str, settings: Settings, name: str, task_maps: Sequence[dict]) -> dict:
     """The Job of one batch, from the run's settings and the ConfigMaps that carry its tasks."""
     return job_manifest(
-        namespace, settings.count, settings.parallelism, settings.image,
-        settings.runtime, settings.timeout, name=name, harden=settings.harden,
+        namespace,
+        settings.count,
+        settings.parallelism,
+        settings.image,
+        settings.runtime,
+        settings.timeout,
+        name=name,
+        harden=settings.harden,
         indexed=not settings.builtin,
         tasks=tasks_volume(task_maps, settings.group_size) if task_maps else None,
-        policy=rollout_policy(settings), episode_timeout=pod_deadline(settings))
+        policy=rollout_policy(settings),
+        episode_timeout=pod_deadline(settings),
+    )
 
 
 def image_job_name(batch: str, number: int) -> str:
@@ -5886,54 +7471,102 @@ def image_job_name(batch: str, number: int) -> str:
     return f"{batch}-image-{number}"
 
 
-def batch_jobs(namespace: str, settings: Settings, name: str, task_maps: Sequence[dict],
-               groups: Sequence[ImageGroup]) -> list[dict]:
+def batch_jobs(
+    namespace: str,
+    settings: Settings,
+    name: str,
+    task_maps: Sequence[dict],
+    groups: Sequence[ImageGroup],
+) -> list[dict]:
     """The Jobs of one batch: its one Job, or one per image, --parallelism shared between them."""
     if len(groups) == 1:
-        return [batch_job(namespace, dataclasses.replace(settings, image=groups[0].image), name, task_maps)]
+        return [
+            batch_job(
+                namespace, dataclasses.replace(settings, image=groups[0].image), name, task_maps
+            )
+        ]
     shares = parallelism_shares(settings.parallelism, [len(group.indexes) for group in groups])
-    return [job_manifest(
-        namespace, len(group.indexes), share, group.image, settings.runtime, settings.timeout,
-        name=image_job_name(name, number), harden=settings.harden, indexed=True,
-        tasks=tasks_volume(task_maps, settings.group_size, group.indexes) if task_maps else None,
-        policy=rollout_policy(settings), episode_timeout=pod_deadline(settings), batch=name,
-        episode_indexes=group.indexes)
-        for number, (group, share) in enumerate(zip(groups, shares), start=1)]
+    return [
+        job_manifest(
+            namespace,
+            len(group.indexes),
+            share,
+            group.image,
+            settings.runtime,
+            settings.timeout,
+            name=image_job_name(name, number),
+            harden=settings.harden,
+            indexed=True,
+            tasks=tasks_volume(task_maps, settings.group_size, group.indexes)
+            if task_maps
+            else None,
+            policy=rollout_policy(settings),
+            episode_timeout=pod_deadline(settings),
+            batch=name,
+            episode_indexes=group.indexes,
+        )
+        for number, (group, share) in enumerate(zip(groups, shares), start=1)
+    ]
 
 
 class RunPlan(NamedTuple):
     """Every object one run creates, built once: `--dry-run` prints them and `run` creates them."""
+
     namespace: dict
     setup: list[dict]  # the NetworkPolicy (--harden), the worker's ConfigMap, the tasks' ConfigMaps
-    jobs: dict[str, list[dict]]  # each batch's Jobs (one per image) by its name, in the order the batches run
+    jobs: dict[
+        str, list[dict]
+    ]  # each batch's Jobs (one per image) by its name, in the order the batches run
 
     def objects(self) -> list[dict]:
         """In creation order."""
         return [self.namespace, *self.setup, *(job for jobs in self.jobs.values() for job in jobs)]
 
 
-def plan_run(namespace: str, run_id: str, settings: Settings, worker_source: str,
-             tasks: Sequence[Task] = (), origin: RunOrigin | None = None) -> RunPlan:
+def plan_run(
+    namespace: str,
+    run_id: str,
+    settings: Settings,
+    worker_source: str,
+    tasks: Sequence[Task] = (),
+    origin: RunOrigin | None = None,
+) -> RunPlan:
     """Every object `run` creates, from its settings (and the run's origin, once known) alone."""
     task_maps = task_configmaps(namespace, tasks) if tasks else []
     setup = [network_policy_manifest(namespace)] if settings.harden else []
     setup += [configmap_manifest(namespace, worker_source), *task_maps]
-    groups = image_groups(tasks, settings.count, settings.group_size, settings.image, settings.image_map)
-    jobs = {name: batch_jobs(namespace, settings, name, task_maps, groups)
-            for name, _ in batch_names(settings.rounds, settings.warmup)}
+    groups = image_groups(
+        tasks, settings.count, settings.group_size, settings.image, settings.image_map
+    )
+    jobs = {
+        name: batch_jobs(namespace, settings, name, task_maps, groups)
+        for name, _ in batch_names(settings.rounds, settings.warmup)
+    }
     return RunPlan(namespace_manifest(namespace, run_id, settings.harden, origin), setup, jobs)
 
 
-def planned_objects(namespace: str, run_id: str, settings: Settings, worker_source: str,
-                    tasks: Sequence[Task] = (), origin: RunOrigin | None = None) -> list[dict]:
+def planned_objects(
+    namespace: str,
+    run_id: str,
+    settings: Settings,
+    worker_source: str,
+    tasks: Sequence[Task] = (),
+    origin: RunOrigin | None = None,
+) -> list[dict]:
     """Every object `run` creates, in creation order."""
     return plan_run(namespace, run_id, settings, worker_source, tasks, origin).objects()
 
 
 def run_origin(run_id: str, output: str, user: str, ttl_seconds: int | None) -> RunOrigin:
     """This run's origin as of now: this host, the absolute output directory, the expiry `--ttl` sets."""
-    return RunOrigin(run_id, __version__, socket.gethostname(), os.path.abspath(output), user,
-                     None if ttl_seconds is None else time.time() + ttl_seconds)
+    return RunOrigin(
+        run_id,
+        __version__,
+        socket.gethostname(),
+        os.path.abspath(output),
+        user,
+        None if ttl_seconds is None else time.time() + ttl_seconds,
+    )
 
 
 def current_user(kubectl: Kubectl) -> str:
@@ -5941,15 +7574,19 @@ def current_user(kubectl: Kubectl) -> str:
     (a SelfSubjectReview), else, where the server or kubectl has none, the context's user
     in the kubeconfig."""
     try:
-        review = kubectl.get_json(["auth", "whoami"], retry_until=time.monotonic() + FIRST_CONTACT_RETRY_SECONDS)
+        review = kubectl.get_json(
+            ["auth", "whoami"], retry_until=time.monotonic() + FIRST_CONTACT_RETRY_SECONDS
+        )
         username = (((review or {}).get("status") or {}).get("userInfo") or {}).get("username")
         if isinstance(username, str) and username:
             return username
     except (KubectlError, DemoError):
         pass  # no SelfSubjectReview API (before 1.28, or turned off), or a kubectl older than 1.27
     try:
-        named = kubectl.run(["config", "view", "--minify", "-o", "jsonpath={.contexts[0].context.user}"],
-                            request_timeout=None).strip()
+        named = kubectl.run(
+            ["config", "view", "--minify", "-o", "jsonpath={.contexts[0].context.user}"],
+            request_timeout=None,
+        ).strip()
     except KubectlError:
         named = ""
     return named or "(unknown)"
@@ -5961,9 +7598,13 @@ def find_kubectl(binary: str, spelling: Spelling = COMMAND_LINE) -> str:
     if found:
         return found
     if os.path.exists(binary):
-        raise DemoError(f"kubectl at {binary} is not executable (chmod +x it or pass "
-                        f"{spelling.option('kubectl', 'PATH')})")
-    raise DemoError(f"kubectl not found: {binary!r} (install kubectl or pass {spelling.option('kubectl', 'PATH')})")
+        raise DemoError(
+            f"kubectl at {binary} is not executable (chmod +x it or pass "
+            f"{spelling.option('kubectl', 'PATH')})"
+        )
+    raise DemoError(
+        f"kubectl not found: {binary!r} (install kubectl or pass {spelling.option('kubectl', 'PATH')})"
+    )
 
 
 def require_kubectl(kubectl: Kubectl, spelling: Spelling = COMMAND_LINE) -> None:
@@ -5974,46 +7615,67 @@ def require_kubectl(kubectl: Kubectl, spelling: Spelling = COMMAND_LINE) -> None
     "Namespace already absent".
     """
     try:
-        version = json.loads(kubectl.run(["version", "--client", "-o", "json"], request_timeout=None))
+        version = json.loads(
+            kubectl.run(["version", "--client", "-o", "json"], request_timeout=None)
+        )
     except (KubectlError, ValueError):
         version = None
     if not isinstance(version, dict) or "clientVersion" not in version:
-        raise DemoError(f"{spelling.setting('kubectl', kubectl.binary)} does not look like kubectl "
-                        f"(`version --client` printed no kubectl version)")
+        raise DemoError(
+            f"{spelling.setting('kubectl', kubectl.binary)} does not look like kubectl "
+            f"(`version --client` printed no kubectl version)"
+        )
 
 
 def resolve_context(kubectl: Kubectl, wanted: str | None, spelling: Spelling = COMMAND_LINE) -> str:
     """The context every later call names: --context if it exists, else the current one."""
     if wanted:
         try:
-            named = kubectl.run(["config", "get-contexts", wanted, "-o", "name"], request_timeout=None)
+            named = kubectl.run(
+                ["config", "get-contexts", wanted, "-o", "name"], request_timeout=None
+            )
         except KubectlError:
-            raise DemoError(f"kube context {wanted!r} not found in the kubeconfig "
-                            f"(kubectl config get-contexts lists them)") from None
+            raise DemoError(
+                f"kube context {wanted!r} not found in the kubeconfig "
+                f"(kubectl config get-contexts lists them)"
+            ) from None
         if not named.strip():
             require_kubectl(kubectl, spelling)
-            raise DemoError(f"kube context {wanted!r} not found in the kubeconfig "
-                            f"(kubectl config get-contexts lists them)")
+            raise DemoError(
+                f"kube context {wanted!r} not found in the kubeconfig "
+                f"(kubectl config get-contexts lists them)"
+            )
         return wanted
     try:
         context = kubectl.run(["config", "current-context"], request_timeout=None).strip()
     except KubectlError as error:
-        raise DemoError(f"no current kube context ({error}); "
-                        f"set one or pass {spelling.option('context', 'NAME')}") from None
+        raise DemoError(
+            f"no current kube context ({error}); "
+            f"set one or pass {spelling.option('context', 'NAME')}"
+        ) from None
     if not context:
         require_kubectl(kubectl, spelling)
-        raise DemoError(f"no current kube context; set one or pass {spelling.option('context', 'NAME')}")
+        raise DemoError(
+            f"no current kube context; set one or pass {spelling.option('context', 'NAME')}"
+        )
     return context
 
 
-def describe_failure(job: dict | None, pods: Sequence[dict], job_name: str, limit_seconds: int,
-                     logs: dict[str, str] | None = None) -> list[str]:
+def describe_failure(
+    job: dict | None,
+    pods: Sequence[dict],
+    job_name: str,
+    limit_seconds: int,
+    logs: dict[str, str] | None = None,
+) -> list[str]:
     """Why a Job did not complete: its condition and each pod that did not succeed (a failed
     container's line quotes the end of the Python traceback in its log)."""
     lines = []
     failed = condition(job or {}, "Failed")
     if failed and failed.get("status") == "True":
-        lines.append(f"Job {job_name}: Failed ({failed.get('reason', '?')}: {failed.get('message', '')})")
+        lines.append(
+            f"Job {job_name}: Failed ({failed.get('reason', '?')}: {failed.get('message', '')})"
+        )
     else:
         lines.append(f"Job {job_name}: not Complete within {limit_seconds} s")
     for pod in sorted(pods, key=pod_name):
@@ -6022,10 +7684,15 @@ def describe_failure(job: dict | None, pods: Sequence[dict], job_name: str, limi
             continue
         state = container_status(pod).get("state") or {}
         if "terminated" in state:
-            detail = with_traceback(f"container exited {state['terminated'].get('exitCode')} "
-                                    f"({state['terminated'].get('reason', '')})", (logs or {}).get(pod_name(pod), ""))
+            detail = with_traceback(
+                f"container exited {state['terminated'].get('exitCode')} "
+                f"({state['terminated'].get('reason', '')})",
+                (logs or {}).get(pod_name(pod), ""),
+            )
         elif "waiting" in state:
-            detail = f"{state['waiting'].get('reason', 'waiting')}: {state['waiting'].get('message', '')}".rstrip(": ")
+            detail = f"{state['waiting'].get('reason', 'waiting')}: {state['waiting'].get('message', '')}".rstrip(
+                ": "
+            )
         elif "running" in state:
             detail = "still running"
         else:
@@ -6042,14 +7709,22 @@ def summarised_problems(problems: Sequence[str], shown: int = 3) -> list[str]:
     return list(problems[:shown]) + [f"... and {len(problems) - shown} more (see the saved files)"]
 
 
-def saved_evidence(job: dict | None, pods: Sequence[dict], logs: dict[str, str], events: Sequence[dict]) -> str:
+def saved_evidence(
+    job: dict | None, pods: Sequence[dict], logs: dict[str, str], events: Sequence[dict]
+) -> str:
     """Which evidence a failed batch left, so no one looks for logs that never existed."""
     written = sum(1 for text in logs.values() if text.strip())
-    parts = [f"saved: job.json{'' if job else ' (unreadable)'}", f"pods.json ({plural(len(pods), 'pod')})",
-             f"events.txt ({plural(len(events), 'event')})", f"{written} of {len(pods)} pod logs with content"]
+    parts = [
+        f"saved: job.json{'' if job else ' (unreadable)'}",
+        f"pods.json ({plural(len(pods), 'pod')})",
+        f"events.txt ({plural(len(events), 'event')})",
+        f"{written} of {len(pods)} pod logs with content",
+    ]
     if not pods:
-        parts.append("no pod is left to have a log (the Job controller deletes a Job's pods when it ends it "
-                     "for its deadline)")
+        parts.append(
+            "no pod is left to have a log (the Job controller deletes a Job's pods when it ends it "
+            "for its deadline)"
+        )
     return ", ".join(parts)
 
 
@@ -6058,20 +7733,28 @@ def waiting_note(job: dict | None, elapsed: float) -> str:
     job = job or {}
     failure = condition(job, "FailureTarget")
     if failure and failure.get("status") == "True":
-        return (f"  ({failure.get('reason', 'failing')}: waiting for the pods to stop before Kubernetes "
-                f"marks the Job Failed)")
+        return (
+            f"  ({failure.get('reason', 'failing')}: waiting for the pods to stop before Kubernetes "
+            f"marks the Job Failed)"
+        )
     success = condition(job, "SuccessCriteriaMet")
     if success and success.get("status") == "True":
         return "  (all succeeded: waiting for the pods to stop before Kubernetes marks the Job Complete)"
     deadline = (job.get("spec") or {}).get("activeDeadlineSeconds")
     if isinstance(deadline, int) and elapsed > deadline:
-        return (f"  (past the Job's {deadline} s deadline: waiting up to {CLIENT_GRACE_SECONDS} s more for "
-                f"the Job controller to end it)")
+        return (
+            f"  (past the Job's {deadline} s deadline: waiting up to {CLIENT_GRACE_SECONDS} s more for "
+            f"the Job controller to end it)"
+        )
     return ""
 
 
-def write_events(path: str, source: PagedList | EventStore | None, events: Sequence[dict],
-                 resource_version: str | None) -> None:
+def write_events(
+    path: str,
+    source: PagedList | EventStore | None,
+    events: Sequence[dict],
+    resource_version: str | None,
+) -> None:
     """events.json: the namespace's events as an EventList of the revision they were read at,
     or (`resource_version` None) a batch's share of them as a `v1 List`; each event whole
     even where the summary holds only its compact form."""
@@ -6083,13 +7766,21 @@ def write_events(path: str, source: PagedList | EventStore | None, events: Seque
     if resource_version is None:
         write_json(path, dict(list_manifest([]), items=items))
     else:
-        write_json(path, {"apiVersion": "v1", "kind": "EventList", "metadata": {"resourceVersion": resource_version},
-                          "items": items})
+        write_json(
+            path,
+            {
+                "apiVersion": "v1",
+                "kind": "EventList",
+                "metadata": {"resourceVersion": resource_version},
+                "items": items,
+            },
+        )
 
 
 @dataclasses.dataclass
 class RunContext:
     """What the steps of one `run` share: its settings and plan, its receipt, its open handles."""
+
     settings: Settings
     plan: RunPlan
     receipt: Receipt
@@ -6101,9 +7792,15 @@ class RunContext:
     proxy: ApiProxy | None = None
     batch: BatchEvidence | None = None  # the batch under way: what an interruption saves
     touched_cluster: bool = False
-    silent: bool = False  # a quiet Python caller: its stdout and stderr carry only warnings and errors
-    spelling: Spelling = COMMAND_LINE  # how its errors name the settings: flags, or run_batch()'s keywords
-    on_reward: Callable[[dict], None] | None = None  # run_batch's caller, told each rewards.jsonl line
+    silent: bool = (
+        False  # a quiet Python caller: its stdout and stderr carry only warnings and errors
+    )
+    spelling: Spelling = (
+        COMMAND_LINE  # how its errors name the settings: flags, or run_batch()'s keywords
+    )
+    on_reward: Callable[[dict], None] | None = (
+        None  # run_batch's caller, told each rewards.jsonl line
+    )
     prepull: dict | None = None  # --prepull's figures, once it ran
     stop: threading.Event | None = None  # set by stream_batch once its reader has gone
     capacity: dict | None = None  # what check_capacity found the nodes can run: run.json keeps it
@@ -6148,41 +7845,61 @@ def check_runtime_class(run: RunContext) -> None:
     runtime, context = run.settings.runtime, run.kubectl.context
     try:
         # Retried briefly, so an unreachable cluster is reported in seconds rather than after a minute.
-        run.kubectl.run(["get", "runtimeclass", runtime, "-o", "name"],
-                        retry_until=time.monotonic() + FIRST_CONTACT_RETRY_SECONDS)
+        run.kubectl.run(
+            ["get", "runtimeclass", runtime, "-o", "name"],
+            retry_until=time.monotonic() + FIRST_CONTACT_RETRY_SECONDS,
+        )
     except KubectlError as error:
         if UNSERVED_PATH_MESSAGE in error.stderr:  # no missing RuntimeClass: an unknown URL
-            raise DemoError(f"the endpoint of context {context!r}{server_of_context(run.kubectl)} "
-                            f"does not serve the Kubernetes API (or lacks node.k8s.io/v1 RuntimeClass): "
-                            f"{error}; nothing was created") from None
+            raise DemoError(
+                f"the endpoint of context {context!r}{server_of_context(run.kubectl)} "
+                f"does not serve the Kubernetes API (or lacks node.k8s.io/v1 RuntimeClass): "
+                f"{error}; nothing was created"
+            ) from None
         if error.not_found:
-            raise DemoError(f"RuntimeClass {runtime!r} not found in context {context!r}; "
-                            f"nothing was created (pass {run.spelling.option('runtime', 'NAME')})") from None
-        raise DemoError(f"cannot reach the cluster of context {context!r}: {error}; "
-                        f"nothing was created") from None
+            raise DemoError(
+                f"RuntimeClass {runtime!r} not found in context {context!r}; "
+                f"nothing was created (pass {run.spelling.option('runtime', 'NAME')})"
+            ) from None
+        raise DemoError(
+            f"cannot reach the cluster of context {context!r}: {error}; nothing was created"
+        ) from None
 
 
 def check_server_version(run: RunContext) -> None:
     """Retries, accepted failures and --need need the Job API of Kubernetes >= 1.33; an older server
     would drop or reject the fields, so say so before anything is created."""
     context, name = run.kubectl.context, run.spelling.name
-    needs = f"{name('need')} needs" if run.settings.need is not None else \
-        f"{name('retries')} and {name('allow_failures')} need"
+    needs = (
+        f"{name('need')} needs"
+        if run.settings.need is not None
+        else f"{name('retries')} and {name('allow_failures')} need"
+    )
     try:
-        version = json.loads(run.kubectl.run(["get", "--raw", "/version"],
-                                             retry_until=time.monotonic() + FIRST_CONTACT_RETRY_SECONDS))
+        version = json.loads(
+            run.kubectl.run(
+                ["get", "--raw", "/version"],
+                retry_until=time.monotonic() + FIRST_CONTACT_RETRY_SECONDS,
+            )
+        )
         found = (int(version["major"]), int(re.sub(r"\D.*", "", version["minor"]) or 0))
     except (KubectlError, ValueError, KeyError, TypeError) as error:
-        raise DemoError(f"cannot tell the Kubernetes version of context {context!r} ({error}); "
-                        f"{needs} >= 1.33; nothing was created") from None
+        raise DemoError(
+            f"cannot tell the Kubernetes version of context {context!r} ({error}); "
+            f"{needs} >= 1.33; nothing was created"
+        ) from None
     if run.settings.need is not None and found < NEED_MIN_SERVER:
-        raise DemoError(f"{needs} Kubernetes >= 1.33 (the Job's successPolicy, with backoffLimitPerIndex "
-                        f"and maxFailedIndexes); context {context!r} serves {found[0]}.{found[1]}; "
-                        f"nothing was created")
+        raise DemoError(
+            f"{needs} Kubernetes >= 1.33 (the Job's successPolicy, with backoffLimitPerIndex "
+            f"and maxFailedIndexes); context {context!r} serves {found[0]}.{found[1]}; "
+            f"nothing was created"
+        )
     if found < RETRIES_MIN_SERVER:
-        raise DemoError(f"{needs} Kubernetes >= 1.33 (backoffLimitPerIndex, "
-                        f"maxFailedIndexes and podFailurePolicy FailIndex); context {context!r} "
-                        f"serves {found[0]}.{found[1]}; nothing was created")
+        raise DemoError(
+            f"{needs} Kubernetes >= 1.33 (backoffLimitPerIndex, "
+            f"maxFailedIndexes and podFailurePolicy FailIndex); context {context!r} "
+            f"serves {found[0]}.{found[1]}; nothing was created"
+        )
 
 
 def check_capacity(run: RunContext) -> None:
@@ -6199,8 +7916,10 @@ def check_capacity(run: RunContext) -> None:
 def server_of_context(kubectl: Kubectl) -> str:
     """` (URL)` of the context's API server for a message, or nothing if kubectl cannot say."""
     try:
-        server = kubectl.run(["config", "view", "--minify", "-o", "jsonpath={.clusters[0].cluster.server}"],
-                             request_timeout=None).strip()
+        server = kubectl.run(
+            ["config", "view", "--minify", "-o", "jsonpath={.clusters[0].cluster.server}"],
+            request_timeout=None,
+        ).strip()
     except DemoError:
         return ""
     return f" ({server})" if server else ""
@@ -6208,9 +7927,12 @@ def server_of_context(kubectl: Kubectl) -> str:
 
 def stamp_origin(run: RunContext) -> None:
     """Who starts the run, from where and until when, into the namespace about to be created."""
-    origin = run_origin(run.receipt.run_id, run.output, current_user(run.kubectl), run.settings.ttl_seconds)
-    run.plan = run.plan._replace(namespace=namespace_manifest(run.namespace, origin.run_id, run.settings.harden,
-                                                              origin))
+    origin = run_origin(
+        run.receipt.run_id, run.output, current_user(run.kubectl), run.settings.ttl_seconds
+    )
+    run.plan = run.plan._replace(
+        namespace=namespace_manifest(run.namespace, origin.run_id, run.settings.harden, origin)
+    )
 
 
 def create_namespace(run: RunContext) -> None:
@@ -6234,8 +7956,12 @@ def create_object(run: RunContext, manifest: dict) -> dict:
             raise
     kind = manifest["kind"].lower()
     name = manifest["metadata"]["name"]
-    existing = kubectl.get(kind, name, None if kind == "namespace" else run.namespace,
-                           retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS)
+    existing = kubectl.get(
+        kind,
+        name,
+        None if kind == "namespace" else run.namespace,
+        retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
+    )
     assert existing is not None  # not missing_ok: a missing object raised
     if kind == "namespace" and not run.receipt.owns_namespace(existing):
         raise DemoError(f"namespace {name} already exists and is not this run's")
@@ -6248,45 +7974,90 @@ def prepull(run: RunContext) -> None:
     Leaves prepull.json (the step's figures and its pods); the figures go into results.json."""
     retry_until = time.monotonic() + FIRST_CONTACT_RETRY_SECONDS
     try:
-        runtime_class = run.kubectl.get("runtimeclass", run.settings.runtime, retry_until=retry_until)
-        nodes = usable_nodes((run.kubectl.get_list("nodes", None, retry_until=retry_until) or {}).get("items") or [],
-                             runtime_class)
+        runtime_class = run.kubectl.get(
+            "runtimeclass", run.settings.runtime, retry_until=retry_until
+        )
+        nodes = usable_nodes(
+            (run.kubectl.get_list("nodes", None, retry_until=retry_until) or {}).get("items") or [],
+            runtime_class,
+        )
     except DemoError as error:
-        raise DemoError(f"--prepull needs to list the nodes (and get the RuntimeClass): {error}") from None
+        raise DemoError(
+            f"--prepull needs to list the nodes (and get the RuntimeClass): {error}"
+        ) from None
     if not nodes:
-        raise DemoError("--prepull found no node the batch can use (schedulable, with the RuntimeClass's labels)")
+        raise DemoError(
+            "--prepull found no node the batch can use (schedulable, with the RuntimeClass's labels)"
+        )
     images = run_images(run.plan.jobs)
     deadline_seconds = run.settings.pull_timeout or run.settings.timeout
-    pods = [prepull_pod_manifest(run.namespace, f"prepull-{i}-{n}", node, image, run.settings.runtime,
-                                 run.settings.harden, deadline_seconds)
-            for i, image in enumerate(images, start=1) for n, node in enumerate(nodes, start=1)]
+    pods = [
+        prepull_pod_manifest(
+            run.namespace,
+            f"prepull-{i}-{n}",
+            node,
+            image,
+            run.settings.runtime,
+            run.settings.harden,
+            deadline_seconds,
+        )
+        for i, image in enumerate(images, start=1)
+        for n, node in enumerate(nodes, start=1)
+    ]
     started = time.monotonic()
     for pod in pods:
         create_object(run, pod)
     finished = wait_prepulled(run, len(pods), started + deadline_seconds + CLIENT_GRACE_SECONDS)
     seconds = time.monotonic() - started
-    events = (run.kubectl.get_list("events", run.namespace, retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS)
-              or {}).get("items") or []
+    events = (
+        run.kubectl.get_list(
+            "events", run.namespace, retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS
+        )
+        or {}
+    ).get("items") or []
     failures = prepull_failures(finished, events)
-    run.prepull = {"seconds": rounded(seconds), "nodes": len(nodes), "images": len(images),
-                   "pods": len(pods), "failures": failures,
-                   "image_cache": count_image_cache(image_cache_states(events).get(pod_name(p)) for p in finished)}
-    write_json(os.path.join(run.output, PREPULL_FILE), dict(run.prepull, node_names=nodes, image_names=images,
-                                                            pod_states=list_manifest(finished)))
+    run.prepull = {
+        "seconds": rounded(seconds),
+        "nodes": len(nodes),
+        "images": len(images),
+        "pods": len(pods),
+        "failures": failures,
+        "image_cache": count_image_cache(
+            image_cache_states(events).get(pod_name(p)) for p in finished
+        ),
+    }
+    write_json(
+        os.path.join(run.output, PREPULL_FILE),
+        dict(run.prepull, node_names=nodes, image_names=images, pod_states=list_manifest(finished)),
+    )
     if not run.silent:
-        print(f"Pre-pulled {plural(len(images), 'image')} on {plural(len(nodes), 'node')} in {seconds:.1f} s"
-              + (f"; {len(failures)} of {len(pods)} pods failed: " + "; ".join(
-                  f"{f['image']} on {f['node']}: {f['why']}" for f in failures[:3]) if failures else ""),
-              file=sys.stderr, flush=True)
+        print(
+            f"Pre-pulled {plural(len(images), 'image')} on {plural(len(nodes), 'node')} in {seconds:.1f} s"
+            + (
+                f"; {len(failures)} of {len(pods)} pods failed: "
+                + "; ".join(f"{f['image']} on {f['node']}: {f['why']}" for f in failures[:3])
+                if failures
+                else ""
+            ),
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def wait_prepulled(run: RunContext, count: int, deadline: float) -> list[dict]:
     """The --prepull pods once each has ended, or as they are at the deadline (polled: a short step)."""
     while True:
-        listed = run.kubectl.get_list("pods", run.namespace, "-l", f"{PREPULL_LABEL}=true",
-                                      retry_until=min(deadline, time.monotonic() + CALL_TIMEOUT_SECONDS))
+        listed = run.kubectl.get_list(
+            "pods",
+            run.namespace,
+            "-l",
+            f"{PREPULL_LABEL}=true",
+            retry_until=min(deadline, time.monotonic() + CALL_TIMEOUT_SECONDS),
+        )
         pods = (listed or {}).get("items") or []
-        if (len(pods) >= count and all(pod_terminal(pod) for pod in pods)) or time.monotonic() >= deadline:
+        if (
+            len(pods) >= count and all(pod_terminal(pod) for pod in pods)
+        ) or time.monotonic() >= deadline:
             return sorted(pods, key=pod_name)
         time.sleep(PREPULL_POLL_SECONDS)
 
@@ -6307,8 +8078,10 @@ def run_one_batch(run: RunContext, entry: BatchEntry) -> BatchOutcome:
     os.makedirs(batch_dir, exist_ok=True)
     manifests = run.plan.jobs[job_name]
     job_names = [manifest["metadata"]["name"] for manifest in manifests]
-    write_json(os.path.join(batch_dir, "job-submitted.json"),
-               manifests[0] if len(manifests) == 1 else list_manifest(manifests))
+    write_json(
+        os.path.join(batch_dir, "job-submitted.json"),
+        manifests[0] if len(manifests) == 1 else list_manifest(manifests),
+    )
     if len(manifests) > 1:
         check_jobs_accepted(run, manifests)
     # The client's own deadline, which bounds its watches from their start; its measures start
@@ -6323,11 +8096,25 @@ def run_one_batch(run: RunContext, entry: BatchEntry) -> BatchOutcome:
     except BaseException:
         watches.stop()
         raise
-    rewards = RewardStream(os.path.join(batch_dir, REWARDS_FILE), run.settings, run.on_reward, run.stop) \
-        if run.settings.rollout else None
-    follower = BatchFollower(run.kubectl, run.namespace, job_name, run.settings.count,
-                             run.progress, run.pool, run.proxy, batch_dir, rewards, watches,
-                             EpisodeDrafts(run.settings.builtin), job_names)
+    rewards = (
+        RewardStream(os.path.join(batch_dir, REWARDS_FILE), run.settings, run.on_reward, run.stop)
+        if run.settings.rollout
+        else None
+    )
+    follower = BatchFollower(
+        run.kubectl,
+        run.namespace,
+        job_name,
+        run.settings.count,
+        run.progress,
+        run.pool,
+        run.proxy,
+        batch_dir,
+        rewards,
+        watches,
+        EpisodeDrafts(run.settings.builtin),
+        job_names,
+    )
     run.batch = batch = BatchEvidence(run, follower, batch_dir)
 
     def create_jobs() -> dict:
@@ -6343,8 +8130,10 @@ def run_one_batch(run: RunContext, entry: BatchEntry) -> BatchOutcome:
     wait = client_wait(follower, end)
     evidence = batch.collect(job_name)
     follower.stop_watches()
-    wait = wait._replace(pods_read=pods_read(evidence.reading, follower.state.end_resource_version),
-                         events_read=batch.events_read)
+    wait = wait._replace(
+        pods_read=pods_read(evidence.reading, follower.state.end_resource_version),
+        events_read=batch.events_read,
+    )
     summarise = rollout_summary if run.settings.rollout else verified_summary
     client_path = os.path.join(batch_dir, "client.json")
     try:
@@ -6353,10 +8142,16 @@ def run_one_batch(run: RunContext, entry: BatchEntry) -> BatchOutcome:
         if rewards is not None:
             rewards.close()
             wait = wait._replace(reward_deliveries=[d.saved() for d in rewards.deliveries])
-            write_json(client_path, wait.saved())  # kept, with the deliveries, should the summary fail
-    assert follower.end_seen_monotonic is not None  # both summaries fail a batch whose end was not seen
-    wait = wait._replace(episodes_summarised_while_waiting=summary.drafts_taken,
-                         post_completion_seconds=rounded(time.monotonic() - follower.end_seen_monotonic))
+            write_json(
+                client_path, wait.saved()
+            )  # kept, with the deliveries, should the summary fail
+    assert (
+        follower.end_seen_monotonic is not None
+    )  # both summaries fail a batch whose end was not seen
+    wait = wait._replace(
+        episodes_summarised_while_waiting=summary.drafts_taken,
+        post_completion_seconds=rounded(time.monotonic() - follower.end_seen_monotonic),
+    )
     write_json(client_path, wait.saved())
     return BatchOutcome(entry, summary, wait.saved())
 
@@ -6366,17 +8161,23 @@ def check_jobs_accepted(run: RunContext, manifests: Sequence[dict]) -> None:
     any is created: one refused (an invalid image reference) fails the run with none of them made."""
     for manifest in manifests:
         try:
-            run.kubectl.run(["create", "--dry-run=server", "-f", "-", "-o", "name"], input_text=json.dumps(manifest),
-                            retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS)
+            run.kubectl.run(
+                ["create", "--dry-run=server", "-f", "-", "-o", "name"],
+                input_text=json.dumps(manifest),
+                retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
+            )
         except KubectlError as error:
             image = manifest["spec"]["template"]["spec"]["containers"][0]["image"]
-            raise DemoError(f"the API server refuses Job {manifest['metadata']['name']} (image {image}): "
-                            f"{error}; none of the batch's {len(manifests)} Jobs was created") from None
+            raise DemoError(
+                f"the API server refuses Job {manifest['metadata']['name']} (image {image}): "
+                f"{error}; none of the batch's {len(manifests)} Jobs was created"
+            ) from None
 
 
 class ClientWait(NamedTuple):
     """How the client waited for one Job (client.json): when it saw the end, what the wait cost,
     how the evidence was read after it, and (a rollout) when each rewards.jsonl line was written."""
+
     job: str
     end: str | None  # Complete or Failed; None when the client gave up waiting
     submitted_at: float  # wall clock, just before the create call
@@ -6395,13 +8196,21 @@ class ClientWait(NamedTuple):
 
     def saved(self) -> dict[str, Any]:
         """client.json's fields: the ones not known yet (or not a rollout's) left out."""
-        return {key: value for key, value in self._asdict().items()
-                if value is not None or key not in CLIENT_WAIT_LATER}
+        return {
+            key: value
+            for key, value in self._asdict().items()
+            if value is not None or key not in CLIENT_WAIT_LATER
+        }
 
 
 # What client.json gains as the batch is read and summarised; the fields before are there from the end.
-CLIENT_WAIT_LATER = ("pods_read", "events_read", "reward_deliveries", "episodes_summarised_while_waiting",
-                     "post_completion_seconds")
+CLIENT_WAIT_LATER = (
+    "pods_read",
+    "events_read",
+    "reward_deliveries",
+    "episodes_summarised_while_waiting",
+    "post_completion_seconds",
+)
 
 
 def client_wait(follower: BatchFollower, end: str | None) -> ClientWait:
@@ -6409,18 +8218,30 @@ def client_wait(follower: BatchFollower, end: str | None) -> ClientWait:
     submission = follower.submission
     assert submission is not None  # followed only once submitted
     return ClientWait(
-        job=follower.job_name, end=end, submitted_at=submission.wall, observed_at=follower.end_seen_wall,
+        job=follower.job_name,
+        end=end,
+        submitted_at=submission.wall,
+        observed_at=follower.end_seen_wall,
         client_job_complete_seconds=rounded(follower.end_seen_monotonic - submission.monotonic)
-        if follower.end_seen_monotonic is not None else None,
-        kubectl_processes_while_waiting=follower.cost.processes, watch_restarts=follower.cost.restarts,
-        watch_queue_peak=follower.cost.queue_peak, wait_mode="poll" if follower.polling else "watch")
+        if follower.end_seen_monotonic is not None
+        else None,
+        kubectl_processes_while_waiting=follower.cost.processes,
+        watch_restarts=follower.cost.restarts,
+        watch_queue_peak=follower.cost.queue_peak,
+        wait_mode="poll" if follower.polling else "watch",
+    )
 
 
 def pods_read(reading: PodReading, not_older_than: str | None) -> dict[str, Any]:
     """client.json's `pods_read`: how the Job's pods were read after its end."""
-    return {"source": reading.source, "not_older_than": not_older_than,
-            "resource_version": reading.resource_version, "pages": reading.pages,
-            "continue_expiries": reading.continue_expiries, "read_again": reading.reread}
+    return {
+        "source": reading.source,
+        "not_older_than": not_older_than,
+        "resource_version": reading.resource_version,
+        "pages": reading.pages,
+        "continue_expiries": reading.continue_expiries,
+        "read_again": reading.reread,
+    }
 
 
 def verified_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) -> BatchSummary:
@@ -6428,23 +8249,40 @@ def verified_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) 
     job, reading, logs, events = evidence
     settings, pods, job_name = batch.settings, reading.pods, batch.follower.job_name
     if end != "Complete":
-        raise DemoError("\n  ".join(
-            ["Job failed or timed out; inspect saved status/events/logs, then cleanup"]
-            + describe_failure(job, pods, job_name, settings.timeout + CLIENT_GRACE_SECONDS, logs)
-            + [saved_evidence(job, pods, logs, events)]))
+        raise DemoError(
+            "\n  ".join(
+                ["Job failed or timed out; inspect saved status/events/logs, then cleanup"]
+                + describe_failure(
+                    job, pods, job_name, settings.timeout + CLIENT_GRACE_SECONDS, logs
+                )
+                + [saved_evidence(job, pods, logs, events)]
+            )
+        )
     if reading.source == "watch" and len(pods) < settings.count:
         # A watch that saw fewer pods than episodes proves nothing about the others.
-        raise DemoError(f"cannot verify the batch: the pods could not be listed and the pod watch saw "
-                        f"only {len(pods)} of {settings.count}")
+        raise DemoError(
+            f"cannot verify the batch: the pods could not be listed and the pod watch saw "
+            f"only {len(pods)} of {settings.count}"
+        )
     assert job is not None  # its Complete condition was seen on it
     try:
-        return summarise_batch(job, pods, logs, events, settings.count, settings.builtin,
-                               batch.follower.end_seen_wall, batch.follower.observations(),
-                               drafts=batch.follower.drafts.drafts if batch.follower.drafts else None)
+        return summarise_batch(
+            job,
+            pods,
+            logs,
+            events,
+            settings.count,
+            settings.builtin,
+            batch.follower.end_seen_wall,
+            batch.follower.observations(),
+            drafts=batch.follower.drafts.drafts if batch.follower.drafts else None,
+        )
     except VerificationError as error:
         if reading.source == "watch":
-            raise VerificationError(f"{error} (judged from the pods the watch saw, each unfinished one "
-                                    f"read again: the pods could not be listed)") from None
+            raise VerificationError(
+                f"{error} (judged from the pods the watch saw, each unfinished one "
+                f"read again: the pods could not be listed)"
+            ) from None
         raise
 
 
@@ -6452,9 +8290,23 @@ def rollout_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) -
     """Write rewards.jsonl with every episode; accept the batch if its failures are within
     --allow-failures, and summarise its successful episodes."""
     job, reading, logs, events = evidence
-    settings, pods, count, job_name = batch.settings, reading.pods, batch.settings.count, batch.follower.job_name
-    rows = episode_rows(count, job or {"metadata": {}}, pods, logs, settings.builtin,
-                        settings.task_ids, settings.group_size, events, group_images(settings))
+    settings, pods, count, job_name = (
+        batch.settings,
+        reading.pods,
+        batch.settings.count,
+        batch.follower.job_name,
+    )
+    rows = episode_rows(
+        count,
+        job or {"metadata": {}},
+        pods,
+        logs,
+        settings.builtin,
+        settings.task_ids,
+        settings.group_size,
+        events,
+        group_images(settings),
+    )
     follower = batch.follower
     if follower.rewards is not None:
         rows = follower.rewards.finish(rows, pods, logs, follower.state.observed)
@@ -6463,39 +8315,76 @@ def rollout_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) -
     failures = [row for row in rows if is_failure(row)]
     said = failures_said(failures)
     if end is None or job is None:
-        raise DemoError("\n  ".join(
-            ["Job did not finish; inspect saved status/events/logs, then cleanup"]
-            + describe_failure(job, pods, job_name, settings.timeout + CLIENT_GRACE_SECONDS, logs)
-            + [f"{REWARDS_FILE} lists every episode as last seen", saved_evidence(job, pods, logs, events)]))
+        raise DemoError(
+            "\n  ".join(
+                ["Job did not finish; inspect saved status/events/logs, then cleanup"]
+                + describe_failure(
+                    job, pods, job_name, settings.timeout + CLIENT_GRACE_SECONDS, logs
+                )
+                + [
+                    f"{REWARDS_FILE} lists every episode as last seen",
+                    saved_evidence(job, pods, logs, events),
+                ]
+            )
+        )
     if reading.source == "watch" and len(pods) < count:
-        raise DemoError(f"cannot verify the batch: the pods could not be listed and the pod watch saw "
-                        f"only {len(pods)} of {count}")
+        raise DemoError(
+            f"cannot verify the batch: the pods could not be listed and the pod watch saw "
+            f"only {len(pods)} of {count}"
+        )
     try:
-        summary = summarise_rollout(rows, job, pods, logs, events, settings, batch.follower.end_seen_wall,
-                                    batch.follower.observations(), batch.spelling,
-                                    follower.drafts.drafts if follower.drafts else None)
+        summary = summarise_rollout(
+            rows,
+            job,
+            pods,
+            logs,
+            events,
+            settings,
+            batch.follower.end_seen_wall,
+            batch.follower.observations(),
+            batch.spelling,
+            follower.drafts.drafts if follower.drafts else None,
+        )
     except DemoError as error:
-        raise DemoError(f"{error}\n  {REWARDS_FILE} lists every episode with its class; "
-                        f"{saved_evidence(job, pods, logs, events)}") from None
+        raise DemoError(
+            f"{error}\n  {REWARDS_FILE} lists every episode with its class; "
+            f"{saved_evidence(job, pods, logs, events)}"
+        ) from None
     if follower.rewards is not None:
-        summary.figures.update(batch_delivery_figures(follower.rewards.deliveries, follower.state.job_observed,
-                                                      settings.need))
+        summary.figures.update(
+            batch_delivery_figures(
+                follower.rewards.deliveries, follower.state.job_observed, settings.need
+            )
+        )
         summary.deliveries = [d.written_at for d in follower.rewards.deliveries if d.success]
     cancelled = summary.figures.get("cancelled_episodes") or 0
     if settings.need is not None:
-        print(f"--need {settings.need} met: {count - cancelled - len(failures)} of {count} episodes "
-              f"succeeded, {cancelled} cancelled, {len(failures)} failed" + (f" ({said})" if failures else ""),
-              file=sys.stderr)
+        print(
+            f"--need {settings.need} met: {count - cancelled - len(failures)} of {count} episodes "
+            f"succeeded, {cancelled} cancelled, {len(failures)} failed"
+            + (f" ({said})" if failures else ""),
+            file=sys.stderr,
+        )
     if failures:
-        accepted = "Failures within --need" if settings.need is not None else "Accepted a partial batch"
-        print("\n  ".join([f"{accepted}: {len(failures)} of {count} episodes failed "
-                           f"({said}); every episode is in {REWARDS_FILE}"] + failure_lines(failures)),
-              file=sys.stderr)
+        accepted = (
+            "Failures within --need" if settings.need is not None else "Accepted a partial batch"
+        )
+        print(
+            "\n  ".join(
+                [
+                    f"{accepted}: {len(failures)} of {count} episodes failed "
+                    f"({said}); every episode is in {REWARDS_FILE}"
+                ]
+                + failure_lines(failures)
+            ),
+            file=sys.stderr,
+        )
     return summary
 
 
-def batch_delivery_figures(deliveries: Sequence[Delivery], job_observed: dict[str, float],
-                           need: int | None) -> dict:
+def batch_delivery_figures(
+    deliveries: Sequence[Delivery], job_observed: dict[str, float], need: int | None
+) -> dict:
     """delivery_figures from the moments the client's create call started and returned."""
     submitted, returned = job_observed.get("submitted"), job_observed.get("create_returned")
     slack = returned - submitted if submitted is not None and returned is not None else None
@@ -6516,6 +8405,7 @@ def save_results(run: RunContext, batches: Sequence[BatchOutcome]) -> Results:
 
 class ClientCost(NamedTuple):
     """What the run cost on this machine (results.json's `client`)."""
+
     kubectl_processes: int
     api_retries: int
     cpu_seconds: float | None
@@ -6530,8 +8420,12 @@ class ClientCost(NamedTuple):
 
 def client_figures(run: RunContext) -> ClientCost:
     """What the run cost on this machine: kubectl processes, retries, CPU, peak memory."""
-    return ClientCost(run.kubectl.processes, run.kubectl.retries, rounded(cpu_seconds() - run.cpu_start),
-                      peak_rss_mib())
+    return ClientCost(
+        run.kubectl.processes,
+        run.kubectl.retries,
+        rounded(cpu_seconds() - run.cpu_start),
+        peak_rss_mib(),
+    )
 
 
 def peak_rss_mib() -> float | None:
@@ -6548,7 +8442,7 @@ def peak_rss_mib() -> float | None:
         return None
     # ru_maxrss is in KiB on Linux (bytes on macOS).
     scale = 1 if sys.platform == "darwin" else 1024
-    return rounded(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2 ** 20, 1)
+    return rounded(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20, 1)
 
 
 def salvage(run: RunContext) -> None:
@@ -6604,15 +8498,25 @@ def failures_said(failures: Sequence[dict]) -> str:
 
 def failure_lines(failures: Sequence[dict], most: int = 10) -> list[str]:
     """One line per failed episode (the first few): which, whose fault, why."""
-    return [f"episode {row['index']} (task {row['task_id']!r}, pod {row['pod']}, "
-            f"{plural(row['attempts'], 'attempt')}): {row['failure_class']}: {row['failure']}"
-            for row in failures[:most]] + ([f"... and {len(failures) - most} more"] if len(failures) > most else [])
+    return [
+        f"episode {row['index']} (task {row['task_id']!r}, pod {row['pod']}, "
+        f"{plural(row['attempts'], 'attempt')}): {row['failure_class']}: {row['failure']}"
+        for row in failures[:most]
+    ] + ([f"... and {len(failures) - most} more"] if len(failures) > most else [])
 
 
-def summarise_rollout(rows: Sequence[dict], job: dict, pods: Sequence[dict], logs: dict[str, str],
-                      events: Sequence[dict], settings: Settings, end_seen_at: float | None = None,
-                      observed: dict | None = None, spelling: Spelling = COMMAND_LINE,
-                      drafts: Mapping[str, EpisodeDraft] | None = None) -> BatchSummary:
+def summarise_rollout(
+    rows: Sequence[dict],
+    job: dict,
+    pods: Sequence[dict],
+    logs: dict[str, str],
+    events: Sequence[dict],
+    settings: Settings,
+    end_seen_at: float | None = None,
+    observed: dict | None = None,
+    spelling: Spelling = COMMAND_LINE,
+    drafts: Mapping[str, EpisodeDraft] | None = None,
+) -> BatchSummary:
     """A rollout batch's summary: the figures of its successful episodes, with failures, attempts and
     groups; DemoError when more episodes failed than --allow-failures accepts, or all did. Pure."""
     failures = [row for row in rows if is_failure(row)]
@@ -6620,36 +8524,88 @@ def summarise_rollout(rows: Sequence[dict], job: dict, pods: Sequence[dict], log
     allowed = len(rows) - need if need is not None else settings.allow_failures or 0
     successes = {row["pod"] for row in rows if row["failure_class"] is None}
     if need is not None and len(successes) < need:
-        raise DemoError("\n  ".join([f"{len(successes)} of {len(rows)} episodes succeeded, fewer than "
-                                     f"{spelling.setting('need', need)} ({len(failures)} failed: "
-                                     f"{failures_said(failures) or 'none'})"] + failure_lines(failures)))
+        raise DemoError(
+            "\n  ".join(
+                [
+                    f"{len(successes)} of {len(rows)} episodes succeeded, fewer than "
+                    f"{spelling.setting('need', need)} ({len(failures)} failed: "
+                    f"{failures_said(failures) or 'none'})"
+                ]
+                + failure_lines(failures)
+            )
+        )
     if len(failures) > allowed or not successes:
-        allowance = f"allow_failures={allowed} accepts no more" if spelling.python else \
-            f"--allow-failures accepts {allowed}"
+        allowance = (
+            f"allow_failures={allowed} accepts no more"
+            if spelling.python
+            else f"--allow-failures accepts {allowed}"
+        )
         accepts = allowance if len(failures) > allowed else "none succeeded"
-        raise DemoError("\n  ".join([f"{len(failures)} of {len(rows)} episodes failed "
-                                     f"({failures_said(failures)}); {accepts}"] + failure_lines(failures)))
+        raise DemoError(
+            "\n  ".join(
+                [
+                    f"{len(failures)} of {len(rows)} episodes failed "
+                    f"({failures_said(failures)}); {accepts}"
+                ]
+                + failure_lines(failures)
+            )
+        )
     by_name = {pod_name(pod): pod for pod in pods}
-    summary = summarise_batch(job, [pod for pod in pods if pod_name(pod) in successes], logs, events,
-                              len(successes), settings.builtin, end_seen_at, observed,
-                              # Cancelled episodes too: the timeline draws every episode.
-                              [(by_name.get(row["pod"]), row) for row in rows if row["failure_class"] is not None],
-                              drafts)
-    summary.figures.update(rollout_figures(rows, job, pods, settings.group_size, allowed,
-                                           settings.retries or 0, need))
+    summary = summarise_batch(
+        job,
+        [pod for pod in pods if pod_name(pod) in successes],
+        logs,
+        events,
+        len(successes),
+        settings.builtin,
+        end_seen_at,
+        observed,
+        # Cancelled episodes too: the timeline draws every episode.
+        [(by_name.get(row["pod"]), row) for row in rows if row["failure_class"] is not None],
+        drafts,
+    )
+    summary.figures.update(
+        rollout_figures(rows, job, pods, settings.group_size, allowed, settings.retries or 0, need)
+    )
     summary.figures["images"] = image_figures(summary.episodes, rows)
     return summary
 
 
-ROLLOUT_FIELDS = ("failed_episodes", "failures_by_class", "failures", "accepted_partial", "allow_failures",
-                  "retries", "attempts", "group_size", "groups", "groups_complete", "group_all_rewards_seconds",
-                  "group_spread_seconds", "pod_to_ready_censored", "job_end", "need", "cancelled_episodes",
-                  "first_reward_seconds", "kth_reward_seconds", "reward_delivery_lag_p50_seconds",
-                  "reward_delivery_lag_p99_seconds", "reward_delivery_lag_max_seconds", "reward_delivery")
+ROLLOUT_FIELDS = (
+    "failed_episodes",
+    "failures_by_class",
+    "failures",
+    "accepted_partial",
+    "allow_failures",
+    "retries",
+    "attempts",
+    "group_size",
+    "groups",
+    "groups_complete",
+    "group_all_rewards_seconds",
+    "group_spread_seconds",
+    "pod_to_ready_censored",
+    "job_end",
+    "need",
+    "cancelled_episodes",
+    "first_reward_seconds",
+    "kth_reward_seconds",
+    "reward_delivery_lag_p50_seconds",
+    "reward_delivery_lag_p99_seconds",
+    "reward_delivery_lag_max_seconds",
+    "reward_delivery",
+)
 
 
-def rollout_figures(rows: Sequence[dict], job: dict, pods: Sequence[dict], group_size: int,
-                    allowed: int, retries: int, need: int | None = None) -> dict:
+def rollout_figures(
+    rows: Sequence[dict],
+    job: dict,
+    pods: Sequence[dict],
+    group_size: int,
+    allowed: int,
+    retries: int,
+    need: int | None = None,
+) -> dict:
     """What a rollout batch adds to its summary: failures by class, attempts, groups; with --need,
     the episodes it cancelled (no failures: a run that got its K successes exits 0)."""
     failures = [row for row in rows if is_failure(row)]
@@ -6659,8 +8615,21 @@ def rollout_figures(rows: Sequence[dict], job: dict, pods: Sequence[dict], group
         "episodes": len(rows),
         "failed_episodes": len(failures),
         "failures_by_class": failure_counts(row["failure_class"] for row in failures),
-        "failures": [{key: row[key] for key in ("index", "task_id", "pod", "attempts", "failure_class",
-                                                "failure", "evidence")} for row in failures],
+        "failures": [
+            {
+                key: row[key]
+                for key in (
+                    "index",
+                    "task_id",
+                    "pod",
+                    "attempts",
+                    "failure_class",
+                    "failure",
+                    "evidence",
+                )
+            }
+            for row in failures
+        ],
         "accepted_partial": bool(failures) and need is None,
         "allow_failures": allowed,
         "cancelled_episodes": sum(1 for row in rows if row["failure_class"] == CANCELLED),
@@ -6669,18 +8638,30 @@ def rollout_figures(rows: Sequence[dict], job: dict, pods: Sequence[dict], group
         "group_size": group_size,
         "groups": groups,
         "groups_complete": len(complete),
-        "group_all_rewards_seconds": describe([g["all_rewards_seconds"] for g in complete],
-                                              missing=len(groups) - len(complete)),
-        "group_spread_seconds": describe([g["spread_seconds"] for g in groups if g["spread_seconds"] is not None]),
-        "job_end": {"condition": job_finished(job), "reason": job_end_reason(job) or (
-            SUCCESS_POLICY_REASON if job_cut_short(job) else None)},
+        "group_all_rewards_seconds": describe(
+            [g["all_rewards_seconds"] for g in complete], missing=len(groups) - len(complete)
+        ),
+        "group_spread_seconds": describe(
+            [g["spread_seconds"] for g in groups if g["spread_seconds"] is not None]
+        ),
+        "job_end": {
+            "condition": job_finished(job),
+            "reason": job_end_reason(job)
+            or (SUCCESS_POLICY_REASON if job_cut_short(job) else None),
+        },
     }
     if need is not None:
         figures["need"] = need
     if failures:
         censored = censored_pod_to_ready(rows, job, pods)
-        figures.update({"pod_to_ready_p50_seconds": censored["p50"], "pod_to_ready_p95_seconds": censored["p95"],
-                        "pod_to_ready_max_seconds": censored["max"], "pod_to_ready_censored": censored})
+        figures.update(
+            {
+                "pod_to_ready_p50_seconds": censored["p50"],
+                "pod_to_ready_p95_seconds": censored["p95"],
+                "pod_to_ready_max_seconds": censored["max"],
+                "pod_to_ready_censored": censored,
+            }
+        )
     return figures
 
 
@@ -6690,19 +8671,33 @@ def read_capacity(kubectl: Kubectl, settings: Settings, job: dict) -> dict:
     retry_until = time.monotonic() + FIRST_CONTACT_RETRY_SECONDS
     try:
         runtime_class = kubectl.get("runtimeclass", settings.runtime, retry_until=retry_until)
-        nodes = kubectl.get_list("nodes", None, f"--chunk-size={settings.chunk_size}",
-                                 retry_until=retry_until)
+        nodes = kubectl.get_list(
+            "nodes", None, f"--chunk-size={settings.chunk_size}", retry_until=retry_until
+        )
     except DemoError as error:
         forbidden = "forbidden" in getattr(error, "stderr", "").lower()
-        return {"checked": False, "reason": "reading nodes or the RuntimeClass is not permitted" if forbidden
-                else str(error)}
+        return {
+            "checked": False,
+            "reason": "reading nodes or the RuntimeClass is not permitted"
+            if forbidden
+            else str(error),
+        }
     requests = job["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]
-    return capacity_plan((nodes or {}).get("items") or [], runtime_class, requests, settings.count,
-                         settings.parallelism)
+    return capacity_plan(
+        (nodes or {}).get("items") or [],
+        runtime_class,
+        requests,
+        settings.count,
+        settings.parallelism,
+    )
 
 
-def write_pictures(output: str, measured: Sequence[tuple[str, BatchSummary]], settings: Settings,
-                   figures: dict | None = None) -> None:
+def write_pictures(
+    output: str,
+    measured: Sequence[tuple[str, BatchSummary]],
+    settings: Settings,
+    figures: dict | None = None,
+) -> None:
     """timeline.svg (a sample of a large batch), ramp.svg and cdf.svg; `figures`: the throughput, if known."""
     title = timeline_title(settings)
     sampled, note = timeline_sample(measured)
@@ -6722,33 +8717,45 @@ def cpu_seconds() -> float:
 
 class BatchOutcome(NamedTuple):
     """One batch as results.json pools them."""
+
     entry: BatchEntry  # its entry in run.json's `batches`
     summary: BatchSummary
-    client_wait: dict | None  # client.json: how the client waited (none for a run of the guide's script)
+    client_wait: (
+        dict | None
+    )  # client.json: how the client waited (none for a run of the guide's script)
 
     def figures(self) -> dict:
         """The batch's saved form; of how the client waited, it shows the one figure."""
-        return dict(self.summary.figures,
-                    client_job_complete_seconds=(self.client_wait or {}).get("client_job_complete_seconds"))
+        return dict(
+            self.summary.figures,
+            client_job_complete_seconds=(self.client_wait or {}).get("client_job_complete_seconds"),
+        )
 
 
 @dataclasses.dataclass
 class Results:
     """A run's results: `figures` as results.json saves them (printed_results gives the printed
     form), and the measured batches they pool, for episodes.csv and the pictures."""
+
     figures: dict[str, Any]
     batches: list[tuple[str, BatchSummary]]  # each measured batch: its Job's name and its summary
 
 
-def assemble_results(settings: Settings, batches: Sequence[BatchOutcome], client: dict | None,
-                     capacity: dict | None = None) -> Results:
+def assemble_results(
+    settings: Settings,
+    batches: Sequence[BatchOutcome],
+    client: dict | None,
+    capacity: dict | None = None,
+) -> Results:
     """results.json, top to bottom: the fields of every run, then a single batch's own or the
     rounds', the warm-up, what the run cost (`client`), the throughput, and the capacity plan
     check_capacity made (`capacity`, if it did)."""
     measured = [batch for batch in batches if batch.entry.measured]
     warmups = [batch for batch in batches if not batch.entry.measured]
     results = common_results(settings, measured)
-    results.update(single_batch_results(measured[0]) if len(measured) == 1 else rounds_results(measured))
+    results.update(
+        single_batch_results(measured[0]) if len(measured) == 1 else rounds_results(measured)
+    )
     if warmups:
         results["warmup"] = warmups[0].figures()
     if client is not None:
@@ -6764,12 +8771,18 @@ def common_results(settings: Settings, measured: Sequence[BatchOutcome]) -> dict
     """The fields of every results.json: the measured batches pooled, and the run's settings."""
     figures = [batch.figures() for batch in measured]
     episodes = [record for batch in measured for record in batch.summary.episodes]
-    rows = [dict(row, job=batch.entry.job) if len(measured) > 1 else row
-            for batch in measured for row in batch.summary.figures["pods"]]
+    rows = [
+        dict(row, job=batch.entry.job) if len(measured) > 1 else row
+        for batch in measured
+        for row in batch.summary.figures["pods"]
+    ]
     if len(measured) == 1:  # its own summary already pooled the same episodes
         phases, by_start_path = figures[0]["phases"], figures[0]["phases_by_start_path"]
     else:
-        phases, by_start_path = phase_summary([r["phases"] for r in episodes]), start_path_phases(episodes)
+        phases, by_start_path = (
+            phase_summary([r["phases"] for r in episodes]),
+            start_path_phases(episodes),
+        )
     guide = describe([r["guide_pod_to_ready"] for r in episodes])
     client_seconds = [f.get("client_job_complete_seconds") for f in figures]
     known_seconds = [seconds for seconds in client_seconds if seconds is not None]
@@ -6798,9 +8811,12 @@ def common_results(settings: Settings, measured: Sequence[BatchOutcome]) -> dict
         "harden": settings.harden,
         "episode_script": settings.episode_script,
         "episode_script_sha256": settings.episode_script_sha256,
-        "client_job_complete_seconds": max(known_seconds) if len(known_seconds) == len(client_seconds) else None,
-        "reward_mean": rounded(sum(f["reward_sum"] for f in figures) / max(1, sum(f["episodes"] for f in figures)),
-                               6),
+        "client_job_complete_seconds": max(known_seconds)
+        if len(known_seconds) == len(client_seconds)
+        else None,
+        "reward_mean": rounded(
+            sum(f["reward_sum"] for f in figures) / max(1, sum(f["episodes"] for f in figures)), 6
+        ),
         "rounds_measured": len(figures),
         "phases": phases,
         "phases_by_start_path": by_start_path,
@@ -6816,20 +8832,36 @@ def single_batch_results(batch: BatchOutcome) -> dict[str, Any]:
     wait; for a rollout, its failures, attempts and groups (and the guide's pod_to_ready figures
     with its failed episodes counted at the deadline)."""
     figures = batch.figures()
-    results = {"completion_gap": figures["completion_gap"], "clocks": figures["clocks"],
-               "job_created": figures["job_created"], "client_wait": batch.client_wait}
+    results = {
+        "completion_gap": figures["completion_gap"],
+        "clocks": figures["clocks"],
+        "job_created": figures["job_created"],
+        "client_wait": batch.client_wait,
+    }
     if "failed_episodes" in figures:
-        results.update({key: figures[key] for key in ROLLOUT_FIELDS + (
-            "pod_to_ready_p50_seconds", "pod_to_ready_p95_seconds", "pod_to_ready_max_seconds") if key in figures})
+        results.update(
+            {
+                key: figures[key]
+                for key in ROLLOUT_FIELDS
+                + (
+                    "pod_to_ready_p50_seconds",
+                    "pod_to_ready_p95_seconds",
+                    "pod_to_ready_max_seconds",
+                )
+                if key in figures
+            }
+        )
     return results
 
 
 def rounds_results(measured: Sequence[BatchOutcome]) -> dict[str, Any]:
     """What results.json adds for several measured rounds: each round's own figures."""
     return {
-        "round_figures": ("batch_to_all_ready_seconds, batch_to_all_rewards_seconds and "
-                          "client_job_complete_seconds are the slowest round's; each round's "
-                          "are in rounds[], and the percentiles pool every round's episodes"),
+        "round_figures": (
+            "batch_to_all_ready_seconds, batch_to_all_rewards_seconds and "
+            "client_job_complete_seconds are the slowest round's; each round's "
+            "are in rounds[], and the percentiles pool every round's episodes"
+        ),
         "rounds": [dict(batch.figures(), job=batch.entry.job) for batch in measured],
     }
 
@@ -6852,8 +8884,10 @@ def load_worker(script: str | None, spelling: Spelling = COMMAND_LINE) -> tuple[
         with open(script, encoding="utf-8") as handle:
             source = handle.read()
     except (OSError, UnicodeDecodeError) as error:
-        raise DemoError(f"cannot read {spelling.setting('episode_script', script)}: "
-                        f"{getattr(error, 'strerror', None) or error}") from None
+        raise DemoError(
+            f"cannot read {spelling.setting('episode_script', script)}: "
+            f"{getattr(error, 'strerror', None) or error}"
+        ) from None
     check_episode_syntax(script, source, spelling)
     return source, False
 
@@ -6874,9 +8908,12 @@ def check_episode_syntax(script: str, source: str, spelling: Spelling = COMMAND_
         text = (getattr(error, "text", None) or "").strip()
         detail = f"{getattr(error, 'msg', None) or error}" + (f": {text}" if text else "")
         if sys.version_info < NEWEST_SYNTAX_PYTHON and not broken_on_every_python(source, error):
-            print(f"Warning: {where} does not compile on Python "
-                  f"{sys.version_info[0]}.{sys.version_info[1]} ({detail}); the image's Python may "
-                  f"be newer, so it is shipped anyway", file=sys.stderr)
+            print(
+                f"Warning: {where} does not compile on Python "
+                f"{sys.version_info[0]}.{sys.version_info[1]} ({detail}); the image's Python may "
+                f"be newer, so it is shipped anyway",
+                file=sys.stderr,
+            )
             return
         raise DemoError(f"{where}: {detail}; nothing was created") from None
 
@@ -6901,7 +8938,10 @@ def broken_on_every_python(source: str, error: SyntaxError | ValueError) -> bool
             elif token.type == tokenize.OP and token.string in BRACKET_PAIRS:
                 if not opened or opened.pop() != BRACKET_PAIRS[token.string]:
                     return True
-    except (tokenize.TokenError, SyntaxError):  # EOF inside brackets or a triple-quoted string; a bad dedent
+    except (
+        tokenize.TokenError,
+        SyntaxError,
+    ):  # EOF inside brackets or a triple-quoted string; a bad dedent
         return True
     return bool(opened)
 
@@ -6916,7 +8956,9 @@ def perform_run(args: argparse.Namespace) -> tuple[int, Results | None]:
     if args.dry_run:
         print(json.dumps(dry_run_listing(args), indent=2))
         return 0, None
-    worker_source, builtin = load_worker(args.episode_script, getattr(args, "spelling", COMMAND_LINE))
+    worker_source, builtin = load_worker(
+        args.episode_script, getattr(args, "spelling", COMMAND_LINE)
+    )
     tasks: list[Task] = list(getattr(args, "task_list", None) or [])
     run = start_run(args, worker_source, builtin, tasks)
     cleanup_hint = cleanup_command(run.output, args.kubectl)
@@ -6959,16 +9001,26 @@ def exit_at_once(status: int) -> NoReturn:
 
 def dry_run_listing(args: argparse.Namespace) -> dict:
     """`run --dry-run`: the objects a run would create, as one v1 List; nothing is touched."""
-    worker_source, builtin = load_worker(args.episode_script, getattr(args, "spelling", COMMAND_LINE))
+    worker_source, builtin = load_worker(
+        args.episode_script, getattr(args, "spelling", COMMAND_LINE)
+    )
     tasks: list[Task] = list(getattr(args, "task_list", None) or [])
     run_id = secrets.token_hex(6)
     settings = run_settings(args, worker_source, builtin, tasks, None, NAMESPACE_PREFIX + run_id)
     origin = run_origin(run_id, args.output, USER_UNKNOWN_BEFORE_RUN, settings.ttl_seconds)
-    return list_manifest(planned_objects(NAMESPACE_PREFIX + run_id, run_id, settings, worker_source, tasks, origin))
+    return list_manifest(
+        planned_objects(NAMESPACE_PREFIX + run_id, run_id, settings, worker_source, tasks, origin)
+    )
 
 
-def run_settings(args: argparse.Namespace, worker_source: str, builtin: bool, tasks: Sequence[Task],
-                 context: str | None, namespace: str) -> Settings:
+def run_settings(
+    args: argparse.Namespace,
+    worker_source: str,
+    builtin: bool,
+    tasks: Sequence[Task],
+    context: str | None,
+    namespace: str,
+) -> Settings:
     """The run's settings, once, from its checked arguments (the command line's or run_batch()'s),
     its episode program, and the context and namespace it runs in (no context for --dry-run)."""
     rollout = bool(getattr(args, "rollout", False))
@@ -6978,49 +9030,86 @@ def run_settings(args: argparse.Namespace, worker_source: str, builtin: bool, ta
     image = rewrite_image(args.image, image_map)
     groups = image_groups(tasks, args.count, args.group_size, image, image_map)
     return Settings(
-        version=__version__, count=args.count, parallelism=args.parallelism, image=image,
-        runtime=args.runtime, timeout=args.timeout or default_timeout(args.count, args.parallelism),
-        rounds=args.rounds, warmup=args.warmup, harden=args.harden, builtin=builtin,
-        episode_script=args.episode_script, chunk_size=args.chunk_size,
-        episode_script_sha256=None if builtin else hashlib.sha256(worker_source.encode("utf-8")).hexdigest(),
-        ttl_seconds=args.ttl, rollout=rollout,
+        version=__version__,
+        count=args.count,
+        parallelism=args.parallelism,
+        image=image,
+        runtime=args.runtime,
+        timeout=args.timeout or default_timeout(args.count, args.parallelism),
+        rounds=args.rounds,
+        warmup=args.warmup,
+        harden=args.harden,
+        builtin=builtin,
+        episode_script=args.episode_script,
+        chunk_size=args.chunk_size,
+        episode_script_sha256=None
+        if builtin
+        else hashlib.sha256(worker_source.encode("utf-8")).hexdigest(),
+        ttl_seconds=args.ttl,
+        rollout=rollout,
         # The rollout options are recorded (and read) only for a rollout batch.
         tasks_file=getattr(args, "tasks", None) if rollout else None,
         group_size=args.group_size if rollout else 1,
         retries=args.retries if rollout else None,
         allow_failures=args.allow_failures if rollout else None,
         task_ids=tuple(task.task_id for task in tasks) if rollout and tasks else None,
-        need=getattr(args, "need", None), episode_timeout=getattr(args, "episode_timeout", None),
-        context=context, namespace=namespace,
-        batches=tuple(BatchEntry(name, measured, name if len(batches) > 1 else ".",
-                                 tuple(image_job_name(name, n) for n in range(1, len(groups) + 1))
-                                 if len(groups) > 1 else ())
-                      for name, measured in batches),
-        image_map=image_map, pull_timeout=getattr(args, "pull_timeout", None),
+        need=getattr(args, "need", None),
+        episode_timeout=getattr(args, "episode_timeout", None),
+        context=context,
+        namespace=namespace,
+        batches=tuple(
+            BatchEntry(
+                name,
+                measured,
+                name if len(batches) > 1 else ".",
+                tuple(image_job_name(name, n) for n in range(1, len(groups) + 1))
+                if len(groups) > 1
+                else (),
+            )
+            for name, measured in batches
+        ),
+        image_map=image_map,
+        pull_timeout=getattr(args, "pull_timeout", None),
         prepull=bool(getattr(args, "prepull", False)),
-        task_images=tuple(task_images(tasks, image, image_map)) if rollout and tasks else None)
+        task_images=tuple(task_images(tasks, image, image_map)) if rollout and tasks else None,
+    )
 
 
-def start_run(args: argparse.Namespace, worker_source: str, builtin: bool, tasks: Sequence[Task]) -> RunContext:
+def start_run(
+    args: argparse.Namespace, worker_source: str, builtin: bool, tasks: Sequence[Task]
+) -> RunContext:
     """Claim the output directory and name the context, run id and namespace; nothing in the cluster changes."""
     output, spelling = args.output, getattr(args, "spelling", COMMAND_LINE)
     if os.path.lexists(output):
-        raise DemoError(f"output directory {output} already exists; records are never overwritten, "
-                        f"choose a new {spelling.name('output')}")
+        raise DemoError(
+            f"output directory {output} already exists; records are never overwritten, "
+            f"choose a new {spelling.name('output')}"
+        )
     kubectl = Kubectl(find_kubectl(args.kubectl, spelling), verbose=args.verbose)
     kubectl.context = resolve_context(kubectl, args.context, spelling)
     try:
         os.makedirs(output)
     except OSError as error:
-        raise DemoError(f"cannot create output directory {output}: {error.strerror or error}") from None
+        raise DemoError(
+            f"cannot create output directory {output}: {error.strerror or error}"
+        ) from None
     run_id = secrets.token_hex(6)
     namespace = NAMESPACE_PREFIX + run_id
     settings = run_settings(args, worker_source, builtin, tasks, kubectl.context, namespace)
-    return RunContext(settings, plan_run(namespace, run_id, settings, worker_source, tasks),
-                      Receipt.start(output, kubectl.context, namespace, run_id, kubeconfig_path()), kubectl, output,
-                      Progress(args.quiet), concurrent.futures.ThreadPoolExecutor(LOG_READERS), cpu_seconds(),
-                      silent=args.quiet and not getattr(args, "print_results", True), spelling=spelling,
-                      on_reward=getattr(args, "on_reward", None), stop=getattr(args, "stop", None))
+    return RunContext(
+        settings,
+        plan_run(namespace, run_id, settings, worker_source, tasks),
+        Receipt.start(output, kubectl.context, namespace, run_id, kubeconfig_path()),
+        kubectl,
+        output,
+        Progress(args.quiet),
+        concurrent.futures.ThreadPoolExecutor(LOG_READERS),
+        cpu_seconds(),
+        silent=args.quiet and not getattr(args, "print_results", True),
+        spelling=spelling,
+        on_reward=getattr(args, "on_reward", None),
+        stop=getattr(args, "stop", None),
+    )
 
 
 @contextlib.contextmanager
@@ -7028,8 +9117,14 @@ def signals_interrupt() -> Iterator[None]:
     """SIGTERM interrupts as Ctrl-C does, so a stopped run saves its evidence, and neither lands inside
     a fork (InterruptsAcrossForks; main thread only: no other thread may set a signal handler)."""
     main_thread = threading.current_thread() is threading.main_thread()
-    previous = {signum: signal.signal(signum, INTERRUPTS.handle) for signum in (signal.SIGINT, signal.SIGTERM)} \
-        if main_thread else {}
+    previous = (
+        {
+            signum: signal.signal(signum, INTERRUPTS.handle)
+            for signum in (signal.SIGINT, signal.SIGTERM)
+        }
+        if main_thread
+        else {}
+    )
     try:
         yield
     finally:
@@ -7046,10 +9141,19 @@ def interrupted(run: RunContext, cleanup_hint: str, why: str = "Interrupted.") -
     except (KeyboardInterrupt, DemoError):
         pass
     # Ctrl-C can read as "stop the batch": only this client stopped.
-    running = (" This stopped the client, not the Job: it runs on in the cluster, its namespace with it, until "
-               "you clean up.") if run.receipt.fields.get("jobs") else ""
-    print(f"{why} Evidence saved in {run.output}; receipt.json names namespace "
-          f"{run.namespace}.{running}\nClean up with: {cleanup_hint}", file=sys.stderr)
+    running = (
+        (
+            " This stopped the client, not the Job: it runs on in the cluster, its namespace with it, until "
+            "you clean up."
+        )
+        if run.receipt.fields.get("jobs")
+        else ""
+    )
+    print(
+        f"{why} Evidence saved in {run.output}; receipt.json names namespace "
+        f"{run.namespace}.{running}\nClean up with: {cleanup_hint}",
+        file=sys.stderr,
+    )
 
 
 def print_results(results: dict, quiet: bool) -> None:
@@ -7062,7 +9166,9 @@ def print_results(results: dict, quiet: bool) -> None:
     warn_clocks(results)
 
 
-def finish_run(run: RunContext, failure: DemoError | None, clean_up: bool, quiet: bool, cleanup_hint: str) -> None:
+def finish_run(
+    run: RunContext, failure: DemoError | None, clean_up: bool, quiet: bool, cleanup_hint: str
+) -> None:
     """`--cleanup` if asked, then one error naming why the run failed, its evidence and what to clean up."""
     if clean_up and run.touched_cluster:
         # stdout carries only the results; what cleanup says goes with the progress.
@@ -7072,18 +9178,24 @@ def finish_run(run: RunContext, failure: DemoError | None, clean_up: bool, quiet
             cleanup_namespace(run.kubectl, run.receipt, report=report)
         except DemoError as error:
             # Never let a failed cleanup hide why the run failed or where its evidence is.
-            why = f"{failure}\n  evidence: {run.output}\n  --cleanup failed too: " if failure else ""
+            why = (
+                f"{failure}\n  evidence: {run.output}\n  --cleanup failed too: " if failure else ""
+            )
             raise DemoError(f"{why}{error}\n  clean up: {cleanup_hint}") from None
     if failure is not None:
         if not run.touched_cluster and release_output(run.output):
-            raise DemoError(f"{failure}\n  {run.output} was removed again, so the same "
-                            f"{run.spelling.name('output')} can be reused")
+            raise DemoError(
+                f"{failure}\n  {run.output} was removed again, so the same "
+                f"{run.spelling.name('output')} can be reused"
+            )
         if run.touched_cluster and not clean_up:
             raise DemoError(f"{failure}\n  evidence: {run.output}\n  clean up: {cleanup_hint}")
         raise DemoError(f"{failure}\n  evidence: {run.output}")
     if run.touched_cluster and not clean_up and not quiet:
-        print(f"The namespace {run.namespace} stays for inspection; clean up with: {cleanup_hint}",
-              file=sys.stderr)
+        print(
+            f"The namespace {run.namespace} stays for inspection; clean up with: {cleanup_hint}",
+            file=sys.stderr,
+        )
 
 
 def release_output(output: str) -> bool:
@@ -7105,7 +9217,9 @@ def release_output(output: str) -> bool:
 # The `cleanup` action.
 
 
-def wait_gone(kubectl: Kubectl, kind: str, name: str, namespace: str | None, seconds: float) -> dict | None:
+def wait_gone(
+    kubectl: Kubectl, kind: str, name: str, namespace: str | None, seconds: float
+) -> dict | None:
     """Poll until the object is gone; return its last state if it is still there at the deadline."""
     deadline = time.monotonic() + seconds
     while True:
@@ -7117,22 +9231,37 @@ def wait_gone(kubectl: Kubectl, kind: str, name: str, namespace: str | None, sec
         time.sleep(POLL_INTERVAL_SECONDS)
 
 
-def cleanup_namespace(kubectl: Kubectl, receipt: Receipt,
-                      wait_seconds: float = DELETE_WAIT_SECONDS, report: TextIO | None = None) -> None:
+def cleanup_namespace(
+    kubectl: Kubectl,
+    receipt: Receipt,
+    wait_seconds: float = DELETE_WAIT_SECONDS,
+    report: TextIO | None = None,
+) -> None:
     """Delete the run's Jobs and namespace, only after proving both are the run's own."""
     report = report or sys.stdout
     namespace = receipt.namespace
     try:
-        live = kubectl.get("namespace", namespace, missing_ok=True,
-                           retry_until=time.monotonic() + FIRST_CONTACT_RETRY_SECONDS)
+        live = kubectl.get(
+            "namespace",
+            namespace,
+            missing_ok=True,
+            retry_until=time.monotonic() + FIRST_CONTACT_RETRY_SECONDS,
+        )
     except KubectlError as error:
-        raise DemoError(f"cannot reach the cluster of context {receipt.context!r} to look up "
-                        f"namespace {namespace}: {error}; nothing was deleted") from None
+        raise DemoError(
+            f"cannot reach the cluster of context {receipt.context!r} to look up "
+            f"namespace {namespace}: {error}; nothing was deleted"
+        ) from None
     if live is None:
-        print("Namespace already absent", file=report, flush=True)  # the guide's words, as it prints them
+        print(
+            "Namespace already absent", file=report, flush=True
+        )  # the guide's words, as it prints them
         # Which one, beside the results' stream: run twice, cleanup names what it found gone.
-        print(f"({namespace} in context {receipt.context}: nothing to delete)",
-              file=sys.stderr if report is sys.stdout else report, flush=True)
+        print(
+            f"({namespace} in context {receipt.context}: nothing to delete)",
+            file=sys.stderr if report is sys.stdout else report,
+            flush=True,
+        )
         return
     # Only a UID the run recorded proves the namespace its own: the label alone could be copied.
     if not receipt.namespace_uid or not receipt.owns_namespace(live):
@@ -7140,17 +9269,28 @@ def cleanup_namespace(kubectl: Kubectl, receipt: Receipt,
         raise DemoError(
             f"refusing to delete namespace {namespace}: its UID {live['metadata'].get('uid')} / label "
             f"{RUN_LABEL}={label} do not match the receipt ({receipt.namespace_uid} / {receipt.run_id}); "
-            f"nothing was deleted")
+            f"nothing was deleted"
+        )
     retry_until = time.monotonic() + CALL_TIMEOUT_SECONDS
     jobs = proven_jobs(kubectl, receipt, retry_until)
     for name in jobs:
-        kubectl.delete("job", name, namespace, "--cascade=foreground", "--wait=false", retry_until=retry_until)
+        kubectl.delete(
+            "job", name, namespace, "--cascade=foreground", "--wait=false", retry_until=retry_until
+        )
     for name in jobs:
         if wait_gone(kubectl, "job", name, namespace, wait_seconds) is not None:
-            raise DemoError(f"Job {name} in {namespace} still exists after {wait_seconds:g} s; "
-                            f"inspect it with: kubectl --context {receipt.context} get job {name} "
-                            f"-n {namespace} -o yaml")
-    kubectl.delete("namespace", namespace, None, "--wait=false", retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS)
+            raise DemoError(
+                f"Job {name} in {namespace} still exists after {wait_seconds:g} s; "
+                f"inspect it with: kubectl --context {receipt.context} get job {name} "
+                f"-n {namespace} -o yaml"
+            )
+    kubectl.delete(
+        "namespace",
+        namespace,
+        None,
+        "--wait=false",
+        retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
+    )
     stuck = wait_gone(kubectl, "namespace", namespace, None, wait_seconds)
     if stuck is not None:
         raise namespace_stuck(namespace, stuck, receipt.context, wait_seconds)
@@ -7166,40 +9306,57 @@ def proven_jobs(kubectl: Kubectl, receipt: Receipt, retry_until: float) -> list[
         if job is None:
             continue
         if job["metadata"].get("uid") != expected.get(name):
-            raise DemoError(f"refusing to delete Job {name} in {receipt.namespace}: its UID "
-                            f"{job['metadata'].get('uid')} is not the receipt's "
-                            f"({expected.get(name)}); nothing was deleted")
+            raise DemoError(
+                f"refusing to delete Job {name} in {receipt.namespace}: its UID "
+                f"{job['metadata'].get('uid')} is not the receipt's "
+                f"({expected.get(name)}); nothing was deleted"
+            )
         live_jobs.append(name)
     return live_jobs
 
 
-def namespace_stuck(namespace: str, stuck: dict, context: str | None, wait_seconds: float) -> DemoError:
+def namespace_stuck(
+    namespace: str, stuck: dict, context: str | None, wait_seconds: float
+) -> DemoError:
     """Why a deleted namespace is still there, and how to look; finalizers are never stripped here."""
-    finalizers = (stuck.get("metadata", {}).get("finalizers") or []) + \
-        ((stuck.get("spec") or {}).get("finalizers") or [])
-    reasons = [f"{c.get('type')}: {c.get('message')}" for c in (stuck.get("status") or {}).get("conditions") or []
-               if c.get("status") == "True"]
+    finalizers = (stuck.get("metadata", {}).get("finalizers") or []) + (
+        (stuck.get("spec") or {}).get("finalizers") or []
+    )
+    reasons = [
+        f"{c.get('type')}: {c.get('message')}"
+        for c in (stuck.get("status") or {}).get("conditions") or []
+        if c.get("status") == "True"
+    ]
     return DemoError(
         f"namespace {namespace} is still {(stuck.get('status') or {}).get('phase', 'present')} after "
         f"{wait_seconds:g} s; inspect its finalizers ({', '.join(finalizers) or 'none listed'})"
         + (f" and conditions ({'; '.join(reasons)})" if reasons else "")
         + f" with: kubectl --context {context} get namespace {namespace} -o yaml "
-          f"(finalizers are never stripped by this tool); run cleanup again later")
+        f"(finalizers are never stripped by this tool); run cleanup again later"
+    )
 
 
 def require_receipt_context(kubectl: Kubectl, receipt: Receipt) -> None:
     """The receipt's context must be in the kubeconfig kubectl reads now, else say which one the run used."""
     try:
-        named = kubectl.run(["config", "get-contexts", receipt.context, "-o", "name"], request_timeout=None)
+        named = kubectl.run(
+            ["config", "get-contexts", receipt.context, "-o", "name"], request_timeout=None
+        )
     except KubectlError:
         named = ""
     if named.strip():
         return
     used = receipt.fields.get("kubeconfig")
-    raise DemoError(f"kube context {receipt.context!r} of {receipt.path} is not in the kubeconfig kubectl reads "
-                    f"now ({kubeconfig_path()})" + (f"; the run used {used}: clean up with KUBECONFIG={used}"
-                                                    if used and used != kubeconfig_path() else "")
-                    + "; nothing was deleted")
+    raise DemoError(
+        f"kube context {receipt.context!r} of {receipt.path} is not in the kubeconfig kubectl reads "
+        f"now ({kubeconfig_path()})"
+        + (
+            f"; the run used {used}: clean up with KUBECONFIG={used}"
+            if used and used != kubeconfig_path()
+            else ""
+        )
+        + "; nothing was deleted"
+    )
 
 
 def cleanup(args: argparse.Namespace) -> int:
@@ -7232,12 +9389,16 @@ def list_everywhere(kubectl: Kubectl, kind: str, selector: str, what: str) -> li
     refusal says which permission is missing."""
     flags = ["-l", selector] + (["--all-namespaces"] if kind != "namespaces" else [])
     try:
-        listing = kubectl.get_list(kind, None, *flags, retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS)
+        listing = kubectl.get_list(
+            kind, None, *flags, retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS
+        )
     except KubectlError as error:
         if "(Forbidden)" in error.stderr:
-            raise DemoError(f"the account of context {kubectl.context!r} may not list {what} at the cluster "
-                            f"scope, which `list` and `cleanup --stale` need: grant `list` on {what} (see the "
-                            f"README's Permissions)") from None
+            raise DemoError(
+                f"the account of context {kubectl.context!r} may not list {what} at the cluster "
+                f"scope, which `list` and `cleanup --stale` need: grant `list` on {what} (see the "
+                f"README's Permissions)"
+            ) from None
         raise DemoError(f"cannot list the {what} of context {kubectl.context!r}: {error}") from None
     return (listing or {}).get("items") or []
 
@@ -7252,12 +9413,19 @@ def find_runs(kubectl: Kubectl) -> list[ClusterRun]:
 def delete_if_uid(kubectl: Kubectl, namespace: str, uid: str) -> str:
     """Ask for the namespace's deletion only if it still has `uid` (the API server checks the
     precondition): "deleted", "recreated" (another namespace has the name now) or "gone"."""
-    options = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": uid},
-               "propagationPolicy": "Background"}
+    options = {
+        "kind": "DeleteOptions",
+        "apiVersion": "v1",
+        "preconditions": {"uid": uid},
+        "propagationPolicy": "Background",
+    }
     try:
         # `delete --raw -f -` sends stdin as the DELETE's body, so the precondition travels with it.
-        kubectl.run(["delete", "--raw", f"/api/v1/namespaces/{namespace}", "-f", "-"], input_text=json.dumps(options),
-                    retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS)
+        kubectl.run(
+            ["delete", "--raw", f"/api/v1/namespaces/{namespace}", "-f", "-"],
+            input_text=json.dumps(options),
+            retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
+        )
     except KubectlError as error:
         if "(Conflict)" in error.stderr:
             return "recreated"
@@ -7272,8 +9440,11 @@ def wait_runs_gone(kubectl: Kubectl, deleted: Sequence[ClusterRun], seconds: flo
     deadline = time.monotonic() + seconds
     uids = {run.uid for run in deleted}
     while uids:
-        left = [namespace for namespace in list_everywhere(kubectl, "namespaces", RUN_LABEL, "namespaces")
-                if (namespace.get("metadata") or {}).get("uid") in uids]
+        left = [
+            namespace
+            for namespace in list_everywhere(kubectl, "namespaces", RUN_LABEL, "namespaces")
+            if (namespace.get("metadata") or {}).get("uid") in uids
+        ]
         if not left or time.monotonic() >= deadline:
             return left
         time.sleep(POLL_INTERVAL_SECONDS)
@@ -7300,17 +9471,30 @@ def cleanup_stale(args: argparse.Namespace) -> int:
                 deleted.append(found)
                 print(f"Deleted {found.namespace}: {verdict.why}", flush=True)
             elif outcome == "recreated":
-                print(f"Left {found.namespace}: made again under that name since it was listed (its UID is "
-                      f"no longer {found.uid}); not touched", flush=True)
+                print(
+                    f"Left {found.namespace}: made again under that name since it was listed (its UID is "
+                    f"no longer {found.uid}); not touched",
+                    flush=True,
+                )
             else:
                 print(f"Left {found.namespace}: already gone", flush=True)
     done = f"Would delete {would}" if args.dry_run else f"Deleted {len(deleted)}"
-    print(f"{done}, left {len(runs) - would - len(deleted)} of {len(runs)} runs in context {kubectl.context}.",
-          flush=True)
+    print(
+        f"{done}, left {len(runs) - would - len(deleted)} of {len(runs)} runs in context {kubectl.context}.",
+        flush=True,
+    )
     stuck = wait_runs_gone(kubectl, deleted, args.wait)
     if stuck:
-        raise DemoError("; ".join(str(namespace_stuck(namespace["metadata"]["name"], namespace, kubectl.context,
-                                                      args.wait)) for namespace in stuck))
+        raise DemoError(
+            "; ".join(
+                str(
+                    namespace_stuck(
+                        namespace["metadata"]["name"], namespace, kubectl.context, args.wait
+                    )
+                )
+                for namespace in stuck
+            )
+        )
     return 0
 
 
@@ -7335,13 +9519,21 @@ def load_saved_batch(directory: str, entry: BatchEntry, settings: Settings) -> B
     """Recompute one batch's summary from its saved files."""
     job_path = os.path.join(directory, "job.json")
     if not os.path.exists(job_path):
-        raise DemoError(f"no job.json in {directory}: the run stopped before its Job's status was saved "
-                        f"(it was interrupted or failed early); nothing to report")
+        raise DemoError(
+            f"no job.json in {directory}: the run stopped before its Job's status was saved "
+            f"(it was interrupted or failed early); nothing to report"
+        )
     job = saved_batch_job(read_json(job_path, "job.json"), entry.job)
     pods = read_json(os.path.join(directory, "pods.json"), "pods.json").get("items", [])
     events_path = os.path.join(directory, "events.json")
-    events = read_json(events_path, "events.json").get("items", []) if os.path.exists(events_path) else []
-    logs = {pod_name(pod): read_text(os.path.join(directory, f"{pod_name(pod)}.log")) for pod in pods}
+    events = (
+        read_json(events_path, "events.json").get("items", [])
+        if os.path.exists(events_path)
+        else []
+    )
+    logs = {
+        pod_name(pod): read_text(os.path.join(directory, f"{pod_name(pod)}.log")) for pod in pods
+    }
     client_path = os.path.join(directory, "client.json")
     client = read_json(client_path, "client.json") if os.path.exists(client_path) else {}
     end = job_finished(job)
@@ -7349,27 +9541,56 @@ def load_saved_batch(directory: str, entry: BatchEntry, settings: Settings) -> B
     if end is None:
         # Saved while the Job was still running: the run was interrupted or gave up waiting.
         # Only the pods' states are evidence; how long the Job ran is not.
-        raise DemoError("\n  ".join(
-            [f"Job {job_name} never finished while the run watched it (the run was interrupted or gave up "
-             f"waiting: job.json has no Complete or Failed condition); nothing to report"]
-            + describe_failure(job, pods, job_name, 0, logs)[1:]))
+        raise DemoError(
+            "\n  ".join(
+                [
+                    f"Job {job_name} never finished while the run watched it (the run was interrupted or gave up "
+                    f"waiting: job.json has no Complete or Failed condition); nothing to report"
+                ]
+                + describe_failure(job, pods, job_name, 0, logs)[1:]
+            )
+        )
     if end != "Complete" and not settings.rollout:
-        raise DemoError("\n  ".join(["the saved Job did not complete"] + describe_failure(
-            job, pods, job_name, settings.timeout, logs)))
+        raise DemoError(
+            "\n  ".join(
+                ["the saved Job did not complete"]
+                + describe_failure(job, pods, job_name, settings.timeout, logs)
+            )
+        )
     observed_path = os.path.join(directory, "observed.json")
     observed = read_json(observed_path, "observed.json") if os.path.exists(observed_path) else {}
     if settings.rollout:
-        rows = episode_rows(settings.count, job, pods, logs, settings.builtin,
-                            settings.task_ids, settings.group_size, events, group_images(settings))
-        summary = summarise_rollout(rows, job, pods, logs, events, settings, client.get("observed_at"), observed)
+        rows = episode_rows(
+            settings.count,
+            job,
+            pods,
+            logs,
+            settings.builtin,
+            settings.task_ids,
+            settings.group_size,
+            events,
+            group_images(settings),
+        )
+        summary = summarise_rollout(
+            rows, job, pods, logs, events, settings, client.get("observed_at"), observed
+        )
         if client.get("reward_deliveries") is not None:
             deliveries = [Delivery(*saved) for saved in client["reward_deliveries"]]
-            summary.figures.update(batch_delivery_figures(deliveries, split_observed(observed)[1],
-                                                          settings.need))
+            summary.figures.update(
+                batch_delivery_figures(deliveries, split_observed(observed)[1], settings.need)
+            )
             summary.deliveries = [d.written_at for d in deliveries if d.success]
     else:
-        summary = summarise_batch(job, pods, logs, events, settings.count, settings.builtin,
-                                  client.get("observed_at"), observed)
+        summary = summarise_batch(
+            job,
+            pods,
+            logs,
+            events,
+            settings.count,
+            settings.builtin,
+            client.get("observed_at"),
+            observed,
+        )
     return BatchOutcome(entry, summary, client or None)
 
 
@@ -7382,19 +9603,31 @@ def recompute(output: str) -> Results:
     else:  # a run saved by the guide's script, which keeps only the guide's files
         receipt = Receipt.read(output)
         saved = read_json(os.path.join(output, RESULTS_FILE), "results.json")
-        settings = Settings(count=saved["episodes"], parallelism=saved["parallelism"], image=saved["image"],
-                            runtime=saved["runtime"], timeout=0, context=receipt.context,
-                            namespace=receipt.namespace, batches=(BatchEntry(JOB_NAME, True, "."),))
+        settings = Settings(
+            count=saved["episodes"],
+            parallelism=saved["parallelism"],
+            image=saved["image"],
+            runtime=saved["runtime"],
+            timeout=0,
+            context=receipt.context,
+            namespace=receipt.namespace,
+            batches=(BatchEntry(JOB_NAME, True, "."),),
+        )
         capacity = None
-    batches = [load_saved_batch(os.path.normpath(os.path.join(output, entry.dir)), entry, settings)
-               for entry in settings.batches]
+    batches = [
+        load_saved_batch(os.path.normpath(os.path.join(output, entry.dir)), entry, settings)
+        for entry in settings.batches
+    ]
     previous = os.path.join(output, RESULTS_FILE)
     client = read_json(previous, "results.json").get("client") if os.path.exists(previous) else None
     results = assemble_results(settings, batches, client, capacity)
     saved_prepull = os.path.join(output, PREPULL_FILE)
     if os.path.exists(saved_prepull):
-        results.figures["prepull"] = {key: value for key, value in read_json(saved_prepull, PREPULL_FILE).items()
-                                      if key not in ("node_names", "image_names", "pod_states")}
+        results.figures["prepull"] = {
+            key: value
+            for key, value in read_json(saved_prepull, PREPULL_FILE).items()
+            if key not in ("node_names", "image_names", "pod_states")
+        }
     return results
 
 
@@ -7415,8 +9648,14 @@ def compare(args: argparse.Namespace) -> int:
     """Print the key figures of two finished runs side by side, with ratios."""
     first = read_json(os.path.join(args.first, RESULTS_FILE), "results.json")
     second = read_json(os.path.join(args.second, RESULTS_FILE), "results.json")
-    print(compare_table(first, second, f"A: {os.path.basename(os.path.normpath(args.first))}",
-                        f"B: {os.path.basename(os.path.normpath(args.second))}"))
+    print(
+        compare_table(
+            first,
+            second,
+            f"A: {os.path.basename(os.path.normpath(args.first))}",
+            f"B: {os.path.basename(os.path.normpath(args.second))}",
+        )
+    )
     return 0
 
 
@@ -7462,9 +9701,13 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
 
 def add_action(actions: Any, name: str, purpose: str, example: str) -> argparse.ArgumentParser:
     """One subcommand whose help opens with its purpose and ends with an example."""
-    return actions.add_parser(name, help=purpose, description=purpose[0].upper() + purpose[1:] + ".",
-                              epilog=f"example:\n  {program_name()} {name} {example}",
-                              formatter_class=HelpFormatter)
+    return actions.add_parser(
+        name,
+        help=purpose,
+        description=purpose[0].upper() + purpose[1:] + ".",
+        epilog=f"example:\n  {program_name()} {name} {example}",
+        formatter_class=HelpFormatter,
+    )
 
 
 def add_run_directory(parser: argparse.ArgumentParser) -> None:
@@ -7475,119 +9718,262 @@ def add_run_directory(parser: argparse.ArgumentParser) -> None:
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """`run`'s arguments: the batch, the cluster, what each episode runs, and how the run behaves."""
-    parser.add_argument("--output", required=True, metavar="DIR",
-                        help="new directory for every record of the run (must not exist)")
-    parser.add_argument("--count", type=int, default=None, metavar="N",
-                        help=f"episodes (Job completions) (default: {DEFAULT_COUNT}; with --tasks, "
-                             f"the tasks times --group-size)")
-    parser.add_argument("--parallelism", type=int, default=None, metavar="P",
-                        help="episodes at once (default: the count)")
-    parser.add_argument("--image", default=DEFAULT_IMAGE,
-                        help="container image with python (a task's `image` field names its own)")
-    parser.add_argument("--image-map", action="append", default=None, metavar="FROM=TO",
-                        help="rewrite every image reference (--image and the tasks') that starts with FROM to "
-                             "start with TO instead, e.g. docker.io/swebench=registry.internal/swebench (a "
-                             "mirror); repeatable, the longest FROM wins")
-    parser.add_argument("--runtime", default=DEFAULT_RUNTIME, metavar="RUNTIMECLASS",
-                        help="RuntimeClass that sandboxes each episode")
-    parser.add_argument("--context", default=None, metavar="NAME",
-                        help="kube context (default: the current context)")
+    parser.add_argument(
+        "--output",
+        required=True,
+        metavar="DIR",
+        help="new directory for every record of the run (must not exist)",
+    )
+    parser.add_argument(
+        "--count",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"episodes (Job completions) (default: {DEFAULT_COUNT}; with --tasks, "
+        f"the tasks times --group-size)",
+    )
+    parser.add_argument(
+        "--parallelism",
+        type=int,
+        default=None,
+        metavar="P",
+        help="episodes at once (default: the count)",
+    )
+    parser.add_argument(
+        "--image",
+        default=DEFAULT_IMAGE,
+        help="container image with python (a task's `image` field names its own)",
+    )
+    parser.add_argument(
+        "--image-map",
+        action="append",
+        default=None,
+        metavar="FROM=TO",
+        help="rewrite every image reference (--image and the tasks') that starts with FROM to "
+        "start with TO instead, e.g. docker.io/swebench=registry.internal/swebench (a "
+        "mirror); repeatable, the longest FROM wins",
+    )
+    parser.add_argument(
+        "--runtime",
+        default=DEFAULT_RUNTIME,
+        metavar="RUNTIMECLASS",
+        help="RuntimeClass that sandboxes each episode",
+    )
+    parser.add_argument(
+        "--context",
+        default=None,
+        metavar="NAME",
+        help="kube context (default: the current context)",
+    )
     parser.add_argument("--kubectl", default="kubectl", metavar="PATH", help="kubectl binary")
-    parser.add_argument("--timeout", type=positive_int, default=None, metavar="SECONDS",
-                        help=f"the Job's activeDeadlineSeconds; the client gives up "
-                             f"{CLIENT_GRACE_SECONDS} s later (default: {DEFAULT_JOB_DEADLINE_SECONDS}, "
-                             f"grown with the batch above {DEADLINE_GROWS_ABOVE_EPISODES} episodes)")
-    parser.add_argument("--max-episodes", type=positive_int, default=DEFAULT_MAX_EPISODES, metavar="N",
-                        help="safety cap on --count; raise it explicitly for large batches")
-    parser.add_argument("--chunk-size", type=positive_int, default=LIST_PAGE_SIZE, metavar="N",
-                        help="read lists (pods, events) in pages of N items, as kubectl --chunk-size")
-    parser.add_argument("--rounds", type=positive_int, default=1, metavar="R",
-                        help="measured batches, one after another in the same namespace")
-    parser.add_argument("--warmup", action="store_true",
-                        help="first run one unmeasured batch of the same shape (cache_state 'warmed')")
+    parser.add_argument(
+        "--timeout",
+        type=positive_int,
+        default=None,
+        metavar="SECONDS",
+        help=f"the Job's activeDeadlineSeconds; the client gives up "
+        f"{CLIENT_GRACE_SECONDS} s later (default: {DEFAULT_JOB_DEADLINE_SECONDS}, "
+        f"grown with the batch above {DEADLINE_GROWS_ABOVE_EPISODES} episodes)",
+    )
+    parser.add_argument(
+        "--max-episodes",
+        type=positive_int,
+        default=DEFAULT_MAX_EPISODES,
+        metavar="N",
+        help="safety cap on --count; raise it explicitly for large batches",
+    )
+    parser.add_argument(
+        "--chunk-size",
+        type=positive_int,
+        default=LIST_PAGE_SIZE,
+        metavar="N",
+        help="read lists (pods, events) in pages of N items, as kubectl --chunk-size",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=positive_int,
+        default=1,
+        metavar="R",
+        help="measured batches, one after another in the same namespace",
+    )
+    parser.add_argument(
+        "--warmup",
+        action="store_true",
+        help="first run one unmeasured batch of the same shape (cache_state 'warmed')",
+    )
     add_episode_arguments(parser)
-    parser.add_argument("--dry-run", action="store_true",
-                        help="print the objects that would be created as a v1 List; touch nothing")
-    parser.add_argument("--harden", action="store_true",
-                        help="deny all network traffic, read-only root filesystem, workspace size "
-                             "limit, Pod Security 'restricted'")
-    parser.add_argument("--cleanup", action="store_true",
-                        help="after every file is saved, clean up as `cleanup` would")
-    parser.add_argument("--ttl", type=duration_seconds, default=None, metavar="DURATION",
-                        help="the run may be deleted this long after it starts (e.g. 30m, 2h), ended or not, "
-                             "by `cleanup --stale`; recorded on its namespace")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the objects that would be created as a v1 List; touch nothing",
+    )
+    parser.add_argument(
+        "--harden",
+        action="store_true",
+        help="deny all network traffic, read-only root filesystem, workspace size "
+        "limit, Pod Security 'restricted'",
+    )
+    parser.add_argument(
+        "--cleanup",
+        action="store_true",
+        help="after every file is saved, clean up as `cleanup` would",
+    )
+    parser.add_argument(
+        "--ttl",
+        type=duration_seconds,
+        default=None,
+        metavar="DURATION",
+        help="the run may be deleted this long after it starts (e.g. 30m, 2h), ended or not, "
+        "by `cleanup --stale`; recorded on its namespace",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
-    parser.add_argument("--verbose", action="store_true",
-                        help="echo every kubectl command line (and request through its proxy) on stderr")
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="echo every kubectl command line (and request through its proxy) on stderr",
+    )
 
 
 def add_episode_arguments(parser: argparse.ArgumentParser) -> None:
     """What each episode of `run` runs: its program, its task, and which of its failures the batch accepts."""
-    parser.add_argument("--episode-script", default=None, metavar="FILE",
-                        help="ship this episode program instead of the built-in one")
-    parser.add_argument("--tasks", default=None, metavar="FILE",
-                        help=f"JSONL file, one task (JSON object) per line; each episode finds its own in "
-                             f"the file named by ${TASK_FILE_ENV}; the task id is its `id` field, else its "
-                             f"line number, its `image` field its container image (one Job per image; default "
-                             f"--image). rewards.jsonl lists every episode's outcome")
-    parser.add_argument("--group-size", type=positive_int, default=1, metavar="G",
-                        help="episodes per task (GRPO-style groups); needs --tasks")
-    parser.add_argument("--retries", type=non_negative_int, default=None, metavar="N",
-                        help="retry each episode up to N times after an infrastructure failure (eviction, "
-                             "node loss, a killed container); an episode's own failure is never retried. "
-                             "Needs Kubernetes >= 1.33")
-    parser.add_argument("--allow-failures", type=non_negative_int, default=None, metavar="K",
-                        help=f"accept up to K failed episodes: results.json and rewards.jsonl list them "
-                             f"with their class, and the run exits {EXIT_PARTIAL}. Needs Kubernetes >= 1.33")
-    parser.add_argument("--need", type=positive_int, default=None, metavar="K",
-                        help="over-provision: end the batch as soon as K of its --count episodes have "
-                             "succeeded (the Job's successPolicy); Kubernetes stops the rest, recorded as "
-                             "failure_class 'cancelled', and up to count - K failures are absorbed. "
-                             "1 <= K < count; not with --group-size or --allow-failures. Needs "
-                             "Kubernetes >= 1.33")
-    parser.add_argument("--episode-timeout", type=positive_int, default=None, metavar="S",
-                        help="stop each episode S seconds after its pod started (the pod's "
-                             "activeDeadlineSeconds: counted from the pod's start on its node, image pull "
-                             "and sandbox start included); an episode past it is an 'episode' failure and "
-                             "is never retried (so not with --retries)")
-    parser.add_argument("--prepull", action="store_true",
-                        help="before the measured batch, make every image of the run present on every node "
-                             "the batch can use (one short pod per node and image, in the run's namespace), "
-                             "measured apart as results.json's `prepull`; needs list nodes")
-    parser.add_argument("--pull-timeout", type=positive_int, default=None, metavar="S",
-                        help="fail an episode whose pod has not pulled its image within S seconds of its "
-                             "start (the pod's activeDeadlineSeconds, with --episode-timeout added), as an "
-                             "infrastructure failure the Job retries under --retries; without it an image "
-                             "that never pulls holds its episode until the Job's --timeout")
+    parser.add_argument(
+        "--episode-script",
+        default=None,
+        metavar="FILE",
+        help="ship this episode program instead of the built-in one",
+    )
+    parser.add_argument(
+        "--tasks",
+        default=None,
+        metavar="FILE",
+        help=f"JSONL file, one task (JSON object) per line; each episode finds its own in "
+        f"the file named by ${TASK_FILE_ENV}; the task id is its `id` field, else its "
+        f"line number, its `image` field its container image (one Job per image; default "
+        f"--image). rewards.jsonl lists every episode's outcome",
+    )
+    parser.add_argument(
+        "--group-size",
+        type=positive_int,
+        default=1,
+        metavar="G",
+        help="episodes per task (GRPO-style groups); needs --tasks",
+    )
+    parser.add_argument(
+        "--retries",
+        type=non_negative_int,
+        default=None,
+        metavar="N",
+        help="retry each episode up to N times after an infrastructure failure (eviction, "
+        "node loss, a killed container); an episode's own failure is never retried. "
+        "Needs Kubernetes >= 1.33",
+    )
+    parser.add_argument(
+        "--allow-failures",
+        type=non_negative_int,
+        default=None,
+        metavar="K",
+        help=f"accept up to K failed episodes: results.json and rewards.jsonl list them "
+        f"with their class, and the run exits {EXIT_PARTIAL}. Needs Kubernetes >= 1.33",
+    )
+    parser.add_argument(
+        "--need",
+        type=positive_int,
+        default=None,
+        metavar="K",
+        help="over-provision: end the batch as soon as K of its --count episodes have "
+        "succeeded (the Job's successPolicy); Kubernetes stops the rest, recorded as "
+        "failure_class 'cancelled', and up to count - K failures are absorbed. "
+        "1 <= K < count; not with --group-size or --allow-failures. Needs "
+        "Kubernetes >= 1.33",
+    )
+    parser.add_argument(
+        "--episode-timeout",
+        type=positive_int,
+        default=None,
+        metavar="S",
+        help="stop each episode S seconds after its pod started (the pod's "
+        "activeDeadlineSeconds: counted from the pod's start on its node, image pull "
+        "and sandbox start included); an episode past it is an 'episode' failure and "
+        "is never retried (so not with --retries)",
+    )
+    parser.add_argument(
+        "--prepull",
+        action="store_true",
+        help="before the measured batch, make every image of the run present on every node "
+        "the batch can use (one short pod per node and image, in the run's namespace), "
+        "measured apart as results.json's `prepull`; needs list nodes",
+    )
+    parser.add_argument(
+        "--pull-timeout",
+        type=positive_int,
+        default=None,
+        metavar="S",
+        help="fail an episode whose pod has not pulled its image within S seconds of its "
+        "start (the pod's activeDeadlineSeconds, with --episode-timeout added), as an "
+        "infrastructure failure the Job retries under --retries; without it an image "
+        "that never pulls holds its episode until the Job's --timeout",
+    )
 
 
 def add_cleanup_arguments(parser: argparse.ArgumentParser) -> None:
     """`cleanup`'s arguments: the run's directory, and the kubectl that deletes."""
     add_run_directory(parser)
     parser.add_argument("--kubectl", default="kubectl", metavar="PATH", help="kubectl binary")
-    parser.add_argument("--wait", type=positive_int, default=DELETE_WAIT_SECONDS, metavar="SECONDS",
-                        help="how long to wait for the Jobs, then the namespace, to disappear")
-    parser.add_argument("--stale", type=duration_seconds, default=None, metavar="AGE",
-                        help="instead of one run's receipt: delete every run of this tool in the cluster older "
-                             "than AGE (e.g. 2h) whose Jobs have all ended, and every run past its --ttl")
-    parser.add_argument("--all-users", action="store_true",
-                        help="with --stale: every user's runs, not only yours")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="with --stale: say what would be deleted; delete nothing")
-    parser.add_argument("--context", default=None, metavar="NAME",
-                        help="with --stale: kube context (default: the current context)")
-    parser.add_argument("--verbose", action="store_true",
-                        help="echo every kubectl command line (and request through its proxy) on stderr")
+    parser.add_argument(
+        "--wait",
+        type=positive_int,
+        default=DELETE_WAIT_SECONDS,
+        metavar="SECONDS",
+        help="how long to wait for the Jobs, then the namespace, to disappear",
+    )
+    parser.add_argument(
+        "--stale",
+        type=duration_seconds,
+        default=None,
+        metavar="AGE",
+        help="instead of one run's receipt: delete every run of this tool in the cluster older "
+        "than AGE (e.g. 2h) whose Jobs have all ended, and every run past its --ttl",
+    )
+    parser.add_argument(
+        "--all-users", action="store_true", help="with --stale: every user's runs, not only yours"
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="with --stale: say what would be deleted; delete nothing",
+    )
+    parser.add_argument(
+        "--context",
+        default=None,
+        metavar="NAME",
+        help="with --stale: kube context (default: the current context)",
+    )
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="echo every kubectl command line (and request through its proxy) on stderr",
+    )
 
 
 def add_list_arguments(parser: argparse.ArgumentParser) -> None:
     """`list`'s arguments: the cluster, and how to print."""
-    parser.add_argument("-o", dest="format", choices=("table", "json"), default="table",
-                        help="one line per run, or a JSON list for scripts")
-    parser.add_argument("--context", default=None, metavar="NAME",
-                        help="kube context (default: the current context)")
+    parser.add_argument(
+        "-o",
+        dest="format",
+        choices=("table", "json"),
+        default="table",
+        help="one line per run, or a JSON list for scripts",
+    )
+    parser.add_argument(
+        "--context",
+        default=None,
+        metavar="NAME",
+        help="kube context (default: the current context)",
+    )
     parser.add_argument("--kubectl", default="kubectl", metavar="PATH", help="kubectl binary")
-    parser.add_argument("--verbose", action="store_true", help="echo every kubectl command line on stderr")
+    parser.add_argument(
+        "--verbose", action="store_true", help="echo every kubectl command line on stderr"
+    )
 
 
 def add_report_arguments(parser: argparse.ArgumentParser) -> None:
@@ -7599,30 +9985,61 @@ def add_report_arguments(parser: argparse.ArgumentParser) -> None:
 def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
     """`compare`'s arguments: the two runs."""
     parser.add_argument("first", metavar="DIR_A", help="the first run's output directory (A)")
-    parser.add_argument("second", metavar="DIR_B",
-                        help="the second run's output directory (B; ratios are B/A)")
+    parser.add_argument(
+        "second", metavar="DIR_B", help="the second run's output directory (B; ratios are B/A)"
+    )
 
 
-def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> argparse.ArgumentParser:
+def build_parser(
+    parser_class: type[argparse.ArgumentParser] = argparse.ArgumentParser,
+) -> argparse.ArgumentParser:
     """The command line: one subcommand per action, each with its own arguments, its purpose and an
     example (`parser_class` is every action's parser class too)."""
     parser = parser_class(
         prog=program_name() if program_name() != "python3 rl_batch_demo.py" else "rl_batch_demo.py",
         description="Measure how fast a Kubernetes cluster with a sandbox runtime runs a batch of "
-                    "RL rollout episodes.",
-        epilog="`ACTION --help` describes each action, with an example.")
+        "RL rollout episodes.",
+        epilog="`ACTION --help` describes each action, with an example.",
+    )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
-    add_run_arguments(add_action(actions, "run", "submit a batch of episodes, wait, verify and report",
-                                 "--output runs/first --count 10"))
-    add_cleanup_arguments(add_action(actions, "cleanup", "delete what the run's receipt proves it created",
-                                     "--output runs/first"))
-    add_list_arguments(add_action(actions, "list", "list the runs of this tool (and of the guide's script) "
-                                  "in the context's cluster", "-o json"))
-    add_report_arguments(add_action(actions, "report", "recompute and reprint a finished run from its files",
-                                    "runs/first"))
-    add_compare_arguments(add_action(actions, "compare", "print the key figures of two runs side by side, "
-                                     "with ratios", "runs/parallel runs/serial"))
+    add_run_arguments(
+        add_action(
+            actions,
+            "run",
+            "submit a batch of episodes, wait, verify and report",
+            "--output runs/first --count 10",
+        )
+    )
+    add_cleanup_arguments(
+        add_action(
+            actions,
+            "cleanup",
+            "delete what the run's receipt proves it created",
+            "--output runs/first",
+        )
+    )
+    add_list_arguments(
+        add_action(
+            actions,
+            "list",
+            "list the runs of this tool (and of the guide's script) in the context's cluster",
+            "-o json",
+        )
+    )
+    add_report_arguments(
+        add_action(
+            actions, "report", "recompute and reprint a finished run from its files", "runs/first"
+        )
+    )
+    add_compare_arguments(
+        add_action(
+            actions,
+            "compare",
+            "print the key figures of two runs side by side, with ratios",
+            "runs/parallel runs/serial",
+        )
+    )
     for action_parser in actions.choices.values():
         action_parser.set_defaults(action_parser=action_parser)
     return parser
@@ -7640,18 +10057,25 @@ def check_run_arguments(args: argparse.Namespace, spelling: Spelling = COMMAND_L
         raise UsageError(f"{spelling.name('count')} must be at least 1, got {args.count}")
     if args.count > args.max_episodes:
         tasks = getattr(args, "task_list", None)
-        episodes = (f"{say('group_size', args.group_size)} with {len(tasks)} tasks is {args.count} episodes, "
-                    f"over {spelling.cap(args.max_episodes)}" if tasks else
-                    f"{say('count', args.count)} is over {spelling.cap(args.max_episodes)}")
+        episodes = (
+            f"{say('group_size', args.group_size)} with {len(tasks)} tasks is {args.count} episodes, "
+            f"over {spelling.cap(args.max_episodes)}"
+            if tasks
+            else f"{say('count', args.count)} is over {spelling.cap(args.max_episodes)}"
+        )
         raise UsageError(f"{episodes} (raise it with {say('max_episodes', args.count)})")
     if not 1 <= args.parallelism <= args.count:
-        raise UsageError(f"{spelling.name('parallelism')} must be between 1 and the count ({args.count}), "
-                         f"got {args.parallelism}")
+        raise UsageError(
+            f"{spelling.name('parallelism')} must be between 1 and the count ({args.count}), "
+            f"got {args.parallelism}"
+        )
     if getattr(args, "task_list", None) and args.episode_script is None:
         # The built-in episode never reads a task: its reward of 1 would pass for the task's.
-        raise UsageError(f"{spelling.name('tasks')} needs {spelling.name('episode_script')}: the built-in "
-                         f"episode ignores tasks, so its rewards would not come from them; ship an episode "
-                         f"that reads its task from ${TASK_FILE_ENV}")
+        raise UsageError(
+            f"{spelling.name('tasks')} needs {spelling.name('episode_script')}: the built-in "
+            f"episode ignores tasks, so its rewards would not come from them; ship an episode "
+            f"that reads its task from ${TASK_FILE_ENV}"
+        )
     check_image_arguments(args, spelling)
 
 
@@ -7664,17 +10088,23 @@ def check_image_arguments(args: argparse.Namespace, spelling: Spelling = COMMAND
     except ValueError as error:
         raise UsageError(f"{name('image_map')}: {error}") from None
     tasks = getattr(args, "task_list", None) or []
-    groups = image_groups(tasks, args.count, args.group_size, rewrite_image(args.image, image_map), image_map)
+    groups = image_groups(
+        tasks, args.count, args.group_size, rewrite_image(args.image, image_map), image_map
+    )
     if len(groups) == 1:
         return
     if getattr(args, "need", None) is not None:
-        raise UsageError(f"{name('need')} cannot hold with tasks of {len(groups)} images: each image runs its "
-                         f"own Job, and a Job's successPolicy counts only its own episodes")
+        raise UsageError(
+            f"{name('need')} cannot hold with tasks of {len(groups)} images: each image runs its "
+            f"own Job, and a Job's successPolicy counts only its own episodes"
+        )
     try:
         parallelism_shares(args.parallelism, [len(group.indexes) for group in groups])
     except ValueError as error:
-        raise UsageError(f"{spelling.setting('parallelism', args.parallelism)} is too few: the tasks name "
-                         f"{error} (one Job per image)") from None
+        raise UsageError(
+            f"{spelling.setting('parallelism', args.parallelism)} is too few: the tasks name "
+            f"{error} (one Job per image)"
+        ) from None
 
 
 def check_rollout_arguments(args: argparse.Namespace, spelling: Spelling = COMMAND_LINE) -> None:
@@ -7693,28 +10123,45 @@ def check_rollout_arguments(args: argparse.Namespace, spelling: Spelling = COMMA
     if tasks:
         count = len(tasks) * args.group_size
         if args.count is not None and args.count != count:
-            raise UsageError(f"{say('count', args.count)} disagrees with {name('tasks')}: {len(tasks)} tasks x "
-                             f"{say('group_size', args.group_size)} = {count} episodes (leave "
-                             f"{name('count')} out)")
+            raise UsageError(
+                f"{say('count', args.count)} disagrees with {name('tasks')}: {len(tasks)} tasks x "
+                f"{say('group_size', args.group_size)} = {count} episodes (leave "
+                f"{name('count')} out)"
+            )
         args.count = count
     elif args.group_size != 1:
-        raise UsageError(f"{name('group_size')} needs {name('tasks')} ({args.group_size} episodes per task)")
+        raise UsageError(
+            f"{name('group_size')} needs {name('tasks')} ({args.group_size} episodes per task)"
+        )
     # A trainer calling in always gets its rewards, one row per episode.
-    args.rollout = bool(tasks) or args.retries is not None or args.allow_failures is not None \
-        or args.need is not None or spelling.python
+    args.rollout = (
+        bool(tasks)
+        or args.retries is not None
+        or args.allow_failures is not None
+        or args.need is not None
+        or spelling.python
+    )
     if args.rollout and (args.rounds != 1 or args.warmup):
-        runs = "run_batch() runs" if spelling.python else "--tasks, --retries, --allow-failures and --need run"
+        runs = (
+            "run_batch() runs"
+            if spelling.python
+            else "--tasks, --retries, --allow-failures and --need run"
+        )
         raise UsageError(f"{runs} one batch: leave out {name('rounds')} and {name('warmup')}")
     check_need_arguments(args, spelling)
     if args.episode_timeout is not None and args.retries:
         # The kubelet stops a pod past its activeDeadlineSeconds with no exit code of the episode's
         # own and no pod condition a podFailurePolicy rule can match: the Job would retry it.
-        raise UsageError(f"{name('episode_timeout')} cannot hold with {name('retries')}: the Job API would "
-                         f"retry an episode stopped at its deadline (its pod fails with reason "
-                         f"DeadlineExceeded, which no podFailurePolicy rule can match)")
+        raise UsageError(
+            f"{name('episode_timeout')} cannot hold with {name('retries')}: the Job API would "
+            f"retry an episode stopped at its deadline (its pod fails with reason "
+            f"DeadlineExceeded, which no podFailurePolicy rule can match)"
+        )
     if args.allow_failures is not None and args.allow_failures > (args.count or DEFAULT_COUNT):
-        raise UsageError(f"{say('allow_failures', args.allow_failures)} is more than the "
-                         f"{args.count or DEFAULT_COUNT} episodes")
+        raise UsageError(
+            f"{say('allow_failures', args.allow_failures)} is more than the "
+            f"{args.count or DEFAULT_COUNT} episodes"
+        )
 
 
 def check_need_arguments(args: argparse.Namespace, spelling: Spelling = COMMAND_LINE) -> None:
@@ -7724,20 +10171,28 @@ def check_need_arguments(args: argparse.Namespace, spelling: Spelling = COMMAND_
     name, say = spelling.name, spelling.setting
     count = args.count or DEFAULT_COUNT
     if args.need >= count:
-        raise UsageError(f"{say('need', args.need)} must be fewer than the {count} episodes (it "
-                         f"over-provisions: run count > K episodes and keep the first K rewards)")
+        raise UsageError(
+            f"{say('need', args.need)} must be fewer than the {count} episodes (it "
+            f"over-provisions: run count > K episodes and keep the first K rewards)"
+        )
     if args.group_size != 1:
-        raise UsageError(f"{name('need')} cannot hold with {name('group_size')}: the Job stops whichever "
-                         f"episodes are still running once K succeeded, so groups would be cut short at random")
+        raise UsageError(
+            f"{name('need')} cannot hold with {name('group_size')}: the Job stops whichever "
+            f"episodes are still running once K succeeded, so groups would be cut short at random"
+        )
     if args.allow_failures is not None:
-        raise UsageError(f"{name('need')} already accepts count - K = {count - args.need} failed episodes: "
-                         f"leave out {name('allow_failures')}")
+        raise UsageError(
+            f"{name('need')} already accepts count - K = {count - args.need} failed episodes: "
+            f"leave out {name('allow_failures')}"
+        )
 
 
 def check_run_directory(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """DIR or --output DIR, exactly one of them; the directory ends up in args.output."""
     if args.directory is not None and args.output is not None:
-        parser.error(f"name the run directory once: {args.directory} or --output {args.output}, not both")
+        parser.error(
+            f"name the run directory once: {args.directory} or --output {args.output}, not both"
+        )
     if args.directory is None and args.output is None:
         parser.error("name the run's output directory: DIR or --output DIR")
     args.output = args.output if args.directory is None else args.directory
@@ -7746,17 +10201,26 @@ def check_run_directory(parser: argparse.ArgumentParser, args: argparse.Namespac
 def check_cleanup_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """One run's directory, or --stale AGE for the cluster's runs; --stale's own options only with it."""
     if args.stale is None:
-        for flag, given in (("--all-users", args.all_users), ("--dry-run", args.dry_run),
-                            ("--context", args.context is not None)):
+        for flag, given in (
+            ("--all-users", args.all_users),
+            ("--dry-run", args.dry_run),
+            ("--context", args.context is not None),
+        ):
             if given:
-                parser.error(f"{flag} goes with --stale AGE (a receipt names its own context and run)")
+                parser.error(
+                    f"{flag} goes with --stale AGE (a receipt names its own context and run)"
+                )
         check_run_directory(parser, args)
     elif args.directory is not None or args.output is not None:
         parser.error("--stale finds the runs in the cluster: name no run directory with it")
 
 
 DISPATCH: dict[str, Callable[[argparse.Namespace], int]] = {
-    "run": run_command, "cleanup": cleanup, "list": list_runs, "report": report, "compare": compare,
+    "run": run_command,
+    "cleanup": cleanup,
+    "list": list_runs,
+    "report": report,
+    "compare": compare,
 }
 
 
@@ -7769,6 +10233,7 @@ class RaisingParser(argparse.ArgumentParser):
 
 class RunKeyword(NamedTuple):
     """One `run` flag as a run_batch() keyword: its name, flag, type, default and help."""
+
     name: str
     flag: str
     kind: type
@@ -7779,7 +10244,13 @@ class RunKeyword(NamedTuple):
 
     @property
     def annotation(self) -> str:
-        spelled = "str | os.PathLike" if self.path else "list[str]" if self.kind is list else self.kind.__name__
+        spelled = (
+            "str | os.PathLike"
+            if self.path
+            else "list[str]"
+            if self.kind is list
+            else self.kind.__name__
+        )
         return spelled if self.default is not None else spelled + " | None"
 
     def value(self, given: Any) -> Any:
@@ -7787,15 +10258,20 @@ class RunKeyword(NamedTuple):
         if given is None and self.default is None:
             return None
         if self.kind is list:  # a repeatable flag: a list of its values (`image_map=["a=b"]`)
-            if isinstance(given, str) or not isinstance(given, (list, tuple)) or \
-                    not all(isinstance(item, str) for item in given):
-                raise KeywordTypeError(f"{self.name}= must be a list of str, got {type(given).__name__} "
-                                       f"{given!r}")
+            if (
+                isinstance(given, str)
+                or not isinstance(given, (list, tuple))
+                or not all(isinstance(item, str) for item in given)
+            ):
+                raise KeywordTypeError(
+                    f"{self.name}= must be a list of str, got {type(given).__name__} {given!r}"
+                )
             return list(given)
         wanted = (str, os.PathLike) if self.path else self.kind
         if not isinstance(given, wanted) or (self.kind is int and isinstance(given, bool)):
-            raise KeywordTypeError(f"{self.name}= must be {self.annotation}, got {type(given).__name__} "
-                                   f"{given!r}")
+            raise KeywordTypeError(
+                f"{self.name}= must be {self.annotation}, got {type(given).__name__} {given!r}"
+            )
         if self.path:
             return os.fspath(given)  # type: ignore[call-overload]  # a str or os.PathLike: checked above
         if self.check is not None and self.kind in (int, str):
@@ -7817,17 +10293,33 @@ NOT_KEYWORDS = {"help", "output", "tasks"}
 
 def run_keywords() -> dict[str, RunKeyword]:
     """Every `run` flag as a keyword, read from the parser: a flag added to `run` is a keyword at once."""
-    actions = next(action for action in build_parser()._actions if isinstance(action, argparse._SubParsersAction))
+    actions = next(
+        action
+        for action in build_parser()._actions
+        if isinstance(action, argparse._SubParsersAction)
+    )
     keywords = {}
     for action in actions.choices["run"]._actions:
         if action.dest in NOT_KEYWORDS or not action.option_strings:
             continue
-        kind = list if isinstance(action, argparse._AppendAction) else bool if action.nargs == 0 \
-            else int if action.type in (int, positive_int, non_negative_int) else str
+        kind = (
+            list
+            if isinstance(action, argparse._AppendAction)
+            else bool
+            if action.nargs == 0
+            else int
+            if action.type in (int, positive_int, non_negative_int)
+            else str
+        )
         keywords[action.dest] = RunKeyword(
-            action.dest, action.option_strings[-1], kind, action.metavar in ("FILE", "PATH"),
-            PYTHON_DEFAULTS.get(action.dest, action.default), action.type if callable(action.type) else None,
-            " ".join((action.help or "").split()))
+            action.dest,
+            action.option_strings[-1],
+            kind,
+            action.metavar in ("FILE", "PATH"),
+            PYTHON_DEFAULTS.get(action.dest, action.default),
+            action.type if callable(action.type) else None,
+            " ".join((action.help or "").split()),
+        )
     return keywords
 
 
@@ -7836,14 +10328,28 @@ def takes_run_keywords(function: Callable[..., Any]) -> Callable[..., Any]:
     docstring (for help() and editors); batch_arguments() checks them."""
     import inspect  # only to describe the signature
     import textwrap
+
     signature = inspect.signature(function)
-    own = [parameter for parameter in signature.parameters.values() if parameter.kind != parameter.VAR_KEYWORD]
-    added = [inspect.Parameter(keyword.name, inspect.Parameter.KEYWORD_ONLY, default=keyword.default,
-                               annotation=keyword.annotation) for keyword in RUN_KEYWORDS.values()]
+    own = [
+        parameter
+        for parameter in signature.parameters.values()
+        if parameter.kind != parameter.VAR_KEYWORD
+    ]
+    added = [
+        inspect.Parameter(
+            keyword.name,
+            inspect.Parameter.KEYWORD_ONLY,
+            default=keyword.default,
+            annotation=keyword.annotation,
+        )
+        for keyword in RUN_KEYWORDS.values()
+    ]
     function.__signature__ = signature.replace(parameters=own + added)  # type: ignore[attr-defined]
     lines = ["", "Keywords (each is the `run` flag of its name):"]
     for keyword in RUN_KEYWORDS.values():
-        lines.append(f"    {keyword.name}: {keyword.annotation} = {keyword.default!r}  ({keyword.flag})")
+        lines.append(
+            f"    {keyword.name}: {keyword.annotation} = {keyword.default!r}  ({keyword.flag})"
+        )
         lines += textwrap.wrap(keyword.help, 80, initial_indent=" " * 8, subsequent_indent=" " * 8)
     function.__doc__ = (function.__doc__ or "").rstrip() + "\n" + "\n".join(lines) + "\n"
     return function
@@ -7852,12 +10358,15 @@ def takes_run_keywords(function: Callable[..., Any]) -> Callable[..., Any]:
 def python_tasks(tasks: Sequence[dict]) -> list[Task]:
     """A Python caller's tasks, each refused in Python's terms (tasks[i], not a file's line)."""
     if isinstance(tasks, (dict, bytes)) or not isinstance(tasks, Sequence):
-        raise KeywordTypeError(f"tasks must be a list of dicts or a JSONL file's path, got "
-                               f"{type(tasks).__name__}")
+        raise KeywordTypeError(
+            f"tasks must be a list of dicts or a JSONL file's path, got {type(tasks).__name__}"
+        )
     texts = []
     for position, task in enumerate(tasks):
         if not isinstance(task, dict):
-            raise KeywordTypeError(f"tasks[{position}] must be a dict, got {type(task).__name__} {task!r}")
+            raise KeywordTypeError(
+                f"tasks[{position}] must be a dict, got {type(task).__name__} {task!r}"
+            )
         try:
             texts.append(json.dumps(task))
         except (TypeError, ValueError) as error:
@@ -7870,8 +10379,13 @@ def python_tasks(tasks: Sequence[dict]) -> list[Task]:
         raise UsageError(f"tasks: {error}") from None
 
 
-def batch_arguments(caller: str, tasks: Sequence[dict] | str | os.PathLike | None, output: str | os.PathLike,
-                    options: Sequence[str], keywords: dict[str, Any]) -> argparse.Namespace:
+def batch_arguments(
+    caller: str,
+    tasks: Sequence[dict] | str | os.PathLike | None,
+    output: str | os.PathLike,
+    options: Sequence[str],
+    keywords: dict[str, Any],
+) -> argparse.Namespace:
     """A Python call's `run` arguments, checked in Python's terms before anything is created."""
     unknown = sorted(set(keywords) - set(RUN_KEYWORDS))
     if unknown:
@@ -7881,12 +10395,16 @@ def batch_arguments(caller: str, tasks: Sequence[dict] | str | os.PathLike | Non
     flags = {option.split("=", 1)[0] for option in options if option.startswith("--")}
     for name in sorted(keywords):
         if RUN_KEYWORDS[name].flag in flags:
-            raise UsageError(f"{name}= and options' {RUN_KEYWORDS[name].flag} both set {name}: give it once")
+            raise UsageError(
+                f"{name}= and options' {RUN_KEYWORDS[name].flag} both set {name}: give it once"
+            )
     for own, flag in (("output", "--output"), ("tasks", "--tasks")):
         if flag in flags:
             raise UsageError(f"options' {flag}: give {own} as {caller}()'s own argument")
     if not isinstance(output, (str, os.PathLike)):
-        raise KeywordTypeError(f"output= must be str | os.PathLike, got {type(output).__name__} {output!r}")
+        raise KeywordTypeError(
+            f"output= must be str | os.PathLike, got {type(output).__name__} {output!r}"
+        )
     args = build_parser(RaisingParser).parse_args(["run", "--output", os.fspath(output), *options])
     for name, keyword in RUN_KEYWORDS.items():
         if name in keywords:
@@ -7906,9 +10424,14 @@ RUN_KEYWORDS = run_keywords()
 
 
 @takes_run_keywords
-def run_batch(tasks: Sequence[dict] | str | os.PathLike | None = None, *, output: str | os.PathLike,
-              options: Sequence[str] = (), on_reward: Callable[[dict], Any] | None = None,
-              **keywords: Any) -> dict:
+def run_batch(
+    tasks: Sequence[dict] | str | os.PathLike | None = None,
+    *,
+    output: str | os.PathLike,
+    options: Sequence[str] = (),
+    on_reward: Callable[[dict], Any] | None = None,
+    **keywords: Any,
+) -> dict:
     """Run one batch in-process and return its results, with `rewards` (one row per episode).
 
     `tasks` are JSON objects (their `id` field, else their position from 1, is the
@@ -7932,7 +10455,9 @@ def run_batch(tasks: Sequence[dict] | str | os.PathLike | None = None, *, output
     and its exception is raised from run_batch as it was.
     """
     if on_reward is not None and not callable(on_reward):
-        raise KeywordTypeError(f"on_reward= must be callable, got {type(on_reward).__name__} {on_reward!r}")
+        raise KeywordTypeError(
+            f"on_reward= must be callable, got {type(on_reward).__name__} {on_reward!r}"
+        )
     args = batch_arguments("run_batch", tasks, output, options, keywords)
     if args.dry_run:
         return dry_run_listing(args)
@@ -7948,7 +10473,9 @@ def batch_run(args: argparse.Namespace) -> dict:
         raise KeyboardInterrupt
     saved = dict(results.figures)
     rewards_path = os.path.join(args.output, REWARDS_FILE)
-    saved["rewards"] = [json.loads(line) for line in read_text(rewards_path).splitlines() if line.strip()]
+    saved["rewards"] = [
+        json.loads(line) for line in read_text(rewards_path).splitlines() if line.strip()
+    ]
     return saved
 
 
@@ -7966,8 +10493,13 @@ class StreamClosed(Exception):
 
 
 @takes_run_keywords
-def stream_batch(tasks: Sequence[dict] | str | os.PathLike | None = None, *, output: str | os.PathLike,
-                 options: Sequence[str] = (), **keywords: Any) -> Generator[dict, None, dict]:
+def stream_batch(
+    tasks: Sequence[dict] | str | os.PathLike | None = None,
+    *,
+    output: str | os.PathLike,
+    options: Sequence[str] = (),
+    **keywords: Any,
+) -> Generator[dict, None, dict]:
     """Run one batch as run_batch() does (the same arguments), yielding each rewards.jsonl line
     (a dict) the moment it is written; the generator's return value (StopIteration.value, what
     `results = yield from stream_batch(...)` gives) is what run_batch() returns.

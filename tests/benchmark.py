@@ -118,7 +118,9 @@ LIGHTWEIGHT_DEADLINE_SECONDS = 3600
 TARGET_POST_SECONDS = {2000: 1.0, 10000: 3.0}
 # From the Job's true end to the process's exit, on a quiet machine.
 TARGET_TAIL_SECONDS = {20: 0.1, 2000: 0.5, 10000: 2.0}
-TARGET_PEAK_RSS_MB = 300  # for every process of the run at 10,000 episodes: the tool and each kubectl
+TARGET_PEAK_RSS_MB = (
+    300  # for every process of the run at 10,000 episodes: the tool and each kubectl
+)
 # --loaded: the cases measured again with this many busy loops per core, to show what load costs.
 BUSY_LOOPS_PER_CORE = 2
 TARGET_REQUESTS_PER_EPISODE = 1.2
@@ -153,7 +155,7 @@ sys.path[0] = __import__("os").path.dirname(script)
 runpy.run_path(script, run_name="__main__")
 """
 
-STRAIGHTFORWARD_WORKER = '''\
+STRAIGHTFORWARD_WORKER = """\
 import json
 import os
 import subprocess
@@ -197,7 +199,7 @@ def main():
 
 if __name__ == "__main__":
     main()
-'''
+"""
 
 
 class BenchmarkError(Exception):
@@ -236,8 +238,12 @@ def high_water_kb(pid: int) -> int | None:
     return None
 
 
-def sample_rss(pid: int, samples: list[tuple[float, int, int, float]], children_peak_kb: dict[int, int],
-               stop: threading.Event) -> None:
+def sample_rss(
+    pid: int,
+    samples: list[tuple[float, int, int, float]],
+    children_peak_kb: dict[int, int],
+    stop: threading.Event,
+) -> None:
     """(wall time, VmRSS kB, VmHWM kB, CPU seconds) of the process every few milliseconds until it ends,
     and each child's (kubectl's) VmHWM as last seen."""
     path = f"/proc/{pid}/status"
@@ -245,12 +251,20 @@ def sample_rss(pid: int, samples: list[tuple[float, int, int, float]], children_
     while not stop.is_set():
         try:
             with open(path) as handle:
-                fields = dict(line.split(":", 1) for line in handle if line.startswith(("VmRSS", "VmHWM")))
+                fields = dict(
+                    line.split(":", 1) for line in handle if line.startswith(("VmRSS", "VmHWM"))
+                )
             with open(f"/proc/{pid}/stat") as handle:
                 # utime and stime, after the command name (which may hold spaces) and 11 other fields
                 stat = handle.read().rsplit(")", 1)[1].split()
-            samples.append((time.time(), int(fields["VmRSS"].split()[0]), int(fields["VmHWM"].split()[0]),
-                            (int(stat[11]) + int(stat[12])) / ticks))
+            samples.append(
+                (
+                    time.time(),
+                    int(fields["VmRSS"].split()[0]),
+                    int(fields["VmHWM"].split()[0]),
+                    (int(stat[11]) + int(stat[12])) / ticks,
+                )
+            )
         except (OSError, ValueError, KeyError, IndexError):
             return
         for child in child_pids(pid):
@@ -260,31 +274,64 @@ def sample_rss(pid: int, samples: list[tuple[float, int, int, float]], children_
         stop.wait(RSS_SAMPLE_SECONDS)
 
 
-def run_client(emulator: Emulator, kind: str, count: int, parallelism: int, kubectl: str,
-               workdir: Path, label: str, extra: Sequence[str] = ()) -> dict:
+def run_client(
+    emulator: Emulator,
+    kind: str,
+    count: int,
+    parallelism: int,
+    kubectl: str,
+    workdir: Path,
+    label: str,
+    extra: Sequence[str] = (),
+) -> dict:
     """Run the product or the guide's client once; return its figures, measured from outside."""
     output = workdir / label
     usage_path = workdir / f"{label}.rusage.json"
     if kind == "product":
         script = PRODUCT
-        args = ["run", "--quiet", "--count", str(count), "--parallelism", str(parallelism),
-                "--max-episodes", str(max(count, rl_batch_demo.DEFAULT_MAX_EPISODES)),
-                "--output", str(output), "--kubectl", kubectl, *extra]
+        args = [
+            "run",
+            "--quiet",
+            "--count",
+            str(count),
+            "--parallelism",
+            str(parallelism),
+            "--max-episodes",
+            str(max(count, rl_batch_demo.DEFAULT_MAX_EPISODES)),
+            "--output",
+            str(output),
+            "--kubectl",
+            kubectl,
+            *extra,
+        ]
     else:
         script = GUIDE
-        args = ["--count", str(count), "--parallelism", str(parallelism), "--output", str(output),
-                "--kubectl", kubectl]
+        args = [
+            "--count",
+            str(count),
+            "--parallelism",
+            str(parallelism),
+            "--output",
+            str(output),
+            "--kubectl",
+            kubectl,
+        ]
     argv = [sys.executable, "-c", RUSAGE_WRAPPER, str(usage_path), str(script)] + args
     requests_before, expired_before = len(emulator.requests), emulator.watches_expired
-    with open(workdir / f"{label}.stdout", "wb") as stdout, open(workdir / f"{label}.stderr", "wb") as stderr:
+    with (
+        open(workdir / f"{label}.stdout", "wb") as stdout,
+        open(workdir / f"{label}.stderr", "wb") as stderr,
+    ):
         started = time.monotonic()
-        process = subprocess.Popen(argv, env=emulator.env(), stdout=stdout, stderr=stderr,
-                                   stdin=subprocess.DEVNULL)
+        process = subprocess.Popen(
+            argv, env=emulator.env(), stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL
+        )
         samples: list[tuple[float, int, int, float]] = []
         children_peak_kb: dict[int, int] = {}
         stop = threading.Event()
-        sampler = threading.Thread(target=sample_rss, args=(process.pid, samples, children_peak_kb, stop),
-                                   daemon=True)
+        sampler = threading.Thread(
+            target=sample_rss, args=(process.pid, samples, children_peak_kb, stop), daemon=True
+        )
         sampler.start()
         _, status, usage = os.wait4(process.pid, 0)
         exited_at = time.time()
@@ -301,15 +348,29 @@ def run_client(emulator: Emulator, kind: str, count: int, parallelism: int, kube
     end_truth = truth.get("complete") or truth.get("failed")
     own = json.loads(usage_path.read_text())
     # The run's API requests, timed from the moment it saw the end (kept with --keep, for diagnosis).
-    requests = [dict(r, at=round(r["at"] - wait["observed_at"], 4)) for r in list(emulator.requests)
-                if f"/namespaces/{results['namespace']}/" in r["path"]]
+    requests = [
+        dict(r, at=round(r["at"] - wait["observed_at"], 4))
+        for r in list(emulator.requests)
+        if f"/namespaces/{results['namespace']}/" in r["path"]
+    ]
     (workdir / f"{label}.requests.json").write_text(json.dumps(requests, indent=1))
     # (seconds after the end was seen, VmRSS MB, VmHWM MB, CPU seconds) of the tool, to tell when memory grew.
-    (workdir / f"{label}.rss.json").write_text(json.dumps(
-        [[round(moment - wait["observed_at"], 3), rss // 1024, hwm // 1024, cpu] for moment, rss, hwm, cpu in samples]))
-    at_end = [(rss, hwm, cpu) for moment, rss, hwm, cpu in samples if moment <= wait["observed_at"]] or [(0, 0, 0.0)]
+    (workdir / f"{label}.rss.json").write_text(
+        json.dumps(
+            [
+                [round(moment - wait["observed_at"], 3), rss // 1024, hwm // 1024, cpu]
+                for moment, rss, hwm, cpu in samples
+            ]
+        )
+    )
+    at_end = [
+        (rss, hwm, cpu) for moment, rss, hwm, cpu in samples if moment <= wait["observed_at"]
+    ] or [(0, 0, 0.0)]
     return {
-        "kind": kind, "count": count, "parallelism": parallelism, "wall_seconds": wall,
+        "kind": kind,
+        "count": count,
+        "parallelism": parallelism,
+        "wall_seconds": wall,
         "lag_seconds": wait["observed_at"] - end_truth,
         "post_seconds": os.path.getmtime(output / "results.json") - wait["observed_at"],
         "post_self_reported_seconds": wait.get("post_completion_seconds"),
@@ -367,16 +428,22 @@ def repeated_case(count: int, reps: int, kubectl: str, root: Path) -> dict[str, 
         for rep in range(reps):
             order = ("product", "guide") if rep % 2 == 0 else ("guide", "product")
             for kind in order:
-                figures = run_client(emulator, kind, count, count, kubectl, workdir, f"{kind}-{rep}")
+                figures = run_client(
+                    emulator, kind, count, count, kubectl, workdir, f"{kind}-{rep}"
+                )
                 runs[kind].append(figures)
-                say(f"  {count:>3} episodes, {kind:<7} run {rep + 1}/{reps}: lag {figures['lag_seconds']:.3f} s, "
-                    f"post {figures['post_seconds']:.3f} s, wall {figures['wall_seconds']:.1f} s")
+                say(
+                    f"  {count:>3} episodes, {kind:<7} run {rep + 1}/{reps}: lag {figures['lag_seconds']:.3f} s, "
+                    f"post {figures['post_seconds']:.3f} s, wall {figures['wall_seconds']:.1f} s"
+                )
 
     with_emulator(workdir, EMULATOR_FAULTS, body)
     return runs
 
 
-def scale_case(count: int, parallelism: int, with_guide: bool, kubectl: str, root: Path) -> dict[str, dict]:
+def scale_case(
+    count: int, parallelism: int, with_guide: bool, kubectl: str, root: Path
+) -> dict[str, dict]:
     """One product run (and one guide run if asked) of a large batch."""
     workdir = root / f"scale-{count}"
     workdir.mkdir()
@@ -385,8 +452,10 @@ def scale_case(count: int, parallelism: int, with_guide: bool, kubectl: str, roo
     def body(emulator: Emulator) -> None:
         for kind in ("product", "guide") if with_guide else ("product",):
             runs[kind] = run_client(emulator, kind, count, parallelism, kubectl, workdir, kind)
-            say(f"  {count:>3} episodes (parallelism {parallelism}), {kind:<7}: "
-                f"post {runs[kind]['post_seconds']:.3f} s, wall {runs[kind]['wall_seconds']:.1f} s")
+            say(
+                f"  {count:>3} episodes (parallelism {parallelism}), {kind:<7}: "
+                f"post {runs[kind]['post_seconds']:.3f} s, wall {runs[kind]['wall_seconds']:.1f} s"
+            )
 
     with_emulator(workdir, EMULATOR_FAULTS, body)
     return runs
@@ -400,11 +469,21 @@ def lightweight_case(count: int, kubectl: str, root: Path) -> dict:
     def body(emulator: Emulator) -> dict:
         # The emulator, not the client, sets the pace (about 20 to 50 pods a second on two
         # loaded CPUs): the Job's deadline is the emulator's, not a cluster's.
-        figures = run_client(emulator, "product", count, min(count, LIGHTWEIGHT_PARALLELISM), kubectl, workdir,
-                             "product", ["--timeout", str(LIGHTWEIGHT_DEADLINE_SECONDS)])
-        say(f"  {count:>5} episodes (parallelism {figures['parallelism']}, lightweight kubelet): lag "
+        figures = run_client(
+            emulator,
+            "product",
+            count,
+            min(count, LIGHTWEIGHT_PARALLELISM),
+            kubectl,
+            workdir,
+            "product",
+            ["--timeout", str(LIGHTWEIGHT_DEADLINE_SECONDS)],
+        )
+        say(
+            f"  {count:>5} episodes (parallelism {figures['parallelism']}, lightweight kubelet): lag "
             f"{figures['lag_seconds']:.3f} s, post {figures['post_seconds']:.3f} s, "
-            f"wall {figures['wall_seconds']:.1f} s")
+            f"wall {figures['wall_seconds']:.1f} s"
+        )
         return figures
 
     return with_emulator(workdir, LIGHTWEIGHT_FAULTS, body)
@@ -414,10 +493,13 @@ STRAGGLER_COUNT, STRAGGLER_NEED, STRAGGLERS, STRAGGLER_HANG_SECONDS = 32, 28, 4,
 DELIVERY_LAG_SIZE = 2000
 TARGET_DELIVERY_LAG_P99_SECONDS = 0.5
 # Reads its task; a straggler's task makes it hang before its reward.
-HANGING_EPISODE = TASK_EPISODE_HEAD + """\
+HANGING_EPISODE = (
+    TASK_EPISODE_HEAD
+    + """\
 time.sleep(task.get("hang", 0))
 emit("reward", reward=1)
 """
+)
 
 
 def nth_reward_seconds(output: Path, n: int) -> float | None:
@@ -434,23 +516,42 @@ def straggler_case(kubectl: str, root: Path) -> dict[str, dict]:
     workdir = root / "stragglers"
     workdir.mkdir()
     tasks = workdir / "tasks.jsonl"
-    tasks.write_text("".join(json.dumps({"id": n, "hang": STRAGGLER_HANG_SECONDS if n % 8 == 3 else 0}) + "\n"
-                             for n in range(STRAGGLER_COUNT)))
+    tasks.write_text(
+        "".join(
+            json.dumps({"id": n, "hang": STRAGGLER_HANG_SECONDS if n % 8 == 3 else 0}) + "\n"
+            for n in range(STRAGGLER_COUNT)
+        )
+    )
     script = workdir / "hanging_episode.py"
     script.write_text(HANGING_EPISODE)
     runs: dict[str, dict] = {}
 
     def body(emulator: Emulator) -> None:
-        for label, extra in (("need", ["--need", str(STRAGGLER_NEED)]), ("all", ["--allow-failures", "0"])):
-            figures = run_client(emulator, "product", STRAGGLER_COUNT, STRAGGLER_COUNT, kubectl, workdir, label,
-                                 ["--tasks", str(tasks), "--episode-script", str(script), *extra])
+        for label, extra in (
+            ("need", ["--need", str(STRAGGLER_NEED)]),
+            ("all", ["--allow-failures", "0"]),
+        ):
+            figures = run_client(
+                emulator,
+                "product",
+                STRAGGLER_COUNT,
+                STRAGGLER_COUNT,
+                kubectl,
+                workdir,
+                label,
+                ["--tasks", str(tasks), "--episode-script", str(script), *extra],
+            )
             results = json.loads((workdir / label / "results.json").read_text())
-            figures.update(first=results["first_reward_seconds"],
-                           kth=nth_reward_seconds(workdir / label, STRAGGLER_NEED),
-                           cancelled=results.get("cancelled_episodes"),
-                           lag_p99=results["reward_delivery_lag_p99_seconds"])
+            figures.update(
+                first=results["first_reward_seconds"],
+                kth=nth_reward_seconds(workdir / label, STRAGGLER_NEED),
+                cancelled=results.get("cancelled_episodes"),
+                lag_p99=results["reward_delivery_lag_p99_seconds"],
+            )
             runs[label] = figures
-            say(f"  {label}: wall {figures['wall_seconds']:.1f} s, 28th reward {figures['kth']:.2f} s")
+            say(
+                f"  {label}: wall {figures['wall_seconds']:.1f} s, 28th reward {figures['kth']:.2f} s"
+            )
 
     with_emulator(workdir, EMULATOR_FAULTS, body)
     return runs
@@ -462,13 +563,29 @@ def delivery_lag_case(kubectl: str, root: Path) -> dict:
     workdir.mkdir()
 
     def body(emulator: Emulator) -> dict:
-        figures = run_client(emulator, "product", DELIVERY_LAG_SIZE, min(DELIVERY_LAG_SIZE, LIGHTWEIGHT_PARALLELISM),
-                             kubectl, workdir, "product",
-                             ["--timeout", str(LIGHTWEIGHT_DEADLINE_SECONDS), "--allow-failures", "0"])
+        figures = run_client(
+            emulator,
+            "product",
+            DELIVERY_LAG_SIZE,
+            min(DELIVERY_LAG_SIZE, LIGHTWEIGHT_PARALLELISM),
+            kubectl,
+            workdir,
+            "product",
+            ["--timeout", str(LIGHTWEIGHT_DEADLINE_SECONDS), "--allow-failures", "0"],
+        )
         results = json.loads((workdir / "product" / "results.json").read_text())
-        figures.update({key: results[key] for key in (
-            "reward_delivery_lag_p50_seconds", "reward_delivery_lag_p99_seconds", "reward_delivery_lag_max_seconds",
-            "first_reward_seconds")}, delivery=results["reward_delivery"])
+        figures.update(
+            {
+                key: results[key]
+                for key in (
+                    "reward_delivery_lag_p50_seconds",
+                    "reward_delivery_lag_p99_seconds",
+                    "reward_delivery_lag_max_seconds",
+                    "first_reward_seconds",
+                )
+            },
+            delivery=results["reward_delivery"],
+        )
         return figures
 
     return with_emulator(workdir, LIGHTWEIGHT_FAULTS, body)
@@ -491,51 +608,94 @@ def image_case(kubectl: str, root: Path) -> dict[str, dict]:
     one pull at a time per node, then maxParallelImagePulls 8), with --prepull, and every image present."""
     tasks_file = root / "image-tasks.jsonl"
     images = [f"registry.bench.local/task-{n}:1" for n in range(IMAGE_TASKS)]
-    tasks_file.write_text("".join(json.dumps({"id": f"task-{n}", "image": image}) + "\n"
-                                  for n, image in enumerate(images)))
+    tasks_file.write_text(
+        "".join(
+            json.dumps({"id": f"task-{n}", "image": image}) + "\n" for n, image in enumerate(images)
+        )
+    )
     script = root / "image_episode.py"
     script.write_text(HANGING_EPISODE)
     runs: dict[str, dict] = {}
     for number, (label, store, extra) in enumerate(IMAGE_CASES):
         workdir = root / f"images-{number}"
         workdir.mkdir()
-        options = {"registry": {image: IMAGE_BYTES for image in images}, "pull_bytes_per_second": IMAGE_PULL_RATE}
+        options = {
+            "registry": {image: IMAGE_BYTES for image in images},
+            "pull_bytes_per_second": IMAGE_PULL_RATE,
+        }
         options.update({key: value for key, value in store.items() if key != "present"})
         if store.get("present"):
             options["present"] = {image: True for image in images}
-        emulator = Emulator(workdir / "emulator", faults=dict(LIGHTWEIGHT_FAULTS), nodes=IMAGE_NODES, images=options)
+        emulator = Emulator(
+            workdir / "emulator", faults=dict(LIGHTWEIGHT_FAULTS), nodes=IMAGE_NODES, images=options
+        )
         emulator.start()
         try:
             output = workdir / "run"
-            argv = [sys.executable, str(PRODUCT), "run", "--quiet", "--tasks", str(tasks_file),
-                    "--group-size", str(IMAGE_GROUP), "--episode-script", str(script),
-                    "--parallelism", str(IMAGE_PARALLELISM), "--max-episodes", str(IMAGE_TASKS * IMAGE_GROUP),
-                    "--allow-failures", "0", "--output", str(output), "--kubectl", kubectl, *extra]
+            argv = [
+                sys.executable,
+                str(PRODUCT),
+                "run",
+                "--quiet",
+                "--tasks",
+                str(tasks_file),
+                "--group-size",
+                str(IMAGE_GROUP),
+                "--episode-script",
+                str(script),
+                "--parallelism",
+                str(IMAGE_PARALLELISM),
+                "--max-episodes",
+                str(IMAGE_TASKS * IMAGE_GROUP),
+                "--allow-failures",
+                "0",
+                "--output",
+                str(output),
+                "--kubectl",
+                kubectl,
+                *extra,
+            ]
             started = time.monotonic()
-            done = subprocess.run(argv, env=emulator.env(), capture_output=True, text=True, timeout=1800)
+            done = subprocess.run(
+                argv, env=emulator.env(), capture_output=True, text=True, timeout=1800
+            )
             wall = time.monotonic() - started
         finally:
             emulator.stop()
         if done.returncode != 0:
-            raise BenchmarkError(f"images run {label!r} exited {done.returncode}: "
-                                 f"{' | '.join(done.stderr.strip().splitlines()[-5:])}")
+            raise BenchmarkError(
+                f"images run {label!r} exited {done.returncode}: "
+                f"{' | '.join(done.stderr.strip().splitlines()[-5:])}"
+            )
         results = json.loads((output / "results.json").read_text())
         pulls = results["phases"]["image_pull"]
-        waiting = [entry["image_pull_waiting_p50_seconds"] for entry in results["images"].values()
-                   if entry["image_pull_waiting_p50_seconds"] is not None]
-        pulled_p50 = [entry["image_pull_p50_seconds"] for entry in results["images"].values()
-                      if entry["image_pull_p50_seconds"] is not None]
+        waiting = [
+            entry["image_pull_waiting_p50_seconds"]
+            for entry in results["images"].values()
+            if entry["image_pull_waiting_p50_seconds"] is not None
+        ]
+        pulled_p50 = [
+            entry["image_pull_p50_seconds"]
+            for entry in results["images"].values()
+            if entry["image_pull_p50_seconds"] is not None
+        ]
         runs[label] = {
-            "wall": wall, "prepull": (results.get("prepull") or {}).get("seconds"),
-            "batch": results["client_job_complete_seconds"], "rewards": results["batch_to_all_rewards_seconds"],
+            "wall": wall,
+            "prepull": (results.get("prepull") or {}).get("seconds"),
+            "batch": results["client_job_complete_seconds"],
+            "rewards": results["batch_to_all_rewards_seconds"],
             "pod_to_ready_p50": results["pod_to_ready_p50_seconds"],
             "pod_to_ready_p95": results["pod_to_ready_p95_seconds"],
-            "pull_p50": statistics.median(pulled_p50) if pulled_p50 else None, "pull_max": pulls.get("max"),
+            "pull_p50": statistics.median(pulled_p50) if pulled_p50 else None,
+            "pull_max": pulls.get("max"),
             "waiting_p50": statistics.median(waiting) if waiting else None,
-            "pulled": results["image_cache"]["pulled"], "present": results["image_cache"]["present"],
+            "pulled": results["image_cache"]["pulled"],
+            "present": results["image_cache"]["present"],
             "jobs": results["jobs"],
         }
-        say(f"  {label}: wall {wall:.1f} s, batch {runs[label]['batch']} s, pulled {runs[label]['pulled']}")
+        say(
+            f"  {label}: wall {wall:.1f} s, batch {runs[label]['batch']} s, pulled {runs[label]['pulled']}"
+        )
     return runs
 
 
@@ -548,60 +708,83 @@ def image_lines(runs: dict[str, dict]) -> list[str]:
         cells = [fmt(runs[label][key]) for label in labels]
         return f"{name:<34}" + "".join(f"{cell:>24}" for cell in cells)
 
-    lines = [f"\nImages: {IMAGE_TASKS} tasks x {IMAGE_GROUP} episodes, "
-             f"{IMAGE_TASKS} images of {IMAGE_BYTES // 10**6} MB "
-             f"(a {IMAGE_BYTES / IMAGE_PULL_RATE:.0f} s cold pull at {IMAGE_PULL_RATE / 1e6:.0f} MB/s), {IMAGE_NODES} "
-             f"nodes, parallelism {IMAGE_PARALLELISM} shared by {runs['all present']['jobs']} Jobs, lightweight "
-             f"kubelet (faults {json.dumps(LIGHTWEIGHT_FAULTS)}); a fresh emulator per case",
-             f"{'figure':<34}" + "".join(f"{label:>24}" for label in labels),
-             row("run wall time (s)", "wall"),
-             row("pre-pull step (s)", "prepull"),
-             row("batch: create -> seen complete (s)", "batch"),
-             row("batch: Job created -> last reward", "rewards"),
-             row("pod_to_ready p50 (s)", "pod_to_ready_p50"),
-             row("pod_to_ready p95 (s)", "pod_to_ready_p95"),
-             row("image_pull of pulls, p50 (s) *", "pull_p50"),
-             row("image_pull phase max (s)", "pull_max"),
-             row("kubelet's wait in pulls, p50 (s) *", "waiting_p50"),
-             row("episodes that pulled", "pulled"),
-             row("episodes that found it present", "present")]
-    lines.append("* over the episodes that pulled: per image its p50, the median of the images' (results.json's "
-                 "images); the wait is the kubelet's own, its Pulled message's total less its pull")
+    lines = [
+        f"\nImages: {IMAGE_TASKS} tasks x {IMAGE_GROUP} episodes, "
+        f"{IMAGE_TASKS} images of {IMAGE_BYTES // 10**6} MB "
+        f"(a {IMAGE_BYTES / IMAGE_PULL_RATE:.0f} s cold pull at {IMAGE_PULL_RATE / 1e6:.0f} MB/s), {IMAGE_NODES} "
+        f"nodes, parallelism {IMAGE_PARALLELISM} shared by {runs['all present']['jobs']} Jobs, lightweight "
+        f"kubelet (faults {json.dumps(LIGHTWEIGHT_FAULTS)}); a fresh emulator per case",
+        f"{'figure':<34}" + "".join(f"{label:>24}" for label in labels),
+        row("run wall time (s)", "wall"),
+        row("pre-pull step (s)", "prepull"),
+        row("batch: create -> seen complete (s)", "batch"),
+        row("batch: Job created -> last reward", "rewards"),
+        row("pod_to_ready p50 (s)", "pod_to_ready_p50"),
+        row("pod_to_ready p95 (s)", "pod_to_ready_p95"),
+        row("image_pull of pulls, p50 (s) *", "pull_p50"),
+        row("image_pull phase max (s)", "pull_max"),
+        row("kubelet's wait in pulls, p50 (s) *", "waiting_p50"),
+        row("episodes that pulled", "pulled"),
+        row("episodes that found it present", "present"),
+    ]
+    lines.append(
+        "* over the episodes that pulled: per image its p50, the median of the images' (results.json's "
+        "images); the wait is the kubelet's own, its Pulled message's total less its pull"
+    )
     serial, parallel = runs["cold, serialized pulls"], runs["cold, parallel pulls"]
-    lines.append(f"serialized pulls cost {serial['batch'] - parallel['batch']:.1f} s of the cold batch "
-                 f"({serial['batch']:.1f} s against {parallel['batch']:.1f} s with {IMAGE_TASKS} pulls at once; "
-                 f"the emulator gives each pull its own {IMAGE_PULL_RATE / 1e6:.0f} MB/s, so this is the most parallel "
-                 f"pulls can save, when one pull cannot fill the node's link); every image present: "
-                 f"{base['batch']:.1f} s; --prepull: {runs['--prepull']['prepull']:.1f} s of pre-pull, then "
-                 f"{runs['--prepull']['batch']:.1f} s of batch")
+    lines.append(
+        f"serialized pulls cost {serial['batch'] - parallel['batch']:.1f} s of the cold batch "
+        f"({serial['batch']:.1f} s against {parallel['batch']:.1f} s with {IMAGE_TASKS} pulls at once; "
+        f"the emulator gives each pull its own {IMAGE_PULL_RATE / 1e6:.0f} MB/s, so this is the most parallel "
+        f"pulls can save, when one pull cannot fill the node's link); every image present: "
+        f"{base['batch']:.1f} s; --prepull: {runs['--prepull']['prepull']:.1f} s of pre-pull, then "
+        f"{runs['--prepull']['batch']:.1f} s of batch"
+    )
     return lines
 
 
 def streaming_lines(stragglers: dict[str, dict], delivery: dict) -> list[str]:
     need, everything = stragglers["need"], stragglers["all"]
-    lines = [f"\nStreaming: {STRAGGLER_COUNT} episodes, {STRAGGLERS} hang {STRAGGLER_HANG_SECONDS} s "
-             f"(faults {json.dumps(EMULATOR_FAULTS)}; times from the Job's creation)",
-             render_table([
-                 ("wall time of the run", round(need["wall_seconds"], 2), round(everything["wall_seconds"], 2),
-                  ratio(need["wall_seconds"], everything["wall_seconds"]), ""),
-                 (f"{STRAGGLER_NEED}th reward in rewards.jsonl", round(need["kth"], 2), round(everything["kth"], 2),
-                  ratio(need["kth"], everything["kth"]), ""),
-                 ("first reward in rewards.jsonl", need["first"], everything["first"], "", ""),
-                 ("episodes cancelled", need["cancelled"], everything["cancelled"] or 0, "", ""),
-                 ("delivery lag p99 (s)", need["lag_p99"], everything["lag_p99"], "", ""),
-             ], header=("figure", f"--need {STRAGGLER_NEED}", "wait for all", "all / need", "target"))]
-    lines += [f"\nDelivery lag at {DELIVERY_LAG_SIZE} episodes (lightweight kubelet, parallelism "
-              f"{min(DELIVERY_LAG_SIZE, LIGHTWEIGHT_PARALLELISM)}): "
-              f"p50 {delivery['reward_delivery_lag_p50_seconds']} s, "
-              f"p99 {delivery['reward_delivery_lag_p99_seconds']} s (target < {TARGET_DELIVERY_LAG_P99_SECONDS} s: "
-              f"{verdict(delivery['reward_delivery_lag_p99_seconds'] < TARGET_DELIVERY_LAG_P99_SECONDS)}), "
-              f"max {delivery['reward_delivery_lag_max_seconds']} s; lines streamed "
-              f"{delivery['delivery']['streamed']} of {delivery['delivery']['lines']}; lag precision "
-              f"{delivery['delivery']['lag_precision_seconds']} s; of it the client's own part (its watch seeing the "
-              f"end -> the line written) p50 {delivery['delivery']['seen_to_written_p50_seconds']} s, p99 "
-              f"{delivery['delivery']['seen_to_written_p99_seconds']} s; "
-              f"client CPU {delivery['tool_cpu_seconds']:.1f} s "
-              f"(+ kubectl {delivery['kubectl_cpu_seconds']:.1f} s), wall {delivery['wall_seconds']:.1f} s"]
+    lines = [
+        f"\nStreaming: {STRAGGLER_COUNT} episodes, {STRAGGLERS} hang {STRAGGLER_HANG_SECONDS} s "
+        f"(faults {json.dumps(EMULATOR_FAULTS)}; times from the Job's creation)",
+        render_table(
+            [
+                (
+                    "wall time of the run",
+                    round(need["wall_seconds"], 2),
+                    round(everything["wall_seconds"], 2),
+                    ratio(need["wall_seconds"], everything["wall_seconds"]),
+                    "",
+                ),
+                (
+                    f"{STRAGGLER_NEED}th reward in rewards.jsonl",
+                    round(need["kth"], 2),
+                    round(everything["kth"], 2),
+                    ratio(need["kth"], everything["kth"]),
+                    "",
+                ),
+                ("first reward in rewards.jsonl", need["first"], everything["first"], "", ""),
+                ("episodes cancelled", need["cancelled"], everything["cancelled"] or 0, "", ""),
+                ("delivery lag p99 (s)", need["lag_p99"], everything["lag_p99"], "", ""),
+            ],
+            header=("figure", f"--need {STRAGGLER_NEED}", "wait for all", "all / need", "target"),
+        ),
+    ]
+    lines += [
+        f"\nDelivery lag at {DELIVERY_LAG_SIZE} episodes (lightweight kubelet, parallelism "
+        f"{min(DELIVERY_LAG_SIZE, LIGHTWEIGHT_PARALLELISM)}): "
+        f"p50 {delivery['reward_delivery_lag_p50_seconds']} s, "
+        f"p99 {delivery['reward_delivery_lag_p99_seconds']} s (target < {TARGET_DELIVERY_LAG_P99_SECONDS} s: "
+        f"{verdict(delivery['reward_delivery_lag_p99_seconds'] < TARGET_DELIVERY_LAG_P99_SECONDS)}), "
+        f"max {delivery['reward_delivery_lag_max_seconds']} s; lines streamed "
+        f"{delivery['delivery']['streamed']} of {delivery['delivery']['lines']}; lag precision "
+        f"{delivery['delivery']['lag_precision_seconds']} s; of it the client's own part (its watch seeing the "
+        f"end -> the line written) p50 {delivery['delivery']['seen_to_written_p50_seconds']} s, p99 "
+        f"{delivery['delivery']['seen_to_written_p99_seconds']} s; "
+        f"client CPU {delivery['tool_cpu_seconds']:.1f} s "
+        f"(+ kubectl {delivery['kubectl_cpu_seconds']:.1f} s), wall {delivery['wall_seconds']:.1f} s"
+    ]
     return lines
 
 
@@ -622,43 +805,107 @@ def lightweight_rows(runs: dict[int, dict]) -> list[tuple[str, Any, Any, str, st
     for count, run in sorted(runs.items()):
         prefix = f"{count} ep (p{run['parallelism']}, lightweight)"
         lag = run["lag_seconds"]
-        add(f"{prefix}: completion lag (s)", lag, base["lag_seconds"],
-            f"<= {TARGET_LAG_SECONDS} {verdict(lag <= TARGET_LAG_SECONDS)}")
+        add(
+            f"{prefix}: completion lag (s)",
+            lag,
+            base["lag_seconds"],
+            f"<= {TARGET_LAG_SECONDS} {verdict(lag <= TARGET_LAG_SECONDS)}",
+        )
         post = run["post_seconds"]
         post_target = TARGET_POST_SECONDS.get(count)
-        add(f"{prefix}: post-completion to results.json (s)", post, base["post_seconds"],
-            f"<= {post_target} {verdict(post <= post_target)}" if post_target else "")
-        add(f"{prefix}: post-completion per episode (ms)", 1000 * post / count,
-            1000 * base["post_seconds"] / base_count)
+        add(
+            f"{prefix}: post-completion to results.json (s)",
+            post,
+            base["post_seconds"],
+            f"<= {post_target} {verdict(post <= post_target)}" if post_target else "",
+        )
+        add(
+            f"{prefix}: post-completion per episode (ms)",
+            1000 * post / count,
+            1000 * base["post_seconds"] / base_count,
+        )
         tail = run["tail_seconds"]
         tail_target = TARGET_TAIL_SECONDS.get(count)
-        add(f"{prefix}: true end -> process exit (s)", tail, base["tail_seconds"],
-            f"<= {tail_target} {verdict(tail <= tail_target)}" if tail_target else "")
-        add(f"{prefix}: CPU of tool after the end (s)", run["post_cpu_seconds"], base["post_cpu_seconds"])
-        add(f"{prefix}: submit -> end seen by client (s)", run["wait_seconds"], base["wait_seconds"])
-        add(f"{prefix}: CPU tool process alone (s)", run["tool_cpu_seconds"], base["tool_cpu_seconds"])
-        add(f"{prefix}: CPU kubectl children (s)", run["kubectl_cpu_seconds"], base["kubectl_cpu_seconds"])
+        add(
+            f"{prefix}: true end -> process exit (s)",
+            tail,
+            base["tail_seconds"],
+            f"<= {tail_target} {verdict(tail <= tail_target)}" if tail_target else "",
+        )
+        add(
+            f"{prefix}: CPU of tool after the end (s)",
+            run["post_cpu_seconds"],
+            base["post_cpu_seconds"],
+        )
+        add(
+            f"{prefix}: submit -> end seen by client (s)", run["wait_seconds"], base["wait_seconds"]
+        )
+        add(
+            f"{prefix}: CPU tool process alone (s)",
+            run["tool_cpu_seconds"],
+            base["tool_cpu_seconds"],
+        )
+        add(
+            f"{prefix}: CPU kubectl children (s)",
+            run["kubectl_cpu_seconds"],
+            base["kubectl_cpu_seconds"],
+        )
         rss = run["peak_rss_mb"]
-        add(f"{prefix}: peak RSS of tool (MB)", rss, base["peak_rss_mb"],
-            f"<= {TARGET_PEAK_RSS_MB} {verdict(rss <= TARGET_PEAK_RSS_MB)}" if count >= 10000 else "")
-        add(f"{prefix}: peak RSS of tool until the end (MB)", run["peak_rss_at_end_mb"], base["peak_rss_at_end_mb"])
+        add(
+            f"{prefix}: peak RSS of tool (MB)",
+            rss,
+            base["peak_rss_mb"],
+            f"<= {TARGET_PEAK_RSS_MB} {verdict(rss <= TARGET_PEAK_RSS_MB)}"
+            if count >= 10000
+            else "",
+        )
+        add(
+            f"{prefix}: peak RSS of tool until the end (MB)",
+            run["peak_rss_at_end_mb"],
+            base["peak_rss_at_end_mb"],
+        )
         largest = run["largest_process_mb"]
-        add(f"{prefix}: largest process of the run, tool or a kubectl (MB)", largest, base["largest_process_mb"],
-            f"<= {TARGET_PEAK_RSS_MB} {verdict(largest <= TARGET_PEAK_RSS_MB)}" if count >= 10000 else "")
-        add(f"{prefix}: kubectl processes per run", run["kubectl_processes"], base["kubectl_processes"],
-            f"= smallest {verdict(run['kubectl_processes'] == base['kubectl_processes'])}")
+        add(
+            f"{prefix}: largest process of the run, tool or a kubectl (MB)",
+            largest,
+            base["largest_process_mb"],
+            f"<= {TARGET_PEAK_RSS_MB} {verdict(largest <= TARGET_PEAK_RSS_MB)}"
+            if count >= 10000
+            else "",
+        )
+        add(
+            f"{prefix}: kubectl processes per run",
+            run["kubectl_processes"],
+            base["kubectl_processes"],
+            f"= smallest {verdict(run['kubectl_processes'] == base['kubectl_processes'])}",
+        )
         requests = run["api_requests"]
         add(f"{prefix}: API requests (emulator's log)", requests, base["api_requests"])
-        add(f"{prefix}: API requests per episode", requests / count, base["api_requests"] / base_count)
+        add(
+            f"{prefix}: API requests per episode",
+            requests / count,
+            base["api_requests"] / base_count,
+        )
         if count != base_count:
             growth = (requests - base["api_requests"]) / (count - base_count)
-            add(f"{prefix}: API requests per added episode (vs {base_count})", growth, None,
-                f"<= {TARGET_REQUESTS_PER_EPISODE} {verdict(growth <= TARGET_REQUESTS_PER_EPISODE)}")
-        add(f"{prefix}: most watch events waiting in the client at once", run["watch_queue_peak"],
-            base["watch_queue_peak"])
+            add(
+                f"{prefix}: API requests per added episode (vs {base_count})",
+                growth,
+                None,
+                f"<= {TARGET_REQUESTS_PER_EPISODE} {verdict(growth <= TARGET_REQUESTS_PER_EPISODE)}",
+            )
+        add(
+            f"{prefix}: most watch events waiting in the client at once",
+            run["watch_queue_peak"],
+            base["watch_queue_peak"],
+        )
         fell_behind = run["watches_expired"] + run["watch_restarts"]
-        add(f"{prefix}: watches answered 410 Gone / restarted", f"{run['watches_expired']} / {run['watch_restarts']}",
-            f"{base['watches_expired']} / {base['watch_restarts']}", f"0 / 0 {verdict(fell_behind == 0)}")
+        add(
+            f"{prefix}: watches answered 410 Gone / restarted",
+            f"{run['watches_expired']} / {run['watch_restarts']}",
+            f"{base['watches_expired']} / {base['watch_restarts']}",
+            f"0 / 0 {verdict(fell_behind == 0)}",
+        )
     return rows
 
 
@@ -670,11 +917,19 @@ def wait_length_case(kubectl: str, root: Path) -> dict[str, dict[str, dict]]:
         workdir.mkdir()
         faults = dict(EMULATOR_FAULTS, sandbox_delay=delay)
 
-        def body(emulator: Emulator, name: str = name, workdir: Path = workdir, faults: dict = faults) -> None:
-            runs[name] = {kind: run_client(emulator, kind, WAIT_CHECK_COUNT, WAIT_CHECK_COUNT, kubectl,
-                                           workdir, kind) for kind in ("product", "guide")}
-            say(f"  sandbox delay {faults['sandbox_delay']:g} s: product waited "
-                f"{runs[name]['product']['wait_seconds']:.1f} s, guide {runs[name]['guide']['wait_seconds']:.1f} s")
+        def body(
+            emulator: Emulator, name: str = name, workdir: Path = workdir, faults: dict = faults
+        ) -> None:
+            runs[name] = {
+                kind: run_client(
+                    emulator, kind, WAIT_CHECK_COUNT, WAIT_CHECK_COUNT, kubectl, workdir, kind
+                )
+                for kind in ("product", "guide")
+            }
+            say(
+                f"  sandbox delay {faults['sandbox_delay']:g} s: product waited "
+                f"{runs[name]['product']['wait_seconds']:.1f} s, guide {runs[name]['guide']['wait_seconds']:.1f} s"
+            )
 
         with_emulator(workdir, faults, body)
     return runs
@@ -688,16 +943,24 @@ def worker_sources(workspace: Path) -> dict[str, str]:
     """The product's worker and a straightforward one, both writing into `workspace`."""
     product = rl_batch_demo.WORKER_SOURCE
     if '"/workspace"' not in product:
-        raise BenchmarkError('the product\'s worker no longer names "/workspace"; update the benchmark')
+        raise BenchmarkError(
+            'the product\'s worker no longer names "/workspace"; update the benchmark'
+        )
     constants = {}
     for node in ast.parse(product).body:
-        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) \
-                and node.targets[0].id in ("BUGGY_SOURCE", "TEST_SOURCE"):
+        if (
+            isinstance(node, ast.Assign)
+            and isinstance(node.targets[0], ast.Name)
+            and node.targets[0].id in ("BUGGY_SOURCE", "TEST_SOURCE")
+        ):
             constants[node.targets[0].id] = ast.literal_eval(node.value)
     return {
         "product": product.replace('"/workspace"', repr(str(workspace))),
-        "guide": STRAIGHTFORWARD_WORKER.format(buggy=constants["BUGGY_SOURCE"], tests=constants["TEST_SOURCE"],
-                                               workspace=str(workspace)),
+        "guide": STRAIGHTFORWARD_WORKER.format(
+            buggy=constants["BUGGY_SOURCE"],
+            tests=constants["TEST_SOURCE"],
+            workspace=str(workspace),
+        ),
     }
 
 
@@ -707,8 +970,9 @@ def imports_before_ready(argv: list[str], env: dict) -> dict[str, float]:
     stdout and stderr share one pipe, so the flushed `ready` line falls between the
     import lines that came before it and those after.
     """
-    completed = subprocess.run(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, timeout=60)
+    completed = subprocess.run(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60
+    )
     imported: dict[str, float] = {}
     for line in completed.stdout.splitlines():
         if line.startswith("{") and '"ready"' in line:
@@ -742,12 +1006,20 @@ def worker_case(root: Path, runs: int) -> dict[str, dict]:
         workspace.mkdir()
         script = root / f"worker-{kind}.py"
         script.write_text(worker_sources(workspace)[kind])
-        imported = imports_before_ready([sys.executable, "-X", "importtime", "-B", str(script)], env)
+        imported = imports_before_ready(
+            [sys.executable, "-X", "importtime", "-B", str(script)], env
+        )
         beyond = {name: seconds for name, seconds in imported.items() if name not in startup}
-        times = [spawn_to_ready_seconds([sys.executable, "-B", str(script)], env) for _ in range(runs)]
-        figures[kind] = {"modules": len(imported), "modules_beyond_startup": len(beyond),
-                         "import_seconds": sum(imported.values()), "import_seconds_beyond_startup":
-                         sum(beyond.values()), "spawn_to_ready_seconds": statistics.median(times)}
+        times = [
+            spawn_to_ready_seconds([sys.executable, "-B", str(script)], env) for _ in range(runs)
+        ]
+        figures[kind] = {
+            "modules": len(imported),
+            "modules_beyond_startup": len(beyond),
+            "import_seconds": sum(imported.values()),
+            "import_seconds_beyond_startup": sum(beyond.values()),
+            "spawn_to_ready_seconds": statistics.median(times),
+        }
     return figures
 
 
@@ -765,14 +1037,22 @@ def verdict(ok: bool | None) -> str:
     return "" if ok is None else ("met" if ok else "MISSED")
 
 
-def render_table(rows: list[tuple[str, Any, Any, str, str]],
-                 header: tuple[str, ...] = ("figure", "product", "guide", "guide/product", "target")) -> str:
-    cells = [header] + [(name, fmt(p), fmt(g), ratio_text, target) for name, p, g, ratio_text, target in rows]
+def render_table(
+    rows: list[tuple[str, Any, Any, str, str]],
+    header: tuple[str, ...] = ("figure", "product", "guide", "guide/product", "target"),
+) -> str:
+    cells = [header] + [
+        (name, fmt(p), fmt(g), ratio_text, target) for name, p, g, ratio_text, target in rows
+    ]
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
     lines = []
     for index, row in enumerate(cells):
-        lines.append("  ".join(cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i])
-                               for i, cell in enumerate(row)).rstrip())
+        lines.append(
+            "  ".join(
+                cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i])
+                for i, cell in enumerate(row)
+            ).rstrip()
+        )
         if index == 0:
             lines.append("  ".join("-" * width for width in widths))
     return "\n".join(lines)
@@ -788,8 +1068,12 @@ def fmt(value: Any) -> str:
     return f"{value:.3f}" if abs(value) < 100 else f"{value:.1f}"
 
 
-def build_rows(repeated: dict[int, dict[str, list[dict]]], scale: dict[int, dict[str, dict]],
-               waits: dict[str, dict[str, dict]], worker: dict[str, dict]) -> list[tuple]:
+def build_rows(
+    repeated: dict[int, dict[str, list[dict]]],
+    scale: dict[int, dict[str, dict]],
+    waits: dict[str, dict[str, dict]],
+    worker: dict[str, dict],
+) -> list[tuple]:
     rows: list[tuple] = []
 
     def add(name: str, product: Any, guide: Any, target: str = "") -> None:
@@ -801,105 +1085,228 @@ def build_rows(repeated: dict[int, dict[str, list[dict]]], scale: dict[int, dict
         n = len(product)
         prefix = f"{count} ep"
         lag = median_of(product, "lag_seconds")
-        add(f"{prefix}: completion lag, median of {n} (s)", lag, median_of(guide, "lag_seconds"),
-            f"<= {TARGET_LAG_SECONDS} {verdict(lag <= TARGET_LAG_SECONDS)}")
-        add(f"{prefix}: completion lag, max of {n} (s)", max(r["lag_seconds"] for r in product),
-            max(r["lag_seconds"] for r in guide))
+        add(
+            f"{prefix}: completion lag, median of {n} (s)",
+            lag,
+            median_of(guide, "lag_seconds"),
+            f"<= {TARGET_LAG_SECONDS} {verdict(lag <= TARGET_LAG_SECONDS)}",
+        )
+        add(
+            f"{prefix}: completion lag, max of {n} (s)",
+            max(r["lag_seconds"] for r in product),
+            max(r["lag_seconds"] for r in guide),
+        )
         post = median_of(product, "post_seconds")
-        add(f"{prefix}: post-completion to results.json, median (s)", post, median_of(guide, "post_seconds"),
-            f"<= {TARGET_POST_SECONDS_20} {verdict(post <= TARGET_POST_SECONDS_20)}" if count == 20 else "")
-        add(f"{prefix}: post-completion, max of {n} (s)", max(r["post_seconds"] for r in product),
-            max(r["post_seconds"] for r in guide))
+        add(
+            f"{prefix}: post-completion to results.json, median (s)",
+            post,
+            median_of(guide, "post_seconds"),
+            f"<= {TARGET_POST_SECONDS_20} {verdict(post <= TARGET_POST_SECONDS_20)}"
+            if count == 20
+            else "",
+        )
+        add(
+            f"{prefix}: post-completion, max of {n} (s)",
+            max(r["post_seconds"] for r in product),
+            max(r["post_seconds"] for r in guide),
+        )
         tail = median_of(product, "tail_seconds")
         tail_target = TARGET_TAIL_SECONDS.get(count)
-        add(f"{prefix}: true end -> process exit, median (s)", tail, median_of(guide, "tail_seconds"),
-            f"<= {tail_target} {verdict(tail <= tail_target)}" if tail_target else "")
-        add(f"{prefix}: true end -> process exit, max of {n} (s)", max(r["tail_seconds"] for r in product),
-            max(r["tail_seconds"] for r in guide))
-        add(f"{prefix}: submit -> end seen by client, median (s)", median_of(product, "wait_seconds"),
-            median_of(guide, "wait_seconds"))
-        add(f"{prefix}: kubectl processes while waiting, median", int(median_of(product, "processes_while_waiting")),
-            int(median_of(guide, "processes_while_waiting")))
-        add(f"{prefix}: kubectl processes per run, median", int(median_of(product, "kubectl_processes")),
-            int(median_of(guide, "kubectl_processes")))
+        add(
+            f"{prefix}: true end -> process exit, median (s)",
+            tail,
+            median_of(guide, "tail_seconds"),
+            f"<= {tail_target} {verdict(tail <= tail_target)}" if tail_target else "",
+        )
+        add(
+            f"{prefix}: true end -> process exit, max of {n} (s)",
+            max(r["tail_seconds"] for r in product),
+            max(r["tail_seconds"] for r in guide),
+        )
+        add(
+            f"{prefix}: submit -> end seen by client, median (s)",
+            median_of(product, "wait_seconds"),
+            median_of(guide, "wait_seconds"),
+        )
+        add(
+            f"{prefix}: kubectl processes while waiting, median",
+            int(median_of(product, "processes_while_waiting")),
+            int(median_of(guide, "processes_while_waiting")),
+        )
+        add(
+            f"{prefix}: kubectl processes per run, median",
+            int(median_of(product, "kubectl_processes")),
+            int(median_of(guide, "kubectl_processes")),
+        )
         cpu = median_of(product, "cpu_seconds")
         guide_cpu = median_of(guide, "cpu_seconds")
-        add(f"{prefix}: CPU tool+kubectl per run, median (s)", cpu, guide_cpu,
-            f"< guide {verdict(cpu < guide_cpu)}")
-        add(f"{prefix}: CPU tool process alone, median (s)", median_of(product, "tool_cpu_seconds"),
-            median_of(guide, "tool_cpu_seconds"))
-        add(f"{prefix}: CPU kubectl children, median (s)", median_of(product, "kubectl_cpu_seconds"),
-            median_of(guide, "kubectl_cpu_seconds"))
-        add(f"{prefix}: peak RSS of tool process, median (MB)", median_of(product, "peak_rss_mb"),
-            median_of(guide, "peak_rss_mb"))
-        add(f"{prefix}: largest process of the run (tool or a kubectl), median (MB)",
-            median_of(product, "largest_process_mb"), median_of(guide, "largest_process_mb"))
+        add(
+            f"{prefix}: CPU tool+kubectl per run, median (s)",
+            cpu,
+            guide_cpu,
+            f"< guide {verdict(cpu < guide_cpu)}",
+        )
+        add(
+            f"{prefix}: CPU tool process alone, median (s)",
+            median_of(product, "tool_cpu_seconds"),
+            median_of(guide, "tool_cpu_seconds"),
+        )
+        add(
+            f"{prefix}: CPU kubectl children, median (s)",
+            median_of(product, "kubectl_cpu_seconds"),
+            median_of(guide, "kubectl_cpu_seconds"),
+        )
+        add(
+            f"{prefix}: peak RSS of tool process, median (MB)",
+            median_of(product, "peak_rss_mb"),
+            median_of(guide, "peak_rss_mb"),
+        )
+        add(
+            f"{prefix}: largest process of the run (tool or a kubectl), median (MB)",
+            median_of(product, "largest_process_mb"),
+            median_of(guide, "largest_process_mb"),
+        )
 
     if waits:
         short, long = waits["short"], waits["long"]
-        for kind_label, key in (("submit -> end seen (s)", "wait_seconds"),
-                                ("kubectl processes while waiting", "processes_while_waiting")):
-            add(f"wait check {WAIT_CHECK_COUNT} ep, sandbox {EMULATOR_FAULTS['sandbox_delay']:g} s: {kind_label}",
-                short["product"][key], short["guide"][key])
-            add(f"wait check {WAIT_CHECK_COUNT} ep, sandbox {LONG_SANDBOX_DELAY:g} s: {kind_label}",
-                long["product"][key], long["guide"][key])
-        grew = long["product"]["processes_while_waiting"] - short["product"]["processes_while_waiting"]
-        add("wait check: growth of processes while waiting (long - short)", grew,
+        for kind_label, key in (
+            ("submit -> end seen (s)", "wait_seconds"),
+            ("kubectl processes while waiting", "processes_while_waiting"),
+        ):
+            add(
+                f"wait check {WAIT_CHECK_COUNT} ep, sandbox {EMULATOR_FAULTS['sandbox_delay']:g} s: {kind_label}",
+                short["product"][key],
+                short["guide"][key],
+            )
+            add(
+                f"wait check {WAIT_CHECK_COUNT} ep, sandbox {LONG_SANDBOX_DELAY:g} s: {kind_label}",
+                long["product"][key],
+                long["guide"][key],
+            )
+        grew = (
+            long["product"]["processes_while_waiting"] - short["product"]["processes_while_waiting"]
+        )
+        add(
+            "wait check: growth of processes while waiting (long - short)",
+            grew,
             long["guide"]["processes_while_waiting"] - short["guide"]["processes_while_waiting"],
-            f"product 0 {verdict(grew <= 0)}")
+            f"product 0 {verdict(grew <= 0)}",
+        )
 
     for count, runs in sorted(scale.items()):
         product, guide = runs["product"], runs.get("guide") or {}
         prefix = f"{count} ep (p{product['parallelism']})"
         add(f"{prefix}: completed", "yes", "yes" if guide else "not run", "completes: met")
         add(f"{prefix}: completion lag (s)", product["lag_seconds"], guide.get("lag_seconds"))
-        add(f"{prefix}: post-completion to results.json (s)", product["post_seconds"], guide.get("post_seconds"))
-        add(f"{prefix}: true end -> process exit (s)", product["tail_seconds"], guide.get("tail_seconds"))
-        add(f"{prefix}: post-completion per episode (ms)", 1000 * product["post_seconds"] / count,
-            1000 * guide["post_seconds"] / count if guide else None)
-        add(f"{prefix}: submit -> end seen by client (s)", product["wait_seconds"], guide.get("wait_seconds"))
-        add(f"{prefix}: kubectl processes per run", product["kubectl_processes"], guide.get("kubectl_processes"))
-        add(f"{prefix}: CPU tool+kubectl per run (s)", product["cpu_seconds"], guide.get("cpu_seconds"))
-        add(f"{prefix}: CPU tool process alone (s)", product["tool_cpu_seconds"], guide.get("tool_cpu_seconds"))
-        add(f"{prefix}: RSS of tool when end seen (MB)", product["rss_at_end_mb"], guide.get("rss_at_end_mb"))
+        add(
+            f"{prefix}: post-completion to results.json (s)",
+            product["post_seconds"],
+            guide.get("post_seconds"),
+        )
+        add(
+            f"{prefix}: true end -> process exit (s)",
+            product["tail_seconds"],
+            guide.get("tail_seconds"),
+        )
+        add(
+            f"{prefix}: post-completion per episode (ms)",
+            1000 * product["post_seconds"] / count,
+            1000 * guide["post_seconds"] / count if guide else None,
+        )
+        add(
+            f"{prefix}: submit -> end seen by client (s)",
+            product["wait_seconds"],
+            guide.get("wait_seconds"),
+        )
+        add(
+            f"{prefix}: kubectl processes per run",
+            product["kubectl_processes"],
+            guide.get("kubectl_processes"),
+        )
+        add(
+            f"{prefix}: CPU tool+kubectl per run (s)",
+            product["cpu_seconds"],
+            guide.get("cpu_seconds"),
+        )
+        add(
+            f"{prefix}: CPU tool process alone (s)",
+            product["tool_cpu_seconds"],
+            guide.get("tool_cpu_seconds"),
+        )
+        add(
+            f"{prefix}: RSS of tool when end seen (MB)",
+            product["rss_at_end_mb"],
+            guide.get("rss_at_end_mb"),
+        )
         add(f"{prefix}: peak RSS of tool (MB)", product["peak_rss_mb"], guide.get("peak_rss_mb"))
-        add(f"{prefix}: peak RSS growth after end seen, per episode (kB)",
+        add(
+            f"{prefix}: peak RSS growth after end seen, per episode (kB)",
             1024 * (product["peak_rss_mb"] - product["peak_rss_at_end_mb"]) / count,
-            1024 * (guide["peak_rss_mb"] - guide["peak_rss_at_end_mb"]) / count if guide else None)
+            1024 * (guide["peak_rss_mb"] - guide["peak_rss_at_end_mb"]) / count if guide else None,
+        )
 
     if worker:
         product, guide = worker["product"], worker["guide"]
-        add("worker: modules imported before ready (all, -X importtime)", product["modules"], guide["modules"],
-            f"< straightforward {verdict(product['modules'] < guide['modules'])}")
-        add("worker: modules before ready beyond interpreter start-up", product["modules_beyond_startup"],
-            guide["modules_beyond_startup"])
-        add("worker: import time before ready (ms, -X importtime sum)", 1000 * product["import_seconds"],
+        add(
+            "worker: modules imported before ready (all, -X importtime)",
+            product["modules"],
+            guide["modules"],
+            f"< straightforward {verdict(product['modules'] < guide['modules'])}",
+        )
+        add(
+            "worker: modules before ready beyond interpreter start-up",
+            product["modules_beyond_startup"],
+            guide["modules_beyond_startup"],
+        )
+        add(
+            "worker: import time before ready (ms, -X importtime sum)",
+            1000 * product["import_seconds"],
             1000 * guide["import_seconds"],
-            f"< straightforward {verdict(product['import_seconds'] < guide['import_seconds'])}")
-        add("worker: import time beyond interpreter start-up (ms)", 1000 * product["import_seconds_beyond_startup"],
-            1000 * guide["import_seconds_beyond_startup"])
-        add(f"worker: spawn -> ready wall, median of {WORKER_TIMING_RUNS} (ms)",
-            1000 * product["spawn_to_ready_seconds"], 1000 * guide["spawn_to_ready_seconds"])
+            f"< straightforward {verdict(product['import_seconds'] < guide['import_seconds'])}",
+        )
+        add(
+            "worker: import time beyond interpreter start-up (ms)",
+            1000 * product["import_seconds_beyond_startup"],
+            1000 * guide["import_seconds_beyond_startup"],
+        )
+        add(
+            f"worker: spawn -> ready wall, median of {WORKER_TIMING_RUNS} (ms)",
+            1000 * product["spawn_to_ready_seconds"],
+            1000 * guide["spawn_to_ready_seconds"],
+        )
     return rows
 
 
-def linearity_lines(repeated: dict[int, dict[str, list[dict]]], scale: dict[int, dict[str, dict]]) -> list[str]:
+def linearity_lines(
+    repeated: dict[int, dict[str, list[dict]]], scale: dict[int, dict[str, dict]]
+) -> list[str]:
     """The product's post-completion time and memory per episode across batch sizes."""
     points = []
-    keys = ("post_seconds", "tool_cpu_seconds", "peak_rss_mb", "peak_rss_at_end_mb", "rss_at_end_mb")
+    keys = (
+        "post_seconds",
+        "tool_cpu_seconds",
+        "peak_rss_mb",
+        "peak_rss_at_end_mb",
+        "rss_at_end_mb",
+    )
     for count, runs in sorted(repeated.items()):
         points.append((count, *(median_of(runs["product"], key) for key in keys)))
     for count, runs in sorted(scale.items()):
         points.append((count, *(runs["product"][key] for key in keys)))
     if len(points) < 2:
         return []
-    lines = ["", "Product by batch size (linear growth => per-episode columns flat or falling; "
-                 "RSS sampled every 20 ms):",
-             f"{'episodes':>8}  {'post s':>7}  {'post ms/ep':>10}  {'tool CPU s':>10}  {'RSS at end MB':>13}  "
-             f"{'peak at end MB':>14}  {'final peak MB':>13}  {'growth after end kB/ep':>22}"]
+    lines = [
+        "",
+        "Product by batch size (linear growth => per-episode columns flat or falling; "
+        "RSS sampled every 20 ms):",
+        f"{'episodes':>8}  {'post s':>7}  {'post ms/ep':>10}  {'tool CPU s':>10}  {'RSS at end MB':>13}  "
+        f"{'peak at end MB':>14}  {'final peak MB':>13}  {'growth after end kB/ep':>22}",
+    ]
     for count, post, cpu, peak, peak_at_end, rss_at_end in points:
-        lines.append(f"{count:>8}  {post:>7.3f}  {1000 * post / count:>10.2f}  {cpu:>10.2f}  {rss_at_end:>13.1f}  "
-                     f"{peak_at_end:>14.1f}  {peak:>13.1f}  {1024 * (peak - peak_at_end) / count:>22.1f}")
+        lines.append(
+            f"{count:>8}  {post:>7.3f}  {1000 * post / count:>10.2f}  {cpu:>10.2f}  {rss_at_end:>13.1f}  "
+            f"{peak_at_end:>14.1f}  {peak:>13.1f}  {1024 * (peak - peak_at_end) / count:>22.1f}"
+        )
     return lines
 
 
@@ -925,17 +1332,39 @@ def replay_case(count: int, rate: int, root: Path) -> dict:
     workdir = root / f"replay-{count}-{rate}"
     workdir.mkdir(parents=True)
     output, state, usage_path = workdir / "out", workdir / "state", workdir / "rusage.json"
-    args = ["run", "--quiet", "--count", str(count), "--parallelism", str(count), "--max-episodes", str(count),
-            "--output", str(output), "--kubectl", str(REPLAY), "--timeout", str(LIGHTWEIGHT_DEADLINE_SECONDS)]
-    env = dict(os.environ, REPLAY_STATE=str(state), REPLAY_EPISODES=str(count),
-               REPLAY_POD_EVENTS_PER_SECOND=str(rate))
+    args = [
+        "run",
+        "--quiet",
+        "--count",
+        str(count),
+        "--parallelism",
+        str(count),
+        "--max-episodes",
+        str(count),
+        "--output",
+        str(output),
+        "--kubectl",
+        str(REPLAY),
+        "--timeout",
+        str(LIGHTWEIGHT_DEADLINE_SECONDS),
+    ]
+    env = dict(
+        os.environ,
+        REPLAY_STATE=str(state),
+        REPLAY_EPISODES=str(count),
+        REPLAY_POD_EVENTS_PER_SECOND=str(rate),
+    )
     argv = [sys.executable, "-c", RUSAGE_WRAPPER, str(usage_path), str(PRODUCT)] + args
     with open(workdir / "stdout", "wb") as stdout, open(workdir / "stderr", "wb") as stderr:
         started = time.monotonic()
-        process = subprocess.Popen(argv, env=env, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL)
+        process = subprocess.Popen(
+            argv, env=env, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL
+        )
         samples: list[tuple[float, int, int, float]] = []
         stop = threading.Event()
-        sampler = threading.Thread(target=sample_rss, args=(process.pid, samples, {}, stop), daemon=True)
+        sampler = threading.Thread(
+            target=sample_rss, args=(process.pid, samples, {}, stop), daemon=True
+        )
         sampler.start()
         _, status, _ = os.wait4(process.pid, 0)
         exited_at = time.time()
@@ -944,7 +1373,9 @@ def replay_case(count: int, rate: int, root: Path) -> dict:
         sampler.join()
     if os.waitstatus_to_exitcode(status) != 0:
         tail = (workdir / "stderr").read_text(errors="replace").strip().splitlines()[-5:]
-        raise BenchmarkError(f"replay run of {count} exited {os.waitstatus_to_exitcode(status)}: {' | '.join(tail)}")
+        raise BenchmarkError(
+            f"replay run of {count} exited {os.waitstatus_to_exitcode(status)}: {' | '.join(tail)}"
+        )
     client = json.loads((output / "client.json").read_text())
     own = json.loads(usage_path.read_text())
     end = json.loads((state / "jobs.done").read_text())["at"]
@@ -952,7 +1383,9 @@ def replay_case(count: int, rate: int, root: Path) -> dict:
     before_end = [cpu for moment, _, _, cpu in samples if moment <= client["observed_at"]] or [0.0]
     submitted = client["submitted_at"]
     figures = {
-        "count": count, "rate": rate, "wall_seconds": wall,
+        "count": count,
+        "rate": rate,
+        "wall_seconds": wall,
         "replay_seconds": end - submitted,
         "replay_behind_seconds": pods_done["behind_seconds"],
         "lag_seconds": client["observed_at"] - end,
@@ -962,13 +1395,15 @@ def replay_case(count: int, rate: int, root: Path) -> dict:
         "cpu_after_end_ms_per_episode": 1000 * (own["self_cpu"] - before_end[-1]) / count,
         "peak_rss_mb": own["self_maxrss_kb"] / 1024,
         "drafts_taken": client.get("episodes_summarised_while_waiting"),
-        "files_mb": sum(path.stat().st_size for path in output.iterdir()) / 2 ** 20,
-        "pods_json_mb": (output / "pods.json").stat().st_size / 2 ** 20,
+        "files_mb": sum(path.stat().st_size for path in output.iterdir()) / 2**20,
+        "pods_json_mb": (output / "pods.json").stat().st_size / 2**20,
     }
-    say(f"  replay {count} episodes at {rate} pod lines/s: lag {figures['lag_seconds']:.3f} s, tail "
+    say(
+        f"  replay {count} episodes at {rate} pod lines/s: lag {figures['lag_seconds']:.3f} s, tail "
         f"{figures['tail_seconds']:.2f} s, peak RSS {figures['peak_rss_mb']:.0f} MB, "
         f"queue peak {figures['queue_peak']}, "
-        f"wall {wall:.0f} s")
+        f"wall {wall:.0f} s"
+    )
     return figures
 
 
@@ -979,18 +1414,65 @@ def replay_rows(runs: list[dict]) -> list[tuple[str, Any, Any, str, str]]:
         rss, tail = run["peak_rss_mb"], run["tail_seconds"]
         big = run["count"] >= 100000
         rows += [
-            (f"{prefix}: replay took (s; stand-in behind its schedule by at most)", run["replay_seconds"],
-             run["replay_behind_seconds"], "-", ""),
-            (f"{prefix}: most watch events waiting in the client at once", run["queue_peak"], None, "-", ""),
-            (f"{prefix}: Job's end printed -> seen by the client (s)", run["lag_seconds"], None, "-", ""),
-            (f"{prefix}: tool CPU while waiting, per episode (ms)", run["cpu_waiting_ms_per_episode"], None, "-", ""),
-            (f"{prefix}: tool CPU after the end, per episode (ms)", run["cpu_after_end_ms_per_episode"], None, "-", ""),
-            (f"{prefix}: peak RSS of the tool (MB)", rss, None, "-",
-             f"<= {TARGET_REPLAY_RSS_MB} {verdict(rss <= TARGET_REPLAY_RSS_MB)}" if big else ""),
-            (f"{prefix}: end -> process exit (s)", tail, None, "-",
-             f"<= {TARGET_REPLAY_TAIL_SECONDS:g} {verdict(tail <= TARGET_REPLAY_TAIL_SECONDS)}" if big else ""),
+            (
+                f"{prefix}: replay took (s; stand-in behind its schedule by at most)",
+                run["replay_seconds"],
+                run["replay_behind_seconds"],
+                "-",
+                "",
+            ),
+            (
+                f"{prefix}: most watch events waiting in the client at once",
+                run["queue_peak"],
+                None,
+                "-",
+                "",
+            ),
+            (
+                f"{prefix}: Job's end printed -> seen by the client (s)",
+                run["lag_seconds"],
+                None,
+                "-",
+                "",
+            ),
+            (
+                f"{prefix}: tool CPU while waiting, per episode (ms)",
+                run["cpu_waiting_ms_per_episode"],
+                None,
+                "-",
+                "",
+            ),
+            (
+                f"{prefix}: tool CPU after the end, per episode (ms)",
+                run["cpu_after_end_ms_per_episode"],
+                None,
+                "-",
+                "",
+            ),
+            (
+                f"{prefix}: peak RSS of the tool (MB)",
+                rss,
+                None,
+                "-",
+                f"<= {TARGET_REPLAY_RSS_MB} {verdict(rss <= TARGET_REPLAY_RSS_MB)}" if big else "",
+            ),
+            (
+                f"{prefix}: end -> process exit (s)",
+                tail,
+                None,
+                "-",
+                f"<= {TARGET_REPLAY_TAIL_SECONDS:g} {verdict(tail <= TARGET_REPLAY_TAIL_SECONDS)}"
+                if big
+                else "",
+            ),
             (f"{prefix}: episodes taken from their drafts", run["drafts_taken"], None, "-", ""),
-            (f"{prefix}: files written (MB; pods.json)", run["files_mb"], run["pods_json_mb"], "-", ""),
+            (
+                f"{prefix}: files written (MB; pods.json)",
+                run["files_mb"],
+                run["pods_json_mb"],
+                "-",
+                "",
+            ),
         ]
     return rows
 
@@ -998,8 +1480,10 @@ def replay_rows(runs: list[dict]) -> list[tuple[str, Any, Any, str, str]]:
 @contextlib.contextmanager
 def busy_loops(per_core: int) -> Any:
     """`per_core` busy loops on every core while the block runs: a loaded machine, made on purpose."""
-    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL)
-             for _ in range(per_core * (os.cpu_count() or 1))]
+    loops = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL)
+        for _ in range(per_core * (os.cpu_count() or 1))
+    ]
     try:
         yield
     finally:
@@ -1022,8 +1506,15 @@ class Measured:
         self.images: dict[str, dict] = {}
 
 
-def measure(args: argparse.Namespace, cases: list[int], scale_sizes: list[int], reps: int, guide_max: int,
-            kubectl: str, root: Path) -> Measured:
+def measure(
+    args: argparse.Namespace,
+    cases: list[int],
+    scale_sizes: list[int],
+    reps: int,
+    guide_max: int,
+    kubectl: str,
+    root: Path,
+) -> Measured:
     """One pass over the cases asked for."""
     measured = Measured()
     root.mkdir(parents=True, exist_ok=True)
@@ -1042,7 +1533,9 @@ def measure(args: argparse.Namespace, cases: list[int], scale_sizes: list[int], 
         say(f"case {count} ...")
         if count in SCALE_PARALLELISM or count > rl_batch_demo.DEFAULT_MAX_EPISODES:
             parallelism = SCALE_PARALLELISM.get(count, max(1, count // 10))
-            measured.scale[count] = scale_case(count, parallelism, count <= guide_max, kubectl, root)
+            measured.scale[count] = scale_case(
+                count, parallelism, count <= guide_max, kubectl, root
+            )
         else:
             measured.repeated[count] = repeated_case(count, reps, kubectl, root)
     if not args.no_wait_check:
@@ -1060,10 +1553,16 @@ def print_measured(measured: Measured) -> None:
         print(render_table(rows))
     lightweight = measured.lightweight
     if lightweight:
-        print(f"\nScale on the lightweight kubelet (faults {json.dumps(LIGHTWEIGHT_FAULTS)}); baseline = the "
-              f"{min(lightweight)}-episode run of this invocation; ratio = size / baseline:")
-        print(render_table(lightweight_rows(lightweight), header=("figure", "value", f"at {min(lightweight)}",
-                                                                   "ratio", "target")))
+        print(
+            f"\nScale on the lightweight kubelet (faults {json.dumps(LIGHTWEIGHT_FAULTS)}); baseline = the "
+            f"{min(lightweight)}-episode run of this invocation; ratio = size / baseline:"
+        )
+        print(
+            render_table(
+                lightweight_rows(lightweight),
+                header=("figure", "value", f"at {min(lightweight)}", "ratio", "target"),
+            )
+        )
     for line in linearity_lines(measured.repeated, measured.scale):
         print(line)
     if measured.stragglers:
@@ -1076,8 +1575,9 @@ def print_measured(measured: Measured) -> None:
 
 def kubectl_version(path: str) -> str:
     try:
-        completed = subprocess.run([path, "version", "--client", "-o", "json"], capture_output=True,
-                                   text=True, timeout=30)
+        completed = subprocess.run(
+            [path, "version", "--client", "-o", "json"], capture_output=True, text=True, timeout=30
+        )
         return json.loads(completed.stdout)["clientVersion"]["gitVersion"]
     except (OSError, ValueError, KeyError, subprocess.TimeoutExpired):
         return "unknown"
@@ -1091,44 +1591,93 @@ def load_average() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description="Benchmark the product's client against the guide's method "
-                                                 "on the Kubernetes API emulator.")
-    parser.add_argument("--quick", action="store_true",
-                        help="2 repetitions, cases 10,20 only, no guide on large cases")
-    parser.add_argument("--kubectl", default=None, metavar="PATH",
-                        help="kubectl binary (default: 1.33 as the tests find it)")
-    parser.add_argument("--cases", default=None, metavar="N,N,...",
-                        help="batch sizes (default 10,20,200,500; --quick 10,20); 200 and 500 run at "
-                             "parallelism 20 and 50, others at parallelism = count")
-    parser.add_argument("--reps", type=int, default=None, metavar="N",
-                        help="repetitions of each case up to 20 episodes (default 5; --quick 2)")
-    parser.add_argument("--guide-max", type=int, default=None, metavar="N",
-                        help="run the guide's method on large cases up to N episodes (default 200; --quick 0)")
-    parser.add_argument("--no-wait-check", action="store_true", help="skip the short/long wait check")
-    parser.add_argument("--no-worker", action="store_true", help="skip the worker import measurement")
-    parser.add_argument("--scale", action="store_true",
-                        help=f"scale targets at {' and '.join(map(str, LIGHTWEIGHT_SIZES))} episodes, parallelism "
-                             f"{LIGHTWEIGHT_PARALLELISM}, on the emulator's lightweight kubelet (no process per "
-                             f"pod); alone it skips the other cases unless --cases is given")
-    parser.add_argument("--scale-sizes", default=None, metavar="N,N,...",
-                        help=f"with --scale, these sizes instead (default {','.join(map(str, LIGHTWEIGHT_SIZES))})")
-    parser.add_argument("--scale-10000", action="store_true",
-                        help=f"with --scale, also {LIGHTWEIGHT_LONG_SIZE} episodes (long: about 10 minutes)")
-    parser.add_argument("--streaming", action="store_true",
-                        help=f"only streaming rollouts: {STRAGGLER_COUNT} episodes with {STRAGGLERS} hanging, "
-                             f"--need {STRAGGLER_NEED} against waiting for all; delivery lag at "
-                             f"{DELIVERY_LAG_SIZE} episodes")
-    parser.add_argument("--images", action="store_true",
-                        help=f"an image per task: {IMAGE_TASKS} tasks x {IMAGE_GROUP} episodes, {IMAGE_TASKS} images "
-                             f"cold (pulls serialized, then parallel), with --prepull, and all present")
+    parser = argparse.ArgumentParser(
+        description="Benchmark the product's client against the guide's method "
+        "on the Kubernetes API emulator."
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="2 repetitions, cases 10,20 only, no guide on large cases",
+    )
+    parser.add_argument(
+        "--kubectl",
+        default=None,
+        metavar="PATH",
+        help="kubectl binary (default: 1.33 as the tests find it)",
+    )
+    parser.add_argument(
+        "--cases",
+        default=None,
+        metavar="N,N,...",
+        help="batch sizes (default 10,20,200,500; --quick 10,20); 200 and 500 run at "
+        "parallelism 20 and 50, others at parallelism = count",
+    )
+    parser.add_argument(
+        "--reps",
+        type=int,
+        default=None,
+        metavar="N",
+        help="repetitions of each case up to 20 episodes (default 5; --quick 2)",
+    )
+    parser.add_argument(
+        "--guide-max",
+        type=int,
+        default=None,
+        metavar="N",
+        help="run the guide's method on large cases up to N episodes (default 200; --quick 0)",
+    )
+    parser.add_argument(
+        "--no-wait-check", action="store_true", help="skip the short/long wait check"
+    )
+    parser.add_argument(
+        "--no-worker", action="store_true", help="skip the worker import measurement"
+    )
+    parser.add_argument(
+        "--scale",
+        action="store_true",
+        help=f"scale targets at {' and '.join(map(str, LIGHTWEIGHT_SIZES))} episodes, parallelism "
+        f"{LIGHTWEIGHT_PARALLELISM}, on the emulator's lightweight kubelet (no process per "
+        f"pod); alone it skips the other cases unless --cases is given",
+    )
+    parser.add_argument(
+        "--scale-sizes",
+        default=None,
+        metavar="N,N,...",
+        help=f"with --scale, these sizes instead (default {','.join(map(str, LIGHTWEIGHT_SIZES))})",
+    )
+    parser.add_argument(
+        "--scale-10000",
+        action="store_true",
+        help=f"with --scale, also {LIGHTWEIGHT_LONG_SIZE} episodes (long: about 10 minutes)",
+    )
+    parser.add_argument(
+        "--streaming",
+        action="store_true",
+        help=f"only streaming rollouts: {STRAGGLER_COUNT} episodes with {STRAGGLERS} hanging, "
+        f"--need {STRAGGLER_NEED} against waiting for all; delivery lag at "
+        f"{DELIVERY_LAG_SIZE} episodes",
+    )
+    parser.add_argument(
+        "--images",
+        action="store_true",
+        help=f"an image per task: {IMAGE_TASKS} tasks x {IMAGE_GROUP} episodes, {IMAGE_TASKS} images "
+        f"cold (pulls serialized, then parallel), with --prepull, and all present",
+    )
 
-
-    parser.add_argument("--replay", default=None, metavar="N@RATE,...",
-                        help="only the cost model: the product followed against tests/replay_kubectl.py, e.g. "
-                             "10000@500,100000@2000 (episodes @ pod watch lines a second)")
-    parser.add_argument("--loaded", action="store_true",
-                        help=f"measure every case again with {BUSY_LOOPS_PER_CORE} busy loops per core and print "
-                             f"those figures too, after the quiet ones")
+    parser.add_argument(
+        "--replay",
+        default=None,
+        metavar="N@RATE,...",
+        help="only the cost model: the product followed against tests/replay_kubectl.py, e.g. "
+        "10000@500,100000@2000 (episodes @ pod watch lines a second)",
+    )
+    parser.add_argument(
+        "--loaded",
+        action="store_true",
+        help=f"measure every case again with {BUSY_LOOPS_PER_CORE} busy loops per core and print "
+        f"those figures too, after the quiet ones",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the emulators' and runs' files")
     return parser
 
@@ -1137,12 +1686,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     only = args.scale or args.streaming or args.images
     default_cases = "" if only else ("10,20" if args.quick else "10,20,200,500")
-    cases = [int(c) for c in (args.cases if args.cases is not None else default_cases).split(",") if c]
+    cases = [
+        int(c) for c in (args.cases if args.cases is not None else default_cases).split(",") if c
+    ]
     if only:
         args.no_wait_check = args.no_wait_check or args.cases is None
         args.no_worker = args.no_worker or args.cases is None
-    sizes = [int(c) for c in args.scale_sizes.split(",") if c] if args.scale_sizes else list(LIGHTWEIGHT_SIZES)
-    scale_sizes = sizes + ([LIGHTWEIGHT_LONG_SIZE] if args.scale_10000 else []) if args.scale else []
+    sizes = (
+        [int(c) for c in args.scale_sizes.split(",") if c]
+        if args.scale_sizes
+        else list(LIGHTWEIGHT_SIZES)
+    )
+    scale_sizes = (
+        sizes + ([LIGHTWEIGHT_LONG_SIZE] if args.scale_10000 else []) if args.scale else []
+    )
     reps = args.reps or (2 if args.quick else 5)
     guide_max = args.guide_max if args.guide_max is not None else (0 if args.quick else 200)
     kubectl = args.kubectl or prereqs.default_kubectl(prereqs.find_kubectls())
@@ -1159,13 +1716,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     cpu_before = os.times()
     passes: list[tuple[str, Measured, str]] = []
     try:
-        passes.append(("quiet", measure(args, cases, scale_sizes, reps, guide_max, kubectl, root / "quiet"),
-                       load_average()))
+        passes.append(
+            (
+                "quiet",
+                measure(args, cases, scale_sizes, reps, guide_max, kubectl, root / "quiet"),
+                load_average(),
+            )
+        )
         if args.loaded:
             say(f"again, with {BUSY_LOOPS_PER_CORE} busy loops per core ...")
             with busy_loops(BUSY_LOOPS_PER_CORE):
-                loaded = measure(args, cases, scale_sizes, reps, guide_max, kubectl, root / "loaded")
-                passes.append((f"loaded ({BUSY_LOOPS_PER_CORE} busy loops per core)", loaded, load_average()))
+                loaded = measure(
+                    args, cases, scale_sizes, reps, guide_max, kubectl, root / "loaded"
+                )
+                passes.append(
+                    (f"loaded ({BUSY_LOOPS_PER_CORE} busy loops per core)", loaded, load_average())
+                )
     except BenchmarkError as error:
         raise SystemExit(f"Error: {error} (files kept in {root})") from None
     elapsed = time.monotonic() - began
@@ -1176,16 +1742,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     own_cpu = sum(cpu_after[:4]) - sum(cpu_before[:4])
 
     print(f"command: {shlex.join([sys.executable] + sys.argv)}")
-    print(f"machine: {platform.node()}, {os.cpu_count()} CPUs (nproc {len(os.sched_getaffinity(0))}), "
-          f"{platform.system()} {platform.release()}, Python {platform.python_version()}, "
-          f"kubectl {kubectl_version(kubectl)} ({kubectl})")
-    print(f"product: {PRODUCT.name} sha256 {product_digest}"
-          + ("" if hashlib.sha256(PRODUCT.read_bytes()).hexdigest()[:12] == product_digest
-             else " (CHANGED during the benchmark: figures mix versions)"))
-    print(f"emulator: faults {json.dumps(EMULATOR_FAULTS)}, 3 nodes, Kubernetes 1.33; "
-          f"repetitions {reps} for cases <= {rl_batch_demo.DEFAULT_MAX_EPISODES} episodes (medians)")
-    print(f"load average (1 min) before {load_before}, after {load_after}; this benchmark used "
-          f"{own_cpu:.0f} CPU-s of {elapsed * (os.cpu_count() or 1):.0f} available")
+    print(
+        f"machine: {platform.node()}, {os.cpu_count()} CPUs (nproc {len(os.sched_getaffinity(0))}), "
+        f"{platform.system()} {platform.release()}, Python {platform.python_version()}, "
+        f"kubectl {kubectl_version(kubectl)} ({kubectl})"
+    )
+    print(
+        f"product: {PRODUCT.name} sha256 {product_digest}"
+        + (
+            ""
+            if hashlib.sha256(PRODUCT.read_bytes()).hexdigest()[:12] == product_digest
+            else " (CHANGED during the benchmark: figures mix versions)"
+        )
+    )
+    print(
+        f"emulator: faults {json.dumps(EMULATOR_FAULTS)}, 3 nodes, Kubernetes 1.33; "
+        f"repetitions {reps} for cases <= {rl_batch_demo.DEFAULT_MAX_EPISODES} episodes (medians)"
+    )
+    print(
+        f"load average (1 min) before {load_before}, after {load_after}; this benchmark used "
+        f"{own_cpu:.0f} CPU-s of {elapsed * (os.cpu_count() or 1):.0f} available"
+    )
     print("ratio column = guide / product (above 1: the product is lower, i.e. faster or leaner)")
     print()
     for name, measured, load_at_end in passes:
@@ -1212,10 +1789,14 @@ def replay_main(args: argparse.Namespace, root: Path, product_digest: str) -> in
     except BenchmarkError as error:
         raise SystemExit(f"Error: {error} (files kept in {root})") from None
     print(f"command: {shlex.join([sys.executable] + sys.argv)}")
-    print(f"machine: {platform.node()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
-          f"product sha256 {product_digest}; load average (1 min) before {load_before}, after {load_average()}")
-    print(f"replay: {REPLAY.name} serving tests/recorded/replay-3 scaled up (7 pod watch lines and 5 events per "
-          f"episode); the tool unchanged")
+    print(
+        f"machine: {platform.node()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
+        f"product sha256 {product_digest}; load average (1 min) before {load_before}, after {load_average()}"
+    )
+    print(
+        f"replay: {REPLAY.name} serving tests/recorded/replay-3 scaled up (7 pod watch lines and 5 events per "
+        f"episode); the tool unchanged"
+    )
     print()
     print(render_table(replay_rows(runs), header=("figure", "value", "beside", "-", "target")))
     if args.keep:

@@ -41,25 +41,34 @@ def binaries_present(bin_dir: Path = BIN_DIR) -> bool:
 
 
 def _go() -> str:
-    go = shutil.which("go") or ("/usr/local/go/bin/go" if os.access("/usr/local/go/bin/go", os.X_OK) else None)
+    go = shutil.which("go") or (
+        "/usr/local/go/bin/go" if os.access("/usr/local/go/bin/go", os.X_OK) else None
+    )
     if go is None:
-        raise BuildError("the Go toolchain (`go`) is not installed; it builds kube-apiserver, "
-                         "kube-controller-manager, kube-scheduler and etcd for the real-cluster tests")
+        raise BuildError(
+            "the Go toolchain (`go`) is not installed; it builds kube-apiserver, "
+            "kube-controller-manager, kube-scheduler and etcd for the real-cluster tests"
+        )
     return go
 
 
 def _run(argv: list[str], cwd: Path, env: dict[str, str]) -> str:
-    completed = subprocess.run(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-                               capture_output=True, text=True)
+    completed = subprocess.run(
+        argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True
+    )
     if completed.returncode != 0:
-        raise BuildError(f"`{' '.join(argv)}` failed in {cwd} (exit {completed.returncode}):\n"
-                         f"{completed.stderr.strip()[-4000:]}")
+        raise BuildError(
+            f"`{' '.join(argv)}` failed in {cwd} (exit {completed.returncode}):\n"
+            f"{completed.stderr.strip()[-4000:]}"
+        )
     return completed.stdout
 
 
 def staging_modules(kubernetes_go_mod: str) -> list[str]:
     """The k8s.io/* modules that kubernetes' go.mod replaces with ./staging paths."""
-    return sorted(set(re.findall(r"^\s*(k8s\.io/[\w.-]+)\s+=>\s+\./staging/", kubernetes_go_mod, re.M)))
+    return sorted(
+        set(re.findall(r"^\s*(k8s\.io/[\w.-]+)\s+=>\s+\./staging/", kubernetes_go_mod, re.M))
+    )
 
 
 def _go_env() -> dict[str, str]:
@@ -72,38 +81,66 @@ def _go_env() -> dict[str, str]:
 def _build_kubernetes(go: str, env: dict[str, str], bin_dir: Path) -> None:
     module_dir = CACHE_DIR / f"build-kubernetes-v{KUBERNETES_VERSION}"
     module_dir.mkdir(parents=True, exist_ok=True)
-    info = json.loads(_run([go, "mod", "download", "-json", f"k8s.io/kubernetes@v{KUBERNETES_VERSION}"],
-                           module_dir, env))
+    info = json.loads(
+        _run(
+            [go, "mod", "download", "-json", f"k8s.io/kubernetes@v{KUBERNETES_VERSION}"],
+            module_dir,
+            env,
+        )
+    )
     staging = staging_modules(Path(info["GoMod"]).read_text())
     if not staging:
         raise BuildError(f"no staging modules found in {info['GoMod']}")
     minor = KUBERNETES_VERSION.split(".", 1)[1]
-    lines = ["module rldemo.test/kubernetes-build", "", f"go {GO_MODULE_DIRECTIVE}", "",
-             f"require k8s.io/kubernetes v{KUBERNETES_VERSION}", "", "replace ("]
+    lines = [
+        "module rldemo.test/kubernetes-build",
+        "",
+        f"go {GO_MODULE_DIRECTIVE}",
+        "",
+        f"require k8s.io/kubernetes v{KUBERNETES_VERSION}",
+        "",
+        "replace (",
+    ]
     lines += [f"\t{name} => {name} v0.{minor}" for name in staging]
     lines += [")", ""]
     (module_dir / "go.mod").write_text("\n".join(lines))
     imports = "\n".join(f'\t_ "k8s.io/kubernetes/cmd/{name}"' for name in KUBE_COMMANDS)
-    (module_dir / "tools.go").write_text(f"//go:build tools\n\npackage tools\n\nimport (\n{imports}\n)\n")
+    (module_dir / "tools.go").write_text(
+        f"//go:build tools\n\npackage tools\n\nimport (\n{imports}\n)\n"
+    )
     _run([go, "mod", "tidy"], module_dir, env)
-    version_flags = " ".join([
-        f"-X k8s.io/component-base/version.gitVersion=v{KUBERNETES_VERSION}",
-        f"-X k8s.io/component-base/version.gitMajor={KUBERNETES_VERSION.split('.')[0]}",
-        f"-X k8s.io/component-base/version.gitMinor={KUBERNETES_VERSION.split('.')[1]}",
-        "-X k8s.io/component-base/version.gitTreeState=clean",
-    ])
-    _run([go, "build", f"-ldflags=-s -w {version_flags}", "-o", str(bin_dir) + "/"]
-         + [f"k8s.io/kubernetes/cmd/{name}" for name in KUBE_COMMANDS], module_dir, env)
+    version_flags = " ".join(
+        [
+            f"-X k8s.io/component-base/version.gitVersion=v{KUBERNETES_VERSION}",
+            f"-X k8s.io/component-base/version.gitMajor={KUBERNETES_VERSION.split('.')[0]}",
+            f"-X k8s.io/component-base/version.gitMinor={KUBERNETES_VERSION.split('.')[1]}",
+            "-X k8s.io/component-base/version.gitTreeState=clean",
+        ]
+    )
+    _run(
+        [go, "build", f"-ldflags=-s -w {version_flags}", "-o", str(bin_dir) + "/"]
+        + [f"k8s.io/kubernetes/cmd/{name}" for name in KUBE_COMMANDS],
+        module_dir,
+        env,
+    )
 
 
 def _build_etcd(go: str, env: dict[str, str], bin_dir: Path) -> None:
     module_dir = CACHE_DIR / f"build-etcd-v{ETCD_VERSION}"
     module_dir.mkdir(parents=True, exist_ok=True)
-    (module_dir / "go.mod").write_text(f"module rldemo.test/etcd-build\n\ngo {GO_MODULE_DIRECTIVE}\n\n"
-                                       f"require go.etcd.io/etcd/server/v3 v{ETCD_VERSION}\n")
-    (module_dir / "tools.go").write_text('//go:build tools\n\npackage tools\n\nimport _ "go.etcd.io/etcd/server/v3"\n')
+    (module_dir / "go.mod").write_text(
+        f"module rldemo.test/etcd-build\n\ngo {GO_MODULE_DIRECTIVE}\n\n"
+        f"require go.etcd.io/etcd/server/v3 v{ETCD_VERSION}\n"
+    )
+    (module_dir / "tools.go").write_text(
+        '//go:build tools\n\npackage tools\n\nimport _ "go.etcd.io/etcd/server/v3"\n'
+    )
     _run([go, "mod", "tidy"], module_dir, env)
-    _run([go, "build", "-ldflags=-s -w", "-o", str(bin_dir / "etcd"), "go.etcd.io/etcd/server/v3"], module_dir, env)
+    _run(
+        [go, "build", "-ldflags=-s -w", "-o", str(bin_dir / "etcd"), "go.etcd.io/etcd/server/v3"],
+        module_dir,
+        env,
+    )
 
 
 def ensure_built(log=print) -> Path:
@@ -116,8 +153,11 @@ def ensure_built(log=print) -> Path:
     staging_bin.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     if not all(os.access(staging_bin / name, os.X_OK) for name in KUBE_COMMANDS):
-        log(f"building {', '.join(KUBE_COMMANDS)} v{KUBERNETES_VERSION} from the Go module proxy "
-            f"(a cold build takes many minutes on 2 cores)...", flush=True)
+        log(
+            f"building {', '.join(KUBE_COMMANDS)} v{KUBERNETES_VERSION} from the Go module proxy "
+            f"(a cold build takes many minutes on 2 cores)...",
+            flush=True,
+        )
         step = time.monotonic()
         _build_kubernetes(go, env, staging_bin)
         log(f"built {', '.join(KUBE_COMMANDS)} in {time.monotonic() - step:.0f}s", flush=True)
@@ -129,7 +169,9 @@ def ensure_built(log=print) -> Path:
     if BIN_DIR.exists():
         shutil.rmtree(BIN_DIR)
     staging_bin.rename(BIN_DIR)
-    log(f"control plane binaries ready in {BIN_DIR} ({time.monotonic() - started:.0f}s)", flush=True)
+    log(
+        f"control plane binaries ready in {BIN_DIR} ({time.monotonic() - started:.0f}s)", flush=True
+    )
     return BIN_DIR
 
 

@@ -30,29 +30,63 @@ DISTRIBUTION_VERSION = "3.1.2"
 CRANE_VERSION = "0.22.1"
 CRICTL_VERSION = "1.34.0"
 CACHE_DIR = build_control_plane.CACHE_DIR
-BIN_DIR = CACHE_DIR / (f"node-k8s-v{KUBERNETES_VERSION}-containerd-v{CONTAINERD_VERSION}"
-                       f"-registry-v{DISTRIBUTION_VERSION}-crane-v{CRANE_VERSION}-crictl-v{CRICTL_VERSION}") / "bin"
+BIN_DIR = (
+    CACHE_DIR
+    / (
+        f"node-k8s-v{KUBERNETES_VERSION}-containerd-v{CONTAINERD_VERSION}"
+        f"-registry-v{DISTRIBUTION_VERSION}-crane-v{CRANE_VERSION}-crictl-v{CRICTL_VERSION}"
+    )
+    / "bin"
+)
 # Debian's packages: runc as containerd's runtime, crun as a second handler, and
 # the reference CNI plugins (bridge, host-local, loopback).
-DEBIAN_PACKAGES = {"runc": "/usr/sbin/runc", "crun": "/usr/bin/crun",
-                   "containernetworking-plugins": "/usr/lib/cni/bridge"}
+DEBIAN_PACKAGES = {
+    "runc": "/usr/sbin/runc",
+    "crun": "/usr/bin/crun",
+    "containernetworking-plugins": "/usr/lib/cni/bridge",
+}
 CNI_BIN_DIR = Path("/usr/lib/cni")
 CONTAINERD_TAGS = "no_btrfs no_devmapper no_zfs"
 
 # (binary, module, version, package path, extra ldflags) per Go binary we build.
 GoBinary = tuple[str, str, str, str, str]
 GO_BINARIES: tuple[GoBinary, ...] = (
-    ("containerd", "github.com/containerd/containerd/v2", CONTAINERD_VERSION, "cmd/containerd",
-     "-X github.com/containerd/containerd/v2/version.Version=v{v}"),
-    ("containerd-shim-runc-v2", "github.com/containerd/containerd/v2", CONTAINERD_VERSION,
-     "cmd/containerd-shim-runc-v2", "-X github.com/containerd/containerd/v2/version.Version=v{v}"),
-    ("ctr", "github.com/containerd/containerd/v2", CONTAINERD_VERSION, "cmd/ctr",
-     "-X github.com/containerd/containerd/v2/version.Version=v{v}"),
-    ("registry", "github.com/distribution/distribution/v3", DISTRIBUTION_VERSION, "cmd/registry",
-     "-X github.com/distribution/distribution/v3/version.version=v{v}"),
+    (
+        "containerd",
+        "github.com/containerd/containerd/v2",
+        CONTAINERD_VERSION,
+        "cmd/containerd",
+        "-X github.com/containerd/containerd/v2/version.Version=v{v}",
+    ),
+    (
+        "containerd-shim-runc-v2",
+        "github.com/containerd/containerd/v2",
+        CONTAINERD_VERSION,
+        "cmd/containerd-shim-runc-v2",
+        "-X github.com/containerd/containerd/v2/version.Version=v{v}",
+    ),
+    (
+        "ctr",
+        "github.com/containerd/containerd/v2",
+        CONTAINERD_VERSION,
+        "cmd/ctr",
+        "-X github.com/containerd/containerd/v2/version.Version=v{v}",
+    ),
+    (
+        "registry",
+        "github.com/distribution/distribution/v3",
+        DISTRIBUTION_VERSION,
+        "cmd/registry",
+        "-X github.com/distribution/distribution/v3/version.version=v{v}",
+    ),
     ("crane", "github.com/google/go-containerregistry", CRANE_VERSION, "cmd/crane", ""),
-    ("crictl", "sigs.k8s.io/cri-tools", CRICTL_VERSION, "cmd/crictl",
-     "-X sigs.k8s.io/cri-tools/pkg/version.Version=v{v}"),
+    (
+        "crictl",
+        "sigs.k8s.io/cri-tools",
+        CRICTL_VERSION,
+        "cmd/crictl",
+        "-X sigs.k8s.io/cri-tools/pkg/version.Version=v{v}",
+    ),
 )
 BINARIES = ("kubelet",) + tuple(entry[0] for entry in GO_BINARIES)
 
@@ -73,13 +107,20 @@ def ensure_debian_packages(log: Callable[..., None] = print) -> None:
         raise BuildError(f"{', '.join(missing)} missing and there is no apt-get to install them")
     log(f"installing {', '.join(missing)} from Debian (apt-get; under a minute)...", flush=True)
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    for argv in (["apt-get", "install", "-y", "-q", *missing], ["apt-get", "update", "-q"],
-                 ["apt-get", "install", "-y", "-q", *missing]):
-        completed = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    for argv in (
+        ["apt-get", "install", "-y", "-q", *missing],
+        ["apt-get", "update", "-q"],
+        ["apt-get", "install", "-y", "-q", *missing],
+    ):
+        completed = subprocess.run(
+            argv, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True
+        )
         if completed.returncode == 0 and argv[1] == "install":
             break
     if debian_missing():
-        raise BuildError(f"apt-get install {' '.join(missing)} failed:\n{completed.stderr.strip()[-2000:]}")
+        raise BuildError(
+            f"apt-get install {' '.join(missing)} failed:\n{completed.stderr.strip()[-2000:]}"
+        )
 
 
 def _build_kubelet(go: str, env: dict[str, str], out: Path) -> None:
@@ -87,44 +128,83 @@ def _build_kubelet(go: str, env: dict[str, str], out: Path) -> None:
     module_dir = CACHE_DIR / f"build-kubelet-v{KUBERNETES_VERSION}"
     module_dir.mkdir(parents=True, exist_ok=True)
     info_json = build_control_plane._run(
-        [go, "mod", "download", "-json", f"k8s.io/kubernetes@v{KUBERNETES_VERSION}"], module_dir, env)
+        [go, "mod", "download", "-json", f"k8s.io/kubernetes@v{KUBERNETES_VERSION}"],
+        module_dir,
+        env,
+    )
     import json
+
     staging = build_control_plane.staging_modules(Path(json.loads(info_json)["GoMod"]).read_text())
     if not staging:
         raise BuildError("no staging modules found in k8s.io/kubernetes' go.mod")
     minor = KUBERNETES_VERSION.split(".", 1)[1]
-    lines = ["module rldemo.test/kubelet-build", "", f"go {build_control_plane.GO_MODULE_DIRECTIVE}", "",
-             f"require k8s.io/kubernetes v{KUBERNETES_VERSION}", "", "replace ("]
+    lines = [
+        "module rldemo.test/kubelet-build",
+        "",
+        f"go {build_control_plane.GO_MODULE_DIRECTIVE}",
+        "",
+        f"require k8s.io/kubernetes v{KUBERNETES_VERSION}",
+        "",
+        "replace (",
+    ]
     lines += [f"\t{name} => {name} v0.{minor}" for name in staging]
     lines += [")", ""]
     (module_dir / "go.mod").write_text("\n".join(lines))
     (module_dir / "tools.go").write_text(
-        '//go:build tools\n\npackage tools\n\nimport _ "k8s.io/kubernetes/cmd/kubelet"\n')
+        '//go:build tools\n\npackage tools\n\nimport _ "k8s.io/kubernetes/cmd/kubelet"\n'
+    )
     build_control_plane._run([go, "mod", "tidy"], module_dir, env)
     major, kube_minor = KUBERNETES_VERSION.split(".")[:2]
-    flags = (f"-s -w -X k8s.io/component-base/version.gitVersion=v{KUBERNETES_VERSION} "
-             f"-X k8s.io/component-base/version.gitMajor={major} "
-             f"-X k8s.io/component-base/version.gitMinor={kube_minor} "
-             "-X k8s.io/component-base/version.gitTreeState=clean")
-    build_control_plane._run([go, "build", f"-ldflags={flags}", "-o", str(out / "kubelet"),
-                              "k8s.io/kubernetes/cmd/kubelet"], module_dir, env)
+    flags = (
+        f"-s -w -X k8s.io/component-base/version.gitVersion=v{KUBERNETES_VERSION} "
+        f"-X k8s.io/component-base/version.gitMajor={major} "
+        f"-X k8s.io/component-base/version.gitMinor={kube_minor} "
+        "-X k8s.io/component-base/version.gitTreeState=clean"
+    )
+    build_control_plane._run(
+        [
+            go,
+            "build",
+            f"-ldflags={flags}",
+            "-o",
+            str(out / "kubelet"),
+            "k8s.io/kubernetes/cmd/kubelet",
+        ],
+        module_dir,
+        env,
+    )
 
 
-def _build_module_binaries(go: str, env: dict[str, str], out: Path, module: str, version: str,
-                           entries: list[GoBinary]) -> None:
+def _build_module_binaries(
+    go: str, env: dict[str, str], out: Path, module: str, version: str, entries: list[GoBinary]
+) -> None:
     """Build the packages `entries` name from one module, in a build module of its own."""
     module_dir = CACHE_DIR / f"build-{module.replace('/', '_')}-v{version}"
     module_dir.mkdir(parents=True, exist_ok=True)
-    (module_dir / "go.mod").write_text(f"module rldemo.test/node-build\n\n"
-                                       f"go {build_control_plane.GO_MODULE_DIRECTIVE}\n\n"
-                                       f"require {module} v{version}\n")
+    (module_dir / "go.mod").write_text(
+        f"module rldemo.test/node-build\n\n"
+        f"go {build_control_plane.GO_MODULE_DIRECTIVE}\n\n"
+        f"require {module} v{version}\n"
+    )
     imports = "\n".join(f'\t_ "{module}/{entry[3]}"' for entry in entries)
-    (module_dir / "tools.go").write_text(f"//go:build tools\n\npackage tools\n\nimport (\n{imports}\n)\n")
+    (module_dir / "tools.go").write_text(
+        f"//go:build tools\n\npackage tools\n\nimport (\n{imports}\n)\n"
+    )
     build_control_plane._run([go, "mod", "tidy"], module_dir, env)
     for name, _, _, package, ldflags in entries:
         build_control_plane._run(
-            [go, "build", f"-tags={CONTAINERD_TAGS}", f"-ldflags=-s -w {ldflags.format(v=version)}",
-             "-o", str(out / name), f"{module}/{package}"], module_dir, env)
+            [
+                go,
+                "build",
+                f"-tags={CONTAINERD_TAGS}",
+                f"-ldflags=-s -w {ldflags.format(v=version)}",
+                "-o",
+                str(out / name),
+                f"{module}/{package}",
+            ],
+            module_dir,
+            env,
+        )
 
 
 def ensure_built(log: Callable[..., None] = print) -> Path:
@@ -143,13 +223,19 @@ def ensure_built(log: Callable[..., None] = print) -> Path:
             groups.setdefault((entry[1], entry[2]), []).append(entry)
     for (module, version), entries in groups.items():
         names = ", ".join(entry[0] for entry in entries)
-        log(f"building {names} ({module} v{version}) from the Go module proxy (a few minutes)...", flush=True)
+        log(
+            f"building {names} ({module} v{version}) from the Go module proxy (a few minutes)...",
+            flush=True,
+        )
         step = time.monotonic()
         _build_module_binaries(go, env, staging_bin, module, version, entries)
         log(f"built {names} in {time.monotonic() - step:.0f}s", flush=True)
     if not os.access(staging_bin / "kubelet", os.X_OK):
-        log(f"building kubelet v{KUBERNETES_VERSION} from the Go module proxy "
-            "(~6 min on 2 cores with the control plane in Go's build cache, longer cold)...", flush=True)
+        log(
+            f"building kubelet v{KUBERNETES_VERSION} from the Go module proxy "
+            "(~6 min on 2 cores with the control plane in Go's build cache, longer cold)...",
+            flush=True,
+        )
         step = time.monotonic()
         _build_kubelet(go, env, staging_bin)
         log(f"built kubelet in {time.monotonic() - step:.0f}s", flush=True)

@@ -34,16 +34,20 @@ from local_cluster import LocalCluster  # noqa: E402
 
 PRODUCT = REPO_ROOT / "rl_batch_demo.py"
 # Fields whose values are compared (after normalising); all other fields only by presence.
-MEANINGFUL = re.compile(r"(^|\.)(phase|reason|type|status|message|kind|apiVersion|code|exitCode|ready|started|"
-                        r"restartCount|finalizers|propagationPolicy|completionMode|succeeded|failed|active|"
-                        r"terminating|ready|qosClass|restartPolicy|count|component|fieldPath|action|"
-                        r"reportingComponent)$")
+MEANINGFUL = re.compile(
+    r"(^|\.)(phase|reason|type|status|message|kind|apiVersion|code|exitCode|ready|started|"
+    r"restartCount|finalizers|propagationPolicy|completionMode|succeeded|failed|active|"
+    r"terminating|ready|qosClass|restartPolicy|count|component|fieldPath|action|"
+    r"reportingComponent)$"
+)
 
 
 def normalise(text: str, names: Dict[str, str]) -> str:
     for real, placeholder in sorted(names.items(), key=lambda kv: -len(kv[0])):
         text = text.replace(real, placeholder)
-    text = re.sub(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b", "<uid>", text)
+    text = re.sub(
+        r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b", "<uid>", text
+    )
     text = re.sub(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z", "<time>", text)
     text = re.sub(r"agc-rl-[0-9a-f]{12}", "<ns>", text)
     text = re.sub(r"(rollout(-\d+)?)-[bcdfghjklmnpqrstvwxz2456789]{5}\b", r"\1-<x>", text)
@@ -97,13 +101,28 @@ class Side:
         self.names: Dict[str, str] = {}
 
     def kubectl_run(self, *args: str, stdin: str = "") -> Tuple[int, str, str]:
-        done = subprocess.run([self.kubectl, *args], input=stdin, env=self.cluster.env(), capture_output=True,
-                              text=True, timeout=120)
-        return done.returncode, normalise(done.stdout, self.names), normalise(done.stderr, self.names)
+        done = subprocess.run(
+            [self.kubectl, *args],
+            input=stdin,
+            env=self.cluster.env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        return (
+            done.returncode,
+            normalise(done.stdout, self.names),
+            normalise(done.stderr, self.names),
+        )
 
     def tool(self, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, str(PRODUCT), *args, "--kubectl", self.kubectl],
-                              env=self.cluster.env(), capture_output=True, text=True, timeout=300)
+        return subprocess.run(
+            [sys.executable, str(PRODUCT), *args, "--kubectl", self.kubectl],
+            env=self.cluster.env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
 
 
 def scenario(side: Side) -> Dict[str, Any]:
@@ -120,14 +139,25 @@ def scenario(side: Side) -> Dict[str, Any]:
     for name in ("job.json", "pods.json"):
         answers[f"saved {name}"] = json.loads(normalise((output / name).read_text(), side.names))
     events = json.loads((output / "events.json").read_text())["items"]
-    answers["saved events.json (who said what)"] = sorted({
-        " ".join(str(x) for x in (e["involvedObject"].get("kind"), e.get("type"), e.get("reason"),
-                                  (e.get("source") or {}).get("component"), e.get("reportingComponent"),
-                                  "eventTime" if e.get("eventTime") else "-",
-                                  "firstTimestamp" if e.get("firstTimestamp") else "-",
-                                  e["involvedObject"].get("fieldPath", "-"),
-                                  normalise(e.get("message", ""), side.names)))
-        for e in events})
+    answers["saved events.json (who said what)"] = sorted(
+        {
+            " ".join(
+                str(x)
+                for x in (
+                    e["involvedObject"].get("kind"),
+                    e.get("type"),
+                    e.get("reason"),
+                    (e.get("source") or {}).get("component"),
+                    e.get("reportingComponent"),
+                    "eventTime" if e.get("eventTime") else "-",
+                    "firstTimestamp" if e.get("firstTimestamp") else "-",
+                    e["involvedObject"].get("fieldPath", "-"),
+                    normalise(e.get("message", ""), side.names),
+                )
+            )
+            for e in events
+        }
+    )
     pods = json.loads((output / "pods.json").read_text())["items"]
     pod = pods[0]["metadata"]["name"]
     ns = ["-n", namespace]
@@ -148,13 +178,39 @@ def scenario(side: Side) -> Dict[str, Any]:
     ask("logs", "logs", pod, *ns, "-c", "episode")
     ask("logs --previous", "logs", pod, *ns, "-c", "episode", "--previous")
     ask("logs no such container", "logs", pod, *ns, "-c", "nope")
-    ask("get pods field selector", "get", "pods", *ns, "--field-selector", "status.phase=Succeeded", "-o", "name")
+    ask(
+        "get pods field selector",
+        "get",
+        "pods",
+        *ns,
+        "--field-selector",
+        "status.phase=Succeeded",
+        "-o",
+        "name",
+    )
     ask("get pods bad field selector", "get", "pods", *ns, "--field-selector", "spec.bogus=1")
     ask("get pods wide", "get", "pods", *ns, "-o", "wide")
     ask("get job table", "get", "job", "rollout", *ns)
     ask("create job again", "create", "job", "rollout", *ns, "--image=python:3.12-alpine")
-    ask("delete job foreground", "delete", "job", "rollout", *ns, "--cascade=foreground", "--wait=false")
-    ask("job after foreground delete", "get", "job", "rollout", *ns, "-o", "json", "--ignore-not-found")
+    ask(
+        "delete job foreground",
+        "delete",
+        "job",
+        "rollout",
+        *ns,
+        "--cascade=foreground",
+        "--wait=false",
+    )
+    ask(
+        "job after foreground delete",
+        "get",
+        "job",
+        "rollout",
+        *ns,
+        "-o",
+        "json",
+        "--ignore-not-found",
+    )
     ask("delete namespace", "delete", "namespace", namespace, "--wait=false")
     ask("namespace after delete", "get", "namespace", namespace, "-o", "json", "--ignore-not-found")
     ask("create configmap in terminating namespace", "create", "configmap", "late", *ns)
@@ -174,12 +230,17 @@ def compare(emulated: Dict[str, Any], real: Dict[str, Any]) -> List[str]:
 
 def main(argv: List[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--kubectl", default=prereqs.find_kubectls().get("1.35") or shutil.which("kubectl"))
+    parser.add_argument(
+        "--kubectl", default=prereqs.find_kubectls().get("1.35") or shutil.which("kubectl")
+    )
     parser.add_argument("--keep", help="keep both clusters' files in this directory")
     args = parser.parse_args(argv)
     workdir = Path(args.keep or tempfile.mkdtemp(prefix="rldemo-compare-"))
-    emulator = Emulator(workdir / "emulator", faults={"sandbox_delay": 0.4, "sandbox_jitter": 0.1},
-                        server_version="1.35")
+    emulator = Emulator(
+        workdir / "emulator",
+        faults={"sandbox_delay": 0.4, "sandbox_jitter": 0.1},
+        server_version="1.35",
+    )
     real = LocalCluster(workdir / "real", ensure_built())
     emulator.start()
     real.start()

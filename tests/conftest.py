@@ -65,6 +65,7 @@ def discovered_control_plane() -> Optional[str]:
     if given:
         return given
     import build_control_plane
+
     return str(build_control_plane.BIN_DIR) if build_control_plane.binaries_present() else None
 
 
@@ -75,7 +76,12 @@ def discovered_node_bin() -> Optional[str]:
     if given:
         return given
     import build_node
-    return str(build_node.BIN_DIR) if build_node.binaries_present() and not build_node.debian_missing() else None
+
+    return (
+        str(build_node.BIN_DIR)
+        if build_node.binaries_present() and not build_node.debian_missing()
+        else None
+    )
 
 
 def default_kubectl_path() -> Optional[str]:
@@ -83,9 +89,14 @@ def default_kubectl_path() -> Optional[str]:
     return os.environ.get("RLDEMO_KUBECTL") or prereqs.default_kubectl(discovered_kubectls())
 
 
-def require_prerequisites(kubectl_version: Optional[str] = None, *,
-                          kubectl: bool = True, bwrap: bool = True, control_plane: bool = False,
-                          node: bool = False) -> Optional[str]:
+def require_prerequisites(
+    kubectl_version: Optional[str] = None,
+    *,
+    kubectl: bool = True,
+    bwrap: bool = True,
+    control_plane: bool = False,
+    node: bool = False,
+) -> Optional[str]:
     """Skip the test -- or fail it when CI / RLDEMO_REQUIRE_E2E is set -- unless the
     prerequisites are present. Returns the kubectl path (the default one when
     kubectl_version is None; None when kubectl=False).
@@ -95,7 +106,11 @@ def require_prerequisites(kubectl_version: Optional[str] = None, *,
     missing = []
     path = None
     if kubectl:
-        path = discovered_kubectls().get(kubectl_version) if kubectl_version else default_kubectl_path()
+        path = (
+            discovered_kubectls().get(kubectl_version)
+            if kubectl_version
+            else default_kubectl_path()
+        )
         if path is None:
             missing.append(f"kubectl {kubectl_version}" if kubectl_version else "kubectl")
     if bwrap and discovered_bwrap() is None:
@@ -103,11 +118,15 @@ def require_prerequisites(kubectl_version: Optional[str] = None, *,
     if control_plane and discovered_control_plane() is None:
         missing.append("the control plane binaries (kube-apiserver, ...; built with Go)")
     if node and discovered_node_bin() is None:
-        missing.append("the real node's binaries (kubelet, containerd, ...; built with Go) and runc/crun/CNI")
+        missing.append(
+            "the real node's binaries (kubelet, containerd, ...; built with Go) and runc/crun/CNI"
+        )
     if node and os.geteuid() != 0:
         missing.append("root (the real node runs containerd and the kubelet)")
     if missing:
-        skip_or_fail(f"missing prerequisite: {', '.join(missing)} (python3 tests/run_tests.py finds or installs them)")
+        skip_or_fail(
+            f"missing prerequisite: {', '.join(missing)} (python3 tests/run_tests.py finds or installs them)"
+        )
     return path
 
 
@@ -174,7 +193,9 @@ def real_cluster(tmp_path_factory):
     from local_cluster import LocalCluster
 
     kubectl = require_prerequisites("1.35", control_plane=True)
-    cluster = LocalCluster(tmp_path_factory.mktemp("real-cluster"), Path(discovered_control_plane()))
+    cluster = LocalCluster(
+        tmp_path_factory.mktemp("real-cluster"), Path(discovered_control_plane())
+    )
     cluster.start()
     yield kubectl, cluster
     cluster.stop()
@@ -186,8 +207,11 @@ def real_node(tmp_path_factory):
     from real_node import RealNodeCluster
 
     kubectl = require_prerequisites("1.35", bwrap=False, control_plane=True, node=True)
-    cluster = RealNodeCluster(tmp_path_factory.mktemp("real-node"), Path(discovered_control_plane()),
-                              Path(discovered_node_bin()))
+    cluster = RealNodeCluster(
+        tmp_path_factory.mktemp("real-node"),
+        Path(discovered_control_plane()),
+        Path(discovered_node_bin()),
+    )
     cluster.start()
     yield kubectl, cluster
     cluster.stop()

@@ -32,8 +32,17 @@ from urllib.parse import quote
 CONTEXT = "rldemo-real"
 SERVICE_CIDR = "10.96.0.0/12"
 SERVICE_IP = "10.96.0.1"
-CONTROLLERS = ("job", "namespace", "garbagecollector", "serviceaccount", "serviceaccount-token",
-               "root-ca-cert-publisher", "ttl-after-finished", "podgc", "nodelifecycle")
+CONTROLLERS = (
+    "job",
+    "namespace",
+    "garbagecollector",
+    "serviceaccount",
+    "serviceaccount-token",
+    "root-ca-cert-publisher",
+    "ttl-after-finished",
+    "podgc",
+    "nodelifecycle",
+)
 START_TIMEOUT_SECONDS = 120
 
 
@@ -51,45 +60,113 @@ def free_port() -> int:
 
 
 def _openssl(*args: str, cwd: Path) -> None:
-    completed = subprocess.run(["openssl", *args], cwd=cwd, stdin=subprocess.DEVNULL,
-                               capture_output=True, text=True)
+    completed = subprocess.run(
+        ["openssl", *args], cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True, text=True
+    )
     if completed.returncode != 0:
         raise ControlPlaneError(f"openssl {' '.join(args)} failed: {completed.stderr.strip()}")
 
 
 def make_ca(pki: Path) -> None:
-    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-             "-keyout", "ca.key", "-out", "ca.crt", "-subj", "/CN=rldemo-test-ca", "-days", "3650",
-             "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
-             "-addext", "subjectKeyIdentifier=hash", cwd=pki)
+    _openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-subj",
+        "/CN=rldemo-test-ca",
+        "-days",
+        "3650",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+        "-addext",
+        "subjectKeyIdentifier=hash",
+        cwd=pki,
+    )
 
 
-def make_cert(pki: Path, name: str, subject: str, *, server_names: Tuple[str, ...] = (),
-              server_ips: Tuple[str, ...] = ()) -> Tuple[Path, Path]:
+def make_cert(
+    pki: Path,
+    name: str,
+    subject: str,
+    *,
+    server_names: Tuple[str, ...] = (),
+    server_ips: Tuple[str, ...] = (),
+) -> Tuple[Path, Path]:
     """A key and a certificate signed by the CA in `pki`: (name.crt, name.key)."""
     # Python 3.13 verifies strictly (VERIFY_X509_STRICT): key usages and key identifiers must be there.
-    extensions = ["basicConstraints=critical,CA:FALSE", "keyUsage=critical,digitalSignature,keyEncipherment",
-                  "subjectKeyIdentifier=hash", "authorityKeyIdentifier=keyid"]
+    extensions = [
+        "basicConstraints=critical,CA:FALSE",
+        "keyUsage=critical,digitalSignature,keyEncipherment",
+        "subjectKeyIdentifier=hash",
+        "authorityKeyIdentifier=keyid",
+    ]
     if server_names or server_ips:
         alt = [f"DNS:{n}" for n in server_names] + [f"IP:{ip}" for ip in server_ips]
         extensions += ["extendedKeyUsage=serverAuth,clientAuth", "subjectAltName=" + ",".join(alt)]
     else:
         extensions.append("extendedKeyUsage=clientAuth")
     (pki / f"{name}.ext").write_text("\n".join(extensions) + "\n")
-    _openssl("req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-             "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subject, cwd=pki)
-    _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-             "-out", f"{name}.crt", "-days", "3650", "-extfile", f"{name}.ext", cwd=pki)
+    _openssl(
+        "req",
+        "-new",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-keyout",
+        f"{name}.key",
+        "-out",
+        f"{name}.csr",
+        "-subj",
+        subject,
+        cwd=pki,
+    )
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        f"{name}.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        f"{name}.crt",
+        "-days",
+        "3650",
+        "-extfile",
+        f"{name}.ext",
+        cwd=pki,
+    )
     return pki / f"{name}.crt", pki / f"{name}.key"
 
 
-def write_kubeconfig(path: Path, server: str, ca: Path, cert: Path, key: Path, user: str,
-                     context: str = CONTEXT) -> Path:
+def write_kubeconfig(
+    path: Path, server: str, ca: Path, cert: Path, key: Path, user: str, context: str = CONTEXT
+) -> Path:
     """A kubeconfig (JSON is YAML) whose one context is `context`."""
     config = {
-        "apiVersion": "v1", "kind": "Config", "preferences": {},
-        "clusters": [{"name": "rldemo-real", "cluster": {"server": server, "certificate-authority": str(ca)}}],
-        "users": [{"name": user, "user": {"client-certificate": str(cert), "client-key": str(key)}}],
+        "apiVersion": "v1",
+        "kind": "Config",
+        "preferences": {},
+        "clusters": [
+            {"name": "rldemo-real", "cluster": {"server": server, "certificate-authority": str(ca)}}
+        ],
+        "users": [
+            {"name": user, "user": {"client-certificate": str(cert), "client-key": str(key)}}
+        ],
         "contexts": [{"name": context, "context": {"cluster": "rldemo-real", "user": user}}],
         "current-context": context,
     }
@@ -117,10 +194,19 @@ class Api:
         self.context.load_cert_chain(str(cert), str(key))
 
     def _connection(self, timeout: Optional[float]) -> http.client.HTTPSConnection:
-        return http.client.HTTPSConnection(self.host, self.port, context=self.context, timeout=timeout)
+        return http.client.HTTPSConnection(
+            self.host, self.port, context=self.context, timeout=timeout
+        )
 
-    def request(self, method: str, path: str, body: Any = None, *, content_type: str = "application/json",
-                timeout: float = 30) -> Any:
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        content_type: str = "application/json",
+        timeout: float = 30,
+    ) -> Any:
         connection = self._connection(timeout)
         try:
             payload = None if body is None else json.dumps(body).encode()
@@ -161,14 +247,19 @@ class Api:
         return self.request("PATCH", path, patch, content_type="application/merge-patch+json")
 
     def strategic_patch(self, path: str, patch: dict) -> Any:
-        return self.request("PATCH", path, patch, content_type="application/strategic-merge-patch+json")
+        return self.request(
+            "PATCH", path, patch, content_type="application/strategic-merge-patch+json"
+        )
 
-    def watch(self, path: str, resource_version: str, stop: threading.Event,
-              timeout_seconds: int = 60) -> Iterator[dict]:
+    def watch(
+        self, path: str, resource_version: str, stop: threading.Event, timeout_seconds: int = 60
+    ) -> Iterator[dict]:
         """Watch events (dicts with type/object) until the server closes the stream or `stop` is set."""
         sep = "&" if "?" in path else "?"
-        url = (f"{path}{sep}watch=1&allowWatchBookmarks=true&resourceVersion={quote(resource_version)}"
-               f"&timeoutSeconds={timeout_seconds}")
+        url = (
+            f"{path}{sep}watch=1&allowWatchBookmarks=true&resourceVersion={quote(resource_version)}"
+            f"&timeoutSeconds={timeout_seconds}"
+        )
         connection = self._connection(timeout_seconds + 30)
         try:
             connection.request("GET", url, headers={"Accept": "application/json"})
@@ -195,8 +286,15 @@ class Api:
 class ControlPlane:
     """etcd + kube-apiserver + kube-controller-manager + kube-scheduler, as local processes."""
 
-    def __init__(self, workdir: Path, bin_dir: Path, *, netns: Optional[str] = None,
-                 client_port: Optional[int] = None, runtime_overhead: bool = True):
+    def __init__(
+        self,
+        workdir: Path,
+        bin_dir: Path,
+        *,
+        netns: Optional[str] = None,
+        client_port: Optional[int] = None,
+        runtime_overhead: bool = True,
+    ):
         """`netns`: run every component inside that network namespace (made by the caller), with
         the API server reached from here through `client_port` (a relay the caller runs);
         `runtime_overhead`: whether RuntimeClass cube reserves a VM sandbox's overhead."""
@@ -234,24 +332,38 @@ class ControlPlane:
         self._start_etcd()
         self.start_apiserver()
         self._bootstrap()
-        self._start("kube-controller-manager", [
-            f"--kubeconfig={self.component_kubeconfig('kube-controller-manager')}",
-            f"--authentication-kubeconfig={self.component_kubeconfig('kube-controller-manager')}",
-            f"--authorization-kubeconfig={self.component_kubeconfig('kube-controller-manager')}",
-            "--bind-address=127.0.0.1", f"--secure-port={free_port()}",
-            "--leader-elect=false", f"--controllers={','.join(CONTROLLERS)}",
-            f"--service-account-private-key-file={self.pki / 'sa.key'}",
-            f"--root-ca-file={self.pki / 'ca.crt'}", "--use-service-account-credentials=true",
-            "--concurrent-job-syncs=10", "--concurrent-gc-syncs=10",
-            "--kube-api-qps=200", "--kube-api-burst=400",
-        ])
-        self._start("kube-scheduler", [
-            f"--kubeconfig={self.component_kubeconfig('kube-scheduler')}",
-            f"--authentication-kubeconfig={self.component_kubeconfig('kube-scheduler')}",
-            f"--authorization-kubeconfig={self.component_kubeconfig('kube-scheduler')}",
-            "--bind-address=127.0.0.1", f"--secure-port={free_port()}", "--leader-elect=false",
-            "--kube-api-qps=200", "--kube-api-burst=400",
-        ])
+        self._start(
+            "kube-controller-manager",
+            [
+                f"--kubeconfig={self.component_kubeconfig('kube-controller-manager')}",
+                f"--authentication-kubeconfig={self.component_kubeconfig('kube-controller-manager')}",
+                f"--authorization-kubeconfig={self.component_kubeconfig('kube-controller-manager')}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={free_port()}",
+                "--leader-elect=false",
+                f"--controllers={','.join(CONTROLLERS)}",
+                f"--service-account-private-key-file={self.pki / 'sa.key'}",
+                f"--root-ca-file={self.pki / 'ca.crt'}",
+                "--use-service-account-credentials=true",
+                "--concurrent-job-syncs=10",
+                "--concurrent-gc-syncs=10",
+                "--kube-api-qps=200",
+                "--kube-api-burst=400",
+            ],
+        )
+        self._start(
+            "kube-scheduler",
+            [
+                f"--kubeconfig={self.component_kubeconfig('kube-scheduler')}",
+                f"--authentication-kubeconfig={self.component_kubeconfig('kube-scheduler')}",
+                f"--authorization-kubeconfig={self.component_kubeconfig('kube-scheduler')}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={free_port()}",
+                "--leader-elect=false",
+                "--kube-api-qps=200",
+                "--kube-api-burst=400",
+            ],
+        )
         return self
 
     def stop(self) -> None:
@@ -280,42 +392,82 @@ class ControlPlane:
         if (pki / "admin.crt").exists():
             return
         make_ca(pki)
-        make_cert(pki, "apiserver", "/CN=kube-apiserver",
-                  server_names=("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
-                                "kubernetes.default.svc.cluster.local"),
-                  server_ips=("127.0.0.1", SERVICE_IP))
-        make_cert(pki, "apiserver-kubelet-client", "/O=system:masters/CN=kube-apiserver-kubelet-client")
+        make_cert(
+            pki,
+            "apiserver",
+            "/CN=kube-apiserver",
+            server_names=(
+                "localhost",
+                "kubernetes",
+                "kubernetes.default",
+                "kubernetes.default.svc",
+                "kubernetes.default.svc.cluster.local",
+            ),
+            server_ips=("127.0.0.1", SERVICE_IP),
+        )
+        make_cert(
+            pki, "apiserver-kubelet-client", "/O=system:masters/CN=kube-apiserver-kubelet-client"
+        )
         make_cert(pki, "admin", "/O=system:masters/CN=rldemo-admin")
         make_cert(pki, "kube-controller-manager", "/CN=system:kube-controller-manager")
         make_cert(pki, "kube-scheduler", "/CN=system:kube-scheduler")
-        make_cert(pki, "kubelet", "/O=system:nodes/CN=system:node:rldemo-node",
-                  server_names=("localhost",), server_ips=("127.0.0.1",))
+        make_cert(
+            pki,
+            "kubelet",
+            "/O=system:nodes/CN=system:node:rldemo-node",
+            server_names=("localhost",),
+            server_ips=("127.0.0.1",),
+        )
         _openssl("genrsa", "-out", "sa.key", "2048", cwd=pki)
         _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
-        write_kubeconfig(self.kubeconfig, self.server, pki / "ca.crt", pki / "admin.crt", pki / "admin.key",
-                         "rldemo-admin")
+        write_kubeconfig(
+            self.kubeconfig,
+            self.server,
+            pki / "ca.crt",
+            pki / "admin.crt",
+            pki / "admin.key",
+            "rldemo-admin",
+        )
 
     def component_kubeconfig(self, name: str) -> Path:
         path = self.workdir / f"{name}.kubeconfig"
         if not path.exists():
-            write_kubeconfig(path, self.internal_server, self.pki / "ca.crt", self.pki / f"{name}.crt",
-                             self.pki / f"{name}.key", name, context=name)
+            write_kubeconfig(
+                path,
+                self.internal_server,
+                self.pki / "ca.crt",
+                self.pki / f"{name}.crt",
+                self.pki / f"{name}.key",
+                name,
+                context=name,
+            )
         return path
 
     def user_kubeconfig(self, user: str, groups: Tuple[str, ...] = ()) -> Path:
         """A kubeconfig for `user` (a client certificate, in `groups`), context CONTEXT."""
         subject = "".join(f"/O={g}" for g in groups) + f"/CN={user}"
         cert, key = make_cert(self.pki, f"user-{user}", subject)
-        return write_kubeconfig(self.workdir / f"user-{user}.kubeconfig", self.server, self.pki / "ca.crt",
-                                cert, key, user)
+        return write_kubeconfig(
+            self.workdir / f"user-{user}.kubeconfig",
+            self.server,
+            self.pki / "ca.crt",
+            cert,
+            key,
+            user,
+        )
 
     # -- processes ---------------------------------------------------------
     def _start(self, name: str, args: List[str]) -> subprocess.Popen:
         log = open(self.logs / f"{name}.log", "ab")
         try:
             prefix = ["nsenter", f"--net=/run/netns/{self.netns}"] if self.netns else []
-            process = subprocess.Popen([*prefix, str(self.bin_dir / name), *args], stdin=subprocess.DEVNULL,
-                                       stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            process = subprocess.Popen(
+                [*prefix, str(self.bin_dir / name), *args],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         finally:
             log.close()
         self.processes[name] = process
@@ -324,34 +476,54 @@ class ControlPlane:
     def _start_etcd(self) -> None:
         url = f"http://127.0.0.1:{self.etcd_port}"
         peer = f"http://127.0.0.1:{self.etcd_peer_port}"
-        self._start("etcd", [
-            "--name=rldemo", f"--data-dir={self.workdir / 'etcd'}",
-            f"--listen-client-urls={url}", f"--advertise-client-urls={url}",
-            f"--listen-peer-urls={peer}", f"--initial-advertise-peer-urls={peer}",
-            f"--initial-cluster=rldemo={peer}", "--unsafe-no-fsync", "--log-level=warn",
-            "--quota-backend-bytes=2147483648",
-        ])
+        self._start(
+            "etcd",
+            [
+                "--name=rldemo",
+                f"--data-dir={self.workdir / 'etcd'}",
+                f"--listen-client-urls={url}",
+                f"--advertise-client-urls={url}",
+                f"--listen-peer-urls={peer}",
+                f"--initial-advertise-peer-urls={peer}",
+                f"--initial-cluster=rldemo={peer}",
+                "--unsafe-no-fsync",
+                "--log-level=warn",
+                "--quota-backend-bytes=2147483648",
+            ],
+        )
 
     def start_apiserver(self) -> None:
         pki = self.pki
-        self._start("kube-apiserver", [
-            f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={self.api_port}",
-            f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
-            f"--client-ca-file={pki / 'ca.crt'}",
-            "--authorization-mode=Node,RBAC", "--anonymous-auth=false",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
-            f"--service-account-key-file={pki / 'sa.pub'}",
-            f"--service-account-signing-key-file={pki / 'sa.key'}",
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
-            f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
-            f"--kubelet-certificate-authority={pki / 'ca.crt'}",
-            "--kubelet-preferred-address-types=InternalIP",
-            "--allow-privileged=true", "--profiling=false", "--endpoint-reconciler-type=none",
-            "--max-requests-inflight=800", "--max-mutating-requests-inflight=400",
-        ])
-        self.api = Api("127.0.0.1", self.client_port, pki / "ca.crt", pki / "admin.crt", pki / "admin.key")
+        self._start(
+            "kube-apiserver",
+            [
+                f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={self.api_port}",
+                f"--tls-cert-file={pki / 'apiserver.crt'}",
+                f"--tls-private-key-file={pki / 'apiserver.key'}",
+                f"--client-ca-file={pki / 'ca.crt'}",
+                "--authorization-mode=Node,RBAC",
+                "--anonymous-auth=false",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                f"--service-account-key-file={pki / 'sa.pub'}",
+                f"--service-account-signing-key-file={pki / 'sa.key'}",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+                f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+                f"--kubelet-certificate-authority={pki / 'ca.crt'}",
+                "--kubelet-preferred-address-types=InternalIP",
+                "--allow-privileged=true",
+                "--profiling=false",
+                "--endpoint-reconciler-type=none",
+                "--max-requests-inflight=800",
+                "--max-mutating-requests-inflight=400",
+            ],
+        )
+        self.api = Api(
+            "127.0.0.1", self.client_port, pki / "ca.crt", pki / "admin.crt", pki / "admin.key"
+        )
         self.wait_ready()
 
     def wait_ready(self, timeout: float = START_TIMEOUT_SECONDS) -> None:
@@ -360,8 +532,10 @@ class ControlPlane:
         while time.monotonic() < deadline:
             for name, process in self.processes.items():
                 if process.poll() is not None:
-                    raise ControlPlaneError(f"{name} exited with {process.returncode}; see {self.logs / name}.log:\n"
-                                            + _tail(self.logs / f"{name}.log"))
+                    raise ControlPlaneError(
+                        f"{name} exited with {process.returncode}; see {self.logs / name}.log:\n"
+                        + _tail(self.logs / f"{name}.log")
+                    )
             try:
                 assert self.api is not None
                 if self.api.request("GET", "/readyz", timeout=5) is not None:
@@ -369,8 +543,10 @@ class ControlPlane:
             except (OSError, ApiError, ssl.SSLError) as error:
                 last = str(error)
             time.sleep(0.2)
-        raise ControlPlaneError(f"kube-apiserver not ready after {timeout:.0f}s ({last}); see "
-                                f"{self.logs / 'kube-apiserver.log'}:\n" + _tail(self.logs / "kube-apiserver.log"))
+        raise ControlPlaneError(
+            f"kube-apiserver not ready after {timeout:.0f}s ({last}); see "
+            f"{self.logs / 'kube-apiserver.log'}:\n" + _tail(self.logs / "kube-apiserver.log")
+        )
 
     def kill_apiserver(self) -> None:
         """SIGKILL the API server (a crash, not a shutdown)."""
@@ -387,13 +563,22 @@ class ControlPlane:
         assert self.api is not None
         api = self.api
         if api.get_or_none("/apis/node.k8s.io/v1/runtimeclasses/cube") is None:
-            api.create("/apis/node.k8s.io/v1/runtimeclasses",
-                       {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
-                        "metadata": {"name": "cube"}, "handler": "cube",
-                        # What a VM sandbox reserves per pod, as the emulator's cube does
-                        # (a real node's cube is runc, which reserves nothing).
-                        **({"overhead": {"podFixed": {"cpu": "250m", "memory": "768Mi"}}}
-                           if self.runtime_overhead else {})})
+            api.create(
+                "/apis/node.k8s.io/v1/runtimeclasses",
+                {
+                    "apiVersion": "node.k8s.io/v1",
+                    "kind": "RuntimeClass",
+                    "metadata": {"name": "cube"},
+                    "handler": "cube",
+                    # What a VM sandbox reserves per pod, as the emulator's cube does
+                    # (a real node's cube is runc, which reserves nothing).
+                    **(
+                        {"overhead": {"podFixed": {"cpu": "250m", "memory": "768Mi"}}}
+                        if self.runtime_overhead
+                        else {}
+                    ),
+                },
+            )
         # The node agent runs as system:node:<name> would; the kubelet API is served with the
         # apiserver-kubelet-client identity, which system:masters covers.
         deadline = time.monotonic() + 60

@@ -31,8 +31,12 @@ def emulators(directory: Path, **options: Any) -> Iterator[Callable[..., Emulato
     started: list[Emulator] = []
 
     def make(server_version: str = "1.33", **faults: Any) -> Emulator:
-        emulator = Emulator(directory / f"emulator-{len(started)}", faults={**DEFAULT_TIMING, **faults},
-                            server_version=server_version, **options)
+        emulator = Emulator(
+            directory / f"emulator-{len(started)}",
+            faults={**DEFAULT_TIMING, **faults},
+            server_version=server_version,
+            **options,
+        )
         emulator.start()
         started.append(emulator)
         return emulator
@@ -44,8 +48,9 @@ def emulators(directory: Path, **options: Any) -> Iterator[Callable[..., Emulato
             emulator.stop()
 
 
-def tool(emulator: Any, kubectl: str, *args: str, timeout: float = 300,
-         python: str = sys.executable) -> subprocess.CompletedProcess:
+def tool(
+    emulator: Any, kubectl: str, *args: str, timeout: float = 300, python: str = sys.executable
+) -> subprocess.CompletedProcess:
     """Run `rl_batch_demo.py ARGS` against the emulator; --kubectl is added for run and cleanup."""
     argv = [python, str(PRODUCT), *args]
     if args and args[0] in ("run", "cleanup"):
@@ -55,7 +60,9 @@ def tool(emulator: Any, kubectl: str, *args: str, timeout: float = 300,
 
 def start_tool(emulator: Any, kubectl: str, *args: str) -> subprocess.Popen:
     argv = [sys.executable, str(PRODUCT), *args, "--kubectl", kubectl]
-    return subprocess.Popen(argv, env=emulator.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        argv, env=emulator.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def wait_for(predicate: Any, seconds: float = 120.0, what: str = "the condition") -> Any:
@@ -70,7 +77,7 @@ def wait_for(predicate: Any, seconds: float = 120.0, what: str = "the condition"
 
 # The opening every task-reading episode script shares: its events as the worker prints them,
 # its task read from $TASK_FILE, and `ready`. A test's script is this plus what it does next.
-TASK_EPISODE_HEAD = '''
+TASK_EPISODE_HEAD = """
 import json, os, sys, time
 EPISODE_ID = os.environ["EPISODE_ID"]
 def emit(event, **fields):
@@ -78,7 +85,7 @@ def emit(event, **fields):
 with open(os.environ["TASK_FILE"]) as handle:
     task = json.load(handle)
 emit("ready")
-'''
+"""
 
 
 def write_script(directory: Path, source: str, name: str = "episode.py") -> Path:
@@ -93,10 +100,14 @@ def load(path: Path) -> Any:
 
 
 def run_namespaces(emulator: Any) -> list[dict]:
-    return [ns for ns in emulator.list("namespaces") if ns["metadata"]["name"].startswith("agc-rl-")]
+    return [
+        ns for ns in emulator.list("namespaces") if ns["metadata"]["name"].startswith("agc-rl-")
+    ]
 
 
-def interrupt(process: subprocess.Popen, signum: int = signal.SIGINT) -> subprocess.CompletedProcess:
+def interrupt(
+    process: subprocess.Popen, signum: int = signal.SIGINT
+) -> subprocess.CompletedProcess:
     process.send_signal(signum)
     stdout, stderr = process.communicate(timeout=120)
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
@@ -124,7 +135,9 @@ def pods_of(output: Path) -> list[str]:
     return [p["metadata"]["name"] for p in load(output / "pods.json")["items"]]
 
 
-def assert_run_agrees_with_cluster(cluster: Any, output: Path, count: int, parallelism: int) -> dict:
+def assert_run_agrees_with_cluster(
+    cluster: Any, output: Path, count: int, parallelism: int
+) -> dict:
     """A finished run's files agree with each other and with the cluster's objects (an emulator or a
     real control plane): its namespace, its Job as submitted and as it ended, and every episode's
     reward and log. Returns results.json."""
@@ -136,10 +149,17 @@ def assert_run_agrees_with_cluster(cluster: Any, output: Path, count: int, paral
     namespace = receipt["namespace"]
     assert cluster.get("namespaces", None, namespace)["metadata"]["uid"] == receipt["namespace_uid"]
     job = load(output / "job.json")
-    assert job["metadata"]["uid"] == receipt["job_uid"] == cluster.get("jobs", namespace, "rollout")["metadata"]["uid"]
-    assert any(c["type"] == "Complete" and c["status"] == "True" for c in job["status"]["conditions"])
-    assert load(output / "job-submitted.json") == rl_batch_demo.job_manifest(namespace, count, parallelism,
-                                                                            "python:3.12-alpine", "cube")
+    assert (
+        job["metadata"]["uid"]
+        == receipt["job_uid"]
+        == cluster.get("jobs", namespace, "rollout")["metadata"]["uid"]
+    )
+    assert any(
+        c["type"] == "Complete" and c["status"] == "True" for c in job["status"]["conditions"]
+    )
+    assert load(output / "job-submitted.json") == rl_batch_demo.job_manifest(
+        namespace, count, parallelism, "python:3.12-alpine", "cube"
+    )
     nodes = {n["metadata"]["name"] for n in cluster.list("nodes")}
     for row in results["pods"]:
         assert row["reward"] == 1 and row["node"] in nodes
@@ -152,7 +172,9 @@ def assert_run_agrees_with_cluster(cluster: Any, output: Path, count: int, paral
 # How kubelet v1.35.4 words a container's events, as the real node's tier sees them: the node
 # agent and the emulator's kubelet at 1.35 are held to the same words.
 KUBELET_135_MESSAGES = {"Created": "Container created", "Started": "Container started"}
-KUBELET_135_PRESENT = 'Container image "{image}" already present on machine and can be accessed by the pod'
+KUBELET_135_PRESENT = (
+    'Container image "{image}" already present on machine and can be accessed by the pod'
+)
 KUBELET_135_PULLED = 'Successfully pulled image "{image}" in '
 
 
@@ -161,15 +183,22 @@ def assert_kubelet_135_messages(events: Sequence[dict], image: str = "python:3.1
     seen = set()
     for event in events:
         reason, message = event.get("reason"), event.get("message", "")
-        if (event.get("involvedObject") or {}).get("kind") != "Pod" or reason not in ("Created", "Started", "Pulled"):
+        if (event.get("involvedObject") or {}).get("kind") != "Pod" or reason not in (
+            "Created",
+            "Started",
+            "Pulled",
+        ):
             continue
         seen.add(reason)
         if reason == "Pulled":
-            assert message == KUBELET_135_PRESENT.format(image=image) or \
-                message.startswith(KUBELET_135_PULLED.format(image=image)), message
+            assert message == KUBELET_135_PRESENT.format(image=image) or message.startswith(
+                KUBELET_135_PULLED.format(image=image)
+            ), message
         else:
             assert message == KUBELET_135_MESSAGES[reason], (reason, message)
-        assert (event.get("involvedObject") or {}).get("fieldPath") == "spec.containers{episode}", event
+        assert (event.get("involvedObject") or {}).get("fieldPath") == "spec.containers{episode}", (
+            event
+        )
     assert seen == {"Created", "Started", "Pulled"}, seen
 
 
@@ -197,7 +226,9 @@ def assert_refused_a_running_pod(process: subprocess.Popen, output: Path, runnin
 def most_at_once(runs: Iterable[dict]) -> int:
     """The most containers that ran at one moment, from records of when each started and finished."""
     runs = list(runs)
-    moments = sorted([(r["container_started"], 1) for r in runs] + [(r["container_finished"], -1) for r in runs])
+    moments = sorted(
+        [(r["container_started"], 1) for r in runs] + [(r["container_finished"], -1) for r in runs]
+    )
     running = most = 0
     for _, change in moments:
         running += change
@@ -214,7 +245,9 @@ def assert_cleanup_twice(cluster: Any, kubectl: str, output: Path) -> None:
     assert cluster.get("namespaces", None, namespace) is None
     assert output.is_dir() and (output / "results.json").is_file()
     again = tool(cluster, kubectl, "cleanup", "--output", str(output))
-    assert again.returncode == 0 and again.stdout.strip() == "Namespace already absent", again.stderr
+    assert again.returncode == 0 and again.stdout.strip() == "Namespace already absent", (
+        again.stderr
+    )
 
 
 # An Indexed episode script whose episode 1 is still working when a test marks the Job Complete.

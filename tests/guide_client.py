@@ -44,7 +44,11 @@ if str(REPO_ROOT) not in sys.path:
 
 import rl_batch_demo  # noqa: E402  (needs the path above)
 from rl_batch_demo import (  # noqa: E402
-    WORKER_SOURCE, configmap_manifest, job_manifest, namespace_manifest, summarise_batch,
+    WORKER_SOURCE,
+    configmap_manifest,
+    job_manifest,
+    namespace_manifest,
+    summarise_batch,
 )
 
 POLL_INTERVAL_SECONDS = 1.0
@@ -66,17 +70,25 @@ class GuideKubectl:
         self.context: str | None = None
         self.processes = 0
 
-    def run(self, args: Sequence[str], input_text: str | None = None,
-            timeout: float = CALL_TIMEOUT_SECONDS) -> str:
+    def run(
+        self,
+        args: Sequence[str],
+        input_text: str | None = None,
+        timeout: float = CALL_TIMEOUT_SECONDS,
+    ) -> str:
         argv = [self.binary]
         if self.context:
             argv += ["--context", self.context, f"--request-timeout={REQUEST_TIMEOUT}"]
         argv += list(args)
         self.processes += 1
-        completed = subprocess.run(argv, input=input_text, capture_output=True, text=True, timeout=timeout)
+        completed = subprocess.run(
+            argv, input=input_text, capture_output=True, text=True, timeout=timeout
+        )
         if completed.returncode != 0:
-            raise GuideError(f"kubectl {' '.join(args[:2])} failed (exit {completed.returncode}): "
-                             f"{completed.stderr.strip()}")
+            raise GuideError(
+                f"kubectl {' '.join(args[:2])} failed (exit {completed.returncode}): "
+                f"{completed.stderr.strip()}"
+            )
         return completed.stdout
 
     def json(self, args: Sequence[str], input_text: str | None = None) -> Any:
@@ -110,11 +122,15 @@ def run(args: argparse.Namespace) -> int:
     write_json(output / "receipt.json", receipt)
 
     kubectl.run(["get", "runtimeclass", args.runtime, "-o", "name"])
-    created_ns = kubectl.json(["create", "-f", "-"], json.dumps(namespace_manifest(namespace, run_id)))
+    created_ns = kubectl.json(
+        ["create", "-f", "-"], json.dumps(namespace_manifest(namespace, run_id))
+    )
     receipt["uid"] = created_ns["metadata"]["uid"]
     print(f"Test namespace: {namespace}", flush=True)
     kubectl.json(["create", "-f", "-"], json.dumps(configmap_manifest(namespace, WORKER_SOURCE)))
-    manifest = job_manifest(namespace, args.count, args.parallelism, args.image, args.runtime, timeout)
+    manifest = job_manifest(
+        namespace, args.count, args.parallelism, args.image, args.runtime, timeout
+    )
     write_json(output / "job-submitted.json", manifest)
 
     submitted_wall = time.time()
@@ -138,12 +154,15 @@ def run(args: argparse.Namespace) -> int:
 
     # Only now: the pods, the events, and every log four at a time.
     write_json(output / "job.json", job)
-    pods_text = kubectl.run(["get", "pods", "-l", f"job-name={rl_batch_demo.JOB_NAME}", "-n", namespace,
-                             "-o", "json"])
+    pods_text = kubectl.run(
+        ["get", "pods", "-l", f"job-name={rl_batch_demo.JOB_NAME}", "-n", namespace, "-o", "json"]
+    )
     write_text(output / "pods.json", pods_text)
     pods = json.loads(pods_text).get("items", [])
-    write_text(output / "events.txt", kubectl.run(
-        ["get", "events", "-n", namespace, "--sort-by=.metadata.creationTimestamp"]))
+    write_text(
+        output / "events.txt",
+        kubectl.run(["get", "events", "-n", namespace, "--sort-by=.metadata.creationTimestamp"]),
+    )
 
     def read_log(name: str) -> str:
         try:
@@ -161,18 +180,31 @@ def run(args: argparse.Namespace) -> int:
 
     summary = summarise_batch(job, pods, logs, [], args.count, True, observed_wall)
     results = dict(summary.figures)
-    results.update({
-        "context": kubectl.context, "namespace": namespace, "image": args.image, "runtime": args.runtime,
-        "parallelism": args.parallelism, "cache_state": "uncontrolled",
-        "client_job_complete_seconds": round(observed - submitted, 3),
-        "client_wait": {
-            "job": rl_batch_demo.JOB_NAME, "end": end, "submitted_at": submitted_wall,
-            "observed_at": observed_wall, "client_job_complete_seconds": round(observed - submitted, 3),
-            "kubectl_processes_while_waiting": processes_while_waiting, "wait_mode": "poll",
-            "post_completion_seconds": round(time.monotonic() - observed, 3),
-        },
-        "client": {"kubectl_processes": kubectl.processes, "cpu_seconds": round(cpu_seconds(), 3)},
-    })
+    results.update(
+        {
+            "context": kubectl.context,
+            "namespace": namespace,
+            "image": args.image,
+            "runtime": args.runtime,
+            "parallelism": args.parallelism,
+            "cache_state": "uncontrolled",
+            "client_job_complete_seconds": round(observed - submitted, 3),
+            "client_wait": {
+                "job": rl_batch_demo.JOB_NAME,
+                "end": end,
+                "submitted_at": submitted_wall,
+                "observed_at": observed_wall,
+                "client_job_complete_seconds": round(observed - submitted, 3),
+                "kubectl_processes_while_waiting": processes_while_waiting,
+                "wait_mode": "poll",
+                "post_completion_seconds": round(time.monotonic() - observed, 3),
+            },
+            "client": {
+                "kubectl_processes": kubectl.processes,
+                "cpu_seconds": round(cpu_seconds(), 3),
+            },
+        }
+    )
     write_json(output / "results.json", results)
     return 0
 
@@ -188,14 +220,31 @@ def cleanup(args: argparse.Namespace) -> int:
         print("Namespace already absent")
         return 0
     metadata = json.loads(live)["metadata"]
-    if metadata["uid"] != receipt.get("uid") or metadata.get("labels", {}).get("agc-demo-run") != receipt["run_id"]:
+    if (
+        metadata["uid"] != receipt.get("uid")
+        or metadata.get("labels", {}).get("agc-demo-run") != receipt["run_id"]
+    ):
         raise GuideError(f"refusing to delete namespace {namespace}: it is not the receipt's")
-    job = kubectl.run(["get", "job", rl_batch_demo.JOB_NAME, "-n", namespace, "--ignore-not-found", "-o", "json"])
+    job = kubectl.run(
+        ["get", "job", rl_batch_demo.JOB_NAME, "-n", namespace, "--ignore-not-found", "-o", "json"]
+    )
     if job.strip():
         if json.loads(job)["metadata"]["uid"] != receipt.get("job_uid"):
-            raise GuideError(f"refusing to delete Job {rl_batch_demo.JOB_NAME}: it is not the receipt's")
-        kubectl.run(["delete", "job", rl_batch_demo.JOB_NAME, "-n", namespace, "--cascade=foreground",
-                     "--timeout=120s"], timeout=150)
+            raise GuideError(
+                f"refusing to delete Job {rl_batch_demo.JOB_NAME}: it is not the receipt's"
+            )
+        kubectl.run(
+            [
+                "delete",
+                "job",
+                rl_batch_demo.JOB_NAME,
+                "-n",
+                namespace,
+                "--cascade=foreground",
+                "--timeout=120s",
+            ],
+            timeout=150,
+        )
     kubectl.run(["delete", "namespace", namespace, "--timeout=120s"], timeout=150)
     print(f"Deleted test namespace: {namespace}")
     return 0
@@ -203,16 +252,28 @@ def cleanup(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description="The guide's client method (benchmark baseline).")
-    parser.add_argument("action", nargs="?", choices=("run", "cleanup"), default="run",
-                        help="run a batch (default) or delete what a receipt names, as the guide does")
-    parser.add_argument("--output", required=True, metavar="DIR", help="new directory for the run's files")
+    parser.add_argument(
+        "action",
+        nargs="?",
+        choices=("run", "cleanup"),
+        default="run",
+        help="run a batch (default) or delete what a receipt names, as the guide does",
+    )
+    parser.add_argument(
+        "--output", required=True, metavar="DIR", help="new directory for the run's files"
+    )
     parser.add_argument("--count", type=int, default=rl_batch_demo.DEFAULT_COUNT, metavar="N")
     parser.add_argument("--parallelism", type=int, default=None, metavar="P")
     parser.add_argument("--kubectl", default="kubectl", metavar="PATH")
     parser.add_argument("--image", default=rl_batch_demo.DEFAULT_IMAGE)
     parser.add_argument("--runtime", default=rl_batch_demo.DEFAULT_RUNTIME)
-    parser.add_argument("--timeout", type=int, default=None, metavar="SECONDS",
-                        help="the Job's activeDeadlineSeconds (default: the product's)")
+    parser.add_argument(
+        "--timeout",
+        type=int,
+        default=None,
+        metavar="SECONDS",
+        help="the Job's activeDeadlineSeconds (default: the product's)",
+    )
     return parser
 
 

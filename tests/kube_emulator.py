@@ -56,6 +56,7 @@ CLI::
 
     python tests/kube_emulator.py --workdir DIR [--faults JSON] [--nodes N] [--images JSON]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -83,8 +84,15 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 from urllib.parse import parse_qs, urlsplit
 
-from sandbox import (SANDBOX_PATH, ContainerLog, MountError, build_bwrap_argv, signal_tree,
-                     expand_vars, resolve_field_ref)
+from sandbox import (
+    SANDBOX_PATH,
+    ContainerLog,
+    MountError,
+    build_bwrap_argv,
+    signal_tree,
+    expand_vars,
+    resolve_field_ref,
+)
 
 # --------------------------------------------------------------------------
 # small helpers
@@ -98,19 +106,19 @@ STUCK_FINALIZER = "example.com/stuck"
 NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 
 DEFAULT_TIMING: Dict[str, float] = {
-    "sandbox_delay": 0.08,        # RunPodSandbox
+    "sandbox_delay": 0.08,  # RunPodSandbox
     "sandbox_jitter": 0.12,
-    "schedule_delay": 0.01,       # scheduler latency per pod
-    "job_status_lag": 0.2,        # job controller batches pod updates
-    "job_backoff_base": 10.0,     # pod failure back-off (real: 10 s)
-    "create_retry_base": 0.5,     # back-off after a rejected pod create
-    "grace_cap": 1.0,             # effective max termination grace period
-    "image_pull_backoff": 0.4,    # time between pull attempts (fault)
-    "watch_history": 20000,       # watch events kept (older rv -> 410)
-    "bookmark_interval": 10.0,    # BOOKMARK cadence on watches
-    "resync": 1.0,                # controllers' periodic resync
-    "restart_delay": 0.2,         # before a faulted container restarts
-    "replace_after": 0.3,         # replace_pod: delete this long after start
+    "schedule_delay": 0.01,  # scheduler latency per pod
+    "job_status_lag": 0.2,  # job controller batches pod updates
+    "job_backoff_base": 10.0,  # pod failure back-off (real: 10 s)
+    "create_retry_base": 0.5,  # back-off after a rejected pod create
+    "grace_cap": 1.0,  # effective max termination grace period
+    "image_pull_backoff": 0.4,  # time between pull attempts (fault)
+    "watch_history": 20000,  # watch events kept (older rv -> 410)
+    "bookmark_interval": 10.0,  # BOOKMARK cadence on watches
+    "resync": 1.0,  # controllers' periodic resync
+    "restart_delay": 0.2,  # before a faulted container restarts
+    "replace_after": 0.3,  # replace_pod: delete this long after start
 }
 
 # Faults of the read path (the watch cache and lists), checked when set.  Each
@@ -126,13 +134,13 @@ FAULTS: Dict[str, str] = {
     "job_status_lag": "seconds the Job controller batches pod updates (overrides the timing)",
     "sandbox_after_watch": "a sandbox starts only once a client watches its Job's pods",
     "sandbox_status_with_running": "the kubelet reports PodReadyToStartContainers True only in the status update "
-                                   "that shows the container running, stamped with that update's time",
+    "that shows the container running, stamped with that update's time",
     "api_latency": "seconds every API answer is late",
     "api_errors": "{count, match, status}: the next `count` requests whose path contains `match` fail",
     "api_clock_skew": "seconds the API server's and kubelets' clocks run ahead",
     "node_clock_offset": "{node: seconds}: that node's clock runs this far ahead of the API server's (negative: "
-                         "behind): its kubelet's status stamps, event names and event times, its containers' log "
-                         "timestamps, and the times the built-in worker reads in its containers",
+    "behind): its kubelet's status stamps, event names and event times, its containers' log "
+    "timestamps, and the times the built-in worker reads in its containers",
     "missing_runtimeclass": "the RuntimeClass cube does not exist",
     "job_controller_stalled": "True: the Job controller does nothing; N: it stops once a Job has N pods",
     "stuck_terminating": "namespaces get a finalizer no one removes",
@@ -142,17 +150,17 @@ FAULTS: Dict[str, str] = {
     "image_pull_backoff": "per index (or True): the image never pulls",
     "unreadable_logs": "per index: the kubelet does not serve the pod's log",
     "log_gone": "per index: the kubelet answers the pod's log with its notice that the log is gone "
-                "(status 200, as when the runtime no longer has the container)",
+    "(status 200, as when the runtime no longer has the container)",
     "log_tamper": "{index: duplicate_ready | drop_reward | wrong_id | junk_lines}: the log is altered",
     "lightweight_kubelet": "True or {timing}: containers print the built-in worker's events without a "
-                           "process (scale tests only)",
+    "process (scale tests only)",
     "forbidden": "[resource, ...]: requests for these answer 403 as RBAC would",
 }
 READ_PATH_FAULTS: Dict[str, str] = {
     "watch_delay": "the watch cache runs this far behind the store: watches get each event this late, "
-                   "and a list with resourceVersionMatch=NotOlderThan waits for the cache",
+    "and a list with resourceVersionMatch=NotOlderThan waits for the cache",
     "watch_stall": "from the moment the fault is set, the watch cache takes in nothing for this long "
-                   "(watches deliver nothing), then catches up at once",
+    "(watches deliver nothing), then catches up at once",
     "list_latency": "every list answer is this late (504 Timeout when the request's timeout is shorter)",
     "continue_ttl": "a list's continue token stays good this long, then answers 410 Expired",
 }
@@ -162,31 +170,44 @@ READ_PATH_FAULTS: Dict[str, str] = {
 # this timing, in seconds, each delay scaled by uniform(1 - jitter, 1 + jitter), and exits 0.
 # A container with a per-pod fault (fail_pods, replace_pod, ...) still runs for real.
 LIGHTWEIGHT_TIMING: Dict[str, float] = {
-    "process_start": 0.02,     # container started -> interpreter running (the /proc start time)
-    "imports": 0.05,           # interpreter start -> the worker's imports done
-    "write_task": 0.003,       # imports done -> ready (writing the task's two files)
-    "episode_work": 0.15,      # ready -> reward (the tests run twice)
-    "exit": 0.01,              # reward -> process exit
+    "process_start": 0.02,  # container started -> interpreter running (the /proc start time)
+    "imports": 0.05,  # interpreter start -> the worker's imports done
+    "write_task": 0.003,  # imports done -> ready (writing the task's two files)
+    "episode_work": 0.15,  # ready -> reward (the tests run twice)
+    "exit": 0.01,  # reward -> process exit
     "jitter": 0.3,
 }
-LIGHTWEIGHT_TESTS_OUTPUT = ("...\n----------------------------------------------------------------------\n"
-                            "Ran 3 tests in 0.000s\n\nOK\n")
+LIGHTWEIGHT_TESTS_OUTPUT = (
+    "...\n----------------------------------------------------------------------\n"
+    "Ran 3 tests in 0.000s\n\nOK\n"
+)
 
 
 def check_lightweight(value: Any) -> None:
     """Reject a lightweight_kubelet setting that is not true/false or {timing key: seconds}."""
     if value is None or isinstance(value, bool):
         return
-    if not isinstance(value, dict) or any(k not in LIGHTWEIGHT_TIMING or isinstance(v, bool)
-                                          or not isinstance(v, (int, float)) or v < 0 for k, v in value.items()):
-        raise ValueError("fault lightweight_kubelet takes true or {%s: seconds}, not %r"
-                         % (", ".join(LIGHTWEIGHT_TIMING), value))
+    if not isinstance(value, dict) or any(
+        k not in LIGHTWEIGHT_TIMING
+        or isinstance(v, bool)
+        or not isinstance(v, (int, float))
+        or v < 0
+        for k, v in value.items()
+    ):
+        raise ValueError(
+            "fault lightweight_kubelet takes true or {%s: seconds}, not %r"
+            % (", ".join(LIGHTWEIGHT_TIMING), value)
+        )
 
 
 # Real values: a list that needs a newer resourceVersion than the watch cache has waits
 # 3 s (apiserver cacher blockTimeout) then answers 504 "Too large resource version" with
 # retryAfterSeconds 1; a continue token lives until etcd compacts its revision (5 min).
-READ_PATH_TIMING: Dict[str, float] = {"fresh_block": 3.0, "fresh_retry_after": 1.0, "continue_ttl": 300.0}
+READ_PATH_TIMING: Dict[str, float] = {
+    "fresh_block": 3.0,
+    "fresh_retry_after": 1.0,
+    "continue_ttl": 300.0,
+}
 
 
 # client-go's EventAggregator: this many events about one object that differ only by message,
@@ -264,8 +285,22 @@ def human_duration(d: float) -> str:
 
 
 _QUANTITY_SUFFIX = {
-    "Ki": 1024, "Mi": 1024 ** 2, "Gi": 1024 ** 3, "Ti": 1024 ** 4, "Pi": 1024 ** 5, "Ei": 1024 ** 6,
-    "n": 1e-9, "u": 1e-6, "m": 1e-3, "": 1, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
+    "Ki": 1024,
+    "Mi": 1024**2,
+    "Gi": 1024**3,
+    "Ti": 1024**4,
+    "Pi": 1024**5,
+    "Ei": 1024**6,
+    "n": 1e-9,
+    "u": 1e-6,
+    "m": 1e-3,
+    "": 1,
+    "k": 1e3,
+    "M": 1e6,
+    "G": 1e9,
+    "T": 1e12,
+    "P": 1e15,
+    "E": 1e18,
 }
 
 
@@ -275,8 +310,10 @@ def parse_quantity(q: Any) -> float:
         return float(q)
     m = re.match(r"^([+-]?[0-9.]+(?:[eE][+-]?\d+)?)([a-zA-Z]*)$", str(q).strip())
     if not m or m.group(2) not in _QUANTITY_SUFFIX:
-        raise ValueError("quantities must match the regular expression "
-                         "'^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'")
+        raise ValueError(
+            "quantities must match the regular expression "
+            "'^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"
+        )
     return float(m.group(1)) * _QUANTITY_SUFFIX[m.group(2)]
 
 
@@ -319,8 +356,14 @@ def meta(obj: dict) -> dict:
     return obj.setdefault("metadata", {})
 
 
-def condition(ctype: str, status: str, t: float, reason: Optional[str] = None,
-              message: Optional[str] = None, probe: bool = False) -> dict:
+def condition(
+    ctype: str,
+    status: str,
+    t: float,
+    reason: Optional[str] = None,
+    message: Optional[str] = None,
+    probe: bool = False,
+) -> dict:
     c: Dict[str, Any] = {"type": ctype, "status": status}
     if probe:
         c["lastProbeTime"] = fmt_time(t)
@@ -338,8 +381,11 @@ def set_condition(conds: List[dict], new: dict) -> bool:
     """Set a condition, keeping lastTransitionTime when status is unchanged."""
     for i, c in enumerate(conds):
         if c.get("type") == new["type"]:
-            if c.get("status") == new["status"] and c.get("reason") == new.get("reason") \
-                    and c.get("message") == new.get("message"):
+            if (
+                c.get("status") == new["status"]
+                and c.get("reason") == new.get("reason")
+                and c.get("message") == new.get("message")
+            ):
                 return False
             if c.get("status") == new["status"]:
                 new = dict(new, lastTransitionTime=c.get("lastTransitionTime"))
@@ -370,11 +416,11 @@ def version_tuple(v: str) -> Tuple[int, int]:
 # errors
 # --------------------------------------------------------------------------
 
+
 class ApiError(Exception):
     """An error the API answers with a ``Status`` body."""
 
-    def __init__(self, code: int, reason: str, message: str,
-                 details: Optional[dict] = None):
+    def __init__(self, code: int, reason: str, message: str, details: Optional[dict] = None):
         super().__init__(message)
         self.code = code
         self.reason = reason
@@ -382,8 +428,13 @@ class ApiError(Exception):
         self.details = details
 
     def status(self) -> dict:
-        body: Dict[str, Any] = {"kind": "Status", "apiVersion": "v1", "metadata": {},
-                                "status": "Failure", "message": self.message}
+        body: Dict[str, Any] = {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+        }
         if self.reason:
             body["reason"] = self.reason
         if self.details is not None:
@@ -414,10 +465,13 @@ def err_conflict(info: "ResourceInfo", name: str) -> ApiError:
     d = {"name": name, "kind": info.plural}
     if info.group:
         d["group"] = info.group
-    return ApiError(409, "Conflict",
-                    'Operation cannot be fulfilled on %s "%s": the object has been modified; '
-                    "please apply your changes to the latest version and try again"
-                    % (qualified(info), name), d)
+    return ApiError(
+        409,
+        "Conflict",
+        'Operation cannot be fulfilled on %s "%s": the object has been modified; '
+        "please apply your changes to the latest version and try again" % (qualified(info), name),
+        d,
+    )
 
 
 def err_bad_request(message: str) -> ApiError:
@@ -432,14 +486,19 @@ def err_invalid(info: "ResourceInfo", name: str, causes: List[Tuple[str, str, st
         msg = '%s "%s" is invalid: %s' % (kind, name, parts[0])
     else:
         msg = '%s "%s" is invalid: [%s]' % (kind, name, ", ".join(parts))
-    d: Dict[str, Any] = {"name": name, "kind": info.kind,
-                         "causes": [{"reason": r, "message": m, "field": f} for f, r, m in causes]}
+    d: Dict[str, Any] = {
+        "name": name,
+        "kind": info.kind,
+        "causes": [{"reason": r, "message": m, "field": f} for f, r, m in causes],
+    }
     if info.group:
         d["group"] = info.group
     return ApiError(422, "Invalid", msg, d)
 
 
-def err_forbidden(info: "ResourceInfo", name: str, why: str, causes: Optional[list] = None) -> ApiError:
+def err_forbidden(
+    info: "ResourceInfo", name: str, why: str, causes: Optional[list] = None
+) -> ApiError:
     label = '%s "%s"' % (qualified(info), name) if name else qualified(info)
     d: Dict[str, Any] = {"name": name, "kind": info.plural}
     if info.group:
@@ -457,8 +516,16 @@ def err_forbidden(info: "ResourceInfo", name: str, why: str, causes: Optional[li
 PSA_LABEL = "pod-security.kubernetes.io/"
 PSA_LEVELS = ("privileged", "baseline", "restricted")
 # volume types the restricted level allows (check_restrictedVolumes.go)
-PSA_RESTRICTED_VOLUMES = ("configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",
-                          "persistentVolumeClaim", "projected", "secret")
+PSA_RESTRICTED_VOLUMES = (
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "persistentVolumeClaim",
+    "projected",
+    "secret",
+)
 
 
 def _join_quote(items: List[str]) -> str:
@@ -470,12 +537,22 @@ def _containers_noun(names: List[str]) -> str:
 
 
 def _pod_containers(spec: dict) -> List[dict]:
-    return list(spec.get("initContainers") or []) + list(spec.get("containers") or []) + \
-        list(spec.get("ephemeralContainers") or [])
+    return (
+        list(spec.get("initContainers") or [])
+        + list(spec.get("containers") or [])
+        + list(spec.get("ephemeralContainers") or [])
+    )
 
 
-def _psa_must_set(spec: dict, field: str, good: Callable[[Any], bool], reason: str, pod_level: bool,
-                  set_text: str, bad_text: Callable[[List[str], List[str]], str]) -> Optional[Tuple[str, str]]:
+def _psa_must_set(
+    spec: dict,
+    field: str,
+    good: Callable[[Any], bool],
+    reason: str,
+    pod_level: bool,
+    set_text: str,
+    bad_text: Callable[[List[str], List[str]], str],
+) -> Optional[Tuple[str, str]]:
     """The pod-or-container pattern of runAsNonRoot / seccompProfile (restricted)."""
     psc = spec.get("securityContext") or {}
     bad_setters: List[str] = []
@@ -486,7 +563,9 @@ def _psa_must_set(spec: dict, field: str, good: Callable[[Any], bool], reason: s
             pod_ok = True
         else:
             bad_setters.append("pod")
-            bad_values.append(str(psc[field].get("type") if isinstance(psc[field], dict) else psc[field]))
+            bad_values.append(
+                str(psc[field].get("type") if isinstance(psc[field], dict) else psc[field])
+            )
     explicit, implicit = [], []
     for c in _pod_containers(spec):
         value = (c.get("securityContext") or {}).get(field)
@@ -507,12 +586,17 @@ def _psa_must_set(spec: dict, field: str, good: Callable[[Any], bool], reason: s
 
 def _psa_allow_privilege_escalation(spec: dict) -> Optional[Tuple[str, str]]:
     """allowPrivilegeEscalation (restricted): every container sets it to false."""
-    bad = [c.get("name", "") for c in _pod_containers(spec)
-           if (c.get("securityContext") or {}).get("allowPrivilegeEscalation") is not False]
+    bad = [
+        c.get("name", "")
+        for c in _pod_containers(spec)
+        if (c.get("securityContext") or {}).get("allowPrivilegeEscalation") is not False
+    ]
     if not bad:
         return None
-    return ("allowPrivilegeEscalation != false",
-            "%s must set securityContext.allowPrivilegeEscalation=false" % _containers_noun(bad))
+    return (
+        "allowPrivilegeEscalation != false",
+        "%s must set securityContext.allowPrivilegeEscalation=false" % _containers_noun(bad),
+    )
 
 
 def _psa_capabilities(spec: dict) -> Optional[Tuple[str, str]]:
@@ -531,10 +615,14 @@ def _psa_capabilities(spec: dict) -> Optional[Tuple[str, str]]:
             forbidden.update(extra)
     details = []
     if missing_drop:
-        details.append('%s must set securityContext.capabilities.drop=["ALL"]' % _containers_noun(missing_drop))
+        details.append(
+            '%s must set securityContext.capabilities.drop=["ALL"]' % _containers_noun(missing_drop)
+        )
     if adding:
-        details.append("%s must not include %s in securityContext.capabilities.add"
-                       % (_containers_noun(adding), _join_quote(sorted(forbidden))))
+        details.append(
+            "%s must not include %s in securityContext.capabilities.add"
+            % (_containers_noun(adding), _join_quote(sorted(forbidden)))
+        )
     return ("unrestricted capabilities", "; ".join(details)) if details else None
 
 
@@ -549,66 +637,108 @@ def _psa_host_path_volumes(spec: dict) -> Optional[Tuple[str, str]]:
     hp = [v.get("name", "") for v in spec.get("volumes") or [] if v.get("hostPath") is not None]
     if not hp:
         return None
-    return ("hostPath volumes", "%s %s" % ("volume" if len(hp) == 1 else "volumes", _join_quote(hp)))
+    return (
+        "hostPath volumes",
+        "%s %s" % ("volume" if len(hp) == 1 else "volumes", _join_quote(hp)),
+    )
 
 
 def _psa_privileged(spec: dict) -> Optional[Tuple[str, str]]:
     """privileged: no privileged container."""
-    privileged = [c.get("name", "") for c in _pod_containers(spec)
-                  if (c.get("securityContext") or {}).get("privileged")]
+    privileged = [
+        c.get("name", "")
+        for c in _pod_containers(spec)
+        if (c.get("securityContext") or {}).get("privileged")
+    ]
     if not privileged:
         return None
-    return ("privileged", "%s must not set securityContext.privileged=true" % _containers_noun(privileged))
+    return (
+        "privileged",
+        "%s must not set securityContext.privileged=true" % _containers_noun(privileged),
+    )
 
 
 def _psa_restricted_volumes(spec: dict) -> Optional[Tuple[str, str]]:
     """restrictedVolumes: only the volume types the restricted level allows."""
-    bad_volumes = sorted(v.get("name", "") for v in spec.get("volumes") or []
-                         if not any(v.get(t) is not None for t in PSA_RESTRICTED_VOLUMES))
+    bad_volumes = sorted(
+        v.get("name", "")
+        for v in spec.get("volumes") or []
+        if not any(v.get(t) is not None for t in PSA_RESTRICTED_VOLUMES)
+    )
     if not bad_volumes:
         return None
-    return ("restricted volume types", "volumes [%s] have restricted types"
-            % " ".join('"%s"' % n for n in bad_volumes))
+    return (
+        "restricted volume types",
+        "volumes [%s] have restricted types" % " ".join('"%s"' % n for n in bad_volumes),
+    )
 
 
 def _psa_run_as_non_root(spec: dict) -> Optional[Tuple[str, str]]:
     """runAsNonRoot (restricted): true on the pod or on every container, false nowhere."""
-    return _psa_must_set(spec, "runAsNonRoot", lambda v: v is True, "runAsNonRoot != true", True,
-                         "securityContext.runAsNonRoot=true",
-                         lambda setters, _: "%s must not set securityContext.runAsNonRoot=false"
-                         % " and ".join(setters))
+    return _psa_must_set(
+        spec,
+        "runAsNonRoot",
+        lambda v: v is True,
+        "runAsNonRoot != true",
+        True,
+        "securityContext.runAsNonRoot=true",
+        lambda setters, _: (
+            "%s must not set securityContext.runAsNonRoot=false" % " and ".join(setters)
+        ),
+    )
 
 
 def _psa_run_as_user(spec: dict) -> Optional[Tuple[str, str]]:
     """runAsUser (restricted): neither the pod nor a container runs as user 0."""
     setters = ["pod"] if (spec.get("securityContext") or {}).get("runAsUser") == 0 else []
-    zero = [c.get("name", "") for c in _pod_containers(spec)
-            if (c.get("securityContext") or {}).get("runAsUser") == 0]
+    zero = [
+        c.get("name", "")
+        for c in _pod_containers(spec)
+        if (c.get("securityContext") or {}).get("runAsUser") == 0
+    ]
     if zero:
         setters.append(_containers_noun(zero))
-    return ("runAsUser=0", "%s must not set runAsUser=0" % " and ".join(setters)) if setters else None
+    return (
+        ("runAsUser=0", "%s must not set runAsUser=0" % " and ".join(setters)) if setters else None
+    )
 
 
 def _psa_seccomp_restricted(spec: dict) -> Optional[Tuple[str, str]]:
     """seccompProfile_restricted: RuntimeDefault or Localhost on the pod or on every container."""
-    return _psa_must_set(spec, "seccompProfile",
-                         lambda v: isinstance(v, dict) and v.get("type") in ("RuntimeDefault", "Localhost"),
-                         "seccompProfile", True,
-                         'securityContext.seccompProfile.type to "RuntimeDefault" or "Localhost"',
-                         lambda setters, values: "%s must not set securityContext.seccompProfile.type to %s"
-                         % (" and ".join(setters), _join_quote(values)))
+    return _psa_must_set(
+        spec,
+        "seccompProfile",
+        lambda v: isinstance(v, dict) and v.get("type") in ("RuntimeDefault", "Localhost"),
+        "seccompProfile",
+        True,
+        'securityContext.seccompProfile.type to "RuntimeDefault" or "Localhost"',
+        lambda setters, values: (
+            "%s must not set securityContext.seccompProfile.type to %s"
+            % (" and ".join(setters), _join_quote(values))
+        ),
+    )
 
 
 def _psa_seccomp_baseline(spec: dict) -> Optional[Tuple[str, str]]:
     """seccompProfile_baseline: Unconfined nowhere."""
-    unconfined = [c.get("name", "") for c in _pod_containers(spec)
-                  if ((c.get("securityContext") or {}).get("seccompProfile") or {}).get("type") == "Unconfined"]
-    pod_unconfined = ((spec.get("securityContext") or {}).get("seccompProfile") or {}).get("type") == "Unconfined"
+    unconfined = [
+        c.get("name", "")
+        for c in _pod_containers(spec)
+        if ((c.get("securityContext") or {}).get("seccompProfile") or {}).get("type")
+        == "Unconfined"
+    ]
+    pod_unconfined = ((spec.get("securityContext") or {}).get("seccompProfile") or {}).get(
+        "type"
+    ) == "Unconfined"
     if not unconfined and not pod_unconfined:
         return None
-    who = (["pod"] if pod_unconfined else []) + ([_containers_noun(unconfined)] if unconfined else [])
-    return ("seccompProfile", '%s must not set securityContext.seccompProfile.type to "Unconfined"'
-            % " and ".join(who))
+    who = (["pod"] if pod_unconfined else []) + (
+        [_containers_noun(unconfined)] if unconfined else []
+    )
+    return (
+        "seccompProfile",
+        '%s must not set securityContext.seccompProfile.type to "Unconfined"' % " and ".join(who),
+    )
 
 
 # The checks in the policy registry's order (by check ID), each with the levels it applies at.
@@ -638,7 +768,7 @@ def pod_security_violations(spec: dict, level: str) -> List[Tuple[str, str]]:
 
 
 def pod_security_policy(ns_labels: Optional[Dict[str, str]], mode: str) -> Optional[str]:
-    """"restricted:latest" etc. for the namespace's enforce/warn/audit label, or None (privileged)."""
+    """ "restricted:latest" etc. for the namespace's enforce/warn/audit label, or None (privileged)."""
     labels = ns_labels or {}
     level = labels.get(PSA_LABEL + mode)
     if level not in ("baseline", "restricted"):
@@ -652,19 +782,31 @@ def pod_security_message(policy: str, spec: dict) -> Optional[str]:
     if not violations:
         return None
     return 'violates PodSecurity "%s": %s' % (
-        policy, ", ".join("%s (%s)" % (r, d) if d else r for r, d in violations))
+        policy,
+        ", ".join("%s (%s)" % (r, d) if d else r for r, d in violations),
+    )
 
 
 # --------------------------------------------------------------------------
 # resource registry
 # --------------------------------------------------------------------------
 
+
 class ResourceInfo:
     """Static description of one served resource (one group/version/plural)."""
 
-    def __init__(self, group: str, version: str, plural: str, kind: str, namespaced: bool,
-                 short_names: Optional[List[str]] = None, store: Optional[str] = None,
-                 categories: Optional[List[str]] = None, subresources: Optional[Dict[str, List[str]]] = None):
+    def __init__(
+        self,
+        group: str,
+        version: str,
+        plural: str,
+        kind: str,
+        namespaced: bool,
+        short_names: Optional[List[str]] = None,
+        store: Optional[str] = None,
+        categories: Optional[List[str]] = None,
+        subresources: Optional[Dict[str, List[str]]] = None,
+    ):
         self.group = group
         self.version = version
         self.plural = plural
@@ -691,16 +833,46 @@ class ResourceInfo:
 VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
 
 RESOURCES: List[ResourceInfo] = [
-    ResourceInfo("", "v1", "namespaces", "Namespace", False, ["ns"],
-                 subresources={"finalize": ["update"], "status": ["get", "patch", "update"]}),
+    ResourceInfo(
+        "",
+        "v1",
+        "namespaces",
+        "Namespace",
+        False,
+        ["ns"],
+        subresources={"finalize": ["update"], "status": ["get", "patch", "update"]},
+    ),
     ResourceInfo("", "v1", "configmaps", "ConfigMap", True, ["cm"]),
-    ResourceInfo("", "v1", "pods", "Pod", True, ["po"], categories=["all"],
-                 subresources={"log": ["get"], "status": ["get", "patch", "update"]}),
+    ResourceInfo(
+        "",
+        "v1",
+        "pods",
+        "Pod",
+        True,
+        ["po"],
+        categories=["all"],
+        subresources={"log": ["get"], "status": ["get", "patch", "update"]},
+    ),
     ResourceInfo("", "v1", "events", "Event", True, ["ev"]),
-    ResourceInfo("", "v1", "nodes", "Node", False, ["no"],
-                 subresources={"status": ["get", "patch", "update"]}),
-    ResourceInfo("batch", "v1", "jobs", "Job", True, [], categories=["all"],
-                 subresources={"status": ["get", "patch", "update"]}),
+    ResourceInfo(
+        "",
+        "v1",
+        "nodes",
+        "Node",
+        False,
+        ["no"],
+        subresources={"status": ["get", "patch", "update"]},
+    ),
+    ResourceInfo(
+        "batch",
+        "v1",
+        "jobs",
+        "Job",
+        True,
+        [],
+        categories=["all"],
+        subresources={"status": ["get", "patch", "update"]},
+    ),
     ResourceInfo("node.k8s.io", "v1", "runtimeclasses", "RuntimeClass", False, []),
     ResourceInfo("events.k8s.io", "v1", "events", "Event", True, ["ev"], store="events"),
     ResourceInfo("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", True, ["netpol"]),
@@ -728,68 +900,192 @@ def find_resource(group: str, version: str, plural: str) -> Optional[ResourceInf
 # A schema is a dict {field: subschema}; subschema None = anything,
 # "map" = free-form map, [schema] = list of schema.
 
-_OWNER_REF = {"apiVersion": None, "kind": None, "name": None, "uid": None,
-              "controller": None, "blockOwnerDeletion": None}
-OBJECT_META = {"name": None, "generateName": None, "namespace": None, "selfLink": None,
-               "uid": None, "resourceVersion": None, "generation": None,
-               "creationTimestamp": None, "deletionTimestamp": None,
-               "deletionGracePeriodSeconds": None, "labels": "map", "annotations": "map",
-               "ownerReferences": [_OWNER_REF], "finalizers": None, "managedFields": None}
-_SEC_CTX = {"capabilities": {"add": None, "drop": None}, "privileged": None,
-            "seLinuxOptions": None, "windowsOptions": None, "runAsUser": None,
-            "runAsGroup": None, "runAsNonRoot": None, "readOnlyRootFilesystem": None,
-            "allowPrivilegeEscalation": None, "procMount": None,
-            "seccompProfile": {"type": None, "localhostProfile": None}, "appArmorProfile": None}
-_POD_SEC_CTX = {"seLinuxOptions": None, "windowsOptions": None, "runAsUser": None,
-                "runAsGroup": None, "runAsNonRoot": None, "supplementalGroups": None,
-                "supplementalGroupsPolicy": None, "fsGroup": None, "sysctls": None,
-                "fsGroupChangePolicy": None, "seccompProfile": {"type": None, "localhostProfile": None},
-                "appArmorProfile": None, "seLinuxChangePolicy": None}
-_ENV_VAR = {"name": None, "value": None,
-            "valueFrom": {"fieldRef": {"apiVersion": None, "fieldPath": None},
-                          "resourceFieldRef": None, "configMapKeyRef": None,
-                          "secretKeyRef": None, "fileKeyRef": None}}
-CONTAINER = {"name": None, "image": None, "command": None, "args": None, "workingDir": None,
-             "ports": None, "envFrom": None, "env": [_ENV_VAR],
-             "resources": {"limits": "map", "requests": "map", "claims": None},
-             "resizePolicy": None, "restartPolicy": None, "restartPolicyRules": None,
-             "volumeMounts": [{"name": None, "readOnly": None, "recursiveReadOnly": None,
-                               "mountPath": None, "subPath": None, "mountPropagation": None,
-                               "subPathExpr": None}],
-             "volumeDevices": None, "livenessProbe": None, "readinessProbe": None,
-             "startupProbe": None, "lifecycle": None, "terminationMessagePath": None,
-             "terminationMessagePolicy": None, "imagePullPolicy": None,
-             "securityContext": _SEC_CTX, "stdin": None, "stdinOnce": None, "tty": None}
-VOLUME = {"name": None, "configMap": {"name": None, "items": None, "defaultMode": None, "optional": None},
-          "emptyDir": {"medium": None, "sizeLimit": None}, "secret": None, "hostPath": None,
-          "projected": None, "downwardAPI": None, "persistentVolumeClaim": None,
-          "ephemeral": None, "csi": None, "image": None, "nfs": None}
-POD_SPEC = {"volumes": [VOLUME], "initContainers": [CONTAINER], "containers": [CONTAINER],
-            "ephemeralContainers": None, "restartPolicy": None,
-            "terminationGracePeriodSeconds": None, "activeDeadlineSeconds": None,
-            "dnsPolicy": None, "nodeSelector": "map", "serviceAccountName": None,
-            "serviceAccount": None, "automountServiceAccountToken": None, "nodeName": None,
-            "hostNetwork": None, "hostPID": None, "hostIPC": None, "shareProcessNamespace": None,
-            "securityContext": _POD_SEC_CTX, "imagePullSecrets": None, "hostname": None,
-            "subdomain": None, "affinity": None, "schedulerName": None, "tolerations": None,
-            "hostAliases": None, "priorityClassName": None, "priority": None, "dnsConfig": None,
-            "readinessGates": None, "runtimeClassName": None, "enableServiceLinks": None,
-            "preemptionPolicy": None, "overhead": "map", "topologySpreadConstraints": None,
-            "setHostnameAsFQDN": None, "os": None, "hostUsers": None, "schedulingGates": None,
-            "resourceClaims": None, "resources": None}
+_OWNER_REF = {
+    "apiVersion": None,
+    "kind": None,
+    "name": None,
+    "uid": None,
+    "controller": None,
+    "blockOwnerDeletion": None,
+}
+OBJECT_META = {
+    "name": None,
+    "generateName": None,
+    "namespace": None,
+    "selfLink": None,
+    "uid": None,
+    "resourceVersion": None,
+    "generation": None,
+    "creationTimestamp": None,
+    "deletionTimestamp": None,
+    "deletionGracePeriodSeconds": None,
+    "labels": "map",
+    "annotations": "map",
+    "ownerReferences": [_OWNER_REF],
+    "finalizers": None,
+    "managedFields": None,
+}
+_SEC_CTX = {
+    "capabilities": {"add": None, "drop": None},
+    "privileged": None,
+    "seLinuxOptions": None,
+    "windowsOptions": None,
+    "runAsUser": None,
+    "runAsGroup": None,
+    "runAsNonRoot": None,
+    "readOnlyRootFilesystem": None,
+    "allowPrivilegeEscalation": None,
+    "procMount": None,
+    "seccompProfile": {"type": None, "localhostProfile": None},
+    "appArmorProfile": None,
+}
+_POD_SEC_CTX = {
+    "seLinuxOptions": None,
+    "windowsOptions": None,
+    "runAsUser": None,
+    "runAsGroup": None,
+    "runAsNonRoot": None,
+    "supplementalGroups": None,
+    "supplementalGroupsPolicy": None,
+    "fsGroup": None,
+    "sysctls": None,
+    "fsGroupChangePolicy": None,
+    "seccompProfile": {"type": None, "localhostProfile": None},
+    "appArmorProfile": None,
+    "seLinuxChangePolicy": None,
+}
+_ENV_VAR = {
+    "name": None,
+    "value": None,
+    "valueFrom": {
+        "fieldRef": {"apiVersion": None, "fieldPath": None},
+        "resourceFieldRef": None,
+        "configMapKeyRef": None,
+        "secretKeyRef": None,
+        "fileKeyRef": None,
+    },
+}
+CONTAINER = {
+    "name": None,
+    "image": None,
+    "command": None,
+    "args": None,
+    "workingDir": None,
+    "ports": None,
+    "envFrom": None,
+    "env": [_ENV_VAR],
+    "resources": {"limits": "map", "requests": "map", "claims": None},
+    "resizePolicy": None,
+    "restartPolicy": None,
+    "restartPolicyRules": None,
+    "volumeMounts": [
+        {
+            "name": None,
+            "readOnly": None,
+            "recursiveReadOnly": None,
+            "mountPath": None,
+            "subPath": None,
+            "mountPropagation": None,
+            "subPathExpr": None,
+        }
+    ],
+    "volumeDevices": None,
+    "livenessProbe": None,
+    "readinessProbe": None,
+    "startupProbe": None,
+    "lifecycle": None,
+    "terminationMessagePath": None,
+    "terminationMessagePolicy": None,
+    "imagePullPolicy": None,
+    "securityContext": _SEC_CTX,
+    "stdin": None,
+    "stdinOnce": None,
+    "tty": None,
+}
+VOLUME = {
+    "name": None,
+    "configMap": {"name": None, "items": None, "defaultMode": None, "optional": None},
+    "emptyDir": {"medium": None, "sizeLimit": None},
+    "secret": None,
+    "hostPath": None,
+    "projected": None,
+    "downwardAPI": None,
+    "persistentVolumeClaim": None,
+    "ephemeral": None,
+    "csi": None,
+    "image": None,
+    "nfs": None,
+}
+POD_SPEC = {
+    "volumes": [VOLUME],
+    "initContainers": [CONTAINER],
+    "containers": [CONTAINER],
+    "ephemeralContainers": None,
+    "restartPolicy": None,
+    "terminationGracePeriodSeconds": None,
+    "activeDeadlineSeconds": None,
+    "dnsPolicy": None,
+    "nodeSelector": "map",
+    "serviceAccountName": None,
+    "serviceAccount": None,
+    "automountServiceAccountToken": None,
+    "nodeName": None,
+    "hostNetwork": None,
+    "hostPID": None,
+    "hostIPC": None,
+    "shareProcessNamespace": None,
+    "securityContext": _POD_SEC_CTX,
+    "imagePullSecrets": None,
+    "hostname": None,
+    "subdomain": None,
+    "affinity": None,
+    "schedulerName": None,
+    "tolerations": None,
+    "hostAliases": None,
+    "priorityClassName": None,
+    "priority": None,
+    "dnsConfig": None,
+    "readinessGates": None,
+    "runtimeClassName": None,
+    "enableServiceLinks": None,
+    "preemptionPolicy": None,
+    "overhead": "map",
+    "topologySpreadConstraints": None,
+    "setHostnameAsFQDN": None,
+    "os": None,
+    "hostUsers": None,
+    "schedulingGates": None,
+    "resourceClaims": None,
+    "resources": None,
+}
 SCHEMAS: Dict[str, dict] = {
     "Namespace": {"spec": {"finalizers": None}, "status": None},
     "ConfigMap": {"data": "map", "binaryData": "map", "immutable": None},
     "Pod": {"spec": POD_SPEC, "status": None},
-    "Job": {"spec": {"parallelism": None, "completions": None, "activeDeadlineSeconds": None,
-                     "podFailurePolicy": None, "successPolicy": None, "backoffLimit": None,
-                     "backoffLimitPerIndex": None, "maxFailedIndexes": None, "selector": None,
-                     "manualSelector": None, "template": {"metadata": OBJECT_META, "spec": POD_SPEC},
-                     "ttlSecondsAfterFinished": None, "completionMode": None, "suspend": None,
-                     "podReplacementPolicy": None, "managedBy": None},
-            "status": None},
-    "NetworkPolicy": {"spec": {"podSelector": None, "ingress": None, "egress": None,
-                               "policyTypes": None}},
+    "Job": {
+        "spec": {
+            "parallelism": None,
+            "completions": None,
+            "activeDeadlineSeconds": None,
+            "podFailurePolicy": None,
+            "successPolicy": None,
+            "backoffLimit": None,
+            "backoffLimitPerIndex": None,
+            "maxFailedIndexes": None,
+            "selector": None,
+            "manualSelector": None,
+            "template": {"metadata": OBJECT_META, "spec": POD_SPEC},
+            "ttlSecondsAfterFinished": None,
+            "completionMode": None,
+            "suspend": None,
+            "podReplacementPolicy": None,
+            "managedBy": None,
+        },
+        "status": None,
+    },
+    "NetworkPolicy": {
+        "spec": {"podSelector": None, "ingress": None, "egress": None, "policyTypes": None}
+    },
     "RuntimeClass": {"handler": None, "overhead": {"podFixed": "map"}, "scheduling": None},
     "Node": {"spec": None, "status": None},
 }
@@ -827,6 +1123,7 @@ def unknown_fields(kind: str, obj: dict) -> List[str]:
 # --------------------------------------------------------------------------
 # label / field selectors
 # --------------------------------------------------------------------------
+
 
 class LabelSelector:
     """Parses the string form of a label selector (equality and set based)."""
@@ -913,7 +1210,9 @@ class FieldSelector:
                 k, v = part.split("=", 1)
                 self.reqs.append((k.strip(), "=", v.strip()))
             else:
-                raise err_bad_request('invalid selector: \'%s\'; can\'t understand \'%s\'' % (text, part))
+                raise err_bad_request(
+                    "invalid selector: '%s'; can't understand '%s'" % (text, part)
+                )
 
     def matches(self, obj: dict) -> bool:
         for key, op, val in self.reqs:
@@ -929,6 +1228,7 @@ class FieldSelector:
 # --------------------------------------------------------------------------
 # the store
 # --------------------------------------------------------------------------
+
 
 class Expired(Exception):
     """A watch asked for a resourceVersion that was compacted away."""
@@ -1034,8 +1334,14 @@ class Store:
             self._record("ADDED", store, obj)
             return clone(obj)
 
-    def update(self, store: str, ns: Optional[str], name: str,
-               mutate: Callable[[dict], Optional[bool]], expect_rv: Optional[str] = None) -> Optional[dict]:
+    def update(
+        self,
+        store: str,
+        ns: Optional[str],
+        name: str,
+        mutate: Callable[[dict], Optional[bool]],
+        expect_rv: Optional[str] = None,
+    ) -> Optional[dict]:
         """Apply ``mutate`` to the stored object.
 
         ``mutate`` may return False to signal "no change" (no new rv).  If the
@@ -1099,59 +1405,108 @@ class Store:
 # Table printing (server side, like pkg/printers/internalversion)
 # --------------------------------------------------------------------------
 
-_NAME_COL = {"name": "Name", "type": "string", "format": "name",
-             "description": "Name must be unique within a namespace. Is required when creating "
-                            "resources, although some resources may allow a client to request the "
-                            "generation of an appropriate name automatically. Name is primarily "
-                            "intended for creation idempotence and configuration definition. Cannot "
-                            "be updated. More info: https://kubernetes.io/docs/concepts/overview/"
-                            "working-with-objects/names#names", "priority": 0}
-_AGE_COL = {"name": "Age", "type": "string", "format": "",
-            "description": "CreationTimestamp is a timestamp representing the server time when this "
-                           "object was created.", "priority": 0}
+_NAME_COL = {
+    "name": "Name",
+    "type": "string",
+    "format": "name",
+    "description": "Name must be unique within a namespace. Is required when creating "
+    "resources, although some resources may allow a client to request the "
+    "generation of an appropriate name automatically. Name is primarily "
+    "intended for creation idempotence and configuration definition. Cannot "
+    "be updated. More info: https://kubernetes.io/docs/concepts/overview/"
+    "working-with-objects/names#names",
+    "priority": 0,
+}
+_AGE_COL = {
+    "name": "Age",
+    "type": "string",
+    "format": "",
+    "description": "CreationTimestamp is a timestamp representing the server time when this "
+    "object was created.",
+    "priority": 0,
+}
 
 
-def _col(name: str, desc: str = "", priority: int = 0, ctype: str = "string", fmt: str = "") -> dict:
+def _col(
+    name: str, desc: str = "", priority: int = 0, ctype: str = "string", fmt: str = ""
+) -> dict:
     return {"name": name, "type": ctype, "format": fmt, "description": desc, "priority": priority}
 
 
 TABLE_COLUMNS: Dict[str, List[dict]] = {
-    "pods": [_NAME_COL, _col("Ready", "The aggregate readiness state of this pod for accepting traffic."),
-             _col("Status", "The aggregate status of the containers in this pod."),
-             _col("Restarts", "The number of times the containers in this pod have been restarted "
-                              "and when the last container in this pod has restarted."),
-             _AGE_COL, _col("IP", "podIP", 1), _col("Node", "nodeName", 1),
-             _col("Nominated Node", "nominatedNodeName", 1), _col("Readiness Gates", "readinessGates", 1)],
-    "jobs": [_NAME_COL, _col("Status", "Status of the job."),
-             _col("Completions", "The number of pods which reached phase Succeeded."),
-             _col("Duration", "Time required to complete the job."), _AGE_COL,
-             _col("Containers", "Names of each container in the template.", 1),
-             _col("Images", "Images referenced by each container in the template.", 1),
-             _col("Selector", "A label query over pods that should match the pod count.", 1)],
-    "events": [_col("Last Seen", "The time at which the most recent occurrence of this event was recorded."),
-               _col("Type", "Type of this event (Normal, Warning), new types could be added in the future"),
-               _col("Reason", "This should be a short, machine understandable string that gives the "
-                              "reason for the transition into the object's current status."),
-               _col("Object", "The object that this event is about."),
-               _col("Subobject", "fieldPath", 1), _col("Source", "The component reporting this event.", 1),
-               _col("Message", "A human-readable description of the status of this operation."),
-               _col("First Seen", "The time at which the event was first recorded.", 1),
-               _col("Count", "The number of times this event has occurred.", 1),
-               dict(_NAME_COL, priority=1)],
+    "pods": [
+        _NAME_COL,
+        _col("Ready", "The aggregate readiness state of this pod for accepting traffic."),
+        _col("Status", "The aggregate status of the containers in this pod."),
+        _col(
+            "Restarts",
+            "The number of times the containers in this pod have been restarted "
+            "and when the last container in this pod has restarted.",
+        ),
+        _AGE_COL,
+        _col("IP", "podIP", 1),
+        _col("Node", "nodeName", 1),
+        _col("Nominated Node", "nominatedNodeName", 1),
+        _col("Readiness Gates", "readinessGates", 1),
+    ],
+    "jobs": [
+        _NAME_COL,
+        _col("Status", "Status of the job."),
+        _col("Completions", "The number of pods which reached phase Succeeded."),
+        _col("Duration", "Time required to complete the job."),
+        _AGE_COL,
+        _col("Containers", "Names of each container in the template.", 1),
+        _col("Images", "Images referenced by each container in the template.", 1),
+        _col("Selector", "A label query over pods that should match the pod count.", 1),
+    ],
+    "events": [
+        _col(
+            "Last Seen", "The time at which the most recent occurrence of this event was recorded."
+        ),
+        _col(
+            "Type", "Type of this event (Normal, Warning), new types could be added in the future"
+        ),
+        _col(
+            "Reason",
+            "This should be a short, machine understandable string that gives the "
+            "reason for the transition into the object's current status.",
+        ),
+        _col("Object", "The object that this event is about."),
+        _col("Subobject", "fieldPath", 1),
+        _col("Source", "The component reporting this event.", 1),
+        _col("Message", "A human-readable description of the status of this operation."),
+        _col("First Seen", "The time at which the event was first recorded.", 1),
+        _col("Count", "The number of times this event has occurred.", 1),
+        dict(_NAME_COL, priority=1),
+    ],
     "namespaces": [_NAME_COL, _col("Status", "The status of the namespace"), _AGE_COL],
-    "runtimeclasses": [_NAME_COL, _col("Handler", "Handler specifies the underlying runtime and "
-                                                  "configuration that the CRI implementation will use"),
-                       _AGE_COL],
+    "runtimeclasses": [
+        _NAME_COL,
+        _col(
+            "Handler",
+            "Handler specifies the underlying runtime and "
+            "configuration that the CRI implementation will use",
+        ),
+        _AGE_COL,
+    ],
     "configmaps": [_NAME_COL, _col("Data", "Data contains the configuration data."), _AGE_COL],
-    "nodes": [_NAME_COL, _col("Status", "The status of the node"), _col("Roles", "The roles of the node"),
-              _AGE_COL, _col("Version", "Kubelet Version reported by the node."),
-              _col("Internal-IP", "List of addresses reachable to the node.", 1),
-              _col("External-IP", "List of addresses reachable to the node.", 1),
-              _col("OS-Image", "OS Image reported by the node.", 1),
-              _col("Kernel-Version", "Kernel Version reported by the node.", 1),
-              _col("Container-Runtime", "ContainerRuntime Version reported by the node.", 1)],
-    "networkpolicies": [_NAME_COL, _col("Pod-Selector", "Selects the pods to which this NetworkPolicy "
-                                                        "object applies."), _AGE_COL],
+    "nodes": [
+        _NAME_COL,
+        _col("Status", "The status of the node"),
+        _col("Roles", "The roles of the node"),
+        _AGE_COL,
+        _col("Version", "Kubelet Version reported by the node."),
+        _col("Internal-IP", "List of addresses reachable to the node.", 1),
+        _col("External-IP", "List of addresses reachable to the node.", 1),
+        _col("OS-Image", "OS Image reported by the node.", 1),
+        _col("Kernel-Version", "Kernel Version reported by the node.", 1),
+        _col("Container-Runtime", "ContainerRuntime Version reported by the node.", 1),
+    ],
+    "networkpolicies": [
+        _NAME_COL,
+        _col("Pod-Selector", "Selects the pods to which this NetworkPolicy object applies."),
+        _AGE_COL,
+    ],
 }
 
 
@@ -1199,7 +1554,11 @@ def pod_row(pod: dict, now: float) -> List[Any]:
             reason = st["terminated"]["reason"]
         elif st.get("terminated"):
             t = st["terminated"]
-            reason = "Signal:%d" % t["signal"] if t.get("signal") else "ExitCode:%d" % t.get("exitCode", 0)
+            reason = (
+                "Signal:%d" % t["signal"]
+                if t.get("signal")
+                else "ExitCode:%d" % t.get("exitCode", 0)
+            )
         elif cs.get("ready") and st.get("running"):
             has_running = True
             ready += 1
@@ -1211,8 +1570,17 @@ def pod_row(pod: dict, now: float) -> List[Any]:
     if restarts and last_restart:
         rs = "%d (%s ago)" % (restarts, human_duration(now - last_restart))
     ip = status.get("podIP") or "<none>"
-    return [pod["metadata"]["name"], "%d/%d" % (ready, total), reason, rs, _age(pod, now),
-            ip, spec.get("nodeName") or "<none>", status.get("nominatedNodeName") or "<none>", "<none>"]
+    return [
+        pod["metadata"]["name"],
+        "%d/%d" % (ready, total),
+        reason,
+        rs,
+        _age(pod, now),
+        ip,
+        spec.get("nodeName") or "<none>",
+        status.get("nominatedNodeName") or "<none>",
+        "<none>",
+    ]
 
 
 def job_row(job: dict, now: float) -> List[Any]:
@@ -1240,10 +1608,16 @@ def job_row(job: dict, now: float) -> List[Any]:
     else:
         state = "Running"
     containers = ((spec.get("template") or {}).get("spec") or {}).get("containers") or []
-    return [job["metadata"]["name"], state, completions, dur, _age(job, now),
-            ",".join(c.get("name", "") for c in containers),
-            ",".join(c.get("image", "") for c in containers),
-            format_label_selector(spec.get("selector"))]
+    return [
+        job["metadata"]["name"],
+        state,
+        completions,
+        dur,
+        _age(job, now),
+        ",".join(c.get("name", "") for c in containers),
+        ",".join(c.get("image", "") for c in containers),
+        format_label_selector(spec.get("selector")),
+    ]
 
 
 def event_row(ev: dict, now: float) -> List[Any]:
@@ -1263,26 +1637,54 @@ def event_row(ev: dict, now: float) -> List[Any]:
     elif count == 0:
         count = 1
     io = ev.get("involvedObject") or {}
-    target = "%s/%s" % (io.get("kind", "").lower(), io["name"]) if io.get("name") else io.get("kind", "").lower()
+    target = (
+        "%s/%s" % (io.get("kind", "").lower(), io["name"])
+        if io.get("name")
+        else io.get("kind", "").lower()
+    )
     src = ev.get("source") or {}
     comp = src.get("component") or ev.get("reportingComponent") or ""
     host = src.get("host") or ev.get("reportingInstance") or ""
     source = "%s, %s" % (comp, host) if host and src.get("component") else comp
-    return [last_s, ev.get("type", ""), ev.get("reason", ""), target, io.get("fieldPath", ""),
-            source, (ev.get("message") or "").strip(), first_s, count, ev["metadata"]["name"]]
+    return [
+        last_s,
+        ev.get("type", ""),
+        ev.get("reason", ""),
+        target,
+        io.get("fieldPath", ""),
+        source,
+        (ev.get("message") or "").strip(),
+        first_s,
+        count,
+        ev["metadata"]["name"],
+    ]
 
 
 def node_row(node: dict, now: float) -> List[Any]:
     status = node.get("status") or {}
     ready = find_condition(status.get("conditions"), "Ready")
     state = "Ready" if ready and ready.get("status") == "True" else "NotReady"
-    roles = sorted(k.split("/", 1)[1] for k in (node["metadata"].get("labels") or {})
-                   if k.startswith("node-role.kubernetes.io/"))
+    roles = sorted(
+        k.split("/", 1)[1]
+        for k in (node["metadata"].get("labels") or {})
+        if k.startswith("node-role.kubernetes.io/")
+    )
     info = status.get("nodeInfo") or {}
-    internal = [a["address"] for a in status.get("addresses") or [] if a.get("type") == "InternalIP"]
-    return [node["metadata"]["name"], state, ",".join(roles) or "<none>", _age(node, now),
-            info.get("kubeletVersion", ""), internal[0] if internal else "<none>", "<none>",
-            info.get("osImage", ""), info.get("kernelVersion", ""), info.get("containerRuntimeVersion", "")]
+    internal = [
+        a["address"] for a in status.get("addresses") or [] if a.get("type") == "InternalIP"
+    ]
+    return [
+        node["metadata"]["name"],
+        state,
+        ",".join(roles) or "<none>",
+        _age(node, now),
+        info.get("kubeletVersion", ""),
+        internal[0] if internal else "<none>",
+        "<none>",
+        info.get("osImage", ""),
+        info.get("kernelVersion", ""),
+        info.get("containerRuntimeVersion", ""),
+    ]
 
 
 def table_row(store: str, obj: dict, now: float) -> List[Any]:
@@ -1302,27 +1704,50 @@ def table_row(store: str, obj: dict, now: float) -> List[Any]:
     if store == "configmaps":
         return [name, len(obj.get("data") or {}) + len(obj.get("binaryData") or {}), _age(obj, now)]
     if store == "networkpolicies":
-        return [name, format_label_selector((obj.get("spec") or {}).get("podSelector")) if
-                (obj.get("spec") or {}).get("podSelector") else "<none>", _age(obj, now)]
+        return [
+            name,
+            format_label_selector((obj.get("spec") or {}).get("podSelector"))
+            if (obj.get("spec") or {}).get("podSelector")
+            else "<none>",
+            _age(obj, now),
+        ]
     return [name, obj["metadata"].get("creationTimestamp")]
 
 
 def table_columns(store: str) -> List[dict]:
     return TABLE_COLUMNS.get(store) or [
-        _NAME_COL, _col("Created At", "CreationTimestamp is a timestamp representing the server time "
-                                      "when this object was created.", 0, "date")]
+        _NAME_COL,
+        _col(
+            "Created At",
+            "CreationTimestamp is a timestamp representing the server time "
+            "when this object was created.",
+            0,
+            "date",
+        ),
+    ]
 
 
 # --------------------------------------------------------------------------
 # events.k8s.io/v1 <-> core/v1 conversion
 # --------------------------------------------------------------------------
 
+
 def core_event_to_v1(ev: dict) -> dict:
-    out: Dict[str, Any] = {"kind": "Event", "apiVersion": "events.k8s.io/v1",
-                           "metadata": ev["metadata"], "eventTime": ev.get("eventTime")}
-    for src, dst in (("reportingComponent", "reportingController"), ("reportingInstance", "reportingInstance"),
-                     ("action", "action"), ("reason", "reason"), ("type", "type"),
-                     ("series", "series"), ("related", "related")):
+    out: Dict[str, Any] = {
+        "kind": "Event",
+        "apiVersion": "events.k8s.io/v1",
+        "metadata": ev["metadata"],
+        "eventTime": ev.get("eventTime"),
+    }
+    for src, dst in (
+        ("reportingComponent", "reportingController"),
+        ("reportingInstance", "reportingInstance"),
+        ("action", "action"),
+        ("reason", "reason"),
+        ("type", "type"),
+        ("series", "series"),
+        ("related", "related"),
+    ):
         if ev.get(src) not in (None, ""):
             out[dst] = ev[src]
     out["regarding"] = ev.get("involvedObject") or {}
@@ -1340,15 +1765,21 @@ def core_event_to_v1(ev: dict) -> dict:
 
 
 def v1_event_to_core(ev: dict) -> dict:
-    out: Dict[str, Any] = {"kind": "Event", "apiVersion": "v1", "metadata": ev.get("metadata") or {},
-                           "involvedObject": ev.get("regarding") or {},
-                           "reason": ev.get("reason", ""), "message": ev.get("note", ""),
-                           "source": ev.get("deprecatedSource") or {},
-                           "firstTimestamp": ev.get("deprecatedFirstTimestamp"),
-                           "lastTimestamp": ev.get("deprecatedLastTimestamp"),
-                           "type": ev.get("type", ""), "eventTime": ev.get("eventTime"),
-                           "reportingComponent": ev.get("reportingController", ""),
-                           "reportingInstance": ev.get("reportingInstance", "")}
+    out: Dict[str, Any] = {
+        "kind": "Event",
+        "apiVersion": "v1",
+        "metadata": ev.get("metadata") or {},
+        "involvedObject": ev.get("regarding") or {},
+        "reason": ev.get("reason", ""),
+        "message": ev.get("note", ""),
+        "source": ev.get("deprecatedSource") or {},
+        "firstTimestamp": ev.get("deprecatedFirstTimestamp"),
+        "lastTimestamp": ev.get("deprecatedLastTimestamp"),
+        "type": ev.get("type", ""),
+        "eventTime": ev.get("eventTime"),
+        "reportingComponent": ev.get("reportingController", ""),
+        "reportingInstance": ev.get("reportingInstance", ""),
+    }
     if ev.get("deprecatedCount"):
         out["count"] = ev["deprecatedCount"]
     for k in ("action", "series", "related"):
@@ -1360,6 +1791,7 @@ def v1_event_to_core(ev: dict) -> dict:
 # --------------------------------------------------------------------------
 # OpenAPI documents
 # --------------------------------------------------------------------------
+
 
 def _pb_field(num: int, payload: bytes) -> bytes:
     """Length-delimited protobuf field (wire type 2)."""
@@ -1380,20 +1812,32 @@ def _pb_field(num: int, payload: bytes) -> bytes:
 def openapi_v2_protobuf(version: str) -> bytes:
     """A minimal gnostic openapi_v2.Document: swagger, info, empty paths/definitions."""
     info = _pb_field(1, b"Kubernetes") + _pb_field(2, ("v%s.0" % version).encode())
-    return (_pb_field(1, b"2.0") + _pb_field(2, info) + _pb_field(8, b"") + _pb_field(9, b""))
+    return _pb_field(1, b"2.0") + _pb_field(2, info) + _pb_field(8, b"") + _pb_field(9, b"")
 
 
 def openapi_v3_doc(group: str, version: str, server_version: str) -> dict:
     params = [
-        {"name": "dryRun", "in": "query", "description": "When present, indicates that modifications "
-         "should not be persisted.", "schema": {"type": "string", "uniqueItems": True}},
-        {"name": "fieldManager", "in": "query", "description": "fieldManager is a name associated "
-         "with the actor or entity that is making these changes.",
-         "schema": {"type": "string", "uniqueItems": True}},
-        {"name": "fieldValidation", "in": "query", "description": "fieldValidation instructs the "
-         "server on how to handle objects in the request (POST/PUT/PATCH) containing unknown or "
-         "duplicate fields. Valid values are: Ignore, Warn, Strict.",
-         "schema": {"type": "string", "uniqueItems": True}},
+        {
+            "name": "dryRun",
+            "in": "query",
+            "description": "When present, indicates that modifications should not be persisted.",
+            "schema": {"type": "string", "uniqueItems": True},
+        },
+        {
+            "name": "fieldManager",
+            "in": "query",
+            "description": "fieldManager is a name associated "
+            "with the actor or entity that is making these changes.",
+            "schema": {"type": "string", "uniqueItems": True},
+        },
+        {
+            "name": "fieldValidation",
+            "in": "query",
+            "description": "fieldValidation instructs the "
+            "server on how to handle objects in the request (POST/PUT/PATCH) containing unknown or "
+            "duplicate fields. Valid values are: Ignore, Warn, Strict.",
+            "schema": {"type": "string", "uniqueItems": True},
+        },
     ]
     paths: Dict[str, Any] = {}
     for r in RESOURCES:
@@ -1407,28 +1851,51 @@ def openapi_v3_doc(group: str, version: str, server_version: str) -> dict:
             coll = "%s/%s" % (prefix, r.plural)
         item = coll + "/{name}"
 
-        def op(action: str, desc: str, extra: Optional[list] = None) -> dict:  # called in this turn only
-            return {"description": desc, "operationId": "%s%s" % (action, r.kind),  # noqa: B023
-                    "tags": [r.gv_path.replace("/", "_")],  # noqa: B023
-                    "parameters": list(params) + list(extra or []),
-                    "responses": {"200": {"description": "OK"}, "401": {"description": "Unauthorized"}},
-                    "x-kubernetes-action": action, "x-kubernetes-group-version-kind": gvk}  # noqa: B023
+        def op(
+            action: str, desc: str, extra: Optional[list] = None
+        ) -> dict:  # called in this turn only
+            return {
+                "description": desc,
+                "operationId": "%s%s" % (action, r.kind),  # noqa: B023
+                "tags": [r.gv_path.replace("/", "_")],  # noqa: B023
+                "parameters": list(params) + list(extra or []),
+                "responses": {"200": {"description": "OK"}, "401": {"description": "Unauthorized"}},
+                "x-kubernetes-action": action,
+                "x-kubernetes-group-version-kind": gvk,  # noqa: B023
+            }
 
-        paths[coll] = {"get": op("list", "list or watch objects of kind %s" % r.kind),
-                       "post": op("post", "create a %s" % r.kind)}
-        paths[item] = {"get": op("get", "read the specified %s" % r.kind),
-                       "put": op("put", "replace the specified %s" % r.kind),
-                       "patch": op("patch", "partially update the specified %s" % r.kind,
-                                   [{"name": "force", "in": "query", "schema": {"type": "boolean",
-                                                                                 "uniqueItems": True}}]),
-                       "delete": op("delete", "delete a %s" % r.kind)}
-    return {"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": "v%s.0" % server_version},
-            "paths": paths, "components": {"schemas": {}}}
+        paths[coll] = {
+            "get": op("list", "list or watch objects of kind %s" % r.kind),
+            "post": op("post", "create a %s" % r.kind),
+        }
+        paths[item] = {
+            "get": op("get", "read the specified %s" % r.kind),
+            "put": op("put", "replace the specified %s" % r.kind),
+            "patch": op(
+                "patch",
+                "partially update the specified %s" % r.kind,
+                [
+                    {
+                        "name": "force",
+                        "in": "query",
+                        "schema": {"type": "boolean", "uniqueItems": True},
+                    }
+                ],
+            ),
+            "delete": op("delete", "delete a %s" % r.kind),
+        }
+    return {
+        "openapi": "3.0.0",
+        "info": {"title": "Kubernetes", "version": "v%s.0" % server_version},
+        "paths": paths,
+        "components": {"schemas": {}},
+    }
 
 
 # --------------------------------------------------------------------------
 # JSON patch helpers
 # --------------------------------------------------------------------------
+
 
 def merge_patch(target: Any, patch: Any) -> Any:
     """RFC 7386 JSON merge patch."""
@@ -1445,9 +1912,17 @@ def merge_patch(target: Any, patch: Any) -> Any:
     return out
 
 
-_MERGE_KEYS = {"containers": "name", "initContainers": "name", "env": "name", "volumes": "name",
-               "volumeMounts": "mountPath", "conditions": "type", "ownerReferences": "uid",
-               "containerStatuses": "name", "ports": "containerPort"}
+_MERGE_KEYS = {
+    "containers": "name",
+    "initContainers": "name",
+    "env": "name",
+    "volumes": "name",
+    "volumeMounts": "mountPath",
+    "conditions": "type",
+    "ownerReferences": "uid",
+    "containerStatuses": "name",
+    "ports": "containerPort",
+}
 
 
 def strategic_merge_patch(target: Any, patch: Any, key: str = "") -> Any:
@@ -1459,7 +1934,10 @@ def strategic_merge_patch(target: Any, patch: Any, key: str = "") -> Any:
             if not isinstance(item, dict):
                 continue
             directive = item.get("$patch")
-            idx = next((i for i, x in enumerate(out) if isinstance(x, dict) and x.get(mk) == item.get(mk)), None)
+            idx = next(
+                (i for i, x in enumerate(out) if isinstance(x, dict) and x.get(mk) == item.get(mk)),
+                None,
+            )
             if directive == "delete":
                 if idx is not None:
                     out.pop(idx)
@@ -1512,7 +1990,9 @@ def json_patch(target: Any, ops: List[dict]) -> Any:
             if kind == "test":
                 cur = par[int(last)] if isinstance(par, list) else par.get(last)
                 if cur != op.get("value"):
-                    raise err_bad_request("the server rejected our request due to an error in our request")
+                    raise err_bad_request(
+                        "the server rejected our request due to an error in our request"
+                    )
                 continue
             if isinstance(par, list):
                 if last == "-":
@@ -1548,6 +2028,7 @@ def json_patch(target: Any, ops: List[dict]) -> Any:
 # --------------------------------------------------------------------------
 # HTTP front end
 # --------------------------------------------------------------------------
+
 
 class _Handler(http.server.BaseHTTPRequestHandler):
     """Thin adapter: every method is handled by ApiServer.handle."""
@@ -1598,7 +2079,11 @@ def read_body(h: _Handler) -> bytes:
         while True:
             size = int(h.rfile.readline().split(b";", 1)[0].strip() or b"0", 16)
             if size == 0:
-                while h.rfile.readline() not in (b"\r\n", b"\n", b""):  # trailers, then the blank line
+                while h.rfile.readline() not in (
+                    b"\r\n",
+                    b"\n",
+                    b"",
+                ):  # trailers, then the blank line
                     pass
                 return b"".join(chunks)
             chunks.append(h.rfile.read(size))
@@ -1607,8 +2092,9 @@ def read_body(h: _Handler) -> bytes:
     return h.rfile.read(length) if length else b""
 
 
-def send_bytes(h: _Handler, code: int, data: bytes, content_type: str,
-               headers: Optional[Dict[str, str]] = None) -> int:
+def send_bytes(
+    h: _Handler, code: int, data: bytes, content_type: str, headers: Optional[Dict[str, str]] = None
+) -> int:
     """One whole response (no body for HEAD); returns the status code for the request log."""
     h.send_response(code)
     h.send_header("Content-Type", content_type)
@@ -1624,8 +2110,13 @@ def send_bytes(h: _Handler, code: int, data: bytes, content_type: str,
     return code
 
 
-def send_json(h: _Handler, code: int, obj: Any, headers: Optional[Dict[str, str]] = None,
-              content_type: str = "application/json") -> int:
+def send_json(
+    h: _Handler,
+    code: int,
+    obj: Any,
+    headers: Optional[Dict[str, str]] = None,
+    content_type: str = "application/json",
+) -> int:
     """One whole response of a JSON document (or bytes already encoded)."""
     data = json.dumps(obj, separators=(",", ":")).encode() if not isinstance(obj, bytes) else obj
     return send_bytes(h, code, data, content_type, headers)
@@ -1674,14 +2165,16 @@ def end_chunked(h: _Handler) -> None:
 # --------------------------------------------------------------------------
 
 # storage/etcd3: the answer to a continue token whose revision was compacted.
-CONTINUE_EXPIRED = ("The provided continue parameter is too old to display a consistent list result. "
-                    "You can start a new list without the continue parameter, or use the continue token "
-                    "in this response to retrieve the remainder of the results. Continuing with the "
-                    "provided token results in an inconsistent list - objects that were created, "
-                    "modified, or deleted between the time the first chunk was returned and now may "
-                    "show up in the list.")
-LIST_SNAPSHOTS_KEPT = 16          # paged lists whose first page is remembered (older ones: 410)
-READ_TIMELINE_KEPT = 200000       # store events whose time the watch cache's lag is computed from
+CONTINUE_EXPIRED = (
+    "The provided continue parameter is too old to display a consistent list result. "
+    "You can start a new list without the continue parameter, or use the continue token "
+    "in this response to retrieve the remainder of the results. Continuing with the "
+    "provided token results in an inconsistent list - objects that were created, "
+    "modified, or deleted between the time the first chunk was returned and now may "
+    "show up in the list."
+)
+LIST_SNAPSHOTS_KEPT = 16  # paged lists whose first page is remembered (older ones: 410)
+READ_TIMELINE_KEPT = 200000  # store events whose time the watch cache's lag is computed from
 
 
 class ExpiredContinue(ApiError):
@@ -1702,19 +2195,29 @@ def check_faults(faults: dict) -> None:
     """Reject a fault the emulator does not know, and a read-path fault that is not seconds or {store: seconds}."""
     unknown = sorted(set(faults) - set(FAULTS) - set(READ_PATH_FAULTS))
     if unknown:
-        raise ValueError("unknown fault(s) %s; the emulator knows %s"
-                         % (", ".join(unknown), ", ".join(sorted(set(FAULTS) | set(READ_PATH_FAULTS)))))
+        raise ValueError(
+            "unknown fault(s) %s; the emulator knows %s"
+            % (", ".join(unknown), ", ".join(sorted(set(FAULTS) | set(READ_PATH_FAULTS))))
+        )
     offsets = faults.get("node_clock_offset")
-    if offsets is not None and (not isinstance(offsets, dict) or not all(
-            isinstance(a, (int, float)) and not isinstance(a, bool) for a in offsets.values())):
+    if offsets is not None and (
+        not isinstance(offsets, dict)
+        or not all(
+            isinstance(a, (int, float)) and not isinstance(a, bool) for a in offsets.values()
+        )
+    ):
         raise ValueError("fault node_clock_offset takes {node: seconds}, not %r" % (offsets,))
     for name in READ_PATH_FAULTS:
         value = faults.get(name)
         if value is None:
             continue
         amounts = list(value.values()) if isinstance(value, dict) else [value]
-        if not all(isinstance(a, (int, float)) and not isinstance(a, bool) and a >= 0 for a in amounts):
-            raise ValueError("fault %s takes seconds or {resource: seconds}, not %r" % (name, value))
+        if not all(
+            isinstance(a, (int, float)) and not isinstance(a, bool) and a >= 0 for a in amounts
+        ):
+            raise ValueError(
+                "fault %s takes seconds or {resource: seconds}, not %r" % (name, value)
+            )
 
 
 class Faults:
@@ -1792,7 +2295,11 @@ class Faults:
         """The status the request (path and query) fails with under api_errors, counting it, else None."""
         with self._lock:
             errors = self._values.get("api_errors")
-            if not errors or errors.get("count", 0) <= 0 or (errors.get("match") or "") not in request:
+            if (
+                not errors
+                or errors.get("count", 0) <= 0
+                or (errors.get("match") or "") not in request
+            ):
                 return None
             errors["count"] -= 1
             return int(errors.get("status", 503))
@@ -1817,9 +2324,17 @@ def decode_continue(token: str) -> dict:
 
 def too_large_resource_version(wanted: int, current: int, retry_after: float) -> ApiError:
     """storage.NewTooLargeResourceVersionError: a 504 Timeout with its own cause."""
-    return ApiError(504, "Timeout", "Timeout: Too large resource version: %d, current: %d" % (wanted, current),
-                    {"causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}],
-                     "retryAfterSeconds": int(retry_after)})
+    return ApiError(
+        504,
+        "Timeout",
+        "Timeout: Too large resource version: %d, current: %d" % (wanted, current),
+        {
+            "causes": [
+                {"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}
+            ],
+            "retryAfterSeconds": int(retry_after),
+        },
+    )
 
 
 class ReadPath:
@@ -1874,15 +2389,16 @@ class ReadPath:
             i = bisect.bisect_right(self.times, view)
             return self.rvs[i - 1] if i else self.base_rv
 
-    def visible(self, store: str, events: List[Tuple[int, str, str, dict]]
-                ) -> Tuple[List[Tuple[int, str, str, dict]], bool]:
+    def visible(
+        self, store: str, events: List[Tuple[int, str, str, dict]]
+    ) -> Tuple[List[Tuple[int, str, str, dict]], bool]:
         """The events (in rv order) a watch of `store` may deliver now, and whether some wait."""
         reached = self.cache_rv(store)
         if not events or events[-1][0] <= reached:
             return events, False
         if events[0][0] > reached:
             return [], True
-        return events[:bisect.bisect_right([e[0] for e in events], reached)], True
+        return events[: bisect.bisect_right([e[0] for e in events], reached)], True
 
     # -- lists --------------------------------------------------------------
     def before_list(self, info: "ResourceInfo", query: Dict[str, str]) -> None:
@@ -1892,29 +2408,50 @@ class ReadPath:
             limit = parse_go_duration(query.get("timeout"))
             if limit is not None and limit < latency:
                 time.sleep(limit)
-                raise ApiError(504, "Timeout", "Timeout: request did not complete within requested timeout "
-                                               "- context deadline exceeded", {})
+                raise ApiError(
+                    504,
+                    "Timeout",
+                    "Timeout: request did not complete within requested timeout "
+                    "- context deadline exceeded",
+                    {},
+                )
             time.sleep(latency)
         rv = query.get("resourceVersion", "")
         match = query.get("resourceVersionMatch", "")
         token = query.get("continue", "")
         causes = []
         if match and not rv:
-            causes.append(("resourceVersionMatch", "FieldValueForbidden",
-                           "Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided"))
+            causes.append(
+                (
+                    "resourceVersionMatch",
+                    "FieldValueForbidden",
+                    "Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided",
+                )
+            )
         if match and token:
-            causes.append(("resourceVersionMatch", "FieldValueForbidden",
-                           "Forbidden: resourceVersionMatch is forbidden when continue is provided"))
+            causes.append(
+                (
+                    "resourceVersionMatch",
+                    "FieldValueForbidden",
+                    "Forbidden: resourceVersionMatch is forbidden when continue is provided",
+                )
+            )
         if match and match not in ("Exact", "NotOlderThan"):
-            causes.append(("resourceVersionMatch", "FieldValueNotSupported",
-                           'Unsupported value: "%s": supported values: "Exact", "NotOlderThan"' % match))
+            causes.append(
+                (
+                    "resourceVersionMatch",
+                    "FieldValueNotSupported",
+                    'Unsupported value: "%s": supported values: "Exact", "NotOlderThan"' % match,
+                )
+            )
         if causes:
             raise err_invalid(ListOptionsInfo, "", causes)
         if token and rv not in ("", "0"):
             raise err_bad_request("specifying resource version is not allowed when using continue")
         # Without a match, a resourceVersion means "not older than" unless the list is paged.
-        not_older_than = match == "NotOlderThan" or (not match and rv not in ("", "0")
-                                                     and not int(query.get("limit") or 0))
+        not_older_than = match == "NotOlderThan" or (
+            not match and rv not in ("", "0") and not int(query.get("limit") or 0)
+        )
         if not not_older_than:
             return
         try:
@@ -1930,8 +2467,12 @@ class ReadPath:
                 raise too_large_resource_version(wanted, reached, self.timing("fresh_retry_after"))
             time.sleep(0.02)
 
-    def page(self, info: "ResourceInfo", query: Dict[str, str], current: Callable[[], Tuple[List[dict], str]]
-             ) -> Tuple[List[dict], str, Optional[str], Optional[int]]:
+    def page(
+        self,
+        info: "ResourceInfo",
+        query: Dict[str, str],
+        current: Callable[[], Tuple[List[dict], str]],
+    ) -> Tuple[List[dict], str, Optional[str], Optional[int]]:
         """One page of a list: (items, resourceVersion, continue token, remainingItemCount)."""
         limit = int(query.get("limit") or 0)
         token = query.get("continue")
@@ -1947,13 +2488,21 @@ class ReadPath:
                 snapshot = data.get("snap", "")
                 with self.lock:
                     kept = self.snapshots.get(snapshot)
-                ttl = self.emu.faults.timing("continue_ttl", self.timing("continue_ttl"), info.store)
-                if kept is None or time.time() - kept[0] > ttl or data["rv"] < self.emu.store.compacted_rv:
+                ttl = self.emu.faults.timing(
+                    "continue_ttl", self.timing("continue_ttl"), info.store
+                )
+                if (
+                    kept is None
+                    or time.time() - kept[0] > ttl
+                    or data["rv"] < self.emu.store.compacted_rv
+                ):
                     raise ExpiredContinue(encode_continue(-1, data["start"]))
                 items, rv = kept[1], str(data["rv"])
-            start = bisect.bisect_right([(o["metadata"].get("namespace", ""), o["metadata"]["name"])
-                                         for o in items], data["start"])
-        page = items[start:start + limit] if limit > 0 else items[start:]
+            start = bisect.bisect_right(
+                [(o["metadata"].get("namespace", ""), o["metadata"]["name"]) for o in items],
+                data["start"],
+            )
+        page = items[start : start + limit] if limit > 0 else items[start:]
         if limit <= 0 or start + limit >= len(items):
             return page, rv, None, None
         if token and data["rv"] < 0:
@@ -1980,15 +2529,24 @@ def to_version(info: ResourceInfo, obj: dict) -> dict:
     obj = dict(obj)
     obj["kind"], obj["apiVersion"] = info.kind, info.api_version
     # JSON field order like the real server: kind/apiVersion first
-    return dict([("kind", obj.pop("kind")), ("apiVersion", obj.pop("apiVersion"))] + list(obj.items()))
+    return dict(
+        [("kind", obj.pop("kind")), ("apiVersion", obj.pop("apiVersion"))] + list(obj.items())
+    )
 
 
 class WatchView:
     """What one watch shows its client: the objects its namespace and selectors match, which of
     them the client has seen, and how each event is written (the object, its metadata or a Table)."""
 
-    def __init__(self, store: "Store", render: "Representation", info: ResourceInfo, ns: Optional[str],
-                 query: Dict[str, str], accept: str):
+    def __init__(
+        self,
+        store: "Store",
+        render: "Representation",
+        info: ResourceInfo,
+        ns: Optional[str],
+        query: Dict[str, str],
+        accept: str,
+    ):
         self.store = store
         self.render = render
         self.info = info
@@ -2059,11 +2617,20 @@ class WatchView:
         if etype in ("BOOKMARK", "ERROR"):
             o = obj
         elif self.mode == "table":
-            o = self.render.table(self.info, [obj], self.query, obj["metadata"]["resourceVersion"],
-                               headers=self.first_table)
+            o = self.render.table(
+                self.info,
+                [obj],
+                self.query,
+                obj["metadata"]["resourceVersion"],
+                headers=self.first_table,
+            )
             self.first_table = False
         elif self.mode == "metadata":
-            o = {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]}
+            o = {
+                "kind": "PartialObjectMetadata",
+                "apiVersion": "meta.k8s.io/v1",
+                "metadata": obj["metadata"],
+            }
         else:
             o = to_version(self.info, obj)
         return json.dumps({"type": etype, "object": o}, separators=(",", ":")).encode() + b"\n"
@@ -2074,8 +2641,13 @@ class WatchView:
             md["annotations"] = {"k8s.io/initial-events-end": "true"}
         kind = self.info.kind if self.mode != "table" else "Table"
         api = self.info.api_version if self.mode != "table" else "meta.k8s.io/v1"
-        return json.dumps({"type": "BOOKMARK", "object": {"kind": kind, "apiVersion": api, "metadata": md}},
-                          separators=(",", ":")).encode() + b"\n"
+        return (
+            json.dumps(
+                {"type": "BOOKMARK", "object": {"kind": kind, "apiVersion": api, "metadata": md}},
+                separators=(",", ":"),
+            ).encode()
+            + b"\n"
+        )
 
 
 NOT_FOUND_MESSAGE = "the server could not find the requested resource"
@@ -2085,13 +2657,21 @@ NOT_ALLOWED_MESSAGE = "the server does not allow this method on the requested re
 INJECTED_ERRORS = {
     500: ("InternalError", 'an error on the server ("") has prevented the request from succeeding'),
     503: ("ServiceUnavailable", "the server is currently unable to handle the request"),
-    504: ("Timeout", "the server was unable to return a response in the time allotted, "
-                     "but may still be processing the request"),
-    429: ("TooManyRequests", "the server has received too many requests and has asked us "
-                             "to try again later"),
+    504: (
+        "Timeout",
+        "the server was unable to return a response in the time allotted, "
+        "but may still be processing the request",
+    ),
+    429: (
+        "TooManyRequests",
+        "the server has received too many requests and has asked us to try again later",
+    ),
     # As a validating admission webhook that denies the object answers (a registry policy, here).
-    403: ("Forbidden", 'admission webhook "registries.policy.example" denied the request: image is '
-                       'not from an allowed registry'),
+    403: (
+        "Forbidden",
+        'admission webhook "registries.policy.example" denied the request: image is '
+        "not from an allowed registry",
+    ),
 }
 
 
@@ -2123,11 +2703,12 @@ class UserInfo:
 
 # What any authenticated user may do without a grant of its own: the bootstrap ClusterRoles
 # system:discovery, system:public-info-viewer and system:basic-user.
-BASIC_USER_RESOURCES = {("authentication.k8s.io", "selfsubjectreviews"),
-                        ("authorization.k8s.io", "selfsubjectaccessreviews"),
-                        ("authorization.k8s.io", "selfsubjectrulesreviews")}
+BASIC_USER_RESOURCES = {
+    ("authentication.k8s.io", "selfsubjectreviews"),
+    ("authorization.k8s.io", "selfsubjectaccessreviews"),
+    ("authorization.k8s.io", "selfsubjectrulesreviews"),
+}
 ADMIN_BASIC_AUTH = "Basic " + base64.b64encode(b"admin:emulator").decode()
-
 
 
 class Authenticator:
@@ -2162,7 +2743,13 @@ class RequestAttributes:
     NAMESPACE_SUBRESOURCES = ("status", "finalize")
 
     def __init__(self, method: str, path: str, is_watch: bool):
-        self.group, self.resource, self.subresource, self.namespace, self.name = "", None, "", "", ""
+        self.group, self.resource, self.subresource, self.namespace, self.name = (
+            "",
+            None,
+            "",
+            "",
+            "",
+        )
         parts = [p for p in path.split("/") if p]
         if parts[:2] == ["api", "v1"]:
             rest = parts[2:]
@@ -2180,28 +2767,39 @@ class RequestAttributes:
             self.subresource = rest[2] if len(rest) > 2 else ""
         collection = {"GET": "list", "HEAD": "list", "POST": "create", "DELETE": "deletecollection"}
         one = {"GET": "get", "HEAD": "get", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
-        self.verb = "watch" if is_watch else (one if self.name else collection).get(method, method.lower())
+        self.verb = (
+            "watch" if is_watch else (one if self.name else collection).get(method, method.lower())
+        )
 
     def allowed_by(self, rules: List[dict]) -> bool:
         resource = self.resource + ("/" + self.subresource if self.subresource else "")
-        return any(self.group in (r.get("apiGroups") or []) or "*" in (r.get("apiGroups") or [])
-                   for r in rules
-                   if (resource in (r.get("resources") or []) or "*" in (r.get("resources") or []))
-                   and (self.verb in (r.get("verbs") or []) or "*" in (r.get("verbs") or [])))
+        return any(
+            self.group in (r.get("apiGroups") or []) or "*" in (r.get("apiGroups") or [])
+            for r in rules
+            if (resource in (r.get("resources") or []) or "*" in (r.get("resources") or []))
+            and (self.verb in (r.get("verbs") or []) or "*" in (r.get("verbs") or []))
+        )
 
     def forbidden(self, user: str) -> ApiError:
         """403 worded as the API server's (responsewriters.forbiddenMessage)."""
         qualified_resource = self.resource + ("." + self.group if self.group else "")
         label = '%s "%s"' % (qualified_resource, self.name) if self.name else qualified_resource
         resource = self.resource + ("/" + self.subresource if self.subresource else "")
-        scope = 'in the namespace "%s"' % self.namespace if self.namespace else "at the cluster scope"
+        scope = (
+            'in the namespace "%s"' % self.namespace if self.namespace else "at the cluster scope"
+        )
         details: Dict[str, Any] = {"kind": self.resource}
         if self.name:
             details["name"] = self.name
         if self.group:
             details["group"] = self.group
-        return ApiError(403, "Forbidden", '%s is forbidden: User "%s" cannot %s resource "%s" in API group "%s" %s'
-                        % (label, user, self.verb, resource, self.group, scope), details)
+        return ApiError(
+            403,
+            "Forbidden",
+            '%s is forbidden: User "%s" cannot %s resource "%s" in API group "%s" %s'
+            % (label, user, self.verb, resource, self.group, scope),
+            details,
+        )
 
 
 class Authorizer:
@@ -2213,7 +2811,10 @@ class Authorizer:
         if user.rules is None:
             return
         attributes = RequestAttributes(method, path, is_watch)
-        if attributes.resource is None or (attributes.group, attributes.resource) in BASIC_USER_RESOURCES:
+        if (
+            attributes.resource is None
+            or (attributes.group, attributes.resource) in BASIC_USER_RESOURCES
+        ):
             return
         if not attributes.allowed_by(user.rules):
             raise attributes.forbidden(user.name)
@@ -2233,14 +2834,25 @@ class SelfReview:
 
     def serve(self, h: _Handler, path: str, user: UserInfo) -> Optional[int]:
         parts = [p for p in path.split("/") if p]
-        if len(parts) != 4 or parts[:2] != ["apis", "authentication.k8s.io"] or parts[3] != "selfsubjectreviews" \
-                or parts[2] not in self.versions():
+        if (
+            len(parts) != 4
+            or parts[:2] != ["apis", "authentication.k8s.io"]
+            or parts[3] != "selfsubjectreviews"
+            or parts[2] not in self.versions()
+        ):
             return None
         if h.command != "POST":
             raise not_allowed()
-        return send_json(h, 201, {"kind": "SelfSubjectReview", "apiVersion": "authentication.k8s.io/" + parts[2],
-                                  "metadata": {"creationTimestamp": fmt_time(self.emu.api_now())},
-                                  "status": {"userInfo": user.info()}})
+        return send_json(
+            h,
+            201,
+            {
+                "kind": "SelfSubjectReview",
+                "apiVersion": "authentication.k8s.io/" + parts[2],
+                "metadata": {"creationTimestamp": fmt_time(self.emu.api_now())},
+                "status": {"userInfo": user.info()},
+            },
+        )
 
 
 class RequestFaults:
@@ -2249,8 +2861,9 @@ class RequestFaults:
     def __init__(self, emu: "Emulator"):
         self.emu = emu
 
-    def answer(self, h: _Handler, path: str, query: Dict[str, str], is_watch: bool,
-               user: str = "admin") -> Optional[int]:
+    def answer(
+        self, h: _Handler, path: str, query: Dict[str, str], is_watch: bool, user: str = "admin"
+    ) -> Optional[int]:
         """Delay the request as the faults ask, and answer it when a fault refuses it (else None)."""
         faults = self.emu.faults
         latency = faults.timing("api_latency", 0.0)
@@ -2258,24 +2871,40 @@ class RequestFaults:
             limit = parse_go_duration(query.get("timeout")) if not is_watch else None
             if limit is not None and limit < latency:
                 time.sleep(limit)
-                raise ApiError(504, "Timeout", "Timeout: request did not complete within requested timeout "
-                                               "- context deadline exceeded", {})
+                raise ApiError(
+                    504,
+                    "Timeout",
+                    "Timeout: request did not complete within requested timeout "
+                    "- context deadline exceeded",
+                    {},
+                )
             time.sleep(latency)
         for resource in faults.value("forbidden") or ():
             # RBAC without a grant for this resource (core group, cluster scope), as the real message reads.
             found = re.search(r"^/api/v1/%s(?:/([^/]+))?$" % re.escape(resource), path)
             if found:
                 verb = {"GET": "watch" if is_watch else ("get" if found.group(1) else "list")}.get(
-                    h.command, h.command.lower())
+                    h.command, h.command.lower()
+                )
                 named = resource if not found.group(1) else '%s "%s"' % (resource, found.group(1))
-                message = ('%s is forbidden: User "%s" cannot %s resource "%s" in API group "" at the '
-                           'cluster scope' % (named, user, verb, resource))
-                return send_json(h, 403, ApiError(403, "Forbidden", message, {"kind": resource}).status())
-        code = faults.take_request_error(path + ("?" + "&".join("%s=%s" % kv for kv in query.items())
-                                                 if query else ""))
+                message = (
+                    '%s is forbidden: User "%s" cannot %s resource "%s" in API group "" at the '
+                    "cluster scope" % (named, user, verb, resource)
+                )
+                return send_json(
+                    h, 403, ApiError(403, "Forbidden", message, {"kind": resource}).status()
+                )
+        code = faults.take_request_error(
+            path + ("?" + "&".join("%s=%s" % kv for kv in query.items()) if query else "")
+        )
         if code is not None:
             reason, msg = INJECTED_ERRORS.get(
-                code, ("InternalError", "an error on the server has prevented the request from succeeding"))
+                code,
+                (
+                    "InternalError",
+                    "an error on the server has prevented the request from succeeding",
+                ),
+            )
             return send_json(h, code, ApiError(code, reason, msg, {}).status())
         return None
 
@@ -2294,18 +2923,34 @@ class Discovery:
         if path == "/version":
             return send_json(h, 200, self.version())
         if path == "/api":
-            return send_json(h, 200, {"kind": "APIVersions", "versions": ["v1"],
-                                      "serverAddressByClientCIDRs": [
-                                          {"clientCIDR": "0.0.0.0/0",
-                                           "serverAddress": "127.0.0.1:%d" % self.api.port}]})
+            return send_json(
+                h,
+                200,
+                {
+                    "kind": "APIVersions",
+                    "versions": ["v1"],
+                    "serverAddressByClientCIDRs": [
+                        {"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1:%d" % self.api.port}
+                    ],
+                },
+            )
         if path == "/apis":
-            return send_json(h, 200, {"kind": "APIGroupList", "apiVersion": "v1",
-                                      "groups": [self.api_group(g) for g in self.groups()]})
+            return send_json(
+                h,
+                200,
+                {
+                    "kind": "APIGroupList",
+                    "apiVersion": "v1",
+                    "groups": [self.api_group(g) for g in self.groups()],
+                },
+            )
         if path.startswith("/openapi"):
             return self.openapi(h, path, query)
         parts = [p for p in path.split("/") if p]
         if len(parts) == 2 and parts[0] == "apis" and parts[1] in self.groups():
-            return send_json(h, 200, dict(self.api_group(parts[1]), kind="APIGroup", apiVersion="v1"))
+            return send_json(
+                h, 200, dict(self.api_group(parts[1]), kind="APIGroup", apiVersion="v1")
+            )
         if parts == ["api", "v1"]:
             return send_json(h, 200, self.resource_list("", "v1"))
         if len(parts) == 3 and parts[0] == "apis" and (parts[1], parts[2]) in GROUP_VERSIONS:
@@ -2314,13 +2959,21 @@ class Discovery:
 
     def version(self) -> dict:
         major, minor = version_tuple(self.emu.server_version)
-        return {"major": str(major), "minor": str(minor), "emulationMajor": str(major),
-                "emulationMinor": str(minor), "minCompatibilityMajor": str(major),
-                "minCompatibilityMinor": str(minor - 1),
-                "gitVersion": "v%d.%d.0" % (major, minor),
-                "gitCommit": hex64("v%d.%d.0" % (major, minor))[:40], "gitTreeState": "clean",
-                "buildDate": "2025-04-23T13:00:00Z", "goVersion": "go1.24.2", "compiler": "gc",
-                "platform": "linux/amd64"}
+        return {
+            "major": str(major),
+            "minor": str(minor),
+            "emulationMajor": str(major),
+            "emulationMinor": str(minor),
+            "minCompatibilityMajor": str(major),
+            "minCompatibilityMinor": str(minor - 1),
+            "gitVersion": "v%d.%d.0" % (major, minor),
+            "gitCommit": hex64("v%d.%d.0" % (major, minor))[:40],
+            "gitTreeState": "clean",
+            "buildDate": "2025-04-23T13:00:00Z",
+            "goVersion": "go1.24.2",
+            "compiler": "gc",
+            "platform": "linux/amd64",
+        }
 
     @staticmethod
     def groups() -> List[str]:
@@ -2332,7 +2985,11 @@ class Discovery:
 
     @staticmethod
     def api_group(group: str) -> dict:
-        versions = [{"groupVersion": "%s/%s" % (group, v), "version": v} for g, v in GROUP_VERSIONS if g == group]
+        versions = [
+            {"groupVersion": "%s/%s" % (group, v), "version": v}
+            for g, v in GROUP_VERSIONS
+            if g == group
+        ]
         return {"name": group, "versions": versions, "preferredVersion": versions[0]}
 
     @staticmethod
@@ -2341,19 +2998,31 @@ class Discovery:
         for r in RESOURCES:
             if r.group != group or r.version != version:
                 continue
-            item: Dict[str, Any] = {"name": r.plural, "singularName": r.singular, "namespaced": r.namespaced,
-                                    "kind": r.kind, "verbs": list(VERBS),
-                                    "storageVersionHash": base64.b64encode(
-                                        hashlib.sha256(r.api_version.encode() + r.plural.encode()).digest()[:8]
-                                    ).decode()}
+            item: Dict[str, Any] = {
+                "name": r.plural,
+                "singularName": r.singular,
+                "namespaced": r.namespaced,
+                "kind": r.kind,
+                "verbs": list(VERBS),
+                "storageVersionHash": base64.b64encode(
+                    hashlib.sha256(r.api_version.encode() + r.plural.encode()).digest()[:8]
+                ).decode(),
+            }
             if r.short_names:
                 item["shortNames"] = list(r.short_names)
             if r.categories:
                 item["categories"] = list(r.categories)
             res.append(item)
             for sub, verbs in r.subresources.items():
-                res.append({"name": "%s/%s" % (r.plural, sub), "singularName": "", "namespaced": r.namespaced,
-                            "kind": r.kind if sub != "log" else "Pod", "verbs": verbs})
+                res.append(
+                    {
+                        "name": "%s/%s" % (r.plural, sub),
+                        "singularName": "",
+                        "namespaced": r.namespaced,
+                        "kind": r.kind if sub != "log" else "Pod",
+                        "verbs": verbs,
+                    }
+                )
         gv = version if not group else "%s/%s" % (group, version)
         return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": res}
 
@@ -2362,24 +3031,40 @@ class Discovery:
         if path == "/openapi/v2":
             accept = h.headers.get("Accept", "")
             if "protobuf" in accept:
-                return send_bytes(h, 200, openapi_v2_protobuf(server_version),
-                                  "application/com.github.proto-openapi.spec.v2.v1.0+protobuf")
-            return send_json(h, 200, {"swagger": "2.0", "info": {"title": "Kubernetes",
-                                                                "version": "v%s.0" % server_version},
-                                      "paths": {}, "definitions": {}})
+                return send_bytes(
+                    h,
+                    200,
+                    openapi_v2_protobuf(server_version),
+                    "application/com.github.proto-openapi.spec.v2.v1.0+protobuf",
+                )
+            return send_json(
+                h,
+                200,
+                {
+                    "swagger": "2.0",
+                    "info": {"title": "Kubernetes", "version": "v%s.0" % server_version},
+                    "paths": {},
+                    "definitions": {},
+                },
+            )
         if path == "/openapi/v3":
             paths = {}
             for g, v in GROUP_VERSIONS:
                 gvp = "api/v1" if not g else "apis/%s/%s" % (g, v)
                 doc = json.dumps(openapi_v3_doc(g, v, server_version), sort_keys=True).encode()
-                paths[gvp] = {"serverRelativeURL": "/openapi/v3/%s?hash=%s"
-                                                   % (gvp, hashlib.sha512(doc).hexdigest().upper()[:128])}
+                paths[gvp] = {
+                    "serverRelativeURL": "/openapi/v3/%s?hash=%s"
+                    % (gvp, hashlib.sha512(doc).hexdigest().upper()[:128])
+                }
             return send_json(h, 200, {"paths": paths})
-        rest = path[len("/openapi/v3/"):]
+        rest = path[len("/openapi/v3/") :]
         for g, v in GROUP_VERSIONS:
             gvp = "api/v1" if not g else "apis/%s/%s" % (g, v)
             if rest == gvp:
-                headers = {"Cache-Control": "public, immutable", "Etag": '"%s"' % query.get("hash", "")}
+                headers = {
+                    "Cache-Control": "public, immutable",
+                    "Etag": '"%s"' % query.get("hash", ""),
+                }
                 data = json.dumps(openapi_v3_doc(g, v, server_version), sort_keys=True).encode()
                 return send_bytes(h, 200, data, "application/json", headers)
         raise not_found()
@@ -2404,11 +3089,22 @@ class Representation:
         if mode == "table":
             return self.table(info, [obj], query, str(obj["metadata"].get("resourceVersion", "")))
         if mode == "metadata":
-            return {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]}
+            return {
+                "kind": "PartialObjectMetadata",
+                "apiVersion": "meta.k8s.io/v1",
+                "metadata": obj["metadata"],
+            }
         return to_version(info, obj)
 
-    def table(self, info: ResourceInfo, objs: List[dict], query: Dict[str, str], rv: str,
-              cont: Optional[str] = None, headers: bool = True) -> dict:
+    def table(
+        self,
+        info: ResourceInfo,
+        objs: List[dict],
+        query: Dict[str, str],
+        rv: str,
+        cont: Optional[str] = None,
+        headers: bool = True,
+    ) -> dict:
         include = query.get("includeObject", "Metadata")
         now = self.emu.api_now()
         rows = []
@@ -2417,17 +3113,33 @@ class Representation:
             if include == "Object":
                 row["object"] = to_version(info, o)
             elif include != "None":
-                row["object"] = {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
-                                 "metadata": o["metadata"]}
+                row["object"] = {
+                    "kind": "PartialObjectMetadata",
+                    "apiVersion": "meta.k8s.io/v1",
+                    "metadata": o["metadata"],
+                }
             rows.append(row)
         md: Dict[str, Any] = {"resourceVersion": rv}
         if cont:
             md["continue"] = cont
-        return {"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": md,
-                "columnDefinitions": table_columns(info.store) if headers else None, "rows": rows}
+        return {
+            "kind": "Table",
+            "apiVersion": "meta.k8s.io/v1",
+            "metadata": md,
+            "columnDefinitions": table_columns(info.store) if headers else None,
+            "rows": rows,
+        }
 
-    def list(self, info: ResourceInfo, page: List[dict], rv: str, cont: Optional[str], remaining: Optional[int],
-             query: Dict[str, str], accept: str) -> dict:
+    def list(
+        self,
+        info: ResourceInfo,
+        page: List[dict],
+        rv: str,
+        cont: Optional[str],
+        remaining: Optional[int],
+        query: Dict[str, str],
+        accept: str,
+    ) -> dict:
         """One page of a list as the client asked for it."""
         mode = self.wants(accept)
         if mode == "table":
@@ -2438,16 +3150,31 @@ class Representation:
             if remaining is not None:
                 md["remainingItemCount"] = remaining
         if mode == "metadata":
-            return {"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": md,
-                    "items": [{"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
-                               "metadata": o["metadata"]} for o in page]}
+            return {
+                "kind": "PartialObjectMetadataList",
+                "apiVersion": "meta.k8s.io/v1",
+                "metadata": md,
+                "items": [
+                    {
+                        "kind": "PartialObjectMetadata",
+                        "apiVersion": "meta.k8s.io/v1",
+                        "metadata": o["metadata"],
+                    }
+                    for o in page
+                ],
+            }
         out_items = []
         for o in page:
             v = to_version(info, o)
             v.pop("kind", None)
             v.pop("apiVersion", None)
             out_items.append(v)
-        return {"kind": info.kind + "List", "apiVersion": info.api_version, "metadata": md, "items": out_items}
+        return {
+            "kind": info.kind + "List",
+            "apiVersion": info.api_version,
+            "metadata": md,
+            "items": out_items,
+        }
 
 
 class WatchServer:
@@ -2458,16 +3185,27 @@ class WatchServer:
         self.emu = api.emu
         self.store = api.store
 
-    def serve(self, h: _Handler, info: ResourceInfo, ns: Optional[str], query: Dict[str, str], accept: str) -> int:
+    def serve(
+        self, h: _Handler, info: ResourceInfo, ns: Optional[str], query: Dict[str, str], accept: str
+    ) -> int:
         emu = self.emu
         view = WatchView(self.store, self.api.render, info, ns, query, accept)
         bookmarks = is_true(query.get("allowWatchBookmarks"))
         send_initial = is_true(query.get("sendInitialEvents"))
         rv_param = query.get("resourceVersion", "")
         if send_initial and query.get("resourceVersionMatch") != "NotOlderThan":
-            raise err_invalid(ListOptionsInfo, "", [("sendInitialEvents", "FieldValueForbidden",
-                              "Forbidden: sendInitialEvents is forbidden for watch unless the "
-                              "resourceVersionMatch is set to NotOlderThan")])
+            raise err_invalid(
+                ListOptionsInfo,
+                "",
+                [
+                    (
+                        "sendInitialEvents",
+                        "FieldValueForbidden",
+                        "Forbidden: sendInitialEvents is forbidden for watch unless the "
+                        "resourceVersionMatch is set to NotOlderThan",
+                    )
+                ],
+            )
         timeout = None
         if query.get("timeoutSeconds"):
             timeout = float(query["timeoutSeconds"])
@@ -2478,8 +3216,11 @@ class WatchServer:
         try:
             if expired:
                 emu.watches_expired += 1
-                err = ApiError(410, "Expired", "too old resource version: %s (%d)"
-                               % (rv_param, self.store.compacted_rv))
+                err = ApiError(
+                    410,
+                    "Expired",
+                    "too old resource version: %s (%d)" % (rv_param, self.store.compacted_rv),
+                )
                 write_chunk(h, view.encode("ERROR", err.status()))
                 end_chunked(h)
                 return 200
@@ -2493,22 +3234,38 @@ class WatchServer:
         end_chunked(h)
         return 200
 
-    def _follow(self, h: _Handler, view: "WatchView", info: ResourceInfo, cursor: int, deadline: float,
-                bookmarks: bool, gen: int) -> None:
+    def _follow(
+        self,
+        h: _Handler,
+        view: "WatchView",
+        info: ResourceInfo,
+        cursor: int,
+        deadline: float,
+        bookmarks: bool,
+        gen: int,
+    ) -> None:
         """Send the store's events after `cursor` (and bookmarks) until the watch ends."""
         emu, store = self.emu, self.store
         last_bookmark = time.time()
         interval = float(emu.timing["bookmark_interval"])
         while True:
             now = time.time()
-            if now >= deadline or self.api.generation != gen or emu._stopping.is_set() or client_gone(h):
+            if (
+                now >= deadline
+                or self.api.generation != gen
+                or emu._stopping.is_set()
+                or client_gone(h)
+            ):
                 break
             with store.cond:
                 try:
                     events = store.events_since(cursor)
                 except Expired:
-                    err = ApiError(410, "Expired", "too old resource version: %d (%d)"
-                                   % (cursor, store.compacted_rv))
+                    err = ApiError(
+                        410,
+                        "Expired",
+                        "too old resource version: %d (%d)" % (cursor, store.compacted_rv),
+                    )
                     events = None
                     emu.watches_expired += 1
                 if events == []:
@@ -2537,7 +3294,9 @@ class LogServer:
         self.api = api
         self.emu = api.emu
 
-    def serve(self, h: _Handler, info: ResourceInfo, ns: str, name: str, query: Dict[str, str]) -> int:
+    def serve(
+        self, h: _Handler, info: ResourceInfo, ns: str, name: str, query: Dict[str, str]
+    ) -> int:
         emu = self.emu
         pod = self.api.get_object(info, ns, name)
         run = self.container_run(pod, query)
@@ -2546,10 +3305,16 @@ class LogServer:
             # container, so the runtime's failure arrives as the body.
             statuses = (pod.get("status") or {}).get("containerStatuses") or [{}]
             container_id = statuses[0].get("containerID") or "containerd://" + "0" * 64
-            return send_bytes(h, 200, b"unable to retrieve container logs for " + container_id.encode(),
-                              "text/plain")
+            return send_bytes(
+                h,
+                200,
+                b"unable to retrieve container logs for " + container_id.encode(),
+                "text/plain",
+            )
         tail = int(query["tailLines"]) if query.get("tailLines") not in (None, "") else None
-        limit_bytes = int(query["limitBytes"]) if query.get("limitBytes") not in (None, "") else None
+        limit_bytes = (
+            int(query["limitBytes"]) if query.get("limitBytes") not in (None, "") else None
+        )
         since = None
         if query.get("sinceSeconds"):
             since = emu.api_now() - float(query["sinceSeconds"])
@@ -2591,8 +3356,16 @@ class LogServer:
         end_chunked(h)
         return 200
 
-    def _follow(self, h: _Handler, run: ContainerLog, pos: int, render: Callable[[List[Tuple[float, bytes]]], bytes],
-                sent: int, limit_bytes: Optional[int], gen: int) -> None:
+    def _follow(
+        self,
+        h: _Handler,
+        run: ContainerLog,
+        pos: int,
+        render: Callable[[List[Tuple[float, bytes]]], bytes],
+        sent: int,
+        limit_bytes: Optional[int],
+        gen: int,
+    ) -> None:
         """Send the lines the run writes after `pos` until it ends, the limit is reached or the client leaves."""
         while limit_bytes is None or sent < limit_bytes:
             with run.cond:
@@ -2604,10 +3377,15 @@ class LogServer:
             if new:
                 chunk = render(new)
                 if limit_bytes is not None:
-                    chunk = chunk[:limit_bytes - sent]
+                    chunk = chunk[: limit_bytes - sent]
                 write_chunk(h, chunk)
                 sent += len(chunk)
-            if closed or self.api.generation != gen or self.emu._stopping.is_set() or client_gone(h):
+            if (
+                closed
+                or self.api.generation != gen
+                or self.emu._stopping.is_set()
+                or client_gone(h)
+            ):
                 break
 
     def container_run(self, pod: dict, query: Dict[str, str]) -> ContainerLog:
@@ -2618,8 +3396,10 @@ class LogServer:
         cname = query.get("container")
         if not cname:
             if len(containers) != 1:
-                raise err_bad_request("a container name must be specified for pod %s, choose one of: [%s]"
-                                      % (name, " ".join(containers)))
+                raise err_bad_request(
+                    "a container name must be specified for pod %s, choose one of: [%s]"
+                    % (name, " ".join(containers))
+                )
             cname = containers[0]
         if cname not in containers:
             raise err_bad_request("container %s is not valid for pod %s" % (cname, name))
@@ -2629,20 +3409,26 @@ class LogServer:
         idx = emu.truth_record.pod_index(pod["metadata"]["uid"])
         if emu.faults.applies("unreadable_logs", idx):
             host_ip = (pod.get("status") or {}).get("hostIP") or emu.node_ip(node)
-            msg = ('Get "https://%s:10250/containerLogs/%s/%s/%s": dial tcp %s:10250: connect: connection refused'
-                   % (host_ip, ns, name, cname, host_ip))
+            msg = (
+                'Get "https://%s:10250/containerLogs/%s/%s/%s": dial tcp %s:10250: connect: connection refused'
+                % (host_ip, ns, name, cname, host_ip)
+            )
             raise ApiError(500, "", msg)
         runs = emu.logs.get((pod["metadata"]["uid"], cname)) or []
         if is_true(query.get("previous")):
             if len(runs) < 2:
-                raise err_bad_request('previous terminated container "%s" in pod "%s" not found' % (cname, name))
+                raise err_bad_request(
+                    'previous terminated container "%s" in pod "%s" not found' % (cname, name)
+                )
             return runs[-2]
         if not runs:
             reason = "ContainerCreating"
             for cs in (pod.get("status") or {}).get("containerStatuses") or []:
                 if cs.get("name") == cname and (cs.get("state") or {}).get("waiting"):
                     reason = cs["state"]["waiting"].get("reason") or reason
-            raise err_bad_request('container "%s" in pod "%s" is waiting to start: %s' % (cname, name, reason))
+            raise err_bad_request(
+                'container "%s" in pod "%s" is waiting to start: %s' % (cname, name, reason)
+            )
         return runs[-1]
 
 
@@ -2675,13 +3461,18 @@ class ApiServer:
         self.httpd = _HTTPServer(("127.0.0.1", port), _Handler)
         self.httpd.api = self  # type: ignore[attr-defined]
         self.port = self.httpd.server_address[1]
-        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.1},
-                                       name="kube-emulator-http", daemon=True)
+        self.thread = threading.Thread(
+            target=self.httpd.serve_forever,
+            kwargs={"poll_interval": 0.1},
+            name="kube-emulator-http",
+            daemon=True,
+        )
         self.thread.start()
 
     def listen_tls(self, context: Any, port: int = 0) -> None:
         """Serve the same API over TLS as well (for users with tokens), on `port` or a free one."""
         import ssl
+
         self.tls_context = context
         httpd = _HTTPServer(("127.0.0.1", port), _Handler)
         httpd.api = self  # type: ignore[attr-defined]
@@ -2689,8 +3480,12 @@ class ApiServer:
         httpd.socket = context.wrap_socket(httpd.socket, server_side=True)
         self.tls_httpd = httpd
         self.tls_port = httpd.server_address[1]
-        threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.1},
-                         name="kube-emulator-https", daemon=True).start()
+        threading.Thread(
+            target=httpd.serve_forever,
+            kwargs={"poll_interval": 0.1},
+            name="kube-emulator-https",
+            daemon=True,
+        ).start()
 
     def close(self) -> None:
         self.generation += 1
@@ -2716,10 +3511,17 @@ class ApiServer:
         query = {k: v[-1] for k, v in qs.items()}
         body = read_body(h)
         is_watch = is_true(query.get("watch"))
-        entry: Dict[str, Any] = {"at": t0, "method": h.command, "path": path, "query": query,
-                                 "status": None, "user_agent": h.headers.get("User-Agent", ""),
-                                 "watch": is_watch, "accept": h.headers.get("Accept", ""),
-                                 "content_type": h.headers.get("Content-Type", "")}
+        entry: Dict[str, Any] = {
+            "at": t0,
+            "method": h.command,
+            "path": path,
+            "query": query,
+            "status": None,
+            "user_agent": h.headers.get("User-Agent", ""),
+            "watch": is_watch,
+            "accept": h.headers.get("Accept", ""),
+            "content_type": h.headers.get("Content-Type", ""),
+        }
         with self.emu._req_lock:
             self.emu.requests.append(entry)
         h.request_entry = entry  # type: ignore[attr-defined]
@@ -2738,11 +3540,15 @@ class ApiServer:
             code = 499
         except Exception as e:  # pragma: no cover - surfaced as a 500 like a real server
             traceback.print_exc()
-            code = send_json(h, 500, ApiError(500, "InternalError", "Internal error occurred: %s" % e).status())
+            code = send_json(
+                h, 500, ApiError(500, "InternalError", "Internal error occurred: %s" % e).status()
+            )
         entry["status"] = code
 
     # -- routing ----------------------------------------------------------
-    def route(self, h: _Handler, path: str, query: Dict[str, str], body: bytes, is_watch: bool) -> int:
+    def route(
+        self, h: _Handler, path: str, query: Dict[str, str], body: bytes, is_watch: bool
+    ) -> int:
         code = self.discovery.serve(h, path, query)
         if code is not None:
             return code
@@ -2758,16 +3564,21 @@ class ApiServer:
         info, ns, name, sub = self._parse_resource_path(group, version, rest)
         return self._serve_resource(h, h.command, info, ns, name, sub, query, body, is_watch)
 
-    def _parse_resource_path(self, group: str, version: str,
-                             rest: List[str]) -> Tuple[ResourceInfo, Optional[str], Optional[str], Optional[str]]:
+    def _parse_resource_path(
+        self, group: str, version: str, rest: List[str]
+    ) -> Tuple[ResourceInfo, Optional[str], Optional[str], Optional[str]]:
         def need(plural: str) -> ResourceInfo:
             info = find_resource(group, version, plural)
             if info is None:
                 raise not_found()
             return info
 
-        if rest[0] == "namespaces" and len(rest) >= 3 and find_resource(group, version, rest[2]) is not None \
-                and find_resource(group, version, rest[2]).namespaced:
+        if (
+            rest[0] == "namespaces"
+            and len(rest) >= 3
+            and find_resource(group, version, rest[2]) is not None
+            and find_resource(group, version, rest[2]).namespaced
+        ):
             info = need(rest[2])
             ns = rest[1]
             name = rest[3] if len(rest) > 3 else None
@@ -2783,9 +3594,18 @@ class ApiServer:
         return info, None, name, sub
 
     # -- resources --------------------------------------------------------
-    def _serve_resource(self, h: _Handler, method: str, info: ResourceInfo, ns: Optional[str],
-                        name: Optional[str], sub: Optional[str], query: Dict[str, str],
-                        body: bytes, is_watch: bool) -> int:
+    def _serve_resource(
+        self,
+        h: _Handler,
+        method: str,
+        info: ResourceInfo,
+        ns: Optional[str],
+        name: Optional[str],
+        sub: Optional[str],
+        query: Dict[str, str],
+        body: bytes,
+        is_watch: bool,
+    ) -> int:
         if info.namespaced is False and ns is not None:
             raise not_found()
         if sub is not None and sub not in info.subresources:
@@ -2797,13 +3617,18 @@ class ApiServer:
             return self._delete(h, info, ns, name, query, body, accept)
         if method not in ("POST", "PUT", "PATCH"):
             raise not_allowed()
-        if (method == "POST") != (name is None):  # POST names a collection, PUT and PATCH one object
+        if (method == "POST") != (
+            name is None
+        ):  # POST names a collection, PUT and PATCH one object
             raise not_allowed()
         writes = self.emu.writes
         if method == "POST":
             obj, warnings = writes.api_create(info, ns, self.decode_body(h, body), query)
-            headers = {"Warning": ", ".join('299 - "%s"' % w.replace('"', '\\"') for w in warnings)} \
-                if warnings else None
+            headers = (
+                {"Warning": ", ".join('299 - "%s"' % w.replace('"', '\\"') for w in warnings)}
+                if warnings
+                else None
+            )
             return send_json(h, 201, self.render.single(info, obj, accept, query), headers)
         if method == "PUT":
             obj = writes.api_update(info, ns, name, sub, self.decode_body(h, body), query)
@@ -2816,8 +3641,17 @@ class ApiServer:
             obj = writes.api_patch(info, ns, name, sub, ctype, patch, query)
         return send_json(h, 200, self.render.single(info, obj, accept, query))
 
-    def _read(self, h: _Handler, info: ResourceInfo, ns: Optional[str], name: Optional[str], sub: Optional[str],
-              query: Dict[str, str], accept: str, is_watch: bool) -> int:
+    def _read(
+        self,
+        h: _Handler,
+        info: ResourceInfo,
+        ns: Optional[str],
+        name: Optional[str],
+        sub: Optional[str],
+        query: Dict[str, str],
+        accept: str,
+        is_watch: bool,
+    ) -> int:
         """GET: a list, a watch, a pod's log or one object."""
         if name is None:
             if is_watch:
@@ -2831,8 +3665,16 @@ class ApiServer:
         obj = self.get_object(info, ns, name)
         return send_json(h, 200, self.render.single(info, obj, accept, query))
 
-    def _delete(self, h: _Handler, info: ResourceInfo, ns: Optional[str], name: Optional[str],
-                query: Dict[str, str], body: bytes, accept: str) -> int:
+    def _delete(
+        self,
+        h: _Handler,
+        info: ResourceInfo,
+        ns: Optional[str],
+        name: Optional[str],
+        query: Dict[str, str],
+        body: bytes,
+        accept: str,
+    ) -> int:
         """DELETE of one object, or of every object a list would return (deletecollection)."""
         writes = self.emu.writes
         opts: Dict[str, Any] = {}
@@ -2851,10 +3693,14 @@ class ApiServer:
             items = self.list_objects(info, ns, query)
             for it in items:
                 try:
-                    writes.api_delete(info, it["metadata"].get("namespace"), it["metadata"]["name"], opts)
+                    writes.api_delete(
+                        info, it["metadata"].get("namespace"), it["metadata"]["name"], opts
+                    )
                 except ApiError:
                     pass
-            return send_json(h, 200, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"})
+            return send_json(
+                h, 200, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"}
+            )
         code, out = writes.api_delete(info, ns, name, opts)
         if out.get("kind") != "Status":
             out = self.render.single(info, out, accept, query)
@@ -2863,15 +3709,22 @@ class ApiServer:
     def decode_body(self, h: _Handler, body: bytes) -> dict:
         ctype = (h.headers.get("Content-Type") or "application/json").split(";")[0].strip()
         if "protobuf" in ctype:
-            raise ApiError(415, "UnsupportedMediaType", 'the body of the request was in an unknown format - '
-                           'accepted media types include: application/json, application/yaml', {})
+            raise ApiError(
+                415,
+                "UnsupportedMediaType",
+                "the body of the request was in an unknown format - "
+                "accepted media types include: application/json, application/yaml",
+                {},
+            )
         try:
             obj = json.loads(body or b"{}")
         except ValueError as e:
             raise err_bad_request("couldn't get version/kind; json parse error: %s" % e) from None
         if not isinstance(obj, dict):
-            raise err_bad_request("couldn't get version/kind; json parse error: json: cannot unmarshal "
-                                  "array into Go value of type struct")
+            raise err_bad_request(
+                "couldn't get version/kind; json parse error: json: cannot unmarshal "
+                "array into Go value of type struct"
+            )
         return obj
 
     def get_object(self, info: ResourceInfo, ns: Optional[str], name: str) -> dict:
@@ -2880,7 +3733,9 @@ class ApiServer:
             raise err_not_found(info, name)
         return obj
 
-    def list_objects(self, info: ResourceInfo, ns: Optional[str], query: Dict[str, str]) -> List[dict]:
+    def list_objects(
+        self, info: ResourceInfo, ns: Optional[str], query: Dict[str, str]
+    ) -> List[dict]:
         """The matching objects as stored, sorted, not copied (the store replaces, never mutates,
         what it holds): copying every object for every page made a list of tens of thousands of
         events slower than a request may take."""
@@ -2890,7 +3745,9 @@ class ApiServer:
         fsel = FieldSelector(query.get("fieldSelector", ""))
         return [o for o in objs if lsel.matches(o["metadata"].get("labels")) and fsel.matches(o)]
 
-    def list_response(self, info: ResourceInfo, ns: Optional[str], query: Dict[str, str], accept: str) -> dict:
+    def list_response(
+        self, info: ResourceInfo, ns: Optional[str], query: Dict[str, str], accept: str
+    ) -> dict:
         self.emu.reads.before_list(info, query)
 
         def current() -> Tuple[List[dict], str]:
@@ -2918,6 +3775,7 @@ def parse_go_duration(text: Optional[str]) -> Optional[float]:
 # --------------------------------------------------------------------------
 # controller plumbing
 # --------------------------------------------------------------------------
+
 
 class WorkQueue:
     """A de-duplicating delayed work queue (like client-go's delaying queue)."""
@@ -3018,6 +3876,7 @@ def pod_terminal(pod: dict) -> bool:
 # Job controller
 # --------------------------------------------------------------------------
 
+
 class JobSync:
     """One pass of the Job controller over one Job: what it read and what it has counted so far."""
 
@@ -3037,9 +3896,15 @@ class JobSync:
         self.fail_job_message: Optional[str] = None  # a pod failure policy's FailJob rule matched
         self.succeeded = 0
         self.failed = 0
-        self.active = [p for p in pods if not pod_terminal(p) and not p["metadata"].get("deletionTimestamp")]
-        self.terminating = [p for p in pods if not pod_terminal(p) and p["metadata"].get("deletionTimestamp")]
-        self.ready = sum(1 for p in self.active if cond_true((p.get("status") or {}).get("conditions"), "Ready"))
+        self.active = [
+            p for p in pods if not pod_terminal(p) and not p["metadata"].get("deletionTimestamp")
+        ]
+        self.terminating = [
+            p for p in pods if not pod_terminal(p) and p["metadata"].get("deletionTimestamp")
+        ]
+        self.ready = sum(
+            1 for p in self.active if cond_true((p.get("status") or {}).get("conditions"), "Ready")
+        )
 
 
 class JobController(Controller):
@@ -3065,8 +3930,11 @@ class JobController(Controller):
             ref = controller_ref(obj)
             if ref and ref.get("kind") == "Job":
                 self.queue.add((md.get("namespace", ""), ref["name"]), self._status_lag())
-                if etype != "DELETED" and JOB_TRACKING_FINALIZER in (md.get("finalizers") or []) \
-                        and self.store.by_uid(ref.get("uid", "")) is None:
+                if (
+                    etype != "DELETED"
+                    and JOB_TRACKING_FINALIZER in (md.get("finalizers") or [])
+                    and self.store.by_uid(ref.get("uid", "")) is None
+                ):
                     self.queue.add(("orphan", md.get("namespace", ""), md["name"]), 0.0)
 
     def resync(self) -> None:
@@ -3090,8 +3958,11 @@ class JobController(Controller):
         if job is None:
             return
         uid = job["metadata"]["uid"]
-        pods = [p for p in self.store.list_raw("pods", ns)
-                if any(r.get("uid") == uid and r.get("controller") for r in owner_refs(p))]
+        pods = [
+            p
+            for p in self.store.list_raw("pods", ns)
+            if any(r.get("uid") == uid and r.get("controller") for r in owner_refs(p))
+        ]
         if stalled and len(pods) >= int(stalled):
             return  # stalls once it has made this many pods: they run on, the Job stays unfinished
         js = JobSync(job, pods, self.emu.api_now())
@@ -3113,13 +3984,20 @@ class JobController(Controller):
             finished = phase in ("Succeeded", "Failed") or bool(pmd.get("deletionTimestamp"))
             if not finished or (policy is not None and phase not in ("Succeeded", "Failed")):
                 continue  # with a podFailurePolicy only a terminal pod counts (isPodFailed)
-            if pmd["uid"] not in counted and JOB_TRACKING_FINALIZER in (pmd.get("finalizers") or []):
+            if pmd["uid"] not in counted and JOB_TRACKING_FINALIZER in (
+                pmd.get("finalizers") or []
+            ):
                 counted.add(pmd["uid"])
                 if phase == "Succeeded":
                     new_succ += 1
                     if js.indexed:
-                        js.done_idx.add(int((pmd.get("annotations") or {}).get(
-                            "batch.kubernetes.io/job-completion-index", "0")))
+                        js.done_idx.add(
+                            int(
+                                (pmd.get("annotations") or {}).get(
+                                    "batch.kubernetes.io/job-completion-index", "0"
+                                )
+                            )
+                        )
                 elif policy is None and not js.per_index and pmd["uid"] in emu.replaced_uids:
                     pass  # replace_pod fault: treated like podFailurePolicy Ignore on DisruptionTarget
                 elif policy is not None or js.per_index:
@@ -3130,18 +4008,32 @@ class JobController(Controller):
                         new_fail += 1
                         self.last_failure[uid] = time.time()
                     if js.per_index:
-                        ix = int((pmd.get("annotations") or {}).get(
-                            "batch.kubernetes.io/job-completion-index", "0"))
+                        ix = int(
+                            (pmd.get("annotations") or {}).get(
+                                "batch.kubernetes.io/job-completion-index", "0"
+                            )
+                        )
                         fails, ignored = index_failure_counts(p)
-                        if action == "FailIndex" or (count_failed and fails >= spec["backoffLimitPerIndex"]):
+                        if action == "FailIndex" or (
+                            count_failed and fails >= spec["backoffLimitPerIndex"]
+                        ):
                             js.failed_idx.add(ix)
-                        self.index_failures[(uid, ix)] = (fails + 1, ignored, time.time()) if count_failed \
-                            else (fails, ignored + 1, self.index_failures.get((uid, ix), (0, 0, 0.0))[2])
+                        self.index_failures[(uid, ix)] = (
+                            (fails + 1, ignored, time.time())
+                            if count_failed
+                            else (
+                                fails,
+                                ignored + 1,
+                                self.index_failures.get((uid, ix), (0, 0, 0.0))[2],
+                            )
+                        )
                 else:
                     new_fail += 1
                     self.last_failure[uid] = time.time()
             if JOB_TRACKING_FINALIZER in (pmd.get("finalizers") or []):
-                self.store.update("pods", js.ns, pmd["name"], _drop_finalizer(JOB_TRACKING_FINALIZER))
+                self.store.update(
+                    "pods", js.ns, pmd["name"], _drop_finalizer(JOB_TRACKING_FINALIZER)
+                )
         js.succeeded = len(js.done_idx) if js.indexed else js.status.get("succeeded", 0) + new_succ
         js.failed = js.status.get("failed", 0) + new_fail
 
@@ -3162,8 +4054,14 @@ class JobController(Controller):
             met = find_condition(conds, "SuccessCriteriaMet") or {}
             self._delete_pods(job, js.active)
             if not js.active and not js.terminating:
-                self._finish(job, conds, "Complete", met.get("reason") or "CompletionsReached",
-                             met.get("message") or self.COMPLETE_MSG, status)
+                self._finish(
+                    job,
+                    conds,
+                    "Complete",
+                    met.get("reason") or "CompletionsReached",
+                    met.get("message") or self.COMPLETE_MSG,
+                    status,
+                )
             return
         completions = spec.get("completions")
         fail_reason, fail_msg = self._failure(js)
@@ -3176,7 +4074,10 @@ class JobController(Controller):
         if fail_reason:
             js.active = self._delete_pods(job, js.active) or []
             if new_ver:
-                set_condition(conds, condition("FailureTarget", "True", js.now, fail_reason, fail_msg, probe=True))
+                set_condition(
+                    conds,
+                    condition("FailureTarget", "True", js.now, fail_reason, fail_msg, probe=True),
+                )
                 self.emu.truth_record.note("jobs", "%s/%s" % key, "failure_target")
                 self.queue.add(key, 0.05)
             else:
@@ -3185,14 +4086,27 @@ class JobController(Controller):
             # Enough indexes succeeded: the rest are stopped, never counted as the Job's failure,
             # and the Job is Complete once they have all terminated.
             js.active = self._delete_pods(job, js.active) or []
-            set_condition(conds, condition("SuccessCriteriaMet", "True", js.now, "SuccessPolicy", policy_met,
-                                           probe=True))
+            set_condition(
+                conds,
+                condition(
+                    "SuccessCriteriaMet", "True", js.now, "SuccessPolicy", policy_met, probe=True
+                ),
+            )
             self.emu.truth_record.note("jobs", "%s/%s" % key, "success_criteria_met")
             self.queue.add(key, 0.05)
         elif success:
             if new_ver:
-                set_condition(conds, condition("SuccessCriteriaMet", "True", js.now, "CompletionsReached",
-                                               self.COMPLETE_MSG, probe=True))
+                set_condition(
+                    conds,
+                    condition(
+                        "SuccessCriteriaMet",
+                        "True",
+                        js.now,
+                        "CompletionsReached",
+                        self.COMPLETE_MSG,
+                        probe=True,
+                    ),
+                )
                 self.emu.truth_record.note("jobs", "%s/%s" % key, "success_criteria_met")
                 self.queue.add(key, 0.05)
             else:
@@ -3200,8 +4114,14 @@ class JobController(Controller):
         elif not spec.get("suspend") and not job["metadata"].get("deletionTimestamp"):
             need = self._pods_wanted(js) - len(js.active)
             if need > 0:
-                self._create_pods(job, need, js.active, js.done_idx, js.failed,
-                                  js.failed_idx if js.per_index else None)
+                self._create_pods(
+                    job,
+                    need,
+                    js.active,
+                    js.done_idx,
+                    js.failed,
+                    js.failed_idx if js.per_index else None,
+                )
 
     def _success_policy_met(self, js: "JobSync") -> Optional[str]:
         """The message of the first successPolicy rule the succeeded indexes meet (matchSuccessPolicy),
@@ -3235,10 +4155,20 @@ class JobController(Controller):
             return "DeadlineExceeded", "Job was active longer than specified deadline"
         if js.failed > spec.get("backoffLimit", 6):
             return "BackoffLimitExceeded", "Job has reached the specified backoff limit"
-        if js.per_index and spec.get("maxFailedIndexes") is not None \
-                and len(js.failed_idx) > spec["maxFailedIndexes"]:
-            return "MaxFailedIndexesExceeded", "Job has exceeded the specified maximal number of failed indexes"
-        if js.per_index and js.failed_idx and len(js.failed_idx) + len(js.done_idx) >= (spec.get("completions") or 0):
+        if (
+            js.per_index
+            and spec.get("maxFailedIndexes") is not None
+            and len(js.failed_idx) > spec["maxFailedIndexes"]
+        ):
+            return (
+                "MaxFailedIndexesExceeded",
+                "Job has exceeded the specified maximal number of failed indexes",
+            )
+        if (
+            js.per_index
+            and js.failed_idx
+            and len(js.failed_idx) + len(js.done_idx) >= (spec.get("completions") or 0)
+        ):
             return "FailedIndexes", "Job has failed indexes"
         return None, None
 
@@ -3293,13 +4223,24 @@ class JobController(Controller):
     def resync_orphans(self) -> None:
         for p in self.store.list_raw("pods"):
             ref = controller_ref(p)
-            if ref and ref.get("kind") == "Job" and JOB_TRACKING_FINALIZER in (p["metadata"].get("finalizers") or []) \
-                    and self.store.by_uid(ref.get("uid", "")) is None:
+            if (
+                ref
+                and ref.get("kind") == "Job"
+                and JOB_TRACKING_FINALIZER in (p["metadata"].get("finalizers") or [])
+                and self.store.by_uid(ref.get("uid", "")) is None
+            ):
                 self.queue.add(("orphan", p["metadata"]["namespace"], p["metadata"]["name"]), 0)
 
     # ---------------------------------------------------------------
-    def _finish(self, job: dict, conds: List[dict], ctype: str, reason: Optional[str], message: Optional[str],
-                status: dict) -> None:
+    def _finish(
+        self,
+        job: dict,
+        conds: List[dict],
+        ctype: str,
+        reason: Optional[str],
+        message: Optional[str],
+        status: dict,
+    ) -> None:
         emu = self.emu
         now = emu.api_now()
         set_condition(conds, condition(ctype, "True", now, reason, message, probe=True))
@@ -3315,16 +4256,32 @@ class JobController(Controller):
     def _delete_pods(self, job: dict, pods: List[dict]) -> List[dict]:
         for p in pods:
             try:
-                self.emu.writes.api_delete(CANONICAL["pods"], p["metadata"]["namespace"], p["metadata"]["name"],
-                                           {"propagationPolicy": "Background"})
-                self.emu.events.record(job, "Normal", "SuccessfulDelete", "Deleted pod: %s" % p["metadata"]["name"],
-                                       "job-controller")
+                self.emu.writes.api_delete(
+                    CANONICAL["pods"],
+                    p["metadata"]["namespace"],
+                    p["metadata"]["name"],
+                    {"propagationPolicy": "Background"},
+                )
+                self.emu.events.record(
+                    job,
+                    "Normal",
+                    "SuccessfulDelete",
+                    "Deleted pod: %s" % p["metadata"]["name"],
+                    "job-controller",
+                )
             except ApiError:
                 pass
         return []
 
-    def _create_pods(self, job: dict, need: int, active: List[dict], done_idx: Set[int], failed: int,
-                     failed_idx: Optional[Set[int]] = None) -> None:
+    def _create_pods(
+        self,
+        job: dict,
+        need: int,
+        active: List[dict],
+        done_idx: Set[int],
+        failed: int,
+        failed_idx: Optional[Set[int]] = None,
+    ) -> None:
         emu = self.emu
         uid = job["metadata"]["uid"]
         key = (job["metadata"]["namespace"], job["metadata"]["name"])
@@ -3344,14 +4301,30 @@ class JobController(Controller):
         spec = job["spec"]
         indexes: List[Optional[int]] = [None] * need
         if spec.get("completionMode") == "Indexed":
-            busy = {int((p["metadata"].get("annotations") or {}).get("batch.kubernetes.io/job-completion-index", -1))
-                    for p in active}
-            free = [i for i in range(spec.get("completions") or 0)
-                    if i not in done_idx and i not in busy and i not in (failed_idx or ())]
+            busy = {
+                int(
+                    (p["metadata"].get("annotations") or {}).get(
+                        "batch.kubernetes.io/job-completion-index", -1
+                    )
+                )
+                for p in active
+            }
+            free = [
+                i
+                for i in range(spec.get("completions") or 0)
+                if i not in done_idx and i not in busy and i not in (failed_idx or ())
+            ]
             if failed_idx is not None:
-                waits = {i: self.index_failures[(uid, i)][2] + min(emu.t("job_backoff_base") * 2 ** (
-                    self.index_failures[(uid, i)][0] - 1), 360.0) - now
-                    for i in free if self.index_failures.get((uid, i), (0, 0, 0.0))[0] > 0}
+                waits = {
+                    i: self.index_failures[(uid, i)][2]
+                    + min(
+                        emu.t("job_backoff_base") * 2 ** (self.index_failures[(uid, i)][0] - 1),
+                        360.0,
+                    )
+                    - now
+                    for i in free
+                    if self.index_failures.get((uid, i), (0, 0, 0.0))[0] > 0
+                }
                 later = [w for w in waits.values() if w > 0]
                 if later:
                     self.queue.add(key, min(later))
@@ -3364,48 +4337,86 @@ class JobController(Controller):
                 annotations = pod["metadata"].setdefault("annotations", {})
                 annotations["batch.kubernetes.io/job-index-failure-count"] = str(fails)
                 if ignored:
-                    annotations["batch.kubernetes.io/job-index-ignored-failure-count"] = str(ignored)
+                    annotations["batch.kubernetes.io/job-index-ignored-failure-count"] = str(
+                        ignored
+                    )
             try:
-                created, _ = emu.writes.api_create(CANONICAL["pods"], job["metadata"]["namespace"], pod,
-                                                   {"fieldValidation": "Ignore"})
+                created, _ = emu.writes.api_create(
+                    CANONICAL["pods"],
+                    job["metadata"]["namespace"],
+                    pod,
+                    {"fieldValidation": "Ignore"},
+                )
             except ApiError as e:
                 attempts += 1
                 delay = min(emu.t("create_retry_base") * (2 ** (attempts - 1)), 10.0)
                 self.create_backoff[uid] = (time.time() + delay, attempts)
-                emu.events.record(job, "Warning", "FailedCreate", "Error creating: %s" % e.message, "job-controller")
+                emu.events.record(
+                    job,
+                    "Warning",
+                    "FailedCreate",
+                    "Error creating: %s" % e.message,
+                    "job-controller",
+                )
                 self.queue.add(key, delay)
                 return
             self.create_backoff.pop(uid, None)
-            emu.events.record(job, "Normal", "SuccessfulCreate", "Created pod: %s" % created["metadata"]["name"],
-                              "job-controller")
+            emu.events.record(
+                job,
+                "Normal",
+                "SuccessfulCreate",
+                "Created pod: %s" % created["metadata"]["name"],
+                "job-controller",
+            )
 
     @staticmethod
     def _pod_from_template(job: dict, index: Optional[int]) -> dict:
         tmpl = clone(job["spec"].get("template") or {})
         tmd = tmpl.get("metadata") or {}
         name = job["metadata"]["name"]
-        md: Dict[str, Any] = {"generateName": "%s-" % name if index is None else "%s-%d-" % (name, index),
-                              "namespace": job["metadata"]["namespace"],
-                              "labels": dict(tmd.get("labels") or {}),
-                              "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": name,
-                                                   "uid": job["metadata"]["uid"], "controller": True,
-                                                   "blockOwnerDeletion": True}],
-                              "finalizers": [JOB_TRACKING_FINALIZER]}
+        md: Dict[str, Any] = {
+            "generateName": "%s-" % name if index is None else "%s-%d-" % (name, index),
+            "namespace": job["metadata"]["namespace"],
+            "labels": dict(tmd.get("labels") or {}),
+            "ownerReferences": [
+                {
+                    "apiVersion": "batch/v1",
+                    "kind": "Job",
+                    "name": name,
+                    "uid": job["metadata"]["uid"],
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+            "finalizers": [JOB_TRACKING_FINALIZER],
+        }
         if tmd.get("annotations"):
             md["annotations"] = dict(tmd["annotations"])
         spec = tmpl.get("spec") or {}
         if index is not None:
-            md.setdefault("annotations", {})["batch.kubernetes.io/job-completion-index"] = str(index)
+            md.setdefault("annotations", {})["batch.kubernetes.io/job-completion-index"] = str(
+                index
+            )
             md["labels"]["batch.kubernetes.io/job-completion-index"] = str(index)
             spec.setdefault("hostname", "%s-%d" % (name, index))
             for c in spec.get("containers") or []:
-                c.setdefault("env", []).append({"name": "JOB_COMPLETION_INDEX", "valueFrom": {"fieldRef": {
-                    "apiVersion": "v1",
-                    "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}})
+                c.setdefault("env", []).append(
+                    {
+                        "name": "JOB_COMPLETION_INDEX",
+                        "valueFrom": {
+                            "fieldRef": {
+                                "apiVersion": "v1",
+                                "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']",
+                            }
+                        },
+                    }
+                )
         return {"apiVersion": "v1", "kind": "Pod", "metadata": md, "spec": spec}
 
 
-def match_pod_failure_policy(policy: Optional[dict], pod: dict) -> Tuple[Optional[str], bool, Optional[str]]:
+def match_pod_failure_policy(
+    policy: Optional[dict], pod: dict
+) -> Tuple[Optional[str], bool, Optional[str]]:
     """(FailJob message, count the failure?, action) of a failed pod, as matchPodFailurePolicy: the
     first rule that matches wins; exit code 0 never matches; no match counts the failure."""
     status = pod.get("status") or {}
@@ -3414,23 +4425,41 @@ def match_pod_failure_policy(policy: Optional[dict], pod: dict) -> Tuple[Optiona
         on_codes = rule.get("onExitCodes")
         matched = None
         if on_codes is not None:
-            for cs in (status.get("containerStatuses") or []) + (status.get("initContainerStatuses") or []):
+            for cs in (status.get("containerStatuses") or []) + (
+                status.get("initContainerStatuses") or []
+            ):
                 term = (cs.get("state") or {}).get("terminated")
                 if term is None or (on_codes.get("containerName") not in (None, cs.get("name"))):
                     continue
                 code = term.get("exitCode", 0)
                 listed = code in (on_codes.get("values") or [])
                 if code != 0 and listed == (on_codes.get("operator") == "In"):
-                    matched = "Container %s for pod %s/%s failed with exit code %s matching %s rule at index %d" % (
-                        cs.get("name"), pod["metadata"].get("namespace"), pod["metadata"]["name"], code, action,
-                        number)
+                    matched = (
+                        "Container %s for pod %s/%s failed with exit code %s matching %s rule at index %d"
+                        % (
+                            cs.get("name"),
+                            pod["metadata"].get("namespace"),
+                            pod["metadata"]["name"],
+                            code,
+                            action,
+                            number,
+                        )
+                    )
                     break
         else:
             for cond in status.get("conditions") or []:
-                if any(cond.get("type") == pattern.get("type") and cond.get("status") == pattern.get("status", "True")
-                       for pattern in rule.get("onPodConditions") or []):
+                if any(
+                    cond.get("type") == pattern.get("type")
+                    and cond.get("status") == pattern.get("status", "True")
+                    for pattern in rule.get("onPodConditions") or []
+                ):
                     matched = "Pod %s/%s has condition %s matching %s rule at index %d" % (
-                        pod["metadata"].get("namespace"), pod["metadata"]["name"], cond.get("type"), action, number)
+                        pod["metadata"].get("namespace"),
+                        pod["metadata"]["name"],
+                        cond.get("type"),
+                        action,
+                        number,
+                    )
                     break
         if matched is not None:
             return (matched if action == "FailJob" else None), action != "Ignore", action
@@ -3446,8 +4475,11 @@ def index_failure_counts(pod: dict) -> Tuple[int, int]:
             return max(0, int(annotations.get(key, "0")))
         except ValueError:
             return 0
-    return (number("batch.kubernetes.io/job-index-failure-count"),
-            number("batch.kubernetes.io/job-index-ignored-failure-count"))
+
+    return (
+        number("batch.kubernetes.io/job-index-failure-count"),
+        number("batch.kubernetes.io/job-index-ignored-failure-count"),
+    )
 
 
 def _drop_finalizer(fin: str) -> Callable[[dict], Optional[bool]]:
@@ -3461,6 +4493,7 @@ def _drop_finalizer(fin: str) -> Callable[[dict], Optional[bool]]:
         else:
             o["metadata"].pop("finalizers", None)
         return True
+
     return mutate
 
 
@@ -3494,6 +4527,7 @@ def format_index_list(idx: List[int]) -> str:
 # scheduler
 # --------------------------------------------------------------------------
 
+
 class Scheduler(Controller):
     """default-scheduler: least-loaded node, PodScheduled, Scheduled event (events.k8s.io)."""
 
@@ -3520,8 +4554,12 @@ class Scheduler(Controller):
     @staticmethod
     def _eligible(pod: dict) -> bool:
         spec = pod.get("spec") or {}
-        return not spec.get("nodeName") and not pod["metadata"].get("deletionTimestamp") \
-            and spec.get("schedulerName", "default-scheduler") == "default-scheduler" and not pod_terminal(pod)
+        return (
+            not spec.get("nodeName")
+            and not pod["metadata"].get("deletionTimestamp")
+            and spec.get("schedulerName", "default-scheduler") == "default-scheduler"
+            and not pod_terminal(pod)
+        )
 
     def resync(self) -> None:
         for p in self.store.list_raw("pods"):
@@ -3562,12 +4600,15 @@ class Scheduler(Controller):
         scheduled_at = bound_at[-1]
         emu.truth_record.note("pods", "%s/%s" % (ns, name), "scheduled", scheduled_at)
         emu.truth_record.note("pods", "%s/%s" % (ns, name), "node", node, raw=True)
-        emu.events.record_scheduled(new, "Successfully assigned %s/%s to %s" % (ns, name, node), scheduled_at)
+        emu.events.record_scheduled(
+            new, "Successfully assigned %s/%s to %s" % (ns, name, node), scheduled_at
+        )
 
 
 # --------------------------------------------------------------------------
 # garbage collector
 # --------------------------------------------------------------------------
+
 
 class GarbageCollector(Controller):
     """Owner-reference based deletion: Background, Foreground and Orphan."""
@@ -3580,7 +4621,10 @@ class GarbageCollector(Controller):
             self.queue.add(("dangling", md.get("uid")), 0.02)
             for r in owner_refs(obj):
                 self.queue.add(("owner-uid", r.get("uid")), 0.02)
-        elif md.get("deletionTimestamp") and set(md.get("finalizers") or []) & {FOREGROUND_FINALIZER, ORPHAN_FINALIZER}:
+        elif md.get("deletionTimestamp") and set(md.get("finalizers") or []) & {
+            FOREGROUND_FINALIZER,
+            ORPHAN_FINALIZER,
+        }:
             self.queue.add(("owner", store, md.get("namespace", ""), md["name"]), 0.02)
         elif md.get("deletionTimestamp"):
             for r in owner_refs(obj):
@@ -3590,8 +4634,10 @@ class GarbageCollector(Controller):
         for store in list(self.store.objects):
             for o in self.store.list_raw(store):
                 md = o["metadata"]
-                if md.get("deletionTimestamp") and set(md.get("finalizers") or []) & {FOREGROUND_FINALIZER,
-                                                                                     ORPHAN_FINALIZER}:
+                if md.get("deletionTimestamp") and set(md.get("finalizers") or []) & {
+                    FOREGROUND_FINALIZER,
+                    ORPHAN_FINALIZER,
+                }:
                     self.queue.add(("owner", store, md.get("namespace", ""), md["name"]), 0)
                 for r in owner_refs(o):
                     if self.store.by_uid(r.get("uid", "")) is None:
@@ -3617,11 +4663,17 @@ class GarbageCollector(Controller):
         if key[0] == "dangling":
             uid = key[1]
             for store, dep in self._dependents(uid):
-                owners_alive = [r for r in owner_refs(dep) if self.store.by_uid(r.get("uid", "")) is not None]
+                owners_alive = [
+                    r for r in owner_refs(dep) if self.store.by_uid(r.get("uid", "")) is not None
+                ]
                 if not owners_alive and not dep["metadata"].get("deletionTimestamp"):
                     try:
-                        emu.writes.api_delete(CANONICAL[store], dep["metadata"].get("namespace"),
-                                              dep["metadata"]["name"], {"propagationPolicy": "Background"})
+                        emu.writes.api_delete(
+                            CANONICAL[store],
+                            dep["metadata"].get("namespace"),
+                            dep["metadata"]["name"],
+                            {"propagationPolicy": "Background"},
+                        )
                     except ApiError:
                         pass
             return
@@ -3634,6 +4686,7 @@ class GarbageCollector(Controller):
         deps = self._dependents(uid)
         if ORPHAN_FINALIZER in fins:
             for dstore, dep in deps:
+
                 def strip(o: dict, uid: str = uid) -> Optional[bool]:
                     refs = [r for r in owner_refs(o) if r.get("uid") != uid]
                     if refs:
@@ -3641,7 +4694,10 @@ class GarbageCollector(Controller):
                     else:
                         o["metadata"].pop("ownerReferences", None)
                     return True
-                self.store.update(dstore, dep["metadata"].get("namespace"), dep["metadata"]["name"], strip)
+
+                self.store.update(
+                    dstore, dep["metadata"].get("namespace"), dep["metadata"]["name"], strip
+                )
             self.store.update(store, ns, name, _drop_finalizer(ORPHAN_FINALIZER))
             return
         if FOREGROUND_FINALIZER in fins:
@@ -3649,11 +4705,17 @@ class GarbageCollector(Controller):
             for dstore, dep in deps:
                 if not dep["metadata"].get("deletionTimestamp"):
                     try:
-                        emu.writes.api_delete(CANONICAL[dstore], dep["metadata"].get("namespace"),
-                                              dep["metadata"]["name"], {"propagationPolicy": "Foreground"})
+                        emu.writes.api_delete(
+                            CANONICAL[dstore],
+                            dep["metadata"].get("namespace"),
+                            dep["metadata"]["name"],
+                            {"propagationPolicy": "Foreground"},
+                        )
                     except ApiError:
                         pass
-                if any(r.get("uid") == uid and r.get("blockOwnerDeletion") for r in owner_refs(dep)):
+                if any(
+                    r.get("uid") == uid and r.get("blockOwnerDeletion") for r in owner_refs(dep)
+                ):
                     blocking += 1
             if blocking:
                 self.queue.add(key, 0.1)
@@ -3664,6 +4726,7 @@ class GarbageCollector(Controller):
 # --------------------------------------------------------------------------
 # namespace controller (+ root CA publisher)
 # --------------------------------------------------------------------------
+
 
 class NamespaceController(Controller):
     """Deletes the content of terminating namespaces and finalizes them."""
@@ -3698,18 +4761,30 @@ class NamespaceController(Controller):
     def _publish_root_ca(self, ns: dict) -> None:
         """Every live namespace gets the kube-root-ca.crt ConfigMap (the root CA publisher)."""
         name = ns["metadata"]["name"]
-        if ns["metadata"].get("deletionTimestamp") or self.store.get("configmaps", name, "kube-root-ca.crt"):
+        if ns["metadata"].get("deletionTimestamp") or self.store.get(
+            "configmaps", name, "kube-root-ca.crt"
+        ):
             return
         try:
-            self.emu.writes.create_object(CANONICAL["configmaps"], {
-                "apiVersion": "v1", "kind": "ConfigMap",
-                "metadata": {"name": "kube-root-ca.crt", "namespace": name,
-                             "annotations": {"kubernetes.io/description": "Contains a CA bundle that can be "
-                                             "used to verify the kube-apiserver when using internal endpoints "
-                                             "such as the internal service IP or kubernetes.default.svc. No "
-                                             "other usage is guaranteed across distributions of Kubernetes "
-                                             "clusters."}},
-                "data": {"ca.crt": EMULATOR_CA}})
+            self.emu.writes.create_object(
+                CANONICAL["configmaps"],
+                {
+                    "apiVersion": "v1",
+                    "kind": "ConfigMap",
+                    "metadata": {
+                        "name": "kube-root-ca.crt",
+                        "namespace": name,
+                        "annotations": {
+                            "kubernetes.io/description": "Contains a CA bundle that can be "
+                            "used to verify the kube-apiserver when using internal endpoints "
+                            "such as the internal service IP or kubernetes.default.svc. No "
+                            "other usage is guaranteed across distributions of Kubernetes "
+                            "clusters."
+                        },
+                    },
+                    "data": {"ca.crt": EMULATOR_CA},
+                },
+            )
         except ApiError:
             pass
 
@@ -3735,7 +4810,9 @@ class NamespaceController(Controller):
                     finalizers[f] = finalizers.get(f, 0) + 1
                 if not o["metadata"].get("deletionTimestamp"):
                     try:
-                        emu.writes.api_delete(info, name, o["metadata"]["name"], {"propagationPolicy": "Background"})
+                        emu.writes.api_delete(
+                            info, name, o["metadata"]["name"], {"propagationPolicy": "Background"}
+                        )
                     except ApiError:
                         pass
         conds = namespace_deletion_conditions(remaining, finalizers, emu.api_now())
@@ -3749,7 +4826,9 @@ class NamespaceController(Controller):
                     changed = True
             st["conditions"] = old
             if not remaining:
-                o["spec"]["finalizers"] = [f for f in o["spec"].get("finalizers") or [] if f != "kubernetes"]
+                o["spec"]["finalizers"] = [
+                    f for f in o["spec"].get("finalizers") or [] if f != "kubernetes"
+                ]
                 changed = True
             return changed
 
@@ -3758,45 +4837,90 @@ class NamespaceController(Controller):
             self.queue.add(key, 0.2)
 
 
-def namespace_deletion_conditions(remaining: Dict[str, int], finalizers: Dict[str, int], now: float) -> List[dict]:
+def namespace_deletion_conditions(
+    remaining: Dict[str, int], finalizers: Dict[str, int], now: float
+) -> List[dict]:
     """A terminating namespace's conditions, given its remaining objects per resource and finalizers."""
-    def ns_cond(ctype: str, status: str, reason: str, message: str) -> dict:
-        return {"type": ctype, "status": status, "lastTransitionTime": fmt_time(now),
-                "reason": reason, "message": message}
 
-    def counted(ctype: str, counts: Dict[str, int], some: Tuple[str, str, str], none: Tuple[str, str]) -> dict:
+    def ns_cond(ctype: str, status: str, reason: str, message: str) -> dict:
+        return {
+            "type": ctype,
+            "status": status,
+            "lastTransitionTime": fmt_time(now),
+            "reason": reason,
+            "message": message,
+        }
+
+    def counted(
+        ctype: str, counts: Dict[str, int], some: Tuple[str, str, str], none: Tuple[str, str]
+    ) -> dict:
         """True with the counts per resource when there are any, else False."""
         if not counts:
             return ns_cond(ctype, "False", *none)
         reason, message, each = some
-        return ns_cond(ctype, "True", reason, message + ", ".join(each % kv for kv in sorted(counts.items())))
+        return ns_cond(
+            ctype, "True", reason, message + ", ".join(each % kv for kv in sorted(counts.items()))
+        )
 
-    conds = [ns_cond(ctype, "False", reason, message) for ctype, reason, message in (
-        ("NamespaceDeletionDiscoveryFailure", "ResourcesDiscovered", "All resources successfully discovered"),
-        ("NamespaceDeletionGroupVersionParsingFailure", "ParsedGroupVersions",
-         "All legacy kube types successfully parsed"),
-        ("NamespaceDeletionContentFailure", "ContentDeleted",
-         "All content successfully deleted, may be waiting on finalization"),
-    )]
-    conds.append(counted("NamespaceContentRemaining", remaining,
-                         ("SomeResourcesRemain", "Some resources are remaining: ", "%s has %d resource instances"),
-                         ("ContentRemoved", "All content successfully removed")))
-    conds.append(counted("NamespaceFinalizersRemaining", finalizers,
-                         ("SomeFinalizersRemain", "Some content in the namespace has finalizers remaining: ",
-                          "%s in %d resource instances"),
-                         ("ContentHasNoFinalizers", "All content-preserving finalizers finished")))
+    conds = [
+        ns_cond(ctype, "False", reason, message)
+        for ctype, reason, message in (
+            (
+                "NamespaceDeletionDiscoveryFailure",
+                "ResourcesDiscovered",
+                "All resources successfully discovered",
+            ),
+            (
+                "NamespaceDeletionGroupVersionParsingFailure",
+                "ParsedGroupVersions",
+                "All legacy kube types successfully parsed",
+            ),
+            (
+                "NamespaceDeletionContentFailure",
+                "ContentDeleted",
+                "All content successfully deleted, may be waiting on finalization",
+            ),
+        )
+    ]
+    conds.append(
+        counted(
+            "NamespaceContentRemaining",
+            remaining,
+            (
+                "SomeResourcesRemain",
+                "Some resources are remaining: ",
+                "%s has %d resource instances",
+            ),
+            ("ContentRemoved", "All content successfully removed"),
+        )
+    )
+    conds.append(
+        counted(
+            "NamespaceFinalizersRemaining",
+            finalizers,
+            (
+                "SomeFinalizersRemain",
+                "Some content in the namespace has finalizers remaining: ",
+                "%s in %d resource instances",
+            ),
+            ("ContentHasNoFinalizers", "All content-preserving finalizers finished"),
+        )
+    )
     return conds
 
 
-EMULATOR_CA = ("-----BEGIN CERTIFICATE-----\nMIIBkTCB+wIJAKHBfpegPjMCMA0GCSqGSIb3DQEBCwUAMBExDzANBgNVBAMMBmt1\n"
-               "YmUtZW11bGF0b3IwHhcNMjUwMTAxMDAwMDAwWhcNMzUwMTAxMDAwMDAwWjARMQ8w\n"
-               "DQYDVQQDDAZrdWJlLWVtdWxhdG9yMFwwDQYJKoZIhvcNAQEBBQADSwAwSAJBAMPk\n"
-               "-----END CERTIFICATE-----\n")
+EMULATOR_CA = (
+    "-----BEGIN CERTIFICATE-----\nMIIBkTCB+wIJAKHBfpegPjMCMA0GCSqGSIb3DQEBCwUAMBExDzANBgNVBAMMBmt1\n"
+    "YmUtZW11bGF0b3IwHhcNMjUwMTAxMDAwMDAwWhcNMzUwMTAxMDAwMDAwWjARMQ8w\n"
+    "DQYDVQQDDAZrdWJlLWVtdWxhdG9yMFwwDQYJKoZIhvcNAQEBBQADSwAwSAJBAMPk\n"
+    "-----END CERTIFICATE-----\n"
+)
 
 
 # --------------------------------------------------------------------------
 # kubelet: sandboxes, containers (bubblewrap), logs
 # --------------------------------------------------------------------------
+
 
 def go_duration(seconds: float) -> str:
     """A duration as Go's time.Duration prints one truncated to milliseconds, as the kubelet's
@@ -3838,14 +4962,22 @@ class ImageStore:
     def __init__(self, config: Optional[dict], nodes: List[str]):
         self.enabled = config is not None
         config = dict(config or {})
-        unknown = set(config) - {"registry", "present", "pull_bytes_per_second", "max_parallel_image_pulls"}
+        unknown = set(config) - {
+            "registry",
+            "present",
+            "pull_bytes_per_second",
+            "max_parallel_image_pulls",
+        }
         if unknown:
             raise ValueError("unknown images option(s): %s" % ", ".join(sorted(unknown)))
-        self.registry = {normalize_image(ref)[1]: int(size) for ref, size in (config.get("registry") or {}).items()}
+        self.registry = {
+            normalize_image(ref)[1]: int(size)
+            for ref, size in (config.get("registry") or {}).items()
+        }
         self.rate = float(config.get("pull_bytes_per_second") or 50e6)
         self.present: Dict[str, Set[str]] = {node: set() for node in nodes}
         for ref, where in (config.get("present") or {}).items():
-            for node in (nodes if where is True else where):
+            for node in nodes if where is True else where:
                 self.present[node].add(normalize_image(ref)[1])
         slots = config.get("max_parallel_image_pulls") or 1
         self.slots = {node: threading.Semaphore(int(slots)) for node in nodes}
@@ -3863,7 +4995,9 @@ class ImageStore:
     def size(self, image: str) -> int:
         return self.registry.get(normalize_image(image)[1], 0)
 
-    def pull(self, node: str, image: str, stopped: Callable[[], bool]) -> Optional[Tuple[float, int]]:
+    def pull(
+        self, node: str, image: str, stopped: Callable[[], bool]
+    ) -> Optional[Tuple[float, int]]:
         """One pull on `node` once its turn comes: (seconds pulling, bytes), or None when `stopped()`
         said so first. False-y existence is the caller's to check before."""
         slot = self.slots[node]
@@ -3913,13 +5047,21 @@ class ContainerRunner(threading.Thread):
         def fn(cs: dict) -> None:
             cs["state"] = state
             cs.update(extra)
+
         self.w.update_container(self.cname, fn)
 
     def event(self, etype: str, reason: str, message: str) -> None:
         pod = self.emu.store.get("pods", self.w.ns, self.w.name)
         if pod is not None:
-            self.emu.events.record(pod, etype, reason, message, "kubelet", host=self.w.kl.node,
-                                   field_path="spec.containers{%s}" % self.cname)
+            self.emu.events.record(
+                pod,
+                etype,
+                reason,
+                message,
+                "kubelet",
+                host=self.w.kl.node,
+                field_path="spec.containers{%s}" % self.cname,
+            )
 
     # -- main --------------------------------------------------------------
     def run(self) -> None:
@@ -3938,14 +5080,24 @@ class ContainerRunner(threading.Thread):
             self.event("Normal", "Pulling", 'Pulling image "%s"' % image)
             if self.w.sleep(0.05):
                 return False
-            self.event("Normal", "Pulled", 'Successfully pulled image "%s" in 52ms (52ms including waiting). '
-                                           'Image size: 19203584 bytes.' % image)
+            self.event(
+                "Normal",
+                "Pulled",
+                'Successfully pulled image "%s" in 52ms (52ms including waiting). '
+                "Image size: 19203584 bytes." % image,
+            )
         elif self.c.get("imagePullPolicy", "IfNotPresent") != "Always" and store.has(node, image):
             # The kubelet of 1.35 adds that the pod may use it (seen on kubelet v1.35.4).
-            self.event("Normal", "Pulled", 'Container image "%s" already present on machine%s'
-                       % (image, " and can be accessed by the pod" if self.emu.v >= (1, 35) else ""))
+            self.event(
+                "Normal",
+                "Pulled",
+                'Container image "%s" already present on machine%s'
+                % (image, " and can be accessed by the pod" if self.emu.v >= (1, 35) else ""),
+            )
         elif not store.exists(image) and not store.has(node, image):
-            self.image_missing = True  # the runner's own thread fails its pulls, as the kubelet retries them
+            self.image_missing = (
+                True  # the runner's own thread fails its pulls, as the kubelet retries them
+            )
         else:
             # As the kubelet's image manager: the Pulling event, then the pull in the node's queue; its
             # Pulled message gives the pull's own time, then the time including the wait for its turn.
@@ -3955,9 +5107,13 @@ class ContainerRunner(threading.Thread):
             if pulled is None:
                 return False
             seconds, size = pulled
-            self.event("Normal", "Pulled", 'Successfully pulled image "%s" in %s (%s including waiting). '
-                                           'Image size: %d bytes.' % (image, go_duration(seconds),
-                                                                      go_duration(time.time() - asked), size))
+            self.event(
+                "Normal",
+                "Pulled",
+                'Successfully pulled image "%s" in %s (%s including waiting). '
+                "Image size: %d bytes."
+                % (image, go_duration(seconds), go_duration(time.time() - asked), size),
+            )
         return True
 
     def _run(self) -> None:
@@ -3989,7 +5145,9 @@ class ContainerRunner(threading.Thread):
             if argv is None:
                 code = self._run_emitted(env or {}, attempt)
             else:
-                code = self._run_once(argv, env or {}, uid, gid, attempt, restarting=attempt < attempts - 1)
+                code = self._run_once(
+                    argv, env or {}, uid, gid, attempt, restarting=attempt < attempts - 1
+                )
             if code is None:
                 return
             if attempt < attempts - 1 and w.sleep(emu.t("restart_delay")):
@@ -4001,14 +5159,26 @@ class ContainerRunner(threading.Thread):
         if faults.applies("replace_pod", idx):
             # The pod is replaced while it runs, so it must still be running then
             # whatever the machine's load: it holds until evicted.
-            return ["python", "-c", "import time; print('emulator: held until evicted (replace_pod)',"
-                                    " flush=True); time.sleep(3600)"]
+            return [
+                "python",
+                "-c",
+                "import time; print('emulator: held until evicted (replace_pod)',"
+                " flush=True); time.sleep(3600)",
+            ]
         if faults.applies("fail_pods", idx):
-            return ["python", "-c", "import sys; print('emulator: injected container failure (fail_pods)',"
-                                    " flush=True); sys.exit(3)"]
+            return [
+                "python",
+                "-c",
+                "import sys; print('emulator: injected container failure (fail_pods)',"
+                " flush=True); sys.exit(3)",
+            ]
         if crash_first:
-            return ["python", "-c", "import sys; print('emulator: injected crash before restart "
-                                    "(restart_container)', flush=True); sys.exit(1)"]
+            return [
+                "python",
+                "-c",
+                "import sys; print('emulator: injected crash before restart "
+                "(restart_container)', flush=True); sys.exit(1)",
+            ]
         if faults.lightweight():
             return None
         return self._argv(env)
@@ -4016,8 +5186,11 @@ class ContainerRunner(threading.Thread):
     def mark_started(self, true_start: float) -> None:
         """The kubelet's Started event, the truth's first container start, and the pod's start time."""
         # The kubelet of 1.35 no longer names the container (the event's fieldPath does).
-        self.event("Normal", "Started", "Container started" if self.emu.v >= (1, 35)
-                   else "Started container %s" % self.cname)
+        self.event(
+            "Normal",
+            "Started",
+            "Container started" if self.emu.v >= (1, 35) else "Started container %s" % self.cname,
+        )
         if not self.started_once:
             self.emu.truth_record.note("pods", self.w.key, "container_started", true_start)
             self.started_once = True
@@ -4027,30 +5200,59 @@ class ContainerRunner(threading.Thread):
         """The Created event of this run, its container ID and its new (registered) log."""
         emu, w = self.emu, self.w
         cid = hex64("%s/%s/%d" % (w.uid, self.cname, attempt))
-        self.event("Normal", "Created", "Container created" if emu.v >= (1, 35) else
-                   ("Created container: %s" if emu.v >= (1, 32) else "Created container %s") % self.cname)
-        log = ContainerLog(emu.workdir / "logs" / ("%s_%s_%s-%d.log" % (w.ns, w.name, self.cname, attempt)))
+        self.event(
+            "Normal",
+            "Created",
+            "Container created"
+            if emu.v >= (1, 35)
+            else ("Created container: %s" if emu.v >= (1, 32) else "Created container %s")
+            % self.cname,
+        )
+        log = ContainerLog(
+            emu.workdir / "logs" / ("%s_%s_%s-%d.log" % (w.ns, w.name, self.cname, attempt))
+        )
         emu.logs.setdefault((w.uid, self.cname), []).append(log)
         return cid, log
 
-    def _exited(self, code: int, cid: str, start: float, exited_at: float, finished_at: float) -> None:
+    def _exited(
+        self, code: int, cid: str, start: float, exited_at: float, finished_at: float
+    ) -> None:
         """Keep a run's exit: its code, the truth's container end and the terminated state it leaves."""
         emu, w = self.emu, self.w
         self.exit_codes.append(code)
         emu.truth_record.note("pods", w.key, "container_finished", exited_at, first=False)
         emu.truth_record.note("pods", w.key, "exit_code", code, raw=True)
-        self.last_terminated = {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
-                                "startedAt": fmt_time(start), "finishedAt": fmt_time(finished_at),
-                                "containerID": "containerd://" + cid}
+        self.last_terminated = {
+            "exitCode": code,
+            "reason": "Completed" if code == 0 else "Error",
+            "startedAt": fmt_time(start),
+            "finishedAt": fmt_time(finished_at),
+            "containerID": "containerd://" + cid,
+        }
 
-    def _run_once(self, argv: List[str], env: Dict[str, str], uid: int, gid: int, attempt: int,
-                  restarting: bool = False) -> Optional[int]:
+    def _run_once(
+        self,
+        argv: List[str],
+        env: Dict[str, str],
+        uid: int,
+        gid: int,
+        attempt: int,
+        restarting: bool = False,
+    ) -> Optional[int]:
         """One run of the container's process in the sandbox: its exit code, None when the pod stopped first."""
         emu, w = self.emu, self.w
         cid, log = self._created(attempt)
         mounts, ro_root = w.mounts_for(self.c)
-        cmd = build_bwrap_argv(uid, gid, w.hostname, mounts, ro_root, self.c.get("workingDir") or "/",
-                               argv, str(emu.bindir))
+        cmd = build_bwrap_argv(
+            uid,
+            gid,
+            w.hostname,
+            mounts,
+            ro_root,
+            self.c.get("workingDir") or "/",
+            argv,
+            str(emu.bindir),
+        )
         start = emu.node_now(w.kl.node)
         # The true start is taken before the process is spawned: on a loaded machine the
         # spawn and the Started event can take a while, and the container runs meanwhile.
@@ -4060,8 +5262,14 @@ class ContainerRunner(threading.Thread):
                 if w.stop_requested():
                     log.close()
                     return None
-                self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                             stderr=subprocess.STDOUT, env=env, close_fds=True)
+                self.proc = subprocess.Popen(
+                    cmd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    close_fds=True,
+                )
         except OSError as e:
             log.close()
             self._start_failed(e, cid, start)
@@ -4084,17 +5292,33 @@ class ContainerRunner(threading.Thread):
 
     def _start_failed(self, error: OSError, cid: str, start: float) -> None:
         """The status and event of a container whose process could not be started."""
-        msg = ('failed to create containerd task: failed to create shim task: OCI runtime create failed: '
-               'runc create failed: unable to start container process: %s' % error)
-        self.set_state({"terminated": {"exitCode": 128, "reason": "StartError", "message": msg,
-                                       "startedAt": "1970-01-01T00:00:00Z", "finishedAt": fmt_time(start),
-                                       "containerID": "containerd://" + cid}}, ready=False, started=False)
+        msg = (
+            "failed to create containerd task: failed to create shim task: OCI runtime create failed: "
+            "runc create failed: unable to start container process: %s" % error
+        )
+        self.set_state(
+            {
+                "terminated": {
+                    "exitCode": 128,
+                    "reason": "StartError",
+                    "message": msg,
+                    "startedAt": "1970-01-01T00:00:00Z",
+                    "finishedAt": fmt_time(start),
+                    "containerID": "containerd://" + cid,
+                }
+            },
+            ready=False,
+            started=False,
+        )
         self.event("Warning", "Failed", "Error: %s" % msg)
 
     def _set_running(self, start: float, attempt: int, cid: str) -> None:
         """The running state of this run, the previous run's end kept as the last state."""
+
         def running(cs: dict) -> None:
-            last = cs.get("state", {}).get("terminated") or (cs.get("lastState") or {}).get("terminated")
+            last = cs.get("state", {}).get("terminated") or (cs.get("lastState") or {}).get(
+                "terminated"
+            )
             cs["state"] = {"running": {"startedAt": fmt_time(start)}}
             cs["ready"] = True
             cs["started"] = True
@@ -4104,6 +5328,7 @@ class ContainerRunner(threading.Thread):
             cs["containerID"] = "containerd://" + cid
             if attempt and last:
                 cs["lastState"] = {"terminated": last}
+
         self.w.update_container(self.cname, running)
 
     def _report_exit(self, restarting: bool) -> None:
@@ -4113,11 +5338,18 @@ class ContainerRunner(threading.Thread):
         if restarting and not w.stop_requested():
             # One status update from running to CrashLoopBackOff, as a kubelet that restarts
             # the container reports it: never a terminated state that would make the pod Failed.
-            self.set_state({"waiting": {"reason": "CrashLoopBackOff",
-                                        "message": "back-off 10s restarting failed container=%s pod=%s_%s(%s)"
-                                                   % (self.cname, w.name, w.ns, w.uid)}},
-                           ready=False, started=False,
-                           lastState={"terminated": dict(self.last_terminated)})
+            self.set_state(
+                {
+                    "waiting": {
+                        "reason": "CrashLoopBackOff",
+                        "message": "back-off 10s restarting failed container=%s pod=%s_%s(%s)"
+                        % (self.cname, w.name, w.ns, w.uid),
+                    }
+                },
+                ready=False,
+                started=False,
+                lastState={"terminated": dict(self.last_terminated)},
+            )
         else:
             self.set_state({"terminated": dict(self.last_terminated)}, ready=False, started=False)
 
@@ -4137,8 +5369,15 @@ class ContainerRunner(threading.Thread):
 
         def running(cs: dict) -> None:
             cs["state"] = {"running": {"startedAt": fmt_time(start)}}
-            cs.update(ready=True, started=True, restartCount=attempt, image=self.image_ref,
-                      imageID=self.image_id, containerID="containerd://" + cid)
+            cs.update(
+                ready=True,
+                started=True,
+                restartCount=attempt,
+                image=self.image_ref,
+                imageID=self.image_id,
+                containerID="containerd://" + cid,
+            )
+
         w.update_container(self.cname, running)
         episode = env.get("EPISODE_ID", "")
         # /proc start times are clock ticks of 10 ms.
@@ -4147,17 +5386,46 @@ class ContainerRunner(threading.Thread):
         ready_at = imports_done + delay("write_task")
         stopped = w.sleep(max(0.0, ready_at - time.time()))
         if not stopped:
-            log.append(on_node_clock(
-                (json.dumps({"event": "ready", "at": time.time(), "episode_id": episode,
-                             "imports_done_at": imports_done, "process_started_at": process_started,
-                             "modules_before_ready": 31, "import_seconds": imports_done - process_started})
-                 + "\n").encode(), emu.node_offset(w.kl.node)))
+            log.append(
+                on_node_clock(
+                    (
+                        json.dumps(
+                            {
+                                "event": "ready",
+                                "at": time.time(),
+                                "episode_id": episode,
+                                "imports_done_at": imports_done,
+                                "process_started_at": process_started,
+                                "modules_before_ready": 31,
+                                "import_seconds": imports_done - process_started,
+                            }
+                        )
+                        + "\n"
+                    ).encode(),
+                    emu.node_offset(w.kl.node),
+                )
+            )
             stopped = w.sleep(delay("episode_work"))
         if not stopped:
-            log.append(on_node_clock(
-                (json.dumps({"event": "reward", "at": time.time(), "episode_id": episode, "reward": 1,
-                             "baseline_exit": 1, "tests_exit": 0,
-                             "tests_output": LIGHTWEIGHT_TESTS_OUTPUT}) + "\n").encode(), emu.node_offset(w.kl.node)))
+            log.append(
+                on_node_clock(
+                    (
+                        json.dumps(
+                            {
+                                "event": "reward",
+                                "at": time.time(),
+                                "episode_id": episode,
+                                "reward": 1,
+                                "baseline_exit": 1,
+                                "tests_exit": 0,
+                                "tests_output": LIGHTWEIGHT_TESTS_OUTPUT,
+                            }
+                        )
+                        + "\n"
+                    ).encode(),
+                    emu.node_offset(w.kl.node),
+                )
+            )
             stopped = w.sleep(delay("exit"))
         log.close()
         code = 143 if stopped else 0
@@ -4185,8 +5453,10 @@ class ContainerRunner(threading.Thread):
     # -- pieces --------------------------------------------------------------
     def _image_pull_backoff(self, image: str) -> None:
         repo_ref = self.image_ref
-        err = ('rpc error: code = NotFound desc = failed to pull and unpack image "%s": failed to resolve '
-               'reference "%s": %s: not found' % (repo_ref, repo_ref, repo_ref))
+        err = (
+            'rpc error: code = NotFound desc = failed to pull and unpack image "%s": failed to resolve '
+            'reference "%s": %s: not found' % (repo_ref, repo_ref, repo_ref)
+        )
         while not self.w.stop_requested():
             self.event("Normal", "Pulling", 'Pulling image "%s"' % image)
             self.event("Warning", "Failed", 'Failed to pull image "%s": %s' % (image, err))
@@ -4196,8 +5466,14 @@ class ContainerRunner(threading.Thread):
                 return
             self.event("Normal", "BackOff", 'Back-off pulling image "%s"' % image)
             self.event("Warning", "Failed", "Error: ImagePullBackOff")
-            self.set_state({"waiting": {"reason": "ImagePullBackOff",
-                                        "message": 'Back-off pulling image "%s"' % image}})
+            self.set_state(
+                {
+                    "waiting": {
+                        "reason": "ImagePullBackOff",
+                        "message": 'Back-off pulling image "%s"' % image,
+                    }
+                }
+            )
             if self.w.sleep(self.emu.t("image_pull_backoff") * 2):
                 return
 
@@ -4212,21 +5488,39 @@ class ContainerRunner(threading.Thread):
         err = None
         if nonroot:
             if uid is None:
-                err = "container has runAsNonRoot and image will run as root (pod: %s, container: %s)" % (
-                    fmt_pod, self.cname)
+                err = (
+                    "container has runAsNonRoot and image will run as root (pod: %s, container: %s)"
+                    % (fmt_pod, self.cname)
+                )
             elif uid == 0:
-                err = "container's runAsUser breaks non-root policy (pod: %s, container: %s)" % (fmt_pod, self.cname)
+                err = "container's runAsUser breaks non-root policy (pod: %s, container: %s)" % (
+                    fmt_pod,
+                    self.cname,
+                )
         return int(uid or 0), int(gid if gid is not None else 0), err
 
     def _env(self) -> Tuple[Dict[str, str], Optional[str]]:
         w = self.w
         pod = w.store_pod()
-        env: Dict[str, str] = {"PATH": SANDBOX_PATH, "HOSTNAME": w.hostname, "HOME": "/", "LANG": "C.UTF-8"}
+        env: Dict[str, str] = {
+            "PATH": SANDBOX_PATH,
+            "HOSTNAME": w.hostname,
+            "HOME": "/",
+            "LANG": "C.UTF-8",
+        }
         if (pod.get("spec") or {}).get("enableServiceLinks", True):
-            env.update({"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443",
-                        "KUBERNETES_SERVICE_PORT_HTTPS": "443", "KUBERNETES_PORT": "tcp://10.96.0.1:443",
-                        "KUBERNETES_PORT_443_TCP": "tcp://10.96.0.1:443", "KUBERNETES_PORT_443_TCP_PROTO": "tcp",
-                        "KUBERNETES_PORT_443_TCP_PORT": "443", "KUBERNETES_PORT_443_TCP_ADDR": "10.96.0.1"})
+            env.update(
+                {
+                    "KUBERNETES_SERVICE_HOST": "10.96.0.1",
+                    "KUBERNETES_SERVICE_PORT": "443",
+                    "KUBERNETES_SERVICE_PORT_HTTPS": "443",
+                    "KUBERNETES_PORT": "tcp://10.96.0.1:443",
+                    "KUBERNETES_PORT_443_TCP": "tcp://10.96.0.1:443",
+                    "KUBERNETES_PORT_443_TCP_PROTO": "tcp",
+                    "KUBERNETES_PORT_443_TCP_PORT": "443",
+                    "KUBERNETES_PORT_443_TCP_ADDR": "10.96.0.1",
+                }
+            )
         for e in self.c.get("env") or []:
             name = e.get("name")
             if "value" in e or not e.get("valueFrom"):
@@ -4236,7 +5530,7 @@ class ContainerRunner(threading.Thread):
             if vf.get("fieldRef"):
                 val = resolve_field_ref(pod, vf["fieldRef"].get("fieldPath", ""))
                 if val is None:
-                    return env, 'unsupported fieldPath: %s' % vf["fieldRef"].get("fieldPath")
+                    return env, "unsupported fieldPath: %s" % vf["fieldRef"].get("fieldPath")
                 env[name] = val
             elif vf.get("configMapKeyRef"):
                 ref = vf["configMapKeyRef"]
@@ -4246,7 +5540,11 @@ class ContainerRunner(threading.Thread):
                         continue
                     if cm is None:
                         return env, 'configmap "%s" not found' % ref.get("name")
-                    return env, "couldn't find key %s in ConfigMap %s/%s" % (ref.get("key"), w.ns, ref.get("name"))
+                    return env, "couldn't find key %s in ConfigMap %s/%s" % (
+                        ref.get("key"),
+                        w.ns,
+                        ref.get("name"),
+                    )
                 env[name] = cm["data"][ref["key"]]
             elif vf.get("resourceFieldRef"):
                 ref = vf["resourceFieldRef"]
@@ -4254,11 +5552,12 @@ class ContainerRunner(threading.Thread):
                 kind, _, what = res.partition(".")
                 val = ((self.c.get("resources") or {}).get(kind) or {}).get(what)
                 if val is None:
-                    val = "8" if what == "cpu" else str(32 * 1024 ** 3)
+                    val = "8" if what == "cpu" else str(32 * 1024**3)
                 else:
                     q = parse_quantity(val)
                     div = parse_quantity(ref.get("divisor", "1"))
                     import math
+
                     val = str(int(math.ceil(q / div)))
                 env[name] = val
             elif vf.get("secretKeyRef"):
@@ -4294,7 +5593,11 @@ def tamper_line(mode: Optional[str], line: bytes) -> List[bytes]:
         obj["episode_id"] = "impostor-" + random_suffix()
         return [json.dumps(obj).encode() + b"\n"]
     if mode == "junk_lines":
-        return [b"emulator junk line: this is not JSON {\n", line, b"Traceback (emulated junk, not an event)\n"]
+        return [
+            b"emulator junk line: this is not JSON {\n",
+            line,
+            b"Traceback (emulated junk, not an event)\n",
+        ]
     return [line]
 
 
@@ -4319,18 +5622,27 @@ def on_node_clock(line: bytes, ahead: float) -> bytes:
     return json.dumps(obj).encode() + b"\n"
 
 
-def write_config_map_volume(directory: Path, volume: str, ref: dict, config_map: Optional[dict]) -> None:
+def write_config_map_volume(
+    directory: Path, volume: str, ref: dict, config_map: Optional[dict]
+) -> None:
     """A configMap volume's files (the items named, else every key) with their modes, as a kubelet writes them."""
     if config_map is None and not ref.get("optional"):
-        raise MountError('MountVolume.SetUp failed for volume "%s" : configmap "%s" not found'
-                         % (volume, ref.get("name")))
+        raise MountError(
+            'MountVolume.SetUp failed for volume "%s" : configmap "%s" not found'
+            % (volume, ref.get("name"))
+        )
     directory.mkdir(parents=True, exist_ok=True)
     data = dict((config_map or {}).get("data") or {})
-    binary = {k: base64.b64decode(b) for k, b in ((config_map or {}).get("binaryData") or {}).items()}
+    binary = {
+        k: base64.b64decode(b) for k, b in ((config_map or {}).get("binaryData") or {}).items()
+    }
     mode = ref.get("defaultMode", 0o644)
     items = ref.get("items")
-    pairs = [(it["key"], it["path"], it.get("mode", mode)) for it in items] if items else \
-        [(k, k, mode) for k in list(data) + list(binary)]
+    pairs = (
+        [(it["key"], it["path"], it.get("mode", mode)) for it in items]
+        if items
+        else [(k, k, mode) for k in list(data) + list(binary)]
+    )
     for key, path, file_mode in pairs:
         target = directory / path
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -4387,7 +5699,9 @@ class PodWorker(threading.Thread):
         self.dir = self.emu.workdir / "pods" / self.uid
         self.volumes: Dict[str, Tuple[str, str]] = {}
         self.started_at: Optional[float] = None
-        self.active_since: Optional[float] = None  # its status.startTime, held to the nanosecond as a kubelet does
+        self.active_since: Optional[float] = (
+            None  # its status.startTime, held to the nanosecond as a kubelet does
+        )
         self.evicted = False
         self._status_lock = threading.Lock()
 
@@ -4421,10 +5735,12 @@ class PodWorker(threading.Thread):
 
     def update(self, fn: Callable[[dict], Optional[bool]]) -> Optional[dict]:
         with self._status_lock:
+
             def guarded(o: dict) -> Optional[bool]:
                 if o["metadata"].get("uid") != self.uid:
                     return False
                 return fn(o)
+
             return self.emu.store.update("pods", self.ns, self.name, guarded)
 
     def update_container(self, cname: str, fn: Callable[[dict], None]) -> None:
@@ -4435,6 +5751,7 @@ class PodWorker(threading.Thread):
                     fn(cs)
             self.recompute(o)
             return True
+
         self.update(mutate)
 
     def recompute(self, o: dict) -> None:
@@ -4445,11 +5762,18 @@ class PodWorker(threading.Thread):
         conds = st.setdefault("conditions", [])
         terminated = [cs for cs in css if (cs.get("state") or {}).get("terminated")]
         running = [cs for cs in css if (cs.get("state") or {}).get("running")]
-        if st.get("reason") == "Evicted" or (st.get("reason") == "DeadlineExceeded" and css and all(
-                (cs.get("state") or {}).get("terminated") for cs in css)):
+        if st.get("reason") == "Evicted" or (
+            st.get("reason") == "DeadlineExceeded"
+            and css
+            and all((cs.get("state") or {}).get("terminated") for cs in css)
+        ):
             phase = "Failed"
         elif css and len(terminated) == len(css):
-            phase = "Succeeded" if all(cs["state"]["terminated"].get("exitCode") == 0 for cs in css) else "Failed"
+            phase = (
+                "Succeeded"
+                if all(cs["state"]["terminated"].get("exitCode") == 0 for cs in css)
+                else "Failed"
+            )
         elif running or st.get("phase") == "Running":
             phase = "Running"
         else:
@@ -4465,8 +5789,13 @@ class PodWorker(threading.Thread):
             elif terminal:
                 c = condition(ctype, "False", now, "PodCompleted")
             else:
-                c = condition(ctype, "False", now, "ContainersNotReady",
-                              "containers with unready status: [%s]" % " ".join(unready))
+                c = condition(
+                    ctype,
+                    "False",
+                    now,
+                    "ContainersNotReady",
+                    "containers with unready status: [%s]" % " ".join(unready),
+                )
             set_condition(conds, c)
         if terminal and emu.v >= (1, 29):
             set_condition(conds, condition("PodReadyToStartContainers", "False", now))
@@ -4477,8 +5806,14 @@ class PodWorker(threading.Thread):
             ready = [c for c in conds if c.get("type") == "PodReadyToStartContainers"]
             if not ready or ready[0].get("status") != "True":
                 set_condition(conds, condition("PodReadyToStartContainers", "True", now))
-        order = {"PodReadyToStartContainers": 0, "Initialized": 1, "Ready": 2, "ContainersReady": 3,
-                 "PodScheduled": 4, "DisruptionTarget": 5}
+        order = {
+            "PodReadyToStartContainers": 0,
+            "Initialized": 1,
+            "Ready": 2,
+            "ContainersReady": 3,
+            "PodScheduled": 4,
+            "DisruptionTarget": 5,
+        }
         conds.sort(key=lambda c: order.get(c["type"], 9))
 
     # -- lifecycle ---------------------------------------------------------
@@ -4494,8 +5829,13 @@ class PodWorker(threading.Thread):
     def _run(self) -> None:
         """The pod's life on its node, step by step; a step returns False when the pod stopped meanwhile."""
         containers = (self.store_pod().get("spec") or {}).get("containers") or []
-        if not (self._initial_status(containers) and self._mount_volumes() and self._wait_for_watch()
-                and self._start_sandbox() and self._start_containers(containers)):
+        if not (
+            self._initial_status(containers)
+            and self._mount_volumes()
+            and self._wait_for_watch()
+            and self._start_sandbox()
+            and self._start_containers(containers)
+        ):
             return
         self._supervise()
         for r in self.runners:
@@ -4521,10 +5861,19 @@ class PodWorker(threading.Thread):
             if emu.v >= (1, 29):
                 set_condition(conds, condition("PodReadyToStartContainers", "False", now))
             set_condition(conds, condition("Initialized", "True", now))
-            st["containerStatuses"] = [{
-                "name": c["name"], "state": {"waiting": {"reason": "ContainerCreating"}}, "lastState": {},
-                "ready": False, "restartCount": 0, "image": c.get("image", ""), "imageID": "", "started": False}
-                for c in containers]
+            st["containerStatuses"] = [
+                {
+                    "name": c["name"],
+                    "state": {"waiting": {"reason": "ContainerCreating"}},
+                    "lastState": {},
+                    "ready": False,
+                    "restartCount": 0,
+                    "image": c.get("image", ""),
+                    "imageID": "",
+                    "started": False,
+                }
+                for c in containers
+            ]
             self.recompute(o)
             return True
 
@@ -4539,8 +5888,9 @@ class PodWorker(threading.Thread):
                 self._prepare_volumes(self.store_pod())
                 return True
             except MountError as e:
-                self.emu.events.record(self.store_pod(), "Warning", "FailedMount", str(e), "kubelet",
-                                       host=self.kl.node)
+                self.emu.events.record(
+                    self.store_pod(), "Warning", "FailedMount", str(e), "kubelet", host=self.kl.node
+                )
                 if self.sleep(1.0):
                     self._terminate_all()
                     return False
@@ -4562,8 +5912,9 @@ class PodWorker(threading.Thread):
     def _start_sandbox(self) -> bool:
         """The sandbox's start (after its delay): the pod's IP and, on newer nodes, PodReadyToStartContainers."""
         emu = self.emu
-        delay = (emu.faults.timing("sandbox_delay", emu.t("sandbox_delay"))
-                 + random.uniform(0, max(0.0, emu.faults.timing("sandbox_jitter", emu.t("sandbox_jitter")))))
+        delay = emu.faults.timing("sandbox_delay", emu.t("sandbox_delay")) + random.uniform(
+            0, max(0.0, emu.faults.timing("sandbox_jitter", emu.t("sandbox_jitter")))
+        )
         emu.truth_record.note("pods", self.key, "sandbox_delay", delay, raw=True)
         if self.sleep(delay):
             self._terminate_all()
@@ -4577,8 +5928,10 @@ class PodWorker(threading.Thread):
             st["podIP"] = pod_ip
             st["podIPs"] = [{"ip": pod_ip}]
             if emu.v >= (1, 29) and not emu.faults.on("sandbox_status_with_running"):
-                set_condition(st.setdefault("conditions", []),
-                              condition("PodReadyToStartContainers", "True", emu.node_now(self.kl.node)))
+                set_condition(
+                    st.setdefault("conditions", []),
+                    condition("PodReadyToStartContainers", "True", emu.node_now(self.kl.node)),
+                )
             self.recompute(o)
             return True
 
@@ -4612,10 +5965,17 @@ class PodWorker(threading.Thread):
             if self.deleting.is_set() or emu._stopping.is_set():
                 self._terminate_all()
                 break
-            if emu.faults.applies("replace_pod", self.index) and self.started_at is not None \
-                    and time.time() - self.started_at >= emu.t("replace_after") and not self.evicted:
-                self._evict("The node was low on resource: ephemeral-storage. Threshold quantity: 1Gi, "
-                            "available: 512Mi. ", replaced=True)
+            if (
+                emu.faults.applies("replace_pod", self.index)
+                and self.started_at is not None
+                and time.time() - self.started_at >= emu.t("replace_after")
+                and not self.evicted
+            ):
+                self._evict(
+                    "The node was low on resource: ephemeral-storage. Threshold quantity: 1Gi, "
+                    "available: 512Mi. ",
+                    replaced=True,
+                )
                 break
             if time.time() - last_size_check >= 0.25:
                 last_size_check = time.time()
@@ -4652,14 +6012,21 @@ class PodWorker(threading.Thread):
             st = o.setdefault("status", {})
             for cs in st.get("containerStatuses") or []:
                 if not (cs.get("state") or {}).get("terminated"):
-                    cs["state"] = {"terminated": {"exitCode": 137, "reason": "ContainerStatusUnknown",
-                                                  "message": "The container could not be located when the pod "
-                                                             "was terminated", "startedAt": None,
-                                                  "finishedAt": fmt_time(now)}}
+                    cs["state"] = {
+                        "terminated": {
+                            "exitCode": 137,
+                            "reason": "ContainerStatusUnknown",
+                            "message": "The container could not be located when the pod "
+                            "was terminated",
+                            "startedAt": None,
+                            "finishedAt": fmt_time(now),
+                        }
+                    }
                     cs["ready"] = False
                     cs["started"] = False
             self.recompute(o)
             return True
+
         if not self.removed.is_set():
             self.update(fin)
 
@@ -4670,7 +6037,11 @@ class PodWorker(threading.Thread):
     def _past_active_deadline(self) -> bool:
         """The pod has been active on this node for its activeDeadlineSeconds (from its start)."""
         limit = (self.pod.get("spec") or {}).get("activeDeadlineSeconds")
-        return limit is not None and self.active_since is not None and time.time() - self.active_since >= limit
+        return (
+            limit is not None
+            and self.active_since is not None
+            and time.time() - self.active_since >= limit
+        )
 
     def _stop_at_deadline(self) -> None:
         """As the kubelet's active deadline handler: a Normal DeadlineExceeded event, the containers
@@ -4678,8 +6049,9 @@ class PodWorker(threading.Thread):
         condition of its own: no DisruptionTarget). The terminal phase reaches the API only once
         the containers have stopped."""
         message = "Pod was active on the node longer than the specified deadline"
-        self.emu.events.record(self.store_pod(), "Normal", "DeadlineExceeded", message, "kubelet",
-                               host=self.kl.node)
+        self.emu.events.record(
+            self.store_pod(), "Normal", "DeadlineExceeded", message, "kubelet", host=self.kl.node
+        )
         self.grace = float((self.pod.get("spec") or {}).get("terminationGracePeriodSeconds") or 30)
         self.evicted = True  # stops the pod's steps as an eviction does
 
@@ -4690,6 +6062,7 @@ class PodWorker(threading.Thread):
             st["message"] = message
             self.recompute(o)
             return True
+
         self.update(mark)
         self._terminate_all()
 
@@ -4706,17 +6079,24 @@ class PodWorker(threading.Thread):
             st = o.setdefault("status", {})
             st["reason"] = "Evicted"
             st["message"] = message
-            set_condition(st.setdefault("conditions", []),
-                          condition("DisruptionTarget", "True", now, "TerminationByKubelet", message))
+            set_condition(
+                st.setdefault("conditions", []),
+                condition("DisruptionTarget", "True", now, "TerminationByKubelet", message),
+            )
             self.recompute(o)
             return True
+
         self.update(mark)
         self.grace = 0.0
         self._terminate_all()
 
     def _maybe_final_delete(self) -> None:
         pod = self.emu.store.get("pods", self.ns, self.name)
-        if pod is not None and pod["metadata"].get("uid") == self.uid and pod["metadata"].get("deletionTimestamp"):
+        if (
+            pod is not None
+            and pod["metadata"].get("uid") == self.uid
+            and pod["metadata"].get("deletionTimestamp")
+        ):
             self.kl.final_delete(self.ns, self.name, self.uid)
 
     # -- volumes -----------------------------------------------------------
@@ -4732,7 +6112,9 @@ class PodWorker(threading.Thread):
         d = self.dir / "volumes" / name
         if v.get("configMap") is not None:
             ref = v["configMap"]
-            write_config_map_volume(d, name, ref, self.emu.store.get("configmaps", self.ns, ref.get("name", "")))
+            write_config_map_volume(
+                d, name, ref, self.emu.store.get("configmaps", self.ns, ref.get("name", ""))
+            )
             return str(d), "configMap"
         if v.get("emptyDir") is not None:
             d.mkdir(parents=True, exist_ok=True)
@@ -4752,15 +6134,21 @@ class PodWorker(threading.Thread):
         if v.get("hostPath") is not None:
             return v["hostPath"].get("path", "/"), "hostPath"
         if v.get("secret") is not None:
-            raise MountError('MountVolume.SetUp failed for volume "%s" : secret "%s" not found'
-                             % (name, v["secret"].get("secretName")))
-        raise MountError('MountVolume.SetUp failed for volume "%s" : volume type not supported by '
-                         'the emulator' % name)
+            raise MountError(
+                'MountVolume.SetUp failed for volume "%s" : secret "%s" not found'
+                % (name, v["secret"].get("secretName"))
+            )
+        raise MountError(
+            'MountVolume.SetUp failed for volume "%s" : volume type not supported by '
+            "the emulator" % name
+        )
 
     def _project(self, pod: dict, d: Path, name: str, src: dict) -> None:
         """One source of a projected volume: the token, the root CA, configMap keys or downward API fields."""
         if src.get("serviceAccountToken"):
-            (d / src["serviceAccountToken"].get("path", "token")).write_text("emulator-token-%s" % self.uid)
+            (d / src["serviceAccountToken"].get("path", "token")).write_text(
+                "emulator-token-%s" % self.uid
+            )
         if src.get("configMap") and src["configMap"].get("name") == "kube-root-ca.crt":
             for it in src["configMap"].get("items") or []:
                 (d / it["path"]).write_text(EMULATOR_CA)
@@ -4768,14 +6156,22 @@ class PodWorker(threading.Thread):
             ref = src["configMap"]
             cm = self.emu.store.get("configmaps", self.ns, ref.get("name", ""))
             if cm is None and not ref.get("optional"):
-                raise MountError('MountVolume.SetUp failed for volume "%s" : configmap "%s" not found'
-                                 % (name, ref.get("name")))
+                raise MountError(
+                    'MountVolume.SetUp failed for volume "%s" : configmap "%s" not found'
+                    % (name, ref.get("name"))
+                )
             data = dict((cm or {}).get("data") or {})
-            pairs = [(it["key"], it["path"]) for it in ref["items"]] if ref.get("items") else [(k, k) for k in data]
+            pairs = (
+                [(it["key"], it["path"]) for it in ref["items"]]
+                if ref.get("items")
+                else [(k, k) for k in data]
+            )
             for key, path in pairs:
                 if key not in data and cm is not None:
-                    raise MountError('MountVolume.SetUp failed for volume "%s" : configmap references '
-                                     'non-existent config key: %s' % (name, key))
+                    raise MountError(
+                        'MountVolume.SetUp failed for volume "%s" : configmap references '
+                        "non-existent config key: %s" % (name, key)
+                    )
                 target = d / path
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_text(data.get(key, ""))
@@ -4812,7 +6208,10 @@ class PodWorker(threading.Thread):
                         pass
             if used > limit:
                 self.emu.truth_record.note("pods", self.key, "size_limit_exceeded", used, raw=True)
-                return 'Usage of EmptyDir volume "%s" exceeds the limit "%s". ' % (v["name"], ed["sizeLimit"])
+                return 'Usage of EmptyDir volume "%s" exceeds the limit "%s". ' % (
+                    v["name"],
+                    ed["sizeLimit"],
+                )
         return None
 
 
@@ -4835,7 +6234,9 @@ class Kubelet:
         self.finalq = WorkQueue()
         self.pod_events: "queue.Queue[Tuple[str, dict]]" = queue.Queue()
         self.thread = threading.Thread(target=self._final_loop, name="kubelet-" + node, daemon=True)
-        self.sync_thread = threading.Thread(target=self._sync_loop, name="kubelet-sync-" + node, daemon=True)
+        self.sync_thread = threading.Thread(
+            target=self._sync_loop, name="kubelet-sync-" + node, daemon=True
+        )
 
     def start(self) -> None:
         self.thread.start()
@@ -4898,15 +6299,23 @@ class Kubelet:
                 continue
             ns, name, uid = key
             pod = self.emu.store.get("pods", ns, name)
-            if pod is None or pod["metadata"]["uid"] != uid or not pod["metadata"].get("deletionTimestamp"):
+            if (
+                pod is None
+                or pod["metadata"]["uid"] != uid
+                or not pod["metadata"].get("deletionTimestamp")
+            ):
                 continue
             if not pod_terminal(pod) and not pod["metadata"].get("deletionGracePeriodSeconds") == 0:
                 w = self.workers.get(uid)
                 if w is not None and not w.done:
                     continue
             try:
-                self.emu.writes.api_delete(CANONICAL["pods"], ns, name, {"gracePeriodSeconds": 0,
-                                                                         "preconditions": {"uid": uid}})
+                self.emu.writes.api_delete(
+                    CANONICAL["pods"],
+                    ns,
+                    name,
+                    {"gracePeriodSeconds": 0, "preconditions": {"uid": uid}},
+                )
             except ApiError:
                 pass
 
@@ -4925,7 +6334,9 @@ class Kubelet:
 # defaulting, admission and validation
 # --------------------------------------------------------------------------
 
-_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_DNS1123_SUBDOMAIN = re.compile(
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+)
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _CM_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
 
@@ -4971,36 +6382,64 @@ def validate_pod_spec(spec: dict, path: str) -> List[Tuple[str, str, str]]:
         if not c.get("name"):
             errs.append(("%s.name" % cp, "FieldValueRequired", "Required value"))
         elif c["name"] in seen:
-            errs.append(("%s.name" % cp, "FieldValueDuplicate", 'Duplicate value: "%s"' % c["name"]))
+            errs.append(
+                ("%s.name" % cp, "FieldValueDuplicate", 'Duplicate value: "%s"' % c["name"])
+            )
         seen.add(c.get("name", ""))
         if not c.get("image"):
             errs.append(("%s.image" % cp, "FieldValueRequired", "Required value"))
         for j, vm in enumerate(c.get("volumeMounts") or []):
             if vm.get("name") not in vols:
-                errs.append(("%s.volumeMounts[%d].name" % (cp, j), "FieldValueNotFound",
-                             'Not found: "%s"' % vm.get("name")))
+                errs.append(
+                    (
+                        "%s.volumeMounts[%d].name" % (cp, j),
+                        "FieldValueNotFound",
+                        'Not found: "%s"' % vm.get("name"),
+                    )
+                )
             if not vm.get("mountPath"):
-                errs.append(("%s.volumeMounts[%d].mountPath" % (cp, j), "FieldValueRequired", "Required value"))
+                errs.append(
+                    (
+                        "%s.volumeMounts[%d].mountPath" % (cp, j),
+                        "FieldValueRequired",
+                        "Required value",
+                    )
+                )
         res = c.get("resources") or {}
         for kind in ("limits", "requests"):
             for rname, q in (res.get(kind) or {}).items():
                 try:
                     parse_quantity(q)
                 except ValueError as e:
-                    errs.append(("%s.resources.%s[%s]" % (cp, kind, rname), "FieldValueInvalid",
-                                 'Invalid value: "%s": %s' % (q, e)))
+                    errs.append(
+                        (
+                            "%s.resources.%s[%s]" % (cp, kind, rname),
+                            "FieldValueInvalid",
+                            'Invalid value: "%s": %s' % (q, e),
+                        )
+                    )
     for i, v in enumerate(spec.get("volumes") or []):
         ed = v.get("emptyDir")
         if ed and ed.get("sizeLimit") is not None:
             try:
                 parse_quantity(ed["sizeLimit"])
             except ValueError as e:
-                errs.append(("%s.volumes[%d].emptyDir.sizeLimit" % (path, i), "FieldValueInvalid",
-                             'Invalid value: "%s": %s' % (ed["sizeLimit"], e)))
+                errs.append(
+                    (
+                        "%s.volumes[%d].emptyDir.sizeLimit" % (path, i),
+                        "FieldValueInvalid",
+                        'Invalid value: "%s": %s' % (ed["sizeLimit"], e),
+                    )
+                )
     rp = spec.get("restartPolicy")
     if rp not in ("Always", "OnFailure", "Never"):
-        errs.append(("%s.restartPolicy" % path, "FieldValueNotSupported",
-                     'Unsupported value: "%s": supported values: "Always", "OnFailure", "Never"' % rp))
+        errs.append(
+            (
+                "%s.restartPolicy" % path,
+                "FieldValueNotSupported",
+                'Unsupported value: "%s": supported values: "Always", "OnFailure", "Never"' % rp,
+            )
+        )
     return errs
 
 
@@ -5011,8 +6450,16 @@ def qos_class(spec: dict) -> str:
     guaranteed = True
     for c in spec.get("containers") or []:
         res = c.get("resources") or {}
-        lim = {k: parse_quantity(v) for k, v in (res.get("limits") or {}).items() if k in ("cpu", "memory")}
-        req = {k: parse_quantity(v) for k, v in (res.get("requests") or {}).items() if k in ("cpu", "memory")}
+        lim = {
+            k: parse_quantity(v)
+            for k, v in (res.get("limits") or {}).items()
+            if k in ("cpu", "memory")
+        }
+        req = {
+            k: parse_quantity(v)
+            for k, v in (res.get("requests") or {}).items()
+            if k in ("cpu", "memory")
+        }
         if lim or req:
             any_set = True
         for k in ("cpu", "memory"):
@@ -5038,15 +6485,25 @@ def validate_job(body: dict) -> List[Tuple[str, str, str]]:
     rp = tspec.get("restartPolicy")
     if rp not in ("OnFailure", "Never"):
         errs = [e for e in errs if e[0] != "spec.template.spec.restartPolicy"]
-        errs.append(("spec.template.spec.restartPolicy", "FieldValueNotSupported",
-                     'Unsupported value: "%s": supported values: "OnFailure", "Never"' % rp))
+        errs.append(
+            (
+                "spec.template.spec.restartPolicy",
+                "FieldValueNotSupported",
+                'Unsupported value: "%s": supported values: "OnFailure", "Never"' % rp,
+            )
+        )
     errs += _job_count_errors(spec)
     policy = spec.get("podFailurePolicy")
     if policy is not None:
         if rp != "Never":
-            errs.append(("spec.template.spec.restartPolicy", "FieldValueInvalid",
-                         'Invalid value: "%s": only "Never" is supported when podFailurePolicy '
-                         'is specified' % rp))
+            errs.append(
+                (
+                    "spec.template.spec.restartPolicy",
+                    "FieldValueInvalid",
+                    'Invalid value: "%s": only "Never" is supported when podFailurePolicy '
+                    "is specified" % rp,
+                )
+            )
         errs += _pod_failure_policy_errors(policy, spec.get("backoffLimitPerIndex"))
     errs += _success_policy_errors(spec)
     return errs
@@ -5058,24 +6515,44 @@ def _success_policy_errors(spec: dict) -> List[Tuple[str, str, str]]:
     if policy is None:
         return []
     if spec.get("completionMode") != "Indexed":
-        return [("spec.successPolicy", "FieldValueInvalid", "Invalid value: %s: requires indexed completion mode"
-                 % json.dumps(policy))]
+        return [
+            (
+                "spec.successPolicy",
+                "FieldValueInvalid",
+                "Invalid value: %s: requires indexed completion mode" % json.dumps(policy),
+            )
+        ]
     rules = policy.get("rules") or []
     if not rules:
-        return [("spec.successPolicy.rules", "FieldValueRequired",
-                 "Required value: at least one rules must be specified when the successPolicy is specified")]
+        return [
+            (
+                "spec.successPolicy.rules",
+                "FieldValueRequired",
+                "Required value: at least one rules must be specified when the successPolicy is specified",
+            )
+        ]
     errs: List[Tuple[str, str, str]] = []
     completions = spec.get("completions") or 0
     for number, rule in enumerate(rules):
         path = "spec.successPolicy.rules[%d]" % number
         count = rule.get("succeededCount")
         if count is None and rule.get("succeededIndexes") is None:
-            errs.append((path, "FieldValueRequired",
-                         "Required value: at least one of succeededCount or succeededIndexes must be specified"))
+            errs.append(
+                (
+                    path,
+                    "FieldValueRequired",
+                    "Required value: at least one of succeededCount or succeededIndexes must be specified",
+                )
+            )
         elif count is not None and (not isinstance(count, int) or count < 0 or count > completions):
-            errs.append((path + ".succeededCount", "FieldValueInvalid",
-                         "Invalid value: %s: must be less than or equal to %d (the number of specified completions)"
-                         % (count, completions)))
+            errs.append(
+                (
+                    path + ".succeededCount",
+                    "FieldValueInvalid",
+                    "Invalid value: %s: must be less than or equal to %d (the number of specified completions)"
+                    % (count, completions),
+                )
+            )
     return errs
 
 
@@ -5084,31 +6561,69 @@ def _job_count_errors(spec: dict) -> List[Tuple[str, str, str]]:
     errs: List[Tuple[str, str, str]] = []
     for f in ("parallelism", "completions", "backoffLimit"):
         if spec.get(f) is not None and (not isinstance(spec[f], int) or spec[f] < 0):
-            errs.append(("spec.%s" % f, "FieldValueInvalid",
-                         "Invalid value: %s: must be greater than or equal to 0" % spec[f]))
+            errs.append(
+                (
+                    "spec.%s" % f,
+                    "FieldValueInvalid",
+                    "Invalid value: %s: must be greater than or equal to 0" % spec[f],
+                )
+            )
     ads = spec.get("activeDeadlineSeconds")
     if ads is not None and (not isinstance(ads, int) or ads <= 0):
-        errs.append(("spec.activeDeadlineSeconds", "FieldValueInvalid",
-                     "Invalid value: %s: must be greater than or equal to 1" % ads))
+        errs.append(
+            (
+                "spec.activeDeadlineSeconds",
+                "FieldValueInvalid",
+                "Invalid value: %s: must be greater than or equal to 1" % ads,
+            )
+        )
     if spec.get("completionMode") not in ("NonIndexed", "Indexed"):
-        errs.append(("spec.completionMode", "FieldValueNotSupported",
-                     'Unsupported value: "%s": supported values: "NonIndexed", "Indexed"'
-                     % spec.get("completionMode")))
+        errs.append(
+            (
+                "spec.completionMode",
+                "FieldValueNotSupported",
+                'Unsupported value: "%s": supported values: "NonIndexed", "Indexed"'
+                % spec.get("completionMode"),
+            )
+        )
     if spec.get("completionMode") == "Indexed" and spec.get("completions") is None:
-        errs.append(("spec.completions", "FieldValueRequired",
-                     "Required value: when completion mode is Indexed"))
+        errs.append(
+            (
+                "spec.completions",
+                "FieldValueRequired",
+                "Required value: when completion mode is Indexed",
+            )
+        )
     per_index = spec.get("backoffLimitPerIndex")
     if per_index is not None and spec.get("completionMode") != "Indexed":
-        errs.append(("spec.backoffLimitPerIndex", "FieldValueForbidden",
-                     "Forbidden: requires indexed completion mode"))
+        errs.append(
+            (
+                "spec.backoffLimitPerIndex",
+                "FieldValueForbidden",
+                "Forbidden: requires indexed completion mode",
+            )
+        )
     if spec.get("maxFailedIndexes") is not None and per_index is None:
-        errs.append(("spec.backoffLimitPerIndex", "FieldValueRequired",
-                     "Required value: when maxFailedIndexes is specified"))
-    if spec.get("maxFailedIndexes") is not None and spec.get("completions") is not None \
-            and spec["maxFailedIndexes"] > spec["completions"]:
-        errs.append(("spec.maxFailedIndexes", "FieldValueInvalid",
-                     "Invalid value: %s: must be less than or equal to completions"
-                     % spec["maxFailedIndexes"]))
+        errs.append(
+            (
+                "spec.backoffLimitPerIndex",
+                "FieldValueRequired",
+                "Required value: when maxFailedIndexes is specified",
+            )
+        )
+    if (
+        spec.get("maxFailedIndexes") is not None
+        and spec.get("completions") is not None
+        and spec["maxFailedIndexes"] > spec["completions"]
+    ):
+        errs.append(
+            (
+                "spec.maxFailedIndexes",
+                "FieldValueInvalid",
+                "Invalid value: %s: must be less than or equal to completions"
+                % spec["maxFailedIndexes"],
+            )
+        )
     return errs
 
 
@@ -5118,17 +6633,32 @@ def _pod_failure_policy_errors(policy: dict, per_index: Any) -> List[Tuple[str, 
     for number, rule in enumerate(policy.get("rules") or []):
         action = rule.get("action")
         if action not in ("Count", "FailIndex", "FailJob", "Ignore"):
-            errs.append(("spec.podFailurePolicy.rules[%d].action" % number, "FieldValueNotSupported",
-                         'Unsupported value: "%s": supported values: "Count", "FailIndex", '
-                         '"FailJob", "Ignore"' % action))
+            errs.append(
+                (
+                    "spec.podFailurePolicy.rules[%d].action" % number,
+                    "FieldValueNotSupported",
+                    'Unsupported value: "%s": supported values: "Count", "FailIndex", '
+                    '"FailJob", "Ignore"' % action,
+                )
+            )
         elif action == "FailIndex" and per_index is None:
-            errs.append(("spec.podFailurePolicy.rules[%d].action" % number, "FieldValueInvalid",
-                         'Invalid value: "FailIndex": requires the backoffLimitPerIndex to be set'))
+            errs.append(
+                (
+                    "spec.podFailurePolicy.rules[%d].action" % number,
+                    "FieldValueInvalid",
+                    'Invalid value: "FailIndex": requires the backoffLimitPerIndex to be set',
+                )
+            )
         codes = rule.get("onExitCodes")
         if codes is not None and codes.get("operator") == "In" and 0 in (codes.get("values") or []):
-            errs.append(("spec.podFailurePolicy.rules[%d].onExitCodes.values[%d]" % (
-                number, codes["values"].index(0)), "FieldValueInvalid",
-                "Invalid value: 0: must not be 0 for the In operator"))
+            errs.append(
+                (
+                    "spec.podFailurePolicy.rules[%d].onExitCodes.values[%d]"
+                    % (number, codes["values"].index(0)),
+                    "FieldValueInvalid",
+                    "Invalid value: 0: must not be 0 for the In operator",
+                )
+            )
     return errs
 
 
@@ -5137,10 +6667,15 @@ def validate_config_map(body: dict) -> List[Tuple[str, str, str]]:
     errs: List[Tuple[str, str, str]] = []
     for k in list((body.get("data") or {})) + list((body.get("binaryData") or {})):
         if not _CM_KEY.match(k):
-            errs.append(("data[%s]" % k, "FieldValueInvalid",
-                         "Invalid value: \"%s\": a valid config key must consist of alphanumeric "
-                         "characters, '-', '_' or '.' (e.g. 'key.name',  or 'KEY_NAME',  or 'key-name', "
-                         "regex used for validation is '[-._a-zA-Z0-9]+')" % k))
+            errs.append(
+                (
+                    "data[%s]" % k,
+                    "FieldValueInvalid",
+                    'Invalid value: "%s": a valid config key must consist of alphanumeric '
+                    "characters, '-', '_' or '.' (e.g. 'key.name',  or 'KEY_NAME',  or 'key-name', "
+                    "regex used for validation is '[-._a-zA-Z0-9]+')" % k,
+                )
+            )
     for k, v in (body.get("data") or {}).items():
         if not isinstance(v, str):
             errs.append(("data[%s]" % k, "FieldValueInvalid", "Invalid value: must be a string"))
@@ -5154,7 +6689,9 @@ def validate_runtime_class(body: dict) -> List[Tuple[str, str, str]]:
 
 # The resources whose creates are validated, by store.
 VALIDATORS: Dict[str, Callable[[dict], List[Tuple[str, str, str]]]] = {
-    "pods": validate_pod, "jobs": validate_job, "configmaps": validate_config_map,
+    "pods": validate_pod,
+    "jobs": validate_job,
+    "configmaps": validate_config_map,
     "runtimeclasses": validate_runtime_class,
 }
 
@@ -5185,29 +6722,39 @@ def _delete_path(obj: dict, path: str) -> None:
 # the write path, the event recorder, the truth record and the emulator
 # --------------------------------------------------------------------------
 
+
 class WritePath:
     """Writes as the API server takes them: decoding checks, admission, defaulting, validation and
     storage for create, update, patch and delete (used by the REST layer and the controllers)."""
 
-    def __init__(self, store: Store, faults: Faults, clock: Callable[[], float], version: Tuple[int, int]):
+    def __init__(
+        self, store: Store, faults: Faults, clock: Callable[[], float], version: Tuple[int, int]
+    ):
         self.store = store
         self.faults = faults
         self.clock = clock
         self.version = version
         self.booted = False  # the bootstrap objects are made; faults apply from here on
 
-    def api_create(self, info: ResourceInfo, ns: Optional[str], body: dict,
-                   query: Dict[str, str]) -> Tuple[dict, List[str]]:
+    def api_create(
+        self, info: ResourceInfo, ns: Optional[str], body: dict, query: Dict[str, str]
+    ) -> Tuple[dict, List[str]]:
         body = clone(body)
         kind, api_version = body.get("kind"), body.get("apiVersion")
         if not kind:
-            raise err_bad_request("Object 'Kind' is missing in '%s'" % json.dumps(body, separators=(",", ":"))[:300])
+            raise err_bad_request(
+                "Object 'Kind' is missing in '%s'" % json.dumps(body, separators=(",", ":"))[:300]
+            )
         if api_version != info.api_version:
-            raise err_bad_request("the API version in the data (%s) does not match the expected API version (%s)"
-                                  % (api_version, info.api_version))
+            raise err_bad_request(
+                "the API version in the data (%s) does not match the expected API version (%s)"
+                % (api_version, info.api_version)
+            )
         if kind != info.kind:
-            raise err_bad_request("the kind in the data (%s) does not match the expected kind (%s)"
-                                  % (kind, info.kind))
+            raise err_bad_request(
+                "the kind in the data (%s) does not match the expected kind (%s)"
+                % (kind, info.kind)
+            )
         fv = query.get("fieldValidation") or "Warn"
         warnings: List[str] = []
         if info.group != "events.k8s.io":
@@ -5215,8 +6762,10 @@ class WritePath:
             if unknown:
                 listing = ", ".join('unknown field "%s"' % u for u in unknown)
                 if fv == "Strict":
-                    raise err_bad_request('%s in version "%s" cannot be handled as a %s: strict decoding error: %s'
-                                          % (info.kind, info.version, info.kind, listing))
+                    raise err_bad_request(
+                        '%s in version "%s" cannot be handled as a %s: strict decoding error: %s'
+                        % (info.kind, info.version, info.kind, listing)
+                    )
                 if fv == "Warn":
                     warnings = ['unknown field "%s"' % u for u in unknown]
                 for u in unknown:
@@ -5226,8 +6775,10 @@ class WritePath:
         md = body.setdefault("metadata", {})
         if info.namespaced:
             if md.get("namespace") and md["namespace"] != ns:
-                raise err_bad_request("the namespace of the provided object does not match the namespace sent "
-                                      "on the request")
+                raise err_bad_request(
+                    "the namespace of the provided object does not match the namespace sent "
+                    "on the request"
+                )
             md["namespace"] = ns
         else:
             md.pop("namespace", None)
@@ -5247,22 +6798,42 @@ class WritePath:
         nsobj = self.store.get("namespaces", None, ns or "")
         policy = pod_security_policy(((nsobj or {}).get("metadata") or {}).get("labels"), "warn")
         message = pod_security_message(policy, spec) if policy else None
-        return ["would violate" + message[len("violates"):]] if message else []
+        return ["would violate" + message[len("violates") :]] if message else []
 
     def create_object(self, info: ResourceInfo, body: dict, dry_run: bool = False) -> dict:
         """Admission + defaulting + validation + storage (used by the REST layer and controllers)."""
         canon = CANONICAL[info.store]
         body = clone(body)
         body["kind"], body["apiVersion"] = canon.kind, canon.api_version
-        body = dict([("kind", body.pop("kind")), ("apiVersion", body.pop("apiVersion"))] + list(body.items()))
+        body = dict(
+            [("kind", body.pop("kind")), ("apiVersion", body.pop("apiVersion"))]
+            + list(body.items())
+        )
         md = body.setdefault("metadata", {})
-        for k in ("uid", "resourceVersion", "creationTimestamp", "deletionTimestamp",
-                  "deletionGracePeriodSeconds", "selfLink", "managedFields", "generation"):
+        for k in (
+            "uid",
+            "resourceVersion",
+            "creationTimestamp",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "selfLink",
+            "managedFields",
+            "generation",
+        ):
             md.pop(k, None)
         err_name = md.get("name") or md.get("generateName") or ""
         if not md.get("name") and not md.get("generateName"):
-            raise err_invalid(canon, "", [("metadata.name", "FieldValueRequired",
-                                           "Required value: name or generateName is required")])
+            raise err_invalid(
+                canon,
+                "",
+                [
+                    (
+                        "metadata.name",
+                        "FieldValueRequired",
+                        "Required value: name or generateName is required",
+                    )
+                ],
+            )
         ns = md.get("namespace")
         if canon.namespaced:
             self._check_namespace(canon, ns or "", err_name)
@@ -5278,14 +6849,31 @@ class WritePath:
             limit = 63 if canon.store == "namespaces" else 253
             if canon.store != "events" and (not pattern.match(name) or len(name) > limit):
                 what = "RFC 1123 label" if canon.store == "namespaces" else "RFC 1123 subdomain"
-                rx = ("[a-z0-9]([-a-z0-9]*[a-z0-9])?" if canon.store == "namespaces" else
-                      "[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-                raise err_invalid(canon, name, [("metadata.name", "FieldValueInvalid",
-                                  "Invalid value: \"%s\": a lowercase %s must consist of lower case alphanumeric "
-                                  "characters, '-'%s, and must start and end with an alphanumeric character "
-                                  "(e.g. '%s', regex used for validation is '%s')"
-                                  % (name, what, "" if canon.store == "namespaces" else " or '.'",
-                                     "my-name" if canon.store == "namespaces" else "example.com", rx))])
+                rx = (
+                    "[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+                    if canon.store == "namespaces"
+                    else "[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+                )
+                raise err_invalid(
+                    canon,
+                    name,
+                    [
+                        (
+                            "metadata.name",
+                            "FieldValueInvalid",
+                            'Invalid value: "%s": a lowercase %s must consist of lower case alphanumeric '
+                            "characters, '-'%s, and must start and end with an alphanumeric character "
+                            "(e.g. '%s', regex used for validation is '%s')"
+                            % (
+                                name,
+                                what,
+                                "" if canon.store == "namespaces" else " or '.'",
+                                "my-name" if canon.store == "namespaces" else "example.com",
+                                rx,
+                            ),
+                        )
+                    ],
+                )
             if canon.store == "namespaces":
                 md.setdefault("labels", {})["kubernetes.io/metadata.name"] = name
             errs = validation_errors(canon, body)
@@ -5309,11 +6897,22 @@ class WritePath:
         nsobj = self.store.get("namespaces", None, ns)
         if nsobj is None:
             raise err_not_found(CANONICAL["namespaces"], ns)
-        if nsobj["metadata"].get("deletionTimestamp") or (nsobj.get("status") or {}).get("phase") == "Terminating":
-            raise err_forbidden(info, err_name, "unable to create new content in namespace %s because it is being "
-                                "terminated" % ns, [{"reason": "NamespaceTerminating",
-                                                     "message": "namespace %s is being terminated" % ns,
-                                                     "field": "metadata.namespace"}])
+        if (
+            nsobj["metadata"].get("deletionTimestamp")
+            or (nsobj.get("status") or {}).get("phase") == "Terminating"
+        ):
+            raise err_forbidden(
+                info,
+                err_name,
+                "unable to create new content in namespace %s because it is being terminated" % ns,
+                [
+                    {
+                        "reason": "NamespaceTerminating",
+                        "message": "namespace %s is being terminated" % ns,
+                        "field": "metadata.namespace",
+                    }
+                ],
+            )
 
     # admission / defaulting per resource ----------------------------------
     def _admit_namespaces(self, body: dict, err_name: str) -> None:
@@ -5340,16 +6939,24 @@ class WritePath:
             spec["backoffLimit"] = 6 if spec.get("backoffLimitPerIndex") is None else 2147483647
         spec.setdefault("suspend", False)
         if self.version >= (1, 29):
-            spec.setdefault("podReplacementPolicy", "Failed" if spec.get("podFailurePolicy") else
-                            "TerminatingOrFailed")
+            spec.setdefault(
+                "podReplacementPolicy",
+                "Failed" if spec.get("podFailurePolicy") else "TerminatingOrFailed",
+            )
         md["uid"] = str(uuid.uuid4())
         name = md.get("name") or md.get("generateName", "")
         if not spec.get("manualSelector"):
             spec.setdefault("manualSelector", False)
             spec["selector"] = {"matchLabels": {"batch.kubernetes.io/controller-uid": md["uid"]}}
             labels = tmd.setdefault("labels", {})
-            labels.update({"batch.kubernetes.io/controller-uid": md["uid"], "batch.kubernetes.io/job-name": name,
-                           "controller-uid": md["uid"], "job-name": name})
+            labels.update(
+                {
+                    "batch.kubernetes.io/controller-uid": md["uid"],
+                    "batch.kubernetes.io/job-name": name,
+                    "controller-uid": md["uid"],
+                    "job-name": name,
+                }
+            )
         default_pod_spec(tspec)
         # A Job without labels takes its template's, selector labels included: the API server
         # defaults them to the template's label map before it adds those to that same map.
@@ -5373,30 +6980,73 @@ class WritePath:
         if rc_name:
             rc = self.store.get("runtimeclasses", None, rc_name)
             if rc is None:
-                raise err_forbidden(CANONICAL["pods"], err_name, 'pod rejected: RuntimeClass "%s" not found' % rc_name)
+                raise err_forbidden(
+                    CANONICAL["pods"],
+                    err_name,
+                    'pod rejected: RuntimeClass "%s" not found' % rc_name,
+                )
             fixed = (rc.get("overhead") or {}).get("podFixed")
             if fixed:
                 if spec.get("overhead") and spec["overhead"] != fixed:
-                    raise err_forbidden(CANONICAL["pods"], err_name,
-                                        "pod rejected: Pod's Overhead doesn't match RuntimeClass's defined Overhead")
+                    raise err_forbidden(
+                        CANONICAL["pods"],
+                        err_name,
+                        "pod rejected: Pod's Overhead doesn't match RuntimeClass's defined Overhead",
+                    )
                 spec["overhead"] = dict(fixed)
         spec.setdefault("serviceAccountName", "default")
         spec["serviceAccount"] = spec["serviceAccountName"]
         if spec.get("automountServiceAccountToken") is not False:
             vname = "kube-api-access-" + random_suffix()
-            spec.setdefault("volumes", []).append({"name": vname, "projected": {"defaultMode": 420, "sources": [
-                {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
-                {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
-                {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {
-                    "apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}}]}})
+            spec.setdefault("volumes", []).append(
+                {
+                    "name": vname,
+                    "projected": {
+                        "defaultMode": 420,
+                        "sources": [
+                            {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+                            {
+                                "configMap": {
+                                    "name": "kube-root-ca.crt",
+                                    "items": [{"key": "ca.crt", "path": "ca.crt"}],
+                                }
+                            },
+                            {
+                                "downwardAPI": {
+                                    "items": [
+                                        {
+                                            "path": "namespace",
+                                            "fieldRef": {
+                                                "apiVersion": "v1",
+                                                "fieldPath": "metadata.namespace",
+                                            },
+                                        }
+                                    ]
+                                }
+                            },
+                        ],
+                    },
+                }
+            )
             for c in spec.get("containers") or []:
-                c.setdefault("volumeMounts", []).append({
-                    "name": vname, "readOnly": True, "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"})
+                c.setdefault("volumeMounts", []).append(
+                    {
+                        "name": vname,
+                        "readOnly": True,
+                        "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount",
+                    }
+                )
         tolerations = spec.setdefault("tolerations", [])
         for key in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"):
             if not any(t.get("key") == key for t in tolerations):
-                tolerations.append({"key": key, "operator": "Exists", "effect": "NoExecute",
-                                    "tolerationSeconds": 300})
+                tolerations.append(
+                    {
+                        "key": key,
+                        "operator": "Exists",
+                        "effect": "NoExecute",
+                        "tolerationSeconds": 300,
+                    }
+                )
         spec.setdefault("priority", 0)
         spec.setdefault("enableServiceLinks", True)
         spec.setdefault("preemptionPolicy", "PreemptLowerPriority")
@@ -5407,13 +7057,22 @@ class WritePath:
         body["status"] = {"phase": "Pending", "qosClass": qos}
 
     def _admit_networkpolicies(self, body: dict, err_name: str) -> None:
-        body.setdefault("spec", {}).setdefault("policyTypes", ["Ingress"] + (
-            ["Egress"] if body["spec"].get("egress") is not None else []))
+        body.setdefault("spec", {}).setdefault(
+            "policyTypes",
+            ["Ingress"] + (["Egress"] if body["spec"].get("egress") is not None else []),
+        )
         body["metadata"]["generation"] = 1
 
     # update / patch ---------------------------------------------------------
-    def api_update(self, info: ResourceInfo, ns: Optional[str], name: str, sub: Optional[str], body: dict,
-                   query: Dict[str, str]) -> dict:
+    def api_update(
+        self,
+        info: ResourceInfo,
+        ns: Optional[str],
+        name: str,
+        sub: Optional[str],
+        body: dict,
+        query: Dict[str, str],
+    ) -> dict:
         if info.group == "events.k8s.io":
             body = v1_event_to_core(body)
         store_ns = ns if info.namespaced else None
@@ -5422,14 +7081,26 @@ class WritePath:
             raise err_not_found(info, name)
         bmd = body.get("metadata") or {}
         if bmd.get("name") and bmd["name"] != name:
-            raise err_bad_request("the name of the object (%s) does not match the name on the URL (%s)"
-                                  % (bmd["name"], name))
-        if sub is None and info.group != "events.k8s.io" and query.get("fieldValidation") == "Strict":
+            raise err_bad_request(
+                "the name of the object (%s) does not match the name on the URL (%s)"
+                % (bmd["name"], name)
+            )
+        if (
+            sub is None
+            and info.group != "events.k8s.io"
+            and query.get("fieldValidation") == "Strict"
+        ):
             unknown = unknown_fields(info.kind, body)
             if unknown:
-                raise err_bad_request('%s in version "%s" cannot be handled as a %s: strict decoding error: %s'
-                                      % (info.kind, info.version, info.kind,
-                                         ", ".join('unknown field "%s"' % u for u in unknown)))
+                raise err_bad_request(
+                    '%s in version "%s" cannot be handled as a %s: strict decoding error: %s'
+                    % (
+                        info.kind,
+                        info.version,
+                        info.kind,
+                        ", ".join('unknown field "%s"' % u for u in unknown),
+                    )
+                )
         expect = bmd.get("resourceVersion") or None
         if query.get("dryRun") == "All":
             return cur
@@ -5441,11 +7112,21 @@ class WritePath:
                 o["status"] = body.get("status") or {}
                 return True
             if sub == "finalize":
-                o.setdefault("spec", {})["finalizers"] = (body.get("spec") or {}).get("finalizers") or []
+                o.setdefault("spec", {})["finalizers"] = (body.get("spec") or {}).get(
+                    "finalizers"
+                ) or []
                 return True
             new_md = dict(bmd)
-            for k in ("uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds",
-                      "generation", "namespace", "name", "resourceVersion"):
+            for k in (
+                "uid",
+                "creationTimestamp",
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
+                "generation",
+                "namespace",
+                "name",
+                "resourceVersion",
+            ):
                 if k in omd:
                     new_md[k] = omd[k]
                 else:
@@ -5453,14 +7134,26 @@ class WritePath:
             if omd.get("deletionTimestamp"):
                 added = set(new_md.get("finalizers") or []) - set(omd.get("finalizers") or [])
                 if added:
-                    raise err_invalid(info, name, [("metadata.finalizers", "FieldValueForbidden",
-                                                    "Forbidden: no new finalizers can be added if the object is "
-                                                    "being deleted, found new finalizers %s" % sorted(added))])
+                    raise err_invalid(
+                        info,
+                        name,
+                        [
+                            (
+                                "metadata.finalizers",
+                                "FieldValueForbidden",
+                                "Forbidden: no new finalizers can be added if the object is "
+                                "being deleted, found new finalizers %s" % sorted(added),
+                            )
+                        ],
+                    )
             old_spec = o.get("spec")
             status = o.get("status")
             o.clear()
             o.update(clone(body))
-            o["kind"], o["apiVersion"] = CANONICAL[info.store].kind, CANONICAL[info.store].api_version
+            o["kind"], o["apiVersion"] = (
+                CANONICAL[info.store].kind,
+                CANONICAL[info.store].api_version,
+            )
             o["metadata"] = new_md
             if has_status or info.store == "namespaces":
                 if status is not None:
@@ -5481,8 +7174,16 @@ class WritePath:
             raise err_not_found(info, name)
         return new
 
-    def api_patch(self, info: ResourceInfo, ns: Optional[str], name: str, sub: Optional[str], ctype: str,
-                  patch: Any, query: Dict[str, str]) -> dict:
+    def api_patch(
+        self,
+        info: ResourceInfo,
+        ns: Optional[str],
+        name: str,
+        sub: Optional[str],
+        ctype: str,
+        patch: Any,
+        query: Dict[str, str],
+    ) -> dict:
         store_ns = ns if info.namespaced else None
         cur = self.store.get(info.store, store_ns, name)
         if cur is None:
@@ -5490,28 +7191,39 @@ class WritePath:
         doc = to_version(info, cur)
         if ctype == "application/json-patch+json":
             if not isinstance(patch, list):
-                raise err_bad_request("json: cannot unmarshal object into Go value of type jsonpatch.Patch")
+                raise err_bad_request(
+                    "json: cannot unmarshal object into Go value of type jsonpatch.Patch"
+                )
             new = json_patch(doc, patch)
         elif ctype == "application/merge-patch+json":
             new = merge_patch(doc, patch)
         elif ctype == "application/strategic-merge-patch+json":
             new = strategic_merge_patch(doc, patch)
         else:
-            raise ApiError(415, "UnsupportedMediaType", "the body of the request was in an unknown format - "
-                           "accepted media types include: application/json-patch+json, application/merge-patch+json, "
-                           "application/strategic-merge-patch+json", {})
+            raise ApiError(
+                415,
+                "UnsupportedMediaType",
+                "the body of the request was in an unknown format - "
+                "accepted media types include: application/json-patch+json, application/merge-patch+json, "
+                "application/strategic-merge-patch+json",
+                {},
+            )
         if not (isinstance(patch, dict) and (patch.get("metadata") or {}).get("resourceVersion")):
             new.setdefault("metadata", {}).pop("resourceVersion", None)
         return self.api_update(info, ns, name, sub, new, query)
 
     # delete -------------------------------------------------------------------
-    def api_delete(self, info: ResourceInfo, ns: Optional[str], name: str, opts: dict) -> Tuple[int, dict]:
+    def api_delete(
+        self, info: ResourceInfo, ns: Optional[str], name: str, opts: dict
+    ) -> Tuple[int, dict]:
         store = info.store
         store_ns = ns if info.namespaced else None
         cur = self.store.get(store, store_ns, name)
         if cur is None:
             raise err_not_found(info, name)
-        if store == "namespaces" and name in IMMORTAL_NAMESPACES:  # admission, before the registry's checks
+        if (
+            store == "namespaces" and name in IMMORTAL_NAMESPACES
+        ):  # admission, before the registry's checks
             raise err_forbidden(info, name, "this namespace may not be deleted")
         policy = self._deletion_policy(info, name, cur, opts)
         now = self.clock()
@@ -5531,7 +7243,9 @@ class WritePath:
             final = self.store.remove(store, store_ns, name)
             if final is None:
                 raise err_not_found(info, name)
-            return 200, final if store == "pods" else deleted_status(info, name, cur["metadata"]["uid"])
+            return 200, final if store == "pods" else deleted_status(
+                info, name, cur["metadata"]["uid"]
+            )
 
         def mark(o: dict) -> Optional[bool]:
             omd = o["metadata"]
@@ -5539,7 +7253,9 @@ class WritePath:
             if fins != list(omd.get("finalizers") or []):
                 omd["finalizers"] = list(fins)
                 changed = True
-            if not omd.get("deletionTimestamp") or grace < (omd.get("deletionGracePeriodSeconds") or 0):
+            if not omd.get("deletionTimestamp") or grace < (
+                omd.get("deletionGracePeriodSeconds") or 0
+            ):
                 omd["deletionTimestamp"] = fmt_time(now + grace)
                 omd["deletionGracePeriodSeconds"] = grace
                 changed = True
@@ -5561,7 +7277,10 @@ class WritePath:
         pre = opts.get("preconditions") or {}
         if pre.get("uid") and pre["uid"] != cur["metadata"]["uid"]:
             raise uid_precondition_failed(info, name, pre["uid"], cur["metadata"]["uid"])
-        if pre.get("resourceVersion") and pre["resourceVersion"] != cur["metadata"]["resourceVersion"]:
+        if (
+            pre.get("resourceVersion")
+            and pre["resourceVersion"] != cur["metadata"]["resourceVersion"]
+        ):
             raise err_conflict(info, name)
         policy = opts.get("propagationPolicy")
         if policy is None and opts.get("orphanDependents") is not None:
@@ -5569,9 +7288,18 @@ class WritePath:
         if policy is None:
             policy = "Orphan" if info.store == "jobs" else "Background"
         if policy not in ("Orphan", "Background", "Foreground"):
-            raise err_invalid(info, name, [("propagationPolicy", "FieldValueNotSupported",
-                                            'Unsupported value: "%s": supported values: "Foreground", '
-                                            '"Background", "Orphan", "nil"' % policy)])
+            raise err_invalid(
+                info,
+                name,
+                [
+                    (
+                        "propagationPolicy",
+                        "FieldValueNotSupported",
+                        'Unsupported value: "%s": supported values: "Foreground", '
+                        '"Background", "Orphan", "nil"' % policy,
+                    )
+                ],
+            )
         return policy
 
     def _terminate_namespace(self, info: ResourceInfo, cur: dict, policy: str, now: float) -> dict:
@@ -5589,6 +7317,7 @@ class WritePath:
                 if ORPHAN_FINALIZER not in fins:
                     fins.append(ORPHAN_FINALIZER)
             return True
+
         new = self.store.update("namespaces", None, name, terminate)
         return new if new is not None else cur
 
@@ -5606,15 +7335,24 @@ def uid_precondition_failed(info: ResourceInfo, name: str, wanted: str, found: s
     """409 for a delete whose UID precondition does not hold, worded as kube-apiserver 1.35 words it:
     the namespace registry checks it itself, every other resource's store in its own words."""
     if info.store == "namespaces":
-        return ApiError(409, "Conflict", 'Operation cannot be fulfilled on namespaces "%s": Precondition failed: '
-                        'UID in precondition: %s, UID in object meta: %s' % (name, wanted, found),
-                        {"name": name, "kind": "namespaces"})
+        return ApiError(
+            409,
+            "Conflict",
+            'Operation cannot be fulfilled on namespaces "%s": Precondition failed: '
+            "UID in precondition: %s, UID in object meta: %s" % (name, wanted, found),
+            {"name": name, "kind": "namespaces"},
+        )
     details: Dict[str, Any] = {"name": name, "kind": info.kind}
     if info.group:
         details["group"] = info.group
-    return ApiError(409, "Conflict", 'Operation cannot be fulfilled on %s "%s": the UID in the precondition (%s) '
-                    'does not match the UID in record (%s). The object might have been deleted and then recreated'
-                    % (info.kind + ("." + info.group if info.group else ""), name, wanted, found), details)
+    return ApiError(
+        409,
+        "Conflict",
+        'Operation cannot be fulfilled on %s "%s": the UID in the precondition (%s) '
+        "does not match the UID in record (%s). The object might have been deleted and then recreated"
+        % (info.kind + ("." + info.group if info.group else ""), name, wanted, found),
+        details,
+    )
 
 
 # The NamespaceLifecycle admission plugin refuses to delete these.
@@ -5626,14 +7364,26 @@ def deleted_status(info: ResourceInfo, name: str, uid: str) -> dict:
     details: Dict[str, Any] = {"name": name, "kind": info.plural, "uid": uid}
     if info.group:
         details["group"] = info.group
-    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "details": details}
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Success",
+        "details": details,
+    }
 
 
 class EventRecorder:
     """Records core/v1 Events for the controllers and kubelets, as client-go's recorders do."""
 
-    def __init__(self, store: Store, writes: WritePath, clock: Callable[[], float], skew: Callable[[], float],
-                 node_ahead: Callable[[Optional[str]], float] = lambda node: 0.0):
+    def __init__(
+        self,
+        store: Store,
+        writes: WritePath,
+        clock: Callable[[], float],
+        skew: Callable[[], float],
+        node_ahead: Callable[[Optional[str]], float] = lambda node: 0.0,
+    ):
         self.store = store
         self.writes = writes
         self.clock = clock
@@ -5643,15 +7393,28 @@ class EventRecorder:
         # Aggregate key -> (first seen, the distinct messages since): client-go's EventAggregator.
         self._event_similar: Dict[Tuple, Tuple[float, set]] = {}
 
-    def record(self, obj: dict, etype: str, reason: str, message: str, component: str,
-               host: Optional[str] = None, field_path: Optional[str] = None) -> None:
+    def record(
+        self,
+        obj: dict,
+        etype: str,
+        reason: str,
+        message: str,
+        component: str,
+        host: Optional[str] = None,
+        field_path: Optional[str] = None,
+    ) -> None:
         """core/v1 event like client-go's EventRecorder: a repeat bumps its event's count; from the
         10th event in 10 minutes that differs only by message (a Job's SuccessfulCreate per pod),
         one combined event stands for them all, "(combined from similar events): <latest message>"."""
         md = obj.get("metadata") or {}
         ns = md.get("namespace") or "default"
-        io: Dict[str, Any] = {"kind": obj.get("kind"), "name": md.get("name"), "uid": md.get("uid"),
-                              "apiVersion": obj.get("apiVersion"), "resourceVersion": md.get("resourceVersion")}
+        io: Dict[str, Any] = {
+            "kind": obj.get("kind"),
+            "name": md.get("name"),
+            "uid": md.get("uid"),
+            "apiVersion": obj.get("apiVersion"),
+            "resourceVersion": md.get("resourceVersion"),
+        }
         if md.get("namespace"):
             io["namespace"] = md["namespace"]
         if field_path:
@@ -5674,21 +7437,34 @@ class EventRecorder:
             named_ns, now = time.time_ns(), self.clock()
         existing = self._event_index.get(key)
         if existing and self.store.get("events", existing[0], existing[1]) is not None:
+
             def bump(o: dict) -> Optional[bool]:
                 o["count"] = o.get("count", 1) + 1
                 o["lastTimestamp"] = fmt_time(now)
                 o["message"] = message
                 return True
+
             self.store.update("events", existing[0], existing[1], bump)
             return
         src: Dict[str, Any] = {"component": component}
         if host:
             src["host"] = host
-        ev = {"apiVersion": "v1", "kind": "Event",
-              "metadata": {"name": "%s.%x" % (md.get("name"), named_ns), "namespace": ns},
-              "involvedObject": io, "reason": reason, "message": message, "source": src,
-              "firstTimestamp": fmt_time(now), "lastTimestamp": fmt_time(now), "count": 1, "type": etype,
-              "eventTime": None, "reportingComponent": component, "reportingInstance": host or ""}
+        ev = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": "%s.%x" % (md.get("name"), named_ns), "namespace": ns},
+            "involvedObject": io,
+            "reason": reason,
+            "message": message,
+            "source": src,
+            "firstTimestamp": fmt_time(now),
+            "lastTimestamp": fmt_time(now),
+            "count": 1,
+            "type": etype,
+            "eventTime": None,
+            "reportingComponent": component,
+            "reportingInstance": host or "",
+        }
         try:
             created = self.writes.create_object(CANONICAL["events"], ev)
             self._event_index[key] = (ns, created["metadata"]["name"])
@@ -5698,14 +7474,32 @@ class EventRecorder:
     def record_scheduled(self, pod: dict, note: str, at: float) -> None:
         """The scheduler records through events.k8s.io/v1: eventTime (µs), no first/lastTimestamp."""
         md = pod["metadata"]
-        ev = {"apiVersion": "v1", "kind": "Event",
-              "metadata": {"name": "%s.%x" % (md["name"], int(at * 1e9)), "namespace": md["namespace"]},
-              "involvedObject": {"kind": "Pod", "namespace": md["namespace"], "name": md["name"],
-                                 "uid": md["uid"], "apiVersion": "v1", "resourceVersion": md["resourceVersion"]},
-              "reason": "Scheduled", "message": note, "source": {}, "firstTimestamp": None,
-              "lastTimestamp": None, "type": "Normal", "eventTime": fmt_micro(at + self.skew()),
-              "action": "Binding", "reportingComponent": "default-scheduler",
-              "reportingInstance": "default-scheduler-emu-control-plane"}
+        ev = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {
+                "name": "%s.%x" % (md["name"], int(at * 1e9)),
+                "namespace": md["namespace"],
+            },
+            "involvedObject": {
+                "kind": "Pod",
+                "namespace": md["namespace"],
+                "name": md["name"],
+                "uid": md["uid"],
+                "apiVersion": "v1",
+                "resourceVersion": md["resourceVersion"],
+            },
+            "reason": "Scheduled",
+            "message": note,
+            "source": {},
+            "firstTimestamp": None,
+            "lastTimestamp": None,
+            "type": "Normal",
+            "eventTime": fmt_micro(at + self.skew()),
+            "action": "Binding",
+            "reportingComponent": "default-scheduler",
+            "reportingInstance": "default-scheduler-emu-control-plane",
+        }
         try:
             self.writes.create_object(CANONICAL["events"], ev)
         except ApiError:
@@ -5718,7 +7512,11 @@ class TruthRecord:
 
     def __init__(self, store: Store):
         self.store = store
-        self._truth: Dict[str, Dict[str, Dict[str, Any]]] = {"pods": {}, "jobs": {}, "namespaces": {}}
+        self._truth: Dict[str, Dict[str, Dict[str, Any]]] = {
+            "pods": {},
+            "jobs": {},
+            "namespaces": {},
+        }
         self._lock = threading.Lock()
         self._pod_index: Dict[str, int] = {}
         self._pod_counter = 0
@@ -5731,8 +7529,15 @@ class TruthRecord:
         with self._lock:
             return self._pod_index.get(uid)
 
-    def note(self, section: str, key: str, field: str, value: Any = None, raw: bool = False,
-             first: bool = True) -> None:
+    def note(
+        self,
+        section: str,
+        key: str,
+        field: str,
+        value: Any = None,
+        raw: bool = False,
+        first: bool = True,
+    ) -> None:
         """Note a field (default: now); unless `raw`, only its first value counts unless `first` is False."""
         with self._lock:
             d = self._truth[section].setdefault(key, {})
@@ -5749,7 +7554,9 @@ class TruthRecord:
         key = "%s/%s" % (md.get("namespace"), md["name"]) if md.get("namespace") else md["name"]
         if etype == "ADDED":
             with self._lock:
-                self._truth[store][key] = {"created": self.store.created_wall.pop(md["uid"], time.time())}
+                self._truth[store][key] = {
+                    "created": self.store.created_wall.pop(md["uid"], time.time())
+                }
                 if store == "pods":
                     self._pod_index[md["uid"]] = self._pod_counter
                     self._truth[store][key]["index"] = self._pod_counter
@@ -5768,9 +7575,16 @@ class Emulator:
     store's listeners, and starts and stops them; the tests' handle on all of it.
     """
 
-    def __init__(self, workdir: Any, faults: Optional[dict] = None, nodes: int = 3,
-                 server_version: str = "1.33", python: str = sys.executable,
-                 timing: Optional[dict] = None, images: Optional[dict] = None):
+    def __init__(
+        self,
+        workdir: Any,
+        faults: Optional[dict] = None,
+        nodes: int = 3,
+        server_version: str = "1.33",
+        python: str = sys.executable,
+        timing: Optional[dict] = None,
+        images: Optional[dict] = None,
+    ):
         self.workdir = Path(workdir).resolve()
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.faults = Faults(faults)
@@ -5793,15 +7607,21 @@ class Emulator:
         self.logs: Dict[Tuple[str, str], List[ContainerLog]] = {}
         self.truth_record = TruthRecord(self.store)
         self.writes = WritePath(self.store, self.faults, self.api_now, self.v)
-        self.events = EventRecorder(self.store, self.writes, self.api_now, self.api_skew, self.node_offset)
+        self.events = EventRecorder(
+            self.store, self.writes, self.api_now, self.api_skew, self.node_offset
+        )
         self.replaced_uids: Set[str] = set()
         self.kubeconfig = self.workdir / "kubeconfig"
         self.truth_path = self.workdir / "truth.json"
         self.bindir = self.workdir / "bin"
         self.node_names = ["emu-node-%d" % (i + 1) for i in range(self.nodes)]
         self.images = ImageStore(images, self.node_names)  # each node's images (see ImageStore)
-        self.controllers: List[Controller] = [JobController(self), Scheduler(self), GarbageCollector(self),
-                                              NamespaceController(self)]
+        self.controllers: List[Controller] = [
+            JobController(self),
+            Scheduler(self),
+            GarbageCollector(self),
+            NamespaceController(self),
+        ]
         self.kubelets = [Kubelet(self, n, i + 1) for i, n in enumerate(self.node_names)]
         self.store.listeners.append(self.truth_record.on_store_event)
         self.store.listeners.append(self._on_store_event)
@@ -5836,19 +7656,36 @@ class Emulator:
         env["HOME"] = str(self.workdir / "home")
         return env
 
-    def add_user(self, name: str, groups: Tuple[str, ...] = (), rules: Optional[List[dict]] = None) -> Path:
+    def add_user(
+        self, name: str, groups: Tuple[str, ...] = (), rules: Optional[List[dict]] = None
+    ) -> Path:
         """A kubeconfig for a new user `name` (a bearer token of its own), context `self.context`;
         with `rules` (RBAC PolicyRules) the user may do only what they grant, else anything."""
         token = self.api.authenticator.add(name, list(groups), rules)
         ca = self._serve_tls()
         path = self.workdir / ("user-%s.kubeconfig" % name)
-        cfg = {"apiVersion": "v1", "kind": "Config", "preferences": {},
-               "clusters": [{"name": self.context, "cluster": {"server": "https://127.0.0.1:%d" % self.api.tls_port,
-                                                                "certificate-authority": str(ca)}}],
-               "users": [{"name": name, "user": {"token": token}}],
-               "contexts": [{"name": self.context, "context": {"cluster": self.context, "user": name,
-                                                               "namespace": "default"}}],
-               "current-context": self.context}
+        cfg = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "preferences": {},
+            "clusters": [
+                {
+                    "name": self.context,
+                    "cluster": {
+                        "server": "https://127.0.0.1:%d" % self.api.tls_port,
+                        "certificate-authority": str(ca),
+                    },
+                }
+            ],
+            "users": [{"name": name, "user": {"token": token}}],
+            "contexts": [
+                {
+                    "name": self.context,
+                    "context": {"cluster": self.context, "user": name, "namespace": "default"},
+                }
+            ],
+            "current-context": self.context,
+        }
         path.write_text(json.dumps(cfg, indent=2))
         return path
 
@@ -5860,7 +7697,9 @@ class Emulator:
         if "missing_runtimeclass" in kw:
             if kw["missing_runtimeclass"] and self.store.get("runtimeclasses", None, "cube"):
                 self.store.remove("runtimeclasses", None, "cube")
-            elif not kw["missing_runtimeclass"] and not self.store.get("runtimeclasses", None, "cube"):
+            elif not kw["missing_runtimeclass"] and not self.store.get(
+                "runtimeclasses", None, "cube"
+            ):
                 self._create_runtimeclass()
 
     def restart_api(self, down_seconds: float = 1.0) -> None:
@@ -5885,10 +7724,16 @@ class Emulator:
         if self.api.tls_httpd is None:
             import ssl
             from control_plane import make_ca, make_cert
+
             pki.mkdir(exist_ok=True)
             make_ca(pki)
-            cert, key = make_cert(pki, "apiserver", "/CN=kube-emulator", server_names=("localhost",),
-                                  server_ips=("127.0.0.1",))
+            cert, key = make_cert(
+                pki,
+                "apiserver",
+                "/CN=kube-emulator",
+                server_names=("localhost",),
+                server_ips=("127.0.0.1",),
+            )
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             context.load_cert_chain(str(cert), str(key))
             self.api.listen_tls(context)
@@ -5939,7 +7784,9 @@ class Emulator:
 
     def node_now(self, node: Optional[str], moment: Optional[float] = None) -> float:
         """The node's clock now (or at `moment`): what its kubelet stamps and names events with."""
-        return (time.time() if moment is None else moment) + self.api_skew() + self.node_offset(node)
+        return (
+            (time.time() if moment is None else moment) + self.api_skew() + self.node_offset(node)
+        )
 
     def t(self, key: str) -> float:
         return float(self.timing[key])
@@ -5957,8 +7804,13 @@ class Emulator:
         path = "/api/v1/namespaces/%s/pods" % ns
         pairs = {"%s=%s" % item for item in labels.items()}
         with self._req_lock:
-            return any(r["watch"] and r["path"] == path and r["query"].get("labelSelector")
-                       and set(r["query"]["labelSelector"].split(",")) <= pairs for r in self.requests)
+            return any(
+                r["watch"]
+                and r["path"] == path
+                and r["query"].get("labelSelector")
+                and set(r["query"]["labelSelector"].split(",")) <= pairs
+                for r in self.requests
+            )
 
     def _info_for(self, plural: str) -> ResourceInfo:
         if plural in CANONICAL:
@@ -5975,81 +7827,161 @@ class Emulator:
             k.on_event(etype, store, obj)
 
     def _write_kubeconfig(self) -> None:
-        cfg = {"apiVersion": "v1", "kind": "Config", "preferences": {},
-               "clusters": [{"name": self.context, "cluster": {"server": self.url}}],
-               "users": [{"name": self.context, "user": {"username": "admin", "password": "emulator"}}],
-               "contexts": [{"name": self.context, "context": {"cluster": self.context, "user": self.context,
-                                                               "namespace": "default"}}],
-               "current-context": self.context}
+        cfg = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "preferences": {},
+            "clusters": [{"name": self.context, "cluster": {"server": self.url}}],
+            "users": [
+                {"name": self.context, "user": {"username": "admin", "password": "emulator"}}
+            ],
+            "contexts": [
+                {
+                    "name": self.context,
+                    "context": {
+                        "cluster": self.context,
+                        "user": self.context,
+                        "namespace": "default",
+                    },
+                }
+            ],
+            "current-context": self.context,
+        }
         self.kubeconfig.write_text(json.dumps(cfg, indent=2))
 
     def _create_runtimeclass(self) -> None:
-        self.writes.create_object(CANONICAL["runtimeclasses"], {
-            "apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "cube"},
-            "handler": "cube", "overhead": {"podFixed": {"cpu": "250m", "memory": "768Mi"}}})
+        self.writes.create_object(
+            CANONICAL["runtimeclasses"],
+            {
+                "apiVersion": "node.k8s.io/v1",
+                "kind": "RuntimeClass",
+                "metadata": {"name": "cube"},
+                "handler": "cube",
+                "overhead": {"podFixed": {"cpu": "250m", "memory": "768Mi"}},
+            },
+        )
 
     def _bootstrap(self) -> None:
         for name in ("default", "kube-system", "kube-public", "kube-node-lease"):
-            self.writes.create_object(CANONICAL["namespaces"], {"apiVersion": "v1", "kind": "Namespace",
-                                                         "metadata": {"name": name}})
+            self.writes.create_object(
+                CANONICAL["namespaces"],
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+            )
         import platform
+
         for i, n in enumerate(self.node_names):
             now = self.api_now()
 
             def nc(t: str, s: str, r: str, m: str) -> dict:  # called in this turn only
-                return {"type": t, "status": s, "lastHeartbeatTime": fmt_time(now),  # noqa: B023
-                        "lastTransitionTime": fmt_time(now), "reason": r, "message": m}  # noqa: B023
+                return {
+                    "type": t,
+                    "status": s,
+                    "lastHeartbeatTime": fmt_time(now),  # noqa: B023
+                    "lastTransitionTime": fmt_time(now),  # noqa: B023
+                    "reason": r,
+                    "message": m,
+                }
+
             res = {"cpu": "8", "memory": "32Gi", "pods": "110", "ephemeral-storage": "100Gi"}
-            self.writes.create_object(CANONICAL["nodes"], {
-                "apiVersion": "v1", "kind": "Node",
-                "metadata": {"name": n, "labels": {
-                    "kubernetes.io/hostname": n, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
-                    "beta.kubernetes.io/os": "linux", "beta.kubernetes.io/arch": "amd64"},
-                    "annotations": {"node.alpha.kubernetes.io/ttl": "0"}},
-                "spec": {"podCIDR": "10.244.%d.0/24" % (i + 1), "podCIDRs": ["10.244.%d.0/24" % (i + 1)],
-                         "providerID": "emulator://%s" % n},
-                "status": {"capacity": dict(res), "allocatable": dict(res),
-                           "conditions": [nc("MemoryPressure", "False", "KubeletHasSufficientMemory",
-                                             "kubelet has sufficient memory available"),
-                                          nc("DiskPressure", "False", "KubeletHasNoDiskPressure",
-                                             "kubelet has no disk pressure"),
-                                          nc("PIDPressure", "False", "KubeletHasSufficientPID",
-                                             "kubelet has sufficient PID available"),
-                                          nc("Ready", "True", "KubeletReady", "kubelet is posting ready status")],
-                           "addresses": [{"type": "InternalIP", "address": self.node_ip(n)},
-                                         {"type": "Hostname", "address": n}],
-                           "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
-                           "nodeInfo": {"machineID": hex64(n)[:32],
-                                        "systemUUID": str(uuid.uuid5(uuid.NAMESPACE_DNS, n)),
-                                        "bootID": str(uuid.uuid4()), "kernelVersion": platform.release(),
-                                        "osImage": "Emulated Linux (bubblewrap)",
-                                        "containerRuntimeVersion": "containerd://1.7.27",
-                                        "kubeletVersion": "v%s.0" % self.server_version,
-                                        "kubeProxyVersion": "", "operatingSystem": "linux",
-                                        "architecture": "amd64"}}})
+            self.writes.create_object(
+                CANONICAL["nodes"],
+                {
+                    "apiVersion": "v1",
+                    "kind": "Node",
+                    "metadata": {
+                        "name": n,
+                        "labels": {
+                            "kubernetes.io/hostname": n,
+                            "kubernetes.io/os": "linux",
+                            "kubernetes.io/arch": "amd64",
+                            "beta.kubernetes.io/os": "linux",
+                            "beta.kubernetes.io/arch": "amd64",
+                        },
+                        "annotations": {"node.alpha.kubernetes.io/ttl": "0"},
+                    },
+                    "spec": {
+                        "podCIDR": "10.244.%d.0/24" % (i + 1),
+                        "podCIDRs": ["10.244.%d.0/24" % (i + 1)],
+                        "providerID": "emulator://%s" % n,
+                    },
+                    "status": {
+                        "capacity": dict(res),
+                        "allocatable": dict(res),
+                        "conditions": [
+                            nc(
+                                "MemoryPressure",
+                                "False",
+                                "KubeletHasSufficientMemory",
+                                "kubelet has sufficient memory available",
+                            ),
+                            nc(
+                                "DiskPressure",
+                                "False",
+                                "KubeletHasNoDiskPressure",
+                                "kubelet has no disk pressure",
+                            ),
+                            nc(
+                                "PIDPressure",
+                                "False",
+                                "KubeletHasSufficientPID",
+                                "kubelet has sufficient PID available",
+                            ),
+                            nc("Ready", "True", "KubeletReady", "kubelet is posting ready status"),
+                        ],
+                        "addresses": [
+                            {"type": "InternalIP", "address": self.node_ip(n)},
+                            {"type": "Hostname", "address": n},
+                        ],
+                        "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+                        "nodeInfo": {
+                            "machineID": hex64(n)[:32],
+                            "systemUUID": str(uuid.uuid5(uuid.NAMESPACE_DNS, n)),
+                            "bootID": str(uuid.uuid4()),
+                            "kernelVersion": platform.release(),
+                            "osImage": "Emulated Linux (bubblewrap)",
+                            "containerRuntimeVersion": "containerd://1.7.27",
+                            "kubeletVersion": "v%s.0" % self.server_version,
+                            "kubeProxyVersion": "",
+                            "operatingSystem": "linux",
+                            "architecture": "amd64",
+                        },
+                    },
+                },
+            )
         if not self.faults.on("missing_runtimeclass"):
             self._create_runtimeclass()
-
 
 
 # --------------------------------------------------------------------------
 # CLI
 # --------------------------------------------------------------------------
 
+
 def main(argv: Optional[List[str]] = None) -> int:
-    ap = argparse.ArgumentParser(description="Run the Kubernetes API emulator until SIGINT/SIGTERM.")
+    ap = argparse.ArgumentParser(
+        description="Run the Kubernetes API emulator until SIGINT/SIGTERM."
+    )
     ap.add_argument("--workdir", required=True)
     ap.add_argument("--faults", default=None, help="JSON object of fault knobs")
     ap.add_argument("--timing", default=None, help="JSON object of timing knobs")
-    ap.add_argument("--images", default=None, help="JSON object: the nodes' images and their registry (ImageStore)")
+    ap.add_argument(
+        "--images",
+        default=None,
+        help="JSON object: the nodes' images and their registry (ImageStore)",
+    )
     ap.add_argument("--nodes", type=int, default=3)
     ap.add_argument("--server-version", default="1.33")
     ap.add_argument("--python", default=sys.executable)
     args = ap.parse_args(argv)
-    emu = Emulator(args.workdir, faults=json.loads(args.faults) if args.faults else None, nodes=args.nodes,
-                   server_version=args.server_version, python=args.python,
-                   timing=json.loads(args.timing) if args.timing else None,
-                   images=json.loads(args.images) if args.images else None)
+    emu = Emulator(
+        args.workdir,
+        faults=json.loads(args.faults) if args.faults else None,
+        nodes=args.nodes,
+        server_version=args.server_version,
+        python=args.python,
+        timing=json.loads(args.timing) if args.timing else None,
+        images=json.loads(args.images) if args.images else None,
+    )
     stop = threading.Event()
 
     def on_signal(signum: int, frame: Any) -> None:

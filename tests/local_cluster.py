@@ -42,10 +42,16 @@ from node_agent import NodeAgent  # noqa: E402
 
 # Where each resource lives in the API, for get()/list() like the emulator's.
 RESOURCES = {
-    "namespaces": ("/api/v1", False), "pods": ("/api/v1", True), "events": ("/api/v1", True),
-    "configmaps": ("/api/v1", True), "nodes": ("/api/v1", False), "serviceaccounts": ("/api/v1", True),
-    "jobs": ("/apis/batch/v1", True), "runtimeclasses": ("/apis/node.k8s.io/v1", False),
-    "networkpolicies": ("/apis/networking.k8s.io/v1", True), "leases": ("/apis/coordination.k8s.io/v1", True),
+    "namespaces": ("/api/v1", False),
+    "pods": ("/api/v1", True),
+    "events": ("/api/v1", True),
+    "configmaps": ("/api/v1", True),
+    "nodes": ("/api/v1", False),
+    "serviceaccounts": ("/api/v1", True),
+    "jobs": ("/apis/batch/v1", True),
+    "runtimeclasses": ("/apis/node.k8s.io/v1", False),
+    "networkpolicies": ("/apis/networking.k8s.io/v1", True),
+    "leases": ("/apis/coordination.k8s.io/v1", True),
 }
 
 
@@ -80,8 +86,13 @@ class LocalCluster:
     def start(self) -> "LocalCluster":
         try:
             self.control_plane.start()
-            self.agent = NodeAgent(self.control_plane.api, self.workdir / "node-agent", self.control_plane.pki,
-                                   nodes=self.nodes, sandbox_seconds=self.sandbox_seconds).start()
+            self.agent = NodeAgent(
+                self.control_plane.api,
+                self.workdir / "node-agent",
+                self.control_plane.pki,
+                nodes=self.nodes,
+                sandbox_seconds=self.sandbox_seconds,
+            ).start()
             self.agent.wait_schedulable()
             self.wait_default_service_account()
         except BaseException:
@@ -92,6 +103,7 @@ class LocalCluster:
     def wait_default_service_account(self) -> None:
         """Pods are admitted only once the namespace has its service account (ServiceAccount admission)."""
         import time
+
         deadline = time.monotonic() + 60
         while self.get("serviceaccounts", "default", "default") is None:
             if time.monotonic() > deadline:
@@ -131,8 +143,16 @@ class LocalCluster:
 
 def kubectl_works(kubectl: str, env: Dict[str, str]) -> bool:
     try:
-        return subprocess.run([kubectl, "get", "nodes"], env=env, stdin=subprocess.DEVNULL,
-                              capture_output=True, timeout=30).returncode == 0
+        return (
+            subprocess.run(
+                [kubectl, "get", "nodes"],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=30,
+            ).returncode
+            == 0
+        )
     except (OSError, subprocess.TimeoutExpired):
         return False
 
@@ -140,16 +160,30 @@ def kubectl_works(kubectl: str, env: Dict[str, str]) -> bool:
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--emulator", action="store_true",
-                      help="the tests' API emulator instead of the real control plane")
-    mode.add_argument("--kubelet", action="store_true",
-                      help="a real node (kubelet, containerd, runc; needs root) instead of the node agent")
-    parser.add_argument("--workdir", help="where to keep state, kept after stopping (default: a new temporary "
-                                          "directory, removed after stopping)")
-    parser.add_argument("--keep", action="store_true", help="keep the temporary state directory after stopping")
+    mode.add_argument(
+        "--emulator",
+        action="store_true",
+        help="the tests' API emulator instead of the real control plane",
+    )
+    mode.add_argument(
+        "--kubelet",
+        action="store_true",
+        help="a real node (kubelet, containerd, runc; needs root) instead of the node agent",
+    )
+    parser.add_argument(
+        "--workdir",
+        help="where to keep state, kept after stopping (default: a new temporary "
+        "directory, removed after stopping)",
+    )
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the temporary state directory after stopping"
+    )
     parser.add_argument("--nodes", type=int, default=3)
-    parser.add_argument("--kubectl", default=os.environ.get("KUBECTL") or shutil.which("kubectl") or "",
-                        help="kubectl used to check the cluster answers (default: kubectl on PATH)")
+    parser.add_argument(
+        "--kubectl",
+        default=os.environ.get("KUBECTL") or shutil.which("kubectl") or "",
+        help="kubectl used to check the cluster answers (default: kubectl on PATH)",
+    )
     args = parser.parse_args(argv)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="rldemo-cluster-"))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -162,6 +196,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     cluster: Any
     if args.emulator:
         from kube_emulator import Emulator
+
         cluster = Emulator(workdir / "emulator", nodes=args.nodes)
     else:
         try:
@@ -172,27 +207,40 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.kubelet:
             import build_node
             from real_node import RealNodeCluster
+
             try:
-                node_bin = build_node.ensure_built(log=lambda *a, **k: print(*a, file=sys.stderr, **k))
+                node_bin = build_node.ensure_built(
+                    log=lambda *a, **k: print(*a, file=sys.stderr, **k)
+                )
             except BuildError as error:
                 print(f"local_cluster: cannot build the real node: {error}", file=sys.stderr)
                 return 1
             if os.geteuid() != 0:
-                print("local_cluster: --kubelet runs containerd and the kubelet: run it as root", file=sys.stderr)
+                print(
+                    "local_cluster: --kubelet runs containerd and the kubelet: run it as root",
+                    file=sys.stderr,
+                )
                 return 1
-            cluster = RealNodeCluster(workdir, bin_dir, node_bin,
-                                      log=lambda *a, **k: print(*a, file=sys.stderr, **k))
+            cluster = RealNodeCluster(
+                workdir, bin_dir, node_bin, log=lambda *a, **k: print(*a, file=sys.stderr, **k)
+            )
         else:
             cluster = LocalCluster(workdir, bin_dir, nodes=args.nodes)
     try:
         cluster.start()
         env = cluster.env()
         if args.kubectl and not kubectl_works(args.kubectl, env):
-            print("local_cluster: `kubectl get nodes` fails against the new cluster", file=sys.stderr)
+            print(
+                "local_cluster: `kubectl get nodes` fails against the new cluster", file=sys.stderr
+            )
             return 1
         print(f"READY {cluster.kubeconfig}", flush=True)
-        print(f"local_cluster: state in {workdir}{' (removed on stopping; --keep keeps it)' if remove else ''}; "
-              f"stop with Ctrl-C", file=sys.stderr, flush=True)
+        print(
+            f"local_cluster: state in {workdir}{' (removed on stopping; --keep keeps it)' if remove else ''}; "
+            f"stop with Ctrl-C",
+            file=sys.stderr,
+            flush=True,
+        )
         stop.wait()
     finally:
         cluster.stop()

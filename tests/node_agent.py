@@ -27,10 +27,23 @@ from typing import Any, Dict, List, Optional, Tuple
 from urllib.parse import parse_qs, quote, urlsplit
 
 from control_plane import Api, ApiError, free_port
-from kube_emulator import (hex64, link_python, normalize_image, told_of_removal, write_config_map_volume,
-                           write_downward_api_files)
-from sandbox import SANDBOX_PATH, ContainerLog, MountError, build_bwrap_argv, expand_vars, resolve_field_ref, \
-    signal_tree
+from kube_emulator import (
+    hex64,
+    link_python,
+    normalize_image,
+    told_of_removal,
+    write_config_map_volume,
+    write_downward_api_files,
+)
+from sandbox import (
+    SANDBOX_PATH,
+    ContainerLog,
+    MountError,
+    build_bwrap_argv,
+    expand_vars,
+    resolve_field_ref,
+    signal_tree,
+)
 
 KUBELET_VERSION = "v1.35.4"
 LEASE_SECONDS = 40
@@ -48,11 +61,19 @@ def now_micro() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + ".%06dZ" % int((t % 1) * 1e6)
 
 
-def condition(ctype: str, status: str, reason: Optional[str] = None, message: Optional[str] = None) -> dict:
+def condition(
+    ctype: str, status: str, reason: Optional[str] = None, message: Optional[str] = None
+) -> dict:
     # reason and message are always sent, null when absent: a strategic merge patch keeps a
     # field it is not told to delete, and a completed pod's Ready must not keep its old message.
-    return {"type": ctype, "status": status, "lastProbeTime": None, "lastTransitionTime": now_rfc3339(),
-            "reason": reason, "message": message}
+    return {
+        "type": ctype,
+        "status": status,
+        "lastProbeTime": None,
+        "lastTransitionTime": now_rfc3339(),
+        "reason": reason,
+        "message": message,
+    }
 
 
 def pod_path(namespace: str, name: str, sub: str = "") -> str:
@@ -72,9 +93,16 @@ class ContainerRun:
         self.lock = threading.Lock()
         self.logs: List[ContainerLog] = []
         self.started_at: Optional[str] = None
-        self.status: dict = {"name": self.name, "state": {"waiting": {"reason": "ContainerCreating"}},
-                             "lastState": {}, "ready": False, "restartCount": 0, "image": spec.get("image", ""),
-                             "imageID": "", "started": False}
+        self.status: dict = {
+            "name": self.name,
+            "state": {"waiting": {"reason": "ContainerCreating"}},
+            "lastState": {},
+            "ready": False,
+            "restartCount": 0,
+            "image": spec.get("image", ""),
+            "imageID": "",
+            "started": False,
+        }
 
     def alive(self) -> bool:
         with self.lock:
@@ -97,7 +125,9 @@ class PodWorker(threading.Thread):
         self.ns, self.name, self.uid = md["namespace"], md["name"], md["uid"]
         self.hostname = (pod.get("spec") or {}).get("hostname") or self.name
         self.dir = agent.workdir / "pods" / self.uid
-        self.containers = [ContainerRun(self, c) for c in (pod.get("spec") or {}).get("containers") or []]
+        self.containers = [
+            ContainerRun(self, c) for c in (pod.get("spec") or {}).get("containers") or []
+        ]
         self.deleting = threading.Event()
         self.grace = 30.0
         self.removed = False
@@ -133,10 +163,16 @@ class PodWorker(threading.Thread):
         return True
 
     # -- status ------------------------------------------------------------
-    def set_condition(self, ctype: str, status: str, reason: Optional[str] = None,
-                      message: Optional[str] = None) -> None:
+    def set_condition(
+        self, ctype: str, status: str, reason: Optional[str] = None, message: Optional[str] = None
+    ) -> None:
         old = self.conditions.get(ctype)
-        if old and old["status"] == status and old.get("reason") == reason and old.get("message") == message:
+        if (
+            old
+            and old["status"] == status
+            and old.get("reason") == reason
+            and old.get("message") == message
+        ):
             return
         self.conditions[ctype] = condition(ctype, status, reason, message)
 
@@ -148,8 +184,11 @@ class PodWorker(threading.Thread):
             if self.evicted is not None:
                 self.phase = "Failed"
             elif statuses and len(terminated) == len(statuses):
-                self.phase = "Succeeded" if all(s["state"]["terminated"]["exitCode"] == 0 for s in statuses) \
+                self.phase = (
+                    "Succeeded"
+                    if all(s["state"]["terminated"]["exitCode"] == 0 for s in statuses)
                     else "Failed"
+                )
             elif any("running" in s["state"] for s in statuses):
                 self.phase = "Running"
             terminal = self.phase in ("Succeeded", "Failed")
@@ -160,14 +199,21 @@ class PodWorker(threading.Thread):
                 elif terminal:
                     self.set_condition(ctype, "False", "PodCompleted")
                 else:
-                    self.set_condition(ctype, "False", "ContainersNotReady",
-                                       "containers with unready status: [%s]" % " ".join(unready))
+                    self.set_condition(
+                        ctype,
+                        "False",
+                        "ContainersNotReady",
+                        "containers with unready status: [%s]" % " ".join(unready),
+                    )
             if terminal:
                 self.set_condition("PodReadyToStartContainers", "False")
-            status = {"phase": self.phase, "conditions": list(self.conditions.values()),
-                      "containerStatuses": statuses,
-                      "observedGeneration": self.pod["metadata"].get("generation", 1),
-                      **self.extra_status}
+            status = {
+                "phase": self.phase,
+                "conditions": list(self.conditions.values()),
+                "containerStatuses": statuses,
+                "observedGeneration": self.pod["metadata"].get("generation", 1),
+                **self.extra_status,
+            }
             patch = {"metadata": {"uid": self.uid}, "status": status}
             try:
                 self.api.strategic_patch(pod_path(self.ns, self.name, "status"), patch)
@@ -178,8 +224,14 @@ class PodWorker(threading.Thread):
                 pass  # the API server is away; the next update carries the whole status again
 
     def event(self, etype: str, reason: str, message: str, container: Optional[str] = None) -> None:
-        self.agent.record_event(self.pod, self.node, etype, reason, message,
-                                f"spec.containers{{{container}}}" if container else None)
+        self.agent.record_event(
+            self.pod,
+            self.node,
+            etype,
+            reason,
+            message,
+            f"spec.containers{{{container}}}" if container else None,
+        )
 
     # -- lifecycle -----------------------------------------------------------
     def run(self) -> None:
@@ -221,8 +273,10 @@ class PodWorker(threading.Thread):
         self.extra_status.update({"podIP": pod_ip, "podIPs": [{"ip": pod_ip}]})
         self.set_condition("PodReadyToStartContainers", "True")
         self.post_status()
-        threads = [threading.Thread(target=self._run_container, args=(c, volumes), daemon=True)
-                   for c in self.containers]
+        threads = [
+            threading.Thread(target=self._run_container, args=(c, volumes), daemon=True)
+            for c in self.containers
+        ]
         for t in threads:
             t.start()
         while any(t.is_alive() for t in threads):
@@ -254,10 +308,19 @@ class PodWorker(threading.Thread):
             time.sleep(0.02)
         for c in self.containers:
             if "terminated" not in c.status["state"]:
-                c.status.update(ready=False, started=False, state={"terminated": {
-                    "exitCode": 137, "reason": "ContainerStatusUnknown",
-                    "message": "The container could not be located when the pod was terminated",
-                    "startedAt": None, "finishedAt": now_rfc3339()}})
+                c.status.update(
+                    ready=False,
+                    started=False,
+                    state={
+                        "terminated": {
+                            "exitCode": 137,
+                            "reason": "ContainerStatusUnknown",
+                            "message": "The container could not be located when the pod was terminated",
+                            "startedAt": None,
+                            "finishedAt": now_rfc3339(),
+                        }
+                    },
+                )
         if not self.removed:
             self.post_status()
 
@@ -289,7 +352,12 @@ class PodWorker(threading.Thread):
     def _final_delete(self) -> None:
         """Once its containers are gone, a pod being deleted is removed for good (grace 0)."""
         self.agent.forget(self)
-        if self.removed or not self.deleting.is_set() or self.evicted is not None or self.agent.stopping.is_set():
+        if (
+            self.removed
+            or not self.deleting.is_set()
+            or self.evicted is not None
+            or self.agent.stopping.is_set()
+        ):
             return
         self.agent.delete_for_good(self.ns, self.name, self.uid)
 
@@ -302,40 +370,69 @@ class PodWorker(threading.Thread):
             d.mkdir(parents=True, exist_ok=True)
             if v.get("configMap") is not None:
                 ref = v["configMap"]
-                cm = self.api.get_or_none(f"/api/v1/namespaces/{self.ns}/configmaps/{ref.get('name', '')}")
+                cm = self.api.get_or_none(
+                    f"/api/v1/namespaces/{self.ns}/configmaps/{ref.get('name', '')}"
+                )
                 write_config_map_volume(d, name, ref, cm)
                 out[name] = (str(d), "configMap")
             elif v.get("emptyDir") is not None:
                 os.chmod(d, 0o777)
                 out[name] = (str(d), "emptyDir")
             elif v.get("projected") is not None or v.get("downwardAPI") is not None:
-                sources = (v.get("projected") or {}).get("sources") or [{"downwardAPI": v.get("downwardAPI")}]
+                sources = (v.get("projected") or {}).get("sources") or [
+                    {"downwardAPI": v.get("downwardAPI")}
+                ]
                 for source in sources:
                     if source.get("serviceAccountToken"):
-                        (d / source["serviceAccountToken"].get("path", "token")).write_text(self._token())
+                        (d / source["serviceAccountToken"].get("path", "token")).write_text(
+                            self._token()
+                        )
                     if source.get("configMap"):
-                        cm = self.api.get_or_none(f"/api/v1/namespaces/{self.ns}/configmaps/"
-                                                  f"{source['configMap'].get('name', '')}") or {}
+                        cm = (
+                            self.api.get_or_none(
+                                f"/api/v1/namespaces/{self.ns}/configmaps/"
+                                f"{source['configMap'].get('name', '')}"
+                            )
+                            or {}
+                        )
                         for item in source["configMap"].get("items") or []:
-                            (d / item["path"]).write_text((cm.get("data") or {}).get(item["key"], ""))
-                    write_downward_api_files(self.pod, d, (source.get("downwardAPI") or {}).get("items") or [])
+                            (d / item["path"]).write_text(
+                                (cm.get("data") or {}).get(item["key"], "")
+                            )
+                    write_downward_api_files(
+                        self.pod, d, (source.get("downwardAPI") or {}).get("items") or []
+                    )
                 for f in d.iterdir():
                     os.chmod(f, 0o644)
                 out[name] = (str(d), "projected")
             elif v.get("hostPath") is not None:
                 out[name] = (v["hostPath"].get("path", "/"), "hostPath")
             else:
-                raise MountError(f'MountVolume.SetUp failed for volume "{name}" : volume type not supported '
-                                 f'by the node agent')
+                raise MountError(
+                    f'MountVolume.SetUp failed for volume "{name}" : volume type not supported '
+                    f"by the node agent"
+                )
         return out
 
     def _token(self) -> str:
         account = (self.pod.get("spec") or {}).get("serviceAccountName") or "default"
         try:
-            answer = self.api.create(f"/api/v1/namespaces/{self.ns}/serviceaccounts/{account}/token", {
-                "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-                "spec": {"expirationSeconds": 3607, "boundObjectRef": {
-                    "apiVersion": "v1", "kind": "Pod", "name": self.name, "uid": self.uid}}})
+            answer = self.api.create(
+                f"/api/v1/namespaces/{self.ns}/serviceaccounts/{account}/token",
+                {
+                    "apiVersion": "authentication.k8s.io/v1",
+                    "kind": "TokenRequest",
+                    "spec": {
+                        "expirationSeconds": 3607,
+                        "boundObjectRef": {
+                            "apiVersion": "v1",
+                            "kind": "Pod",
+                            "name": self.name,
+                            "uid": self.uid,
+                        },
+                    },
+                },
+            )
             return answer["status"]["token"]
         except (ApiError, OSError, KeyError, TypeError):
             return ""
@@ -346,15 +443,22 @@ class PodWorker(threading.Thread):
         if c.name not in self.image_checked:
             self.image_checked.add(c.name)
             # As kubelet v1.35.4 words them (its Created and Started no longer name the container).
-            self.event("Normal", "Pulled", f'Container image "{c.spec.get("image", "")}" already present on '
-                                           f'machine and can be accessed by the pod', c.name)
+            self.event(
+                "Normal",
+                "Pulled",
+                f'Container image "{c.spec.get("image", "")}" already present on '
+                f"machine and can be accessed by the pod",
+                c.name,
+            )
 
     def _run_container(self, c: ContainerRun, volumes: Dict[str, Tuple[str, str]]) -> None:
         spec = c.spec
         self.image_present(c)
         env, uid, gid, error = self._environment(spec)
         while error:
-            c.status["state"] = {"waiting": {"reason": "CreateContainerConfigError", "message": error}}
+            c.status["state"] = {
+                "waiting": {"reason": "CreateContainerConfigError", "message": error}
+            }
             self.post_status()
             self.event("Warning", "Failed", f"Error: {error}", c.name)
             if self.sleep(2.0):
@@ -369,16 +473,32 @@ class PodWorker(threading.Thread):
                 if vm.get("subPath"):
                     src = os.path.join(src, vm["subPath"])
                     os.makedirs(src, exist_ok=True)
-                mounts.append((src, vm["mountPath"],
-                               bool(vm.get("readOnly")) or kind in ("configMap", "projected")))
+                mounts.append(
+                    (
+                        src,
+                        vm["mountPath"],
+                        bool(vm.get("readOnly")) or kind in ("configMap", "projected"),
+                    )
+                )
         read_only_root = bool((spec.get("securityContext") or {}).get("readOnlyRootFilesystem"))
         command = spec.get("command") or []
         args = spec.get("args") or []
-        argv = [expand_vars(a, env) for a in (list(command) + list(args) if command else list(args) or ["python3"])]
+        argv = [
+            expand_vars(a, env)
+            for a in (list(command) + list(args) if command else list(args) or ["python3"])
+        ]
         cid = hex64(f"{self.uid}/{c.name}/0")
         self.event("Normal", "Created", "Container created", c.name)
-        cmd = build_bwrap_argv(uid, gid, self.hostname, mounts, read_only_root, spec.get("workingDir") or "/",
-                               argv, str(self.agent.bindir))
+        cmd = build_bwrap_argv(
+            uid,
+            gid,
+            self.hostname,
+            mounts,
+            read_only_root,
+            spec.get("workingDir") or "/",
+            argv,
+            str(self.agent.bindir),
+        )
         log = ContainerLog(self.agent.workdir / "logs" / f"{self.ns}_{self.name}_{c.name}-0.log")
         c.logs.append(log)
         started = now_rfc3339()
@@ -388,21 +508,44 @@ class PodWorker(threading.Thread):
                 if self.stop_requested():
                     log.close()
                     return
-                c.process = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                             stderr=subprocess.STDOUT, env=env, close_fds=True)
+                c.process = subprocess.Popen(
+                    cmd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    close_fds=True,
+                )
         except OSError as error:
             log.close()
             message = f"failed to start container process: {error}"
-            c.status.update(ready=False, started=False, state={"terminated": {
-                "exitCode": 128, "reason": "StartError", "message": message, "startedAt": "1970-01-01T00:00:00Z",
-                "finishedAt": now_rfc3339(), "containerID": f"containerd://{cid}"}})
+            c.status.update(
+                ready=False,
+                started=False,
+                state={
+                    "terminated": {
+                        "exitCode": 128,
+                        "reason": "StartError",
+                        "message": message,
+                        "startedAt": "1970-01-01T00:00:00Z",
+                        "finishedAt": now_rfc3339(),
+                        "containerID": f"containerd://{cid}",
+                    }
+                },
+            )
             self.event("Warning", "Failed", f"Error: {message}", c.name)
             self.post_status()
             return
         self.agent.note(self.ns, self.name, node=self.node, container_started=true_start)
         self.event("Normal", "Started", "Container started", c.name)
-        c.status.update(state={"running": {"startedAt": started}}, ready=True, started=True, image=c.image,
-                        imageID=c.image_id, containerID=f"containerd://{cid}")
+        c.status.update(
+            state={"running": {"startedAt": started}},
+            ready=True,
+            started=True,
+            image=c.image,
+            imageID=c.image_id,
+            containerID=f"containerd://{cid}",
+        )
         self.post_status()
         assert c.process.stdout is not None
         for line in iter(c.process.stdout.readline, b""):
@@ -411,9 +554,19 @@ class PodWorker(threading.Thread):
         log.close()
         code = rc if rc >= 0 else 128 - rc
         self.agent.note(self.ns, self.name, container_finished=time.time(), exit_code=code)
-        c.status.update(ready=False, started=False, state={"terminated": {
-            "exitCode": code, "reason": "Completed" if code == 0 else "Error", "startedAt": started,
-            "finishedAt": now_rfc3339(), "containerID": f"containerd://{cid}"}})
+        c.status.update(
+            ready=False,
+            started=False,
+            state={
+                "terminated": {
+                    "exitCode": code,
+                    "reason": "Completed" if code == 0 else "Error",
+                    "startedAt": started,
+                    "finishedAt": now_rfc3339(),
+                    "containerID": f"containerd://{cid}",
+                }
+            },
+        )
         if not self.removed:
             self.post_status()
 
@@ -426,17 +579,39 @@ class PodWorker(threading.Thread):
         pod_ref = f'"{self.name}_{self.ns}({self.uid})"'
         if csc.get("runAsNonRoot", psc.get("runAsNonRoot")):
             if uid is None:
-                return {}, 0, 0, (f"container has runAsNonRoot and image will run as root "
-                                  f"(pod: {pod_ref}, container: {spec['name']})")
+                return (
+                    {},
+                    0,
+                    0,
+                    (
+                        f"container has runAsNonRoot and image will run as root "
+                        f"(pod: {pod_ref}, container: {spec['name']})"
+                    ),
+                )
             if uid == 0:
-                return {}, 0, 0, (f"container's runAsUser breaks non-root policy "
-                                  f"(pod: {pod_ref}, container: {spec['name']})")
+                return (
+                    {},
+                    0,
+                    0,
+                    (
+                        f"container's runAsUser breaks non-root policy "
+                        f"(pod: {pod_ref}, container: {spec['name']})"
+                    ),
+                )
         env = {"PATH": SANDBOX_PATH, "HOSTNAME": self.hostname, "HOME": "/", "LANG": "C.UTF-8"}
         if pod_spec.get("enableServiceLinks", True):
-            env.update({"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443",
-                        "KUBERNETES_SERVICE_PORT_HTTPS": "443", "KUBERNETES_PORT": "tcp://10.96.0.1:443",
-                        "KUBERNETES_PORT_443_TCP": "tcp://10.96.0.1:443", "KUBERNETES_PORT_443_TCP_PROTO": "tcp",
-                        "KUBERNETES_PORT_443_TCP_PORT": "443", "KUBERNETES_PORT_443_TCP_ADDR": "10.96.0.1"})
+            env.update(
+                {
+                    "KUBERNETES_SERVICE_HOST": "10.96.0.1",
+                    "KUBERNETES_SERVICE_PORT": "443",
+                    "KUBERNETES_SERVICE_PORT_HTTPS": "443",
+                    "KUBERNETES_PORT": "tcp://10.96.0.1:443",
+                    "KUBERNETES_PORT_443_TCP": "tcp://10.96.0.1:443",
+                    "KUBERNETES_PORT_443_TCP_PROTO": "tcp",
+                    "KUBERNETES_PORT_443_TCP_PORT": "443",
+                    "KUBERNETES_PORT_443_TCP_ADDR": "10.96.0.1",
+                }
+            )
         for e in spec.get("env") or []:
             source = e.get("valueFrom")
             if not source:
@@ -444,17 +619,32 @@ class PodWorker(threading.Thread):
             elif source.get("fieldRef"):
                 value = resolve_field_ref(self.pod, source["fieldRef"].get("fieldPath", ""))
                 if value is None:
-                    return env, 0, 0, f"unsupported fieldPath: {source['fieldRef'].get('fieldPath')}"
+                    return (
+                        env,
+                        0,
+                        0,
+                        f"unsupported fieldPath: {source['fieldRef'].get('fieldPath')}",
+                    )
                 env[e["name"]] = value
             elif source.get("configMapKeyRef"):
                 ref = source["configMapKeyRef"]
-                cm = self.api.get_or_none(f"/api/v1/namespaces/{self.ns}/configmaps/{ref.get('name', '')}")
+                cm = self.api.get_or_none(
+                    f"/api/v1/namespaces/{self.ns}/configmaps/{ref.get('name', '')}"
+                )
                 data = (cm or {}).get("data") or {}
                 if ref.get("key") in data:
                     env[e["name"]] = data[ref["key"]]
                 elif not ref.get("optional"):
-                    return env, 0, 0, (f'configmap "{ref.get("name")}" not found' if cm is None else
-                                       f"couldn't find key {ref.get('key')} in ConfigMap {self.ns}/{ref.get('name')}")
+                    return (
+                        env,
+                        0,
+                        0,
+                        (
+                            f'configmap "{ref.get("name")}" not found'
+                            if cm is None
+                            else f"couldn't find key {ref.get('key')} in ConfigMap {self.ns}/{ref.get('name')}"
+                        ),
+                    )
         return env, int(uid or 0), int(gid if gid is not None else 0), None
 
 
@@ -494,8 +684,16 @@ class _KubeletServer(http.server.ThreadingHTTPServer):
 class NodeAgent:
     """Nodes rldemo-node-1..N on 127.0.0.1, against a real API server."""
 
-    def __init__(self, api: Api, workdir: Path, pki: Path, nodes: int = 3, sandbox_seconds: float = 0.4,
-                 python: str = sys.executable, sandbox_jitter: float = 0.0):
+    def __init__(
+        self,
+        api: Api,
+        workdir: Path,
+        pki: Path,
+        nodes: int = 3,
+        sandbox_seconds: float = 0.4,
+        python: str = sys.executable,
+        sandbox_jitter: float = 0.0,
+    ):
         self.api = api
         self.workdir = Path(workdir)
         self.pki = Path(pki)
@@ -560,16 +758,30 @@ class NodeAgent:
             except (ApiError, OSError):
                 nodes = []
             ours = [n for n in nodes if n["metadata"]["name"] in self.node_names]
-            if len(ours) == len(self.node_names) and not any((n.get("spec") or {}).get("taints") for n in ours):
+            if len(ours) == len(self.node_names) and not any(
+                (n.get("spec") or {}).get("taints") for n in ours
+            ):
                 return
             time.sleep(0.2)
         raise TimeoutError(f"nodes not schedulable after {timeout:.0f}s")
 
     # -- nodes -------------------------------------------------------------
     def _register(self, node: str) -> None:
-        body = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "labels": {
-            "kubernetes.io/hostname": node, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
-            "beta.kubernetes.io/os": "linux", "beta.kubernetes.io/arch": "amd64"}}, "spec": {}}
+        body = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": node,
+                "labels": {
+                    "kubernetes.io/hostname": node,
+                    "kubernetes.io/os": "linux",
+                    "kubernetes.io/arch": "amd64",
+                    "beta.kubernetes.io/os": "linux",
+                    "beta.kubernetes.io/arch": "amd64",
+                },
+            },
+            "spec": {},
+        }
         try:
             self.api.create("/api/v1/nodes", body)
         except ApiError as error:
@@ -579,38 +791,80 @@ class NodeAgent:
         self._renew_lease(node)
 
     def _node_status(self, node: str) -> None:
-        conditions = [{"type": t, "status": "False", "reason": r, "message": m,
-                       "lastHeartbeatTime": now_rfc3339(), "lastTransitionTime": now_rfc3339()}
-                      for t, r, m in (("MemoryPressure", "KubeletHasSufficientMemory",
-                                       "kubelet has sufficient memory available"),
-                                      ("DiskPressure", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
-                                      ("PIDPressure", "KubeletHasSufficientPID",
-                                       "kubelet has sufficient PID available"))]
-        conditions.append({"type": "Ready", "status": "True", "reason": "KubeletReady",
-                           "message": "kubelet is posting ready status", "lastHeartbeatTime": now_rfc3339(),
-                           "lastTransitionTime": now_rfc3339()})
+        conditions = [
+            {
+                "type": t,
+                "status": "False",
+                "reason": r,
+                "message": m,
+                "lastHeartbeatTime": now_rfc3339(),
+                "lastTransitionTime": now_rfc3339(),
+            }
+            for t, r, m in (
+                (
+                    "MemoryPressure",
+                    "KubeletHasSufficientMemory",
+                    "kubelet has sufficient memory available",
+                ),
+                ("DiskPressure", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
+                ("PIDPressure", "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
+            )
+        ]
+        conditions.append(
+            {
+                "type": "Ready",
+                "status": "True",
+                "reason": "KubeletReady",
+                "message": "kubelet is posting ready status",
+                "lastHeartbeatTime": now_rfc3339(),
+                "lastTransitionTime": now_rfc3339(),
+            }
+        )
         status = {
-            "capacity": CAPACITY, "allocatable": CAPACITY, "conditions": conditions,
-            "addresses": [{"type": "InternalIP", "address": self.node_ip}, {"type": "Hostname", "address": node}],
+            "capacity": CAPACITY,
+            "allocatable": CAPACITY,
+            "conditions": conditions,
+            "addresses": [
+                {"type": "InternalIP", "address": self.node_ip},
+                {"type": "Hostname", "address": node},
+            ],
             "daemonEndpoints": {"kubeletEndpoint": {"Port": self.port}},
-            "nodeInfo": {"machineID": hex64(node)[:32], "systemUUID": hex64(node)[:32], "bootID": hex64(node)[32:],
-                         "kernelVersion": os.uname().release, "osImage": "rl_batch_demo node agent (bubblewrap)",
-                         "containerRuntimeVersion": "bubblewrap://0", "kubeletVersion": KUBELET_VERSION,
-                         "kubeProxyVersion": "", "operatingSystem": "linux", "architecture": "amd64"},
+            "nodeInfo": {
+                "machineID": hex64(node)[:32],
+                "systemUUID": hex64(node)[:32],
+                "bootID": hex64(node)[32:],
+                "kernelVersion": os.uname().release,
+                "osImage": "rl_batch_demo node agent (bubblewrap)",
+                "containerRuntimeVersion": "bubblewrap://0",
+                "kubeletVersion": KUBELET_VERSION,
+                "kubeProxyVersion": "",
+                "operatingSystem": "linux",
+                "architecture": "amd64",
+            },
         }
         self.api.strategic_patch(f"/api/v1/nodes/{node}/status", {"status": status})
 
     def _renew_lease(self, node: str) -> None:
         path = f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{node}"
-        spec = {"holderIdentity": node, "leaseDurationSeconds": LEASE_SECONDS, "renewTime": now_micro()}
+        spec = {
+            "holderIdentity": node,
+            "leaseDurationSeconds": LEASE_SECONDS,
+            "renewTime": now_micro(),
+        }
         try:
             self.api.merge_patch(path, {"spec": spec})
         except ApiError as error:
             if error.status != 404:
                 raise
-            self.api.create("/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases", {
-                "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                "metadata": {"name": node, "namespace": "kube-node-lease"}, "spec": spec})
+            self.api.create(
+                "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases",
+                {
+                    "apiVersion": "coordination.k8s.io/v1",
+                    "kind": "Lease",
+                    "metadata": {"name": node, "namespace": "kube-node-lease"},
+                    "spec": spec,
+                },
+            )
 
     def _heartbeat(self) -> None:
         last_status = time.monotonic()
@@ -620,9 +874,22 @@ class NodeAgent:
                     self._renew_lease(node)
                     if time.monotonic() - last_status >= NODE_STATUS_SECONDS:
                         beat = now_rfc3339()
-                        self.api.strategic_patch(f"/api/v1/nodes/{node}/status", {"status": {"conditions": [
-                            {"type": t, "lastHeartbeatTime": beat}
-                            for t in ("MemoryPressure", "DiskPressure", "PIDPressure", "Ready")]}})
+                        self.api.strategic_patch(
+                            f"/api/v1/nodes/{node}/status",
+                            {
+                                "status": {
+                                    "conditions": [
+                                        {"type": t, "lastHeartbeatTime": beat}
+                                        for t in (
+                                            "MemoryPressure",
+                                            "DiskPressure",
+                                            "PIDPressure",
+                                            "Ready",
+                                        )
+                                    ]
+                                }
+                            },
+                        )
                 except (ApiError, OSError):
                     pass
             if time.monotonic() - last_status >= NODE_STATUS_SECONDS:
@@ -703,9 +970,15 @@ class NodeAgent:
 
     def delete_for_good(self, namespace: str, name: str, uid: str) -> None:
         try:
-            self.api.delete(pod_path(namespace, name), {
-                "apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0,
-                "preconditions": {"uid": uid}})
+            self.api.delete(
+                pod_path(namespace, name),
+                {
+                    "apiVersion": "v1",
+                    "kind": "DeleteOptions",
+                    "gracePeriodSeconds": 0,
+                    "preconditions": {"uid": uid},
+                },
+            )
         except (ApiError, OSError):
             pass
 
@@ -722,28 +995,53 @@ class NodeAgent:
                     return w
             return self.finished.get((namespace, name))
 
-    def evict(self, namespace: str, name: str, message: str = "The node was low on resource: memory. "
-              "Threshold quantity: 100Mi, available: 50Mi. ") -> None:
+    def evict(
+        self,
+        namespace: str,
+        name: str,
+        message: str = "The node was low on resource: memory. "
+        "Threshold quantity: 100Mi, available: 50Mi. ",
+    ) -> None:
         worker = self.worker_for(namespace, name)
         if worker is None:
             raise KeyError(f"no pod {namespace}/{name} runs on this agent")
         worker.evict(message)
 
-    def record_event(self, pod: dict, node: str, etype: str, reason: str, message: str,
-                     field_path: Optional[str]) -> None:
+    def record_event(
+        self, pod: dict, node: str, etype: str, reason: str, message: str, field_path: Optional[str]
+    ) -> None:
         """A core/v1 Event as the kubelet's recorder makes it: named <pod>.<hex UnixNano>."""
         md = pod["metadata"]
-        involved = {"kind": "Pod", "namespace": md["namespace"], "name": md["name"], "uid": md["uid"],
-                    "apiVersion": "v1", "resourceVersion": md.get("resourceVersion", "")}
+        involved = {
+            "kind": "Pod",
+            "namespace": md["namespace"],
+            "name": md["name"],
+            "uid": md["uid"],
+            "apiVersion": "v1",
+            "resourceVersion": md.get("resourceVersion", ""),
+        }
         if field_path:
             involved["fieldPath"] = field_path
         stamp = now_rfc3339()
-        event = {"apiVersion": "v1", "kind": "Event",
-                 "metadata": {"name": "%s.%x" % (md["name"], time.time_ns()), "namespace": md["namespace"]},
-                 "involvedObject": involved, "reason": reason, "message": message,
-                 "source": {"component": "kubelet", "host": node}, "firstTimestamp": stamp,
-                 "lastTimestamp": stamp, "count": 1, "type": etype, "eventTime": None,
-                 "reportingComponent": "kubelet", "reportingInstance": node}
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {
+                "name": "%s.%x" % (md["name"], time.time_ns()),
+                "namespace": md["namespace"],
+            },
+            "involvedObject": involved,
+            "reason": reason,
+            "message": message,
+            "source": {"component": "kubelet", "host": node},
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+            "type": etype,
+            "eventTime": None,
+            "reportingComponent": "kubelet",
+            "reportingInstance": node,
+        }
         try:
             self.api.create(f"/api/v1/namespaces/{md['namespace']}/events", event)
         except (ApiError, OSError):
@@ -761,8 +1059,14 @@ class NodeAgent:
         self.server = server
         self._spawn(server.serve_forever, "kubelet-api")
 
-    def serve_logs(self, handler: _KubeletHandler, namespace: str, name: str, container: str,
-                   query: Dict[str, str]) -> None:
+    def serve_logs(
+        self,
+        handler: _KubeletHandler,
+        namespace: str,
+        name: str,
+        container: str,
+        query: Dict[str, str],
+    ) -> None:
         worker = self.worker_for(namespace, name)
         run = next((c for c in worker.containers if c.name == container), None) if worker else None
         if worker is None or run is None:
@@ -771,12 +1075,16 @@ class NodeAgent:
         previous = query.get("previous") == "true"
         if previous:
             if len(run.logs) < 2:
-                handler._plain(400, f'previous terminated container "{container}" in pod "{name}" not found')
+                handler._plain(
+                    400, f'previous terminated container "{container}" in pod "{name}" not found'
+                )
                 return
             log = run.logs[-2]
         elif not run.logs:
             reason = (run.status["state"].get("waiting") or {}).get("reason", "ContainerCreating")
-            handler._plain(400, f'container "{container}" in pod "{name}" is waiting to start: {reason}')
+            handler._plain(
+                400, f'container "{container}" in pod "{name}" is waiting to start: {reason}'
+            )
             return
         else:
             log = run.logs[-1]
@@ -784,7 +1092,11 @@ class NodeAgent:
         timestamps = query.get("timestamps") == "true"
         tail = int(query["tailLines"]) if query.get("tailLines", "").lstrip("-").isdigit() else None
         limit = int(query["limitBytes"]) if query.get("limitBytes", "").isdigit() else None
-        since = time.time() - int(query["sinceSeconds"]) if query.get("sinceSeconds", "").isdigit() else None
+        since = (
+            time.time() - int(query["sinceSeconds"])
+            if query.get("sinceSeconds", "").isdigit()
+            else None
+        )
         handler.send_response(200)
         handler.send_header("Content-Type", "text/plain")
         handler.end_headers()
@@ -797,7 +1109,12 @@ class NodeAgent:
         try:
             while True:
                 with log.cond:
-                    while index >= len(log.lines) and not log.closed and follow and not self.stopping.is_set():
+                    while (
+                        index >= len(log.lines)
+                        and not log.closed
+                        and follow
+                        and not self.stopping.is_set()
+                    ):
                         log.cond.wait(0.5)
                     batch = log.lines[index:]
                     closed = log.closed
@@ -806,10 +1123,12 @@ class NodeAgent:
                     if since is not None and t < since:
                         continue
                     if timestamps:
-                        line = (time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t))
-                                + ".%09dZ " % int((t % 1) * 1e9)).encode() + line
+                        line = (
+                            time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t))
+                            + ".%09dZ " % int((t % 1) * 1e9)
+                        ).encode() + line
                     if limit is not None and sent + len(line) > limit:
-                        handler.wfile.write(line[:limit - sent])
+                        handler.wfile.write(line[: limit - sent])
                         return
                     handler.wfile.write(line)
                     sent += len(line)

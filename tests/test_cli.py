@@ -25,8 +25,20 @@ import pytest
 
 import rl_batch_demo as demo
 from rl_batch_demo import main
-from test_unit import (GUIDE_COMPARE_HEADER, GUIDE_COMPARE_ROWS, GUIDE_PARALLEL, GUIDE_SERIAL, NAMESPACE, RUN_ID, T0,
-                       compare_rows, log_text, ready_event, reward_event, stamp)
+from test_unit import (
+    GUIDE_COMPARE_HEADER,
+    GUIDE_COMPARE_ROWS,
+    GUIDE_PARALLEL,
+    GUIDE_SERIAL,
+    NAMESPACE,
+    RUN_ID,
+    T0,
+    compare_rows,
+    log_text,
+    ready_event,
+    reward_event,
+    stamp,
+)
 
 
 def usage_error(argv: list[str]) -> int:
@@ -63,19 +75,26 @@ def no_subprocesses(monkeypatch: pytest.MonkeyPatch) -> list:
 # Argument rules.
 
 
-@pytest.mark.parametrize("extra", [
-    ["--count", "0"],
-    ["--count", "-3"],
-    ["--count", "ten"],
-    ["--parallelism", "0"],
-    ["--count", "3", "--parallelism", "4"],
-    ["--count", "3", "--parallelism", "-1"],
-    ["--count", "21"],
-    ["--count", "30", "--max-episodes", "29"],
-])
-def test_run_argument_rules_are_usage_errors(extra: list[str], tmp_path: Path,
-                                             monkeypatch: pytest.MonkeyPatch, capsys: Any,
-                                             no_subprocesses: list) -> None:
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--count", "0"],
+        ["--count", "-3"],
+        ["--count", "ten"],
+        ["--parallelism", "0"],
+        ["--count", "3", "--parallelism", "4"],
+        ["--count", "3", "--parallelism", "-1"],
+        ["--count", "21"],
+        ["--count", "30", "--max-episodes", "29"],
+    ],
+)
+def test_run_argument_rules_are_usage_errors(
+    extra: list[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: Any,
+    no_subprocesses: list,
+) -> None:
     monkeypatch.chdir(tmp_path)
     assert usage_error(["run", "--output", "out"] + extra) == 2
     assert list(tmp_path.iterdir()) == []
@@ -89,11 +108,20 @@ def test_count_over_the_cap_names_max_episodes(tmp_path: Path, capsys: Any) -> N
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("argv", [["launch", "--output", "out"], ["run"], ["cleanup"], [],
-                                  ["run", "--output"], ["run", "--output", "out", "--bogus"]])
-def test_unknown_action_or_missing_output_is_a_usage_error(argv: list[str], tmp_path: Path,
-                                                           monkeypatch: pytest.MonkeyPatch,
-                                                           capsys: Any) -> None:
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["launch", "--output", "out"],
+        ["run"],
+        ["cleanup"],
+        [],
+        ["run", "--output"],
+        ["run", "--output", "out", "--bogus"],
+    ],
+)
+def test_unknown_action_or_missing_output_is_a_usage_error(
+    argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
     monkeypatch.chdir(tmp_path)
     assert usage_error(argv) == 2
     assert list(tmp_path.iterdir()) == []
@@ -111,7 +139,9 @@ def dry_run(argv: list[str], capsys: Any) -> dict:
 
 
 def test_count_21_passes_with_max_episodes_21(tmp_path: Path, capsys: Any) -> None:
-    objects = dry_run(["--output", str(tmp_path / "out"), "--count", "21", "--max-episodes", "21"], capsys)
+    objects = dry_run(
+        ["--output", str(tmp_path / "out"), "--count", "21", "--max-episodes", "21"], capsys
+    )
     assert objects["Job"]["spec"]["completions"] == 21
     assert objects["Job"]["spec"]["parallelism"] == 21
 
@@ -132,9 +162,23 @@ def test_parallelism_defaults_to_the_count_given(tmp_path: Path, capsys: Any) ->
 
 
 def test_flags_reach_the_job(tmp_path: Path, capsys: Any) -> None:
-    job = dry_run(["--output", str(tmp_path / "out"), "--count", "3", "--parallelism", "1",
-                   "--image", "registry.local/python:3.13", "--runtime", "kata", "--timeout", "100"],
-                  capsys)["Job"]
+    job = dry_run(
+        [
+            "--output",
+            str(tmp_path / "out"),
+            "--count",
+            "3",
+            "--parallelism",
+            "1",
+            "--image",
+            "registry.local/python:3.13",
+            "--runtime",
+            "kata",
+            "--timeout",
+            "100",
+        ],
+        capsys,
+    )["Job"]
     pod = job["spec"]["template"]["spec"]
     assert (job["spec"]["completions"], job["spec"]["parallelism"]) == (3, 1)
     assert job["spec"]["activeDeadlineSeconds"] == 100
@@ -142,16 +186,31 @@ def test_flags_reach_the_job(tmp_path: Path, capsys: Any) -> None:
     assert pod["runtimeClassName"] == "kata"
 
 
-def test_the_default_deadline_is_the_guides_up_to_the_cap_and_grows_past_it(tmp_path: Path, capsys: Any) -> None:
+def test_the_default_deadline_is_the_guides_up_to_the_cap_and_grows_past_it(
+    tmp_path: Path, capsys: Any
+) -> None:
     output = tmp_path / "out"
 
     def deadline(count: int, parallelism: int) -> int:
-        job = dry_run(["--output", str(output), "--count", str(count), "--max-episodes", str(count),
-                       "--parallelism", str(parallelism)], capsys)["Job"]
+        job = dry_run(
+            [
+                "--output",
+                str(output),
+                "--count",
+                str(count),
+                "--max-episodes",
+                str(count),
+                "--parallelism",
+                str(parallelism),
+            ],
+            capsys,
+        )["Job"]
         assert job["spec"]["completions"] == count and job["spec"]["parallelism"] == parallelism
         return job["spec"]["activeDeadlineSeconds"]
 
-    assert deadline(20, 20) == deadline(20, 1) == 240  # the guide's default is unchanged up to the cap
+    assert (
+        deadline(20, 20) == deadline(20, 1) == 240
+    )  # the guide's default is unchanged up to the cap
     wide, narrow, sequential = deadline(500, 500), deadline(500, 50), deadline(500, 1)
     assert wide == demo.default_timeout(500, 500) >= 240
     assert narrow == demo.default_timeout(500, 50) >= wide
@@ -179,10 +238,21 @@ def help_sections(text: str) -> dict[str, str]:
 def test_run_help_lists_every_flag_with_its_default(repo_root: Path) -> None:
     completed = subprocess.run(
         [sys.executable, str(repo_root / "rl_batch_demo.py"), "run", "--help"],
-        capture_output=True, text=True, timeout=30, env=dict(os.environ, COLUMNS="100"))
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=dict(os.environ, COLUMNS="100"),
+    )
     assert completed.returncode == 0, completed.stderr
     text = completed.stdout
-    for expected in ("--count", "default: 10", "python:3.12-alpine", "cube", "--parallelism", "--output"):
+    for expected in (
+        "--count",
+        "default: 10",
+        "python:3.12-alpine",
+        "cube",
+        "--parallelism",
+        "--output",
+    ):
         assert expected in text
     sections = help_sections(text)
     assert "default: 10" in sections["--count"]
@@ -195,8 +265,16 @@ def test_run_help_lists_every_flag_with_its_default(repo_root: Path) -> None:
     assert "240" in sections["--timeout"]
     assert "default: 1" in sections["--rounds"]
     assert "kubectl" in sections["--kubectl"]
-    for flag in ("--context", "--warmup", "--episode-script", "--dry-run", "--harden", "--cleanup", "--quiet",
-                 "--verbose"):
+    for flag in (
+        "--context",
+        "--warmup",
+        "--episode-script",
+        "--dry-run",
+        "--harden",
+        "--cleanup",
+        "--quiet",
+        "--verbose",
+    ):
         assert flag in sections, f"run --help lacks {flag}"
 
 
@@ -223,8 +301,11 @@ def test_every_action_help_has_a_purpose_and_an_example(action: str, capsys: Any
 
 def test_compare_help_explains_both_directories(capsys: Any) -> None:
     assert usage_error(["compare", "--help"]) == 0
-    sections = {line.split()[0]: line.strip() for line in capsys.readouterr().out.splitlines()
-                if line.startswith("  DIR_")}
+    sections = {
+        line.split()[0]: line.strip()
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith("  DIR_")
+    }
     assert "first run's output directory" in sections["DIR_A"]
     assert "second run's output directory" in sections["DIR_B"] and "B/A" in sections["DIR_B"]
 
@@ -238,8 +319,9 @@ def test_over_the_cap_prints_the_usage_of_run(tmp_path: Path, capsys: Any) -> No
 
 
 @pytest.mark.parametrize("argv", [["cleanup", "--output"], ["cleanup", "{out}"]])
-def test_cleanup_takes_the_directory_as_output_or_positionally(argv: list[str], tmp_path: Path, capsys: Any,
-                                                               no_subprocesses: list) -> None:
+def test_cleanup_takes_the_directory_as_output_or_positionally(
+    argv: list[str], tmp_path: Path, capsys: Any, no_subprocesses: list
+) -> None:
     out = tmp_path / "out"
     out.mkdir()
     argv = [arg.format(out=out) for arg in argv] + ([str(out)] if argv[-1] == "--output" else [])
@@ -261,12 +343,17 @@ def test_report_takes_the_directory_positionally_or_as_output(tmp_path: Path, ca
 @pytest.mark.parametrize("action", ["cleanup", "report"])
 @pytest.mark.parametrize("given", ["both", "neither"])
 def test_run_directory_given_twice_or_not_at_all_is_a_usage_error(
-        action: str, given: str, tmp_path: Path, capsys: Any, no_subprocesses: list) -> None:
-    argv = [action] + ([str(tmp_path / "a"), "--output", str(tmp_path / "b")] if given == "both" else [])
+    action: str, given: str, tmp_path: Path, capsys: Any, no_subprocesses: list
+) -> None:
+    argv = [action] + (
+        [str(tmp_path / "a"), "--output", str(tmp_path / "b")] if given == "both" else []
+    )
     assert usage_error(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("usage: ") and f" {action} [-h]" in err.splitlines()[0], err
-    expected = "name the run directory once" if given == "both" else "name the run's output directory"
+    expected = (
+        "name the run directory once" if given == "both" else "name the run's output directory"
+    )
     assert f"{action}: error: {expected}" in err
     assert list(tmp_path.iterdir()) == []
     assert no_subprocesses == []
@@ -279,16 +366,21 @@ class Terminal(io.StringIO):
 
 @pytest.mark.parametrize("stream, erase", [(io.StringIO, ""), (Terminal, "\r\x1b[K")])
 def test_verbose_echo_is_a_shell_quoted_line_that_a_terminal_progress_line_does_not_swallow(
-        stream: Any, erase: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    stream: Any, erase: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     stderr = stream()
     monkeypatch.setattr(sys, "stderr", stderr)
     quiet = demo.Kubectl("/opt/k8s/kubectl", "my context")
     quiet.echo_argv(quiet.argv(["get", "pods"]))
     assert stderr.getvalue() == ""
     verbose = demo.Kubectl("/opt/k8s/kubectl", "my context", verbose=True)
-    verbose.echo_argv(verbose.argv(["get", "pods", "-l", "job-name=rollout", "-o", "jsonpath={.items[*]}"]))
-    assert stderr.getvalue() == (f"{erase}+ /opt/k8s/kubectl --context 'my context' --request-timeout=30s "
-                                 f"get pods -l job-name=rollout -o 'jsonpath={{.items[*]}}'\n")
+    verbose.echo_argv(
+        verbose.argv(["get", "pods", "-l", "job-name=rollout", "-o", "jsonpath={.items[*]}"])
+    )
+    assert stderr.getvalue() == (
+        f"{erase}+ /opt/k8s/kubectl --context 'my context' --request-timeout=30s "
+        f"get pods -l job-name=rollout -o 'jsonpath={{.items[*]}}'\n"
+    )
 
 
 # --------------------------------------------------------------------------
@@ -296,7 +388,8 @@ def test_verbose_echo_is_a_shell_quoted_line_that_a_terminal_progress_line_does_
 
 
 def test_dry_run_prints_a_v1_list_creates_nothing_needs_no_kubectl(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any, no_subprocesses: list) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any, no_subprocesses: list
+) -> None:
     empty = tmp_path / "empty-path"
     empty.mkdir()
     monkeypatch.setenv("PATH", str(empty))
@@ -306,7 +399,7 @@ def test_dry_run_prints_a_v1_list_creates_nothing_needs_no_kubectl(
     assert [item["kind"] for item in printed["items"]] == ["Namespace", "ConfigMap", "Job"]
     namespace, configmap, job = printed["items"]
     name = namespace["metadata"]["name"]
-    run_id = name[len("agc-rl-"):]
+    run_id = name[len("agc-rl-") :]
     assert name.startswith("agc-rl-") and len(run_id) == 12 and int(run_id, 16) >= 0
     assert namespace["metadata"]["labels"] == {"agc-demo-run": run_id}
     assert configmap["metadata"] == {"name": "episode", "namespace": name}
@@ -328,7 +421,10 @@ def test_dry_run_with_harden_adds_the_network_policy(tmp_path: Path, capsys: Any
     assert objects["NetworkPolicy"]["metadata"]["namespace"] == name
     assert objects["NetworkPolicy"]["spec"]["podSelector"] == {}
     assert sorted(objects["NetworkPolicy"]["spec"]["policyTypes"]) == ["Egress", "Ingress"]
-    assert objects["Namespace"]["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    assert (
+        objects["Namespace"]["metadata"]["labels"]["pod-security.kubernetes.io/enforce"]
+        == "restricted"
+    )
     container = objects["Job"]["spec"]["template"]["spec"]["containers"][0]
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert not (tmp_path / "out").exists()
@@ -344,13 +440,25 @@ def test_dry_run_ships_an_episode_script_in_indexed_mode(tmp_path: Path, capsys:
 
 
 def test_unreadable_episode_script_is_a_one_line_error(tmp_path: Path, capsys: Any) -> None:
-    assert main(["run", "--output", str(tmp_path / "out"), "--dry-run",
-                 "--episode-script", str(tmp_path / "missing.py")]) == 1
+    assert (
+        main(
+            [
+                "run",
+                "--output",
+                str(tmp_path / "out"),
+                "--dry-run",
+                "--episode-script",
+                str(tmp_path / "missing.py"),
+            ]
+        )
+        == 1
+    )
     assert "missing.py" in error_line(capsys.readouterr().err)
 
 
 def test_an_episode_script_that_does_not_compile_is_named_with_its_line(
-        tmp_path: Path, capsys: Any, no_subprocesses: list) -> None:
+    tmp_path: Path, capsys: Any, no_subprocesses: list
+) -> None:
     script = tmp_path / "broken.py"
     script.write_text("import json\nx = = 1\n")
     out = tmp_path / "out"
@@ -368,45 +476,71 @@ def test_an_episode_script_that_does_not_compile_is_named_with_its_line(
 
 
 def test_an_episode_script_in_newer_syntax_than_this_python_is_only_warned_about(
-        tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(demo, "NEWEST_SYNTAX_PYTHON", (99, 0))
     script = tmp_path / "newer.py"
     script.write_text("print('ok')\nthis is not python 3.9 syntax\n")
-    assert main(["run", "--output", str(tmp_path / "out"), "--dry-run", "--episode-script", str(script)]) == 0
+    assert (
+        main(
+            ["run", "--output", str(tmp_path / "out"), "--dry-run", "--episode-script", str(script)]
+        )
+        == 0
+    )
     assert "line 2 does not compile on Python" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("source", [
-    'print("hello"\n',                      # an unclosed bracket is not newer syntax
-    'x = (1]\n',
-    "message = 'never ends\n",
-    '"""a docstring that never ends\n',
-    'if True:\n    x = 1\n        y = 2\n',  # bad indentation
-    'print("a")\0\n',
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        'print("hello"\n',  # an unclosed bracket is not newer syntax
+        "x = (1]\n",
+        "message = 'never ends\n",
+        '"""a docstring that never ends\n',
+        "if True:\n    x = 1\n        y = 2\n",  # bad indentation
+        'print("a")\0\n',
+    ],
+)
 def test_a_script_broken_on_every_python_is_refused_even_on_an_older_one(
-        source: str, tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(demo, "NEWEST_SYNTAX_PYTHON", (99, 0))  # this Python is older than the image's
+    source: str, tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(
+        demo, "NEWEST_SYNTAX_PYTHON", (99, 0)
+    )  # this Python is older than the image's
     script = tmp_path / "broken.py"
     script.write_text(source)
-    assert main(["run", "--output", str(tmp_path / "out"), "--dry-run", "--episode-script", str(script)]) == 1
+    assert (
+        main(
+            ["run", "--output", str(tmp_path / "out"), "--dry-run", "--episode-script", str(script)]
+        )
+        == 1
+    )
     line = error_line(capsys.readouterr().err)
     assert f"--episode-script {script}" in line and "nothing was created" in line
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("source", [
-    "match command:\n    case 'go':\n        pass\n",        # 3.10
-    "try:\n    pass\nexcept* ValueError:\n    pass\n",       # 3.11
-    "type Reward = float\n",                                 # 3.12
-    'task = {"a": 1}\nprint(f"{task["a"]}")\n',               # 3.12 (PEP 701)
-])
-def test_newer_syntax_is_shipped_on_an_older_python(source: str, tmp_path: Path, capsys: Any,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "source",
+    [
+        "match command:\n    case 'go':\n        pass\n",  # 3.10
+        "try:\n    pass\nexcept* ValueError:\n    pass\n",  # 3.11
+        "type Reward = float\n",  # 3.12
+        'task = {"a": 1}\nprint(f"{task["a"]}")\n',  # 3.12 (PEP 701)
+    ],
+)
+def test_newer_syntax_is_shipped_on_an_older_python(
+    source: str, tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(demo, "NEWEST_SYNTAX_PYTHON", (99, 0))
     script = tmp_path / "newer.py"
     script.write_text("command = 'go'\n" + source)
-    assert main(["run", "--output", str(tmp_path / "out"), "--dry-run", "--episode-script", str(script)]) == 0
+    assert (
+        main(
+            ["run", "--output", str(tmp_path / "out"), "--dry-run", "--episode-script", str(script)]
+        )
+        == 0
+    )
     try:
         compile(script.read_text(), str(script), "exec")
     except SyntaxError:
@@ -418,8 +552,9 @@ def test_newer_syntax_is_shipped_on_an_older_python(source: str, tmp_path: Path,
 
 
 @pytest.mark.parametrize("kind", ["directory", "file", "dangling symlink"])
-def test_existing_output_is_never_overwritten(kind: str, tmp_path: Path, capsys: Any,
-                                              no_subprocesses: list) -> None:
+def test_existing_output_is_never_overwritten(
+    kind: str, tmp_path: Path, capsys: Any, no_subprocesses: list
+) -> None:
     out = tmp_path / "out"
     if kind == "directory":
         out.mkdir()
@@ -498,7 +633,8 @@ def isolated_kubeconfig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: s
 
 
 def test_no_current_kube_context_is_an_error_before_any_output(
-        kubectl_bin: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    kubectl_bin: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
     isolated_kubeconfig(tmp_path, monkeypatch, KUBECONFIG_WITHOUT_CONTEXT)
     out = tmp_path / "out"
     assert main(["run", "--output", str(out), "--kubectl", kubectl_bin, "--quiet"]) == 1
@@ -508,10 +644,16 @@ def test_no_current_kube_context_is_an_error_before_any_output(
 
 
 def test_unknown_context_is_an_error_before_any_output(
-        kubectl_bin: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    kubectl_bin: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
     isolated_kubeconfig(tmp_path, monkeypatch, KUBECONFIG_WITH_CONTEXT)
     out = tmp_path / "out"
-    assert main(["run", "--output", str(out), "--kubectl", kubectl_bin, "--context", "nope", "--quiet"]) == 1
+    assert (
+        main(
+            ["run", "--output", str(out), "--kubectl", kubectl_bin, "--context", "nope", "--quiet"]
+        )
+        == 1
+    )
     line = error_line(capsys.readouterr().err)
     assert "'nope'" in line and "not found" in line
     assert not out.exists()
@@ -533,7 +675,8 @@ users:
 
 
 def test_missing_credentials_are_named_not_an_eof(
-        kubectl_bin: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    kubectl_bin: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
     # kubectl asks for a username when the kubeconfig's user has no credentials; with
     # no terminal to answer it says only "error: EOF".
     isolated_kubeconfig(tmp_path, monkeypatch, KUBECONFIG_WITHOUT_CREDENTIALS)
@@ -546,7 +689,9 @@ def test_missing_credentials_are_named_not_an_eof(
 
 
 @pytest.mark.parametrize("context", [[], ["--context", "emulator"]])
-def test_a_kubectl_that_is_not_kubectl_is_named(context: list[str], tmp_path: Path, capsys: Any) -> None:
+def test_a_kubectl_that_is_not_kubectl_is_named(
+    context: list[str], tmp_path: Path, capsys: Any
+) -> None:
     # /bin/true answers every question with silence and success, which used to read as
     # "no current kube context".
     true = shutil.which("true")
@@ -554,24 +699,37 @@ def test_a_kubectl_that_is_not_kubectl_is_named(context: list[str], tmp_path: Pa
     out = tmp_path / "out"
     assert main(["run", "--output", str(out), "--kubectl", true, "--quiet"] + context) == 1
     line = error_line(capsys.readouterr().err)
-    assert line == (f"Error: --kubectl {true} does not look like kubectl "
-                    f"(`version --client` printed no kubectl version)")
+    assert line == (
+        f"Error: --kubectl {true} does not look like kubectl "
+        f"(`version --client` printed no kubectl version)"
+    )
     assert not out.exists()
 
 
 def test_cleanup_with_a_kubectl_that_is_not_kubectl_does_not_claim_the_namespace_is_gone(
-        tmp_path: Path, capsys: Any) -> None:
+    tmp_path: Path, capsys: Any
+) -> None:
     true = shutil.which("true")
     assert true is not None
     out = tmp_path / "out"
     out.mkdir()
-    write_json(out / "receipt.json", {"context": "emulator", "namespace": NAMESPACE, "run_id": RUN_ID,
-                                      "uid": "ns-uid-1", "job_uid": "job-uid-1"})
+    write_json(
+        out / "receipt.json",
+        {
+            "context": "emulator",
+            "namespace": NAMESPACE,
+            "run_id": RUN_ID,
+            "uid": "ns-uid-1",
+            "job_uid": "job-uid-1",
+        },
+    )
     assert main(["cleanup", "--output", str(out), "--kubectl", true]) == 1
     captured = capsys.readouterr()
     assert "absent" not in captured.out + captured.err
-    assert error_line(captured.err) == (f"Error: --kubectl {true} does not look like kubectl "
-                                        f"(`version --client` printed no kubectl version)")
+    assert error_line(captured.err) == (
+        f"Error: --kubectl {true} does not look like kubectl "
+        f"(`version --client` printed no kubectl version)"
+    )
 
 
 class NotKubernetes(http.server.BaseHTTPRequestHandler):
@@ -607,17 +765,25 @@ def not_kubernetes() -> Any:
 
 
 def test_an_endpoint_that_is_not_kubernetes_is_named_not_a_missing_runtimeclass(
-        kubectl_bin: str, not_kubernetes: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        capsys: Any) -> None:
+    kubectl_bin: str,
+    not_kubernetes: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: Any,
+) -> None:
     url, requests = not_kubernetes
-    isolated_kubeconfig(tmp_path, monkeypatch, KUBECONFIG_WITH_CONTEXT.replace("https://127.0.0.1:9", url))
+    isolated_kubeconfig(
+        tmp_path, monkeypatch, KUBECONFIG_WITH_CONTEXT.replace("https://127.0.0.1:9", url)
+    )
     out = tmp_path / "out"
     assert main(["run", "--output", str(out), "--kubectl", kubectl_bin, "--quiet"]) == 1
     err = capsys.readouterr().err
     assert "Traceback" not in err
     first = err.splitlines()[0]
-    assert first.startswith(f"Error: the endpoint of context 'emulator' ({url}) does not serve the "
-                            f"Kubernetes API (or lacks node.k8s.io/v1 RuntimeClass)"), err
+    assert first.startswith(
+        f"Error: the endpoint of context 'emulator' ({url}) does not serve the "
+        f"Kubernetes API (or lacks node.k8s.io/v1 RuntimeClass)"
+    ), err
     assert first.endswith("nothing was created"), err
     assert "RuntimeClass 'cube' not found" not in err
     assert requests and {method for method, _ in requests} == {"GET"}  # asked, and created nothing
@@ -644,22 +810,45 @@ def test_cleanup_of_a_missing_directory(tmp_path: Path, capsys: Any, no_subproce
     assert no_subprocesses == []
 
 
-@pytest.mark.parametrize("receipt, message", [
-    ("{not json", r"receipt unreadable"),
-    ("", r"receipt unreadable"),
-    (json.dumps({"namespace": NAMESPACE}), r"lacks context, namespace or run_id; nothing was deleted"),
-    (json.dumps({"context": "emulator", "namespace": NAMESPACE, "run_id": ""}), r"lacks .*run_id"),
-    (json.dumps({"context": None, "namespace": NAMESPACE, "run_id": RUN_ID}), r"lacks context"),
-    (json.dumps([NAMESPACE]), r"lacks context, namespace or run_id"),
-    (json.dumps({"context": "emulator", "namespace": "default", "run_id": RUN_ID}),
-     r"namespace 'default', which this tool never creates; nothing was deleted"),
-    (json.dumps({"context": "emulator", "namespace": "agc-rl", "run_id": RUN_ID}),
-     r"namespace 'agc-rl', which this tool never creates"),
-    (json.dumps({"context": "emulator", "namespace": "kube-system", "run_id": RUN_ID,
-                 "namespace_uid": "u-1"}), r"'kube-system', which this tool never creates"),
-])
-def test_cleanup_refuses_a_corrupt_receipt(receipt: str, message: str, tmp_path: Path, capsys: Any,
-                                           no_subprocesses: list) -> None:
+@pytest.mark.parametrize(
+    "receipt, message",
+    [
+        ("{not json", r"receipt unreadable"),
+        ("", r"receipt unreadable"),
+        (
+            json.dumps({"namespace": NAMESPACE}),
+            r"lacks context, namespace or run_id; nothing was deleted",
+        ),
+        (
+            json.dumps({"context": "emulator", "namespace": NAMESPACE, "run_id": ""}),
+            r"lacks .*run_id",
+        ),
+        (json.dumps({"context": None, "namespace": NAMESPACE, "run_id": RUN_ID}), r"lacks context"),
+        (json.dumps([NAMESPACE]), r"lacks context, namespace or run_id"),
+        (
+            json.dumps({"context": "emulator", "namespace": "default", "run_id": RUN_ID}),
+            r"namespace 'default', which this tool never creates; nothing was deleted",
+        ),
+        (
+            json.dumps({"context": "emulator", "namespace": "agc-rl", "run_id": RUN_ID}),
+            r"namespace 'agc-rl', which this tool never creates",
+        ),
+        (
+            json.dumps(
+                {
+                    "context": "emulator",
+                    "namespace": "kube-system",
+                    "run_id": RUN_ID,
+                    "namespace_uid": "u-1",
+                }
+            ),
+            r"'kube-system', which this tool never creates",
+        ),
+    ],
+)
+def test_cleanup_refuses_a_corrupt_receipt(
+    receipt: str, message: str, tmp_path: Path, capsys: Any, no_subprocesses: list
+) -> None:
     out = tmp_path / "out"
     out.mkdir()
     (out / "receipt.json").write_text(receipt)
@@ -681,29 +870,51 @@ def test_cleanup_refuses_a_corrupt_receipt(receipt: str, message: str, tmp_path:
 #   rollout-p7x8s   +2       +5.0   +9.75   +10       node-1
 # Job Complete at +11; the client saw it at +12.5, 12.7 s after submitting.
 
-PODS = [("rollout-4kq2m", 1, 3.5, 8.0, 9, "node-1"),
-        ("rollout-9vtzb", 1, 4.25, 8.5, 9, "node-2"),
-        ("rollout-p7x8s", 2, 5.0, 9.75, 10, "node-1")]
+PODS = [
+    ("rollout-4kq2m", 1, 3.5, 8.0, 9, "node-1"),
+    ("rollout-9vtzb", 1, 4.25, 8.5, 9, "node-2"),
+    ("rollout-p7x8s", 2, 5.0, 9.75, 10, "node-1"),
+]
 
 
 def saved_pod(name: str, created: int, finished: int, node: str) -> dict:
     return {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": NAMESPACE, "creationTimestamp": stamp(created),
-                     "labels": {"app": "rl-batch-demo", "job-name": "rollout"}},
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": NAMESPACE,
+            "creationTimestamp": stamp(created),
+            "labels": {"app": "rl-batch-demo", "job-name": "rollout"},
+        },
         "spec": {"nodeName": node, "runtimeClassName": "cube"},
         "status": {
             "phase": "Succeeded",
             "conditions": [
                 {"type": "PodScheduled", "status": "True", "lastTransitionTime": stamp(created)},
-                {"type": "PodReadyToStartContainers", "status": "False", "lastTransitionTime": stamp(created + 1)},
+                {
+                    "type": "PodReadyToStartContainers",
+                    "status": "False",
+                    "lastTransitionTime": stamp(created + 1),
+                },
             ],
-            "containerStatuses": [{
-                "name": "episode", "restartCount": 0, "ready": False, "image": "python:3.12-alpine",
-                "imageID": "docker.io/library/python@sha256:5a1b",
-                "state": {"terminated": {"exitCode": 0, "reason": "Completed",
-                                         "startedAt": stamp(created + 1), "finishedAt": stamp(finished)}},
-            }],
+            "containerStatuses": [
+                {
+                    "name": "episode",
+                    "restartCount": 0,
+                    "ready": False,
+                    "image": "python:3.12-alpine",
+                    "imageID": "docker.io/library/python@sha256:5a1b",
+                    "state": {
+                        "terminated": {
+                            "exitCode": 0,
+                            "reason": "Completed",
+                            "startedAt": stamp(created + 1),
+                            "finishedAt": stamp(finished),
+                        }
+                    },
+                }
+            ],
         },
     }
 
@@ -712,50 +923,138 @@ def write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
 
 
-def write_saved_run(directory: Path, *, run_json: bool = True, job_end: str = "Complete",
-                    rewards: Optional[dict[str, Any]] = None) -> Path:
+def write_saved_run(
+    directory: Path,
+    *,
+    run_json: bool = True,
+    job_end: str = "Complete",
+    rewards: Optional[dict[str, Any]] = None,
+) -> Path:
     """A finished run's directory as `run` leaves it (execute, BatchEvidence.collect)."""
     directory.mkdir()
-    write_json(directory / "receipt.json", {"context": "emulator", "namespace": NAMESPACE, "run_id": RUN_ID,
-                                            "namespace_uid": "ns-uid-1", "jobs": {"rollout": "job-uid-1"},
-                                            "job_uid": "job-uid-1"})
+    write_json(
+        directory / "receipt.json",
+        {
+            "context": "emulator",
+            "namespace": NAMESPACE,
+            "run_id": RUN_ID,
+            "namespace_uid": "ns-uid-1",
+            "jobs": {"rollout": "job-uid-1"},
+            "job_uid": "job-uid-1",
+        },
+    )
     if run_json:
-        write_json(directory / "run.json", {
-            "version": "0.1.0", "count": 3, "parallelism": 3, "image": "python:3.12-alpine",
-            "runtime": "cube", "timeout": 240, "rounds": 1, "warmup": False, "harden": False,
-            "builtin": True, "episode_script": None, "context": "emulator", "namespace": NAMESPACE,
-            "batches": [{"job": "rollout", "measured": True, "dir": "."}]})
+        write_json(
+            directory / "run.json",
+            {
+                "version": "0.1.0",
+                "count": 3,
+                "parallelism": 3,
+                "image": "python:3.12-alpine",
+                "runtime": "cube",
+                "timeout": 240,
+                "rounds": 1,
+                "warmup": False,
+                "harden": False,
+                "builtin": True,
+                "episode_script": None,
+                "context": "emulator",
+                "namespace": NAMESPACE,
+                "batches": [{"job": "rollout", "measured": True, "dir": "."}],
+            },
+        )
     else:  # a run saved by the guide's script, which keeps only the guide's files
-        write_json(directory / "results.json", {
-            "episodes": 3, "successful_episodes": 3, "reward_sum": 3, "parallelism": 3,
-            "image": "python:3.12-alpine", "runtime": "cube", "context": "emulator", "namespace": NAMESPACE,
-            "cache_state": "uncontrolled", "client_job_complete_seconds": 12.7})
-    write_json(directory / "job-submitted.json",
-               demo.job_manifest(NAMESPACE, 3, 3, "python:3.12-alpine", "cube"))
-    write_json(directory / "job.json", {
-        "apiVersion": "batch/v1", "kind": "Job",
-        "metadata": {"name": "rollout", "namespace": NAMESPACE, "uid": "job-uid-1",
-                     "creationTimestamp": stamp(0)},
-        "status": {"succeeded": 3 if job_end == "Complete" else 0,
-                   "conditions": [{"type": job_end, "status": "True", "lastTransitionTime": stamp(11),
-                                   "reason": "DeadlineExceeded" if job_end == "Failed" else None}]},
-    })
-    write_json(directory / "pods.json", {
-        "apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": ""},
-        "items": [saved_pod(name, created, finished, node) for name, created, _, _, finished, node in PODS]})
-    write_json(directory / "events.json", {"apiVersion": "v1", "kind": "List", "items": [
-        {"kind": "Event", "type": "Warning", "reason": "FailedScheduling", "count": 2,
-         "involvedObject": {"kind": "Pod", "name": "rollout-p7x8s"}},
-    ]})
+        write_json(
+            directory / "results.json",
+            {
+                "episodes": 3,
+                "successful_episodes": 3,
+                "reward_sum": 3,
+                "parallelism": 3,
+                "image": "python:3.12-alpine",
+                "runtime": "cube",
+                "context": "emulator",
+                "namespace": NAMESPACE,
+                "cache_state": "uncontrolled",
+                "client_job_complete_seconds": 12.7,
+            },
+        )
+    write_json(
+        directory / "job-submitted.json",
+        demo.job_manifest(NAMESPACE, 3, 3, "python:3.12-alpine", "cube"),
+    )
+    write_json(
+        directory / "job.json",
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {
+                "name": "rollout",
+                "namespace": NAMESPACE,
+                "uid": "job-uid-1",
+                "creationTimestamp": stamp(0),
+            },
+            "status": {
+                "succeeded": 3 if job_end == "Complete" else 0,
+                "conditions": [
+                    {
+                        "type": job_end,
+                        "status": "True",
+                        "lastTransitionTime": stamp(11),
+                        "reason": "DeadlineExceeded" if job_end == "Failed" else None,
+                    }
+                ],
+            },
+        },
+    )
+    write_json(
+        directory / "pods.json",
+        {
+            "apiVersion": "v1",
+            "kind": "List",
+            "metadata": {"resourceVersion": ""},
+            "items": [
+                saved_pod(name, created, finished, node)
+                for name, created, _, _, finished, node in PODS
+            ],
+        },
+    )
+    write_json(
+        directory / "events.json",
+        {
+            "apiVersion": "v1",
+            "kind": "List",
+            "items": [
+                {
+                    "kind": "Event",
+                    "type": "Warning",
+                    "reason": "FailedScheduling",
+                    "count": 2,
+                    "involvedObject": {"kind": "Pod", "name": "rollout-p7x8s"},
+                },
+            ],
+        },
+    )
     (directory / "events.txt").write_text("LAST SEEN   TYPE      REASON             OBJECT\n")
     for name, _, ready, reward, _, _ in PODS:
         value = (rewards or {}).get(name, 1)
-        (directory / f"{name}.log").write_text(log_text(ready_event(name, T0 + ready),
-                                                        reward_event(name, T0 + reward, reward=value)))
-    write_json(directory / "client.json", {
-        "job": "rollout", "end": job_end, "submitted_at": T0 - 0.2, "observed_at": T0 + 12.5,
-        "client_job_complete_seconds": 12.7, "kubectl_processes_while_waiting": 2,
-        "watch_restarts": 0, "wait_mode": "watch", "post_completion_seconds": 0.4})
+        (directory / f"{name}.log").write_text(
+            log_text(ready_event(name, T0 + ready), reward_event(name, T0 + reward, reward=value))
+        )
+    write_json(
+        directory / "client.json",
+        {
+            "job": "rollout",
+            "end": job_end,
+            "submitted_at": T0 - 0.2,
+            "observed_at": T0 + 12.5,
+            "client_job_complete_seconds": 12.7,
+            "kubectl_processes_while_waiting": 2,
+            "watch_restarts": 0,
+            "wait_mode": "watch",
+            "post_completion_seconds": 0.4,
+        },
+    )
     return directory
 
 
@@ -763,10 +1062,10 @@ EXPECTED_REPORT = {
     "episodes": 3,
     "successful_episodes": 3,
     "reward_sum": 3,
-    "batch_to_all_ready_seconds": 5.0,          # last ready at +5.0
-    "batch_to_all_rewards_seconds": 9.75,       # last reward at +9.75
-    "pod_to_ready_p50_seconds": 3.0,            # pod_to_ready 2.5, 3.25, 3.0 -> sorted 2.5 3.0 3.25
-    "pod_to_ready_p95_seconds": 3.225,          # index 1.9 -> 3.0 + 0.9 * 0.25
+    "batch_to_all_ready_seconds": 5.0,  # last ready at +5.0
+    "batch_to_all_rewards_seconds": 9.75,  # last reward at +9.75
+    "pod_to_ready_p50_seconds": 3.0,  # pod_to_ready 2.5, 3.25, 3.0 -> sorted 2.5 3.0 3.25
+    "pod_to_ready_p95_seconds": 3.225,  # index 1.9 -> 3.0 + 0.9 * 0.25
     "pod_to_ready_max_seconds": 3.25,
     "context": "emulator",
     "namespace": NAMESPACE,
@@ -778,7 +1077,9 @@ EXPECTED_REPORT = {
 }
 
 
-def test_report_recomputes_the_saved_run(tmp_path: Path, capsys: Any, no_subprocesses: list) -> None:
+def test_report_recomputes_the_saved_run(
+    tmp_path: Path, capsys: Any, no_subprocesses: list
+) -> None:
     run_dir = write_saved_run(tmp_path / "run-a")
     before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
     assert main(["report", str(run_dir)]) == 0
@@ -787,8 +1088,12 @@ def test_report_recomputes_the_saved_run(tmp_path: Path, capsys: Any, no_subproc
     assert {key: printed.get(key) for key in EXPECTED_REPORT} == EXPECTED_REPORT
     assert "pods" not in printed  # per-pod rows are saved in results.json, not printed
     assert printed["nodes"] == {"node-1": 2, "node-2": 1}
-    assert printed["warnings"] == {"FailedScheduling": {"count": 2, "objects": ["Pod/rollout-p7x8s"]}}
-    assert printed["completion_gap"]["job_complete_to_client_observed_seconds"] == 1.5  # +11 -> +12.5
+    assert printed["warnings"] == {
+        "FailedScheduling": {"count": 2, "objects": ["Pod/rollout-p7x8s"]}
+    }
+    assert (
+        printed["completion_gap"]["job_complete_to_client_observed_seconds"] == 1.5
+    )  # +11 -> +12.5
     assert printed["phases"]["episode_work"]["p50"] == 4.5  # 4.5, 4.25, 4.75
     assert "pod_to_ready" in captured.err  # the phase table
     assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before  # report writes nothing
@@ -819,7 +1124,9 @@ def test_report_refuses_a_run_that_does_not_verify(tmp_path: Path, capsys: Any) 
     assert "Traceback" not in captured.err
 
 
-def test_report_of_a_run_json_without_a_field_it_needs_says_which(tmp_path: Path, capsys: Any) -> None:
+def test_report_of_a_run_json_without_a_field_it_needs_says_which(
+    tmp_path: Path, capsys: Any
+) -> None:
     run_dir = write_saved_run(tmp_path / "run-a")
     saved = json.loads((run_dir / "run.json").read_text())
     del saved["context"], saved["batches"]
@@ -827,36 +1134,97 @@ def test_report_of_a_run_json_without_a_field_it_needs_says_which(tmp_path: Path
     assert main(["report", str(run_dir)]) == 1
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert captured.err == ("Error: run.json lacks 'context', 'batches': not a run directory this tool "
-                            "can report\n")
+    assert captured.err == (
+        "Error: run.json lacks 'context', 'batches': not a run directory this tool can report\n"
+    )
 
 
 def test_settings_read_back_from_run_json_are_the_settings_saved() -> None:
     settings = demo.Settings(
-        count=4, parallelism=2, timeout=90, builtin=False, episode_script="episode.py",
-        episode_script_sha256="ab" * 32, ttl_seconds=600, version="0.1.0", rollout=True, tasks_file="t.jsonl",
-        group_size=2, retries=1, allow_failures=1, task_ids=("a", "b"), episode_timeout=30, context="ctx",
-        namespace=NAMESPACE, batches=(demo.BatchEntry("rollout", True, "."),))
+        count=4,
+        parallelism=2,
+        timeout=90,
+        builtin=False,
+        episode_script="episode.py",
+        episode_script_sha256="ab" * 32,
+        ttl_seconds=600,
+        version="0.1.0",
+        rollout=True,
+        tasks_file="t.jsonl",
+        group_size=2,
+        retries=1,
+        allow_failures=1,
+        task_ids=("a", "b"),
+        episode_timeout=30,
+        context="ctx",
+        namespace=NAMESPACE,
+        batches=(demo.BatchEntry("rollout", True, "."),),
+    )
     saved = json.loads(json.dumps(settings.saved()))
     assert demo.Settings.from_saved(saved) == settings
-    assert list(saved) == ["version", "count", "parallelism", "image", "runtime", "timeout", "rounds", "warmup",
-                           "harden", "builtin", "episode_script", "chunk_size", "episode_script_sha256",
-                           "ttl_seconds", "rollout", "tasks_file", "group_size", "retries", "allow_failures",
-                           "task_ids", "episode_timeout", "context", "namespace", "batches"]
-    plain = dataclasses.replace(settings, rollout=False, tasks_file=None, group_size=1, retries=None,
-                                allow_failures=None, task_ids=None, episode_timeout=None)
+    assert list(saved) == [
+        "version",
+        "count",
+        "parallelism",
+        "image",
+        "runtime",
+        "timeout",
+        "rounds",
+        "warmup",
+        "harden",
+        "builtin",
+        "episode_script",
+        "chunk_size",
+        "episode_script_sha256",
+        "ttl_seconds",
+        "rollout",
+        "tasks_file",
+        "group_size",
+        "retries",
+        "allow_failures",
+        "task_ids",
+        "episode_timeout",
+        "context",
+        "namespace",
+        "batches",
+    ]
+    plain = dataclasses.replace(
+        settings,
+        rollout=False,
+        tasks_file=None,
+        group_size=1,
+        retries=None,
+        allow_failures=None,
+        task_ids=None,
+        episode_timeout=None,
+    )
     assert "rollout" not in plain.saved() and demo.Settings.from_saved(plain.saved()) == plain
 
 
 def test_client_json_lists_what_is_known_in_the_order_it_became_known() -> None:
     wait = demo.ClientWait("rollout", "Complete", T0, T0 + 3, 3.0, 2, 0, 5, "watch")
-    assert list(wait.saved()) == ["job", "end", "submitted_at", "observed_at", "client_job_complete_seconds",
-                                  "kubectl_processes_while_waiting", "watch_restarts", "watch_queue_peak",
-                                  "wait_mode"]
-    done = wait._replace(pods_read={"source": "list"}, events_read="watch", post_completion_seconds=0.2)
+    assert list(wait.saved()) == [
+        "job",
+        "end",
+        "submitted_at",
+        "observed_at",
+        "client_job_complete_seconds",
+        "kubectl_processes_while_waiting",
+        "watch_restarts",
+        "watch_queue_peak",
+        "wait_mode",
+    ]
+    done = wait._replace(
+        pods_read={"source": "list"}, events_read="watch", post_completion_seconds=0.2
+    )
     assert list(done.saved())[-3:] == ["pods_read", "events_read", "post_completion_seconds"]
-    assert done._replace(end=None, observed_at=None).saved()["end"] is None  # given up on: still said
-    assert list(done._replace(reward_deliveries=[]).saved())[-2:] == ["reward_deliveries", "post_completion_seconds"]
+    assert (
+        done._replace(end=None, observed_at=None).saved()["end"] is None
+    )  # given up on: still said
+    assert list(done._replace(reward_deliveries=[]).saved())[-2:] == [
+        "reward_deliveries",
+        "post_completion_seconds",
+    ]
 
 
 def test_report_refuses_a_job_that_did_not_complete(tmp_path: Path, capsys: Any) -> None:
@@ -886,8 +1254,9 @@ def interrupted_run(directory: Path) -> Path:
     return directory
 
 
-def test_report_of_an_interrupted_run_says_it_never_finished(tmp_path: Path, capsys: Any,
-                                                             no_subprocesses: list) -> None:
+def test_report_of_an_interrupted_run_says_it_never_finished(
+    tmp_path: Path, capsys: Any, no_subprocesses: list
+) -> None:
     run_dir = interrupted_run(tmp_path / "run-a")
     assert main(["report", str(run_dir)]) == 1
     captured = capsys.readouterr()
@@ -917,13 +1286,23 @@ def test_report_of_an_empty_directory_is_a_one_line_error(tmp_path: Path, capsys
 
 def guide_results(**changes: Any) -> dict:
     """results.json of the guide's 10-way parallel run, in the guide's fields."""
-    results = dict(GUIDE_PARALLEL, successful_episodes=10, pods=[], context="emulator", namespace=NAMESPACE,
-                   image="python:3.12-alpine", runtime="cube", cache_state="uncontrolled")
+    results = dict(
+        GUIDE_PARALLEL,
+        successful_episodes=10,
+        pods=[],
+        context="emulator",
+        namespace=NAMESPACE,
+        image="python:3.12-alpine",
+        runtime="cube",
+        cache_state="uncontrolled",
+    )
     results.update(changes)
     return results
 
 
-def test_compare_prints_both_runs_with_ratios(tmp_path: Path, capsys: Any, no_subprocesses: list) -> None:
+def test_compare_prints_both_runs_with_ratios(
+    tmp_path: Path, capsys: Any, no_subprocesses: list
+) -> None:
     parallel, serial = tmp_path / "parallel", tmp_path / "serial"
     parallel.mkdir()
     serial.mkdir()
@@ -933,14 +1312,19 @@ def test_compare_prints_both_runs_with_ratios(tmp_path: Path, capsys: Any, no_su
     printed = capsys.readouterr().out
     assert printed.splitlines()[0].split() == GUIDE_COMPARE_HEADER
     # What each run was: alike here, so the figures compare like with like.
-    assert compare_rows(printed) == dict(GUIDE_COMPARE_ROWS, image=["python:3.12-alpine", "python:3.12-alpine", "same"],
-                                         runtime=["cube", "cube", "same"],
-                                         cache_state=["uncontrolled", "uncontrolled", "same"],
-                                         context=["emulator", "emulator", "same"])
+    assert compare_rows(printed) == dict(
+        GUIDE_COMPARE_ROWS,
+        image=["python:3.12-alpine", "python:3.12-alpine", "same"],
+        runtime=["cube", "cube", "same"],
+        cache_state=["uncontrolled", "uncontrolled", "same"],
+        context=["emulator", "emulator", "same"],
+    )
     assert no_subprocesses == []
 
 
-def test_compare_of_a_report_directory_and_a_run_without_results(tmp_path: Path, capsys: Any) -> None:
+def test_compare_of_a_report_directory_and_a_run_without_results(
+    tmp_path: Path, capsys: Any
+) -> None:
     first = tmp_path / "a"
     first.mkdir()
     write_json(first / "results.json", guide_results())

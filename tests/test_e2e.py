@@ -15,7 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from e2e_support import assert_cleanup_twice, assert_run_agrees_with_cluster, load, most_at_once, run_namespaces, tool
+from e2e_support import (
+    assert_cleanup_twice,
+    assert_run_agrees_with_cluster,
+    load,
+    most_at_once,
+    run_namespaces,
+    tool,
+)
 from kube_emulator import Emulator
 
 import rl_batch_demo
@@ -25,13 +32,32 @@ pytestmark = pytest.mark.e2e
 KUBECTL_VERSIONS = ("1.27", "1.33", "1.35")
 # The guide's results.json fields.
 GUIDE_RESULT_FIELDS = {
-    "episodes", "successful_episodes", "reward_sum", "batch_to_all_ready_seconds",
-    "batch_to_all_rewards_seconds", "pod_to_ready_p50_seconds", "pod_to_ready_p95_seconds",
-    "pod_to_ready_max_seconds", "pods", "context", "namespace", "image", "runtime", "parallelism",
-    "cache_state", "client_job_complete_seconds",
+    "episodes",
+    "successful_episodes",
+    "reward_sum",
+    "batch_to_all_ready_seconds",
+    "batch_to_all_rewards_seconds",
+    "pod_to_ready_p50_seconds",
+    "pod_to_ready_p95_seconds",
+    "pod_to_ready_max_seconds",
+    "pods",
+    "context",
+    "namespace",
+    "image",
+    "runtime",
+    "parallelism",
+    "cache_state",
+    "client_job_complete_seconds",
 }
-ROW_FIELDS = {"pod", "node", "image_id", "reward", "pod_to_ready_seconds", "batch_to_ready_seconds",
-              "batch_to_reward_seconds"}
+ROW_FIELDS = {
+    "pod",
+    "node",
+    "image_id",
+    "reward",
+    "pod_to_ready_seconds",
+    "batch_to_ready_seconds",
+    "batch_to_reward_seconds",
+}
 
 
 @pytest.fixture(params=KUBECTL_VERSIONS)
@@ -54,7 +80,15 @@ def check_run(emulator: Emulator, output: Path, count: int, parallelism: int) ->
 
     receipt = load(output / "receipt.json")
     # The guide's keys with the guide's meaning (`uid` is the namespace's), ours beside them.
-    assert set(receipt) >= {"context", "namespace", "run_id", "uid", "job_uid", "namespace_uid", "jobs"}
+    assert set(receipt) >= {
+        "context",
+        "namespace",
+        "run_id",
+        "uid",
+        "job_uid",
+        "namespace_uid",
+        "jobs",
+    }
     assert receipt["uid"] == receipt["namespace_uid"]
     assert receipt["context"] == emulator.context
     assert receipt["namespace"] == results["namespace"] == f"agc-rl-{receipt['run_id']}"
@@ -73,11 +107,17 @@ def check_run(emulator: Emulator, output: Path, count: int, parallelism: int) ->
         assert row["batch_to_ready_seconds"] <= row["batch_to_reward_seconds"]
 
     ready = [r["pod_to_ready_seconds"] for r in rows]
-    assert results["pod_to_ready_p50_seconds"] == pytest.approx(rl_batch_demo.percentile(ready, 0.5), abs=0.002)
-    assert results["pod_to_ready_p95_seconds"] == pytest.approx(rl_batch_demo.percentile(ready, 0.95), abs=0.002)
+    assert results["pod_to_ready_p50_seconds"] == pytest.approx(
+        rl_batch_demo.percentile(ready, 0.5), abs=0.002
+    )
+    assert results["pod_to_ready_p95_seconds"] == pytest.approx(
+        rl_batch_demo.percentile(ready, 0.95), abs=0.002
+    )
     assert results["pod_to_ready_max_seconds"] == max(ready)
     assert results["batch_to_all_ready_seconds"] == max(r["batch_to_ready_seconds"] for r in rows)
-    assert results["batch_to_all_rewards_seconds"] == max(r["batch_to_reward_seconds"] for r in rows)
+    assert results["batch_to_all_rewards_seconds"] == max(
+        r["batch_to_reward_seconds"] for r in rows
+    )
 
     # Held against the truth: the Job's creationTimestamp is the truth truncated to
     # whole seconds, so each batch figure is late by less than one second.
@@ -88,19 +128,28 @@ def check_run(emulator: Emulator, output: Path, count: int, parallelism: int) ->
         assert pod_truth["node"] == row["node"]
         assert pod_truth["exit_code"] == 0
         ready_at = job_truth["created"] // 1 + row["batch_to_ready_seconds"]
-        assert pod_truth["container_started"] - 0.05 <= ready_at <= pod_truth["container_finished"] + 0.05
+        assert (
+            pod_truth["container_started"] - 0.05
+            <= ready_at
+            <= pod_truth["container_finished"] + 0.05
+        )
     # The client saw the Job complete after it did (the figure counts from the truncated
     # creationTimestamp; the truth's notes trail the stamp by up to 0.5 s); how long after is
     # the machine's load. It was the Complete condition that ended its wait, not its own limit.
-    assert results["client_job_complete_seconds"] >= job_truth["complete"] - job_truth["created"] - 0.5
+    assert (
+        results["client_job_complete_seconds"] >= job_truth["complete"] - job_truth["created"] - 0.5
+    )
     assert results["client_wait"]["end"] == "Complete", results["client_wait"]
 
     header, *lines = (output / "events.txt").read_text().splitlines()
     assert header.split()[:4] == ["LAST", "SEEN", "(UTC)", "TYPE"]
     # Absolute times, as the events say them, never kubectl's ages ("5s"), which mean nothing later.
     created = {e["metadata"]["name"]: e for e in load(output / "events.json")["items"]}
-    stamps = sorted((e.get("lastTimestamp") or e.get("eventTime") or e["metadata"]["creationTimestamp"])[:19] + "Z"
-                    for e in created.values())
+    stamps = sorted(
+        (e.get("lastTimestamp") or e.get("eventTime") or e["metadata"]["creationTimestamp"])[:19]
+        + "Z"
+        for e in created.values()
+    )
     assert sorted(line.split()[0] for line in lines) == stamps and len(lines) == len(created) > 0
     with open(output / "episodes.csv", newline="") as handle:
         assert len(list(csv.DictReader(handle))) == count
@@ -119,15 +168,27 @@ def test_parallel_then_sequential_then_cleanup(kubectl_and_cluster, tmp_path):
     kubectl, emulator = kubectl_and_cluster
     parallel_dir, sequential_dir = tmp_path / "rl-parallel-10", tmp_path / "rl-sequential-10"
 
-    parallel = tool(emulator, kubectl, "run", "--count", "10", "--output", str(parallel_dir), "--quiet")
+    parallel = tool(
+        emulator, kubectl, "run", "--count", "10", "--output", str(parallel_dir), "--quiet"
+    )
     assert parallel.returncode == 0, parallel.stderr
     assert parallel.stdout.startswith("Test namespace: agc-rl-")
     printed = json.loads(parallel.stdout.split("\n", 1)[1])
     assert "pods" not in printed and printed["episodes"] == 10
     check_run(emulator, parallel_dir, 10, 10)
 
-    sequential = tool(emulator, kubectl, "run", "--count", "10", "--parallelism", "1",
-                      "--output", str(sequential_dir), "--quiet")
+    sequential = tool(
+        emulator,
+        kubectl,
+        "run",
+        "--count",
+        "10",
+        "--parallelism",
+        "1",
+        "--output",
+        str(sequential_dir),
+        "--quiet",
+    )
     assert sequential.returncode == 0, sequential.stderr
     check_run(emulator, sequential_dir, 10, 1)
     # Ten at once really ran side by side, one at a time never overlapped (the emulator's
@@ -141,6 +202,7 @@ def test_parallel_then_sequential_then_cleanup(kubectl_and_cluster, tmp_path):
     for output in (parallel_dir, sequential_dir):
         assert_cleanup_twice(emulator, kubectl, output)
     assert run_namespaces(emulator) == []
+
     # Every request-and-answer call carried the 30 s request timeout; a watch, and the list
     # its kubectl makes first, are bounded by the run's deadline instead. None met a server error.
     def bounds(requests: list[dict]) -> Counter:
@@ -152,6 +214,10 @@ def test_parallel_then_sequential_then_cleanup(kubectl_and_cluster, tmp_path):
     assert watches and len(longer) < len(calls)
     # Each call without the 30 s bound is the list before a watch: same path, same bound.
     assert bounds(longer) == bounds(watches), sorted(bounds(longer).items())
-    assert all(r["method"] == "GET" and r["path"].endswith(("/pods", "/jobs", "/events"))
-               and r["query"].get("timeout", "").endswith("s") for r in watches), bounds(watches)
+    assert all(
+        r["method"] == "GET"
+        and r["path"].endswith(("/pods", "/jobs", "/events"))
+        and r["query"].get("timeout", "").endswith("s")
+        for r in watches
+    ), bounds(watches)
     assert all(r["status"] < 500 for r in emulator.requests)

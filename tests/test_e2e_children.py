@@ -16,8 +16,10 @@ import pytest
 
 from e2e_support import PRODUCT, load, run_namespaces, tool, wait_for
 
-pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not sys.platform.startswith("linux"),
-                                                  reason="reads children from /proc")]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads children from /proc"),
+]
 
 WAIT = 60
 
@@ -61,9 +63,23 @@ def test_killed_run_leaves_no_process_and_stays_cleanable(make_cluster, tmp_path
     # A short directory of its own: a Unix socket's path must stay under ~100 bytes.
     temporary = Path(tempfile.mkdtemp(prefix="rlk-"))
     env = {**emulator.env(), "TMPDIR": str(temporary)}
-    process = subprocess.Popen([sys.executable, str(PRODUCT), "run", "--count", "2", "--output", str(output),
-                                "--quiet", "--kubectl", kubectl],
-                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            str(PRODUCT),
+            "run",
+            "--count",
+            "2",
+            "--output",
+            str(output),
+            "--quiet",
+            "--kubectl",
+            kubectl,
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         # Both watches and the proxy: the long-lived children a killed run would leak.
         def long_lived_children() -> list[int] | None:
@@ -72,24 +88,45 @@ def test_killed_run_leaves_no_process_and_stays_cleanable(make_cluster, tmp_path
             proxies = [pid for pid in pids if "proxy" in command_line(pid)]
             return watches + proxies if len(watches) == 3 and len(proxies) == 1 else None
 
-        kubectl_children = wait_for(long_lived_children, WAIT, "the tool's three watches and its proxy")
+        kubectl_children = wait_for(
+            long_lived_children, WAIT, "the tool's three watches and its proxy"
+        )
         socket_directories = list(temporary.glob(f"rl-batch-demo-{process.pid}-*"))
         assert len(socket_directories) == 1, list(temporary.iterdir())
     finally:
         process.send_signal(signal.SIGKILL)
         process.wait(timeout=WAIT)
 
-    wait_for(lambda: not any(alive(pid) for pid in kubectl_children), 120,
-             "the killed tool's kubectl children to end")
+    wait_for(
+        lambda: not any(alive(pid) for pid in kubectl_children),
+        120,
+        "the killed tool's kubectl children to end",
+    )
     receipt = load(output / "receipt.json")
     assert receipt["namespace"].startswith("agc-rl-")
 
     # The next run, whatever it does, removes the dead run's socket directory (and no other).
     other = temporary / "rl-batch-demo-unrelated"
     other.mkdir()
-    second = subprocess.run([sys.executable, str(PRODUCT), "run", "--count", "1", "--output",
-                             str(tmp_path / "second"), "--quiet", "--kubectl", kubectl, "--cleanup"],
-                            env=env, capture_output=True, text=True, timeout=300)
+    second = subprocess.run(
+        [
+            sys.executable,
+            str(PRODUCT),
+            "run",
+            "--count",
+            "1",
+            "--output",
+            str(tmp_path / "second"),
+            "--quiet",
+            "--kubectl",
+            kubectl,
+            "--cleanup",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert second.returncode == 0, second.stderr
     assert not socket_directories[0].exists()
     assert other.is_dir()

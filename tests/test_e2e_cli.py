@@ -37,11 +37,15 @@ def request(argv: list[str]) -> list[str]:
     return [arg for arg in rest if not arg.startswith("--request-timeout=")]
 
 
-def test_verbose_echoes_every_kubectl_command_and_proxy_request(make_cluster, tmp_path: Path) -> None:
+def test_verbose_echoes_every_kubectl_command_and_proxy_request(
+    make_cluster, tmp_path: Path
+) -> None:
     kubectl, make = make_cluster
     emulator = make()
     output = tmp_path / "verbose"
-    result = tool(emulator, kubectl, "run", "--count", "2", "--output", str(output), "--quiet", "--verbose")
+    result = tool(
+        emulator, kubectl, "run", "--count", "2", "--output", str(output), "--quiet", "--verbose"
+    )
     assert result.returncode == 0, result.stderr
     namespace = load(output / "receipt.json")["namespace"]
     lines = echoed(result.stderr)
@@ -50,22 +54,31 @@ def test_verbose_echoes_every_kubectl_command_and_proxy_request(make_cluster, tm
     assert argvs and all(argv[1:3] == ["--context", emulator.context] for argv in argvs[1:]), lines
     assert argvs[0][1:] == ["config", "current-context"]
     # After the context, each bounds its requests: 30 s for a request-and-answer call and the proxy.
-    assert all(argv[3] == "--request-timeout=30s" for argv in argvs[1:] if "--watch" not in argv), lines
+    assert all(argv[3] == "--request-timeout=30s" for argv in argvs[1:] if "--watch" not in argv), (
+        lines
+    )
     assert all(argv[0] == kubectl for argv in argvs)
     tails = [request(argv) for argv in argvs]
     assert tails.count(["create", "-f", "-", "-o", "json"]) == 3  # namespace, configmap, job
     assert ["get", "runtimeclass", "cube", "-o", "name"] in tails
     watches = [argv for argv in argvs if "--watch" in argv]
     assert sorted(argv[argv.index("get") + 1] for argv in watches) == ["events", "jobs", "pods"]
-    assert all(argv[3].startswith("--request-timeout=") for argv in watches)  # bounded, and shown so
+    assert all(
+        argv[3].startswith("--request-timeout=") for argv in watches
+    )  # bounded, and shown so
     proxies = [argv for argv in argvs if "proxy" in argv]
     assert len(proxies) == 1 and proxies[0][-1].startswith("--unix-socket=")
     # Reads through the proxy are shown as the HTTP request sent.
     gets = [line for line in lines if line.startswith("GET ")]
-    assert any(line.startswith(f"GET /api/v1/namespaces/{namespace}/events?") and "timeout=30s" in line
-               for line in gets), lines
-    assert any(line.startswith(f"GET /api/v1/namespaces/{namespace}/pods/") and "/log?container=episode"
-               in line for line in gets), lines
+    assert any(
+        line.startswith(f"GET /api/v1/namespaces/{namespace}/events?") and "timeout=30s" in line
+        for line in gets
+    ), lines
+    assert any(
+        line.startswith(f"GET /api/v1/namespaces/{namespace}/pods/")
+        and "/log?container=episode" in line
+        for line in gets
+    ), lines
     # What kubectl is given on stdin (the manifests) is never echoed.
     assert '"apiVersion"' not in result.stderr and "print(" not in result.stderr
     assert echoed(result.stdout) == []  # stdout stays the results
@@ -74,7 +87,9 @@ def test_verbose_echoes_every_kubectl_command_and_proxy_request(make_cluster, tm
     assert cleaned.returncode == 0, cleaned.stderr
     cleanup_tails = [request(argv) for argv in kubectl_lines(echoed(cleaned.stderr), kubectl)]
     assert any(tail[:3] == ["delete", "job", "rollout"] for tail in cleanup_tails), cleanup_tails
-    assert any(tail[:3] == ["delete", "namespace", namespace] for tail in cleanup_tails), cleanup_tails
+    assert any(tail[:3] == ["delete", "namespace", namespace] for tail in cleanup_tails), (
+        cleanup_tails
+    )
     assert run_namespaces(emulator) == []
 
 
@@ -84,7 +99,9 @@ def test_without_verbose_no_command_line_is_echoed(make_cluster, tmp_path: Path)
     output = tmp_path / "plain"
     result = tool(emulator, kubectl, "run", "--count", "2", "--output", str(output))
     assert result.returncode == 0, result.stderr
-    assert "Test namespace:" in result.stdout and "pod_to_ready" in result.stderr  # the usual chatter
+    assert (
+        "Test namespace:" in result.stdout and "pod_to_ready" in result.stderr
+    )  # the usual chatter
     assert echoed(result.stderr) == []
     assert "create -f -" not in result.stderr and "GET /api/" not in result.stderr
     assert "--watch" not in result.stderr and "proxy --unix-socket" not in result.stderr
@@ -93,17 +110,33 @@ def test_without_verbose_no_command_line_is_echoed(make_cluster, tmp_path: Path)
 
 
 @pytest.mark.parametrize("keep", [False, True], ids=["removed", "kept"])
-def test_local_cluster_removes_its_temporary_state_on_stopping_unless_kept(require_e2e, tmp_path: Path,
-                                                                          keep: bool) -> None:
+def test_local_cluster_removes_its_temporary_state_on_stopping_unless_kept(
+    require_e2e, tmp_path: Path, keep: bool
+) -> None:
     require_e2e()
     temporary = tmp_path / "tmp"
     temporary.mkdir()
-    argv = [sys.executable, str(Path(__file__).resolve().parent / "local_cluster.py"), "--emulator", "--kubectl", ""]
-    process = subprocess.Popen(argv + (["--keep"] if keep else []), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, env=dict(os.environ, TMPDIR=str(temporary)))
+    argv = [
+        sys.executable,
+        str(Path(__file__).resolve().parent / "local_cluster.py"),
+        "--emulator",
+        "--kubectl",
+        "",
+    ]
+    process = subprocess.Popen(
+        argv + (["--keep"] if keep else []),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, TMPDIR=str(temporary)),
+    )
     try:
         line = process.stdout.readline()
-        assert line.startswith("READY "), (line, process.stderr.read() if process.poll() is not None else "")
+        assert line.startswith("READY "), (
+            line,
+            process.stderr.read() if process.poll() is not None else "",
+        )
         [state] = list(temporary.glob("rldemo-cluster-*"))
         assert Path(line.split(" ", 1)[1].strip()).is_relative_to(state)  # the kubeconfig is in it
         process.send_signal(signal.SIGINT)

@@ -13,8 +13,16 @@ from __future__ import annotations
 import pytest
 
 from e2e_support import load
-from test_e2e_phases import (KUBECTL_VERSION, Run, assert_phases_match_truth, point_errors, recorder_lags,
-                             reported_points, true_windows, twelve_episodes)
+from test_e2e_phases import (
+    KUBECTL_VERSION,
+    Run,
+    assert_phases_match_truth,
+    point_errors,
+    recorder_lags,
+    reported_points,
+    true_windows,
+    twelve_episodes,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -24,22 +32,32 @@ TRUTH_NOTED_AFTER = 0.01
 
 
 def skewed_run(kubectl: str, tmp_path, offset: float, sandbox: float) -> Run:
-    return twelve_episodes(kubectl, tmp_path, {"sandbox_delay": sandbox, "sandbox_jitter": 0.4,
-                                               "sandbox_status_with_running": True,
-                                               "node_clock_offset": {SKEWED: offset}})
+    return twelve_episodes(
+        kubectl,
+        tmp_path,
+        {
+            "sandbox_delay": sandbox,
+            "sandbox_jitter": 0.4,
+            "sandbox_status_with_running": True,
+            "node_clock_offset": {SKEWED: offset},
+        },
+    )
 
 
-@pytest.mark.parametrize("offset, sandbox", [
-    (1.5, 0.6),
-    # Behind by more than a pod takes to become ready, the worker's ready event would precede
-    # its pod's creation and the run fail as out of order: the sandbox is made long enough.
-    (-1.5, 2.0),
-    # Behind by less than the sandbox takes: the kubelet's first container event alone allows
-    # clocks that agree; the pods' start times (whole seconds, within a second of the binding)
-    # prove it whatever their fractions. A smaller offset is proven only when some pod's start
-    # time falls late in its second: the reported bounds still hold it, uncorrected.
-    (-1.3, 1.6),
-])
+@pytest.mark.parametrize(
+    "offset, sandbox",
+    [
+        (1.5, 0.6),
+        # Behind by more than a pod takes to become ready, the worker's ready event would precede
+        # its pod's creation and the run fail as out of order: the sandbox is made long enough.
+        (-1.5, 2.0),
+        # Behind by less than the sandbox takes: the kubelet's first container event alone allows
+        # clocks that agree; the pods' start times (whole seconds, within a second of the binding)
+        # prove it whatever their fractions. A smaller offset is proven only when some pod's start
+        # time falls late in its second: the reported bounds still hold it, uncorrected.
+        (-1.3, 1.6),
+    ],
+)
 def test_a_node_clock_off_is_found_said_and_corrected(require_e2e, tmp_path, offset, sandbox):
     kubectl = require_e2e(KUBECTL_VERSION)
     run = skewed_run(kubectl, tmp_path, offset, sandbox)
@@ -50,27 +68,35 @@ def test_a_node_clock_off_is_found_said_and_corrected(require_e2e, tmp_path, off
     node = clocks["nodes"][SKEWED]
     # The evidence's interval holds the true offset, and so does the correction within its uncertainty.
     assert node["at_least_seconds"] <= offset <= node["at_most_seconds"], (node, clocks["warnings"])
-    assert abs(node["offset_seconds"] - offset) <= node["correction_slack_seconds"] <= node["uncertainty_seconds"], \
-        (node, clocks["warnings"])
+    assert (
+        abs(node["offset_seconds"] - offset)
+        <= node["correction_slack_seconds"]
+        <= node["uncertainty_seconds"]
+    ), (node, clocks["warnings"])
     # How narrow: each edge comes from whole-second stamps whose fractions vary from pod to pod,
     # and widens as a loaded machine delays the kubelet's and the recorder's work.
-    print(f"node {offset:+g} s: offset {node['offset_seconds']:+.3f} s, "
-          f"uncertainty {node['uncertainty_seconds']:.3f} s")
+    print(
+        f"node {offset:+g} s: offset {node['offset_seconds']:+.3f} s, "
+        f"uncertainty {node['uncertainty_seconds']:.3f} s"
+    )
     for name, other in clocks["nodes"].items():
         if name != SKEWED:
             assert other["at_least_seconds"] <= 0 <= other["at_most_seconds"], (name, other)
             assert other["offset_seconds"] == 0.0, (name, other)
     # Said loudly, naming the node, even with --quiet.
     warnings = [line for line in run.stderr.splitlines() if line.startswith("WARNING: clocks:")]
-    assert any(f"node {SKEWED}'s and the control plane's clocks disagree" in line for line in warnings), \
-        run.stderr
+    assert any(
+        f"node {SKEWED}'s and the control plane's clocks disagree" in line for line in warnings
+    ), run.stderr
     assert all(SKEWED in line for line in warnings), warnings
-    assert run.results["clock_warnings"] == [line[len("WARNING: clocks: "):] for line in warnings]
+    assert run.results["clock_warnings"] == [line[len("WARNING: clocks: ") :] for line in warnings]
     # Every point within its stated precision of the truth, on the skewed node as elsewhere.
     lags = recorder_lags(run, {SKEWED: offset})
     for point, errors in point_errors(run, job, run.rows).items():
         for row, (error, precision) in zip(run.rows, errors):
-            allowed = precision + (TRUTH_NOTED_AFTER if error < 0 else 2e-6 + lags.get((row["pod"], point), 0.0))
+            allowed = precision + (
+                TRUTH_NOTED_AFTER if error < 0 else 2e-6 + lags.get((row["pod"], point), 0.0)
+            )
             assert abs(error) <= allowed, (row["pod"], row["node"], point, error, precision)
     for row in run.rows:
         points = reported_points(job, row)
@@ -78,6 +104,12 @@ def test_a_node_clock_off_is_found_said_and_corrected(require_e2e, tmp_path, off
         for point in ("ready", "reward"):
             at, precision = points[point]
             earliest, latest = windows[point]
-            assert earliest - precision - TRUTH_NOTED_AFTER <= at <= latest + precision, \
-                (row["pod"], row["node"], point, at - earliest, at - latest, precision)
+            assert earliest - precision - TRUTH_NOTED_AFTER <= at <= latest + precision, (
+                row["pod"],
+                row["node"],
+                point,
+                at - earliest,
+                at - latest,
+                precision,
+            )
     assert_phases_match_truth(run, job, run.rows, {SKEWED: offset})

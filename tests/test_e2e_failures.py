@@ -11,15 +11,27 @@ from pathlib import Path
 
 import pytest
 
-from e2e_support import (assert_cleanup_works, assert_evidence_saved, interrupt, load, pods_of,
-                         receipt_of, run_namespaces, start_tool, tool, wait_for)
+from e2e_support import (
+    assert_cleanup_works,
+    assert_evidence_saved,
+    interrupt,
+    load,
+    pods_of,
+    receipt_of,
+    run_namespaces,
+    start_tool,
+    tool,
+    wait_for,
+)
 from kube_emulator import Emulator
 
 pytestmark = pytest.mark.e2e
 
 
 def failed_run(emulator: Emulator, kubectl: str, output: Path, *extra: str, message: str):
-    result = tool(emulator, kubectl, "run", "--count", "4", "--output", str(output), "--quiet", *extra)
+    result = tool(
+        emulator, kubectl, "run", "--count", "4", "--output", str(output), "--quiet", *extra
+    )
     assert result.returncode == 1, (result.stdout, result.stderr)
     assert message in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
@@ -31,8 +43,12 @@ def test_pod_exiting_nonzero_fails_the_job(make_cluster, tmp_path):
     kubectl, make = make_cluster
     emulator = make(fail_pods=[1])
     output = tmp_path / "out"
-    result = failed_run(emulator, kubectl, output, message="Job failed or timed out; inspect saved "
-                                                           "status/events/logs, then cleanup")
+    result = failed_run(
+        emulator,
+        kubectl,
+        output,
+        message="Job failed or timed out; inspect saved status/events/logs, then cleanup",
+    )
     assert "BackoffLimitExceeded" in result.stderr
     assert "container exited 3" in result.stderr
     assert_evidence_saved(output, pods_of(output))
@@ -43,15 +59,21 @@ def test_image_pull_backoff_hits_the_deadline(make_cluster, tmp_path):
     kubectl, make = make_cluster
     emulator = make(image_pull_backoff=True)
     output = tmp_path / "out"
-    result = failed_run(emulator, kubectl, output, "--timeout", "3",
-                        message="Job failed or timed out")
+    result = failed_run(
+        emulator, kubectl, output, "--timeout", "3", message="Job failed or timed out"
+    )
     assert "DeadlineExceeded" in result.stderr
     # It says which evidence exists, not only where to look.
-    assert re.search(r"saved: job\.json, pods\.json \(\d+ pods\), events\.txt \(\d+ events\), "
-                     r"\d+ of \d+ pod logs with content", result.stderr), result.stderr
+    assert re.search(
+        r"saved: job\.json, pods\.json \(\d+ pods\), events\.txt \(\d+ events\), "
+        r"\d+ of \d+ pod logs with content",
+        result.stderr,
+    ), result.stderr
     assert_evidence_saved(output, pods_of(output))
-    assert "ImagePullBackOff" in (output / "events.txt").read_text() or \
-        "ErrImagePull" in (output / "events.txt").read_text()
+    assert (
+        "ImagePullBackOff" in (output / "events.txt").read_text()
+        or "ErrImagePull" in (output / "events.txt").read_text()
+    )
     assert_cleanup_works(emulator, kubectl, output)
 
 
@@ -68,7 +90,9 @@ def test_missing_runtime_class_fails_before_any_namespace(make_cluster, tmp_path
     assert "was removed again, so the same --output can be reused" in result.stderr
     assert not output.exists()
     emulator.set_faults(missing_runtimeclass=None)
-    again = tool(emulator, kubectl, "run", "--count", "1", "--output", str(output), "--quiet", "--cleanup")
+    again = tool(
+        emulator, kubectl, "run", "--count", "1", "--output", str(output), "--quiet", "--cleanup"
+    )
     assert again.returncode == 0, again.stderr
 
 
@@ -76,32 +100,52 @@ def test_namespace_recreated_under_the_same_name_is_not_deleted(make_cluster, tm
     kubectl, make = make_cluster
     emulator = make()
     output = tmp_path / "out"
-    assert tool(emulator, kubectl, "run", "--count", "2", "--output", str(output), "--quiet").returncode == 0
+    assert (
+        tool(
+            emulator, kubectl, "run", "--count", "2", "--output", str(output), "--quiet"
+        ).returncode
+        == 0
+    )
     receipt = load(output / "receipt.json")
     namespace = receipt["namespace"]
     assert tool(emulator, kubectl, "cleanup", "--output", str(output)).returncode == 0
     # Someone else creates a namespace with the same name, even the same label.
-    impostor = {"apiVersion": "v1", "kind": "Namespace",
-                "metadata": {"name": namespace, "labels": {"agc-demo-run": receipt["run_id"]}}}
+    impostor = {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": namespace, "labels": {"agc-demo-run": receipt["run_id"]}},
+    }
     import subprocess
-    subprocess.run([kubectl, "create", "-f", "-"], input=json.dumps(impostor), env=emulator.env(),
-                   check=True, capture_output=True, text=True)
+
+    subprocess.run(
+        [kubectl, "create", "-f", "-"],
+        input=json.dumps(impostor),
+        env=emulator.env(),
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     refused = tool(emulator, kubectl, "cleanup", "--output", str(output))
     assert refused.returncode == 1
     assert f"refusing to delete namespace {namespace}" in refused.stderr
     assert emulator.get("namespaces", None, namespace) is not None
-    assert not any(r["method"] == "DELETE" and r["path"].endswith(namespace) for r in emulator.requests[-5:])
+    assert not any(
+        r["method"] == "DELETE" and r["path"].endswith(namespace) for r in emulator.requests[-5:]
+    )
 
 
-@pytest.mark.parametrize("faults, message", [
-    ({"restart_container": [0]}, "container restarted 1 time(s)"),
-    ({"replace_pod": [0]}, "expected 4 pods for 4 episodes, found 5"),
-    ({"api_clock_skew": 5.0}, "times out of order"),
-    ({"log_tamper": {"0": "duplicate_ready"}}, "expected exactly one ready event, found 2"),
-    ({"log_tamper": {"0": "drop_reward"}}, "expected exactly one reward event, found 0"),
-    ({"log_tamper": {"0": "wrong_id"}}, "not the pod name"),
-    ({"unreadable_logs": [0]}, "expected exactly one ready event, found 0"),
-])
+@pytest.mark.parametrize(
+    "faults, message",
+    [
+        ({"restart_container": [0]}, "container restarted 1 time(s)"),
+        ({"replace_pod": [0]}, "expected 4 pods for 4 episodes, found 5"),
+        ({"api_clock_skew": 5.0}, "times out of order"),
+        ({"log_tamper": {"0": "duplicate_ready"}}, "expected exactly one ready event, found 2"),
+        ({"log_tamper": {"0": "drop_reward"}}, "expected exactly one reward event, found 0"),
+        ({"log_tamper": {"0": "wrong_id"}}, "not the pod name"),
+        ({"unreadable_logs": [0]}, "expected exactly one ready event, found 0"),
+    ],
+)
 def test_verification_failures_name_the_pod(make_cluster, tmp_path, faults, message):
     kubectl, make = make_cluster
     emulator = make(**faults)
@@ -116,8 +160,12 @@ def test_a_kubelet_notice_that_the_log_is_gone_is_not_saved_as_the_log(make_clus
     kubectl, make = make_cluster
     emulator = make(log_gone=[0])
     output = tmp_path / "out"
-    result = failed_run(emulator, kubectl, output, message="expected exactly one ready event, found 0")
-    assert "the kubelet no longer has the log (unable to retrieve container logs for " in result.stderr
+    result = failed_run(
+        emulator, kubectl, output, message="expected exactly one ready event, found 0"
+    )
+    assert (
+        "the kubelet no longer has the log (unable to retrieve container logs for " in result.stderr
+    )
     logs = {p.name: p.read_text() for p in output.glob("rollout-*.log")}
     assert len(logs) == 4 and sorted(map(len, logs.values()))[0] == 0, logs
     assert not any("unable to retrieve" in text for text in logs.values())
@@ -142,18 +190,30 @@ def test_transient_api_errors_are_retried(make_cluster, tmp_path):
     result = tool(emulator, kubectl, "run", "--count", "3", "--output", str(output), "--quiet")
     assert result.returncode == 0, result.stderr
     client = load(output / "results.json")["client"]
-    assert client["api_retries"] + load(output / "results.json")["client_wait"]["watch_restarts"] >= 1
+    assert (
+        client["api_retries"] + load(output / "results.json")["client_wait"]["watch_restarts"] >= 1
+    )
 
 
 def test_api_server_restart_while_waiting(make_cluster, tmp_path):
     kubectl, make = make_cluster
-    emulator = make(sandbox_delay=1.5, sandbox_after_watch=True)  # still running when the API restarts
+    emulator = make(
+        sandbox_delay=1.5, sandbox_after_watch=True
+    )  # still running when the API restarts
     output = tmp_path / "out"
-    process = start_tool(emulator, kubectl, "run", "--count", "3", "--output", str(output), "--quiet")
+    process = start_tool(
+        emulator, kubectl, "run", "--count", "3", "--output", str(output), "--quiet"
+    )
     # Restarted only once both watches are open, so the restart really breaks them.
-    wait_for(lambda: (output / "job-submitted.json").exists() and emulator.list("pods")
-             and {"/pods", "/jobs"} <= {r["path"][-5:] for r in emulator.requests if r["watch"]}, 120,
-             "the pods and the tool's two watches")
+    wait_for(
+        lambda: (
+            (output / "job-submitted.json").exists()
+            and emulator.list("pods")
+            and {"/pods", "/jobs"} <= {r["path"][-5:] for r in emulator.requests if r["watch"]}
+        ),
+        120,
+        "the pods and the tool's two watches",
+    )
     emulator.restart_api(down_seconds=1.0)
     stdout, stderr = process.communicate(timeout=120)
     assert process.returncode == 0, stderr
@@ -181,14 +241,24 @@ def test_interrupt_while_waiting_keeps_the_receipt(make_cluster, tmp_path, signu
     kubectl, make = make_cluster
     emulator = make(sandbox_delay=30)
     output = tmp_path / "out"
-    process = start_tool(emulator, kubectl, "run", "--count", "2", "--output", str(output), "--quiet")
+    process = start_tool(
+        emulator, kubectl, "run", "--count", "2", "--output", str(output), "--quiet"
+    )
     wait_for(lambda: emulator.list("pods"), 120, "pods to exist")  # a bound, not a measurement
     # Interrupted while it waits: the Job's UID in its receipt and its watch on the pods open
     # (a fixed pause could end before either on a loaded machine).
-    name = wait_for(lambda: receipt_of(output).get("job_uid") and receipt_of(output)["namespace"], 120,
-                    "the Job's UID in the receipt")
-    wait_for(lambda: any(r["watch"] and r["path"] == f"/api/v1/namespaces/{name}/pods" for r in emulator.requests),
-             120, "the tool to watch the pods")
+    name = wait_for(
+        lambda: receipt_of(output).get("job_uid") and receipt_of(output)["namespace"],
+        120,
+        "the Job's UID in the receipt",
+    )
+    wait_for(
+        lambda: any(
+            r["watch"] and r["path"] == f"/api/v1/namespaces/{name}/pods" for r in emulator.requests
+        ),
+        120,
+        "the tool to watch the pods",
+    )
     result = interrupt(process, signum)
     assert result.returncode == 130, result.stderr
     assert "Traceback" not in result.stderr
@@ -203,7 +273,12 @@ def test_namespace_stuck_terminating_names_the_finalizer(make_cluster, tmp_path)
     kubectl, make = make_cluster
     emulator = make(stuck_terminating=True)
     output = tmp_path / "out"
-    assert tool(emulator, kubectl, "run", "--count", "2", "--output", str(output), "--quiet").returncode == 0
+    assert (
+        tool(
+            emulator, kubectl, "run", "--count", "2", "--output", str(output), "--quiet"
+        ).returncode
+        == 0
+    )
     stuck = tool(emulator, kubectl, "cleanup", "--output", str(output), "--wait", "3")
     assert stuck.returncode == 1
     assert "example.com/stuck" in stuck.stderr and "never stripped" in stuck.stderr

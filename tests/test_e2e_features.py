@@ -20,8 +20,17 @@ from typing import Optional
 
 import pytest
 
-from e2e_support import (PRODUCT, REPO_ROOT, assert_evidence_saved, load, run_namespaces,
-                         start_tool, tool, wait_for, write_script)
+from e2e_support import (
+    PRODUCT,
+    REPO_ROOT,
+    assert_evidence_saved,
+    load,
+    run_namespaces,
+    start_tool,
+    tool,
+    wait_for,
+    write_script,
+)
 from kube_emulator import Emulator, pod_security_violations
 
 import rl_batch_demo
@@ -31,7 +40,7 @@ pytestmark = pytest.mark.e2e
 README = REPO_ROOT / "README.md"
 
 # The README's example, kept identical to it (test_readme_example_is_the_one_tested checks).
-ZERO_REWARD_SCRIPT = '''\
+ZERO_REWARD_SCRIPT = """\
 # zero_reward.py: an episode whose agent fails; the run reports reward 0 honestly.
 import json, os, sys, time
 
@@ -41,24 +50,29 @@ def emit(event, **fields):
 
 emit("ready", task=int(os.environ.get("EPISODE_INDEX", "0")))
 emit("reward", reward=0)
-'''
+"""
 
-EMIT = '''\
+EMIT = """\
 import json, os, sys, time
 
 def emit(event, **fields):
     print(json.dumps({"event": event, "at": time.time(),
                       "episode_id": os.environ["EPISODE_ID"], **fields}), flush=True)
-'''
+"""
 
 # Half reward; says which task (EPISODE_INDEX) it picked.
-HALF_REWARD_SCRIPT = EMIT + '''
+HALF_REWARD_SCRIPT = (
+    EMIT
+    + """
 index = int(os.environ["EPISODE_INDEX"])
 emit("ready", index=index, job_completion_index=os.environ.get("JOB_COMPLETION_INDEX"))
 emit("reward", reward=0.5, index=index)
-'''
+"""
+)
 
-JUNK_SCRIPT = EMIT + '''
+JUNK_SCRIPT = (
+    EMIT
+    + """
 print("agent: thinking...", flush=True)
 print("{not json at all", flush=True)
 print('{"no_event_key": 1}', flush=True)
@@ -68,23 +82,32 @@ print("   ", flush=True)
 print('{"event": "progress", "step": 1}', flush=True)
 emit("reward", reward=1)
 print("agent: done", flush=True)
-'''
+"""
+)
 
 SILENT_SCRIPT = 'print("this episode never says ready", flush=True)\n'
 
-FAILING_SCRIPT = EMIT + '''
+FAILING_SCRIPT = (
+    EMIT
+    + """
 emit("ready")
 emit("reward", reward=1)
 sys.exit(3)
-'''
+"""
+)
 
-NOT_A_NUMBER_SCRIPT = EMIT + '''
+NOT_A_NUMBER_SCRIPT = (
+    EMIT
+    + """
 emit("ready")
 emit("reward", reward="high")
-'''
+"""
+)
 
 # Writes outside /workspace: allowed on a writable root, refused on a read-only one.
-WRITES_TMP_SCRIPT = EMIT + '''
+WRITES_TMP_SCRIPT = (
+    EMIT
+    + """
 emit("ready")
 try:
     with open("/tmp/probe", "w") as handle:
@@ -93,7 +116,8 @@ except OSError as error:
     print("cannot write /tmp/probe:", error, flush=True)
     sys.exit(1)
 emit("reward", reward=1)
-'''
+"""
+)
 
 
 def split_stdout(stdout: str) -> tuple[str, dict]:
@@ -103,7 +127,9 @@ def split_stdout(stdout: str) -> tuple[str, dict]:
     try:
         printed = json.loads(rest)
     except ValueError as error:
-        raise AssertionError(f"stdout after the namespace line is not one JSON document ({error}):\n{rest}") from None
+        raise AssertionError(
+            f"stdout after the namespace line is not one JSON document ({error}):\n{rest}"
+        ) from None
     return first.split(": ", 1)[1], printed
 
 
@@ -120,7 +146,11 @@ def episode_events(output: Path, event: str) -> dict[str, dict]:
 
 def post_paths(emulator: Emulator) -> list[str]:
     """The paths of the POSTs that create objects (`kubectl auth whoami`'s self review stores nothing)."""
-    return [r["path"] for r in emulator.requests if r["method"] == "POST" and not r["path"].endswith("reviews")]
+    return [
+        r["path"]
+        for r in emulator.requests
+        if r["method"] == "POST" and not r["path"].endswith("reviews")
+    ]
 
 
 # --------------------------------------------------------------------------
@@ -130,11 +160,18 @@ def post_paths(emulator: Emulator) -> list[str]:
 def kubeconfig_with(path: Path, current: str, servers: dict[str, str]) -> Path:
     """A kubeconfig with one context (and cluster and user) per server."""
     config = {
-        "apiVersion": "v1", "kind": "Config", "preferences": {},
+        "apiVersion": "v1",
+        "kind": "Config",
+        "preferences": {},
         "clusters": [{"name": name, "cluster": {"server": url}} for name, url in servers.items()],
-        "users": [{"name": name, "user": {"username": "admin", "password": "emulator"}} for name in servers],
-        "contexts": [{"name": name, "context": {"cluster": name, "user": name, "namespace": "default"}}
-                     for name in servers],
+        "users": [
+            {"name": name, "user": {"username": "admin", "password": "emulator"}}
+            for name in servers
+        ],
+        "contexts": [
+            {"name": name, "context": {"cluster": name, "user": name, "namespace": "default"}}
+            for name in servers
+        ],
         "current-context": current,
     }
     path.write_text(json.dumps(config, indent=2))
@@ -144,16 +181,26 @@ def kubeconfig_with(path: Path, current: str, servers: dict[str, str]) -> Path:
 def test_context_is_used_recorded_and_followed_by_cleanup(make_cluster, tmp_path):
     kubectl, make = make_cluster
     wanted, other = make(), make()
-    kubeconfig = kubeconfig_with(tmp_path / "kubeconfig", current="emu-b", servers={
-        "emu-a": wanted.url, "emu-b": other.url, "unreachable": "http://127.0.0.1:9"})
+    kubeconfig = kubeconfig_with(
+        tmp_path / "kubeconfig",
+        current="emu-b",
+        servers={"emu-a": wanted.url, "emu-b": other.url, "unreachable": "http://127.0.0.1:9"},
+    )
     env = dict(wanted.env(), KUBECONFIG=str(kubeconfig))
 
     def run_tool(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, str(PRODUCT), *args, "--kubectl", kubectl], env=env,
-                              capture_output=True, text=True, timeout=300)
+        return subprocess.run(
+            [sys.executable, str(PRODUCT), *args, "--kubectl", kubectl],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
 
     output = tmp_path / "out"
-    result = run_tool("run", "--count", "2", "--context", "emu-a", "--output", str(output), "--quiet")
+    result = run_tool(
+        "run", "--count", "2", "--context", "emu-a", "--output", str(output), "--quiet"
+    )
     assert result.returncode == 0, result.stderr
     receipt = load(output / "receipt.json")
     assert receipt["context"] == "emu-a"
@@ -163,10 +210,19 @@ def test_context_is_used_recorded_and_followed_by_cleanup(make_cluster, tmp_path
 
     # The current context changes (to a cluster nobody can reach); cleanup still
     # acts on the receipt's context.
-    subprocess.run([kubectl, "config", "use-context", "unreachable"], env=env, check=True,
-                   capture_output=True, text=True)
-    assert subprocess.run([kubectl, "config", "current-context"], env=env, capture_output=True,
-                          text=True).stdout.strip() == "unreachable"
+    subprocess.run(
+        [kubectl, "config", "use-context", "unreachable"],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    assert (
+        subprocess.run(
+            [kubectl, "config", "current-context"], env=env, capture_output=True, text=True
+        ).stdout.strip()
+        == "unreachable"
+    )
     cleaned = run_tool("cleanup", "--output", str(output))
     assert cleaned.returncode == 0, cleaned.stderr
     assert cleaned.stdout.strip() == f"Deleted test namespace: {receipt['namespace']}"
@@ -178,7 +234,9 @@ def test_unknown_context_fails_before_anything_is_created(make_cluster, tmp_path
     kubectl, make = make_cluster
     emulator = make()
     output = tmp_path / "out"
-    result = tool(emulator, kubectl, "run", "--count", "2", "--context", "nope", "--output", str(output))
+    result = tool(
+        emulator, kubectl, "run", "--count", "2", "--context", "nope", "--output", str(output)
+    )
     assert result.returncode == 1
     assert "kube context 'nope' not found" in result.stderr and "Traceback" not in result.stderr
     assert not output.exists()
@@ -189,7 +247,18 @@ def test_timeout_is_the_job_deadline(make_cluster, tmp_path):
     kubectl, make = make_cluster
     emulator = make(image_pull_backoff=True)
     output = tmp_path / "out"
-    result = tool(emulator, kubectl, "run", "--count", "2", "--timeout", "3", "--output", str(output), "--quiet")
+    result = tool(
+        emulator,
+        kubectl,
+        "run",
+        "--count",
+        "2",
+        "--timeout",
+        "3",
+        "--output",
+        str(output),
+        "--quiet",
+    )
     assert result.returncode == 1, result.stderr
     assert "Job failed or timed out" in result.stderr and "DeadlineExceeded" in result.stderr
     # The Job controller ended it, not the client's own limit (3 + 30 s; the default 240 + 30 s).
@@ -204,7 +273,18 @@ def test_timeout_bounds_the_client_when_the_job_never_ends(make_cluster, tmp_pat
     emulator = make(job_controller_stalled=True)  # no pods, no conditions, no deadline enforced
     output = tmp_path / "out"
     started = time.monotonic()
-    result = tool(emulator, kubectl, "run", "--count", "2", "--timeout", "2", "--output", str(output), "--quiet")
+    result = tool(
+        emulator,
+        kubectl,
+        "run",
+        "--count",
+        "2",
+        "--timeout",
+        "2",
+        "--output",
+        str(output),
+        "--quiet",
+    )
     elapsed = time.monotonic() - started
     assert result.returncode == 1, result.stderr
     assert "Job rollout: not Complete within 32 s" in result.stderr, result.stderr
@@ -224,15 +304,33 @@ def test_timeout_bounds_the_client_when_the_job_never_ends(make_cluster, tmp_pat
 
 def test_the_cap_is_raised_only_when_asked(tmp_path):
     output = tmp_path / "out"
-    refused = subprocess.run([sys.executable, str(PRODUCT), "run", "--count", "21", "--output", str(output)],
-                             capture_output=True, text=True, timeout=60)
+    refused = subprocess.run(
+        [sys.executable, str(PRODUCT), "run", "--count", "21", "--output", str(output)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert refused.returncode == 2
     assert "--count 21 is over the cap of 20 episodes" in refused.stderr
     assert "--max-episodes 21" in refused.stderr
     assert not output.exists()
     # A raised cap is still a cap.
-    over = subprocess.run([sys.executable, str(PRODUCT), "run", "--count", "31", "--max-episodes", "30",
-                           "--output", str(output)], capture_output=True, text=True, timeout=60)
+    over = subprocess.run(
+        [
+            sys.executable,
+            str(PRODUCT),
+            "run",
+            "--count",
+            "31",
+            "--max-episodes",
+            "30",
+            "--output",
+            str(output),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert over.returncode == 2 and "over the cap of 30" in over.stderr
     assert not output.exists()
 
@@ -241,8 +339,20 @@ def test_thirty_episodes_with_the_cap_raised(make_cluster, tmp_path):
     kubectl, make = make_cluster
     emulator = make(sandbox_delay=0.2, sandbox_jitter=0.1)
     output = tmp_path / "out"
-    result = tool(emulator, kubectl, "run", "--count", "30", "--max-episodes", "30", "--parallelism", "10",
-                  "--output", str(output), "--quiet")
+    result = tool(
+        emulator,
+        kubectl,
+        "run",
+        "--count",
+        "30",
+        "--max-episodes",
+        "30",
+        "--parallelism",
+        "10",
+        "--output",
+        str(output),
+        "--quiet",
+    )
     assert result.returncode == 0, result.stderr
     results = load(output / "results.json")
     assert results["episodes"] == results["successful_episodes"] == results["reward_sum"] == 30
@@ -254,8 +364,11 @@ def test_thirty_episodes_with_the_cap_raised(make_cluster, tmp_path):
     assert submitted["activeDeadlineSeconds"] == rl_batch_demo.default_timeout(30, 10) >= 240
     # The emulator never ran more than 10 at once.
     truth = emulator.truth()["pods"]
-    spans = sorted((t["container_started"], t["container_finished"]) for t in truth.values()
-                   if "container_started" in t and "container_finished" in t)
+    spans = sorted(
+        (t["container_started"], t["container_finished"])
+        for t in truth.values()
+        if "container_started" in t and "container_finished" in t
+    )
     assert len(spans) == 30
     assert max(sum(1 for s, f in spans if s <= start < f) for start, _ in spans) <= 10
 
@@ -269,9 +382,23 @@ def test_progress_on_a_terminal_is_one_updating_line(make_cluster, tmp_path):
     emulator = make(sandbox_delay=2.0, sandbox_jitter=0.2)
     output = tmp_path / "out"
     master, slave = pty.openpty()
-    process = subprocess.Popen([sys.executable, str(PRODUCT), "run", "--count", "2", "--output", str(output),
-                                "--kubectl", kubectl], env=emulator.env(), stdin=subprocess.DEVNULL,
-                               stdout=subprocess.PIPE, stderr=slave)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            str(PRODUCT),
+            "run",
+            "--count",
+            "2",
+            "--output",
+            str(output),
+            "--kubectl",
+            kubectl,
+        ],
+        env=emulator.env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=slave,
+    )
     os.close(slave)
     chunks: list[bytes] = []
 
@@ -297,8 +424,11 @@ def test_progress_on_a_terminal_is_one_updating_line(make_cluster, tmp_path):
     assert len(updates) >= 3, terminal
     for update in updates:
         # A note may follow once the Job has stopped running pods (what it then waits for).
-        assert re.match(r"rollout: +\d+\.\d+s  active \d+  ready \d+  succeeded \d+/2  failed 0"
-                        r"(  \([^)]*waiting for [^)]*\))?\x1b\[K$", update), update
+        assert re.match(
+            r"rollout: +\d+\.\d+s  active \d+  ready \d+  succeeded \d+/2  failed 0"
+            r"(  \([^)]*waiting for [^)]*\))?\x1b\[K$",
+            update,
+        ), update
     elapsed = [float(re.match(r"rollout: +(\d+\.\d+)s", u).group(1)) for u in updates]
     assert elapsed == sorted(elapsed) and elapsed[-1] >= 2.0
     assert "\r" not in after  # the line is closed once the wait ends
@@ -312,9 +442,24 @@ def test_progress_without_a_terminal_is_a_line_every_few_seconds(make_cluster, t
     kubectl, make = make_cluster
     emulator = make(sandbox_delay=7.0, sandbox_jitter=0.2)
     output = tmp_path / "out"
-    process = subprocess.Popen([sys.executable, str(PRODUCT), "run", "--count", "2", "--output", str(output),
-                                "--kubectl", kubectl], env=emulator.env(), stdin=subprocess.DEVNULL,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            str(PRODUCT),
+            "run",
+            "--count",
+            "2",
+            "--output",
+            str(output),
+            "--kubectl",
+            kubectl,
+        ],
+        env=emulator.env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     lines: list[tuple[float, str]] = []
 
     def drain() -> None:
@@ -339,8 +484,10 @@ def test_progress_without_a_terminal_is_a_line_every_few_seconds(make_cluster, t
     namespace, printed = split_stdout(stdout)
     assert printed["reward_sum"] == 2
     # The namespace stays for inspection, and the last word is how to remove it.
-    assert lines[-1][1].strip() == (f"The namespace {namespace} stays for inspection; clean up with: "
-                                    f"python3 rl_batch_demo.py cleanup --output {output} --kubectl {kubectl}"), lines
+    assert lines[-1][1].strip() == (
+        f"The namespace {namespace} stays for inspection; clean up with: "
+        f"python3 rl_batch_demo.py cleanup --output {output} --kubectl {kubectl}"
+    ), lines
 
 
 def test_quiet_leaves_stderr_empty_and_stdout_is_only_the_results(make_cluster, tmp_path):
@@ -376,20 +523,34 @@ def test_zero_reward_is_reported_honestly(make_cluster, tmp_path):
     emulator = make()
     output = tmp_path / "out"
     script = write_script(tmp_path, ZERO_REWARD_SCRIPT, "zero_reward.py")
-    result = tool(emulator, kubectl, "run", "--count", "3", "--episode-script", str(script),
-                  "--output", str(output), "--quiet")
+    result = tool(
+        emulator,
+        kubectl,
+        "run",
+        "--count",
+        "3",
+        "--episode-script",
+        str(script),
+        "--output",
+        str(output),
+        "--quiet",
+    )
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
     _, printed = split_stdout(result.stdout)
     results = load(output / "results.json")
     for shown in (printed, results):
         assert shown["episodes"] == 3
-        assert shown["successful_episodes"] == 3  # verified episodes; reward 0 is an outcome, not a failure
+        assert (
+            shown["successful_episodes"] == 3
+        )  # verified episodes; reward 0 is an outcome, not a failure
         assert shown["reward_sum"] == 0 and shown["reward_mean"] == 0
     assert [row["reward"] for row in results["pods"]] == [0, 0, 0]
     # The user's program was shipped, not the built-in one.
     namespace = results["namespace"]
-    assert emulator.get("configmaps", namespace, "episode")["data"]["episode.py"] == ZERO_REWARD_SCRIPT
+    assert (
+        emulator.get("configmaps", namespace, "episode")["data"]["episode.py"] == ZERO_REWARD_SCRIPT
+    )
     assert sorted(e["task"] for e in episode_events(output, "ready").values()) == [0, 1, 2]
 
 
@@ -398,8 +559,20 @@ def test_fractional_reward_and_each_episode_knows_its_index(make_cluster, tmp_pa
     emulator = make()
     output = tmp_path / "out"
     script = write_script(tmp_path, HALF_REWARD_SCRIPT)
-    result = tool(emulator, kubectl, "run", "--count", "4", "--parallelism", "2", "--episode-script",
-                  str(script), "--output", str(output), "--quiet")
+    result = tool(
+        emulator,
+        kubectl,
+        "run",
+        "--count",
+        "4",
+        "--parallelism",
+        "2",
+        "--episode-script",
+        str(script),
+        "--output",
+        str(output),
+        "--quiet",
+    )
     assert result.returncode == 0, result.stderr
     results = load(output / "results.json")
     assert results["episodes"] == results["successful_episodes"] == 4
@@ -409,7 +582,9 @@ def test_fractional_reward_and_each_episode_knows_its_index(make_cluster, tmp_pa
     assert sorted(readies) == sorted(pods)
     assert sorted(e["index"] for e in readies.values()) == [0, 1, 2, 3]
     for name, ready in readies.items():
-        annotation = pods[name]["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"]
+        annotation = pods[name]["metadata"]["annotations"][
+            "batch.kubernetes.io/job-completion-index"
+        ]
         assert ready["index"] == int(annotation) == int(ready["job_completion_index"])
         assert name.startswith(f"rollout-{ready['index']}-")
     assert load(output / "job-submitted.json")["spec"]["completionMode"] == "Indexed"
@@ -420,8 +595,18 @@ def test_lines_that_are_not_events_are_kept_and_ignored(make_cluster, tmp_path):
     emulator = make()
     output = tmp_path / "out"
     script = write_script(tmp_path, JUNK_SCRIPT)
-    result = tool(emulator, kubectl, "run", "--count", "2", "--episode-script", str(script),
-                  "--output", str(output), "--quiet")
+    result = tool(
+        emulator,
+        kubectl,
+        "run",
+        "--count",
+        "2",
+        "--episode-script",
+        str(script),
+        "--output",
+        str(output),
+        "--quiet",
+    )
     assert result.returncode == 0, result.stderr
     assert load(output / "results.json")["reward_sum"] == 2
     for log in output.glob("rollout-*.log"):
@@ -431,31 +616,62 @@ def test_lines_that_are_not_events_are_kept_and_ignored(make_cluster, tmp_path):
 
 def test_an_unreadable_episode_script_fails_before_anything_is_created(tmp_path):
     output = tmp_path / "out"
-    result = subprocess.run([sys.executable, str(PRODUCT), "run", "--episode-script", str(tmp_path / "missing.py"),
-                             "--output", str(output), "--kubectl", str(tmp_path / "no-kubectl")],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(PRODUCT),
+            "run",
+            "--episode-script",
+            str(tmp_path / "missing.py"),
+            "--output",
+            str(output),
+            "--kubectl",
+            str(tmp_path / "no-kubectl"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 1
-    assert result.stderr.startswith(f"Error: cannot read --episode-script {tmp_path / 'missing.py'}")
+    assert result.stderr.startswith(
+        f"Error: cannot read --episode-script {tmp_path / 'missing.py'}"
+    )
     assert not output.exists()
 
 
-@pytest.mark.parametrize("script, message", [
-    (SILENT_SCRIPT, "expected exactly one ready event, found 0"),
-    (FAILING_SCRIPT, "container exited 3"),
-    (NOT_A_NUMBER_SCRIPT, "reward is 'high', not a number"),
-], ids=["no-events", "exit-3", "reward-not-a-number"])
+@pytest.mark.parametrize(
+    "script, message",
+    [
+        (SILENT_SCRIPT, "expected exactly one ready event, found 0"),
+        (FAILING_SCRIPT, "container exited 3"),
+        (NOT_A_NUMBER_SCRIPT, "reward is 'high', not a number"),
+    ],
+    ids=["no-events", "exit-3", "reward-not-a-number"],
+)
 def test_a_broken_episode_script_fails_naming_the_pod(make_cluster, tmp_path, script, message):
     kubectl, make = make_cluster
     emulator = make()
     output = tmp_path / "out"
     path = write_script(tmp_path, script)
-    result = tool(emulator, kubectl, "run", "--count", "2", "--episode-script", str(path),
-                  "--output", str(output), "--quiet")
+    result = tool(
+        emulator,
+        kubectl,
+        "run",
+        "--count",
+        "2",
+        "--episode-script",
+        str(path),
+        "--output",
+        str(output),
+        "--quiet",
+    )
     assert result.returncode == 1, result.stderr
     # Noticed when it happened, not at the client's limit (240 + 30 s).
     assert "not Complete within" not in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
-    assert re.search(r"pod rollout-\d-[a-z0-9]{5}: .*" + re.escape(message), result.stderr), result.stderr
+    assert re.search(r"pod rollout-\d-[a-z0-9]{5}: .*" + re.escape(message), result.stderr), (
+        result.stderr
+    )
     assert f"cleanup --output {output}" in result.stderr
     pods = [p["metadata"]["name"] for p in load(output / "pods.json")["items"]]
     assert_evidence_saved(output, pods)
@@ -473,9 +689,14 @@ def test_dry_run_prints_exactly_what_run_creates(make_cluster, tmp_path):
     no_kubectl = tmp_path / "empty-bin"
     no_kubectl.mkdir()
     planned_output = tmp_path / "planned"
-    planned = subprocess.run([sys.executable, str(PRODUCT), "run", "--dry-run", "--output", str(planned_output),
-                              *args], env=dict(os.environ, PATH=str(no_kubectl)), cwd=tmp_path,
-                             capture_output=True, text=True, timeout=60)
+    planned = subprocess.run(
+        [sys.executable, str(PRODUCT), "run", "--dry-run", "--output", str(planned_output), *args],
+        env=dict(os.environ, PATH=str(no_kubectl)),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert planned.returncode == 0, planned.stderr
     assert planned.stderr == ""
     assert not planned_output.exists()
@@ -486,8 +707,14 @@ def test_dry_run_prints_exactly_what_run_creates(make_cluster, tmp_path):
     namespace = items[0]["metadata"]["name"]
 
     # Real kubectl accepts it as it is, and nothing is created.
-    accepted = subprocess.run([kubectl, "create", "--dry-run=client", "-f", "-"], input=planned.stdout,
-                              env=emulator.env(), capture_output=True, text=True, timeout=60)
+    accepted = subprocess.run(
+        [kubectl, "create", "--dry-run=client", "-f", "-"],
+        input=planned.stdout,
+        env=emulator.env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert accepted.returncode == 0, accepted.stderr
     assert accepted.stdout.splitlines() == [
         f"namespace/{namespace} created (dry run)",
@@ -508,20 +735,36 @@ def test_dry_run_prints_exactly_what_run_creates(make_cluster, tmp_path):
     planned_same = json.loads(planned.stdout.replace(planned_run_id, receipt["run_id"]))["items"]
     assert len(post_paths(emulator)) == len(planned_same)
     live = emulator.get("namespaces", None, real_namespace)
-    assert {k: v for k, v in live["metadata"]["labels"].items() if k != "kubernetes.io/metadata.name"} == \
-        planned_same[0]["metadata"]["labels"]
+    assert {
+        k: v for k, v in live["metadata"]["labels"].items() if k != "kubernetes.io/metadata.name"
+    } == planned_same[0]["metadata"]["labels"]
     # The annotations too, but for the user (--dry-run asks the cluster nothing, so it cannot know it)
     # and the output directory, which differs here.
-    unknown = {"rl-batch-demo.agc/user": rl_batch_demo.USER_UNKNOWN_BEFORE_RUN,
-               "rl-batch-demo.agc/output": planned_same[0]["metadata"]["annotations"]["rl-batch-demo.agc/output"]}
-    assert planned_same[0]["metadata"]["annotations"] == dict(live["metadata"]["annotations"], **unknown)
+    unknown = {
+        "rl-batch-demo.agc/user": rl_batch_demo.USER_UNKNOWN_BEFORE_RUN,
+        "rl-batch-demo.agc/output": planned_same[0]["metadata"]["annotations"][
+            "rl-batch-demo.agc/output"
+        ],
+    }
+    assert planned_same[0]["metadata"]["annotations"] == dict(
+        live["metadata"]["annotations"], **unknown
+    )
     assert live["metadata"]["annotations"]["rl-batch-demo.agc/output"] == str(output.resolve())
-    assert emulator.get("networkpolicies", real_namespace, "deny-all")["spec"] == planned_same[1]["spec"]
+    assert (
+        emulator.get("networkpolicies", real_namespace, "deny-all")["spec"]
+        == planned_same[1]["spec"]
+    )
     assert emulator.get("configmaps", real_namespace, "episode")["data"] == planned_same[2]["data"]
     assert load(output / "job-submitted.json") == planned_same[3]
-    created = sorted((kind, o["metadata"]["name"]) for kind in ("configmaps", "networkpolicies", "jobs")
-                     for o in emulator.list(kind, real_namespace) if o["metadata"]["name"] != "kube-root-ca.crt")
-    assert created == sorted([("configmaps", "episode"), ("networkpolicies", "deny-all"), ("jobs", "rollout")])
+    created = sorted(
+        (kind, o["metadata"]["name"])
+        for kind in ("configmaps", "networkpolicies", "jobs")
+        for o in emulator.list(kind, real_namespace)
+        if o["metadata"]["name"] != "kube-root-ca.crt"
+    )
+    assert created == sorted(
+        [("configmaps", "episode"), ("networkpolicies", "deny-all"), ("jobs", "rollout")]
+    )
 
 
 # --------------------------------------------------------------------------
@@ -530,9 +773,20 @@ def test_dry_run_prints_exactly_what_run_creates(make_cluster, tmp_path):
 
 def intruder_pod(namespace: str) -> dict:
     """A pod that breaks Pod Security "restricted" (no securityContext at all)."""
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "intruder", "namespace": namespace},
-            "spec": {"containers": [{"name": "shell", "image": "python:3.12-alpine",
-                                     "command": ["python", "-c", "pass"]}]}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "intruder", "namespace": namespace},
+        "spec": {
+            "containers": [
+                {
+                    "name": "shell",
+                    "image": "python:3.12-alpine",
+                    "command": ["python", "-c", "pass"],
+                }
+            ]
+        },
+    }
 
 
 INTRUDER_MESSAGE = (
@@ -541,14 +795,17 @@ INTRUDER_MESSAGE = (
     'unrestricted capabilities (container "shell" must set securityContext.capabilities.drop=["ALL"]), '
     'runAsNonRoot != true (pod or container "shell" must set securityContext.runAsNonRoot=true), '
     'seccompProfile (pod or container "shell" must set securityContext.seccompProfile.type to '
-    '"RuntimeDefault" or "Localhost")')
+    '"RuntimeDefault" or "Localhost")'
+)
 
 
 def test_harden_passes_under_enforced_restrictions(make_cluster, tmp_path):
     kubectl, make = make_cluster
     emulator = make()
     output = tmp_path / "out"
-    result = tool(emulator, kubectl, "run", "--count", "2", "--harden", "--output", str(output), "--quiet")
+    result = tool(
+        emulator, kubectl, "run", "--count", "2", "--harden", "--output", str(output), "--quiet"
+    )
     assert result.returncode == 0, result.stderr
     results = load(output / "results.json")
     assert results["reward_sum"] == results["successful_episodes"] == 2
@@ -556,19 +813,34 @@ def test_harden_passes_under_enforced_restrictions(make_cluster, tmp_path):
     labels = emulator.get("namespaces", None, namespace)["metadata"]["labels"]
     assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
     policy = emulator.get("networkpolicies", namespace, "deny-all")
-    assert policy["spec"]["podSelector"] == {} and sorted(policy["spec"]["policyTypes"]) == ["Egress", "Ingress"]
-    assert "ingress" not in policy["spec"] and "egress" not in policy["spec"]  # no rule: everything denied
+    assert policy["spec"]["podSelector"] == {} and sorted(policy["spec"]["policyTypes"]) == [
+        "Egress",
+        "Ingress",
+    ]
+    assert (
+        "ingress" not in policy["spec"] and "egress" not in policy["spec"]
+    )  # no rule: everything denied
     for pod in emulator.list("pods", namespace):
         container = pod["spec"]["containers"][0]
         assert container["securityContext"]["readOnlyRootFilesystem"] is True
         workspace = [v for v in pod["spec"]["volumes"] if v["name"] == "workspace"][0]
         assert workspace["emptyDir"]["sizeLimit"] == "64Mi"
     # The episodes' pods passed admission that really enforces "restricted" there:
-    refused = subprocess.run([kubectl, "create", "-f", "-"], input=json.dumps(intruder_pod(namespace)),
-                             env=emulator.env(), capture_output=True, text=True, timeout=60)
+    refused = subprocess.run(
+        [kubectl, "create", "-f", "-"],
+        input=json.dumps(intruder_pod(namespace)),
+        env=emulator.env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert refused.returncode == 1
-    assert INTRUDER_MESSAGE.replace("pods ", 'Error from server (Forbidden): error when creating "STDIN": pods ', 1) \
-        in refused.stderr, refused.stderr
+    assert (
+        INTRUDER_MESSAGE.replace(
+            "pods ", 'Error from server (Forbidden): error when creating "STDIN": pods ', 1
+        )
+        in refused.stderr
+    ), refused.stderr
     cleaned = tool(emulator, kubectl, "cleanup", "--output", str(output))
     assert cleaned.returncode == 0, cleaned.stderr
 
@@ -577,11 +849,23 @@ def test_a_failed_episode_line_quotes_the_end_of_its_traceback(make_cluster, tmp
     kubectl, make = make_cluster
     emulator = make()
     script = write_script(tmp_path, EMIT + 'emit("ready")\ntask = {}\nprint(task["answer"])\n')
-    result = tool(emulator, kubectl, "run", "--count", "1", "--episode-script", str(script),
-                  "--output", str(tmp_path / "out"), "--quiet")
+    result = tool(
+        emulator,
+        kubectl,
+        "run",
+        "--count",
+        "1",
+        "--episode-script",
+        str(script),
+        "--output",
+        str(tmp_path / "out"),
+        "--quiet",
+    )
     assert result.returncode == 1
-    assert re.search(r"pod rollout-0-[a-z0-9]{5}: Failed, container exited 1 \(Error\): KeyError: 'answer'\n",
-                     result.stderr), result.stderr
+    assert re.search(
+        r"pod rollout-0-[a-z0-9]{5}: Failed, container exited 1 \(Error\): KeyError: 'answer'\n",
+        result.stderr,
+    ), result.stderr
 
 
 def test_read_only_root_is_really_enforced(make_cluster, tmp_path):
@@ -589,14 +873,37 @@ def test_read_only_root_is_really_enforced(make_cluster, tmp_path):
     emulator = make()
     script = write_script(tmp_path, WRITES_TMP_SCRIPT)
     open_root = tmp_path / "open"
-    result = tool(emulator, kubectl, "run", "--count", "1", "--episode-script", str(script),
-                  "--output", str(open_root), "--quiet")
+    result = tool(
+        emulator,
+        kubectl,
+        "run",
+        "--count",
+        "1",
+        "--episode-script",
+        str(script),
+        "--output",
+        str(open_root),
+        "--quiet",
+    )
     assert result.returncode == 0, result.stderr
     hardened = tmp_path / "hardened"
-    result = tool(emulator, kubectl, "run", "--count", "1", "--harden", "--episode-script", str(script),
-                  "--output", str(hardened), "--quiet")
+    result = tool(
+        emulator,
+        kubectl,
+        "run",
+        "--count",
+        "1",
+        "--harden",
+        "--episode-script",
+        str(script),
+        "--output",
+        str(hardened),
+        "--quiet",
+    )
     assert result.returncode == 1
-    assert re.search(r"pod rollout-0-[a-z0-9]{5}: Failed, container exited 1", result.stderr), result.stderr
+    assert re.search(r"pod rollout-0-[a-z0-9]{5}: Failed, container exited 1", result.stderr), (
+        result.stderr
+    )
     [log] = hardened.glob("rollout-*.log")
     assert "cannot write /tmp/probe: [Errno 30] Read-only file system" in log.read_text()
 
@@ -607,14 +914,30 @@ def test_pod_security_admission_in_the_emulator(make_cluster, tmp_path):
     env = emulator.env()
 
     def create(obj: dict) -> subprocess.CompletedProcess:
-        return subprocess.run([kubectl, "create", "-f", "-"], input=json.dumps(obj), env=env,
-                              capture_output=True, text=True, timeout=60)
+        return subprocess.run(
+            [kubectl, "create", "-f", "-"],
+            input=json.dumps(obj),
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
 
-    labels = {"pod-security.kubernetes.io/enforce": "restricted",
-              "pod-security.kubernetes.io/warn": "restricted"}
+    labels = {
+        "pod-security.kubernetes.io/enforce": "restricted",
+        "pod-security.kubernetes.io/warn": "restricted",
+    }
     for name, ns_labels in (("locked", labels), ("open", {})):
-        assert create({"apiVersion": "v1", "kind": "Namespace",
-                       "metadata": {"name": name, "labels": ns_labels}}).returncode == 0
+        assert (
+            create(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Namespace",
+                    "metadata": {"name": name, "labels": ns_labels},
+                }
+            ).returncode
+            == 0
+        )
     refused = create(intruder_pod("locked"))
     assert refused.returncode == 1 and INTRUDER_MESSAGE in refused.stderr, refused.stderr
     assert emulator.get("pods", "locked", "intruder") is None
@@ -622,18 +945,25 @@ def test_pod_security_admission_in_the_emulator(make_cluster, tmp_path):
 
     # A Job's template is only warned about; its pods are refused, which the Job controller reports.
     job = rl_batch_demo.job_manifest("locked", 1, 1, "python:3.12-alpine", "cube")
-    del job["spec"]["template"]["spec"]["containers"][0]["securityContext"]["allowPrivilegeEscalation"]
+    del job["spec"]["template"]["spec"]["containers"][0]["securityContext"][
+        "allowPrivilegeEscalation"
+    ]
     created = create(job)
     assert created.returncode == 0, created.stderr
-    assert 'Warning: would violate PodSecurity "restricted:latest": allowPrivilegeEscalation != false ' \
-           '(container "episode" must set securityContext.allowPrivilegeEscalation=false)' in created.stderr
+    assert (
+        'Warning: would violate PodSecurity "restricted:latest": allowPrivilegeEscalation != false '
+        '(container "episode" must set securityContext.allowPrivilegeEscalation=false)'
+        in created.stderr
+    )
 
     def failed_create() -> list:
         return [e for e in emulator.list("events", "locked") if e.get("reason") == "FailedCreate"]
 
     [event] = wait_for(failed_create, 120, "the FailedCreate event")[:1]
-    assert event["message"].startswith('Error creating: pods "rollout-" is forbidden: violates PodSecurity '
-                                       '"restricted:latest": allowPrivilegeEscalation != false'), event
+    assert event["message"].startswith(
+        'Error creating: pods "rollout-" is forbidden: violates PodSecurity '
+        '"restricted:latest": allowPrivilegeEscalation != false'
+    ), event
     assert emulator.list("pods", "locked") == []
 
     # The product's own pods comply (the built-in and the --episode-script shapes).
@@ -650,15 +980,24 @@ def test_cleanup_after_a_successful_run(make_cluster, tmp_path):
     kubectl, make = make_cluster
     emulator = make()
     output = tmp_path / "out"
-    result = tool(emulator, kubectl, "run", "--count", "2", "--cleanup", "--output", str(output), "--quiet")
+    result = tool(
+        emulator, kubectl, "run", "--count", "2", "--cleanup", "--output", str(output), "--quiet"
+    )
     assert result.returncode == 0, result.stderr
     namespace, printed = split_stdout(result.stdout)
     assert printed["reward_sum"] == 2
     assert "Cleaning up (--cleanup) after the run." in result.stderr
     assert f"Deleted test namespace: {namespace}" in result.stderr
     assert run_namespaces(emulator) == []
-    for name in ("receipt.json", "results.json", "job.json", "pods.json", "events.txt", "episodes.csv",
-                 "timeline.svg"):
+    for name in (
+        "receipt.json",
+        "results.json",
+        "job.json",
+        "pods.json",
+        "events.txt",
+        "episodes.csv",
+        "timeline.svg",
+    ):
         assert (output / name).is_file(), name
     assert len(list(output.glob("rollout-*.log"))) == 2
     assert all(log.read_text() for log in output.glob("rollout-*.log"))
@@ -670,15 +1009,19 @@ def saved_before_deleting(emulator: Emulator, namespace: str) -> None:
     deletes = [i for i, r in enumerate(emulator.requests) if r["method"] == "DELETE"]
     logs = [i for i, r in enumerate(emulator.requests) if r["path"].endswith("/log")]
     assert deletes and logs and max(logs) < min(deletes)
-    assert any(r["method"] == "DELETE" and r["path"] == f"/api/v1/namespaces/{namespace}"
-               for r in emulator.requests)
+    assert any(
+        r["method"] == "DELETE" and r["path"] == f"/api/v1/namespaces/{namespace}"
+        for r in emulator.requests
+    )
 
 
 def test_cleanup_after_a_failed_run(make_cluster, tmp_path):
     kubectl, make = make_cluster
     emulator = make(fail_pods=[1])
     output = tmp_path / "out"
-    result = tool(emulator, kubectl, "run", "--count", "2", "--cleanup", "--output", str(output), "--quiet")
+    result = tool(
+        emulator, kubectl, "run", "--count", "2", "--cleanup", "--output", str(output), "--quiet"
+    )
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     assert "Job failed or timed out" in result.stderr and "container exited 3" in result.stderr
@@ -702,12 +1045,33 @@ def test_a_failed_cleanup_does_not_hide_why_the_run_failed(make_cluster, tmp_pat
     kubectl, make = make_cluster
     emulator = make(fail_pods=[1], sandbox_delay=2.0)
     output = tmp_path / "out"
-    process = start_tool(emulator, kubectl, "run", "--count", "2", "--cleanup", "--output", str(output), "--quiet")
-    receipt = wait_for(lambda: (output / "receipt.json").exists() and "namespace_uid" in load(output / "receipt.json")
-                       and load(output / "receipt.json"), 120, "the namespace in the receipt")
+    process = start_tool(
+        emulator, kubectl, "run", "--count", "2", "--cleanup", "--output", str(output), "--quiet"
+    )
+    receipt = wait_for(
+        lambda: (
+            (output / "receipt.json").exists()
+            and "namespace_uid" in load(output / "receipt.json")
+            and load(output / "receipt.json")
+        ),
+        120,
+        "the namespace in the receipt",
+    )
     # Someone relabels the namespace while the batch runs: cleanup must then refuse.
-    subprocess.run([kubectl, "label", "namespace", receipt["namespace"], "agc-demo-run=someone-else",
-                    "--overwrite"], env=emulator.env(), check=True, capture_output=True, text=True)
+    subprocess.run(
+        [
+            kubectl,
+            "label",
+            "namespace",
+            receipt["namespace"],
+            "agc-demo-run=someone-else",
+            "--overwrite",
+        ],
+        env=emulator.env(),
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     stdout, stderr = process.communicate(timeout=120)
     assert process.returncode == 1
     assert f"refusing to delete namespace {receipt['namespace']}" in stderr

@@ -18,14 +18,21 @@ from e2e_support import TASK_EPISODE_HEAD, emulators, load, run_namespaces, tool
 pytestmark = pytest.mark.e2e
 
 # Reports what it was given: its run-wide index, its task (from $TASK_FILE) and its interpreter's argv.
-IMAGE_EPISODE = TASK_EPISODE_HEAD + '''\
+IMAGE_EPISODE = (
+    TASK_EPISODE_HEAD
+    + """\
 emit("reward", reward=1, task_seen=task["id"], episode_index_seen=int(os.environ["EPISODE_INDEX"]),
      task_file_seen=os.environ["TASK_FILE"], argv_seen=sys.argv[0], name_seen=__name__)
-'''
+"""
+)
 
 # Three images, interleaved: tasks a and c share one, b uses --image, d has its own.
-TASKS = [{"id": "a", "image": "docker.io/swebench/one:1"}, {"id": "b"},
-         {"id": "c", "image": "docker.io/swebench/one:1"}, {"id": "d", "image": "docker.io/other/two:2"}]
+TASKS = [
+    {"id": "a", "image": "docker.io/swebench/one:1"},
+    {"id": "b"},
+    {"id": "c", "image": "docker.io/swebench/one:1"},
+    {"id": "d", "image": "docker.io/other/two:2"},
+]
 
 
 @pytest.fixture
@@ -39,8 +46,19 @@ def cluster(tmp_path: Path, require_e2e: Any):
 def images_run(tmp_path: Path, *options: str, tasks: list[dict] = TASKS) -> tuple[list[str], Path]:
     (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(task) + "\n" for task in tasks))
     output = tmp_path / "out"
-    return ["run", "--output", str(output), "--quiet", "--tasks", str(tmp_path / "tasks.jsonl"),
-            "--group-size", "2", "--episode-script", str(write_script(tmp_path, IMAGE_EPISODE)), *options], output
+    return [
+        "run",
+        "--output",
+        str(output),
+        "--quiet",
+        "--tasks",
+        str(tmp_path / "tasks.jsonl"),
+        "--group-size",
+        "2",
+        "--episode-script",
+        str(write_script(tmp_path, IMAGE_EPISODE)),
+        *options,
+    ], output
 
 
 def rewards_of(output: Path) -> list[dict]:
@@ -51,12 +69,21 @@ def test_one_job_per_image_keeps_the_run_wide_index(cluster: Any, tmp_path: Path
     kubectl, make = cluster
     # Each sandbox waits for a watch of its pods: the batch's one pod watch (by its label) serves every Job.
     emulator = make(sandbox_after_watch=True)
-    args, output = images_run(tmp_path, "--parallelism", "4", "--image-map",
-                              "docker.io/swebench=registry.internal/swebench")
+    args, output = images_run(
+        tmp_path,
+        "--parallelism",
+        "4",
+        "--image-map",
+        "docker.io/swebench=registry.internal/swebench",
+    )
     result = tool(emulator, kubectl, *args)
     assert result.returncode == 0, result.stderr
     rows = rewards_of(output)
-    one, two, default = "registry.internal/swebench/one:1", "docker.io/other/two:2", rl_batch_demo.DEFAULT_IMAGE
+    one, two, default = (
+        "registry.internal/swebench/one:1",
+        "docker.io/other/two:2",
+        rl_batch_demo.DEFAULT_IMAGE,
+    )
     assert [row["index"] for row in rows] == list(range(8))
     assert [row["image"] for row in rows] == [one, one, default, default, one, one, two, two]
     # Each episode saw its run-wide index and the task of its group, through the launcher, as __main__.
@@ -75,13 +102,21 @@ def test_one_job_per_image_keeps_the_run_wide_index(cluster: Any, tmp_path: Path
     names = [job["metadata"]["name"] for job in jobs["items"]]
     assert names == ["rollout-image-1", "rollout-image-2", "rollout-image-3"]
     assert [job["spec"]["completions"] for job in jobs["items"]] == [4, 2, 2]
-    assert [job["spec"]["parallelism"] for job in jobs["items"]] == [2, 1, 1]  # 4 shared by episodes
+    assert [job["spec"]["parallelism"] for job in jobs["items"]] == [
+        2,
+        1,
+        1,
+    ]  # 4 shared by episodes
     assert all(rl_batch_demo.job_finished(job) == "Complete" for job in jobs["items"])
-    assert {pods[row["pod"]]["metadata"]["labels"]["job-name"] for row in rows[:2] + rows[4:6]} == {"rollout-image-1"}
+    assert {pods[row["pod"]]["metadata"]["labels"]["job-name"] for row in rows[:2] + rows[4:6]} == {
+        "rollout-image-1"
+    }
     submitted = load(output / "job-submitted.json")
     assert [job["metadata"]["name"] for job in submitted["items"]] == names
     receipt = load(output / "receipt.json")
-    assert receipt["jobs"] == {job["metadata"]["name"]: job["metadata"]["uid"] for job in jobs["items"]}
+    assert receipt["jobs"] == {
+        job["metadata"]["name"]: job["metadata"]["uid"] for job in jobs["items"]
+    }
     results = load(output / "results.json")
     assert results["jobs"] == 3 and results["episodes"] == 8 and results["successful_episodes"] == 8
     assert results["image_map"] == {"docker.io/swebench": "registry.internal/swebench"}
@@ -89,7 +124,9 @@ def test_one_job_per_image_keeps_the_run_wide_index(cluster: Any, tmp_path: Path
     assert sorted(results["nodes"].values()) and sum(results["nodes"].values()) == 8
     episodes = list(csv.DictReader(io.StringIO((output / "episodes.csv").read_text())))
     assert sorted(int(row["index"]) for row in episodes) == list(range(8))
-    assert {row["pod"]: row["image"] for row in episodes} == {row["pod"]: row["image"] for row in rows}
+    assert {row["pod"]: row["image"] for row in episodes} == {
+        row["pod"]: row["image"] for row in rows
+    }
     # report recomputes the batch from job.json's List alone.
     report = tool(emulator, kubectl, "report", str(output))
     assert report.returncode == 0, report.stderr
@@ -111,16 +148,27 @@ def test_dry_run_prints_every_job(cluster: Any, tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     listing = json.loads(result.stdout)
     jobs = [item for item in listing["items"] if item["kind"] == "Job"]
-    assert [job["metadata"]["name"] for job in jobs] == ["rollout-image-1", "rollout-image-2", "rollout-image-3"]
+    assert [job["metadata"]["name"] for job in jobs] == [
+        "rollout-image-1",
+        "rollout-image-2",
+        "rollout-image-3",
+    ]
     assert [job["spec"]["template"]["spec"]["containers"][0]["image"] for job in jobs] == [
-        "docker.io/swebench/one:1", rl_batch_demo.DEFAULT_IMAGE, "docker.io/other/two:2"]
-    assert [job["spec"]["template"]["metadata"]["annotations"][rl_batch_demo.EPISODE_INDEXES_ANNOTATION]
-            for job in jobs] == ["0-1,4-5", "2-3", "6-7"]
+        "docker.io/swebench/one:1",
+        rl_batch_demo.DEFAULT_IMAGE,
+        "docker.io/other/two:2",
+    ]
+    assert [
+        job["spec"]["template"]["metadata"]["annotations"][rl_batch_demo.EPISODE_INDEXES_ANNOTATION]
+        for job in jobs
+    ] == ["0-1,4-5", "2-3", "6-7"]
     assert not output.exists()
     assert not [r for r in emulator.requests if r.get("method") == "POST"]
 
 
-def test_a_refused_job_fails_the_run_before_any_job_is_created(cluster: Any, tmp_path: Path) -> None:
+def test_a_refused_job_fails_the_run_before_any_job_is_created(
+    cluster: Any, tmp_path: Path
+) -> None:
     kubectl, make = cluster
     # The API server refuses the Jobs (as an admission policy that allows only some registries would).
     emulator = make(api_errors={"count": 1, "match": "dryRun=All", "status": 403})
@@ -141,11 +189,20 @@ def test_run_batch_with_per_task_images(cluster: Any, tmp_path: Path) -> None:
     with pytest.MonkeyPatch.context() as patch:
         for key, value in emulator.env().items():
             patch.setenv(key, value)
-        results = rl_batch_demo.run_batch(TASKS, output=tmp_path / "py", episode_script=str(script),
-                                          kubectl=kubectl, image_map=["docker.io/other=mirror.local/other"])
+        results = rl_batch_demo.run_batch(
+            TASKS,
+            output=tmp_path / "py",
+            episode_script=str(script),
+            kubectl=kubectl,
+            image_map=["docker.io/other=mirror.local/other"],
+        )
     assert results["jobs"] == 3
     assert [row["image"] for row in results["rewards"]] == [
-        "docker.io/swebench/one:1", rl_batch_demo.DEFAULT_IMAGE, "docker.io/swebench/one:1", "mirror.local/other/two:2"]
+        "docker.io/swebench/one:1",
+        rl_batch_demo.DEFAULT_IMAGE,
+        "docker.io/swebench/one:1",
+        "mirror.local/other/two:2",
+    ]
     assert [row["task_seen"] for row in results["rewards"]] == ["a", "b", "c", "d"]
     # run_batch cleans up by default: every Job went with the namespace.
     assert not emulator.list("jobs")
@@ -159,10 +216,17 @@ def test_need_with_several_images_is_refused(tmp_path: Path) -> None:
 
 
 # The nodes' images: one already on every node, two to pull (a second apiece), one that does not exist.
-PRESENT, COLD_ONE, COLD_TWO, MISSING = ("docker.io/swebench/present:1", "docker.io/swebench/one:1",
-                                        "docker.io/other/two:2", "registry.invalid/nope:1")
-IMAGES = {"registry": {PRESENT: 10_000_000, COLD_ONE: 50_000_000, COLD_TWO: 60_000_000},
-          "present": {PRESENT: True}, "pull_bytes_per_second": 50e6}
+PRESENT, COLD_ONE, COLD_TWO, MISSING = (
+    "docker.io/swebench/present:1",
+    "docker.io/swebench/one:1",
+    "docker.io/other/two:2",
+    "registry.invalid/nope:1",
+)
+IMAGES = {
+    "registry": {PRESENT: 10_000_000, COLD_ONE: 50_000_000, COLD_TWO: 60_000_000},
+    "present": {PRESENT: True},
+    "pull_bytes_per_second": 50e6,
+}
 
 
 @pytest.fixture
@@ -176,98 +240,157 @@ def image_cluster(tmp_path: Path, require_e2e: Any):
 def test_pulls_are_measured_per_episode_and_per_image(image_cluster: Any, tmp_path: Path) -> None:
     kubectl, make = image_cluster
     emulator = make()
-    tasks = [{"id": "p", "image": PRESENT}, {"id": "one", "image": COLD_ONE}, {"id": "two", "image": COLD_TWO}]
+    tasks = [
+        {"id": "p", "image": PRESENT},
+        {"id": "one", "image": COLD_ONE},
+        {"id": "two", "image": COLD_TWO},
+    ]
     args, output = images_run(tmp_path, "--parallelism", "6", tasks=tasks)
     result = tool(emulator, kubectl, *args)
     assert result.returncode == 0, result.stderr
     results = load(output / "results.json")
     images = results["images"]
     assert list(images) == [PRESENT, COLD_ONE, COLD_TWO]
-    assert images[PRESENT]["episodes"] == 2 and images[PRESENT]["present"] == 2 and images[PRESENT]["pulled"] == 0
+    assert (
+        images[PRESENT]["episodes"] == 2
+        and images[PRESENT]["present"] == 2
+        and images[PRESENT]["pulled"] == 0
+    )
     assert images[PRESENT]["image_pull_p50_seconds"] is None
     for image, size in ((COLD_ONE, 50_000_000), (COLD_TWO, 60_000_000)):
         entry = images[image]
         # Each node pulls an image once; a second pod of it on that node waits for that pull (pulled),
         # or finds it present if it came after.
-        assert entry["episodes"] == 2 and entry["pulled"] >= 1 and entry["pulled"] + entry["present"] == 2
+        assert (
+            entry["episodes"] == 2
+            and entry["pulled"] >= 1
+            and entry["pulled"] + entry["present"] == 2
+        )
         assert entry["image_pull_max_seconds"] >= entry["image_pull_p50_seconds"] > 0
         assert entry["image_size_bytes"] == size
-        assert entry["image_pull_waiting_p50_seconds"] is not None and entry["image_pull_waiting_p50_seconds"] >= 0
+        assert (
+            entry["image_pull_waiting_p50_seconds"] is not None
+            and entry["image_pull_waiting_p50_seconds"] >= 0
+        )
     assert results["phases"]["image_pull"]["samples"] == 6
-    assert results["image_cache"] == {"present": 2 + sum(images[i]["present"] for i in (COLD_ONE, COLD_TWO)),
-                                      "pulled": images[COLD_ONE]["pulled"] + images[COLD_TWO]["pulled"],
-                                      "unknown": 0}
+    assert results["image_cache"] == {
+        "present": 2 + sum(images[i]["present"] for i in (COLD_ONE, COLD_TWO)),
+        "pulled": images[COLD_ONE]["pulled"] + images[COLD_TWO]["pulled"],
+        "unknown": 0,
+    }
     # The start paths split by image as well as by pulled / present.
-    assert any(path.startswith(f"image {COLD_ONE}, image pulled") for path in results["phases_by_start_path"])
+    assert any(
+        path.startswith(f"image {COLD_ONE}, image pulled")
+        for path in results["phases_by_start_path"]
+    )
     rows = {row["pod"]: row for row in rewards_of(output)}
     lines = list(csv.DictReader(io.StringIO((output / "episodes.csv").read_text())))
     assert len(lines) == 6
     for name in ("image", "image_pull_seconds", "image_pull_waiting_seconds"):
         assert name in lines[0]
     events = load(output / "events.json")["items"]
-    pulled_messages = {e["involvedObject"]["name"]: e["message"] for e in events if e["reason"] == "Pulled"}
+    pulled_messages = {
+        e["involvedObject"]["name"]: e["message"] for e in events if e["reason"] == "Pulled"
+    }
     for cells in lines:
         assert cells["image"] == rows[cells["pod"]]["image"]
         pull = rl_batch_demo.parse_pulled_message(pulled_messages[cells["pod"]])
         assert pull is not None and pull.image == cells["image"]
         if cells["image_cache"] == "present":
-            assert float(cells["image_pull_seconds"]) == 0 and float(cells["image_pull_waiting_seconds"]) == 0
+            assert (
+                float(cells["image_pull_seconds"]) == 0
+                and float(cells["image_pull_waiting_seconds"]) == 0
+            )
         else:  # the kubelet's own figures, as its message gives them
-            assert pull.pulled and float(cells["image_pull_waiting_seconds"]) == pytest.approx(pull.waiting_seconds)
+            assert pull.pulled and float(cells["image_pull_waiting_seconds"]) == pytest.approx(
+                pull.waiting_seconds
+            )
             assert float(cells["image_pull_seconds"]) > 0
     table = tool(emulator, kubectl, "report", str(output))
     assert table.returncode == 0 and "image_pull" in table.stderr + table.stdout
 
 
-def test_a_missing_image_is_retried_then_fails_as_infrastructure(image_cluster: Any, tmp_path: Path) -> None:
+def test_a_missing_image_is_retried_then_fails_as_infrastructure(
+    image_cluster: Any, tmp_path: Path
+) -> None:
     kubectl, make = image_cluster
     emulator = make()
     tasks = [{"id": "ok", "image": PRESENT}, {"id": "gone", "image": MISSING}]
-    args, output = images_run(tmp_path, "--retries", "1", "--allow-failures", "2", "--pull-timeout", "10",
-                              tasks=tasks)
+    args, output = images_run(
+        tmp_path, "--retries", "1", "--allow-failures", "2", "--pull-timeout", "10", tasks=tasks
+    )
     result = tool(emulator, kubectl, *args)
     assert result.returncode == rl_batch_demo.EXIT_PARTIAL, result.stderr
     rows = rewards_of(output)
-    assert [row["failure_class"] for row in rows] == [None, None, "infrastructure", "infrastructure"]
+    assert [row["failure_class"] for row in rows] == [
+        None,
+        None,
+        "infrastructure",
+        "infrastructure",
+    ]
     for row in rows[2:]:
         assert row["image"] == MISSING and row["attempts"] == 2 and row["valid"] is False
         assert f"image {MISSING} not pulled" in row["failure"]
-        assert f'Failed to pull image "{MISSING}"' in row["failure"] and "not found" in row["failure"]
-        assert len(row["earlier_attempts"]) == 1 and row["earlier_attempts"][0]["failure_class"] == "infrastructure"
+        assert (
+            f'Failed to pull image "{MISSING}"' in row["failure"] and "not found" in row["failure"]
+        )
+        assert (
+            len(row["earlier_attempts"]) == 1
+            and row["earlier_attempts"][0]["failure_class"] == "infrastructure"
+        )
     pods = load(output / "pods.json")["items"]
     for pod in pods:
         if pod["spec"]["containers"][0]["image"] == MISSING:
             assert pod["spec"]["activeDeadlineSeconds"] == 10
-            assert pod["status"]["phase"] == "Failed" and pod["status"]["reason"] == "DeadlineExceeded"
+            assert (
+                pod["status"]["phase"] == "Failed" and pod["status"]["reason"] == "DeadlineExceeded"
+            )
     results = load(output / "results.json")
-    assert results["images"][MISSING]["episodes"] == 2 and results["images"][MISSING]["failed_episodes"] == 2
+    assert (
+        results["images"][MISSING]["episodes"] == 2
+        and results["images"][MISSING]["failed_episodes"] == 2
+    )
     assert results["images"][PRESENT]["failed_episodes"] == 0
     assert results["failures_by_class"]["infrastructure"] == 2
 
 
-def test_prepull_makes_every_image_present_before_the_batch(image_cluster: Any, tmp_path: Path) -> None:
+def test_prepull_makes_every_image_present_before_the_batch(
+    image_cluster: Any, tmp_path: Path
+) -> None:
     kubectl, make = image_cluster
     emulator = make()
-    tasks = [{"id": "p", "image": PRESENT}, {"id": "one", "image": COLD_ONE}, {"id": "two", "image": COLD_TWO}]
+    tasks = [
+        {"id": "p", "image": PRESENT},
+        {"id": "one", "image": COLD_ONE},
+        {"id": "two", "image": COLD_TWO},
+    ]
     args, output = images_run(tmp_path, "--parallelism", "6", "--prepull", tasks=tasks)
     result = tool(emulator, kubectl, *[arg for arg in args if arg != "--quiet"])
     assert result.returncode == 0, result.stderr
     assert "Pre-pulled 3 images on 2 nodes in" in result.stderr
     results = load(output / "results.json")
     prepull = results["prepull"]
-    assert prepull["nodes"] == 2 and prepull["images"] == 3 and prepull["pods"] == 6 and prepull["failures"] == []
+    assert (
+        prepull["nodes"] == 2
+        and prepull["images"] == 3
+        and prepull["pods"] == 6
+        and prepull["failures"] == []
+    )
     assert prepull["seconds"] > 0
     # Each node pulled the two cold images and found the third.
     assert prepull["image_cache"] == {"present": 2, "pulled": 4, "unknown": 0}
     # Then every episode found its image on its node.
     assert results["image_cache"] == {"present": 6, "pulled": 0, "unknown": 0}
-    assert all(entry["pulled"] == 0 and entry["present"] == 2 for entry in results["images"].values())
+    assert all(
+        entry["pulled"] == 0 and entry["present"] == 2 for entry in results["images"].values()
+    )
     saved = load(output / "prepull.json")
     assert saved["node_names"] == ["emu-node-1", "emu-node-2"]
     assert saved["image_names"] == [PRESENT, COLD_ONE, COLD_TWO]
     pods = saved["pod_states"]["items"]
     assert {(pod["spec"]["nodeName"], pod["spec"]["containers"][0]["image"]) for pod in pods} == {
-        (node, image) for node in saved["node_names"] for image in saved["image_names"]}
+        (node, image) for node in saved["node_names"] for image in saved["image_names"]
+    }
     assert all(pod["status"]["phase"] == "Succeeded" for pod in pods)
     assert all(pod["spec"]["containers"][0]["command"] == ["python", "-c", "pass"] for pod in pods)
     # Its pods are the run's, in its namespace, and go with it.
@@ -283,8 +406,17 @@ def test_prepull_names_an_image_that_will_not_pull(image_cluster: Any, tmp_path:
     emulator = make()
     tasks = [{"id": "ok", "image": PRESENT}, {"id": "gone", "image": MISSING}]
     # A deadline with room for a present image's pod on a loaded machine: only the missing one fails.
-    args, output = images_run(tmp_path, "--prepull", "--pull-timeout", "8", "--retries", "0",
-                              "--allow-failures", "2", tasks=tasks)
+    args, output = images_run(
+        tmp_path,
+        "--prepull",
+        "--pull-timeout",
+        "8",
+        "--retries",
+        "0",
+        "--allow-failures",
+        "2",
+        tasks=tasks,
+    )
     result = tool(emulator, kubectl, *args)
     assert result.returncode == rl_batch_demo.EXIT_PARTIAL, result.stderr
     failures = load(output / "results.json")["prepull"]["failures"]

@@ -13,7 +13,14 @@ from urllib.parse import quote
 
 import pytest
 
-from e2e_support import SLOW_SECOND_EPISODE, assert_refused_a_running_pod, load, start_tool, tool, wait_for
+from e2e_support import (
+    SLOW_SECOND_EPISODE,
+    assert_refused_a_running_pod,
+    load,
+    start_tool,
+    tool,
+    wait_for,
+)
 from kube_emulator import Emulator
 
 pytestmark = pytest.mark.e2e
@@ -27,14 +34,29 @@ TOOL_DEADLINE = 240 + 30
 
 def pod_lists(emulator: Emulator, namespace: str) -> list[dict]:
     """The list requests (not watches) for the namespace's pods, in order."""
-    return [r for r in emulator.requests
-            if r["path"] == f"/api/v1/namespaces/{namespace}/pods" and not r["watch"] and r["method"] == "GET"]
+    return [
+        r
+        for r in emulator.requests
+        if r["path"] == f"/api/v1/namespaces/{namespace}/pods"
+        and not r["watch"]
+        and r["method"] == "GET"
+    ]
 
 
 def assert_every_record_saved(output: Path, count: int) -> dict:
-    for name in ("receipt.json", "job-submitted.json", "job.json", "pods.json", "events.txt", "events.json",
-                 "client.json", "results.json"):
-        assert (output / name).is_file(), f"{name} missing from {sorted(p.name for p in output.iterdir())}"
+    for name in (
+        "receipt.json",
+        "job-submitted.json",
+        "job.json",
+        "pods.json",
+        "events.txt",
+        "events.json",
+        "client.json",
+        "results.json",
+    ):
+        assert (output / name).is_file(), (
+            f"{name} missing from {sorted(p.name for p in output.iterdir())}"
+        )
     pods = load(output / "pods.json")["items"]
     assert len(pods) == count
     assert all(pod["status"]["phase"] == "Succeeded" for pod in pods)
@@ -52,7 +74,11 @@ def assert_listed_from_the_jobs_end(emulator: Emulator, namespace: str, client: 
     assert read["source"] == "list"
     job_rv = read["not_older_than"]
     assert job_rv and int(read["resource_version"]) >= int(job_rv)
-    firsts = [r for r in pod_lists(emulator, namespace) if r["query"].get("resourceVersionMatch") == "NotOlderThan"]
+    firsts = [
+        r
+        for r in pod_lists(emulator, namespace)
+        if r["query"].get("resourceVersionMatch") == "NotOlderThan"
+    ]
     assert firsts and all(r["query"]["resourceVersion"] == job_rv for r in firsts)
     assert firsts[-1]["status"] == 200
 
@@ -65,8 +91,14 @@ def assert_read_as_of_the_jobs_end(emulator: Emulator, output: Path, client: dic
         assert_listed_from_the_jobs_end(emulator, namespace, client)
         return
     assert client["pods_read"]["source"] == "final watch"
-    now = {pod["metadata"]["name"]: pod["metadata"]["resourceVersion"] for pod in emulator.list("pods", namespace)}
-    saved = {pod["metadata"]["name"]: pod["metadata"]["resourceVersion"] for pod in load(output / "pods.json")["items"]}
+    now = {
+        pod["metadata"]["name"]: pod["metadata"]["resourceVersion"]
+        for pod in emulator.list("pods", namespace)
+    }
+    saved = {
+        pod["metadata"]["name"]: pod["metadata"]["resourceVersion"]
+        for pod in load(output / "pods.json")["items"]
+    }
     assert saved == now
 
 
@@ -88,22 +120,33 @@ def test_a_stalled_pod_watch_still_passes_once_the_api_catches_up(make_cluster, 
     # nothing and a list not older than the Job's end cannot be answered yet.
     emulator = make(watch_stall={"pods": 3600}, list_latency={"pods": 1.0})
     output = tmp_path / "out"
-    process = start_tool(emulator, kubectl, "run", "--count", "3", "--output", str(output), "--quiet")
+    process = start_tool(
+        emulator, kubectl, "run", "--count", "3", "--output", str(output), "--quiet"
+    )
 
     def answered_too_large() -> bool:
-        return any(r["status"] == 504 and r["query"].get("resourceVersionMatch") == "NotOlderThan"
-                   and r["path"].endswith("/pods") for r in emulator.requests)
+        return any(
+            r["status"] == 504
+            and r["query"].get("resourceVersionMatch") == "NotOlderThan"
+            and r["path"].endswith("/pods")
+            for r in emulator.requests
+        )
 
     # The state waited for, not a speed: the Job's end is three real episodes away, which on a
     # loaded machine can take longer than WAIT (it did at CI's load), so the wait is bounded by
     # the tool's own deadline (the Job's 240 s and the client's 30 s after it) and stops early
     # if the run ends, whose stderr then says why.
-    wait_for(lambda: answered_too_large() or process.poll() is not None, TOOL_DEADLINE + WAIT,
-             "a pod list answered 'Too large resource version', or the run's end")
+    wait_for(
+        lambda: answered_too_large() or process.poll() is not None,
+        TOOL_DEADLINE + WAIT,
+        "a pod list answered 'Too large resource version', or the run's end",
+    )
     if process.poll() is not None:
         stdout, stderr = process.communicate()
-        raise AssertionError(f"the run ended (exit {process.returncode}) while the pod watch was stalled: "
-                             f"{stderr[-2000:]}")
+        raise AssertionError(
+            f"the run ended (exit {process.returncode}) while the pod watch was stalled: "
+            f"{stderr[-2000:]}"
+        )
     emulator.set_faults(watch_stall=None)  # the cache catches up at once
     stdout, stderr = process.communicate(timeout=300)
     assert process.returncode == 0, stderr
@@ -120,20 +163,35 @@ def test_the_pods_are_listed_in_pages(make_cluster, tmp_path, continue_ttl):
     # A pod watch far behind: its view is not final when the Job ends, so the pods are listed.
     emulator = make(continue_ttl=continue_ttl, watch_delay={"pods": 6.0})
     output = tmp_path / "out"
-    result = tool(emulator, kubectl, "run", "--count", "7", "--chunk-size", "3", "--output", str(output),
-                  "--quiet")
+    result = tool(
+        emulator,
+        kubectl,
+        "run",
+        "--count",
+        "7",
+        "--chunk-size",
+        "3",
+        "--output",
+        str(output),
+        "--quiet",
+    )
     assert result.returncode == 0, result.stderr
     client = assert_every_record_saved(output, 7)
     namespace = load(output / "receipt.json")["namespace"]
-    lists = [r for r in pod_lists(emulator, namespace) if r["query"].get("labelSelector") == "job-name=rollout"
-             and r["query"].get("limit") == "3"]
+    lists = [
+        r
+        for r in pod_lists(emulator, namespace)
+        if r["query"].get("labelSelector") == "job-name=rollout" and r["query"].get("limit") == "3"
+    ]
     # 7 pods in pages of 3: the first page from the Job's end (asked again while the
     # watch cache catches up with it), then two continued pages.
     firsts = [r for r in lists if not r["query"].get("continue")]
-    continued = lists[len(firsts):]
+    continued = lists[len(firsts) :]
     assert firsts and all(r["query"]["resourceVersionMatch"] == "NotOlderThan" for r in firsts)
     assert firsts[-1]["status"] == 200 and len(continued) >= 2
-    assert all(r["query"].get("continue") and "resourceVersion" not in r["query"] for r in continued)
+    assert all(
+        r["query"].get("continue") and "resourceVersion" not in r["query"] for r in continued
+    )
     statuses = [r["status"] for r in continued]
     if continue_ttl is None:
         assert statuses == [200, 200] and client["pods_read"]["continue_expiries"] == 0
@@ -143,7 +201,9 @@ def test_the_pods_are_listed_in_pages(make_cluster, tmp_path, continue_ttl):
         assert 410 in statuses and client["pods_read"]["continue_expiries"] >= 1
     # The events were followed while waiting, not read in pages after the end.
     events = [r for r in emulator.requests if r["path"] == f"/api/v1/namespaces/{namespace}/events"]
-    assert any(r["watch"] for r in events) and not any(r["query"].get("limit") == "3" for r in events)
+    assert any(r["watch"] for r in events) and not any(
+        r["query"].get("limit") == "3" for r in events
+    )
     scheduled = [e for e in load(output / "events.json")["items"] if e["reason"] == "Scheduled"]
     assert len(scheduled) == 7
 
@@ -154,37 +214,88 @@ def test_a_genuinely_unfinished_pod_still_fails_the_run_by_name(make_cluster, tm
     script = tmp_path / "slow_second.py"
     script.write_text(SLOW_SECOND_EPISODE)
     output = tmp_path / "out"
-    process = start_tool(emulator, kubectl, "run", "--count", "2", "--episode-script", str(script),
-                         "--output", str(output), "--quiet")
-    namespace = wait_for(lambda: (output / "receipt.json").is_file()
-                         and load(output / "receipt.json").get("job_uid")
-                         and load(output / "receipt.json")["namespace"], WAIT, "the Job's UID in the receipt")
+    process = start_tool(
+        emulator,
+        kubectl,
+        "run",
+        "--count",
+        "2",
+        "--episode-script",
+        str(script),
+        "--output",
+        str(output),
+        "--quiet",
+    )
+    namespace = wait_for(
+        lambda: (
+            (output / "receipt.json").is_file()
+            and load(output / "receipt.json").get("job_uid")
+            and load(output / "receipt.json")["namespace"]
+        ),
+        WAIT,
+        "the Job's UID in the receipt",
+    )
 
     def phases() -> dict[str, str]:
-        return {pod["metadata"]["name"]: pod["status"].get("phase") for pod in emulator.list("pods", namespace)}
+        return {
+            pod["metadata"]["name"]: pod["status"].get("phase")
+            for pod in emulator.list("pods", namespace)
+        }
 
-    wait_for(lambda: sorted(phases().values()) == ["Running", "Succeeded"], WAIT,
-             "one pod succeeded and the other still running")
+    wait_for(
+        lambda: sorted(phases().values()) == ["Running", "Succeeded"],
+        WAIT,
+        "one pod succeeded and the other still running",
+    )
     running = next(name for name, phase in phases().items() if phase == "Running")
     # Someone else writes the Job's status: Complete while one pod is still running.
     emulator.set_faults(job_controller_stalled=True)
     now = "2030-01-01T00:00:00Z"
-    conditions = [{"type": kind, "status": "True", "reason": "CompletionsReached",
-                   "message": "Reached expected number of succeeded pods",
-                   "lastProbeTime": now, "lastTransitionTime": now} for kind in ("SuccessCriteriaMet", "Complete")]
-    subprocess.run([kubectl, "patch", "job", "rollout", "-n", namespace, "--subresource=status", "--type=merge",
-                    "-p", json.dumps({"status": {"conditions": conditions, "succeeded": 2, "active": 0}})],
-                   env=emulator.env(), check=True, capture_output=True, text=True, timeout=WAIT)
+    conditions = [
+        {
+            "type": kind,
+            "status": "True",
+            "reason": "CompletionsReached",
+            "message": "Reached expected number of succeeded pods",
+            "lastProbeTime": now,
+            "lastTransitionTime": now,
+        }
+        for kind in ("SuccessCriteriaMet", "Complete")
+    ]
+    subprocess.run(
+        [
+            kubectl,
+            "patch",
+            "job",
+            "rollout",
+            "-n",
+            namespace,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            json.dumps({"status": {"conditions": conditions, "succeeded": 2, "active": 0}}),
+        ],
+        env=emulator.env(),
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+    )
     assert_refused_a_running_pod(process, output, running)
     for name in ("job.json", "events.txt", f"{running}.log"):
         assert (output / name).is_file(), name
     # It was read again on its own before the run concluded anything from it.
-    assert any(r["path"] == f"/api/v1/namespaces/{namespace}/pods/{quote(running)}" and r["method"] == "GET"
-               for r in emulator.requests)
+    assert any(
+        r["path"] == f"/api/v1/namespaces/{namespace}/pods/{quote(running)}"
+        and r["method"] == "GET"
+        for r in emulator.requests
+    )
 
 
 @pytest.mark.slow
-def test_a_pod_list_slower_than_the_request_timeout_falls_back_to_pods_read_one_by_one(make_cluster, tmp_path):
+def test_a_pod_list_slower_than_the_request_timeout_falls_back_to_pods_read_one_by_one(
+    make_cluster, tmp_path
+):
     """A small batch whose pod watch runs behind and no pod list can answer within
     the request timeout. The pods the watch saw are each read again on their own."""
     kubectl, make = make_cluster
@@ -198,8 +309,11 @@ def test_a_pod_list_slower_than_the_request_timeout_falls_back_to_pods_read_one_
     client = assert_every_record_saved(output, 8)
     assert client["pods_read"]["source"] == "watch"
     namespace = load(output / "receipt.json")["namespace"]
-    statuses = [r["status"] for r in pod_lists(emulator, namespace)
-                if r["query"].get("resourceVersionMatch") == "NotOlderThan"]
+    statuses = [
+        r["status"]
+        for r in pod_lists(emulator, namespace)
+        if r["query"].get("resourceVersionMatch") == "NotOlderThan"
+    ]
     # The client gave up on each as the server's own timeout came: none was ever answered in time.
     assert statuses and 200 not in statuses
 
@@ -209,11 +323,23 @@ def test_without_the_proxy_the_pages_are_read_with_kubectl_get_raw(make_cluster,
     emulator = make(watch_delay={"pods": 6.0})
     # A kubectl that may not run `kubectl proxy` (as where policy forbids it).
     wrapper = tmp_path / "kubectl-no-proxy"
-    wrapper.write_text(f'#!/bin/sh\nfor a in "$@"; do [ "$a" = proxy ] && exit 1; done\nexec {kubectl} "$@"\n')
+    wrapper.write_text(
+        f'#!/bin/sh\nfor a in "$@"; do [ "$a" = proxy ] && exit 1; done\nexec {kubectl} "$@"\n'
+    )
     wrapper.chmod(0o755)
     output = tmp_path / "out"
-    result = tool(emulator, str(wrapper), "run", "--count", "5", "--chunk-size", "2", "--output", str(output),
-                  "--quiet")
+    result = tool(
+        emulator,
+        str(wrapper),
+        "run",
+        "--count",
+        "5",
+        "--chunk-size",
+        "2",
+        "--output",
+        str(output),
+        "--quiet",
+    )
     assert result.returncode == 0, result.stderr
     assert "Warning: kubectl proxy did not start" in result.stderr
     client = assert_every_record_saved(output, 5)

@@ -28,7 +28,9 @@ GUIDE = Path(__file__).resolve().parent / "guide_client.py"
 
 def as_user(emulator, kubeconfig: Path, kubectl: str, *args: str) -> subprocess.CompletedProcess:
     argv = [sys.executable, str(PRODUCT), *args, "--kubectl", kubectl]
-    return subprocess.run(argv, env=emulator.env(kubeconfig), capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        argv, env=emulator.env(kubeconfig), capture_output=True, text=True, timeout=300
+    )
 
 
 def annotations_of(emulator, output: Path) -> dict:
@@ -42,16 +44,30 @@ def test_a_run_says_who_started_it_from_where_and_until_when(make_cluster, tmp_p
     alice = emulator.add_user("alice", groups=("rl-team",))
     output = tmp_path / "out"
     started = time.time()
-    result = as_user(emulator, alice, kubectl, "run", "--count", "1", "--ttl", "2h", "--output", str(output),
-                     "--quiet")
+    result = as_user(
+        emulator,
+        alice,
+        kubectl,
+        "run",
+        "--count",
+        "1",
+        "--ttl",
+        "2h",
+        "--output",
+        str(output),
+        "--quiet",
+    )
     assert result.returncode == 0, result.stderr
     receipt = load(output / "receipt.json")
     annotations = annotations_of(emulator, output)
     expires = rl_batch_demo.parse_time(annotations.pop("rl-batch-demo.agc/expires-at"))
     assert annotations == {
-        "rl-batch-demo.agc/run-id": receipt["run_id"], "rl-batch-demo.agc/version": rl_batch_demo.__version__,
-        "rl-batch-demo.agc/host": socket.gethostname(), "rl-batch-demo.agc/output": str(output.resolve()),
-        "rl-batch-demo.agc/user": "alice"}
+        "rl-batch-demo.agc/run-id": receipt["run_id"],
+        "rl-batch-demo.agc/version": rl_batch_demo.__version__,
+        "rl-batch-demo.agc/host": socket.gethostname(),
+        "rl-batch-demo.agc/output": str(output.resolve()),
+        "rl-batch-demo.agc/user": "alice",
+    }
     assert started + 7200 - 1 <= expires <= time.time() + 7200
     # The user is the API server's answer: alice asked it who she is, with her own token.
     reviews = [r for r in emulator.requests if r["path"].endswith("/selfsubjectreviews")]
@@ -64,10 +80,14 @@ def test_without_a_self_review_api_the_user_is_the_kubeconfigs(make_cluster, tmp
     emulator = make(server_version="1.26")
     bob = emulator.add_user("bob")
     output = tmp_path / "out"
-    result = as_user(emulator, bob, kubectl, "run", "--count", "1", "--output", str(output), "--quiet")
+    result = as_user(
+        emulator, bob, kubectl, "run", "--count", "1", "--output", str(output), "--quiet"
+    )
     assert result.returncode == 0, result.stderr
     annotations = annotations_of(emulator, output)
-    assert annotations["rl-batch-demo.agc/user"] == "bob"  # the kubeconfig's user entry, by its name
+    assert (
+        annotations["rl-batch-demo.agc/user"] == "bob"
+    )  # the kubeconfig's user entry, by its name
     assert "rl-batch-demo.agc/expires-at" not in annotations
     reviews = [r for r in emulator.requests if r["path"].endswith("/selfsubjectreviews")]
     assert reviews and all(r["status"] == 404 for r in reviews)
@@ -78,34 +98,57 @@ def test_without_a_self_review_api_the_user_is_the_kubeconfigs(make_cluster, tmp
 # read from the real control plane of tests/control_plane.py).
 
 
-def kubectl_as(emulator, kubeconfig: Path, kubectl: str, *args: str, stdin: str = "") -> subprocess.CompletedProcess:
-    return subprocess.run([kubectl, *args], input=stdin, env=emulator.env(kubeconfig), capture_output=True,
-                          text=True, timeout=60)
+def kubectl_as(
+    emulator, kubeconfig: Path, kubectl: str, *args: str, stdin: str = ""
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [kubectl, *args],
+        input=stdin,
+        env=emulator.env(kubeconfig),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_the_emulator_tells_users_apart_and_refuses_as_rbac_does(make_cluster):
     kubectl, make = make_cluster
     emulator = make()
-    carol = emulator.add_user("carol", rules=[{"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get"]}])
+    carol = emulator.add_user(
+        "carol", rules=[{"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get"]}]
+    )
     whoami = kubectl_as(emulator, carol, kubectl, "auth", "whoami", "-o", "json")
     assert whoami.returncode == 0, whoami.stderr
     review = json.loads(whoami.stdout)
-    assert (review["kind"], review["apiVersion"]) == ("SelfSubjectReview", "authentication.k8s.io/v1")
+    assert (review["kind"], review["apiVersion"]) == (
+        "SelfSubjectReview",
+        "authentication.k8s.io/v1",
+    )
     assert review["status"]["userInfo"]["username"] == "carol"
     assert review["status"]["userInfo"]["groups"] == ["system:authenticated"]
-    admin = json.loads(kubectl_as(emulator, emulator.kubeconfig, kubectl, "auth", "whoami", "-o", "json").stdout)
+    admin = json.loads(
+        kubectl_as(emulator, emulator.kubeconfig, kubectl, "auth", "whoami", "-o", "json").stdout
+    )
     assert admin["status"]["userInfo"]["username"] == "admin"
     assert "system:masters" in admin["status"]["userInfo"]["groups"]
 
     listed = kubectl_as(emulator, carol, kubectl, "get", "namespaces", "-o", "json")
     assert listed.returncode == 1
-    assert 'Error from server (Forbidden): namespaces is forbidden: User "carol" cannot list resource ' \
-           '"namespaces" in API group "" at the cluster scope' in listed.stderr
+    assert (
+        'Error from server (Forbidden): namespaces is forbidden: User "carol" cannot list resource '
+        '"namespaces" in API group "" at the cluster scope' in listed.stderr
+    )
     jobs = kubectl_as(emulator, carol, kubectl, "get", "jobs", "-A", "-o", "json")
-    assert 'jobs.batch is forbidden: User "carol" cannot list resource "jobs" in API group "batch" at the ' \
-           'cluster scope' in jobs.stderr
-    assert kubectl_as(emulator, carol, kubectl, "get", "namespace", "default", "-o", "name").stdout.strip() == \
-        "namespace/default"
+    assert (
+        'jobs.batch is forbidden: User "carol" cannot list resource "jobs" in API group "batch" at the '
+        "cluster scope" in jobs.stderr
+    )
+    assert (
+        kubectl_as(
+            emulator, carol, kubectl, "get", "namespace", "default", "-o", "name"
+        ).stdout.strip()
+        == "namespace/default"
+    )
 
     stranger = json.loads(emulator.add_user("dave").read_text())
     stranger["users"][0]["user"]["token"] = "not-a-token"
@@ -118,21 +161,47 @@ def test_the_emulator_tells_users_apart_and_refuses_as_rbac_does(make_cluster):
 def test_a_delete_whose_uid_precondition_fails_is_a_conflict_in_the_api_servers_words(make_cluster):
     kubectl, make = make_cluster
     emulator = make()
-    emulator.writes.create_object(CANONICAL["namespaces"], {"apiVersion": "v1", "kind": "Namespace",
-                                                         "metadata": {"name": "victim"}})
+    emulator.writes.create_object(
+        CANONICAL["namespaces"],
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "victim"}},
+    )
     uid = emulator.get("namespaces", None, "victim")["metadata"]["uid"]
-    body = json.dumps({"kind": "DeleteOptions", "apiVersion": "v1",
-                       "preconditions": {"uid": "00000000-0000-0000-0000-000000000000"}})
+    body = json.dumps(
+        {
+            "kind": "DeleteOptions",
+            "apiVersion": "v1",
+            "preconditions": {"uid": "00000000-0000-0000-0000-000000000000"},
+        }
+    )
     # kubectl streams a body read from stdin (chunked): the server reads it whole.
-    conflict = kubectl_as(emulator, emulator.kubeconfig, kubectl, "delete", "--raw", "/api/v1/namespaces/victim",
-                          "-f", "-", stdin=body)
+    conflict = kubectl_as(
+        emulator,
+        emulator.kubeconfig,
+        kubectl,
+        "delete",
+        "--raw",
+        "/api/v1/namespaces/victim",
+        "-f",
+        "-",
+        stdin=body,
+    )
     assert conflict.returncode == 1
     assert conflict.stderr.strip().splitlines()[-1] == (
         'Error from server (Conflict): Operation cannot be fulfilled on namespaces "victim": Precondition failed: '
-        f'UID in precondition: 00000000-0000-0000-0000-000000000000, UID in object meta: {uid}')
+        f"UID in precondition: 00000000-0000-0000-0000-000000000000, UID in object meta: {uid}"
+    )
     assert emulator.get("namespaces", None, "victim")["metadata"].get("deletionTimestamp") is None
-    deleted = kubectl_as(emulator, emulator.kubeconfig, kubectl, "delete", "--raw", "/api/v1/namespaces/victim",
-                         "-f", "-", stdin=json.dumps({"preconditions": {"uid": uid}}))
+    deleted = kubectl_as(
+        emulator,
+        emulator.kubeconfig,
+        kubectl,
+        "delete",
+        "--raw",
+        "/api/v1/namespaces/victim",
+        "-f",
+        "-",
+        stdin=json.dumps({"preconditions": {"uid": uid}}),
+    )
     assert deleted.returncode == 0, deleted.stderr
     assert json.loads(deleted.stdout)["status"]["phase"] == "Terminating"
 
@@ -142,17 +211,22 @@ def test_a_delete_whose_uid_precondition_fails_is_a_conflict_in_the_api_servers_
 # one and a namespace that only copies what a run's looks like.
 
 # Says ready, then works for a long time: a run that is still running.
-SLOW_SCRIPT = '''\
+SLOW_SCRIPT = """\
 import json, os, time
 print(json.dumps({"event": "ready", "at": time.time(), "episode_id": os.environ["EPISODE_ID"]}), flush=True)
 time.sleep(600)
-'''
+"""
 
 
 def start_as(emulator, kubeconfig: Path, kubectl: str, *args: str) -> subprocess.Popen:
     argv = [sys.executable, str(PRODUCT), *args, "--kubectl", kubectl]
-    return subprocess.Popen(argv, env=emulator.env(kubeconfig), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    return subprocess.Popen(
+        argv,
+        env=emulator.env(kubeconfig),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def running_run(emulator, kubeconfig: Path, kubectl: str, tmp_path: Path, name: str, *extra: str):
@@ -160,27 +234,60 @@ def running_run(emulator, kubeconfig: Path, kubectl: str, tmp_path: Path, name: 
     script = tmp_path / "slow.py"
     script.write_text(SLOW_SCRIPT)
     output = tmp_path / name
-    process = start_as(emulator, kubeconfig, kubectl, "run", "--count", "1", "--episode-script", str(script),
-                       "--output", str(output), "--quiet", *extra)
-    namespace = wait_for(lambda: (output / "receipt.json").exists() and load(output / "receipt.json")["namespace"],
-                         60, "the receipt")
-    wait_for(lambda: emulator.get("jobs", namespace, "rollout") is not None, 60, f"the Job in {namespace}")
+    process = start_as(
+        emulator,
+        kubeconfig,
+        kubectl,
+        "run",
+        "--count",
+        "1",
+        "--episode-script",
+        str(script),
+        "--output",
+        str(output),
+        "--quiet",
+        *extra,
+    )
+    namespace = wait_for(
+        lambda: (output / "receipt.json").exists() and load(output / "receipt.json")["namespace"],
+        60,
+        "the receipt",
+    )
+    wait_for(
+        lambda: emulator.get("jobs", namespace, "rollout") is not None,
+        60,
+        f"the Job in {namespace}",
+    )
     return process, namespace
 
 
 def guide_run(emulator, kubectl: str, output: Path) -> str:
-    made = subprocess.run([sys.executable, str(GUIDE), "--output", str(output), "--count", "1", "--kubectl", kubectl],
-                          env=emulator.env(), capture_output=True, text=True, timeout=300)
+    made = subprocess.run(
+        [sys.executable, str(GUIDE), "--output", str(output), "--count", "1", "--kubectl", kubectl],
+        env=emulator.env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert made.returncode == 0, made.stderr
     return load(output / "receipt.json")["namespace"]
 
 
 def copied_namespace(emulator, name: str, user: str) -> None:
     """A namespace that looks like a run's (name, label, annotations) with no Job of the tool inside."""
-    run_id = name[len("agc-rl-"):]
-    emulator.writes.create_object(CANONICAL["namespaces"], {"apiVersion": "v1", "kind": "Namespace", "metadata": {
-        "name": name, "labels": {"agc-demo-run": run_id},
-        "annotations": {"rl-batch-demo.agc/run-id": run_id, "rl-batch-demo.agc/user": user}}})
+    run_id = name[len("agc-rl-") :]
+    emulator.writes.create_object(
+        CANONICAL["namespaces"],
+        {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {
+                "name": name,
+                "labels": {"agc-demo-run": run_id},
+                "annotations": {"rl-batch-demo.agc/run-id": run_id, "rl-batch-demo.agc/user": user},
+            },
+        },
+    )
 
 
 def listed(emulator, kubeconfig: Path, kubectl: str) -> dict:
@@ -200,8 +307,17 @@ def test_list_shows_every_run_and_cleanup_stale_reaps_only_what_it_proves(make_c
     alice, bob = emulator.add_user("alice"), emulator.add_user("bob")
     ended = {}
     for user, kubeconfig in (("alice", alice), ("bob", bob)):
-        result = as_user(emulator, kubeconfig, kubectl, "run", "--count", "2", "--output", str(tmp_path / user),
-                         "--quiet")
+        result = as_user(
+            emulator,
+            kubeconfig,
+            kubectl,
+            "run",
+            "--count",
+            "2",
+            "--output",
+            str(tmp_path / user),
+            "--quiet",
+        )
         assert result.returncode == 0, result.stderr
         ended[user] = load(tmp_path / user / "receipt.json")["namespace"]
     guide = guide_run(emulator, kubectl, tmp_path / "guide")
@@ -212,20 +328,39 @@ def test_list_shows_every_run_and_cleanup_stale_reaps_only_what_it_proves(make_c
     try:
         runs = listed(emulator, alice, kubectl)
         assert set(runs) == {ended["alice"], ended["bob"], guide, copy, running_ns, expired_ns}
-        fields = {"namespace", "run_id", "state", "age_seconds", "episodes", "succeeded", "user", "host", "output",
-                  "expires", "guide"}
+        fields = {
+            "namespace",
+            "run_id",
+            "state",
+            "age_seconds",
+            "episodes",
+            "succeeded",
+            "user",
+            "host",
+            "output",
+            "expires",
+            "guide",
+        }
         assert all(fields <= set(item) for item in runs.values())
-        assert {name: (item["state"], item["user"], item["guide"]) for name, item in runs.items()} == {
-            ended["alice"]: ("succeeded", "alice", False), ended["bob"]: ("succeeded", "bob", False),
-            guide: ("succeeded", None, True), copy: ("pending", "alice", False),
-            running_ns: ("running", "alice", False), expired_ns: ("running", "alice", False)}
+        assert {
+            name: (item["state"], item["user"], item["guide"]) for name, item in runs.items()
+        } == {
+            ended["alice"]: ("succeeded", "alice", False),
+            ended["bob"]: ("succeeded", "bob", False),
+            guide: ("succeeded", None, True),
+            copy: ("pending", "alice", False),
+            running_ns: ("running", "alice", False),
+            expired_ns: ("running", "alice", False),
+        }
         assert (runs[ended["bob"]]["episodes"], runs[ended["bob"]]["succeeded"]) == (2, 2)
         assert runs[ended["alice"]]["output"] == str((tmp_path / "alice").resolve())
         assert runs[ended["alice"]]["expires"] is None and runs[expired_ns]["expires"] is not None
         table = as_user(emulator, alice, kubectl, "list")
         assert table.returncode == 0 and len(table.stdout.splitlines()) == 7, table.stdout
 
-        time.sleep(2.5)  # every run is now older than --stale 2s, and the expired one past its --ttl
+        time.sleep(
+            2.5
+        )  # every run is now older than --stale 2s, and the expired one past its --ttl
         dry = as_user(emulator, alice, kubectl, "cleanup", "--stale", "2s", "--dry-run")
         assert dry.returncode == 0, dry.stderr
         assert f"Would delete {ended['alice']}: succeeded" in dry.stdout
@@ -245,10 +380,13 @@ def test_list_shows_every_run_and_cleanup_stale_reaps_only_what_it_proves(make_c
         assert live(emulator) == {ended["bob"], guide, copy, running_ns}
         # Each deletion carried the namespace's UID as a precondition.
         deletes = [r for r in emulator.requests if r["method"] == "DELETE"]
-        assert sorted(r["path"] for r in deletes) == sorted(f"/api/v1/namespaces/{n}" for n in
-                                                            (ended["alice"], expired_ns))
+        assert sorted(r["path"] for r in deletes) == sorted(
+            f"/api/v1/namespaces/{n}" for n in (ended["alice"], expired_ns)
+        )
 
-        everyone = as_user(emulator, emulator.kubeconfig, kubectl, "cleanup", "--stale", "2s", "--all-users")
+        everyone = as_user(
+            emulator, emulator.kubeconfig, kubectl, "cleanup", "--stale", "2s", "--all-users"
+        )
         assert everyone.returncode == 0, everyone.stderr
         assert f"Deleted {ended['bob']}: succeeded" in everyone.stdout
         assert live(emulator) == {guide, copy, running_ns}
@@ -261,7 +399,7 @@ def test_list_shows_every_run_and_cleanup_stale_reaps_only_what_it_proves(make_c
 # A kubectl that, on the namespace's DELETE, first deletes the namespace and makes it again
 # under the same name (a new UID), then sends the DELETE: the namespace the tool listed is
 # gone and another stands in its place, between the listing and the delete.
-RECREATING_KUBECTL = '''#!%(python)s
+RECREATING_KUBECTL = """#!%(python)s
 import json, os, subprocess, sys, time
 real, name = os.environ["REAL_KUBECTL"], os.environ["RECREATE_NAMESPACE"]
 args = sys.argv[1:]
@@ -274,7 +412,7 @@ if "--raw" in args and "/api/v1/namespaces/" + name in args:
     subprocess.run([real, *head, "create", "-f", "-"], input=json.dumps({"apiVersion": "v1", "kind": "Namespace",
                    "metadata": meta}), capture_output=True, text=True, check=True)
 os.execv(real, [real, *args])
-'''
+"""
 
 
 def recreating_kubectl(tmp_path: Path, kubectl: str) -> Path:
@@ -284,21 +422,43 @@ def recreating_kubectl(tmp_path: Path, kubectl: str) -> Path:
     return path
 
 
-def test_a_namespace_made_again_between_the_listing_and_the_delete_is_left_alone(make_cluster, tmp_path):
+def test_a_namespace_made_again_between_the_listing_and_the_delete_is_left_alone(
+    make_cluster, tmp_path
+):
     kubectl, make = make_cluster
     emulator = make()
     output = tmp_path / "out"
-    made = as_user(emulator, emulator.kubeconfig, kubectl, "run", "--count", "1", "--output", str(output), "--quiet")
+    made = as_user(
+        emulator,
+        emulator.kubeconfig,
+        kubectl,
+        "run",
+        "--count",
+        "1",
+        "--output",
+        str(output),
+        "--quiet",
+    )
     assert made.returncode == 0, made.stderr
-    namespace, first_uid = load(output / "receipt.json")["namespace"], load(output / "receipt.json")["uid"]
+    namespace, first_uid = (
+        load(output / "receipt.json")["namespace"],
+        load(output / "receipt.json")["uid"],
+    )
     time.sleep(1.5)
     wrapper = recreating_kubectl(tmp_path, kubectl)
     env = dict(emulator.env(), REAL_KUBECTL=kubectl, RECREATE_NAMESPACE=namespace)
-    reaped = subprocess.run([sys.executable, str(PRODUCT), "cleanup", "--stale", "1s", "--kubectl", str(wrapper)],
-                            env=env, capture_output=True, text=True, timeout=300)
+    reaped = subprocess.run(
+        [sys.executable, str(PRODUCT), "cleanup", "--stale", "1s", "--kubectl", str(wrapper)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert reaped.returncode == 0, reaped.stderr
-    assert f"Left {namespace}: made again under that name since it was listed (its UID is no longer {first_uid})" \
-        in reaped.stdout, reaped.stdout
+    assert (
+        f"Left {namespace}: made again under that name since it was listed (its UID is no longer {first_uid})"
+        in reaped.stdout
+    ), reaped.stdout
     again = emulator.get("namespaces", None, namespace)
     assert again is not None and again["metadata"]["uid"] != first_uid
     assert again["metadata"].get("deletionTimestamp") is None
@@ -307,13 +467,20 @@ def test_a_namespace_made_again_between_the_listing_and_the_delete_is_left_alone
 
 
 @pytest.mark.parametrize("denied, what", [("namespaces", "namespaces"), ("jobs", "jobs (batch)")])
-def test_without_list_permission_list_and_cleanup_stale_say_which(make_cluster, tmp_path, denied, what):
+def test_without_list_permission_list_and_cleanup_stale_say_which(
+    make_cluster, tmp_path, denied, what
+):
     kubectl, make = make_cluster
     emulator = make()
     # Everything but `list` on one of the two.
-    rules = [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["get", "create", "delete", "watch"]},
-             {"apiGroups": ["", "batch"], "resources": [r for r in ("namespaces", "jobs") if r != denied],
-              "verbs": ["list"]}]
+    rules = [
+        {"apiGroups": ["*"], "resources": ["*"], "verbs": ["get", "create", "delete", "watch"]},
+        {
+            "apiGroups": ["", "batch"],
+            "resources": [r for r in ("namespaces", "jobs") if r != denied],
+            "verbs": ["list"],
+        },
+    ]
     erin = emulator.add_user("erin", rules=rules)
     for args in (["list"], ["list", "-o", "json"], ["cleanup", "--stale", "1h"]):
         result = as_user(emulator, erin, kubectl, *args)
@@ -321,4 +488,5 @@ def test_without_list_permission_list_and_cleanup_stale_say_which(make_cluster, 
         assert result.stdout == ""
         assert result.stderr.strip() == (
             f"Error: the account of context 'kube-emulator' may not list {what} at the cluster scope, which "
-            f"`list` and `cleanup --stale` need: grant `list` on {what} (see the README's Permissions)")
+            f"`list` and `cleanup --stale` need: grant `list` on {what} (see the README's Permissions)"
+        )

@@ -32,32 +32,57 @@ def test_pods_past_the_recorders_tenth_are_placed_by_the_watch(require_e2e, tmp_
     emulator.start()
     try:
         output = tmp_path / "rl-20"
-        result = tool(emulator, kubectl, "run", "--count", str(COUNT), "--parallelism", str(COUNT),
-                      "--output", str(output), "--quiet")
+        result = tool(
+            emulator,
+            kubectl,
+            "run",
+            "--count",
+            str(COUNT),
+            "--parallelism",
+            str(COUNT),
+            "--output",
+            str(output),
+            "--quiet",
+        )
         assert result.returncode == 0, result.stderr
         run = Run(emulator, output, result.stdout)
         # The pod watch was asked for before the Job was created.
-        job_created = next(i for i, r in enumerate(emulator.requests)
-                           if r["method"] == "POST" and r["path"].endswith("/jobs"))
-        assert any(r["watch"] and r["path"].endswith("/pods") for r in emulator.requests[:job_created]), \
-            [(r["method"], r["path"], r["watch"]) for r in emulator.requests[:job_created + 1]]
+        job_created = next(
+            i
+            for i, r in enumerate(emulator.requests)
+            if r["method"] == "POST" and r["path"].endswith("/jobs")
+        )
+        assert any(
+            r["watch"] and r["path"].endswith("/pods") for r in emulator.requests[:job_created]
+        ), [(r["method"], r["path"], r["watch"]) for r in emulator.requests[: job_created + 1]]
     finally:
         emulator.stop()
     job = load(output / "job.json")
-    combined = [e for e in run.events if e["reason"] == "SuccessfulCreate"
-                and e["message"].startswith("(combined from similar events): ")]
+    combined = [
+        e
+        for e in run.events
+        if e["reason"] == "SuccessfulCreate"
+        and e["message"].startswith("(combined from similar events): ")
+    ]
     assert len(combined) == 1 and combined[0]["count"] == COUNT - 9, combined
     named = rl_batch_demo.pod_creation_events(run.events)
     assert len(named) == 9, named
-    errors = dict(zip((row["pod"] for row in run.rows), point_errors(run, job, run.rows)["pod_created"]))
+    errors = dict(
+        zip((row["pod"] for row in run.rows), point_errors(run, job, run.rows)["pod_created"])
+    )
     watched = []
     for row in run.rows:
         error, precision = errors[row["pod"]]
-        assert abs(error) <= precision + (TRUTH_NOTED_AFTER if error < 0 else 0.0), (row, error, precision)
+        assert abs(error) <= precision + (TRUTH_NOTED_AFTER if error < 0 else 0.0), (
+            row,
+            error,
+            precision,
+        )
         if row["pod"] in named:
             # Named by the event, unless the watch saw the pod before the controller named it.
-            assert "SuccessfulCreate event name" in row["pod_created_source"] or \
-                row["pod_created_source"].startswith("watch saw the pod"), row
+            assert "SuccessfulCreate event name" in row["pod_created_source"] or row[
+                "pod_created_source"
+            ].startswith("watch saw the pod"), row
         else:
             # No event names it: placed by the watch that saw it created, after its Job's creation and
             # within its stamp's second (a loaded machine may deliver it after that second ended).

@@ -59,14 +59,21 @@ TRUTH_NOTED_AFTER = 0.01
 # or kubelet names is as sharp as that source is (EVENT_FOLLOWS_SECONDS wide, or the
 # scheduler's microseconds), which no load changes.
 # Point -> the emulator's truth field of the same moment.
-TRUTH_FIELDS = {"pod_created": "created", "scheduled": "scheduled", "sandbox_ready": "sandbox_ready",
-                "container_started": "container_started", "container_finished": "container_finished"}
+TRUTH_FIELDS = {
+    "pod_created": "created",
+    "scheduled": "scheduled",
+    "sandbox_ready": "sandbox_ready",
+    "container_started": "container_started",
+    "container_finished": "container_finished",
+}
 WORKER_POINTS = {"process_started": 0.01, "imports_done": 1e-6, "ready": 1e-6, "reward": 1e-6}
 CLOCKS = {"control plane", "node", "client"}
 # Point -> the server stamp whose second it cannot leave.
-STAMPS = {"pod_created": lambda pod: pod["metadata"]["creationTimestamp"],
-          "container_started": lambda pod: rl_batch_demo.container_terminated(pod)["startedAt"],
-          "container_finished": lambda pod: rl_batch_demo.container_terminated(pod)["finishedAt"]}
+STAMPS = {
+    "pod_created": lambda pod: pod["metadata"]["creationTimestamp"],
+    "container_started": lambda pod: rl_batch_demo.container_terminated(pod)["startedAt"],
+    "container_finished": lambda pod: rl_batch_demo.container_terminated(pod)["finishedAt"],
+}
 
 
 # --------------------------------------------------------------------------
@@ -79,7 +86,9 @@ def record_deletes(emulator: Emulator) -> list[dict]:
     original = emulator.writes.api_delete
 
     def api_delete(info: Any, namespace: Any, name: str, opts: dict) -> Any:
-        deletes.append({"store": info.store, "namespace": namespace, "name": name, "opts": dict(opts)})
+        deletes.append(
+            {"store": info.store, "namespace": namespace, "name": name, "opts": dict(opts)}
+        )
         return original(info, namespace, name, opts)
 
     emulator.writes.api_delete = api_delete  # type: ignore[method-assign]
@@ -91,7 +100,9 @@ def cluster(tmp_path_factory, require_e2e):
     kubectl = require_e2e(KUBECTL_VERSION)
     # The sandboxes wait for the tool's pod watch: the points it can only see while a pod
     # runs (the sandbox's readiness) are then seen whatever the machine's load.
-    emulator = Emulator(tmp_path_factory.mktemp("emulator"), faults=dict(DEFAULT_TIMING, sandbox_after_watch=True))
+    emulator = Emulator(
+        tmp_path_factory.mktemp("emulator"), faults=dict(DEFAULT_TIMING, sandbox_after_watch=True)
+    )
     deletes = record_deletes(emulator)
     emulator.start()
     yield kubectl, emulator, deletes
@@ -110,8 +121,11 @@ class Run:
         self.namespace = self.receipt["namespace"]
         self.truth = emulator.truth()
         batches = load(output / "run.json")["batches"]
-        self.pods = {p["metadata"]["name"]: p for batch in batches
-                     for p in load(output / batch["dir"] / "pods.json")["items"]}
+        self.pods = {
+            p["metadata"]["name"]: p
+            for batch in batches
+            for p in load(output / batch["dir"] / "pods.json")["items"]
+        }
         with open(output / "episodes.csv", newline="") as handle:
             self.rows = list(csv.DictReader(handle))
         self.received = {name: log_receipt_times(emulator, pod) for name, pod in self.pods.items()}
@@ -132,8 +146,18 @@ def twelve_episodes(kubectl: str, tmp_path: Path, faults: dict[str, Any]) -> Run
     emulator.start()
     try:
         output = tmp_path / "rl-12"
-        result = tool(emulator, kubectl, "run", "--count", "12", "--parallelism", "6", "--output", str(output),
-                      "--quiet")
+        result = tool(
+            emulator,
+            kubectl,
+            "run",
+            "--count",
+            "12",
+            "--parallelism",
+            "6",
+            "--output",
+            str(output),
+            "--quiet",
+        )
         assert result.returncode == 0, result.stderr
         return Run(emulator, output, result.stdout, result.stderr)
     finally:
@@ -187,8 +211,14 @@ def true_windows(run: Run, pod: str, imports_done: float) -> dict[str, tuple[flo
     """Point -> the window (earliest, latest) in which it truly happened, by the emulator's record."""
     truth = run.pod_truth(pod)
     received = run.received[pod]
-    windows = {point: (truth[field] - TRUTH_NOTED_AFTER, truth[field]) for point, field in TRUTH_FIELDS.items()}
-    windows["scheduled"] = (truth["scheduled"] - EVENT_TIME_TOLERANCE, truth["scheduled"] + EVENT_TIME_TOLERANCE)
+    windows = {
+        point: (truth[field] - TRUTH_NOTED_AFTER, truth[field])
+        for point, field in TRUTH_FIELDS.items()
+    }
+    windows["scheduled"] = (
+        truth["scheduled"] - EVENT_TIME_TOLERANCE,
+        truth["scheduled"] + EVENT_TIME_TOLERANCE,
+    )
     # The worker's process starts after the emulator spawned its sandbox, before its imports end.
     windows["process_started"] = (truth["container_started"] - PROC_TICK_SLACK, imports_done)
     # The worker wrote each event after its container started and before the emulator
@@ -198,7 +228,9 @@ def true_windows(run: Run, pod: str, imports_done: float) -> dict[str, tuple[flo
     return windows
 
 
-def recorder_lags(run: Run, node_clocks: dict[str, float] | None = None) -> dict[tuple[str, str], float]:
+def recorder_lags(
+    run: Run, node_clocks: dict[str, float] | None = None
+) -> dict[tuple[str, str], float]:
     """(pod, point) -> how much later than EVENT_FOLLOWS_SECONDS after the truth the emulator's
     own recorder named the event the tool reads that point from. A real controller or kubelet
     names it within milliseconds; an emulator on a loaded machine can be slower, and the
@@ -211,10 +243,15 @@ def recorder_lags(run: Run, node_clocks: dict[str, float] | None = None) -> dict
         truth = run.pod_truth(name)
         pulled = (kubelet.get(name, {}).get("Pulled") or (None,))[0]
         ahead = (node_clocks or {}).get(run.pods[name]["spec"].get("nodeName"), 0.0)
-        named = {"pod_created": created.get(name), "sandbox_ready": None if pulled is None else pulled - ahead}
+        named = {
+            "pod_created": created.get(name),
+            "sandbox_ready": None if pulled is None else pulled - ahead,
+        }
         for point, at in named.items():
             if at is not None:
-                lags[(name, point)] = max(0.0, at - truth[TRUTH_FIELDS[point]] - rl_batch_demo.EVENT_FOLLOWS_SECONDS)
+                lags[(name, point)] = max(
+                    0.0, at - truth[TRUTH_FIELDS[point]] - rl_batch_demo.EVENT_FOLLOWS_SECONDS
+                )
     return lags
 
 
@@ -225,7 +262,9 @@ def point_errors(run: Run, job: dict, rows: list[dict]) -> dict[str, list[tuple[
         points = reported_points(job, row)
         truth = run.pod_truth(row["pod"])
         for point, field in TRUTH_FIELDS.items():
-            assert points[point] is not None, f"{row['pod']}: {point} missing though its source exists"
+            assert points[point] is not None, (
+                f"{row['pod']}: {point} missing though its source exists"
+            )
             errors[point].append((points[point][0] - truth[field], points[point][1]))
     return errors
 
@@ -233,14 +272,22 @@ def point_errors(run: Run, job: dict, rows: list[dict]) -> dict[str, list[tuple[
 def assert_points_match_truth(run: Run, job_name: str, job: dict, rows: list[dict]) -> None:
     """Every point of every episode of one batch, against the emulator's record: its stated
     precision covers its error, and it lies inside its server second."""
-    assert_whole_second(parse_time(job["metadata"]["creationTimestamp"]),
-                        run.job_truth(job_name)["created"], f"{job_name} created")
+    assert_whole_second(
+        parse_time(job["metadata"]["creationTimestamp"]),
+        run.job_truth(job_name)["created"],
+        f"{job_name} created",
+    )
     lags = recorder_lags(run)
     for point, errors in point_errors(run, job, rows).items():
         for row, (error, precision) in zip(rows, errors):
-            slack = TRUTH_NOTED_AFTER if error < 0 else EVENT_TIME_TOLERANCE + lags.get((row["pod"], point), 0.0)
-            assert abs(error) <= precision + slack, \
+            slack = (
+                TRUTH_NOTED_AFTER
+                if error < 0
+                else EVENT_TIME_TOLERANCE + lags.get((row["pod"], point), 0.0)
+            )
+            assert abs(error) <= precision + slack, (
                 f"{point}: {error:+.3f} s from the truth, beyond its stated precision {precision:.3f} s"
+            )
     for row in rows:
         pod = row["pod"]
         points = reported_points(job, row)
@@ -252,19 +299,26 @@ def assert_points_match_truth(run: Run, job_name: str, job: dict, rows: list[dic
             assert points[point][1] == precision, (pod, point, points[point])
         # The worker's clock is the emulator's clock: its points lie inside the container's life.
         for point in ("imports_done", "ready", "reward"):
-            assert truth["container_started"] <= points[point][0] <= truth["container_finished"], \
-                (pod, point, points[point][0], truth["container_started"], truth["container_finished"])
+            assert truth["container_started"] <= points[point][0] <= truth["container_finished"], (
+                pod,
+                point,
+                points[point][0],
+                truth["container_started"],
+                truth["container_finished"],
+            )
         assert points["imports_done"][0] <= points["ready"][0] <= points["reward"][0], (pod, points)
         for event in ("ready", "reward"):
             lag = run.received[pod][event] - points[event][0]
             assert 0 <= lag < PIPE_BOUND, (pod, event, lag)
         process = points["process_started"][0]
-        assert truth["container_started"] - PROC_TICK_SLACK <= process <= points["imports_done"][0], \
-            (pod, process, truth["container_started"], points["imports_done"])
+        assert (
+            truth["container_started"] - PROC_TICK_SLACK <= process <= points["imports_done"][0]
+        ), (pod, process, truth["container_started"], points["imports_done"])
 
 
-def assert_phases_match_truth(run: Run, job: dict, rows: list[dict],
-                              node_clocks: dict[str, float] | None = None) -> dict[str, list[float]]:
+def assert_phases_match_truth(
+    run: Run, job: dict, rows: list[dict], node_clocks: dict[str, float] | None = None
+) -> dict[str, list[float]]:
     """Each phase of each episode within its stated precision of the true duration; returns the columns."""
     columns: dict[str, list[float]] = {phase: [] for phase in PHASES}
     lags = recorder_lags(run, node_clocks)
@@ -279,25 +333,35 @@ def assert_phases_match_truth(run: Run, job: dict, rows: list[dict],
             if start not in points or end not in points:
                 # image_pull: its ends are the kubelet's Pulling / Pulled event names, no point of the
                 # CSV; this emulator has every image on every node, so there is no pull: a Pulled alone.
-                assert phase == "image_pull" and row["image_cache"] == "present", (row["pod"], phase)
-                assert seconds == 0.0 and precision >= 2 * rl_batch_demo.EVENT_FOLLOWS_SECONDS - 1e-9
+                assert phase == "image_pull" and row["image_cache"] == "present", (
+                    row["pod"],
+                    phase,
+                )
+                assert (
+                    seconds == 0.0 and precision >= 2 * rl_batch_demo.EVENT_FOLLOWS_SECONDS - 1e-9
+                )
                 continue
-            assert seconds == pytest.approx(max(0.0, points[end][0] - points[start][0]), abs=1e-5), \
-                (row["pod"], phase)
+            assert seconds == pytest.approx(
+                max(0.0, points[end][0] - points[start][0]), abs=1e-5
+            ), (row["pod"], phase)
             assert precision == pytest.approx(points[start][1] + points[end][1], rel=1e-4, abs=2e-6)
             if start not in truth or end not in truth:
                 continue
             late = lags.get((row["pod"], start), 0.0) + lags.get((row["pod"], end), 0.0)
             shortest = truth[end][0] - truth[start][1]
             longest = truth[end][1] - truth[start][0]
-            assert shortest - precision - late <= seconds <= longest + precision + late, \
-                f"{row['pod']} {phase}: reported {seconds:.3f} s, truly {shortest:.3f}..{longest:.3f} s, " \
+            assert shortest - precision - late <= seconds <= longest + precision + late, (
+                f"{row['pod']} {phase}: reported {seconds:.3f} s, truly {shortest:.3f}..{longest:.3f} s, "
                 f"precision {precision:g} s"
+            )
         # No truth for the import boundary: it falls inside the process's life, after its start
         # (an interpreter takes more than a /proc tick to import anything) and before it was ready;
         # how long either took is the machine's load, not held.
         assert float(row["python_imports_seconds"]) > 0, (row["pod"], row["python_imports_seconds"])
-        assert float(row["imports_done_to_ready_seconds"]) >= 0, (row["pod"], row["imports_done_to_ready_seconds"])
+        assert float(row["imports_done_to_ready_seconds"]) >= 0, (
+            row["pod"],
+            row["imports_done_to_ready_seconds"],
+        )
     return columns
 
 
@@ -318,8 +382,12 @@ def test_every_point_matches_the_emulator_record(six):
     by_pod = {row["pod"]: row for row in six.rows}
     for row in six.results["pods"]:
         csv_row = by_pod[row["pod"]]
-        assert row["batch_to_ready_seconds"] == pytest.approx(float(csv_row["ready_after_job_seconds"]), abs=6e-4)
-        assert row["batch_to_reward_seconds"] == pytest.approx(float(csv_row["reward_after_job_seconds"]), abs=6e-4)
+        assert row["batch_to_ready_seconds"] == pytest.approx(
+            float(csv_row["ready_after_job_seconds"]), abs=6e-4
+        )
+        assert row["batch_to_reward_seconds"] == pytest.approx(
+            float(csv_row["reward_after_job_seconds"]), abs=6e-4
+        )
         assert row["node"] == csv_row["node"]
 
 
@@ -334,7 +402,8 @@ def test_every_phase_is_within_its_precision_of_the_truth(six):
         assert (entry["from"], entry["to"]) == (start, end)
         assert entry["samples"] == 6 and entry["missing"] == 0, (phase, entry)
         assert entry["precision_seconds"] == pytest.approx(
-            max(float(row[f"{phase}_precision_seconds"]) for row in six.rows), rel=1e-4), (phase, entry)
+            max(float(row[f"{phase}_precision_seconds"]) for row in six.rows), rel=1e-4
+        ), (phase, entry)
         for key, q in (("p50", 0.5), ("p95", 0.95), ("p99", 0.99)):
             assert entry[key] == pytest.approx(percentile(values, q), abs=1.5e-3), (phase, key)
         assert entry["max"] == pytest.approx(max(values), abs=1.5e-3), phase
@@ -345,24 +414,35 @@ def test_pod_to_ready_keeps_the_guides_definition_beside_the_sharp_phase(six):
     """The guide's pod_to_ready figures count from the whole-second creationTimestamp, as the
     guide computes them; the pod_to_ready phase measures the same span from the sharpest points."""
     guide = [row["pod_to_ready_seconds"] for row in six.results["pods"]]
-    assert six.results["pod_to_ready_p50_seconds"] == pytest.approx(percentile(guide, 0.5), abs=1.5e-3)
-    assert six.results["pod_to_ready_p95_seconds"] == pytest.approx(percentile(guide, 0.95), abs=1.5e-3)
+    assert six.results["pod_to_ready_p50_seconds"] == pytest.approx(
+        percentile(guide, 0.5), abs=1.5e-3
+    )
+    assert six.results["pod_to_ready_p95_seconds"] == pytest.approx(
+        percentile(guide, 0.95), abs=1.5e-3
+    )
     assert six.results["pod_to_ready_max_seconds"] == max(guide)
     lags = recorder_lags(six)
     for row in six.results["pods"]:
         pod = load(six.output / "pods.json")["items"]
-        created = {p["metadata"]["name"]: parse_time(p["metadata"]["creationTimestamp"]) for p in pod}
+        created = {
+            p["metadata"]["name"]: parse_time(p["metadata"]["creationTimestamp"]) for p in pod
+        }
         ready = created[row["pod"]] + row["pod_to_ready_seconds"]
         true = ready - six.pod_truth(row["pod"])["created"]
         sharp = float(next(r for r in six.rows if r["pod"] == row["pod"])["pod_to_ready_seconds"])
-        precision = float(next(r for r in six.rows if r["pod"] == row["pod"])["pod_to_ready_precision_seconds"])
+        precision = float(
+            next(r for r in six.rows if r["pod"] == row["pod"])["pod_to_ready_precision_seconds"]
+        )
         # results.json rounds its figures to the millisecond.
-        assert abs(sharp - true) <= precision + TRUTH_NOTED_AFTER + 1e-3 + lags.get((row["pod"], "pod_created"), 0.0), \
-            (row["pod"], sharp, true, precision)
+        assert abs(sharp - true) <= precision + TRUTH_NOTED_AFTER + 1e-3 + lags.get(
+            (row["pod"], "pod_created"), 0.0
+        ), (row["pod"], sharp, true, precision)
         assert 0 <= row["pod_to_ready_seconds"] - true < 1 + STAMP_TO_TRUTH
 
 
-def test_twelve_episodes_hold_every_point_within_its_precision_from_the_sharpest_source(require_e2e, tmp_path):
+def test_twelve_episodes_hold_every_point_within_its_precision_from_the_sharpest_source(
+    require_e2e, tmp_path
+):
     """12 episodes at parallelism 6, a 0.6-1.0 s sandbox, and the kubelet reporting the sandbox's
     readiness in the same status update as the running container (as a real kubelet usually
     does, so that condition says nothing sharp): every stated precision covers its error, and
@@ -374,8 +454,11 @@ def test_twelve_episodes_hold_every_point_within_its_precision_from_the_sharpest
     truth, and how wide the load-bound ones (the container's start and end) are, is what
     tests/phase_accuracy.py prints against its targets."""
     kubectl = require_e2e(KUBECTL_VERSION)
-    run = twelve_episodes(kubectl, tmp_path, {"sandbox_delay": 0.6, "sandbox_jitter": 0.4,
-                                              "sandbox_status_with_running": True})
+    run = twelve_episodes(
+        kubectl,
+        tmp_path,
+        {"sandbox_delay": 0.6, "sandbox_jitter": 0.4, "sandbox_status_with_running": True},
+    )
     output = run.output
     job = load(output / "job.json")
     assert len(run.rows) == 12
@@ -396,33 +479,52 @@ def test_twelve_episodes_hold_every_point_within_its_precision_from_the_sharpest
         widest = max(precision for _, precision in errors)
         report_lines.append(f"{point}: worst error {worst:.3f} s, widest precision {widest:.3f} s")
     # Every clock here is the emulator's: nothing is corrected, so an event's width is its own.
-    assert all(entry["offset_seconds"] == 0.0 for entry in run.results["clocks"]["nodes"].values()), \
-        run.results["clocks"]
+    assert all(
+        entry["offset_seconds"] == 0.0 for entry in run.results["clocks"]["nodes"].values()
+    ), run.results["clocks"]
     for row in run.rows:
         points = reported_points(job, row)
         pod = row["pod"]
         assert points["scheduled"][1] <= rl_batch_demo.EVENT_TIME, (pod, points["scheduled"])
-        assert "Scheduled event eventTime" in row["scheduled_source"], (pod, row["scheduled_source"])
+        assert "Scheduled event eventTime" in row["scheduled_source"], (
+            pod,
+            row["scheduled_source"],
+        )
         # The Pulled event is named as the sandbox is ready; its width is the event's allowance.
-        assert points["sandbox_ready"][1] <= rl_batch_demo.EVENT_FOLLOWS_SECONDS + 1e-6, (pod, points["sandbox_ready"])
-        assert "Pulled event name" in row["sandbox_ready_source"], (pod, row["sandbox_ready_source"])
+        assert points["sandbox_ready"][1] <= rl_batch_demo.EVENT_FOLLOWS_SECONDS + 1e-6, (
+            pod,
+            points["sandbox_ready"],
+        )
+        assert "Pulled event name" in row["sandbox_ready_source"], (
+            pod,
+            row["sandbox_ready_source"],
+        )
         if pod in named_creations:
-            assert points["pod_created"][1] <= rl_batch_demo.EVENT_FOLLOWS_SECONDS + 1e-6, (pod, points["pod_created"])
+            assert points["pod_created"][1] <= rl_batch_demo.EVENT_FOLLOWS_SECONDS + 1e-6, (
+                pod,
+                points["pod_created"],
+            )
             # Named by the event, unless the watch saw the pod before the controller named it.
-            assert "SuccessfulCreate event name" in row["pod_created_source"] or \
-                row["pod_created_source"].startswith("watch saw the pod"), (pod, row["pod_created_source"])
+            assert "SuccessfulCreate event name" in row["pod_created_source"] or row[
+                "pod_created_source"
+            ].startswith("watch saw the pod"), (pod, row["pod_created_source"])
         else:
             # Nothing names it: placed between its slot's freeing and the watch, within its second.
-            assert points["pod_created"][1] <= rl_batch_demo.WHOLE_SECOND, (pod, points["pod_created"])
+            assert points["pod_created"][1] <= rl_batch_demo.WHOLE_SECOND, (
+                pod,
+                points["pod_created"],
+            )
         # The container's start and end: sharper than their whole-second stamps, never wider.
         for point in ("container_started", "container_finished"):
             assert points[point][1] <= rl_batch_demo.WHOLE_SECOND, (pod, point, points[point])
         truth = run.pod_truth(pod)
         true_sandbox = truth["sandbox_ready"] - truth["scheduled"]
         precision = float(row["sandbox_creation_precision_seconds"])
-        assert abs(float(row["sandbox_creation_seconds"]) - true_sandbox) <= \
-            precision + TRUTH_NOTED_AFTER + EVENT_TIME_TOLERANCE + lags.get((pod, "sandbox_ready"), 0.0), \
-            (row, true_sandbox)
+        assert abs(
+            float(row["sandbox_creation_seconds"]) - true_sandbox
+        ) <= precision + TRUTH_NOTED_AFTER + EVENT_TIME_TOLERANCE + lags.get(
+            (pod, "sandbox_ready"), 0.0
+        ), (row, true_sandbox)
     print("\n".join(report_lines))
 
 
@@ -431,9 +533,12 @@ def assert_gap_matches_truth(run: Run, gap: dict, success_criteria_met: bool) ->
     job_truth = run.job_truth()
     client = load(run.output / "client.json")
     observed = client["observed_at"]
-    last_reward = max(e["at"] for name in run.pods
-                      for e in rl_batch_demo.parse_events((run.output / f"{name}.log").read_text().splitlines())
-                      if e["event"] == "reward")
+    last_reward = max(
+        e["at"]
+        for name in run.pods
+        for e in rl_batch_demo.parse_events((run.output / f"{name}.log").read_text().splitlines())
+        if e["event"] == "reward"
+    )
     last_finished = max(run.pod_truth(name)["container_finished"] for name in run.pods)
     precision = gap["precision_seconds"]
     assert precision == 1.0
@@ -446,17 +551,23 @@ def assert_gap_matches_truth(run: Run, gap: dict, success_criteria_met: bool) ->
     }
     if success_criteria_met:
         assert job_truth["success_criteria_met"] <= job_truth["complete"]
-        true_parts["last_container_finished_to_success_criteria_met_seconds"] = \
+        true_parts["last_container_finished_to_success_criteria_met_seconds"] = (
             job_truth["success_criteria_met"] - last_finished
+        )
     for part, true_seconds in true_parts.items():
         assert isinstance(gap[part], (int, float)), (part, gap)
-        assert abs(gap[part] - true_seconds) < precision + STAMP_TO_TRUTH, \
+        assert abs(gap[part] - true_seconds) < precision + STAMP_TO_TRUTH, (
             f"{part}: reported {gap[part]} s, true {true_seconds:.3f} s"
+        )
     # Both ends are sub-second clocks: this one is exact.
-    assert gap["last_reward_to_client_observed_seconds"] == pytest.approx(observed - last_reward, abs=1e-3)
-    parts = (gap["last_reward_to_last_container_finished_seconds"]
-             + gap["last_container_finished_to_job_complete_seconds"]
-             + gap["job_complete_to_client_observed_seconds"])
+    assert gap["last_reward_to_client_observed_seconds"] == pytest.approx(
+        observed - last_reward, abs=1e-3
+    )
+    parts = (
+        gap["last_reward_to_last_container_finished_seconds"]
+        + gap["last_container_finished_to_job_complete_seconds"]
+        + gap["job_complete_to_client_observed_seconds"]
+    )
     assert parts == pytest.approx(gap["last_reward_to_client_observed_seconds"], abs=3e-3)
 
 
@@ -468,14 +579,20 @@ def test_completion_gap_parts_match_the_truth(six):
     assert "success_criteria_met" in six.job_truth()
     assert_gap_matches_truth(six, gap, success_criteria_met=True)
     # SuccessCriteriaMet comes no later than Complete, in the same whole-second clock.
-    assert 0 <= gap["last_container_finished_to_success_criteria_met_seconds"] \
+    assert (
+        0
+        <= gap["last_container_finished_to_success_criteria_met_seconds"]
         <= gap["last_container_finished_to_job_complete_seconds"]
+    )
 
 
 def test_completion_gap_on_kubernetes_1_30_has_no_success_criteria_met(tmp_path, require_e2e):
     kubectl = require_e2e(KUBECTL_VERSION)
-    emulator = Emulator(tmp_path / "emulator", faults=dict(DEFAULT_TIMING, sandbox_after_watch=True),
-                        server_version="1.30")  # the sandbox-ready point is seen under any load
+    emulator = Emulator(
+        tmp_path / "emulator",
+        faults=dict(DEFAULT_TIMING, sandbox_after_watch=True),
+        server_version="1.30",
+    )  # the sandbox-ready point is seen under any load
     emulator.start()
     try:
         output = tmp_path / "rl-1.30"
@@ -520,11 +637,21 @@ def test_warning_summary_counts_a_provoked_failed_create(cluster, tmp_path):
     emulator.store.listeners.insert(0, on_store_event)
     output = tmp_path / "rl-warned"
     try:
-        process = start_tool(emulator, kubectl, "run", "--count", "2", "--output", str(output), "--quiet")
+        process = start_tool(
+            emulator, kubectl, "run", "--count", "2", "--output", str(output), "--quiet"
+        )
         try:
-            wait_for(lambda: removed and any(e["reason"] == "FailedCreate" for e in
-                                             emulator.list("events", removed["namespace"])), 120,
-                     "the FailedCreate warning")
+            wait_for(
+                lambda: (
+                    removed
+                    and any(
+                        e["reason"] == "FailedCreate"
+                        for e in emulator.list("events", removed["namespace"])
+                    )
+                ),
+                120,
+                "the FailedCreate warning",
+            )
         finally:
             emulator.set_faults(missing_runtimeclass=False)  # recreates the RuntimeClass
         stdout, stderr = process.communicate(timeout=120)
@@ -536,7 +663,10 @@ def test_warning_summary_counts_a_provoked_failed_create(cluster, tmp_path):
     warnings = [e for e in emulator.list("events", removed["namespace"]) if e["type"] == "Warning"]
     # The recorder folds the repeated create failures into one event that counts them.
     (failed_create,) = warnings
-    assert (failed_create["reason"], failed_create["involvedObject"]["name"]) == ("FailedCreate", "rollout")
+    assert (failed_create["reason"], failed_create["involvedObject"]["name"]) == (
+        "FailedCreate",
+        "rollout",
+    )
     assert failed_create["count"] >= 1
     expected = {"FailedCreate": {"count": failed_create["count"], "objects": ["Job/rollout"]}}
     assert results["warnings"] == expected
@@ -552,11 +682,13 @@ def test_missing_scheduler_events_fall_back_or_are_counted_missing(six, tmp_path
     shutil.copytree(six.output, copy)
     (copy / "events.json").unlink()
     recomputed = rl_batch_demo.recompute(str(copy))
-    (_, summary), = recomputed.batches
+    ((_, summary),) = recomputed.batches
     for record in summary.episodes:
         scheduled = record["points"]["scheduled"]
         assert scheduled is not None and scheduled[1] == 1.0, (record["pod"], scheduled)
-        assert_whole_second(scheduled[0], six.pod_truth(record["pod"])["scheduled"], f"{record['pod']} scheduled")
+        assert_whole_second(
+            scheduled[0], six.pod_truth(record["pod"])["scheduled"], f"{record['pod']} scheduled"
+        )
         # The kubelet's events are gone too: the sandbox is bounded by the watch and the stamps alone,
         # honestly wider, and still holds its truth.
         sandbox = record["points"]["sandbox_ready"]
@@ -577,18 +709,23 @@ def test_missing_scheduler_events_fall_back_or_are_counted_missing(six, tmp_path
     # points are missing: counted, never invented.
     pods = load(copy / "pods.json")
     for pod in pods["items"]:
-        pod["status"]["conditions"] = [c for c in pod["status"]["conditions"] if c["type"] != "PodScheduled"]
+        pod["status"]["conditions"] = [
+            c for c in pod["status"]["conditions"] if c["type"] != "PodScheduled"
+        ]
     (copy / "pods.json").write_text(json.dumps(pods))
     (copy / "observed.json").unlink()
     recomputed = rl_batch_demo.recompute(str(copy))
-    (_, summary), = recomputed.batches
+    ((_, summary),) = recomputed.batches
     for record in summary.episodes:
         assert record["points"]["scheduled"] is None, record
         # The final PodReadyToStartContainers is False (the pod ended): not a sandbox time.
         assert record["points"]["sandbox_ready"] is None, record
     phases = recomputed.figures["phases"]
     for phase in ("scheduling", "sandbox_creation", "container_start"):
-        assert phases[phase]["samples"] == 0 and phases[phase]["missing"] == 6, (phase, phases[phase])
+        assert phases[phase]["samples"] == 0 and phases[phase]["missing"] == 6, (
+            phase,
+            phases[phase],
+        )
         assert "p50" not in phases[phase] or phases[phase]["p50"] is None
     for phase in ("python_imports", "episode_work", "pod_to_ready"):
         assert phases[phase]["samples"] == 6 and phases[phase]["missing"] == 0
@@ -603,13 +740,22 @@ def no_cluster_env(tmp_path: Path) -> dict[str, str]:
     """No kubectl on PATH, no kubeconfig, an empty HOME: nothing could reach a cluster."""
     empty = tmp_path / "no-cluster"
     (empty / "bin").mkdir(parents=True, exist_ok=True)
-    return {"PATH": str(empty / "bin"), "HOME": str(empty), "KUBECONFIG": str(empty / "absent"),
-            "LANG": "C.UTF-8"}
+    return {
+        "PATH": str(empty / "bin"),
+        "HOME": str(empty),
+        "KUBECONFIG": str(empty / "absent"),
+        "LANG": "C.UTF-8",
+    }
 
 
 def report(directory: Path) -> dict:
-    result = subprocess.run([sys.executable, str(PRODUCT), "report", str(directory), "--quiet"],
-                            env=no_cluster_env(directory.parent), capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, str(PRODUCT), "report", str(directory), "--quiet"],
+        env=no_cluster_env(directory.parent),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 
@@ -630,9 +776,15 @@ def test_what_the_run_summarised_while_waiting_is_what_its_saved_files_give(six)
     unchanged: its results.json and episodes.csv are exactly what the saved files recompute to
     without drafts."""
     recomputed = rl_batch_demo.recompute(str(six.output))
-    assert json.loads(json.dumps(recomputed.figures)) == json.loads((six.output / "results.json").read_text())
-    assert rl_batch_demo.episodes_csv(recomputed.batches) == (six.output / "episodes.csv").read_text()
-    assert "episodes_summarised_while_waiting" in json.loads((six.output / "client.json").read_text())
+    assert json.loads(json.dumps(recomputed.figures)) == json.loads(
+        (six.output / "results.json").read_text()
+    )
+    assert (
+        rl_batch_demo.episodes_csv(recomputed.batches) == (six.output / "episodes.csv").read_text()
+    )
+    assert "episodes_summarised_while_waiting" in json.loads(
+        (six.output / "client.json").read_text()
+    )
 
 
 # --------------------------------------------------------------------------
@@ -647,21 +799,40 @@ ALL_JOBS = ["rollout-warmup"] + MEASURED_JOBS
 def rounds(cluster, tmp_path_factory) -> Run:
     kubectl, emulator, _ = cluster
     output = tmp_path_factory.mktemp("rounds") / "rl-rounds"
-    result = tool(emulator, kubectl, "run", "--count", "4", "--rounds", "3", "--warmup",
-                  "--output", str(output), "--quiet")
+    result = tool(
+        emulator,
+        kubectl,
+        "run",
+        "--count",
+        "4",
+        "--rounds",
+        "3",
+        "--warmup",
+        "--output",
+        str(output),
+        "--quiet",
+    )
     assert result.returncode == 0, result.stderr
     run = Run(emulator, output, result.stdout)
-    run.job_uids = {name: (emulator.get("jobs", run.namespace, name) or {}).get("metadata", {}).get("uid")
-                    for name in ALL_JOBS}
-    run.batch_pods = {name: sorted(p["metadata"]["name"] for p in load(output / name / "pods.json")["items"])
-                      for name in ALL_JOBS}
+    run.job_uids = {
+        name: (emulator.get("jobs", run.namespace, name) or {}).get("metadata", {}).get("uid")
+        for name in ALL_JOBS
+    }
+    run.batch_pods = {
+        name: sorted(p["metadata"]["name"] for p in load(output / name / "pods.json")["items"])
+        for name in ALL_JOBS
+    }
     return run
 
 
 def test_rounds_keep_each_batch_apart_and_the_warmup_out_of_the_figures(rounds):
     output, results = rounds.output, rounds.results
     assert results["cache_state"] == "warmed"
-    assert results["episodes"] == 12 and results["successful_episodes"] == 12 and results["reward_sum"] == 12
+    assert (
+        results["episodes"] == 12
+        and results["successful_episodes"] == 12
+        and results["reward_sum"] == 12
+    )
     assert results["rounds_measured"] == 3
     assert [r["job"] for r in results["rounds"]] == MEASURED_JOBS
     assert isinstance(results["warmup"], dict) and results["warmup"]["episodes"] == 4
@@ -677,19 +848,28 @@ def test_rounds_keep_each_batch_apart_and_the_warmup_out_of_the_figures(rounds):
         assert all((folder / f"{name}.log").is_file() for name in names)
         assert (folder / "events.json").is_file() and (folder / "client.json").is_file()
         # Each batch keeps its own events: about its Job and its pods, none of another batch's.
-        about = {(rl_batch_demo.event_object(e).get("kind"), rl_batch_demo.event_object(e).get("name"))
-                 for e in load(folder / "events.json")["items"]}
+        about = {
+            (rl_batch_demo.event_object(e).get("kind"), rl_batch_demo.event_object(e).get("name"))
+            for e in load(folder / "events.json")["items"]
+        }
         assert ("Job", job_name) in about and all(("Pod", name) in about for name in names)
-        others = [n for j in ALL_JOBS if j != job_name for n in rounds.batch_pods[j]] + \
-            [j for j in ALL_JOBS if j != job_name]
+        others = [n for j in ALL_JOBS if j != job_name for n in rounds.batch_pods[j]] + [
+            j for j in ALL_JOBS if j != job_name
+        ]
         assert not any(name in others for _, name in about), about
         table = (folder / "events.txt").read_text()
         assert all(name in table for name in names) and not any(name in table for name in others)
     # The warm-up ran first and is kept apart: its episodes are in no pooled figure.
-    assert rounds.job_truth("rollout-warmup")["complete"] <= rounds.job_truth("rollout-1")["created"]
-    assert sorted(r["pod"] for r in results["warmup"]["pods"]) == rounds.batch_pods["rollout-warmup"]
+    assert (
+        rounds.job_truth("rollout-warmup")["complete"] <= rounds.job_truth("rollout-1")["created"]
+    )
+    assert (
+        sorted(r["pod"] for r in results["warmup"]["pods"]) == rounds.batch_pods["rollout-warmup"]
+    )
     rows = results["pods"]
-    assert sorted(r["pod"] for r in rows) == sorted(n for j in MEASURED_JOBS for n in rounds.batch_pods[j])
+    assert sorted(r["pod"] for r in rows) == sorted(
+        n for j in MEASURED_JOBS for n in rounds.batch_pods[j]
+    )
     assert all(row["job"] in MEASURED_JOBS for row in rows)
     assert Counter(r["batch"] for r in rounds.rows) == {job: 4 for job in MEASURED_JOBS}
 
@@ -698,9 +878,13 @@ def test_rounds_keep_each_batch_apart_and_the_warmup_out_of_the_figures(rounds):
     # The guide's `job_uid` names Job `rollout` only; no Job of that name ran here.
     assert "job_uid" not in rounds.receipt
     # The timeline draws the measured episodes only, one row each.
-    root = check_timeline((output / "timeline.svg").read_text(), [r["pod"] for r in rows], labelled=True)
+    root = check_timeline(
+        (output / "timeline.svg").read_text(), [r["pod"] for r in rows], labelled=True
+    )
     texts = ["".join(t.itertext()) for t in root.iter(f"{SVG}text")]
-    assert any(t.startswith("3 rounds of 4 episodes (12 in all), parallelism 4") for t in texts), texts
+    assert any(t.startswith("3 rounds of 4 episodes (12 in all), parallelism 4") for t in texts), (
+        texts
+    )
     assert "slowest round's" in results["round_figures"]
 
 
@@ -710,14 +894,25 @@ def test_rounds_figures_per_round_and_pooled_hold_against_the_truth(rounds):
     for entry in results["rounds"]:
         job_name = entry["job"]
         assert entry["episodes"] == 4 and len(entry["pods"]) == 4
-        assert entry["batch_to_all_ready_seconds"] == max(r["batch_to_ready_seconds"] for r in entry["pods"])
-        assert entry["batch_to_all_rewards_seconds"] == max(r["batch_to_reward_seconds"] for r in entry["pods"])
+        assert entry["batch_to_all_ready_seconds"] == max(
+            r["batch_to_ready_seconds"] for r in entry["pods"]
+        )
+        assert entry["batch_to_all_rewards_seconds"] == max(
+            r["batch_to_reward_seconds"] for r in entry["pods"]
+        )
         job = load(output / job_name / "job.json")
-        assert_points_match_truth(rounds, job_name, job, [r for r in rounds.rows if r["batch"] == job_name])
-        last_reward = parse_time(job["metadata"]["creationTimestamp"]) + entry["batch_to_all_rewards_seconds"]
+        assert_points_match_truth(
+            rounds, job_name, job, [r for r in rounds.rows if r["batch"] == job_name]
+        )
+        last_reward = (
+            parse_time(job["metadata"]["creationTimestamp"]) + entry["batch_to_all_rewards_seconds"]
+        )
         pod_truths = [rounds.pod_truth(name) for name in rounds.batch_pods[job_name]]
-        assert max(t["container_started"] for t in pod_truths) <= last_reward \
+        assert (
+            max(t["container_started"] for t in pod_truths)
+            <= last_reward
             <= max(t["container_finished"] for t in pod_truths)
+        )
 
     # Pooled over all 12 measured episodes, the warm-up excluded.
     rows = results["pods"]
@@ -726,9 +921,12 @@ def test_rounds_figures_per_round_and_pooled_hold_against_the_truth(rounds):
     assert results["pod_to_ready_p50_seconds"] == pytest.approx(percentile(ready, 0.5), abs=1.5e-3)
     assert results["pod_to_ready_p95_seconds"] == pytest.approx(percentile(ready, 0.95), abs=1.5e-3)
     assert results["pod_to_ready_max_seconds"] == max(ready)
-    assert results["batch_to_all_ready_seconds"] == max(r["batch_to_all_ready_seconds"] for r in results["rounds"])
-    assert results["batch_to_all_rewards_seconds"] == max(r["batch_to_all_rewards_seconds"]
-                                                          for r in results["rounds"])
+    assert results["batch_to_all_ready_seconds"] == max(
+        r["batch_to_all_ready_seconds"] for r in results["rounds"]
+    )
+    assert results["batch_to_all_rewards_seconds"] == max(
+        r["batch_to_all_rewards_seconds"] for r in results["rounds"]
+    )
     for phase in PHASES:
         values = [float(r[f"{phase}_seconds"]) for r in rounds.rows]
         entry = results["phases"][phase]
@@ -736,8 +934,13 @@ def test_rounds_figures_per_round_and_pooled_hold_against_the_truth(rounds):
         for key, q in (("p50", 0.5), ("p95", 0.95), ("p99", 0.99)):
             assert entry[key] == pytest.approx(percentile(values, q), abs=1.5e-3), (phase, key)
         assert entry["max"] == pytest.approx(max(values), abs=1.5e-3)
-    assert results["nodes"] == dict(sorted(Counter(
-        rounds.pod_truth(n)["node"] for j in MEASURED_JOBS for n in rounds.batch_pods[j]).items()))
+    assert results["nodes"] == dict(
+        sorted(
+            Counter(
+                rounds.pod_truth(n)["node"] for j in MEASURED_JOBS for n in rounds.batch_pods[j]
+            ).items()
+        )
+    )
 
 
 def test_rounds_report_recomputes_the_same_figures(rounds):
@@ -745,14 +948,21 @@ def test_rounds_report_recomputes_the_same_figures(rounds):
 
 
 def test_compare_prints_each_metric_once_with_its_ratio(six, rounds, tmp_path):
-    compared = subprocess.run([sys.executable, str(PRODUCT), "compare", str(six.output), str(rounds.output)],
-                              env=no_cluster_env(tmp_path), capture_output=True, text=True, timeout=60)
+    compared = subprocess.run(
+        [sys.executable, str(PRODUCT), "compare", str(six.output), str(rounds.output)],
+        env=no_cluster_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert compared.returncode == 0, compared.stderr
     header, *body = compared.stdout.splitlines()
     assert header.split()[1:] == ["A:", "rl-6", "B:", "rl-rounds", "B/A"]
     lines = [line.split() for line in body]
     for field in rl_batch_demo.COMPARED_FIELDS:
-        default = rl_batch_demo.COMPARED_DEFAULTS.get(field)  # failed_episodes: 0 without --allow-failures
+        default = rl_batch_demo.COMPARED_DEFAULTS.get(
+            field
+        )  # failed_episodes: 0 without --allow-failures
         a, b = six.results.get(field, default), rounds.results.get(field, default)
         assert [field, str(a), str(b), f"{b / a:.2f}" if a else "-"] in lines, field
     for phase in PHASES:
@@ -761,12 +971,20 @@ def test_compare_prints_each_metric_once_with_its_ratio(six, rounds, tmp_path):
         below_a = rl_batch_demo.below_precision(a, entry_a["precision_seconds"])
         below_b = rl_batch_demo.below_precision(b, entry_b["precision_seconds"])
         # A figure below its precision is shown as such, and no ratio is taken of it.
-        shown = [f"<{entry_a['precision_seconds']:.2g}" if below_a else str(a),
-                 f"<{entry_b['precision_seconds']:.2g}" if below_b else str(b),
-                 "-" if below_a or below_b or not a else f"{b / a:.2f}"]
-        assert any(line[1:] == shown for line in lines if line[0].startswith(phase)), (phase, shown, lines)
+        shown = [
+            f"<{entry_a['precision_seconds']:.2g}" if below_a else str(a),
+            f"<{entry_b['precision_seconds']:.2g}" if below_b else str(b),
+            "-" if below_a or below_b or not a else f"{b / a:.2f}",
+        ]
+        assert any(line[1:] == shown for line in lines if line[0].startswith(phase)), (
+            phase,
+            shown,
+            lines,
+        )
     names = [line[0] for line in lines]
-    assert len(names) == len(set(names)), f"a metric is printed twice: {sorted(Counter(names).items())}"
+    assert len(names) == len(set(names)), (
+        f"a metric is printed twice: {sorted(Counter(names).items())}"
+    )
 
 
 def test_cleanup_deletes_every_job_of_the_rounds_foreground_then_the_namespace(cluster, rounds):
@@ -778,10 +996,14 @@ def test_cleanup_deletes_every_job_of_the_rounds_foreground_then_the_namespace(c
     job_deletes = {d["name"]: d for d in deletes[before:] if d["store"] == "jobs"}
     assert sorted(job_deletes) == sorted(ALL_JOBS)
     for job_name in ALL_JOBS:
-        assert job_deletes[job_name]["opts"].get("propagationPolicy") == "Foreground", job_deletes[job_name]
-        assert any(r["method"] == "DELETE" and
-                   r["path"] == f"/apis/batch/v1/namespaces/{rounds.namespace}/jobs/{job_name}"
-                   for r in emulator.requests), job_name
+        assert job_deletes[job_name]["opts"].get("propagationPolicy") == "Foreground", job_deletes[
+            job_name
+        ]
+        assert any(
+            r["method"] == "DELETE"
+            and r["path"] == f"/apis/batch/v1/namespaces/{rounds.namespace}/jobs/{job_name}"
+            for r in emulator.requests
+        ), job_name
     assert emulator.list("jobs", rounds.namespace) == []
     assert emulator.get("namespaces", None, rounds.namespace) is None
     assert rounds.output.is_dir() and (rounds.output / "results.json").is_file()
@@ -799,7 +1021,13 @@ def svg_rows(root: ElementTree.Element) -> dict[float, list[tuple[float, float, 
         if title is None:
             continue
         rows.setdefault(float(rect.get("y")), []).append(
-            (float(rect.get("x")), float(rect.get("width")), float(rect.get("height")), title.text or ""))
+            (
+                float(rect.get("x")),
+                float(rect.get("width")),
+                float(rect.get("height")),
+                title.text or "",
+            )
+        )
     return rows
 
 
@@ -817,8 +1045,9 @@ def check_timeline(svg_text: str, pods: list[str], labelled: bool) -> ElementTre
     for phase in rl_batch_demo.PHASE_COLOURS:
         name = phase.replace("_", " ")
         assert name in texts, f"legend lacks {name!r}"
-        assert float(texts[name].get("x")) + CHAR_WIDTH * len(name) <= width, \
+        assert float(texts[name].get("x")) + CHAR_WIDTH * len(name) <= width, (
             f"legend entry {name!r} at x={texts[name].get('x')} runs past the {width:g} px wide picture"
+        )
     # A time axis with its label and increasing ticks from 0.
     assert rl_batch_demo.TIME_AXIS in texts
     ticks = [float(t) for t in texts if t.replace(".", "", 1).isdigit()]
@@ -840,7 +1069,9 @@ def check_timeline(svg_text: str, pods: list[str], labelled: bool) -> ElementTre
     for bars in rows.values():
         bars.sort()
         for (x0, w0, _, first), (x1, _, _, second) in zip(bars, bars[1:]):
-            assert x0 + w0 <= x1 + 0.05, f"{first!r} (x {x0:g}..{x0 + w0:g}) overlaps {second!r} (from x {x1:g})"
+            assert x0 + w0 <= x1 + 0.05, (
+                f"{first!r} (x {x0:g}..{x0 + w0:g}) overlaps {second!r} (from x {x1:g})"
+            )
     return root
 
 
@@ -867,12 +1098,24 @@ def synthetic_batch(count: int, parallelism: int = 50) -> rl_batch_demo.BatchSum
         true["ready"] = true["imports_done"] + 0.0005
         true["reward"] = true["ready"] + 1.7 + 2 * jitter
         true["container_finished"] = true["reward"] + 0.1
-        points = {point: (math.floor(moment), 1.0) if point in WHOLE_SECOND_MODEL else
-                  (moment, WORKER_POINTS.get(point, 1e-6)) for point, moment in true.items()}
-        records.append({"pod": f"rollout-{n:03d}x", "points": points,
-                        "phases": rl_batch_demo.phase_durations(points), "index": None})
+        points = {
+            point: (math.floor(moment), 1.0)
+            if point in WHOLE_SECOND_MODEL
+            else (moment, WORKER_POINTS.get(point, 1e-6))
+            for point, moment in true.items()
+        }
+        records.append(
+            {
+                "pod": f"rollout-{n:03d}x",
+                "points": points,
+                "phases": rl_batch_demo.phase_durations(points),
+                "index": None,
+            }
+        )
     whole_second = float(math.floor(job_created))
-    return rl_batch_demo.BatchSummary(figures={}, episodes=records, job_created=whole_second, origin=whole_second)
+    return rl_batch_demo.BatchSummary(
+        figures={}, episodes=records, job_created=whole_second, origin=whole_second
+    )
 
 
 @pytest.mark.parametrize("count", [10, 200])

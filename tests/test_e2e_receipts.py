@@ -20,8 +20,13 @@ GUIDE = Path(__file__).resolve().parent / "guide_client.py"
 
 
 def guide(emulator, kubectl: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(GUIDE), *args, "--kubectl", kubectl], env=emulator.env(),
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, str(GUIDE), *args, "--kubectl", kubectl],
+        env=emulator.env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_a_guide_receipt_is_cleaned_up_by_this_tool(make_cluster, tmp_path):
@@ -34,9 +39,17 @@ def test_a_guide_receipt_is_cleaned_up_by_this_tool(make_cluster, tmp_path):
     live_namespace = emulator.get("namespaces", None, namespace)["metadata"]
     live_job = emulator.get("jobs", namespace, "rollout")["metadata"]
     # The guide's receipt, written out literally: its five keys and nothing of ours.
-    (output / "receipt.json").write_text(json.dumps({
-        "context": emulator.context, "namespace": namespace, "run_id": live_namespace["labels"]["agc-demo-run"],
-        "uid": live_namespace["uid"], "job_uid": live_job["uid"]}))
+    (output / "receipt.json").write_text(
+        json.dumps(
+            {
+                "context": emulator.context,
+                "namespace": namespace,
+                "run_id": live_namespace["labels"]["agc-demo-run"],
+                "uid": live_namespace["uid"],
+                "job_uid": live_job["uid"],
+            }
+        )
+    )
     (output / "job.json").unlink()  # the receipt alone must prove whose Job it is
 
     cleaned = tool(emulator, kubectl, "cleanup", "--output", str(output))
@@ -51,7 +64,9 @@ def test_a_guide_receipt_naming_another_namespace_uid_is_refused(make_cluster, t
     output = tmp_path / "guide"
     assert guide(emulator, kubectl, "--output", str(output), "--count", "1").returncode == 0
     receipt = load(output / "receipt.json")
-    (output / "receipt.json").write_text(json.dumps({**receipt, "uid": "00000000-0000-0000-0000-000000000000"}))
+    (output / "receipt.json").write_text(
+        json.dumps({**receipt, "uid": "00000000-0000-0000-0000-000000000000"})
+    )
     refused = tool(emulator, kubectl, "cleanup", "--output", str(output))
     assert refused.returncode == 1
     assert f"refusing to delete namespace {receipt['namespace']}" in refused.stderr
@@ -63,7 +78,9 @@ def test_this_tools_receipt_is_cleaned_up_by_the_guides_cleanup(make_cluster, tm
     kubectl, make = make_cluster
     emulator = make()
     output = tmp_path / "ours"
-    made = tool(emulator, kubectl, "run", "--count", "2", "--output", str(output), "--quiet", *extra)
+    made = tool(
+        emulator, kubectl, "run", "--count", "2", "--output", str(output), "--quiet", *extra
+    )
     assert made.returncode == 0, made.stderr
     receipt = load(output / "receipt.json")
     namespace = receipt["namespace"]

@@ -22,8 +22,17 @@ from typing import Any, Optional
 import pytest
 
 from conftest import skip_or_fail
-from e2e_support import (PRODUCT, assert_cleanup_works, interrupt, load, receipt_of, run_namespaces,
-                         start_tool, tool, wait_for)
+from e2e_support import (
+    PRODUCT,
+    assert_cleanup_works,
+    interrupt,
+    load,
+    receipt_of,
+    run_namespaces,
+    start_tool,
+    tool,
+    wait_for,
+)
 from kube_emulator import Emulator
 
 pytestmark = pytest.mark.e2e
@@ -37,8 +46,11 @@ def small_disk(tmp_path):
     """A 1 MiB tmpfs to fill up, so that writes fail with ENOSPC (needs mount rights, i.e. root)."""
     mountpoint = tmp_path / "disk"
     mountpoint.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mountpoint)],
-                             capture_output=True, text=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mountpoint)],
+        capture_output=True,
+        text=True,
+    )
     if mounted.returncode != 0:
         skip_or_fail(f"cannot mount a small tmpfs to fill up: {mounted.stderr.strip()}")
     try:
@@ -76,7 +88,10 @@ def assert_cleanup_finds_nothing(emulator: Emulator, kubectl: str, output: Path)
     assert again.stdout.strip() == "Namespace already absent"
     assert not any(r["method"] == "DELETE" for r in emulator.requests[requests_before:])
     receipt = load(output / "receipt.json")
-    assert f"({receipt['namespace']} in context {receipt['context']}: nothing to delete)" in again.stderr
+    assert (
+        f"({receipt['namespace']} in context {receipt['context']}: nothing to delete)"
+        in again.stderr
+    )
 
 
 # --------------------------------------------------------------------------
@@ -100,8 +115,13 @@ def unreachable_env(emulator: Emulator, directory: Path) -> dict:
 
 
 def tool_in(env: dict, kubectl: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(PRODUCT), *args, "--kubectl", kubectl], env=env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, str(PRODUCT), *args, "--kubectl", kubectl],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_unreachable_cluster_fails_before_any_change_and_cleanup_says_so(make_cluster, tmp_path):
@@ -112,7 +132,9 @@ def test_unreachable_cluster_fails_before_any_change_and_cleanup_says_so(make_cl
     result = tool_in(dead, kubectl, "run", "--count", "2", "--output", str(output), "--quiet")
     assert_clean_failure(result)
     first_line = result.stderr.splitlines()[0]
-    assert first_line.startswith("Error: cannot reach the cluster of context 'kube-emulator': "), result.stderr
+    assert first_line.startswith("Error: cannot reach the cluster of context 'kube-emulator': "), (
+        result.stderr
+    )
     assert "refused" in first_line and first_line.endswith("nothing was created"), first_line
     assert len(result.stderr.splitlines()) <= 3, result.stderr
     assert "Test namespace" not in result.stdout
@@ -122,7 +144,11 @@ def test_unreachable_cluster_fails_before_any_change_and_cleanup_says_so(make_cl
 
     # A receipt of a run the cluster never saw, as one left by an interrupted run.
     output.mkdir()
-    receipt = {"context": "kube-emulator", "namespace": "agc-rl-0123456789ab", "run_id": "0123456789ab"}
+    receipt = {
+        "context": "kube-emulator",
+        "namespace": "agc-rl-0123456789ab",
+        "run_id": "0123456789ab",
+    }
     (output / "receipt.json").write_text(json.dumps(receipt))
 
     # cleanup names the cluster problem and deletes nothing...
@@ -137,7 +163,9 @@ def test_unreachable_cluster_fails_before_any_change_and_cleanup_says_so(make_cl
     assert run_namespaces(emulator) == []
 
 
-def test_cleanup_with_a_kubeconfig_lacking_the_runs_context_names_the_one_the_run_used(make_cluster, tmp_path):
+def test_cleanup_with_a_kubeconfig_lacking_the_runs_context_names_the_one_the_run_used(
+    make_cluster, tmp_path
+):
     kubectl, make = make_cluster
     emulator = make()
     output = tmp_path / "out"
@@ -148,12 +176,15 @@ def test_cleanup_with_a_kubeconfig_lacking_the_runs_context_names_the_one_the_ru
     config["contexts"][0]["name"] = config["current-context"] = "another-cluster"
     other = tmp_path / "other-kubeconfig"
     other.write_text(json.dumps(config))
-    refused = tool_in({**emulator.env(), "KUBECONFIG": str(other)}, kubectl, "cleanup", "--output", str(output))
+    refused = tool_in(
+        {**emulator.env(), "KUBECONFIG": str(other)}, kubectl, "cleanup", "--output", str(output)
+    )
     assert_clean_failure(refused)
     assert refused.stderr == (
         f"Error: kube context 'kube-emulator' of {output / 'receipt.json'} is not in the kubeconfig kubectl reads "
         f"now ({other}); the run used {emulator.kubeconfig}: clean up with KUBECONFIG={emulator.kubeconfig}; "
-        f"nothing was deleted\n")
+        f"nothing was deleted\n"
+    )
     assert len(run_namespaces(emulator)) == 1
     assert_cleanup_works(emulator, kubectl, output)
 
@@ -173,9 +204,13 @@ def test_interrupt_while_creating_keeps_a_receipt_that_cleans_up(make_cluster, t
     kubectl, make = make_cluster
     emulator = make(api_latency=0.7)  # every request is slow: creation takes seconds
     output = tmp_path / "out"
-    process = start_tool(emulator, kubectl, "run", "--count", "2", "--output", str(output), "--quiet")
+    process = start_tool(
+        emulator, kubectl, "run", "--count", "2", "--output", str(output), "--quiet"
+    )
     namespace = wait_for(lambda: run_namespaces(emulator), WAIT, "the run's namespace")[0]
-    assert emulator.list("jobs") == [], "the Job exists already: the interruption would not be while creating"
+    assert emulator.list("jobs") == [], (
+        "the Job exists already: the interruption would not be while creating"
+    )
     result = interrupt(process, signum)
     assert_interrupted(result, output)
     name = namespace["metadata"]["name"]
@@ -197,32 +232,52 @@ def test_interrupt_while_collecting_keeps_the_receipt_and_evidence(make_cluster,
     kubectl, make = make_cluster
     emulator = make(sandbox_delay=2.0)
     output = tmp_path / "out"
-    process = start_tool(emulator, kubectl, "run", "--count", "2", "--output", str(output), "--quiet")
-    name = wait_for(lambda: receipt_of(output).get("job_uid") and receipt_of(output)["namespace"],
-                    WAIT, "the Job's UID in the receipt")
+    process = start_tool(
+        emulator, kubectl, "run", "--count", "2", "--output", str(output), "--quiet"
+    )
+    name = wait_for(
+        lambda: receipt_of(output).get("job_uid") and receipt_of(output)["namespace"],
+        WAIT,
+        "the Job's UID in the receipt",
+    )
 
     def watching(resource: str) -> bool:
         return any(r["watch"] and r["path"] == f"{resource}" for r in emulator.requests)
 
-    wait_for(lambda: watching(f"/apis/batch/v1/namespaces/{name}/jobs")
-             and watching(f"/api/v1/namespaces/{name}/pods"), WAIT, "the tool to watch the Job and pods")
+    wait_for(
+        lambda: (
+            watching(f"/apis/batch/v1/namespaces/{name}/jobs")
+            and watching(f"/api/v1/namespaces/{name}/pods")
+        ),
+        WAIT,
+        "the tool to watch the Job and pods",
+    )
     # From now on every new request is slow, so collecting the evidence takes seconds.
     emulator.set_faults(api_latency=1.5)
     events_path = f"/api/v1/namespaces/{name}/events"
     # The events are watched from the start; after the end a list of one counts them.
-    wait_for(lambda: any(r["path"] == events_path and r["query"].get("limit") == "1" for r in emulator.requests),
-             WAIT, "the tool to start collecting (counting the namespace's events)")
+    wait_for(
+        lambda: any(
+            r["path"] == events_path and r["query"].get("limit") == "1" for r in emulator.requests
+        ),
+        WAIT,
+        "the tool to start collecting (counting the namespace's events)",
+    )
     assert process.poll() is None, "the run ended before it could be interrupted while collecting"
     job = emulator.get("jobs", name, "rollout")
-    assert any(c["type"] == "Complete" and c["status"] == "True" for c in job["status"]["conditions"])
+    assert any(
+        c["type"] == "Complete" and c["status"] == "True" for c in job["status"]["conditions"]
+    )
     result = interrupt(process, signum)
     assert_interrupted(result, output)
     receipt = load(output / "receipt.json")
     assert receipt["namespace_uid"] == uid(emulator.get("namespaces", None, name))
     assert receipt["job_uid"] == receipt["jobs"]["rollout"] == uid(job)
     # Ctrl-C stopped the client only, and says so.
-    assert "This stopped the client, not the Job: it runs on in the cluster, its namespace with it, until you " \
+    assert (
+        "This stopped the client, not the Job: it runs on in the cluster, its namespace with it, until you "
         "clean up." in result.stderr
+    )
     assert not (output / "results.json").exists()
     emulator.set_faults(api_latency=None)
     assert_cleanup_works(emulator, kubectl, output)
@@ -232,9 +287,18 @@ def test_interrupt_while_collecting_keeps_the_receipt_and_evidence(make_cluster,
 # A Job that is not the run's
 
 
-def kubectl_call(emulator: Emulator, kubectl: str, *args: str, input_text: Optional[str] = None) -> str:
-    return subprocess.run([kubectl, *args], input=input_text, env=emulator.env(), check=True,
-                          capture_output=True, text=True, timeout=WAIT).stdout
+def kubectl_call(
+    emulator: Emulator, kubectl: str, *args: str, input_text: Optional[str] = None
+) -> str:
+    return subprocess.run(
+        [kubectl, *args],
+        input=input_text,
+        env=emulator.env(),
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+    ).stdout
 
 
 def test_cleanup_refuses_a_job_with_another_uid(make_cluster, tmp_path):
@@ -247,12 +311,29 @@ def test_cleanup_refuses_a_job_with_another_uid(make_cluster, tmp_path):
     name = receipt["namespace"]
     # Someone replaces the run's Job with their own of the same name.
     kubectl_call(emulator, kubectl, "delete", "job", "rollout", "-n", name, "--wait=false")
-    wait_for(lambda: emulator.get("jobs", name, "rollout") is None, WAIT, "the run's Job to be gone")
-    impostor = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "rollout", "namespace": name},
-                "spec": {"suspend": True, "template": {"spec": {
+    wait_for(
+        lambda: emulator.get("jobs", name, "rollout") is None, WAIT, "the run's Job to be gone"
+    )
+    impostor = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "rollout", "namespace": name},
+        "spec": {
+            "suspend": True,
+            "template": {
+                "spec": {
                     "restartPolicy": "Never",
-                    "containers": [{"name": "other", "image": "python:3.12-alpine",
-                                    "command": ["python", "-c", "pass"]}]}}}}
+                    "containers": [
+                        {
+                            "name": "other",
+                            "image": "python:3.12-alpine",
+                            "command": ["python", "-c", "pass"],
+                        }
+                    ],
+                }
+            },
+        },
+    }
     kubectl_call(emulator, kubectl, "create", "-f", "-", input_text=json.dumps(impostor))
     other_uid = uid(emulator.get("jobs", name, "rollout"))
     assert other_uid and other_uid != receipt["job_uid"]
@@ -282,8 +363,9 @@ def test_disk_full_before_the_receipt_changes_nothing(make_cluster, small_disk):
     output = small_disk / "out"
     result = tool(emulator, kubectl, "run", "--count", "2", "--output", str(output), "--quiet")
     assert_clean_failure(result)
-    assert result.stderr.startswith(f"Error: cannot write {output / 'receipt.json'}: No space left on device"), \
-        result.stderr
+    assert result.stderr.startswith(
+        f"Error: cannot write {output / 'receipt.json'}: No space left on device"
+    ), result.stderr
     assert len(result.stderr.splitlines()) <= 3, result.stderr
     assert not (output / "receipt.json").exists()
     assert run_namespaces(emulator) == []
@@ -294,7 +376,9 @@ def test_disk_full_while_waiting_names_the_file_and_keeps_the_receipt(make_clust
     kubectl, make = make_cluster
     emulator = make(sandbox_delay=2.0)
     output = small_disk / "out"
-    process = start_tool(emulator, kubectl, "run", "--count", "2", "--output", str(output), "--quiet")
+    process = start_tool(
+        emulator, kubectl, "run", "--count", "2", "--output", str(output), "--quiet"
+    )
     wait_for(lambda: receipt_of(output).get("job_uid"), WAIT, "the Job's UID in the receipt")
     fill(small_disk)
     stdout, stderr = process.communicate(timeout=300)
@@ -317,10 +401,14 @@ def test_disk_full_while_waiting_names_the_file_and_keeps_the_receipt(make_clust
 # Transient errors and a slow API server while creating
 
 
-@pytest.mark.parametrize("path, status", [
-    ("/api/v1/namespaces", 503),
-    ("/apis/batch/v1/namespaces/{namespace}/jobs", 504),
-], ids=["namespace-503", "job-504"])
+@pytest.mark.parametrize(
+    "path, status",
+    [
+        ("/api/v1/namespaces", 503),
+        ("/apis/batch/v1/namespaces/{namespace}/jobs", 504),
+    ],
+    ids=["namespace-503", "job-504"],
+)
 def test_transient_errors_while_creating_are_retried(make_cluster, tmp_path, path, status):
     kubectl, make = make_cluster
     # "?fieldManager" is only in kubectl create's POST, never in a GET or a watch.
@@ -334,7 +422,11 @@ def test_transient_errors_while_creating_are_retried(make_cluster, tmp_path, pat
     assert results["reward_sum"] == 2
     assert results["client"]["api_retries"] >= 2
     expected_path = path.format(namespace=results["namespace"])
-    posts = [r["status"] for r in emulator.requests if r["method"] == "POST" and r["path"] == expected_path]
+    posts = [
+        r["status"]
+        for r in emulator.requests
+        if r["method"] == "POST" and r["path"] == expected_path
+    ]
     assert posts == [status, status, 201]
 
 
@@ -343,8 +435,18 @@ def test_slow_api_server_below_the_request_timeout_still_succeeds(make_cluster, 
     emulator = make(api_latency=1.0)
     output = tmp_path / "out"
     # --timeout only bounds how long a wrong answer would take to show.
-    result = tool(emulator, kubectl, "run", "--count", "2", "--timeout", "60", "--output", str(output),
-                  "--quiet")
+    result = tool(
+        emulator,
+        kubectl,
+        "run",
+        "--count",
+        "2",
+        "--timeout",
+        "60",
+        "--output",
+        str(output),
+        "--quiet",
+    )
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
     results = load(output / "results.json")
@@ -360,27 +462,54 @@ def test_job_completing_while_a_slow_watch_restarts_is_seen(make_cluster, tmp_pa
     # The Job controller stalls once it has made both pods: they run on, the Job stays unfinished.
     emulator = make(job_controller_stalled=2)
     output = tmp_path / "out"
-    process = start_tool(emulator, kubectl, "run", "--count", "2", "--timeout", "20", "--output", str(output),
-                         "--quiet")
-    name = wait_for(lambda: receipt_of(output).get("job_uid") and receipt_of(output)["namespace"],
-                    WAIT, "the Job's UID in the receipt")
+    process = start_tool(
+        emulator,
+        kubectl,
+        "run",
+        "--count",
+        "2",
+        "--timeout",
+        "20",
+        "--output",
+        str(output),
+        "--quiet",
+    )
+    name = wait_for(
+        lambda: receipt_of(output).get("job_uid") and receipt_of(output)["namespace"],
+        WAIT,
+        "the Job's UID in the receipt",
+    )
     wait_for(lambda: len(emulator.list("pods", name)) == 2, WAIT, "the Job's pods")
-    wait_for(lambda: all(p["status"].get("phase") == "Succeeded" for p in emulator.list("pods", name)),
-             WAIT, "both pods to succeed")
+    wait_for(
+        lambda: all(p["status"].get("phase") == "Succeeded" for p in emulator.list("pods", name)),
+        WAIT,
+        "both pods to succeed",
+    )
     job = emulator.get("jobs", name, "rollout")
-    assert not any(c["type"] == "Complete" for c in job["status"].get("conditions") or []), \
+    assert not any(c["type"] == "Complete" for c in job["status"].get("conditions") or []), (
         "the Job completed before the controller was stalled"
+    )
     requests_before = len(emulator.requests)
     emulator.set_faults(api_latency=2.0)
     emulator.restart_api(down_seconds=0.5)  # the tool's watches break and start again, slowly
     job_path = f"/apis/batch/v1/namespaces/{name}/jobs"
-    wait_for(lambda: any(r["watch"] and r["path"] == job_path for r in emulator.requests[requests_before:]),
-             WAIT, "the tool to watch the Job again")
+    wait_for(
+        lambda: any(
+            r["watch"] and r["path"] == job_path for r in emulator.requests[requests_before:]
+        ),
+        WAIT,
+        "the tool to watch the Job again",
+    )
     # The watch request now waits out its latency; the Job completes meanwhile.
     emulator.set_faults(job_controller_stalled=None)
-    wait_for(lambda: any(c["type"] == "Complete" and c["status"] == "True"
-                         for c in emulator.get("jobs", name, "rollout")["status"].get("conditions") or []),
-             WAIT, "the Job to complete")
+    wait_for(
+        lambda: any(
+            c["type"] == "Complete" and c["status"] == "True"
+            for c in emulator.get("jobs", name, "rollout")["status"].get("conditions") or []
+        ),
+        WAIT,
+        "the Job to complete",
+    )
     stdout, stderr = process.communicate(timeout=300)
     assert process.returncode == 0, stderr
     assert "Traceback" not in stderr
@@ -427,8 +556,18 @@ def test_worker_tracebacks_and_chatter_are_kept_and_ignored(make_cluster, tmp_pa
     output = tmp_path / "out"
     script = tmp_path / "noisy.py"
     script.write_text(NOISY_SCRIPT)
-    result = tool(emulator, kubectl, "run", "--count", "2", "--episode-script", str(script),
-                  "--output", str(output), "--quiet")
+    result = tool(
+        emulator,
+        kubectl,
+        "run",
+        "--count",
+        "2",
+        "--episode-script",
+        str(script),
+        "--output",
+        str(output),
+        "--quiet",
+    )
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
     results = load(output / "results.json")

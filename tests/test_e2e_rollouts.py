@@ -21,11 +21,14 @@ pytestmark = pytest.mark.e2e
 SVG = "{http://www.w3.org/2000/svg}"
 
 # Reads its task from $TASK_FILE; the task's "fail" makes the episode fail on its own.
-TASK_EPISODE = TASK_EPISODE_HEAD + '''\
+TASK_EPISODE = (
+    TASK_EPISODE_HEAD
+    + """\
 if task.get("fail"):
     sys.exit("the agent gave up")
 emit("reward", reward=task["x"] * 0.5, task_seen=task.get("id"), index="kept apart")
-'''
+"""
+)
 
 
 @pytest.fixture
@@ -40,35 +43,60 @@ def rewards_of(output: Path) -> list[dict]:
     return [json.loads(line) for line in (output / "rewards.jsonl").read_text().splitlines()]
 
 
-def tasks_run(tmp_path: Path, tasks: str, *options: str, episode: str = TASK_EPISODE) -> tuple[list[str], Path]:
+def tasks_run(
+    tmp_path: Path, tasks: str, *options: str, episode: str = TASK_EPISODE
+) -> tuple[list[str], Path]:
     """The arguments of a `run` of `tasks` (JSON lines) by the `episode` script, and its output directory."""
     (tmp_path / "tasks.jsonl").write_text(tasks)
     output = tmp_path / "out"
-    return ["run", "--output", str(output), "--quiet", "--tasks", str(tmp_path / "tasks.jsonl"),
-            "--episode-script", str(write_script(tmp_path, episode)), *options], output
+    return [
+        "run",
+        "--output",
+        str(output),
+        "--quiet",
+        "--tasks",
+        str(tmp_path / "tasks.jsonl"),
+        "--episode-script",
+        str(write_script(tmp_path, episode)),
+        *options,
+    ], output
 
 
 def test_tasks_in_rewards_out_in_groups(cluster: Any, tmp_path: Path) -> None:
     kubectl, make = cluster
     emulator = make()
-    args, output = tasks_run(tmp_path, '{"id": "alpha", "x": 1}\n\n{"x": 2}\n{"x": 4, "note": "third"}\n',
-                             "--group-size", "2")
+    args, output = tasks_run(
+        tmp_path,
+        '{"id": "alpha", "x": 1}\n\n{"x": 2}\n{"x": 4, "note": "third"}\n',
+        "--group-size",
+        "2",
+    )
     result = tool(emulator, kubectl, *args)
     assert result.returncode == 0, result.stderr
     rows = rewards_of(output)
     assert [row["index"] for row in rows] == [0, 1, 2, 3, 4, 5]
     # The id field, else the line number (blank lines count).
-    assert [row["task_id"] for row in rows] == ["alpha", "alpha", "3", "3", "4", "4"]  # strings always
+    assert [row["task_id"] for row in rows] == [
+        "alpha",
+        "alpha",
+        "3",
+        "3",
+        "4",
+        "4",
+    ]  # strings always
     assert [row["group"] for row in rows] == [0, 0, 1, 1, 2, 2]
     assert [row["reward"] for row in rows] == [0.5, 0.5, 1.0, 1.0, 2.0, 2.0]
     assert [row["task_seen"] for row in rows] == ["alpha", "alpha", None, None, None, None]
     assert all(row["failure_class"] is None and row["attempts"] == 1 for row in rows)
-    assert all(row["episode_index"] == "kept apart" for row in rows)  # never overwrites the tool's own field
+    assert all(
+        row["episode_index"] == "kept apart" for row in rows
+    )  # never overwrites the tool's own field
     assert all(row["batch_to_reward_seconds"] >= row["batch_to_ready_seconds"] > 0 for row in rows)
     pods = {p["metadata"]["name"]: p for p in load(output / "pods.json")["items"]}
     for row in rows:
-        assert pods[row["pod"]]["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"] \
-            == str(row["index"])
+        assert pods[row["pod"]]["metadata"]["annotations"][
+            "batch.kubernetes.io/job-completion-index"
+        ] == str(row["index"])
     results = load(output / "results.json")
     assert results["episodes"] == 6 and results["failed_episodes"] == 0
     assert results["groups_complete"] == 3
@@ -89,8 +117,18 @@ def test_evicted_episode_is_retried_and_the_batch_passes(cluster: Any, tmp_path:
     kubectl, make = cluster
     emulator = make(replace_pod=[0])  # the first pod created is evicted while it runs
     output = tmp_path / "out"
-    result = tool(emulator, kubectl, "run", "--output", str(output), "--quiet", "--count", "3",
-                  "--retries", "1")
+    result = tool(
+        emulator,
+        kubectl,
+        "run",
+        "--output",
+        str(output),
+        "--quiet",
+        "--count",
+        "3",
+        "--retries",
+        "1",
+    )
     assert result.returncode == 0, result.stderr
     rows = rewards_of(output)
     assert all(row["failure_class"] is None and row["reward"] == 1 for row in rows)
@@ -101,22 +139,44 @@ def test_evicted_episode_is_retried_and_the_batch_passes(cluster: Any, tmp_path:
     assert "disrupted" in earlier[0]["failure"] and "TerminationByKubelet" in earlier[0]["failure"]
     pods = {p["metadata"]["name"]: p for p in load(output / "pods.json")["items"]}
     assert len(pods) == 4
-    assert pods[retried[0]["pod"]]["metadata"]["annotations"]["batch.kubernetes.io/job-index-failure-count"] == "1"
+    assert (
+        pods[retried[0]["pod"]]["metadata"]["annotations"][
+            "batch.kubernetes.io/job-index-failure-count"
+        ]
+        == "1"
+    )
     results = load(output / "results.json")
     assert results["attempts"] == {
-        "attempts_total": 4, "episodes_retried": 1,
-        "first_attempt": {"succeeded": 2, "failed": {"infrastructure": 1, "episode": 0, "verifier": 0}},
-        "final": {"succeeded": 3, "failed": {"infrastructure": 0, "episode": 0, "verifier": 0}, "cancelled": 0}}
+        "attempts_total": 4,
+        "episodes_retried": 1,
+        "first_attempt": {
+            "succeeded": 2,
+            "failed": {"infrastructure": 1, "episode": 0, "verifier": 0},
+        },
+        "final": {
+            "succeeded": 3,
+            "failed": {"infrastructure": 0, "episode": 0, "verifier": 0},
+            "cancelled": 0,
+        },
+    }
     assert results["job_end"] == {"condition": "Complete", "reason": None}
     job = load(output / "job.json")
     assert job["status"]["failed"] == 1 and job["status"]["failedIndexes"] == ""
 
 
-def test_episode_failure_is_not_retried_and_a_partial_batch_exits_3(cluster: Any, tmp_path: Path) -> None:
+def test_episode_failure_is_not_retried_and_a_partial_batch_exits_3(
+    cluster: Any, tmp_path: Path
+) -> None:
     kubectl, make = cluster
     emulator = make()
-    args, output = tasks_run(tmp_path, '{"id": "ok", "x": 2}\n{"id": "bad", "x": 2, "fail": true}\n'
-                                       '{"id": "ok2", "x": 2}\n', "--retries", "2", "--allow-failures", "1")
+    args, output = tasks_run(
+        tmp_path,
+        '{"id": "ok", "x": 2}\n{"id": "bad", "x": 2, "fail": true}\n{"id": "ok2", "x": 2}\n',
+        "--retries",
+        "2",
+        "--allow-failures",
+        "1",
+    )
     result = tool(emulator, kubectl, *args)
     assert result.returncode == rl_batch_demo.EXIT_PARTIAL == 3, result.stderr
     assert "Accepted a partial batch: 1 of 3 episodes failed (1 episode failure)" in result.stderr
@@ -155,23 +215,43 @@ def test_episode_failure_is_not_retried_and_a_partial_batch_exits_3(cluster: Any
     assert (printed["failed_episodes"], printed["failures"]) == (1, results["failures"])
 
 
-def test_failures_beyond_the_allowance_fail_the_run_with_every_episode_listed(cluster: Any,
-                                                                            tmp_path: Path) -> None:
+def test_failures_beyond_the_allowance_fail_the_run_with_every_episode_listed(
+    cluster: Any, tmp_path: Path
+) -> None:
     kubectl, make = cluster
     emulator = make(fail_pods=[1])
     output = tmp_path / "out"
-    result = tool(emulator, kubectl, "run", "--output", str(output), "--quiet", "--count", "3",
-                  "--retries", "1")
+    result = tool(
+        emulator,
+        kubectl,
+        "run",
+        "--output",
+        str(output),
+        "--quiet",
+        "--count",
+        "3",
+        "--retries",
+        "1",
+    )
     assert result.returncode == 1, result.stderr
     # maxFailedIndexes 0: the first failed episode ends the Job, which stops any still running.
-    assert re.search(r"[123] of 3 episodes failed \(([12] infrastructure failures?, )?1 episode failure\); "
-                     r"--allow-failures accepts 0",
-                     result.stderr), result.stderr
+    assert re.search(
+        r"[123] of 3 episodes failed \(([12] infrastructure failures?, )?1 episode failure\); "
+        r"--allow-failures accepts 0",
+        result.stderr,
+    ), result.stderr
     assert "Traceback" not in result.stderr
     rows = rewards_of(output)
     assert len(rows) == 3 and [r["failure_class"] for r in rows].count("episode") == 1
-    assert all("MaxFailedIndexesExceeded" in r["failure"] for r in rows if r["failure_class"] == "infrastructure")
-    assert load(output / "job.json")["status"]["conditions"][-1]["reason"] == "MaxFailedIndexesExceeded"
+    assert all(
+        "MaxFailedIndexesExceeded" in r["failure"]
+        for r in rows
+        if r["failure_class"] == "infrastructure"
+    )
+    assert (
+        load(output / "job.json")["status"]["conditions"][-1]["reason"]
+        == "MaxFailedIndexesExceeded"
+    )
     assert not (output / "results.json").exists()
 
 
@@ -182,8 +262,20 @@ def test_image_pull_failure_is_infrastructure(cluster: Any, tmp_path: Path) -> N
     # The Job's deadline ends the pod stuck pulling; the other episode must finish before it,
     # which took more than 4 s at load 22 on two cores: 30 s leaves it a wide margin, and the
     # deadline is what the test waits for, never a measure of speed.
-    result = tool(emulator, kubectl, "run", "--output", str(output), "--quiet", "--count", "2",
-                  "--timeout", "30", "--allow-failures", "1")
+    result = tool(
+        emulator,
+        kubectl,
+        "run",
+        "--output",
+        str(output),
+        "--quiet",
+        "--count",
+        "2",
+        "--timeout",
+        "30",
+        "--allow-failures",
+        "1",
+    )
     assert result.returncode == 3, result.stderr
     rows = rewards_of(output)
     failed = [row for row in rows if row["failure_class"]]
@@ -207,43 +299,73 @@ def test_retries_refused_on_a_cluster_older_than_1_33(cluster: Any, tmp_path: Pa
     assert run_namespaces(emulator) == []
 
 
-def test_run_batch_in_process_returns_every_reward(cluster: Any, tmp_path: Path,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_run_batch_in_process_returns_every_reward(
+    cluster: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     kubectl, make = cluster
     emulator = make()
     for name, value in emulator.env().items():
         monkeypatch.setenv(name, value)
     results = rl_batch_demo.run_batch(
-        [{"id": "t1", "x": 2}, {"id": "t2", "x": 2, "fail": True}], output=str(tmp_path / "out"),
-        group_size=2, retries=0, allow_failures=2, kubectl=kubectl, cleanup=False,
-        episode_script=write_script(tmp_path, TASK_EPISODE))
+        [{"id": "t1", "x": 2}, {"id": "t2", "x": 2, "fail": True}],
+        output=str(tmp_path / "out"),
+        group_size=2,
+        retries=0,
+        allow_failures=2,
+        kubectl=kubectl,
+        cleanup=False,
+        episode_script=write_script(tmp_path, TASK_EPISODE),
+    )
     assert results["accepted_partial"] is True
     assert [(r["task_id"], r["failure_class"], r["reward"]) for r in results["rewards"]] == [
-        ("t1", None, 1.0), ("t1", None, 1.0), ("t2", "episode", None), ("t2", "episode", None)]
+        ("t1", None, 1.0),
+        ("t1", None, 1.0),
+        ("t2", "episode", None),
+        ("t2", "episode", None),
+    ]
     # cleanup=False keeps the namespace, as the command line does.
     assert [ns["metadata"]["name"] for ns in run_namespaces(emulator)] == [results["namespace"]]
-    with pytest.raises(rl_batch_demo.DemoError,
-                       match=r"^2 of 2 episodes failed \(2 episode failures\); allow_failures=1 accepts no more\n"):
-        rl_batch_demo.run_batch([{"x": 1, "fail": True}], output=str(tmp_path / "out2"), group_size=2,
-                                allow_failures=1, options=["--kubectl", kubectl, "--episode-script",
-                                                           str(write_script(tmp_path, TASK_EPISODE))])
+    with pytest.raises(
+        rl_batch_demo.DemoError,
+        match=r"^2 of 2 episodes failed \(2 episode failures\); allow_failures=1 accepts no more\n",
+    ):
+        rl_batch_demo.run_batch(
+            [{"x": 1, "fail": True}],
+            output=str(tmp_path / "out2"),
+            group_size=2,
+            allow_failures=1,
+            options=[
+                "--kubectl",
+                kubectl,
+                "--episode-script",
+                str(write_script(tmp_path, TASK_EPISODE)),
+            ],
+        )
     assert os.path.exists(tmp_path / "out2" / "rewards.jsonl")
     # By default a Python call deletes its namespace once the evidence is saved, also after a failure.
     assert [ns["metadata"]["name"] for ns in run_namespaces(emulator)] == [results["namespace"]]
-    assert {path.name for path in (tmp_path / "out2").iterdir()} >= {"job.json", "pods.json",
-                                                                      "receipt.json", "rewards.jsonl"}
+    assert {path.name for path in (tmp_path / "out2").iterdir()} >= {
+        "job.json",
+        "pods.json",
+        "receipt.json",
+        "rewards.jsonl",
+    }
 
 
-def test_readme_python_example_runs_as_written(cluster: Any, tmp_path: Path,
-                                               monkeypatch: pytest.MonkeyPatch,
-                                               capsys: pytest.CaptureFixture) -> None:
+def test_readme_python_example_runs_as_written(
+    cluster: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
     """The README's run_batch example, word for word: three tasks of 8 episodes, its context and
     its episode script; only the cluster behind "kind-kind" is the emulator."""
     kubectl, make = cluster
     emulator = make()
-    blocks = re.findall(r"```python\n(.*?)```", (Path(__file__).parent.parent / "README.md").read_text(), flags=re.S)
+    blocks = re.findall(
+        r"```python\n(.*?)```", (Path(__file__).parent.parent / "README.md").read_text(), flags=re.S
+    )
     example = next(block for block in blocks if "run_batch(" in block)
-    (tmp_path / "task_episode.py").write_text(next(b for b in blocks if b.startswith("# task_episode.py")))
+    (tmp_path / "task_episode.py").write_text(
+        next(b for b in blocks if b.startswith("# task_episode.py"))
+    )
     config = json.loads(emulator.kubeconfig.read_text())
     config["contexts"][0]["name"] = config["current-context"] = "kind-kind"
     (tmp_path / "kubeconfig").write_text(json.dumps(config))
@@ -256,8 +378,9 @@ def test_readme_python_example_runs_as_written(cluster: Any, tmp_path: Path,
     out, err = capsys.readouterr()
     assert out == "False 24\n", (out, err)
     rewards = rewards_of(tmp_path / "runs" / "step-17")
-    assert [(r["task_id"], r["reward"]) for r in rewards] == \
-        [("issue-101", 1.0)] * 8 + [("issue-102", 0.0)] * 8 + [("issue-103", 0.0)] * 8
+    assert [(r["task_id"], r["reward"]) for r in rewards] == [("issue-101", 1.0)] * 8 + [
+        ("issue-102", 0.0)
+    ] * 8 + [("issue-103", 0.0)] * 8
     assert run_namespaces(emulator) == []  # deleted by default; the files stay
     assert load(tmp_path / "runs" / "step-17" / "receipt.json")["context"] == "kind-kind"
     assert err == ""  # quiet by default: a training loop's output stays its own
@@ -266,26 +389,59 @@ def test_readme_python_example_runs_as_written(cluster: Any, tmp_path: Path,
 def test_readme_task_episode_runs_as_documented(cluster: Any, tmp_path: Path) -> None:
     kubectl, make = cluster
     emulator = make()
-    blocks = re.findall(r"```python\n(.*?)```", (Path(__file__).parent.parent / "README.md").read_text(), flags=re.S)
-    args, output = tasks_run(tmp_path, '{"id": "issue-101", "prompt": "fix it", "answer": 42}\n'
-                                       '{"id": "issue-102", "prompt": "and this", "answer": 7}\n',
-                             "--group-size", "2", "--retries", "1", "--allow-failures", "1",
-                             episode=next(block for block in blocks if block.startswith("# task_episode.py")))
+    blocks = re.findall(
+        r"```python\n(.*?)```", (Path(__file__).parent.parent / "README.md").read_text(), flags=re.S
+    )
+    args, output = tasks_run(
+        tmp_path,
+        '{"id": "issue-101", "prompt": "fix it", "answer": 42}\n'
+        '{"id": "issue-102", "prompt": "and this", "answer": 7}\n',
+        "--group-size",
+        "2",
+        "--retries",
+        "1",
+        "--allow-failures",
+        "1",
+        episode=next(block for block in blocks if block.startswith("# task_episode.py")),
+    )
     result = tool(emulator, kubectl, *args)
     assert result.returncode == 0, result.stderr
     assert [(r["task_id"], r["reward"], r["prompt_chars"]) for r in rewards_of(output)] == [
-        ("issue-101", 1.0, 6), ("issue-101", 1.0, 6), ("issue-102", 0.0, 8), ("issue-102", 0.0, 8)]
+        ("issue-101", 1.0, 6),
+        ("issue-101", 1.0, 6),
+        ("issue-102", 0.0, 8),
+        ("issue-102", 0.0, 8),
+    ]
 
 
 def test_a_failed_builtin_check_is_a_verifier_failure(cluster: Any, tmp_path: Path) -> None:
     kubectl, make = cluster
-    emulator = make(api_clock_skew=30)  # the API's clock runs ahead: every episode's times out of order
+    emulator = make(
+        api_clock_skew=30
+    )  # the API's clock runs ahead: every episode's times out of order
     output = tmp_path / "out"
-    result = tool(emulator, kubectl, "run", "--output", str(output), "--quiet", "--count", "2",
-                  "--allow-failures", "1")
+    result = tool(
+        emulator,
+        kubectl,
+        "run",
+        "--output",
+        str(output),
+        "--quiet",
+        "--count",
+        "2",
+        "--allow-failures",
+        "1",
+    )
     assert result.returncode == 1, result.stderr
-    assert "2 of 2 episodes failed (2 verifier failures); --allow-failures accepts 1" in result.stderr
+    assert (
+        "2 of 2 episodes failed (2 verifier failures); --allow-failures accepts 1" in result.stderr
+    )
     rows = rewards_of(output)
     assert [row["failure_class"] for row in rows] == ["verifier", "verifier"]
-    assert all("unsynchronised clocks or broken events" in row["failure"] and row["reward"] == 1 for row in rows)
-    assert all(row["attempts"] == 1 for row in rows)  # the pods succeeded: nothing for the Job to retry
+    assert all(
+        "unsynchronised clocks or broken events" in row["failure"] and row["reward"] == 1
+        for row in rows
+    )
+    assert all(
+        row["attempts"] == 1 for row in rows
+    )  # the pods succeeded: nothing for the Job to retry

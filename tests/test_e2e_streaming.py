@@ -18,19 +18,31 @@ from typing import Any
 import pytest
 
 import rl_batch_demo as rl_batch
-from e2e_support import TASK_EPISODE_HEAD, emulators, load, run_namespaces, start_tool, tool, wait_for, write_script
+from e2e_support import (
+    TASK_EPISODE_HEAD,
+    emulators,
+    load,
+    run_namespaces,
+    start_tool,
+    tool,
+    wait_for,
+    write_script,
+)
 
 pytestmark = pytest.mark.e2e
 
 # An episode whose task says "hold" waits, after `ready`, until a file named `release` appears in
 # its workspace (the test writes it into the pod's emptyDir on the node); the others end at once.
-HELD_EPISODE = TASK_EPISODE_HEAD + '''\
+HELD_EPISODE = (
+    TASK_EPISODE_HEAD
+    + """\
 while task.get("hold") and not os.path.exists("/workspace/release"):
     time.sleep(0.05)
 if task.get("fail"):
     sys.exit("the agent gave up")
 emit("reward", reward=task["x"])
-'''
+"""
+)
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -45,8 +57,17 @@ def cluster(tmp_path: Path, require_e2e: Any):
 def held_run(tmp_path: Path, tasks: list[dict], *options: str) -> tuple[list[str], Path]:
     (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(task) + "\n" for task in tasks))
     output = tmp_path / "out"
-    return ["run", "--output", str(output), "--quiet", "--tasks", str(tmp_path / "tasks.jsonl"),
-            "--episode-script", str(write_script(tmp_path, HELD_EPISODE)), *options], output
+    return [
+        "run",
+        "--output",
+        str(output),
+        "--quiet",
+        "--tasks",
+        str(tmp_path / "tasks.jsonl"),
+        "--episode-script",
+        str(write_script(tmp_path, HELD_EPISODE)),
+        *options,
+    ], output
 
 
 def lines_of(output: Path) -> list[dict]:
@@ -72,17 +93,24 @@ def release(emulator: Any, index: int) -> None:
     (workspace / "release").write_text("go")
 
 
-def test_each_line_lands_as_its_episode_ends_and_the_file_ends_in_index_order(cluster: Any,
-                                                                            tmp_path: Path) -> None:
+def test_each_line_lands_as_its_episode_ends_and_the_file_ends_in_index_order(
+    cluster: Any, tmp_path: Path
+) -> None:
     kubectl, make = cluster
     emulator = make()
-    tasks = [{"id": "slow", "x": 1, "hold": True}, {"id": "fast", "x": 2}, {"id": "late", "x": 3, "hold": True},
-             {"id": "bad", "x": 4, "fail": True}]
+    tasks = [
+        {"id": "slow", "x": 1, "hold": True},
+        {"id": "fast", "x": 2},
+        {"id": "late", "x": 3, "hold": True},
+        {"id": "bad", "x": 4, "fail": True},
+    ]
     args, output = held_run(tmp_path, tasks, "--allow-failures", "1")
     process = start_tool(emulator, kubectl, *args)
     try:
         # Episodes 1 and 3 end at once and their lines land while 0 and 2 are still held.
-        early = wait_for(lambda: len(lines_of(output)) >= 2 and lines_of(output), what="the first two lines")
+        early = wait_for(
+            lambda: len(lines_of(output)) >= 2 and lines_of(output), what="the first two lines"
+        )
         assert sorted(line["index"] for line in early) == [1, 3]
         assert process.poll() is None
         release(emulator, 2)
@@ -102,13 +130,24 @@ def test_each_line_lands_as_its_episode_ends_and_the_file_ends_in_index_order(cl
     by_index = {line["index"]: line for line in streamed}
     assert all(final[index] == by_index[index] for index in by_index)
     assert [(line["reward"], line["failure_class"], line["valid"]) for line in final] == [
-        (1, None, True), (2, None, True), (3, None, True), (None, "episode", True)]
+        (1, None, True),
+        (2, None, True),
+        (3, None, True),
+        (None, "episode", True),
+    ]
     results = load(output / "results.json")
     delivery = results["reward_delivery"]
-    assert delivery["lines"] == 4 and delivery["streamed"] == 4 and delivery["written_after_the_end"] == 0
+    assert (
+        delivery["lines"] == 4
+        and delivery["streamed"] == 4
+        and delivery["written_after_the_end"] == 0
+    )
     assert 0 < results["first_reward_seconds"] <= results["batch_to_all_rewards_seconds"] + 1
-    assert results["reward_delivery_lag_p50_seconds"] <= results["reward_delivery_lag_p99_seconds"] \
+    assert (
+        results["reward_delivery_lag_p50_seconds"]
+        <= results["reward_delivery_lag_p99_seconds"]
         <= results["reward_delivery_lag_max_seconds"]
+    )
     assert results["reward_delivery_lag_p50_seconds"] >= 0
     assert "need" not in results and "kth_reward_seconds" not in results
     assert load(output / "client.json")["reward_deliveries"]
@@ -121,7 +160,9 @@ def test_each_line_lands_as_its_episode_ends_and_the_file_ends_in_index_order(cl
     assert printed["reward_delivery_lag_p99_seconds"] == results["reward_delivery_lag_p99_seconds"]
 
 
-def test_need_ends_the_batch_at_k_successes_and_cancels_the_stragglers(cluster: Any, tmp_path: Path) -> None:
+def test_need_ends_the_batch_at_k_successes_and_cancels_the_stragglers(
+    cluster: Any, tmp_path: Path
+) -> None:
     kubectl, make = cluster
     emulator = make()
     # Two stragglers are never released: only the Job's successPolicy can end them.
@@ -136,8 +177,17 @@ def test_need_ends_the_batch_at_k_successes_and_cancels_the_stragglers(cluster: 
     lines = lines_of(output)
     assert [line["index"] for line in lines] == [0, 1, 2, 3, 4]
     assert [(line["failure_class"], line["valid"]) for line in lines] == [
-        (None, True), ("cancelled", False), (None, True), (None, True), ("cancelled", False)]
-    assert all(line["failure"].startswith("cancelled: --need was met") for line in lines if line["valid"] is False)
+        (None, True),
+        ("cancelled", False),
+        (None, True),
+        (None, True),
+        ("cancelled", False),
+    ]
+    assert all(
+        line["failure"].startswith("cancelled: --need was met")
+        for line in lines
+        if line["valid"] is False
+    )
     results = load(output / "results.json")
     assert (results["need"], results["cancelled_episodes"], results["failed_episodes"]) == (3, 2, 0)
     assert results["accepted_partial"] is False and results["successful_episodes"] == 3
@@ -149,27 +199,41 @@ def test_need_ends_the_batch_at_k_successes_and_cancels_the_stragglers(cluster: 
     assert saved["status"]["succeeded"] == 3
     # The timeline draws all 5 episodes, each cancelled one marked as such, as far as it got.
     timeline = ElementTree.fromstring((output / "timeline.svg").read_text())
-    marks = sorted(text.findtext(f"{SVG}title") for text in timeline.iter(f"{SVG}text")
-                   if text.findtext(f"{SVG}title"))
+    marks = sorted(
+        text.findtext(f"{SVG}title")
+        for text in timeline.iter(f"{SVG}text")
+        if text.findtext(f"{SVG}title")
+    )
     cancelled = sorted(line["pod"] for line in lines if line["failure_class"] == "cancelled")
     assert [mark.split(" ", 2)[:2] for mark in marks] == [[pod, "cancelled:"] for pod in cancelled]
-    rows = {rect.findtext(f"{SVG}title").split()[0] for rect in timeline.iter(f"{SVG}rect")
-            if rect.findtext(f"{SVG}title")}
+    rows = {
+        rect.findtext(f"{SVG}title").split()[0]
+        for rect in timeline.iter(f"{SVG}rect")
+        if rect.findtext(f"{SVG}title")
+    }
     assert rows == {line["pod"] for line in lines}
 
 
-def test_an_episode_past_its_timeout_is_an_episode_failure_never_retried(cluster: Any, tmp_path: Path) -> None:
+def test_an_episode_past_its_timeout_is_an_episode_failure_never_retried(
+    cluster: Any, tmp_path: Path
+) -> None:
     kubectl, make = cluster
     emulator = make()
     tasks = [{"id": "stuck", "x": 1, "hold": True}, {"id": "quick", "x": 2}]
     args, output = held_run(tmp_path, tasks, "--episode-timeout", "3", "--allow-failures", "1")
     result = tool(emulator, kubectl, *args, timeout=120)
     assert result.returncode == 3, result.stderr
-    assert load(output / "job-submitted.json")["spec"]["template"]["spec"]["activeDeadlineSeconds"] == 3
+    assert (
+        load(output / "job-submitted.json")["spec"]["template"]["spec"]["activeDeadlineSeconds"]
+        == 3
+    )
     lines = lines_of(output)
     stuck = lines[0]
     assert (stuck["failure_class"], stuck["valid"], stuck["attempts"]) == ("episode", True, 1)
-    assert stuck["failure"] == "ran out of time: still running 3 s after its pod started (--episode-timeout)"
+    assert (
+        stuck["failure"]
+        == "ran out of time: still running 3 s after its pod started (--episode-timeout)"
+    )
     assert lines[1]["failure_class"] is None
     pods = {p["metadata"]["name"]: p for p in load(output / "pods.json")["items"]}
     assert len(pods) == 2
@@ -180,27 +244,42 @@ def test_an_episode_past_its_timeout_is_an_episode_failure_never_retried(cluster
     assert "DeadlineExceeded" in events
 
 
-def test_need_refused_before_anything_is_created_on_a_cluster_older_than_1_33(cluster: Any,
-                                                                            tmp_path: Path) -> None:
+def test_need_refused_before_anything_is_created_on_a_cluster_older_than_1_33(
+    cluster: Any, tmp_path: Path
+) -> None:
     kubectl, make = cluster
     emulator = make(server_version="1.32")
     output = tmp_path / "out"
-    result = tool(emulator, kubectl, "run", "--output", str(output), "--quiet", "--count", "3", "--need", "2")
+    result = tool(
+        emulator, kubectl, "run", "--output", str(output), "--quiet", "--count", "3", "--need", "2"
+    )
     assert result.returncode == 1
-    assert "--need needs Kubernetes >= 1.33" in result.stderr and "serves 1.32; nothing was created" in result.stderr
+    assert (
+        "--need needs Kubernetes >= 1.33" in result.stderr
+        and "serves 1.32; nothing was created" in result.stderr
+    )
     assert run_namespaces(emulator) == []
 
 
-def test_readme_trainer_loop_masks_what_it_must_not_learn_from(cluster: Any, tmp_path: Path) -> None:
+def test_readme_trainer_loop_masks_what_it_must_not_learn_from(
+    cluster: Any, tmp_path: Path
+) -> None:
     kubectl, make = cluster
     emulator = make()
-    blocks = re.findall(r"```python\n(.*?)```", (Path(__file__).parent.parent / "README.md").read_text(), flags=re.S)
-    trainer = write_script(tmp_path, next(b for b in blocks if b.startswith("# trainer_loop.py")), "trainer_loop.py")
+    blocks = re.findall(
+        r"```python\n(.*?)```", (Path(__file__).parent.parent / "README.md").read_text(), flags=re.S
+    )
+    trainer = write_script(
+        tmp_path, next(b for b in blocks if b.startswith("# trainer_loop.py")), "trainer_loop.py"
+    )
     tasks = [{"id": n, "x": 1, "hold": n == 2} for n in range(5)]
     args, output = held_run(tmp_path, tasks, "--need", "4")
     # The trainer starts first and follows the file as the run writes it.
-    follower = subprocess.Popen([sys.executable, str(trainer), str(output / "rewards.jsonl"), "5"],
-                                stdout=subprocess.PIPE, text=True)
+    follower = subprocess.Popen(
+        [sys.executable, str(trainer), str(output / "rewards.jsonl"), "5"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         result = tool(emulator, kubectl, *args, timeout=120)
         printed, _ = follower.communicate(timeout=60)
@@ -230,11 +309,16 @@ HELD_AND_FAST = [{"id": "held", "x": 1, "hold": True}, {"id": "fast", "x": 2}]
 
 
 def python_run(kubectl: str, tmp_path: Path) -> dict:
-    return dict(output=str(tmp_path / "out"), kubectl=kubectl,
-                episode_script=write_script(tmp_path, HELD_EPISODE))
+    return dict(
+        output=str(tmp_path / "out"),
+        kubectl=kubectl,
+        episode_script=write_script(tmp_path, HELD_EPISODE),
+    )
 
 
-def test_on_reward_is_told_each_line_while_the_batch_runs(python_cluster: Any, tmp_path: Path) -> None:
+def test_on_reward_is_told_each_line_while_the_batch_runs(
+    python_cluster: Any, tmp_path: Path
+) -> None:
     kubectl, emulator = python_cluster
     told: list[dict] = []
 
@@ -245,14 +329,17 @@ def test_on_reward_is_told_each_line_while_the_batch_runs(python_cluster: Any, t
             assert [row["index"] for row in lines_of(tmp_path / "out")] == [1]
             release(emulator, 0)
 
-    results = rl_batch.run_batch(HELD_AND_FAST, on_reward=on_reward, **python_run(kubectl, tmp_path))
+    results = rl_batch.run_batch(
+        HELD_AND_FAST, on_reward=on_reward, **python_run(kubectl, tmp_path)
+    )
     assert [line["index"] for line in told] == [1, 0]
     assert results["rewards"] == sorted(told, key=lambda line: line["index"])
     assert [line["valid"] for line in told] == [True, True]
 
 
-def test_stream_batch_yields_lines_as_they_land_and_returns_the_results(python_cluster: Any,
-                                                                        tmp_path: Path) -> None:
+def test_stream_batch_yields_lines_as_they_land_and_returns_the_results(
+    python_cluster: Any, tmp_path: Path
+) -> None:
     kubectl, emulator = python_cluster
     seen: list[dict] = []
 
@@ -272,7 +359,9 @@ def test_stream_batch_yields_lines_as_they_land_and_returns_the_results(python_c
     assert saved["rewards"] == sorted(seen, key=lambda line: line["index"])
     assert saved["first_reward_seconds"] > 0
     # `yield from` hands the generator's return value on.
-    gen = rl_batch.stream_batch(HELD_AND_FAST, **dict(python_run(kubectl, tmp_path), output=str(tmp_path / "o2")))
+    gen = rl_batch.stream_batch(
+        HELD_AND_FAST, **dict(python_run(kubectl, tmp_path), output=str(tmp_path / "o2"))
+    )
     first = next(gen)
     release(emulator, 0)  # the second run's held episode
     rest = []
@@ -282,8 +371,9 @@ def test_stream_batch_yields_lines_as_they_land_and_returns_the_results(python_c
     assert stopped.value.value["rewards"] == sorted([first, *rest], key=lambda line: line["index"])
 
 
-def test_a_callback_that_raises_stops_the_run_as_ctrl_c_does(python_cluster: Any, tmp_path: Path,
-                                                             capfd: pytest.CaptureFixture) -> None:
+def test_a_callback_that_raises_stops_the_run_as_ctrl_c_does(
+    python_cluster: Any, tmp_path: Path, capfd: pytest.CaptureFixture
+) -> None:
     kubectl, emulator = python_cluster
 
     def on_reward(line: dict) -> None:
@@ -296,13 +386,16 @@ def test_a_callback_that_raises_stops_the_run_as_ctrl_c_does(python_cluster: Any
     err = capfd.readouterr().err
     assert "on_reward raised ValueError: the trainer's buffer is full; the run stopped." in err
     assert f"receipt.json names namespace {namespace}" in err and "Clean up with:" in err
-    assert [ns["metadata"]["name"] for ns in run_namespaces(emulator)] == [namespace]  # kept for cleanup
+    assert [ns["metadata"]["name"] for ns in run_namespaces(emulator)] == [
+        namespace
+    ]  # kept for cleanup
     assert [line["index"] for line in lines_of(output)] == [1]
     assert (output / "pods.json").exists() and not (output / "results.json").exists()
 
 
-def test_leaving_the_stream_early_stops_the_run_once_its_evidence_is_saved(python_cluster: Any, tmp_path: Path,
-                                                                          capfd: pytest.CaptureFixture) -> None:
+def test_leaving_the_stream_early_stops_the_run_once_its_evidence_is_saved(
+    python_cluster: Any, tmp_path: Path, capfd: pytest.CaptureFixture
+) -> None:
     kubectl, emulator = python_cluster
     stream = rl_batch.stream_batch(HELD_AND_FAST, **python_run(kubectl, tmp_path))
     assert next(stream)["index"] == 1
@@ -315,11 +408,16 @@ def test_leaving_the_stream_early_stops_the_run_once_its_evidence_is_saved(pytho
     assert (output / "pods.json").exists()
 
 
-def test_readme_stream_example_runs_as_written(python_cluster: Any, tmp_path: Path,
-                                               monkeypatch: pytest.MonkeyPatch,
-                                               capsys: pytest.CaptureFixture) -> None:
+def test_readme_stream_example_runs_as_written(
+    python_cluster: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+) -> None:
     kubectl, emulator = python_cluster
-    blocks = re.findall(r"```python\n(.*?)```", (Path(__file__).parent.parent / "README.md").read_text(), flags=re.S)
+    blocks = re.findall(
+        r"```python\n(.*?)```", (Path(__file__).parent.parent / "README.md").read_text(), flags=re.S
+    )
     example = next(block for block in blocks if block.startswith("# stream.py"))
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "kubectl").symlink_to(kubectl)
@@ -327,6 +425,8 @@ def test_readme_stream_example_runs_as_written(python_cluster: Any, tmp_path: Pa
     monkeypatch.chdir(tmp_path)
     exec(compile(example, "README.md", "exec"), {})
     learnt, need, settled = capsys.readouterr().out.split()
-    lines = [(line["failure_class"], line["failure"]) for line in lines_of(tmp_path / "runs" / "step-18")]
+    lines = [
+        (line["failure_class"], line["failure"]) for line in lines_of(tmp_path / "runs" / "step-18")
+    ]
     # Every episode of the built-in demo succeeds, unless the Job cancelled it once 3 had.
     assert need == "3" and settled == "4" and 3 <= int(learnt) <= 4, lines

@@ -33,11 +33,16 @@ def emulator(tmp_path):
         emulator.start()
         made.append(emulator)
         namespaces = emulator._info_for("namespaces")
-        emulator.writes.create_object(namespaces, {"apiVersion": "v1", "kind": "Namespace",
-                                            "metadata": {"name": NAMESPACE}})
+        emulator.writes.create_object(
+            namespaces, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
+        )
         # The namespace controller adds its root CA configmap soon after: wait for it, so
         # that every configmap listed below is one the test made or that one.
-        wait_for(lambda: emulator.get("configmaps", NAMESPACE, "kube-root-ca.crt"), 120, "kube-root-ca.crt")
+        wait_for(
+            lambda: emulator.get("configmaps", NAMESPACE, "kube-root-ca.crt"),
+            120,
+            "kube-root-ca.crt",
+        )
         return emulator
 
     yield make
@@ -48,9 +53,14 @@ def emulator(tmp_path):
 def add_configmaps(emulator: Emulator, names: list[str]) -> None:
     info = emulator._info_for("configmaps")
     for name in names:
-        emulator.writes.create_object(info, {"apiVersion": "v1", "kind": "ConfigMap",
-                                      "metadata": {"name": name, "namespace": NAMESPACE,
-                                                   "labels": {"set": "test"}}})
+        emulator.writes.create_object(
+            info,
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"set": "test"}},
+            },
+        )
 
 
 def get(emulator: Emulator, path: str) -> tuple[int, dict]:
@@ -78,9 +88,27 @@ def test_kubectl_chunked_get_reads_every_page(emulator):
     wanted = [f"cm-{i:02d}" for i in range(11)]
     add_configmaps(emu, wanted)
     before = len(emu.requests)
-    listed = subprocess.run([kubectl, "--context", emu.context, "get", "configmaps", "-n", NAMESPACE,
-                             "-l", "set=test", "--chunk-size=4", "-o", "json"],
-                            env=emu.env(), capture_output=True, text=True, timeout=60, check=True)
+    listed = subprocess.run(
+        [
+            kubectl,
+            "--context",
+            emu.context,
+            "get",
+            "configmaps",
+            "-n",
+            NAMESPACE,
+            "-l",
+            "set=test",
+            "--chunk-size=4",
+            "-o",
+            "json",
+        ],
+        env=emu.env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     assert [item["metadata"]["name"] for item in json.loads(listed.stdout)["items"]] == wanted
     lists = [r for r in emu.requests[before:] if r["path"] == CONFIGMAPS and not r["watch"]]
     assert [r["query"].get("limit") for r in lists] == ["4", "4", "4"]
@@ -117,10 +145,14 @@ def test_an_expired_continue_token_answers_410_and_offers_to_go_on(emulator):
     add_configmaps(emu, ["bb"])  # sorts after the first page's last key
     status, expired = get(emu, f"{CONFIGMAPS}?limit=2&continue={first['metadata']['continue']}")
     assert status == 410 and expired["reason"] == "Expired"
-    assert expired["message"].startswith("The provided continue parameter is too old to display "
-                                         "a consistent list result.")
+    assert expired["message"].startswith(
+        "The provided continue parameter is too old to display a consistent list result."
+    )
     token = expired["metadata"]["continue"]
-    assert json.loads(base64.urlsafe_b64decode(token + "==")) == {"rv": -1, "start": [NAMESPACE, "b"]}
+    assert json.loads(base64.urlsafe_b64decode(token + "==")) == {
+        "rv": -1,
+        "start": [NAMESPACE, "b"],
+    }
     # Going on reads the newest revision: "bb" appears, consistency is given up.
     status, rest = get(emu, f"{CONFIGMAPS}?limit=2&continue={token}")
     assert status == 200 and names(rest) == ["bb", "c"]
@@ -133,13 +165,22 @@ def test_list_options_are_checked_like_the_real_api(emulator):
     add_configmaps(emu, ["a", "b", "c"])
     status, first = get(emu, f"{CONFIGMAPS}?limit=1")
     token = first["metadata"]["continue"]
-    status, answer = get(emu, f"{CONFIGMAPS}?limit=1&continue={token}&resourceVersion=1"
-                              f"&resourceVersionMatch=NotOlderThan")
-    assert status == 422 and "resourceVersionMatch is forbidden when continue is provided" in answer["message"]
+    status, answer = get(
+        emu,
+        f"{CONFIGMAPS}?limit=1&continue={token}&resourceVersion=1"
+        f"&resourceVersionMatch=NotOlderThan",
+    )
+    assert (
+        status == 422
+        and "resourceVersionMatch is forbidden when continue is provided" in answer["message"]
+    )
     status, answer = get(emu, f"{CONFIGMAPS}?resourceVersionMatch=NotOlderThan")
     assert status == 422 and "forbidden unless resourceVersion is provided" in answer["message"]
     status, answer = get(emu, f"{CONFIGMAPS}?limit=1&continue={token}&resourceVersion=5")
-    assert status == 400 and answer["message"] == "specifying resource version is not allowed when using continue"
+    assert (
+        status == 400
+        and answer["message"] == "specifying resource version is not allowed when using continue"
+    )
 
 
 def test_not_older_than_waits_for_the_watch_cache_then_answers_too_large(emulator):
@@ -152,9 +193,10 @@ def test_not_older_than_waits_for_the_watch_cache_then_answers_too_large(emulato
     status, answer = get(emu, query)
     assert status == 504 and answer["reason"] == "Timeout"
     assert answer["message"].startswith(f"Timeout: Too large resource version: {wanted}, current: ")
-    assert answer["details"] == {"causes": [{"reason": "ResourceVersionTooLarge",
-                                             "message": "Too large resource version"}],
-                                 "retryAfterSeconds": 1}
+    assert answer["details"] == {
+        "causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}],
+        "retryAfterSeconds": 1,
+    }
     # A consistent list (no resourceVersion) reads the store, not the stalled cache.
     status, consistent = get(emu, CONFIGMAPS)
     assert status == 200 and "b" in names(consistent)
@@ -170,10 +212,15 @@ def test_not_older_than_waits_for_the_watch_cache_then_answers_too_large(emulato
 def test_the_cache_of_another_resource_is_not_held_back(emulator):
     emu = emulator(faults={"watch_delay": {"pods": 600}})
     add_configmaps(emu, ["a"])
-    status, answer = get(emu, f"{CONFIGMAPS}?resourceVersion={emu.store.rv}&resourceVersionMatch=NotOlderThan")
+    status, answer = get(
+        emu, f"{CONFIGMAPS}?resourceVersion={emu.store.rv}&resourceVersionMatch=NotOlderThan"
+    )
     assert status == 200 and "a" in names(answer)
-    status, answer = get(emu, f"/api/v1/namespaces/{NAMESPACE}/pods?resourceVersion={emu.store.rv}"
-                              f"&resourceVersionMatch=NotOlderThan&timeout=1s")
+    status, answer = get(
+        emu,
+        f"/api/v1/namespaces/{NAMESPACE}/pods?resourceVersion={emu.store.rv}"
+        f"&resourceVersionMatch=NotOlderThan&timeout=1s",
+    )
     assert status == 504 and "Too large resource version" in answer["message"]
 
 
@@ -188,8 +235,9 @@ def test_a_slow_list_answers_late_or_times_out(emulator):
     assert status == 200
 
 
-@pytest.mark.parametrize("fault", [{"watch_delay": "soon"}, {"watch_stall": {"pods": -1}},
-                                   {"list_latency": True}])
+@pytest.mark.parametrize(
+    "fault", [{"watch_delay": "soon"}, {"watch_stall": {"pods": -1}}, {"list_latency": True}]
+)
 def test_read_faults_are_checked_when_set(tmp_path, fault):
     with pytest.raises(ValueError, match="takes seconds"):
         Emulator(tmp_path / "emulator", faults=fault)

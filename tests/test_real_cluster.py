@@ -19,17 +19,31 @@ from pathlib import Path
 
 import pytest
 
-from e2e_support import (PRODUCT, assert_cleanup_twice, assert_kubelet_135_messages, assert_run_agrees_with_cluster,
-                         interrupt, load, most_at_once, start_tool, tool, wait_for, write_script)
+from e2e_support import (
+    PRODUCT,
+    assert_cleanup_twice,
+    assert_kubelet_135_messages,
+    assert_run_agrees_with_cluster,
+    interrupt,
+    load,
+    most_at_once,
+    start_tool,
+    tool,
+    wait_for,
+    write_script,
+)
 
 # One control plane for the whole tier: under pytest-xdist (--dist loadgroup) every test of
 # this module runs in the same worker, so one cluster is started, not one per worker.
 pytestmark = [pytest.mark.e2e, pytest.mark.real_cluster, pytest.mark.xdist_group("real-cluster")]
 
 
-def kubectl_run(cluster, kubectl: str, *args: str, kubeconfig: Path = None) -> subprocess.CompletedProcess:
-    return subprocess.run([kubectl, *args], env=cluster.env(kubeconfig), capture_output=True, text=True,
-                          timeout=120)
+def kubectl_run(
+    cluster, kubectl: str, *args: str, kubeconfig: Path = None
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [kubectl, *args], env=cluster.env(kubeconfig), capture_output=True, text=True, timeout=120
+    )
 
 
 def check_run(cluster, output: Path, count: int, parallelism: int) -> dict:
@@ -50,18 +64,34 @@ def check_run(cluster, output: Path, count: int, parallelism: int) -> dict:
 
 def container_runs(cluster, namespace: str) -> list[dict]:
     """The node agent's record of each container run in `namespace` (pods whose container started)."""
-    return [r for (ns, _), r in list(cluster.agent.truth.items()) if ns == namespace and "container_started" in r]
+    return [
+        r
+        for (ns, _), r in list(cluster.agent.truth.items())
+        if ns == namespace and "container_started" in r
+    ]
 
 
 def test_guide_batches_then_cleanup_twice(real_cluster, tmp_path):
     kubectl, cluster = real_cluster
     parallel_dir, sequential_dir = tmp_path / "rl-parallel-10", tmp_path / "rl-sequential-10"
 
-    parallel = tool(cluster, kubectl, "run", "--count", "10", "--output", str(parallel_dir), "--quiet")
+    parallel = tool(
+        cluster, kubectl, "run", "--count", "10", "--output", str(parallel_dir), "--quiet"
+    )
     assert parallel.returncode == 0, parallel.stderr
     parallel_results = check_run(cluster, parallel_dir, 10, 10)
-    sequential = tool(cluster, kubectl, "run", "--count", "10", "--parallelism", "1",
-                      "--output", str(sequential_dir), "--quiet")
+    sequential = tool(
+        cluster,
+        kubectl,
+        "run",
+        "--count",
+        "10",
+        "--parallelism",
+        "1",
+        "--output",
+        str(sequential_dir),
+        "--quiet",
+    )
     assert sequential.returncode == 0, sequential.stderr
     sequential_results = check_run(cluster, sequential_dir, 10, 1)
     assert most_at_once(container_runs(cluster, parallel_results["namespace"])) >= 5
@@ -80,15 +110,29 @@ def test_guide_batches_then_cleanup_twice(real_cluster, tmp_path):
 def test_rounds_with_warmup_then_foreground_cleanup(real_cluster, tmp_path):
     kubectl, cluster = real_cluster
     output = tmp_path / "rl-rounds"
-    result = tool(cluster, kubectl, "run", "--count", "3", "--rounds", "2", "--warmup", "--output", str(output),
-                  "--quiet")
+    result = tool(
+        cluster,
+        kubectl,
+        "run",
+        "--count",
+        "3",
+        "--rounds",
+        "2",
+        "--warmup",
+        "--output",
+        str(output),
+        "--quiet",
+    )
     assert result.returncode == 0, result.stderr
     results = load(output / "results.json")
     assert results["cache_state"] == "warmed" and results["rounds_measured"] == 2
     assert results["episodes"] == results["reward_sum"] == 6 and results["warmup"]["episodes"] == 3
     namespace = results["namespace"]
-    assert sorted(j["metadata"]["name"] for j in cluster.list("jobs", namespace)) == \
-        ["rollout-1", "rollout-2", "rollout-warmup"]
+    assert sorted(j["metadata"]["name"] for j in cluster.list("jobs", namespace)) == [
+        "rollout-1",
+        "rollout-2",
+        "rollout-warmup",
+    ]
     cleaned = tool(cluster, kubectl, "cleanup", "--output", str(output))
     assert cleaned.returncode == 0, cleaned.stderr
     assert cleaned.stdout.strip().endswith(f"Deleted test namespace: {namespace}")
@@ -101,8 +145,20 @@ def test_episode_script_runs_as_an_indexed_job(real_cluster, tmp_path):
     kubectl, cluster = real_cluster
     output = tmp_path / "out"
     script = write_script(tmp_path, HALF_REWARD_SCRIPT)
-    result = tool(cluster, kubectl, "run", "--count", "4", "--parallelism", "2", "--episode-script", str(script),
-                  "--output", str(output), "--quiet")
+    result = tool(
+        cluster,
+        kubectl,
+        "run",
+        "--count",
+        "4",
+        "--parallelism",
+        "2",
+        "--episode-script",
+        str(script),
+        "--output",
+        str(output),
+        "--quiet",
+    )
     assert result.returncode == 0, result.stderr
     results = load(output / "results.json")
     assert results["reward_sum"] == 2.0 and results["successful_episodes"] == 4
@@ -111,7 +167,9 @@ def test_episode_script_runs_as_an_indexed_job(real_cluster, tmp_path):
     assert sorted(readies) == sorted(pods)
     for name, ready in readies.items():
         # The real Job controller sets the index annotation and JOB_COMPLETION_INDEX.
-        annotation = pods[name]["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"]
+        annotation = pods[name]["metadata"]["annotations"][
+            "batch.kubernetes.io/job-completion-index"
+        ]
         assert ready["index"] == int(annotation) == int(ready["job_completion_index"])
     assert sorted(e["index"] for e in readies.values()) == [0, 1, 2, 3]
     assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
@@ -122,21 +180,33 @@ def test_harden_is_enforced_by_the_real_pod_security_admission(real_cluster, tmp
 
     kubectl, cluster = real_cluster
     output = tmp_path / "out"
-    result = tool(cluster, kubectl, "run", "--count", "2", "--harden", "--output", str(output), "--quiet")
+    result = tool(
+        cluster, kubectl, "run", "--count", "2", "--harden", "--output", str(output), "--quiet"
+    )
     assert result.returncode == 0, result.stderr
     namespace = load(output / "results.json")["namespace"]
-    assert cluster.get("namespaces", None, namespace)["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] \
+    assert (
+        cluster.get("namespaces", None, namespace)["metadata"]["labels"][
+            "pod-security.kubernetes.io/enforce"
+        ]
         == "restricted"
+    )
     assert cluster.get("networkpolicies", namespace, "deny-all")["spec"]["podSelector"] == {}
-    refused = subprocess.run([kubectl, "create", "-f", "-"], input=json.dumps(intruder_pod(namespace)),
-                             env=cluster.env(), capture_output=True, text=True, timeout=60)
+    refused = subprocess.run(
+        [kubectl, "create", "-f", "-"],
+        input=json.dumps(intruder_pod(namespace)),
+        env=cluster.env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert refused.returncode == 1
     assert INTRUDER_MESSAGE in refused.stderr, refused.stderr
     assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
 
 
 # Says ready, then works long enough for something to happen to it meanwhile.
-SLOW_SCRIPT = '''\
+SLOW_SCRIPT = """\
 import json, os, time
 
 def emit(event, **fields):
@@ -146,7 +216,7 @@ def emit(event, **fields):
 emit("ready")
 time.sleep(float(os.environ.get("SLOW_SECONDS", "%s")))
 emit("reward", reward=1)
-'''
+"""
 
 
 def slow_script(tmp_path: Path, seconds: float) -> Path:
@@ -157,24 +227,51 @@ def running_pods(cluster, output: Path) -> list:
     if not (output / "receipt.json").exists():
         return []
     namespace = load(output / "receipt.json")["namespace"]
-    return [p for p in cluster.list("pods", namespace) if (p.get("status") or {}).get("phase") == "Running"]
+    return [
+        p
+        for p in cluster.list("pods", namespace)
+        if (p.get("status") or {}).get("phase") == "Running"
+    ]
 
 
 def start_two_slow_episodes(cluster, kubectl: str, tmp_path: Path, output: Path, seconds: float):
     """A run of two episodes that each take `seconds`, returned once both pods run: (process, pods)."""
     script = slow_script(tmp_path, seconds)
-    process = start_tool(cluster, kubectl, "run", "--count", "2", "--episode-script", str(script),
-                         "--output", str(output), "--quiet")
-    pods = wait_for(lambda: len(running_pods(cluster, output)) == 2 and running_pods(cluster, output), 120,
-                    "two running pods")
+    process = start_tool(
+        cluster,
+        kubectl,
+        "run",
+        "--count",
+        "2",
+        "--episode-script",
+        str(script),
+        "--output",
+        str(output),
+        "--quiet",
+    )
+    pods = wait_for(
+        lambda: len(running_pods(cluster, output)) == 2 and running_pods(cluster, output),
+        120,
+        "two running pods",
+    )
     return process, pods
 
 
 def test_api_server_killed_and_restarted_mid_run(real_cluster, tmp_path):
     kubectl, cluster = real_cluster
     output = tmp_path / "out"
-    process = start_tool(cluster, kubectl, "run", "--count", "3", "--episode-script", str(slow_script(tmp_path, 8)),
-                         "--output", str(output), "--quiet")
+    process = start_tool(
+        cluster,
+        kubectl,
+        "run",
+        "--count",
+        "3",
+        "--episode-script",
+        str(slow_script(tmp_path, 8)),
+        "--output",
+        str(output),
+        "--quiet",
+    )
     wait_for(lambda: len(running_pods(cluster, output)) == 3, 120, "three running pods")
     cluster.control_plane.restart_apiserver(down_seconds=2.0)
     stdout, stderr = process.communicate(timeout=240)
@@ -208,18 +305,28 @@ def test_interrupt_while_episodes_run_then_cleanup_stops_them(real_cluster, tmp_
 def test_namespace_held_by_a_finalizer_is_named_and_never_stripped(real_cluster, tmp_path):
     kubectl, cluster = real_cluster
     output = tmp_path / "out"
-    assert tool(cluster, kubectl, "run", "--count", "2", "--output", str(output), "--quiet").returncode == 0
+    assert (
+        tool(cluster, kubectl, "run", "--count", "2", "--output", str(output), "--quiet").returncode
+        == 0
+    )
     namespace = load(output / "receipt.json")["namespace"]
-    cluster.api.merge_patch(f"/api/v1/namespaces/{namespace}", {"metadata": {"finalizers": ["example.com/stuck"]}})
+    cluster.api.merge_patch(
+        f"/api/v1/namespaces/{namespace}", {"metadata": {"finalizers": ["example.com/stuck"]}}
+    )
     stuck = tool(cluster, kubectl, "cleanup", "--output", str(output), "--wait", "5")
     assert stuck.returncode == 1, stuck.stdout
     assert "example.com/stuck" in stuck.stderr and "never stripped" in stuck.stderr, stuck.stderr
     held = cluster.get("namespaces", None, namespace)
-    assert held["metadata"]["finalizers"] == ["example.com/stuck"] and held["status"]["phase"] == "Terminating"
+    assert (
+        held["metadata"]["finalizers"] == ["example.com/stuck"]
+        and held["status"]["phase"] == "Terminating"
+    )
     cluster.api.merge_patch(f"/api/v1/namespaces/{namespace}", {"metadata": {"finalizers": None}})
     wait_for(lambda: cluster.get("namespaces", None, namespace) is None, 120, "the namespace to go")
     again = tool(cluster, kubectl, "cleanup", "--output", str(output))
-    assert again.returncode == 0 and again.stdout.strip() == "Namespace already absent", again.stderr
+    assert again.returncode == 0 and again.stdout.strip() == "Namespace already absent", (
+        again.stderr
+    )
 
 
 def test_a_pod_evicted_by_its_node_fails_the_run_clearly(real_cluster, tmp_path):
@@ -249,27 +356,53 @@ def readme_rbac() -> str:
 
 def user_with(cluster, kubectl: str, user: str, rbac: str) -> Path:
     """A kubeconfig for `user`, bound to the ClusterRole in `rbac` (renamed after the user)."""
-    manifest = rbac.replace("rl-bench@example.com", user).replace("name: rl-batch-demo", f"name: rl-batch-demo-{user}")
-    applied = subprocess.run([kubectl, "apply", "-f", "-"], input=manifest, env=cluster.env(), capture_output=True,
-                             text=True, timeout=60)
+    manifest = rbac.replace("rl-bench@example.com", user).replace(
+        "name: rl-batch-demo", f"name: rl-batch-demo-{user}"
+    )
+    applied = subprocess.run(
+        [kubectl, "apply", "-f", "-"],
+        input=manifest,
+        env=cluster.env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert applied.returncode == 0, applied.stderr
     return cluster.control_plane.user_kubeconfig(user)
 
 
 def as_user(cluster, kubeconfig: Path, kubectl: str, *args: str) -> subprocess.CompletedProcess:
     argv = [sys.executable, str(PRODUCT), *args, "--kubectl", kubectl]
-    return subprocess.run(argv, env=cluster.env(kubeconfig), capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        argv, env=cluster.env(kubeconfig), capture_output=True, text=True, timeout=300
+    )
 
 
 def test_the_readme_role_is_enough(real_cluster, tmp_path):
     kubectl, cluster = real_cluster
     kubeconfig = user_with(cluster, kubectl, "rl-bench", readme_rbac())
     denied = kubectl_run(cluster, kubectl, "get", "secrets", "-A", kubeconfig=kubeconfig)
-    assert denied.returncode == 1 and "forbidden" in denied.stderr  # the user really is not an admin
-    for name, extra in (("plain", ()), ("harden", ("--harden",)), ("rounds", ("--rounds", "2", "--warmup"))):
+    assert (
+        denied.returncode == 1 and "forbidden" in denied.stderr
+    )  # the user really is not an admin
+    for name, extra in (
+        ("plain", ()),
+        ("harden", ("--harden",)),
+        ("rounds", ("--rounds", "2", "--warmup")),
+    ):
         output = tmp_path / name
-        result = as_user(cluster, kubeconfig, kubectl, "run", "--count", "2", *extra, "--output", str(output),
-                         "--quiet")
+        result = as_user(
+            cluster,
+            kubeconfig,
+            kubectl,
+            "run",
+            "--count",
+            "2",
+            *extra,
+            "--output",
+            str(output),
+            "--quiet",
+        )
         assert result.returncode == 0, (name, result.stderr)
         results = load(output / "results.json")
         assert results["reward_sum"] == 2 * (2 if extra and extra[0] == "--rounds" else 1)
@@ -283,17 +416,22 @@ def test_the_readme_role_is_enough(real_cluster, tmp_path):
 
 def test_a_role_that_may_only_list_events_reads_them_after_the_end(real_cluster, tmp_path):
     kubectl, cluster = real_cluster
-    events_rule = '''    resources: ["events"]
-    verbs: ["list", "watch"]'''
+    events_rule = """    resources: ["events"]
+    verbs: ["list", "watch"]"""
     assert events_rule in readme_rbac()
     rbac = readme_rbac().replace(events_rule, events_rule.replace('["list", "watch"]', '["list"]'))
     kubeconfig = user_with(cluster, kubectl, "list-events", rbac)
     output = tmp_path / "out"
-    result = as_user(cluster, kubeconfig, kubectl, "run", "--count", "2", "--output", str(output), "--quiet")
+    result = as_user(
+        cluster, kubeconfig, kubectl, "run", "--count", "2", "--output", str(output), "--quiet"
+    )
     assert result.returncode == 0, result.stderr
     # The events watch was refused: the events are listed after the end instead, all of them.
     assert load(output / "client.json")["events_read"] == "list"
-    assert "Warning: cannot watch the events" in result.stderr and "grant watch on events" in result.stderr
+    assert (
+        "Warning: cannot watch the events" in result.stderr
+        and "grant watch on events" in result.stderr
+    )
     scheduled = [e for e in load(output / "events.json")["items"] if e["reason"] == "Scheduled"]
     assert len(scheduled) == 2
     cleaned = as_user(cluster, kubeconfig, kubectl, "cleanup", "--output", str(output))
@@ -302,19 +440,26 @@ def test_a_role_that_may_only_list_events_reads_them_after_the_end(real_cluster,
 
 def test_a_role_without_pod_logs_fails_clearly(real_cluster, tmp_path):
     kubectl, cluster = real_cluster
-    rbac = readme_rbac().replace('''  - apiGroups: [""]
+    rbac = readme_rbac().replace(
+        """  - apiGroups: [""]
     resources: ["pods/log"]
     verbs: ["get"]
-''', "")
+""",
+        "",
+    )
     kubeconfig = user_with(cluster, kubectl, "no-logs", rbac)
     output = tmp_path / "out"
-    result = as_user(cluster, kubeconfig, kubectl, "run", "--count", "2", "--output", str(output), "--quiet")
+    result = as_user(
+        cluster, kubeconfig, kubectl, "run", "--count", "2", "--output", str(output), "--quiet"
+    )
     assert result.returncode == 1, result.stdout
     assert "Traceback" not in result.stderr
     # Each log read refused is named with the API server's reason, then the verdict on the episodes.
     for pod in [p["metadata"]["name"] for p in load(output / "pods.json")["items"]]:
-        assert re.search(rf'Warning: could not save {pod}.log: .*User "no-logs" cannot get resource "pods/log"',
-                         result.stderr), result.stderr
+        assert re.search(
+            rf'Warning: could not save {pod}.log: .*User "no-logs" cannot get resource "pods/log"',
+            result.stderr,
+        ), result.stderr
     assert "expected exactly one ready event, found 0" in result.stderr
     cleaned = as_user(cluster, kubeconfig, kubectl, "cleanup", "--output", str(output))
     assert cleaned.returncode == 0, cleaned.stderr
@@ -322,19 +467,29 @@ def test_a_role_without_pod_logs_fails_clearly(real_cluster, tmp_path):
 
 def test_a_role_without_watch_fails_clearly(real_cluster, tmp_path):
     kubectl, cluster = real_cluster
-    rbac = readme_rbac().replace('verbs: ["create", "get", "list", "watch", "delete"]',
-                                 'verbs: ["create", "get", "list", "delete"]') \
-        .replace('verbs: ["get", "list", "watch"]', 'verbs: ["get", "list"]') \
-        .replace('verbs: ["get", "list", "watch", "create"]', 'verbs: ["get", "list", "create"]') \
+    rbac = (
+        readme_rbac()
+        .replace(
+            'verbs: ["create", "get", "list", "watch", "delete"]',
+            'verbs: ["create", "get", "list", "delete"]',
+        )
+        .replace('verbs: ["get", "list", "watch"]', 'verbs: ["get", "list"]')
+        .replace('verbs: ["get", "list", "watch", "create"]', 'verbs: ["get", "list", "create"]')
         .replace('verbs: ["list", "watch"]', 'verbs: ["list"]')
+    )
     assert "watch" not in rbac
     kubeconfig = user_with(cluster, kubectl, "no-watch", rbac)
     output = tmp_path / "out"
-    result = as_user(cluster, kubeconfig, kubectl, "run", "--count", "2", "--output", str(output), "--quiet")
+    result = as_user(
+        cluster, kubeconfig, kubectl, "run", "--count", "2", "--output", str(output), "--quiet"
+    )
     assert result.returncode == 1, result.stdout
     assert "Traceback" not in result.stderr and f"cleanup --output {output}" in result.stderr
-    assert re.search(r'Error: cannot watch the (job|pods): Error from server \(Forbidden\): .*'
-                     r'User "no-watch" cannot watch resource "(jobs|pods)"', result.stderr), result.stderr
+    assert re.search(
+        r"Error: cannot watch the (job|pods): Error from server \(Forbidden\): .*"
+        r'User "no-watch" cannot watch resource "(jobs|pods)"',
+        result.stderr,
+    ), result.stderr
     cleaned = as_user(cluster, kubeconfig, kubectl, "cleanup", "--output", str(output))
     assert cleaned.returncode == 0, cleaned.stderr
 
@@ -346,21 +501,52 @@ def test_a_role_without_watch_fails_clearly(real_cluster, tmp_path):
 @pytest.mark.parametrize("mode", ["real", "emulator"])
 def test_local_cluster_says_ready_then_stops_on_a_signal(real_cluster, tmp_path, mode):
     kubectl, _ = real_cluster
-    argv = [sys.executable, str(Path(__file__).resolve().parent / "local_cluster.py"), "--workdir", str(tmp_path),
-            "--kubectl", kubectl] + (["--emulator"] if mode == "emulator" else [])
-    process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True)
+    argv = [
+        sys.executable,
+        str(Path(__file__).resolve().parent / "local_cluster.py"),
+        "--workdir",
+        str(tmp_path),
+        "--kubectl",
+        kubectl,
+    ] + (["--emulator"] if mode == "emulator" else [])
+    process = subprocess.Popen(
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         line = process.stdout.readline()
-        assert line.startswith("READY "), (line, process.stderr.read() if process.poll() is not None else "")
+        assert line.startswith("READY "), (
+            line,
+            process.stderr.read() if process.poll() is not None else "",
+        )
         kubeconfig = line.split(" ", 1)[1].strip()
         env = dict(os.environ, KUBECONFIG=kubeconfig, HOME=str(tmp_path))
-        nodes = subprocess.run([kubectl, "get", "nodes", "-o", "name"], env=env, capture_output=True, text=True,
-                               timeout=60)
+        nodes = subprocess.run(
+            [kubectl, "get", "nodes", "-o", "name"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert nodes.returncode == 0 and nodes.stdout.count("node/") == 3, nodes.stderr
         output = tmp_path / "out"
-        run = subprocess.run([sys.executable, str(PRODUCT), "run", "--count", "2", "--output", str(output), "--quiet",
-                              "--kubectl", kubectl], env=env, capture_output=True, text=True, timeout=300)
+        run = subprocess.run(
+            [
+                sys.executable,
+                str(PRODUCT),
+                "run",
+                "--count",
+                "2",
+                "--output",
+                str(output),
+                "--quiet",
+                "--kubectl",
+                kubectl,
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert run.returncode == 0, run.stderr
         process.send_signal(signal.SIGTERM if mode == "real" else signal.SIGINT)
         assert process.wait(timeout=60) == 0
@@ -368,6 +554,11 @@ def test_local_cluster_says_ready_then_stops_on_a_signal(real_cluster, tmp_path,
         if process.poll() is None:
             process.kill()
             process.wait()
-    gone = subprocess.run([kubectl, "get", "nodes", "--request-timeout=5s"], env=env, capture_output=True, text=True,
-                          timeout=60)
+    gone = subprocess.run(
+        [kubectl, "get", "nodes", "--request-timeout=5s"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert gone.returncode != 0

@@ -26,8 +26,11 @@ pytestmark = [pytest.mark.e2e, pytest.mark.real_cluster, pytest.mark.xdist_group
 # The agent notes a moment just after the step (before the next one): a point may precede it by this.
 TRUTH_NOTED_AFTER = 0.01
 # The agent's record -> the tool's point of the same moment.
-TRUTH_FIELDS = {"sandbox_ready": "sandbox_ready", "container_started": "container_started",
-                "container_finished": "container_finished"}
+TRUTH_FIELDS = {
+    "sandbox_ready": "sandbox_ready",
+    "container_started": "container_started",
+    "container_finished": "container_finished",
+}
 # Bounded by the container's own spawn or exit, the agent's status update and the watch's
 # delivery, which a loaded machine stretches (and a real kubelet's status loop more): each states
 # its width and that width covers its error; how wide is printed, not held.
@@ -43,8 +46,18 @@ def test_twelve_episodes_hold_their_points_against_the_node_agents_record(real_c
     agent.sandbox_seconds, agent.sandbox_jitter = 0.6, 0.4
     output = tmp_path / "rl-12"
     try:
-        result = tool(cluster, kubectl, "run", "--count", "12", "--parallelism", "6", "--output", str(output),
-                      "--quiet")
+        result = tool(
+            cluster,
+            kubectl,
+            "run",
+            "--count",
+            "12",
+            "--parallelism",
+            "6",
+            "--output",
+            str(output),
+            "--quiet",
+        )
     finally:
         agent.sandbox_seconds, agent.sandbox_jitter = saved
     assert result.returncode == 0, result.stderr
@@ -62,18 +75,30 @@ def test_twelve_episodes_hold_their_points_against_the_node_agents_record(real_c
     # evidence must allow every clock to agree, and nothing be corrected.
     clocks = results["clocks"]
     for name, entry in [("client", clocks["client"])] + list(clocks["nodes"].items()):
-        assert (entry["at_least_seconds"] or 0) <= 0 <= (entry["at_most_seconds"] or 0), (name, entry)
+        assert (entry["at_least_seconds"] or 0) <= 0 <= (entry["at_most_seconds"] or 0), (
+            name,
+            entry,
+        )
         assert entry["offset_seconds"] == 0.0, (name, entry)
     assert results.get("clock_warnings") in (None, []), results.get("clock_warnings")
 
     report = []
     for name, field in TRUTH_FIELDS.items():
-        errors = [(point(row, name)[0] - truth[row["pod"]][field], point(row, name)[1]) for row in rows]
+        errors = [
+            (point(row, name)[0] - truth[row["pod"]][field], point(row, name)[1]) for row in rows
+        ]
         for row, (error, precision) in zip(rows, errors):
-            assert -precision - TRUTH_NOTED_AFTER <= error <= precision, (row["pod"], name, error, precision)
-        report.append(f"{name}: worst error {max(abs(e) for e, _ in errors):.3f} s, "
-                      f"widest precision {max(p for _, p in errors):.3f} s, "
-                      f"median precision {percentile([p for _, p in errors], 0.5):.3f} s")
+            assert -precision - TRUTH_NOTED_AFTER <= error <= precision, (
+                row["pod"],
+                name,
+                error,
+                precision,
+            )
+        report.append(
+            f"{name}: worst error {max(abs(e) for e, _ in errors):.3f} s, "
+            f"widest precision {max(p for _, p in errors):.3f} s, "
+            f"median precision {percentile([p for _, p in errors], 0.5):.3f} s"
+        )
         if name in LOAD_BOUND_POINTS:
             for row, (_, precision) in zip(rows, errors):
                 # Sharper than the whole-second stamp it is cut from, never wider.
@@ -82,8 +107,16 @@ def test_twelve_episodes_hold_their_points_against_the_node_agents_record(real_c
         for row, (_, precision) in zip(rows, errors):
             # The kubelet's first container event names the sandbox: its width is that event's
             # allowance (the clocks agree, so nothing widens it), whatever the load.
-            assert precision <= rl_batch_demo.EVENT_FOLLOWS_SECONDS + 1e-6, (row["pod"], name, precision)
-            assert EVENT_POINTS[name] in row[f"{name}_source"], (row["pod"], name, row[f"{name}_source"])
+            assert precision <= rl_batch_demo.EVENT_FOLLOWS_SECONDS + 1e-6, (
+                row["pod"],
+                name,
+                precision,
+            )
+            assert EVENT_POINTS[name] in row[f"{name}_source"], (
+                row["pod"],
+                name,
+                row[f"{name}_source"],
+            )
 
     named_creations = rl_batch_demo.pod_creation_events(load(output / "events.json")["items"])
     for row in rows:
@@ -94,21 +127,32 @@ def test_twelve_episodes_hold_their_points_against_the_node_agents_record(real_c
         # agent saw. How soon after it the scheduler names the event is its goroutine's luck on
         # a loaded machine (0.16 s after the agent saw the binding at load ~30): not held.
         assert scheduled[1] <= rl_batch_demo.EVENT_TIME, (pod, scheduled)
-        assert row["scheduled_source"] == "Scheduled event eventTime", (pod, row["scheduled_source"])
+        assert row["scheduled_source"] == "Scheduled event eventTime", (
+            pod,
+            row["scheduled_source"],
+        )
         assert created[0] - created[1] <= scheduled[0], (pod, created, scheduled)
-        bound = parse_time(rl_batch_demo.condition(cluster.get("pods", namespace, pod), "PodScheduled")
-                           ["lastTransitionTime"])
+        bound = parse_time(
+            rl_batch_demo.condition(cluster.get("pods", namespace, pod), "PodScheduled")[
+                "lastTransitionTime"
+            ]
+        )
         assert bound <= scheduled[0] and bound <= ran["seen"], (pod, bound, scheduled, ran)
         stamp = parse_time(cluster.get("pods", namespace, pod)["metadata"]["creationTimestamp"])
         assert stamp <= created[0] < stamp + 1, (pod, created, stamp)
         if pod in named_creations:
             # Named by the Job controller itself: as sharp as its event's allowance.
-            assert created[1] <= rl_batch_demo.EVENT_FOLLOWS_SECONDS + 1e-6, (pod, row["pod_created_source"], created)
+            assert created[1] <= rl_batch_demo.EVENT_FOLLOWS_SECONDS + 1e-6, (
+                pod,
+                row["pod_created_source"],
+                created,
+            )
             # The event's name, unless the watch saw the pod before it: the controller names the
             # event once its create call has returned, which a loaded machine can delay past the
             # watch's delivery (it did at CI's load); the watch is then the sharper upper bound.
-            assert "SuccessfulCreate event name" in row["pod_created_source"] or \
-                row["pod_created_source"].startswith("watch saw the pod"), (pod, row["pod_created_source"])
+            assert "SuccessfulCreate event name" in row["pod_created_source"] or row[
+                "pod_created_source"
+            ].startswith("watch saw the pod"), (pod, row["pod_created_source"])
         # The worker's own clock is this machine's: its events lie inside the container's life.
         for name in ("imports_done", "ready", "reward"):
             at = point(row, name)[0]
@@ -117,6 +161,10 @@ def test_twelve_episodes_hold_their_points_against_the_node_agents_record(real_c
         true_sandbox = ran["sandbox_ready"] - scheduled[0]
         reported = float(row["sandbox_creation_seconds"])
         precision = float(row["sandbox_creation_precision_seconds"])
-        assert abs(reported - true_sandbox) <= precision + TRUTH_NOTED_AFTER, \
-            (pod, reported, true_sandbox, precision)
+        assert abs(reported - true_sandbox) <= precision + TRUTH_NOTED_AFTER, (
+            pod,
+            reported,
+            true_sandbox,
+            precision,
+        )
     print("\n".join(report))

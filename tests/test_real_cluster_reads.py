@@ -11,7 +11,14 @@ import time
 
 import pytest
 
-from e2e_support import SLOW_SECOND_EPISODE, assert_refused_a_running_pod, load, start_tool, tool, wait_for
+from e2e_support import (
+    SLOW_SECOND_EPISODE,
+    assert_refused_a_running_pod,
+    load,
+    start_tool,
+    tool,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.real_cluster]
 
@@ -24,7 +31,18 @@ def test_pods_and_events_are_as_of_the_jobs_end(real_cluster, tmp_path):
     events were followed while waiting, or listed after the end, and are all there."""
     kubectl, cluster = real_cluster
     output = tmp_path / "rl-paged"
-    result = tool(cluster, kubectl, "run", "--count", "5", "--chunk-size", "2", "--output", str(output), "--quiet")
+    result = tool(
+        cluster,
+        kubectl,
+        "run",
+        "--count",
+        "5",
+        "--chunk-size",
+        "2",
+        "--output",
+        str(output),
+        "--quiet",
+    )
     assert result.returncode == 0, result.stderr
     assert "Warning" not in result.stderr
     client = load(output / "client.json")
@@ -38,7 +56,10 @@ def test_pods_and_events_are_as_of_the_jobs_end(real_cluster, tmp_path):
     else:
         assert read["source"] == "final watch"
         namespace = load(output / "receipt.json")["namespace"]
-        now = {pod["metadata"]["name"]: pod["metadata"]["resourceVersion"] for pod in cluster.list("pods", namespace)}
+        now = {
+            pod["metadata"]["name"]: pod["metadata"]["resourceVersion"]
+            for pod in cluster.list("pods", namespace)
+        }
         assert {pod["metadata"]["name"]: pod["metadata"]["resourceVersion"] for pod in pods} == now
     # A real API server counts a list's remaining items: the events need no list after the end.
     assert client["events_read"] == "watch"
@@ -53,16 +74,39 @@ def test_a_pod_running_when_the_job_says_complete_fails_the_run_by_name(real_clu
     script = tmp_path / "slow_second.py"
     script.write_text(SLOW_SECOND_EPISODE)
     output = tmp_path / "rl-unfinished"
-    process = start_tool(cluster, kubectl, "run", "--count", "2", "--episode-script", str(script),
-                         "--output", str(output), "--quiet")
-    namespace = wait_for(lambda: (output / "receipt.json").is_file() and load(output / "receipt.json").get("job_uid")
-                         and load(output / "receipt.json")["namespace"], WAIT, "the Job's UID in the receipt")
+    process = start_tool(
+        cluster,
+        kubectl,
+        "run",
+        "--count",
+        "2",
+        "--episode-script",
+        str(script),
+        "--output",
+        str(output),
+        "--quiet",
+    )
+    namespace = wait_for(
+        lambda: (
+            (output / "receipt.json").is_file()
+            and load(output / "receipt.json").get("job_uid")
+            and load(output / "receipt.json")["namespace"]
+        ),
+        WAIT,
+        "the Job's UID in the receipt",
+    )
 
     def phases() -> dict:
-        return {pod["metadata"]["name"]: pod["status"].get("phase") for pod in cluster.list("pods", namespace)}
+        return {
+            pod["metadata"]["name"]: pod["status"].get("phase")
+            for pod in cluster.list("pods", namespace)
+        }
 
-    wait_for(lambda: sorted(phases().values()) == ["Running", "Succeeded"], WAIT,
-             "one pod succeeded and the other still running")
+    wait_for(
+        lambda: sorted(phases().values()) == ["Running", "Succeeded"],
+        WAIT,
+        "one pod succeeded and the other still running",
+    )
     running = next(name for name, phase in phases().items() if phase == "Running")
     # Someone else writes the Job's status (a controller of its own, by hand): Complete
     # while one pod is still running. The Job controller may write the Job between our read
@@ -71,16 +115,35 @@ def test_a_pod_running_when_the_job_says_complete_fails_the_run_by_name(real_clu
     for _ in range(10):
         job = cluster.get("jobs", namespace, "rollout")
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        conditions = [{"type": kind, "status": "True", "reason": "CompletionsReached",
-                       "message": "Reached expected number of succeeded pods",
-                       "lastProbeTime": now, "lastTransitionTime": now}
-                      for kind in ("SuccessCriteriaMet", "Complete")]
-        status = dict(job["status"], conditions=conditions, succeeded=2, active=0, completionTime=now,
-                      completedIndexes="0,1", uncountedTerminatedPods={})
+        conditions = [
+            {
+                "type": kind,
+                "status": "True",
+                "reason": "CompletionsReached",
+                "message": "Reached expected number of succeeded pods",
+                "lastProbeTime": now,
+                "lastTransitionTime": now,
+            }
+            for kind in ("SuccessCriteriaMet", "Complete")
+        ]
+        status = dict(
+            job["status"],
+            conditions=conditions,
+            succeeded=2,
+            active=0,
+            completionTime=now,
+            completedIndexes="0,1",
+            uncountedTerminatedPods={},
+        )
         status.pop("ready", None)
-        patched = subprocess.run([kubectl, "replace", "--subresource=status", "-f", "-"],
-                                 input=json.dumps(dict(job, status=status)), env=cluster.env(),
-                                 capture_output=True, text=True, timeout=WAIT)
+        patched = subprocess.run(
+            [kubectl, "replace", "--subresource=status", "-f", "-"],
+            input=json.dumps(dict(job, status=status)),
+            env=cluster.env(),
+            capture_output=True,
+            text=True,
+            timeout=WAIT,
+        )
         if patched.returncode == 0 or "(Conflict)" not in patched.stderr:
             break
     if patched.returncode != 0:

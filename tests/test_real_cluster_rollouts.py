@@ -16,50 +16,92 @@ from test_e2e_streaming import held_run
 pytestmark = [pytest.mark.e2e, pytest.mark.real_cluster]
 
 # Reads its task; a task asking for a pause holds the episode long enough to be evicted.
-PAUSING_EPISODE = TASK_EPISODE.replace('emit("ready")\n', 'emit("ready")\ntime.sleep(task.get("pause", 0))\n')
+PAUSING_EPISODE = TASK_EPISODE.replace(
+    'emit("ready")\n', 'emit("ready")\ntime.sleep(task.get("pause", 0))\n'
+)
 
 
 def test_tasks_an_episode_failure_and_a_partial_batch(real_cluster, tmp_path):
     kubectl, cluster = real_cluster
-    args, output = tasks_run(tmp_path, '{"id": "ok", "x": 2}\n{"id": "bad", "x": 2, "fail": true}\n',
-                             "--group-size", "2", "--retries", "2", "--allow-failures", "2")
+    args, output = tasks_run(
+        tmp_path,
+        '{"id": "ok", "x": 2}\n{"id": "bad", "x": 2, "fail": true}\n',
+        "--group-size",
+        "2",
+        "--retries",
+        "2",
+        "--allow-failures",
+        "2",
+    )
     result = tool(cluster, kubectl, *args)
     assert result.returncode == 3, result.stderr
     rows = rewards_of(output)
     assert [(r["task_id"], r["failure_class"], r["attempts"], r["reward"]) for r in rows] == [
-        ("ok", None, 1, 1.0), ("ok", None, 1, 1.0), ("bad", "episode", 1, None), ("bad", "episode", 1, None)]
+        ("ok", None, 1, 1.0),
+        ("ok", None, 1, 1.0),
+        ("bad", "episode", 1, None),
+        ("bad", "episode", 1, None),
+    ]
     job = load(output / "job.json")
     assert job["status"]["failedIndexes"] == "2,3"
-    assert [c["reason"] for c in job["status"]["conditions"] if c["type"] == "Failed"] == ["FailedIndexes"]
+    assert [c["reason"] for c in job["status"]["conditions"] if c["type"] == "Failed"] == [
+        "FailedIndexes"
+    ]
     assert len(load(output / "pods.json")["items"]) == 4  # FailIndex: the failed ones never retried
-    assert load(output / "results.json")["failures_by_class"] == {"infrastructure": 0, "episode": 2, "verifier": 0}
+    assert load(output / "results.json")["failures_by_class"] == {
+        "infrastructure": 0,
+        "episode": 2,
+        "verifier": 0,
+    }
     assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
 
 
 def test_an_evicted_episode_is_retried_by_the_job_controller(real_cluster, tmp_path):
     kubectl, cluster = real_cluster
-    args, output = tasks_run(tmp_path, '{"id": "slow", "x": 2, "pause": 8}\n{"id": "quick", "x": 2}\n',
-                             "--retries", "1", episode=PAUSING_EPISODE)
+    args, output = tasks_run(
+        tmp_path,
+        '{"id": "slow", "x": 2, "pause": 8}\n{"id": "quick", "x": 2}\n',
+        "--retries",
+        "1",
+        episode=PAUSING_EPISODE,
+    )
     process = start_tool(cluster, kubectl, *args)
 
     def slow_pod_running():
         if not (output / "receipt.json").exists():
             return None
         namespace = load(output / "receipt.json")["namespace"]
-        return next((p for p in cluster.list("pods", namespace)
-                     if (p["metadata"].get("annotations") or {}).get("batch.kubernetes.io/job-completion-index") == "0"
-                     and (p.get("status") or {}).get("phase") == "Running"), None)
+        return next(
+            (
+                p
+                for p in cluster.list("pods", namespace)
+                if (p["metadata"].get("annotations") or {}).get(
+                    "batch.kubernetes.io/job-completion-index"
+                )
+                == "0"
+                and (p.get("status") or {}).get("phase") == "Running"
+            ),
+            None,
+        )
 
     victim = wait_for(slow_pod_running, 120, "the slow episode running")
     cluster.agent.evict(victim["metadata"]["namespace"], victim["metadata"]["name"])
     stdout, stderr = process.communicate(timeout=300)
     assert process.returncode == 0, stderr
     rows = rewards_of(output)
-    assert [(r["task_id"], r["failure_class"], r["attempts"]) for r in rows] == [("slow", None, 2), ("quick", None, 1)]
+    assert [(r["task_id"], r["failure_class"], r["attempts"]) for r in rows] == [
+        ("slow", None, 2),
+        ("quick", None, 1),
+    ]
     assert rows[0]["earlier_attempts"][0]["pod"] == victim["metadata"]["name"]
     assert rows[0]["earlier_attempts"][0]["failure_class"] == "infrastructure"
     pods = {p["metadata"]["name"]: p for p in load(output / "pods.json")["items"]}
-    assert pods[rows[0]["pod"]]["metadata"]["annotations"]["batch.kubernetes.io/job-index-failure-count"] == "1"
+    assert (
+        pods[rows[0]["pod"]]["metadata"]["annotations"][
+            "batch.kubernetes.io/job-index-failure-count"
+        ]
+        == "1"
+    )
     results = load(output / "results.json")
     assert results["attempts"]["first_attempt"]["failed"]["infrastructure"] == 1
     assert results["attempts"]["final"]["succeeded"] == 2
@@ -67,7 +109,9 @@ def test_an_evicted_episode_is_retried_by_the_job_controller(real_cluster, tmp_p
     assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
 
 
-def test_need_is_met_by_the_real_job_controller_and_the_stragglers_cancelled(real_cluster, tmp_path):
+def test_need_is_met_by_the_real_job_controller_and_the_stragglers_cancelled(
+    real_cluster, tmp_path
+):
     kubectl, cluster = real_cluster
     # The held episodes wait for a file that never comes: only the successPolicy ends them.
     tasks = [{"id": n, "x": 1, "hold": n in (0, 3)} for n in range(4)]
@@ -76,7 +120,11 @@ def test_need_is_met_by_the_real_job_controller_and_the_stragglers_cancelled(rea
     assert result.returncode == 0, result.stderr
     lines = rewards_of(output)
     assert [(line["index"], line["failure_class"], line["valid"]) for line in lines] == [
-        (0, "cancelled", False), (1, None, True), (2, None, True), (3, "cancelled", False)]
+        (0, "cancelled", False),
+        (1, None, True),
+        (2, None, True),
+        (3, "cancelled", False),
+    ]
     job = load(output / "job.json")
     conditions = [(c["type"], c.get("reason")) for c in job["status"]["conditions"]]
     assert conditions == [("SuccessCriteriaMet", "SuccessPolicy"), ("Complete", "SuccessPolicy")]

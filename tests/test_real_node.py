@@ -16,8 +16,17 @@ from pathlib import Path
 
 import pytest
 
-from e2e_support import (assert_cleanup_twice, assert_kubelet_135_messages, assert_run_agrees_with_cluster, interrupt,
-                         load, start_tool, tool, wait_for, write_script)
+from e2e_support import (
+    assert_cleanup_twice,
+    assert_kubelet_135_messages,
+    assert_run_agrees_with_cluster,
+    interrupt,
+    load,
+    start_tool,
+    tool,
+    wait_for,
+    write_script,
+)
 from test_real_cluster import running_pods, slow_script
 
 pytestmark = [pytest.mark.e2e, pytest.mark.real_node, pytest.mark.xdist_group("real-node")]
@@ -25,8 +34,12 @@ pytestmark = [pytest.mark.e2e, pytest.mark.real_node, pytest.mark.xdist_group("r
 GUIDE_IMAGE = "docker.io/library/python:3.12-alpine"
 
 
-def kubectl_run(cluster, kubectl: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([kubectl, *args], env=cluster.env(), capture_output=True, text=True, timeout=timeout)
+def kubectl_run(
+    cluster, kubectl: str, *args: str, timeout: float = 120
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [kubectl, *args], env=cluster.env(), capture_output=True, text=True, timeout=timeout
+    )
 
 
 def events_of(output: Path) -> list[dict]:
@@ -58,19 +71,35 @@ def check_run(cluster, output: Path, count: int, parallelism: int) -> dict:
 def test_guide_batches_then_cleanup_twice(real_node, tmp_path):
     kubectl, cluster = real_node
     parallel_dir, sequential_dir = tmp_path / "rl-parallel-10", tmp_path / "rl-sequential-10"
-    parallel = tool(cluster, kubectl, "run", "--count", "10", "--output", str(parallel_dir), "--quiet")
+    parallel = tool(
+        cluster, kubectl, "run", "--count", "10", "--output", str(parallel_dir), "--quiet"
+    )
     assert parallel.returncode == 0, parallel.stderr
     check_run(cluster, parallel_dir, 10, 10)
-    sequential = tool(cluster, kubectl, "run", "--count", "10", "--parallelism", "1",
-                      "--output", str(sequential_dir), "--quiet")
+    sequential = tool(
+        cluster,
+        kubectl,
+        "run",
+        "--count",
+        "10",
+        "--parallelism",
+        "1",
+        "--output",
+        str(sequential_dir),
+        "--quiet",
+    )
     assert sequential.returncode == 0, sequential.stderr
     check_run(cluster, sequential_dir, 10, 1)
     # One at a time: each container started after the one before it had finished.
-    pods = sorted(load(sequential_dir / "pods.json")["items"],
-                  key=lambda p: p["status"]["containerStatuses"][0]["state"]["terminated"]["startedAt"])
+    pods = sorted(
+        load(sequential_dir / "pods.json")["items"],
+        key=lambda p: p["status"]["containerStatuses"][0]["state"]["terminated"]["startedAt"],
+    )
     for before, after in zip(pods, pods[1:]):
-        assert before["status"]["containerStatuses"][0]["state"]["terminated"]["finishedAt"] <= \
-            after["status"]["containerStatuses"][0]["state"]["terminated"]["startedAt"]
+        assert (
+            before["status"]["containerStatuses"][0]["state"]["terminated"]["finishedAt"]
+            <= after["status"]["containerStatuses"][0]["state"]["terminated"]["startedAt"]
+        )
 
     # `kubectl logs` goes through the API server to the real kubelet.
     namespace = load(parallel_dir / "receipt.json")["namespace"]
@@ -103,13 +132,31 @@ def test_image_pulled_when_absent_and_found_present_after(real_node, tmp_path):
 def test_an_image_the_registry_lacks_fails_as_infrastructure(real_node, tmp_path):
     kubectl, cluster = real_node
     output = tmp_path / "out"
-    result = tool(cluster, kubectl, "run", "--count", "2", "--image", "python:0-missing", "--timeout", "20",
-                  "--retries", "1", "--allow-failures", "1", "--output", str(output), "--quiet")
+    result = tool(
+        cluster,
+        kubectl,
+        "run",
+        "--count",
+        "2",
+        "--image",
+        "python:0-missing",
+        "--timeout",
+        "20",
+        "--retries",
+        "1",
+        "--allow-failures",
+        "1",
+        "--output",
+        str(output),
+        "--quiet",
+    )
     assert result.returncode != 0, result.stderr
     assert "Traceback" not in result.stderr
     rows = [json.loads(line) for line in (output / "rewards.jsonl").read_text().splitlines()]
     assert rows and all(row["failure_class"] == "infrastructure" for row in rows), rows
-    assert any("ErrImagePull" in row["failure"] or "ImagePullBackOff" in row["failure"] for row in rows), rows
+    assert any(
+        "ErrImagePull" in row["failure"] or "ImagePullBackOff" in row["failure"] for row in rows
+    ), rows
     messages = " ".join(e["message"] for e in events_of(output) if e["reason"] == "Failed")
     assert "python:0-missing" in messages and "not found" in messages, messages
     assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
@@ -118,10 +165,14 @@ def test_an_image_the_registry_lacks_fails_as_infrastructure(real_node, tmp_path
 def test_harden_runs_on_the_real_node(real_node, tmp_path):
     kubectl, cluster = real_node
     output = tmp_path / "out"
-    result = tool(cluster, kubectl, "run", "--count", "2", "--harden", "--output", str(output), "--quiet")
+    result = tool(
+        cluster, kubectl, "run", "--count", "2", "--harden", "--output", str(output), "--quiet"
+    )
     assert result.returncode == 0, result.stderr
     pods = load(output / "pods.json")["items"]
-    assert all(p["spec"]["containers"][0]["securityContext"]["readOnlyRootFilesystem"] for p in pods)
+    assert all(
+        p["spec"]["containers"][0]["securityContext"]["readOnlyRootFilesystem"] for p in pods
+    )
     assert load(output / "results.json")["reward_sum"] == 2
     assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
 
@@ -132,8 +183,20 @@ def test_episode_script_with_tasks_runs_as_an_indexed_job(real_node, tmp_path):
     kubectl, cluster = real_node
     output = tmp_path / "out"
     script = write_script(tmp_path, HALF_REWARD_SCRIPT)
-    result = tool(cluster, kubectl, "run", "--count", "4", "--parallelism", "2", "--episode-script", str(script),
-                  "--output", str(output), "--quiet")
+    result = tool(
+        cluster,
+        kubectl,
+        "run",
+        "--count",
+        "4",
+        "--parallelism",
+        "2",
+        "--episode-script",
+        str(script),
+        "--output",
+        str(output),
+        "--quiet",
+    )
     assert result.returncode == 0, result.stderr
     results = load(output / "results.json")
     assert results["reward_sum"] == 2.0 and results["successful_episodes"] == 4
@@ -142,7 +205,11 @@ def test_episode_script_with_tasks_runs_as_an_indexed_job(real_node, tmp_path):
 
 def evict(cluster, pod: dict, grace_seconds: int = None) -> None:
     namespace, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
-    body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
+    body = {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": name, "namespace": namespace},
+    }
     if grace_seconds is not None:
         body["deleteOptions"] = {"gracePeriodSeconds": grace_seconds}
     cluster.api.create(f"/api/v1/namespaces/{namespace}/pods/{name}/eviction", body)
@@ -151,15 +218,41 @@ def evict(cluster, pod: dict, grace_seconds: int = None) -> None:
 def test_logs_follow_through_the_kubelet_and_an_evicted_episode_is_retried(real_node, tmp_path):
     kubectl, cluster = real_node
     output = tmp_path / "out"
-    process = start_tool(cluster, kubectl, "run", "--count", "2", "--episode-script", str(slow_script(tmp_path, 15)),
-                         "--retries", "1", "--output", str(output), "--quiet")
+    process = start_tool(
+        cluster,
+        kubectl,
+        "run",
+        "--count",
+        "2",
+        "--episode-script",
+        str(slow_script(tmp_path, 15)),
+        "--retries",
+        "1",
+        "--output",
+        str(output),
+        "--quiet",
+    )
     try:
-        pods = wait_for(lambda: len(running_pods(cluster, output)) == 2 and running_pods(cluster, output), 120,
-                        "two running pods")
+        pods = wait_for(
+            lambda: len(running_pods(cluster, output)) == 2 and running_pods(cluster, output),
+            120,
+            "two running pods",
+        )
         followed, killed = sorted(pods, key=lambda p: p["metadata"]["name"])
-        follow = subprocess.Popen([kubectl, "logs", "-f", followed["metadata"]["name"],
-                                   "-n", followed["metadata"]["namespace"]], env=cluster.env(),
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        follow = subprocess.Popen(
+            [
+                kubectl,
+                "logs",
+                "-f",
+                followed["metadata"]["name"],
+                "-n",
+                followed["metadata"]["namespace"],
+            ],
+            env=cluster.env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         assert json.loads(follow.stdout.readline())["event"] == "ready"
         # The episode is PID 1 and ignores SIGTERM, so only a short grace kills it (137): an
         # infrastructure failure, retried. (With the default 30 s it runs on to its reward, and the
@@ -174,7 +267,10 @@ def test_logs_follow_through_the_kubelet_and_an_evicted_episode_is_retried(real_
     assert [json.loads(line)["event"] for line in rest.splitlines()] == ["reward"]
     assert process.returncode == 0, stderr
     assert load(output / "results.json")["reward_sum"] == 2
-    rows = {row["pod"]: row for row in map(json.loads, (output / "rewards.jsonl").read_text().splitlines())}
+    rows = {
+        row["pod"]: row
+        for row in map(json.loads, (output / "rewards.jsonl").read_text().splitlines())
+    }
     assert rows[followed["metadata"]["name"]]["attempts"] == 1
     retried = [row for name, row in rows.items() if name != followed["metadata"]["name"]]
     assert len(retried) == 1 and retried[0]["attempts"] == 2, rows
@@ -186,8 +282,18 @@ def test_logs_follow_through_the_kubelet_and_an_evicted_episode_is_retried(real_
 def test_interrupt_then_cleanup_stops_the_containers(real_node, tmp_path):
     kubectl, cluster = real_node
     output = tmp_path / "out"
-    process = start_tool(cluster, kubectl, "run", "--count", "2", "--episode-script", str(slow_script(tmp_path, 600)),
-                         "--output", str(output), "--quiet")
+    process = start_tool(
+        cluster,
+        kubectl,
+        "run",
+        "--count",
+        "2",
+        "--episode-script",
+        str(slow_script(tmp_path, 600)),
+        "--output",
+        str(output),
+        "--quiet",
+    )
     wait_for(lambda: len(running_pods(cluster, output)) == 2, 120, "two running pods")
     result = interrupt(process)
     assert result.returncode == 130, result.stderr
@@ -198,7 +304,9 @@ def test_interrupt_then_cleanup_stops_the_containers(real_node, tmp_path):
     assert cluster.get("namespaces", None, namespace) is None
     # The real containers are gone from containerd too.
     deadline = time.monotonic() + 60
-    while namespace in cluster.crictl("ps", "-a", "-o", "json").stdout and time.monotonic() < deadline:
+    while (
+        namespace in cluster.crictl("ps", "-a", "-o", "json").stdout and time.monotonic() < deadline
+    ):
         time.sleep(1)
     assert namespace not in cluster.crictl("ps", "-a", "-o", "json").stdout
 
@@ -213,7 +321,9 @@ def test_leftovers_of_a_killed_run_are_torn_down(real_node, tmp_path):
     record = node.RECORDS / name
     record.mkdir(parents=True)
     (record / "owner").write_text(str(dead.pid))
-    (record / "state.json").write_text(json.dumps({"name": name, "netns": name, "workdir": str(tmp_path)}))
+    (record / "state.json").write_text(
+        json.dumps({"name": name, "netns": name, "workdir": str(tmp_path)})
+    )
     node.run(["ip", "netns", "add", name])
     (tmp_path / "mnt").mkdir()
     node.run(["mount", "-t", "tmpfs", "tmpfs", str(tmp_path / "mnt")])

@@ -48,66 +48,122 @@ def stamp(seconds_after_t0: int) -> str:
 # Builders of realistic API objects and worker logs.
 
 
-def make_job(created: str = JOB_CREATED, end: str = "Complete", end_at: str = stamp(11),
-             criteria_at: Optional[str] = stamp(11)) -> dict:
+def make_job(
+    created: str = JOB_CREATED,
+    end: str = "Complete",
+    end_at: str = stamp(11),
+    criteria_at: Optional[str] = stamp(11),
+) -> dict:
     conditions = []
     if criteria_at is not None:
-        conditions.append({"type": "SuccessCriteriaMet", "status": "True", "lastTransitionTime": criteria_at})
+        conditions.append(
+            {"type": "SuccessCriteriaMet", "status": "True", "lastTransitionTime": criteria_at}
+        )
     conditions.append({"type": end, "status": "True", "lastTransitionTime": end_at})
     return {
-        "apiVersion": "batch/v1", "kind": "Job",
-        "metadata": {"name": "rollout", "namespace": NAMESPACE, "uid": "job-uid-1",
-                     "creationTimestamp": created},
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": "rollout",
+            "namespace": NAMESPACE,
+            "uid": "job-uid-1",
+            "creationTimestamp": created,
+        },
         "status": {"conditions": conditions, "succeeded": 3},
     }
 
 
-def make_pod(name: str, created: str = stamp(1), phase: str = "Succeeded", node: str = "node-1",
-             restart_count: int = 0, exit_code: Optional[int] = 0, started: str = stamp(2),
-             finished: str = stamp(9), scheduled: Optional[str] = stamp(1),
-             sandbox_ready: Optional[str] = stamp(2),
-             image_id: str = "docker.io/library/python@sha256:1f2e3d") -> dict:
+def make_pod(
+    name: str,
+    created: str = stamp(1),
+    phase: str = "Succeeded",
+    node: str = "node-1",
+    restart_count: int = 0,
+    exit_code: Optional[int] = 0,
+    started: str = stamp(2),
+    finished: str = stamp(9),
+    scheduled: Optional[str] = stamp(1),
+    sandbox_ready: Optional[str] = stamp(2),
+    image_id: str = "docker.io/library/python@sha256:1f2e3d",
+) -> dict:
     """A pod as `kubectl get pods -o json` shows it once its episode has ended."""
     conditions = []
     if scheduled is not None:
-        conditions.append({"type": "PodScheduled", "status": "True", "lastTransitionTime": scheduled})
+        conditions.append(
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": scheduled}
+        )
     if sandbox_ready is not None:
-        conditions.append({"type": "PodReadyToStartContainers", "status": "True",
-                           "lastTransitionTime": sandbox_ready})
+        conditions.append(
+            {
+                "type": "PodReadyToStartContainers",
+                "status": "True",
+                "lastTransitionTime": sandbox_ready,
+            }
+        )
     state: dict[str, Any]
     if exit_code is None:
         state = {"running": {"startedAt": started}}
     else:
-        state = {"terminated": {"exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error",
-                                "startedAt": started, "finishedAt": finished,
-                                "containerID": f"containerd://{name}"}}
+        state = {
+            "terminated": {
+                "exitCode": exit_code,
+                "reason": "Completed" if exit_code == 0 else "Error",
+                "startedAt": started,
+                "finishedAt": finished,
+                "containerID": f"containerd://{name}",
+            }
+        }
     return {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": NAMESPACE, "creationTimestamp": created,
-                     "labels": {"app": "rl-batch-demo", "job-name": "rollout"}},
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": NAMESPACE,
+            "creationTimestamp": created,
+            "labels": {"app": "rl-batch-demo", "job-name": "rollout"},
+        },
         "spec": {"nodeName": node, "runtimeClassName": "cube"},
         "status": {
             "phase": phase,
             "conditions": conditions,
-            "containerStatuses": [{
-                "name": "episode", "restartCount": restart_count, "ready": False,
-                "image": "python:3.12-alpine", "imageID": image_id, "state": state,
-            }],
+            "containerStatuses": [
+                {
+                    "name": "episode",
+                    "restartCount": restart_count,
+                    "ready": False,
+                    "image": "python:3.12-alpine",
+                    "imageID": image_id,
+                    "state": state,
+                }
+            ],
         },
     }
 
 
 def ready_event(episode_id: str, at: float, **fields: Any) -> dict:
-    record = {"event": "ready", "at": at, "episode_id": episode_id,
-              "imports_done_at": at - 0.25, "process_started_at": at - 1.0,
-              "modules_before_ready": 34, "import_seconds": 0.75}
+    record = {
+        "event": "ready",
+        "at": at,
+        "episode_id": episode_id,
+        "imports_done_at": at - 0.25,
+        "process_started_at": at - 1.0,
+        "modules_before_ready": 34,
+        "import_seconds": 0.75,
+    }
     record.update(fields)
     return record
 
 
 def reward_event(episode_id: str, at: float, **fields: Any) -> dict:
-    record = {"event": "reward", "at": at, "episode_id": episode_id, "reward": 1,
-              "baseline_exit": 1, "tests_exit": 0, "tests_output": "...\nRan 3 tests in 0.000s\n\nOK\n"}
+    record = {
+        "event": "reward",
+        "at": at,
+        "episode_id": episode_id,
+        "reward": 1,
+        "baseline_exit": 1,
+        "tests_exit": 0,
+        "tests_output": "...\nRan 3 tests in 0.000s\n\nOK\n",
+    }
     record.update(fields)
     return record
 
@@ -161,27 +217,33 @@ def expected_job(count: int, parallelism: int) -> dict:
                         "fsGroup": 1000,
                         "runAsNonRoot": True,
                     },
-                    "containers": [{
-                        "name": "episode",
-                        "image": "python:3.12-alpine",
-                        "imagePullPolicy": "IfNotPresent",
-                        "command": ["python", "-B", "/demo/episode.py"],
-                        "env": [{"name": "EPISODE_ID",
-                                 "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
-                        "securityContext": {
-                            "allowPrivilegeEscalation": False,
-                            "capabilities": {"drop": ["ALL"]},
-                            "seccompProfile": {"type": "RuntimeDefault"},
-                        },
-                        "resources": {
-                            "requests": {"cpu": "100m", "memory": "64Mi"},
-                            "limits": {"cpu": "500m", "memory": "128Mi"},
-                        },
-                        "volumeMounts": [
-                            {"name": "demo", "mountPath": "/demo", "readOnly": True},
-                            {"name": "workspace", "mountPath": "/workspace"},
-                        ],
-                    }],
+                    "containers": [
+                        {
+                            "name": "episode",
+                            "image": "python:3.12-alpine",
+                            "imagePullPolicy": "IfNotPresent",
+                            "command": ["python", "-B", "/demo/episode.py"],
+                            "env": [
+                                {
+                                    "name": "EPISODE_ID",
+                                    "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}},
+                                }
+                            ],
+                            "securityContext": {
+                                "allowPrivilegeEscalation": False,
+                                "capabilities": {"drop": ["ALL"]},
+                                "seccompProfile": {"type": "RuntimeDefault"},
+                            },
+                            "resources": {
+                                "requests": {"cpu": "100m", "memory": "64Mi"},
+                                "limits": {"cpu": "500m", "memory": "128Mi"},
+                            },
+                            "volumeMounts": [
+                                {"name": "demo", "mountPath": "/demo", "readOnly": True},
+                                {"name": "workspace", "mountPath": "/workspace"},
+                            ],
+                        }
+                    ],
                     "volumes": [
                         {"name": "demo", "configMap": {"name": "episode"}},
                         {"name": "workspace", "emptyDir": {}},
@@ -197,8 +259,10 @@ def test_job_manifest_is_the_guides_job_field_by_field(count: int, parallelism: 
     manifest = demo.job_manifest(NAMESPACE, count, parallelism, "python:3.12-alpine", "cube")
     expected = expected_job(count, parallelism)
     # Field by field first, so a failure names the field; then the whole.
-    assert manifest["spec"]["template"]["spec"]["containers"] == \
-        expected["spec"]["template"]["spec"]["containers"]
+    assert (
+        manifest["spec"]["template"]["spec"]["containers"]
+        == expected["spec"]["template"]["spec"]["containers"]
+    )
     assert manifest["spec"]["template"] == expected["spec"]["template"]
     assert manifest == expected
 
@@ -207,20 +271,24 @@ def test_job_manifest_uses_image_runtime_and_deadline_given() -> None:
     manifest = demo.job_manifest(NAMESPACE, 3, 2, "registry.local/py:3.13", "kata", 600)
     assert manifest["spec"]["activeDeadlineSeconds"] == 600
     assert manifest["spec"]["template"]["spec"]["runtimeClassName"] == "kata"
-    assert manifest["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.local/py:3.13"
+    assert (
+        manifest["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.local/py:3.13"
+    )
     assert (manifest["spec"]["completions"], manifest["spec"]["parallelism"]) == (3, 2)
 
 
 def test_namespace_manifest_is_labelled_with_the_run_id() -> None:
     assert demo.namespace_manifest(NAMESPACE, RUN_ID) == {
-        "apiVersion": "v1", "kind": "Namespace",
+        "apiVersion": "v1",
+        "kind": "Namespace",
         "metadata": {"name": NAMESPACE, "labels": {"agc-demo-run": RUN_ID}},
     }
 
 
 def test_configmap_manifest_ships_the_worker_as_episode_py() -> None:
     assert demo.configmap_manifest(NAMESPACE, demo.WORKER_SOURCE) == {
-        "apiVersion": "v1", "kind": "ConfigMap",
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
         "metadata": {"name": "episode", "namespace": NAMESPACE},
         "data": {"episode.py": demo.WORKER_SOURCE},
     }
@@ -239,8 +307,11 @@ def test_harden_labels_the_namespace_for_pod_security_restricted() -> None:
     labels = demo.namespace_manifest(NAMESPACE, RUN_ID, harden=True)["metadata"]["labels"]
     assert labels["agc-demo-run"] == RUN_ID
     assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
-    modes = {key: value for key, value in labels.items()
-             if key.startswith("pod-security.kubernetes.io/") and not key.endswith("-version")}
+    modes = {
+        key: value
+        for key, value in labels.items()
+        if key.startswith("pod-security.kubernetes.io/") and not key.endswith("-version")
+    }
     assert set(modes.values()) == {"restricted"}
 
 
@@ -259,9 +330,18 @@ def test_indexed_mode_for_episode_scripts_adds_completion_index() -> None:
     manifest = demo.job_manifest(NAMESPACE, 10, 10, "python:3.12-alpine", "cube", indexed=True)
     assert manifest["spec"]["completionMode"] == "Indexed"
     env = manifest["spec"]["template"]["spec"]["containers"][0]["env"]
-    assert env[0] == {"name": "EPISODE_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
-    assert {"name": "EPISODE_INDEX", "valueFrom": {"fieldRef": {
-        "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}} in env
+    assert env[0] == {
+        "name": "EPISODE_ID",
+        "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}},
+    }
+    assert {
+        "name": "EPISODE_INDEX",
+        "valueFrom": {
+            "fieldRef": {
+                "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+            }
+        },
+    } in env
     # Everything else is the Part A Job.
     del manifest["spec"]["completionMode"]
     manifest["spec"]["template"]["spec"]["containers"][0]["env"] = env[:1]
@@ -269,20 +349,37 @@ def test_indexed_mode_for_episode_scripts_adds_completion_index() -> None:
 
 
 def test_planned_objects_index_only_custom_scripts() -> None:
-    settings = demo.Settings(count=4, parallelism=2, image="python:3.12-alpine", runtime="cube", timeout=240)
+    settings = demo.Settings(
+        count=4, parallelism=2, image="python:3.12-alpine", runtime="cube", timeout=240
+    )
     builtin_job = demo.planned_objects(NAMESPACE, RUN_ID, settings, demo.WORKER_SOURCE)[-1]
-    custom_job = demo.planned_objects(NAMESPACE, RUN_ID, dataclasses.replace(settings, builtin=False), "print()")[-1]
+    custom_job = demo.planned_objects(
+        NAMESPACE, RUN_ID, dataclasses.replace(settings, builtin=False), "print()"
+    )[-1]
     assert "completionMode" not in builtin_job["spec"]
     assert custom_job["spec"]["completionMode"] == "Indexed"
 
 
 def test_the_plan_lists_every_object_in_creation_order_and_each_batch_job_by_name() -> None:
-    settings = demo.Settings(count=4, parallelism=2, image="python:3.12-alpine", runtime="cube", timeout=240,
-                             harden=True, rounds=2, warmup=True)
+    settings = demo.Settings(
+        count=4,
+        parallelism=2,
+        image="python:3.12-alpine",
+        runtime="cube",
+        timeout=240,
+        harden=True,
+        rounds=2,
+        warmup=True,
+    )
     plan = demo.plan_run(NAMESPACE, RUN_ID, settings, demo.WORKER_SOURCE)
     assert [(o["kind"], o["metadata"]["name"]) for o in plan.objects()] == [
-        ("Namespace", NAMESPACE), ("NetworkPolicy", "deny-all"), ("ConfigMap", "episode"),
-        ("Job", "rollout-warmup"), ("Job", "rollout-1"), ("Job", "rollout-2")]
+        ("Namespace", NAMESPACE),
+        ("NetworkPolicy", "deny-all"),
+        ("ConfigMap", "episode"),
+        ("Job", "rollout-warmup"),
+        ("Job", "rollout-1"),
+        ("Job", "rollout-2"),
+    ]
     assert list(plan.jobs) == ["rollout-warmup", "rollout-1", "rollout-2"]
     assert plan.objects() == demo.planned_objects(NAMESPACE, RUN_ID, settings, demo.WORKER_SOURCE)
 
@@ -308,18 +405,30 @@ def test_a_receipt_is_saved_at_every_change_with_the_guides_keys(tmp_path: Path)
     assert saved()["jobs"] == {"rollout-warmup": "warmup-uid"} and "job_uid" not in saved()
     receipt.record_job("rollout", "job-uid")
     assert saved() == {
-        "context": "kind-kind", "namespace": NAMESPACE, "run_id": RUN_ID, "uid": "ns-uid",
-        "namespace_uid": "ns-uid", "jobs": {"rollout-warmup": "warmup-uid", "rollout": "job-uid"},
-        "job_uid": "job-uid"}
+        "context": "kind-kind",
+        "namespace": NAMESPACE,
+        "run_id": RUN_ID,
+        "uid": "ns-uid",
+        "namespace_uid": "ns-uid",
+        "jobs": {"rollout-warmup": "warmup-uid", "rollout": "job-uid"},
+        "job_uid": "job-uid",
+    }
     assert sorted(path.name for path in tmp_path.iterdir()) == ["receipt.json"]  # no temporary left
     read = demo.Receipt.read(str(tmp_path))
-    assert (read.context, read.namespace, read.run_id, read.namespace_uid) == ("kind-kind", NAMESPACE, RUN_ID, "ns-uid")
+    assert (read.context, read.namespace, read.run_id, read.namespace_uid) == (
+        "kind-kind",
+        NAMESPACE,
+        RUN_ID,
+        "ns-uid",
+    )
     assert read.job_uids() == {"rollout-warmup": "warmup-uid", "rollout": "job-uid"}
 
 
 def test_a_namespace_is_ours_by_the_run_label_and_once_recorded_by_its_uid(tmp_path: Path) -> None:
     receipt = demo.Receipt.start(str(tmp_path), "kind-kind", NAMESPACE, RUN_ID)
-    assert receipt.owns_namespace(live_namespace(RUN_ID, "any-uid"))  # created, its UID not yet recorded
+    assert receipt.owns_namespace(
+        live_namespace(RUN_ID, "any-uid")
+    )  # created, its UID not yet recorded
     assert not receipt.owns_namespace(live_namespace("fedcba987654", "any-uid"))
     assert not receipt.owns_namespace({"metadata": {"name": NAMESPACE, "uid": "any-uid"}})
     assert not receipt.owns_namespace(None)
@@ -329,8 +438,11 @@ def test_a_namespace_is_ours_by_the_run_label_and_once_recorded_by_its_uid(tmp_p
 
 
 def test_the_guides_receipt_proves_its_job_by_the_uid_in_job_json(tmp_path: Path) -> None:
-    (tmp_path / "receipt.json").write_text(json.dumps(
-        {"context": "kind-kind", "namespace": NAMESPACE, "run_id": RUN_ID, "uid": "ns-uid"}))
+    (tmp_path / "receipt.json").write_text(
+        json.dumps(
+            {"context": "kind-kind", "namespace": NAMESPACE, "run_id": RUN_ID, "uid": "ns-uid"}
+        )
+    )
     assert demo.Receipt.read(str(tmp_path)).job_uids() == {}
     (tmp_path / "job.json").write_text(json.dumps(make_job()))
     receipt = demo.Receipt.read(str(tmp_path))
@@ -358,15 +470,21 @@ def test_percentile_of_two_samples_interpolates() -> None:
 TEN = [3.7, 0.8, 9.0, 2.4, 1.3, 3.7, 4.1, 1.1, 3.0, 2.0]
 
 
-@pytest.mark.parametrize("q, expected", [
-    (0.0, 0.8),
-    (0.50, 2.7),    # index 9*0.50 = 4.5  -> 2.4 + 0.5*(3.0-2.4)  = 2.7
-    (0.90, 4.59),   # index 9*0.90 = 8.1  -> 4.1 + 0.1*(9.0-4.1)  = 4.59
-    (0.95, 6.795),  # index 9*0.95 = 8.55 -> 4.1 + 0.55*(9.0-4.1) = 6.795 (NumPy: np.percentile(x, 95) = 6.795)
-    (0.99, 8.559),  # index 9*0.99 = 8.91 -> 4.1 + 0.91*(9.0-4.1) = 8.559
-    (1.0, 9.0),
-    (0.70, 3.7),    # index 6.3 between two equal values 3.7 and 3.7
-])
+@pytest.mark.parametrize(
+    "q, expected",
+    [
+        (0.0, 0.8),
+        (0.50, 2.7),  # index 9*0.50 = 4.5  -> 2.4 + 0.5*(3.0-2.4)  = 2.7
+        (0.90, 4.59),  # index 9*0.90 = 8.1  -> 4.1 + 0.1*(9.0-4.1)  = 4.59
+        (
+            0.95,
+            6.795,
+        ),  # index 9*0.95 = 8.55 -> 4.1 + 0.55*(9.0-4.1) = 6.795 (NumPy: np.percentile(x, 95) = 6.795)
+        (0.99, 8.559),  # index 9*0.99 = 8.91 -> 4.1 + 0.91*(9.0-4.1) = 8.559
+        (1.0, 9.0),
+        (0.70, 3.7),  # index 6.3 between two equal values 3.7 and 3.7
+    ],
+)
 def test_percentile_of_ten_unsorted_samples(q: float, expected: float) -> None:
     assert demo.percentile(TEN, q) == pytest.approx(expected, abs=1e-9)
 
@@ -381,8 +499,13 @@ def test_percentile_does_not_reorder_its_input_and_refuses_no_values() -> None:
 
 def test_describe_gives_rounded_percentiles_max_mean_and_counts() -> None:
     assert demo.describe(TEN, missing=1) == {
-        "samples": 10, "missing": 1,
-        "p50": 2.7, "p95": 6.795, "p99": 8.559, "max": 9.0, "mean": 3.11,
+        "samples": 10,
+        "missing": 1,
+        "p50": 2.7,
+        "p95": 6.795,
+        "p99": 8.559,
+        "max": 9.0,
+        "mean": 3.11,
     }
     assert demo.describe([], missing=3) == {"samples": 0, "missing": 3}
 
@@ -403,8 +526,11 @@ def test_a_fully_valid_batch_passes_sorted_by_pod_name() -> None:
     job, pods, logs = valid_batch()
     episodes = demo.verify_batch(3, job, list(reversed(pods)), logs)
     assert [pod["metadata"]["name"] for pod, _, _ in episodes] == [POD_A, POD_B, POD_C]
-    assert [(ready["event"], ready["at"]) for _, ready, _ in episodes] == \
-        [("ready", T0 + 3.5), ("ready", T0 + 4.25), ("ready", T0 + 5.0)]
+    assert [(ready["event"], ready["at"]) for _, ready, _ in episodes] == [
+        ("ready", T0 + 3.5),
+        ("ready", T0 + 4.25),
+        ("ready", T0 + 5.0),
+    ]
     assert [reward["reward"] for _, _, reward in episodes] == [1, 1, 1]
 
 
@@ -417,8 +543,9 @@ def test_fewer_pods_than_the_count_fail() -> None:
 def test_more_pods_than_the_count_fail() -> None:
     job, pods, logs = valid_batch()
     replacement = make_pod("rollout-zz9zz", created=stamp(3))
-    logs["rollout-zz9zz"] = log_text(ready_event("rollout-zz9zz", T0 + 6.0),
-                                     reward_event("rollout-zz9zz", T0 + 9.0))
+    logs["rollout-zz9zz"] = log_text(
+        ready_event("rollout-zz9zz", T0 + 6.0), reward_event("rollout-zz9zz", T0 + 9.0)
+    )
     with pytest.raises(VerificationError, match=r"expected 3 pods .*found 4"):
         demo.verify_batch(3, job, pods + [replacement], logs)
 
@@ -431,13 +558,34 @@ def test_a_pod_not_succeeded_fails(phase: str) -> None:
         demo.verify_batch(3, job, pods, logs)
 
 
-@pytest.mark.parametrize("events, event, found", [
-    ([reward_event(POD_B, T0 + 8.5)], "ready", 0),
-    ([ready_event(POD_B, T0 + 4.25), ready_event(POD_B, T0 + 4.5), reward_event(POD_B, T0 + 8.5)], "ready", 2),
-    ([ready_event(POD_B, T0 + 4.25)], "reward", 0),
-    ([ready_event(POD_B, T0 + 4.25), reward_event(POD_B, T0 + 8.5), reward_event(POD_B, T0 + 8.6)], "reward", 2),
-])
-def test_not_exactly_one_ready_or_reward_event_fails(events: list[dict], event: str, found: int) -> None:
+@pytest.mark.parametrize(
+    "events, event, found",
+    [
+        ([reward_event(POD_B, T0 + 8.5)], "ready", 0),
+        (
+            [
+                ready_event(POD_B, T0 + 4.25),
+                ready_event(POD_B, T0 + 4.5),
+                reward_event(POD_B, T0 + 8.5),
+            ],
+            "ready",
+            2,
+        ),
+        ([ready_event(POD_B, T0 + 4.25)], "reward", 0),
+        (
+            [
+                ready_event(POD_B, T0 + 4.25),
+                reward_event(POD_B, T0 + 8.5),
+                reward_event(POD_B, T0 + 8.6),
+            ],
+            "reward",
+            2,
+        ),
+    ],
+)
+def test_not_exactly_one_ready_or_reward_event_fails(
+    events: list[dict], event: str, found: int
+) -> None:
     assert_log_fails(POD_B, events, rf".*one {event} event, found {found}")
 
 
@@ -449,31 +597,48 @@ def test_an_empty_or_missing_log_fails() -> None:
 
 
 def test_ready_episode_id_must_be_the_pod_name() -> None:
-    assert_log_fails(POD_A, [ready_event(POD_B, T0 + 3.5), reward_event(POD_B, T0 + 8.0)],
-                     f"ready event has episode_id '{POD_B}'")
+    assert_log_fails(
+        POD_A,
+        [ready_event(POD_B, T0 + 3.5), reward_event(POD_B, T0 + 8.0)],
+        f"ready event has episode_id '{POD_B}'",
+    )
 
 
 def test_reward_episode_id_must_equal_the_ready_one() -> None:
-    assert_log_fails(POD_A, [ready_event(POD_A, T0 + 3.5), reward_event("", T0 + 8.0)],
-                     "reward event has episode_id ''")
+    assert_log_fails(
+        POD_A,
+        [ready_event(POD_A, T0 + 3.5), reward_event("", T0 + 8.0)],
+        "reward event has episode_id ''",
+    )
 
 
-@pytest.mark.parametrize("reward, shown", [(0, "0"), (True, "True"), (0.5, "0.5"), ("1", "'1'"), (None, "None")])
+@pytest.mark.parametrize(
+    "reward, shown", [(0, "0"), (True, "True"), (0.5, "0.5"), ("1", "'1'"), (None, "None")]
+)
 def test_builtin_reward_must_be_the_integer_1(reward: Any, shown: str) -> None:
-    assert_log_fails(POD_C, [ready_event(POD_C, T0 + 5.0), reward_event(POD_C, T0 + 9.75, reward=reward)],
-                     f"reward is {shown}, not 1")
+    assert_log_fails(
+        POD_C,
+        [ready_event(POD_C, T0 + 5.0), reward_event(POD_C, T0 + 9.75, reward=reward)],
+        f"reward is {shown}, not 1",
+    )
 
 
 @pytest.mark.parametrize("tests_exit", [1, False, "0"])
 def test_builtin_tests_exit_must_be_0(tests_exit: object) -> None:
-    assert_log_fails(POD_C, [ready_event(POD_C, T0 + 5.0), reward_event(POD_C, T0 + 9.75, tests_exit=tests_exit)],
-                     f"tests_exit is {tests_exit!r}, not 0")
+    assert_log_fails(
+        POD_C,
+        [ready_event(POD_C, T0 + 5.0), reward_event(POD_C, T0 + 9.75, tests_exit=tests_exit)],
+        f"tests_exit is {tests_exit!r}, not 0",
+    )
 
 
 @pytest.mark.parametrize("baseline", [0, None, True, "1"])
 def test_builtin_baseline_must_have_failed(baseline: object) -> None:
-    assert_log_fails(POD_C, [ready_event(POD_C, T0 + 5.0), reward_event(POD_C, T0 + 9.75, baseline_exit=baseline)],
-                     f"baseline_exit is {baseline!r}; the baseline must fail")
+    assert_log_fails(
+        POD_C,
+        [ready_event(POD_C, T0 + 5.0), reward_event(POD_C, T0 + 9.75, baseline_exit=baseline)],
+        f"baseline_exit is {baseline!r}; the baseline must fail",
+    )
 
 
 def test_pod_created_before_its_job_is_out_of_order() -> None:
@@ -485,11 +650,15 @@ def test_pod_created_before_its_job_is_out_of_order() -> None:
 
 def test_ready_before_pod_creation_is_out_of_order() -> None:
     # POD_C was created at T0+2; a ready at T0+1.5 cannot be its.
-    assert_log_fails(POD_C, [ready_event(POD_C, T0 + 1.5), reward_event(POD_C, T0 + 9.75)], "times out of order")
+    assert_log_fails(
+        POD_C, [ready_event(POD_C, T0 + 1.5), reward_event(POD_C, T0 + 9.75)], "times out of order"
+    )
 
 
 def test_reward_before_ready_is_out_of_order() -> None:
-    assert_log_fails(POD_B, [ready_event(POD_B, T0 + 4.25), reward_event(POD_B, T0 + 4.0)], "times out of order")
+    assert_log_fails(
+        POD_B, [ready_event(POD_B, T0 + 4.25), reward_event(POD_B, T0 + 4.0)], "times out of order"
+    )
 
 
 def test_equal_whole_second_times_are_in_order() -> None:
@@ -528,22 +697,36 @@ def test_custom_script_rewards_may_be_any_number(reward: float) -> None:
     job, pods, logs = valid_batch()
     for name in logs:  # a custom script need not report baseline or tests exits
         ready_at = json.loads(logs[name].splitlines()[0])["at"]
-        logs[name] = ("setting up\n" + json.dumps(ready_event(name, ready_at)) + "\n"
-                      + json.dumps({"event": "reward", "at": ready_at + 1.0, "episode_id": name,
-                                    "reward": reward}) + "\n")
+        logs[name] = (
+            "setting up\n"
+            + json.dumps(ready_event(name, ready_at))
+            + "\n"
+            + json.dumps(
+                {"event": "reward", "at": ready_at + 1.0, "episode_id": name, "reward": reward}
+            )
+            + "\n"
+        )
     episodes = demo.verify_batch(3, job, pods, logs, builtin=False)
     assert [r["reward"] for _, _, r in episodes] == [reward] * 3
 
 
 @pytest.mark.parametrize("reward, shown", [("high", "'high'"), (None, "None"), (True, "True")])
 def test_custom_script_reward_must_be_a_number(reward: Any, shown: str) -> None:
-    assert_log_fails(POD_A, [ready_event(POD_A, T0 + 3.5), reward_event(POD_A, T0 + 8.0, reward=reward)],
-                     f"reward is {shown}, not a number", builtin=False)
+    assert_log_fails(
+        POD_A,
+        [ready_event(POD_A, T0 + 3.5), reward_event(POD_A, T0 + 8.0, reward=reward)],
+        f"reward is {shown}, not a number",
+        builtin=False,
+    )
 
 
 def test_custom_script_still_checks_ids_and_order() -> None:
-    assert_log_fails(POD_A, [ready_event(POD_A, T0 + 3.5), reward_event(POD_A, T0 + 3.0, reward=0)],
-                     "times out of order", builtin=False)
+    assert_log_fails(
+        POD_A,
+        [ready_event(POD_A, T0 + 3.5), reward_event(POD_A, T0 + 3.0, reward=0)],
+        "times out of order",
+        builtin=False,
+    )
 
 
 # --------------------------------------------------------------------------
@@ -554,17 +737,17 @@ def test_parse_events_keeps_only_json_events() -> None:
     ready = ready_event(POD_A, T0 + 3.5)
     reward = reward_event(POD_A, T0 + 8.0)
     lines = [
-        "Collecting wheel...",                       # plain text
-        "",                                          # blank
+        "Collecting wheel...",  # plain text
+        "",  # blank
         json.dumps(ready),
-        "  " + json.dumps({"note": "no event"}),     # JSON, not an event
-        json.dumps({"event": 5, "at": 1.0}),         # event name not a string
-        json.dumps([{"event": "ready"}]),            # JSON, not an object
-        '"ready"',                                   # JSON string
-        '{"event": "reward", "at": 17',              # broken JSON
+        "  " + json.dumps({"note": "no event"}),  # JSON, not an event
+        json.dumps({"event": 5, "at": 1.0}),  # event name not a string
+        json.dumps([{"event": "ready"}]),  # JSON, not an object
+        '"ready"',  # JSON string
+        '{"event": "reward", "at": 17',  # broken JSON
         "{not json at all}",
         "Traceback (most recent call last):",
-        "   " + json.dumps(reward) + "   ",          # surrounding whitespace is fine
+        "   " + json.dumps(reward) + "   ",  # surrounding whitespace is fine
     ]
     assert demo.parse_events(lines) == [ready, reward]
 
@@ -577,15 +760,18 @@ def test_parse_events_of_nothing_is_nothing() -> None:
 BASE = calendar.timegm((2026, 11, 29, 20, 0, 1))
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("2026-11-29T20:00:01Z", BASE),
-    ("2026-11-29T20:00:01z", BASE),
-    ("2026-11-29T20:00:01+00:00", BASE),
-    ("2026-11-29T21:00:01+01:00", BASE),
-    ("2026-11-29T15:30:01-04:30", BASE),
-    ("2026-11-29T21:00:01.25+01:00", BASE + 0.25),
-    ("2026-11-30T00:00:00Z", calendar.timegm((2026, 11, 30, 0, 0, 0))),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("2026-11-29T20:00:01Z", BASE),
+        ("2026-11-29T20:00:01z", BASE),
+        ("2026-11-29T20:00:01+00:00", BASE),
+        ("2026-11-29T21:00:01+01:00", BASE),
+        ("2026-11-29T15:30:01-04:30", BASE),
+        ("2026-11-29T21:00:01.25+01:00", BASE + 0.25),
+        ("2026-11-30T00:00:00Z", calendar.timegm((2026, 11, 30, 0, 0, 0))),
+    ],
+)
 def test_parse_time_whole_seconds_and_offsets(text: str, expected: float) -> None:
     assert demo.parse_time(text) == expected
 
@@ -595,23 +781,49 @@ def test_parse_time_fractions_of_1_to_9_digits(digits: int) -> None:
     fraction = "123456789"[:digits]
     parsed = demo.parse_time(f"2026-11-29T20:00:01.{fraction}Z")
     # Microsecond resolution: digits past the sixth are dropped, never rounded up a second.
-    assert parsed == pytest.approx(BASE + int(fraction) / 10 ** digits, abs=1.5e-6)
+    assert parsed == pytest.approx(BASE + int(fraction) / 10**digits, abs=1.5e-6)
     assert BASE <= parsed < BASE + 1
 
 
-@pytest.mark.parametrize("text", [None, "", "   ", "yesterday", "2026-13-01T00:00:00Z",
-                                  "2026-11-29T25:00:00Z", "2026-11-29T20:00:01+25:00", "1795982401"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        None,
+        "",
+        "   ",
+        "yesterday",
+        "2026-13-01T00:00:00Z",
+        "2026-11-29T25:00:00Z",
+        "2026-11-29T20:00:01+25:00",
+        "1795982401",
+    ],
+)
 def test_parse_time_bad_input_is_none(text: Optional[str]) -> None:
     assert demo.parse_time(text) is None
 
 
 STREAM_VALUES = [
-    {"type": "ADDED", "object": {"kind": "Job", "metadata": {"name": "rollout"},
-                                 "status": {"active": 3}}},
-    {"type": "MODIFIED", "object": {"kind": "Pod", "metadata": {"name": POD_A, "annotations": {
-        "note": "braces } { and \"quotes\" and \\ backslash, unicode \u00e9"}}}},
-    {"type": "MODIFIED", "object": {"kind": "Job", "status": {"conditions": [
-        {"type": "Complete", "status": "True"}], "succeeded": 3}}},
+    {
+        "type": "ADDED",
+        "object": {"kind": "Job", "metadata": {"name": "rollout"}, "status": {"active": 3}},
+    },
+    {
+        "type": "MODIFIED",
+        "object": {
+            "kind": "Pod",
+            "metadata": {
+                "name": POD_A,
+                "annotations": {"note": 'braces } { and "quotes" and \\ backslash, unicode \u00e9'},
+            },
+        },
+    },
+    {
+        "type": "MODIFIED",
+        "object": {
+            "kind": "Job",
+            "status": {"conditions": [{"type": "Complete", "status": "True"}], "succeeded": 3},
+        },
+    },
 ]
 # What `kubectl get -w -o json` prints: pretty-printed values one after another.
 STREAM_TEXT = "".join(json.dumps(value, indent=4) + "\n" for value in STREAM_VALUES)
@@ -623,7 +835,10 @@ def test_iter_json_stream_whole_text() -> None:
 
 def test_iter_json_stream_split_at_every_point() -> None:
     quote_inside = STREAM_TEXT.index("braces }") + 3  # a split inside a string
-    assert list(demo.iter_json_stream([STREAM_TEXT[:quote_inside], STREAM_TEXT[quote_inside:]])) == STREAM_VALUES
+    assert (
+        list(demo.iter_json_stream([STREAM_TEXT[:quote_inside], STREAM_TEXT[quote_inside:]]))
+        == STREAM_VALUES
+    )
     for split in range(len(STREAM_TEXT) + 1):
         chunks = [STREAM_TEXT[:split], STREAM_TEXT[split:]]
         assert list(demo.iter_json_stream(chunks)) == STREAM_VALUES, f"split at {split}"
@@ -631,13 +846,13 @@ def test_iter_json_stream_split_at_every_point() -> None:
 
 @pytest.mark.parametrize("size", [1, 2, 3, 7, 64])
 def test_iter_json_stream_in_small_chunks(size: int) -> None:
-    chunks = [STREAM_TEXT[i:i + size] for i in range(0, len(STREAM_TEXT), size)]
+    chunks = [STREAM_TEXT[i : i + size] for i in range(0, len(STREAM_TEXT), size)]
     assert list(demo.iter_json_stream(iter(chunks))) == STREAM_VALUES
 
 
 def test_iter_json_stream_yields_each_value_as_soon_as_it_is_complete() -> None:
     first = json.dumps(STREAM_VALUES[0], indent=4) + "\n"
-    stream = demo.iter_json_stream(iter([first, "{\n  \"type\": \"MOD"]))
+    stream = demo.iter_json_stream(iter([first, '{\n  "type": "MOD']))
     assert next(stream) == STREAM_VALUES[0]
     assert list(stream) == []  # an unfinished value is not invented
 
@@ -657,36 +872,84 @@ def test_iter_json_stream_yields_each_value_as_soon_as_it_is_complete() -> None:
 def synthetic_batch() -> tuple[dict, list[dict], dict[str, str], list[dict]]:
     job = make_job(end_at=stamp(11), criteria_at=stamp(11))
     pods = [
-        make_pod(POD_A, created=stamp(1), scheduled=stamp(1), sandbox_ready=stamp(2), started=stamp(2),
-                 finished=stamp(9), node="node-1", image_id="docker.io/library/python@sha256:aaa"),
-        make_pod(POD_B, created=stamp(1), scheduled=stamp(2), sandbox_ready=stamp(3), started=stamp(3),
-                 finished=stamp(9), node="node-2", image_id="docker.io/library/python@sha256:bbb"),
-        make_pod(POD_C, created=stamp(2), scheduled=stamp(2), sandbox_ready=None, started=stamp(3),
-                 finished=stamp(10), node="node-1", image_id="docker.io/library/python@sha256:aaa"),
+        make_pod(
+            POD_A,
+            created=stamp(1),
+            scheduled=stamp(1),
+            sandbox_ready=stamp(2),
+            started=stamp(2),
+            finished=stamp(9),
+            node="node-1",
+            image_id="docker.io/library/python@sha256:aaa",
+        ),
+        make_pod(
+            POD_B,
+            created=stamp(1),
+            scheduled=stamp(2),
+            sandbox_ready=stamp(3),
+            started=stamp(3),
+            finished=stamp(9),
+            node="node-2",
+            image_id="docker.io/library/python@sha256:bbb",
+        ),
+        make_pod(
+            POD_C,
+            created=stamp(2),
+            scheduled=stamp(2),
+            sandbox_ready=None,
+            started=stamp(3),
+            finished=stamp(10),
+            node="node-1",
+            image_id="docker.io/library/python@sha256:aaa",
+        ),
     ]
     logs = {
-        POD_A: log_text(ready_event(POD_A, T0 + 3.5, imports_done_at=T0 + 3.25, process_started_at=T0 + 2.5),
-                        reward_event(POD_A, T0 + 8.0)),
-        POD_B: log_text(ready_event(POD_B, T0 + 4.25, imports_done_at=T0 + 4.0, process_started_at=T0 + 3.0),
-                        reward_event(POD_B, T0 + 8.5)),
-        POD_C: "Python 3.12 starting\n" + log_text(
+        POD_A: log_text(
+            ready_event(POD_A, T0 + 3.5, imports_done_at=T0 + 3.25, process_started_at=T0 + 2.5),
+            reward_event(POD_A, T0 + 8.0),
+        ),
+        POD_B: log_text(
+            ready_event(POD_B, T0 + 4.25, imports_done_at=T0 + 4.0, process_started_at=T0 + 3.0),
+            reward_event(POD_B, T0 + 8.5),
+        ),
+        POD_C: "Python 3.12 starting\n"
+        + log_text(
             ready_event(POD_C, T0 + 5.0, imports_done_at=T0 + 4.5, process_started_at=T0 + 3.5),
-            reward_event(POD_C, T0 + 9.75)),
+            reward_event(POD_C, T0 + 9.75),
+        ),
     }
 
     def event(reason: str, kind: str, pod: str, event_type: str = "Normal", **extra: Any) -> dict:
-        return dict({"apiVersion": "v1", "kind": "Event", "reason": reason, "type": event_type,
-                     "involvedObject": {"kind": kind, "name": pod, "namespace": NAMESPACE},
-                     "metadata": {"name": f"{pod}.{reason}", "namespace": NAMESPACE}}, **extra)
+        return dict(
+            {
+                "apiVersion": "v1",
+                "kind": "Event",
+                "reason": reason,
+                "type": event_type,
+                "involvedObject": {"kind": kind, "name": pod, "namespace": NAMESPACE},
+                "metadata": {"name": f"{pod}.{reason}", "namespace": NAMESPACE},
+            },
+            **extra,
+        )
 
     events = [
         event("Scheduled", "Pod", POD_A, eventTime="2026-11-29T20:00:01.250000Z", count=None),
         event("Scheduled", "Pod", POD_B, eventTime="2026-11-29T20:00:01.500000Z", count=None),
         event("SuccessfulCreate", "Job", "rollout", count=3),
         event("Pulled", "Pod", POD_C, count=1),  # no message: which it was is unknown
-        event("Pulled", "Pod", POD_A, message='Container image "python:3.12-alpine" already present on machine'),
-        event("Pulled", "Pod", POD_B, message='Successfully pulled image "python:3.12-alpine" in 2.1s '
-                                               '(2.1s including waiting). Image size: 19203584 bytes.'),
+        event(
+            "Pulled",
+            "Pod",
+            POD_A,
+            message='Container image "python:3.12-alpine" already present on machine',
+        ),
+        event(
+            "Pulled",
+            "Pod",
+            POD_B,
+            message='Successfully pulled image "python:3.12-alpine" in 2.1s '
+            "(2.1s including waiting). Image size: 19203584 bytes.",
+        ),
         event("FailedScheduling", "Pod", POD_C, event_type="Warning", count=2),
         event("FailedScheduling", "Pod", POD_C, event_type="Warning"),
         event("BackOff", "Pod", POD_B, event_type="Warning", count=1),
@@ -695,8 +958,15 @@ def synthetic_batch() -> tuple[dict, list[dict], dict[str, str], list[dict]]:
     return job, pods, logs, events
 
 
-ROW_FIELDS = ["pod", "node", "image_id", "reward", "pod_to_ready_seconds",
-              "batch_to_ready_seconds", "batch_to_reward_seconds"]
+ROW_FIELDS = [
+    "pod",
+    "node",
+    "image_id",
+    "reward",
+    "pod_to_ready_seconds",
+    "batch_to_ready_seconds",
+    "batch_to_reward_seconds",
+]
 
 
 def test_summarise_batch_rows_are_exactly_the_spec_fields_hand_computed() -> None:
@@ -704,12 +974,33 @@ def test_summarise_batch_rows_are_exactly_the_spec_fields_hand_computed() -> Non
     summary = demo.summarise_batch(job, pods, logs, events, 3)
     assert [list(row) for row in summary.figures["pods"]] == [ROW_FIELDS] * 3
     assert summary.figures["pods"] == [
-        {"pod": POD_A, "node": "node-1", "image_id": "docker.io/library/python@sha256:aaa", "reward": 1,
-         "pod_to_ready_seconds": 2.5, "batch_to_ready_seconds": 3.5, "batch_to_reward_seconds": 8.0},
-        {"pod": POD_B, "node": "node-2", "image_id": "docker.io/library/python@sha256:bbb", "reward": 1,
-         "pod_to_ready_seconds": 3.25, "batch_to_ready_seconds": 4.25, "batch_to_reward_seconds": 8.5},
-        {"pod": POD_C, "node": "node-1", "image_id": "docker.io/library/python@sha256:aaa", "reward": 1,
-         "pod_to_ready_seconds": 3.0, "batch_to_ready_seconds": 5.0, "batch_to_reward_seconds": 9.75},
+        {
+            "pod": POD_A,
+            "node": "node-1",
+            "image_id": "docker.io/library/python@sha256:aaa",
+            "reward": 1,
+            "pod_to_ready_seconds": 2.5,
+            "batch_to_ready_seconds": 3.5,
+            "batch_to_reward_seconds": 8.0,
+        },
+        {
+            "pod": POD_B,
+            "node": "node-2",
+            "image_id": "docker.io/library/python@sha256:bbb",
+            "reward": 1,
+            "pod_to_ready_seconds": 3.25,
+            "batch_to_ready_seconds": 4.25,
+            "batch_to_reward_seconds": 8.5,
+        },
+        {
+            "pod": POD_C,
+            "node": "node-1",
+            "image_id": "docker.io/library/python@sha256:aaa",
+            "reward": 1,
+            "pod_to_ready_seconds": 3.0,
+            "batch_to_ready_seconds": 5.0,
+            "batch_to_reward_seconds": 9.75,
+        },
     ]
 
 
@@ -717,13 +1008,27 @@ def test_summarise_batch_headline_figures() -> None:
     job, pods, logs, events = synthetic_batch()
     summary = demo.summarise_batch(job, pods, logs, events, 3)
     # pod_to_ready sorted: 2.5 3.0 3.25; p50 = 3.0; p95 index 1.9 -> 3.0 + 0.9*0.25 = 3.225.
-    assert {key: summary.figures[key] for key in (
-        "episodes", "successful_episodes", "reward_sum", "batch_to_all_ready_seconds",
-        "batch_to_all_rewards_seconds", "pod_to_ready_p50_seconds", "pod_to_ready_p95_seconds",
-        "pod_to_ready_max_seconds")} == {
-        "episodes": 3, "successful_episodes": 3, "reward_sum": 3,
-        "batch_to_all_ready_seconds": 5.0, "batch_to_all_rewards_seconds": 9.75,
-        "pod_to_ready_p50_seconds": 3.0, "pod_to_ready_p95_seconds": 3.225, "pod_to_ready_max_seconds": 3.25,
+    assert {
+        key: summary.figures[key]
+        for key in (
+            "episodes",
+            "successful_episodes",
+            "reward_sum",
+            "batch_to_all_ready_seconds",
+            "batch_to_all_rewards_seconds",
+            "pod_to_ready_p50_seconds",
+            "pod_to_ready_p95_seconds",
+            "pod_to_ready_max_seconds",
+        )
+    } == {
+        "episodes": 3,
+        "successful_episodes": 3,
+        "reward_sum": 3,
+        "batch_to_all_ready_seconds": 5.0,
+        "batch_to_all_rewards_seconds": 9.75,
+        "pod_to_ready_p50_seconds": 3.0,
+        "pod_to_ready_p95_seconds": 3.225,
+        "pod_to_ready_max_seconds": 3.25,
     }
 
 
@@ -739,50 +1044,102 @@ def test_phases_with_precision_and_missing_counts() -> None:
     phases = demo.summarise_batch(job, pods, logs, events, 3).figures["phases"]
 
     def figures(name: str) -> dict:
-        return {k: phases[name][k] for k in ("samples", "missing", "p50", "max", "precision_seconds")}
+        return {
+            k: phases[name][k] for k in ("samples", "missing", "p50", "max", "precision_seconds")
+        }
 
     # A phase's precision is the sum of its ends' (the interval of a difference); the table's
     # precision is the largest of its episodes'.
     # scheduling = scheduled - created: A 0.25, B 0.5 (events), C 0.0 (both whole-second conditions).
-    assert figures("scheduling") == {"samples": 3, "missing": 0, "p50": 0.25, "max": 0.5, "precision_seconds": 2.0}
+    assert figures("scheduling") == {
+        "samples": 3,
+        "missing": 0,
+        "p50": 0.25,
+        "max": 0.5,
+        "precision_seconds": 2.0,
+    }
     assert phases["scheduling"]["p95"] == 0.475  # index 1.9 -> 0.25 + 0.9*0.25
     # With no kubelet event and no watch, PodReadyToStartContainers (stamped when the kubelet
     # reported it) only bounds the sandbox from above: A is in [scheduled 1.25, 3), read at
     # its stamp 2 -> 0.75; B in [1.5, 4), read at 3 -> 1.5; C has no condition: missing.
-    assert figures("sandbox_creation") == {"samples": 2, "missing": 1, "p50": 1.125, "max": 1.5,
-                                           "precision_seconds": 2.500001}
+    assert figures("sandbox_creation") == {
+        "samples": 2,
+        "missing": 1,
+        "p50": 1.125,
+        "max": 1.5,
+        "precision_seconds": 2.500001,
+    }
     # container_start = process start (/proc ticks) - sandbox ready: A 0.5, B 0.0; C missing.
-    assert figures("container_start") == {"samples": 2, "missing": 1, "p50": 0.25, "max": 0.5,
-                                          "precision_seconds": 2.51}
+    assert figures("container_start") == {
+        "samples": 2,
+        "missing": 1,
+        "p50": 0.25,
+        "max": 0.5,
+        "precision_seconds": 2.51,
+    }
     # python_imports = imports done - process start: A 0.75, B 1.0, C 1.0; /proc ticks (10 ms).
-    assert figures("python_imports") == {"samples": 3, "missing": 0, "p50": 1.0, "max": 1.0,
-                                         "precision_seconds": 0.010001}
+    assert figures("python_imports") == {
+        "samples": 3,
+        "missing": 0,
+        "p50": 1.0,
+        "max": 1.0,
+        "precision_seconds": 0.010001,
+    }
     # imports_done_to_ready: A 0.25, B 0.25, C 0.5; both worker clocks (microseconds).
-    assert figures("imports_done_to_ready") == {"samples": 3, "missing": 0, "p50": 0.25, "max": 0.5,
-                                                "precision_seconds": 2e-6}
+    assert figures("imports_done_to_ready") == {
+        "samples": 3,
+        "missing": 0,
+        "p50": 0.25,
+        "max": 0.5,
+        "precision_seconds": 2e-6,
+    }
     # episode_work = reward - ready: A 4.5, B 4.25, C 4.75.
-    assert figures("episode_work") == {"samples": 3, "missing": 0, "p50": 4.5, "max": 4.75,
-                                       "precision_seconds": 2e-6}
+    assert figures("episode_work") == {
+        "samples": 3,
+        "missing": 0,
+        "p50": 4.5,
+        "max": 4.75,
+        "precision_seconds": 2e-6,
+    }
     # container_exit = finishedAt - reward: A 1.0, B 0.5, C 0.25.
-    assert figures("container_exit") == {"samples": 3, "missing": 0, "p50": 0.5, "max": 1.0,
-                                         "precision_seconds": 1.000001}
-    assert figures("pod_to_ready") == {"samples": 3, "missing": 0, "p50": 3.0, "max": 3.25,
-                                       "precision_seconds": 1.000001}
-    assert figures("pod_to_reward") == {"samples": 3, "missing": 0, "p50": 7.5, "max": 7.75,
-                                        "precision_seconds": 1.000001}
+    assert figures("container_exit") == {
+        "samples": 3,
+        "missing": 0,
+        "p50": 0.5,
+        "max": 1.0,
+        "precision_seconds": 1.000001,
+    }
+    assert figures("pod_to_ready") == {
+        "samples": 3,
+        "missing": 0,
+        "p50": 3.0,
+        "max": 3.25,
+        "precision_seconds": 1.000001,
+    }
+    assert figures("pod_to_reward") == {
+        "samples": 3,
+        "missing": 0,
+        "p50": 7.5,
+        "max": 7.75,
+        "precision_seconds": 1.000001,
+    }
 
 
 def test_phases_without_sandbox_condition_anywhere_are_all_missing() -> None:
     job, pods, logs, events = synthetic_batch()
     for pod in pods:
-        pod["status"]["conditions"] = [c for c in pod["status"]["conditions"]
-                                       if c["type"] != "PodReadyToStartContainers"]
+        pod["status"]["conditions"] = [
+            c for c in pod["status"]["conditions"] if c["type"] != "PodReadyToStartContainers"
+        ]
     phases = demo.summarise_batch(job, pods, logs, events, 3).figures["phases"]
     assert phases["sandbox_creation"]["samples"] == 0
     assert phases["sandbox_creation"]["missing"] == 3
     assert phases["sandbox_creation"]["precision_seconds"] is None
     assert "p50" not in phases["sandbox_creation"]
-    assert phases["sandbox_creation"]["why_missing"] == "no episode had both scheduled and sandbox_ready"
+    assert (
+        phases["sandbox_creation"]["why_missing"]
+        == "no episode had both scheduled and sandbox_ready"
+    )
     assert phases["container_start"]["missing"] == 3
 
 
@@ -815,10 +1172,16 @@ def test_completion_gap_whose_sign_its_precision_cannot_settle_is_never_negative
     job, pods, _, _ = synthetic_batch()
     gap = demo.completion_gap(job, pods, last_reward_at=T0 + 10.68, client_observed_at=T0 + 12.5)
     assert gap["bounds_seconds"]["last_reward_to_last_container_finished_seconds"] == [0.0, 0.32]
-    assert gap["last_reward_to_last_container_finished_seconds"] == 0.0  # read as finished no earlier than the reward
+    assert (
+        gap["last_reward_to_last_container_finished_seconds"] == 0.0
+    )  # read as finished no earlier than the reward
     assert gap["last_container_finished_to_job_complete_seconds"] == 0.32  # the Job stamped +11
     assert gap["job_complete_to_client_observed_seconds"] == 1.5
-    assert all(value >= 0 for key, value in gap.items() if key.endswith("_seconds") and isinstance(value, float))
+    assert all(
+        value >= 0
+        for key, value in gap.items()
+        if key.endswith("_seconds") and isinstance(value, float)
+    )
 
 
 def test_completion_gap_without_client_or_success_criteria() -> None:
@@ -835,7 +1198,11 @@ def test_node_distribution_counts_pods_per_node() -> None:
     _, pods, _, _ = synthetic_batch()
     unscheduled = make_pod("rollout-xxxxx")
     del unscheduled["spec"]["nodeName"]
-    assert demo.node_distribution(pods + [unscheduled]) == {"(unscheduled)": 1, "node-1": 2, "node-2": 1}
+    assert demo.node_distribution(pods + [unscheduled]) == {
+        "(unscheduled)": 1,
+        "node-1": 2,
+        "node-2": 1,
+    }
 
 
 def test_warning_summary_counts_per_reason_and_names_objects() -> None:
@@ -870,12 +1237,15 @@ def test_episodes_csv_has_an_index_column_only_for_an_indexed_job() -> None:
     default = demo.summarise_batch(job, pods, logs, events, 3)
     assert "index" not in next(csv.reader(io.StringIO(demo.episodes_csv([("rollout", default)]))))
     for position, pod in enumerate(pods):
-        pod["metadata"].setdefault("annotations", {})[demo.COMPLETION_INDEX_ANNOTATION] = str(position)
+        pod["metadata"].setdefault("annotations", {})[demo.COMPLETION_INDEX_ANNOTATION] = str(
+            position
+        )
     indexed = demo.summarise_batch(job, pods, logs, events, 3)
     rows = list(csv.DictReader(io.StringIO(demo.episodes_csv([("rollout", indexed)]))))
     assert sorted(row["index"] for row in rows) == ["0", "1", "2"]
     assert {row["pod"]: row["index"] for row in rows} == {
-        record["pod"]: record["index"] for record in indexed.episodes}
+        record["pod"]: record["index"] for record in indexed.episodes
+    }
 
 
 def test_episodes_csv_header_and_rows() -> None:
@@ -892,8 +1262,8 @@ def test_episodes_csv_header_and_rows() -> None:
         "1795982403.250000,1795982403.500000,1795982408.000000,1795982409.000000,"
         'Pod creationTimestamp,Scheduled event eventTime,"PodReadyToStartContainers condition,'
         ' after Scheduled eventTime","worker process start, after container startedAt",'
-        'worker /proc start time,worker imports_done_at,worker ready event,worker reward event,'
-        'container finishedAt,'
+        "worker /proc start time,worker imports_done_at,worker ready event,worker reward event,"
+        "container finishedAt,"
         "control plane,control plane,node,node,node,node,node,node,node,"
         "1,1.75,1.76,0.010001,2e-06,2e-06,1,1,1,,"
         # The kubelet's Pulled message: present, no pull, no wait.
@@ -906,8 +1276,8 @@ def test_episodes_csv_header_and_rows() -> None:
         "1795982404.000000,1795982404.250000,1795982408.500000,1795982409.000000,"
         'Pod creationTimestamp,Scheduled event eventTime,"PodReadyToStartContainers condition,'
         ' after Scheduled eventTime","worker process start, after container startedAt",'
-        'worker /proc start time,worker imports_done_at,worker ready event,worker reward event,'
-        'container finishedAt,'
+        "worker /proc start time,worker imports_done_at,worker ready event,worker reward event,"
+        "container finishedAt,"
         "control plane,control plane,node,node,node,node,node,node,node,"
         "1,2.5,2.51,0.010001,2e-06,2e-06,1,1,1,,"
         # Pulled in 2.1s (2.1s including waiting): no wait; its size.
@@ -920,8 +1290,8 @@ def test_episodes_csv_header_and_rows() -> None:
         "1795982402.000000,1795982402.000000,,1795982403.510000,1795982403.500000,1795982404.500000,"
         "1795982405.000000,1795982409.750000,1795982410.000000,"
         'Pod creationTimestamp,PodScheduled condition,,"worker process start, after container startedAt",'
-        'worker /proc start time,worker imports_done_at,worker ready event,worker reward event,'
-        'container finishedAt,'
+        "worker /proc start time,worker imports_done_at,worker ready event,worker reward event,"
+        "container finishedAt,"
         "control plane,control plane,,node,node,node,node,node,node,"
         "2,,,0.010001,2e-06,2e-06,1,1,1,,"
         ",,,",
@@ -939,8 +1309,15 @@ def test_timeline_svg_is_xml_with_one_row_per_episode_and_a_legend() -> None:
     assert root.tag == f"{SVG}svg"
     texts = ["".join(element.itertext()) for element in root.iter(f"{SVG}text")]
     assert "3 episodes <cube> & friends" in texts
-    for phase in ("scheduling", "sandbox creation", "container start", "python imports",
-                  "imports done to ready", "episode work", "container exit"):
+    for phase in (
+        "scheduling",
+        "sandbox creation",
+        "container start",
+        "python imports",
+        "imports done to ready",
+        "episode work",
+        "container exit",
+    ):
         assert phase in texts, f"legend lacks {phase}"
     for pod in (POD_A, POD_B, POD_C):
         assert texts.count(pod) == 1, f"one row label for {pod}"
@@ -957,8 +1334,11 @@ def test_timeline_svg_is_xml_with_one_row_per_episode_and_a_legend() -> None:
     # missing point (POD_C has no sandbox_ready) draw no bar.
     assert {phase for phase, _ in rows[POD_A]} == set(demo.PHASE_COLOURS)
     assert {phase for phase, _ in rows[POD_B]} == set(demo.PHASE_COLOURS) - {"container_start"}
-    assert {phase for phase, _ in rows[POD_C]} == \
-        set(demo.PHASE_COLOURS) - {"scheduling", "sandbox_creation", "container_start"}
+    assert {phase for phase, _ in rows[POD_C]} == set(demo.PHASE_COLOURS) - {
+        "scheduling",
+        "sandbox_creation",
+        "container_start",
+    }
     titles = {bar.find(f"{SVG}title").text for bar in bars}
     assert f"{POD_C} episode_work: 4.750 s" in titles
 
@@ -966,8 +1346,11 @@ def test_timeline_svg_is_xml_with_one_row_per_episode_and_a_legend() -> None:
 def axis_seconds(root: ElementTree.Element, x: float) -> float:
     """Where `x` (px) falls on a picture's time axis, read from its tick labels (the numbers
     centred under the axis)."""
-    ticks = sorted((float(t.get("x")), float(t.text)) for t in root.iter(f"{SVG}text")
-                   if t.get("text-anchor") == "middle" and (t.text or "").replace(".", "", 1).isdigit())
+    ticks = sorted(
+        (float(t.get("x")), float(t.text))
+        for t in root.iter(f"{SVG}text")
+        if t.get("text-anchor") == "middle" and (t.text or "").replace(".", "", 1).isdigit()
+    )
     (x0, t0), (x1, t1) = ticks[0], ticks[1]
     return t0 + (x - x0) * (t1 - t0) / (x1 - x0)
 
@@ -976,20 +1359,38 @@ def test_ramp_and_timeline_share_one_time_origin_and_say_which() -> None:
     # The Job's stamp names second 100; it was truly created at 100.45 at the earliest, and its
     # pod at 100.8: both pictures put the pod at 0.8 s, as episodes.csv and results.json count.
     points = {point: None for point in demo.POINTS}
-    points.update(pod_created=demo.Point(100.8, 0.01, "test", "control plane"),
-                  scheduled=demo.Point(101.0, 0.01, "test", "control plane"),
-                  ready=demo.Point(102.0, 0.01, "test", "node"), reward=demo.Point(103.0, 0.01, "test", "node"))
-    record = {"pod": "rollout-abcde", "points": points, "phases": demo.phase_durations(points), "index": None}
+    points.update(
+        pod_created=demo.Point(100.8, 0.01, "test", "control plane"),
+        scheduled=demo.Point(101.0, 0.01, "test", "control plane"),
+        ready=demo.Point(102.0, 0.01, "test", "node"),
+        reward=demo.Point(103.0, 0.01, "test", "node"),
+    )
+    record = {
+        "pod": "rollout-abcde",
+        "points": points,
+        "phases": demo.phase_durations(points),
+        "index": None,
+    }
     summary = demo.BatchSummary(figures={}, episodes=[record], job_created=100.0, origin=100.45)
-    figures = {"pods_created_per_second": 1, "sandboxes_ready_per_second_mean": None,
-               "sandboxes_ready_per_second_peak": None, "max_episodes_running_at_once": 1}
+    figures = {
+        "pods_created_per_second": 1,
+        "sandboxes_ready_per_second_mean": None,
+        "sandboxes_ready_per_second_peak": None,
+        "max_episodes_running_at_once": 1,
+    }
     timeline = ElementTree.fromstring(demo.timeline_svg([("rollout", summary)], "1 episode"))
     ramp = ElementTree.fromstring(demo.ramp_svg([("rollout", summary)], "1 episode", figures))
-    [scheduling] = [rect for rect in timeline.iter(f"{SVG}rect")
-                    if (rect.findtext(f"{SVG}title") or "").startswith("rollout-abcde scheduling")]
+    [scheduling] = [
+        rect
+        for rect in timeline.iter(f"{SVG}rect")
+        if (rect.findtext(f"{SVG}title") or "").startswith("rollout-abcde scheduling")
+    ]
     assert axis_seconds(timeline, float(scheduling.get("x"))) == pytest.approx(0.8, abs=0.01)
-    created_line = next(path for path in ramp.iter(f"{SVG}path")
-                        if path.findtext(f"{SVG}title") == "pod_created: 1 episode")
+    created_line = next(
+        path
+        for path in ramp.iter(f"{SVG}path")
+        if path.findtext(f"{SVG}title") == "pod_created: 1 episode"
+    )
     first_x = float(created_line.get("d")[1:].split(",")[0])
     assert axis_seconds(ramp, first_x) == pytest.approx(0.8, abs=0.01)
     for picture in (timeline, ramp):
@@ -1006,15 +1407,33 @@ def compare_rows(table: str) -> dict[str, list[str]]:
 
 
 def test_compare_table_shows_what_each_run_was() -> None:
-    first = {"episodes": 2, "image": "python:3.12-alpine", "runtime": "cube", "cache_state": "warmed",
-             "harden": False, "episode_script_sha256": None, "image_cache": {"present": 2, "pulled": 0}}
-    second = {"episodes": 2, "image": "python:3.12-alpine", "runtime": "kata", "cache_state": "uncontrolled",
-              "harden": True, "episode_script_sha256": "ab" * 32, "image_cache": {"present": 0, "pulled": 2}}
+    first = {
+        "episodes": 2,
+        "image": "python:3.12-alpine",
+        "runtime": "cube",
+        "cache_state": "warmed",
+        "harden": False,
+        "episode_script_sha256": None,
+        "image_cache": {"present": 2, "pulled": 0},
+    }
+    second = {
+        "episodes": 2,
+        "image": "python:3.12-alpine",
+        "runtime": "kata",
+        "cache_state": "uncontrolled",
+        "harden": True,
+        "episode_script_sha256": "ab" * 32,
+        "image_cache": {"present": 0, "pulled": 2},
+    }
     second.update(context="kind-kind", failed_episodes=1, accepted_partial=True)
     first["context"] = "gke-prod"
     rows = compare_rows(demo.compare_table(first, second, "A", "B"))
     assert rows["context"] == ["gke-prod", "kind-kind", "differ"]
-    assert rows["failed_episodes"] == ["0", "1", "-"]  # A has results only because every episode passed
+    assert rows["failed_episodes"] == [
+        "0",
+        "1",
+        "-",
+    ]  # A has results only because every episode passed
     assert rows["image"] == ["python:3.12-alpine", "python:3.12-alpine", "same"]
     assert rows["runtime"] == ["cube", "kata", "differ"]
     assert rows["cache_state"] == ["warmed", "uncontrolled", "differ"]
@@ -1026,34 +1445,54 @@ def test_compare_table_shows_what_each_run_was() -> None:
 
 # The guide's 10-way parallel run (A), the same batch at parallelism 1 (B), and what
 # `compare` shows of them.
-GUIDE_PARALLEL = {"episodes": 10, "parallelism": 10, "reward_sum": 10, "batch_to_all_ready_seconds": 3.7,
-                  "batch_to_all_rewards_seconds": 8.4, "client_job_complete_seconds": 12.7,
-                  "pod_to_ready_p50_seconds": 3.7, "pod_to_ready_p95_seconds": 3.7, "pod_to_ready_max_seconds": 3.8}
-GUIDE_SERIAL = dict(GUIDE_PARALLEL, parallelism=1, batch_to_all_ready_seconds=93.1, batch_to_all_rewards_seconds=97.6,
-                    client_job_complete_seconds=101.6, pod_to_ready_p50_seconds=3.6, pod_to_ready_p95_seconds=3.8,
-                    pod_to_ready_max_seconds=3.9)
+GUIDE_PARALLEL = {
+    "episodes": 10,
+    "parallelism": 10,
+    "reward_sum": 10,
+    "batch_to_all_ready_seconds": 3.7,
+    "batch_to_all_rewards_seconds": 8.4,
+    "client_job_complete_seconds": 12.7,
+    "pod_to_ready_p50_seconds": 3.7,
+    "pod_to_ready_p95_seconds": 3.7,
+    "pod_to_ready_max_seconds": 3.8,
+}
+GUIDE_SERIAL = dict(
+    GUIDE_PARALLEL,
+    parallelism=1,
+    batch_to_all_ready_seconds=93.1,
+    batch_to_all_rewards_seconds=97.6,
+    client_job_complete_seconds=101.6,
+    pod_to_ready_p50_seconds=3.6,
+    pod_to_ready_p95_seconds=3.8,
+    pod_to_ready_max_seconds=3.9,
+)
 GUIDE_COMPARE_HEADER = ["metric", "A:", "parallel", "B:", "serial", "B/A"]
 GUIDE_COMPARE_ROWS = {
     "episodes": ["10", "10", "1.00"],
     "failed_episodes": ["0", "0", "-"],  # results of a run without failures allowed: none failed
     "parallelism": ["10", "1", "0.10"],
     "reward_sum": ["10", "10", "1.00"],
-    "batch_to_all_ready_seconds": ["3.7", "93.1", "25.16"],       # 93.1 / 3.7 = 25.162
-    "batch_to_all_rewards_seconds": ["8.4", "97.6", "11.62"],     # 97.6 / 8.4 = 11.619
+    "batch_to_all_ready_seconds": ["3.7", "93.1", "25.16"],  # 93.1 / 3.7 = 25.162
+    "batch_to_all_rewards_seconds": ["8.4", "97.6", "11.62"],  # 97.6 / 8.4 = 11.619
     "client_job_complete_seconds": ["12.7", "101.6", "8.00"],
-    "pod_to_ready_p50_seconds": ["3.7", "3.6", "0.97"],           # 3.6 / 3.7 = 0.973
-    "pod_to_ready_p95_seconds": ["3.7", "3.8", "1.03"],           # 3.8 / 3.7 = 1.027
-    "pod_to_ready_max_seconds": ["3.8", "3.9", "1.03"],           # 3.9 / 3.8 = 1.026
+    "pod_to_ready_p50_seconds": ["3.7", "3.6", "0.97"],  # 3.6 / 3.7 = 0.973
+    "pod_to_ready_p95_seconds": ["3.7", "3.8", "1.03"],  # 3.8 / 3.7 = 1.027
+    "pod_to_ready_max_seconds": ["3.8", "3.9", "1.03"],  # 3.9 / 3.8 = 1.026
 }
 
 
 def test_compare_table_ratios() -> None:
     first = dict(GUIDE_PARALLEL, phases={"python_imports": {"p50": 1.32}})
-    second = dict(GUIDE_SERIAL, pod_to_ready_p95_seconds=None, phases={"python_imports": {"p50": 0.66}})
+    second = dict(
+        GUIDE_SERIAL, pod_to_ready_p95_seconds=None, phases={"python_imports": {"p50": 0.66}}
+    )
     table = demo.compare_table(first, second, "A: parallel", "B: serial")
     assert table.splitlines()[0].split() == GUIDE_COMPARE_HEADER
-    assert compare_rows(table) == dict(GUIDE_COMPARE_ROWS, pod_to_ready_p95_seconds=["3.7", "-", "-"],
-                                       python_imports_p50_seconds=["1.32", "0.66", "0.50"])
+    assert compare_rows(table) == dict(
+        GUIDE_COMPARE_ROWS,
+        pod_to_ready_p95_seconds=["3.7", "-", "-"],
+        python_imports_p50_seconds=["1.32", "0.66", "0.50"],
+    )
 
 
 def worker_namespace() -> dict:
@@ -1066,9 +1505,17 @@ def worker_namespace() -> dict:
 def test_worker_flat_json_is_json_for_the_ready_event() -> None:
     # Before "ready" the worker has not imported json; its own encoder must still be JSON.
     flat_json = worker_namespace()["flat_json"]
-    record = {"event": "ready", "at": 1795982403.123456, "episode_id": "rollout-x7k2p",
-              "imports_done_at": 1795982402.5, "process_started_at": None, "modules_before_ready": 34,
-              "odd": 'quote " back \\ slash\nnew line\ttab \u00e9 {braces}', "flag": True, "off": False}
+    record = {
+        "event": "ready",
+        "at": 1795982403.123456,
+        "episode_id": "rollout-x7k2p",
+        "imports_done_at": 1795982402.5,
+        "process_started_at": None,
+        "modules_before_ready": 34,
+        "odd": 'quote " back \\ slash\nnew line\ttab \u00e9 {braces}',
+        "flag": True,
+        "off": False,
+    }
     assert json.loads(flat_json(record)) == record
     assert "\n" not in flat_json(record)  # one event, one line
 
@@ -1099,13 +1546,32 @@ def worker_run(tmp_path_factory: pytest.TempPathFactory, require_e2e: Any) -> di
     # The sandbox the emulator's kubelet gives a pod: the host's root read-only, the volumes at
     # /workspace and (read-only) /demo, uid 1000, no network; run by the bwrap found, not PATH's.
     mounts = [(str(workspace), "/workspace", False), (str(demo_dir), "/demo", True)]
-    argv = sandbox.build_bwrap_argv(1000, 1000, "rollout-x7k2p", mounts, False, "/",
-                                    [os.path.realpath(sys.executable), "-B", "/demo/episode.py"], str(bindir))
+    argv = sandbox.build_bwrap_argv(
+        1000,
+        1000,
+        "rollout-x7k2p",
+        mounts,
+        False,
+        "/",
+        [os.path.realpath(sys.executable), "-B", "/demo/episode.py"],
+        str(bindir),
+    )
     started = time.time()
-    completed = subprocess.run([bwrap] + argv[1:], env={"EPISODE_ID": "rollout-x7k2p", "PATH": "/usr/bin:/bin"},
-                               capture_output=True, text=True, timeout=60)
-    return {"returncode": completed.returncode, "stdout": completed.stdout, "stderr": completed.stderr,
-            "started": started, "ended": time.time(), "workspace": workspace}
+    completed = subprocess.run(
+        [bwrap] + argv[1:],
+        env={"EPISODE_ID": "rollout-x7k2p", "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return {
+        "returncode": completed.returncode,
+        "stdout": completed.stdout,
+        "stderr": completed.stderr,
+        "started": started,
+        "ended": time.time(),
+        "workspace": workspace,
+    }
 
 
 def test_worker_exits_0_with_exactly_ready_then_reward(worker_run: dict) -> None:
@@ -1145,18 +1611,31 @@ def test_worker_leaves_the_fixed_code_and_its_tests_in_workspace(worker_run: dic
     namespace: dict[str, Any] = {}
     exec(compile(shipping, "shipping.py", "exec"), namespace)
     assert [namespace["shipping"](t) for t in (98, 99, 100)] == [10, 0, 0]
-    tests = subprocess.run([sys.executable, "-B", "test_shipping.py"], cwd=workspace,
-                           capture_output=True, text=True, timeout=30)
+    tests = subprocess.run(
+        [sys.executable, "-B", "test_shipping.py"],
+        cwd=workspace,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert tests.returncode == 0 and "Ran 3 tests" in tests.stderr
 
 
 def test_worker_test_file_fails_the_original_bug(worker_run: dict, tmp_path: Path) -> None:
     # The spec's bug (`total > 99`) must fail the boundary test the worker wrote.
-    (tmp_path / "test_shipping.py").write_text((worker_run["workspace"] / "test_shipping.py").read_text())
+    (tmp_path / "test_shipping.py").write_text(
+        (worker_run["workspace"] / "test_shipping.py").read_text()
+    )
     (tmp_path / "shipping.py").write_text(
-        (worker_run["workspace"] / "shipping.py").read_text().replace("total >= 99", "total > 99"))
-    tests = subprocess.run([sys.executable, "-B", "test_shipping.py"], cwd=tmp_path,
-                           capture_output=True, text=True, timeout=30)
+        (worker_run["workspace"] / "shipping.py").read_text().replace("total >= 99", "total > 99")
+    )
+    tests = subprocess.run(
+        [sys.executable, "-B", "test_shipping.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert tests.returncode != 0
     assert "test_threshold_ships_free" in tests.stderr and "Ran 3 tests" in tests.stderr
 
@@ -1165,7 +1644,8 @@ def test_worker_test_file_fails_the_original_bug(worker_run: dict, tmp_path: Pat
 # Standard library only (the tool is copied onto bastions with nothing installed).
 
 # Used where sys.stdlib_module_names does not exist (Python 3.9).
-STDLIB_ALLOW_LIST = frozenset("""
+STDLIB_ALLOW_LIST = frozenset(
+    """
     __future__ abc argparse ast asyncio base64 bisect calendar codecs collections concurrent ctypes
     contextlib copy csv dataclasses datetime decimal difflib enum errno fcntl fnmatch fractions
     functools gc getpass glob gzip hashlib heapq hmac html http importlib inspect io ipaddress
@@ -1174,7 +1654,8 @@ STDLIB_ALLOW_LIST = frozenset("""
     stat statistics string struct subprocess sys sysconfig tarfile tempfile textwrap threading
     time timeit tokenize traceback types typing unicodedata unittest urllib uuid warnings weakref xml zipfile
     zlib
-""".split())
+""".split()
+)
 
 
 def top_level_imports(source: str) -> set[str]:
@@ -1229,7 +1710,6 @@ def test_sandbox_ready_comes_from_the_true_transition_only() -> None:
     assert phases["sandbox_creation"]["p50"] == 0.75  # 20:00:02 - scheduled 20:00:01.25
 
 
-
 def test_each_batch_starts_its_progress_with_a_line_of_its_own() -> None:
     stream = io.StringIO()
     progress = demo.Progress(quiet=False, stream=stream)
@@ -1243,11 +1723,19 @@ def test_each_batch_starts_its_progress_with_a_line_of_its_own() -> None:
 def test_the_wait_past_the_pods_says_what_it_waits_for() -> None:
     assert demo.waiting_note({"spec": {"activeDeadlineSeconds": 240}, "status": {}}, 10.0) == ""
     assert demo.waiting_note({"spec": {"activeDeadlineSeconds": 3}, "status": {}}, 4.5) == (
-        "  (past the Job's 3 s deadline: waiting up to 30 s more for the Job controller to end it)")
-    failing = {"spec": {"activeDeadlineSeconds": 3}, "status": {"conditions": [
-        {"type": "FailureTarget", "status": "True", "reason": "DeadlineExceeded"}]}}
+        "  (past the Job's 3 s deadline: waiting up to 30 s more for the Job controller to end it)"
+    )
+    failing = {
+        "spec": {"activeDeadlineSeconds": 3},
+        "status": {
+            "conditions": [
+                {"type": "FailureTarget", "status": "True", "reason": "DeadlineExceeded"}
+            ]
+        },
+    }
     assert demo.waiting_note(failing, 4.5) == (
-        "  (DeadlineExceeded: waiting for the pods to stop before Kubernetes marks the Job Failed)")
+        "  (DeadlineExceeded: waiting for the pods to stop before Kubernetes marks the Job Failed)"
+    )
     succeeding = {"status": {"conditions": [{"type": "SuccessCriteriaMet", "status": "True"}]}}
     assert "marks the Job Complete" in demo.waiting_note(succeeding, 1.0)
 
@@ -1255,18 +1743,27 @@ def test_the_wait_past_the_pods_says_what_it_waits_for() -> None:
 def test_a_failed_batch_says_which_evidence_exists() -> None:
     assert demo.saved_evidence({"kind": "Job"}, [], {}, []) == (
         "saved: job.json, pods.json (0 pods), events.txt (0 events), 0 of 0 pod logs with content, "
-        "no pod is left to have a log (the Job controller deletes a Job's pods when it ends it for its deadline)")
+        "no pod is left to have a log (the Job controller deletes a Job's pods when it ends it for its deadline)"
+    )
     pods = [{"metadata": {"name": "a"}}, {"metadata": {"name": "b"}}]
     assert demo.saved_evidence(None, pods, {"a": "{}\n", "b": ""}, [{}]) == (
-        "saved: job.json (unreadable), pods.json (2 pods), events.txt (1 event), 1 of 2 pod logs with content")
+        "saved: job.json (unreadable), pods.json (2 pods), events.txt (1 event), 1 of 2 pod logs with content"
+    )
 
 
 # --------------------------------------------------------------------------
 # Sub-second points: event names, the client's watch, server seconds, clocks.
 
 
-def named_event(reason: str, pod: str, at: float, kind: str = "Pod", node: str = "node-1",
-                stored: float | None = None, **extra: Any) -> dict:
+def named_event(
+    reason: str,
+    pod: str,
+    at: float,
+    kind: str = "Pod",
+    node: str = "node-1",
+    stored: float | None = None,
+    **extra: Any,
+) -> dict:
     """An event as a recorder makes it: named `<object>.<hex UnixNano>` on its own clock."""
     metadata = {"name": f"{pod}.{int(round(at * 1e9)):x}", "namespace": NAMESPACE}
     if stored is not None:
@@ -1274,10 +1771,21 @@ def named_event(reason: str, pod: str, at: float, kind: str = "Pod", node: str =
     involved = {"kind": kind, "name": pod, "namespace": NAMESPACE}
     if kind == "Pod":
         involved["fieldPath"] = "spec.containers{episode}"
-    return dict({"apiVersion": "v1", "kind": "Event", "reason": reason, "type": "Normal", "count": 1,
-                 "involvedObject": involved, "metadata": metadata,
-                 "source": {"component": "kubelet", "host": node} if kind == "Pod" else
-                 {"component": "job-controller"}}, **extra)
+    return dict(
+        {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "reason": reason,
+            "type": "Normal",
+            "count": 1,
+            "involvedObject": involved,
+            "metadata": metadata,
+            "source": {"component": "kubelet", "host": node}
+            if kind == "Pod"
+            else {"component": "job-controller"},
+        },
+        **extra,
+    )
 
 
 def test_event_name_time_reads_the_recorders_nanoseconds() -> None:
@@ -1286,31 +1794,50 @@ def test_event_name_time_reads_the_recorders_nanoseconds() -> None:
     # A name the recorder did not make (kubectl-created, or a short hex word) says nothing.
     assert demo.event_name_time({"metadata": {"name": "rollout-4kq2m.Started"}}) is None
     assert demo.event_name_time({"metadata": {"name": "rollout.beef"}}) is None
-    assert demo.event_name_time({"metadata": {"name": "rollout.deadbeef1"}}) is None  # 1970: not a time
+    assert (
+        demo.event_name_time({"metadata": {"name": "rollout.deadbeef1"}}) is None
+    )  # 1970: not a time
     assert demo.event_name_time({"metadata": {}}) is None
 
 
 def test_kubelet_events_and_pod_creations_per_pod() -> None:
     events = [
-        named_event("Pulled", POD_A, T0 + 2.10), named_event("Created", POD_A, T0 + 2.11),
-        named_event("Started", POD_A, T0 + 2.15), named_event("Started", POD_A, T0 + 5.0),  # a restart
+        named_event("Pulled", POD_A, T0 + 2.10),
+        named_event("Created", POD_A, T0 + 2.11),
+        named_event("Started", POD_A, T0 + 2.15),
+        named_event("Started", POD_A, T0 + 5.0),  # a restart
         named_event("FailedMount", POD_A, T0 + 1.5),  # before the sandbox: not a container event
-        named_event("SuccessfulCreate", "rollout", T0 + 1.02, kind="Job", message=f"Created pod: {POD_A}"),
+        named_event(
+            "SuccessfulCreate", "rollout", T0 + 1.02, kind="Job", message=f"Created pod: {POD_A}"
+        ),
         # The recorder combined this one with similar events: it names no pod's own creation.
-        named_event("SuccessfulCreate", "rollout", T0 + 1.03, kind="Job", count=4,
-                    message=f"Created pod: {POD_B}"),
+        named_event(
+            "SuccessfulCreate",
+            "rollout",
+            T0 + 1.03,
+            kind="Job",
+            count=4,
+            message=f"Created pod: {POD_B}",
+        ),
     ]
     kubelet = demo.kubelet_container_events(events)
     assert {reason: round(at - T0, 3) for reason, (at, _) in kubelet[POD_A].items()} == {
-        "Pulled": 2.1, "Created": 2.11, "Started": 2.15}
+        "Pulled": 2.1,
+        "Created": 2.11,
+        "Started": 2.15,
+    }
     assert kubelet[POD_A]["Started"][1] == "node-1"
-    assert {pod: round(at - T0, 3) for pod, at in demo.pod_creation_events(events).items()} == {POD_A: 1.02}
+    assert {pod: round(at - T0, 3) for pod, at in demo.pod_creation_events(events).items()} == {
+        POD_A: 1.02
+    }
 
 
 def test_the_watch_records_when_each_transition_first_arrived() -> None:
     seen: dict[str, Any] = {}
     pending = make_pod(POD_A, exit_code=None, sandbox_ready=None)
-    pending["status"]["containerStatuses"][0]["state"] = {"waiting": {"reason": "ContainerCreating"}}
+    pending["status"]["containerStatuses"][0]["state"] = {
+        "waiting": {"reason": "ContainerCreating"}
+    }
     del pending["spec"]["nodeName"]
     demo.record_pod_observation(seen, pending, 100.0)
     assert seen == {"seen": {"added": 100.0}}
@@ -1320,8 +1847,16 @@ def test_the_watch_records_when_each_transition_first_arrived() -> None:
     demo.record_pod_observation(seen, running, 102.0)  # sandbox and running in one update
     demo.record_pod_observation(seen, make_pod(POD_A), 109.0)
     demo.record_pod_observation(seen, make_pod(POD_A), 110.0)  # seen again: the first arrival stays
-    assert seen == {"seen": {"added": 100.0, "bound": 100.5, "sandbox_ready": 102.0, "running": 102.0,
-                             "terminated": 109.0}, "sandbox_ready": stamp(2)}
+    assert seen == {
+        "seen": {
+            "added": 100.0,
+            "bound": 100.5,
+            "sandbox_ready": 102.0,
+            "running": 102.0,
+            "terminated": 109.0,
+        },
+        "sandbox_ready": stamp(2),
+    }
     job_seen: dict[str, float] = {}
     demo.record_job_observation(job_seen, make_job(end_at=stamp(11), criteria_at=stamp(11)), 111.5)
     assert job_seen == {"added": 111.5, "SuccessCriteriaMet": 111.5, "Complete": 111.5}
@@ -1330,21 +1865,48 @@ def test_the_watch_records_when_each_transition_first_arrived() -> None:
 def sharp_batch() -> tuple[dict, list[dict], dict[str, str], list[dict], dict]:
     """One episode with every sharp source: events named on the node, watch times on the client."""
     job = make_job(end_at=stamp(11), criteria_at=stamp(11))
-    pod = make_pod(POD_A, created=stamp(1), scheduled=stamp(1), sandbox_ready=stamp(2), started=stamp(2),
-                   finished=stamp(3))
-    logs = {POD_A: log_text(ready_event(POD_A, T0 + 2.5, imports_done_at=T0 + 2.45, process_started_at=T0 + 2.2),
-                            reward_event(POD_A, T0 + 3.4))}
+    pod = make_pod(
+        POD_A,
+        created=stamp(1),
+        scheduled=stamp(1),
+        sandbox_ready=stamp(2),
+        started=stamp(2),
+        finished=stamp(3),
+    )
+    logs = {
+        POD_A: log_text(
+            ready_event(POD_A, T0 + 2.5, imports_done_at=T0 + 2.45, process_started_at=T0 + 2.2),
+            reward_event(POD_A, T0 + 3.4),
+        )
+    }
     events = [
-        dict(named_event("Scheduled", POD_A, T0 + 1.03), eventTime="2026-11-29T20:00:01.030000Z",
-             source={}, reportingComponent="default-scheduler"),
-        named_event("SuccessfulCreate", "rollout", T0 + 1.005, kind="Job", message=f"Created pod: {POD_A}"),
+        dict(
+            named_event("Scheduled", POD_A, T0 + 1.03),
+            eventTime="2026-11-29T20:00:01.030000Z",
+            source={},
+            reportingComponent="default-scheduler",
+        ),
+        named_event(
+            "SuccessfulCreate", "rollout", T0 + 1.005, kind="Job", message=f"Created pod: {POD_A}"
+        ),
         named_event("Pulled", POD_A, T0 + 1.96, stored=T0 + 1),
         named_event("Created", POD_A, T0 + 2.12, stored=T0 + 2),
         named_event("Started", POD_A, T0 + 2.18, stored=T0 + 2),
     ]
-    observed = {"pods": {POD_A: {"seen": {"added": T0 + 1.01, "bound": T0 + 1.04, "sandbox_ready": T0 + 2.2,
-                                          "running": T0 + 2.2, "terminated": T0 + 3.45}}},
-                "job": {"submitted": T0 - 0.05, "create_returned": T0 + 0.02, "added": T0 + 0.9}}
+    observed = {
+        "pods": {
+            POD_A: {
+                "seen": {
+                    "added": T0 + 1.01,
+                    "bound": T0 + 1.04,
+                    "sandbox_ready": T0 + 2.2,
+                    "running": T0 + 2.2,
+                    "terminated": T0 + 3.45,
+                }
+            }
+        },
+        "job": {"submitted": T0 - 0.05, "create_returned": T0 + 0.02, "added": T0 + 0.9},
+    }
     return job, [pod], logs, events, observed
 
 
@@ -1372,7 +1934,10 @@ def test_every_point_from_its_sharpest_source() -> None:
         "image_pulled": (1.96, demo.EVENT_FOLLOWS_SECONDS, "node"),
     }
     assert summary.episodes[0]["phases"]["image_pull"][0] == 0.0
-    assert points["container_started"].source == "kubelet Started event name, after kubelet Created event name"
+    assert (
+        points["container_started"].source
+        == "kubelet Started event name, after kubelet Created event name"
+    )
     # Every point with a server stamp lies in that stamp's second.
     assert 1 <= shown["pod_created"][0] < 2 and 3 <= shown["container_finished"][0] < 4
     phases = summary.episodes[0]["phases"]
@@ -1397,12 +1962,21 @@ def test_a_watch_behind_the_server_second_shows_a_clock_apart_loudly() -> None:
     observed["job"] = {key: value - 0.5 for key, value in observed["job"].items()}
     summary = demo.summarise_batch(job, pods, logs, events, 1, observed=observed)
     client = summary.figures["clocks"]["client"]
-    assert client["at_most_seconds"] == pytest.approx(-0.49)  # at most 1.01 - 0.5 - 1 (pod created stamp)
+    assert client["at_most_seconds"] == pytest.approx(
+        -0.49
+    )  # at most 1.01 - 0.5 - 1 (pod created stamp)
     # Corrected by the middle of what the evidence allows, which holds the true -0.5 within its slack.
-    assert client["offset_seconds"] == pytest.approx((client["at_least_seconds"] + client["at_most_seconds"]) / 2)
-    assert client["correction_slack_seconds"] == pytest.approx(client["at_most_seconds"] - client["offset_seconds"])
+    assert client["offset_seconds"] == pytest.approx(
+        (client["at_least_seconds"] + client["at_most_seconds"]) / 2
+    )
+    assert client["correction_slack_seconds"] == pytest.approx(
+        client["at_most_seconds"] - client["offset_seconds"]
+    )
     assert abs(client["offset_seconds"] + 0.5) <= client["correction_slack_seconds"]
-    assert any("client's and the control plane's clocks disagree" in w for w in summary.figures["clocks"]["warnings"])
+    assert any(
+        "client's and the control plane's clocks disagree" in w
+        for w in summary.figures["clocks"]["warnings"]
+    )
     # Corrected onto the control plane's clock, the watch's times fall back into their seconds.
     finished = summary.episodes[0]["points"]["container_finished"]
     assert 3 <= finished.at - T0 < 4
@@ -1417,13 +1991,19 @@ def test_a_watch_behind_the_server_second_shows_a_clock_apart_loudly() -> None:
 def test_sharpest_keeps_the_stamp_when_the_sources_contradict_it() -> None:
     stamp_bound = demo.whole_second(T0 + 1, "stamp", "control plane")
     watch = demo.upper(T0 + 0.5, "watch", "client")  # seen before its own second: clocks apart
-    assert demo.sharpest([watch], stamp_bound) == demo.Point(T0 + 1, 1.0, "stamp", "control plane", T0 + 1)
-    assert demo.sharpest([demo.lower(T0 + 1.2, "after", "node")], None) is None  # nothing shows it happened
+    assert demo.sharpest([watch], stamp_bound) == demo.Point(
+        T0 + 1, 1.0, "stamp", "control plane", T0 + 1
+    )
+    assert (
+        demo.sharpest([demo.lower(T0 + 1.2, "after", "node")], None) is None
+    )  # nothing shows it happened
 
 
 def test_a_phase_shorter_than_its_precision_is_never_negative() -> None:
-    points = {"pod_created": demo.Point(10.05, 0.1, "a", "control plane"),
-              "scheduled": demo.Point(10.0, 1e-6, "b", "control plane")}
+    points = {
+        "pod_created": demo.Point(10.05, 0.1, "a", "control plane"),
+        "scheduled": demo.Point(10.0, 1e-6, "b", "control plane"),
+    }
     assert demo.phase_durations(points)["scheduling"] == (0.0, 0.100001)
     assert demo.figure(0.0, 0.100001) == "<0.1"
     assert demo.figure(0.25, 0.1) == "0.250"
@@ -1432,8 +2012,13 @@ def test_a_phase_shorter_than_its_precision_is_never_negative() -> None:
 
 def test_compare_takes_no_ratio_of_figures_below_their_precision() -> None:
     def results(scheduling: float, precision: float) -> dict:
-        return {"phases": {"scheduling": {"p50": scheduling, "precision_seconds": precision},
-                           "sandbox_creation": {"p50": 0.8, "precision_seconds": 0.1}}}
+        return {
+            "phases": {
+                "scheduling": {"p50": scheduling, "precision_seconds": precision},
+                "sandbox_creation": {"p50": 0.8, "precision_seconds": 0.1},
+            }
+        }
+
     table = demo.compare_table(results(0.03, 0.1), results(0.5, 0.1), "A", "B")
     rows = {line.split()[0]: line.split()[1:] for line in table.splitlines()}
     assert rows["scheduling_p50_seconds"] == ["<0.1", "0.5", "-"]
@@ -1452,13 +2037,17 @@ def test_a_node_clock_behind_the_control_plane_is_said_loudly() -> None:
     node = summary.figures["clocks"]["nodes"]["node-1"]
     # Pulled - the binding's earliest: its PodScheduled second (later than 0.5 s before the eventTime).
     assert node["at_most_seconds"] == pytest.approx(1.96 - 1.2 - 1)
-    assert node["offset_seconds"] == pytest.approx((node["at_least_seconds"] + node["at_most_seconds"]) / 2)
+    assert node["offset_seconds"] == pytest.approx(
+        (node["at_least_seconds"] + node["at_most_seconds"]) / 2
+    )
     assert abs(node["offset_seconds"] + 1.2) <= node["correction_slack_seconds"]
     # A point read on the node's clock is corrected, and as imprecise as the correction.
     ready = summary.episodes[0]["points"]["ready"]
     assert ready.precision == pytest.approx(1e-6 + 2 * node["correction_slack_seconds"], abs=1e-6)
-    assert any("node node-1's and the control plane's clocks disagree by at least 0.240 s" in warning
-               for warning in summary.figures["clocks"]["warnings"])
+    assert any(
+        "node node-1's and the control plane's clocks disagree by at least 0.240 s" in warning
+        for warning in summary.figures["clocks"]["warnings"]
+    )
 
 
 def test_a_node_clock_behind_by_less_than_the_sandbox_is_pinned_by_the_pods_start_time() -> None:
@@ -1466,24 +2055,43 @@ def test_a_node_clock_behind_by_less_than_the_sandbox_is_pinned_by_the_pods_star
     # sandbox (2.2 s here), so on its own it allows a clock that agrees; but the kubelet took
     # the pod up at once: at 20:00:01.81 by its clock, stamped startTime 20:00:01, while the
     # API server bound it in 20:00:03 (PodScheduled) on the control plane's.
-    pod = make_pod(POD_A, created=stamp(3), scheduled=stamp(3), sandbox_ready=stamp(5), started=stamp(5),
-                   finished=stamp(7))
+    pod = make_pod(
+        POD_A,
+        created=stamp(3),
+        scheduled=stamp(3),
+        sandbox_ready=stamp(5),
+        started=stamp(5),
+        finished=stamp(7),
+    )
     pod["status"]["startTime"] = stamp(1)
     events = [
-        dict(named_event("Scheduled", POD_A, T0 + 3.37), eventTime="2026-11-29T20:00:03.370000Z",
-             source={}, reportingComponent="default-scheduler"),
+        dict(
+            named_event("Scheduled", POD_A, T0 + 3.37),
+            eventTime="2026-11-29T20:00:03.370000Z",
+            source={},
+            reportingComponent="default-scheduler",
+        ),
         named_event("Pulled", POD_A, T0 + 5.51 - 1.5, stored=T0 + 5.6),
     ]
     clocks = demo.clock_offsets(make_job(), [pod], events, {}, {})
     node = clocks["nodes"]["node-1"]
-    assert node["at_most_seconds"] == pytest.approx(1 + 1 - 3)  # startTime's second's end - PodScheduled's start
-    assert node["at_least_seconds"] == pytest.approx(4.01 - 5 - 1)  # Pulled named before it was stored
+    assert node["at_most_seconds"] == pytest.approx(
+        1 + 1 - 3
+    )  # startTime's second's end - PodScheduled's start
+    assert node["at_least_seconds"] == pytest.approx(
+        4.01 - 5 - 1
+    )  # Pulled named before it was stored
     assert abs(node["offset_seconds"] + 1.5) <= node["correction_slack_seconds"]
-    assert any("node node-1's and the control plane's clocks disagree by at least 1.000 s" in warning
-               for warning in clocks["warnings"])
+    assert any(
+        "node node-1's and the control plane's clocks disagree by at least 1.000 s" in warning
+        for warning in clocks["warnings"]
+    )
     # Without the start time, the sandbox's length hides the offset.
     del pod["status"]["startTime"]
-    assert demo.clock_offsets(make_job(), [pod], events, {}, {})["nodes"]["node-1"]["offset_seconds"] == 0.0
+    assert (
+        demo.clock_offsets(make_job(), [pod], events, {}, {})["nodes"]["node-1"]["offset_seconds"]
+        == 0.0
+    )
 
 
 def test_a_scheduler_naming_its_event_late_leaves_an_agreeing_node_clock_alone() -> None:
@@ -1493,19 +2101,31 @@ def test_a_scheduler_naming_its_event_late_leaves_an_agreeing_node_clock_alone()
     # at 20:00:02.20. Read as following the binding within an event's allowance (0.1 s), the
     # start time would prove the node 0.10 s behind, and Pulled named before the eventTime
     # 0.15 s behind: a correction and a warning for clocks that agree.
-    pod = make_pod(POD_A, created=stamp(1), scheduled=stamp(1), sandbox_ready=stamp(2), started=stamp(2),
-                   finished=stamp(4))
+    pod = make_pod(
+        POD_A,
+        created=stamp(1),
+        scheduled=stamp(1),
+        sandbox_ready=stamp(2),
+        started=stamp(2),
+        finished=stamp(4),
+    )
     pod["status"]["startTime"] = stamp(1)
     events = [
-        dict(named_event("Scheduled", POD_A, T0 + 2.20), eventTime="2026-11-29T20:00:02.200000Z",
-             source={}, reportingComponent="default-scheduler"),
+        dict(
+            named_event("Scheduled", POD_A, T0 + 2.20),
+            eventTime="2026-11-29T20:00:02.200000Z",
+            source={},
+            reportingComponent="default-scheduler",
+        ),
         named_event("Pulled", POD_A, T0 + 2.05, stored=T0 + 2.1),
     ]
     clocks = demo.clock_offsets(make_job(), [pod], events, {}, {})
     node = clocks["nodes"]["node-1"]
     assert node["at_least_seconds"] <= 0 <= node["at_most_seconds"], node
     # The binding no earlier than SCHEDULED_FOLLOWS_BINDING_SECONDS before the eventTime (1.70).
-    assert node["at_most_seconds"] == pytest.approx(1 + 1 - (2.20 - demo.SCHEDULED_FOLLOWS_BINDING_SECONDS))
+    assert node["at_most_seconds"] == pytest.approx(
+        1 + 1 - (2.20 - demo.SCHEDULED_FOLLOWS_BINDING_SECONDS)
+    )
     assert node["offset_seconds"] == 0.0 and clocks["warnings"] == [], clocks
 
 
@@ -1532,14 +2152,19 @@ def test_a_pod_asked_to_be_deleted_bounds_no_later_pods_creation() -> None:
 
     def no_offsets(pod: dict) -> demo.EpisodeClocks:
         return demo.EpisodeClocks()
+
     b = episode("b", stamp(6), T0 + 9)
     ended = episode("a", stamp(0), T0 + 5)
     assert demo.slots_freed([ended, b], no_offsets, {}, {}, T0, 1) == {"b": T0 + 5}
-    deleted = episode("a", stamp(0), T0 + 5, deletionTimestamp=stamp(32), deletionGracePeriodSeconds=30)
+    deleted = episode(
+        "a", stamp(0), T0 + 5, deletionTimestamp=stamp(32), deletionGracePeriodSeconds=30
+    )
     assert demo.slots_freed([deleted, b], no_offsets, {}, {}, T0, 1) == {}
     # A Job that waits for a terminating pod to end before replacing it (podReplacementPolicy
     # Failed, as with a podFailurePolicy): the end still frees the slot.
-    assert demo.slots_freed([deleted, b], no_offsets, {}, {}, T0, 1, replaces_terminating=False) == {"b": T0 + 5}
+    assert demo.slots_freed(
+        [deleted, b], no_offsets, {}, {}, T0, 1, replaces_terminating=False
+    ) == {"b": T0 + 5}
 
 
 def test_the_two_pod_to_ready_p50s_are_named_apart_and_shown_side_by_side() -> None:
@@ -1553,8 +2178,10 @@ def test_the_two_pod_to_ready_p50s_are_named_apart_and_shown_side_by_side() -> N
     rows = {line[:24].strip(): line for line in text.splitlines()}
     assert "pod_to_ready" not in rows and rows["pod_to_ready (sharp)"].split()[2] == f"{sharp:.3f}"
     [guide_line] = [line for line in text.splitlines() if line.startswith("pod_to_ready P50:")]
-    assert guide_line.startswith(f"pod_to_ready P50: {guide:.3f} s the guide's (from the pod's whole-second "
-                                 f"creationTimestamp; pod_to_ready_p50_seconds)")
+    assert guide_line.startswith(
+        f"pod_to_ready P50: {guide:.3f} s the guide's (from the pod's whole-second "
+        f"creationTimestamp; pod_to_ready_p50_seconds)"
+    )
     next_line = text.splitlines()[text.splitlines().index(guide_line) + 1]
     assert next_line.split()[:3] == [f"{sharp:.3f}", "s", "sharp"]
 
@@ -1588,10 +2215,15 @@ def test_a_batch_that_mixes_runtime_classes_shows_each_runtimes_phases() -> None
     rows = list(csv.DictReader(io.StringIO(demo.episodes_csv([("rollout", summary)]))))
     assert [row["runtime_class"] for row in rows] == ["cube", "cube", "runc"]
     # Both differ: both name the path.
-    records = [{"image_cache": cache, "runtime_class": runtime, "phases": {}}
-               for cache, runtime in (("present", "cube"), ("pulled", "cube"), ("present", "runc"))]
+    records = [
+        {"image_cache": cache, "runtime_class": runtime, "phases": {}}
+        for cache, runtime in (("present", "cube"), ("pulled", "cube"), ("present", "runc"))
+    ]
     assert sorted(demo.start_path_phases(records)) == [
-        "image present, runtime cube", "image present, runtime runc", "image pulled, runtime cube"]
+        "image present, runtime cube",
+        "image present, runtime runc",
+        "image pulled, runtime cube",
+    ]
 
 
 def test_a_figure_finer_than_its_rounding_is_printed_as_measured() -> None:
@@ -1602,7 +2234,9 @@ def test_a_figure_finer_than_its_rounding_is_printed_as_measured() -> None:
 
 def test_many_problems_of_one_kind_are_a_few_lines() -> None:
     problems = [f"rollout-{i}.log: forbidden" for i in range(500)]
-    assert demo.summarised_problems(problems) == problems[:3] + ["... and 497 more (see the saved files)"]
+    assert demo.summarised_problems(problems) == problems[:3] + [
+        "... and 497 more (see the saved files)"
+    ]
     assert demo.summarised_problems(problems[:4]) == problems[:4]
 
 
@@ -1611,17 +2245,26 @@ def test_peak_memory_is_the_tools_own_not_that_of_the_process_that_spawned_it() 
     # Linux carries ru_maxrss over an exec from the spawning process: a tool started by a large
     # trainer would report the trainer's memory as its own.
     ballast = b"x" * (200 << 20)
-    probe = ("import rl_batch_demo, resource; "
-             "print(rl_batch_demo.peak_rss_mib(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
-    printed = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
-                             cwd=os.path.dirname(os.path.abspath(demo.__file__))).stdout.split()
+    probe = (
+        "import rl_batch_demo, resource; "
+        "print(rl_batch_demo.peak_rss_mib(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
+    )
+    printed = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=os.path.dirname(os.path.abspath(demo.__file__)),
+    ).stdout.split()
     del ballast
     peak, maxrss_kib = float(printed[0]), int(printed[1])
     assert maxrss_kib / 1024 >= 200, "the premise: ru_maxrss starts at the spawning process's RSS"
     assert 0 < peak < 100, peak
 
 
-def test_a_clock_bounded_on_one_side_only_is_corrected_by_the_least_gap_and_says_it_may_be_more() -> None:
+def test_a_clock_bounded_on_one_side_only_is_corrected_by_the_least_gap_and_says_it_may_be_more() -> (
+    None
+):
     bounds = demo.ClockBounds()
     bounds.at_most(-0.7)  # proven at least 0.7 s behind; nothing says by how much more
     entry, warnings = bounds.describe("node node-1's and the control plane's clocks", "test")
@@ -1645,7 +2288,8 @@ def test_two_threads_writing_one_file_each_leave_it_whole(tmp_path) -> None:
         def pieces():
             barrier.wait()  # both writers are inside write_text at once
             for start in range(0, len(text), 1000):
-                yield text[start:start + 1000]
+                yield text[start : start + 1000]
+
         try:
             demo.write_text(path, pieces())
         except demo.DemoError as error:
@@ -1666,7 +2310,7 @@ def test_two_threads_writing_one_file_each_leave_it_whole(tmp_path) -> None:
 # handlers in this process (a pre-exec step makes it), and a KeyboardInterrupt raised in one is
 # printed and dropped, and leaves logging's fork lock taken. Seen under load: SIGINT to a waiting
 # run that then finished with 0, and one whose salvage hung on a log reader's kubectl.
-INTERRUPTED_IN_FORK = r'''
+INTERRUPTED_IN_FORK = r"""
 import logging, os, signal, sys, threading
 sys.path.insert(0, sys.argv[1])
 import rl_batch_demo as demo
@@ -1694,15 +2338,22 @@ other = threading.Thread(target=lambda: kubectl.run(["version"]), daemon=True)
 other.start()
 other.join(30)
 print("stuck" if other.is_alive() else "started")
-'''
+"""
 
 
 def test_an_interrupt_during_a_kubectl_fork_is_not_lost() -> None:
     if demo.die_with_parent() is None:
         pytest.skip("no prctl here: no pre-exec step, no fork handlers run in this process")
-    completed = subprocess.run([sys.executable, "-c", INTERRUPTED_IN_FORK, str(Path(demo.__file__).parent)],
-                               capture_output=True, text=True, timeout=60)
-    assert completed.stdout.split() == ["interrupted", "interrupted", "started"], (completed.stdout, completed.stderr)
+    completed = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED_IN_FORK, str(Path(demo.__file__).parent)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert completed.stdout.split() == ["interrupted", "interrupted", "started"], (
+        completed.stdout,
+        completed.stderr,
+    )
     assert "Exception ignored" not in completed.stderr, completed.stderr
 
 
@@ -1717,12 +2368,15 @@ def test_the_module_docstring_maps_every_section_banner_in_order_word_for_word()
     banners = []
     for number, line in enumerate(lines):
         if line == BANNER_RULE:
-            banners.append(lines[number + 1][len("# "):])
+            banners.append(lines[number + 1][len("# ") :])
             # One line each: what follows the banner's title is a blank line, not more of it.
             assert not lines[number + 2].startswith("#"), lines[number + 1]
     docstring = demo.__doc__.splitlines()
-    start = docstring.index("The file's sections, top to bottom (each line is its section's banner):") + 1
-    mapped = [line[len("    "):] for line in docstring[start:docstring.index("", start)]]
+    start = (
+        docstring.index("The file's sections, top to bottom (each line is its section's banner):")
+        + 1
+    )
+    mapped = [line[len("    ") :] for line in docstring[start : docstring.index("", start)]]
     assert len(banners) > 20
     assert mapped == banners
 
@@ -1733,12 +2387,16 @@ def test_the_module_docstring_maps_every_section_banner_in_order_word_for_word()
 
 def test_run_checks_names_each_failing_check_and_a_missing_module(capsys: Any) -> None:
     import run_tests
+
     python = Path(sys.executable)
-    failed = run_tests.run_checks(python, [
-        ("passes", ["-c", "pass"]),
-        ("finds something", ["-c", "raise SystemExit(1)"]),
-        ("absent", ["-m", "no_such_module_rldemo"]),
-    ])
+    failed = run_tests.run_checks(
+        python,
+        [
+            ("passes", ["-c", "pass"]),
+            ("finds something", ["-c", "raise SystemExit(1)"]),
+            ("absent", ["-m", "no_such_module_rldemo"]),
+        ],
+    )
     assert failed[0] == "finds something"
     assert failed[1].startswith("absent (no_such_module_rldemo is not installed in ")
     assert len(failed) == 2

@@ -32,22 +32,36 @@ def recorded_batch() -> dict[str, Any]:
         "job": json.loads((RECORDED / "job.json").read_text()),
         "pods": pods,
         "events": json.loads((RECORDED / "events.json").read_text())["items"],
-        "logs": {demo.pod_name(pod): (RECORDED / f"{demo.pod_name(pod)}.log").read_text() for pod in pods},
+        "logs": {
+            demo.pod_name(pod): (RECORDED / f"{demo.pod_name(pod)}.log").read_text() for pod in pods
+        },
         "observed": json.loads((RECORDED / "observed.json").read_text()),
         "observed_at": json.loads((RECORDED / "client.json").read_text())["observed_at"],
     }
 
 
-def summary_of(batch: dict[str, Any], drafts: demo.EpisodeDrafts | None = None) -> demo.BatchSummary:
-    return demo.summarise_batch(batch["job"], batch["pods"], batch["logs"], batch["events"], len(batch["pods"]),
-                                True, batch["observed_at"], batch["observed"],
-                                drafts=None if drafts is None else drafts.drafts)
+def summary_of(
+    batch: dict[str, Any], drafts: demo.EpisodeDrafts | None = None
+) -> demo.BatchSummary:
+    return demo.summarise_batch(
+        batch["job"],
+        batch["pods"],
+        batch["logs"],
+        batch["events"],
+        len(batch["pods"]),
+        True,
+        batch["observed_at"],
+        batch["observed"],
+        drafts=None if drafts is None else drafts.drafts,
+    )
 
 
 def saved_form(summary: demo.BatchSummary) -> str:
     """Everything a summary hands on (results.json, the CSV, the pictures), as text to compare."""
-    return json.dumps([summary.figures, summary.episodes, summary.failed, summary.job_created, summary.origin],
-                      sort_keys=True)
+    return json.dumps(
+        [summary.figures, summary.episodes, summary.failed, summary.job_created, summary.origin],
+        sort_keys=True,
+    )
 
 
 def on_node(batch: dict[str, Any], node: str) -> set[str]:
@@ -59,8 +73,11 @@ def test_the_recorded_batch_has_a_corrected_clock_and_pods_created_into_freed_sl
     batch = recorded_batch()
     summary = summary_of(batch)
     assert summary.figures["clocks"]["nodes"][CORRECTED_NODE]["offset_seconds"] != 0
-    assert all(entry["offset_seconds"] == 0 for node, entry in summary.figures["clocks"]["nodes"].items()
-               if node != CORRECTED_NODE)
+    assert all(
+        entry["offset_seconds"] == 0
+        for node, entry in summary.figures["clocks"]["nodes"].items()
+        if node != CORRECTED_NODE
+    )
     assert 0 < len(on_node(batch, CORRECTED_NODE)) < len(batch["pods"])
     # Pods on the other nodes created into a slot an earlier pod's end freed, a bound no draft knew.
     assert slotted_pods(batch) - on_node(batch, CORRECTED_NODE)
@@ -73,21 +90,29 @@ def slotted_pods(batch: dict[str, Any]) -> set[str]:
     def recording(*args: Any, **kwargs: Any) -> dict[str, float]:
         found.append(real(*args, **kwargs))
         return found[-1]
+
     real = demo.slots_freed
     with unittest.mock.patch.object(demo, "slots_freed", side_effect=recording):
         summary_of(batch)
     return set(found[0])
 
 
-def test_drafts_made_from_the_final_evidence_are_taken_except_where_the_final_clocks_differ() -> None:
+def test_drafts_made_from_the_final_evidence_are_taken_except_where_the_final_clocks_differ() -> (
+    None
+):
     batch = recorded_batch()
     drafts = demo.EpisodeDrafts(builtin=True)
     for event in batch["events"]:
         drafts.note_event("ADDED", event)
     for pod in batch["pods"]:
         name = demo.pod_name(pod)
-        drafts.draft(pod, batch["logs"][name], batch["job"], batch["observed"]["job"],
-                     batch["observed"]["pods"].get(name))
+        drafts.draft(
+            pod,
+            batch["logs"][name],
+            batch["job"],
+            batch["observed"]["job"],
+            batch["observed"]["pods"].get(name),
+        )
     summary = summary_of(batch, drafts)
     assert saved_form(summary) == saved_form(summary_of(batch))
     # Each episode on a node whose clock agrees is taken from its draft (those created into a freed
@@ -97,15 +122,27 @@ def test_drafts_made_from_the_final_evidence_are_taken_except_where_the_final_cl
 
 def test_a_draft_whose_creation_bound_alone_changed_makes_that_point_alone_again() -> None:
     batch = recorded_batch()
-    pod = next(pod for pod in batch["pods"] if demo.pod_name(pod) not in on_node(batch, CORRECTED_NODE))
+    pod = next(
+        pod for pod in batch["pods"] if demo.pod_name(pod) not in on_node(batch, CORRECTED_NODE)
+    )
     name = demo.pod_name(pod)
     drafts = demo.EpisodeDrafts(builtin=True)
-    drafts.draft(pod, batch["logs"][name], batch["job"], batch["observed"]["job"], batch["observed"]["pods"][name])
+    drafts.draft(
+        pod,
+        batch["logs"][name],
+        batch["job"],
+        batch["observed"]["job"],
+        batch["observed"]["pods"][name],
+    )
     draft = drafts.drafts[name]
     created = draft.points["pod_created"]
-    later = demo.Bound(created.at + 0.02, None, "an earlier pod's end freeing its slot", demo.REFERENCE_CLOCK)
+    later = demo.Bound(
+        created.at + 0.02, None, "an earlier pod's end freeing its slot", demo.REFERENCE_CLOCK
+    )
     points, phases = draft.points_for(pod, draft.ready, draft.inputs._replace(created_after=later))
-    expected = demo.episode_points(pod, draft.ready, draft.reward, *draft.inputs._replace(created_after=later))
+    expected = demo.episode_points(
+        pod, draft.ready, draft.reward, *draft.inputs._replace(created_after=later)
+    )
     assert points == expected and points["pod_created"] != created
     assert phases == demo.phase_durations(expected)
     assert {point for point in points if points[point] != draft.points[point]} == {"pod_created"}
@@ -133,7 +170,7 @@ def event_pod(event: dict) -> str | None:
     regarding = demo.event_object(event)
     message = event.get("message") or ""
     if regarding.get("kind") == "Job" and message.startswith("Created pod: "):
-        return message[len("Created pod: "):].strip()
+        return message[len("Created pod: ") :].strip()
     return regarding.get("name") if regarding.get("kind") == "Pod" else None
 
 
@@ -160,33 +197,57 @@ def test_drafts_in_any_order_of_pod_endings_give_exactly_the_batch_summary(seed:
         late = rng.random() < 0.15
         deliver(lambda event: event_pod(event) == name and not late)  # noqa: B023 (called at once)
         deliver(lambda event: rng.random() < 0.05)  # others' events, early
-        seen_as = pod if rng.random() < 0.85 else dict(pod, metadata=dict(pod["metadata"], resourceVersion="0"))
-        drafts.draft(seen_as, batch["logs"][name], batch["job"], batch["observed"]["job"],
-                     partial_observation(batch["observed"]["pods"].get(name), rng))
+        seen_as = (
+            pod
+            if rng.random() < 0.85
+            else dict(pod, metadata=dict(pod["metadata"], resourceVersion="0"))
+        )
+        drafts.draft(
+            seen_as,
+            batch["logs"][name],
+            batch["job"],
+            batch["observed"]["job"],
+            partial_observation(batch["observed"]["pods"].get(name), rng),
+        )
         if rng.random() < 0.2:  # drafted again, as a later change of the ended pod does
-            drafts.draft(pod, batch["logs"][name], batch["job"], batch["observed"]["job"],
-                         batch["observed"]["pods"].get(name))
+            drafts.draft(
+                pod,
+                batch["logs"][name],
+                batch["job"],
+                batch["observed"]["job"],
+                batch["observed"]["pods"].get(name),
+            )
     summary = summary_of(batch, drafts)
     assert saved_form(summary) == saved_form(summary_of(batch))
     assert summary.drafts_taken > 0  # else only the path without drafts was compared
 
 
-def test_a_draft_of_an_episode_that_fails_verification_leaves_the_failure_to_the_final_pass() -> None:
+def test_a_draft_of_an_episode_that_fails_verification_leaves_the_failure_to_the_final_pass() -> (
+    None
+):
     batch = recorded_batch()
     pod = batch["pods"][0]
     name = demo.pod_name(pod)
     drafts = demo.EpisodeDrafts(builtin=True)
     honest = batch["logs"][name]
-    drafts.draft(pod, honest, batch["job"], batch["observed"]["job"], batch["observed"]["pods"].get(name))
+    drafts.draft(
+        pod, honest, batch["job"], batch["observed"]["job"], batch["observed"]["pods"].get(name)
+    )
     assert name in drafts.drafts
     tampered = honest.replace('"reward": 1', '"reward": 0')
     assert tampered != honest
-    drafts.draft(pod, tampered, batch["job"], batch["observed"]["job"], batch["observed"]["pods"].get(name))
-    assert name not in drafts.drafts  # the honest draft is not kept for a log that no longer says so
+    drafts.draft(
+        pod, tampered, batch["job"], batch["observed"]["job"], batch["observed"]["pods"].get(name)
+    )
+    assert (
+        name not in drafts.drafts
+    )  # the honest draft is not kept for a log that no longer says so
     batch["logs"][name] = tampered
     with pytest.raises(demo.VerificationError, match="reward is 0, not 1"):
         summary_of(batch, drafts)
     # And a draft of the honest log is not taken for the tampered log the summary is given.
-    drafts.draft(pod, honest, batch["job"], batch["observed"]["job"], batch["observed"]["pods"].get(name))
+    drafts.draft(
+        pod, honest, batch["job"], batch["observed"]["job"], batch["observed"]["pods"].get(name)
+    )
     with pytest.raises(demo.VerificationError, match="reward is 0, not 1"):
         summary_of(batch, drafts)

@@ -21,26 +21,60 @@ FINALIZER = "batch.kubernetes.io/job-tracking"
 
 def job(succeeded: int = 2, failed: int = 0, end: str = "Complete", **status: object) -> dict:
     conditions = [{"type": end, "status": "True"}] if end else []
-    return {"metadata": {"name": "rollout", "resourceVersion": "90"},
-            "status": dict({"succeeded": succeeded, "failed": failed, "conditions": conditions}, **status)}
+    return {
+        "metadata": {"name": "rollout", "resourceVersion": "90"},
+        "status": dict(
+            {"succeeded": succeeded, "failed": failed, "conditions": conditions}, **status
+        ),
+    }
 
 
-def pod(name: str, phase: str = "Succeeded", finalizers: list[str] | None = None, **metadata: object) -> dict:
-    return {"kind": "Pod", "apiVersion": "v1",
-            "metadata": dict({"name": name, "namespace": NAMESPACE, "finalizers": finalizers or []}, **metadata),
-            "status": {"phase": phase}}
+def pod(
+    name: str, phase: str = "Succeeded", finalizers: list[str] | None = None, **metadata: object
+) -> dict:
+    return {
+        "kind": "Pod",
+        "apiVersion": "v1",
+        "metadata": dict(
+            {"name": name, "namespace": NAMESPACE, "finalizers": finalizers or []}, **metadata
+        ),
+        "status": {"phase": phase},
+    }
 
 
 def event(name: str, reason: str = "Scheduled", rv: str = "10", **fields: object) -> dict:
-    return dict({"kind": "Event", "apiVersion": "v1",
-                 "metadata": {"name": name, "namespace": NAMESPACE, "uid": f"uid-{name}", "resourceVersion": rv,
-                              "creationTimestamp": "2026-01-01T00:00:01Z", "managedFields": [{"big": "x" * 50}]},
-                 "involvedObject": {"kind": "Pod", "name": name.split(".")[0], "uid": "pod-uid",
-                                    "apiVersion": "v1", "fieldPath": "spec.containers{episode}"},
-                 "reason": reason, "message": f"{reason} it", "type": "Normal", "count": 1,
-                 "source": {"component": "kubelet", "host": "node-1"},
-                 "firstTimestamp": "2026-01-01T00:00:01Z", "lastTimestamp": "2026-01-01T00:00:01Z",
-                 "eventTime": None, "reportingComponent": "kubelet", "reportingInstance": "node-1"}, **fields)
+    return dict(
+        {
+            "kind": "Event",
+            "apiVersion": "v1",
+            "metadata": {
+                "name": name,
+                "namespace": NAMESPACE,
+                "uid": f"uid-{name}",
+                "resourceVersion": rv,
+                "creationTimestamp": "2026-01-01T00:00:01Z",
+                "managedFields": [{"big": "x" * 50}],
+            },
+            "involvedObject": {
+                "kind": "Pod",
+                "name": name.split(".")[0],
+                "uid": "pod-uid",
+                "apiVersion": "v1",
+                "fieldPath": "spec.containers{episode}",
+            },
+            "reason": reason,
+            "message": f"{reason} it",
+            "type": "Normal",
+            "count": 1,
+            "source": {"component": "kubelet", "host": "node-1"},
+            "firstTimestamp": "2026-01-01T00:00:01Z",
+            "lastTimestamp": "2026-01-01T00:00:01Z",
+            "eventTime": None,
+            "reportingComponent": "kubelet",
+            "reportingInstance": "node-1",
+        },
+        **fields,
+    )
 
 
 # --------------------------------------------------------------------------
@@ -55,12 +89,16 @@ def test_ended_and_counted_pods_of_a_complete_job_are_final() -> None:
 def test_a_pod_not_yet_counted_by_the_job_controller_is_not_final() -> None:
     # The controller removes its finalizer once it has counted the pod: that change is still to come.
     assert not demo.pods_final(job(2), [pod("a"), pod("b", finalizers=[FINALIZER])])
-    assert not demo.pods_final(job(2, uncountedTerminatedPods={"succeeded": ["uid-b"]}), [pod("a"), pod("b")])
+    assert not demo.pods_final(
+        job(2, uncountedTerminatedPods={"succeeded": ["uid-b"]}), [pod("a"), pod("b")]
+    )
 
 
 def test_a_running_or_deleted_pod_is_not_final() -> None:
     assert not demo.pods_final(job(2), [pod("a"), pod("b", "Running")])
-    assert not demo.pods_final(job(2), [pod("a"), pod("b", deletionTimestamp="2026-01-01T00:00:09Z")])
+    assert not demo.pods_final(
+        job(2), [pod("a"), pod("b", deletionTimestamp="2026-01-01T00:00:09Z")]
+    )
 
 
 def test_fewer_pods_than_the_job_counted_are_not_final() -> None:
@@ -102,32 +140,64 @@ def test_a_deleted_event_is_forgotten_and_a_nameless_one_ignored() -> None:
 
 
 def test_a_compact_event_reads_as_the_whole_one() -> None:
-    whole = [event("p-1.18ed0000000000aa", "Scheduled", eventTime="2026-01-01T00:00:01.250000Z"),
-             event("p-1.18ed0000000000bb", "Pulled", message="Container image \"x\" already present on machine"),
-             event("p-1.18ed0000000000cc", "Started"),
-             event("p-1.18ed0000000000dd", "BackOff", type="Warning", count=4),
-             event("rollout.18ed0000000000ee", "SuccessfulCreate", message="Created pod: p-1",
-                   involvedObject={"kind": "Job", "name": "rollout", "uid": "job-uid"},
-                   source={"component": "job-controller"})]
+    whole = [
+        event("p-1.18ed0000000000aa", "Scheduled", eventTime="2026-01-01T00:00:01.250000Z"),
+        event(
+            "p-1.18ed0000000000bb",
+            "Pulled",
+            message='Container image "x" already present on machine',
+        ),
+        event("p-1.18ed0000000000cc", "Started"),
+        event("p-1.18ed0000000000dd", "BackOff", type="Warning", count=4),
+        event(
+            "rollout.18ed0000000000ee",
+            "SuccessfulCreate",
+            message="Created pod: p-1",
+            involvedObject={"kind": "Job", "name": "rollout", "uid": "job-uid"},
+            source={"component": "job-controller"},
+        ),
+    ]
     compact = [demo.compact_event(copy.deepcopy(e)) for e in whole]
-    assert "managedFields" not in compact[0]["metadata"] and "apiVersion" not in compact[0]["involvedObject"]
-    other_container = event("p-1.18ed0000000000ff", "Started",
-                            involvedObject={"kind": "Pod", "name": "p-1", "fieldPath": "spec.initContainers{setup}"})
+    assert (
+        "managedFields" not in compact[0]["metadata"]
+        and "apiVersion" not in compact[0]["involvedObject"]
+    )
+    other_container = event(
+        "p-1.18ed0000000000ff",
+        "Started",
+        involvedObject={"kind": "Pod", "name": "p-1", "fieldPath": "spec.initContainers{setup}"},
+    )
     whole.append(other_container)
     compact.append(demo.compact_event(other_container))
-    for read in (demo.scheduled_event_times, demo.image_cache_states, demo.warning_summary, demo.pod_warnings,
-                 demo.kubelet_container_events, demo.pod_creation_events, demo.events_table):
+    for read in (
+        demo.scheduled_event_times,
+        demo.image_cache_states,
+        demo.warning_summary,
+        demo.pod_warnings,
+        demo.kubelet_container_events,
+        demo.pod_creation_events,
+        demo.events_table,
+    ):
         assert read(compact) == read(whole), read.__name__
     owner = {"metadata": {"name": "rollout", "uid": "job-uid"}}
     kept = demo.batch_events(compact, owner, [], first=True)
-    assert kept == [compact[4]] and kept == [demo.compact_event(e) for e in demo.batch_events(whole, owner, [], True)]
+    assert kept == [compact[4]] and kept == [
+        demo.compact_event(e) for e in demo.batch_events(whole, owner, [], True)
+    ]
 
 
 def test_an_events_k8s_io_event_keeps_regarding_and_note() -> None:
-    whole = {"metadata": {"name": "p-1.aa", "creationTimestamp": "2026-01-01T00:00:01Z"},
-             "regarding": {"kind": "Pod", "name": "p-1"}, "reason": "Failed", "note": "it broke", "type": "Warning"}
+    whole = {
+        "metadata": {"name": "p-1.aa", "creationTimestamp": "2026-01-01T00:00:01Z"},
+        "regarding": {"kind": "Pod", "name": "p-1"},
+        "reason": "Failed",
+        "note": "it broke",
+        "type": "Warning",
+    }
     compact = demo.compact_event(whole)
-    assert demo.pod_warnings([compact]) == demo.pod_warnings([whole]) == {"p-1": ["Failed: it broke"]}
+    assert (
+        demo.pod_warnings([compact]) == demo.pod_warnings([whole]) == {"p-1": ["Failed: it broke"]}
+    )
 
 
 def test_shared_strings_keep_values_equal_and_share_repeats() -> None:
@@ -147,7 +217,10 @@ def test_shared_strings_forget_everything_when_the_table_grows_large() -> None:
 
 
 def test_the_total_of_a_list_is_its_items_and_the_remaining_count() -> None:
-    assert demo.list_total({"metadata": {"continue": "t", "remainingItemCount": 41}, "items": [{}]}) == 42
+    assert (
+        demo.list_total({"metadata": {"continue": "t", "remainingItemCount": 41}, "items": [{}]})
+        == 42
+    )
     assert demo.list_total({"metadata": {}, "items": [{}]}) == 1
     assert demo.list_total({"metadata": {}, "items": []}) == 0
     # More follow but the API does not say how many (as with a selector): unknown.
@@ -157,10 +230,15 @@ def test_the_total_of_a_list_is_its_items_and_the_remaining_count() -> None:
 def test_long_encoded_items_are_written_as_given_one_per_line() -> None:
     items = [{"n": number} for number in range(demo.ONE_LINE_ITEMS_FROM)]
     encoded = demo.EncodedItems(lambda: (json.dumps(item) for item in items), len(items))
-    assert "".join(demo.json_pieces({"items": encoded})) == "".join(demo.json_pieces({"items": items}))
+    assert "".join(demo.json_pieces({"items": encoded})) == "".join(
+        demo.json_pieces({"items": items})
+    )
     few = demo.EncodedItems(lambda: (json.dumps(item) for item in items[:2]), 2)
-    assert "".join(demo.json_pieces({"items": few})) == "".join(demo.json_pieces({"items": items[:2]})) == json.dumps(
-        {"items": items[:2]}, indent=2)
+    assert (
+        "".join(demo.json_pieces({"items": few}))
+        == "".join(demo.json_pieces({"items": items[:2]}))
+        == json.dumps({"items": items[:2]}, indent=2)
+    )
 
 
 # --------------------------------------------------------------------------
@@ -178,8 +256,14 @@ class Watch:
 
 
 def follower_at_the_end(pods: list[dict], succeeded: int) -> demo.BatchFollower:
-    follower = demo.BatchFollower(demo.Kubectl("kubectl-never-run"), NAMESPACE, "rollout", succeeded,
-                                  demo.Progress(quiet=True), pool=None)  # type: ignore[arg-type]
+    follower = demo.BatchFollower(
+        demo.Kubectl("kubectl-never-run"),
+        NAMESPACE,
+        "rollout",
+        succeeded,
+        demo.Progress(quiet=True),
+        pool=None,
+    )  # type: ignore[arg-type]
     follower.watches.failures = {"job": 0, "pods": 0, "events": 0}
     follower.watches.processes = {"pods": Watch(), "events": Watch()}  # type: ignore[dict-item]
     for item in pods:
@@ -190,9 +274,15 @@ def follower_at_the_end(pods: list[dict], succeeded: int) -> demo.BatchFollower:
 
 def test_the_follower_settles_once_each_pods_last_change_and_every_event_arrived() -> None:
     follower = follower_at_the_end([pod("a"), pod("b", finalizers=[FINALIZER])], 2)
-    follower.watches.queue.put(demo.WatchEvent("events", {"type": "ADDED", "object": event("a.1")}, 100.0))
-    follower.watches.queue.put(demo.WatchEvent("pods", {"type": "MODIFIED", "object": pod("b")}, 100.1))
-    follower.watches.queue.put(demo.WatchEvent("events", {"type": "ADDED", "object": event("b.1")}, 100.2))
+    follower.watches.queue.put(
+        demo.WatchEvent("events", {"type": "ADDED", "object": event("a.1")}, 100.0)
+    )
+    follower.watches.queue.put(
+        demo.WatchEvent("pods", {"type": "MODIFIED", "object": pod("b")}, 100.1)
+    )
+    follower.watches.queue.put(
+        demo.WatchEvent("events", {"type": "ADDED", "object": event("b.1")}, 100.2)
+    )
     assert not follower.watches_settled(2)
     follower.settle_watches(2, seconds=5)
     assert follower.watches_settled(2) and follower.watched_pods_final()
@@ -219,8 +309,14 @@ def test_a_pod_deleted_under_the_watch_is_never_final() -> None:
 
 
 def test_an_event_watch_that_keeps_breaking_is_given_up_saying_how_often_it_broke(capsys) -> None:
-    follower = demo.BatchFollower(demo.Kubectl("kubectl-never-run"), NAMESPACE, "rollout", 1,
-                                  demo.Progress(quiet=True), pool=None)  # type: ignore[arg-type]
+    follower = demo.BatchFollower(
+        demo.Kubectl("kubectl-never-run"),
+        NAMESPACE,
+        "rollout",
+        1,
+        demo.Progress(quiet=True),
+        pool=None,
+    )  # type: ignore[arg-type]
     follower.watches.failures = {"job": 0, "pods": 0, "events": 0}
     follower.watches.processes = {"events": Watch()}  # type: ignore[dict-item]
     restarted = []
@@ -228,6 +324,7 @@ def test_an_event_watch_that_keeps_breaking_is_given_up_saying_how_often_it_brok
     def restart(kind: str, client_deadline: float) -> None:  # at once, and no process
         restarted.append(kind)
         follower.watches.processes[kind] = Watch()  # type: ignore[assignment]
+
     follower.watches.restart = restart  # type: ignore[method-assign]
     breaks = demo.WATCH_RESTARTS_BEFORE_POLLING + 1  # the first break, then each restart's
     for _ in range(breaks):
@@ -246,9 +343,16 @@ def test_the_state_reports_each_ended_container_and_the_jobs_end_once() -> None:
     running = pod("a", "Running")
     assert state.apply("pods", "ADDED", running, 100.0) == demo.StateChange("pods", "a")
     ended = pod("a")
-    ended["status"]["containerStatuses"] = [{"name": "episode", "state": {"terminated": {"containerID": "c-1"}}}]
-    assert state.apply("pods", "MODIFIED", ended, 101.0) == demo.StateChange("pods", "a", (("a", "c-1"),))
-    assert state.apply("job", "MODIFIED", job(1, end=""), 101.5) == demo.StateChange("job") and state.end is None
+    ended["status"]["containerStatuses"] = [
+        {"name": "episode", "state": {"terminated": {"containerID": "c-1"}}}
+    ]
+    assert state.apply("pods", "MODIFIED", ended, 101.0) == demo.StateChange(
+        "pods", "a", (("a", "c-1"),)
+    )
+    assert (
+        state.apply("job", "MODIFIED", job(1, end=""), 101.5) == demo.StateChange("job")
+        and state.end is None
+    )
     assert state.apply("job", "MODIFIED", job(1), 102.0) == demo.StateChange("job", job_ended=True)
     assert state.end == "Complete" and state.end_resource_version == "90"
     assert not state.apply("job", "MODIFIED", job(1), 103.0).job_ended  # the end is told once
@@ -260,7 +364,9 @@ def test_the_state_reports_each_ended_container_and_the_jobs_end_once() -> None:
 def test_the_state_keeps_a_deleted_pod_as_last_seen_and_then_is_never_final() -> None:
     state = demo.BatchState()
     state.apply("pods", "ADDED", pod("a"), 100.0)
-    assert state.apply("pods", "DELETED", pod("a", "Running"), 101.0) == demo.StateChange("pods", "a")
+    assert state.apply("pods", "DELETED", pod("a", "Running"), 101.0) == demo.StateChange(
+        "pods", "a"
+    )
     state.apply("job", "MODIFIED", job(1), 102.0)
     assert state.pods["a"]["status"]["phase"] == "Succeeded" and state.deleted == {"a"}
     assert not state.pods_are_final()
@@ -272,7 +378,9 @@ def test_a_final_pod_is_encoded_while_waiting_and_that_text_used_only_for_its_ve
     state.apply("pods", "MODIFIED", final, 100.0)
     held = state.pods["a"]
     # After the wait nothing is encoded again: the text is the one made as the pod arrived.
-    with unittest.mock.patch.object(demo.json, "dumps", side_effect=AssertionError("encoded after the wait")):
+    with unittest.mock.patch.object(
+        demo.json, "dumps", side_effect=AssertionError("encoded after the wait")
+    ):
         text = state.pod_text(held)
     assert json.loads(text) == final
     # A later version of the pod (or another object) is encoded anew.
@@ -282,15 +390,24 @@ def test_a_final_pod_is_encoded_while_waiting_and_that_text_used_only_for_its_ve
     assert json.loads(state.pod_text(final)) == final
 
 
-def test_a_small_batchs_pods_are_indented_as_they_end_and_pods_json_is_the_plain_lists_text(tmp_path) -> None:
+def test_a_small_batchs_pods_are_indented_as_they_end_and_pods_json_is_the_plain_lists_text(
+    tmp_path,
+) -> None:
     state = demo.BatchState(indented_pods=True)
     for name, version in (("a", "7"), ("b", "8")):
         state.apply("pods", "MODIFIED", pod(name, resourceVersion=version), 100.0)
     held = [state.pods["a"], state.pods["b"]]
-    with unittest.mock.patch.object(demo, "pod_json", side_effect=AssertionError("encoded after the wait")):
+    with unittest.mock.patch.object(
+        demo, "pod_json", side_effect=AssertionError("encoded after the wait")
+    ):
         texts = [state.pod_text(item, indented=True) for item in held]
-    demo.write_json(str(tmp_path / "encoded.json"), dict(demo.list_manifest([]), items=demo.EncodedItems(
-        lambda: iter(texts), len(texts), indented=True)))
+    demo.write_json(
+        str(tmp_path / "encoded.json"),
+        dict(
+            demo.list_manifest([]),
+            items=demo.EncodedItems(lambda: iter(texts), len(texts), indented=True),
+        ),
+    )
     demo.write_json(str(tmp_path / "plain.json"), dict(demo.list_manifest([]), items=held))
     assert (tmp_path / "encoded.json").read_bytes() == (tmp_path / "plain.json").read_bytes()
     # The compact form, asked of a state that holds the indented one, is made anew.
@@ -311,9 +428,11 @@ def test_a_spool_gives_back_the_newest_text_of_each_name_between_writes() -> Non
 def test_the_status_line_counts_the_jobs_pods_and_says_when_it_polls() -> None:
     running = {"spec": {}, "status": {"active": 3, "ready": 2, "succeeded": 1}}
     assert demo.status_line("rollout", 4, running, 12.34, polling=False) == (
-        "rollout:   12.3s  active 3  ready 2  succeeded 1/4  failed 0")
+        "rollout:   12.3s  active 3  ready 2  succeeded 1/4  failed 0"
+    )
     assert demo.status_line("rollout", 4, None, 0.0, polling=True) == (
-        "rollout:    0.0s  active 0  ready 0  succeeded 0/4  failed 0  (polling)")
+        "rollout:    0.0s  active 0  ready 0  succeeded 0/4  failed 0  (polling)"
+    )
 
 
 # --------------------------------------------------------------------------
@@ -333,13 +452,17 @@ class Child:
         return 0
 
 
-def test_an_interrupt_while_a_watch_starts_is_raised_once_its_process_and_reader_have_started() -> None:
+def test_an_interrupt_while_a_watch_starts_is_raised_once_its_process_and_reader_have_started() -> (
+    None
+):
     interrupts = demo.InterruptsAcrossForks()
     done = []
     child = Child()
     with pytest.raises(KeyboardInterrupt):
         with interrupts.holding():
-            interrupts.handle(signal.SIGINT, None)  # held: raising here could land inside Thread.start
+            interrupts.handle(
+                signal.SIGINT, None
+            )  # held: raising here could land inside Thread.start
             started = interrupts.start(lambda: child)  # type: ignore[arg-type,return-value]
             done.append(started)
     # The child started inside is the holder's to stop (the watch's stop does), not killed here.
@@ -353,6 +476,7 @@ def test_an_interrupt_while_a_child_starts_alone_kills_it_and_is_raised() -> Non
     def starter() -> Child:
         interrupts.handle(signal.SIGTERM, None)
         return child
+
     with pytest.raises(KeyboardInterrupt):
         interrupts.start(starter)  # type: ignore[arg-type]
     assert child.killed

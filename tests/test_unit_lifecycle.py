@@ -19,24 +19,47 @@ RUN_ID = "0123456789ab"
 T0 = calendar.timegm((2026, 11, 29, 20, 0, 0))
 
 
-@pytest.mark.parametrize("text, seconds", [
-    ("90s", 90), ("30m", 1800), ("2h", 7200), ("1d", 86400), ("1h30m", 5400), ("2H", 7200), (" 45m ", 2700),
-    ("1d2h3m4s", 86400 + 7200 + 180 + 4),
-])
+@pytest.mark.parametrize(
+    "text, seconds",
+    [
+        ("90s", 90),
+        ("30m", 1800),
+        ("2h", 7200),
+        ("1d", 86400),
+        ("1h30m", 5400),
+        ("2H", 7200),
+        (" 45m ", 2700),
+        ("1d2h3m4s", 86400 + 7200 + 180 + 4),
+    ],
+)
 def test_durations_are_read_in_seconds(text: str, seconds: int) -> None:
     assert demo.parse_duration(text) == seconds
 
 
-@pytest.mark.parametrize("text", ["", "2", "h", "2x", "1.5h", "-1h", "0s", "0h0m", "2h junk", "30 m", "m30"])
+@pytest.mark.parametrize(
+    "text", ["", "2", "h", "2x", "1.5h", "-1h", "0s", "0h0m", "2h junk", "30 m", "m30"]
+)
 def test_a_bad_duration_is_refused_with_its_text(text: str) -> None:
     with pytest.raises(ValueError, match="duration"):
         demo.parse_duration(text)
 
 
-@pytest.mark.parametrize("seconds, shown", [
-    (0, "0s"), (45.9, "45s"), (119, "119s"), (120, "2m"), (3599, "59m"), (3600, "1h"), (3660, "1h1m"),
-    (86399, "23h59m"), (86400, "24h"), (2 * 86400 + 4 * 3600 + 59, "2d4h"), (-5, "0s"),
-])
+@pytest.mark.parametrize(
+    "seconds, shown",
+    [
+        (0, "0s"),
+        (45.9, "45s"),
+        (119, "119s"),
+        (120, "2m"),
+        (3599, "59m"),
+        (3600, "1h"),
+        (3660, "1h1m"),
+        (86399, "23h59m"),
+        (86400, "24h"),
+        (2 * 86400 + 4 * 3600 + 59, "2d4h"),
+        (-5, "0s"),
+    ],
+)
 def test_durations_are_shown_as_kubectl_shows_an_age(seconds: float, shown: str) -> None:
     assert demo.format_duration(seconds) == shown
 
@@ -47,8 +70,14 @@ def test_times_are_written_as_kubernetes_writes_them() -> None:
 
 
 def origin(**changes: Any) -> demo.RunOrigin:
-    fields = dict(run_id=RUN_ID, version="0.1.0", host="bastion-1", output="/home/me/runs/first",
-                  user="alice@example.com", expires_at=None)
+    fields = dict(
+        run_id=RUN_ID,
+        version="0.1.0",
+        host="bastion-1",
+        output="/home/me/runs/first",
+        user="alice@example.com",
+        expires_at=None,
+    )
     fields.update(changes)
     return demo.RunOrigin(**fields)
 
@@ -56,17 +85,26 @@ def origin(**changes: Any) -> demo.RunOrigin:
 def test_the_namespace_says_who_made_the_run_and_from_where() -> None:
     manifest = demo.namespace_manifest(NAMESPACE, RUN_ID, origin=origin())
     assert manifest == {
-        "apiVersion": "v1", "kind": "Namespace",
-        "metadata": {"name": NAMESPACE, "labels": {"agc-demo-run": RUN_ID}, "annotations": {
-            "rl-batch-demo.agc/run-id": RUN_ID, "rl-batch-demo.agc/version": "0.1.0",
-            "rl-batch-demo.agc/host": "bastion-1", "rl-batch-demo.agc/output": "/home/me/runs/first",
-            "rl-batch-demo.agc/user": "alice@example.com"}},
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {
+            "name": NAMESPACE,
+            "labels": {"agc-demo-run": RUN_ID},
+            "annotations": {
+                "rl-batch-demo.agc/run-id": RUN_ID,
+                "rl-batch-demo.agc/version": "0.1.0",
+                "rl-batch-demo.agc/host": "bastion-1",
+                "rl-batch-demo.agc/output": "/home/me/runs/first",
+                "rl-batch-demo.agc/user": "alice@example.com",
+            },
+        },
     }
 
 
 def test_a_ttl_puts_the_expiry_on_the_namespace() -> None:
-    annotations = demo.namespace_manifest(NAMESPACE, RUN_ID, harden=True, origin=origin(expires_at=T0 + 7200))[
-        "metadata"]["annotations"]
+    annotations = demo.namespace_manifest(
+        NAMESPACE, RUN_ID, harden=True, origin=origin(expires_at=T0 + 7200)
+    )["metadata"]["annotations"]
     assert annotations["rl-batch-demo.agc/expires-at"] == "2026-11-29T22:00:00Z"
 
 
@@ -79,7 +117,9 @@ def test_dry_run_shows_the_annotations_and_the_expiry(tmp_path, capsys) -> None:
     assert main(["run", "--dry-run", "--output", str(output), "--ttl", "30m"]) == 0
     namespace = json.loads(capsys.readouterr().out)["items"][0]
     annotations = namespace["metadata"]["annotations"]
-    assert annotations["rl-batch-demo.agc/run-id"] == namespace["metadata"]["labels"]["agc-demo-run"]
+    assert (
+        annotations["rl-batch-demo.agc/run-id"] == namespace["metadata"]["labels"]["agc-demo-run"]
+    )
     assert annotations["rl-batch-demo.agc/output"] == str(output.resolve())
     assert annotations["rl-batch-demo.agc/user"] == demo.USER_UNKNOWN_BEFORE_RUN
     expires = demo.parse_time(annotations["rl-batch-demo.agc/expires-at"])
@@ -97,7 +137,9 @@ def test_a_bad_ttl_is_a_usage_error(tmp_path, capsys) -> None:
 
 def test_run_batch_takes_the_ttl_as_the_flag_does(tmp_path) -> None:
     listing = demo.run_batch(output=tmp_path / "out", count=1, dry_run=True, ttl="1h30m")
-    expires = demo.parse_time(listing["items"][0]["metadata"]["annotations"]["rl-batch-demo.agc/expires-at"])
+    expires = demo.parse_time(
+        listing["items"][0]["metadata"]["annotations"]["rl-batch-demo.agc/expires-at"]
+    )
     assert 5300 < expires - demo.time.time() <= 5400
     with pytest.raises(demo.UsageError, match="ttl='soon'"):
         demo.run_batch(output=tmp_path / "out", count=1, dry_run=True, ttl="soon")
@@ -107,33 +149,71 @@ def test_run_batch_takes_the_ttl_as_the_flag_does(tmp_path) -> None:
 # A run's state, and what `cleanup --stale` does with it.
 
 
-def namespace(name: str = NAMESPACE, run_id: str = RUN_ID, annotated: bool = True, user: str = "alice",
-              expires: str | None = None, terminating: bool = False) -> dict:
-    annotations = {"rl-batch-demo.agc/run-id": run_id, "rl-batch-demo.agc/user": user,
-                   "rl-batch-demo.agc/host": "bastion-1", "rl-batch-demo.agc/output": "/runs/a"} if annotated else {}
+def namespace(
+    name: str = NAMESPACE,
+    run_id: str = RUN_ID,
+    annotated: bool = True,
+    user: str = "alice",
+    expires: str | None = None,
+    terminating: bool = False,
+) -> dict:
+    annotations = (
+        {
+            "rl-batch-demo.agc/run-id": run_id,
+            "rl-batch-demo.agc/user": user,
+            "rl-batch-demo.agc/host": "bastion-1",
+            "rl-batch-demo.agc/output": "/runs/a",
+        }
+        if annotated
+        else {}
+    )
     if expires:
         annotations["rl-batch-demo.agc/expires-at"] = expires
-    metadata = {"name": name, "uid": "uid-" + name, "labels": {"agc-demo-run": run_id},
-                "creationTimestamp": demo.rfc3339(T0), "annotations": annotations}
+    metadata = {
+        "name": name,
+        "uid": "uid-" + name,
+        "labels": {"agc-demo-run": run_id},
+        "creationTimestamp": demo.rfc3339(T0),
+        "annotations": annotations,
+    }
     if terminating:
         metadata["deletionTimestamp"] = demo.rfc3339(T0 + 10)
     return {"metadata": metadata, "status": {"phase": "Terminating" if terminating else "Active"}}
 
 
-def job(ns: str = NAMESPACE, end: str | None = "Complete", completions: int = 3, succeeded: int = 3,
-        app: str = "rl-batch-demo") -> dict:
-    conditions = [{"type": end, "status": "True"}] if end else [{"type": "SuccessCriteriaMet", "status": "True"}]
-    return {"metadata": {"name": "rollout", "namespace": ns, "labels": {"app": app}},
-            "spec": {"completions": completions}, "status": {"succeeded": succeeded, "conditions": conditions}}
+def job(
+    ns: str = NAMESPACE,
+    end: str | None = "Complete",
+    completions: int = 3,
+    succeeded: int = 3,
+    app: str = "rl-batch-demo",
+) -> dict:
+    conditions = (
+        [{"type": end, "status": "True"}]
+        if end
+        else [{"type": "SuccessCriteriaMet", "status": "True"}]
+    )
+    return {
+        "metadata": {"name": "rollout", "namespace": ns, "labels": {"app": app}},
+        "spec": {"completions": completions},
+        "status": {"succeeded": succeeded, "conditions": conditions},
+    }
 
 
-@pytest.mark.parametrize("jobs, terminating, state", [
-    ([job()], False, "succeeded"),
-    ([job(), job(end="Failed")], False, "failed"),
-    ([job(end="Failed"), job(end=None)], False, "running"),  # criteria met, pods still terminating: not ended
-    ([], False, "pending"),
-    ([job(end=None)], True, "terminating"),
-])
+@pytest.mark.parametrize(
+    "jobs, terminating, state",
+    [
+        ([job()], False, "succeeded"),
+        ([job(), job(end="Failed")], False, "failed"),
+        (
+            [job(end="Failed"), job(end=None)],
+            False,
+            "running",
+        ),  # criteria met, pods still terminating: not ended
+        ([], False, "pending"),
+        ([job(end=None)], True, "terminating"),
+    ],
+)
 def test_a_runs_state_comes_from_its_namespace_and_jobs(jobs, terminating, state) -> None:
     assert demo.run_state(namespace(terminating=terminating), jobs) == state
     assert state in demo.RUN_STATES
@@ -141,66 +221,187 @@ def test_a_runs_state_comes_from_its_namespace_and_jobs(jobs, terminating, state
 
 def test_runs_are_namespaces_with_the_label_and_the_tools_jobs_inside() -> None:
     runs = demo.cluster_runs(
-        [namespace(), namespace("agc-rl-guide0000000", "guide0000000", annotated=False),
-         {"metadata": {"name": "unrelated", "uid": "u", "labels": {}}}],
-        [job(completions=3, succeeded=2, end=None), job(completions=4, succeeded=4), job(app="someone-else"),
-         job("agc-rl-guide0000000", completions=2, succeeded=2)])
+        [
+            namespace(),
+            namespace("agc-rl-guide0000000", "guide0000000", annotated=False),
+            {"metadata": {"name": "unrelated", "uid": "u", "labels": {}}},
+        ],
+        [
+            job(completions=3, succeeded=2, end=None),
+            job(completions=4, succeeded=4),
+            job(app="someone-else"),
+            job("agc-rl-guide0000000", completions=2, succeeded=2),
+        ],
+    )
     assert [run.namespace for run in runs] == [NAMESPACE, "agc-rl-guide0000000"]
     ours, guide = runs
-    assert (ours.state, ours.jobs, ours.episodes, ours.succeeded, ours.guide) == ("running", 2, 7, 6, False)
+    assert (ours.state, ours.jobs, ours.episodes, ours.succeeded, ours.guide) == (
+        "running",
+        2,
+        7,
+        6,
+        False,
+    )
     assert (guide.state, guide.guide, guide.user) == ("succeeded", True, None)
     record = demo.run_record(ours, T0 + 3600.4)
-    assert record == {"namespace": NAMESPACE, "uid": "uid-" + NAMESPACE, "run_id": RUN_ID, "state": "running",
-                      "age_seconds": 3600, "episodes": 7, "succeeded": 6, "user": "alice", "host": "bastion-1",
-                      "output": "/runs/a", "expires": None, "guide": False}
+    assert record == {
+        "namespace": NAMESPACE,
+        "uid": "uid-" + NAMESPACE,
+        "run_id": RUN_ID,
+        "state": "running",
+        "age_seconds": 3600,
+        "episodes": 7,
+        "succeeded": 6,
+        "user": "alice",
+        "host": "bastion-1",
+        "output": "/runs/a",
+        "expires": None,
+        "guide": False,
+    }
     assert demo.run_record(guide, T0)["run_id"] == "guide0000000"
     table = demo.runs_table(runs, T0 + 3600).splitlines()
     assert table[0].split() == ["NAMESPACE", "STATE", "AGE", "EPISODES", "USER", "FROM", "EXPIRES"]
-    assert table[1].split() == [NAMESPACE, "running", "1h", "6/7", "alice", "bastion-1:/runs/a", "-"]
-    assert table[2].split() == ["agc-rl-guide0000000", "succeeded", "1h", "2/2", "-", "(guide's", "script)", "-"]
+    assert table[1].split() == [
+        NAMESPACE,
+        "running",
+        "1h",
+        "6/7",
+        "alice",
+        "bastion-1:/runs/a",
+        "-",
+    ]
+    assert table[2].split() == [
+        "agc-rl-guide0000000",
+        "succeeded",
+        "1h",
+        "2/2",
+        "-",
+        "(guide's",
+        "script)",
+        "-",
+    ]
 
 
 HOUR = 3600
 
 
-def verdict(ns: dict, jobs: list, now: float = T0 + 2 * HOUR, user: str = "alice", all_users: bool = False):
+def verdict(
+    ns: dict, jobs: list, now: float = T0 + 2 * HOUR, user: str = "alice", all_users: bool = False
+):
     return demo.stale_verdict(demo.cluster_runs([ns], jobs)[0], now, HOUR, user, all_users)
 
 
-@pytest.mark.parametrize("ns, jobs, now, user, all_users, delete, why", [
-    (namespace(), [job()], T0 + 2 * HOUR, "alice", False, True, "succeeded, 2h old: older than --stale 1h"),
-    (namespace(), [job(end="Failed")], T0 + 2 * HOUR, "alice", False, True, "failed, 2h old"),
-    (namespace(), [job()], T0 + 30 * 60, "alice", False, False, "younger than --stale 1h"),
-    (namespace(), [job(end=None)], T0 + 9 * HOUR, "alice", False, False, "still running"),
-    (namespace(expires=demo.rfc3339(T0 + 60)), [job(end=None)], T0 + 120, "alice", False, True,
-     "running, past its --ttl (expired 60s ago)"),
-    (namespace(expires=demo.rfc3339(T0 + 3 * HOUR)), [job(end=None)], T0 + 2 * HOUR, "alice", False, False,
-     "still running"),
-    (namespace(user="bob"), [job()], T0 + 2 * HOUR, "alice", False, False, "started by bob, not by you (alice)"),
-    (namespace(user="bob"), [job()], T0 + 2 * HOUR, "alice", True, True, "older than --stale"),
-    (namespace(user="bob", expires=demo.rfc3339(T0)), [job()], T0 + 2 * HOUR, "alice", False, False,
-     "started by bob"),
-    (namespace(annotated=False), [job()], T0 + 9 * HOUR, "alice", True, False, "made by the guide's script"),
-    (namespace(), [], T0 + 9 * HOUR, "alice", True, False, "no Job labelled app=rl-batch-demo inside"),
-    (namespace(), [job(app="copycat")], T0 + 9 * HOUR, "alice", True, False, "no Job labelled"),
-    (namespace("agc-rl-aaaaaaaaaaaa"), [job("agc-rl-aaaaaaaaaaaa")], T0 + 9 * HOUR, "alice", True, False,
-     "disagree: not proven"),
-    (namespace(terminating=True), [job()], T0 + 9 * HOUR, "alice", True, False, "already being deleted"),
-])
+@pytest.mark.parametrize(
+    "ns, jobs, now, user, all_users, delete, why",
+    [
+        (
+            namespace(),
+            [job()],
+            T0 + 2 * HOUR,
+            "alice",
+            False,
+            True,
+            "succeeded, 2h old: older than --stale 1h",
+        ),
+        (namespace(), [job(end="Failed")], T0 + 2 * HOUR, "alice", False, True, "failed, 2h old"),
+        (namespace(), [job()], T0 + 30 * 60, "alice", False, False, "younger than --stale 1h"),
+        (namespace(), [job(end=None)], T0 + 9 * HOUR, "alice", False, False, "still running"),
+        (
+            namespace(expires=demo.rfc3339(T0 + 60)),
+            [job(end=None)],
+            T0 + 120,
+            "alice",
+            False,
+            True,
+            "running, past its --ttl (expired 60s ago)",
+        ),
+        (
+            namespace(expires=demo.rfc3339(T0 + 3 * HOUR)),
+            [job(end=None)],
+            T0 + 2 * HOUR,
+            "alice",
+            False,
+            False,
+            "still running",
+        ),
+        (
+            namespace(user="bob"),
+            [job()],
+            T0 + 2 * HOUR,
+            "alice",
+            False,
+            False,
+            "started by bob, not by you (alice)",
+        ),
+        (namespace(user="bob"), [job()], T0 + 2 * HOUR, "alice", True, True, "older than --stale"),
+        (
+            namespace(user="bob", expires=demo.rfc3339(T0)),
+            [job()],
+            T0 + 2 * HOUR,
+            "alice",
+            False,
+            False,
+            "started by bob",
+        ),
+        (
+            namespace(annotated=False),
+            [job()],
+            T0 + 9 * HOUR,
+            "alice",
+            True,
+            False,
+            "made by the guide's script",
+        ),
+        (
+            namespace(),
+            [],
+            T0 + 9 * HOUR,
+            "alice",
+            True,
+            False,
+            "no Job labelled app=rl-batch-demo inside",
+        ),
+        (namespace(), [job(app="copycat")], T0 + 9 * HOUR, "alice", True, False, "no Job labelled"),
+        (
+            namespace("agc-rl-aaaaaaaaaaaa"),
+            [job("agc-rl-aaaaaaaaaaaa")],
+            T0 + 9 * HOUR,
+            "alice",
+            True,
+            False,
+            "disagree: not proven",
+        ),
+        (
+            namespace(terminating=True),
+            [job()],
+            T0 + 9 * HOUR,
+            "alice",
+            True,
+            False,
+            "already being deleted",
+        ),
+    ],
+)
 def test_what_cleanup_stale_deletes_and_why(ns, jobs, now, user, all_users, delete, why) -> None:
     decided = verdict(ns, jobs, now, user, all_users)
     assert decided.delete is delete
     assert why in decided.why
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["cleanup", "--stale", "1h", "--output", "runs/a"], "--stale finds the runs in the cluster"),
-    (["cleanup", "runs/a", "--dry-run"], "--dry-run goes with --stale AGE"),
-    (["cleanup", "runs/a", "--all-users"], "--all-users goes with --stale AGE"),
-    (["cleanup", "--output", "runs/a", "--context", "x"], "--context goes with --stale AGE"),
-    (["cleanup", "--stale", "old"], "not a duration: 'old'"),
-    (["list", "-o", "yaml"], "invalid choice: 'yaml'"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["cleanup", "--stale", "1h", "--output", "runs/a"],
+            "--stale finds the runs in the cluster",
+        ),
+        (["cleanup", "runs/a", "--dry-run"], "--dry-run goes with --stale AGE"),
+        (["cleanup", "runs/a", "--all-users"], "--all-users goes with --stale AGE"),
+        (["cleanup", "--output", "runs/a", "--context", "x"], "--context goes with --stale AGE"),
+        (["cleanup", "--stale", "old"], "not a duration: 'old'"),
+        (["list", "-o", "yaml"], "invalid choice: 'yaml'"),
+    ],
+)
 def test_cleanup_stale_and_list_usage_errors(argv, message, capsys) -> None:
     with pytest.raises(SystemExit) as exit_:
         main(argv)

@@ -32,10 +32,18 @@ def page(items: list[dict], resource_version: str = "40", token: str | None = No
     return json.dumps({"kind": "PodList", "apiVersion": "v1", "metadata": metadata, "items": items})
 
 
-EXPIRED = json.dumps({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Expired",
-                      "code": 410, "message": "The provided continue parameter is too old to display a "
-                                              "consistent list result.",
-                      "metadata": {"continue": "go-on"}})
+EXPIRED = json.dumps(
+    {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "reason": "Expired",
+        "code": 410,
+        "message": "The provided continue parameter is too old to display a "
+        "consistent list result.",
+        "metadata": {"continue": "go-on"},
+    }
+)
 
 
 class FakeProxy:
@@ -64,8 +72,12 @@ def read(proxy: FakeProxy, listing: demo.PagedList) -> demo.PagedList:
 def test_the_first_page_asks_for_a_revision_not_older_than_the_jobs_end() -> None:
     path = demo.list_path(PODS, 500, "job-name=rollout", "1234")
     assert path.startswith(PODS + "?")
-    assert query(path) == {"limit": "500", "labelSelector": "job-name=rollout", "resourceVersion": "1234",
-                           "resourceVersionMatch": "NotOlderThan"}
+    assert query(path) == {
+        "limit": "500",
+        "labelSelector": "job-name=rollout",
+        "resourceVersion": "1234",
+        "resourceVersionMatch": "NotOlderThan",
+    }
 
 
 def test_a_continued_page_names_only_its_token() -> None:
@@ -82,16 +94,39 @@ def test_without_a_revision_the_list_is_a_plain_consistent_one() -> None:
 # Answers
 
 
-@pytest.mark.parametrize("answer, expected", [
-    (EXPIRED, "go-on"),
-    (json.dumps({"kind": "Status", "reason": "Expired", "code": 410}), ""),
-    ("Error from server (Expired): The provided continue parameter is too old to display a consistent "
-     "list result.", ""),
-    (json.dumps({"kind": "Status", "reason": "Timeout", "code": 504,
-                 "message": "Timeout: Too large resource version: 9, current: 7"}), None),
-    ("Error from server (Timeout): Timeout: Too large resource version: 9, current: 7", None),
-    ("[1, 2]", None),
-], ids=["status-with-token", "status-without-token", "kubectl-text", "too-large", "too-large-text", "other"])
+@pytest.mark.parametrize(
+    "answer, expected",
+    [
+        (EXPIRED, "go-on"),
+        (json.dumps({"kind": "Status", "reason": "Expired", "code": 410}), ""),
+        (
+            "Error from server (Expired): The provided continue parameter is too old to display a consistent "
+            "list result.",
+            "",
+        ),
+        (
+            json.dumps(
+                {
+                    "kind": "Status",
+                    "reason": "Timeout",
+                    "code": 504,
+                    "message": "Timeout: Too large resource version: 9, current: 7",
+                }
+            ),
+            None,
+        ),
+        ("Error from server (Timeout): Timeout: Too large resource version: 9, current: 7", None),
+        ("[1, 2]", None),
+    ],
+    ids=[
+        "status-with-token",
+        "status-without-token",
+        "kubectl-text",
+        "too-large",
+        "too-large-text",
+        "other",
+    ],
+)
 def test_expired_continue(answer: str, expected: str | None) -> None:
     assert demo.expired_continue(answer) == expected
 
@@ -103,8 +138,11 @@ def test_expired_continue(answer: str, expected: str | None) -> None:
 def test_pages_are_kept_in_order_until_one_has_no_token() -> None:
     listing = demo.PagedList(PODS, "job-name=rollout", "30", limit=2)
     listing.apply(json.loads(page([pod("a"), pod("b")], "41", "t1")))
-    assert not listing.done and query(listing.next_path()) == {"limit": "2", "labelSelector": "job-name=rollout",
-                                                               "continue": "t1"}
+    assert not listing.done and query(listing.next_path()) == {
+        "limit": "2",
+        "labelSelector": "job-name=rollout",
+        "continue": "t1",
+    }
     listing.apply(json.loads(page([pod("c")], "41")))
     assert listing.done and listing.pages == 2
     assert [p["metadata"]["name"] for p in listing.items] == ["a", "b", "c"]
@@ -124,8 +162,11 @@ def test_an_expired_token_without_one_to_go_on_starts_again() -> None:
     listing.apply(json.loads(page([pod("a"), pod("b")], "41", "t1")))
     listing.expired("")
     assert listing.items == [] and listing.resource_version is None and not listing.done
-    assert query(listing.next_path()) == {"limit": "2", "resourceVersion": "30",
-                                          "resourceVersionMatch": "NotOlderThan"}
+    assert query(listing.next_path()) == {
+        "limit": "2",
+        "resourceVersion": "30",
+        "resourceVersionMatch": "NotOlderThan",
+    }
 
 
 # --------------------------------------------------------------------------
@@ -133,10 +174,14 @@ def test_an_expired_token_without_one_to_go_on_starts_again() -> None:
 
 
 def test_read_pages_follows_tokens_and_goes_on_after_an_expiry() -> None:
-    proxy = FakeProxy([page([pod("a")], "41", "t1"),
-                       KubectlError("GET", 410, EXPIRED),
-                       page([pod("b")], "55", "t2"),
-                       page([pod("c")], "55")])
+    proxy = FakeProxy(
+        [
+            page([pod("a")], "41", "t1"),
+            KubectlError("GET", 410, EXPIRED),
+            page([pod("b")], "55", "t2"),
+            page([pod("c")], "55"),
+        ]
+    )
     listing = read(proxy, demo.PagedList(PODS, not_older_than="30", limit=1))
     assert [p["metadata"]["name"] for p in listing.items] == ["a", "b", "c"]
     assert [query(path).get("continue") for path in proxy.paths] == [None, "t1", "go-on", "t2"]
@@ -151,7 +196,9 @@ def test_read_pages_gives_up_after_repeated_expiries() -> None:
 
 
 def test_read_pages_reports_other_errors() -> None:
-    proxy = FakeProxy([KubectlError("GET", 403, json.dumps({"kind": "Status", "reason": "Forbidden"}))])
+    proxy = FakeProxy(
+        [KubectlError("GET", 403, json.dumps({"kind": "Status", "reason": "Forbidden"}))]
+    )
     with pytest.raises(KubectlError, match="exit 403"):
         read(proxy, demo.PagedList(PODS))
 
@@ -161,35 +208,68 @@ def test_read_pages_reports_other_errors() -> None:
 
 
 def test_unfinished_pods_are_those_neither_succeeded_nor_failed() -> None:
-    pods = [pod("d", "Running"), pod("a"), pod("c", "Failed"), pod("b", "Pending"), {"metadata": {"name": "e"}}]
+    pods = [
+        pod("d", "Running"),
+        pod("a"),
+        pod("c", "Failed"),
+        pod("b", "Pending"),
+        {"metadata": {"name": "e"}},
+    ]
     assert demo.unfinished_pods(pods) == ["b", "d", "e"]
 
 
 def test_with_fresh_pods_replaces_by_name_and_sorts() -> None:
     fresh = {"b": pod("b", "Succeeded")}
-    assert demo.with_fresh_pods([pod("c"), pod("b", "Running"), pod("a")], fresh) == \
-        [pod("a"), pod("b", "Succeeded"), pod("c")]
+    assert demo.with_fresh_pods([pod("c"), pod("b", "Running"), pod("a")], fresh) == [
+        pod("a"),
+        pod("b", "Succeeded"),
+        pod("c"),
+    ]
 
 
 def test_read_job_pods_lists_from_the_jobs_end_and_reads_a_straggler_again() -> None:
     straggler_now = dict(pod("rollout-b"), kind="Pod", apiVersion="v1")
-    proxy = FakeProxy([page([pod("rollout-a"), pod("rollout-b", "Running")], "77"), json.dumps(straggler_now)])
-    reading = demo.read_job_pods(demo.Kubectl("kubectl-never-run"), proxy,  # type: ignore[arg-type]
-                                 NAMESPACE, "rollout", "70", None)
-    assert query(proxy.paths[0]) == {"limit": str(demo.LIST_PAGE_SIZE), "labelSelector": "job-name=rollout",
-                                     "resourceVersion": "70", "resourceVersionMatch": "NotOlderThan"}
+    proxy = FakeProxy(
+        [page([pod("rollout-a"), pod("rollout-b", "Running")], "77"), json.dumps(straggler_now)]
+    )
+    reading = demo.read_job_pods(
+        demo.Kubectl("kubectl-never-run"),
+        proxy,  # type: ignore[arg-type]
+        NAMESPACE,
+        "rollout",
+        "70",
+        None,
+    )
+    assert query(proxy.paths[0]) == {
+        "limit": str(demo.LIST_PAGE_SIZE),
+        "labelSelector": "job-name=rollout",
+        "resourceVersion": "70",
+        "resourceVersionMatch": "NotOlderThan",
+    }
     assert proxy.paths[1] == f"{PODS}/rollout-b"
     assert reading.source == "list" and reading.resource_version == "77" and reading.pages == 1
     assert reading.reread == ["rollout-b"]
-    assert [(p["kind"], p["metadata"]["name"], p["status"]["phase"]) for p in reading.pods] == \
-        [("Pod", "rollout-a", "Succeeded"), ("Pod", "rollout-b", "Succeeded")]
+    assert [(p["kind"], p["metadata"]["name"], p["status"]["phase"]) for p in reading.pods] == [
+        ("Pod", "rollout-a", "Succeeded"),
+        ("Pod", "rollout-b", "Succeeded"),
+    ]
 
 
 def test_a_straggler_that_cannot_be_read_again_stays_as_listed() -> None:
-    proxy = FakeProxy([page([pod("rollout-a", "Running")], "77"),
-                       KubectlError("GET", 404, 'pods "rollout-a" not found')])
-    reading = demo.read_job_pods(demo.Kubectl("kubectl-never-run"), proxy,  # type: ignore[arg-type]
-                                 NAMESPACE, "rollout", "70", None)
+    proxy = FakeProxy(
+        [
+            page([pod("rollout-a", "Running")], "77"),
+            KubectlError("GET", 404, 'pods "rollout-a" not found'),
+        ]
+    )
+    reading = demo.read_job_pods(
+        demo.Kubectl("kubectl-never-run"),
+        proxy,  # type: ignore[arg-type]
+        NAMESPACE,
+        "rollout",
+        "70",
+        None,
+    )
     assert reading.reread == []
     assert reading.pods[0]["status"]["phase"] == "Running"
 
@@ -197,8 +277,11 @@ def test_a_straggler_that_cannot_be_read_again_stays_as_listed() -> None:
 def test_a_pod_the_watch_saw_vanish_stays_in_the_evidence_as_last_seen() -> None:
     listed = [pod("b", "Succeeded"), pod("a", "Succeeded")]
     watched = [pod("a", "Running"), pod("c", "Running")]  # a: older than the list; c: deleted since
-    assert demo.with_vanished(listed, watched) == [pod("a", "Succeeded"), pod("b", "Succeeded"),
-                                                   pod("c", "Running")]
+    assert demo.with_vanished(listed, watched) == [
+        pod("a", "Succeeded"),
+        pod("b", "Succeeded"),
+        pod("c", "Running"),
+    ]
 
 
 class StoppedWatch:
@@ -212,16 +295,24 @@ class StoppedWatch:
 
 
 def pod_event(name: str, phase: str) -> demo.WatchEvent:
-    return demo.WatchEvent("pods", {"type": "MODIFIED", "object": dict(pod(name, phase), kind="Pod")}, 100.0)
+    return demo.WatchEvent(
+        "pods", {"type": "MODIFIED", "object": dict(pod(name, phase), kind="Pod")}, 100.0
+    )
 
 
 def test_drain_takes_in_what_the_pod_watch_delivered_up_to_its_end_marker() -> None:
-    follower = demo.BatchFollower(demo.Kubectl("kubectl-never-run"), NAMESPACE, "rollout", 2,
-                                  demo.Progress(quiet=True), None)  # type: ignore[arg-type]
+    follower = demo.BatchFollower(
+        demo.Kubectl("kubectl-never-run"), NAMESPACE, "rollout", 2, demo.Progress(quiet=True), None
+    )  # type: ignore[arg-type]
     follower.watches.failures = {"job": 0, "pods": 0}  # as follow() leaves them
     follower.watches.processes["pods"] = StoppedWatch()  # type: ignore[assignment]
-    for item in (pod_event("rollout-a", "Running"), demo.WatchEnded("job", None), pod_event("rollout-b", "Running"),
-                 demo.WatchEnded("pods", None), pod_event("rollout-c", "Running")):
+    for item in (
+        pod_event("rollout-a", "Running"),
+        demo.WatchEnded("job", None),
+        pod_event("rollout-b", "Running"),
+        demo.WatchEnded("pods", None),
+        pod_event("rollout-c", "Running"),
+    ):
         follower.watches.queue.put(item)
     follower.drain_pod_watch()
     assert sorted(follower.state.pods) == ["rollout-a", "rollout-b"]

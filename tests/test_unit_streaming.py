@@ -14,8 +14,13 @@ import rl_batch_demo as demo
 from test_unit import T0, make_job, stamp
 from test_unit_rollouts import evicted, honest_log, indexed_pod, usage_message
 
-NEED_MET = {"type": "SuccessCriteriaMet", "status": "True", "reason": "SuccessPolicy",
-            "message": "Matched rules at index 0", "lastTransitionTime": stamp(8)}
+NEED_MET = {
+    "type": "SuccessCriteriaMet",
+    "status": "True",
+    "reason": "SuccessPolicy",
+    "message": "Matched rules at index 0",
+    "lastTransitionTime": stamp(8),
+}
 
 
 def running_job(*conditions: dict, failed_indexes: str = "") -> dict:
@@ -30,8 +35,10 @@ def deleted(pod: dict) -> dict:
 
 
 def timed_out(pod: dict) -> dict:
-    pod["status"].update(reason="DeadlineExceeded",
-                         message="Pod was active on the node longer than the specified deadline")
+    pod["status"].update(
+        reason="DeadlineExceeded",
+        message="Pod was active on the node longer than the specified deadline",
+    )
     pod["spec"]["activeDeadlineSeconds"] = 30
     return pod
 
@@ -40,27 +47,77 @@ def timed_out(pod: dict) -> dict:
 # valid: the agent's own outcome, or a line to mask.
 
 
-@pytest.mark.parametrize("pod, log, job, failure_class, valid", [
-    (indexed_pod("p", 0), honest_log("p"), make_job(), None, True),
-    (indexed_pod("p", 0, phase="Failed", exit_code=1), "", make_job(), "episode", True),
-    (timed_out(indexed_pod("p", 0, phase="Failed", exit_code=143)), "", make_job(), "episode", True),
-    (evicted(indexed_pod("p", 0, phase="Failed", exit_code=137)), "", make_job(), "infrastructure", False),
-    (indexed_pod("p", 0, phase="Failed", exit_code=137), "", make_job(), "infrastructure", False),
-    (indexed_pod("p", 0), honest_log("p", tests_exit=1, reward=0), make_job(), "verifier", False),
-    (deleted(indexed_pod("p", 0, phase="Failed", exit_code=143)), "", running_job(NEED_MET), "cancelled", False),
-])
-def test_every_line_says_whether_a_trainer_may_learn_from_it(pod: dict, log: str, job: dict,
-                                                             failure_class: Any, valid: bool) -> None:
+@pytest.mark.parametrize(
+    "pod, log, job, failure_class, valid",
+    [
+        (indexed_pod("p", 0), honest_log("p"), make_job(), None, True),
+        (indexed_pod("p", 0, phase="Failed", exit_code=1), "", make_job(), "episode", True),
+        (
+            timed_out(indexed_pod("p", 0, phase="Failed", exit_code=143)),
+            "",
+            make_job(),
+            "episode",
+            True,
+        ),
+        (
+            evicted(indexed_pod("p", 0, phase="Failed", exit_code=137)),
+            "",
+            make_job(),
+            "infrastructure",
+            False,
+        ),
+        (
+            indexed_pod("p", 0, phase="Failed", exit_code=137),
+            "",
+            make_job(),
+            "infrastructure",
+            False,
+        ),
+        (
+            indexed_pod("p", 0),
+            honest_log("p", tests_exit=1, reward=0),
+            make_job(),
+            "verifier",
+            False,
+        ),
+        (
+            deleted(indexed_pod("p", 0, phase="Failed", exit_code=143)),
+            "",
+            running_job(NEED_MET),
+            "cancelled",
+            False,
+        ),
+    ],
+)
+def test_every_line_says_whether_a_trainer_may_learn_from_it(
+    pod: dict, log: str, job: dict, failure_class: Any, valid: bool
+) -> None:
     row = demo.episode_row(0, [pod], job, {"p": log}, True, None, 1)
     assert (row["failure_class"], row["valid"]) == (failure_class, valid)
-    assert list(row)[:8] == ["index", "task_id", "group", "pod", "attempts", "reward", "failure_class", "valid"]
+    assert list(row)[:8] == [
+        "index",
+        "task_id",
+        "group",
+        "pod",
+        "attempts",
+        "reward",
+        "failure_class",
+        "valid",
+    ]
 
 
 def test_an_episode_never_created_is_masked_and_cancelled_once_need_was_met() -> None:
     row = demo.episode_row(3, [], running_job(NEED_MET), {}, True, None, 1)
     assert (row["failure_class"], row["valid"], row["evidence"]) == ("cancelled", False, "job.json")
-    row = demo.episode_row(3, [], running_job({"type": "Failed", "status": "True", "reason": "DeadlineExceeded"}),
-                           {}, True, None, 1)
+    row = demo.episode_row(
+        3,
+        [],
+        running_job({"type": "Failed", "status": "True", "reason": "DeadlineExceeded"}),
+        {},
+        True,
+        None,
+        1,
+    )
     assert (row["failure_class"], row["valid"]) == ("infrastructure", False)
 
 
@@ -72,24 +129,34 @@ def test_a_pod_stopped_once_need_was_met_is_cancelled_whatever_its_exit_code() -
     job = running_job(NEED_MET)
     for code in (143, 137, 1):
         pod = deleted(indexed_pod("p", 0, phase="Failed", exit_code=code))
-        assert demo.classify_attempt(pod, "", job, True) == ("cancelled", "cancelled: --need was met while it ran")
+        assert demo.classify_attempt(pod, "", job, True) == (
+            "cancelled",
+            "cancelled: --need was met while it ran",
+        )
     # One that failed on its own before (not being deleted) keeps its own class.
-    assert demo.classify_attempt(indexed_pod("p", 0, phase="Failed", exit_code=1), "", job, True) == \
-        ("episode", "exited 1")
+    assert demo.classify_attempt(
+        indexed_pod("p", 0, phase="Failed", exit_code=1), "", job, True
+    ) == ("episode", "exited 1")
     # One that exited 0 when stopped, before its reward, was cancelled too; one with its reward succeeded.
     stopped = deleted(indexed_pod("p", 0))
     assert demo.classify_attempt(stopped, "", job, True)[0] == "cancelled"
     assert demo.classify_attempt(stopped, honest_log("p"), job, True) == (None, None)
     assert demo.classify_attempt(indexed_pod("p", 0), "", job, True)[0] == "episode"
     # Without --need met, a deleted pod is what it was.
-    assert demo.classify_attempt(deleted(indexed_pod("p", 0, phase="Failed", exit_code=1)), "",
-                                 running_job(), True)[0] == "episode"
+    assert (
+        demo.classify_attempt(
+            deleted(indexed_pod("p", 0, phase="Failed", exit_code=1)), "", running_job(), True
+        )[0]
+        == "episode"
+    )
 
 
 def test_a_pod_past_its_deadline_ran_out_of_time_unless_it_never_started() -> None:
     pod = timed_out(indexed_pod("p", 0, phase="Failed", exit_code=143))
-    assert demo.classify_attempt(pod, "", make_job(), True) == \
-        ("episode", "ran out of time: still running 30 s after its pod started (--episode-timeout)")
+    assert demo.classify_attempt(pod, "", make_job(), True) == (
+        "episode",
+        "ran out of time: still running 30 s after its pod started (--episode-timeout)",
+    )
     never = timed_out(indexed_pod("p", 0, phase="Failed", exit_code=None))
     never["status"]["containerStatuses"][0]["state"] = {"waiting": {"reason": "ImagePullBackOff"}}
     assert demo.classify_attempt(never, "", make_job(), True)[0] == "infrastructure"
@@ -111,8 +178,12 @@ def test_a_failure_settles_at_once_without_retries_else_when_the_job_will_not_re
     pod = indexed_pod("p", 0, phase="Failed", exit_code=137)
     assert demo.settled_attempt([pod], running_job(), 0, {"p": ""}, may_retry=False)
     assert not demo.settled_attempt([pod], running_job(), 0, {"p": ""}, may_retry=True)
-    assert demo.settled_attempt([pod], running_job(failed_indexes="0,2-3"), 0, {"p": ""}, may_retry=True)
-    assert not demo.settled_attempt([pod], running_job(failed_indexes="1,2-3"), 0, {"p": ""}, may_retry=True)
+    assert demo.settled_attempt(
+        [pod], running_job(failed_indexes="0,2-3"), 0, {"p": ""}, may_retry=True
+    )
+    assert not demo.settled_attempt(
+        [pod], running_job(failed_indexes="1,2-3"), 0, {"p": ""}, may_retry=True
+    )
     ended = running_job({"type": "FailureTarget", "status": "True", "reason": "DeadlineExceeded"})
     assert demo.settled_attempt([pod], ended, 0, {"p": ""}, may_retry=True)
 
@@ -147,10 +218,12 @@ def test_index_lists_read_as_the_job_controller_writes_them() -> None:
 
 
 def test_delivery_figures_count_from_the_create_call_and_the_earliest_possible_end() -> None:
-    deliveries = [demo.Delivery(0, True, 110.5, 110.0, 110.25, True, 110.25),
-                  demo.Delivery(1, False, 112.0, 111.0, 112.0, True, 111.75),
-                  demo.Delivery(2, True, 113.0, 112.9, None, True),
-                  demo.Delivery(3, True, 120.0, None, None, False)]
+    deliveries = [
+        demo.Delivery(0, True, 110.5, 110.0, 110.25, True, 110.25),
+        demo.Delivery(1, False, 112.0, 111.0, 112.0, True, 111.75),
+        demo.Delivery(2, True, 113.0, 112.9, None, True),
+        demo.Delivery(3, True, 120.0, None, None, False),
+    ]
     figures = demo.delivery_figures(deliveries, 100.0, 0.25, need=2)
     assert figures["first_reward_seconds"] == 10.5
     assert figures["kth_reward_seconds"] == 13.0
@@ -169,8 +242,9 @@ def test_delivery_figures_count_from_the_create_call_and_the_earliest_possible_e
 def test_a_containers_end_lies_after_its_reward_and_within_its_finished_second() -> None:
     pod = indexed_pod("p", 0, finished=stamp(9))
     finished = demo.parse_time(stamp(9))
-    assert demo.container_end_bounds(pod, honest_log("p", reward_at=finished + 0.4), finished + 0.7) == \
-        (finished + 0.4, finished + 0.7)
+    assert demo.container_end_bounds(
+        pod, honest_log("p", reward_at=finished + 0.4), finished + 0.7
+    ) == (finished + 0.4, finished + 0.7)
     assert demo.container_end_bounds(pod, "", None) == (finished, finished + 1.0)
     assert demo.container_end_bounds(None, "", None) == (None, None)
 
@@ -212,12 +286,18 @@ def test_lines_are_appended_as_episodes_settle_and_rewritten_in_index_order(tmp_
     assert path.read_text().splitlines()[0] == written[0]  # never rewritten while the batch runs
     assert [row["index"] for row in told] == [2, 0]
     # At the end: the rows from the evidence; the lines written keep their text, the rest are added.
-    final_rows = [dict(demo.episode_row(i, [], running_job(), {}, True, None, 1), note="from the end")
-                  for i in range(3)]
+    final_rows = [
+        dict(demo.episode_row(i, [], running_job(), {}, True, None, 1), note="from the end")
+        for i in range(3)
+    ]
     rows = stream.finish(final_rows, [], {}, {})
     assert [row["index"] for row in rows] == [0, 1, 2]
     lines = path.read_text().splitlines()
-    assert lines[2] == written[0] and "note" not in json.loads(lines[0]) and json.loads(lines[1])["note"]
+    assert (
+        lines[2] == written[0]
+        and "note" not in json.loads(lines[0])
+        and json.loads(lines[1])["note"]
+    )
     assert [d.streamed for d in stream.deliveries] == [True, True, False]
 
 
@@ -225,7 +305,9 @@ def test_a_failure_waits_for_the_jobs_word_when_it_may_be_retried(tmp_path: Any)
     stream = demo.RewardStream(str(tmp_path / "rewards.jsonl"), stream_settings(2, retries=1))
     seen = Seen()
     seen.state.apply("job", "MODIFIED", running_job(), T0 + 1)
-    stream.judge(seen.state, seen.early, [seen.pod(indexed_pod("p1", 1, phase="Failed", exit_code=1), "")])
+    stream.judge(
+        seen.state, seen.early, [seen.pod(indexed_pod("p1", 1, phase="Failed", exit_code=1), "")]
+    )
     assert stream.rows == {} and stream.waiting == {1}
     seen.state.apply("job", "MODIFIED", running_job(failed_indexes="1"), T0 + 2)
     stream.judge(seen.state, seen.early, None)
@@ -241,7 +323,9 @@ def test_a_callback_that_raises_stops_the_run_with_its_own_exception(tmp_path: A
     with pytest.raises(demo.RewardCallbackError) as caught:
         stream.judge(seen.state, seen.early, [seen.pod(indexed_pod("p", 0), honest_log("p"))])
     assert isinstance(caught.value.original, ValueError)
-    assert json.loads((tmp_path / "rewards.jsonl").read_text())["index"] == 0  # the line was written first
+    assert (
+        json.loads((tmp_path / "rewards.jsonl").read_text())["index"] == 0
+    )  # the line was written first
 
 
 # --------------------------------------------------------------------------
@@ -249,28 +333,55 @@ def test_a_callback_that_raises_stops_the_run_with_its_own_exception(tmp_path: A
 
 
 def test_need_makes_an_indexed_job_with_a_success_policy_absorbing_count_minus_k_failures() -> None:
-    settings = demo.Settings(count=8, parallelism=8, image="img", runtime="cube", timeout=240, rollout=True,
-                             need=6, episode_timeout=45)
+    settings = demo.Settings(
+        count=8,
+        parallelism=8,
+        image="img",
+        runtime="cube",
+        timeout=240,
+        rollout=True,
+        need=6,
+        episode_timeout=45,
+    )
     spec = demo.batch_job("ns", settings, "rollout", [])["spec"]
     assert spec["successPolicy"] == {"rules": [{"succeededCount": 6}]}
-    assert (spec["completionMode"], spec["backoffLimitPerIndex"], spec["maxFailedIndexes"]) == ("Indexed", 0, 2)
+    assert (spec["completionMode"], spec["backoffLimitPerIndex"], spec["maxFailedIndexes"]) == (
+        "Indexed",
+        0,
+        2,
+    )
     assert spec["template"]["spec"]["activeDeadlineSeconds"] == 45
     plain = demo.job_manifest("ns", 2, 2, "img", "cube")["spec"]
     assert "successPolicy" not in plain and "activeDeadlineSeconds" not in plain["template"]["spec"]
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--count", "4", "--need", "4"], "--need 4 must be fewer than the 4 episodes"),
-    (["--need", "0"], "argument --need: must be at least 1, got 0"),
-    (["--tasks", "{tasks}", "--group-size", "2", "--need", "3"], "--need cannot hold with --group-size"),
-    (["--count", "4", "--need", "2", "--allow-failures", "1"],
-     "--need already accepts count - K = 2 failed episodes: leave out --allow-failures"),
-    (["--count", "4", "--need", "2", "--rounds", "2"], "--tasks, --retries, --allow-failures and --need run one batch"),
-    (["--episode-timeout", "30", "--retries", "1"], "--episode-timeout cannot hold with --retries"),
-    (["--episode-timeout", "0"], "argument --episode-timeout: must be at least 1, got 0"),
-])
-def test_combinations_that_cannot_hold_are_usage_errors(extra: list[str], message: str, tmp_path: Any,
-                                                        capsys: pytest.CaptureFixture) -> None:
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--count", "4", "--need", "4"], "--need 4 must be fewer than the 4 episodes"),
+        (["--need", "0"], "argument --need: must be at least 1, got 0"),
+        (
+            ["--tasks", "{tasks}", "--group-size", "2", "--need", "3"],
+            "--need cannot hold with --group-size",
+        ),
+        (
+            ["--count", "4", "--need", "2", "--allow-failures", "1"],
+            "--need already accepts count - K = 2 failed episodes: leave out --allow-failures",
+        ),
+        (
+            ["--count", "4", "--need", "2", "--rounds", "2"],
+            "--tasks, --retries, --allow-failures and --need run one batch",
+        ),
+        (
+            ["--episode-timeout", "30", "--retries", "1"],
+            "--episode-timeout cannot hold with --retries",
+        ),
+        (["--episode-timeout", "0"], "argument --episode-timeout: must be at least 1, got 0"),
+    ],
+)
+def test_combinations_that_cannot_hold_are_usage_errors(
+    extra: list[str], message: str, tmp_path: Any, capsys: pytest.CaptureFixture
+) -> None:
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text('{"id": "a"}\n{"id": "b"}\n')
     argv = ["run", "--output", str(tmp_path / "out")] + [a.format(tasks=tasks) for a in extra]
@@ -278,7 +389,9 @@ def test_combinations_that_cannot_hold_are_usage_errors(extra: list[str], messag
     assert not (tmp_path / "out").exists()
 
 
-def test_the_help_says_the_episode_deadline_counts_from_the_pods_start(capsys: pytest.CaptureFixture) -> None:
+def test_the_help_says_the_episode_deadline_counts_from_the_pods_start(
+    capsys: pytest.CaptureFixture,
+) -> None:
     with pytest.raises(SystemExit):
         demo.main(["run", "--help"])
     text = " ".join(capsys.readouterr().out.split())
