@@ -67,6 +67,7 @@ PIP_ENV = {"PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"}
 # it runs on. Their settings (rules, line length, strictness, mypy's files) are in pyproject.toml.
 CHECKS = [
     ("ruff check", ["-m", "ruff", "check", "rl_batch_demo.py", "tests"]),
+    ("ruff format", ["-m", "ruff", "format", "--check", "rl_batch_demo.py", "tests"]),
     ("mypy", ["-m", "mypy"]),
 ]
 
@@ -397,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
         say()
         say(
             f"FAILED before pytest (not run): {'; '.join(failed_checks)}. Fix what is listed above, "
-            f"then run this again (`python -m ruff check --fix` mends some)."
+            f"then run this again (`python -m ruff check --fix` mends some, `python -m ruff format` the layout)."
         )
         return 1
 
