@@ -1125,7 +1125,9 @@ def job_manifest(
             spec["successPolicy"] = {"rules": [{"succeededCount": policy.need}]}
     metadata: dict[str, Any] = {"name": name, "namespace": namespace}
     if launched:
-        metadata["labels"] = {BATCH_LABEL: batch}
+        # The API server copies the template's labels onto a Job only when the Job has none: one
+        # with labels of its own carries the tool's too, or list and cleanup --stale miss it.
+        metadata["labels"] = {"app": APP_LABEL, BATCH_LABEL: batch}
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata, "spec": spec}
 
 

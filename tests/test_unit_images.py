@@ -114,7 +114,7 @@ def test_one_job_per_image_with_its_episodes() -> None:
         "rollout-image-3",
     ]
     first = jobs[0]
-    assert first["metadata"]["labels"] == {demo.BATCH_LABEL: "rollout"}
+    assert first["metadata"]["labels"] == {"app": demo.APP_LABEL, demo.BATCH_LABEL: "rollout"}
     assert first["spec"]["completions"] == 4 and first["spec"]["parallelism"] == 2
     assert first["spec"]["completionMode"] == "Indexed"
     template = first["spec"]["template"]
