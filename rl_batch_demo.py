@@ -2337,7 +2337,8 @@ def classify_pod_state(
         if started:
             return (
                 "episode",
-                f"ran out of time: still running {limit} s after its pod started (--episode-timeout)",
+                f"ran out of time: still running {limit} s after its pod started (its deadline: "
+                f"--episode-timeout, plus --pull-timeout, as given)",
             )
         return "infrastructure", (
             f"container never started within its pod's deadline of {limit} s from its "
@@ -9912,8 +9913,10 @@ def add_episode_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="fail an episode whose pod has not pulled its image within S seconds of its "
         "start (the pod's activeDeadlineSeconds, with --episode-timeout added), as an "
-        "infrastructure failure the Job retries under --retries; without it an image "
-        "that never pulls holds its episode until the Job's --timeout",
+        "infrastructure failure the Job retries under --retries; the deadline bounds the "
+        "whole pod, so without --episode-timeout an episode still running at S is stopped "
+        "too (and retried under --retries): give S room for the longest episode as well; "
+        "without it an image that never pulls holds its episode until the Job's --timeout",
     )
 
 

@@ -232,7 +232,8 @@ def test_an_episode_past_its_timeout_is_an_episode_failure_never_retried(
     assert (stuck["failure_class"], stuck["valid"], stuck["attempts"]) == ("episode", True, 1)
     assert (
         stuck["failure"]
-        == "ran out of time: still running 3 s after its pod started (--episode-timeout)"
+        == "ran out of time: still running 3 s after its pod started (its deadline: "
+        "--episode-timeout, plus --pull-timeout, as given)"
     )
     assert lines[1]["failure_class"] is None
     pods = {p["metadata"]["name"]: p for p in load(output / "pods.json")["items"]}
