@@ -844,13 +844,43 @@ def parse_image_map(texts: Iterable[str]) -> tuple[tuple[str, str], ...]:
     return tuple(pairs)
 
 
+def docker_hub_reference(image: str) -> str:
+    """A reference in full, as containerd resolves it: a name whose first part names no registry
+    host (no `.` or `:`, not `localhost`) is Docker Hub's, `library/` for a bare one."""
+    first, slash, _ = image.partition("/")
+    if slash and ("." in first or ":" in first or first == "localhost"):
+        return image
+    return f"docker.io/{image}" if slash else f"docker.io/library/{image}"
+
+
+def prefix_matches(image: str, source: str) -> bool:
+    """`source` begins `image` at a boundary of its parts: `docker.io/swebench` is a prefix of
+    `docker.io/swebench/a:1` but not of `docker.io/swebench-extra/a:1`."""
+    if not image.startswith(source):
+        return False
+    return source.endswith(("/", ":")) or image[len(source) : len(source) + 1] in (
+        "",
+        "/",
+        ":",
+        "@",
+    )
+
+
 def rewrite_image(image: str, image_map: Sequence[tuple[str, str]]) -> str:
-    """An image reference with its prefix rewritten by the longest FROM it starts with (at most once)."""
-    matches = [(source, target) for source, target in image_map if image.startswith(source)]
+    """An image reference with its prefix rewritten by the longest FROM it starts with (at most
+    once), matched at a boundary of its parts, as written or in full (Docker Hub's short forms
+    `python:3` and `swebench/a:1` are `docker.io/library/python:3` and `docker.io/swebench/a:1`)."""
+    full = docker_hub_reference(image)
+    matches = [
+        (len(source), form, source, target)
+        for source, target in image_map
+        for form in dict.fromkeys((image, full))
+        if prefix_matches(form, source)
+    ]
     if not matches:
         return image
-    source, target = max(matches, key=lambda pair: len(pair[0]))
-    return target + image[len(source) :]
+    _, form, source, target = max(matches, key=lambda match: (match[0], match[1] == image))
+    return target + form[len(source) :]
 
 
 def task_images(

@@ -137,11 +137,11 @@ def test_each_line_lands_as_its_episode_ends_and_the_file_ends_in_index_order(
     ]
     results = load(output / "results.json")
     delivery = results["reward_delivery"]
-    assert (
-        delivery["lines"] == 4
-        and delivery["streamed"] == 4
-        and delivery["written_after_the_end"] == 0
-    )
+    # Three lines were read above while the run went on. The last episode's may come from the
+    # evidence read after the end instead: the Job completes as its pod ends, and on a loaded
+    # machine the tool can see that before it has read the pod's log (it is then written at once).
+    assert delivery["lines"] == 4 and delivery["streamed"] >= 3
+    assert delivery["streamed"] + delivery["written_after_the_end"] == 4
     assert 0 < results["first_reward_seconds"] <= results["batch_to_all_rewards_seconds"] + 1
     assert (
         results["reward_delivery_lag_p50_seconds"]
