@@ -13,6 +13,7 @@ import re
 import shlex
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from xml.etree import ElementTree
 from typing import Any
@@ -361,18 +362,31 @@ def test_on_reward_is_told_each_line_while_the_batch_runs(
 ) -> None:
     kubectl, emulator = python_cluster
     told: list[dict] = []
+    threads: list[int] = []
 
     def on_reward(line: dict) -> None:
         told.append(line)
+        threads.append(threading.get_ident())
         if line["index"] == 1:
             # Episode 0 is still held: its line can only come once this test releases it.
             assert [row["index"] for row in lines_of(tmp_path / "out")] == [1]
             release(emulator, 0)
+            # Its pod ends while this callback has not returned: its line waits for the callback,
+            # which runs in the thread that follows the batch.
+            wait_for(
+                lambda: (
+                    (pod_of_index(emulator, 0) or {}).get("status", {}).get("phase") == "Succeeded"
+                ),
+                what="episode 0's pod to succeed",
+            )
+            assert [row["index"] for row in lines_of(tmp_path / "out")] == [1]
 
     results = rl_batch.run_batch(
         HELD_AND_FAST, on_reward=on_reward, **python_run(kubectl, tmp_path)
     )
     assert [line["index"] for line in told] == [1, 0]
+    # Called from the caller's own thread, the one that called run_batch().
+    assert threads == [threading.get_ident()] * 2
     assert results["rewards"] == sorted(told, key=lambda line: line["index"])
     assert [line["valid"] for line in told] == [True, True]
 
