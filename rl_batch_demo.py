@@ -9882,9 +9882,10 @@ def add_episode_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="K",
         help="over-provision: end the batch as soon as K of its --count episodes have "
         "succeeded (the Job's successPolicy); Kubernetes stops the rest, recorded as "
-        "failure_class 'cancelled', and up to count - K failures are absorbed. "
-        "1 <= K < count; not with --group-size or --allow-failures. Needs "
-        "Kubernetes >= 1.33",
+        "failure_class 'cancelled', and up to count - K failures are absorbed (more fail the "
+        "run, exit 1). 1 <= K < count; not with --group-size, --allow-failures, --rounds or "
+        "--warmup, nor with tasks of several images (each image's Job counts only its own "
+        "successes). Needs Kubernetes >= 1.33",
     )
     parser.add_argument(
         "--episode-timeout",

@@ -155,6 +155,7 @@ def test_each_line_lands_as_its_episode_ends_and_the_file_ends_in_index_order(
     )
     assert results["reward_delivery_lag_p50_seconds"] >= 0
     assert "need" not in results and "kth_reward_seconds" not in results
+    assert results["cancelled_episodes"] == 0  # in every rollout's results.json
     assert load(output / "client.json")["reward_deliveries"]
     assert "rewards delivered: 3 lines" in (output / "ramp.svg").read_text()
     # `report` recomputes the same delivery figures from the saved files.
@@ -217,6 +218,44 @@ def test_need_ends_the_batch_at_k_successes_and_cancels_the_stragglers(
         if rect.findtext(f"{SVG}title")
     }
     assert rows == {line["pod"] for line in lines}
+
+
+def test_need_missed_fails_the_run_with_every_episode_in_rewards_jsonl(
+    cluster: Any, tmp_path: Path
+) -> None:
+    kubectl, make = cluster
+    emulator = make()
+    # --need 2 of 3 absorbs one failure (maxFailedIndexes 1); two fail, once the one success has
+    # landed (they are held until then), so the Job fails with only 1 success.
+    tasks = [{"id": "ok", "x": 1}] + [{"id": n, "x": 1, "hold": True, "fail": True} for n in (1, 2)]
+    args, output = held_run(tmp_path, tasks, "--need", "2")
+    process = start_tool(emulator, kubectl, *args)
+    try:
+        wait_for(lambda: [line["index"] for line in lines_of(output)] == [0], what="the success")
+        release(emulator, 1)
+        release(emulator, 2)
+        _, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    # Not met: the run fails as a batch past its allowance does, every episode in rewards.jsonl.
+    assert process.returncode == 1, err
+    assert (
+        "Error: 1 of 3 episodes succeeded, fewer than --need 2 (2 failed: 2 episode failures)"
+        in err
+    )
+    assert "rewards.jsonl lists every episode with its class" in err and " met:" not in err
+    assert [(line["failure_class"], line["valid"]) for line in lines_of(output)] == [
+        (None, True),
+        ("episode", True),
+        ("episode", True),
+    ]
+    conditions = load(output / "job.json")["status"]["conditions"]
+    assert [(c["type"], c.get("reason")) for c in conditions][-1] == (
+        "Failed",
+        "MaxFailedIndexesExceeded",
+    )
+    assert not (output / "results.json").exists()
 
 
 def test_an_episode_past_its_timeout_is_an_episode_failure_never_retried(

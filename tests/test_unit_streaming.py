@@ -398,6 +398,21 @@ def test_the_help_says_the_episode_deadline_counts_from_the_pods_start(
     assert "counted from the pod's start on its node, image pull and sandbox start included" in text
 
 
+def test_the_help_names_every_combination_need_is_refused_with(
+    capsys: pytest.CaptureFixture,
+) -> None:
+    with pytest.raises(SystemExit):
+        demo.main(["run", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    need = text[text.index("--need K ") : text.index("--episode-timeout S ")]
+    # Each refusal of test_combinations_that_cannot_hold_are_usage_errors and
+    # test_need_with_several_images_is_refused (test_e2e_images.py).
+    assert "1 <= K < count" in need
+    assert "not with --group-size, --allow-failures, --rounds or --warmup" in need
+    assert "nor with tasks of several images" in need
+    assert "Needs Kubernetes >= 1.33" in need
+
+
 # The same refusals from Python: named as keywords (need=, count=), by run_batch() and
 # stream_batch() alike, before anything is created.
 TWO_IMAGES = [{"id": "a", "image": "img:1"}, {"id": "b", "image": "img:2"}]
