@@ -808,13 +808,43 @@ def parse_image_map(texts: Iterable[str]) -> tuple[tuple[str, str], ...]:
     return tuple(pairs)
 
 
+def docker_hub_reference(image: str) -> str:
+    """A reference in full, as containerd resolves it: a name whose first part names no registry
+    host (no `.` or `:`, not `localhost`) is Docker Hub's, `library/` for a bare one."""
+    first, slash, _ = image.partition("/")
+    if slash and ("." in first or ":" in first or first == "localhost"):
+        return image
+    return f"docker.io/{image}" if slash else f"docker.io/library/{image}"
+
+
+def prefix_matches(image: str, source: str) -> bool:
+    """`source` begins `image` at a boundary of its parts: `docker.io/swebench` is a prefix of
+    `docker.io/swebench/a:1` but not of `docker.io/swebench-extra/a:1`."""
+    if not image.startswith(source):
+        return False
+    return source.endswith(("/", ":")) or image[len(source) : len(source) + 1] in (
+        "",
+        "/",
+        ":",
+        "@",
+    )
+
+
 def rewrite_image(image: str, image_map: Sequence[tuple[str, str]]) -> str:
-    """An image reference with its prefix rewritten by the longest FROM it starts with (at most once)."""
-    matches = [(source, target) for source, target in image_map if image.startswith(source)]
+    """An image reference with its prefix rewritten by the longest FROM it starts with (at most
+    once), matched at a boundary of its parts, as written or in full (Docker Hub's short forms
+    `python:3` and `swebench/a:1` are `docker.io/library/python:3` and `docker.io/swebench/a:1`)."""
+    full = docker_hub_reference(image)
+    matches = [
+        (len(source), form, source, target)
+        for source, target in image_map
+        for form in dict.fromkeys((image, full))
+        if prefix_matches(form, source)
+    ]
     if not matches:
         return image
-    source, target = max(matches, key=lambda pair: len(pair[0]))
-    return target + image[len(source) :]
+    _, form, source, target = max(matches, key=lambda match: (match[0], match[1] == image))
+    return target + form[len(source) :]
 
 
 def task_images(
@@ -1125,7 +1155,9 @@ def job_manifest(
             spec["successPolicy"] = {"rules": [{"succeededCount": policy.need}]}
     metadata: dict[str, Any] = {"name": name, "namespace": namespace}
     if launched:
-        metadata["labels"] = {BATCH_LABEL: batch}
+        # The API server copies the template's labels onto a Job only when the Job has none: one
+        # with labels of its own carries the tool's too, or list and cleanup --stale miss it.
+        metadata["labels"] = {"app": APP_LABEL, BATCH_LABEL: batch}
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata, "spec": spec}
 
 
@@ -2335,7 +2367,8 @@ def classify_pod_state(
         if started:
             return (
                 "episode",
-                f"ran out of time: still running {limit} s after its pod started (--episode-timeout)",
+                f"ran out of time: still running {limit} s after its pod started (its deadline: "
+                f"--episode-timeout, plus --pull-timeout, as given)",
             )
         return "infrastructure", (
             f"container never started within its pod's deadline of {limit} s from its "
@@ -9911,8 +9944,10 @@ def add_episode_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="fail an episode whose pod has not pulled its image within S seconds of its "
         "start (the pod's activeDeadlineSeconds, with --episode-timeout added), as an "
-        "infrastructure failure the Job retries under --retries; without it an image "
-        "that never pulls holds its episode until the Job's --timeout",
+        "infrastructure failure the Job retries under --retries; the deadline bounds the "
+        "whole pod, so without --episode-timeout an episode still running at S is stopped "
+        "too (and retried under --retries): give S room for the longest episode as well; "
+        "without it an image that never pulls holds its episode until the Job's --timeout",
     )
 
 

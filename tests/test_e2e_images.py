@@ -430,3 +430,28 @@ def test_prepull_names_an_image_that_will_not_pull(image_cluster: Any, tmp_path:
     missing = [f for f in failures if f["image"] == MISSING]
     assert sorted(f["node"] for f in missing) == ["emu-node-1", "emu-node-2"]
     assert all(f'Failed to pull image "{MISSING}"' in f["why"] for f in missing)
+
+
+def test_a_run_of_several_jobs_is_listed_and_reaped_without_its_receipt(
+    cluster: Any, tmp_path: Path
+) -> None:
+    kubectl, make = cluster
+    emulator = make()
+    args, output = images_run(tmp_path)
+    result = tool(emulator, kubectl, *args)
+    assert result.returncode == 0, result.stderr
+    namespace = load(output / "receipt.json")["namespace"]
+    # Each Job carries the tool's label itself: the API server copies the template's labels onto
+    # a Job only when the Job has none, and these carry the batch's.
+    for job in load(output / "job.json")["items"]:
+        assert job["metadata"]["labels"]["app"] == rl_batch_demo.APP_LABEL
+    listed = tool(emulator, kubectl, "list", "-o", "json", "--kubectl", kubectl)
+    assert listed.returncode == 0, listed.stderr
+    (run,) = [item for item in json.loads(listed.stdout) if item["namespace"] == namespace]
+    assert (run["state"], run["episodes"], run["succeeded"]) == ("succeeded", 8, 8)
+    (output / "receipt.json").unlink()  # found and proven from the cluster alone
+    reaped = tool(emulator, kubectl, "cleanup", "--stale", "1s")
+    assert reaped.returncode == 0, reaped.stderr
+    assert f"Deleted {namespace}: succeeded" in reaped.stdout, reaped.stdout
+    left = [ns for ns in run_namespaces(emulator) if ns["metadata"]["name"] == namespace]
+    assert all(ns["metadata"].get("deletionTimestamp") for ns in left), left

@@ -142,11 +142,11 @@ def test_each_line_lands_as_its_episode_ends_and_the_file_ends_in_index_order(
     ]
     results = load(output / "results.json")
     delivery = results["reward_delivery"]
-    assert (
-        delivery["lines"] == 4
-        and delivery["streamed"] == 4
-        and delivery["written_after_the_end"] == 0
-    )
+    # Three lines were read above while the run went on. The last episode's may come from the
+    # evidence read after the end instead: the Job completes as its pod ends, and on a loaded
+    # machine the tool can see that before it has read the pod's log (it is then written at once).
+    assert delivery["lines"] == 4 and delivery["streamed"] >= 3
+    assert delivery["streamed"] + delivery["written_after_the_end"] == 4
     assert 0 < results["first_reward_seconds"] <= results["batch_to_all_rewards_seconds"] + 1
     assert (
         results["reward_delivery_lag_p50_seconds"]
@@ -276,7 +276,8 @@ def test_an_episode_past_its_timeout_is_an_episode_failure_never_retried(
     assert (stuck["failure_class"], stuck["valid"], stuck["attempts"]) == ("episode", True, 1)
     assert (
         stuck["failure"]
-        == "ran out of time: still running 3 s after its pod started (--episode-timeout)"
+        == "ran out of time: still running 3 s after its pod started (its deadline: "
+        "--episode-timeout, plus --pull-timeout, as given)"
     )
     assert lines[1]["failure_class"] is None
     pods = {p["metadata"]["name"]: p for p in load(output / "pods.json")["items"]}

@@ -155,7 +155,8 @@ def test_a_pod_past_its_deadline_ran_out_of_time_unless_it_never_started() -> No
     pod = timed_out(indexed_pod("p", 0, phase="Failed", exit_code=143))
     assert demo.classify_attempt(pod, "", make_job(), True) == (
         "episode",
-        "ran out of time: still running 30 s after its pod started (--episode-timeout)",
+        "ran out of time: still running 30 s after its pod started (its deadline: "
+        "--episode-timeout, plus --pull-timeout, as given)",
     )
     never = timed_out(indexed_pod("p", 0, phase="Failed", exit_code=None))
     never["status"]["containerStatuses"][0]["state"] = {"waiting": {"reason": "ImagePullBackOff"}}
