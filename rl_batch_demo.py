@@ -10177,7 +10177,8 @@ def build_parser(
         add_action(
             actions,
             "cleanup",
-            "delete what the run's receipt proves it created",
+            "delete what the run's receipt proves it created; with --stale AGE, the runs of "
+            "this tool that ended longer than AGE ago, proven its own from the cluster alone",
             "--output runs/first",
         )
     )
