@@ -6317,7 +6317,7 @@ class RewardStream:
 
     `judge` is told which pods changed (or whose log was read) and settles their episodes;
     `on_reward`, if given, is called with each line's row as it is written, from the thread that
-    follows the batch (the one that called `run`).
+    follows the batch (the one that called `run`): the following waits until it returns.
     """
 
     def __init__(
@@ -9915,9 +9915,10 @@ def add_episode_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="K",
         help="over-provision: end the batch as soon as K of its --count episodes have "
         "succeeded (the Job's successPolicy); Kubernetes stops the rest, recorded as "
-        "failure_class 'cancelled', and up to count - K failures are absorbed. "
-        "1 <= K < count; not with --group-size or --allow-failures. Needs "
-        "Kubernetes >= 1.33",
+        "failure_class 'cancelled', and up to count - K failures are absorbed (more fail the "
+        "run, exit 1). 1 <= K < count; not with --group-size, --allow-failures, --rounds or "
+        "--warmup, nor with tasks of several images (each image's Job counts only its own "
+        "successes). Needs Kubernetes >= 1.33",
     )
     parser.add_argument(
         "--episode-timeout",
@@ -10484,10 +10485,13 @@ def run_batch(
     `dry_run=True` returns the objects a run would create, as a v1 List.
 
     `on_reward(line)` is called with each rewards.jsonl line (a dict) the moment it is
-    written, while the batch runs, from the thread that follows the batch (run_batch's
-    caller's own thread; stream_batch's thread of its own). Should it raise, the run stops
-    as on Ctrl-C (evidence saved, the namespace named on stderr and kept for `cleanup`)
-    and its exception is raised from run_batch as it was.
+    written, while the batch runs, from the caller's own thread: the one that called
+    run_batch(), which follows the batch (its watches, logs and lines) and calls on_reward
+    between those steps. A slow callback therefore holds up the following of the batch: the
+    later lines and the end of the run wait until it returns (hand slow work to a thread or
+    queue of your own, or use stream_batch(), whose batch runs in a thread of the tool's).
+    Should it raise, the run stops as on Ctrl-C (evidence saved, the namespace named on
+    stderr and kept for `cleanup`) and its exception is raised from run_batch as it was.
     """
     if on_reward is not None and not callable(on_reward):
         raise KeywordTypeError(
@@ -10535,19 +10539,35 @@ def stream_batch(
     options: Sequence[str] = (),
     **keywords: Any,
 ) -> Generator[dict, None, dict]:
-    """Run one batch as run_batch() does (the same arguments), yielding each rewards.jsonl line
-    (a dict) the moment it is written; the generator's return value (StopIteration.value, what
+    """Run one batch as run_batch() does, with every argument of run_batch() but on_reward (the
+    lines are what it yields), yielding each rewards.jsonl line (a dict) the moment it is
+    written; the generator's return value (StopIteration.value, what
     `results = yield from stream_batch(...)` gives) is what run_batch() returns.
 
-    A plain `for` loop gets the results afterwards with batch_results(output). The batch runs
-    in a thread of the tool's; its errors (UsageError, DemoError, KeyboardInterrupt) are raised
-    here, where the lines are read. Leaving the loop early (break, an exception, close()) stops
-    the run as on Ctrl-C and waits until it has saved its evidence (the namespace is kept for
-    `cleanup` and named on stderr).
+    A bad argument raises UsageError (KeywordTypeError) here, at the call, before the generator
+    exists; everything else comes from next(). A plain `for` loop gets the results afterwards
+    with batch_results(output). The batch runs in a thread of the tool's, which puts each line
+    in an unbounded queue: a slow reader holds up nothing but its own reading. The run's errors
+    (DemoError, KeyboardInterrupt, and the checks made once the run starts, such as an output
+    directory already used) are raised here, where the lines are read. Leaving the loop early
+    (break, an exception, close()) stops the run as on Ctrl-C and waits until it has saved its
+    evidence (the namespace is kept for `cleanup` and named on stderr).
     """
+    if "on_reward" in keywords:
+        raise KeywordTypeError(
+            "stream_batch() yields each line itself and takes no on_reward=: iterate over it, "
+            "or call run_batch(..., on_reward=...)"
+        )
     args = batch_arguments("stream_batch", tasks, output, options, keywords)
-    if args.dry_run:
-        return dry_run_listing(args)
+    listing = dry_run_listing(args) if args.dry_run else None
+    return streamed_lines(args, listing)
+
+
+def streamed_lines(args: argparse.Namespace, listing: dict | None) -> Generator[dict, None, dict]:
+    """stream_batch()'s generator over its checked arguments: the batch in a thread of its own,
+    each line yielded as it lands; with --dry-run, the listing returned at once."""
+    if listing is not None:
+        return listing
     lines: queue.Queue[tuple[str, Any]] = queue.Queue()
     args.on_reward = lambda line: lines.put(("line", line))
     args.stop = threading.Event()

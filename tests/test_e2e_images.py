@@ -216,11 +216,18 @@ def test_run_batch_with_per_task_images(cluster: Any, tmp_path: Path) -> None:
     assert not emulator.list("jobs")
 
 
-def test_need_with_several_images_is_refused(tmp_path: Path) -> None:
-    args, _ = images_run(tmp_path, "--need", "3")
+def test_need_with_several_images_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    # --group-size 1 (the last one given wins): with images_run's groups of 2, --need would be
+    # refused for --group-size before the images are looked at.
+    args, output = images_run(tmp_path, "--group-size", "1", "--need", "3")
     with pytest.raises(SystemExit) as exit_info:
         rl_batch_demo.main(args)
     assert exit_info.value.code == 2
+    assert (
+        "--need cannot hold with tasks of 3 images: each image runs its own Job, and a Job's "
+        "successPolicy counts only its own episodes"
+    ) in " ".join(capsys.readouterr().err.split())
+    assert not output.exists()
 
 
 # The nodes' images: one already on every node, two to pull (a second apiece), one that does not exist.
