@@ -62,6 +62,7 @@ from __future__ import annotations
 import argparse
 import base64
 import bisect
+import builtins
 import calendar
 import hashlib
 import heapq
@@ -81,7 +82,7 @@ import time
 import traceback
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable
 from urllib.parse import parse_qs, urlsplit
 
 from sandbox import (
@@ -105,7 +106,7 @@ STUCK_FINALIZER = "example.com/stuck"
 # the apiserver's name-suffix alphabet (k8s.io/apimachinery/pkg/util/rand)
 NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 
-DEFAULT_TIMING: Dict[str, float] = {
+DEFAULT_TIMING: dict[str, float] = {
     "sandbox_delay": 0.08,  # RunPodSandbox
     "sandbox_jitter": 0.12,
     "schedule_delay": 0.01,  # scheduler latency per pod
@@ -128,7 +129,7 @@ DEFAULT_TIMING: Dict[str, float] = {
 # set, so a misspelt one cannot silently inject nothing. "Per index" faults name the
 # pods they hit by the pod's creation order in the emulator (0, 1, ...), as a list or as
 # the keys of a dict.
-FAULTS: Dict[str, str] = {
+FAULTS: dict[str, str] = {
     "sandbox_delay": "seconds RunPodSandbox takes (overrides the timing)",
     "sandbox_jitter": "extra random seconds, up to this, on each sandbox (overrides the timing)",
     "job_status_lag": "seconds the Job controller batches pod updates (overrides the timing)",
@@ -156,7 +157,7 @@ FAULTS: Dict[str, str] = {
     "process (scale tests only)",
     "forbidden": "[resource, ...]: requests for these answer 403 as RBAC would",
 }
-READ_PATH_FAULTS: Dict[str, str] = {
+READ_PATH_FAULTS: dict[str, str] = {
     "watch_delay": "the watch cache runs this far behind the store: watches get each event this late, "
     "and a list with resourceVersionMatch=NotOlderThan waits for the cache",
     "watch_stall": "from the moment the fault is set, the watch cache takes in nothing for this long "
@@ -169,7 +170,7 @@ READ_PATH_FAULTS: Dict[str, str] = {
 # events ("ready" with the worker's own clock readings, then "reward") into its log with
 # this timing, in seconds, each delay scaled by uniform(1 - jitter, 1 + jitter), and exits 0.
 # A container with a per-pod fault (fail_pods, replace_pod, ...) still runs for real.
-LIGHTWEIGHT_TIMING: Dict[str, float] = {
+LIGHTWEIGHT_TIMING: dict[str, float] = {
     "process_start": 0.02,  # container started -> interpreter running (the /proc start time)
     "imports": 0.05,  # interpreter start -> the worker's imports done
     "write_task": 0.003,  # imports done -> ready (writing the task's two files)
@@ -203,7 +204,7 @@ def check_lightweight(value: Any) -> None:
 # Real values: a list that needs a newer resourceVersion than the watch cache has waits
 # 3 s (apiserver cacher blockTimeout) then answers 504 "Too large resource version" with
 # retryAfterSeconds 1; a continue token lives until etcd compacts its revision (5 min).
-READ_PATH_TIMING: Dict[str, float] = {
+READ_PATH_TIMING: dict[str, float] = {
     "fresh_block": 3.0,
     "fresh_retry_after": 1.0,
     "continue_ttl": 300.0,
@@ -235,7 +236,7 @@ def fmt_micro(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)) + ".%06dZ" % micros
 
 
-def parse_time(s: Optional[str]) -> Optional[float]:
+def parse_time(s: str | None) -> float | None:
     """Parse an RFC 3339 timestamp produced by Kubernetes."""
     if not s:
         return None
@@ -325,7 +326,7 @@ def hex64(seed: str) -> str:
     return hashlib.sha256(seed.encode()).hexdigest()
 
 
-def normalize_image(image: str) -> Tuple[str, str]:
+def normalize_image(image: str) -> tuple[str, str]:
     """Return (repository, full reference) like containerd reports them."""
     name, tag = image, "latest"
     if "@" in name:
@@ -360,11 +361,11 @@ def condition(
     ctype: str,
     status: str,
     t: float,
-    reason: Optional[str] = None,
-    message: Optional[str] = None,
+    reason: str | None = None,
+    message: str | None = None,
     probe: bool = False,
 ) -> dict:
-    c: Dict[str, Any] = {"type": ctype, "status": status}
+    c: dict[str, Any] = {"type": ctype, "status": status}
     if probe:
         c["lastProbeTime"] = fmt_time(t)
     else:
@@ -377,7 +378,7 @@ def condition(
     return c
 
 
-def set_condition(conds: List[dict], new: dict) -> bool:
+def set_condition(conds: list[dict], new: dict) -> bool:
     """Set a condition, keeping lastTransitionTime when status is unchanged."""
     for i, c in enumerate(conds):
         if c.get("type") == new["type"]:
@@ -395,19 +396,19 @@ def set_condition(conds: List[dict], new: dict) -> bool:
     return True
 
 
-def find_condition(conds: Optional[List[dict]], ctype: str) -> Optional[dict]:
+def find_condition(conds: list[dict] | None, ctype: str) -> dict | None:
     for c in conds or []:
         if c.get("type") == ctype:
             return c
     return None
 
 
-def cond_true(conds: Optional[List[dict]], ctype: str) -> bool:
+def cond_true(conds: list[dict] | None, ctype: str) -> bool:
     c = find_condition(conds, ctype)
     return bool(c and c.get("status") == "True")
 
 
-def version_tuple(v: str) -> Tuple[int, int]:
+def version_tuple(v: str) -> tuple[int, int]:
     m = re.match(r"v?(\d+)\.(\d+)", v)
     return (int(m.group(1)), int(m.group(2))) if m else (1, 33)
 
@@ -420,7 +421,7 @@ def version_tuple(v: str) -> Tuple[int, int]:
 class ApiError(Exception):
     """An error the API answers with a ``Status`` body."""
 
-    def __init__(self, code: int, reason: str, message: str, details: Optional[dict] = None):
+    def __init__(self, code: int, reason: str, message: str, details: dict | None = None):
         super().__init__(message)
         self.code = code
         self.reason = reason
@@ -428,7 +429,7 @@ class ApiError(Exception):
         self.details = details
 
     def status(self) -> dict:
-        body: Dict[str, Any] = {
+        body: dict[str, Any] = {
             "kind": "Status",
             "apiVersion": "v1",
             "metadata": {},
@@ -443,25 +444,25 @@ class ApiError(Exception):
         return body
 
 
-def qualified(info: "ResourceInfo") -> str:
+def qualified(info: ResourceInfo) -> str:
     return info.plural if not info.group else "%s.%s" % (info.plural, info.group)
 
 
-def err_not_found(info: "ResourceInfo", name: str) -> ApiError:
+def err_not_found(info: ResourceInfo, name: str) -> ApiError:
     d = {"name": name, "kind": info.plural}
     if info.group:
         d = {"name": name, "group": info.group, "kind": info.plural}
     return ApiError(404, "NotFound", '%s "%s" not found' % (qualified(info), name), d)
 
 
-def err_already_exists(info: "ResourceInfo", name: str) -> ApiError:
+def err_already_exists(info: ResourceInfo, name: str) -> ApiError:
     d = {"name": name, "kind": info.plural}
     if info.group:
         d = {"name": name, "group": info.group, "kind": info.plural}
     return ApiError(409, "AlreadyExists", '%s "%s" already exists' % (qualified(info), name), d)
 
 
-def err_conflict(info: "ResourceInfo", name: str) -> ApiError:
+def err_conflict(info: ResourceInfo, name: str) -> ApiError:
     d = {"name": name, "kind": info.plural}
     if info.group:
         d["group"] = info.group
@@ -478,7 +479,7 @@ def err_bad_request(message: str) -> ApiError:
     return ApiError(400, "BadRequest", message)
 
 
-def err_invalid(info: "ResourceInfo", name: str, causes: List[Tuple[str, str, str]]) -> ApiError:
+def err_invalid(info: ResourceInfo, name: str, causes: list[tuple[str, str, str]]) -> ApiError:
     """causes: (field, reason, message-fragment)."""
     kind = info.kind if not info.group else "%s.%s" % (info.kind, info.group)
     parts = ["%s: %s" % (f, m) for f, _, m in causes]
@@ -486,7 +487,7 @@ def err_invalid(info: "ResourceInfo", name: str, causes: List[Tuple[str, str, st
         msg = '%s "%s" is invalid: %s' % (kind, name, parts[0])
     else:
         msg = '%s "%s" is invalid: [%s]' % (kind, name, ", ".join(parts))
-    d: Dict[str, Any] = {
+    d: dict[str, Any] = {
         "name": name,
         "kind": info.kind,
         "causes": [{"reason": r, "message": m, "field": f} for f, r, m in causes],
@@ -496,11 +497,9 @@ def err_invalid(info: "ResourceInfo", name: str, causes: List[Tuple[str, str, st
     return ApiError(422, "Invalid", msg, d)
 
 
-def err_forbidden(
-    info: "ResourceInfo", name: str, why: str, causes: Optional[list] = None
-) -> ApiError:
+def err_forbidden(info: ResourceInfo, name: str, why: str, causes: list | None = None) -> ApiError:
     label = '%s "%s"' % (qualified(info), name) if name else qualified(info)
-    d: Dict[str, Any] = {"name": name, "kind": info.plural}
+    d: dict[str, Any] = {"name": name, "kind": info.plural}
     if info.group:
         d["group"] = info.group
     if causes:
@@ -528,15 +527,15 @@ PSA_RESTRICTED_VOLUMES = (
 )
 
 
-def _join_quote(items: List[str]) -> str:
+def _join_quote(items: list[str]) -> str:
     return '"' + '", "'.join(items) + '"' if items else ""
 
 
-def _containers_noun(names: List[str]) -> str:
+def _containers_noun(names: list[str]) -> str:
     return "%s %s" % ("container" if len(names) == 1 else "containers", _join_quote(names))
 
 
-def _pod_containers(spec: dict) -> List[dict]:
+def _pod_containers(spec: dict) -> list[dict]:
     return (
         list(spec.get("initContainers") or [])
         + list(spec.get("containers") or [])
@@ -551,12 +550,12 @@ def _psa_must_set(
     reason: str,
     pod_level: bool,
     set_text: str,
-    bad_text: Callable[[List[str], List[str]], str],
-) -> Optional[Tuple[str, str]]:
+    bad_text: Callable[[list[str], list[str]], str],
+) -> tuple[str, str] | None:
     """The pod-or-container pattern of runAsNonRoot / seccompProfile (restricted)."""
     psc = spec.get("securityContext") or {}
-    bad_setters: List[str] = []
-    bad_values: List[str] = []
+    bad_setters: list[str] = []
+    bad_values: list[str] = []
     pod_ok = False
     if pod_level and psc.get(field) is not None:
         if good(psc[field]):
@@ -584,7 +583,7 @@ def _psa_must_set(
     return None
 
 
-def _psa_allow_privilege_escalation(spec: dict) -> Optional[Tuple[str, str]]:
+def _psa_allow_privilege_escalation(spec: dict) -> tuple[str, str] | None:
     """allowPrivilegeEscalation (restricted): every container sets it to false."""
     bad = [
         c.get("name", "")
@@ -599,7 +598,7 @@ def _psa_allow_privilege_escalation(spec: dict) -> Optional[Tuple[str, str]]:
     )
 
 
-def _psa_capabilities(spec: dict) -> Optional[Tuple[str, str]]:
+def _psa_capabilities(spec: dict) -> tuple[str, str] | None:
     """capabilities_restricted: every container drops ALL and adds nothing but NET_BIND_SERVICE."""
     missing_drop, adding, forbidden = [], [], set()
     for c in _pod_containers(spec):
@@ -626,13 +625,13 @@ def _psa_capabilities(spec: dict) -> Optional[Tuple[str, str]]:
     return ("unrestricted capabilities", "; ".join(details)) if details else None
 
 
-def _psa_host_namespaces(spec: dict) -> Optional[Tuple[str, str]]:
+def _psa_host_namespaces(spec: dict) -> tuple[str, str] | None:
     """hostNamespaces: no host network, PID or IPC namespace."""
     host = [f + "=true" for f in ("hostNetwork", "hostPID", "hostIPC") if spec.get(f)]
     return ("host namespaces", ", ".join(host)) if host else None
 
 
-def _psa_host_path_volumes(spec: dict) -> Optional[Tuple[str, str]]:
+def _psa_host_path_volumes(spec: dict) -> tuple[str, str] | None:
     """hostPathVolumes (baseline; restrictedVolumes covers it at restricted): no hostPath volume."""
     hp = [v.get("name", "") for v in spec.get("volumes") or [] if v.get("hostPath") is not None]
     if not hp:
@@ -643,7 +642,7 @@ def _psa_host_path_volumes(spec: dict) -> Optional[Tuple[str, str]]:
     )
 
 
-def _psa_privileged(spec: dict) -> Optional[Tuple[str, str]]:
+def _psa_privileged(spec: dict) -> tuple[str, str] | None:
     """privileged: no privileged container."""
     privileged = [
         c.get("name", "")
@@ -658,7 +657,7 @@ def _psa_privileged(spec: dict) -> Optional[Tuple[str, str]]:
     )
 
 
-def _psa_restricted_volumes(spec: dict) -> Optional[Tuple[str, str]]:
+def _psa_restricted_volumes(spec: dict) -> tuple[str, str] | None:
     """restrictedVolumes: only the volume types the restricted level allows."""
     bad_volumes = sorted(
         v.get("name", "")
@@ -673,7 +672,7 @@ def _psa_restricted_volumes(spec: dict) -> Optional[Tuple[str, str]]:
     )
 
 
-def _psa_run_as_non_root(spec: dict) -> Optional[Tuple[str, str]]:
+def _psa_run_as_non_root(spec: dict) -> tuple[str, str] | None:
     """runAsNonRoot (restricted): true on the pod or on every container, false nowhere."""
     return _psa_must_set(
         spec,
@@ -688,7 +687,7 @@ def _psa_run_as_non_root(spec: dict) -> Optional[Tuple[str, str]]:
     )
 
 
-def _psa_run_as_user(spec: dict) -> Optional[Tuple[str, str]]:
+def _psa_run_as_user(spec: dict) -> tuple[str, str] | None:
     """runAsUser (restricted): neither the pod nor a container runs as user 0."""
     setters = ["pod"] if (spec.get("securityContext") or {}).get("runAsUser") == 0 else []
     zero = [
@@ -703,7 +702,7 @@ def _psa_run_as_user(spec: dict) -> Optional[Tuple[str, str]]:
     )
 
 
-def _psa_seccomp_restricted(spec: dict) -> Optional[Tuple[str, str]]:
+def _psa_seccomp_restricted(spec: dict) -> tuple[str, str] | None:
     """seccompProfile_restricted: RuntimeDefault or Localhost on the pod or on every container."""
     return _psa_must_set(
         spec,
@@ -719,7 +718,7 @@ def _psa_seccomp_restricted(spec: dict) -> Optional[Tuple[str, str]]:
     )
 
 
-def _psa_seccomp_baseline(spec: dict) -> Optional[Tuple[str, str]]:
+def _psa_seccomp_baseline(spec: dict) -> tuple[str, str] | None:
     """seccompProfile_baseline: Unconfined nowhere."""
     unconfined = [
         c.get("name", "")
@@ -742,7 +741,7 @@ def _psa_seccomp_baseline(spec: dict) -> Optional[Tuple[str, str]]:
 
 
 # The checks in the policy registry's order (by check ID), each with the levels it applies at.
-PSA_CHECKS: List[Tuple[Tuple[str, ...], Callable[[dict], Optional[Tuple[str, str]]]]] = [
+PSA_CHECKS: list[tuple[tuple[str, ...], Callable[[dict], tuple[str, str] | None]]] = [
     (("restricted",), _psa_allow_privilege_escalation),
     (("restricted",), _psa_capabilities),
     (("baseline", "restricted"), _psa_host_namespaces),
@@ -756,9 +755,9 @@ PSA_CHECKS: List[Tuple[Tuple[str, ...], Callable[[dict], Optional[Tuple[str, str
 ]
 
 
-def pod_security_violations(spec: dict, level: str) -> List[Tuple[str, str]]:
+def pod_security_violations(spec: dict, level: str) -> list[tuple[str, str]]:
     """(reason, detail) per failed check, in the policy registry's order (by check ID)."""
-    out: List[Tuple[str, str]] = []
+    out: list[tuple[str, str]] = []
     for levels, check in PSA_CHECKS:
         if level in levels:
             result = check(spec)
@@ -767,7 +766,7 @@ def pod_security_violations(spec: dict, level: str) -> List[Tuple[str, str]]:
     return out
 
 
-def pod_security_policy(ns_labels: Optional[Dict[str, str]], mode: str) -> Optional[str]:
+def pod_security_policy(ns_labels: dict[str, str] | None, mode: str) -> str | None:
     """ "restricted:latest" etc. for the namespace's enforce/warn/audit label, or None (privileged)."""
     labels = ns_labels or {}
     level = labels.get(PSA_LABEL + mode)
@@ -776,7 +775,7 @@ def pod_security_policy(ns_labels: Optional[Dict[str, str]], mode: str) -> Optio
     return "%s:%s" % (level, labels.get(PSA_LABEL + mode + "-version") or "latest")
 
 
-def pod_security_message(policy: str, spec: dict) -> Optional[str]:
+def pod_security_message(policy: str, spec: dict) -> str | None:
     """The aggregated detail the admission plugin prints, or None when the spec complies."""
     violations = pod_security_violations(spec, policy.split(":", 1)[0])
     if not violations:
@@ -802,10 +801,10 @@ class ResourceInfo:
         plural: str,
         kind: str,
         namespaced: bool,
-        short_names: Optional[List[str]] = None,
-        store: Optional[str] = None,
-        categories: Optional[List[str]] = None,
-        subresources: Optional[Dict[str, List[str]]] = None,
+        short_names: list[str] | None = None,
+        store: str | None = None,
+        categories: list[str] | None = None,
+        subresources: dict[str, list[str]] | None = None,
     ):
         self.group = group
         self.version = version
@@ -832,7 +831,7 @@ class ResourceInfo:
 
 VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
 
-RESOURCES: List[ResourceInfo] = [
+RESOURCES: list[ResourceInfo] = [
     ResourceInfo(
         "",
         "v1",
@@ -877,17 +876,17 @@ RESOURCES: List[ResourceInfo] = [
     ResourceInfo("events.k8s.io", "v1", "events", "Event", True, ["ev"], store="events"),
     ResourceInfo("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", True, ["netpol"]),
 ]
-GROUP_VERSIONS: List[Tuple[str, str]] = []
+GROUP_VERSIONS: list[tuple[str, str]] = []
 for _r in RESOURCES:
     if (_r.group, _r.version) not in GROUP_VERSIONS:
         GROUP_VERSIONS.append((_r.group, _r.version))
-CANONICAL: Dict[str, ResourceInfo] = {}
+CANONICAL: dict[str, ResourceInfo] = {}
 for _r in RESOURCES:
     CANONICAL.setdefault(_r.store, _r)
 NAMESPACED_STORES = [s for s, r in CANONICAL.items() if r.namespaced]
 
 
-def find_resource(group: str, version: str, plural: str) -> Optional[ResourceInfo]:
+def find_resource(group: str, version: str, plural: str) -> ResourceInfo | None:
     for r in RESOURCES:
         if r.group == group and r.version == version and r.plural == plural:
             return r
@@ -1058,7 +1057,7 @@ POD_SPEC = {
     "resourceClaims": None,
     "resources": None,
 }
-SCHEMAS: Dict[str, dict] = {
+SCHEMAS: dict[str, dict] = {
     "Namespace": {"spec": {"finalizers": None}, "status": None},
     "ConfigMap": {"data": "map", "binaryData": "map", "immutable": None},
     "Pod": {"spec": POD_SPEC, "status": None},
@@ -1091,13 +1090,13 @@ SCHEMAS: Dict[str, dict] = {
 }
 
 
-def unknown_fields(kind: str, obj: dict) -> List[str]:
+def unknown_fields(kind: str, obj: dict) -> list[str]:
     """Paths of fields the server would reject with fieldValidation=Strict."""
     top = {"apiVersion": None, "kind": None, "metadata": OBJECT_META}
     top.update(SCHEMAS.get(kind, {}))
     if kind == "Event":
         return []
-    out: List[str] = []
+    out: list[str] = []
 
     def walk(value: Any, schema: Any, path: str) -> None:
         if schema is None or schema == "map":
@@ -1129,7 +1128,7 @@ class LabelSelector:
     """Parses the string form of a label selector (equality and set based)."""
 
     def __init__(self, text: str):
-        self.reqs: List[Tuple[str, str, List[str]]] = []
+        self.reqs: list[tuple[str, str, list[str]]] = []
         text = (text or "").strip()
         if not text:
             return
@@ -1156,7 +1155,7 @@ class LabelSelector:
                 self.reqs.append((part, "exists", []))
 
     @staticmethod
-    def _split(text: str) -> List[str]:
+    def _split(text: str) -> list[str]:
         out, depth, cur = [], 0, ""
         for ch in text:
             if ch == "(":
@@ -1171,7 +1170,7 @@ class LabelSelector:
         out.append(cur)
         return out
 
-    def matches(self, labels: Optional[Dict[str, str]]) -> bool:
+    def matches(self, labels: dict[str, str] | None) -> bool:
         labels = labels or {}
         for key, op, vals in self.reqs:
             has = key in labels
@@ -1195,7 +1194,7 @@ class FieldSelector:
     """metadata.name=x,status.phase!=Running style selectors."""
 
     def __init__(self, text: str):
-        self.reqs: List[Tuple[str, str, str]] = []
+        self.reqs: list[tuple[str, str, str]] = []
         for part in (text or "").split(","):
             part = part.strip()
             if not part:
@@ -1245,15 +1244,15 @@ class Store:
         self.lock = threading.RLock()
         self.cond = threading.Condition(self.lock)
         self.clock = clock
-        self.objects: Dict[str, Dict[str, Dict[str, dict]]] = {}
-        self.uids: Dict[str, Tuple[str, str, str]] = {}
+        self.objects: dict[str, dict[str, dict[str, dict]]] = {}
+        self.uids: dict[str, tuple[str, str, str]] = {}
         self.rv = 1
-        self.history: List[Tuple[int, str, str, dict]] = []
-        self.history_rvs: List[int] = []
+        self.history: list[tuple[int, str, str, dict]] = []
+        self.history_rvs: list[int] = []
         self.history_limit = max(10, int(history_limit))
         self.compacted_rv = 0
-        self.listeners: List[Callable[[str, str, dict], None]] = []
-        self.created_wall: Dict[str, float] = {}
+        self.listeners: list[Callable[[str, str, dict], None]] = []
+        self.created_wall: dict[str, float] = {}
 
     # -- internals --------------------------------------------------------
     def _next_rv(self) -> int:
@@ -1277,19 +1276,19 @@ class Store:
             except Exception:  # pragma: no cover - listener bugs must not break the API
                 traceback.print_exc()
 
-    def _bucket(self, store: str, ns: str) -> Dict[str, dict]:
+    def _bucket(self, store: str, ns: str) -> dict[str, dict]:
         return self.objects.setdefault(store, {}).setdefault(ns or "", {})
 
     # -- reads ------------------------------------------------------------
-    def get(self, store: str, ns: Optional[str], name: str) -> Optional[dict]:
+    def get(self, store: str, ns: str | None, name: str) -> dict | None:
         with self.lock:
             obj = self.objects.get(store, {}).get(ns or "", {}).get(name)
             return clone(obj) if obj is not None else None
 
-    def list(self, store: str, ns: Optional[str] = None) -> Tuple[List[dict], int]:
+    def list(self, store: str, ns: str | None = None) -> tuple[builtins.list[dict], int]:
         with self.lock:
             buckets = self.objects.get(store, {})
-            out: List[dict] = []
+            out: list[dict] = []
             if ns is not None and ns != "":
                 out = [clone(o) for o in buckets.get(ns, {}).values()]
             else:
@@ -1298,19 +1297,19 @@ class Store:
             out.sort(key=lambda o: (o["metadata"].get("namespace", ""), o["metadata"]["name"]))
             return out, self.rv
 
-    def list_raw(self, store: str, ns: Optional[str] = None) -> List[dict]:
+    def list_raw(self, store: str, ns: str | None = None) -> builtins.list[dict]:
         """Like list() but without copying: stored dicts are never mutated in place
         (updates replace them), so callers may read but must not modify them."""
         with self.lock:
             buckets = self.objects.get(store, {})
             if ns:
                 return list(buckets.get(ns, {}).values())
-            out: List[dict] = []
+            out: list[dict] = []
             for b in buckets.values():
                 out.extend(b.values())
             return out
 
-    def by_uid(self, uid: str) -> Optional[Tuple[str, str, str]]:
+    def by_uid(self, uid: str) -> tuple[str, str, str] | None:
         with self.lock:
             return self.uids.get(uid)
 
@@ -1337,11 +1336,11 @@ class Store:
     def update(
         self,
         store: str,
-        ns: Optional[str],
+        ns: str | None,
         name: str,
-        mutate: Callable[[dict], Optional[bool]],
-        expect_rv: Optional[str] = None,
-    ) -> Optional[dict]:
+        mutate: Callable[[dict], bool | None],
+        expect_rv: str | None = None,
+    ) -> dict | None:
         """Apply ``mutate`` to the stored object.
 
         ``mutate`` may return False to signal "no change" (no new rv).  If the
@@ -1377,7 +1376,7 @@ class Store:
             return False
         return md.get("deletionGracePeriodSeconds", 0) == 0
 
-    def remove(self, store: str, ns: Optional[str], name: str) -> Optional[dict]:
+    def remove(self, store: str, ns: str | None, name: str) -> dict | None:
         with self.lock:
             cur = self._bucket(store, ns or "").get(name)
             if cur is None:
@@ -1393,7 +1392,7 @@ class Store:
         return final
 
     # -- watch support ----------------------------------------------------
-    def events_since(self, rv: int) -> List[Tuple[int, str, str, dict]]:
+    def events_since(self, rv: int) -> builtins.list[tuple[int, str, str, dict]]:
         with self.lock:
             if rv < self.compacted_rv:
                 raise Expired()
@@ -1433,7 +1432,7 @@ def _col(
     return {"name": name, "type": ctype, "format": fmt, "description": desc, "priority": priority}
 
 
-TABLE_COLUMNS: Dict[str, List[dict]] = {
+TABLE_COLUMNS: dict[str, list[dict]] = {
     "pods": [
         _NAME_COL,
         _col("Ready", "The aggregate readiness state of this pod for accepting traffic."),
@@ -1515,7 +1514,7 @@ def _age(obj: dict, now: float) -> str:
     return "<unknown>" if t is None else human_duration(now - t)
 
 
-def format_label_selector(sel: Optional[dict]) -> str:
+def format_label_selector(sel: dict | None) -> str:
     if not sel:
         return "<none>"
     parts = ["%s=%s" % (k, v) for k, v in sorted((sel.get("matchLabels") or {}).items())]
@@ -1530,7 +1529,7 @@ def format_label_selector(sel: Optional[dict]) -> str:
     return ",".join(parts) if parts else "<none>"
 
 
-def pod_row(pod: dict, now: float) -> List[Any]:
+def pod_row(pod: dict, now: float) -> list[Any]:
     status = pod.get("status") or {}
     spec = pod.get("spec") or {}
     phase = status.get("phase") or ""
@@ -1583,7 +1582,7 @@ def pod_row(pod: dict, now: float) -> List[Any]:
     ]
 
 
-def job_row(job: dict, now: float) -> List[Any]:
+def job_row(job: dict, now: float) -> list[Any]:
     spec, status = job.get("spec") or {}, job.get("status") or {}
     succeeded = status.get("succeeded", 0)
     if spec.get("completions") is not None:
@@ -1620,7 +1619,7 @@ def job_row(job: dict, now: float) -> List[Any]:
     ]
 
 
-def event_row(ev: dict, now: float) -> List[Any]:
+def event_row(ev: dict, now: float) -> list[Any]:
     first = parse_time(ev.get("firstTimestamp"))
     first_s = human_duration(now - first) if first else None
     if first_s is None:
@@ -1660,7 +1659,7 @@ def event_row(ev: dict, now: float) -> List[Any]:
     ]
 
 
-def node_row(node: dict, now: float) -> List[Any]:
+def node_row(node: dict, now: float) -> list[Any]:
     status = node.get("status") or {}
     ready = find_condition(status.get("conditions"), "Ready")
     state = "Ready" if ready and ready.get("status") == "True" else "NotReady"
@@ -1687,7 +1686,7 @@ def node_row(node: dict, now: float) -> List[Any]:
     ]
 
 
-def table_row(store: str, obj: dict, now: float) -> List[Any]:
+def table_row(store: str, obj: dict, now: float) -> list[Any]:
     name = obj["metadata"]["name"]
     if store == "pods":
         return pod_row(obj, now)
@@ -1714,7 +1713,7 @@ def table_row(store: str, obj: dict, now: float) -> List[Any]:
     return [name, obj["metadata"].get("creationTimestamp")]
 
 
-def table_columns(store: str) -> List[dict]:
+def table_columns(store: str) -> list[dict]:
     return TABLE_COLUMNS.get(store) or [
         _NAME_COL,
         _col(
@@ -1733,7 +1732,7 @@ def table_columns(store: str) -> List[dict]:
 
 
 def core_event_to_v1(ev: dict) -> dict:
-    out: Dict[str, Any] = {
+    out: dict[str, Any] = {
         "kind": "Event",
         "apiVersion": "events.k8s.io/v1",
         "metadata": ev["metadata"],
@@ -1765,7 +1764,7 @@ def core_event_to_v1(ev: dict) -> dict:
 
 
 def v1_event_to_core(ev: dict) -> dict:
-    out: Dict[str, Any] = {
+    out: dict[str, Any] = {
         "kind": "Event",
         "apiVersion": "v1",
         "metadata": ev.get("metadata") or {},
@@ -1839,7 +1838,7 @@ def openapi_v3_doc(group: str, version: str, server_version: str) -> dict:
             "schema": {"type": "string", "uniqueItems": True},
         },
     ]
-    paths: Dict[str, Any] = {}
+    paths: dict[str, Any] = {}
     for r in RESOURCES:
         if r.group != group or r.version != version:
             continue
@@ -1852,7 +1851,7 @@ def openapi_v3_doc(group: str, version: str, server_version: str) -> dict:
         item = coll + "/{name}"
 
         def op(
-            action: str, desc: str, extra: Optional[list] = None
+            action: str, desc: str, extra: list | None = None
         ) -> dict:  # called in this turn only
             return {
                 "description": desc,
@@ -1969,14 +1968,14 @@ def strategic_merge_patch(target: Any, patch: Any, key: str = "") -> Any:
     return out
 
 
-def json_patch(target: Any, ops: List[dict]) -> Any:
+def json_patch(target: Any, ops: list[dict]) -> Any:
     """RFC 6902 JSON patch (add, remove, replace, test, move, copy)."""
     doc = clone(target)
 
-    def split(path: str) -> List[str]:
+    def split(path: str) -> list[str]:
         return [p.replace("~1", "/").replace("~0", "~") for p in path.split("/")[1:]]
 
-    def parent(path: str) -> Tuple[Any, str]:
+    def parent(path: str) -> tuple[Any, str]:
         parts = split(path)
         cur = doc
         for p in parts[:-1]:
@@ -2050,7 +2049,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         finally:
             self.server.api.connections.discard(self.connection)  # type: ignore[attr-defined]
 
-    def send_response(self, code: int, message: Optional[str] = None) -> None:
+    def send_response(self, code: int, message: str | None = None) -> None:
         # The request log notes the status before a byte of the answer leaves: a client may read
         # the answer and exit before the handler returns, and whoever reads the log then must
         # already find the status (a test on a loaded machine found None).
@@ -2093,7 +2092,7 @@ def read_body(h: _Handler) -> bytes:
 
 
 def send_bytes(
-    h: _Handler, code: int, data: bytes, content_type: str, headers: Optional[Dict[str, str]] = None
+    h: _Handler, code: int, data: bytes, content_type: str, headers: dict[str, str] | None = None
 ) -> int:
     """One whole response (no body for HEAD); returns the status code for the request log."""
     h.send_response(code)
@@ -2114,7 +2113,7 @@ def send_json(
     h: _Handler,
     code: int,
     obj: Any,
-    headers: Optional[Dict[str, str]] = None,
+    headers: dict[str, str] | None = None,
     content_type: str = "application/json",
 ) -> int:
     """One whole response of a JSON document (or bytes already encoded)."""
@@ -2229,14 +2228,14 @@ class Faults:
     give its seconds per resource.
     """
 
-    def __init__(self, values: Optional[dict] = None):
+    def __init__(self, values: dict | None = None):
         values = clone(values or {})
         check_faults(values)
         check_lightweight(values.get("lightweight_kubelet"))
-        self._values: Dict[str, Any] = values
+        self._values: dict[str, Any] = values
         self._lock = threading.Lock()
         now = time.time()
-        self.set_at: Dict[str, float] = {name: now for name in values}
+        self.set_at: dict[str, float] = {name: now for name in values}
 
     def set(self, **values: Any) -> None:
         """Set faults (None clears one), noting when: a stall runs from the moment it is set."""
@@ -2257,14 +2256,14 @@ class Faults:
     def on(self, name: str) -> bool:
         return bool(self._values.get(name))
 
-    def applies(self, name: str, pod_index: Optional[int]) -> bool:
+    def applies(self, name: str, pod_index: int | None) -> bool:
         """Does the fault hit the pod created `pod_index`-th (None: a pod the emulator did not number)?"""
         value = self._values.get(name)
         if value is True:
             return True
         return pod_index is not None and pod_index in self._indexes(value)
 
-    def for_pod(self, name: str, pod_index: Optional[int]) -> Any:
+    def for_pod(self, name: str, pod_index: int | None) -> Any:
         """The setting a per-pod fault given as {index: setting} holds for this pod, else None."""
         value = self._values.get(name)
         if not isinstance(value, dict) or pod_index is None:
@@ -2272,26 +2271,26 @@ class Faults:
         return {int(k): v for k, v in value.items()}.get(pod_index)
 
     @staticmethod
-    def _indexes(value: Any) -> Set[int]:
+    def _indexes(value: Any) -> builtins.set[int]:
         if isinstance(value, (dict, list, tuple, set)):
             return {int(x) for x in value}
         return set()
 
-    def timing(self, name: str, default: float, resource: Optional[str] = None) -> float:
+    def timing(self, name: str, default: float, resource: str | None = None) -> float:
         """The seconds the fault sets (for `resource`, when it names resources), else `default`."""
         value = self._values.get(name)
         if isinstance(value, dict):
             value = value.get(resource)
         return default if value is None else float(value)
 
-    def lightweight(self) -> Optional[Dict[str, float]]:
+    def lightweight(self) -> dict[str, float] | None:
         """The lightweight kubelet's timing when it is selected (scale tests only), else None."""
         value = self._values.get("lightweight_kubelet")
         if not value:
             return None
         return dict(LIGHTWEIGHT_TIMING, **(value if isinstance(value, dict) else {}))
 
-    def take_request_error(self, request: str) -> Optional[int]:
+    def take_request_error(self, request: str) -> int | None:
         """The status the request (path and query) fails with under api_errors, counting it, else None."""
         with self._lock:
             errors = self._values.get("api_errors")
@@ -2305,8 +2304,8 @@ class Faults:
             return int(errors.get("status", 503))
 
 
-def encode_continue(rv: int, key: Tuple[str, str], snapshot: str = "") -> str:
-    token: Dict[str, Any] = {"rv": rv, "start": list(key)}
+def encode_continue(rv: int, key: tuple[str, str], snapshot: str = "") -> str:
+    token: dict[str, Any] = {"rv": rv, "start": list(key)}
     if snapshot:
         token["snap"] = snapshot
     return base64.urlsafe_b64encode(json.dumps(token).encode()).decode().rstrip("=")
@@ -2350,12 +2349,12 @@ class ReadPath:
     reads them at the first page's revision.
     """
 
-    def __init__(self, emu: "Emulator"):
+    def __init__(self, emu: Emulator):
         self.emu = emu
-        self.times: List[float] = []
-        self.rvs: List[int] = []
+        self.times: list[float] = []
+        self.rvs: list[int] = []
         self.base_rv = emu.store.rv
-        self.snapshots: Dict[str, Tuple[float, List[dict]]] = {}
+        self.snapshots: dict[str, tuple[float, list[dict]]] = {}
         self.lock = threading.Lock()
         emu.store.listeners.append(self.on_store_event)
 
@@ -2390,8 +2389,8 @@ class ReadPath:
             return self.rvs[i - 1] if i else self.base_rv
 
     def visible(
-        self, store: str, events: List[Tuple[int, str, str, dict]]
-    ) -> Tuple[List[Tuple[int, str, str, dict]], bool]:
+        self, store: str, events: list[tuple[int, str, str, dict]]
+    ) -> tuple[list[tuple[int, str, str, dict]], bool]:
         """The events (in rv order) a watch of `store` may deliver now, and whether some wait."""
         reached = self.cache_rv(store)
         if not events or events[-1][0] <= reached:
@@ -2401,7 +2400,7 @@ class ReadPath:
         return events[: bisect.bisect_right([e[0] for e in events], reached)], True
 
     # -- lists --------------------------------------------------------------
-    def before_list(self, info: "ResourceInfo", query: Dict[str, str]) -> None:
+    def before_list(self, info: ResourceInfo, query: dict[str, str]) -> None:
         """A slow list's delay, the ListOptions rules, and waiting for a NotOlderThan version."""
         latency = self.emu.faults.timing("list_latency", 0.0, info.store)
         if latency > 0:
@@ -2469,10 +2468,10 @@ class ReadPath:
 
     def page(
         self,
-        info: "ResourceInfo",
-        query: Dict[str, str],
-        current: Callable[[], Tuple[List[dict], str]],
-    ) -> Tuple[List[dict], str, Optional[str], Optional[int]]:
+        info: ResourceInfo,
+        query: dict[str, str],
+        current: Callable[[], tuple[list[dict], str]],
+    ) -> tuple[list[dict], str, str | None, int | None]:
         """One page of a list: (items, resourceVersion, continue token, remainingItemCount)."""
         limit = int(query.get("limit") or 0)
         token = query.get("continue")
@@ -2540,11 +2539,11 @@ class WatchView:
 
     def __init__(
         self,
-        store: "Store",
-        render: "Representation",
+        store: Store,
+        render: Representation,
         info: ResourceInfo,
-        ns: Optional[str],
-        query: Dict[str, str],
+        ns: str | None,
+        query: dict[str, str],
         accept: str,
     ):
         self.store = store
@@ -2556,18 +2555,18 @@ class WatchView:
         self.fsel = FieldSelector(query.get("fieldSelector", ""))
         self.mode = render.wants(accept)
         self.first_table = True
-        self.seen: Set[Tuple[str, str]] = set()  # (namespace, name) the client holds
+        self.seen: set[tuple[str, str]] = set()  # (namespace, name) the client holds
 
     def matches(self, obj: dict) -> bool:
         if self.ns_filter and obj["metadata"].get("namespace") != self.ns_filter:
             return False
         return self.lsel.matches(obj["metadata"].get("labels")) and self.fsel.matches(obj)
 
-    def start(self, rv_param: str, send_initial: bool) -> Tuple[List[dict], int, bool]:
+    def start(self, rv_param: str, send_initial: bool) -> tuple[list[dict], int, bool]:
         """The initial objects to send, the resourceVersion to follow from, and whether that one is
         compacted away (410)."""
         store = self.store
-        initial: List[dict] = []
+        initial: list[dict] = []
         with store.lock:
             if send_initial or rv_param in ("", "0"):
                 objs, cursor = store.list(self.info.store, self.ns_filter)
@@ -2587,7 +2586,7 @@ class WatchView:
                     self.seen.add((o["metadata"].get("namespace", ""), o["metadata"]["name"]))
             return [], cursor, False
 
-    def translate(self, events: List[Tuple[int, str, str, dict]]) -> bytes:
+    def translate(self, events: list[tuple[int, str, str, dict]]) -> bytes:
         """The store's events as this client sees them: an object that comes to match is ADDED, one
         that stops matching is DELETED."""
         out = bytearray()
@@ -2636,7 +2635,7 @@ class WatchView:
         return json.dumps({"type": etype, "object": o}, separators=(",", ":")).encode() + b"\n"
 
     def bookmark(self, rv: int, initial_end: bool = False) -> bytes:
-        md: Dict[str, Any] = {"resourceVersion": str(rv), "creationTimestamp": None}
+        md: dict[str, Any] = {"resourceVersion": str(rv), "creationTimestamp": None}
         if initial_end:
             md["annotations"] = {"k8s.io/initial-events-end": "true"}
         kind = self.info.kind if self.mode != "table" else "Table"
@@ -2683,7 +2682,7 @@ def not_allowed() -> ApiError:
     return ApiError(405, "MethodNotAllowed", NOT_ALLOWED_MESSAGE, {})
 
 
-def is_true(value: Optional[str]) -> bool:
+def is_true(value: str | None) -> bool:
     """A boolean query parameter as the API server reads it."""
     return value in ("true", "1", "True")
 
@@ -2691,7 +2690,7 @@ def is_true(value: Optional[str]) -> bool:
 class UserInfo:
     """An authenticated user: name, UID and groups, as authentication.k8s.io/v1 UserInfo."""
 
-    def __init__(self, name: str, groups: List[str], rules: Optional[List[dict]] = None):
+    def __init__(self, name: str, groups: list[str], rules: list[dict] | None = None):
         self.name = name
         self.uid = str(uuid.uuid5(uuid.NAMESPACE_URL, "kube-emulator-user:" + name))
         self.groups = list(groups) + ["system:authenticated"]
@@ -2719,14 +2718,14 @@ class Authenticator:
 
     def __init__(self) -> None:
         self.admin = UserInfo("admin", ["system:masters"])
-        self.tokens: Dict[str, UserInfo] = {}
+        self.tokens: dict[str, UserInfo] = {}
 
-    def add(self, name: str, groups: List[str], rules: Optional[List[dict]]) -> str:
+    def add(self, name: str, groups: list[str], rules: list[dict] | None) -> str:
         token = "emulator-" + uuid.uuid4().hex
         self.tokens[token] = UserInfo(name, groups, rules)
         return token
 
-    def authenticate(self, header: Optional[str]) -> UserInfo:
+    def authenticate(self, header: str | None) -> UserInfo:
         if not header or header == ADMIN_BASIC_AUTH:
             return self.admin
         scheme, _, credential = header.partition(" ")
@@ -2771,7 +2770,7 @@ class RequestAttributes:
             "watch" if is_watch else (one if self.name else collection).get(method, method.lower())
         )
 
-    def allowed_by(self, rules: List[dict]) -> bool:
+    def allowed_by(self, rules: list[dict]) -> bool:
         resource = self.resource + ("/" + self.subresource if self.subresource else "")
         return any(
             self.group in (r.get("apiGroups") or []) or "*" in (r.get("apiGroups") or [])
@@ -2788,7 +2787,7 @@ class RequestAttributes:
         scope = (
             'in the namespace "%s"' % self.namespace if self.namespace else "at the cluster scope"
         )
-        details: Dict[str, Any] = {"kind": self.resource}
+        details: dict[str, Any] = {"kind": self.resource}
         if self.name:
             details["name"] = self.name
         if self.group:
@@ -2824,15 +2823,15 @@ class SelfReview:
     """POST selfsubjectreviews (`kubectl auth whoami`): the request's own user, as
     authentication.k8s.io/v1 serves it from 1.28 and v1beta1 in 1.27; older servers have none."""
 
-    def __init__(self, emu: "Emulator"):
+    def __init__(self, emu: Emulator):
         self.emu = emu
 
-    def versions(self) -> List[str]:
+    def versions(self) -> list[str]:
         if self.emu.v >= (1, 28):
             return ["v1"]
         return ["v1beta1"] if self.emu.v >= (1, 27) else []
 
-    def serve(self, h: _Handler, path: str, user: UserInfo) -> Optional[int]:
+    def serve(self, h: _Handler, path: str, user: UserInfo) -> int | None:
         parts = [p for p in path.split("/") if p]
         if (
             len(parts) != 4
@@ -2858,12 +2857,12 @@ class SelfReview:
 class RequestFaults:
     """The faults a request meets before it is routed: latency, RBAC refusals and injected errors."""
 
-    def __init__(self, emu: "Emulator"):
+    def __init__(self, emu: Emulator):
         self.emu = emu
 
     def answer(
-        self, h: _Handler, path: str, query: Dict[str, str], is_watch: bool, user: str = "admin"
-    ) -> Optional[int]:
+        self, h: _Handler, path: str, query: dict[str, str], is_watch: bool, user: str = "admin"
+    ) -> int | None:
         """Delay the request as the faults ask, and answer it when a fault refuses it (else None)."""
         faults = self.emu.faults
         latency = faults.timing("api_latency", 0.0)
@@ -2912,11 +2911,11 @@ class RequestFaults:
 class Discovery:
     """The server's own documents: health, version, API groups, resource lists and OpenAPI."""
 
-    def __init__(self, api: "ApiServer"):
+    def __init__(self, api: ApiServer):
         self.api = api
         self.emu = api.emu
 
-    def serve(self, h: _Handler, path: str, query: Dict[str, str]) -> Optional[int]:
+    def serve(self, h: _Handler, path: str, query: dict[str, str]) -> int | None:
         """Answer a request for one of these documents; None when the path names none of them."""
         if path in ("/healthz", "/readyz", "/livez"):
             return send_bytes(h, 200, b"ok", "text/plain; charset=utf-8")
@@ -2976,8 +2975,8 @@ class Discovery:
         }
 
     @staticmethod
-    def groups() -> List[str]:
-        out: List[str] = []
+    def groups() -> list[str]:
+        out: list[str] = []
         for g, _ in GROUP_VERSIONS:
             if g and g not in out:
                 out.append(g)
@@ -2998,7 +2997,7 @@ class Discovery:
         for r in RESOURCES:
             if r.group != group or r.version != version:
                 continue
-            item: Dict[str, Any] = {
+            item: dict[str, Any] = {
                 "name": r.plural,
                 "singularName": r.singular,
                 "namespaced": r.namespaced,
@@ -3026,7 +3025,7 @@ class Discovery:
         gv = version if not group else "%s/%s" % (group, version)
         return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": res}
 
-    def openapi(self, h: _Handler, path: str, query: Dict[str, str]) -> int:
+    def openapi(self, h: _Handler, path: str, query: dict[str, str]) -> int:
         server_version = self.emu.server_version
         if path == "/openapi/v2":
             accept = h.headers.get("Accept", "")
@@ -3073,7 +3072,7 @@ class Discovery:
 class Representation:
     """How objects are written for a client: in the asked group/version, as metadata only, or as a Table."""
 
-    def __init__(self, emu: "Emulator"):
+    def __init__(self, emu: Emulator):
         self.emu = emu
 
     @staticmethod
@@ -3084,7 +3083,7 @@ class Representation:
             return "metadata"
         return "object"
 
-    def single(self, info: ResourceInfo, obj: dict, accept: str, query: Dict[str, str]) -> dict:
+    def single(self, info: ResourceInfo, obj: dict, accept: str, query: dict[str, str]) -> dict:
         mode = self.wants(accept)
         if mode == "table":
             return self.table(info, [obj], query, str(obj["metadata"].get("resourceVersion", "")))
@@ -3099,17 +3098,17 @@ class Representation:
     def table(
         self,
         info: ResourceInfo,
-        objs: List[dict],
-        query: Dict[str, str],
+        objs: builtins.list[dict],
+        query: dict[str, str],
         rv: str,
-        cont: Optional[str] = None,
+        cont: str | None = None,
         headers: bool = True,
     ) -> dict:
         include = query.get("includeObject", "Metadata")
         now = self.emu.api_now()
         rows = []
         for o in objs:
-            row: Dict[str, Any] = {"cells": table_row(info.store, o, now)}
+            row: dict[str, Any] = {"cells": table_row(info.store, o, now)}
             if include == "Object":
                 row["object"] = to_version(info, o)
             elif include != "None":
@@ -3119,7 +3118,7 @@ class Representation:
                     "metadata": o["metadata"],
                 }
             rows.append(row)
-        md: Dict[str, Any] = {"resourceVersion": rv}
+        md: dict[str, Any] = {"resourceVersion": rv}
         if cont:
             md["continue"] = cont
         return {
@@ -3133,18 +3132,18 @@ class Representation:
     def list(
         self,
         info: ResourceInfo,
-        page: List[dict],
+        page: builtins.list[dict],
         rv: str,
-        cont: Optional[str],
-        remaining: Optional[int],
-        query: Dict[str, str],
+        cont: str | None,
+        remaining: int | None,
+        query: dict[str, str],
         accept: str,
     ) -> dict:
         """One page of a list as the client asked for it."""
         mode = self.wants(accept)
         if mode == "table":
             return self.table(info, page, query, rv, cont)
-        md: Dict[str, Any] = {"resourceVersion": rv}
+        md: dict[str, Any] = {"resourceVersion": rv}
         if cont:
             md["continue"] = cont
             if remaining is not None:
@@ -3180,13 +3179,13 @@ class Representation:
 class WatchServer:
     """Serves watches: the initial objects, then the store's events as the watch cache lets them through."""
 
-    def __init__(self, api: "ApiServer"):
+    def __init__(self, api: ApiServer):
         self.api = api
         self.emu = api.emu
         self.store = api.store
 
     def serve(
-        self, h: _Handler, info: ResourceInfo, ns: Optional[str], query: Dict[str, str], accept: str
+        self, h: _Handler, info: ResourceInfo, ns: str | None, query: dict[str, str], accept: str
     ) -> int:
         emu = self.emu
         view = WatchView(self.store, self.api.render, info, ns, query, accept)
@@ -3237,7 +3236,7 @@ class WatchServer:
     def _follow(
         self,
         h: _Handler,
-        view: "WatchView",
+        view: WatchView,
         info: ResourceInfo,
         cursor: int,
         deadline: float,
@@ -3290,12 +3289,12 @@ class WatchServer:
 class LogServer:
     """Serves pod logs: which container run, tail, limit, since and timestamps, and following a log."""
 
-    def __init__(self, api: "ApiServer"):
+    def __init__(self, api: ApiServer):
         self.api = api
         self.emu = api.emu
 
     def serve(
-        self, h: _Handler, info: ResourceInfo, ns: str, name: str, query: Dict[str, str]
+        self, h: _Handler, info: ResourceInfo, ns: str, name: str, query: dict[str, str]
     ) -> int:
         emu = self.emu
         pod = self.api.get_object(info, ns, name)
@@ -3323,7 +3322,7 @@ class LogServer:
         skew = emu.api_skew() + emu.node_offset(pod["spec"].get("nodeName"))
         timestamps = is_true(query.get("timestamps"))
 
-        def render(lines: List[Tuple[float, bytes]]) -> bytes:
+        def render(lines: list[tuple[float, bytes]]) -> bytes:
             out = bytearray()
             for t, line in lines:
                 if since is not None and t + skew < since:
@@ -3361,9 +3360,9 @@ class LogServer:
         h: _Handler,
         run: ContainerLog,
         pos: int,
-        render: Callable[[List[Tuple[float, bytes]]], bytes],
+        render: Callable[[list[tuple[float, bytes]]], bytes],
         sent: int,
-        limit_bytes: Optional[int],
+        limit_bytes: int | None,
         gen: int,
     ) -> None:
         """Send the lines the run writes after `pos` until it ends, the limit is reached or the client leaves."""
@@ -3388,7 +3387,7 @@ class LogServer:
             ):
                 break
 
-    def container_run(self, pod: dict, query: Dict[str, str]) -> ContainerLog:
+    def container_run(self, pod: dict, query: dict[str, str]) -> ContainerLog:
         """The container run whose log is asked for (the current or the previous one), as the kubelet finds it."""
         emu = self.emu
         ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
@@ -3435,17 +3434,17 @@ class LogServer:
 class ApiServer:
     """The REST layer: listening, the request log, routing and the verbs on resources."""
 
-    def __init__(self, emu: "Emulator"):
+    def __init__(self, emu: Emulator):
         self.emu = emu
         self.store = emu.store
-        self.connections: Set[socket.socket] = set()
-        self.httpd: Optional[_HTTPServer] = None
+        self.connections: set[socket.socket] = set()
+        self.httpd: _HTTPServer | None = None
         # Users' credentials travel over TLS only (client-go sends no token over plain HTTP):
         # the port `add_user` kubeconfigs name, and the server certificate it presents.
-        self.tls_httpd: Optional[_HTTPServer] = None
+        self.tls_httpd: _HTTPServer | None = None
         self.tls_port = 0
-        self.tls_context: Optional[Any] = None
-        self.thread: Optional[threading.Thread] = None
+        self.tls_context: Any | None = None
+        self.thread: threading.Thread | None = None
         self.port = 0
         self.generation = 0
         self.request_faults = RequestFaults(emu)
@@ -3511,7 +3510,7 @@ class ApiServer:
         query = {k: v[-1] for k, v in qs.items()}
         body = read_body(h)
         is_watch = is_true(query.get("watch"))
-        entry: Dict[str, Any] = {
+        entry: dict[str, Any] = {
             "at": t0,
             "method": h.command,
             "path": path,
@@ -3547,7 +3546,7 @@ class ApiServer:
 
     # -- routing ----------------------------------------------------------
     def route(
-        self, h: _Handler, path: str, query: Dict[str, str], body: bytes, is_watch: bool
+        self, h: _Handler, path: str, query: dict[str, str], body: bytes, is_watch: bool
     ) -> int:
         code = self.discovery.serve(h, path, query)
         if code is not None:
@@ -3565,8 +3564,8 @@ class ApiServer:
         return self._serve_resource(h, h.command, info, ns, name, sub, query, body, is_watch)
 
     def _parse_resource_path(
-        self, group: str, version: str, rest: List[str]
-    ) -> Tuple[ResourceInfo, Optional[str], Optional[str], Optional[str]]:
+        self, group: str, version: str, rest: list[str]
+    ) -> tuple[ResourceInfo, str | None, str | None, str | None]:
         def need(plural: str) -> ResourceInfo:
             info = find_resource(group, version, plural)
             if info is None:
@@ -3599,10 +3598,10 @@ class ApiServer:
         h: _Handler,
         method: str,
         info: ResourceInfo,
-        ns: Optional[str],
-        name: Optional[str],
-        sub: Optional[str],
-        query: Dict[str, str],
+        ns: str | None,
+        name: str | None,
+        sub: str | None,
+        query: dict[str, str],
         body: bytes,
         is_watch: bool,
     ) -> int:
@@ -3645,10 +3644,10 @@ class ApiServer:
         self,
         h: _Handler,
         info: ResourceInfo,
-        ns: Optional[str],
-        name: Optional[str],
-        sub: Optional[str],
-        query: Dict[str, str],
+        ns: str | None,
+        name: str | None,
+        sub: str | None,
+        query: dict[str, str],
         accept: str,
         is_watch: bool,
     ) -> int:
@@ -3669,15 +3668,15 @@ class ApiServer:
         self,
         h: _Handler,
         info: ResourceInfo,
-        ns: Optional[str],
-        name: Optional[str],
-        query: Dict[str, str],
+        ns: str | None,
+        name: str | None,
+        query: dict[str, str],
         body: bytes,
         accept: str,
     ) -> int:
         """DELETE of one object, or of every object a list would return (deletecollection)."""
         writes = self.emu.writes
-        opts: Dict[str, Any] = {}
+        opts: dict[str, Any] = {}
         if body:
             try:
                 opts = json.loads(body)
@@ -3727,15 +3726,13 @@ class ApiServer:
             )
         return obj
 
-    def get_object(self, info: ResourceInfo, ns: Optional[str], name: str) -> dict:
+    def get_object(self, info: ResourceInfo, ns: str | None, name: str) -> dict:
         obj = self.store.get(info.store, ns if info.namespaced else None, name)
         if obj is None:
             raise err_not_found(info, name)
         return obj
 
-    def list_objects(
-        self, info: ResourceInfo, ns: Optional[str], query: Dict[str, str]
-    ) -> List[dict]:
+    def list_objects(self, info: ResourceInfo, ns: str | None, query: dict[str, str]) -> list[dict]:
         """The matching objects as stored, sorted, not copied (the store replaces, never mutates,
         what it holds): copying every object for every page made a list of tens of thousands of
         events slower than a request may take."""
@@ -3746,11 +3743,11 @@ class ApiServer:
         return [o for o in objs if lsel.matches(o["metadata"].get("labels")) and fsel.matches(o)]
 
     def list_response(
-        self, info: ResourceInfo, ns: Optional[str], query: Dict[str, str], accept: str
+        self, info: ResourceInfo, ns: str | None, query: dict[str, str], accept: str
     ) -> dict:
         self.emu.reads.before_list(info, query)
 
-        def current() -> Tuple[List[dict], str]:
+        def current() -> tuple[list[dict], str]:
             with self.store.lock:
                 return self.list_objects(info, ns, query), str(self.store.rv)
 
@@ -3761,7 +3758,7 @@ class ApiServer:
 ListOptionsInfo = ResourceInfo("meta.k8s.io", "v1", "listoptions", "ListOptions", False)
 
 
-def parse_go_duration(text: Optional[str]) -> Optional[float]:
+def parse_go_duration(text: str | None) -> float | None:
     """Parse Go durations like '30s', '1m0s', '250ms'."""
     if not text:
         return None
@@ -3782,8 +3779,8 @@ class WorkQueue:
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        self._heap: List[Tuple[float, int, Any]] = []
-        self._due: Dict[Any, float] = {}
+        self._heap: list[tuple[float, int, Any]] = []
+        self._due: dict[Any, float] = {}
         self._seq = 0
 
     def add(self, key: Any, delay: float = 0.0) -> None:
@@ -3821,7 +3818,7 @@ class Controller:
 
     name = "controller"
 
-    def __init__(self, emu: "Emulator"):
+    def __init__(self, emu: Emulator):
         self.emu = emu
         self.store = emu.store
         self.queue = WorkQueue()
@@ -3857,11 +3854,11 @@ class Controller:
         """Reconcile one key."""
 
 
-def owner_refs(obj: dict) -> List[dict]:
+def owner_refs(obj: dict) -> list[dict]:
     return obj.get("metadata", {}).get("ownerReferences") or []
 
 
-def controller_ref(obj: dict) -> Optional[dict]:
+def controller_ref(obj: dict) -> dict | None:
     for r in owner_refs(obj):
         if r.get("controller"):
             return r
@@ -3880,20 +3877,20 @@ def pod_terminal(pod: dict) -> bool:
 class JobSync:
     """One pass of the Job controller over one Job: what it read and what it has counted so far."""
 
-    def __init__(self, job: dict, pods: List[dict], now: float):
+    def __init__(self, job: dict, pods: list[dict], now: float):
         self.job = job
         md = job["metadata"]
         self.ns, self.name, self.uid = md["namespace"], md["name"], md["uid"]
         self.spec: dict = job.get("spec") or {}
         self.status: dict = clone(job.get("status") or {})
-        self.conds: List[dict] = self.status.setdefault("conditions", [])
+        self.conds: list[dict] = self.status.setdefault("conditions", [])
         self.now = now
         self.pods = pods
         self.indexed = self.spec.get("completionMode") == "Indexed"
         self.per_index = self.indexed and self.spec.get("backoffLimitPerIndex") is not None
-        self.done_idx: Set[int] = set(parse_index_list(self.status.get("completedIndexes", "")))
-        self.failed_idx: Set[int] = set(parse_index_list(self.status.get("failedIndexes") or ""))
-        self.fail_job_message: Optional[str] = None  # a pod failure policy's FailJob rule matched
+        self.done_idx: set[int] = set(parse_index_list(self.status.get("completedIndexes", "")))
+        self.failed_idx: set[int] = set(parse_index_list(self.status.get("failedIndexes") or ""))
+        self.fail_job_message: str | None = None  # a pod failure policy's FailJob rule matched
         self.succeeded = 0
         self.failed = 0
         self.active = [
@@ -3913,14 +3910,14 @@ class JobController(Controller):
     name = "job-controller"
     COMPLETE_MSG = "Reached expected number of succeeded pods"
 
-    def __init__(self, emu: "Emulator"):
+    def __init__(self, emu: Emulator):
         super().__init__(emu)
-        self.counted: Dict[str, Set[str]] = {}
-        self.last_failure: Dict[str, float] = {}
-        self.create_backoff: Dict[str, Tuple[float, int]] = {}
+        self.counted: dict[str, set[str]] = {}
+        self.last_failure: dict[str, float] = {}
+        self.create_backoff: dict[str, tuple[float, int]] = {}
         # (job uid, index) -> (counted failures, ignored failures, last counted failure time): what the
         # real controller reads from the replaced pod's annotations when it creates the next one.
-        self.index_failures: Dict[Tuple[str, int], Tuple[int, int, float]] = {}
+        self.index_failures: dict[tuple[str, int], tuple[int, int, float]] = {}
 
     def on_event(self, etype: str, store: str, obj: dict) -> None:
         md = obj["metadata"]
@@ -3946,7 +3943,7 @@ class JobController(Controller):
         return self.emu.faults.timing("job_status_lag", self.emu.t("job_status_lag"))
 
     # ---------------------------------------------------------------
-    def sync(self, key: Tuple) -> None:
+    def sync(self, key: tuple) -> None:
         if key[0] == "orphan":
             self._sync_orphan_pod(key[1], key[2])
             return
@@ -3971,7 +3968,7 @@ class JobController(Controller):
             self._advance(key, js)
         self._write_status(js)
 
-    def _account_finished(self, js: "JobSync") -> None:
+    def _account_finished(self, js: JobSync) -> None:
         """Count the finished pods not yet counted (by the pod failure policy, if any) and drop their
         tracking finalizers."""
         emu, spec, uid = self.emu, js.spec, js.uid
@@ -4037,7 +4034,7 @@ class JobController(Controller):
         js.succeeded = len(js.done_idx) if js.indexed else js.status.get("succeeded", 0) + new_succ
         js.failed = js.status.get("failed", 0) + new_fail
 
-    def _advance(self, key: Tuple, js: "JobSync") -> None:
+    def _advance(self, key: tuple, js: JobSync) -> None:
         """An unfinished Job: finish it once its pods are gone, mark success or failure, or make pods."""
         spec, status, conds, job = js.spec, js.status, js.conds, js.job
         if not status.get("startTime") and not spec.get("suspend"):
@@ -4123,7 +4120,7 @@ class JobController(Controller):
                     js.failed_idx if js.per_index else None,
                 )
 
-    def _success_policy_met(self, js: "JobSync") -> Optional[str]:
+    def _success_policy_met(self, js: JobSync) -> str | None:
         """The message of the first successPolicy rule the succeeded indexes meet (matchSuccessPolicy),
         else None; only for an Indexed Job, on a version that knows the field."""
         policy = js.spec.get("successPolicy")
@@ -4144,7 +4141,7 @@ class JobController(Controller):
         return None
 
     @staticmethod
-    def _failure(js: "JobSync") -> Tuple[Optional[str], Optional[str]]:
+    def _failure(js: JobSync) -> tuple[str | None, str | None]:
         """Why the Job fails now (reason, message), first match wins, else (None, None)."""
         spec = js.spec
         ads = spec.get("activeDeadlineSeconds")
@@ -4173,7 +4170,7 @@ class JobController(Controller):
         return None, None
 
     @staticmethod
-    def _pods_wanted(js: "JobSync") -> int:
+    def _pods_wanted(js: JobSync) -> int:
         """How many pods should be active now."""
         spec = js.spec
         completions = spec.get("completions")
@@ -4188,7 +4185,7 @@ class JobController(Controller):
             want -= len(js.terminating)
         return want
 
-    def _write_status(self, js: "JobSync") -> None:
+    def _write_status(self, js: JobSync) -> None:
         """Store the counters, indexes and conditions when they changed."""
         status = js.status
         status["active"] = len(js.active)
@@ -4235,10 +4232,10 @@ class JobController(Controller):
     def _finish(
         self,
         job: dict,
-        conds: List[dict],
+        conds: list[dict],
         ctype: str,
-        reason: Optional[str],
-        message: Optional[str],
+        reason: str | None,
+        message: str | None,
         status: dict,
     ) -> None:
         emu = self.emu
@@ -4253,7 +4250,7 @@ class JobController(Controller):
             emu.truth_record.note("jobs", key, "failed")
             emu.events.record(job, "Warning", reason or "Failed", message or "", "job-controller")
 
-    def _delete_pods(self, job: dict, pods: List[dict]) -> List[dict]:
+    def _delete_pods(self, job: dict, pods: list[dict]) -> list[dict]:
         for p in pods:
             try:
                 self.emu.writes.api_delete(
@@ -4277,10 +4274,10 @@ class JobController(Controller):
         self,
         job: dict,
         need: int,
-        active: List[dict],
-        done_idx: Set[int],
+        active: list[dict],
+        done_idx: set[int],
         failed: int,
-        failed_idx: Optional[Set[int]] = None,
+        failed_idx: set[int] | None = None,
     ) -> None:
         emu = self.emu
         uid = job["metadata"]["uid"]
@@ -4299,7 +4296,7 @@ class JobController(Controller):
             self.queue.add(key, nb - now)
             return
         spec = job["spec"]
-        indexes: List[Optional[int]] = [None] * need
+        indexes: list[int | None] = [None] * need
         if spec.get("completionMode") == "Indexed":
             busy = {
                 int(
@@ -4370,11 +4367,11 @@ class JobController(Controller):
             )
 
     @staticmethod
-    def _pod_from_template(job: dict, index: Optional[int]) -> dict:
+    def _pod_from_template(job: dict, index: int | None) -> dict:
         tmpl = clone(job["spec"].get("template") or {})
         tmd = tmpl.get("metadata") or {}
         name = job["metadata"]["name"]
-        md: Dict[str, Any] = {
+        md: dict[str, Any] = {
             "generateName": "%s-" % name if index is None else "%s-%d-" % (name, index),
             "namespace": job["metadata"]["namespace"],
             "labels": dict(tmd.get("labels") or {}),
@@ -4414,9 +4411,7 @@ class JobController(Controller):
         return {"apiVersion": "v1", "kind": "Pod", "metadata": md, "spec": spec}
 
 
-def match_pod_failure_policy(
-    policy: Optional[dict], pod: dict
-) -> Tuple[Optional[str], bool, Optional[str]]:
+def match_pod_failure_policy(policy: dict | None, pod: dict) -> tuple[str | None, bool, str | None]:
     """(FailJob message, count the failure?, action) of a failed pod, as matchPodFailurePolicy: the
     first rule that matches wins; exit code 0 never matches; no match counts the failure."""
     status = pod.get("status") or {}
@@ -4466,7 +4461,7 @@ def match_pod_failure_policy(
     return None, True, None
 
 
-def index_failure_counts(pod: dict) -> Tuple[int, int]:
+def index_failure_counts(pod: dict) -> tuple[int, int]:
     """The pod's job-index-failure-count and job-index-ignored-failure-count annotations (0 when absent)."""
     annotations = pod["metadata"].get("annotations") or {}
 
@@ -4482,8 +4477,8 @@ def index_failure_counts(pod: dict) -> Tuple[int, int]:
     )
 
 
-def _drop_finalizer(fin: str) -> Callable[[dict], Optional[bool]]:
-    def mutate(o: dict) -> Optional[bool]:
+def _drop_finalizer(fin: str) -> Callable[[dict], bool | None]:
+    def mutate(o: dict) -> bool | None:
         fins = o["metadata"].get("finalizers") or []
         if fin not in fins:
             return False
@@ -4497,8 +4492,8 @@ def _drop_finalizer(fin: str) -> Callable[[dict], Optional[bool]]:
     return mutate
 
 
-def parse_index_list(text: str) -> List[int]:
-    out: List[int] = []
+def parse_index_list(text: str) -> list[int]:
+    out: list[int] = []
     for part in (text or "").split(","):
         part = part.strip()
         if not part:
@@ -4511,8 +4506,8 @@ def parse_index_list(text: str) -> List[int]:
     return out
 
 
-def format_index_list(idx: List[int]) -> str:
-    parts: List[str] = []
+def format_index_list(idx: list[int]) -> str:
+    parts: list[str] = []
     i = 0
     while i < len(idx):
         j = i
@@ -4533,11 +4528,11 @@ class Scheduler(Controller):
 
     name = "default-scheduler"
 
-    def __init__(self, emu: "Emulator"):
+    def __init__(self, emu: Emulator):
         super().__init__(emu)
         # Pod uid -> node of every bound pod not yet finished, kept from the store's events:
         # counting them by listing every pod for every pod scheduled is quadratic at scale.
-        self.bound: Dict[str, str] = {}
+        self.bound: dict[str, str] = {}
 
     def on_event(self, etype: str, store: str, obj: dict) -> None:
         if store != "pods":
@@ -4566,13 +4561,13 @@ class Scheduler(Controller):
             if self._eligible(p):
                 self.queue.add((p["metadata"]["namespace"], p["metadata"]["name"]), 0)
 
-    def sync(self, key: Tuple[str, str]) -> None:
+    def sync(self, key: tuple[str, str]) -> None:
         emu = self.emu
         ns, name = key
         pod = self.store.get("pods", ns, name)
         if pod is None or not self._eligible(pod):
             return
-        load: Dict[str, int] = {n: 0 for n in emu.node_names}
+        load: dict[str, int] = {n: 0 for n in emu.node_names}
         with self.store.lock:
             for n in self.bound.values():
                 if n in load:
@@ -4580,9 +4575,9 @@ class Scheduler(Controller):
         node = min(emu.node_names, key=lambda n: (load[n], random.random()))
         now = emu.api_now()
 
-        bound_at: List[float] = []
+        bound_at: list[float] = []
 
-        def bind(o: dict) -> Optional[bool]:
+        def bind(o: dict) -> bool | None:
             if o["spec"].get("nodeName"):
                 return False
             o["spec"]["nodeName"] = node
@@ -4643,7 +4638,7 @@ class GarbageCollector(Controller):
                     if self.store.by_uid(r.get("uid", "")) is None:
                         self.queue.add(("dangling", r.get("uid")), 0)
 
-    def _dependents(self, uid: str) -> List[Tuple[str, dict]]:
+    def _dependents(self, uid: str) -> list[tuple[str, dict]]:
         out = []
         with self.store.lock:
             for store, buckets in self.store.objects.items():
@@ -4653,7 +4648,7 @@ class GarbageCollector(Controller):
                             out.append((store, clone(o)))
         return out
 
-    def sync(self, key: Tuple) -> None:
+    def sync(self, key: tuple) -> None:
         emu = self.emu
         if key[0] == "owner-uid":
             loc = self.store.by_uid(key[1] or "")
@@ -4687,7 +4682,7 @@ class GarbageCollector(Controller):
         if ORPHAN_FINALIZER in fins:
             for dstore, dep in deps:
 
-                def strip(o: dict, uid: str = uid) -> Optional[bool]:
+                def strip(o: dict, uid: str = uid) -> bool | None:
                     refs = [r for r in owner_refs(o) if r.get("uid") != uid]
                     if refs:
                         o["metadata"]["ownerReferences"] = refs
@@ -4748,7 +4743,7 @@ class NamespaceController(Controller):
             if n["metadata"].get("deletionTimestamp"):
                 self.queue.add(("delete", n["metadata"]["name"]), 0)
 
-    def sync(self, key: Tuple[str, str]) -> None:
+    def sync(self, key: tuple[str, str]) -> None:
         kind, name = key
         ns = self.store.get("namespaces", None, name)
         if ns is None:
@@ -4788,7 +4783,7 @@ class NamespaceController(Controller):
         except ApiError:
             pass
 
-    def _finalize(self, key: Tuple[str, str], ns: dict) -> None:
+    def _finalize(self, key: tuple[str, str], ns: dict) -> None:
         """A terminating namespace: delete its content, report what remains, drop its finalizer once empty."""
         emu = self.emu
         name = ns["metadata"]["name"]
@@ -4796,8 +4791,8 @@ class NamespaceController(Controller):
             return
         if "kubernetes" not in ((ns.get("spec") or {}).get("finalizers") or []):
             return
-        remaining: Dict[str, int] = {}
-        finalizers: Dict[str, int] = {}
+        remaining: dict[str, int] = {}
+        finalizers: dict[str, int] = {}
         for store in NAMESPACED_STORES:
             info = CANONICAL[store]
             for o in self.store.list(store, name)[0]:
@@ -4817,7 +4812,7 @@ class NamespaceController(Controller):
                         pass
         conds = namespace_deletion_conditions(remaining, finalizers, emu.api_now())
 
-        def set_conds(o: dict) -> Optional[bool]:
+        def set_conds(o: dict) -> bool | None:
             st = o.setdefault("status", {})
             changed = False
             old = st.get("conditions") or []
@@ -4838,8 +4833,8 @@ class NamespaceController(Controller):
 
 
 def namespace_deletion_conditions(
-    remaining: Dict[str, int], finalizers: Dict[str, int], now: float
-) -> List[dict]:
+    remaining: dict[str, int], finalizers: dict[str, int], now: float
+) -> list[dict]:
     """A terminating namespace's conditions, given its remaining objects per resource and finalizers."""
 
     def ns_cond(ctype: str, status: str, reason: str, message: str) -> dict:
@@ -4852,7 +4847,7 @@ def namespace_deletion_conditions(
         }
 
     def counted(
-        ctype: str, counts: Dict[str, int], some: Tuple[str, str, str], none: Tuple[str, str]
+        ctype: str, counts: dict[str, int], some: tuple[str, str, str], none: tuple[str, str]
     ) -> dict:
         """True with the counts per resource when there are any, else False."""
         if not counts:
@@ -4959,7 +4954,7 @@ class ImageStore:
     # A pull that finds every layer already there still resolves the manifest.
     FOUND_SECONDS = 0.02
 
-    def __init__(self, config: Optional[dict], nodes: List[str]):
+    def __init__(self, config: dict | None, nodes: list[str]):
         self.enabled = config is not None
         config = dict(config or {})
         unknown = set(config) - {
@@ -4975,7 +4970,7 @@ class ImageStore:
             for ref, size in (config.get("registry") or {}).items()
         }
         self.rate = float(config.get("pull_bytes_per_second") or 50e6)
-        self.present: Dict[str, Set[str]] = {node: set() for node in nodes}
+        self.present: dict[str, set[str]] = {node: set() for node in nodes}
         for ref, where in (config.get("present") or {}).items():
             for node in nodes if where is True else where:
                 self.present[node].add(normalize_image(ref)[1])
@@ -4995,9 +4990,7 @@ class ImageStore:
     def size(self, image: str) -> int:
         return self.registry.get(normalize_image(image)[1], 0)
 
-    def pull(
-        self, node: str, image: str, stopped: Callable[[], bool]
-    ) -> Optional[Tuple[float, int]]:
+    def pull(self, node: str, image: str, stopped: Callable[[], bool]) -> tuple[float, int] | None:
         """One pull on `node` once its turn comes: (seconds pulling, bytes), or None when `stopped()`
         said so first. False-y existence is the caller's to check before."""
         slot = self.slots[node]
@@ -5025,7 +5018,7 @@ class ImageStore:
 class ContainerRunner(threading.Thread):
     """Runs one container of a pod (with fault injection) and keeps its status."""
 
-    def __init__(self, worker: "PodWorker", container: dict):
+    def __init__(self, worker: PodWorker, container: dict):
         super().__init__(name="ctr-%s-%s" % (worker.name, container.get("name")), daemon=True)
         self.w = worker
         self.emu = worker.emu
@@ -5034,11 +5027,11 @@ class ContainerRunner(threading.Thread):
         repo, full = normalize_image(container.get("image", ""))
         self.image_ref = full
         self.image_id = "%s@sha256:%s" % (repo, hex64(full))
-        self.proc: Optional[subprocess.Popen] = None
+        self.proc: subprocess.Popen | None = None
         self.proc_lock = threading.Lock()
-        self.exit_codes: List[int] = []
+        self.exit_codes: list[int] = []
         self.started_once = False
-        self.last_terminated: Optional[dict] = None
+        self.last_terminated: dict | None = None
         self.image_ready = False
         self.image_missing = False
 
@@ -5153,7 +5146,7 @@ class ContainerRunner(threading.Thread):
             if attempt < attempts - 1 and w.sleep(emu.t("restart_delay")):
                 return
 
-    def _attempt_argv(self, crash_first: bool, env: Dict[str, str]) -> Optional[List[str]]:
+    def _attempt_argv(self, crash_first: bool, env: dict[str, str]) -> list[str] | None:
         """What an attempt runs: a fault's stand-in, the container's command, or None (the lightweight kubelet)."""
         faults, idx = self.emu.faults, self.w.index
         if faults.applies("replace_pod", idx):
@@ -5196,7 +5189,7 @@ class ContainerRunner(threading.Thread):
             self.started_once = True
         self.w.started_at = true_start
 
-    def _created(self, attempt: int) -> Tuple[str, ContainerLog]:
+    def _created(self, attempt: int) -> tuple[str, ContainerLog]:
         """The Created event of this run, its container ID and its new (registered) log."""
         emu, w = self.emu, self.w
         cid = hex64("%s/%s/%d" % (w.uid, self.cname, attempt))
@@ -5232,13 +5225,13 @@ class ContainerRunner(threading.Thread):
 
     def _run_once(
         self,
-        argv: List[str],
-        env: Dict[str, str],
+        argv: list[str],
+        env: dict[str, str],
         uid: int,
         gid: int,
         attempt: int,
         restarting: bool = False,
-    ) -> Optional[int]:
+    ) -> int | None:
         """One run of the container's process in the sandbox: its exit code, None when the pod stopped first."""
         emu, w = self.emu, self.w
         cid, log = self._created(attempt)
@@ -5353,7 +5346,7 @@ class ContainerRunner(threading.Thread):
         else:
             self.set_state({"terminated": dict(self.last_terminated)}, ready=False, started=False)
 
-    def _run_emitted(self, env: Dict[str, str], attempt: int) -> Optional[int]:
+    def _run_emitted(self, env: dict[str, str], attempt: int) -> int | None:
         """The lightweight kubelet: the built-in worker's events with its timing, no process."""
         emu, w = self.emu, self.w
         timing = emu.faults.lightweight() or {}
@@ -5477,7 +5470,7 @@ class ContainerRunner(threading.Thread):
             if self.w.sleep(self.emu.t("image_pull_backoff") * 2):
                 return
 
-    def _identity(self) -> Tuple[int, int, Optional[str]]:
+    def _identity(self) -> tuple[int, int, str | None]:
         pod = self.w.pod
         psc = (pod.get("spec") or {}).get("securityContext") or {}
         csc = self.c.get("securityContext") or {}
@@ -5499,10 +5492,10 @@ class ContainerRunner(threading.Thread):
                 )
         return int(uid or 0), int(gid if gid is not None else 0), err
 
-    def _env(self) -> Tuple[Dict[str, str], Optional[str]]:
+    def _env(self) -> tuple[dict[str, str], str | None]:
         w = self.w
         pod = w.store_pod()
-        env: Dict[str, str] = {
+        env: dict[str, str] = {
             "PATH": SANDBOX_PATH,
             "HOSTNAME": w.hostname,
             "HOME": "/",
@@ -5567,14 +5560,14 @@ class ContainerRunner(threading.Thread):
                 return env, 'secret "%s" not found' % ref.get("name")
         return env, None
 
-    def _argv(self, env: Dict[str, str]) -> List[str]:
+    def _argv(self, env: dict[str, str]) -> list[str]:
         command = self.c.get("command") or []
         args = self.c.get("args") or []
         argv = list(command) + list(args) if command else (list(args) if args else ["python3"])
         return [expand_vars(a, env) for a in argv]
 
 
-def tamper_line(mode: Optional[str], line: bytes) -> List[bytes]:
+def tamper_line(mode: str | None, line: bytes) -> list[bytes]:
     """log_tamper fault: rewrite what a container's log contains."""
     if not mode:
         return [line]
@@ -5623,7 +5616,7 @@ def on_node_clock(line: bytes, ahead: float) -> bytes:
 
 
 def write_config_map_volume(
-    directory: Path, volume: str, ref: dict, config_map: Optional[dict]
+    directory: Path, volume: str, ref: dict, config_map: dict | None
 ) -> None:
     """A configMap volume's files (the items named, else every key) with their modes, as a kubelet writes them."""
     if config_map is None and not ref.get("optional"):
@@ -5651,7 +5644,7 @@ def write_config_map_volume(
     os.chmod(directory, 0o755)
 
 
-def write_downward_api_files(pod: dict, directory: Path, items: List[dict]) -> None:
+def write_downward_api_files(pod: dict, directory: Path, items: list[dict]) -> None:
     """The pod's fields a downwardAPI volume (or projection) names, one file each."""
     for it in items:
         val = resolve_field_ref(pod, (it.get("fieldRef") or {}).get("fieldPath", "")) or ""
@@ -5681,7 +5674,7 @@ def link_python(bindir: Path, python: str) -> None:
 class PodWorker(threading.Thread):
     """The kubelet's per-pod worker: sandbox, volumes, containers, termination."""
 
-    def __init__(self, kubelet: "Kubelet", pod: dict):
+    def __init__(self, kubelet: Kubelet, pod: dict):
         md = pod["metadata"]
         super().__init__(name="pod-%s" % md["name"], daemon=True)
         self.kl = kubelet
@@ -5694,12 +5687,12 @@ class PodWorker(threading.Thread):
         self.deleting = threading.Event()
         self.removed = threading.Event()
         self.grace = 30.0
-        self.runners: List[ContainerRunner] = []
+        self.runners: list[ContainerRunner] = []
         self.done = False
         self.dir = self.emu.workdir / "pods" / self.uid
-        self.volumes: Dict[str, Tuple[str, str]] = {}
-        self.started_at: Optional[float] = None
-        self.active_since: Optional[float] = (
+        self.volumes: dict[str, tuple[str, str]] = {}
+        self.started_at: float | None = None
+        self.active_since: float | None = (
             None  # its status.startTime, held to the nanosecond as a kubelet does
         )
         self.evicted = False
@@ -5733,10 +5726,10 @@ class PodWorker(threading.Thread):
     def store_pod(self) -> dict:
         return self.emu.store.get("pods", self.ns, self.name) or self.pod
 
-    def update(self, fn: Callable[[dict], Optional[bool]]) -> Optional[dict]:
+    def update(self, fn: Callable[[dict], bool | None]) -> dict | None:
         with self._status_lock:
 
-            def guarded(o: dict) -> Optional[bool]:
+            def guarded(o: dict) -> bool | None:
                 if o["metadata"].get("uid") != self.uid:
                     return False
                 return fn(o)
@@ -5744,7 +5737,7 @@ class PodWorker(threading.Thread):
             return self.emu.store.update("pods", self.ns, self.name, guarded)
 
     def update_container(self, cname: str, fn: Callable[[dict], None]) -> None:
-        def mutate(o: dict) -> Optional[bool]:
+        def mutate(o: dict) -> bool | None:
             st = o.setdefault("status", {})
             for cs in st.get("containerStatuses") or []:
                 if cs["name"] == cname:
@@ -5845,12 +5838,12 @@ class PodWorker(threading.Thread):
             # ended before the loop saw the deletion: the pod still ends Failed, as a kubelet's does.
             self._terminate_all()
 
-    def _initial_status(self, containers: List[dict]) -> bool:
+    def _initial_status(self, containers: list[dict]) -> bool:
         """The status a kubelet first writes: Pending on this node, every container creating."""
         emu = self.emu
         now = emu.node_now(self.kl.node)
 
-        def init(o: dict) -> Optional[bool]:
+        def init(o: dict) -> bool | None:
             st = o.setdefault("status", {})
             st["phase"] = "Pending"
             st["hostIP"] = self.kl.ip
@@ -5923,7 +5916,7 @@ class PodWorker(threading.Thread):
         # RunPodSandbox has returned: the sandbox is ready now, whenever its status reaches the API.
         sandbox_ready_at = time.time()
 
-        def sandbox(o: dict) -> Optional[bool]:
+        def sandbox(o: dict) -> bool | None:
             st = o.setdefault("status", {})
             st["podIP"] = pod_ip
             st["podIPs"] = [{"ip": pod_ip}]
@@ -5940,7 +5933,7 @@ class PodWorker(threading.Thread):
         emu.truth_record.note("pods", self.key, "sandbox_ready", sandbox_ready_at)
         return True
 
-    def _start_containers(self, containers: List[dict]) -> bool:
+    def _start_containers(self, containers: list[dict]) -> bool:
         """A runner per container, the first one's image pulled at once, then every runner started."""
         self.pod = self.store_pod()
         self.runners = [ContainerRunner(self, c) for c in containers]
@@ -6008,7 +6001,7 @@ class PodWorker(threading.Thread):
         # containers that never ran: mark them terminated so the pod can reach a terminal phase
         now = self.emu.node_now(self.kl.node)
 
-        def fin(o: dict) -> Optional[bool]:
+        def fin(o: dict) -> bool | None:
             st = o.setdefault("status", {})
             for cs in st.get("containerStatuses") or []:
                 if not (cs.get("state") or {}).get("terminated"):
@@ -6055,7 +6048,7 @@ class PodWorker(threading.Thread):
         self.grace = float((self.pod.get("spec") or {}).get("terminationGracePeriodSeconds") or 30)
         self.evicted = True  # stops the pod's steps as an eviction does
 
-        def mark(o: dict) -> Optional[bool]:
+        def mark(o: dict) -> bool | None:
             # Set before the containers stop, so the status that first shows the pod Failed says why.
             st = o.setdefault("status", {})
             st["reason"] = "DeadlineExceeded"
@@ -6075,7 +6068,7 @@ class PodWorker(threading.Thread):
         emu.events.record(pod, "Warning", "Evicted", message, "kubelet", host=self.kl.node)
         now = emu.node_now(self.kl.node)
 
-        def mark(o: dict) -> Optional[bool]:
+        def mark(o: dict) -> bool | None:
             st = o.setdefault("status", {})
             st["reason"] = "Evicted"
             st["message"] = message
@@ -6106,7 +6099,7 @@ class PodWorker(threading.Thread):
             if v["name"] not in self.volumes:
                 self.volumes[v["name"]] = self._mount(pod, v)
 
-    def _mount(self, pod: dict, v: dict) -> Tuple[str, str]:
+    def _mount(self, pod: dict, v: dict) -> tuple[str, str]:
         """One volume, written under the pod's directory as its type asks: (its host path, its type)."""
         name = v["name"]
         d = self.dir / "volumes" / name
@@ -6178,7 +6171,7 @@ class PodWorker(threading.Thread):
         if src.get("downwardAPI"):
             write_downward_api_files(pod, d, src["downwardAPI"].get("items") or [])
 
-    def mounts_for(self, container: dict) -> Tuple[List[Tuple[str, str, bool]], bool]:
+    def mounts_for(self, container: dict) -> tuple[list[tuple[str, str, bool]], bool]:
         out = []
         for vm in container.get("volumeMounts") or []:
             src, kind = self.volumes.get(vm["name"], ("", ""))
@@ -6193,7 +6186,7 @@ class PodWorker(threading.Thread):
         sc = container.get("securityContext") or {}
         return out, bool(sc.get("readOnlyRootFilesystem"))
 
-    def _size_limit_exceeded(self) -> Optional[str]:
+    def _size_limit_exceeded(self) -> str | None:
         for v in (self.pod.get("spec") or {}).get("volumes") or []:
             ed = v.get("emptyDir")
             if ed is None or not ed.get("sizeLimit") or v["name"] not in self.volumes:
@@ -6222,17 +6215,17 @@ class Kubelet:
     in order and starts, signals and finishes the pod workers, outside the store's lock.
     """
 
-    def __init__(self, emu: "Emulator", node: str, index: int):
+    def __init__(self, emu: Emulator, node: str, index: int):
         self.emu = emu
         self.node = node
         self.index = index
         self.ip = emu.node_ip(node)
-        self.workers: Dict[str, PodWorker] = {}
+        self.workers: dict[str, PodWorker] = {}
         self.lock = threading.Lock()
         self._ip_seq = 1
-        self._ips: Dict[str, str] = {}
+        self._ips: dict[str, str] = {}
         self.finalq = WorkQueue()
-        self.pod_events: "queue.Queue[Tuple[str, dict]]" = queue.Queue()
+        self.pod_events: queue.Queue[tuple[str, dict]] = queue.Queue()
         self.thread = threading.Thread(target=self._final_loop, name="kubelet-" + node, daemon=True)
         self.sync_thread = threading.Thread(
             target=self._sync_loop, name="kubelet-sync-" + node, daemon=True
@@ -6370,13 +6363,13 @@ def default_pod_spec(spec: dict) -> None:
             v["projected"].setdefault("defaultMode", 420)
 
 
-def validate_pod_spec(spec: dict, path: str) -> List[Tuple[str, str, str]]:
-    errs: List[Tuple[str, str, str]] = []
+def validate_pod_spec(spec: dict, path: str) -> list[tuple[str, str, str]]:
+    errs: list[tuple[str, str, str]] = []
     containers = spec.get("containers") or []
     if not containers:
         errs.append(("%s.containers" % path, "FieldValueRequired", "Required value"))
     vols = {v.get("name") for v in spec.get("volumes") or []}
-    seen: Set[str] = set()
+    seen: set[str] = set()
     for i, c in enumerate(containers):
         cp = "%s.containers[%d]" % (path, i)
         if not c.get("name"):
@@ -6444,8 +6437,8 @@ def validate_pod_spec(spec: dict, path: str) -> List[Tuple[str, str, str]]:
 
 
 def qos_class(spec: dict) -> str:
-    requests: Dict[str, float] = {}
-    limits: Dict[str, float] = {}
+    requests: dict[str, float] = {}
+    limits: dict[str, float] = {}
     any_set = False
     guaranteed = True
     for c in spec.get("containers") or []:
@@ -6472,12 +6465,12 @@ def qos_class(spec: dict) -> str:
     return "Guaranteed" if guaranteed else "Burstable"
 
 
-def validate_pod(body: dict) -> List[Tuple[str, str, str]]:
+def validate_pod(body: dict) -> list[tuple[str, str, str]]:
     """A pod's field errors: its spec's."""
     return validate_pod_spec(body.get("spec") or {}, "spec")
 
 
-def validate_job(body: dict) -> List[Tuple[str, str, str]]:
+def validate_job(body: dict) -> list[tuple[str, str, str]]:
     """A Job's field errors: its pod template's, its counts and completion mode's, its pod failure policy's."""
     spec = body.get("spec") or {}
     tspec = (spec.get("template") or {}).get("spec") or {}
@@ -6509,7 +6502,7 @@ def validate_job(body: dict) -> List[Tuple[str, str, str]]:
     return errs
 
 
-def _success_policy_errors(spec: dict) -> List[Tuple[str, str, str]]:
+def _success_policy_errors(spec: dict) -> list[tuple[str, str, str]]:
     """A success policy's errors: Indexed only, at least one rule, each count within completions."""
     policy = spec.get("successPolicy")
     if policy is None:
@@ -6531,7 +6524,7 @@ def _success_policy_errors(spec: dict) -> List[Tuple[str, str, str]]:
                 "Required value: at least one rules must be specified when the successPolicy is specified",
             )
         ]
-    errs: List[Tuple[str, str, str]] = []
+    errs: list[tuple[str, str, str]] = []
     completions = spec.get("completions") or 0
     for number, rule in enumerate(rules):
         path = "spec.successPolicy.rules[%d]" % number
@@ -6556,9 +6549,9 @@ def _success_policy_errors(spec: dict) -> List[Tuple[str, str, str]]:
     return errs
 
 
-def _job_count_errors(spec: dict) -> List[Tuple[str, str, str]]:
+def _job_count_errors(spec: dict) -> list[tuple[str, str, str]]:
     """A Job spec's errors in its counts, deadline, completion mode and per-index limits."""
-    errs: List[Tuple[str, str, str]] = []
+    errs: list[tuple[str, str, str]] = []
     for f in ("parallelism", "completions", "backoffLimit"):
         if spec.get(f) is not None and (not isinstance(spec[f], int) or spec[f] < 0):
             errs.append(
@@ -6627,9 +6620,9 @@ def _job_count_errors(spec: dict) -> List[Tuple[str, str, str]]:
     return errs
 
 
-def _pod_failure_policy_errors(policy: dict, per_index: Any) -> List[Tuple[str, str, str]]:
+def _pod_failure_policy_errors(policy: dict, per_index: Any) -> list[tuple[str, str, str]]:
     """A pod failure policy's errors: each rule's action and exit codes."""
-    errs: List[Tuple[str, str, str]] = []
+    errs: list[tuple[str, str, str]] = []
     for number, rule in enumerate(policy.get("rules") or []):
         action = rule.get("action")
         if action not in ("Count", "FailIndex", "FailJob", "Ignore"):
@@ -6662,9 +6655,9 @@ def _pod_failure_policy_errors(policy: dict, per_index: Any) -> List[Tuple[str, 
     return errs
 
 
-def validate_config_map(body: dict) -> List[Tuple[str, str, str]]:
+def validate_config_map(body: dict) -> list[tuple[str, str, str]]:
     """A ConfigMap's field errors: its keys, and values that are not strings."""
-    errs: List[Tuple[str, str, str]] = []
+    errs: list[tuple[str, str, str]] = []
     for k in list((body.get("data") or {})) + list((body.get("binaryData") or {})):
         if not _CM_KEY.match(k):
             errs.append(
@@ -6682,13 +6675,13 @@ def validate_config_map(body: dict) -> List[Tuple[str, str, str]]:
     return errs
 
 
-def validate_runtime_class(body: dict) -> List[Tuple[str, str, str]]:
+def validate_runtime_class(body: dict) -> list[tuple[str, str, str]]:
     """A RuntimeClass's field errors: it names a handler."""
     return [] if body.get("handler") else [("handler", "FieldValueRequired", "Required value")]
 
 
 # The resources whose creates are validated, by store.
-VALIDATORS: Dict[str, Callable[[dict], List[Tuple[str, str, str]]]] = {
+VALIDATORS: dict[str, Callable[[dict], list[tuple[str, str, str]]]] = {
     "pods": validate_pod,
     "jobs": validate_job,
     "configmaps": validate_config_map,
@@ -6696,7 +6689,7 @@ VALIDATORS: Dict[str, Callable[[dict], List[Tuple[str, str, str]]]] = {
 }
 
 
-def validation_errors(info: ResourceInfo, body: dict) -> List[Tuple[str, str, str]]:
+def validation_errors(info: ResourceInfo, body: dict) -> list[tuple[str, str, str]]:
     """The field errors a create of `body` answers 422 with (pods, Jobs, ConfigMaps, RuntimeClasses)."""
     validate = VALIDATORS.get(info.store)
     return validate(body) if validate else []
@@ -6728,7 +6721,7 @@ class WritePath:
     storage for create, update, patch and delete (used by the REST layer and the controllers)."""
 
     def __init__(
-        self, store: Store, faults: Faults, clock: Callable[[], float], version: Tuple[int, int]
+        self, store: Store, faults: Faults, clock: Callable[[], float], version: tuple[int, int]
     ):
         self.store = store
         self.faults = faults
@@ -6737,8 +6730,8 @@ class WritePath:
         self.booted = False  # the bootstrap objects are made; faults apply from here on
 
     def api_create(
-        self, info: ResourceInfo, ns: Optional[str], body: dict, query: Dict[str, str]
-    ) -> Tuple[dict, List[str]]:
+        self, info: ResourceInfo, ns: str | None, body: dict, query: dict[str, str]
+    ) -> tuple[dict, list[str]]:
         body = clone(body)
         kind, api_version = body.get("kind"), body.get("apiVersion")
         if not kind:
@@ -6756,7 +6749,7 @@ class WritePath:
                 % (kind, info.kind)
             )
         fv = query.get("fieldValidation") or "Warn"
-        warnings: List[str] = []
+        warnings: list[str] = []
         if info.group != "events.k8s.io":
             unknown = unknown_fields(info.kind, body)
             if unknown:
@@ -6787,7 +6780,7 @@ class WritePath:
         warnings += self._pod_security_warnings(info, ns, created)
         return created, warnings
 
-    def _pod_security_warnings(self, info: ResourceInfo, ns: Optional[str], obj: dict) -> List[str]:
+    def _pod_security_warnings(self, info: ResourceInfo, ns: str | None, obj: dict) -> list[str]:
         """`would violate PodSecurity` warnings for the namespace's warn level (pods and Job templates)."""
         if info.store == "pods":
             spec = obj.get("spec") or {}
@@ -7067,11 +7060,11 @@ class WritePath:
     def api_update(
         self,
         info: ResourceInfo,
-        ns: Optional[str],
+        ns: str | None,
         name: str,
-        sub: Optional[str],
+        sub: str | None,
         body: dict,
-        query: Dict[str, str],
+        query: dict[str, str],
     ) -> dict:
         if info.group == "events.k8s.io":
             body = v1_event_to_core(body)
@@ -7106,7 +7099,7 @@ class WritePath:
             return cur
         has_status = "status" in info.subresources
 
-        def mutate(o: dict) -> Optional[bool]:
+        def mutate(o: dict) -> bool | None:
             omd = o["metadata"]
             if sub == "status":
                 o["status"] = body.get("status") or {}
@@ -7177,12 +7170,12 @@ class WritePath:
     def api_patch(
         self,
         info: ResourceInfo,
-        ns: Optional[str],
+        ns: str | None,
         name: str,
-        sub: Optional[str],
+        sub: str | None,
         ctype: str,
         patch: Any,
-        query: Dict[str, str],
+        query: dict[str, str],
     ) -> dict:
         store_ns = ns if info.namespaced else None
         cur = self.store.get(info.store, store_ns, name)
@@ -7214,8 +7207,8 @@ class WritePath:
 
     # delete -------------------------------------------------------------------
     def api_delete(
-        self, info: ResourceInfo, ns: Optional[str], name: str, opts: dict
-    ) -> Tuple[int, dict]:
+        self, info: ResourceInfo, ns: str | None, name: str, opts: dict
+    ) -> tuple[int, dict]:
         store = info.store
         store_ns = ns if info.namespaced else None
         cur = self.store.get(store, store_ns, name)
@@ -7247,7 +7240,7 @@ class WritePath:
                 info, name, cur["metadata"]["uid"]
             )
 
-        def mark(o: dict) -> Optional[bool]:
+        def mark(o: dict) -> bool | None:
             omd = o["metadata"]
             changed = False
             if fins != list(omd.get("finalizers") or []):
@@ -7308,7 +7301,7 @@ class WritePath:
         if cur["metadata"].get("deletionTimestamp"):
             return cur
 
-        def terminate(o: dict) -> Optional[bool]:
+        def terminate(o: dict) -> bool | None:
             o["metadata"]["deletionTimestamp"] = fmt_time(now)
             o["metadata"]["deletionGracePeriodSeconds"] = 0
             o.setdefault("status", {})["phase"] = "Terminating"
@@ -7342,7 +7335,7 @@ def uid_precondition_failed(info: ResourceInfo, name: str, wanted: str, found: s
             "UID in precondition: %s, UID in object meta: %s" % (name, wanted, found),
             {"name": name, "kind": "namespaces"},
         )
-    details: Dict[str, Any] = {"name": name, "kind": info.kind}
+    details: dict[str, Any] = {"name": name, "kind": info.kind}
     if info.group:
         details["group"] = info.group
     return ApiError(
@@ -7361,7 +7354,7 @@ IMMORTAL_NAMESPACES = ("default", "kube-system", "kube-public")
 
 def deleted_status(info: ResourceInfo, name: str, uid: str) -> dict:
     """The Status a delete answers when the object is gone at once."""
-    details: Dict[str, Any] = {"name": name, "kind": info.plural, "uid": uid}
+    details: dict[str, Any] = {"name": name, "kind": info.plural, "uid": uid}
     if info.group:
         details["group"] = info.group
     return {
@@ -7382,16 +7375,16 @@ class EventRecorder:
         writes: WritePath,
         clock: Callable[[], float],
         skew: Callable[[], float],
-        node_ahead: Callable[[Optional[str]], float] = lambda node: 0.0,
+        node_ahead: Callable[[str | None], float] = lambda node: 0.0,
     ):
         self.store = store
         self.writes = writes
         self.clock = clock
         self.skew = skew
         self.node_ahead = node_ahead  # how far a node's clock runs ahead of the API server's
-        self._event_index: Dict[Tuple, Tuple[str, str]] = {}
+        self._event_index: dict[tuple, tuple[str, str]] = {}
         # Aggregate key -> (first seen, the distinct messages since): client-go's EventAggregator.
-        self._event_similar: Dict[Tuple, Tuple[float, set]] = {}
+        self._event_similar: dict[tuple, tuple[float, set]] = {}
 
     def record(
         self,
@@ -7400,15 +7393,15 @@ class EventRecorder:
         reason: str,
         message: str,
         component: str,
-        host: Optional[str] = None,
-        field_path: Optional[str] = None,
+        host: str | None = None,
+        field_path: str | None = None,
     ) -> None:
         """core/v1 event like client-go's EventRecorder: a repeat bumps its event's count; from the
         10th event in 10 minutes that differs only by message (a Job's SuccessfulCreate per pod),
         one combined event stands for them all, "(combined from similar events): <latest message>"."""
         md = obj.get("metadata") or {}
         ns = md.get("namespace") or "default"
-        io: Dict[str, Any] = {
+        io: dict[str, Any] = {
             "kind": obj.get("kind"),
             "name": md.get("name"),
             "uid": md.get("uid"),
@@ -7438,7 +7431,7 @@ class EventRecorder:
         existing = self._event_index.get(key)
         if existing and self.store.get("events", existing[0], existing[1]) is not None:
 
-            def bump(o: dict) -> Optional[bool]:
+            def bump(o: dict) -> bool | None:
                 o["count"] = o.get("count", 1) + 1
                 o["lastTimestamp"] = fmt_time(now)
                 o["message"] = message
@@ -7446,7 +7439,7 @@ class EventRecorder:
 
             self.store.update("events", existing[0], existing[1], bump)
             return
-        src: Dict[str, Any] = {"component": component}
+        src: dict[str, Any] = {"component": component}
         if host:
             src["host"] = host
         ev = {
@@ -7512,20 +7505,20 @@ class TruthRecord:
 
     def __init__(self, store: Store):
         self.store = store
-        self._truth: Dict[str, Dict[str, Dict[str, Any]]] = {
+        self._truth: dict[str, dict[str, dict[str, Any]]] = {
             "pods": {},
             "jobs": {},
             "namespaces": {},
         }
         self._lock = threading.Lock()
-        self._pod_index: Dict[str, int] = {}
+        self._pod_index: dict[str, int] = {}
         self._pod_counter = 0
 
     def snapshot(self) -> dict:
         with self._lock:
             return clone(self._truth)
 
-    def pod_index(self, uid: str) -> Optional[int]:
+    def pod_index(self, uid: str) -> int | None:
         with self._lock:
             return self._pod_index.get(uid)
 
@@ -7578,24 +7571,24 @@ class Emulator:
     def __init__(
         self,
         workdir: Any,
-        faults: Optional[dict] = None,
+        faults: dict | None = None,
         nodes: int = 3,
         server_version: str = "1.33",
         python: str = sys.executable,
-        timing: Optional[dict] = None,
-        images: Optional[dict] = None,
+        timing: dict | None = None,
+        images: dict | None = None,
     ):
         self.workdir = Path(workdir).resolve()
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.faults = Faults(faults)
-        self.timing: Dict[str, float] = dict(DEFAULT_TIMING)
+        self.timing: dict[str, float] = dict(DEFAULT_TIMING)
         self.timing.update(timing or {})
         self.nodes = int(nodes)
         self.server_version = str(server_version).lstrip("v")
         self.v = version_tuple(self.server_version)
         self.python = python
         self.context = "kube-emulator"
-        self.requests: List[Dict[str, Any]] = []
+        self.requests: list[dict[str, Any]] = []
         self.watches_expired = 0  # watches answered 410 Gone: their client fell behind the history
         self._req_lock = threading.Lock()
         self._stopping = threading.Event()
@@ -7604,19 +7597,19 @@ class Emulator:
         self.store = Store(self.api_now, int(self.timing["watch_history"]))
         self.reads = ReadPath(self)
         self.api = ApiServer(self)
-        self.logs: Dict[Tuple[str, str], List[ContainerLog]] = {}
+        self.logs: dict[tuple[str, str], list[ContainerLog]] = {}
         self.truth_record = TruthRecord(self.store)
         self.writes = WritePath(self.store, self.faults, self.api_now, self.v)
         self.events = EventRecorder(
             self.store, self.writes, self.api_now, self.api_skew, self.node_offset
         )
-        self.replaced_uids: Set[str] = set()
+        self.replaced_uids: set[str] = set()
         self.kubeconfig = self.workdir / "kubeconfig"
         self.truth_path = self.workdir / "truth.json"
         self.bindir = self.workdir / "bin"
         self.node_names = ["emu-node-%d" % (i + 1) for i in range(self.nodes)]
         self.images = ImageStore(images, self.node_names)  # each node's images (see ImageStore)
-        self.controllers: List[Controller] = [
+        self.controllers: list[Controller] = [
             JobController(self),
             Scheduler(self),
             GarbageCollector(self),
@@ -7631,7 +7624,7 @@ class Emulator:
     def url(self) -> str:
         return "http://127.0.0.1:%d" % self.api.port
 
-    def start(self) -> "Emulator":
+    def start(self) -> Emulator:
         if self._started:
             return self
         self._started = True
@@ -7650,14 +7643,14 @@ class Emulator:
             k.start()
         return self
 
-    def env(self, kubeconfig: Optional[Path] = None) -> Dict[str, str]:
+    def env(self, kubeconfig: Path | None = None) -> dict[str, str]:
         env = dict(os.environ)
         env["KUBECONFIG"] = str(kubeconfig or self.kubeconfig)
         env["HOME"] = str(self.workdir / "home")
         return env
 
     def add_user(
-        self, name: str, groups: Tuple[str, ...] = (), rules: Optional[List[dict]] = None
+        self, name: str, groups: tuple[str, ...] = (), rules: builtins.list[dict] | None = None
     ) -> Path:
         """A kubeconfig for a new user `name` (a bearer token of its own), context `self.context`;
         with `rules` (RBAC PolicyRules) the user may do only what they grant, else anything."""
@@ -7739,12 +7732,12 @@ class Emulator:
             self.api.listen_tls(context)
         return pki / "ca.crt"
 
-    def get(self, kind_plural: str, namespace: Optional[str], name: str) -> Optional[dict]:
+    def get(self, kind_plural: str, namespace: str | None, name: str) -> dict | None:
         info = self._info_for(kind_plural)
         obj = self.store.get(info.store, namespace if info.namespaced else None, name)
         return to_version(info, obj) if obj is not None else None
 
-    def list(self, kind_plural: str, namespace: Optional[str] = None) -> List[dict]:
+    def list(self, kind_plural: str, namespace: str | None = None) -> builtins.list[dict]:
         info = self._info_for(kind_plural)
         objs, _ = self.store.list(info.store, namespace if info.namespaced else None)
         return [to_version(info, o) for o in objs]
@@ -7765,7 +7758,7 @@ class Emulator:
         except OSError:
             pass
 
-    def __enter__(self) -> "Emulator":
+    def __enter__(self) -> Emulator:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:
@@ -7778,11 +7771,11 @@ class Emulator:
     def api_now(self) -> float:
         return time.time() + self.api_skew()
 
-    def node_offset(self, node: Optional[str]) -> float:
+    def node_offset(self, node: str | None) -> float:
         """How far this node's clock runs ahead of the API server's (node_clock_offset)."""
         return float((self.faults.value("node_clock_offset") or {}).get(node or "", 0))
 
-    def node_now(self, node: Optional[str], moment: Optional[float] = None) -> float:
+    def node_now(self, node: str | None, moment: float | None = None) -> float:
         """The node's clock now (or at `moment`): what its kubelet stamps and names events with."""
         return (
             (time.time() if moment is None else moment) + self.api_skew() + self.node_offset(node)
@@ -7798,7 +7791,7 @@ class Emulator:
             i = 0
         return "172.18.0.%d" % (i + 2)
 
-    def pods_watched(self, ns: str, labels: Dict[str, str]) -> bool:
+    def pods_watched(self, ns: str, labels: dict[str, str]) -> bool:
         """Has a client asked to watch pods with these labels (by its job-name label, or the label
         that names a batch of several Jobs: every term of its equality selector among them)?"""
         path = "/api/v1/namespaces/%s/pods" % ns
@@ -7957,7 +7950,7 @@ class Emulator:
 # --------------------------------------------------------------------------
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description="Run the Kubernetes API emulator until SIGINT/SIGTERM."
     )

@@ -23,7 +23,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 from urllib.parse import parse_qs, quote, urlsplit
 
 from control_plane import Api, ApiError, free_port
@@ -62,7 +62,7 @@ def now_micro() -> str:
 
 
 def condition(
-    ctype: str, status: str, reason: Optional[str] = None, message: Optional[str] = None
+    ctype: str, status: str, reason: str | None = None, message: str | None = None
 ) -> dict:
     # reason and message are always sent, null when absent: a strategic merge patch keeps a
     # field it is not told to delete, and a completed pod's Ready must not keep its old message.
@@ -83,16 +83,16 @@ def pod_path(namespace: str, name: str, sub: str = "") -> str:
 class ContainerRun:
     """One container of a pod: its process, its log runs, its status."""
 
-    def __init__(self, worker: "PodWorker", spec: dict):
+    def __init__(self, worker: PodWorker, spec: dict):
         self.worker = worker
         self.spec = spec
         self.name = spec["name"]
         repo, self.image = normalize_image(spec.get("image", ""))
         self.image_id = f"{repo}@sha256:{hex64(self.image)}"
-        self.process: Optional[subprocess.Popen] = None
+        self.process: subprocess.Popen | None = None
         self.lock = threading.Lock()
-        self.logs: List[ContainerLog] = []
-        self.started_at: Optional[str] = None
+        self.logs: list[ContainerLog] = []
+        self.started_at: str | None = None
         self.status: dict = {
             "name": self.name,
             "state": {"waiting": {"reason": "ContainerCreating"}},
@@ -117,7 +117,7 @@ class ContainerRun:
 class PodWorker(threading.Thread):
     """The kubelet's per-pod worker: sandbox, volumes, containers, status, termination."""
 
-    def __init__(self, agent: "NodeAgent", node: str, pod: dict):
+    def __init__(self, agent: NodeAgent, node: str, pod: dict):
         md = pod["metadata"]
         super().__init__(name=f"pod-{md['name']}", daemon=True)
         self.agent, self.api, self.node = agent, agent.api, node
@@ -131,8 +131,8 @@ class PodWorker(threading.Thread):
         self.deleting = threading.Event()
         self.grace = 30.0
         self.removed = False
-        self.evicted: Optional[str] = None
-        self.conditions: Dict[str, dict] = {}
+        self.evicted: str | None = None
+        self.conditions: dict[str, dict] = {}
         self.phase = "Pending"
         self.status_lock = threading.Lock()
         self.extra_status: dict = {}
@@ -164,7 +164,7 @@ class PodWorker(threading.Thread):
 
     # -- status ------------------------------------------------------------
     def set_condition(
-        self, ctype: str, status: str, reason: Optional[str] = None, message: Optional[str] = None
+        self, ctype: str, status: str, reason: str | None = None, message: str | None = None
     ) -> None:
         old = self.conditions.get(ctype)
         if (
@@ -223,7 +223,7 @@ class PodWorker(threading.Thread):
             except OSError:
                 pass  # the API server is away; the next update carries the whole status again
 
-    def event(self, etype: str, reason: str, message: str, container: Optional[str] = None) -> None:
+    def event(self, etype: str, reason: str, message: str, container: str | None = None) -> None:
         self.agent.record_event(
             self.pod,
             self.node,
@@ -251,7 +251,7 @@ class PodWorker(threading.Thread):
         self.post_status()
         # As a kubelet does, the volumes are mounted before the sandbox is asked for, so that the
         # first container's image check follows the sandbox at once.
-        volumes: Dict[str, Tuple[str, str]] = {}
+        volumes: dict[str, tuple[str, str]] = {}
         while True:
             try:
                 volumes = self._prepare_volumes()
@@ -362,8 +362,8 @@ class PodWorker(threading.Thread):
         self.agent.delete_for_good(self.ns, self.name, self.uid)
 
     # -- volumes -------------------------------------------------------------
-    def _prepare_volumes(self) -> Dict[str, Tuple[str, str]]:
-        out: Dict[str, Tuple[str, str]] = {}
+    def _prepare_volumes(self) -> dict[str, tuple[str, str]]:
+        out: dict[str, tuple[str, str]] = {}
         for v in (self.pod.get("spec") or {}).get("volumes") or []:
             name = v["name"]
             d = self.dir / "volumes" / name
@@ -451,7 +451,7 @@ class PodWorker(threading.Thread):
                 c.name,
             )
 
-    def _run_container(self, c: ContainerRun, volumes: Dict[str, Tuple[str, str]]) -> None:
+    def _run_container(self, c: ContainerRun, volumes: dict[str, tuple[str, str]]) -> None:
         spec = c.spec
         self.image_present(c)
         env, uid, gid, error = self._environment(spec)
@@ -570,7 +570,7 @@ class PodWorker(threading.Thread):
         if not self.removed:
             self.post_status()
 
-    def _environment(self, spec: dict) -> Tuple[Dict[str, str], int, int, Optional[str]]:
+    def _environment(self, spec: dict) -> tuple[dict[str, str], int, int, str | None]:
         pod_spec = self.pod.get("spec") or {}
         psc = pod_spec.get("securityContext") or {}
         csc = spec.get("securityContext") or {}
@@ -650,7 +650,7 @@ class PodWorker(threading.Thread):
 
 class _KubeletHandler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.0"
-    server: "_KubeletServer"
+    server: _KubeletServer
 
     def log_message(self, *args: Any) -> None:
         pass
@@ -678,7 +678,7 @@ class _KubeletHandler(http.server.BaseHTTPRequestHandler):
 
 class _KubeletServer(http.server.ThreadingHTTPServer):
     daemon_threads = True
-    agent: "NodeAgent"
+    agent: NodeAgent
 
 
 class NodeAgent:
@@ -704,21 +704,21 @@ class NodeAgent:
         self.node_ip = "127.0.0.1"
         self.bindir = self.workdir / "bin"
         self.stopping = threading.Event()
-        self.workers: Dict[str, PodWorker] = {}
-        self.finished: Dict[Tuple[str, str], PodWorker] = {}
+        self.workers: dict[str, PodWorker] = {}
+        self.finished: dict[tuple[str, str], PodWorker] = {}
         self.lock = threading.Lock()
-        self.threads: List[threading.Thread] = []
+        self.threads: list[threading.Thread] = []
         self._ip_counter = 0
         # What really happened to each pod (wall-clock times, first occurrence), for the tests to hold
         # figures against: seen (the agent took up the bound pod), sandbox_ready, container_started,
         # container_finished; and its node and exit code.
-        self.truth: Dict[Tuple[str, str], dict] = {}
+        self.truth: dict[tuple[str, str], dict] = {}
         self.truth_lock = threading.Lock()
         self.port = free_port()
-        self.server: Optional[_KubeletServer] = None
+        self.server: _KubeletServer | None = None
 
     # -- lifecycle ---------------------------------------------------------
-    def start(self) -> "NodeAgent":
+    def start(self) -> NodeAgent:
         for d in ("logs", "pods"):
             (self.workdir / d).mkdir(parents=True, exist_ok=True)
         self.bindir.mkdir(parents=True, exist_ok=True)
@@ -988,7 +988,7 @@ class NodeAgent:
             n = self._ip_counter
         return f"10.244.{n // 250}.{n % 250 + 2}"
 
-    def worker_for(self, namespace: str, name: str) -> Optional[PodWorker]:
+    def worker_for(self, namespace: str, name: str) -> PodWorker | None:
         with self.lock:
             for w in self.workers.values():
                 if w.ns == namespace and w.name == name:
@@ -1008,7 +1008,7 @@ class NodeAgent:
         worker.evict(message)
 
     def record_event(
-        self, pod: dict, node: str, etype: str, reason: str, message: str, field_path: Optional[str]
+        self, pod: dict, node: str, etype: str, reason: str, message: str, field_path: str | None
     ) -> None:
         """A core/v1 Event as the kubelet's recorder makes it: named <pod>.<hex UnixNano>."""
         md = pod["metadata"]
@@ -1065,7 +1065,7 @@ class NodeAgent:
         namespace: str,
         name: str,
         container: str,
-        query: Dict[str, str],
+        query: dict[str, str],
     ) -> None:
         worker = self.worker_for(namespace, name)
         run = next((c for c in worker.containers if c.name == container), None) if worker else None
