@@ -195,9 +195,9 @@ def check_lightweight(value: Any) -> None:
         or v < 0
         for k, v in value.items()
     ):
+        phases = ", ".join(LIGHTWEIGHT_TIMING)
         raise ValueError(
-            "fault lightweight_kubelet takes true or {%s: seconds}, not %r"
-            % (", ".join(LIGHTWEIGHT_TIMING), value)
+            f"fault lightweight_kubelet takes true or {{{phases}: seconds}}, not {value!r}"
         )
 
 
@@ -233,7 +233,7 @@ def fmt_micro(t: float) -> str:
     micros = int(round((t - whole) * 1e6))
     if micros >= 1000000:
         whole, micros = whole + 1, micros - 1000000
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)) + ".%06dZ" % micros
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)) + f".{micros:06d}Z"
 
 
 def parse_time(s: str | None) -> float | None:
@@ -261,28 +261,28 @@ def human_duration(d: float) -> str:
         return "0s"
     seconds = int(d)
     if seconds < 60 * 2:
-        return "%ds" % seconds
+        return f"{seconds}s"
     minutes = seconds // 60
     if minutes < 10:
         s = seconds % 60
-        return "%dm" % minutes if s == 0 else "%dm%ds" % (minutes, s)
+        return f"{minutes}m" if s == 0 else f"{minutes}m{s}s"
     if minutes < 60 * 3:
-        return "%dm" % minutes
+        return f"{minutes}m"
     hours = seconds // 3600
     if hours < 8:
         m = minutes % 60
-        return "%dh" % hours if m == 0 else "%dh%dm" % (hours, m)
+        return f"{hours}h" if m == 0 else f"{hours}h{m}m"
     if hours < 48:
-        return "%dh" % hours
+        return f"{hours}h"
     if hours < 24 * 8:
         h = hours % 24
-        return "%dd" % (hours // 24) if h == 0 else "%dd%dh" % (hours // 24, h)
+        return f"{hours // 24}d" if h == 0 else f"{hours // 24}d{h}h"
     if hours < 24 * 365 * 2:
-        return "%dd" % (hours // 24)
+        return f"{hours // 24}d"
     if hours < 24 * 365 * 8:
         dy = (hours // 24) % 365
-        return "%dy" % (hours // 24 // 365) if dy == 0 else "%dy%dd" % (hours // 24 // 365, dy)
-    return "%dy" % (hours // 24 // 365)
+        return f"{hours // 24 // 365}y" if dy == 0 else f"{hours // 24 // 365}y{dy}d"
+    return f"{hours // 24 // 365}y"
 
 
 _QUANTITY_SUFFIX = {
@@ -341,7 +341,7 @@ def normalize_image(image: str) -> tuple[str, str]:
         repo = "docker.io/" + name
     else:
         repo = name
-    return repo, "%s:%s" % (repo, tag)
+    return repo, f"{repo}:{tag}"
 
 
 def get_path(obj: Any, dotted: str) -> Any:
@@ -445,21 +445,21 @@ class ApiError(Exception):
 
 
 def qualified(info: ResourceInfo) -> str:
-    return info.plural if not info.group else "%s.%s" % (info.plural, info.group)
+    return info.plural if not info.group else f"{info.plural}.{info.group}"
 
 
 def err_not_found(info: ResourceInfo, name: str) -> ApiError:
     d = {"name": name, "kind": info.plural}
     if info.group:
         d = {"name": name, "group": info.group, "kind": info.plural}
-    return ApiError(404, "NotFound", '%s "%s" not found' % (qualified(info), name), d)
+    return ApiError(404, "NotFound", f'{qualified(info)} "{name}" not found', d)
 
 
 def err_already_exists(info: ResourceInfo, name: str) -> ApiError:
     d = {"name": name, "kind": info.plural}
     if info.group:
         d = {"name": name, "group": info.group, "kind": info.plural}
-    return ApiError(409, "AlreadyExists", '%s "%s" already exists' % (qualified(info), name), d)
+    return ApiError(409, "AlreadyExists", f'{qualified(info)} "{name}" already exists', d)
 
 
 def err_conflict(info: ResourceInfo, name: str) -> ApiError:
@@ -469,8 +469,8 @@ def err_conflict(info: ResourceInfo, name: str) -> ApiError:
     return ApiError(
         409,
         "Conflict",
-        'Operation cannot be fulfilled on %s "%s": the object has been modified; '
-        "please apply your changes to the latest version and try again" % (qualified(info), name),
+        f'Operation cannot be fulfilled on {qualified(info)} "{name}": the object has been '
+        "modified; please apply your changes to the latest version and try again",
         d,
     )
 
@@ -481,12 +481,12 @@ def err_bad_request(message: str) -> ApiError:
 
 def err_invalid(info: ResourceInfo, name: str, causes: list[tuple[str, str, str]]) -> ApiError:
     """causes: (field, reason, message-fragment)."""
-    kind = info.kind if not info.group else "%s.%s" % (info.kind, info.group)
-    parts = ["%s: %s" % (f, m) for f, _, m in causes]
+    kind = info.kind if not info.group else f"{info.kind}.{info.group}"
+    parts = [f"{f}: {m}" for f, _, m in causes]
     if len(parts) == 1:
-        msg = '%s "%s" is invalid: %s' % (kind, name, parts[0])
+        msg = f'{kind} "{name}" is invalid: {parts[0]}'
     else:
-        msg = '%s "%s" is invalid: [%s]' % (kind, name, ", ".join(parts))
+        msg = f'{kind} "{name}" is invalid: [{", ".join(parts)}]'
     d: dict[str, Any] = {
         "name": name,
         "kind": info.kind,
@@ -498,13 +498,13 @@ def err_invalid(info: ResourceInfo, name: str, causes: list[tuple[str, str, str]
 
 
 def err_forbidden(info: ResourceInfo, name: str, why: str, causes: list | None = None) -> ApiError:
-    label = '%s "%s"' % (qualified(info), name) if name else qualified(info)
+    label = f'{qualified(info)} "{name}"' if name else qualified(info)
     d: dict[str, Any] = {"name": name, "kind": info.plural}
     if info.group:
         d["group"] = info.group
     if causes:
         d["causes"] = causes
-    return ApiError(403, "Forbidden", "%s is forbidden: %s" % (label, why), d)
+    return ApiError(403, "Forbidden", f"{label} is forbidden: {why}", d)
 
 
 # --------------------------------------------------------------------------
@@ -532,7 +532,7 @@ def _join_quote(items: list[str]) -> str:
 
 
 def _containers_noun(names: list[str]) -> str:
-    return "%s %s" % ("container" if len(names) == 1 else "containers", _join_quote(names))
+    return f"{'container' if len(names) == 1 else 'containers'} {_join_quote(names)}"
 
 
 def _pod_containers(spec: dict) -> list[dict]:
@@ -579,7 +579,7 @@ def _psa_must_set(
     if bad_setters:
         return reason, bad_text(bad_setters, sorted(set(bad_values)))
     if implicit:
-        return reason, "pod or %s must set %s" % (_containers_noun(implicit), set_text)
+        return reason, f"pod or {_containers_noun(implicit)} must set {set_text}"
     return None
 
 
@@ -594,7 +594,7 @@ def _psa_allow_privilege_escalation(spec: dict) -> tuple[str, str] | None:
         return None
     return (
         "allowPrivilegeEscalation != false",
-        "%s must set securityContext.allowPrivilegeEscalation=false" % _containers_noun(bad),
+        f"{_containers_noun(bad)} must set securityContext.allowPrivilegeEscalation=false",
     )
 
 
@@ -615,12 +615,12 @@ def _psa_capabilities(spec: dict) -> tuple[str, str] | None:
     details = []
     if missing_drop:
         details.append(
-            '%s must set securityContext.capabilities.drop=["ALL"]' % _containers_noun(missing_drop)
+            f'{_containers_noun(missing_drop)} must set securityContext.capabilities.drop=["ALL"]'
         )
     if adding:
         details.append(
-            "%s must not include %s in securityContext.capabilities.add"
-            % (_containers_noun(adding), _join_quote(sorted(forbidden)))
+            f"{_containers_noun(adding)} must not include {_join_quote(sorted(forbidden))} in "
+            "securityContext.capabilities.add"
         )
     return ("unrestricted capabilities", "; ".join(details)) if details else None
 
@@ -638,7 +638,7 @@ def _psa_host_path_volumes(spec: dict) -> tuple[str, str] | None:
         return None
     return (
         "hostPath volumes",
-        "%s %s" % ("volume" if len(hp) == 1 else "volumes", _join_quote(hp)),
+        f"{'volume' if len(hp) == 1 else 'volumes'} {_join_quote(hp)}",
     )
 
 
@@ -653,7 +653,7 @@ def _psa_privileged(spec: dict) -> tuple[str, str] | None:
         return None
     return (
         "privileged",
-        "%s must not set securityContext.privileged=true" % _containers_noun(privileged),
+        f"{_containers_noun(privileged)} must not set securityContext.privileged=true",
     )
 
 
@@ -666,10 +666,8 @@ def _psa_restricted_volumes(spec: dict) -> tuple[str, str] | None:
     )
     if not bad_volumes:
         return None
-    return (
-        "restricted volume types",
-        "volumes [%s] have restricted types" % " ".join('"%s"' % n for n in bad_volumes),
-    )
+    quoted = " ".join(f'"{n}"' for n in bad_volumes)
+    return "restricted volume types", f"volumes [{quoted}] have restricted types"
 
 
 def _psa_run_as_non_root(spec: dict) -> tuple[str, str] | None:
@@ -682,7 +680,7 @@ def _psa_run_as_non_root(spec: dict) -> tuple[str, str] | None:
         True,
         "securityContext.runAsNonRoot=true",
         lambda setters, _: (
-            "%s must not set securityContext.runAsNonRoot=false" % " and ".join(setters)
+            f"{' and '.join(setters)} must not set securityContext.runAsNonRoot=false"
         ),
     )
 
@@ -697,9 +695,7 @@ def _psa_run_as_user(spec: dict) -> tuple[str, str] | None:
     ]
     if zero:
         setters.append(_containers_noun(zero))
-    return (
-        ("runAsUser=0", "%s must not set runAsUser=0" % " and ".join(setters)) if setters else None
-    )
+    return ("runAsUser=0", f"{' and '.join(setters)} must not set runAsUser=0") if setters else None
 
 
 def _psa_seccomp_restricted(spec: dict) -> tuple[str, str] | None:
@@ -712,8 +708,8 @@ def _psa_seccomp_restricted(spec: dict) -> tuple[str, str] | None:
         True,
         'securityContext.seccompProfile.type to "RuntimeDefault" or "Localhost"',
         lambda setters, values: (
-            "%s must not set securityContext.seccompProfile.type to %s"
-            % (" and ".join(setters), _join_quote(values))
+            f"{' and '.join(setters)} must not set securityContext.seccompProfile.type to "
+            f"{_join_quote(values)}"
         ),
     )
 
@@ -736,7 +732,7 @@ def _psa_seccomp_baseline(spec: dict) -> tuple[str, str] | None:
     )
     return (
         "seccompProfile",
-        '%s must not set securityContext.seccompProfile.type to "Unconfined"' % " and ".join(who),
+        f'{" and ".join(who)} must not set securityContext.seccompProfile.type to "Unconfined"',
     )
 
 
@@ -772,7 +768,7 @@ def pod_security_policy(ns_labels: dict[str, str] | None, mode: str) -> str | No
     level = labels.get(PSA_LABEL + mode)
     if level not in ("baseline", "restricted"):
         return None
-    return "%s:%s" % (level, labels.get(PSA_LABEL + mode + "-version") or "latest")
+    return f"{level}:{labels.get(PSA_LABEL + mode + '-version') or 'latest'}"
 
 
 def pod_security_message(policy: str, spec: dict) -> str | None:
@@ -780,10 +776,8 @@ def pod_security_message(policy: str, spec: dict) -> str | None:
     violations = pod_security_violations(spec, policy.split(":", 1)[0])
     if not violations:
         return None
-    return 'violates PodSecurity "%s": %s' % (
-        policy,
-        ", ".join("%s (%s)" % (r, d) if d else r for r, d in violations),
-    )
+    listing = ", ".join(f"{rule} ({detail})" if detail else rule for rule, detail in violations)
+    return f'violates PodSecurity "{policy}": {listing}'
 
 
 # --------------------------------------------------------------------------
@@ -818,11 +812,11 @@ class ResourceInfo:
 
     @property
     def api_version(self) -> str:
-        return self.version if not self.group else "%s/%s" % (self.group, self.version)
+        return self.version if not self.group else f"{self.group}/{self.version}"
 
     @property
     def gv_path(self) -> str:
-        return "api/v1" if not self.group else "apis/%s/%s" % (self.group, self.version)
+        return "api/v1" if not self.group else f"apis/{self.group}/{self.version}"
 
     @property
     def singular(self) -> str:
@@ -1104,12 +1098,12 @@ def unknown_fields(kind: str, obj: dict) -> list[str]:
         if isinstance(schema, list):
             if isinstance(value, list):
                 for i, item in enumerate(value):
-                    walk(item, schema[0], "%s[%d]" % (path, i))
+                    walk(item, schema[0], f"{path}[{i}]")
             return
         if not isinstance(value, dict):
             return
         for k, v in value.items():
-            p = k if not path else "%s.%s" % (path, k)
+            p = k if not path else f"{path}.{k}"
             if k not in schema:
                 out.append(p)
             else:
@@ -1209,9 +1203,7 @@ class FieldSelector:
                 k, v = part.split("=", 1)
                 self.reqs.append((k.strip(), "=", v.strip()))
             else:
-                raise err_bad_request(
-                    "invalid selector: '%s'; can't understand '%s'" % (text, part)
-                )
+                raise err_bad_request(f"invalid selector: '{text}'; can't understand '{part}'")
 
     def matches(self, obj: dict) -> bool:
         for key, op, val in self.reqs:
@@ -1517,11 +1509,11 @@ def _age(obj: dict, now: float) -> str:
 def format_label_selector(sel: dict | None) -> str:
     if not sel:
         return "<none>"
-    parts = ["%s=%s" % (k, v) for k, v in sorted((sel.get("matchLabels") or {}).items())]
+    parts = [f"{k}={v}" for k, v in sorted((sel.get("matchLabels") or {}).items())]
     for e in sel.get("matchExpressions") or []:
         op = e["operator"]
         if op in ("In", "NotIn"):
-            parts.append("%s %s (%s)" % (e["key"], op.lower(), ",".join(e.get("values") or [])))
+            parts.append(f"{e['key']} {op.lower()} ({','.join(e.get('values') or [])})")
         elif op == "Exists":
             parts.append(e["key"])
         else:
@@ -1554,9 +1546,7 @@ def pod_row(pod: dict, now: float) -> list[Any]:
         elif st.get("terminated"):
             t = st["terminated"]
             reason = (
-                "Signal:%d" % t["signal"]
-                if t.get("signal")
-                else "ExitCode:%d" % t.get("exitCode", 0)
+                f"Signal:{t['signal']}" if t.get("signal") else f"ExitCode:{t.get('exitCode', 0)}"
             )
         elif cs.get("ready") and st.get("running"):
             has_running = True
@@ -1567,11 +1557,11 @@ def pod_row(pod: dict, now: float) -> list[Any]:
         reason = "Terminating"
     rs = str(restarts)
     if restarts and last_restart:
-        rs = "%d (%s ago)" % (restarts, human_duration(now - last_restart))
+        rs = f"{restarts} ({human_duration(now - last_restart)} ago)"
     ip = status.get("podIP") or "<none>"
     return [
         pod["metadata"]["name"],
-        "%d/%d" % (ready, total),
+        f"{ready}/{total}",
         reason,
         rs,
         _age(pod, now),
@@ -1586,11 +1576,11 @@ def job_row(job: dict, now: float) -> list[Any]:
     spec, status = job.get("spec") or {}, job.get("status") or {}
     succeeded = status.get("succeeded", 0)
     if spec.get("completions") is not None:
-        completions = "%d/%d" % (succeeded, spec["completions"])
+        completions = f"{succeeded}/{spec['completions']}"
     elif (spec.get("parallelism") or 0) > 1:
-        completions = "%d/1 of %d" % (succeeded, spec["parallelism"])
+        completions = f"{succeeded}/1 of {spec['parallelism']}"
     else:
-        completions = "%d/1" % succeeded
+        completions = f"{succeeded}/1"
     st, ct = parse_time(status.get("startTime")), parse_time(status.get("completionTime"))
     dur = "" if st is None else human_duration((ct if ct is not None else now) - st)
     conds = status.get("conditions")
@@ -1637,14 +1627,14 @@ def event_row(ev: dict, now: float) -> list[Any]:
         count = 1
     io = ev.get("involvedObject") or {}
     target = (
-        "%s/%s" % (io.get("kind", "").lower(), io["name"])
+        f"{io.get('kind', '').lower()}/{io['name']}"
         if io.get("name")
         else io.get("kind", "").lower()
     )
     src = ev.get("source") or {}
     comp = src.get("component") or ev.get("reportingComponent") or ""
     host = src.get("host") or ev.get("reportingInstance") or ""
-    source = "%s, %s" % (comp, host) if host and src.get("component") else comp
+    source = f"{comp}, {host}" if host and src.get("component") else comp
     return [
         last_s,
         ev.get("type", ""),
@@ -1810,7 +1800,7 @@ def _pb_field(num: int, payload: bytes) -> bytes:
 
 def openapi_v2_protobuf(version: str) -> bytes:
     """A minimal gnostic openapi_v2.Document: swagger, info, empty paths/definitions."""
-    info = _pb_field(1, b"Kubernetes") + _pb_field(2, ("v%s.0" % version).encode())
+    info = _pb_field(1, b"Kubernetes") + _pb_field(2, (f"v{version}.0").encode())
     return _pb_field(1, b"2.0") + _pb_field(2, info) + _pb_field(8, b"") + _pb_field(9, b"")
 
 
@@ -1845,9 +1835,9 @@ def openapi_v3_doc(group: str, version: str, server_version: str) -> dict:
         prefix = "/" + r.gv_path
         gvk = {"group": r.group, "version": r.version, "kind": r.kind}
         if r.namespaced:
-            coll = "%s/namespaces/{namespace}/%s" % (prefix, r.plural)
+            coll = f"{prefix}/namespaces/{{namespace}}/{r.plural}"
         else:
-            coll = "%s/%s" % (prefix, r.plural)
+            coll = f"{prefix}/{r.plural}"
         item = coll + "/{name}"
 
         def op(
@@ -1855,7 +1845,7 @@ def openapi_v3_doc(group: str, version: str, server_version: str) -> dict:
         ) -> dict:  # called in this turn only
             return {
                 "description": desc,
-                "operationId": "%s%s" % (action, r.kind),  # noqa: B023
+                "operationId": f"{action}{r.kind}",  # noqa: B023
                 "tags": [r.gv_path.replace("/", "_")],  # noqa: B023
                 "parameters": list(params) + list(extra or []),
                 "responses": {"200": {"description": "OK"}, "401": {"description": "Unauthorized"}},
@@ -1864,15 +1854,15 @@ def openapi_v3_doc(group: str, version: str, server_version: str) -> dict:
             }
 
         paths[coll] = {
-            "get": op("list", "list or watch objects of kind %s" % r.kind),
-            "post": op("post", "create a %s" % r.kind),
+            "get": op("list", f"list or watch objects of kind {r.kind}"),
+            "post": op("post", f"create a {r.kind}"),
         }
         paths[item] = {
-            "get": op("get", "read the specified %s" % r.kind),
-            "put": op("put", "replace the specified %s" % r.kind),
+            "get": op("get", f"read the specified {r.kind}"),
+            "put": op("put", f"replace the specified {r.kind}"),
             "patch": op(
                 "patch",
-                "partially update the specified %s" % r.kind,
+                f"partially update the specified {r.kind}",
                 [
                     {
                         "name": "force",
@@ -1881,11 +1871,11 @@ def openapi_v3_doc(group: str, version: str, server_version: str) -> dict:
                     }
                 ],
             ),
-            "delete": op("delete", "delete a %s" % r.kind),
+            "delete": op("delete", f"delete a {r.kind}"),
         }
     return {
         "openapi": "3.0.0",
-        "info": {"title": "Kubernetes", "version": "v%s.0" % server_version},
+        "info": {"title": "Kubernetes", "version": f"v{server_version}.0"},
         "paths": paths,
         "components": {"schemas": {}},
     }
@@ -2194,10 +2184,8 @@ def check_faults(faults: dict) -> None:
     """Reject a fault the emulator does not know, and a read-path fault that is not seconds or {store: seconds}."""
     unknown = sorted(set(faults) - set(FAULTS) - set(READ_PATH_FAULTS))
     if unknown:
-        raise ValueError(
-            "unknown fault(s) %s; the emulator knows %s"
-            % (", ".join(unknown), ", ".join(sorted(set(FAULTS) | set(READ_PATH_FAULTS))))
-        )
+        known = ", ".join(sorted(set(FAULTS) | set(READ_PATH_FAULTS)))
+        raise ValueError(f"unknown fault(s) {', '.join(unknown)}; the emulator knows {known}")
     offsets = faults.get("node_clock_offset")
     if offsets is not None and (
         not isinstance(offsets, dict)
@@ -2205,7 +2193,7 @@ def check_faults(faults: dict) -> None:
             isinstance(a, (int, float)) and not isinstance(a, bool) for a in offsets.values()
         )
     ):
-        raise ValueError("fault node_clock_offset takes {node: seconds}, not %r" % (offsets,))
+        raise ValueError(f"fault node_clock_offset takes {{node: seconds}}, not {offsets!r}")
     for name in READ_PATH_FAULTS:
         value = faults.get(name)
         if value is None:
@@ -2214,9 +2202,7 @@ def check_faults(faults: dict) -> None:
         if not all(
             isinstance(a, (int, float)) and not isinstance(a, bool) and a >= 0 for a in amounts
         ):
-            raise ValueError(
-                "fault %s takes seconds or {resource: seconds}, not %r" % (name, value)
-            )
+            raise ValueError(f"fault {name} takes seconds or {{resource: seconds}}, not {value!r}")
 
 
 class Faults:
@@ -2326,7 +2312,7 @@ def too_large_resource_version(wanted: int, current: int, retry_after: float) ->
     return ApiError(
         504,
         "Timeout",
-        "Timeout: Too large resource version: %d, current: %d" % (wanted, current),
+        f"Timeout: Too large resource version: {wanted}, current: {current}",
         {
             "causes": [
                 {"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}
@@ -2440,7 +2426,7 @@ class ReadPath:
                 (
                     "resourceVersionMatch",
                     "FieldValueNotSupported",
-                    'Unsupported value: "%s": supported values: "Exact", "NotOlderThan"' % match,
+                    f'Unsupported value: "{match}": supported values: "Exact", "NotOlderThan"',
                 )
             )
         if causes:
@@ -2456,7 +2442,7 @@ class ReadPath:
         try:
             wanted = int(rv)
         except ValueError:
-            raise err_bad_request('invalid resource version "%s"' % rv) from None
+            raise err_bad_request(f'invalid resource version "{rv}"') from None
         deadline = time.time() + self.timing("fresh_block")
         while True:
             reached = self.cache_rv(info.store)
@@ -2577,7 +2563,7 @@ class WatchView:
             try:
                 cursor = int(rv_param)
             except ValueError:
-                raise err_bad_request('invalid resource version "%s"' % rv_param) from None
+                raise err_bad_request(f'invalid resource version "{rv_param}"') from None
             if cursor < store.compacted_rv:
                 return [], cursor, True
             objs, _ = store.list(self.info.store, self.ns_filter)
@@ -2782,11 +2768,9 @@ class RequestAttributes:
     def forbidden(self, user: str) -> ApiError:
         """403 worded as the API server's (responsewriters.forbiddenMessage)."""
         qualified_resource = self.resource + ("." + self.group if self.group else "")
-        label = '%s "%s"' % (qualified_resource, self.name) if self.name else qualified_resource
+        label = f'{qualified_resource} "{self.name}"' if self.name else qualified_resource
         resource = self.resource + ("/" + self.subresource if self.subresource else "")
-        scope = (
-            'in the namespace "%s"' % self.namespace if self.namespace else "at the cluster scope"
-        )
+        scope = f'in the namespace "{self.namespace}"' if self.namespace else "at the cluster scope"
         details: dict[str, Any] = {"kind": self.resource}
         if self.name:
             details["name"] = self.name
@@ -2795,8 +2779,8 @@ class RequestAttributes:
         return ApiError(
             403,
             "Forbidden",
-            '%s is forbidden: User "%s" cannot %s resource "%s" in API group "%s" %s'
-            % (label, user, self.verb, resource, self.group, scope),
+            f'{label} is forbidden: User "{user}" cannot {self.verb} resource "{resource}" in API '
+            f'group "{self.group}" {scope}',
             details,
         )
 
@@ -2880,21 +2864,22 @@ class RequestFaults:
             time.sleep(latency)
         for resource in faults.value("forbidden") or ():
             # RBAC without a grant for this resource (core group, cluster scope), as the real message reads.
-            found = re.search(r"^/api/v1/%s(?:/([^/]+))?$" % re.escape(resource), path)
+            found = re.search(rf"^/api/v1/{re.escape(resource)}(?:/([^/]+))?$", path)
             if found:
                 verb = {"GET": "watch" if is_watch else ("get" if found.group(1) else "list")}.get(
                     h.command, h.command.lower()
                 )
-                named = resource if not found.group(1) else '%s "%s"' % (resource, found.group(1))
+                named = resource if not found.group(1) else f'{resource} "{found.group(1)}"'
                 message = (
-                    '%s is forbidden: User "%s" cannot %s resource "%s" in API group "" at the '
-                    "cluster scope" % (named, user, verb, resource)
+                    f'{named} is forbidden: User "{user}" cannot {verb} resource "{resource}" '
+                    'in API group "" at the cluster scope'
                 )
                 return send_json(
                     h, 403, ApiError(403, "Forbidden", message, {"kind": resource}).status()
                 )
         code = faults.take_request_error(
-            path + ("?" + "&".join("%s=%s" % kv for kv in query.items()) if query else "")
+            path
+            + ("?" + "&".join(f"{key}={value}" for key, value in query.items()) if query else "")
         )
         if code is not None:
             reason, msg = INJECTED_ERRORS.get(
@@ -2929,7 +2914,7 @@ class Discovery:
                     "kind": "APIVersions",
                     "versions": ["v1"],
                     "serverAddressByClientCIDRs": [
-                        {"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1:%d" % self.api.port}
+                        {"clientCIDR": "0.0.0.0/0", "serverAddress": f"127.0.0.1:{self.api.port}"}
                     ],
                 },
             )
@@ -2965,8 +2950,8 @@ class Discovery:
             "emulationMinor": str(minor),
             "minCompatibilityMajor": str(major),
             "minCompatibilityMinor": str(minor - 1),
-            "gitVersion": "v%d.%d.0" % (major, minor),
-            "gitCommit": hex64("v%d.%d.0" % (major, minor))[:40],
+            "gitVersion": f"v{major}.{minor}.0",
+            "gitCommit": hex64(f"v{major}.{minor}.0")[:40],
             "gitTreeState": "clean",
             "buildDate": "2025-04-23T13:00:00Z",
             "goVersion": "go1.24.2",
@@ -2985,9 +2970,7 @@ class Discovery:
     @staticmethod
     def api_group(group: str) -> dict:
         versions = [
-            {"groupVersion": "%s/%s" % (group, v), "version": v}
-            for g, v in GROUP_VERSIONS
-            if g == group
+            {"groupVersion": f"{group}/{v}", "version": v} for g, v in GROUP_VERSIONS if g == group
         ]
         return {"name": group, "versions": versions, "preferredVersion": versions[0]}
 
@@ -3015,14 +2998,14 @@ class Discovery:
             for sub, verbs in r.subresources.items():
                 res.append(
                     {
-                        "name": "%s/%s" % (r.plural, sub),
+                        "name": f"{r.plural}/{sub}",
                         "singularName": "",
                         "namespaced": r.namespaced,
                         "kind": r.kind if sub != "log" else "Pod",
                         "verbs": verbs,
                     }
                 )
-        gv = version if not group else "%s/%s" % (group, version)
+        gv = version if not group else f"{group}/{version}"
         return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": res}
 
     def openapi(self, h: _Handler, path: str, query: dict[str, str]) -> int:
@@ -3041,7 +3024,7 @@ class Discovery:
                 200,
                 {
                     "swagger": "2.0",
-                    "info": {"title": "Kubernetes", "version": "v%s.0" % server_version},
+                    "info": {"title": "Kubernetes", "version": f"v{server_version}.0"},
                     "paths": {},
                     "definitions": {},
                 },
@@ -3049,20 +3032,18 @@ class Discovery:
         if path == "/openapi/v3":
             paths = {}
             for g, v in GROUP_VERSIONS:
-                gvp = "api/v1" if not g else "apis/%s/%s" % (g, v)
+                gvp = "api/v1" if not g else f"apis/{g}/{v}"
                 doc = json.dumps(openapi_v3_doc(g, v, server_version), sort_keys=True).encode()
-                paths[gvp] = {
-                    "serverRelativeURL": "/openapi/v3/%s?hash=%s"
-                    % (gvp, hashlib.sha512(doc).hexdigest().upper()[:128])
-                }
+                digest = hashlib.sha512(doc).hexdigest().upper()[:128]
+                paths[gvp] = {"serverRelativeURL": f"/openapi/v3/{gvp}?hash={digest}"}
             return send_json(h, 200, {"paths": paths})
         rest = path[len("/openapi/v3/") :]
         for g, v in GROUP_VERSIONS:
-            gvp = "api/v1" if not g else "apis/%s/%s" % (g, v)
+            gvp = "api/v1" if not g else f"apis/{g}/{v}"
             if rest == gvp:
                 headers = {
                     "Cache-Control": "public, immutable",
-                    "Etag": '"%s"' % query.get("hash", ""),
+                    "Etag": f'"{query.get("hash", "")}"',
                 }
                 data = json.dumps(openapi_v3_doc(g, v, server_version), sort_keys=True).encode()
                 return send_bytes(h, 200, data, "application/json", headers)
@@ -3218,7 +3199,7 @@ class WatchServer:
                 err = ApiError(
                     410,
                     "Expired",
-                    "too old resource version: %s (%d)" % (rv_param, self.store.compacted_rv),
+                    f"too old resource version: {rv_param} ({self.store.compacted_rv})",
                 )
                 write_chunk(h, view.encode("ERROR", err.status()))
                 end_chunked(h)
@@ -3263,7 +3244,7 @@ class WatchServer:
                     err = ApiError(
                         410,
                         "Expired",
-                        "too old resource version: %d (%d)" % (cursor, store.compacted_rv),
+                        f"too old resource version: {cursor} ({store.compacted_rv})",
                     )
                     events = None
                     emu.watches_expired += 1
@@ -3329,7 +3310,7 @@ class LogServer:
                     continue
                 if timestamps:
                     ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(int(t + skew)))
-                    out += ("%s.%09dZ " % (ts, int(((t + skew) % 1) * 1e9))).encode()
+                    out += (f"{ts}.{int(((t + skew) % 1) * 1e9):09d}Z ").encode()
                 out += line
             return bytes(out)
 
@@ -3396,28 +3377,28 @@ class LogServer:
         if not cname:
             if len(containers) != 1:
                 raise err_bad_request(
-                    "a container name must be specified for pod %s, choose one of: [%s]"
-                    % (name, " ".join(containers))
+                    f"a container name must be specified for pod {name}, choose one of: "
+                    f"[{' '.join(containers)}]"
                 )
             cname = containers[0]
         if cname not in containers:
-            raise err_bad_request("container %s is not valid for pod %s" % (cname, name))
+            raise err_bad_request(f"container {cname} is not valid for pod {name}")
         node = pod["spec"].get("nodeName")
         if not node:
-            raise err_bad_request("pod %s does not have a host assigned" % name)
+            raise err_bad_request(f"pod {name} does not have a host assigned")
         idx = emu.truth_record.pod_index(pod["metadata"]["uid"])
         if emu.faults.applies("unreadable_logs", idx):
             host_ip = (pod.get("status") or {}).get("hostIP") or emu.node_ip(node)
             msg = (
-                'Get "https://%s:10250/containerLogs/%s/%s/%s": dial tcp %s:10250: connect: connection refused'
-                % (host_ip, ns, name, cname, host_ip)
+                f'Get "https://{host_ip}:10250/containerLogs/{ns}/{name}/{cname}": '
+                f"dial tcp {host_ip}:10250: connect: connection refused"
             )
             raise ApiError(500, "", msg)
         runs = emu.logs.get((pod["metadata"]["uid"], cname)) or []
         if is_true(query.get("previous")):
             if len(runs) < 2:
                 raise err_bad_request(
-                    'previous terminated container "%s" in pod "%s" not found' % (cname, name)
+                    f'previous terminated container "{cname}" in pod "{name}" not found'
                 )
             return runs[-2]
         if not runs:
@@ -3426,7 +3407,7 @@ class LogServer:
                 if cs.get("name") == cname and (cs.get("state") or {}).get("waiting"):
                     reason = cs["state"]["waiting"].get("reason") or reason
             raise err_bad_request(
-                'container "%s" in pod "%s" is waiting to start: %s' % (cname, name, reason)
+                f'container "{cname}" in pod "{name}" is waiting to start: {reason}'
             )
         return runs[-1]
 
@@ -3540,7 +3521,7 @@ class ApiServer:
         except Exception as e:  # pragma: no cover - surfaced as a 500 like a real server
             traceback.print_exc()
             code = send_json(
-                h, 500, ApiError(500, "InternalError", "Internal error occurred: %s" % e).status()
+                h, 500, ApiError(500, "InternalError", f"Internal error occurred: {e}").status()
             )
         entry["status"] = code
 
@@ -3623,11 +3604,8 @@ class ApiServer:
         writes = self.emu.writes
         if method == "POST":
             obj, warnings = writes.api_create(info, ns, self.decode_body(h, body), query)
-            headers = (
-                {"Warning": ", ".join('299 - "%s"' % w.replace('"', '\\"') for w in warnings)}
-                if warnings
-                else None
-            )
+            escaped = [w.replace('"', '\\"') for w in warnings]
+            headers = {"Warning": ", ".join(f'299 - "{w}"' for w in escaped)} if warnings else None
             return send_json(h, 201, self.render.single(info, obj, accept, query), headers)
         if method == "PUT":
             obj = writes.api_update(info, ns, name, sub, self.decode_body(h, body), query)
@@ -3636,7 +3614,7 @@ class ApiServer:
             try:
                 patch = json.loads(body or b"null")
             except ValueError as e:
-                raise err_bad_request("error decoding patch: %s" % e) from None
+                raise err_bad_request(f"error decoding patch: {e}") from None
             obj = writes.api_patch(info, ns, name, sub, ctype, patch, query)
         return send_json(h, 200, self.render.single(info, obj, accept, query))
 
@@ -3659,7 +3637,7 @@ class ApiServer:
         if sub == "log":
             return self.logs.serve(h, info, ns or "", name, query)
         if is_watch:  # deprecated watch on a single object
-            q = dict(query, fieldSelector="metadata.name=%s" % name)
+            q = dict(query, fieldSelector=f"metadata.name={name}")
             return self.watches.serve(h, info, ns, q, accept)
         obj = self.get_object(info, ns, name)
         return send_json(h, 200, self.render.single(info, obj, accept, query))
@@ -3718,7 +3696,7 @@ class ApiServer:
         try:
             obj = json.loads(body or b"{}")
         except ValueError as e:
-            raise err_bad_request("couldn't get version/kind; json parse error: %s" % e) from None
+            raise err_bad_request(f"couldn't get version/kind; json parse error: {e}") from None
         if not isinstance(obj, dict):
             raise err_bad_request(
                 "couldn't get version/kind; json parse error: json: cannot unmarshal "
@@ -4036,6 +4014,7 @@ class JobController(Controller):
 
     def _advance(self, key: tuple, js: JobSync) -> None:
         """An unfinished Job: finish it once its pods are gone, mark success or failure, or make pods."""
+        namespace, name = key
         spec, status, conds, job = js.spec, js.status, js.conds, js.job
         if not status.get("startTime") and not spec.get("suspend"):
             status["startTime"] = fmt_time(js.now)
@@ -4075,7 +4054,7 @@ class JobController(Controller):
                     conds,
                     condition("FailureTarget", "True", js.now, fail_reason, fail_msg, probe=True),
                 )
-                self.emu.truth_record.note("jobs", "%s/%s" % key, "failure_target")
+                self.emu.truth_record.note("jobs", f"{namespace}/{name}", "failure_target")
                 self.queue.add(key, 0.05)
             else:
                 self._finish(job, conds, "Failed", fail_reason, fail_msg, status)
@@ -4089,7 +4068,7 @@ class JobController(Controller):
                     "SuccessCriteriaMet", "True", js.now, "SuccessPolicy", policy_met, probe=True
                 ),
             )
-            self.emu.truth_record.note("jobs", "%s/%s" % key, "success_criteria_met")
+            self.emu.truth_record.note("jobs", f"{namespace}/{name}", "success_criteria_met")
             self.queue.add(key, 0.05)
         elif success:
             if new_ver:
@@ -4104,7 +4083,7 @@ class JobController(Controller):
                         probe=True,
                     ),
                 )
-                self.emu.truth_record.note("jobs", "%s/%s" % key, "success_criteria_met")
+                self.emu.truth_record.note("jobs", f"{namespace}/{name}", "success_criteria_met")
                 self.queue.add(key, 0.05)
             else:
                 self._finish(job, conds, "Complete", None, None, status)
@@ -4135,9 +4114,9 @@ class JobController(Controller):
                     continue
                 done = len(wanted & js.done_idx)
                 if done == len(wanted) or (count is not None and done >= count):
-                    return "Matched rules at index %d" % number
+                    return f"Matched rules at index {number}"
             elif count is not None and len(js.done_idx) >= count:
-                return "Matched rules at index %d" % number
+                return f"Matched rules at index {number}"
         return None
 
     @staticmethod
@@ -4241,7 +4220,7 @@ class JobController(Controller):
         emu = self.emu
         now = emu.api_now()
         set_condition(conds, condition(ctype, "True", now, reason, message, probe=True))
-        key = "%s/%s" % (job["metadata"]["namespace"], job["metadata"]["name"])
+        key = f"{job['metadata']['namespace']}/{job['metadata']['name']}"
         if ctype == "Complete":
             status["completionTime"] = fmt_time(now)
             emu.truth_record.note("jobs", key, "complete")
@@ -4263,7 +4242,7 @@ class JobController(Controller):
                     job,
                     "Normal",
                     "SuccessfulDelete",
-                    "Deleted pod: %s" % p["metadata"]["name"],
+                    f"Deleted pod: {p['metadata']['name']}",
                     "job-controller",
                 )
             except ApiError:
@@ -4352,7 +4331,7 @@ class JobController(Controller):
                     job,
                     "Warning",
                     "FailedCreate",
-                    "Error creating: %s" % e.message,
+                    f"Error creating: {e.message}",
                     "job-controller",
                 )
                 self.queue.add(key, delay)
@@ -4362,7 +4341,7 @@ class JobController(Controller):
                 job,
                 "Normal",
                 "SuccessfulCreate",
-                "Created pod: %s" % created["metadata"]["name"],
+                f"Created pod: {created['metadata']['name']}",
                 "job-controller",
             )
 
@@ -4372,7 +4351,7 @@ class JobController(Controller):
         tmd = tmpl.get("metadata") or {}
         name = job["metadata"]["name"]
         md: dict[str, Any] = {
-            "generateName": "%s-" % name if index is None else "%s-%d-" % (name, index),
+            "generateName": f"{name}-" if index is None else f"{name}-{index}-",
             "namespace": job["metadata"]["namespace"],
             "labels": dict(tmd.get("labels") or {}),
             "ownerReferences": [
@@ -4395,7 +4374,7 @@ class JobController(Controller):
                 index
             )
             md["labels"]["batch.kubernetes.io/job-completion-index"] = str(index)
-            spec.setdefault("hostname", "%s-%d" % (name, index))
+            spec.setdefault("hostname", f"{name}-{index}")
             for c in spec.get("containers") or []:
                 c.setdefault("env", []).append(
                     {
@@ -4415,6 +4394,7 @@ def match_pod_failure_policy(policy: dict | None, pod: dict) -> tuple[str | None
     """(FailJob message, count the failure?, action) of a failed pod, as matchPodFailurePolicy: the
     first rule that matches wins; exit code 0 never matches; no match counts the failure."""
     status = pod.get("status") or {}
+    pod_key = f"{pod['metadata'].get('namespace')}/{pod['metadata']['name']}"
     for number, rule in enumerate((policy or {}).get("rules") or []):
         action = rule.get("action")
         on_codes = rule.get("onExitCodes")
@@ -4430,15 +4410,8 @@ def match_pod_failure_policy(policy: dict | None, pod: dict) -> tuple[str | None
                 listed = code in (on_codes.get("values") or [])
                 if code != 0 and listed == (on_codes.get("operator") == "In"):
                     matched = (
-                        "Container %s for pod %s/%s failed with exit code %s matching %s rule at index %d"
-                        % (
-                            cs.get("name"),
-                            pod["metadata"].get("namespace"),
-                            pod["metadata"]["name"],
-                            code,
-                            action,
-                            number,
-                        )
+                        f"Container {cs.get('name')} for pod {pod_key} failed with exit code "
+                        f"{code} matching {action} rule at index {number}"
                     )
                     break
         else:
@@ -4448,12 +4421,9 @@ def match_pod_failure_policy(policy: dict | None, pod: dict) -> tuple[str | None
                     and cond.get("status") == pattern.get("status", "True")
                     for pattern in rule.get("onPodConditions") or []
                 ):
-                    matched = "Pod %s/%s has condition %s matching %s rule at index %d" % (
-                        pod["metadata"].get("namespace"),
-                        pod["metadata"]["name"],
-                        cond.get("type"),
-                        action,
-                        number,
+                    matched = (
+                        f"Pod {pod_key} has condition {cond.get('type')} matching {action} rule "
+                        f"at index {number}"
                     )
                     break
         if matched is not None:
@@ -4513,7 +4483,7 @@ def format_index_list(idx: list[int]) -> str:
         j = i
         while j + 1 < len(idx) and idx[j + 1] == idx[j] + 1:
             j += 1
-        parts.append(str(idx[i]) if i == j else "%d-%d" % (idx[i], idx[j]))
+        parts.append(str(idx[i]) if i == j else f"{idx[i]}-{idx[j]}")
         i = j + 1
     return ",".join(parts)
 
@@ -4593,10 +4563,10 @@ class Scheduler(Controller):
         # the binding, so the two are the same moment. Taken as the binding is written, before
         # the kubelet can hear of it: however loaded the machine, the node takes the pod up after.
         scheduled_at = bound_at[-1]
-        emu.truth_record.note("pods", "%s/%s" % (ns, name), "scheduled", scheduled_at)
-        emu.truth_record.note("pods", "%s/%s" % (ns, name), "node", node, raw=True)
+        emu.truth_record.note("pods", f"{ns}/{name}", "scheduled", scheduled_at)
+        emu.truth_record.note("pods", f"{ns}/{name}", "node", node, raw=True)
         emu.events.record_scheduled(
-            new, "Successfully assigned %s/%s to %s" % (ns, name, node), scheduled_at
+            new, f"Successfully assigned {ns}/{name} to {node}", scheduled_at
         )
 
 
@@ -4799,7 +4769,7 @@ class NamespaceController(Controller):
                 if store == "events":
                     self.store.remove("events", name, o["metadata"]["name"])
                     continue
-                label = "%s.%s" % (info.plural, info.group)
+                label = f"{info.plural}.{info.group}"
                 remaining[label] = remaining.get(label, 0) + 1
                 for f in o["metadata"].get("finalizers") or []:
                     finalizers[f] = finalizers.get(f, 0) + 1
@@ -4847,15 +4817,17 @@ def namespace_deletion_conditions(
         }
 
     def counted(
-        ctype: str, counts: dict[str, int], some: tuple[str, str, str], none: tuple[str, str]
+        ctype: str,
+        counts: dict[str, int],
+        some: tuple[str, str, Callable[[str, int], str]],
+        none: tuple[str, str],
     ) -> dict:
         """True with the counts per resource when there are any, else False."""
         if not counts:
             return ns_cond(ctype, "False", *none)
         reason, message, each = some
-        return ns_cond(
-            ctype, "True", reason, message + ", ".join(each % kv for kv in sorted(counts.items()))
-        )
+        listing = ", ".join(each(what, count) for what, count in sorted(counts.items()))
+        return ns_cond(ctype, "True", reason, message + listing)
 
     conds = [
         ns_cond(ctype, "False", reason, message)
@@ -4884,7 +4856,7 @@ def namespace_deletion_conditions(
             (
                 "SomeResourcesRemain",
                 "Some resources are remaining: ",
-                "%s has %d resource instances",
+                lambda what, count: f"{what} has {count} resource instances",
             ),
             ("ContentRemoved", "All content successfully removed"),
         )
@@ -4896,7 +4868,7 @@ def namespace_deletion_conditions(
             (
                 "SomeFinalizersRemain",
                 "Some content in the namespace has finalizers remaining: ",
-                "%s in %d resource instances",
+                lambda what, count: f"{what} in {count} resource instances",
             ),
             ("ContentHasNoFinalizers", "All content-preserving finalizers finished"),
         )
@@ -4924,14 +4896,14 @@ def go_duration(seconds: float) -> str:
     if ms <= 0:
         return "0s"
     if ms < 1000:
-        return "%dms" % ms
+        return f"{ms}ms"
     hours, rest = divmod(ms, 3600000)
     minutes, rest = divmod(rest, 60000)
     whole, frac = divmod(rest, 1000)
-    text = ("%d.%03d" % (whole, frac)).rstrip("0").rstrip(".") + "s"
+    text = (f"{whole}.{frac:03d}").rstrip("0").rstrip(".") + "s"
     if hours:
-        return "%dh%dm%s" % (hours, minutes, text)
-    return "%dm%s" % (minutes, text) if minutes else text
+        return f"{hours}h{minutes}m{text}"
+    return f"{minutes}m{text}" if minutes else text
 
 
 class ImageStore:
@@ -4964,7 +4936,7 @@ class ImageStore:
             "max_parallel_image_pulls",
         }
         if unknown:
-            raise ValueError("unknown images option(s): %s" % ", ".join(sorted(unknown)))
+            raise ValueError(f"unknown images option(s): {', '.join(sorted(unknown))}")
         self.registry = {
             normalize_image(ref)[1]: int(size)
             for ref, size in (config.get("registry") or {}).items()
@@ -5019,14 +4991,14 @@ class ContainerRunner(threading.Thread):
     """Runs one container of a pod (with fault injection) and keeps its status."""
 
     def __init__(self, worker: PodWorker, container: dict):
-        super().__init__(name="ctr-%s-%s" % (worker.name, container.get("name")), daemon=True)
+        super().__init__(name=f"ctr-{worker.name}-{container.get('name')}", daemon=True)
         self.w = worker
         self.emu = worker.emu
         self.c = container
         self.cname = container["name"]
         repo, full = normalize_image(container.get("image", ""))
         self.image_ref = full
-        self.image_id = "%s@sha256:%s" % (repo, hex64(full))
+        self.image_id = f"{repo}@sha256:{hex64(full)}"
         self.proc: subprocess.Popen | None = None
         self.proc_lock = threading.Lock()
         self.exit_codes: list[int] = []
@@ -5053,7 +5025,7 @@ class ContainerRunner(threading.Thread):
                 message,
                 "kubelet",
                 host=self.w.kl.node,
-                field_path="spec.containers{%s}" % self.cname,
+                field_path=f"spec.containers{{{self.cname}}}",
             )
 
     # -- main --------------------------------------------------------------
@@ -5070,22 +5042,22 @@ class ContainerRunner(threading.Thread):
         self.image_ready = True
         store, node = self.emu.images, self.w.kl.node
         if not store.enabled and self.c.get("imagePullPolicy", "IfNotPresent") == "Always":
-            self.event("Normal", "Pulling", 'Pulling image "%s"' % image)
+            self.event("Normal", "Pulling", f'Pulling image "{image}"')
             if self.w.sleep(0.05):
                 return False
             self.event(
                 "Normal",
                 "Pulled",
-                'Successfully pulled image "%s" in 52ms (52ms including waiting). '
-                "Image size: 19203584 bytes." % image,
+                f'Successfully pulled image "{image}" in 52ms (52ms including waiting). '
+                "Image size: 19203584 bytes.",
             )
         elif self.c.get("imagePullPolicy", "IfNotPresent") != "Always" and store.has(node, image):
             # The kubelet of 1.35 adds that the pod may use it (seen on kubelet v1.35.4).
+            accessible = " and can be accessed by the pod" if self.emu.v >= (1, 35) else ""
             self.event(
                 "Normal",
                 "Pulled",
-                'Container image "%s" already present on machine%s'
-                % (image, " and can be accessed by the pod" if self.emu.v >= (1, 35) else ""),
+                f'Container image "{image}" already present on machine{accessible}',
             )
         elif not store.exists(image) and not store.has(node, image):
             self.image_missing = (
@@ -5094,7 +5066,7 @@ class ContainerRunner(threading.Thread):
         else:
             # As the kubelet's image manager: the Pulling event, then the pull in the node's queue; its
             # Pulled message gives the pull's own time, then the time including the wait for its turn.
-            self.event("Normal", "Pulling", 'Pulling image "%s"' % image)
+            self.event("Normal", "Pulling", f'Pulling image "{image}"')
             asked = time.time()
             pulled = store.pull(node, image, self.w.pull_stopped)
             if pulled is None:
@@ -5103,9 +5075,9 @@ class ContainerRunner(threading.Thread):
             self.event(
                 "Normal",
                 "Pulled",
-                'Successfully pulled image "%s" in %s (%s including waiting). '
-                "Image size: %d bytes."
-                % (image, go_duration(seconds), go_duration(time.time() - asked), size),
+                f'Successfully pulled image "{image}" in {go_duration(seconds)} '
+                f"({go_duration(time.time() - asked)} including waiting). "
+                f"Image size: {size} bytes.",
             )
         return True
 
@@ -5127,7 +5099,7 @@ class ContainerRunner(threading.Thread):
             env, err = self._env()
         while err:
             self.set_state({"waiting": {"reason": "CreateContainerConfigError", "message": err}})
-            self.event("Warning", "Failed", "Error: %s" % err)
+            self.event("Warning", "Failed", f"Error: {err}")
             if w.sleep(1.0):
                 return
         attempts = 2 if emu.faults.applies("restart_container", idx) else 1
@@ -5182,7 +5154,7 @@ class ContainerRunner(threading.Thread):
         self.event(
             "Normal",
             "Started",
-            "Container started" if self.emu.v >= (1, 35) else "Started container %s" % self.cname,
+            "Container started" if self.emu.v >= (1, 35) else f"Started container {self.cname}",
         )
         if not self.started_once:
             self.emu.truth_record.note("pods", self.w.key, "container_started", true_start)
@@ -5192,18 +5164,17 @@ class ContainerRunner(threading.Thread):
     def _created(self, attempt: int) -> tuple[str, ContainerLog]:
         """The Created event of this run, its container ID and its new (registered) log."""
         emu, w = self.emu, self.w
-        cid = hex64("%s/%s/%d" % (w.uid, self.cname, attempt))
+        cid = hex64(f"{w.uid}/{self.cname}/{attempt}")
         self.event(
             "Normal",
             "Created",
             "Container created"
             if emu.v >= (1, 35)
-            else ("Created container: %s" if emu.v >= (1, 32) else "Created container %s")
-            % self.cname,
+            else f"Created container: {self.cname}"
+            if emu.v >= (1, 32)
+            else f"Created container {self.cname}",
         )
-        log = ContainerLog(
-            emu.workdir / "logs" / ("%s_%s_%s-%d.log" % (w.ns, w.name, self.cname, attempt))
-        )
+        log = ContainerLog(emu.workdir / "logs" / (f"{w.ns}_{w.name}_{self.cname}-{attempt}.log"))
         emu.logs.setdefault((w.uid, self.cname), []).append(log)
         return cid, log
 
@@ -5287,7 +5258,7 @@ class ContainerRunner(threading.Thread):
         """The status and event of a container whose process could not be started."""
         msg = (
             "failed to create containerd task: failed to create shim task: OCI runtime create failed: "
-            "runc create failed: unable to start container process: %s" % error
+            f"runc create failed: unable to start container process: {error}"
         )
         self.set_state(
             {
@@ -5303,7 +5274,7 @@ class ContainerRunner(threading.Thread):
             ready=False,
             started=False,
         )
-        self.event("Warning", "Failed", "Error: %s" % msg)
+        self.event("Warning", "Failed", f"Error: {msg}")
 
     def _set_running(self, start: float, attempt: int, cid: str) -> None:
         """The running state of this run, the previous run's end kept as the last state."""
@@ -5335,8 +5306,8 @@ class ContainerRunner(threading.Thread):
                 {
                     "waiting": {
                         "reason": "CrashLoopBackOff",
-                        "message": "back-off 10s restarting failed container=%s pod=%s_%s(%s)"
-                        % (self.cname, w.name, w.ns, w.uid),
+                        "message": f"back-off 10s restarting failed container={self.cname} "
+                        f"pod={w.name}_{w.ns}({w.uid})",
                     }
                 },
                 ready=False,
@@ -5447,23 +5418,23 @@ class ContainerRunner(threading.Thread):
     def _image_pull_backoff(self, image: str) -> None:
         repo_ref = self.image_ref
         err = (
-            'rpc error: code = NotFound desc = failed to pull and unpack image "%s": failed to resolve '
-            'reference "%s": %s: not found' % (repo_ref, repo_ref, repo_ref)
+            f'rpc error: code = NotFound desc = failed to pull and unpack image "{repo_ref}": '
+            f'failed to resolve reference "{repo_ref}": {repo_ref}: not found'
         )
         while not self.w.stop_requested():
-            self.event("Normal", "Pulling", 'Pulling image "%s"' % image)
-            self.event("Warning", "Failed", 'Failed to pull image "%s": %s' % (image, err))
+            self.event("Normal", "Pulling", f'Pulling image "{image}"')
+            self.event("Warning", "Failed", f'Failed to pull image "{image}": {err}')
             self.event("Warning", "Failed", "Error: ErrImagePull")
             self.set_state({"waiting": {"reason": "ErrImagePull", "message": err}})
             if self.w.sleep(self.emu.t("image_pull_backoff")):
                 return
-            self.event("Normal", "BackOff", 'Back-off pulling image "%s"' % image)
+            self.event("Normal", "BackOff", f'Back-off pulling image "{image}"')
             self.event("Warning", "Failed", "Error: ImagePullBackOff")
             self.set_state(
                 {
                     "waiting": {
                         "reason": "ImagePullBackOff",
-                        "message": 'Back-off pulling image "%s"' % image,
+                        "message": f'Back-off pulling image "{image}"',
                     }
                 }
             )
@@ -5477,18 +5448,18 @@ class ContainerRunner(threading.Thread):
         uid = csc.get("runAsUser", psc.get("runAsUser"))
         gid = csc.get("runAsGroup", psc.get("runAsGroup"))
         nonroot = csc.get("runAsNonRoot", psc.get("runAsNonRoot"))
-        fmt_pod = '"%s_%s(%s)"' % (self.w.name, self.w.ns, self.w.uid)
+        fmt_pod = f'"{self.w.name}_{self.w.ns}({self.w.uid})"'
         err = None
         if nonroot:
             if uid is None:
                 err = (
-                    "container has runAsNonRoot and image will run as root (pod: %s, container: %s)"
-                    % (fmt_pod, self.cname)
+                    "container has runAsNonRoot and image will run as root "
+                    f"(pod: {fmt_pod}, container: {self.cname})"
                 )
             elif uid == 0:
-                err = "container's runAsUser breaks non-root policy (pod: %s, container: %s)" % (
-                    fmt_pod,
-                    self.cname,
+                err = (
+                    "container's runAsUser breaks non-root policy "
+                    f"(pod: {fmt_pod}, container: {self.cname})"
                 )
         return int(uid or 0), int(gid if gid is not None else 0), err
 
@@ -5523,7 +5494,7 @@ class ContainerRunner(threading.Thread):
             if vf.get("fieldRef"):
                 val = resolve_field_ref(pod, vf["fieldRef"].get("fieldPath", ""))
                 if val is None:
-                    return env, "unsupported fieldPath: %s" % vf["fieldRef"].get("fieldPath")
+                    return env, f"unsupported fieldPath: {vf['fieldRef'].get('fieldPath')}"
                 env[name] = val
             elif vf.get("configMapKeyRef"):
                 ref = vf["configMapKeyRef"]
@@ -5532,11 +5503,10 @@ class ContainerRunner(threading.Thread):
                     if ref.get("optional"):
                         continue
                     if cm is None:
-                        return env, 'configmap "%s" not found' % ref.get("name")
-                    return env, "couldn't find key %s in ConfigMap %s/%s" % (
-                        ref.get("key"),
-                        w.ns,
-                        ref.get("name"),
+                        return env, f'configmap "{ref.get("name")}" not found'
+                    return (
+                        env,
+                        f"couldn't find key {ref.get('key')} in ConfigMap {w.ns}/{ref.get('name')}",
                     )
                 env[name] = cm["data"][ref["key"]]
             elif vf.get("resourceFieldRef"):
@@ -5557,7 +5527,7 @@ class ContainerRunner(threading.Thread):
                 ref = vf["secretKeyRef"]
                 if ref.get("optional"):
                     continue
-                return env, 'secret "%s" not found' % ref.get("name")
+                return env, f'secret "{ref.get("name")}" not found'
         return env, None
 
     def _argv(self, env: dict[str, str]) -> list[str]:
@@ -5621,8 +5591,8 @@ def write_config_map_volume(
     """A configMap volume's files (the items named, else every key) with their modes, as a kubelet writes them."""
     if config_map is None and not ref.get("optional"):
         raise MountError(
-            'MountVolume.SetUp failed for volume "%s" : configmap "%s" not found'
-            % (volume, ref.get("name"))
+            f'MountVolume.SetUp failed for volume "{volume}" : '
+            f'configmap "{ref.get("name")}" not found'
         )
     directory.mkdir(parents=True, exist_ok=True)
     data = dict((config_map or {}).get("data") or {})
@@ -5676,12 +5646,12 @@ class PodWorker(threading.Thread):
 
     def __init__(self, kubelet: Kubelet, pod: dict):
         md = pod["metadata"]
-        super().__init__(name="pod-%s" % md["name"], daemon=True)
+        super().__init__(name=f"pod-{md['name']}", daemon=True)
         self.kl = kubelet
         self.emu = kubelet.emu
         self.pod = pod
         self.ns, self.name, self.uid = md["namespace"], md["name"], md["uid"]
-        self.key = "%s/%s" % (self.ns, self.name)
+        self.key = f"{self.ns}/{self.name}"
         self.index = self.emu.truth_record.pod_index(self.uid)
         self.hostname = (pod.get("spec") or {}).get("hostname") or self.name
         self.deleting = threading.Event()
@@ -5787,7 +5757,7 @@ class PodWorker(threading.Thread):
                     "False",
                     now,
                     "ContainersNotReady",
-                    "containers with unready status: [%s]" % " ".join(unready),
+                    f"containers with unready status: [{' '.join(unready)}]",
                 )
             set_condition(conds, c)
         if terminal and emu.v >= (1, 29):
@@ -5988,7 +5958,7 @@ class PodWorker(threading.Thread):
         alive = [r for r in self.runners if r.alive()]
         if alive and not self.removed.is_set():
             for r in alive:
-                r.event("Normal", "Killing", "Stopping container %s" % r.cname)
+                r.event("Normal", "Killing", f"Stopping container {r.cname}")
         for r in alive:
             r.kill(signal.SIGTERM)
         end = time.time() + min(self.grace, self.emu.t("grace_cap"))
@@ -6128,19 +6098,19 @@ class PodWorker(threading.Thread):
             return v["hostPath"].get("path", "/"), "hostPath"
         if v.get("secret") is not None:
             raise MountError(
-                'MountVolume.SetUp failed for volume "%s" : secret "%s" not found'
-                % (name, v["secret"].get("secretName"))
+                f'MountVolume.SetUp failed for volume "{name}" : '
+                f'secret "{v["secret"].get("secretName")}" not found'
             )
         raise MountError(
-            'MountVolume.SetUp failed for volume "%s" : volume type not supported by '
-            "the emulator" % name
+            f'MountVolume.SetUp failed for volume "{name}" : volume type not supported by '
+            "the emulator"
         )
 
     def _project(self, pod: dict, d: Path, name: str, src: dict) -> None:
         """One source of a projected volume: the token, the root CA, configMap keys or downward API fields."""
         if src.get("serviceAccountToken"):
             (d / src["serviceAccountToken"].get("path", "token")).write_text(
-                "emulator-token-%s" % self.uid
+                f"emulator-token-{self.uid}"
             )
         if src.get("configMap") and src["configMap"].get("name") == "kube-root-ca.crt":
             for it in src["configMap"].get("items") or []:
@@ -6150,8 +6120,8 @@ class PodWorker(threading.Thread):
             cm = self.emu.store.get("configmaps", self.ns, ref.get("name", ""))
             if cm is None and not ref.get("optional"):
                 raise MountError(
-                    'MountVolume.SetUp failed for volume "%s" : configmap "%s" not found'
-                    % (name, ref.get("name"))
+                    f'MountVolume.SetUp failed for volume "{name}" : '
+                    f'configmap "{ref.get("name")}" not found'
                 )
             data = dict((cm or {}).get("data") or {})
             pairs = (
@@ -6162,8 +6132,8 @@ class PodWorker(threading.Thread):
             for key, path in pairs:
                 if key not in data and cm is not None:
                     raise MountError(
-                        'MountVolume.SetUp failed for volume "%s" : configmap references '
-                        "non-existent config key: %s" % (name, key)
+                        f'MountVolume.SetUp failed for volume "{name}" : configmap references '
+                        f"non-existent config key: {key}"
                     )
                 target = d / path
                 target.parent.mkdir(parents=True, exist_ok=True)
@@ -6201,9 +6171,9 @@ class PodWorker(threading.Thread):
                         pass
             if used > limit:
                 self.emu.truth_record.note("pods", self.key, "size_limit_exceeded", used, raw=True)
-                return 'Usage of EmptyDir volume "%s" exceeds the limit "%s". ' % (
-                    v["name"],
-                    ed["sizeLimit"],
+                return (
+                    f'Usage of EmptyDir volume "{v["name"]}" exceeds the limit '
+                    f'"{ed["sizeLimit"]}". '
                 )
         return None
 
@@ -6278,7 +6248,7 @@ class Kubelet:
             ip = self._ips.get(w.uid)
             if ip is None:
                 self._ip_seq += 1
-                ip = "10.244.%d.%d" % (self.index, self._ip_seq % 250 + 2)
+                ip = f"10.244.{self.index}.{self._ip_seq % 250 + 2}"
                 self._ips[w.uid] = ip
             return ip
 
@@ -6367,33 +6337,31 @@ def validate_pod_spec(spec: dict, path: str) -> list[tuple[str, str, str]]:
     errs: list[tuple[str, str, str]] = []
     containers = spec.get("containers") or []
     if not containers:
-        errs.append(("%s.containers" % path, "FieldValueRequired", "Required value"))
+        errs.append((f"{path}.containers", "FieldValueRequired", "Required value"))
     vols = {v.get("name") for v in spec.get("volumes") or []}
     seen: set[str] = set()
     for i, c in enumerate(containers):
-        cp = "%s.containers[%d]" % (path, i)
+        cp = f"{path}.containers[{i}]"
         if not c.get("name"):
-            errs.append(("%s.name" % cp, "FieldValueRequired", "Required value"))
+            errs.append((f"{cp}.name", "FieldValueRequired", "Required value"))
         elif c["name"] in seen:
-            errs.append(
-                ("%s.name" % cp, "FieldValueDuplicate", 'Duplicate value: "%s"' % c["name"])
-            )
+            errs.append((f"{cp}.name", "FieldValueDuplicate", f'Duplicate value: "{c["name"]}"'))
         seen.add(c.get("name", ""))
         if not c.get("image"):
-            errs.append(("%s.image" % cp, "FieldValueRequired", "Required value"))
+            errs.append((f"{cp}.image", "FieldValueRequired", "Required value"))
         for j, vm in enumerate(c.get("volumeMounts") or []):
             if vm.get("name") not in vols:
                 errs.append(
                     (
-                        "%s.volumeMounts[%d].name" % (cp, j),
+                        f"{cp}.volumeMounts[{j}].name",
                         "FieldValueNotFound",
-                        'Not found: "%s"' % vm.get("name"),
+                        f'Not found: "{vm.get("name")}"',
                     )
                 )
             if not vm.get("mountPath"):
                 errs.append(
                     (
-                        "%s.volumeMounts[%d].mountPath" % (cp, j),
+                        f"{cp}.volumeMounts[{j}].mountPath",
                         "FieldValueRequired",
                         "Required value",
                     )
@@ -6406,9 +6374,9 @@ def validate_pod_spec(spec: dict, path: str) -> list[tuple[str, str, str]]:
                 except ValueError as e:
                     errs.append(
                         (
-                            "%s.resources.%s[%s]" % (cp, kind, rname),
+                            f"{cp}.resources.{kind}[{rname}]",
                             "FieldValueInvalid",
-                            'Invalid value: "%s": %s' % (q, e),
+                            f'Invalid value: "{q}": {e}',
                         )
                     )
     for i, v in enumerate(spec.get("volumes") or []):
@@ -6419,18 +6387,18 @@ def validate_pod_spec(spec: dict, path: str) -> list[tuple[str, str, str]]:
             except ValueError as e:
                 errs.append(
                     (
-                        "%s.volumes[%d].emptyDir.sizeLimit" % (path, i),
+                        f"{path}.volumes[{i}].emptyDir.sizeLimit",
                         "FieldValueInvalid",
-                        'Invalid value: "%s": %s' % (ed["sizeLimit"], e),
+                        f'Invalid value: "{ed["sizeLimit"]}": {e}',
                     )
                 )
     rp = spec.get("restartPolicy")
     if rp not in ("Always", "OnFailure", "Never"):
         errs.append(
             (
-                "%s.restartPolicy" % path,
+                f"{path}.restartPolicy",
                 "FieldValueNotSupported",
-                'Unsupported value: "%s": supported values: "Always", "OnFailure", "Never"' % rp,
+                f'Unsupported value: "{rp}": supported values: "Always", "OnFailure", "Never"',
             )
         )
     return errs
@@ -6482,7 +6450,7 @@ def validate_job(body: dict) -> list[tuple[str, str, str]]:
             (
                 "spec.template.spec.restartPolicy",
                 "FieldValueNotSupported",
-                'Unsupported value: "%s": supported values: "OnFailure", "Never"' % rp,
+                f'Unsupported value: "{rp}": supported values: "OnFailure", "Never"',
             )
         )
     errs += _job_count_errors(spec)
@@ -6493,8 +6461,8 @@ def validate_job(body: dict) -> list[tuple[str, str, str]]:
                 (
                     "spec.template.spec.restartPolicy",
                     "FieldValueInvalid",
-                    'Invalid value: "%s": only "Never" is supported when podFailurePolicy '
-                    "is specified" % rp,
+                    f'Invalid value: "{rp}": only "Never" is supported when podFailurePolicy '
+                    "is specified",
                 )
             )
         errs += _pod_failure_policy_errors(policy, spec.get("backoffLimitPerIndex"))
@@ -6512,7 +6480,7 @@ def _success_policy_errors(spec: dict) -> list[tuple[str, str, str]]:
             (
                 "spec.successPolicy",
                 "FieldValueInvalid",
-                "Invalid value: %s: requires indexed completion mode" % json.dumps(policy),
+                f"Invalid value: {json.dumps(policy)}: requires indexed completion mode",
             )
         ]
     rules = policy.get("rules") or []
@@ -6527,7 +6495,7 @@ def _success_policy_errors(spec: dict) -> list[tuple[str, str, str]]:
     errs: list[tuple[str, str, str]] = []
     completions = spec.get("completions") or 0
     for number, rule in enumerate(rules):
-        path = "spec.successPolicy.rules[%d]" % number
+        path = f"spec.successPolicy.rules[{number}]"
         count = rule.get("succeededCount")
         if count is None and rule.get("succeededIndexes") is None:
             errs.append(
@@ -6542,8 +6510,8 @@ def _success_policy_errors(spec: dict) -> list[tuple[str, str, str]]:
                 (
                     path + ".succeededCount",
                     "FieldValueInvalid",
-                    "Invalid value: %s: must be less than or equal to %d (the number of specified completions)"
-                    % (count, completions),
+                    f"Invalid value: {count}: must be less than or equal to {completions} "
+                    "(the number of specified completions)",
                 )
             )
     return errs
@@ -6556,9 +6524,9 @@ def _job_count_errors(spec: dict) -> list[tuple[str, str, str]]:
         if spec.get(f) is not None and (not isinstance(spec[f], int) or spec[f] < 0):
             errs.append(
                 (
-                    "spec.%s" % f,
+                    f"spec.{f}",
                     "FieldValueInvalid",
-                    "Invalid value: %s: must be greater than or equal to 0" % spec[f],
+                    f"Invalid value: {spec[f]}: must be greater than or equal to 0",
                 )
             )
     ads = spec.get("activeDeadlineSeconds")
@@ -6567,7 +6535,7 @@ def _job_count_errors(spec: dict) -> list[tuple[str, str, str]]:
             (
                 "spec.activeDeadlineSeconds",
                 "FieldValueInvalid",
-                "Invalid value: %s: must be greater than or equal to 1" % ads,
+                f"Invalid value: {ads}: must be greater than or equal to 1",
             )
         )
     if spec.get("completionMode") not in ("NonIndexed", "Indexed"):
@@ -6575,8 +6543,8 @@ def _job_count_errors(spec: dict) -> list[tuple[str, str, str]]:
             (
                 "spec.completionMode",
                 "FieldValueNotSupported",
-                'Unsupported value: "%s": supported values: "NonIndexed", "Indexed"'
-                % spec.get("completionMode"),
+                f'Unsupported value: "{spec.get("completionMode")}": '
+                'supported values: "NonIndexed", "Indexed"',
             )
         )
     if spec.get("completionMode") == "Indexed" and spec.get("completions") is None:
@@ -6613,8 +6581,8 @@ def _job_count_errors(spec: dict) -> list[tuple[str, str, str]]:
             (
                 "spec.maxFailedIndexes",
                 "FieldValueInvalid",
-                "Invalid value: %s: must be less than or equal to completions"
-                % spec["maxFailedIndexes"],
+                f"Invalid value: {spec['maxFailedIndexes']}: "
+                "must be less than or equal to completions",
             )
         )
     return errs
@@ -6628,16 +6596,16 @@ def _pod_failure_policy_errors(policy: dict, per_index: Any) -> list[tuple[str, 
         if action not in ("Count", "FailIndex", "FailJob", "Ignore"):
             errs.append(
                 (
-                    "spec.podFailurePolicy.rules[%d].action" % number,
+                    f"spec.podFailurePolicy.rules[{number}].action",
                     "FieldValueNotSupported",
-                    'Unsupported value: "%s": supported values: "Count", "FailIndex", '
-                    '"FailJob", "Ignore"' % action,
+                    f'Unsupported value: "{action}": supported values: "Count", "FailIndex", '
+                    '"FailJob", "Ignore"',
                 )
             )
         elif action == "FailIndex" and per_index is None:
             errs.append(
                 (
-                    "spec.podFailurePolicy.rules[%d].action" % number,
+                    f"spec.podFailurePolicy.rules[{number}].action",
                     "FieldValueInvalid",
                     'Invalid value: "FailIndex": requires the backoffLimitPerIndex to be set',
                 )
@@ -6646,8 +6614,8 @@ def _pod_failure_policy_errors(policy: dict, per_index: Any) -> list[tuple[str, 
         if codes is not None and codes.get("operator") == "In" and 0 in (codes.get("values") or []):
             errs.append(
                 (
-                    "spec.podFailurePolicy.rules[%d].onExitCodes.values[%d]"
-                    % (number, codes["values"].index(0)),
+                    f"spec.podFailurePolicy.rules[{number}].onExitCodes"
+                    f".values[{codes['values'].index(0)}]",
                     "FieldValueInvalid",
                     "Invalid value: 0: must not be 0 for the In operator",
                 )
@@ -6658,20 +6626,20 @@ def _pod_failure_policy_errors(policy: dict, per_index: Any) -> list[tuple[str, 
 def validate_config_map(body: dict) -> list[tuple[str, str, str]]:
     """A ConfigMap's field errors: its keys, and values that are not strings."""
     errs: list[tuple[str, str, str]] = []
-    for k in list((body.get("data") or {})) + list((body.get("binaryData") or {})):
+    for k in list(body.get("data") or {}) + list(body.get("binaryData") or {}):
         if not _CM_KEY.match(k):
             errs.append(
                 (
-                    "data[%s]" % k,
+                    f"data[{k}]",
                     "FieldValueInvalid",
-                    'Invalid value: "%s": a valid config key must consist of alphanumeric '
+                    f'Invalid value: "{k}": a valid config key must consist of alphanumeric '
                     "characters, '-', '_' or '.' (e.g. 'key.name',  or 'KEY_NAME',  or 'key-name', "
-                    "regex used for validation is '[-._a-zA-Z0-9]+')" % k,
+                    "regex used for validation is '[-._a-zA-Z0-9]+')",
                 )
             )
     for k, v in (body.get("data") or {}).items():
         if not isinstance(v, str):
-            errs.append(("data[%s]" % k, "FieldValueInvalid", "Invalid value: must be a string"))
+            errs.append((f"data[{k}]", "FieldValueInvalid", "Invalid value: must be a string"))
     return errs
 
 
@@ -6736,31 +6704,30 @@ class WritePath:
         kind, api_version = body.get("kind"), body.get("apiVersion")
         if not kind:
             raise err_bad_request(
-                "Object 'Kind' is missing in '%s'" % json.dumps(body, separators=(",", ":"))[:300]
+                f"Object 'Kind' is missing in '{json.dumps(body, separators=(',', ':'))[:300]}'"
             )
         if api_version != info.api_version:
             raise err_bad_request(
-                "the API version in the data (%s) does not match the expected API version (%s)"
-                % (api_version, info.api_version)
+                f"the API version in the data ({api_version}) does not match the expected API "
+                f"version ({info.api_version})"
             )
         if kind != info.kind:
             raise err_bad_request(
-                "the kind in the data (%s) does not match the expected kind (%s)"
-                % (kind, info.kind)
+                f"the kind in the data ({kind}) does not match the expected kind ({info.kind})"
             )
         fv = query.get("fieldValidation") or "Warn"
         warnings: list[str] = []
         if info.group != "events.k8s.io":
             unknown = unknown_fields(info.kind, body)
             if unknown:
-                listing = ", ".join('unknown field "%s"' % u for u in unknown)
+                listing = ", ".join(f'unknown field "{u}"' for u in unknown)
                 if fv == "Strict":
                     raise err_bad_request(
-                        '%s in version "%s" cannot be handled as a %s: strict decoding error: %s'
-                        % (info.kind, info.version, info.kind, listing)
+                        f'{info.kind} in version "{info.version}" cannot be handled as a '
+                        f"{info.kind}: strict decoding error: {listing}"
                     )
                 if fv == "Warn":
-                    warnings = ['unknown field "%s"' % u for u in unknown]
+                    warnings = [f'unknown field "{u}"' for u in unknown]
                 for u in unknown:
                     _delete_path(body, u)
         else:
@@ -6842,6 +6809,8 @@ class WritePath:
             limit = 63 if canon.store == "namespaces" else 253
             if canon.store != "events" and (not pattern.match(name) or len(name) > limit):
                 what = "RFC 1123 label" if canon.store == "namespaces" else "RFC 1123 subdomain"
+                dots = "" if canon.store == "namespaces" else " or '.'"
+                example = "my-name" if canon.store == "namespaces" else "example.com"
                 rx = (
                     "[a-z0-9]([-a-z0-9]*[a-z0-9])?"
                     if canon.store == "namespaces"
@@ -6854,16 +6823,10 @@ class WritePath:
                         (
                             "metadata.name",
                             "FieldValueInvalid",
-                            'Invalid value: "%s": a lowercase %s must consist of lower case alphanumeric '
-                            "characters, '-'%s, and must start and end with an alphanumeric character "
-                            "(e.g. '%s', regex used for validation is '%s')"
-                            % (
-                                name,
-                                what,
-                                "" if canon.store == "namespaces" else " or '.'",
-                                "my-name" if canon.store == "namespaces" else "example.com",
-                                rx,
-                            ),
+                            f'Invalid value: "{name}": a lowercase {what} must consist of '
+                            f"lower case alphanumeric characters, '-'{dots}, and must start and "
+                            f"end with an alphanumeric character (e.g. '{example}', regex used "
+                            f"for validation is '{rx}')",
                         )
                     ],
                 )
@@ -6897,11 +6860,11 @@ class WritePath:
             raise err_forbidden(
                 info,
                 err_name,
-                "unable to create new content in namespace %s because it is being terminated" % ns,
+                f"unable to create new content in namespace {ns} because it is being terminated",
                 [
                     {
                         "reason": "NamespaceTerminating",
-                        "message": "namespace %s is being terminated" % ns,
+                        "message": f"namespace {ns} is being terminated",
                         "field": "metadata.namespace",
                     }
                 ],
@@ -6976,7 +6939,7 @@ class WritePath:
                 raise err_forbidden(
                     CANONICAL["pods"],
                     err_name,
-                    'pod rejected: RuntimeClass "%s" not found' % rc_name,
+                    f'pod rejected: RuntimeClass "{rc_name}" not found',
                 )
             fixed = (rc.get("overhead") or {}).get("podFixed")
             if fixed:
@@ -7075,8 +7038,8 @@ class WritePath:
         bmd = body.get("metadata") or {}
         if bmd.get("name") and bmd["name"] != name:
             raise err_bad_request(
-                "the name of the object (%s) does not match the name on the URL (%s)"
-                % (bmd["name"], name)
+                f"the name of the object ({bmd['name']}) does not match the name on the URL "
+                f"({name})"
             )
         if (
             sub is None
@@ -7085,14 +7048,10 @@ class WritePath:
         ):
             unknown = unknown_fields(info.kind, body)
             if unknown:
+                listing = ", ".join(f'unknown field "{u}"' for u in unknown)
                 raise err_bad_request(
-                    '%s in version "%s" cannot be handled as a %s: strict decoding error: %s'
-                    % (
-                        info.kind,
-                        info.version,
-                        info.kind,
-                        ", ".join('unknown field "%s"' % u for u in unknown),
-                    )
+                    f'{info.kind} in version "{info.version}" cannot be handled as a {info.kind}: '
+                    f"strict decoding error: {listing}"
                 )
         expect = bmd.get("resourceVersion") or None
         if query.get("dryRun") == "All":
@@ -7135,7 +7094,7 @@ class WritePath:
                                 "metadata.finalizers",
                                 "FieldValueForbidden",
                                 "Forbidden: no new finalizers can be added if the object is "
-                                "being deleted, found new finalizers %s" % sorted(added),
+                                f"being deleted, found new finalizers {sorted(added)}",
                             )
                         ],
                     )
@@ -7288,8 +7247,8 @@ class WritePath:
                     (
                         "propagationPolicy",
                         "FieldValueNotSupported",
-                        'Unsupported value: "%s": supported values: "Foreground", '
-                        '"Background", "Orphan", "nil"' % policy,
+                        f'Unsupported value: "{policy}": supported values: "Foreground", '
+                        '"Background", "Orphan", "nil"',
                     )
                 ],
             )
@@ -7331,19 +7290,20 @@ def uid_precondition_failed(info: ResourceInfo, name: str, wanted: str, found: s
         return ApiError(
             409,
             "Conflict",
-            'Operation cannot be fulfilled on namespaces "%s": Precondition failed: '
-            "UID in precondition: %s, UID in object meta: %s" % (name, wanted, found),
+            f'Operation cannot be fulfilled on namespaces "{name}": Precondition failed: '
+            f"UID in precondition: {wanted}, UID in object meta: {found}",
             {"name": name, "kind": "namespaces"},
         )
     details: dict[str, Any] = {"name": name, "kind": info.kind}
     if info.group:
         details["group"] = info.group
+    kind = info.kind + ("." + info.group if info.group else "")
     return ApiError(
         409,
         "Conflict",
-        'Operation cannot be fulfilled on %s "%s": the UID in the precondition (%s) '
-        "does not match the UID in record (%s). The object might have been deleted and then recreated"
-        % (info.kind + ("." + info.group if info.group else ""), name, wanted, found),
+        f'Operation cannot be fulfilled on {kind} "{name}": the UID in the precondition ({wanted}) '
+        f"does not match the UID in record ({found}). The object might have been deleted and then "
+        "recreated",
         details,
     )
 
@@ -7445,7 +7405,7 @@ class EventRecorder:
         ev = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"name": "%s.%x" % (md.get("name"), named_ns), "namespace": ns},
+            "metadata": {"name": f"{md.get('name')}.{named_ns:x}", "namespace": ns},
             "involvedObject": io,
             "reason": reason,
             "message": message,
@@ -7471,7 +7431,7 @@ class EventRecorder:
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {
-                "name": "%s.%x" % (md["name"], int(at * 1e9)),
+                "name": f"{md['name']}.{int(at * 1e9):x}",
                 "namespace": md["namespace"],
             },
             "involvedObject": {
@@ -7544,7 +7504,7 @@ class TruthRecord:
         if store not in ("pods", "jobs", "namespaces"):
             return
         md = obj["metadata"]
-        key = "%s/%s" % (md.get("namespace"), md["name"]) if md.get("namespace") else md["name"]
+        key = f"{md.get('namespace')}/{md['name']}" if md.get("namespace") else md["name"]
         if etype == "ADDED":
             with self._lock:
                 self._truth[store][key] = {
@@ -7607,7 +7567,7 @@ class Emulator:
         self.kubeconfig = self.workdir / "kubeconfig"
         self.truth_path = self.workdir / "truth.json"
         self.bindir = self.workdir / "bin"
-        self.node_names = ["emu-node-%d" % (i + 1) for i in range(self.nodes)]
+        self.node_names = [f"emu-node-{i + 1}" for i in range(self.nodes)]
         self.images = ImageStore(images, self.node_names)  # each node's images (see ImageStore)
         self.controllers: list[Controller] = [
             JobController(self),
@@ -7622,7 +7582,7 @@ class Emulator:
     # ---------------------------------------------------------------- public
     @property
     def url(self) -> str:
-        return "http://127.0.0.1:%d" % self.api.port
+        return f"http://127.0.0.1:{self.api.port}"
 
     def start(self) -> Emulator:
         if self._started:
@@ -7656,7 +7616,7 @@ class Emulator:
         with `rules` (RBAC PolicyRules) the user may do only what they grant, else anything."""
         token = self.api.authenticator.add(name, list(groups), rules)
         ca = self._serve_tls()
-        path = self.workdir / ("user-%s.kubeconfig" % name)
+        path = self.workdir / (f"user-{name}.kubeconfig")
         cfg = {
             "apiVersion": "v1",
             "kind": "Config",
@@ -7665,7 +7625,7 @@ class Emulator:
                 {
                     "name": self.context,
                     "cluster": {
-                        "server": "https://127.0.0.1:%d" % self.api.tls_port,
+                        "server": f"https://127.0.0.1:{self.api.tls_port}",
                         "certificate-authority": str(ca),
                     },
                 }
@@ -7789,13 +7749,13 @@ class Emulator:
             i = self.node_names.index(node)
         except ValueError:
             i = 0
-        return "172.18.0.%d" % (i + 2)
+        return f"172.18.0.{i + 2}"
 
     def pods_watched(self, ns: str, labels: dict[str, str]) -> bool:
         """Has a client asked to watch pods with these labels (by its job-name label, or the label
         that names a batch of several Jobs: every term of its equality selector among them)?"""
-        path = "/api/v1/namespaces/%s/pods" % ns
-        pairs = {"%s=%s" % item for item in labels.items()}
+        path = f"/api/v1/namespaces/{ns}/pods"
+        pairs = {f"{key}={value}" for key, value in labels.items()}
         with self._req_lock:
             return any(
                 r["watch"]
@@ -7893,9 +7853,9 @@ class Emulator:
                         "annotations": {"node.alpha.kubernetes.io/ttl": "0"},
                     },
                     "spec": {
-                        "podCIDR": "10.244.%d.0/24" % (i + 1),
-                        "podCIDRs": ["10.244.%d.0/24" % (i + 1)],
-                        "providerID": "emulator://%s" % n,
+                        "podCIDR": f"10.244.{i + 1}.0/24",
+                        "podCIDRs": [f"10.244.{i + 1}.0/24"],
+                        "providerID": f"emulator://{n}",
                     },
                     "status": {
                         "capacity": dict(res),
@@ -7933,7 +7893,7 @@ class Emulator:
                             "kernelVersion": platform.release(),
                             "osImage": "Emulated Linux (bubblewrap)",
                             "containerRuntimeVersion": "containerd://1.7.27",
-                            "kubeletVersion": "v%s.0" % self.server_version,
+                            "kubeletVersion": f"v{self.server_version}.0",
                             "kubeProxyVersion": "",
                             "operatingSystem": "linux",
                             "architecture": "amd64",
@@ -7983,7 +7943,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     emu.start()
-    print("KUBECONFIG=%s" % emu.kubeconfig, flush=True)
+    print(f"KUBECONFIG={emu.kubeconfig}", flush=True)
     try:
         while not stop.wait(0.5):
             pass

@@ -58,7 +58,7 @@ def now_rfc3339() -> str:
 
 def now_micro() -> str:
     t = time.time()
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + ".%06dZ" % int((t % 1) * 1e6)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int((t % 1) * 1e6):06d}Z"
 
 
 def condition(
@@ -203,7 +203,7 @@ class PodWorker(threading.Thread):
                         ctype,
                         "False",
                         "ContainersNotReady",
-                        "containers with unready status: [%s]" % " ".join(unready),
+                        f"containers with unready status: [{' '.join(unready)}]",
                     )
             if terminal:
                 self.set_condition("PodReadyToStartContainers", "False")
@@ -1027,7 +1027,7 @@ class NodeAgent:
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {
-                "name": "%s.%x" % (md["name"], time.time_ns()),
+                "name": f"{md['name']}.{time.time_ns():x}",
                 "namespace": md["namespace"],
             },
             "involvedObject": involved,
@@ -1125,7 +1125,7 @@ class NodeAgent:
                     if timestamps:
                         line = (
                             time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t))
-                            + ".%09dZ " % int((t % 1) * 1e9)
+                            + f".{int((t % 1) * 1e9):09d}Z "
                         ).encode() + line
                     if limit is not None and sent + len(line) > limit:
                         handler.wfile.write(line[: limit - sent])
