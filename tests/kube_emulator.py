@@ -553,17 +553,21 @@ def _psa_must_set(
     bad_text: Callable[[list[str], list[str]], str],
 ) -> tuple[str, str] | None:
     """The pod-or-container pattern of runAsNonRoot / seccompProfile (restricted)."""
-    psc = spec.get("securityContext") or {}
+    pod_security = spec.get("securityContext") or {}
     bad_setters: list[str] = []
     bad_values: list[str] = []
     pod_ok = False
-    if pod_level and psc.get(field) is not None:
-        if good(psc[field]):
+    if pod_level and pod_security.get(field) is not None:
+        if good(pod_security[field]):
             pod_ok = True
         else:
             bad_setters.append("pod")
             bad_values.append(
-                str(psc[field].get("type") if isinstance(psc[field], dict) else psc[field])
+                str(
+                    pod_security[field].get("type")
+                    if isinstance(pod_security[field], dict)
+                    else pod_security[field]
+                )
             )
     explicit, implicit = [], []
     for c in _pod_containers(spec):
@@ -1308,20 +1312,20 @@ class Store:
     # -- writes -----------------------------------------------------------
     def create(self, store: str, obj: dict) -> dict:
         with self.lock:
-            md = obj["metadata"]
-            ns = md.get("namespace", "") or ""
+            metadata = obj["metadata"]
+            ns = metadata.get("namespace", "") or ""
             bucket = self._bucket(store, ns)
-            if md["name"] in bucket:
-                raise KeyError(md["name"])
-            md.setdefault("uid", str(uuid.uuid4()))
-            md["resourceVersion"] = str(self._next_rv())
-            md["creationTimestamp"] = fmt_time(self.clock())
+            if metadata["name"] in bucket:
+                raise KeyError(metadata["name"])
+            metadata.setdefault("uid", str(uuid.uuid4()))
+            metadata["resourceVersion"] = str(self._next_rv())
+            metadata["creationTimestamp"] = fmt_time(self.clock())
             # The true moment of creation, taken with the stamp: the listeners that note it may
             # run a while later on a loaded machine.
             if store in ("pods", "jobs", "namespaces"):
-                self.created_wall[md["uid"]] = time.time()
-            bucket[md["name"]] = obj
-            self.uids[md["uid"]] = (store, ns, md["name"])
+                self.created_wall[metadata["uid"]] = time.time()
+            bucket[metadata["name"]] = obj
+            self.uids[metadata["uid"]] = (store, ns, metadata["name"])
             self._record("ADDED", store, obj)
             return clone(obj)
 
@@ -1361,12 +1365,12 @@ class Store:
 
     @staticmethod
     def _should_remove(store: str, obj: dict) -> bool:
-        md = obj["metadata"]
-        if not md.get("deletionTimestamp") or md.get("finalizers"):
+        metadata = obj["metadata"]
+        if not metadata.get("deletionTimestamp") or metadata.get("finalizers"):
             return False
         if store == "namespaces" and (obj.get("spec") or {}).get("finalizers"):
             return False
-        return md.get("deletionGracePeriodSeconds", 0) == 0
+        return metadata.get("deletionGracePeriodSeconds", 0) == 0
 
     def remove(self, store: str, ns: str | None, name: str) -> dict | None:
         with self.lock:
@@ -1535,9 +1539,9 @@ def pod_row(pod: dict, now: float) -> list[Any]:
         restarts += cs.get("restartCount", 0)
         lt = (cs.get("lastState") or {}).get("terminated")
         if lt:
-            ft = parse_time(lt.get("finishedAt"))
-            if ft and (last_restart is None or ft > last_restart):
-                last_restart = ft
+            finished = parse_time(lt.get("finishedAt"))
+            if finished and (last_restart is None or finished > last_restart):
+                last_restart = finished
         st = cs.get("state") or {}
         if st.get("waiting") and st["waiting"].get("reason"):
             reason = st["waiting"]["reason"]
@@ -2621,14 +2625,17 @@ class WatchView:
         return json.dumps({"type": etype, "object": o}, separators=(",", ":")).encode() + b"\n"
 
     def bookmark(self, rv: int, initial_end: bool = False) -> bytes:
-        md: dict[str, Any] = {"resourceVersion": str(rv), "creationTimestamp": None}
+        metadata: dict[str, Any] = {"resourceVersion": str(rv), "creationTimestamp": None}
         if initial_end:
-            md["annotations"] = {"k8s.io/initial-events-end": "true"}
+            metadata["annotations"] = {"k8s.io/initial-events-end": "true"}
         kind = self.info.kind if self.mode != "table" else "Table"
         api = self.info.api_version if self.mode != "table" else "meta.k8s.io/v1"
         return (
             json.dumps(
-                {"type": "BOOKMARK", "object": {"kind": kind, "apiVersion": api, "metadata": md}},
+                {
+                    "type": "BOOKMARK",
+                    "object": {"kind": kind, "apiVersion": api, "metadata": metadata},
+                },
                 separators=(",", ":"),
             ).encode()
             + b"\n"
@@ -3099,13 +3106,13 @@ class Representation:
                     "metadata": o["metadata"],
                 }
             rows.append(row)
-        md: dict[str, Any] = {"resourceVersion": rv}
+        metadata: dict[str, Any] = {"resourceVersion": rv}
         if cont:
-            md["continue"] = cont
+            metadata["continue"] = cont
         return {
             "kind": "Table",
             "apiVersion": "meta.k8s.io/v1",
-            "metadata": md,
+            "metadata": metadata,
             "columnDefinitions": table_columns(info.store) if headers else None,
             "rows": rows,
         }
@@ -3124,16 +3131,16 @@ class Representation:
         mode = self.wants(accept)
         if mode == "table":
             return self.table(info, page, query, rv, cont)
-        md: dict[str, Any] = {"resourceVersion": rv}
+        metadata: dict[str, Any] = {"resourceVersion": rv}
         if cont:
-            md["continue"] = cont
+            metadata["continue"] = cont
             if remaining is not None:
-                md["remainingItemCount"] = remaining
+                metadata["remainingItemCount"] = remaining
         if mode == "metadata":
             return {
                 "kind": "PartialObjectMetadataList",
                 "apiVersion": "meta.k8s.io/v1",
-                "metadata": md,
+                "metadata": metadata,
                 "items": [
                     {
                         "kind": "PartialObjectMetadata",
@@ -3152,7 +3159,7 @@ class Representation:
         return {
             "kind": info.kind + "List",
             "apiVersion": info.api_version,
-            "metadata": md,
+            "metadata": metadata,
             "items": out_items,
         }
 
@@ -3857,8 +3864,8 @@ class JobSync:
 
     def __init__(self, job: dict, pods: list[dict], now: float):
         self.job = job
-        md = job["metadata"]
-        self.ns, self.name, self.uid = md["namespace"], md["name"], md["uid"]
+        metadata = job["metadata"]
+        self.ns, self.name, self.uid = metadata["namespace"], metadata["name"], metadata["uid"]
         self.spec: dict = job.get("spec") or {}
         self.status: dict = clone(job.get("status") or {})
         self.conds: list[dict] = self.status.setdefault("conditions", [])
@@ -3898,19 +3905,19 @@ class JobController(Controller):
         self.index_failures: dict[tuple[str, int], tuple[int, int, float]] = {}
 
     def on_event(self, etype: str, store: str, obj: dict) -> None:
-        md = obj["metadata"]
+        metadata = obj["metadata"]
         if store == "jobs":
-            self.queue.add((md.get("namespace", ""), md["name"]), 0.0)
+            self.queue.add((metadata.get("namespace", ""), metadata["name"]), 0.0)
         elif store == "pods":
             ref = controller_ref(obj)
             if ref and ref.get("kind") == "Job":
-                self.queue.add((md.get("namespace", ""), ref["name"]), self._status_lag())
+                self.queue.add((metadata.get("namespace", ""), ref["name"]), self._status_lag())
                 if (
                     etype != "DELETED"
-                    and JOB_TRACKING_FINALIZER in (md.get("finalizers") or [])
+                    and JOB_TRACKING_FINALIZER in (metadata.get("finalizers") or [])
                     and self.store.by_uid(ref.get("uid", "")) is None
                 ):
-                    self.queue.add(("orphan", md.get("namespace", ""), md["name"]), 0.0)
+                    self.queue.add(("orphan", metadata.get("namespace", ""), metadata["name"]), 0.0)
 
     def resync(self) -> None:
         self.resync_orphans()
@@ -3954,26 +3961,30 @@ class JobController(Controller):
         policy = spec.get("podFailurePolicy")
         new_succ = new_fail = 0
         for p in js.pods:
-            pmd = p["metadata"]
+            pod_metadata = p["metadata"]
             phase = (p.get("status") or {}).get("phase")
-            finished = phase in ("Succeeded", "Failed") or bool(pmd.get("deletionTimestamp"))
+            finished = phase in ("Succeeded", "Failed") or bool(
+                pod_metadata.get("deletionTimestamp")
+            )
             if not finished or (policy is not None and phase not in ("Succeeded", "Failed")):
                 continue  # with a podFailurePolicy only a terminal pod counts (isPodFailed)
-            if pmd["uid"] not in counted and JOB_TRACKING_FINALIZER in (
-                pmd.get("finalizers") or []
+            if pod_metadata["uid"] not in counted and JOB_TRACKING_FINALIZER in (
+                pod_metadata.get("finalizers") or []
             ):
-                counted.add(pmd["uid"])
+                counted.add(pod_metadata["uid"])
                 if phase == "Succeeded":
                     new_succ += 1
                     if js.indexed:
                         js.done_idx.add(
                             int(
-                                (pmd.get("annotations") or {}).get(
+                                (pod_metadata.get("annotations") or {}).get(
                                     "batch.kubernetes.io/job-completion-index", "0"
                                 )
                             )
                         )
-                elif policy is None and not js.per_index and pmd["uid"] in emu.replaced_uids:
+                elif (
+                    policy is None and not js.per_index and pod_metadata["uid"] in emu.replaced_uids
+                ):
                     pass  # replace_pod fault: treated like podFailurePolicy Ignore on DisruptionTarget
                 elif policy is not None or js.per_index:
                     message, count_failed, action = match_pod_failure_policy(policy, p)
@@ -3984,7 +3995,7 @@ class JobController(Controller):
                         self.last_failure[uid] = time.time()
                     if js.per_index:
                         ix = int(
-                            (pmd.get("annotations") or {}).get(
+                            (pod_metadata.get("annotations") or {}).get(
                                 "batch.kubernetes.io/job-completion-index", "0"
                             )
                         )
@@ -4005,9 +4016,9 @@ class JobController(Controller):
                 else:
                     new_fail += 1
                     self.last_failure[uid] = time.time()
-            if JOB_TRACKING_FINALIZER in (pmd.get("finalizers") or []):
+            if JOB_TRACKING_FINALIZER in (pod_metadata.get("finalizers") or []):
                 self.store.update(
-                    "pods", js.ns, pmd["name"], _drop_finalizer(JOB_TRACKING_FINALIZER)
+                    "pods", js.ns, pod_metadata["name"], _drop_finalizer(JOB_TRACKING_FINALIZER)
                 )
         js.succeeded = len(js.done_idx) if js.indexed else js.status.get("succeeded", 0) + new_succ
         js.failed = js.status.get("failed", 0) + new_fail
@@ -4021,8 +4032,10 @@ class JobController(Controller):
         if cond_true(conds, "FailureTarget"):
             self._delete_pods(job, js.active)
             if not js.active and not js.terminating:
-                ft = find_condition(conds, "FailureTarget") or {}
-                self._finish(job, conds, "Failed", ft.get("reason"), ft.get("message"), status)
+                target = find_condition(conds, "FailureTarget") or {}
+                self._finish(
+                    job, conds, "Failed", target.get("reason"), target.get("message"), status
+                )
             return
         if cond_true(conds, "SuccessCriteriaMet"):
             # Complete takes the reason and message of the criteria met (CompletionsReached or SuccessPolicy)
@@ -4123,11 +4136,11 @@ class JobController(Controller):
     def _failure(js: JobSync) -> tuple[str | None, str | None]:
         """Why the Job fails now (reason, message), first match wins, else (None, None)."""
         spec = js.spec
-        ads = spec.get("activeDeadlineSeconds")
+        active_deadline = spec.get("activeDeadlineSeconds")
         start = parse_time(js.status.get("startTime"))
         if js.fail_job_message is not None:
             return "PodFailurePolicy", js.fail_job_message
-        if ads is not None and start is not None and js.now - start >= ads:
+        if active_deadline is not None and start is not None and js.now - start >= active_deadline:
             return "DeadlineExceeded", "Job was active longer than specified deadline"
         if js.failed > spec.get("backoffLimit", 6):
             return "BackoffLimitExceeded", "Job has reached the specified backoff limit"
@@ -4348,12 +4361,12 @@ class JobController(Controller):
     @staticmethod
     def _pod_from_template(job: dict, index: int | None) -> dict:
         tmpl = clone(job["spec"].get("template") or {})
-        tmd = tmpl.get("metadata") or {}
+        template_metadata = tmpl.get("metadata") or {}
         name = job["metadata"]["name"]
-        md: dict[str, Any] = {
+        metadata: dict[str, Any] = {
             "generateName": f"{name}-" if index is None else f"{name}-{index}-",
             "namespace": job["metadata"]["namespace"],
-            "labels": dict(tmd.get("labels") or {}),
+            "labels": dict(template_metadata.get("labels") or {}),
             "ownerReferences": [
                 {
                     "apiVersion": "batch/v1",
@@ -4366,14 +4379,14 @@ class JobController(Controller):
             ],
             "finalizers": [JOB_TRACKING_FINALIZER],
         }
-        if tmd.get("annotations"):
-            md["annotations"] = dict(tmd["annotations"])
+        if template_metadata.get("annotations"):
+            metadata["annotations"] = dict(template_metadata["annotations"])
         spec = tmpl.get("spec") or {}
         if index is not None:
-            md.setdefault("annotations", {})["batch.kubernetes.io/job-completion-index"] = str(
-                index
+            metadata.setdefault("annotations", {})["batch.kubernetes.io/job-completion-index"] = (
+                str(index)
             )
-            md["labels"]["batch.kubernetes.io/job-completion-index"] = str(index)
+            metadata["labels"]["batch.kubernetes.io/job-completion-index"] = str(index)
             spec.setdefault("hostname", f"{name}-{index}")
             for c in spec.get("containers") or []:
                 c.setdefault("env", []).append(
@@ -4387,7 +4400,7 @@ class JobController(Controller):
                         },
                     }
                 )
-        return {"apiVersion": "v1", "kind": "Pod", "metadata": md, "spec": spec}
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
 
 
 def match_pod_failure_policy(policy: dict | None, pod: dict) -> tuple[str | None, bool, str | None]:
@@ -4513,8 +4526,8 @@ class Scheduler(Controller):
         else:
             self.bound[uid] = node
         if etype != "DELETED" and self._eligible(obj):
-            md = obj["metadata"]
-            self.queue.add((md["namespace"], md["name"]), self.emu.t("schedule_delay"))
+            metadata = obj["metadata"]
+            self.queue.add((metadata["namespace"], metadata["name"]), self.emu.t("schedule_delay"))
 
     @staticmethod
     def _eligible(pod: dict) -> bool:
@@ -4581,29 +4594,31 @@ class GarbageCollector(Controller):
     name = "garbage-collector"
 
     def on_event(self, etype: str, store: str, obj: dict) -> None:
-        md = obj["metadata"]
+        metadata = obj["metadata"]
         if etype == "DELETED":
-            self.queue.add(("dangling", md.get("uid")), 0.02)
+            self.queue.add(("dangling", metadata.get("uid")), 0.02)
             for r in owner_refs(obj):
                 self.queue.add(("owner-uid", r.get("uid")), 0.02)
-        elif md.get("deletionTimestamp") and set(md.get("finalizers") or []) & {
+        elif metadata.get("deletionTimestamp") and set(metadata.get("finalizers") or []) & {
             FOREGROUND_FINALIZER,
             ORPHAN_FINALIZER,
         }:
-            self.queue.add(("owner", store, md.get("namespace", ""), md["name"]), 0.02)
-        elif md.get("deletionTimestamp"):
+            self.queue.add(("owner", store, metadata.get("namespace", ""), metadata["name"]), 0.02)
+        elif metadata.get("deletionTimestamp"):
             for r in owner_refs(obj):
                 self.queue.add(("owner-uid", r.get("uid")), 0.02)
 
     def resync(self) -> None:
         for store in list(self.store.objects):
             for o in self.store.list_raw(store):
-                md = o["metadata"]
-                if md.get("deletionTimestamp") and set(md.get("finalizers") or []) & {
+                metadata = o["metadata"]
+                if metadata.get("deletionTimestamp") and set(metadata.get("finalizers") or []) & {
                     FOREGROUND_FINALIZER,
                     ORPHAN_FINALIZER,
                 }:
-                    self.queue.add(("owner", store, md.get("namespace", ""), md["name"]), 0)
+                    self.queue.add(
+                        ("owner", store, metadata.get("namespace", ""), metadata["name"]), 0
+                    )
                 for r in owner_refs(o):
                     if self.store.by_uid(r.get("uid", "")) is None:
                         self.queue.add(("dangling", r.get("uid")), 0)
@@ -4699,14 +4714,14 @@ class NamespaceController(Controller):
     name = "namespace-controller"
 
     def on_event(self, etype: str, store: str, obj: dict) -> None:
-        md = obj["metadata"]
+        metadata = obj["metadata"]
         if store == "namespaces":
             if etype == "ADDED":
-                self.queue.add(("rootca", md["name"]), 0.005)
-            if md.get("deletionTimestamp") and etype != "DELETED":
-                self.queue.add(("delete", md["name"]), 0.0)
-        elif md.get("namespace") and etype == "DELETED":
-            self.queue.add(("delete", md["namespace"]), 0.05)
+                self.queue.add(("rootca", metadata["name"]), 0.005)
+            if metadata.get("deletionTimestamp") and etype != "DELETED":
+                self.queue.add(("delete", metadata["name"]), 0.0)
+        elif metadata.get("namespace") and etype == "DELETED":
+            self.queue.add(("delete", metadata["namespace"]), 0.05)
 
     def resync(self) -> None:
         for n in self.store.list("namespaces")[0]:
@@ -4992,9 +5007,9 @@ class ContainerRunner(threading.Thread):
 
     def __init__(self, worker: PodWorker, container: dict):
         super().__init__(name=f"ctr-{worker.name}-{container.get('name')}", daemon=True)
-        self.w = worker
+        self.worker = worker
         self.emu = worker.emu
-        self.c = container
+        self.container = container
         self.cname = container["name"]
         repo, full = normalize_image(container.get("image", ""))
         self.image_ref = full
@@ -5013,10 +5028,10 @@ class ContainerRunner(threading.Thread):
             cs["state"] = state
             cs.update(extra)
 
-        self.w.update_container(self.cname, fn)
+        self.worker.update_container(self.cname, fn)
 
     def event(self, etype: str, reason: str, message: str) -> None:
-        pod = self.emu.store.get("pods", self.w.ns, self.w.name)
+        pod = self.emu.store.get("pods", self.worker.ns, self.worker.name)
         if pod is not None:
             self.emu.events.record(
                 pod,
@@ -5024,7 +5039,7 @@ class ContainerRunner(threading.Thread):
                 reason,
                 message,
                 "kubelet",
-                host=self.w.kl.node,
+                host=self.worker.kubelet.node,
                 field_path=f"spec.containers{{{self.cname}}}",
             )
 
@@ -5038,12 +5053,12 @@ class ContainerRunner(threading.Thread):
     def ensure_image(self) -> bool:
         """The kubelet's first step for a container: pull the image or find it present (an event
         either way). False when the pod is stopped meanwhile."""
-        image = self.c.get("image", "")
+        image = self.container.get("image", "")
         self.image_ready = True
-        store, node = self.emu.images, self.w.kl.node
-        if not store.enabled and self.c.get("imagePullPolicy", "IfNotPresent") == "Always":
+        store, node = self.emu.images, self.worker.kubelet.node
+        if not store.enabled and self.container.get("imagePullPolicy", "IfNotPresent") == "Always":
             self.event("Normal", "Pulling", f'Pulling image "{image}"')
-            if self.w.sleep(0.05):
+            if self.worker.sleep(0.05):
                 return False
             self.event(
                 "Normal",
@@ -5051,7 +5066,9 @@ class ContainerRunner(threading.Thread):
                 f'Successfully pulled image "{image}" in 52ms (52ms including waiting). '
                 "Image size: 19203584 bytes.",
             )
-        elif self.c.get("imagePullPolicy", "IfNotPresent") != "Always" and store.has(node, image):
+        elif self.container.get("imagePullPolicy", "IfNotPresent") != "Always" and store.has(
+            node, image
+        ):
             # The kubelet of 1.35 adds that the pod may use it (seen on kubelet v1.35.4).
             accessible = " and can be accessed by the pod" if self.emu.v >= (1, 35) else ""
             self.event(
@@ -5068,7 +5085,7 @@ class ContainerRunner(threading.Thread):
             # Pulled message gives the pull's own time, then the time including the wait for its turn.
             self.event("Normal", "Pulling", f'Pulling image "{image}"')
             asked = time.time()
-            pulled = store.pull(node, image, self.w.pull_stopped)
+            pulled = store.pull(node, image, self.worker.pull_stopped)
             if pulled is None:
                 return False
             seconds, size = pulled
@@ -5082,9 +5099,9 @@ class ContainerRunner(threading.Thread):
         return True
 
     def _run(self) -> None:
-        emu, w = self.emu, self.w
+        emu, w = self.emu, self.worker
         idx = w.index
-        image = self.c.get("image", "")
+        image = self.container.get("image", "")
         if emu.faults.applies("image_pull_backoff", idx):
             self._image_pull_backoff(image)
             return
@@ -5120,7 +5137,7 @@ class ContainerRunner(threading.Thread):
 
     def _attempt_argv(self, crash_first: bool, env: dict[str, str]) -> list[str] | None:
         """What an attempt runs: a fault's stand-in, the container's command, or None (the lightweight kubelet)."""
-        faults, idx = self.emu.faults, self.w.index
+        faults, idx = self.emu.faults, self.worker.index
         if faults.applies("replace_pod", idx):
             # The pod is replaced while it runs, so it must still be running then
             # whatever the machine's load: it holds until evicted.
@@ -5157,13 +5174,13 @@ class ContainerRunner(threading.Thread):
             "Container started" if self.emu.v >= (1, 35) else f"Started container {self.cname}",
         )
         if not self.started_once:
-            self.emu.truth_record.note("pods", self.w.key, "container_started", true_start)
+            self.emu.truth_record.note("pods", self.worker.key, "container_started", true_start)
             self.started_once = True
-        self.w.started_at = true_start
+        self.worker.started_at = true_start
 
     def _created(self, attempt: int) -> tuple[str, ContainerLog]:
         """The Created event of this run, its container ID and its new (registered) log."""
-        emu, w = self.emu, self.w
+        emu, w = self.emu, self.worker
         cid = hex64(f"{w.uid}/{self.cname}/{attempt}")
         self.event(
             "Normal",
@@ -5182,7 +5199,7 @@ class ContainerRunner(threading.Thread):
         self, code: int, cid: str, start: float, exited_at: float, finished_at: float
     ) -> None:
         """Keep a run's exit: its code, the truth's container end and the terminated state it leaves."""
-        emu, w = self.emu, self.w
+        emu, w = self.emu, self.worker
         self.exit_codes.append(code)
         emu.truth_record.note("pods", w.key, "container_finished", exited_at, first=False)
         emu.truth_record.note("pods", w.key, "exit_code", code, raw=True)
@@ -5204,20 +5221,20 @@ class ContainerRunner(threading.Thread):
         restarting: bool = False,
     ) -> int | None:
         """One run of the container's process in the sandbox: its exit code, None when the pod stopped first."""
-        emu, w = self.emu, self.w
+        emu, w = self.emu, self.worker
         cid, log = self._created(attempt)
-        mounts, ro_root = w.mounts_for(self.c)
+        mounts, ro_root = w.mounts_for(self.container)
         cmd = build_bwrap_argv(
             uid,
             gid,
             w.hostname,
             mounts,
             ro_root,
-            self.c.get("workingDir") or "/",
+            self.container.get("workingDir") or "/",
             argv,
             str(emu.bindir),
         )
-        start = emu.node_now(w.kl.node)
+        start = emu.node_now(w.kubelet.node)
         # The true start is taken before the process is spawned: on a loaded machine the
         # spawn and the Started event can take a while, and the container runs meanwhile.
         true_start = time.time()
@@ -5248,7 +5265,7 @@ class ContainerRunner(threading.Thread):
         log.close()
         code = rc if rc >= 0 else 128 - rc
         # The runtime reports the exit's own moment, however long the log took to drain since.
-        self._exited(code, cid, start, exited_at, emu.node_now(w.kl.node, exited_at))
+        self._exited(code, cid, start, exited_at, emu.node_now(w.kubelet.node, exited_at))
         self._report_exit(restarting)
         with self.proc_lock:
             self.proc = None
@@ -5293,11 +5310,11 @@ class ContainerRunner(threading.Thread):
             if attempt and last:
                 cs["lastState"] = {"terminated": last}
 
-        self.w.update_container(self.cname, running)
+        self.worker.update_container(self.cname, running)
 
     def _report_exit(self, restarting: bool) -> None:
         """The state a run's exit leaves: terminated, or waiting to restart."""
-        w = self.w
+        w = self.worker
         assert self.last_terminated is not None
         if restarting and not w.stop_requested():
             # One status update from running to CrashLoopBackOff, as a kubelet that restarts
@@ -5319,7 +5336,7 @@ class ContainerRunner(threading.Thread):
 
     def _run_emitted(self, env: dict[str, str], attempt: int) -> int | None:
         """The lightweight kubelet: the built-in worker's events with its timing, no process."""
-        emu, w = self.emu, self.w
+        emu, w = self.emu, self.worker
         timing = emu.faults.lightweight() or {}
         jitter = timing["jitter"]
 
@@ -5327,7 +5344,7 @@ class ContainerRunner(threading.Thread):
             return timing[key] * random.uniform(1 - jitter, 1 + jitter)
 
         cid, log = self._created(attempt)
-        start = emu.node_now(w.kl.node)
+        start = emu.node_now(w.kubelet.node)
         true_start = time.time()
         self.mark_started(true_start)
 
@@ -5366,7 +5383,7 @@ class ContainerRunner(threading.Thread):
                         )
                         + "\n"
                     ).encode(),
-                    emu.node_offset(w.kl.node),
+                    emu.node_offset(w.kubelet.node),
                 )
             )
             stopped = w.sleep(delay("episode_work"))
@@ -5387,19 +5404,19 @@ class ContainerRunner(threading.Thread):
                         )
                         + "\n"
                     ).encode(),
-                    emu.node_offset(w.kl.node),
+                    emu.node_offset(w.kubelet.node),
                 )
             )
             stopped = w.sleep(delay("exit"))
         log.close()
         code = 143 if stopped else 0
-        self._exited(code, cid, start, time.time(), emu.node_now(w.kl.node))
+        self._exited(code, cid, start, time.time(), emu.node_now(w.kubelet.node))
         self.set_state({"terminated": dict(self.last_terminated)}, ready=False, started=False)
         return None if stopped else code
 
     def _pump(self, proc: subprocess.Popen, log: ContainerLog) -> None:
-        mode = self.emu.faults.for_pod("log_tamper", self.w.index)
-        ahead = self.emu.node_offset(self.w.kl.node)
+        mode = self.emu.faults.for_pod("log_tamper", self.worker.index)
+        ahead = self.emu.node_offset(self.worker.kubelet.node)
         assert proc.stdout is not None
         for line in iter(proc.stdout.readline, b""):
             for out in tamper_line(mode, on_node_clock(line, ahead)):
@@ -5421,12 +5438,12 @@ class ContainerRunner(threading.Thread):
             f'rpc error: code = NotFound desc = failed to pull and unpack image "{repo_ref}": '
             f'failed to resolve reference "{repo_ref}": {repo_ref}: not found'
         )
-        while not self.w.stop_requested():
+        while not self.worker.stop_requested():
             self.event("Normal", "Pulling", f'Pulling image "{image}"')
             self.event("Warning", "Failed", f'Failed to pull image "{image}": {err}')
             self.event("Warning", "Failed", "Error: ErrImagePull")
             self.set_state({"waiting": {"reason": "ErrImagePull", "message": err}})
-            if self.w.sleep(self.emu.t("image_pull_backoff")):
+            if self.worker.sleep(self.emu.t("image_pull_backoff")):
                 return
             self.event("Normal", "BackOff", f'Back-off pulling image "{image}"')
             self.event("Warning", "Failed", "Error: ImagePullBackOff")
@@ -5438,17 +5455,17 @@ class ContainerRunner(threading.Thread):
                     }
                 }
             )
-            if self.w.sleep(self.emu.t("image_pull_backoff") * 2):
+            if self.worker.sleep(self.emu.t("image_pull_backoff") * 2):
                 return
 
     def _identity(self) -> tuple[int, int, str | None]:
-        pod = self.w.pod
-        psc = (pod.get("spec") or {}).get("securityContext") or {}
-        csc = self.c.get("securityContext") or {}
-        uid = csc.get("runAsUser", psc.get("runAsUser"))
-        gid = csc.get("runAsGroup", psc.get("runAsGroup"))
-        nonroot = csc.get("runAsNonRoot", psc.get("runAsNonRoot"))
-        fmt_pod = f'"{self.w.name}_{self.w.ns}({self.w.uid})"'
+        pod = self.worker.pod
+        pod_security = (pod.get("spec") or {}).get("securityContext") or {}
+        container_security = self.container.get("securityContext") or {}
+        uid = container_security.get("runAsUser", pod_security.get("runAsUser"))
+        gid = container_security.get("runAsGroup", pod_security.get("runAsGroup"))
+        nonroot = container_security.get("runAsNonRoot", pod_security.get("runAsNonRoot"))
+        fmt_pod = f'"{self.worker.name}_{self.worker.ns}({self.worker.uid})"'
         err = None
         if nonroot:
             if uid is None:
@@ -5464,7 +5481,7 @@ class ContainerRunner(threading.Thread):
         return int(uid or 0), int(gid if gid is not None else 0), err
 
     def _env(self) -> tuple[dict[str, str], str | None]:
-        w = self.w
+        w = self.worker
         pod = w.store_pod()
         env: dict[str, str] = {
             "PATH": SANDBOX_PATH,
@@ -5485,19 +5502,19 @@ class ContainerRunner(threading.Thread):
                     "KUBERNETES_PORT_443_TCP_ADDR": "10.96.0.1",
                 }
             )
-        for e in self.c.get("env") or []:
+        for e in self.container.get("env") or []:
             name = e.get("name")
             if "value" in e or not e.get("valueFrom"):
                 env[name] = expand_vars(str(e.get("value", "")), env)
                 continue
-            vf = e["valueFrom"]
-            if vf.get("fieldRef"):
-                val = resolve_field_ref(pod, vf["fieldRef"].get("fieldPath", ""))
+            value_from = e["valueFrom"]
+            if value_from.get("fieldRef"):
+                val = resolve_field_ref(pod, value_from["fieldRef"].get("fieldPath", ""))
                 if val is None:
-                    return env, f"unsupported fieldPath: {vf['fieldRef'].get('fieldPath')}"
+                    return env, f"unsupported fieldPath: {value_from['fieldRef'].get('fieldPath')}"
                 env[name] = val
-            elif vf.get("configMapKeyRef"):
-                ref = vf["configMapKeyRef"]
+            elif value_from.get("configMapKeyRef"):
+                ref = value_from["configMapKeyRef"]
                 cm = self.emu.store.get("configmaps", w.ns, ref.get("name", ""))
                 if cm is None or ref.get("key") not in (cm.get("data") or {}):
                     if ref.get("optional"):
@@ -5509,11 +5526,11 @@ class ContainerRunner(threading.Thread):
                         f"couldn't find key {ref.get('key')} in ConfigMap {w.ns}/{ref.get('name')}",
                     )
                 env[name] = cm["data"][ref["key"]]
-            elif vf.get("resourceFieldRef"):
-                ref = vf["resourceFieldRef"]
+            elif value_from.get("resourceFieldRef"):
+                ref = value_from["resourceFieldRef"]
                 res = ref.get("resource", "")
                 kind, _, what = res.partition(".")
-                val = ((self.c.get("resources") or {}).get(kind) or {}).get(what)
+                val = ((self.container.get("resources") or {}).get(kind) or {}).get(what)
                 if val is None:
                     val = "8" if what == "cpu" else str(32 * 1024**3)
                 else:
@@ -5523,16 +5540,16 @@ class ContainerRunner(threading.Thread):
 
                     val = str(int(math.ceil(q / div)))
                 env[name] = val
-            elif vf.get("secretKeyRef"):
-                ref = vf["secretKeyRef"]
+            elif value_from.get("secretKeyRef"):
+                ref = value_from["secretKeyRef"]
                 if ref.get("optional"):
                     continue
                 return env, f'secret "{ref.get("name")}" not found'
         return env, None
 
     def _argv(self, env: dict[str, str]) -> list[str]:
-        command = self.c.get("command") or []
-        args = self.c.get("args") or []
+        command = self.container.get("command") or []
+        args = self.container.get("args") or []
         argv = list(command) + list(args) if command else (list(args) if args else ["python3"])
         return [expand_vars(a, env) for a in argv]
 
@@ -5645,12 +5662,12 @@ class PodWorker(threading.Thread):
     """The kubelet's per-pod worker: sandbox, volumes, containers, termination."""
 
     def __init__(self, kubelet: Kubelet, pod: dict):
-        md = pod["metadata"]
-        super().__init__(name=f"pod-{md['name']}", daemon=True)
-        self.kl = kubelet
+        metadata = pod["metadata"]
+        super().__init__(name=f"pod-{metadata['name']}", daemon=True)
+        self.kubelet = kubelet
         self.emu = kubelet.emu
         self.pod = pod
-        self.ns, self.name, self.uid = md["namespace"], md["name"], md["uid"]
+        self.ns, self.name, self.uid = metadata["namespace"], metadata["name"], metadata["uid"]
         self.key = f"{self.ns}/{self.name}"
         self.index = self.emu.truth_record.pod_index(self.uid)
         self.hostname = (pod.get("spec") or {}).get("hostname") or self.name
@@ -5720,21 +5737,21 @@ class PodWorker(threading.Thread):
     def recompute(self, o: dict) -> None:
         emu = self.emu
         st = o.setdefault("status", {})
-        css = st.get("containerStatuses") or []
-        now = emu.node_now(self.kl.node)
+        container_statuses = st.get("containerStatuses") or []
+        now = emu.node_now(self.kubelet.node)
         conds = st.setdefault("conditions", [])
-        terminated = [cs for cs in css if (cs.get("state") or {}).get("terminated")]
-        running = [cs for cs in css if (cs.get("state") or {}).get("running")]
+        terminated = [cs for cs in container_statuses if (cs.get("state") or {}).get("terminated")]
+        running = [cs for cs in container_statuses if (cs.get("state") or {}).get("running")]
         if st.get("reason") == "Evicted" or (
             st.get("reason") == "DeadlineExceeded"
-            and css
-            and all((cs.get("state") or {}).get("terminated") for cs in css)
+            and container_statuses
+            and all((cs.get("state") or {}).get("terminated") for cs in container_statuses)
         ):
             phase = "Failed"
-        elif css and len(terminated) == len(css):
+        elif container_statuses and len(terminated) == len(container_statuses):
             phase = (
                 "Succeeded"
-                if all(cs["state"]["terminated"].get("exitCode") == 0 for cs in css)
+                if all(cs["state"]["terminated"].get("exitCode") == 0 for cs in container_statuses)
                 else "Failed"
             )
         elif running or st.get("phase") == "Running":
@@ -5745,9 +5762,9 @@ class PodWorker(threading.Thread):
         if emu.v >= (1, 34) and o["metadata"].get("generation"):
             st["observedGeneration"] = o["metadata"]["generation"]
         terminal = phase in ("Succeeded", "Failed")
-        unready = [cs["name"] for cs in css if not cs.get("ready")]
+        unready = [cs["name"] for cs in container_statuses if not cs.get("ready")]
         for ctype in ("ContainersReady", "Ready"):
-            if not unready and css:
+            if not unready and container_statuses:
                 c = condition(ctype, "True", now)
             elif terminal:
                 c = condition(ctype, "False", now, "PodCompleted")
@@ -5811,13 +5828,13 @@ class PodWorker(threading.Thread):
     def _initial_status(self, containers: list[dict]) -> bool:
         """The status a kubelet first writes: Pending on this node, every container creating."""
         emu = self.emu
-        now = emu.node_now(self.kl.node)
+        now = emu.node_now(self.kubelet.node)
 
         def init(o: dict) -> bool | None:
             st = o.setdefault("status", {})
             st["phase"] = "Pending"
-            st["hostIP"] = self.kl.ip
-            st["hostIPs"] = [{"ip": self.kl.ip}]
+            st["hostIP"] = self.kubelet.ip
+            st["hostIPs"] = [{"ip": self.kubelet.ip}]
             st["startTime"] = fmt_time(now)
             self.active_since = time.time()
             conds = st.setdefault("conditions", [])
@@ -5852,7 +5869,12 @@ class PodWorker(threading.Thread):
                 return True
             except MountError as e:
                 self.emu.events.record(
-                    self.store_pod(), "Warning", "FailedMount", str(e), "kubelet", host=self.kl.node
+                    self.store_pod(),
+                    "Warning",
+                    "FailedMount",
+                    str(e),
+                    "kubelet",
+                    host=self.kubelet.node,
                 )
                 if self.sleep(1.0):
                     self._terminate_all()
@@ -5882,7 +5904,7 @@ class PodWorker(threading.Thread):
         if self.sleep(delay):
             self._terminate_all()
             return False
-        pod_ip = self.kl.pod_ip(self)
+        pod_ip = self.kubelet.pod_ip(self)
         # RunPodSandbox has returned: the sandbox is ready now, whenever its status reaches the API.
         sandbox_ready_at = time.time()
 
@@ -5893,7 +5915,7 @@ class PodWorker(threading.Thread):
             if emu.v >= (1, 29) and not emu.faults.on("sandbox_status_with_running"):
                 set_condition(
                     st.setdefault("conditions", []),
-                    condition("PodReadyToStartContainers", "True", emu.node_now(self.kl.node)),
+                    condition("PodReadyToStartContainers", "True", emu.node_now(self.kubelet.node)),
                 )
             self.recompute(o)
             return True
@@ -5969,7 +5991,7 @@ class PodWorker(threading.Thread):
         for r in self.runners:
             r.join(10)
         # containers that never ran: mark them terminated so the pod can reach a terminal phase
-        now = self.emu.node_now(self.kl.node)
+        now = self.emu.node_now(self.kubelet.node)
 
         def fin(o: dict) -> bool | None:
             st = o.setdefault("status", {})
@@ -6013,7 +6035,12 @@ class PodWorker(threading.Thread):
         the containers have stopped."""
         message = "Pod was active on the node longer than the specified deadline"
         self.emu.events.record(
-            self.store_pod(), "Normal", "DeadlineExceeded", message, "kubelet", host=self.kl.node
+            self.store_pod(),
+            "Normal",
+            "DeadlineExceeded",
+            message,
+            "kubelet",
+            host=self.kubelet.node,
         )
         self.grace = float((self.pod.get("spec") or {}).get("terminationGracePeriodSeconds") or 30)
         self.evicted = True  # stops the pod's steps as an eviction does
@@ -6035,8 +6062,8 @@ class PodWorker(threading.Thread):
             emu.replaced_uids.add(self.uid)
         self.evicted = True
         pod = self.store_pod()
-        emu.events.record(pod, "Warning", "Evicted", message, "kubelet", host=self.kl.node)
-        now = emu.node_now(self.kl.node)
+        emu.events.record(pod, "Warning", "Evicted", message, "kubelet", host=self.kubelet.node)
+        now = emu.node_now(self.kubelet.node)
 
         def mark(o: dict) -> bool | None:
             st = o.setdefault("status", {})
@@ -6060,7 +6087,7 @@ class PodWorker(threading.Thread):
             and pod["metadata"].get("uid") == self.uid
             and pod["metadata"].get("deletionTimestamp")
         ):
-            self.kl.final_delete(self.ns, self.name, self.uid)
+            self.kubelet.final_delete(self.ns, self.name, self.uid)
 
     # -- volumes -----------------------------------------------------------
     def _prepare_volumes(self, pod: dict) -> None:
@@ -6143,25 +6170,25 @@ class PodWorker(threading.Thread):
 
     def mounts_for(self, container: dict) -> tuple[list[tuple[str, str, bool]], bool]:
         out = []
-        for vm in container.get("volumeMounts") or []:
-            src, kind = self.volumes.get(vm["name"], ("", ""))
+        for mount in container.get("volumeMounts") or []:
+            src, kind = self.volumes.get(mount["name"], ("", ""))
             if not src:
                 continue
-            if vm.get("subPath"):
-                src = os.path.join(src, vm["subPath"])
+            if mount.get("subPath"):
+                src = os.path.join(src, mount["subPath"])
                 if not os.path.exists(src):
                     os.makedirs(src, exist_ok=True)
-            ro = bool(vm.get("readOnly")) or kind in ("configMap", "projected", "downwardAPI")
-            out.append((src, vm["mountPath"], ro))
+            ro = bool(mount.get("readOnly")) or kind in ("configMap", "projected", "downwardAPI")
+            out.append((src, mount["mountPath"], ro))
         sc = container.get("securityContext") or {}
         return out, bool(sc.get("readOnlyRootFilesystem"))
 
     def _size_limit_exceeded(self) -> str | None:
         for v in (self.pod.get("spec") or {}).get("volumes") or []:
-            ed = v.get("emptyDir")
-            if ed is None or not ed.get("sizeLimit") or v["name"] not in self.volumes:
+            empty_dir = v.get("emptyDir")
+            if empty_dir is None or not empty_dir.get("sizeLimit") or v["name"] not in self.volumes:
                 continue
-            limit = parse_quantity(ed["sizeLimit"])
+            limit = parse_quantity(empty_dir["sizeLimit"])
             used = 0
             for root, _, files in os.walk(self.volumes[v["name"]][0]):
                 for f in files:
@@ -6173,7 +6200,7 @@ class PodWorker(threading.Thread):
                 self.emu.truth_record.note("pods", self.key, "size_limit_exceeded", used, raw=True)
                 return (
                     f'Usage of EmptyDir volume "{v["name"]}" exceeds the limit '
-                    f'"{ed["sizeLimit"]}". '
+                    f'"{empty_dir["sizeLimit"]}". '
                 )
         return None
 
@@ -6222,26 +6249,26 @@ class Kubelet:
                 traceback.print_exc()
 
     def _sync_pod(self, etype: str, obj: dict) -> None:
-        md = obj["metadata"]
-        uid = md["uid"]
+        metadata = obj["metadata"]
+        uid = metadata["uid"]
         with self.lock:
             w = self.workers.get(uid)
             if told_of_removal(etype, w):
                 return
             if w is None:
                 if pod_terminal(obj):
-                    if md.get("deletionTimestamp"):
-                        self.finalq.add((md["namespace"], md["name"], uid), 0)
+                    if metadata.get("deletionTimestamp"):
+                        self.finalq.add((metadata["namespace"], metadata["name"], uid), 0)
                     return
                 if self.emu._stopping.is_set():
                     return
                 w = PodWorker(self, obj)
                 self.workers[uid] = w
                 w.start()
-        if md.get("deletionTimestamp"):
+        if metadata.get("deletionTimestamp"):
             w.on_deletion(obj)
             if w.done:
-                self.finalq.add((md["namespace"], md["name"], uid), 0)
+                self.finalq.add((metadata["namespace"], metadata["name"], uid), 0)
 
     def pod_ip(self, w: PodWorker) -> str:
         with self.lock:
@@ -6349,16 +6376,16 @@ def validate_pod_spec(spec: dict, path: str) -> list[tuple[str, str, str]]:
         seen.add(c.get("name", ""))
         if not c.get("image"):
             errs.append((f"{cp}.image", "FieldValueRequired", "Required value"))
-        for j, vm in enumerate(c.get("volumeMounts") or []):
-            if vm.get("name") not in vols:
+        for j, mount in enumerate(c.get("volumeMounts") or []):
+            if mount.get("name") not in vols:
                 errs.append(
                     (
                         f"{cp}.volumeMounts[{j}].name",
                         "FieldValueNotFound",
-                        f'Not found: "{vm.get("name")}"',
+                        f'Not found: "{mount.get("name")}"',
                     )
                 )
-            if not vm.get("mountPath"):
+            if not mount.get("mountPath"):
                 errs.append(
                     (
                         f"{cp}.volumeMounts[{j}].mountPath",
@@ -6380,25 +6407,25 @@ def validate_pod_spec(spec: dict, path: str) -> list[tuple[str, str, str]]:
                         )
                     )
     for i, v in enumerate(spec.get("volumes") or []):
-        ed = v.get("emptyDir")
-        if ed and ed.get("sizeLimit") is not None:
+        empty_dir = v.get("emptyDir")
+        if empty_dir and empty_dir.get("sizeLimit") is not None:
             try:
-                parse_quantity(ed["sizeLimit"])
+                parse_quantity(empty_dir["sizeLimit"])
             except ValueError as e:
                 errs.append(
                     (
                         f"{path}.volumes[{i}].emptyDir.sizeLimit",
                         "FieldValueInvalid",
-                        f'Invalid value: "{ed["sizeLimit"]}": {e}',
+                        f'Invalid value: "{empty_dir["sizeLimit"]}": {e}',
                     )
                 )
-    rp = spec.get("restartPolicy")
-    if rp not in ("Always", "OnFailure", "Never"):
+    restart_policy = spec.get("restartPolicy")
+    if restart_policy not in ("Always", "OnFailure", "Never"):
         errs.append(
             (
                 f"{path}.restartPolicy",
                 "FieldValueNotSupported",
-                f'Unsupported value: "{rp}": supported values: "Always", "OnFailure", "Never"',
+                f'Unsupported value: "{restart_policy}": supported values: "Always", "OnFailure", "Never"',
             )
         )
     return errs
@@ -6443,25 +6470,25 @@ def validate_job(body: dict) -> list[tuple[str, str, str]]:
     spec = body.get("spec") or {}
     tspec = (spec.get("template") or {}).get("spec") or {}
     errs = validate_pod_spec(tspec, "spec.template.spec")
-    rp = tspec.get("restartPolicy")
-    if rp not in ("OnFailure", "Never"):
+    restart_policy = tspec.get("restartPolicy")
+    if restart_policy not in ("OnFailure", "Never"):
         errs = [e for e in errs if e[0] != "spec.template.spec.restartPolicy"]
         errs.append(
             (
                 "spec.template.spec.restartPolicy",
                 "FieldValueNotSupported",
-                f'Unsupported value: "{rp}": supported values: "OnFailure", "Never"',
+                f'Unsupported value: "{restart_policy}": supported values: "OnFailure", "Never"',
             )
         )
     errs += _job_count_errors(spec)
     policy = spec.get("podFailurePolicy")
     if policy is not None:
-        if rp != "Never":
+        if restart_policy != "Never":
             errs.append(
                 (
                     "spec.template.spec.restartPolicy",
                     "FieldValueInvalid",
-                    f'Invalid value: "{rp}": only "Never" is supported when podFailurePolicy '
+                    f'Invalid value: "{restart_policy}": only "Never" is supported when podFailurePolicy '
                     "is specified",
                 )
             )
@@ -6529,13 +6556,15 @@ def _job_count_errors(spec: dict) -> list[tuple[str, str, str]]:
                     f"Invalid value: {spec[f]}: must be greater than or equal to 0",
                 )
             )
-    ads = spec.get("activeDeadlineSeconds")
-    if ads is not None and (not isinstance(ads, int) or ads <= 0):
+    active_deadline = spec.get("activeDeadlineSeconds")
+    if active_deadline is not None and (
+        not isinstance(active_deadline, int) or active_deadline <= 0
+    ):
         errs.append(
             (
                 "spec.activeDeadlineSeconds",
                 "FieldValueInvalid",
-                f"Invalid value: {ads}: must be greater than or equal to 1",
+                f"Invalid value: {active_deadline}: must be greater than or equal to 1",
             )
         )
     if spec.get("completionMode") not in ("NonIndexed", "Indexed"):
@@ -6732,16 +6761,16 @@ class WritePath:
                     _delete_path(body, u)
         else:
             body = v1_event_to_core(body)
-        md = body.setdefault("metadata", {})
+        metadata = body.setdefault("metadata", {})
         if info.namespaced:
-            if md.get("namespace") and md["namespace"] != ns:
+            if metadata.get("namespace") and metadata["namespace"] != ns:
                 raise err_bad_request(
                     "the namespace of the provided object does not match the namespace sent "
                     "on the request"
                 )
-            md["namespace"] = ns
+            metadata["namespace"] = ns
         else:
-            md.pop("namespace", None)
+            metadata.pop("namespace", None)
         dry = query.get("dryRun") == "All"
         created = self.create_object(info, body, dry_run=dry)
         warnings += self._pod_security_warnings(info, ns, created)
@@ -6769,7 +6798,7 @@ class WritePath:
             [("kind", body.pop("kind")), ("apiVersion", body.pop("apiVersion"))]
             + list(body.items())
         )
-        md = body.setdefault("metadata", {})
+        metadata = body.setdefault("metadata", {})
         for k in (
             "uid",
             "resourceVersion",
@@ -6780,9 +6809,9 @@ class WritePath:
             "managedFields",
             "generation",
         ):
-            md.pop(k, None)
-        err_name = md.get("name") or md.get("generateName") or ""
-        if not md.get("name") and not md.get("generateName"):
+            metadata.pop(k, None)
+        err_name = metadata.get("name") or metadata.get("generateName") or ""
+        if not metadata.get("name") and not metadata.get("generateName"):
             raise err_invalid(
                 canon,
                 "",
@@ -6794,17 +6823,17 @@ class WritePath:
                     )
                 ],
             )
-        ns = md.get("namespace")
+        ns = metadata.get("namespace")
         if canon.namespaced:
             self._check_namespace(canon, ns or "", err_name)
         admit = getattr(self, "_admit_" + canon.store, None)
         if admit is not None:
             admit(body, err_name)
-        generated = not md.get("name")
+        generated = not metadata.get("name")
         for _ in range(20):
             if generated:
-                md["name"] = md["generateName"] + random_suffix()
-            name = md["name"]
+                metadata["name"] = metadata["generateName"] + random_suffix()
+            name = metadata["name"]
             pattern = _DNS1123_LABEL if canon.store == "namespaces" else _DNS1123_SUBDOMAIN
             limit = 63 if canon.store == "namespaces" else 253
             if canon.store != "events" and (not pattern.match(name) or len(name) > limit):
@@ -6831,15 +6860,15 @@ class WritePath:
                     ],
                 )
             if canon.store == "namespaces":
-                md.setdefault("labels", {})["kubernetes.io/metadata.name"] = name
+                metadata.setdefault("labels", {})["kubernetes.io/metadata.name"] = name
             errs = validation_errors(canon, body)
             if errs:
                 raise err_invalid(canon, name, errs)
             if dry_run:
                 if self.store.get(canon.store, ns if canon.namespaced else None, name) is not None:
                     raise err_already_exists(canon, name)
-                md.setdefault("uid", str(uuid.uuid4()))
-                md["creationTimestamp"] = fmt_time(self.clock())
+                metadata.setdefault("uid", str(uuid.uuid4()))
+                metadata["creationTimestamp"] = fmt_time(self.clock())
                 return body
             try:
                 return self.store.create(canon.store, body)
@@ -6847,7 +6876,7 @@ class WritePath:
                 if generated:
                     continue
                 raise err_already_exists(canon, name) from None
-        raise err_already_exists(canon, md.get("name", ""))
+        raise err_already_exists(canon, metadata.get("name", ""))
 
     def _check_namespace(self, info: ResourceInfo, ns: str, err_name: str) -> None:
         nsobj = self.store.get("namespaces", None, ns)
@@ -6880,10 +6909,10 @@ class WritePath:
                 fins.append(STUCK_FINALIZER)
 
     def _admit_jobs(self, body: dict, err_name: str) -> None:
-        md = body["metadata"]
+        metadata = body["metadata"]
         spec = body.setdefault("spec", {})
         tmpl = spec.setdefault("template", {})
-        tmd = tmpl.setdefault("metadata", {})
+        template_metadata = tmpl.setdefault("metadata", {})
         tspec = tmpl.setdefault("spec", {})
         if spec.get("completions") is None and spec.get("parallelism") is None:
             spec["completions"] = 1
@@ -6899,27 +6928,29 @@ class WritePath:
                 "podReplacementPolicy",
                 "Failed" if spec.get("podFailurePolicy") else "TerminatingOrFailed",
             )
-        md["uid"] = str(uuid.uuid4())
-        name = md.get("name") or md.get("generateName", "")
+        metadata["uid"] = str(uuid.uuid4())
+        name = metadata.get("name") or metadata.get("generateName", "")
         if not spec.get("manualSelector"):
             spec.setdefault("manualSelector", False)
-            spec["selector"] = {"matchLabels": {"batch.kubernetes.io/controller-uid": md["uid"]}}
-            labels = tmd.setdefault("labels", {})
+            spec["selector"] = {
+                "matchLabels": {"batch.kubernetes.io/controller-uid": metadata["uid"]}
+            }
+            labels = template_metadata.setdefault("labels", {})
             labels.update(
                 {
-                    "batch.kubernetes.io/controller-uid": md["uid"],
+                    "batch.kubernetes.io/controller-uid": metadata["uid"],
                     "batch.kubernetes.io/job-name": name,
-                    "controller-uid": md["uid"],
+                    "controller-uid": metadata["uid"],
                     "job-name": name,
                 }
             )
         default_pod_spec(tspec)
         # A Job without labels takes its template's, selector labels included: the API server
         # defaults them to the template's label map before it adds those to that same map.
-        if not md.get("labels"):
-            md["labels"] = dict(tmd.get("labels") or {})
+        if not metadata.get("labels"):
+            metadata["labels"] = dict(template_metadata.get("labels") or {})
         body["status"] = {}
-        md["generation"] = 1
+        metadata["generation"] = 1
 
     def _admit_pods(self, body: dict, err_name: str) -> None:
         spec = body.setdefault("spec", {})
@@ -7035,10 +7066,10 @@ class WritePath:
         cur = self.store.get(info.store, store_ns, name)
         if cur is None:
             raise err_not_found(info, name)
-        bmd = body.get("metadata") or {}
-        if bmd.get("name") and bmd["name"] != name:
+        body_metadata = body.get("metadata") or {}
+        if body_metadata.get("name") and body_metadata["name"] != name:
             raise err_bad_request(
-                f"the name of the object ({bmd['name']}) does not match the name on the URL "
+                f"the name of the object ({body_metadata['name']}) does not match the name on the URL "
                 f"({name})"
             )
         if (
@@ -7053,13 +7084,13 @@ class WritePath:
                     f'{info.kind} in version "{info.version}" cannot be handled as a {info.kind}: '
                     f"strict decoding error: {listing}"
                 )
-        expect = bmd.get("resourceVersion") or None
+        expect = body_metadata.get("resourceVersion") or None
         if query.get("dryRun") == "All":
             return cur
         has_status = "status" in info.subresources
 
         def mutate(o: dict) -> bool | None:
-            omd = o["metadata"]
+            stored_metadata = o["metadata"]
             if sub == "status":
                 o["status"] = body.get("status") or {}
                 return True
@@ -7068,7 +7099,7 @@ class WritePath:
                     "finalizers"
                 ) or []
                 return True
-            new_md = dict(bmd)
+            new_md = dict(body_metadata)
             for k in (
                 "uid",
                 "creationTimestamp",
@@ -7079,12 +7110,14 @@ class WritePath:
                 "name",
                 "resourceVersion",
             ):
-                if k in omd:
-                    new_md[k] = omd[k]
+                if k in stored_metadata:
+                    new_md[k] = stored_metadata[k]
                 else:
                     new_md.pop(k, None)
-            if omd.get("deletionTimestamp"):
-                added = set(new_md.get("finalizers") or []) - set(omd.get("finalizers") or [])
+            if stored_metadata.get("deletionTimestamp"):
+                added = set(new_md.get("finalizers") or []) - set(
+                    stored_metadata.get("finalizers") or []
+                )
                 if added:
                     raise err_invalid(
                         info,
@@ -7200,19 +7233,19 @@ class WritePath:
             )
 
         def mark(o: dict) -> bool | None:
-            omd = o["metadata"]
+            stored_metadata = o["metadata"]
             changed = False
-            if fins != list(omd.get("finalizers") or []):
-                omd["finalizers"] = list(fins)
+            if fins != list(stored_metadata.get("finalizers") or []):
+                stored_metadata["finalizers"] = list(fins)
                 changed = True
-            if not omd.get("deletionTimestamp") or grace < (
-                omd.get("deletionGracePeriodSeconds") or 0
+            if not stored_metadata.get("deletionTimestamp") or grace < (
+                stored_metadata.get("deletionGracePeriodSeconds") or 0
             ):
-                omd["deletionTimestamp"] = fmt_time(now + grace)
-                omd["deletionGracePeriodSeconds"] = grace
+                stored_metadata["deletionTimestamp"] = fmt_time(now + grace)
+                stored_metadata["deletionGracePeriodSeconds"] = grace
                 changed = True
-            if not omd.get("finalizers"):
-                omd.pop("finalizers", None)
+            if not stored_metadata.get("finalizers"):
+                stored_metadata.pop("finalizers", None)
             return changed
 
         new = self.store.update(store, store_ns, name, mark)
@@ -7359,21 +7392,21 @@ class EventRecorder:
         """core/v1 event like client-go's EventRecorder: a repeat bumps its event's count; from the
         10th event in 10 minutes that differs only by message (a Job's SuccessfulCreate per pod),
         one combined event stands for them all, "(combined from similar events): <latest message>"."""
-        md = obj.get("metadata") or {}
-        ns = md.get("namespace") or "default"
+        metadata = obj.get("metadata") or {}
+        ns = metadata.get("namespace") or "default"
         io: dict[str, Any] = {
             "kind": obj.get("kind"),
-            "name": md.get("name"),
-            "uid": md.get("uid"),
+            "name": metadata.get("name"),
+            "uid": metadata.get("uid"),
             "apiVersion": obj.get("apiVersion"),
-            "resourceVersion": md.get("resourceVersion"),
+            "resourceVersion": metadata.get("resourceVersion"),
         }
-        if md.get("namespace"):
-            io["namespace"] = md["namespace"]
+        if metadata.get("namespace"):
+            io["namespace"] = metadata["namespace"]
         if field_path:
             io["fieldPath"] = field_path
-        key = (md.get("uid"), field_path, reason, message, component, host, etype)
-        similar = (md.get("uid"), field_path, reason, component, host, etype)
+        key = (metadata.get("uid"), field_path, reason, message, component, host, etype)
+        similar = (metadata.get("uid"), field_path, reason, component, host, etype)
         first, messages = self._event_similar.get(similar) or (time.time(), set())
         if time.time() - first > EVENT_AGGREGATE_SECONDS:
             first, messages = time.time(), set()
@@ -7405,7 +7438,7 @@ class EventRecorder:
         ev = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"name": f"{md.get('name')}.{named_ns:x}", "namespace": ns},
+            "metadata": {"name": f"{metadata.get('name')}.{named_ns:x}", "namespace": ns},
             "involvedObject": io,
             "reason": reason,
             "message": message,
@@ -7426,21 +7459,21 @@ class EventRecorder:
 
     def record_scheduled(self, pod: dict, note: str, at: float) -> None:
         """The scheduler records through events.k8s.io/v1: eventTime (µs), no first/lastTimestamp."""
-        md = pod["metadata"]
+        metadata = pod["metadata"]
         ev = {
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {
-                "name": f"{md['name']}.{int(at * 1e9):x}",
-                "namespace": md["namespace"],
+                "name": f"{metadata['name']}.{int(at * 1e9):x}",
+                "namespace": metadata["namespace"],
             },
             "involvedObject": {
                 "kind": "Pod",
-                "namespace": md["namespace"],
-                "name": md["name"],
-                "uid": md["uid"],
+                "namespace": metadata["namespace"],
+                "name": metadata["name"],
+                "uid": metadata["uid"],
                 "apiVersion": "v1",
-                "resourceVersion": md["resourceVersion"],
+                "resourceVersion": metadata["resourceVersion"],
             },
             "reason": "Scheduled",
             "message": note,
@@ -7503,20 +7536,24 @@ class TruthRecord:
         """Store listener: creation, termination and deletion of pods, Jobs and namespaces."""
         if store not in ("pods", "jobs", "namespaces"):
             return
-        md = obj["metadata"]
-        key = f"{md.get('namespace')}/{md['name']}" if md.get("namespace") else md["name"]
+        metadata = obj["metadata"]
+        key = (
+            f"{metadata.get('namespace')}/{metadata['name']}"
+            if metadata.get("namespace")
+            else metadata["name"]
+        )
         if etype == "ADDED":
             with self._lock:
                 self._truth[store][key] = {
-                    "created": self.store.created_wall.pop(md["uid"], time.time())
+                    "created": self.store.created_wall.pop(metadata["uid"], time.time())
                 }
                 if store == "pods":
-                    self._pod_index[md["uid"]] = self._pod_counter
+                    self._pod_index[metadata["uid"]] = self._pod_counter
                     self._truth[store][key]["index"] = self._pod_counter
                     self._pod_counter += 1
         elif etype == "DELETED":
             self.note(store, key, "deleted")
-        elif md.get("deletionTimestamp"):
+        elif metadata.get("deletionTimestamp"):
             self.note(store, key, "terminating")
 
 
@@ -7911,21 +7948,21 @@ class Emulator:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
+    parser = argparse.ArgumentParser(
         description="Run the Kubernetes API emulator until SIGINT/SIGTERM."
     )
-    ap.add_argument("--workdir", required=True)
-    ap.add_argument("--faults", default=None, help="JSON object of fault knobs")
-    ap.add_argument("--timing", default=None, help="JSON object of timing knobs")
-    ap.add_argument(
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--faults", default=None, help="JSON object of fault knobs")
+    parser.add_argument("--timing", default=None, help="JSON object of timing knobs")
+    parser.add_argument(
         "--images",
         default=None,
         help="JSON object: the nodes' images and their registry (ImageStore)",
     )
-    ap.add_argument("--nodes", type=int, default=3)
-    ap.add_argument("--server-version", default="1.33")
-    ap.add_argument("--python", default=sys.executable)
-    args = ap.parse_args(argv)
+    parser.add_argument("--nodes", type=int, default=3)
+    parser.add_argument("--server-version", default="1.33")
+    parser.add_argument("--python", default=sys.executable)
+    args = parser.parse_args(argv)
     emu = Emulator(
         args.workdir,
         faults=json.loads(args.faults) if args.faults else None,

@@ -118,11 +118,11 @@ class PodWorker(threading.Thread):
     """The kubelet's per-pod worker: sandbox, volumes, containers, status, termination."""
 
     def __init__(self, agent: NodeAgent, node: str, pod: dict):
-        md = pod["metadata"]
-        super().__init__(name=f"pod-{md['name']}", daemon=True)
+        metadata = pod["metadata"]
+        super().__init__(name=f"pod-{metadata['name']}", daemon=True)
         self.agent, self.api, self.node = agent, agent.api, node
         self.pod = pod
-        self.ns, self.name, self.uid = md["namespace"], md["name"], md["uid"]
+        self.ns, self.name, self.uid = metadata["namespace"], metadata["name"], metadata["uid"]
         self.hostname = (pod.get("spec") or {}).get("hostname") or self.name
         self.dir = agent.workdir / "pods" / self.uid
         self.containers = [
@@ -467,17 +467,17 @@ class PodWorker(threading.Thread):
         if self.stop_requested():
             return
         mounts = []
-        for vm in spec.get("volumeMounts") or []:
-            src, kind = volumes.get(vm["name"], ("", ""))
+        for mount in spec.get("volumeMounts") or []:
+            src, kind = volumes.get(mount["name"], ("", ""))
             if src:
-                if vm.get("subPath"):
-                    src = os.path.join(src, vm["subPath"])
+                if mount.get("subPath"):
+                    src = os.path.join(src, mount["subPath"])
                     os.makedirs(src, exist_ok=True)
                 mounts.append(
                     (
                         src,
-                        vm["mountPath"],
-                        bool(vm.get("readOnly")) or kind in ("configMap", "projected"),
+                        mount["mountPath"],
+                        bool(mount.get("readOnly")) or kind in ("configMap", "projected"),
                     )
                 )
         read_only_root = bool((spec.get("securityContext") or {}).get("readOnlyRootFilesystem"))
@@ -572,12 +572,12 @@ class PodWorker(threading.Thread):
 
     def _environment(self, spec: dict) -> tuple[dict[str, str], int, int, str | None]:
         pod_spec = self.pod.get("spec") or {}
-        psc = pod_spec.get("securityContext") or {}
-        csc = spec.get("securityContext") or {}
-        uid = csc.get("runAsUser", psc.get("runAsUser"))
-        gid = csc.get("runAsGroup", psc.get("runAsGroup"))
+        pod_security = pod_spec.get("securityContext") or {}
+        container_security = spec.get("securityContext") or {}
+        uid = container_security.get("runAsUser", pod_security.get("runAsUser"))
+        gid = container_security.get("runAsGroup", pod_security.get("runAsGroup"))
         pod_ref = f'"{self.name}_{self.ns}({self.uid})"'
-        if csc.get("runAsNonRoot", psc.get("runAsNonRoot")):
+        if container_security.get("runAsNonRoot", pod_security.get("runAsNonRoot")):
             if uid is None:
                 return (
                     {},
@@ -931,28 +931,28 @@ class NodeAgent:
             w.on_removed()
 
     def _on_pod(self, node: str, kind: str, pod: dict) -> None:
-        md = pod["metadata"]
-        uid = md["uid"]
+        metadata = pod["metadata"]
+        uid = metadata["uid"]
         with self.lock:
             worker = self.workers.get(uid)
         if told_of_removal(kind, worker):
             return
         terminal = (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
         if worker is None:
-            if md.get("deletionTimestamp"):
+            if metadata.get("deletionTimestamp"):
                 if terminal or not (pod.get("status") or {}).get("containerStatuses"):
-                    self.delete_for_good(md["namespace"], md["name"], uid)
+                    self.delete_for_good(metadata["namespace"], metadata["name"], uid)
                 return
             if terminal or (pod.get("status") or {}).get("startTime"):
                 return  # already run by this node (the agent keeps no state across restarts)
-            self.note(md["namespace"], md["name"], seen=time.time())
+            self.note(metadata["namespace"], metadata["name"], seen=time.time())
             worker = PodWorker(self, node, pod)
             with self.lock:
                 self.workers[uid] = worker
             worker.start()
             return
         worker.pod = pod
-        if md.get("deletionTimestamp") and not worker.deleting.is_set():
+        if metadata.get("deletionTimestamp") and not worker.deleting.is_set():
             worker.on_deletion(pod)
 
     def note(self, namespace: str, name: str, **fields: Any) -> None:
@@ -1011,14 +1011,14 @@ class NodeAgent:
         self, pod: dict, node: str, etype: str, reason: str, message: str, field_path: str | None
     ) -> None:
         """A core/v1 Event as the kubelet's recorder makes it: named <pod>.<hex UnixNano>."""
-        md = pod["metadata"]
+        metadata = pod["metadata"]
         involved = {
             "kind": "Pod",
-            "namespace": md["namespace"],
-            "name": md["name"],
-            "uid": md["uid"],
+            "namespace": metadata["namespace"],
+            "name": metadata["name"],
+            "uid": metadata["uid"],
             "apiVersion": "v1",
-            "resourceVersion": md.get("resourceVersion", ""),
+            "resourceVersion": metadata.get("resourceVersion", ""),
         }
         if field_path:
             involved["fieldPath"] = field_path
@@ -1027,8 +1027,8 @@ class NodeAgent:
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {
-                "name": f"{md['name']}.{time.time_ns():x}",
-                "namespace": md["namespace"],
+                "name": f"{metadata['name']}.{time.time_ns():x}",
+                "namespace": metadata["namespace"],
             },
             "involvedObject": involved,
             "reason": reason,
@@ -1043,7 +1043,7 @@ class NodeAgent:
             "reportingInstance": node,
         }
         try:
-            self.api.create(f"/api/v1/namespaces/{md['namespace']}/events", event)
+            self.api.create(f"/api/v1/namespaces/{metadata['namespace']}/events", event)
         except (ApiError, OSError):
             pass  # the recorder drops what it cannot write, e.g. into a terminating namespace
 
