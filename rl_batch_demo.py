@@ -167,6 +167,11 @@ HOST_ANNOTATION = ANNOTATION_PREFIX + "host"
 OUTPUT_ANNOTATION = ANNOTATION_PREFIX + "output"
 USER_ANNOTATION = ANNOTATION_PREFIX + "user"
 EXPIRES_ANNOTATION = ANNOTATION_PREFIX + "expires-at"
+# What the run plans, all its batches told (warm-up, rounds, a Job per image): its Jobs are made
+# one batch at a time, so between two batches every Job there is has ended and only these tell a
+# run that has more to do from one that is done.
+JOBS_PLANNED_ANNOTATION = ANNOTATION_PREFIX + "jobs-planned"
+EPISODES_PLANNED_ANNOTATION = ANNOTATION_PREFIX + "episodes-planned"
 # `run --dry-run` asks the cluster nothing, so it cannot know who the run would be.
 USER_UNKNOWN_BEFORE_RUN = "(kubectl auth whoami, at run time)"
 DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -703,11 +708,38 @@ def origin_annotations(origin: RunOrigin) -> dict[str, str]:
     return annotations
 
 
+class PlannedWork(NamedTuple):
+    """What a run plans, every batch told: its Jobs and their episodes (completions)."""
+
+    jobs: int
+    episodes: int
+
+
+def planned_work(jobs: Mapping[str, Sequence[dict]]) -> PlannedWork:
+    """The Jobs and episodes of every batch of a plan (RunPlan.jobs)."""
+    manifests = [manifest for batch in jobs.values() for manifest in batch]
+    return PlannedWork(
+        len(manifests),
+        sum(int(manifest["spec"].get("completions") or 1) for manifest in manifests),
+    )
+
+
+def planned_annotations(planned: PlannedWork) -> dict[str, str]:
+    return {
+        JOBS_PLANNED_ANNOTATION: str(planned.jobs),
+        EPISODES_PLANNED_ANNOTATION: str(planned.episodes),
+    }
+
+
 def namespace_manifest(
-    namespace: str, run_id: str, harden: bool = False, origin: RunOrigin | None = None
+    namespace: str,
+    run_id: str,
+    harden: bool = False,
+    origin: RunOrigin | None = None,
+    planned: PlannedWork | None = None,
 ) -> dict:
-    """The run's own Namespace, labelled with the run id; annotated with its origin when given
-    (in the manifest itself, so the namespace never exists without them)."""
+    """The run's own Namespace, labelled with the run id; annotated with its origin and with what
+    it plans, when given (in the manifest itself, so the namespace never exists without them)."""
     labels = {RUN_LABEL: run_id}
     if harden:
         labels.update(
@@ -719,8 +751,12 @@ def namespace_manifest(
             }
         )
     metadata: dict[str, Any] = {"name": namespace, "labels": labels}
-    if origin is not None:
-        metadata["annotations"] = origin_annotations(origin)
+    annotations = {
+        **(origin_annotations(origin) if origin is not None else {}),
+        **(planned_annotations(planned) if planned is not None else {}),
+    }
+    if annotations:
+        metadata["annotations"] = annotations
     return {"apiVersion": "v1", "kind": "Namespace", "metadata": metadata}
 
 
@@ -5205,11 +5241,15 @@ def compare_table(first: dict, second: dict, first_label: str, second_label: str
 # --------------------------------------------------------------------------
 # Runs in a cluster: what `list` shows and `cleanup --stale` decides, without receipts.
 
-# What a run is doing: a Job of it has not ended (running), all ended Complete
+# What a run is doing: a Job of it has not ended, or fewer Jobs than it plans are there yet
+# and none ended as a run stops (running; the latter between two batches), all ended Complete
 # (succeeded) or one Failed (failed), its namespace is being deleted (terminating), or
 # no Job of the tool is in it yet (pending: a run starting, or one that stopped before
 # it submitted its Job).
 RUN_STATES = ("running", "succeeded", "failed", "terminating", "pending")
+# The reason a Job ends Failed with failed indexes within its maxFailedIndexes (--allow-failures):
+# a run accepts that batch and goes on to its next.
+ACCEPTED_FAILURES_REASON = "FailedIndexes"
 
 
 class ClusterRun(NamedTuple):
@@ -5222,12 +5262,16 @@ class ClusterRun(NamedTuple):
     created_at: float | None
     state: str
     jobs: int  # Jobs of the tool in the namespace
-    episodes: int  # their completions, all told
+    # The episodes the run plans, all told (a run without the annotation: its Jobs' completions).
+    episodes: int
     succeeded: int
     user: str | None
     host: str | None
     output: str | None
     expires_at: float | None
+    jobs_planned: int | None = None  # None: a guide's run, or one of a version that did not say
+    between_batches: bool = False  # running, with every Job there ended and more to come
+    last_ended_at: float | None = None  # when its last ended Job ended (None: none has)
 
     @property
     def guide(self) -> bool:
@@ -5238,8 +5282,21 @@ class ClusterRun(NamedTuple):
         return max(0.0, now - self.created_at) if self.created_at is not None else 0.0
 
 
+def planned_count(namespace: dict, key: str) -> int | None:
+    """A count the run's namespace says it plans (None: not said, or not a count)."""
+    text = ((namespace.get("metadata") or {}).get("annotations") or {}).get(key)
+    try:
+        value = int(str(text))
+    except ValueError:
+        return None
+    return value if value >= 0 else None
+
+
 def run_state(namespace: dict, jobs: Sequence[dict]) -> str:
-    """One of RUN_STATES, from the namespace's phase and its Jobs' conditions."""
+    """One of RUN_STATES, from the namespace's phase, its Jobs' conditions, and how many Jobs the
+    run plans: with fewer there, every one ended, and none failed as a run stops, the run is
+    between two batches (running), or stopped there without a word (killed, crashed: only the
+    time since its last Job ended tells, see stale_verdict)."""
     if (namespace.get("metadata") or {}).get("deletionTimestamp") or (
         namespace.get("status") or {}
     ).get("phase") == "Terminating":
@@ -5249,7 +5306,28 @@ def run_state(namespace: dict, jobs: Sequence[dict]) -> str:
     ends = [job_finished(job) for job in jobs]
     if None in ends:
         return "running"
+    planned = planned_count(namespace, JOBS_PLANNED_ANNOTATION)
+    if (
+        planned is not None
+        and len(jobs) < planned
+        and all(
+            end == "Complete"
+            or (condition(job, "Failed") or {}).get("reason") == ACCEPTED_FAILURES_REASON
+            for job, end in zip(jobs, ends)
+        )
+    ):
+        return "running"
     return "failed" if "Failed" in ends else "succeeded"
+
+
+def job_ended_at(job: dict) -> float | None:
+    """When a Job ended: its Complete or Failed condition's transition (else its completionTime)."""
+    end = job_finished(job)
+    if end is None:
+        return None
+    return parse_time((condition(job, end) or {}).get("lastTransitionTime")) or parse_time(
+        (job.get("status") or {}).get("completionTime")
+    )
 
 
 def cluster_runs(namespaces: Iterable[dict], jobs: Iterable[dict]) -> list[ClusterRun]:
@@ -5267,6 +5345,9 @@ def cluster_runs(namespaces: Iterable[dict], jobs: Iterable[dict]) -> list[Clust
         if RUN_LABEL not in labels:
             continue
         inside = by_namespace.get(metadata.get("name", ""), [])
+        state = run_state(namespace, inside)
+        ended = [job_ended_at(job) for job in inside if job_finished(job) is not None]
+        planned_episodes = planned_count(namespace, EPISODES_PLANNED_ANNOTATION)
         runs.append(
             ClusterRun(
                 namespace=metadata.get("name", ""),
@@ -5274,11 +5355,11 @@ def cluster_runs(namespaces: Iterable[dict], jobs: Iterable[dict]) -> list[Clust
                 run_id=labels[RUN_LABEL],
                 annotated_run_id=annotations.get(RUN_ID_ANNOTATION),
                 created_at=parse_time(metadata.get("creationTimestamp")),
-                state=run_state(namespace, inside),
+                state=state,
                 jobs=len(inside),
-                episodes=sum(
-                    int((job.get("spec") or {}).get("completions") or 1) for job in inside
-                ),
+                episodes=planned_episodes
+                if planned_episodes is not None
+                else sum(int((job.get("spec") or {}).get("completions") or 1) for job in inside),
                 succeeded=sum(
                     int((job.get("status") or {}).get("succeeded") or 0) for job in inside
                 ),
@@ -5286,6 +5367,9 @@ def cluster_runs(namespaces: Iterable[dict], jobs: Iterable[dict]) -> list[Clust
                 host=annotations.get(HOST_ANNOTATION),
                 output=annotations.get(OUTPUT_ANNOTATION),
                 expires_at=parse_time(annotations.get(EXPIRES_ANNOTATION)),
+                jobs_planned=planned_count(namespace, JOBS_PLANNED_ANNOTATION),
+                between_batches=state == "running" and bool(inside) and len(ended) == len(inside),
+                last_ended_at=max((at for at in ended if at is not None), default=None),
             )
         )
     return sorted(runs, key=lambda run: (run.created_at or 0.0, run.namespace))
@@ -5306,6 +5390,10 @@ def run_record(run: ClusterRun, now: float) -> dict:
         "output": run.output,
         "expires": rfc3339(run.expires_at) if run.expires_at is not None else None,
         "guide": run.guide,
+        "jobs": run.jobs,
+        "jobs_planned": run.jobs_planned,
+        "between_batches": run.between_batches,
+        "last_job_ended": rfc3339(run.last_ended_at) if run.last_ended_at is not None else None,
     }
 
 
@@ -5350,7 +5438,10 @@ def stale_verdict(
     run: ClusterRun, now: float, stale_seconds: float, user: str, all_users: bool
 ) -> Verdict:
     """Delete a run of this tool, proven so, of `user` (or anyone's, with `all_users`), that is past
-    its --ttl, or older than `stale_seconds` with every Job ended; leave anything else, saying why."""
+    its --ttl, or older than `stale_seconds` with every Job ended; leave anything else, saying why.
+    A run between two batches (fewer Jobs than it plans, all ended) may be alive, about to make its
+    next Job, or may have stopped there (killed, crashed): it is stale only once its last Job ended
+    longer than `stale_seconds` ago."""
     if run.state == "terminating":
         return Verdict(False, "already being deleted (Terminating)")
     if run.guide:
@@ -5375,9 +5466,31 @@ def stale_verdict(
             f"started by {run.user}, not by you ({user}); --all-users reaps every user's runs",
         )
     if run.expires_at is not None and run.expires_at <= now:
+        state = f"{run.state} (between batches)" if run.between_batches else run.state
         return Verdict(
             True,
-            f"{run.state}, past its --ttl (expired {format_duration(now - run.expires_at)} ago)",
+            f"{state}, past its --ttl (expired {format_duration(now - run.expires_at)} ago)",
+        )
+    if run.between_batches:
+        made = f"{run.jobs} of {run.jobs_planned} Jobs made"
+        if run.last_ended_at is None:
+            return Verdict(
+                False,
+                f"between batches ({made}; no end time on its Jobs): may still make its next, "
+                f"only its --ttl reaps it",
+            )
+        since = max(0.0, now - run.last_ended_at)
+        if since < stale_seconds:
+            return Verdict(
+                False,
+                f"between batches ({made}, the last ended {format_duration(since)} ago): may "
+                f"still make its next; stale once its last Job ended longer ago than --stale "
+                f"{format_duration(stale_seconds)}",
+            )
+        return Verdict(
+            True,
+            f"stopped between batches ({made}, the last ended {format_duration(since)} ago): "
+            f"longer ago than --stale {format_duration(stale_seconds)}",
         )
     if run.state == "running":
         return Verdict(False, "still running (a Job has not ended)")
@@ -7575,7 +7688,11 @@ def plan_run(
         name: batch_jobs(namespace, settings, name, task_maps, groups)
         for name, _ in batch_names(settings.rounds, settings.warmup)
     }
-    return RunPlan(namespace_manifest(namespace, run_id, settings.harden, origin), setup, jobs)
+    # What the run plans goes with its origin: a namespace without either is the guide's.
+    planned = planned_work(jobs) if origin is not None else None
+    return RunPlan(
+        namespace_manifest(namespace, run_id, settings.harden, origin, planned), setup, jobs
+    )
 
 
 def planned_objects(
@@ -7959,12 +8076,19 @@ def server_of_context(kubectl: Kubectl) -> str:
 
 
 def stamp_origin(run: RunContext) -> None:
-    """Who starts the run, from where and until when, into the namespace about to be created."""
+    """Who starts the run, from where and until when, and what it plans, into the namespace about
+    to be created."""
     origin = run_origin(
         run.receipt.run_id, run.output, current_user(run.kubectl), run.settings.ttl_seconds
     )
     run.plan = run.plan._replace(
-        namespace=namespace_manifest(run.namespace, origin.run_id, run.settings.harden, origin)
+        namespace=namespace_manifest(
+            run.namespace,
+            origin.run_id,
+            run.settings.harden,
+            origin,
+            planned_work(run.plan.jobs),
+        )
     )
 
 
@@ -9485,8 +9609,9 @@ def wait_runs_gone(kubectl: Kubectl, deleted: Sequence[ClusterRun], seconds: flo
 
 
 def cleanup_stale(args: argparse.Namespace) -> int:
-    """Delete the runs of this tool past their --ttl, or older than --stale with every Job ended;
-    say what was deleted, what was left and why."""
+    """Delete the runs of this tool past their --ttl, or older than --stale with every Job ended
+    (a run between batches: its last Job ended longer ago than that); say what was deleted, what
+    was left and why."""
     kubectl = cluster_kubectl(args)
     runs, user, now = find_runs(kubectl), current_user(kubectl), time.time()
     deleted: list[ClusterRun] = []
@@ -9968,7 +10093,8 @@ def add_cleanup_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="AGE",
         help="instead of one run's receipt: delete every run of this tool in the cluster older "
-        "than AGE (e.g. 2h) whose Jobs have all ended, and every run past its --ttl",
+        "than AGE (e.g. 2h) whose Jobs have all ended (a run between two batches: once its last "
+        "Job ended longer than AGE ago), and every run past its --ttl",
     )
     parser.add_argument(
         "--all-users", action="store_true", help="with --stale: every user's runs, not only yours"
@@ -10051,7 +10177,8 @@ def build_parser(
         add_action(
             actions,
             "cleanup",
-            "delete what the run's receipt proves it created",
+            "delete what the run's receipt proves it created; with --stale AGE, the runs of "
+            "this tool that ended longer than AGE ago, proven its own from the cluster alone",
             "--output runs/first",
         )
     )
