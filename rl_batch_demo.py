@@ -183,6 +183,11 @@ HOST_ANNOTATION = ANNOTATION_PREFIX + "host"
 OUTPUT_ANNOTATION = ANNOTATION_PREFIX + "output"
 USER_ANNOTATION = ANNOTATION_PREFIX + "user"
 EXPIRES_ANNOTATION = ANNOTATION_PREFIX + "expires-at"
+# What the run plans, all its batches told (warm-up, rounds, a Job per image): its Jobs are made
+# one batch at a time, so between two batches every Job there is has ended and only these tell a
+# run that has more to do from one that is done.
+JOBS_PLANNED_ANNOTATION = ANNOTATION_PREFIX + "jobs-planned"
+EPISODES_PLANNED_ANNOTATION = ANNOTATION_PREFIX + "episodes-planned"
 # `run --dry-run` asks the cluster nothing, so it cannot know who the run would be.
 USER_UNKNOWN_BEFORE_RUN = "(kubectl auth whoami, at run time)"
 DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -723,11 +728,38 @@ def origin_annotations(origin: RunOrigin) -> dict[str, str]:
     return annotations
 
 
+class PlannedWork(NamedTuple):
+    """What a run plans, every batch told: its Jobs and their episodes (completions)."""
+
+    jobs: int
+    episodes: int
+
+
+def planned_work(jobs: Mapping[str, Sequence[dict]]) -> PlannedWork:
+    """The Jobs and episodes of every batch of a plan (RunPlan.jobs)."""
+    manifests = [manifest for batch in jobs.values() for manifest in batch]
+    return PlannedWork(
+        len(manifests),
+        sum(int(manifest["spec"].get("completions") or 1) for manifest in manifests),
+    )
+
+
+def planned_annotations(planned: PlannedWork) -> dict[str, str]:
+    return {
+        JOBS_PLANNED_ANNOTATION: str(planned.jobs),
+        EPISODES_PLANNED_ANNOTATION: str(planned.episodes),
+    }
+
+
 def namespace_manifest(
-    namespace: str, run_id: str, harden: bool = False, origin: RunOrigin | None = None
+    namespace: str,
+    run_id: str,
+    harden: bool = False,
+    origin: RunOrigin | None = None,
+    planned: PlannedWork | None = None,
 ) -> dict:
-    """The run's own Namespace, labelled with the run id; annotated with its origin when given
-    (in the manifest itself, so the namespace never exists without them)."""
+    """The run's own Namespace, labelled with the run id; annotated with its origin and with what
+    it plans, when given (in the manifest itself, so the namespace never exists without them)."""
     labels = {RUN_LABEL: run_id}
     if harden:
         labels.update(
@@ -739,8 +771,12 @@ def namespace_manifest(
             }
         )
     metadata: dict[str, Any] = {"name": namespace, "labels": labels}
-    if origin is not None:
-        metadata["annotations"] = origin_annotations(origin)
+    annotations = {
+        **(origin_annotations(origin) if origin is not None else {}),
+        **(planned_annotations(planned) if planned is not None else {}),
+    }
+    if annotations:
+        metadata["annotations"] = annotations
     return {"apiVersion": "v1", "kind": "Namespace", "metadata": metadata}
 
 
@@ -828,13 +864,43 @@ def parse_image_map(texts: Iterable[str]) -> tuple[tuple[str, str], ...]:
     return tuple(pairs)
 
 
+def docker_hub_reference(image: str) -> str:
+    """A reference in full, as containerd resolves it: a name whose first part names no registry
+    host (no `.` or `:`, not `localhost`) is Docker Hub's, `library/` for a bare one."""
+    first, slash, _ = image.partition("/")
+    if slash and ("." in first or ":" in first or first == "localhost"):
+        return image
+    return f"docker.io/{image}" if slash else f"docker.io/library/{image}"
+
+
+def prefix_matches(image: str, source: str) -> bool:
+    """`source` begins `image` at a boundary of its parts: `docker.io/swebench` is a prefix of
+    `docker.io/swebench/a:1` but not of `docker.io/swebench-extra/a:1`."""
+    if not image.startswith(source):
+        return False
+    return source.endswith(("/", ":")) or image[len(source) : len(source) + 1] in (
+        "",
+        "/",
+        ":",
+        "@",
+    )
+
+
 def rewrite_image(image: str, image_map: Sequence[tuple[str, str]]) -> str:
-    """An image reference with its prefix rewritten by the longest FROM it starts with (at most once)."""
-    matches = [(source, target) for source, target in image_map if image.startswith(source)]
+    """An image reference with its prefix rewritten by the longest FROM it starts with (at most
+    once), matched at a boundary of its parts, as written or in full (Docker Hub's short forms
+    `python:3` and `swebench/a:1` are `docker.io/library/python:3` and `docker.io/swebench/a:1`)."""
+    full = docker_hub_reference(image)
+    matches = [
+        (len(source), form, source, target)
+        for source, target in image_map
+        for form in dict.fromkeys((image, full))
+        if prefix_matches(form, source)
+    ]
     if not matches:
         return image
-    source, target = max(matches, key=lambda pair: len(pair[0]))
-    return target + image[len(source) :]
+    _, form, source, target = max(matches, key=lambda match: (match[0], match[1] == image))
+    return target + form[len(source) :]
 
 
 def task_images(
@@ -2357,7 +2423,8 @@ def classify_pod_state(
         if started:
             return (
                 "episode",
-                f"ran out of time: still running {limit} s after its pod started (--episode-timeout)",
+                f"ran out of time: still running {limit} s after its pod started (its deadline: "
+                f"--episode-timeout, plus --pull-timeout, as given)",
             )
         return "infrastructure", (
             f"container never started within its pod's deadline of {limit} s from its "
@@ -5196,11 +5263,15 @@ def compare_table(first: dict, second: dict, first_label: str, second_label: str
 # --------------------------------------------------------------------------
 # Runs in a cluster: what `list` shows and `cleanup --stale` decides, without receipts.
 
-# What a run is doing: a Job of it has not ended (running), all ended Complete
+# What a run is doing: a Job of it has not ended, or fewer Jobs than it plans are there yet
+# and none ended as a run stops (running; the latter between two batches), all ended Complete
 # (succeeded) or one Failed (failed), its namespace is being deleted (terminating), or
 # no Job of the tool is in it yet (pending: a run starting, or one that stopped before
 # it submitted its Job).
 RUN_STATES = ("running", "succeeded", "failed", "terminating", "pending")
+# The reason a Job ends Failed with failed indexes within its maxFailedIndexes (--allow-failures):
+# a run accepts that batch and goes on to its next.
+ACCEPTED_FAILURES_REASON = "FailedIndexes"
 
 
 class ClusterRun(NamedTuple):
@@ -5213,12 +5284,16 @@ class ClusterRun(NamedTuple):
     created_at: float | None
     state: str
     jobs: int  # Jobs of the tool in the namespace
-    episodes: int  # their completions, all told
+    # The episodes the run plans, all told (a run without the annotation: its Jobs' completions).
+    episodes: int
     succeeded: int
     user: str | None
     host: str | None
     output: str | None
     expires_at: float | None
+    jobs_planned: int | None = None  # None: a guide's run, or one of a version that did not say
+    between_batches: bool = False  # running, with every Job there ended and more to come
+    last_ended_at: float | None = None  # when its last ended Job ended (None: none has)
 
     @property
     def guide(self) -> bool:
@@ -5229,8 +5304,21 @@ class ClusterRun(NamedTuple):
         return max(0.0, now - self.created_at) if self.created_at is not None else 0.0
 
 
+def planned_count(namespace: dict, key: str) -> int | None:
+    """A count the run's namespace says it plans (None: not said, or not a count)."""
+    text = ((namespace.get("metadata") or {}).get("annotations") or {}).get(key)
+    try:
+        value = int(str(text))
+    except ValueError:
+        return None
+    return value if value >= 0 else None
+
+
 def run_state(namespace: dict, jobs: Sequence[dict]) -> str:
-    """One of RUN_STATES, from the namespace's phase and its Jobs' conditions."""
+    """One of RUN_STATES, from the namespace's phase, its Jobs' conditions, and how many Jobs the
+    run plans: with fewer there, every one ended, and none failed as a run stops, the run is
+    between two batches (running), or stopped there without a word (killed, crashed: only the
+    time since its last Job ended tells, see stale_verdict)."""
     if (namespace.get("metadata") or {}).get("deletionTimestamp") or (
         namespace.get("status") or {}
     ).get("phase") == "Terminating":
@@ -5240,7 +5328,28 @@ def run_state(namespace: dict, jobs: Sequence[dict]) -> str:
     ends = [job_finished(job) for job in jobs]
     if None in ends:
         return "running"
+    planned = planned_count(namespace, JOBS_PLANNED_ANNOTATION)
+    if (
+        planned is not None
+        and len(jobs) < planned
+        and all(
+            end == "Complete"
+            or (condition(job, "Failed") or {}).get("reason") == ACCEPTED_FAILURES_REASON
+            for job, end in zip(jobs, ends)
+        )
+    ):
+        return "running"
     return "failed" if "Failed" in ends else "succeeded"
+
+
+def job_ended_at(job: dict) -> float | None:
+    """When a Job ended: its Complete or Failed condition's transition (else its completionTime)."""
+    end = job_finished(job)
+    if end is None:
+        return None
+    return parse_time((condition(job, end) or {}).get("lastTransitionTime")) or parse_time(
+        (job.get("status") or {}).get("completionTime")
+    )
 
 
 def cluster_runs(namespaces: Iterable[dict], jobs: Iterable[dict]) -> list[ClusterRun]:
@@ -5258,6 +5367,9 @@ def cluster_runs(namespaces: Iterable[dict], jobs: Iterable[dict]) -> list[Clust
         if RUN_LABEL not in labels:
             continue
         inside = by_namespace.get(metadata.get("name", ""), [])
+        state = run_state(namespace, inside)
+        ended = [job_ended_at(job) for job in inside if job_finished(job) is not None]
+        planned_episodes = planned_count(namespace, EPISODES_PLANNED_ANNOTATION)
         runs.append(
             ClusterRun(
                 namespace=metadata.get("name", ""),
@@ -5265,11 +5377,11 @@ def cluster_runs(namespaces: Iterable[dict], jobs: Iterable[dict]) -> list[Clust
                 run_id=labels[RUN_LABEL],
                 annotated_run_id=annotations.get(RUN_ID_ANNOTATION),
                 created_at=parse_time(metadata.get("creationTimestamp")),
-                state=run_state(namespace, inside),
+                state=state,
                 jobs=len(inside),
-                episodes=sum(
-                    int((job.get("spec") or {}).get("completions") or 1) for job in inside
-                ),
+                episodes=planned_episodes
+                if planned_episodes is not None
+                else sum(int((job.get("spec") or {}).get("completions") or 1) for job in inside),
                 succeeded=sum(
                     int((job.get("status") or {}).get("succeeded") or 0) for job in inside
                 ),
@@ -5277,6 +5389,9 @@ def cluster_runs(namespaces: Iterable[dict], jobs: Iterable[dict]) -> list[Clust
                 host=annotations.get(HOST_ANNOTATION),
                 output=annotations.get(OUTPUT_ANNOTATION),
                 expires_at=parse_time(annotations.get(EXPIRES_ANNOTATION)),
+                jobs_planned=planned_count(namespace, JOBS_PLANNED_ANNOTATION),
+                between_batches=state == "running" and bool(inside) and len(ended) == len(inside),
+                last_ended_at=max((at for at in ended if at is not None), default=None),
             )
         )
     return sorted(runs, key=lambda run: (run.created_at or 0.0, run.namespace))
@@ -5297,6 +5412,10 @@ def run_record(run: ClusterRun, now: float) -> dict:
         "output": run.output,
         "expires": rfc3339(run.expires_at) if run.expires_at is not None else None,
         "guide": run.guide,
+        "jobs": run.jobs,
+        "jobs_planned": run.jobs_planned,
+        "between_batches": run.between_batches,
+        "last_job_ended": rfc3339(run.last_ended_at) if run.last_ended_at is not None else None,
     }
 
 
@@ -5341,7 +5460,10 @@ def stale_verdict(
     run: ClusterRun, now: float, stale_seconds: float, user: str, all_users: bool
 ) -> Verdict:
     """Delete a run of this tool, proven so, of `user` (or anyone's, with `all_users`), that is past
-    its --ttl, or older than `stale_seconds` with every Job ended; leave anything else, saying why."""
+    its --ttl, or older than `stale_seconds` with every Job ended; leave anything else, saying why.
+    A run between two batches (fewer Jobs than it plans, all ended) may be alive, about to make its
+    next Job, or may have stopped there (killed, crashed): it is stale only once its last Job ended
+    longer than `stale_seconds` ago."""
     if run.state == "terminating":
         return Verdict(False, "already being deleted (Terminating)")
     if run.guide:
@@ -5366,9 +5488,31 @@ def stale_verdict(
             f"started by {run.user}, not by you ({user}); --all-users reaps every user's runs",
         )
     if run.expires_at is not None and run.expires_at <= now:
+        state = f"{run.state} (between batches)" if run.between_batches else run.state
         return Verdict(
             True,
-            f"{run.state}, past its --ttl (expired {format_duration(now - run.expires_at)} ago)",
+            f"{state}, past its --ttl (expired {format_duration(now - run.expires_at)} ago)",
+        )
+    if run.between_batches:
+        made = f"{run.jobs} of {run.jobs_planned} Jobs made"
+        if run.last_ended_at is None:
+            return Verdict(
+                False,
+                f"between batches ({made}; no end time on its Jobs): may still make its next, "
+                f"only its --ttl reaps it",
+            )
+        since = max(0.0, now - run.last_ended_at)
+        if since < stale_seconds:
+            return Verdict(
+                False,
+                f"between batches ({made}, the last ended {format_duration(since)} ago): may "
+                f"still make its next; stale once its last Job ended longer ago than --stale "
+                f"{format_duration(stale_seconds)}",
+            )
+        return Verdict(
+            True,
+            f"stopped between batches ({made}, the last ended {format_duration(since)} ago): "
+            f"longer ago than --stale {format_duration(stale_seconds)}",
         )
     if run.state == "running":
         return Verdict(False, "still running (a Job has not ended)")
@@ -6308,7 +6452,7 @@ class RewardStream:
 
     `judge` is told which pods changed (or whose log was read) and settles their episodes;
     `on_reward`, if given, is called with each line's row as it is written, from the thread that
-    follows the batch (the one that called `run`).
+    follows the batch (the one that called `run`): the following waits until it returns.
     """
 
     def __init__(
@@ -7567,7 +7711,11 @@ def plan_run(
         name: batch_jobs(namespace, settings, name, task_maps, groups)
         for name, _ in batch_names(settings.rounds, settings.warmup)
     }
-    return RunPlan(namespace_manifest(namespace, run_id, settings.harden, origin), setup, jobs)
+    # What the run plans goes with its origin: a namespace without either is the guide's.
+    planned = planned_work(jobs) if origin is not None else None
+    return RunPlan(
+        namespace_manifest(namespace, run_id, settings.harden, origin, planned), setup, jobs
+    )
 
 
 def planned_objects(
@@ -7951,12 +8099,19 @@ def server_of_context(kubectl: Kubectl) -> str:
 
 
 def stamp_origin(run: RunContext) -> None:
-    """Who starts the run, from where and until when, into the namespace about to be created."""
+    """Who starts the run, from where and until when, and what it plans, into the namespace about
+    to be created."""
     origin = run_origin(
         run.receipt.run_id, run.output, current_user(run.kubectl), run.settings.ttl_seconds
     )
     run.plan = run.plan._replace(
-        namespace=namespace_manifest(run.namespace, origin.run_id, run.settings.harden, origin)
+        namespace=namespace_manifest(
+            run.namespace,
+            origin.run_id,
+            run.settings.harden,
+            origin,
+            planned_work(run.plan.jobs),
+        )
     )
 
 
@@ -9800,8 +9955,9 @@ def wait_runs_gone(kubectl: Kubectl, deleted: Sequence[ClusterRun], seconds: flo
 
 
 def cleanup_stale(args: argparse.Namespace) -> int:
-    """Delete the runs of this tool past their --ttl, or older than --stale with every Job ended;
-    say what was deleted, what was left and why."""
+    """Delete the runs of this tool past their --ttl, or older than --stale with every Job ended
+    (a run between batches: its last Job ended longer ago than that); say what was deleted, what
+    was left and why."""
     kubectl = cluster_kubectl(args)
     runs, user, now = find_runs(kubectl), current_user(kubectl), time.time()
     deleted: list[ClusterRun] = []
@@ -10230,9 +10386,10 @@ def add_episode_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="K",
         help="over-provision: end the batch as soon as K of its --count episodes have "
         "succeeded (the Job's successPolicy); Kubernetes stops the rest, recorded as "
-        "failure_class 'cancelled', and up to count - K failures are absorbed. "
-        "1 <= K < count; not with --group-size or --allow-failures. Needs "
-        "Kubernetes >= 1.33",
+        "failure_class 'cancelled', and up to count - K failures are absorbed (more fail the "
+        "run, exit 1). 1 <= K < count; not with --group-size, --allow-failures, --rounds or "
+        "--warmup, nor with tasks of several images (each image's Job counts only its own "
+        "successes). Needs Kubernetes >= 1.33",
     )
     parser.add_argument(
         "--episode-timeout",
@@ -10258,8 +10415,10 @@ def add_episode_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="fail an episode whose pod has not pulled its image within S seconds of its "
         "start (the pod's activeDeadlineSeconds, with --episode-timeout added), as an "
-        "infrastructure failure the Job retries under --retries; without it an image "
-        "that never pulls holds its episode until the Job's --timeout",
+        "infrastructure failure the Job retries under --retries; the deadline bounds the "
+        "whole pod, so without --episode-timeout an episode still running at S is stopped "
+        "too (and retried under --retries): give S room for the longest episode as well; "
+        "without it an image that never pulls holds its episode until the Job's --timeout",
     )
 
 
@@ -10280,7 +10439,8 @@ def add_cleanup_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="AGE",
         help="instead of one run's receipt: delete every run of this tool in the cluster older "
-        "than AGE (e.g. 2h) whose Jobs have all ended, and every run past its --ttl",
+        "than AGE (e.g. 2h) whose Jobs have all ended (a run between two batches: once its last "
+        "Job ended longer than AGE ago), and every run past its --ttl",
     )
     parser.add_argument(
         "--all-users", action="store_true", help="with --stale: every user's runs, not only yours"
@@ -10363,7 +10523,8 @@ def build_parser(
         add_action(
             actions,
             "cleanup",
-            "delete what the run's receipt proves it created",
+            "delete what the run's receipt proves it created; with --stale AGE, the runs of "
+            "this tool that ended longer than AGE ago, proven its own from the cluster alone",
             "--output runs/first",
         )
     )
@@ -10797,10 +10958,13 @@ def run_batch(
     `dry_run=True` returns the objects a run would create, as a v1 List.
 
     `on_reward(line)` is called with each rewards.jsonl line (a dict) the moment it is
-    written, while the batch runs, from the thread that follows the batch (run_batch's
-    caller's own thread; stream_batch's thread of its own). Should it raise, the run stops
-    as on Ctrl-C (evidence saved, the namespace named on stderr and kept for `cleanup`)
-    and its exception is raised from run_batch as it was.
+    written, while the batch runs, from the caller's own thread: the one that called
+    run_batch(), which follows the batch (its watches, logs and lines) and calls on_reward
+    between those steps. A slow callback therefore holds up the following of the batch: the
+    later lines and the end of the run wait until it returns (hand slow work to a thread or
+    queue of your own, or use stream_batch(), whose batch runs in a thread of the tool's).
+    Should it raise, the run stops as on Ctrl-C (evidence saved, the namespace named on
+    stderr and kept for `cleanup`) and its exception is raised from run_batch as it was.
     """
     if on_reward is not None and not callable(on_reward):
         raise KeywordTypeError(
@@ -10848,19 +11012,35 @@ def stream_batch(
     options: Sequence[str] = (),
     **keywords: Any,
 ) -> Generator[dict, None, dict]:
-    """Run one batch as run_batch() does (the same arguments), yielding each rewards.jsonl line
-    (a dict) the moment it is written; the generator's return value (StopIteration.value, what
+    """Run one batch as run_batch() does, with every argument of run_batch() but on_reward (the
+    lines are what it yields), yielding each rewards.jsonl line (a dict) the moment it is
+    written; the generator's return value (StopIteration.value, what
     `results = yield from stream_batch(...)` gives) is what run_batch() returns.
 
-    A plain `for` loop gets the results afterwards with batch_results(output). The batch runs
-    in a thread of the tool's; its errors (UsageError, DemoError, KeyboardInterrupt) are raised
-    here, where the lines are read. Leaving the loop early (break, an exception, close()) stops
-    the run as on Ctrl-C and waits until it has saved its evidence (the namespace is kept for
-    `cleanup` and named on stderr).
+    A bad argument raises UsageError (KeywordTypeError) here, at the call, before the generator
+    exists; everything else comes from next(). A plain `for` loop gets the results afterwards
+    with batch_results(output). The batch runs in a thread of the tool's, which puts each line
+    in an unbounded queue: a slow reader holds up nothing but its own reading. The run's errors
+    (DemoError, KeyboardInterrupt, and the checks made once the run starts, such as an output
+    directory already used) are raised here, where the lines are read. Leaving the loop early
+    (break, an exception, close()) stops the run as on Ctrl-C and waits until it has saved its
+    evidence (the namespace is kept for `cleanup` and named on stderr).
     """
+    if "on_reward" in keywords:
+        raise KeywordTypeError(
+            "stream_batch() yields each line itself and takes no on_reward=: iterate over it, "
+            "or call run_batch(..., on_reward=...)"
+        )
     args = batch_arguments("stream_batch", tasks, output, options, keywords)
-    if args.dry_run:
-        return dry_run_listing(args)
+    listing = dry_run_listing(args) if args.dry_run else None
+    return streamed_lines(args, listing)
+
+
+def streamed_lines(args: argparse.Namespace, listing: dict | None) -> Generator[dict, None, dict]:
+    """stream_batch()'s generator over its checked arguments: the batch in a thread of its own,
+    each line yielded as it lands; with --dry-run, the listing returned at once."""
+    if listing is not None:
+        return listing
     lines: queue.Queue[tuple[str, Any]] = queue.Queue()
     args.on_reward = lambda line: lines.put(("line", line))
     args.stop = threading.Event()

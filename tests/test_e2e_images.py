@@ -13,7 +13,15 @@ from typing import Any
 import pytest
 
 import rl_batch_demo
-from e2e_support import TASK_EPISODE_HEAD, emulators, load, run_namespaces, tool, write_script
+from e2e_support import (
+    TASK_EPISODE_HEAD,
+    assert_pulls_one_at_a_time,
+    emulators,
+    load,
+    run_namespaces,
+    tool,
+    write_script,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -208,11 +216,18 @@ def test_run_batch_with_per_task_images(cluster: Any, tmp_path: Path) -> None:
     assert not emulator.list("jobs")
 
 
-def test_need_with_several_images_is_refused(tmp_path: Path) -> None:
-    args, _ = images_run(tmp_path, "--need", "3")
+def test_need_with_several_images_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    # --group-size 1 (the last one given wins): with images_run's groups of 2, --need would be
+    # refused for --group-size before the images are looked at.
+    args, output = images_run(tmp_path, "--group-size", "1", "--need", "3")
     with pytest.raises(SystemExit) as exit_info:
         rl_batch_demo.main(args)
     assert exit_info.value.code == 2
+    assert (
+        "--need cannot hold with tasks of 3 images: each image runs its own Job, and a Job's "
+        "successPolicy counts only its own episodes"
+    ) in " ".join(capsys.readouterr().err.split())
+    assert not output.exists()
 
 
 # The nodes' images: one already on every node, two to pull (a second apiece), one that does not exist.
@@ -306,6 +321,9 @@ def test_pulls_are_measured_per_episode_and_per_image(image_cluster: Any, tmp_pa
                 pull.waiting_seconds
             )
             assert float(cells["image_pull_seconds"]) > 0
+    # Each node pulled one image at a time, as the kubelet's default (held on the real one too).
+    nodes = {row["pod"]: row["node"] for row in results["pods"]}
+    assert_pulls_one_at_a_time(events, nodes)
     table = tool(emulator, kubectl, "report", str(output))
     assert table.returncode == 0 and "image_pull" in table.stderr + table.stdout
 

@@ -67,6 +67,8 @@ def test_a_run_says_who_started_it_from_where_and_until_when(make_cluster, tmp_p
         "rl-batch-demo.agc/host": socket.gethostname(),
         "rl-batch-demo.agc/output": str(output.resolve()),
         "rl-batch-demo.agc/user": "alice",
+        "rl-batch-demo.agc/jobs-planned": "1",
+        "rl-batch-demo.agc/episodes-planned": "1",
     }
     assert started + 7200 - 1 <= expires <= time.time() + 7200
     # The user is the API server's answer: alice asked it who she is, with her own token.
@@ -490,3 +492,129 @@ def test_without_list_permission_list_and_cleanup_stale_say_which(
             f"Error: the account of context 'kube-emulator' may not list {what} at the cluster scope, which "
             f"`list` and `cleanup --stale` need: grant `list` on {what} (see the README's Permissions)"
         )
+
+
+# --------------------------------------------------------------------------
+# A run of several batches makes each batch's Jobs only when that batch starts: between two,
+# every Job there is has ended. This kubectl holds the create of one Job (HOLD_JOB) for as long
+# as the tool lives, having said so in HOLD_FILE: the run is caught alive between its batches.
+HOLDING_KUBECTL = """#!%(python)s
+import json, os, subprocess, sys, time
+real, job, held = os.environ["REAL_KUBECTL"], os.environ["HOLD_JOB"], os.environ["HOLD_FILE"]
+args = sys.argv[1:]
+if "create" in args and "-f" in args:
+    text = sys.stdin.read()
+    try:
+        name = json.loads(text)["metadata"]["name"]
+    except (ValueError, KeyError, TypeError):
+        name = None
+    if name == job:
+        open(held, "a").close()
+        while True:
+            time.sleep(1)
+    done = subprocess.run([real, *args], input=text, capture_output=True, text=True)
+    sys.stdout.write(done.stdout)
+    sys.stderr.write(done.stderr)
+    sys.exit(done.returncode)
+os.execv(real, [real, *args])
+"""
+
+
+def backdate(emulator, store: str, namespace: str | None, name: str, seconds: float) -> None:
+    """Move an object's times `seconds` into the past, as if that much time had gone by since."""
+
+    def earlier(text: str) -> str:
+        return rl_batch_demo.rfc3339(rl_batch_demo.parse_time(text) - seconds)
+
+    def mutate(obj: dict) -> None:
+        metadata, status = obj["metadata"], obj.get("status") or {}
+        metadata["creationTimestamp"] = earlier(metadata["creationTimestamp"])
+        for key in ("startTime", "completionTime"):
+            if status.get(key):
+                status[key] = earlier(status[key])
+        for entry in status.get("conditions") or []:
+            for key in ("lastProbeTime", "lastTransitionTime"):
+                if entry.get(key):
+                    entry[key] = earlier(entry[key])
+
+    assert emulator.store.update(store, namespace, name, mutate) is not None
+
+
+def held_run(env: dict, kubectl: str, tmp_path: Path) -> tuple[subprocess.Popen, Path]:
+    """A `--rounds 2` run of 2 episodes each (env: its cluster's), held alive between its
+    batches: (process, output) once round 1 ended and the tool is making round 2's Job."""
+    holding, held, output = tmp_path / "holding-kubectl", tmp_path / "held", tmp_path / "out"
+    holding.write_text(HOLDING_KUBECTL % {"python": sys.executable})
+    holding.chmod(0o755)
+    process = subprocess.Popen(
+        [sys.executable, str(PRODUCT), "run", "--count", "2", "--rounds", "2"]
+        + ["--output", str(output), "--quiet", "--kubectl", str(holding)],
+        env=dict(env, REAL_KUBECTL=kubectl, HOLD_JOB="rollout-2", HOLD_FILE=str(held)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(lambda: held.exists() or process.poll() is not None, 180, "round 2's create")
+        assert process.poll() is None, process.communicate()
+    except BaseException:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+        raise
+    return process, output
+
+
+def test_a_run_between_its_batches_is_running_and_reaped_only_once_stopped_and_stale(
+    make_cluster, tmp_path
+):
+    kubectl, make = make_cluster
+    emulator = make()
+    # Round 1 ended and was verified; round 2's Job is not made yet.
+    process, output = held_run(emulator.env(), kubectl, tmp_path)
+    try:
+        namespace = load(output / "receipt.json")["namespace"]
+        assert emulator.get("jobs", namespace, "rollout-1")["status"]["succeeded"] == 2
+        assert emulator.get("jobs", namespace, "rollout-2") is None
+        annotations = emulator.get("namespaces", None, namespace)["metadata"]["annotations"]
+        assert annotations["rl-batch-demo.agc/jobs-planned"] == "2"
+        assert annotations["rl-batch-demo.agc/episodes-planned"] == "4"
+
+        run = listed(emulator, emulator.kubeconfig, kubectl)[namespace]
+        assert (run["state"], run["episodes"], run["succeeded"]) == ("running", 4, 2)
+        assert (run["jobs"], run["jobs_planned"], run["between_batches"]) == (1, 2, True)
+        table = as_user(emulator, emulator.kubeconfig, kubectl, "list")
+        assert table.returncode == 0, table.stderr
+        row = table.stdout.splitlines()[1].split()  # NAMESPACE STATE AGE EPISODES ...
+        assert (row[0], row[1], row[3]) == (namespace, "running", "2/4")
+
+        # Two hours old, round 1 ended just now: alive as far as the cluster can tell, so left.
+        backdate(emulator, "namespaces", None, namespace, 7200)
+        kept = as_user(emulator, emulator.kubeconfig, kubectl, "cleanup", "--stale", "1h")
+        assert kept.returncode == 0, kept.stderr
+        assert (
+            f"Left {namespace}: between batches (1 of 2 Jobs made, the last ended " in kept.stdout
+        )
+        assert "Deleted 0, left 1 of 1 runs" in kept.stdout, kept.stdout
+        assert not any(r["method"] == "DELETE" for r in emulator.requests)
+        assert (
+            emulator.get("namespaces", None, namespace)["metadata"].get("deletionTimestamp") is None
+        )
+        assert process.poll() is None  # the run was alive all along, about to make round 2
+
+        # Killed there: nothing more comes. Once its last Job ended longer ago than --stale, reaped.
+        process.kill()
+        process.communicate()
+        assert listed(emulator, emulator.kubeconfig, kubectl)[namespace]["state"] == "running"
+        backdate(emulator, "jobs", namespace, "rollout-1", 7200)
+        reaped = as_user(emulator, emulator.kubeconfig, kubectl, "cleanup", "--stale", "1h")
+        assert reaped.returncode == 0, reaped.stderr
+        assert (
+            f"Deleted {namespace}: stopped between batches (1 of 2 Jobs made, the last ended 2h"
+            in reaped.stdout
+        ), reaped.stdout
+        assert live(emulator) == set()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()

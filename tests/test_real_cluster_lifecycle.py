@@ -17,7 +17,7 @@ import time
 import pytest
 
 from e2e_support import PRODUCT, load, wait_for
-from test_e2e_lifecycle import GUIDE, SLOW_SCRIPT, recreating_kubectl
+from test_e2e_lifecycle import GUIDE, SLOW_SCRIPT, held_run, recreating_kubectl
 from test_real_cluster import as_user, readme_rbac, user_with
 
 import rl_batch_demo
@@ -53,6 +53,8 @@ def test_a_run_says_who_started_it_as_the_api_server_knows_them(real_cluster, tm
         "rl-batch-demo.agc/host": socket.gethostname(),
         "rl-batch-demo.agc/output": str(output.resolve()),
         "rl-batch-demo.agc/user": "ttl-user",
+        "rl-batch-demo.agc/jobs-planned": "1",
+        "rl-batch-demo.agc/episodes-planned": "1",
     }
     assert started + 1800 - 1 <= expires <= time.time() + 1800
     cleaned = as_user(cluster, kubeconfig, kubectl, "cleanup", "--output", str(output))
@@ -262,3 +264,41 @@ def test_a_role_without_list_on_namespaces_is_told_so(real_cluster, tmp_path):
             f"Error: the account of context '{cluster.context}' may not list namespaces at the cluster scope, "
             f"which `list` and `cleanup --stale` need: grant `list` on namespaces (see the README's Permissions)"
         )
+
+
+def test_a_run_between_its_batches_is_running_and_reaped_only_once_stopped(real_cluster, tmp_path):
+    kubectl, cluster = real_cluster
+    kubeconfig = user_with(cluster, kubectl, "between-batches", readme_rbac())
+    # Round 1 ended and was verified; round 2's Job is not made yet (its create is held).
+    process, output = held_run(cluster.env(kubeconfig), kubectl, tmp_path)
+    namespace = load(output / "receipt.json")["namespace"]
+    try:
+        result = as_user(cluster, kubeconfig, kubectl, "list", "-o", "json")
+        assert result.returncode == 0, result.stderr
+        (run,) = [item for item in json.loads(result.stdout) if item["namespace"] == namespace]
+        assert (run["state"], run["episodes"], run["succeeded"]) == ("running", 4, 2)
+        assert (run["jobs"], run["jobs_planned"], run["between_batches"]) == (1, 2, True)
+
+        kept = as_user(cluster, kubeconfig, kubectl, "cleanup", "--stale", "1h")
+        assert kept.returncode == 0, kept.stderr
+        assert (
+            f"Left {namespace}: between batches (1 of 2 Jobs made, the last ended " in kept.stdout
+        )
+        assert process.poll() is None  # alive all along, about to make round 2
+
+        # Killed there; once its last Job ended longer ago than --stale, reaped.
+        process.kill()
+        process.communicate()
+        time.sleep(2.5)  # round 1 ended before its create was held: more than 2s ago now
+        reaped = as_user(cluster, kubeconfig, kubectl, "cleanup", "--stale", "2s")
+        assert reaped.returncode == 0, reaped.stderr
+        assert (
+            f"Deleted {namespace}: stopped between batches (1 of 2 Jobs made, the last ended "
+            in reaped.stdout
+        ), reaped.stdout
+        assert cluster.get("namespaces", None, namespace) is None
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+        cluster.delete("namespaces", None, namespace)

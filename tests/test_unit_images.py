@@ -50,6 +50,17 @@ def test_image_map_rewrites_the_longest_prefix_once() -> None:
         "ab/x",
         "a/default",
     ]
+    # At a boundary of the reference's parts only.
+    swebench = demo.parse_image_map(["docker.io/swebench=registry.internal/swebench"])
+    assert demo.rewrite_image("docker.io/swebench-extra/a:1", swebench) == (
+        "docker.io/swebench-extra/a:1"
+    )
+    assert demo.rewrite_image("docker.io/swebench:1", swebench) == "registry.internal/swebench:1"
+    # Docker Hub's short forms are matched in full, as containerd resolves them.
+    assert demo.rewrite_image("swebench/a:1", swebench) == "registry.internal/swebench/a:1"
+    assert demo.rewrite_image("python:3", image_map) == "mirror.local/library/python:3"
+    assert demo.rewrite_image("localhost/x:1", image_map) == "localhost/x:1"
+    assert demo.rewrite_image("registry.internal:5000/x", image_map) == "registry.internal:5000/x"
     for bad in ("nothing", "=to", "from=", " from=to"):
         with pytest.raises(ValueError, match="is not FROM=TO"):
             demo.parse_image_map([bad])

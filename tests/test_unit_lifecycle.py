@@ -110,6 +110,41 @@ def test_a_ttl_puts_the_expiry_on_the_namespace() -> None:
 
 def test_the_guides_namespace_has_no_annotations() -> None:
     assert "annotations" not in demo.namespace_manifest(NAMESPACE, RUN_ID)["metadata"]
+    settings = demo.Settings(count=3, parallelism=3, rounds=2)
+    plan = demo.plan_run(NAMESPACE, RUN_ID, settings, demo.WORKER_SOURCE)  # no origin: no plan said
+    assert "annotations" not in plan.namespace["metadata"]
+
+
+@pytest.mark.parametrize(
+    "argv, jobs, episodes",
+    [
+        ([], "1", "5"),
+        (["--rounds", "3"], "3", "15"),
+        (["--warmup", "--rounds", "2"], "3", "15"),
+    ],
+)
+def test_the_namespace_says_how_many_jobs_and_episodes_the_run_plans(
+    tmp_path, capsys, argv, jobs, episodes
+) -> None:
+    output = tmp_path / "out"
+    assert main(["run", "--dry-run", "--count", "5", "--output", str(output), *argv]) == 0
+    annotations = json.loads(capsys.readouterr().out)["items"][0]["metadata"]["annotations"]
+    assert annotations["rl-batch-demo.agc/jobs-planned"] == jobs
+    assert annotations["rl-batch-demo.agc/episodes-planned"] == episodes
+
+
+def test_a_run_with_an_image_per_task_plans_a_job_per_image_and_batch() -> None:
+    tasks = [demo.Task(str(n), n, "{}", image) for n, image in enumerate(["a:1", "b:1", "a:1"])]
+    settings = demo.Settings(
+        count=6, parallelism=2, builtin=False, group_size=2, rollout=True, rounds=2, warmup=True
+    )
+    plan = demo.plan_run(NAMESPACE, RUN_ID, settings, "print()", tasks, origin())
+    assert [len(jobs) for jobs in plan.jobs.values()] == [2, 2, 2]
+    annotations = plan.namespace["metadata"]["annotations"]
+    assert (
+        annotations["rl-batch-demo.agc/jobs-planned"],
+        annotations["rl-batch-demo.agc/episodes-planned"],
+    ) == ("6", "18")
 
 
 def test_dry_run_shows_the_annotations_and_the_expiry(tmp_path, capsys) -> None:
@@ -156,6 +191,7 @@ def namespace(
     user: str = "alice",
     expires: str | None = None,
     terminating: bool = False,
+    planned: tuple[int, int] | None = None,
 ) -> dict:
     annotations = (
         {
@@ -169,6 +205,9 @@ def namespace(
     )
     if expires:
         annotations["rl-batch-demo.agc/expires-at"] = expires
+    if planned:
+        annotations["rl-batch-demo.agc/jobs-planned"] = str(planned[0])
+        annotations["rl-batch-demo.agc/episodes-planned"] = str(planned[1])
     metadata = {
         "name": name,
         "uid": "uid-" + name,
@@ -187,14 +226,21 @@ def job(
     completions: int = 3,
     succeeded: int = 3,
     app: str = "rl-batch-demo",
+    name: str = "rollout",
+    ended_at: float | None = None,
+    reason: str | None = None,
 ) -> dict:
     conditions = (
         [{"type": end, "status": "True"}]
         if end
         else [{"type": "SuccessCriteriaMet", "status": "True"}]
     )
+    if ended_at is not None:
+        conditions[0]["lastTransitionTime"] = demo.rfc3339(ended_at)
+    if reason is not None:
+        conditions[0]["reason"] = reason
     return {
-        "metadata": {"name": "rollout", "namespace": ns, "labels": {"app": app}},
+        "metadata": {"name": name, "namespace": ns, "labels": {"app": app}},
         "spec": {"completions": completions},
         "status": {"succeeded": succeeded, "conditions": conditions},
     }
@@ -217,6 +263,68 @@ def job(
 def test_a_runs_state_comes_from_its_namespace_and_jobs(jobs, terminating, state) -> None:
     assert demo.run_state(namespace(terminating=terminating), jobs) == state
     assert state in demo.RUN_STATES
+
+
+@pytest.mark.parametrize(
+    "planned, jobs, state",
+    [
+        # Round 1 of 2 ended, round 2 not made yet: between batches, running.
+        ((2, 6), [job(name="rollout-1")], "running"),
+        ((3, 9), [job(name="rollout-warmup"), job(name="rollout-1")], "running"),
+        # A batch whose failures --allow-failures accepts ends Failed (FailedIndexes); the run goes on.
+        ((2, 6), [job(name="rollout-1", end="Failed", reason="FailedIndexes")], "running"),
+        # A batch that failed as a run stops: the run stopped there.
+        ((2, 6), [job(name="rollout-1", end="Failed", reason="BackoffLimitExceeded")], "failed"),
+        (
+            (2, 6),
+            [job(name="rollout-1", end="Failed", reason="MaxFailedIndexesExceeded")],
+            "failed",
+        ),
+        ((2, 6), [job(name="rollout-1", end="Failed", reason="DeadlineExceeded")], "failed"),
+        # Every Job it plans is there and ended.
+        ((2, 6), [job(name="rollout-1"), job(name="rollout-2")], "succeeded"),
+        (
+            (2, 6),
+            [job(name="rollout-1", end="Failed", reason="FailedIndexes"), job(name="rollout-2")],
+            "failed",
+        ),
+        # A run of an older version says nothing of its plan: as before.
+        (None, [job(name="rollout-1")], "succeeded"),
+    ],
+)
+def test_a_run_with_fewer_jobs_than_it_plans_is_running_between_batches(
+    planned, jobs, state
+) -> None:
+    assert demo.run_state(namespace(planned=planned), jobs) == state
+    (run,) = demo.cluster_runs([namespace(planned=planned)], jobs)
+    assert run.state == state
+    assert run.between_batches is (state == "running")
+    assert run.jobs_planned == (planned[0] if planned else None)
+
+
+def test_between_batches_the_total_is_what_the_run_plans() -> None:
+    (run,) = demo.cluster_runs(
+        [namespace(planned=(3, 15))],
+        [
+            job(name="rollout-warmup", completions=5, succeeded=5, ended_at=T0 + 60),
+            job(name="rollout-1", completions=5, succeeded=4, ended_at=T0 + 120),
+        ],
+    )
+    assert (run.state, run.jobs, run.episodes, run.succeeded) == ("running", 2, 15, 9)
+    record = demo.run_record(run, T0 + 180)
+    assert (record["state"], record["episodes"], record["succeeded"]) == ("running", 15, 9)
+    assert (record["jobs"], record["jobs_planned"], record["between_batches"]) == (2, 3, True)
+    assert record["last_job_ended"] == demo.rfc3339(T0 + 120)
+    assert demo.runs_table([run], T0 + 180).splitlines()[1].split()[1:4] == [
+        "running",
+        "3m",
+        "9/15",
+    ]
+    # While a Job runs the run is running, not between batches; once all it plans ended, it is done.
+    (running,) = demo.cluster_runs(
+        [namespace(planned=(2, 10))], [job(name="rollout-1", completions=5), job(end=None)]
+    )
+    assert (running.state, running.between_batches, running.episodes) == ("running", False, 10)
 
 
 def test_runs_are_namespaces_with_the_label_and_the_tools_jobs_inside() -> None:
@@ -257,6 +365,10 @@ def test_runs_are_namespaces_with_the_label_and_the_tools_jobs_inside() -> None:
         "output": "/runs/a",
         "expires": None,
         "guide": False,
+        "jobs": 2,
+        "jobs_planned": None,
+        "between_batches": False,
+        "last_job_ended": None,
     }
     assert demo.run_record(guide, T0)["run_id"] == "guide0000000"
     table = demo.runs_table(runs, T0 + 3600).splitlines()
@@ -389,6 +501,62 @@ def test_what_cleanup_stale_deletes_and_why(ns, jobs, now, user, all_users, dele
 
 
 @pytest.mark.parametrize(
+    "ns, jobs, now, delete, why",
+    [
+        # Alive between its batches: 2h old, round 1 ended a minute ago.
+        (
+            namespace(planned=(2, 6)),
+            [job(name="rollout-1", ended_at=T0 + 2 * HOUR - 60)],
+            T0 + 2 * HOUR,
+            False,
+            "between batches (1 of 2 Jobs made, the last ended 60s ago): may still make its next",
+        ),
+        (
+            namespace(planned=(3, 9)),
+            [
+                job(name="rollout-warmup", ended_at=T0 + 60),
+                job(name="rollout-1", end="Failed", reason="FailedIndexes", ended_at=T0 + 90 * 60),
+            ],
+            T0 + 2 * HOUR,
+            False,
+            "between batches (2 of 3 Jobs made, the last ended 30m ago)",
+        ),
+        # Stopped there (killed, crashed): its last Job ended longer ago than --stale.
+        (
+            namespace(planned=(2, 6)),
+            [job(name="rollout-1", ended_at=T0 + 30 * 60)],
+            T0 + 2 * HOUR,
+            True,
+            "stopped between batches (1 of 2 Jobs made, the last ended 1h30m ago): longer ago "
+            "than --stale 1h",
+        ),
+        # No end time to judge by: only the --ttl.
+        (
+            namespace(planned=(2, 6)),
+            [job(name="rollout-1")],
+            T0 + 9 * HOUR,
+            False,
+            "no end time on its Jobs): may still make its next, only its --ttl reaps it",
+        ),
+        # Past its --ttl, alive or not, as any run.
+        (
+            namespace(planned=(2, 6), expires=demo.rfc3339(T0 + HOUR)),
+            [job(name="rollout-1", ended_at=T0 + 2 * HOUR - 60)],
+            T0 + 2 * HOUR,
+            True,
+            "running (between batches), past its --ttl (expired 1h ago)",
+        ),
+    ],
+)
+def test_cleanup_stale_leaves_a_run_between_batches_until_its_last_job_ended_stale_ago(
+    ns, jobs, now, delete, why
+) -> None:
+    decided = verdict(ns, jobs, now)
+    assert decided.delete is delete
+    assert why in decided.why, decided.why
+
+
+@pytest.mark.parametrize(
     "argv, message",
     [
         (
@@ -407,3 +575,27 @@ def test_cleanup_stale_and_list_usage_errors(argv, message, capsys) -> None:
         main(argv)
     assert exit_.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_run_with_every_job_it_plans_or_one_that_failed_is_judged_by_its_age_as_before() -> None:
+    recent = T0 + 2 * HOUR - 60  # the last Job ended a minute ago; the run is 2h old
+    # Round 2 of 2 has not been made yet: left, alive as far as anyone can tell.
+    assert not verdict(namespace(planned=(2, 6)), [job(name="rollout-1", ended_at=recent)]).delete
+    for ns, jobs, why in [
+        # Every Job it plans is there and ended.
+        (
+            namespace(planned=(2, 6)),
+            [job(name="rollout-1", ended_at=T0 + 60), job(name="rollout-2", ended_at=recent)],
+            "succeeded, 2h old: older than --stale 1h",
+        ),
+        # A batch failed as a run stops: it stopped there.
+        (
+            namespace(planned=(2, 6)),
+            [job(name="rollout-1", end="Failed", reason="BackoffLimitExceeded", ended_at=recent)],
+            "failed, 2h old: older than --stale 1h",
+        ),
+        # A run of an older version says nothing of its plan.
+        (namespace(), [job(name="rollout-1", ended_at=recent)], "succeeded, 2h old"),
+    ]:
+        decided = verdict(ns, jobs)
+        assert decided.delete and why in decided.why, decided.why

@@ -155,7 +155,8 @@ def test_a_pod_past_its_deadline_ran_out_of_time_unless_it_never_started() -> No
     pod = timed_out(indexed_pod("p", 0, phase="Failed", exit_code=143))
     assert demo.classify_attempt(pod, "", make_job(), True) == (
         "episode",
-        "ran out of time: still running 30 s after its pod started (--episode-timeout)",
+        "ran out of time: still running 30 s after its pod started (its deadline: "
+        "--episode-timeout, plus --pull-timeout, as given)",
     )
     never = timed_out(indexed_pod("p", 0, phase="Failed", exit_code=None))
     never["status"]["containerStatuses"][0]["state"] = {"waiting": {"reason": "ImagePullBackOff"}}
@@ -396,3 +397,87 @@ def test_the_help_says_the_episode_deadline_counts_from_the_pods_start(
         demo.main(["run", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "counted from the pod's start on its node, image pull and sandbox start included" in text
+
+
+def test_the_help_names_every_combination_need_is_refused_with(
+    capsys: pytest.CaptureFixture,
+) -> None:
+    with pytest.raises(SystemExit):
+        demo.main(["run", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    need = text[text.index("--need K ") : text.index("--episode-timeout S ")]
+    # Each refusal of test_combinations_that_cannot_hold_are_usage_errors and
+    # test_need_with_several_images_is_refused (test_e2e_images.py).
+    assert "1 <= K < count" in need
+    assert "not with --group-size, --allow-failures, --rounds or --warmup" in need
+    assert "nor with tasks of several images" in need
+    assert "Needs Kubernetes >= 1.33" in need
+
+
+# The same refusals from Python: named as keywords (need=, count=), by run_batch() and
+# stream_batch() alike, before anything is created.
+TWO_IMAGES = [{"id": "a", "image": "img:1"}, {"id": "b", "image": "img:2"}]
+
+
+@pytest.mark.parametrize(
+    "tasks, keywords, message",
+    [
+        (None, {"count": 4, "need": 4}, "need=4 must be fewer than the 4 episodes"),
+        (None, {"need": 10}, "need=10 must be fewer than the 10 episodes"),
+        (None, {"count": 4, "need": 0}, "need=0: must be at least 1, got 0"),
+        (
+            [{"id": "a"}, {"id": "b"}],
+            {"group_size": 2, "need": 3},
+            "need= cannot hold with group_size=: the Job stops whichever episodes",
+        ),
+        (
+            None,
+            {"count": 4, "need": 2, "allow_failures": 1},
+            "need= already accepts count - K = 2 failed episodes: leave out allow_failures=",
+        ),
+        (None, {"count": 4, "need": 2, "rounds": 2}, "leave out rounds= and warmup="),
+        (None, {"count": 4, "need": 2, "warmup": True}, "leave out rounds= and warmup="),
+        (TWO_IMAGES, {"need": 1}, "need= cannot hold with tasks of 2 images"),
+        (
+            None,
+            {"episode_timeout": 30, "retries": 1},
+            "episode_timeout= cannot hold with retries=",
+        ),
+        (None, {"episode_timeout": 0}, "episode_timeout=0: must be at least 1, got 0"),
+    ],
+)
+@pytest.mark.parametrize("function", [demo.run_batch, demo.stream_batch])
+def test_python_refuses_what_cannot_hold_naming_the_keywords(
+    function: Any, tasks: Any, keywords: dict, message: str, tmp_path: Any
+) -> None:
+    if tasks is not None:
+        script = tmp_path / "ep.py"
+        script.write_text("print('episode')\n")
+        keywords = dict(keywords, episode_script=str(script))
+    with pytest.raises(demo.UsageError) as refused:
+        # stream_batch() too refuses at the call, before its first next().
+        function(tasks, output=tmp_path / "out", kubectl="/nonexistent/kubectl", **keywords)
+    assert message in str(refused.value)
+    assert "--" not in str(refused.value)  # no flag's spelling: the caller wrote keywords
+    assert not (tmp_path / "out").exists()
+
+
+def test_stream_batch_takes_every_argument_of_run_batch_but_on_reward(tmp_path: Any) -> None:
+    import inspect
+
+    run = inspect.signature(demo.run_batch).parameters
+    stream = inspect.signature(demo.stream_batch).parameters
+    assert [name for name in run if name != "on_reward"] == list(stream)
+    assert all(run[name] == stream[name] for name in stream)
+    with pytest.raises(demo.KeywordTypeError, match="stream_batch\\(\\) yields each line itself"):
+        demo.stream_batch(count=2, output=tmp_path / "out", on_reward=print)
+    with pytest.raises(demo.KeywordTypeError, match="unexpected keyword argument 'cout'"):
+        demo.stream_batch(cout=2, output=tmp_path / "out")
+    # A dry run's listing is the generator's return value, as run_batch()'s return.
+    stream_run = demo.stream_batch(count=2, output=tmp_path / "out", dry_run=True)
+    with pytest.raises(StopIteration) as stopped:
+        next(stream_run)
+    assert [item["kind"] for item in stopped.value.value["items"]] == [
+        item["kind"]
+        for item in demo.run_batch(count=2, output=tmp_path / "out", dry_run=True)["items"]
+    ]
