@@ -886,21 +886,32 @@ def prefix_matches(image: str, source: str) -> bool:
     )
 
 
+def source_references(source: str) -> list[str]:
+    """The full references a FROM of --image-map may stand for: itself when it starts with a
+    registry host, else Docker Hub's (`swebench` is `docker.io/swebench`, `python` also
+    `docker.io/library/python`)."""
+    first, slash, _ = source.partition("/")
+    if "." in first or ":" in first or first == "localhost":
+        return [source]
+    return [f"docker.io/{source}"] + ([] if slash else [f"docker.io/library/{source}"])
+
+
 def rewrite_image(image: str, image_map: Sequence[tuple[str, str]]) -> str:
     """An image reference with its prefix rewritten by the longest FROM it starts with (at most
-    once), matched at a boundary of its parts, as written or in full (Docker Hub's short forms
-    `python:3` and `swebench/a:1` are `docker.io/library/python:3` and `docker.io/swebench/a:1`)."""
+    once), both read in full as containerd resolves them (Docker Hub's short forms `python:3` and
+    `swebench/a:1` are `docker.io/library/python:3` and `docker.io/swebench/a:1`), and matched
+    at a boundary of the reference's parts."""
     full = docker_hub_reference(image)
     matches = [
-        (len(source), form, source, target)
+        (len(prefix), prefix, target)
         for source, target in image_map
-        for form in dict.fromkeys((image, full))
-        if prefix_matches(form, source)
+        for prefix in source_references(source)
+        if prefix_matches(full, prefix)
     ]
     if not matches:
         return image
-    _, form, source, target = max(matches, key=lambda match: (match[0], match[1] == image))
-    return target + form[len(source) :]
+    _, prefix, target = max(matches, key=lambda match: match[0])
+    return target + full[len(prefix) :]
 
 
 def task_images(
@@ -9133,10 +9144,11 @@ def unexplained_syntax_error(source: str, python: tuple[int, int]) -> SyntaxErro
     except ValueError:  # this Python's parser failed otherwise (3.12.1 on some f-strings)
         return None
     try:
-        parse_quietly(in_older_syntax(source, python))
+        # Lines as the parser splits them (a lone CR ends one too), for the respelling's tokenizer.
+        parse_quietly(in_older_syntax(source.replace("\r\n", "\n").replace("\r", "\n"), python))
     except SyntaxError as error:
         return first if first.lineno == error.lineno else error
-    except (RecursionError, ValueError):  # strings nested deeper than it reads; as above
+    except Exception:  # noqa: BLE001 - a source the respelling cannot read is not proven broken
         pass
     return None
 
@@ -9278,8 +9290,10 @@ def older_statements(text: str, python: tuple[int, int]) -> str:
     it is."""
     tokens: list[tokenize.TokenInfo] = []
     try:
-        tokens.extend(tokenize.generate_tokens(io.StringIO(text).readline))
-    except (tokenize.TokenError, SyntaxError):
+        with warnings.catch_warnings():  # an invalid escape's SyntaxWarning: the image's to say
+            warnings.simplefilter("ignore")
+            tokens.extend(tokenize.generate_tokens(io.StringIO(text).readline))
+    except (tokenize.TokenError, SyntaxError, SystemError):  # SystemError: a NUL byte, 3.12+
         pass
     line_starts = [0] + [match.end() for match in re.finditer("\n", text)]
 
