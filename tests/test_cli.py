@@ -17,6 +17,7 @@ import re
 import shutil
 import subprocess
 import sys
+import warnings
 import threading
 from pathlib import Path
 from typing import Any, Optional
@@ -568,6 +569,25 @@ def test_an_error_only_the_compiler_finds_is_only_warned_about_on_an_older_pytho
     monkeypatch.setattr(demo, "NEWEST_SYNTAX_PYTHON", sys.version_info[:2])
     assert main(argv) == 1  # this Python is the newest: every error is refused
     assert "line 2: 'return' outside function: return 1" in error_line(capsys.readouterr().err)
+
+
+def test_the_syntax_check_itself_prints_only_its_own_lines(
+    tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its respelling reads the source with the tokenizer, which warns of an invalid escape on
+    3.12 and later: the image's Python says that, the check does not. A lone CR ends a line."""
+    monkeypatch.setattr(demo, "NEWEST_SYNTAX_PYTHON", (99, 0))
+    script = tmp_path / "newer.py"
+    script.write_bytes(b"x = f'\\{y}'\rtry:\r    pass\rexcept A, B:\r    pass\r")
+    argv = ["run", "--output", str(tmp_path / "out"), "--dry-run", "--episode-script", str(script)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a warning from the check fails the test
+        assert main(argv) == 0
+    err = capsys.readouterr().err
+    if sys.version_info < (3, 14):
+        assert "does not compile on Python" in err  # 3.14's except A, B: warned, shipped
+    assert "SyntaxWarning" not in err and "invalid escape" not in err, err
+    assert demo.unexplained_syntax_error("match x:\r    case 1:\r        pass\r", (3, 9)) is None
 
 
 # --------------------------------------------------------------------------
