@@ -202,6 +202,37 @@ def assert_kubelet_135_messages(events: Sequence[dict], image: str = "python:3.1
     assert seen == {"Created", "Started", "Pulled"}, seen
 
 
+def assert_pulls_one_at_a_time(events: Sequence[dict], nodes: dict[str, str]) -> dict[str, float]:
+    """The kubelet pulled one image at a time on each node (serializeImagePulls, its default): the
+    pulls its Pulled messages measure (`in 190ms`), each between its pod's Pulling and Pulled
+    events, do not overlap, so on a node together they fit between its first Pulling and its last
+    Pulled (the events' names: the kubelet's clock, to the nanosecond). `nodes`: pod -> its node.
+    Returns each node's span less its pulls (>= 0). Held by the real kubelet and the emulator."""
+    stamps: dict[tuple[str, str], float] = {}
+    pulled: dict[str, float] = {}
+    for event in events:
+        regarding = event.get("involvedObject") or {}
+        if event.get("reason") not in ("Pulling", "Pulled") or regarding.get("kind") != "Pod":
+            continue
+        at = rl_batch_demo.event_name_time(event)
+        assert at is not None, event["metadata"]["name"]
+        stamps.setdefault((event["reason"], regarding["name"]), at)
+        pull = rl_batch_demo.parse_pulled_message(event.get("message", ""))
+        if event["reason"] == "Pulled" and pull is not None and pull.pulled:
+            assert pull.pull_seconds is not None, event["message"]
+            pulled[regarding["name"]] = pull.pull_seconds
+    slack = {}
+    for node in sorted({nodes[pod] for pod in pulled}):
+        pods = [pod for pod in pulled if nodes[pod] == node]
+        span = max(stamps[("Pulled", pod)] for pod in pods) - min(
+            stamps[("Pulling", pod)] for pod in pods
+        )
+        total = sum(pulled[pod] for pod in pods)
+        assert total <= span, (node, {pod: pulled[pod] for pod in pods}, span)
+        slack[node] = span - total
+    return slack
+
+
 def assert_cleanup_works(emulator: Any, kubectl: str, output: Path) -> None:
     """`cleanup` of the run in `output` deletes its namespace, and no run namespace is left."""
     cleaned = tool(emulator, kubectl, "cleanup", "--output", str(output))

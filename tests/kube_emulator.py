@@ -62,6 +62,7 @@ from __future__ import annotations
 import argparse
 import base64
 import bisect
+import builtins
 import calendar
 import hashlib
 import heapq
@@ -81,7 +82,7 @@ import time
 import traceback
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable
 from urllib.parse import parse_qs, urlsplit
 
 from sandbox import (
@@ -106,7 +107,7 @@ STUCK_FINALIZER = "example.com/stuck"
 # the apiserver's name-suffix alphabet (k8s.io/apimachinery/pkg/util/rand)
 NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 
-DEFAULT_TIMING: Dict[str, float] = {
+DEFAULT_TIMING: dict[str, float] = {
     "sandbox_delay": 0.08,  # RunPodSandbox
     "sandbox_jitter": 0.12,
     "schedule_delay": 0.01,  # scheduler latency per pod
@@ -129,7 +130,7 @@ DEFAULT_TIMING: Dict[str, float] = {
 # set, so a misspelt one cannot silently inject nothing. "Per index" faults name the
 # pods they hit by the pod's creation order in the emulator (0, 1, ...), as a list or as
 # the keys of a dict.
-FAULTS: Dict[str, str] = {
+FAULTS: dict[str, str] = {
     "sandbox_delay": "seconds RunPodSandbox takes (overrides the timing)",
     "sandbox_jitter": "extra random seconds, up to this, on each sandbox (overrides the timing)",
     "job_status_lag": "seconds the Job controller batches pod updates (overrides the timing)",
@@ -157,7 +158,7 @@ FAULTS: Dict[str, str] = {
     "process (scale tests only)",
     "forbidden": "[resource, ...]: requests for these answer 403 as RBAC would",
 }
-READ_PATH_FAULTS: Dict[str, str] = {
+READ_PATH_FAULTS: dict[str, str] = {
     "watch_delay": "the watch cache runs this far behind the store: watches get each event this late, "
     "and a list with resourceVersionMatch=NotOlderThan waits for the cache",
     "watch_stall": "from the moment the fault is set, the watch cache takes in nothing for this long "
@@ -170,7 +171,7 @@ READ_PATH_FAULTS: Dict[str, str] = {
 # events ("ready" with the worker's own clock readings, then "reward") into its log with
 # this timing, in seconds, each delay scaled by uniform(1 - jitter, 1 + jitter), and exits 0.
 # A container with a per-pod fault (fail_pods, replace_pod, ...) still runs for real.
-LIGHTWEIGHT_TIMING: Dict[str, float] = {
+LIGHTWEIGHT_TIMING: dict[str, float] = {
     "process_start": 0.02,  # container started -> interpreter running (the /proc start time)
     "imports": 0.05,  # interpreter start -> the worker's imports done
     "write_task": 0.003,  # imports done -> ready (writing the task's two files)
@@ -195,16 +196,16 @@ def check_lightweight(value: Any) -> None:
         or v < 0
         for k, v in value.items()
     ):
+        phases = ", ".join(LIGHTWEIGHT_TIMING)
         raise ValueError(
-            "fault lightweight_kubelet takes true or {%s: seconds}, not %r"
-            % (", ".join(LIGHTWEIGHT_TIMING), value)
+            f"fault lightweight_kubelet takes true or {{{phases}: seconds}}, not {value!r}"
         )
 
 
 # Real values: a list that needs a newer resourceVersion than the watch cache has waits
 # 3 s (apiserver cacher blockTimeout) then answers 504 "Too large resource version" with
 # retryAfterSeconds 1; a continue token lives until etcd compacts its revision (5 min).
-READ_PATH_TIMING: Dict[str, float] = {
+READ_PATH_TIMING: dict[str, float] = {
     "fresh_block": 3.0,
     "fresh_retry_after": 1.0,
     "continue_ttl": 300.0,
@@ -233,10 +234,10 @@ def fmt_micro(t: float) -> str:
     micros = int(round((t - whole) * 1e6))
     if micros >= 1000000:
         whole, micros = whole + 1, micros - 1000000
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)) + ".%06dZ" % micros
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)) + f".{micros:06d}Z"
 
 
-def parse_time(s: Optional[str]) -> Optional[float]:
+def parse_time(s: str | None) -> float | None:
     """Parse an RFC 3339 timestamp produced by Kubernetes."""
     if not s:
         return None
@@ -261,28 +262,28 @@ def human_duration(d: float) -> str:
         return "0s"
     seconds = int(d)
     if seconds < 60 * 2:
-        return "%ds" % seconds
+        return f"{seconds}s"
     minutes = seconds // 60
     if minutes < 10:
         s = seconds % 60
-        return "%dm" % minutes if s == 0 else "%dm%ds" % (minutes, s)
+        return f"{minutes}m" if s == 0 else f"{minutes}m{s}s"
     if minutes < 60 * 3:
-        return "%dm" % minutes
+        return f"{minutes}m"
     hours = seconds // 3600
     if hours < 8:
         m = minutes % 60
-        return "%dh" % hours if m == 0 else "%dh%dm" % (hours, m)
+        return f"{hours}h" if m == 0 else f"{hours}h{m}m"
     if hours < 48:
-        return "%dh" % hours
+        return f"{hours}h"
     if hours < 24 * 8:
         h = hours % 24
-        return "%dd" % (hours // 24) if h == 0 else "%dd%dh" % (hours // 24, h)
+        return f"{hours // 24}d" if h == 0 else f"{hours // 24}d{h}h"
     if hours < 24 * 365 * 2:
-        return "%dd" % (hours // 24)
+        return f"{hours // 24}d"
     if hours < 24 * 365 * 8:
         dy = (hours // 24) % 365
-        return "%dy" % (hours // 24 // 365) if dy == 0 else "%dy%dd" % (hours // 24 // 365, dy)
-    return "%dy" % (hours // 24 // 365)
+        return f"{hours // 24 // 365}y" if dy == 0 else f"{hours // 24 // 365}y{dy}d"
+    return f"{hours // 24 // 365}y"
 
 
 _QUANTITY_SUFFIX = {
@@ -326,7 +327,7 @@ def hex64(seed: str) -> str:
     return hashlib.sha256(seed.encode()).hexdigest()
 
 
-def normalize_image(image: str) -> Tuple[str, str]:
+def normalize_image(image: str) -> tuple[str, str]:
     """Return (repository, full reference) like containerd reports them."""
     name, tag = image, "latest"
     if "@" in name:
@@ -341,7 +342,7 @@ def normalize_image(image: str) -> Tuple[str, str]:
         repo = "docker.io/" + name
     else:
         repo = name
-    return repo, "%s:%s" % (repo, tag)
+    return repo, f"{repo}:{tag}"
 
 
 def get_path(obj: Any, dotted: str) -> Any:
@@ -361,11 +362,11 @@ def condition(
     ctype: str,
     status: str,
     t: float,
-    reason: Optional[str] = None,
-    message: Optional[str] = None,
+    reason: str | None = None,
+    message: str | None = None,
     probe: bool = False,
 ) -> dict:
-    c: Dict[str, Any] = {"type": ctype, "status": status}
+    c: dict[str, Any] = {"type": ctype, "status": status}
     if probe:
         c["lastProbeTime"] = fmt_time(t)
     else:
@@ -378,7 +379,7 @@ def condition(
     return c
 
 
-def set_condition(conds: List[dict], new: dict) -> bool:
+def set_condition(conds: list[dict], new: dict) -> bool:
     """Set a condition, keeping lastTransitionTime when status is unchanged."""
     for i, c in enumerate(conds):
         if c.get("type") == new["type"]:
@@ -396,19 +397,19 @@ def set_condition(conds: List[dict], new: dict) -> bool:
     return True
 
 
-def find_condition(conds: Optional[List[dict]], ctype: str) -> Optional[dict]:
+def find_condition(conds: list[dict] | None, ctype: str) -> dict | None:
     for c in conds or []:
         if c.get("type") == ctype:
             return c
     return None
 
 
-def cond_true(conds: Optional[List[dict]], ctype: str) -> bool:
+def cond_true(conds: list[dict] | None, ctype: str) -> bool:
     c = find_condition(conds, ctype)
     return bool(c and c.get("status") == "True")
 
 
-def version_tuple(v: str) -> Tuple[int, int]:
+def version_tuple(v: str) -> tuple[int, int]:
     m = re.match(r"v?(\d+)\.(\d+)", v)
     return (int(m.group(1)), int(m.group(2))) if m else (1, 33)
 
@@ -421,7 +422,7 @@ def version_tuple(v: str) -> Tuple[int, int]:
 class ApiError(Exception):
     """An error the API answers with a ``Status`` body."""
 
-    def __init__(self, code: int, reason: str, message: str, details: Optional[dict] = None):
+    def __init__(self, code: int, reason: str, message: str, details: dict | None = None):
         super().__init__(message)
         self.code = code
         self.reason = reason
@@ -429,7 +430,7 @@ class ApiError(Exception):
         self.details = details
 
     def status(self) -> dict:
-        body: Dict[str, Any] = {
+        body: dict[str, Any] = {
             "kind": "Status",
             "apiVersion": "v1",
             "metadata": {},
@@ -444,33 +445,33 @@ class ApiError(Exception):
         return body
 
 
-def qualified(info: "ResourceInfo") -> str:
-    return info.plural if not info.group else "%s.%s" % (info.plural, info.group)
+def qualified(info: ResourceInfo) -> str:
+    return info.plural if not info.group else f"{info.plural}.{info.group}"
 
 
-def err_not_found(info: "ResourceInfo", name: str) -> ApiError:
+def err_not_found(info: ResourceInfo, name: str) -> ApiError:
     d = {"name": name, "kind": info.plural}
     if info.group:
         d = {"name": name, "group": info.group, "kind": info.plural}
-    return ApiError(404, "NotFound", '%s "%s" not found' % (qualified(info), name), d)
+    return ApiError(404, "NotFound", f'{qualified(info)} "{name}" not found', d)
 
 
-def err_already_exists(info: "ResourceInfo", name: str) -> ApiError:
+def err_already_exists(info: ResourceInfo, name: str) -> ApiError:
     d = {"name": name, "kind": info.plural}
     if info.group:
         d = {"name": name, "group": info.group, "kind": info.plural}
-    return ApiError(409, "AlreadyExists", '%s "%s" already exists' % (qualified(info), name), d)
+    return ApiError(409, "AlreadyExists", f'{qualified(info)} "{name}" already exists', d)
 
 
-def err_conflict(info: "ResourceInfo", name: str) -> ApiError:
+def err_conflict(info: ResourceInfo, name: str) -> ApiError:
     d = {"name": name, "kind": info.plural}
     if info.group:
         d["group"] = info.group
     return ApiError(
         409,
         "Conflict",
-        'Operation cannot be fulfilled on %s "%s": the object has been modified; '
-        "please apply your changes to the latest version and try again" % (qualified(info), name),
+        f'Operation cannot be fulfilled on {qualified(info)} "{name}": the object has been '
+        "modified; please apply your changes to the latest version and try again",
         d,
     )
 
@@ -479,15 +480,15 @@ def err_bad_request(message: str) -> ApiError:
     return ApiError(400, "BadRequest", message)
 
 
-def err_invalid(info: "ResourceInfo", name: str, causes: List[Tuple[str, str, str]]) -> ApiError:
+def err_invalid(info: ResourceInfo, name: str, causes: list[tuple[str, str, str]]) -> ApiError:
     """causes: (field, reason, message-fragment)."""
-    kind = info.kind if not info.group else "%s.%s" % (info.kind, info.group)
-    parts = ["%s: %s" % (f, m) for f, _, m in causes]
+    kind = info.kind if not info.group else f"{info.kind}.{info.group}"
+    parts = [f"{f}: {m}" for f, _, m in causes]
     if len(parts) == 1:
-        msg = '%s "%s" is invalid: %s' % (kind, name, parts[0])
+        msg = f'{kind} "{name}" is invalid: {parts[0]}'
     else:
-        msg = '%s "%s" is invalid: [%s]' % (kind, name, ", ".join(parts))
-    d: Dict[str, Any] = {
+        msg = f'{kind} "{name}" is invalid: [{", ".join(parts)}]'
+    d: dict[str, Any] = {
         "name": name,
         "kind": info.kind,
         "causes": [{"reason": r, "message": m, "field": f} for f, r, m in causes],
@@ -497,16 +498,14 @@ def err_invalid(info: "ResourceInfo", name: str, causes: List[Tuple[str, str, st
     return ApiError(422, "Invalid", msg, d)
 
 
-def err_forbidden(
-    info: "ResourceInfo", name: str, why: str, causes: Optional[list] = None
-) -> ApiError:
-    label = '%s "%s"' % (qualified(info), name) if name else qualified(info)
-    d: Dict[str, Any] = {"name": name, "kind": info.plural}
+def err_forbidden(info: ResourceInfo, name: str, why: str, causes: list | None = None) -> ApiError:
+    label = f'{qualified(info)} "{name}"' if name else qualified(info)
+    d: dict[str, Any] = {"name": name, "kind": info.plural}
     if info.group:
         d["group"] = info.group
     if causes:
         d["causes"] = causes
-    return ApiError(403, "Forbidden", "%s is forbidden: %s" % (label, why), d)
+    return ApiError(403, "Forbidden", f"{label} is forbidden: {why}", d)
 
 
 # --------------------------------------------------------------------------
@@ -529,15 +528,15 @@ PSA_RESTRICTED_VOLUMES = (
 )
 
 
-def _join_quote(items: List[str]) -> str:
+def _join_quote(items: list[str]) -> str:
     return '"' + '", "'.join(items) + '"' if items else ""
 
 
-def _containers_noun(names: List[str]) -> str:
-    return "%s %s" % ("container" if len(names) == 1 else "containers", _join_quote(names))
+def _containers_noun(names: list[str]) -> str:
+    return f"{'container' if len(names) == 1 else 'containers'} {_join_quote(names)}"
 
 
-def _pod_containers(spec: dict) -> List[dict]:
+def _pod_containers(spec: dict) -> list[dict]:
     return (
         list(spec.get("initContainers") or [])
         + list(spec.get("containers") or [])
@@ -552,20 +551,24 @@ def _psa_must_set(
     reason: str,
     pod_level: bool,
     set_text: str,
-    bad_text: Callable[[List[str], List[str]], str],
-) -> Optional[Tuple[str, str]]:
+    bad_text: Callable[[list[str], list[str]], str],
+) -> tuple[str, str] | None:
     """The pod-or-container pattern of runAsNonRoot / seccompProfile (restricted)."""
-    psc = spec.get("securityContext") or {}
-    bad_setters: List[str] = []
-    bad_values: List[str] = []
+    pod_security = spec.get("securityContext") or {}
+    bad_setters: list[str] = []
+    bad_values: list[str] = []
     pod_ok = False
-    if pod_level and psc.get(field) is not None:
-        if good(psc[field]):
+    if pod_level and pod_security.get(field) is not None:
+        if good(pod_security[field]):
             pod_ok = True
         else:
             bad_setters.append("pod")
             bad_values.append(
-                str(psc[field].get("type") if isinstance(psc[field], dict) else psc[field])
+                str(
+                    pod_security[field].get("type")
+                    if isinstance(pod_security[field], dict)
+                    else pod_security[field]
+                )
             )
     explicit, implicit = [], []
     for c in _pod_containers(spec):
@@ -581,11 +584,11 @@ def _psa_must_set(
     if bad_setters:
         return reason, bad_text(bad_setters, sorted(set(bad_values)))
     if implicit:
-        return reason, "pod or %s must set %s" % (_containers_noun(implicit), set_text)
+        return reason, f"pod or {_containers_noun(implicit)} must set {set_text}"
     return None
 
 
-def _psa_allow_privilege_escalation(spec: dict) -> Optional[Tuple[str, str]]:
+def _psa_allow_privilege_escalation(spec: dict) -> tuple[str, str] | None:
     """allowPrivilegeEscalation (restricted): every container sets it to false."""
     bad = [
         c.get("name", "")
@@ -596,11 +599,11 @@ def _psa_allow_privilege_escalation(spec: dict) -> Optional[Tuple[str, str]]:
         return None
     return (
         "allowPrivilegeEscalation != false",
-        "%s must set securityContext.allowPrivilegeEscalation=false" % _containers_noun(bad),
+        f"{_containers_noun(bad)} must set securityContext.allowPrivilegeEscalation=false",
     )
 
 
-def _psa_capabilities(spec: dict) -> Optional[Tuple[str, str]]:
+def _psa_capabilities(spec: dict) -> tuple[str, str] | None:
     """capabilities_restricted: every container drops ALL and adds nothing but NET_BIND_SERVICE."""
     missing_drop, adding, forbidden = [], [], set()
     for c in _pod_containers(spec):
@@ -617,34 +620,34 @@ def _psa_capabilities(spec: dict) -> Optional[Tuple[str, str]]:
     details = []
     if missing_drop:
         details.append(
-            '%s must set securityContext.capabilities.drop=["ALL"]' % _containers_noun(missing_drop)
+            f'{_containers_noun(missing_drop)} must set securityContext.capabilities.drop=["ALL"]'
         )
     if adding:
         details.append(
-            "%s must not include %s in securityContext.capabilities.add"
-            % (_containers_noun(adding), _join_quote(sorted(forbidden)))
+            f"{_containers_noun(adding)} must not include {_join_quote(sorted(forbidden))} in "
+            "securityContext.capabilities.add"
         )
     return ("unrestricted capabilities", "; ".join(details)) if details else None
 
 
-def _psa_host_namespaces(spec: dict) -> Optional[Tuple[str, str]]:
+def _psa_host_namespaces(spec: dict) -> tuple[str, str] | None:
     """hostNamespaces: no host network, PID or IPC namespace."""
     host = [f + "=true" for f in ("hostNetwork", "hostPID", "hostIPC") if spec.get(f)]
     return ("host namespaces", ", ".join(host)) if host else None
 
 
-def _psa_host_path_volumes(spec: dict) -> Optional[Tuple[str, str]]:
+def _psa_host_path_volumes(spec: dict) -> tuple[str, str] | None:
     """hostPathVolumes (baseline; restrictedVolumes covers it at restricted): no hostPath volume."""
     hp = [v.get("name", "") for v in spec.get("volumes") or [] if v.get("hostPath") is not None]
     if not hp:
         return None
     return (
         "hostPath volumes",
-        "%s %s" % ("volume" if len(hp) == 1 else "volumes", _join_quote(hp)),
+        f"{'volume' if len(hp) == 1 else 'volumes'} {_join_quote(hp)}",
     )
 
 
-def _psa_privileged(spec: dict) -> Optional[Tuple[str, str]]:
+def _psa_privileged(spec: dict) -> tuple[str, str] | None:
     """privileged: no privileged container."""
     privileged = [
         c.get("name", "")
@@ -655,11 +658,11 @@ def _psa_privileged(spec: dict) -> Optional[Tuple[str, str]]:
         return None
     return (
         "privileged",
-        "%s must not set securityContext.privileged=true" % _containers_noun(privileged),
+        f"{_containers_noun(privileged)} must not set securityContext.privileged=true",
     )
 
 
-def _psa_restricted_volumes(spec: dict) -> Optional[Tuple[str, str]]:
+def _psa_restricted_volumes(spec: dict) -> tuple[str, str] | None:
     """restrictedVolumes: only the volume types the restricted level allows."""
     bad_volumes = sorted(
         v.get("name", "")
@@ -668,13 +671,11 @@ def _psa_restricted_volumes(spec: dict) -> Optional[Tuple[str, str]]:
     )
     if not bad_volumes:
         return None
-    return (
-        "restricted volume types",
-        "volumes [%s] have restricted types" % " ".join('"%s"' % n for n in bad_volumes),
-    )
+    quoted = " ".join(f'"{n}"' for n in bad_volumes)
+    return "restricted volume types", f"volumes [{quoted}] have restricted types"
 
 
-def _psa_run_as_non_root(spec: dict) -> Optional[Tuple[str, str]]:
+def _psa_run_as_non_root(spec: dict) -> tuple[str, str] | None:
     """runAsNonRoot (restricted): true on the pod or on every container, false nowhere."""
     return _psa_must_set(
         spec,
@@ -684,12 +685,12 @@ def _psa_run_as_non_root(spec: dict) -> Optional[Tuple[str, str]]:
         True,
         "securityContext.runAsNonRoot=true",
         lambda setters, _: (
-            "%s must not set securityContext.runAsNonRoot=false" % " and ".join(setters)
+            f"{' and '.join(setters)} must not set securityContext.runAsNonRoot=false"
         ),
     )
 
 
-def _psa_run_as_user(spec: dict) -> Optional[Tuple[str, str]]:
+def _psa_run_as_user(spec: dict) -> tuple[str, str] | None:
     """runAsUser (restricted): neither the pod nor a container runs as user 0."""
     setters = ["pod"] if (spec.get("securityContext") or {}).get("runAsUser") == 0 else []
     zero = [
@@ -699,12 +700,10 @@ def _psa_run_as_user(spec: dict) -> Optional[Tuple[str, str]]:
     ]
     if zero:
         setters.append(_containers_noun(zero))
-    return (
-        ("runAsUser=0", "%s must not set runAsUser=0" % " and ".join(setters)) if setters else None
-    )
+    return ("runAsUser=0", f"{' and '.join(setters)} must not set runAsUser=0") if setters else None
 
 
-def _psa_seccomp_restricted(spec: dict) -> Optional[Tuple[str, str]]:
+def _psa_seccomp_restricted(spec: dict) -> tuple[str, str] | None:
     """seccompProfile_restricted: RuntimeDefault or Localhost on the pod or on every container."""
     return _psa_must_set(
         spec,
@@ -714,13 +713,13 @@ def _psa_seccomp_restricted(spec: dict) -> Optional[Tuple[str, str]]:
         True,
         'securityContext.seccompProfile.type to "RuntimeDefault" or "Localhost"',
         lambda setters, values: (
-            "%s must not set securityContext.seccompProfile.type to %s"
-            % (" and ".join(setters), _join_quote(values))
+            f"{' and '.join(setters)} must not set securityContext.seccompProfile.type to "
+            f"{_join_quote(values)}"
         ),
     )
 
 
-def _psa_seccomp_baseline(spec: dict) -> Optional[Tuple[str, str]]:
+def _psa_seccomp_baseline(spec: dict) -> tuple[str, str] | None:
     """seccompProfile_baseline: Unconfined nowhere."""
     unconfined = [
         c.get("name", "")
@@ -738,12 +737,12 @@ def _psa_seccomp_baseline(spec: dict) -> Optional[Tuple[str, str]]:
     )
     return (
         "seccompProfile",
-        '%s must not set securityContext.seccompProfile.type to "Unconfined"' % " and ".join(who),
+        f'{" and ".join(who)} must not set securityContext.seccompProfile.type to "Unconfined"',
     )
 
 
 # The checks in the policy registry's order (by check ID), each with the levels it applies at.
-PSA_CHECKS: List[Tuple[Tuple[str, ...], Callable[[dict], Optional[Tuple[str, str]]]]] = [
+PSA_CHECKS: list[tuple[tuple[str, ...], Callable[[dict], tuple[str, str] | None]]] = [
     (("restricted",), _psa_allow_privilege_escalation),
     (("restricted",), _psa_capabilities),
     (("baseline", "restricted"), _psa_host_namespaces),
@@ -757,9 +756,9 @@ PSA_CHECKS: List[Tuple[Tuple[str, ...], Callable[[dict], Optional[Tuple[str, str
 ]
 
 
-def pod_security_violations(spec: dict, level: str) -> List[Tuple[str, str]]:
+def pod_security_violations(spec: dict, level: str) -> list[tuple[str, str]]:
     """(reason, detail) per failed check, in the policy registry's order (by check ID)."""
-    out: List[Tuple[str, str]] = []
+    out: list[tuple[str, str]] = []
     for levels, check in PSA_CHECKS:
         if level in levels:
             result = check(spec)
@@ -768,24 +767,22 @@ def pod_security_violations(spec: dict, level: str) -> List[Tuple[str, str]]:
     return out
 
 
-def pod_security_policy(ns_labels: Optional[Dict[str, str]], mode: str) -> Optional[str]:
+def pod_security_policy(ns_labels: dict[str, str] | None, mode: str) -> str | None:
     """ "restricted:latest" etc. for the namespace's enforce/warn/audit label, or None (privileged)."""
     labels = ns_labels or {}
     level = labels.get(PSA_LABEL + mode)
     if level not in ("baseline", "restricted"):
         return None
-    return "%s:%s" % (level, labels.get(PSA_LABEL + mode + "-version") or "latest")
+    return f"{level}:{labels.get(PSA_LABEL + mode + '-version') or 'latest'}"
 
 
-def pod_security_message(policy: str, spec: dict) -> Optional[str]:
+def pod_security_message(policy: str, spec: dict) -> str | None:
     """The aggregated detail the admission plugin prints, or None when the spec complies."""
     violations = pod_security_violations(spec, policy.split(":", 1)[0])
     if not violations:
         return None
-    return 'violates PodSecurity "%s": %s' % (
-        policy,
-        ", ".join("%s (%s)" % (r, d) if d else r for r, d in violations),
-    )
+    listing = ", ".join(f"{rule} ({detail})" if detail else rule for rule, detail in violations)
+    return f'violates PodSecurity "{policy}": {listing}'
 
 
 # --------------------------------------------------------------------------
@@ -803,10 +800,10 @@ class ResourceInfo:
         plural: str,
         kind: str,
         namespaced: bool,
-        short_names: Optional[List[str]] = None,
-        store: Optional[str] = None,
-        categories: Optional[List[str]] = None,
-        subresources: Optional[Dict[str, List[str]]] = None,
+        short_names: list[str] | None = None,
+        store: str | None = None,
+        categories: list[str] | None = None,
+        subresources: dict[str, list[str]] | None = None,
     ):
         self.group = group
         self.version = version
@@ -820,11 +817,11 @@ class ResourceInfo:
 
     @property
     def api_version(self) -> str:
-        return self.version if not self.group else "%s/%s" % (self.group, self.version)
+        return self.version if not self.group else f"{self.group}/{self.version}"
 
     @property
     def gv_path(self) -> str:
-        return "api/v1" if not self.group else "apis/%s/%s" % (self.group, self.version)
+        return "api/v1" if not self.group else f"apis/{self.group}/{self.version}"
 
     @property
     def singular(self) -> str:
@@ -833,7 +830,7 @@ class ResourceInfo:
 
 VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
 
-RESOURCES: List[ResourceInfo] = [
+RESOURCES: list[ResourceInfo] = [
     ResourceInfo(
         "",
         "v1",
@@ -878,17 +875,17 @@ RESOURCES: List[ResourceInfo] = [
     ResourceInfo("events.k8s.io", "v1", "events", "Event", True, ["ev"], store="events"),
     ResourceInfo("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", True, ["netpol"]),
 ]
-GROUP_VERSIONS: List[Tuple[str, str]] = []
+GROUP_VERSIONS: list[tuple[str, str]] = []
 for _r in RESOURCES:
     if (_r.group, _r.version) not in GROUP_VERSIONS:
         GROUP_VERSIONS.append((_r.group, _r.version))
-CANONICAL: Dict[str, ResourceInfo] = {}
+CANONICAL: dict[str, ResourceInfo] = {}
 for _r in RESOURCES:
     CANONICAL.setdefault(_r.store, _r)
 NAMESPACED_STORES = [s for s, r in CANONICAL.items() if r.namespaced]
 
 
-def find_resource(group: str, version: str, plural: str) -> Optional[ResourceInfo]:
+def find_resource(group: str, version: str, plural: str) -> ResourceInfo | None:
     for r in RESOURCES:
         if r.group == group and r.version == version and r.plural == plural:
             return r
@@ -1059,7 +1056,7 @@ POD_SPEC = {
     "resourceClaims": None,
     "resources": None,
 }
-SCHEMAS: Dict[str, dict] = {
+SCHEMAS: dict[str, dict] = {
     "Namespace": {"spec": {"finalizers": None}, "status": None},
     "ConfigMap": {"data": "map", "binaryData": "map", "immutable": None},
     "Pod": {"spec": POD_SPEC, "status": None},
@@ -1092,13 +1089,13 @@ SCHEMAS: Dict[str, dict] = {
 }
 
 
-def unknown_fields(kind: str, obj: dict) -> List[str]:
+def unknown_fields(kind: str, obj: dict) -> list[str]:
     """Paths of fields the server would reject with fieldValidation=Strict."""
     top = {"apiVersion": None, "kind": None, "metadata": OBJECT_META}
     top.update(SCHEMAS.get(kind, {}))
     if kind == "Event":
         return []
-    out: List[str] = []
+    out: list[str] = []
 
     def walk(value: Any, schema: Any, path: str) -> None:
         if schema is None or schema == "map":
@@ -1106,12 +1103,12 @@ def unknown_fields(kind: str, obj: dict) -> List[str]:
         if isinstance(schema, list):
             if isinstance(value, list):
                 for i, item in enumerate(value):
-                    walk(item, schema[0], "%s[%d]" % (path, i))
+                    walk(item, schema[0], f"{path}[{i}]")
             return
         if not isinstance(value, dict):
             return
         for k, v in value.items():
-            p = k if not path else "%s.%s" % (path, k)
+            p = k if not path else f"{path}.{k}"
             if k not in schema:
                 out.append(p)
             else:
@@ -1130,7 +1127,7 @@ class LabelSelector:
     """Parses the string form of a label selector (equality and set based)."""
 
     def __init__(self, text: str):
-        self.reqs: List[Tuple[str, str, List[str]]] = []
+        self.reqs: list[tuple[str, str, list[str]]] = []
         text = (text or "").strip()
         if not text:
             return
@@ -1157,7 +1154,7 @@ class LabelSelector:
                 self.reqs.append((part, "exists", []))
 
     @staticmethod
-    def _split(text: str) -> List[str]:
+    def _split(text: str) -> list[str]:
         out, depth, cur = [], 0, ""
         for ch in text:
             if ch == "(":
@@ -1172,7 +1169,7 @@ class LabelSelector:
         out.append(cur)
         return out
 
-    def matches(self, labels: Optional[Dict[str, str]]) -> bool:
+    def matches(self, labels: dict[str, str] | None) -> bool:
         labels = labels or {}
         for key, op, vals in self.reqs:
             has = key in labels
@@ -1196,7 +1193,7 @@ class FieldSelector:
     """metadata.name=x,status.phase!=Running style selectors."""
 
     def __init__(self, text: str):
-        self.reqs: List[Tuple[str, str, str]] = []
+        self.reqs: list[tuple[str, str, str]] = []
         for part in (text or "").split(","):
             part = part.strip()
             if not part:
@@ -1211,9 +1208,7 @@ class FieldSelector:
                 k, v = part.split("=", 1)
                 self.reqs.append((k.strip(), "=", v.strip()))
             else:
-                raise err_bad_request(
-                    "invalid selector: '%s'; can't understand '%s'" % (text, part)
-                )
+                raise err_bad_request(f"invalid selector: '{text}'; can't understand '{part}'")
 
     def matches(self, obj: dict) -> bool:
         for key, op, val in self.reqs:
@@ -1246,15 +1241,15 @@ class Store:
         self.lock = threading.RLock()
         self.cond = threading.Condition(self.lock)
         self.clock = clock
-        self.objects: Dict[str, Dict[str, Dict[str, dict]]] = {}
-        self.uids: Dict[str, Tuple[str, str, str]] = {}
+        self.objects: dict[str, dict[str, dict[str, dict]]] = {}
+        self.uids: dict[str, tuple[str, str, str]] = {}
         self.rv = 1
-        self.history: List[Tuple[int, str, str, dict]] = []
-        self.history_rvs: List[int] = []
+        self.history: list[tuple[int, str, str, dict]] = []
+        self.history_rvs: list[int] = []
         self.history_limit = max(10, int(history_limit))
         self.compacted_rv = 0
-        self.listeners: List[Callable[[str, str, dict], None]] = []
-        self.created_wall: Dict[str, float] = {}
+        self.listeners: list[Callable[[str, str, dict], None]] = []
+        self.created_wall: dict[str, float] = {}
 
     # -- internals --------------------------------------------------------
     def _next_rv(self) -> int:
@@ -1278,19 +1273,19 @@ class Store:
             except Exception:  # pragma: no cover - listener bugs must not break the API
                 traceback.print_exc()
 
-    def _bucket(self, store: str, ns: str) -> Dict[str, dict]:
+    def _bucket(self, store: str, ns: str) -> dict[str, dict]:
         return self.objects.setdefault(store, {}).setdefault(ns or "", {})
 
     # -- reads ------------------------------------------------------------
-    def get(self, store: str, ns: Optional[str], name: str) -> Optional[dict]:
+    def get(self, store: str, ns: str | None, name: str) -> dict | None:
         with self.lock:
             obj = self.objects.get(store, {}).get(ns or "", {}).get(name)
             return clone(obj) if obj is not None else None
 
-    def list(self, store: str, ns: Optional[str] = None) -> Tuple[List[dict], int]:
+    def list(self, store: str, ns: str | None = None) -> tuple[builtins.list[dict], int]:
         with self.lock:
             buckets = self.objects.get(store, {})
-            out: List[dict] = []
+            out: list[dict] = []
             if ns is not None and ns != "":
                 out = [clone(o) for o in buckets.get(ns, {}).values()]
             else:
@@ -1299,50 +1294,50 @@ class Store:
             out.sort(key=lambda o: (o["metadata"].get("namespace", ""), o["metadata"]["name"]))
             return out, self.rv
 
-    def list_raw(self, store: str, ns: Optional[str] = None) -> List[dict]:
+    def list_raw(self, store: str, ns: str | None = None) -> builtins.list[dict]:
         """Like list() but without copying: stored dicts are never mutated in place
         (updates replace them), so callers may read but must not modify them."""
         with self.lock:
             buckets = self.objects.get(store, {})
             if ns:
                 return list(buckets.get(ns, {}).values())
-            out: List[dict] = []
+            out: list[dict] = []
             for b in buckets.values():
                 out.extend(b.values())
             return out
 
-    def by_uid(self, uid: str) -> Optional[Tuple[str, str, str]]:
+    def by_uid(self, uid: str) -> tuple[str, str, str] | None:
         with self.lock:
             return self.uids.get(uid)
 
     # -- writes -----------------------------------------------------------
     def create(self, store: str, obj: dict) -> dict:
         with self.lock:
-            md = obj["metadata"]
-            ns = md.get("namespace", "") or ""
+            metadata = obj["metadata"]
+            ns = metadata.get("namespace", "") or ""
             bucket = self._bucket(store, ns)
-            if md["name"] in bucket:
-                raise KeyError(md["name"])
-            md.setdefault("uid", str(uuid.uuid4()))
-            md["resourceVersion"] = str(self._next_rv())
-            md["creationTimestamp"] = fmt_time(self.clock())
+            if metadata["name"] in bucket:
+                raise KeyError(metadata["name"])
+            metadata.setdefault("uid", str(uuid.uuid4()))
+            metadata["resourceVersion"] = str(self._next_rv())
+            metadata["creationTimestamp"] = fmt_time(self.clock())
             # The true moment of creation, taken with the stamp: the listeners that note it may
             # run a while later on a loaded machine.
             if store in ("pods", "jobs", "namespaces"):
-                self.created_wall[md["uid"]] = time.time()
-            bucket[md["name"]] = obj
-            self.uids[md["uid"]] = (store, ns, md["name"])
+                self.created_wall[metadata["uid"]] = time.time()
+            bucket[metadata["name"]] = obj
+            self.uids[metadata["uid"]] = (store, ns, metadata["name"])
             self._record("ADDED", store, obj)
             return clone(obj)
 
     def update(
         self,
         store: str,
-        ns: Optional[str],
+        ns: str | None,
         name: str,
-        mutate: Callable[[dict], Optional[bool]],
-        expect_rv: Optional[str] = None,
-    ) -> Optional[dict]:
+        mutate: Callable[[dict], bool | None],
+        expect_rv: str | None = None,
+    ) -> dict | None:
         """Apply ``mutate`` to the stored object.
 
         ``mutate`` may return False to signal "no change" (no new rv).  If the
@@ -1371,14 +1366,14 @@ class Store:
 
     @staticmethod
     def _should_remove(store: str, obj: dict) -> bool:
-        md = obj["metadata"]
-        if not md.get("deletionTimestamp") or md.get("finalizers"):
+        metadata = obj["metadata"]
+        if not metadata.get("deletionTimestamp") or metadata.get("finalizers"):
             return False
         if store == "namespaces" and (obj.get("spec") or {}).get("finalizers"):
             return False
-        return md.get("deletionGracePeriodSeconds", 0) == 0
+        return metadata.get("deletionGracePeriodSeconds", 0) == 0
 
-    def remove(self, store: str, ns: Optional[str], name: str) -> Optional[dict]:
+    def remove(self, store: str, ns: str | None, name: str) -> dict | None:
         with self.lock:
             cur = self._bucket(store, ns or "").get(name)
             if cur is None:
@@ -1394,7 +1389,7 @@ class Store:
         return final
 
     # -- watch support ----------------------------------------------------
-    def events_since(self, rv: int) -> List[Tuple[int, str, str, dict]]:
+    def events_since(self, rv: int) -> builtins.list[tuple[int, str, str, dict]]:
         with self.lock:
             if rv < self.compacted_rv:
                 raise Expired()
@@ -1434,7 +1429,7 @@ def _col(
     return {"name": name, "type": ctype, "format": fmt, "description": desc, "priority": priority}
 
 
-TABLE_COLUMNS: Dict[str, List[dict]] = {
+TABLE_COLUMNS: dict[str, list[dict]] = {
     "pods": [
         _NAME_COL,
         _col("Ready", "The aggregate readiness state of this pod for accepting traffic."),
@@ -1516,14 +1511,14 @@ def _age(obj: dict, now: float) -> str:
     return "<unknown>" if t is None else human_duration(now - t)
 
 
-def format_label_selector(sel: Optional[dict]) -> str:
+def format_label_selector(sel: dict | None) -> str:
     if not sel:
         return "<none>"
-    parts = ["%s=%s" % (k, v) for k, v in sorted((sel.get("matchLabels") or {}).items())]
+    parts = [f"{k}={v}" for k, v in sorted((sel.get("matchLabels") or {}).items())]
     for e in sel.get("matchExpressions") or []:
         op = e["operator"]
         if op in ("In", "NotIn"):
-            parts.append("%s %s (%s)" % (e["key"], op.lower(), ",".join(e.get("values") or [])))
+            parts.append(f"{e['key']} {op.lower()} ({','.join(e.get('values') or [])})")
         elif op == "Exists":
             parts.append(e["key"])
         else:
@@ -1531,7 +1526,7 @@ def format_label_selector(sel: Optional[dict]) -> str:
     return ",".join(parts) if parts else "<none>"
 
 
-def pod_row(pod: dict, now: float) -> List[Any]:
+def pod_row(pod: dict, now: float) -> list[Any]:
     status = pod.get("status") or {}
     spec = pod.get("spec") or {}
     phase = status.get("phase") or ""
@@ -1545,9 +1540,9 @@ def pod_row(pod: dict, now: float) -> List[Any]:
         restarts += cs.get("restartCount", 0)
         lt = (cs.get("lastState") or {}).get("terminated")
         if lt:
-            ft = parse_time(lt.get("finishedAt"))
-            if ft and (last_restart is None or ft > last_restart):
-                last_restart = ft
+            finished = parse_time(lt.get("finishedAt"))
+            if finished and (last_restart is None or finished > last_restart):
+                last_restart = finished
         st = cs.get("state") or {}
         if st.get("waiting") and st["waiting"].get("reason"):
             reason = st["waiting"]["reason"]
@@ -1556,9 +1551,7 @@ def pod_row(pod: dict, now: float) -> List[Any]:
         elif st.get("terminated"):
             t = st["terminated"]
             reason = (
-                "Signal:%d" % t["signal"]
-                if t.get("signal")
-                else "ExitCode:%d" % t.get("exitCode", 0)
+                f"Signal:{t['signal']}" if t.get("signal") else f"ExitCode:{t.get('exitCode', 0)}"
             )
         elif cs.get("ready") and st.get("running"):
             has_running = True
@@ -1569,11 +1562,11 @@ def pod_row(pod: dict, now: float) -> List[Any]:
         reason = "Terminating"
     rs = str(restarts)
     if restarts and last_restart:
-        rs = "%d (%s ago)" % (restarts, human_duration(now - last_restart))
+        rs = f"{restarts} ({human_duration(now - last_restart)} ago)"
     ip = status.get("podIP") or "<none>"
     return [
         pod["metadata"]["name"],
-        "%d/%d" % (ready, total),
+        f"{ready}/{total}",
         reason,
         rs,
         _age(pod, now),
@@ -1584,15 +1577,15 @@ def pod_row(pod: dict, now: float) -> List[Any]:
     ]
 
 
-def job_row(job: dict, now: float) -> List[Any]:
+def job_row(job: dict, now: float) -> list[Any]:
     spec, status = job.get("spec") or {}, job.get("status") or {}
     succeeded = status.get("succeeded", 0)
     if spec.get("completions") is not None:
-        completions = "%d/%d" % (succeeded, spec["completions"])
+        completions = f"{succeeded}/{spec['completions']}"
     elif (spec.get("parallelism") or 0) > 1:
-        completions = "%d/1 of %d" % (succeeded, spec["parallelism"])
+        completions = f"{succeeded}/1 of {spec['parallelism']}"
     else:
-        completions = "%d/1" % succeeded
+        completions = f"{succeeded}/1"
     st, ct = parse_time(status.get("startTime")), parse_time(status.get("completionTime"))
     dur = "" if st is None else human_duration((ct if ct is not None else now) - st)
     conds = status.get("conditions")
@@ -1621,7 +1614,7 @@ def job_row(job: dict, now: float) -> List[Any]:
     ]
 
 
-def event_row(ev: dict, now: float) -> List[Any]:
+def event_row(ev: dict, now: float) -> list[Any]:
     first = parse_time(ev.get("firstTimestamp"))
     first_s = human_duration(now - first) if first else None
     if first_s is None:
@@ -1639,14 +1632,14 @@ def event_row(ev: dict, now: float) -> List[Any]:
         count = 1
     io = ev.get("involvedObject") or {}
     target = (
-        "%s/%s" % (io.get("kind", "").lower(), io["name"])
+        f"{io.get('kind', '').lower()}/{io['name']}"
         if io.get("name")
         else io.get("kind", "").lower()
     )
     src = ev.get("source") or {}
     comp = src.get("component") or ev.get("reportingComponent") or ""
     host = src.get("host") or ev.get("reportingInstance") or ""
-    source = "%s, %s" % (comp, host) if host and src.get("component") else comp
+    source = f"{comp}, {host}" if host and src.get("component") else comp
     return [
         last_s,
         ev.get("type", ""),
@@ -1661,7 +1654,7 @@ def event_row(ev: dict, now: float) -> List[Any]:
     ]
 
 
-def node_row(node: dict, now: float) -> List[Any]:
+def node_row(node: dict, now: float) -> list[Any]:
     status = node.get("status") or {}
     ready = find_condition(status.get("conditions"), "Ready")
     state = "Ready" if ready and ready.get("status") == "True" else "NotReady"
@@ -1688,7 +1681,7 @@ def node_row(node: dict, now: float) -> List[Any]:
     ]
 
 
-def table_row(store: str, obj: dict, now: float) -> List[Any]:
+def table_row(store: str, obj: dict, now: float) -> list[Any]:
     name = obj["metadata"]["name"]
     if store == "pods":
         return pod_row(obj, now)
@@ -1715,7 +1708,7 @@ def table_row(store: str, obj: dict, now: float) -> List[Any]:
     return [name, obj["metadata"].get("creationTimestamp")]
 
 
-def table_columns(store: str) -> List[dict]:
+def table_columns(store: str) -> list[dict]:
     return TABLE_COLUMNS.get(store) or [
         _NAME_COL,
         _col(
@@ -1734,7 +1727,7 @@ def table_columns(store: str) -> List[dict]:
 
 
 def core_event_to_v1(ev: dict) -> dict:
-    out: Dict[str, Any] = {
+    out: dict[str, Any] = {
         "kind": "Event",
         "apiVersion": "events.k8s.io/v1",
         "metadata": ev["metadata"],
@@ -1766,7 +1759,7 @@ def core_event_to_v1(ev: dict) -> dict:
 
 
 def v1_event_to_core(ev: dict) -> dict:
-    out: Dict[str, Any] = {
+    out: dict[str, Any] = {
         "kind": "Event",
         "apiVersion": "v1",
         "metadata": ev.get("metadata") or {},
@@ -1812,7 +1805,7 @@ def _pb_field(num: int, payload: bytes) -> bytes:
 
 def openapi_v2_protobuf(version: str) -> bytes:
     """A minimal gnostic openapi_v2.Document: swagger, info, empty paths/definitions."""
-    info = _pb_field(1, b"Kubernetes") + _pb_field(2, ("v%s.0" % version).encode())
+    info = _pb_field(1, b"Kubernetes") + _pb_field(2, (f"v{version}.0").encode())
     return _pb_field(1, b"2.0") + _pb_field(2, info) + _pb_field(8, b"") + _pb_field(9, b"")
 
 
@@ -1840,24 +1833,24 @@ def openapi_v3_doc(group: str, version: str, server_version: str) -> dict:
             "schema": {"type": "string", "uniqueItems": True},
         },
     ]
-    paths: Dict[str, Any] = {}
+    paths: dict[str, Any] = {}
     for r in RESOURCES:
         if r.group != group or r.version != version:
             continue
         prefix = "/" + r.gv_path
         gvk = {"group": r.group, "version": r.version, "kind": r.kind}
         if r.namespaced:
-            coll = "%s/namespaces/{namespace}/%s" % (prefix, r.plural)
+            coll = f"{prefix}/namespaces/{{namespace}}/{r.plural}"
         else:
-            coll = "%s/%s" % (prefix, r.plural)
+            coll = f"{prefix}/{r.plural}"
         item = coll + "/{name}"
 
         def op(
-            action: str, desc: str, extra: Optional[list] = None
+            action: str, desc: str, extra: list | None = None
         ) -> dict:  # called in this turn only
             return {
                 "description": desc,
-                "operationId": "%s%s" % (action, r.kind),  # noqa: B023
+                "operationId": f"{action}{r.kind}",  # noqa: B023
                 "tags": [r.gv_path.replace("/", "_")],  # noqa: B023
                 "parameters": list(params) + list(extra or []),
                 "responses": {"200": {"description": "OK"}, "401": {"description": "Unauthorized"}},
@@ -1866,15 +1859,15 @@ def openapi_v3_doc(group: str, version: str, server_version: str) -> dict:
             }
 
         paths[coll] = {
-            "get": op("list", "list or watch objects of kind %s" % r.kind),
-            "post": op("post", "create a %s" % r.kind),
+            "get": op("list", f"list or watch objects of kind {r.kind}"),
+            "post": op("post", f"create a {r.kind}"),
         }
         paths[item] = {
-            "get": op("get", "read the specified %s" % r.kind),
-            "put": op("put", "replace the specified %s" % r.kind),
+            "get": op("get", f"read the specified {r.kind}"),
+            "put": op("put", f"replace the specified {r.kind}"),
             "patch": op(
                 "patch",
-                "partially update the specified %s" % r.kind,
+                f"partially update the specified {r.kind}",
                 [
                     {
                         "name": "force",
@@ -1883,11 +1876,11 @@ def openapi_v3_doc(group: str, version: str, server_version: str) -> dict:
                     }
                 ],
             ),
-            "delete": op("delete", "delete a %s" % r.kind),
+            "delete": op("delete", f"delete a {r.kind}"),
         }
     return {
         "openapi": "3.0.0",
-        "info": {"title": "Kubernetes", "version": "v%s.0" % server_version},
+        "info": {"title": "Kubernetes", "version": f"v{server_version}.0"},
         "paths": paths,
         "components": {"schemas": {}},
     }
@@ -1970,14 +1963,14 @@ def strategic_merge_patch(target: Any, patch: Any, key: str = "") -> Any:
     return out
 
 
-def json_patch(target: Any, ops: List[dict]) -> Any:
+def json_patch(target: Any, ops: list[dict]) -> Any:
     """RFC 6902 JSON patch (add, remove, replace, test, move, copy)."""
     doc = clone(target)
 
-    def split(path: str) -> List[str]:
+    def split(path: str) -> list[str]:
         return [p.replace("~1", "/").replace("~0", "~") for p in path.split("/")[1:]]
 
-    def parent(path: str) -> Tuple[Any, str]:
+    def parent(path: str) -> tuple[Any, str]:
         parts = split(path)
         cur = doc
         for p in parts[:-1]:
@@ -2051,7 +2044,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         finally:
             self.server.api.connections.discard(self.connection)  # type: ignore[attr-defined]
 
-    def send_response(self, code: int, message: Optional[str] = None) -> None:
+    def send_response(self, code: int, message: str | None = None) -> None:
         # The request log notes the status before a byte of the answer leaves: a client may read
         # the answer and exit before the handler returns, and whoever reads the log then must
         # already find the status (a test on a loaded machine found None).
@@ -2094,7 +2087,7 @@ def read_body(h: _Handler) -> bytes:
 
 
 def send_bytes(
-    h: _Handler, code: int, data: bytes, content_type: str, headers: Optional[Dict[str, str]] = None
+    h: _Handler, code: int, data: bytes, content_type: str, headers: dict[str, str] | None = None
 ) -> int:
     """One whole response (no body for HEAD); returns the status code for the request log."""
     h.send_response(code)
@@ -2115,7 +2108,7 @@ def send_json(
     h: _Handler,
     code: int,
     obj: Any,
-    headers: Optional[Dict[str, str]] = None,
+    headers: dict[str, str] | None = None,
     content_type: str = "application/json",
 ) -> int:
     """One whole response of a JSON document (or bytes already encoded)."""
@@ -2196,10 +2189,8 @@ def check_faults(faults: dict) -> None:
     """Reject a fault the emulator does not know, and a read-path fault that is not seconds or {store: seconds}."""
     unknown = sorted(set(faults) - set(FAULTS) - set(READ_PATH_FAULTS))
     if unknown:
-        raise ValueError(
-            "unknown fault(s) %s; the emulator knows %s"
-            % (", ".join(unknown), ", ".join(sorted(set(FAULTS) | set(READ_PATH_FAULTS))))
-        )
+        known = ", ".join(sorted(set(FAULTS) | set(READ_PATH_FAULTS)))
+        raise ValueError(f"unknown fault(s) {', '.join(unknown)}; the emulator knows {known}")
     offsets = faults.get("node_clock_offset")
     if offsets is not None and (
         not isinstance(offsets, dict)
@@ -2207,7 +2198,7 @@ def check_faults(faults: dict) -> None:
             isinstance(a, (int, float)) and not isinstance(a, bool) for a in offsets.values()
         )
     ):
-        raise ValueError("fault node_clock_offset takes {node: seconds}, not %r" % (offsets,))
+        raise ValueError(f"fault node_clock_offset takes {{node: seconds}}, not {offsets!r}")
     for name in READ_PATH_FAULTS:
         value = faults.get(name)
         if value is None:
@@ -2216,9 +2207,7 @@ def check_faults(faults: dict) -> None:
         if not all(
             isinstance(a, (int, float)) and not isinstance(a, bool) and a >= 0 for a in amounts
         ):
-            raise ValueError(
-                "fault %s takes seconds or {resource: seconds}, not %r" % (name, value)
-            )
+            raise ValueError(f"fault {name} takes seconds or {{resource: seconds}}, not {value!r}")
 
 
 class Faults:
@@ -2230,14 +2219,14 @@ class Faults:
     give its seconds per resource.
     """
 
-    def __init__(self, values: Optional[dict] = None):
+    def __init__(self, values: dict | None = None):
         values = clone(values or {})
         check_faults(values)
         check_lightweight(values.get("lightweight_kubelet"))
-        self._values: Dict[str, Any] = values
+        self._values: dict[str, Any] = values
         self._lock = threading.Lock()
         now = time.time()
-        self.set_at: Dict[str, float] = {name: now for name in values}
+        self.set_at: dict[str, float] = {name: now for name in values}
 
     def set(self, **values: Any) -> None:
         """Set faults (None clears one), noting when: a stall runs from the moment it is set."""
@@ -2258,14 +2247,14 @@ class Faults:
     def on(self, name: str) -> bool:
         return bool(self._values.get(name))
 
-    def applies(self, name: str, pod_index: Optional[int]) -> bool:
+    def applies(self, name: str, pod_index: int | None) -> bool:
         """Does the fault hit the pod created `pod_index`-th (None: a pod the emulator did not number)?"""
         value = self._values.get(name)
         if value is True:
             return True
         return pod_index is not None and pod_index in self._indexes(value)
 
-    def for_pod(self, name: str, pod_index: Optional[int]) -> Any:
+    def for_pod(self, name: str, pod_index: int | None) -> Any:
         """The setting a per-pod fault given as {index: setting} holds for this pod, else None."""
         value = self._values.get(name)
         if not isinstance(value, dict) or pod_index is None:
@@ -2273,26 +2262,26 @@ class Faults:
         return {int(k): v for k, v in value.items()}.get(pod_index)
 
     @staticmethod
-    def _indexes(value: Any) -> Set[int]:
+    def _indexes(value: Any) -> builtins.set[int]:
         if isinstance(value, (dict, list, tuple, set)):
             return {int(x) for x in value}
         return set()
 
-    def timing(self, name: str, default: float, resource: Optional[str] = None) -> float:
+    def timing(self, name: str, default: float, resource: str | None = None) -> float:
         """The seconds the fault sets (for `resource`, when it names resources), else `default`."""
         value = self._values.get(name)
         if isinstance(value, dict):
             value = value.get(resource)
         return default if value is None else float(value)
 
-    def lightweight(self) -> Optional[Dict[str, float]]:
+    def lightweight(self) -> dict[str, float] | None:
         """The lightweight kubelet's timing when it is selected (scale tests only), else None."""
         value = self._values.get("lightweight_kubelet")
         if not value:
             return None
         return dict(LIGHTWEIGHT_TIMING, **(value if isinstance(value, dict) else {}))
 
-    def take_request_error(self, request: str) -> Optional[int]:
+    def take_request_error(self, request: str) -> int | None:
         """The status the request (path and query) fails with under api_errors, counting it, else None."""
         with self._lock:
             errors = self._values.get("api_errors")
@@ -2306,8 +2295,8 @@ class Faults:
             return int(errors.get("status", 503))
 
 
-def encode_continue(rv: int, key: Tuple[str, str], snapshot: str = "") -> str:
-    token: Dict[str, Any] = {"rv": rv, "start": list(key)}
+def encode_continue(rv: int, key: tuple[str, str], snapshot: str = "") -> str:
+    token: dict[str, Any] = {"rv": rv, "start": list(key)}
     if snapshot:
         token["snap"] = snapshot
     return base64.urlsafe_b64encode(json.dumps(token).encode()).decode().rstrip("=")
@@ -2328,7 +2317,7 @@ def too_large_resource_version(wanted: int, current: int, retry_after: float) ->
     return ApiError(
         504,
         "Timeout",
-        "Timeout: Too large resource version: %d, current: %d" % (wanted, current),
+        f"Timeout: Too large resource version: {wanted}, current: {current}",
         {
             "causes": [
                 {"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}
@@ -2351,12 +2340,12 @@ class ReadPath:
     reads them at the first page's revision.
     """
 
-    def __init__(self, emu: "Emulator"):
+    def __init__(self, emu: Emulator):
         self.emu = emu
-        self.times: List[float] = []
-        self.rvs: List[int] = []
+        self.times: list[float] = []
+        self.rvs: list[int] = []
         self.base_rv = emu.store.rv
-        self.snapshots: Dict[str, Tuple[float, List[dict]]] = {}
+        self.snapshots: dict[str, tuple[float, list[dict]]] = {}
         self.lock = threading.Lock()
         emu.store.listeners.append(self.on_store_event)
 
@@ -2391,8 +2380,8 @@ class ReadPath:
             return self.rvs[i - 1] if i else self.base_rv
 
     def visible(
-        self, store: str, events: List[Tuple[int, str, str, dict]]
-    ) -> Tuple[List[Tuple[int, str, str, dict]], bool]:
+        self, store: str, events: list[tuple[int, str, str, dict]]
+    ) -> tuple[list[tuple[int, str, str, dict]], bool]:
         """The events (in rv order) a watch of `store` may deliver now, and whether some wait."""
         reached = self.cache_rv(store)
         if not events or events[-1][0] <= reached:
@@ -2402,7 +2391,7 @@ class ReadPath:
         return events[: bisect.bisect_right([e[0] for e in events], reached)], True
 
     # -- lists --------------------------------------------------------------
-    def before_list(self, info: "ResourceInfo", query: Dict[str, str]) -> None:
+    def before_list(self, info: ResourceInfo, query: dict[str, str]) -> None:
         """A slow list's delay, the ListOptions rules, and waiting for a NotOlderThan version."""
         latency = self.emu.faults.timing("list_latency", 0.0, info.store)
         if latency > 0:
@@ -2442,7 +2431,7 @@ class ReadPath:
                 (
                     "resourceVersionMatch",
                     "FieldValueNotSupported",
-                    'Unsupported value: "%s": supported values: "Exact", "NotOlderThan"' % match,
+                    f'Unsupported value: "{match}": supported values: "Exact", "NotOlderThan"',
                 )
             )
         if causes:
@@ -2458,7 +2447,7 @@ class ReadPath:
         try:
             wanted = int(rv)
         except ValueError:
-            raise err_bad_request('invalid resource version "%s"' % rv) from None
+            raise err_bad_request(f'invalid resource version "{rv}"') from None
         deadline = time.time() + self.timing("fresh_block")
         while True:
             reached = self.cache_rv(info.store)
@@ -2470,10 +2459,10 @@ class ReadPath:
 
     def page(
         self,
-        info: "ResourceInfo",
-        query: Dict[str, str],
-        current: Callable[[], Tuple[List[dict], str]],
-    ) -> Tuple[List[dict], str, Optional[str], Optional[int]]:
+        info: ResourceInfo,
+        query: dict[str, str],
+        current: Callable[[], tuple[list[dict], str]],
+    ) -> tuple[list[dict], str, str | None, int | None]:
         """One page of a list: (items, resourceVersion, continue token, remainingItemCount)."""
         limit = int(query.get("limit") or 0)
         token = query.get("continue")
@@ -2541,11 +2530,11 @@ class WatchView:
 
     def __init__(
         self,
-        store: "Store",
-        render: "Representation",
+        store: Store,
+        render: Representation,
         info: ResourceInfo,
-        ns: Optional[str],
-        query: Dict[str, str],
+        ns: str | None,
+        query: dict[str, str],
         accept: str,
     ):
         self.store = store
@@ -2557,18 +2546,18 @@ class WatchView:
         self.fsel = FieldSelector(query.get("fieldSelector", ""))
         self.mode = render.wants(accept)
         self.first_table = True
-        self.seen: Set[Tuple[str, str]] = set()  # (namespace, name) the client holds
+        self.seen: set[tuple[str, str]] = set()  # (namespace, name) the client holds
 
     def matches(self, obj: dict) -> bool:
         if self.ns_filter and obj["metadata"].get("namespace") != self.ns_filter:
             return False
         return self.lsel.matches(obj["metadata"].get("labels")) and self.fsel.matches(obj)
 
-    def start(self, rv_param: str, send_initial: bool) -> Tuple[List[dict], int, bool]:
+    def start(self, rv_param: str, send_initial: bool) -> tuple[list[dict], int, bool]:
         """The initial objects to send, the resourceVersion to follow from, and whether that one is
         compacted away (410)."""
         store = self.store
-        initial: List[dict] = []
+        initial: list[dict] = []
         with store.lock:
             if send_initial or rv_param in ("", "0"):
                 objs, cursor = store.list(self.info.store, self.ns_filter)
@@ -2579,7 +2568,7 @@ class WatchView:
             try:
                 cursor = int(rv_param)
             except ValueError:
-                raise err_bad_request('invalid resource version "%s"' % rv_param) from None
+                raise err_bad_request(f'invalid resource version "{rv_param}"') from None
             if cursor < store.compacted_rv:
                 return [], cursor, True
             objs, _ = store.list(self.info.store, self.ns_filter)
@@ -2588,7 +2577,7 @@ class WatchView:
                     self.seen.add((o["metadata"].get("namespace", ""), o["metadata"]["name"]))
             return [], cursor, False
 
-    def translate(self, events: List[Tuple[int, str, str, dict]]) -> bytes:
+    def translate(self, events: list[tuple[int, str, str, dict]]) -> bytes:
         """The store's events as this client sees them: an object that comes to match is ADDED, one
         that stops matching is DELETED."""
         out = bytearray()
@@ -2637,14 +2626,17 @@ class WatchView:
         return json.dumps({"type": etype, "object": o}, separators=(",", ":")).encode() + b"\n"
 
     def bookmark(self, rv: int, initial_end: bool = False) -> bytes:
-        md: Dict[str, Any] = {"resourceVersion": str(rv), "creationTimestamp": None}
+        metadata: dict[str, Any] = {"resourceVersion": str(rv), "creationTimestamp": None}
         if initial_end:
-            md["annotations"] = {"k8s.io/initial-events-end": "true"}
+            metadata["annotations"] = {"k8s.io/initial-events-end": "true"}
         kind = self.info.kind if self.mode != "table" else "Table"
         api = self.info.api_version if self.mode != "table" else "meta.k8s.io/v1"
         return (
             json.dumps(
-                {"type": "BOOKMARK", "object": {"kind": kind, "apiVersion": api, "metadata": md}},
+                {
+                    "type": "BOOKMARK",
+                    "object": {"kind": kind, "apiVersion": api, "metadata": metadata},
+                },
                 separators=(",", ":"),
             ).encode()
             + b"\n"
@@ -2684,7 +2676,7 @@ def not_allowed() -> ApiError:
     return ApiError(405, "MethodNotAllowed", NOT_ALLOWED_MESSAGE, {})
 
 
-def is_true(value: Optional[str]) -> bool:
+def is_true(value: str | None) -> bool:
     """A boolean query parameter as the API server reads it."""
     return value in ("true", "1", "True")
 
@@ -2692,7 +2684,7 @@ def is_true(value: Optional[str]) -> bool:
 class UserInfo:
     """An authenticated user: name, UID and groups, as authentication.k8s.io/v1 UserInfo."""
 
-    def __init__(self, name: str, groups: List[str], rules: Optional[List[dict]] = None):
+    def __init__(self, name: str, groups: list[str], rules: list[dict] | None = None):
         self.name = name
         self.uid = str(uuid.uuid5(uuid.NAMESPACE_URL, "kube-emulator-user:" + name))
         self.groups = list(groups) + ["system:authenticated"]
@@ -2720,14 +2712,14 @@ class Authenticator:
 
     def __init__(self) -> None:
         self.admin = UserInfo("admin", ["system:masters"])
-        self.tokens: Dict[str, UserInfo] = {}
+        self.tokens: dict[str, UserInfo] = {}
 
-    def add(self, name: str, groups: List[str], rules: Optional[List[dict]]) -> str:
+    def add(self, name: str, groups: list[str], rules: list[dict] | None) -> str:
         token = "emulator-" + uuid.uuid4().hex
         self.tokens[token] = UserInfo(name, groups, rules)
         return token
 
-    def authenticate(self, header: Optional[str]) -> UserInfo:
+    def authenticate(self, header: str | None) -> UserInfo:
         if not header or header == ADMIN_BASIC_AUTH:
             return self.admin
         scheme, _, credential = header.partition(" ")
@@ -2772,7 +2764,7 @@ class RequestAttributes:
             "watch" if is_watch else (one if self.name else collection).get(method, method.lower())
         )
 
-    def allowed_by(self, rules: List[dict]) -> bool:
+    def allowed_by(self, rules: list[dict]) -> bool:
         resource = self.resource + ("/" + self.subresource if self.subresource else "")
         return any(
             self.group in (r.get("apiGroups") or []) or "*" in (r.get("apiGroups") or [])
@@ -2784,12 +2776,10 @@ class RequestAttributes:
     def forbidden(self, user: str) -> ApiError:
         """403 worded as the API server's (responsewriters.forbiddenMessage)."""
         qualified_resource = self.resource + ("." + self.group if self.group else "")
-        label = '%s "%s"' % (qualified_resource, self.name) if self.name else qualified_resource
+        label = f'{qualified_resource} "{self.name}"' if self.name else qualified_resource
         resource = self.resource + ("/" + self.subresource if self.subresource else "")
-        scope = (
-            'in the namespace "%s"' % self.namespace if self.namespace else "at the cluster scope"
-        )
-        details: Dict[str, Any] = {"kind": self.resource}
+        scope = f'in the namespace "{self.namespace}"' if self.namespace else "at the cluster scope"
+        details: dict[str, Any] = {"kind": self.resource}
         if self.name:
             details["name"] = self.name
         if self.group:
@@ -2797,8 +2787,8 @@ class RequestAttributes:
         return ApiError(
             403,
             "Forbidden",
-            '%s is forbidden: User "%s" cannot %s resource "%s" in API group "%s" %s'
-            % (label, user, self.verb, resource, self.group, scope),
+            f'{label} is forbidden: User "{user}" cannot {self.verb} resource "{resource}" in API '
+            f'group "{self.group}" {scope}',
             details,
         )
 
@@ -2825,15 +2815,15 @@ class SelfReview:
     """POST selfsubjectreviews (`kubectl auth whoami`): the request's own user, as
     authentication.k8s.io/v1 serves it from 1.28 and v1beta1 in 1.27; older servers have none."""
 
-    def __init__(self, emu: "Emulator"):
+    def __init__(self, emu: Emulator):
         self.emu = emu
 
-    def versions(self) -> List[str]:
+    def versions(self) -> list[str]:
         if self.emu.v >= (1, 28):
             return ["v1"]
         return ["v1beta1"] if self.emu.v >= (1, 27) else []
 
-    def serve(self, h: _Handler, path: str, user: UserInfo) -> Optional[int]:
+    def serve(self, h: _Handler, path: str, user: UserInfo) -> int | None:
         parts = [p for p in path.split("/") if p]
         if (
             len(parts) != 4
@@ -2859,12 +2849,12 @@ class SelfReview:
 class RequestFaults:
     """The faults a request meets before it is routed: latency, RBAC refusals and injected errors."""
 
-    def __init__(self, emu: "Emulator"):
+    def __init__(self, emu: Emulator):
         self.emu = emu
 
     def answer(
-        self, h: _Handler, path: str, query: Dict[str, str], is_watch: bool, user: str = "admin"
-    ) -> Optional[int]:
+        self, h: _Handler, path: str, query: dict[str, str], is_watch: bool, user: str = "admin"
+    ) -> int | None:
         """Delay the request as the faults ask, and answer it when a fault refuses it (else None)."""
         faults = self.emu.faults
         latency = faults.timing("api_latency", 0.0)
@@ -2882,21 +2872,22 @@ class RequestFaults:
             time.sleep(latency)
         for resource in faults.value("forbidden") or ():
             # RBAC without a grant for this resource (core group, cluster scope), as the real message reads.
-            found = re.search(r"^/api/v1/%s(?:/([^/]+))?$" % re.escape(resource), path)
+            found = re.search(rf"^/api/v1/{re.escape(resource)}(?:/([^/]+))?$", path)
             if found:
                 verb = {"GET": "watch" if is_watch else ("get" if found.group(1) else "list")}.get(
                     h.command, h.command.lower()
                 )
-                named = resource if not found.group(1) else '%s "%s"' % (resource, found.group(1))
+                named = resource if not found.group(1) else f'{resource} "{found.group(1)}"'
                 message = (
-                    '%s is forbidden: User "%s" cannot %s resource "%s" in API group "" at the '
-                    "cluster scope" % (named, user, verb, resource)
+                    f'{named} is forbidden: User "{user}" cannot {verb} resource "{resource}" '
+                    'in API group "" at the cluster scope'
                 )
                 return send_json(
                     h, 403, ApiError(403, "Forbidden", message, {"kind": resource}).status()
                 )
         code = faults.take_request_error(
-            path + ("?" + "&".join("%s=%s" % kv for kv in query.items()) if query else "")
+            path
+            + ("?" + "&".join(f"{key}={value}" for key, value in query.items()) if query else "")
         )
         if code is not None:
             reason, msg = INJECTED_ERRORS.get(
@@ -2913,11 +2904,11 @@ class RequestFaults:
 class Discovery:
     """The server's own documents: health, version, API groups, resource lists and OpenAPI."""
 
-    def __init__(self, api: "ApiServer"):
+    def __init__(self, api: ApiServer):
         self.api = api
         self.emu = api.emu
 
-    def serve(self, h: _Handler, path: str, query: Dict[str, str]) -> Optional[int]:
+    def serve(self, h: _Handler, path: str, query: dict[str, str]) -> int | None:
         """Answer a request for one of these documents; None when the path names none of them."""
         if path in ("/healthz", "/readyz", "/livez"):
             return send_bytes(h, 200, b"ok", "text/plain; charset=utf-8")
@@ -2931,7 +2922,7 @@ class Discovery:
                     "kind": "APIVersions",
                     "versions": ["v1"],
                     "serverAddressByClientCIDRs": [
-                        {"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1:%d" % self.api.port}
+                        {"clientCIDR": "0.0.0.0/0", "serverAddress": f"127.0.0.1:{self.api.port}"}
                     ],
                 },
             )
@@ -2967,8 +2958,8 @@ class Discovery:
             "emulationMinor": str(minor),
             "minCompatibilityMajor": str(major),
             "minCompatibilityMinor": str(minor - 1),
-            "gitVersion": "v%d.%d.0" % (major, minor),
-            "gitCommit": hex64("v%d.%d.0" % (major, minor))[:40],
+            "gitVersion": f"v{major}.{minor}.0",
+            "gitCommit": hex64(f"v{major}.{minor}.0")[:40],
             "gitTreeState": "clean",
             "buildDate": "2025-04-23T13:00:00Z",
             "goVersion": "go1.24.2",
@@ -2977,8 +2968,8 @@ class Discovery:
         }
 
     @staticmethod
-    def groups() -> List[str]:
-        out: List[str] = []
+    def groups() -> list[str]:
+        out: list[str] = []
         for g, _ in GROUP_VERSIONS:
             if g and g not in out:
                 out.append(g)
@@ -2987,9 +2978,7 @@ class Discovery:
     @staticmethod
     def api_group(group: str) -> dict:
         versions = [
-            {"groupVersion": "%s/%s" % (group, v), "version": v}
-            for g, v in GROUP_VERSIONS
-            if g == group
+            {"groupVersion": f"{group}/{v}", "version": v} for g, v in GROUP_VERSIONS if g == group
         ]
         return {"name": group, "versions": versions, "preferredVersion": versions[0]}
 
@@ -2999,7 +2988,7 @@ class Discovery:
         for r in RESOURCES:
             if r.group != group or r.version != version:
                 continue
-            item: Dict[str, Any] = {
+            item: dict[str, Any] = {
                 "name": r.plural,
                 "singularName": r.singular,
                 "namespaced": r.namespaced,
@@ -3017,17 +3006,17 @@ class Discovery:
             for sub, verbs in r.subresources.items():
                 res.append(
                     {
-                        "name": "%s/%s" % (r.plural, sub),
+                        "name": f"{r.plural}/{sub}",
                         "singularName": "",
                         "namespaced": r.namespaced,
                         "kind": r.kind if sub != "log" else "Pod",
                         "verbs": verbs,
                     }
                 )
-        gv = version if not group else "%s/%s" % (group, version)
+        gv = version if not group else f"{group}/{version}"
         return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": res}
 
-    def openapi(self, h: _Handler, path: str, query: Dict[str, str]) -> int:
+    def openapi(self, h: _Handler, path: str, query: dict[str, str]) -> int:
         server_version = self.emu.server_version
         if path == "/openapi/v2":
             accept = h.headers.get("Accept", "")
@@ -3043,7 +3032,7 @@ class Discovery:
                 200,
                 {
                     "swagger": "2.0",
-                    "info": {"title": "Kubernetes", "version": "v%s.0" % server_version},
+                    "info": {"title": "Kubernetes", "version": f"v{server_version}.0"},
                     "paths": {},
                     "definitions": {},
                 },
@@ -3051,20 +3040,18 @@ class Discovery:
         if path == "/openapi/v3":
             paths = {}
             for g, v in GROUP_VERSIONS:
-                gvp = "api/v1" if not g else "apis/%s/%s" % (g, v)
+                gvp = "api/v1" if not g else f"apis/{g}/{v}"
                 doc = json.dumps(openapi_v3_doc(g, v, server_version), sort_keys=True).encode()
-                paths[gvp] = {
-                    "serverRelativeURL": "/openapi/v3/%s?hash=%s"
-                    % (gvp, hashlib.sha512(doc).hexdigest().upper()[:128])
-                }
+                digest = hashlib.sha512(doc).hexdigest().upper()[:128]
+                paths[gvp] = {"serverRelativeURL": f"/openapi/v3/{gvp}?hash={digest}"}
             return send_json(h, 200, {"paths": paths})
         rest = path[len("/openapi/v3/") :]
         for g, v in GROUP_VERSIONS:
-            gvp = "api/v1" if not g else "apis/%s/%s" % (g, v)
+            gvp = "api/v1" if not g else f"apis/{g}/{v}"
             if rest == gvp:
                 headers = {
                     "Cache-Control": "public, immutable",
-                    "Etag": '"%s"' % query.get("hash", ""),
+                    "Etag": f'"{query.get("hash", "")}"',
                 }
                 data = json.dumps(openapi_v3_doc(g, v, server_version), sort_keys=True).encode()
                 return send_bytes(h, 200, data, "application/json", headers)
@@ -3074,7 +3061,7 @@ class Discovery:
 class Representation:
     """How objects are written for a client: in the asked group/version, as metadata only, or as a Table."""
 
-    def __init__(self, emu: "Emulator"):
+    def __init__(self, emu: Emulator):
         self.emu = emu
 
     @staticmethod
@@ -3085,7 +3072,7 @@ class Representation:
             return "metadata"
         return "object"
 
-    def single(self, info: ResourceInfo, obj: dict, accept: str, query: Dict[str, str]) -> dict:
+    def single(self, info: ResourceInfo, obj: dict, accept: str, query: dict[str, str]) -> dict:
         mode = self.wants(accept)
         if mode == "table":
             return self.table(info, [obj], query, str(obj["metadata"].get("resourceVersion", "")))
@@ -3100,17 +3087,17 @@ class Representation:
     def table(
         self,
         info: ResourceInfo,
-        objs: List[dict],
-        query: Dict[str, str],
+        objs: builtins.list[dict],
+        query: dict[str, str],
         rv: str,
-        cont: Optional[str] = None,
+        cont: str | None = None,
         headers: bool = True,
     ) -> dict:
         include = query.get("includeObject", "Metadata")
         now = self.emu.api_now()
         rows = []
         for o in objs:
-            row: Dict[str, Any] = {"cells": table_row(info.store, o, now)}
+            row: dict[str, Any] = {"cells": table_row(info.store, o, now)}
             if include == "Object":
                 row["object"] = to_version(info, o)
             elif include != "None":
@@ -3120,13 +3107,13 @@ class Representation:
                     "metadata": o["metadata"],
                 }
             rows.append(row)
-        md: Dict[str, Any] = {"resourceVersion": rv}
+        metadata: dict[str, Any] = {"resourceVersion": rv}
         if cont:
-            md["continue"] = cont
+            metadata["continue"] = cont
         return {
             "kind": "Table",
             "apiVersion": "meta.k8s.io/v1",
-            "metadata": md,
+            "metadata": metadata,
             "columnDefinitions": table_columns(info.store) if headers else None,
             "rows": rows,
         }
@@ -3134,27 +3121,27 @@ class Representation:
     def list(
         self,
         info: ResourceInfo,
-        page: List[dict],
+        page: builtins.list[dict],
         rv: str,
-        cont: Optional[str],
-        remaining: Optional[int],
-        query: Dict[str, str],
+        cont: str | None,
+        remaining: int | None,
+        query: dict[str, str],
         accept: str,
     ) -> dict:
         """One page of a list as the client asked for it."""
         mode = self.wants(accept)
         if mode == "table":
             return self.table(info, page, query, rv, cont)
-        md: Dict[str, Any] = {"resourceVersion": rv}
+        metadata: dict[str, Any] = {"resourceVersion": rv}
         if cont:
-            md["continue"] = cont
+            metadata["continue"] = cont
             if remaining is not None:
-                md["remainingItemCount"] = remaining
+                metadata["remainingItemCount"] = remaining
         if mode == "metadata":
             return {
                 "kind": "PartialObjectMetadataList",
                 "apiVersion": "meta.k8s.io/v1",
-                "metadata": md,
+                "metadata": metadata,
                 "items": [
                     {
                         "kind": "PartialObjectMetadata",
@@ -3173,7 +3160,7 @@ class Representation:
         return {
             "kind": info.kind + "List",
             "apiVersion": info.api_version,
-            "metadata": md,
+            "metadata": metadata,
             "items": out_items,
         }
 
@@ -3181,13 +3168,13 @@ class Representation:
 class WatchServer:
     """Serves watches: the initial objects, then the store's events as the watch cache lets them through."""
 
-    def __init__(self, api: "ApiServer"):
+    def __init__(self, api: ApiServer):
         self.api = api
         self.emu = api.emu
         self.store = api.store
 
     def serve(
-        self, h: _Handler, info: ResourceInfo, ns: Optional[str], query: Dict[str, str], accept: str
+        self, h: _Handler, info: ResourceInfo, ns: str | None, query: dict[str, str], accept: str
     ) -> int:
         emu = self.emu
         view = WatchView(self.store, self.api.render, info, ns, query, accept)
@@ -3220,7 +3207,7 @@ class WatchServer:
                 err = ApiError(
                     410,
                     "Expired",
-                    "too old resource version: %s (%d)" % (rv_param, self.store.compacted_rv),
+                    f"too old resource version: {rv_param} ({self.store.compacted_rv})",
                 )
                 write_chunk(h, view.encode("ERROR", err.status()))
                 end_chunked(h)
@@ -3238,7 +3225,7 @@ class WatchServer:
     def _follow(
         self,
         h: _Handler,
-        view: "WatchView",
+        view: WatchView,
         info: ResourceInfo,
         cursor: int,
         deadline: float,
@@ -3265,7 +3252,7 @@ class WatchServer:
                     err = ApiError(
                         410,
                         "Expired",
-                        "too old resource version: %d (%d)" % (cursor, store.compacted_rv),
+                        f"too old resource version: {cursor} ({store.compacted_rv})",
                     )
                     events = None
                     emu.watches_expired += 1
@@ -3291,12 +3278,12 @@ class WatchServer:
 class LogServer:
     """Serves pod logs: which container run, tail, limit, since and timestamps, and following a log."""
 
-    def __init__(self, api: "ApiServer"):
+    def __init__(self, api: ApiServer):
         self.api = api
         self.emu = api.emu
 
     def serve(
-        self, h: _Handler, info: ResourceInfo, ns: str, name: str, query: Dict[str, str]
+        self, h: _Handler, info: ResourceInfo, ns: str, name: str, query: dict[str, str]
     ) -> int:
         emu = self.emu
         pod = self.api.get_object(info, ns, name)
@@ -3324,14 +3311,14 @@ class LogServer:
         skew = emu.api_skew() + emu.node_offset(pod["spec"].get("nodeName"))
         timestamps = is_true(query.get("timestamps"))
 
-        def render(lines: List[Tuple[float, bytes]]) -> bytes:
+        def render(lines: list[tuple[float, bytes]]) -> bytes:
             out = bytearray()
             for t, line in lines:
                 if since is not None and t + skew < since:
                     continue
                 if timestamps:
                     ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(int(t + skew)))
-                    out += ("%s.%09dZ " % (ts, int(((t + skew) % 1) * 1e9))).encode()
+                    out += (f"{ts}.{int(((t + skew) % 1) * 1e9):09d}Z ").encode()
                 out += line
             return bytes(out)
 
@@ -3362,9 +3349,9 @@ class LogServer:
         h: _Handler,
         run: ContainerLog,
         pos: int,
-        render: Callable[[List[Tuple[float, bytes]]], bytes],
+        render: Callable[[list[tuple[float, bytes]]], bytes],
         sent: int,
-        limit_bytes: Optional[int],
+        limit_bytes: int | None,
         gen: int,
     ) -> None:
         """Send the lines the run writes after `pos` until it ends, the limit is reached or the client leaves."""
@@ -3389,7 +3376,7 @@ class LogServer:
             ):
                 break
 
-    def container_run(self, pod: dict, query: Dict[str, str]) -> ContainerLog:
+    def container_run(self, pod: dict, query: dict[str, str]) -> ContainerLog:
         """The container run whose log is asked for (the current or the previous one), as the kubelet finds it."""
         emu = self.emu
         ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
@@ -3398,28 +3385,28 @@ class LogServer:
         if not cname:
             if len(containers) != 1:
                 raise err_bad_request(
-                    "a container name must be specified for pod %s, choose one of: [%s]"
-                    % (name, " ".join(containers))
+                    f"a container name must be specified for pod {name}, choose one of: "
+                    f"[{' '.join(containers)}]"
                 )
             cname = containers[0]
         if cname not in containers:
-            raise err_bad_request("container %s is not valid for pod %s" % (cname, name))
+            raise err_bad_request(f"container {cname} is not valid for pod {name}")
         node = pod["spec"].get("nodeName")
         if not node:
-            raise err_bad_request("pod %s does not have a host assigned" % name)
+            raise err_bad_request(f"pod {name} does not have a host assigned")
         idx = emu.truth_record.pod_index(pod["metadata"]["uid"])
         if emu.faults.applies("unreadable_logs", idx):
             host_ip = (pod.get("status") or {}).get("hostIP") or emu.node_ip(node)
             msg = (
-                'Get "https://%s:10250/containerLogs/%s/%s/%s": dial tcp %s:10250: connect: connection refused'
-                % (host_ip, ns, name, cname, host_ip)
+                f'Get "https://{host_ip}:10250/containerLogs/{ns}/{name}/{cname}": '
+                f"dial tcp {host_ip}:10250: connect: connection refused"
             )
             raise ApiError(500, "", msg)
         runs = emu.logs.get((pod["metadata"]["uid"], cname)) or []
         if is_true(query.get("previous")):
             if len(runs) < 2:
                 raise err_bad_request(
-                    'previous terminated container "%s" in pod "%s" not found' % (cname, name)
+                    f'previous terminated container "{cname}" in pod "{name}" not found'
                 )
             return runs[-2]
         if not runs:
@@ -3428,7 +3415,7 @@ class LogServer:
                 if cs.get("name") == cname and (cs.get("state") or {}).get("waiting"):
                     reason = cs["state"]["waiting"].get("reason") or reason
             raise err_bad_request(
-                'container "%s" in pod "%s" is waiting to start: %s' % (cname, name, reason)
+                f'container "{cname}" in pod "{name}" is waiting to start: {reason}'
             )
         return runs[-1]
 
@@ -3436,17 +3423,17 @@ class LogServer:
 class ApiServer:
     """The REST layer: listening, the request log, routing and the verbs on resources."""
 
-    def __init__(self, emu: "Emulator"):
+    def __init__(self, emu: Emulator):
         self.emu = emu
         self.store = emu.store
-        self.connections: Set[socket.socket] = set()
-        self.httpd: Optional[_HTTPServer] = None
+        self.connections: set[socket.socket] = set()
+        self.httpd: _HTTPServer | None = None
         # Users' credentials travel over TLS only (client-go sends no token over plain HTTP):
         # the port `add_user` kubeconfigs name, and the server certificate it presents.
-        self.tls_httpd: Optional[_HTTPServer] = None
+        self.tls_httpd: _HTTPServer | None = None
         self.tls_port = 0
-        self.tls_context: Optional[Any] = None
-        self.thread: Optional[threading.Thread] = None
+        self.tls_context: Any | None = None
+        self.thread: threading.Thread | None = None
         self.port = 0
         self.generation = 0
         self.request_faults = RequestFaults(emu)
@@ -3512,7 +3499,7 @@ class ApiServer:
         query = {k: v[-1] for k, v in qs.items()}
         body = read_body(h)
         is_watch = is_true(query.get("watch"))
-        entry: Dict[str, Any] = {
+        entry: dict[str, Any] = {
             "at": t0,
             "method": h.command,
             "path": path,
@@ -3542,13 +3529,13 @@ class ApiServer:
         except Exception as e:  # pragma: no cover - surfaced as a 500 like a real server
             traceback.print_exc()
             code = send_json(
-                h, 500, ApiError(500, "InternalError", "Internal error occurred: %s" % e).status()
+                h, 500, ApiError(500, "InternalError", f"Internal error occurred: {e}").status()
             )
         entry["status"] = code
 
     # -- routing ----------------------------------------------------------
     def route(
-        self, h: _Handler, path: str, query: Dict[str, str], body: bytes, is_watch: bool
+        self, h: _Handler, path: str, query: dict[str, str], body: bytes, is_watch: bool
     ) -> int:
         code = self.discovery.serve(h, path, query)
         if code is not None:
@@ -3566,8 +3553,8 @@ class ApiServer:
         return self._serve_resource(h, h.command, info, ns, name, sub, query, body, is_watch)
 
     def _parse_resource_path(
-        self, group: str, version: str, rest: List[str]
-    ) -> Tuple[ResourceInfo, Optional[str], Optional[str], Optional[str]]:
+        self, group: str, version: str, rest: list[str]
+    ) -> tuple[ResourceInfo, str | None, str | None, str | None]:
         def need(plural: str) -> ResourceInfo:
             info = find_resource(group, version, plural)
             if info is None:
@@ -3600,10 +3587,10 @@ class ApiServer:
         h: _Handler,
         method: str,
         info: ResourceInfo,
-        ns: Optional[str],
-        name: Optional[str],
-        sub: Optional[str],
-        query: Dict[str, str],
+        ns: str | None,
+        name: str | None,
+        sub: str | None,
+        query: dict[str, str],
         body: bytes,
         is_watch: bool,
     ) -> int:
@@ -3625,11 +3612,8 @@ class ApiServer:
         writes = self.emu.writes
         if method == "POST":
             obj, warnings = writes.api_create(info, ns, self.decode_body(h, body), query)
-            headers = (
-                {"Warning": ", ".join('299 - "%s"' % w.replace('"', '\\"') for w in warnings)}
-                if warnings
-                else None
-            )
+            escaped = [w.replace('"', '\\"') for w in warnings]
+            headers = {"Warning": ", ".join(f'299 - "{w}"' for w in escaped)} if warnings else None
             return send_json(h, 201, self.render.single(info, obj, accept, query), headers)
         if method == "PUT":
             obj = writes.api_update(info, ns, name, sub, self.decode_body(h, body), query)
@@ -3638,7 +3622,7 @@ class ApiServer:
             try:
                 patch = json.loads(body or b"null")
             except ValueError as e:
-                raise err_bad_request("error decoding patch: %s" % e) from None
+                raise err_bad_request(f"error decoding patch: {e}") from None
             obj = writes.api_patch(info, ns, name, sub, ctype, patch, query)
         return send_json(h, 200, self.render.single(info, obj, accept, query))
 
@@ -3646,10 +3630,10 @@ class ApiServer:
         self,
         h: _Handler,
         info: ResourceInfo,
-        ns: Optional[str],
-        name: Optional[str],
-        sub: Optional[str],
-        query: Dict[str, str],
+        ns: str | None,
+        name: str | None,
+        sub: str | None,
+        query: dict[str, str],
         accept: str,
         is_watch: bool,
     ) -> int:
@@ -3661,7 +3645,7 @@ class ApiServer:
         if sub == "log":
             return self.logs.serve(h, info, ns or "", name, query)
         if is_watch:  # deprecated watch on a single object
-            q = dict(query, fieldSelector="metadata.name=%s" % name)
+            q = dict(query, fieldSelector=f"metadata.name={name}")
             return self.watches.serve(h, info, ns, q, accept)
         obj = self.get_object(info, ns, name)
         return send_json(h, 200, self.render.single(info, obj, accept, query))
@@ -3670,15 +3654,15 @@ class ApiServer:
         self,
         h: _Handler,
         info: ResourceInfo,
-        ns: Optional[str],
-        name: Optional[str],
-        query: Dict[str, str],
+        ns: str | None,
+        name: str | None,
+        query: dict[str, str],
         body: bytes,
         accept: str,
     ) -> int:
         """DELETE of one object, or of every object a list would return (deletecollection)."""
         writes = self.emu.writes
-        opts: Dict[str, Any] = {}
+        opts: dict[str, Any] = {}
         if body:
             try:
                 opts = json.loads(body)
@@ -3720,7 +3704,7 @@ class ApiServer:
         try:
             obj = json.loads(body or b"{}")
         except ValueError as e:
-            raise err_bad_request("couldn't get version/kind; json parse error: %s" % e) from None
+            raise err_bad_request(f"couldn't get version/kind; json parse error: {e}") from None
         if not isinstance(obj, dict):
             raise err_bad_request(
                 "couldn't get version/kind; json parse error: json: cannot unmarshal "
@@ -3728,15 +3712,13 @@ class ApiServer:
             )
         return obj
 
-    def get_object(self, info: ResourceInfo, ns: Optional[str], name: str) -> dict:
+    def get_object(self, info: ResourceInfo, ns: str | None, name: str) -> dict:
         obj = self.store.get(info.store, ns if info.namespaced else None, name)
         if obj is None:
             raise err_not_found(info, name)
         return obj
 
-    def list_objects(
-        self, info: ResourceInfo, ns: Optional[str], query: Dict[str, str]
-    ) -> List[dict]:
+    def list_objects(self, info: ResourceInfo, ns: str | None, query: dict[str, str]) -> list[dict]:
         """The matching objects as stored, sorted, not copied (the store replaces, never mutates,
         what it holds): copying every object for every page made a list of tens of thousands of
         events slower than a request may take."""
@@ -3747,11 +3729,11 @@ class ApiServer:
         return [o for o in objs if lsel.matches(o["metadata"].get("labels")) and fsel.matches(o)]
 
     def list_response(
-        self, info: ResourceInfo, ns: Optional[str], query: Dict[str, str], accept: str
+        self, info: ResourceInfo, ns: str | None, query: dict[str, str], accept: str
     ) -> dict:
         self.emu.reads.before_list(info, query)
 
-        def current() -> Tuple[List[dict], str]:
+        def current() -> tuple[list[dict], str]:
             with self.store.lock:
                 return self.list_objects(info, ns, query), str(self.store.rv)
 
@@ -3762,7 +3744,7 @@ class ApiServer:
 ListOptionsInfo = ResourceInfo("meta.k8s.io", "v1", "listoptions", "ListOptions", False)
 
 
-def parse_go_duration(text: Optional[str]) -> Optional[float]:
+def parse_go_duration(text: str | None) -> float | None:
     """Parse Go durations like '30s', '1m0s', '250ms'."""
     if not text:
         return None
@@ -3783,8 +3765,8 @@ class WorkQueue:
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        self._heap: List[Tuple[float, int, Any]] = []
-        self._due: Dict[Any, float] = {}
+        self._heap: list[tuple[float, int, Any]] = []
+        self._due: dict[Any, float] = {}
         self._seq = 0
 
     def add(self, key: Any, delay: float = 0.0) -> None:
@@ -3822,7 +3804,7 @@ class Controller:
 
     name = "controller"
 
-    def __init__(self, emu: "Emulator"):
+    def __init__(self, emu: Emulator):
         self.emu = emu
         self.store = emu.store
         self.queue = WorkQueue()
@@ -3858,11 +3840,11 @@ class Controller:
         """Reconcile one key."""
 
 
-def owner_refs(obj: dict) -> List[dict]:
+def owner_refs(obj: dict) -> list[dict]:
     return obj.get("metadata", {}).get("ownerReferences") or []
 
 
-def controller_ref(obj: dict) -> Optional[dict]:
+def controller_ref(obj: dict) -> dict | None:
     for r in owner_refs(obj):
         if r.get("controller"):
             return r
@@ -3881,20 +3863,20 @@ def pod_terminal(pod: dict) -> bool:
 class JobSync:
     """One pass of the Job controller over one Job: what it read and what it has counted so far."""
 
-    def __init__(self, job: dict, pods: List[dict], now: float):
+    def __init__(self, job: dict, pods: list[dict], now: float):
         self.job = job
-        md = job["metadata"]
-        self.ns, self.name, self.uid = md["namespace"], md["name"], md["uid"]
+        metadata = job["metadata"]
+        self.ns, self.name, self.uid = metadata["namespace"], metadata["name"], metadata["uid"]
         self.spec: dict = job.get("spec") or {}
         self.status: dict = clone(job.get("status") or {})
-        self.conds: List[dict] = self.status.setdefault("conditions", [])
+        self.conds: list[dict] = self.status.setdefault("conditions", [])
         self.now = now
         self.pods = pods
         self.indexed = self.spec.get("completionMode") == "Indexed"
         self.per_index = self.indexed and self.spec.get("backoffLimitPerIndex") is not None
-        self.done_idx: Set[int] = set(parse_index_list(self.status.get("completedIndexes", "")))
-        self.failed_idx: Set[int] = set(parse_index_list(self.status.get("failedIndexes") or ""))
-        self.fail_job_message: Optional[str] = None  # a pod failure policy's FailJob rule matched
+        self.done_idx: set[int] = set(parse_index_list(self.status.get("completedIndexes", "")))
+        self.failed_idx: set[int] = set(parse_index_list(self.status.get("failedIndexes") or ""))
+        self.fail_job_message: str | None = None  # a pod failure policy's FailJob rule matched
         self.succeeded = 0
         self.failed = 0
         self.active = [
@@ -3914,29 +3896,29 @@ class JobController(Controller):
     name = "job-controller"
     COMPLETE_MSG = "Reached expected number of succeeded pods"
 
-    def __init__(self, emu: "Emulator"):
+    def __init__(self, emu: Emulator):
         super().__init__(emu)
-        self.counted: Dict[str, Set[str]] = {}
-        self.last_failure: Dict[str, float] = {}
-        self.create_backoff: Dict[str, Tuple[float, int]] = {}
+        self.counted: dict[str, set[str]] = {}
+        self.last_failure: dict[str, float] = {}
+        self.create_backoff: dict[str, tuple[float, int]] = {}
         # (job uid, index) -> (counted failures, ignored failures, last counted failure time): what the
         # real controller reads from the replaced pod's annotations when it creates the next one.
-        self.index_failures: Dict[Tuple[str, int], Tuple[int, int, float]] = {}
+        self.index_failures: dict[tuple[str, int], tuple[int, int, float]] = {}
 
     def on_event(self, etype: str, store: str, obj: dict) -> None:
-        md = obj["metadata"]
+        metadata = obj["metadata"]
         if store == "jobs":
-            self.queue.add((md.get("namespace", ""), md["name"]), 0.0)
+            self.queue.add((metadata.get("namespace", ""), metadata["name"]), 0.0)
         elif store == "pods":
             ref = controller_ref(obj)
             if ref and ref.get("kind") == "Job":
-                self.queue.add((md.get("namespace", ""), ref["name"]), self._status_lag())
+                self.queue.add((metadata.get("namespace", ""), ref["name"]), self._status_lag())
                 if (
                     etype != "DELETED"
-                    and JOB_TRACKING_FINALIZER in (md.get("finalizers") or [])
+                    and JOB_TRACKING_FINALIZER in (metadata.get("finalizers") or [])
                     and self.store.by_uid(ref.get("uid", "")) is None
                 ):
-                    self.queue.add(("orphan", md.get("namespace", ""), md["name"]), 0.0)
+                    self.queue.add(("orphan", metadata.get("namespace", ""), metadata["name"]), 0.0)
 
     def resync(self) -> None:
         self.resync_orphans()
@@ -3947,7 +3929,7 @@ class JobController(Controller):
         return self.emu.faults.timing("job_status_lag", self.emu.t("job_status_lag"))
 
     # ---------------------------------------------------------------
-    def sync(self, key: Tuple) -> None:
+    def sync(self, key: tuple) -> None:
         if key[0] == "orphan":
             self._sync_orphan_pod(key[1], key[2])
             return
@@ -3972,7 +3954,7 @@ class JobController(Controller):
             self._advance(key, js)
         self._write_status(js)
 
-    def _account_finished(self, js: "JobSync") -> None:
+    def _account_finished(self, js: JobSync) -> None:
         """Count the finished pods not yet counted (by the pod failure policy, if any) and drop their
         tracking finalizers."""
         emu, spec, uid = self.emu, js.spec, js.uid
@@ -3980,26 +3962,30 @@ class JobController(Controller):
         policy = spec.get("podFailurePolicy")
         new_succ = new_fail = 0
         for p in js.pods:
-            pmd = p["metadata"]
+            pod_metadata = p["metadata"]
             phase = (p.get("status") or {}).get("phase")
-            finished = phase in ("Succeeded", "Failed") or bool(pmd.get("deletionTimestamp"))
+            finished = phase in ("Succeeded", "Failed") or bool(
+                pod_metadata.get("deletionTimestamp")
+            )
             if not finished or (policy is not None and phase not in ("Succeeded", "Failed")):
                 continue  # with a podFailurePolicy only a terminal pod counts (isPodFailed)
-            if pmd["uid"] not in counted and JOB_TRACKING_FINALIZER in (
-                pmd.get("finalizers") or []
+            if pod_metadata["uid"] not in counted and JOB_TRACKING_FINALIZER in (
+                pod_metadata.get("finalizers") or []
             ):
-                counted.add(pmd["uid"])
+                counted.add(pod_metadata["uid"])
                 if phase == "Succeeded":
                     new_succ += 1
                     if js.indexed:
                         js.done_idx.add(
                             int(
-                                (pmd.get("annotations") or {}).get(
+                                (pod_metadata.get("annotations") or {}).get(
                                     "batch.kubernetes.io/job-completion-index", "0"
                                 )
                             )
                         )
-                elif policy is None and not js.per_index and pmd["uid"] in emu.replaced_uids:
+                elif (
+                    policy is None and not js.per_index and pod_metadata["uid"] in emu.replaced_uids
+                ):
                     pass  # replace_pod fault: treated like podFailurePolicy Ignore on DisruptionTarget
                 elif policy is not None or js.per_index:
                     message, count_failed, action = match_pod_failure_policy(policy, p)
@@ -4010,7 +3996,7 @@ class JobController(Controller):
                         self.last_failure[uid] = time.time()
                     if js.per_index:
                         ix = int(
-                            (pmd.get("annotations") or {}).get(
+                            (pod_metadata.get("annotations") or {}).get(
                                 "batch.kubernetes.io/job-completion-index", "0"
                             )
                         )
@@ -4031,23 +4017,26 @@ class JobController(Controller):
                 else:
                     new_fail += 1
                     self.last_failure[uid] = time.time()
-            if JOB_TRACKING_FINALIZER in (pmd.get("finalizers") or []):
+            if JOB_TRACKING_FINALIZER in (pod_metadata.get("finalizers") or []):
                 self.store.update(
-                    "pods", js.ns, pmd["name"], _drop_finalizer(JOB_TRACKING_FINALIZER)
+                    "pods", js.ns, pod_metadata["name"], _drop_finalizer(JOB_TRACKING_FINALIZER)
                 )
         js.succeeded = len(js.done_idx) if js.indexed else js.status.get("succeeded", 0) + new_succ
         js.failed = js.status.get("failed", 0) + new_fail
 
-    def _advance(self, key: Tuple, js: "JobSync") -> None:
+    def _advance(self, key: tuple, js: JobSync) -> None:
         """An unfinished Job: finish it once its pods are gone, mark success or failure, or make pods."""
+        namespace, name = key
         spec, status, conds, job = js.spec, js.status, js.conds, js.job
         if not status.get("startTime") and not spec.get("suspend"):
             status["startTime"] = fmt_time(js.now)
         if cond_true(conds, "FailureTarget"):
             self._delete_pods(job, js.active)
             if not js.active and not js.terminating:
-                ft = find_condition(conds, "FailureTarget") or {}
-                self._finish(job, conds, "Failed", ft.get("reason"), ft.get("message"), status)
+                target = find_condition(conds, "FailureTarget") or {}
+                self._finish(
+                    job, conds, "Failed", target.get("reason"), target.get("message"), status
+                )
             return
         if cond_true(conds, "SuccessCriteriaMet"):
             # Complete takes the reason and message of the criteria met (CompletionsReached or SuccessPolicy)
@@ -4079,7 +4068,7 @@ class JobController(Controller):
                     conds,
                     condition("FailureTarget", "True", js.now, fail_reason, fail_msg, probe=True),
                 )
-                self.emu.truth_record.note("jobs", "%s/%s" % key, "failure_target")
+                self.emu.truth_record.note("jobs", f"{namespace}/{name}", "failure_target")
                 self.queue.add(key, 0.05)
             else:
                 self._finish(job, conds, "Failed", fail_reason, fail_msg, status)
@@ -4093,7 +4082,7 @@ class JobController(Controller):
                     "SuccessCriteriaMet", "True", js.now, "SuccessPolicy", policy_met, probe=True
                 ),
             )
-            self.emu.truth_record.note("jobs", "%s/%s" % key, "success_criteria_met")
+            self.emu.truth_record.note("jobs", f"{namespace}/{name}", "success_criteria_met")
             self.queue.add(key, 0.05)
         elif success:
             if new_ver:
@@ -4108,7 +4097,7 @@ class JobController(Controller):
                         probe=True,
                     ),
                 )
-                self.emu.truth_record.note("jobs", "%s/%s" % key, "success_criteria_met")
+                self.emu.truth_record.note("jobs", f"{namespace}/{name}", "success_criteria_met")
                 self.queue.add(key, 0.05)
             else:
                 self._finish(job, conds, "Complete", None, None, status)
@@ -4124,7 +4113,7 @@ class JobController(Controller):
                     js.failed_idx if js.per_index else None,
                 )
 
-    def _success_policy_met(self, js: "JobSync") -> Optional[str]:
+    def _success_policy_met(self, js: JobSync) -> str | None:
         """The message of the first successPolicy rule the succeeded indexes meet (matchSuccessPolicy),
         else None; only for an Indexed Job, on a version that knows the field."""
         policy = js.spec.get("successPolicy")
@@ -4139,20 +4128,20 @@ class JobController(Controller):
                     continue
                 done = len(wanted & js.done_idx)
                 if done == len(wanted) or (count is not None and done >= count):
-                    return "Matched rules at index %d" % number
+                    return f"Matched rules at index {number}"
             elif count is not None and len(js.done_idx) >= count:
-                return "Matched rules at index %d" % number
+                return f"Matched rules at index {number}"
         return None
 
     @staticmethod
-    def _failure(js: "JobSync") -> Tuple[Optional[str], Optional[str]]:
+    def _failure(js: JobSync) -> tuple[str | None, str | None]:
         """Why the Job fails now (reason, message), first match wins, else (None, None)."""
         spec = js.spec
-        ads = spec.get("activeDeadlineSeconds")
+        active_deadline = spec.get("activeDeadlineSeconds")
         start = parse_time(js.status.get("startTime"))
         if js.fail_job_message is not None:
             return "PodFailurePolicy", js.fail_job_message
-        if ads is not None and start is not None and js.now - start >= ads:
+        if active_deadline is not None and start is not None and js.now - start >= active_deadline:
             return "DeadlineExceeded", "Job was active longer than specified deadline"
         if js.failed > spec.get("backoffLimit", 6):
             return "BackoffLimitExceeded", "Job has reached the specified backoff limit"
@@ -4174,7 +4163,7 @@ class JobController(Controller):
         return None, None
 
     @staticmethod
-    def _pods_wanted(js: "JobSync") -> int:
+    def _pods_wanted(js: JobSync) -> int:
         """How many pods should be active now."""
         spec = js.spec
         completions = spec.get("completions")
@@ -4189,7 +4178,7 @@ class JobController(Controller):
             want -= len(js.terminating)
         return want
 
-    def _write_status(self, js: "JobSync") -> None:
+    def _write_status(self, js: JobSync) -> None:
         """Store the counters, indexes and conditions when they changed."""
         status = js.status
         status["active"] = len(js.active)
@@ -4236,16 +4225,16 @@ class JobController(Controller):
     def _finish(
         self,
         job: dict,
-        conds: List[dict],
+        conds: list[dict],
         ctype: str,
-        reason: Optional[str],
-        message: Optional[str],
+        reason: str | None,
+        message: str | None,
         status: dict,
     ) -> None:
         emu = self.emu
         now = emu.api_now()
         set_condition(conds, condition(ctype, "True", now, reason, message, probe=True))
-        key = "%s/%s" % (job["metadata"]["namespace"], job["metadata"]["name"])
+        key = f"{job['metadata']['namespace']}/{job['metadata']['name']}"
         if ctype == "Complete":
             status["completionTime"] = fmt_time(now)
             emu.truth_record.note("jobs", key, "complete")
@@ -4254,7 +4243,7 @@ class JobController(Controller):
             emu.truth_record.note("jobs", key, "failed")
             emu.events.record(job, "Warning", reason or "Failed", message or "", "job-controller")
 
-    def _delete_pods(self, job: dict, pods: List[dict]) -> List[dict]:
+    def _delete_pods(self, job: dict, pods: list[dict]) -> list[dict]:
         for p in pods:
             try:
                 self.emu.writes.api_delete(
@@ -4267,7 +4256,7 @@ class JobController(Controller):
                     job,
                     "Normal",
                     "SuccessfulDelete",
-                    "Deleted pod: %s" % p["metadata"]["name"],
+                    f"Deleted pod: {p['metadata']['name']}",
                     "job-controller",
                 )
             except ApiError:
@@ -4278,10 +4267,10 @@ class JobController(Controller):
         self,
         job: dict,
         need: int,
-        active: List[dict],
-        done_idx: Set[int],
+        active: list[dict],
+        done_idx: set[int],
         failed: int,
-        failed_idx: Optional[Set[int]] = None,
+        failed_idx: set[int] | None = None,
     ) -> None:
         emu = self.emu
         uid = job["metadata"]["uid"]
@@ -4300,7 +4289,7 @@ class JobController(Controller):
             self.queue.add(key, nb - now)
             return
         spec = job["spec"]
-        indexes: List[Optional[int]] = [None] * need
+        indexes: list[int | None] = [None] * need
         if spec.get("completionMode") == "Indexed":
             busy = {
                 int(
@@ -4356,7 +4345,7 @@ class JobController(Controller):
                     job,
                     "Warning",
                     "FailedCreate",
-                    "Error creating: %s" % e.message,
+                    f"Error creating: {e.message}",
                     "job-controller",
                 )
                 self.queue.add(key, delay)
@@ -4366,19 +4355,19 @@ class JobController(Controller):
                 job,
                 "Normal",
                 "SuccessfulCreate",
-                "Created pod: %s" % created["metadata"]["name"],
+                f"Created pod: {created['metadata']['name']}",
                 "job-controller",
             )
 
     @staticmethod
-    def _pod_from_template(job: dict, index: Optional[int]) -> dict:
+    def _pod_from_template(job: dict, index: int | None) -> dict:
         tmpl = clone(job["spec"].get("template") or {})
-        tmd = tmpl.get("metadata") or {}
+        template_metadata = tmpl.get("metadata") or {}
         name = job["metadata"]["name"]
-        md: Dict[str, Any] = {
-            "generateName": "%s-" % name if index is None else "%s-%d-" % (name, index),
+        metadata: dict[str, Any] = {
+            "generateName": f"{name}-" if index is None else f"{name}-{index}-",
             "namespace": job["metadata"]["namespace"],
-            "labels": dict(tmd.get("labels") or {}),
+            "labels": dict(template_metadata.get("labels") or {}),
             "ownerReferences": [
                 {
                     "apiVersion": "batch/v1",
@@ -4391,15 +4380,15 @@ class JobController(Controller):
             ],
             "finalizers": [JOB_TRACKING_FINALIZER],
         }
-        if tmd.get("annotations"):
-            md["annotations"] = dict(tmd["annotations"])
+        if template_metadata.get("annotations"):
+            metadata["annotations"] = dict(template_metadata["annotations"])
         spec = tmpl.get("spec") or {}
         if index is not None:
-            md.setdefault("annotations", {})["batch.kubernetes.io/job-completion-index"] = str(
-                index
+            metadata.setdefault("annotations", {})["batch.kubernetes.io/job-completion-index"] = (
+                str(index)
             )
-            md["labels"]["batch.kubernetes.io/job-completion-index"] = str(index)
-            spec.setdefault("hostname", "%s-%d" % (name, index))
+            metadata["labels"]["batch.kubernetes.io/job-completion-index"] = str(index)
+            spec.setdefault("hostname", f"{name}-{index}")
             for c in spec.get("containers") or []:
                 c.setdefault("env", []).append(
                     {
@@ -4412,15 +4401,14 @@ class JobController(Controller):
                         },
                     }
                 )
-        return {"apiVersion": "v1", "kind": "Pod", "metadata": md, "spec": spec}
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
 
 
-def match_pod_failure_policy(
-    policy: Optional[dict], pod: dict
-) -> Tuple[Optional[str], bool, Optional[str]]:
+def match_pod_failure_policy(policy: dict | None, pod: dict) -> tuple[str | None, bool, str | None]:
     """(FailJob message, count the failure?, action) of a failed pod, as matchPodFailurePolicy: the
     first rule that matches wins; exit code 0 never matches; no match counts the failure."""
     status = pod.get("status") or {}
+    pod_key = f"{pod['metadata'].get('namespace')}/{pod['metadata']['name']}"
     for number, rule in enumerate((policy or {}).get("rules") or []):
         action = rule.get("action")
         on_codes = rule.get("onExitCodes")
@@ -4436,15 +4424,8 @@ def match_pod_failure_policy(
                 listed = code in (on_codes.get("values") or [])
                 if code != 0 and listed == (on_codes.get("operator") == "In"):
                     matched = (
-                        "Container %s for pod %s/%s failed with exit code %s matching %s rule at index %d"
-                        % (
-                            cs.get("name"),
-                            pod["metadata"].get("namespace"),
-                            pod["metadata"]["name"],
-                            code,
-                            action,
-                            number,
-                        )
+                        f"Container {cs.get('name')} for pod {pod_key} failed with exit code "
+                        f"{code} matching {action} rule at index {number}"
                     )
                     break
         else:
@@ -4454,12 +4435,9 @@ def match_pod_failure_policy(
                     and cond.get("status") == pattern.get("status", "True")
                     for pattern in rule.get("onPodConditions") or []
                 ):
-                    matched = "Pod %s/%s has condition %s matching %s rule at index %d" % (
-                        pod["metadata"].get("namespace"),
-                        pod["metadata"]["name"],
-                        cond.get("type"),
-                        action,
-                        number,
+                    matched = (
+                        f"Pod {pod_key} has condition {cond.get('type')} matching {action} rule "
+                        f"at index {number}"
                     )
                     break
         if matched is not None:
@@ -4467,7 +4445,7 @@ def match_pod_failure_policy(
     return None, True, None
 
 
-def index_failure_counts(pod: dict) -> Tuple[int, int]:
+def index_failure_counts(pod: dict) -> tuple[int, int]:
     """The pod's job-index-failure-count and job-index-ignored-failure-count annotations (0 when absent)."""
     annotations = pod["metadata"].get("annotations") or {}
 
@@ -4483,8 +4461,8 @@ def index_failure_counts(pod: dict) -> Tuple[int, int]:
     )
 
 
-def _drop_finalizer(fin: str) -> Callable[[dict], Optional[bool]]:
-    def mutate(o: dict) -> Optional[bool]:
+def _drop_finalizer(fin: str) -> Callable[[dict], bool | None]:
+    def mutate(o: dict) -> bool | None:
         fins = o["metadata"].get("finalizers") or []
         if fin not in fins:
             return False
@@ -4498,8 +4476,8 @@ def _drop_finalizer(fin: str) -> Callable[[dict], Optional[bool]]:
     return mutate
 
 
-def parse_index_list(text: str) -> List[int]:
-    out: List[int] = []
+def parse_index_list(text: str) -> list[int]:
+    out: list[int] = []
     for part in (text or "").split(","):
         part = part.strip()
         if not part:
@@ -4512,14 +4490,14 @@ def parse_index_list(text: str) -> List[int]:
     return out
 
 
-def format_index_list(idx: List[int]) -> str:
-    parts: List[str] = []
+def format_index_list(idx: list[int]) -> str:
+    parts: list[str] = []
     i = 0
     while i < len(idx):
         j = i
         while j + 1 < len(idx) and idx[j + 1] == idx[j] + 1:
             j += 1
-        parts.append(str(idx[i]) if i == j else "%d-%d" % (idx[i], idx[j]))
+        parts.append(str(idx[i]) if i == j else f"{idx[i]}-{idx[j]}")
         i = j + 1
     return ",".join(parts)
 
@@ -4534,11 +4512,11 @@ class Scheduler(Controller):
 
     name = "default-scheduler"
 
-    def __init__(self, emu: "Emulator"):
+    def __init__(self, emu: Emulator):
         super().__init__(emu)
         # Pod uid -> node of every bound pod not yet finished, kept from the store's events:
         # counting them by listing every pod for every pod scheduled is quadratic at scale.
-        self.bound: Dict[str, str] = {}
+        self.bound: dict[str, str] = {}
 
     def on_event(self, etype: str, store: str, obj: dict) -> None:
         if store != "pods":
@@ -4549,8 +4527,8 @@ class Scheduler(Controller):
         else:
             self.bound[uid] = node
         if etype != "DELETED" and self._eligible(obj):
-            md = obj["metadata"]
-            self.queue.add((md["namespace"], md["name"]), self.emu.t("schedule_delay"))
+            metadata = obj["metadata"]
+            self.queue.add((metadata["namespace"], metadata["name"]), self.emu.t("schedule_delay"))
 
     @staticmethod
     def _eligible(pod: dict) -> bool:
@@ -4567,13 +4545,13 @@ class Scheduler(Controller):
             if self._eligible(p):
                 self.queue.add((p["metadata"]["namespace"], p["metadata"]["name"]), 0)
 
-    def sync(self, key: Tuple[str, str]) -> None:
+    def sync(self, key: tuple[str, str]) -> None:
         emu = self.emu
         ns, name = key
         pod = self.store.get("pods", ns, name)
         if pod is None or not self._eligible(pod):
             return
-        load: Dict[str, int] = {n: 0 for n in emu.node_names}
+        load: dict[str, int] = {n: 0 for n in emu.node_names}
         with self.store.lock:
             for n in self.bound.values():
                 if n in load:
@@ -4581,9 +4559,9 @@ class Scheduler(Controller):
         node = min(emu.node_names, key=lambda n: (load[n], random.random()))
         now = emu.api_now()
 
-        bound_at: List[float] = []
+        bound_at: list[float] = []
 
-        def bind(o: dict) -> Optional[bool]:
+        def bind(o: dict) -> bool | None:
             if o["spec"].get("nodeName"):
                 return False
             o["spec"]["nodeName"] = node
@@ -4599,10 +4577,10 @@ class Scheduler(Controller):
         # the binding, so the two are the same moment. Taken as the binding is written, before
         # the kubelet can hear of it: however loaded the machine, the node takes the pod up after.
         scheduled_at = bound_at[-1]
-        emu.truth_record.note("pods", "%s/%s" % (ns, name), "scheduled", scheduled_at)
-        emu.truth_record.note("pods", "%s/%s" % (ns, name), "node", node, raw=True)
+        emu.truth_record.note("pods", f"{ns}/{name}", "scheduled", scheduled_at)
+        emu.truth_record.note("pods", f"{ns}/{name}", "node", node, raw=True)
         emu.events.record_scheduled(
-            new, "Successfully assigned %s/%s to %s" % (ns, name, node), scheduled_at
+            new, f"Successfully assigned {ns}/{name} to {node}", scheduled_at
         )
 
 
@@ -4617,34 +4595,36 @@ class GarbageCollector(Controller):
     name = "garbage-collector"
 
     def on_event(self, etype: str, store: str, obj: dict) -> None:
-        md = obj["metadata"]
+        metadata = obj["metadata"]
         if etype == "DELETED":
-            self.queue.add(("dangling", md.get("uid")), 0.02)
+            self.queue.add(("dangling", metadata.get("uid")), 0.02)
             for r in owner_refs(obj):
                 self.queue.add(("owner-uid", r.get("uid")), 0.02)
-        elif md.get("deletionTimestamp") and set(md.get("finalizers") or []) & {
+        elif metadata.get("deletionTimestamp") and set(metadata.get("finalizers") or []) & {
             FOREGROUND_FINALIZER,
             ORPHAN_FINALIZER,
         }:
-            self.queue.add(("owner", store, md.get("namespace", ""), md["name"]), 0.02)
-        elif md.get("deletionTimestamp"):
+            self.queue.add(("owner", store, metadata.get("namespace", ""), metadata["name"]), 0.02)
+        elif metadata.get("deletionTimestamp"):
             for r in owner_refs(obj):
                 self.queue.add(("owner-uid", r.get("uid")), 0.02)
 
     def resync(self) -> None:
         for store in list(self.store.objects):
             for o in self.store.list_raw(store):
-                md = o["metadata"]
-                if md.get("deletionTimestamp") and set(md.get("finalizers") or []) & {
+                metadata = o["metadata"]
+                if metadata.get("deletionTimestamp") and set(metadata.get("finalizers") or []) & {
                     FOREGROUND_FINALIZER,
                     ORPHAN_FINALIZER,
                 }:
-                    self.queue.add(("owner", store, md.get("namespace", ""), md["name"]), 0)
+                    self.queue.add(
+                        ("owner", store, metadata.get("namespace", ""), metadata["name"]), 0
+                    )
                 for r in owner_refs(o):
                     if self.store.by_uid(r.get("uid", "")) is None:
                         self.queue.add(("dangling", r.get("uid")), 0)
 
-    def _dependents(self, uid: str) -> List[Tuple[str, dict]]:
+    def _dependents(self, uid: str) -> list[tuple[str, dict]]:
         out = []
         with self.store.lock:
             for store, buckets in self.store.objects.items():
@@ -4654,7 +4634,7 @@ class GarbageCollector(Controller):
                             out.append((store, clone(o)))
         return out
 
-    def sync(self, key: Tuple) -> None:
+    def sync(self, key: tuple) -> None:
         emu = self.emu
         if key[0] == "owner-uid":
             loc = self.store.by_uid(key[1] or "")
@@ -4688,7 +4668,7 @@ class GarbageCollector(Controller):
         if ORPHAN_FINALIZER in fins:
             for dstore, dep in deps:
 
-                def strip(o: dict, uid: str = uid) -> Optional[bool]:
+                def strip(o: dict, uid: str = uid) -> bool | None:
                     refs = [r for r in owner_refs(o) if r.get("uid") != uid]
                     if refs:
                         o["metadata"]["ownerReferences"] = refs
@@ -4735,21 +4715,21 @@ class NamespaceController(Controller):
     name = "namespace-controller"
 
     def on_event(self, etype: str, store: str, obj: dict) -> None:
-        md = obj["metadata"]
+        metadata = obj["metadata"]
         if store == "namespaces":
             if etype == "ADDED":
-                self.queue.add(("rootca", md["name"]), 0.005)
-            if md.get("deletionTimestamp") and etype != "DELETED":
-                self.queue.add(("delete", md["name"]), 0.0)
-        elif md.get("namespace") and etype == "DELETED":
-            self.queue.add(("delete", md["namespace"]), 0.05)
+                self.queue.add(("rootca", metadata["name"]), 0.005)
+            if metadata.get("deletionTimestamp") and etype != "DELETED":
+                self.queue.add(("delete", metadata["name"]), 0.0)
+        elif metadata.get("namespace") and etype == "DELETED":
+            self.queue.add(("delete", metadata["namespace"]), 0.05)
 
     def resync(self) -> None:
         for n in self.store.list("namespaces")[0]:
             if n["metadata"].get("deletionTimestamp"):
                 self.queue.add(("delete", n["metadata"]["name"]), 0)
 
-    def sync(self, key: Tuple[str, str]) -> None:
+    def sync(self, key: tuple[str, str]) -> None:
         kind, name = key
         ns = self.store.get("namespaces", None, name)
         if ns is None:
@@ -4789,7 +4769,7 @@ class NamespaceController(Controller):
         except ApiError:
             pass
 
-    def _finalize(self, key: Tuple[str, str], ns: dict) -> None:
+    def _finalize(self, key: tuple[str, str], ns: dict) -> None:
         """A terminating namespace: delete its content, report what remains, drop its finalizer once empty."""
         emu = self.emu
         name = ns["metadata"]["name"]
@@ -4797,15 +4777,15 @@ class NamespaceController(Controller):
             return
         if "kubernetes" not in ((ns.get("spec") or {}).get("finalizers") or []):
             return
-        remaining: Dict[str, int] = {}
-        finalizers: Dict[str, int] = {}
+        remaining: dict[str, int] = {}
+        finalizers: dict[str, int] = {}
         for store in NAMESPACED_STORES:
             info = CANONICAL[store]
             for o in self.store.list(store, name)[0]:
                 if store == "events":
                     self.store.remove("events", name, o["metadata"]["name"])
                     continue
-                label = "%s.%s" % (info.plural, info.group)
+                label = f"{info.plural}.{info.group}"
                 remaining[label] = remaining.get(label, 0) + 1
                 for f in o["metadata"].get("finalizers") or []:
                     finalizers[f] = finalizers.get(f, 0) + 1
@@ -4818,7 +4798,7 @@ class NamespaceController(Controller):
                         pass
         conds = namespace_deletion_conditions(remaining, finalizers, emu.api_now())
 
-        def set_conds(o: dict) -> Optional[bool]:
+        def set_conds(o: dict) -> bool | None:
             st = o.setdefault("status", {})
             changed = False
             old = st.get("conditions") or []
@@ -4839,8 +4819,8 @@ class NamespaceController(Controller):
 
 
 def namespace_deletion_conditions(
-    remaining: Dict[str, int], finalizers: Dict[str, int], now: float
-) -> List[dict]:
+    remaining: dict[str, int], finalizers: dict[str, int], now: float
+) -> list[dict]:
     """A terminating namespace's conditions, given its remaining objects per resource and finalizers."""
 
     def ns_cond(ctype: str, status: str, reason: str, message: str) -> dict:
@@ -4853,15 +4833,17 @@ def namespace_deletion_conditions(
         }
 
     def counted(
-        ctype: str, counts: Dict[str, int], some: Tuple[str, str, str], none: Tuple[str, str]
+        ctype: str,
+        counts: dict[str, int],
+        some: tuple[str, str, Callable[[str, int], str]],
+        none: tuple[str, str],
     ) -> dict:
         """True with the counts per resource when there are any, else False."""
         if not counts:
             return ns_cond(ctype, "False", *none)
         reason, message, each = some
-        return ns_cond(
-            ctype, "True", reason, message + ", ".join(each % kv for kv in sorted(counts.items()))
-        )
+        listing = ", ".join(each(what, count) for what, count in sorted(counts.items()))
+        return ns_cond(ctype, "True", reason, message + listing)
 
     conds = [
         ns_cond(ctype, "False", reason, message)
@@ -4890,7 +4872,7 @@ def namespace_deletion_conditions(
             (
                 "SomeResourcesRemain",
                 "Some resources are remaining: ",
-                "%s has %d resource instances",
+                lambda what, count: f"{what} has {count} resource instances",
             ),
             ("ContentRemoved", "All content successfully removed"),
         )
@@ -4902,7 +4884,7 @@ def namespace_deletion_conditions(
             (
                 "SomeFinalizersRemain",
                 "Some content in the namespace has finalizers remaining: ",
-                "%s in %d resource instances",
+                lambda what, count: f"{what} in {count} resource instances",
             ),
             ("ContentHasNoFinalizers", "All content-preserving finalizers finished"),
         )
@@ -4930,14 +4912,14 @@ def go_duration(seconds: float) -> str:
     if ms <= 0:
         return "0s"
     if ms < 1000:
-        return "%dms" % ms
+        return f"{ms}ms"
     hours, rest = divmod(ms, 3600000)
     minutes, rest = divmod(rest, 60000)
     whole, frac = divmod(rest, 1000)
-    text = ("%d.%03d" % (whole, frac)).rstrip("0").rstrip(".") + "s"
+    text = (f"{whole}.{frac:03d}").rstrip("0").rstrip(".") + "s"
     if hours:
-        return "%dh%dm%s" % (hours, minutes, text)
-    return "%dm%s" % (minutes, text) if minutes else text
+        return f"{hours}h{minutes}m{text}"
+    return f"{minutes}m{text}" if minutes else text
 
 
 class ImageStore:
@@ -4960,7 +4942,7 @@ class ImageStore:
     # A pull that finds every layer already there still resolves the manifest.
     FOUND_SECONDS = 0.02
 
-    def __init__(self, config: Optional[dict], nodes: List[str]):
+    def __init__(self, config: dict | None, nodes: list[str]):
         self.enabled = config is not None
         config = dict(config or {})
         unknown = set(config) - {
@@ -4970,13 +4952,13 @@ class ImageStore:
             "max_parallel_image_pulls",
         }
         if unknown:
-            raise ValueError("unknown images option(s): %s" % ", ".join(sorted(unknown)))
+            raise ValueError(f"unknown images option(s): {', '.join(sorted(unknown))}")
         self.registry = {
             normalize_image(ref)[1]: int(size)
             for ref, size in (config.get("registry") or {}).items()
         }
         self.rate = float(config.get("pull_bytes_per_second") or 50e6)
-        self.present: Dict[str, Set[str]] = {node: set() for node in nodes}
+        self.present: dict[str, set[str]] = {node: set() for node in nodes}
         for ref, where in (config.get("present") or {}).items():
             for node in nodes if where is True else where:
                 self.present[node].add(normalize_image(ref)[1])
@@ -4996,9 +4978,7 @@ class ImageStore:
     def size(self, image: str) -> int:
         return self.registry.get(normalize_image(image)[1], 0)
 
-    def pull(
-        self, node: str, image: str, stopped: Callable[[], bool]
-    ) -> Optional[Tuple[float, int]]:
+    def pull(self, node: str, image: str, stopped: Callable[[], bool]) -> tuple[float, int] | None:
         """One pull on `node` once its turn comes: (seconds pulling, bytes), or None when `stopped()`
         said so first. False-y existence is the caller's to check before."""
         slot = self.slots[node]
@@ -5026,20 +5006,20 @@ class ImageStore:
 class ContainerRunner(threading.Thread):
     """Runs one container of a pod (with fault injection) and keeps its status."""
 
-    def __init__(self, worker: "PodWorker", container: dict):
-        super().__init__(name="ctr-%s-%s" % (worker.name, container.get("name")), daemon=True)
-        self.w = worker
+    def __init__(self, worker: PodWorker, container: dict):
+        super().__init__(name=f"ctr-{worker.name}-{container.get('name')}", daemon=True)
+        self.worker = worker
         self.emu = worker.emu
-        self.c = container
+        self.container = container
         self.cname = container["name"]
         repo, full = normalize_image(container.get("image", ""))
         self.image_ref = full
-        self.image_id = "%s@sha256:%s" % (repo, hex64(full))
-        self.proc: Optional[subprocess.Popen] = None
+        self.image_id = f"{repo}@sha256:{hex64(full)}"
+        self.proc: subprocess.Popen | None = None
         self.proc_lock = threading.Lock()
-        self.exit_codes: List[int] = []
+        self.exit_codes: list[int] = []
         self.started_once = False
-        self.last_terminated: Optional[dict] = None
+        self.last_terminated: dict | None = None
         self.image_ready = False
         self.image_missing = False
 
@@ -5049,10 +5029,10 @@ class ContainerRunner(threading.Thread):
             cs["state"] = state
             cs.update(extra)
 
-        self.w.update_container(self.cname, fn)
+        self.worker.update_container(self.cname, fn)
 
     def event(self, etype: str, reason: str, message: str) -> None:
-        pod = self.emu.store.get("pods", self.w.ns, self.w.name)
+        pod = self.emu.store.get("pods", self.worker.ns, self.worker.name)
         if pod is not None:
             self.emu.events.record(
                 pod,
@@ -5060,8 +5040,8 @@ class ContainerRunner(threading.Thread):
                 reason,
                 message,
                 "kubelet",
-                host=self.w.kl.node,
-                field_path="spec.containers{%s}" % self.cname,
+                host=self.worker.kubelet.node,
+                field_path=f"spec.containers{{{self.cname}}}",
             )
 
     # -- main --------------------------------------------------------------
@@ -5074,26 +5054,28 @@ class ContainerRunner(threading.Thread):
     def ensure_image(self) -> bool:
         """The kubelet's first step for a container: pull the image or find it present (an event
         either way). False when the pod is stopped meanwhile."""
-        image = self.c.get("image", "")
+        image = self.container.get("image", "")
         self.image_ready = True
-        store, node = self.emu.images, self.w.kl.node
-        if not store.enabled and self.c.get("imagePullPolicy", "IfNotPresent") == "Always":
-            self.event("Normal", "Pulling", 'Pulling image "%s"' % image)
-            if self.w.sleep(0.05):
+        store, node = self.emu.images, self.worker.kubelet.node
+        if not store.enabled and self.container.get("imagePullPolicy", "IfNotPresent") == "Always":
+            self.event("Normal", "Pulling", f'Pulling image "{image}"')
+            if self.worker.sleep(0.05):
                 return False
             self.event(
                 "Normal",
                 "Pulled",
-                'Successfully pulled image "%s" in 52ms (52ms including waiting). '
-                "Image size: 19203584 bytes." % image,
+                f'Successfully pulled image "{image}" in 52ms (52ms including waiting). '
+                "Image size: 19203584 bytes.",
             )
-        elif self.c.get("imagePullPolicy", "IfNotPresent") != "Always" and store.has(node, image):
+        elif self.container.get("imagePullPolicy", "IfNotPresent") != "Always" and store.has(
+            node, image
+        ):
             # The kubelet of 1.35 adds that the pod may use it (seen on kubelet v1.35.4).
+            accessible = " and can be accessed by the pod" if self.emu.v >= (1, 35) else ""
             self.event(
                 "Normal",
                 "Pulled",
-                'Container image "%s" already present on machine%s'
-                % (image, " and can be accessed by the pod" if self.emu.v >= (1, 35) else ""),
+                f'Container image "{image}" already present on machine{accessible}',
             )
         elif not store.exists(image) and not store.has(node, image):
             self.image_missing = (
@@ -5102,25 +5084,25 @@ class ContainerRunner(threading.Thread):
         else:
             # As the kubelet's image manager: the Pulling event, then the pull in the node's queue; its
             # Pulled message gives the pull's own time, then the time including the wait for its turn.
-            self.event("Normal", "Pulling", 'Pulling image "%s"' % image)
+            self.event("Normal", "Pulling", f'Pulling image "{image}"')
             asked = time.time()
-            pulled = store.pull(node, image, self.w.pull_stopped)
+            pulled = store.pull(node, image, self.worker.pull_stopped)
             if pulled is None:
                 return False
             seconds, size = pulled
             self.event(
                 "Normal",
                 "Pulled",
-                'Successfully pulled image "%s" in %s (%s including waiting). '
-                "Image size: %d bytes."
-                % (image, go_duration(seconds), go_duration(time.time() - asked), size),
+                f'Successfully pulled image "{image}" in {go_duration(seconds)} '
+                f"({go_duration(time.time() - asked)} including waiting). "
+                f"Image size: {size} bytes.",
             )
         return True
 
     def _run(self) -> None:
-        emu, w = self.emu, self.w
+        emu, w = self.emu, self.worker
         idx = w.index
-        image = self.c.get("image", "")
+        image = self.container.get("image", "")
         if emu.faults.applies("image_pull_backoff", idx):
             self._image_pull_backoff(image)
             return
@@ -5135,7 +5117,7 @@ class ContainerRunner(threading.Thread):
             env, err = self._env()
         while err:
             self.set_state({"waiting": {"reason": "CreateContainerConfigError", "message": err}})
-            self.event("Warning", "Failed", "Error: %s" % err)
+            self.event("Warning", "Failed", f"Error: {err}")
             if w.sleep(1.0):
                 return
         attempts = 2 if emu.faults.applies("restart_container", idx) else 1
@@ -5154,9 +5136,9 @@ class ContainerRunner(threading.Thread):
             if attempt < attempts - 1 and w.sleep(emu.t("restart_delay")):
                 return
 
-    def _attempt_argv(self, crash_first: bool, env: Dict[str, str]) -> Optional[List[str]]:
+    def _attempt_argv(self, crash_first: bool, env: dict[str, str]) -> list[str] | None:
         """What an attempt runs: a fault's stand-in, the container's command, or None (the lightweight kubelet)."""
-        faults, idx = self.emu.faults, self.w.index
+        faults, idx = self.emu.faults, self.worker.index
         if faults.applies("replace_pod", idx):
             # The pod is replaced while it runs, so it must still be running then
             # whatever the machine's load: it holds until evicted.
@@ -5190,28 +5172,27 @@ class ContainerRunner(threading.Thread):
         self.event(
             "Normal",
             "Started",
-            "Container started" if self.emu.v >= (1, 35) else "Started container %s" % self.cname,
+            "Container started" if self.emu.v >= (1, 35) else f"Started container {self.cname}",
         )
         if not self.started_once:
-            self.emu.truth_record.note("pods", self.w.key, "container_started", true_start)
+            self.emu.truth_record.note("pods", self.worker.key, "container_started", true_start)
             self.started_once = True
-        self.w.started_at = true_start
+        self.worker.started_at = true_start
 
-    def _created(self, attempt: int) -> Tuple[str, ContainerLog]:
+    def _created(self, attempt: int) -> tuple[str, ContainerLog]:
         """The Created event of this run, its container ID and its new (registered) log."""
-        emu, w = self.emu, self.w
-        cid = hex64("%s/%s/%d" % (w.uid, self.cname, attempt))
+        emu, w = self.emu, self.worker
+        cid = hex64(f"{w.uid}/{self.cname}/{attempt}")
         self.event(
             "Normal",
             "Created",
             "Container created"
             if emu.v >= (1, 35)
-            else ("Created container: %s" if emu.v >= (1, 32) else "Created container %s")
-            % self.cname,
+            else f"Created container: {self.cname}"
+            if emu.v >= (1, 32)
+            else f"Created container {self.cname}",
         )
-        log = ContainerLog(
-            emu.workdir / "logs" / ("%s_%s_%s-%d.log" % (w.ns, w.name, self.cname, attempt))
-        )
+        log = ContainerLog(emu.workdir / "logs" / (f"{w.ns}_{w.name}_{self.cname}-{attempt}.log"))
         emu.logs.setdefault((w.uid, self.cname), []).append(log)
         return cid, log
 
@@ -5219,7 +5200,7 @@ class ContainerRunner(threading.Thread):
         self, code: int, cid: str, start: float, exited_at: float, finished_at: float
     ) -> None:
         """Keep a run's exit: its code, the truth's container end and the terminated state it leaves."""
-        emu, w = self.emu, self.w
+        emu, w = self.emu, self.worker
         self.exit_codes.append(code)
         emu.truth_record.note("pods", w.key, "container_finished", exited_at, first=False)
         emu.truth_record.note("pods", w.key, "exit_code", code, raw=True)
@@ -5233,28 +5214,28 @@ class ContainerRunner(threading.Thread):
 
     def _run_once(
         self,
-        argv: List[str],
-        env: Dict[str, str],
+        argv: list[str],
+        env: dict[str, str],
         uid: int,
         gid: int,
         attempt: int,
         restarting: bool = False,
-    ) -> Optional[int]:
+    ) -> int | None:
         """One run of the container's process in the sandbox: its exit code, None when the pod stopped first."""
-        emu, w = self.emu, self.w
+        emu, w = self.emu, self.worker
         cid, log = self._created(attempt)
-        mounts, ro_root = w.mounts_for(self.c)
+        mounts, ro_root = w.mounts_for(self.container)
         cmd = build_bwrap_argv(
             uid,
             gid,
             w.hostname,
             mounts,
             ro_root,
-            self.c.get("workingDir") or "/",
+            self.container.get("workingDir") or "/",
             argv,
             str(emu.bindir),
         )
-        start = emu.node_now(w.kl.node)
+        start = emu.node_now(w.kubelet.node)
         # The true start is taken before the process is spawned: on a loaded machine the
         # spawn and the Started event can take a while, and the container runs meanwhile.
         true_start = time.time()
@@ -5285,7 +5266,7 @@ class ContainerRunner(threading.Thread):
         log.close()
         code = rc if rc >= 0 else 128 - rc
         # The runtime reports the exit's own moment, however long the log took to drain since.
-        self._exited(code, cid, start, exited_at, emu.node_now(w.kl.node, exited_at))
+        self._exited(code, cid, start, exited_at, emu.node_now(w.kubelet.node, exited_at))
         self._report_exit(restarting)
         with self.proc_lock:
             self.proc = None
@@ -5295,7 +5276,7 @@ class ContainerRunner(threading.Thread):
         """The status and event of a container whose process could not be started."""
         msg = (
             "failed to create containerd task: failed to create shim task: OCI runtime create failed: "
-            "runc create failed: unable to start container process: %s" % error
+            f"runc create failed: unable to start container process: {error}"
         )
         self.set_state(
             {
@@ -5311,7 +5292,7 @@ class ContainerRunner(threading.Thread):
             ready=False,
             started=False,
         )
-        self.event("Warning", "Failed", "Error: %s" % msg)
+        self.event("Warning", "Failed", f"Error: {msg}")
 
     def _set_running(self, start: float, attempt: int, cid: str) -> None:
         """The running state of this run, the previous run's end kept as the last state."""
@@ -5330,11 +5311,11 @@ class ContainerRunner(threading.Thread):
             if attempt and last:
                 cs["lastState"] = {"terminated": last}
 
-        self.w.update_container(self.cname, running)
+        self.worker.update_container(self.cname, running)
 
     def _report_exit(self, restarting: bool) -> None:
         """The state a run's exit leaves: terminated, or waiting to restart."""
-        w = self.w
+        w = self.worker
         assert self.last_terminated is not None
         if restarting and not w.stop_requested():
             # One status update from running to CrashLoopBackOff, as a kubelet that restarts
@@ -5343,8 +5324,8 @@ class ContainerRunner(threading.Thread):
                 {
                     "waiting": {
                         "reason": "CrashLoopBackOff",
-                        "message": "back-off 10s restarting failed container=%s pod=%s_%s(%s)"
-                        % (self.cname, w.name, w.ns, w.uid),
+                        "message": f"back-off 10s restarting failed container={self.cname} "
+                        f"pod={w.name}_{w.ns}({w.uid})",
                     }
                 },
                 ready=False,
@@ -5354,9 +5335,9 @@ class ContainerRunner(threading.Thread):
         else:
             self.set_state({"terminated": dict(self.last_terminated)}, ready=False, started=False)
 
-    def _run_emitted(self, env: Dict[str, str], attempt: int) -> Optional[int]:
+    def _run_emitted(self, env: dict[str, str], attempt: int) -> int | None:
         """The lightweight kubelet: the built-in worker's events with its timing, no process."""
-        emu, w = self.emu, self.w
+        emu, w = self.emu, self.worker
         timing = emu.faults.lightweight() or {}
         jitter = timing["jitter"]
 
@@ -5364,7 +5345,7 @@ class ContainerRunner(threading.Thread):
             return timing[key] * random.uniform(1 - jitter, 1 + jitter)
 
         cid, log = self._created(attempt)
-        start = emu.node_now(w.kl.node)
+        start = emu.node_now(w.kubelet.node)
         true_start = time.time()
         self.mark_started(true_start)
 
@@ -5403,7 +5384,7 @@ class ContainerRunner(threading.Thread):
                         )
                         + "\n"
                     ).encode(),
-                    emu.node_offset(w.kl.node),
+                    emu.node_offset(w.kubelet.node),
                 )
             )
             stopped = w.sleep(delay("episode_work"))
@@ -5424,20 +5405,20 @@ class ContainerRunner(threading.Thread):
                         )
                         + "\n"
                     ).encode(),
-                    emu.node_offset(w.kl.node),
+                    emu.node_offset(w.kubelet.node),
                 )
             )
             stopped = w.sleep(delay("exit"))
         log.close()
         # The built-in episode installs no SIGTERM handler: as PID 1 it is killed (SIGKILL).
         code = 137 if stopped else 0
-        self._exited(code, cid, start, time.time(), emu.node_now(w.kl.node))
+        self._exited(code, cid, start, time.time(), emu.node_now(w.kubelet.node))
         self.set_state({"terminated": dict(self.last_terminated)}, ready=False, started=False)
         return None if stopped else code
 
     def _pump(self, proc: subprocess.Popen, log: ContainerLog) -> None:
-        mode = self.emu.faults.for_pod("log_tamper", self.w.index)
-        ahead = self.emu.node_offset(self.w.kl.node)
+        mode = self.emu.faults.for_pod("log_tamper", self.worker.index)
+        ahead = self.emu.node_offset(self.worker.kubelet.node)
         assert proc.stdout is not None
         for line in iter(proc.stdout.readline, b""):
             for out in tamper_line(mode, on_node_clock(line, ahead)):
@@ -5461,55 +5442,55 @@ class ContainerRunner(threading.Thread):
     def _image_pull_backoff(self, image: str) -> None:
         repo_ref = self.image_ref
         err = (
-            'rpc error: code = NotFound desc = failed to pull and unpack image "%s": failed to resolve '
-            'reference "%s": %s: not found' % (repo_ref, repo_ref, repo_ref)
+            f'rpc error: code = NotFound desc = failed to pull and unpack image "{repo_ref}": '
+            f'failed to resolve reference "{repo_ref}": {repo_ref}: not found'
         )
-        while not self.w.stop_requested():
-            self.event("Normal", "Pulling", 'Pulling image "%s"' % image)
-            self.event("Warning", "Failed", 'Failed to pull image "%s": %s' % (image, err))
+        while not self.worker.stop_requested():
+            self.event("Normal", "Pulling", f'Pulling image "{image}"')
+            self.event("Warning", "Failed", f'Failed to pull image "{image}": {err}')
             self.event("Warning", "Failed", "Error: ErrImagePull")
             self.set_state({"waiting": {"reason": "ErrImagePull", "message": err}})
-            if self.w.sleep(self.emu.t("image_pull_backoff")):
+            if self.worker.sleep(self.emu.t("image_pull_backoff")):
                 return
-            self.event("Normal", "BackOff", 'Back-off pulling image "%s"' % image)
+            self.event("Normal", "BackOff", f'Back-off pulling image "{image}"')
             self.event("Warning", "Failed", "Error: ImagePullBackOff")
             self.set_state(
                 {
                     "waiting": {
                         "reason": "ImagePullBackOff",
-                        "message": 'Back-off pulling image "%s"' % image,
+                        "message": f'Back-off pulling image "{image}"',
                     }
                 }
             )
-            if self.w.sleep(self.emu.t("image_pull_backoff") * 2):
+            if self.worker.sleep(self.emu.t("image_pull_backoff") * 2):
                 return
 
-    def _identity(self) -> Tuple[int, int, Optional[str]]:
-        pod = self.w.pod
-        psc = (pod.get("spec") or {}).get("securityContext") or {}
-        csc = self.c.get("securityContext") or {}
-        uid = csc.get("runAsUser", psc.get("runAsUser"))
-        gid = csc.get("runAsGroup", psc.get("runAsGroup"))
-        nonroot = csc.get("runAsNonRoot", psc.get("runAsNonRoot"))
-        fmt_pod = '"%s_%s(%s)"' % (self.w.name, self.w.ns, self.w.uid)
+    def _identity(self) -> tuple[int, int, str | None]:
+        pod = self.worker.pod
+        pod_security = (pod.get("spec") or {}).get("securityContext") or {}
+        container_security = self.container.get("securityContext") or {}
+        uid = container_security.get("runAsUser", pod_security.get("runAsUser"))
+        gid = container_security.get("runAsGroup", pod_security.get("runAsGroup"))
+        nonroot = container_security.get("runAsNonRoot", pod_security.get("runAsNonRoot"))
+        fmt_pod = f'"{self.worker.name}_{self.worker.ns}({self.worker.uid})"'
         err = None
         if nonroot:
             if uid is None:
                 err = (
-                    "container has runAsNonRoot and image will run as root (pod: %s, container: %s)"
-                    % (fmt_pod, self.cname)
+                    "container has runAsNonRoot and image will run as root "
+                    f"(pod: {fmt_pod}, container: {self.cname})"
                 )
             elif uid == 0:
-                err = "container's runAsUser breaks non-root policy (pod: %s, container: %s)" % (
-                    fmt_pod,
-                    self.cname,
+                err = (
+                    "container's runAsUser breaks non-root policy "
+                    f"(pod: {fmt_pod}, container: {self.cname})"
                 )
         return int(uid or 0), int(gid if gid is not None else 0), err
 
-    def _env(self) -> Tuple[Dict[str, str], Optional[str]]:
-        w = self.w
+    def _env(self) -> tuple[dict[str, str], str | None]:
+        w = self.worker
         pod = w.store_pod()
-        env: Dict[str, str] = {
+        env: dict[str, str] = {
             "PATH": SANDBOX_PATH,
             "HOSTNAME": w.hostname,
             "HOME": "/",
@@ -5528,36 +5509,35 @@ class ContainerRunner(threading.Thread):
                     "KUBERNETES_PORT_443_TCP_ADDR": "10.96.0.1",
                 }
             )
-        for e in self.c.get("env") or []:
+        for e in self.container.get("env") or []:
             name = e.get("name")
             if "value" in e or not e.get("valueFrom"):
                 env[name] = expand_vars(str(e.get("value", "")), env)
                 continue
-            vf = e["valueFrom"]
-            if vf.get("fieldRef"):
-                val = resolve_field_ref(pod, vf["fieldRef"].get("fieldPath", ""))
+            value_from = e["valueFrom"]
+            if value_from.get("fieldRef"):
+                val = resolve_field_ref(pod, value_from["fieldRef"].get("fieldPath", ""))
                 if val is None:
-                    return env, "unsupported fieldPath: %s" % vf["fieldRef"].get("fieldPath")
+                    return env, f"unsupported fieldPath: {value_from['fieldRef'].get('fieldPath')}"
                 env[name] = val
-            elif vf.get("configMapKeyRef"):
-                ref = vf["configMapKeyRef"]
+            elif value_from.get("configMapKeyRef"):
+                ref = value_from["configMapKeyRef"]
                 cm = self.emu.store.get("configmaps", w.ns, ref.get("name", ""))
                 if cm is None or ref.get("key") not in (cm.get("data") or {}):
                     if ref.get("optional"):
                         continue
                     if cm is None:
-                        return env, 'configmap "%s" not found' % ref.get("name")
-                    return env, "couldn't find key %s in ConfigMap %s/%s" % (
-                        ref.get("key"),
-                        w.ns,
-                        ref.get("name"),
+                        return env, f'configmap "{ref.get("name")}" not found'
+                    return (
+                        env,
+                        f"couldn't find key {ref.get('key')} in ConfigMap {w.ns}/{ref.get('name')}",
                     )
                 env[name] = cm["data"][ref["key"]]
-            elif vf.get("resourceFieldRef"):
-                ref = vf["resourceFieldRef"]
+            elif value_from.get("resourceFieldRef"):
+                ref = value_from["resourceFieldRef"]
                 res = ref.get("resource", "")
                 kind, _, what = res.partition(".")
-                val = ((self.c.get("resources") or {}).get(kind) or {}).get(what)
+                val = ((self.container.get("resources") or {}).get(kind) or {}).get(what)
                 if val is None:
                     val = "8" if what == "cpu" else str(32 * 1024**3)
                 else:
@@ -5567,21 +5547,21 @@ class ContainerRunner(threading.Thread):
 
                     val = str(int(math.ceil(q / div)))
                 env[name] = val
-            elif vf.get("secretKeyRef"):
-                ref = vf["secretKeyRef"]
+            elif value_from.get("secretKeyRef"):
+                ref = value_from["secretKeyRef"]
                 if ref.get("optional"):
                     continue
-                return env, 'secret "%s" not found' % ref.get("name")
+                return env, f'secret "{ref.get("name")}" not found'
         return env, None
 
-    def _argv(self, env: Dict[str, str]) -> List[str]:
-        command = self.c.get("command") or []
-        args = self.c.get("args") or []
+    def _argv(self, env: dict[str, str]) -> list[str]:
+        command = self.container.get("command") or []
+        args = self.container.get("args") or []
         argv = list(command) + list(args) if command else (list(args) if args else ["python3"])
         return [expand_vars(a, env) for a in argv]
 
 
-def tamper_line(mode: Optional[str], line: bytes) -> List[bytes]:
+def tamper_line(mode: str | None, line: bytes) -> list[bytes]:
     """log_tamper fault: rewrite what a container's log contains."""
     if not mode:
         return [line]
@@ -5630,13 +5610,13 @@ def on_node_clock(line: bytes, ahead: float) -> bytes:
 
 
 def write_config_map_volume(
-    directory: Path, volume: str, ref: dict, config_map: Optional[dict]
+    directory: Path, volume: str, ref: dict, config_map: dict | None
 ) -> None:
     """A configMap volume's files (the items named, else every key) with their modes, as a kubelet writes them."""
     if config_map is None and not ref.get("optional"):
         raise MountError(
-            'MountVolume.SetUp failed for volume "%s" : configmap "%s" not found'
-            % (volume, ref.get("name"))
+            f'MountVolume.SetUp failed for volume "{volume}" : '
+            f'configmap "{ref.get("name")}" not found'
         )
     directory.mkdir(parents=True, exist_ok=True)
     data = dict((config_map or {}).get("data") or {})
@@ -5658,7 +5638,7 @@ def write_config_map_volume(
     os.chmod(directory, 0o755)
 
 
-def write_downward_api_files(pod: dict, directory: Path, items: List[dict]) -> None:
+def write_downward_api_files(pod: dict, directory: Path, items: list[dict]) -> None:
     """The pod's fields a downwardAPI volume (or projection) names, one file each."""
     for it in items:
         val = resolve_field_ref(pod, (it.get("fieldRef") or {}).get("fieldPath", "")) or ""
@@ -5688,25 +5668,25 @@ def link_python(bindir: Path, python: str) -> None:
 class PodWorker(threading.Thread):
     """The kubelet's per-pod worker: sandbox, volumes, containers, termination."""
 
-    def __init__(self, kubelet: "Kubelet", pod: dict):
-        md = pod["metadata"]
-        super().__init__(name="pod-%s" % md["name"], daemon=True)
-        self.kl = kubelet
+    def __init__(self, kubelet: Kubelet, pod: dict):
+        metadata = pod["metadata"]
+        super().__init__(name=f"pod-{metadata['name']}", daemon=True)
+        self.kubelet = kubelet
         self.emu = kubelet.emu
         self.pod = pod
-        self.ns, self.name, self.uid = md["namespace"], md["name"], md["uid"]
-        self.key = "%s/%s" % (self.ns, self.name)
+        self.ns, self.name, self.uid = metadata["namespace"], metadata["name"], metadata["uid"]
+        self.key = f"{self.ns}/{self.name}"
         self.index = self.emu.truth_record.pod_index(self.uid)
         self.hostname = (pod.get("spec") or {}).get("hostname") or self.name
         self.deleting = threading.Event()
         self.removed = threading.Event()
         self.grace = 30.0
-        self.runners: List[ContainerRunner] = []
+        self.runners: list[ContainerRunner] = []
         self.done = False
         self.dir = self.emu.workdir / "pods" / self.uid
-        self.volumes: Dict[str, Tuple[str, str]] = {}
-        self.started_at: Optional[float] = None
-        self.active_since: Optional[float] = (
+        self.volumes: dict[str, tuple[str, str]] = {}
+        self.started_at: float | None = None
+        self.active_since: float | None = (
             None  # its status.startTime, held to the nanosecond as a kubelet does
         )
         self.evicted = False
@@ -5740,10 +5720,10 @@ class PodWorker(threading.Thread):
     def store_pod(self) -> dict:
         return self.emu.store.get("pods", self.ns, self.name) or self.pod
 
-    def update(self, fn: Callable[[dict], Optional[bool]]) -> Optional[dict]:
+    def update(self, fn: Callable[[dict], bool | None]) -> dict | None:
         with self._status_lock:
 
-            def guarded(o: dict) -> Optional[bool]:
+            def guarded(o: dict) -> bool | None:
                 if o["metadata"].get("uid") != self.uid:
                     return False
                 return fn(o)
@@ -5751,7 +5731,7 @@ class PodWorker(threading.Thread):
             return self.emu.store.update("pods", self.ns, self.name, guarded)
 
     def update_container(self, cname: str, fn: Callable[[dict], None]) -> None:
-        def mutate(o: dict) -> Optional[bool]:
+        def mutate(o: dict) -> bool | None:
             st = o.setdefault("status", {})
             for cs in st.get("containerStatuses") or []:
                 if cs["name"] == cname:
@@ -5764,21 +5744,21 @@ class PodWorker(threading.Thread):
     def recompute(self, o: dict) -> None:
         emu = self.emu
         st = o.setdefault("status", {})
-        css = st.get("containerStatuses") or []
-        now = emu.node_now(self.kl.node)
+        container_statuses = st.get("containerStatuses") or []
+        now = emu.node_now(self.kubelet.node)
         conds = st.setdefault("conditions", [])
-        terminated = [cs for cs in css if (cs.get("state") or {}).get("terminated")]
-        running = [cs for cs in css if (cs.get("state") or {}).get("running")]
+        terminated = [cs for cs in container_statuses if (cs.get("state") or {}).get("terminated")]
+        running = [cs for cs in container_statuses if (cs.get("state") or {}).get("running")]
         if st.get("reason") == "Evicted" or (
             st.get("reason") == "DeadlineExceeded"
-            and css
-            and all((cs.get("state") or {}).get("terminated") for cs in css)
+            and container_statuses
+            and all((cs.get("state") or {}).get("terminated") for cs in container_statuses)
         ):
             phase = "Failed"
-        elif css and len(terminated) == len(css):
+        elif container_statuses and len(terminated) == len(container_statuses):
             phase = (
                 "Succeeded"
-                if all(cs["state"]["terminated"].get("exitCode") == 0 for cs in css)
+                if all(cs["state"]["terminated"].get("exitCode") == 0 for cs in container_statuses)
                 else "Failed"
             )
         elif running or st.get("phase") == "Running":
@@ -5789,9 +5769,9 @@ class PodWorker(threading.Thread):
         if emu.v >= (1, 34) and o["metadata"].get("generation"):
             st["observedGeneration"] = o["metadata"]["generation"]
         terminal = phase in ("Succeeded", "Failed")
-        unready = [cs["name"] for cs in css if not cs.get("ready")]
+        unready = [cs["name"] for cs in container_statuses if not cs.get("ready")]
         for ctype in ("ContainersReady", "Ready"):
-            if not unready and css:
+            if not unready and container_statuses:
                 c = condition(ctype, "True", now)
             elif terminal:
                 # As the 1.35 kubelet (status/generate.go): PodFailed on a Failed pod.
@@ -5804,7 +5784,7 @@ class PodWorker(threading.Thread):
                     "False",
                     now,
                     "ContainersNotReady",
-                    "containers with unready status: [%s]" % " ".join(unready),
+                    f"containers with unready status: [{' '.join(unready)}]",
                 )
             set_condition(conds, c)
         if terminal and find_condition(conds, "Initialized"):
@@ -5880,10 +5860,15 @@ class PodWorker(threading.Thread):
             return
         message = "Pod was active on the node longer than the specified deadline"
         self.emu.events.record(
-            self.store_pod(), "Normal", "DeadlineExceeded", message, "kubelet", host=self.kl.node
+            self.store_pod(),
+            "Normal",
+            "DeadlineExceeded",
+            message,
+            "kubelet",
+            host=self.kubelet.node,
         )
 
-        def mark(o: dict) -> Optional[bool]:
+        def mark(o: dict) -> bool | None:
             st = o.setdefault("status", {})
             if st.get("phase") != "Succeeded":
                 return False
@@ -5894,16 +5879,16 @@ class PodWorker(threading.Thread):
 
         self.update(mark)
 
-    def _initial_status(self, containers: List[dict]) -> bool:
+    def _initial_status(self, containers: list[dict]) -> bool:
         """The status a kubelet first writes: Pending on this node, every container creating."""
         emu = self.emu
-        now = emu.node_now(self.kl.node)
+        now = emu.node_now(self.kubelet.node)
 
-        def init(o: dict) -> Optional[bool]:
+        def init(o: dict) -> bool | None:
             st = o.setdefault("status", {})
             st["phase"] = "Pending"
-            st["hostIP"] = self.kl.ip
-            st["hostIPs"] = [{"ip": self.kl.ip}]
+            st["hostIP"] = self.kubelet.ip
+            st["hostIPs"] = [{"ip": self.kubelet.ip}]
             st["startTime"] = fmt_time(now)
             self.active_since = time.time()
             conds = st.setdefault("conditions", [])
@@ -5938,7 +5923,12 @@ class PodWorker(threading.Thread):
                 return True
             except MountError as e:
                 self.emu.events.record(
-                    self.store_pod(), "Warning", "FailedMount", str(e), "kubelet", host=self.kl.node
+                    self.store_pod(),
+                    "Warning",
+                    "FailedMount",
+                    str(e),
+                    "kubelet",
+                    host=self.kubelet.node,
                 )
                 if self.sleep(1.0):
                     self._terminate_all()
@@ -5968,18 +5958,18 @@ class PodWorker(threading.Thread):
         if self.sleep(delay):
             self._terminate_all()
             return False
-        pod_ip = self.kl.pod_ip(self)
+        pod_ip = self.kubelet.pod_ip(self)
         # RunPodSandbox has returned: the sandbox is ready now, whenever its status reaches the API.
         sandbox_ready_at = time.time()
 
-        def sandbox(o: dict) -> Optional[bool]:
+        def sandbox(o: dict) -> bool | None:
             st = o.setdefault("status", {})
             st["podIP"] = pod_ip
             st["podIPs"] = [{"ip": pod_ip}]
             if emu.v >= (1, 29) and not emu.faults.on("sandbox_status_with_running"):
                 set_condition(
                     st.setdefault("conditions", []),
-                    condition("PodReadyToStartContainers", "True", emu.node_now(self.kl.node)),
+                    condition("PodReadyToStartContainers", "True", emu.node_now(self.kubelet.node)),
                 )
             self.recompute(o)
             return True
@@ -5989,7 +5979,7 @@ class PodWorker(threading.Thread):
         emu.truth_record.note("pods", self.key, "sandbox_ready", sandbox_ready_at)
         return True
 
-    def _start_containers(self, containers: List[dict]) -> bool:
+    def _start_containers(self, containers: list[dict]) -> bool:
         """A runner per container, the first one's image pulled at once, then every runner started."""
         self.pod = self.store_pod()
         self.runners = [ContainerRunner(self, c) for c in containers]
@@ -6044,7 +6034,7 @@ class PodWorker(threading.Thread):
         alive = [r for r in self.runners if r.alive()]
         if alive and not self.removed.is_set():
             for r in alive:
-                r.event("Normal", "Killing", "Stopping container %s" % r.cname)
+                r.event("Normal", "Killing", f"Stopping container {r.cname}")
         for r in alive:
             r.kill(signal.SIGTERM)
         end = time.time() + min(self.grace, self.emu.t("grace_cap"))
@@ -6055,9 +6045,9 @@ class PodWorker(threading.Thread):
         for r in self.runners:
             r.join(10)
         # containers that never ran: mark them terminated so the pod can reach a terminal phase
-        now = self.emu.node_now(self.kl.node)
+        now = self.emu.node_now(self.kubelet.node)
 
-        def fin(o: dict) -> Optional[bool]:
+        def fin(o: dict) -> bool | None:
             st = o.setdefault("status", {})
             for cs in st.get("containerStatuses") or []:
                 if not (cs.get("state") or {}).get("terminated"):
@@ -6099,12 +6089,17 @@ class PodWorker(threading.Thread):
         the containers have stopped."""
         message = "Pod was active on the node longer than the specified deadline"
         self.emu.events.record(
-            self.store_pod(), "Normal", "DeadlineExceeded", message, "kubelet", host=self.kl.node
+            self.store_pod(),
+            "Normal",
+            "DeadlineExceeded",
+            message,
+            "kubelet",
+            host=self.kubelet.node,
         )
         self.grace = float((self.pod.get("spec") or {}).get("terminationGracePeriodSeconds") or 30)
         self.evicted = True  # stops the pod's steps as an eviction does
 
-        def mark(o: dict) -> Optional[bool]:
+        def mark(o: dict) -> bool | None:
             # Set before the containers stop, so the status that first shows the pod Failed says why.
             st = o.setdefault("status", {})
             st["reason"] = "DeadlineExceeded"
@@ -6121,10 +6116,10 @@ class PodWorker(threading.Thread):
             emu.replaced_uids.add(self.uid)
         self.evicted = True
         pod = self.store_pod()
-        emu.events.record(pod, "Warning", "Evicted", message, "kubelet", host=self.kl.node)
-        now = emu.node_now(self.kl.node)
+        emu.events.record(pod, "Warning", "Evicted", message, "kubelet", host=self.kubelet.node)
+        now = emu.node_now(self.kubelet.node)
 
-        def mark(o: dict) -> Optional[bool]:
+        def mark(o: dict) -> bool | None:
             st = o.setdefault("status", {})
             st["reason"] = "Evicted"
             st["message"] = message
@@ -6146,7 +6141,7 @@ class PodWorker(threading.Thread):
             and pod["metadata"].get("uid") == self.uid
             and pod["metadata"].get("deletionTimestamp")
         ):
-            self.kl.final_delete(self.ns, self.name, self.uid)
+            self.kubelet.final_delete(self.ns, self.name, self.uid)
 
     # -- volumes -----------------------------------------------------------
     def _prepare_volumes(self, pod: dict) -> None:
@@ -6155,7 +6150,7 @@ class PodWorker(threading.Thread):
             if v["name"] not in self.volumes:
                 self.volumes[v["name"]] = self._mount(pod, v)
 
-    def _mount(self, pod: dict, v: dict) -> Tuple[str, str]:
+    def _mount(self, pod: dict, v: dict) -> tuple[str, str]:
         """One volume, written under the pod's directory as its type asks: (its host path, its type)."""
         name = v["name"]
         d = self.dir / "volumes" / name
@@ -6184,19 +6179,19 @@ class PodWorker(threading.Thread):
             return v["hostPath"].get("path", "/"), "hostPath"
         if v.get("secret") is not None:
             raise MountError(
-                'MountVolume.SetUp failed for volume "%s" : secret "%s" not found'
-                % (name, v["secret"].get("secretName"))
+                f'MountVolume.SetUp failed for volume "{name}" : '
+                f'secret "{v["secret"].get("secretName")}" not found'
             )
         raise MountError(
-            'MountVolume.SetUp failed for volume "%s" : volume type not supported by '
-            "the emulator" % name
+            f'MountVolume.SetUp failed for volume "{name}" : volume type not supported by '
+            "the emulator"
         )
 
     def _project(self, pod: dict, d: Path, name: str, src: dict) -> None:
         """One source of a projected volume: the token, the root CA, configMap keys or downward API fields."""
         if src.get("serviceAccountToken"):
             (d / src["serviceAccountToken"].get("path", "token")).write_text(
-                "emulator-token-%s" % self.uid
+                f"emulator-token-{self.uid}"
             )
         if src.get("configMap") and src["configMap"].get("name") == "kube-root-ca.crt":
             for it in src["configMap"].get("items") or []:
@@ -6206,8 +6201,8 @@ class PodWorker(threading.Thread):
             cm = self.emu.store.get("configmaps", self.ns, ref.get("name", ""))
             if cm is None and not ref.get("optional"):
                 raise MountError(
-                    'MountVolume.SetUp failed for volume "%s" : configmap "%s" not found'
-                    % (name, ref.get("name"))
+                    f'MountVolume.SetUp failed for volume "{name}" : '
+                    f'configmap "{ref.get("name")}" not found'
                 )
             data = dict((cm or {}).get("data") or {})
             pairs = (
@@ -6218,8 +6213,8 @@ class PodWorker(threading.Thread):
             for key, path in pairs:
                 if key not in data and cm is not None:
                     raise MountError(
-                        'MountVolume.SetUp failed for volume "%s" : configmap references '
-                        "non-existent config key: %s" % (name, key)
+                        f'MountVolume.SetUp failed for volume "{name}" : configmap references '
+                        f"non-existent config key: {key}"
                     )
                 target = d / path
                 target.parent.mkdir(parents=True, exist_ok=True)
@@ -6227,27 +6222,27 @@ class PodWorker(threading.Thread):
         if src.get("downwardAPI"):
             write_downward_api_files(pod, d, src["downwardAPI"].get("items") or [])
 
-    def mounts_for(self, container: dict) -> Tuple[List[Tuple[str, str, bool]], bool]:
+    def mounts_for(self, container: dict) -> tuple[list[tuple[str, str, bool]], bool]:
         out = []
-        for vm in container.get("volumeMounts") or []:
-            src, kind = self.volumes.get(vm["name"], ("", ""))
+        for mount in container.get("volumeMounts") or []:
+            src, kind = self.volumes.get(mount["name"], ("", ""))
             if not src:
                 continue
-            if vm.get("subPath"):
-                src = os.path.join(src, vm["subPath"])
+            if mount.get("subPath"):
+                src = os.path.join(src, mount["subPath"])
                 if not os.path.exists(src):
                     os.makedirs(src, exist_ok=True)
-            ro = bool(vm.get("readOnly")) or kind in ("configMap", "projected", "downwardAPI")
-            out.append((src, vm["mountPath"], ro))
+            ro = bool(mount.get("readOnly")) or kind in ("configMap", "projected", "downwardAPI")
+            out.append((src, mount["mountPath"], ro))
         sc = container.get("securityContext") or {}
         return out, bool(sc.get("readOnlyRootFilesystem"))
 
-    def _size_limit_exceeded(self) -> Optional[str]:
+    def _size_limit_exceeded(self) -> str | None:
         for v in (self.pod.get("spec") or {}).get("volumes") or []:
-            ed = v.get("emptyDir")
-            if ed is None or not ed.get("sizeLimit") or v["name"] not in self.volumes:
+            empty_dir = v.get("emptyDir")
+            if empty_dir is None or not empty_dir.get("sizeLimit") or v["name"] not in self.volumes:
                 continue
-            limit = parse_quantity(ed["sizeLimit"])
+            limit = parse_quantity(empty_dir["sizeLimit"])
             used = 0
             for root, _, files in os.walk(self.volumes[v["name"]][0]):
                 for f in files:
@@ -6257,9 +6252,9 @@ class PodWorker(threading.Thread):
                         pass
             if used > limit:
                 self.emu.truth_record.note("pods", self.key, "size_limit_exceeded", used, raw=True)
-                return 'Usage of EmptyDir volume "%s" exceeds the limit "%s". ' % (
-                    v["name"],
-                    ed["sizeLimit"],
+                return (
+                    f'Usage of EmptyDir volume "{v["name"]}" exceeds the limit '
+                    f'"{empty_dir["sizeLimit"]}". '
                 )
         return None
 
@@ -6271,17 +6266,17 @@ class Kubelet:
     in order and starts, signals and finishes the pod workers, outside the store's lock.
     """
 
-    def __init__(self, emu: "Emulator", node: str, index: int):
+    def __init__(self, emu: Emulator, node: str, index: int):
         self.emu = emu
         self.node = node
         self.index = index
         self.ip = emu.node_ip(node)
-        self.workers: Dict[str, PodWorker] = {}
+        self.workers: dict[str, PodWorker] = {}
         self.lock = threading.Lock()
         self._ip_seq = 1
-        self._ips: Dict[str, str] = {}
+        self._ips: dict[str, str] = {}
         self.finalq = WorkQueue()
-        self.pod_events: "queue.Queue[Tuple[str, dict]]" = queue.Queue()
+        self.pod_events: queue.Queue[tuple[str, dict]] = queue.Queue()
         self.thread = threading.Thread(target=self._final_loop, name="kubelet-" + node, daemon=True)
         self.sync_thread = threading.Thread(
             target=self._sync_loop, name="kubelet-sync-" + node, daemon=True
@@ -6308,33 +6303,33 @@ class Kubelet:
                 traceback.print_exc()
 
     def _sync_pod(self, etype: str, obj: dict) -> None:
-        md = obj["metadata"]
-        uid = md["uid"]
+        metadata = obj["metadata"]
+        uid = metadata["uid"]
         with self.lock:
             w = self.workers.get(uid)
             if told_of_removal(etype, w):
                 return
             if w is None:
                 if pod_terminal(obj):
-                    if md.get("deletionTimestamp"):
-                        self.finalq.add((md["namespace"], md["name"], uid), 0)
+                    if metadata.get("deletionTimestamp"):
+                        self.finalq.add((metadata["namespace"], metadata["name"], uid), 0)
                     return
                 if self.emu._stopping.is_set():
                     return
                 w = PodWorker(self, obj)
                 self.workers[uid] = w
                 w.start()
-        if md.get("deletionTimestamp"):
+        if metadata.get("deletionTimestamp"):
             w.on_deletion(obj)
             if w.done:
-                self.finalq.add((md["namespace"], md["name"], uid), 0)
+                self.finalq.add((metadata["namespace"], metadata["name"], uid), 0)
 
     def pod_ip(self, w: PodWorker) -> str:
         with self.lock:
             ip = self._ips.get(w.uid)
             if ip is None:
                 self._ip_seq += 1
-                ip = "10.244.%d.%d" % (self.index, self._ip_seq % 250 + 2)
+                ip = f"10.244.{self.index}.{self._ip_seq % 250 + 2}"
                 self._ips[w.uid] = ip
             return ip
 
@@ -6419,37 +6414,35 @@ def default_pod_spec(spec: dict) -> None:
             v["projected"].setdefault("defaultMode", 420)
 
 
-def validate_pod_spec(spec: dict, path: str) -> List[Tuple[str, str, str]]:
-    errs: List[Tuple[str, str, str]] = []
+def validate_pod_spec(spec: dict, path: str) -> list[tuple[str, str, str]]:
+    errs: list[tuple[str, str, str]] = []
     containers = spec.get("containers") or []
     if not containers:
-        errs.append(("%s.containers" % path, "FieldValueRequired", "Required value"))
+        errs.append((f"{path}.containers", "FieldValueRequired", "Required value"))
     vols = {v.get("name") for v in spec.get("volumes") or []}
-    seen: Set[str] = set()
+    seen: set[str] = set()
     for i, c in enumerate(containers):
-        cp = "%s.containers[%d]" % (path, i)
+        cp = f"{path}.containers[{i}]"
         if not c.get("name"):
-            errs.append(("%s.name" % cp, "FieldValueRequired", "Required value"))
+            errs.append((f"{cp}.name", "FieldValueRequired", "Required value"))
         elif c["name"] in seen:
-            errs.append(
-                ("%s.name" % cp, "FieldValueDuplicate", 'Duplicate value: "%s"' % c["name"])
-            )
+            errs.append((f"{cp}.name", "FieldValueDuplicate", f'Duplicate value: "{c["name"]}"'))
         seen.add(c.get("name", ""))
         if not c.get("image"):
-            errs.append(("%s.image" % cp, "FieldValueRequired", "Required value"))
-        for j, vm in enumerate(c.get("volumeMounts") or []):
-            if vm.get("name") not in vols:
+            errs.append((f"{cp}.image", "FieldValueRequired", "Required value"))
+        for j, mount in enumerate(c.get("volumeMounts") or []):
+            if mount.get("name") not in vols:
                 errs.append(
                     (
-                        "%s.volumeMounts[%d].name" % (cp, j),
+                        f"{cp}.volumeMounts[{j}].name",
                         "FieldValueNotFound",
-                        'Not found: "%s"' % vm.get("name"),
+                        f'Not found: "{mount.get("name")}"',
                     )
                 )
-            if not vm.get("mountPath"):
+            if not mount.get("mountPath"):
                 errs.append(
                     (
-                        "%s.volumeMounts[%d].mountPath" % (cp, j),
+                        f"{cp}.volumeMounts[{j}].mountPath",
                         "FieldValueRequired",
                         "Required value",
                     )
@@ -6462,39 +6455,39 @@ def validate_pod_spec(spec: dict, path: str) -> List[Tuple[str, str, str]]:
                 except ValueError as e:
                     errs.append(
                         (
-                            "%s.resources.%s[%s]" % (cp, kind, rname),
+                            f"{cp}.resources.{kind}[{rname}]",
                             "FieldValueInvalid",
-                            'Invalid value: "%s": %s' % (q, e),
+                            f'Invalid value: "{q}": {e}',
                         )
                     )
     for i, v in enumerate(spec.get("volumes") or []):
-        ed = v.get("emptyDir")
-        if ed and ed.get("sizeLimit") is not None:
+        empty_dir = v.get("emptyDir")
+        if empty_dir and empty_dir.get("sizeLimit") is not None:
             try:
-                parse_quantity(ed["sizeLimit"])
+                parse_quantity(empty_dir["sizeLimit"])
             except ValueError as e:
                 errs.append(
                     (
-                        "%s.volumes[%d].emptyDir.sizeLimit" % (path, i),
+                        f"{path}.volumes[{i}].emptyDir.sizeLimit",
                         "FieldValueInvalid",
-                        'Invalid value: "%s": %s' % (ed["sizeLimit"], e),
+                        f'Invalid value: "{empty_dir["sizeLimit"]}": {e}',
                     )
                 )
-    rp = spec.get("restartPolicy")
-    if rp not in ("Always", "OnFailure", "Never"):
+    restart_policy = spec.get("restartPolicy")
+    if restart_policy not in ("Always", "OnFailure", "Never"):
         errs.append(
             (
-                "%s.restartPolicy" % path,
+                f"{path}.restartPolicy",
                 "FieldValueNotSupported",
-                'Unsupported value: "%s": supported values: "Always", "OnFailure", "Never"' % rp,
+                f'Unsupported value: "{restart_policy}": supported values: "Always", "OnFailure", "Never"',
             )
         )
     return errs
 
 
 def qos_class(spec: dict) -> str:
-    requests: Dict[str, float] = {}
-    limits: Dict[str, float] = {}
+    requests: dict[str, float] = {}
+    limits: dict[str, float] = {}
     any_set = False
     guaranteed = True
     for c in spec.get("containers") or []:
@@ -6521,36 +6514,36 @@ def qos_class(spec: dict) -> str:
     return "Guaranteed" if guaranteed else "Burstable"
 
 
-def validate_pod(body: dict) -> List[Tuple[str, str, str]]:
+def validate_pod(body: dict) -> list[tuple[str, str, str]]:
     """A pod's field errors: its spec's."""
     return validate_pod_spec(body.get("spec") or {}, "spec")
 
 
-def validate_job(body: dict) -> List[Tuple[str, str, str]]:
+def validate_job(body: dict) -> list[tuple[str, str, str]]:
     """A Job's field errors: its pod template's, its counts and completion mode's, its pod failure policy's."""
     spec = body.get("spec") or {}
     tspec = (spec.get("template") or {}).get("spec") or {}
     errs = validate_pod_spec(tspec, "spec.template.spec")
-    rp = tspec.get("restartPolicy")
-    if rp not in ("OnFailure", "Never"):
+    restart_policy = tspec.get("restartPolicy")
+    if restart_policy not in ("OnFailure", "Never"):
         errs = [e for e in errs if e[0] != "spec.template.spec.restartPolicy"]
         errs.append(
             (
                 "spec.template.spec.restartPolicy",
                 "FieldValueNotSupported",
-                'Unsupported value: "%s": supported values: "OnFailure", "Never"' % rp,
+                f'Unsupported value: "{restart_policy}": supported values: "OnFailure", "Never"',
             )
         )
     errs += _job_count_errors(spec)
     policy = spec.get("podFailurePolicy")
     if policy is not None:
-        if rp != "Never":
+        if restart_policy != "Never":
             errs.append(
                 (
                     "spec.template.spec.restartPolicy",
                     "FieldValueInvalid",
-                    'Invalid value: "%s": only "Never" is supported when podFailurePolicy '
-                    "is specified" % rp,
+                    f'Invalid value: "{restart_policy}": only "Never" is supported when podFailurePolicy '
+                    "is specified",
                 )
             )
         errs += _pod_failure_policy_errors(policy, spec.get("backoffLimitPerIndex"))
@@ -6558,7 +6551,7 @@ def validate_job(body: dict) -> List[Tuple[str, str, str]]:
     return errs
 
 
-def _success_policy_errors(spec: dict) -> List[Tuple[str, str, str]]:
+def _success_policy_errors(spec: dict) -> list[tuple[str, str, str]]:
     """A success policy's errors: Indexed only, at least one rule, each count within completions."""
     policy = spec.get("successPolicy")
     if policy is None:
@@ -6568,7 +6561,7 @@ def _success_policy_errors(spec: dict) -> List[Tuple[str, str, str]]:
             (
                 "spec.successPolicy",
                 "FieldValueInvalid",
-                "Invalid value: %s: requires indexed completion mode" % json.dumps(policy),
+                f"Invalid value: {json.dumps(policy)}: requires indexed completion mode",
             )
         ]
     rules = policy.get("rules") or []
@@ -6580,10 +6573,10 @@ def _success_policy_errors(spec: dict) -> List[Tuple[str, str, str]]:
                 "Required value: at least one rules must be specified when the successPolicy is specified",
             )
         ]
-    errs: List[Tuple[str, str, str]] = []
+    errs: list[tuple[str, str, str]] = []
     completions = spec.get("completions") or 0
     for number, rule in enumerate(rules):
-        path = "spec.successPolicy.rules[%d]" % number
+        path = f"spec.successPolicy.rules[{number}]"
         count = rule.get("succeededCount")
         if count is None and rule.get("succeededIndexes") is None:
             errs.append(
@@ -6598,32 +6591,34 @@ def _success_policy_errors(spec: dict) -> List[Tuple[str, str, str]]:
                 (
                     path + ".succeededCount",
                     "FieldValueInvalid",
-                    "Invalid value: %s: must be less than or equal to %d (the number of specified completions)"
-                    % (count, completions),
+                    f"Invalid value: {count}: must be less than or equal to {completions} "
+                    "(the number of specified completions)",
                 )
             )
     return errs
 
 
-def _job_count_errors(spec: dict) -> List[Tuple[str, str, str]]:
+def _job_count_errors(spec: dict) -> list[tuple[str, str, str]]:
     """A Job spec's errors in its counts, deadline, completion mode and per-index limits."""
-    errs: List[Tuple[str, str, str]] = []
+    errs: list[tuple[str, str, str]] = []
     for f in ("parallelism", "completions", "backoffLimit"):
         if spec.get(f) is not None and (not isinstance(spec[f], int) or spec[f] < 0):
             errs.append(
                 (
-                    "spec.%s" % f,
+                    f"spec.{f}",
                     "FieldValueInvalid",
-                    "Invalid value: %s: must be greater than or equal to 0" % spec[f],
+                    f"Invalid value: {spec[f]}: must be greater than or equal to 0",
                 )
             )
-    ads = spec.get("activeDeadlineSeconds")
-    if ads is not None and (not isinstance(ads, int) or ads <= 0):
+    active_deadline = spec.get("activeDeadlineSeconds")
+    if active_deadline is not None and (
+        not isinstance(active_deadline, int) or active_deadline <= 0
+    ):
         errs.append(
             (
                 "spec.activeDeadlineSeconds",
                 "FieldValueInvalid",
-                "Invalid value: %s: must be greater than or equal to 1" % ads,
+                f"Invalid value: {active_deadline}: must be greater than or equal to 1",
             )
         )
     if spec.get("completionMode") not in ("NonIndexed", "Indexed"):
@@ -6631,8 +6626,8 @@ def _job_count_errors(spec: dict) -> List[Tuple[str, str, str]]:
             (
                 "spec.completionMode",
                 "FieldValueNotSupported",
-                'Unsupported value: "%s": supported values: "NonIndexed", "Indexed"'
-                % spec.get("completionMode"),
+                f'Unsupported value: "{spec.get("completionMode")}": '
+                'supported values: "NonIndexed", "Indexed"',
             )
         )
     if spec.get("completionMode") == "Indexed" and spec.get("completions") is None:
@@ -6669,31 +6664,31 @@ def _job_count_errors(spec: dict) -> List[Tuple[str, str, str]]:
             (
                 "spec.maxFailedIndexes",
                 "FieldValueInvalid",
-                "Invalid value: %s: must be less than or equal to completions"
-                % spec["maxFailedIndexes"],
+                f"Invalid value: {spec['maxFailedIndexes']}: "
+                "must be less than or equal to completions",
             )
         )
     return errs
 
 
-def _pod_failure_policy_errors(policy: dict, per_index: Any) -> List[Tuple[str, str, str]]:
+def _pod_failure_policy_errors(policy: dict, per_index: Any) -> list[tuple[str, str, str]]:
     """A pod failure policy's errors: each rule's action and exit codes."""
-    errs: List[Tuple[str, str, str]] = []
+    errs: list[tuple[str, str, str]] = []
     for number, rule in enumerate(policy.get("rules") or []):
         action = rule.get("action")
         if action not in ("Count", "FailIndex", "FailJob", "Ignore"):
             errs.append(
                 (
-                    "spec.podFailurePolicy.rules[%d].action" % number,
+                    f"spec.podFailurePolicy.rules[{number}].action",
                     "FieldValueNotSupported",
-                    'Unsupported value: "%s": supported values: "Count", "FailIndex", '
-                    '"FailJob", "Ignore"' % action,
+                    f'Unsupported value: "{action}": supported values: "Count", "FailIndex", '
+                    '"FailJob", "Ignore"',
                 )
             )
         elif action == "FailIndex" and per_index is None:
             errs.append(
                 (
-                    "spec.podFailurePolicy.rules[%d].action" % number,
+                    f"spec.podFailurePolicy.rules[{number}].action",
                     "FieldValueInvalid",
                     'Invalid value: "FailIndex": requires the backoffLimitPerIndex to be set',
                 )
@@ -6702,8 +6697,8 @@ def _pod_failure_policy_errors(policy: dict, per_index: Any) -> List[Tuple[str, 
         if codes is not None and codes.get("operator") == "In" and 0 in (codes.get("values") or []):
             errs.append(
                 (
-                    "spec.podFailurePolicy.rules[%d].onExitCodes.values[%d]"
-                    % (number, codes["values"].index(0)),
+                    f"spec.podFailurePolicy.rules[{number}].onExitCodes"
+                    f".values[{codes['values'].index(0)}]",
                     "FieldValueInvalid",
                     "Invalid value: 0: must not be 0 for the In operator",
                 )
@@ -6711,33 +6706,33 @@ def _pod_failure_policy_errors(policy: dict, per_index: Any) -> List[Tuple[str, 
     return errs
 
 
-def validate_config_map(body: dict) -> List[Tuple[str, str, str]]:
+def validate_config_map(body: dict) -> list[tuple[str, str, str]]:
     """A ConfigMap's field errors: its keys, and values that are not strings."""
-    errs: List[Tuple[str, str, str]] = []
-    for k in list((body.get("data") or {})) + list((body.get("binaryData") or {})):
+    errs: list[tuple[str, str, str]] = []
+    for k in list(body.get("data") or {}) + list(body.get("binaryData") or {}):
         if not _CM_KEY.match(k):
             errs.append(
                 (
-                    "data[%s]" % k,
+                    f"data[{k}]",
                     "FieldValueInvalid",
-                    'Invalid value: "%s": a valid config key must consist of alphanumeric '
+                    f'Invalid value: "{k}": a valid config key must consist of alphanumeric '
                     "characters, '-', '_' or '.' (e.g. 'key.name',  or 'KEY_NAME',  or 'key-name', "
-                    "regex used for validation is '[-._a-zA-Z0-9]+')" % k,
+                    "regex used for validation is '[-._a-zA-Z0-9]+')",
                 )
             )
     for k, v in (body.get("data") or {}).items():
         if not isinstance(v, str):
-            errs.append(("data[%s]" % k, "FieldValueInvalid", "Invalid value: must be a string"))
+            errs.append((f"data[{k}]", "FieldValueInvalid", "Invalid value: must be a string"))
     return errs
 
 
-def validate_runtime_class(body: dict) -> List[Tuple[str, str, str]]:
+def validate_runtime_class(body: dict) -> list[tuple[str, str, str]]:
     """A RuntimeClass's field errors: it names a handler."""
     return [] if body.get("handler") else [("handler", "FieldValueRequired", "Required value")]
 
 
 # The resources whose creates are validated, by store.
-VALIDATORS: Dict[str, Callable[[dict], List[Tuple[str, str, str]]]] = {
+VALIDATORS: dict[str, Callable[[dict], list[tuple[str, str, str]]]] = {
     "pods": validate_pod,
     "jobs": validate_job,
     "configmaps": validate_config_map,
@@ -6745,7 +6740,7 @@ VALIDATORS: Dict[str, Callable[[dict], List[Tuple[str, str, str]]]] = {
 }
 
 
-def validation_errors(info: ResourceInfo, body: dict) -> List[Tuple[str, str, str]]:
+def validation_errors(info: ResourceInfo, body: dict) -> list[tuple[str, str, str]]:
     """The field errors a create of `body` answers 422 with (pods, Jobs, ConfigMaps, RuntimeClasses)."""
     validate = VALIDATORS.get(info.store)
     return validate(body) if validate else []
@@ -6777,7 +6772,7 @@ class WritePath:
     storage for create, update, patch and delete (used by the REST layer and the controllers)."""
 
     def __init__(
-        self, store: Store, faults: Faults, clock: Callable[[], float], version: Tuple[int, int]
+        self, store: Store, faults: Faults, clock: Callable[[], float], version: tuple[int, int]
     ):
         self.store = store
         self.faults = faults
@@ -6786,57 +6781,56 @@ class WritePath:
         self.booted = False  # the bootstrap objects are made; faults apply from here on
 
     def api_create(
-        self, info: ResourceInfo, ns: Optional[str], body: dict, query: Dict[str, str]
-    ) -> Tuple[dict, List[str]]:
+        self, info: ResourceInfo, ns: str | None, body: dict, query: dict[str, str]
+    ) -> tuple[dict, list[str]]:
         body = clone(body)
         kind, api_version = body.get("kind"), body.get("apiVersion")
         if not kind:
             raise err_bad_request(
-                "Object 'Kind' is missing in '%s'" % json.dumps(body, separators=(",", ":"))[:300]
+                f"Object 'Kind' is missing in '{json.dumps(body, separators=(',', ':'))[:300]}'"
             )
         if api_version != info.api_version:
             raise err_bad_request(
-                "the API version in the data (%s) does not match the expected API version (%s)"
-                % (api_version, info.api_version)
+                f"the API version in the data ({api_version}) does not match the expected API "
+                f"version ({info.api_version})"
             )
         if kind != info.kind:
             raise err_bad_request(
-                "the kind in the data (%s) does not match the expected kind (%s)"
-                % (kind, info.kind)
+                f"the kind in the data ({kind}) does not match the expected kind ({info.kind})"
             )
         fv = query.get("fieldValidation") or "Warn"
-        warnings: List[str] = []
+        warnings: list[str] = []
         if info.group != "events.k8s.io":
             unknown = unknown_fields(info.kind, body)
             if unknown:
-                listing = ", ".join('unknown field "%s"' % u for u in unknown)
+                listing = ", ".join(f'unknown field "{u}"' for u in unknown)
                 if fv == "Strict":
                     raise err_bad_request(
-                        '%s in version "%s" cannot be handled as a %s: strict decoding error: %s'
-                        % (info.kind, info.version, info.kind, listing)
+                        f'{info.kind} in version "{info.version}" cannot be handled as a '
+                        f"{info.kind}: strict decoding error: {listing}"
                     )
                 if fv == "Warn":
-                    warnings = ['unknown field "%s"' % u for u in unknown]
+                    warnings = [f'unknown field "{u}"' for u in unknown]
                 for u in unknown:
                     _delete_path(body, u)
         else:
             body = v1_event_to_core(body)
-        md = body.setdefault("metadata", {})
+        metadata = body.setdefault("metadata", {})
         if info.namespaced:
-            if md.get("namespace") and md["namespace"] != ns:
+            if metadata.get("namespace") and metadata["namespace"] != ns:
                 raise err_bad_request(
                     "the namespace of the provided object does not match the namespace sent "
                     "on the request"
                 )
-            md["namespace"] = ns
+            metadata["namespace"] = ns
         else:
-            md.pop("namespace", None)
+            metadata.pop("namespace", None)
         dry = query.get("dryRun") == "All"
         created = self.create_object(info, body, dry_run=dry)
         warnings += self._pod_security_warnings(info, ns, created)
         return created, warnings
 
-    def _pod_security_warnings(self, info: ResourceInfo, ns: Optional[str], obj: dict) -> List[str]:
+    def _pod_security_warnings(self, info: ResourceInfo, ns: str | None, obj: dict) -> list[str]:
         """`would violate PodSecurity` warnings for the namespace's warn level (pods and Job templates)."""
         if info.store == "pods":
             spec = obj.get("spec") or {}
@@ -6858,7 +6852,7 @@ class WritePath:
             [("kind", body.pop("kind")), ("apiVersion", body.pop("apiVersion"))]
             + list(body.items())
         )
-        md = body.setdefault("metadata", {})
+        metadata = body.setdefault("metadata", {})
         for k in (
             "uid",
             "resourceVersion",
@@ -6869,9 +6863,9 @@ class WritePath:
             "managedFields",
             "generation",
         ):
-            md.pop(k, None)
-        err_name = md.get("name") or md.get("generateName") or ""
-        if not md.get("name") and not md.get("generateName"):
+            metadata.pop(k, None)
+        err_name = metadata.get("name") or metadata.get("generateName") or ""
+        if not metadata.get("name") and not metadata.get("generateName"):
             raise err_invalid(
                 canon,
                 "",
@@ -6883,21 +6877,23 @@ class WritePath:
                     )
                 ],
             )
-        ns = md.get("namespace")
+        ns = metadata.get("namespace")
         if canon.namespaced:
             self._check_namespace(canon, ns or "", err_name)
         admit = getattr(self, "_admit_" + canon.store, None)
         if admit is not None:
             admit(body, err_name)
-        generated = not md.get("name")
+        generated = not metadata.get("name")
         for _ in range(20):
             if generated:
-                md["name"] = md["generateName"] + random_suffix()
-            name = md["name"]
+                metadata["name"] = metadata["generateName"] + random_suffix()
+            name = metadata["name"]
             pattern = _DNS1123_LABEL if canon.store == "namespaces" else _DNS1123_SUBDOMAIN
             limit = 63 if canon.store == "namespaces" else 253
             if canon.store != "events" and (not pattern.match(name) or len(name) > limit):
                 what = "RFC 1123 label" if canon.store == "namespaces" else "RFC 1123 subdomain"
+                dots = "" if canon.store == "namespaces" else " or '.'"
+                example = "my-name" if canon.store == "namespaces" else "example.com"
                 rx = (
                     "[a-z0-9]([-a-z0-9]*[a-z0-9])?"
                     if canon.store == "namespaces"
@@ -6910,29 +6906,23 @@ class WritePath:
                         (
                             "metadata.name",
                             "FieldValueInvalid",
-                            'Invalid value: "%s": a lowercase %s must consist of lower case alphanumeric '
-                            "characters, '-'%s, and must start and end with an alphanumeric character "
-                            "(e.g. '%s', regex used for validation is '%s')"
-                            % (
-                                name,
-                                what,
-                                "" if canon.store == "namespaces" else " or '.'",
-                                "my-name" if canon.store == "namespaces" else "example.com",
-                                rx,
-                            ),
+                            f'Invalid value: "{name}": a lowercase {what} must consist of '
+                            f"lower case alphanumeric characters, '-'{dots}, and must start and "
+                            f"end with an alphanumeric character (e.g. '{example}', regex used "
+                            f"for validation is '{rx}')",
                         )
                     ],
                 )
             if canon.store == "namespaces":
-                md.setdefault("labels", {})["kubernetes.io/metadata.name"] = name
+                metadata.setdefault("labels", {})["kubernetes.io/metadata.name"] = name
             errs = validation_errors(canon, body)
             if errs:
                 raise err_invalid(canon, name, errs)
             if dry_run:
                 if self.store.get(canon.store, ns if canon.namespaced else None, name) is not None:
                     raise err_already_exists(canon, name)
-                md.setdefault("uid", str(uuid.uuid4()))
-                md["creationTimestamp"] = fmt_time(self.clock())
+                metadata.setdefault("uid", str(uuid.uuid4()))
+                metadata["creationTimestamp"] = fmt_time(self.clock())
                 return body
             try:
                 return self.store.create(canon.store, body)
@@ -6940,7 +6930,7 @@ class WritePath:
                 if generated:
                     continue
                 raise err_already_exists(canon, name) from None
-        raise err_already_exists(canon, md.get("name", ""))
+        raise err_already_exists(canon, metadata.get("name", ""))
 
     def _check_namespace(self, info: ResourceInfo, ns: str, err_name: str) -> None:
         nsobj = self.store.get("namespaces", None, ns)
@@ -6953,11 +6943,11 @@ class WritePath:
             raise err_forbidden(
                 info,
                 err_name,
-                "unable to create new content in namespace %s because it is being terminated" % ns,
+                f"unable to create new content in namespace {ns} because it is being terminated",
                 [
                     {
                         "reason": "NamespaceTerminating",
-                        "message": "namespace %s is being terminated" % ns,
+                        "message": f"namespace {ns} is being terminated",
                         "field": "metadata.namespace",
                     }
                 ],
@@ -6973,10 +6963,10 @@ class WritePath:
                 fins.append(STUCK_FINALIZER)
 
     def _admit_jobs(self, body: dict, err_name: str) -> None:
-        md = body["metadata"]
+        metadata = body["metadata"]
         spec = body.setdefault("spec", {})
         tmpl = spec.setdefault("template", {})
-        tmd = tmpl.setdefault("metadata", {})
+        template_metadata = tmpl.setdefault("metadata", {})
         tspec = tmpl.setdefault("spec", {})
         if spec.get("completions") is None and spec.get("parallelism") is None:
             spec["completions"] = 1
@@ -6992,27 +6982,29 @@ class WritePath:
                 "podReplacementPolicy",
                 "Failed" if spec.get("podFailurePolicy") else "TerminatingOrFailed",
             )
-        md["uid"] = str(uuid.uuid4())
-        name = md.get("name") or md.get("generateName", "")
+        metadata["uid"] = str(uuid.uuid4())
+        name = metadata.get("name") or metadata.get("generateName", "")
         if not spec.get("manualSelector"):
             spec.setdefault("manualSelector", False)
-            spec["selector"] = {"matchLabels": {"batch.kubernetes.io/controller-uid": md["uid"]}}
-            labels = tmd.setdefault("labels", {})
+            spec["selector"] = {
+                "matchLabels": {"batch.kubernetes.io/controller-uid": metadata["uid"]}
+            }
+            labels = template_metadata.setdefault("labels", {})
             labels.update(
                 {
-                    "batch.kubernetes.io/controller-uid": md["uid"],
+                    "batch.kubernetes.io/controller-uid": metadata["uid"],
                     "batch.kubernetes.io/job-name": name,
-                    "controller-uid": md["uid"],
+                    "controller-uid": metadata["uid"],
                     "job-name": name,
                 }
             )
         default_pod_spec(tspec)
         # A Job without labels takes its template's, selector labels included: the API server
         # defaults them to the template's label map before it adds those to that same map.
-        if not md.get("labels"):
-            md["labels"] = dict(tmd.get("labels") or {})
+        if not metadata.get("labels"):
+            metadata["labels"] = dict(template_metadata.get("labels") or {})
         body["status"] = {}
-        md["generation"] = 1
+        metadata["generation"] = 1
 
     def _admit_pods(self, body: dict, err_name: str) -> None:
         spec = body.setdefault("spec", {})
@@ -7032,7 +7024,7 @@ class WritePath:
                 raise err_forbidden(
                     CANONICAL["pods"],
                     err_name,
-                    'pod rejected: RuntimeClass "%s" not found' % rc_name,
+                    f'pod rejected: RuntimeClass "{rc_name}" not found',
                 )
             fixed = (rc.get("overhead") or {}).get("podFixed")
             if fixed:
@@ -7116,11 +7108,11 @@ class WritePath:
     def api_update(
         self,
         info: ResourceInfo,
-        ns: Optional[str],
+        ns: str | None,
         name: str,
-        sub: Optional[str],
+        sub: str | None,
         body: dict,
-        query: Dict[str, str],
+        query: dict[str, str],
     ) -> dict:
         if info.group == "events.k8s.io":
             body = v1_event_to_core(body)
@@ -7128,11 +7120,11 @@ class WritePath:
         cur = self.store.get(info.store, store_ns, name)
         if cur is None:
             raise err_not_found(info, name)
-        bmd = body.get("metadata") or {}
-        if bmd.get("name") and bmd["name"] != name:
+        body_metadata = body.get("metadata") or {}
+        if body_metadata.get("name") and body_metadata["name"] != name:
             raise err_bad_request(
-                "the name of the object (%s) does not match the name on the URL (%s)"
-                % (bmd["name"], name)
+                f"the name of the object ({body_metadata['name']}) does not match the name on the URL "
+                f"({name})"
             )
         if (
             sub is None
@@ -7141,22 +7133,18 @@ class WritePath:
         ):
             unknown = unknown_fields(info.kind, body)
             if unknown:
+                listing = ", ".join(f'unknown field "{u}"' for u in unknown)
                 raise err_bad_request(
-                    '%s in version "%s" cannot be handled as a %s: strict decoding error: %s'
-                    % (
-                        info.kind,
-                        info.version,
-                        info.kind,
-                        ", ".join('unknown field "%s"' % u for u in unknown),
-                    )
+                    f'{info.kind} in version "{info.version}" cannot be handled as a {info.kind}: '
+                    f"strict decoding error: {listing}"
                 )
-        expect = bmd.get("resourceVersion") or None
+        expect = body_metadata.get("resourceVersion") or None
         if query.get("dryRun") == "All":
             return cur
         has_status = "status" in info.subresources
 
-        def mutate(o: dict) -> Optional[bool]:
-            omd = o["metadata"]
+        def mutate(o: dict) -> bool | None:
+            stored_metadata = o["metadata"]
             if sub == "status":
                 o["status"] = body.get("status") or {}
                 return True
@@ -7165,7 +7153,7 @@ class WritePath:
                     "finalizers"
                 ) or []
                 return True
-            new_md = dict(bmd)
+            new_md = dict(body_metadata)
             for k in (
                 "uid",
                 "creationTimestamp",
@@ -7176,12 +7164,14 @@ class WritePath:
                 "name",
                 "resourceVersion",
             ):
-                if k in omd:
-                    new_md[k] = omd[k]
+                if k in stored_metadata:
+                    new_md[k] = stored_metadata[k]
                 else:
                     new_md.pop(k, None)
-            if omd.get("deletionTimestamp"):
-                added = set(new_md.get("finalizers") or []) - set(omd.get("finalizers") or [])
+            if stored_metadata.get("deletionTimestamp"):
+                added = set(new_md.get("finalizers") or []) - set(
+                    stored_metadata.get("finalizers") or []
+                )
                 if added:
                     raise err_invalid(
                         info,
@@ -7191,7 +7181,7 @@ class WritePath:
                                 "metadata.finalizers",
                                 "FieldValueForbidden",
                                 "Forbidden: no new finalizers can be added if the object is "
-                                "being deleted, found new finalizers %s" % sorted(added),
+                                f"being deleted, found new finalizers {sorted(added)}",
                             )
                         ],
                     )
@@ -7226,12 +7216,12 @@ class WritePath:
     def api_patch(
         self,
         info: ResourceInfo,
-        ns: Optional[str],
+        ns: str | None,
         name: str,
-        sub: Optional[str],
+        sub: str | None,
         ctype: str,
         patch: Any,
-        query: Dict[str, str],
+        query: dict[str, str],
     ) -> dict:
         store_ns = ns if info.namespaced else None
         cur = self.store.get(info.store, store_ns, name)
@@ -7263,8 +7253,8 @@ class WritePath:
 
     # delete -------------------------------------------------------------------
     def api_delete(
-        self, info: ResourceInfo, ns: Optional[str], name: str, opts: dict
-    ) -> Tuple[int, dict]:
+        self, info: ResourceInfo, ns: str | None, name: str, opts: dict
+    ) -> tuple[int, dict]:
         store = info.store
         store_ns = ns if info.namespaced else None
         cur = self.store.get(store, store_ns, name)
@@ -7296,20 +7286,20 @@ class WritePath:
                 info, name, cur["metadata"]["uid"]
             )
 
-        def mark(o: dict) -> Optional[bool]:
-            omd = o["metadata"]
+        def mark(o: dict) -> bool | None:
+            stored_metadata = o["metadata"]
             changed = False
-            if fins != list(omd.get("finalizers") or []):
-                omd["finalizers"] = list(fins)
+            if fins != list(stored_metadata.get("finalizers") or []):
+                stored_metadata["finalizers"] = list(fins)
                 changed = True
-            if not omd.get("deletionTimestamp") or grace < (
-                omd.get("deletionGracePeriodSeconds") or 0
+            if not stored_metadata.get("deletionTimestamp") or grace < (
+                stored_metadata.get("deletionGracePeriodSeconds") or 0
             ):
-                omd["deletionTimestamp"] = fmt_time(now + grace)
-                omd["deletionGracePeriodSeconds"] = grace
+                stored_metadata["deletionTimestamp"] = fmt_time(now + grace)
+                stored_metadata["deletionGracePeriodSeconds"] = grace
                 changed = True
-            if not omd.get("finalizers"):
-                omd.pop("finalizers", None)
+            if not stored_metadata.get("finalizers"):
+                stored_metadata.pop("finalizers", None)
             return changed
 
         new = self.store.update(store, store_ns, name, mark)
@@ -7344,8 +7334,8 @@ class WritePath:
                     (
                         "propagationPolicy",
                         "FieldValueNotSupported",
-                        'Unsupported value: "%s": supported values: "Foreground", '
-                        '"Background", "Orphan", "nil"' % policy,
+                        f'Unsupported value: "{policy}": supported values: "Foreground", '
+                        '"Background", "Orphan", "nil"',
                     )
                 ],
             )
@@ -7357,7 +7347,7 @@ class WritePath:
         if cur["metadata"].get("deletionTimestamp"):
             return cur
 
-        def terminate(o: dict) -> Optional[bool]:
+        def terminate(o: dict) -> bool | None:
             o["metadata"]["deletionTimestamp"] = fmt_time(now)
             o["metadata"]["deletionGracePeriodSeconds"] = 0
             o.setdefault("status", {})["phase"] = "Terminating"
@@ -7387,19 +7377,20 @@ def uid_precondition_failed(info: ResourceInfo, name: str, wanted: str, found: s
         return ApiError(
             409,
             "Conflict",
-            'Operation cannot be fulfilled on namespaces "%s": Precondition failed: '
-            "UID in precondition: %s, UID in object meta: %s" % (name, wanted, found),
+            f'Operation cannot be fulfilled on namespaces "{name}": Precondition failed: '
+            f"UID in precondition: {wanted}, UID in object meta: {found}",
             {"name": name, "kind": "namespaces"},
         )
-    details: Dict[str, Any] = {"name": name, "kind": info.kind}
+    details: dict[str, Any] = {"name": name, "kind": info.kind}
     if info.group:
         details["group"] = info.group
+    kind = info.kind + ("." + info.group if info.group else "")
     return ApiError(
         409,
         "Conflict",
-        'Operation cannot be fulfilled on %s "%s": the UID in the precondition (%s) '
-        "does not match the UID in record (%s). The object might have been deleted and then recreated"
-        % (info.kind + ("." + info.group if info.group else ""), name, wanted, found),
+        f'Operation cannot be fulfilled on {kind} "{name}": the UID in the precondition ({wanted}) '
+        f"does not match the UID in record ({found}). The object might have been deleted and then "
+        "recreated",
         details,
     )
 
@@ -7410,7 +7401,7 @@ IMMORTAL_NAMESPACES = ("default", "kube-system", "kube-public")
 
 def deleted_status(info: ResourceInfo, name: str, uid: str) -> dict:
     """The Status a delete answers when the object is gone at once."""
-    details: Dict[str, Any] = {"name": name, "kind": info.plural, "uid": uid}
+    details: dict[str, Any] = {"name": name, "kind": info.plural, "uid": uid}
     if info.group:
         details["group"] = info.group
     return {
@@ -7431,16 +7422,16 @@ class EventRecorder:
         writes: WritePath,
         clock: Callable[[], float],
         skew: Callable[[], float],
-        node_ahead: Callable[[Optional[str]], float] = lambda node: 0.0,
+        node_ahead: Callable[[str | None], float] = lambda node: 0.0,
     ):
         self.store = store
         self.writes = writes
         self.clock = clock
         self.skew = skew
         self.node_ahead = node_ahead  # how far a node's clock runs ahead of the API server's
-        self._event_index: Dict[Tuple, Tuple[str, str]] = {}
+        self._event_index: dict[tuple, tuple[str, str]] = {}
         # Aggregate key -> (first seen, the distinct messages since): client-go's EventAggregator.
-        self._event_similar: Dict[Tuple, Tuple[float, set]] = {}
+        self._event_similar: dict[tuple, tuple[float, set]] = {}
 
     def record(
         self,
@@ -7449,27 +7440,27 @@ class EventRecorder:
         reason: str,
         message: str,
         component: str,
-        host: Optional[str] = None,
-        field_path: Optional[str] = None,
+        host: str | None = None,
+        field_path: str | None = None,
     ) -> None:
         """core/v1 event like client-go's EventRecorder: a repeat bumps its event's count; from the
         10th event in 10 minutes that differs only by message (a Job's SuccessfulCreate per pod),
         one combined event stands for them all, "(combined from similar events): <latest message>"."""
-        md = obj.get("metadata") or {}
-        ns = md.get("namespace") or "default"
-        io: Dict[str, Any] = {
+        metadata = obj.get("metadata") or {}
+        ns = metadata.get("namespace") or "default"
+        io: dict[str, Any] = {
             "kind": obj.get("kind"),
-            "name": md.get("name"),
-            "uid": md.get("uid"),
+            "name": metadata.get("name"),
+            "uid": metadata.get("uid"),
             "apiVersion": obj.get("apiVersion"),
-            "resourceVersion": md.get("resourceVersion"),
+            "resourceVersion": metadata.get("resourceVersion"),
         }
-        if md.get("namespace"):
-            io["namespace"] = md["namespace"]
+        if metadata.get("namespace"):
+            io["namespace"] = metadata["namespace"]
         if field_path:
             io["fieldPath"] = field_path
-        key = (md.get("uid"), field_path, reason, message, component, host, etype)
-        similar = (md.get("uid"), field_path, reason, component, host, etype)
+        key = (metadata.get("uid"), field_path, reason, message, component, host, etype)
+        similar = (metadata.get("uid"), field_path, reason, component, host, etype)
         first, messages = self._event_similar.get(similar) or (time.time(), set())
         if time.time() - first > EVENT_AGGREGATE_SECONDS:
             first, messages = time.time(), set()
@@ -7487,7 +7478,7 @@ class EventRecorder:
         existing = self._event_index.get(key)
         if existing and self.store.get("events", existing[0], existing[1]) is not None:
 
-            def bump(o: dict) -> Optional[bool]:
+            def bump(o: dict) -> bool | None:
                 o["count"] = o.get("count", 1) + 1
                 o["lastTimestamp"] = fmt_time(now)
                 o["message"] = message
@@ -7495,13 +7486,13 @@ class EventRecorder:
 
             self.store.update("events", existing[0], existing[1], bump)
             return
-        src: Dict[str, Any] = {"component": component}
+        src: dict[str, Any] = {"component": component}
         if host:
             src["host"] = host
         ev = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"name": "%s.%x" % (md.get("name"), named_ns), "namespace": ns},
+            "metadata": {"name": f"{metadata.get('name')}.{named_ns:x}", "namespace": ns},
             "involvedObject": io,
             "reason": reason,
             "message": message,
@@ -7522,21 +7513,21 @@ class EventRecorder:
 
     def record_scheduled(self, pod: dict, note: str, at: float) -> None:
         """The scheduler records through events.k8s.io/v1: eventTime (µs), no first/lastTimestamp."""
-        md = pod["metadata"]
+        metadata = pod["metadata"]
         ev = {
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {
-                "name": "%s.%x" % (md["name"], int(at * 1e9)),
-                "namespace": md["namespace"],
+                "name": f"{metadata['name']}.{int(at * 1e9):x}",
+                "namespace": metadata["namespace"],
             },
             "involvedObject": {
                 "kind": "Pod",
-                "namespace": md["namespace"],
-                "name": md["name"],
-                "uid": md["uid"],
+                "namespace": metadata["namespace"],
+                "name": metadata["name"],
+                "uid": metadata["uid"],
                 "apiVersion": "v1",
-                "resourceVersion": md["resourceVersion"],
+                "resourceVersion": metadata["resourceVersion"],
             },
             "reason": "Scheduled",
             "message": note,
@@ -7561,20 +7552,20 @@ class TruthRecord:
 
     def __init__(self, store: Store):
         self.store = store
-        self._truth: Dict[str, Dict[str, Dict[str, Any]]] = {
+        self._truth: dict[str, dict[str, dict[str, Any]]] = {
             "pods": {},
             "jobs": {},
             "namespaces": {},
         }
         self._lock = threading.Lock()
-        self._pod_index: Dict[str, int] = {}
+        self._pod_index: dict[str, int] = {}
         self._pod_counter = 0
 
     def snapshot(self) -> dict:
         with self._lock:
             return clone(self._truth)
 
-    def pod_index(self, uid: str) -> Optional[int]:
+    def pod_index(self, uid: str) -> int | None:
         with self._lock:
             return self._pod_index.get(uid)
 
@@ -7599,20 +7590,24 @@ class TruthRecord:
         """Store listener: creation, termination and deletion of pods, Jobs and namespaces."""
         if store not in ("pods", "jobs", "namespaces"):
             return
-        md = obj["metadata"]
-        key = "%s/%s" % (md.get("namespace"), md["name"]) if md.get("namespace") else md["name"]
+        metadata = obj["metadata"]
+        key = (
+            f"{metadata.get('namespace')}/{metadata['name']}"
+            if metadata.get("namespace")
+            else metadata["name"]
+        )
         if etype == "ADDED":
             with self._lock:
                 self._truth[store][key] = {
-                    "created": self.store.created_wall.pop(md["uid"], time.time())
+                    "created": self.store.created_wall.pop(metadata["uid"], time.time())
                 }
                 if store == "pods":
-                    self._pod_index[md["uid"]] = self._pod_counter
+                    self._pod_index[metadata["uid"]] = self._pod_counter
                     self._truth[store][key]["index"] = self._pod_counter
                     self._pod_counter += 1
         elif etype == "DELETED":
             self.note(store, key, "deleted")
-        elif md.get("deletionTimestamp"):
+        elif metadata.get("deletionTimestamp"):
             self.note(store, key, "terminating")
 
 
@@ -7627,24 +7622,24 @@ class Emulator:
     def __init__(
         self,
         workdir: Any,
-        faults: Optional[dict] = None,
+        faults: dict | None = None,
         nodes: int = 3,
         server_version: str = "1.33",
         python: str = sys.executable,
-        timing: Optional[dict] = None,
-        images: Optional[dict] = None,
+        timing: dict | None = None,
+        images: dict | None = None,
     ):
         self.workdir = Path(workdir).resolve()
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.faults = Faults(faults)
-        self.timing: Dict[str, float] = dict(DEFAULT_TIMING)
+        self.timing: dict[str, float] = dict(DEFAULT_TIMING)
         self.timing.update(timing or {})
         self.nodes = int(nodes)
         self.server_version = str(server_version).lstrip("v")
         self.v = version_tuple(self.server_version)
         self.python = python
         self.context = "kube-emulator"
-        self.requests: List[Dict[str, Any]] = []
+        self.requests: list[dict[str, Any]] = []
         self.watches_expired = 0  # watches answered 410 Gone: their client fell behind the history
         self._req_lock = threading.Lock()
         self._stopping = threading.Event()
@@ -7653,19 +7648,19 @@ class Emulator:
         self.store = Store(self.api_now, int(self.timing["watch_history"]))
         self.reads = ReadPath(self)
         self.api = ApiServer(self)
-        self.logs: Dict[Tuple[str, str], List[ContainerLog]] = {}
+        self.logs: dict[tuple[str, str], list[ContainerLog]] = {}
         self.truth_record = TruthRecord(self.store)
         self.writes = WritePath(self.store, self.faults, self.api_now, self.v)
         self.events = EventRecorder(
             self.store, self.writes, self.api_now, self.api_skew, self.node_offset
         )
-        self.replaced_uids: Set[str] = set()
+        self.replaced_uids: set[str] = set()
         self.kubeconfig = self.workdir / "kubeconfig"
         self.truth_path = self.workdir / "truth.json"
         self.bindir = self.workdir / "bin"
-        self.node_names = ["emu-node-%d" % (i + 1) for i in range(self.nodes)]
+        self.node_names = [f"emu-node-{i + 1}" for i in range(self.nodes)]
         self.images = ImageStore(images, self.node_names)  # each node's images (see ImageStore)
-        self.controllers: List[Controller] = [
+        self.controllers: list[Controller] = [
             JobController(self),
             Scheduler(self),
             GarbageCollector(self),
@@ -7678,9 +7673,9 @@ class Emulator:
     # ---------------------------------------------------------------- public
     @property
     def url(self) -> str:
-        return "http://127.0.0.1:%d" % self.api.port
+        return f"http://127.0.0.1:{self.api.port}"
 
-    def start(self) -> "Emulator":
+    def start(self) -> Emulator:
         if self._started:
             return self
         self._started = True
@@ -7699,20 +7694,20 @@ class Emulator:
             k.start()
         return self
 
-    def env(self, kubeconfig: Optional[Path] = None) -> Dict[str, str]:
+    def env(self, kubeconfig: Path | None = None) -> dict[str, str]:
         env = dict(os.environ)
         env["KUBECONFIG"] = str(kubeconfig or self.kubeconfig)
         env["HOME"] = str(self.workdir / "home")
         return env
 
     def add_user(
-        self, name: str, groups: Tuple[str, ...] = (), rules: Optional[List[dict]] = None
+        self, name: str, groups: tuple[str, ...] = (), rules: builtins.list[dict] | None = None
     ) -> Path:
         """A kubeconfig for a new user `name` (a bearer token of its own), context `self.context`;
         with `rules` (RBAC PolicyRules) the user may do only what they grant, else anything."""
         token = self.api.authenticator.add(name, list(groups), rules)
         ca = self._serve_tls()
-        path = self.workdir / ("user-%s.kubeconfig" % name)
+        path = self.workdir / (f"user-{name}.kubeconfig")
         cfg = {
             "apiVersion": "v1",
             "kind": "Config",
@@ -7721,7 +7716,7 @@ class Emulator:
                 {
                     "name": self.context,
                     "cluster": {
-                        "server": "https://127.0.0.1:%d" % self.api.tls_port,
+                        "server": f"https://127.0.0.1:{self.api.tls_port}",
                         "certificate-authority": str(ca),
                     },
                 }
@@ -7788,12 +7783,12 @@ class Emulator:
             self.api.listen_tls(context)
         return pki / "ca.crt"
 
-    def get(self, kind_plural: str, namespace: Optional[str], name: str) -> Optional[dict]:
+    def get(self, kind_plural: str, namespace: str | None, name: str) -> dict | None:
         info = self._info_for(kind_plural)
         obj = self.store.get(info.store, namespace if info.namespaced else None, name)
         return to_version(info, obj) if obj is not None else None
 
-    def list(self, kind_plural: str, namespace: Optional[str] = None) -> List[dict]:
+    def list(self, kind_plural: str, namespace: str | None = None) -> builtins.list[dict]:
         info = self._info_for(kind_plural)
         objs, _ = self.store.list(info.store, namespace if info.namespaced else None)
         return [to_version(info, o) for o in objs]
@@ -7814,7 +7809,7 @@ class Emulator:
         except OSError:
             pass
 
-    def __enter__(self) -> "Emulator":
+    def __enter__(self) -> Emulator:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:
@@ -7827,11 +7822,11 @@ class Emulator:
     def api_now(self) -> float:
         return time.time() + self.api_skew()
 
-    def node_offset(self, node: Optional[str]) -> float:
+    def node_offset(self, node: str | None) -> float:
         """How far this node's clock runs ahead of the API server's (node_clock_offset)."""
         return float((self.faults.value("node_clock_offset") or {}).get(node or "", 0))
 
-    def node_now(self, node: Optional[str], moment: Optional[float] = None) -> float:
+    def node_now(self, node: str | None, moment: float | None = None) -> float:
         """The node's clock now (or at `moment`): what its kubelet stamps and names events with."""
         return (
             (time.time() if moment is None else moment) + self.api_skew() + self.node_offset(node)
@@ -7845,13 +7840,13 @@ class Emulator:
             i = self.node_names.index(node)
         except ValueError:
             i = 0
-        return "172.18.0.%d" % (i + 2)
+        return f"172.18.0.{i + 2}"
 
-    def pods_watched(self, ns: str, labels: Dict[str, str]) -> bool:
+    def pods_watched(self, ns: str, labels: dict[str, str]) -> bool:
         """Has a client asked to watch pods with these labels (by its job-name label, or the label
         that names a batch of several Jobs: every term of its equality selector among them)?"""
-        path = "/api/v1/namespaces/%s/pods" % ns
-        pairs = {"%s=%s" % item for item in labels.items()}
+        path = f"/api/v1/namespaces/{ns}/pods"
+        pairs = {f"{key}={value}" for key, value in labels.items()}
         with self._req_lock:
             return any(
                 r["watch"]
@@ -7949,9 +7944,9 @@ class Emulator:
                         "annotations": {"node.alpha.kubernetes.io/ttl": "0"},
                     },
                     "spec": {
-                        "podCIDR": "10.244.%d.0/24" % (i + 1),
-                        "podCIDRs": ["10.244.%d.0/24" % (i + 1)],
-                        "providerID": "emulator://%s" % n,
+                        "podCIDR": f"10.244.{i + 1}.0/24",
+                        "podCIDRs": [f"10.244.{i + 1}.0/24"],
+                        "providerID": f"emulator://{n}",
                     },
                     "status": {
                         "capacity": dict(res),
@@ -7989,7 +7984,7 @@ class Emulator:
                             "kernelVersion": platform.release(),
                             "osImage": "Emulated Linux (bubblewrap)",
                             "containerRuntimeVersion": "containerd://1.7.27",
-                            "kubeletVersion": "v%s.0" % self.server_version,
+                            "kubeletVersion": f"v{self.server_version}.0",
                             "kubeProxyVersion": "",
                             "operatingSystem": "linux",
                             "architecture": "amd64",
@@ -8006,22 +8001,22 @@ class Emulator:
 # --------------------------------------------------------------------------
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    ap = argparse.ArgumentParser(
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
         description="Run the Kubernetes API emulator until SIGINT/SIGTERM."
     )
-    ap.add_argument("--workdir", required=True)
-    ap.add_argument("--faults", default=None, help="JSON object of fault knobs")
-    ap.add_argument("--timing", default=None, help="JSON object of timing knobs")
-    ap.add_argument(
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--faults", default=None, help="JSON object of fault knobs")
+    parser.add_argument("--timing", default=None, help="JSON object of timing knobs")
+    parser.add_argument(
         "--images",
         default=None,
         help="JSON object: the nodes' images and their registry (ImageStore)",
     )
-    ap.add_argument("--nodes", type=int, default=3)
-    ap.add_argument("--server-version", default="1.33")
-    ap.add_argument("--python", default=sys.executable)
-    args = ap.parse_args(argv)
+    parser.add_argument("--nodes", type=int, default=3)
+    parser.add_argument("--server-version", default="1.33")
+    parser.add_argument("--python", default=sys.executable)
+    args = parser.parse_args(argv)
     emu = Emulator(
         args.workdir,
         faults=json.loads(args.faults) if args.faults else None,
@@ -8039,7 +8034,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     emu.start()
-    print("KUBECONFIG=%s" % emu.kubeconfig, flush=True)
+    print(f"KUBECONFIG={emu.kubeconfig}", flush=True)
     try:
         while not stop.wait(0.5):
             pass

@@ -23,7 +23,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 from urllib.parse import parse_qs, quote, urlsplit
 
 from control_plane import Api, ApiError, free_port
@@ -58,11 +58,11 @@ def now_rfc3339() -> str:
 
 def now_micro() -> str:
     t = time.time()
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + ".%06dZ" % int((t % 1) * 1e6)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int((t % 1) * 1e6):06d}Z"
 
 
 def condition(
-    ctype: str, status: str, reason: Optional[str] = None, message: Optional[str] = None
+    ctype: str, status: str, reason: str | None = None, message: str | None = None
 ) -> dict:
     # reason and message are always sent, null when absent: a strategic merge patch keeps a
     # field it is not told to delete, and a completed pod's Ready must not keep its old message.
@@ -83,16 +83,16 @@ def pod_path(namespace: str, name: str, sub: str = "") -> str:
 class ContainerRun:
     """One container of a pod: its process, its log runs, its status."""
 
-    def __init__(self, worker: "PodWorker", spec: dict):
+    def __init__(self, worker: PodWorker, spec: dict):
         self.worker = worker
         self.spec = spec
         self.name = spec["name"]
         repo, self.image = normalize_image(spec.get("image", ""))
         self.image_id = f"{repo}@sha256:{hex64(self.image)}"
-        self.process: Optional[subprocess.Popen] = None
+        self.process: subprocess.Popen | None = None
         self.lock = threading.Lock()
-        self.logs: List[ContainerLog] = []
-        self.started_at: Optional[str] = None
+        self.logs: list[ContainerLog] = []
+        self.started_at: str | None = None
         self.status: dict = {
             "name": self.name,
             "state": {"waiting": {"reason": "ContainerCreating"}},
@@ -117,12 +117,12 @@ class ContainerRun:
 class PodWorker(threading.Thread):
     """The kubelet's per-pod worker: sandbox, volumes, containers, status, termination."""
 
-    def __init__(self, agent: "NodeAgent", node: str, pod: dict):
-        md = pod["metadata"]
-        super().__init__(name=f"pod-{md['name']}", daemon=True)
+    def __init__(self, agent: NodeAgent, node: str, pod: dict):
+        metadata = pod["metadata"]
+        super().__init__(name=f"pod-{metadata['name']}", daemon=True)
         self.agent, self.api, self.node = agent, agent.api, node
         self.pod = pod
-        self.ns, self.name, self.uid = md["namespace"], md["name"], md["uid"]
+        self.ns, self.name, self.uid = metadata["namespace"], metadata["name"], metadata["uid"]
         self.hostname = (pod.get("spec") or {}).get("hostname") or self.name
         self.dir = agent.workdir / "pods" / self.uid
         self.containers = [
@@ -131,8 +131,8 @@ class PodWorker(threading.Thread):
         self.deleting = threading.Event()
         self.grace = 30.0
         self.removed = False
-        self.evicted: Optional[str] = None
-        self.conditions: Dict[str, dict] = {}
+        self.evicted: str | None = None
+        self.conditions: dict[str, dict] = {}
         self.phase = "Pending"
         self.status_lock = threading.Lock()
         self.extra_status: dict = {}
@@ -164,7 +164,7 @@ class PodWorker(threading.Thread):
 
     # -- status ------------------------------------------------------------
     def set_condition(
-        self, ctype: str, status: str, reason: Optional[str] = None, message: Optional[str] = None
+        self, ctype: str, status: str, reason: str | None = None, message: str | None = None
     ) -> None:
         old = self.conditions.get(ctype)
         if (
@@ -203,7 +203,7 @@ class PodWorker(threading.Thread):
                         ctype,
                         "False",
                         "ContainersNotReady",
-                        "containers with unready status: [%s]" % " ".join(unready),
+                        f"containers with unready status: [{' '.join(unready)}]",
                     )
             if terminal:
                 self.set_condition("PodReadyToStartContainers", "False")
@@ -223,7 +223,7 @@ class PodWorker(threading.Thread):
             except OSError:
                 pass  # the API server is away; the next update carries the whole status again
 
-    def event(self, etype: str, reason: str, message: str, container: Optional[str] = None) -> None:
+    def event(self, etype: str, reason: str, message: str, container: str | None = None) -> None:
         self.agent.record_event(
             self.pod,
             self.node,
@@ -251,7 +251,7 @@ class PodWorker(threading.Thread):
         self.post_status()
         # As a kubelet does, the volumes are mounted before the sandbox is asked for, so that the
         # first container's image check follows the sandbox at once.
-        volumes: Dict[str, Tuple[str, str]] = {}
+        volumes: dict[str, tuple[str, str]] = {}
         while True:
             try:
                 volumes = self._prepare_volumes()
@@ -362,8 +362,8 @@ class PodWorker(threading.Thread):
         self.agent.delete_for_good(self.ns, self.name, self.uid)
 
     # -- volumes -------------------------------------------------------------
-    def _prepare_volumes(self) -> Dict[str, Tuple[str, str]]:
-        out: Dict[str, Tuple[str, str]] = {}
+    def _prepare_volumes(self) -> dict[str, tuple[str, str]]:
+        out: dict[str, tuple[str, str]] = {}
         for v in (self.pod.get("spec") or {}).get("volumes") or []:
             name = v["name"]
             d = self.dir / "volumes" / name
@@ -451,7 +451,7 @@ class PodWorker(threading.Thread):
                 c.name,
             )
 
-    def _run_container(self, c: ContainerRun, volumes: Dict[str, Tuple[str, str]]) -> None:
+    def _run_container(self, c: ContainerRun, volumes: dict[str, tuple[str, str]]) -> None:
         spec = c.spec
         self.image_present(c)
         env, uid, gid, error = self._environment(spec)
@@ -467,17 +467,17 @@ class PodWorker(threading.Thread):
         if self.stop_requested():
             return
         mounts = []
-        for vm in spec.get("volumeMounts") or []:
-            src, kind = volumes.get(vm["name"], ("", ""))
+        for mount in spec.get("volumeMounts") or []:
+            src, kind = volumes.get(mount["name"], ("", ""))
             if src:
-                if vm.get("subPath"):
-                    src = os.path.join(src, vm["subPath"])
+                if mount.get("subPath"):
+                    src = os.path.join(src, mount["subPath"])
                     os.makedirs(src, exist_ok=True)
                 mounts.append(
                     (
                         src,
-                        vm["mountPath"],
-                        bool(vm.get("readOnly")) or kind in ("configMap", "projected"),
+                        mount["mountPath"],
+                        bool(mount.get("readOnly")) or kind in ("configMap", "projected"),
                     )
                 )
         read_only_root = bool((spec.get("securityContext") or {}).get("readOnlyRootFilesystem"))
@@ -570,14 +570,14 @@ class PodWorker(threading.Thread):
         if not self.removed:
             self.post_status()
 
-    def _environment(self, spec: dict) -> Tuple[Dict[str, str], int, int, Optional[str]]:
+    def _environment(self, spec: dict) -> tuple[dict[str, str], int, int, str | None]:
         pod_spec = self.pod.get("spec") or {}
-        psc = pod_spec.get("securityContext") or {}
-        csc = spec.get("securityContext") or {}
-        uid = csc.get("runAsUser", psc.get("runAsUser"))
-        gid = csc.get("runAsGroup", psc.get("runAsGroup"))
+        pod_security = pod_spec.get("securityContext") or {}
+        container_security = spec.get("securityContext") or {}
+        uid = container_security.get("runAsUser", pod_security.get("runAsUser"))
+        gid = container_security.get("runAsGroup", pod_security.get("runAsGroup"))
         pod_ref = f'"{self.name}_{self.ns}({self.uid})"'
-        if csc.get("runAsNonRoot", psc.get("runAsNonRoot")):
+        if container_security.get("runAsNonRoot", pod_security.get("runAsNonRoot")):
             if uid is None:
                 return (
                     {},
@@ -650,7 +650,7 @@ class PodWorker(threading.Thread):
 
 class _KubeletHandler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.0"
-    server: "_KubeletServer"
+    server: _KubeletServer
 
     def log_message(self, *args: Any) -> None:
         pass
@@ -678,7 +678,7 @@ class _KubeletHandler(http.server.BaseHTTPRequestHandler):
 
 class _KubeletServer(http.server.ThreadingHTTPServer):
     daemon_threads = True
-    agent: "NodeAgent"
+    agent: NodeAgent
 
 
 class NodeAgent:
@@ -704,21 +704,21 @@ class NodeAgent:
         self.node_ip = "127.0.0.1"
         self.bindir = self.workdir / "bin"
         self.stopping = threading.Event()
-        self.workers: Dict[str, PodWorker] = {}
-        self.finished: Dict[Tuple[str, str], PodWorker] = {}
+        self.workers: dict[str, PodWorker] = {}
+        self.finished: dict[tuple[str, str], PodWorker] = {}
         self.lock = threading.Lock()
-        self.threads: List[threading.Thread] = []
+        self.threads: list[threading.Thread] = []
         self._ip_counter = 0
         # What really happened to each pod (wall-clock times, first occurrence), for the tests to hold
         # figures against: seen (the agent took up the bound pod), sandbox_ready, container_started,
         # container_finished; and its node and exit code.
-        self.truth: Dict[Tuple[str, str], dict] = {}
+        self.truth: dict[tuple[str, str], dict] = {}
         self.truth_lock = threading.Lock()
         self.port = free_port()
-        self.server: Optional[_KubeletServer] = None
+        self.server: _KubeletServer | None = None
 
     # -- lifecycle ---------------------------------------------------------
-    def start(self) -> "NodeAgent":
+    def start(self) -> NodeAgent:
         for d in ("logs", "pods"):
             (self.workdir / d).mkdir(parents=True, exist_ok=True)
         self.bindir.mkdir(parents=True, exist_ok=True)
@@ -931,28 +931,28 @@ class NodeAgent:
             w.on_removed()
 
     def _on_pod(self, node: str, kind: str, pod: dict) -> None:
-        md = pod["metadata"]
-        uid = md["uid"]
+        metadata = pod["metadata"]
+        uid = metadata["uid"]
         with self.lock:
             worker = self.workers.get(uid)
         if told_of_removal(kind, worker):
             return
         terminal = (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
         if worker is None:
-            if md.get("deletionTimestamp"):
+            if metadata.get("deletionTimestamp"):
                 if terminal or not (pod.get("status") or {}).get("containerStatuses"):
-                    self.delete_for_good(md["namespace"], md["name"], uid)
+                    self.delete_for_good(metadata["namespace"], metadata["name"], uid)
                 return
             if terminal or (pod.get("status") or {}).get("startTime"):
                 return  # already run by this node (the agent keeps no state across restarts)
-            self.note(md["namespace"], md["name"], seen=time.time())
+            self.note(metadata["namespace"], metadata["name"], seen=time.time())
             worker = PodWorker(self, node, pod)
             with self.lock:
                 self.workers[uid] = worker
             worker.start()
             return
         worker.pod = pod
-        if md.get("deletionTimestamp") and not worker.deleting.is_set():
+        if metadata.get("deletionTimestamp") and not worker.deleting.is_set():
             worker.on_deletion(pod)
 
     def note(self, namespace: str, name: str, **fields: Any) -> None:
@@ -988,7 +988,7 @@ class NodeAgent:
             n = self._ip_counter
         return f"10.244.{n // 250}.{n % 250 + 2}"
 
-    def worker_for(self, namespace: str, name: str) -> Optional[PodWorker]:
+    def worker_for(self, namespace: str, name: str) -> PodWorker | None:
         with self.lock:
             for w in self.workers.values():
                 if w.ns == namespace and w.name == name:
@@ -1008,17 +1008,17 @@ class NodeAgent:
         worker.evict(message)
 
     def record_event(
-        self, pod: dict, node: str, etype: str, reason: str, message: str, field_path: Optional[str]
+        self, pod: dict, node: str, etype: str, reason: str, message: str, field_path: str | None
     ) -> None:
         """A core/v1 Event as the kubelet's recorder makes it: named <pod>.<hex UnixNano>."""
-        md = pod["metadata"]
+        metadata = pod["metadata"]
         involved = {
             "kind": "Pod",
-            "namespace": md["namespace"],
-            "name": md["name"],
-            "uid": md["uid"],
+            "namespace": metadata["namespace"],
+            "name": metadata["name"],
+            "uid": metadata["uid"],
             "apiVersion": "v1",
-            "resourceVersion": md.get("resourceVersion", ""),
+            "resourceVersion": metadata.get("resourceVersion", ""),
         }
         if field_path:
             involved["fieldPath"] = field_path
@@ -1027,8 +1027,8 @@ class NodeAgent:
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {
-                "name": "%s.%x" % (md["name"], time.time_ns()),
-                "namespace": md["namespace"],
+                "name": f"{metadata['name']}.{time.time_ns():x}",
+                "namespace": metadata["namespace"],
             },
             "involvedObject": involved,
             "reason": reason,
@@ -1043,7 +1043,7 @@ class NodeAgent:
             "reportingInstance": node,
         }
         try:
-            self.api.create(f"/api/v1/namespaces/{md['namespace']}/events", event)
+            self.api.create(f"/api/v1/namespaces/{metadata['namespace']}/events", event)
         except (ApiError, OSError):
             pass  # the recorder drops what it cannot write, e.g. into a terminating namespace
 
@@ -1065,7 +1065,7 @@ class NodeAgent:
         namespace: str,
         name: str,
         container: str,
-        query: Dict[str, str],
+        query: dict[str, str],
     ) -> None:
         worker = self.worker_for(namespace, name)
         run = next((c for c in worker.containers if c.name == container), None) if worker else None
@@ -1125,7 +1125,7 @@ class NodeAgent:
                     if timestamps:
                         line = (
                             time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t))
-                            + ".%09dZ " % int((t % 1) * 1e9)
+                            + f".{int((t % 1) * 1e9):09d}Z "
                         ).encode() + line
                     if limit is not None and sent + len(line) > limit:
                         handler.wfile.write(line[: limit - sent])

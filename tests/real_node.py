@@ -29,6 +29,7 @@ or by the next start, when the process that made it is gone.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import datetime
 import json
@@ -42,7 +43,7 @@ import tarfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 TESTS_DIR = Path(__file__).resolve().parent
 if str(TESTS_DIR) not in sys.path:
@@ -457,6 +458,7 @@ class RealNodeCluster(LocalCluster):
         self.kubelet_port = 10250
         self.containerd_socket = self.node_dir / "containerd" / "containerd.sock"
         self.node_name = NODE_NAME
+        self.kubelet_argv: List[str] = []
 
     # -- LocalCluster's interface ------------------------------------------------
     def start(self) -> "RealNodeCluster":
@@ -633,6 +635,26 @@ class RealNodeCluster(LocalCluster):
         pause = f"{local}/pause:3.10.1"
         self.crane("append", "--platform", "linux/amd64", "-f", str(layers["pause"]), "-t", pause)
         self.crane("mutate", pause, "--set-platform", "linux/amd64", "--entrypoint", "/pause")
+
+    def push_image_as(self, reference: str) -> str:
+        """The guide's Python image put into the local registry as `reference` (`docker.io/<repo>:<tag>`,
+        as a pod names it: containerd resolves docker.io through this registry), for the tests of an
+        image per task. A label naming it gives it a config of its own, so on the node it is an image
+        of its own (its own ID: `crictl rmi` of another name leaves it), sharing the guide's layer.
+        Returns the reference."""
+        prefix = "docker.io/"
+        if not reference.startswith(prefix) or ":" not in reference[len(prefix) :]:
+            raise ValueError(f"not a docker.io/<repo>:<tag> reference: {reference!r}")
+        local = f"127.0.0.1:{REGISTRY_PORT}"
+        self.crane(
+            "mutate",
+            f"{local}/library/python:3.12-alpine",
+            "--label",
+            f"rldemo.image={reference}",
+            "-t",
+            f"{local}/{reference[len(prefix) :]}",
+        )
+        return reference
 
     # -- containerd -------------------------------------------------------------------
     def _containerd_root(self) -> Path:
@@ -909,20 +931,74 @@ state = '{base / "state"}'
             "shutdownGracePeriod": "0s",
         }
         (self.node_dir / "kubelet-config.json").write_text(json.dumps(config, indent=1))
+        self.kubelet_argv = [
+            str(self.node_bin / "kubelet"),
+            f"--config={self.node_dir / 'kubelet-config.json'}",
+            f"--kubeconfig={kubeconfig}",
+            f"--root-dir={kubelet_root}",
+            f"--node-ip={NODE_IP}",
+            f"--hostname-override={NODE_NAME}",
+            f"--cert-dir={self.node_dir / 'kubelet-pki'}",
+            "--v=1",
+        ]
         self._start(
             "kubelet",
-            [
-                str(self.node_bin / "kubelet"),
-                f"--config={self.node_dir / 'kubelet-config.json'}",
-                f"--kubeconfig={kubeconfig}",
-                f"--root-dir={kubelet_root}",
-                f"--node-ip={NODE_IP}",
-                f"--hostname-override={NODE_NAME}",
-                f"--cert-dir={self.node_dir / 'kubelet-pki'}",
-                "--v=1",
-            ],
+            self.kubelet_argv,
             env=dict(os.environ, PATH=f"{self.node_bin}:{os.environ.get('PATH', '/usr/bin:/bin')}"),
         )
+
+    @contextlib.contextmanager
+    def kubelet_configured(self, **changes: Any) -> Iterator[Dict[str, Any]]:
+        """The kubelet restarted with `changes` to its KubeletConfiguration (e.g.
+        serializeImagePulls=True, the kubelet's default) for the block, then restarted as it was.
+        The node's pods and images stay; yields the configuration it ran with."""
+        path = self.node_dir / "kubelet-config.json"
+        original = json.loads(path.read_text())
+        changed = dict(original, **changes)
+        self._restart_kubelet(changed)
+        try:
+            yield changed
+        finally:
+            self._restart_kubelet(original)
+
+    def _restart_kubelet(self, config: Dict[str, Any]) -> None:
+        """The kubelet stopped, its configuration rewritten, started again, and back: Ready, with a
+        heartbeat the new process posted."""
+        if "kubelet" in self.processes:
+            _terminate(self.processes.pop("kubelet"))
+        (self.node_dir / "kubelet-config.json").write_text(json.dumps(config, indent=1))
+        # lastHeartbeatTime has whole seconds: one stamped after this second is the new process's.
+        after = int(time.time()) + 1
+        self._start(
+            "kubelet",
+            self.kubelet_argv,
+            env=dict(os.environ, PATH=f"{self.node_bin}:{os.environ.get('PATH', '/usr/bin:/bin')}"),
+        )
+        deadline = time.monotonic() + START_TIMEOUT_SECONDS
+        while True:
+            self._check_alive("kubelet")
+            node = self.control_plane.api.get_or_none(f"/api/v1/nodes/{NODE_NAME}") or {}
+            ready = [
+                c
+                for c in (node.get("status") or {}).get("conditions", [])
+                if c["type"] == "Ready" and c["status"] == "True"
+            ]
+            if (
+                ready
+                and (
+                    datetime.datetime.strptime(
+                        ready[0]["lastHeartbeatTime"], "%Y-%m-%dT%H:%M:%SZ"
+                    ).replace(tzinfo=datetime.timezone.utc)
+                ).timestamp()
+                >= after
+            ):
+                return
+            if time.monotonic() > deadline:
+                raise RealNodeError(
+                    "the restarted kubelet posted no Ready heartbeat; its log:\n"
+                    + _tail(self.node_dir / "logs" / "kubelet.log", 40)
+                )
+            time.sleep(0.5)
 
     def wait_node_ready(self, timeout: float = START_TIMEOUT_SECONDS) -> None:
         deadline = time.monotonic() + timeout

@@ -17,6 +17,7 @@ import re
 import shutil
 import subprocess
 import sys
+import warnings
 import threading
 from pathlib import Path
 from typing import Any, Optional
@@ -463,46 +464,39 @@ def test_an_episode_script_that_does_not_compile_is_named_with_its_line(
     script.write_text("import json\nx = = 1\n")
     out = tmp_path / "out"
     code = main(["run", "--output", str(out), "--dry-run", "--episode-script", str(script)])
-    err = capsys.readouterr().err
-    if sys.version_info >= demo.NEWEST_SYNTAX_PYTHON:
-        assert code == 1
-        line = error_line(err)
-        assert f"--episode-script {script}, line 2" in line and "nothing was created" in line
-    else:
-        # An older Python than the image's cannot tell a real error from newer syntax: it warns.
-        assert code == 0
-        assert f"Warning: --episode-script {script}, line 2 does not compile on Python" in err
+    line = error_line(capsys.readouterr().err)
+    # No newer syntax explains it: refused on every Python.
+    assert code == 1
+    assert f"--episode-script {script}, line 2: " in line and "nothing was created" in line
+    assert line.endswith(": x = = 1; nothing was created")
     assert not out.exists()
 
 
-def test_an_episode_script_in_newer_syntax_than_this_python_is_only_warned_about(
-    tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(demo, "NEWEST_SYNTAX_PYTHON", (99, 0))
-    script = tmp_path / "newer.py"
-    script.write_text("print('ok')\nthis is not python 3.9 syntax\n")
-    assert (
-        main(
-            ["run", "--output", str(tmp_path / "out"), "--dry-run", "--episode-script", str(script)]
-        )
-        == 0
-    )
-    assert "line 2 does not compile on Python" in capsys.readouterr().err
+# Scripts no Python compiles, and the line each is refused at, on this Python or an older one.
+BROKEN_EVERYWHERE = [
+    ('print("hello"\n', 1),  # an unclosed bracket is not newer syntax
+    ("x = (1]\n", 1),
+    ("message = 'never ends\n", 1),
+    ('"""a docstring that never ends\n', 1),
+    ("if True:\n    x = 1\n        y = 2\n", 3),  # bad indentation
+    ('print("a")\0\n', None),
+    ("x = = 1\n", 1),
+    ('print "hi"\n', 1),  # Python 2
+    ("def f(:\n    pass\n", 1),
+    ("if x\n    pass\n", 1),
+    # After newer syntax, an error that is not part of it.
+    ("match x:\n    case [1, 2]:\n        y = = 2\n", 3),
+    ("def first[T](items: list[T]) -> T:\n    return items[0] +\n", 2),
+    ('task = {"a": 1}\nprint(f"{task["a"]}")\ny = = 1\n', 3),
+    ('x = f"""{\n  """a"""\n}"""\nprint "hi"\n', 4),
+    ("try:\n    pass\nexcept* ValueError:\n    print 'no'\n", 4),
+    ('x = t"{1}"\nprint "hi"\n', 2),
+]
 
 
-@pytest.mark.parametrize(
-    "source",
-    [
-        'print("hello"\n',  # an unclosed bracket is not newer syntax
-        "x = (1]\n",
-        "message = 'never ends\n",
-        '"""a docstring that never ends\n',
-        "if True:\n    x = 1\n        y = 2\n",  # bad indentation
-        'print("a")\0\n',
-    ],
-)
+@pytest.mark.parametrize("source, line", BROKEN_EVERYWHERE)
 def test_a_script_broken_on_every_python_is_refused_even_on_an_older_one(
-    source: str, tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
+    source: str, line: Optional[int], tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(
         demo, "NEWEST_SYNTAX_PYTHON", (99, 0)
@@ -515,20 +509,35 @@ def test_a_script_broken_on_every_python_is_refused_even_on_an_older_one(
         )
         == 1
     )
-    line = error_line(capsys.readouterr().err)
-    assert f"--episode-script {script}" in line and "nothing was created" in line
+    said = error_line(capsys.readouterr().err)
+    where = f"--episode-script {script}" + (f", line {line}: " if line else "")
+    assert where in said and "nothing was created" in said
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize(
-    "source",
-    [
-        "match command:\n    case 'go':\n        pass\n",  # 3.10
-        "try:\n    pass\nexcept* ValueError:\n    pass\n",  # 3.11
-        "type Reward = float\n",  # 3.12
-        'task = {"a": 1}\nprint(f"{task["a"]}")\n',  # 3.12 (PEP 701)
-    ],
-)
+# Valid in the newest Python the check knows (3.14), each in syntax newer than some Python the tool
+# runs on: never refused.
+NEWER_SYNTAX = [
+    "match command:\n    case 'go':\n        pass\n    case {'k': [1, *rest]} if lambda: 1: pass\n",
+    "match (\n    command,\n):\n    case (\n        'go',\n    ):\n        pass\n",  # 3.10
+    "print(a[i := 0])\n",  # 3.10: a bare := in an index
+    "try:\n    pass\nexcept* ValueError as group:\n    pass\n",  # 3.11
+    "a[*b] = 1\ndef f(*args: *Ts) -> None:\n    pass\n",  # 3.11
+    "type Reward = float\ntype Pair[T] = tuple[T, T]\nif 1: type Other = int\n",  # 3.12
+    "def first[T](items: list[T]) -> T:\n    return items[0]\nclass Box[T, *Ts, **P]: pass\n",
+    "def first[T = int](items: list[T]) -> T:\n    return items[0]\n",  # 3.13 (PEP 696)
+    'task = {"a": 1}\nprint(f"{task["a"]}")\n',  # 3.12 (PEP 701): the same quotes nested
+    'print(f"{\'"\'}")\n',  # an unterminated string to an older tokenizer
+    'x = f"{\n    a  # a comment\n}" f"{a!r:>{w}}" f"{"\\n".join(a)}"\n',  # newlines, \\
+    'x = f"{"""a"""}"\ny = 1\nz = """q"""\n',  # a triple quote an older Python reads on to line 3
+    'x = f"{f"{f"{1}"}"}"\n',
+    'x = fr"\\{{{1+1}" + f"{"a"}"\n',  # a backslash never escapes a brace
+    "try:\n    pass\nexcept ValueError, TypeError:\n    pass\n",  # 3.14 (PEP 758)
+    'name = "x"\nx = t"hello {name!r:>{10}}"\ny = t"{t"{1}"}"\n',  # 3.14 (PEP 750)
+]
+
+
+@pytest.mark.parametrize("source", NEWER_SYNTAX)
 def test_newer_syntax_is_shipped_on_an_older_python(
     source: str, tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -540,11 +549,45 @@ def test_newer_syntax_is_shipped_on_an_older_python(
             ["run", "--output", str(tmp_path / "out"), "--dry-run", "--episode-script", str(script)]
         )
         == 0
-    )
+    ), capsys.readouterr().err
     try:
         compile(script.read_text(), str(script), "exec")
     except SyntaxError:
         assert "does not compile on Python" in capsys.readouterr().err  # warned, shipped
+
+
+def test_an_error_only_the_compiler_finds_is_only_warned_about_on_an_older_python(
+    tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It parsed: a newer compiler may accept it (3.11's async comprehensions in comprehensions)."""
+    script = tmp_path / "compiled.py"
+    script.write_text("print('ok')\nreturn 1\n")
+    argv = ["run", "--output", str(tmp_path / "out"), "--dry-run", "--episode-script", str(script)]
+    monkeypatch.setattr(demo, "NEWEST_SYNTAX_PYTHON", (99, 0))
+    assert main(argv) == 0
+    assert "line 2 does not compile on Python" in capsys.readouterr().err
+    monkeypatch.setattr(demo, "NEWEST_SYNTAX_PYTHON", sys.version_info[:2])
+    assert main(argv) == 1  # this Python is the newest: every error is refused
+    assert "line 2: 'return' outside function: return 1" in error_line(capsys.readouterr().err)
+
+
+def test_the_syntax_check_itself_prints_only_its_own_lines(
+    tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its respelling reads the source with the tokenizer, which warns of an invalid escape on
+    3.12 and later: the image's Python says that, the check does not. A lone CR ends a line."""
+    monkeypatch.setattr(demo, "NEWEST_SYNTAX_PYTHON", (99, 0))
+    script = tmp_path / "newer.py"
+    script.write_bytes(b"x = f'\\{y}'\rtry:\r    pass\rexcept A, B:\r    pass\r")
+    argv = ["run", "--output", str(tmp_path / "out"), "--dry-run", "--episode-script", str(script)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a warning from the check fails the test
+        assert main(argv) == 0
+    err = capsys.readouterr().err
+    if sys.version_info < (3, 14):
+        assert "does not compile on Python" in err  # 3.14's except A, B: warned, shipped
+    assert "SyntaxWarning" not in err and "invalid escape" not in err, err
+    assert demo.unexplained_syntax_error("match x:\r    case 1:\r        pass\r", (3, 9)) is None
 
 
 # --------------------------------------------------------------------------

@@ -13,7 +13,15 @@ from typing import Any
 import pytest
 
 import rl_batch_demo
-from e2e_support import TASK_EPISODE_HEAD, emulators, load, run_namespaces, tool, write_script
+from e2e_support import (
+    TASK_EPISODE_HEAD,
+    assert_pulls_one_at_a_time,
+    emulators,
+    load,
+    run_namespaces,
+    tool,
+    write_script,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -313,6 +321,9 @@ def test_pulls_are_measured_per_episode_and_per_image(image_cluster: Any, tmp_pa
                 pull.waiting_seconds
             )
             assert float(cells["image_pull_seconds"]) > 0
+    # Each node pulled one image at a time, as the kubelet's default (held on the real one too).
+    nodes = {row["pod"]: row["node"] for row in results["pods"]}
+    assert_pulls_one_at_a_time(events, nodes)
     table = tool(emulator, kubectl, "report", str(output))
     assert table.returncode == 0 and "image_pull" in table.stderr + table.stdout
 

@@ -496,8 +496,9 @@ def test_without_list_permission_list_and_cleanup_stale_say_which(
 
 # --------------------------------------------------------------------------
 # A run of several batches makes each batch's Jobs only when that batch starts: between two,
-# every Job there is has ended. This kubectl holds the create of one Job (HOLD_JOB) for as long
-# as the tool lives, having said so in HOLD_FILE: the run is caught alive between its batches.
+# every Job there is has ended. This kubectl holds the create of one Job (HOLD_JOB), having said
+# so in HOLD_FILE, until the tool gives up on the call (CALL_TIMEOUT_SECONDS, 60 s; the steps
+# the test takes meanwhile are a few kubectl calls): the run is caught alive between its batches.
 HOLDING_KUBECTL = """#!%(python)s
 import json, os, subprocess, sys, time
 real, job, held = os.environ["REAL_KUBECTL"], os.environ["HOLD_JOB"], os.environ["HOLD_FILE"]

@@ -300,7 +300,7 @@ def test_retries_refused_on_a_cluster_older_than_1_33(cluster: Any, tmp_path: Pa
 
 
 def test_run_batch_in_process_returns_every_reward(
-    cluster: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    cluster: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture
 ) -> None:
     kubectl, make = cluster
     emulator = make()
@@ -317,6 +317,8 @@ def test_run_batch_in_process_returns_every_reward(
         episode_script=write_script(tmp_path, TASK_EPISODE),
     )
     assert results["accepted_partial"] is True
+    # The partial batch is said in the results: a quiet call prints nothing of it.
+    assert capfd.readouterr() == ("", "")
     assert [(r["task_id"], r["failure_class"], r["reward"]) for r in results["rewards"]] == [
         ("t1", None, 1.0),
         ("t1", None, 1.0),
@@ -350,6 +352,20 @@ def test_run_batch_in_process_returns_every_reward(
         "receipt.json",
         "rewards.jsonl",
     }
+
+
+def test_run_batch_prepull_refusal_names_its_keyword(
+    cluster: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kubectl, make = cluster
+    emulator = make(forbidden=["nodes"])
+    for name, value in emulator.env().items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(
+        rl_batch_demo.DemoError, match=r"^prepull=True needs to list the nodes .*forbidden"
+    ):
+        rl_batch_demo.run_batch(output=tmp_path / "out", count=1, prepull=True, kubectl=kubectl)
+    assert run_namespaces(emulator) == []  # cleaned up, as after any failed call
 
 
 def test_readme_python_example_runs_as_written(

@@ -9,16 +9,21 @@ own namespace. Run with `python3 tests/run_tests.py --python 3.13 -- -m real_nod
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import subprocess
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 
+import rl_batch_demo
 from e2e_support import (
     assert_cleanup_twice,
     assert_kubelet_135_messages,
+    assert_pulls_one_at_a_time,
     assert_run_agrees_with_cluster,
     interrupt,
     load,
@@ -160,6 +165,232 @@ def test_an_image_the_registry_lacks_fails_as_infrastructure(real_node, tmp_path
     messages = " ".join(e["message"] for e in events_of(output) if e["reason"] == "Failed")
     assert "python:0-missing" in messages and "not found" in messages, messages
     assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
+
+
+def fresh_images(cluster, *repositories: str) -> list[str]:
+    """`docker.io/<repository>:<random tag>` for each, put into the local registry: names no earlier
+    test of the session can have brought onto the node, so its first pod of each pulls it."""
+    tag = uuid.uuid4().hex[:10]
+    return [cluster.push_image_as(f"docker.io/{repository}:{tag}") for repository in repositories]
+
+
+def kubelet_pulls(output: Path) -> dict[str, rl_batch_demo.ImagePull]:
+    """Each episode pod's Pulled event as the real kubelet worded it, read."""
+    pulls = {}
+    for event in events_of(output):
+        regarding = event.get("involvedObject") or {}
+        if event["reason"] == "Pulled" and regarding.get("fieldPath") == "spec.containers{episode}":
+            pull = rl_batch_demo.parse_pulled_message(event["message"])
+            assert pull is not None, event["message"]
+            pulls[regarding["name"]] = pull
+    return pulls
+
+
+def episodes_of(output: Path) -> dict[str, dict]:
+    return {
+        row["pod"]: row
+        for row in csv.DictReader(io.StringIO((output / "episodes.csv").read_text()))
+    }
+
+
+def test_an_image_per_task_pulled_and_present_on_the_real_node(real_node, tmp_path):
+    from test_e2e_images import images_run, rewards_of
+
+    kubectl, cluster = real_node
+    one, mirrored = fresh_images(cluster, "swebench/one", "mirror/two")
+    # Task d names a repository the registry lacks; --image-map sends it to the one it has.
+    two = "docker.io/other/two:" + mirrored.rsplit(":", 1)[1]
+    default = rl_batch_demo.DEFAULT_IMAGE
+    tasks = [
+        {"id": "a", "image": one},
+        {"id": "b"},
+        {"id": "c", "image": one},
+        {"id": "d", "image": two},
+    ]
+    # --parallelism 4 over the three Jobs is 2, 1 and 1: image one's first two pods start together
+    # (this node's kubelet pulls in parallel, serializeImagePulls: false, so both may pull it), the
+    # others' pods follow each other, and the Jobs' pulls of different images overlap on the node.
+    args, output = images_run(
+        tmp_path,
+        "--parallelism",
+        "4",
+        "--image-map",
+        "docker.io/other=docker.io/mirror",
+        tasks=tasks,
+    )
+    result = tool(cluster, kubectl, *args)
+    assert result.returncode == 0, result.stderr
+    rows = rewards_of(output)
+    assert [row["index"] for row in rows] == list(range(8))
+    assert [row["image"] for row in rows] == [
+        one,
+        one,
+        default,
+        default,
+        one,
+        one,
+        mirrored,
+        mirrored,
+    ]
+    assert [row["episode_index_seen"] for row in rows] == list(range(8))
+    assert [row["task_seen"] for row in rows] == ["a", "a", "b", "b", "c", "c", "d", "d"]
+    jobs = load(output / "job.json")["items"]
+    assert [job["metadata"]["name"] for job in jobs] == [
+        "rollout-image-1",
+        "rollout-image-2",
+        "rollout-image-3",
+    ]
+    assert [job["spec"]["parallelism"] for job in jobs] == [2, 1, 1]
+    assert all(rl_batch_demo.job_finished(job) == "Complete" for job in jobs)
+    assert load(output / "receipt.json")["jobs"] == {
+        job["metadata"]["name"]: job["metadata"]["uid"] for job in jobs
+    }
+    pods = {pod["metadata"]["name"]: pod for pod in load(output / "pods.json")["items"]}
+    for row in rows:  # each ran on the real node in its own image, pulled by its own name
+        status = pods[row["pod"]]["status"]["containerStatuses"][0]
+        assert pods[row["pod"]]["spec"]["nodeName"] == cluster.node_name
+        assert pods[row["pod"]]["spec"]["containers"][0]["image"] == row["image"]
+        assert status["state"]["terminated"]["exitCode"] == 0
+        assert status["containerID"].startswith("containerd://")
+
+    results = load(output / "results.json")
+    assert results["jobs"] == 3 and results["successful_episodes"] == 8
+    assert results["image_map"] == {"docker.io/other": "docker.io/mirror"}
+    images = results["images"]
+    assert list(images) == [one, default, mirrored]
+    for image, episodes in ((one, 4), (mirrored, 2)):
+        entry = images[image]
+        assert entry["episodes"] == episodes and entry["pulled"] + entry["present"] == episodes
+        assert entry["pulled"] >= 1  # fresh: the node had it from no earlier test
+        assert entry["image_pull_max_seconds"] >= entry["image_pull_p50_seconds"] > 0
+        assert entry["image_size_bytes"] > 0
+        assert entry["image_pull_waiting_p50_seconds"] >= 0
+    # The guide's image: an earlier test may have brought it, or this run's first pod pulls it.
+    assert images[default]["episodes"] == 2 and images[default]["pulled"] <= 1
+    assert images[default]["pulled"] + images[default]["present"] == 2
+    assert results["phases"]["image_pull"]["samples"] == 8
+
+    # The figures per episode are the real kubelet's, as its Pulled event words them.
+    pulls, episodes = kubelet_pulls(output), episodes_of(output)
+    assert set(pulls) == set(episodes) == set(pods)
+    for name, cells in episodes.items():
+        pull = pulls[name]
+        assert pull.image == cells["image"] == pods[name]["spec"]["containers"][0]["image"]
+        assert cells["image_cache"] == ("pulled" if pull.pulled else "present")
+        if pull.pulled:
+            assert pull.pull_seconds is not None and pull.total_seconds is not None
+            assert pull.size_bytes is not None and pull.size_bytes > 0
+            assert float(cells["image_pull_seconds"]) > 0  # the Pulling -> Pulled events
+            assert float(cells["image_pull_kubelet_seconds"]) == pytest.approx(
+                pull.pull_seconds, abs=1e-6
+            )
+            assert float(cells["image_pull_waiting_seconds"]) == pytest.approx(
+                pull.waiting_seconds, abs=1e-6
+            )
+            assert int(cells["image_size_bytes"]) == pull.size_bytes
+        else:
+            assert float(cells["image_pull_seconds"]) == 0
+            assert float(cells["image_pull_waiting_seconds"]) == 0
+    # Only the pods that started together with an image's first can have pulled it (each Job makes
+    # a pod past its parallelism once an earlier one has ended, and so after its pull): of image
+    # one one or both of the first two, of image two exactly its first, of the guide's at most one.
+    parallelism = {job["metadata"]["name"]: job["spec"]["parallelism"] for job in jobs}
+    for name, pod in pods.items():
+        labels, annotations = pod["metadata"]["labels"], pod["metadata"]["annotations"]
+        completion = int(annotations["batch.kubernetes.io/job-completion-index"])
+        if pulls[name].pulled:
+            assert completion < parallelism[labels["job-name"]], (name, pulls[name])
+    assert images[mirrored]["pulled"] == 1 and images[default]["pulled"] <= 1
+    assert 1 <= images[one]["pulled"] <= 2
+    # The kubelet says Pulling for the pods that pulled, and only for those.
+    pulling = {
+        (e.get("involvedObject") or {}).get("name")
+        for e in events_of(output)
+        if e["reason"] == "Pulling"
+    }
+    assert pulling == {name for name, pull in pulls.items() if pull.pulled}
+    assert_cleanup_twice(cluster, kubectl, output)
+    assert not cluster.list("jobs", load(output / "receipt.json")["namespace"])
+
+
+def test_prepull_makes_every_image_present_on_the_real_node(real_node, tmp_path):
+    from test_e2e_images import images_run, rewards_of
+
+    kubectl, cluster = real_node
+    one, two = fresh_images(cluster, "swebench/one", "other/two")
+    default = rl_batch_demo.DEFAULT_IMAGE
+    tasks = [{"id": "a", "image": one}, {"id": "b", "image": two}, {"id": "c"}]
+    args, output = images_run(tmp_path, "--parallelism", "6", "--prepull", tasks=tasks)
+    result = tool(cluster, kubectl, *[arg for arg in args if arg != "--quiet"])
+    assert result.returncode == 0, result.stderr
+    assert "Pre-pulled 3 images on 1 node in" in result.stderr, result.stderr
+    results = load(output / "results.json")
+    prepull = results["prepull"]
+    assert (prepull["nodes"], prepull["images"], prepull["pods"]) == (1, 3, 3)
+    assert prepull["failures"] == [] and prepull["seconds"] > 0
+    # The node had neither fresh image: the pre-pull pulled both (the guide's, it may have had).
+    cache = prepull["image_cache"]
+    assert (
+        cache["pulled"] >= 2 and cache["pulled"] + cache["present"] == 3 and cache["unknown"] == 0
+    )
+    saved = load(output / "prepull.json")
+    assert saved["node_names"] == [cluster.node_name]
+    assert saved["image_names"] == [one, two, default]
+    assert all(pod["status"]["phase"] == "Succeeded" for pod in saved["pod_states"]["items"])
+    # Then every episode found its image on the node: no Pulling event for any of them.
+    assert results["image_cache"] == {"present": 6, "pulled": 0, "unknown": 0}
+    assert {image: (e["pulled"], e["present"]) for image, e in results["images"].items()} == {
+        one: (0, 2),
+        two: (0, 2),
+        default: (0, 2),
+    }
+    pulls, episodes = kubelet_pulls(output), episodes_of(output)
+    assert len(pulls) == 6 and not any(pull.pulled for pull in pulls.values())
+    assert {row["pod"]: row["image"] for row in rewards_of(output)} == {
+        name: cells["image"] for name, cells in episodes.items()
+    }
+    for name, cells in episodes.items():
+        assert cells["image_cache"] == "present" and float(cells["image_pull_seconds"]) == 0
+        assert pulls[name].image == cells["image"]
+    episode_pods = set(episodes)
+    assert not [
+        e
+        for e in events_of(output)
+        if e["reason"] == "Pulling" and (e.get("involvedObject") or {}).get("name") in episode_pods
+    ]
+    assert_cleanup_twice(cluster, kubectl, output)
+    assert not cluster.list("jobs", load(output / "receipt.json")["namespace"])
+
+
+def test_serialized_pulls_on_the_real_kubelet_wait_their_turn(real_node, tmp_path):
+    from test_e2e_images import images_run
+
+    kubectl, cluster = real_node
+    images = fresh_images(cluster, "swebench/one", "swebench/two", "swebench/three")
+    tasks = [{"id": str(n), "image": image} for n, image in enumerate(images)]
+    # Six pods at once, two of each fresh image, on a kubelet with its default of one pull at a
+    # time (the node's own configuration pulls in parallel): the emulator's ImageStore model.
+    args, output = images_run(tmp_path, "--parallelism", "6", tasks=tasks)
+    with cluster.kubelet_configured(serializeImagePulls=True) as config:
+        assert config["serializeImagePulls"] is True
+        result = tool(cluster, kubectl, *args)
+    assert result.returncode == 0, result.stderr
+    results = load(output / "results.json")
+    assert results["successful_episodes"] == 6 and list(results["images"]) == images
+    for entry in results["images"].values():
+        assert entry["pulled"] >= 1 and entry["pulled"] + entry["present"] == 2
+    pulls, episodes = kubelet_pulls(output), episodes_of(output)
+    pulled = {name: pull for name, pull in pulls.items() if pull.pulled}
+    for name, pull in pulled.items():
+        # A pod whose pull queued behind another's still says it pulled (the kubelet's queue
+        # pulls without looking again), its wait the difference of the message's two figures.
+        assert pull.total_seconds >= pull.pull_seconds
+        assert float(episodes[name]["image_pull_waiting_seconds"]) == pytest.approx(
+            pull.total_seconds - pull.pull_seconds, abs=1e-6
+        )
+    # One at a time: the kubelet's pulls do not overlap (as the emulator's, test_e2e_images).
+    assert_pulls_one_at_a_time(events_of(output), {name: cluster.node_name for name in pulls})
+    assert_cleanup_twice(cluster, kubectl, output)
 
 
 def test_harden_runs_on_the_real_node(real_node, tmp_path):

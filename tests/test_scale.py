@@ -283,8 +283,8 @@ def test_cdf_svg_has_one_line_per_phase_from_0_to_100_percent(count):
     texts = ["".join(t.itertext()) for t in ElementTree.fromstring(text).iter(f"{SVG}text")]
     values = [r["phases"]["pod_to_ready"][0] for r in batch.episodes]
     assert (
-        f"pod to ready  {demo.percentile(values, 0.5):.2f} / {demo.percentile(values, 0.95):.2f}"
-        in texts
+        f"pod to ready (sharp)  {demo.percentile(values, 0.5):.2f} / "
+        f"{demo.percentile(values, 0.95):.2f}" in texts
     )
 
 

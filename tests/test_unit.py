@@ -1649,7 +1649,7 @@ STDLIB_ALLOW_LIST = frozenset(
     __future__ abc argparse ast asyncio base64 bisect calendar codecs collections concurrent ctypes
     contextlib copy csv dataclasses datetime decimal difflib enum errno fcntl fnmatch fractions
     functools gc getpass glob gzip hashlib heapq hmac html http importlib inspect io ipaddress
-    itertools json locale logging math mimetypes numbers operator os pathlib pickle platform
+    itertools json keyword locale logging math mimetypes numbers operator os pathlib pickle platform
     posixpath pprint queue random re resource secrets select selectors shlex shutil signal socket
     stat statistics string struct subprocess sys sysconfig tarfile tempfile textwrap threading
     time timeit tokenize traceback types typing unicodedata unittest urllib uuid warnings weakref xml zipfile

@@ -61,6 +61,13 @@ def test_image_map_rewrites_the_longest_prefix_once() -> None:
     assert demo.rewrite_image("python:3", image_map) == "mirror.local/library/python:3"
     assert demo.rewrite_image("localhost/x:1", image_map) == "localhost/x:1"
     assert demo.rewrite_image("registry.internal:5000/x", image_map) == "registry.internal:5000/x"
+    # A short FROM stands for its full form too, and the longest full prefix wins.
+    python = demo.parse_image_map(["docker.io=mirror.local", "python=special.local/python"])
+    for written in ("python:3", "docker.io/library/python:3", "library/python:3"):
+        assert demo.rewrite_image(written, python) == "special.local/python:3", written
+    assert demo.rewrite_image("pythonista:1", python) == "mirror.local/library/pythonista:1"
+    short = demo.parse_image_map(["swebench=localhost:5000/swebench"])
+    assert demo.rewrite_image("docker.io/swebench/a:1", short) == "localhost:5000/swebench/a:1"
     for bad in ("nothing", "=to", "from=", " from=to"):
         with pytest.raises(ValueError, match="is not FROM=TO"):
             demo.parse_image_map([bad])

@@ -5,6 +5,7 @@ attempts and censored percentiles; and the emulator's podFailurePolicy matching.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Optional
 
 import pytest
@@ -1043,3 +1044,72 @@ def test_run_batch_failures_before_the_cluster_name_its_keywords(
     # The command line keeps its flags.
     assert demo.main(["run", "--output", str(tmp_path / "out"), "--kubectl", "/no/kubectl"]) == 1
     assert "(install kubectl or pass --kubectl PATH)" in capsys.readouterr().err
+
+
+class NodelessKubectl:
+    """A kubectl for prepull() whose node list answers as given: an error, or no nodes."""
+
+    def __init__(self, refusal: Optional[str]) -> None:
+        self.refusal = refusal
+
+    def get(self, kind: str, name: str, retry_until: float = 0.0) -> dict:
+        return {"kind": "RuntimeClass", "metadata": {"name": name}, "handler": "runc"}
+
+    def get_list(self, kind: str, namespace: Optional[str], retry_until: float = 0.0) -> dict:
+        if self.refusal:
+            raise demo.DemoError(self.refusal)
+        return {"items": []}
+
+
+@pytest.mark.parametrize(
+    "spelling, switch", [(demo.PYTHON_CALL, "prepull=True"), (demo.COMMAND_LINE, "--prepull")]
+)
+@pytest.mark.parametrize(
+    "refusal, said",
+    [
+        ("nodes is forbidden", r"needs to list the nodes \(and get the RuntimeClass\): nodes is"),
+        (None, "found no node the batch can use"),
+    ],
+)
+def test_prepull_refusals_name_the_setting_as_the_caller_spelled_it(
+    spelling: Any, switch: str, refusal: Optional[str], said: str
+) -> None:
+    settings = type("Settings", (), {"runtime": "cube"})
+    run: Any = type(
+        "Run", (), {"kubectl": NodelessKubectl(refusal), "settings": settings, "spelling": spelling}
+    )
+    with pytest.raises(demo.DemoError, match=rf"^{re.escape(switch)} {said}"):
+        demo.prepull(run)
+
+
+@pytest.mark.parametrize(
+    "spelling, said", [(demo.PYTHON_CALL, "cleanup=True"), (demo.COMMAND_LINE, "--cleanup")]
+)
+def test_a_failed_cleanup_after_a_failed_run_names_it_as_the_caller_spelled_it(
+    spelling: Any, said: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    def unreachable(*args: Any, **options: Any) -> None:
+        raise demo.DemoError("cannot reach the cluster")
+
+    monkeypatch.setattr(demo, "cleanup_namespace", unreachable)
+    run: Any = type(
+        "Run",
+        (),
+        {
+            "touched_cluster": True,
+            "silent": spelling.python,
+            "kubectl": None,
+            "receipt": None,
+            "output": "runs/out",
+            "spelling": spelling,
+        },
+    )
+    with pytest.raises(demo.DemoError) as raised:
+        demo.finish_run(run, demo.DemoError("the Job failed"), True, True, "HINT")
+    assert str(raised.value) == (
+        f"the Job failed\n  evidence: runs/out\n  {said} failed too: cannot reach the cluster\n"
+        f"  clean up: HINT"
+    )
+    # From Python nothing is printed; the command line says what it does, in its flags.
+    err = capsys.readouterr().err
+    assert err == ("" if spelling.python else "Cleaning up (--cleanup) after a failed run.\n")
