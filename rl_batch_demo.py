@@ -2288,7 +2288,7 @@ def verify_batch(
     if job_created is None:
         raise VerificationError("the Job has no creationTimestamp")
     episodes = []
-    for pod in sorted(pods, key=pod_name):
+    for pod in sorted((succeeded_before_its_deadline(pod, job) for pod in pods), key=pod_name):
         name = pod_name(pod)
         draft = (drafts or {}).get(name)
         if draft is not None and draft.verified(pod, logs.get(name, ""), job_created, builtin):
@@ -2386,10 +2386,49 @@ def job_cut_short(job: dict | None) -> bool:
     return False
 
 
+def succeeded_before_its_deadline(pod: dict, job: dict | None) -> dict:
+    """The pod as it ended: one the kubelet marked Failed (DeadlineExceeded) after it had
+    succeeded is given back as Succeeded, else the pod itself.
+
+    A real kubelet keeps checking a pod's activeDeadlineSeconds as long as the pod is on its node,
+    ended or not, so a pod that succeeded well before its deadline turns Failed with reason
+    DeadlineExceeded once the deadline passes while the batch still runs (its container's exit
+    code still 0). It had succeeded if the Job counted its index as completed, or if its every
+    container had ended, with exit code 0, in a second before its deadline's."""
+    status = pod.get("status") or {}
+    if status.get("phase") != "Failed" or status.get("reason") != POD_DEADLINE_REASON:
+        return pod
+    ends = [
+        (cs.get("state") or {}).get("terminated") or {}
+        for cs in status.get("containerStatuses") or []
+    ]
+    if not ends or any(end.get("exitCode") != 0 for end in ends):
+        return pod
+    index = ((pod.get("metadata") or {}).get("annotations") or {}).get(
+        COMPLETION_INDEX_ANNOTATION, ""
+    )
+    counted = index.isdigit() and int(index) in index_list(
+        ((job or {}).get("status") or {}).get("completedIndexes") or ""
+    )
+    started = parse_time(status.get("startTime"))
+    limit = (pod.get("spec") or {}).get("activeDeadlineSeconds")
+    finished = [parse_time(end.get("finishedAt")) for end in ends]
+    in_time = (
+        started is not None
+        and isinstance(limit, int)
+        and all(moment is not None and moment < started + limit for moment in finished)
+    )
+    if not (counted or in_time):
+        return pod
+    kept = {key: value for key, value in status.items() if key not in ("reason", "message")}
+    return dict(pod, status=dict(kept, phase="Succeeded"))
+
+
 def classify_pod_state(
     pod: dict, log_text: str, job: dict, builtin: bool
 ) -> tuple[str | None, str | None]:
     """classify_attempt from the pod's status and log alone."""
+    pod = succeeded_before_its_deadline(pod, job)
     status = pod.get("status") or {}
     phase = status.get("phase")
     disrupted = condition(pod, "DisruptionTarget")

@@ -90,6 +90,7 @@ from sandbox import (
     ContainerLog,
     MountError,
     build_bwrap_argv,
+    signal_container,
     signal_tree,
     expand_vars,
     resolve_field_ref,
@@ -5409,7 +5410,8 @@ class ContainerRunner(threading.Thread):
             )
             stopped = w.sleep(delay("exit"))
         log.close()
-        code = 143 if stopped else 0
+        # The built-in episode installs no SIGTERM handler: as PID 1 it is killed (SIGKILL).
+        code = 137 if stopped else 0
         self._exited(code, cid, start, time.time(), emu.node_now(w.kubelet.node))
         self.set_state({"terminated": dict(self.last_terminated)}, ready=False, started=False)
         return None if stopped else code
@@ -5423,9 +5425,14 @@ class ContainerRunner(threading.Thread):
                 log.append(out)
 
     def kill(self, sig: int) -> None:
+        """SIGKILL ends the container's every process; any other signal goes to its first process
+        alone, and only if that handles it, as to a container's PID 1 (signal_container)."""
         with self.proc_lock:
             if self.proc is not None and self.proc.poll() is None:
-                signal_tree(self.proc, sig)
+                if sig == signal.SIGKILL:
+                    signal_tree(self.proc, sig)
+                else:
+                    signal_container(self.proc, sig)
 
     def alive(self) -> bool:
         with self.proc_lock:
@@ -5767,7 +5774,10 @@ class PodWorker(threading.Thread):
             if not unready and container_statuses:
                 c = condition(ctype, "True", now)
             elif terminal:
-                c = condition(ctype, "False", now, "PodCompleted")
+                # As the 1.35 kubelet (status/generate.go): PodFailed on a Failed pod.
+                c = condition(
+                    ctype, "False", now, "PodFailed" if phase == "Failed" else "PodCompleted"
+                )
             else:
                 c = condition(
                     ctype,
@@ -5777,6 +5787,10 @@ class PodWorker(threading.Thread):
                     f"containers with unready status: [{' '.join(unready)}]",
                 )
             set_condition(conds, c)
+        if terminal and find_condition(conds, "Initialized"):
+            # A pod whose every container succeeded is Initialized because it completed.
+            reason = "PodCompleted" if phase == "Succeeded" else None
+            set_condition(conds, condition("Initialized", "True", now, reason))
         if terminal and emu.v >= (1, 29):
             set_condition(conds, condition("PodReadyToStartContainers", "False", now))
         elif running and emu.v >= (1, 29) and emu.faults.on("sandbox_status_with_running"):
@@ -5824,6 +5838,46 @@ class PodWorker(threading.Thread):
             # A container that gave up waiting (an image that never pulled) as the pod was deleted
             # ended before the loop saw the deletion: the pod still ends Failed, as a kubelet's does.
             self._terminate_all()
+        self._deadline_after_success()
+
+    def _deadline_after_success(self) -> None:
+        """A real kubelet checks a pod's activeDeadlineSeconds for as long as the pod is on its node,
+        ended or not (1.35's activeDeadlineHandler.ShouldEvict has no terminal check): a pod that
+        Succeeded turns Failed, reason DeadlineExceeded, with a Normal DeadlineExceeded event, once
+        its deadline passes while it is still there, its containers' states unchanged."""
+        limit = (self.pod.get("spec") or {}).get("activeDeadlineSeconds")
+        pod = self.store_pod() or {}
+        if limit is None or self.active_since is None:
+            return
+        if (pod.get("status") or {}).get("phase") != "Succeeded":
+            return
+        while not self.deleting.is_set() and not self.emu._stopping.is_set():
+            left = self.active_since + limit - time.time()
+            if left <= 0:
+                break
+            self.deleting.wait(min(left, 0.5))
+        else:
+            return
+        message = "Pod was active on the node longer than the specified deadline"
+        self.emu.events.record(
+            self.store_pod(),
+            "Normal",
+            "DeadlineExceeded",
+            message,
+            "kubelet",
+            host=self.kubelet.node,
+        )
+
+        def mark(o: dict) -> bool | None:
+            st = o.setdefault("status", {})
+            if st.get("phase") != "Succeeded":
+                return False
+            st["reason"] = "DeadlineExceeded"
+            st["message"] = message
+            self.recompute(o)
+            return True
+
+        self.update(mark)
 
     def _initial_status(self, containers: list[dict]) -> bool:
         """The status a kubelet first writes: Pending on this node, every container creating."""

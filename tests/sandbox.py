@@ -161,6 +161,39 @@ def signal_tree(proc: subprocess.Popen, sig: int) -> None:
             pass
 
 
+def _catches(pid: int, sig: int) -> bool:
+    """Whether the process has a handler of its own for `sig` (its SigCgt mask)."""
+    try:
+        with open("/proc/%d/status" % pid) as f:
+            for line in f:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) & (1 << (sig - 1)))
+    except (OSError, ValueError):
+        pass
+    return False
+
+
+def signal_container(proc: subprocess.Popen, sig: int) -> None:
+    """A runtime's stop signal (SIGTERM): to the container's first process alone, which in a real
+    container is PID 1 of its PID namespace, so the kernel delivers it only if that process
+    handles it (a Python program that installs no handler ignores it, and the kubelet kills it
+    with SIGKILL at its grace period's end: exit code 137). bwrap runs the command under an init
+    of its own, so the command is found as the first process in the tree that is not bwrap."""
+    for pid in _descendants(proc.pid):
+        try:
+            with open("/proc/%d/comm" % pid) as f:
+                if f.read().strip() == "bwrap":
+                    continue
+        except OSError:
+            continue
+        if _catches(pid, sig):
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+        return
+
+
 class MountError(Exception):
     pass
 

@@ -203,6 +203,24 @@ def test_need_ends_the_batch_at_k_successes_and_cancels_the_stragglers(
     conditions = [(c["type"], c.get("reason")) for c in saved["status"]["conditions"]]
     assert conditions == [("SuccessCriteriaMet", "SuccessPolicy"), ("Complete", "SuccessPolicy")]
     assert saved["status"]["succeeded"] == 3
+    # The stragglers as a real kubelet leaves them (tests/test_real_node_streaming.py): deleted by
+    # the Job controller, sent SIGTERM, which their PID 1 has no handler for, killed at the grace
+    # period's end (137), Failed with no reason of the pod's own.
+    pods = {p["metadata"]["name"]: p for p in load(output / "pods.json")["items"]}
+    for line in lines:
+        if line["failure_class"] != "cancelled":
+            continue
+        pod = pods[line["pod"]]
+        (container,) = pod["status"]["containerStatuses"]
+        assert pod["metadata"]["deletionTimestamp"]
+        assert (pod["status"]["phase"], pod["status"].get("reason")) == ("Failed", None)
+        assert (
+            container["state"]["terminated"]["exitCode"],
+            container["state"]["terminated"]["reason"],
+        ) == (137, "Error")
+        ready = {c["type"]: c.get("reason") for c in pod["status"]["conditions"]}
+        assert ready["Ready"] == ready["ContainersReady"] == "PodFailed"
+        assert "DisruptionTarget" not in ready
     # The timeline draws all 5 episodes, each cancelled one marked as such, as far as it got.
     timeline = ElementTree.fromstring((output / "timeline.svg").read_text())
     marks = sorted(
@@ -285,6 +303,14 @@ def test_an_episode_past_its_timeout_is_an_episode_failure_never_retried(
     status = pods[stuck["pod"]]["status"]
     assert (status["phase"], status["reason"]) == ("Failed", "DeadlineExceeded")
     assert status["message"] == "Pod was active on the node longer than the specified deadline"
+    # Its PID 1 has no SIGTERM handler: killed at the grace period's end, as on a real node.
+    assert status["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 137
+    # The quick one ended on its own; if its deadline passed while it was still on the node, the
+    # kubelet marked it Failed (DeadlineExceeded) as a real one does, and it is a success still.
+    assert (
+        pods[lines[1]["pod"]]["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"]
+        == 0
+    )
     events = (output / "events.txt").read_text()
     assert "DeadlineExceeded" in events
 

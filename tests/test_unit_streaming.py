@@ -163,6 +163,32 @@ def test_a_pod_past_its_deadline_ran_out_of_time_unless_it_never_started() -> No
     assert demo.classify_attempt(never, "", make_job(), True)[0] == "infrastructure"
 
 
+def test_a_pod_marked_past_its_deadline_after_it_succeeded_is_still_a_success() -> None:
+    # A real kubelet (1.35) checks a pod's activeDeadlineSeconds for as long as the pod is on its
+    # node: one that succeeded turns Failed (DeadlineExceeded) once its deadline passes while the
+    # batch still runs, its container's exit code still 0 (tests/test_real_node_streaming.py).
+    pod = timed_out(indexed_pod("p", 1, phase="Failed", exit_code=0))
+    pod["status"]["startTime"] = stamp(1)  # its deadline: 30 s later; its container ended at 9
+    uncounted = make_job()
+    assert demo.classify_attempt(pod, honest_log("p"), uncounted, True) == (None, None)
+    assert [
+        p["status"]["phase"]
+        for p, _, _ in demo.verify_batch(1, uncounted, [pod], {"p": honest_log("p")})
+    ] == ["Succeeded"]
+    # Ended in its deadline's own second: a success if the Job counted it, since the Job saw the
+    # pod Succeeded first.
+    late = timed_out(indexed_pod("p", 1, phase="Failed", exit_code=0, finished=stamp(31)))
+    late["status"]["startTime"] = stamp(1)
+    counted = make_job()
+    counted["status"]["completedIndexes"] = "0-1"
+    assert demo.classify_attempt(late, honest_log("p"), counted, True) == (None, None)
+    # Else it may be a program that exits 0 when stopped at its deadline: it ran out of time.
+    assert demo.classify_attempt(late, honest_log("p"), uncounted, True)[0] == "episode"
+    stopped = timed_out(indexed_pod("p", 1, phase="Failed", exit_code=137))
+    stopped["status"]["startTime"] = stamp(1)
+    assert demo.classify_attempt(stopped, honest_log("p"), counted, True)[0] == "episode"
+
+
 # --------------------------------------------------------------------------
 # When an outcome is final while the batch runs.
 
