@@ -43,18 +43,22 @@ def test_pods_past_the_recorders_tenth_are_placed_by_the_watch(require_e2e, tmp_
             "--output",
             str(output),
             "--quiet",
+            "--verbose",
         )
         assert result.returncode == 0, result.stderr
         run = Run(emulator, output, result.stdout)
-        # The pod watch was asked for before the Job was created.
-        job_created = next(
-            i
-            for i, r in enumerate(emulator.requests)
-            if r["method"] == "POST" and r["path"].endswith("/jobs")
-        )
-        assert any(
-            r["watch"] and r["path"].endswith("/pods") for r in emulator.requests[:job_created]
-        ), [(r["method"], r["path"], r["watch"]) for r in emulator.requests[: job_created + 1]]
+        # The pod watch was started before the Job was created (in the tool's own order: when its
+        # request reaches the server, a loaded machine decides; a watch that lists the pods late
+        # states the later moment it saw them).
+        commands = [line for line in result.stderr.splitlines() if line.startswith("+ ")]
+        watch = next(i for i, c in enumerate(commands) if " get pods " in c and "--watch" in c)
+        creates = [i for i, c in enumerate(commands) if " create -f -" in c]
+        # The Job is the run's last object created (the namespace and its task maps come before).
+        assert creates and watch < creates[-1], commands
+        job_posts = [
+            r for r in emulator.requests if r["method"] == "POST" and r["path"].endswith("/jobs")
+        ]
+        assert len(job_posts) == 1, job_posts
     finally:
         emulator.stop()
     job = load(output / "job.json")
