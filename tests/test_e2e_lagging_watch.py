@@ -117,8 +117,13 @@ def test_a_late_pod_watch_and_slow_lists_still_pass_with_every_record_saved(make
 def test_a_stalled_pod_watch_still_passes_once_the_api_catches_up(make_cluster, tmp_path):
     kubectl, make = make_cluster
     # The pods' watch cache takes in nothing from the start: the pod watch delivers
-    # nothing and a list not older than the Job's end cannot be answered yet.
-    emulator = make(watch_stall={"pods": 3600}, list_latency={"pods": 1.0})
+    # nothing and a list not older than the Job's end cannot be answered yet. No sandbox starts
+    # before the tool's pod watch is there: kubectl lists (from etcd) before it watches, and a
+    # watch that starts after the episodes ended (a loaded machine, three quick episodes) would
+    # have the final pods from that list.
+    emulator = make(
+        watch_stall={"pods": 3600}, list_latency={"pods": 1.0}, sandbox_after_watch=True
+    )
     output = tmp_path / "out"
     process = start_tool(
         emulator, kubectl, "run", "--count", "3", "--output", str(output), "--quiet"
