@@ -864,11 +864,16 @@ def parse_image_map(texts: Iterable[str]) -> tuple[tuple[str, str], ...]:
     return tuple(pairs)
 
 
+def names_registry(part: str) -> bool:
+    """Whether a reference's first part is a registry host (a `.` or `:` in it, or `localhost`)."""
+    return "." in part or ":" in part or part == "localhost"
+
+
 def docker_hub_reference(image: str) -> str:
     """A reference in full, as containerd resolves it: a name whose first part names no registry
-    host (no `.` or `:`, not `localhost`) is Docker Hub's, `library/` for a bare one."""
+    host is Docker Hub's, `library/` for a bare one."""
     first, slash, _ = image.partition("/")
-    if slash and ("." in first or ":" in first or first == "localhost"):
+    if slash and names_registry(first):
         return image
     return f"docker.io/{image}" if slash else f"docker.io/library/{image}"
 
@@ -891,7 +896,7 @@ def source_references(source: str) -> list[str]:
     registry host, else Docker Hub's (`swebench` is `docker.io/swebench`, `python` also
     `docker.io/library/python`)."""
     first, slash, _ = source.partition("/")
-    if "." in first or ":" in first or first == "localhost":
+    if names_registry(first):
         return [source]
     return [f"docker.io/{source}"] + ([] if slash else [f"docker.io/library/{source}"])
 
