@@ -42,6 +42,7 @@ from sandbox import (
     build_bwrap_argv,
     expand_vars,
     resolve_field_ref,
+    signal_container,
     signal_tree,
 )
 
@@ -49,6 +50,7 @@ KUBELET_VERSION = "v1.35.4"
 LEASE_SECONDS = 40
 LEASE_RENEW_SECONDS = 10
 NODE_STATUS_SECONDS = 20
+DEADLINE_MESSAGE = "Pod was active on the node longer than the specified deadline"
 CAPACITY = {"cpu": "8", "memory": "32Gi", "pods": "110", "ephemeral-storage": "100Gi"}
 
 
@@ -93,6 +95,7 @@ class ContainerRun:
         self.lock = threading.Lock()
         self.logs: list[ContainerLog] = []
         self.started_at: str | None = None
+        self.ended = threading.Event()  # set once the status says how the process ended
         self.status: dict = {
             "name": self.name,
             "state": {"waiting": {"reason": "ContainerCreating"}},
@@ -109,9 +112,15 @@ class ContainerRun:
             return self.process is not None and self.process.poll() is None
 
     def kill(self, sig: int) -> None:
+        """SIGKILL ends every process of the container; a stop signal goes to its first process
+        alone, and only if that handles it, as to a container's PID 1: the episode, a Python
+        program with no handler, then runs to the grace period's end and is killed (exit 137)."""
         with self.lock:
             if self.process is not None and self.process.poll() is None:
-                signal_tree(self.process, sig)
+                if sig == signal.SIGKILL:
+                    signal_tree(self.process, sig)
+                else:
+                    signal_container(self.process, sig)
 
 
 class PodWorker(threading.Thread):
@@ -132,6 +141,7 @@ class PodWorker(threading.Thread):
         self.grace = 30.0
         self.removed = False
         self.evicted: str | None = None
+        self.deadline_exceeded = False
         self.conditions: dict[str, dict] = {}
         self.phase = "Pending"
         self.status_lock = threading.Lock()
@@ -150,7 +160,12 @@ class PodWorker(threading.Thread):
         self.deleting.set()
 
     def stop_requested(self) -> bool:
-        return self.deleting.is_set() or self.evicted is not None or self.agent.stopping.is_set()
+        return (
+            self.deleting.is_set()
+            or self.evicted is not None
+            or self.deadline_exceeded
+            or self.agent.stopping.is_set()
+        )
 
     def sleep(self, seconds: float) -> bool:
         """Wait; True when the pod is being stopped meanwhile."""
@@ -176,28 +191,38 @@ class PodWorker(threading.Thread):
             return
         self.conditions[ctype] = condition(ctype, status, reason, message)
 
-    def post_status(self) -> None:
-        """The pod's status as a kubelet computes it, sent as a strategic merge patch."""
+    def post_status(self, terminal: bool = True) -> None:
+        """The pod's status as a kubelet computes it, sent as a strategic merge patch.
+
+        As kubelet 1.35's generateAPIPodStatus, the conditions follow the phase the containers give
+        (Ready False with reason PodCompleted or PodFailed, Initialized with PodCompleted once all
+        succeeded), but until the pod worker has stopped the pod (`terminal`) the phase sent stays
+        what it was, without the pod's reason: a container that ended first shows up terminated
+        in a Running pod whose sandbox is still ready, and the terminal phase follows."""
         with self.status_lock:
             statuses = [dict(c.status) for c in self.containers]
             terminated = [s for s in statuses if "terminated" in s["state"]]
-            if self.evicted is not None:
-                self.phase = "Failed"
+            phase = self.phase
+            if self.evicted is not None or self.deadline_exceeded:
+                phase = "Failed"
             elif statuses and len(terminated) == len(statuses):
-                self.phase = (
+                phase = (
                     "Succeeded"
                     if all(s["state"]["terminated"]["exitCode"] == 0 for s in statuses)
                     else "Failed"
                 )
             elif any("running" in s["state"] for s in statuses):
-                self.phase = "Running"
-            terminal = self.phase in ("Succeeded", "Failed")
+                phase = "Running"
+            ended = phase in ("Succeeded", "Failed")
             unready = [s["name"] for s in statuses if not s["ready"]]
-            for ctype in ("ContainersReady", "Ready"):
-                if statuses and not unready:
+            # Ready before ContainersReady, as the kubelet lists them.
+            for ctype in ("Ready", "ContainersReady"):
+                if ended:
+                    self.set_condition(
+                        ctype, "False", "PodFailed" if phase == "Failed" else "PodCompleted"
+                    )
+                elif statuses and not unready:
                     self.set_condition(ctype, "True")
-                elif terminal:
-                    self.set_condition(ctype, "False", "PodCompleted")
                 else:
                     self.set_condition(
                         ctype,
@@ -205,14 +230,24 @@ class PodWorker(threading.Thread):
                         "ContainersNotReady",
                         f"containers with unready status: [{' '.join(unready)}]",
                     )
-            if terminal:
+            if "Initialized" in self.conditions:
+                self.set_condition(
+                    "Initialized", "True", "PodCompleted" if phase == "Succeeded" else None
+                )
+            extra = dict(self.extra_status)
+            if ended and not terminal:
+                phase = self.phase
+                extra.pop("reason", None)
+                extra.pop("message", None)
+            elif ended:
                 self.set_condition("PodReadyToStartContainers", "False")
+            self.phase = phase
             status = {
-                "phase": self.phase,
+                "phase": phase,
                 "conditions": list(self.conditions.values()),
                 "containerStatuses": statuses,
                 "observedGeneration": self.pod["metadata"].get("generation", 1),
-                **self.extra_status,
+                **extra,
             }
             patch = {"metadata": {"uid": self.uid}, "status": status}
             try:
@@ -279,16 +314,25 @@ class PodWorker(threading.Thread):
         ]
         for t in threads:
             t.start()
-        while any(t.is_alive() for t in threads):
+        stopped = False
+        while any(t.is_alive() for t in threads) and not stopped:
             if self.stop_requested():
                 self._terminate()
-                break
-            if self.past_active_deadline():
+                stopped = True
+            elif self.past_active_deadline():
                 self.stop_at_deadline()
-                break
-            self.deleting.wait(0.05)
+                stopped = True
+            else:
+                self.deleting.wait(0.05)
         for t in threads:
             t.join(15)
+        if not stopped:
+            # The containers ended on their own: the pod worker stops the sandbox, and the status
+            # it writes then has the terminal phase.
+            if not self.removed:
+                self.post_status()
+            if not self.stop_requested():
+                self.deadline_after_success()
 
     def _terminate(self) -> None:
         """Graceful stop: Killing events, SIGTERM, the grace period, SIGKILL; then the final status."""
@@ -303,9 +347,12 @@ class PodWorker(threading.Thread):
             time.sleep(0.02)
         for c in alive:
             c.kill(signal.SIGKILL)
+        # Each container's own thread writes how its process ended (Error, 137 after SIGKILL);
+        # only a container that never ran is reported as one the runtime could not locate.
         deadline = time.monotonic() + 10
-        while any(c.alive() for c in alive) and time.monotonic() < deadline:
-            time.sleep(0.02)
+        for c in self.containers:
+            if c.process is not None:
+                c.ended.wait(max(0.0, deadline - time.monotonic()))
         for c in self.containers:
             if "terminated" not in c.status["state"]:
                 c.status.update(
@@ -330,15 +377,34 @@ class PodWorker(threading.Thread):
         return limit is not None and time.monotonic() - self.active_since >= limit
 
     def stop_at_deadline(self) -> None:
-        """As a kubelet's active deadline handler: a Normal DeadlineExceeded event, the pod's reason and
-        message, its containers stopped with its grace period; Failed once they have stopped."""
-        message = "Pod was active on the node longer than the specified deadline"
-        self.event("Normal", "DeadlineExceeded", message)
+        """As a kubelet's active deadline handler: a Normal DeadlineExceeded event; a status whose
+        Ready is False (PodFailed) while the phase stays Running, the container still running;
+        the containers stopped with the pod's grace period; then Failed with the pod's reason
+        DeadlineExceeded and its message."""
+        self.event("Normal", "DeadlineExceeded", DEADLINE_MESSAGE)
+        self.deadline_exceeded = True
+        self.post_status(terminal=False)
         with self.status_lock:
-            self.extra_status.update({"reason": "DeadlineExceeded", "message": message})
+            self.extra_status.update({"reason": "DeadlineExceeded", "message": DEADLINE_MESSAGE})
         self.grace = float((self.pod.get("spec") or {}).get("terminationGracePeriodSeconds") or 30)
-        self.post_status()
         self._terminate()
+
+    def deadline_after_success(self) -> None:
+        """Kubelet 1.35 checks a pod's activeDeadlineSeconds for as long as the pod is on its node,
+        ended or not (activeDeadlineHandler.ShouldEvict has no terminal check): a pod that
+        Succeeded turns Failed, reason DeadlineExceeded, with a Normal DeadlineExceeded event and
+        its conditions' reasons PodFailed, once its deadline passes while it is still there; its
+        containers' states stay as they ended, and nothing is killed."""
+        limit = (self.pod.get("spec") or {}).get("activeDeadlineSeconds")
+        if limit is None or self.phase != "Succeeded":
+            return
+        if self.sleep(self.active_since + limit - time.monotonic()):
+            return
+        self.event("Normal", "DeadlineExceeded", DEADLINE_MESSAGE)
+        self.deadline_exceeded = True
+        with self.status_lock:
+            self.extra_status.update({"reason": "DeadlineExceeded", "message": DEADLINE_MESSAGE})
+        self.post_status()
 
     def evict(self, message: str) -> None:
         """Evicted by this node: phase Failed, reason Evicted, a DisruptionTarget condition."""
@@ -533,8 +599,9 @@ class PodWorker(threading.Thread):
                     }
                 },
             )
+            c.ended.set()
             self.event("Warning", "Failed", f"Error: {message}", c.name)
-            self.post_status()
+            self.post_status(terminal=False)
             return
         self.agent.note(self.ns, self.name, node=self.node, container_started=true_start)
         self.event("Normal", "Started", "Container started", c.name)
@@ -567,8 +634,11 @@ class PodWorker(threading.Thread):
                 }
             },
         )
-        if not self.removed:
-            self.post_status()
+        c.ended.set()
+        # A pod being stopped gets its status from the stop; one whose containers end on their
+        # own shows each ended container before the pod worker gives the pod its terminal phase.
+        if not self.stop_requested():
+            self.post_status(terminal=False)
 
     def _environment(self, spec: dict) -> tuple[dict[str, str], int, int, str | None]:
         pod_spec = self.pod.get("spec") or {}

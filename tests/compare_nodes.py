@@ -1,0 +1,391 @@
+#!/usr/bin/env python3
+"""Run the same small pod scenarios on one kind of node; print what kubectl showed, normalised.
+
+    python3 tests/compare_nodes.py --side emulator|agent|kubelet --out FILE [--kubectl PATH]
+    python3 tests/compare_nodes.py --diff FILE_A FILE_B
+
+`emulator` is the tests' API emulator and its kubelet, `agent` the real control
+plane with tests/node_agent.py, `kubelet` the real control plane with a real
+kubelet, containerd and runc (tests/real_node.py, as root: run it under
+`flock /tmp/real-node.lock`; `agent` under `flock /tmp/real-cluster.lock`).
+Each scenario is one pod: it ends well, fails, is deleted while running, runs
+past its activeDeadlineSeconds, ends well before its deadline and is read after
+it, names an image no registry has, is evicted through the Eviction API; and a
+Job of one pod. For every pod the file holds each status its watch delivered
+(phase, reason, conditions, container states, deletion), its events in order,
+and its last pod object. `--diff` prints a unified diff of two sides' files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+TESTS_DIR = Path(__file__).resolve().parent
+sys.path[:0] = [str(TESTS_DIR), str(TESTS_DIR.parent)]
+
+import prereqs  # noqa: E402
+
+IMAGE = "python:3.12-alpine"
+MISSING_IMAGE = "python:0.0-absent"
+NAMESPACE = "nodecmp"
+SLEEP = ["python", "-c", "import time; time.sleep(600)"]
+# What runs to the end, and what is stopped before it: pod name -> (command, spec fields).
+SCENARIOS: Dict[str, Any] = {
+    "ok": (["python", "-c", "print('done')"], {}),
+    "fail": (["python", "-c", "import sys; print('bad'); sys.exit(3)"], {}),
+    "deleted": (SLEEP, {"terminationGracePeriodSeconds": 2}),
+    "deadline": (SLEEP, {"activeDeadlineSeconds": 4, "terminationGracePeriodSeconds": 2}),
+    "deadline-after-ok": (["python", "-c", "print('quick')"], {"activeDeadlineSeconds": 6}),
+    "pull": (["python", "-c", "print(1)"], {"image": MISSING_IMAGE}),
+    "evicted": (SLEEP, {"terminationGracePeriodSeconds": 2}),
+}
+
+
+def pod_manifest(name: str, command: List[str], extra: Dict[str, Any]) -> Dict[str, Any]:
+    spec = {k: v for k, v in extra.items() if k != "image"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"scenario": name}},
+        "spec": {
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": False,
+            "containers": [
+                {
+                    "name": "c",
+                    "image": extra.get("image", IMAGE),
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": command,
+                }
+            ],
+            **spec,
+        },
+    }
+
+
+def job_manifest() -> Dict[str, Any]:
+    pod = pod_manifest("job", ["python", "-c", "print('job')"], {})
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "job"},
+        "spec": {
+            "backoffLimit": 0,
+            "template": {"metadata": {"labels": {"scenario": "job"}}, "spec": pod["spec"]},
+        },
+    }
+
+
+# -- what a status looks like, without names, times and addresses -------------------------------
+
+
+def normalise(text: str) -> str:
+    text = re.sub(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z", "<time>", text)
+    text = re.sub(
+        r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b", "<uid>", text
+    )
+    text = re.sub(r"\b[0-9a-f]{64}\b", "<hex>", text)
+    text = re.sub(r"\b\d+(\.\d+)?(ms|s)\b", "<dur>", text)
+    text = re.sub(r"\b(\d{1,3}\.){3}\d{1,3}(:\d+)?\b", "<ip>", text)
+    text = re.sub(r"job-[bcdfghjklmnpqrstvwxz2456789]{5}\b", "job-<x>", text)
+    return re.sub(r"(emu-node|rldemo-node)(-\d+)?", "<node>", text)
+
+
+def container_summary(status: Dict[str, Any]) -> str:
+    (state, fields), *_ = (status.get("state") or {"none": {}}).items()
+    shown = [state]
+    for key in ("reason", "exitCode", "message", "signal"):
+        if key in fields:
+            shown.append(f"{key}={fields[key]!r}")
+    for key in ("startedAt", "finishedAt"):
+        if key in fields:
+            shown.append(f"{key}={'set' if fields[key] else fields[key]!r}")
+    shown.append(f"ready={status.get('ready')} started={status.get('started')}")
+    return " ".join(shown)
+
+
+def pod_summary(pod: Dict[str, Any]) -> List[str]:
+    """The lines that say what a pod's status is at one moment."""
+    status, metadata = pod.get("status") or {}, pod["metadata"]
+    lines = [f"phase={status.get('phase')}"]
+    for key in ("reason", "message"):
+        if key in status:
+            lines.append(f"{key}={status[key]!r}")
+    if metadata.get("deletionTimestamp"):
+        lines.append(f"deleting grace={metadata.get('deletionGracePeriodSeconds')}")
+    if metadata.get("finalizers"):
+        lines.append(f"finalizers={metadata['finalizers']}")
+    for c in status.get("conditions") or []:
+        text = f"condition {c['type']}={c['status']}"
+        for key in ("reason", "message"):
+            if c.get(key):
+                text += f" {key}={c[key]!r}"
+        lines.append(text)
+    for c in status.get("containerStatuses") or []:
+        lines.append(f"container {c['name']}: {container_summary(c)}")
+    return [normalise(line) for line in lines]
+
+
+def watch_steps(stream: str) -> Dict[str, List[List[str]]]:
+    """pod name -> each distinct status its watch delivered, in order (a repeat is dropped)."""
+    decoder, index, out = json.JSONDecoder(), 0, {}  # type: ignore[var-annotated]
+    while True:
+        while index < len(stream) and stream[index].isspace():
+            index += 1
+        if index >= len(stream):
+            return out
+        try:
+            event, index = decoder.raw_decode(stream, index)
+        except ValueError:
+            return out
+        pod = event.get("object") or {}
+        name = (pod.get("metadata") or {}).get("labels", {}).get("scenario")
+        if not name:
+            continue
+        step = [event.get("type", "?")] + pod_summary(pod)
+        steps = out.setdefault(name, [])
+        if not steps or steps[-1][1:] != step[1:]:
+            steps.append(step)
+
+
+def event_lines(events: List[Dict[str, Any]]) -> Dict[str, List[str]]:
+    """pod name (or Job) -> its events in the order they were first recorded."""
+    out: Dict[str, List[str]] = {}
+    ordered = sorted(
+        events,
+        key=lambda e: (e.get("firstTimestamp") or e.get("eventTime") or "", e["metadata"]["name"]),
+    )
+    for e in ordered:
+        involved = e["involvedObject"]
+        name = involved.get("name", "")
+        key = "job" if name.startswith("job") else name
+        line = " ".join(
+            [
+                involved.get("kind", ""),
+                e.get("type", ""),
+                e.get("reason", ""),
+                (e.get("source") or {}).get("component") or e.get("reportingComponent") or "",
+                involved.get("fieldPath", "-"),
+                f"x{e.get('count') or 1}",
+                repr(normalise(e.get("message", ""))),
+            ]
+        )
+        out.setdefault(key, []).append(line)
+    return out
+
+
+# -- running the scenarios -------------------------------------------------------------------------
+
+
+class Runner:
+    def __init__(self, kubectl: str, env: Dict[str, str]):
+        self.kubectl, self.env = kubectl, env
+
+    def run(self, *args: str, stdin: str = "", check: bool = True) -> str:
+        done = subprocess.run(
+            [self.kubectl, *args],
+            input=stdin,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        if check and done.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args)}: {done.stderr.strip()}")
+        return done.stdout
+
+    def pods(self) -> Dict[str, Dict[str, Any]]:
+        items = json.loads(self.run("get", "pods", "-n", NAMESPACE, "-o", "json"))["items"]
+        return {p["metadata"]["labels"]["scenario"]: p for p in items}
+
+
+def running(pod: Optional[Dict[str, Any]]) -> bool:
+    statuses = ((pod or {}).get("status") or {}).get("containerStatuses") or []
+    return bool(statuses) and "running" in (statuses[0].get("state") or {})
+
+
+def waiting_reason(pod: Optional[Dict[str, Any]]) -> str:
+    statuses = ((pod or {}).get("status") or {}).get("containerStatuses") or []
+    return (
+        ((statuses[0].get("state") or {}).get("waiting") or {}).get("reason", "")
+        if statuses
+        else ""
+    )
+
+
+def scenarios(kubectl: str, env: Dict[str, str], workdir: Path) -> Dict[str, Any]:
+    """Run every scenario at once in one namespace; what kubectl showed of each."""
+    k = Runner(kubectl, env)
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
+    k.run("create", "-f", "-", stdin=json.dumps(namespace))
+    for _ in range(60):
+        if k.run("get", "serviceaccount", "default", "-n", NAMESPACE, check=False):
+            break
+        time.sleep(0.5)
+    watch_file = workdir / "watch.json"
+    with open(watch_file, "w") as sink:
+        watch = subprocess.Popen(
+            [kubectl, "get", "pods", "-n", NAMESPACE, "-o", "json", "-w", "--output-watch-events"],
+            env=env,
+            stdout=sink,
+            stderr=subprocess.DEVNULL,
+        )
+    try:
+        time.sleep(1.0)
+        items = [pod_manifest(n, cmd, extra) for n, (cmd, extra) in SCENARIOS.items()]
+        items.append(job_manifest())
+        k.run(
+            "create",
+            "-n",
+            NAMESPACE,
+            "-f",
+            "-",
+            stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}),
+        )
+        stopped: set = set()
+        refused: List[str] = []
+        started = time.monotonic()
+        last: Dict[str, Dict[str, Any]] = {}
+        while time.monotonic() - started < 90:
+            pods = k.pods()
+            last.update(pods)
+            for name in ("deleted", "evicted"):
+                if name not in stopped and running(pods.get(name)):
+                    stopped.add(name)
+                    if name == "deleted":
+                        k.run("delete", "pod", name, "-n", NAMESPACE, "--wait=false")
+                    else:
+                        body = {
+                            "apiVersion": "policy/v1",
+                            "kind": "Eviction",
+                            "metadata": {"name": name, "namespace": NAMESPACE},
+                        }
+                        try:
+                            k.run(
+                                "create",
+                                "--raw",
+                                f"/api/v1/namespaces/{NAMESPACE}/pods/{name}/eviction",
+                                "-f",
+                                "-",
+                                stdin=json.dumps(body),
+                            )
+                        except RuntimeError as error:
+                            refused.append(normalise(str(error)))
+                            k.run("delete", "pod", name, "-n", NAMESPACE, "--wait=false")
+            ended = (
+                all(
+                    (pods.get(n) or {}).get("status", {}).get("phase") in ("Succeeded", "Failed")
+                    for n in ("ok", "fail", "deadline", "deadline-after-ok", "job")
+                    if n in pods
+                )
+                and "job" in pods
+            )
+            gone = stopped == {"deleted", "evicted"} and not {"deleted", "evicted"} & set(pods)
+            pulled = waiting_reason(pods.get("pull")) == "ImagePullBackOff"
+            if ended and gone and pulled and time.monotonic() - started > 20:
+                break
+            time.sleep(0.5)
+        time.sleep(2.0)
+        final = k.pods()
+        events = json.loads(k.run("get", "events", "-n", NAMESPACE, "-o", "json"))["items"]
+        job = json.loads(k.run("get", "job", "job", "-n", NAMESPACE, "-o", "json"))
+    finally:
+        watch.terminate()
+        watch.wait(10)
+    k.run("delete", "namespace", NAMESPACE, "--wait=false", check=False)
+    steps = watch_steps(watch_file.read_text())
+    by_pod = event_lines(events)
+    record: Dict[str, Any] = {}
+    for name in list(SCENARIOS) + ["job"]:
+        record[name] = {
+            "watch": steps.get(name, []),
+            "events": by_pod.get(name, []),
+            # A pod gone before the last read ends with what its watch last showed.
+            "final": pod_summary(final[name])
+            if name in final
+            else (steps.get(name) or [["", "(none)"]])[-1][1:],
+            "gone": name not in final,
+        }
+    record["evicted"]["eviction refused"] = refused
+    record["job"]["job conditions"] = [
+        normalise(f"{c['type']}={c['status']} {c.get('reason')} {c.get('message')!r}")
+        for c in (job.get("status") or {}).get("conditions") or []
+    ]
+    return record
+
+
+def start_side(side: str, workdir: Path) -> Any:
+    if side == "emulator":
+        from kube_emulator import Emulator
+
+        images = {"present": {IMAGE: True}, "registry": {IMAGE: 19203584}}
+        return Emulator(workdir, server_version="1.35", images=images).start()
+    import build_control_plane
+
+    if side == "agent":
+        from local_cluster import LocalCluster
+
+        return LocalCluster(workdir, build_control_plane.BIN_DIR).start()
+    import build_node
+    from real_node import RealNodeCluster
+
+    return RealNodeCluster(workdir, build_control_plane.BIN_DIR, build_node.BIN_DIR).start()
+
+
+def render(record: Dict[str, Any]) -> List[str]:
+    lines = []
+    for name, parts in record.items():
+        lines.append(f"== {name}")
+        for key, value in parts.items():
+            if key == "watch":
+                for i, step in enumerate(value):
+                    lines.append(f"  watch {i}: {step[0]}")
+                    lines.extend(f"    {s}" for s in step[1:])
+            elif isinstance(value, list):
+                lines.append(f"  {key}:")
+                lines.extend(f"    {s}" for s in value)
+            else:
+                lines.append(f"  {key}: {value}")
+    return lines
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--side", choices=("emulator", "agent", "kubelet"))
+    parser.add_argument("--out", help="where to write the side's record (JSON)")
+    parser.add_argument("--diff", nargs=2, metavar="FILE", help="diff two sides' records")
+    parser.add_argument("--kubectl", default=prereqs.find_kubectls().get("1.35"))
+    args = parser.parse_args(argv)
+    if args.diff:
+        a, b = (json.loads(Path(f).read_text()) for f in args.diff)
+        sys.stdout.writelines(
+            line + "\n"
+            for line in difflib.unified_diff(
+                render(a), render(b), args.diff[0], args.diff[1], lineterm="", n=2
+            )
+        )
+        return 0
+    if not args.side or not args.out:
+        parser.error("--side and --out, or --diff")
+    workdir = Path(tempfile.mkdtemp(prefix=f"rldemo-nodes-{args.side}-"))
+    cluster = start_side(args.side, workdir / "cluster")
+    try:
+        record = scenarios(args.kubectl, cluster.env(), workdir)
+    finally:
+        cluster.stop()
+    Path(args.out).write_text(json.dumps(record, indent=1))
+    print("\n".join(render(record)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
