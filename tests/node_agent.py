@@ -326,13 +326,16 @@ class PodWorker(threading.Thread):
                 self.deleting.wait(0.05)
         for t in threads:
             t.join(15)
-        if not stopped:
+        if not stopped and self.stop_requested():
+            # A container that gave up waiting (an image that never pulled) as the pod was being
+            # stopped ended before the loop saw it: the pod is still stopped, and ends Failed.
+            self._terminate()
+        elif not stopped:
             # The containers ended on their own: the pod worker stops the sandbox, and the status
             # it writes then has the terminal phase.
             if not self.removed:
                 self.post_status()
-            if not self.stop_requested():
-                self.deadline_after_success()
+            self.deadline_after_success()
 
     def _terminate(self) -> None:
         """Graceful stop: Killing events, SIGTERM, the grace period, SIGKILL; then the final status."""
@@ -504,9 +507,12 @@ class PodWorker(threading.Thread):
             return ""
 
     # -- containers ----------------------------------------------------------
+    def image_absent(self, c: ContainerRun) -> bool:
+        return normalize_image(c.spec.get("image", ""))[1] in self.agent.absent_images
+
     def image_present(self, c: ContainerRun) -> None:
         """The kubelet's first step for a container: the image is found on the node (no pulls here)."""
-        if c.name not in self.image_checked:
+        if c.name not in self.image_checked and not self.image_absent(c):
             self.image_checked.add(c.name)
             # As kubelet v1.35.4 words them (its Created and Started no longer name the container).
             self.event(
@@ -517,8 +523,39 @@ class PodWorker(threading.Thread):
                 c.name,
             )
 
+    def pull_until_stopped(self, c: ContainerRun) -> None:
+        """An image no registry has, as kubelet v1.35.4 pulls it: Pulling, the pull's error and
+        ErrImagePull; then BackOff and ImagePullBackOff until the next try, the back-off doubling
+        from 10 s up to 300 s; until the pod is stopped."""
+        image = c.spec.get("image", "")
+        reference = normalize_image(image)[1]
+        error = (
+            f'rpc error: code = NotFound desc = failed to pull and unpack image "{reference}": '
+            f"failed to resolve image: {reference}: not found"
+        )
+        backoff = 10.0
+        while True:
+            self.event("Normal", "Pulling", f'Pulling image "{image}"', c.name)
+            self.event("Warning", "Failed", f'Failed to pull image "{image}": {error}', c.name)
+            self.event("Warning", "Failed", "Error: ErrImagePull", c.name)
+            c.status["state"] = {"waiting": {"reason": "ErrImagePull", "message": error}}
+            self.post_status(terminal=False)
+            if self.sleep(1.0):
+                return
+            self.event("Normal", "BackOff", f'Back-off pulling image "{image}"', c.name)
+            self.event("Warning", "Failed", "Error: ImagePullBackOff", c.name)
+            message = f'Back-off pulling image "{image}": ErrImagePull: {error}'
+            c.status["state"] = {"waiting": {"reason": "ImagePullBackOff", "message": message}}
+            self.post_status(terminal=False)
+            if self.sleep(backoff):
+                return
+            backoff = min(backoff * 2, 300.0)
+
     def _run_container(self, c: ContainerRun, volumes: dict[str, tuple[str, str]]) -> None:
         spec = c.spec
+        if self.image_absent(c):
+            self.pull_until_stopped(c)
+            return
         self.image_present(c)
         env, uid, gid, error = self._environment(spec)
         while error:
@@ -771,6 +808,10 @@ class NodeAgent:
         self.sandbox_seconds = sandbox_seconds
         self.sandbox_jitter = sandbox_jitter  # each sandbox takes up to this much longer, at random
         self.python = python
+        # Image references no registry has (as containerd names them, e.g.
+        # docker.io/library/python:0.0-absent): their pulls fail as kubelet v1.35.4 with containerd
+        # v2.4.2 report it. Every other image is present on every node.
+        self.absent_images: set[str] = set()
         self.node_ip = "127.0.0.1"
         self.bindir = self.workdir / "bin"
         self.stopping = threading.Event()

@@ -570,3 +570,15 @@ def test_leftovers_of_a_killed_run_are_torn_down(real_node, tmp_path):
 
 def cluster_name(real_node) -> str:
     return real_node[1].name
+
+
+def test_pod_lifecycles_the_stand_ins_copy(real_node, tmp_path):
+    """What kubelet v1.35.4 shows of small pods (tests/compare_nodes.py), which the node agent and
+    the emulator's kubelet are held to by the same check: ended, failed, deleted, evicted through
+    the Eviction API, past their deadline (running, and after succeeding), an image no registry
+    has, a Job's pod."""
+    import compare_nodes
+
+    kubectl, cluster = real_node
+    record = compare_nodes.scenarios(kubectl, cluster.env(), tmp_path, "kubelet-lifecycles")
+    assert compare_nodes.kubelet_135_differences(record) == []
