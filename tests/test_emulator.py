@@ -1233,3 +1233,18 @@ def test_image_store_knows_each_nodes_images() -> None:
     )  # without the option every image is present
     with pytest.raises(ValueError, match="unknown images option"):
         ImageStore({"registery": {}}, ["n1"])
+
+
+def test_pod_lifecycles_as_kubelet_135_shows_them(require_e2e, tmp_path):
+    """The emulator's kubelet and API server against what kubelet v1.35.4 showed of the same pods
+    (tests/compare_nodes.py): ended, failed, deleted, evicted through the Eviction API, past
+    their deadline (running, and after succeeding), an image no registry has, a Job's pod."""
+    import compare_nodes
+
+    kubectl = require_e2e("1.35")
+    emulator = compare_nodes.start_side("emulator", tmp_path / "emulator")
+    try:
+        record = compare_nodes.scenarios(kubectl, emulator.env(), tmp_path)
+    finally:
+        emulator.stop()
+    assert compare_nodes.kubelet_135_differences(record, deadline_flip=True) == []
