@@ -1247,4 +1247,6 @@ def test_pod_lifecycles_as_kubelet_135_shows_them(require_e2e, tmp_path):
         record = compare_nodes.scenarios(kubectl, emulator.env(), tmp_path)
     finally:
         emulator.stop()
-    assert compare_nodes.kubelet_135_differences(record, deadline_flip=True) == []
+    (tmp_path / "record.json").write_text(json.dumps(record, indent=1))
+    differences = compare_nodes.kubelet_135_differences(record, deadline_flip=True)
+    assert differences == [], "\n".join(differences)

@@ -579,4 +579,6 @@ def test_pod_lifecycles_as_kubelet_135_shows_them(real_cluster, tmp_path):
         record = compare_nodes.scenarios(kubectl, cluster.env(), tmp_path, "kubelet-lifecycles")
     finally:
         cluster.agent.absent_images.discard(absent)
-    assert compare_nodes.kubelet_135_differences(record, deadline_flip=True) == []
+    (tmp_path / "record.json").write_text(json.dumps(record, indent=1))
+    differences = compare_nodes.kubelet_135_differences(record, deadline_flip=True)
+    assert differences == [], "\n".join(differences)

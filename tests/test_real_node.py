@@ -581,4 +581,6 @@ def test_pod_lifecycles_the_stand_ins_copy(real_node, tmp_path):
 
     kubectl, cluster = real_node
     record = compare_nodes.scenarios(kubectl, cluster.env(), tmp_path, "kubelet-lifecycles")
-    assert compare_nodes.kubelet_135_differences(record) == []
+    (tmp_path / "record.json").write_text(json.dumps(record, indent=1))
+    differences = compare_nodes.kubelet_135_differences(record)
+    assert differences == [], "\n".join(differences)
