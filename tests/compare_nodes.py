@@ -43,7 +43,7 @@ SCENARIOS: Dict[str, Any] = {
     "ok": (["python", "-c", "print('done')"], {}),
     "fail": (["python", "-c", "import sys; print('bad'); sys.exit(3)"], {}),
     "deleted": (SLEEP, {"terminationGracePeriodSeconds": 2}),
-    "deadline": (SLEEP, {"activeDeadlineSeconds": 4, "terminationGracePeriodSeconds": 2}),
+    "deadline": (SLEEP, {"activeDeadlineSeconds": 8, "terminationGracePeriodSeconds": 2}),
     "deadline-after-ok": (["python", "-c", "print('quick')"], {"activeDeadlineSeconds": 6}),
     "pull": (["python", "-c", "print(1)"], {"image": MISSING_IMAGE}),
     "evicted": (SLEEP, {"terminationGracePeriodSeconds": 2}),
