@@ -126,6 +126,10 @@ FIRST_CONTACT_RETRY_SECONDS = 10
 LOG_READERS = 8
 POLL_INTERVAL_SECONDS = 1.0
 WATCH_RESTARTS_BEFORE_POLLING = 3
+# The most watch events decoded and waiting to be taken in: a client that falls behind stops
+# reading its watches there, and the rest waits in their pipes (then in kubectl and the API
+# server) instead of in its memory, a decoded pod taking about ten times its text.
+WATCH_EVENTS_WAITING_MOST = 1000
 # Lists are read in pages of kubectl's own default --chunk-size: each page is one
 # call well inside the per-call limit, however many pods the batch has.
 LIST_PAGE_SIZE = 500
@@ -2024,16 +2028,25 @@ def pods_final_one(pod: dict) -> bool:
 
 
 class SharedStrings:
-    """One string object for each repeated text (field names, nodes, images, reasons).
+    """One object for each repeated value: each text (field names, nodes, images, reasons) and
+    each dict or list equal to one seen before (a Job's pods share their spec, tolerations,
+    volumes, owner, most conditions), so that what thousands of ended pods and events hold
+    is mostly what differs between them.
 
-    Thousands of decoded pods and events repeat the same texts, each decoded anew;
-    sharing them holds a pod in about half the memory. The table is emptied when it
-    grows large, so the texts seen only once (uids, revisions) never pile up.
+    Thousands of decoded pods and events repeat the same texts and parts, each decoded anew;
+    sharing them holds an ended pod in about a tenth of the memory. What is shared must never
+    be changed in place (nothing here changes a pod or an event once read). A container is
+    known by its kind and its items, each a shared text, a container (by identity: the
+    table's entry keeps it alive, so no other object has its id meanwhile) or a number of
+    its own type (True, 1 and 1.0 are told apart). One that holds a text seen for the first
+    time (a pod's name, its uid) is equal to nothing yet and is not kept. The table is emptied
+    when it grows large, so the texts seen only once (uids, revisions) never pile up.
     """
 
     def __init__(self, most: int = 200_000) -> None:
         self.most = most
-        self.table: dict[str, str] = {}
+        self.table: dict[Any, Any] = {}
+        self._first_seen = 0  # texts taken into the table so far
 
     def share(self, value: Any) -> Any:
         if len(self.table) > self.most:
@@ -2043,12 +2056,62 @@ class SharedStrings:
     def _share(self, value: Any) -> Any:
         table = self.table
         if isinstance(value, str):
-            return table.setdefault(value, value)
+            known = table.get(value)
+            if known is None:
+                table[value] = known = value
+                self._first_seen += 1
+            return known
         if isinstance(value, dict):
-            return {table.setdefault(key, key): self._share(item) for key, item in value.items()}
+            before = self._first_seen
+            shared = {self._share(key): self._share(item) for key, item in value.items()}
+            if self._first_seen != before:
+                return shared  # it holds a text never seen before: no other is equal to it yet
+            return table.setdefault(self._key(dict, shared.items(), True), shared)
         if isinstance(value, list):
-            return [self._share(item) for item in value]
+            before = self._first_seen
+            items = [self._share(item) for item in value]
+            if self._first_seen != before:
+                return items
+            return table.setdefault(self._key(list, items, False), items)
+        if isinstance(value, tuple):
+            parts = [self._share(item) for item in value]
+            return type(value)(*parts) if hasattr(value, "_fields") else tuple(parts)
         return value
+
+    def texts(self, value: Any) -> Any:
+        """The same value with only its texts shared: for values whose containers are all
+        their own (an episode's figures), where keeping them to compare would cost memory."""
+        if len(self.table) > self.most:
+            self.table.clear()
+        return self._texts(value)
+
+    def _texts(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return self.table.setdefault(value, value)
+        if isinstance(value, dict):
+            return {self._texts(key): self._texts(item) for key, item in value.items()}
+        if isinstance(value, (list, tuple)):
+            parts = [self._texts(item) for item in value]
+            if isinstance(value, list):
+                return parts
+            return type(value)(*parts) if hasattr(value, "_fields") else tuple(parts)
+        return value
+
+    @staticmethod
+    def _key(kind: type, items: Iterable[Any], pairs: bool) -> tuple:
+        """What identifies a container whose items are shared already: its kind, then each item."""
+        key: list[Any] = [kind]
+        for entry in items:
+            if pairs:
+                key.append(entry[0])
+                entry = entry[1]
+            if isinstance(entry, (dict, list, tuple)):
+                key += (type(entry), id(entry))  # the table's value holds it: its id is its own
+            elif isinstance(entry, float):
+                key += (float, entry.hex())  # 0.0 and -0.0 are equal, and print apart
+            else:
+                key += (type(entry), entry)
+        return tuple(key)
 
 
 def compact_event(event: dict) -> dict:
@@ -4273,6 +4336,8 @@ class EpisodeDrafts:
         self.scheduled: dict[str, float] = {}
         self.kubelet: dict[str, dict[str, tuple[float, str]]] = {}
         self.creations: dict[str, float] = {}
+        # Thousands of drafts repeat their field names, sources, nodes and the worker's words.
+        self._shared = SharedStrings()
 
     def note_event(self, change: str, event: dict) -> None:
         """One event as the watch delivered it, into the index of what events say of each pod."""
@@ -4319,16 +4384,17 @@ class EpisodeDrafts:
             lower(earliest, "the Job's creation", REFERENCE_CLOCK),
         )
         points = episode_points(pod, ready, reward, *inputs)
+        share = self._shared.texts
         self.drafts[name] = EpisodeDraft(
             pod,
             log_text,
             job_created,
             self.builtin,
-            ready,
-            reward,
-            pod_row(pod, ready, reward, job_created),
-            inputs,
-            points,
+            share(ready),
+            share(reward),
+            share(pod_row(pod, ready, reward, job_created)),
+            share(inputs),
+            share(points),
             phase_durations(points),
         )
 
@@ -6700,21 +6766,66 @@ class WatchEnded(NamedTuple):
     refusal: str | None
 
 
+class WatchRoom:
+    """Room for at most `most` watch events waiting in the queue: a watch's reader waits for room
+    before it puts the next (and so stops reading its pipe), until its watch is stopped. The
+    other items (a watch's end, a log read) take no room, so that no reader of logs ever waits."""
+
+    def __init__(self, most: int) -> None:
+        self.most = most
+        self.waiting = 0
+        self._changed = threading.Condition()
+
+    def enter(self, stopped: threading.Event) -> None:
+        """Wait for room for one more event, or for this watch to be stopped (then its last
+        events, at most what its pipe held, are taken in without waiting)."""
+        with self._changed:
+            while self.waiting >= self.most and not stopped.is_set():
+                self._changed.wait()
+            self.waiting += 1
+
+    def leave(self) -> None:
+        """One event was taken from the queue."""
+        with self._changed:
+            self.waiting = max(0, self.waiting - 1)
+            self._changed.notify()
+
+    def wake(self) -> None:
+        """A watch was stopped: its reader, if waiting for room, waits no more."""
+        with self._changed:
+            self._changed.notify_all()
+
+
 class WatchStream:
     """One batch's watches (`kubectl get -w` of its Job, its pods, the namespace's events): each
     process's output turned by a thread into queue items, a WatchEvent for each event and a
-    WatchEnded at its end; and how often each broke in a row, for the restarts."""
+    WatchEnded at its end; and how often each broke in a row, for the restarts. At most `most`
+    events wait in the queue (WatchRoom): `get` is how they are taken out."""
 
     def __init__(
-        self, kubectl: Kubectl, namespace: str, job_name: str, jobs: BatchJobs | None = None
+        self,
+        kubectl: Kubectl,
+        namespace: str,
+        job_name: str,
+        jobs: BatchJobs | None = None,
+        most: int = WATCH_EVENTS_WAITING_MOST,
     ) -> None:
         self.kubectl = kubectl
         self.namespace = namespace
         self.job_name = job_name
         self.jobs = jobs or BatchJobs(job_name, [job_name])
         self.queue: queue.Queue[WatchEvent | WatchEnded | LogRead] = queue.Queue()
+        self.room = WatchRoom(most)
         self.processes: dict[str, subprocess.Popen] = {}
+        self._stopped: dict[str, threading.Event] = {}
         self.failures = {"job": 0, "pods": 0, "events": 0}
+
+    def get(self, timeout: float | None) -> WatchEvent | WatchEnded | LogRead:
+        """The next item, waiting up to `timeout` seconds (None: not at all); queue.Empty if none."""
+        item = self.queue.get_nowait() if timeout is None else self.queue.get(timeout=timeout)
+        if isinstance(item, WatchEvent):
+            self.room.leave()
+        return item
 
     def __contains__(self, kind: str) -> bool:
         return kind in self.processes
@@ -6740,10 +6851,15 @@ class WatchStream:
                 errors.close()
                 raise DemoError(f"cannot run kubectl {self.kubectl.binary!r}: {error}") from None
             self.processes[kind] = process
-            threading.Thread(target=self._pump, args=(kind, process, errors), daemon=True).start()
+            stopped = self._stopped[kind] = threading.Event()
+            threading.Thread(
+                target=self._pump, args=(kind, process, errors, stopped), daemon=True
+            ).start()
 
-    def _pump(self, kind: str, process: subprocess.Popen, errors: Any) -> None:
-        """Turn a watch's output into queue items; say when it ends."""
+    def _pump(
+        self, kind: str, process: subprocess.Popen, errors: Any, stopped: threading.Event
+    ) -> None:
+        """Turn a watch's output into queue items, each once there is room; say when it ends."""
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
         def chunks() -> Iterator[str]:
@@ -6755,6 +6871,7 @@ class WatchStream:
 
         try:
             for value in iter_json_stream(chunks()):
+                self.room.enter(stopped)
                 self.queue.put(WatchEvent(kind, value, time.time()))
         except (OSError, ValueError):
             pass  # the pipe closed under us: reported as the watch's end below
@@ -6768,9 +6885,12 @@ class WatchStream:
 
     def stop(self, keep: Sequence[str] = ()) -> None:
         stopping = {kind: process for kind, process in self.processes.items() if kind not in keep}
-        for process in stopping.values():
+        for kind, process in stopping.items():
+            if kind in self._stopped:
+                self._stopped[kind].set()
             if process.poll() is None:
                 process.terminate()
+        self.room.wake()
         for kind, process in stopping.items():
             try:
                 process.wait(timeout=5)
@@ -6980,7 +7100,7 @@ class BatchFollower:
         wake = self.poller.next_read if self.polling else time.monotonic() + 1.0
         wait = min(client_deadline, wake) - time.monotonic()
         try:
-            item = self.watches.queue.get(timeout=max(0.01, wait))
+            item = self.watches.get(timeout=max(0.01, wait))
         except queue.Empty:
             return
         self.cost.took(self.watches.queue.qsize())
@@ -7122,9 +7242,7 @@ class BatchFollower:
         deadline = time.monotonic() + seconds
         while not self.watches_settled(events_expected):
             try:
-                item = self.watches.queue.get(
-                    timeout=max(0.0, min(0.1, deadline - time.monotonic()))
-                )
+                item = self.watches.get(timeout=max(0.0, min(0.1, deadline - time.monotonic())))
             except queue.Empty:
                 if time.monotonic() >= deadline:
                     return
@@ -7132,7 +7250,7 @@ class BatchFollower:
             while True:  # everything already delivered, before judging again
                 self.take(item, deadline)
                 try:
-                    item = self.watches.queue.get_nowait()
+                    item = self.watches.get(None)
                 except queue.Empty:
                     break
 
@@ -7143,7 +7261,7 @@ class BatchFollower:
         deadline = time.monotonic() + 5
         while watching:
             try:
-                item = self.watches.queue.get(timeout=max(0.01, deadline - time.monotonic()))
+                item = self.watches.get(timeout=max(0.01, deadline - time.monotonic()))
             except queue.Empty:
                 return
             if isinstance(item, WatchEnded):

@@ -209,6 +209,42 @@ def test_shared_strings_keep_values_equal_and_share_repeats() -> None:
     assert next(iter(first)) is next(iter(second))
 
 
+def test_equal_parts_of_ended_pods_are_held_once() -> None:
+    shared = demo.SharedStrings()
+    first, second, third = (
+        shared.share(json.loads(json.dumps(dict(pod(name), spec={"nodeName": "n-1"}))))
+        for name in ("a", "b", "c")
+    )
+    assert first == dict(pod("a"), spec={"nodeName": "n-1"})
+    # The first holds texts seen for the first time: the next equal parts are held once.
+    assert second["spec"] is third["spec"] and second["status"] is third["status"]
+    assert second["metadata"] is not third["metadata"]
+
+
+def test_sharing_never_changes_a_value_or_its_text() -> None:
+    shared = demo.SharedStrings()
+    values = [
+        {"a": True},
+        {"a": 1},
+        {"a": 1.0},
+        {"a": 0.0},
+        {"a": -0.0},
+        {"a": None},
+        {"a": "1"},
+        {"a": [1]},
+        {"a": [True]},
+        {"a": {"b": 1}},
+        {"b": 1, "a": 1},
+        {"a": 1, "b": 1},
+        [1, 2],
+        [2, 1],
+        {"a": (1, "x")},
+    ]
+    for value in values * 2:
+        assert json.dumps(shared.share(copy.deepcopy(value))) == json.dumps(value)
+    assert shared.share({"a": [1]})["a"] is shared.share({"a": [1]})["a"]
+
+
 def test_shared_strings_forget_everything_when_the_table_grows_large() -> None:
     shared = demo.SharedStrings(most=3)
     for number in range(10):
