@@ -2054,29 +2054,43 @@ class SharedStrings:
         return self._share(value)
 
     def _share(self, value: Any) -> Any:
-        table = self.table
         if isinstance(value, str):
-            known = table.get(value)
-            if known is None:
-                table[value] = known = value
-                self._first_seen += 1
-            return known
+            return self._text(value)
         if isinstance(value, dict):
             before = self._first_seen
-            shared = {self._share(key): self._share(item) for key, item in value.items()}
+            shared = {self._text(key): self._part(item) for key, item in value.items()}
             if self._first_seen != before:
                 return shared  # it holds a text never seen before: no other is equal to it yet
-            return table.setdefault(self._key(dict, shared.items(), True), shared)
+            return self.table.setdefault(self._key(dict, shared.items(), True), shared)
         if isinstance(value, list):
             before = self._first_seen
-            items = [self._share(item) for item in value]
+            items = [self._part(item) for item in value]
             if self._first_seen != before:
                 return items
-            return table.setdefault(self._key(list, items, False), items)
+            return self.table.setdefault(self._key(list, items, False), items)
         if isinstance(value, tuple):
             parts = [self._share(item) for item in value]
             return type(value)(*parts) if hasattr(value, "_fields") else tuple(parts)
         return value
+
+    def _text(self, text: str) -> str:
+        known = self.table.get(text)
+        if known is None:
+            self.table[text] = known = text
+            self._first_seen += 1
+        return known
+
+    def _part(self, value: Any) -> Any:
+        """A container's item: most are texts or numbers, taken without a call each."""
+        if isinstance(value, str):
+            known = self.table.get(value)
+            if known is None:
+                self.table[value] = known = value
+                self._first_seen += 1
+            return known
+        if value is None or isinstance(value, (int, float)):
+            return value
+        return self._share(value)
 
     def texts(self, value: Any) -> Any:
         """The same value with only its texts shared: for values whose containers are all
@@ -2151,11 +2165,13 @@ def compact_event(event: dict) -> dict:
 
 class Spool:
     """Texts kept on disk by name, the newest of each: what is written whole at the end but
-    need not be held in memory until then."""
+    need not be held in memory until then. `directory`: where (a run's own output directory,
+    not a /tmp that may be memory), in a file removed as soon as it is made."""
 
-    def __init__(self) -> None:
-        self._file = tempfile.TemporaryFile()
-        self._where: dict[str, tuple[int, int]] = {}  # name -> (offset, length)
+    def __init__(self, directory: str | None = None) -> None:
+        self._file = tempfile.TemporaryFile(dir=directory)
+        # name -> offset * 2**32 + length: one number, not a pair, for each of 100,000s of texts
+        self._where: dict[str, int] = {}
         self._end = 0
         self._read_since = False
 
@@ -2168,14 +2184,14 @@ class Spool:
             self._file.seek(self._end)
             self._read_since = False
         self._file.write(data)
-        self._where[name] = (self._end, len(data))
+        self._where[name] = self._end << 32 | len(data)
         self._end += len(data)
 
     def forget(self, name: str) -> None:
         self._where.pop(name, None)
 
     def get(self, name: str) -> str:
-        offset, length = self._where[name]
+        offset, length = self._where[name] >> 32, self._where[name] & 0xFFFFFFFF
         self._read_since = True
         self._file.seek(offset)
         return self._file.read(length).decode("utf-8")
@@ -2189,9 +2205,9 @@ class EventStore:
     pods holds its tens of thousands of events in little memory.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, spool_dir: str | None = None) -> None:
         self.compact: dict[str, dict] = {}
-        self._spool = Spool()
+        self._spool = Spool(spool_dir)
         self._shared = SharedStrings()
         # The revision the events are known to be at least as new as, once a list has said so.
         self.resource_version: str | None = None
@@ -4311,15 +4327,6 @@ class EpisodeDraft(NamedTuple):
         return points, phase_durations(points)
 
 
-def nested_copy(value: Any) -> Any:
-    """A copy of dicts of dicts (and tuples) that later changes to the original leave alone."""
-    return (
-        {key: nested_copy(item) for key, item in value.items()}
-        if isinstance(value, dict)
-        else value
-    )
-
-
 class EpisodeDrafts:
     """Each episode summarised the moment it ends (its pod final, its log read), while the batch
     still runs: what the summary after the end takes as it is when the final evidence agrees.
@@ -4336,7 +4343,6 @@ class EpisodeDrafts:
         self.scheduled: dict[str, float] = {}
         self.kubelet: dict[str, dict[str, tuple[float, str]]] = {}
         self.creations: dict[str, float] = {}
-        # Thousands of drafts repeat their field names, sources, nodes and the worker's words.
         self._shared = SharedStrings()
 
     def note_event(self, change: str, event: dict) -> None:
@@ -4347,10 +4353,15 @@ class EpisodeDrafts:
         for name, moment in pod_creation_events((event,)).items():
             self.creations.setdefault(name, moment)
         for name, reasons in kubelet_container_events((event,)).items():
-            known = self.kubelet.setdefault(name, {})
-            for reason, named in reasons.items():
-                if reason not in known or named[0] < known[reason][0]:
-                    known[reason] = named
+            known = self.kubelet.get(name) or {}
+            earlier = {
+                reason: named
+                for reason, named in reasons.items()
+                if reason not in known or named[0] < known[reason][0]
+            }
+            if earlier or name not in self.kubelet:
+                # A new dict, never one changed in place: a draft holds the one it was made from.
+                self.kubelet[name] = {**known, **earlier}
 
     def draft(
         self,
@@ -4375,16 +4386,17 @@ class EpisodeDrafts:
             return
         assert job is not None  # it has a creationTimestamp
         earliest = job_creation(job, job_observed, 0.0, 0.0).earliest
+        # Thousands of drafts repeat their field names, sources, nodes and the worker's words.
+        share = self._shared.texts
         inputs = EpisodeInputs(
             self.scheduled.get(name),
-            nested_copy(observed),
-            nested_copy(self.kubelet.get(name)),
+            share(observed),  # a copy: the watch's record goes on
+            self.kubelet.get(name),  # replaced, never changed, by a later event
             self.creations.get(name),
             EpisodeClocks(),
             lower(earliest, "the Job's creation", REFERENCE_CLOCK),
         )
         points = episode_points(pod, ready, reward, *inputs)
-        share = self._shared.texts
         self.drafts[name] = EpisodeDraft(
             pod,
             log_text,
@@ -4393,7 +4405,7 @@ class EpisodeDrafts:
             share(ready),
             share(reward),
             share(pod_row(pod, ready, reward, job_created)),
-            share(inputs),
+            inputs,
             share(points),
             phase_durations(points),
         )
@@ -6362,17 +6374,17 @@ class BatchState:
     """What the watches of one Job have said: a pure reducer of their changes, with no
     thread, process or clock of its own; `apply` is the one way a change comes in.
 
-    It holds the Job and each pod as last seen (a pod once, its repeated strings shared
-    once it has ended), the namespace's events, and when (the client's wall clock, given
+    It holds the Job and each pod as last seen (a pod once, its repeated texts and parts
+    shared once it has ended), the namespace's events, and when (the client's wall clock, given
     with each change) each transition first arrived: an upper bound on when it happened,
     kept for `report` as observed.json.
     """
 
-    def __init__(self, indented_pods: bool = False) -> None:
+    def __init__(self, indented_pods: bool = False, spool_dir: str | None = None) -> None:
         self.job: dict | None = None
         self.pods: dict[str, dict] = {}
         self.deleted: set[str] = set()
-        self.events = EventStore()
+        self.events = EventStore(spool_dir)
         # pod name -> transition -> time, and the stamps seen only while it ran
         self.observed: dict[str, dict[str, Any]] = {}
         self.job_observed: dict[
@@ -6385,7 +6397,7 @@ class BatchState:
         self._shared = SharedStrings()
         # Each pod's text for pods.json, encoded as soon as the pod looks final (ended, counted,
         # not being deleted) rather than all at the end; name -> the resourceVersion encoded.
-        self._final_texts = Spool()
+        self._final_texts = Spool(spool_dir)
         self._final_versions: dict[str, str] = {}
         # A small batch's pods.json is indented (see pod_text), in pure Python: made as each pod
         # ends, that costs nothing after the end.
@@ -6430,12 +6442,12 @@ class BatchState:
             self.deleted.add(name)
             self.pods.setdefault(name, pod)
             return StateChange("pods", name)
-        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
-            # Its state from now on is what is held to the end: worth holding small.
+        if pods_final_one(pod):
+            # Its state from now on is what is held to the end: worth holding small (an ended
+            # pod the Job controller has yet to count changes once more, at once).
             pod = self._shared.share(pod)
-            if pods_final_one(pod):
-                self._final_texts.put(name, pod_json(pod, self.indented_pods))
-                self._final_versions[name] = pod["metadata"].get("resourceVersion")
+            self._final_texts.put(name, pod_json(pod, self.indented_pods))
+            self._final_versions[name] = pod["metadata"].get("resourceVersion")
         self.pods[name] = pod
         record_pod_observation(self.observed.setdefault(name, {}), pod, arrived)
         terminated = container_terminated(pod)
@@ -6494,6 +6506,9 @@ class LogReader:
         # Pod name -> (containerID, log) read after that container terminated: complete.
         self.early: dict[str, tuple[str, str]] = {}
         self.saved: dict[str, str] = {}  # pod name -> the log text saved as <pod>.log
+        # Each (pod, containerID) whose log is read once, and the reads not done yet: a done
+        # read's Future (a lock, a condition and their queue, a kilobyte) is not kept.
+        self._scheduled: set[tuple[str, str]] = set()
         self._reads: dict[tuple[str, str], concurrent.futures.Future] = {}
         # Told (from a reader's thread) the name of each pod whose log was read after its end.
         self.on_read = on_read
@@ -6501,8 +6516,13 @@ class LogReader:
     def schedule(self, ended: Iterable[tuple[str, str]]) -> None:
         """Read the log of each ended container once; keyed by container, so a restarted one's is read again."""
         for key in ended:
-            if key not in self._reads:
-                self._reads[key] = self.pool.submit(self._read_early, *key)
+            if key not in self._scheduled:
+                self._scheduled.add(key)
+                self._reads[key] = read = self.pool.submit(self._read_early, *key)
+                read.add_done_callback(functools.partial(self._read_done, key))
+
+    def _read_done(self, key: tuple[str, str], read: concurrent.futures.Future) -> None:
+        self._reads.pop(key, None)
 
     def _read_early(self, name: str, container_id: str) -> None:
         try:
@@ -7009,7 +7029,8 @@ class BatchFollower:
         self.count = count
         self.progress = progress
         self.proxy = proxy
-        self.state = BatchState(indented_pods=count < ONE_LINE_ITEMS_FROM)
+        # The texts kept for pods.json and events.json wait on disk beside them.
+        self.state = BatchState(count < ONE_LINE_ITEMS_FROM, log_dir)
         # The batch's Jobs (`job_names`: one per image, else the one named `job_name`), followed as one.
         self.jobs = BatchJobs(job_name, job_names or [job_name])
         # Given already started when its pod watch had to listen before the proxy was opened.

@@ -10,6 +10,7 @@ import copy
 import json
 import signal
 import unittest.mock
+from pathlib import Path
 
 import pytest
 
@@ -243,6 +244,18 @@ def test_sharing_never_changes_a_value_or_its_text() -> None:
     for value in values * 2:
         assert json.dumps(shared.share(copy.deepcopy(value))) == json.dumps(value)
     assert shared.share({"a": [1]})["a"] is shared.share({"a": [1]})["a"]
+
+
+def test_a_spool_keeps_the_newest_text_of_each_name_and_leaves_no_file_in_its_directory(
+    tmp_path: Path,
+) -> None:
+    spool = demo.Spool(str(tmp_path))
+    for name, text in (("a", "first"), ("b", "é" * 3), ("a", "newest")):
+        spool.put(name, text)
+    assert spool.get("b") == "é" * 3 and spool.get("a") == "newest"
+    spool.put("c", "after a read")
+    assert spool.get("c") == "after a read" and spool.get("b") == "é" * 3
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_shared_strings_forget_everything_when_the_table_grows_large() -> None:

@@ -1,9 +1,11 @@
 """Unit tests of the watch queue's bound: a watch's reader stops reading its pipe while `most`
 events wait to be taken in, loses none of them, and once its watch is stopped delivers the rest
-and its end without waiting. A reader thread fed by a fake process; no kubectl, no API."""
+and its end without waiting; and the logs read as containers end, each once, no finished read
+kept. A reader thread fed by a fake process, a pool of two; no kubectl, no API."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import queue
 import threading
@@ -141,3 +143,22 @@ def test_log_reads_take_no_room_so_no_log_reader_waits_for_the_follower() -> Non
     assert names(items) == [f"p-{n}" for n in range(5)]
     assert sum(isinstance(item, demo.LogRead) for item in items) == 5
     reader.join(WAIT_SECONDS)
+
+
+def test_a_log_is_read_once_per_container_and_no_done_read_is_kept(
+    monkeypatch: Any, tmp_path: Any
+) -> None:
+    reads: list[str] = []
+
+    def read_log(kubectl: Any, proxy: Any, namespace: str, name: str, until: Any) -> str:
+        reads.append(name)
+        return f"log of {name}\n"
+
+    monkeypatch.setattr(demo, "read_log", read_log)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        logs = demo.LogReader(demo.Kubectl("kubectl-never-run"), "ns", pool, log_dir=str(tmp_path))
+        logs.schedule([("p-1", "c-1"), ("p-2", "c-2"), ("p-1", "c-1")])
+    logs.schedule([("p-1", "c-1")])  # done already: not read again
+    assert sorted(reads) == ["p-1", "p-2"] and logs._reads == {}
+    assert logs.early == {"p-1": ("c-1", "log of p-1\n"), "p-2": ("c-2", "log of p-2\n")}
+    assert (tmp_path / "p-1.log").read_text() == "log of p-1\n"
