@@ -1736,7 +1736,13 @@ def batch_events(
 def events_table(events: Sequence[dict]) -> str:
     """Events as a table in the order they were created, like `kubectl get events`, with the UTC time
     each was last seen (kubectl prints its age, which means nothing once the file is read later)."""
-    lines = [f"{'LAST SEEN (UTC)':<22}{'TYPE':<9}{'REASON':<26}{'OBJECT':<40}MESSAGE"]
+    return "".join(events_table_lines(events))
+
+
+def events_table_lines(events: Sequence[dict]) -> Iterator[str]:
+    """events_table line by line, each with its line end: hundreds of thousands of events are
+    written without one string of them all."""
+    yield f"{'LAST SEEN (UTC)':<22}{'TYPE':<9}{'REASON':<26}{'OBJECT':<40}MESSAGE\n"
     for event in sorted(events, key=lambda e: e["metadata"].get("creationTimestamp") or ""):
         regarding = event_object(event)
         seen = (
@@ -1744,12 +1750,11 @@ def events_table(events: Sequence[dict]) -> str:
             or event.get("eventTime")
             or event["metadata"].get("creationTimestamp")
         )
-        lines.append(
+        yield (
             f"{(seen or '')[:19] + 'Z':<22}{event.get('type') or '':<9}{event.get('reason') or '':<26}"
             f"{regarding.get('kind', '').lower() + '/' + regarding.get('name', ''):<40}"
-            f"{(event.get('message') or event.get('note') or '').strip()}"
+            f"{(event.get('message') or event.get('note') or '').strip()}\n"
         )
-    return "\n".join(lines) + "\n"
 
 
 def image_cache_states(events: Iterable[dict]) -> dict[str, str]:
@@ -4658,6 +4663,16 @@ def episodes_csv(batches: Sequence[tuple[str, BatchSummary]]) -> str:
     """One row per episode: every point (seconds after its Job's creationTimestamp, and as an
     absolute time with its source, clock and precision) and every phase with its precision.
     `index` (the completion index) is there for an Indexed Job; a default run's pods have none."""
+    return "".join(episodes_csv_pieces(batches))
+
+
+# episodes.csv is made in pieces of this many rows: 100,000 rows (about 90 MB) are written
+# without one string of them all.
+CSV_ROWS_A_PIECE = 1000
+
+
+def episodes_csv_pieces(batches: Sequence[tuple[str, BatchSummary]]) -> Iterator[str]:
+    """episodes.csv (see episodes_csv) a piece at a time."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     indexed = any(
@@ -4685,7 +4700,11 @@ def episodes_csv(batches: Sequence[tuple[str, BatchSummary]]) -> str:
     for batch_name, summary in batches:
         rows = {row["pod"]: row for row in summary.figures["pods"]}
         job_created = summary.job_created
-        for record in summary.episodes:
+        for number, record in enumerate(summary.episodes):
+            if number % CSV_ROWS_A_PIECE == 0:
+                yield out.getvalue()
+                out.seek(0)
+                out.truncate()
             row = rows[record["pod"]]
             points = [record["points"][p] for p in POINTS]
             phases = [record["phases"][ph] for ph in PHASES]
@@ -4708,7 +4727,7 @@ def episodes_csv(batches: Sequence[tuple[str, BatchSummary]]) -> str:
                 + ["" if phase is None else f"{phase[1]:.6g}" for phase in phases]
                 + image_columns(record)
             )
-    return out.getvalue()
+    yield out.getvalue()
 
 
 def image_columns(record: dict) -> list[str]:
@@ -7527,14 +7546,15 @@ class BatchEvidence:
             problems.append(f"events: {error}")
             events = []
         write_text(
-            os.path.join(self.batch_dir, "events.txt"), events_table(events) if events else ""
+            os.path.join(self.batch_dir, "events.txt"),
+            events_table_lines(events) if events else "",
         )
         batches = [entry.job for entry in self.settings.batches]
         if len(batches) > 1 and events:
             # The namespace's events cover every batch so far; each batch keeps its own.
             events = batch_events(events, job, pods, first=self.follower.job_name == batches[0])
             write_events(events_path, events_listing, events, None)
-            write_text(os.path.join(self.batch_dir, "events.txt"), events_table(events))
+            write_text(os.path.join(self.batch_dir, "events.txt"), events_table_lines(events))
         return events
 
 
@@ -8777,7 +8797,7 @@ def save_results(run: RunContext, batches: Sequence[BatchOutcome]) -> Results:
     if run.prepull is not None:
         results.figures["prepull"] = run.prepull
     write_json(os.path.join(run.output, RESULTS_FILE), results.figures)
-    write_text(os.path.join(run.output, "episodes.csv"), episodes_csv(results.batches))
+    write_text(os.path.join(run.output, "episodes.csv"), episodes_csv_pieces(results.batches))
     write_pictures(run.output, results.batches, run.settings, results.figures["throughput"])
     return results
 

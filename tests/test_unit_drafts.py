@@ -283,3 +283,18 @@ def test_a_later_event_leaves_the_inputs_a_draft_was_made_from_as_they_were() ->
     drafts.note_event("ADDED", earlier)
     assert drafts.kubelet[name]["Started"][0] < before["Started"][0]
     assert drafts.drafts[name].inputs.kubelet == before and held == before
+
+
+def test_episodes_csv_and_events_txt_written_in_pieces_are_the_same_text(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    batch = recorded_batch()
+    summary = summary_of(batch)
+    whole = demo.episodes_csv([("rollout", summary)])
+    monkeypatch.setattr(demo, "CSV_ROWS_A_PIECE", 5)
+    pieces = list(demo.episodes_csv_pieces([("rollout", summary)]))
+    assert len(pieces) == 1 + 4 and "".join(pieces) == whole  # the header, then 16 rows by 5
+    assert len(whole.splitlines()) == 1 + 16
+    lines = list(demo.events_table_lines(batch["events"]))
+    assert "".join(lines) == demo.events_table(batch["events"])
+    assert len(lines) == 1 + len(batch["events"]) and all(line.endswith("\n") for line in lines)
