@@ -2005,6 +2005,19 @@ def pods_final(job: dict | None, pods: Iterable[dict]) -> bool:
     that a list read now would show the same: each ended and was counted by the Job controller
     (which then removes its tracking finalizer, the pod's last change), and the Job counted
     no more pods than these."""
+    if not job_counted(job, 0, whole=False):
+        return False
+    ended = 0
+    for pod in pods:
+        if not pods_final_one(pod):
+            return False
+        ended += 1
+    return job_counted(job, ended)
+
+
+def job_counted(job: dict | None, ended: int, whole: bool = True) -> bool:
+    """The Job is Complete, with nothing active or uncounted, and (`whole`) it counted no more
+    pods than the `ended` ones a watch saw final: what pods_final asks of the Job."""
     status = (job or {}).get("status") or {}
     uncounted = status.get("uncountedTerminatedPods") or {}
     if (
@@ -2014,12 +2027,7 @@ def pods_final(job: dict | None, pods: Iterable[dict]) -> bool:
         or uncounted.get("failed")
     ):
         return False
-    ended = 0
-    for pod in pods:
-        if not pods_final_one(pod):
-            return False
-        ended += 1
-    return ended >= (status.get("succeeded") or 0) + (status.get("failed") or 0)
+    return not whole or ended >= (status.get("succeeded") or 0) + (status.get("failed") or 0)
 
 
 def pods_final_one(pod: dict) -> bool:
@@ -6402,6 +6410,7 @@ class BatchState:
     def __init__(self, indented_pods: bool = False, spool_dir: str | None = None) -> None:
         self.job: dict | None = None
         self.pods: dict[str, dict] = {}
+        self._not_final: set[str] = set()  # the pods held whose version is not final
         self.deleted: set[str] = set()
         self.events = EventStore(spool_dir)
         # pod name -> transition -> time, and the stamps seen only while it ran
@@ -6459,7 +6468,7 @@ class BatchState:
         if deleted:
             # Keep the last state seen: a pod that vanished is still part of the evidence.
             self.deleted.add(name)
-            self.pods.setdefault(name, pod)
+            self._hold(name, self.pods.get(name, pod))
             return StateChange("pods", name)
         if pods_final_one(pod):
             # Its state from now on is what is held to the end: worth holding small (an ended
@@ -6467,12 +6476,21 @@ class BatchState:
             pod = self._shared.share(pod)
             self._final_texts.put(name, pod_json(pod, self.indented_pods))
             self._final_versions[name] = pod["metadata"].get("resourceVersion")
-        self.pods[name] = pod
+        self._hold(name, pod)
         record_pod_observation(self.observed.setdefault(name, {}), pod, arrived)
         terminated = container_terminated(pod)
         return StateChange(
             "pods", name, () if terminated is None else ((name, terminated.get("containerID", "")),)
         )
+
+    def _hold(self, name: str, pod: dict) -> None:
+        """Hold this version of a pod, noting whether it is final (pods_final_one): the watch
+        asks after each change whether every pod is, which must not read each of 100,000."""
+        self.pods[name] = pod
+        if pods_final_one(pod):
+            self._not_final.discard(name)
+        else:
+            self._not_final.add(name)
 
     def pod_text(self, pod: dict, indented: bool = False) -> str:
         """A pod as pods.json holds it (see pod_json): the text encoded while waiting when it is of
@@ -6495,8 +6513,12 @@ class BatchState:
 
     def pods_are_final(self) -> bool:
         """Each pod of the Complete Job was seen to its final state (see pods_final)."""
+        # As pods_final(self.job, self.pods.values()), from what _hold noted of each pod.
         return (
-            self.end == "Complete" and not self.deleted and pods_final(self.job, self.pods.values())
+            self.end == "Complete"
+            and not self.deleted
+            and not self._not_final
+            and job_counted(self.job, len(self.pods))
         )
 
     def observations(self) -> dict:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import random
 import signal
 import unittest.mock
 from pathlib import Path
@@ -531,3 +532,34 @@ def test_an_interrupt_while_a_child_starts_alone_kills_it_and_is_raised() -> Non
     assert child.killed
     with interrupts.holding():  # nothing held: the block ends quietly
         pass
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_state_knows_its_pods_final_as_pods_final_reads_them_all(seed: int) -> None:
+    """What BatchState notes of each pod as it changes gives, after every change, what
+    pods_final says of the Job and every pod held."""
+    chooser = random.Random(seed)
+    state = demo.BatchState()
+    versions = [
+        lambda name: pod(name, "Running", finalizers=[FINALIZER]),
+        lambda name: pod(name, "Succeeded", finalizers=[FINALIZER]),
+        lambda name: pod(name, "Succeeded"),
+        lambda name: pod(name, "Failed"),
+        lambda name: pod(name, "Succeeded", deletionTimestamp="2026-01-01T00:00:00Z"),
+    ]
+    for step in range(40):
+        name = chooser.choice("abcd")
+        if chooser.random() < 0.15:
+            state.apply("job", "MODIFIED", job(chooser.randint(1, 4)), float(step))
+        else:
+            change = "DELETED" if chooser.random() < 0.03 else "MODIFIED"
+            state.apply("pods", change, chooser.choice(versions)(name), float(step))
+        expected = state.end == "Complete" and not state.deleted
+        expected = expected and demo.pods_final(state.job, state.pods.values())
+        assert state.pods_are_final() == expected
+    # And once every pod held ends and the Job counts them all, both say final.
+    for name in list(state.pods):
+        state.apply("pods", "MODIFIED", pod(name), 50.0)
+    state.apply("job", "MODIFIED", job(len(state.pods)), 51.0)
+    assert state.pods_are_final() == (not state.deleted)
+    assert demo.pods_final(state.job, state.pods.values())
