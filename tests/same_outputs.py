@@ -6,11 +6,11 @@
 A change that should not change what a run saves (how much it holds while waiting, how it
 reads its watches) is checked here: for each saved run, each version recomputes the run from
 its files alone, as `report` does, and writes what a run writes from its summary (results.json,
-episodes.csv, timeline.svg, ramp.svg, cdf.svg, and the printed results), and encodes again, from
-the saved pods and rows, pods.json and rewards.jsonl. The two versions' files must be byte for
-byte the same, and the same as the run's own (which the version that ran wrote as its batch
-ran, from its drafts and its watches): a run made by the new version is checked against the
-old version's whole-batch path. Exit status 1 on any difference, with the files named.
+episodes.csv, timeline.svg, ramp.svg, cdf.svg, and the printed results), and makes again, from
+the saved events, pods and rows, events.txt, pods.json and rewards.jsonl. The two versions'
+files must be byte for byte the same, and the same as the run's own (which the version that
+ran wrote as its batch ran, from its drafts and its watches): a run made by the new version is
+checked against the old version's whole-batch path. Exit status 1 on any difference, with the files named.
 """
 # SPDX-License-Identifier: MIT
 
@@ -27,7 +27,7 @@ from pathlib import Path
 from types import ModuleType
 
 SUMMARY_FILES = ("results.json", "episodes.csv", "timeline.svg", "ramp.svg", "cdf.svg")
-EVIDENCE_FILES = ("pods.json", "rewards.jsonl")
+EVIDENCE_FILES = ("events.txt", "pods.json", "rewards.jsonl")
 
 
 def load(path: str, name: str) -> ModuleType:
@@ -51,6 +51,8 @@ def made_by(version: ModuleType, run: Path, into: Path) -> None:
     with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
         version.print_results(results.figures, False)
     (into / "printed.txt").write_text(printed.getvalue())
+    events = json.loads((run / "events.json").read_text()).get("items") or []
+    version.write_text(str(into / "events.txt"), version.events_table(events) if events else "")
     pods = json.loads((run / "pods.json").read_text())
     version.write_json(str(into / "pods.json"), pods)
     if (run / "rewards.jsonl").exists():  # a rollout's
