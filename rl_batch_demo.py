@@ -126,6 +126,10 @@ FIRST_CONTACT_RETRY_SECONDS = 10
 LOG_READERS = 8
 POLL_INTERVAL_SECONDS = 1.0
 WATCH_RESTARTS_BEFORE_POLLING = 3
+# The most watch events decoded and waiting to be taken in: a client that falls behind stops
+# reading its watches there, and the rest waits in their pipes (then in kubectl and the API
+# server) instead of in its memory, a decoded pod taking about ten times its text.
+WATCH_EVENTS_WAITING_MOST = 1000
 # Lists are read in pages of kubectl's own default --chunk-size: each page is one
 # call well inside the per-call limit, however many pods the batch has.
 LIST_PAGE_SIZE = 500
@@ -1732,7 +1736,13 @@ def batch_events(
 def events_table(events: Sequence[dict]) -> str:
     """Events as a table in the order they were created, like `kubectl get events`, with the UTC time
     each was last seen (kubectl prints its age, which means nothing once the file is read later)."""
-    lines = [f"{'LAST SEEN (UTC)':<22}{'TYPE':<9}{'REASON':<26}{'OBJECT':<40}MESSAGE"]
+    return "".join(events_table_lines(events))
+
+
+def events_table_lines(events: Sequence[dict]) -> Iterator[str]:
+    """events_table line by line, each with its line end: hundreds of thousands of events are
+    written without one string of them all."""
+    yield f"{'LAST SEEN (UTC)':<22}{'TYPE':<9}{'REASON':<26}{'OBJECT':<40}MESSAGE\n"
     for event in sorted(events, key=lambda e: e["metadata"].get("creationTimestamp") or ""):
         regarding = event_object(event)
         seen = (
@@ -1740,12 +1750,11 @@ def events_table(events: Sequence[dict]) -> str:
             or event.get("eventTime")
             or event["metadata"].get("creationTimestamp")
         )
-        lines.append(
+        yield (
             f"{(seen or '')[:19] + 'Z':<22}{event.get('type') or '':<9}{event.get('reason') or '':<26}"
             f"{regarding.get('kind', '').lower() + '/' + regarding.get('name', ''):<40}"
-            f"{(event.get('message') or event.get('note') or '').strip()}"
+            f"{(event.get('message') or event.get('note') or '').strip()}\n"
         )
-    return "\n".join(lines) + "\n"
 
 
 def image_cache_states(events: Iterable[dict]) -> dict[str, str]:
@@ -1996,6 +2005,19 @@ def pods_final(job: dict | None, pods: Iterable[dict]) -> bool:
     that a list read now would show the same: each ended and was counted by the Job controller
     (which then removes its tracking finalizer, the pod's last change), and the Job counted
     no more pods than these."""
+    if not job_counted(job, 0, whole=False):
+        return False
+    ended = 0
+    for pod in pods:
+        if not pods_final_one(pod):
+            return False
+        ended += 1
+    return job_counted(job, ended)
+
+
+def job_counted(job: dict | None, ended: int, whole: bool = True) -> bool:
+    """The Job is Complete, with nothing active or uncounted, and (`whole`) it counted no more
+    pods than the `ended` ones a watch saw final: what pods_final asks of the Job."""
     status = (job or {}).get("status") or {}
     uncounted = status.get("uncountedTerminatedPods") or {}
     if (
@@ -2005,12 +2027,7 @@ def pods_final(job: dict | None, pods: Iterable[dict]) -> bool:
         or uncounted.get("failed")
     ):
         return False
-    ended = 0
-    for pod in pods:
-        if not pods_final_one(pod):
-            return False
-        ended += 1
-    return ended >= (status.get("succeeded") or 0) + (status.get("failed") or 0)
+    return not whole or ended >= (status.get("succeeded") or 0) + (status.get("failed") or 0)
 
 
 def pods_final_one(pod: dict) -> bool:
@@ -2024,16 +2041,25 @@ def pods_final_one(pod: dict) -> bool:
 
 
 class SharedStrings:
-    """One string object for each repeated text (field names, nodes, images, reasons).
+    """One object for each repeated value: each text (field names, nodes, images, reasons) and
+    each dict or list equal to one seen before (a Job's pods share their spec, tolerations,
+    volumes, owner, most conditions), so that what thousands of ended pods and events hold
+    is mostly what differs between them.
 
-    Thousands of decoded pods and events repeat the same texts, each decoded anew;
-    sharing them holds a pod in about half the memory. The table is emptied when it
-    grows large, so the texts seen only once (uids, revisions) never pile up.
+    Thousands of decoded pods and events repeat the same texts and parts, each decoded anew;
+    sharing them holds an ended pod in about a tenth of the memory. What is shared must never
+    be changed in place (nothing here changes a pod or an event once read). A container is
+    known by its kind and its items, each a shared text, a container (by identity: the
+    table's entry keeps it alive, so no other object has its id meanwhile) or a number of
+    its own type (True, 1 and 1.0 are told apart). One that holds a text seen for the first
+    time (a pod's name, its uid) is equal to nothing yet and is not kept. The table is emptied
+    when it grows large, so the texts seen only once (uids, revisions) never pile up.
     """
 
     def __init__(self, most: int = 200_000) -> None:
         self.most = most
-        self.table: dict[str, str] = {}
+        self.table: dict[Any, Any] = {}
+        self._first_seen = 0  # texts taken into the table so far
 
     def share(self, value: Any) -> Any:
         if len(self.table) > self.most:
@@ -2041,14 +2067,78 @@ class SharedStrings:
         return self._share(value)
 
     def _share(self, value: Any) -> Any:
-        table = self.table
         if isinstance(value, str):
-            return table.setdefault(value, value)
+            return self._text(value)
         if isinstance(value, dict):
-            return {table.setdefault(key, key): self._share(item) for key, item in value.items()}
+            before = self._first_seen
+            shared = {self._text(key): self._part(item) for key, item in value.items()}
+            if self._first_seen != before:
+                return shared  # it holds a text never seen before: no other is equal to it yet
+            return self.table.setdefault(self._key(dict, shared.items(), True), shared)
         if isinstance(value, list):
-            return [self._share(item) for item in value]
+            before = self._first_seen
+            items = [self._part(item) for item in value]
+            if self._first_seen != before:
+                return items
+            return self.table.setdefault(self._key(list, items, False), items)
+        if isinstance(value, tuple):
+            parts = [self._share(item) for item in value]
+            return type(value)(*parts) if hasattr(value, "_fields") else tuple(parts)
         return value
+
+    def _text(self, text: str) -> str:
+        known = self.table.get(text)
+        if known is None:
+            self.table[text] = known = text
+            self._first_seen += 1
+        return known
+
+    def _part(self, value: Any) -> Any:
+        """A container's item: most are texts or numbers, taken without a call each."""
+        if isinstance(value, str):
+            known = self.table.get(value)
+            if known is None:
+                self.table[value] = known = value
+                self._first_seen += 1
+            return known
+        if value is None or isinstance(value, (int, float)):
+            return value
+        return self._share(value)
+
+    def texts(self, value: Any) -> Any:
+        """The same value with only its texts shared: for values whose containers are all
+        their own (an episode's figures), where keeping them to compare would cost memory."""
+        if len(self.table) > self.most:
+            self.table.clear()
+        return self._texts(value)
+
+    def _texts(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return self.table.setdefault(value, value)
+        if isinstance(value, dict):
+            return {self._texts(key): self._texts(item) for key, item in value.items()}
+        if isinstance(value, (list, tuple)):
+            parts = [self._texts(item) for item in value]
+            if isinstance(value, list):
+                return parts
+            return type(value)(*parts) if hasattr(value, "_fields") else tuple(parts)
+        return value
+
+    @staticmethod
+    def _key(kind: type, items: Iterable[Any], pairs: bool) -> tuple:
+        """What identifies a container whose items are shared already: its kind, then each item."""
+        key: list[Any] = [kind]
+        for entry in items:
+            if pairs:
+                key.append(entry[0])
+                entry = entry[1]
+            if isinstance(entry, (dict, list, tuple)):
+                key += (type(entry), id(entry))  # the table's value holds it: its id is its own
+            elif isinstance(entry, float):
+                key += (float, entry.hex())  # 0.0 and -0.0 are equal, and print apart
+            else:
+                key += (type(entry), entry)
+        return tuple(key)
 
 
 def compact_event(event: dict) -> dict:
@@ -2088,11 +2178,13 @@ def compact_event(event: dict) -> dict:
 
 class Spool:
     """Texts kept on disk by name, the newest of each: what is written whole at the end but
-    need not be held in memory until then."""
+    need not be held in memory until then. `directory`: where (a run's own output directory,
+    not a /tmp that may be memory), in a file removed as soon as it is made."""
 
-    def __init__(self) -> None:
-        self._file = tempfile.TemporaryFile()
-        self._where: dict[str, tuple[int, int]] = {}  # name -> (offset, length)
+    def __init__(self, directory: str | None = None) -> None:
+        self._file = tempfile.TemporaryFile(dir=directory)
+        # name -> offset * 2**32 + length: one number, not a pair, for each of 100,000s of texts
+        self._where: dict[str, int] = {}
         self._end = 0
         self._read_since = False
 
@@ -2105,14 +2197,14 @@ class Spool:
             self._file.seek(self._end)
             self._read_since = False
         self._file.write(data)
-        self._where[name] = (self._end, len(data))
+        self._where[name] = self._end << 32 | len(data)
         self._end += len(data)
 
     def forget(self, name: str) -> None:
         self._where.pop(name, None)
 
     def get(self, name: str) -> str:
-        offset, length = self._where[name]
+        offset, length = self._where[name] >> 32, self._where[name] & 0xFFFFFFFF
         self._read_since = True
         self._file.seek(offset)
         return self._file.read(length).decode("utf-8")
@@ -2126,9 +2218,9 @@ class EventStore:
     pods holds its tens of thousands of events in little memory.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, spool_dir: str | None = None) -> None:
         self.compact: dict[str, dict] = {}
-        self._spool = Spool()
+        self._spool = Spool(spool_dir)
         self._shared = SharedStrings()
         # The revision the events are known to be at least as new as, once a list has said so.
         self.resource_version: str | None = None
@@ -4248,15 +4340,6 @@ class EpisodeDraft(NamedTuple):
         return points, phase_durations(points)
 
 
-def nested_copy(value: Any) -> Any:
-    """A copy of dicts of dicts (and tuples) that later changes to the original leave alone."""
-    return (
-        {key: nested_copy(item) for key, item in value.items()}
-        if isinstance(value, dict)
-        else value
-    )
-
-
 class EpisodeDrafts:
     """Each episode summarised the moment it ends (its pod final, its log read), while the batch
     still runs: what the summary after the end takes as it is when the final evidence agrees.
@@ -4273,6 +4356,7 @@ class EpisodeDrafts:
         self.scheduled: dict[str, float] = {}
         self.kubelet: dict[str, dict[str, tuple[float, str]]] = {}
         self.creations: dict[str, float] = {}
+        self._shared = SharedStrings()
 
     def note_event(self, change: str, event: dict) -> None:
         """One event as the watch delivered it, into the index of what events say of each pod."""
@@ -4282,10 +4366,15 @@ class EpisodeDrafts:
         for name, moment in pod_creation_events((event,)).items():
             self.creations.setdefault(name, moment)
         for name, reasons in kubelet_container_events((event,)).items():
-            known = self.kubelet.setdefault(name, {})
-            for reason, named in reasons.items():
-                if reason not in known or named[0] < known[reason][0]:
-                    known[reason] = named
+            known = self.kubelet.get(name) or {}
+            earlier = {
+                reason: named
+                for reason, named in reasons.items()
+                if reason not in known or named[0] < known[reason][0]
+            }
+            if earlier or name not in self.kubelet:
+                # A new dict, never one changed in place: a draft holds the one it was made from.
+                self.kubelet[name] = {**known, **earlier}
 
     def draft(
         self,
@@ -4310,10 +4399,12 @@ class EpisodeDrafts:
             return
         assert job is not None  # it has a creationTimestamp
         earliest = job_creation(job, job_observed, 0.0, 0.0).earliest
+        # Thousands of drafts repeat their field names, sources, nodes and the worker's words.
+        share = self._shared.texts
         inputs = EpisodeInputs(
             self.scheduled.get(name),
-            nested_copy(observed),
-            nested_copy(self.kubelet.get(name)),
+            share(observed),  # a copy: the watch's record goes on
+            self.kubelet.get(name),  # replaced, never changed, by a later event
             self.creations.get(name),
             EpisodeClocks(),
             lower(earliest, "the Job's creation", REFERENCE_CLOCK),
@@ -4324,11 +4415,11 @@ class EpisodeDrafts:
             log_text,
             job_created,
             self.builtin,
-            ready,
-            reward,
-            pod_row(pod, ready, reward, job_created),
+            share(ready),
+            share(reward),
+            share(pod_row(pod, ready, reward, job_created)),
             inputs,
-            points,
+            share(points),
             phase_durations(points),
         )
 
@@ -4580,6 +4671,16 @@ def episodes_csv(batches: Sequence[tuple[str, BatchSummary]]) -> str:
     """One row per episode: every point (seconds after its Job's creationTimestamp, and as an
     absolute time with its source, clock and precision) and every phase with its precision.
     `index` (the completion index) is there for an Indexed Job; a default run's pods have none."""
+    return "".join(episodes_csv_pieces(batches))
+
+
+# episodes.csv is made in pieces of this many rows: 100,000 rows (about 90 MB) are written
+# without one string of them all.
+CSV_ROWS_A_PIECE = 1000
+
+
+def episodes_csv_pieces(batches: Sequence[tuple[str, BatchSummary]]) -> Iterator[str]:
+    """episodes.csv (see episodes_csv) a piece at a time."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     indexed = any(
@@ -4607,7 +4708,11 @@ def episodes_csv(batches: Sequence[tuple[str, BatchSummary]]) -> str:
     for batch_name, summary in batches:
         rows = {row["pod"]: row for row in summary.figures["pods"]}
         job_created = summary.job_created
-        for record in summary.episodes:
+        for number, record in enumerate(summary.episodes):
+            if number % CSV_ROWS_A_PIECE == 0:
+                yield out.getvalue()
+                out.seek(0)
+                out.truncate()
             row = rows[record["pod"]]
             points = [record["points"][p] for p in POINTS]
             phases = [record["phases"][ph] for ph in PHASES]
@@ -4630,7 +4735,7 @@ def episodes_csv(batches: Sequence[tuple[str, BatchSummary]]) -> str:
                 + ["" if phase is None else f"{phase[1]:.6g}" for phase in phases]
                 + image_columns(record)
             )
-    return out.getvalue()
+    yield out.getvalue()
 
 
 def image_columns(record: dict) -> list[str]:
@@ -6296,17 +6401,18 @@ class BatchState:
     """What the watches of one Job have said: a pure reducer of their changes, with no
     thread, process or clock of its own; `apply` is the one way a change comes in.
 
-    It holds the Job and each pod as last seen (a pod once, its repeated strings shared
-    once it has ended), the namespace's events, and when (the client's wall clock, given
+    It holds the Job and each pod as last seen (a pod once, its repeated texts and parts
+    shared once it has ended), the namespace's events, and when (the client's wall clock, given
     with each change) each transition first arrived: an upper bound on when it happened,
     kept for `report` as observed.json.
     """
 
-    def __init__(self, indented_pods: bool = False) -> None:
+    def __init__(self, indented_pods: bool = False, spool_dir: str | None = None) -> None:
         self.job: dict | None = None
         self.pods: dict[str, dict] = {}
+        self._not_final: set[str] = set()  # the pods held whose version is not final
         self.deleted: set[str] = set()
-        self.events = EventStore()
+        self.events = EventStore(spool_dir)
         # pod name -> transition -> time, and the stamps seen only while it ran
         self.observed: dict[str, dict[str, Any]] = {}
         self.job_observed: dict[
@@ -6319,7 +6425,7 @@ class BatchState:
         self._shared = SharedStrings()
         # Each pod's text for pods.json, encoded as soon as the pod looks final (ended, counted,
         # not being deleted) rather than all at the end; name -> the resourceVersion encoded.
-        self._final_texts = Spool()
+        self._final_texts = Spool(spool_dir)
         self._final_versions: dict[str, str] = {}
         # A small batch's pods.json is indented (see pod_text), in pure Python: made as each pod
         # ends, that costs nothing after the end.
@@ -6362,20 +6468,29 @@ class BatchState:
         if deleted:
             # Keep the last state seen: a pod that vanished is still part of the evidence.
             self.deleted.add(name)
-            self.pods.setdefault(name, pod)
+            self._hold(name, self.pods.get(name, pod))
             return StateChange("pods", name)
-        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
-            # Its state from now on is what is held to the end: worth holding small.
+        if pods_final_one(pod):
+            # Its state from now on is what is held to the end: worth holding small (an ended
+            # pod the Job controller has yet to count changes once more, at once).
             pod = self._shared.share(pod)
-            if pods_final_one(pod):
-                self._final_texts.put(name, pod_json(pod, self.indented_pods))
-                self._final_versions[name] = pod["metadata"].get("resourceVersion")
-        self.pods[name] = pod
+            self._final_texts.put(name, pod_json(pod, self.indented_pods))
+            self._final_versions[name] = pod["metadata"].get("resourceVersion")
+        self._hold(name, pod)
         record_pod_observation(self.observed.setdefault(name, {}), pod, arrived)
         terminated = container_terminated(pod)
         return StateChange(
             "pods", name, () if terminated is None else ((name, terminated.get("containerID", "")),)
         )
+
+    def _hold(self, name: str, pod: dict) -> None:
+        """Hold this version of a pod, noting whether it is final (pods_final_one): the watch
+        asks after each change whether every pod is, which must not read each of 100,000."""
+        self.pods[name] = pod
+        if pods_final_one(pod):
+            self._not_final.discard(name)
+        else:
+            self._not_final.add(name)
 
     def pod_text(self, pod: dict, indented: bool = False) -> str:
         """A pod as pods.json holds it (see pod_json): the text encoded while waiting when it is of
@@ -6398,8 +6513,12 @@ class BatchState:
 
     def pods_are_final(self) -> bool:
         """Each pod of the Complete Job was seen to its final state (see pods_final)."""
+        # As pods_final(self.job, self.pods.values()), from what _hold noted of each pod.
         return (
-            self.end == "Complete" and not self.deleted and pods_final(self.job, self.pods.values())
+            self.end == "Complete"
+            and not self.deleted
+            and not self._not_final
+            and job_counted(self.job, len(self.pods))
         )
 
     def observations(self) -> dict:
@@ -6428,6 +6547,9 @@ class LogReader:
         # Pod name -> (containerID, log) read after that container terminated: complete.
         self.early: dict[str, tuple[str, str]] = {}
         self.saved: dict[str, str] = {}  # pod name -> the log text saved as <pod>.log
+        # Each (pod, containerID) whose log is read once, and the reads not done yet: a done
+        # read's Future (a lock, a condition and their queue, a kilobyte) is not kept.
+        self._scheduled: set[tuple[str, str]] = set()
         self._reads: dict[tuple[str, str], concurrent.futures.Future] = {}
         # Told (from a reader's thread) the name of each pod whose log was read after its end.
         self.on_read = on_read
@@ -6435,8 +6557,13 @@ class LogReader:
     def schedule(self, ended: Iterable[tuple[str, str]]) -> None:
         """Read the log of each ended container once; keyed by container, so a restarted one's is read again."""
         for key in ended:
-            if key not in self._reads:
-                self._reads[key] = self.pool.submit(self._read_early, *key)
+            if key not in self._scheduled:
+                self._scheduled.add(key)
+                self._reads[key] = read = self.pool.submit(self._read_early, *key)
+                read.add_done_callback(functools.partial(self._read_done, key))
+
+    def _read_done(self, key: tuple[str, str], read: concurrent.futures.Future) -> None:
+        self._reads.pop(key, None)
 
     def _read_early(self, name: str, container_id: str) -> None:
         try:
@@ -6700,21 +6827,66 @@ class WatchEnded(NamedTuple):
     refusal: str | None
 
 
+class WatchRoom:
+    """Room for at most `most` watch events waiting in the queue: a watch's reader waits for room
+    before it puts the next (and so stops reading its pipe), until its watch is stopped. The
+    other items (a watch's end, a log read) take no room, so that no reader of logs ever waits."""
+
+    def __init__(self, most: int) -> None:
+        self.most = most
+        self.waiting = 0
+        self._changed = threading.Condition()
+
+    def enter(self, stopped: threading.Event) -> None:
+        """Wait for room for one more event, or for this watch to be stopped (then its last
+        events, at most what its pipe held, are taken in without waiting)."""
+        with self._changed:
+            while self.waiting >= self.most and not stopped.is_set():
+                self._changed.wait()
+            self.waiting += 1
+
+    def leave(self) -> None:
+        """One event was taken from the queue."""
+        with self._changed:
+            self.waiting = max(0, self.waiting - 1)
+            self._changed.notify()
+
+    def wake(self) -> None:
+        """A watch was stopped: its reader, if waiting for room, waits no more."""
+        with self._changed:
+            self._changed.notify_all()
+
+
 class WatchStream:
     """One batch's watches (`kubectl get -w` of its Job, its pods, the namespace's events): each
     process's output turned by a thread into queue items, a WatchEvent for each event and a
-    WatchEnded at its end; and how often each broke in a row, for the restarts."""
+    WatchEnded at its end; and how often each broke in a row, for the restarts. At most `most`
+    events wait in the queue (WatchRoom): `get` is how they are taken out."""
 
     def __init__(
-        self, kubectl: Kubectl, namespace: str, job_name: str, jobs: BatchJobs | None = None
+        self,
+        kubectl: Kubectl,
+        namespace: str,
+        job_name: str,
+        jobs: BatchJobs | None = None,
+        most: int = WATCH_EVENTS_WAITING_MOST,
     ) -> None:
         self.kubectl = kubectl
         self.namespace = namespace
         self.job_name = job_name
         self.jobs = jobs or BatchJobs(job_name, [job_name])
         self.queue: queue.Queue[WatchEvent | WatchEnded | LogRead] = queue.Queue()
+        self.room = WatchRoom(most)
         self.processes: dict[str, subprocess.Popen] = {}
+        self._stopped: dict[str, threading.Event] = {}
         self.failures = {"job": 0, "pods": 0, "events": 0}
+
+    def get(self, timeout: float | None) -> WatchEvent | WatchEnded | LogRead:
+        """The next item, waiting up to `timeout` seconds (None: not at all); queue.Empty if none."""
+        item = self.queue.get_nowait() if timeout is None else self.queue.get(timeout=timeout)
+        if isinstance(item, WatchEvent):
+            self.room.leave()
+        return item
 
     def __contains__(self, kind: str) -> bool:
         return kind in self.processes
@@ -6740,10 +6912,15 @@ class WatchStream:
                 errors.close()
                 raise DemoError(f"cannot run kubectl {self.kubectl.binary!r}: {error}") from None
             self.processes[kind] = process
-            threading.Thread(target=self._pump, args=(kind, process, errors), daemon=True).start()
+            stopped = self._stopped[kind] = threading.Event()
+            threading.Thread(
+                target=self._pump, args=(kind, process, errors, stopped), daemon=True
+            ).start()
 
-    def _pump(self, kind: str, process: subprocess.Popen, errors: Any) -> None:
-        """Turn a watch's output into queue items; say when it ends."""
+    def _pump(
+        self, kind: str, process: subprocess.Popen, errors: Any, stopped: threading.Event
+    ) -> None:
+        """Turn a watch's output into queue items, each once there is room; say when it ends."""
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
         def chunks() -> Iterator[str]:
@@ -6755,6 +6932,7 @@ class WatchStream:
 
         try:
             for value in iter_json_stream(chunks()):
+                self.room.enter(stopped)
                 self.queue.put(WatchEvent(kind, value, time.time()))
         except (OSError, ValueError):
             pass  # the pipe closed under us: reported as the watch's end below
@@ -6768,9 +6946,12 @@ class WatchStream:
 
     def stop(self, keep: Sequence[str] = ()) -> None:
         stopping = {kind: process for kind, process in self.processes.items() if kind not in keep}
-        for process in stopping.values():
+        for kind, process in stopping.items():
+            if kind in self._stopped:
+                self._stopped[kind].set()
             if process.poll() is None:
                 process.terminate()
+        self.room.wake()
         for kind, process in stopping.items():
             try:
                 process.wait(timeout=5)
@@ -6889,7 +7070,8 @@ class BatchFollower:
         self.count = count
         self.progress = progress
         self.proxy = proxy
-        self.state = BatchState(indented_pods=count < ONE_LINE_ITEMS_FROM)
+        # The texts kept for pods.json and events.json wait on disk beside them.
+        self.state = BatchState(count < ONE_LINE_ITEMS_FROM, log_dir)
         # The batch's Jobs (`job_names`: one per image, else the one named `job_name`), followed as one.
         self.jobs = BatchJobs(job_name, job_names or [job_name])
         # Given already started when its pod watch had to listen before the proxy was opened.
@@ -6980,7 +7162,7 @@ class BatchFollower:
         wake = self.poller.next_read if self.polling else time.monotonic() + 1.0
         wait = min(client_deadline, wake) - time.monotonic()
         try:
-            item = self.watches.queue.get(timeout=max(0.01, wait))
+            item = self.watches.get(timeout=max(0.01, wait))
         except queue.Empty:
             return
         self.cost.took(self.watches.queue.qsize())
@@ -7122,9 +7304,7 @@ class BatchFollower:
         deadline = time.monotonic() + seconds
         while not self.watches_settled(events_expected):
             try:
-                item = self.watches.queue.get(
-                    timeout=max(0.0, min(0.1, deadline - time.monotonic()))
-                )
+                item = self.watches.get(timeout=max(0.0, min(0.1, deadline - time.monotonic())))
             except queue.Empty:
                 if time.monotonic() >= deadline:
                     return
@@ -7132,7 +7312,7 @@ class BatchFollower:
             while True:  # everything already delivered, before judging again
                 self.take(item, deadline)
                 try:
-                    item = self.watches.queue.get_nowait()
+                    item = self.watches.get(None)
                 except queue.Empty:
                     break
 
@@ -7143,7 +7323,7 @@ class BatchFollower:
         deadline = time.monotonic() + 5
         while watching:
             try:
-                item = self.watches.queue.get(timeout=max(0.01, deadline - time.monotonic()))
+                item = self.watches.get(timeout=max(0.01, deadline - time.monotonic()))
             except queue.Empty:
                 return
             if isinstance(item, WatchEnded):
@@ -7388,14 +7568,15 @@ class BatchEvidence:
             problems.append(f"events: {error}")
             events = []
         write_text(
-            os.path.join(self.batch_dir, "events.txt"), events_table(events) if events else ""
+            os.path.join(self.batch_dir, "events.txt"),
+            events_table_lines(events) if events else "",
         )
         batches = [entry.job for entry in self.settings.batches]
         if len(batches) > 1 and events:
             # The namespace's events cover every batch so far; each batch keeps its own.
             events = batch_events(events, job, pods, first=self.follower.job_name == batches[0])
             write_events(events_path, events_listing, events, None)
-            write_text(os.path.join(self.batch_dir, "events.txt"), events_table(events))
+            write_text(os.path.join(self.batch_dir, "events.txt"), events_table_lines(events))
         return events
 
 
@@ -8638,7 +8819,7 @@ def save_results(run: RunContext, batches: Sequence[BatchOutcome]) -> Results:
     if run.prepull is not None:
         results.figures["prepull"] = run.prepull
     write_json(os.path.join(run.output, RESULTS_FILE), results.figures)
-    write_text(os.path.join(run.output, "episodes.csv"), episodes_csv(results.batches))
+    write_text(os.path.join(run.output, "episodes.csv"), episodes_csv_pieces(results.batches))
     write_pictures(run.output, results.batches, run.settings, results.figures["throughput"])
     return results
 

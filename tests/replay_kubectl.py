@@ -33,6 +33,7 @@ import json
 import math
 import os
 import re
+import signal
 import socketserver
 import sys
 import time
@@ -407,12 +408,16 @@ def watch(kind: str, args: list[str]) -> int:
         if time.time() > deadline:
             return 0
         out.write(with_resource_version(line, at, plan) + "\n")
+    # A client that sees the last line stops this watch at once: the note below is written
+    # before its stop is taken, or a quick client would leave the benchmark without its end.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     out.flush()
     # When the last line went out (the Job's Complete, on the Job's watch) and how far this
     # replay ever fell behind its schedule: the benchmark's true end, and whether the rate held.
     (state_dir() / f"{kind}.done").write_text(
         json.dumps({"at": time.time(), "behind_seconds": behind})
     )
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     # A watch runs until it is stopped or its request times out.
     time.sleep(max(0.0, deadline - time.time()))
     return 0

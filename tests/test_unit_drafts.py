@@ -251,3 +251,50 @@ def test_a_draft_of_an_episode_that_fails_verification_leaves_the_failure_to_the
     )
     with pytest.raises(demo.VerificationError, match="reward is 0, not 1"):
         summary_of(batch, drafts)
+
+
+def test_a_later_event_leaves_the_inputs_a_draft_was_made_from_as_they_were() -> None:
+    """A draft holds the kubelet's events of its pod as they were when it was made (not a copy
+    of them): an event arriving later, naming an earlier moment, changes the index, not the draft."""
+    batch = recorded_batch()
+    pod = batch["pods"][0]
+    name = demo.pod_name(pod)
+    drafts = demo.EpisodeDrafts(builtin=True)
+    for event in batch["events"]:
+        drafts.note_event("ADDED", event)
+    drafts.draft(
+        pod,
+        batch["logs"][name],
+        batch["job"],
+        batch["observed"]["job"],
+        batch["observed"]["pods"][name],
+    )
+    held = drafts.drafts[name].inputs.kubelet
+    assert held, "the recorded pod has kubelet events"
+    before = copy.deepcopy(held)
+    started = next(
+        event
+        for event in batch["events"]
+        if event["reason"] == "Started" and demo.event_object(event).get("name") == name
+    )
+    stem, stamp = started["metadata"]["name"].rsplit(".", 1)
+    earlier = copy.deepcopy(started)
+    earlier["metadata"]["name"] = f"{stem}.{int(stamp, 16) - 10**9:x}"
+    drafts.note_event("ADDED", earlier)
+    assert drafts.kubelet[name]["Started"][0] < before["Started"][0]
+    assert drafts.drafts[name].inputs.kubelet == before and held == before
+
+
+def test_episodes_csv_and_events_txt_written_in_pieces_are_the_same_text(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    batch = recorded_batch()
+    summary = summary_of(batch)
+    whole = demo.episodes_csv([("rollout", summary)])
+    monkeypatch.setattr(demo, "CSV_ROWS_A_PIECE", 5)
+    pieces = list(demo.episodes_csv_pieces([("rollout", summary)]))
+    assert len(pieces) == 1 + 4 and "".join(pieces) == whole  # the header, then 16 rows by 5
+    assert len(whole.splitlines()) == 1 + 16
+    lines = list(demo.events_table_lines(batch["events"]))
+    assert "".join(lines) == demo.events_table(batch["events"])
+    assert len(lines) == 1 + len(batch["events"]) and all(line.endswith("\n") for line in lines)

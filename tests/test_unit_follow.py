@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import copy
 import json
+import random
 import signal
 import unittest.mock
+from pathlib import Path
 
 import pytest
 
@@ -207,6 +209,54 @@ def test_shared_strings_keep_values_equal_and_share_repeats() -> None:
     assert first == pod("a") and second == pod("b")
     assert first["status"]["phase"] is second["status"]["phase"]
     assert next(iter(first)) is next(iter(second))
+
+
+def test_equal_parts_of_ended_pods_are_held_once() -> None:
+    shared = demo.SharedStrings()
+    first, second, third = (
+        shared.share(json.loads(json.dumps(dict(pod(name), spec={"nodeName": "n-1"}))))
+        for name in ("a", "b", "c")
+    )
+    assert first == dict(pod("a"), spec={"nodeName": "n-1"})
+    # The first holds texts seen for the first time: the next equal parts are held once.
+    assert second["spec"] is third["spec"] and second["status"] is third["status"]
+    assert second["metadata"] is not third["metadata"]
+
+
+def test_sharing_never_changes_a_value_or_its_text() -> None:
+    shared = demo.SharedStrings()
+    values = [
+        {"a": True},
+        {"a": 1},
+        {"a": 1.0},
+        {"a": 0.0},
+        {"a": -0.0},
+        {"a": None},
+        {"a": "1"},
+        {"a": [1]},
+        {"a": [True]},
+        {"a": {"b": 1}},
+        {"b": 1, "a": 1},
+        {"a": 1, "b": 1},
+        [1, 2],
+        [2, 1],
+        {"a": (1, "x")},
+    ]
+    for value in values * 2:
+        assert json.dumps(shared.share(copy.deepcopy(value))) == json.dumps(value)
+    assert shared.share({"a": [1]})["a"] is shared.share({"a": [1]})["a"]
+
+
+def test_a_spool_keeps_the_newest_text_of_each_name_and_leaves_no_file_in_its_directory(
+    tmp_path: Path,
+) -> None:
+    spool = demo.Spool(str(tmp_path))
+    for name, text in (("a", "first"), ("b", "é" * 3), ("a", "newest")):
+        spool.put(name, text)
+    assert spool.get("b") == "é" * 3 and spool.get("a") == "newest"
+    spool.put("c", "after a read")
+    assert spool.get("c") == "after a read" and spool.get("b") == "é" * 3
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_shared_strings_forget_everything_when_the_table_grows_large() -> None:
@@ -482,3 +532,34 @@ def test_an_interrupt_while_a_child_starts_alone_kills_it_and_is_raised() -> Non
     assert child.killed
     with interrupts.holding():  # nothing held: the block ends quietly
         pass
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_state_knows_its_pods_final_as_pods_final_reads_them_all(seed: int) -> None:
+    """What BatchState notes of each pod as it changes gives, after every change, what
+    pods_final says of the Job and every pod held."""
+    chooser = random.Random(seed)
+    state = demo.BatchState()
+    versions = [
+        lambda name: pod(name, "Running", finalizers=[FINALIZER]),
+        lambda name: pod(name, "Succeeded", finalizers=[FINALIZER]),
+        lambda name: pod(name, "Succeeded"),
+        lambda name: pod(name, "Failed"),
+        lambda name: pod(name, "Succeeded", deletionTimestamp="2026-01-01T00:00:00Z"),
+    ]
+    for step in range(40):
+        name = chooser.choice("abcd")
+        if chooser.random() < 0.15:
+            state.apply("job", "MODIFIED", job(chooser.randint(1, 4)), float(step))
+        else:
+            change = "DELETED" if chooser.random() < 0.03 else "MODIFIED"
+            state.apply("pods", change, chooser.choice(versions)(name), float(step))
+        expected = state.end == "Complete" and not state.deleted
+        expected = expected and demo.pods_final(state.job, state.pods.values())
+        assert state.pods_are_final() == expected
+    # And once every pod held ends and the Job counts them all, both say final.
+    for name in list(state.pods):
+        state.apply("pods", "MODIFIED", pod(name), 50.0)
+    state.apply("job", "MODIFIED", job(len(state.pods)), 51.0)
+    assert state.pods_are_final() == (not state.deleted)
+    assert demo.pods_final(state.job, state.pods.values())
