@@ -2179,10 +2179,15 @@ def compact_event(event: dict) -> dict:
 class Spool:
     """Texts kept on disk by name, the newest of each: what is written whole at the end but
     need not be held in memory until then. `directory`: where (a run's own output directory,
-    not a /tmp that may be memory), in a file removed as soon as it is made."""
+    not a /tmp that may be memory), in a file removed as soon as it is made; `feeds`: the file
+    the texts are kept for, named when the disk refuses them (the spool itself has no name)."""
 
-    def __init__(self, directory: str | None = None) -> None:
-        self._file = tempfile.TemporaryFile(dir=directory)
+    def __init__(self, directory: str | None = None, feeds: str = "the spool") -> None:
+        self.feeds = os.path.join(directory, feeds) if directory else feeds
+        try:
+            self._file = tempfile.TemporaryFile(dir=directory)
+        except OSError as error:
+            raise DemoError(f"cannot write {self.feeds}: {error.strerror or error}") from None
         # name -> offset * 2**32 + length: one number, not a pair, for each of 100,000s of texts
         self._where: dict[str, int] = {}
         self._end = 0
@@ -2193,10 +2198,16 @@ class Spool:
 
     def put(self, name: str, text: str) -> None:
         data = text.encode("utf-8")
-        if self._read_since:  # back to the end after reading
-            self._file.seek(self._end)
-            self._read_since = False
-        self._file.write(data)
+        try:
+            if self._read_since:  # back to the end after reading
+                self._file.seek(self._end)
+                self._read_since = False
+            self._file.write(data)
+        except OSError as error:
+            # A failed write may have left part of the text in the file: the next one goes
+            # back to the end as known and writes over it.
+            self._read_since = True
+            raise DemoError(f"cannot write {self.feeds}: {error.strerror or error}") from None
         self._where[name] = self._end << 32 | len(data)
         self._end += len(data)
 
@@ -2220,7 +2231,7 @@ class EventStore:
 
     def __init__(self, spool_dir: str | None = None) -> None:
         self.compact: dict[str, dict] = {}
-        self._spool = Spool(spool_dir)
+        self._spool = Spool(spool_dir, "events.json")
         self._shared = SharedStrings()
         # The revision the events are known to be at least as new as, once a list has said so.
         self.resource_version: str | None = None
@@ -6425,7 +6436,7 @@ class BatchState:
         self._shared = SharedStrings()
         # Each pod's text for pods.json, encoded as soon as the pod looks final (ended, counted,
         # not being deleted) rather than all at the end; name -> the resourceVersion encoded.
-        self._final_texts = Spool(spool_dir)
+        self._final_texts = Spool(spool_dir, "pods.json")
         self._final_versions: dict[str, str] = {}
         # A small batch's pods.json is indented (see pod_text), in pure Python: made as each pod
         # ends, that costs nothing after the end.

@@ -7,11 +7,14 @@ fed queue items by hand. No thread, no kubectl, no API."""
 from __future__ import annotations
 
 import copy
+import errno
 import json
+import os
 import random
 import signal
 import unittest.mock
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -257,6 +260,37 @@ def test_a_spool_keeps_the_newest_text_of_each_name_and_leaves_no_file_in_its_di
     spool.put("c", "after a read")
     assert spool.get("c") == "after a read" and spool.get("b") == "é" * 3
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_spool_the_disk_refuses_names_the_file_it_feeds_and_writes_over_what_was_cut(
+    tmp_path: Path,
+) -> None:
+    spool = demo.Spool(str(tmp_path), "events.json")
+    spool.put("a", "kept")
+    real_file, full = spool._file, {"now": True}
+
+    class FullDisk:
+        """The spool's file on a disk that fills in the middle of a write."""
+
+        def write(self, data: bytes) -> int:
+            if full["now"]:
+                real_file.write(data[: len(data) // 2])
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return real_file.write(data)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real_file, name)
+
+    spool._file = FullDisk()
+    with pytest.raises(demo.DemoError) as refused:
+        spool.put("b", "cut in the middle")
+    assert str(refused.value) == (
+        f"cannot write {tmp_path / 'events.json'}: {os.strerror(errno.ENOSPC)}"
+    )
+    assert "b" not in spool and spool.get("a") == "kept"
+    full["now"] = False
+    spool.put("c", "after the disk had room again")
+    assert spool.get("c") == "after the disk had room again" and spool.get("a") == "kept"
 
 
 def test_shared_strings_forget_everything_when_the_table_grows_large() -> None:
