@@ -216,6 +216,10 @@ class Api:
             connection.request(method, path, body=payload, headers=headers)
             response = connection.getresponse()
             data = response.read()
+        except http.client.HTTPException as error:
+            # A response cut short (the API server restarting mid-answer) is a lost connection to
+            # the callers, which already wait and retry on OSError.
+            raise ConnectionError(f"{method} {path}: {error!r}") from error
         finally:
             connection.close()
         try:

@@ -50,6 +50,9 @@ KUBELET_VERSION = "v1.35.4"
 LEASE_SECONDS = 40
 LEASE_RENEW_SECONDS = 10
 NODE_STATUS_SECONDS = 20
+# The kubelet's status manager sends again, on this period, a pod status the API server did not
+# take (its syncBatch ticker): a status lost to an API server restart still arrives.
+STATUS_SYNC_SECONDS = 10
 DEADLINE_MESSAGE = "Pod was active on the node longer than the specified deadline"
 CAPACITY = {"cpu": "8", "memory": "32Gi", "pods": "110", "ephemeral-storage": "100Gi"}
 
@@ -146,6 +149,7 @@ class PodWorker(threading.Thread):
         self.phase = "Pending"
         self.status_lock = threading.Lock()
         self.extra_status: dict = {}
+        self.unsent: dict | None = None  # the last status patch the API server did not take
         self.image_checked: set = set()  # containers whose image the worker already found present
 
     # -- signals -----------------------------------------------------------
@@ -249,14 +253,30 @@ class PodWorker(threading.Thread):
                 "observedGeneration": self.pod["metadata"].get("generation", 1),
                 **extra,
             }
-            patch = {"metadata": {"uid": self.uid}, "status": status}
-            try:
-                self.api.strategic_patch(pod_path(self.ns, self.name, "status"), patch)
-            except ApiError as error:
-                if error.status not in (404, 409, 422):
-                    raise
-            except OSError:
-                pass  # the API server is away; the next update carries the whole status again
+            self.unsent = {"metadata": {"uid": self.uid}, "status": status}
+            self._send_status()
+
+    def resend_status(self) -> None:
+        """The status manager's periodic sync: the status the API server did not take, again."""
+        with self.status_lock:
+            self._send_status()
+
+    def _send_status(self) -> None:
+        # Called with status_lock held. Each patch carries the whole status, so the last one unsent
+        # is all there is to send again.
+        if self.unsent is None:
+            return
+        try:
+            self.api.strategic_patch(pod_path(self.ns, self.name, "status"), self.unsent)
+        except ApiError as error:
+            if error.status in (404, 409, 422):
+                self.unsent = None  # the pod is gone or replaced: nothing to send any more
+            elif error.status < 500 and error.status != 429:
+                raise
+            return  # the API server failed the write; the next sync sends it again
+        except OSError:
+            return  # the API server is away; the next sync sends it again
+        self.unsent = None
 
     def event(self, etype: str, reason: str, message: str, container: str | None = None) -> None:
         self.agent.record_event(
@@ -840,6 +860,7 @@ class NodeAgent:
         for node in self.node_names:
             self._register(node)
         self._spawn(self._heartbeat, "heartbeat")
+        self._spawn(self._status_sync, "status-sync")
         for node in self.node_names:
             self._spawn(self._watch_pods, f"watch-{node}", node)
         return self
@@ -1007,6 +1028,14 @@ class NodeAgent:
                     pass
             if time.monotonic() - last_status >= NODE_STATUS_SECONDS:
                 last_status = time.monotonic()
+
+    def _status_sync(self) -> None:
+        while not self.stopping.wait(STATUS_SYNC_SECONDS):
+            with self.lock:
+                workers = [*self.workers.values(), *self.finished.values()]
+            for worker in workers:
+                if worker.unsent is not None:
+                    worker.resend_status()
 
     # -- pods ----------------------------------------------------------------
     def _watch_pods(self, node: str) -> None:

@@ -282,6 +282,31 @@ def test_api_server_killed_and_restarted_mid_run(real_cluster, tmp_path):
     assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
 
 
+def test_a_pod_status_the_api_server_did_not_take_is_sent_again(
+    real_cluster, tmp_path, monkeypatch
+):
+    """As kubelet's status manager: the terminal status whose write was cut (an API server
+    restarting mid-answer) is sent again at the next sync, so the run ends, not waits forever."""
+    kubectl, cluster = real_cluster
+    api = cluster.agent.api
+    send = api.strategic_patch
+    dropped: list[str] = []
+
+    def cut_once(path: str, patch: dict):
+        if "/pods/" in path and patch.get("status", {}).get("phase") == "Succeeded" and not dropped:
+            dropped.append(path)
+            raise ConnectionError(f"PATCH {path}: IncompleteRead(0 bytes read)")
+        return send(path, patch)
+
+    monkeypatch.setattr(api, "strategic_patch", cut_once)
+    output = tmp_path / "out"
+    run = tool(cluster, kubectl, "run", "--count", "1", "--output", str(output), "--quiet")
+    assert run.returncode == 0, run.stderr
+    assert len(dropped) == 1
+    assert load(output / "results.json")["reward_sum"] == 1
+    assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT], ids=["SIGINT"])
 def test_interrupt_while_episodes_run_then_cleanup_stops_them(real_cluster, tmp_path, signum):
     kubectl, cluster = real_cluster
