@@ -3,20 +3,27 @@
 The kubelet comes from `k8s.io/kubernetes` through a build module like the
 control plane's (it needs the same staging-module replaces); containerd, the
 registry, crane and crictl each get a build module of their own, since their
-dependency graphs disagree. runc, crun and the CNI plugins are Debian's
-packages (apt-get), which build nothing. The binaries are cached under
-tests/.cache/control-plane/node-<versions>/bin, so a second run reuses them.
+dependency graphs disagree. runc and the CNI plugins are Debian's packages
+(apt-get), which build nothing. crun, the second runtime, is built from Debian's
+source of a newer release than Debian 12 ships (its 1.8.1 refuses the runtime
+spec containerd 2 writes: "unknown version specified"). The binaries are cached
+under tests/.cache/control-plane/node-<versions>/bin (crun under crun-<version>),
+so a second run reuses them.
 
     python3 tests/build_node.py        # build if missing, print the bin dir
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Callable
 
@@ -38,13 +45,26 @@ BIN_DIR = (
     )
     / "bin"
 )
-# Debian's packages: runc as containerd's runtime, crun as a second handler, and
-# the reference CNI plugins (bridge, host-local, loopback).
+# Debian's packages: runc as containerd's runtime, the reference CNI plugins (bridge,
+# host-local, loopback), and what crun is built with (a C compiler, make, pkg-config and the
+# headers of the libraries it links: libseccomp, libcap, yajl).
 DEBIAN_PACKAGES = {
     "runc": "/usr/sbin/runc",
-    "crun": "/usr/bin/crun",
     "containernetworking-plugins": "/usr/lib/cni/bridge",
+    "gcc": "/usr/bin/gcc",
+    "make": "/usr/bin/make",
+    "pkgconf": "/usr/bin/pkg-config",
+    "libseccomp-dev": "/usr/include/seccomp.h",
+    "libcap-dev": "/usr/include/sys/capability.h",
+    "libyajl-dev": "/usr/include/yajl/yajl_tree.h",
 }
+# crun, the second runtime handler: Debian 12's crun (1.8.1) knows runtime specs up to 1.1 and
+# refuses the 1.3.0 that containerd 2.4 writes ("OCI runtime create failed: unknown version
+# specified"), so the release Debian 13 ships is built here from Debian's own copy of its source.
+CRUN_VERSION = "1.21"
+CRUN_SOURCE = f"https://deb.debian.org/debian/pool/main/c/crun/crun_{CRUN_VERSION}.orig.tar.gz"
+CRUN_SOURCE_SHA256 = "4bfb700e764a4804a4de3ecf07753f4c391005356d60356df65d80ae0914c486"
+CRUN = CACHE_DIR / f"crun-{CRUN_VERSION}" / "crun"
 CNI_BIN_DIR = Path("/usr/lib/cni")
 CONTAINERD_TAGS = "no_btrfs no_devmapper no_zfs"
 
@@ -92,11 +112,11 @@ BINARIES = ("kubelet",) + tuple(entry[0] for entry in GO_BINARIES)
 
 
 def binaries_present(bin_dir: Path = BIN_DIR) -> bool:
-    return all(os.access(bin_dir / name, os.X_OK) for name in BINARIES)
+    return all(os.access(bin_dir / name, os.X_OK) for name in BINARIES) and os.access(CRUN, os.X_OK)
 
 
 def debian_missing() -> list[str]:
-    return [package for package, probe in DEBIAN_PACKAGES.items() if not os.access(probe, os.X_OK)]
+    return [package for package, probe in DEBIAN_PACKAGES.items() if not os.path.exists(probe)]
 
 
 def ensure_debian_packages(log: Callable[..., None] = print) -> None:
@@ -207,9 +227,44 @@ def _build_module_binaries(
         )
 
 
+def _build_crun(log: Callable[..., None]) -> None:
+    """crun from its source release, checked against the digest Debian's archive lists for it."""
+    work = CRUN.parent.with_name(f"build-crun-{CRUN_VERSION}")
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    log(f"building crun {CRUN_VERSION} from Debian's source (about a minute)...", flush=True)
+    started = time.monotonic()
+    try:
+        with urllib.request.urlopen(CRUN_SOURCE, timeout=120) as response:
+            source = response.read()
+    except OSError as error:
+        raise BuildError(f"cannot fetch {CRUN_SOURCE}: {error}") from error
+    digest = hashlib.sha256(source).hexdigest()
+    if digest != CRUN_SOURCE_SHA256:
+        raise BuildError(f"{CRUN_SOURCE} has sha256 {digest}, not {CRUN_SOURCE_SHA256}")
+    with tarfile.open(fileobj=io.BytesIO(source)) as archive:
+        if hasattr(tarfile, "data_filter"):  # refuses links and paths out of `work`
+            archive.extractall(work, filter="data")
+        else:
+            archive.extractall(work)
+    tree = work / f"crun-{CRUN_VERSION}"
+    env = dict(os.environ, LC_ALL="C")
+    # No systemd cgroup driver (the node uses cgroupfs), no checkpointing: fewer libraries to link.
+    build_control_plane._run(["./configure", "--disable-systemd", "--disable-criu"], tree, env)
+    build_control_plane._run(["make", f"-j{os.cpu_count() or 1}"], tree, env)
+    CRUN.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(tree / "crun", CRUN.with_name("crun.partial"))
+    CRUN.with_name("crun.partial").rename(CRUN)
+    shutil.rmtree(work)
+    log(f"built crun {CRUN_VERSION} in {time.monotonic() - started:.0f}s", flush=True)
+
+
 def ensure_built(log: Callable[..., None] = print) -> Path:
     """The directory holding the node's Go binaries, building the missing ones first."""
     ensure_debian_packages(log)
+    if not os.access(CRUN, os.X_OK):
+        _build_crun(log)
     if binaries_present():
         return BIN_DIR
     go = build_control_plane._go()

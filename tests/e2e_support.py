@@ -136,7 +136,7 @@ def pods_of(output: Path) -> list[str]:
 
 
 def assert_run_agrees_with_cluster(
-    cluster: Any, output: Path, count: int, parallelism: int
+    cluster: Any, output: Path, count: int, parallelism: int, runtime: str = "cube"
 ) -> dict:
     """A finished run's files agree with each other and with the cluster's objects (an emulator or a
     real control plane): its namespace, its Job as submitted and as it ended, and every episode's
@@ -158,7 +158,7 @@ def assert_run_agrees_with_cluster(
         c["type"] == "Complete" and c["status"] == "True" for c in job["status"]["conditions"]
     )
     assert load(output / "job-submitted.json") == rl_batch_demo.job_manifest(
-        namespace, count, parallelism, "python:3.12-alpine", "cube"
+        namespace, count, parallelism, "python:3.12-alpine", runtime
     )
     nodes = {n["metadata"]["name"] for n in cluster.list("nodes")}
     for row in results["pods"]:

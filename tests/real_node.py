@@ -340,6 +340,26 @@ class NetnsRelay:
 # --- system state: made, recorded, torn down ------------------------------------------
 
 
+def event_time(value: Any) -> Optional[float]:
+    """A timestamp inside a containerd event as `ctr events` prints it ({"seconds", "nanos"}), in
+    Unix seconds; None if absent."""
+    if not isinstance(value, dict) or "seconds" not in value:
+        return None
+    return int(value["seconds"]) + int(value.get("nanos") or 0) / 1e9
+
+
+def rfc3339_nano(value: Any) -> Optional[float]:
+    """The CRI's times as crictl prints them ("2026-12-06T11:44:17.522392452Z"), in Unix seconds."""
+    if not isinstance(value, str) or not value.endswith("Z") or value.startswith("0001-"):
+        return None
+    whole, _, fraction = value[:-1].partition(".")
+    try:
+        at = datetime.datetime.strptime(whole, "%Y-%m-%dT%H:%M:%S")
+    except ValueError:
+        return None
+    return at.replace(tzinfo=datetime.timezone.utc).timestamp() + float(f"0.{fraction or 0}")
+
+
 def _mounts_under(prefixes: List[str]) -> List[str]:
     mounts = []
     with open("/proc/self/mountinfo") as handle:
@@ -407,6 +427,12 @@ def teardown(record: Path) -> List[str]:
         if deleted.returncode != 0:
             problems.append(f"ip netns delete {netns}: {deleted.stderr.strip()}")
     _remove_cgroups(name)
+    for point in state.get("cgroup_mounts", []):
+        if os.path.ismount(point) and run(["umount", point], check=False).returncode != 0:
+            problems.append(f"cannot unmount {point}")
+            continue
+        with contextlib.suppress(OSError):
+            os.rmdir(point)
     if not problems:
         shutil.rmtree(record, ignore_errors=True)
     return problems
@@ -459,6 +485,8 @@ class RealNodeCluster(LocalCluster):
         self.containerd_socket = self.node_dir / "containerd" / "containerd.sock"
         self.node_name = NODE_NAME
         self.kubelet_argv: List[str] = []
+        # v1 hierarchies mounted for the node's life (see _move_controllers_off_cgroup2).
+        self.cgroup_mounts: List[str] = []
 
     # -- LocalCluster's interface ------------------------------------------------
     def start(self) -> "RealNodeCluster":
@@ -486,6 +514,7 @@ class RealNodeCluster(LocalCluster):
             self._record_containerd_events()
             self._start_kubelet()
             self.wait_node_ready()
+            self._make_second_runtime_class()
             self.wait_default_service_account()
         except BaseException:
             self.stop()
@@ -515,6 +544,7 @@ class RealNodeCluster(LocalCluster):
             "netns": self.netns,
             "workdir": str(self.workdir),
             "pids": [p.pid for p in self.processes.values()],
+            "cgroup_mounts": self.cgroup_mounts,
         }
         (self.record / "state.json").write_text(json.dumps(state))
 
@@ -535,6 +565,7 @@ class RealNodeCluster(LocalCluster):
             run(["ip", "link", "set", "rldemo0", "up"], netns=self.netns)
         else:
             run(["ip", "addr", "add", f"{NODE_IP}/32", "dev", "lo"], netns=self.netns)
+        self._move_controllers_off_cgroup2()
         # The kubelet's cgroupRoot: ours in every hierarchy, so teardown removes exactly what the pods used.
         for controller in CGROUP_ROOT.iterdir():
             if (controller / "cgroup.procs").exists():
@@ -548,6 +579,39 @@ class RealNodeCluster(LocalCluster):
         shares = CGROUP_ROOT / "cpu" / self.name / "cpu.shares"
         if shares.exists():
             shares.write_text(str(NODE_CPU_SHARES))
+
+    def _move_controllers_off_cgroup2(self) -> None:
+        """Give every controller the cgroup v2 mount holds a v1 hierarchy of its own, for the node's life.
+
+        This machine's cgroups are v1 with a cgroup2 mount beside them (hybrid) that holds the one
+        controller no v1 hierarchy has (hugetlb). crun refuses that layout ("cgroups in hybrid mode
+        not supported, drop all controllers from cgroupv2"); runc and the kubelet ignore it. A v1
+        host that mounts every controller has none there: a controller no v2 cgroup uses moves to
+        the v1 hierarchy mounted for it, and back when teardown unmounts it."""
+        unified = CGROUP_ROOT / "unified" / "cgroup.controllers"
+        try:
+            controllers = unified.read_text().split()
+        except OSError:
+            return  # no cgroup2 mount beside v1 (or cgroup v2 alone): nothing to move
+        mounted: List[str] = []
+        for controller in controllers:
+            point = CGROUP_ROOT / controller
+            if os.path.ismount(point):
+                continue
+            point.mkdir(exist_ok=True)
+            moved = run(
+                ["mount", "-t", "cgroup", "-o", controller, "cgroup", str(point)], check=False
+            )
+            if moved.returncode != 0:
+                point.rmdir()
+                self.log(
+                    f"real node: cgroup controller {controller} stays on cgroup2 "
+                    f"({moved.stderr.strip()}); the crun runtime class will refuse to run"
+                )
+                continue
+            mounted.append(str(point))
+        self.cgroup_mounts = mounted
+        self._save_state()
 
     def _start(
         self, name: str, argv: List[str], env: Optional[Dict[str, str]] = None
@@ -656,6 +720,20 @@ class RealNodeCluster(LocalCluster):
         )
         return reference
 
+    def _make_second_runtime_class(self) -> None:
+        """RuntimeClass crun: a second real runtime (containerd's handler `crun`), to compare with cube's runc."""
+        api = self.control_plane.api
+        if api.get_or_none("/apis/node.k8s.io/v1/runtimeclasses/crun") is None:
+            api.create(
+                "/apis/node.k8s.io/v1/runtimeclasses",
+                {
+                    "apiVersion": "node.k8s.io/v1",
+                    "kind": "RuntimeClass",
+                    "metadata": {"name": "crun"},
+                    "handler": "crun",
+                },
+            )
+
     # -- containerd -------------------------------------------------------------------
     def _containerd_root(self) -> Path:
         """containerd's root, on a loop-mounted ext4 image when the workdir's filesystem is overlayfs."""
@@ -710,7 +788,7 @@ class RealNodeCluster(LocalCluster):
         for handler, binary, runc_root in (
             ("runc", "/usr/sbin/runc", base / "runc"),
             ("cube", "/usr/sbin/runc", base / "runc-cube"),
-            ("crun", "/usr/bin/crun", base / "crun"),
+            ("crun", str(build_node.CRUN), base / "crun"),
         ):
             runtimes += (
                 f"\n[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.{handler}]\n"
@@ -810,10 +888,13 @@ state = '{base / "state"}'
 
     def truth(self, namespace: str) -> Dict[str, Any]:
         """The node's record of each pod of `namespace`, in the emulator's truth shape
-        ({"pods": {"ns/pod": {field: Unix seconds}}}), from containerd's events: sandbox_ready when
-        the sandbox's task started (the pause process, the pod's network already set up),
-        task_created when runc forked the episode's process, container_started when its task
-        started (the process let go to exec), container_finished when it exited."""
+        ({"pods": {"ns/pod": {field: Unix seconds}}}), in nanoseconds: sandbox_ready when the
+        sandbox's task started (the pause process, the pod's network already set up; containerd's
+        event), task_created and task_started when the episode's task was created (its process
+        forked) and started (let go to exec; containerd's events, published a moment after),
+        container_started when containerd recorded the start, as its start call returned (the
+        startedAt the kubelet reports in whole seconds), container_finished when the shim reaped
+        the process (the exit's own exited_at; the finishedAt the kubelet reports)."""
         sandboxes = {
             item["id"]: item["metadata"]
             for item in json.loads(
@@ -826,28 +907,32 @@ state = '{base / "state"}'
             if item["podSandboxId"] in sandboxes
         }
         pods: Dict[str, Dict[str, float]] = {}
+
+        def note(task: str, field: str, at: Optional[float], first: bool = True) -> None:
+            names = containers if task in containers else sandboxes
+            record = pods.setdefault(f"{namespace}/{names[task]['name']}", {})
+            if at is not None and (field not in record or not first):
+                record[field] = at
+
         for record in self.containerd_events():
             event = record["event"]
             task = event.get("container_id")
             if record["topic"] == "/tasks/start" and task in sandboxes:
-                pods.setdefault(f"{namespace}/{sandboxes[task]['name']}", {}).setdefault(
-                    "sandbox_ready", record["at"]
-                )
+                note(task, "sandbox_ready", record["at"])
             elif record["topic"] == "/tasks/create" and task in containers:
-                # runc's init forked: the process the episode's own /proc start time names.
-                pods.setdefault(f"{namespace}/{containers[task]['name']}", {}).setdefault(
-                    "task_created", record["at"]
-                )
+                note(task, "task_created", record["at"])
             elif record["topic"] == "/tasks/start" and task in containers:
-                pods.setdefault(f"{namespace}/{containers[task]['name']}", {}).setdefault(
-                    "container_started", record["at"]
-                )
+                note(task, "task_started", record["at"])
             elif (
                 record["topic"] == "/tasks/exit" and task in containers and event.get("id") == task
             ):
-                pods.setdefault(f"{namespace}/{containers[task]['name']}", {})[
-                    "container_finished"
-                ] = record["at"]
+                # The shim's own record of the exit, taken as it reaped the process: its event is
+                # published later, once the shim is done with the exit (up to 0.3 s later, past the
+                # second's end for two of twelve crun containers at load 5).
+                note(task, "container_finished", event_time(event.get("exited_at")), first=False)
+        for task in containers:
+            status = json.loads(self.crictl("inspect", task).stdout)["status"]
+            note(task, "container_started", rfc3339_nano(status.get("startedAt")))
         return {"pods": pods}
 
     def crictl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:

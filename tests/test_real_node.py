@@ -51,9 +51,9 @@ def events_of(output: Path) -> list[dict]:
     return load(output / "events.json")["items"]
 
 
-def check_run(cluster, output: Path, count: int, parallelism: int) -> dict:
+def check_run(cluster, output: Path, count: int, parallelism: int, runtime: str = "cube") -> dict:
     """The run's files agree with the API server, and every pod ran on the real node in its runtime."""
-    results = assert_run_agrees_with_cluster(cluster, output, count, parallelism)
+    results = assert_run_agrees_with_cluster(cluster, output, count, parallelism, runtime)
     pods = load(output / "pods.json")["items"]
     assert len(pods) == count
     for pod in pods:
@@ -408,6 +408,53 @@ def test_harden_runs_on_the_real_node(real_node, tmp_path):
     assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
 
 
+def test_a_second_runtime_class_runs_its_episodes_in_crun(real_node, tmp_path):
+    """RuntimeClass crun is containerd's handler `crun` (crun 1.21, tests/build_node.py): the guide's
+    batch runs there as in cube's runc, every sandbox and container made by crun, and the two runs
+    compare side by side."""
+    kubectl, cluster = real_node
+    runs = {"cube": tmp_path / "cube", "crun": tmp_path / "crun"}
+    for runtime, output in runs.items():
+        result = tool(
+            cluster,
+            kubectl,
+            "run",
+            "--count",
+            "4",
+            "--runtime",
+            runtime,
+            "--output",
+            str(output),
+            "--quiet",
+        )
+        assert result.returncode == 0, result.stderr
+        results = check_run(cluster, output, 4, 4, runtime)
+        assert results["runtime"] == runtime
+        assert {p["spec"]["runtimeClassName"] for p in load(output / "pods.json")["items"]} == {
+            runtime
+        }
+    # The node's own record: each crun pod's sandbox and container were run by containerd's crun
+    # handler, whose binary is the crun built here (cube's is runc).
+    namespace = load(runs["crun"] / "receipt.json")["namespace"]
+    sandboxes = json.loads(cluster.crictl("pods", "--namespace", namespace, "-o", "json").stdout)
+    assert len(sandboxes["items"]) == 4
+    for sandbox in sandboxes["items"]:
+        assert sandbox["runtimeHandler"] == "crun", sandbox
+        containers = json.loads(
+            cluster.crictl("ps", "-a", "--pod", sandbox["id"], "-o", "json").stdout
+        )["containers"]
+        assert len(containers) == 1
+        inspected = json.loads(cluster.crictl("inspect", containers[0]["id"]).stdout)
+        assert inspected["info"]["runtimeOptions"]["binary_name"].endswith("/crun"), inspected[
+            "info"
+        ]["runtimeOptions"]
+    compared = tool(cluster, kubectl, "compare", str(runs["cube"]), str(runs["crun"]))
+    assert compared.returncode == 0, compared.stderr
+    assert "crun" in compared.stdout and "cube" in compared.stdout
+    for output in runs.values():
+        assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
+
+
 def test_episode_script_with_tasks_runs_as_an_indexed_job(real_node, tmp_path):
     from test_e2e_features import HALF_REWARD_SCRIPT
 
@@ -584,3 +631,76 @@ def test_pod_lifecycles_the_stand_ins_copy(real_node, tmp_path):
     (tmp_path / "record.json").write_text(json.dumps(record, indent=1))
     differences = compare_nodes.kubelet_135_differences(record)
     assert differences == [], "\n".join(differences)
+
+
+# What each of the tool's points is held to on the real node: containerd's own record of it.
+CONTAINERD_TRUTH = ("sandbox_ready", "container_started", "container_finished")
+
+
+@pytest.mark.parametrize("runtime", ["cube", "crun"])
+def test_twelve_episodes_hold_their_points_against_containerds_record(real_node, tmp_path, runtime):
+    """Every point the node names lies within its stated precision of what containerd recorded, in
+    nanoseconds (tests/real_node.py RealNodeCluster.truth): the sandbox's task started, the start
+    containerd recorded (the startedAt the kubelet reports in whole seconds) and the exit its shim
+    reaped. How narrow the precisions come is the machine's load as much as the code's, so it is
+    printed by `tests/phase_accuracy.py --kubelet` against its targets, not held here."""
+    kubectl, cluster = real_node
+    output = tmp_path / "rl-12"
+    result = tool(
+        cluster,
+        kubectl,
+        "run",
+        "--count",
+        "12",
+        "--parallelism",
+        "6",
+        "--runtime",
+        runtime,
+        "--output",
+        str(output),
+        "--quiet",
+    )
+    assert result.returncode == 0, result.stderr
+    namespace = load(output / "receipt.json")["namespace"]
+    truth = cluster.truth(namespace)["pods"]
+    results = load(output / "results.json")
+    with open(output / "episodes.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == 12
+    # Every part runs on this machine's clock: the evidence must allow them to agree, and nothing
+    # be corrected (a correction would move every point by its error).
+    clocks = results["clocks"]
+    for name, entry in [("client", clocks["client"])] + list(clocks["nodes"].items()):
+        assert (entry["at_least_seconds"] or 0) <= 0 <= (entry["at_most_seconds"] or 0), (
+            name,
+            entry,
+        )
+        assert entry["offset_seconds"] == 0.0, (name, entry)
+    for row in rows:
+        record = truth[f"{namespace}/{row['pod']}"]
+        # The rig's own order: the sandbox, the episode's task forked, its start, its exit.
+        assert (
+            record["sandbox_ready"]
+            <= record["task_created"]
+            <= record["container_started"]
+            <= record["container_finished"]
+        ), (row["pod"], record)
+        for point in CONTAINERD_TRUTH:
+            at = float(row[f"{point}_at"])
+            precision = float(row[f"{point}_precision_seconds"])
+            error = at - record[point]
+            assert abs(error) <= precision, (row["pod"], point, error, precision, row)
+            # Sharper than the whole-second stamps these points are cut from, never wider.
+            assert precision <= rl_batch_demo.WHOLE_SECOND, (row["pod"], point, precision)
+        # The kubelet names the sandbox with its first container event, and the container's start
+        # between its Created and Started events: the tool reads them, not the stamps alone.
+        assert "event name" in row["sandbox_ready_source"], row["sandbox_ready_source"]
+        assert "kubelet" in row["container_started_source"], row["container_started_source"]
+        # The worker's process is forked as the task is created, before the start is recorded:
+        # its /proc start time is no bound of the container's start (read in 10 ms ticks).
+        assert float(row["process_started_at"]) <= record["container_started"] + 0.02, (
+            row["pod"],
+            row["process_started_at"],
+            record,
+        )
+    assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
