@@ -3484,15 +3484,18 @@ def sandbox_ready_point(
 
 def container_started_point(
     state: dict,
-    ready: dict,
     kubelet: dict[str, tuple[float, str]],
     seen: dict,
     clocks: EpisodeClocks,
 ) -> Point | None:
-    """The container's start: its startedAt second, sharpened by the kubelet's events, the worker and the watch."""
+    """The container's start: its startedAt second, sharpened by the kubelet's events and the watch.
+
+    Not by the worker's /proc start time: a real runtime (runc, crun) forks the container's first
+    process when it creates the task, inside the kubelet's start call, and lets it run only when it
+    starts the task, so the process's birth comes before the container's start there (and after it
+    where the runtime spawns the process to start it)."""
     node, node_slack = clocks.node, clocks.node_slack
     running = state.get("terminated") or state.get("running") or {}
-    process = worker_time(ready.get("process_started_at"))
     return sharpest(
         [
             lower(
@@ -3505,13 +3508,6 @@ def container_started_point(
             upper(
                 kubelet_named(kubelet, "Started"),
                 "kubelet Started event name",
-                "node",
-                node,
-                node_slack,
-            ),
-            upper(
-                None if process is None else process + PROC_TICK,
-                "worker process start",
                 "node",
                 node,
                 node_slack,
@@ -3612,7 +3608,7 @@ def episode_points(
         "pod_created": pod_created_point(created, seen, created_event_at, created_after, clocks),
         "scheduled": scheduled,
         "sandbox_ready": sandbox_ready_point(pod, observed, kubelet, scheduled, created, clocks),
-        "container_started": container_started_point(state, ready, kubelet, seen, clocks),
+        "container_started": container_started_point(state, kubelet, seen, clocks),
         "process_started": worker_point(
             ready.get("process_started_at"), PROC_TICK, "worker /proc start time", clocks
         ),

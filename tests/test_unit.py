@@ -1255,13 +1255,13 @@ def test_episodes_csv_header_and_rows() -> None:
     assert lines[0] == EXPECTED_CSV_HEADER
     assert lines[1:] == [
         "rollout,rollout-4kq2m,node-1,1,present,cube,"
-        "1.000000,1.250000,2.000000,2.510000,2.500000,3.250000,3.500000,8.000000,9.000000,"
-        "1,1e-06,1.75,0.51,0.01,1e-06,1e-06,1e-06,1,"
+        "1.000000,1.250000,2.000000,2.000000,2.500000,3.250000,3.500000,8.000000,9.000000,"
+        "1,1e-06,1.75,1,0.01,1e-06,1e-06,1e-06,1,"
         "0.250000,0.750000,0.500000,0.750000,0.250000,4.500000,1.000000,2.500000,7.000000,,"
-        "1795982401.000000,1795982401.250000,1795982402.000000,1795982402.510000,1795982402.500000,"
+        "1795982401.000000,1795982401.250000,1795982402.000000,1795982402.000000,1795982402.500000,"
         "1795982403.250000,1795982403.500000,1795982408.000000,1795982409.000000,"
         'Pod creationTimestamp,Scheduled event eventTime,"PodReadyToStartContainers condition,'
-        ' after Scheduled eventTime","worker process start, after container startedAt",'
+        ' after Scheduled eventTime",container startedAt,'
         "worker /proc start time,worker imports_done_at,worker ready event,worker reward event,"
         "container finishedAt,"
         "control plane,control plane,node,node,node,node,node,node,node,"
@@ -1269,13 +1269,13 @@ def test_episodes_csv_header_and_rows() -> None:
         # The kubelet's Pulled message: present, no pull, no wait.
         ",0.000000,0.000000,",
         "rollout,rollout-9vtzb,node-2,1,pulled,cube,"
-        "1.000000,1.500000,3.000000,3.010000,3.000000,4.000000,4.250000,8.500000,9.000000,"
-        "1,1e-06,2.5,0.01,0.01,1e-06,1e-06,1e-06,1,"
+        "1.000000,1.500000,3.000000,3.000000,3.000000,4.000000,4.250000,8.500000,9.000000,"
+        "1,1e-06,2.5,1,0.01,1e-06,1e-06,1e-06,1,"
         "0.500000,1.500000,0.000000,1.000000,0.250000,4.250000,0.500000,3.250000,7.500000,,"
-        "1795982401.000000,1795982401.500000,1795982403.000000,1795982403.010000,1795982403.000000,"
+        "1795982401.000000,1795982401.500000,1795982403.000000,1795982403.000000,1795982403.000000,"
         "1795982404.000000,1795982404.250000,1795982408.500000,1795982409.000000,"
         'Pod creationTimestamp,Scheduled event eventTime,"PodReadyToStartContainers condition,'
-        ' after Scheduled eventTime","worker process start, after container startedAt",'
+        ' after Scheduled eventTime",container startedAt,'
         "worker /proc start time,worker imports_done_at,worker ready event,worker reward event,"
         "container finishedAt,"
         "control plane,control plane,node,node,node,node,node,node,node,"
@@ -1284,12 +1284,12 @@ def test_episodes_csv_header_and_rows() -> None:
         ",0.000000,2.100000,19203584",
         # No sandbox condition and no kubelet event: empty cells; scheduled from the whole-second condition.
         "rollout,rollout-p7x8s,node-1,1,,cube,"
-        "2.000000,2.000000,,3.510000,3.500000,4.500000,5.000000,9.750000,10.000000,"
-        "1,1,,0.51,0.01,1e-06,1e-06,1e-06,1,"
+        "2.000000,2.000000,,3.000000,3.500000,4.500000,5.000000,9.750000,10.000000,"
+        "1,1,,1,0.01,1e-06,1e-06,1e-06,1,"
         "0.000000,,,1.000000,0.500000,4.750000,0.250000,3.000000,7.750000,,"
-        "1795982402.000000,1795982402.000000,,1795982403.510000,1795982403.500000,1795982404.500000,"
+        "1795982402.000000,1795982402.000000,,1795982403.000000,1795982403.500000,1795982404.500000,"
         "1795982405.000000,1795982409.750000,1795982410.000000,"
-        'Pod creationTimestamp,PodScheduled condition,,"worker process start, after container startedAt",'
+        "Pod creationTimestamp,PodScheduled condition,,container startedAt,"
         "worker /proc start time,worker imports_done_at,worker ready event,worker reward event,"
         "container finishedAt,"
         "control plane,control plane,,node,node,node,node,node,node,"
