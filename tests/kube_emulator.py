@@ -1342,13 +1342,15 @@ class Store:
         name: str,
         mutate: Callable[[dict], bool | None],
         expect_rv: str | None = None,
+        removes: bool = True,
     ) -> dict | None:
         """Apply ``mutate`` to the stored object.
 
         ``mutate`` may return False to signal "no change" (no new rv).  If the
         result has a deletionTimestamp, no finalizers and a zero grace period
-        the object is removed (like the generic registry does).  Returns the
-        new object, or None when it was removed / does not exist.
+        the object is removed (like the generic registry does), unless
+        ``removes`` is False: the caller removes it after this update is seen.
+        Returns the new object, or None when it was removed / does not exist.
         """
         with self.lock:
             bucket = self._bucket(store, ns or "")
@@ -1361,7 +1363,7 @@ class Store:
             changed = mutate(new)
             if changed is False:
                 return clone(cur)
-            if self._should_remove(store, new):
+            if removes and self._should_remove(store, new):
                 self._remove_locked(store, ns or "", name, new)
                 return None
             new["metadata"]["resourceVersion"] = str(self._next_rv())
@@ -5459,6 +5461,9 @@ class ContainerRunner(threading.Thread):
             f'rpc error: code = NotFound desc = failed to pull and unpack image "{repo_ref}": '
             f"failed to resolve image: {repo_ref}: not found"
         )
+        # The kubelet's back-off doubles after each failed pull (10 s, 20 s, ... up to 300 s): here
+        # from twice the emulator's own unit of time, up to thirty times that.
+        backoff = first_backoff = 2 * self.emu.t("image_pull_backoff")
         while not self.worker.stop_requested():
             self.event("Normal", "Pulling", f'Pulling image "{image}"')
             self.event("Warning", "Failed", f'Failed to pull image "{image}": {err}')
@@ -5476,8 +5481,9 @@ class ContainerRunner(threading.Thread):
                     }
                 }
             )
-            if self.worker.sleep(self.emu.t("image_pull_backoff") * 2):
+            if self.worker.sleep(backoff):
                 return
+            backoff = min(backoff * 2, first_backoff * 30)
 
     def _identity(self) -> tuple[int, int, str | None]:
         pod = self.worker.pod
@@ -5830,15 +5836,17 @@ class PodWorker(threading.Thread):
             ready = [c for c in conds if c.get("type") == "PodReadyToStartContainers"]
             if not ready or ready[0].get("status") != "True":
                 set_condition(conds, condition("PodReadyToStartContainers", "True", now))
+        # As the 1.35 kubelet merges its status (mergePodStatus): the conditions it does not own
+        # (DisruptionTarget, from the Eviction API or a preemption) first, as the pod had them,
+        # then its own in the order it generates them.
         order = {
             "PodReadyToStartContainers": 0,
             "Initialized": 1,
             "Ready": 2,
             "ContainersReady": 3,
             "PodScheduled": 4,
-            "DisruptionTarget": 5,
         }
-        conds.sort(key=lambda c: order.get(c["type"], 9))
+        conds.sort(key=lambda c: order.get(c["type"], -1))
 
     # -- lifecycle ---------------------------------------------------------
     def run(self) -> None:
@@ -7364,7 +7372,9 @@ class WritePath:
                     o["metadata"]["deletionGracePeriodSeconds"] = 0
                     return True
 
-                self.store.update(store, store_ns, name, shorten)
+                # (The registry writes the shorter grace period as an update of its own, then
+                # deletes: the store must not remove the object on that update already.)
+                self.store.update(store, store_ns, name, shorten, removes=False)
             final = self.store.remove(store, store_ns, name)
             if final is None:
                 raise err_not_found(info, name)

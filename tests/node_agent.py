@@ -66,6 +66,15 @@ def now_micro() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int((t % 1) * 1e6):06d}Z"
 
 
+# How many events the recorder's correlator remembers (client-go's maxLruCacheEntries).
+EVENT_CACHE_SIZE = 4096
+# The pod conditions a kubelet owns and writes whole (pkg/kubelet/types PodConditionsByKubelet, with
+# PodReadyToStartContainers); any other (DisruptionTarget) it keeps as the pod has it.
+KUBELET_CONDITIONS = frozenset(
+    ("PodScheduled", "Ready", "Initialized", "ContainersReady", "PodReadyToStartContainers")
+)
+
+
 def condition(
     ctype: str, status: str, reason: str | None = None, message: str | None = None
 ) -> dict:
@@ -246,9 +255,24 @@ class PodWorker(threading.Thread):
             elif ended:
                 self.set_condition("PodReadyToStartContainers", "False")
             self.phase = phase
+            # As the 1.35 kubelet merges its status (mergePodStatus) and patches it: the conditions it
+            # does not own (DisruptionTarget from the Eviction API) first, as the pod has them, then
+            # its own as it generates them, PodScheduled (the scheduler's, kept) last; the patch's
+            # directive sets that order.
+            held = [
+                c.get("type")
+                for c in (self.pod.get("status") or {}).get("conditions") or []
+                if c.get("type") not in self.conditions
+            ]
+            order = (
+                [t for t in held if t not in KUBELET_CONDITIONS]
+                + list(self.conditions)
+                + [t for t in held if t in KUBELET_CONDITIONS]
+            )
             status = {
                 "phase": phase,
                 "conditions": list(self.conditions.values()),
+                "$setElementOrder/conditions": [{"type": ctype} for ctype in order],
                 "containerStatuses": statuses,
                 "observedGeneration": self.pod["metadata"].get("generation", 1),
                 **extra,
@@ -846,6 +870,10 @@ class NodeAgent:
         # figures against: seen (the agent took up the bound pod), sandbox_ready, container_started,
         # container_finished; and its node and exit code.
         self.truth: dict[tuple[str, str], dict] = {}
+        # The recorder's correlator: an event the same as one it sent (same object, reason, message,
+        # type, source) is that event again, its count raised, not a new one.
+        self.sent_events: dict[tuple[str, ...], tuple[str, int]] = {}
+        self.events_lock = threading.Lock()
         self.truth_lock = threading.Lock()
         self.port = free_port()
         self.server: _KubeletServer | None = None
@@ -1165,6 +1193,21 @@ class NodeAgent:
         if field_path:
             involved["fieldPath"] = field_path
         stamp = now_rfc3339()
+        key = (metadata["uid"], field_path or "", etype, reason, message, node)
+        with self.events_lock:
+            sent = self.sent_events.get(key)
+            if sent is not None:
+                self.sent_events[key] = (sent[0], sent[1] + 1)
+        if sent is not None:
+            name, count = sent[0], sent[1] + 1
+            try:
+                self.api.strategic_patch(
+                    f"/api/v1/namespaces/{metadata['namespace']}/events/{name}",
+                    {"count": count, "lastTimestamp": stamp, "message": message},
+                )
+                return
+            except (ApiError, OSError):
+                pass  # gone (expired, or never written): the recorder makes it anew
         event = {
             "apiVersion": "v1",
             "kind": "Event",
@@ -1184,6 +1227,10 @@ class NodeAgent:
             "reportingComponent": "kubelet",
             "reportingInstance": node,
         }
+        with self.events_lock:
+            self.sent_events[key] = (event["metadata"]["name"], 1)
+            while len(self.sent_events) > EVENT_CACHE_SIZE:  # least recently made first
+                del self.sent_events[next(iter(self.sent_events))]
         try:
             self.api.create(f"/api/v1/namespaces/{metadata['namespace']}/events", event)
         except (ApiError, OSError):

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import prereqs  # noqa: E402
 from conftest import require_prerequisites  # noqa: E402
 from e2e_support import assert_kubelet_135_messages, wait_for  # noqa: E402
-from kube_emulator import Emulator, check_faults  # noqa: E402
+from kube_emulator import CANONICAL, Emulator, check_faults  # noqa: E402
 
 
 # --------------------------------------------------------------------------- prerequisites
@@ -789,6 +789,37 @@ def test_delete_with_wait_does_not_hang(emu, version: str) -> None:
     assert emu.get("namespaces", None, "dw") is None
     if version == "1.35":
         assert any(r["query"].get("sendInitialEvents") == "true" for r in emu.requests)
+
+
+def test_a_pod_being_deleted_is_updated_to_grace_0_before_it_goes(tmp_path: Path) -> None:
+    """The kubelet's final delete (grace 0) of a pod already being deleted: the registry writes the
+    shorter grace period as an update of its own, then deletes, so watchers see MODIFIED with
+    deletionGracePeriodSeconds 0, then DELETED (as kubelet v1.35.4's pods showed on the real API
+    server). The store removed it on that update at once, and watchers saw only DELETED."""
+    emu = Emulator(tmp_path / "emu")  # not started: the write path alone
+    emu.store.create(
+        "pods",
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": "p",
+                "namespace": "ns",
+                "deletionTimestamp": "2026-01-01T00:00:00Z",
+                "deletionGracePeriodSeconds": 2,
+            },
+            "spec": {"nodeName": "emu-node-0"},
+            "status": {"phase": "Failed"},
+        },
+    )
+    code, _ = emu.writes.api_delete(CANONICAL["pods"], "ns", "p", {"gracePeriodSeconds": 0})
+    assert code == 200 and emu.store.get("pods", "ns", "p") is None
+    seen = [
+        (kind, event["metadata"].get("deletionGracePeriodSeconds"))
+        for _, kind, store, event in emu.store.events_since(0)
+        if store == "pods"
+    ]
+    assert seen == [("ADDED", 2), ("MODIFIED", 0), ("DELETED", 0)]
 
 
 def test_foreground_deletion_order(emu) -> None:
