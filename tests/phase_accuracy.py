@@ -40,8 +40,9 @@ Then one line per target, PASS or FAIL, and the exit status says whether all pas
     a stated precision no wider than that event's allowance (the tool's EVENT_FOLLOWS_SECONDS:
     how late a loaded machine may name it), and sandbox_creation within POINT_TARGET of its
     true length;
-  - the load-bound points (the container's start and end, bounded by its own spawn and exit
-    and the watch, which a loaded machine stretches): their median precision within it.
+  - the load-bound points (the container's start and end, bounded by the kubelet's Created and
+    Started events, the reward and the watch, which a loaded machine stretches): their median
+    precision within it.
 These are targets: how close the points come depends on the machine's load as well as on the
 code, so the pytest suite never holds them (it holds that every precision covers its error).
 Standard library only.
@@ -69,7 +70,8 @@ import prereqs  # noqa: E402
 PRODUCT = Path(__file__).resolve().parent.parent / "rl_batch_demo.py"
 # What a point must achieve against the truth: within this of it, its stated precision no wider.
 POINT_TARGET = 0.15
-# Bounded by the container's own spawn or exit and the watch's delivery: held by their median precision.
+# Bounded by the kubelet's container events, the reward and the watch's delivery: held by their
+# median precision.
 LOAD_BOUND_POINTS = ("container_started", "container_finished")
 # The targets each cluster is held to (a point without a truth there is held by its precision alone).
 TARGETS = {

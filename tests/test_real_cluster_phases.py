@@ -31,7 +31,7 @@ TRUTH_FIELDS = {
     "container_started": "container_started",
     "container_finished": "container_finished",
 }
-# Bounded by the container's own spawn or exit, the agent's status update and the watch's
+# Bounded by the agent's Created and Started events, the reward, its status update and the watch's
 # delivery, which a loaded machine stretches (and a real kubelet's status loop more): each states
 # its width and that width covers its error; how wide is printed, not held.
 LOAD_BOUND_POINTS = ("container_started", "container_finished")
