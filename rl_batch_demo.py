@@ -2564,6 +2564,15 @@ def classify_pod_state(
                     f"cancelled: --need was met while it ran (it exited 0 before a complete "
                     f"reward: {str(error).split(': ', 1)[-1]})",
                 )
+            end = job_end_reason(job)
+            if pod["metadata"].get("deletionTimestamp") and end is not None and not log_text:
+                # The Job's end deleted the pod while it ran; it ran on to exit 0 (its first process
+                # ignores SIGTERM) and the kubelet removed it at once: its log went with it before it
+                # could be read. Its outcome is unknown, not the episode's failure.
+                return "infrastructure", (
+                    f"its log was gone before it could be read: deleted as the Job ended ({end}), "
+                    f"the pod was removed once it exited 0"
+                )
             return error.failure_class, str(error).split(": ", 1)[-1]
         return None, None
     state = container_status(pod).get("state") or {}

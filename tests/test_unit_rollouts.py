@@ -376,6 +376,27 @@ def deleted(pod: dict) -> dict:
             ),
         ),
         (make_pod("p"), honest_log("p"), make_job(), (None, None)),
+        # Deleted as the Job ended, it ran on to exit 0 and was removed before its log was read.
+        (
+            deleted(make_pod("p")),
+            "",
+            failed_job("MaxFailedIndexesExceeded"),
+            (
+                "infrastructure",
+                "its log was gone before it could be read: deleted as the Job ended "
+                "(MaxFailedIndexesExceeded), the pod was removed once it exited 0",
+            ),
+        ),
+        # Its log read, it is judged by it: complete, a success; a protocol broken, its own failure.
+        (deleted(make_pod("p")), honest_log("p"), failed_job("FailedIndexes"), (None, None)),
+        (
+            deleted(make_pod("p")),
+            log_text(ready_event("p", T0 + 3.0)),
+            failed_job("FailedIndexes"),
+            ("episode", "expected exactly one reward event, found 0"),
+        ),
+        # An empty log of a pod nothing deleted is what the episode printed.
+        (make_pod("p"), "", make_job(), ("episode", "expected exactly one ready event, found 0")),
     ],
 )
 def test_each_failure_is_classified(pod: dict, log: str, job: dict, expected: tuple) -> None:
