@@ -178,6 +178,19 @@ KUBELET_135_PRESENT = (
 KUBELET_135_PULLED = 'Successfully pulled image "{image}" in '
 
 
+def assert_clocks_agree(results: dict) -> None:
+    """Every clock of a run on this one machine (the client's, each node's): the evidence allows it to
+    agree with the control plane's, and nothing was corrected (a correction would move each point)."""
+    clocks = results["clocks"]
+    for name, entry in [("client", clocks["client"])] + list(clocks["nodes"].items()):
+        assert (entry["at_least_seconds"] or 0) <= 0 <= (entry["at_most_seconds"] or 0), (
+            name,
+            entry,
+        )
+        assert entry["offset_seconds"] == 0.0, (name, entry)
+    assert results.get("clock_warnings") in (None, []), results.get("clock_warnings")
+
+
 def assert_kubelet_135_messages(events: Sequence[dict], image: str = "python:3.12-alpine") -> None:
     """Every Created, Started and Pulled event of the pods' containers says what kubelet v1.35.4 says."""
     seen = set()
