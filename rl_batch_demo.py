@@ -1297,7 +1297,7 @@ def run_images(plan_jobs: dict[str, list[dict]]) -> list[str]:
     return images
 
 
-def prepull_failures(pods: Sequence[dict], events: Sequence[dict] = ()) -> list[dict]:
+def prepull_failures(pods: Sequence[dict], events: Sequence[EventRecord] = ()) -> list[dict]:
     """Each --prepull pod that did not succeed: its node, image and why (the kubelet's words)."""
     warnings = pod_warnings(events)
     failures = []
@@ -1687,29 +1687,91 @@ def event_object(event: dict) -> dict:
     return event.get("involvedObject") or event.get("regarding") or {}
 
 
-def pod_events(events: Iterable[dict], reason: str) -> Iterator[tuple[dict, dict, str]]:
-    """The events of `reason` about a Pod: (event, what it is about, its message)."""
+class EventRecord(NamedTuple):
+    """One Kubernetes event, the fields of it this tool reads, from core/v1 or events.k8s.io/v1
+    alike: what every reader of events takes (event_record makes one from the event as the API
+    gives it). The watch holds each event so, its whole text waiting on disk for events.json: a
+    tuple of shared texts takes a third of the event's decoded dicts.
+
+    Each field is the event's own value, None where it has none; what it is about (`kind`,
+    `object_name`, `uid`, `field_path`) is its involvedObject's, else its regarding's."""
+
+    name: str | None  # metadata.name: the recorder names it `<object>.<hex UnixNano>`
+    created: str | None  # metadata.creationTimestamp: when the API server stored it
+    kind: str | None
+    object_name: str | None
+    uid: str | None
+    field_path: str | None
+    reason: str | None
+    type: str | None
+    message: Any  # its message, else (events.k8s.io/v1) its note
+    event_time: str | None
+    last_timestamp: str | None
+    count: Any
+    reporting_instance: str | None
+    component: str | None  # source.component
+    host: str | None  # source.host
+
+    @property
+    def pod(self) -> str | None:
+        """The name of the pod it is about, if it is about a pod."""
+        return (self.object_name or "") if self.kind == "Pod" else None
+
+    @property
+    def text(self) -> str:
+        """Its message (or note) as text, "" for none."""
+        return str(self.message or "")
+
+
+def event_record(event: dict) -> EventRecord:
+    """The fields of an event this tool reads (see EventRecord)."""
+    metadata = event.get("metadata") or {}
+    regarding = event_object(event)
+    source = event.get("source") or {}
+    return EventRecord(
+        metadata.get("name"),
+        metadata.get("creationTimestamp"),
+        regarding.get("kind"),
+        regarding.get("name"),
+        regarding.get("uid"),
+        regarding.get("fieldPath"),
+        event.get("reason"),
+        event.get("type"),
+        event.get("message") or event.get("note"),
+        event.get("eventTime"),
+        event.get("lastTimestamp"),
+        event.get("count"),
+        event.get("reportingInstance"),
+        source.get("component"),
+        source.get("host"),
+    )
+
+
+def event_records(events: Iterable[dict]) -> list[EventRecord]:
+    """Events as the API gives them (a list's items, events.json's), as their readers take them."""
+    return [event_record(event) for event in events]
+
+
+def pod_events(events: Iterable[EventRecord], reason: str) -> Iterator[tuple[EventRecord, str]]:
+    """The events of `reason` about a Pod: (event, the pod's name)."""
     for event in events:
-        if event.get("reason") != reason:
-            continue
-        regarding = event_object(event)
-        if regarding.get("kind") == "Pod":
-            yield event, regarding, str(event.get("message") or event.get("note") or "")
+        if event.reason == reason and event.kind == "Pod":
+            yield event, event.object_name or ""
 
 
-def scheduled_event_times(events: Iterable[dict]) -> dict[str, float]:
+def scheduled_event_times(events: Iterable[EventRecord]) -> dict[str, float]:
     """Pod name -> the scheduler's `Scheduled` eventTime (microsecond precision)."""
     times: dict[str, float] = {}
-    for event, regarding, _ in pod_events(events, "Scheduled"):
-        moment = parse_time(event.get("eventTime"))
+    for event, pod in pod_events(events, "Scheduled"):
+        moment = parse_time(event.event_time)
         if moment is not None:
-            times[regarding.get("name", "")] = moment
+            times[pod] = moment
     return times
 
 
 def batch_events(
-    events: Iterable[dict], job: dict | None, pods: Sequence[dict], first: bool
-) -> list[dict]:
+    events: Iterable[EventRecord], job: dict | None, pods: Sequence[dict], first: bool
+) -> list[EventRecord]:
     """The events of one batch of several in a namespace: about its Job or its pods, and
     (for the first batch) about whatever no Job owns, such as the ConfigMap."""
     job_name = ((job or {}).get("metadata") or {}).get("name", "")
@@ -1721,10 +1783,9 @@ def batch_events(
     own_pod = re.compile(re.escape(job_name) + r"-(\d+-)?[a-z0-9]{5}$")
     kept = []
     for event in events:
-        regarding = event_object(event)
-        kind, name = regarding.get("kind"), regarding.get("name", "")
+        kind, name = event.kind, event.object_name or ""
         if (
-            regarding.get("uid") in uids
+            event.uid in uids
             or (kind == "Job" and name == job_name)
             or (kind == "Pod" and own_pod.match(name))
             or (first and kind not in ("Job", "Pod"))
@@ -1733,38 +1794,33 @@ def batch_events(
     return kept
 
 
-def events_table(events: Sequence[dict]) -> str:
+def events_table(events: Sequence[EventRecord]) -> str:
     """Events as a table in the order they were created, like `kubectl get events`, with the UTC time
     each was last seen (kubectl prints its age, which means nothing once the file is read later)."""
     return "".join(events_table_lines(events))
 
 
-def events_table_lines(events: Sequence[dict]) -> Iterator[str]:
+def events_table_lines(events: Sequence[EventRecord]) -> Iterator[str]:
     """events_table line by line, each with its line end: hundreds of thousands of events are
     written without one string of them all."""
     yield f"{'LAST SEEN (UTC)':<22}{'TYPE':<9}{'REASON':<26}{'OBJECT':<40}MESSAGE\n"
-    for event in sorted(events, key=lambda e: e["metadata"].get("creationTimestamp") or ""):
-        regarding = event_object(event)
-        seen = (
-            event.get("lastTimestamp")
-            or event.get("eventTime")
-            or event["metadata"].get("creationTimestamp")
-        )
+    for event in sorted(events, key=lambda e: e.created or ""):
+        seen = event.last_timestamp or event.event_time or event.created
+        about = ("" if event.kind is None else event.kind.lower()) + "/" + (event.object_name or "")
         yield (
-            f"{(seen or '')[:19] + 'Z':<22}{event.get('type') or '':<9}{event.get('reason') or '':<26}"
-            f"{regarding.get('kind', '').lower() + '/' + regarding.get('name', ''):<40}"
-            f"{(event.get('message') or event.get('note') or '').strip()}\n"
+            f"{(seen or '')[:19] + 'Z':<22}{event.type or '':<9}{event.reason or '':<26}"
+            f"{about:<40}{(event.message or '').strip()}\n"
         )
 
 
-def image_cache_states(events: Iterable[dict]) -> dict[str, str]:
+def image_cache_states(events: Iterable[EventRecord]) -> dict[str, str]:
     """Pod name -> "present" (the node had the image) or "pulled", from the kubelet's Pulled event."""
     states: dict[str, str] = {}
-    for _, regarding, message in pod_events(events, "Pulled"):
-        if "already present on machine" in message:
-            states[regarding.get("name", "")] = "present"
-        elif "Successfully pulled" in message:
-            states.setdefault(regarding.get("name", ""), "pulled")
+    for event, pod in pod_events(events, "Pulled"):
+        if "already present on machine" in event.text:
+            states[pod] = "present"
+        elif "Successfully pulled" in event.text:
+            states.setdefault(pod, "pulled")
     return states
 
 
@@ -1844,15 +1900,15 @@ def parse_pulled_message(message: str) -> ImagePull | None:
     )
 
 
-def image_pulls(events: Iterable[dict]) -> dict[str, ImagePull]:
+def image_pulls(events: Iterable[EventRecord]) -> dict[str, ImagePull]:
     """Pod name -> its episode container's image as the kubelet's Pulled event says (its first one)."""
     pulls: dict[str, ImagePull] = {}
-    for _, regarding, message in pod_events(events, "Pulled"):
-        if regarding.get("fieldPath") not in (None, f"spec.containers{{{CONTAINER_NAME}}}"):
+    for event, pod in pod_events(events, "Pulled"):
+        if event.field_path not in (None, EPISODE_FIELD_PATH):
             continue
-        pull = parse_pulled_message(message)
+        pull = parse_pulled_message(event.text)
         if pull is not None:
-            pulls.setdefault(regarding.get("name", ""), pull)
+            pulls.setdefault(pod, pull)
     return pulls
 
 
@@ -1864,16 +1920,16 @@ def count_image_cache(states: Iterable[str | None]) -> dict[str, int]:
     return counts
 
 
-def warning_summary(events: Iterable[dict]) -> dict[str, dict]:
+def warning_summary(events: Iterable[EventRecord]) -> dict[str, dict]:
     """Warning events per reason: how many, and which objects they named."""
     summary: dict[str, dict] = {}
     for event in events:
-        if event.get("type") != "Warning":
+        if event.type != "Warning":
             continue
-        regarding = event_object(event)
-        entry = summary.setdefault(event.get("reason") or "Unknown", {"count": 0, "objects": []})
-        entry["count"] += int(event.get("count") or 1)
-        name = f"{regarding.get('kind', '?')}/{regarding.get('name', '?')}"
+        entry = summary.setdefault(event.reason or "Unknown", {"count": 0, "objects": []})
+        entry["count"] += int(event.count or 1)
+        kind = "?" if event.kind is None else event.kind
+        name = f"{kind}/{'?' if event.object_name is None else event.object_name}"
         if name not in entry["objects"]:
             entry["objects"].append(name)
     return summary
@@ -2141,41 +2197,6 @@ class SharedStrings:
         return tuple(key)
 
 
-def compact_event(event: dict) -> dict:
-    """The fields of an event this tool reads, in the event's own shape (core/v1 or
-    events.k8s.io/v1), so every reader of events takes it as it takes the whole event."""
-    metadata = event.get("metadata") or {}
-    kept: dict[str, Any] = {
-        "metadata": {
-            "name": metadata.get("name"),
-            "creationTimestamp": metadata.get("creationTimestamp"),
-        }
-    }
-    for field in ("involvedObject", "regarding"):
-        if event.get(field):
-            kept[field] = {
-                key: event[field][key]
-                for key in ("kind", "name", "uid", "fieldPath")
-                if key in event[field]
-            }
-    for field in (
-        "reason",
-        "type",
-        "message",
-        "note",
-        "eventTime",
-        "lastTimestamp",
-        "count",
-        "reportingInstance",
-    ):
-        if event.get(field) is not None:
-            kept[field] = event[field]
-    source = event.get("source") or {}
-    if source:
-        kept["source"] = {key: source[key] for key in ("component", "host") if key in source}
-    return kept
-
-
 class Spool:
     """Texts kept on disk by name, the newest of each: what is written whole at the end but
     need not be held in memory until then. `directory`: where (a run's own output directory,
@@ -2224,43 +2245,45 @@ class Spool:
 class EventStore:
     """A namespace's events as a watch delivers them: a pure reducer of the watch's changes.
 
-    Each event is held compact (the fields this tool reads) for the summary, and its
+    Each event is held as its EventRecord (the fields this tool reads) for the summary, and its
     whole last version is kept on disk for events.json, so a batch of thousands of
     pods holds its tens of thousands of events in little memory.
     """
 
     def __init__(self, spool_dir: str | None = None) -> None:
-        self.compact: dict[str, dict] = {}
+        self.records: dict[str, EventRecord] = {}
         self._spool = Spool(spool_dir, "events.json")
         self._shared = SharedStrings()
         # The revision the events are known to be at least as new as, once a list has said so.
         self.resource_version: str | None = None
 
     def __len__(self) -> int:
-        return len(self.compact)
+        return len(self.records)
 
-    def apply(self, change: str, event: dict) -> None:
-        """One change a watch delivered: ADDED or MODIFIED keeps the event's newest version, DELETED forgets it."""
+    def apply(self, change: str, event: dict) -> EventRecord | None:
+        """One change a watch delivered: ADDED or MODIFIED keeps the event's newest version, DELETED
+        forgets it. The record now held of it, if any."""
         name = (event.get("metadata") or {}).get("name")
         if not name:
-            return
+            return None
         if change == "DELETED":
-            self.compact.pop(name, None)
+            self.records.pop(name, None)
             self._spool.forget(name)
-            return
+            return None
         self._spool.put(name, json.dumps(event))
-        self.compact[name] = self._shared.share(compact_event(event))
+        record = self.records[name] = self._shared.share(event_record(event))
+        return record
 
     def forget_shared(self) -> None:
         self._shared.table.clear()
 
-    def events(self, names: Iterable[str] | None = None) -> list[dict]:
-        """The compact events in the order a list gives them (by name)."""
-        return [self.compact[name] for name in sorted(self.compact if names is None else names)]
+    def events(self, names: Iterable[str] | None = None) -> list[EventRecord]:
+        """The events' records in the order a list gives them (by name)."""
+        return [self.records[name] for name in sorted(self.records if names is None else names)]
 
     def whole(self, names: Iterable[str] | None = None) -> Iterator[str]:
         """Each event's last version as JSON text, in the order a list gives them."""
-        for name in sorted(self.compact if names is None else names):
+        for name in sorted(self.records if names is None else names):
             yield self._spool.get(name)
 
 
@@ -2424,18 +2447,17 @@ def job_end_reason(job: dict | None) -> str | None:
 PULL_FAILURE_CHARS = 400
 
 
-def pod_warnings(events: Iterable[dict], most: int = 3) -> dict[str, list[str]]:
+def pod_warnings(events: Iterable[EventRecord], most: int = 3) -> dict[str, list[str]]:
     """Pod name -> its first few distinct Warning events as `reason: message` (a kubelet says
     "Failed: Error: ErrImagePull"), each message cut to one short line."""
     warnings: dict[str, list[str]] = {}
     for event in events:
-        regarding = event_object(event)
-        if event.get("type") == "Warning" and regarding.get("kind") == "Pod":
-            message = " ".join(str(event.get("message") or event.get("note") or "").split())
+        if event.type == "Warning" and event.kind == "Pod":
+            message = " ".join(event.text.split())
             # A failed pull is said whole enough to name the image and the registry's answer.
             cut = PULL_FAILURE_CHARS if message.startswith("Failed to pull image") else 120
-            text = f"{event.get('reason') or 'Unknown'}: {message[:cut]}".rstrip(": ")
-            seen = warnings.setdefault(regarding.get("name", ""), [])
+            text = f"{event.reason or 'Unknown'}: {message[:cut]}".rstrip(": ")
+            seen = warnings.setdefault(event.object_name or "", [])
             if text not in seen and len(seen) < most:
                 seen.append(text)
     return warnings
@@ -2715,7 +2737,7 @@ def episode_rows(
     builtin: bool,
     task_ids: Sequence[Any] | None,
     group_size: int,
-    events: Sequence[dict] = (),
+    events: Sequence[EventRecord] = (),
     images: Sequence[str | None] | None = None,
 ) -> list[dict]:
     """One row per episode (completion index), its final attempt's outcome; pure.
@@ -3186,46 +3208,49 @@ class Bound(NamedTuple):
 EVENT_NAME_TIME = re.compile(r"\.([0-9a-f]{15,16})$")
 
 
-def event_name_time(event: dict) -> float | None:
+def event_name_time(event: EventRecord) -> float | None:
     """The moment an event's recorder named it, from `<object>.<hex UnixNano>` (on the recorder's clock)."""
-    found = EVENT_NAME_TIME.search((event.get("metadata") or {}).get("name") or "")
+    found = EVENT_NAME_TIME.search(event.name or "")
     return int(found.group(1), 16) / 1e9 if found else None
 
 
-def kubelet_container_events(events: Iterable[dict]) -> dict[str, dict[str, tuple[float, str]]]:
+# The kubelet's events about the episode's container name it so (others: an init container's).
+EPISODE_FIELD_PATH = f"spec.containers{{{CONTAINER_NAME}}}"
+
+
+def kubelet_container_events(
+    events: Iterable[EventRecord],
+) -> dict[str, dict[str, tuple[float, str]]]:
     """Pod name -> reason -> (earliest name time, node) of the kubelet's container events."""
     found: dict[str, dict[str, tuple[float, str]]] = {}
     for event in events:
-        reason = event.get("reason")
-        if reason not in KUBELET_CONTAINER_REASONS:
+        reason = event.reason
+        if reason not in KUBELET_CONTAINER_REASONS or event.kind != "Pod":
             continue
-        regarding = event_object(event)
-        if regarding.get("kind") != "Pod":
-            continue
-        if regarding.get("fieldPath") not in (None, f"spec.containers{{{CONTAINER_NAME}}}"):
+        if event.field_path not in (None, EPISODE_FIELD_PATH):
             continue
         moment = event_name_time(event)
         if moment is None:
             continue
-        node = (event.get("source") or {}).get("host") or event.get("reportingInstance") or ""
-        reasons = found.setdefault(regarding.get("name", ""), {})
+        node = event.host or event.reporting_instance or ""
+        reasons = found.setdefault(event.object_name or "", {})
         if reason not in reasons or moment < reasons[reason][0]:
             reasons[reason] = (moment, node)
     return found
 
 
-def pod_creation_events(events: Iterable[dict]) -> dict[str, float]:
+def pod_creation_events(events: Iterable[EventRecord]) -> dict[str, float]:
     """Pod name -> name time of the Job controller's SuccessfulCreate event for it. An event the
     recorder combined with similar ones names no pod of its own and is skipped."""
     created: dict[str, float] = {}
     for event in events:
-        if event.get("reason") != "SuccessfulCreate":
+        if event.reason != "SuccessfulCreate":
             continue
-        message = event.get("message") or event.get("note") or ""
+        message = event.message or ""
         if (
-            event_object(event).get("kind") != "Job"
+            event.kind != "Job"
             or not message.startswith("Created pod: ")
-            or int(event.get("count") or 1) != 1
+            or int(event.count or 1) != 1
         ):
             continue
         moment = event_name_time(event)
@@ -3764,25 +3789,23 @@ def client_clock_bounds(
 
 
 def kubelet_event_clocks(
-    events: Sequence[dict],
+    events: Sequence[EventRecord],
 ) -> tuple[dict[str, ClockBounds], dict[str, tuple[float, str]]]:
     """Each node's clock from its kubelet's events (named before they are stored), and each pod's first Started."""
     nodes: dict[str, ClockBounds] = {}
     started: dict[str, tuple[float, str]] = {}
     for event in events:
-        source = event.get("source") or {}
-        node = source.get("host")
-        if not node or source.get("component") != "kubelet":
+        node = event.host
+        if not node or event.component != "kubelet":
             continue
         named = event_name_time(event)
         if named is None:
             continue
-        regarding = event_object(event)
-        stored = parse_time((event.get("metadata") or {}).get("creationTimestamp"))
-        if stored is not None and int(event.get("count") or 1) == 1:
+        stored = parse_time(event.created)
+        if stored is not None and int(event.count or 1) == 1:
             nodes.setdefault(node, ClockBounds()).at_least(named - stored - WHOLE_SECOND)
-        if event.get("reason") == "Started" and regarding.get("kind") == "Pod":
-            started.setdefault(regarding.get("name", ""), (named, node))
+        if event.reason == "Started" and event.kind == "Pod":
+            started.setdefault(event.object_name or "", (named, node))
     return nodes, started
 
 
@@ -3883,7 +3906,7 @@ def describe_clocks(
 def clock_offsets(
     job: dict,
     pods: Sequence[dict],
-    events: Sequence[dict],
+    events: Sequence[EventRecord],
     observed_pods: dict[str, dict],
     job_observed: dict[str, float],
     kubelet: dict[str, dict[str, tuple[float, str]]] | None = None,
@@ -4369,10 +4392,8 @@ class EpisodeDrafts:
         self.creations: dict[str, float] = {}
         self._shared = SharedStrings()
 
-    def note_event(self, change: str, event: dict) -> None:
+    def note_event(self, event: EventRecord) -> None:
         """One event as the watch delivered it, into the index of what events say of each pod."""
-        if change == "DELETED":
-            return
         self.scheduled.update(scheduled_event_times((event,)))
         for name, moment in pod_creation_events((event,)).items():
             self.creations.setdefault(name, moment)
@@ -4440,7 +4461,7 @@ def summarise_batch(
     job: dict,
     pods: Sequence[dict],
     logs: dict[str, str],
-    events: Sequence[dict],
+    events: Sequence[EventRecord],
     count: int,
     builtin: bool = True,
     client_observed_at: float | None = None,
@@ -6406,6 +6427,7 @@ class StateChange(NamedTuple):
         tuple[str, str], ...
     ] = ()  # (pod, containerID) of each episode container it shows ended
     job_ended: bool = False  # this is the change that showed the Job's end
+    event: EventRecord | None = None  # the event as now held (none once deleted)
 
 
 class BatchState:
@@ -6449,8 +6471,7 @@ class BatchState:
         if kind == "job":
             return StateChange(kind, job_ended=self._on_job(obj, arrived))
         if kind == "events":
-            self.events.apply(change, obj)
-            return StateChange(kind)
+            return StateChange(kind, event=self.events.apply(change, obj))
         return self._on_pod(obj, change == "DELETED", arrived)
 
     def submitted(self, at: float) -> None:
@@ -7214,8 +7235,8 @@ class BatchFollower:
         elif kind == "pods":
             self.judge([changed.pod or ""])
             self._draft(changed.pod or "")
-        elif self.drafts is not None:
-            self.drafts.note_event(change, obj)
+        elif self.drafts is not None and changed.event is not None:
+            self.drafts.note_event(changed.event)
         return changed
 
     def judge(self, names: Iterable[str] | None) -> None:
@@ -7384,7 +7405,7 @@ class Evidence(NamedTuple):
     job: dict | None  # None when the Job could not be read and the watch never saw it
     reading: PodReading
     logs: dict[str, str]  # pod name -> its log, empty when unreadable
-    events: Sequence[dict]  # this batch's events
+    events: Sequence[EventRecord]  # this batch's events
 
 
 class BatchEvidence:
@@ -7562,20 +7583,20 @@ class BatchEvidence:
         job: dict | None,
         pods: Sequence[dict],
         problems: list[str],
-    ) -> list[dict]:
+    ) -> list[EventRecord]:
         """events.txt and events.json, of this batch alone; the events, empty when unreadable.
         events.txt is kubectl's table with absolute times, not its ages, which mean nothing later."""
         events_path = os.path.join(self.batch_dir, "events.json")
+        events_listing: PagedList | EventStore | None = None
         try:
             events_listing = events_future.result()
             events = (
                 events_listing.events()
                 if isinstance(events_listing, EventStore)
-                else events_listing.items
+                else event_records(events_listing.items)
             )
             write_events(events_path, events_listing, events, events_listing.resource_version or "")
         except DemoError as error:
-            events_listing = None
             problems.append(f"events: {error}")
             events = []
         write_text(
@@ -7583,7 +7604,7 @@ class BatchEvidence:
             events_table_lines(events) if events else "",
         )
         batches = [entry.job for entry in self.settings.batches]
-        if len(batches) > 1 and events:
+        if len(batches) > 1 and events and events_listing is not None:
             # The namespace's events cover every batch so far; each batch keeps its own.
             events = batch_events(events, job, pods, first=self.follower.job_name == batches[0])
             write_events(events_path, events_listing, events, None)
@@ -8130,7 +8151,7 @@ def summarised_problems(problems: Sequence[str], shown: int = 3) -> list[str]:
 
 
 def saved_evidence(
-    job: dict | None, pods: Sequence[dict], logs: dict[str, str], events: Sequence[dict]
+    job: dict | None, pods: Sequence[dict], logs: dict[str, str], events: Sequence[EventRecord]
 ) -> str:
     """Which evidence a failed batch left, so no one looks for logs that never existed."""
     written = sum(1 for text in logs.values() if text.strip())
@@ -8171,18 +8192,21 @@ def waiting_note(job: dict | None, elapsed: float) -> str:
 
 def write_events(
     path: str,
-    source: PagedList | EventStore | None,
-    events: Sequence[dict],
+    source: PagedList | EventStore,
+    events: Sequence[EventRecord],
     resource_version: str | None,
 ) -> None:
     """events.json: the namespace's events as an EventList of the revision they were read at,
-    or (`resource_version` None) a batch's share of them as a `v1 List`; each event whole
-    even where the summary holds only its compact form."""
+    or (`resource_version` None) a batch's share of them as a `v1 List`: `events`, each whole as
+    read (the watch's waiting on disk), in the order read."""
     if isinstance(source, EventStore):
-        names = [event["metadata"]["name"] for event in events]
+        names = [event.name or "" for event in events]
         items: Any = EncodedItems(lambda: source.whole(names), len(names))
+    elif resource_version is None:
+        kept = {event.name for event in events}
+        items = [item for item in source.items if (item.get("metadata") or {}).get("name") in kept]
     else:
-        items = list(events)
+        items = list(source.items)
     if resource_version is None:
         write_json(path, dict(list_manifest([]), items=items))
     else:
@@ -8438,12 +8462,15 @@ def prepull(run: RunContext) -> None:
         create_object(run, pod)
     finished = wait_prepulled(run, len(pods), started + deadline_seconds + CLIENT_GRACE_SECONDS)
     seconds = time.monotonic() - started
-    events = (
-        run.kubectl.get_list(
-            "events", run.namespace, retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS
-        )
-        or {}
-    ).get("items") or []
+    events = event_records(
+        (
+            run.kubectl.get_list(
+                "events", run.namespace, retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS
+            )
+            or {}
+        ).get("items")
+        or []
+    )
     failures = prepull_failures(finished, events)
     run.prepull = {
         "seconds": rounded(seconds),
@@ -8942,7 +8969,7 @@ def summarise_rollout(
     job: dict,
     pods: Sequence[dict],
     logs: dict[str, str],
-    events: Sequence[dict],
+    events: Sequence[EventRecord],
     settings: Settings,
     end_seen_at: float | None = None,
     observed: dict | None = None,
@@ -10280,7 +10307,7 @@ def load_saved_batch(directory: str, entry: BatchEntry, settings: Settings) -> B
     job = saved_batch_job(read_json(job_path, "job.json"), entry.job)
     pods = read_json(os.path.join(directory, "pods.json"), "pods.json").get("items", [])
     events_path = os.path.join(directory, "events.json")
-    events = (
+    events = event_records(
         read_json(events_path, "events.json").get("items", [])
         if os.path.exists(events_path)
         else []

@@ -52,6 +52,8 @@ def made_by(version: ModuleType, run: Path, into: Path) -> None:
         version.print_results(results.figures, False)
     (into / "printed.txt").write_text(printed.getvalue())
     events = json.loads((run / "events.json").read_text()).get("items") or []
+    if hasattr(version, "event_records"):  # a version whose readers of events take records
+        events = version.event_records(events)
     version.write_text(str(into / "events.txt"), version.events_table(events) if events else "")
     pods = json.loads((run / "pods.json").read_text())
     version.write_json(str(into / "pods.json"), pods)

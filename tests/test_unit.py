@@ -955,7 +955,7 @@ def synthetic_batch() -> tuple[dict, list[dict], dict[str, str], list[dict]]:
         event("BackOff", "Pod", POD_B, event_type="Warning", count=1),
         event("FailedScheduling", "Pod", POD_B, event_type="Warning", count=1),
     ]
-    return job, pods, logs, events
+    return job, pods, logs, demo.event_records(events)
 
 
 ROW_FIELDS = [
@@ -1746,7 +1746,7 @@ def test_a_failed_batch_says_which_evidence_exists() -> None:
         "no pod is left to have a log (the Job controller deletes a Job's pods when it ends it for its deadline)"
     )
     pods = [{"metadata": {"name": "a"}}, {"metadata": {"name": "b"}}]
-    assert demo.saved_evidence(None, pods, {"a": "{}\n", "b": ""}, [{}]) == (
+    assert demo.saved_evidence(None, pods, {"a": "{}\n", "b": ""}, demo.event_records([{}])) == (
         "saved: job.json (unreadable), pods.json (2 pods), events.txt (1 event), 1 of 2 pod logs with content"
     )
 
@@ -1789,15 +1789,17 @@ def named_event(
 
 
 def test_event_name_time_reads_the_recorders_nanoseconds() -> None:
-    event = named_event("Started", POD_A, T0 + 2.123456789)
+    event = demo.event_record(named_event("Started", POD_A, T0 + 2.123456789))
     assert demo.event_name_time(event) == pytest.approx(T0 + 2.123456789, abs=1e-6)
+
+    def named(metadata: dict) -> demo.EventRecord:
+        return demo.event_record({"metadata": metadata})
+
     # A name the recorder did not make (kubectl-created, or a short hex word) says nothing.
-    assert demo.event_name_time({"metadata": {"name": "rollout-4kq2m.Started"}}) is None
-    assert demo.event_name_time({"metadata": {"name": "rollout.beef"}}) is None
-    assert (
-        demo.event_name_time({"metadata": {"name": "rollout.deadbeef1"}}) is None
-    )  # 1970: not a time
-    assert demo.event_name_time({"metadata": {}}) is None
+    assert demo.event_name_time(named({"name": "rollout-4kq2m.Started"})) is None
+    assert demo.event_name_time(named({"name": "rollout.beef"})) is None
+    assert demo.event_name_time(named({"name": "rollout.deadbeef1"})) is None  # 1970: not a time
+    assert demo.event_name_time(named({})) is None
 
 
 def test_kubelet_events_and_pod_creations_per_pod() -> None:
@@ -1820,6 +1822,7 @@ def test_kubelet_events_and_pod_creations_per_pod() -> None:
             message=f"Created pod: {POD_B}",
         ),
     ]
+    events = demo.event_records(events)
     kubelet = demo.kubelet_container_events(events)
     assert {reason: round(at - T0, 3) for reason, (at, _) in kubelet[POD_A].items()} == {
         "Pulled": 2.1,
@@ -1907,7 +1910,7 @@ def sharp_batch() -> tuple[dict, list[dict], dict[str, str], list[dict], dict]:
         },
         "job": {"submitted": T0 - 0.05, "create_returned": T0 + 0.02, "added": T0 + 0.9},
     }
-    return job, [pod], logs, events, observed
+    return job, [pod], logs, demo.event_records(events), observed
 
 
 def test_every_point_from_its_sharpest_source() -> None:
@@ -2029,10 +2032,10 @@ def test_a_node_clock_behind_the_control_plane_is_said_loudly() -> None:
     job, pods, logs, events, observed = sharp_batch()
     # The node's clock runs 1.2 s behind: its kubelet names its first container event
     # before the scheduler bound the pod, by the control plane's clock.
-    for event in events:
-        if (event.get("source") or {}).get("component") == "kubelet":
+    for position, event in enumerate(events):
+        if event.component == "kubelet":
             at = demo.event_name_time(event) - 1.2
-            event["metadata"]["name"] = f"{POD_A}.{int(round(at * 1e9)):x}"
+            events[position] = event._replace(name=f"{POD_A}.{int(round(at * 1e9)):x}")
     summary = demo.summarise_batch(job, pods, logs, events, 1, observed=observed)
     node = summary.figures["clocks"]["nodes"]["node-1"]
     # Pulled - the binding's earliest: its PodScheduled second (later than 0.5 s before the eventTime).
@@ -2073,6 +2076,7 @@ def test_a_node_clock_behind_by_less_than_the_sandbox_is_pinned_by_the_pods_star
         ),
         named_event("Pulled", POD_A, T0 + 5.51 - 1.5, stored=T0 + 5.6),
     ]
+    events = demo.event_records(events)
     clocks = demo.clock_offsets(make_job(), [pod], events, {}, {})
     node = clocks["nodes"]["node-1"]
     assert node["at_most_seconds"] == pytest.approx(
@@ -2119,6 +2123,7 @@ def test_a_scheduler_naming_its_event_late_leaves_an_agreeing_node_clock_alone()
         ),
         named_event("Pulled", POD_A, T0 + 2.05, stored=T0 + 2.1),
     ]
+    events = demo.event_records(events)
     clocks = demo.clock_offsets(make_job(), [pod], events, {}, {})
     node = clocks["nodes"]["node-1"]
     assert node["at_least_seconds"] <= 0 <= node["at_most_seconds"], node
@@ -2205,7 +2210,7 @@ def test_a_batch_that_mixes_runtime_classes_shows_each_runtimes_phases() -> None
     job, pods, logs, events = synthetic_batch()
     for pod, runtime in zip(pods, ("cube", "cube", "runc")):
         pod["spec"]["runtimeClassName"] = runtime
-    events = [e for e in events if e.get("reason") != "Pulled"]  # one image path: unknown for all
+    events = [e for e in events if e.reason != "Pulled"]  # one image path: unknown for all
     summary = demo.summarise_batch(job, pods, logs, events, 3)
     by_path = summary.figures["phases_by_start_path"]
     # Named by what differs: the runtime class alone.

@@ -31,7 +31,7 @@ def recorded_batch() -> dict[str, Any]:
     return {
         "job": json.loads((RECORDED / "job.json").read_text()),
         "pods": pods,
-        "events": json.loads((RECORDED / "events.json").read_text())["items"],
+        "events": demo.event_records(json.loads((RECORDED / "events.json").read_text())["items"]),
         "logs": {
             demo.pod_name(pod): (RECORDED / f"{demo.pod_name(pod)}.log").read_text() for pod in pods
         },
@@ -103,7 +103,7 @@ def test_drafts_made_from_the_final_evidence_are_taken_except_where_the_final_cl
     batch = recorded_batch()
     drafts = demo.EpisodeDrafts(builtin=True)
     for event in batch["events"]:
-        drafts.note_event("ADDED", event)
+        drafts.note_event(event)
     for pod in batch["pods"]:
         name = demo.pod_name(pod)
         drafts.draft(
@@ -165,13 +165,12 @@ def partial_observation(observed: dict | None, rng: random.Random) -> dict | Non
     return partial
 
 
-def event_pod(event: dict) -> str | None:
+def event_pod(event: demo.EventRecord) -> str | None:
     """The pod an event speaks of: its object, or the pod a Job's SuccessfulCreate names."""
-    regarding = demo.event_object(event)
-    message = event.get("message") or ""
-    if regarding.get("kind") == "Job" and message.startswith("Created pod: "):
+    message = event.message or ""
+    if event.kind == "Job" and message.startswith("Created pod: "):
         return message[len("Created pod: ") :].strip()
-    return regarding.get("name") if regarding.get("kind") == "Pod" else None
+    return event.pod
 
 
 @pytest.mark.parametrize("seed", range(25))
@@ -190,7 +189,7 @@ def test_drafts_in_any_order_of_pod_endings_give_exactly_the_batch_summary(seed:
     def deliver(wanted: Any) -> None:
         for event in [event for event in pending if wanted(event)]:
             pending.remove(event)
-            drafts.note_event(rng.choice(["ADDED", "MODIFIED"]), event)
+            drafts.note_event(event)
 
     for pod in pods:
         name = demo.pod_name(pod)
@@ -261,7 +260,7 @@ def test_a_later_event_leaves_the_inputs_a_draft_was_made_from_as_they_were() ->
     name = demo.pod_name(pod)
     drafts = demo.EpisodeDrafts(builtin=True)
     for event in batch["events"]:
-        drafts.note_event("ADDED", event)
+        drafts.note_event(event)
     drafts.draft(
         pod,
         batch["logs"][name],
@@ -273,14 +272,10 @@ def test_a_later_event_leaves_the_inputs_a_draft_was_made_from_as_they_were() ->
     assert held, "the recorded pod has kubelet events"
     before = copy.deepcopy(held)
     started = next(
-        event
-        for event in batch["events"]
-        if event["reason"] == "Started" and demo.event_object(event).get("name") == name
+        event for event in batch["events"] if event.reason == "Started" and event.pod == name
     )
-    stem, stamp = started["metadata"]["name"].rsplit(".", 1)
-    earlier = copy.deepcopy(started)
-    earlier["metadata"]["name"] = f"{stem}.{int(stamp, 16) - 10**9:x}"
-    drafts.note_event("ADDED", earlier)
+    stem, stamp = (started.name or "").rsplit(".", 1)
+    drafts.note_event(started._replace(name=f"{stem}.{int(stamp, 16) - 10**9:x}"))
     assert drafts.kubelet[name]["Started"][0] < before["Started"][0]
     assert drafts.drafts[name].inputs.kubelet == before and held == before
 

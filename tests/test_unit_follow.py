@@ -1,6 +1,6 @@
 """Unit tests of what the tool keeps from its watches so that little is read after a
 Job's end: when the pod watch's view is final (a list would show the same pods), the
-namespace's events as a reducer of watch changes (compact in memory, whole on disk),
+namespace's events as a reducer of watch changes (records in memory, whole on disk),
 the count of events a list of one reports, and the follower settling after the end
 fed queue items by hand. No thread, no kubectl, no API."""
 
@@ -131,7 +131,7 @@ def test_the_event_store_keeps_each_events_newest_version_in_list_order() -> Non
     assert len(store) == 2
     assert [json.loads(text)["metadata"]["name"] for text in store.whole()] == ["p-1.bb", "p-2.aa"]
     assert json.loads(list(store.whole(["p-2.aa"]))[0]) == event("p-2.aa", count=3, rv="12")
-    assert [e["count"] for e in store.events()] == [1, 3]
+    assert [e.count for e in store.events()] == [1, 3]
 
 
 def test_a_deleted_event_is_forgotten_and_a_nameless_one_ignored() -> None:
@@ -140,11 +140,11 @@ def test_a_deleted_event_is_forgotten_and_a_nameless_one_ignored() -> None:
     store.apply("ADDED", event("p-2.bb"))
     store.apply("DELETED", event("p-1.aa"))
     store.apply("ADDED", {"kind": "Event", "metadata": {}})
-    assert [e["metadata"]["name"] for e in store.events()] == ["p-2.bb"]
+    assert [e.name for e in store.events()] == ["p-2.bb"]
     assert len(list(store.whole())) == 1
 
 
-def test_a_compact_event_reads_as_the_whole_one() -> None:
+def test_an_event_record_keeps_what_its_readers_read_and_nothing_else() -> None:
     whole = [
         event("p-1.18ed0000000000aa", "Scheduled", eventTime="2026-01-01T00:00:01.250000Z"),
         event(
@@ -162,36 +162,41 @@ def test_a_compact_event_reads_as_the_whole_one() -> None:
             source={"component": "job-controller"},
         ),
     ]
-    compact = [demo.compact_event(copy.deepcopy(e)) for e in whole]
-    assert (
-        "managedFields" not in compact[0]["metadata"]
-        and "apiVersion" not in compact[0]["involvedObject"]
+    records = demo.event_records(whole)
+    assert records[3] == demo.EventRecord(
+        "p-1.18ed0000000000dd",
+        "2026-01-01T00:00:01Z",
+        "Pod",
+        "p-1",
+        "pod-uid",
+        "spec.containers{episode}",
+        "BackOff",
+        "Warning",
+        "BackOff it",
+        None,
+        "2026-01-01T00:00:01Z",
+        4,
+        "node-1",
+        "kubelet",
+        "node-1",
     )
-    other_container = event(
-        "p-1.18ed0000000000ff",
-        "Started",
-        involvedObject={"kind": "Pod", "name": "p-1", "fieldPath": "spec.initContainers{setup}"},
-    )
-    whole.append(other_container)
-    compact.append(demo.compact_event(other_container))
-    for read in (
-        demo.scheduled_event_times,
-        demo.image_cache_states,
-        demo.warning_summary,
-        demo.pod_warnings,
-        demo.kubelet_container_events,
-        demo.pod_creation_events,
-        demo.events_table,
-    ):
-        assert read(compact) == read(whole), read.__name__
+    # What no reader reads (the event's own uid, its revision, managedFields) is not held.
+    stripped = copy.deepcopy(whole)
+    for each in stripped:
+        for key in ("uid", "resourceVersion", "managedFields", "namespace"):
+            each["metadata"].pop(key, None)
+        each["involvedObject"].pop("apiVersion", None)
+    assert demo.event_records(stripped) == records
+    assert demo.scheduled_event_times(records) == {
+        "p-1": demo.parse_time("2026-01-01T00:00:01.25Z")
+    }
+    assert demo.pod_creation_events(records) == {"p-1": 0x18ED0000000000EE / 1e9}
+    assert demo.warning_summary(records) == {"BackOff": {"count": 4, "objects": ["Pod/p-1"]}}
     owner = {"metadata": {"name": "rollout", "uid": "job-uid"}}
-    kept = demo.batch_events(compact, owner, [], first=True)
-    assert kept == [compact[4]] and kept == [
-        demo.compact_event(e) for e in demo.batch_events(whole, owner, [], True)
-    ]
+    assert demo.batch_events(records, owner, [], first=False) == [records[4]]
 
 
-def test_an_events_k8s_io_event_keeps_regarding_and_note() -> None:
+def test_an_events_k8s_io_event_reads_as_its_core_v1_twin() -> None:
     whole = {
         "metadata": {"name": "p-1.aa", "creationTimestamp": "2026-01-01T00:00:01Z"},
         "regarding": {"kind": "Pod", "name": "p-1"},
@@ -199,10 +204,16 @@ def test_an_events_k8s_io_event_keeps_regarding_and_note() -> None:
         "note": "it broke",
         "type": "Warning",
     }
-    compact = demo.compact_event(whole)
-    assert (
-        demo.pod_warnings([compact]) == demo.pod_warnings([whole]) == {"p-1": ["Failed: it broke"]}
-    )
+    twin = {
+        "metadata": whole["metadata"],
+        "involvedObject": {"kind": "Pod", "name": "p-1"},
+        "reason": "Failed",
+        "message": "it broke",
+        "type": "Warning",
+    }
+    record = demo.event_record(whole)
+    assert record == demo.event_record(twin)
+    assert demo.pod_warnings([record]) == {"p-1": ["Failed: it broke"]}
 
 
 def test_shared_strings_keep_values_equal_and_share_repeats() -> None:
@@ -441,7 +452,9 @@ def test_the_state_reports_each_ended_container_and_the_jobs_end_once() -> None:
     assert state.end == "Complete" and state.end_resource_version == "90"
     assert not state.apply("job", "MODIFIED", job(1), 103.0).job_ended  # the end is told once
     assert state.pods_are_final() and state.observations()["pods"]["a"]
-    assert state.apply("events", "ADDED", event("a.1"), 102.5) == demo.StateChange("events")
+    assert state.apply("events", "ADDED", event("a.1"), 102.5) == demo.StateChange(
+        "events", event=demo.event_record(event("a.1"))
+    )
     assert len(state.events) == 1
 
 
