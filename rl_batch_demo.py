@@ -3259,13 +3259,18 @@ def pod_creation_events(events: Iterable[EventRecord]) -> dict[str, float]:
     return created
 
 
-def record_pod_observation(seen: dict[str, Any], pod: dict, arrived: float) -> None:
-    """Note, the first time each is seen, when a pod's transitions reached this client (its wall clock).
+def pod_observation(observed: dict[str, Any] | None, pod: dict, arrived: float) -> dict[str, Any]:
+    """What this client saw of a pod so far (None: nothing), with this version of it, which reached
+    it at `arrived` (its wall clock): when each transition first arrived, and the
+    PodReadyToStartContainers stamp, kept since the kubelet turns the condition False again once
+    the pod ends, so its True transition is only visible while the pod runs.
 
-    The PodReadyToStartContainers stamp is kept too: the kubelet turns the condition False
-    again once the pod ends, so its True transition is only visible while the pod runs.
+    A record is never changed once made: a version that adds to it gives a new one (the same one
+    when it adds nothing), so whoever holds an earlier record (an episode's draft) holds what was
+    seen by then, without a copy of its own.
     """
-    times = seen.setdefault("seen", {})
+    observed = observed or {}
+    times = observed.get("seen") or {}
     state = container_status(pod).get("state") or {}
     sandbox = condition(pod, "PodReadyToStartContainers")
     reached = {
@@ -3275,11 +3280,22 @@ def record_pod_observation(seen: dict[str, Any], pod: dict, arrived: float) -> N
         "running": bool(state.get("running") or state.get("terminated")),
         "terminated": bool(state.get("terminated")),
     }
-    for transition, happened in reached.items():
-        if happened:
-            times.setdefault(transition, arrived)
-    if sandbox and sandbox.get("status") == "True" and sandbox.get("lastTransitionTime"):
-        seen["sandbox_ready"] = sandbox["lastTransitionTime"]
+    new_times = {
+        transition: arrived
+        for transition, happened in reached.items()
+        if happened and transition not in times
+    }
+    stamp = (
+        sandbox["lastTransitionTime"]
+        if sandbox and sandbox.get("status") == "True" and sandbox.get("lastTransitionTime")
+        else None
+    )
+    if not new_times and (stamp is None or observed.get("sandbox_ready") == stamp):
+        return observed
+    updated = dict(observed, seen={**times, **new_times})
+    if stamp is not None:
+        updated["sandbox_ready"] = stamp
+    return updated
 
 
 def record_job_observation(seen: dict[str, float], job: dict, arrived: float) -> None:
@@ -3379,6 +3395,10 @@ class EpisodeClocks(NamedTuple):
     client_slack: float = 0.0
     node: float = 0.0
     node_slack: float = 0.0
+
+
+# What an episode is drafted with, as it ends: every clock read as the control plane's.
+CLOCKS_AGREE = EpisodeClocks()
 
 
 def kubelet_named(kubelet: dict[str, tuple[float, str]], reason: str) -> float | None:
@@ -3615,7 +3635,7 @@ def episode_points(
     observed: dict | None = None,
     kubelet: dict[str, tuple[float, str]] | None = None,
     created_event_at: float | None = None,
-    clocks: EpisodeClocks = EpisodeClocks(),  # noqa: B008 (a NamedTuple: immutable)
+    clocks: EpisodeClocks = CLOCKS_AGREE,
     created_after: Bound | None = None,
 ) -> dict[str, Point | None]:
     """When each point of one episode happened, from its sharpest sources, on the control plane's clock.
@@ -4391,6 +4411,7 @@ class EpisodeDrafts:
         self.kubelet: dict[str, dict[str, tuple[float, str]]] = {}
         self.creations: dict[str, float] = {}
         self._shared = SharedStrings()
+        self._job_bound: Bound | None = None
 
     def note_event(self, event: EventRecord) -> None:
         """One event as the watch delivered it, into the index of what events say of each pod."""
@@ -4431,15 +4452,18 @@ class EpisodeDrafts:
             return
         assert job is not None  # it has a creationTimestamp
         earliest = job_creation(job, job_observed, 0.0, 0.0).earliest
+        job_bound = lower(earliest, "the Job's creation", REFERENCE_CLOCK)
+        if job_bound != self._job_bound:  # the batch's drafts share one
+            self._job_bound = job_bound
         # Thousands of drafts repeat their field names, sources, nodes and the worker's words.
         share = self._shared.texts
         inputs = EpisodeInputs(
             self.scheduled.get(name),
-            share(observed),  # a copy: the watch's record goes on
+            observed,  # the watch's record as it is now: a later sight makes a new one
             self.kubelet.get(name),  # replaced, never changed, by a later event
             self.creations.get(name),
-            EpisodeClocks(),
-            lower(earliest, "the Job's creation", REFERENCE_CLOCK),
+            CLOCKS_AGREE,
+            self._job_bound,
         )
         points = episode_points(pod, ready, reward, *inputs)
         self.drafts[name] = EpisodeDraft(
@@ -4447,13 +4471,24 @@ class EpisodeDrafts:
             log_text,
             job_created,
             self.builtin,
-            share(ready),
-            share(reward),
+            summarised_fields(ready, READY_FIELDS_SUMMARISED),
+            summarised_fields(reward, REWARD_FIELDS_SUMMARISED),
             share(pod_row(pod, ready, reward, job_created)),
             inputs,
             share(points),
             phase_durations(points),
         )
+
+
+# What the summary reads of an episode's verified ready and reward events (its points, its row):
+# a draft holds these alone, not the worker's other words.
+READY_FIELDS_SUMMARISED = ("at", "process_started_at", "imports_done_at")
+REWARD_FIELDS_SUMMARISED = ("at", "reward")
+
+
+def summarised_fields(event: dict, fields: Sequence[str]) -> dict:
+    """The fields of a worker's event the summary reads, those it has."""
+    return {field: event[field] for field in fields if field in event}
 
 
 @cycle_collector_paused()
@@ -6509,7 +6544,11 @@ class BatchState:
             self._final_texts.put(name, pod_json(pod, self.indented_pods))
             self._final_versions[name] = pod["metadata"].get("resourceVersion")
         self._hold(name, pod)
-        record_pod_observation(self.observed.setdefault(name, {}), pod, arrived)
+        seen_before = self.observed.get(name)
+        seen_now = pod_observation(seen_before, pod, arrived)
+        if seen_now is not seen_before:
+            # Its texts shared: a stamp of one second is every pod's of that second.
+            self.observed[name] = self._shared.texts(seen_now)
         terminated = container_terminated(pod)
         return StateChange(
             "pods", name, () if terminated is None else ((name, terminated.get("containerID", "")),)

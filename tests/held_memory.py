@@ -80,6 +80,11 @@ class Sizer:
         return total
 
 
+def held_events(store: Any) -> dict:
+    """The events a store holds by name: records, or (earlier versions) compact dicts."""
+    return getattr(store, "records", None) or getattr(store, "compact", {})
+
+
 def held_parts(product: ModuleType, follower: Any) -> list[tuple[str, Callable[[], list[Any]]]]:
     """The parts of what the follower holds, in the order they are charged."""
     state = follower.state
@@ -94,8 +99,8 @@ def held_parts(product: ModuleType, follower: Any) -> list[tuple[str, Callable[[
         return lambda: [getattr(draft.inputs, name) for draft in every]
 
     return [
-        ("events: compact, each", lambda: list(getattr(events, "compact", {}).values())),
-        ("events: by name (the index's own)", lambda: [getattr(events, "compact", {})]),
+        ("events: each", lambda: list(held_events(events).values())),
+        ("events: by name (the index's own)", lambda: [held_events(events)]),
         ("events: spool index", lambda: [events._spool]),
         ("pods", lambda: list(state.pods.values())),
         ("pods: by name, finality", lambda: [state.pods, state._not_final, state.deleted]),

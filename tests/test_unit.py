@@ -1836,20 +1836,21 @@ def test_kubelet_events_and_pod_creations_per_pod() -> None:
 
 
 def test_the_watch_records_when_each_transition_first_arrived() -> None:
-    seen: dict[str, Any] = {}
     pending = make_pod(POD_A, exit_code=None, sandbox_ready=None)
     pending["status"]["containerStatuses"][0]["state"] = {
         "waiting": {"reason": "ContainerCreating"}
     }
     del pending["spec"]["nodeName"]
-    demo.record_pod_observation(seen, pending, 100.0)
+    seen = demo.pod_observation(None, pending, 100.0)
     assert seen == {"seen": {"added": 100.0}}
+    first = seen
     pending["spec"]["nodeName"] = "node-1"
-    demo.record_pod_observation(seen, pending, 100.5)
+    seen = demo.pod_observation(seen, pending, 100.5)
     running = make_pod(POD_A, exit_code=None, sandbox_ready=stamp(2))
-    demo.record_pod_observation(seen, running, 102.0)  # sandbox and running in one update
-    demo.record_pod_observation(seen, make_pod(POD_A), 109.0)
-    demo.record_pod_observation(seen, make_pod(POD_A), 110.0)  # seen again: the first arrival stays
+    seen = demo.pod_observation(seen, running, 102.0)  # sandbox and running in one update
+    seen = demo.pod_observation(seen, make_pod(POD_A), 109.0)
+    final = seen
+    seen = demo.pod_observation(seen, make_pod(POD_A), 110.0)  # seen again: the first arrival stays
     assert seen == {
         "seen": {
             "added": 100.0,
@@ -1860,6 +1861,8 @@ def test_the_watch_records_when_each_transition_first_arrived() -> None:
         },
         "sandbox_ready": stamp(2),
     }
+    # A record once made is never changed: a sight that adds nothing gives the very same one.
+    assert seen is final and first == {"seen": {"added": 100.0}}
     job_seen: dict[str, float] = {}
     demo.record_job_observation(job_seen, make_job(end_at=stamp(11), criteria_at=stamp(11)), 111.5)
     assert job_seen == {"added": 111.5, "SuccessCriteriaMet": 111.5, "Complete": 111.5}

@@ -280,6 +280,26 @@ def test_a_later_event_leaves_the_inputs_a_draft_was_made_from_as_they_were() ->
     assert drafts.drafts[name].inputs.kubelet == before and held == before
 
 
+def test_a_later_sight_of_the_pod_leaves_the_observation_a_draft_was_made_from_as_it_was() -> None:
+    """A draft holds the watch's record of its pod as it was when the draft was made, not a copy
+    of it: a later sight that adds to what was seen makes a new record instead of changing it."""
+    batch = recorded_batch()
+    pod = batch["pods"][0]
+    name = demo.pod_name(pod)
+    seen = demo.pod_observation(None, pod, 100.0)
+    drafts = demo.EpisodeDrafts(builtin=True)
+    drafts.draft(pod, batch["logs"][name], batch["job"], batch["observed"]["job"], seen)
+    before = copy.deepcopy(seen)
+    assert demo.pod_observation(seen, pod, 101.0) is seen  # nothing new: the same record
+    sandbox = copy.deepcopy(pod)
+    sandbox["status"]["conditions"] = [
+        {"type": "PodReadyToStartContainers", "status": "True", "lastTransitionTime": "X"}
+    ]
+    later = demo.pod_observation(seen, sandbox, 102.0)
+    assert later is not seen and later["sandbox_ready"] == "X"
+    assert drafts.drafts[name].inputs.observed is seen and seen == before
+
+
 def test_episodes_csv_and_events_txt_written_in_pieces_are_the_same_text(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
