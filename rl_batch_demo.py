@@ -3316,6 +3316,17 @@ def split_observed(observed: dict | None) -> tuple[dict[str, dict], dict[str, fl
 
 # Each reading on another clock is moved onto the reference clock by `offset`, and widened
 # each side by `slack`, how far that correction may be off.
+def earlier_side(moment: float, offset: float, slack: float) -> float:
+    """moment - offset - slack: the very float when both are 0 (and it is not), as every episode
+    drafted with agreeing clocks has it, so that its points hold their sources' floats, not copies."""
+    return moment if not offset and not slack and moment else moment - offset - slack
+
+
+def later_side(moment: float, offset: float, slack: float) -> float:
+    """moment - offset + slack, the very float when both are 0 (see earlier_side)."""
+    return moment if not offset and not slack and moment else moment - offset + slack
+
+
 def whole_second(
     moment: float | None, source: str, clock: str, offset: float = 0.0, slack: float = 0.0
 ) -> Bound | None:
@@ -3323,20 +3334,27 @@ def whole_second(
     return (
         None
         if moment is None
-        else Bound(moment - offset - slack, moment + WHOLE_SECOND - offset + slack, source, clock)
+        else Bound(
+            earlier_side(moment, offset, slack),
+            moment + WHOLE_SECOND - offset + slack,
+            source,
+            clock,
+        )
     )
 
 
 def upper(
     moment: float | None, source: str, clock: str, offset: float = 0.0, slack: float = 0.0
 ) -> Bound | None:
-    return None if moment is None else Bound(None, moment - offset + slack, source, clock)
+    return None if moment is None else Bound(None, later_side(moment, offset, slack), source, clock)
 
 
 def lower(
     moment: float | None, source: str, clock: str, offset: float = 0.0, slack: float = 0.0
 ) -> Bound | None:
-    return None if moment is None else Bound(moment - offset - slack, None, source, clock)
+    return (
+        None if moment is None else Bound(earlier_side(moment, offset, slack), None, source, clock)
+    )
 
 
 def followed_by_event(
@@ -3346,8 +3364,18 @@ def followed_by_event(
     if moment is None:
         return None
     return Bound(
-        moment - offset - EVENT_FOLLOWS_SECONDS - slack, moment - offset + slack, source, clock
+        moment - offset - EVENT_FOLLOWS_SECONDS - slack,
+        later_side(moment, offset, slack),
+        source,
+        clock,
     )
+
+
+@functools.lru_cache(maxsize=1 << 12, typed=True)
+def precision_held(seconds: float) -> float:
+    """A precision as one float for every point or phase that states it: thousands of episodes
+    state the same few (a microsecond, a tick, a second and their sums)."""
+    return seconds
 
 
 def sharpest(bounds: Iterable[Bound | None], stamp: Bound | None = None) -> Point | None:
@@ -3381,7 +3409,8 @@ def sharpest(bounds: Iterable[Bound | None], stamp: Bound | None = None) -> Poin
     else:
         at, named = high.upper, high
     source = named.source if low is high or named is low else f"{high.source}, after {low.source}"
-    return Point(at, round(high.upper - low.lower, 6), source, named.clock, low.lower)  # type: ignore[operator, arg-type]
+    width = precision_held(round(high.upper - low.lower, 6))  # type: ignore[operator]
+    return Point(at, width, source, named.clock, low.lower)  # type: ignore[arg-type]
 
 
 def worker_time(value: Any) -> float | None:
@@ -3613,7 +3642,10 @@ def worker_point(value: Any, precision: float, source: str, clocks: EpisodeClock
         None
         if moment is None
         else Point(
-            moment - clocks.node, round(precision + 2 * clocks.node_slack, 6), source, "node"
+            earlier_side(moment, clocks.node, 0.0),
+            precision_held(round(precision + 2 * clocks.node_slack, 6)),
+            source,
+            "node",
         )
     )
 
@@ -3967,7 +3999,7 @@ def phase_durations(points: dict[str, Any]) -> dict[str, tuple[float, float] | N
         durations[phase] = (
             None
             if first is None or last is None
-            else (max(0.0, last[0] - first[0]), round(first[1] + last[1], 6))
+            else (max(0.0, last[0] - first[0]), precision_held(round(first[1] + last[1], 6)))
         )
     return durations
 

@@ -313,3 +313,25 @@ def test_episodes_csv_and_events_txt_written_in_pieces_are_the_same_text(
     lines = list(demo.events_table_lines(batch["events"]))
     assert "".join(lines) == demo.events_table(batch["events"])
     assert len(lines) == 1 + len(batch["events"]) and all(line.endswith("\n") for line in lines)
+
+
+def test_drafted_points_hold_their_sources_floats_and_share_their_precisions() -> None:
+    """Drafted with agreeing clocks, a point read from one source is that source's very float (no
+    copy made by moving it by 0), and episodes stating the same precision share one float."""
+    batch = recorded_batch()
+    drafts = demo.EpisodeDrafts(builtin=True)
+    for pod in batch["pods"][:2]:
+        name = demo.pod_name(pod)
+        drafts.draft(
+            pod,
+            batch["logs"][name],
+            batch["job"],
+            batch["observed"]["job"],
+            batch["observed"]["pods"].get(name),
+        )
+    first, second = (drafts.drafts[demo.pod_name(pod)] for pod in batch["pods"][:2])
+    for draft in (first, second):
+        assert draft.points["ready"].at is draft.ready["at"]
+        assert draft.points["reward"].at is draft.reward["at"]
+    assert first.points["ready"].precision is second.points["ready"].precision
+    assert first.phases["episode_work"][1] is second.phases["episode_work"][1]
