@@ -4496,20 +4496,11 @@ class EpisodeDrafts:
         job_created = parse_time(((job or {}).get("metadata") or {}).get("creationTimestamp"))
         if job_created is None or (pod.get("status") or {}).get("phase") != "Succeeded":
             return
-        try:
-            ready, reward = verify_episode(
-                pod, parse_events(log_text.splitlines()), job_created, self.builtin
-            )
-        except VerificationError:
-            self.drafts.pop(name, None)
-            return
         assert job is not None  # it has a creationTimestamp
         earliest = job_creation(job, job_observed, 0.0, 0.0).earliest
         job_bound = lower(earliest, "the Job's creation", REFERENCE_CLOCK)
         if job_bound != self._job_bound:  # the batch's drafts share one
             self._job_bound = job_bound
-        # Thousands of drafts repeat their field names, sources, nodes and the worker's words.
-        share = self._shared.texts
         inputs = EpisodeInputs(
             self.scheduled.get(name),
             observed,  # the watch's record as it is now: a later sight makes a new one
@@ -4518,6 +4509,27 @@ class EpisodeDrafts:
             CLOCKS_AGREE,
             self._job_bound,
         )
+        known = self.drafts.get(name)
+        if (
+            known is not None
+            and known.log_text is log_text
+            and known.job_created == job_created
+            and known.inputs == inputs
+            and same_but_bookkeeping(known.pod, pod)
+        ):
+            # The ended pod's next version (the Job controller counted it): the same episode,
+            # drafted already. Its draft now holds this version, which the summary will be given.
+            self.drafts[name] = known._replace(pod=pod)
+            return
+        try:
+            ready, reward = verify_episode(
+                pod, parse_events(log_text.splitlines()), job_created, self.builtin
+            )
+        except VerificationError:
+            self.drafts.pop(name, None)
+            return
+        # Thousands of drafts repeat their field names, sources, nodes and the worker's words.
+        share = self._shared.texts
         points = episode_points(pod, ready, reward, *inputs)
         self.drafts[name] = EpisodeDraft(
             pod,
@@ -4531,6 +4543,32 @@ class EpisodeDrafts:
             share(points),
             phase_durations(points),
         )
+
+
+# What the Job controller changes in an ended pod once it has counted it (its tracking finalizer
+# removed): nothing an episode's verification, points or row read.
+POD_BOOKKEEPING = ("resourceVersion", "finalizers", "managedFields")
+
+
+def same_but_bookkeeping(earlier: dict, later: dict) -> bool:
+    """Two versions of a pod that differ at most in POD_BOOKKEEPING."""
+    if earlier.keys() != later.keys():
+        return False
+    for key, value in later.items():
+        if key != "metadata":
+            if earlier[key] != value:
+                return False
+            continue
+        before, after = earlier[key], value
+        if not isinstance(before, dict) or not isinstance(after, dict):
+            if before != after:
+                return False
+            continue
+        if {field: item for field, item in before.items() if field not in POD_BOOKKEEPING} != {
+            field: item for field, item in after.items() if field not in POD_BOOKKEEPING
+        }:
+            return False
+    return True
 
 
 # What the summary reads of an episode's verified ready and reward events (its points, its row):
@@ -6422,6 +6460,10 @@ class Progress:
         self._last = 0.0
         self._open_line = False
 
+    def due(self) -> bool:
+        """Whether an update now would be shown: the caller need not make the line otherwise."""
+        return not self.quiet and time.monotonic() - self._last >= self.interval
+
     def update(self, text: str, force: bool = False) -> None:
         now = time.monotonic()
         if self.quiet or (not force and now - self._last < self.interval):
@@ -7398,6 +7440,8 @@ class BatchFollower:
         self.watches.stop(keep)
 
     def _show(self) -> None:
+        if not self.progress.due():  # the line is made only when it is shown, not per change
+            return
         elapsed = (
             time.monotonic() - self.submission.monotonic if self.submission is not None else 0.0
         )

@@ -280,6 +280,32 @@ def test_a_later_event_leaves_the_inputs_a_draft_was_made_from_as_they_were() ->
     assert drafts.drafts[name].inputs.kubelet == before and held == before
 
 
+def test_the_pods_next_version_that_only_the_job_controller_changed_keeps_its_draft() -> None:
+    """An ended pod changes once more when the Job controller counts it (its tracking finalizer
+    removed): the draft made from the version before is kept for it, holding the new version;
+    any other change drafts the episode anew."""
+    batch = recorded_batch()
+    final = batch["pods"][0]
+    name = demo.pod_name(final)
+    before = copy.deepcopy(final)
+    before["metadata"]["resourceVersion"] = "1"
+    before["metadata"]["finalizers"] = [demo.JOB_TRACKING_FINALIZER]
+    drafts = demo.EpisodeDrafts(builtin=True)
+    seen = batch["observed"]["pods"][name]
+    drafts.draft(before, batch["logs"][name], batch["job"], batch["observed"]["job"], seen)
+    first = drafts.drafts[name]
+    drafts.draft(final, batch["logs"][name], batch["job"], batch["observed"]["job"], seen)
+    kept = drafts.drafts[name]
+    assert kept.pod is final and kept.points is first.points and kept.row is first.row
+    anew = demo.EpisodeDrafts(builtin=True)
+    anew.draft(final, batch["logs"][name], batch["job"], batch["observed"]["job"], seen)
+    assert kept == anew.drafts[name]  # what drafting the final version would have made
+    moved = copy.deepcopy(final)
+    moved["status"]["startTime"] = "2000-01-01T00:00:00Z"
+    drafts.draft(moved, batch["logs"][name], batch["job"], batch["observed"]["job"], seen)
+    assert drafts.drafts[name].pod is moved and drafts.drafts[name].points is not first.points
+
+
 def test_a_later_sight_of_the_pod_leaves_the_observation_a_draft_was_made_from_as_it_was() -> None:
     """A draft holds the watch's record of its pod as it was when the draft was made, not a copy
     of it: a later sight that adds to what was seen makes a new record instead of changing it."""
