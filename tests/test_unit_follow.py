@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import errno
+import gc
 import json
 import os
 import random
@@ -610,3 +611,46 @@ def test_the_state_knows_its_pods_final_as_pods_final_reads_them_all(seed: int) 
     state.apply("job", "MODIFIED", job(len(state.pods)), 51.0)
     assert state.pods_are_final() == (not state.deleted)
     assert demo.pods_final(state.job, state.pods.values())
+
+
+# --------------------------------------------------------------------------
+# What a followed batch holds, out of the cycle collector's sight until the batch is done.
+
+
+def a_follower() -> demo.BatchFollower:
+    return demo.BatchFollower(
+        demo.Kubectl("kubectl-never-run"),
+        NAMESPACE,
+        "rollout",
+        1,
+        demo.Progress(quiet=True),
+        pool=None,  # type: ignore[arg-type]
+    )
+
+
+def test_what_a_followed_batch_holds_is_spared_the_cycle_collector_until_the_batch_is_done() -> (
+    None
+):
+    assert gc.get_freeze_count() == 0
+    with demo.held_objects_spared():
+        follower = a_follower()
+        held = [{"pod": number} for number in range(100)]
+        follower.spare_held()
+        assert gc.get_freeze_count() > 0  # held, and whatever else lives now
+        follower.spare_held()  # again at once: not before SPARE_HELD_SECONDS
+    assert gc.get_freeze_count() == 0 and held
+
+
+def test_a_process_that_froze_objects_of_its_own_keeps_them_frozen_and_its_follower_freezes_none() -> (
+    None
+):
+    gc.freeze()  # a Python caller's own, before it forks
+    try:
+        frozen = gc.get_freeze_count()
+        with demo.held_objects_spared():
+            follower = a_follower()
+            follower.spare_held()
+            assert gc.get_freeze_count() == frozen
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
