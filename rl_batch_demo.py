@@ -2142,6 +2142,12 @@ class SharedStrings:
             return type(value)(*parts) if hasattr(value, "_fields") else tuple(parts)
         return value
 
+    def text(self, text: str) -> str:
+        """The one object held for this text (a pod's name kept as a key of many tables)."""
+        if len(self.table) > self.most:
+            self.table.clear()
+        return self._text(text)
+
     def _text(self, text: str) -> str:
         known = self.table.get(text)
         if known is None:
@@ -2271,10 +2277,10 @@ class EventStore:
     pods holds its tens of thousands of events in little memory.
     """
 
-    def __init__(self, spool_dir: str | None = None) -> None:
+    def __init__(self, spool_dir: str | None = None, shared: SharedStrings | None = None) -> None:
         self.records: dict[str, EventRecord] = {}
         self._spool = Spool(spool_dir, "events.json")
-        self._shared = SharedStrings()
+        self._shared = shared or SharedStrings()
         # The revision the events are known to be at least as new as, once a list has said so.
         self.resource_version: str | None = None
 
@@ -4479,20 +4485,23 @@ class EpisodeDrafts:
     final clocks and evidence change.
     """
 
-    def __init__(self, builtin: bool) -> None:
+    def __init__(self, builtin: bool, shared: SharedStrings | None = None) -> None:
         self.builtin = builtin
         self.drafts: dict[str, EpisodeDraft] = {}
         self.scheduled: dict[str, float] = {}
         self.kubelet: dict[str, dict[str, tuple[float, str]]] = {}
         self.creations: dict[str, float] = {}
-        self._shared = SharedStrings()
+        # The follower's one table of shared texts: a pod's name, its node, its uid are the same
+        # objects in its pod, its events, its drafts and every index of them.
+        self.shared = shared or SharedStrings()
         self._job_bound: Bound | None = None
 
     def note_event(self, event: EventRecord) -> None:
         """One event as the watch delivered it, into the index of what events say of each pod."""
         self.scheduled.update(scheduled_event_times((event,)))
         for name, moment in pod_creation_events((event,)).items():
-            self.creations.setdefault(name, moment)
+            # The name read from the event's message: the text its pod's other tables key by.
+            self.creations.setdefault(self.shared.text(name), moment)
         for name, reasons in kubelet_container_events((event,)).items():
             known = self.kubelet.get(name) or {}
             earlier = {
@@ -4514,7 +4523,7 @@ class EpisodeDrafts:
     ) -> None:
         """Summarise one ended episode now; one that fails verification is left to the final pass,
         which says why."""
-        name = pod_name(pod)
+        name = self.shared.text(pod_name(pod))
         job_created = parse_time(((job or {}).get("metadata") or {}).get("creationTimestamp"))
         if job_created is None or (pod.get("status") or {}).get("phase") != "Succeeded":
             return
@@ -4551,7 +4560,7 @@ class EpisodeDrafts:
             self.drafts.pop(name, None)
             return
         # Thousands of drafts repeat their field names, sources, nodes and the worker's words.
-        share = self._shared.texts
+        share = self.shared.texts
         points = episode_points(pod, ready, reward, *inputs)
         self.drafts[name] = EpisodeDraft(
             pod,
@@ -6592,12 +6601,19 @@ class BatchState:
     kept for `report` as observed.json.
     """
 
-    def __init__(self, indented_pods: bool = False, spool_dir: str | None = None) -> None:
+    def __init__(
+        self,
+        indented_pods: bool = False,
+        spool_dir: str | None = None,
+        shared: SharedStrings | None = None,
+    ) -> None:
         self.job: dict | None = None
         self.pods: dict[str, dict] = {}
         self._not_final: set[str] = set()  # the pods held whose version is not final
         self.deleted: set[str] = set()
-        self.events = EventStore(spool_dir)
+        # One table of shared texts for the pods and the events (and the drafts, given theirs).
+        self._shared = shared or SharedStrings()
+        self.events = EventStore(spool_dir, self._shared)
         # pod name -> transition -> time, and the stamps seen only while it ran
         self.observed: dict[str, dict[str, Any]] = {}
         self.job_observed: dict[
@@ -6607,7 +6623,6 @@ class BatchState:
         # The Job's resourceVersion when its end was seen: the evidence read afterwards
         # must be at least this new, however far behind the pod watch is.
         self.end_resource_version: str | None = None
-        self._shared = SharedStrings()
         # Each pod's text for pods.json, encoded as soon as the pod looks final (ended, counted,
         # not being deleted) rather than all at the end; name -> the resourceVersion encoded.
         self._final_texts = Spool(spool_dir, "pods.json")
@@ -6649,6 +6664,9 @@ class BatchState:
         name = (pod.get("metadata") or {}).get("name")
         if not name:
             return StateChange("pods", name)
+        # The one object for the name, whichever version (or event) told it first: every table
+        # keyed by the pod (its version held, what was seen, its log read, its draft) shares it.
+        name = self._shared.text(name)
         if deleted:
             # Keep the last state seen: a pod that vanished is still part of the evidence.
             self.deleted.add(name)
@@ -6667,8 +6685,11 @@ class BatchState:
             # Its texts shared: a stamp of one second is every pod's of that second.
             self.observed[name] = self._shared.texts(seen_now)
         terminated = container_terminated(pod)
+        if terminated is None:
+            return StateChange("pods", name)
+        # Shared too: the log reader keeps it, and the pod's final version has it again.
         return StateChange(
-            "pods", name, () if terminated is None else ((name, terminated.get("containerID", "")),)
+            "pods", name, ((name, self._shared.text(terminated.get("containerID", ""))),)
         )
 
     def _hold(self, name: str, pod: dict) -> None:
@@ -6732,12 +6753,14 @@ class LogReader:
         self.pool = pool
         self.proxy = proxy
         self.log_dir = log_dir
-        # Pod name -> (containerID, log) read after that container terminated: complete.
+        # Pod name -> (containerID, log) read after that container terminated: complete. Each is
+        # saved as <pod>.log as it is read, but for the names in _unsaved (the disk refused it).
         self.early: dict[str, tuple[str, str]] = {}
-        self.saved: dict[str, str] = {}  # pod name -> the log text saved as <pod>.log
-        # Each (pod, containerID) whose log is read once, and the reads not done yet: a done
-        # read's Future (a lock, a condition and their queue, a kilobyte) is not kept.
-        self._scheduled: set[tuple[str, str]] = set()
+        self._unsaved: set[str] = set()
+        # Each pod's container whose log is read once (a restarted one's is read again), and the
+        # reads not done yet: a done read's Future (a lock, a condition and their queue, a
+        # kilobyte) is not kept.
+        self._scheduled: dict[str, str] = {}
         self._reads: dict[tuple[str, str], concurrent.futures.Future] = {}
         # Told (from a reader's thread) the name of each pod whose log was read after its end.
         self.on_read = on_read
@@ -6745,8 +6768,9 @@ class LogReader:
     def schedule(self, ended: Iterable[tuple[str, str]]) -> None:
         """Read the log of each ended container once; keyed by container, so a restarted one's is read again."""
         for key in ended:
-            if key not in self._scheduled:
-                self._scheduled.add(key)
+            name, container_id = key
+            if self._scheduled.get(name) != container_id:
+                self._scheduled[name] = container_id
                 self._reads[key] = read = self.pool.submit(self._read_early, *key)
                 read.add_done_callback(functools.partial(self._read_done, key))
 
@@ -6763,9 +6787,10 @@ class LogReader:
                 time.monotonic() + COLLECT_RETRY_SECONDS,
             )
             self.early[name] = (container_id, text)
+            self._unsaved.add(name)
             if self.log_dir is not None:
                 write_text(os.path.join(self.log_dir, f"{name}.log"), text)
-                self.saved[name] = text
+                self._unsaved.discard(name)
         except DemoError:
             return  # read again (and saved) when the batch's evidence is collected
         if self.on_read is not None:
@@ -6801,7 +6826,8 @@ class LogReader:
                 logs[name] = ""
         logs = dict(sorted(logs.items()))
         for name, text in logs.items():
-            if self.saved.get(name) is not text:  # else saved as it was read
+            read_early = self.early.get(name)
+            if read_early is None or read_early[1] is not text or name in self._unsaved:
                 write_text(os.path.join(batch_dir, f"{name}.log"), text)
         return logs
 
@@ -7259,7 +7285,9 @@ class BatchFollower:
         self.progress = progress
         self.proxy = proxy
         # The texts kept for pods.json and events.json wait on disk beside them.
-        self.state = BatchState(count < ONE_LINE_ITEMS_FROM, log_dir)
+        self.state = BatchState(
+            count < ONE_LINE_ITEMS_FROM, log_dir, drafts.shared if drafts is not None else None
+        )
         # The batch's Jobs (`job_names`: one per image, else the one named `job_name`), followed as one.
         self.jobs = BatchJobs(job_name, job_names or [job_name])
         # Given already started when its pod watch had to listen before the proxy was opened.

@@ -459,6 +459,24 @@ def test_the_state_reports_each_ended_container_and_the_jobs_end_once() -> None:
     assert len(state.events) == 1
 
 
+def test_a_pods_name_is_one_object_in_its_versions_its_events_and_every_table_of_it() -> None:
+    """The follower's one table of shared texts: each decoded version and event brings its own
+    copy of the pod's name, and every table keyed by the pod keeps the one object."""
+    drafts = demo.EpisodeDrafts(builtin=True)
+    state = demo.BatchState(shared=drafts.shared)
+
+    def decoded(value: dict) -> dict:  # as a watch delivers it: every text its own object
+        return json.loads(json.dumps(value))
+
+    running = state.apply("pods", "ADDED", decoded(pod("a-1", "Running")), 100.0)
+    record = state.apply("events", "ADDED", decoded(event("a-1.18ed0000000000aa")), 100.5).event
+    state.apply("pods", "MODIFIED", decoded(pod("a-1")), 101.0)  # ended and counted: final
+    assert record is not None and running.pod is not None
+    [key] = state.pods
+    assert key is running.pod is next(iter(state.observed)) is record.object_name
+    assert state.pods[key]["metadata"]["name"] is key
+
+
 def test_the_state_keeps_a_deleted_pod_as_last_seen_and_then_is_never_final() -> None:
     state = demo.BatchState()
     state.apply("pods", "ADDED", pod("a"), 100.0)
