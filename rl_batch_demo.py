@@ -2277,10 +2277,17 @@ class EventStore:
     pods holds its tens of thousands of events in little memory.
     """
 
-    def __init__(self, spool_dir: str | None = None, shared: SharedStrings | None = None) -> None:
+    def __init__(
+        self,
+        spool_dir: str | None = None,
+        shared: SharedStrings | None = None,
+        index: EventIndex | None = None,
+    ) -> None:
         self.records: dict[str, EventRecord] = {}
         self._spool = Spool(spool_dir, "events.json")
         self._shared = shared or SharedStrings()
+        # What the summary reads of the events held, kept up to date with them.
+        self.index = index or EventIndex(self._shared)
         # The revision the events are known to be at least as new as, once a list has said so.
         self.resource_version: str | None = None
 
@@ -2293,12 +2300,18 @@ class EventStore:
         name = (event.get("metadata") or {}).get("name")
         if not name:
             return None
+        held = self.records.get(name)
         if change == "DELETED":
-            self.records.pop(name, None)
+            if self.records.pop(name, None) is not None:
+                self.index.changed()
             self._spool.forget(name)
             return None
         self._spool.put(name, json.dumps(event))
         record = self.records[name] = self._shared.share(event_record(event))
+        if held != record:  # not an event told again as it was (a watch's restart lists all)
+            if held is not None:
+                self.index.changed()
+            self.index.add(record)  # a changed one too: the drafts read the newest
         return record
 
     def forget_shared(self) -> None:
@@ -2322,7 +2335,11 @@ def percentile(values: Sequence[float], q: float) -> float:
     """Linear interpolation between closest ranks, index (n-1)*q (NumPy's default)."""
     if not values:
         raise ValueError("percentile of no values")
-    ordered = sorted(values)
+    return sorted_percentile(sorted(values), q)
+
+
+def sorted_percentile(ordered: Sequence[float], q: float) -> float:
+    """percentile() of values already sorted: a hundred thousand of them are not copied again."""
     position = (len(ordered) - 1) * q
     lower = math.floor(position)
     upper = math.ceil(position)
@@ -2337,12 +2354,12 @@ def describe(values: Sequence[float], missing: int = 0) -> dict:
     """P50/P95/P99/max/mean of a sample, with its size and how many were missing."""
     summary: dict[str, Any] = {"samples": len(values), "missing": missing}
     if values:
-        ordered = sorted(values)  # once: percentile's own sort of a sorted list is a single pass
+        ordered = sorted(values)
         summary.update(
             {
-                "p50": rounded(percentile(ordered, 0.50)),
-                "p95": rounded(percentile(ordered, 0.95)),
-                "p99": rounded(percentile(ordered, 0.99)),
+                "p50": rounded(sorted_percentile(ordered, 0.50)),
+                "p95": rounded(sorted_percentile(ordered, 0.95)),
+                "p99": rounded(sorted_percentile(ordered, 0.99)),
                 "max": rounded(max(values)),
                 "mean": rounded(sum(values) / len(values)),
             }
@@ -3766,6 +3783,11 @@ class ClockBounds:
         self.highest: float | None = None  # and below this
         self.samples = 0
 
+    def copy(self) -> ClockBounds:
+        other = ClockBounds()
+        other.lowest, other.highest, other.samples = self.lowest, self.highest, self.samples
+        return other
+
     def at_least(self, value: float) -> None:
         self.lowest = value if self.lowest is None else max(self.lowest, value)
         self.samples += 1
@@ -3990,6 +4012,7 @@ def clock_offsets(
     job_observed: dict[str, float],
     kubelet: dict[str, dict[str, tuple[float, str]]] | None = None,
     scheduled: dict[str, float] | None = None,
+    kubelet_clocks: tuple[dict[str, ClockBounds], dict[str, tuple[float, str]]] | None = None,
 ) -> dict:
     """Each clock's offset from the control plane's, bounded by transitions seen on both.
 
@@ -4008,7 +4031,7 @@ def clock_offsets(
     if kubelet is None:
         kubelet = kubelet_container_events(events)
     client = client_clock_bounds(job, job_observed, pods, observed_pods)
-    nodes, started = kubelet_event_clocks(events)
+    nodes, started = kubelet_clocks or kubelet_event_clocks(events)
     bound_nodes_by_pods(nodes, pods, scheduled, kubelet, started)
     return describe_clocks(client, nodes, client_seen_running(pods, observed_pods, started))
 
@@ -4374,6 +4397,9 @@ class BatchSummary:
     # A rollout's successful rewards as they reached rewards.jsonl (the client's wall clock), for ramp.svg.
     deliveries: list[float] = dataclasses.field(default_factory=list)
     drafts_taken: int = 0  # episodes whose points were taken from their drafts, made while waiting
+    # Pod -> where its draft's row of episodes.csv is kept, for each episode taken whole from a
+    # draft whose row the final evidence leaves as it was made (see episodes_csv_pieces).
+    csv_rows: dict[str, Spool] = dataclasses.field(default_factory=dict)
 
 
 # The cycle collector's full passes walk every object held: a batch's pods, events and drafts,
@@ -4438,6 +4464,11 @@ class EpisodeDraft(NamedTuple):
     inputs: EpisodeInputs
     points: dict[str, Point | None]
     phases: dict[str, tuple[float, float] | None]
+    # Its row of episodes.csv after the batch, pod and index columns, kept in `csv` under its pod's
+    # name, as made from these points, phases and row and the image as the events said then.
+    csv: Spool | None = None
+    image_cache: str | None = None
+    image_pull: ImagePull | None = None
 
     def verified(self, pod: dict, log_text: str, job_created: float, builtin: bool) -> bool:
         """Verified already, from this very pod, log, Job creation and worker."""
@@ -4475,43 +4506,108 @@ class EpisodeDraft(NamedTuple):
         return points, phase_durations(points)
 
 
-class EpisodeDrafts:
-    """Each episode summarised the moment it ends (its pod final, its log read), while the batch
-    still runs: what the summary after the end takes as it is when the final evidence agrees.
+class EventIndex:
+    """What the summary reads of each event, kept as the watch delivers them, so that after the
+    end neither the drafts nor the summary read every event again: per pod its Scheduled
+    eventTime, its creation event's name time, its kubelet's container events, its first Started,
+    its image as found or pulled; per node what its kubelet's events bound its clock by.
 
-    A pure reducer, as BatchState is: told each event as it arrives (an index of the event-named
-    points kept up to date) and each ended episode. A draft assumes the clocks agree and no earlier
-    pod's end bounds its creation: the final pass makes again only the points whose inputs the
-    final clocks and evidence change.
+    A pure reducer (`add`), each event taken as scheduled_event_times, pod_creation_events,
+    kubelet_container_events, image_cache_states, image_pulls and kubelet_event_clocks take the
+    events of a list in its order. It is `exact` while each event it was told is held as told
+    (none changed or deleted since) and the order they came in decided nothing: no pod had two
+    events of a kind where the first or the last one counts, and no kubelet event tied another's
+    moment. Then it is what those functions make of the events held, in any order, and the summary
+    takes it instead of reading them all.
     """
 
-    def __init__(self, builtin: bool, shared: SharedStrings | None = None) -> None:
-        self.builtin = builtin
-        self.drafts: dict[str, EpisodeDraft] = {}
+    def __init__(self, shared: SharedStrings | None = None) -> None:
         self.scheduled: dict[str, float] = {}
-        self.kubelet: dict[str, dict[str, tuple[float, str]]] = {}
         self.creations: dict[str, float] = {}
-        # The follower's one table of shared texts: a pod's name, its node, its uid are the same
-        # objects in its pod, its events, its drafts and every index of them.
-        self.shared = shared or SharedStrings()
-        self._job_bound: Bound | None = None
+        self.kubelet: dict[str, dict[str, tuple[float, str]]] = {}
+        self.started: dict[str, tuple[float, str]] = {}
+        self.cache: dict[str, str] = {}
+        self.pulls: dict[str, ImagePull] = {}
+        self.nodes: dict[str, ClockBounds] = {}
+        self.told = 0  # the events it was told, each once
+        self.exact = True
+        self._shared = shared or SharedStrings()
 
-    def note_event(self, event: EventRecord) -> None:
-        """One event as the watch delivered it, into the index of what events say of each pod."""
-        self.scheduled.update(scheduled_event_times((event,)))
-        for name, moment in pod_creation_events((event,)).items():
+    def changed(self) -> None:
+        """An event it was told changed or went: the index no longer says what the events held say."""
+        self.exact = False
+
+    def add(self, event: EventRecord) -> None:
+        """One event, told once."""
+        self.told += 1
+        for pod, moment in scheduled_event_times((event,)).items():
+            self._last(self.scheduled, pod, moment)
+        for pod, moment in pod_creation_events((event,)).items():
             # The name read from the event's message: the text its pod's other tables key by.
-            self.creations.setdefault(self.shared.text(name), moment)
-        for name, reasons in kubelet_container_events((event,)).items():
-            known = self.kubelet.get(name) or {}
+            self._first(self.creations, self._shared.text(pod), moment)
+        for pod, reasons in kubelet_container_events((event,)).items():
+            known = self.kubelet.get(pod) or {}
+            for reason, named in reasons.items():
+                if reason in known and named[0] == known[reason][0] and named != known[reason]:
+                    self.exact = False  # a tie: the first in the list's order would be kept
             earlier = {
                 reason: named
                 for reason, named in reasons.items()
                 if reason not in known or named[0] < known[reason][0]
             }
-            if earlier or name not in self.kubelet:
+            if earlier or pod not in self.kubelet:
                 # A new dict, never one changed in place: a draft holds the one it was made from.
-                self.kubelet[name] = {**known, **earlier}
+                self.kubelet[pod] = {**known, **earlier}
+        nodes, started = kubelet_event_clocks((event,))
+        for node, bounds in nodes.items():
+            held = self.nodes.setdefault(node, ClockBounds())
+            if bounds.lowest is not None:
+                held.at_least(bounds.lowest)
+        for pod, named in started.items():
+            self._first(self.started, pod, named)
+        for pod, state in image_cache_states((event,)).items():
+            if state == "present" or pod not in self.cache:
+                self.cache[pod] = state
+        for pod, pull in image_pulls((event,)).items():
+            self._first(self.pulls, pod, pull)
+
+    def _first(self, table: dict, key: str, value: Any) -> None:
+        """The first value told counts (as the first in a list's order would)."""
+        if key in table:
+            self.exact = self.exact and table[key] == value
+            return
+        table[key] = value
+
+    def _last(self, table: dict, key: str, value: Any) -> None:
+        """The last value told counts (as the last in a list's order would)."""
+        if key in table and table[key] != value:
+            self.exact = False
+        table[key] = value
+
+
+class EpisodeDrafts:
+    """Each episode summarised the moment it ends (its pod final, its log read), while the batch
+    still runs: what the summary after the end takes as it is when the final evidence agrees.
+
+    A pure reducer, as BatchState is: told each ended episode, it reads what the events said of
+    its pod so far from `index` (which the follower's EventStore keeps up to date). A draft assumes
+    the clocks agree and no earlier pod's end bounds its creation: the final pass makes again only
+    the points whose inputs the final clocks and evidence change.
+    """
+
+    def __init__(
+        self, builtin: bool, shared: SharedStrings | None = None, spool_dir: str | None = None
+    ) -> None:
+        self.builtin = builtin
+        self.drafts: dict[str, EpisodeDraft] = {}
+        # Each draft's row of episodes.csv (but its batch, pod and index), made as it ends: at
+        # 100,000 episodes the rows took 4 s to make after the end, and take megabytes to hold.
+        self.csv = Spool(spool_dir, "episodes.csv")
+        # The follower's one table of shared texts: a pod's name, its node, its uid are the same
+        # objects in its pod, its events, its drafts and every index of them.
+        self.shared = shared or SharedStrings()
+        self.index = EventIndex(self.shared)
+        self._job_bound: Bound | None = None
 
     def draft(
         self,
@@ -4532,11 +4628,12 @@ class EpisodeDrafts:
         job_bound = lower(earliest, "the Job's creation", REFERENCE_CLOCK)
         if job_bound != self._job_bound:  # the batch's drafts share one
             self._job_bound = job_bound
+        index = self.index
         inputs = EpisodeInputs(
-            self.scheduled.get(name),
+            index.scheduled.get(name),
             observed,  # the watch's record as it is now: a later sight makes a new one
-            self.kubelet.get(name),  # replaced, never changed, by a later event
-            self.creations.get(name),
+            index.kubelet.get(name),  # replaced, never changed, by a later event
+            index.creations.get(name),
             CLOCKS_AGREE,
             self._job_bound,
         )
@@ -4561,7 +4658,27 @@ class EpisodeDrafts:
             return
         # Thousands of drafts repeat their field names, sources, nodes and the worker's words.
         share = self.shared.texts
-        points = episode_points(pod, ready, reward, *inputs)
+        points = share(episode_points(pod, ready, reward, *inputs))
+        phases = phase_durations(points)
+        row = share(pod_row(pod, ready, reward, job_created))
+        cache, pull = index.cache.get(name), index.pulls.get(name)
+        self.csv.put(
+            name,
+            csv_text(
+                episode_csv_fields(
+                    row,
+                    {
+                        "points": points,
+                        "phases": phases,
+                        "image_cache": cache,
+                        "runtime_class": (pod.get("spec") or {}).get("runtimeClassName"),
+                        "image": container_image(pod),
+                        "image_pull": pull,
+                    },
+                    job_created,
+                )
+            ),
+        )
         self.drafts[name] = EpisodeDraft(
             pod,
             log_text,
@@ -4569,10 +4686,13 @@ class EpisodeDrafts:
             self.builtin,
             summarised_fields(ready, READY_FIELDS_SUMMARISED),
             summarised_fields(reward, REWARD_FIELDS_SUMMARISED),
-            share(pod_row(pod, ready, reward, job_created)),
+            row,
             inputs,
-            share(points),
-            phase_durations(points),
+            points,
+            phases,
+            self.csv,
+            cache,
+            pull,
         )
 
 
@@ -4625,23 +4745,34 @@ def summarise_batch(
     observed: dict[str, dict] | None = None,
     failed: Sequence[tuple[dict | None, dict]] = (),
     drafts: Mapping[str, EpisodeDraft] | None = None,
+    index: EventIndex | None = None,
 ) -> BatchSummary:
     """Verify one batch and compute its figures and its phase breakdown; pure. `failed`: the
     accepted failures, (final pod or None, rewards row), placed as far as they got, from the
     same sources and clocks, for the timeline; no figure counts them. `drafts`: episodes
     summarised while the batch ran, each taken where its pod, log and inputs are the final ones
-    (the result is the same as without them)."""
+    (the result is the same as without them). `index`: the watch's index of the events, taken
+    where it is exact and of these very events (else they are read again)."""
     drafts = drafts or {}
     episodes = verify_batch(count, job, pods, logs, builtin, drafts)
     job_created = parse_time(job["metadata"]["creationTimestamp"])
     assert job_created is not None  # verify_batch checked it
-    scheduled = scheduled_event_times(events)
-    cache = image_cache_states(events)
-    pulls = image_pulls(events)
-    kubelet = kubelet_container_events(events)
-    creations = pod_creation_events(events)
+    if index is not None and index.exact and index.told == len(events):
+        scheduled, cache, pulls = index.scheduled, index.cache, index.pulls
+        kubelet, creations = index.kubelet, index.creations
+        # Copies: the pods' bounds are added to them below.
+        kubelet_clocks = ({node: b.copy() for node, b in index.nodes.items()}, index.started)
+    else:
+        scheduled = scheduled_event_times(events)
+        cache = image_cache_states(events)
+        pulls = image_pulls(events)
+        kubelet = kubelet_container_events(events)
+        creations = pod_creation_events(events)
+        kubelet_clocks = kubelet_event_clocks(events)
     observed_pods, job_observed = split_observed(observed)
-    clocks = clock_offsets(job, pods, events, observed_pods, job_observed, kubelet, scheduled)
+    clocks = clock_offsets(
+        job, pods, events, observed_pods, job_observed, kubelet, scheduled, kubelet_clocks
+    )
     client_offset = clocks["client"]["offset_seconds"]
     job_created_point = job_creation(
         job, job_observed, client_offset, clocks["client"]["correction_slack_seconds"]
@@ -4677,6 +4808,7 @@ def summarise_batch(
     )
     rows, records, durations = [], [], []
     drafts_taken = 0
+    csv_rows: dict[str, Spool] = {}
     for pod, ready, reward in episodes:
         name = pod_name(pod)
         created = parse_time(pod["metadata"]["creationTimestamp"])
@@ -4705,6 +4837,14 @@ def summarise_batch(
                 if draft.job_created == job_created
                 else pod_row(pod, ready, reward, job_created)
             )
+            if (
+                draft.csv is not None
+                and points is draft.points
+                and rows[-1] is draft.row
+                and cache.get(name) == draft.image_cache
+                and pulls.get(name) == draft.image_pull
+            ):
+                csv_rows[name] = draft.csv  # its row of episodes.csv is made already
         else:
             points = episode_points(pod, ready, reward, *inputs)
             episode_phases = phase_durations(points)
@@ -4790,6 +4930,7 @@ def summarise_batch(
         job_created_point.earliest or job_created,
         failed_records,
         drafts_taken=drafts_taken,
+        csv_rows=csv_rows,
     )
 
 
@@ -4902,32 +5043,50 @@ def episodes_csv_pieces(batches: Sequence[tuple[str, BatchSummary]]) -> Iterator
                 yield out.getvalue()
                 out.seek(0)
                 out.truncate()
-            row = rows[record["pod"]]
-            points = [record["points"][p] for p in POINTS]
-            phases = [record["phases"][ph] for ph in PHASES]
-            writer.writerow(
-                [
-                    batch_name,
-                    record["pod"],
-                    *([record["index"] or ""] if indexed else []),
-                    row["node"] or "",
-                    row["reward"],
-                    record.get("image_cache") or "",
-                    record.get("runtime_class") or "",
-                ]
-                + ["" if point is None else f"{point[0] - job_created:.6f}" for point in points]
-                + ["" if point is None else f"{point[1]:.6g}" for point in points]
-                + ["" if phase is None else f"{phase[0]:.6f}" for phase in phases]
-                + ["" if point is None else f"{point[0]:.6f}" for point in points]
-                + ["" if point is None else getattr(point, "source", "") for point in points]
-                + ["" if point is None else getattr(point, "clock", "") for point in points]
-                + ["" if phase is None else f"{phase[1]:.6g}" for phase in phases]
-                + image_columns(record)
-            )
+            leading = [batch_name, record["pod"], *([record["index"] or ""] if indexed else [])]
+            made = summary.csv_rows.get(record["pod"])
+            if made is None:
+                writer.writerow(
+                    leading + episode_csv_fields(rows[record["pod"]], record, job_created)
+                )
+                continue
+            # Its draft's row, after the leading fields written as the writer writes them: a
+            # row is its fields, each quoted or not on its own, joined by the delimiter.
+            out.write(csv_text(leading)[:-1] + "," + made.get(record["pod"]))
     yield out.getvalue()
 
 
-def image_columns(record: dict) -> list[str]:
+def episode_csv_fields(row: dict, record: Mapping[str, Any], job_created: float) -> list[Any]:
+    """An episode's fields of episodes.csv after its batch, pod and index: from its row in
+    results.json and its record, all a draft has as it ends."""
+    points = [record["points"][p] for p in POINTS]
+    phases = [record["phases"][ph] for ph in PHASES]
+    return (
+        [
+            row["node"] or "",
+            row["reward"],
+            record.get("image_cache") or "",
+            record.get("runtime_class") or "",
+        ]
+        + ["" if point is None else f"{point[0] - job_created:.6f}" for point in points]
+        + ["" if point is None else f"{point[1]:.6g}" for point in points]
+        + ["" if phase is None else f"{phase[0]:.6f}" for phase in phases]
+        + ["" if point is None else f"{point[0]:.6f}" for point in points]
+        + ["" if point is None else getattr(point, "source", "") for point in points]
+        + ["" if point is None else getattr(point, "clock", "") for point in points]
+        + ["" if phase is None else f"{phase[1]:.6g}" for phase in phases]
+        + image_columns(record)
+    )
+
+
+def csv_text(fields: Sequence[Any]) -> str:
+    """One row of episodes.csv as its writer writes it, with its line end."""
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\n").writerow(fields)
+    return out.getvalue()
+
+
+def image_columns(record: Mapping[str, Any]) -> list[str]:
     """An episode's image and what the kubelet said of its pull: the wait, the pull alone, the size."""
     pull: ImagePull | None = record.get("image_pull")
 
@@ -5339,7 +5498,8 @@ def cdf_svg(batches: Sequence[tuple[str, BatchSummary]], title: str) -> str:
         name = (SHARP_POD_TO_READY if phase == "pod_to_ready" else phase).replace("_", " ")
         if values:
             lowest = min(lowest, min(values))
-            p50, p95 = percentile(values, 0.5), percentile(values, 0.95)
+            values.sort()  # once, for both percentiles and the line
+            p50, p95 = sorted_percentile(values, 0.5), sorted_percentile(values, 0.95)
             label = f"{name}  {p50:.2f} / {p95:.2f}"
         else:
             label = f"{name}: no samples"
@@ -6588,7 +6748,6 @@ class StateChange(NamedTuple):
         tuple[str, str], ...
     ] = ()  # (pod, containerID) of each episode container it shows ended
     job_ended: bool = False  # this is the change that showed the Job's end
-    event: EventRecord | None = None  # the event as now held (none once deleted)
 
 
 class BatchState:
@@ -6606,14 +6765,16 @@ class BatchState:
         indented_pods: bool = False,
         spool_dir: str | None = None,
         shared: SharedStrings | None = None,
+        index: EventIndex | None = None,
     ) -> None:
         self.job: dict | None = None
         self.pods: dict[str, dict] = {}
         self._not_final: set[str] = set()  # the pods held whose version is not final
         self.deleted: set[str] = set()
-        # One table of shared texts for the pods and the events (and the drafts, given theirs).
+        # One table of shared texts for the pods and the events (and the drafts, given theirs,
+        # and the index of the events they read).
         self._shared = shared or SharedStrings()
-        self.events = EventStore(spool_dir, self._shared)
+        self.events = EventStore(spool_dir, self._shared, index)
         # pod name -> transition -> time, and the stamps seen only while it ran
         self.observed: dict[str, dict[str, Any]] = {}
         self.job_observed: dict[
@@ -6638,7 +6799,8 @@ class BatchState:
         if kind == "job":
             return StateChange(kind, job_ended=self._on_job(obj, arrived))
         if kind == "events":
-            return StateChange(kind, event=self.events.apply(change, obj))
+            self.events.apply(change, obj)
+            return StateChange(kind)
         return self._on_pod(obj, change == "DELETED", arrived)
 
     def submitted(self, at: float) -> None:
@@ -7286,7 +7448,10 @@ class BatchFollower:
         self.proxy = proxy
         # The texts kept for pods.json and events.json wait on disk beside them.
         self.state = BatchState(
-            count < ONE_LINE_ITEMS_FROM, log_dir, drafts.shared if drafts is not None else None
+            count < ONE_LINE_ITEMS_FROM,
+            log_dir,
+            drafts.shared if drafts is not None else None,
+            drafts.index if drafts is not None else None,
         )
         # The batch's Jobs (`job_names`: one per image, else the one named `job_name`), followed as one.
         self.jobs = BatchJobs(job_name, job_names or [job_name])
@@ -7430,8 +7595,6 @@ class BatchFollower:
         elif kind == "pods":
             self.judge([changed.pod or ""])
             self._draft(changed.pod or "")
-        elif self.drafts is not None and changed.event is not None:
-            self.drafts.note_event(changed.event)
         return changed
 
     def judge(self, names: Iterable[str] | None) -> None:
@@ -7624,6 +7787,10 @@ class BatchEvidence:
     def proxy(self) -> ApiProxy | None:
         """The run's proxy, as the follower reads through it."""
         return self.follower.proxy
+
+    def event_index(self) -> EventIndex | None:
+        """The watch's index of the events, when the events saved are the ones it followed."""
+        return self.follower.state.events.index if self.events_read == "watch" else None
 
     def collect(self, job_name: str, retry: bool = True) -> Evidence:
         """Save job.json, pods.json, events.txt, events.json and one log per pod: the evidence of a batch.
@@ -8769,7 +8936,7 @@ def run_one_batch(run: RunContext, entry: BatchEntry) -> BatchOutcome:
         batch_dir,
         rewards,
         watches,
-        EpisodeDrafts(run.settings.builtin),
+        EpisodeDrafts(run.settings.builtin, spool_dir=batch_dir),
         job_names,
     )
     run.batch = batch = BatchEvidence(run, follower, batch_dir)
@@ -8933,6 +9100,7 @@ def verified_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) 
             batch.follower.end_seen_wall,
             batch.follower.observations(),
             drafts=batch.follower.drafts.drafts if batch.follower.drafts else None,
+            index=batch.event_index(),
         )
     except VerificationError as error:
         if reading.source == "watch":
@@ -9001,6 +9169,7 @@ def rollout_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) -
             batch.follower.observations(),
             batch.spelling,
             follower.drafts.drafts if follower.drafts else None,
+            batch.event_index(),
         )
     except DemoError as error:
         raise DemoError(
@@ -9176,6 +9345,7 @@ def summarise_rollout(
     observed: dict | None = None,
     spelling: Spelling = COMMAND_LINE,
     drafts: Mapping[str, EpisodeDraft] | None = None,
+    index: EventIndex | None = None,
 ) -> BatchSummary:
     """A rollout batch's summary: the figures of its successful episodes, with failures, attempts and
     groups; DemoError when more episodes failed than --allow-failures accepts, or all did. Pure."""
@@ -9223,6 +9393,7 @@ def summarise_rollout(
         # Cancelled episodes too: the timeline draws every episode.
         [(by_name.get(row["pod"]), row) for row in rows if row["failure_class"] is not None],
         drafts,
+        index,
     )
     summary.figures.update(
         rollout_figures(rows, job, pods, settings.group_size, allowed, settings.retries or 0, need)

@@ -106,7 +106,14 @@ def held_parts(product: ModuleType, follower: Any) -> list[tuple[str, Callable[[
         ("pods: by name, finality", lambda: [state.pods, state._not_final, state.deleted]),
         ("pods: spool index, versions", lambda: [state._final_texts, state._final_versions]),
         ("logs", lambda: [text for _, text in follower.log_reader.early.values()]),
-        ("logs: index", lambda: [follower.log_reader.early, follower.log_reader.saved]),
+        (
+            "logs: index",
+            lambda: [
+                follower.log_reader.early,
+                getattr(follower.log_reader, "saved", None),
+                getattr(follower.log_reader, "_unsaved", None),
+            ],
+        ),
         ("log reads scheduled", lambda: [follower.log_reader._scheduled]),
         ("observations", lambda: [state.observed]),
         ("drafts: points", field("points")),
@@ -119,10 +126,11 @@ def held_parts(product: ModuleType, follower: Any) -> list[tuple[str, Callable[[
         ("drafts: inputs, the rest", field("inputs")),
         ("drafts: the records themselves", lambda: every),
         ("drafts: by name", lambda: [drafts.drafts] if drafts is not None else []),
-        ("drafts: kubelet index", lambda: [drafts.kubelet] if drafts is not None else []),
+        ("events: the index of them", lambda: [getattr(events, "index", None)]),
+        ("drafts: kubelet index", lambda: [getattr(drafts, "kubelet", None)]),
         (
             "drafts: scheduled, creations",
-            lambda: [drafts.scheduled, drafts.creations] if drafts is not None else [],
+            lambda: [getattr(drafts, "scheduled", None), getattr(drafts, "creations", None)],
         ),
         (
             "shared-text tables",
@@ -136,6 +144,54 @@ def held_parts(product: ModuleType, follower: Any) -> list[tuple[str, Callable[[
         ),
         ("the rest of the follower", lambda: [follower]),
     ]
+
+
+# The steps after the end timed on their own (no profiler: its overhead would misstate them), and
+# each file written, by name.
+TIMED_STEPS = (
+    "summarise_batch",
+    "verify_batch",
+    "clock_offsets",
+    "slots_freed",
+    "phase_summary",
+    "throughput",
+    "assemble_results",
+    "write_pictures",
+    "timeline_svg",
+    "ramp_svg",
+    "cdf_svg",
+)
+
+
+def timed_steps(product: ModuleType, after_end: Callable[[], bool]) -> dict[str, float]:
+    """Wrap the product's steps (and write_text, by file name) to add up their seconds once the
+    end was seen."""
+    spent: dict[str, float] = {}
+
+    def timing(
+        name: str, function: Callable[..., Any], key: Callable[..., str]
+    ) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                if after_end():
+                    label = key(*args)
+                    spent[label] = spent.get(label, 0.0) + time.perf_counter() - started
+
+        return timed
+
+    for name in TIMED_STEPS:
+        setattr(product, name, timing(name, getattr(product, name), lambda *a, n=name: n))
+    product.write_text = timing(
+        "write_text",
+        product.write_text,
+        lambda path, *a: (
+            "write " + ("<pod>.log" if path.endswith(".log") else os.path.basename(path))
+        ),
+    )
+    return spent
 
 
 def vm_rss_mb() -> float:
@@ -201,7 +257,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=int, default=2000, help="pod watch lines a second")
     parser.add_argument("--product", type=Path, default=TESTS_DIR.parent / "rl_batch_demo.py")
     parser.add_argument("--profile", type=Path, help="profile the run after the end; stats here")
+    parser.add_argument(
+        "--profile-wait",
+        type=Path,
+        help="profile the run until the end is seen instead (on Python 3.12+ every thread is profiled; "
+        "on 3.9 to 3.11 the thread that follows the batch alone); stats here",
+    )
     parser.add_argument("--top", type=int, default=25, help="functions of the profile printed")
+    parser.add_argument(
+        "--profile-summary",
+        type=Path,
+        help="profile summarise_batch alone (the thread that runs it); stats here",
+    )
     args = parser.parse_args(argv)
     product = load(args.product)
     work = Path(tempfile.mkdtemp(prefix="held-memory-"))
@@ -211,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         REPLAY_POD_EVENTS_PER_SECOND=str(args.rate),
     )
     measured: dict[str, Any] = {"rss_at_start_mb": vm_rss_mb()}
-    profiler = cProfile.Profile() if args.profile else None
+    profiler = cProfile.Profile() if args.profile or args.profile_wait else None
     collect = product.BatchEvidence.collect
 
     def sized_collect(self: Any, *a: Any, **k: Any) -> Any:
@@ -224,11 +291,34 @@ def main(argv: list[str] | None = None) -> int:
                 parts.append((name, sizer.size(*roots())))
             measured["parts"] = parts
             measured["sized_at"] = time.monotonic()
-            if profiler is not None:
+            if profiler is not None and args.profile_wait:
+                profiler.disable()
+            elif profiler is not None:
                 profiler.enable()
         return collect(self, *a, **k)
 
     product.BatchEvidence.collect = sized_collect
+    spent = timed_steps(product, lambda: "parts" in measured) if not profiler else {}
+    if args.profile_summary:
+        summary_profiler = cProfile.Profile()
+        summarise = product.summarise_batch
+
+        def profiled(*a: Any, **k: Any) -> Any:
+            return summary_profiler.runcall(summarise, *a, **k)
+
+        product.summarise_batch = profiled
+    collections: dict[int, list[float]] = {0: [], 1: [], 2: []}
+    collecting: list[float] = []
+
+    def timed(phase: str, info: dict) -> None:
+        if phase == "start":
+            collecting[:] = [time.perf_counter()]
+        elif collecting and "parts" not in measured:  # the cycle collector while waiting
+            collections[info["generation"]].append(time.perf_counter() - collecting[0])
+
+    gc.callbacks.append(timed)
+    if profiler is not None and args.profile_wait:
+        profiler.enable()
     status = product.main(
         [
             "run",
@@ -247,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
             "3600",
         ]
     )
-    if profiler is not None:
+    if profiler is not None and not args.profile_wait:
         profiler.disable()
     finished = time.monotonic()
     if status != 0 or "parts" not in measured:
@@ -269,13 +359,29 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<40} {size / count:>14.0f}")
     print(f"{'total':<40} {total / count:>14.0f}")
     print(f"after the end, in process: {finished - measured['sized_at']:.2f} s")
+    if spent:
+        print(
+            "after the end, each step (s): " + ", ".join(f"{k} {v:.2f}" for k, v in spent.items())
+        )
+    print(
+        "the cycle collector while waiting: "
+        + ", ".join(
+            f"generation {generation} {len(times)} times, {sum(times):.2f} s"
+            for generation, times in collections.items()
+        )
+    )
     if profiler is not None:
-        profiler.dump_stats(str(args.profile))
+        profiler.dump_stats(str(args.profile or args.profile_wait))
         text = io.StringIO()
         pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(args.top)
         print(text.getvalue())
         text = io.StringIO()
         pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(args.top)
+        print(text.getvalue())
+    if args.profile_summary:
+        summary_profiler.dump_stats(str(args.profile_summary))
+        text = io.StringIO()
+        pstats.Stats(summary_profiler, stream=text).sort_stats("tottime").print_stats(args.top)
         print(text.getvalue())
     gc.collect()
     return 0

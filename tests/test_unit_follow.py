@@ -453,9 +453,7 @@ def test_the_state_reports_each_ended_container_and_the_jobs_end_once() -> None:
     assert state.end == "Complete" and state.end_resource_version == "90"
     assert not state.apply("job", "MODIFIED", job(1), 103.0).job_ended  # the end is told once
     assert state.pods_are_final() and state.observations()["pods"]["a"]
-    assert state.apply("events", "ADDED", event("a.1"), 102.5) == demo.StateChange(
-        "events", event=demo.event_record(event("a.1"))
-    )
+    assert state.apply("events", "ADDED", event("a.1"), 102.5) == demo.StateChange("events")
     assert len(state.events) == 1
 
 
@@ -469,9 +467,10 @@ def test_a_pods_name_is_one_object_in_its_versions_its_events_and_every_table_of
         return json.loads(json.dumps(value))
 
     running = state.apply("pods", "ADDED", decoded(pod("a-1", "Running")), 100.0)
-    record = state.apply("events", "ADDED", decoded(event("a-1.18ed0000000000aa")), 100.5).event
+    state.apply("events", "ADDED", decoded(event("a-1.18ed0000000000aa")), 100.5)
     state.apply("pods", "MODIFIED", decoded(pod("a-1")), 101.0)  # ended and counted: final
-    assert record is not None and running.pod is not None
+    [record] = state.events.records.values()
+    assert running.pod is not None
     [key] = state.pods
     assert key is running.pod is next(iter(state.observed)) is record.object_name
     assert state.pods[key]["metadata"]["name"] is key
