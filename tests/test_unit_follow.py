@@ -630,6 +630,28 @@ def test_the_state_knows_its_pods_final_as_pods_final_reads_them_all(seed: int) 
     assert demo.pods_final(state.job, state.pods.values())
 
 
+@pytest.mark.parametrize("count", [0, 1, 2, 3, 4, 6, 7, 99, 100, 101, 301])
+@pytest.mark.parametrize("indented", [False, True])
+def test_encoded_items_joined_a_few_at_a_time_are_the_lists_text(
+    count: int, indented: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(demo, "ENCODED_ITEMS_A_PIECE", 3)  # every edge of a piece, many times
+    items = [{"n": number, "s": ["a", number]} for number in range(count)]
+
+    def text(item: dict) -> str:
+        return "".join(demo.json_pieces(item, 2)) if indented else json.dumps(item)
+
+    encoded = demo.EncodedItems(lambda: (text(item) for item in items), count, indented)
+    expected = (
+        "".join(demo.json_pieces({"items": items}))
+        if indented or count >= demo.ONE_LINE_ITEMS_FROM or not count
+        else json.dumps({"items": items}, indent=2)
+    )
+    if indented and count:  # a short list of pods is indented as a long list of them would be
+        expected = '{\n  "items": [\n    ' + ",\n    ".join(map(text, items)) + "\n  ]\n}"
+    assert "".join(demo.json_pieces({"items": encoded})) == expected
+
+
 # --------------------------------------------------------------------------
 # What a followed batch holds, out of the cycle collector's sight until the batch is done.
 
