@@ -2352,11 +2352,14 @@ def rounded(value: float | None, digits: int = 3) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def describe(values: Sequence[float], missing: int = 0) -> dict:
-    """P50/P95/P99/max/mean of a sample, with its size and how many were missing."""
+def describe(
+    values: Sequence[float], missing: int = 0, ordered: Sequence[float] | None = None
+) -> dict:
+    """P50/P95/P99/max/mean of a sample, with its size and how many were missing (`ordered`:
+    the values sorted already)."""
     summary: dict[str, Any] = {"samples": len(values), "missing": missing}
     if values:
-        ordered = sorted(values)
+        ordered = sorted(values) if ordered is None else ordered
         summary.update(
             {
                 "p50": rounded(sorted_percentile(ordered, 0.50)),
@@ -4057,15 +4060,24 @@ def phase_durations(points: dict[str, Any]) -> dict[str, tuple[float, float] | N
 
 
 def phase_summary(
-    episodes_durations: Sequence[dict[str, tuple[float, float] | None]],
+    episodes_durations: Sequence[Mapping[str, tuple[float, float] | None]],
+    samples: dict[str, list[float]] | None = None,
 ) -> dict[str, dict]:
-    """Per phase: P50/P95/P99/max/mean, sample and missing counts, stated precision."""
+    """Per phase: P50/P95/P99/max/mean, sample and missing counts, stated precision. `samples`,
+    if given, is filled with each phase's seconds, sorted (the CDF's lines are drawn from them)."""
     summary = {}
+    known_of: dict[str, list[tuple[float, float]]] = {phase: [] for phase in PHASES}
+    for durations in episodes_durations:  # one pass over the episodes, not one for each phase
+        for phase, duration in durations.items():
+            if duration is not None and phase in known_of:
+                known_of[phase].append(duration)
     for phase, (start, end) in PHASES.items():
-        known = [duration for d in episodes_durations if (duration := d.get(phase)) is not None]
-        entry = describe(
-            [value for value, _ in known], missing=len(episodes_durations) - len(known)
-        )
+        known = known_of[phase]
+        values = [value for value, _ in known]
+        ordered = sorted(values)
+        if samples is not None:
+            samples[phase] = ordered
+        entry = describe(values, missing=len(episodes_durations) - len(known), ordered=ordered)
         widest = max((p for _, p in known), default=None)
         # An end bounded on one side only has no finite precision: JSON has no infinity, so null.
         entry.update(
@@ -4355,14 +4367,6 @@ def slots_freed(
     pods (its podReplacementPolicy is not Failed), a pod asked to be deleted freed its slot at
     the request, maybe before its end, and its deletionTimestamp need not name that moment (a
     later, shorter delete moves it): its end is unknown."""
-    ended_after = {}
-    for pod, _, reward in episodes:
-        reward_at = worker_time(reward.get("at"))
-        if reward_at is not None and not (
-            replaces_terminating and pod["metadata"].get("deletionTimestamp")
-        ):
-            clocks = clocks_of(pod)
-            ended_after[pod_name(pod)] = reward_at - clocks.node - clocks.node_slack
     created_within = {}
     for pod, _, _ in episodes:
         name, clocks = pod_name(pod), clocks_of(pod)
@@ -4376,7 +4380,28 @@ def slots_freed(
             max(stamp, job_earliest or stamp),
             min(moment for moment in latest if moment is not None),
         )
+    if not slots_may_have_waited(created_within, parallelism):
+        return {}
+    ended_after = {}
+    for pod, _, reward in episodes:
+        reward_at = worker_time(reward.get("at"))
+        if reward_at is not None and not (
+            replaces_terminating and pod["metadata"].get("deletionTimestamp")
+        ):
+            clocks = clocks_of(pod)
+            ended_after[pod_name(pod)] = reward_at - clocks.node - clocks.node_slack
     return slot_freed_after(created_within, ended_after, parallelism)
+
+
+def slots_may_have_waited(created_within: dict[str, tuple[float, float]], parallelism: int) -> bool:
+    """Whether slot_freed_after can find any pod created after `parallelism` others. With no fewer
+    slots than pods, only a pod created after every pod, itself too (its own bounds contradicting
+    each other), would be: the latest end of them all before its earliest start."""
+    if parallelism < len(created_within):
+        return True
+    return bool(created_within) and max(latest for _, latest in created_within.values()) < max(
+        earliest for earliest, _ in created_within.values()
+    )
 
 
 @dataclasses.dataclass
@@ -4402,6 +4427,8 @@ class BatchSummary:
     # Pod -> where its draft's row of episodes.csv is kept, for each episode taken whole from a
     # draft whose row the final evidence leaves as it was made (see episodes_csv_pieces).
     csv_rows: dict[str, Spool] = dataclasses.field(default_factory=dict)
+    # Phase -> the seconds of its episodes, sorted: the figures' sample, which cdf.svg draws.
+    phase_samples: dict[str, list[float]] = dataclasses.field(default_factory=dict)
 
 
 # The cycle collector's full passes walk every object held: a batch's pods, events and drafts,
@@ -4813,15 +4840,20 @@ def summarise_batch(
     rows, records, durations = [], [], []
     drafts_taken = 0
     csv_rows: dict[str, Spool] = {}
+    job_bound = lower(job_created_point.earliest, "the Job's creation", REFERENCE_CLOCK)
     for pod, ready, reward in episodes:
         name = pod_name(pod)
         created = parse_time(pod["metadata"]["creationTimestamp"])
-        created_after = max(
-            [
-                lower(job_created_point.earliest, "the Job's creation", REFERENCE_CLOCK),
-                lower(slots.get(name), "an earlier pod's end freeing its slot", REFERENCE_CLOCK),
-            ],
-            key=lambda bound: -math.inf if bound is None or bound.lower is None else bound.lower,
+        slot = slots.get(name)
+        created_after = (
+            job_bound
+            if slot is None
+            else max(
+                [job_bound, lower(slot, "an earlier pod's end freeing its slot", REFERENCE_CLOCK)],
+                key=lambda bound: (
+                    -math.inf if bound is None or bound.lower is None else bound.lower
+                ),
+            )
         )
         inputs = EpisodeInputs(
             scheduled.get(name),
@@ -4898,7 +4930,8 @@ def summarise_batch(
                 "failure": row["failure"],
             }
         )
-    phases = phase_summary(durations)
+    phase_samples: dict[str, list[float]] = {}
+    phases = phase_summary(durations, phase_samples)
     guide = describe([record["guide_pod_to_ready"] for record in records])
     rewards = [r["reward"] for r in rows]
     last_reward = max(reward["at"] for _, _, reward in episodes)
@@ -4935,6 +4968,7 @@ def summarise_batch(
         failed_records,
         drafts_taken=drafts_taken,
         csv_rows=csv_rows,
+        phase_samples=phase_samples,
     )
 
 
@@ -5493,11 +5527,15 @@ def cdf_svg(batches: Sequence[tuple[str, BatchSummary]], title: str) -> str:
     records = [record for _, summary in batches for record in summary.episodes]
     series, lowest = [], 0.0
     for phase in PHASES:
-        values = [
-            record["phases"][phase][0]
-            for record in records
-            if record["phases"].get(phase) is not None
-        ]
+        if all(phase in summary.phase_samples for _, summary in batches):
+            # The summaries' own samples (sorted runs, merged by the sort below).
+            values = [value for _, summary in batches for value in summary.phase_samples[phase]]
+        else:
+            values = [
+                record["phases"][phase][0]
+                for record in records
+                if record["phases"].get(phase) is not None
+            ]
         # Named apart from the guide's pod_to_ready, as the phase table names it.
         name = (SHARP_POD_TO_READY if phase == "pod_to_ready" else phase).replace("_", " ")
         if values:
@@ -8029,8 +8067,8 @@ def pod_json(pod: dict, indented: bool) -> str:
     return "".join(json_pieces(pod, POD_LIST_LEVEL)) if indented else json.dumps(pod)
 
 
-# Encoded items are written this many at a time: 500,000 events, each a piece of its own, took a
-# second more to write.
+# Items of a long list (or object) are written this many at a time: 500,000 events, each a piece
+# of its own, took a second more to write.
 ENCODED_ITEMS_A_PIECE = 1000
 
 
@@ -8045,42 +8083,49 @@ def json_pieces(value: Any, level: int = 0) -> Iterator[str]:
     ):
         # Each text is json_pieces(item, level + 1) (indented) or json.dumps(item), as the list
         # branch below would make it; joined a thousand at a time, not piece by piece.
-        yield "[\n" + pad
-        separator = ",\n" + pad
-        texts = value.texts()
-        first = True
-        while True:
-            some = list(itertools.islice(texts, ENCODED_ITEMS_A_PIECE))
-            if not some:
-                break
-            yield separator.join(some) if first else separator + separator.join(some)
-            first = False
+        yield "[\n"
+        yield from joined_pieces(pad + text for text in value.texts())
         yield "\n" + "  " * level + "]"
         return
     if isinstance(value, EncodedItems):  # a short list: written as the lists below are
         value = [json.loads(text) for text in value.texts()]
-    if isinstance(value, dict) and value:
-        one_line = len(value) >= ONE_LINE_ITEMS_FROM
+    if isinstance(value, dict) and len(value) >= ONE_LINE_ITEMS_FROM:
+        # One line an item (observed.json's 100,000 pods), a thousand lines to a piece.
+        yield "{\n"
+        lines = (f"{pad}{json.dumps(str(key))}: {json.dumps(item)}" for key, item in value.items())
+        yield from joined_pieces(lines)
+        yield "\n" + "  " * level + "}"
+    elif isinstance(value, dict) and value:
         yield "{\n"
         for position, (key, item) in enumerate(value.items()):
             yield (",\n" if position else "") + f"{pad}{json.dumps(str(key))}: "
-            if one_line:
-                yield json.dumps(item)
-            else:
-                yield from json_pieces(item, level + 1)
+            yield from json_pieces(item, level + 1)
         yield "\n" + "  " * level + "}"
+    elif isinstance(value, (list, tuple)) and len(value) >= ONE_LINE_ITEMS_FROM:
+        # One line an item (results.json's rows), a thousand lines to a piece.
+        yield "[\n"
+        yield from joined_pieces(pad + json.dumps(item) for item in value)
+        yield "\n" + "  " * level + "]"
     elif isinstance(value, (list, tuple)) and value:
-        one_line = len(value) >= ONE_LINE_ITEMS_FROM
         yield "[\n"
         for position, item in enumerate(value):
             yield ",\n" + pad if position else pad
-            if one_line:
-                yield json.dumps(item)
-            else:
-                yield from json_pieces(item, level + 1)
+            yield from json_pieces(item, level + 1)
         yield "\n" + "  " * level + "]"
     else:
         yield json.dumps(value)
+
+
+def joined_pieces(lines: Iterable[str]) -> Iterator[str]:
+    """Lines joined by ",\n", ENCODED_ITEMS_A_PIECE to a piece."""
+    lines = iter(lines)
+    first = True
+    while True:
+        some = list(itertools.islice(lines, ENCODED_ITEMS_A_PIECE))
+        if not some:
+            return
+        yield ("" if first else ",\n") + ",\n".join(some)
+        first = False
 
 
 def write_json(path: str, data: Any) -> None:

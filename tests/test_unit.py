@@ -15,6 +15,7 @@ import dataclasses
 import io
 import json
 import os
+import random
 import subprocess
 import sys
 import threading
@@ -2149,6 +2150,27 @@ def test_a_pod_past_the_parallelism_was_created_after_enough_earlier_pods_ended(
     within["c"] = (13.0, 13.02)
     assert demo.slot_freed_after(within, {"b": 13.5, "c": 13.8}, 2) == {}
     assert demo.slot_freed_after(within, ended, 4) == {}
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_slots_that_may_not_have_waited_are_those_where_no_pod_is_found(seed: int) -> None:
+    """slots_freed skips the search for a pod created after `parallelism` others wherever
+    slots_may_have_waited says none can be: never where one is found, at any parallelism."""
+    rng = random.Random(seed)
+    names = [f"p{number}" for number in range(rng.randint(1, 6))]
+    within = {}
+    for name in names:
+        earliest = rng.uniform(0, 5)
+        # Now and then contradictory bounds (clocks apart): the latest before the earliest.
+        within[name] = (earliest, earliest + rng.uniform(-3 if rng.random() < 0.3 else 0, 2))
+    ended = {name: rng.uniform(0, 8) for name in names if rng.random() < 0.9}
+    for parallelism in range(1, len(names) + 2):
+        found = demo.slot_freed_after(within, ended, parallelism)
+        assert not found or demo.slots_may_have_waited(within, parallelism), (parallelism, found)
+    # And a pod created after every pod, itself too, is found where the parallelism equals them all.
+    late = {"a": (10.0, 9.0)}
+    assert demo.slot_freed_after(late, {"a": 8.0}, 1) == {"a": 8.0}
+    assert demo.slots_may_have_waited(late, 1)
 
 
 def test_a_pod_asked_to_be_deleted_bounds_no_later_pods_creation() -> None:
