@@ -4567,13 +4567,21 @@ class EventIndex:
         self.exact = False
 
     def add(self, event: EventRecord) -> None:
-        """One event, told once."""
+        """One event, told once. Each reader is asked only of the events it reads (a reason of
+        its own, a kubelet's): a few of hundreds of thousands are read by each."""
         self.told += 1
-        for pod, moment in scheduled_event_times((event,)).items():
-            self._last(self.scheduled, pod, moment)
-        for pod, moment in pod_creation_events((event,)).items():
-            # The name read from the event's message: the text its pod's other tables key by.
-            self._first(self.creations, self._shared.text(pod), moment)
+        if event.reason == "Scheduled":
+            for pod, moment in scheduled_event_times((event,)).items():
+                self._last(self.scheduled, pod, moment)
+        elif event.reason == "SuccessfulCreate":
+            for pod, moment in pod_creation_events((event,)).items():
+                # The name read from the event's message: the text its pod's other tables key by.
+                self._first(self.creations, self._shared.text(pod), moment)
+        if event.component == "kubelet" or event.reason in KUBELET_CONTAINER_REASONS:
+            self._add_kubelets(event)
+
+    def _add_kubelets(self, event: EventRecord) -> None:
+        """A kubelet's event, or one of a reason its container events have."""
         for pod, reasons in kubelet_container_events((event,)).items():
             known = self.kubelet.get(pod) or {}
             for reason, named in reasons.items():
@@ -4596,6 +4604,8 @@ class EventIndex:
             # The kubelet index's own record of the same Started event, where it is one.
             indexed = (self.kubelet.get(pod) or {}).get("Started")
             self._first(self.started, pod, indexed if indexed == named else named)
+        if event.reason != "Pulled":
+            return
         for pod, state in image_cache_states((event,)).items():
             if state == "present" or pod not in self.cache:
                 self.cache[pod] = state
