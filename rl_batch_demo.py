@@ -1713,11 +1713,6 @@ class EventRecord(NamedTuple):
     host: str | None  # source.host
 
     @property
-    def pod(self) -> str | None:
-        """The name of the pod it is about, if it is about a pod."""
-        return (self.object_name or "") if self.kind == "Pod" else None
-
-    @property
     def text(self) -> str:
         """Its message (or note) as text, "" for none."""
         return str(self.message or "")
@@ -3366,8 +3361,9 @@ def split_observed(observed: dict | None) -> tuple[dict[str, dict], dict[str, fl
 # Each reading on another clock is moved onto the reference clock by `offset`, and widened
 # each side by `slack`, how far that correction may be off.
 def earlier_side(moment: float, offset: float, slack: float) -> float:
-    """moment - offset - slack: the very float when both are 0 (and it is not), as every episode
-    drafted with agreeing clocks has it, so that its points hold their sources' floats, not copies."""
+    """moment - offset - slack, and the very float when both are 0 (a moment of 0 aside, whose
+    sign the sum may change): as every episode drafted with agreeing clocks has them, so that
+    its points hold their sources' floats, not copies."""
     return moment if not offset and not slack and moment else moment - offset - slack
 
 
@@ -4396,7 +4392,7 @@ def slots_freed(
 def slots_may_have_waited(created_within: dict[str, tuple[float, float]], parallelism: int) -> bool:
     """Whether slot_freed_after can find any pod created after `parallelism` others. With no fewer
     slots than pods, only a pod created after every pod, itself too (its own bounds contradicting
-    each other), would be: the latest end of them all before its earliest start."""
+    each other), would be: every pod's latest moment of creation before its earliest one."""
     if parallelism < len(created_within):
         return True
     return bool(created_within) and max(latest for _, latest in created_within.values()) < max(

@@ -175,7 +175,7 @@ def event_pod(event: demo.EventRecord) -> str | None:
     message = event.message or ""
     if event.kind == "Job" and message.startswith("Created pod: "):
         return message[len("Created pod: ") :].strip()
-    return event.pod
+    return event.object_name if event.kind == "Pod" else None
 
 
 @pytest.mark.parametrize("seed", range(25))
@@ -281,7 +281,9 @@ def test_a_later_event_leaves_the_inputs_a_draft_was_made_from_as_they_were() ->
     assert held, "the recorded pod has kubelet events"
     before = copy.deepcopy(held)
     started = next(
-        event for event in batch["events"] if event.reason == "Started" and event.pod == name
+        event
+        for event in batch["events"]
+        if event.reason == "Started" and event.object_name == name
     )
     stem, stamp = (started.name or "").rsplit(".", 1)
     drafts.index.add(started._replace(name=f"{stem}.{int(stamp, 16) - 10**9:x}"))
