@@ -1381,6 +1381,9 @@ def replay_case(count: int, rate: int, root: Path) -> dict:
     end = json.loads((state / "jobs.done").read_text())["at"]
     pods_done = json.loads((state / "pods.done").read_text())
     before_end = [cpu for moment, _, _, cpu in samples if moment <= client["observed_at"]] or [0.0]
+    peak_before_end = max(
+        (peak for moment, _, peak, _ in samples if moment <= client["observed_at"]), default=0
+    )
     submitted = client["submitted_at"]
     figures = {
         "count": count,
@@ -1394,6 +1397,7 @@ def replay_case(count: int, rate: int, root: Path) -> dict:
         "cpu_waiting_ms_per_episode": 1000 * before_end[-1] / count,
         "cpu_after_end_ms_per_episode": 1000 * (own["self_cpu"] - before_end[-1]) / count,
         "peak_rss_mb": own["self_maxrss_kb"] / 1024,
+        "peak_rss_until_end_mb": peak_before_end / 1024,
         "drafts_taken": client.get("episodes_summarised_while_waiting"),
         "files_mb": sum(path.stat().st_size for path in output.iterdir()) / 2**20,
         "pods_json_mb": (output / "pods.json").stat().st_size / 2**20,
@@ -1445,6 +1449,13 @@ def replay_rows(runs: list[dict]) -> list[tuple[str, Any, Any, str, str]]:
             (
                 f"{prefix}: tool CPU after the end, per episode (ms)",
                 run["cpu_after_end_ms_per_episode"],
+                None,
+                "-",
+                "",
+            ),
+            (
+                f"{prefix}: peak RSS of the tool until it saw the end (MB)",
+                run["peak_rss_until_end_mb"],
                 None,
                 "-",
                 "",

@@ -227,7 +227,7 @@ def assert_pulls_one_at_a_time(events: Sequence[dict], nodes: dict[str, str]) ->
         regarding = event.get("involvedObject") or {}
         if event.get("reason") not in ("Pulling", "Pulled") or regarding.get("kind") != "Pod":
             continue
-        at = rl_batch_demo.event_name_time(event)
+        at = rl_batch_demo.event_name_time(rl_batch_demo.event_record(event))
         assert at is not None, event["metadata"]["name"]
         stamps.setdefault((event["reason"], regarding["name"]), at)
         pull = rl_batch_demo.parse_pulled_message(event.get("message", ""))

@@ -221,8 +221,9 @@ def recorder_late(events: list[dict], truth: dict, namespace: str) -> dict[str, 
     import rl_batch_demo
 
     late = {"pod_created": 0, "sandbox_ready": 0}
-    created = rl_batch_demo.pod_creation_events(events)
-    kubelet = rl_batch_demo.kubelet_container_events(events)
+    records = rl_batch_demo.event_records(events)
+    created = rl_batch_demo.pod_creation_events(records)
+    kubelet = rl_batch_demo.kubelet_container_events(records)
     for key, pod_truth in truth["pods"].items():
         name = key.split("/", 1)[1]
         if not key.startswith(namespace + "/"):
@@ -507,7 +508,7 @@ def main() -> int:
     sys.path.insert(0, str(PRODUCT.parent))
     import rl_batch_demo
 
-    named = set(rl_batch_demo.pod_creation_events(events))
+    named = set(rl_batch_demo.pod_creation_events(rl_batch_demo.event_records(events)))
     held = target_lines(cluster_name, rows, errors, named)
     if args.kubelet:
         # On the real node the truth is containerd's, not ours: each point must also stay within

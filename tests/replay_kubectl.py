@@ -398,7 +398,11 @@ def watch(kind: str, args: list[str]) -> int:
     plan = plan_of(created)
     out = sys.stdout
     behind = 0.0
-    for at, line in scheduled_lines(plan, kind, created["namespace"], created["uid"]):
+    lines = scheduled_lines(plan, kind, created["namespace"], created["uid"])
+    upcoming = next(lines, None)
+    while upcoming is not None:
+        at, line = upcoming
+        upcoming = next(lines, None)
         wait = at - time.time()
         if wait > 0:
             out.flush()
@@ -407,9 +411,13 @@ def watch(kind: str, args: list[str]) -> int:
             behind = max(behind, -wait)
         if time.time() > deadline:
             return 0
+        if upcoming is None:
+            # A client that sees the last line stops this watch at once: the note below is
+            # written before its stop is taken, or a quick client would leave the benchmark
+            # without its end. Blocked before the line is written, not after: a write that fills
+            # the pipe's buffer sends it on its own (seen with the Job's last lines due together).
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
         out.write(with_resource_version(line, at, plan) + "\n")
-    # A client that sees the last line stops this watch at once: the note below is written
-    # before its stop is taken, or a quick client would leave the benchmark without its end.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     out.flush()
     # When the last line went out (the Job's Complete, on the Job's watch) and how far this

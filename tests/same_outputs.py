@@ -27,7 +27,6 @@ from pathlib import Path
 from types import ModuleType
 
 SUMMARY_FILES = ("results.json", "episodes.csv", "timeline.svg", "ramp.svg", "cdf.svg")
-EVIDENCE_FILES = ("events.txt", "pods.json", "rewards.jsonl")
 
 
 def load(path: str, name: str) -> ModuleType:
@@ -39,8 +38,9 @@ def load(path: str, name: str) -> ModuleType:
     return module
 
 
-def made_by(version: ModuleType, run: Path, into: Path) -> None:
-    """What `version` makes of the saved run `run`, written into `into`."""
+def made_by(version: ModuleType, run: Path, into: Path) -> list[str]:
+    """What `version` makes of the saved run `run`, written into `into`: the names of the files
+    made (a run of several batches keeps each batch's evidence in the batch's own directory)."""
     into.mkdir(parents=True)
     results = version.recompute(str(run))
     settings = version.Settings.from_saved(json.loads((run / "run.json").read_text()))
@@ -51,13 +51,27 @@ def made_by(version: ModuleType, run: Path, into: Path) -> None:
     with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
         version.print_results(results.figures, False)
     (into / "printed.txt").write_text(printed.getvalue())
-    events = json.loads((run / "events.json").read_text()).get("items") or []
-    version.write_text(str(into / "events.txt"), version.events_table(events) if events else "")
-    pods = json.loads((run / "pods.json").read_text())
-    version.write_json(str(into / "pods.json"), pods)
-    if (run / "rewards.jsonl").exists():  # a rollout's
-        rows = [json.loads(line) for line in (run / "rewards.jsonl").read_text().splitlines()]
-        version.write_text(str(into / "rewards.jsonl"), version.rewards_jsonl(rows))
+    made = [*SUMMARY_FILES, "printed.txt"]
+    for entry in settings.batches or [version.BatchEntry("", True, ".")]:
+        batch, into_batch = run / entry.dir, into / entry.dir
+        into_batch.mkdir(parents=True, exist_ok=True)
+        prefix = "" if entry.dir == "." else f"{entry.dir}/"
+        if (batch / "events.json").exists():
+            events = json.loads((batch / "events.json").read_text()).get("items") or []
+            if hasattr(version, "event_records"):  # a version whose readers of events take records
+                events = version.event_records(events)
+            text = version.events_table(events) if events else ""
+            version.write_text(str(into_batch / "events.txt"), text)
+            made.append(prefix + "events.txt")
+        if (batch / "pods.json").exists():
+            pods = json.loads((batch / "pods.json").read_text())
+            version.write_json(str(into_batch / "pods.json"), pods)
+            made.append(prefix + "pods.json")
+        if (batch / "rewards.jsonl").exists():  # a rollout's
+            rows = [json.loads(line) for line in (batch / "rewards.jsonl").read_text().splitlines()]
+            version.write_text(str(into_batch / "rewards.jsonl"), version.rewards_jsonl(rows))
+            made.append(prefix + "rewards.jsonl")
+    return made
 
 
 def main(argv: list[str]) -> int:
@@ -69,12 +83,11 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="same-outputs-") as scratch:
         for number, run in enumerate(Path(name) for name in argv[2:]):
             made = {}
+            names: list[str] = []
             for label, version in (("old", old), ("new", new)):
                 made[label] = Path(scratch) / str(number) / label
-                made_by(version, run, made[label])
-            for name in (*SUMMARY_FILES, "printed.txt", *EVIDENCE_FILES):
-                if not (made["old"] / name).exists():
-                    continue
+                names = made_by(version, run, made[label])
+            for name in names:
                 texts = {label: (made[label] / name).read_bytes() for label in made}
                 saved = run / name
                 if saved.exists() and name != "printed.txt":

@@ -69,7 +69,7 @@ def test_pods_past_the_recorders_tenth_are_placed_by_the_watch(require_e2e, tmp_
         and e["message"].startswith("(combined from similar events): ")
     ]
     assert len(combined) == 1 and combined[0]["count"] == COUNT - 9, combined
-    named = rl_batch_demo.pod_creation_events(run.events)
+    named = rl_batch_demo.pod_creation_events(rl_batch_demo.event_records(run.events))
     assert len(named) == 9, named
     errors = dict(
         zip((row["pod"] for row in run.rows), point_errors(run, job, run.rows)["pod_created"])

@@ -236,8 +236,9 @@ def recorder_lags(
     names it within milliseconds; an emulator on a loaded machine can be slower, and the
     point is then off by that much more than its stated precision. `node_clocks`: how far each
     node's clock runs ahead (node_clock_offset), taken off the names its kubelet wrote."""
-    created = rl_batch_demo.pod_creation_events(run.events)
-    kubelet = rl_batch_demo.kubelet_container_events(run.events)
+    records = rl_batch_demo.event_records(run.events)
+    created = rl_batch_demo.pod_creation_events(records)
+    kubelet = rl_batch_demo.kubelet_container_events(records)
     lags = {}
     for name in run.pods:
         truth = run.pod_truth(name)
@@ -487,7 +488,7 @@ def test_twelve_episodes_hold_every_point_within_its_precision_from_the_sharpest
     assert_points_match_truth(run, "rollout", job, run.rows)
     assert_phases_match_truth(run, job, run.rows)
     lags = recorder_lags(run)
-    named_creations = rl_batch_demo.pod_creation_events(run.events)
+    named_creations = rl_batch_demo.pod_creation_events(rl_batch_demo.event_records(run.events))
     assert len(named_creations) == 9, "the recorder names the first nine pods' creation alone"
     report_lines = []
     for point, errors in point_errors(run, job, run.rows).items():
@@ -689,7 +690,9 @@ def test_warning_summary_counts_a_provoked_failed_create(cluster, tmp_path):
     assert failed_create["count"] >= 1
     expected = {"FailedCreate": {"count": failed_create["count"], "objects": ["Job/rollout"]}}
     assert results["warnings"] == expected
-    saved = rl_batch_demo.warning_summary(load(output / "events.json")["items"])
+    saved = rl_batch_demo.warning_summary(
+        rl_batch_demo.event_records(load(output / "events.json")["items"])
+    )
     assert saved == expected
     assert results["episodes"] == 2
 

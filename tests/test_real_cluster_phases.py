@@ -110,7 +110,9 @@ def test_twelve_episodes_hold_their_points_against_the_node_agents_record(real_c
                 row[f"{name}_source"],
             )
 
-    named_creations = rl_batch_demo.pod_creation_events(load(output / "events.json")["items"])
+    named_creations = rl_batch_demo.pod_creation_events(
+        rl_batch_demo.event_records(load(output / "events.json")["items"])
+    )
     for row in rows:
         pod, ran = row["pod"], truth[row["pod"]]
         created, scheduled = point(row, "pod_created"), point(row, "scheduled")

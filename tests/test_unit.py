@@ -15,6 +15,7 @@ import dataclasses
 import io
 import json
 import os
+import random
 import subprocess
 import sys
 import threading
@@ -955,7 +956,7 @@ def synthetic_batch() -> tuple[dict, list[dict], dict[str, str], list[dict]]:
         event("BackOff", "Pod", POD_B, event_type="Warning", count=1),
         event("FailedScheduling", "Pod", POD_B, event_type="Warning", count=1),
     ]
-    return job, pods, logs, events
+    return job, pods, logs, demo.event_records(events)
 
 
 ROW_FIELDS = [
@@ -1746,7 +1747,7 @@ def test_a_failed_batch_says_which_evidence_exists() -> None:
         "no pod is left to have a log (the Job controller deletes a Job's pods when it ends it for its deadline)"
     )
     pods = [{"metadata": {"name": "a"}}, {"metadata": {"name": "b"}}]
-    assert demo.saved_evidence(None, pods, {"a": "{}\n", "b": ""}, [{}]) == (
+    assert demo.saved_evidence(None, pods, {"a": "{}\n", "b": ""}, demo.event_records([{}])) == (
         "saved: job.json (unreadable), pods.json (2 pods), events.txt (1 event), 1 of 2 pod logs with content"
     )
 
@@ -1789,15 +1790,17 @@ def named_event(
 
 
 def test_event_name_time_reads_the_recorders_nanoseconds() -> None:
-    event = named_event("Started", POD_A, T0 + 2.123456789)
+    event = demo.event_record(named_event("Started", POD_A, T0 + 2.123456789))
     assert demo.event_name_time(event) == pytest.approx(T0 + 2.123456789, abs=1e-6)
+
+    def named(metadata: dict) -> demo.EventRecord:
+        return demo.event_record({"metadata": metadata})
+
     # A name the recorder did not make (kubectl-created, or a short hex word) says nothing.
-    assert demo.event_name_time({"metadata": {"name": "rollout-4kq2m.Started"}}) is None
-    assert demo.event_name_time({"metadata": {"name": "rollout.beef"}}) is None
-    assert (
-        demo.event_name_time({"metadata": {"name": "rollout.deadbeef1"}}) is None
-    )  # 1970: not a time
-    assert demo.event_name_time({"metadata": {}}) is None
+    assert demo.event_name_time(named({"name": "rollout-4kq2m.Started"})) is None
+    assert demo.event_name_time(named({"name": "rollout.beef"})) is None
+    assert demo.event_name_time(named({"name": "rollout.deadbeef1"})) is None  # 1970: not a time
+    assert demo.event_name_time(named({})) is None
 
 
 def test_kubelet_events_and_pod_creations_per_pod() -> None:
@@ -1820,6 +1823,7 @@ def test_kubelet_events_and_pod_creations_per_pod() -> None:
             message=f"Created pod: {POD_B}",
         ),
     ]
+    events = demo.event_records(events)
     kubelet = demo.kubelet_container_events(events)
     assert {reason: round(at - T0, 3) for reason, (at, _) in kubelet[POD_A].items()} == {
         "Pulled": 2.1,
@@ -1833,20 +1837,21 @@ def test_kubelet_events_and_pod_creations_per_pod() -> None:
 
 
 def test_the_watch_records_when_each_transition_first_arrived() -> None:
-    seen: dict[str, Any] = {}
     pending = make_pod(POD_A, exit_code=None, sandbox_ready=None)
     pending["status"]["containerStatuses"][0]["state"] = {
         "waiting": {"reason": "ContainerCreating"}
     }
     del pending["spec"]["nodeName"]
-    demo.record_pod_observation(seen, pending, 100.0)
+    seen = demo.pod_observation(None, pending, 100.0)
     assert seen == {"seen": {"added": 100.0}}
+    first = seen
     pending["spec"]["nodeName"] = "node-1"
-    demo.record_pod_observation(seen, pending, 100.5)
+    seen = demo.pod_observation(seen, pending, 100.5)
     running = make_pod(POD_A, exit_code=None, sandbox_ready=stamp(2))
-    demo.record_pod_observation(seen, running, 102.0)  # sandbox and running in one update
-    demo.record_pod_observation(seen, make_pod(POD_A), 109.0)
-    demo.record_pod_observation(seen, make_pod(POD_A), 110.0)  # seen again: the first arrival stays
+    seen = demo.pod_observation(seen, running, 102.0)  # sandbox and running in one update
+    seen = demo.pod_observation(seen, make_pod(POD_A), 109.0)
+    final = seen
+    seen = demo.pod_observation(seen, make_pod(POD_A), 110.0)  # seen again: the first arrival stays
     assert seen == {
         "seen": {
             "added": 100.0,
@@ -1857,6 +1862,8 @@ def test_the_watch_records_when_each_transition_first_arrived() -> None:
         },
         "sandbox_ready": stamp(2),
     }
+    # A record once made is never changed: a sight that adds nothing gives the very same one.
+    assert seen is final and first == {"seen": {"added": 100.0}}
     job_seen: dict[str, float] = {}
     demo.record_job_observation(job_seen, make_job(end_at=stamp(11), criteria_at=stamp(11)), 111.5)
     assert job_seen == {"added": 111.5, "SuccessCriteriaMet": 111.5, "Complete": 111.5}
@@ -1907,7 +1914,7 @@ def sharp_batch() -> tuple[dict, list[dict], dict[str, str], list[dict], dict]:
         },
         "job": {"submitted": T0 - 0.05, "create_returned": T0 + 0.02, "added": T0 + 0.9},
     }
-    return job, [pod], logs, events, observed
+    return job, [pod], logs, demo.event_records(events), observed
 
 
 def test_every_point_from_its_sharpest_source() -> None:
@@ -2029,10 +2036,10 @@ def test_a_node_clock_behind_the_control_plane_is_said_loudly() -> None:
     job, pods, logs, events, observed = sharp_batch()
     # The node's clock runs 1.2 s behind: its kubelet names its first container event
     # before the scheduler bound the pod, by the control plane's clock.
-    for event in events:
-        if (event.get("source") or {}).get("component") == "kubelet":
+    for position, event in enumerate(events):
+        if event.component == "kubelet":
             at = demo.event_name_time(event) - 1.2
-            event["metadata"]["name"] = f"{POD_A}.{int(round(at * 1e9)):x}"
+            events[position] = event._replace(name=f"{POD_A}.{int(round(at * 1e9)):x}")
     summary = demo.summarise_batch(job, pods, logs, events, 1, observed=observed)
     node = summary.figures["clocks"]["nodes"]["node-1"]
     # Pulled - the binding's earliest: its PodScheduled second (later than 0.5 s before the eventTime).
@@ -2073,6 +2080,7 @@ def test_a_node_clock_behind_by_less_than_the_sandbox_is_pinned_by_the_pods_star
         ),
         named_event("Pulled", POD_A, T0 + 5.51 - 1.5, stored=T0 + 5.6),
     ]
+    events = demo.event_records(events)
     clocks = demo.clock_offsets(make_job(), [pod], events, {}, {})
     node = clocks["nodes"]["node-1"]
     assert node["at_most_seconds"] == pytest.approx(
@@ -2119,6 +2127,7 @@ def test_a_scheduler_naming_its_event_late_leaves_an_agreeing_node_clock_alone()
         ),
         named_event("Pulled", POD_A, T0 + 2.05, stored=T0 + 2.1),
     ]
+    events = demo.event_records(events)
     clocks = demo.clock_offsets(make_job(), [pod], events, {}, {})
     node = clocks["nodes"]["node-1"]
     assert node["at_least_seconds"] <= 0 <= node["at_most_seconds"], node
@@ -2141,6 +2150,27 @@ def test_a_pod_past_the_parallelism_was_created_after_enough_earlier_pods_ended(
     within["c"] = (13.0, 13.02)
     assert demo.slot_freed_after(within, {"b": 13.5, "c": 13.8}, 2) == {}
     assert demo.slot_freed_after(within, ended, 4) == {}
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_slots_that_may_not_have_waited_are_those_where_no_pod_is_found(seed: int) -> None:
+    """slots_freed skips the search for a pod created after `parallelism` others wherever
+    slots_may_have_waited says none can be: never where one is found, at any parallelism."""
+    rng = random.Random(seed)
+    names = [f"p{number}" for number in range(rng.randint(1, 6))]
+    within = {}
+    for name in names:
+        earliest = rng.uniform(0, 5)
+        # Now and then contradictory bounds (clocks apart): the latest before the earliest.
+        within[name] = (earliest, earliest + rng.uniform(-3 if rng.random() < 0.3 else 0, 2))
+    ended = {name: rng.uniform(0, 8) for name in names if rng.random() < 0.9}
+    for parallelism in range(1, len(names) + 2):
+        found = demo.slot_freed_after(within, ended, parallelism)
+        assert not found or demo.slots_may_have_waited(within, parallelism), (parallelism, found)
+    # And a pod created after every pod, itself too, is found where the parallelism equals them all.
+    late = {"a": (10.0, 9.0)}
+    assert demo.slot_freed_after(late, {"a": 8.0}, 1) == {"a": 8.0}
+    assert demo.slots_may_have_waited(late, 1)
 
 
 def test_a_pod_asked_to_be_deleted_bounds_no_later_pods_creation() -> None:
@@ -2205,7 +2235,7 @@ def test_a_batch_that_mixes_runtime_classes_shows_each_runtimes_phases() -> None
     job, pods, logs, events = synthetic_batch()
     for pod, runtime in zip(pods, ("cube", "cube", "runc")):
         pod["spec"]["runtimeClassName"] = runtime
-    events = [e for e in events if e.get("reason") != "Pulled"]  # one image path: unknown for all
+    events = [e for e in events if e.reason != "Pulled"]  # one image path: unknown for all
     summary = demo.summarise_batch(job, pods, logs, events, 3)
     by_path = summary.figures["phases_by_start_path"]
     # Named by what differs: the runtime class alone.

@@ -31,7 +31,7 @@ def recorded_batch() -> dict[str, Any]:
     return {
         "job": json.loads((RECORDED / "job.json").read_text()),
         "pods": pods,
-        "events": json.loads((RECORDED / "events.json").read_text())["items"],
+        "events": demo.event_records(json.loads((RECORDED / "events.json").read_text())["items"]),
         "logs": {
             demo.pod_name(pod): (RECORDED / f"{demo.pod_name(pod)}.log").read_text() for pod in pods
         },
@@ -103,7 +103,7 @@ def test_drafts_made_from_the_final_evidence_are_taken_except_where_the_final_cl
     batch = recorded_batch()
     drafts = demo.EpisodeDrafts(builtin=True)
     for event in batch["events"]:
-        drafts.note_event("ADDED", event)
+        drafts.index.add(event)
     for pod in batch["pods"]:
         name = demo.pod_name(pod)
         drafts.draft(
@@ -115,6 +115,11 @@ def test_drafts_made_from_the_final_evidence_are_taken_except_where_the_final_cl
         )
     summary = summary_of(batch, drafts)
     assert saved_form(summary) == saved_form(summary_of(batch))
+    assert demo.episodes_csv([("b", summary)]) == demo.episodes_csv([("b", summary_of(batch))])
+    # Their rows of episodes.csv are taken as made where nothing they were made from changed.
+    names = {demo.pod_name(pod) for pod in batch["pods"]}
+    whole = names - on_node(batch, CORRECTED_NODE) - slotted_pods(batch)
+    assert whole and set(summary.csv_rows) == whole
     # Each episode on a node whose clock agrees is taken from its draft (those created into a freed
     # slot with their creation made again); the corrected node's are made again whole.
     assert summary.drafts_taken == len(batch["pods"]) - len(on_node(batch, CORRECTED_NODE))
@@ -165,13 +170,12 @@ def partial_observation(observed: dict | None, rng: random.Random) -> dict | Non
     return partial
 
 
-def event_pod(event: dict) -> str | None:
+def event_pod(event: demo.EventRecord) -> str | None:
     """The pod an event speaks of: its object, or the pod a Job's SuccessfulCreate names."""
-    regarding = demo.event_object(event)
-    message = event.get("message") or ""
-    if regarding.get("kind") == "Job" and message.startswith("Created pod: "):
+    message = event.message or ""
+    if event.kind == "Job" and message.startswith("Created pod: "):
         return message[len("Created pod: ") :].strip()
-    return regarding.get("name") if regarding.get("kind") == "Pod" else None
+    return event.object_name if event.kind == "Pod" else None
 
 
 @pytest.mark.parametrize("seed", range(25))
@@ -190,7 +194,7 @@ def test_drafts_in_any_order_of_pod_endings_give_exactly_the_batch_summary(seed:
     def deliver(wanted: Any) -> None:
         for event in [event for event in pending if wanted(event)]:
             pending.remove(event)
-            drafts.note_event(rng.choice(["ADDED", "MODIFIED"]), event)
+            drafts.index.add(event)
 
     for pod in pods:
         name = demo.pod_name(pod)
@@ -218,8 +222,12 @@ def test_drafts_in_any_order_of_pod_endings_give_exactly_the_batch_summary(seed:
                 batch["observed"]["pods"].get(name),
             )
     summary = summary_of(batch, drafts)
-    assert saved_form(summary) == saved_form(summary_of(batch))
+    whole = summary_of(batch)
+    assert saved_form(summary) == saved_form(whole)
     assert summary.drafts_taken > 0  # else only the path without drafts was compared
+    # episodes.csv too, its rows of drafts taken whole as the drafts made them.
+    assert not whole.csv_rows
+    assert demo.episodes_csv([("rollout", summary)]) == demo.episodes_csv([("rollout", whole)])
 
 
 def test_a_draft_of_an_episode_that_fails_verification_leaves_the_failure_to_the_final_pass() -> (
@@ -261,7 +269,7 @@ def test_a_later_event_leaves_the_inputs_a_draft_was_made_from_as_they_were() ->
     name = demo.pod_name(pod)
     drafts = demo.EpisodeDrafts(builtin=True)
     for event in batch["events"]:
-        drafts.note_event("ADDED", event)
+        drafts.index.add(event)
     drafts.draft(
         pod,
         batch["logs"][name],
@@ -275,14 +283,61 @@ def test_a_later_event_leaves_the_inputs_a_draft_was_made_from_as_they_were() ->
     started = next(
         event
         for event in batch["events"]
-        if event["reason"] == "Started" and demo.event_object(event).get("name") == name
+        if event.reason == "Started" and event.object_name == name
     )
-    stem, stamp = started["metadata"]["name"].rsplit(".", 1)
-    earlier = copy.deepcopy(started)
-    earlier["metadata"]["name"] = f"{stem}.{int(stamp, 16) - 10**9:x}"
-    drafts.note_event("ADDED", earlier)
-    assert drafts.kubelet[name]["Started"][0] < before["Started"][0]
+    stem, stamp = (started.name or "").rsplit(".", 1)
+    drafts.index.add(started._replace(name=f"{stem}.{int(stamp, 16) - 10**9:x}"))
+    assert drafts.index.kubelet[name]["Started"][0] < before["Started"][0]
     assert drafts.drafts[name].inputs.kubelet == before and held == before
+
+
+def test_the_pods_next_version_that_only_the_job_controller_changed_keeps_its_draft() -> None:
+    """An ended pod changes once more when the Job controller counts it (its tracking finalizer
+    removed): the draft made from the version before is kept for it, holding the new version;
+    any other change drafts the episode anew."""
+    batch = recorded_batch()
+    final = batch["pods"][0]
+    name = demo.pod_name(final)
+    before = copy.deepcopy(final)
+    before["metadata"]["resourceVersion"] = "1"
+    before["metadata"]["finalizers"] = [demo.JOB_TRACKING_FINALIZER]
+    drafts = demo.EpisodeDrafts(builtin=True)
+    seen = batch["observed"]["pods"][name]
+    drafts.draft(before, batch["logs"][name], batch["job"], batch["observed"]["job"], seen)
+    first = drafts.drafts[name]
+    drafts.draft(final, batch["logs"][name], batch["job"], batch["observed"]["job"], seen)
+    kept = drafts.drafts[name]
+    assert kept.pod is final and kept.points is first.points and kept.row is first.row
+    anew = demo.EpisodeDrafts(builtin=True)
+    anew.draft(final, batch["logs"][name], batch["job"], batch["observed"]["job"], seen)
+    made = anew.drafts[name]  # what drafting the final version would have made
+    assert kept._replace(csv=None) == made._replace(csv=None)
+    assert kept.csv is not None and made.csv is not None
+    assert kept.csv.get(name) == made.csv.get(name)
+    moved = copy.deepcopy(final)
+    moved["status"]["startTime"] = "2000-01-01T00:00:00Z"
+    drafts.draft(moved, batch["logs"][name], batch["job"], batch["observed"]["job"], seen)
+    assert drafts.drafts[name].pod is moved and drafts.drafts[name].points is not first.points
+
+
+def test_a_later_sight_of_the_pod_leaves_the_observation_a_draft_was_made_from_as_it_was() -> None:
+    """A draft holds the watch's record of its pod as it was when the draft was made, not a copy
+    of it: a later sight that adds to what was seen makes a new record instead of changing it."""
+    batch = recorded_batch()
+    pod = batch["pods"][0]
+    name = demo.pod_name(pod)
+    seen = demo.pod_observation(None, pod, 100.0)
+    drafts = demo.EpisodeDrafts(builtin=True)
+    drafts.draft(pod, batch["logs"][name], batch["job"], batch["observed"]["job"], seen)
+    before = copy.deepcopy(seen)
+    assert demo.pod_observation(seen, pod, 101.0) is seen  # nothing new: the same record
+    sandbox = copy.deepcopy(pod)
+    sandbox["status"]["conditions"] = [
+        {"type": "PodReadyToStartContainers", "status": "True", "lastTransitionTime": "X"}
+    ]
+    later = demo.pod_observation(seen, sandbox, 102.0)
+    assert later is not seen and later["sandbox_ready"] == "X"
+    assert drafts.drafts[name].inputs.observed is seen and seen == before
 
 
 def test_episodes_csv_and_events_txt_written_in_pieces_are_the_same_text(
@@ -298,3 +353,156 @@ def test_episodes_csv_and_events_txt_written_in_pieces_are_the_same_text(
     lines = list(demo.events_table_lines(batch["events"]))
     assert "".join(lines) == demo.events_table(batch["events"])
     assert len(lines) == 1 + len(batch["events"]) and all(line.endswith("\n") for line in lines)
+
+
+def test_drafted_points_hold_their_sources_floats_and_share_their_precisions() -> None:
+    """Drafted with agreeing clocks, a point read from one source is that source's very float (no
+    copy made by moving it by 0), and episodes stating the same precision share one float."""
+    batch = recorded_batch()
+    drafts = demo.EpisodeDrafts(builtin=True)
+    for pod in batch["pods"][:2]:
+        name = demo.pod_name(pod)
+        drafts.draft(
+            pod,
+            batch["logs"][name],
+            batch["job"],
+            batch["observed"]["job"],
+            batch["observed"]["pods"].get(name),
+        )
+    first, second = (drafts.drafts[demo.pod_name(pod)] for pod in batch["pods"][:2])
+    for draft in (first, second):
+        assert draft.points["ready"].at is draft.ready["at"]
+        assert draft.points["reward"].at is draft.reward["at"]
+    assert first.points["ready"].precision is second.points["ready"].precision
+    assert first.phases["episode_work"][1] is second.phases["episode_work"][1]
+
+
+# --------------------------------------------------------------------------
+# The index of the events kept as the watch delivers them, and taken by the summary when exact.
+
+
+def index_of(events: list[demo.EventRecord]) -> demo.EventIndex:
+    index = demo.EventIndex()
+    for event in events:
+        index.add(event)
+    return index
+
+
+def what_a_list_makes(events: list[demo.EventRecord]) -> dict[str, Any]:
+    """What the summary makes of the events read from a list, in the order given."""
+    nodes, started = demo.kubelet_event_clocks(events)
+    return {
+        "scheduled": demo.scheduled_event_times(events),
+        "creations": demo.pod_creation_events(events),
+        "kubelet": demo.kubelet_container_events(events),
+        "started": started,
+        "cache": demo.image_cache_states(events),
+        "pulls": demo.image_pulls(events),
+        "nodes": {node: vars(bounds) for node, bounds in nodes.items()},
+    }
+
+
+def what_an_index_holds(index: demo.EventIndex) -> dict[str, Any]:
+    return {
+        "scheduled": index.scheduled,
+        "creations": index.creations,
+        "kubelet": index.kubelet,
+        "started": index.started,
+        "cache": index.cache,
+        "pulls": index.pulls,
+        "nodes": {node: vars(bounds) for node, bounds in index.nodes.items()},
+    }
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_an_exact_index_told_the_events_in_any_order_is_what_their_list_makes(seed: int) -> None:
+    events = recorded_batch()["events"]
+    shuffled = list(events)
+    random.Random(seed).shuffle(shuffled)
+    index = index_of(shuffled)
+    assert index.exact and index.told == len(events)
+    assert what_an_index_holds(index) == what_a_list_makes(sorted(events, key=lambda e: e.name))
+
+
+def test_an_index_whose_order_decided_something_is_not_exact() -> None:
+    events = recorded_batch()["events"]
+    scheduled = next(e for e in events if e.reason == "Scheduled")
+    later = scheduled._replace(
+        name=f"{scheduled.name}x", event_time="2026-12-31T00:00:00.000000Z"
+    )  # a second Scheduled event for the pod: the last in a list's order would count
+    assert not index_of([*events, later]).exact
+    started = next(e for e in events if e.reason == "Started")
+    tie = started._replace(host="another-node")  # the same moment, another node
+    assert not index_of([*events, tie]).exact
+    assert index_of([*events, started]).exact  # the same event again decides nothing
+
+
+def test_the_event_store_keeps_its_index_exact_only_while_each_event_is_held_as_told() -> None:
+    whole = json.loads((RECORDED / "events.json").read_text())["items"]
+    store = demo.EventStore()
+    for event in whole:
+        store.apply("ADDED", copy.deepcopy(event))
+    for event in whole:  # a watch's restart lists every event again
+        store.apply("ADDED", copy.deepcopy(event))
+    assert store.index.exact and store.index.told == len(store) == len(whole)
+    assert what_an_index_holds(store.index) == what_a_list_makes(store.events())
+    changed = dict(copy.deepcopy(whole[0]), count=7)
+    store.apply("MODIFIED", changed)
+    assert not store.index.exact
+    gone = demo.EventStore()
+    for event in whole:
+        gone.apply("ADDED", copy.deepcopy(event))
+    gone.apply("DELETED", whole[0])
+    assert not gone.index.exact
+
+
+def test_the_summary_takes_an_exact_index_for_what_it_would_read_from_every_event() -> None:
+    batch = recorded_batch()
+    index = index_of(batch["events"])
+
+    def refusing(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("read every event again")
+
+    with unittest.mock.patch.multiple(
+        demo,
+        kubelet_container_events=refusing,
+        kubelet_event_clocks=refusing,
+        pod_creation_events=refusing,
+    ):
+        taken = demo.summarise_batch(
+            batch["job"],
+            batch["pods"],
+            batch["logs"],
+            batch["events"],
+            len(batch["pods"]),
+            True,
+            batch["observed_at"],
+            batch["observed"],
+            index=index,
+        )
+    assert saved_form(taken) == saved_form(summary_of(batch))
+    # An index of other events (another batch's too) is not taken.
+    assert saved_form(
+        demo.summarise_batch(
+            batch["job"],
+            batch["pods"],
+            batch["logs"],
+            batch["events"][1:],
+            len(batch["pods"]),
+            True,
+            batch["observed_at"],
+            batch["observed"],
+            index=index,
+        )
+    ) == saved_form(
+        demo.summarise_batch(
+            batch["job"],
+            batch["pods"],
+            batch["logs"],
+            batch["events"][1:],
+            len(batch["pods"]),
+            True,
+            batch["observed_at"],
+            batch["observed"],
+        )
+    )

@@ -1,6 +1,6 @@
 """Unit tests of what the tool keeps from its watches so that little is read after a
 Job's end: when the pod watch's view is final (a list would show the same pods), the
-namespace's events as a reducer of watch changes (compact in memory, whole on disk),
+namespace's events as a reducer of watch changes (records in memory, whole on disk),
 the count of events a list of one reports, and the follower settling after the end
 fed queue items by hand. No thread, no kubectl, no API."""
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import errno
+import gc
 import json
 import os
 import random
@@ -131,7 +132,7 @@ def test_the_event_store_keeps_each_events_newest_version_in_list_order() -> Non
     assert len(store) == 2
     assert [json.loads(text)["metadata"]["name"] for text in store.whole()] == ["p-1.bb", "p-2.aa"]
     assert json.loads(list(store.whole(["p-2.aa"]))[0]) == event("p-2.aa", count=3, rv="12")
-    assert [e["count"] for e in store.events()] == [1, 3]
+    assert [e.count for e in store.events()] == [1, 3]
 
 
 def test_a_deleted_event_is_forgotten_and_a_nameless_one_ignored() -> None:
@@ -140,11 +141,11 @@ def test_a_deleted_event_is_forgotten_and_a_nameless_one_ignored() -> None:
     store.apply("ADDED", event("p-2.bb"))
     store.apply("DELETED", event("p-1.aa"))
     store.apply("ADDED", {"kind": "Event", "metadata": {}})
-    assert [e["metadata"]["name"] for e in store.events()] == ["p-2.bb"]
+    assert [e.name for e in store.events()] == ["p-2.bb"]
     assert len(list(store.whole())) == 1
 
 
-def test_a_compact_event_reads_as_the_whole_one() -> None:
+def test_an_event_record_keeps_what_its_readers_read_and_nothing_else() -> None:
     whole = [
         event("p-1.18ed0000000000aa", "Scheduled", eventTime="2026-01-01T00:00:01.250000Z"),
         event(
@@ -162,36 +163,41 @@ def test_a_compact_event_reads_as_the_whole_one() -> None:
             source={"component": "job-controller"},
         ),
     ]
-    compact = [demo.compact_event(copy.deepcopy(e)) for e in whole]
-    assert (
-        "managedFields" not in compact[0]["metadata"]
-        and "apiVersion" not in compact[0]["involvedObject"]
+    records = demo.event_records(whole)
+    assert records[3] == demo.EventRecord(
+        "p-1.18ed0000000000dd",
+        "2026-01-01T00:00:01Z",
+        "Pod",
+        "p-1",
+        "pod-uid",
+        "spec.containers{episode}",
+        "BackOff",
+        "Warning",
+        "BackOff it",
+        None,
+        "2026-01-01T00:00:01Z",
+        4,
+        "node-1",
+        "kubelet",
+        "node-1",
     )
-    other_container = event(
-        "p-1.18ed0000000000ff",
-        "Started",
-        involvedObject={"kind": "Pod", "name": "p-1", "fieldPath": "spec.initContainers{setup}"},
-    )
-    whole.append(other_container)
-    compact.append(demo.compact_event(other_container))
-    for read in (
-        demo.scheduled_event_times,
-        demo.image_cache_states,
-        demo.warning_summary,
-        demo.pod_warnings,
-        demo.kubelet_container_events,
-        demo.pod_creation_events,
-        demo.events_table,
-    ):
-        assert read(compact) == read(whole), read.__name__
+    # What no reader reads (the event's own uid, its revision, managedFields) is not held.
+    stripped = copy.deepcopy(whole)
+    for each in stripped:
+        for key in ("uid", "resourceVersion", "managedFields", "namespace"):
+            each["metadata"].pop(key, None)
+        each["involvedObject"].pop("apiVersion", None)
+    assert demo.event_records(stripped) == records
+    assert demo.scheduled_event_times(records) == {
+        "p-1": demo.parse_time("2026-01-01T00:00:01.25Z")
+    }
+    assert demo.pod_creation_events(records) == {"p-1": 0x18ED0000000000EE / 1e9}
+    assert demo.warning_summary(records) == {"BackOff": {"count": 4, "objects": ["Pod/p-1"]}}
     owner = {"metadata": {"name": "rollout", "uid": "job-uid"}}
-    kept = demo.batch_events(compact, owner, [], first=True)
-    assert kept == [compact[4]] and kept == [
-        demo.compact_event(e) for e in demo.batch_events(whole, owner, [], True)
-    ]
+    assert demo.batch_events(records, owner, [], first=False) == [records[4]]
 
 
-def test_an_events_k8s_io_event_keeps_regarding_and_note() -> None:
+def test_an_events_k8s_io_event_reads_as_its_core_v1_twin() -> None:
     whole = {
         "metadata": {"name": "p-1.aa", "creationTimestamp": "2026-01-01T00:00:01Z"},
         "regarding": {"kind": "Pod", "name": "p-1"},
@@ -199,10 +205,16 @@ def test_an_events_k8s_io_event_keeps_regarding_and_note() -> None:
         "note": "it broke",
         "type": "Warning",
     }
-    compact = demo.compact_event(whole)
-    assert (
-        demo.pod_warnings([compact]) == demo.pod_warnings([whole]) == {"p-1": ["Failed: it broke"]}
-    )
+    twin = {
+        "metadata": whole["metadata"],
+        "involvedObject": {"kind": "Pod", "name": "p-1"},
+        "reason": "Failed",
+        "message": "it broke",
+        "type": "Warning",
+    }
+    record = demo.event_record(whole)
+    assert record == demo.event_record(twin)
+    assert demo.pod_warnings([record]) == {"p-1": ["Failed: it broke"]}
 
 
 def test_shared_strings_keep_values_equal_and_share_repeats() -> None:
@@ -445,6 +457,25 @@ def test_the_state_reports_each_ended_container_and_the_jobs_end_once() -> None:
     assert len(state.events) == 1
 
 
+def test_a_pods_name_is_one_object_in_its_versions_its_events_and_every_table_of_it() -> None:
+    """The follower's one table of shared texts: each decoded version and event brings its own
+    copy of the pod's name, and every table keyed by the pod keeps the one object."""
+    drafts = demo.EpisodeDrafts(builtin=True)
+    state = demo.BatchState(shared=drafts.shared)
+
+    def decoded(value: dict) -> dict:  # as a watch delivers it: every text its own object
+        return json.loads(json.dumps(value))
+
+    running = state.apply("pods", "ADDED", decoded(pod("a-1", "Running")), 100.0)
+    state.apply("events", "ADDED", decoded(event("a-1.18ed0000000000aa")), 100.5)
+    state.apply("pods", "MODIFIED", decoded(pod("a-1")), 101.0)  # ended and counted: final
+    [record] = state.events.records.values()
+    assert running.pod is not None
+    [key] = state.pods
+    assert key is running.pod is next(iter(state.observed)) is record.object_name
+    assert state.pods[key]["metadata"]["name"] is key
+
+
 def test_the_state_keeps_a_deleted_pod_as_last_seen_and_then_is_never_final() -> None:
     state = demo.BatchState()
     state.apply("pods", "ADDED", pod("a"), 100.0)
@@ -597,3 +628,68 @@ def test_the_state_knows_its_pods_final_as_pods_final_reads_them_all(seed: int) 
     state.apply("job", "MODIFIED", job(len(state.pods)), 51.0)
     assert state.pods_are_final() == (not state.deleted)
     assert demo.pods_final(state.job, state.pods.values())
+
+
+@pytest.mark.parametrize("count", [0, 1, 2, 3, 4, 6, 7, 99, 100, 101, 301])
+@pytest.mark.parametrize("indented", [False, True])
+def test_encoded_items_joined_a_few_at_a_time_are_the_lists_text(
+    count: int, indented: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(demo, "ENCODED_ITEMS_A_PIECE", 3)  # every edge of a piece, many times
+    items = [{"n": number, "s": ["a", number]} for number in range(count)]
+
+    def text(item: dict) -> str:
+        return "".join(demo.json_pieces(item, 2)) if indented else json.dumps(item)
+
+    encoded = demo.EncodedItems(lambda: (text(item) for item in items), count, indented)
+    expected = (
+        "".join(demo.json_pieces({"items": items}))
+        if indented or count >= demo.ONE_LINE_ITEMS_FROM or not count
+        else json.dumps({"items": items}, indent=2)
+    )
+    if indented and count:  # a short list of pods is indented as a long list of them would be
+        expected = '{\n  "items": [\n    ' + ",\n    ".join(map(text, items)) + "\n  ]\n}"
+    assert "".join(demo.json_pieces({"items": encoded})) == expected
+
+
+# --------------------------------------------------------------------------
+# What a followed batch holds, out of the cycle collector's sight until the batch is done.
+
+
+def a_follower() -> demo.BatchFollower:
+    return demo.BatchFollower(
+        demo.Kubectl("kubectl-never-run"),
+        NAMESPACE,
+        "rollout",
+        1,
+        demo.Progress(quiet=True),
+        pool=None,  # type: ignore[arg-type]
+    )
+
+
+def test_what_a_followed_batch_holds_is_spared_the_cycle_collector_until_the_batch_is_done() -> (
+    None
+):
+    assert gc.get_freeze_count() == 0
+    with demo.held_objects_spared():
+        follower = a_follower()
+        held = [{"pod": number} for number in range(100)]
+        follower.spare_held()
+        assert gc.get_freeze_count() > 0  # held, and whatever else lives now
+        follower.spare_held()  # again at once: not before SPARE_HELD_SECONDS
+    assert gc.get_freeze_count() == 0 and held
+
+
+def test_a_process_that_froze_objects_of_its_own_keeps_them_frozen_and_its_follower_freezes_none() -> (
+    None
+):
+    gc.freeze()  # a Python caller's own, before it forks
+    try:
+        frozen = gc.get_freeze_count()
+        with demo.held_objects_spared():
+            follower = a_follower()
+            follower.spare_held()
+            assert gc.get_freeze_count() == frozen
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()

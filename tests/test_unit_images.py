@@ -408,18 +408,20 @@ def test_image_pulls_take_the_episode_containers_first_pulled_event() -> None:
         }
 
     pulls = demo.image_pulls(
-        [
-            event(
-                "a",
-                'Successfully pulled image "x:1" in 1s (3s including waiting). Image size: 9 bytes.',
-            ),
-            event("a", 'Container image "x:1" already present on machine'),
-            event(
-                "b",
-                'Container image "sidecar:1" already present on machine',
-                "spec.containers{sidecar}",
-            ),
-        ]
+        demo.event_records(
+            [
+                event(
+                    "a",
+                    'Successfully pulled image "x:1" in 1s (3s including waiting). Image size: 9 bytes.',
+                ),
+                event("a", 'Container image "x:1" already present on machine'),
+                event(
+                    "b",
+                    'Container image "sidecar:1" already present on machine',
+                    "spec.containers{sidecar}",
+                ),
+            ]
+        )
     )
     assert pulls == {"a": demo.ImagePull("x:1", True, 1.0, 3.0, 9)}
 

@@ -458,7 +458,7 @@ def test_pod_warnings_keep_the_first_few_distinct_lines_per_pod() -> None:
             "involvedObject": {"kind": "Job", "name": "rollout"},
         },
     ]
-    assert demo.pod_warnings(events) == {
+    assert demo.pod_warnings(demo.event_records(events)) == {
         "p": ["Failed: Error: ErrImagePull", "BackOff: Back-off pulling image"]
     }
 
