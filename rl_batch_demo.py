@@ -2223,6 +2223,7 @@ class Spool:
         self._end = 0
         self._cut = False  # a write failed: the file may go on past _end
         self._unwritten = False  # texts wait in the buffer, not in the file yet
+        self._held: dict[str, str] | None = None  # the texts, once moved into memory
 
     def __contains__(self, name: str) -> bool:
         return name in self._where
@@ -2246,7 +2247,17 @@ class Spool:
     def forget(self, name: str) -> None:
         self._where.pop(name, None)
 
+    def hold_in_memory(self) -> None:
+        """Read every text back and close the file: for a spool kept past its batch (its rows of
+        episodes.csv while later rounds run), so that a run of many rounds does not keep a file
+        and its megabyte of buffer open for each. No text is put after this."""
+        if self._held is None:
+            self._held = {name: self.get(name) for name in self._where}
+            self._file.close()
+
     def get(self, name: str) -> str:
+        if self._held is not None:
+            return self._held[name]
         offset, length = self._where[name] >> 32, self._where[name] & 0xFFFFFFFF
         if self._unwritten:
             self._file.flush()
@@ -4437,16 +4448,19 @@ class BatchSummary:
 # batch grew (of a 30,000-episode wait, 3.2 s on Python 3.13 and 8.7 s on 3.9). While a batch is
 # followed, what is held by then is moved out of its sight this often (gc.freeze, which costs
 # nothing), and given back once the batch is summarised, so that a finished batch's own cycles
-# (a follower and the readers that call it back) are freed as ever.
+# (a follower and the readers that call it back) are freed as ever. Only the command line does
+# this: it owns its process. A freeze is the whole process's, so in a Python caller's (run_batch,
+# stream_batch) it would also hide the caller's own garbage from the collector until the batch
+# ended, and the unfreeze would undo a freeze the caller made meanwhile.
 SPARE_HELD_SECONDS = 1.0
 
 
 @contextlib.contextmanager
-def held_objects_spared() -> Iterator[None]:
+def held_objects_spared(spare: bool) -> Iterator[None]:
     """While one batch is followed and summarised: gc.unfreeze at its end, whatever its follower
-    froze (BatchFollower.spare_held). Not in a process that froze objects of its own (a Python
-    caller's, before it forks): those stay as they are, and the follower freezes nothing."""
-    ours = gc.get_freeze_count() == 0
+    froze (BatchFollower.spare_held). Nothing when not `spare` (a Python caller's process), nor
+    in a process that froze objects of its own: those stay as they are."""
+    ours = spare and gc.get_freeze_count() == 0
     try:
         yield
     finally:
@@ -7001,8 +7015,10 @@ class LogReader:
                 name,
                 time.monotonic() + COLLECT_RETRY_SECONDS,
             )
-            self.early[name] = (container_id, text)
+            # Unsaved before it is published: collect(), which may stop waiting for this read,
+            # then saves the log itself rather than count on a write that may yet fail.
             self._unsaved.add(name)
+            self.early[name] = (container_id, text)
             if self.log_dir is not None:
                 write_text(os.path.join(self.log_dir, f"{name}.log"), text)
                 self._unsaved.discard(name)
@@ -7492,6 +7508,7 @@ class BatchFollower:
         watches: WatchStream | None = None,
         drafts: EpisodeDrafts | None = None,
         job_names: Sequence[str] | None = None,
+        spare_held: bool = False,
     ) -> None:
         self.kubectl = kubectl
         self.namespace = namespace
@@ -7532,8 +7549,8 @@ class BatchFollower:
         self.end_seen_monotonic: float | None = None
         self.end_seen_wall: float | None = None
         self._spared_at = 0.0  # when spare_held last froze what was held
-        # Not in a process that froze objects of its own (see held_objects_spared).
-        self._may_freeze = gc.get_freeze_count() == 0
+        # The command line's process alone, if it froze nothing of its own (see held_objects_spared).
+        self._may_freeze = spare_held and gc.get_freeze_count() == 0
 
     @property
     def polling(self) -> bool:
@@ -8683,6 +8700,8 @@ class RunContext:
     )
     prepull: dict | None = None  # --prepull's figures, once it ran
     stop: threading.Event | None = None  # set by stream_batch once its reader has gone
+    # The command line, not a Python caller (run_batch, stream_batch): the process is the run's.
+    owns_process: bool = False
     capacity: dict | None = None  # what check_capacity found the nodes can run: run.json keeps it
 
     @property
@@ -8703,9 +8722,12 @@ def execute(run: RunContext) -> Results:
         create_object(run, manifest)
     if run.settings.prepull:
         prepull(run)
-    outcomes = []
+    outcomes: list[BatchOutcome] = []
     for entry in run.settings.batches:
-        with held_objects_spared():
+        for earlier in outcomes[-1:]:  # its drafted rows wait in memory, not in an open file
+            for spool in set(earlier.summary.csv_rows.values()):
+                spool.hold_in_memory()
+        with held_objects_spared(run.owns_process):
             outcomes.append(run_one_batch(run, entry))
     return save_results(run, outcomes)
 
@@ -9010,6 +9032,7 @@ def run_one_batch(run: RunContext, entry: BatchEntry) -> BatchOutcome:
         watches,
         EpisodeDrafts(run.settings.builtin, spool_dir=batch_dir),
         job_names,
+        spare_held=run.owns_process,
     )
     run.batch = batch = BatchEvidence(run, follower, batch_dir)
 
@@ -10332,6 +10355,7 @@ def start_run(
         spelling=spelling,
         on_reward=getattr(args, "on_reward", None),
         stop=getattr(args, "stop", None),
+        owns_process=spelling is COMMAND_LINE,
     )
 
 

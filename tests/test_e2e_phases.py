@@ -967,6 +967,12 @@ def test_rounds_figures_per_round_and_pooled_hold_against_the_truth(rounds):
 
 def test_rounds_report_recomputes_the_same_figures(rounds):
     assert report(rounds.output) == rl_batch_demo.printed_results(rounds.results)
+    # Each earlier round's drafted rows of episodes.csv waited in memory while the next ran.
+    recomputed = rl_batch_demo.recompute(str(rounds.output))
+    assert (
+        rl_batch_demo.episodes_csv(recomputed.batches)
+        == (rounds.output / "episodes.csv").read_text()
+    )
 
 
 def test_compare_prints_each_metric_once_with_its_ratio(six, rounds, tmp_path):
