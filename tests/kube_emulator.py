@@ -8122,18 +8122,16 @@ def main(argv: list[str] | None = None) -> int:
         timing=json.loads(args.timing) if args.timing else None,
         images=json.loads(args.images) if args.images else None,
     )
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: Any) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    # A list, not an Event: the handler may run inside Event.wait() while the main thread holds
+    # the event's lock, and an Event.set() there would wait for that lock for ever.
+    stopping: builtins.list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, _frame: stopping.append(signum))
+    signal.signal(signal.SIGTERM, lambda signum, _frame: stopping.append(signum))
     emu.start()
     print(f"KUBECONFIG={emu.kubeconfig}", flush=True)
     try:
-        while not stop.wait(0.5):
-            pass
+        while not stopping:
+            time.sleep(0.1)
     finally:
         emu.stop()
     return 0

@@ -28,7 +28,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
+import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -102,7 +102,6 @@ class LocalCluster:
 
     def wait_default_service_account(self) -> None:
         """Pods are admitted only once the namespace has its service account (ServiceAccount admission)."""
-        import time
 
         deadline = time.monotonic() + 60
         while self.get("serviceaccounts", "default", "default") is None:
@@ -189,9 +188,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     # Only a directory this script made is removed: a --workdir is the user's.
     remove = args.workdir is None and not args.keep
-    stop = threading.Event()
+    # The signals only append to a list the main thread looks at. A handler runs in the main
+    # thread between any two of its bytecodes, also inside Event.wait() while that holds the
+    # event's lock: an Event.set() from the handler would then wait for that lock for ever.
+    stopping: List[int] = []
     for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
+        signal.signal(signum, lambda signum, _frame: stopping.append(signum))
 
     cluster: Any
     if args.emulator:
@@ -241,7 +243,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             file=sys.stderr,
             flush=True,
         )
-        stop.wait()
+        while not stopping:
+            time.sleep(0.1)
     finally:
         cluster.stop()
         if remove:
