@@ -6109,6 +6109,10 @@ def stale_verdict(
 # The one edge to the cluster: `Kubectl` runs every kubectl; `ApiProxy`; reads through them.
 
 
+class LogGone(DemoError):
+    """A kubelet's answer that it no longer has a container's log (the container removed)."""
+
+
 class KubectlError(DemoError):
     """A kubectl call that failed: its verb, exit code and stderr."""
 
@@ -6561,8 +6565,14 @@ def read_log(
             ["logs", pod, "-c", CONTAINER_NAME, "-n", namespace], retry_until=retry_until
         )
     if KUBELET_LOG_GONE.fullmatch(text):
-        raise DemoError(f"the kubelet no longer has the log ({text.strip()})")
+        raise LogGone(f"the kubelet no longer has the log ({text.strip()})")
     return text
+
+
+def log_gone(error: DemoError) -> bool:
+    """read_log failed because the cluster no longer has the log: the pod is gone (404), or its
+    kubelet has removed the container."""
+    return isinstance(error, LogGone) or (isinstance(error, KubectlError) and error.not_found)
 
 
 def api_read(kubectl: Kubectl, proxy: ApiProxy | None, path: str, retry_until: float | None) -> str:
@@ -7049,12 +7059,18 @@ class LogReader:
                 pending[name] = self.pool.submit(
                     read_log, self.kubectl, self.proxy, self.namespace, name, retry_until
                 )
+        # A pod deleted (by the Job's end: a straggler --need cancelled, one cut short) takes its
+        # log with it, sooner or later: that it is gone is no failure to save, and the episode's
+        # row says how its pod ended.
+        deleted = {pod_name(pod) for pod in pods if pod["metadata"].get("deletionTimestamp")}
         for name, future in pending.items():
             try:
                 logs[name] = future.result()
             except DemoError as error:
-                problems.append(f"{name}.log: {error}")
                 logs[name] = ""
+                if name in deleted and log_gone(error):
+                    continue
+                problems.append(f"{name}.log: {error}")
         logs = dict(sorted(logs.items()))
         for name, text in logs.items():
             read_early = self.early.get(name)

@@ -162,3 +162,37 @@ def test_a_log_is_read_once_per_container_and_no_done_read_is_kept(
     assert sorted(reads) == ["p-1", "p-2"] and logs._reads == {}
     assert logs.early == {"p-1": ("c-1", "log of p-1\n"), "p-2": ("c-2", "log of p-2\n")}
     assert (tmp_path / "p-1.log").read_text() == "log of p-1\n"
+
+
+def test_a_deleted_pods_log_that_is_gone_is_no_failure_to_save(
+    monkeypatch: Any, tmp_path: Any
+) -> None:
+    # A straggler the Job's end deleted takes its log with it: its row says how it ended. A log
+    # missing for any other reason, or of a pod not deleted, is still a problem to report.
+    errors = {
+        "deleted-404": demo.KubectlError("GET", 404, 'pods "deleted-404" not found'),
+        "deleted-gone": demo.LogGone("the kubelet no longer has the log (unable to ...)"),
+        "deleted-forbidden": demo.KubectlError("GET", 403, 'pods "x" is forbidden'),
+        "running-404": demo.KubectlError("GET", 404, 'pods "running-404" not found'),
+    }
+
+    def read_log(kubectl: Any, proxy: Any, namespace: str, name: str, until: Any) -> str:
+        raise errors[name]
+
+    monkeypatch.setattr(demo, "read_log", read_log)
+
+    def pod(name: str) -> dict:
+        metadata: dict = {"name": name}
+        if name.startswith("deleted"):
+            metadata["deletionTimestamp"] = "2026-12-06T15:00:00Z"
+        return {"metadata": metadata, "status": {}}
+
+    problems: list[str] = []
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        logs = demo.LogReader(demo.Kubectl("kubectl-never-run"), "ns", pool)
+        texts = logs.collect([pod(name) for name in errors], str(tmp_path), None, problems)
+    assert texts == dict.fromkeys(sorted(errors), "")
+    assert [problem.split(":")[0] for problem in problems] == [
+        "deleted-forbidden.log",
+        "running-404.log",
+    ]
