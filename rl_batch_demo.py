@@ -62,6 +62,7 @@ import datetime
 import functools
 import gc
 import hashlib
+import heapq
 import http.client
 import io
 import itertools
@@ -2316,10 +2317,10 @@ class EventStore:
             return None
         self._spool.put(name, json.dumps(event))
         record = self.records[name] = self._shared.share(event_record(event))
-        if held != record:  # not an event told again as it was (a watch's restart lists all)
-            if held is not None:
-                self.index.changed()
-            self.index.add(record)  # a changed one too: the drafts read the newest
+        if held is None:
+            self.index.add(record)
+        elif held != record:  # not an event told again as it was (a watch's restart lists all)
+            self.index.replace(held, record)  # the drafts read the newest
         return record
 
     def forget_shared(self) -> None:
@@ -4381,28 +4382,137 @@ def slots_freed(
     later, shorter delete moves it): its end is unknown."""
     created_within = {}
     for pod, _, _ in episodes:
-        name, clocks = pod_name(pod), clocks_of(pod)
-        stamp = parse_time(pod["metadata"]["creationTimestamp"])
-        assert stamp is not None  # the API server stamps every pod it creates
-        seen = ((observed_pods.get(name) or {}).get("seen") or {}).get("added")
-        latest = [stamp + WHOLE_SECOND, creations.get(name)] + (
-            [] if seen is None else [seen - clocks.client + clocks.client_slack]
-        )
-        created_within[name] = (
-            max(stamp, job_earliest or stamp),
-            min(moment for moment in latest if moment is not None),
+        name = pod_name(pod)
+        created_within[name] = creation_window(
+            pod, job_earliest, creations.get(name), observed_pods.get(name), clocks_of(pod)
         )
     if not slots_may_have_waited(created_within, parallelism):
         return {}
     ended_after = {}
     for pod, _, reward in episodes:
-        reward_at = worker_time(reward.get("at"))
-        if reward_at is not None and not (
-            replaces_terminating and pod["metadata"].get("deletionTimestamp")
-        ):
-            clocks = clocks_of(pod)
-            ended_after[pod_name(pod)] = reward_at - clocks.node - clocks.node_slack
+        end = slot_freed_at(pod, reward, clocks_of(pod), replaces_terminating)
+        if end is not None:
+            ended_after[pod_name(pod)] = end
     return slot_freed_after(created_within, ended_after, parallelism)
+
+
+def creation_window(
+    pod: dict,
+    job_earliest: float | None,
+    created_event_at: float | None,
+    observed: dict | None,
+    clocks: EpisodeClocks,
+) -> tuple[float, float]:
+    """(earliest, latest): the pod was created within its stamp's second, after its Job's
+    earliest moment, no later than its creation event and the moment this client's watch saw it."""
+    stamp = parse_time(pod["metadata"]["creationTimestamp"])
+    assert stamp is not None  # the API server stamps every pod it creates
+    seen = ((observed or {}).get("seen") or {}).get("added")
+    latest = [stamp + WHOLE_SECOND, created_event_at] + (
+        [] if seen is None else [seen - clocks.client + clocks.client_slack]
+    )
+    return max(stamp, job_earliest or stamp), min(moment for moment in latest if moment is not None)
+
+
+def slot_freed_at(
+    pod: dict, reward: dict, clocks: EpisodeClocks, replaces_terminating: bool
+) -> float | None:
+    """A moment the pod's end freed its slot after: its reward on its node's clock (corrected,
+    less its slack); None when that is unknown (no reward; a pod asked to be deleted, where the
+    Job `replaces_terminating` pods, freed its slot at the request)."""
+    reward_at = worker_time(reward.get("at"))
+    if reward_at is None or (replaces_terminating and pod["metadata"].get("deletionTimestamp")):
+        return None
+    return reward_at - clocks.node - clocks.node_slack
+
+
+def created_after_bound(job_bound: Bound | None, slot: float | None) -> Bound | None:
+    """What a pod was created after: its Job's creation, or an earlier pod's end freeing its
+    slot, whichever is later."""
+    if slot is None:
+        return job_bound
+    return max(
+        [job_bound, lower(slot, "an earlier pod's end freeing its slot", REFERENCE_CLOCK)],
+        key=lambda bound: -math.inf if bound is None or bound.lower is None else bound.lower,
+    )
+
+
+class SlotSweep:
+    """slot_freed_after kept as the batch runs, for each episode's draft: told each pod as it is
+    seen (`created`) and each end as its episode is drafted (`ended`), it says what an ended
+    pod was created after (`freed_before`).
+
+    A pod created after n others came once n - parallelism + 1 of them had ended, all before it
+    was created; by its own end those ends are known. Any of the n still running then ends
+    later than all of them, so the bound known at its end is the one the final pass finds from
+    every pod, unless something changed meanwhile (an earlier pod deleted, a clock corrected):
+    the final pass takes a draft only where the two agree.
+    """
+
+    def __init__(self, parallelism: int) -> None:
+        self.parallelism = parallelism
+        self._latest: dict[str, float] = {}  # each pod seen: the latest moment it was created
+        self._waiting: list[tuple[float, str]] = []  # a heap: the pods not yet counted
+        self._moment = -math.inf  # every pod seen created before this moment is counted
+        self._counted: list[tuple[float, str]] = []  # (latest, pod), sorted
+        self._ends: list[float] = []  # sorted: the known ends of the pods counted
+        self._end_of: dict[str, float] = {}
+
+    def knows(self, name: str) -> bool:
+        return name in self._latest
+
+    def created(self, name: str, latest: float) -> None:
+        """A pod seen, and the latest moment it was created (the first one told counts)."""
+        if name in self._latest:
+            return
+        self._latest[name] = latest
+        if latest >= self._moment:
+            heapq.heappush(self._waiting, (latest, name))
+            return
+        bisect.insort(self._counted, (latest, name))  # seen after a later one was asked about
+        if name in self._end_of:
+            bisect.insort(self._ends, self._end_of[name])
+
+    def ended(self, name: str, end: float) -> None:
+        """A moment the pod's end freed its slot after (the first one told counts)."""
+        if name in self._end_of:
+            return
+        self._end_of[name] = end
+        latest = self._latest.get(name)
+        if latest is not None and latest < self._moment:
+            bisect.insort(self._ends, end)
+
+    def freed_before(self, earliest: float) -> float | None:
+        """For a pod created no earlier than `earliest`: the moment an earlier pod's end freed
+        the slot it was created into, if the ends known say so."""
+        if earliest >= self._moment:
+            while self._waiting and self._waiting[0][0] < earliest:
+                latest, name = heapq.heappop(self._waiting)
+                self._counted.append((latest, name))
+                if name in self._end_of:
+                    bisect.insort(self._ends, self._end_of[name])
+            self._moment = earliest
+            return nth_smallest(self._ends, [], len(self._counted) - self.parallelism)
+        # An earlier moment than one asked about before: the pods counted since are left out.
+        counted = bisect.bisect_left(self._counted, (earliest, ""))
+        later = sorted(self._end_of[n] for _, n in self._counted[counted:] if n in self._end_of)
+        return nth_smallest(self._ends, later, counted - self.parallelism)
+
+
+def nth_smallest(values: list[float], removed: list[float], n: int) -> float | None:
+    """The n-th (from 0) smallest of sorted `values` less `removed` (sorted, and some of them),
+    found by bisection: copying thousands of values for each pod cost more than its draft."""
+    if n < 0 or n >= len(values) - len(removed):
+        return None
+    low, high = n, n + len(removed)
+    while low < high:
+        middle = (low + high) // 2
+        value = values[middle]
+        if bisect.bisect_right(values, value) - bisect.bisect_right(removed, value) > n:
+            high = middle
+        else:
+            low = middle + 1
+    return values[low]
 
 
 def slots_may_have_waited(created_within: dict[str, tuple[float, float]], parallelism: int) -> bool:
@@ -4585,6 +4695,27 @@ class EventIndex:
         """One event, told once. Each reader is asked only of the events it reads (a reason of
         its own, a kubelet's): a few of hundreds of thousands are read by each."""
         self.told += 1
+        self._take(event)
+
+    def replace(self, held: EventRecord, event: EventRecord) -> None:
+        """A newer version of an event told before. One that no reader took anything from is
+        replaced exactly: the recorder's combined event (a Job creating thousands of pods has one,
+        its message and count changed with each pod) names no pod, so the index stays exact."""
+        if self.reads(held):
+            self.changed()
+        self._take(event)
+
+    @staticmethod
+    def reads(event: EventRecord) -> bool:
+        """Whether any reader takes something from this event."""
+        return (
+            event.reason == "Scheduled"
+            or event.component == "kubelet"
+            or event.reason in KUBELET_CONTAINER_REASONS
+            or bool(pod_creation_events((event,)))
+        )
+
+    def _take(self, event: EventRecord) -> None:
         if event.reason == "Scheduled":
             for pod, moment in scheduled_event_times((event,)).items():
                 self._last(self.scheduled, pod, moment)
@@ -4664,6 +4795,23 @@ class EpisodeDrafts:
         self.shared = shared or SharedStrings()
         self.index = EventIndex(self.shared)
         self._job_bound: Bound | None = None
+        # Where the Job runs fewer pods at once than it has, the slots its pods were created into.
+        self.slots: SlotSweep | None = None
+
+    def saw(self, pod: dict, job: dict | None, observed: dict | None) -> None:
+        """A pod of the batch seen (any version of it), for the slots later pods are created into."""
+        if self.slots is None:
+            spec = (job or {}).get("spec") or {}
+            parallelism = int(spec.get("parallelism") or 1)
+            if job is None or parallelism >= int(spec.get("completions") or 1):
+                return
+            self.slots = SlotSweep(parallelism)
+        name = self.shared.text(pod_name(pod))
+        if not self.slots.knows(name):
+            _, latest = creation_window(
+                pod, None, self.index.creations.get(name), observed, CLOCKS_AGREE
+            )
+            self.slots.created(name, latest)
 
     def draft(
         self,
@@ -4685,13 +4833,19 @@ class EpisodeDrafts:
         if job_bound != self._job_bound:  # the batch's drafts share one
             self._job_bound = job_bound
         index = self.index
+        slot = None
+        if self.slots is not None:
+            window = creation_window(
+                pod, earliest, index.creations.get(name), observed, CLOCKS_AGREE
+            )
+            slot = self.slots.freed_before(window[0])
         inputs = EpisodeInputs(
             index.scheduled.get(name),
             observed,  # the watch's record as it is now: a later sight makes a new one
             index.kubelet.get(name),  # replaced, never changed, by a later event
             index.creations.get(name),
             CLOCKS_AGREE,
-            self._job_bound,
+            created_after_bound(self._job_bound, slot),
         )
         known = self.drafts.get(name)
         if (
@@ -4712,6 +4866,11 @@ class EpisodeDrafts:
         except VerificationError:
             self.drafts.pop(name, None)
             return
+        if self.slots is not None:
+            replaces_terminating = (job.get("spec") or {}).get("podReplacementPolicy") != "Failed"
+            end = slot_freed_at(pod, reward, CLOCKS_AGREE, replaces_terminating)
+            if end is not None:
+                self.slots.ended(name, end)
         # Thousands of drafts repeat their field names, sources, nodes and the worker's words.
         share = self.shared.texts
         points = share(episode_points(pod, ready, reward, *inputs))
@@ -4869,24 +5028,13 @@ def summarise_batch(
     for pod, ready, reward in episodes:
         name = pod_name(pod)
         created = parse_time(pod["metadata"]["creationTimestamp"])
-        slot = slots.get(name)
-        created_after = (
-            job_bound
-            if slot is None
-            else max(
-                [job_bound, lower(slot, "an earlier pod's end freeing its slot", REFERENCE_CLOCK)],
-                key=lambda bound: (
-                    -math.inf if bound is None or bound.lower is None else bound.lower
-                ),
-            )
-        )
         inputs = EpisodeInputs(
             scheduled.get(name),
             observed_pods.get(name),
             kubelet.get(name),
             creations.get(name),
             clocks_of(pod),
-            created_after,
+            created_after_bound(job_bound, slots.get(name)),
         )
         draft = drafts.get(name)
         drafted = None if draft is None else draft.points_for(pod, ready, inputs)
@@ -7691,6 +7839,8 @@ class BatchFollower:
     def _draft(self, name: str) -> None:
         """Summarise this pod's episode now if it has ended and its log was read after its end."""
         pod = self.state.pods.get(name)
+        if self.drafts is not None and pod is not None:
+            self.drafts.saw(pod, self.state.job, self.state.observed.get(name))
         if (
             self.drafts is None
             or pod is None

@@ -125,6 +125,114 @@ def test_drafts_made_from_the_final_evidence_are_taken_except_where_the_final_cl
     assert summary.drafts_taken == len(batch["pods"]) - len(on_node(batch, CORRECTED_NODE))
 
 
+def test_drafts_told_each_pod_as_it_was_seen_take_the_slot_it_was_created_into_too() -> None:
+    batch = recorded_batch()
+    drafts = demo.EpisodeDrafts(builtin=True)
+    for event in batch["events"]:
+        drafts.index.add(event)
+    pods = batch["pods"]
+    for pod in sorted(pods, key=lambda pod: pod["metadata"]["creationTimestamp"]):
+        name = demo.pod_name(pod)
+        drafts.saw(pod, batch["job"], batch["observed"]["pods"].get(name))
+    for pod in sorted(pods, key=lambda pod: reward_at(batch["logs"][demo.pod_name(pod)])):
+        name = demo.pod_name(pod)
+        drafts.draft(
+            pod,
+            batch["logs"][name],
+            batch["job"],
+            batch["observed"]["job"],
+            batch["observed"]["pods"].get(name),
+        )
+    # Each pod created into a freed slot was drafted with that slot's bound, as the ends known then
+    # said it: here the final pass corrects emu-node-2's clock, which moves the ends of its pods
+    # and so every later bound, and it makes them again.
+    assert {
+        name
+        for name, draft in drafts.drafts.items()
+        if draft.inputs.created_after is not None
+        and draft.inputs.created_after.source == "an earlier pod's end freeing its slot"
+    } == slotted_pods(batch)
+    summary = summary_of(batch, drafts)
+    assert saved_form(summary) == saved_form(summary_of(batch))
+    assert demo.episodes_csv([("b", summary)]) == demo.episodes_csv([("b", summary_of(batch))])
+
+
+def reward_at(log_text: str) -> float:
+    events = demo.parse_events(log_text.splitlines())
+    return next(event["at"] for event in events if event["event"] == "reward")
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_the_slot_sweep_finds_at_each_pods_end_what_the_final_pass_finds(seed: int) -> None:
+    """A Job that creates a pod a moment after each end frees a slot, its pods seen by a lagging
+    watch and drafted a moment after their ends, in whatever order they end."""
+    rng = random.Random(seed)
+    parallelism = rng.randint(1, 6)
+    count = rng.randint(parallelism + 1, 50)
+    job_earliest = 1000.0 + rng.random()
+    created: dict[str, float] = {}
+    rewards: dict[str, float] = {}
+    timeline: list[tuple[float, str, str]] = []
+    slots = [job_earliest + rng.uniform(0.0, 0.3) for _ in range(parallelism)]
+    for number in range(count):
+        slots.sort()
+        name = f"pod-{number}"
+        created[name] = slots.pop(0) + rng.uniform(0.001, 0.3)
+        rewards[name] = created[name] + rng.uniform(0.8, 3.0)
+        ended = rewards[name] + rng.uniform(0.0, 0.2)
+        slots.append(ended)
+        timeline.append((created[name] + rng.uniform(0.0, 1.0), "seen", name))
+        timeline.append((ended + rng.uniform(0.0, 0.5), "drafted", name))
+    within = {}
+    for name, moment in created.items():
+        stamp = float(int(moment))
+        seen = next(at for at, what, pod in timeline if what == "seen" and pod == name)
+        within[name] = (max(stamp, job_earliest), min(stamp + 1.0, seen))
+    final = demo.slot_freed_after(within, rewards, parallelism)
+    sweep = demo.SlotSweep(parallelism)
+    found = {}
+    for _, what, name in sorted(timeline):
+        if what == "seen":
+            sweep.created(name, within[name][1])
+        else:
+            found[name] = sweep.freed_before(within[name][0])
+            sweep.ended(name, rewards[name])
+    assert {name: at for name, at in found.items() if at is not None} == final
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_slot_sweep_told_every_pod_and_end_answers_in_any_order_as_the_final_pass(
+    seed: int,
+) -> None:
+    rng = random.Random(seed)
+    parallelism = rng.randint(1, 4)
+    within, ends = {}, {}
+    for number in range(rng.randint(parallelism + 1, 30)):
+        earliest = float(rng.randint(0, 8))
+        within[f"pod-{number}"] = (earliest, earliest + rng.choice([0.3, 0.6, 1.0]))
+        ends[f"pod-{number}"] = rng.uniform(0.0, 10.0)  # in any order: nothing here is a Job's
+    final = demo.slot_freed_after(within, ends, parallelism)
+    sweep = demo.SlotSweep(parallelism)
+    names = list(within)
+    for name in rng.sample(names, len(names)):
+        sweep.created(name, within[name][1])
+        sweep.ended(name, ends[name])
+    found = {name: sweep.freed_before(within[name][0]) for name in rng.sample(names, len(names))}
+    assert {name: at for name, at in found.items() if at is not None} == final
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_nth_smallest_less_some_values_is_what_removing_them_leaves(seed: int) -> None:
+    rng = random.Random(seed)
+    values = sorted(rng.choice([1.0, 2.0, 2.5, 3.0, 4.0, 7.0]) for _ in range(rng.randint(0, 12)))
+    removed = sorted(rng.sample(values, rng.randint(0, len(values))))
+    left = list(values)
+    for value in removed:
+        left.remove(value)
+    for n in range(-1, len(values) + 1):
+        assert demo.nth_smallest(values, removed, n) == (left[n] if 0 <= n < len(left) else None)
+
+
 def test_a_draft_whose_creation_bound_alone_changed_makes_that_point_alone_again() -> None:
     batch = recorded_batch()
     pod = next(
@@ -446,9 +554,26 @@ def test_the_event_store_keeps_its_index_exact_only_while_each_event_is_held_as_
         store.apply("ADDED", copy.deepcopy(event))
     assert store.index.exact and store.index.told == len(store) == len(whole)
     assert what_an_index_holds(store.index) == what_a_list_makes(store.events())
+    # The recorder's combined event, its message and count changed with each pod it stands
+    # for, names no pod: the index stays what the events' list makes.
+    creation = next(e for e in whole if e["reason"] == "SuccessfulCreate")
+    for count in range(2, 5):
+        combined = copy.deepcopy(creation)
+        combined["metadata"]["name"] = "rollout.combined"
+        combined["count"] = count
+        combined["message"] = f"(combined from similar events): Created pod: rollout-{count}"
+        store.apply("ADDED" if count == 2 else "MODIFIED", combined)
+    assert store.index.exact and store.index.told == len(store) == len(whole) + 1
+    assert what_an_index_holds(store.index) == what_a_list_makes(store.events())
     changed = dict(copy.deepcopy(whole[0]), count=7)
     store.apply("MODIFIED", changed)
     assert not store.index.exact
+    # An event a reader took from, changed, is not replaced exactly either.
+    plain = demo.EventStore()
+    for event in whole:
+        plain.apply("ADDED", copy.deepcopy(event))
+    plain.apply("MODIFIED", dict(copy.deepcopy(creation), message="Created pod: another"))
+    assert not plain.index.exact
     gone = demo.EventStore()
     for event in whole:
         gone.apply("ADDED", copy.deepcopy(event))
