@@ -2477,10 +2477,17 @@ class ReadPath:
         start = 0
         if not token:
             items, rv = current()
+            if 0 < limit < len(items):
+                # The first page alone, not the whole list sorted: etcd and the watch cache find
+                # a page of a namespace's tens of thousands of events in milliseconds.
+                page = heapq.nsmallest(limit, items, key=list_order)
+                return self._first_page(items, rv, page, query)
+            items.sort(key=list_order)
         else:
             data = decode_continue(token)
             if data["rv"] < 0:  # going on after an expiry: the newest revision, no snapshot
                 items, rv = current()
+                items.sort(key=list_order)
             else:
                 snapshot = data.get("snap", "")
                 with self.lock:
@@ -2494,7 +2501,7 @@ class ReadPath:
                     or data["rv"] < self.emu.store.compacted_rv
                 ):
                     raise ExpiredContinue(encode_continue(-1, data["start"]))
-                items, rv = kept[1], str(data["rv"])
+                items, rv = sorted(kept[1], key=list_order), str(data["rv"])
             start = bisect.bisect_right(
                 [(o["metadata"].get("namespace", ""), o["metadata"]["name"]) for o in items],
                 data["start"],
@@ -2507,16 +2514,51 @@ class ReadPath:
         else:
             next_rv = int(rv)
             if not snapshot:
-                snapshot = uuid.uuid4().hex[:12]
-                with self.lock:
-                    self.snapshots[snapshot] = (time.time(), items)
-                    while len(self.snapshots) > LIST_SNAPSHOTS_KEPT:
-                        del self.snapshots[next(iter(self.snapshots))]
+                snapshot = self._keep(items)
+        return (
+            page,
+            rv,
+            self._continue(next_rv, page, snapshot),
+            self._remaining(query, len(items) - start - limit),
+        )
+
+    def _first_page(
+        self, items: list[dict], rv: str, page: list[dict], query: dict[str, str]
+    ) -> tuple[list[dict], str, str | None, int | None]:
+        """A list's first page of several: the rest kept, unsorted, for its continue token."""
+        snapshot = self._keep(items)
+        return (
+            page,
+            rv,
+            self._continue(int(rv), page, snapshot),
+            self._remaining(query, len(items) - len(page)),
+        )
+
+    def _keep(self, items: list[dict]) -> str:
+        """Keep a list's items (in any order) for the pages after its first."""
+        snapshot = uuid.uuid4().hex[:12]
+        with self.lock:
+            self.snapshots[snapshot] = (time.time(), items)
+            while len(self.snapshots) > LIST_SNAPSHOTS_KEPT:
+                del self.snapshots[next(iter(self.snapshots))]
+        return snapshot
+
+    @staticmethod
+    def _continue(next_rv: int, page: list[dict], snapshot: str) -> str:
         last = page[-1]["metadata"]
-        cont = encode_continue(next_rv, (last.get("namespace", ""), last["name"]), snapshot)
+        return encode_continue(next_rv, (last.get("namespace", ""), last["name"]), snapshot)
+
+    @staticmethod
+    def _remaining(query: dict[str, str], remaining: int) -> int | None:
         # etcd counts what is left only when nothing is filtered out
         unfiltered = not query.get("labelSelector") and not query.get("fieldSelector")
-        return page, rv, cont, (len(items) - start - limit) if unfiltered else None
+        return remaining if unfiltered else None
+
+
+def list_order(obj: dict) -> tuple[str, str]:
+    """The order of a list's items: etcd's, by key (namespace, then name)."""
+    metadata = obj["metadata"]
+    return metadata.get("namespace", ""), metadata["name"]
 
 
 def to_version(info: ResourceInfo, obj: dict) -> dict:
@@ -3689,7 +3731,7 @@ class ApiServer:
         if "dryRun" in query:
             opts["dryRun"] = [query["dryRun"]]
         if name is None:
-            items = self.list_objects(info, ns, query)
+            items = sorted(self.list_objects(info, ns, query), key=list_order)
             for it in items:
                 try:
                     writes.api_delete(
@@ -3733,11 +3775,12 @@ class ApiServer:
         return obj
 
     def list_objects(self, info: ResourceInfo, ns: str | None, query: dict[str, str]) -> list[dict]:
-        """The matching objects as stored, sorted, not copied (the store replaces, never mutates,
-        what it holds): copying every object for every page made a list of tens of thousands of
-        events slower than a request may take."""
+        """The matching objects as stored, not copied (the store replaces, never mutates, what it
+        holds: copying every object for every page made a list of tens of thousands of events
+        slower than a request may take), in no order: a list sorts what it returns (list_order)."""
         objs = self.store.list_raw(info.store, ns if info.namespaced else None)
-        objs.sort(key=lambda o: (o["metadata"].get("namespace", ""), o["metadata"]["name"]))
+        if not query.get("labelSelector") and not query.get("fieldSelector"):
+            return objs
         lsel = LabelSelector(query.get("labelSelector", ""))
         fsel = FieldSelector(query.get("fieldSelector", ""))
         return [o for o in objs if lsel.matches(o["metadata"].get("labels")) and fsel.matches(o)]
