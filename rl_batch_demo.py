@@ -4382,7 +4382,7 @@ def slots_freed(
         created_within[name] = creation_window(
             pod, job_earliest, creations.get(name), observed_pods.get(name), clocks
         )
-        end = slot_freed_at(pod, reward, clocks, replaces_terminating)
+        end = end_freeing_slot(pod, reward, clocks, replaces_terminating)
         if end is not None:
             ended_after[name] = end
     if not slots_may_have_waited(created_within, parallelism):
@@ -4410,7 +4410,7 @@ def creation_window(
     return max(stamp, job_earliest or stamp), latest
 
 
-def slot_freed_at(
+def end_freeing_slot(
     pod: dict, reward: dict, clocks: EpisodeClocks, replaces_terminating: bool
 ) -> float | None:
     """A moment the pod's end freed its slot after: its reward on its node's clock (corrected,
@@ -4420,6 +4420,12 @@ def slot_freed_at(
     if reward_at is None or (replaces_terminating and pod["metadata"].get("deletionTimestamp")):
         return None
     return reward_at - clocks.node - clocks.node_slack
+
+
+def job_replaces_terminating(job: dict | None) -> bool:
+    """Whether the Job creates a pod's replacement as soon as the pod is asked to be deleted
+    (its podReplacementPolicy is not Failed)."""
+    return ((job or {}).get("spec") or {}).get("podReplacementPolicy") != "Failed"
 
 
 def created_after_bound(job_bound: Bound | None, slot: float | None) -> Bound | None:
@@ -4436,23 +4442,28 @@ def created_after_bound(job_bound: Bound | None, slot: float | None) -> Bound | 
 class SlotSweep:
     """slot_freed_after kept as the batch runs, for each episode's draft: told each pod as it is
     seen (`created`) and each end as its episode is drafted (`ended`), it says what an ended
-    pod was created after (`freed_before`).
+    pod was created after (`slot_bound`).
 
     A pod created after n others came once n - parallelism + 1 of them had ended, all before it
-    was created; by its own end those ends are known. Any of the n still running then ends
-    later than all of them, so the bound known at its end is the one the final pass finds from
-    every pod, unless something changed meanwhile (an earlier pod deleted, a clock corrected):
-    the final pass takes a draft only where the two agree.
+    was created; by its own end those episodes are usually drafted, and any of the n still
+    running then ends later than all of them. So the bound known at its end is mostly the one the
+    final pass finds from every episode. Where it is not (an earlier episode's log read late, a
+    pod failed or deleted after, a clock corrected), the final pass makes that point again: it
+    takes a draft only where the two agree.
     """
 
     def __init__(self, parallelism: int) -> None:
         self.parallelism = parallelism
         self._latest: dict[str, float] = {}  # each pod seen: the latest moment it was created
         self._waiting: list[tuple[float, str]] = []  # a heap: the pods not yet counted
-        self._moment = -math.inf  # every pod seen created before this moment is counted
+        self._counted_below = -math.inf  # every pod seen created before this moment is counted
         self._counted: list[tuple[float, str]] = []  # (latest, pod), sorted
         self._ends: list[float] = []  # sorted: the known ends of the pods counted
         self._end_of: dict[str, float] = {}
+        self._gone: set[str] = set()  # pods no episode of the summary stands for
+        # The earliest latest moment of a pod whose end freed its slot at an unknown moment: the
+        # summary bounds no pod created after it.
+        self._unknown_from = math.inf
 
     def knows(self, name: str) -> bool:
         return name in self._latest
@@ -4462,32 +4473,55 @@ class SlotSweep:
         if name in self._latest:
             return
         self._latest[name] = latest
-        if latest >= self._moment:
+        if latest >= self._counted_below:
             heapq.heappush(self._waiting, (latest, name))
             return
         bisect.insort(self._counted, (latest, name))  # seen after a later one was asked about
         if name in self._end_of:
             bisect.insort(self._ends, self._end_of[name])
 
+    def forget(self, name: str) -> None:
+        """A pod that is no episode of the summary (it failed, or failed verification): the
+        summary counts only its episodes' pods."""
+        if name in self._gone or name not in self._latest:
+            return
+        self._gone.add(name)
+        latest = self._latest[name]
+        if latest >= self._counted_below:
+            return  # still waiting: left out as it would be counted
+        del self._counted[bisect.bisect_left(self._counted, (latest, name))]
+        if name in self._end_of:
+            del self._ends[bisect.bisect_left(self._ends, self._end_of[name])]
+
+    def end_unknown(self, name: str) -> None:
+        """A pod whose end freed its slot at a moment not known (asked to be deleted, where its Job
+        replaces terminating pods): no pod created after it is bounded."""
+        if name in self._latest:
+            self._unknown_from = min(self._unknown_from, self._latest[name])
+
     def ended(self, name: str, end: float) -> None:
         """A moment the pod's end freed its slot after (the first one told counts)."""
-        if name in self._end_of:
+        if name in self._end_of or name in self._gone:
             return
         self._end_of[name] = end
         latest = self._latest.get(name)
-        if latest is not None and latest < self._moment:
+        if latest is not None and latest < self._counted_below:
             bisect.insort(self._ends, end)
 
-    def freed_before(self, earliest: float) -> float | None:
+    def slot_bound(self, earliest: float) -> float | None:
         """For a pod created no earlier than `earliest`: the moment an earlier pod's end freed
         the slot it was created into, if the ends known say so."""
-        if earliest >= self._moment:
+        if self._unknown_from < earliest:
+            return None
+        if earliest >= self._counted_below:
             while self._waiting and self._waiting[0][0] < earliest:
                 latest, name = heapq.heappop(self._waiting)
+                if name in self._gone:
+                    continue
                 self._counted.append((latest, name))
                 if name in self._end_of:
                     bisect.insort(self._ends, self._end_of[name])
-            self._moment = earliest
+            self._counted_below = earliest
             return nth_smallest(self._ends, [], len(self._counted) - self.parallelism)
         # An earlier moment than one asked about before: the pods counted since are left out.
         counted = bisect.bisect_left(self._counted, (earliest, ""))
@@ -4662,13 +4696,14 @@ class EventIndex:
     eventTime, its creation event's name time, its kubelet's container events, its first Started,
     its image as found or pulled; per node what its kubelet's events bound its clock by.
 
-    A pure reducer (`add`), each event taken as scheduled_event_times, pod_creation_events,
-    kubelet_container_events, image_cache_states, image_pulls and kubelet_event_clocks take the
-    events of a list in its order. It is `exact` while each event it was told is held as told
-    (none changed or deleted since) and the order they came in decided nothing: no pod had two
-    events of a kind where the first or the last one counts, and no kubelet event tied another's
-    moment. Then it is what those functions make of the events held, in any order, and the summary
-    takes it instead of reading them all.
+    A pure reducer (`add`, `replace`), each event taken as scheduled_event_times,
+    pod_creation_events, kubelet_container_events, image_cache_states, image_pulls and
+    kubelet_event_clocks take the events of a list in its order. It is `exact` while each event it
+    was told is held as told (none deleted since, none changed since but one no reader took
+    anything from) and the order they came in decided nothing: no pod had two events of a kind
+    where the first or the last one counts, and no kubelet event tied another's moment. Then it
+    is what those functions make of the events held, in any order, and the summary takes it
+    instead of reading them all.
     """
 
     def __init__(self, shared: SharedStrings | None = None) -> None:
@@ -4772,9 +4807,10 @@ class EpisodeDrafts:
     """Each episode summarised the moment it ends (its pod final, its log read), while the batch
     still runs: what the summary after the end takes as it is when the final evidence agrees.
 
-    A pure reducer, as BatchState is: told each ended episode, it reads what the events said of
-    its pod so far from `index` (which the follower's EventStore keeps up to date). A draft assumes
-    the clocks agree and no earlier pod's end bounds its creation: the final pass makes again only
+    A pure reducer, as BatchState is: told each pod as it is seen (`saw`) and each ended episode
+    (`draft`), it reads what the events said of its pod so far from `index` (which the follower's
+    EventStore keeps up to date). A draft assumes the clocks agree, and takes the slot an earlier
+    pod's end freed for it as the ends known then say (`slots`): the final pass makes again only
     the points whose inputs the final clocks and evidence change.
     """
 
@@ -4808,6 +4844,10 @@ class EpisodeDrafts:
                 pod, None, self.index.creations.get(name), observed, CLOCKS_AGREE
             )
             self.slots.created(name, latest)
+        if (pod.get("status") or {}).get("phase") == "Failed":
+            self.slots.forget(name)
+        elif pod["metadata"].get("deletionTimestamp") and job_replaces_terminating(job):
+            self.slots.end_unknown(name)
 
     def draft(
         self,
@@ -4834,7 +4874,7 @@ class EpisodeDrafts:
             window = creation_window(
                 pod, earliest, index.creations.get(name), observed, CLOCKS_AGREE
             )
-            slot = self.slots.freed_before(window[0])
+            slot = self.slots.slot_bound(window[0])
         inputs = EpisodeInputs(
             index.scheduled.get(name),
             observed,  # the watch's record as it is now: a later sight makes a new one
@@ -4861,10 +4901,11 @@ class EpisodeDrafts:
             )
         except VerificationError:
             self.drafts.pop(name, None)
+            if self.slots is not None:
+                self.slots.forget(name)
             return
         if self.slots is not None:
-            replaces_terminating = (job.get("spec") or {}).get("podReplacementPolicy") != "Failed"
-            end = slot_freed_at(pod, reward, CLOCKS_AGREE, replaces_terminating)
+            end = end_freeing_slot(pod, reward, CLOCKS_AGREE, job_replaces_terminating(job))
             if end is not None:
                 self.slots.ended(name, end)
         # Thousands of drafts repeat their field names, sources, nodes and the worker's words.
@@ -5012,7 +5053,7 @@ def summarise_batch(
             observed_pods,
             job_created_point.earliest,
             int(job_spec.get("parallelism") or 1),
-            job_spec.get("podReplacementPolicy") != "Failed",
+            job_replaces_terminating(job),
         )
         if len(pods) == count
         else {}

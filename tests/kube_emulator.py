@@ -2352,7 +2352,8 @@ class ReadPath:
         self.times: list[float] = []
         self.rvs: list[int] = []
         self.base_rv = emu.store.rv
-        self.snapshots: dict[str, tuple[float, list[dict]]] = {}
+        # token -> (when kept, the items, whether they are in list order yet)
+        self.snapshots: dict[str, tuple[float, list[dict], bool]] = {}
         self.lock = threading.Lock()
         emu.store.listeners.append(self.on_store_event)
 
@@ -2501,7 +2502,7 @@ class ReadPath:
                     or data["rv"] < self.emu.store.compacted_rv
                 ):
                     raise ExpiredContinue(encode_continue(-1, data["start"]))
-                items, rv = sorted(kept[1], key=list_order), str(data["rv"])
+                items, rv = self._sorted_snapshot(snapshot, kept), str(data["rv"])
             start = bisect.bisect_right(
                 [(o["metadata"].get("namespace", ""), o["metadata"]["name"]) for o in items],
                 data["start"],
@@ -2514,7 +2515,7 @@ class ReadPath:
         else:
             next_rv = int(rv)
             if not snapshot:
-                snapshot = self._keep(items)
+                snapshot = self._keep(items, True)
         return (
             page,
             rv,
@@ -2526,7 +2527,7 @@ class ReadPath:
         self, items: list[dict], rv: str, page: list[dict], query: dict[str, str]
     ) -> tuple[list[dict], str, str | None, int | None]:
         """A list's first page of several: the rest kept, unsorted, for its continue token."""
-        snapshot = self._keep(items)
+        snapshot = self._keep(items, False)
         return (
             page,
             rv,
@@ -2534,11 +2535,23 @@ class ReadPath:
             self._remaining(query, len(items) - len(page)),
         )
 
-    def _keep(self, items: list[dict]) -> str:
-        """Keep a list's items (in any order) for the pages after its first."""
+    def _sorted_snapshot(self, snapshot: str, kept: tuple[float, list[dict], bool]) -> list[dict]:
+        """A kept list's items in list order: sorted by the first page after the first that reads
+        them, and kept so, not sorted again for each page."""
+        kept_at, items, ordered = kept
+        if ordered:
+            return items
+        items = sorted(items, key=list_order)  # a copy: another page may be reading the kept one
+        with self.lock:
+            if snapshot in self.snapshots:
+                self.snapshots[snapshot] = (kept_at, items, True)
+        return items
+
+    def _keep(self, items: list[dict], ordered: bool) -> str:
+        """Keep a list's items (`ordered`: sorted already) for the pages after its first."""
         snapshot = uuid.uuid4().hex[:12]
         with self.lock:
-            self.snapshots[snapshot] = (time.time(), items)
+            self.snapshots[snapshot] = (time.time(), items, ordered)
             while len(self.snapshots) > LIST_SNAPSHOTS_KEPT:
                 del self.snapshots[next(iter(self.snapshots))]
         return snapshot

@@ -195,7 +195,7 @@ def test_the_slot_sweep_finds_at_each_pods_end_what_the_final_pass_finds(seed: i
         if what == "seen":
             sweep.created(name, within[name][1])
         else:
-            found[name] = sweep.freed_before(within[name][0])
+            found[name] = sweep.slot_bound(within[name][0])
             sweep.ended(name, rewards[name])
     assert {name: at for name, at in found.items() if at is not None} == final
 
@@ -211,14 +211,87 @@ def test_the_slot_sweep_told_every_pod_and_end_answers_in_any_order_as_the_final
         earliest = float(rng.randint(0, 8))
         within[f"pod-{number}"] = (earliest, earliest + rng.choice([0.3, 0.6, 1.0]))
         ends[f"pod-{number}"] = rng.uniform(0.0, 10.0)  # in any order: nothing here is a Job's
-    final = demo.slot_freed_after(within, ends, parallelism)
+    # Some pods failed (no episode: the summary does not count them), some were asked to be
+    # deleted (their slot freed at a moment not known: no later pod is bounded).
+    failed = set(rng.sample(list(within), rng.randint(0, 2)))
+    deleted = set(rng.sample(sorted(set(within) - failed), rng.randint(0, 1)))
+    episodes = {name: window for name, window in within.items() if name not in failed}
+    final = demo.slot_freed_after(
+        episodes, {name: end for name, end in ends.items() if name not in deleted}, parallelism
+    )
     sweep = demo.SlotSweep(parallelism)
     names = list(within)
     for name in rng.sample(names, len(names)):
         sweep.created(name, within[name][1])
-        sweep.ended(name, ends[name])
-    found = {name: sweep.freed_before(within[name][0]) for name in rng.sample(names, len(names))}
-    assert {name: at for name, at in found.items() if at is not None} == final
+        if name in deleted:
+            sweep.end_unknown(name)
+        if name not in deleted or rng.random() < 0.5:  # drafted before it was deleted
+            sweep.ended(name, ends[name])
+    asked = rng.sample(names, len(names))
+    found = {name: sweep.slot_bound(within[name][0]) for name in asked[: len(names) // 2]}
+    for name in failed:  # a failure may be known after pods were asked about
+        sweep.forget(name)
+    found.update({name: sweep.slot_bound(within[name][0]) for name in asked})
+    assert {
+        name: at for name, at in found.items() if at is not None and name not in failed
+    } == final
+
+
+def test_a_pod_seen_after_a_later_one_was_asked_about_is_counted_as_created_before_it() -> None:
+    # One slot. The ends are not a Job's (one before its own pod's creation): what matters is
+    # which pods are counted.
+    sweep = demo.SlotSweep(1)
+    sweep.created("a", 0.5)
+    sweep.ended("a", 1.4)
+    assert sweep.slot_bound(2.0) == 1.4  # a pod of second 2 came after "a" had ended
+    sweep.created("b", 1.5)  # seen late: created before second 2, counted at once
+    sweep.ended("b", 1.2)
+    assert sweep.slot_bound(2.0) == 1.4  # after "a" and "b": the later of their ends
+    assert sweep.slot_bound(1.0) == 1.4  # "b" itself, after "a" alone: b's own end left out
+    assert demo.slot_freed_after(
+        {"a": (0.0, 0.5), "b": (1.0, 1.5), "c": (2.0, 2.5)}, {"a": 1.4, "b": 1.2}, 1
+    ) == {"b": 1.4, "c": 1.4}
+    # A pod that failed before it was counted is never counted: no episode stands for it.
+    sweep.created("failed", 2.5)
+    sweep.forget("failed")
+    sweep.created("d", 2.6)
+    sweep.ended("d", 2.9)
+    assert sweep.slot_bound(3.0) == 2.9  # after a, b and d; not after a fourth
+
+
+def test_drafts_with_their_slots_are_taken_whole_where_the_clocks_agree() -> None:
+    """The recorded batch with its clocks taken as agreeing (in the final pass too): every
+    episode, those created into a freed slot included, is taken from its draft, row and all."""
+    batch = recorded_batch()
+    real = demo.clock_offsets
+
+    def agreeing(*args: Any, **kwargs: Any) -> dict:
+        clocks = real(*args, **kwargs)
+        for entry in [clocks["client"], *clocks["nodes"].values()]:
+            if entry:
+                entry.update(offset_seconds=0.0, correction_slack_seconds=0.0)
+        return clocks
+
+    with unittest.mock.patch.object(demo, "clock_offsets", side_effect=agreeing):
+        drafts = demo.EpisodeDrafts(builtin=True)
+        for event in batch["events"]:
+            drafts.index.add(event)
+        pods = batch["pods"]
+        for pod in sorted(pods, key=lambda pod: pod["metadata"]["creationTimestamp"]):
+            drafts.saw(pod, batch["job"], batch["observed"]["pods"].get(demo.pod_name(pod)))
+        for pod in sorted(pods, key=lambda pod: reward_at(batch["logs"][demo.pod_name(pod)])):
+            name = demo.pod_name(pod)
+            drafts.draft(
+                pod,
+                batch["logs"][name],
+                batch["job"],
+                batch["observed"]["job"],
+                batch["observed"]["pods"].get(name),
+            )
+        summary = summary_of(batch, drafts)
+        assert saved_form(summary) == saved_form(summary_of(batch))
+        slotted = slotted_pods(batch)
+    assert slotted and set(summary.csv_rows) == {demo.pod_name(pod) for pod in pods}
 
 
 @pytest.mark.parametrize("seed", range(20))
