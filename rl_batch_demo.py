@@ -4376,17 +4376,19 @@ def slots_freed(
     pods (its podReplacementPolicy is not Failed), a pod asked to be deleted freed its slot at
     the request, maybe before its end, and its deletionTimestamp need not name that moment (a
     later, shorter delete moves it): its end is unknown."""
-    created_within, ended_after = {}, {}
-    for pod, _, reward in episodes:
-        name, clocks = pod_name(pod), clocks_of(pod)
+    created_within = {}
+    for pod, _, _ in episodes:
+        name = pod_name(pod)
         created_within[name] = creation_window(
-            pod, job_earliest, creations.get(name), observed_pods.get(name), clocks
+            pod, job_earliest, creations.get(name), observed_pods.get(name), clocks_of(pod)
         )
-        end = end_freeing_slot(pod, reward, clocks, replaces_terminating)
-        if end is not None:
-            ended_after[name] = end
     if not slots_may_have_waited(created_within, parallelism):
-        return {}
+        return {}  # the ends are read only where some pod may have waited for a slot
+    ended_after = {}
+    for pod, _, reward in episodes:
+        end = end_freeing_slot(pod, reward, clocks_of(pod), replaces_terminating)
+        if end is not None:
+            ended_after[pod_name(pod)] = end
     return slot_freed_after(created_within, ended_after, parallelism)
 
 
