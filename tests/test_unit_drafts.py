@@ -68,6 +68,34 @@ def on_node(batch: dict[str, Any], node: str) -> set[str]:
     return {demo.pod_name(pod) for pod in batch["pods"] if pod["spec"].get("nodeName") == node}
 
 
+def drafted(batch: dict[str, Any], as_seen: bool = False) -> demo.EpisodeDrafts:
+    """The batch's episodes drafted from the final evidence: in the pods' order, or (`as_seen`)
+    each pod told as it was created and each episode drafted as its reward came."""
+    drafts = demo.EpisodeDrafts(builtin=True)
+    for event in batch["events"]:
+        drafts.index.add(event)
+    pods = batch["pods"]
+    if as_seen:
+        for pod in sorted(pods, key=lambda pod: pod["metadata"]["creationTimestamp"]):
+            drafts.saw(pod, batch["job"], batch["observed"]["pods"].get(demo.pod_name(pod)))
+        pods = sorted(pods, key=lambda pod: reward_at(batch["logs"][demo.pod_name(pod)]))
+    for pod in pods:
+        name = demo.pod_name(pod)
+        drafts.draft(
+            pod,
+            batch["logs"][name],
+            batch["job"],
+            batch["observed"]["job"],
+            batch["observed"]["pods"].get(name),
+        )
+    return drafts
+
+
+def reward_at(log_text: str) -> float:
+    events = demo.parse_events(log_text.splitlines())
+    return next(event["at"] for event in events if event["event"] == "reward")
+
+
 def test_the_recorded_batch_has_a_corrected_clock_and_pods_created_into_freed_slots() -> None:
     """What the tests below rely on: without it they would not reach each case of the final pass."""
     batch = recorded_batch()
@@ -101,19 +129,7 @@ def test_drafts_made_from_the_final_evidence_are_taken_except_where_the_final_cl
     None
 ):
     batch = recorded_batch()
-    drafts = demo.EpisodeDrafts(builtin=True)
-    for event in batch["events"]:
-        drafts.index.add(event)
-    for pod in batch["pods"]:
-        name = demo.pod_name(pod)
-        drafts.draft(
-            pod,
-            batch["logs"][name],
-            batch["job"],
-            batch["observed"]["job"],
-            batch["observed"]["pods"].get(name),
-        )
-    summary = summary_of(batch, drafts)
+    summary = summary_of(batch, drafted(batch))
     assert saved_form(summary) == saved_form(summary_of(batch))
     assert demo.episodes_csv([("b", summary)]) == demo.episodes_csv([("b", summary_of(batch))])
     # Their rows of episodes.csv are taken as made where nothing they were made from changed.
@@ -127,22 +143,7 @@ def test_drafts_made_from_the_final_evidence_are_taken_except_where_the_final_cl
 
 def test_drafts_told_each_pod_as_it_was_seen_take_the_slot_it_was_created_into_too() -> None:
     batch = recorded_batch()
-    drafts = demo.EpisodeDrafts(builtin=True)
-    for event in batch["events"]:
-        drafts.index.add(event)
-    pods = batch["pods"]
-    for pod in sorted(pods, key=lambda pod: pod["metadata"]["creationTimestamp"]):
-        name = demo.pod_name(pod)
-        drafts.saw(pod, batch["job"], batch["observed"]["pods"].get(name))
-    for pod in sorted(pods, key=lambda pod: reward_at(batch["logs"][demo.pod_name(pod)])):
-        name = demo.pod_name(pod)
-        drafts.draft(
-            pod,
-            batch["logs"][name],
-            batch["job"],
-            batch["observed"]["job"],
-            batch["observed"]["pods"].get(name),
-        )
+    drafts = drafted(batch, as_seen=True)
     # Each pod created into a freed slot was drafted with that slot's bound, as the ends known then
     # said it: here the final pass corrects emu-node-2's clock, which moves the ends of its pods
     # and so every later bound, and it makes them again.
@@ -155,11 +156,6 @@ def test_drafts_told_each_pod_as_it_was_seen_take_the_slot_it_was_created_into_t
     summary = summary_of(batch, drafts)
     assert saved_form(summary) == saved_form(summary_of(batch))
     assert demo.episodes_csv([("b", summary)]) == demo.episodes_csv([("b", summary_of(batch))])
-
-
-def reward_at(log_text: str) -> float:
-    events = demo.parse_events(log_text.splitlines())
-    return next(event["at"] for event in events if event["event"] == "reward")
 
 
 @pytest.mark.parametrize("seed", range(60))
@@ -273,25 +269,10 @@ def test_drafts_with_their_slots_are_taken_whole_where_the_clocks_agree() -> Non
         return clocks
 
     with unittest.mock.patch.object(demo, "clock_offsets", side_effect=agreeing):
-        drafts = demo.EpisodeDrafts(builtin=True)
-        for event in batch["events"]:
-            drafts.index.add(event)
-        pods = batch["pods"]
-        for pod in sorted(pods, key=lambda pod: pod["metadata"]["creationTimestamp"]):
-            drafts.saw(pod, batch["job"], batch["observed"]["pods"].get(demo.pod_name(pod)))
-        for pod in sorted(pods, key=lambda pod: reward_at(batch["logs"][demo.pod_name(pod)])):
-            name = demo.pod_name(pod)
-            drafts.draft(
-                pod,
-                batch["logs"][name],
-                batch["job"],
-                batch["observed"]["job"],
-                batch["observed"]["pods"].get(name),
-            )
-        summary = summary_of(batch, drafts)
+        summary = summary_of(batch, drafted(batch, as_seen=True))
         assert saved_form(summary) == saved_form(summary_of(batch))
         slotted = slotted_pods(batch)
-    assert slotted and set(summary.csv_rows) == {demo.pod_name(pod) for pod in pods}
+    assert slotted and set(summary.csv_rows) == {demo.pod_name(pod) for pod in batch["pods"]}
 
 
 @pytest.mark.parametrize("seed", range(20))
