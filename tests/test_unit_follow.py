@@ -723,11 +723,13 @@ def test_a_process_that_froze_objects_of_its_own_keeps_them_frozen_and_its_follo
 ):
     gc.freeze()  # a Python caller's own, before it forks
     try:
+        # A frozen object freed meanwhile leaves the count (anything this process drops may be
+        # one): a freeze would raise it by every object made since, an unfreeze take it to 0.
         frozen = gc.get_freeze_count()
         with demo.held_objects_spared(True):
             follower = a_follower()
             follower.spare_held()
-            assert gc.get_freeze_count() == frozen
-        assert gc.get_freeze_count() == frozen
+            assert 0 < gc.get_freeze_count() <= frozen
+        assert 0 < gc.get_freeze_count() <= frozen
     finally:
         gc.unfreeze()
