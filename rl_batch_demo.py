@@ -7950,19 +7950,18 @@ class BatchFollower:
 
     # After the Job's end its pod and event watches still deliver what happened up to it.
 
-    def settle_after_end(self, retry_until: float | None) -> int | None:
-        """After the end: how many events the API holds (a list of one: its items and remainingItemCount),
-        and up to SETTLE_SECONDS for the watches to deliver that many and each pod's final state.
-        None when the events are not watched or could not be counted: then they are not waited for."""
-        events_expected = None
-        if self.events_watched:
-            try:
-                events_expected, self.state.events.resource_version = count_events(
-                    self.kubectl, self.proxy, self.namespace, retry_until
-                )
-            except DemoError:
-                pass  # then the events are listed after all
-        self.settle_watches(events_expected, SETTLE_SECONDS)
+    def count_events_after_end(self, retry_until: float | None) -> int | None:
+        """After the end: how many events the API holds (a list of one: its items and
+        remainingItemCount), noting the revision that was. None when the events are not watched
+        or could not be counted: then they are not waited for, but listed."""
+        if not self.events_watched:
+            return None
+        try:
+            events_expected, self.state.events.resource_version = count_events(
+                self.kubectl, self.proxy, self.namespace, retry_until
+            )
+        except DemoError:
+            return None
         return events_expected
 
     def settle_watches(self, events_expected: int | None, seconds: float) -> None:
@@ -8074,19 +8073,38 @@ class BatchEvidence:
         # Evidence is worth a few retries, not a long wait: a log that a kubelet
         # cannot serve now is saved empty and the episode fails verification.
         retry_until = time.monotonic() + COLLECT_RETRY_SECONDS if retry else None
-        events_expected = follower.settle_after_end(retry_until) if retry else None
-        watched_final = follower.watched_pods_final()
-        events_watched = follower.events_caught_up(events_expected)
-        follower.stop_watches(keep=() if watched_final else ("pods",))
-        if watched_final:
-            follower.state.forget_shared()
-        self.events_read = "watch" if events_watched else "list"
         # Its own threads: the log readers' pool may still be busy with reads under way.
         with concurrent.futures.ThreadPoolExecutor(4) as fetchers:
-            job_future = fetchers.submit(self._read_job, job_name, retry_until)
+            # The events are counted while the pods settle and pods.json is written: an API
+            # server busy with the Job's end may take a while to answer even a list of one.
+            counting = (
+                fetchers.submit(follower.count_events_after_end, retry_until) if retry else None
+            )
+            if retry:  # up to SETTLE_SECONDS for each pod's final state
+                follower.settle_watches(None, SETTLE_SECONDS)
+            watched_final = follower.watched_pods_final()
             pods_future = fetchers.submit(self._read_pods, job_name, watched_final, retry)
+            problems: list[str] = []
+            saved: tuple[PodReading, dict[str, str]] | None = None
+            if watched_final:
+                # Nothing the pod watch still delivers changes a final pod: pods.json and the
+                # logs are saved now, and the Job's and the events' watches go on.
+                follower.stop_watches(keep=("job", "events"))
+                saved = self._save_pods_and_logs(pods_future, retry_until, problems)
+            # Then, once counted, up to SETTLE_SECONDS for as many events as the API held.
+            events_expected = counting.result() if counting else None
+            if retry:
+                follower.settle_watches(events_expected, SETTLE_SECONDS)
+            events_watched = follower.events_caught_up(events_expected)
+            follower.stop_watches(keep=() if watched_final else ("pods",))
+            if watched_final:
+                follower.state.forget_shared()
+            self.events_read = "watch" if events_watched else "list"
+            job_future = fetchers.submit(self._read_job, job_name, retry_until)
             events_future = fetchers.submit(self._read_events, events_watched, retry)
-            return self.save_evidence(job_future, pods_future, events_future, retry_until)
+            return self.save_evidence(
+                job_future, saved or pods_future, events_future, retry_until, problems
+            )
 
     def _read_job(self, job_name: str, retry_until: float | None) -> dict | None:
         """The Job as its end was seen, else as read now, else as last watched."""
@@ -8148,13 +8166,15 @@ class BatchEvidence:
     def save_evidence(
         self,
         job_future: concurrent.futures.Future,
-        pods_future: concurrent.futures.Future,
+        pods: tuple[PodReading, dict[str, str]] | concurrent.futures.Future,
         events_future: concurrent.futures.Future,
         retry_until: float | None,
+        problems: list[str],
     ) -> Evidence:
-        """Write what the fetches brought; fall back to the watch's view where a fetch failed."""
+        """Write what the fetches brought; fall back to the watch's view where a fetch failed.
+        `pods`: the pods' reading and logs, saved already, or the fetch of the pods. What could
+        not be saved is added to `problems`, and each kind of problem printed once."""
         follower = self.follower
-        problems: list[str] = []
         job = job_future.result()
         if job is not None:
             # A batch of several Jobs saves each as read: job.json is then their List.
@@ -8162,14 +8182,28 @@ class BatchEvidence:
                 os.path.join(self.batch_dir, "job.json"),
                 self.follower.jobs.saved() if self.follower.jobs.several else job,
             )
-        reading = self._save_pods(pods_future, retry_until)
-        # The logs are written while the events are still being read in pages.
-        logs = follower.log_reader.collect(reading.pods, self.batch_dir, retry_until, problems)
+        # The pods and logs are written while the events are still being read in pages.
+        reading, logs = (
+            self._save_pods_and_logs(pods, retry_until, problems)
+            if isinstance(pods, concurrent.futures.Future)
+            else pods
+        )
         events = self._save_events(events_future, job, reading.pods, problems)
         write_json(os.path.join(self.batch_dir, "observed.json"), follower.observations())
         for line in summarised_problems(problems):
             print(f"Warning: could not save {line}", file=sys.stderr)
         return Evidence(job, reading, logs, events)
+
+    def _save_pods_and_logs(
+        self,
+        pods_future: concurrent.futures.Future,
+        retry_until: float | None,
+        problems: list[str],
+    ) -> tuple[PodReading, dict[str, str]]:
+        """pods.json, then one log per pod (their texts; unreadable -> empty, why in `problems`)."""
+        reading = self._save_pods(pods_future, retry_until)
+        logs = self.follower.log_reader.collect(reading.pods, self.batch_dir, retry_until, problems)
+        return reading, logs
 
     def _save_pods(
         self, pods_future: concurrent.futures.Future, retry_until: float | None
@@ -8186,7 +8220,8 @@ class BatchEvidence:
                 f"saw, each pod it saw unfinished read again",
                 file=sys.stderr,
             )
-        follower.drain_pod_watch()
+        if reading is None or reading.source != "final watch":
+            follower.drain_pod_watch()
         watched = list(follower.state.pods.values())
         if reading is None:
             fresh = reread_pods(
