@@ -54,6 +54,7 @@ import argparse
 import ast
 import bisect
 import codecs
+import collections
 import concurrent.futures
 import contextlib
 import csv
@@ -97,6 +98,7 @@ from typing import (
     NoReturn,
     Sequence,
     TextIO,
+    cast,
 )
 
 try:
@@ -1797,16 +1799,24 @@ def events_table(events: Sequence[EventRecord]) -> str:
 
 
 def events_table_lines(events: Sequence[EventRecord]) -> Iterator[str]:
-    """events_table line by line, each with its line end: hundreds of thousands of events are
-    written without one string of them all."""
+    """events_table a thousand lines at a time, each with its line end: hundreds of thousands of
+    events are written without one string of them all, nor one write each."""
     yield f"{'LAST SEEN (UTC)':<22}{'TYPE':<9}{'REASON':<26}{'OBJECT':<40}MESSAGE\n"
-    for event in sorted(events, key=lambda e: e.created or ""):
-        seen = event.last_timestamp or event.event_time or event.created
-        about = ("" if event.kind is None else event.kind.lower()) + "/" + (event.object_name or "")
-        yield (
-            f"{(seen or '')[:19] + 'Z':<22}{event.type or '':<9}{event.reason or '':<26}"
-            f"{about:<40}{(event.message or '').strip()}\n"
-        )
+    lines = map(event_table_line, sorted(events, key=lambda e: e.created or ""))
+    while True:
+        piece = "".join(itertools.islice(lines, ENCODED_ITEMS_A_PIECE))
+        if not piece:
+            return
+        yield piece
+
+
+def event_table_line(event: EventRecord) -> str:
+    seen = event.last_timestamp or event.event_time or event.created
+    about = ("" if event.kind is None else event.kind.lower()) + "/" + (event.object_name or "")
+    return (
+        f"{(seen or '')[:19] + 'Z':<22}{event.type or '':<9}{event.reason or '':<26}"
+        f"{about:<40}{(event.message or '').strip()}\n"
+    )
 
 
 def image_cache_states(events: Iterable[EventRecord]) -> dict[str, str]:
@@ -2259,6 +2269,13 @@ class Spool:
     def get(self, name: str) -> str:
         if self._held is not None:
             return self._held[name]
+        return self.get_bytes(name).decode("utf-8")
+
+    def get_bytes(self, name: str) -> bytes:
+        """The text as put, UTF-8 encoded: hundreds of megabytes of pods and events are written
+        into their files as read, not decoded and encoded again."""
+        if self._held is not None:
+            return self._held[name].encode("utf-8")
         offset, length = self._where[name] >> 32, self._where[name] & 0xFFFFFFFF
         if self._unwritten:
             self._file.flush()
@@ -2266,7 +2283,7 @@ class Spool:
         if not hasattr(os, "pread"):  # Windows: the file's own position, put back for writing
             self._cut = True
             self._file.seek(offset)
-            return self._file.read(length).decode("utf-8")
+            return self._file.read(length)
         # One call for the text alone: a buffered read after a seek reads a whole buffer,
         # and hundreds of thousands of events are read one by one for events.json.
         data = os.pread(self._file.fileno(), length, offset)
@@ -2275,7 +2292,7 @@ class Spool:
             if not more:
                 break
             data += more
-        return data.decode("utf-8")
+        return data
 
 
 class EventStore:
@@ -2330,10 +2347,10 @@ class EventStore:
         """The events' records in the order a list gives them (by name)."""
         return [self.records[name] for name in sorted(self.records if names is None else names)]
 
-    def whole(self, names: Iterable[str] | None = None) -> Iterator[str]:
-        """Each event's last version as JSON text, in the order a list gives them."""
+    def whole(self, names: Iterable[str] | None = None) -> Iterator[bytes]:
+        """Each event's last version as JSON text (UTF-8), in the order a list gives them."""
         for name in sorted(self.records if names is None else names):
-            yield self._spool.get(name)
+            yield self._spool.get_bytes(name)
 
 
 # --------------------------------------------------------------------------
@@ -4289,18 +4306,12 @@ RAMP_POINTS = ("pod_created", "scheduled", "sandbox_ready", "ready", "reward", "
 
 def per_whole_second_peak(moments: Sequence[float]) -> int:
     """The most moments that fall in one whole second (Kubernetes' own grain)."""
-    counts: dict[int, int] = {}
-    for moment in moments:
-        counts[math.floor(moment)] = counts.get(math.floor(moment), 0) + 1
-    return max(counts.values(), default=0)
+    return max(collections.Counter(map(math.floor, moments)).values(), default=0)
 
 
 def most_at_once(intervals: Iterable[tuple[float, float]]) -> int:
     """The largest number of (start, end) intervals open at one moment (an end before a start that ties)."""
-    edges = sorted(
-        [(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals],
-        key=lambda edge: (edge[0], edge[1]),
-    )
+    edges = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
     running = peak = 0
     for _, step in edges:
         running += step
@@ -7127,9 +7138,9 @@ class BatchState:
         else:
             self._not_final.add(name)
 
-    def pod_text(self, pod: dict, indented: bool = False) -> str:
-        """A pod as pods.json holds it (see pod_json): the text encoded while waiting when it is of
-        this very version and in this form."""
+    def pod_text(self, pod: dict, indented: bool = False) -> bytes:
+        """A pod as pods.json holds it (see pod_json), UTF-8: the text encoded while waiting when
+        it is of this very version and in this form."""
         name = pod_name(pod)
         version = pod["metadata"].get("resourceVersion")
         if (
@@ -7138,8 +7149,8 @@ class BatchState:
             and self.pods.get(name) is pod
             and indented == self.indented_pods
         ):
-            return self._final_texts.get(name)
-        return pod_json(pod, indented)
+            return self._final_texts.get_bytes(name)
+        return pod_json(pod, indented).encode("utf-8")
 
     def forget_shared(self) -> None:
         """Once nothing more is watched: the tables of shared strings are of no more use."""
@@ -8290,9 +8301,10 @@ class BatchEvidence:
 # Files.
 
 
-def write_text(path: str, text: str | Iterable[str]) -> None:
+def write_text(path: str, text: str | Iterable[str | bytes]) -> None:
     """Write a file whole or not at all (a crash never leaves half a receipt); the text may
-    come in pieces, so a large file is never held whole in memory."""
+    come in pieces, so a large file is never held whole in memory, and a piece may be bytes
+    (UTF-8), written as they are."""
     # One temporary name per writer: two threads saving the same file (a log read late while
     # it is read again) must not rename each other's half-written text into place.
     temporary = f"{path}.{threading.get_ident()}.tmp"
@@ -8302,7 +8314,13 @@ def write_text(path: str, text: str | Iterable[str]) -> None:
                 handle.write(text)
             else:
                 for piece in text:
-                    handle.write(piece)
+                    if isinstance(piece, str):
+                        handle.write(piece)
+                    elif os.linesep == "\n":  # no line ends to translate: the bytes go as they are
+                        handle.flush()
+                        handle.buffer.write(piece)
+                    else:
+                        handle.write(piece.decode("utf-8"))
         os.replace(temporary, path)
     except OSError as error:
         try:
@@ -8319,9 +8337,10 @@ ONE_LINE_ITEMS_FROM = 100
 
 class EncodedItems(NamedTuple):
     """The items of a JSON list already encoded one per text: as json.dumps writes them, or
-    (`indented`) as json_pieces does at their place in the file."""
+    (`indented`) as json_pieces does at their place in the file; str, or bytes (UTF-8) that
+    are written as they are."""
 
-    texts: Callable[[], Iterator[str]]
+    texts: Callable[[], Iterator[str] | Iterator[bytes]]
     count: int  # type: ignore[assignment]  # the items', not tuple.count()
     indented: bool = False
 
@@ -8332,7 +8351,11 @@ POD_LIST_LEVEL = 2
 
 def pod_json(pod: dict, indented: bool) -> str:
     """One pod's text in pods.json: compact (a long list's item), or indented at its place."""
-    return "".join(json_pieces(pod, POD_LIST_LEVEL)) if indented else json.dumps(pod)
+    if not indented:
+        return json.dumps(pod)
+    return "".join(
+        cast(Iterator[str], json_pieces(pod, POD_LIST_LEVEL))
+    )  # no bytes: no EncodedItems
 
 
 # Items of a long list (or object) are written this many at a time: 500,000 events, each a piece
@@ -8340,9 +8363,10 @@ def pod_json(pod: dict, indented: bool) -> str:
 ENCODED_ITEMS_A_PIECE = 1000
 
 
-def json_pieces(value: Any, level: int = 0) -> Iterator[str]:
+def json_pieces(value: Any, level: int = 0) -> Iterator[str | bytes]:
     """JSON indented by two spaces, as json.dumps(indent=2), but long lists and objects hold one
-    item per line; in pieces, so a file of thousands of pods is written without one string of it all."""
+    item per line; in pieces, so a file of thousands of pods is written without one string of it
+    all. Pieces of EncodedItems given as bytes are bytes."""
     pad = "  " * (level + 1)
     if (
         isinstance(value, EncodedItems)
@@ -8352,7 +8376,7 @@ def json_pieces(value: Any, level: int = 0) -> Iterator[str]:
         # Each text is json_pieces(item, level + 1) (indented) or json.dumps(item), as the list
         # branch below would make it; joined a thousand at a time, not piece by piece.
         yield "[\n"
-        yield from joined_pieces(pad + text for text in value.texts())
+        yield from joined_items(value.texts(), pad)
         yield "\n" + "  " * level + "]"
         return
     if isinstance(value, EncodedItems):  # a short list: written as the lists below are
@@ -8396,8 +8420,23 @@ def joined_pieces(lines: Iterable[str]) -> Iterator[str]:
         first = False
 
 
+def joined_items(texts: Iterator[str] | Iterator[bytes], pad: str) -> Iterator[str | bytes]:
+    """Texts each after `pad`, joined by ",\n", ENCODED_ITEMS_A_PIECE to a piece: as
+    joined_pieces(pad + text for text in texts), and bytes stay bytes."""
+    lead = pad
+    while True:
+        some: list = list(itertools.islice(texts, ENCODED_ITEMS_A_PIECE))
+        if not some:
+            return
+        if isinstance(some[0], bytes):
+            yield lead.encode("utf-8") + (",\n" + pad).encode("utf-8").join(some)
+        else:
+            yield lead + (",\n" + pad).join(some)
+        lead = ",\n" + pad
+
+
 def write_json(path: str, data: Any) -> None:
-    def pieces() -> Iterator[str]:
+    def pieces() -> Iterator[str | bytes]:
         yield from json_pieces(data)
         yield "\n"
 

@@ -512,9 +512,16 @@ def test_episodes_csv_and_events_txt_written_in_pieces_are_the_same_text(
     pieces = list(demo.episodes_csv_pieces([("rollout", summary)]))
     assert len(pieces) == 1 + 4 and "".join(pieces) == whole  # the header, then 16 rows by 5
     assert len(whole.splitlines()) == 1 + 16
-    lines = list(demo.events_table_lines(batch["events"]))
-    assert "".join(lines) == demo.events_table(batch["events"])
-    assert len(lines) == 1 + len(batch["events"]) and all(line.endswith("\n") for line in lines)
+    monkeypatch.setattr(demo, "ENCODED_ITEMS_A_PIECE", 5)
+    events = batch["events"]
+    pieces = list(demo.events_table_lines(events))
+    by_creation = sorted(events, key=lambda event: event.created or "")
+    assert len(pieces) == 1 + -(-len(events) // 5)  # the header, then the events by 5
+    assert "".join(pieces[1:]).splitlines(keepends=True) == [
+        demo.event_table_line(event) for event in by_creation
+    ]
+    assert "".join(pieces) == demo.events_table(events)
+    assert all(piece.endswith("\n") for piece in pieces)
 
 
 def test_drafted_points_hold_their_sources_floats_and_share_their_precisions() -> None:

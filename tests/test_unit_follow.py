@@ -547,7 +547,7 @@ def test_a_spool_gives_back_the_newest_text_of_each_name_between_writes() -> Non
     spool = demo.Spool()
     spool.put("a", "first ✓")
     spool.put("b", "other")
-    assert spool.get("a") == "first ✓"
+    assert spool.get("a") == "first ✓" and spool.get_bytes("a") == "first ✓".encode("utf-8")
     spool.put("a", "second")
     assert spool.get("a") == "second" and spool.get("b") == "other" and "a" in spool
     spool.forget("a")
@@ -646,16 +646,20 @@ def test_the_state_knows_its_pods_final_as_pods_final_reads_them_all(seed: int) 
 
 @pytest.mark.parametrize("count", [0, 1, 2, 3, 4, 6, 7, 99, 100, 101, 301])
 @pytest.mark.parametrize("indented", [False, True])
+@pytest.mark.parametrize("as_bytes", [False, True])
 def test_encoded_items_joined_a_few_at_a_time_are_the_lists_text(
-    count: int, indented: bool, monkeypatch: pytest.MonkeyPatch
+    count: int, indented: bool, as_bytes: bool, monkeypatch: pytest.MonkeyPatch, tmp_path
 ) -> None:
     monkeypatch.setattr(demo, "ENCODED_ITEMS_A_PIECE", 3)  # every edge of a piece, many times
-    items = [{"n": number, "s": ["a", number]} for number in range(count)]
+    items = [{"n": number, "s": ["a", number, "✓"]} for number in range(count)]
 
     def text(item: dict) -> str:
         return "".join(demo.json_pieces(item, 2)) if indented else json.dumps(item)
 
-    encoded = demo.EncodedItems(lambda: (text(item) for item in items), count, indented)
+    def given(item: dict) -> str | bytes:  # as the spools give them: UTF-8
+        return text(item).encode("utf-8") if as_bytes else text(item)
+
+    encoded = demo.EncodedItems(lambda: (given(item) for item in items), count, indented)
     expected = (
         "".join(demo.json_pieces({"items": items}))
         if indented or count >= demo.ONE_LINE_ITEMS_FROM or not count
@@ -663,7 +667,11 @@ def test_encoded_items_joined_a_few_at_a_time_are_the_lists_text(
     )
     if indented and count:  # a short list of pods is indented as a long list of them would be
         expected = '{\n  "items": [\n    ' + ",\n    ".join(map(text, items)) + "\n  ]\n}"
-    assert "".join(demo.json_pieces({"items": encoded})) == expected
+    # Written as a file, bytes among the str pieces: the very text, byte for byte.
+    demo.write_json(str(tmp_path / "items.json"), {"items": encoded})
+    assert (tmp_path / "items.json").read_bytes() == (expected + "\n").encode("utf-8")
+    if not as_bytes:
+        assert "".join(demo.json_pieces({"items": encoded})) == expected
 
 
 # --------------------------------------------------------------------------
