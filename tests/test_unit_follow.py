@@ -13,6 +13,8 @@ import json
 import os
 import random
 import signal
+import time
+import types
 import unittest.mock
 from pathlib import Path
 from typing import Any
@@ -398,6 +400,46 @@ def test_the_follower_settles_once_each_pods_last_change_and_every_event_arrived
     assert follower.watches_settled(2) and follower.watched_pods_final()
     assert follower.events_caught_up(2)
     assert sorted(follower.state.pods) == ["a", "b"] and len(follower.state.events) == 2
+
+
+def test_the_pods_and_logs_are_saved_while_the_events_are_counted_and_the_events_then_awaited(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    follower = follower_at_the_end([pod("a"), pod("b")], 2)
+    pods_json = tmp_path / "pods.json"
+
+    def count_events(*_: object) -> tuple[int, str]:
+        # An API server busy with the Job's end: it answers once pods.json is written, and two
+        # events arrive on the watch only then.
+        deadline = time.monotonic() + 10
+        while not pods_json.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert pods_json.exists(), "pods.json waited for the count"
+        for name in ("a.1", "b.1"):
+            follower.watches.queue.put(
+                demo.WatchEvent("events", {"type": "ADDED", "object": event(name)}, 100.0)
+            )
+        return 2, "95"
+
+    monkeypatch.setattr(demo, "count_events", count_events)
+    monkeypatch.setattr(
+        follower.log_reader, "collect", lambda pods, *_: {demo.pod_name(p): "" for p in pods}
+    )
+    run = types.SimpleNamespace(
+        kubectl=follower.kubectl,
+        namespace=NAMESPACE,
+        settings=types.SimpleNamespace(batches=[types.SimpleNamespace(job="rollout")]),
+        spelling=None,
+        silent=True,
+    )
+    evidence = demo.BatchEvidence(run, follower, str(tmp_path)).collect("rollout")  # type: ignore[arg-type]
+    # The event watch went on after the pods were saved: the events are the ones it followed.
+    assert [event.name for event in evidence.events] == ["a.1", "b.1"]
+    assert follower.state.events.resource_version == "95"
+    saved = json.loads(pods_json.read_text())
+    assert [item["metadata"]["name"] for item in saved["items"]] == ["a", "b"]
+    assert evidence.reading.source == "final watch" and sorted(evidence.logs) == ["a", "b"]
+    assert len(json.loads((tmp_path / "events.json").read_text())["items"]) == 2
 
 
 def test_the_follower_stops_waiting_at_its_deadline_when_a_pod_never_ends() -> None:
