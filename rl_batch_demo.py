@@ -146,8 +146,8 @@ COLLECT_RETRY_SECONDS = 10
 # What a kubelet answers (status 200) in place of a log it can no longer find, the container
 # already removed from its runtime: a notice, not the episode's output.
 KUBELET_LOG_GONE = re.compile(r"unable to retrieve container logs for \S+\s*")
-# After a Job's end, how long its pod and event watches are given to deliver what
-# happened up to the end before the pods and events are listed instead.
+# After a Job's end, how long its pod watch is given to deliver each pod's final state, and
+# then its event watch as many events as the API counted, before they are listed instead.
 SETTLE_SECONDS = 2.0
 PROXY_START_SECONDS = 10
 # The private directory of each run's `kubectl proxy` socket carries the run's pid,
@@ -1803,7 +1803,7 @@ def events_table_lines(events: Sequence[EventRecord]) -> Iterator[str]:
     events are written without one string of them all, nor one write each."""
     yield f"{'LAST SEEN (UTC)':<22}{'TYPE':<9}{'REASON':<26}{'OBJECT':<40}MESSAGE\n"
     lines = map(event_table_line, sorted(events, key=lambda e: e.created or ""))
-    while True:
+    while True:  # as many lines to a piece as a long JSON list's items
         piece = "".join(itertools.islice(lines, ENCODED_ITEMS_A_PIECE))
         if not piece:
             return
@@ -4309,7 +4309,7 @@ def per_whole_second_peak(moments: Sequence[float]) -> int:
     return max(collections.Counter(map(math.floor, moments)).values(), default=0)
 
 
-def most_at_once(intervals: Iterable[tuple[float, float]]) -> int:
+def most_at_once(intervals: Sequence[tuple[float, float]]) -> int:
     """The largest number of (start, end) intervals open at one moment (an end before a start that ties)."""
     edges = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
     running = peak = 0
@@ -7975,11 +7975,15 @@ class BatchFollower:
             return None
         return events_expected
 
-    def settle_watches(self, events_expected: int | None, seconds: float) -> None:
-        """After the end: take in what the watches still deliver until the pods are final and
-        the events number `events_expected` (None: not waited for), for up to `seconds`."""
+    def settle_watches(
+        self, events_expected: int | None, seconds: float, pods: bool = True
+    ) -> None:
+        """After the end: take in what the watches still deliver until the pods are final (not
+        `pods`: they are saved, or to be listed, already) and the events number
+        `events_expected` (None: not waited for), for up to `seconds`. What the pod watch
+        delivered before it was stopped is left untaken: pods.json is saved from it then."""
         deadline = time.monotonic() + seconds
-        while not self.watches_settled(events_expected):
+        while not self.watches_settled(events_expected, pods):
             try:
                 item = self.watches.get(timeout=max(0.0, min(0.1, deadline - time.monotonic())))
             except queue.Empty:
@@ -7987,7 +7991,12 @@ class BatchFollower:
                     return
                 continue
             while True:  # everything already delivered, before judging again
-                self.take(item, deadline)
+                if not (
+                    isinstance(item, (WatchEvent, WatchEnded))
+                    and item.kind == "pods"
+                    and "pods" not in self.watches
+                ):
+                    self.take(item, deadline)
                 try:
                     item = self.watches.get(None)
                 except queue.Empty:
@@ -8009,15 +8018,17 @@ class BatchFollower:
                 continue  # another watch's end: what follows the Job's end needs only the pods
             self.take(item, deadline)
 
-    def watches_settled(self, events_expected: int | None) -> bool:
-        """Nothing more worth waiting for: each watch has delivered enough, or never will."""
+    def watches_settled(self, events_expected: int | None, pods: bool = True) -> bool:
+        """Nothing more worth waiting for: each watch has delivered enough, or never will (not
+        `pods`: the event watch alone)."""
         events_done = (
             events_expected is None
             or not self.watch_followed("events")
             or self.events_caught_up(events_expected)
         )
         pods_done = (
-            not self.watch_followed("pods")
+            not pods
+            or not self.watch_followed("pods")
             or self.state.end != "Complete"
             or bool(self.state.deleted)
             or self.watched_pods_final()
@@ -8084,38 +8095,51 @@ class BatchEvidence:
         # Evidence is worth a few retries, not a long wait: a log that a kubelet
         # cannot serve now is saved empty and the episode fails verification.
         retry_until = time.monotonic() + COLLECT_RETRY_SECONDS if retry else None
-        # Its own threads: the log readers' pool may still be busy with reads under way.
-        with concurrent.futures.ThreadPoolExecutor(4) as fetchers:
+        # Its own threads: the log readers' pool may still be busy with reads under way. Not
+        # waited for on the way out: an interruption leaves a slow count to finish by itself.
+        fetchers = concurrent.futures.ThreadPoolExecutor(4)
+        try:
             # The events are counted while the pods settle and pods.json is written: an API
             # server busy with the Job's end may take a while to answer even a list of one.
             counting = (
-                fetchers.submit(follower.count_events_after_end, retry_until) if retry else None
+                fetchers.submit(follower.count_events_after_end, retry_until)
+                if retry and follower.events_watched and not follower.polling
+                else None
             )
             if retry:  # up to SETTLE_SECONDS for each pod's final state
                 follower.settle_watches(None, SETTLE_SECONDS)
             watched_final = follower.watched_pods_final()
             pods_future = fetchers.submit(self._read_pods, job_name, watched_final, retry)
+            # Not counted: the events are listed, while the pods and logs are written.
+            self.events_read = "list"
+            if counting is None:
+                events_future = fetchers.submit(self._read_events, False, retry)
             problems: list[str] = []
             saved: tuple[PodReading, dict[str, str]] | None = None
             if watched_final:
                 # Nothing the pod watch still delivers changes a final pod: pods.json and the
-                # logs are saved now, and the Job's and the events' watches go on.
-                follower.stop_watches(keep=("job", "events"))
+                # logs are saved now, and the event watch goes on.
+                follower.stop_watches(keep=("events",))
                 saved = self._save_pods_and_logs(pods_future, retry_until, problems)
-            # Then, once counted, up to SETTLE_SECONDS for as many events as the API held.
-            events_expected = counting.result() if counting else None
-            if retry:
-                follower.settle_watches(events_expected, SETTLE_SECONDS)
-            events_watched = follower.events_caught_up(events_expected)
+            if counting is not None:
+                # Then, once counted, up to SETTLE_SECONDS for as many events as the API held.
+                events_expected = counting.result()
+                follower.settle_watches(events_expected, SETTLE_SECONDS, pods=False)
+                if follower.events_caught_up(events_expected):
+                    self.events_read = "watch"
+                events_future = fetchers.submit(
+                    self._read_events, self.events_read == "watch", retry
+                )
             follower.stop_watches(keep=() if watched_final else ("pods",))
             if watched_final:
                 follower.state.forget_shared()
-            self.events_read = "watch" if events_watched else "list"
             job_future = fetchers.submit(self._read_job, job_name, retry_until)
-            events_future = fetchers.submit(self._read_events, events_watched, retry)
             return self.save_evidence(
                 job_future, saved or pods_future, events_future, retry_until, problems
             )
+        finally:
+            follower.stop_watches()  # already, unless something failed on the way
+            fetchers.shutdown(wait=False)
 
     def _read_job(self, job_name: str, retry_until: float | None) -> dict | None:
         """The Job as its end was seen, else as read now, else as last watched."""
@@ -8193,7 +8217,7 @@ class BatchEvidence:
                 os.path.join(self.batch_dir, "job.json"),
                 self.follower.jobs.saved() if self.follower.jobs.several else job,
             )
-        # The pods and logs are written while the events are still being read in pages.
+        # Unless saved already, the pods and logs are written while the events are read.
         reading, logs = (
             self._save_pods_and_logs(pods, retry_until, problems)
             if isinstance(pods, concurrent.futures.Future)

@@ -13,6 +13,7 @@ import json
 import os
 import random
 import signal
+import threading
 import time
 import types
 import unittest.mock
@@ -440,6 +441,35 @@ def test_the_pods_and_logs_are_saved_while_the_events_are_counted_and_the_events
     assert [item["metadata"]["name"] for item in saved["items"]] == ["a", "b"]
     assert evidence.reading.source == "final watch" and sorted(evidence.logs) == ["a", "b"]
     assert len(json.loads((tmp_path / "events.json").read_text())["items"]) == 2
+
+
+def test_after_the_pods_only_the_events_are_awaited() -> None:
+    follower = follower_at_the_end([pod("a"), pod("b", "Running")], 2)  # b never ends
+    for name in ("a.1", "b.1"):
+        follower.watches.queue.put(
+            demo.WatchEvent("events", {"type": "ADDED", "object": event(name)}, 100.0)
+        )
+    # Done once both events arrived: waiting for pod b would last the hour.
+    settling = threading.Thread(
+        target=follower.settle_watches, args=(2, 3600.0), kwargs={"pods": False}, daemon=True
+    )
+    settling.start()
+    settling.join(timeout=30)
+    assert not settling.is_alive() and follower.events_caught_up(2)
+
+
+def test_what_a_stopped_pod_watch_delivered_is_left_untaken_the_events_taken() -> None:
+    follower = follower_at_the_end([pod("a"), pod("b", "Running")], 2)
+    follower.stop_watches(keep=("events",))  # pods.json is written from what it saw by then
+    for item in (
+        demo.WatchEvent("pods", {"type": "MODIFIED", "object": pod("b")}, 100.0),
+        demo.WatchEvent("events", {"type": "ADDED", "object": event("a.1")}, 100.1),
+        demo.WatchEvent("events", {"type": "ADDED", "object": event("b.1")}, 100.2),
+    ):
+        follower.watches.queue.put(item)
+    follower.settle_watches(2, seconds=5, pods=False)
+    assert follower.events_caught_up(2)
+    assert follower.state.pods["b"]["status"]["phase"] == "Running"
 
 
 def test_the_follower_stops_waiting_at_its_deadline_when_a_pod_never_ends() -> None:
