@@ -8377,9 +8377,8 @@ def pod_json(pod: dict, indented: bool) -> str:
     """One pod's text in pods.json: compact (a long list's item), or indented at its place."""
     if not indented:
         return json.dumps(pod)
-    return "".join(
-        cast(Iterator[str], json_pieces(pod, POD_LIST_LEVEL))
-    )  # no bytes: no EncodedItems
+    # A pod holds no EncodedItems, so its pieces are all str.
+    return "".join(cast(Iterator[str], json_pieces(pod, POD_LIST_LEVEL)))
 
 
 # Items of a long list (or object) are written this many at a time: 500,000 events, each a piece
@@ -8408,8 +8407,8 @@ def json_pieces(value: Any, level: int = 0) -> Iterator[str | bytes]:
     if isinstance(value, dict) and len(value) >= ONE_LINE_ITEMS_FROM:
         # One line an item (observed.json's 100,000 pods), a thousand lines to a piece.
         yield "{\n"
-        lines = (f"{pad}{json.dumps(str(key))}: {json.dumps(item)}" for key, item in value.items())
-        yield from joined_pieces(lines)
+        lines = (f"{json.dumps(str(key))}: {json.dumps(item)}" for key, item in value.items())
+        yield from joined_items(lines, pad)
         yield "\n" + "  " * level + "}"
     elif isinstance(value, dict) and value:
         yield "{\n"
@@ -8420,7 +8419,7 @@ def json_pieces(value: Any, level: int = 0) -> Iterator[str | bytes]:
     elif isinstance(value, (list, tuple)) and len(value) >= ONE_LINE_ITEMS_FROM:
         # One line an item (results.json's rows), a thousand lines to a piece.
         yield "[\n"
-        yield from joined_pieces(pad + json.dumps(item) for item in value)
+        yield from joined_items((json.dumps(item) for item in value), pad)
         yield "\n" + "  " * level + "]"
     elif isinstance(value, (list, tuple)) and value:
         yield "[\n"
@@ -8432,24 +8431,13 @@ def json_pieces(value: Any, level: int = 0) -> Iterator[str | bytes]:
         yield json.dumps(value)
 
 
-def joined_pieces(lines: Iterable[str]) -> Iterator[str]:
-    """Lines joined by ",\n", ENCODED_ITEMS_A_PIECE to a piece."""
-    lines = iter(lines)
-    first = True
-    while True:
-        some = list(itertools.islice(lines, ENCODED_ITEMS_A_PIECE))
-        if not some:
-            return
-        yield ("" if first else ",\n") + ",\n".join(some)
-        first = False
-
-
-def joined_items(texts: Iterator[str] | Iterator[bytes], pad: str) -> Iterator[str | bytes]:
-    """Texts each after `pad`, joined by ",\n", ENCODED_ITEMS_A_PIECE to a piece: as
-    joined_pieces(pad + text for text in texts), and bytes stay bytes."""
+def joined_items(texts: Iterable[str] | Iterable[bytes], pad: str) -> Iterator[str | bytes]:
+    """Texts each after `pad`, joined by ",\n", ENCODED_ITEMS_A_PIECE to a piece; bytes stay
+    bytes (hundreds of megabytes of spooled pods and events are not decoded to be written)."""
+    remaining: Iterator[Any] = iter(texts)
     lead = pad
     while True:
-        some: list = list(itertools.islice(texts, ENCODED_ITEMS_A_PIECE))
+        some: list = list(itertools.islice(remaining, ENCODED_ITEMS_A_PIECE))
         if not some:
             return
         if isinstance(some[0], bytes):
