@@ -2,36 +2,6 @@
 """Measure how fast a Kubernetes cluster with a sandbox runtime runs a batch of
 RL rollout episodes for coding agents.
 
-The file's sections, top to bottom (each line is its section's banner):
-    Constants: defaults, limits, timeouts, and the names of what a run creates and saves.
-    The episode program every pod runs (`WORKER_SOURCE`), shipped in a ConfigMap.
-    Errors, and the records the sections share (`Settings`, `Task`, `RolloutPolicy`).
-    Manifests: plain dicts built from their arguments alone.
-    Capacity: can the batch's pods all run at once on the nodes there are?
-    Parsing what the cluster and the episodes said.
-    Reading a Job's pods after its end: lists in pages, not older than the end.
-    Statistics.
-    Verification: the first violation fails the whole batch; no bad episode is dropped.
-    Rollouts: every episode's outcome, its failure classified, none dropped.
-    Measurement: what each episode went through, from the API and the worker.
-    Rendering: CSV, SVG timeline, tables.
-    Runs in a cluster: what `list` shows and `cleanup --stale` decides, without receipts.
-    The one edge to the cluster: `Kubectl` runs every kubectl; `ApiProxy`; reads through them.
-    Following a batch: its watches, the state they feed, its logs and rewards, its evidence.
-    Files.
-    The receipt: what a run created, and the proof that it is the run's own.
-    The `run` action: `perform_run` -> `start_run` -> `execute`, its steps on one `RunContext`.
-    The `cleanup` action.
-    `list` and `cleanup --stale`: the tool's runs in a cluster, found without their receipts.
-    `report` and `compare`: saved files only, no cluster.
-    Command line: the parser, `main`, and `run_batch` / `stream_batch` for Python callers.
-
-A run starts at main() -> run_command() (or run_batch() / stream_batch() from Python)
--> perform_run(): start_run() makes its Settings and RunPlan; execute() calls its steps
-in order; run_one_batch() submits each Job, follows it (BatchFollower) and saves its
-evidence (BatchEvidence); save_results() writes results.json (assemble_results). `report`
-recomputes the results from the saved files alone (recompute).
-
 One Kubernetes Job, N pods, N episodes. Each episode writes a small buggy
 program and its unit tests, proves the tests fail, applies a fixed patch (a
 deterministic stand-in for a model's action), runs the tests again and reports
@@ -45,6 +15,40 @@ Usage:
 
 Also: `report DIR`, `compare DIR_A DIR_B`, `list`, `cleanup --stale AGE`;
 `run --help` lists every option.
+
+The package's modules, lowest layer first: each imports only those above it here, and the
+shipped single file holds them in this order, each part opening with its source path.
+    worker: the episode program every pod runs, shipped in a ConfigMap as text.
+    constants: defaults, limits, timeouts, and the names of what a run creates and saves.
+    model: errors, and the records the modules share (`Settings`, `Task`, `RunPlan`).
+    stats: percentiles and their descriptions.
+    files: writing and reading files; the receipt, the proof of what a run created.
+    store: a big batch held in little memory: shared strings and byte spools.
+    parse: parsing what the cluster and the episodes said.
+    manifests: the objects a run creates, as plain dicts; capacity.
+    timing: what each episode went through: points, bounds, clocks, phases.
+    outcomes: verification and classification: every episode's outcome, none dropped.
+    summary: the batch's summary: throughput, slots, drafts, the events' index, episodes.csv.
+    render: SVG pictures, tables, the comparison.
+    runs: what `list` shows and `cleanup --stale` decides, without receipts.
+    kube: the one edge to the cluster: `Kubectl`, `ApiProxy`, paged reads.
+    follow: following a batch: watches, state, logs, rewards, evidence.
+    syntax: an episode script's syntax, checked before it is shipped.
+    preflight: what `run` checks and records before it changes the cluster.
+    results: results.json: a batch's figures and the run's.
+    lifecycle: `cleanup`, `list` and `cleanup --stale`.
+    run: the `run` action: `perform_run` -> `start_run` -> `execute`.
+    report: `report` and `compare`: saved files only, no cluster.
+    cli: the parser, its checks, and `main`.
+    api: `run_batch` and `stream_batch` for Python callers.
+
+A run starts at cli.main() -> run_command() (or run_batch() / stream_batch() from Python)
+-> perform_run(): start_run() makes its Settings and RunPlan; execute() calls its steps
+in order; run_one_batch() submits each Job, follows it (BatchFollower) and saves its
+evidence (BatchEvidence); save_results() writes results.json (assemble_results). `report`
+recomputes the results from the saved files alone (recompute).
+
+This file is generated from the package src/rl_batch_demo/ by tools/bundle.py; edit the package, not this file.
 """
 # SPDX-License-Identifier: MIT
 
@@ -87,6 +91,7 @@ import urllib.parse
 import warnings
 from html import escape as html_escape
 from keyword import iskeyword
+from pathlib import Path
 from typing import (
     Any,
     Callable,
@@ -103,111 +108,145 @@ from typing import (
 
 try:
     import resource
-except ImportError:  # not on Windows; CPU figures are then left out
-    resource = None  # type: ignore[assignment]
+except ImportError:
+    resource = None
+
 
 # --------------------------------------------------------------------------
-# Constants: defaults, limits, timeouts, and the names of what a run creates and saves.
+# src/rl_batch_demo/constants.py: Constants: defaults, limits, timeouts, and the names of what a run creates and saves.
 
 __version__ = "0.1.0"
 
 DEFAULT_COUNT = 10
+
 DEFAULT_MAX_EPISODES = 20
+
 DEFAULT_IMAGE = "python:3.12-alpine"
+
 DEFAULT_RUNTIME = "cube"
+
 DEFAULT_JOB_DEADLINE_SECONDS = 240
+
 # Up to this many episodes the guide's deadline holds; a larger batch runs in more
 # waves of pods, and its deadline grows with them.
 DEADLINE_GROWS_ABOVE_EPISODES = 20
+
 CLIENT_GRACE_SECONDS = 30
+
 # --prepull reads its pods this often: its figure is that much coarser than the batch's.
 PREPULL_POLL_SECONDS = 0.25
+
 REQUEST_TIMEOUT_SECONDS = 30
+
 CALL_TIMEOUT_SECONDS = 60
+
 DELETE_WAIT_SECONDS = 120
+
 FIRST_CONTACT_RETRY_SECONDS = 10
+
 LOG_READERS = 8
+
 POLL_INTERVAL_SECONDS = 1.0
+
 WATCH_RESTARTS_BEFORE_POLLING = 3
+
 # The most watch events decoded and waiting to be taken in: a client that falls behind stops
 # reading its watches there, and the rest waits in their pipes (then in kubectl and the API
 # server) instead of in its memory, a decoded pod taking about ten times its text.
 WATCH_EVENTS_WAITING_MOST = 1000
+
 # Lists are read in pages of kubectl's own default --chunk-size: each page is one
 # call well inside the per-call limit, however many pods the batch has.
 LIST_PAGE_SIZE = 500
+
 # How long one page is asked again: a watch cache that is catching up answers
 # "Too large resource version" (retry after 1 s) until it has.
 PAGE_RETRY_SECONDS = 60
+
 # Continue tokens expire when the API server compacts their revision; a list
 # whose token expires this often is given up.
 LIST_EXPIRIES = 3
+
 COLLECT_RETRY_SECONDS = 10
+
 # What a kubelet answers (status 200) in place of a log it can no longer find, the container
 # already removed from its runtime: a notice, not the episode's output.
 KUBELET_LOG_GONE = re.compile(r"unable to retrieve container logs for \S+\s*")
+
 # After a Job's end, how long its pod watch is given to deliver each pod's final state, and
 # then its event watch as many events as the API counted, before they are listed instead.
 SETTLE_SECONDS = 2.0
+
 PROXY_START_SECONDS = 10
+
 # The private directory of each run's `kubectl proxy` socket carries the run's pid,
 # so a later run can tell (and remove) the directory of a run that was killed.
 PROXY_DIRECTORY_PREFIX = "rl-batch-demo-"
+
 # What kubectl prints when the kubeconfig gives it no credentials and it asks instead.
 CREDENTIALS_PROMPT = "Please enter Username"
+
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-# The syntax each Python since the oldest this tool runs on (3.9) added, with the version that
-# brought it: on an older Python, unexplained_syntax_error spells it in older terms before it
-# judges an error. A Python at least as new as the newest here refuses every error.
-NEWER_SYNTAX = {
-    "match": (3, 10),  # match and case statements (PEP 634)
-    "bare_walrus": (3, 10),  # `a[i := 1]`: an unparenthesized := in an index
-    "except_star": (3, 11),  # `except* E:` (PEP 654)
-    "star_index": (3, 11),  # `a[*b]`, `*args: *Ts` (PEP 646)
-    "f_strings": (3, 12),  # quotes, backslashes, comments, newlines in f-string fields (PEP 701)
-    "type_params": (3, 13),  # def f[T](), class C[T], type X = (PEP 695, 3.12; defaults, PEP 696)
-    "except_commas": (3, 14),  # `except A, B:` unbracketed (PEP 758)
-    "t_strings": (3, 14),  # t"..." template strings (PEP 750)
-}
-NEWEST_SYNTAX_PYTHON = max(NEWER_SYNTAX.values())
-# The prefixes of Python's strings (in any case), f- and t-strings among them.
-STRING_PREFIXES = {"r", "u", "b", "br", "rb", "f", "fr", "rf", "t", "tr", "rt"}
 
 JOB_NAME = "rollout"
+
 WARMUP_JOB_NAME = "rollout-warmup"
+
 CONFIGMAP_NAME = "episode"
+
 CONTAINER_NAME = "episode"
+
 WORKER_KEY = "episode.py"
+
 RUN_LABEL = "agc-demo-run"
+
 APP_LABEL = "rl-batch-demo"
+
 NAMESPACE_PREFIX = "agc-rl-"
+
 # What each run's namespace says of itself, from its creation, so a run is found and
 # reaped without its receipt. The domain prefix keeps these keys apart from anyone else's.
 ANNOTATION_PREFIX = "rl-batch-demo.agc/"
+
 RUN_ID_ANNOTATION = ANNOTATION_PREFIX + "run-id"
+
 VERSION_ANNOTATION = ANNOTATION_PREFIX + "version"
+
 HOST_ANNOTATION = ANNOTATION_PREFIX + "host"
+
 OUTPUT_ANNOTATION = ANNOTATION_PREFIX + "output"
+
 USER_ANNOTATION = ANNOTATION_PREFIX + "user"
+
 EXPIRES_ANNOTATION = ANNOTATION_PREFIX + "expires-at"
+
 # What the run plans, all its batches told (warm-up, rounds, a Job per image): its Jobs are made
 # one batch at a time, so between two batches every Job there is has ended and only these tell a
 # run that has more to do from one that is done.
 JOBS_PLANNED_ANNOTATION = ANNOTATION_PREFIX + "jobs-planned"
+
 EPISODES_PLANNED_ANNOTATION = ANNOTATION_PREFIX + "episodes-planned"
+
 # `run --dry-run` asks the cluster nothing, so it cannot know who the run would be.
 USER_UNKNOWN_BEFORE_RUN = "(kubectl auth whoami, at run time)"
+
 DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
 COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+
 # A run whose tasks name several images runs one Job per image: every Job and pod of one batch
 # carries its batch's name under this label, and each Job's pods carry the run-wide index of each
 # of its completion indexes under this annotation ("0-3,8-11": completion index 0 is episode 0,
 # index 4 is episode 8).
 BATCH_LABEL = ANNOTATION_PREFIX + "batch"
+
 EPISODE_INDEXES_ANNOTATION = ANNOTATION_PREFIX + "episode-indexes"
+
 # --prepull's pods (one per node and image, each running `python -c pass`) carry this label.
 PREPULL_LABEL = ANNOTATION_PREFIX + "prepull"
+
 PREPULL_FILE = "prepull.json"
+
 # How a Job of several runs the episode program: the run-wide index of its completion index (which
 # Kubernetes gives every pod of an Indexed Job as JOB_COMPLETION_INDEX) becomes EPISODE_INDEX and
 # names TASK_FILE, as in a run of one Job; then the program runs in this very process, so its
@@ -224,11 +263,14 @@ os.environ["TASK_FILE"] = "/tasks/%d.json" % index
 sys.argv, sys.path[0] = ["/demo/episode.py"], "/demo"
 runpy.run_path("/demo/episode.py", run_name="__main__")
 """
+
 # The Job controller keeps this finalizer on each pod until it has counted the pod's end.
 JOB_TRACKING_FINALIZER = "batch.kubernetes.io/job-tracking"
 
 RECEIPT_FILE = "receipt.json"
+
 RESULTS_FILE = "results.json"
+
 SETTINGS_FILE = "run.json"
 
 # Kubectl's words for a 404 without a Kubernetes Status naming an object: the
@@ -260,42 +302,61 @@ TRANSIENT_ERROR_MARKERS = (
 )
 
 EXIT_USAGE = 2
+
 # A batch with failed episodes that --allow-failures accepted: results.json and
 # rewards.jsonl are complete, and a script can tell this from a clean pass (0).
 EXIT_PARTIAL = 3
+
 EXIT_INTERRUPTED = 130
 
 REWARDS_FILE = "rewards.jsonl"
+
 TASK_FILE_ENV = "TASK_FILE"
+
 TASKS_VOLUME = "tasks"
+
 TASKS_MOUNT = "/tasks"
+
 TASKS_CONFIGMAP_PREFIX = "tasks-"
+
 # A ConfigMap holds at most 1 MiB (1,048,576 bytes) of data; each chunk of tasks stays under
 # 1,000,000 bytes, which leaves room for the object's own fields.
 TASKS_CONFIGMAP_BYTES = 1_000_000
+
 # Tasks travel in at most this many ConfigMaps (about 16 MB), so the Job that mounts them all,
 # and each pod's volume, stays a reasonable size.
 TASKS_MAX_CONFIGMAPS = 16
+
 INDEX_FAILURE_COUNT_ANNOTATION = "batch.kubernetes.io/job-index-failure-count"
+
 INDEX_IGNORED_FAILURE_COUNT_ANNOTATION = "batch.kubernetes.io/job-index-ignored-failure-count"
+
 # backoffLimitPerIndex, maxFailedIndexes and the FailIndex action are GA (always on) from here.
 RETRIES_MIN_SERVER = (1, 33)
+
 FAILURE_CLASSES = ("infrastructure", "episode", "verifier")
+
 # An episode the Job stopped because --need was met: no failure, and no sample to learn from.
 CANCELLED = "cancelled"
+
 # The classes whose line a trainer may learn from: the agent's own outcome.
 VALID_CLASSES = (None, "episode")
+
 # successPolicy and its SuccessCriteriaMet condition are GA (always on) from here.
 NEED_MIN_SERVER = (1, 33)
+
 # The reason of a Job's SuccessCriteriaMet (then Complete) condition when its successPolicy was met.
 SUCCESS_POLICY_REASON = "SuccessPolicy"
+
 # The kubelet's reason on a pod that outlived its activeDeadlineSeconds (--episode-timeout).
 POD_DEADLINE_REASON = "DeadlineExceeded"
+
 # Exit codes that are no verdict of the episode program: the runtime could not run its command
 # (126, 127), or something outside killed it (137 SIGKILL: the OOM killer or the kubelet; 143
 # SIGTERM: a pod being stopped). The Job API cannot tell an OOM kill from another SIGKILL, so
 # an OOM kill is retried and classified as infrastructure like the rest.
 INFRASTRUCTURE_EXIT_CODES = (126, 127, 137, 143)
+
 INFRASTRUCTURE_POD_REASONS = (
     "Evicted",
     "NodeLost",
@@ -307,18 +368,19 @@ INFRASTRUCTURE_POD_REASONS = (
     "Shutdown",
     "Terminated",
 )
+
 INFRASTRUCTURE_TERMINATED_REASONS = (
     "OOMKilled",
     "ContainerStatusUnknown",
     "StartError",
     "ContainerCannotRun",
 )
+
 # The built-in worker's own words when its baseline passes: its test did not check the bug.
 BASELINE_PASSED_MESSAGE = "baseline must fail the boundary test"
 
-# --------------------------------------------------------------------------
-# The episode program every pod runs (`WORKER_SOURCE`), shipped in a ConfigMap.
 
+# The episode program every pod runs, shipped in a ConfigMap.
 WORKER_SOURCE = r'''"""One RL rollout episode: fix the code -> run the tests -> reward.
 
 Prints one JSON event per stdout line: "ready" once the task is written,
@@ -442,8 +504,7 @@ if __name__ == "__main__":
 
 
 # --------------------------------------------------------------------------
-# Errors, and the records the sections share (`Settings`, `Task`, `RolloutPolicy`).
-
+# src/rl_batch_demo/model.py: Errors, and the records the modules share (`Settings`, `Task`, `RolloutPolicy`, `RunPlan`).
 
 class DemoError(Exception):
     """An expected failure: reported as one or a few lines, exit status 1."""
@@ -487,6 +548,7 @@ class Spelling(NamedTuple):
 
 
 COMMAND_LINE = Spelling(python=False)
+
 PYTHON_CALL = Spelling(python=True)
 
 
@@ -706,271 +768,526 @@ SAVED_SETTINGS_NEEDED = (
 )
 
 
+class RunPlan(NamedTuple):
+    """Every object one run creates, built once: `--dry-run` prints them and `run` creates them."""
+
+    namespace: dict
+    setup: list[dict]  # the NetworkPolicy (--harden), the worker's ConfigMap, the tasks' ConfigMaps
+    jobs: dict[
+        str, list[dict]
+    ]  # each batch's Jobs (one per image) by its name, in the order the batches run
+
+    def objects(self) -> list[dict]:
+        """In creation order."""
+        return [self.namespace, *self.setup, *(job for jobs in self.jobs.values() for job in jobs)]
+
+
+class StreamClosed(Exception):
+    """stream_batch()'s reader stopped before the batch ended."""
+
+
 # --------------------------------------------------------------------------
-# Manifests: plain dicts built from their arguments alone.
+# src/rl_batch_demo/stats.py: Statistics: percentiles and their descriptions.
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear interpolation between closest ranks, index (n-1)*q (NumPy's default)."""
+    if not values:
+        raise ValueError("percentile of no values")
+    return sorted_percentile(sorted(values), q)
 
 
-class RunOrigin(NamedTuple):
-    """Who starts a run, from where, and until when it may live: its namespace's annotations."""
-
-    run_id: str
-    version: str
-    host: str
-    output: str  # absolute
-    user: str
-    expires_at: float | None  # epoch seconds, from `run --ttl`
+def sorted_percentile(ordered: Sequence[float], q: float) -> float:
+    """percentile() of values already sorted: a hundred thousand of them are not copied again."""
+    position = (len(ordered) - 1) * q
+    lower = math.floor(position)
+    upper = math.ceil(position)
+    return ordered[lower] + (ordered[upper] - ordered[lower]) * (position - lower)
 
 
-def origin_annotations(origin: RunOrigin) -> dict[str, str]:
-    """The annotations that let `list` and `cleanup --stale` know a run without its receipt."""
-    annotations = {
-        RUN_ID_ANNOTATION: origin.run_id,
-        VERSION_ANNOTATION: origin.version,
-        HOST_ANNOTATION: origin.host,
-        OUTPUT_ANNOTATION: origin.output,
-        USER_ANNOTATION: origin.user,
-    }
-    if origin.expires_at is not None:
-        annotations[EXPIRES_ANNOTATION] = rfc3339(origin.expires_at)
-    return annotations
+def rounded(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(value, digits)
 
 
-class PlannedWork(NamedTuple):
-    """What a run plans, every batch told: its Jobs and their episodes (completions)."""
-
-    jobs: int
-    episodes: int
-
-
-def planned_work(jobs: Mapping[str, Sequence[dict]]) -> PlannedWork:
-    """The Jobs and episodes of every batch of a plan (RunPlan.jobs)."""
-    manifests = [manifest for batch in jobs.values() for manifest in batch]
-    return PlannedWork(
-        len(manifests),
-        sum(int(manifest["spec"].get("completions") or 1) for manifest in manifests),
-    )
-
-
-def planned_annotations(planned: PlannedWork) -> dict[str, str]:
-    return {
-        JOBS_PLANNED_ANNOTATION: str(planned.jobs),
-        EPISODES_PLANNED_ANNOTATION: str(planned.episodes),
-    }
-
-
-def namespace_manifest(
-    namespace: str,
-    run_id: str,
-    harden: bool = False,
-    origin: RunOrigin | None = None,
-    planned: PlannedWork | None = None,
+def describe(
+    values: Sequence[float], missing: int = 0, ordered: Sequence[float] | None = None
 ) -> dict:
-    """The run's own Namespace, labelled with the run id; annotated with its origin and with what
-    it plans, when given (in the manifest itself, so the namespace never exists without them)."""
-    labels = {RUN_LABEL: run_id}
-    if harden:
-        labels.update(
+    """P50/P95/P99/max/mean of a sample, with its size and how many were missing (`ordered`:
+    the values sorted already)."""
+    summary: dict[str, Any] = {"samples": len(values), "missing": missing}
+    if values:
+        ordered = sorted(values) if ordered is None else ordered
+        summary.update(
             {
-                "pod-security.kubernetes.io/enforce": "restricted",
-                "pod-security.kubernetes.io/enforce-version": "latest",
-                "pod-security.kubernetes.io/warn": "restricted",
-                "pod-security.kubernetes.io/audit": "restricted",
+                "p50": rounded(sorted_percentile(ordered, 0.50)),
+                "p95": rounded(sorted_percentile(ordered, 0.95)),
+                "p99": rounded(sorted_percentile(ordered, 0.99)),
+                "max": rounded(max(values)),
+                "mean": rounded(sum(values) / len(values)),
             }
         )
-    metadata: dict[str, Any] = {"name": namespace, "labels": labels}
-    annotations = {
-        **(origin_annotations(origin) if origin is not None else {}),
-        **(planned_annotations(planned) if planned is not None else {}),
-    }
-    if annotations:
-        metadata["annotations"] = annotations
-    return {"apiVersion": "v1", "kind": "Namespace", "metadata": metadata}
+    return summary
 
 
-def configmap_manifest(namespace: str, worker_source: str) -> dict:
-    """The ConfigMap that ships the episode program to every pod."""
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {"name": CONFIGMAP_NAME, "namespace": namespace},
-        "data": {WORKER_KEY: worker_source},
-    }
+# --------------------------------------------------------------------------
+# src/rl_batch_demo/files.py: Files, and the receipt: what a run created, and the proof that it is the run's own.
 
-
-def network_policy_manifest(namespace: str) -> dict:
-    """Deny all ingress and egress for every pod of the namespace."""
-    return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": {"name": "deny-all", "namespace": namespace},
-        "spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]},
-    }
-
-
-def file_line(number: int) -> str:
-    return f"line {number}"
-
-
-def parse_tasks(lines: Iterable[str], place: Callable[[int], str] = file_line) -> list[Task]:
-    """The tasks of a JSONL file: one JSON object per non-blank line; ValueError names a bad
-    line as `place` says it (a file's line number, or a Python list's index)."""
-    tasks = []
-    for number, line in enumerate(lines, start=1):
-        text = line.strip()
-        if not text:
-            continue
+def write_text(path: str, text: str | Iterable[str | bytes]) -> None:
+    """Write a file whole or not at all (a crash never leaves half a receipt); the text may
+    come in pieces, so a large file is never held whole in memory, and a piece may be bytes
+    (UTF-8), written as they are."""
+    # One temporary name per writer: two threads saving the same file (a log read late while
+    # it is read again) must not rename each other's half-written text into place.
+    temporary = f"{path}.{threading.get_ident()}.tmp"
+    try:
+        with open(temporary, "w", encoding="utf-8") as handle:
+            if isinstance(text, str):
+                handle.write(text)
+            else:
+                for piece in text:
+                    if isinstance(piece, str):
+                        handle.write(piece)
+                    elif os.linesep == "\n":  # no line ends to translate: the bytes go as they are
+                        handle.flush()
+                        handle.buffer.write(piece)
+                    else:
+                        handle.write(piece.decode("utf-8"))
+        os.replace(temporary, path)
+    except OSError as error:
         try:
-            value = json.loads(text)
-        except ValueError as error:
-            raise ValueError(f"{place(number)} is not JSON ({error})") from None
-        if not isinstance(value, dict):
-            raise ValueError(f"{place(number)} is not a JSON object")
-        task_id = value.get("id", number)
-        if isinstance(task_id, (dict, list)) or task_id is None:
-            raise ValueError(f"{place(number)}: the task id must be a string or a number")
-        image = value.get("image")
-        if "image" in value and (
-            not isinstance(image, str) or not image.strip() or image != image.strip()
-        ):
-            raise ValueError(
-                f"{place(number)}: the task image must be a non-empty string without spaces "
-                f"around it, got {image!r}"
-            )
-        # Always a string: a trainer joining rewards to tasks by id meets one type, not "a" and 3.
-        tasks.append(
-            Task(task_id if isinstance(task_id, str) else json.dumps(task_id), number, text, image)
+            os.unlink(temporary)
+        except OSError:
+            pass  # never created, or the disk is beyond help: the error below says what failed
+        raise DemoError(f"cannot write {path}: {error.strerror or error}") from None
+
+
+# A list (or an object) longer than this is written one compact item per line: indenting
+# makes json use its pure-Python encoder, ten times slower, which costs seconds for thousands of pods.
+ONE_LINE_ITEMS_FROM = 100
+
+
+class EncodedItems(NamedTuple):
+    """The items of a JSON list already encoded one per text: as json.dumps writes them, or
+    (`indented`) as json_pieces does at their place in the file; str, or bytes (UTF-8) that
+    are written as they are."""
+
+    texts: Callable[[], Iterator[str] | Iterator[bytes]]
+    count: int  # type: ignore[assignment]  # the items', not tuple.count()
+    indented: bool = False
+
+
+# Where pods.json holds each pod: {"items": [pod, ...]} puts them two levels down.
+POD_LIST_LEVEL = 2
+
+
+def pod_json(pod: dict, indented: bool) -> str:
+    """One pod's text in pods.json: compact (a long list's item), or indented at its place."""
+    if not indented:
+        return json.dumps(pod)
+    # A pod holds no EncodedItems, so its pieces are all str.
+    return "".join(cast(Iterator[str], json_pieces(pod, POD_LIST_LEVEL)))
+
+
+# Items of a long list (or object) are written this many at a time: 500,000 events, each a piece
+# of its own, took a second more to write.
+ENCODED_ITEMS_A_PIECE = 1000
+
+
+def json_pieces(value: Any, level: int = 0) -> Iterator[str | bytes]:
+    """JSON indented by two spaces, as json.dumps(indent=2), but long lists and objects hold one
+    item per line; in pieces, so a file of thousands of pods is written without one string of it
+    all. Pieces of EncodedItems given as bytes are bytes."""
+    pad = "  " * (level + 1)
+    if (
+        isinstance(value, EncodedItems)
+        and value.count
+        and (value.indented or value.count >= ONE_LINE_ITEMS_FROM)
+    ):
+        # Each text is json_pieces(item, level + 1) (indented) or json.dumps(item), as the list
+        # branch below would make it; joined a thousand at a time, not piece by piece.
+        yield "[\n"
+        yield from joined_items(value.texts(), pad)
+        yield "\n" + "  " * level + "]"
+        return
+    if isinstance(value, EncodedItems):  # a short list: written as the lists below are
+        value = [json.loads(text) for text in value.texts()]
+    if isinstance(value, dict) and len(value) >= ONE_LINE_ITEMS_FROM:
+        # One line an item (observed.json's 100,000 pods), a thousand lines to a piece.
+        yield "{\n"
+        lines = (f"{json.dumps(str(key))}: {json.dumps(item)}" for key, item in value.items())
+        yield from joined_items(lines, pad)
+        yield "\n" + "  " * level + "}"
+    elif isinstance(value, dict) and value:
+        yield "{\n"
+        for position, (key, item) in enumerate(value.items()):
+            yield (",\n" if position else "") + f"{pad}{json.dumps(str(key))}: "
+            yield from json_pieces(item, level + 1)
+        yield "\n" + "  " * level + "}"
+    elif isinstance(value, (list, tuple)) and len(value) >= ONE_LINE_ITEMS_FROM:
+        # One line an item (results.json's rows), a thousand lines to a piece.
+        yield "[\n"
+        yield from joined_items((json.dumps(item) for item in value), pad)
+        yield "\n" + "  " * level + "]"
+    elif isinstance(value, (list, tuple)) and value:
+        yield "[\n"
+        for position, item in enumerate(value):
+            yield ",\n" + pad if position else pad
+            yield from json_pieces(item, level + 1)
+        yield "\n" + "  " * level + "]"
+    else:
+        yield json.dumps(value)
+
+
+def joined_items(texts: Iterable[str] | Iterable[bytes], pad: str) -> Iterator[str | bytes]:
+    """Texts each after `pad`, joined by ",\n", ENCODED_ITEMS_A_PIECE to a piece; bytes stay
+    bytes (hundreds of megabytes of spooled pods and events are not decoded to be written)."""
+    remaining: Iterator[Any] = iter(texts)
+    lead = pad
+    while True:
+        some: list = list(itertools.islice(remaining, ENCODED_ITEMS_A_PIECE))
+        if not some:
+            return
+        if isinstance(some[0], bytes):
+            yield lead.encode("utf-8") + (",\n" + pad).encode("utf-8").join(some)
+        else:
+            yield lead + (",\n" + pad).join(some)
+        lead = ",\n" + pad
+
+
+def write_json(path: str, data: Any) -> None:
+    def pieces() -> Iterator[str | bytes]:
+        yield from json_pieces(data)
+        yield "\n"
+
+    write_text(path, pieces())
+
+
+def read_json(path: str, what: str) -> Any:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except FileNotFoundError:
+        raise DemoError(f"{what} not found: {path}") from None
+    except (OSError, ValueError) as error:
+        raise DemoError(f"{what} unreadable: {path}: {error}") from None
+
+
+def read_text(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return handle.read()
+    except FileNotFoundError:
+        return ""
+
+
+def program_name() -> str:
+    name = os.path.basename(sys.argv[0] or "")
+    return name if name and not name.endswith(".py") else "python3 rl_batch_demo.py"
+
+
+def kubeconfig_path() -> str:
+    """The kubeconfig kubectl reads here: $KUBECONFIG (maybe a list), else ~/.kube/config."""
+    return os.environ.get("KUBECONFIG") or os.path.join(os.path.expanduser("~"), ".kube", "config")
+
+
+def cleanup_command(output: str, kubectl_binary: str = "kubectl") -> str:
+    extra = "" if kubectl_binary == "kubectl" else f" --kubectl {shlex.quote(kubectl_binary)}"
+    return f"{program_name()} cleanup --output {shlex.quote(output)}{extra}"
+
+
+class Receipt:
+    """receipt.json: the namespace and Jobs of one run and their UIDs, saved whole at every change.
+
+    A run writes it before it changes anything in the cluster and adds each UID the
+    moment the object exists, so an interruption at any point leaves a receipt that
+    names everything created so far; cleanup deletes only what it proves.
+    """
+
+    def __init__(self, path: str, fields: dict[str, Any]) -> None:
+        self.path = path
+        self.fields = fields
+
+    @classmethod
+    def start(
+        cls, output: str, context: str, namespace: str, run_id: str, kubeconfig: str | None = None
+    ) -> Receipt:
+        """A new run's receipt, with the kubeconfig its context came from; written by its first `save()`."""
+        fields = {"context": context, "namespace": namespace, "run_id": run_id}
+        return cls(
+            os.path.join(output, RECEIPT_FILE),
+            dict(fields, kubeconfig=kubeconfig) if kubeconfig else fields,
         )
-    if not tasks:
-        raise ValueError("no tasks in it")
-    ids = [task.task_id for task in tasks]
-    if len(set(map(json.dumps, ids))) != len(ids):
-        duplicate = next(i for i in ids if ids.count(i) > 1)
-        raise ValueError(f"task id {duplicate!r} appears more than once")
-    return tasks
 
-
-def parse_image_map(texts: Iterable[str]) -> tuple[tuple[str, str], ...]:
-    """--image-map FROM=TO, each given: (FROM, TO) pairs; ValueError names a malformed one."""
-    pairs: list[tuple[str, str]] = []
-    for text in texts:
-        source, equals, target = text.partition("=")
-        if (
-            not equals
-            or not source
-            or not target
-            or source != source.strip()
-            or target != target.strip()
+    @classmethod
+    def read(cls, output: str) -> Receipt:
+        """The receipt in a run's directory, written by this tool or by the guide's script."""
+        path = os.path.join(output, RECEIPT_FILE)
+        fields = read_json(path, "receipt")
+        if not isinstance(fields, dict) or not all(
+            isinstance(fields.get(k), str) and fields.get(k)
+            for k in ("context", "namespace", "run_id")
         ):
-            raise ValueError(
-                f"{text!r} is not FROM=TO (two image reference prefixes, e.g. "
-                f"docker.io/swebench=registry.internal/swebench)"
+            raise DemoError(
+                f"receipt {path} lacks context, namespace or run_id; nothing was deleted"
             )
-        if any(source == earlier for earlier, _ in pairs):
-            raise ValueError(f"{source!r} is mapped twice")
-        pairs.append((source, target))
-    return tuple(pairs)
+        if not fields["namespace"].startswith(NAMESPACE_PREFIX):
+            raise DemoError(
+                f"receipt names namespace {fields['namespace']!r}, which this tool never "
+                f"creates; nothing was deleted"
+            )
+        return cls(path, fields)
+
+    @property
+    def context(self) -> str:
+        return self.fields["context"]
+
+    @property
+    def namespace(self) -> str:
+        return self.fields["namespace"]
+
+    @property
+    def run_id(self) -> str:
+        return self.fields["run_id"]
+
+    @property
+    def namespace_uid(self) -> str | None:
+        """Ours under `namespace_uid`, the guide's under `uid`."""
+        return self.fields.get("namespace_uid") or self.fields.get("uid")
+
+    def save(self) -> None:
+        write_json(self.path, self.fields)
+
+    def record_namespace(self, uid: str) -> None:
+        """The namespace's UID under the guide's key `uid`, and under our clearer name beside it."""
+        self.fields["uid"] = self.fields["namespace_uid"] = uid
+        self.save()
+
+    def record_job(self, job_name: str, uid: str) -> None:
+        """Every Job of the run under `jobs`; the guide's `job_uid` is only ever Job `rollout`'s,
+        since the guide's cleanup deletes the Job of that name when its UID matches."""
+        self.fields.setdefault("jobs", {})[job_name] = uid
+        if job_name == JOB_NAME:
+            self.fields["job_uid"] = uid
+        self.save()
+
+    def has_job(self, job_name: str) -> bool:
+        return job_name in (self.fields.get("jobs") or {})
+
+    def job_uids(self) -> dict[str, str | None]:
+        """The UID of every Job the receipt names; an old receipt's Job `rollout` by its saved job.json."""
+        expected = dict(self.fields.get("jobs") or {})
+        if self.fields.get("job_uid"):
+            expected.setdefault(JOB_NAME, self.fields["job_uid"])
+        if JOB_NAME not in expected:
+            saved = os.path.join(os.path.dirname(self.path), "job.json")
+            if os.path.exists(saved):
+                expected[JOB_NAME] = (read_json(saved, "job.json").get("metadata") or {}).get("uid")
+        return expected
+
+    def owns_namespace(self, live: dict | None) -> bool:
+        """Whether a live namespace is this run's: it carries the run's label and, once the
+        receipt holds a UID, that UID (a namespace deleted and made again under the name is not)."""
+        metadata = (live or {}).get("metadata") or {}
+        if (metadata.get("labels") or {}).get(RUN_LABEL) != self.run_id:
+            return False
+        return not self.namespace_uid or metadata.get("uid") == self.namespace_uid
 
 
-def names_registry(part: str) -> bool:
-    """Whether a reference's first part is a registry host (a `.` or `:` in it, or `localhost`)."""
-    return "." in part or ":" in part or part == "localhost"
+# --------------------------------------------------------------------------
+# src/rl_batch_demo/store.py: Holding a big batch in little memory: shared strings and byte spools.
+
+class SharedStrings:
+    """One object for each repeated value: each text (field names, nodes, images, reasons) and
+    each dict or list equal to one seen before (a Job's pods share their spec, tolerations,
+    volumes, owner, most conditions), so that what thousands of ended pods and events hold
+    is mostly what differs between them.
+
+    Thousands of decoded pods and events repeat the same texts and parts, each decoded anew;
+    sharing them holds an ended pod in about a tenth of the memory. What is shared must never
+    be changed in place (nothing here changes a pod or an event once read). A container is
+    known by its kind and its items, each a shared text, a container (by identity: the
+    table's entry keeps it alive, so no other object has its id meanwhile) or a number of
+    its own type (True, 1 and 1.0 are told apart). One that holds a text seen for the first
+    time (a pod's name, its uid) is equal to nothing yet and is not kept. The table is emptied
+    when it grows large, so the texts seen only once (uids, revisions) never pile up.
+    """
+
+    def __init__(self, most: int = 200_000) -> None:
+        self.most = most
+        self.table: dict[Any, Any] = {}
+        self._first_seen = 0  # texts taken into the table so far
+
+    def share(self, value: Any) -> Any:
+        if len(self.table) > self.most:
+            self.table.clear()
+        return self._share(value)
+
+    def _share(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return self._text(value)
+        if isinstance(value, dict):
+            before = self._first_seen
+            shared = {self._text(key): self._part(item) for key, item in value.items()}
+            if self._first_seen != before:
+                return shared  # it holds a text never seen before: no other is equal to it yet
+            return self.table.setdefault(self._key(dict, shared.items(), True), shared)
+        if isinstance(value, list):
+            before = self._first_seen
+            items = [self._part(item) for item in value]
+            if self._first_seen != before:
+                return items
+            return self.table.setdefault(self._key(list, items, False), items)
+        if isinstance(value, tuple):
+            parts = [self._share(item) for item in value]
+            return type(value)(*parts) if hasattr(value, "_fields") else tuple(parts)
+        return value
+
+    def text(self, text: str) -> str:
+        """The one object held for this text (a pod's name kept as a key of many tables)."""
+        if len(self.table) > self.most:
+            self.table.clear()
+        return self._text(text)
+
+    def _text(self, text: str) -> str:
+        known = self.table.get(text)
+        if known is None:
+            self.table[text] = known = text
+            self._first_seen += 1
+        return known
+
+    def _part(self, value: Any) -> Any:
+        """A container's item: most are texts or numbers, taken without a call each."""
+        if isinstance(value, str):
+            known = self.table.get(value)
+            if known is None:
+                self.table[value] = known = value
+                self._first_seen += 1
+            return known
+        if value is None or isinstance(value, (int, float)):
+            return value
+        return self._share(value)
+
+    def texts(self, value: Any) -> Any:
+        """The same value with only its texts shared: for values whose containers are all
+        their own (an episode's figures), where keeping them to compare would cost memory."""
+        if len(self.table) > self.most:
+            self.table.clear()
+        return self._texts(value)
+
+    def _texts(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return self.table.setdefault(value, value)
+        if isinstance(value, dict):
+            return {self._texts(key): self._texts(item) for key, item in value.items()}
+        if isinstance(value, (list, tuple)):
+            parts = [self._texts(item) for item in value]
+            if isinstance(value, list):
+                return parts
+            return type(value)(*parts) if hasattr(value, "_fields") else tuple(parts)
+        return value
+
+    @staticmethod
+    def _key(kind: type, items: Iterable[Any], pairs: bool) -> tuple:
+        """What identifies a container whose items are shared already: its kind, then each item."""
+        key: list[Any] = [kind]
+        for entry in items:
+            if pairs:
+                key.append(entry[0])
+                entry = entry[1]
+            if isinstance(entry, (dict, list, tuple)):
+                key += (type(entry), id(entry))  # the table's value holds it: its id is its own
+            elif isinstance(entry, float):
+                key += (float, entry.hex())  # 0.0 and -0.0 are equal, and print apart
+            else:
+                key += (type(entry), entry)
+        return tuple(key)
 
 
-def docker_hub_reference(image: str) -> str:
-    """A reference in full, as containerd resolves it: a name whose first part names no registry
-    host is Docker Hub's, `library/` for a bare one."""
-    first, slash, _ = image.partition("/")
-    if slash and names_registry(first):
-        return image
-    return f"docker.io/{image}" if slash else f"docker.io/library/{image}"
+SPOOL_BUFFER_BYTES = 1 << 20
 
 
-def prefix_matches(image: str, source: str) -> bool:
-    """`source` begins `image` at a boundary of its parts: `docker.io/swebench` is a prefix of
-    `docker.io/swebench/a:1` but not of `docker.io/swebench-extra/a:1`."""
-    if not image.startswith(source):
-        return False
-    return source.endswith(("/", ":")) or image[len(source) : len(source) + 1] in (
-        "",
-        "/",
-        ":",
-        "@",
-    )
+class Spool:
+    """Texts kept on disk by name, the newest of each: what is written whole at the end but
+    need not be held in memory until then. `directory`: where (a run's own output directory,
+    not a /tmp that may be memory), in a file removed as soon as it is made; `feeds`: the file
+    the texts are kept for, named when the disk refuses them (the spool itself has no name)."""
+
+    def __init__(self, directory: str | None = None, feeds: str = "the spool") -> None:
+        self.feeds = os.path.join(directory, feeds) if directory else feeds
+        try:
+            # Texts of a few kilobytes each, put hundreds a second: a buffer of a megabyte makes
+            # a write to the disk of every few hundred, where one of 8 kB made one of every two
+            # (a system call each, 50 microseconds apiece on a shared VM).
+            self._file = tempfile.TemporaryFile(dir=directory, buffering=SPOOL_BUFFER_BYTES)
+        except OSError as error:
+            raise DemoError(f"cannot write {self.feeds}: {error.strerror or error}") from None
+        # name -> offset * 2**32 + length: one number, not a pair, for each of 100,000s of texts
+        self._where: dict[str, int] = {}
+        self._end = 0
+        self._cut = False  # a write failed: the file may go on past _end
+        self._unwritten = False  # texts wait in the buffer, not in the file yet
+        self._held: dict[str, str] | None = None  # the texts, once moved into memory
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._where
+
+    def put(self, name: str, text: str) -> None:
+        data = text.encode("utf-8")
+        try:
+            if self._cut:
+                self._file.seek(self._end)
+                self._cut = False
+            self._file.write(data)
+        except OSError as error:
+            # A failed write may have left part of the text in the file: the next one goes
+            # back to the end as known and writes over it.
+            self._cut = True
+            raise DemoError(f"cannot write {self.feeds}: {error.strerror or error}") from None
+        self._unwritten = True
+        self._where[name] = self._end << 32 | len(data)
+        self._end += len(data)
+
+    def forget(self, name: str) -> None:
+        self._where.pop(name, None)
+
+    def hold_in_memory(self) -> None:
+        """Read every text back and close the file: for a spool kept past its batch (its rows of
+        episodes.csv while later rounds run), so that a run of many rounds does not keep a file
+        and its megabyte of buffer open for each. No text is put after this."""
+        if self._held is None:
+            self._held = {name: self.get(name) for name in self._where}
+            self._file.close()
+
+    def get(self, name: str) -> str:
+        if self._held is not None:
+            return self._held[name]
+        return self.get_bytes(name).decode("utf-8")
+
+    def get_bytes(self, name: str) -> bytes:
+        """The text as put, UTF-8 encoded: hundreds of megabytes of pods and events are written
+        into their files as read, not decoded and encoded again."""
+        if self._held is not None:
+            return self._held[name].encode("utf-8")
+        offset, length = self._where[name] >> 32, self._where[name] & 0xFFFFFFFF
+        if self._unwritten:
+            self._file.flush()
+            self._unwritten = False
+        if not hasattr(os, "pread"):  # Windows: the file's own position, put back for writing
+            self._cut = True
+            self._file.seek(offset)
+            return self._file.read(length)
+        # One call for the text alone: a buffered read after a seek reads a whole buffer,
+        # and hundreds of thousands of events are read one by one for events.json.
+        data = os.pread(self._file.fileno(), length, offset)
+        while len(data) < length:
+            more = os.pread(self._file.fileno(), length - len(data), offset + len(data))
+            if not more:
+                break
+            data += more
+        return data
 
 
-def source_references(source: str) -> list[str]:
-    """The full references a FROM of --image-map may stand for: itself when it starts with a
-    registry host, else Docker Hub's (`swebench` is `docker.io/swebench`, `python` also
-    `docker.io/library/python`)."""
-    first, slash, _ = source.partition("/")
-    if names_registry(first):
-        return [source]
-    return [f"docker.io/{source}"] + ([] if slash else [f"docker.io/library/{source}"])
-
-
-def rewrite_image(image: str, image_map: Sequence[tuple[str, str]]) -> str:
-    """An image reference with its prefix rewritten by the longest FROM it starts with (at most
-    once), both read in full as containerd resolves them (Docker Hub's short forms `python:3` and
-    `swebench/a:1` are `docker.io/library/python:3` and `docker.io/swebench/a:1`), and matched
-    at a boundary of the reference's parts."""
-    full = docker_hub_reference(image)
-    matches = [
-        (len(prefix), prefix, target)
-        for source, target in image_map
-        for prefix in source_references(source)
-        if prefix_matches(full, prefix)
-    ]
-    if not matches:
-        return image
-    _, prefix, target = max(matches, key=lambda match: match[0])
-    return target + full[len(prefix) :]
-
-
-def task_images(
-    tasks: Sequence[Task], default_image: str, image_map: Sequence[tuple[str, str]] = ()
-) -> list[str]:
-    """Each task's image: its own rewritten by the map, else `default_image` (--image, rewritten already)."""
-    return [rewrite_image(task.image, image_map) if task.image else default_image for task in tasks]
-
-
-def image_groups(
-    tasks: Sequence[Task],
-    count: int,
-    group_size: int,
-    default_image: str,
-    image_map: Sequence[tuple[str, str]] = (),
-) -> list[ImageGroup]:
-    """The run's episodes by image, in order of the image's first appearance (see task_images);
-    without tasks, every episode runs the default image."""
-    if not tasks:
-        return [ImageGroup(default_image, tuple(range(count)))]
-    by_image: dict[str, list[int]] = {}
-    for position, image in enumerate(task_images(tasks, default_image, image_map)):
-        by_image.setdefault(image, []).extend(
-            range(position * group_size, (position + 1) * group_size)
-        )
-    return [ImageGroup(image, tuple(indexes)) for image, indexes in by_image.items()]
-
-
-def parallelism_shares(parallelism: int, sizes: Sequence[int]) -> list[int]:
-    """--parallelism shared between the Jobs of one batch: each Job's share in proportion to its
-    episodes, at least 1 and at most its episodes, the shares adding up to at most `parallelism`
-    (largest remainders first); ValueError when there are more Jobs than pods at once."""
-    if len(sizes) > parallelism:
-        raise ValueError(f"{len(sizes)} images need at least one pod each at once")
-    total = sum(sizes)
-    exact = [parallelism * size / total for size in sizes]
-    shares = [min(size, max(1, math.floor(share))) for size, share in zip(sizes, exact)]
-    by_remainder = sorted(range(len(sizes)), key=lambda i: (-(exact[i] - math.floor(exact[i])), i))
-    while sum(shares) < parallelism and any(shares[i] < sizes[i] for i in by_remainder):
-        for i in by_remainder:
-            if sum(shares) < parallelism and shares[i] < sizes[i]:
-                shares[i] += 1
-    while sum(shares) > parallelism:  # the minimum of 1 each took more than its share
-        widest = max(range(len(sizes)), key=lambda i: (shares[i], -i))
-        shares[widest] -= 1
-    return shares
-
+# --------------------------------------------------------------------------
+# src/rl_batch_demo/parse.py: Parsing what the cluster and the episodes said.
 
 def index_ranges(indexes: Iterable[int]) -> str:
     """Indexes as a Job's index list: `0-3,8-11` (the format of its completedIndexes)."""
@@ -981,474 +1298,6 @@ def index_ranges(indexes: Iterable[int]) -> str:
         else:
             ranges.append([index, index])
     return ",".join(str(first) if first == last else f"{first}-{last}" for first, last in ranges)
-
-
-def task_key(position: int) -> str:
-    return f"task-{position}.json"
-
-
-def task_configmaps(namespace: str, tasks: Sequence[Task]) -> list[dict]:
-    """The ConfigMaps that carry the tasks, one key per task, split to stay under a ConfigMap's size."""
-    chunks: list[dict[str, str]] = [{}]
-    size = 0
-    for position, task in enumerate(tasks):
-        key = task_key(position)
-        entry = len(key.encode("utf-8")) + len(task.text.encode("utf-8"))
-        if entry > TASKS_CONFIGMAP_BYTES:
-            raise DemoError(
-                f"task on line {task.line} takes {entry} bytes; one task may take at most "
-                f"{TASKS_CONFIGMAP_BYTES} bytes (a ConfigMap holds 1 MiB); nothing was created"
-            )
-        if size + entry > TASKS_CONFIGMAP_BYTES:
-            chunks.append({})
-            size = 0
-        chunks[-1][key] = task.text
-        size += entry
-    if len(chunks) > TASKS_MAX_CONFIGMAPS:
-        total = sum(len(t.text.encode("utf-8")) for t in tasks)
-        raise DemoError(
-            f"the tasks take {total} bytes, more than {TASKS_MAX_CONFIGMAPS} ConfigMaps of "
-            f"{TASKS_CONFIGMAP_BYTES} bytes can carry; split them into several batches; "
-            f"nothing was created"
-        )
-    return [
-        {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {"name": f"{TASKS_CONFIGMAP_PREFIX}{number}", "namespace": namespace},
-            "data": data,
-        }
-        for number, data in enumerate(chunks)
-    ]
-
-
-def tasks_volume(
-    configmaps: Sequence[dict], group_size: int, indexes: Iterable[int] | None = None
-) -> dict:
-    """One volume with a file per episode, `<episode index>.json`, holding that episode's task:
-    episodes g*G .. g*G+G-1 share task g, projected from its one ConfigMap key. With `indexes`
-    (the episodes of one image's Job), only theirs."""
-    wanted = None if indexes is None else set(indexes)
-    sources = []
-    for configmap in configmaps:
-        items = []
-        for key in configmap["data"]:
-            position = int(key[len("task-") : -len(".json")])
-            items += [
-                {"key": key, "path": f"{index}.json"}
-                for index in range(position * group_size, (position + 1) * group_size)
-                if wanted is None or index in wanted
-            ]
-        if items:
-            sources.append({"configMap": {"name": configmap["metadata"]["name"], "items": items}})
-    return {"name": TASKS_VOLUME, "projected": {"sources": sources}}
-
-
-def pod_failure_policy() -> dict:
-    """Retry what is not the episode's doing; fail an episode at once on its own failure.
-
-    A disruption (eviction, preemption, node loss) is counted against the episode's
-    retries even when its container then exits with a code of its own; any other
-    exit code of the episode container, save those of INFRASTRUCTURE_EXIT_CODES,
-    is the episode's verdict and is never retried.
-    """
-    return {
-        "rules": [
-            {
-                "action": "Count",
-                "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
-            },
-            {
-                "action": "FailIndex",
-                "onExitCodes": {
-                    "containerName": CONTAINER_NAME,
-                    "operator": "NotIn",
-                    "values": list(INFRASTRUCTURE_EXIT_CODES),
-                },
-            },
-        ]
-    }
-
-
-def episode_env(indexed: bool, tasks: dict | None, launched: bool = False) -> list[dict]:
-    """The episode's environment: its pod's name, and in an Indexed Job its index and its task file
-    (`launched`: the run-wide indexes of its Job's completion indexes, which EPISODE_LAUNCHER reads)."""
-    env: list[dict[str, Any]] = [
-        {"name": "EPISODE_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-    ]
-    if launched:
-        env.append(
-            {
-                "name": "EPISODE_INDEXES",
-                "valueFrom": {
-                    "fieldRef": {
-                        "fieldPath": f"metadata.annotations['{EPISODE_INDEXES_ANNOTATION}']"
-                    }
-                },
-            }
-        )
-        return env
-    if indexed:
-        env.append(
-            {
-                "name": "EPISODE_INDEX",
-                "valueFrom": {
-                    "fieldRef": {
-                        "fieldPath": f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"
-                    }
-                },
-            }
-        )
-    if tasks:
-        # $(EPISODE_INDEX) expands because it is defined earlier in the list.
-        env.append({"name": TASK_FILE_ENV, "value": f"{TASKS_MOUNT}/$(EPISODE_INDEX).json"})
-    return env
-
-
-def episode_container(
-    image: str, harden: bool, indexed: bool, tasks: dict | None, launched: bool = False
-) -> dict:
-    """The container that runs the episode program: unprivileged, small requests and limits;
-    `launched`, through EPISODE_LAUNCHER (a Job of several in its batch)."""
-    security: dict[str, Any] = {
-        "allowPrivilegeEscalation": False,
-        "capabilities": {"drop": ["ALL"]},
-        "seccompProfile": {"type": "RuntimeDefault"},
-    }
-    if harden:
-        security["readOnlyRootFilesystem"] = True
-    mounts = [
-        {"name": "demo", "mountPath": "/demo", "readOnly": True},
-        {"name": "workspace", "mountPath": "/workspace"},
-    ]
-    if tasks:
-        mounts.append({"name": TASKS_VOLUME, "mountPath": TASKS_MOUNT, "readOnly": True})
-    return {
-        "name": CONTAINER_NAME,
-        "image": image,
-        "imagePullPolicy": "IfNotPresent",
-        "command": ["python", "-B", "-c", EPISODE_LAUNCHER]
-        if launched
-        else ["python", "-B", f"/demo/{WORKER_KEY}"],
-        "env": episode_env(indexed, tasks, launched),
-        "securityContext": security,
-        "resources": {
-            "requests": {"cpu": "100m", "memory": "64Mi"},
-            "limits": {"cpu": "500m", "memory": "128Mi"},
-        },
-        "volumeMounts": mounts,
-    }
-
-
-def episode_pod_spec(
-    image: str,
-    runtime: str,
-    harden: bool,
-    indexed: bool,
-    tasks: dict | None,
-    episode_timeout: int | None = None,
-    launched: bool = False,
-) -> dict:
-    """An episode's pod: in the sandbox runtime, never restarted, non-root, without a service account token;
-    with `episode_timeout`, stopped by its kubelet that many seconds after the pod started."""
-    volumes = [
-        {"name": "demo", "configMap": {"name": CONFIGMAP_NAME}},
-        {"name": "workspace", "emptyDir": {"sizeLimit": "64Mi"} if harden else {}},
-    ]
-    if tasks:
-        volumes.append(tasks)
-    deadline = {} if episode_timeout is None else {"activeDeadlineSeconds": episode_timeout}
-    return {
-        **deadline,
-        "runtimeClassName": runtime,
-        "restartPolicy": "Never",
-        "automountServiceAccountToken": False,
-        "securityContext": {
-            "runAsUser": 1000,
-            "runAsGroup": 1000,
-            "fsGroup": 1000,
-            "runAsNonRoot": True,
-        },
-        "containers": [episode_container(image, harden, indexed, tasks, launched)],
-        "volumes": volumes,
-    }
-
-
-def job_manifest(
-    namespace: str,
-    count: int,
-    parallelism: int,
-    image: str,
-    runtime: str,
-    deadline_seconds: int = DEFAULT_JOB_DEADLINE_SECONDS,
-    name: str = JOB_NAME,
-    harden: bool = False,
-    indexed: bool = False,
-    tasks: dict | None = None,
-    policy: RolloutPolicy | None = None,
-    episode_timeout: int | None = None,
-    batch: str | None = None,
-    episode_indexes: Sequence[int] | None = None,
-) -> dict:
-    """The Job whose pods are the episodes: backoffLimit 0, so one failed episode fails the batch.
-
-    `tasks` (a volume from tasks_volume) gives each episode its task file, named by
-    TASK_FILE; `policy` replaces backoffLimit 0 with retries per episode
-    (backoffLimitPerIndex), a number of failed episodes the Job tolerates
-    (maxFailedIndexes) and the podFailurePolicy that tells whose failure it was; its
-    `need` ends the Job once that many episodes succeeded (successPolicy), the rest
-    stopped. `episode_timeout` is each pod's activeDeadlineSeconds.
-
-    `batch` and `episode_indexes`: this Job is one of several in batch `batch` (one per image),
-    its completion index i the run's episode episode_indexes[i].
-    """
-    indexed_mode = bool(indexed or tasks or policy or episode_indexes is not None)
-    launched = episode_indexes is not None
-    template_metadata: dict[str, Any] = {"labels": {"app": APP_LABEL}}
-    if episode_indexes is not None:  # launched
-        template_metadata["labels"][BATCH_LABEL] = batch
-        template_metadata["annotations"] = {
-            EPISODE_INDEXES_ANNOTATION: index_ranges(episode_indexes)
-        }
-    spec: dict[str, Any] = {
-        "completions": count,
-        "parallelism": parallelism,
-        "backoffLimit": 0,
-        "activeDeadlineSeconds": deadline_seconds,
-        "template": {
-            "metadata": template_metadata,
-            "spec": episode_pod_spec(
-                image, runtime, harden, indexed_mode, tasks, episode_timeout, launched
-            ),
-        },
-    }
-    if indexed_mode:
-        spec["completionMode"] = "Indexed"
-    if policy:
-        # The Job-wide limit would end the batch at its first failure; each episode has its own.
-        del spec["backoffLimit"]
-        spec["backoffLimitPerIndex"] = policy.retries
-        spec["maxFailedIndexes"] = policy.allow_failures
-        spec["podFailurePolicy"] = pod_failure_policy()
-        if policy.need is not None:
-            spec["successPolicy"] = {"rules": [{"succeededCount": policy.need}]}
-    metadata: dict[str, Any] = {"name": name, "namespace": namespace}
-    if launched:
-        # The API server copies the template's labels onto a Job only when the Job has none: one
-        # with labels of its own carries the tool's too, or list and cleanup --stale miss it.
-        metadata["labels"] = {"app": APP_LABEL, BATCH_LABEL: batch}
-    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata, "spec": spec}
-
-
-def list_manifest(items: Sequence[dict]) -> dict:
-    """A `v1 List`, the shape kubectl prints for several objects."""
-    return {"apiVersion": "v1", "kind": "List", "metadata": {}, "items": list(items)}
-
-
-def prepull_pod_manifest(
-    namespace: str,
-    name: str,
-    node: str,
-    image: str,
-    runtime: str,
-    harden: bool,
-    deadline_seconds: int,
-) -> dict:
-    """A pod that makes `image` present on `node` (--prepull): bound to the node, in the episodes' runtime
-    and security settings, running `python -c pass` (every episode image already needs Python), stopped by
-    its kubelet after `deadline_seconds`."""
-    container = dict(
-        episode_container(image, harden, False, None),
-        name="prepull",
-        command=["python", "-c", "pass"],
-        env=[],
-        volumeMounts=[],
-    )
-    spec = episode_pod_spec(image, runtime, harden, False, None, deadline_seconds)
-    spec.update(nodeName=node, containers=[container], volumes=[])
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": {"app": APP_LABEL, PREPULL_LABEL: "true"},
-        },
-        "spec": spec,
-    }
-
-
-def usable_nodes(nodes: Sequence[dict], runtime_class: dict | None) -> list[str]:
-    """The nodes an episode's pod can run on: schedulable, with the RuntimeClass's node labels."""
-    wanted = ((runtime_class or {}).get("scheduling") or {}).get("nodeSelector") or {}
-    usable = []
-    for node in nodes:
-        labels = (node.get("metadata") or {}).get("labels") or {}
-        if schedulable(node) and all(labels.get(key) == value for key, value in wanted.items()):
-            usable.append(node["metadata"]["name"])
-    return sorted(usable)
-
-
-def run_images(plan_jobs: dict[str, list[dict]]) -> list[str]:
-    """Every image the run's Jobs name, in order of first appearance."""
-    images: list[str] = []
-    for jobs in plan_jobs.values():
-        for job in jobs:
-            image = job["spec"]["template"]["spec"]["containers"][0]["image"]
-            if image not in images:
-                images.append(image)
-    return images
-
-
-def prepull_failures(pods: Sequence[dict], events: Sequence[EventRecord] = ()) -> list[dict]:
-    """Each --prepull pod that did not succeed: its node, image and why (the kubelet's words)."""
-    warnings = pod_warnings(events)
-    failures = []
-    for pod in pods:
-        if (pod.get("status") or {}).get("phase") == "Succeeded":
-            continue
-        state = (((pod.get("status") or {}).get("containerStatuses") or [{}])[0].get("state")) or {}
-        waiting, terminated = state.get("waiting") or {}, state.get("terminated") or {}
-        why = (
-            f"{waiting.get('reason')}: {waiting.get('message', '')}"
-            if waiting
-            else f"{terminated.get('reason', 'ended')} with exit code {terminated.get('exitCode')}"
-            if terminated
-            else (pod.get("status") or {}).get("reason")
-            or (pod.get("status") or {}).get("phase")
-            or "not started"
-        )
-        warned = warnings.get(pod_name(pod))
-        failures.append(
-            {
-                "pod": pod_name(pod),
-                "node": (pod.get("spec") or {}).get("nodeName"),
-                "image": container_image(pod),
-                "why": f"{why}" + (f"; pod warnings: {'; '.join(warned)}" if warned else ""),
-            }
-        )
-    return failures
-
-
-# --------------------------------------------------------------------------
-# Capacity: can the batch's pods all run at once on the nodes there are?
-
-QUANTITY_SUFFIXES = {
-    "Ki": 2**10,
-    "Mi": 2**20,
-    "Gi": 2**30,
-    "Ti": 2**40,
-    "Pi": 2**50,
-    "Ei": 2**60,
-    "n": 1e-9,
-    "u": 1e-6,
-    "m": 1e-3,
-    "": 1.0,
-    "k": 1e3,
-    "M": 1e6,
-    "G": 1e9,
-    "T": 1e12,
-    "P": 1e15,
-    "E": 1e18,
-}
-
-
-def parse_quantity(text: Any) -> float | None:
-    """A Kubernetes quantity ("250m", "768Mi", "1e3", 2) as a number, or None if it is not one."""
-    if isinstance(text, (int, float)) and not isinstance(text, bool):
-        return float(text)
-    match = re.fullmatch(
-        r"\s*([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)([a-zA-Z]{0,2})\s*", str(text or "")
-    )
-    if not match or match.group(2) not in QUANTITY_SUFFIXES:
-        return None
-    return float(match.group(1)) * QUANTITY_SUFFIXES[match.group(2)]
-
-
-def schedulable(node: dict) -> bool:
-    """A node that takes new pods: Ready, not cordoned, no NoSchedule/NoExecute taint."""
-    spec = node.get("spec") or {}
-    if spec.get("unschedulable"):
-        return False
-    if any(
-        taint.get("effect") in ("NoSchedule", "NoExecute") for taint in spec.get("taints") or []
-    ):
-        return False
-    return condition_true(node, "Ready")
-
-
-def capacity_plan(
-    nodes: Sequence[dict], runtime_class: dict | None, requests: dict, count: int, parallelism: int
-) -> dict:
-    """How many episodes fit at once on the nodes' allocatable CPU, memory and pod slots; pure.
-
-    Counts allocatable resources, not what other pods already use, so it is an upper bound.
-    """
-    overhead = ((runtime_class or {}).get("overhead") or {}).get("podFixed") or {}
-    need = {
-        resource: (parse_quantity(requests.get(resource)) or 0.0)
-        + (parse_quantity(overhead.get(resource)) or 0.0)
-        for resource in ("cpu", "memory")
-    }
-    fits: dict[str, int] = {}
-    for node in nodes:
-        if not schedulable(node):
-            continue
-        allocatable = (node.get("status") or {}).get("allocatable") or {}
-        room = [
-            math.floor((parse_quantity(allocatable.get(resource)) or 0.0) / need[resource] + 1e-9)
-            for resource in ("cpu", "memory")
-            if need[resource] > 0
-        ]
-        pods = parse_quantity(allocatable.get("pods"))
-        if pods is not None:
-            room.append(int(pods))
-        fits[node["metadata"]["name"]] = max(0, min(room))
-    at_once = sum(fits.values())
-    wanted = min(count, parallelism)
-    return {
-        "checked": True,
-        "schedulable_nodes": len(fits),
-        "nodes_seen": len(nodes),
-        "per_episode": {
-            "cpu": f"{requests.get('cpu', '0')} + overhead {overhead.get('cpu', '0')}",
-            "memory": f"{requests.get('memory', '0')} + overhead {overhead.get('memory', '0')}",
-            "cpu_cores": rounded(need["cpu"], 4),
-            "memory_bytes": int(need["memory"]),
-        },
-        "episodes_fit_at_once": at_once,
-        "episodes_fit_per_node": fits,
-        "fits_at_once": at_once >= wanted,
-        "expected_waves": math.ceil(count / max(1, min(wanted, at_once))) if at_once else None,
-        "waves_at_parallelism": math.ceil(count / max(1, parallelism)),
-        "note": "from the nodes' allocatable CPU, memory and pod slots and the RuntimeClass's podFixed "
-        "overhead; pods other workloads already run are not subtracted",
-    }
-
-
-def capacity_warning(plan: dict, parallelism: int) -> str | None:
-    """One warning when the batch's pods cannot all run at once, else None."""
-    if not plan.get("checked"):
-        return f"Warning: capacity check skipped ({plan.get('reason')})"
-    if plan["fits_at_once"]:
-        return None
-    if not plan["episodes_fit_at_once"]:
-        return (
-            f"Warning: capacity: no schedulable node has room for one episode "
-            f"({plan['per_episode']['cpu']} CPU, {plan['per_episode']['memory']} memory); "
-            f"its pods will stay Pending"
-        )
-    return (
-        f"Warning: capacity: the {plan['schedulable_nodes']} schedulable node(s) fit about "
-        f"{plan['episodes_fit_at_once']} episodes at once ({plan['per_episode']['cpu']} CPU, "
-        f"{plan['per_episode']['memory']} memory each), fewer than parallelism {parallelism}: "
-        f"expect about {plan['expected_waves']} waves instead of {plan['waves_at_parallelism']}, "
-        f"and pods Pending meanwhile"
-    )
-
-
-# --------------------------------------------------------------------------
-# Parsing what the cluster and the episodes said.
 
 
 # Thousands of pods and events share each whole second's stamp: each is parsed once.
@@ -1831,6 +1680,7 @@ def image_cache_states(events: Iterable[EventRecord]) -> dict[str, str]:
 
 
 GO_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|\u00b5s|\u03bcs|ms|s|m|h)")
+
 GO_DURATION_UNITS = {
     "ns": 1e-9,
     "us": 1e-6,
@@ -1841,6 +1691,7 @@ GO_DURATION_UNITS = {
     "m": 60.0,
     "h": 3600.0,
 }
+
 # The kubelet's words once an image is pulled (Kubernetes >= 1.30 adds the waiting and the size):
 # `Successfully pulled image "X" in 1.234s (2.5s including waiting). Image size: 123 bytes.`
 PULLED_MESSAGE = re.compile(
@@ -1943,580 +1794,6 @@ def warning_summary(events: Iterable[EventRecord]) -> dict[str, dict]:
     return summary
 
 
-# --------------------------------------------------------------------------
-# Reading a Job's pods after its end: lists in pages, not older than the end.
-
-
-def list_path(
-    resource_path: str,
-    limit: int,
-    selector: str | None = None,
-    not_older_than: str | None = None,
-    continue_token: str | None = None,
-) -> str:
-    """The API path of one page of a list.
-
-    A continue token carries its list's revision and the API refuses a
-    resourceVersion beside it, so only the first page names the oldest revision
-    its answer may come from.
-    """
-    query = {"limit": str(limit)}
-    if selector:
-        query["labelSelector"] = selector
-    if continue_token:
-        query["continue"] = continue_token
-    elif not_older_than:
-        query["resourceVersion"] = not_older_than
-        query["resourceVersionMatch"] = "NotOlderThan"
-    return f"{resource_path}?{urllib.parse.urlencode(query)}"
-
-
-def expired_continue(answer: str) -> str | None:
-    """For an answer saying a list's continue token expired: the token the API offers to go on
-    from its newest revision ("" when it offers none). None for any other answer."""
-    try:
-        status = json.loads(answer)
-    except ValueError:
-        return "" if "(Expired)" in answer else None
-    if not isinstance(status, dict) or status.get("reason") != "Expired":
-        return None
-    return (status.get("metadata") or {}).get("continue") or ""
-
-
-class PagedList:
-    """One list read page by page: a pure reducer of the API's answers."""
-
-    def __init__(
-        self,
-        resource_path: str,
-        selector: str | None = None,
-        not_older_than: str | None = None,
-        limit: int = LIST_PAGE_SIZE,
-    ) -> None:
-        self.resource_path = resource_path
-        self.selector = selector
-        self.not_older_than = not_older_than
-        self.limit = limit
-        self.items: list[dict] = []
-        self.resource_version: str | None = None
-        self.continue_token: str | None = None
-        self.done = False
-        self.pages = 0
-        self.expiries = 0
-
-    def next_path(self) -> str:
-        return list_path(
-            self.resource_path, self.limit, self.selector, self.not_older_than, self.continue_token
-        )
-
-    def apply(self, page: dict) -> None:
-        """One page: keep its items; its continue token asks for the next, none means it was the last."""
-        self.pages += 1
-        metadata = page.get("metadata") or {}
-        if self.resource_version is None:
-            self.resource_version = metadata.get("resourceVersion")
-        self.items.extend(page.get("items") or [])
-        self.continue_token = metadata.get("continue") or None
-        self.done = self.continue_token is None
-
-    def expired(self, token_to_go_on: str) -> None:
-        """The continue token expired. Go on with the API's own token when it offers one (the
-        rest then comes from a newer revision, still not older than asked), else start again."""
-        self.expiries += 1
-        if token_to_go_on:
-            self.continue_token = token_to_go_on
-        else:
-            self.items, self.resource_version, self.continue_token = [], None, None
-
-
-def unfinished_pods(pods: Iterable[dict]) -> list[str]:
-    """Names of the pods that have not ended (phase neither Succeeded nor Failed), sorted."""
-    return sorted(
-        pod_name(pod)
-        for pod in pods
-        if (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
-    )
-
-
-def with_fresh_pods(pods: Iterable[dict], fresh: dict[str, dict]) -> list[dict]:
-    """The pods sorted by name, each replaced by its later reading where there is one."""
-    return sorted((fresh.get(pod_name(pod), pod) for pod in pods), key=pod_name)
-
-
-def with_vanished(listed: Iterable[dict], watched: Iterable[dict]) -> list[dict]:
-    """The listed pods plus, as last seen, each pod the watch saw that the list no longer has:
-    a pod deleted before the list was read is still part of the evidence."""
-    pods = {pod_name(pod): pod for pod in watched}
-    pods.update((pod_name(pod), pod) for pod in listed)
-    return sorted(pods.values(), key=pod_name)
-
-
-class PodReading(NamedTuple):
-    """A Job's pods as read after its end, and how they were read."""
-
-    pods: list[dict]
-    # "list" (not older than the Job's end), "final watch" (the pod watch saw each pod's last
-    # change), or "watch" when no list could be read
-    source: str
-    resource_version: str | None
-    pages: int
-    continue_expiries: int
-    reread: list[str]  # pods read again on their own because they still looked unfinished
-
-
-def pods_final(job: dict | None, pods: Iterable[dict]) -> bool:
-    """Whether these pods, as a watch last saw them, are the Complete Job's pods for good, so
-    that a list read now would show the same: each ended and was counted by the Job controller
-    (which then removes its tracking finalizer, the pod's last change), and the Job counted
-    no more pods than these."""
-    if not job_counted(job, 0, whole=False):
-        return False
-    ended = 0
-    for pod in pods:
-        if not pods_final_one(pod):
-            return False
-        ended += 1
-    return job_counted(job, ended)
-
-
-def job_counted(job: dict | None, ended: int, whole: bool = True) -> bool:
-    """The Job is Complete, with nothing active or uncounted, and (`whole`) it counted no more
-    pods than the `ended` ones a watch saw final: what pods_final asks of the Job."""
-    status = (job or {}).get("status") or {}
-    uncounted = status.get("uncountedTerminatedPods") or {}
-    if (
-        job_finished(job or {}) != "Complete"
-        or status.get("active")
-        or uncounted.get("succeeded")
-        or uncounted.get("failed")
-    ):
-        return False
-    return not whole or ended >= (status.get("succeeded") or 0) + (status.get("failed") or 0)
-
-
-def pods_final_one(pod: dict) -> bool:
-    """The pod ended, the Job controller counted it, and it is not being deleted: no change is to come."""
-    metadata = pod.get("metadata") or {}
-    return (
-        (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
-        and JOB_TRACKING_FINALIZER not in (metadata.get("finalizers") or [])
-        and not metadata.get("deletionTimestamp")
-    )
-
-
-class SharedStrings:
-    """One object for each repeated value: each text (field names, nodes, images, reasons) and
-    each dict or list equal to one seen before (a Job's pods share their spec, tolerations,
-    volumes, owner, most conditions), so that what thousands of ended pods and events hold
-    is mostly what differs between them.
-
-    Thousands of decoded pods and events repeat the same texts and parts, each decoded anew;
-    sharing them holds an ended pod in about a tenth of the memory. What is shared must never
-    be changed in place (nothing here changes a pod or an event once read). A container is
-    known by its kind and its items, each a shared text, a container (by identity: the
-    table's entry keeps it alive, so no other object has its id meanwhile) or a number of
-    its own type (True, 1 and 1.0 are told apart). One that holds a text seen for the first
-    time (a pod's name, its uid) is equal to nothing yet and is not kept. The table is emptied
-    when it grows large, so the texts seen only once (uids, revisions) never pile up.
-    """
-
-    def __init__(self, most: int = 200_000) -> None:
-        self.most = most
-        self.table: dict[Any, Any] = {}
-        self._first_seen = 0  # texts taken into the table so far
-
-    def share(self, value: Any) -> Any:
-        if len(self.table) > self.most:
-            self.table.clear()
-        return self._share(value)
-
-    def _share(self, value: Any) -> Any:
-        if isinstance(value, str):
-            return self._text(value)
-        if isinstance(value, dict):
-            before = self._first_seen
-            shared = {self._text(key): self._part(item) for key, item in value.items()}
-            if self._first_seen != before:
-                return shared  # it holds a text never seen before: no other is equal to it yet
-            return self.table.setdefault(self._key(dict, shared.items(), True), shared)
-        if isinstance(value, list):
-            before = self._first_seen
-            items = [self._part(item) for item in value]
-            if self._first_seen != before:
-                return items
-            return self.table.setdefault(self._key(list, items, False), items)
-        if isinstance(value, tuple):
-            parts = [self._share(item) for item in value]
-            return type(value)(*parts) if hasattr(value, "_fields") else tuple(parts)
-        return value
-
-    def text(self, text: str) -> str:
-        """The one object held for this text (a pod's name kept as a key of many tables)."""
-        if len(self.table) > self.most:
-            self.table.clear()
-        return self._text(text)
-
-    def _text(self, text: str) -> str:
-        known = self.table.get(text)
-        if known is None:
-            self.table[text] = known = text
-            self._first_seen += 1
-        return known
-
-    def _part(self, value: Any) -> Any:
-        """A container's item: most are texts or numbers, taken without a call each."""
-        if isinstance(value, str):
-            known = self.table.get(value)
-            if known is None:
-                self.table[value] = known = value
-                self._first_seen += 1
-            return known
-        if value is None or isinstance(value, (int, float)):
-            return value
-        return self._share(value)
-
-    def texts(self, value: Any) -> Any:
-        """The same value with only its texts shared: for values whose containers are all
-        their own (an episode's figures), where keeping them to compare would cost memory."""
-        if len(self.table) > self.most:
-            self.table.clear()
-        return self._texts(value)
-
-    def _texts(self, value: Any) -> Any:
-        if isinstance(value, str):
-            return self.table.setdefault(value, value)
-        if isinstance(value, dict):
-            return {self._texts(key): self._texts(item) for key, item in value.items()}
-        if isinstance(value, (list, tuple)):
-            parts = [self._texts(item) for item in value]
-            if isinstance(value, list):
-                return parts
-            return type(value)(*parts) if hasattr(value, "_fields") else tuple(parts)
-        return value
-
-    @staticmethod
-    def _key(kind: type, items: Iterable[Any], pairs: bool) -> tuple:
-        """What identifies a container whose items are shared already: its kind, then each item."""
-        key: list[Any] = [kind]
-        for entry in items:
-            if pairs:
-                key.append(entry[0])
-                entry = entry[1]
-            if isinstance(entry, (dict, list, tuple)):
-                key += (type(entry), id(entry))  # the table's value holds it: its id is its own
-            elif isinstance(entry, float):
-                key += (float, entry.hex())  # 0.0 and -0.0 are equal, and print apart
-            else:
-                key += (type(entry), entry)
-        return tuple(key)
-
-
-SPOOL_BUFFER_BYTES = 1 << 20
-
-
-class Spool:
-    """Texts kept on disk by name, the newest of each: what is written whole at the end but
-    need not be held in memory until then. `directory`: where (a run's own output directory,
-    not a /tmp that may be memory), in a file removed as soon as it is made; `feeds`: the file
-    the texts are kept for, named when the disk refuses them (the spool itself has no name)."""
-
-    def __init__(self, directory: str | None = None, feeds: str = "the spool") -> None:
-        self.feeds = os.path.join(directory, feeds) if directory else feeds
-        try:
-            # Texts of a few kilobytes each, put hundreds a second: a buffer of a megabyte makes
-            # a write to the disk of every few hundred, where one of 8 kB made one of every two
-            # (a system call each, 50 microseconds apiece on a shared VM).
-            self._file = tempfile.TemporaryFile(dir=directory, buffering=SPOOL_BUFFER_BYTES)
-        except OSError as error:
-            raise DemoError(f"cannot write {self.feeds}: {error.strerror or error}") from None
-        # name -> offset * 2**32 + length: one number, not a pair, for each of 100,000s of texts
-        self._where: dict[str, int] = {}
-        self._end = 0
-        self._cut = False  # a write failed: the file may go on past _end
-        self._unwritten = False  # texts wait in the buffer, not in the file yet
-        self._held: dict[str, str] | None = None  # the texts, once moved into memory
-
-    def __contains__(self, name: str) -> bool:
-        return name in self._where
-
-    def put(self, name: str, text: str) -> None:
-        data = text.encode("utf-8")
-        try:
-            if self._cut:
-                self._file.seek(self._end)
-                self._cut = False
-            self._file.write(data)
-        except OSError as error:
-            # A failed write may have left part of the text in the file: the next one goes
-            # back to the end as known and writes over it.
-            self._cut = True
-            raise DemoError(f"cannot write {self.feeds}: {error.strerror or error}") from None
-        self._unwritten = True
-        self._where[name] = self._end << 32 | len(data)
-        self._end += len(data)
-
-    def forget(self, name: str) -> None:
-        self._where.pop(name, None)
-
-    def hold_in_memory(self) -> None:
-        """Read every text back and close the file: for a spool kept past its batch (its rows of
-        episodes.csv while later rounds run), so that a run of many rounds does not keep a file
-        and its megabyte of buffer open for each. No text is put after this."""
-        if self._held is None:
-            self._held = {name: self.get(name) for name in self._where}
-            self._file.close()
-
-    def get(self, name: str) -> str:
-        if self._held is not None:
-            return self._held[name]
-        return self.get_bytes(name).decode("utf-8")
-
-    def get_bytes(self, name: str) -> bytes:
-        """The text as put, UTF-8 encoded: hundreds of megabytes of pods and events are written
-        into their files as read, not decoded and encoded again."""
-        if self._held is not None:
-            return self._held[name].encode("utf-8")
-        offset, length = self._where[name] >> 32, self._where[name] & 0xFFFFFFFF
-        if self._unwritten:
-            self._file.flush()
-            self._unwritten = False
-        if not hasattr(os, "pread"):  # Windows: the file's own position, put back for writing
-            self._cut = True
-            self._file.seek(offset)
-            return self._file.read(length)
-        # One call for the text alone: a buffered read after a seek reads a whole buffer,
-        # and hundreds of thousands of events are read one by one for events.json.
-        data = os.pread(self._file.fileno(), length, offset)
-        while len(data) < length:
-            more = os.pread(self._file.fileno(), length - len(data), offset + len(data))
-            if not more:
-                break
-            data += more
-        return data
-
-
-class EventStore:
-    """A namespace's events as a watch delivers them: a pure reducer of the watch's changes.
-
-    Each event is held as its EventRecord (the fields this tool reads) for the summary, and its
-    whole last version is kept on disk for events.json, so a batch of thousands of
-    pods holds its tens of thousands of events in little memory.
-    """
-
-    def __init__(
-        self,
-        spool_dir: str | None = None,
-        shared: SharedStrings | None = None,
-        index: EventIndex | None = None,
-    ) -> None:
-        self.records: dict[str, EventRecord] = {}
-        self._spool = Spool(spool_dir, "events.json")
-        self._shared = shared or SharedStrings()
-        # What the summary reads of the events held, kept up to date with them.
-        self.index = index or EventIndex(self._shared)
-        # The revision the events are known to be at least as new as, once a list has said so.
-        self.resource_version: str | None = None
-
-    def __len__(self) -> int:
-        return len(self.records)
-
-    def apply(self, change: str, event: dict) -> EventRecord | None:
-        """One change a watch delivered: ADDED or MODIFIED keeps the event's newest version, DELETED
-        forgets it. The record now held of it, if any."""
-        name = (event.get("metadata") or {}).get("name")
-        if not name:
-            return None
-        held = self.records.get(name)
-        if change == "DELETED":
-            if self.records.pop(name, None) is not None:
-                self.index.changed()
-            self._spool.forget(name)
-            return None
-        self._spool.put(name, json.dumps(event))
-        record = self.records[name] = self._shared.share(event_record(event))
-        if held is None:
-            self.index.add(record)
-        elif held != record:  # not an event told again as it was (a watch's restart lists all)
-            self.index.replace(held, record)  # the drafts read the newest
-        return record
-
-    def forget_shared(self) -> None:
-        self._shared.table.clear()
-
-    def events(self, names: Iterable[str] | None = None) -> list[EventRecord]:
-        """The events' records in the order a list gives them (by name)."""
-        return [self.records[name] for name in sorted(self.records if names is None else names)]
-
-    def whole(self, names: Iterable[str] | None = None) -> Iterator[bytes]:
-        """Each event's last version as JSON text (UTF-8), in the order a list gives them."""
-        for name in sorted(self.records if names is None else names):
-            yield self._spool.get_bytes(name)
-
-
-# --------------------------------------------------------------------------
-# Statistics.
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Linear interpolation between closest ranks, index (n-1)*q (NumPy's default)."""
-    if not values:
-        raise ValueError("percentile of no values")
-    return sorted_percentile(sorted(values), q)
-
-
-def sorted_percentile(ordered: Sequence[float], q: float) -> float:
-    """percentile() of values already sorted: a hundred thousand of them are not copied again."""
-    position = (len(ordered) - 1) * q
-    lower = math.floor(position)
-    upper = math.ceil(position)
-    return ordered[lower] + (ordered[upper] - ordered[lower]) * (position - lower)
-
-
-def rounded(value: float | None, digits: int = 3) -> float | None:
-    return None if value is None else round(value, digits)
-
-
-def describe(
-    values: Sequence[float], missing: int = 0, ordered: Sequence[float] | None = None
-) -> dict:
-    """P50/P95/P99/max/mean of a sample, with its size and how many were missing (`ordered`:
-    the values sorted already)."""
-    summary: dict[str, Any] = {"samples": len(values), "missing": missing}
-    if values:
-        ordered = sorted(values) if ordered is None else ordered
-        summary.update(
-            {
-                "p50": rounded(sorted_percentile(ordered, 0.50)),
-                "p95": rounded(sorted_percentile(ordered, 0.95)),
-                "p99": rounded(sorted_percentile(ordered, 0.99)),
-                "max": rounded(max(values)),
-                "mean": rounded(sum(values) / len(values)),
-            }
-        )
-    return summary
-
-
-# --------------------------------------------------------------------------
-# Verification: the first violation fails the whole batch; no bad episode is dropped.
-
-
-def verify_episode(
-    pod: dict, events: list[dict], job_created: float, builtin: bool
-) -> tuple[dict, dict]:
-    """Check one episode; return its ready and reward events."""
-    name = pod_name(pod)
-    phase = (pod.get("status") or {}).get("phase")
-    if phase != "Succeeded":
-        raise VerificationError(f"pod {name}: phase is {phase}, not Succeeded")
-    readies = [e for e in events if e["event"] == "ready"]
-    rewards = [e for e in events if e["event"] == "reward"]
-    if len(readies) != 1:
-        raise VerificationError(
-            f"pod {name}: expected exactly one ready event, found {len(readies)}"
-        )
-    if len(rewards) != 1:
-        raise VerificationError(
-            f"pod {name}: expected exactly one reward event, found {len(rewards)}"
-        )
-    ready, reward = readies[0], rewards[0]
-    if ready.get("episode_id") != name:
-        raise VerificationError(
-            f"pod {name}: ready event has episode_id {ready.get('episode_id')!r}, not the pod name"
-        )
-    if reward.get("episode_id") != ready.get("episode_id"):
-        raise VerificationError(
-            f"pod {name}: reward event has episode_id {reward.get('episode_id')!r}, "
-            f"not the ready event's {ready.get('episode_id')!r}"
-        )
-    value = reward.get("reward")
-    if builtin:
-        if value != 1 or isinstance(value, bool):
-            raise VerificationError(f"pod {name}: reward is {value!r}, not 1", "verifier")
-        tests_exit, baseline_exit = reward.get("tests_exit"), reward.get("baseline_exit")
-        if tests_exit != 0 or isinstance(tests_exit, bool):
-            raise VerificationError(f"pod {name}: tests_exit is {tests_exit!r}, not 0", "verifier")
-        if (
-            baseline_exit in (0, None)
-            or not isinstance(baseline_exit, int)
-            or isinstance(baseline_exit, bool)
-        ):
-            raise VerificationError(
-                f"pod {name}: baseline_exit is {reward.get('baseline_exit')!r}; the baseline must fail",
-                "verifier",
-            )
-    elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise VerificationError(f"pod {name}: reward is {value!r}, not a number")
-    pod_created = parse_time(pod["metadata"].get("creationTimestamp"))
-    moments = [job_created, pod_created, ready.get("at"), reward.get("at")]
-    numbers = [m for m in moments if isinstance(m, (int, float))]
-    in_order = len(numbers) == len(moments) and all(a <= b for a, b in zip(numbers, numbers[1:]))
-    if not in_order:
-        raise VerificationError(
-            f"pod {name}: times out of order (job created {moments[0]}, pod created {moments[1]}, "
-            f"ready {moments[2]}, reward {moments[3]}): unsynchronised clocks or broken events",
-            "verifier",
-        )
-    status = container_status(pod)
-    if status.get("restartCount", 0) != 0:
-        raise VerificationError(
-            f"pod {name}: container restarted {status.get('restartCount')} time(s)",
-            "infrastructure",
-        )
-    terminated = container_terminated(pod)
-    if terminated is None:
-        raise VerificationError(f"pod {name}: container has no terminated state")
-    if terminated.get("exitCode") != 0:
-        raise VerificationError(f"pod {name}: container exited {terminated.get('exitCode')}, not 0")
-    return ready, reward
-
-
-def verify_batch(
-    count: int,
-    job: dict,
-    pods: Sequence[dict],
-    logs: dict[str, str],
-    builtin: bool = True,
-    drafts: Mapping[str, EpisodeDraft] | None = None,
-) -> list[tuple[dict, dict, dict]]:
-    """Every episode honest, or VerificationError naming the first that is not.
-
-    Returns (pod, ready event, reward event) per pod, sorted by pod name. An episode drafted
-    while waiting from this very pod, log and Job creation is not verified again.
-    """
-    if len(pods) != count:
-        raise VerificationError(
-            f"expected {count} pods for {count} episodes, found {len(pods)} "
-            f"(a replaced or missing pod is a failure)"
-        )
-    job_created = parse_time(job["metadata"].get("creationTimestamp"))
-    if job_created is None:
-        raise VerificationError("the Job has no creationTimestamp")
-    episodes = []
-    for pod in sorted((succeeded_before_its_deadline(pod, job) for pod in pods), key=pod_name):
-        name = pod_name(pod)
-        draft = (drafts or {}).get(name)
-        if draft is not None and draft.verified(pod, logs.get(name, ""), job_created, builtin):
-            episodes.append((pod, draft.ready, draft.reward))
-            continue
-        events = parse_events(logs.get(name, "").splitlines())
-        ready, reward = verify_episode(pod, events, job_created, builtin)
-        episodes.append((pod, ready, reward))
-    return episodes
-
-
-# --------------------------------------------------------------------------
-# Rollouts: every episode's outcome, its failure classified, none dropped.
-
-
-def job_end_reason(job: dict | None) -> str | None:
-    """The reason of the Job's Failed (or FailureTarget) condition, e.g. DeadlineExceeded."""
-    for kind in ("Failed", "FailureTarget"):
-        entry = condition(job or {}, kind)
-        if entry and entry.get("status") == "True":
-            return entry.get("reason")
-    return None
-
-
 PULL_FAILURE_CHARS = 400
 
 
@@ -2536,433 +1813,6 @@ def pod_warnings(events: Iterable[EventRecord], most: int = 3) -> dict[str, list
     return warnings
 
 
-TRACEBACK_START = re.compile(r'(Traceback \(most recent call last\):|  File ".*", line \d+)')
-EXCEPTION_LINE = re.compile(r"[A-Za-z_][\w.]*(: .*)?")
-
-
-def traceback_tail(log_text: str) -> str | None:
-    """The last line of the last Python traceback in a log (`ZeroDivisionError: division by
-    zero`), what a failed episode's line quotes; a SyntaxError has no "Traceback" header, only
-    its `File` lines, so either opens one."""
-    last, in_trace = None, False
-    for line in log_text.splitlines():
-        if TRACEBACK_START.match(line):
-            in_trace = True
-        elif in_trace and not line[:1].isspace():
-            in_trace = False
-            if EXCEPTION_LINE.fullmatch(line.rstrip()):
-                last = line.strip()
-    return last
-
-
-def with_traceback(why: str, log_text: str) -> str:
-    tail = traceback_tail(log_text)
-    return f"{why}: {tail}" if tail else why
-
-
-def classify_attempt(
-    pod: dict, log_text: str, job: dict, builtin: bool, warnings: Sequence[str] = ()
-) -> tuple[str | None, str | None]:
-    """(failure class, why) of one pod, or (None, None) for an episode that passed every check.
-
-    Infrastructure: the pod was disrupted, never scheduled, never started its
-    container, was killed from outside, or was stopped by the batch's end before it
-    started. Episode: the program exited non-zero on its own, broke the event
-    protocol, or was still running at the Job's deadline. Verifier: the built-in
-    checks of the result failed (the baseline passed, the patched tests failed,
-    reward not 1, times out of order). `warnings` (the pod's Warning event reasons)
-    are named with an infrastructure failure: a pod stopped at the deadline while
-    its image would not pull says so.
-    """
-    failure_class, why = classify_pod_state(pod, log_text, job, builtin)
-    if failure_class == "infrastructure" and warnings:
-        why = f"{why}; pod warnings: {'; '.join(warnings)}"
-    return failure_class, why
-
-
-def job_cut_short(job: dict | None) -> bool:
-    """The Job's successPolicy (--need) was met: it stops every episode still running."""
-    for kind in ("SuccessCriteriaMet", "Complete"):
-        entry = condition(job or {}, kind)
-        if entry and entry.get("status") == "True" and entry.get("reason") == SUCCESS_POLICY_REASON:
-            return True
-    return False
-
-
-def succeeded_before_its_deadline(pod: dict, job: dict | None) -> dict:
-    """The pod as it ended: one the kubelet marked Failed (DeadlineExceeded) after it had
-    succeeded is given back as Succeeded, else the pod itself.
-
-    A real kubelet keeps checking a pod's activeDeadlineSeconds as long as the pod is on its node,
-    ended or not, so a pod that succeeded well before its deadline turns Failed with reason
-    DeadlineExceeded once the deadline passes while the batch still runs (its container's exit
-    code still 0). It had succeeded if the Job counted its index as completed, or if its every
-    container had ended, with exit code 0, in a second before its deadline's."""
-    status = pod.get("status") or {}
-    if status.get("phase") != "Failed" or status.get("reason") != POD_DEADLINE_REASON:
-        return pod
-    ends = [
-        (cs.get("state") or {}).get("terminated") or {}
-        for cs in status.get("containerStatuses") or []
-    ]
-    if not ends or any(end.get("exitCode") != 0 for end in ends):
-        return pod
-    index = ((pod.get("metadata") or {}).get("annotations") or {}).get(
-        COMPLETION_INDEX_ANNOTATION, ""
-    )
-    counted = index.isdigit() and int(index) in index_list(
-        ((job or {}).get("status") or {}).get("completedIndexes") or ""
-    )
-    started = parse_time(status.get("startTime"))
-    limit = (pod.get("spec") or {}).get("activeDeadlineSeconds")
-    finished = [parse_time(end.get("finishedAt")) for end in ends]
-    in_time = (
-        started is not None
-        and isinstance(limit, int)
-        and all(moment is not None and moment < started + limit for moment in finished)
-    )
-    if not (counted or in_time):
-        return pod
-    kept = {key: value for key, value in status.items() if key not in ("reason", "message")}
-    return dict(pod, status=dict(kept, phase="Succeeded"))
-
-
-def classify_pod_state(
-    pod: dict, log_text: str, job: dict, builtin: bool
-) -> tuple[str | None, str | None]:
-    """classify_attempt from the pod's status and log alone."""
-    pod = succeeded_before_its_deadline(pod, job)
-    status = pod.get("status") or {}
-    phase = status.get("phase")
-    disrupted = condition(pod, "DisruptionTarget")
-    # A disrupted pod whose program still finished (PID 1 ignores SIGTERM unless it handles it,
-    # so an evicted episode often runs on to exit 0) Succeeded: the Job counts it, so do we.
-    if disrupted and disrupted.get("status") == "True" and phase != "Succeeded":
-        return "infrastructure", (
-            f"disrupted ({disrupted.get('reason', '?')}: "
-            f"{(disrupted.get('message') or '').strip()})"
-        ).replace(": )", ")")
-    if status.get("reason") in INFRASTRUCTURE_POD_REASONS:
-        return (
-            "infrastructure",
-            f"pod {status['reason']}: {(status.get('message') or '').strip()}".rstrip(": "),
-        )
-    if phase == "Succeeded":
-        try:
-            job_created = parse_time(job["metadata"].get("creationTimestamp"))
-            verify_episode(pod, parse_events(log_text.splitlines()), job_created or 0.0, builtin)
-        except VerificationError as error:
-            if job_cut_short(job) and pod["metadata"].get("deletionTimestamp"):
-                # Stopped by the Job once --need was met, it exited 0 before its reward was complete.
-                return (
-                    CANCELLED,
-                    f"cancelled: --need was met while it ran (it exited 0 before a complete "
-                    f"reward: {str(error).split(': ', 1)[-1]})",
-                )
-            end = job_end_reason(job)
-            if pod["metadata"].get("deletionTimestamp") and end is not None and not log_text:
-                # The Job's end deleted the pod while it ran; it ran on to exit 0 (its first process
-                # ignores SIGTERM) and the kubelet removed it at once: its log went with it before it
-                # could be read. Its outcome is unknown, not the episode's failure.
-                return "infrastructure", (
-                    f"its log was gone before it could be read: deleted as the Job ended ({end}), "
-                    f"the pod was removed once it exited 0"
-                )
-            return error.failure_class, str(error).split(": ", 1)[-1]
-        return None, None
-    state = container_status(pod).get("state") or {}
-    started = "running" in state or bool((state.get("terminated") or {}).get("startedAt"))
-    if job_cut_short(job) and (pod["metadata"].get("deletionTimestamp") or phase != "Failed"):
-        # Stopped (or about to be) by the Job because enough episodes had succeeded.
-        return (
-            CANCELLED,
-            "cancelled: --need was met while it ran"
-            if started
-            else "cancelled: --need was met before its container started",
-        )
-    if status.get("reason") == POD_DEADLINE_REASON:
-        limit = (pod.get("spec") or {}).get("activeDeadlineSeconds")
-        if started:
-            return (
-                "episode",
-                f"ran out of time: still running {limit} s after its pod started (its deadline: "
-                f"--episode-timeout, plus --pull-timeout, as given)",
-            )
-        return "infrastructure", (
-            f"container never started within its pod's deadline of {limit} s from its "
-            f"start (--pull-timeout and --episode-timeout): image {container_image(pod)} "
-            f"not pulled and started by then"
-        )
-    end = job_end_reason(job)
-    own_exit = (state.get("terminated") or {}).get("exitCode") not in (
-        None,
-        0,
-    ) + INFRASTRUCTURE_EXIT_CODES
-    if pod["metadata"].get("deletionTimestamp") and end is not None and not own_exit:
-        # Stopped by the Job controller as the Job ended, not by anything of its own.
-        if started and end == "DeadlineExceeded":
-            return "episode", "still running at the Job's deadline"
-        return "infrastructure", f"stopped when the Job ended ({end}) before it finished"
-    if not (pod.get("spec") or {}).get("nodeName"):
-        scheduled = condition(pod, "PodScheduled") or {}
-        return (
-            "infrastructure",
-            f"never scheduled: {scheduled.get('message') or 'no node assigned'}",
-        )
-    if "waiting" in state:
-        waiting = state["waiting"]
-        return "infrastructure", (
-            f"container never started ({waiting.get('reason', 'waiting')}: "
-            f"{waiting.get('message', '')})"
-        ).replace(": )", ")")
-    if "running" in state:
-        if end == "DeadlineExceeded":
-            return "episode", "still running at the Job's deadline"
-        return "infrastructure", f"still running when the batch ended ({end or 'not finished'})"
-    terminated = state.get("terminated")
-    if terminated is None:
-        return "infrastructure", "container never started (no container status)"
-    code, reason = terminated.get("exitCode"), terminated.get("reason") or ""
-    if (
-        reason in INFRASTRUCTURE_TERMINATED_REASONS
-        or code in INFRASTRUCTURE_EXIT_CODES
-        or code == 0
-    ):
-        return "infrastructure", f"container {reason or 'ended'} with exit code {code}"
-    if builtin and BASELINE_PASSED_MESSAGE in log_text:
-        return "verifier", f"exited {code}: {BASELINE_PASSED_MESSAGE}"
-    rewards = [e for e in parse_events(log_text.splitlines()) if e["event"] == "reward"]
-    if builtin and len(rewards) == 1 and rewards[0].get("tests_exit") not in (0, None):
-        return (
-            "verifier",
-            f"exited {code}: the patched code failed its tests (tests_exit {rewards[0]['tests_exit']})",
-        )
-    return "episode", with_traceback(f"exited {code}", log_text)
-
-
-def pod_index(pod: dict) -> int | None:
-    """The pod's episode index in the run: its completion index, which in a Job of several (one per
-    image) is its Job's own and names the run-wide index through EPISODE_INDEXES_ANNOTATION."""
-    annotations = pod["metadata"].get("annotations") or {}
-    try:
-        index = int(annotations.get(COMPLETION_INDEX_ANNOTATION, ""))
-    except ValueError:
-        return None
-    if EPISODE_INDEXES_ANNOTATION not in annotations:
-        return index
-    indexes = sorted(index_list(annotations[EPISODE_INDEXES_ANNOTATION]))
-    return indexes[index] if 0 <= index < len(indexes) else None
-
-
-def attempts_recorded(pod: dict) -> int:
-    """This pod's attempt number as the Job controller counts it: 1 + the index's earlier failures."""
-    annotations = pod["metadata"].get("annotations") or {}
-    total = 1
-    for key in (INDEX_FAILURE_COUNT_ANNOTATION, INDEX_IGNORED_FAILURE_COUNT_ANNOTATION):
-        try:
-            total += max(0, int(annotations.get(key, "0")))
-        except ValueError:
-            pass
-    return total
-
-
-REWARD_ROW_FIELDS = (
-    "index",
-    "task_id",
-    "image",
-    "group",
-    "pod",
-    "attempts",
-    "reward",
-    "failure_class",
-    "valid",
-    "failure",
-    "node",
-    "pod_to_ready_seconds",
-    "batch_to_ready_seconds",
-    "batch_to_reward_seconds",
-    "episode_seconds",
-    "evidence",
-    "earlier_attempts",
-)
-
-
-def reward_valid(failure_class: str | None) -> bool:
-    """Whether a trainer may learn from the line: the agent's own outcome (a success, or the episode's
-    own failure) is; a loss to the infrastructure, the verifier or a cancellation is masked."""
-    return failure_class in VALID_CLASSES
-
-
-def pods_by_index(pods: Iterable[dict], count: int) -> dict[int, list[dict]]:
-    """Each completion index's pods (its attempts), oldest first."""
-    by_index: dict[int, list[dict]] = {}
-    for pod in pods:
-        index = pod_index(pod)
-        if index is not None and 0 <= index < count:
-            by_index.setdefault(index, []).append(pod)
-    for attempts in by_index.values():
-        attempts.sort(
-            key=lambda p: (
-                parse_time(p["metadata"].get("creationTimestamp")) or 0.0,
-                attempts_recorded(p),
-                pod_name(p),
-            )
-        )
-    return by_index
-
-
-def episode_rows(
-    count: int,
-    job: dict,
-    pods: Sequence[dict],
-    logs: dict[str, str],
-    builtin: bool,
-    task_ids: Sequence[Any] | None,
-    group_size: int,
-    events: Sequence[EventRecord] = (),
-    images: Sequence[str | None] | None = None,
-) -> list[dict]:
-    """One row per episode (completion index), its final attempt's outcome; pure.
-
-    Every index has a row, an episode whose pod was never created included.
-    """
-    warnings = pod_warnings(events)
-    by_index = pods_by_index(pods, count)
-    return [
-        episode_row(
-            index,
-            by_index.get(index, []),
-            job,
-            logs,
-            builtin,
-            task_ids,
-            group_size,
-            warnings,
-            images,
-        )
-        for index in range(count)
-    ]
-
-
-def group_images(settings: Settings) -> list[str]:
-    """The image of each group of episodes (a task's; without tasks, each episode's)."""
-    return list(settings.task_images or [settings.image] * settings.count)
-
-
-def episode_row(
-    index: int,
-    attempts: Sequence[dict],
-    job: dict,
-    logs: dict[str, str],
-    builtin: bool,
-    task_ids: Sequence[Any] | None,
-    group_size: int,
-    warnings: dict[str, list[str]] | None = None,
-    images: Sequence[str | None] | None = None,
-) -> dict:
-    """The row of one episode from its attempts (oldest first); pure. The final attempt is the pod
-    that succeeded, else the newest one. `images`: each group's image (group_images)."""
-    job_created = parse_time(job["metadata"].get("creationTimestamp")) or 0.0
-    group = index // group_size
-    row: dict[str, Any] = {"index": index, "task_id": task_ids[group] if task_ids else None}
-    if images is not None:
-        row["image"] = images[group] if group < len(images) else None
-    row["group"] = group
-    if not attempts:
-        if job_cut_short(job):
-            row.update(
-                {
-                    "pod": None,
-                    "attempts": 0,
-                    "reward": None,
-                    "failure_class": CANCELLED,
-                    "valid": False,
-                    "failure": "cancelled: --need was met before this episode's pod was created",
-                    "evidence": "job.json",
-                }
-            )
-            return row
-        end = job_end_reason(job)
-        row.update(
-            {
-                "pod": None,
-                "attempts": 0,
-                "reward": None,
-                "failure_class": "infrastructure",
-                "valid": False,
-                "failure": f"never started: the Job ended ({end or 'unfinished'}) before "
-                f"it created this episode's pod",
-                "evidence": "job.json",
-            }
-        )
-        return row
-    outcomes = [
-        (
-            pod,
-            *classify_attempt(
-                pod,
-                logs.get(pod_name(pod), ""),
-                job,
-                builtin,
-                (warnings or {}).get(pod_name(pod), ()),
-            ),
-        )
-        for pod in attempts
-    ]
-    final = next((o for o in outcomes if o[1] is None), outcomes[-1])
-    pod, failure_class, failure = final
-    name = pod_name(pod)
-    worker_events = parse_events(logs.get(name, "").splitlines())
-    ready = next((e for e in worker_events if e["event"] == "ready"), {})
-    reward = next((e for e in worker_events if e["event"] == "reward"), {})
-    created = parse_time(pod["metadata"].get("creationTimestamp"))
-
-    def seconds(later: Any, earlier: float | None) -> float | None:
-        ok = isinstance(later, (int, float)) and not isinstance(later, bool) and earlier is not None
-        return rounded(later - earlier) if ok else None
-
-    row.update(
-        {
-            "pod": name,
-            "attempts": max(len(attempts), attempts_recorded(pod)),
-            "reward": reward.get("reward"),
-            "failure_class": failure_class,
-            "valid": reward_valid(failure_class),
-            "failure": failure,
-            "node": (pod.get("spec") or {}).get("nodeName"),
-            "pod_to_ready_seconds": seconds(ready.get("at"), created),
-            "batch_to_ready_seconds": seconds(ready.get("at"), job_created),
-            "batch_to_reward_seconds": seconds(reward.get("at"), job_created),
-            "episode_seconds": seconds(
-                reward.get("at"), ready.get("at") if "at" in ready else None
-            ),
-            "evidence": f"{name}.log" if failure_class else None,
-            "earlier_attempts": [
-                {"pod": pod_name(p), "failure_class": c, "failure": f}
-                for p, c, f in outcomes
-                if p is not pod
-            ],
-        }
-    )
-    for key, value in reward.items():
-        if key in ("event", "reward"):
-            continue
-        row[key if key not in REWARD_ROW_FIELDS else f"episode_{key}"] = value
-    return row
-
-
-def failure_settled(job: dict | None, index: int) -> bool:
-    """The Job will not run this index again: it counts it among its failed indexes, or it has
-    ended (or is ending: FailureTarget, SuccessCriteriaMet)."""
-    status = (job or {}).get("status") or {}
-    if any(
-        condition_true(job or {}, kind)
-        for kind in ("Complete", "Failed", "FailureTarget", "SuccessCriteriaMet")
-    ):
-        return True
-    return index in index_list(status.get("failedIndexes") or "")
-
-
 def index_list(text: str) -> set[int]:
     """A Job's index list ("1,3-5") as a set; a malformed piece is skipped."""
     indexes: set[int] = set()
@@ -2975,226 +1825,746 @@ def index_list(text: str) -> set[int]:
     return indexes
 
 
-def settled_attempt(
-    attempts: Sequence[dict], job: dict | None, index: int, logs: dict[str, str], may_retry: bool
-) -> bool:
-    """Whether an episode's outcome is final, from what was seen so far; pure.
-
-    Its attempt that succeeded, else its newest, has ended and every attempt's log is read
-    (`logs`: those read after their container ended). A success is final at once; a failure
-    once the Job will not retry it: without retries at once, else when the Job says so
-    (failure_settled). A failed pod being deleted waits for the Job's word too: whether the
-    Job's end (or --need) stopped it, or something else did, decides its class.
-    """
-    if not attempts:
-        return False
-    final = next(
-        (p for p in attempts if (p.get("status") or {}).get("phase") == "Succeeded"), attempts[-1]
-    )
-    phase = (final.get("status") or {}).get("phase")
-    if phase not in ("Succeeded", "Failed") or any(pod_name(p) not in logs for p in attempts):
-        return False
-    if phase == "Succeeded":
-        return True
-    if may_retry or final["metadata"].get("deletionTimestamp"):
-        return failure_settled(job, index)
-    return True
-
-
-class Delivery(NamedTuple):
-    """One line of rewards.jsonl as it was written: when (the client's wall clock), and between which
-    moments its episode's container ended (None where nothing bounds it)."""
-
-    index: int  # type: ignore[assignment]  # the episode's, not tuple.index()
-    success: bool
-    written_at: float
-    ended_after: float | None  # its reward event, or the start of its container's finishedAt second
-    ended_before: (
-        float | None
-    )  # the end of that second, or the client's watch seeing it, the earlier
-    streamed: bool  # written while the batch ran, not from the evidence read after its end
-    seen_at: float | None = None  # the client's watch seeing the container terminated
-
-    def saved(self) -> list:
-        return list(self)
-
-
-def container_end_bounds(
-    pod: dict | None, log_text: str, seen_terminated: float | None
-) -> tuple[float | None, float | None]:
-    """Between which moments a pod's episode container ended: after its reward event (the episode's
-    last act) and within its finishedAt second, before the client's watch saw it terminated."""
-    if pod is None:
-        return None, None
-    terminated = container_terminated(pod) or {}
-    finished = parse_time(terminated.get("finishedAt"))
-    reward = next((e for e in parse_events(log_text.splitlines()) if e["event"] == "reward"), {})
-    after = [t for t in (worker_time(reward.get("at")), finished) if t is not None]
-    before = [
-        t
-        for t in (None if finished is None else finished + WHOLE_SECOND, seen_terminated)
-        if t is not None
-    ]
-    return (max(after) if after else None), (min(before) if before else None)
-
-
-def delivery_figures(
-    deliveries: Sequence[Delivery],
-    origin: float | None,
-    origin_slack: float | None,
-    need: int | None,
-) -> dict:
-    """When the rewards reached rewards.jsonl: the first (and with --need the K-th) success from the
-    Job's creation, and each line's lag from its container's end; pure."""
-    successes = sorted(d.written_at for d in deliveries if d.success)
-    lags = [d.written_at - d.ended_after for d in deliveries if d.ended_after is not None]
-    # The client's own part: from its watch seeing the container's end to the line written.
-    own = [d.written_at - d.seen_at for d in deliveries if d.seen_at is not None]
-    widths = [
-        max(0.0, d.ended_before - d.ended_after)
-        for d in deliveries
-        if d.ended_after is not None and d.ended_before is not None
-    ]
-
-    def since_origin(moment: float | None) -> float | None:
-        return None if moment is None or origin is None else rounded(moment - origin)
-
-    figures: dict[str, Any] = {
-        "first_reward_seconds": since_origin(successes[0] if successes else None),
-        "reward_delivery_lag_p50_seconds": rounded(percentile(lags, 0.50)) if lags else None,
-        "reward_delivery_lag_p99_seconds": rounded(percentile(lags, 0.99)) if lags else None,
-        "reward_delivery_lag_max_seconds": rounded(max(lags)) if lags else None,
-        "reward_delivery": {
-            "lines": len(deliveries),
-            "streamed": sum(1 for d in deliveries if d.streamed),
-            "written_after_the_end": sum(1 for d in deliveries if not d.streamed),
-            "lag_samples": len(lags),
-            "seen_to_written_p50_seconds": rounded(percentile(own, 0.50)) if own else None,
-            "seen_to_written_p99_seconds": rounded(percentile(own, 0.99)) if own else None,
-            "lag_from": "the earliest moment the episode's container can have ended (its reward event, "
-            "else its finishedAt second) to its line written to rewards.jsonl",
-            "lag_precision_seconds": rounded(max(widths)) if widths else None,
-            "times_from": "the Job's creation, as the start of the client's create call (up to "
-            "origin_precision_seconds early)",
-            "origin_precision_seconds": rounded(origin_slack) if origin_slack is not None else None,
-        },
-    }
-    if need is not None:
-        figures["kth_reward_seconds"] = since_origin(
-            successes[need - 1] if len(successes) >= need else None
-        )
-    return figures
-
-
-def rewards_jsonl(rows: Iterable[dict]) -> str:
-    """rewards.jsonl: one JSON object per episode, in index order."""
-    return "".join(json.dumps(row, sort_keys=False) + "\n" for row in rows)
-
-
-def is_failure(row: dict) -> bool:
-    """A failed episode: neither a success nor cancelled once --need was met."""
-    return row["failure_class"] not in (None, CANCELLED)
-
-
-def failure_counts(classes: Iterable[str | None]) -> dict[str, int]:
-    """Failures by class; successes and cancelled episodes are no failures."""
-    counts = {kind: 0 for kind in FAILURE_CLASSES}
-    for kind in classes:
-        if kind in counts:
-            counts[kind] += 1
-    return counts
-
-
-def attempt_figures(rows: Sequence[dict]) -> dict:
-    """First attempts and final outcomes counted apart: what retries bought."""
-    first = [
-        (
-            row["earlier_attempts"][0]["failure_class"]
-            if row.get("earlier_attempts")
-            else row["failure_class"]
-        )
-        for row in rows
-    ]
-    final = [row["failure_class"] for row in rows]
-    return {
-        "attempts_total": sum(row["attempts"] for row in rows),
-        "episodes_retried": sum(1 for row in rows if row["attempts"] > 1),
-        "first_attempt": {"succeeded": first.count(None), "failed": failure_counts(first)},
-        "final": {
-            "succeeded": final.count(None),
-            "failed": failure_counts(final),
-            "cancelled": final.count(CANCELLED),
-        },
-    }
-
-
-def group_figures(rows: Sequence[dict], group_size: int) -> list[dict]:
-    """Per group of G episodes sharing a task: complete or not, time until all G rewards are in
-    (from the Job's creation), and the spread between its fastest and slowest reward."""
-    groups = []
-    for start in range(0, len(rows), group_size):
-        members = rows[start : start + group_size]
-        done = [
-            row["batch_to_reward_seconds"]
-            for row in members
-            if row["failure_class"] is None and row["batch_to_reward_seconds"] is not None
-        ]
-        complete = len(done) == len(members)
-        rewards = [row["reward"] for row in members if row["failure_class"] is None]
-        groups.append(
-            {
-                "group": members[0]["group"],
-                "task_id": members[0]["task_id"],
-                "episodes": len(members),
-                "rewards_in": len(done),
-                "complete": complete,
-                "all_rewards_seconds": max(done) if complete else None,
-                "spread_seconds": rounded(max(done) - min(done)) if done else None,
-                "reward_mean": rounded(sum(rewards) / len(rewards), 6)
-                if rewards and all(isinstance(r, (int, float)) for r in rewards)
-                else None,
-            }
-        )
-    return groups
-
-
-def censored_pod_to_ready(rows: Sequence[dict], job: dict, pods: Sequence[dict]) -> dict:
-    """pod_to_ready over every episode: one that never became ready counts as ready at the Job's
-    deadline (Job start + activeDeadlineSeconds, minus its pod's creation), so a slow tail of
-    failures raises the percentiles instead of vanishing from them."""
-    start = parse_time((job.get("status") or {}).get("startTime")) or parse_time(
-        job["metadata"].get("creationTimestamp")
-    )
-    deadline = (start or 0.0) + ((job.get("spec") or {}).get("activeDeadlineSeconds") or 0)
-    created = {pod_name(p): parse_time(p["metadata"].get("creationTimestamp")) for p in pods}
-    values, censored = [], 0
-    for row in rows:
-        if row["failure_class"] == CANCELLED:
-            continue  # stopped by the Job once --need was met: never late, just not needed
-        if row.get("pod_to_ready_seconds") is not None:
-            values.append(row["pod_to_ready_seconds"])
-            continue
-        censored += 1
-        pod_created = created.get(row["pod"]) if row["pod"] else None
-        values.append(deadline - (pod_created if pod_created is not None else (start or 0.0)))
-    return {
-        "p50": rounded(percentile(values, 0.50)),
-        "p95": rounded(percentile(values, 0.95)),
-        "max": rounded(max(values)),
-        "samples": len(values),
-        "censored": censored,
-        "censored_at": "the Job's deadline: startTime + activeDeadlineSeconds - the pod's creation "
-        "(the Job's start for an episode without a pod)",
-    }
+# The kubelet's events about the episode's container name it so (others: an init container's).
+EPISODE_FIELD_PATH = f"spec.containers{{{CONTAINER_NAME}}}"
 
 
 # --------------------------------------------------------------------------
-# Measurement: what each episode went through, from the API and the worker.
+# src/rl_batch_demo/manifests.py: Manifests: plain dicts built from their arguments alone; and capacity: can the batch's pods all
+
+class RunOrigin(NamedTuple):
+    """Who starts a run, from where, and until when it may live: its namespace's annotations."""
+
+    run_id: str
+    version: str
+    host: str
+    output: str  # absolute
+    user: str
+    expires_at: float | None  # epoch seconds, from `run --ttl`
+
+
+def origin_annotations(origin: RunOrigin) -> dict[str, str]:
+    """The annotations that let `list` and `cleanup --stale` know a run without its receipt."""
+    annotations = {
+        RUN_ID_ANNOTATION: origin.run_id,
+        VERSION_ANNOTATION: origin.version,
+        HOST_ANNOTATION: origin.host,
+        OUTPUT_ANNOTATION: origin.output,
+        USER_ANNOTATION: origin.user,
+    }
+    if origin.expires_at is not None:
+        annotations[EXPIRES_ANNOTATION] = rfc3339(origin.expires_at)
+    return annotations
+
+
+class PlannedWork(NamedTuple):
+    """What a run plans, every batch told: its Jobs and their episodes (completions)."""
+
+    jobs: int
+    episodes: int
+
+
+def planned_work(jobs: Mapping[str, Sequence[dict]]) -> PlannedWork:
+    """The Jobs and episodes of every batch of a plan (RunPlan.jobs)."""
+    manifests = [manifest for batch in jobs.values() for manifest in batch]
+    return PlannedWork(
+        len(manifests),
+        sum(int(manifest["spec"].get("completions") or 1) for manifest in manifests),
+    )
+
+
+def planned_annotations(planned: PlannedWork) -> dict[str, str]:
+    return {
+        JOBS_PLANNED_ANNOTATION: str(planned.jobs),
+        EPISODES_PLANNED_ANNOTATION: str(planned.episodes),
+    }
+
+
+def namespace_manifest(
+    namespace: str,
+    run_id: str,
+    harden: bool = False,
+    origin: RunOrigin | None = None,
+    planned: PlannedWork | None = None,
+) -> dict:
+    """The run's own Namespace, labelled with the run id; annotated with its origin and with what
+    it plans, when given (in the manifest itself, so the namespace never exists without them)."""
+    labels = {RUN_LABEL: run_id}
+    if harden:
+        labels.update(
+            {
+                "pod-security.kubernetes.io/enforce": "restricted",
+                "pod-security.kubernetes.io/enforce-version": "latest",
+                "pod-security.kubernetes.io/warn": "restricted",
+                "pod-security.kubernetes.io/audit": "restricted",
+            }
+        )
+    metadata: dict[str, Any] = {"name": namespace, "labels": labels}
+    annotations = {
+        **(origin_annotations(origin) if origin is not None else {}),
+        **(planned_annotations(planned) if planned is not None else {}),
+    }
+    if annotations:
+        metadata["annotations"] = annotations
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": metadata}
+
+
+def configmap_manifest(namespace: str, worker_source: str) -> dict:
+    """The ConfigMap that ships the episode program to every pod."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": CONFIGMAP_NAME, "namespace": namespace},
+        "data": {WORKER_KEY: worker_source},
+    }
+
+
+def network_policy_manifest(namespace: str) -> dict:
+    """Deny all ingress and egress for every pod of the namespace."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": "deny-all", "namespace": namespace},
+        "spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]},
+    }
+
+
+def file_line(number: int) -> str:
+    return f"line {number}"
+
+
+def parse_tasks(lines: Iterable[str], place: Callable[[int], str] = file_line) -> list[Task]:
+    """The tasks of a JSONL file: one JSON object per non-blank line; ValueError names a bad
+    line as `place` says it (a file's line number, or a Python list's index)."""
+    tasks = []
+    for number, line in enumerate(lines, start=1):
+        text = line.strip()
+        if not text:
+            continue
+        try:
+            value = json.loads(text)
+        except ValueError as error:
+            raise ValueError(f"{place(number)} is not JSON ({error})") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"{place(number)} is not a JSON object")
+        task_id = value.get("id", number)
+        if isinstance(task_id, (dict, list)) or task_id is None:
+            raise ValueError(f"{place(number)}: the task id must be a string or a number")
+        image = value.get("image")
+        if "image" in value and (
+            not isinstance(image, str) or not image.strip() or image != image.strip()
+        ):
+            raise ValueError(
+                f"{place(number)}: the task image must be a non-empty string without spaces "
+                f"around it, got {image!r}"
+            )
+        # Always a string: a trainer joining rewards to tasks by id meets one type, not "a" and 3.
+        tasks.append(
+            Task(task_id if isinstance(task_id, str) else json.dumps(task_id), number, text, image)
+        )
+    if not tasks:
+        raise ValueError("no tasks in it")
+    ids = [task.task_id for task in tasks]
+    if len(set(map(json.dumps, ids))) != len(ids):
+        duplicate = next(i for i in ids if ids.count(i) > 1)
+        raise ValueError(f"task id {duplicate!r} appears more than once")
+    return tasks
+
+
+def parse_image_map(texts: Iterable[str]) -> tuple[tuple[str, str], ...]:
+    """--image-map FROM=TO, each given: (FROM, TO) pairs; ValueError names a malformed one."""
+    pairs: list[tuple[str, str]] = []
+    for text in texts:
+        source, equals, target = text.partition("=")
+        if (
+            not equals
+            or not source
+            or not target
+            or source != source.strip()
+            or target != target.strip()
+        ):
+            raise ValueError(
+                f"{text!r} is not FROM=TO (two image reference prefixes, e.g. "
+                f"docker.io/swebench=registry.internal/swebench)"
+            )
+        if any(source == earlier for earlier, _ in pairs):
+            raise ValueError(f"{source!r} is mapped twice")
+        pairs.append((source, target))
+    return tuple(pairs)
+
+
+def names_registry(part: str) -> bool:
+    """Whether a reference's first part is a registry host (a `.` or `:` in it, or `localhost`)."""
+    return "." in part or ":" in part or part == "localhost"
+
+
+def docker_hub_reference(image: str) -> str:
+    """A reference in full, as containerd resolves it: a name whose first part names no registry
+    host is Docker Hub's, `library/` for a bare one."""
+    first, slash, _ = image.partition("/")
+    if slash and names_registry(first):
+        return image
+    return f"docker.io/{image}" if slash else f"docker.io/library/{image}"
+
+
+def prefix_matches(image: str, source: str) -> bool:
+    """`source` begins `image` at a boundary of its parts: `docker.io/swebench` is a prefix of
+    `docker.io/swebench/a:1` but not of `docker.io/swebench-extra/a:1`."""
+    if not image.startswith(source):
+        return False
+    return source.endswith(("/", ":")) or image[len(source) : len(source) + 1] in (
+        "",
+        "/",
+        ":",
+        "@",
+    )
+
+
+def source_references(source: str) -> list[str]:
+    """The full references a FROM of --image-map may stand for: itself when it starts with a
+    registry host, else Docker Hub's (`swebench` is `docker.io/swebench`, `python` also
+    `docker.io/library/python`)."""
+    first, slash, _ = source.partition("/")
+    if names_registry(first):
+        return [source]
+    return [f"docker.io/{source}"] + ([] if slash else [f"docker.io/library/{source}"])
+
+
+def rewrite_image(image: str, image_map: Sequence[tuple[str, str]]) -> str:
+    """An image reference with its prefix rewritten by the longest FROM it starts with (at most
+    once), both read in full as containerd resolves them (Docker Hub's short forms `python:3` and
+    `swebench/a:1` are `docker.io/library/python:3` and `docker.io/swebench/a:1`), and matched
+    at a boundary of the reference's parts."""
+    full = docker_hub_reference(image)
+    matches = [
+        (len(prefix), prefix, target)
+        for source, target in image_map
+        for prefix in source_references(source)
+        if prefix_matches(full, prefix)
+    ]
+    if not matches:
+        return image
+    _, prefix, target = max(matches, key=lambda match: match[0])
+    return target + full[len(prefix) :]
+
+
+def task_images(
+    tasks: Sequence[Task], default_image: str, image_map: Sequence[tuple[str, str]] = ()
+) -> list[str]:
+    """Each task's image: its own rewritten by the map, else `default_image` (--image, rewritten already)."""
+    return [rewrite_image(task.image, image_map) if task.image else default_image for task in tasks]
+
+
+def image_groups(
+    tasks: Sequence[Task],
+    count: int,
+    group_size: int,
+    default_image: str,
+    image_map: Sequence[tuple[str, str]] = (),
+) -> list[ImageGroup]:
+    """The run's episodes by image, in order of the image's first appearance (see task_images);
+    without tasks, every episode runs the default image."""
+    if not tasks:
+        return [ImageGroup(default_image, tuple(range(count)))]
+    by_image: dict[str, list[int]] = {}
+    for position, image in enumerate(task_images(tasks, default_image, image_map)):
+        by_image.setdefault(image, []).extend(
+            range(position * group_size, (position + 1) * group_size)
+        )
+    return [ImageGroup(image, tuple(indexes)) for image, indexes in by_image.items()]
+
+
+def parallelism_shares(parallelism: int, sizes: Sequence[int]) -> list[int]:
+    """--parallelism shared between the Jobs of one batch: each Job's share in proportion to its
+    episodes, at least 1 and at most its episodes, the shares adding up to at most `parallelism`
+    (largest remainders first); ValueError when there are more Jobs than pods at once."""
+    if len(sizes) > parallelism:
+        raise ValueError(f"{len(sizes)} images need at least one pod each at once")
+    total = sum(sizes)
+    exact = [parallelism * size / total for size in sizes]
+    shares = [min(size, max(1, math.floor(share))) for size, share in zip(sizes, exact)]
+    by_remainder = sorted(range(len(sizes)), key=lambda i: (-(exact[i] - math.floor(exact[i])), i))
+    while sum(shares) < parallelism and any(shares[i] < sizes[i] for i in by_remainder):
+        for i in by_remainder:
+            if sum(shares) < parallelism and shares[i] < sizes[i]:
+                shares[i] += 1
+    while sum(shares) > parallelism:  # the minimum of 1 each took more than its share
+        widest = max(range(len(sizes)), key=lambda i: (shares[i], -i))
+        shares[widest] -= 1
+    return shares
+
+
+def task_key(position: int) -> str:
+    return f"task-{position}.json"
+
+
+def task_configmaps(namespace: str, tasks: Sequence[Task]) -> list[dict]:
+    """The ConfigMaps that carry the tasks, one key per task, split to stay under a ConfigMap's size."""
+    chunks: list[dict[str, str]] = [{}]
+    size = 0
+    for position, task in enumerate(tasks):
+        key = task_key(position)
+        entry = len(key.encode("utf-8")) + len(task.text.encode("utf-8"))
+        if entry > TASKS_CONFIGMAP_BYTES:
+            raise DemoError(
+                f"task on line {task.line} takes {entry} bytes; one task may take at most "
+                f"{TASKS_CONFIGMAP_BYTES} bytes (a ConfigMap holds 1 MiB); nothing was created"
+            )
+        if size + entry > TASKS_CONFIGMAP_BYTES:
+            chunks.append({})
+            size = 0
+        chunks[-1][key] = task.text
+        size += entry
+    if len(chunks) > TASKS_MAX_CONFIGMAPS:
+        total = sum(len(t.text.encode("utf-8")) for t in tasks)
+        raise DemoError(
+            f"the tasks take {total} bytes, more than {TASKS_MAX_CONFIGMAPS} ConfigMaps of "
+            f"{TASKS_CONFIGMAP_BYTES} bytes can carry; split them into several batches; "
+            f"nothing was created"
+        )
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": f"{TASKS_CONFIGMAP_PREFIX}{number}", "namespace": namespace},
+            "data": data,
+        }
+        for number, data in enumerate(chunks)
+    ]
+
+
+def tasks_volume(
+    configmaps: Sequence[dict], group_size: int, indexes: Iterable[int] | None = None
+) -> dict:
+    """One volume with a file per episode, `<episode index>.json`, holding that episode's task:
+    episodes g*G .. g*G+G-1 share task g, projected from its one ConfigMap key. With `indexes`
+    (the episodes of one image's Job), only theirs."""
+    wanted = None if indexes is None else set(indexes)
+    sources = []
+    for configmap in configmaps:
+        items = []
+        for key in configmap["data"]:
+            position = int(key[len("task-") : -len(".json")])
+            items += [
+                {"key": key, "path": f"{index}.json"}
+                for index in range(position * group_size, (position + 1) * group_size)
+                if wanted is None or index in wanted
+            ]
+        if items:
+            sources.append({"configMap": {"name": configmap["metadata"]["name"], "items": items}})
+    return {"name": TASKS_VOLUME, "projected": {"sources": sources}}
+
+
+def pod_failure_policy() -> dict:
+    """Retry what is not the episode's doing; fail an episode at once on its own failure.
+
+    A disruption (eviction, preemption, node loss) is counted against the episode's
+    retries even when its container then exits with a code of its own; any other
+    exit code of the episode container, save those of INFRASTRUCTURE_EXIT_CODES,
+    is the episode's verdict and is never retried.
+    """
+    return {
+        "rules": [
+            {
+                "action": "Count",
+                "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+            },
+            {
+                "action": "FailIndex",
+                "onExitCodes": {
+                    "containerName": CONTAINER_NAME,
+                    "operator": "NotIn",
+                    "values": list(INFRASTRUCTURE_EXIT_CODES),
+                },
+            },
+        ]
+    }
+
+
+def episode_env(indexed: bool, tasks: dict | None, launched: bool = False) -> list[dict]:
+    """The episode's environment: its pod's name, and in an Indexed Job its index and its task file
+    (`launched`: the run-wide indexes of its Job's completion indexes, which EPISODE_LAUNCHER reads)."""
+    env: list[dict[str, Any]] = [
+        {"name": "EPISODE_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+    ]
+    if launched:
+        env.append(
+            {
+                "name": "EPISODE_INDEXES",
+                "valueFrom": {
+                    "fieldRef": {
+                        "fieldPath": f"metadata.annotations['{EPISODE_INDEXES_ANNOTATION}']"
+                    }
+                },
+            }
+        )
+        return env
+    if indexed:
+        env.append(
+            {
+                "name": "EPISODE_INDEX",
+                "valueFrom": {
+                    "fieldRef": {
+                        "fieldPath": f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"
+                    }
+                },
+            }
+        )
+    if tasks:
+        # $(EPISODE_INDEX) expands because it is defined earlier in the list.
+        env.append({"name": TASK_FILE_ENV, "value": f"{TASKS_MOUNT}/$(EPISODE_INDEX).json"})
+    return env
+
+
+def episode_container(
+    image: str, harden: bool, indexed: bool, tasks: dict | None, launched: bool = False
+) -> dict:
+    """The container that runs the episode program: unprivileged, small requests and limits;
+    `launched`, through EPISODE_LAUNCHER (a Job of several in its batch)."""
+    security: dict[str, Any] = {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    if harden:
+        security["readOnlyRootFilesystem"] = True
+    mounts = [
+        {"name": "demo", "mountPath": "/demo", "readOnly": True},
+        {"name": "workspace", "mountPath": "/workspace"},
+    ]
+    if tasks:
+        mounts.append({"name": TASKS_VOLUME, "mountPath": TASKS_MOUNT, "readOnly": True})
+    return {
+        "name": CONTAINER_NAME,
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["python", "-B", "-c", EPISODE_LAUNCHER]
+        if launched
+        else ["python", "-B", f"/demo/{WORKER_KEY}"],
+        "env": episode_env(indexed, tasks, launched),
+        "securityContext": security,
+        "resources": {
+            "requests": {"cpu": "100m", "memory": "64Mi"},
+            "limits": {"cpu": "500m", "memory": "128Mi"},
+        },
+        "volumeMounts": mounts,
+    }
+
+
+def episode_pod_spec(
+    image: str,
+    runtime: str,
+    harden: bool,
+    indexed: bool,
+    tasks: dict | None,
+    episode_timeout: int | None = None,
+    launched: bool = False,
+) -> dict:
+    """An episode's pod: in the sandbox runtime, never restarted, non-root, without a service account token;
+    with `episode_timeout`, stopped by its kubelet that many seconds after the pod started."""
+    volumes = [
+        {"name": "demo", "configMap": {"name": CONFIGMAP_NAME}},
+        {"name": "workspace", "emptyDir": {"sizeLimit": "64Mi"} if harden else {}},
+    ]
+    if tasks:
+        volumes.append(tasks)
+    deadline = {} if episode_timeout is None else {"activeDeadlineSeconds": episode_timeout}
+    return {
+        **deadline,
+        "runtimeClassName": runtime,
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "securityContext": {
+            "runAsUser": 1000,
+            "runAsGroup": 1000,
+            "fsGroup": 1000,
+            "runAsNonRoot": True,
+        },
+        "containers": [episode_container(image, harden, indexed, tasks, launched)],
+        "volumes": volumes,
+    }
+
+
+def job_manifest(
+    namespace: str,
+    count: int,
+    parallelism: int,
+    image: str,
+    runtime: str,
+    deadline_seconds: int = DEFAULT_JOB_DEADLINE_SECONDS,
+    name: str = JOB_NAME,
+    harden: bool = False,
+    indexed: bool = False,
+    tasks: dict | None = None,
+    policy: RolloutPolicy | None = None,
+    episode_timeout: int | None = None,
+    batch: str | None = None,
+    episode_indexes: Sequence[int] | None = None,
+) -> dict:
+    """The Job whose pods are the episodes: backoffLimit 0, so one failed episode fails the batch.
+
+    `tasks` (a volume from tasks_volume) gives each episode its task file, named by
+    TASK_FILE; `policy` replaces backoffLimit 0 with retries per episode
+    (backoffLimitPerIndex), a number of failed episodes the Job tolerates
+    (maxFailedIndexes) and the podFailurePolicy that tells whose failure it was; its
+    `need` ends the Job once that many episodes succeeded (successPolicy), the rest
+    stopped. `episode_timeout` is each pod's activeDeadlineSeconds.
+
+    `batch` and `episode_indexes`: this Job is one of several in batch `batch` (one per image),
+    its completion index i the run's episode episode_indexes[i].
+    """
+    indexed_mode = bool(indexed or tasks or policy or episode_indexes is not None)
+    launched = episode_indexes is not None
+    template_metadata: dict[str, Any] = {"labels": {"app": APP_LABEL}}
+    if episode_indexes is not None:  # launched
+        template_metadata["labels"][BATCH_LABEL] = batch
+        template_metadata["annotations"] = {
+            EPISODE_INDEXES_ANNOTATION: index_ranges(episode_indexes)
+        }
+    spec: dict[str, Any] = {
+        "completions": count,
+        "parallelism": parallelism,
+        "backoffLimit": 0,
+        "activeDeadlineSeconds": deadline_seconds,
+        "template": {
+            "metadata": template_metadata,
+            "spec": episode_pod_spec(
+                image, runtime, harden, indexed_mode, tasks, episode_timeout, launched
+            ),
+        },
+    }
+    if indexed_mode:
+        spec["completionMode"] = "Indexed"
+    if policy:
+        # The Job-wide limit would end the batch at its first failure; each episode has its own.
+        del spec["backoffLimit"]
+        spec["backoffLimitPerIndex"] = policy.retries
+        spec["maxFailedIndexes"] = policy.allow_failures
+        spec["podFailurePolicy"] = pod_failure_policy()
+        if policy.need is not None:
+            spec["successPolicy"] = {"rules": [{"succeededCount": policy.need}]}
+    metadata: dict[str, Any] = {"name": name, "namespace": namespace}
+    if launched:
+        # The API server copies the template's labels onto a Job only when the Job has none: one
+        # with labels of its own carries the tool's too, or list and cleanup --stale miss it.
+        metadata["labels"] = {"app": APP_LABEL, BATCH_LABEL: batch}
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata, "spec": spec}
+
+
+def list_manifest(items: Sequence[dict]) -> dict:
+    """A `v1 List`, the shape kubectl prints for several objects."""
+    return {"apiVersion": "v1", "kind": "List", "metadata": {}, "items": list(items)}
+
+
+def prepull_pod_manifest(
+    namespace: str,
+    name: str,
+    node: str,
+    image: str,
+    runtime: str,
+    harden: bool,
+    deadline_seconds: int,
+) -> dict:
+    """A pod that makes `image` present on `node` (--prepull): bound to the node, in the episodes' runtime
+    and security settings, running `python -c pass` (every episode image already needs Python), stopped by
+    its kubelet after `deadline_seconds`."""
+    container = dict(
+        episode_container(image, harden, False, None),
+        name="prepull",
+        command=["python", "-c", "pass"],
+        env=[],
+        volumeMounts=[],
+    )
+    spec = episode_pod_spec(image, runtime, harden, False, None, deadline_seconds)
+    spec.update(nodeName=node, containers=[container], volumes=[])
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {"app": APP_LABEL, PREPULL_LABEL: "true"},
+        },
+        "spec": spec,
+    }
+
+
+def usable_nodes(nodes: Sequence[dict], runtime_class: dict | None) -> list[str]:
+    """The nodes an episode's pod can run on: schedulable, with the RuntimeClass's node labels."""
+    wanted = ((runtime_class or {}).get("scheduling") or {}).get("nodeSelector") or {}
+    usable = []
+    for node in nodes:
+        labels = (node.get("metadata") or {}).get("labels") or {}
+        if schedulable(node) and all(labels.get(key) == value for key, value in wanted.items()):
+            usable.append(node["metadata"]["name"])
+    return sorted(usable)
+
+
+def run_images(plan_jobs: dict[str, list[dict]]) -> list[str]:
+    """Every image the run's Jobs name, in order of first appearance."""
+    images: list[str] = []
+    for jobs in plan_jobs.values():
+        for job in jobs:
+            image = job["spec"]["template"]["spec"]["containers"][0]["image"]
+            if image not in images:
+                images.append(image)
+    return images
+
+
+def prepull_failures(pods: Sequence[dict], events: Sequence[EventRecord] = ()) -> list[dict]:
+    """Each --prepull pod that did not succeed: its node, image and why (the kubelet's words)."""
+    warnings = pod_warnings(events)
+    failures = []
+    for pod in pods:
+        if (pod.get("status") or {}).get("phase") == "Succeeded":
+            continue
+        state = (((pod.get("status") or {}).get("containerStatuses") or [{}])[0].get("state")) or {}
+        waiting, terminated = state.get("waiting") or {}, state.get("terminated") or {}
+        why = (
+            f"{waiting.get('reason')}: {waiting.get('message', '')}"
+            if waiting
+            else f"{terminated.get('reason', 'ended')} with exit code {terminated.get('exitCode')}"
+            if terminated
+            else (pod.get("status") or {}).get("reason")
+            or (pod.get("status") or {}).get("phase")
+            or "not started"
+        )
+        warned = warnings.get(pod_name(pod))
+        failures.append(
+            {
+                "pod": pod_name(pod),
+                "node": (pod.get("spec") or {}).get("nodeName"),
+                "image": container_image(pod),
+                "why": f"{why}" + (f"; pod warnings: {'; '.join(warned)}" if warned else ""),
+            }
+        )
+    return failures
+
+
+QUANTITY_SUFFIXES = {
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "Pi": 2**50,
+    "Ei": 2**60,
+    "n": 1e-9,
+    "u": 1e-6,
+    "m": 1e-3,
+    "": 1.0,
+    "k": 1e3,
+    "M": 1e6,
+    "G": 1e9,
+    "T": 1e12,
+    "P": 1e15,
+    "E": 1e18,
+}
+
+
+def parse_quantity(text: Any) -> float | None:
+    """A Kubernetes quantity ("250m", "768Mi", "1e3", 2) as a number, or None if it is not one."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        return float(text)
+    match = re.fullmatch(
+        r"\s*([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)([a-zA-Z]{0,2})\s*", str(text or "")
+    )
+    if not match or match.group(2) not in QUANTITY_SUFFIXES:
+        return None
+    return float(match.group(1)) * QUANTITY_SUFFIXES[match.group(2)]
+
+
+def schedulable(node: dict) -> bool:
+    """A node that takes new pods: Ready, not cordoned, no NoSchedule/NoExecute taint."""
+    spec = node.get("spec") or {}
+    if spec.get("unschedulable"):
+        return False
+    if any(
+        taint.get("effect") in ("NoSchedule", "NoExecute") for taint in spec.get("taints") or []
+    ):
+        return False
+    return condition_true(node, "Ready")
+
+
+def capacity_plan(
+    nodes: Sequence[dict], runtime_class: dict | None, requests: dict, count: int, parallelism: int
+) -> dict:
+    """How many episodes fit at once on the nodes' allocatable CPU, memory and pod slots; pure.
+
+    Counts allocatable resources, not what other pods already use, so it is an upper bound.
+    """
+    overhead = ((runtime_class or {}).get("overhead") or {}).get("podFixed") or {}
+    need = {
+        resource: (parse_quantity(requests.get(resource)) or 0.0)
+        + (parse_quantity(overhead.get(resource)) or 0.0)
+        for resource in ("cpu", "memory")
+    }
+    fits: dict[str, int] = {}
+    for node in nodes:
+        if not schedulable(node):
+            continue
+        allocatable = (node.get("status") or {}).get("allocatable") or {}
+        room = [
+            math.floor((parse_quantity(allocatable.get(resource)) or 0.0) / need[resource] + 1e-9)
+            for resource in ("cpu", "memory")
+            if need[resource] > 0
+        ]
+        pods = parse_quantity(allocatable.get("pods"))
+        if pods is not None:
+            room.append(int(pods))
+        fits[node["metadata"]["name"]] = max(0, min(room))
+    at_once = sum(fits.values())
+    wanted = min(count, parallelism)
+    return {
+        "checked": True,
+        "schedulable_nodes": len(fits),
+        "nodes_seen": len(nodes),
+        "per_episode": {
+            "cpu": f"{requests.get('cpu', '0')} + overhead {overhead.get('cpu', '0')}",
+            "memory": f"{requests.get('memory', '0')} + overhead {overhead.get('memory', '0')}",
+            "cpu_cores": rounded(need["cpu"], 4),
+            "memory_bytes": int(need["memory"]),
+        },
+        "episodes_fit_at_once": at_once,
+        "episodes_fit_per_node": fits,
+        "fits_at_once": at_once >= wanted,
+        "expected_waves": math.ceil(count / max(1, min(wanted, at_once))) if at_once else None,
+        "waves_at_parallelism": math.ceil(count / max(1, parallelism)),
+        "note": "from the nodes' allocatable CPU, memory and pod slots and the RuntimeClass's podFixed "
+        "overhead; pods other workloads already run are not subtracted",
+    }
+
+
+def capacity_warning(plan: dict, parallelism: int) -> str | None:
+    """One warning when the batch's pods cannot all run at once, else None."""
+    if not plan.get("checked"):
+        return f"Warning: capacity check skipped ({plan.get('reason')})"
+    if plan["fits_at_once"]:
+        return None
+    if not plan["episodes_fit_at_once"]:
+        return (
+            f"Warning: capacity: no schedulable node has room for one episode "
+            f"({plan['per_episode']['cpu']} CPU, {plan['per_episode']['memory']} memory); "
+            f"its pods will stay Pending"
+        )
+    return (
+        f"Warning: capacity: the {plan['schedulable_nodes']} schedulable node(s) fit about "
+        f"{plan['episodes_fit_at_once']} episodes at once ({plan['per_episode']['cpu']} CPU, "
+        f"{plan['per_episode']['memory']} memory each), fewer than parallelism {parallelism}: "
+        f"expect about {plan['expected_waves']} waves instead of {plan['waves_at_parallelism']}, "
+        f"and pods Pending meanwhile"
+    )
+
+
+# --------------------------------------------------------------------------
+# src/rl_batch_demo/timing.py: Measurement: what each episode went through, from the API and the worker: points, bounds,
 
 # Resolution of each kind of source, in seconds.
 WHOLE_SECOND = 1.0
+
 EVENT_TIME = 1e-6
+
 PROC_TICK = 0.01
+
 # How long after the step it reports an event is named at most. The recorder stamps the name
 # (`<object>.<hex UnixNano>`) when it is called, but that is after the step's own call has
 # returned: the Job controller's pod create (the API server stamps the pod, writes it to etcd,
@@ -3203,16 +2573,20 @@ PROC_TICK = 0.01
 # controller's SuccessfulCreate at load 40 on two cores). The same allowance as the
 # scheduler's eventTime after its binding, for the same reason.
 EVENT_FOLLOWS_SECONDS = 0.5
+
 # How long after the binding the scheduler takes its Scheduled eventTime at most. Not at once:
 # it takes it once its bind request has returned (a round trip through the API server and
 # etcd, then its goroutine's turn), which a loaded machine stretches (0.16 s after the node
 # agent saw the binding, at load ~30 on two cores). Where this is looser, the PodScheduled
 # condition's second bounds the binding instead: the API server stamps it in the binding.
 SCHEDULED_FOLLOWS_BINDING_SECONDS = 0.5
+
 # Clocks that disagree by more than this are reported loudly: it is the precision the
 # sharpest cluster-side points claim.
 CLOCK_TOLERANCE_SECONDS = 0.05
+
 REFERENCE_CLOCK = "control plane"
+
 POINTS = (
     "pod_created",
     "scheduled",
@@ -3224,6 +2598,7 @@ POINTS = (
     "reward",
     "container_finished",
 )
+
 POINT_SOURCES = {
     "pod_created": "the Job controller's SuccessfulCreate event name (ns), within Pod creationTimestamp's "
     "second, else the client's watch seeing the pod (upper bound) within that second and "
@@ -3241,6 +2616,7 @@ POINT_SOURCES = {
     "container_finished": "after the reward and within finishedAt's second, up to the client's watch "
     "seeing the container terminated",
 }
+
 # Phase name -> (from point, to point). The chain covers an episode end to end;
 # pod_to_ready is the guide's own figure (pod created -> episode ready), here from the sharpest points.
 PHASES = {
@@ -3257,6 +2633,7 @@ PHASES = {
     # other pulls included); 0 for an image already present (a Pulled event alone).
     "image_pull": ("image_pull_started", "image_pulled"),
 }
+
 # The kubelet's events about a container, in the order it records them when it starts one:
 # image pulled or found, container created, container started.
 KUBELET_CONTAINER_REASONS = ("Pulling", "Pulled", "Created", "Started")
@@ -3294,10 +2671,6 @@ def event_name_time(event: EventRecord) -> float | None:
     """The moment an event's recorder named it, from `<object>.<hex UnixNano>` (on the recorder's clock)."""
     found = EVENT_NAME_TIME.search(event.name or "")
     return int(found.group(1), 16) / 1e9 if found else None
-
-
-# The kubelet's events about the episode's container name it so (others: an init container's).
-EPISODE_FIELD_PATH = f"spec.containers{{{CONTAINER_NAME}}}"
 
 
 def kubelet_container_events(
@@ -4300,6 +3673,892 @@ def job_creation(
     return point
 
 
+class EpisodeInputs(NamedTuple):
+    """Everything besides its pod and log that an episode's points are made from (episode_points'
+    arguments): equal inputs give equal points."""
+
+    scheduled_at: float | None
+    observed: dict | None
+    kubelet: dict | None
+    created_event_at: float | None
+    clocks: EpisodeClocks
+    created_after: Bound | None
+
+
+class EpisodeDraft(NamedTuple):
+    """One episode summarised as it ended, from the evidence known then: its verification, its row,
+    its points and phases. summarise_batch takes what the final evidence leaves unchanged."""
+
+    pod: dict
+    log_text: str
+    job_created: float
+    builtin: bool
+    ready: dict
+    reward: dict
+    row: dict
+    inputs: EpisodeInputs
+    points: dict[str, Point | None]
+    phases: dict[str, tuple[float, float] | None]
+    # Its row of episodes.csv after the batch, pod and index columns, kept in `csv` under its pod's
+    # name, as made from these points, phases and row and the image as the events said then.
+    csv: Spool | None = None
+    image_cache: str | None = None
+    image_pull: ImagePull | None = None
+
+    def verified(self, pod: dict, log_text: str, job_created: float, builtin: bool) -> bool:
+        """Verified already, from this very pod, log, Job creation and worker."""
+        return (
+            (self.pod is pod or self.pod == pod)
+            and (self.log_text is log_text or self.log_text == log_text)
+            and self.job_created == job_created
+            and self.builtin == builtin
+        )
+
+    def points_for(
+        self, pod: dict, ready: dict, inputs: EpisodeInputs
+    ) -> tuple[dict[str, Point | None], dict[str, tuple[float, float] | None]] | None:
+        """Its points and phases for these final inputs, if made from the same pod and log (None: to
+        be made again). What else the pod was created after (an earlier pod's end freeing its slot,
+        known for certain only once every earlier pod has ended) bears on its creation alone: should
+        only that differ, only that point is made again."""
+        if ready is not self.ready or not (self.pod is pod or self.pod == pod):
+            return None
+        if inputs == self.inputs:
+            return self.points, self.phases
+        if inputs._replace(created_after=None) != self.inputs._replace(created_after=None):
+            return None
+        seen = (inputs.observed or {}).get("seen") or {}
+        points = dict(
+            self.points,
+            pod_created=pod_created_point(
+                creation_stamp(pod),
+                seen,
+                inputs.created_event_at,
+                inputs.created_after,
+                inputs.clocks,
+            ),
+        )
+        return points, phase_durations(points)
+
+
+# --------------------------------------------------------------------------
+# src/rl_batch_demo/outcomes.py: Outcomes: verification (the first violation fails the whole batch) and rollouts (every episode's
+
+def verify_episode(
+    pod: dict, events: list[dict], job_created: float, builtin: bool
+) -> tuple[dict, dict]:
+    """Check one episode; return its ready and reward events."""
+    name = pod_name(pod)
+    phase = (pod.get("status") or {}).get("phase")
+    if phase != "Succeeded":
+        raise VerificationError(f"pod {name}: phase is {phase}, not Succeeded")
+    readies = [e for e in events if e["event"] == "ready"]
+    rewards = [e for e in events if e["event"] == "reward"]
+    if len(readies) != 1:
+        raise VerificationError(
+            f"pod {name}: expected exactly one ready event, found {len(readies)}"
+        )
+    if len(rewards) != 1:
+        raise VerificationError(
+            f"pod {name}: expected exactly one reward event, found {len(rewards)}"
+        )
+    ready, reward = readies[0], rewards[0]
+    if ready.get("episode_id") != name:
+        raise VerificationError(
+            f"pod {name}: ready event has episode_id {ready.get('episode_id')!r}, not the pod name"
+        )
+    if reward.get("episode_id") != ready.get("episode_id"):
+        raise VerificationError(
+            f"pod {name}: reward event has episode_id {reward.get('episode_id')!r}, "
+            f"not the ready event's {ready.get('episode_id')!r}"
+        )
+    value = reward.get("reward")
+    if builtin:
+        if value != 1 or isinstance(value, bool):
+            raise VerificationError(f"pod {name}: reward is {value!r}, not 1", "verifier")
+        tests_exit, baseline_exit = reward.get("tests_exit"), reward.get("baseline_exit")
+        if tests_exit != 0 or isinstance(tests_exit, bool):
+            raise VerificationError(f"pod {name}: tests_exit is {tests_exit!r}, not 0", "verifier")
+        if (
+            baseline_exit in (0, None)
+            or not isinstance(baseline_exit, int)
+            or isinstance(baseline_exit, bool)
+        ):
+            raise VerificationError(
+                f"pod {name}: baseline_exit is {reward.get('baseline_exit')!r}; the baseline must fail",
+                "verifier",
+            )
+    elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise VerificationError(f"pod {name}: reward is {value!r}, not a number")
+    pod_created = parse_time(pod["metadata"].get("creationTimestamp"))
+    moments = [job_created, pod_created, ready.get("at"), reward.get("at")]
+    numbers = [m for m in moments if isinstance(m, (int, float))]
+    in_order = len(numbers) == len(moments) and all(a <= b for a, b in zip(numbers, numbers[1:]))
+    if not in_order:
+        raise VerificationError(
+            f"pod {name}: times out of order (job created {moments[0]}, pod created {moments[1]}, "
+            f"ready {moments[2]}, reward {moments[3]}): unsynchronised clocks or broken events",
+            "verifier",
+        )
+    status = container_status(pod)
+    if status.get("restartCount", 0) != 0:
+        raise VerificationError(
+            f"pod {name}: container restarted {status.get('restartCount')} time(s)",
+            "infrastructure",
+        )
+    terminated = container_terminated(pod)
+    if terminated is None:
+        raise VerificationError(f"pod {name}: container has no terminated state")
+    if terminated.get("exitCode") != 0:
+        raise VerificationError(f"pod {name}: container exited {terminated.get('exitCode')}, not 0")
+    return ready, reward
+
+
+def verify_batch(
+    count: int,
+    job: dict,
+    pods: Sequence[dict],
+    logs: dict[str, str],
+    builtin: bool = True,
+    drafts: Mapping[str, EpisodeDraft] | None = None,
+) -> list[tuple[dict, dict, dict]]:
+    """Every episode honest, or VerificationError naming the first that is not.
+
+    Returns (pod, ready event, reward event) per pod, sorted by pod name. An episode drafted
+    while waiting from this very pod, log and Job creation is not verified again.
+    """
+    if len(pods) != count:
+        raise VerificationError(
+            f"expected {count} pods for {count} episodes, found {len(pods)} "
+            f"(a replaced or missing pod is a failure)"
+        )
+    job_created = parse_time(job["metadata"].get("creationTimestamp"))
+    if job_created is None:
+        raise VerificationError("the Job has no creationTimestamp")
+    episodes = []
+    for pod in sorted((succeeded_before_its_deadline(pod, job) for pod in pods), key=pod_name):
+        name = pod_name(pod)
+        draft = (drafts or {}).get(name)
+        if draft is not None and draft.verified(pod, logs.get(name, ""), job_created, builtin):
+            episodes.append((pod, draft.ready, draft.reward))
+            continue
+        events = parse_events(logs.get(name, "").splitlines())
+        ready, reward = verify_episode(pod, events, job_created, builtin)
+        episodes.append((pod, ready, reward))
+    return episodes
+
+
+def job_end_reason(job: dict | None) -> str | None:
+    """The reason of the Job's Failed (or FailureTarget) condition, e.g. DeadlineExceeded."""
+    for kind in ("Failed", "FailureTarget"):
+        entry = condition(job or {}, kind)
+        if entry and entry.get("status") == "True":
+            return entry.get("reason")
+    return None
+
+
+TRACEBACK_START = re.compile(r'(Traceback \(most recent call last\):|  File ".*", line \d+)')
+
+EXCEPTION_LINE = re.compile(r"[A-Za-z_][\w.]*(: .*)?")
+
+
+def traceback_tail(log_text: str) -> str | None:
+    """The last line of the last Python traceback in a log (`ZeroDivisionError: division by
+    zero`), what a failed episode's line quotes; a SyntaxError has no "Traceback" header, only
+    its `File` lines, so either opens one."""
+    last, in_trace = None, False
+    for line in log_text.splitlines():
+        if TRACEBACK_START.match(line):
+            in_trace = True
+        elif in_trace and not line[:1].isspace():
+            in_trace = False
+            if EXCEPTION_LINE.fullmatch(line.rstrip()):
+                last = line.strip()
+    return last
+
+
+def with_traceback(why: str, log_text: str) -> str:
+    tail = traceback_tail(log_text)
+    return f"{why}: {tail}" if tail else why
+
+
+def classify_attempt(
+    pod: dict, log_text: str, job: dict, builtin: bool, warnings: Sequence[str] = ()
+) -> tuple[str | None, str | None]:
+    """(failure class, why) of one pod, or (None, None) for an episode that passed every check.
+
+    Infrastructure: the pod was disrupted, never scheduled, never started its
+    container, was killed from outside, or was stopped by the batch's end before it
+    started. Episode: the program exited non-zero on its own, broke the event
+    protocol, or was still running at the Job's deadline. Verifier: the built-in
+    checks of the result failed (the baseline passed, the patched tests failed,
+    reward not 1, times out of order). `warnings` (the pod's Warning event reasons)
+    are named with an infrastructure failure: a pod stopped at the deadline while
+    its image would not pull says so.
+    """
+    failure_class, why = classify_pod_state(pod, log_text, job, builtin)
+    if failure_class == "infrastructure" and warnings:
+        why = f"{why}; pod warnings: {'; '.join(warnings)}"
+    return failure_class, why
+
+
+def job_cut_short(job: dict | None) -> bool:
+    """The Job's successPolicy (--need) was met: it stops every episode still running."""
+    for kind in ("SuccessCriteriaMet", "Complete"):
+        entry = condition(job or {}, kind)
+        if entry and entry.get("status") == "True" and entry.get("reason") == SUCCESS_POLICY_REASON:
+            return True
+    return False
+
+
+def succeeded_before_its_deadline(pod: dict, job: dict | None) -> dict:
+    """The pod as it ended: one the kubelet marked Failed (DeadlineExceeded) after it had
+    succeeded is given back as Succeeded, else the pod itself.
+
+    A real kubelet keeps checking a pod's activeDeadlineSeconds as long as the pod is on its node,
+    ended or not, so a pod that succeeded well before its deadline turns Failed with reason
+    DeadlineExceeded once the deadline passes while the batch still runs (its container's exit
+    code still 0). It had succeeded if the Job counted its index as completed, or if its every
+    container had ended, with exit code 0, in a second before its deadline's."""
+    status = pod.get("status") or {}
+    if status.get("phase") != "Failed" or status.get("reason") != POD_DEADLINE_REASON:
+        return pod
+    ends = [
+        (cs.get("state") or {}).get("terminated") or {}
+        for cs in status.get("containerStatuses") or []
+    ]
+    if not ends or any(end.get("exitCode") != 0 for end in ends):
+        return pod
+    index = ((pod.get("metadata") or {}).get("annotations") or {}).get(
+        COMPLETION_INDEX_ANNOTATION, ""
+    )
+    counted = index.isdigit() and int(index) in index_list(
+        ((job or {}).get("status") or {}).get("completedIndexes") or ""
+    )
+    started = parse_time(status.get("startTime"))
+    limit = (pod.get("spec") or {}).get("activeDeadlineSeconds")
+    finished = [parse_time(end.get("finishedAt")) for end in ends]
+    in_time = (
+        started is not None
+        and isinstance(limit, int)
+        and all(moment is not None and moment < started + limit for moment in finished)
+    )
+    if not (counted or in_time):
+        return pod
+    kept = {key: value for key, value in status.items() if key not in ("reason", "message")}
+    return dict(pod, status=dict(kept, phase="Succeeded"))
+
+
+def classify_pod_state(
+    pod: dict, log_text: str, job: dict, builtin: bool
+) -> tuple[str | None, str | None]:
+    """classify_attempt from the pod's status and log alone."""
+    pod = succeeded_before_its_deadline(pod, job)
+    status = pod.get("status") or {}
+    phase = status.get("phase")
+    disrupted = condition(pod, "DisruptionTarget")
+    # A disrupted pod whose program still finished (PID 1 ignores SIGTERM unless it handles it,
+    # so an evicted episode often runs on to exit 0) Succeeded: the Job counts it, so do we.
+    if disrupted and disrupted.get("status") == "True" and phase != "Succeeded":
+        return "infrastructure", (
+            f"disrupted ({disrupted.get('reason', '?')}: "
+            f"{(disrupted.get('message') or '').strip()})"
+        ).replace(": )", ")")
+    if status.get("reason") in INFRASTRUCTURE_POD_REASONS:
+        return (
+            "infrastructure",
+            f"pod {status['reason']}: {(status.get('message') or '').strip()}".rstrip(": "),
+        )
+    if phase == "Succeeded":
+        try:
+            job_created = parse_time(job["metadata"].get("creationTimestamp"))
+            verify_episode(pod, parse_events(log_text.splitlines()), job_created or 0.0, builtin)
+        except VerificationError as error:
+            if job_cut_short(job) and pod["metadata"].get("deletionTimestamp"):
+                # Stopped by the Job once --need was met, it exited 0 before its reward was complete.
+                return (
+                    CANCELLED,
+                    f"cancelled: --need was met while it ran (it exited 0 before a complete "
+                    f"reward: {str(error).split(': ', 1)[-1]})",
+                )
+            end = job_end_reason(job)
+            if pod["metadata"].get("deletionTimestamp") and end is not None and not log_text:
+                # The Job's end deleted the pod while it ran; it ran on to exit 0 (its first process
+                # ignores SIGTERM) and the kubelet removed it at once: its log went with it before it
+                # could be read. Its outcome is unknown, not the episode's failure.
+                return "infrastructure", (
+                    f"its log was gone before it could be read: deleted as the Job ended ({end}), "
+                    f"the pod was removed once it exited 0"
+                )
+            return error.failure_class, str(error).split(": ", 1)[-1]
+        return None, None
+    state = container_status(pod).get("state") or {}
+    started = "running" in state or bool((state.get("terminated") or {}).get("startedAt"))
+    if job_cut_short(job) and (pod["metadata"].get("deletionTimestamp") or phase != "Failed"):
+        # Stopped (or about to be) by the Job because enough episodes had succeeded.
+        return (
+            CANCELLED,
+            "cancelled: --need was met while it ran"
+            if started
+            else "cancelled: --need was met before its container started",
+        )
+    if status.get("reason") == POD_DEADLINE_REASON:
+        limit = (pod.get("spec") or {}).get("activeDeadlineSeconds")
+        if started:
+            return (
+                "episode",
+                f"ran out of time: still running {limit} s after its pod started (its deadline: "
+                f"--episode-timeout, plus --pull-timeout, as given)",
+            )
+        return "infrastructure", (
+            f"container never started within its pod's deadline of {limit} s from its "
+            f"start (--pull-timeout and --episode-timeout): image {container_image(pod)} "
+            f"not pulled and started by then"
+        )
+    end = job_end_reason(job)
+    own_exit = (state.get("terminated") or {}).get("exitCode") not in (
+        None,
+        0,
+    ) + INFRASTRUCTURE_EXIT_CODES
+    if pod["metadata"].get("deletionTimestamp") and end is not None and not own_exit:
+        # Stopped by the Job controller as the Job ended, not by anything of its own.
+        if started and end == "DeadlineExceeded":
+            return "episode", "still running at the Job's deadline"
+        return "infrastructure", f"stopped when the Job ended ({end}) before it finished"
+    if not (pod.get("spec") or {}).get("nodeName"):
+        scheduled = condition(pod, "PodScheduled") or {}
+        return (
+            "infrastructure",
+            f"never scheduled: {scheduled.get('message') or 'no node assigned'}",
+        )
+    if "waiting" in state:
+        waiting = state["waiting"]
+        return "infrastructure", (
+            f"container never started ({waiting.get('reason', 'waiting')}: "
+            f"{waiting.get('message', '')})"
+        ).replace(": )", ")")
+    if "running" in state:
+        if end == "DeadlineExceeded":
+            return "episode", "still running at the Job's deadline"
+        return "infrastructure", f"still running when the batch ended ({end or 'not finished'})"
+    terminated = state.get("terminated")
+    if terminated is None:
+        return "infrastructure", "container never started (no container status)"
+    code, reason = terminated.get("exitCode"), terminated.get("reason") or ""
+    if (
+        reason in INFRASTRUCTURE_TERMINATED_REASONS
+        or code in INFRASTRUCTURE_EXIT_CODES
+        or code == 0
+    ):
+        return "infrastructure", f"container {reason or 'ended'} with exit code {code}"
+    if builtin and BASELINE_PASSED_MESSAGE in log_text:
+        return "verifier", f"exited {code}: {BASELINE_PASSED_MESSAGE}"
+    rewards = [e for e in parse_events(log_text.splitlines()) if e["event"] == "reward"]
+    if builtin and len(rewards) == 1 and rewards[0].get("tests_exit") not in (0, None):
+        return (
+            "verifier",
+            f"exited {code}: the patched code failed its tests (tests_exit {rewards[0]['tests_exit']})",
+        )
+    return "episode", with_traceback(f"exited {code}", log_text)
+
+
+def pod_index(pod: dict) -> int | None:
+    """The pod's episode index in the run: its completion index, which in a Job of several (one per
+    image) is its Job's own and names the run-wide index through EPISODE_INDEXES_ANNOTATION."""
+    annotations = pod["metadata"].get("annotations") or {}
+    try:
+        index = int(annotations.get(COMPLETION_INDEX_ANNOTATION, ""))
+    except ValueError:
+        return None
+    if EPISODE_INDEXES_ANNOTATION not in annotations:
+        return index
+    indexes = sorted(index_list(annotations[EPISODE_INDEXES_ANNOTATION]))
+    return indexes[index] if 0 <= index < len(indexes) else None
+
+
+def attempts_recorded(pod: dict) -> int:
+    """This pod's attempt number as the Job controller counts it: 1 + the index's earlier failures."""
+    annotations = pod["metadata"].get("annotations") or {}
+    total = 1
+    for key in (INDEX_FAILURE_COUNT_ANNOTATION, INDEX_IGNORED_FAILURE_COUNT_ANNOTATION):
+        try:
+            total += max(0, int(annotations.get(key, "0")))
+        except ValueError:
+            pass
+    return total
+
+
+REWARD_ROW_FIELDS = (
+    "index",
+    "task_id",
+    "image",
+    "group",
+    "pod",
+    "attempts",
+    "reward",
+    "failure_class",
+    "valid",
+    "failure",
+    "node",
+    "pod_to_ready_seconds",
+    "batch_to_ready_seconds",
+    "batch_to_reward_seconds",
+    "episode_seconds",
+    "evidence",
+    "earlier_attempts",
+)
+
+
+def reward_valid(failure_class: str | None) -> bool:
+    """Whether a trainer may learn from the line: the agent's own outcome (a success, or the episode's
+    own failure) is; a loss to the infrastructure, the verifier or a cancellation is masked."""
+    return failure_class in VALID_CLASSES
+
+
+def pods_by_index(pods: Iterable[dict], count: int) -> dict[int, list[dict]]:
+    """Each completion index's pods (its attempts), oldest first."""
+    by_index: dict[int, list[dict]] = {}
+    for pod in pods:
+        index = pod_index(pod)
+        if index is not None and 0 <= index < count:
+            by_index.setdefault(index, []).append(pod)
+    for attempts in by_index.values():
+        attempts.sort(
+            key=lambda p: (
+                parse_time(p["metadata"].get("creationTimestamp")) or 0.0,
+                attempts_recorded(p),
+                pod_name(p),
+            )
+        )
+    return by_index
+
+
+def episode_rows(
+    count: int,
+    job: dict,
+    pods: Sequence[dict],
+    logs: dict[str, str],
+    builtin: bool,
+    task_ids: Sequence[Any] | None,
+    group_size: int,
+    events: Sequence[EventRecord] = (),
+    images: Sequence[str | None] | None = None,
+) -> list[dict]:
+    """One row per episode (completion index), its final attempt's outcome; pure.
+
+    Every index has a row, an episode whose pod was never created included.
+    """
+    warnings = pod_warnings(events)
+    by_index = pods_by_index(pods, count)
+    return [
+        episode_row(
+            index,
+            by_index.get(index, []),
+            job,
+            logs,
+            builtin,
+            task_ids,
+            group_size,
+            warnings,
+            images,
+        )
+        for index in range(count)
+    ]
+
+
+def group_images(settings: Settings) -> list[str]:
+    """The image of each group of episodes (a task's; without tasks, each episode's)."""
+    return list(settings.task_images or [settings.image] * settings.count)
+
+
+def episode_row(
+    index: int,
+    attempts: Sequence[dict],
+    job: dict,
+    logs: dict[str, str],
+    builtin: bool,
+    task_ids: Sequence[Any] | None,
+    group_size: int,
+    warnings: dict[str, list[str]] | None = None,
+    images: Sequence[str | None] | None = None,
+) -> dict:
+    """The row of one episode from its attempts (oldest first); pure. The final attempt is the pod
+    that succeeded, else the newest one. `images`: each group's image (group_images)."""
+    job_created = parse_time(job["metadata"].get("creationTimestamp")) or 0.0
+    group = index // group_size
+    row: dict[str, Any] = {"index": index, "task_id": task_ids[group] if task_ids else None}
+    if images is not None:
+        row["image"] = images[group] if group < len(images) else None
+    row["group"] = group
+    if not attempts:
+        if job_cut_short(job):
+            row.update(
+                {
+                    "pod": None,
+                    "attempts": 0,
+                    "reward": None,
+                    "failure_class": CANCELLED,
+                    "valid": False,
+                    "failure": "cancelled: --need was met before this episode's pod was created",
+                    "evidence": "job.json",
+                }
+            )
+            return row
+        end = job_end_reason(job)
+        row.update(
+            {
+                "pod": None,
+                "attempts": 0,
+                "reward": None,
+                "failure_class": "infrastructure",
+                "valid": False,
+                "failure": f"never started: the Job ended ({end or 'unfinished'}) before "
+                f"it created this episode's pod",
+                "evidence": "job.json",
+            }
+        )
+        return row
+    outcomes = [
+        (
+            pod,
+            *classify_attempt(
+                pod,
+                logs.get(pod_name(pod), ""),
+                job,
+                builtin,
+                (warnings or {}).get(pod_name(pod), ()),
+            ),
+        )
+        for pod in attempts
+    ]
+    final = next((o for o in outcomes if o[1] is None), outcomes[-1])
+    pod, failure_class, failure = final
+    name = pod_name(pod)
+    worker_events = parse_events(logs.get(name, "").splitlines())
+    ready = next((e for e in worker_events if e["event"] == "ready"), {})
+    reward = next((e for e in worker_events if e["event"] == "reward"), {})
+    created = parse_time(pod["metadata"].get("creationTimestamp"))
+
+    def seconds(later: Any, earlier: float | None) -> float | None:
+        ok = isinstance(later, (int, float)) and not isinstance(later, bool) and earlier is not None
+        return rounded(later - earlier) if ok else None
+
+    row.update(
+        {
+            "pod": name,
+            "attempts": max(len(attempts), attempts_recorded(pod)),
+            "reward": reward.get("reward"),
+            "failure_class": failure_class,
+            "valid": reward_valid(failure_class),
+            "failure": failure,
+            "node": (pod.get("spec") or {}).get("nodeName"),
+            "pod_to_ready_seconds": seconds(ready.get("at"), created),
+            "batch_to_ready_seconds": seconds(ready.get("at"), job_created),
+            "batch_to_reward_seconds": seconds(reward.get("at"), job_created),
+            "episode_seconds": seconds(
+                reward.get("at"), ready.get("at") if "at" in ready else None
+            ),
+            "evidence": f"{name}.log" if failure_class else None,
+            "earlier_attempts": [
+                {"pod": pod_name(p), "failure_class": c, "failure": f}
+                for p, c, f in outcomes
+                if p is not pod
+            ],
+        }
+    )
+    for key, value in reward.items():
+        if key in ("event", "reward"):
+            continue
+        row[key if key not in REWARD_ROW_FIELDS else f"episode_{key}"] = value
+    return row
+
+
+def failure_settled(job: dict | None, index: int) -> bool:
+    """The Job will not run this index again: it counts it among its failed indexes, or it has
+    ended (or is ending: FailureTarget, SuccessCriteriaMet)."""
+    status = (job or {}).get("status") or {}
+    if any(
+        condition_true(job or {}, kind)
+        for kind in ("Complete", "Failed", "FailureTarget", "SuccessCriteriaMet")
+    ):
+        return True
+    return index in index_list(status.get("failedIndexes") or "")
+
+
+def settled_attempt(
+    attempts: Sequence[dict], job: dict | None, index: int, logs: dict[str, str], may_retry: bool
+) -> bool:
+    """Whether an episode's outcome is final, from what was seen so far; pure.
+
+    Its attempt that succeeded, else its newest, has ended and every attempt's log is read
+    (`logs`: those read after their container ended). A success is final at once; a failure
+    once the Job will not retry it: without retries at once, else when the Job says so
+    (failure_settled). A failed pod being deleted waits for the Job's word too: whether the
+    Job's end (or --need) stopped it, or something else did, decides its class.
+    """
+    if not attempts:
+        return False
+    final = next(
+        (p for p in attempts if (p.get("status") or {}).get("phase") == "Succeeded"), attempts[-1]
+    )
+    phase = (final.get("status") or {}).get("phase")
+    if phase not in ("Succeeded", "Failed") or any(pod_name(p) not in logs for p in attempts):
+        return False
+    if phase == "Succeeded":
+        return True
+    if may_retry or final["metadata"].get("deletionTimestamp"):
+        return failure_settled(job, index)
+    return True
+
+
+class Delivery(NamedTuple):
+    """One line of rewards.jsonl as it was written: when (the client's wall clock), and between which
+    moments its episode's container ended (None where nothing bounds it)."""
+
+    index: int  # type: ignore[assignment]  # the episode's, not tuple.index()
+    success: bool
+    written_at: float
+    ended_after: float | None  # its reward event, or the start of its container's finishedAt second
+    ended_before: (
+        float | None
+    )  # the end of that second, or the client's watch seeing it, the earlier
+    streamed: bool  # written while the batch ran, not from the evidence read after its end
+    seen_at: float | None = None  # the client's watch seeing the container terminated
+
+    def saved(self) -> list:
+        return list(self)
+
+
+def container_end_bounds(
+    pod: dict | None, log_text: str, seen_terminated: float | None
+) -> tuple[float | None, float | None]:
+    """Between which moments a pod's episode container ended: after its reward event (the episode's
+    last act) and within its finishedAt second, before the client's watch saw it terminated."""
+    if pod is None:
+        return None, None
+    terminated = container_terminated(pod) or {}
+    finished = parse_time(terminated.get("finishedAt"))
+    reward = next((e for e in parse_events(log_text.splitlines()) if e["event"] == "reward"), {})
+    after = [t for t in (worker_time(reward.get("at")), finished) if t is not None]
+    before = [
+        t
+        for t in (None if finished is None else finished + WHOLE_SECOND, seen_terminated)
+        if t is not None
+    ]
+    return (max(after) if after else None), (min(before) if before else None)
+
+
+def delivery_figures(
+    deliveries: Sequence[Delivery],
+    origin: float | None,
+    origin_slack: float | None,
+    need: int | None,
+) -> dict:
+    """When the rewards reached rewards.jsonl: the first (and with --need the K-th) success from the
+    Job's creation, and each line's lag from its container's end; pure."""
+    successes = sorted(d.written_at for d in deliveries if d.success)
+    lags = [d.written_at - d.ended_after for d in deliveries if d.ended_after is not None]
+    # The client's own part: from its watch seeing the container's end to the line written.
+    own = [d.written_at - d.seen_at for d in deliveries if d.seen_at is not None]
+    widths = [
+        max(0.0, d.ended_before - d.ended_after)
+        for d in deliveries
+        if d.ended_after is not None and d.ended_before is not None
+    ]
+
+    def since_origin(moment: float | None) -> float | None:
+        return None if moment is None or origin is None else rounded(moment - origin)
+
+    figures: dict[str, Any] = {
+        "first_reward_seconds": since_origin(successes[0] if successes else None),
+        "reward_delivery_lag_p50_seconds": rounded(percentile(lags, 0.50)) if lags else None,
+        "reward_delivery_lag_p99_seconds": rounded(percentile(lags, 0.99)) if lags else None,
+        "reward_delivery_lag_max_seconds": rounded(max(lags)) if lags else None,
+        "reward_delivery": {
+            "lines": len(deliveries),
+            "streamed": sum(1 for d in deliveries if d.streamed),
+            "written_after_the_end": sum(1 for d in deliveries if not d.streamed),
+            "lag_samples": len(lags),
+            "seen_to_written_p50_seconds": rounded(percentile(own, 0.50)) if own else None,
+            "seen_to_written_p99_seconds": rounded(percentile(own, 0.99)) if own else None,
+            "lag_from": "the earliest moment the episode's container can have ended (its reward event, "
+            "else its finishedAt second) to its line written to rewards.jsonl",
+            "lag_precision_seconds": rounded(max(widths)) if widths else None,
+            "times_from": "the Job's creation, as the start of the client's create call (up to "
+            "origin_precision_seconds early)",
+            "origin_precision_seconds": rounded(origin_slack) if origin_slack is not None else None,
+        },
+    }
+    if need is not None:
+        figures["kth_reward_seconds"] = since_origin(
+            successes[need - 1] if len(successes) >= need else None
+        )
+    return figures
+
+
+def rewards_jsonl(rows: Iterable[dict]) -> str:
+    """rewards.jsonl: one JSON object per episode, in index order."""
+    return "".join(json.dumps(row, sort_keys=False) + "\n" for row in rows)
+
+
+def is_failure(row: dict) -> bool:
+    """A failed episode: neither a success nor cancelled once --need was met."""
+    return row["failure_class"] not in (None, CANCELLED)
+
+
+def failure_counts(classes: Iterable[str | None]) -> dict[str, int]:
+    """Failures by class; successes and cancelled episodes are no failures."""
+    counts = {kind: 0 for kind in FAILURE_CLASSES}
+    for kind in classes:
+        if kind in counts:
+            counts[kind] += 1
+    return counts
+
+
+def attempt_figures(rows: Sequence[dict]) -> dict:
+    """First attempts and final outcomes counted apart: what retries bought."""
+    first = [
+        (
+            row["earlier_attempts"][0]["failure_class"]
+            if row.get("earlier_attempts")
+            else row["failure_class"]
+        )
+        for row in rows
+    ]
+    final = [row["failure_class"] for row in rows]
+    return {
+        "attempts_total": sum(row["attempts"] for row in rows),
+        "episodes_retried": sum(1 for row in rows if row["attempts"] > 1),
+        "first_attempt": {"succeeded": first.count(None), "failed": failure_counts(first)},
+        "final": {
+            "succeeded": final.count(None),
+            "failed": failure_counts(final),
+            "cancelled": final.count(CANCELLED),
+        },
+    }
+
+
+def group_figures(rows: Sequence[dict], group_size: int) -> list[dict]:
+    """Per group of G episodes sharing a task: complete or not, time until all G rewards are in
+    (from the Job's creation), and the spread between its fastest and slowest reward."""
+    groups = []
+    for start in range(0, len(rows), group_size):
+        members = rows[start : start + group_size]
+        done = [
+            row["batch_to_reward_seconds"]
+            for row in members
+            if row["failure_class"] is None and row["batch_to_reward_seconds"] is not None
+        ]
+        complete = len(done) == len(members)
+        rewards = [row["reward"] for row in members if row["failure_class"] is None]
+        groups.append(
+            {
+                "group": members[0]["group"],
+                "task_id": members[0]["task_id"],
+                "episodes": len(members),
+                "rewards_in": len(done),
+                "complete": complete,
+                "all_rewards_seconds": max(done) if complete else None,
+                "spread_seconds": rounded(max(done) - min(done)) if done else None,
+                "reward_mean": rounded(sum(rewards) / len(rewards), 6)
+                if rewards and all(isinstance(r, (int, float)) for r in rewards)
+                else None,
+            }
+        )
+    return groups
+
+
+def censored_pod_to_ready(rows: Sequence[dict], job: dict, pods: Sequence[dict]) -> dict:
+    """pod_to_ready over every episode: one that never became ready counts as ready at the Job's
+    deadline (Job start + activeDeadlineSeconds, minus its pod's creation), so a slow tail of
+    failures raises the percentiles instead of vanishing from them."""
+    start = parse_time((job.get("status") or {}).get("startTime")) or parse_time(
+        job["metadata"].get("creationTimestamp")
+    )
+    deadline = (start or 0.0) + ((job.get("spec") or {}).get("activeDeadlineSeconds") or 0)
+    created = {pod_name(p): parse_time(p["metadata"].get("creationTimestamp")) for p in pods}
+    values, censored = [], 0
+    for row in rows:
+        if row["failure_class"] == CANCELLED:
+            continue  # stopped by the Job once --need was met: never late, just not needed
+        if row.get("pod_to_ready_seconds") is not None:
+            values.append(row["pod_to_ready_seconds"])
+            continue
+        censored += 1
+        pod_created = created.get(row["pod"]) if row["pod"] else None
+        values.append(deadline - (pod_created if pod_created is not None else (start or 0.0)))
+    return {
+        "p50": rounded(percentile(values, 0.50)),
+        "p95": rounded(percentile(values, 0.95)),
+        "max": rounded(max(values)),
+        "samples": len(values),
+        "censored": censored,
+        "censored_at": "the Job's deadline: startTime + activeDeadlineSeconds - the pod's creation "
+        "(the Job's start for an episode without a pod)",
+    }
+
+
+# --------------------------------------------------------------------------
+# src/rl_batch_demo/summary.py: The batch's summary: throughput, slots, each episode's draft, the events' index,
+
+class EventStore:
+    """A namespace's events as a watch delivers them: a pure reducer of the watch's changes.
+
+    Each event is held as its EventRecord (the fields this tool reads) for the summary, and its
+    whole last version is kept on disk for events.json, so a batch of thousands of
+    pods holds its tens of thousands of events in little memory.
+    """
+
+    def __init__(
+        self,
+        spool_dir: str | None = None,
+        shared: SharedStrings | None = None,
+        index: EventIndex | None = None,
+    ) -> None:
+        self.records: dict[str, EventRecord] = {}
+        self._spool = Spool(spool_dir, "events.json")
+        self._shared = shared or SharedStrings()
+        # What the summary reads of the events held, kept up to date with them.
+        self.index = index or EventIndex(self._shared)
+        # The revision the events are known to be at least as new as, once a list has said so.
+        self.resource_version: str | None = None
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def apply(self, change: str, event: dict) -> EventRecord | None:
+        """One change a watch delivered: ADDED or MODIFIED keeps the event's newest version, DELETED
+        forgets it. The record now held of it, if any."""
+        name = (event.get("metadata") or {}).get("name")
+        if not name:
+            return None
+        held = self.records.get(name)
+        if change == "DELETED":
+            if self.records.pop(name, None) is not None:
+                self.index.changed()
+            self._spool.forget(name)
+            return None
+        self._spool.put(name, json.dumps(event))
+        record = self.records[name] = self._shared.share(event_record(event))
+        if held is None:
+            self.index.add(record)
+        elif held != record:  # not an event told again as it was (a watch's restart lists all)
+            self.index.replace(held, record)  # the drafts read the newest
+        return record
+
+    def forget_shared(self) -> None:
+        self._shared.table.clear()
+
+    def events(self, names: Iterable[str] | None = None) -> list[EventRecord]:
+        """The events' records in the order a list gives them (by name)."""
+        return [self.records[name] for name in sorted(self.records if names is None else names)]
+
+    def whole(self, names: Iterable[str] | None = None) -> Iterator[bytes]:
+        """Each event's last version as JSON text (UTF-8), in the order a list gives them."""
+        for name in sorted(self.records if names is None else names):
+            yield self._spool.get_bytes(name)
+
+
 # Throughput: how fast the batch went through, from every episode's points.
 RAMP_POINTS = ("pod_created", "scheduled", "sandbox_ready", "ready", "reward", "container_finished")
 
@@ -4635,74 +4894,6 @@ def cycle_collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-class EpisodeInputs(NamedTuple):
-    """Everything besides its pod and log that an episode's points are made from (episode_points'
-    arguments): equal inputs give equal points."""
-
-    scheduled_at: float | None
-    observed: dict | None
-    kubelet: dict | None
-    created_event_at: float | None
-    clocks: EpisodeClocks
-    created_after: Bound | None
-
-
-class EpisodeDraft(NamedTuple):
-    """One episode summarised as it ended, from the evidence known then: its verification, its row,
-    its points and phases. summarise_batch takes what the final evidence leaves unchanged."""
-
-    pod: dict
-    log_text: str
-    job_created: float
-    builtin: bool
-    ready: dict
-    reward: dict
-    row: dict
-    inputs: EpisodeInputs
-    points: dict[str, Point | None]
-    phases: dict[str, tuple[float, float] | None]
-    # Its row of episodes.csv after the batch, pod and index columns, kept in `csv` under its pod's
-    # name, as made from these points, phases and row and the image as the events said then.
-    csv: Spool | None = None
-    image_cache: str | None = None
-    image_pull: ImagePull | None = None
-
-    def verified(self, pod: dict, log_text: str, job_created: float, builtin: bool) -> bool:
-        """Verified already, from this very pod, log, Job creation and worker."""
-        return (
-            (self.pod is pod or self.pod == pod)
-            and (self.log_text is log_text or self.log_text == log_text)
-            and self.job_created == job_created
-            and self.builtin == builtin
-        )
-
-    def points_for(
-        self, pod: dict, ready: dict, inputs: EpisodeInputs
-    ) -> tuple[dict[str, Point | None], dict[str, tuple[float, float] | None]] | None:
-        """Its points and phases for these final inputs, if made from the same pod and log (None: to
-        be made again). What else the pod was created after (an earlier pod's end freeing its slot,
-        known for certain only once every earlier pod has ended) bears on its creation alone: should
-        only that differ, only that point is made again."""
-        if ready is not self.ready or not (self.pod is pod or self.pod == pod):
-            return None
-        if inputs == self.inputs:
-            return self.points, self.phases
-        if inputs._replace(created_after=None) != self.inputs._replace(created_after=None):
-            return None
-        seen = (inputs.observed or {}).get("seen") or {}
-        points = dict(
-            self.points,
-            pod_created=pod_created_point(
-                creation_stamp(pod),
-                seen,
-                inputs.created_event_at,
-                inputs.created_after,
-                inputs.clocks,
-            ),
-        )
-        return points, phase_durations(points)
-
-
 class EventIndex:
     """What the summary reads of each event, kept as the watch delivers them, so that after the
     end neither the drafts nor the summary read every event again: per pod its Scheduled
@@ -4990,6 +5181,7 @@ def same_but_bookkeeping(earlier: dict, later: dict) -> bool:
 # What the summary reads of an episode's verified ready and reward events (its points, its row):
 # a draft holds these alone, not the worker's other words.
 READY_FIELDS_SUMMARISED = ("at", "process_started_at", "imports_done_at")
+
 REWARD_FIELDS_SUMMARISED = ("at", "reward")
 
 
@@ -5195,20 +5387,6 @@ def summarise_batch(
     )
 
 
-# --------------------------------------------------------------------------
-# Rendering: CSV, SVG timeline, tables.
-
-PHASE_COLOURS = {
-    "scheduling": "#9e9e9e",
-    "sandbox_creation": "#f4a259",
-    "container_start": "#e76f51",
-    "python_imports": "#8e7dbe",
-    "imports_done_to_ready": "#2a9d8f",
-    "episode_work": "#4f86c6",
-    "container_exit": "#c9c9c9",
-}
-
-
 def image_figures(records: Sequence[dict], rows: Sequence[dict] = ()) -> dict[str, dict]:
     """Per image: its episodes (with `rows`, a rollout's every episode, and how many failed), how many
     of the summarised ones found it present or had it pulled, the image_pull phase of those pulled
@@ -5366,6 +5544,20 @@ def image_columns(record: Mapping[str, Any]) -> list[str]:
     ]
 
 
+# --------------------------------------------------------------------------
+# src/rl_batch_demo/render.py: Rendering: SVG timeline and charts, tables, the comparison.
+
+PHASE_COLOURS = {
+    "scheduling": "#9e9e9e",
+    "sandbox_creation": "#f4a259",
+    "container_start": "#e76f51",
+    "python_imports": "#8e7dbe",
+    "imports_done_to_ready": "#2a9d8f",
+    "episode_work": "#4f86c6",
+    "container_exit": "#c9c9c9",
+}
+
+
 def nice_step(span: float, ticks: int = 8) -> float:
     """A round tick step (1, 2 or 5 times a power of ten) giving about `ticks` ticks."""
     raw = max(span, 1e-9) / ticks
@@ -5489,7 +5681,9 @@ def timeline_svg(batches: Sequence[tuple[str, BatchSummary]], title: str) -> str
 
 
 FAILED_FILL = ' fill="#c1121f"'
+
 GAP_MEANING = "gap: a point not reported (e.g. by an episode script) or not measured"
+
 FAILED_MEANING = "\u2715 failed (or cancelled) episode, drawn as far as it got"
 
 
@@ -5570,7 +5764,9 @@ def timeline_bars(record: dict, x: Callable[[float], float], y: int, row_height:
 # distributions (CDFs). Each line is thinned to a few hundred steps, so the file stays
 # small and the browser quick however many episodes there are.
 CHART_STEPS = 400
+
 TIMELINE_MAX_ROWS = 200
+
 RAMP_COLOURS = {
     "pod_created": "#9e9e9e",
     "scheduled": "#6c757d",
@@ -5580,6 +5776,7 @@ RAMP_COLOURS = {
     "container_finished": "#1d1d1d",
     "reward_delivered": "#d62828",
 }
+
 CDF_COLOURS = dict(
     PHASE_COLOURS, pod_to_ready="#d62828", pod_to_reward="#1d1d1d", image_pull="#b5651d"
 )
@@ -5939,6 +6136,7 @@ COMPARED_FIELDS = (
     "pod_to_ready_p95_seconds",
     "pod_to_ready_max_seconds",
 )
+
 # What a run was, beside what it measured: two runs that differ here are not alike.
 COMPARED_CONDITIONS = (
     "context",
@@ -5948,6 +6146,7 @@ COMPARED_CONDITIONS = (
     "harden",
     "episode_script_sha256",
 )
+
 # A run without the field failed no episode: it has results only if every episode passed.
 COMPARED_DEFAULTS = {"failed_episodes": 0}
 
@@ -6034,8 +6233,13 @@ def compare_table(first: dict, second: dict, first_label: str, second_label: str
     return "\n".join(lines)
 
 
+def plural(number: Any, noun: str) -> str:
+    """`1 episode`, `2 episodes`: a count with its noun (a missing count reads `-`)."""
+    return f"{'-' if number is None else number} {noun}{'' if number == 1 else 's'}"
+
+
 # --------------------------------------------------------------------------
-# Runs in a cluster: what `list` shows and `cleanup --stale` decides, without receipts.
+# src/rl_batch_demo/runs.py: Runs in a cluster: what `list` shows and `cleanup --stale` decides, without receipts.
 
 # What a run is doing: a Job of it has not ended, or fewer Jobs than it plans are there yet
 # and none ended as a run stops (running; the latter between two batches), all ended Complete
@@ -6043,6 +6247,7 @@ def compare_table(first: dict, second: dict, first_label: str, second_label: str
 # no Job of the tool is in it yet (pending: a run starting, or one that stopped before
 # it submitted its Job).
 RUN_STATES = ("running", "succeeded", "failed", "terminating", "pending")
+
 # The reason a Job ends Failed with failed indexes within its maxFailedIndexes (--allow-failures):
 # a run accepts that batch and goes on to its next.
 ACCEPTED_FAILURES_REASON = "FailedIndexes"
@@ -6304,7 +6509,163 @@ def stale_verdict(
 
 
 # --------------------------------------------------------------------------
-# The one edge to the cluster: `Kubectl` runs every kubectl; `ApiProxy`; reads through them.
+# src/rl_batch_demo/kube.py: The one edge to the cluster: `Kubectl` runs every kubectl; `ApiProxy`; reads through them, lists
+
+def list_path(
+    resource_path: str,
+    limit: int,
+    selector: str | None = None,
+    not_older_than: str | None = None,
+    continue_token: str | None = None,
+) -> str:
+    """The API path of one page of a list.
+
+    A continue token carries its list's revision and the API refuses a
+    resourceVersion beside it, so only the first page names the oldest revision
+    its answer may come from.
+    """
+    query = {"limit": str(limit)}
+    if selector:
+        query["labelSelector"] = selector
+    if continue_token:
+        query["continue"] = continue_token
+    elif not_older_than:
+        query["resourceVersion"] = not_older_than
+        query["resourceVersionMatch"] = "NotOlderThan"
+    return f"{resource_path}?{urllib.parse.urlencode(query)}"
+
+
+def expired_continue(answer: str) -> str | None:
+    """For an answer saying a list's continue token expired: the token the API offers to go on
+    from its newest revision ("" when it offers none). None for any other answer."""
+    try:
+        status = json.loads(answer)
+    except ValueError:
+        return "" if "(Expired)" in answer else None
+    if not isinstance(status, dict) or status.get("reason") != "Expired":
+        return None
+    return (status.get("metadata") or {}).get("continue") or ""
+
+
+class PagedList:
+    """One list read page by page: a pure reducer of the API's answers."""
+
+    def __init__(
+        self,
+        resource_path: str,
+        selector: str | None = None,
+        not_older_than: str | None = None,
+        limit: int = LIST_PAGE_SIZE,
+    ) -> None:
+        self.resource_path = resource_path
+        self.selector = selector
+        self.not_older_than = not_older_than
+        self.limit = limit
+        self.items: list[dict] = []
+        self.resource_version: str | None = None
+        self.continue_token: str | None = None
+        self.done = False
+        self.pages = 0
+        self.expiries = 0
+
+    def next_path(self) -> str:
+        return list_path(
+            self.resource_path, self.limit, self.selector, self.not_older_than, self.continue_token
+        )
+
+    def apply(self, page: dict) -> None:
+        """One page: keep its items; its continue token asks for the next, none means it was the last."""
+        self.pages += 1
+        metadata = page.get("metadata") or {}
+        if self.resource_version is None:
+            self.resource_version = metadata.get("resourceVersion")
+        self.items.extend(page.get("items") or [])
+        self.continue_token = metadata.get("continue") or None
+        self.done = self.continue_token is None
+
+    def expired(self, token_to_go_on: str) -> None:
+        """The continue token expired. Go on with the API's own token when it offers one (the
+        rest then comes from a newer revision, still not older than asked), else start again."""
+        self.expiries += 1
+        if token_to_go_on:
+            self.continue_token = token_to_go_on
+        else:
+            self.items, self.resource_version, self.continue_token = [], None, None
+
+
+def unfinished_pods(pods: Iterable[dict]) -> list[str]:
+    """Names of the pods that have not ended (phase neither Succeeded nor Failed), sorted."""
+    return sorted(
+        pod_name(pod)
+        for pod in pods
+        if (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+    )
+
+
+def with_fresh_pods(pods: Iterable[dict], fresh: dict[str, dict]) -> list[dict]:
+    """The pods sorted by name, each replaced by its later reading where there is one."""
+    return sorted((fresh.get(pod_name(pod), pod) for pod in pods), key=pod_name)
+
+
+def with_vanished(listed: Iterable[dict], watched: Iterable[dict]) -> list[dict]:
+    """The listed pods plus, as last seen, each pod the watch saw that the list no longer has:
+    a pod deleted before the list was read is still part of the evidence."""
+    pods = {pod_name(pod): pod for pod in watched}
+    pods.update((pod_name(pod), pod) for pod in listed)
+    return sorted(pods.values(), key=pod_name)
+
+
+class PodReading(NamedTuple):
+    """A Job's pods as read after its end, and how they were read."""
+
+    pods: list[dict]
+    # "list" (not older than the Job's end), "final watch" (the pod watch saw each pod's last
+    # change), or "watch" when no list could be read
+    source: str
+    resource_version: str | None
+    pages: int
+    continue_expiries: int
+    reread: list[str]  # pods read again on their own because they still looked unfinished
+
+
+def pods_final(job: dict | None, pods: Iterable[dict]) -> bool:
+    """Whether these pods, as a watch last saw them, are the Complete Job's pods for good, so
+    that a list read now would show the same: each ended and was counted by the Job controller
+    (which then removes its tracking finalizer, the pod's last change), and the Job counted
+    no more pods than these."""
+    if not job_counted(job, 0, whole=False):
+        return False
+    ended = 0
+    for pod in pods:
+        if not pods_final_one(pod):
+            return False
+        ended += 1
+    return job_counted(job, ended)
+
+
+def job_counted(job: dict | None, ended: int, whole: bool = True) -> bool:
+    """The Job is Complete, with nothing active or uncounted, and (`whole`) it counted no more
+    pods than the `ended` ones a watch saw final: what pods_final asks of the Job."""
+    status = (job or {}).get("status") or {}
+    uncounted = status.get("uncountedTerminatedPods") or {}
+    if (
+        job_finished(job or {}) != "Complete"
+        or status.get("active")
+        or uncounted.get("succeeded")
+        or uncounted.get("failed")
+    ):
+        return False
+    return not whole or ended >= (status.get("succeeded") or 0) + (status.get("failed") or 0)
+
+
+def pods_final_one(pod: dict) -> bool:
+    """The pod ended, the Job controller counted it, and it is not being deleted: no change is to come."""
+    metadata = pod.get("metadata") or {}
+    return (
+        (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+        and JOB_TRACKING_FINALIZER not in (metadata.get("finalizers") or [])
+        and not metadata.get("deletionTimestamp")
+    )
 
 
 class LogGone(DemoError):
@@ -6912,8 +7273,7 @@ def read_events(
 
 
 # --------------------------------------------------------------------------
-# Following a batch: its watches, the state they feed, its logs and rewards, its evidence.
-
+# src/rl_batch_demo/follow.py: Following a batch: its watches, the state they feed, its logs and rewards, its evidence.
 
 class Progress:
     """Live progress on stderr: one updating line on a terminal, a line every few seconds otherwise."""
@@ -8321,596 +8681,11 @@ class BatchEvidence:
         return events
 
 
-# --------------------------------------------------------------------------
-# Files.
-
-
-def write_text(path: str, text: str | Iterable[str | bytes]) -> None:
-    """Write a file whole or not at all (a crash never leaves half a receipt); the text may
-    come in pieces, so a large file is never held whole in memory, and a piece may be bytes
-    (UTF-8), written as they are."""
-    # One temporary name per writer: two threads saving the same file (a log read late while
-    # it is read again) must not rename each other's half-written text into place.
-    temporary = f"{path}.{threading.get_ident()}.tmp"
-    try:
-        with open(temporary, "w", encoding="utf-8") as handle:
-            if isinstance(text, str):
-                handle.write(text)
-            else:
-                for piece in text:
-                    if isinstance(piece, str):
-                        handle.write(piece)
-                    elif os.linesep == "\n":  # no line ends to translate: the bytes go as they are
-                        handle.flush()
-                        handle.buffer.write(piece)
-                    else:
-                        handle.write(piece.decode("utf-8"))
-        os.replace(temporary, path)
-    except OSError as error:
-        try:
-            os.unlink(temporary)
-        except OSError:
-            pass  # never created, or the disk is beyond help: the error below says what failed
-        raise DemoError(f"cannot write {path}: {error.strerror or error}") from None
-
-
-# A list (or an object) longer than this is written one compact item per line: indenting
-# makes json use its pure-Python encoder, ten times slower, which costs seconds for thousands of pods.
-ONE_LINE_ITEMS_FROM = 100
-
-
-class EncodedItems(NamedTuple):
-    """The items of a JSON list already encoded one per text: as json.dumps writes them, or
-    (`indented`) as json_pieces does at their place in the file; str, or bytes (UTF-8) that
-    are written as they are."""
-
-    texts: Callable[[], Iterator[str] | Iterator[bytes]]
-    count: int  # type: ignore[assignment]  # the items', not tuple.count()
-    indented: bool = False
-
-
-# Where pods.json holds each pod: {"items": [pod, ...]} puts them two levels down.
-POD_LIST_LEVEL = 2
-
-
-def pod_json(pod: dict, indented: bool) -> str:
-    """One pod's text in pods.json: compact (a long list's item), or indented at its place."""
-    if not indented:
-        return json.dumps(pod)
-    # A pod holds no EncodedItems, so its pieces are all str.
-    return "".join(cast(Iterator[str], json_pieces(pod, POD_LIST_LEVEL)))
-
-
-# Items of a long list (or object) are written this many at a time: 500,000 events, each a piece
-# of its own, took a second more to write.
-ENCODED_ITEMS_A_PIECE = 1000
-
-
-def json_pieces(value: Any, level: int = 0) -> Iterator[str | bytes]:
-    """JSON indented by two spaces, as json.dumps(indent=2), but long lists and objects hold one
-    item per line; in pieces, so a file of thousands of pods is written without one string of it
-    all. Pieces of EncodedItems given as bytes are bytes."""
-    pad = "  " * (level + 1)
-    if (
-        isinstance(value, EncodedItems)
-        and value.count
-        and (value.indented or value.count >= ONE_LINE_ITEMS_FROM)
-    ):
-        # Each text is json_pieces(item, level + 1) (indented) or json.dumps(item), as the list
-        # branch below would make it; joined a thousand at a time, not piece by piece.
-        yield "[\n"
-        yield from joined_items(value.texts(), pad)
-        yield "\n" + "  " * level + "]"
-        return
-    if isinstance(value, EncodedItems):  # a short list: written as the lists below are
-        value = [json.loads(text) for text in value.texts()]
-    if isinstance(value, dict) and len(value) >= ONE_LINE_ITEMS_FROM:
-        # One line an item (observed.json's 100,000 pods), a thousand lines to a piece.
-        yield "{\n"
-        lines = (f"{json.dumps(str(key))}: {json.dumps(item)}" for key, item in value.items())
-        yield from joined_items(lines, pad)
-        yield "\n" + "  " * level + "}"
-    elif isinstance(value, dict) and value:
-        yield "{\n"
-        for position, (key, item) in enumerate(value.items()):
-            yield (",\n" if position else "") + f"{pad}{json.dumps(str(key))}: "
-            yield from json_pieces(item, level + 1)
-        yield "\n" + "  " * level + "}"
-    elif isinstance(value, (list, tuple)) and len(value) >= ONE_LINE_ITEMS_FROM:
-        # One line an item (results.json's rows), a thousand lines to a piece.
-        yield "[\n"
-        yield from joined_items((json.dumps(item) for item in value), pad)
-        yield "\n" + "  " * level + "]"
-    elif isinstance(value, (list, tuple)) and value:
-        yield "[\n"
-        for position, item in enumerate(value):
-            yield ",\n" + pad if position else pad
-            yield from json_pieces(item, level + 1)
-        yield "\n" + "  " * level + "]"
-    else:
-        yield json.dumps(value)
-
-
-def joined_items(texts: Iterable[str] | Iterable[bytes], pad: str) -> Iterator[str | bytes]:
-    """Texts each after `pad`, joined by ",\n", ENCODED_ITEMS_A_PIECE to a piece; bytes stay
-    bytes (hundreds of megabytes of spooled pods and events are not decoded to be written)."""
-    remaining: Iterator[Any] = iter(texts)
-    lead = pad
-    while True:
-        some: list = list(itertools.islice(remaining, ENCODED_ITEMS_A_PIECE))
-        if not some:
-            return
-        if isinstance(some[0], bytes):
-            yield lead.encode("utf-8") + (",\n" + pad).encode("utf-8").join(some)
-        else:
-            yield lead + (",\n" + pad).join(some)
-        lead = ",\n" + pad
-
-
-def write_json(path: str, data: Any) -> None:
-    def pieces() -> Iterator[str | bytes]:
-        yield from json_pieces(data)
-        yield "\n"
-
-    write_text(path, pieces())
-
-
-def read_json(path: str, what: str) -> Any:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
-    except FileNotFoundError:
-        raise DemoError(f"{what} not found: {path}") from None
-    except (OSError, ValueError) as error:
-        raise DemoError(f"{what} unreadable: {path}: {error}") from None
-
-
-def read_text(path: str) -> str:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            return handle.read()
-    except FileNotFoundError:
-        return ""
-
-
-def program_name() -> str:
-    name = os.path.basename(sys.argv[0] or "")
-    return name if name and not name.endswith(".py") else "python3 rl_batch_demo.py"
-
-
-def kubeconfig_path() -> str:
-    """The kubeconfig kubectl reads here: $KUBECONFIG (maybe a list), else ~/.kube/config."""
-    return os.environ.get("KUBECONFIG") or os.path.join(os.path.expanduser("~"), ".kube", "config")
-
-
-def cleanup_command(output: str, kubectl_binary: str = "kubectl") -> str:
-    extra = "" if kubectl_binary == "kubectl" else f" --kubectl {shlex.quote(kubectl_binary)}"
-    return f"{program_name()} cleanup --output {shlex.quote(output)}{extra}"
-
-
-# --------------------------------------------------------------------------
-# The receipt: what a run created, and the proof that it is the run's own.
-
-
-class Receipt:
-    """receipt.json: the namespace and Jobs of one run and their UIDs, saved whole at every change.
-
-    A run writes it before it changes anything in the cluster and adds each UID the
-    moment the object exists, so an interruption at any point leaves a receipt that
-    names everything created so far; cleanup deletes only what it proves.
-    """
-
-    def __init__(self, path: str, fields: dict[str, Any]) -> None:
-        self.path = path
-        self.fields = fields
-
-    @classmethod
-    def start(
-        cls, output: str, context: str, namespace: str, run_id: str, kubeconfig: str | None = None
-    ) -> Receipt:
-        """A new run's receipt, with the kubeconfig its context came from; written by its first `save()`."""
-        fields = {"context": context, "namespace": namespace, "run_id": run_id}
-        return cls(
-            os.path.join(output, RECEIPT_FILE),
-            dict(fields, kubeconfig=kubeconfig) if kubeconfig else fields,
-        )
-
-    @classmethod
-    def read(cls, output: str) -> Receipt:
-        """The receipt in a run's directory, written by this tool or by the guide's script."""
-        path = os.path.join(output, RECEIPT_FILE)
-        fields = read_json(path, "receipt")
-        if not isinstance(fields, dict) or not all(
-            isinstance(fields.get(k), str) and fields.get(k)
-            for k in ("context", "namespace", "run_id")
-        ):
-            raise DemoError(
-                f"receipt {path} lacks context, namespace or run_id; nothing was deleted"
-            )
-        if not fields["namespace"].startswith(NAMESPACE_PREFIX):
-            raise DemoError(
-                f"receipt names namespace {fields['namespace']!r}, which this tool never "
-                f"creates; nothing was deleted"
-            )
-        return cls(path, fields)
-
-    @property
-    def context(self) -> str:
-        return self.fields["context"]
-
-    @property
-    def namespace(self) -> str:
-        return self.fields["namespace"]
-
-    @property
-    def run_id(self) -> str:
-        return self.fields["run_id"]
-
-    @property
-    def namespace_uid(self) -> str | None:
-        """Ours under `namespace_uid`, the guide's under `uid`."""
-        return self.fields.get("namespace_uid") or self.fields.get("uid")
-
-    def save(self) -> None:
-        write_json(self.path, self.fields)
-
-    def record_namespace(self, uid: str) -> None:
-        """The namespace's UID under the guide's key `uid`, and under our clearer name beside it."""
-        self.fields["uid"] = self.fields["namespace_uid"] = uid
-        self.save()
-
-    def record_job(self, job_name: str, uid: str) -> None:
-        """Every Job of the run under `jobs`; the guide's `job_uid` is only ever Job `rollout`'s,
-        since the guide's cleanup deletes the Job of that name when its UID matches."""
-        self.fields.setdefault("jobs", {})[job_name] = uid
-        if job_name == JOB_NAME:
-            self.fields["job_uid"] = uid
-        self.save()
-
-    def has_job(self, job_name: str) -> bool:
-        return job_name in (self.fields.get("jobs") or {})
-
-    def job_uids(self) -> dict[str, str | None]:
-        """The UID of every Job the receipt names; an old receipt's Job `rollout` by its saved job.json."""
-        expected = dict(self.fields.get("jobs") or {})
-        if self.fields.get("job_uid"):
-            expected.setdefault(JOB_NAME, self.fields["job_uid"])
-        if JOB_NAME not in expected:
-            saved = os.path.join(os.path.dirname(self.path), "job.json")
-            if os.path.exists(saved):
-                expected[JOB_NAME] = (read_json(saved, "job.json").get("metadata") or {}).get("uid")
-        return expected
-
-    def owns_namespace(self, live: dict | None) -> bool:
-        """Whether a live namespace is this run's: it carries the run's label and, once the
-        receipt holds a UID, that UID (a namespace deleted and made again under the name is not)."""
-        metadata = (live or {}).get("metadata") or {}
-        if (metadata.get("labels") or {}).get(RUN_LABEL) != self.run_id:
-            return False
-        return not self.namespace_uid or metadata.get("uid") == self.namespace_uid
-
-
-# --------------------------------------------------------------------------
-# The `run` action: `perform_run` -> `start_run` -> `execute`, its steps on one `RunContext`.
-
-
-def default_timeout(count: int, parallelism: int) -> int:
-    """The Job deadline: the guide's 240 s up to the default cap, then grown with the waves of pods."""
-    if count <= DEADLINE_GROWS_ABOVE_EPISODES:
-        return DEFAULT_JOB_DEADLINE_SECONDS
-    waves = math.ceil(count / parallelism)
-    return max(DEFAULT_JOB_DEADLINE_SECONDS, 120 + 20 * waves)
-
-
-def batch_names(rounds: int, warmup: bool) -> list[tuple[str, bool]]:
-    """(Job name, measured?) for every batch of a run; one measured batch is plain `rollout`."""
-    names = [(WARMUP_JOB_NAME, False)] if warmup else []
-    if rounds == 1:
-        names.append((JOB_NAME, True))
-    else:
-        names += [(f"{JOB_NAME}-{n}", True) for n in range(1, rounds + 1)]
-    return names
-
-
-def rollout_policy(settings: Settings) -> RolloutPolicy | None:
-    """Retries and accepted failures, when either was asked for, or --need (which accepts the
-    failures it over-provisions for: count - need); else the guide's backoffLimit 0."""
-    if settings.need is not None:
-        return RolloutPolicy(settings.retries or 0, settings.count - settings.need, settings.need)
-    if settings.retries is None and settings.allow_failures is None:
-        return None
-    return RolloutPolicy(settings.retries or 0, settings.allow_failures or 0)
-
-
-def pod_deadline(settings: Settings) -> int | None:
-    """Each pod's activeDeadlineSeconds, counted from its start on the node: --pull-timeout and
-    --episode-timeout together, since one deadline bounds the pull and the episode after it."""
-    known = [part for part in (settings.pull_timeout, settings.episode_timeout) if part is not None]
-    return sum(known) if known else None
-
-
-def batch_job(namespace: str, settings: Settings, name: str, task_maps: Sequence[dict]) -> dict:
-    """The Job of one batch, from the run's settings and the ConfigMaps that carry its tasks."""
-    return job_manifest(
-        namespace,
-        settings.count,
-        settings.parallelism,
-        settings.image,
-        settings.runtime,
-        settings.timeout,
-        name=name,
-        harden=settings.harden,
-        indexed=not settings.builtin,
-        tasks=tasks_volume(task_maps, settings.group_size) if task_maps else None,
-        policy=rollout_policy(settings),
-        episode_timeout=pod_deadline(settings),
-    )
-
-
-def image_job_name(batch: str, number: int) -> str:
-    """The Job of a batch's `number`th image (from 1)."""
-    return f"{batch}-image-{number}"
-
-
-def batch_jobs(
-    namespace: str,
-    settings: Settings,
-    name: str,
-    task_maps: Sequence[dict],
-    groups: Sequence[ImageGroup],
-) -> list[dict]:
-    """The Jobs of one batch: its one Job, or one per image, --parallelism shared between them."""
-    if len(groups) == 1:
-        return [
-            batch_job(
-                namespace, dataclasses.replace(settings, image=groups[0].image), name, task_maps
-            )
-        ]
-    shares = parallelism_shares(settings.parallelism, [len(group.indexes) for group in groups])
-    return [
-        job_manifest(
-            namespace,
-            len(group.indexes),
-            share,
-            group.image,
-            settings.runtime,
-            settings.timeout,
-            name=image_job_name(name, number),
-            harden=settings.harden,
-            indexed=True,
-            tasks=tasks_volume(task_maps, settings.group_size, group.indexes)
-            if task_maps
-            else None,
-            policy=rollout_policy(settings),
-            episode_timeout=pod_deadline(settings),
-            batch=name,
-            episode_indexes=group.indexes,
-        )
-        for number, (group, share) in enumerate(zip(groups, shares), start=1)
-    ]
-
-
-class RunPlan(NamedTuple):
-    """Every object one run creates, built once: `--dry-run` prints them and `run` creates them."""
-
-    namespace: dict
-    setup: list[dict]  # the NetworkPolicy (--harden), the worker's ConfigMap, the tasks' ConfigMaps
-    jobs: dict[
-        str, list[dict]
-    ]  # each batch's Jobs (one per image) by its name, in the order the batches run
-
-    def objects(self) -> list[dict]:
-        """In creation order."""
-        return [self.namespace, *self.setup, *(job for jobs in self.jobs.values() for job in jobs)]
-
-
-def plan_run(
-    namespace: str,
-    run_id: str,
-    settings: Settings,
-    worker_source: str,
-    tasks: Sequence[Task] = (),
-    origin: RunOrigin | None = None,
-) -> RunPlan:
-    """Every object `run` creates, from its settings (and the run's origin, once known) alone."""
-    task_maps = task_configmaps(namespace, tasks) if tasks else []
-    setup = [network_policy_manifest(namespace)] if settings.harden else []
-    setup += [configmap_manifest(namespace, worker_source), *task_maps]
-    groups = image_groups(
-        tasks, settings.count, settings.group_size, settings.image, settings.image_map
-    )
-    jobs = {
-        name: batch_jobs(namespace, settings, name, task_maps, groups)
-        for name, _ in batch_names(settings.rounds, settings.warmup)
-    }
-    # What the run plans goes with its origin: a namespace without either is the guide's.
-    planned = planned_work(jobs) if origin is not None else None
-    return RunPlan(
-        namespace_manifest(namespace, run_id, settings.harden, origin, planned), setup, jobs
-    )
-
-
-def planned_objects(
-    namespace: str,
-    run_id: str,
-    settings: Settings,
-    worker_source: str,
-    tasks: Sequence[Task] = (),
-    origin: RunOrigin | None = None,
-) -> list[dict]:
-    """Every object `run` creates, in creation order."""
-    return plan_run(namespace, run_id, settings, worker_source, tasks, origin).objects()
-
-
-def run_origin(run_id: str, output: str, user: str, ttl_seconds: int | None) -> RunOrigin:
-    """This run's origin as of now: this host, the absolute output directory, the expiry `--ttl` sets."""
-    return RunOrigin(
-        run_id,
-        __version__,
-        socket.gethostname(),
-        os.path.abspath(output),
-        user,
-        None if ttl_seconds is None else time.time() + ttl_seconds,
-    )
-
-
-def current_user(kubectl: Kubectl) -> str:
-    """Who the context's credentials are: the API server's answer to `kubectl auth whoami`
-    (a SelfSubjectReview), else, where the server or kubectl has none, the context's user
-    in the kubeconfig."""
-    try:
-        review = kubectl.get_json(
-            ["auth", "whoami"], retry_until=time.monotonic() + FIRST_CONTACT_RETRY_SECONDS
-        )
-        username = (((review or {}).get("status") or {}).get("userInfo") or {}).get("username")
-        if isinstance(username, str) and username:
-            return username
-    except (KubectlError, DemoError):
-        pass  # no SelfSubjectReview API (before 1.28, or turned off), or a kubectl older than 1.27
-    try:
-        named = kubectl.run(
-            ["config", "view", "--minify", "-o", "jsonpath={.contexts[0].context.user}"],
-            request_timeout=None,
-        ).strip()
-    except KubectlError:
-        named = ""
-    return named or "(unknown)"
-
-
-def find_kubectl(binary: str, spelling: Spelling = COMMAND_LINE) -> str:
-    """The kubectl to run, or a one-line error naming what is wrong with it."""
-    found = shutil.which(binary)
-    if found:
-        return found
-    if os.path.exists(binary):
-        raise DemoError(
-            f"kubectl at {binary} is not executable (chmod +x it or pass "
-            f"{spelling.option('kubectl', 'PATH')})"
-        )
-    raise DemoError(
-        f"kubectl not found: {binary!r} (install kubectl or pass {spelling.option('kubectl', 'PATH')})"
-    )
-
-
-def require_kubectl(kubectl: Kubectl, spelling: Spelling = COMMAND_LINE) -> None:
-    """Fail unless the binary answers `version --client` as kubectl does.
-
-    A binary that is not kubectl (`--kubectl /bin/true`) answers every question
-    with silence and success, which would read as "no current context" or
-    "Namespace already absent".
-    """
-    try:
-        version = json.loads(
-            kubectl.run(["version", "--client", "-o", "json"], request_timeout=None)
-        )
-    except (KubectlError, ValueError):
-        version = None
-    if not isinstance(version, dict) or "clientVersion" not in version:
-        raise DemoError(
-            f"{spelling.setting('kubectl', kubectl.binary)} does not look like kubectl "
-            f"(`version --client` printed no kubectl version)"
-        )
-
-
-def resolve_context(kubectl: Kubectl, wanted: str | None, spelling: Spelling = COMMAND_LINE) -> str:
-    """The context every later call names: --context if it exists, else the current one."""
-    if wanted:
-        try:
-            named = kubectl.run(
-                ["config", "get-contexts", wanted, "-o", "name"], request_timeout=None
-            )
-        except KubectlError:
-            raise DemoError(
-                f"kube context {wanted!r} not found in the kubeconfig "
-                f"(kubectl config get-contexts lists them)"
-            ) from None
-        if not named.strip():
-            require_kubectl(kubectl, spelling)
-            raise DemoError(
-                f"kube context {wanted!r} not found in the kubeconfig "
-                f"(kubectl config get-contexts lists them)"
-            )
-        return wanted
-    try:
-        context = kubectl.run(["config", "current-context"], request_timeout=None).strip()
-    except KubectlError as error:
-        raise DemoError(
-            f"no current kube context ({error}); "
-            f"set one or pass {spelling.option('context', 'NAME')}"
-        ) from None
-    if not context:
-        require_kubectl(kubectl, spelling)
-        raise DemoError(
-            f"no current kube context; set one or pass {spelling.option('context', 'NAME')}"
-        )
-    return context
-
-
-def describe_failure(
-    job: dict | None,
-    pods: Sequence[dict],
-    job_name: str,
-    limit_seconds: int,
-    logs: dict[str, str] | None = None,
-) -> list[str]:
-    """Why a Job did not complete: its condition and each pod that did not succeed (a failed
-    container's line quotes the end of the Python traceback in its log)."""
-    lines = []
-    failed = condition(job or {}, "Failed")
-    if failed and failed.get("status") == "True":
-        lines.append(
-            f"Job {job_name}: Failed ({failed.get('reason', '?')}: {failed.get('message', '')})"
-        )
-    else:
-        lines.append(f"Job {job_name}: not Complete within {limit_seconds} s")
-    for pod in sorted(pods, key=pod_name):
-        phase = (pod.get("status") or {}).get("phase")
-        if phase == "Succeeded":
-            continue
-        state = container_status(pod).get("state") or {}
-        if "terminated" in state:
-            detail = with_traceback(
-                f"container exited {state['terminated'].get('exitCode')} "
-                f"({state['terminated'].get('reason', '')})",
-                (logs or {}).get(pod_name(pod), ""),
-            )
-        elif "waiting" in state:
-            detail = f"{state['waiting'].get('reason', 'waiting')}: {state['waiting'].get('message', '')}".rstrip(
-                ": "
-            )
-        elif "running" in state:
-            detail = "still running"
-        else:
-            unscheduled = condition(pod, "PodScheduled")
-            detail = (unscheduled or {}).get("message") or "no container status"
-        lines.append(f"pod {pod_name(pod)}: {phase}, {detail}")
-    return lines
-
-
 def summarised_problems(problems: Sequence[str], shown: int = 3) -> list[str]:
     """A few problems in full and a count of the rest: 500 unreadable logs are one cause, not 500 lines."""
     if len(problems) <= shown + 1:
         return list(problems)
     return list(problems[:shown]) + [f"... and {len(problems) - shown} more (see the saved files)"]
-
-
-def saved_evidence(
-    job: dict | None, pods: Sequence[dict], logs: dict[str, str], events: Sequence[EventRecord]
-) -> str:
-    """Which evidence a failed batch left, so no one looks for logs that never existed."""
-    written = sum(1 for text in logs.values() if text.strip())
-    parts = [
-        f"saved: job.json{'' if job else ' (unreadable)'}",
-        f"pods.json ({plural(len(pods), 'pod')})",
-        f"events.txt ({plural(len(events), 'event')})",
-        f"{written} of {len(pods)} pod logs with content",
-    ]
-    if not pods:
-        parts.append(
-            "no pod is left to have a log (the Job controller deletes a Job's pods when it ends it "
-            "for its deadline)"
-        )
-    return ", ".join(parts)
 
 
 def waiting_note(job: dict | None, elapsed: float) -> str:
@@ -9000,1113 +8775,27 @@ class RunContext:
         return self.receipt.namespace
 
 
-def execute(run: RunContext) -> Results:
-    """The steps of `run`, in order; each leaves on disk what a failure after it needs."""
-    save_run_records(run)
-    check_runtime_class(run)
-    if rollout_policy(run.settings):
-        check_server_version(run)  # --need among them
-    check_capacity(run)
-    stamp_origin(run)
-    create_namespace(run)
-    for manifest in run.plan.setup:
-        create_object(run, manifest)
-    if run.settings.prepull:
-        prepull(run)
-    outcomes: list[BatchOutcome] = []
-    for entry in run.settings.batches:
-        for earlier in outcomes[-1:]:  # its drafted rows wait in memory, not in an open file
-            for spool in set(earlier.summary.csv_rows.values()):
-                spool.hold_in_memory()
-        with held_objects_spared(run.owns_process):
-            outcomes.append(run_one_batch(run, entry))
-    return save_results(run, outcomes)
-
-
-def save_run_records(run: RunContext) -> None:
-    """The receipt and run.json, before anything in the cluster changes."""
-    run.receipt.save()
-    save_run_json(run)
-
-
-def save_run_json(run: RunContext) -> None:
-    """run.json: the run's settings, and the capacity plan once known."""
-    saved = run.settings.saved()
-    if run.capacity is not None:
-        saved["capacity"] = run.capacity
-    write_json(os.path.join(run.output, SETTINGS_FILE), saved)
-
-
-def check_runtime_class(run: RunContext) -> None:
-    """The RuntimeClass exists; the first contact with the cluster, so it also says whether it answers."""
-    runtime, context = run.settings.runtime, run.kubectl.context
-    try:
-        # Retried briefly, so an unreachable cluster is reported in seconds rather than after a minute.
-        run.kubectl.run(
-            ["get", "runtimeclass", runtime, "-o", "name"],
-            retry_until=time.monotonic() + FIRST_CONTACT_RETRY_SECONDS,
-        )
-    except KubectlError as error:
-        if UNSERVED_PATH_MESSAGE in error.stderr:  # no missing RuntimeClass: an unknown URL
-            raise DemoError(
-                f"the endpoint of context {context!r}{server_of_context(run.kubectl)} "
-                f"does not serve the Kubernetes API (or lacks node.k8s.io/v1 RuntimeClass): "
-                f"{error}; nothing was created"
-            ) from None
-        if error.not_found:
-            raise DemoError(
-                f"RuntimeClass {runtime!r} not found in context {context!r}; "
-                f"nothing was created (pass {run.spelling.option('runtime', 'NAME')})"
-            ) from None
-        raise DemoError(
-            f"cannot reach the cluster of context {context!r}: {error}; nothing was created"
-        ) from None
-
-
-def check_server_version(run: RunContext) -> None:
-    """Retries, accepted failures and --need need the Job API of Kubernetes >= 1.33; an older server
-    would drop or reject the fields, so say so before anything is created."""
-    context, name = run.kubectl.context, run.spelling.name
-    needs = (
-        f"{name('need')} needs"
-        if run.settings.need is not None
-        else f"{name('retries')} and {name('allow_failures')} need"
-    )
-    try:
-        version = json.loads(
-            run.kubectl.run(
-                ["get", "--raw", "/version"],
-                retry_until=time.monotonic() + FIRST_CONTACT_RETRY_SECONDS,
-            )
-        )
-        found = (int(version["major"]), int(re.sub(r"\D.*", "", version["minor"]) or 0))
-    except (KubectlError, ValueError, KeyError, TypeError) as error:
-        raise DemoError(
-            f"cannot tell the Kubernetes version of context {context!r} ({error}); "
-            f"{needs} >= 1.33; nothing was created"
-        ) from None
-    if run.settings.need is not None and found < NEED_MIN_SERVER:
-        raise DemoError(
-            f"{needs} Kubernetes >= 1.33 (the Job's successPolicy, with backoffLimitPerIndex "
-            f"and maxFailedIndexes); context {context!r} serves {found[0]}.{found[1]}; "
-            f"nothing was created"
-        )
-    if found < RETRIES_MIN_SERVER:
-        raise DemoError(
-            f"{needs} Kubernetes >= 1.33 (backoffLimitPerIndex, "
-            f"maxFailedIndexes and podFailurePolicy FailIndex); context {context!r} "
-            f"serves {found[0]}.{found[1]}; nothing was created"
-        )
-
-
-def check_capacity(run: RunContext) -> None:
-    """Warn, before anything is created, when the nodes cannot run the whole batch at once;
-    run.json keeps the plan."""
-    # Every batch's Job asks for the same resources per pod.
-    run.capacity = read_capacity(run.kubectl, run.settings, next(iter(run.plan.jobs.values()))[0])
-    save_run_json(run)
-    warning = capacity_warning(run.capacity, run.settings.parallelism)
-    if warning:
-        print(warning, file=sys.stderr, flush=True)
-
-
-def server_of_context(kubectl: Kubectl) -> str:
-    """` (URL)` of the context's API server for a message, or nothing if kubectl cannot say."""
-    try:
-        server = kubectl.run(
-            ["config", "view", "--minify", "-o", "jsonpath={.clusters[0].cluster.server}"],
-            request_timeout=None,
-        ).strip()
-    except DemoError:
-        return ""
-    return f" ({server})" if server else ""
-
-
-def stamp_origin(run: RunContext) -> None:
-    """Who starts the run, from where and until when, and what it plans, into the namespace about
-    to be created."""
-    origin = run_origin(
-        run.receipt.run_id, run.output, current_user(run.kubectl), run.settings.ttl_seconds
-    )
-    run.plan = run.plan._replace(
-        namespace=namespace_manifest(
-            run.namespace,
-            origin.run_id,
-            run.settings.harden,
-            origin,
-            planned_work(run.plan.jobs),
-        )
-    )
-
-
-def create_namespace(run: RunContext) -> None:
-    """The run's namespace, its UID in the receipt at once."""
-    run.touched_cluster = True
-    created = create_object(run, run.plan.namespace)
-    run.receipt.record_namespace(created["metadata"]["uid"])
-    if not run.silent:
-        print(f"Test namespace: {run.namespace}", flush=True)
-
-
-def create_object(run: RunContext, manifest: dict) -> dict:
-    """Create one object; a retry that finds it already there adopts it only if it is provably ours."""
-    kubectl = run.kubectl
-    retries_before = kubectl.retries
-    try:
-        return kubectl.create(manifest, retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS)
-    except KubectlError as error:
-        # Only a retried create may find its own first attempt already done.
-        if not error.already_exists or kubectl.retries == retries_before:
-            raise
-    kind = manifest["kind"].lower()
-    name = manifest["metadata"]["name"]
-    existing = kubectl.get(
-        kind,
-        name,
-        None if kind == "namespace" else run.namespace,
-        retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
-    )
-    assert existing is not None  # not missing_ok: a missing object raised
-    if kind == "namespace" and not run.receipt.owns_namespace(existing):
-        raise DemoError(f"namespace {name} already exists and is not this run's")
-    return existing
-
-
-def prepull(run: RunContext) -> None:
-    """--prepull: every image of the run made present on every node the batch can use, before its
-    first Job: one pod per node and image, waited for until each ended (or its deadline passed).
-    Leaves prepull.json (the step's figures and its pods); the figures go into results.json."""
-    retry_until = time.monotonic() + FIRST_CONTACT_RETRY_SECONDS
-    try:
-        runtime_class = run.kubectl.get(
-            "runtimeclass", run.settings.runtime, retry_until=retry_until
-        )
-        nodes = usable_nodes(
-            (run.kubectl.get_list("nodes", None, retry_until=retry_until) or {}).get("items") or [],
-            runtime_class,
-        )
-    except DemoError as error:
-        raise DemoError(
-            f"{run.spelling.switch('prepull')} needs to list the nodes (and get the "
-            f"RuntimeClass): {error}"
-        ) from None
-    if not nodes:
-        raise DemoError(
-            f"{run.spelling.switch('prepull')} found no node the batch can use (schedulable, "
-            f"with the RuntimeClass's labels)"
-        )
-    images = run_images(run.plan.jobs)
-    deadline_seconds = run.settings.pull_timeout or run.settings.timeout
-    pods = [
-        prepull_pod_manifest(
-            run.namespace,
-            f"prepull-{i}-{n}",
-            node,
-            image,
-            run.settings.runtime,
-            run.settings.harden,
-            deadline_seconds,
-        )
-        for i, image in enumerate(images, start=1)
-        for n, node in enumerate(nodes, start=1)
-    ]
-    started = time.monotonic()
-    for pod in pods:
-        create_object(run, pod)
-    finished = wait_prepulled(run, len(pods), started + deadline_seconds + CLIENT_GRACE_SECONDS)
-    seconds = time.monotonic() - started
-    events = event_records(
-        (
-            run.kubectl.get_list(
-                "events", run.namespace, retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS
-            )
-            or {}
-        ).get("items")
-        or []
-    )
-    failures = prepull_failures(finished, events)
-    run.prepull = {
-        "seconds": rounded(seconds),
-        "nodes": len(nodes),
-        "images": len(images),
-        "pods": len(pods),
-        "failures": failures,
-        "image_cache": count_image_cache(
-            image_cache_states(events).get(pod_name(p)) for p in finished
-        ),
-    }
-    write_json(
-        os.path.join(run.output, PREPULL_FILE),
-        dict(run.prepull, node_names=nodes, image_names=images, pod_states=list_manifest(finished)),
-    )
-    if not run.silent:
-        print(
-            f"Pre-pulled {plural(len(images), 'image')} on {plural(len(nodes), 'node')} in {seconds:.1f} s"
-            + (
-                f"; {len(failures)} of {len(pods)} pods failed: "
-                + "; ".join(f"{f['image']} on {f['node']}: {f['why']}" for f in failures[:3])
-                if failures
-                else ""
-            ),
-            file=sys.stderr,
-            flush=True,
-        )
-
-
-def wait_prepulled(run: RunContext, count: int, deadline: float) -> list[dict]:
-    """The --prepull pods once each has ended, or as they are at the deadline (polled: a short step)."""
-    while True:
-        listed = run.kubectl.get_list(
-            "pods",
-            run.namespace,
-            "-l",
-            f"{PREPULL_LABEL}=true",
-            retry_until=min(deadline, time.monotonic() + CALL_TIMEOUT_SECONDS),
-        )
-        pods = (listed or {}).get("items") or []
-        if (
-            len(pods) >= count and all(pod_terminal(pod) for pod in pods)
-        ) or time.monotonic() >= deadline:
-            return sorted(pods, key=pod_name)
-        time.sleep(PREPULL_POLL_SECONDS)
-
-
-def open_proxy(run: RunContext) -> None:
-    """The API proxy that reads logs and pages, once a run; without it, one kubectl per read."""
-    if run.proxy is None:
-        try:
-            run.proxy = ApiProxy(run.kubectl)
-        except DemoError as error:  # e.g. kubectl proxy forbidden here
-            print(f"Warning: {error}; reading logs with one kubectl per pod", file=sys.stderr)
-
-
-def run_one_batch(run: RunContext, entry: BatchEntry) -> BatchOutcome:
-    """Submit one Job, follow it, save its evidence, verify and summarise it."""
-    job_name = entry.job
-    batch_dir = os.path.normpath(os.path.join(run.output, entry.dir))
-    os.makedirs(batch_dir, exist_ok=True)
-    manifests = run.plan.jobs[job_name]
-    job_names = [manifest["metadata"]["name"] for manifest in manifests]
-    write_json(
-        os.path.join(batch_dir, "job-submitted.json"),
-        manifests[0] if len(manifests) == 1 else list_manifest(manifests),
-    )
-    if len(manifests) > 1:
-        check_jobs_accepted(run, manifests)
-    # The client's own deadline, which bounds its watches from their start; its measures start
-    # at the submission, just before the create call.
-    client_deadline = time.monotonic() + run.settings.timeout + CLIENT_GRACE_SECONDS
-    watches = WatchStream(run.kubectl, run.namespace, job_name, BatchJobs(job_name, job_names))
-    # The pod watch first, so that it is listening by the time the Job's first pods are created
-    # (and starts while the proxy does).
-    watches.start("pods", client_deadline)
-    try:
-        open_proxy(run)
-    except BaseException:
-        watches.stop()
-        raise
-    rewards = (
-        RewardStream(os.path.join(batch_dir, REWARDS_FILE), run.settings, run.on_reward, run.stop)
-        if run.settings.rollout
-        else None
-    )
-    follower = BatchFollower(
-        run.kubectl,
-        run.namespace,
-        job_name,
-        run.settings.count,
-        run.progress,
-        run.pool,
-        run.proxy,
-        batch_dir,
-        rewards,
-        watches,
-        EpisodeDrafts(run.settings.builtin, spool_dir=batch_dir),
-        job_names,
-        spare_held=run.owns_process,
-    )
-    run.batch = batch = BatchEvidence(run, follower, batch_dir)
-
-    def create_jobs() -> dict:
-        """The batch's Jobs in order, each UID in the receipt at once; the batch starts with the first."""
-        created = []
-        for manifest in manifests:
-            created.append(create_object(run, manifest))
-            run.receipt.record_job(manifest["metadata"]["name"], created[-1]["metadata"]["uid"])
-        return created[0]
-
-    follower.submit(create_jobs)
-    end = follower.follow(client_deadline)
-    wait = client_wait(follower, end)
-    evidence = batch.collect(job_name)
-    follower.stop_watches()
-    wait = wait._replace(
-        pods_read=pods_read(evidence.reading, follower.state.end_resource_version),
-        events_read=batch.events_read,
-    )
-    summarise = rollout_summary if run.settings.rollout else verified_summary
-    client_path = os.path.join(batch_dir, "client.json")
-    try:
-        summary = summarise(batch, end, evidence)
-    finally:
-        if rewards is not None:
-            rewards.close()
-            wait = wait._replace(reward_deliveries=[d.saved() for d in rewards.deliveries])
-            write_json(
-                client_path, wait.saved()
-            )  # kept, with the deliveries, should the summary fail
-    assert (
-        follower.end_seen_monotonic is not None
-    )  # both summaries fail a batch whose end was not seen
-    wait = wait._replace(
-        episodes_summarised_while_waiting=summary.drafts_taken,
-        post_completion_seconds=rounded(time.monotonic() - follower.end_seen_monotonic),
-    )
-    write_json(client_path, wait.saved())
-    return BatchOutcome(entry, summary, wait.saved())
-
-
-def check_jobs_accepted(run: RunContext, manifests: Sequence[dict]) -> None:
-    """Each Job of a batch of several, as the API server would take it (a server-side dry run), before
-    any is created: one refused (an invalid image reference) fails the run with none of them made."""
-    for manifest in manifests:
-        try:
-            run.kubectl.run(
-                ["create", "--dry-run=server", "-f", "-", "-o", "name"],
-                input_text=json.dumps(manifest),
-                retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
-            )
-        except KubectlError as error:
-            image = manifest["spec"]["template"]["spec"]["containers"][0]["image"]
-            raise DemoError(
-                f"the API server refuses Job {manifest['metadata']['name']} (image {image}): "
-                f"{error}; none of the batch's {len(manifests)} Jobs was created"
-            ) from None
-
-
-class ClientWait(NamedTuple):
-    """How the client waited for one Job (client.json): when it saw the end, what the wait cost,
-    how the evidence was read after it, and (a rollout) when each rewards.jsonl line was written."""
-
-    job: str
-    end: str | None  # Complete or Failed; None when the client gave up waiting
-    submitted_at: float  # wall clock, just before the create call
-    observed_at: float | None  # wall clock, when the client saw the end
-    client_job_complete_seconds: float | None
-    kubectl_processes_while_waiting: int
-    watch_restarts: int
-    watch_queue_peak: int
-    wait_mode: str  # "watch", or "poll" once the watches gave up
-    pods_read: dict | None = None  # pods_read(): known once the evidence is read
-    events_read: str | None = None  # "watch" or "list" (BatchEvidence.events_read)
-    reward_deliveries: list[list] | None = None  # a rollout's Delivery records, saved
-    # How many episodes' points the summary took from their drafts, made while the batch ran.
-    episodes_summarised_while_waiting: int | None = None
-    post_completion_seconds: float | None = None  # from seeing the end to the summary made
-
-    def saved(self) -> dict[str, Any]:
-        """client.json's fields: the ones not known yet (or not a rollout's) left out."""
-        return {
-            key: value
-            for key, value in self._asdict().items()
-            if value is not None or key not in CLIENT_WAIT_LATER
-        }
-
-
-# What client.json gains as the batch is read and summarised; the fields before are there from the end.
-CLIENT_WAIT_LATER = (
-    "pods_read",
-    "events_read",
-    "reward_deliveries",
-    "episodes_summarised_while_waiting",
-    "post_completion_seconds",
-)
-
-
-def client_wait(follower: BatchFollower, end: str | None) -> ClientWait:
-    """How the client waited for one Job, as of the end seen (or given up on)."""
-    submission = follower.submission
-    assert submission is not None  # followed only once submitted
-    return ClientWait(
-        job=follower.job_name,
-        end=end,
-        submitted_at=submission.wall,
-        observed_at=follower.end_seen_wall,
-        client_job_complete_seconds=rounded(follower.end_seen_monotonic - submission.monotonic)
-        if follower.end_seen_monotonic is not None
-        else None,
-        kubectl_processes_while_waiting=follower.cost.processes,
-        watch_restarts=follower.cost.restarts,
-        watch_queue_peak=follower.cost.queue_peak,
-        wait_mode="poll" if follower.polling else "watch",
-    )
-
-
-def pods_read(reading: PodReading, not_older_than: str | None) -> dict[str, Any]:
-    """client.json's `pods_read`: how the Job's pods were read after its end."""
-    return {
-        "source": reading.source,
-        "not_older_than": not_older_than,
-        "resource_version": reading.resource_version,
-        "pages": reading.pages,
-        "continue_expiries": reading.continue_expiries,
-        "read_again": reading.reread,
-    }
-
-
-def verified_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) -> BatchSummary:
-    """The summary of a batch whose every episode must succeed; a batch that did not fails here."""
-    job, reading, logs, events = evidence
-    settings, pods, job_name = batch.settings, reading.pods, batch.follower.job_name
-    if end != "Complete":
-        raise DemoError(
-            "\n  ".join(
-                ["Job failed or timed out; inspect saved status/events/logs, then cleanup"]
-                + describe_failure(
-                    job, pods, job_name, settings.timeout + CLIENT_GRACE_SECONDS, logs
-                )
-                + [saved_evidence(job, pods, logs, events)]
-            )
-        )
-    if reading.source == "watch" and len(pods) < settings.count:
-        # A watch that saw fewer pods than episodes proves nothing about the others.
-        raise DemoError(
-            f"cannot verify the batch: the pods could not be listed and the pod watch saw "
-            f"only {len(pods)} of {settings.count}"
-        )
-    assert job is not None  # its Complete condition was seen on it
-    try:
-        return summarise_batch(
-            job,
-            pods,
-            logs,
-            events,
-            settings.count,
-            settings.builtin,
-            batch.follower.end_seen_wall,
-            batch.follower.observations(),
-            drafts=batch.follower.drafts.drafts if batch.follower.drafts else None,
-            index=batch.event_index(),
-        )
-    except VerificationError as error:
-        if reading.source == "watch":
-            raise VerificationError(
-                f"{error} (judged from the pods the watch saw, each unfinished one "
-                f"read again: the pods could not be listed)"
-            ) from None
-        raise
-
-
-def rollout_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) -> BatchSummary:
-    """Write rewards.jsonl with every episode; accept the batch if its failures are within
-    --allow-failures, and summarise its successful episodes."""
-    job, reading, logs, events = evidence
-    settings, pods, count, job_name = (
-        batch.settings,
-        reading.pods,
-        batch.settings.count,
-        batch.follower.job_name,
-    )
-    rows = episode_rows(
-        count,
-        job or {"metadata": {}},
-        pods,
-        logs,
-        settings.builtin,
-        settings.task_ids,
-        settings.group_size,
-        events,
-        group_images(settings),
-    )
-    follower = batch.follower
-    if follower.rewards is not None:
-        rows = follower.rewards.finish(rows, pods, logs, follower.state.observed)
-    else:
-        write_text(os.path.join(batch.batch_dir, REWARDS_FILE), rewards_jsonl(rows))
-    failures = [row for row in rows if is_failure(row)]
-    said = failures_said(failures)
-    if end is None or job is None:
-        raise DemoError(
-            "\n  ".join(
-                ["Job did not finish; inspect saved status/events/logs, then cleanup"]
-                + describe_failure(
-                    job, pods, job_name, settings.timeout + CLIENT_GRACE_SECONDS, logs
-                )
-                + [
-                    f"{REWARDS_FILE} lists every episode as last seen",
-                    saved_evidence(job, pods, logs, events),
-                ]
-            )
-        )
-    if reading.source == "watch" and len(pods) < count:
-        raise DemoError(
-            f"cannot verify the batch: the pods could not be listed and the pod watch saw "
-            f"only {len(pods)} of {count}"
-        )
-    try:
-        summary = summarise_rollout(
-            rows,
-            job,
-            pods,
-            logs,
-            events,
-            settings,
-            batch.follower.end_seen_wall,
-            batch.follower.observations(),
-            batch.spelling,
-            follower.drafts.drafts if follower.drafts else None,
-            batch.event_index(),
-        )
-    except DemoError as error:
-        raise DemoError(
-            f"{error}\n  {REWARDS_FILE} lists every episode with its class; "
-            f"{saved_evidence(job, pods, logs, events)}"
-        ) from None
-    if follower.rewards is not None:
-        summary.figures.update(
-            batch_delivery_figures(
-                follower.rewards.deliveries, follower.state.job_observed, settings.need
-            )
-        )
-        summary.deliveries = [d.written_at for d in follower.rewards.deliveries if d.success]
-    cancelled = summary.figures.get("cancelled_episodes") or 0
-    if batch.silent:  # a quiet Python caller reads all of it in the results
-        return summary
-    need = batch.spelling.setting("need", settings.need)
-    if settings.need is not None:
-        print(
-            f"{need} met: {count - cancelled - len(failures)} of {count} episodes "
-            f"succeeded, {cancelled} cancelled, {len(failures)} failed"
-            + (f" ({said})" if failures else ""),
-            file=sys.stderr,
-        )
-    if failures:
-        accepted = (
-            f"Failures within {need}" if settings.need is not None else "Accepted a partial batch"
-        )
-        print(
-            "\n  ".join(
-                [
-                    f"{accepted}: {len(failures)} of {count} episodes failed "
-                    f"({said}); every episode is in {REWARDS_FILE}"
-                ]
-                + failure_lines(failures)
-            ),
-            file=sys.stderr,
-        )
-    return summary
-
-
-def batch_delivery_figures(
-    deliveries: Sequence[Delivery], job_observed: dict[str, float], need: int | None
-) -> dict:
-    """delivery_figures from the moments the client's create call started and returned."""
-    submitted, returned = job_observed.get("submitted"), job_observed.get("create_returned")
-    slack = returned - submitted if submitted is not None and returned is not None else None
-    return delivery_figures(deliveries, submitted, slack, need)
-
-
-@cycle_collector_paused()
-def save_results(run: RunContext, batches: Sequence[BatchOutcome]) -> Results:
-    """results.json, episodes.csv and the pictures, from every batch's summary."""
-    results = assemble_results(run.settings, batches, client_figures(run).saved(), run.capacity)
-    if run.prepull is not None:
-        results.figures["prepull"] = run.prepull
-    write_json(os.path.join(run.output, RESULTS_FILE), results.figures)
-    write_text(os.path.join(run.output, "episodes.csv"), episodes_csv_pieces(results.batches))
-    write_pictures(run.output, results.batches, run.settings, results.figures["throughput"])
-    return results
-
-
-class ClientCost(NamedTuple):
-    """What the run cost on this machine (results.json's `client`)."""
-
-    kubectl_processes: int
-    api_retries: int
-    cpu_seconds: float | None
-    peak_rss_mib: float | None  # None where the platform cannot say: then left out
-
-    def saved(self) -> dict[str, Any]:
-        saved = self._asdict()
-        if self.peak_rss_mib is None:
-            del saved["peak_rss_mib"]
-        return saved
-
-
-def client_figures(run: RunContext) -> ClientCost:
-    """What the run cost on this machine: kubectl processes, retries, CPU, peak memory."""
-    return ClientCost(
-        run.kubectl.processes,
-        run.kubectl.retries,
-        rounded(cpu_seconds() - run.cpu_start),
-        peak_rss_mib(),
-    )
-
-
-def peak_rss_mib() -> float | None:
-    """This process's own peak resident memory in MiB: Linux's VmHWM where there is one, since
-    ru_maxrss carries over an exec the RSS of whatever spawned the tool (a large trainer's)."""
-    try:
-        with open("/proc/self/status", encoding="utf-8", errors="replace") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return rounded(int(line.split()[1]) / 1024, 1)  # in kB
-    except (OSError, ValueError, IndexError):
-        pass  # not Linux: ru_maxrss below
-    if resource is None:
-        return None
-    # ru_maxrss is in KiB on Linux (bytes on macOS).
-    scale = 1 if sys.platform == "darwin" else 1024
-    return rounded(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20, 1)
-
-
-def salvage(run: RunContext) -> None:
-    """After an interruption: save what can be saved quickly and complete the receipt."""
-    batch = run.batch
-    if batch is not None:
-        batch.follower.stop_watches()
-        try:
-            batch.collect(batch.follower.job_name, retry=False)
-        except (DemoError, OSError):
-            pass  # whatever could be saved is saved
-    if run.touched_cluster and not run.receipt.namespace_uid:
-        try:
-            live = run.kubectl.get("namespace", run.namespace, missing_ok=True)
-        except DemoError:
-            live = None
-        if live and run.receipt.owns_namespace(live):
-            run.receipt.record_namespace(live["metadata"]["uid"])
-    for name in [] if batch is None else batch.follower.jobs.names:
-        if run.receipt.has_job(name):
-            continue
-        try:
-            live = run.kubectl.get("job", name, run.namespace, missing_ok=True)
-        except DemoError:
-            live = None
-        if live:
-            run.receipt.record_job(name, live["metadata"]["uid"])
-    # Saved again even when nothing was added: the interruption may have come while it was written.
-    run.receipt.save()
-
-
-def close(run: RunContext) -> None:
-    """Stop what the run started: watches, the proxy, idle log readers."""
-    if run.batch is not None:
-        run.batch.follower.stop_watches()
-        if run.batch.follower.rewards is not None:
-            run.batch.follower.rewards.close()
-    if run.proxy is not None:
-        run.proxy.close()
-    run.pool.shutdown(wait=False)
-
-
-def plural(number: Any, noun: str) -> str:
-    """`1 episode`, `2 episodes`: a count with its noun (a missing count reads `-`)."""
-    return f"{'-' if number is None else number} {noun}{'' if number == 1 else 's'}"
-
-
-def failures_said(failures: Sequence[dict]) -> str:
-    """`1 infrastructure failure, 2 episode failures`: the failed episodes counted by class."""
-    counts = failure_counts(row["failure_class"] for row in failures)
-    return ", ".join(plural(number, f"{kind} failure") for kind, number in counts.items() if number)
-
-
-def failure_lines(failures: Sequence[dict], most: int = 10) -> list[str]:
-    """One line per failed episode (the first few): which, whose fault, why."""
-    return [
-        f"episode {row['index']} (task {row['task_id']!r}, pod {row['pod']}, "
-        f"{plural(row['attempts'], 'attempt')}): {row['failure_class']}: {row['failure']}"
-        for row in failures[:most]
-    ] + ([f"... and {len(failures) - most} more"] if len(failures) > most else [])
-
-
-def summarise_rollout(
-    rows: Sequence[dict],
-    job: dict,
-    pods: Sequence[dict],
-    logs: dict[str, str],
-    events: Sequence[EventRecord],
-    settings: Settings,
-    end_seen_at: float | None = None,
-    observed: dict | None = None,
-    spelling: Spelling = COMMAND_LINE,
-    drafts: Mapping[str, EpisodeDraft] | None = None,
-    index: EventIndex | None = None,
-) -> BatchSummary:
-    """A rollout batch's summary: the figures of its successful episodes, with failures, attempts and
-    groups; DemoError when more episodes failed than --allow-failures accepts, or all did. Pure."""
-    failures = [row for row in rows if is_failure(row)]
-    need = settings.need
-    allowed = len(rows) - need if need is not None else settings.allow_failures or 0
-    successes = {row["pod"] for row in rows if row["failure_class"] is None}
-    if need is not None and len(successes) < need:
-        raise DemoError(
-            "\n  ".join(
-                [
-                    f"{len(successes)} of {len(rows)} episodes succeeded, fewer than "
-                    f"{spelling.setting('need', need)} ({len(failures)} failed: "
-                    f"{failures_said(failures) or 'none'})"
-                ]
-                + failure_lines(failures)
-            )
-        )
-    if len(failures) > allowed or not successes:
-        allowance = (
-            f"allow_failures={allowed} accepts no more"
-            if spelling.python
-            else f"--allow-failures accepts {allowed}"
-        )
-        accepts = allowance if len(failures) > allowed else "none succeeded"
-        raise DemoError(
-            "\n  ".join(
-                [
-                    f"{len(failures)} of {len(rows)} episodes failed "
-                    f"({failures_said(failures)}); {accepts}"
-                ]
-                + failure_lines(failures)
-            )
-        )
-    by_name = {pod_name(pod): pod for pod in pods}
-    summary = summarise_batch(
-        job,
-        [pod for pod in pods if pod_name(pod) in successes],
-        logs,
-        events,
-        len(successes),
-        settings.builtin,
-        end_seen_at,
-        observed,
-        # Cancelled episodes too: the timeline draws every episode.
-        [(by_name.get(row["pod"]), row) for row in rows if row["failure_class"] is not None],
-        drafts,
-        index,
-    )
-    summary.figures.update(
-        rollout_figures(rows, job, pods, settings.group_size, allowed, settings.retries or 0, need)
-    )
-    summary.figures["images"] = image_figures(summary.episodes, rows)
-    return summary
-
-
-ROLLOUT_FIELDS = (
-    "failed_episodes",
-    "failures_by_class",
-    "failures",
-    "accepted_partial",
-    "allow_failures",
-    "retries",
-    "attempts",
-    "group_size",
-    "groups",
-    "groups_complete",
-    "group_all_rewards_seconds",
-    "group_spread_seconds",
-    "pod_to_ready_censored",
-    "job_end",
-    "need",
-    "cancelled_episodes",
-    "first_reward_seconds",
-    "kth_reward_seconds",
-    "reward_delivery_lag_p50_seconds",
-    "reward_delivery_lag_p99_seconds",
-    "reward_delivery_lag_max_seconds",
-    "reward_delivery",
-)
-
-
-def rollout_figures(
-    rows: Sequence[dict],
-    job: dict,
-    pods: Sequence[dict],
-    group_size: int,
-    allowed: int,
-    retries: int,
-    need: int | None = None,
-) -> dict:
-    """What a rollout batch adds to its summary: failures by class, attempts, groups; with --need,
-    the episodes it cancelled (no failures: a run that got its K successes exits 0)."""
-    failures = [row for row in rows if is_failure(row)]
-    groups = group_figures(rows, group_size)
-    complete = [g for g in groups if g["complete"]]
-    figures: dict[str, Any] = {
-        "episodes": len(rows),
-        "failed_episodes": len(failures),
-        "failures_by_class": failure_counts(row["failure_class"] for row in failures),
-        "failures": [
-            {
-                key: row[key]
-                for key in (
-                    "index",
-                    "task_id",
-                    "pod",
-                    "attempts",
-                    "failure_class",
-                    "failure",
-                    "evidence",
-                )
-            }
-            for row in failures
-        ],
-        "accepted_partial": bool(failures) and need is None,
-        "allow_failures": allowed,
-        "cancelled_episodes": sum(1 for row in rows if row["failure_class"] == CANCELLED),
-        "retries": retries,
-        "attempts": attempt_figures(rows),
-        "group_size": group_size,
-        "groups": groups,
-        "groups_complete": len(complete),
-        "group_all_rewards_seconds": describe(
-            [g["all_rewards_seconds"] for g in complete], missing=len(groups) - len(complete)
-        ),
-        "group_spread_seconds": describe(
-            [g["spread_seconds"] for g in groups if g["spread_seconds"] is not None]
-        ),
-        "job_end": {
-            "condition": job_finished(job),
-            "reason": job_end_reason(job)
-            or (SUCCESS_POLICY_REASON if job_cut_short(job) else None),
-        },
-    }
-    if need is not None:
-        figures["need"] = need
-    if failures:
-        censored = censored_pod_to_ready(rows, job, pods)
-        figures.update(
-            {
-                "pod_to_ready_p50_seconds": censored["p50"],
-                "pod_to_ready_p95_seconds": censored["p95"],
-                "pod_to_ready_max_seconds": censored["max"],
-                "pod_to_ready_censored": censored,
-            }
-        )
-    return figures
-
-
-def read_capacity(kubectl: Kubectl, settings: Settings, job: dict) -> dict:
-    """The capacity plan for `job`'s pods from the live nodes and RuntimeClass; a check that cannot
-    read them says why."""
-    retry_until = time.monotonic() + FIRST_CONTACT_RETRY_SECONDS
-    try:
-        runtime_class = kubectl.get("runtimeclass", settings.runtime, retry_until=retry_until)
-        nodes = kubectl.get_list(
-            "nodes", None, f"--chunk-size={settings.chunk_size}", retry_until=retry_until
-        )
-    except DemoError as error:
-        forbidden = "forbidden" in getattr(error, "stderr", "").lower()
-        return {
-            "checked": False,
-            "reason": "reading nodes or the RuntimeClass is not permitted"
-            if forbidden
-            else str(error),
-        }
-    requests = job["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]
-    return capacity_plan(
-        (nodes or {}).get("items") or [],
-        runtime_class,
-        requests,
-        settings.count,
-        settings.parallelism,
-    )
-
-
-def write_pictures(
-    output: str,
-    measured: Sequence[tuple[str, BatchSummary]],
-    settings: Settings,
-    figures: dict | None = None,
-) -> None:
-    """timeline.svg (a sample of a large batch), ramp.svg and cdf.svg; `figures`: the throughput, if known."""
-    title = timeline_title(settings)
-    sampled, note = timeline_sample(measured)
-    write_text(os.path.join(output, "timeline.svg"), timeline_svg(sampled, title + note))
-    write_text(os.path.join(output, "ramp.svg"), ramp_svg(measured, f"Ramp: {title}", figures))
-    write_text(os.path.join(output, "cdf.svg"), cdf_svg(measured, f"Phase durations: {title}"))
-
-
-def cpu_seconds() -> float:
-    """CPU time of this process and its finished children (kubectl), or 0 where unknown."""
-    if resource is None:
-        return 0.0
-    own = resource.getrusage(resource.RUSAGE_SELF)
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
-
-
-class BatchOutcome(NamedTuple):
-    """One batch as results.json pools them."""
-
-    entry: BatchEntry  # its entry in run.json's `batches`
-    summary: BatchSummary
-    client_wait: (
-        dict | None
-    )  # client.json: how the client waited (none for a run of the guide's script)
-
-    def figures(self) -> dict:
-        """The batch's saved form; of how the client waited, it shows the one figure."""
-        return dict(
-            self.summary.figures,
-            client_job_complete_seconds=(self.client_wait or {}).get("client_job_complete_seconds"),
-        )
-
-
-@dataclasses.dataclass
-class Results:
-    """A run's results: `figures` as results.json saves them (printed_results gives the printed
-    form), and the measured batches they pool, for episodes.csv and the pictures."""
-
-    figures: dict[str, Any]
-    batches: list[tuple[str, BatchSummary]]  # each measured batch: its Job's name and its summary
-
-
-def assemble_results(
-    settings: Settings,
-    batches: Sequence[BatchOutcome],
-    client: dict | None,
-    capacity: dict | None = None,
-) -> Results:
-    """results.json, top to bottom: the fields of every run, then a single batch's own or the
-    rounds', the warm-up, what the run cost (`client`), the throughput, and the capacity plan
-    check_capacity made (`capacity`, if it did)."""
-    measured = [batch for batch in batches if batch.entry.measured]
-    warmups = [batch for batch in batches if not batch.entry.measured]
-    results = common_results(settings, measured)
-    results.update(
-        single_batch_results(measured[0]) if len(measured) == 1 else rounds_results(measured)
-    )
-    if warmups:
-        results["warmup"] = warmups[0].figures()
-    if client is not None:
-        results["client"] = client
-    pooled = [(batch.entry.job, batch.summary) for batch in measured]
-    results["throughput"] = throughput(pooled)
-    if capacity is not None:
-        results["capacity"] = capacity
-    return Results(results, pooled)
-
-
-def common_results(settings: Settings, measured: Sequence[BatchOutcome]) -> dict[str, Any]:
-    """The fields of every results.json: the measured batches pooled, and the run's settings."""
-    figures = [batch.figures() for batch in measured]
-    episodes = [record for batch in measured for record in batch.summary.episodes]
-    rows = [
-        dict(row, job=batch.entry.job) if len(measured) > 1 else row
-        for batch in measured
-        for row in batch.summary.figures["pods"]
-    ]
-    if len(measured) == 1:  # its own summary already pooled the same episodes
-        phases, by_start_path = figures[0]["phases"], figures[0]["phases_by_start_path"]
-    else:
-        phases, by_start_path = (
-            phase_summary([r["phases"] for r in episodes]),
-            start_path_phases(episodes),
-        )
-    guide = describe([r["guide_pod_to_ready"] for r in episodes])
-    client_seconds = [f.get("client_job_complete_seconds") for f in figures]
-    known_seconds = [seconds for seconds in client_seconds if seconds is not None]
-    return {
-        "episodes": sum(f["episodes"] for f in figures),
-        "successful_episodes": sum(f["successful_episodes"] for f in figures),
-        "reward_sum": sum(f["reward_sum"] for f in figures),
-        "batch_to_all_ready_seconds": max(f["batch_to_all_ready_seconds"] for f in figures),
-        "batch_to_all_rewards_seconds": max(f["batch_to_all_rewards_seconds"] for f in figures),
-        "pod_to_ready_p50_seconds": guide["p50"],
-        "pod_to_ready_p95_seconds": guide["p95"],
-        "pod_to_ready_max_seconds": guide["max"],
-        "pods": rows,
-        "context": settings.context,
-        "namespace": settings.namespace,
-        "image": settings.image,
-        "runtime": settings.runtime,
-        "parallelism": settings.parallelism,
-        "cache_state": "warmed" if settings.warmup else "uncontrolled",
-        "image_cache": count_image_cache(record.get("image_cache") for record in episodes),
-        # A batch's own figures know a rollout's failed episodes too; rounds pool the summarised ones.
-        "images": figures[0]["images"] if len(figures) == 1 else image_figures(episodes),
-        # Every Job the run created: one per batch, or one per image and batch.
-        "jobs": sum(len(entry.jobs or (entry.job,)) for entry in settings.batches),
-        **({"image_map": dict(settings.image_map)} if settings.image_map else {}),
-        "harden": settings.harden,
-        "episode_script": settings.episode_script,
-        "episode_script_sha256": settings.episode_script_sha256,
-        "client_job_complete_seconds": max(known_seconds)
-        if len(known_seconds) == len(client_seconds)
-        else None,
-        "reward_mean": rounded(
-            sum(f["reward_sum"] for f in figures) / max(1, sum(f["episodes"] for f in figures)), 6
-        ),
-        "rounds_measured": len(figures),
-        "phases": phases,
-        "phases_by_start_path": by_start_path,
-        "phase_points": POINT_SOURCES,
-        "clock_warnings": [w for f in figures for w in f["clocks"]["warnings"]],
-        "nodes": count_nodes(row["node"] for row in rows),
-        "warnings": merge_warnings([f["warnings"] for f in figures]),
-    }
-
-
-def single_batch_results(batch: BatchOutcome) -> dict[str, Any]:
-    """What results.json adds for one measured batch: its completion gap, clocks, Job creation and
-    wait; for a rollout, its failures, attempts and groups (and the guide's pod_to_ready figures
-    with its failed episodes counted at the deadline)."""
-    figures = batch.figures()
-    results = {
-        "completion_gap": figures["completion_gap"],
-        "clocks": figures["clocks"],
-        "job_created": figures["job_created"],
-        "client_wait": batch.client_wait,
-    }
-    if "failed_episodes" in figures:
-        results.update(
-            {
-                key: figures[key]
-                for key in ROLLOUT_FIELDS
-                + (
-                    "pod_to_ready_p50_seconds",
-                    "pod_to_ready_p95_seconds",
-                    "pod_to_ready_max_seconds",
-                )
-                if key in figures
-            }
-        )
-    return results
-
-
-def rounds_results(measured: Sequence[BatchOutcome]) -> dict[str, Any]:
-    """What results.json adds for several measured rounds: each round's own figures."""
-    return {
-        "round_figures": (
-            "batch_to_all_ready_seconds, batch_to_all_rewards_seconds and "
-            "client_job_complete_seconds are the slowest round's; each round's "
-            "are in rounds[], and the percentiles pool every round's episodes"
-        ),
-        "rounds": [dict(batch.figures(), job=batch.entry.job) for batch in measured],
-    }
-
-
-def merge_warnings(summaries: Iterable[dict]) -> dict:
-    merged: dict[str, dict] = {}
-    for summary in summaries:
-        for reason, entry in summary.items():
-            target = merged.setdefault(reason, {"count": 0, "objects": []})
-            target["count"] += entry["count"]
-            target["objects"] += [o for o in entry["objects"] if o not in target["objects"]]
-    return merged
-
-
-def load_worker(script: str | None, spelling: Spelling = COMMAND_LINE) -> tuple[str, bool]:
-    """The episode program to ship and whether it is the built-in one."""
-    if script is None:
-        return WORKER_SOURCE, True
-    try:
-        with open(script, encoding="utf-8") as handle:
-            source = handle.read()
-    except (OSError, UnicodeDecodeError) as error:
-        raise DemoError(
-            f"cannot read {spelling.setting('episode_script', script)}: "
-            f"{getattr(error, 'strerror', None) or error}"
-        ) from None
-    check_episode_syntax(script, source, spelling)
-    return source, False
+# --------------------------------------------------------------------------
+# src/rl_batch_demo/syntax.py: Checking an episode script's syntax before it is shipped, for the Python of its image.
+
+# The syntax each Python since the oldest this tool runs on (3.9) added, with the version that
+# brought it: on an older Python, unexplained_syntax_error spells it in older terms before it
+# judges an error. A Python at least as new as the newest here refuses every error.
+NEWER_SYNTAX = {
+    "match": (3, 10),  # match and case statements (PEP 634)
+    "bare_walrus": (3, 10),  # `a[i := 1]`: an unparenthesized := in an index
+    "except_star": (3, 11),  # `except* E:` (PEP 654)
+    "star_index": (3, 11),  # `a[*b]`, `*args: *Ts` (PEP 646)
+    "f_strings": (3, 12),  # quotes, backslashes, comments, newlines in f-string fields (PEP 701)
+    "type_params": (3, 13),  # def f[T](), class C[T], type X = (PEP 695, 3.12; defaults, PEP 696)
+    "except_commas": (3, 14),  # `except A, B:` unbracketed (PEP 758)
+    "t_strings": (3, 14),  # t"..." template strings (PEP 750)
+}
+
+NEWEST_SYNTAX_PYTHON = max(NEWER_SYNTAX.values())
+
+# The prefixes of Python's strings (in any case), f- and t-strings among them.
+STRING_PREFIXES = {"r", "u", "b", "br", "rb", "f", "fr", "rf", "t", "tr", "rt"}
 
 
 def check_episode_syntax(script: str, source: str, spelling: Spelling = COMMAND_LINE) -> None:
@@ -10483,6 +9172,1718 @@ def follows_a_value(token: tokenize.TokenInfo) -> bool:
     return token.type in (tokenize.NUMBER, tokenize.STRING) or token.string in (")", "]", "}")
 
 
+# --------------------------------------------------------------------------
+# src/rl_batch_demo/preflight.py: What `run` checks and records before it changes anything in the cluster.
+
+def current_user(kubectl: Kubectl) -> str:
+    """Who the context's credentials are: the API server's answer to `kubectl auth whoami`
+    (a SelfSubjectReview), else, where the server or kubectl has none, the context's user
+    in the kubeconfig."""
+    try:
+        review = kubectl.get_json(
+            ["auth", "whoami"], retry_until=time.monotonic() + FIRST_CONTACT_RETRY_SECONDS
+        )
+        username = (((review or {}).get("status") or {}).get("userInfo") or {}).get("username")
+        if isinstance(username, str) and username:
+            return username
+    except (KubectlError, DemoError):
+        pass  # no SelfSubjectReview API (before 1.28, or turned off), or a kubectl older than 1.27
+    try:
+        named = kubectl.run(
+            ["config", "view", "--minify", "-o", "jsonpath={.contexts[0].context.user}"],
+            request_timeout=None,
+        ).strip()
+    except KubectlError:
+        named = ""
+    return named or "(unknown)"
+
+
+def find_kubectl(binary: str, spelling: Spelling = COMMAND_LINE) -> str:
+    """The kubectl to run, or a one-line error naming what is wrong with it."""
+    found = shutil.which(binary)
+    if found:
+        return found
+    if os.path.exists(binary):
+        raise DemoError(
+            f"kubectl at {binary} is not executable (chmod +x it or pass "
+            f"{spelling.option('kubectl', 'PATH')})"
+        )
+    raise DemoError(
+        f"kubectl not found: {binary!r} (install kubectl or pass {spelling.option('kubectl', 'PATH')})"
+    )
+
+
+def require_kubectl(kubectl: Kubectl, spelling: Spelling = COMMAND_LINE) -> None:
+    """Fail unless the binary answers `version --client` as kubectl does.
+
+    A binary that is not kubectl (`--kubectl /bin/true`) answers every question
+    with silence and success, which would read as "no current context" or
+    "Namespace already absent".
+    """
+    try:
+        version = json.loads(
+            kubectl.run(["version", "--client", "-o", "json"], request_timeout=None)
+        )
+    except (KubectlError, ValueError):
+        version = None
+    if not isinstance(version, dict) or "clientVersion" not in version:
+        raise DemoError(
+            f"{spelling.setting('kubectl', kubectl.binary)} does not look like kubectl "
+            f"(`version --client` printed no kubectl version)"
+        )
+
+
+def resolve_context(kubectl: Kubectl, wanted: str | None, spelling: Spelling = COMMAND_LINE) -> str:
+    """The context every later call names: --context if it exists, else the current one."""
+    if wanted:
+        try:
+            named = kubectl.run(
+                ["config", "get-contexts", wanted, "-o", "name"], request_timeout=None
+            )
+        except KubectlError:
+            raise DemoError(
+                f"kube context {wanted!r} not found in the kubeconfig "
+                f"(kubectl config get-contexts lists them)"
+            ) from None
+        if not named.strip():
+            require_kubectl(kubectl, spelling)
+            raise DemoError(
+                f"kube context {wanted!r} not found in the kubeconfig "
+                f"(kubectl config get-contexts lists them)"
+            )
+        return wanted
+    try:
+        context = kubectl.run(["config", "current-context"], request_timeout=None).strip()
+    except KubectlError as error:
+        raise DemoError(
+            f"no current kube context ({error}); "
+            f"set one or pass {spelling.option('context', 'NAME')}"
+        ) from None
+    if not context:
+        require_kubectl(kubectl, spelling)
+        raise DemoError(
+            f"no current kube context; set one or pass {spelling.option('context', 'NAME')}"
+        )
+    return context
+
+
+def save_run_records(run: RunContext) -> None:
+    """The receipt and run.json, before anything in the cluster changes."""
+    run.receipt.save()
+    save_run_json(run)
+
+
+def save_run_json(run: RunContext) -> None:
+    """run.json: the run's settings, and the capacity plan once known."""
+    saved = run.settings.saved()
+    if run.capacity is not None:
+        saved["capacity"] = run.capacity
+    write_json(os.path.join(run.output, SETTINGS_FILE), saved)
+
+
+def check_runtime_class(run: RunContext) -> None:
+    """The RuntimeClass exists; the first contact with the cluster, so it also says whether it answers."""
+    runtime, context = run.settings.runtime, run.kubectl.context
+    try:
+        # Retried briefly, so an unreachable cluster is reported in seconds rather than after a minute.
+        run.kubectl.run(
+            ["get", "runtimeclass", runtime, "-o", "name"],
+            retry_until=time.monotonic() + FIRST_CONTACT_RETRY_SECONDS,
+        )
+    except KubectlError as error:
+        if UNSERVED_PATH_MESSAGE in error.stderr:  # no missing RuntimeClass: an unknown URL
+            raise DemoError(
+                f"the endpoint of context {context!r}{server_of_context(run.kubectl)} "
+                f"does not serve the Kubernetes API (or lacks node.k8s.io/v1 RuntimeClass): "
+                f"{error}; nothing was created"
+            ) from None
+        if error.not_found:
+            raise DemoError(
+                f"RuntimeClass {runtime!r} not found in context {context!r}; "
+                f"nothing was created (pass {run.spelling.option('runtime', 'NAME')})"
+            ) from None
+        raise DemoError(
+            f"cannot reach the cluster of context {context!r}: {error}; nothing was created"
+        ) from None
+
+
+def check_server_version(run: RunContext) -> None:
+    """Retries, accepted failures and --need need the Job API of Kubernetes >= 1.33; an older server
+    would drop or reject the fields, so say so before anything is created."""
+    context, name = run.kubectl.context, run.spelling.name
+    needs = (
+        f"{name('need')} needs"
+        if run.settings.need is not None
+        else f"{name('retries')} and {name('allow_failures')} need"
+    )
+    try:
+        version = json.loads(
+            run.kubectl.run(
+                ["get", "--raw", "/version"],
+                retry_until=time.monotonic() + FIRST_CONTACT_RETRY_SECONDS,
+            )
+        )
+        found = (int(version["major"]), int(re.sub(r"\D.*", "", version["minor"]) or 0))
+    except (KubectlError, ValueError, KeyError, TypeError) as error:
+        raise DemoError(
+            f"cannot tell the Kubernetes version of context {context!r} ({error}); "
+            f"{needs} >= 1.33; nothing was created"
+        ) from None
+    if run.settings.need is not None and found < NEED_MIN_SERVER:
+        raise DemoError(
+            f"{needs} Kubernetes >= 1.33 (the Job's successPolicy, with backoffLimitPerIndex "
+            f"and maxFailedIndexes); context {context!r} serves {found[0]}.{found[1]}; "
+            f"nothing was created"
+        )
+    if found < RETRIES_MIN_SERVER:
+        raise DemoError(
+            f"{needs} Kubernetes >= 1.33 (backoffLimitPerIndex, "
+            f"maxFailedIndexes and podFailurePolicy FailIndex); context {context!r} "
+            f"serves {found[0]}.{found[1]}; nothing was created"
+        )
+
+
+def check_capacity(run: RunContext) -> None:
+    """Warn, before anything is created, when the nodes cannot run the whole batch at once;
+    run.json keeps the plan."""
+    # Every batch's Job asks for the same resources per pod.
+    run.capacity = read_capacity(run.kubectl, run.settings, next(iter(run.plan.jobs.values()))[0])
+    save_run_json(run)
+    warning = capacity_warning(run.capacity, run.settings.parallelism)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
+
+
+def server_of_context(kubectl: Kubectl) -> str:
+    """` (URL)` of the context's API server for a message, or nothing if kubectl cannot say."""
+    try:
+        server = kubectl.run(
+            ["config", "view", "--minify", "-o", "jsonpath={.clusters[0].cluster.server}"],
+            request_timeout=None,
+        ).strip()
+    except DemoError:
+        return ""
+    return f" ({server})" if server else ""
+
+
+def read_capacity(kubectl: Kubectl, settings: Settings, job: dict) -> dict:
+    """The capacity plan for `job`'s pods from the live nodes and RuntimeClass; a check that cannot
+    read them says why."""
+    retry_until = time.monotonic() + FIRST_CONTACT_RETRY_SECONDS
+    try:
+        runtime_class = kubectl.get("runtimeclass", settings.runtime, retry_until=retry_until)
+        nodes = kubectl.get_list(
+            "nodes", None, f"--chunk-size={settings.chunk_size}", retry_until=retry_until
+        )
+    except DemoError as error:
+        forbidden = "forbidden" in getattr(error, "stderr", "").lower()
+        return {
+            "checked": False,
+            "reason": "reading nodes or the RuntimeClass is not permitted"
+            if forbidden
+            else str(error),
+        }
+    requests = job["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]
+    return capacity_plan(
+        (nodes or {}).get("items") or [],
+        runtime_class,
+        requests,
+        settings.count,
+        settings.parallelism,
+    )
+
+
+# --------------------------------------------------------------------------
+# src/rl_batch_demo/results.py: results.json: a batch's figures, verified or rolled out, and the run's.
+
+def describe_failure(
+    job: dict | None,
+    pods: Sequence[dict],
+    job_name: str,
+    limit_seconds: int,
+    logs: dict[str, str] | None = None,
+) -> list[str]:
+    """Why a Job did not complete: its condition and each pod that did not succeed (a failed
+    container's line quotes the end of the Python traceback in its log)."""
+    lines = []
+    failed = condition(job or {}, "Failed")
+    if failed and failed.get("status") == "True":
+        lines.append(
+            f"Job {job_name}: Failed ({failed.get('reason', '?')}: {failed.get('message', '')})"
+        )
+    else:
+        lines.append(f"Job {job_name}: not Complete within {limit_seconds} s")
+    for pod in sorted(pods, key=pod_name):
+        phase = (pod.get("status") or {}).get("phase")
+        if phase == "Succeeded":
+            continue
+        state = container_status(pod).get("state") or {}
+        if "terminated" in state:
+            detail = with_traceback(
+                f"container exited {state['terminated'].get('exitCode')} "
+                f"({state['terminated'].get('reason', '')})",
+                (logs or {}).get(pod_name(pod), ""),
+            )
+        elif "waiting" in state:
+            detail = f"{state['waiting'].get('reason', 'waiting')}: {state['waiting'].get('message', '')}".rstrip(
+                ": "
+            )
+        elif "running" in state:
+            detail = "still running"
+        else:
+            unscheduled = condition(pod, "PodScheduled")
+            detail = (unscheduled or {}).get("message") or "no container status"
+        lines.append(f"pod {pod_name(pod)}: {phase}, {detail}")
+    return lines
+
+
+def saved_evidence(
+    job: dict | None, pods: Sequence[dict], logs: dict[str, str], events: Sequence[EventRecord]
+) -> str:
+    """Which evidence a failed batch left, so no one looks for logs that never existed."""
+    written = sum(1 for text in logs.values() if text.strip())
+    parts = [
+        f"saved: job.json{'' if job else ' (unreadable)'}",
+        f"pods.json ({plural(len(pods), 'pod')})",
+        f"events.txt ({plural(len(events), 'event')})",
+        f"{written} of {len(pods)} pod logs with content",
+    ]
+    if not pods:
+        parts.append(
+            "no pod is left to have a log (the Job controller deletes a Job's pods when it ends it "
+            "for its deadline)"
+        )
+    return ", ".join(parts)
+
+
+def verified_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) -> BatchSummary:
+    """The summary of a batch whose every episode must succeed; a batch that did not fails here."""
+    job, reading, logs, events = evidence
+    settings, pods, job_name = batch.settings, reading.pods, batch.follower.job_name
+    if end != "Complete":
+        raise DemoError(
+            "\n  ".join(
+                ["Job failed or timed out; inspect saved status/events/logs, then cleanup"]
+                + describe_failure(
+                    job, pods, job_name, settings.timeout + CLIENT_GRACE_SECONDS, logs
+                )
+                + [saved_evidence(job, pods, logs, events)]
+            )
+        )
+    if reading.source == "watch" and len(pods) < settings.count:
+        # A watch that saw fewer pods than episodes proves nothing about the others.
+        raise DemoError(
+            f"cannot verify the batch: the pods could not be listed and the pod watch saw "
+            f"only {len(pods)} of {settings.count}"
+        )
+    assert job is not None  # its Complete condition was seen on it
+    try:
+        return summarise_batch(
+            job,
+            pods,
+            logs,
+            events,
+            settings.count,
+            settings.builtin,
+            batch.follower.end_seen_wall,
+            batch.follower.observations(),
+            drafts=batch.follower.drafts.drafts if batch.follower.drafts else None,
+            index=batch.event_index(),
+        )
+    except VerificationError as error:
+        if reading.source == "watch":
+            raise VerificationError(
+                f"{error} (judged from the pods the watch saw, each unfinished one "
+                f"read again: the pods could not be listed)"
+            ) from None
+        raise
+
+
+def rollout_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) -> BatchSummary:
+    """Write rewards.jsonl with every episode; accept the batch if its failures are within
+    --allow-failures, and summarise its successful episodes."""
+    job, reading, logs, events = evidence
+    settings, pods, count, job_name = (
+        batch.settings,
+        reading.pods,
+        batch.settings.count,
+        batch.follower.job_name,
+    )
+    rows = episode_rows(
+        count,
+        job or {"metadata": {}},
+        pods,
+        logs,
+        settings.builtin,
+        settings.task_ids,
+        settings.group_size,
+        events,
+        group_images(settings),
+    )
+    follower = batch.follower
+    if follower.rewards is not None:
+        rows = follower.rewards.finish(rows, pods, logs, follower.state.observed)
+    else:
+        write_text(os.path.join(batch.batch_dir, REWARDS_FILE), rewards_jsonl(rows))
+    failures = [row for row in rows if is_failure(row)]
+    said = failures_said(failures)
+    if end is None or job is None:
+        raise DemoError(
+            "\n  ".join(
+                ["Job did not finish; inspect saved status/events/logs, then cleanup"]
+                + describe_failure(
+                    job, pods, job_name, settings.timeout + CLIENT_GRACE_SECONDS, logs
+                )
+                + [
+                    f"{REWARDS_FILE} lists every episode as last seen",
+                    saved_evidence(job, pods, logs, events),
+                ]
+            )
+        )
+    if reading.source == "watch" and len(pods) < count:
+        raise DemoError(
+            f"cannot verify the batch: the pods could not be listed and the pod watch saw "
+            f"only {len(pods)} of {count}"
+        )
+    try:
+        summary = summarise_rollout(
+            rows,
+            job,
+            pods,
+            logs,
+            events,
+            settings,
+            batch.follower.end_seen_wall,
+            batch.follower.observations(),
+            batch.spelling,
+            follower.drafts.drafts if follower.drafts else None,
+            batch.event_index(),
+        )
+    except DemoError as error:
+        raise DemoError(
+            f"{error}\n  {REWARDS_FILE} lists every episode with its class; "
+            f"{saved_evidence(job, pods, logs, events)}"
+        ) from None
+    if follower.rewards is not None:
+        summary.figures.update(
+            batch_delivery_figures(
+                follower.rewards.deliveries, follower.state.job_observed, settings.need
+            )
+        )
+        summary.deliveries = [d.written_at for d in follower.rewards.deliveries if d.success]
+    cancelled = summary.figures.get("cancelled_episodes") or 0
+    if batch.silent:  # a quiet Python caller reads all of it in the results
+        return summary
+    need = batch.spelling.setting("need", settings.need)
+    if settings.need is not None:
+        print(
+            f"{need} met: {count - cancelled - len(failures)} of {count} episodes "
+            f"succeeded, {cancelled} cancelled, {len(failures)} failed"
+            + (f" ({said})" if failures else ""),
+            file=sys.stderr,
+        )
+    if failures:
+        accepted = (
+            f"Failures within {need}" if settings.need is not None else "Accepted a partial batch"
+        )
+        print(
+            "\n  ".join(
+                [
+                    f"{accepted}: {len(failures)} of {count} episodes failed "
+                    f"({said}); every episode is in {REWARDS_FILE}"
+                ]
+                + failure_lines(failures)
+            ),
+            file=sys.stderr,
+        )
+    return summary
+
+
+def batch_delivery_figures(
+    deliveries: Sequence[Delivery], job_observed: dict[str, float], need: int | None
+) -> dict:
+    """delivery_figures from the moments the client's create call started and returned."""
+    submitted, returned = job_observed.get("submitted"), job_observed.get("create_returned")
+    slack = returned - submitted if submitted is not None and returned is not None else None
+    return delivery_figures(deliveries, submitted, slack, need)
+
+
+@cycle_collector_paused()
+def save_results(run: RunContext, batches: Sequence[BatchOutcome]) -> Results:
+    """results.json, episodes.csv and the pictures, from every batch's summary."""
+    results = assemble_results(run.settings, batches, client_figures(run).saved(), run.capacity)
+    if run.prepull is not None:
+        results.figures["prepull"] = run.prepull
+    write_json(os.path.join(run.output, RESULTS_FILE), results.figures)
+    write_text(os.path.join(run.output, "episodes.csv"), episodes_csv_pieces(results.batches))
+    write_pictures(run.output, results.batches, run.settings, results.figures["throughput"])
+    return results
+
+
+class ClientCost(NamedTuple):
+    """What the run cost on this machine (results.json's `client`)."""
+
+    kubectl_processes: int
+    api_retries: int
+    cpu_seconds: float | None
+    peak_rss_mib: float | None  # None where the platform cannot say: then left out
+
+    def saved(self) -> dict[str, Any]:
+        saved = self._asdict()
+        if self.peak_rss_mib is None:
+            del saved["peak_rss_mib"]
+        return saved
+
+
+def client_figures(run: RunContext) -> ClientCost:
+    """What the run cost on this machine: kubectl processes, retries, CPU, peak memory."""
+    return ClientCost(
+        run.kubectl.processes,
+        run.kubectl.retries,
+        rounded(cpu_seconds() - run.cpu_start),
+        peak_rss_mib(),
+    )
+
+
+def peak_rss_mib() -> float | None:
+    """This process's own peak resident memory in MiB: Linux's VmHWM where there is one, since
+    ru_maxrss carries over an exec the RSS of whatever spawned the tool (a large trainer's)."""
+    try:
+        with open("/proc/self/status", encoding="utf-8", errors="replace") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return rounded(int(line.split()[1]) / 1024, 1)  # in kB
+    except (OSError, ValueError, IndexError):
+        pass  # not Linux: ru_maxrss below
+    if resource is None:
+        return None
+    # ru_maxrss is in KiB on Linux (bytes on macOS).
+    scale = 1 if sys.platform == "darwin" else 1024
+    return rounded(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20, 1)
+
+
+def failures_said(failures: Sequence[dict]) -> str:
+    """`1 infrastructure failure, 2 episode failures`: the failed episodes counted by class."""
+    counts = failure_counts(row["failure_class"] for row in failures)
+    return ", ".join(plural(number, f"{kind} failure") for kind, number in counts.items() if number)
+
+
+def failure_lines(failures: Sequence[dict], most: int = 10) -> list[str]:
+    """One line per failed episode (the first few): which, whose fault, why."""
+    return [
+        f"episode {row['index']} (task {row['task_id']!r}, pod {row['pod']}, "
+        f"{plural(row['attempts'], 'attempt')}): {row['failure_class']}: {row['failure']}"
+        for row in failures[:most]
+    ] + ([f"... and {len(failures) - most} more"] if len(failures) > most else [])
+
+
+def summarise_rollout(
+    rows: Sequence[dict],
+    job: dict,
+    pods: Sequence[dict],
+    logs: dict[str, str],
+    events: Sequence[EventRecord],
+    settings: Settings,
+    end_seen_at: float | None = None,
+    observed: dict | None = None,
+    spelling: Spelling = COMMAND_LINE,
+    drafts: Mapping[str, EpisodeDraft] | None = None,
+    index: EventIndex | None = None,
+) -> BatchSummary:
+    """A rollout batch's summary: the figures of its successful episodes, with failures, attempts and
+    groups; DemoError when more episodes failed than --allow-failures accepts, or all did. Pure."""
+    failures = [row for row in rows if is_failure(row)]
+    need = settings.need
+    allowed = len(rows) - need if need is not None else settings.allow_failures or 0
+    successes = {row["pod"] for row in rows if row["failure_class"] is None}
+    if need is not None and len(successes) < need:
+        raise DemoError(
+            "\n  ".join(
+                [
+                    f"{len(successes)} of {len(rows)} episodes succeeded, fewer than "
+                    f"{spelling.setting('need', need)} ({len(failures)} failed: "
+                    f"{failures_said(failures) or 'none'})"
+                ]
+                + failure_lines(failures)
+            )
+        )
+    if len(failures) > allowed or not successes:
+        allowance = (
+            f"allow_failures={allowed} accepts no more"
+            if spelling.python
+            else f"--allow-failures accepts {allowed}"
+        )
+        accepts = allowance if len(failures) > allowed else "none succeeded"
+        raise DemoError(
+            "\n  ".join(
+                [
+                    f"{len(failures)} of {len(rows)} episodes failed "
+                    f"({failures_said(failures)}); {accepts}"
+                ]
+                + failure_lines(failures)
+            )
+        )
+    by_name = {pod_name(pod): pod for pod in pods}
+    summary = summarise_batch(
+        job,
+        [pod for pod in pods if pod_name(pod) in successes],
+        logs,
+        events,
+        len(successes),
+        settings.builtin,
+        end_seen_at,
+        observed,
+        # Cancelled episodes too: the timeline draws every episode.
+        [(by_name.get(row["pod"]), row) for row in rows if row["failure_class"] is not None],
+        drafts,
+        index,
+    )
+    summary.figures.update(
+        rollout_figures(rows, job, pods, settings.group_size, allowed, settings.retries or 0, need)
+    )
+    summary.figures["images"] = image_figures(summary.episodes, rows)
+    return summary
+
+
+ROLLOUT_FIELDS = (
+    "failed_episodes",
+    "failures_by_class",
+    "failures",
+    "accepted_partial",
+    "allow_failures",
+    "retries",
+    "attempts",
+    "group_size",
+    "groups",
+    "groups_complete",
+    "group_all_rewards_seconds",
+    "group_spread_seconds",
+    "pod_to_ready_censored",
+    "job_end",
+    "need",
+    "cancelled_episodes",
+    "first_reward_seconds",
+    "kth_reward_seconds",
+    "reward_delivery_lag_p50_seconds",
+    "reward_delivery_lag_p99_seconds",
+    "reward_delivery_lag_max_seconds",
+    "reward_delivery",
+)
+
+
+def rollout_figures(
+    rows: Sequence[dict],
+    job: dict,
+    pods: Sequence[dict],
+    group_size: int,
+    allowed: int,
+    retries: int,
+    need: int | None = None,
+) -> dict:
+    """What a rollout batch adds to its summary: failures by class, attempts, groups; with --need,
+    the episodes it cancelled (no failures: a run that got its K successes exits 0)."""
+    failures = [row for row in rows if is_failure(row)]
+    groups = group_figures(rows, group_size)
+    complete = [g for g in groups if g["complete"]]
+    figures: dict[str, Any] = {
+        "episodes": len(rows),
+        "failed_episodes": len(failures),
+        "failures_by_class": failure_counts(row["failure_class"] for row in failures),
+        "failures": [
+            {
+                key: row[key]
+                for key in (
+                    "index",
+                    "task_id",
+                    "pod",
+                    "attempts",
+                    "failure_class",
+                    "failure",
+                    "evidence",
+                )
+            }
+            for row in failures
+        ],
+        "accepted_partial": bool(failures) and need is None,
+        "allow_failures": allowed,
+        "cancelled_episodes": sum(1 for row in rows if row["failure_class"] == CANCELLED),
+        "retries": retries,
+        "attempts": attempt_figures(rows),
+        "group_size": group_size,
+        "groups": groups,
+        "groups_complete": len(complete),
+        "group_all_rewards_seconds": describe(
+            [g["all_rewards_seconds"] for g in complete], missing=len(groups) - len(complete)
+        ),
+        "group_spread_seconds": describe(
+            [g["spread_seconds"] for g in groups if g["spread_seconds"] is not None]
+        ),
+        "job_end": {
+            "condition": job_finished(job),
+            "reason": job_end_reason(job)
+            or (SUCCESS_POLICY_REASON if job_cut_short(job) else None),
+        },
+    }
+    if need is not None:
+        figures["need"] = need
+    if failures:
+        censored = censored_pod_to_ready(rows, job, pods)
+        figures.update(
+            {
+                "pod_to_ready_p50_seconds": censored["p50"],
+                "pod_to_ready_p95_seconds": censored["p95"],
+                "pod_to_ready_max_seconds": censored["max"],
+                "pod_to_ready_censored": censored,
+            }
+        )
+    return figures
+
+
+def write_pictures(
+    output: str,
+    measured: Sequence[tuple[str, BatchSummary]],
+    settings: Settings,
+    figures: dict | None = None,
+) -> None:
+    """timeline.svg (a sample of a large batch), ramp.svg and cdf.svg; `figures`: the throughput, if known."""
+    title = timeline_title(settings)
+    sampled, note = timeline_sample(measured)
+    write_text(os.path.join(output, "timeline.svg"), timeline_svg(sampled, title + note))
+    write_text(os.path.join(output, "ramp.svg"), ramp_svg(measured, f"Ramp: {title}", figures))
+    write_text(os.path.join(output, "cdf.svg"), cdf_svg(measured, f"Phase durations: {title}"))
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process and its finished children (kubectl), or 0 where unknown."""
+    if resource is None:
+        return 0.0
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+class BatchOutcome(NamedTuple):
+    """One batch as results.json pools them."""
+
+    entry: BatchEntry  # its entry in run.json's `batches`
+    summary: BatchSummary
+    client_wait: (
+        dict | None
+    )  # client.json: how the client waited (none for a run of the guide's script)
+
+    def figures(self) -> dict:
+        """The batch's saved form; of how the client waited, it shows the one figure."""
+        return dict(
+            self.summary.figures,
+            client_job_complete_seconds=(self.client_wait or {}).get("client_job_complete_seconds"),
+        )
+
+
+@dataclasses.dataclass
+class Results:
+    """A run's results: `figures` as results.json saves them (printed_results gives the printed
+    form), and the measured batches they pool, for episodes.csv and the pictures."""
+
+    figures: dict[str, Any]
+    batches: list[tuple[str, BatchSummary]]  # each measured batch: its Job's name and its summary
+
+
+def assemble_results(
+    settings: Settings,
+    batches: Sequence[BatchOutcome],
+    client: dict | None,
+    capacity: dict | None = None,
+) -> Results:
+    """results.json, top to bottom: the fields of every run, then a single batch's own or the
+    rounds', the warm-up, what the run cost (`client`), the throughput, and the capacity plan
+    check_capacity made (`capacity`, if it did)."""
+    measured = [batch for batch in batches if batch.entry.measured]
+    warmups = [batch for batch in batches if not batch.entry.measured]
+    results = common_results(settings, measured)
+    results.update(
+        single_batch_results(measured[0]) if len(measured) == 1 else rounds_results(measured)
+    )
+    if warmups:
+        results["warmup"] = warmups[0].figures()
+    if client is not None:
+        results["client"] = client
+    pooled = [(batch.entry.job, batch.summary) for batch in measured]
+    results["throughput"] = throughput(pooled)
+    if capacity is not None:
+        results["capacity"] = capacity
+    return Results(results, pooled)
+
+
+def common_results(settings: Settings, measured: Sequence[BatchOutcome]) -> dict[str, Any]:
+    """The fields of every results.json: the measured batches pooled, and the run's settings."""
+    figures = [batch.figures() for batch in measured]
+    episodes = [record for batch in measured for record in batch.summary.episodes]
+    rows = [
+        dict(row, job=batch.entry.job) if len(measured) > 1 else row
+        for batch in measured
+        for row in batch.summary.figures["pods"]
+    ]
+    if len(measured) == 1:  # its own summary already pooled the same episodes
+        phases, by_start_path = figures[0]["phases"], figures[0]["phases_by_start_path"]
+    else:
+        phases, by_start_path = (
+            phase_summary([r["phases"] for r in episodes]),
+            start_path_phases(episodes),
+        )
+    guide = describe([r["guide_pod_to_ready"] for r in episodes])
+    client_seconds = [f.get("client_job_complete_seconds") for f in figures]
+    known_seconds = [seconds for seconds in client_seconds if seconds is not None]
+    return {
+        "episodes": sum(f["episodes"] for f in figures),
+        "successful_episodes": sum(f["successful_episodes"] for f in figures),
+        "reward_sum": sum(f["reward_sum"] for f in figures),
+        "batch_to_all_ready_seconds": max(f["batch_to_all_ready_seconds"] for f in figures),
+        "batch_to_all_rewards_seconds": max(f["batch_to_all_rewards_seconds"] for f in figures),
+        "pod_to_ready_p50_seconds": guide["p50"],
+        "pod_to_ready_p95_seconds": guide["p95"],
+        "pod_to_ready_max_seconds": guide["max"],
+        "pods": rows,
+        "context": settings.context,
+        "namespace": settings.namespace,
+        "image": settings.image,
+        "runtime": settings.runtime,
+        "parallelism": settings.parallelism,
+        "cache_state": "warmed" if settings.warmup else "uncontrolled",
+        "image_cache": count_image_cache(record.get("image_cache") for record in episodes),
+        # A batch's own figures know a rollout's failed episodes too; rounds pool the summarised ones.
+        "images": figures[0]["images"] if len(figures) == 1 else image_figures(episodes),
+        # Every Job the run created: one per batch, or one per image and batch.
+        "jobs": sum(len(entry.jobs or (entry.job,)) for entry in settings.batches),
+        **({"image_map": dict(settings.image_map)} if settings.image_map else {}),
+        "harden": settings.harden,
+        "episode_script": settings.episode_script,
+        "episode_script_sha256": settings.episode_script_sha256,
+        "client_job_complete_seconds": max(known_seconds)
+        if len(known_seconds) == len(client_seconds)
+        else None,
+        "reward_mean": rounded(
+            sum(f["reward_sum"] for f in figures) / max(1, sum(f["episodes"] for f in figures)), 6
+        ),
+        "rounds_measured": len(figures),
+        "phases": phases,
+        "phases_by_start_path": by_start_path,
+        "phase_points": POINT_SOURCES,
+        "clock_warnings": [w for f in figures for w in f["clocks"]["warnings"]],
+        "nodes": count_nodes(row["node"] for row in rows),
+        "warnings": merge_warnings([f["warnings"] for f in figures]),
+    }
+
+
+def single_batch_results(batch: BatchOutcome) -> dict[str, Any]:
+    """What results.json adds for one measured batch: its completion gap, clocks, Job creation and
+    wait; for a rollout, its failures, attempts and groups (and the guide's pod_to_ready figures
+    with its failed episodes counted at the deadline)."""
+    figures = batch.figures()
+    results = {
+        "completion_gap": figures["completion_gap"],
+        "clocks": figures["clocks"],
+        "job_created": figures["job_created"],
+        "client_wait": batch.client_wait,
+    }
+    if "failed_episodes" in figures:
+        results.update(
+            {
+                key: figures[key]
+                for key in ROLLOUT_FIELDS
+                + (
+                    "pod_to_ready_p50_seconds",
+                    "pod_to_ready_p95_seconds",
+                    "pod_to_ready_max_seconds",
+                )
+                if key in figures
+            }
+        )
+    return results
+
+
+def rounds_results(measured: Sequence[BatchOutcome]) -> dict[str, Any]:
+    """What results.json adds for several measured rounds: each round's own figures."""
+    return {
+        "round_figures": (
+            "batch_to_all_ready_seconds, batch_to_all_rewards_seconds and "
+            "client_job_complete_seconds are the slowest round's; each round's "
+            "are in rounds[], and the percentiles pool every round's episodes"
+        ),
+        "rounds": [dict(batch.figures(), job=batch.entry.job) for batch in measured],
+    }
+
+
+def merge_warnings(summaries: Iterable[dict]) -> dict:
+    merged: dict[str, dict] = {}
+    for summary in summaries:
+        for reason, entry in summary.items():
+            target = merged.setdefault(reason, {"count": 0, "objects": []})
+            target["count"] += entry["count"]
+            target["objects"] += [o for o in entry["objects"] if o not in target["objects"]]
+    return merged
+
+
+def warn_clocks(results: dict) -> None:
+    """Clocks that disagree are said on stderr whatever --quiet says: every sub-second phase that
+    mixes them is off by that much."""
+    for warning in results.get("clock_warnings") or []:
+        print(f"WARNING: clocks: {warning}", file=sys.stderr)
+
+
+# --------------------------------------------------------------------------
+# src/rl_batch_demo/lifecycle.py: The `cleanup` action, and `list` and `cleanup --stale`: the tool's runs in a cluster, found
+
+def wait_gone(
+    kubectl: Kubectl, kind: str, name: str, namespace: str | None, seconds: float
+) -> dict | None:
+    """Poll until the object is gone; return its last state if it is still there at the deadline."""
+    deadline = time.monotonic() + seconds
+    while True:
+        live = kubectl.get(kind, name, namespace, missing_ok=True, retry_until=deadline)
+        if live is None:
+            return None
+        if time.monotonic() >= deadline:
+            return live
+        time.sleep(POLL_INTERVAL_SECONDS)
+
+
+def cleanup_namespace(
+    kubectl: Kubectl,
+    receipt: Receipt,
+    wait_seconds: float = DELETE_WAIT_SECONDS,
+    report: TextIO | None = None,
+) -> None:
+    """Delete the run's Jobs and namespace, only after proving both are the run's own."""
+    report = report or sys.stdout
+    namespace = receipt.namespace
+    try:
+        live = kubectl.get(
+            "namespace",
+            namespace,
+            missing_ok=True,
+            retry_until=time.monotonic() + FIRST_CONTACT_RETRY_SECONDS,
+        )
+    except KubectlError as error:
+        raise DemoError(
+            f"cannot reach the cluster of context {receipt.context!r} to look up "
+            f"namespace {namespace}: {error}; nothing was deleted"
+        ) from None
+    if live is None:
+        print(
+            "Namespace already absent", file=report, flush=True
+        )  # the guide's words, as it prints them
+        # Which one, beside the results' stream: run twice, cleanup names what it found gone.
+        print(
+            f"({namespace} in context {receipt.context}: nothing to delete)",
+            file=sys.stderr if report is sys.stdout else report,
+            flush=True,
+        )
+        return
+    # Only a UID the run recorded proves the namespace its own: the label alone could be copied.
+    if not receipt.namespace_uid or not receipt.owns_namespace(live):
+        label = (live["metadata"].get("labels") or {}).get(RUN_LABEL)
+        raise DemoError(
+            f"refusing to delete namespace {namespace}: its UID {live['metadata'].get('uid')} / label "
+            f"{RUN_LABEL}={label} do not match the receipt ({receipt.namespace_uid} / {receipt.run_id}); "
+            f"nothing was deleted"
+        )
+    retry_until = time.monotonic() + CALL_TIMEOUT_SECONDS
+    jobs = proven_jobs(kubectl, receipt, retry_until)
+    for name in jobs:
+        kubectl.delete(
+            "job", name, namespace, "--cascade=foreground", "--wait=false", retry_until=retry_until
+        )
+    for name in jobs:
+        if wait_gone(kubectl, "job", name, namespace, wait_seconds) is not None:
+            raise DemoError(
+                f"Job {name} in {namespace} still exists after {wait_seconds:g} s; "
+                f"inspect it with: kubectl --context {receipt.context} get job {name} "
+                f"-n {namespace} -o yaml"
+            )
+    kubectl.delete(
+        "namespace",
+        namespace,
+        None,
+        "--wait=false",
+        retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
+    )
+    stuck = wait_gone(kubectl, "namespace", namespace, None, wait_seconds)
+    if stuck is not None:
+        raise namespace_stuck(namespace, stuck, receipt.context, wait_seconds)
+    print(f"Deleted test namespace: {namespace}", file=report, flush=True)
+
+
+def proven_jobs(kubectl: Kubectl, receipt: Receipt, retry_until: float) -> list[str]:
+    """The run's Jobs that still exist, each proven by the receipt's UID; any other refuses the cleanup."""
+    expected = receipt.job_uids()
+    live_jobs = []
+    for name in sorted(set(expected) | {JOB_NAME}):
+        job = kubectl.get("job", name, receipt.namespace, missing_ok=True, retry_until=retry_until)
+        if job is None:
+            continue
+        if job["metadata"].get("uid") != expected.get(name):
+            raise DemoError(
+                f"refusing to delete Job {name} in {receipt.namespace}: its UID "
+                f"{job['metadata'].get('uid')} is not the receipt's "
+                f"({expected.get(name)}); nothing was deleted"
+            )
+        live_jobs.append(name)
+    return live_jobs
+
+
+def namespace_stuck(
+    namespace: str, stuck: dict, context: str | None, wait_seconds: float
+) -> DemoError:
+    """Why a deleted namespace is still there, and how to look; finalizers are never stripped here."""
+    finalizers = (stuck.get("metadata", {}).get("finalizers") or []) + (
+        (stuck.get("spec") or {}).get("finalizers") or []
+    )
+    reasons = [
+        f"{c.get('type')}: {c.get('message')}"
+        for c in (stuck.get("status") or {}).get("conditions") or []
+        if c.get("status") == "True"
+    ]
+    return DemoError(
+        f"namespace {namespace} is still {(stuck.get('status') or {}).get('phase', 'present')} after "
+        f"{wait_seconds:g} s; inspect its finalizers ({', '.join(finalizers) or 'none listed'})"
+        + (f" and conditions ({'; '.join(reasons)})" if reasons else "")
+        + f" with: kubectl --context {context} get namespace {namespace} -o yaml "
+        f"(finalizers are never stripped by this tool); run cleanup again later"
+    )
+
+
+def require_receipt_context(kubectl: Kubectl, receipt: Receipt) -> None:
+    """The receipt's context must be in the kubeconfig kubectl reads now, else say which one the run used."""
+    try:
+        named = kubectl.run(
+            ["config", "get-contexts", receipt.context, "-o", "name"], request_timeout=None
+        )
+    except KubectlError:
+        named = ""
+    if named.strip():
+        return
+    used = receipt.fields.get("kubeconfig")
+    raise DemoError(
+        f"kube context {receipt.context!r} of {receipt.path} is not in the kubeconfig kubectl reads "
+        f"now ({kubeconfig_path()})"
+        + (
+            f"; the run used {used}: clean up with KUBECONFIG={used}"
+            if used and used != kubeconfig_path()
+            else ""
+        )
+        + "; nothing was deleted"
+    )
+
+
+def cleanup(args: argparse.Namespace) -> int:
+    """Delete what the receipt proves this run created; the output directory is kept.
+    With --stale, reap the tool's finished and expired runs instead, receipts or not."""
+    if args.stale is not None:
+        return cleanup_stale(args)
+    receipt = Receipt.read(args.output)
+    kubectl = Kubectl(find_kubectl(args.kubectl), receipt.context, verbose=args.verbose)
+    # Silence from a binary that is not kubectl would read as "Namespace already absent".
+    require_kubectl(kubectl)
+    require_receipt_context(kubectl, receipt)
+    cleanup_namespace(kubectl, receipt, args.wait)
+    return 0
+
+
+def cluster_kubectl(args: argparse.Namespace) -> Kubectl:
+    """kubectl for --context (else the current context), named in every call like `run`'s."""
+    kubectl = Kubectl(find_kubectl(args.kubectl), verbose=args.verbose)
+    kubectl.context = resolve_context(kubectl, args.context)
+    return kubectl
+
+
+def list_everywhere(kubectl: Kubectl, kind: str, selector: str, what: str) -> list[dict]:
+    """Every object of a kind that the label selector lets through, in the whole cluster; a
+    refusal says which permission is missing."""
+    flags = ["-l", selector] + (["--all-namespaces"] if kind != "namespaces" else [])
+    try:
+        listing = kubectl.get_list(
+            kind, None, *flags, retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS
+        )
+    except KubectlError as error:
+        if "(Forbidden)" in error.stderr:
+            raise DemoError(
+                f"the account of context {kubectl.context!r} may not list {what} at the cluster "
+                f"scope, which `list` and `cleanup --stale` need: grant `list` on {what} (see the "
+                f"README's Permissions)"
+            ) from None
+        raise DemoError(f"cannot list the {what} of context {kubectl.context!r}: {error}") from None
+    return (listing or {}).get("items") or []
+
+
+def find_runs(kubectl: Kubectl) -> list[ClusterRun]:
+    """The runs in the context's cluster: namespaces with the run label, and the tool's Jobs."""
+    namespaces = list_everywhere(kubectl, "namespaces", RUN_LABEL, "namespaces")
+    jobs = list_everywhere(kubectl, "jobs", f"app={APP_LABEL}", "jobs (batch)")
+    return cluster_runs(namespaces, jobs)
+
+
+def delete_if_uid(kubectl: Kubectl, namespace: str, uid: str) -> str:
+    """Ask for the namespace's deletion only if it still has `uid` (the API server checks the
+    precondition): "deleted", "recreated" (another namespace has the name now) or "gone"."""
+    options = {
+        "kind": "DeleteOptions",
+        "apiVersion": "v1",
+        "preconditions": {"uid": uid},
+        "propagationPolicy": "Background",
+    }
+    try:
+        # `delete --raw -f -` sends stdin as the DELETE's body, so the precondition travels with it.
+        kubectl.run(
+            ["delete", "--raw", f"/api/v1/namespaces/{namespace}", "-f", "-"],
+            input_text=json.dumps(options),
+            retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
+        )
+    except KubectlError as error:
+        if "(Conflict)" in error.stderr:
+            return "recreated"
+        if error.not_found:
+            return "gone"
+        raise DemoError(f"cannot delete namespace {namespace}: {error}") from None
+    return "deleted"
+
+
+def wait_runs_gone(kubectl: Kubectl, deleted: Sequence[ClusterRun], seconds: float) -> list[dict]:
+    """Wait until no namespace of `deleted` (by UID) is left; those still there at the deadline."""
+    deadline = time.monotonic() + seconds
+    uids = {run.uid for run in deleted}
+    while uids:
+        left = [
+            namespace
+            for namespace in list_everywhere(kubectl, "namespaces", RUN_LABEL, "namespaces")
+            if (namespace.get("metadata") or {}).get("uid") in uids
+        ]
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(POLL_INTERVAL_SECONDS)
+    return []
+
+
+def cleanup_stale(args: argparse.Namespace) -> int:
+    """Delete the runs of this tool past their --ttl, or older than --stale with every Job ended
+    (a run between batches: its last Job ended longer ago than that); say what was deleted, what
+    was left and why."""
+    kubectl = cluster_kubectl(args)
+    runs, user, now = find_runs(kubectl), current_user(kubectl), time.time()
+    deleted: list[ClusterRun] = []
+    would = 0
+    for found in runs:
+        verdict = stale_verdict(found, now, args.stale, user, args.all_users)
+        if not verdict.delete:
+            print(f"Left {found.namespace}: {verdict.why}", flush=True)
+        elif args.dry_run:
+            would += 1
+            print(f"Would delete {found.namespace}: {verdict.why}", flush=True)
+        else:
+            outcome = delete_if_uid(kubectl, found.namespace, found.uid)
+            if outcome == "deleted":
+                deleted.append(found)
+                print(f"Deleted {found.namespace}: {verdict.why}", flush=True)
+            elif outcome == "recreated":
+                print(
+                    f"Left {found.namespace}: made again under that name since it was listed (its UID is "
+                    f"no longer {found.uid}); not touched",
+                    flush=True,
+                )
+            else:
+                print(f"Left {found.namespace}: already gone", flush=True)
+    done = f"Would delete {would}" if args.dry_run else f"Deleted {len(deleted)}"
+    print(
+        f"{done}, left {len(runs) - would - len(deleted)} of {len(runs)} runs in context {kubectl.context}.",
+        flush=True,
+    )
+    stuck = wait_runs_gone(kubectl, deleted, args.wait)
+    if stuck:
+        raise DemoError(
+            "; ".join(
+                str(
+                    namespace_stuck(
+                        namespace["metadata"]["name"], namespace, kubectl.context, args.wait
+                    )
+                )
+                for namespace in stuck
+            )
+        )
+    return 0
+
+
+def list_runs(args: argparse.Namespace) -> int:
+    """Print the tool's runs in the cluster, one line each (or a JSON list with -o json)."""
+    kubectl = cluster_kubectl(args)
+    runs, now = find_runs(kubectl), time.time()
+    if args.format == "json":
+        print(json.dumps([run_record(run, now) for run in runs], indent=2))
+    elif runs:
+        print(runs_table(runs, now))
+    else:
+        print(f"No runs in context {kubectl.context}.", file=sys.stderr)
+    return 0
+
+
+# --------------------------------------------------------------------------
+# src/rl_batch_demo/run.py: The `run` action: `perform_run` -> `start_run` -> `execute`, its steps on one `RunContext`.
+
+def default_timeout(count: int, parallelism: int) -> int:
+    """The Job deadline: the guide's 240 s up to the default cap, then grown with the waves of pods."""
+    if count <= DEADLINE_GROWS_ABOVE_EPISODES:
+        return DEFAULT_JOB_DEADLINE_SECONDS
+    waves = math.ceil(count / parallelism)
+    return max(DEFAULT_JOB_DEADLINE_SECONDS, 120 + 20 * waves)
+
+
+def batch_names(rounds: int, warmup: bool) -> list[tuple[str, bool]]:
+    """(Job name, measured?) for every batch of a run; one measured batch is plain `rollout`."""
+    names = [(WARMUP_JOB_NAME, False)] if warmup else []
+    if rounds == 1:
+        names.append((JOB_NAME, True))
+    else:
+        names += [(f"{JOB_NAME}-{n}", True) for n in range(1, rounds + 1)]
+    return names
+
+
+def rollout_policy(settings: Settings) -> RolloutPolicy | None:
+    """Retries and accepted failures, when either was asked for, or --need (which accepts the
+    failures it over-provisions for: count - need); else the guide's backoffLimit 0."""
+    if settings.need is not None:
+        return RolloutPolicy(settings.retries or 0, settings.count - settings.need, settings.need)
+    if settings.retries is None and settings.allow_failures is None:
+        return None
+    return RolloutPolicy(settings.retries or 0, settings.allow_failures or 0)
+
+
+def pod_deadline(settings: Settings) -> int | None:
+    """Each pod's activeDeadlineSeconds, counted from its start on the node: --pull-timeout and
+    --episode-timeout together, since one deadline bounds the pull and the episode after it."""
+    known = [part for part in (settings.pull_timeout, settings.episode_timeout) if part is not None]
+    return sum(known) if known else None
+
+
+def batch_job(namespace: str, settings: Settings, name: str, task_maps: Sequence[dict]) -> dict:
+    """The Job of one batch, from the run's settings and the ConfigMaps that carry its tasks."""
+    return job_manifest(
+        namespace,
+        settings.count,
+        settings.parallelism,
+        settings.image,
+        settings.runtime,
+        settings.timeout,
+        name=name,
+        harden=settings.harden,
+        indexed=not settings.builtin,
+        tasks=tasks_volume(task_maps, settings.group_size) if task_maps else None,
+        policy=rollout_policy(settings),
+        episode_timeout=pod_deadline(settings),
+    )
+
+
+def image_job_name(batch: str, number: int) -> str:
+    """The Job of a batch's `number`th image (from 1)."""
+    return f"{batch}-image-{number}"
+
+
+def batch_jobs(
+    namespace: str,
+    settings: Settings,
+    name: str,
+    task_maps: Sequence[dict],
+    groups: Sequence[ImageGroup],
+) -> list[dict]:
+    """The Jobs of one batch: its one Job, or one per image, --parallelism shared between them."""
+    if len(groups) == 1:
+        return [
+            batch_job(
+                namespace, dataclasses.replace(settings, image=groups[0].image), name, task_maps
+            )
+        ]
+    shares = parallelism_shares(settings.parallelism, [len(group.indexes) for group in groups])
+    return [
+        job_manifest(
+            namespace,
+            len(group.indexes),
+            share,
+            group.image,
+            settings.runtime,
+            settings.timeout,
+            name=image_job_name(name, number),
+            harden=settings.harden,
+            indexed=True,
+            tasks=tasks_volume(task_maps, settings.group_size, group.indexes)
+            if task_maps
+            else None,
+            policy=rollout_policy(settings),
+            episode_timeout=pod_deadline(settings),
+            batch=name,
+            episode_indexes=group.indexes,
+        )
+        for number, (group, share) in enumerate(zip(groups, shares), start=1)
+    ]
+
+
+def plan_run(
+    namespace: str,
+    run_id: str,
+    settings: Settings,
+    worker_source: str,
+    tasks: Sequence[Task] = (),
+    origin: RunOrigin | None = None,
+) -> RunPlan:
+    """Every object `run` creates, from its settings (and the run's origin, once known) alone."""
+    task_maps = task_configmaps(namespace, tasks) if tasks else []
+    setup = [network_policy_manifest(namespace)] if settings.harden else []
+    setup += [configmap_manifest(namespace, worker_source), *task_maps]
+    groups = image_groups(
+        tasks, settings.count, settings.group_size, settings.image, settings.image_map
+    )
+    jobs = {
+        name: batch_jobs(namespace, settings, name, task_maps, groups)
+        for name, _ in batch_names(settings.rounds, settings.warmup)
+    }
+    # What the run plans goes with its origin: a namespace without either is the guide's.
+    planned = planned_work(jobs) if origin is not None else None
+    return RunPlan(
+        namespace_manifest(namespace, run_id, settings.harden, origin, planned), setup, jobs
+    )
+
+
+def planned_objects(
+    namespace: str,
+    run_id: str,
+    settings: Settings,
+    worker_source: str,
+    tasks: Sequence[Task] = (),
+    origin: RunOrigin | None = None,
+) -> list[dict]:
+    """Every object `run` creates, in creation order."""
+    return plan_run(namespace, run_id, settings, worker_source, tasks, origin).objects()
+
+
+def run_origin(run_id: str, output: str, user: str, ttl_seconds: int | None) -> RunOrigin:
+    """This run's origin as of now: this host, the absolute output directory, the expiry `--ttl` sets."""
+    return RunOrigin(
+        run_id,
+        __version__,
+        socket.gethostname(),
+        os.path.abspath(output),
+        user,
+        None if ttl_seconds is None else time.time() + ttl_seconds,
+    )
+
+
+def execute(run: RunContext) -> Results:
+    """The steps of `run`, in order; each leaves on disk what a failure after it needs."""
+    save_run_records(run)
+    check_runtime_class(run)
+    if rollout_policy(run.settings):
+        check_server_version(run)  # --need among them
+    check_capacity(run)
+    stamp_origin(run)
+    create_namespace(run)
+    for manifest in run.plan.setup:
+        create_object(run, manifest)
+    if run.settings.prepull:
+        prepull(run)
+    outcomes: list[BatchOutcome] = []
+    for entry in run.settings.batches:
+        for earlier in outcomes[-1:]:  # its drafted rows wait in memory, not in an open file
+            for spool in set(earlier.summary.csv_rows.values()):
+                spool.hold_in_memory()
+        with held_objects_spared(run.owns_process):
+            outcomes.append(run_one_batch(run, entry))
+    return save_results(run, outcomes)
+
+
+def stamp_origin(run: RunContext) -> None:
+    """Who starts the run, from where and until when, and what it plans, into the namespace about
+    to be created."""
+    origin = run_origin(
+        run.receipt.run_id, run.output, current_user(run.kubectl), run.settings.ttl_seconds
+    )
+    run.plan = run.plan._replace(
+        namespace=namespace_manifest(
+            run.namespace,
+            origin.run_id,
+            run.settings.harden,
+            origin,
+            planned_work(run.plan.jobs),
+        )
+    )
+
+
+def create_namespace(run: RunContext) -> None:
+    """The run's namespace, its UID in the receipt at once."""
+    run.touched_cluster = True
+    created = create_object(run, run.plan.namespace)
+    run.receipt.record_namespace(created["metadata"]["uid"])
+    if not run.silent:
+        print(f"Test namespace: {run.namespace}", flush=True)
+
+
+def create_object(run: RunContext, manifest: dict) -> dict:
+    """Create one object; a retry that finds it already there adopts it only if it is provably ours."""
+    kubectl = run.kubectl
+    retries_before = kubectl.retries
+    try:
+        return kubectl.create(manifest, retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS)
+    except KubectlError as error:
+        # Only a retried create may find its own first attempt already done.
+        if not error.already_exists or kubectl.retries == retries_before:
+            raise
+    kind = manifest["kind"].lower()
+    name = manifest["metadata"]["name"]
+    existing = kubectl.get(
+        kind,
+        name,
+        None if kind == "namespace" else run.namespace,
+        retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
+    )
+    assert existing is not None  # not missing_ok: a missing object raised
+    if kind == "namespace" and not run.receipt.owns_namespace(existing):
+        raise DemoError(f"namespace {name} already exists and is not this run's")
+    return existing
+
+
+def prepull(run: RunContext) -> None:
+    """--prepull: every image of the run made present on every node the batch can use, before its
+    first Job: one pod per node and image, waited for until each ended (or its deadline passed).
+    Leaves prepull.json (the step's figures and its pods); the figures go into results.json."""
+    retry_until = time.monotonic() + FIRST_CONTACT_RETRY_SECONDS
+    try:
+        runtime_class = run.kubectl.get(
+            "runtimeclass", run.settings.runtime, retry_until=retry_until
+        )
+        nodes = usable_nodes(
+            (run.kubectl.get_list("nodes", None, retry_until=retry_until) or {}).get("items") or [],
+            runtime_class,
+        )
+    except DemoError as error:
+        raise DemoError(
+            f"{run.spelling.switch('prepull')} needs to list the nodes (and get the "
+            f"RuntimeClass): {error}"
+        ) from None
+    if not nodes:
+        raise DemoError(
+            f"{run.spelling.switch('prepull')} found no node the batch can use (schedulable, "
+            f"with the RuntimeClass's labels)"
+        )
+    images = run_images(run.plan.jobs)
+    deadline_seconds = run.settings.pull_timeout or run.settings.timeout
+    pods = [
+        prepull_pod_manifest(
+            run.namespace,
+            f"prepull-{i}-{n}",
+            node,
+            image,
+            run.settings.runtime,
+            run.settings.harden,
+            deadline_seconds,
+        )
+        for i, image in enumerate(images, start=1)
+        for n, node in enumerate(nodes, start=1)
+    ]
+    started = time.monotonic()
+    for pod in pods:
+        create_object(run, pod)
+    finished = wait_prepulled(run, len(pods), started + deadline_seconds + CLIENT_GRACE_SECONDS)
+    seconds = time.monotonic() - started
+    events = event_records(
+        (
+            run.kubectl.get_list(
+                "events", run.namespace, retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS
+            )
+            or {}
+        ).get("items")
+        or []
+    )
+    failures = prepull_failures(finished, events)
+    run.prepull = {
+        "seconds": rounded(seconds),
+        "nodes": len(nodes),
+        "images": len(images),
+        "pods": len(pods),
+        "failures": failures,
+        "image_cache": count_image_cache(
+            image_cache_states(events).get(pod_name(p)) for p in finished
+        ),
+    }
+    write_json(
+        os.path.join(run.output, PREPULL_FILE),
+        dict(run.prepull, node_names=nodes, image_names=images, pod_states=list_manifest(finished)),
+    )
+    if not run.silent:
+        print(
+            f"Pre-pulled {plural(len(images), 'image')} on {plural(len(nodes), 'node')} in {seconds:.1f} s"
+            + (
+                f"; {len(failures)} of {len(pods)} pods failed: "
+                + "; ".join(f"{f['image']} on {f['node']}: {f['why']}" for f in failures[:3])
+                if failures
+                else ""
+            ),
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def wait_prepulled(run: RunContext, count: int, deadline: float) -> list[dict]:
+    """The --prepull pods once each has ended, or as they are at the deadline (polled: a short step)."""
+    while True:
+        listed = run.kubectl.get_list(
+            "pods",
+            run.namespace,
+            "-l",
+            f"{PREPULL_LABEL}=true",
+            retry_until=min(deadline, time.monotonic() + CALL_TIMEOUT_SECONDS),
+        )
+        pods = (listed or {}).get("items") or []
+        if (
+            len(pods) >= count and all(pod_terminal(pod) for pod in pods)
+        ) or time.monotonic() >= deadline:
+            return sorted(pods, key=pod_name)
+        time.sleep(PREPULL_POLL_SECONDS)
+
+
+def open_proxy(run: RunContext) -> None:
+    """The API proxy that reads logs and pages, once a run; without it, one kubectl per read."""
+    if run.proxy is None:
+        try:
+            run.proxy = ApiProxy(run.kubectl)
+        except DemoError as error:  # e.g. kubectl proxy forbidden here
+            print(f"Warning: {error}; reading logs with one kubectl per pod", file=sys.stderr)
+
+
+def run_one_batch(run: RunContext, entry: BatchEntry) -> BatchOutcome:
+    """Submit one Job, follow it, save its evidence, verify and summarise it."""
+    job_name = entry.job
+    batch_dir = os.path.normpath(os.path.join(run.output, entry.dir))
+    os.makedirs(batch_dir, exist_ok=True)
+    manifests = run.plan.jobs[job_name]
+    job_names = [manifest["metadata"]["name"] for manifest in manifests]
+    write_json(
+        os.path.join(batch_dir, "job-submitted.json"),
+        manifests[0] if len(manifests) == 1 else list_manifest(manifests),
+    )
+    if len(manifests) > 1:
+        check_jobs_accepted(run, manifests)
+    # The client's own deadline, which bounds its watches from their start; its measures start
+    # at the submission, just before the create call.
+    client_deadline = time.monotonic() + run.settings.timeout + CLIENT_GRACE_SECONDS
+    watches = WatchStream(run.kubectl, run.namespace, job_name, BatchJobs(job_name, job_names))
+    # The pod watch first, so that it is listening by the time the Job's first pods are created
+    # (and starts while the proxy does).
+    watches.start("pods", client_deadline)
+    try:
+        open_proxy(run)
+    except BaseException:
+        watches.stop()
+        raise
+    rewards = (
+        RewardStream(os.path.join(batch_dir, REWARDS_FILE), run.settings, run.on_reward, run.stop)
+        if run.settings.rollout
+        else None
+    )
+    follower = BatchFollower(
+        run.kubectl,
+        run.namespace,
+        job_name,
+        run.settings.count,
+        run.progress,
+        run.pool,
+        run.proxy,
+        batch_dir,
+        rewards,
+        watches,
+        EpisodeDrafts(run.settings.builtin, spool_dir=batch_dir),
+        job_names,
+        spare_held=run.owns_process,
+    )
+    run.batch = batch = BatchEvidence(run, follower, batch_dir)
+
+    def create_jobs() -> dict:
+        """The batch's Jobs in order, each UID in the receipt at once; the batch starts with the first."""
+        created = []
+        for manifest in manifests:
+            created.append(create_object(run, manifest))
+            run.receipt.record_job(manifest["metadata"]["name"], created[-1]["metadata"]["uid"])
+        return created[0]
+
+    follower.submit(create_jobs)
+    end = follower.follow(client_deadline)
+    wait = client_wait(follower, end)
+    evidence = batch.collect(job_name)
+    follower.stop_watches()
+    wait = wait._replace(
+        pods_read=pods_read(evidence.reading, follower.state.end_resource_version),
+        events_read=batch.events_read,
+    )
+    summarise = rollout_summary if run.settings.rollout else verified_summary
+    client_path = os.path.join(batch_dir, "client.json")
+    try:
+        summary = summarise(batch, end, evidence)
+    finally:
+        if rewards is not None:
+            rewards.close()
+            wait = wait._replace(reward_deliveries=[d.saved() for d in rewards.deliveries])
+            write_json(
+                client_path, wait.saved()
+            )  # kept, with the deliveries, should the summary fail
+    assert (
+        follower.end_seen_monotonic is not None
+    )  # both summaries fail a batch whose end was not seen
+    wait = wait._replace(
+        episodes_summarised_while_waiting=summary.drafts_taken,
+        post_completion_seconds=rounded(time.monotonic() - follower.end_seen_monotonic),
+    )
+    write_json(client_path, wait.saved())
+    return BatchOutcome(entry, summary, wait.saved())
+
+
+def check_jobs_accepted(run: RunContext, manifests: Sequence[dict]) -> None:
+    """Each Job of a batch of several, as the API server would take it (a server-side dry run), before
+    any is created: one refused (an invalid image reference) fails the run with none of them made."""
+    for manifest in manifests:
+        try:
+            run.kubectl.run(
+                ["create", "--dry-run=server", "-f", "-", "-o", "name"],
+                input_text=json.dumps(manifest),
+                retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
+            )
+        except KubectlError as error:
+            image = manifest["spec"]["template"]["spec"]["containers"][0]["image"]
+            raise DemoError(
+                f"the API server refuses Job {manifest['metadata']['name']} (image {image}): "
+                f"{error}; none of the batch's {len(manifests)} Jobs was created"
+            ) from None
+
+
+class ClientWait(NamedTuple):
+    """How the client waited for one Job (client.json): when it saw the end, what the wait cost,
+    how the evidence was read after it, and (a rollout) when each rewards.jsonl line was written."""
+
+    job: str
+    end: str | None  # Complete or Failed; None when the client gave up waiting
+    submitted_at: float  # wall clock, just before the create call
+    observed_at: float | None  # wall clock, when the client saw the end
+    client_job_complete_seconds: float | None
+    kubectl_processes_while_waiting: int
+    watch_restarts: int
+    watch_queue_peak: int
+    wait_mode: str  # "watch", or "poll" once the watches gave up
+    pods_read: dict | None = None  # pods_read(): known once the evidence is read
+    events_read: str | None = None  # "watch" or "list" (BatchEvidence.events_read)
+    reward_deliveries: list[list] | None = None  # a rollout's Delivery records, saved
+    # How many episodes' points the summary took from their drafts, made while the batch ran.
+    episodes_summarised_while_waiting: int | None = None
+    post_completion_seconds: float | None = None  # from seeing the end to the summary made
+
+    def saved(self) -> dict[str, Any]:
+        """client.json's fields: the ones not known yet (or not a rollout's) left out."""
+        return {
+            key: value
+            for key, value in self._asdict().items()
+            if value is not None or key not in CLIENT_WAIT_LATER
+        }
+
+
+# What client.json gains as the batch is read and summarised; the fields before are there from the end.
+CLIENT_WAIT_LATER = (
+    "pods_read",
+    "events_read",
+    "reward_deliveries",
+    "episodes_summarised_while_waiting",
+    "post_completion_seconds",
+)
+
+
+def client_wait(follower: BatchFollower, end: str | None) -> ClientWait:
+    """How the client waited for one Job, as of the end seen (or given up on)."""
+    submission = follower.submission
+    assert submission is not None  # followed only once submitted
+    return ClientWait(
+        job=follower.job_name,
+        end=end,
+        submitted_at=submission.wall,
+        observed_at=follower.end_seen_wall,
+        client_job_complete_seconds=rounded(follower.end_seen_monotonic - submission.monotonic)
+        if follower.end_seen_monotonic is not None
+        else None,
+        kubectl_processes_while_waiting=follower.cost.processes,
+        watch_restarts=follower.cost.restarts,
+        watch_queue_peak=follower.cost.queue_peak,
+        wait_mode="poll" if follower.polling else "watch",
+    )
+
+
+def pods_read(reading: PodReading, not_older_than: str | None) -> dict[str, Any]:
+    """client.json's `pods_read`: how the Job's pods were read after its end."""
+    return {
+        "source": reading.source,
+        "not_older_than": not_older_than,
+        "resource_version": reading.resource_version,
+        "pages": reading.pages,
+        "continue_expiries": reading.continue_expiries,
+        "read_again": reading.reread,
+    }
+
+
+def salvage(run: RunContext) -> None:
+    """After an interruption: save what can be saved quickly and complete the receipt."""
+    batch = run.batch
+    if batch is not None:
+        batch.follower.stop_watches()
+        try:
+            batch.collect(batch.follower.job_name, retry=False)
+        except (DemoError, OSError):
+            pass  # whatever could be saved is saved
+    if run.touched_cluster and not run.receipt.namespace_uid:
+        try:
+            live = run.kubectl.get("namespace", run.namespace, missing_ok=True)
+        except DemoError:
+            live = None
+        if live and run.receipt.owns_namespace(live):
+            run.receipt.record_namespace(live["metadata"]["uid"])
+    for name in [] if batch is None else batch.follower.jobs.names:
+        if run.receipt.has_job(name):
+            continue
+        try:
+            live = run.kubectl.get("job", name, run.namespace, missing_ok=True)
+        except DemoError:
+            live = None
+        if live:
+            run.receipt.record_job(name, live["metadata"]["uid"])
+    # Saved again even when nothing was added: the interruption may have come while it was written.
+    run.receipt.save()
+
+
+def close(run: RunContext) -> None:
+    """Stop what the run started: watches, the proxy, idle log readers."""
+    if run.batch is not None:
+        run.batch.follower.stop_watches()
+        if run.batch.follower.rewards is not None:
+            run.batch.follower.rewards.close()
+    if run.proxy is not None:
+        run.proxy.close()
+    run.pool.shutdown(wait=False)
+
+
+def load_worker(script: str | None, spelling: Spelling = COMMAND_LINE) -> tuple[str, bool]:
+    """The episode program to ship and whether it is the built-in one."""
+    if script is None:
+        return WORKER_SOURCE, True
+    try:
+        with open(script, encoding="utf-8") as handle:
+            source = handle.read()
+    except (OSError, UnicodeDecodeError) as error:
+        raise DemoError(
+            f"cannot read {spelling.setting('episode_script', script)}: "
+            f"{getattr(error, 'strerror', None) or error}"
+        ) from None
+    check_episode_syntax(script, source, spelling)
+    return source, False
+
+
 def run_command(args: argparse.Namespace) -> int:
     """`run`: submit the batch(es), wait, save every record, verify, report."""
     return perform_run(args)[0]
@@ -10753,307 +11154,7 @@ def release_output(output: str) -> bool:
 
 
 # --------------------------------------------------------------------------
-# The `cleanup` action.
-
-
-def wait_gone(
-    kubectl: Kubectl, kind: str, name: str, namespace: str | None, seconds: float
-) -> dict | None:
-    """Poll until the object is gone; return its last state if it is still there at the deadline."""
-    deadline = time.monotonic() + seconds
-    while True:
-        live = kubectl.get(kind, name, namespace, missing_ok=True, retry_until=deadline)
-        if live is None:
-            return None
-        if time.monotonic() >= deadline:
-            return live
-        time.sleep(POLL_INTERVAL_SECONDS)
-
-
-def cleanup_namespace(
-    kubectl: Kubectl,
-    receipt: Receipt,
-    wait_seconds: float = DELETE_WAIT_SECONDS,
-    report: TextIO | None = None,
-) -> None:
-    """Delete the run's Jobs and namespace, only after proving both are the run's own."""
-    report = report or sys.stdout
-    namespace = receipt.namespace
-    try:
-        live = kubectl.get(
-            "namespace",
-            namespace,
-            missing_ok=True,
-            retry_until=time.monotonic() + FIRST_CONTACT_RETRY_SECONDS,
-        )
-    except KubectlError as error:
-        raise DemoError(
-            f"cannot reach the cluster of context {receipt.context!r} to look up "
-            f"namespace {namespace}: {error}; nothing was deleted"
-        ) from None
-    if live is None:
-        print(
-            "Namespace already absent", file=report, flush=True
-        )  # the guide's words, as it prints them
-        # Which one, beside the results' stream: run twice, cleanup names what it found gone.
-        print(
-            f"({namespace} in context {receipt.context}: nothing to delete)",
-            file=sys.stderr if report is sys.stdout else report,
-            flush=True,
-        )
-        return
-    # Only a UID the run recorded proves the namespace its own: the label alone could be copied.
-    if not receipt.namespace_uid or not receipt.owns_namespace(live):
-        label = (live["metadata"].get("labels") or {}).get(RUN_LABEL)
-        raise DemoError(
-            f"refusing to delete namespace {namespace}: its UID {live['metadata'].get('uid')} / label "
-            f"{RUN_LABEL}={label} do not match the receipt ({receipt.namespace_uid} / {receipt.run_id}); "
-            f"nothing was deleted"
-        )
-    retry_until = time.monotonic() + CALL_TIMEOUT_SECONDS
-    jobs = proven_jobs(kubectl, receipt, retry_until)
-    for name in jobs:
-        kubectl.delete(
-            "job", name, namespace, "--cascade=foreground", "--wait=false", retry_until=retry_until
-        )
-    for name in jobs:
-        if wait_gone(kubectl, "job", name, namespace, wait_seconds) is not None:
-            raise DemoError(
-                f"Job {name} in {namespace} still exists after {wait_seconds:g} s; "
-                f"inspect it with: kubectl --context {receipt.context} get job {name} "
-                f"-n {namespace} -o yaml"
-            )
-    kubectl.delete(
-        "namespace",
-        namespace,
-        None,
-        "--wait=false",
-        retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
-    )
-    stuck = wait_gone(kubectl, "namespace", namespace, None, wait_seconds)
-    if stuck is not None:
-        raise namespace_stuck(namespace, stuck, receipt.context, wait_seconds)
-    print(f"Deleted test namespace: {namespace}", file=report, flush=True)
-
-
-def proven_jobs(kubectl: Kubectl, receipt: Receipt, retry_until: float) -> list[str]:
-    """The run's Jobs that still exist, each proven by the receipt's UID; any other refuses the cleanup."""
-    expected = receipt.job_uids()
-    live_jobs = []
-    for name in sorted(set(expected) | {JOB_NAME}):
-        job = kubectl.get("job", name, receipt.namespace, missing_ok=True, retry_until=retry_until)
-        if job is None:
-            continue
-        if job["metadata"].get("uid") != expected.get(name):
-            raise DemoError(
-                f"refusing to delete Job {name} in {receipt.namespace}: its UID "
-                f"{job['metadata'].get('uid')} is not the receipt's "
-                f"({expected.get(name)}); nothing was deleted"
-            )
-        live_jobs.append(name)
-    return live_jobs
-
-
-def namespace_stuck(
-    namespace: str, stuck: dict, context: str | None, wait_seconds: float
-) -> DemoError:
-    """Why a deleted namespace is still there, and how to look; finalizers are never stripped here."""
-    finalizers = (stuck.get("metadata", {}).get("finalizers") or []) + (
-        (stuck.get("spec") or {}).get("finalizers") or []
-    )
-    reasons = [
-        f"{c.get('type')}: {c.get('message')}"
-        for c in (stuck.get("status") or {}).get("conditions") or []
-        if c.get("status") == "True"
-    ]
-    return DemoError(
-        f"namespace {namespace} is still {(stuck.get('status') or {}).get('phase', 'present')} after "
-        f"{wait_seconds:g} s; inspect its finalizers ({', '.join(finalizers) or 'none listed'})"
-        + (f" and conditions ({'; '.join(reasons)})" if reasons else "")
-        + f" with: kubectl --context {context} get namespace {namespace} -o yaml "
-        f"(finalizers are never stripped by this tool); run cleanup again later"
-    )
-
-
-def require_receipt_context(kubectl: Kubectl, receipt: Receipt) -> None:
-    """The receipt's context must be in the kubeconfig kubectl reads now, else say which one the run used."""
-    try:
-        named = kubectl.run(
-            ["config", "get-contexts", receipt.context, "-o", "name"], request_timeout=None
-        )
-    except KubectlError:
-        named = ""
-    if named.strip():
-        return
-    used = receipt.fields.get("kubeconfig")
-    raise DemoError(
-        f"kube context {receipt.context!r} of {receipt.path} is not in the kubeconfig kubectl reads "
-        f"now ({kubeconfig_path()})"
-        + (
-            f"; the run used {used}: clean up with KUBECONFIG={used}"
-            if used and used != kubeconfig_path()
-            else ""
-        )
-        + "; nothing was deleted"
-    )
-
-
-def cleanup(args: argparse.Namespace) -> int:
-    """Delete what the receipt proves this run created; the output directory is kept.
-    With --stale, reap the tool's finished and expired runs instead, receipts or not."""
-    if args.stale is not None:
-        return cleanup_stale(args)
-    receipt = Receipt.read(args.output)
-    kubectl = Kubectl(find_kubectl(args.kubectl), receipt.context, verbose=args.verbose)
-    # Silence from a binary that is not kubectl would read as "Namespace already absent".
-    require_kubectl(kubectl)
-    require_receipt_context(kubectl, receipt)
-    cleanup_namespace(kubectl, receipt, args.wait)
-    return 0
-
-
-# --------------------------------------------------------------------------
-# `list` and `cleanup --stale`: the tool's runs in a cluster, found without their receipts.
-
-
-def cluster_kubectl(args: argparse.Namespace) -> Kubectl:
-    """kubectl for --context (else the current context), named in every call like `run`'s."""
-    kubectl = Kubectl(find_kubectl(args.kubectl), verbose=args.verbose)
-    kubectl.context = resolve_context(kubectl, args.context)
-    return kubectl
-
-
-def list_everywhere(kubectl: Kubectl, kind: str, selector: str, what: str) -> list[dict]:
-    """Every object of a kind that the label selector lets through, in the whole cluster; a
-    refusal says which permission is missing."""
-    flags = ["-l", selector] + (["--all-namespaces"] if kind != "namespaces" else [])
-    try:
-        listing = kubectl.get_list(
-            kind, None, *flags, retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS
-        )
-    except KubectlError as error:
-        if "(Forbidden)" in error.stderr:
-            raise DemoError(
-                f"the account of context {kubectl.context!r} may not list {what} at the cluster "
-                f"scope, which `list` and `cleanup --stale` need: grant `list` on {what} (see the "
-                f"README's Permissions)"
-            ) from None
-        raise DemoError(f"cannot list the {what} of context {kubectl.context!r}: {error}") from None
-    return (listing or {}).get("items") or []
-
-
-def find_runs(kubectl: Kubectl) -> list[ClusterRun]:
-    """The runs in the context's cluster: namespaces with the run label, and the tool's Jobs."""
-    namespaces = list_everywhere(kubectl, "namespaces", RUN_LABEL, "namespaces")
-    jobs = list_everywhere(kubectl, "jobs", f"app={APP_LABEL}", "jobs (batch)")
-    return cluster_runs(namespaces, jobs)
-
-
-def delete_if_uid(kubectl: Kubectl, namespace: str, uid: str) -> str:
-    """Ask for the namespace's deletion only if it still has `uid` (the API server checks the
-    precondition): "deleted", "recreated" (another namespace has the name now) or "gone"."""
-    options = {
-        "kind": "DeleteOptions",
-        "apiVersion": "v1",
-        "preconditions": {"uid": uid},
-        "propagationPolicy": "Background",
-    }
-    try:
-        # `delete --raw -f -` sends stdin as the DELETE's body, so the precondition travels with it.
-        kubectl.run(
-            ["delete", "--raw", f"/api/v1/namespaces/{namespace}", "-f", "-"],
-            input_text=json.dumps(options),
-            retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
-        )
-    except KubectlError as error:
-        if "(Conflict)" in error.stderr:
-            return "recreated"
-        if error.not_found:
-            return "gone"
-        raise DemoError(f"cannot delete namespace {namespace}: {error}") from None
-    return "deleted"
-
-
-def wait_runs_gone(kubectl: Kubectl, deleted: Sequence[ClusterRun], seconds: float) -> list[dict]:
-    """Wait until no namespace of `deleted` (by UID) is left; those still there at the deadline."""
-    deadline = time.monotonic() + seconds
-    uids = {run.uid for run in deleted}
-    while uids:
-        left = [
-            namespace
-            for namespace in list_everywhere(kubectl, "namespaces", RUN_LABEL, "namespaces")
-            if (namespace.get("metadata") or {}).get("uid") in uids
-        ]
-        if not left or time.monotonic() >= deadline:
-            return left
-        time.sleep(POLL_INTERVAL_SECONDS)
-    return []
-
-
-def cleanup_stale(args: argparse.Namespace) -> int:
-    """Delete the runs of this tool past their --ttl, or older than --stale with every Job ended
-    (a run between batches: its last Job ended longer ago than that); say what was deleted, what
-    was left and why."""
-    kubectl = cluster_kubectl(args)
-    runs, user, now = find_runs(kubectl), current_user(kubectl), time.time()
-    deleted: list[ClusterRun] = []
-    would = 0
-    for found in runs:
-        verdict = stale_verdict(found, now, args.stale, user, args.all_users)
-        if not verdict.delete:
-            print(f"Left {found.namespace}: {verdict.why}", flush=True)
-        elif args.dry_run:
-            would += 1
-            print(f"Would delete {found.namespace}: {verdict.why}", flush=True)
-        else:
-            outcome = delete_if_uid(kubectl, found.namespace, found.uid)
-            if outcome == "deleted":
-                deleted.append(found)
-                print(f"Deleted {found.namespace}: {verdict.why}", flush=True)
-            elif outcome == "recreated":
-                print(
-                    f"Left {found.namespace}: made again under that name since it was listed (its UID is "
-                    f"no longer {found.uid}); not touched",
-                    flush=True,
-                )
-            else:
-                print(f"Left {found.namespace}: already gone", flush=True)
-    done = f"Would delete {would}" if args.dry_run else f"Deleted {len(deleted)}"
-    print(
-        f"{done}, left {len(runs) - would - len(deleted)} of {len(runs)} runs in context {kubectl.context}.",
-        flush=True,
-    )
-    stuck = wait_runs_gone(kubectl, deleted, args.wait)
-    if stuck:
-        raise DemoError(
-            "; ".join(
-                str(
-                    namespace_stuck(
-                        namespace["metadata"]["name"], namespace, kubectl.context, args.wait
-                    )
-                )
-                for namespace in stuck
-            )
-        )
-    return 0
-
-
-def list_runs(args: argparse.Namespace) -> int:
-    """Print the tool's runs in the cluster, one line each (or a JSON list with -o json)."""
-    kubectl = cluster_kubectl(args)
-    runs, now = find_runs(kubectl), time.time()
-    if args.format == "json":
-        print(json.dumps([run_record(run, now) for run in runs], indent=2))
-    elif runs:
-        print(runs_table(runs, now))
-    else:
-        print(f"No runs in context {kubectl.context}.", file=sys.stderr)
-    return 0
-
-
-# --------------------------------------------------------------------------
-# `report` and `compare`: saved files only, no cluster.
-
+# src/rl_batch_demo/report.py: `report` and `compare`: saved files only, no cluster.
 
 def load_saved_batch(directory: str, entry: BatchEntry, settings: Settings) -> BatchOutcome:
     """Recompute one batch's summary from its saved files."""
@@ -11171,13 +11272,6 @@ def recompute(output: str) -> Results:
     return results
 
 
-def warn_clocks(results: dict) -> None:
-    """Clocks that disagree are said on stderr whatever --quiet says: every sub-second phase that
-    mixes them is off by that much."""
-    for warning in results.get("clock_warnings") or []:
-        print(f"WARNING: clocks: {warning}", file=sys.stderr)
-
-
 def report(args: argparse.Namespace) -> int:
     """Recompute and reprint a finished run from its saved files."""
     print_results(recompute(args.output).figures, args.quiet)
@@ -11200,8 +11294,7 @@ def compare(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------
-# Command line: the parser, `main`, and `run_batch` / `stream_batch` for Python callers.
-
+# src/rl_batch_demo/cli.py: Command line: the parser, its checks, and `main`.
 
 def whole_number(text: str, minimum: int, wanted: str) -> int:
     """A command-line whole number no smaller than `minimum`; `wanted` says so in the error."""
@@ -11769,6 +11862,41 @@ DISPATCH: dict[str, Callable[[argparse.Namespace], int]] = {
 }
 
 
+def main(argv: Sequence[str] | None = None, exit_when_done: bool = False) -> int:
+    """The command line; `exit_when_done` (the console's entry points) ends the process the moment
+    its work is done (exit_at_once), not when Python has freed everything, so a caller running it
+    every step waits for nothing after the run."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.exit_when_done = exit_when_done
+    if args.action == "run":
+        try:
+            check_run_arguments(args)
+        except UsageError as error:
+            args.action_parser.error(str(error))
+    elif args.action == "cleanup":
+        check_cleanup_arguments(args.action_parser, args)
+    elif args.action == "report":
+        check_run_directory(args.action_parser, args)
+    try:
+        with signals_interrupt():
+            return DISPATCH[args.action](args)
+    except DemoError as error:
+        print(f"Error: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("Interrupted.", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def cli() -> None:
+    """Console-script entry point."""
+    exit_at_once(main(exit_when_done=True))
+
+
+# --------------------------------------------------------------------------
+# src/rl_batch_demo/api.py: The Python API: `run_batch` and `stream_batch`, over the same settings as the command line.
+
 class RaisingParser(argparse.ArgumentParser):
     """The parser of run_batch()'s `options`: a bad option is a UsageError, no usage block printed."""
 
@@ -11832,6 +11960,7 @@ class RunKeyword(NamedTuple):
 # Where run_batch() and the command line differ: a trainer calling in every step wants no
 # progress and no namespace left behind (the files stay); the command line keeps the guide's.
 PYTHON_DEFAULTS = {"cleanup": True, "quiet": True}
+
 # Not keywords: `output` is run_batch()'s own parameter and `tasks` its first argument.
 NOT_KEYWORDS = {"help", "output", "tasks"}
 
@@ -12036,10 +12165,6 @@ def batch_results(output: str | os.PathLike) -> dict:
     return results
 
 
-class StreamClosed(Exception):
-    """stream_batch()'s reader stopped before the batch ended."""
-
-
 @takes_run_keywords
 def stream_batch(
     tasks: Sequence[dict] | str | os.PathLike | None = None,
@@ -12104,37 +12229,5 @@ def streamed_lines(args: argparse.Namespace, listing: dict | None) -> Generator[
             worker.join()
 
 
-def main(argv: Sequence[str] | None = None, exit_when_done: bool = False) -> int:
-    """The command line; `exit_when_done` (the console's entry points) ends the process the moment
-    its work is done (exit_at_once), not when Python has freed everything, so a caller running it
-    every step waits for nothing after the run."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    args.exit_when_done = exit_when_done
-    if args.action == "run":
-        try:
-            check_run_arguments(args)
-        except UsageError as error:
-            args.action_parser.error(str(error))
-    elif args.action == "cleanup":
-        check_cleanup_arguments(args.action_parser, args)
-    elif args.action == "report":
-        check_run_directory(args.action_parser, args)
-    try:
-        with signals_interrupt():
-            return DISPATCH[args.action](args)
-    except DemoError as error:
-        print(f"Error: {error}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("Interrupted.", file=sys.stderr)
-        return EXIT_INTERRUPTED
-
-
-def cli() -> None:
-    """Console-script entry point."""
-    exit_at_once(main(exit_when_done=True))
-
-
 if __name__ == "__main__":
-    exit_at_once(main(exit_when_done=True))
+    cli()

@@ -18,9 +18,12 @@ import pytest
 
 TESTS_DIR = Path(__file__).resolve().parent
 REPO_ROOT = TESTS_DIR.parent
-for _path in (str(TESTS_DIR), str(REPO_ROOT)):
-    if _path not in sys.path:
-        sys.path.insert(0, _path)
+# The package (src/) before the repository root, where the generated single file of the same name
+# lives: the tests import the package's modules, and run the generated file as a program.
+for _path in (str(REPO_ROOT), str(TESTS_DIR), str(REPO_ROOT / "src")):
+    if _path in sys.path:
+        sys.path.remove(_path)
+    sys.path.insert(0, _path)
 
 import prereqs  # noqa: E402  (needs the path above)
 

@@ -11,7 +11,8 @@ plugins: tests/build_node.py) -- makes one virtualenv per Python under tests/.ca
 with the test extras from pyproject.toml, then runs the linter (ruff) on the
 product and the tests and the type checker (mypy) on the product, once, from
 the newest Python's venv -- a finding fails the run before any test starts --
-and then pytest once per Python.
+and then pytest once per Python. Before the linters, tools/bundle.py --check holds the committed
+rl_batch_demo.py to what the package src/rl_batch_demo/ makes.
 Arguments it does not know (or everything after `--`) go to pytest and
 replace the default `tests` path.
 
@@ -65,9 +66,13 @@ REAL_NODE_ARGS = ["-n", "0", "-m", REAL_NODE_MARKER, "tests"]
 PIP_ENV = {"PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"}
 # What runs before pytest, once, in the newest Python's venv: the code is judged, not the Python
 # it runs on. Their settings (rules, line length, strictness, mypy's files) are in pyproject.toml.
+# The shipped file is generated from the package: it is made again first, and a committed file
+# that differs from what the package makes fails the run (tools/bundle.py --check).
+LINTED = ["src", "tools", "tests"]
 CHECKS = [
-    ("ruff check", ["-m", "ruff", "check", "rl_batch_demo.py", "tests"]),
-    ("ruff format", ["-m", "ruff", "format", "--check", "rl_batch_demo.py", "tests"]),
+    ("bundle", ["tools/bundle.py", "--check"]),
+    ("ruff check", ["-m", "ruff", "check", *LINTED]),
+    ("ruff format", ["-m", "ruff", "format", "--check", *LINTED]),
     ("mypy", ["-m", "mypy"]),
 ]
 

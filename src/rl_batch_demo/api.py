@@ -1,0 +1,349 @@
+"""The Python API: `run_batch` and `stream_batch`, over the same settings as the command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import threading
+from typing import Any, Callable, Generator, NamedTuple, Sequence
+
+from .constants import EXIT_PARTIAL, RESULTS_FILE, REWARDS_FILE
+from .model import KeywordTypeError, PYTHON_CALL, Task, UsageError
+from .files import read_json, read_text
+from .manifests import parse_tasks
+from .run import dry_run_listing, perform_run
+from .cli import build_parser, check_run_arguments, non_negative_int, positive_int
+
+
+class RaisingParser(argparse.ArgumentParser):
+    """The parser of run_batch()'s `options`: a bad option is a UsageError, no usage block printed."""
+
+    def error(self, message: str) -> Any:
+        raise UsageError(f"options: {message}")
+
+
+class RunKeyword(NamedTuple):
+    """One `run` flag as a run_batch() keyword: its name, flag, type, default and help."""
+
+    name: str
+    flag: str
+    kind: type
+    path: bool  # a file or a program: an os.PathLike is taken too
+    default: Any
+    check: Callable[[str], Any] | None  # the flag's own argparse check, for the value's bounds
+    help: str
+
+    @property
+    def annotation(self) -> str:
+        spelled = (
+            "str | os.PathLike"
+            if self.path
+            else "list[str]"
+            if self.kind is list
+            else self.kind.__name__
+        )
+        return spelled if self.default is not None else spelled + " | None"
+
+    def value(self, given: Any) -> Any:
+        """The keyword's value checked in Python's terms, as the parsed flag would hold it."""
+        if given is None and self.default is None:
+            return None
+        if self.kind is list:  # a repeatable flag: a list of its values (`image_map=["a=b"]`)
+            if (
+                isinstance(given, str)
+                or not isinstance(given, (list, tuple))
+                or not all(isinstance(item, str) for item in given)
+            ):
+                raise KeywordTypeError(
+                    f"{self.name}= must be a list of str, got {type(given).__name__} {given!r}"
+                )
+            return list(given)
+        wanted = (str, os.PathLike) if self.path else self.kind
+        if not isinstance(given, wanted) or (self.kind is int and isinstance(given, bool)):
+            raise KeywordTypeError(
+                f"{self.name}= must be {self.annotation}, got {type(given).__name__} {given!r}"
+            )
+        if self.path:
+            return os.fspath(given)  # type: ignore[call-overload]  # a str or os.PathLike: checked above
+        if self.check is not None and self.kind in (int, str):
+            try:
+                checked = self.check(str(given))
+            except argparse.ArgumentTypeError as error:
+                raise UsageError(f"{self.name}={given!r}: {error}") from None
+            # A text the flag reads into something else (`ttl="2h"`: seconds) is held as the flag holds it.
+            return checked if self.kind is str else given
+        return given
+
+
+# Where run_batch() and the command line differ: a trainer calling in every step wants no
+# progress and no namespace left behind (the files stay); the command line keeps the guide's.
+PYTHON_DEFAULTS = {"cleanup": True, "quiet": True}
+
+# Not keywords: `output` is run_batch()'s own parameter and `tasks` its first argument.
+NOT_KEYWORDS = {"help", "output", "tasks"}
+
+
+def run_keywords() -> dict[str, RunKeyword]:
+    """Every `run` flag as a keyword, read from the parser: a flag added to `run` is a keyword at once."""
+    actions = next(
+        action
+        for action in build_parser()._actions
+        if isinstance(action, argparse._SubParsersAction)
+    )
+    keywords = {}
+    for action in actions.choices["run"]._actions:
+        if action.dest in NOT_KEYWORDS or not action.option_strings:
+            continue
+        kind = (
+            list
+            if isinstance(action, argparse._AppendAction)
+            else bool
+            if action.nargs == 0
+            else int
+            if action.type in (int, positive_int, non_negative_int)
+            else str
+        )
+        keywords[action.dest] = RunKeyword(
+            action.dest,
+            action.option_strings[-1],
+            kind,
+            action.metavar in ("FILE", "PATH"),
+            PYTHON_DEFAULTS.get(action.dest, action.default),
+            action.type if callable(action.type) else None,
+            " ".join((action.help or "").split()),
+        )
+    return keywords
+
+
+def takes_run_keywords(function: Callable[..., Any]) -> Callable[..., Any]:
+    """Show `run`'s flags as a batch function's typed keywords, in its signature and its
+    docstring (for help() and editors); batch_arguments() checks them."""
+    import inspect  # only to describe the signature
+    import textwrap
+
+    signature = inspect.signature(function)
+    own = [
+        parameter
+        for parameter in signature.parameters.values()
+        if parameter.kind != parameter.VAR_KEYWORD
+    ]
+    added = [
+        inspect.Parameter(
+            keyword.name,
+            inspect.Parameter.KEYWORD_ONLY,
+            default=keyword.default,
+            annotation=keyword.annotation,
+        )
+        for keyword in RUN_KEYWORDS.values()
+    ]
+    function.__signature__ = signature.replace(parameters=own + added)  # type: ignore[attr-defined]
+    lines = ["", "Keywords (each is the `run` flag of its name):"]
+    for keyword in RUN_KEYWORDS.values():
+        lines.append(
+            f"    {keyword.name}: {keyword.annotation} = {keyword.default!r}  ({keyword.flag})"
+        )
+        lines += textwrap.wrap(keyword.help, 80, initial_indent=" " * 8, subsequent_indent=" " * 8)
+    function.__doc__ = (function.__doc__ or "").rstrip() + "\n" + "\n".join(lines) + "\n"
+    return function
+
+
+def python_tasks(tasks: Sequence[dict]) -> list[Task]:
+    """A Python caller's tasks, each refused in Python's terms (tasks[i], not a file's line)."""
+    if isinstance(tasks, (dict, bytes)) or not isinstance(tasks, Sequence):
+        raise KeywordTypeError(
+            f"tasks must be a list of dicts or a JSONL file's path, got {type(tasks).__name__}"
+        )
+    texts = []
+    for position, task in enumerate(tasks):
+        if not isinstance(task, dict):
+            raise KeywordTypeError(
+                f"tasks[{position}] must be a dict, got {type(task).__name__} {task!r}"
+            )
+        try:
+            texts.append(json.dumps(task))
+        except (TypeError, ValueError) as error:
+            raise UsageError(f"tasks[{position}] is not JSON: {error}") from None
+    if not texts:
+        raise UsageError("tasks is empty: give at least one task, or None and count=")
+    try:
+        return parse_tasks(texts, place=lambda number: f"tasks[{number - 1}]")
+    except ValueError as error:
+        raise UsageError(f"tasks: {error}") from None
+
+
+def batch_arguments(
+    caller: str,
+    tasks: Sequence[dict] | str | os.PathLike | None,
+    output: str | os.PathLike,
+    options: Sequence[str],
+    keywords: dict[str, Any],
+) -> argparse.Namespace:
+    """A Python call's `run` arguments, checked in Python's terms before anything is created."""
+    unknown = sorted(set(keywords) - set(RUN_KEYWORDS))
+    if unknown:
+        raise KeywordTypeError(f"{caller}() got an unexpected keyword argument {unknown[0]!r}")
+    if isinstance(options, str) or not all(isinstance(option, str) for option in options):
+        raise KeywordTypeError(f"options must be a list of strings, got {options!r}")
+    flags = {option.split("=", 1)[0] for option in options if option.startswith("--")}
+    for name in sorted(keywords):
+        if RUN_KEYWORDS[name].flag in flags:
+            raise UsageError(
+                f"{name}= and options' {RUN_KEYWORDS[name].flag} both set {name}: give it once"
+            )
+    for own, flag in (("output", "--output"), ("tasks", "--tasks")):
+        if flag in flags:
+            raise UsageError(f"options' {flag}: give {own} as {caller}()'s own argument")
+    if not isinstance(output, (str, os.PathLike)):
+        raise KeywordTypeError(
+            f"output= must be str | os.PathLike, got {type(output).__name__} {output!r}"
+        )
+    args = build_parser(RaisingParser).parse_args(["run", "--output", os.fspath(output), *options])
+    for name, keyword in RUN_KEYWORDS.items():
+        if name in keywords:
+            setattr(args, name, keyword.value(keywords[name]))
+        elif name in PYTHON_DEFAULTS and keyword.flag not in flags:
+            setattr(args, name, keyword.default)
+    if isinstance(tasks, (str, os.PathLike)):
+        args.tasks = os.fspath(tasks)
+    elif tasks is not None:
+        args.task_list, args.tasks = python_tasks(tasks), f"({caller})"
+    check_run_arguments(args, PYTHON_CALL)
+    args.print_results, args.spelling = False, PYTHON_CALL
+    return args
+
+
+RUN_KEYWORDS = run_keywords()
+
+
+@takes_run_keywords
+def run_batch(
+    tasks: Sequence[dict] | str | os.PathLike | None = None,
+    *,
+    output: str | os.PathLike,
+    options: Sequence[str] = (),
+    on_reward: Callable[[dict], Any] | None = None,
+    **keywords: Any,
+) -> dict:
+    """Run one batch in-process and return its results, with `rewards` (one row per episode).
+
+    `tasks` are JSON objects (their `id` field, else their position from 1, is the
+    task id), or the path of a JSONL file as `run --tasks` takes; without them,
+    `count=` says how many episodes. Every `run` flag is a keyword of its name (listed
+    below); `options` takes `run` flags as strings for the rest. Unlike the command
+    line, run_batch() prints nothing (`quiet=False` shows the progress) and deletes the
+    namespace once every file is saved, the files staying (`cleanup=False` keeps it).
+
+    A bad argument raises UsageError (a DemoError and a ValueError; KeywordTypeError, also
+    a TypeError, for a wrong type) before anything is created. An accepted partial
+    batch returns with results["accepted_partial"] True; any other failure raises
+    DemoError, the evidence kept in `output`; an interrupted run (Ctrl-C, SIGTERM)
+    saves what it can and raises KeyboardInterrupt, the namespace kept for `cleanup`.
+    `dry_run=True` returns the objects a run would create, as a v1 List.
+
+    `on_reward(line)` is called with each rewards.jsonl line (a dict) the moment it is
+    written, while the batch runs, from the caller's own thread: the one that called
+    run_batch(), which follows the batch (its watches, logs and lines) and calls on_reward
+    between those steps. A slow callback therefore holds up the following of the batch: the
+    later lines and the end of the run wait until it returns (hand slow work to a thread or
+    queue of your own, or use stream_batch(), whose batch runs in a thread of the tool's).
+    Should it raise, the run stops as on Ctrl-C (evidence saved, the namespace named on
+    stderr and kept for `cleanup`) and its exception is raised from run_batch as it was.
+    """
+    if on_reward is not None and not callable(on_reward):
+        raise KeywordTypeError(
+            f"on_reward= must be callable, got {type(on_reward).__name__} {on_reward!r}"
+        )
+    args = batch_arguments("run_batch", tasks, output, options, keywords)
+    if args.dry_run:
+        return dry_run_listing(args)
+    args.on_reward = on_reward
+    return batch_run(args)
+
+
+def batch_run(args: argparse.Namespace) -> dict:
+    """run_batch()'s run of its checked arguments: the results with `rewards`."""
+    status, results = perform_run(args)
+    if status not in (0, EXIT_PARTIAL) or results is None:
+        # The run saved what it could and said how to clean up; the caller decides what an interrupt means.
+        raise KeyboardInterrupt
+    saved = dict(results.figures)
+    rewards_path = os.path.join(args.output, REWARDS_FILE)
+    saved["rewards"] = [
+        json.loads(line) for line in read_text(rewards_path).splitlines() if line.strip()
+    ]
+    return saved
+
+
+def batch_results(output: str | os.PathLike) -> dict:
+    """What run_batch() returns, read back from a finished run's directory: results.json with
+    `rewards`, the rows of rewards.jsonl (for a plain `for` loop over stream_batch())."""
+    results = read_json(os.path.join(os.fspath(output), RESULTS_FILE), RESULTS_FILE)
+    rewards = read_text(os.path.join(os.fspath(output), REWARDS_FILE))
+    results["rewards"] = [json.loads(line) for line in rewards.splitlines() if line.strip()]
+    return results
+
+
+@takes_run_keywords
+def stream_batch(
+    tasks: Sequence[dict] | str | os.PathLike | None = None,
+    *,
+    output: str | os.PathLike,
+    options: Sequence[str] = (),
+    **keywords: Any,
+) -> Generator[dict, None, dict]:
+    """Run one batch as run_batch() does, with every argument of run_batch() but on_reward (the
+    lines are what it yields), yielding each rewards.jsonl line (a dict) the moment it is
+    written; the generator's return value (StopIteration.value, what
+    `results = yield from stream_batch(...)` gives) is what run_batch() returns.
+
+    A bad argument raises UsageError (KeywordTypeError) here, at the call, before the generator
+    exists; everything else comes from next(). A plain `for` loop gets the results afterwards
+    with batch_results(output). The batch runs in a thread of the tool's, which puts each line
+    in an unbounded queue: a slow reader holds up nothing but its own reading. The run's errors
+    (DemoError, KeyboardInterrupt, and the checks made once the run starts, such as an output
+    directory already used) are raised here, where the lines are read. Leaving the loop early
+    (break, an exception, close()) stops the run as on Ctrl-C and waits until it has saved its
+    evidence (the namespace is kept for `cleanup` and named on stderr).
+    """
+    if "on_reward" in keywords:
+        raise KeywordTypeError(
+            "stream_batch() yields each line itself and takes no on_reward=: iterate over it, "
+            "or call run_batch(..., on_reward=...)"
+        )
+    args = batch_arguments("stream_batch", tasks, output, options, keywords)
+    listing = dry_run_listing(args) if args.dry_run else None
+    return streamed_lines(args, listing)
+
+
+def streamed_lines(args: argparse.Namespace, listing: dict | None) -> Generator[dict, None, dict]:
+    """stream_batch()'s generator over its checked arguments: the batch in a thread of its own,
+    each line yielded as it lands; with --dry-run, the listing returned at once."""
+    if listing is not None:
+        return listing
+    lines: queue.Queue[tuple[str, Any]] = queue.Queue()
+    args.on_reward = lambda line: lines.put(("line", line))
+    args.stop = threading.Event()
+
+    def run_in_thread() -> None:
+        try:
+            lines.put(("results", batch_run(args)))
+        except BaseException as error:  # raised again in the reader's thread
+            lines.put(("error", error))
+
+    worker = threading.Thread(target=run_in_thread, name="rl-batch-demo stream_batch", daemon=True)
+    worker.start()
+    try:
+        while True:
+            kind, value = lines.get()
+            if kind == "line":
+                yield value
+            elif kind == "error":
+                raise value
+            else:
+                return value
+    finally:
+        if worker.is_alive():
+            args.stop.set()
+            worker.join()

@@ -1,0 +1,628 @@
+"""Command line: the parser, its checks, and `main`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, Callable, Sequence
+
+from .constants import (
+    CLIENT_GRACE_SECONDS,
+    DEADLINE_GROWS_ABOVE_EPISODES,
+    DEFAULT_COUNT,
+    DEFAULT_IMAGE,
+    DEFAULT_JOB_DEADLINE_SECONDS,
+    DEFAULT_MAX_EPISODES,
+    DEFAULT_RUNTIME,
+    DELETE_WAIT_SECONDS,
+    EXIT_INTERRUPTED,
+    EXIT_PARTIAL,
+    LIST_PAGE_SIZE,
+    TASK_FILE_ENV,
+    __version__,
+)
+from .model import COMMAND_LINE, DemoError, Spelling, UsageError
+from .files import program_name
+from .parse import parse_duration
+from .manifests import image_groups, parallelism_shares, parse_image_map, parse_tasks, rewrite_image
+from .lifecycle import cleanup, list_runs
+from .run import exit_at_once, run_command, signals_interrupt
+from .report import compare, report
+
+
+def whole_number(text: str, minimum: int, wanted: str) -> int:
+    """A command-line whole number no smaller than `minimum`; `wanted` says so in the error."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"must be {wanted}, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    return whole_number(text, 0, "0 or more")
+
+
+def positive_int(text: str) -> int:
+    return whole_number(text, 1, "at least 1")
+
+
+def duration_seconds(text: str) -> int:
+    """A command-line duration (`30m`, `2h`, `1h30m`) in seconds."""
+    try:
+        return parse_duration(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Name each default in the help, except where there is none to name; keep examples as written."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default in (None, False) or action.default is argparse.SUPPRESS:
+            return action.help or ""
+        return super()._get_help_string(action) or ""
+
+
+def add_action(actions: Any, name: str, purpose: str, example: str) -> argparse.ArgumentParser:
+    """One subcommand whose help opens with its purpose and ends with an example."""
+    return actions.add_parser(
+        name,
+        help=purpose,
+        description=purpose[0].upper() + purpose[1:] + ".",
+        epilog=f"example:\n  {program_name()} {name} {example}",
+        formatter_class=HelpFormatter,
+    )
+
+
+def add_run_directory(parser: argparse.ArgumentParser) -> None:
+    """The run's output directory, named as DIR or as --output DIR: one way works everywhere."""
+    parser.add_argument("directory", nargs="?", metavar="DIR", help="the run's output directory")
+    parser.add_argument("--output", metavar="DIR", help="the same, as `run` names it")
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """`run`'s arguments: the batch, the cluster, what each episode runs, and how the run behaves."""
+    parser.add_argument(
+        "--output",
+        required=True,
+        metavar="DIR",
+        help="new directory for every record of the run (must not exist)",
+    )
+    parser.add_argument(
+        "--count",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"episodes (Job completions) (default: {DEFAULT_COUNT}; with --tasks, "
+        f"the tasks times --group-size)",
+    )
+    parser.add_argument(
+        "--parallelism",
+        type=int,
+        default=None,
+        metavar="P",
+        help="episodes at once (default: the count)",
+    )
+    parser.add_argument(
+        "--image",
+        default=DEFAULT_IMAGE,
+        help="container image with python (a task's `image` field names its own)",
+    )
+    parser.add_argument(
+        "--image-map",
+        action="append",
+        default=None,
+        metavar="FROM=TO",
+        help="rewrite every image reference (--image and the tasks') that starts with FROM to "
+        "start with TO instead, e.g. docker.io/swebench=registry.internal/swebench (a "
+        "mirror); repeatable, the longest FROM wins",
+    )
+    parser.add_argument(
+        "--runtime",
+        default=DEFAULT_RUNTIME,
+        metavar="RUNTIMECLASS",
+        help="RuntimeClass that sandboxes each episode",
+    )
+    parser.add_argument(
+        "--context",
+        default=None,
+        metavar="NAME",
+        help="kube context (default: the current context)",
+    )
+    parser.add_argument("--kubectl", default="kubectl", metavar="PATH", help="kubectl binary")
+    parser.add_argument(
+        "--timeout",
+        type=positive_int,
+        default=None,
+        metavar="SECONDS",
+        help=f"the Job's activeDeadlineSeconds; the client gives up "
+        f"{CLIENT_GRACE_SECONDS} s later (default: {DEFAULT_JOB_DEADLINE_SECONDS}, "
+        f"grown with the batch above {DEADLINE_GROWS_ABOVE_EPISODES} episodes)",
+    )
+    parser.add_argument(
+        "--max-episodes",
+        type=positive_int,
+        default=DEFAULT_MAX_EPISODES,
+        metavar="N",
+        help="safety cap on --count; raise it explicitly for large batches",
+    )
+    parser.add_argument(
+        "--chunk-size",
+        type=positive_int,
+        default=LIST_PAGE_SIZE,
+        metavar="N",
+        help="read lists (pods, events) in pages of N items, as kubectl --chunk-size",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=positive_int,
+        default=1,
+        metavar="R",
+        help="measured batches, one after another in the same namespace",
+    )
+    parser.add_argument(
+        "--warmup",
+        action="store_true",
+        help="first run one unmeasured batch of the same shape (cache_state 'warmed')",
+    )
+    add_episode_arguments(parser)
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the objects that would be created as a v1 List; touch nothing",
+    )
+    parser.add_argument(
+        "--harden",
+        action="store_true",
+        help="deny all network traffic, read-only root filesystem, workspace size "
+        "limit, Pod Security 'restricted'",
+    )
+    parser.add_argument(
+        "--cleanup",
+        action="store_true",
+        help="after every file is saved, clean up as `cleanup` would",
+    )
+    parser.add_argument(
+        "--ttl",
+        type=duration_seconds,
+        default=None,
+        metavar="DURATION",
+        help="the run may be deleted this long after it starts (e.g. 30m, 2h), ended or not, "
+        "by `cleanup --stale`; recorded on its namespace",
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="echo every kubectl command line (and request through its proxy) on stderr",
+    )
+
+
+def add_episode_arguments(parser: argparse.ArgumentParser) -> None:
+    """What each episode of `run` runs: its program, its task, and which of its failures the batch accepts."""
+    parser.add_argument(
+        "--episode-script",
+        default=None,
+        metavar="FILE",
+        help="ship this episode program instead of the built-in one",
+    )
+    parser.add_argument(
+        "--tasks",
+        default=None,
+        metavar="FILE",
+        help=f"JSONL file, one task (JSON object) per line; each episode finds its own in "
+        f"the file named by ${TASK_FILE_ENV}; the task id is its `id` field, else its "
+        f"line number, its `image` field its container image (one Job per image; default "
+        f"--image). rewards.jsonl lists every episode's outcome",
+    )
+    parser.add_argument(
+        "--group-size",
+        type=positive_int,
+        default=1,
+        metavar="G",
+        help="episodes per task (GRPO-style groups); needs --tasks",
+    )
+    parser.add_argument(
+        "--retries",
+        type=non_negative_int,
+        default=None,
+        metavar="N",
+        help="retry each episode up to N times after an infrastructure failure (eviction, "
+        "node loss, a killed container); an episode's own failure is never retried. "
+        "Needs Kubernetes >= 1.33",
+    )
+    parser.add_argument(
+        "--allow-failures",
+        type=non_negative_int,
+        default=None,
+        metavar="K",
+        help=f"accept up to K failed episodes: results.json and rewards.jsonl list them "
+        f"with their class, and the run exits {EXIT_PARTIAL}. Needs Kubernetes >= 1.33",
+    )
+    parser.add_argument(
+        "--need",
+        type=positive_int,
+        default=None,
+        metavar="K",
+        help="over-provision: end the batch as soon as K of its --count episodes have "
+        "succeeded (the Job's successPolicy); Kubernetes stops the rest, recorded as "
+        "failure_class 'cancelled', and up to count - K failures are absorbed (more fail the "
+        "run, exit 1). 1 <= K < count; not with --group-size, --allow-failures, --rounds or "
+        "--warmup, nor with tasks of several images (each image's Job counts only its own "
+        "successes). Needs Kubernetes >= 1.33",
+    )
+    parser.add_argument(
+        "--episode-timeout",
+        type=positive_int,
+        default=None,
+        metavar="S",
+        help="stop each episode S seconds after its pod started (the pod's "
+        "activeDeadlineSeconds: counted from the pod's start on its node, image pull "
+        "and sandbox start included); an episode past it is an 'episode' failure and "
+        "is never retried (so not with --retries)",
+    )
+    parser.add_argument(
+        "--prepull",
+        action="store_true",
+        help="before the measured batch, make every image of the run present on every node "
+        "the batch can use (one short pod per node and image, in the run's namespace), "
+        "measured apart as results.json's `prepull`; needs list nodes",
+    )
+    parser.add_argument(
+        "--pull-timeout",
+        type=positive_int,
+        default=None,
+        metavar="S",
+        help="fail an episode whose pod has not pulled its image within S seconds of its "
+        "start (the pod's activeDeadlineSeconds, with --episode-timeout added), as an "
+        "infrastructure failure the Job retries under --retries; the deadline bounds the "
+        "whole pod, so without --episode-timeout an episode still running at S is stopped "
+        "too (and retried under --retries): give S room for the longest episode as well; "
+        "without it an image that never pulls holds its episode until the Job's --timeout",
+    )
+
+
+def add_cleanup_arguments(parser: argparse.ArgumentParser) -> None:
+    """`cleanup`'s arguments: the run's directory, and the kubectl that deletes."""
+    add_run_directory(parser)
+    parser.add_argument("--kubectl", default="kubectl", metavar="PATH", help="kubectl binary")
+    parser.add_argument(
+        "--wait",
+        type=positive_int,
+        default=DELETE_WAIT_SECONDS,
+        metavar="SECONDS",
+        help="how long to wait for the Jobs, then the namespace, to disappear",
+    )
+    parser.add_argument(
+        "--stale",
+        type=duration_seconds,
+        default=None,
+        metavar="AGE",
+        help="instead of one run's receipt: delete every run of this tool in the cluster older "
+        "than AGE (e.g. 2h) whose Jobs have all ended (a run between two batches: once its last "
+        "Job ended longer than AGE ago), and every run past its --ttl",
+    )
+    parser.add_argument(
+        "--all-users", action="store_true", help="with --stale: every user's runs, not only yours"
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="with --stale: say what would be deleted; delete nothing",
+    )
+    parser.add_argument(
+        "--context",
+        default=None,
+        metavar="NAME",
+        help="with --stale: kube context (default: the current context)",
+    )
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="echo every kubectl command line (and request through its proxy) on stderr",
+    )
+
+
+def add_list_arguments(parser: argparse.ArgumentParser) -> None:
+    """`list`'s arguments: the cluster, and how to print."""
+    parser.add_argument(
+        "-o",
+        dest="format",
+        choices=("table", "json"),
+        default="table",
+        help="one line per run, or a JSON list for scripts",
+    )
+    parser.add_argument(
+        "--context",
+        default=None,
+        metavar="NAME",
+        help="kube context (default: the current context)",
+    )
+    parser.add_argument("--kubectl", default="kubectl", metavar="PATH", help="kubectl binary")
+    parser.add_argument(
+        "--verbose", action="store_true", help="echo every kubectl command line on stderr"
+    )
+
+
+def add_report_arguments(parser: argparse.ArgumentParser) -> None:
+    """`report`'s arguments: the run's directory."""
+    add_run_directory(parser)
+    parser.add_argument("--quiet", action="store_true", help="no phase table on stderr")
+
+
+def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
+    """`compare`'s arguments: the two runs."""
+    parser.add_argument("first", metavar="DIR_A", help="the first run's output directory (A)")
+    parser.add_argument(
+        "second", metavar="DIR_B", help="the second run's output directory (B; ratios are B/A)"
+    )
+
+
+def build_parser(
+    parser_class: type[argparse.ArgumentParser] = argparse.ArgumentParser,
+) -> argparse.ArgumentParser:
+    """The command line: one subcommand per action, each with its own arguments, its purpose and an
+    example (`parser_class` is every action's parser class too)."""
+    parser = parser_class(
+        prog=program_name() if program_name() != "python3 rl_batch_demo.py" else "rl_batch_demo.py",
+        description="Measure how fast a Kubernetes cluster with a sandbox runtime runs a batch of "
+        "RL rollout episodes.",
+        epilog="`ACTION --help` describes each action, with an example.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    add_run_arguments(
+        add_action(
+            actions,
+            "run",
+            "submit a batch of episodes, wait, verify and report",
+            "--output runs/first --count 10",
+        )
+    )
+    add_cleanup_arguments(
+        add_action(
+            actions,
+            "cleanup",
+            "delete what the run's receipt proves it created; with --stale AGE, the runs of "
+            "this tool that ended longer than AGE ago, proven its own from the cluster alone",
+            "--output runs/first",
+        )
+    )
+    add_list_arguments(
+        add_action(
+            actions,
+            "list",
+            "list the runs of this tool (and of the guide's script) in the context's cluster",
+            "-o json",
+        )
+    )
+    add_report_arguments(
+        add_action(
+            actions, "report", "recompute and reprint a finished run from its files", "runs/first"
+        )
+    )
+    add_compare_arguments(
+        add_action(
+            actions,
+            "compare",
+            "print the key figures of two runs side by side, with ratios",
+            "runs/parallel runs/serial",
+        )
+    )
+    for action_parser in actions.choices.values():
+        action_parser.set_defaults(action_parser=action_parser)
+    return parser
+
+
+def check_run_arguments(args: argparse.Namespace, spelling: Spelling = COMMAND_LINE) -> None:
+    """1 <= parallelism <= count <= cap, else UsageError naming the settings as the caller spelled them."""
+    say = spelling.setting
+    check_rollout_arguments(args, spelling)
+    if args.count is None:
+        args.count = DEFAULT_COUNT
+    if args.parallelism is None:
+        args.parallelism = args.count
+    if args.count < 1:
+        raise UsageError(f"{spelling.name('count')} must be at least 1, got {args.count}")
+    if args.count > args.max_episodes:
+        tasks = getattr(args, "task_list", None)
+        episodes = (
+            f"{say('group_size', args.group_size)} with {len(tasks)} tasks is {args.count} episodes, "
+            f"over {spelling.cap(args.max_episodes)}"
+            if tasks
+            else f"{say('count', args.count)} is over {spelling.cap(args.max_episodes)}"
+        )
+        raise UsageError(f"{episodes} (raise it with {say('max_episodes', args.count)})")
+    if not 1 <= args.parallelism <= args.count:
+        raise UsageError(
+            f"{spelling.name('parallelism')} must be between 1 and the count ({args.count}), "
+            f"got {args.parallelism}"
+        )
+    if getattr(args, "task_list", None) and args.episode_script is None:
+        # The built-in episode never reads a task: its reward of 1 would pass for the task's.
+        raise UsageError(
+            f"{spelling.name('tasks')} needs {spelling.name('episode_script')}: the built-in "
+            f"episode ignores tasks, so its rewards would not come from them; ship an episode "
+            f"that reads its task from ${TASK_FILE_ENV}"
+        )
+    check_image_arguments(args, spelling)
+
+
+def check_image_arguments(args: argparse.Namespace, spelling: Spelling = COMMAND_LINE) -> None:
+    """--image-map well formed; with tasks of several images, a share of --parallelism for each
+    image's Job, and no --need (a Job's successPolicy counts its own episodes, not its batch's)."""
+    name = spelling.name
+    try:
+        image_map = parse_image_map(getattr(args, "image_map", None) or ())
+    except ValueError as error:
+        raise UsageError(f"{name('image_map')}: {error}") from None
+    tasks = getattr(args, "task_list", None) or []
+    groups = image_groups(
+        tasks, args.count, args.group_size, rewrite_image(args.image, image_map), image_map
+    )
+    if len(groups) == 1:
+        return
+    if getattr(args, "need", None) is not None:
+        raise UsageError(
+            f"{name('need')} cannot hold with tasks of {len(groups)} images: each image runs its "
+            f"own Job, and a Job's successPolicy counts only its own episodes"
+        )
+    try:
+        parallelism_shares(args.parallelism, [len(group.indexes) for group in groups])
+    except ValueError as error:
+        raise UsageError(
+            f"{spelling.setting('parallelism', args.parallelism)} is too few: the tasks name "
+            f"{error} (one Job per image)"
+        ) from None
+
+
+def check_rollout_arguments(args: argparse.Namespace, spelling: Spelling = COMMAND_LINE) -> None:
+    """--tasks sets the count (tasks x --group-size); the rollout options stand alone, one batch."""
+    name, say = spelling.name, spelling.setting
+    if args.tasks is not None and getattr(args, "task_list", None) is None:
+        where = say("tasks", args.tasks) if spelling.python else f"--tasks {args.tasks}"
+        try:
+            with open(args.tasks, encoding="utf-8") as handle:
+                args.task_list = parse_tasks(handle)
+        except OSError as error:
+            raise UsageError(f"{where}: {error.strerror or error}") from None
+        except (ValueError, UnicodeDecodeError) as error:
+            raise UsageError(f"{where}: {error}") from None
+    tasks = getattr(args, "task_list", None)
+    if tasks:
+        count = len(tasks) * args.group_size
+        if args.count is not None and args.count != count:
+            raise UsageError(
+                f"{say('count', args.count)} disagrees with {name('tasks')}: {len(tasks)} tasks x "
+                f"{say('group_size', args.group_size)} = {count} episodes (leave "
+                f"{name('count')} out)"
+            )
+        args.count = count
+    elif args.group_size != 1:
+        raise UsageError(
+            f"{name('group_size')} needs {name('tasks')} ({args.group_size} episodes per task)"
+        )
+    # A trainer calling in always gets its rewards, one row per episode.
+    args.rollout = (
+        bool(tasks)
+        or args.retries is not None
+        or args.allow_failures is not None
+        or args.need is not None
+        or spelling.python
+    )
+    if args.rollout and (args.rounds != 1 or args.warmup):
+        runs = (
+            "run_batch() runs"
+            if spelling.python
+            else "--tasks, --retries, --allow-failures and --need run"
+        )
+        raise UsageError(f"{runs} one batch: leave out {name('rounds')} and {name('warmup')}")
+    check_need_arguments(args, spelling)
+    if args.episode_timeout is not None and args.retries:
+        # The kubelet stops a pod past its activeDeadlineSeconds with no exit code of the episode's
+        # own and no pod condition a podFailurePolicy rule can match: the Job would retry it.
+        raise UsageError(
+            f"{name('episode_timeout')} cannot hold with {name('retries')}: the Job API would "
+            f"retry an episode stopped at its deadline (its pod fails with reason "
+            f"DeadlineExceeded, which no podFailurePolicy rule can match)"
+        )
+    if args.allow_failures is not None and args.allow_failures > (args.count or DEFAULT_COUNT):
+        raise UsageError(
+            f"{say('allow_failures', args.allow_failures)} is more than the "
+            f"{args.count or DEFAULT_COUNT} episodes"
+        )
+
+
+def check_need_arguments(args: argparse.Namespace, spelling: Spelling = COMMAND_LINE) -> None:
+    """--need K: 1 <= K < count, and none of the options whose promise the first K of N would break."""
+    if args.need is None:
+        return
+    name, say = spelling.name, spelling.setting
+    count = args.count or DEFAULT_COUNT
+    if args.need >= count:
+        raise UsageError(
+            f"{say('need', args.need)} must be fewer than the {count} episodes (it "
+            f"over-provisions: run count > K episodes and keep the first K rewards)"
+        )
+    if args.group_size != 1:
+        raise UsageError(
+            f"{name('need')} cannot hold with {name('group_size')}: the Job stops whichever "
+            f"episodes are still running once K succeeded, so groups would be cut short at random"
+        )
+    if args.allow_failures is not None:
+        raise UsageError(
+            f"{name('need')} already accepts count - K = {count - args.need} failed episodes: "
+            f"leave out {name('allow_failures')}"
+        )
+
+
+def check_run_directory(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """DIR or --output DIR, exactly one of them; the directory ends up in args.output."""
+    if args.directory is not None and args.output is not None:
+        parser.error(
+            f"name the run directory once: {args.directory} or --output {args.output}, not both"
+        )
+    if args.directory is None and args.output is None:
+        parser.error("name the run's output directory: DIR or --output DIR")
+    args.output = args.output if args.directory is None else args.directory
+
+
+def check_cleanup_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """One run's directory, or --stale AGE for the cluster's runs; --stale's own options only with it."""
+    if args.stale is None:
+        for flag, given in (
+            ("--all-users", args.all_users),
+            ("--dry-run", args.dry_run),
+            ("--context", args.context is not None),
+        ):
+            if given:
+                parser.error(
+                    f"{flag} goes with --stale AGE (a receipt names its own context and run)"
+                )
+        check_run_directory(parser, args)
+    elif args.directory is not None or args.output is not None:
+        parser.error("--stale finds the runs in the cluster: name no run directory with it")
+
+
+DISPATCH: dict[str, Callable[[argparse.Namespace], int]] = {
+    "run": run_command,
+    "cleanup": cleanup,
+    "list": list_runs,
+    "report": report,
+    "compare": compare,
+}
+
+
+def main(argv: Sequence[str] | None = None, exit_when_done: bool = False) -> int:
+    """The command line; `exit_when_done` (the console's entry points) ends the process the moment
+    its work is done (exit_at_once), not when Python has freed everything, so a caller running it
+    every step waits for nothing after the run."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.exit_when_done = exit_when_done
+    if args.action == "run":
+        try:
+            check_run_arguments(args)
+        except UsageError as error:
+            args.action_parser.error(str(error))
+    elif args.action == "cleanup":
+        check_cleanup_arguments(args.action_parser, args)
+    elif args.action == "report":
+        check_run_directory(args.action_parser, args)
+    try:
+        with signals_interrupt():
+            return DISPATCH[args.action](args)
+    except DemoError as error:
+        print(f"Error: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("Interrupted.", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def cli() -> None:
+    """Console-script entry point."""
+    exit_at_once(main(exit_when_done=True))

@@ -1,0 +1,1579 @@
+"""Following a batch: its watches, the state they feed, its logs and rewards, its evidence."""
+
+from __future__ import annotations
+
+import codecs
+import concurrent.futures
+import dataclasses
+import functools
+import gc
+import json
+import math
+import os
+import queue
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence, TextIO
+
+from .constants import (
+    BATCH_LABEL,
+    CALL_TIMEOUT_SECONDS,
+    CLIENT_GRACE_SECONDS,
+    COLLECT_RETRY_SECONDS,
+    PAGE_RETRY_SECONDS,
+    POLL_INTERVAL_SECONDS,
+    SETTLE_SECONDS,
+    WATCH_EVENTS_WAITING_MOST,
+    WATCH_RESTARTS_BEFORE_POLLING,
+)
+from .model import COMMAND_LINE, DemoError, RunPlan, Settings, Spelling, StreamClosed
+from .files import EncodedItems, ONE_LINE_ITEMS_FROM, Receipt, pod_json, write_json, write_text
+from .store import SharedStrings, Spool
+from .parse import (
+    EventRecord,
+    batch_events,
+    condition,
+    container_terminated,
+    event_records,
+    events_table_lines,
+    iter_json_stream,
+    job_finished,
+    merged_job,
+    pod_name,
+    pod_warnings,
+)
+from .manifests import list_manifest
+from .timing import pod_observation, record_job_observation
+from .outcomes import (
+    Delivery,
+    container_end_bounds,
+    episode_row,
+    group_images,
+    pod_index,
+    pods_by_index,
+    rewards_jsonl,
+    settled_attempt,
+)
+from .summary import EpisodeDrafts, EventIndex, EventStore, SPARE_HELD_SECONDS
+from .kube import (
+    ApiProxy,
+    INTERRUPTS,
+    Kubectl,
+    PagedList,
+    PodReading,
+    count_events,
+    job_counted,
+    log_gone,
+    pods_final_one,
+    read_events,
+    read_job_pods,
+    read_log,
+    refusal,
+    reread_pods,
+    unfinished_pods,
+    with_fresh_pods,
+    with_vanished,
+)
+
+
+class Progress:
+    """Live progress on stderr: one updating line on a terminal, a line every few seconds otherwise."""
+
+    def __init__(self, quiet: bool, stream: Any = None) -> None:
+        self.stream = stream or sys.stderr
+        self.quiet = quiet
+        self.interactive = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.interval = 0.2 if self.interactive else 5.0
+        self._last = 0.0
+        self._open_line = False
+
+    def due(self) -> bool:
+        """Whether an update now would be shown: the caller need not make the line otherwise."""
+        return not self.quiet and time.monotonic() - self._last >= self.interval
+
+    def update(self, text: str, force: bool = False) -> None:
+        now = time.monotonic()
+        if self.quiet or (not force and now - self._last < self.interval):
+            return
+        self._last = now
+        if self.interactive:
+            self.stream.write("\r" + text + "\x1b[K")
+            self._open_line = True
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def new_batch(self) -> None:
+        """The next update is shown at once: each batch's progress starts with a line of its own."""
+        self._last = 0.0
+
+    def finish(self) -> None:
+        if self._open_line:
+            self.stream.write("\n")
+            self.stream.flush()
+            self._open_line = False
+
+
+class BatchJobs:
+    """The Jobs of one batch as they were last seen: its one Job, or one per image, which the
+    follower and the evidence read as one (merged_job). `names`: in creation order."""
+
+    def __init__(self, batch: str, names: Sequence[str]) -> None:
+        self.batch = batch
+        self.names = list(names)
+        self.seen: dict[str, dict] = {}
+
+    @property
+    def several(self) -> bool:
+        return len(self.names) > 1
+
+    def see(self, job: dict) -> dict | None:
+        """Take one Job as read; the batch's Job as it now stands (None: not one of the batch's)."""
+        name = (job.get("metadata") or {}).get("name")
+        if name not in self.names:
+            return None
+        self.seen[name] = job
+        return self.view()
+
+    def view(self) -> dict | None:
+        """The batch's Job: the one Job as read, or the merge of those seen so far."""
+        jobs = [self.seen[name] for name in self.names if name in self.seen]
+        if not jobs:
+            return None
+        return merged_job(self.batch, jobs, len(self.names)) if self.several else jobs[0]
+
+    def saved(self) -> dict | None:
+        """job.json: the one Job, or every Job seen as a v1 List."""
+        if not self.several:
+            return self.view()
+        return (
+            list_manifest([self.seen[name] for name in self.names if name in self.seen])
+            if self.seen
+            else None
+        )
+
+    def job_selector(self) -> list[str]:
+        """kubectl's arguments that list (or watch) the batch's Jobs and no other."""
+        if self.several:
+            return ["-l", f"{BATCH_LABEL}={self.batch}"]
+        # A list watch, not `get job NAME -w`: for one named object kubectl drops its
+        # watch's first event, losing any change made between its GET and its watch.
+        return ["--field-selector", f"metadata.name={self.names[0]}"]
+
+    def pod_selector(self) -> str:
+        """The label selector of the batch's pods."""
+        return f"{BATCH_LABEL}={self.batch}" if self.several else f"job-name={self.names[0]}"
+
+
+def saved_batch_job(saved: dict, batch: str) -> dict:
+    """The batch's Job from job.json as saved: the one Job, or the merge of a List of them."""
+    if saved.get("kind") != "List":
+        return saved
+    jobs = BatchJobs(batch, [job["metadata"]["name"] for job in saved.get("items") or []])
+    for job in saved.get("items") or []:
+        jobs.see(job)
+    return jobs.view() or {"metadata": {"name": batch}}
+
+
+class StateChange(NamedTuple):
+    """What one change did to a batch's state, as BatchState.apply returns it."""
+
+    kind: str  # "job", "pods" or "events"
+    pod: str | None = None  # the pod it was about (also when deleted)
+    ended: tuple[
+        tuple[str, str], ...
+    ] = ()  # (pod, containerID) of each episode container it shows ended
+    job_ended: bool = False  # this is the change that showed the Job's end
+
+
+class BatchState:
+    """What the watches of one Job have said: a pure reducer of their changes, with no
+    thread, process or clock of its own; `apply` is the one way a change comes in.
+
+    It holds the Job and each pod as last seen (a pod once, its repeated texts and parts
+    shared once it has ended), the namespace's events, and when (the client's wall clock, given
+    with each change) each transition first arrived: an upper bound on when it happened,
+    kept for `report` as observed.json.
+    """
+
+    def __init__(
+        self,
+        indented_pods: bool = False,
+        spool_dir: str | None = None,
+        shared: SharedStrings | None = None,
+        index: EventIndex | None = None,
+    ) -> None:
+        self.job: dict | None = None
+        self.pods: dict[str, dict] = {}
+        self._not_final: set[str] = set()  # the pods held whose version is not final
+        self.deleted: set[str] = set()
+        # One table of shared texts for the pods and the events (and the drafts, given theirs,
+        # and the index of the events they read).
+        self._shared = shared or SharedStrings()
+        self.events = EventStore(spool_dir, self._shared, index)
+        # pod name -> transition -> time, and the stamps seen only while it ran
+        self.observed: dict[str, dict[str, Any]] = {}
+        self.job_observed: dict[
+            str, float
+        ] = {}  # "added" or a condition type that turned True -> time
+        self.end: str | None = None
+        # The Job's resourceVersion when its end was seen: the evidence read afterwards
+        # must be at least this new, however far behind the pod watch is.
+        self.end_resource_version: str | None = None
+        # Each pod's text for pods.json, encoded as soon as the pod looks final (ended, counted,
+        # not being deleted) rather than all at the end; name -> the resourceVersion encoded.
+        self._final_texts = Spool(spool_dir, "pods.json")
+        self._final_versions: dict[str, str] = {}
+        # A small batch's pods.json is indented (see pod_text), in pure Python: made as each pod
+        # ends, that costs nothing after the end.
+        self.indented_pods = indented_pods
+
+    def apply(self, kind: str, change: str, obj: dict, arrived: float) -> StateChange:
+        """One change a watch (or a poll) delivered about the Job ("job"), a pod ("pods") or an
+        event ("events"): `change` is the watch's type (ADDED, MODIFIED, DELETED), `arrived`
+        when it reached the client."""
+        if kind == "job":
+            return StateChange(kind, job_ended=self._on_job(obj, arrived))
+        if kind == "events":
+            self.events.apply(change, obj)
+            return StateChange(kind)
+        return self._on_pod(obj, change == "DELETED", arrived)
+
+    def submitted(self, at: float) -> None:
+        """The client's create call for the Job starts now (its wall clock)."""
+        self.job_observed["submitted"] = at
+
+    def created(self, at: float) -> None:
+        """The client's create call for the Job returned (its wall clock)."""
+        self.job_observed["create_returned"] = at
+
+    def _on_job(self, job: dict, arrived: float) -> bool:
+        """Take the Job as last seen; True when this is the change that showed its end."""
+        self.job = job
+        record_job_observation(self.job_observed, job, arrived)
+        end = job_finished(job)
+        if not end or self.end is not None:
+            return False
+        self.end_resource_version = job.get("metadata", {}).get("resourceVersion") or None
+        self.end = end
+        return True
+
+    def _on_pod(self, pod: dict, deleted: bool, arrived: float) -> StateChange:
+        name = (pod.get("metadata") or {}).get("name")
+        if not name:
+            return StateChange("pods", name)
+        # The one object for the name, whichever version (or event) told it first: every table
+        # keyed by the pod (its version held, what was seen, its log read, its draft) shares it.
+        name = self._shared.text(name)
+        if deleted:
+            # Keep the last state seen: a pod that vanished is still part of the evidence.
+            self.deleted.add(name)
+            self._hold(name, self.pods.get(name, pod))
+            return StateChange("pods", name)
+        if pods_final_one(pod):
+            # Its state from now on is what is held to the end: worth holding small (an ended
+            # pod the Job controller has yet to count changes once more, at once).
+            pod = self._shared.share(pod)
+            self._final_texts.put(name, pod_json(pod, self.indented_pods))
+            self._final_versions[name] = pod["metadata"].get("resourceVersion")
+        self._hold(name, pod)
+        seen_before = self.observed.get(name)
+        seen_now = pod_observation(seen_before, pod, arrived)
+        if seen_now is not seen_before:
+            # Its texts shared: a stamp of one second is every pod's of that second.
+            self.observed[name] = self._shared.texts(seen_now)
+        terminated = container_terminated(pod)
+        if terminated is None:
+            return StateChange("pods", name)
+        # Shared too: the log reader keeps it, and the pod's final version has it again.
+        return StateChange(
+            "pods", name, ((name, self._shared.text(terminated.get("containerID", ""))),)
+        )
+
+    def _hold(self, name: str, pod: dict) -> None:
+        """Hold this version of a pod, noting whether it is final (pods_final_one): the watch
+        asks after each change whether every pod is, which must not read each of 100,000."""
+        self.pods[name] = pod
+        if pods_final_one(pod):
+            self._not_final.discard(name)
+        else:
+            self._not_final.add(name)
+
+    def pod_text(self, pod: dict, indented: bool = False) -> bytes:
+        """A pod as pods.json holds it (see pod_json), UTF-8: the text encoded while waiting when
+        it is of this very version and in this form."""
+        name = pod_name(pod)
+        version = pod["metadata"].get("resourceVersion")
+        if (
+            version is not None
+            and self._final_versions.get(name) == version
+            and self.pods.get(name) is pod
+            and indented == self.indented_pods
+        ):
+            return self._final_texts.get_bytes(name)
+        return pod_json(pod, indented).encode("utf-8")
+
+    def forget_shared(self) -> None:
+        """Once nothing more is watched: the tables of shared strings are of no more use."""
+        self._shared.table.clear()
+        self.events.forget_shared()
+
+    def pods_are_final(self) -> bool:
+        """Each pod of the Complete Job was seen to its final state (see pods_final)."""
+        # As pods_final(self.job, self.pods.values()), from what _hold noted of each pod.
+        return (
+            self.end == "Complete"
+            and not self.deleted
+            and not self._not_final
+            and job_counted(self.job, len(self.pods))
+        )
+
+    def observations(self) -> dict:
+        """What the watches saw and when, as saved in observed.json."""
+        return {"clock": "client (time.time())", "pods": self.observed, "job": self.job_observed}
+
+
+class LogReader:
+    """The one place a batch's episode logs are read: each as its container ends (saved at once to
+    the batch directory, so little is left to write at the end), and at collection whatever is missing."""
+
+    def __init__(
+        self,
+        kubectl: Kubectl,
+        namespace: str,
+        pool: concurrent.futures.ThreadPoolExecutor,
+        proxy: ApiProxy | None = None,
+        log_dir: str | None = None,
+        on_read: Callable[[str], None] | None = None,
+    ) -> None:
+        self.kubectl = kubectl
+        self.namespace = namespace
+        self.pool = pool
+        self.proxy = proxy
+        self.log_dir = log_dir
+        # Pod name -> (containerID, log) read after that container terminated: complete. Each is
+        # saved as <pod>.log as it is read, but for the names in _unsaved (the disk refused it).
+        self.early: dict[str, tuple[str, str]] = {}
+        self._unsaved: set[str] = set()
+        # Each pod's container whose log is read once (a restarted one's is read again), and the
+        # reads not done yet: a done read's Future (a lock, a condition and their queue, a
+        # kilobyte) is not kept.
+        self._scheduled: dict[str, str] = {}
+        self._reads: dict[tuple[str, str], concurrent.futures.Future] = {}
+        # Told (from a reader's thread) the name of each pod whose log was read after its end.
+        self.on_read = on_read
+
+    def schedule(self, ended: Iterable[tuple[str, str]]) -> None:
+        """Read the log of each ended container once; keyed by container, so a restarted one's is read again."""
+        for key in ended:
+            name, container_id = key
+            if self._scheduled.get(name) != container_id:
+                self._scheduled[name] = container_id
+                self._reads[key] = read = self.pool.submit(self._read_early, *key)
+                read.add_done_callback(functools.partial(self._read_done, key))
+
+    def _read_done(self, key: tuple[str, str], read: concurrent.futures.Future) -> None:
+        self._reads.pop(key, None)
+
+    def _read_early(self, name: str, container_id: str) -> None:
+        try:
+            text = read_log(
+                self.kubectl,
+                self.proxy,
+                self.namespace,
+                name,
+                time.monotonic() + COLLECT_RETRY_SECONDS,
+            )
+            # Unsaved before it is published: collect(), which may stop waiting for this read,
+            # then saves the log itself rather than count on a write that may yet fail.
+            self._unsaved.add(name)
+            self.early[name] = (container_id, text)
+            if self.log_dir is not None:
+                write_text(os.path.join(self.log_dir, f"{name}.log"), text)
+                self._unsaved.discard(name)
+        except DemoError:
+            return  # read again (and saved) when the batch's evidence is collected
+        if self.on_read is not None:
+            self.on_read(name)
+
+    def collect(
+        self, pods: Sequence[dict], batch_dir: str, retry_until: float | None, problems: list[str]
+    ) -> dict[str, str]:
+        """Each pod's episode log, read after its container ended (else read now) and saved in
+        `batch_dir`; unreadable -> empty, and why goes to `problems`."""
+        concurrent.futures.wait(list(self._reads.values()), timeout=CALL_TIMEOUT_SECONDS)
+        logs: dict[str, str] = {}
+        pending = {}
+        for pod in pods:
+            name = pod_name(pod)
+            terminated = container_terminated(pod)
+            read_early = self.early.get(name)
+            if (
+                terminated is not None
+                and read_early
+                and read_early[0] == terminated.get("containerID", "")
+            ):
+                logs[name] = read_early[1]
+            else:
+                pending[name] = self.pool.submit(
+                    read_log, self.kubectl, self.proxy, self.namespace, name, retry_until
+                )
+        # A pod deleted (by the Job's end: a straggler --need cancelled, one cut short) takes its
+        # log with it, sooner or later: that it is gone is no failure to save, and the episode's
+        # row says how its pod ended.
+        deleted = {pod_name(pod) for pod in pods if pod["metadata"].get("deletionTimestamp")}
+        for name, future in pending.items():
+            try:
+                logs[name] = future.result()
+            except DemoError as error:
+                logs[name] = ""
+                if name in deleted and log_gone(error):
+                    continue
+                problems.append(f"{name}.log: {error}")
+        logs = dict(sorted(logs.items()))
+        for name, text in logs.items():
+            read_early = self.early.get(name)
+            if read_early is None or read_early[1] is not text or name in self._unsaved:
+                write_text(os.path.join(batch_dir, f"{name}.log"), text)
+        return logs
+
+
+class RewardCallbackError(Exception):
+    """The caller's on_reward callback raised: the run stops as an interruption does, and the
+    callback's own exception (`original`) is raised to the caller."""
+
+    def __init__(self, original: BaseException) -> None:
+        super().__init__(f"on_reward raised {type(original).__name__}: {original}")
+        self.original = original
+
+
+class RewardStream:
+    """rewards.jsonl while the batch runs: each episode's line is appended (and flushed) the moment its
+    outcome is final, and never changed; at the end the file is rewritten whole, in index order, with
+    the very same lines and those of the episodes settled only by the evidence read after the end.
+
+    `judge` is told which pods changed (or whose log was read) and settles their episodes;
+    `on_reward`, if given, is called with each line's row as it is written, from the thread that
+    follows the batch (the one that called `run`): the following waits until it returns.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        settings: Settings,
+        on_reward: Callable[[dict], None] | None = None,
+        stop: threading.Event | None = None,
+    ) -> None:
+        self.path = path
+        self.count = settings.count
+        self.builtin = settings.builtin
+        self.task_ids = settings.task_ids
+        self.group_size = settings.group_size
+        self.images = group_images(settings)
+        self.may_retry = bool(settings.retries)
+        self.on_reward = on_reward
+        self.rows: dict[int, dict] = {}
+        self.deliveries: list[Delivery] = []
+        self.pods_of: dict[int, set[str]] = {}
+        self.waiting: set[int] = (
+            set()
+        )  # an attempt of theirs ended: settled once the log or the Job says so
+        self._handle: TextIO | None = open(path, "w", encoding="utf-8")
+        # Set from another thread (stream_batch's reader gone): the run stops at its next turn.
+        self.stop = stop
+
+    def check_stop(self) -> None:
+        """Stop the run, as an on_reward callback raising would, once asked to from another thread."""
+        if self.stop is not None and self.stop.is_set():
+            raise RewardCallbackError(
+                StreamClosed("stream_batch()'s reader stopped before the batch ended")
+            )
+
+    def judge(
+        self, state: BatchState, early: dict[str, tuple[str, str]], names: Iterable[str] | None
+    ) -> None:
+        """Settle the episodes of these pods (None: every episode waiting on the Job's word)."""
+        if names is None:
+            indexes = set(self.waiting)
+        else:
+            indexes = set()
+            for name in names:
+                pod = state.pods.get(name)
+                index = None if pod is None else pod_index(pod)
+                if index is not None and 0 <= index < self.count and index not in self.rows:
+                    self.pods_of.setdefault(index, set()).add(name)
+                    indexes.add(index)
+        for index in sorted(indexes):
+            self._settle(index, state, early)
+
+    def _settle(self, index: int, state: BatchState, early: dict[str, tuple[str, str]]) -> None:
+        attempts = pods_by_index(
+            (state.pods[name] for name in self.pods_of.get(index, ())), self.count
+        ).get(index, [])
+        logs = ended_logs(attempts, early)
+        if not settled_attempt(attempts, state.job, index, logs, self.may_retry):
+            if any(pod_terminal(p) for p in attempts):
+                self.waiting.add(index)
+            return
+        job = state.job or {"metadata": {}}
+        row = episode_row(
+            index,
+            attempts,
+            job,
+            logs,
+            self.builtin,
+            self.task_ids,
+            self.group_size,
+            images=self.images,
+        )
+        if "infrastructure" in [row["failure_class"]] + [
+            a["failure_class"] for a in row.get("earlier_attempts", [])
+        ]:
+            # Only an infrastructure failure names its pod's warnings: the events are read for those alone.
+            row = episode_row(
+                index,
+                attempts,
+                job,
+                logs,
+                self.builtin,
+                self.task_ids,
+                self.group_size,
+                pod_warnings(state.events.events()),
+                self.images,
+            )
+        final = next((p for p in attempts if pod_name(p) == row["pod"]), None)
+        seen = ((state.observed.get(row["pod"] or "") or {}).get("seen") or {}).get("terminated")
+        self.deliver(row, final, logs.get(row["pod"] or "", ""), seen, streamed=True)
+
+    def deliver(
+        self,
+        row: dict,
+        pod: dict | None,
+        log_text: str,
+        seen_terminated: float | None,
+        streamed: bool,
+    ) -> None:
+        """Append one episode's line, once; then hand it to on_reward."""
+        index = row["index"]
+        if index in self.rows or self._handle is None:
+            return
+        self._handle.write(json.dumps(row) + "\n")
+        self._handle.flush()
+        written = time.time()
+        self.rows[index] = row
+        self.waiting.discard(index)
+        after, before = container_end_bounds(pod, log_text, seen_terminated)
+        self.deliveries.append(
+            Delivery(
+                index,
+                row["failure_class"] is None,
+                written,
+                after,
+                before,
+                streamed,
+                seen_terminated,
+            )
+        )
+        if self.on_reward is not None:
+            try:
+                self.on_reward(dict(row))
+            except Exception as error:
+                # Told once: the lines saved while the run stops are not handed to it again.
+                self.on_reward = None
+                raise RewardCallbackError(error) from error
+
+    def finish(
+        self,
+        rows: Sequence[dict],
+        pods: Sequence[dict],
+        logs: dict[str, str],
+        observed: dict[str, dict],
+    ) -> list[dict]:
+        """The batch's rows: each line already written as it was, the rest (from the evidence read
+        after the end) appended; then the file rewritten atomically in index order."""
+        by_name = {pod_name(pod): pod for pod in pods}
+        for row in rows:
+            name = row.get("pod") or ""
+            seen = ((observed.get(name) or {}).get("seen") or {}).get("terminated")
+            self.deliver(row, by_name.get(name), logs.get(name, ""), seen, streamed=False)
+        self.close()
+        final = [self.rows[index] for index in sorted(self.rows)]
+        write_text(self.path, rewards_jsonl(final))
+        return final
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
+
+
+def ended_logs(attempts: Sequence[dict], early: dict[str, tuple[str, str]]) -> dict[str, str]:
+    """The logs of these pods read after their container ended; an ended pod whose container never
+    ran has none to read (empty)."""
+    logs = {}
+    for pod in attempts:
+        name = pod_name(pod)
+        terminated = container_terminated(pod)
+        read = early.get(name)
+        if terminated is not None and read and read[0] == terminated.get("containerID", ""):
+            logs[name] = read[1]
+        elif terminated is None and pod_terminal(pod):
+            logs[name] = ""
+    return logs
+
+
+def pod_terminal(pod: dict) -> bool:
+    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+
+
+class LogRead(NamedTuple):
+    """A pod's log was read after its container ended: its episode may be settled now."""
+
+    pod: str
+
+
+class WatchEvent(NamedTuple):
+    """What a watch printed: of the Job, the pods or the events (`kind`), and when it arrived."""
+
+    kind: str
+    event: dict
+    arrived: float
+
+
+class WatchEnded(NamedTuple):
+    """A watch's process ended; `refusal`: the API's refusal it printed, if it was one."""
+
+    kind: str
+    refusal: str | None
+
+
+class WatchRoom:
+    """Room for at most `most` watch events waiting in the queue: a watch's reader waits for room
+    before it puts the next (and so stops reading its pipe), until its watch is stopped. The
+    other items (a watch's end, a log read) take no room, so that no reader of logs ever waits."""
+
+    def __init__(self, most: int) -> None:
+        self.most = most
+        self.waiting = 0
+        self._changed = threading.Condition()
+
+    def enter(self, stopped: threading.Event) -> None:
+        """Wait for room for one more event, or for this watch to be stopped (then its last
+        events, at most what its pipe held, are taken in without waiting)."""
+        with self._changed:
+            while self.waiting >= self.most and not stopped.is_set():
+                self._changed.wait()
+            self.waiting += 1
+
+    def leave(self) -> None:
+        """One event was taken from the queue."""
+        with self._changed:
+            self.waiting = max(0, self.waiting - 1)
+            self._changed.notify()
+
+    def wake(self) -> None:
+        """A watch was stopped: its reader, if waiting for room, waits no more."""
+        with self._changed:
+            self._changed.notify_all()
+
+
+class WatchStream:
+    """One batch's watches (`kubectl get -w` of its Job, its pods, the namespace's events): each
+    process's output turned by a thread into queue items, a WatchEvent for each event and a
+    WatchEnded at its end; and how often each broke in a row, for the restarts. At most `most`
+    events wait in the queue (WatchRoom): `get` is how they are taken out."""
+
+    def __init__(
+        self,
+        kubectl: Kubectl,
+        namespace: str,
+        job_name: str,
+        jobs: BatchJobs | None = None,
+        most: int = WATCH_EVENTS_WAITING_MOST,
+    ) -> None:
+        self.kubectl = kubectl
+        self.namespace = namespace
+        self.job_name = job_name
+        self.jobs = jobs or BatchJobs(job_name, [job_name])
+        self.queue: queue.Queue[WatchEvent | WatchEnded | LogRead] = queue.Queue()
+        self.room = WatchRoom(most)
+        self.processes: dict[str, subprocess.Popen] = {}
+        self._stopped: dict[str, threading.Event] = {}
+        self.failures = {"job": 0, "pods": 0, "events": 0}
+
+    def get(self, timeout: float | None) -> WatchEvent | WatchEnded | LogRead:
+        """The next item, waiting up to `timeout` seconds (None: not at all); queue.Empty if none."""
+        item = self.queue.get_nowait() if timeout is None else self.queue.get(timeout=timeout)
+        if isinstance(item, WatchEvent):
+            self.room.leave()
+        return item
+
+    def __contains__(self, kind: str) -> bool:
+        return kind in self.processes
+
+    def __len__(self) -> int:
+        return len(self.processes)
+
+    def start(self, kind: str, client_deadline: float) -> None:
+        seconds = math.ceil(client_deadline - time.monotonic())
+        if kind == "job":
+            args = ["get", "jobs", *self.jobs.job_selector()]
+        elif kind == "events":
+            args = ["get", "events"]
+        else:
+            args = ["get", "pods", "-l", self.jobs.pod_selector()]
+        args += ["-n", self.namespace, "-o", "json", "--watch", "--output-watch-events"]
+        errors = tempfile.TemporaryFile()
+        # An interrupt comes once the watch is whole: its process, known to be stopped, and its reader.
+        with INTERRUPTS.holding():
+            try:
+                process = self.kubectl.stream(args, seconds, stderr=errors)
+            except OSError as error:
+                errors.close()
+                raise DemoError(f"cannot run kubectl {self.kubectl.binary!r}: {error}") from None
+            self.processes[kind] = process
+            stopped = self._stopped[kind] = threading.Event()
+            threading.Thread(
+                target=self._pump, args=(kind, process, errors, stopped), daemon=True
+            ).start()
+
+    def _pump(
+        self, kind: str, process: subprocess.Popen, errors: Any, stopped: threading.Event
+    ) -> None:
+        """Turn a watch's output into queue items, each once there is room; say when it ends."""
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+        def chunks() -> Iterator[str]:
+            while True:
+                data = process.stdout.read(65536)  # type: ignore[union-attr]
+                if not data:
+                    return
+                yield decoder.decode(data)
+
+        try:
+            for value in iter_json_stream(chunks()):
+                self.room.enter(stopped)
+                self.queue.put(WatchEvent(kind, value, time.time()))
+        except (OSError, ValueError):
+            pass  # the pipe closed under us: reported as the watch's end below
+        process.wait()
+        self.queue.put(WatchEnded(kind, refusal(errors)))
+
+    def restart(self, kind: str, client_deadline: float) -> None:
+        """Start a broken watch again, after a pause that grows with its breaks in a row."""
+        time.sleep(min(2.0, 0.2 * 2 ** self.failures[kind]))
+        self.start(kind, client_deadline)
+
+    def stop(self, keep: Sequence[str] = ()) -> None:
+        stopping = {kind: process for kind, process in self.processes.items() if kind not in keep}
+        for kind, process in stopping.items():
+            if kind in self._stopped:
+                self._stopped[kind].set()
+            if process.poll() is None:
+                process.terminate()
+        self.room.wake()
+        for kind, process in stopping.items():
+            try:
+                process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                process.kill()
+            del self.processes[kind]
+
+
+def status_line(job_name: str, count: int, job: dict | None, elapsed: float, polling: bool) -> str:
+    """The progress shown while a Job is followed: its pods by state, the time since it was submitted,
+    and what the client is waiting for once no pod runs."""
+    status = (job or {}).get("status") or {}
+    return (
+        f"{job_name}: {elapsed:6.1f}s  "
+        f"active {status.get('active', 0)}  ready {status.get('ready', 0)}  "
+        f"succeeded {status.get('succeeded', 0)}/{count}  failed {status.get('failed', 0)}"
+        + ("  (polling)" if polling else "")
+        + waiting_note(job, elapsed)
+    )
+
+
+class PollFallback:
+    """Once the watches broke too often in a row to be worth restarting: the Job and its pods,
+    read every POLL_INTERVAL_SECONDS instead."""
+
+    def __init__(
+        self, kubectl: Kubectl, namespace: str, job_name: str, jobs: BatchJobs | None = None
+    ) -> None:
+        self.kubectl = kubectl
+        self.namespace = namespace
+        self.job_name = job_name
+        self.jobs = jobs or BatchJobs(job_name, [job_name])
+        self.active = False
+        self.next_read = 0.0
+
+    def start(self) -> None:
+        """Poll from now on, the first read at once."""
+        self.active = True
+        self.next_read = time.monotonic()
+
+    def due(self, now: float) -> bool:
+        return self.active and now >= self.next_read
+
+    def read(self, client_deadline: float) -> tuple[list[dict], list[dict], float]:
+        """The batch's Jobs and its pods as read now, and when (the client's wall clock)."""
+        retry_until = min(client_deadline, time.monotonic() + CALL_TIMEOUT_SECONDS)
+        if self.jobs.several:
+            jobs = (
+                self.kubectl.get_list(
+                    "jobs", self.namespace, *self.jobs.job_selector(), retry_until=retry_until
+                )
+                or {}
+            ).get("items", [])
+        else:
+            jobs = [self.kubectl.get("job", self.job_name, self.namespace, retry_until=retry_until)]
+        pods = self.kubectl.get_list(
+            "pods", self.namespace, "-l", self.jobs.pod_selector(), retry_until=retry_until
+        )
+        return jobs, (pods or {}).get("items", []), time.time()
+
+    def taken_in(self) -> None:
+        """The last read is taken in: the next one follows a whole interval later, however long
+        thousands of pods took to apply."""
+        self.next_read = time.monotonic() + POLL_INTERVAL_SECONDS
+
+
+@dataclasses.dataclass
+class WaitCost:
+    """What following a Job cost the client: the kubectl processes it started while waiting, the
+    watches it restarted, and the most watch items ever waiting to be handled (a client that
+    keeps up keeps that small)."""
+
+    processes: int = 0
+    restarts: int = 0
+    queue_peak: int = 0
+
+    def took(self, waiting: int) -> None:
+        """One watch item taken, with `waiting` more behind it."""
+        self.queue_peak = max(self.queue_peak, waiting + 1)
+
+
+class Submission(NamedTuple):
+    """The one moment a Job was submitted: just before the client's create call, on both clocks."""
+
+    wall: float
+    monotonic: float
+
+
+class BatchFollower:
+    """Follows one Job and its pods until the Job ends, reading each log as its pod finishes;
+    after the end, takes in what its watches still deliver until the evidence is settled.
+
+    Watches (`kubectl get -w`) tell the end at once with no polling delay; a broken
+    watch is restarted, and after repeated breaks the follower polls instead. Every change,
+    watched or polled, reaches the state through BatchState.apply.
+    """
+
+    def __init__(
+        self,
+        kubectl: Kubectl,
+        namespace: str,
+        job_name: str,
+        count: int,
+        progress: Progress,
+        pool: concurrent.futures.ThreadPoolExecutor,
+        proxy: ApiProxy | None = None,
+        log_dir: str | None = None,
+        rewards: RewardStream | None = None,
+        watches: WatchStream | None = None,
+        drafts: EpisodeDrafts | None = None,
+        job_names: Sequence[str] | None = None,
+        spare_held: bool = False,
+    ) -> None:
+        self.kubectl = kubectl
+        self.namespace = namespace
+        self.job_name = job_name
+        self.count = count
+        self.progress = progress
+        self.proxy = proxy
+        # The texts kept for pods.json and events.json wait on disk beside them.
+        self.state = BatchState(
+            count < ONE_LINE_ITEMS_FROM,
+            log_dir,
+            drafts.shared if drafts is not None else None,
+            drafts.index if drafts is not None else None,
+        )
+        # The batch's Jobs (`job_names`: one per image, else the one named `job_name`), followed as one.
+        self.jobs = BatchJobs(job_name, job_names or [job_name])
+        # Given already started when its pod watch had to listen before the proxy was opened.
+        self.watches = watches or WatchStream(kubectl, namespace, job_name, self.jobs)
+        self.poller = PollFallback(kubectl, namespace, job_name, self.jobs)
+        # A rollout's rewards.jsonl, each line written as its episode settles (a log read wakes the loop).
+        self.rewards = rewards
+        # Each episode summarised as it ends, so that little is left to do after the Job's end.
+        self.drafts = drafts
+        self.log_reader = LogReader(
+            kubectl,
+            namespace,
+            pool,
+            proxy,
+            log_dir,
+            on_read=self._log_read if rewards is not None or drafts is not None else None,
+        )
+        self.cost = WaitCost()
+        # The namespace's events are followed while waiting so that little is left to read at the
+        # end; not watched (then listed at the end) when the watch is refused or broke for good.
+        self.events_watched = True
+        self.submission: Submission | None = None
+        # When this client saw the Job's end, on both clocks (observed.json is what the watches saw).
+        self.end_seen_monotonic: float | None = None
+        self.end_seen_wall: float | None = None
+        self._spared_at = 0.0  # when spare_held last froze what was held
+        # The command line's process alone, if it froze nothing of its own (see held_objects_spared).
+        self._may_freeze = spare_held and gc.get_freeze_count() == 0
+
+    @property
+    def polling(self) -> bool:
+        """The watches gave up for good: the Job and its pods are read every POLL_INTERVAL_SECONDS."""
+        return self.poller.active
+
+    def observations(self) -> dict:
+        return self.state.observations()
+
+    def submit(self, create: Callable[[], dict]) -> dict:
+        """Create the Job with `create`, the moment just before it taken as the submission's;
+        the watches stop should it fail."""
+        self.progress.new_batch()
+        self.submission = Submission(time.time(), time.monotonic())
+        self.state.submitted(self.submission.wall)
+        try:
+            created = create()
+        except BaseException:
+            self.stop_watches()
+            raise
+        self.state.created(time.time())
+        return created
+
+    def follow(self, client_deadline: float) -> str | None:
+        """Wait until the Job is Complete or Failed ("Complete"/"Failed"), or None at the deadline."""
+        processes_before = self.kubectl.processes - len(
+            self.watches
+        )  # a watch started first is this wait's
+        self.watches.failures = {"job": 0, "pods": 0, "events": 0}
+        try:
+            for kind in ("job", "pods", "events"):
+                if kind not in self.watches:
+                    self.watches.start(kind, client_deadline)
+            while self.state.end is None and time.monotonic() < client_deadline:
+                if self.rewards is not None:
+                    self.rewards.check_stop()
+                if self.poller.due(time.monotonic()):
+                    self._poll(client_deadline)
+                    if self.state.end is not None:
+                        break
+                self._take_next(client_deadline)
+                self._show()
+                self.spare_held()
+        finally:
+            # The pod and event watches go on while the evidence is read: they deliver what
+            # happened up to the end, and should no pod list answer, what the pod watch saw
+            # by then is all there is to go on.
+            self.stop_watches(keep=("pods", "events") if self.state.end is not None else ())
+            self.progress.finish()
+            self.cost.processes = self.kubectl.processes - processes_before
+        return self.state.end
+
+    def spare_held(self) -> None:
+        """What is held by now, out of the cycle collector's sight (see SPARE_HELD_SECONDS)."""
+        now = time.monotonic()
+        if self._may_freeze and now - self._spared_at >= SPARE_HELD_SECONDS:
+            gc.freeze()
+            self._spared_at = now
+
+    def _poll(self, client_deadline: float) -> None:
+        jobs, pods, seen = self.poller.read(client_deadline)
+        for pod in pods:
+            self._apply("pods", "ADDED", pod, seen)
+        for job in jobs:
+            self._apply("job", "MODIFIED", job, seen)
+        self.poller.taken_in()
+
+    def _take_next(self, client_deadline: float) -> None:
+        """The watches' next item, should one come before the next poll; else within a second,
+        so that the progress is shown again even when nothing arrives."""
+        wake = self.poller.next_read if self.polling else time.monotonic() + 1.0
+        wait = min(client_deadline, wake) - time.monotonic()
+        try:
+            item = self.watches.get(timeout=max(0.01, wait))
+        except queue.Empty:
+            return
+        self.cost.took(self.watches.queue.qsize())
+        self.take(item, client_deadline)
+
+    def take(self, item: WatchEvent | WatchEnded | LogRead, client_deadline: float) -> None:
+        """One queue item: a watch event, the end of a watch, or a log read."""
+        if isinstance(item, WatchEnded):
+            self._watch_ended(item.kind, item.refusal, client_deadline)
+            return
+        if isinstance(item, LogRead):
+            self.judge([item.pod])
+            self._draft(item.pod)
+            return
+        kind, event, arrived = item
+        self.watches.failures[kind] = 0
+        obj = event.get("object") if isinstance(event, dict) and "object" in event else event
+        if not isinstance(obj, dict) or obj.get("kind") == "Status":
+            return
+        self._apply(kind, event.get("type") or "ADDED", obj, arrived)
+
+    def _apply(self, kind: str, change: str, obj: dict, arrived: float) -> StateChange:
+        """One change into the state, then what it calls for: the ended containers' logs read,
+        the moment the end was seen noted, the episodes it may settle judged. A Job comes in as the
+        batch's Job (BatchJobs: one Job of several is read with the others)."""
+        if kind == "job":
+            batch_job = self.jobs.see(obj)
+            if batch_job is None:
+                return StateChange(kind)  # not one of the batch's Jobs
+            obj = batch_job
+        changed = self.state.apply(kind, change, obj, arrived)
+        self.log_reader.schedule(changed.ended)
+        if changed.job_ended:
+            self.end_seen_monotonic = time.monotonic()
+            self.end_seen_wall = time.time()
+        if kind == "job":
+            self.judge(None)
+        elif kind == "pods":
+            self.judge([changed.pod or ""])
+            self._draft(changed.pod or "")
+        return changed
+
+    def judge(self, names: Iterable[str] | None) -> None:
+        """Write the rewards.jsonl line of each episode these pods settle (None: those waiting on the Job)."""
+        if self.rewards is not None:
+            self.rewards.judge(self.state, self.log_reader.early, names)
+
+    def _draft(self, name: str) -> None:
+        """Summarise this pod's episode now if it has ended and its log was read after its end."""
+        pod = self.state.pods.get(name)
+        if self.drafts is not None and pod is not None:
+            self.drafts.saw(pod, self.state.job, self.state.observed.get(name))
+        if (
+            self.drafts is None
+            or pod is None
+            or name in self.state.deleted
+            or not pod_terminal(pod)
+        ):
+            return
+        terminated = container_terminated(pod)
+        read = self.log_reader.early.get(name)
+        if terminated is None or read is None or read[0] != terminated.get("containerID", ""):
+            return
+        self.drafts.draft(
+            pod, read[1], self.state.job, self.state.job_observed, self.state.observed.get(name)
+        )
+
+    def _log_read(self, name: str) -> None:
+        """From a log reader's thread: a log was read, which wakes the loop to settle its episode."""
+        self.watches.queue.put(LogRead(name))
+
+    def _watch_ended(self, kind: str, refusal: str | None, client_deadline: float) -> None:
+        """A watch ended: restarted, or after repeated breaks the follower polls instead (the
+        events, which can be listed after the end, are given up instead)."""
+        self.watches.processes.pop(kind, None)
+        if kind == "events" and (
+            refusal or self.watches.failures[kind] >= WATCH_RESTARTS_BEFORE_POLLING
+        ):
+            self._unwatch_events(refusal)
+            return
+        if self.state.end is not None or self.polling:
+            return
+        if refusal:
+            # Refused for good, unlike a broken connection: each restart would list and be
+            # refused again, so say what is missing instead of looping.
+            raise DemoError(f"cannot watch the {kind}: {refusal}")
+        self.watches.failures[kind] += 1
+        if self.watches.failures[kind] > WATCH_RESTARTS_BEFORE_POLLING:
+            self.poller.start()
+            self.stop_watches()
+            return
+        self.cost.restarts += 1
+        self.watches.restart(kind, client_deadline)
+
+    def _unwatch_events(self, refusal: str | None) -> None:
+        """The events are listed after the end instead, as they can be without a watch; said
+        once, since for thousands of pods that list is the slow part of the end."""
+        if self.events_watched:
+            why = refusal or f"it broke {self.watches.failures['events'] + 1} times in a row"
+            print(
+                f"Warning: cannot watch the events ({why}); they are listed after the Job "
+                f"ends instead (grant watch on events to follow them)",
+                file=sys.stderr,
+                flush=True,
+            )
+        self.events_watched = False
+
+    def stop_watches(self, keep: Sequence[str] = ()) -> None:
+        self.watches.stop(keep)
+
+    def _show(self) -> None:
+        if not self.progress.due():  # the line is made only when it is shown, not per change
+            return
+        elapsed = (
+            time.monotonic() - self.submission.monotonic if self.submission is not None else 0.0
+        )
+        self.progress.update(
+            status_line(self.job_name, self.count, self.state.job, elapsed, self.polling)
+        )
+
+    # After the Job's end its pod and event watches still deliver what happened up to it.
+
+    def count_events_after_end(self, retry_until: float | None) -> int | None:
+        """After the end: how many events the API holds (a list of one: its items and
+        remainingItemCount), noting the revision that was. None when the events are not watched
+        or could not be counted: then they are not waited for, but listed."""
+        if not self.events_watched:
+            return None
+        try:
+            events_expected, self.state.events.resource_version = count_events(
+                self.kubectl, self.proxy, self.namespace, retry_until
+            )
+        except DemoError:
+            return None
+        return events_expected
+
+    def settle_watches(
+        self, events_expected: int | None, seconds: float, pods: bool = True
+    ) -> None:
+        """After the end: take in what the watches still deliver until the pods are final (not
+        `pods`: they are saved, or to be listed, already) and the events number
+        `events_expected` (None: not waited for), for up to `seconds`. What the pod watch
+        delivered before it was stopped is left untaken: pods.json is saved from it then."""
+        deadline = time.monotonic() + seconds
+        while not self.watches_settled(events_expected, pods):
+            try:
+                item = self.watches.get(timeout=max(0.0, min(0.1, deadline - time.monotonic())))
+            except queue.Empty:
+                if time.monotonic() >= deadline:
+                    return
+                continue
+            while True:  # everything already delivered, before judging again
+                if not (
+                    isinstance(item, (WatchEvent, WatchEnded))
+                    and item.kind == "pods"
+                    and "pods" not in self.watches
+                ):
+                    self.take(item, deadline)
+                try:
+                    item = self.watches.get(None)
+                except queue.Empty:
+                    break
+
+    def drain_pod_watch(self) -> None:
+        """Stop the pod watch and take in everything it delivered since the Job ended."""
+        watching = "pods" in self.watches
+        self.stop_watches()
+        deadline = time.monotonic() + 5
+        while watching:
+            try:
+                item = self.watches.get(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty:
+                return
+            if isinstance(item, WatchEnded):
+                if item.kind == "pods":
+                    return
+                continue  # another watch's end: what follows the Job's end needs only the pods
+            self.take(item, deadline)
+
+    def watches_settled(self, events_expected: int | None, pods: bool = True) -> bool:
+        """Nothing more worth waiting for: each watch has delivered enough, or never will (not
+        `pods`: the event watch alone)."""
+        events_done = (
+            events_expected is None
+            or not self.watch_followed("events")
+            or self.events_caught_up(events_expected)
+        )
+        pods_done = (
+            not pods
+            or not self.watch_followed("pods")
+            or self.state.end != "Complete"
+            or bool(self.state.deleted)
+            or self.watched_pods_final()
+        )
+        return events_done and pods_done
+
+    def watch_followed(self, kind: str) -> bool:
+        """The watch of `kind` runs and is what the follower goes by."""
+        return (
+            kind in self.watches and not self.polling and (kind != "events" or self.events_watched)
+        )
+
+    def events_caught_up(self, events_expected: int | None) -> bool:
+        """The event watch holds at least as many events as the API did after the end."""
+        return (
+            self.events_watched
+            and not self.polling
+            and events_expected is not None
+            and len(self.state.events) >= events_expected
+        )
+
+    def watched_pods_final(self) -> bool:
+        """The pod watch saw each pod of the Complete Job to its final state (see pods_final)."""
+        return not self.polling and self.state.pods_are_final()
+
+
+class Evidence(NamedTuple):
+    """What was saved of a finished batch, as its verification reads it."""
+
+    job: dict | None  # None when the Job could not be read and the watch never saw it
+    reading: PodReading
+    logs: dict[str, str]  # pod name -> its log, empty when unreadable
+    events: Sequence[EventRecord]  # this batch's events
+
+
+class BatchEvidence:
+    """The batch under way: its follower, and the saving of its evidence into its own directory."""
+
+    def __init__(self, run: RunContext, follower: BatchFollower, batch_dir: str) -> None:
+        self.follower = follower
+        self.batch_dir = batch_dir
+        self.kubectl = run.kubectl
+        self.namespace = run.namespace
+        self.settings = run.settings
+        self.spelling = run.spelling
+        self.silent = run.silent
+        # How the events saved were read: "watch" (followed, as many as the API counted after
+        # the end) or "list" (read in pages after the end).
+        self.events_read = "list"
+
+    @property
+    def proxy(self) -> ApiProxy | None:
+        """The run's proxy, as the follower reads through it."""
+        return self.follower.proxy
+
+    def event_index(self) -> EventIndex | None:
+        """The watch's index of the events, when the events saved are the ones it followed."""
+        return self.follower.state.events.index if self.events_read == "watch" else None
+
+    def collect(self, job_name: str, retry: bool = True) -> Evidence:
+        """Save job.json, pods.json, events.txt, events.json and one log per pod: the evidence of a batch.
+        Without `retry`, each is read once, at once: no retries, no wait for the watches to settle."""
+        follower = self.follower
+        # Evidence is worth a few retries, not a long wait: a log that a kubelet
+        # cannot serve now is saved empty and the episode fails verification.
+        retry_until = time.monotonic() + COLLECT_RETRY_SECONDS if retry else None
+        # Its own threads: the log readers' pool may still be busy with reads under way. Not
+        # waited for on the way out: an interruption leaves a slow count to finish by itself.
+        fetchers = concurrent.futures.ThreadPoolExecutor(4)
+        try:
+            # The events are counted while the pods settle and pods.json is written: an API
+            # server busy with the Job's end may take a while to answer even a list of one.
+            counting = (
+                fetchers.submit(follower.count_events_after_end, retry_until)
+                if retry and follower.events_watched and not follower.polling
+                else None
+            )
+            if retry:  # up to SETTLE_SECONDS for each pod's final state
+                follower.settle_watches(None, SETTLE_SECONDS)
+            watched_final = follower.watched_pods_final()
+            pods_future = fetchers.submit(self._read_pods, job_name, watched_final, retry)
+            # Not counted: the events are listed, while the pods and logs are written.
+            self.events_read = "list"
+            if counting is None:
+                events_future = fetchers.submit(self._read_events, False, retry)
+            problems: list[str] = []
+            saved: tuple[PodReading, dict[str, str]] | None = None
+            if watched_final:
+                # Nothing the pod watch still delivers changes a final pod: pods.json and the
+                # logs are saved now, and the event watch goes on.
+                follower.stop_watches(keep=("events",))
+                saved = self._save_pods_and_logs(pods_future, retry_until, problems)
+            if counting is not None:
+                # Then, once counted, up to SETTLE_SECONDS for as many events as the API held.
+                events_expected = counting.result()
+                follower.settle_watches(events_expected, SETTLE_SECONDS, pods=False)
+                if follower.events_caught_up(events_expected):
+                    self.events_read = "watch"
+                events_future = fetchers.submit(
+                    self._read_events, self.events_read == "watch", retry
+                )
+            follower.stop_watches(keep=() if watched_final else ("pods",))
+            if watched_final:
+                follower.state.forget_shared()
+            job_future = fetchers.submit(self._read_job, job_name, retry_until)
+            return self.save_evidence(
+                job_future, saved or pods_future, events_future, retry_until, problems
+            )
+        finally:
+            follower.stop_watches()  # already, unless something failed on the way
+            fetchers.shutdown(wait=False)
+
+    def _read_job(self, job_name: str, retry_until: float | None) -> dict | None:
+        """The Job as its end was seen, else as read now, else as last watched."""
+        state, jobs = self.follower.state, self.follower.jobs
+        if state.end is not None and state.job is not None:
+            return state.job
+        if jobs.several:
+            for name in jobs.names:
+                try:
+                    job = self.kubectl.get("job", name, self.namespace, retry_until=retry_until)
+                    if job is not None:  # not missing_ok: a missing Job raised
+                        jobs.see(job)
+                except DemoError:
+                    pass  # as last watched, if it was
+            return jobs.view() or state.job
+        try:
+            return self.kubectl.get("job", job_name, self.namespace, retry_until=retry_until)
+        except DemoError:
+            return state.job
+
+    def _read_pods(self, job_name: str, watched_final: bool, retry: bool) -> PodReading:
+        """The Job's pods: as watched when each one's last change arrived, else listed."""
+        state = self.follower.state
+        if watched_final:
+            # Each pod's last change arrived: a list would show the very same pods.
+            return PodReading(
+                sorted(state.pods.values(), key=pod_name),
+                "final watch",
+                state.end_resource_version,
+                0,
+                0,
+                [],
+            )
+        # Else never the watch's view: it may run behind. The list is at least as new as the
+        # moment the Job's end was seen, and its pages are retried while a cache catches up.
+        return read_job_pods(
+            self.kubectl,
+            self.proxy,
+            self.namespace,
+            job_name,
+            state.end_resource_version,
+            PAGE_RETRY_SECONDS if retry else None,
+            self.settings.chunk_size,
+            self.follower.jobs.pod_selector(),
+        )
+
+    def _read_events(self, events_watched: bool, retry: bool) -> PagedList | EventStore:
+        """The namespace's events: as watched when the watch caught up with them all, else listed."""
+        if events_watched:
+            return self.follower.state.events
+        return read_events(
+            self.kubectl,
+            self.proxy,
+            self.namespace,
+            self.settings.chunk_size,
+            COLLECT_RETRY_SECONDS if retry else None,
+        )
+
+    def save_evidence(
+        self,
+        job_future: concurrent.futures.Future,
+        pods: tuple[PodReading, dict[str, str]] | concurrent.futures.Future,
+        events_future: concurrent.futures.Future,
+        retry_until: float | None,
+        problems: list[str],
+    ) -> Evidence:
+        """Write what the fetches brought; fall back to the watch's view where a fetch failed.
+        `pods`: the pods' reading and logs, saved already, or the fetch of the pods. What could
+        not be saved is added to `problems`, and each kind of problem printed once."""
+        follower = self.follower
+        job = job_future.result()
+        if job is not None:
+            # A batch of several Jobs saves each as read: job.json is then their List.
+            write_json(
+                os.path.join(self.batch_dir, "job.json"),
+                self.follower.jobs.saved() if self.follower.jobs.several else job,
+            )
+        # Unless saved already, the pods and logs are written while the events are read.
+        reading, logs = (
+            self._save_pods_and_logs(pods, retry_until, problems)
+            if isinstance(pods, concurrent.futures.Future)
+            else pods
+        )
+        events = self._save_events(events_future, job, reading.pods, problems)
+        write_json(os.path.join(self.batch_dir, "observed.json"), follower.observations())
+        for line in summarised_problems(problems):
+            print(f"Warning: could not save {line}", file=sys.stderr)
+        return Evidence(job, reading, logs, events)
+
+    def _save_pods_and_logs(
+        self,
+        pods_future: concurrent.futures.Future,
+        retry_until: float | None,
+        problems: list[str],
+    ) -> tuple[PodReading, dict[str, str]]:
+        """pods.json, then one log per pod (their texts; unreadable -> empty, why in `problems`)."""
+        reading = self._save_pods(pods_future, retry_until)
+        logs = self.follower.log_reader.collect(reading.pods, self.batch_dir, retry_until, problems)
+        return reading, logs
+
+    def _save_pods(
+        self, pods_future: concurrent.futures.Future, retry_until: float | None
+    ) -> PodReading:
+        """pods.json: the pods as listed (with any the list no longer shows), else as the pod watch
+        saw them, each it saw unfinished read again."""
+        follower = self.follower
+        try:
+            reading = pods_future.result()
+        except DemoError as error:
+            reading = None
+            print(
+                f"Warning: could not list the pods ({error}); pods.json holds what the pod watch "
+                f"saw, each pod it saw unfinished read again",
+                file=sys.stderr,
+            )
+        if reading is None or reading.source != "final watch":
+            follower.drain_pod_watch()
+        watched = list(follower.state.pods.values())
+        if reading is None:
+            fresh = reread_pods(
+                self.kubectl,
+                self.proxy,
+                self.namespace,
+                unfinished_pods(watched),
+                None if retry_until is None else COLLECT_RETRY_SECONDS,
+            )
+            reading = PodReading(
+                with_fresh_pods(watched, fresh), "watch", None, 0, 0, sorted(fresh)
+            )
+        elif reading.source == "list":
+            reading = reading._replace(pods=with_vanished(reading.pods, watched))
+        pods = reading.pods
+        indented = len(pods) < ONE_LINE_ITEMS_FROM
+        texts = EncodedItems(
+            lambda: (follower.state.pod_text(pod, indented) for pod in pods), len(pods), indented
+        )
+        write_json(
+            os.path.join(self.batch_dir, "pods.json"),
+            dict(
+                list_manifest([]),
+                metadata={"resourceVersion": reading.resource_version or ""},
+                items=texts,
+            ),
+        )
+        return reading
+
+    def _save_events(
+        self,
+        events_future: concurrent.futures.Future,
+        job: dict | None,
+        pods: Sequence[dict],
+        problems: list[str],
+    ) -> list[EventRecord]:
+        """events.txt and events.json, of this batch alone; the events, empty when unreadable.
+        events.txt is kubectl's table with absolute times, not its ages, which mean nothing later."""
+        events_path = os.path.join(self.batch_dir, "events.json")
+        events_listing: PagedList | EventStore | None = None
+        try:
+            events_listing = events_future.result()
+            events = (
+                events_listing.events()
+                if isinstance(events_listing, EventStore)
+                else event_records(events_listing.items)
+            )
+            write_events(events_path, events_listing, events, events_listing.resource_version or "")
+        except DemoError as error:
+            problems.append(f"events: {error}")
+            events = []
+        write_text(
+            os.path.join(self.batch_dir, "events.txt"),
+            events_table_lines(events) if events else "",
+        )
+        batches = [entry.job for entry in self.settings.batches]
+        if len(batches) > 1 and events and events_listing is not None:
+            # The namespace's events cover every batch so far; each batch keeps its own.
+            events = batch_events(events, job, pods, first=self.follower.job_name == batches[0])
+            write_events(events_path, events_listing, events, None)
+            write_text(os.path.join(self.batch_dir, "events.txt"), events_table_lines(events))
+        return events
+
+
+def summarised_problems(problems: Sequence[str], shown: int = 3) -> list[str]:
+    """A few problems in full and a count of the rest: 500 unreadable logs are one cause, not 500 lines."""
+    if len(problems) <= shown + 1:
+        return list(problems)
+    return list(problems[:shown]) + [f"... and {len(problems) - shown} more (see the saved files)"]
+
+
+def waiting_note(job: dict | None, elapsed: float) -> str:
+    """What the client is waiting for once the Job has stopped running pods, else nothing."""
+    job = job or {}
+    failure = condition(job, "FailureTarget")
+    if failure and failure.get("status") == "True":
+        return (
+            f"  ({failure.get('reason', 'failing')}: waiting for the pods to stop before Kubernetes "
+            f"marks the Job Failed)"
+        )
+    success = condition(job, "SuccessCriteriaMet")
+    if success and success.get("status") == "True":
+        return "  (all succeeded: waiting for the pods to stop before Kubernetes marks the Job Complete)"
+    deadline = (job.get("spec") or {}).get("activeDeadlineSeconds")
+    if isinstance(deadline, int) and elapsed > deadline:
+        return (
+            f"  (past the Job's {deadline} s deadline: waiting up to {CLIENT_GRACE_SECONDS} s more for "
+            f"the Job controller to end it)"
+        )
+    return ""
+
+
+def write_events(
+    path: str,
+    source: PagedList | EventStore,
+    events: Sequence[EventRecord],
+    resource_version: str | None,
+) -> None:
+    """events.json: the namespace's events as an EventList of the revision they were read at,
+    or (`resource_version` None) a batch's share of them as a `v1 List`: `events`, each whole as
+    read (the watch's waiting on disk), in the order read."""
+    if isinstance(source, EventStore):
+        names = [event.name or "" for event in events]
+        items: Any = EncodedItems(lambda: source.whole(names), len(names))
+    elif resource_version is None:
+        kept = {event.name for event in events}
+        items = [item for item in source.items if (item.get("metadata") or {}).get("name") in kept]
+    else:
+        items = list(source.items)
+    if resource_version is None:
+        write_json(path, dict(list_manifest([]), items=items))
+    else:
+        write_json(
+            path,
+            {
+                "apiVersion": "v1",
+                "kind": "EventList",
+                "metadata": {"resourceVersion": resource_version},
+                "items": items,
+            },
+        )
+
+
+@dataclasses.dataclass
+class RunContext:
+    """What the steps of one `run` share: its settings and plan, its receipt, its open handles."""
+
+    settings: Settings
+    plan: RunPlan
+    receipt: Receipt
+    kubectl: Kubectl
+    output: str
+    progress: Progress
+    pool: concurrent.futures.ThreadPoolExecutor
+    cpu_start: float
+    proxy: ApiProxy | None = None
+    batch: BatchEvidence | None = None  # the batch under way: what an interruption saves
+    touched_cluster: bool = False
+    silent: bool = (
+        False  # a quiet Python caller: its stdout and stderr carry only warnings and errors
+    )
+    spelling: Spelling = (
+        COMMAND_LINE  # how its errors name the settings: flags, or run_batch()'s keywords
+    )
+    on_reward: Callable[[dict], None] | None = (
+        None  # run_batch's caller, told each rewards.jsonl line
+    )
+    prepull: dict | None = None  # --prepull's figures, once it ran
+    stop: threading.Event | None = None  # set by stream_batch once its reader has gone
+    # The command line, not a Python caller (run_batch, stream_batch): the process is the run's.
+    owns_process: bool = False
+    capacity: dict | None = None  # what check_capacity found the nodes can run: run.json keeps it
+
+    @property
+    def namespace(self) -> str:
+        return self.receipt.namespace

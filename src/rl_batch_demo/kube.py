@@ -1,0 +1,800 @@
+"""The one edge to the cluster: `Kubectl` runs every kubectl; `ApiProxy`; reads through them, lists
+in pages.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import http.client
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
+
+from .constants import (
+    CALL_TIMEOUT_SECONDS,
+    CONTAINER_NAME,
+    CREDENTIALS_PROMPT,
+    JOB_TRACKING_FINALIZER,
+    KUBELET_LOG_GONE,
+    LIST_EXPIRIES,
+    LIST_PAGE_SIZE,
+    PROXY_DIRECTORY_PREFIX,
+    PROXY_START_SECONDS,
+    PR_SET_PDEATHSIG,
+    REQUEST_TIMEOUT_SECONDS,
+    TRANSIENT_ERROR_MARKERS,
+)
+from .model import DemoError
+from .parse import job_finished, pod_name
+
+
+def list_path(
+    resource_path: str,
+    limit: int,
+    selector: str | None = None,
+    not_older_than: str | None = None,
+    continue_token: str | None = None,
+) -> str:
+    """The API path of one page of a list.
+
+    A continue token carries its list's revision and the API refuses a
+    resourceVersion beside it, so only the first page names the oldest revision
+    its answer may come from.
+    """
+    query = {"limit": str(limit)}
+    if selector:
+        query["labelSelector"] = selector
+    if continue_token:
+        query["continue"] = continue_token
+    elif not_older_than:
+        query["resourceVersion"] = not_older_than
+        query["resourceVersionMatch"] = "NotOlderThan"
+    return f"{resource_path}?{urllib.parse.urlencode(query)}"
+
+
+def expired_continue(answer: str) -> str | None:
+    """For an answer saying a list's continue token expired: the token the API offers to go on
+    from its newest revision ("" when it offers none). None for any other answer."""
+    try:
+        status = json.loads(answer)
+    except ValueError:
+        return "" if "(Expired)" in answer else None
+    if not isinstance(status, dict) or status.get("reason") != "Expired":
+        return None
+    return (status.get("metadata") or {}).get("continue") or ""
+
+
+class PagedList:
+    """One list read page by page: a pure reducer of the API's answers."""
+
+    def __init__(
+        self,
+        resource_path: str,
+        selector: str | None = None,
+        not_older_than: str | None = None,
+        limit: int = LIST_PAGE_SIZE,
+    ) -> None:
+        self.resource_path = resource_path
+        self.selector = selector
+        self.not_older_than = not_older_than
+        self.limit = limit
+        self.items: list[dict] = []
+        self.resource_version: str | None = None
+        self.continue_token: str | None = None
+        self.done = False
+        self.pages = 0
+        self.expiries = 0
+
+    def next_path(self) -> str:
+        return list_path(
+            self.resource_path, self.limit, self.selector, self.not_older_than, self.continue_token
+        )
+
+    def apply(self, page: dict) -> None:
+        """One page: keep its items; its continue token asks for the next, none means it was the last."""
+        self.pages += 1
+        metadata = page.get("metadata") or {}
+        if self.resource_version is None:
+            self.resource_version = metadata.get("resourceVersion")
+        self.items.extend(page.get("items") or [])
+        self.continue_token = metadata.get("continue") or None
+        self.done = self.continue_token is None
+
+    def expired(self, token_to_go_on: str) -> None:
+        """The continue token expired. Go on with the API's own token when it offers one (the
+        rest then comes from a newer revision, still not older than asked), else start again."""
+        self.expiries += 1
+        if token_to_go_on:
+            self.continue_token = token_to_go_on
+        else:
+            self.items, self.resource_version, self.continue_token = [], None, None
+
+
+def unfinished_pods(pods: Iterable[dict]) -> list[str]:
+    """Names of the pods that have not ended (phase neither Succeeded nor Failed), sorted."""
+    return sorted(
+        pod_name(pod)
+        for pod in pods
+        if (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+    )
+
+
+def with_fresh_pods(pods: Iterable[dict], fresh: dict[str, dict]) -> list[dict]:
+    """The pods sorted by name, each replaced by its later reading where there is one."""
+    return sorted((fresh.get(pod_name(pod), pod) for pod in pods), key=pod_name)
+
+
+def with_vanished(listed: Iterable[dict], watched: Iterable[dict]) -> list[dict]:
+    """The listed pods plus, as last seen, each pod the watch saw that the list no longer has:
+    a pod deleted before the list was read is still part of the evidence."""
+    pods = {pod_name(pod): pod for pod in watched}
+    pods.update((pod_name(pod), pod) for pod in listed)
+    return sorted(pods.values(), key=pod_name)
+
+
+class PodReading(NamedTuple):
+    """A Job's pods as read after its end, and how they were read."""
+
+    pods: list[dict]
+    # "list" (not older than the Job's end), "final watch" (the pod watch saw each pod's last
+    # change), or "watch" when no list could be read
+    source: str
+    resource_version: str | None
+    pages: int
+    continue_expiries: int
+    reread: list[str]  # pods read again on their own because they still looked unfinished
+
+
+def pods_final(job: dict | None, pods: Iterable[dict]) -> bool:
+    """Whether these pods, as a watch last saw them, are the Complete Job's pods for good, so
+    that a list read now would show the same: each ended and was counted by the Job controller
+    (which then removes its tracking finalizer, the pod's last change), and the Job counted
+    no more pods than these."""
+    if not job_counted(job, 0, whole=False):
+        return False
+    ended = 0
+    for pod in pods:
+        if not pods_final_one(pod):
+            return False
+        ended += 1
+    return job_counted(job, ended)
+
+
+def job_counted(job: dict | None, ended: int, whole: bool = True) -> bool:
+    """The Job is Complete, with nothing active or uncounted, and (`whole`) it counted no more
+    pods than the `ended` ones a watch saw final: what pods_final asks of the Job."""
+    status = (job or {}).get("status") or {}
+    uncounted = status.get("uncountedTerminatedPods") or {}
+    if (
+        job_finished(job or {}) != "Complete"
+        or status.get("active")
+        or uncounted.get("succeeded")
+        or uncounted.get("failed")
+    ):
+        return False
+    return not whole or ended >= (status.get("succeeded") or 0) + (status.get("failed") or 0)
+
+
+def pods_final_one(pod: dict) -> bool:
+    """The pod ended, the Job controller counted it, and it is not being deleted: no change is to come."""
+    metadata = pod.get("metadata") or {}
+    return (
+        (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+        and JOB_TRACKING_FINALIZER not in (metadata.get("finalizers") or [])
+        and not metadata.get("deletionTimestamp")
+    )
+
+
+class LogGone(DemoError):
+    """A kubelet's answer that it no longer has a container's log (the container removed)."""
+
+
+class KubectlError(DemoError):
+    """A kubectl call that failed: its verb, exit code and stderr."""
+
+    def __init__(self, verb: str, returncode: int | None, stderr: str) -> None:
+        self.verb = verb
+        self.returncode = returncode
+        self.stderr = stderr
+        lines = [line for line in stderr.strip().splitlines() if line.strip()]
+        detail = lines[-1].strip() if lines else "no error message"
+        try:
+            # An API answer read through the proxy is a Status object; its message says it all.
+            detail = str(json.loads(stderr)["message"])
+        except (ValueError, KeyError, TypeError):
+            pass
+        status = "no answer" if returncode is None else f"exit {returncode}"
+        super().__init__(f"kubectl {verb} failed ({status}): {detail}")
+
+    @property
+    def not_found(self) -> bool:
+        return "(NotFound)" in self.stderr or " not found" in self.stderr
+
+    @property
+    def already_exists(self) -> bool:
+        return "(AlreadyExists)" in self.stderr or "already exists" in self.stderr
+
+    @property
+    def transient(self) -> bool:
+        """True when the same request may well succeed if asked again."""
+        if self.returncode is None:
+            return True
+        text = self.stderr.lower()
+        return any(marker in text for marker in TRANSIENT_ERROR_MARKERS)
+
+
+@functools.lru_cache(maxsize=None)
+def linux_prctl() -> Callable[..., int] | None:
+    """libc's prctl(2) on Linux, else None (then children outlive a killed tool until their timeouts)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (ImportError, OSError, AttributeError):
+        return None
+
+
+def die_with_parent() -> Callable[[], None] | None:
+    """A child's pre-exec step that kills it when this process dies, however it dies.
+
+    A SIGKILLed tool (a CI timeout, the OOM killer) runs no cleanup code, so its
+    watches and its proxy must end by themselves: the kernel sends them SIGKILL
+    once their parent is gone.
+    """
+    prctl = linux_prctl()
+    if prctl is None:
+        return None
+    parent = os.getpid()
+
+    def arm() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the parent died before the signal was armed
+            os._exit(1)
+
+    return arm
+
+
+class InterruptsAcrossForks:
+    """Holds a Ctrl-C or SIGTERM back while the main thread starts a child, and raises it after.
+
+    A pre-exec step (die_with_parent) makes the interpreter run its fork handlers in this
+    process around the fork. A KeyboardInterrupt raised inside one is printed ("Exception
+    ignored in ... _afterFork") and dropped, so the run went on as if never interrupted, and
+    it leaves the lock that logging's handler holds over the fork taken, so the next child
+    any other thread starts waits for it forever. On a loaded machine the main thread spends
+    long enough in fork for both to happen. So while it starts a child, the handler only
+    notes the signal; the start then stops that child and raises the interrupt.
+    """
+
+    def __init__(self) -> None:
+        self.starting = False  # the main thread is starting a child
+        self.held = False  # a signal came meanwhile
+
+    def handle(self, signum: int, frame: Any) -> None:
+        if self.starting:
+            self.held = True
+            return
+        raise KeyboardInterrupt
+
+    def start(self, starter: Callable[[], subprocess.Popen]) -> subprocess.Popen:
+        """The child `starter` starts, with any interrupt held back until it has (inside `holding`,
+        until that block ends: whoever holds it stops the child)."""
+        if threading.current_thread() is not threading.main_thread():
+            return starter()  # signal handlers run in the main thread alone
+        if self.starting:
+            return starter()
+        self.starting, self.held = True, False
+        try:
+            child = starter()
+        except BaseException:
+            self.starting = False
+            if self.held:
+                raise KeyboardInterrupt from None
+            raise
+        self.starting = False
+        if self.held:
+            child.kill()
+            child.wait()
+            raise KeyboardInterrupt
+        return child
+
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[None]:
+        """An interrupt held back while the block runs, and raised when it ends. A thread's start
+        waits on a lock of the threading module's: an interrupt raised inside that wait leaves the
+        lock released twice (RuntimeError) instead of stopping the run as Ctrl-C should."""
+        if threading.current_thread() is not threading.main_thread() or self.starting:
+            yield
+            return
+        self.starting, self.held = True, False
+        try:
+            yield
+        except BaseException:
+            self.starting = False
+            if self.held:
+                raise KeyboardInterrupt from None
+            raise
+        self.starting = False
+        if self.held:
+            raise KeyboardInterrupt
+
+
+INTERRUPTS = InterruptsAcrossForks()
+
+
+class Kubectl:
+    """Runs kubectl against one context with bounded requests; counts what it started.
+
+    With `verbose`, every command line (and every request through the proxy) is
+    echoed on stderr before it is sent, for a user debugging on a bastion. Only
+    argv is echoed, never what kubectl is given on stdin.
+    """
+
+    def __init__(self, binary: str, context: str | None = None, verbose: bool = False) -> None:
+        self.binary = binary
+        self.context = context
+        self.verbose = verbose
+        self.processes = 0
+        self.retries = 0
+        self._lock = threading.Lock()
+
+    def echo(self, line: str) -> None:
+        """Show what is about to be sent, when verbose; one whole line even from many threads."""
+        if self.verbose:
+            # On a terminal, first erase the progress line being updated there; it is redrawn below.
+            erase = "\r\x1b[K" if sys.stderr.isatty() else ""
+            with self._lock:
+                sys.stderr.write(f"{erase}+ {line}\n")
+                sys.stderr.flush()
+
+    def echo_argv(self, argv: Sequence[str]) -> None:
+        if self.verbose:
+            self.echo(" ".join(shlex.quote(arg) for arg in argv))
+
+    def argv(
+        self, args: Sequence[str], request_timeout: str | None = f"{REQUEST_TIMEOUT_SECONDS}s"
+    ) -> list[str]:
+        argv = [self.binary]
+        if self.context:
+            argv += ["--context", self.context]
+        if request_timeout:
+            argv.append(f"--request-timeout={request_timeout}")
+        return argv + list(args)
+
+    def run(
+        self,
+        args: Sequence[str],
+        input_text: str | None = None,
+        retry_until: float | None = None,
+        request_timeout: str | None = f"{REQUEST_TIMEOUT_SECONDS}s",
+    ) -> str:
+        """Run one request-and-answer call; retry transient failures until `retry_until` (monotonic)."""
+        return self.retrying(lambda: self._run_once(args, input_text, request_timeout), retry_until)
+
+    def retrying(self, call: Callable[[], str], retry_until: float | None) -> str:
+        """Call, and on a transient failure call again with backoff until `retry_until`; count retries."""
+        delay = 0.25
+        while True:
+            try:
+                return call()
+            except KubectlError as error:
+                if (
+                    retry_until is None
+                    or not error.transient
+                    or time.monotonic() + delay > retry_until
+                ):
+                    raise
+            with self._lock:
+                self.retries += 1
+            time.sleep(delay)
+            delay = min(delay * 2, 4.0)
+
+    def _run_once(
+        self, args: Sequence[str], input_text: str | None, request_timeout: str | None
+    ) -> str:
+        verb = " ".join(a for a in args[:3] if not a.startswith("-"))
+        with self._lock:
+            self.processes += 1
+        argv = self.argv(args, request_timeout)
+        self.echo_argv(argv)
+        try:
+            process = INTERRUPTS.start(
+                lambda: subprocess.Popen(
+                    argv,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    preexec_fn=die_with_parent(),
+                )
+            )
+        except OSError as error:
+            raise DemoError(
+                f"cannot run kubectl {self.binary!r}: {error.strerror or error}"
+            ) from None
+        with process:
+            try:
+                # Always an input, if only an empty one: kubectl must never wait on the terminal.
+                stdout, stderr = process.communicate(input_text or "", timeout=CALL_TIMEOUT_SECONDS)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.communicate()
+                raise KubectlError(
+                    verb, None, f"no answer within {CALL_TIMEOUT_SECONDS} s"
+                ) from None
+            except BaseException:  # an interrupt: the call ends with it
+                process.kill()
+                raise
+        completed = subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
+        if completed.returncode != 0:
+            if CREDENTIALS_PROMPT in completed.stdout + completed.stderr:
+                raise DemoError(
+                    f"kubectl {verb}: the kubeconfig gives no credentials for context "
+                    f"{self.context or '(current)'} and kubectl asked for a username; "
+                    "log in or fix the kubeconfig's user"
+                )
+            raise KubectlError(verb, completed.returncode, completed.stderr)
+        return completed.stdout
+
+    def get_json(self, args: Sequence[str], **options: Any) -> Any:
+        """Run a call with `-o json`; None when kubectl printed nothing (--ignore-not-found)."""
+        text = self.run(list(args) + ["-o", "json"], **options)
+        if not text.strip():
+            return None
+        try:
+            return json.loads(text)
+        except ValueError:
+            raise DemoError(
+                f"kubectl {' '.join(args[:2])} printed something that is not JSON"
+            ) from None
+
+    def get(
+        self,
+        kind: str,
+        name: str,
+        namespace: str | None = None,
+        missing_ok: bool = False,
+        retry_until: float | None = None,
+    ) -> dict | None:
+        """One object; None if it does not exist and `missing_ok` (else that is a KubectlError)."""
+        args = ["get", kind, name] + (["-n", namespace] if namespace else [])
+        return self.get_json(
+            args + (["--ignore-not-found"] if missing_ok else []), retry_until=retry_until
+        )
+
+    def get_list(
+        self, kind: str, namespace: str | None = None, *flags: str, retry_until: float | None = None
+    ) -> dict | None:
+        """Every object of a kind (that `flags` such as a label selector let through), as one List."""
+        args = ["get", kind] + list(flags) + (["-n", namespace] if namespace else [])
+        return self.get_json(args, retry_until=retry_until)
+
+    def create(self, manifest: dict, retry_until: float | None = None) -> dict:
+        """Create one object from its manifest; the object as the API server stored it."""
+        return self.get_json(
+            ["create", "-f", "-"], input_text=json.dumps(manifest), retry_until=retry_until
+        )
+
+    def delete(
+        self,
+        kind: str,
+        name: str,
+        namespace: str | None,
+        *flags: str,
+        retry_until: float | None = None,
+    ) -> None:
+        """Ask for one object's deletion; one already gone is no error."""
+        args = ["delete", kind, name] + (["-n", namespace] if namespace else [])
+        self.run(args + list(flags) + ["--ignore-not-found"], retry_until=retry_until)
+
+    def stream(
+        self, args: Sequence[str], seconds: int, detached: bool = False, stderr: Any = None
+    ) -> subprocess.Popen:
+        """Start a long-lived call (a watch, the proxy) with requests bounded by `seconds`.
+
+        A detached one is out of the terminal's reach, so Ctrl-C leaves it to this tool to stop.
+        Its stderr goes to `stderr` (a file) when given, else nowhere anyone reads.
+        """
+        with self._lock:
+            self.processes += 1
+        argv = self.argv(args, f"{max(1, seconds)}s")
+        self.echo_argv(argv)
+        errors = stderr or tempfile.TemporaryFile()
+        return INTERRUPTS.start(
+            lambda: subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=errors,
+                bufsize=0,
+                start_new_session=detached,
+                preexec_fn=die_with_parent(),
+            )
+        )
+
+
+def refusal(errors: Any) -> str | None:
+    """The API server's "Forbidden" answer in what a finished kubectl wrote to `errors`, if any."""
+    try:
+        with errors:
+            errors.seek(0)
+            text = errors.read().decode("utf-8", errors="replace")
+    except (OSError, ValueError):
+        return None
+    refused = [line.strip() for line in text.splitlines() if "(Forbidden)" in line]
+    return refused[-1] if refused else None
+
+
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """HTTP over a Unix socket: how this tool talks to its own `kubectl proxy`."""
+
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.socket_path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self.socket_path)
+
+
+def remove_stale_proxy_directories() -> None:
+    """Remove the socket directories that killed runs of this tool left behind.
+
+    Only a directory of ours whose run is gone and that holds nothing but the
+    socket is removed.
+    """
+    if os.name != "posix":
+        return
+    base = tempfile.gettempdir()
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return
+    for name in names:
+        pid_text = name[len(PROXY_DIRECTORY_PREFIX) :].split("-", 1)[0]
+        if not name.startswith(PROXY_DIRECTORY_PREFIX) or not pid_text.isdigit():
+            continue
+        path = os.path.join(base, name)
+        try:
+            if os.lstat(path).st_uid != os.getuid() or set(os.listdir(path)) - {"api.sock"}:
+                continue
+            os.kill(int(pid_text), 0)
+            continue  # that run is still alive
+        except ProcessLookupError:
+            pass
+        except OSError:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+
+
+class ApiProxy:
+    """One `kubectl proxy` on a private Unix socket, for the many small reads of a batch.
+
+    kubectl limits itself to 5 requests a second after a burst of 10 (so
+    `kubectl logs -l` over 500 pods takes 100 s), and every kubectl process costs
+    about 0.1 s of CPU. Through the proxy each log or list is one local HTTP
+    request at the API server's own speed; authentication stays kubectl's.
+    """
+
+    def __init__(self, kubectl: Kubectl) -> None:
+        self.kubectl = kubectl
+        remove_stale_proxy_directories()
+        # mode 0700: ours alone
+        self.directory = tempfile.mkdtemp(prefix=f"{PROXY_DIRECTORY_PREFIX}{os.getpid()}-")
+        self.socket_path = os.path.join(self.directory, "api.sock")
+        self.process = kubectl.stream(
+            ["proxy", f"--unix-socket={self.socket_path}"], REQUEST_TIMEOUT_SECONDS, detached=True
+        )
+        deadline = time.monotonic() + PROXY_START_SECONDS
+        while not os.path.exists(self.socket_path):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.close()
+                raise DemoError("kubectl proxy did not start")
+            time.sleep(0.01)
+
+    def get(self, path: str, retry_until: float | None = None) -> str:
+        """GET one API path, retrying transient failures like any kubectl call."""
+        return self.kubectl.retrying(lambda: self._get_once(path), retry_until)
+
+    def _get_once(self, path: str) -> str:
+        """GET one API path (bounded by the request timeout); KubectlError unless 200."""
+        separator = "&" if "?" in path else "?"
+        target = f"{path}{separator}timeout={REQUEST_TIMEOUT_SECONDS}s"
+        self.kubectl.echo(f"GET {target}")
+        connection = UnixHTTPConnection(self.socket_path, REQUEST_TIMEOUT_SECONDS)
+        try:
+            connection.request("GET", target)
+            response = connection.getresponse()
+            body = response.read().decode("utf-8", errors="replace")
+        except (OSError, http.client.HTTPException) as error:  # a timeout, or an answer cut off
+            raise KubectlError(f"GET {path}", None, str(error)) from None
+        finally:
+            connection.close()
+        if response.status != 200:
+            raise KubectlError(f"GET {path}", response.status, body)
+        return body
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def read_log(
+    kubectl: Kubectl, proxy: ApiProxy | None, namespace: str, pod: str, retry_until: float | None
+) -> str:
+    """One pod's episode log: through the proxy when there is one, else with `kubectl logs`.
+    A kubelet's notice that the log is gone is no log: DemoError, as for any log not read."""
+    if proxy is not None:
+        text = proxy.get(
+            f"/api/v1/namespaces/{namespace}/pods/{pod}/log?container={CONTAINER_NAME}", retry_until
+        )
+    else:
+        text = kubectl.run(
+            ["logs", pod, "-c", CONTAINER_NAME, "-n", namespace], retry_until=retry_until
+        )
+    if KUBELET_LOG_GONE.fullmatch(text):
+        raise LogGone(f"the kubelet no longer has the log ({text.strip()})")
+    return text
+
+
+def log_gone(error: DemoError) -> bool:
+    """read_log failed because the cluster no longer has the log: the pod is gone (404), or its
+    kubelet has removed the container."""
+    return isinstance(error, LogGone) or (isinstance(error, KubectlError) and error.not_found)
+
+
+def api_read(kubectl: Kubectl, proxy: ApiProxy | None, path: str, retry_until: float | None) -> str:
+    """GET one API path: through the proxy when there is one, else with `kubectl get --raw`."""
+    if proxy is not None:
+        return proxy.get(path, retry_until)
+    separator = "&" if "?" in path else "?"
+    return kubectl.run(
+        ["get", "--raw", f"{path}{separator}timeout={REQUEST_TIMEOUT_SECONDS}s"],
+        retry_until=retry_until,
+    )
+
+
+def read_pages(
+    kubectl: Kubectl, proxy: ApiProxy | None, listing: PagedList, retry_seconds: float | None
+) -> PagedList:
+    """Read a list to its last page; each page is one bounded call, asked again for up to retry_seconds."""
+    while not listing.done:
+        retry_until = None if retry_seconds is None else time.monotonic() + retry_seconds
+        try:
+            text = api_read(kubectl, proxy, listing.next_path(), retry_until)
+        except KubectlError as error:
+            token = expired_continue(error.stderr)
+            if token is None or listing.continue_token is None or listing.expiries >= LIST_EXPIRIES:
+                raise
+            listing.expired(token)
+            continue
+        try:
+            page = json.loads(text)
+        except ValueError:
+            raise DemoError(
+                f"the list of {listing.resource_path} answered something that is not JSON"
+            ) from None
+        listing.apply(page)
+    return listing
+
+
+def reread_pods(
+    kubectl: Kubectl,
+    proxy: ApiProxy | None,
+    namespace: str,
+    names: Iterable[str],
+    retry_seconds: float | None,
+) -> dict[str, dict]:
+    """Each named pod read again on its own (a GET reads the newest revision); unreadable ones are left out."""
+    fresh = {}
+    for name in names:
+        retry_until = None if retry_seconds is None else time.monotonic() + retry_seconds
+        try:
+            pod = json.loads(
+                api_read(kubectl, proxy, f"/api/v1/namespaces/{namespace}/pods/{name}", retry_until)
+            )
+        except (DemoError, ValueError):
+            continue  # gone or unreadable: the earlier reading stays the evidence
+        if isinstance(pod, dict) and pod.get("kind") == "Pod":
+            fresh[name] = pod
+    return fresh
+
+
+def list_total(page: dict) -> int | None:
+    """How many objects a list holds in all, from its first page: the page's items and, when
+    more follow, the API's remainingItemCount (None when it does not say)."""
+    items = len(page.get("items") or [])
+    metadata = page.get("metadata") or {}
+    if not metadata.get("continue"):
+        return items
+    remaining = metadata.get("remainingItemCount")
+    return items + int(remaining) if isinstance(remaining, int) else None
+
+
+def count_events(
+    kubectl: Kubectl, proxy: ApiProxy | None, namespace: str, retry_until: float | None
+) -> tuple[int | None, str | None]:
+    """How many events the namespace holds now, and the revision that was: a list of one,
+    read from the newest revision."""
+    text = api_read(kubectl, proxy, f"/api/v1/namespaces/{namespace}/events?limit=1", retry_until)
+    try:
+        page = json.loads(text)
+    except ValueError:
+        return None, None
+    if not isinstance(page, dict):
+        return None, None
+    return list_total(page), (page.get("metadata") or {}).get("resourceVersion")
+
+
+def read_job_pods(
+    kubectl: Kubectl,
+    proxy: ApiProxy | None,
+    namespace: str,
+    job_name: str,
+    not_older_than: str | None,
+    retry_seconds: float | None,
+    page_size: int = LIST_PAGE_SIZE,
+    selector: str | None = None,
+) -> PodReading:
+    """The Job's pods (`selector`: a batch's pods, across its Jobs), listed in pages from a revision
+    not older than `not_older_than` (the Job's end as this client saw it); a pod that still looks
+    unfinished is read again on its own before anything is concluded from it."""
+    listing = read_pages(
+        kubectl,
+        proxy,
+        PagedList(
+            f"/api/v1/namespaces/{namespace}/pods",
+            selector or f"job-name={job_name}",
+            not_older_than,
+            page_size,
+        ),
+        retry_seconds,
+    )
+    # Items of a list carry no kind; give each the shape `kubectl get -o json` prints.
+    pods = [{"apiVersion": "v1", "kind": "Pod", **pod} for pod in listing.items]
+    fresh = reread_pods(kubectl, proxy, namespace, unfinished_pods(pods), retry_seconds)
+    return PodReading(
+        with_fresh_pods(pods, fresh),
+        "list",
+        listing.resource_version,
+        listing.pages,
+        listing.expiries,
+        sorted(fresh),
+    )
+
+
+def read_events(
+    kubectl: Kubectl,
+    proxy: ApiProxy | None,
+    namespace: str,
+    page_size: int,
+    retry_seconds: float | None,
+) -> PagedList:
+    """The namespace's events listed in pages: through the proxy when there is one, else (or
+    should that fail) by kubectl."""
+    path = f"/api/v1/namespaces/{namespace}/events"
+    if proxy is not None:
+        try:
+            return read_pages(kubectl, proxy, PagedList(path, limit=page_size), retry_seconds)
+        except DemoError:
+            pass  # ask kubectl below
+    return read_pages(kubectl, None, PagedList(path, limit=page_size), retry_seconds)

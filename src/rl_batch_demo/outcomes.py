@@ -1,0 +1,796 @@
+"""Outcomes: verification (the first violation fails the whole batch) and rollouts (every episode's
+outcome, its failure classified, none dropped).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any, Iterable, Mapping, NamedTuple, Sequence
+
+from .constants import (
+    BASELINE_PASSED_MESSAGE,
+    CANCELLED,
+    COMPLETION_INDEX_ANNOTATION,
+    EPISODE_INDEXES_ANNOTATION,
+    FAILURE_CLASSES,
+    INDEX_FAILURE_COUNT_ANNOTATION,
+    INDEX_IGNORED_FAILURE_COUNT_ANNOTATION,
+    INFRASTRUCTURE_EXIT_CODES,
+    INFRASTRUCTURE_POD_REASONS,
+    INFRASTRUCTURE_TERMINATED_REASONS,
+    POD_DEADLINE_REASON,
+    SUCCESS_POLICY_REASON,
+    VALID_CLASSES,
+)
+from .model import Settings, VerificationError
+from .stats import percentile, rounded
+from .parse import (
+    EventRecord,
+    condition,
+    condition_true,
+    container_image,
+    container_status,
+    container_terminated,
+    index_list,
+    parse_events,
+    parse_time,
+    pod_name,
+    pod_warnings,
+)
+from .timing import EpisodeDraft, WHOLE_SECOND, worker_time
+
+
+def verify_episode(
+    pod: dict, events: list[dict], job_created: float, builtin: bool
+) -> tuple[dict, dict]:
+    """Check one episode; return its ready and reward events."""
+    name = pod_name(pod)
+    phase = (pod.get("status") or {}).get("phase")
+    if phase != "Succeeded":
+        raise VerificationError(f"pod {name}: phase is {phase}, not Succeeded")
+    readies = [e for e in events if e["event"] == "ready"]
+    rewards = [e for e in events if e["event"] == "reward"]
+    if len(readies) != 1:
+        raise VerificationError(
+            f"pod {name}: expected exactly one ready event, found {len(readies)}"
+        )
+    if len(rewards) != 1:
+        raise VerificationError(
+            f"pod {name}: expected exactly one reward event, found {len(rewards)}"
+        )
+    ready, reward = readies[0], rewards[0]
+    if ready.get("episode_id") != name:
+        raise VerificationError(
+            f"pod {name}: ready event has episode_id {ready.get('episode_id')!r}, not the pod name"
+        )
+    if reward.get("episode_id") != ready.get("episode_id"):
+        raise VerificationError(
+            f"pod {name}: reward event has episode_id {reward.get('episode_id')!r}, "
+            f"not the ready event's {ready.get('episode_id')!r}"
+        )
+    value = reward.get("reward")
+    if builtin:
+        if value != 1 or isinstance(value, bool):
+            raise VerificationError(f"pod {name}: reward is {value!r}, not 1", "verifier")
+        tests_exit, baseline_exit = reward.get("tests_exit"), reward.get("baseline_exit")
+        if tests_exit != 0 or isinstance(tests_exit, bool):
+            raise VerificationError(f"pod {name}: tests_exit is {tests_exit!r}, not 0", "verifier")
+        if (
+            baseline_exit in (0, None)
+            or not isinstance(baseline_exit, int)
+            or isinstance(baseline_exit, bool)
+        ):
+            raise VerificationError(
+                f"pod {name}: baseline_exit is {reward.get('baseline_exit')!r}; the baseline must fail",
+                "verifier",
+            )
+    elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise VerificationError(f"pod {name}: reward is {value!r}, not a number")
+    pod_created = parse_time(pod["metadata"].get("creationTimestamp"))
+    moments = [job_created, pod_created, ready.get("at"), reward.get("at")]
+    numbers = [m for m in moments if isinstance(m, (int, float))]
+    in_order = len(numbers) == len(moments) and all(a <= b for a, b in zip(numbers, numbers[1:]))
+    if not in_order:
+        raise VerificationError(
+            f"pod {name}: times out of order (job created {moments[0]}, pod created {moments[1]}, "
+            f"ready {moments[2]}, reward {moments[3]}): unsynchronised clocks or broken events",
+            "verifier",
+        )
+    status = container_status(pod)
+    if status.get("restartCount", 0) != 0:
+        raise VerificationError(
+            f"pod {name}: container restarted {status.get('restartCount')} time(s)",
+            "infrastructure",
+        )
+    terminated = container_terminated(pod)
+    if terminated is None:
+        raise VerificationError(f"pod {name}: container has no terminated state")
+    if terminated.get("exitCode") != 0:
+        raise VerificationError(f"pod {name}: container exited {terminated.get('exitCode')}, not 0")
+    return ready, reward
+
+
+def verify_batch(
+    count: int,
+    job: dict,
+    pods: Sequence[dict],
+    logs: dict[str, str],
+    builtin: bool = True,
+    drafts: Mapping[str, EpisodeDraft] | None = None,
+) -> list[tuple[dict, dict, dict]]:
+    """Every episode honest, or VerificationError naming the first that is not.
+
+    Returns (pod, ready event, reward event) per pod, sorted by pod name. An episode drafted
+    while waiting from this very pod, log and Job creation is not verified again.
+    """
+    if len(pods) != count:
+        raise VerificationError(
+            f"expected {count} pods for {count} episodes, found {len(pods)} "
+            f"(a replaced or missing pod is a failure)"
+        )
+    job_created = parse_time(job["metadata"].get("creationTimestamp"))
+    if job_created is None:
+        raise VerificationError("the Job has no creationTimestamp")
+    episodes = []
+    for pod in sorted((succeeded_before_its_deadline(pod, job) for pod in pods), key=pod_name):
+        name = pod_name(pod)
+        draft = (drafts or {}).get(name)
+        if draft is not None and draft.verified(pod, logs.get(name, ""), job_created, builtin):
+            episodes.append((pod, draft.ready, draft.reward))
+            continue
+        events = parse_events(logs.get(name, "").splitlines())
+        ready, reward = verify_episode(pod, events, job_created, builtin)
+        episodes.append((pod, ready, reward))
+    return episodes
+
+
+def job_end_reason(job: dict | None) -> str | None:
+    """The reason of the Job's Failed (or FailureTarget) condition, e.g. DeadlineExceeded."""
+    for kind in ("Failed", "FailureTarget"):
+        entry = condition(job or {}, kind)
+        if entry and entry.get("status") == "True":
+            return entry.get("reason")
+    return None
+
+
+TRACEBACK_START = re.compile(r'(Traceback \(most recent call last\):|  File ".*", line \d+)')
+
+EXCEPTION_LINE = re.compile(r"[A-Za-z_][\w.]*(: .*)?")
+
+
+def traceback_tail(log_text: str) -> str | None:
+    """The last line of the last Python traceback in a log (`ZeroDivisionError: division by
+    zero`), what a failed episode's line quotes; a SyntaxError has no "Traceback" header, only
+    its `File` lines, so either opens one."""
+    last, in_trace = None, False
+    for line in log_text.splitlines():
+        if TRACEBACK_START.match(line):
+            in_trace = True
+        elif in_trace and not line[:1].isspace():
+            in_trace = False
+            if EXCEPTION_LINE.fullmatch(line.rstrip()):
+                last = line.strip()
+    return last
+
+
+def with_traceback(why: str, log_text: str) -> str:
+    tail = traceback_tail(log_text)
+    return f"{why}: {tail}" if tail else why
+
+
+def classify_attempt(
+    pod: dict, log_text: str, job: dict, builtin: bool, warnings: Sequence[str] = ()
+) -> tuple[str | None, str | None]:
+    """(failure class, why) of one pod, or (None, None) for an episode that passed every check.
+
+    Infrastructure: the pod was disrupted, never scheduled, never started its
+    container, was killed from outside, or was stopped by the batch's end before it
+    started. Episode: the program exited non-zero on its own, broke the event
+    protocol, or was still running at the Job's deadline. Verifier: the built-in
+    checks of the result failed (the baseline passed, the patched tests failed,
+    reward not 1, times out of order). `warnings` (the pod's Warning event reasons)
+    are named with an infrastructure failure: a pod stopped at the deadline while
+    its image would not pull says so.
+    """
+    failure_class, why = classify_pod_state(pod, log_text, job, builtin)
+    if failure_class == "infrastructure" and warnings:
+        why = f"{why}; pod warnings: {'; '.join(warnings)}"
+    return failure_class, why
+
+
+def job_cut_short(job: dict | None) -> bool:
+    """The Job's successPolicy (--need) was met: it stops every episode still running."""
+    for kind in ("SuccessCriteriaMet", "Complete"):
+        entry = condition(job or {}, kind)
+        if entry and entry.get("status") == "True" and entry.get("reason") == SUCCESS_POLICY_REASON:
+            return True
+    return False
+
+
+def succeeded_before_its_deadline(pod: dict, job: dict | None) -> dict:
+    """The pod as it ended: one the kubelet marked Failed (DeadlineExceeded) after it had
+    succeeded is given back as Succeeded, else the pod itself.
+
+    A real kubelet keeps checking a pod's activeDeadlineSeconds as long as the pod is on its node,
+    ended or not, so a pod that succeeded well before its deadline turns Failed with reason
+    DeadlineExceeded once the deadline passes while the batch still runs (its container's exit
+    code still 0). It had succeeded if the Job counted its index as completed, or if its every
+    container had ended, with exit code 0, in a second before its deadline's."""
+    status = pod.get("status") or {}
+    if status.get("phase") != "Failed" or status.get("reason") != POD_DEADLINE_REASON:
+        return pod
+    ends = [
+        (cs.get("state") or {}).get("terminated") or {}
+        for cs in status.get("containerStatuses") or []
+    ]
+    if not ends or any(end.get("exitCode") != 0 for end in ends):
+        return pod
+    index = ((pod.get("metadata") or {}).get("annotations") or {}).get(
+        COMPLETION_INDEX_ANNOTATION, ""
+    )
+    counted = index.isdigit() and int(index) in index_list(
+        ((job or {}).get("status") or {}).get("completedIndexes") or ""
+    )
+    started = parse_time(status.get("startTime"))
+    limit = (pod.get("spec") or {}).get("activeDeadlineSeconds")
+    finished = [parse_time(end.get("finishedAt")) for end in ends]
+    in_time = (
+        started is not None
+        and isinstance(limit, int)
+        and all(moment is not None and moment < started + limit for moment in finished)
+    )
+    if not (counted or in_time):
+        return pod
+    kept = {key: value for key, value in status.items() if key not in ("reason", "message")}
+    return dict(pod, status=dict(kept, phase="Succeeded"))
+
+
+def classify_pod_state(
+    pod: dict, log_text: str, job: dict, builtin: bool
+) -> tuple[str | None, str | None]:
+    """classify_attempt from the pod's status and log alone."""
+    pod = succeeded_before_its_deadline(pod, job)
+    status = pod.get("status") or {}
+    phase = status.get("phase")
+    disrupted = condition(pod, "DisruptionTarget")
+    # A disrupted pod whose program still finished (PID 1 ignores SIGTERM unless it handles it,
+    # so an evicted episode often runs on to exit 0) Succeeded: the Job counts it, so do we.
+    if disrupted and disrupted.get("status") == "True" and phase != "Succeeded":
+        return "infrastructure", (
+            f"disrupted ({disrupted.get('reason', '?')}: "
+            f"{(disrupted.get('message') or '').strip()})"
+        ).replace(": )", ")")
+    if status.get("reason") in INFRASTRUCTURE_POD_REASONS:
+        return (
+            "infrastructure",
+            f"pod {status['reason']}: {(status.get('message') or '').strip()}".rstrip(": "),
+        )
+    if phase == "Succeeded":
+        try:
+            job_created = parse_time(job["metadata"].get("creationTimestamp"))
+            verify_episode(pod, parse_events(log_text.splitlines()), job_created or 0.0, builtin)
+        except VerificationError as error:
+            if job_cut_short(job) and pod["metadata"].get("deletionTimestamp"):
+                # Stopped by the Job once --need was met, it exited 0 before its reward was complete.
+                return (
+                    CANCELLED,
+                    f"cancelled: --need was met while it ran (it exited 0 before a complete "
+                    f"reward: {str(error).split(': ', 1)[-1]})",
+                )
+            end = job_end_reason(job)
+            if pod["metadata"].get("deletionTimestamp") and end is not None and not log_text:
+                # The Job's end deleted the pod while it ran; it ran on to exit 0 (its first process
+                # ignores SIGTERM) and the kubelet removed it at once: its log went with it before it
+                # could be read. Its outcome is unknown, not the episode's failure.
+                return "infrastructure", (
+                    f"its log was gone before it could be read: deleted as the Job ended ({end}), "
+                    f"the pod was removed once it exited 0"
+                )
+            return error.failure_class, str(error).split(": ", 1)[-1]
+        return None, None
+    state = container_status(pod).get("state") or {}
+    started = "running" in state or bool((state.get("terminated") or {}).get("startedAt"))
+    if job_cut_short(job) and (pod["metadata"].get("deletionTimestamp") or phase != "Failed"):
+        # Stopped (or about to be) by the Job because enough episodes had succeeded.
+        return (
+            CANCELLED,
+            "cancelled: --need was met while it ran"
+            if started
+            else "cancelled: --need was met before its container started",
+        )
+    if status.get("reason") == POD_DEADLINE_REASON:
+        limit = (pod.get("spec") or {}).get("activeDeadlineSeconds")
+        if started:
+            return (
+                "episode",
+                f"ran out of time: still running {limit} s after its pod started (its deadline: "
+                f"--episode-timeout, plus --pull-timeout, as given)",
+            )
+        return "infrastructure", (
+            f"container never started within its pod's deadline of {limit} s from its "
+            f"start (--pull-timeout and --episode-timeout): image {container_image(pod)} "
+            f"not pulled and started by then"
+        )
+    end = job_end_reason(job)
+    own_exit = (state.get("terminated") or {}).get("exitCode") not in (
+        None,
+        0,
+    ) + INFRASTRUCTURE_EXIT_CODES
+    if pod["metadata"].get("deletionTimestamp") and end is not None and not own_exit:
+        # Stopped by the Job controller as the Job ended, not by anything of its own.
+        if started and end == "DeadlineExceeded":
+            return "episode", "still running at the Job's deadline"
+        return "infrastructure", f"stopped when the Job ended ({end}) before it finished"
+    if not (pod.get("spec") or {}).get("nodeName"):
+        scheduled = condition(pod, "PodScheduled") or {}
+        return (
+            "infrastructure",
+            f"never scheduled: {scheduled.get('message') or 'no node assigned'}",
+        )
+    if "waiting" in state:
+        waiting = state["waiting"]
+        return "infrastructure", (
+            f"container never started ({waiting.get('reason', 'waiting')}: "
+            f"{waiting.get('message', '')})"
+        ).replace(": )", ")")
+    if "running" in state:
+        if end == "DeadlineExceeded":
+            return "episode", "still running at the Job's deadline"
+        return "infrastructure", f"still running when the batch ended ({end or 'not finished'})"
+    terminated = state.get("terminated")
+    if terminated is None:
+        return "infrastructure", "container never started (no container status)"
+    code, reason = terminated.get("exitCode"), terminated.get("reason") or ""
+    if (
+        reason in INFRASTRUCTURE_TERMINATED_REASONS
+        or code in INFRASTRUCTURE_EXIT_CODES
+        or code == 0
+    ):
+        return "infrastructure", f"container {reason or 'ended'} with exit code {code}"
+    if builtin and BASELINE_PASSED_MESSAGE in log_text:
+        return "verifier", f"exited {code}: {BASELINE_PASSED_MESSAGE}"
+    rewards = [e for e in parse_events(log_text.splitlines()) if e["event"] == "reward"]
+    if builtin and len(rewards) == 1 and rewards[0].get("tests_exit") not in (0, None):
+        return (
+            "verifier",
+            f"exited {code}: the patched code failed its tests (tests_exit {rewards[0]['tests_exit']})",
+        )
+    return "episode", with_traceback(f"exited {code}", log_text)
+
+
+def pod_index(pod: dict) -> int | None:
+    """The pod's episode index in the run: its completion index, which in a Job of several (one per
+    image) is its Job's own and names the run-wide index through EPISODE_INDEXES_ANNOTATION."""
+    annotations = pod["metadata"].get("annotations") or {}
+    try:
+        index = int(annotations.get(COMPLETION_INDEX_ANNOTATION, ""))
+    except ValueError:
+        return None
+    if EPISODE_INDEXES_ANNOTATION not in annotations:
+        return index
+    indexes = sorted(index_list(annotations[EPISODE_INDEXES_ANNOTATION]))
+    return indexes[index] if 0 <= index < len(indexes) else None
+
+
+def attempts_recorded(pod: dict) -> int:
+    """This pod's attempt number as the Job controller counts it: 1 + the index's earlier failures."""
+    annotations = pod["metadata"].get("annotations") or {}
+    total = 1
+    for key in (INDEX_FAILURE_COUNT_ANNOTATION, INDEX_IGNORED_FAILURE_COUNT_ANNOTATION):
+        try:
+            total += max(0, int(annotations.get(key, "0")))
+        except ValueError:
+            pass
+    return total
+
+
+REWARD_ROW_FIELDS = (
+    "index",
+    "task_id",
+    "image",
+    "group",
+    "pod",
+    "attempts",
+    "reward",
+    "failure_class",
+    "valid",
+    "failure",
+    "node",
+    "pod_to_ready_seconds",
+    "batch_to_ready_seconds",
+    "batch_to_reward_seconds",
+    "episode_seconds",
+    "evidence",
+    "earlier_attempts",
+)
+
+
+def reward_valid(failure_class: str | None) -> bool:
+    """Whether a trainer may learn from the line: the agent's own outcome (a success, or the episode's
+    own failure) is; a loss to the infrastructure, the verifier or a cancellation is masked."""
+    return failure_class in VALID_CLASSES
+
+
+def pods_by_index(pods: Iterable[dict], count: int) -> dict[int, list[dict]]:
+    """Each completion index's pods (its attempts), oldest first."""
+    by_index: dict[int, list[dict]] = {}
+    for pod in pods:
+        index = pod_index(pod)
+        if index is not None and 0 <= index < count:
+            by_index.setdefault(index, []).append(pod)
+    for attempts in by_index.values():
+        attempts.sort(
+            key=lambda p: (
+                parse_time(p["metadata"].get("creationTimestamp")) or 0.0,
+                attempts_recorded(p),
+                pod_name(p),
+            )
+        )
+    return by_index
+
+
+def episode_rows(
+    count: int,
+    job: dict,
+    pods: Sequence[dict],
+    logs: dict[str, str],
+    builtin: bool,
+    task_ids: Sequence[Any] | None,
+    group_size: int,
+    events: Sequence[EventRecord] = (),
+    images: Sequence[str | None] | None = None,
+) -> list[dict]:
+    """One row per episode (completion index), its final attempt's outcome; pure.
+
+    Every index has a row, an episode whose pod was never created included.
+    """
+    warnings = pod_warnings(events)
+    by_index = pods_by_index(pods, count)
+    return [
+        episode_row(
+            index,
+            by_index.get(index, []),
+            job,
+            logs,
+            builtin,
+            task_ids,
+            group_size,
+            warnings,
+            images,
+        )
+        for index in range(count)
+    ]
+
+
+def group_images(settings: Settings) -> list[str]:
+    """The image of each group of episodes (a task's; without tasks, each episode's)."""
+    return list(settings.task_images or [settings.image] * settings.count)
+
+
+def episode_row(
+    index: int,
+    attempts: Sequence[dict],
+    job: dict,
+    logs: dict[str, str],
+    builtin: bool,
+    task_ids: Sequence[Any] | None,
+    group_size: int,
+    warnings: dict[str, list[str]] | None = None,
+    images: Sequence[str | None] | None = None,
+) -> dict:
+    """The row of one episode from its attempts (oldest first); pure. The final attempt is the pod
+    that succeeded, else the newest one. `images`: each group's image (group_images)."""
+    job_created = parse_time(job["metadata"].get("creationTimestamp")) or 0.0
+    group = index // group_size
+    row: dict[str, Any] = {"index": index, "task_id": task_ids[group] if task_ids else None}
+    if images is not None:
+        row["image"] = images[group] if group < len(images) else None
+    row["group"] = group
+    if not attempts:
+        if job_cut_short(job):
+            row.update(
+                {
+                    "pod": None,
+                    "attempts": 0,
+                    "reward": None,
+                    "failure_class": CANCELLED,
+                    "valid": False,
+                    "failure": "cancelled: --need was met before this episode's pod was created",
+                    "evidence": "job.json",
+                }
+            )
+            return row
+        end = job_end_reason(job)
+        row.update(
+            {
+                "pod": None,
+                "attempts": 0,
+                "reward": None,
+                "failure_class": "infrastructure",
+                "valid": False,
+                "failure": f"never started: the Job ended ({end or 'unfinished'}) before "
+                f"it created this episode's pod",
+                "evidence": "job.json",
+            }
+        )
+        return row
+    outcomes = [
+        (
+            pod,
+            *classify_attempt(
+                pod,
+                logs.get(pod_name(pod), ""),
+                job,
+                builtin,
+                (warnings or {}).get(pod_name(pod), ()),
+            ),
+        )
+        for pod in attempts
+    ]
+    final = next((o for o in outcomes if o[1] is None), outcomes[-1])
+    pod, failure_class, failure = final
+    name = pod_name(pod)
+    worker_events = parse_events(logs.get(name, "").splitlines())
+    ready = next((e for e in worker_events if e["event"] == "ready"), {})
+    reward = next((e for e in worker_events if e["event"] == "reward"), {})
+    created = parse_time(pod["metadata"].get("creationTimestamp"))
+
+    def seconds(later: Any, earlier: float | None) -> float | None:
+        ok = isinstance(later, (int, float)) and not isinstance(later, bool) and earlier is not None
+        return rounded(later - earlier) if ok else None
+
+    row.update(
+        {
+            "pod": name,
+            "attempts": max(len(attempts), attempts_recorded(pod)),
+            "reward": reward.get("reward"),
+            "failure_class": failure_class,
+            "valid": reward_valid(failure_class),
+            "failure": failure,
+            "node": (pod.get("spec") or {}).get("nodeName"),
+            "pod_to_ready_seconds": seconds(ready.get("at"), created),
+            "batch_to_ready_seconds": seconds(ready.get("at"), job_created),
+            "batch_to_reward_seconds": seconds(reward.get("at"), job_created),
+            "episode_seconds": seconds(
+                reward.get("at"), ready.get("at") if "at" in ready else None
+            ),
+            "evidence": f"{name}.log" if failure_class else None,
+            "earlier_attempts": [
+                {"pod": pod_name(p), "failure_class": c, "failure": f}
+                for p, c, f in outcomes
+                if p is not pod
+            ],
+        }
+    )
+    for key, value in reward.items():
+        if key in ("event", "reward"):
+            continue
+        row[key if key not in REWARD_ROW_FIELDS else f"episode_{key}"] = value
+    return row
+
+
+def failure_settled(job: dict | None, index: int) -> bool:
+    """The Job will not run this index again: it counts it among its failed indexes, or it has
+    ended (or is ending: FailureTarget, SuccessCriteriaMet)."""
+    status = (job or {}).get("status") or {}
+    if any(
+        condition_true(job or {}, kind)
+        for kind in ("Complete", "Failed", "FailureTarget", "SuccessCriteriaMet")
+    ):
+        return True
+    return index in index_list(status.get("failedIndexes") or "")
+
+
+def settled_attempt(
+    attempts: Sequence[dict], job: dict | None, index: int, logs: dict[str, str], may_retry: bool
+) -> bool:
+    """Whether an episode's outcome is final, from what was seen so far; pure.
+
+    Its attempt that succeeded, else its newest, has ended and every attempt's log is read
+    (`logs`: those read after their container ended). A success is final at once; a failure
+    once the Job will not retry it: without retries at once, else when the Job says so
+    (failure_settled). A failed pod being deleted waits for the Job's word too: whether the
+    Job's end (or --need) stopped it, or something else did, decides its class.
+    """
+    if not attempts:
+        return False
+    final = next(
+        (p for p in attempts if (p.get("status") or {}).get("phase") == "Succeeded"), attempts[-1]
+    )
+    phase = (final.get("status") or {}).get("phase")
+    if phase not in ("Succeeded", "Failed") or any(pod_name(p) not in logs for p in attempts):
+        return False
+    if phase == "Succeeded":
+        return True
+    if may_retry or final["metadata"].get("deletionTimestamp"):
+        return failure_settled(job, index)
+    return True
+
+
+class Delivery(NamedTuple):
+    """One line of rewards.jsonl as it was written: when (the client's wall clock), and between which
+    moments its episode's container ended (None where nothing bounds it)."""
+
+    index: int  # type: ignore[assignment]  # the episode's, not tuple.index()
+    success: bool
+    written_at: float
+    ended_after: float | None  # its reward event, or the start of its container's finishedAt second
+    ended_before: (
+        float | None
+    )  # the end of that second, or the client's watch seeing it, the earlier
+    streamed: bool  # written while the batch ran, not from the evidence read after its end
+    seen_at: float | None = None  # the client's watch seeing the container terminated
+
+    def saved(self) -> list:
+        return list(self)
+
+
+def container_end_bounds(
+    pod: dict | None, log_text: str, seen_terminated: float | None
+) -> tuple[float | None, float | None]:
+    """Between which moments a pod's episode container ended: after its reward event (the episode's
+    last act) and within its finishedAt second, before the client's watch saw it terminated."""
+    if pod is None:
+        return None, None
+    terminated = container_terminated(pod) or {}
+    finished = parse_time(terminated.get("finishedAt"))
+    reward = next((e for e in parse_events(log_text.splitlines()) if e["event"] == "reward"), {})
+    after = [t for t in (worker_time(reward.get("at")), finished) if t is not None]
+    before = [
+        t
+        for t in (None if finished is None else finished + WHOLE_SECOND, seen_terminated)
+        if t is not None
+    ]
+    return (max(after) if after else None), (min(before) if before else None)
+
+
+def delivery_figures(
+    deliveries: Sequence[Delivery],
+    origin: float | None,
+    origin_slack: float | None,
+    need: int | None,
+) -> dict:
+    """When the rewards reached rewards.jsonl: the first (and with --need the K-th) success from the
+    Job's creation, and each line's lag from its container's end; pure."""
+    successes = sorted(d.written_at for d in deliveries if d.success)
+    lags = [d.written_at - d.ended_after for d in deliveries if d.ended_after is not None]
+    # The client's own part: from its watch seeing the container's end to the line written.
+    own = [d.written_at - d.seen_at for d in deliveries if d.seen_at is not None]
+    widths = [
+        max(0.0, d.ended_before - d.ended_after)
+        for d in deliveries
+        if d.ended_after is not None and d.ended_before is not None
+    ]
+
+    def since_origin(moment: float | None) -> float | None:
+        return None if moment is None or origin is None else rounded(moment - origin)
+
+    figures: dict[str, Any] = {
+        "first_reward_seconds": since_origin(successes[0] if successes else None),
+        "reward_delivery_lag_p50_seconds": rounded(percentile(lags, 0.50)) if lags else None,
+        "reward_delivery_lag_p99_seconds": rounded(percentile(lags, 0.99)) if lags else None,
+        "reward_delivery_lag_max_seconds": rounded(max(lags)) if lags else None,
+        "reward_delivery": {
+            "lines": len(deliveries),
+            "streamed": sum(1 for d in deliveries if d.streamed),
+            "written_after_the_end": sum(1 for d in deliveries if not d.streamed),
+            "lag_samples": len(lags),
+            "seen_to_written_p50_seconds": rounded(percentile(own, 0.50)) if own else None,
+            "seen_to_written_p99_seconds": rounded(percentile(own, 0.99)) if own else None,
+            "lag_from": "the earliest moment the episode's container can have ended (its reward event, "
+            "else its finishedAt second) to its line written to rewards.jsonl",
+            "lag_precision_seconds": rounded(max(widths)) if widths else None,
+            "times_from": "the Job's creation, as the start of the client's create call (up to "
+            "origin_precision_seconds early)",
+            "origin_precision_seconds": rounded(origin_slack) if origin_slack is not None else None,
+        },
+    }
+    if need is not None:
+        figures["kth_reward_seconds"] = since_origin(
+            successes[need - 1] if len(successes) >= need else None
+        )
+    return figures
+
+
+def rewards_jsonl(rows: Iterable[dict]) -> str:
+    """rewards.jsonl: one JSON object per episode, in index order."""
+    return "".join(json.dumps(row, sort_keys=False) + "\n" for row in rows)
+
+
+def is_failure(row: dict) -> bool:
+    """A failed episode: neither a success nor cancelled once --need was met."""
+    return row["failure_class"] not in (None, CANCELLED)
+
+
+def failure_counts(classes: Iterable[str | None]) -> dict[str, int]:
+    """Failures by class; successes and cancelled episodes are no failures."""
+    counts = {kind: 0 for kind in FAILURE_CLASSES}
+    for kind in classes:
+        if kind in counts:
+            counts[kind] += 1
+    return counts
+
+
+def attempt_figures(rows: Sequence[dict]) -> dict:
+    """First attempts and final outcomes counted apart: what retries bought."""
+    first = [
+        (
+            row["earlier_attempts"][0]["failure_class"]
+            if row.get("earlier_attempts")
+            else row["failure_class"]
+        )
+        for row in rows
+    ]
+    final = [row["failure_class"] for row in rows]
+    return {
+        "attempts_total": sum(row["attempts"] for row in rows),
+        "episodes_retried": sum(1 for row in rows if row["attempts"] > 1),
+        "first_attempt": {"succeeded": first.count(None), "failed": failure_counts(first)},
+        "final": {
+            "succeeded": final.count(None),
+            "failed": failure_counts(final),
+            "cancelled": final.count(CANCELLED),
+        },
+    }
+
+
+def group_figures(rows: Sequence[dict], group_size: int) -> list[dict]:
+    """Per group of G episodes sharing a task: complete or not, time until all G rewards are in
+    (from the Job's creation), and the spread between its fastest and slowest reward."""
+    groups = []
+    for start in range(0, len(rows), group_size):
+        members = rows[start : start + group_size]
+        done = [
+            row["batch_to_reward_seconds"]
+            for row in members
+            if row["failure_class"] is None and row["batch_to_reward_seconds"] is not None
+        ]
+        complete = len(done) == len(members)
+        rewards = [row["reward"] for row in members if row["failure_class"] is None]
+        groups.append(
+            {
+                "group": members[0]["group"],
+                "task_id": members[0]["task_id"],
+                "episodes": len(members),
+                "rewards_in": len(done),
+                "complete": complete,
+                "all_rewards_seconds": max(done) if complete else None,
+                "spread_seconds": rounded(max(done) - min(done)) if done else None,
+                "reward_mean": rounded(sum(rewards) / len(rewards), 6)
+                if rewards and all(isinstance(r, (int, float)) for r in rewards)
+                else None,
+            }
+        )
+    return groups
+
+
+def censored_pod_to_ready(rows: Sequence[dict], job: dict, pods: Sequence[dict]) -> dict:
+    """pod_to_ready over every episode: one that never became ready counts as ready at the Job's
+    deadline (Job start + activeDeadlineSeconds, minus its pod's creation), so a slow tail of
+    failures raises the percentiles instead of vanishing from them."""
+    start = parse_time((job.get("status") or {}).get("startTime")) or parse_time(
+        job["metadata"].get("creationTimestamp")
+    )
+    deadline = (start or 0.0) + ((job.get("spec") or {}).get("activeDeadlineSeconds") or 0)
+    created = {pod_name(p): parse_time(p["metadata"].get("creationTimestamp")) for p in pods}
+    values, censored = [], 0
+    for row in rows:
+        if row["failure_class"] == CANCELLED:
+            continue  # stopped by the Job once --need was met: never late, just not needed
+        if row.get("pod_to_ready_seconds") is not None:
+            values.append(row["pod_to_ready_seconds"])
+            continue
+        censored += 1
+        pod_created = created.get(row["pod"]) if row["pod"] else None
+        values.append(deadline - (pod_created if pod_created is not None else (start or 0.0)))
+    return {
+        "p50": rounded(percentile(values, 0.50)),
+        "p95": rounded(percentile(values, 0.95)),
+        "max": rounded(max(values)),
+        "samples": len(values),
+        "censored": censored,
+        "censored_at": "the Job's deadline: startTime + activeDeadlineSeconds - the pod's creation "
+        "(the Job's start for an episode without a pod)",
+    }

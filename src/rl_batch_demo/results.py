@@ -1,0 +1,693 @@
+"""results.json: a batch's figures, verified or rolled out, and the run's."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from typing import Any, Iterable, Mapping, NamedTuple, Sequence
+
+try:
+    import resource
+except ImportError:  # not on Windows; CPU figures are then left out
+    resource = None  # type: ignore[assignment]
+
+from .constants import (
+    CANCELLED,
+    CLIENT_GRACE_SECONDS,
+    RESULTS_FILE,
+    REWARDS_FILE,
+    SUCCESS_POLICY_REASON,
+)
+from .model import BatchEntry, COMMAND_LINE, DemoError, Settings, Spelling, VerificationError
+from .stats import describe, rounded
+from .files import write_json, write_text
+from .parse import (
+    EventRecord,
+    condition,
+    container_status,
+    count_image_cache,
+    job_finished,
+    pod_name,
+)
+from .timing import EpisodeDraft, POINT_SOURCES, count_nodes, phase_summary, start_path_phases
+from .outcomes import (
+    Delivery,
+    attempt_figures,
+    censored_pod_to_ready,
+    delivery_figures,
+    episode_rows,
+    failure_counts,
+    group_figures,
+    group_images,
+    is_failure,
+    job_cut_short,
+    job_end_reason,
+    rewards_jsonl,
+    with_traceback,
+)
+from .summary import (
+    BatchSummary,
+    EventIndex,
+    cycle_collector_paused,
+    episodes_csv_pieces,
+    image_figures,
+    summarise_batch,
+    throughput,
+)
+from .render import cdf_svg, plural, ramp_svg, timeline_sample, timeline_svg, timeline_title
+from .follow import BatchEvidence, Evidence, RunContext
+
+
+def describe_failure(
+    job: dict | None,
+    pods: Sequence[dict],
+    job_name: str,
+    limit_seconds: int,
+    logs: dict[str, str] | None = None,
+) -> list[str]:
+    """Why a Job did not complete: its condition and each pod that did not succeed (a failed
+    container's line quotes the end of the Python traceback in its log)."""
+    lines = []
+    failed = condition(job or {}, "Failed")
+    if failed and failed.get("status") == "True":
+        lines.append(
+            f"Job {job_name}: Failed ({failed.get('reason', '?')}: {failed.get('message', '')})"
+        )
+    else:
+        lines.append(f"Job {job_name}: not Complete within {limit_seconds} s")
+    for pod in sorted(pods, key=pod_name):
+        phase = (pod.get("status") or {}).get("phase")
+        if phase == "Succeeded":
+            continue
+        state = container_status(pod).get("state") or {}
+        if "terminated" in state:
+            detail = with_traceback(
+                f"container exited {state['terminated'].get('exitCode')} "
+                f"({state['terminated'].get('reason', '')})",
+                (logs or {}).get(pod_name(pod), ""),
+            )
+        elif "waiting" in state:
+            detail = f"{state['waiting'].get('reason', 'waiting')}: {state['waiting'].get('message', '')}".rstrip(
+                ": "
+            )
+        elif "running" in state:
+            detail = "still running"
+        else:
+            unscheduled = condition(pod, "PodScheduled")
+            detail = (unscheduled or {}).get("message") or "no container status"
+        lines.append(f"pod {pod_name(pod)}: {phase}, {detail}")
+    return lines
+
+
+def saved_evidence(
+    job: dict | None, pods: Sequence[dict], logs: dict[str, str], events: Sequence[EventRecord]
+) -> str:
+    """Which evidence a failed batch left, so no one looks for logs that never existed."""
+    written = sum(1 for text in logs.values() if text.strip())
+    parts = [
+        f"saved: job.json{'' if job else ' (unreadable)'}",
+        f"pods.json ({plural(len(pods), 'pod')})",
+        f"events.txt ({plural(len(events), 'event')})",
+        f"{written} of {len(pods)} pod logs with content",
+    ]
+    if not pods:
+        parts.append(
+            "no pod is left to have a log (the Job controller deletes a Job's pods when it ends it "
+            "for its deadline)"
+        )
+    return ", ".join(parts)
+
+
+def verified_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) -> BatchSummary:
+    """The summary of a batch whose every episode must succeed; a batch that did not fails here."""
+    job, reading, logs, events = evidence
+    settings, pods, job_name = batch.settings, reading.pods, batch.follower.job_name
+    if end != "Complete":
+        raise DemoError(
+            "\n  ".join(
+                ["Job failed or timed out; inspect saved status/events/logs, then cleanup"]
+                + describe_failure(
+                    job, pods, job_name, settings.timeout + CLIENT_GRACE_SECONDS, logs
+                )
+                + [saved_evidence(job, pods, logs, events)]
+            )
+        )
+    if reading.source == "watch" and len(pods) < settings.count:
+        # A watch that saw fewer pods than episodes proves nothing about the others.
+        raise DemoError(
+            f"cannot verify the batch: the pods could not be listed and the pod watch saw "
+            f"only {len(pods)} of {settings.count}"
+        )
+    assert job is not None  # its Complete condition was seen on it
+    try:
+        return summarise_batch(
+            job,
+            pods,
+            logs,
+            events,
+            settings.count,
+            settings.builtin,
+            batch.follower.end_seen_wall,
+            batch.follower.observations(),
+            drafts=batch.follower.drafts.drafts if batch.follower.drafts else None,
+            index=batch.event_index(),
+        )
+    except VerificationError as error:
+        if reading.source == "watch":
+            raise VerificationError(
+                f"{error} (judged from the pods the watch saw, each unfinished one "
+                f"read again: the pods could not be listed)"
+            ) from None
+        raise
+
+
+def rollout_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) -> BatchSummary:
+    """Write rewards.jsonl with every episode; accept the batch if its failures are within
+    --allow-failures, and summarise its successful episodes."""
+    job, reading, logs, events = evidence
+    settings, pods, count, job_name = (
+        batch.settings,
+        reading.pods,
+        batch.settings.count,
+        batch.follower.job_name,
+    )
+    rows = episode_rows(
+        count,
+        job or {"metadata": {}},
+        pods,
+        logs,
+        settings.builtin,
+        settings.task_ids,
+        settings.group_size,
+        events,
+        group_images(settings),
+    )
+    follower = batch.follower
+    if follower.rewards is not None:
+        rows = follower.rewards.finish(rows, pods, logs, follower.state.observed)
+    else:
+        write_text(os.path.join(batch.batch_dir, REWARDS_FILE), rewards_jsonl(rows))
+    failures = [row for row in rows if is_failure(row)]
+    said = failures_said(failures)
+    if end is None or job is None:
+        raise DemoError(
+            "\n  ".join(
+                ["Job did not finish; inspect saved status/events/logs, then cleanup"]
+                + describe_failure(
+                    job, pods, job_name, settings.timeout + CLIENT_GRACE_SECONDS, logs
+                )
+                + [
+                    f"{REWARDS_FILE} lists every episode as last seen",
+                    saved_evidence(job, pods, logs, events),
+                ]
+            )
+        )
+    if reading.source == "watch" and len(pods) < count:
+        raise DemoError(
+            f"cannot verify the batch: the pods could not be listed and the pod watch saw "
+            f"only {len(pods)} of {count}"
+        )
+    try:
+        summary = summarise_rollout(
+            rows,
+            job,
+            pods,
+            logs,
+            events,
+            settings,
+            batch.follower.end_seen_wall,
+            batch.follower.observations(),
+            batch.spelling,
+            follower.drafts.drafts if follower.drafts else None,
+            batch.event_index(),
+        )
+    except DemoError as error:
+        raise DemoError(
+            f"{error}\n  {REWARDS_FILE} lists every episode with its class; "
+            f"{saved_evidence(job, pods, logs, events)}"
+        ) from None
+    if follower.rewards is not None:
+        summary.figures.update(
+            batch_delivery_figures(
+                follower.rewards.deliveries, follower.state.job_observed, settings.need
+            )
+        )
+        summary.deliveries = [d.written_at for d in follower.rewards.deliveries if d.success]
+    cancelled = summary.figures.get("cancelled_episodes") or 0
+    if batch.silent:  # a quiet Python caller reads all of it in the results
+        return summary
+    need = batch.spelling.setting("need", settings.need)
+    if settings.need is not None:
+        print(
+            f"{need} met: {count - cancelled - len(failures)} of {count} episodes "
+            f"succeeded, {cancelled} cancelled, {len(failures)} failed"
+            + (f" ({said})" if failures else ""),
+            file=sys.stderr,
+        )
+    if failures:
+        accepted = (
+            f"Failures within {need}" if settings.need is not None else "Accepted a partial batch"
+        )
+        print(
+            "\n  ".join(
+                [
+                    f"{accepted}: {len(failures)} of {count} episodes failed "
+                    f"({said}); every episode is in {REWARDS_FILE}"
+                ]
+                + failure_lines(failures)
+            ),
+            file=sys.stderr,
+        )
+    return summary
+
+
+def batch_delivery_figures(
+    deliveries: Sequence[Delivery], job_observed: dict[str, float], need: int | None
+) -> dict:
+    """delivery_figures from the moments the client's create call started and returned."""
+    submitted, returned = job_observed.get("submitted"), job_observed.get("create_returned")
+    slack = returned - submitted if submitted is not None and returned is not None else None
+    return delivery_figures(deliveries, submitted, slack, need)
+
+
+@cycle_collector_paused()
+def save_results(run: RunContext, batches: Sequence[BatchOutcome]) -> Results:
+    """results.json, episodes.csv and the pictures, from every batch's summary."""
+    results = assemble_results(run.settings, batches, client_figures(run).saved(), run.capacity)
+    if run.prepull is not None:
+        results.figures["prepull"] = run.prepull
+    write_json(os.path.join(run.output, RESULTS_FILE), results.figures)
+    write_text(os.path.join(run.output, "episodes.csv"), episodes_csv_pieces(results.batches))
+    write_pictures(run.output, results.batches, run.settings, results.figures["throughput"])
+    return results
+
+
+class ClientCost(NamedTuple):
+    """What the run cost on this machine (results.json's `client`)."""
+
+    kubectl_processes: int
+    api_retries: int
+    cpu_seconds: float | None
+    peak_rss_mib: float | None  # None where the platform cannot say: then left out
+
+    def saved(self) -> dict[str, Any]:
+        saved = self._asdict()
+        if self.peak_rss_mib is None:
+            del saved["peak_rss_mib"]
+        return saved
+
+
+def client_figures(run: RunContext) -> ClientCost:
+    """What the run cost on this machine: kubectl processes, retries, CPU, peak memory."""
+    return ClientCost(
+        run.kubectl.processes,
+        run.kubectl.retries,
+        rounded(cpu_seconds() - run.cpu_start),
+        peak_rss_mib(),
+    )
+
+
+def peak_rss_mib() -> float | None:
+    """This process's own peak resident memory in MiB: Linux's VmHWM where there is one, since
+    ru_maxrss carries over an exec the RSS of whatever spawned the tool (a large trainer's)."""
+    try:
+        with open("/proc/self/status", encoding="utf-8", errors="replace") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return rounded(int(line.split()[1]) / 1024, 1)  # in kB
+    except (OSError, ValueError, IndexError):
+        pass  # not Linux: ru_maxrss below
+    if resource is None:
+        return None
+    # ru_maxrss is in KiB on Linux (bytes on macOS).
+    scale = 1 if sys.platform == "darwin" else 1024
+    return rounded(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20, 1)
+
+
+def failures_said(failures: Sequence[dict]) -> str:
+    """`1 infrastructure failure, 2 episode failures`: the failed episodes counted by class."""
+    counts = failure_counts(row["failure_class"] for row in failures)
+    return ", ".join(plural(number, f"{kind} failure") for kind, number in counts.items() if number)
+
+
+def failure_lines(failures: Sequence[dict], most: int = 10) -> list[str]:
+    """One line per failed episode (the first few): which, whose fault, why."""
+    return [
+        f"episode {row['index']} (task {row['task_id']!r}, pod {row['pod']}, "
+        f"{plural(row['attempts'], 'attempt')}): {row['failure_class']}: {row['failure']}"
+        for row in failures[:most]
+    ] + ([f"... and {len(failures) - most} more"] if len(failures) > most else [])
+
+
+def summarise_rollout(
+    rows: Sequence[dict],
+    job: dict,
+    pods: Sequence[dict],
+    logs: dict[str, str],
+    events: Sequence[EventRecord],
+    settings: Settings,
+    end_seen_at: float | None = None,
+    observed: dict | None = None,
+    spelling: Spelling = COMMAND_LINE,
+    drafts: Mapping[str, EpisodeDraft] | None = None,
+    index: EventIndex | None = None,
+) -> BatchSummary:
+    """A rollout batch's summary: the figures of its successful episodes, with failures, attempts and
+    groups; DemoError when more episodes failed than --allow-failures accepts, or all did. Pure."""
+    failures = [row for row in rows if is_failure(row)]
+    need = settings.need
+    allowed = len(rows) - need if need is not None else settings.allow_failures or 0
+    successes = {row["pod"] for row in rows if row["failure_class"] is None}
+    if need is not None and len(successes) < need:
+        raise DemoError(
+            "\n  ".join(
+                [
+                    f"{len(successes)} of {len(rows)} episodes succeeded, fewer than "
+                    f"{spelling.setting('need', need)} ({len(failures)} failed: "
+                    f"{failures_said(failures) or 'none'})"
+                ]
+                + failure_lines(failures)
+            )
+        )
+    if len(failures) > allowed or not successes:
+        allowance = (
+            f"allow_failures={allowed} accepts no more"
+            if spelling.python
+            else f"--allow-failures accepts {allowed}"
+        )
+        accepts = allowance if len(failures) > allowed else "none succeeded"
+        raise DemoError(
+            "\n  ".join(
+                [
+                    f"{len(failures)} of {len(rows)} episodes failed "
+                    f"({failures_said(failures)}); {accepts}"
+                ]
+                + failure_lines(failures)
+            )
+        )
+    by_name = {pod_name(pod): pod for pod in pods}
+    summary = summarise_batch(
+        job,
+        [pod for pod in pods if pod_name(pod) in successes],
+        logs,
+        events,
+        len(successes),
+        settings.builtin,
+        end_seen_at,
+        observed,
+        # Cancelled episodes too: the timeline draws every episode.
+        [(by_name.get(row["pod"]), row) for row in rows if row["failure_class"] is not None],
+        drafts,
+        index,
+    )
+    summary.figures.update(
+        rollout_figures(rows, job, pods, settings.group_size, allowed, settings.retries or 0, need)
+    )
+    summary.figures["images"] = image_figures(summary.episodes, rows)
+    return summary
+
+
+ROLLOUT_FIELDS = (
+    "failed_episodes",
+    "failures_by_class",
+    "failures",
+    "accepted_partial",
+    "allow_failures",
+    "retries",
+    "attempts",
+    "group_size",
+    "groups",
+    "groups_complete",
+    "group_all_rewards_seconds",
+    "group_spread_seconds",
+    "pod_to_ready_censored",
+    "job_end",
+    "need",
+    "cancelled_episodes",
+    "first_reward_seconds",
+    "kth_reward_seconds",
+    "reward_delivery_lag_p50_seconds",
+    "reward_delivery_lag_p99_seconds",
+    "reward_delivery_lag_max_seconds",
+    "reward_delivery",
+)
+
+
+def rollout_figures(
+    rows: Sequence[dict],
+    job: dict,
+    pods: Sequence[dict],
+    group_size: int,
+    allowed: int,
+    retries: int,
+    need: int | None = None,
+) -> dict:
+    """What a rollout batch adds to its summary: failures by class, attempts, groups; with --need,
+    the episodes it cancelled (no failures: a run that got its K successes exits 0)."""
+    failures = [row for row in rows if is_failure(row)]
+    groups = group_figures(rows, group_size)
+    complete = [g for g in groups if g["complete"]]
+    figures: dict[str, Any] = {
+        "episodes": len(rows),
+        "failed_episodes": len(failures),
+        "failures_by_class": failure_counts(row["failure_class"] for row in failures),
+        "failures": [
+            {
+                key: row[key]
+                for key in (
+                    "index",
+                    "task_id",
+                    "pod",
+                    "attempts",
+                    "failure_class",
+                    "failure",
+                    "evidence",
+                )
+            }
+            for row in failures
+        ],
+        "accepted_partial": bool(failures) and need is None,
+        "allow_failures": allowed,
+        "cancelled_episodes": sum(1 for row in rows if row["failure_class"] == CANCELLED),
+        "retries": retries,
+        "attempts": attempt_figures(rows),
+        "group_size": group_size,
+        "groups": groups,
+        "groups_complete": len(complete),
+        "group_all_rewards_seconds": describe(
+            [g["all_rewards_seconds"] for g in complete], missing=len(groups) - len(complete)
+        ),
+        "group_spread_seconds": describe(
+            [g["spread_seconds"] for g in groups if g["spread_seconds"] is not None]
+        ),
+        "job_end": {
+            "condition": job_finished(job),
+            "reason": job_end_reason(job)
+            or (SUCCESS_POLICY_REASON if job_cut_short(job) else None),
+        },
+    }
+    if need is not None:
+        figures["need"] = need
+    if failures:
+        censored = censored_pod_to_ready(rows, job, pods)
+        figures.update(
+            {
+                "pod_to_ready_p50_seconds": censored["p50"],
+                "pod_to_ready_p95_seconds": censored["p95"],
+                "pod_to_ready_max_seconds": censored["max"],
+                "pod_to_ready_censored": censored,
+            }
+        )
+    return figures
+
+
+def write_pictures(
+    output: str,
+    measured: Sequence[tuple[str, BatchSummary]],
+    settings: Settings,
+    figures: dict | None = None,
+) -> None:
+    """timeline.svg (a sample of a large batch), ramp.svg and cdf.svg; `figures`: the throughput, if known."""
+    title = timeline_title(settings)
+    sampled, note = timeline_sample(measured)
+    write_text(os.path.join(output, "timeline.svg"), timeline_svg(sampled, title + note))
+    write_text(os.path.join(output, "ramp.svg"), ramp_svg(measured, f"Ramp: {title}", figures))
+    write_text(os.path.join(output, "cdf.svg"), cdf_svg(measured, f"Phase durations: {title}"))
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process and its finished children (kubectl), or 0 where unknown."""
+    if resource is None:
+        return 0.0
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+class BatchOutcome(NamedTuple):
+    """One batch as results.json pools them."""
+
+    entry: BatchEntry  # its entry in run.json's `batches`
+    summary: BatchSummary
+    client_wait: (
+        dict | None
+    )  # client.json: how the client waited (none for a run of the guide's script)
+
+    def figures(self) -> dict:
+        """The batch's saved form; of how the client waited, it shows the one figure."""
+        return dict(
+            self.summary.figures,
+            client_job_complete_seconds=(self.client_wait or {}).get("client_job_complete_seconds"),
+        )
+
+
+@dataclasses.dataclass
+class Results:
+    """A run's results: `figures` as results.json saves them (printed_results gives the printed
+    form), and the measured batches they pool, for episodes.csv and the pictures."""
+
+    figures: dict[str, Any]
+    batches: list[tuple[str, BatchSummary]]  # each measured batch: its Job's name and its summary
+
+
+def assemble_results(
+    settings: Settings,
+    batches: Sequence[BatchOutcome],
+    client: dict | None,
+    capacity: dict | None = None,
+) -> Results:
+    """results.json, top to bottom: the fields of every run, then a single batch's own or the
+    rounds', the warm-up, what the run cost (`client`), the throughput, and the capacity plan
+    check_capacity made (`capacity`, if it did)."""
+    measured = [batch for batch in batches if batch.entry.measured]
+    warmups = [batch for batch in batches if not batch.entry.measured]
+    results = common_results(settings, measured)
+    results.update(
+        single_batch_results(measured[0]) if len(measured) == 1 else rounds_results(measured)
+    )
+    if warmups:
+        results["warmup"] = warmups[0].figures()
+    if client is not None:
+        results["client"] = client
+    pooled = [(batch.entry.job, batch.summary) for batch in measured]
+    results["throughput"] = throughput(pooled)
+    if capacity is not None:
+        results["capacity"] = capacity
+    return Results(results, pooled)
+
+
+def common_results(settings: Settings, measured: Sequence[BatchOutcome]) -> dict[str, Any]:
+    """The fields of every results.json: the measured batches pooled, and the run's settings."""
+    figures = [batch.figures() for batch in measured]
+    episodes = [record for batch in measured for record in batch.summary.episodes]
+    rows = [
+        dict(row, job=batch.entry.job) if len(measured) > 1 else row
+        for batch in measured
+        for row in batch.summary.figures["pods"]
+    ]
+    if len(measured) == 1:  # its own summary already pooled the same episodes
+        phases, by_start_path = figures[0]["phases"], figures[0]["phases_by_start_path"]
+    else:
+        phases, by_start_path = (
+            phase_summary([r["phases"] for r in episodes]),
+            start_path_phases(episodes),
+        )
+    guide = describe([r["guide_pod_to_ready"] for r in episodes])
+    client_seconds = [f.get("client_job_complete_seconds") for f in figures]
+    known_seconds = [seconds for seconds in client_seconds if seconds is not None]
+    return {
+        "episodes": sum(f["episodes"] for f in figures),
+        "successful_episodes": sum(f["successful_episodes"] for f in figures),
+        "reward_sum": sum(f["reward_sum"] for f in figures),
+        "batch_to_all_ready_seconds": max(f["batch_to_all_ready_seconds"] for f in figures),
+        "batch_to_all_rewards_seconds": max(f["batch_to_all_rewards_seconds"] for f in figures),
+        "pod_to_ready_p50_seconds": guide["p50"],
+        "pod_to_ready_p95_seconds": guide["p95"],
+        "pod_to_ready_max_seconds": guide["max"],
+        "pods": rows,
+        "context": settings.context,
+        "namespace": settings.namespace,
+        "image": settings.image,
+        "runtime": settings.runtime,
+        "parallelism": settings.parallelism,
+        "cache_state": "warmed" if settings.warmup else "uncontrolled",
+        "image_cache": count_image_cache(record.get("image_cache") for record in episodes),
+        # A batch's own figures know a rollout's failed episodes too; rounds pool the summarised ones.
+        "images": figures[0]["images"] if len(figures) == 1 else image_figures(episodes),
+        # Every Job the run created: one per batch, or one per image and batch.
+        "jobs": sum(len(entry.jobs or (entry.job,)) for entry in settings.batches),
+        **({"image_map": dict(settings.image_map)} if settings.image_map else {}),
+        "harden": settings.harden,
+        "episode_script": settings.episode_script,
+        "episode_script_sha256": settings.episode_script_sha256,
+        "client_job_complete_seconds": max(known_seconds)
+        if len(known_seconds) == len(client_seconds)
+        else None,
+        "reward_mean": rounded(
+            sum(f["reward_sum"] for f in figures) / max(1, sum(f["episodes"] for f in figures)), 6
+        ),
+        "rounds_measured": len(figures),
+        "phases": phases,
+        "phases_by_start_path": by_start_path,
+        "phase_points": POINT_SOURCES,
+        "clock_warnings": [w for f in figures for w in f["clocks"]["warnings"]],
+        "nodes": count_nodes(row["node"] for row in rows),
+        "warnings": merge_warnings([f["warnings"] for f in figures]),
+    }
+
+
+def single_batch_results(batch: BatchOutcome) -> dict[str, Any]:
+    """What results.json adds for one measured batch: its completion gap, clocks, Job creation and
+    wait; for a rollout, its failures, attempts and groups (and the guide's pod_to_ready figures
+    with its failed episodes counted at the deadline)."""
+    figures = batch.figures()
+    results = {
+        "completion_gap": figures["completion_gap"],
+        "clocks": figures["clocks"],
+        "job_created": figures["job_created"],
+        "client_wait": batch.client_wait,
+    }
+    if "failed_episodes" in figures:
+        results.update(
+            {
+                key: figures[key]
+                for key in ROLLOUT_FIELDS
+                + (
+                    "pod_to_ready_p50_seconds",
+                    "pod_to_ready_p95_seconds",
+                    "pod_to_ready_max_seconds",
+                )
+                if key in figures
+            }
+        )
+    return results
+
+
+def rounds_results(measured: Sequence[BatchOutcome]) -> dict[str, Any]:
+    """What results.json adds for several measured rounds: each round's own figures."""
+    return {
+        "round_figures": (
+            "batch_to_all_ready_seconds, batch_to_all_rewards_seconds and "
+            "client_job_complete_seconds are the slowest round's; each round's "
+            "are in rounds[], and the percentiles pool every round's episodes"
+        ),
+        "rounds": [dict(batch.figures(), job=batch.entry.job) for batch in measured],
+    }
+
+
+def merge_warnings(summaries: Iterable[dict]) -> dict:
+    merged: dict[str, dict] = {}
+    for summary in summaries:
+        for reason, entry in summary.items():
+            target = merged.setdefault(reason, {"count": 0, "objects": []})
+            target["count"] += entry["count"]
+            target["objects"] += [o for o in entry["objects"] if o not in target["objects"]]
+    return merged
+
+
+def warn_clocks(results: dict) -> None:
+    """Clocks that disagree are said on stderr whatever --quiet says: every sub-second phase that
+    mixes them is off by that much."""
+    for warning in results.get("clock_warnings") or []:
+        print(f"WARNING: clocks: {warning}", file=sys.stderr)

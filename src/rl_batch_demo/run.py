@@ -1,0 +1,938 @@
+"""The `run` action: `perform_run` -> `start_run` -> `execute`, its steps on one `RunContext`."""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import contextlib
+import dataclasses
+import hashlib
+import io
+import json
+import math
+import os
+import secrets
+import signal
+import socket
+import sys
+import threading
+import time
+from typing import Any, Iterator, NamedTuple, NoReturn, Sequence
+
+from .constants import (
+    CALL_TIMEOUT_SECONDS,
+    CLIENT_GRACE_SECONDS,
+    DEADLINE_GROWS_ABOVE_EPISODES,
+    DEFAULT_JOB_DEADLINE_SECONDS,
+    EXIT_INTERRUPTED,
+    EXIT_PARTIAL,
+    FIRST_CONTACT_RETRY_SECONDS,
+    JOB_NAME,
+    LOG_READERS,
+    NAMESPACE_PREFIX,
+    PREPULL_FILE,
+    PREPULL_LABEL,
+    PREPULL_POLL_SECONDS,
+    RECEIPT_FILE,
+    REWARDS_FILE,
+    SETTINGS_FILE,
+    USER_UNKNOWN_BEFORE_RUN,
+    WARMUP_JOB_NAME,
+    WORKER_SOURCE,
+    __version__,
+)
+
+from .model import (
+    BatchEntry,
+    COMMAND_LINE,
+    DemoError,
+    ImageGroup,
+    RolloutPolicy,
+    RunPlan,
+    Settings,
+    Spelling,
+    Task,
+)
+from .stats import rounded
+from .files import Receipt, cleanup_command, kubeconfig_path, write_json
+from .parse import count_image_cache, event_records, image_cache_states, pod_name
+from .manifests import (
+    RunOrigin,
+    configmap_manifest,
+    image_groups,
+    job_manifest,
+    list_manifest,
+    namespace_manifest,
+    network_policy_manifest,
+    parallelism_shares,
+    parse_image_map,
+    planned_work,
+    prepull_failures,
+    prepull_pod_manifest,
+    rewrite_image,
+    run_images,
+    task_configmaps,
+    task_images,
+    tasks_volume,
+    usable_nodes,
+)
+from .summary import EpisodeDrafts, held_objects_spared
+from .render import phase_tables, plural, printed_results, throughput_line
+from .kube import ApiProxy, INTERRUPTS, Kubectl, KubectlError, PodReading
+from .follow import (
+    BatchEvidence,
+    BatchFollower,
+    BatchJobs,
+    Progress,
+    RewardCallbackError,
+    RewardStream,
+    RunContext,
+    WatchStream,
+    pod_terminal,
+)
+from .syntax import check_episode_syntax
+from .preflight import (
+    check_capacity,
+    check_runtime_class,
+    check_server_version,
+    current_user,
+    find_kubectl,
+    resolve_context,
+    save_run_records,
+)
+from .results import (
+    BatchOutcome,
+    Results,
+    cpu_seconds,
+    rollout_summary,
+    save_results,
+    verified_summary,
+    warn_clocks,
+)
+from .lifecycle import cleanup_namespace
+
+
+def default_timeout(count: int, parallelism: int) -> int:
+    """The Job deadline: the guide's 240 s up to the default cap, then grown with the waves of pods."""
+    if count <= DEADLINE_GROWS_ABOVE_EPISODES:
+        return DEFAULT_JOB_DEADLINE_SECONDS
+    waves = math.ceil(count / parallelism)
+    return max(DEFAULT_JOB_DEADLINE_SECONDS, 120 + 20 * waves)
+
+
+def batch_names(rounds: int, warmup: bool) -> list[tuple[str, bool]]:
+    """(Job name, measured?) for every batch of a run; one measured batch is plain `rollout`."""
+    names = [(WARMUP_JOB_NAME, False)] if warmup else []
+    if rounds == 1:
+        names.append((JOB_NAME, True))
+    else:
+        names += [(f"{JOB_NAME}-{n}", True) for n in range(1, rounds + 1)]
+    return names
+
+
+def rollout_policy(settings: Settings) -> RolloutPolicy | None:
+    """Retries and accepted failures, when either was asked for, or --need (which accepts the
+    failures it over-provisions for: count - need); else the guide's backoffLimit 0."""
+    if settings.need is not None:
+        return RolloutPolicy(settings.retries or 0, settings.count - settings.need, settings.need)
+    if settings.retries is None and settings.allow_failures is None:
+        return None
+    return RolloutPolicy(settings.retries or 0, settings.allow_failures or 0)
+
+
+def pod_deadline(settings: Settings) -> int | None:
+    """Each pod's activeDeadlineSeconds, counted from its start on the node: --pull-timeout and
+    --episode-timeout together, since one deadline bounds the pull and the episode after it."""
+    known = [part for part in (settings.pull_timeout, settings.episode_timeout) if part is not None]
+    return sum(known) if known else None
+
+
+def batch_job(namespace: str, settings: Settings, name: str, task_maps: Sequence[dict]) -> dict:
+    """The Job of one batch, from the run's settings and the ConfigMaps that carry its tasks."""
+    return job_manifest(
+        namespace,
+        settings.count,
+        settings.parallelism,
+        settings.image,
+        settings.runtime,
+        settings.timeout,
+        name=name,
+        harden=settings.harden,
+        indexed=not settings.builtin,
+        tasks=tasks_volume(task_maps, settings.group_size) if task_maps else None,
+        policy=rollout_policy(settings),
+        episode_timeout=pod_deadline(settings),
+    )
+
+
+def image_job_name(batch: str, number: int) -> str:
+    """The Job of a batch's `number`th image (from 1)."""
+    return f"{batch}-image-{number}"
+
+
+def batch_jobs(
+    namespace: str,
+    settings: Settings,
+    name: str,
+    task_maps: Sequence[dict],
+    groups: Sequence[ImageGroup],
+) -> list[dict]:
+    """The Jobs of one batch: its one Job, or one per image, --parallelism shared between them."""
+    if len(groups) == 1:
+        return [
+            batch_job(
+                namespace, dataclasses.replace(settings, image=groups[0].image), name, task_maps
+            )
+        ]
+    shares = parallelism_shares(settings.parallelism, [len(group.indexes) for group in groups])
+    return [
+        job_manifest(
+            namespace,
+            len(group.indexes),
+            share,
+            group.image,
+            settings.runtime,
+            settings.timeout,
+            name=image_job_name(name, number),
+            harden=settings.harden,
+            indexed=True,
+            tasks=tasks_volume(task_maps, settings.group_size, group.indexes)
+            if task_maps
+            else None,
+            policy=rollout_policy(settings),
+            episode_timeout=pod_deadline(settings),
+            batch=name,
+            episode_indexes=group.indexes,
+        )
+        for number, (group, share) in enumerate(zip(groups, shares), start=1)
+    ]
+
+
+def plan_run(
+    namespace: str,
+    run_id: str,
+    settings: Settings,
+    worker_source: str,
+    tasks: Sequence[Task] = (),
+    origin: RunOrigin | None = None,
+) -> RunPlan:
+    """Every object `run` creates, from its settings (and the run's origin, once known) alone."""
+    task_maps = task_configmaps(namespace, tasks) if tasks else []
+    setup = [network_policy_manifest(namespace)] if settings.harden else []
+    setup += [configmap_manifest(namespace, worker_source), *task_maps]
+    groups = image_groups(
+        tasks, settings.count, settings.group_size, settings.image, settings.image_map
+    )
+    jobs = {
+        name: batch_jobs(namespace, settings, name, task_maps, groups)
+        for name, _ in batch_names(settings.rounds, settings.warmup)
+    }
+    # What the run plans goes with its origin: a namespace without either is the guide's.
+    planned = planned_work(jobs) if origin is not None else None
+    return RunPlan(
+        namespace_manifest(namespace, run_id, settings.harden, origin, planned), setup, jobs
+    )
+
+
+def planned_objects(
+    namespace: str,
+    run_id: str,
+    settings: Settings,
+    worker_source: str,
+    tasks: Sequence[Task] = (),
+    origin: RunOrigin | None = None,
+) -> list[dict]:
+    """Every object `run` creates, in creation order."""
+    return plan_run(namespace, run_id, settings, worker_source, tasks, origin).objects()
+
+
+def run_origin(run_id: str, output: str, user: str, ttl_seconds: int | None) -> RunOrigin:
+    """This run's origin as of now: this host, the absolute output directory, the expiry `--ttl` sets."""
+    return RunOrigin(
+        run_id,
+        __version__,
+        socket.gethostname(),
+        os.path.abspath(output),
+        user,
+        None if ttl_seconds is None else time.time() + ttl_seconds,
+    )
+
+
+def execute(run: RunContext) -> Results:
+    """The steps of `run`, in order; each leaves on disk what a failure after it needs."""
+    save_run_records(run)
+    check_runtime_class(run)
+    if rollout_policy(run.settings):
+        check_server_version(run)  # --need among them
+    check_capacity(run)
+    stamp_origin(run)
+    create_namespace(run)
+    for manifest in run.plan.setup:
+        create_object(run, manifest)
+    if run.settings.prepull:
+        prepull(run)
+    outcomes: list[BatchOutcome] = []
+    for entry in run.settings.batches:
+        for earlier in outcomes[-1:]:  # its drafted rows wait in memory, not in an open file
+            for spool in set(earlier.summary.csv_rows.values()):
+                spool.hold_in_memory()
+        with held_objects_spared(run.owns_process):
+            outcomes.append(run_one_batch(run, entry))
+    return save_results(run, outcomes)
+
+
+def stamp_origin(run: RunContext) -> None:
+    """Who starts the run, from where and until when, and what it plans, into the namespace about
+    to be created."""
+    origin = run_origin(
+        run.receipt.run_id, run.output, current_user(run.kubectl), run.settings.ttl_seconds
+    )
+    run.plan = run.plan._replace(
+        namespace=namespace_manifest(
+            run.namespace,
+            origin.run_id,
+            run.settings.harden,
+            origin,
+            planned_work(run.plan.jobs),
+        )
+    )
+
+
+def create_namespace(run: RunContext) -> None:
+    """The run's namespace, its UID in the receipt at once."""
+    run.touched_cluster = True
+    created = create_object(run, run.plan.namespace)
+    run.receipt.record_namespace(created["metadata"]["uid"])
+    if not run.silent:
+        print(f"Test namespace: {run.namespace}", flush=True)
+
+
+def create_object(run: RunContext, manifest: dict) -> dict:
+    """Create one object; a retry that finds it already there adopts it only if it is provably ours."""
+    kubectl = run.kubectl
+    retries_before = kubectl.retries
+    try:
+        return kubectl.create(manifest, retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS)
+    except KubectlError as error:
+        # Only a retried create may find its own first attempt already done.
+        if not error.already_exists or kubectl.retries == retries_before:
+            raise
+    kind = manifest["kind"].lower()
+    name = manifest["metadata"]["name"]
+    existing = kubectl.get(
+        kind,
+        name,
+        None if kind == "namespace" else run.namespace,
+        retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
+    )
+    assert existing is not None  # not missing_ok: a missing object raised
+    if kind == "namespace" and not run.receipt.owns_namespace(existing):
+        raise DemoError(f"namespace {name} already exists and is not this run's")
+    return existing
+
+
+def prepull(run: RunContext) -> None:
+    """--prepull: every image of the run made present on every node the batch can use, before its
+    first Job: one pod per node and image, waited for until each ended (or its deadline passed).
+    Leaves prepull.json (the step's figures and its pods); the figures go into results.json."""
+    retry_until = time.monotonic() + FIRST_CONTACT_RETRY_SECONDS
+    try:
+        runtime_class = run.kubectl.get(
+            "runtimeclass", run.settings.runtime, retry_until=retry_until
+        )
+        nodes = usable_nodes(
+            (run.kubectl.get_list("nodes", None, retry_until=retry_until) or {}).get("items") or [],
+            runtime_class,
+        )
+    except DemoError as error:
+        raise DemoError(
+            f"{run.spelling.switch('prepull')} needs to list the nodes (and get the "
+            f"RuntimeClass): {error}"
+        ) from None
+    if not nodes:
+        raise DemoError(
+            f"{run.spelling.switch('prepull')} found no node the batch can use (schedulable, "
+            f"with the RuntimeClass's labels)"
+        )
+    images = run_images(run.plan.jobs)
+    deadline_seconds = run.settings.pull_timeout or run.settings.timeout
+    pods = [
+        prepull_pod_manifest(
+            run.namespace,
+            f"prepull-{i}-{n}",
+            node,
+            image,
+            run.settings.runtime,
+            run.settings.harden,
+            deadline_seconds,
+        )
+        for i, image in enumerate(images, start=1)
+        for n, node in enumerate(nodes, start=1)
+    ]
+    started = time.monotonic()
+    for pod in pods:
+        create_object(run, pod)
+    finished = wait_prepulled(run, len(pods), started + deadline_seconds + CLIENT_GRACE_SECONDS)
+    seconds = time.monotonic() - started
+    events = event_records(
+        (
+            run.kubectl.get_list(
+                "events", run.namespace, retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS
+            )
+            or {}
+        ).get("items")
+        or []
+    )
+    failures = prepull_failures(finished, events)
+    run.prepull = {
+        "seconds": rounded(seconds),
+        "nodes": len(nodes),
+        "images": len(images),
+        "pods": len(pods),
+        "failures": failures,
+        "image_cache": count_image_cache(
+            image_cache_states(events).get(pod_name(p)) for p in finished
+        ),
+    }
+    write_json(
+        os.path.join(run.output, PREPULL_FILE),
+        dict(run.prepull, node_names=nodes, image_names=images, pod_states=list_manifest(finished)),
+    )
+    if not run.silent:
+        print(
+            f"Pre-pulled {plural(len(images), 'image')} on {plural(len(nodes), 'node')} in {seconds:.1f} s"
+            + (
+                f"; {len(failures)} of {len(pods)} pods failed: "
+                + "; ".join(f"{f['image']} on {f['node']}: {f['why']}" for f in failures[:3])
+                if failures
+                else ""
+            ),
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def wait_prepulled(run: RunContext, count: int, deadline: float) -> list[dict]:
+    """The --prepull pods once each has ended, or as they are at the deadline (polled: a short step)."""
+    while True:
+        listed = run.kubectl.get_list(
+            "pods",
+            run.namespace,
+            "-l",
+            f"{PREPULL_LABEL}=true",
+            retry_until=min(deadline, time.monotonic() + CALL_TIMEOUT_SECONDS),
+        )
+        pods = (listed or {}).get("items") or []
+        if (
+            len(pods) >= count and all(pod_terminal(pod) for pod in pods)
+        ) or time.monotonic() >= deadline:
+            return sorted(pods, key=pod_name)
+        time.sleep(PREPULL_POLL_SECONDS)
+
+
+def open_proxy(run: RunContext) -> None:
+    """The API proxy that reads logs and pages, once a run; without it, one kubectl per read."""
+    if run.proxy is None:
+        try:
+            run.proxy = ApiProxy(run.kubectl)
+        except DemoError as error:  # e.g. kubectl proxy forbidden here
+            print(f"Warning: {error}; reading logs with one kubectl per pod", file=sys.stderr)
+
+
+def run_one_batch(run: RunContext, entry: BatchEntry) -> BatchOutcome:
+    """Submit one Job, follow it, save its evidence, verify and summarise it."""
+    job_name = entry.job
+    batch_dir = os.path.normpath(os.path.join(run.output, entry.dir))
+    os.makedirs(batch_dir, exist_ok=True)
+    manifests = run.plan.jobs[job_name]
+    job_names = [manifest["metadata"]["name"] for manifest in manifests]
+    write_json(
+        os.path.join(batch_dir, "job-submitted.json"),
+        manifests[0] if len(manifests) == 1 else list_manifest(manifests),
+    )
+    if len(manifests) > 1:
+        check_jobs_accepted(run, manifests)
+    # The client's own deadline, which bounds its watches from their start; its measures start
+    # at the submission, just before the create call.
+    client_deadline = time.monotonic() + run.settings.timeout + CLIENT_GRACE_SECONDS
+    watches = WatchStream(run.kubectl, run.namespace, job_name, BatchJobs(job_name, job_names))
+    # The pod watch first, so that it is listening by the time the Job's first pods are created
+    # (and starts while the proxy does).
+    watches.start("pods", client_deadline)
+    try:
+        open_proxy(run)
+    except BaseException:
+        watches.stop()
+        raise
+    rewards = (
+        RewardStream(os.path.join(batch_dir, REWARDS_FILE), run.settings, run.on_reward, run.stop)
+        if run.settings.rollout
+        else None
+    )
+    follower = BatchFollower(
+        run.kubectl,
+        run.namespace,
+        job_name,
+        run.settings.count,
+        run.progress,
+        run.pool,
+        run.proxy,
+        batch_dir,
+        rewards,
+        watches,
+        EpisodeDrafts(run.settings.builtin, spool_dir=batch_dir),
+        job_names,
+        spare_held=run.owns_process,
+    )
+    run.batch = batch = BatchEvidence(run, follower, batch_dir)
+
+    def create_jobs() -> dict:
+        """The batch's Jobs in order, each UID in the receipt at once; the batch starts with the first."""
+        created = []
+        for manifest in manifests:
+            created.append(create_object(run, manifest))
+            run.receipt.record_job(manifest["metadata"]["name"], created[-1]["metadata"]["uid"])
+        return created[0]
+
+    follower.submit(create_jobs)
+    end = follower.follow(client_deadline)
+    wait = client_wait(follower, end)
+    evidence = batch.collect(job_name)
+    follower.stop_watches()
+    wait = wait._replace(
+        pods_read=pods_read(evidence.reading, follower.state.end_resource_version),
+        events_read=batch.events_read,
+    )
+    summarise = rollout_summary if run.settings.rollout else verified_summary
+    client_path = os.path.join(batch_dir, "client.json")
+    try:
+        summary = summarise(batch, end, evidence)
+    finally:
+        if rewards is not None:
+            rewards.close()
+            wait = wait._replace(reward_deliveries=[d.saved() for d in rewards.deliveries])
+            write_json(
+                client_path, wait.saved()
+            )  # kept, with the deliveries, should the summary fail
+    assert (
+        follower.end_seen_monotonic is not None
+    )  # both summaries fail a batch whose end was not seen
+    wait = wait._replace(
+        episodes_summarised_while_waiting=summary.drafts_taken,
+        post_completion_seconds=rounded(time.monotonic() - follower.end_seen_monotonic),
+    )
+    write_json(client_path, wait.saved())
+    return BatchOutcome(entry, summary, wait.saved())
+
+
+def check_jobs_accepted(run: RunContext, manifests: Sequence[dict]) -> None:
+    """Each Job of a batch of several, as the API server would take it (a server-side dry run), before
+    any is created: one refused (an invalid image reference) fails the run with none of them made."""
+    for manifest in manifests:
+        try:
+            run.kubectl.run(
+                ["create", "--dry-run=server", "-f", "-", "-o", "name"],
+                input_text=json.dumps(manifest),
+                retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
+            )
+        except KubectlError as error:
+            image = manifest["spec"]["template"]["spec"]["containers"][0]["image"]
+            raise DemoError(
+                f"the API server refuses Job {manifest['metadata']['name']} (image {image}): "
+                f"{error}; none of the batch's {len(manifests)} Jobs was created"
+            ) from None
+
+
+class ClientWait(NamedTuple):
+    """How the client waited for one Job (client.json): when it saw the end, what the wait cost,
+    how the evidence was read after it, and (a rollout) when each rewards.jsonl line was written."""
+
+    job: str
+    end: str | None  # Complete or Failed; None when the client gave up waiting
+    submitted_at: float  # wall clock, just before the create call
+    observed_at: float | None  # wall clock, when the client saw the end
+    client_job_complete_seconds: float | None
+    kubectl_processes_while_waiting: int
+    watch_restarts: int
+    watch_queue_peak: int
+    wait_mode: str  # "watch", or "poll" once the watches gave up
+    pods_read: dict | None = None  # pods_read(): known once the evidence is read
+    events_read: str | None = None  # "watch" or "list" (BatchEvidence.events_read)
+    reward_deliveries: list[list] | None = None  # a rollout's Delivery records, saved
+    # How many episodes' points the summary took from their drafts, made while the batch ran.
+    episodes_summarised_while_waiting: int | None = None
+    post_completion_seconds: float | None = None  # from seeing the end to the summary made
+
+    def saved(self) -> dict[str, Any]:
+        """client.json's fields: the ones not known yet (or not a rollout's) left out."""
+        return {
+            key: value
+            for key, value in self._asdict().items()
+            if value is not None or key not in CLIENT_WAIT_LATER
+        }
+
+
+# What client.json gains as the batch is read and summarised; the fields before are there from the end.
+CLIENT_WAIT_LATER = (
+    "pods_read",
+    "events_read",
+    "reward_deliveries",
+    "episodes_summarised_while_waiting",
+    "post_completion_seconds",
+)
+
+
+def client_wait(follower: BatchFollower, end: str | None) -> ClientWait:
+    """How the client waited for one Job, as of the end seen (or given up on)."""
+    submission = follower.submission
+    assert submission is not None  # followed only once submitted
+    return ClientWait(
+        job=follower.job_name,
+        end=end,
+        submitted_at=submission.wall,
+        observed_at=follower.end_seen_wall,
+        client_job_complete_seconds=rounded(follower.end_seen_monotonic - submission.monotonic)
+        if follower.end_seen_monotonic is not None
+        else None,
+        kubectl_processes_while_waiting=follower.cost.processes,
+        watch_restarts=follower.cost.restarts,
+        watch_queue_peak=follower.cost.queue_peak,
+        wait_mode="poll" if follower.polling else "watch",
+    )
+
+
+def pods_read(reading: PodReading, not_older_than: str | None) -> dict[str, Any]:
+    """client.json's `pods_read`: how the Job's pods were read after its end."""
+    return {
+        "source": reading.source,
+        "not_older_than": not_older_than,
+        "resource_version": reading.resource_version,
+        "pages": reading.pages,
+        "continue_expiries": reading.continue_expiries,
+        "read_again": reading.reread,
+    }
+
+
+def salvage(run: RunContext) -> None:
+    """After an interruption: save what can be saved quickly and complete the receipt."""
+    batch = run.batch
+    if batch is not None:
+        batch.follower.stop_watches()
+        try:
+            batch.collect(batch.follower.job_name, retry=False)
+        except (DemoError, OSError):
+            pass  # whatever could be saved is saved
+    if run.touched_cluster and not run.receipt.namespace_uid:
+        try:
+            live = run.kubectl.get("namespace", run.namespace, missing_ok=True)
+        except DemoError:
+            live = None
+        if live and run.receipt.owns_namespace(live):
+            run.receipt.record_namespace(live["metadata"]["uid"])
+    for name in [] if batch is None else batch.follower.jobs.names:
+        if run.receipt.has_job(name):
+            continue
+        try:
+            live = run.kubectl.get("job", name, run.namespace, missing_ok=True)
+        except DemoError:
+            live = None
+        if live:
+            run.receipt.record_job(name, live["metadata"]["uid"])
+    # Saved again even when nothing was added: the interruption may have come while it was written.
+    run.receipt.save()
+
+
+def close(run: RunContext) -> None:
+    """Stop what the run started: watches, the proxy, idle log readers."""
+    if run.batch is not None:
+        run.batch.follower.stop_watches()
+        if run.batch.follower.rewards is not None:
+            run.batch.follower.rewards.close()
+    if run.proxy is not None:
+        run.proxy.close()
+    run.pool.shutdown(wait=False)
+
+
+def load_worker(script: str | None, spelling: Spelling = COMMAND_LINE) -> tuple[str, bool]:
+    """The episode program to ship and whether it is the built-in one."""
+    if script is None:
+        return WORKER_SOURCE, True
+    try:
+        with open(script, encoding="utf-8") as handle:
+            source = handle.read()
+    except (OSError, UnicodeDecodeError) as error:
+        raise DemoError(
+            f"cannot read {spelling.setting('episode_script', script)}: "
+            f"{getattr(error, 'strerror', None) or error}"
+        ) from None
+    check_episode_syntax(script, source, spelling)
+    return source, False
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """`run`: submit the batch(es), wait, save every record, verify, report."""
+    return perform_run(args)[0]
+
+
+def perform_run(args: argparse.Namespace) -> tuple[int, Results | None]:
+    """`run`: its exit status (0, or EXIT_PARTIAL for an accepted partial batch) and its results."""
+    if args.dry_run:
+        print(json.dumps(dry_run_listing(args), indent=2))
+        return 0, None
+    worker_source, builtin = load_worker(
+        args.episode_script, getattr(args, "spelling", COMMAND_LINE)
+    )
+    tasks: list[Task] = list(getattr(args, "task_list", None) or [])
+    run = start_run(args, worker_source, builtin, tasks)
+    cleanup_hint = cleanup_command(run.output, args.kubectl)
+    failure: DemoError | None = None
+    with signals_interrupt():
+        try:
+            results = execute(run)
+        except KeyboardInterrupt:
+            interrupted(run, cleanup_hint)
+            return EXIT_INTERRUPTED, None
+        except RewardCallbackError as error:
+            # The caller's own code stopped the run: saved as after Ctrl-C, its exception raised as it was.
+            interrupted(run, cleanup_hint, f"{error}; the run stopped.")
+            raise error.original from None
+        except DemoError as error:
+            failure = error
+        finally:
+            close(run)
+    if failure is None and getattr(args, "print_results", True):
+        print_results(results.figures, args.quiet)
+    finish_run(run, failure, args.cleanup, args.quiet, cleanup_hint)
+    status = EXIT_PARTIAL if results.figures.get("accepted_partial") else 0
+    if getattr(args, "exit_when_done", False):
+        exit_at_once(status)  # while the run is still held: freeing it is what would take the time
+    return status, results
+
+
+def exit_at_once(status: int) -> NoReturn:
+    """End the process now, its output flushed. By then every file is written, every kubectl it
+    started has been stopped and waited for, and nothing it holds is needed: freeing that (every
+    pod, event and summary of the run: a quarter of a second at 2,000 episodes) and joining idle
+    log readers is all a normal exit would add."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass  # a closed or broken stream: nothing more can be said on it
+    os._exit(status)
+
+
+def dry_run_listing(args: argparse.Namespace) -> dict:
+    """`run --dry-run`: the objects a run would create, as one v1 List; nothing is touched."""
+    worker_source, builtin = load_worker(
+        args.episode_script, getattr(args, "spelling", COMMAND_LINE)
+    )
+    tasks: list[Task] = list(getattr(args, "task_list", None) or [])
+    run_id = secrets.token_hex(6)
+    settings = run_settings(args, worker_source, builtin, tasks, None, NAMESPACE_PREFIX + run_id)
+    origin = run_origin(run_id, args.output, USER_UNKNOWN_BEFORE_RUN, settings.ttl_seconds)
+    return list_manifest(
+        planned_objects(NAMESPACE_PREFIX + run_id, run_id, settings, worker_source, tasks, origin)
+    )
+
+
+def run_settings(
+    args: argparse.Namespace,
+    worker_source: str,
+    builtin: bool,
+    tasks: Sequence[Task],
+    context: str | None,
+    namespace: str,
+) -> Settings:
+    """The run's settings, once, from its checked arguments (the command line's or run_batch()'s),
+    its episode program, and the context and namespace it runs in (no context for --dry-run)."""
+    rollout = bool(getattr(args, "rollout", False))
+    batches = batch_names(args.rounds, args.warmup)
+    image_map = parse_image_map(getattr(args, "image_map", None) or ())
+    # Rewritten once, here: every later use of an image takes the rewritten reference.
+    image = rewrite_image(args.image, image_map)
+    groups = image_groups(tasks, args.count, args.group_size, image, image_map)
+    return Settings(
+        version=__version__,
+        count=args.count,
+        parallelism=args.parallelism,
+        image=image,
+        runtime=args.runtime,
+        timeout=args.timeout or default_timeout(args.count, args.parallelism),
+        rounds=args.rounds,
+        warmup=args.warmup,
+        harden=args.harden,
+        builtin=builtin,
+        episode_script=args.episode_script,
+        chunk_size=args.chunk_size,
+        episode_script_sha256=None
+        if builtin
+        else hashlib.sha256(worker_source.encode("utf-8")).hexdigest(),
+        ttl_seconds=args.ttl,
+        rollout=rollout,
+        # The rollout options are recorded (and read) only for a rollout batch.
+        tasks_file=getattr(args, "tasks", None) if rollout else None,
+        group_size=args.group_size if rollout else 1,
+        retries=args.retries if rollout else None,
+        allow_failures=args.allow_failures if rollout else None,
+        task_ids=tuple(task.task_id for task in tasks) if rollout and tasks else None,
+        need=getattr(args, "need", None),
+        episode_timeout=getattr(args, "episode_timeout", None),
+        context=context,
+        namespace=namespace,
+        batches=tuple(
+            BatchEntry(
+                name,
+                measured,
+                name if len(batches) > 1 else ".",
+                tuple(image_job_name(name, n) for n in range(1, len(groups) + 1))
+                if len(groups) > 1
+                else (),
+            )
+            for name, measured in batches
+        ),
+        image_map=image_map,
+        pull_timeout=getattr(args, "pull_timeout", None),
+        prepull=bool(getattr(args, "prepull", False)),
+        task_images=tuple(task_images(tasks, image, image_map)) if rollout and tasks else None,
+    )
+
+
+def start_run(
+    args: argparse.Namespace, worker_source: str, builtin: bool, tasks: Sequence[Task]
+) -> RunContext:
+    """Claim the output directory and name the context, run id and namespace; nothing in the cluster changes."""
+    output, spelling = args.output, getattr(args, "spelling", COMMAND_LINE)
+    if os.path.lexists(output):
+        raise DemoError(
+            f"output directory {output} already exists; records are never overwritten, "
+            f"choose a new {spelling.name('output')}"
+        )
+    kubectl = Kubectl(find_kubectl(args.kubectl, spelling), verbose=args.verbose)
+    kubectl.context = resolve_context(kubectl, args.context, spelling)
+    try:
+        os.makedirs(output)
+    except OSError as error:
+        raise DemoError(
+            f"cannot create output directory {output}: {error.strerror or error}"
+        ) from None
+    run_id = secrets.token_hex(6)
+    namespace = NAMESPACE_PREFIX + run_id
+    settings = run_settings(args, worker_source, builtin, tasks, kubectl.context, namespace)
+    return RunContext(
+        settings,
+        plan_run(namespace, run_id, settings, worker_source, tasks),
+        Receipt.start(output, kubectl.context, namespace, run_id, kubeconfig_path()),
+        kubectl,
+        output,
+        Progress(args.quiet),
+        concurrent.futures.ThreadPoolExecutor(LOG_READERS),
+        cpu_seconds(),
+        silent=args.quiet and not getattr(args, "print_results", True),
+        spelling=spelling,
+        on_reward=getattr(args, "on_reward", None),
+        stop=getattr(args, "stop", None),
+        owns_process=spelling is COMMAND_LINE,
+    )
+
+
+@contextlib.contextmanager
+def signals_interrupt() -> Iterator[None]:
+    """SIGTERM interrupts as Ctrl-C does, so a stopped run saves its evidence, and neither lands inside
+    a fork (InterruptsAcrossForks; main thread only: no other thread may set a signal handler)."""
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = (
+        {
+            signum: signal.signal(signum, INTERRUPTS.handle)
+            for signum in (signal.SIGINT, signal.SIGTERM)
+        }
+        if main_thread
+        else {}
+    )
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def interrupted(run: RunContext, cleanup_hint: str, why: str = "Interrupted.") -> None:
+    """After Ctrl-C or SIGTERM (or an on_reward callback that raised): salvage what is quick to save
+    and say how to clean up."""
+    run.progress.finish()
+    try:
+        salvage(run)
+    except (KeyboardInterrupt, DemoError):
+        pass
+    # Ctrl-C can read as "stop the batch": only this client stopped.
+    running = (
+        (
+            " This stopped the client, not the Job: it runs on in the cluster, its namespace with it, until "
+            "you clean up."
+        )
+        if run.receipt.fields.get("jobs")
+        else ""
+    )
+    print(
+        f"{why} Evidence saved in {run.output}; receipt.json names namespace "
+        f"{run.namespace}.{running}\nClean up with: {cleanup_hint}",
+        file=sys.stderr,
+    )
+
+
+def print_results(results: dict, quiet: bool) -> None:
+    """The results (their saved form) on stdout without per-pod rows; the phase tables and
+    throughput beside the progress on stderr."""
+    print(json.dumps(printed_results(results), indent=2))
+    if not quiet:
+        print(phase_tables(results), file=sys.stderr)
+        print(throughput_line(results["throughput"]), file=sys.stderr)
+    warn_clocks(results)
+
+
+def finish_run(
+    run: RunContext, failure: DemoError | None, clean_up: bool, quiet: bool, cleanup_hint: str
+) -> None:
+    """`--cleanup` if asked, then one error naming why the run failed, its evidence and what to clean up."""
+    if clean_up and run.touched_cluster:
+        # stdout carries only the results; what cleanup says goes with the progress.
+        report = io.StringIO() if run.silent else sys.stderr
+        cleanup = run.spelling.switch("cleanup")
+        print(f"Cleaning up ({cleanup}) after {'a failed' if failure else 'the'} run.", file=report)
+        try:
+            cleanup_namespace(run.kubectl, run.receipt, report=report)
+        except DemoError as error:
+            # Never let a failed cleanup hide why the run failed or where its evidence is.
+            why = (
+                f"{failure}\n  evidence: {run.output}\n  {cleanup} failed too: " if failure else ""
+            )
+            raise DemoError(f"{why}{error}\n  clean up: {cleanup_hint}") from None
+    if failure is not None:
+        if not run.touched_cluster and release_output(run.output):
+            raise DemoError(
+                f"{failure}\n  {run.output} was removed again, so the same "
+                f"{run.spelling.name('output')} can be reused"
+            )
+        if run.touched_cluster and not clean_up:
+            raise DemoError(f"{failure}\n  evidence: {run.output}\n  clean up: {cleanup_hint}")
+        raise DemoError(f"{failure}\n  evidence: {run.output}")
+    if run.touched_cluster and not clean_up and not quiet:
+        print(
+            f"The namespace {run.namespace} stays for inspection; clean up with: {cleanup_hint}",
+            file=sys.stderr,
+        )
+
+
+def release_output(output: str) -> bool:
+    """Remove a run's directory that holds nothing but its receipt and settings: a run
+    that created nothing in the cluster has nothing to trace, and its name stays free."""
+    try:
+        names = os.listdir(output)
+        if RECEIPT_FILE not in names or not set(names) <= {RECEIPT_FILE, SETTINGS_FILE}:
+            return False
+        for name in names:
+            os.remove(os.path.join(output, name))
+        os.rmdir(output)
+    except OSError:
+        return False
+    return True

@@ -1,0 +1,285 @@
+"""Runs in a cluster: what `list` shows and `cleanup --stale` decides, without receipts."""
+
+from __future__ import annotations
+
+from typing import Iterable, NamedTuple, Sequence
+
+from .constants import (
+    APP_LABEL,
+    EPISODES_PLANNED_ANNOTATION,
+    EXPIRES_ANNOTATION,
+    HOST_ANNOTATION,
+    JOBS_PLANNED_ANNOTATION,
+    NAMESPACE_PREFIX,
+    OUTPUT_ANNOTATION,
+    RUN_ID_ANNOTATION,
+    RUN_LABEL,
+    USER_ANNOTATION,
+)
+from .parse import condition, format_duration, job_finished, parse_time, rfc3339
+
+# What a run is doing: a Job of it has not ended, or fewer Jobs than it plans are there yet
+# and none ended as a run stops (running; the latter between two batches), all ended Complete
+# (succeeded) or one Failed (failed), its namespace is being deleted (terminating), or
+# no Job of the tool is in it yet (pending: a run starting, or one that stopped before
+# it submitted its Job).
+RUN_STATES = ("running", "succeeded", "failed", "terminating", "pending")
+
+# The reason a Job ends Failed with failed indexes within its maxFailedIndexes (--allow-failures):
+# a run accepts that batch and goes on to its next.
+ACCEPTED_FAILURES_REASON = "FailedIndexes"
+
+
+class ClusterRun(NamedTuple):
+    """One run found in a cluster: its namespace, what the namespace says of the run, its Jobs' state."""
+
+    namespace: str
+    uid: str
+    run_id: str  # the agc-demo-run label's value
+    annotated_run_id: str | None  # the run-id annotation's; None on a run of the guide's script
+    created_at: float | None
+    state: str
+    jobs: int  # Jobs of the tool in the namespace
+    # The episodes the run plans, all told (a run without the annotation: its Jobs' completions).
+    episodes: int
+    succeeded: int
+    user: str | None
+    host: str | None
+    output: str | None
+    expires_at: float | None
+    jobs_planned: int | None = None  # None: a guide's run, or one of a version that did not say
+    between_batches: bool = False  # running, with every Job there ended and more to come
+    last_ended_at: float | None = None  # when its last ended Job ended (None: none has)
+
+    @property
+    def guide(self) -> bool:
+        """Made by the guide's script: its label, none of this tool's annotations."""
+        return self.annotated_run_id is None
+
+    def age(self, now: float) -> float:
+        return max(0.0, now - self.created_at) if self.created_at is not None else 0.0
+
+
+def planned_count(namespace: dict, key: str) -> int | None:
+    """A count the run's namespace says it plans (None: not said, or not a count)."""
+    text = ((namespace.get("metadata") or {}).get("annotations") or {}).get(key)
+    try:
+        value = int(str(text))
+    except ValueError:
+        return None
+    return value if value >= 0 else None
+
+
+def run_state(namespace: dict, jobs: Sequence[dict]) -> str:
+    """One of RUN_STATES, from the namespace's phase, its Jobs' conditions, and how many Jobs the
+    run plans: with fewer there, every one ended, and none failed as a run stops, the run is
+    between two batches (running), or stopped there without a word (killed, crashed: only the
+    time since its last Job ended tells, see stale_verdict)."""
+    if (namespace.get("metadata") or {}).get("deletionTimestamp") or (
+        namespace.get("status") or {}
+    ).get("phase") == "Terminating":
+        return "terminating"
+    if not jobs:
+        return "pending"
+    ends = [job_finished(job) for job in jobs]
+    if None in ends:
+        return "running"
+    planned = planned_count(namespace, JOBS_PLANNED_ANNOTATION)
+    if (
+        planned is not None
+        and len(jobs) < planned
+        and all(
+            end == "Complete"
+            or (condition(job, "Failed") or {}).get("reason") == ACCEPTED_FAILURES_REASON
+            for job, end in zip(jobs, ends)
+        )
+    ):
+        return "running"
+    return "failed" if "Failed" in ends else "succeeded"
+
+
+def job_ended_at(job: dict) -> float | None:
+    """When a Job ended: its Complete or Failed condition's transition (else its completionTime)."""
+    end = job_finished(job)
+    if end is None:
+        return None
+    return parse_time((condition(job, end) or {}).get("lastTransitionTime")) or parse_time(
+        (job.get("status") or {}).get("completionTime")
+    )
+
+
+def cluster_runs(namespaces: Iterable[dict], jobs: Iterable[dict]) -> list[ClusterRun]:
+    """Every namespace with the run label, oldest first, with the tool's Jobs inside it
+    (`jobs`: Jobs labelled app=rl-batch-demo, from every namespace)."""
+    by_namespace: dict[str, list[dict]] = {}
+    for job in jobs:
+        metadata = job.get("metadata") or {}
+        if (metadata.get("labels") or {}).get("app") == APP_LABEL:
+            by_namespace.setdefault(metadata.get("namespace", ""), []).append(job)
+    runs = []
+    for namespace in namespaces:
+        metadata = namespace.get("metadata") or {}
+        labels, annotations = metadata.get("labels") or {}, metadata.get("annotations") or {}
+        if RUN_LABEL not in labels:
+            continue
+        inside = by_namespace.get(metadata.get("name", ""), [])
+        state = run_state(namespace, inside)
+        ended = [job_ended_at(job) for job in inside if job_finished(job) is not None]
+        planned_episodes = planned_count(namespace, EPISODES_PLANNED_ANNOTATION)
+        runs.append(
+            ClusterRun(
+                namespace=metadata.get("name", ""),
+                uid=metadata.get("uid", ""),
+                run_id=labels[RUN_LABEL],
+                annotated_run_id=annotations.get(RUN_ID_ANNOTATION),
+                created_at=parse_time(metadata.get("creationTimestamp")),
+                state=state,
+                jobs=len(inside),
+                episodes=planned_episodes
+                if planned_episodes is not None
+                else sum(int((job.get("spec") or {}).get("completions") or 1) for job in inside),
+                succeeded=sum(
+                    int((job.get("status") or {}).get("succeeded") or 0) for job in inside
+                ),
+                user=annotations.get(USER_ANNOTATION),
+                host=annotations.get(HOST_ANNOTATION),
+                output=annotations.get(OUTPUT_ANNOTATION),
+                expires_at=parse_time(annotations.get(EXPIRES_ANNOTATION)),
+                jobs_planned=planned_count(namespace, JOBS_PLANNED_ANNOTATION),
+                between_batches=state == "running" and bool(inside) and len(ended) == len(inside),
+                last_ended_at=max((at for at in ended if at is not None), default=None),
+            )
+        )
+    return sorted(runs, key=lambda run: (run.created_at or 0.0, run.namespace))
+
+
+def run_record(run: ClusterRun, now: float) -> dict:
+    """One run as `list -o json` prints it."""
+    return {
+        "namespace": run.namespace,
+        "uid": run.uid,
+        "run_id": run.annotated_run_id or run.run_id,
+        "state": run.state,
+        "age_seconds": round(run.age(now)),
+        "episodes": run.episodes,
+        "succeeded": run.succeeded,
+        "user": run.user,
+        "host": run.host,
+        "output": run.output,
+        "expires": rfc3339(run.expires_at) if run.expires_at is not None else None,
+        "guide": run.guide,
+        "jobs": run.jobs,
+        "jobs_planned": run.jobs_planned,
+        "between_batches": run.between_batches,
+        "last_job_ended": rfc3339(run.last_ended_at) if run.last_ended_at is not None else None,
+    }
+
+
+def expiry_text(run: ClusterRun, now: float) -> str:
+    if run.expires_at is None:
+        return "-"
+    if run.expires_at <= now:
+        return f"expired {format_duration(now - run.expires_at)} ago"
+    return f"in {format_duration(run.expires_at - now)}"
+
+
+def runs_table(runs: Sequence[ClusterRun], now: float) -> str:
+    """One line per run: namespace, state, age, episodes done of total, who and where from, expiry."""
+    rows = [("NAMESPACE", "STATE", "AGE", "EPISODES", "USER", "FROM", "EXPIRES")]
+    for run in runs:
+        where = "(guide's script)" if run.guide else f"{run.host or '?'}:{run.output or '?'}"
+        rows.append(
+            (
+                run.namespace,
+                run.state,
+                format_duration(run.age(now)),
+                f"{run.succeeded}/{run.episodes}",
+                run.user or "-",
+                where,
+                expiry_text(run, now),
+            )
+        )
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+    return "\n".join(
+        "   ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows
+    )
+
+
+class Verdict(NamedTuple):
+    """What `cleanup --stale` does with one run, and why."""
+
+    delete: bool
+    why: str
+
+
+def stale_verdict(
+    run: ClusterRun, now: float, stale_seconds: float, user: str, all_users: bool
+) -> Verdict:
+    """Delete a run of this tool, proven so, of `user` (or anyone's, with `all_users`), that is past
+    its --ttl, or older than `stale_seconds` with every Job ended; leave anything else, saying why.
+    A run between two batches (fewer Jobs than it plans, all ended) may be alive, about to make its
+    next Job, or may have stopped there (killed, crashed): it is stale only once its last Job ended
+    longer than `stale_seconds` ago."""
+    if run.state == "terminating":
+        return Verdict(False, "already being deleted (Terminating)")
+    if run.guide:
+        return Verdict(
+            False,
+            "made by the guide's script (no run-id annotation): clean it up with its receipt "
+            "(cleanup --output DIR)",
+        )
+    if run.annotated_run_id != run.run_id or run.namespace != NAMESPACE_PREFIX + run.run_id:
+        return Verdict(
+            False,
+            f"its name, {RUN_LABEL} label ({run.run_id}) and run-id annotation "
+            f"({run.annotated_run_id}) disagree: not proven a run of this tool",
+        )
+    if not run.jobs:
+        return Verdict(
+            False, f"no Job labelled app={APP_LABEL} inside: not proven a run of this tool"
+        )
+    if not all_users and run.user != user:
+        return Verdict(
+            False,
+            f"started by {run.user}, not by you ({user}); --all-users reaps every user's runs",
+        )
+    if run.expires_at is not None and run.expires_at <= now:
+        state = f"{run.state} (between batches)" if run.between_batches else run.state
+        return Verdict(
+            True,
+            f"{state}, past its --ttl (expired {format_duration(now - run.expires_at)} ago)",
+        )
+    if run.between_batches:
+        made = f"{run.jobs} of {run.jobs_planned} Jobs made"
+        if run.last_ended_at is None:
+            return Verdict(
+                False,
+                f"between batches ({made}; no end time on its Jobs): may still make its next, "
+                f"only its --ttl reaps it",
+            )
+        since = max(0.0, now - run.last_ended_at)
+        if since < stale_seconds:
+            return Verdict(
+                False,
+                f"between batches ({made}, the last ended {format_duration(since)} ago): may "
+                f"still make its next; stale once its last Job ended longer ago than --stale "
+                f"{format_duration(stale_seconds)}",
+            )
+        return Verdict(
+            True,
+            f"stopped between batches ({made}, the last ended {format_duration(since)} ago): "
+            f"longer ago than --stale {format_duration(stale_seconds)}",
+        )
+    if run.state == "running":
+        return Verdict(False, "still running (a Job has not ended)")
+    if run.age(now) < stale_seconds:
+        return Verdict(
+            False,
+            f"{run.state}, {format_duration(run.age(now))} old: younger than --stale "
+            f"{format_duration(stale_seconds)}",
+        )
+    return Verdict(
+        True,
+        f"{run.state}, {format_duration(run.age(now))} old: older than --stale "
+        f"{format_duration(stale_seconds)}",
+    )
