@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import sys
+import types
 
 import rl_batch_demo
 
@@ -21,3 +23,25 @@ for _module in MODULES.values():
         {name: value for name, value in vars(_module).items() if not name.startswith("__")}
     )
 __version__ = rl_batch_demo.__version__
+
+
+class _Copies(types.ModuleType):
+    """This namespace holds copies of the modules' names: replacing one here would reach no module
+    (a patch that silently tests nothing), so it is refused with where to replace it instead."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise _Copies.refusal(name)
+
+    def __delattr__(self, name: str) -> None:
+        raise _Copies.refusal(name)
+
+    @staticmethod
+    def refusal(name: str) -> AttributeError:
+        holders = [key for key, module in MODULES.items() if name in vars(module)]
+        return AttributeError(
+            f"all_names.{name} is a copy: replace it in each module that looks it up "
+            f"(demo.MODULES[...], one of {holders or 'none'})"
+        )
+
+
+sys.modules[__name__].__class__ = _Copies

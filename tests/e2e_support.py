@@ -19,6 +19,14 @@ import rl_batch_demo
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PRODUCT = REPO_ROOT / "rl_batch_demo.py"
 
+
+def documentation() -> str:
+    """README.md and every page of docs/, as one text: a documented example is run as written,
+    whichever page shows it."""
+    pages = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
+    return "\n".join(page.read_text(encoding="utf-8") for page in pages)
+
+
 # Realistic but quick: a sandbox takes a moment to start, so a sequential batch
 # is clearly slower than a parallel one, as on a real cluster.
 DEFAULT_TIMING = {"sandbox_delay": 0.4, "sandbox_jitter": 0.1}

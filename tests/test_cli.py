@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 import pytest
 
-import rl_batch_demo as demo
+import all_names as demo
 from rl_batch_demo import main
 from test_unit import (
     GUIDE_COMPARE_HEADER,
@@ -499,7 +499,7 @@ def test_a_script_broken_on_every_python_is_refused_even_on_an_older_one(
     source: str, line: Optional[int], tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(
-        demo, "NEWEST_SYNTAX_PYTHON", (99, 0)
+        demo.MODULES["syntax"], "NEWEST_SYNTAX_PYTHON", (99, 0)
     )  # this Python is older than the image's
     script = tmp_path / "broken.py"
     script.write_text(source)
@@ -541,7 +541,7 @@ NEWER_SYNTAX = [
 def test_newer_syntax_is_shipped_on_an_older_python(
     source: str, tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(demo, "NEWEST_SYNTAX_PYTHON", (99, 0))
+    monkeypatch.setattr(demo.MODULES["syntax"], "NEWEST_SYNTAX_PYTHON", (99, 0))
     script = tmp_path / "newer.py"
     script.write_text("command = 'go'\n" + source)
     assert (
@@ -563,10 +563,10 @@ def test_an_error_only_the_compiler_finds_is_only_warned_about_on_an_older_pytho
     script = tmp_path / "compiled.py"
     script.write_text("print('ok')\nreturn 1\n")
     argv = ["run", "--output", str(tmp_path / "out"), "--dry-run", "--episode-script", str(script)]
-    monkeypatch.setattr(demo, "NEWEST_SYNTAX_PYTHON", (99, 0))
+    monkeypatch.setattr(demo.MODULES["syntax"], "NEWEST_SYNTAX_PYTHON", (99, 0))
     assert main(argv) == 0
     assert "line 2 does not compile on Python" in capsys.readouterr().err
-    monkeypatch.setattr(demo, "NEWEST_SYNTAX_PYTHON", sys.version_info[:2])
+    monkeypatch.setattr(demo.MODULES["syntax"], "NEWEST_SYNTAX_PYTHON", sys.version_info[:2])
     assert main(argv) == 1  # this Python is the newest: every error is refused
     assert "line 2: 'return' outside function: return 1" in error_line(capsys.readouterr().err)
 
@@ -576,7 +576,7 @@ def test_the_syntax_check_itself_prints_only_its_own_lines(
 ) -> None:
     """Its respelling reads the source with the tokenizer, which warns of an invalid escape on
     3.12 and later: the image's Python says that, the check does not. A lone CR ends a line."""
-    monkeypatch.setattr(demo, "NEWEST_SYNTAX_PYTHON", (99, 0))
+    monkeypatch.setattr(demo.MODULES["syntax"], "NEWEST_SYNTAX_PYTHON", (99, 0))
     script = tmp_path / "newer.py"
     script.write_bytes(b"x = f'\\{y}'\rtry:\r    pass\rexcept A, B:\r    pass\r")
     argv = ["run", "--output", str(tmp_path / "out"), "--dry-run", "--episode-script", str(script)]

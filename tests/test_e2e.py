@@ -25,7 +25,7 @@ from e2e_support import (
 )
 from kube_emulator import Emulator
 
-import rl_batch_demo
+import all_names as rl_batch_demo
 
 pytestmark = pytest.mark.e2e
 

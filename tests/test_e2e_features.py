@@ -33,7 +33,7 @@ from e2e_support import (
 )
 from kube_emulator import Emulator, pod_security_violations
 
-import rl_batch_demo
+import all_names as rl_batch_demo
 
 pytestmark = pytest.mark.e2e
 

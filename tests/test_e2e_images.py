@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-import rl_batch_demo
+import all_names as rl_batch_demo
 from e2e_support import (
     TASK_EPISODE_HEAD,
     assert_pulls_one_at_a_time,

@@ -19,7 +19,7 @@ import pytest
 from e2e_support import PRODUCT, load, wait_for
 from kube_emulator import CANONICAL
 
-import rl_batch_demo
+import all_names as rl_batch_demo
 
 pytestmark = pytest.mark.e2e
 

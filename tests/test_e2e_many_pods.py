@@ -17,7 +17,7 @@ from e2e_support import load, tool
 from kube_emulator import Emulator
 from test_e2e_phases import KUBECTL_VERSION, Run, named_creation_source, point_errors
 
-import rl_batch_demo
+import all_names as rl_batch_demo
 
 pytestmark = pytest.mark.e2e
 

@@ -29,7 +29,7 @@ import pytest
 from e2e_support import DEFAULT_TIMING, PRODUCT, load, start_tool, tool, wait_for
 from kube_emulator import Emulator
 
-import rl_batch_demo
+import all_names as rl_batch_demo
 from rl_batch_demo import PHASES, POINTS, parse_time, percentile
 
 pytestmark = pytest.mark.e2e

@@ -14,8 +14,16 @@ from typing import Any
 
 import pytest
 
-import rl_batch_demo
-from e2e_support import TASK_EPISODE_HEAD, emulators, load, run_namespaces, tool, write_script
+import all_names as rl_batch_demo
+from e2e_support import (
+    TASK_EPISODE_HEAD,
+    documentation,
+    emulators,
+    load,
+    run_namespaces,
+    tool,
+    write_script,
+)
 
 pytestmark = pytest.mark.e2e
 SVG = "{http://www.w3.org/2000/svg}"
@@ -375,9 +383,7 @@ def test_readme_python_example_runs_as_written(
     its episode script; only the cluster behind "kind-kind" is the emulator."""
     kubectl, make = cluster
     emulator = make()
-    blocks = re.findall(
-        r"```python\n(.*?)```", (Path(__file__).parent.parent / "README.md").read_text(), flags=re.S
-    )
+    blocks = re.findall(r"```python\n(.*?)```", documentation(), flags=re.S)
     example = next(block for block in blocks if "run_batch(" in block)
     (tmp_path / "task_episode.py").write_text(
         next(b for b in blocks if b.startswith("# task_episode.py"))
@@ -405,9 +411,7 @@ def test_readme_python_example_runs_as_written(
 def test_readme_task_episode_runs_as_documented(cluster: Any, tmp_path: Path) -> None:
     kubectl, make = cluster
     emulator = make()
-    blocks = re.findall(
-        r"```python\n(.*?)```", (Path(__file__).parent.parent / "README.md").read_text(), flags=re.S
-    )
+    blocks = re.findall(r"```python\n(.*?)```", documentation(), flags=re.S)
     args, output = tasks_run(
         tmp_path,
         '{"id": "issue-101", "prompt": "fix it", "answer": 42}\n'

@@ -20,11 +20,12 @@ from typing import Any
 
 import pytest
 
-import rl_batch_demo as rl_batch
+import all_names as rl_batch
 from e2e_support import (
     PRODUCT,
     REPO_ROOT,
     TASK_EPISODE_HEAD,
+    documentation,
     emulators,
     load,
     run_namespaces,
@@ -535,9 +536,7 @@ def test_readme_stream_example_runs_as_written(
     capsys: pytest.CaptureFixture,
 ) -> None:
     kubectl, emulator = python_cluster
-    blocks = re.findall(
-        r"```python\n(.*?)```", (Path(__file__).parent.parent / "README.md").read_text(), flags=re.S
-    )
+    blocks = re.findall(r"```python\n(.*?)```", documentation(), flags=re.S)
     example = next(block for block in blocks if block.startswith("# stream.py"))
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "kubectl").symlink_to(kubectl)

@@ -376,7 +376,7 @@ def test_a_pod_evicted_by_its_node_fails_the_run_clearly(real_cluster, tmp_path)
 
 
 def readme_rbac() -> str:
-    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    text = (Path(__file__).resolve().parent.parent / "docs" / "operations.md").read_text()
     section = text.split("## Permissions", 1)[1]
     return re.search(r"```yaml\n(.*?)```", section, re.S).group(1)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-import rl_batch_demo
+import all_names as rl_batch_demo
 from e2e_support import load, tool
 from test_e2e_images import TASKS, images_run, rewards_of
 

@@ -20,7 +20,7 @@ from e2e_support import PRODUCT, load, wait_for
 from test_e2e_lifecycle import GUIDE, SLOW_SCRIPT, held_run, recreating_kubectl
 from test_real_cluster import as_user, readme_rbac, user_with
 
-import rl_batch_demo
+import all_names as rl_batch_demo
 
 pytestmark = [pytest.mark.e2e, pytest.mark.real_cluster, pytest.mark.xdist_group("real-cluster")]
 

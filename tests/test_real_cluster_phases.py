@@ -18,7 +18,7 @@ import pytest
 
 from e2e_support import assert_clocks_agree, load, tool
 
-import rl_batch_demo
+import all_names as rl_batch_demo
 from rl_batch_demo import parse_time, percentile
 
 pytestmark = [pytest.mark.e2e, pytest.mark.real_cluster, pytest.mark.xdist_group("real-cluster")]

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-import rl_batch_demo
+import all_names as rl_batch_demo
 from e2e_support import (
     assert_cleanup_twice,
     assert_clocks_agree,

@@ -21,7 +21,7 @@ from xml.etree import ElementTree
 
 import pytest
 
-import rl_batch_demo as demo
+import all_names as demo
 from e2e_support import load, tool
 
 SVG = "{http://www.w3.org/2000/svg}"

@@ -16,6 +16,7 @@ import io
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import threading
@@ -27,10 +28,14 @@ from typing import Any, Optional
 import pytest
 
 import prereqs
-import rl_batch_demo as demo
+import all_names as demo
+import rl_batch_demo
 import sandbox
 from conftest import discovered_bwrap, skip_or_fail
 from rl_batch_demo import VerificationError
+
+# The package the tests import (src/rl_batch_demo), not the single file generated from it.
+PACKAGE_DIR = Path(rl_batch_demo.__file__).resolve().parent
 
 NAMESPACE = "agc-rl-0123456789ab"
 RUN_ID = "0123456789ab"
@@ -2276,15 +2281,15 @@ def test_peak_memory_is_the_tools_own_not_that_of_the_process_that_spawned_it() 
     # trainer would report the trainer's memory as its own.
     ballast = b"x" * (200 << 20)
     probe = (
-        "import rl_batch_demo, resource; "
-        "print(rl_batch_demo.peak_rss_mib(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
+        "import rl_batch_demo, resource; from rl_batch_demo.results import peak_rss_mib; "
+        "print(peak_rss_mib(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
     )
     printed = subprocess.run(
         [sys.executable, "-c", probe],
         capture_output=True,
         text=True,
         check=True,
-        cwd=os.path.dirname(os.path.abspath(demo.__file__)),
+        cwd=PACKAGE_DIR.parent,  # the whole package, imported as a run imports it
     ).stdout.split()
     del ballast
     peak, maxrss_kib = float(printed[0]), int(printed[1])
@@ -2343,7 +2348,9 @@ def test_two_threads_writing_one_file_each_leave_it_whole(tmp_path) -> None:
 INTERRUPTED_IN_FORK = r"""
 import logging, os, signal, sys, threading
 sys.path.insert(0, sys.argv[1])
-import rl_batch_demo as demo
+import rl_batch_demo  # the whole package, as a run has it
+from rl_batch_demo.kube import Kubectl
+from rl_batch_demo.run import signals_interrupt
 sent = []
 
 def interrupt_during_the_fork():
@@ -2352,11 +2359,11 @@ def interrupt_during_the_fork():
         os.kill(os.getpid(), signal.SIGINT)
 
 os.register_at_fork(after_in_parent=interrupt_during_the_fork)
-kubectl = demo.Kubectl("/bin/true")
+kubectl = Kubectl("/bin/true")
 for start in (lambda: kubectl.run(["version"]), lambda: kubectl.stream(["get", "pods", "-w"], 5)):
     sent.clear()
     try:
-        with demo.signals_interrupt():
+        with signals_interrupt():
             start()
     except KeyboardInterrupt:
         print("interrupted")
@@ -2375,7 +2382,7 @@ def test_an_interrupt_during_a_kubectl_fork_is_not_lost() -> None:
     if demo.die_with_parent() is None:
         pytest.skip("no prctl here: no pre-exec step, no fork handlers run in this process")
     completed = subprocess.run(
-        [sys.executable, "-c", INTERRUPTED_IN_FORK, str(Path(demo.__file__).parent)],
+        [sys.executable, "-c", INTERRUPTED_IN_FORK, str(PACKAGE_DIR.parent)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -2388,27 +2395,40 @@ def test_an_interrupt_during_a_kubectl_fork_is_not_lost() -> None:
 
 
 # --------------------------------------------------------------------------
-# The file's map.
+# The package's map, and the parts of the single file generated from it.
 
 BANNER_RULE = "# " + "-" * 74
+MAP_HEADING = "The package's modules, lowest layer first:"
+NOT_PARTS = {"__init__", "__main__", "worker"}  # the package itself, `python -m`, shipped as text
 
 
-def test_the_module_docstring_maps_every_section_banner_in_order_word_for_word() -> None:
-    lines = Path(demo.__file__).read_text(encoding="utf-8").splitlines()
-    banners = []
+def test_the_package_docstring_maps_every_module_once_in_the_order_of_the_generated_files_parts(
+    repo_root: Path,
+) -> None:
+    modules = {path.stem for path in PACKAGE_DIR.glob("*.py")} - NOT_PARTS
+    docstring = rl_batch_demo.__doc__.splitlines()
+    start = next(n for n, line in enumerate(docstring) if line.startswith(MAP_HEADING))
+    block = docstring[start : docstring.index("", start)]
+    entries = [line[len("    ") :] for line in block if line.startswith("    ")]
+    assert entries and all(re.fullmatch(r"\w+: \S.*", entry) for entry in entries), entries
+    mapped = [entry.split(":")[0] for entry in entries]
+    assert len(mapped) == len(set(mapped)), mapped  # each module once
+    assert set(mapped) - modules <= {"worker"}, mapped  # modules of the package only
+    # The generated file: each part opens with the rule, then one line naming its source and its
+    # docstring's first line, then a blank line; no other rule.
+    lines = (repo_root / "rl_batch_demo.py").read_text(encoding="utf-8").splitlines()
+    parts = []
     for number, line in enumerate(lines):
         if line == BANNER_RULE:
-            banners.append(lines[number + 1][len("# ") :])
-            # One line each: what follows the banner's title is a blank line, not more of it.
-            assert not lines[number + 2].startswith("#"), lines[number + 1]
-    docstring = demo.__doc__.splitlines()
-    start = (
-        docstring.index("The file's sections, top to bottom (each line is its section's banner):")
-        + 1
-    )
-    mapped = [line[len("    ") :] for line in docstring[start : docstring.index("", start)]]
-    assert len(banners) > 20
-    assert mapped == banners
+            header = re.fullmatch(r"# src/rl_batch_demo/(\w+)\.py: (.+)", lines[number + 1])
+            assert header, lines[number + 1]
+            name, summary = header.groups()
+            assert summary == demo.MODULES[name].__doc__.splitlines()[0], name
+            assert lines[number + 2] == "", lines[number + 1]
+            parts.append(name)
+    assert len(parts) > 20
+    assert sorted(parts) == sorted(modules)  # every module a part, once
+    assert [name for name in mapped if name not in NOT_PARTS] == parts
 
 
 # --------------------------------------------------------------------------

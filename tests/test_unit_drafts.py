@@ -10,6 +10,7 @@ is made again (pods created into a slot an earlier pod's end freed), and drafts 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import random
@@ -19,7 +20,7 @@ from typing import Any
 
 import pytest
 
-import rl_batch_demo as demo
+import all_names as demo
 
 RECORDED = Path(__file__).resolve().parent / "recorded" / "clock-corrected-16"
 CORRECTED_NODE = "emu-node-2"
@@ -120,7 +121,7 @@ def slotted_pods(batch: dict[str, Any]) -> set[str]:
         return found[-1]
 
     real = demo.slots_freed
-    with unittest.mock.patch.object(demo, "slots_freed", side_effect=recording):
+    with unittest.mock.patch.object(demo.MODULES["summary"], "slots_freed", side_effect=recording):
         summary_of(batch)
     return set(found[0])
 
@@ -268,7 +269,7 @@ def test_drafts_with_their_slots_are_taken_whole_where_the_clocks_agree() -> Non
                 entry.update(offset_seconds=0.0, correction_slack_seconds=0.0)
         return clocks
 
-    with unittest.mock.patch.object(demo, "clock_offsets", side_effect=agreeing):
+    with unittest.mock.patch.object(demo.MODULES["summary"], "clock_offsets", side_effect=agreeing):
         summary = summary_of(batch, drafted(batch, as_seen=True))
         assert saved_form(summary) == saved_form(summary_of(batch))
         slotted = slotted_pods(batch)
@@ -508,11 +509,12 @@ def test_episodes_csv_and_events_txt_written_in_pieces_are_the_same_text(
     batch = recorded_batch()
     summary = summary_of(batch)
     whole = demo.episodes_csv([("rollout", summary)])
-    monkeypatch.setattr(demo, "CSV_ROWS_A_PIECE", 5)
+    monkeypatch.setattr(demo.MODULES["summary"], "CSV_ROWS_A_PIECE", 5)
     pieces = list(demo.episodes_csv_pieces([("rollout", summary)]))
     assert len(pieces) == 1 + 4 and "".join(pieces) == whole  # the header, then 16 rows by 5
     assert len(whole.splitlines()) == 1 + 16
-    monkeypatch.setattr(demo, "ENCODED_ITEMS_A_PIECE", 5)
+    for module in ("files", "parse"):
+        monkeypatch.setattr(demo.MODULES[module], "ENCODED_ITEMS_A_PIECE", 5)
     events = batch["events"]
     pieces = list(demo.events_table_lines(events))
     by_creation = sorted(events, key=lambda event: event.created or "")
@@ -649,12 +651,14 @@ def test_the_summary_takes_an_exact_index_for_what_it_would_read_from_every_even
     def refusing(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("read every event again")
 
-    with unittest.mock.patch.multiple(
-        demo,
+    refused = dict(
         kubelet_container_events=refusing,
         kubelet_event_clocks=refusing,
         pod_creation_events=refusing,
-    ):
+    )
+    with contextlib.ExitStack() as patches:
+        for module in ("summary", "timing"):  # where the summary and its clocks look them up
+            patches.enter_context(unittest.mock.patch.multiple(demo.MODULES[module], **refused))
         taken = demo.summarise_batch(
             batch["job"],
             batch["pods"],

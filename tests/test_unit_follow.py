@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-import rl_batch_demo as demo
+import all_names as demo
 
 NAMESPACE = "agc-rl-0123456789ab"
 FINALIZER = "batch.kubernetes.io/job-tracking"
@@ -422,7 +422,7 @@ def test_the_pods_and_logs_are_saved_while_the_events_are_counted_and_the_events
             )
         return 2, "95"
 
-    monkeypatch.setattr(demo, "count_events", count_events)
+    monkeypatch.setattr(demo.MODULES["follow"], "count_events", count_events)  # BatchFollower's
     monkeypatch.setattr(
         follower.log_reader, "collect", lambda pods, *_: {demo.pod_name(p): "" for p in pods}
     )
@@ -599,7 +599,7 @@ def test_a_small_batchs_pods_are_indented_as_they_end_and_pods_json_is_the_plain
         state.apply("pods", "MODIFIED", pod(name, resourceVersion=version), 100.0)
     held = [state.pods["a"], state.pods["b"]]
     with unittest.mock.patch.object(
-        demo, "pod_json", side_effect=AssertionError("encoded after the wait")
+        demo.MODULES["follow"], "pod_json", side_effect=AssertionError("encoded after the wait")
     ):
         texts = [state.pod_text(item, indented=True) for item in held]
     demo.write_json(
@@ -722,7 +722,8 @@ def test_the_state_knows_its_pods_final_as_pods_final_reads_them_all(seed: int) 
 def test_encoded_items_joined_a_few_at_a_time_are_the_lists_text(
     count: int, indented: bool, as_bytes: bool, monkeypatch: pytest.MonkeyPatch, tmp_path
 ) -> None:
-    monkeypatch.setattr(demo, "ENCODED_ITEMS_A_PIECE", 3)  # every edge of a piece, many times
+    for module in ("files", "parse"):  # every edge of a piece, many times
+        monkeypatch.setattr(demo.MODULES[module], "ENCODED_ITEMS_A_PIECE", 3)
     items = [{"n": number, "s": ["a", number, "✓"]} for number in range(count)]
 
     def text(item: dict) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-import rl_batch_demo as demo
+import all_names as demo
 
 NAMESPACE = "agc-rl-0123456789ab"
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-import rl_batch_demo as demo
+import all_names as demo
 from rl_batch_demo import main
 
 NAMESPACE = "agc-rl-0123456789ab"

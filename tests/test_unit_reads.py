@@ -10,7 +10,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-import rl_batch_demo as demo
+import all_names as demo
 from rl_batch_demo import KubectlError
 
 NAMESPACE = "agc-rl-0123456789ab"

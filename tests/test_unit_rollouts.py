@@ -11,7 +11,7 @@ from typing import Any, Optional
 import pytest
 
 import kube_emulator
-import rl_batch_demo as demo
+import all_names as demo
 from test_cli import usage_error
 from test_unit import (
     JOB_CREATED,
@@ -101,7 +101,7 @@ def test_bad_task_files_name_the_line(lines: list[str], message: str) -> None:
 def test_tasks_split_across_configmaps_under_the_size_limit(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(demo, "TASKS_CONFIGMAP_BYTES", 40)
+    monkeypatch.setattr(demo.MODULES["manifests"], "TASKS_CONFIGMAP_BYTES", 40)
     tasks = demo.parse_tasks(
         ['{"pad": "%s"}\n' % ("x" * 10)] * 0 + ['{"id": %d, "pad": "xxxx"}\n' % n for n in range(5)]
     )
@@ -121,7 +121,7 @@ def test_tasks_split_across_configmaps_under_the_size_limit(
 def test_a_task_too_large_for_a_configmap_is_refused_before_anything_is_created(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(demo, "TASKS_CONFIGMAP_BYTES", 30)
+    monkeypatch.setattr(demo.MODULES["manifests"], "TASKS_CONFIGMAP_BYTES", 30)
     with pytest.raises(
         demo.DemoError, match="task on line 2 takes 45 bytes; one task may take at most 30 bytes"
     ):
@@ -131,8 +131,8 @@ def test_a_task_too_large_for_a_configmap_is_refused_before_anything_is_created(
 
 
 def test_too_many_configmaps_of_tasks_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(demo, "TASKS_CONFIGMAP_BYTES", 30)
-    monkeypatch.setattr(demo, "TASKS_MAX_CONFIGMAPS", 2)
+    monkeypatch.setattr(demo.MODULES["manifests"], "TASKS_CONFIGMAP_BYTES", 30)
+    monkeypatch.setattr(demo.MODULES["manifests"], "TASKS_MAX_CONFIGMAPS", 2)
     with pytest.raises(demo.DemoError, match="more than 2 ConfigMaps of 30 bytes can carry"):
         demo.task_configmaps(NAMESPACE, demo.parse_tasks(['{"id": %d}\n' % n for n in range(3)]))
 
@@ -1112,7 +1112,7 @@ def test_a_failed_cleanup_after_a_failed_run_names_it_as_the_caller_spelled_it(
     def unreachable(*args: Any, **options: Any) -> None:
         raise demo.DemoError("cannot reach the cluster")
 
-    monkeypatch.setattr(demo, "cleanup_namespace", unreachable)
+    monkeypatch.setattr(demo.MODULES["run"], "cleanup_namespace", unreachable)  # finish_run's
     run: Any = type(
         "Run",
         (),

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-import rl_batch_demo as demo
+import all_names as demo
 from test_unit import T0, make_job, stamp
 from test_unit_rollouts import evicted, honest_log, indexed_pod, usage_message
 

@@ -51,7 +51,7 @@ recomputes the results from the saved files alone (recompute).
 
 from __future__ import annotations
 
-from .api import run_batch, stream_batch
+from .api import batch_results, run_batch, stream_batch
 from .cli import cli, main
 from .constants import __version__
 from .follow import RewardCallbackError
@@ -67,6 +67,7 @@ __all__ = [
     "UsageError",
     "VerificationError",
     "__version__",
+    "batch_results",
     "cli",
     "main",
     "run_batch",
