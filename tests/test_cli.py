@@ -479,6 +479,7 @@ BROKEN_EVERYWHERE = [
     ('print("hello"\n', 1),  # an unclosed bracket
     ('"""a docstring that never ends\n', 1),  # an unclosed string
     ("if True:\n    x = 1\n  y = 2\n", 3),  # a dedent to no outer level
+    ("x = [1, (2]\n", 1),  # a bracket closed by another kind
     ("match x:\n    case [1, 2]:\n        y = (2\n", None),
     ('task = {"a": 1}\nprint(f"{task["a"]}")\ny = """never ends\n', None),
 ]

@@ -44,8 +44,9 @@ def check_episode_syntax(script: str, source: str, spelling: Spelling = COMMAND_
 
 
 def broken_in_every_python(source: str) -> bool:
-    """Whether this Python's tokenizer refuses the source: an unclosed bracket or triple-quoted
-    string, a dedent to no outer level, and from 3.12 an unclosed string or a NUL byte too.
+    """Whether this Python's tokenizer refuses the source (an unclosed bracket or triple-quoted
+    string, a dedent to no outer level, and from 3.12 an unclosed string or a NUL byte too), or
+    a bracket is closed by another kind (`(1]`): wrong in every version.
 
     Before 3.12 the tokenizer reads an f-string that nests its own quote as strings that end
     early: one that nests an odd quote or a triple quote (`f"{'"'}"`) reads as unclosed, and is
@@ -54,11 +55,19 @@ def broken_in_every_python(source: str) -> bool:
     try:
         with warnings.catch_warnings():  # 3.12's tokenizer warns of an invalid escape too
             warnings.simplefilter("ignore")
-            for _token in tokenize.generate_tokens(io.StringIO(source).readline):
-                pass
+            opened: list[str] = []
+            for token in tokenize.generate_tokens(io.StringIO(source).readline):
+                if token.type == tokenize.OP and token.string in "([{":
+                    opened.append(token.string)
+                elif token.type == tokenize.OP and token.string in ")]}":
+                    if not opened or BRACKETS[opened.pop()] != token.string:
+                        return True
     except (tokenize.TokenError, SyntaxError, SystemError):  # SystemError: a NUL, on some 3.12+
         return True
     return False
+
+
+BRACKETS = {"(": ")", "[": "]", "{": "}"}
 
 
 def syntax_error_detail(error: SyntaxError | ValueError, source: str) -> str:
