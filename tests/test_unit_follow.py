@@ -396,10 +396,10 @@ def test_the_follower_settles_once_each_pods_last_change_and_every_event_arrived
     follower.watches.queue.put(
         demo.WatchEvent("events", {"type": "ADDED", "object": event("b.1")}, 100.2)
     )
-    assert not follower.watches_settled(2)
-    follower.settle_watches(2, seconds=5)
-    assert follower.watches_settled(2) and follower.watched_pods_final()
-    assert follower.events_caught_up(2)
+    assert not demo.watches_settled(follower, 2)
+    demo.settle_watches(follower, 2, seconds=5)
+    assert demo.watches_settled(follower, 2) and demo.watched_pods_final(follower)
+    assert demo.events_caught_up(follower, 2)
     assert sorted(follower.state.pods) == ["a", "b"] and len(follower.state.events) == 2
 
 
@@ -451,11 +451,11 @@ def test_after_the_pods_only_the_events_are_awaited() -> None:
         )
     # Done once both events arrived: waiting for pod b would last the hour.
     settling = threading.Thread(
-        target=follower.settle_watches, args=(2, 3600.0), kwargs={"pods": False}, daemon=True
+        target=demo.settle_watches, args=(follower, 2, 3600.0), kwargs={"pods": False}, daemon=True
     )
     settling.start()
     settling.join(timeout=30)
-    assert not settling.is_alive() and follower.events_caught_up(2)
+    assert not settling.is_alive() and demo.events_caught_up(follower, 2)
 
 
 def test_what_a_stopped_pod_watch_delivered_is_left_untaken_the_events_taken() -> None:
@@ -467,27 +467,27 @@ def test_what_a_stopped_pod_watch_delivered_is_left_untaken_the_events_taken() -
         demo.WatchEvent("events", {"type": "ADDED", "object": event("b.1")}, 100.2),
     ):
         follower.watches.queue.put(item)
-    follower.settle_watches(2, seconds=5, pods=False)
-    assert follower.events_caught_up(2)
+    demo.settle_watches(follower, 2, seconds=5, pods=False)
+    assert demo.events_caught_up(follower, 2)
     assert follower.state.pods["b"]["status"]["phase"] == "Running"
 
 
 def test_the_follower_stops_waiting_at_its_deadline_when_a_pod_never_ends() -> None:
     follower = follower_at_the_end([pod("a"), pod("b", "Running", finalizers=[FINALIZER])], 2)
-    follower.settle_watches(None, seconds=0.2)
-    assert not follower.watched_pods_final()
+    demo.settle_watches(follower, None, seconds=0.2)
+    assert not demo.watched_pods_final(follower)
 
 
 def test_events_not_watched_are_not_waited_for() -> None:
     follower = follower_at_the_end([pod("a")], 1)
-    follower.events_watched = False
-    assert follower.watches_settled(5) and not follower.events_caught_up(5)
+    follower.watching.events_watched = False
+    assert demo.watches_settled(follower, 5) and not demo.events_caught_up(follower, 5)
 
 
 def test_a_pod_deleted_under_the_watch_is_never_final() -> None:
     follower = follower_at_the_end([pod("a"), pod("b")], 2)
     follower.take(demo.WatchEvent("pods", {"type": "DELETED", "object": pod("b")}, 100.0), 0.0)
-    assert not follower.watched_pods_final() and follower.watches_settled(None)
+    assert not demo.watched_pods_final(follower) and demo.watches_settled(follower, None)
 
 
 def test_an_event_watch_that_keeps_breaking_is_given_up_saying_how_often_it_broke(capsys) -> None:
@@ -512,7 +512,7 @@ def test_an_event_watch_that_keeps_breaking_is_given_up_saying_how_often_it_brok
     for _ in range(breaks):
         follower.take(demo.WatchEnded("events", None), 0.0)
     assert restarted == ["events"] * demo.WATCH_RESTARTS_BEFORE_POLLING
-    assert not follower.events_watched and "events" not in follower.watches
+    assert not follower.watching.events_watched and "events" not in follower.watches
     assert f"(it broke {breaks} times in a row)" in capsys.readouterr().err
 
 

@@ -314,7 +314,7 @@ def test_drain_takes_in_what_the_pod_watch_delivered_up_to_its_end_marker() -> N
         pod_event("rollout-c", "Running"),
     ):
         follower.watches.queue.put(item)
-    follower.drain_pod_watch()
+    demo.drain_pod_watch(follower)
     assert sorted(follower.state.pods) == ["rollout-a", "rollout-b"]
     assert follower.watches.processes == {}
     # It stopped at the pod watch's end: what follows is another watch's business.

@@ -154,7 +154,7 @@ def test_a_log_is_read_once_per_container_and_no_done_read_is_kept(
         reads.append(name)
         return f"log of {name}\n"
 
-    monkeypatch.setattr(demo.MODULES["follow"], "read_log", read_log)  # LogReader's
+    monkeypatch.setattr(demo.MODULES["watch"], "read_log", read_log)  # LogReader's
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         logs = demo.LogReader(demo.Kubectl("kubectl-never-run"), "ns", pool, log_dir=str(tmp_path))
         logs.schedule([("p-1", "c-1"), ("p-2", "c-2"), ("p-1", "c-1")])
@@ -179,7 +179,7 @@ def test_a_deleted_pods_log_that_is_gone_is_no_failure_to_save(
     def read_log(kubectl: Any, proxy: Any, namespace: str, name: str, until: Any) -> str:
         raise errors[name]
 
-    monkeypatch.setattr(demo.MODULES["follow"], "read_log", read_log)  # LogReader's
+    monkeypatch.setattr(demo.MODULES["watch"], "read_log", read_log)  # LogReader's
 
     def pod(name: str) -> dict:
         metadata: dict = {"name": name}

@@ -31,7 +31,8 @@ shipped single file holds them in this order, each part opening with its source 
     render: SVG pictures, tables, the comparison.
     runs: what `list` shows and `cleanup --stale` decides, without receipts.
     kube: the one edge to the cluster: `Kubectl`, `ApiProxy`, paged reads.
-    follow: following a batch: watches, state, logs, rewards, evidence.
+    watch: watching a batch: its Jobs as one, watches, polling, progress line, logs as pods end.
+    follow: following a batch: its state, rewards, the follower, its evidence.
     syntax: an episode script's syntax, checked before it is shipped.
     preflight: what `run` checks and records before it changes the cluster.
     results: results.json: a batch's figures and the run's.

@@ -1,47 +1,29 @@
-"""Following a batch: its watches, the state they feed, its logs and rewards, its evidence."""
+"""Following a batch: the state its watches feed, its rewards, the follower, its evidence."""
 
 from __future__ import annotations
 
-import codecs
 import concurrent.futures
 import dataclasses
-import functools
 import gc
 import json
-import math
 import os
 import queue
-import subprocess
 import sys
-import tempfile
 import threading
 import time
-from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence, TextIO
+from typing import Any, Callable, Iterable, NamedTuple, Sequence, TextIO
 
-from .constants import (
-    BATCH_LABEL,
-    CALL_TIMEOUT_SECONDS,
-    CLIENT_GRACE_SECONDS,
-    COLLECT_RETRY_SECONDS,
-    PAGE_RETRY_SECONDS,
-    POLL_INTERVAL_SECONDS,
-    SETTLE_SECONDS,
-    WATCH_EVENTS_WAITING_MOST,
-    WATCH_RESTARTS_BEFORE_POLLING,
-)
+from .constants import COLLECT_RETRY_SECONDS, PAGE_RETRY_SECONDS, SETTLE_SECONDS
 from .model import COMMAND_LINE, DemoError, RunPlan, Settings, Spelling, StreamClosed
 from .files import EncodedItems, ONE_LINE_ITEMS_FROM, Receipt, pod_json, write_json, write_text
 from .store import SharedStrings, Spool
 from .parse import (
     EventRecord,
     batch_events,
-    condition,
     container_terminated,
     event_records,
     events_table_lines,
-    iter_json_stream,
     job_finished,
-    merged_job,
     pod_name,
     pod_warnings,
 )
@@ -60,22 +42,32 @@ from .outcomes import (
 from .summary import EpisodeDrafts, EventIndex, EventStore, SPARE_HELD_SECONDS
 from .kube import (
     ApiProxy,
-    INTERRUPTS,
     Kubectl,
     PagedList,
     PodReading,
     count_events,
     job_counted,
-    log_gone,
     pods_final_one,
     read_events,
     read_job_pods,
-    read_log,
-    refusal,
     reread_pods,
     unfinished_pods,
     with_fresh_pods,
     with_vanished,
+)
+from .watch import (
+    BatchJobs,
+    BatchWatching,
+    LogRead,
+    LogReader,
+    PollFallback,
+    WaitCost,
+    WatchEnded,
+    WatchEvent,
+    WatchStream,
+    ended_logs,
+    pod_terminal,
+    status_line,
 )
 
 
@@ -115,67 +107,6 @@ class Progress:
             self.stream.write("\n")
             self.stream.flush()
             self._open_line = False
-
-
-class BatchJobs:
-    """The Jobs of one batch as they were last seen: its one Job, or one per image, which the
-    follower and the evidence read as one (merged_job). `names`: in creation order."""
-
-    def __init__(self, batch: str, names: Sequence[str]) -> None:
-        self.batch = batch
-        self.names = list(names)
-        self.seen: dict[str, dict] = {}
-
-    @property
-    def several(self) -> bool:
-        return len(self.names) > 1
-
-    def see(self, job: dict) -> dict | None:
-        """Take one Job as read; the batch's Job as it now stands (None: not one of the batch's)."""
-        name = (job.get("metadata") or {}).get("name")
-        if name not in self.names:
-            return None
-        self.seen[name] = job
-        return self.view()
-
-    def view(self) -> dict | None:
-        """The batch's Job: the one Job as read, or the merge of those seen so far."""
-        jobs = [self.seen[name] for name in self.names if name in self.seen]
-        if not jobs:
-            return None
-        return merged_job(self.batch, jobs, len(self.names)) if self.several else jobs[0]
-
-    def saved(self) -> dict | None:
-        """job.json: the one Job, or every Job seen as a v1 List."""
-        if not self.several:
-            return self.view()
-        return (
-            list_manifest([self.seen[name] for name in self.names if name in self.seen])
-            if self.seen
-            else None
-        )
-
-    def job_selector(self) -> list[str]:
-        """kubectl's arguments that list (or watch) the batch's Jobs and no other."""
-        if self.several:
-            return ["-l", f"{BATCH_LABEL}={self.batch}"]
-        # A list watch, not `get job NAME -w`: for one named object kubectl drops its
-        # watch's first event, losing any change made between its GET and its watch.
-        return ["--field-selector", f"metadata.name={self.names[0]}"]
-
-    def pod_selector(self) -> str:
-        """The label selector of the batch's pods."""
-        return f"{BATCH_LABEL}={self.batch}" if self.several else f"job-name={self.names[0]}"
-
-
-def saved_batch_job(saved: dict, batch: str) -> dict:
-    """The batch's Job from job.json as saved: the one Job, or the merge of a List of them."""
-    if saved.get("kind") != "List":
-        return saved
-    jobs = BatchJobs(batch, [job["metadata"]["name"] for job in saved.get("items") or []])
-    for job in saved.get("items") or []:
-        jobs.see(job)
-    return jobs.view() or {"metadata": {"name": batch}}
 
 
 class StateChange(NamedTuple):
@@ -336,111 +267,6 @@ class BatchState:
         return {"clock": "client (time.time())", "pods": self.observed, "job": self.job_observed}
 
 
-class LogReader:
-    """The one place a batch's episode logs are read: each as its container ends (saved at once to
-    the batch directory, so little is left to write at the end), and at collection whatever is missing."""
-
-    def __init__(
-        self,
-        kubectl: Kubectl,
-        namespace: str,
-        pool: concurrent.futures.ThreadPoolExecutor,
-        proxy: ApiProxy | None = None,
-        log_dir: str | None = None,
-        on_read: Callable[[str], None] | None = None,
-    ) -> None:
-        self.kubectl = kubectl
-        self.namespace = namespace
-        self.pool = pool
-        self.proxy = proxy
-        self.log_dir = log_dir
-        # Pod name -> (containerID, log) read after that container terminated: complete. Each is
-        # saved as <pod>.log as it is read, but for the names in _unsaved (the disk refused it).
-        self.early: dict[str, tuple[str, str]] = {}
-        self._unsaved: set[str] = set()
-        # Each pod's container whose log is read once (a restarted one's is read again), and the
-        # reads not done yet: a done read's Future (a lock, a condition and their queue, a
-        # kilobyte) is not kept.
-        self._scheduled: dict[str, str] = {}
-        self._reads: dict[tuple[str, str], concurrent.futures.Future] = {}
-        # Told (from a reader's thread) the name of each pod whose log was read after its end.
-        self.on_read = on_read
-
-    def schedule(self, ended: Iterable[tuple[str, str]]) -> None:
-        """Read the log of each ended container once; keyed by container, so a restarted one's is read again."""
-        for key in ended:
-            name, container_id = key
-            if self._scheduled.get(name) != container_id:
-                self._scheduled[name] = container_id
-                self._reads[key] = read = self.pool.submit(self._read_early, *key)
-                read.add_done_callback(functools.partial(self._read_done, key))
-
-    def _read_done(self, key: tuple[str, str], read: concurrent.futures.Future) -> None:
-        self._reads.pop(key, None)
-
-    def _read_early(self, name: str, container_id: str) -> None:
-        try:
-            text = read_log(
-                self.kubectl,
-                self.proxy,
-                self.namespace,
-                name,
-                time.monotonic() + COLLECT_RETRY_SECONDS,
-            )
-            # Unsaved before it is published: collect(), which may stop waiting for this read,
-            # then saves the log itself rather than count on a write that may yet fail.
-            self._unsaved.add(name)
-            self.early[name] = (container_id, text)
-            if self.log_dir is not None:
-                write_text(os.path.join(self.log_dir, f"{name}.log"), text)
-                self._unsaved.discard(name)
-        except DemoError:
-            return  # read again (and saved) when the batch's evidence is collected
-        if self.on_read is not None:
-            self.on_read(name)
-
-    def collect(
-        self, pods: Sequence[dict], batch_dir: str, retry_until: float | None, problems: list[str]
-    ) -> dict[str, str]:
-        """Each pod's episode log, read after its container ended (else read now) and saved in
-        `batch_dir`; unreadable -> empty, and why goes to `problems`."""
-        concurrent.futures.wait(list(self._reads.values()), timeout=CALL_TIMEOUT_SECONDS)
-        logs: dict[str, str] = {}
-        pending = {}
-        for pod in pods:
-            name = pod_name(pod)
-            terminated = container_terminated(pod)
-            read_early = self.early.get(name)
-            if (
-                terminated is not None
-                and read_early
-                and read_early[0] == terminated.get("containerID", "")
-            ):
-                logs[name] = read_early[1]
-            else:
-                pending[name] = self.pool.submit(
-                    read_log, self.kubectl, self.proxy, self.namespace, name, retry_until
-                )
-        # A pod deleted (by the Job's end: a straggler --need cancelled, one cut short) takes its
-        # log with it, sooner or later: that it is gone is no failure to save, and the episode's
-        # row says how its pod ended.
-        deleted = {pod_name(pod) for pod in pods if pod["metadata"].get("deletionTimestamp")}
-        for name, future in pending.items():
-            try:
-                logs[name] = future.result()
-            except DemoError as error:
-                logs[name] = ""
-                if name in deleted and log_gone(error):
-                    continue
-                problems.append(f"{name}.log: {error}")
-        logs = dict(sorted(logs.items()))
-        for name, text in logs.items():
-            read_early = self.early.get(name)
-            if read_early is None or read_early[1] is not text or name in self._unsaved:
-                write_text(os.path.join(batch_dir, f"{name}.log"), text)
-        return logs
-
-
 class RewardCallbackError(Exception):
     """The caller's on_reward callback raised: the run stops as an interruption does, and the
     callback's own exception (`original`) is raised to the caller."""
@@ -469,9 +295,7 @@ class RewardStream:
     ) -> None:
         self.path = path
         self.count = settings.count
-        self.builtin = settings.builtin
-        self.task_ids = settings.task_ids
-        self.group_size = settings.group_size
+        self.settings = settings
         self.images = group_images(settings)
         self.may_retry = bool(settings.retries)
         self.on_reward = on_reward
@@ -518,34 +342,9 @@ class RewardStream:
             if any(pod_terminal(p) for p in attempts):
                 self.waiting.add(index)
             return
-        job = state.job or {"metadata": {}}
-        row = episode_row(
-            index,
-            attempts,
-            job,
-            logs,
-            self.builtin,
-            self.task_ids,
-            self.group_size,
-            images=self.images,
-        )
-        if "infrastructure" in [row["failure_class"]] + [
-            a["failure_class"] for a in row.get("earlier_attempts", [])
-        ]:
-            # Only an infrastructure failure names its pod's warnings: the events are read for those alone.
-            row = episode_row(
-                index,
-                attempts,
-                job,
-                logs,
-                self.builtin,
-                self.task_ids,
-                self.group_size,
-                pod_warnings(state.events.events()),
-                self.images,
-            )
+        row = settled_row(index, attempts, state, logs, self.settings, self.images)
         final = next((p for p in attempts if pod_name(p) == row["pod"]), None)
-        seen = ((state.observed.get(row["pod"] or "") or {}).get("seen") or {}).get("terminated")
+        seen = terminated_seen_at(state.observed, row["pod"] or "")
         self.deliver(row, final, logs.get(row["pod"] or "", ""), seen, streamed=True)
 
     def deliver(
@@ -597,7 +396,7 @@ class RewardStream:
         by_name = {pod_name(pod): pod for pod in pods}
         for row in rows:
             name = row.get("pod") or ""
-            seen = ((observed.get(name) or {}).get("seen") or {}).get("terminated")
+            seen = terminated_seen_at(observed, name)
             self.deliver(row, by_name.get(name), logs.get(name, ""), seen, streamed=False)
         self.close()
         final = [self.rows[index] for index in sorted(self.rows)]
@@ -610,250 +409,111 @@ class RewardStream:
             self._handle = None
 
 
-def ended_logs(attempts: Sequence[dict], early: dict[str, tuple[str, str]]) -> dict[str, str]:
-    """The logs of these pods read after their container ended; an ended pod whose container never
-    ran has none to read (empty)."""
-    logs = {}
-    for pod in attempts:
-        name = pod_name(pod)
-        terminated = container_terminated(pod)
-        read = early.get(name)
-        if terminated is not None and read and read[0] == terminated.get("containerID", ""):
-            logs[name] = read[1]
-        elif terminated is None and pod_terminal(pod):
-            logs[name] = ""
-    return logs
-
-
-def pod_terminal(pod: dict) -> bool:
-    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
-
-
-class LogRead(NamedTuple):
-    """A pod's log was read after its container ended: its episode may be settled now."""
-
-    pod: str
-
-
-class WatchEvent(NamedTuple):
-    """What a watch printed: of the Job, the pods or the events (`kind`), and when it arrived."""
-
-    kind: str
-    event: dict
-    arrived: float
-
-
-class WatchEnded(NamedTuple):
-    """A watch's process ended; `refusal`: the API's refusal it printed, if it was one."""
-
-    kind: str
-    refusal: str | None
-
-
-class WatchRoom:
-    """Room for at most `most` watch events waiting in the queue: a watch's reader waits for room
-    before it puts the next (and so stops reading its pipe), until its watch is stopped. The
-    other items (a watch's end, a log read) take no room, so that no reader of logs ever waits."""
-
-    def __init__(self, most: int) -> None:
-        self.most = most
-        self.waiting = 0
-        self._changed = threading.Condition()
-
-    def enter(self, stopped: threading.Event) -> None:
-        """Wait for room for one more event, or for this watch to be stopped (then its last
-        events, at most what its pipe held, are taken in without waiting)."""
-        with self._changed:
-            while self.waiting >= self.most and not stopped.is_set():
-                self._changed.wait()
-            self.waiting += 1
-
-    def leave(self) -> None:
-        """One event was taken from the queue."""
-        with self._changed:
-            self.waiting = max(0, self.waiting - 1)
-            self._changed.notify()
-
-    def wake(self) -> None:
-        """A watch was stopped: its reader, if waiting for room, waits no more."""
-        with self._changed:
-            self._changed.notify_all()
-
-
-class WatchStream:
-    """One batch's watches (`kubectl get -w` of its Job, its pods, the namespace's events): each
-    process's output turned by a thread into queue items, a WatchEvent for each event and a
-    WatchEnded at its end; and how often each broke in a row, for the restarts. At most `most`
-    events wait in the queue (WatchRoom): `get` is how they are taken out."""
-
-    def __init__(
-        self,
-        kubectl: Kubectl,
-        namespace: str,
-        job_name: str,
-        jobs: BatchJobs | None = None,
-        most: int = WATCH_EVENTS_WAITING_MOST,
-    ) -> None:
-        self.kubectl = kubectl
-        self.namespace = namespace
-        self.job_name = job_name
-        self.jobs = jobs or BatchJobs(job_name, [job_name])
-        self.queue: queue.Queue[WatchEvent | WatchEnded | LogRead] = queue.Queue()
-        self.room = WatchRoom(most)
-        self.processes: dict[str, subprocess.Popen] = {}
-        self._stopped: dict[str, threading.Event] = {}
-        self.failures = {"job": 0, "pods": 0, "events": 0}
-
-    def get(self, timeout: float | None) -> WatchEvent | WatchEnded | LogRead:
-        """The next item, waiting up to `timeout` seconds (None: not at all); queue.Empty if none."""
-        item = self.queue.get_nowait() if timeout is None else self.queue.get(timeout=timeout)
-        if isinstance(item, WatchEvent):
-            self.room.leave()
-        return item
-
-    def __contains__(self, kind: str) -> bool:
-        return kind in self.processes
-
-    def __len__(self) -> int:
-        return len(self.processes)
-
-    def start(self, kind: str, client_deadline: float) -> None:
-        seconds = math.ceil(client_deadline - time.monotonic())
-        if kind == "job":
-            args = ["get", "jobs", *self.jobs.job_selector()]
-        elif kind == "events":
-            args = ["get", "events"]
-        else:
-            args = ["get", "pods", "-l", self.jobs.pod_selector()]
-        args += ["-n", self.namespace, "-o", "json", "--watch", "--output-watch-events"]
-        errors = tempfile.TemporaryFile()
-        # An interrupt comes once the watch is whole: its process, known to be stopped, and its reader.
-        with INTERRUPTS.holding():
-            try:
-                process = self.kubectl.stream(args, seconds, stderr=errors)
-            except OSError as error:
-                errors.close()
-                raise DemoError(f"cannot run kubectl {self.kubectl.binary!r}: {error}") from None
-            self.processes[kind] = process
-            stopped = self._stopped[kind] = threading.Event()
-            threading.Thread(
-                target=self._pump, args=(kind, process, errors, stopped), daemon=True
-            ).start()
-
-    def _pump(
-        self, kind: str, process: subprocess.Popen, errors: Any, stopped: threading.Event
-    ) -> None:
-        """Turn a watch's output into queue items, each once there is room; say when it ends."""
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-
-        def chunks() -> Iterator[str]:
-            while True:
-                data = process.stdout.read(65536)  # type: ignore[union-attr]
-                if not data:
-                    return
-                yield decoder.decode(data)
-
-        try:
-            for value in iter_json_stream(chunks()):
-                self.room.enter(stopped)
-                self.queue.put(WatchEvent(kind, value, time.time()))
-        except (OSError, ValueError):
-            pass  # the pipe closed under us: reported as the watch's end below
-        process.wait()
-        self.queue.put(WatchEnded(kind, refusal(errors)))
-
-    def restart(self, kind: str, client_deadline: float) -> None:
-        """Start a broken watch again, after a pause that grows with its breaks in a row."""
-        time.sleep(min(2.0, 0.2 * 2 ** self.failures[kind]))
-        self.start(kind, client_deadline)
-
-    def stop(self, keep: Sequence[str] = ()) -> None:
-        stopping = {kind: process for kind, process in self.processes.items() if kind not in keep}
-        for kind, process in stopping.items():
-            if kind in self._stopped:
-                self._stopped[kind].set()
-            if process.poll() is None:
-                process.terminate()
-        self.room.wake()
-        for kind, process in stopping.items():
-            try:
-                process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                process.kill()
-            del self.processes[kind]
-
-
-def status_line(job_name: str, count: int, job: dict | None, elapsed: float, polling: bool) -> str:
-    """The progress shown while a Job is followed: its pods by state, the time since it was submitted,
-    and what the client is waiting for once no pod runs."""
-    status = (job or {}).get("status") or {}
-    return (
-        f"{job_name}: {elapsed:6.1f}s  "
-        f"active {status.get('active', 0)}  ready {status.get('ready', 0)}  "
-        f"succeeded {status.get('succeeded', 0)}/{count}  failed {status.get('failed', 0)}"
-        + ("  (polling)" if polling else "")
-        + waiting_note(job, elapsed)
+def settled_row(
+    index: int,
+    attempts: Sequence[dict],
+    state: BatchState,
+    logs: dict[str, str],
+    settings: Settings,
+    images: Sequence[str | None],
+) -> dict:
+    """The rewards.jsonl row of an episode its attempts settled (episode_row)."""
+    job = state.job or {"metadata": {}}
+    terms = (settings.builtin, settings.task_ids, settings.group_size)
+    row = episode_row(index, attempts, job, logs, *terms, images=images)
+    classes = [row["failure_class"]] + [a["failure_class"] for a in row.get("earlier_attempts", [])]
+    if "infrastructure" not in classes:
+        return row
+    # Only an infrastructure failure names its pod's warnings: the events are read for those alone.
+    return episode_row(
+        index, attempts, job, logs, *terms, pod_warnings(state.events.events()), images
     )
 
 
-class PollFallback:
-    """Once the watches broke too often in a row to be worth restarting: the Job and its pods,
-    read every POLL_INTERVAL_SECONDS instead."""
+def terminated_seen_at(observed: dict[str, dict], name: str) -> float | None:
+    """When the pod watch first showed this pod's container terminated (observed.json), if it did."""
+    return ((observed.get(name) or {}).get("seen") or {}).get("terminated")
+
+
+def batch_state(count: int, spool_dir: str | None, drafts: EpisodeDrafts | None) -> BatchState:
+    """The state of a batch of `count` episodes: its pods.json indented if the batch is small, the
+    texts kept for pods.json and events.json waiting on disk beside them (`spool_dir`), and the
+    drafts' shared texts and index of the events its own, when there are drafts."""
+    return BatchState(
+        count < ONE_LINE_ITEMS_FROM,
+        spool_dir,
+        drafts.shared if drafts is not None else None,
+        drafts.index if drafts is not None else None,
+    )
+
+
+class BatchIntake:
+    """What each change to one batch's state calls for: a Job taken in as the batch's Job
+    (BatchJobs: one Job of several is read with the others), the logs of the containers it shows
+    ended read, the moment the Job's end was seen noted, and the episodes it may settle judged
+    and summarised. Called from the one thread that follows the batch: a log reader's thread
+    only queues its LogRead (WatchStream.log_read)."""
 
     def __init__(
-        self, kubectl: Kubectl, namespace: str, job_name: str, jobs: BatchJobs | None = None
+        self,
+        state: BatchState,
+        jobs: BatchJobs,
+        log_reader: LogReader,
+        rewards: RewardStream | None = None,
+        drafts: EpisodeDrafts | None = None,
     ) -> None:
-        self.kubectl = kubectl
-        self.namespace = namespace
-        self.job_name = job_name
-        self.jobs = jobs or BatchJobs(job_name, [job_name])
-        self.active = False
-        self.next_read = 0.0
+        self.state = state
+        self.jobs = jobs
+        self.log_reader = log_reader
+        # A rollout's rewards.jsonl, each line written as its episode settles (a log read wakes the loop).
+        self.rewards = rewards
+        # Each episode summarised as it ends, so that little is left to do after the Job's end.
+        self.drafts = drafts
+        # When this client saw the Job's end, on both clocks (observed.json is what the watches saw).
+        self.end_seen_monotonic: float | None = None
+        self.end_seen_wall: float | None = None
 
-    def start(self) -> None:
-        """Poll from now on, the first read at once."""
-        self.active = True
-        self.next_read = time.monotonic()
+    def apply(self, kind: str, change: str, obj: dict, arrived: float) -> StateChange:
+        """One change into the state (BatchState.apply), then what it calls for."""
+        if kind == "job":
+            batch_job = self.jobs.see(obj)
+            if batch_job is None:
+                return StateChange(kind)  # not one of the batch's Jobs
+            obj = batch_job
+        changed = self.state.apply(kind, change, obj, arrived)
+        self.log_reader.schedule(changed.ended)
+        if changed.job_ended:
+            self.end_seen_monotonic = time.monotonic()
+            self.end_seen_wall = time.time()
+        if kind == "job":
+            self.judge(None)
+        elif kind == "pods":
+            self.settle(changed.pod or "")
+        return changed
 
-    def due(self, now: float) -> bool:
-        return self.active and now >= self.next_read
+    def settle(self, name: str) -> None:
+        """Judge and summarise this pod's episode: the pod changed, or its log was read."""
+        self.judge([name])
+        self.draft(name)
 
-    def read(self, client_deadline: float) -> tuple[list[dict], list[dict], float]:
-        """The batch's Jobs and its pods as read now, and when (the client's wall clock)."""
-        retry_until = min(client_deadline, time.monotonic() + CALL_TIMEOUT_SECONDS)
-        if self.jobs.several:
-            jobs = (
-                self.kubectl.get_list(
-                    "jobs", self.namespace, *self.jobs.job_selector(), retry_until=retry_until
-                )
-                or {}
-            ).get("items", [])
-        else:
-            jobs = [self.kubectl.get("job", self.job_name, self.namespace, retry_until=retry_until)]
-        pods = self.kubectl.get_list(
-            "pods", self.namespace, "-l", self.jobs.pod_selector(), retry_until=retry_until
-        )
-        return jobs, (pods or {}).get("items", []), time.time()
+    def judge(self, names: Iterable[str] | None) -> None:
+        """Write the rewards.jsonl line of each episode these pods settle (None: those waiting on the Job)."""
+        if self.rewards is not None:
+            self.rewards.judge(self.state, self.log_reader.early, names)
 
-    def taken_in(self) -> None:
-        """The last read is taken in: the next one follows a whole interval later, however long
-        thousands of pods took to apply."""
-        self.next_read = time.monotonic() + POLL_INTERVAL_SECONDS
-
-
-@dataclasses.dataclass
-class WaitCost:
-    """What following a Job cost the client: the kubectl processes it started while waiting, the
-    watches it restarted, and the most watch items ever waiting to be handled (a client that
-    keeps up keeps that small)."""
-
-    processes: int = 0
-    restarts: int = 0
-    queue_peak: int = 0
-
-    def took(self, waiting: int) -> None:
-        """One watch item taken, with `waiting` more behind it."""
-        self.queue_peak = max(self.queue_peak, waiting + 1)
+    def draft(self, name: str) -> None:
+        """Summarise this pod's episode now if it has ended and its log was read after its end."""
+        state = self.state
+        pod = state.pods.get(name)
+        if self.drafts is not None and pod is not None:
+            self.drafts.saw(pod, state.job, state.observed.get(name))
+        if self.drafts is None or pod is None or name in state.deleted or not pod_terminal(pod):
+            return
+        terminated = container_terminated(pod)
+        read = self.log_reader.early.get(name)
+        if terminated is None or read is None or read[0] != terminated.get("containerID", ""):
+            return
+        self.drafts.draft(pod, read[1], state.job, state.job_observed, state.observed.get(name))
 
 
 class Submission(NamedTuple):
@@ -865,11 +525,11 @@ class Submission(NamedTuple):
 
 class BatchFollower:
     """Follows one Job and its pods until the Job ends, reading each log as its pod finishes;
-    after the end, takes in what its watches still deliver until the evidence is settled.
+    after the end, its watches still deliver what happened up to it (settle_watches).
 
     Watches (`kubectl get -w`) tell the end at once with no polling delay; a broken
-    watch is restarted, and after repeated breaks the follower polls instead. Every change,
-    watched or polled, reaches the state through BatchState.apply.
+    watch is restarted, and after repeated breaks the follower polls instead (BatchWatching).
+    Every change, watched or polled, reaches the state through BatchIntake.apply.
     """
 
     def __init__(
@@ -894,38 +554,20 @@ class BatchFollower:
         self.count = count
         self.progress = progress
         self.proxy = proxy
-        # The texts kept for pods.json and events.json wait on disk beside them.
-        self.state = BatchState(
-            count < ONE_LINE_ITEMS_FROM,
-            log_dir,
-            drafts.shared if drafts is not None else None,
-            drafts.index if drafts is not None else None,
-        )
         # The batch's Jobs (`job_names`: one per image, else the one named `job_name`), followed as one.
         self.jobs = BatchJobs(job_name, job_names or [job_name])
         # Given already started when its pod watch had to listen before the proxy was opened.
         self.watches = watches or WatchStream(kubectl, namespace, job_name, self.jobs)
-        self.poller = PollFallback(kubectl, namespace, job_name, self.jobs)
-        # A rollout's rewards.jsonl, each line written as its episode settles (a log read wakes the loop).
-        self.rewards = rewards
-        # Each episode summarised as it ends, so that little is left to do after the Job's end.
-        self.drafts = drafts
-        self.log_reader = LogReader(
-            kubectl,
-            namespace,
-            pool,
-            proxy,
-            log_dir,
-            on_read=self._log_read if rewards is not None or drafts is not None else None,
-        )
         self.cost = WaitCost()
-        # The namespace's events are followed while waiting so that little is left to read at the
-        # end; not watched (then listed at the end) when the watch is refused or broke for good.
-        self.events_watched = True
+        poller = PollFallback(kubectl, namespace, job_name, self.jobs)
+        self.watching = BatchWatching(self.watches, poller, self.cost)
+        self.state = batch_state(count, log_dir, drafts)
+        # A log read wakes the loop, when there is an episode to settle by it.
+        on_read = self.watches.log_read if rewards is not None or drafts is not None else None
+        self.log_reader = LogReader(kubectl, namespace, pool, proxy, log_dir, on_read)
+        self.rewards, self.drafts = rewards, drafts
+        self.intake = BatchIntake(self.state, self.jobs, self.log_reader, rewards, drafts)
         self.submission: Submission | None = None
-        # When this client saw the Job's end, on both clocks (observed.json is what the watches saw).
-        self.end_seen_monotonic: float | None = None
-        self.end_seen_wall: float | None = None
         self._spared_at = 0.0  # when spare_held last froze what was held
         # The command line's process alone, if it froze nothing of its own (see held_objects_spared).
         self._may_freeze = spare_held and gc.get_freeze_count() == 0
@@ -933,7 +575,17 @@ class BatchFollower:
     @property
     def polling(self) -> bool:
         """The watches gave up for good: the Job and its pods are read every POLL_INTERVAL_SECONDS."""
-        return self.poller.active
+        return self.watching.polling
+
+    @property
+    def end_seen_monotonic(self) -> float | None:
+        """When this client saw the Job's end (time.monotonic()), once it did."""
+        return self.intake.end_seen_monotonic
+
+    @property
+    def end_seen_wall(self) -> float | None:
+        """When this client saw the Job's end (time.time()), once it did."""
+        return self.intake.end_seen_wall
 
     def observations(self) -> dict:
         return self.state.observations()
@@ -954,22 +606,20 @@ class BatchFollower:
 
     def follow(self, client_deadline: float) -> str | None:
         """Wait until the Job is Complete or Failed ("Complete"/"Failed"), or None at the deadline."""
-        processes_before = self.kubectl.processes - len(
-            self.watches
-        )  # a watch started first is this wait's
-        self.watches.failures = {"job": 0, "pods": 0, "events": 0}
+        # A watch started first is this wait's.
+        processes_before = self.kubectl.processes - len(self.watches)
         try:
-            for kind in ("job", "pods", "events"):
-                if kind not in self.watches:
-                    self.watches.start(kind, client_deadline)
+            self.watching.start(client_deadline)
             while self.state.end is None and time.monotonic() < client_deadline:
                 if self.rewards is not None:
                     self.rewards.check_stop()
-                if self.poller.due(time.monotonic()):
-                    self._poll(client_deadline)
+                if self.watching.poller.due(time.monotonic()):
+                    self.watching.poller.poll(client_deadline, self.intake.apply)
                     if self.state.end is not None:
                         break
-                self._take_next(client_deadline)
+                item = self.watching.next_item(client_deadline)
+                if item is not None:
+                    self.take(item, client_deadline)
                 self._show()
                 self.spare_held()
         finally:
@@ -988,127 +638,22 @@ class BatchFollower:
             gc.freeze()
             self._spared_at = now
 
-    def _poll(self, client_deadline: float) -> None:
-        jobs, pods, seen = self.poller.read(client_deadline)
-        for pod in pods:
-            self._apply("pods", "ADDED", pod, seen)
-        for job in jobs:
-            self._apply("job", "MODIFIED", job, seen)
-        self.poller.taken_in()
-
-    def _take_next(self, client_deadline: float) -> None:
-        """The watches' next item, should one come before the next poll; else within a second,
-        so that the progress is shown again even when nothing arrives."""
-        wake = self.poller.next_read if self.polling else time.monotonic() + 1.0
-        wait = min(client_deadline, wake) - time.monotonic()
-        try:
-            item = self.watches.get(timeout=max(0.01, wait))
-        except queue.Empty:
-            return
-        self.cost.took(self.watches.queue.qsize())
-        self.take(item, client_deadline)
-
     def take(self, item: WatchEvent | WatchEnded | LogRead, client_deadline: float) -> None:
         """One queue item: a watch event, the end of a watch, or a log read."""
         if isinstance(item, WatchEnded):
-            self._watch_ended(item.kind, item.refusal, client_deadline)
+            self.watching.ended(
+                item.kind, item.refusal, self.state.end is not None, client_deadline
+            )
             return
         if isinstance(item, LogRead):
-            self.judge([item.pod])
-            self._draft(item.pod)
+            self.intake.settle(item.pod)
             return
         kind, event, arrived = item
         self.watches.failures[kind] = 0
         obj = event.get("object") if isinstance(event, dict) and "object" in event else event
         if not isinstance(obj, dict) or obj.get("kind") == "Status":
             return
-        self._apply(kind, event.get("type") or "ADDED", obj, arrived)
-
-    def _apply(self, kind: str, change: str, obj: dict, arrived: float) -> StateChange:
-        """One change into the state, then what it calls for: the ended containers' logs read,
-        the moment the end was seen noted, the episodes it may settle judged. A Job comes in as the
-        batch's Job (BatchJobs: one Job of several is read with the others)."""
-        if kind == "job":
-            batch_job = self.jobs.see(obj)
-            if batch_job is None:
-                return StateChange(kind)  # not one of the batch's Jobs
-            obj = batch_job
-        changed = self.state.apply(kind, change, obj, arrived)
-        self.log_reader.schedule(changed.ended)
-        if changed.job_ended:
-            self.end_seen_monotonic = time.monotonic()
-            self.end_seen_wall = time.time()
-        if kind == "job":
-            self.judge(None)
-        elif kind == "pods":
-            self.judge([changed.pod or ""])
-            self._draft(changed.pod or "")
-        return changed
-
-    def judge(self, names: Iterable[str] | None) -> None:
-        """Write the rewards.jsonl line of each episode these pods settle (None: those waiting on the Job)."""
-        if self.rewards is not None:
-            self.rewards.judge(self.state, self.log_reader.early, names)
-
-    def _draft(self, name: str) -> None:
-        """Summarise this pod's episode now if it has ended and its log was read after its end."""
-        pod = self.state.pods.get(name)
-        if self.drafts is not None and pod is not None:
-            self.drafts.saw(pod, self.state.job, self.state.observed.get(name))
-        if (
-            self.drafts is None
-            or pod is None
-            or name in self.state.deleted
-            or not pod_terminal(pod)
-        ):
-            return
-        terminated = container_terminated(pod)
-        read = self.log_reader.early.get(name)
-        if terminated is None or read is None or read[0] != terminated.get("containerID", ""):
-            return
-        self.drafts.draft(
-            pod, read[1], self.state.job, self.state.job_observed, self.state.observed.get(name)
-        )
-
-    def _log_read(self, name: str) -> None:
-        """From a log reader's thread: a log was read, which wakes the loop to settle its episode."""
-        self.watches.queue.put(LogRead(name))
-
-    def _watch_ended(self, kind: str, refusal: str | None, client_deadline: float) -> None:
-        """A watch ended: restarted, or after repeated breaks the follower polls instead (the
-        events, which can be listed after the end, are given up instead)."""
-        self.watches.processes.pop(kind, None)
-        if kind == "events" and (
-            refusal or self.watches.failures[kind] >= WATCH_RESTARTS_BEFORE_POLLING
-        ):
-            self._unwatch_events(refusal)
-            return
-        if self.state.end is not None or self.polling:
-            return
-        if refusal:
-            # Refused for good, unlike a broken connection: each restart would list and be
-            # refused again, so say what is missing instead of looping.
-            raise DemoError(f"cannot watch the {kind}: {refusal}")
-        self.watches.failures[kind] += 1
-        if self.watches.failures[kind] > WATCH_RESTARTS_BEFORE_POLLING:
-            self.poller.start()
-            self.stop_watches()
-            return
-        self.cost.restarts += 1
-        self.watches.restart(kind, client_deadline)
-
-    def _unwatch_events(self, refusal: str | None) -> None:
-        """The events are listed after the end instead, as they can be without a watch; said
-        once, since for thousands of pods that list is the slow part of the end."""
-        if self.events_watched:
-            why = refusal or f"it broke {self.watches.failures['events'] + 1} times in a row"
-            print(
-                f"Warning: cannot watch the events ({why}); they are listed after the Job "
-                f"ends instead (grant watch on events to follow them)",
-                file=sys.stderr,
-                flush=True,
-            )
-        self.events_watched = False
+        self.intake.apply(kind, event.get("type") or "ADDED", obj, arrived)
 
     def stop_watches(self, keep: Sequence[str] = ()) -> None:
         self.watches.stop(keep)
@@ -1123,100 +668,105 @@ class BatchFollower:
             status_line(self.job_name, self.count, self.state.job, elapsed, self.polling)
         )
 
-    # After the Job's end its pod and event watches still deliver what happened up to it.
 
-    def count_events_after_end(self, retry_until: float | None) -> int | None:
-        """After the end: how many events the API holds (a list of one: its items and
-        remainingItemCount), noting the revision that was. None when the events are not watched
-        or could not be counted: then they are not waited for, but listed."""
-        if not self.events_watched:
-            return None
+# After the Job's end its pod and event watches still deliver what happened up to it.
+
+
+def count_events_after_end(follower: BatchFollower, retry_until: float | None) -> int | None:
+    """After the end: how many events the API holds (a list of one: its items and
+    remainingItemCount), noting the revision that was. None when the events are not watched
+    or could not be counted: then they are not waited for, but listed."""
+    if not follower.watching.events_watched:
+        return None
+    try:
+        events_expected, follower.state.events.resource_version = count_events(
+            follower.kubectl, follower.proxy, follower.namespace, retry_until
+        )
+    except DemoError:
+        return None
+    return events_expected
+
+
+def settle_watches(
+    follower: BatchFollower, events_expected: int | None, seconds: float, pods: bool = True
+) -> None:
+    """After the end: take in what the watches still deliver until the pods are final (not
+    `pods`: they are saved, or to be listed, already) and the events number
+    `events_expected` (None: not waited for), for up to `seconds`. What the pod watch
+    delivered before it was stopped is left untaken: pods.json is saved from it then."""
+    watches = follower.watches
+    deadline = time.monotonic() + seconds
+    while not watches_settled(follower, events_expected, pods):
         try:
-            events_expected, self.state.events.resource_version = count_events(
-                self.kubectl, self.proxy, self.namespace, retry_until
-            )
-        except DemoError:
-            return None
-        return events_expected
-
-    def settle_watches(
-        self, events_expected: int | None, seconds: float, pods: bool = True
-    ) -> None:
-        """After the end: take in what the watches still deliver until the pods are final (not
-        `pods`: they are saved, or to be listed, already) and the events number
-        `events_expected` (None: not waited for), for up to `seconds`. What the pod watch
-        delivered before it was stopped is left untaken: pods.json is saved from it then."""
-        deadline = time.monotonic() + seconds
-        while not self.watches_settled(events_expected, pods):
-            try:
-                item = self.watches.get(timeout=max(0.0, min(0.1, deadline - time.monotonic())))
-            except queue.Empty:
-                if time.monotonic() >= deadline:
-                    return
-                continue
-            while True:  # everything already delivered, before judging again
-                if not (
-                    isinstance(item, (WatchEvent, WatchEnded))
-                    and item.kind == "pods"
-                    and "pods" not in self.watches
-                ):
-                    self.take(item, deadline)
-                try:
-                    item = self.watches.get(None)
-                except queue.Empty:
-                    break
-
-    def drain_pod_watch(self) -> None:
-        """Stop the pod watch and take in everything it delivered since the Job ended."""
-        watching = "pods" in self.watches
-        self.stop_watches()
-        deadline = time.monotonic() + 5
-        while watching:
-            try:
-                item = self.watches.get(timeout=max(0.01, deadline - time.monotonic()))
-            except queue.Empty:
+            item = watches.get(timeout=max(0.0, min(0.1, deadline - time.monotonic())))
+        except queue.Empty:
+            if time.monotonic() >= deadline:
                 return
-            if isinstance(item, WatchEnded):
-                if item.kind == "pods":
-                    return
-                continue  # another watch's end: what follows the Job's end needs only the pods
-            self.take(item, deadline)
+            continue
+        while True:  # everything already delivered, before judging again
+            if not (
+                isinstance(item, (WatchEvent, WatchEnded))
+                and item.kind == "pods"
+                and "pods" not in watches
+            ):
+                follower.take(item, deadline)
+            try:
+                item = watches.get(None)
+            except queue.Empty:
+                break
 
-    def watches_settled(self, events_expected: int | None, pods: bool = True) -> bool:
-        """Nothing more worth waiting for: each watch has delivered enough, or never will (not
-        `pods`: the event watch alone)."""
-        events_done = (
-            events_expected is None
-            or not self.watch_followed("events")
-            or self.events_caught_up(events_expected)
-        )
-        pods_done = (
-            not pods
-            or not self.watch_followed("pods")
-            or self.state.end != "Complete"
-            or bool(self.state.deleted)
-            or self.watched_pods_final()
-        )
-        return events_done and pods_done
 
-    def watch_followed(self, kind: str) -> bool:
-        """The watch of `kind` runs and is what the follower goes by."""
-        return (
-            kind in self.watches and not self.polling and (kind != "events" or self.events_watched)
-        )
+def drain_pod_watch(follower: BatchFollower) -> None:
+    """Stop the pod watch and take in everything it delivered since the Job ended."""
+    watching = "pods" in follower.watches
+    follower.stop_watches()
+    deadline = time.monotonic() + 5
+    while watching:
+        try:
+            item = follower.watches.get(timeout=max(0.01, deadline - time.monotonic()))
+        except queue.Empty:
+            return
+        if isinstance(item, WatchEnded):
+            if item.kind == "pods":
+                return
+            continue  # another watch's end: what follows the Job's end needs only the pods
+        follower.take(item, deadline)
 
-    def events_caught_up(self, events_expected: int | None) -> bool:
-        """The event watch holds at least as many events as the API did after the end."""
-        return (
-            self.events_watched
-            and not self.polling
-            and events_expected is not None
-            and len(self.state.events) >= events_expected
-        )
 
-    def watched_pods_final(self) -> bool:
-        """The pod watch saw each pod of the Complete Job to its final state (see pods_final)."""
-        return not self.polling and self.state.pods_are_final()
+def watches_settled(
+    follower: BatchFollower, events_expected: int | None, pods: bool = True
+) -> bool:
+    """Nothing more worth waiting for: each watch has delivered enough, or never will (not
+    `pods`: the event watch alone)."""
+    state = follower.state
+    events_done = (
+        events_expected is None
+        or not follower.watching.followed("events")
+        or events_caught_up(follower, events_expected)
+    )
+    pods_done = (
+        not pods
+        or not follower.watching.followed("pods")
+        or state.end != "Complete"
+        or bool(state.deleted)
+        or watched_pods_final(follower)
+    )
+    return events_done and pods_done
+
+
+def events_caught_up(follower: BatchFollower, events_expected: int | None) -> bool:
+    """The event watch holds at least as many events as the API did after the end."""
+    return (
+        follower.watching.events_watched
+        and not follower.polling
+        and events_expected is not None
+        and len(follower.state.events) >= events_expected
+    )
+
+
+def watched_pods_final(follower: BatchFollower) -> bool:
+    """The pod watch saw each pod of the Complete Job to its final state (see pods_final)."""
+    return not follower.polling and follower.state.pods_are_final()
 
 
 class Evidence(NamedTuple):
@@ -1229,7 +779,8 @@ class Evidence(NamedTuple):
 
 
 class BatchEvidence:
-    """The batch under way: its follower, and the saving of its evidence into its own directory."""
+    """The batch under way: its follower, and the saving of its evidence into its own directory.
+    Each step that reads or saves a part of the evidence (read_batch_*, save_*) is given it."""
 
     def __init__(self, run: RunContext, follower: BatchFollower, batch_dir: str) -> None:
         self.follower = follower
@@ -1266,223 +817,232 @@ class BatchEvidence:
             # The events are counted while the pods settle and pods.json is written: an API
             # server busy with the Job's end may take a while to answer even a list of one.
             counting = (
-                fetchers.submit(follower.count_events_after_end, retry_until)
-                if retry and follower.events_watched and not follower.polling
+                fetchers.submit(count_events_after_end, follower, retry_until)
+                if retry and follower.watching.events_watched and not follower.polling
                 else None
             )
             if retry:  # up to SETTLE_SECONDS for each pod's final state
-                follower.settle_watches(None, SETTLE_SECONDS)
-            watched_final = follower.watched_pods_final()
-            pods_future = fetchers.submit(self._read_pods, job_name, watched_final, retry)
+                settle_watches(follower, None, SETTLE_SECONDS)
+            watched_final = watched_pods_final(follower)
+            pods_future = fetchers.submit(read_batch_pods, self, job_name, watched_final, retry)
             # Not counted: the events are listed, while the pods and logs are written.
             self.events_read = "list"
             if counting is None:
-                events_future = fetchers.submit(self._read_events, False, retry)
+                events_future = fetchers.submit(read_batch_events, self, False, retry)
             problems: list[str] = []
             saved: tuple[PodReading, dict[str, str]] | None = None
             if watched_final:
                 # Nothing the pod watch still delivers changes a final pod: pods.json and the
                 # logs are saved now, and the event watch goes on.
                 follower.stop_watches(keep=("events",))
-                saved = self._save_pods_and_logs(pods_future, retry_until, problems)
+                saved = save_pods_and_logs(self, pods_future, retry_until, problems)
             if counting is not None:
                 # Then, once counted, up to SETTLE_SECONDS for as many events as the API held.
                 events_expected = counting.result()
-                follower.settle_watches(events_expected, SETTLE_SECONDS, pods=False)
-                if follower.events_caught_up(events_expected):
+                settle_watches(follower, events_expected, SETTLE_SECONDS, pods=False)
+                if events_caught_up(follower, events_expected):
                     self.events_read = "watch"
                 events_future = fetchers.submit(
-                    self._read_events, self.events_read == "watch", retry
+                    read_batch_events, self, self.events_read == "watch", retry
                 )
             follower.stop_watches(keep=() if watched_final else ("pods",))
             if watched_final:
                 follower.state.forget_shared()
-            job_future = fetchers.submit(self._read_job, job_name, retry_until)
-            return self.save_evidence(
-                job_future, saved or pods_future, events_future, retry_until, problems
+            job_future = fetchers.submit(read_batch_job, self, job_name, retry_until)
+            return save_evidence(
+                self, job_future, saved or pods_future, events_future, retry_until, problems
             )
         finally:
             follower.stop_watches()  # already, unless something failed on the way
             fetchers.shutdown(wait=False)
 
-    def _read_job(self, job_name: str, retry_until: float | None) -> dict | None:
-        """The Job as its end was seen, else as read now, else as last watched."""
-        state, jobs = self.follower.state, self.follower.jobs
-        if state.end is not None and state.job is not None:
-            return state.job
-        if jobs.several:
-            for name in jobs.names:
-                try:
-                    job = self.kubectl.get("job", name, self.namespace, retry_until=retry_until)
-                    if job is not None:  # not missing_ok: a missing Job raised
-                        jobs.see(job)
-                except DemoError:
-                    pass  # as last watched, if it was
-            return jobs.view() or state.job
-        try:
-            return self.kubectl.get("job", job_name, self.namespace, retry_until=retry_until)
-        except DemoError:
-            return state.job
 
-    def _read_pods(self, job_name: str, watched_final: bool, retry: bool) -> PodReading:
-        """The Job's pods: as watched when each one's last change arrived, else listed."""
-        state = self.follower.state
-        if watched_final:
-            # Each pod's last change arrived: a list would show the very same pods.
-            return PodReading(
-                sorted(state.pods.values(), key=pod_name),
-                "final watch",
-                state.end_resource_version,
-                0,
-                0,
-                [],
-            )
-        # Else never the watch's view: it may run behind. The list is at least as new as the
-        # moment the Job's end was seen, and its pages are retried while a cache catches up.
-        return read_job_pods(
-            self.kubectl,
-            self.proxy,
-            self.namespace,
-            job_name,
+def read_batch_job(batch: BatchEvidence, job_name: str, retry_until: float | None) -> dict | None:
+    """The Job as its end was seen, else as read now, else as last watched."""
+    state, jobs = batch.follower.state, batch.follower.jobs
+    if state.end is not None and state.job is not None:
+        return state.job
+    if jobs.several:
+        for name in jobs.names:
+            try:
+                job = batch.kubectl.get("job", name, batch.namespace, retry_until=retry_until)
+                if job is not None:  # not missing_ok: a missing Job raised
+                    jobs.see(job)
+            except DemoError:
+                pass  # as last watched, if it was
+        return jobs.view() or state.job
+    try:
+        return batch.kubectl.get("job", job_name, batch.namespace, retry_until=retry_until)
+    except DemoError:
+        return state.job
+
+
+def read_batch_pods(
+    batch: BatchEvidence, job_name: str, watched_final: bool, retry: bool
+) -> PodReading:
+    """The Job's pods: as watched when each one's last change arrived, else listed."""
+    state = batch.follower.state
+    if watched_final:
+        # Each pod's last change arrived: a list would show the very same pods.
+        return PodReading(
+            sorted(state.pods.values(), key=pod_name),
+            "final watch",
             state.end_resource_version,
-            PAGE_RETRY_SECONDS if retry else None,
-            self.settings.chunk_size,
-            self.follower.jobs.pod_selector(),
+            0,
+            0,
+            [],
         )
+    # Else never the watch's view: it may run behind. The list is at least as new as the
+    # moment the Job's end was seen, and its pages are retried while a cache catches up.
+    return read_job_pods(
+        batch.kubectl,
+        batch.proxy,
+        batch.namespace,
+        job_name,
+        state.end_resource_version,
+        PAGE_RETRY_SECONDS if retry else None,
+        batch.settings.chunk_size,
+        batch.follower.jobs.pod_selector(),
+    )
 
-    def _read_events(self, events_watched: bool, retry: bool) -> PagedList | EventStore:
-        """The namespace's events: as watched when the watch caught up with them all, else listed."""
-        if events_watched:
-            return self.follower.state.events
-        return read_events(
-            self.kubectl,
-            self.proxy,
-            self.namespace,
-            self.settings.chunk_size,
-            COLLECT_RETRY_SECONDS if retry else None,
-        )
 
-    def save_evidence(
-        self,
-        job_future: concurrent.futures.Future,
-        pods: tuple[PodReading, dict[str, str]] | concurrent.futures.Future,
-        events_future: concurrent.futures.Future,
-        retry_until: float | None,
-        problems: list[str],
-    ) -> Evidence:
-        """Write what the fetches brought; fall back to the watch's view where a fetch failed.
-        `pods`: the pods' reading and logs, saved already, or the fetch of the pods. What could
-        not be saved is added to `problems`, and each kind of problem printed once."""
-        follower = self.follower
-        job = job_future.result()
-        if job is not None:
-            # A batch of several Jobs saves each as read: job.json is then their List.
-            write_json(
-                os.path.join(self.batch_dir, "job.json"),
-                self.follower.jobs.saved() if self.follower.jobs.several else job,
-            )
-        # Unless saved already, the pods and logs are written while the events are read.
-        reading, logs = (
-            self._save_pods_and_logs(pods, retry_until, problems)
-            if isinstance(pods, concurrent.futures.Future)
-            else pods
-        )
-        events = self._save_events(events_future, job, reading.pods, problems)
-        write_json(os.path.join(self.batch_dir, "observed.json"), follower.observations())
-        for line in summarised_problems(problems):
-            print(f"Warning: could not save {line}", file=sys.stderr)
-        return Evidence(job, reading, logs, events)
+def read_batch_events(
+    batch: BatchEvidence, events_watched: bool, retry: bool
+) -> PagedList | EventStore:
+    """The namespace's events: as watched when the watch caught up with them all, else listed."""
+    if events_watched:
+        return batch.follower.state.events
+    return read_events(
+        batch.kubectl,
+        batch.proxy,
+        batch.namespace,
+        batch.settings.chunk_size,
+        COLLECT_RETRY_SECONDS if retry else None,
+    )
 
-    def _save_pods_and_logs(
-        self,
-        pods_future: concurrent.futures.Future,
-        retry_until: float | None,
-        problems: list[str],
-    ) -> tuple[PodReading, dict[str, str]]:
-        """pods.json, then one log per pod (their texts; unreadable -> empty, why in `problems`)."""
-        reading = self._save_pods(pods_future, retry_until)
-        logs = self.follower.log_reader.collect(reading.pods, self.batch_dir, retry_until, problems)
-        return reading, logs
 
-    def _save_pods(
-        self, pods_future: concurrent.futures.Future, retry_until: float | None
-    ) -> PodReading:
-        """pods.json: the pods as listed (with any the list no longer shows), else as the pod watch
-        saw them, each it saw unfinished read again."""
-        follower = self.follower
-        try:
-            reading = pods_future.result()
-        except DemoError as error:
-            reading = None
-            print(
-                f"Warning: could not list the pods ({error}); pods.json holds what the pod watch "
-                f"saw, each pod it saw unfinished read again",
-                file=sys.stderr,
-            )
-        if reading is None or reading.source != "final watch":
-            follower.drain_pod_watch()
-        watched = list(follower.state.pods.values())
-        if reading is None:
-            fresh = reread_pods(
-                self.kubectl,
-                self.proxy,
-                self.namespace,
-                unfinished_pods(watched),
-                None if retry_until is None else COLLECT_RETRY_SECONDS,
-            )
-            reading = PodReading(
-                with_fresh_pods(watched, fresh), "watch", None, 0, 0, sorted(fresh)
-            )
-        elif reading.source == "list":
-            reading = reading._replace(pods=with_vanished(reading.pods, watched))
-        pods = reading.pods
-        indented = len(pods) < ONE_LINE_ITEMS_FROM
-        texts = EncodedItems(
-            lambda: (follower.state.pod_text(pod, indented) for pod in pods), len(pods), indented
-        )
+def save_evidence(
+    batch: BatchEvidence,
+    job_future: concurrent.futures.Future,
+    pods: tuple[PodReading, dict[str, str]] | concurrent.futures.Future,
+    events_future: concurrent.futures.Future,
+    retry_until: float | None,
+    problems: list[str],
+) -> Evidence:
+    """Write what the fetches brought; fall back to the watch's view where a fetch failed.
+    `pods`: the pods' reading and logs, saved already, or the fetch of the pods. What could
+    not be saved is added to `problems`, and each kind of problem printed once."""
+    follower = batch.follower
+    job = job_future.result()
+    if job is not None:
+        # A batch of several Jobs saves each as read: job.json is then their List.
         write_json(
-            os.path.join(self.batch_dir, "pods.json"),
-            dict(
-                list_manifest([]),
-                metadata={"resourceVersion": reading.resource_version or ""},
-                items=texts,
-            ),
+            os.path.join(batch.batch_dir, "job.json"),
+            follower.jobs.saved() if follower.jobs.several else job,
         )
-        return reading
+    # Unless saved already, the pods and logs are written while the events are read.
+    reading, logs = (
+        save_pods_and_logs(batch, pods, retry_until, problems)
+        if isinstance(pods, concurrent.futures.Future)
+        else pods
+    )
+    events = save_events(batch, events_future, job, reading.pods, problems)
+    write_json(os.path.join(batch.batch_dir, "observed.json"), follower.observations())
+    for line in summarised_problems(problems):
+        print(f"Warning: could not save {line}", file=sys.stderr)
+    return Evidence(job, reading, logs, events)
 
-    def _save_events(
-        self,
-        events_future: concurrent.futures.Future,
-        job: dict | None,
-        pods: Sequence[dict],
-        problems: list[str],
-    ) -> list[EventRecord]:
-        """events.txt and events.json, of this batch alone; the events, empty when unreadable.
-        events.txt is kubectl's table with absolute times, not its ages, which mean nothing later."""
-        events_path = os.path.join(self.batch_dir, "events.json")
-        events_listing: PagedList | EventStore | None = None
-        try:
-            events_listing = events_future.result()
-            events = (
-                events_listing.events()
-                if isinstance(events_listing, EventStore)
-                else event_records(events_listing.items)
-            )
-            write_events(events_path, events_listing, events, events_listing.resource_version or "")
-        except DemoError as error:
-            problems.append(f"events: {error}")
-            events = []
-        write_text(
-            os.path.join(self.batch_dir, "events.txt"),
-            events_table_lines(events) if events else "",
+
+def save_pods_and_logs(
+    batch: BatchEvidence,
+    pods_future: concurrent.futures.Future,
+    retry_until: float | None,
+    problems: list[str],
+) -> tuple[PodReading, dict[str, str]]:
+    """pods.json, then one log per pod (their texts; unreadable -> empty, why in `problems`)."""
+    reading = save_pods(batch, pods_future, retry_until)
+    logs = batch.follower.log_reader.collect(reading.pods, batch.batch_dir, retry_until, problems)
+    return reading, logs
+
+
+def save_pods(
+    batch: BatchEvidence, pods_future: concurrent.futures.Future, retry_until: float | None
+) -> PodReading:
+    """pods.json: the pods as listed (with any the list no longer shows), else as the pod watch
+    saw them, each it saw unfinished read again."""
+    follower = batch.follower
+    try:
+        reading = pods_future.result()
+    except DemoError as error:
+        reading = None
+        print(
+            f"Warning: could not list the pods ({error}); pods.json holds what the pod watch "
+            f"saw, each pod it saw unfinished read again",
+            file=sys.stderr,
         )
-        batches = [entry.job for entry in self.settings.batches]
-        if len(batches) > 1 and events and events_listing is not None:
-            # The namespace's events cover every batch so far; each batch keeps its own.
-            events = batch_events(events, job, pods, first=self.follower.job_name == batches[0])
-            write_events(events_path, events_listing, events, None)
-            write_text(os.path.join(self.batch_dir, "events.txt"), events_table_lines(events))
-        return events
+    if reading is None or reading.source != "final watch":
+        drain_pod_watch(follower)
+    watched = list(follower.state.pods.values())
+    if reading is None:
+        fresh = reread_pods(
+            batch.kubectl,
+            batch.proxy,
+            batch.namespace,
+            unfinished_pods(watched),
+            None if retry_until is None else COLLECT_RETRY_SECONDS,
+        )
+        reading = PodReading(with_fresh_pods(watched, fresh), "watch", None, 0, 0, sorted(fresh))
+    elif reading.source == "list":
+        reading = reading._replace(pods=with_vanished(reading.pods, watched))
+    pods = reading.pods
+    indented = len(pods) < ONE_LINE_ITEMS_FROM
+    texts = EncodedItems(
+        lambda: (follower.state.pod_text(pod, indented) for pod in pods), len(pods), indented
+    )
+    write_json(
+        os.path.join(batch.batch_dir, "pods.json"),
+        dict(
+            list_manifest([]),
+            metadata={"resourceVersion": reading.resource_version or ""},
+            items=texts,
+        ),
+    )
+    return reading
+
+
+def save_events(
+    batch: BatchEvidence,
+    events_future: concurrent.futures.Future,
+    job: dict | None,
+    pods: Sequence[dict],
+    problems: list[str],
+) -> list[EventRecord]:
+    """events.txt and events.json, of this batch alone; the events, empty when unreadable.
+    events.txt is kubectl's table with absolute times, not its ages, which mean nothing later."""
+    events_path = os.path.join(batch.batch_dir, "events.json")
+    events_listing: PagedList | EventStore | None = None
+    try:
+        events_listing = events_future.result()
+        events = (
+            events_listing.events()
+            if isinstance(events_listing, EventStore)
+            else event_records(events_listing.items)
+        )
+        write_events(events_path, events_listing, events, events_listing.resource_version or "")
+    except DemoError as error:
+        problems.append(f"events: {error}")
+        events = []
+    write_text(
+        os.path.join(batch.batch_dir, "events.txt"),
+        events_table_lines(events) if events else "",
+    )
+    batches = [entry.job for entry in batch.settings.batches]
+    if len(batches) > 1 and events and events_listing is not None:
+        # The namespace's events cover every batch so far; each batch keeps its own.
+        events = batch_events(events, job, pods, first=batch.follower.job_name == batches[0])
+        write_events(events_path, events_listing, events, None)
+        write_text(os.path.join(batch.batch_dir, "events.txt"), events_table_lines(events))
+    return events
 
 
 def summarised_problems(problems: Sequence[str], shown: int = 3) -> list[str]:
@@ -1490,27 +1050,6 @@ def summarised_problems(problems: Sequence[str], shown: int = 3) -> list[str]:
     if len(problems) <= shown + 1:
         return list(problems)
     return list(problems[:shown]) + [f"... and {len(problems) - shown} more (see the saved files)"]
-
-
-def waiting_note(job: dict | None, elapsed: float) -> str:
-    """What the client is waiting for once the Job has stopped running pods, else nothing."""
-    job = job or {}
-    failure = condition(job, "FailureTarget")
-    if failure and failure.get("status") == "True":
-        return (
-            f"  ({failure.get('reason', 'failing')}: waiting for the pods to stop before Kubernetes "
-            f"marks the Job Failed)"
-        )
-    success = condition(job, "SuccessCriteriaMet")
-    if success and success.get("status") == "True":
-        return "  (all succeeded: waiting for the pods to stop before Kubernetes marks the Job Complete)"
-    deadline = (job.get("spec") or {}).get("activeDeadlineSeconds")
-    if isinstance(deadline, int) and elapsed > deadline:
-        return (
-            f"  (past the Job's {deadline} s deadline: waiting up to {CLIENT_GRACE_SECONDS} s more for "
-            f"the Job controller to end it)"
-        )
-    return ""
 
 
 def write_events(

@@ -410,43 +410,9 @@ class Kubectl:
             self.processes += 1
         argv = self.argv(args, request_timeout)
         self.echo_argv(argv)
-        try:
-            process = INTERRUPTS.start(
-                lambda: subprocess.Popen(
-                    argv,
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    text=True,
-                    preexec_fn=die_with_parent(),
-                )
-            )
-        except OSError as error:
-            raise DemoError(
-                f"cannot run kubectl {self.binary!r}: {error.strerror or error}"
-            ) from None
-        with process:
-            try:
-                # Always an input, if only an empty one: kubectl must never wait on the terminal.
-                stdout, stderr = process.communicate(input_text or "", timeout=CALL_TIMEOUT_SECONDS)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.communicate()
-                raise KubectlError(
-                    verb, None, f"no answer within {CALL_TIMEOUT_SECONDS} s"
-                ) from None
-            except BaseException:  # an interrupt: the call ends with it
-                process.kill()
-                raise
-        completed = subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
+        completed = run_to_end(argv, verb, input_text)
         if completed.returncode != 0:
-            if CREDENTIALS_PROMPT in completed.stdout + completed.stderr:
-                raise DemoError(
-                    f"kubectl {verb}: the kubeconfig gives no credentials for context "
-                    f"{self.context or '(current)'} and kubectl asked for a username; "
-                    "log in or fix the kubeconfig's user"
-                )
-            raise KubectlError(verb, completed.returncode, completed.stderr)
+            raise failed_call(verb, completed, self.context)
         return completed.stdout
 
     def get_json(self, args: Sequence[str], **options: Any) -> Any:
@@ -512,18 +478,67 @@ class Kubectl:
             self.processes += 1
         argv = self.argv(args, f"{max(1, seconds)}s")
         self.echo_argv(argv)
-        errors = stderr or tempfile.TemporaryFile()
-        return INTERRUPTS.start(
+        return start_child(argv, stderr or tempfile.TemporaryFile(), detached)
+
+
+def run_to_end(argv: list[str], verb: str, input_text: str | None) -> subprocess.CompletedProcess:
+    """Run one request-and-answer kubectl to its end, within CALL_TIMEOUT_SECONDS; its child dies
+    with this process, and with the call when an interrupt ends it."""
+    try:
+        process = INTERRUPTS.start(
             lambda: subprocess.Popen(
                 argv,
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
-                stderr=errors,
-                bufsize=0,
-                start_new_session=detached,
+                stderr=subprocess.PIPE,
+                text=True,
                 preexec_fn=die_with_parent(),
             )
         )
+    except OSError as error:
+        raise DemoError(f"cannot run kubectl {argv[0]!r}: {error.strerror or error}") from None
+    with process:
+        try:
+            # Always an input, if only an empty one: kubectl must never wait on the terminal.
+            stdout, stderr = process.communicate(input_text or "", timeout=CALL_TIMEOUT_SECONDS)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+            raise KubectlError(verb, None, f"no answer within {CALL_TIMEOUT_SECONDS} s") from None
+        except BaseException:  # an interrupt: the call ends with it
+            process.kill()
+            raise
+    return subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
+
+
+def failed_call(
+    verb: str, completed: subprocess.CompletedProcess, context: str | None
+) -> DemoError:
+    """The error of a kubectl call that exited non-zero: a kubeconfig that gives no credentials
+    (kubectl asked for a username), else the call's KubectlError."""
+    if CREDENTIALS_PROMPT in completed.stdout + completed.stderr:
+        return DemoError(
+            f"kubectl {verb}: the kubeconfig gives no credentials for context "
+            f"{context or '(current)'} and kubectl asked for a username; "
+            "log in or fix the kubeconfig's user"
+        )
+    return KubectlError(verb, completed.returncode, completed.stderr)
+
+
+def start_child(argv: list[str], errors: Any, detached: bool) -> subprocess.Popen:
+    """Start a long-lived kubectl (a watch, the proxy), its stderr to the file `errors`, in a
+    session of its own when `detached`; it dies with this process."""
+    return INTERRUPTS.start(
+        lambda: subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=errors,
+            bufsize=0,
+            start_new_session=detached,
+            preexec_fn=die_with_parent(),
+        )
+    )
 
 
 def refusal(errors: Any) -> str | None:

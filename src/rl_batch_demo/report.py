@@ -13,7 +13,7 @@ from .timing import split_observed
 from .outcomes import Delivery, episode_rows, group_images
 from .summary import summarise_batch
 from .render import compare_table
-from .follow import saved_batch_job
+from .watch import saved_batch_job
 from .results import (
     BatchOutcome,
     Results,

@@ -79,16 +79,14 @@ from .manifests import (
 from .summary import EpisodeDrafts, held_objects_spared
 from .render import phase_tables, plural, printed_results, throughput_line
 from .kube import ApiProxy, INTERRUPTS, Kubectl, KubectlError, PodReading
+from .watch import BatchJobs, WatchStream, pod_terminal
 from .follow import (
     BatchEvidence,
     BatchFollower,
-    BatchJobs,
     Progress,
     RewardCallbackError,
     RewardStream,
     RunContext,
-    WatchStream,
-    pod_terminal,
 )
 from .syntax import check_episode_syntax
 from .preflight import (
