@@ -6442,6 +6442,23 @@ def stale_verdict(
     A run between two batches (fewer Jobs than it plans, all ended) may be alive, about to make its
     next Job, or may have stopped there (killed, crashed): it is stale only once its last Job ended
     longer than `stale_seconds` ago."""
+    spared = unproven_verdict(run, user, all_users)
+    if spared is not None:
+        return spared
+    if run.expires_at is not None and run.expires_at <= now:
+        state = f"{run.state} (between batches)" if run.between_batches else run.state
+        return Verdict(
+            True,
+            f"{state}, past its --ttl (expired {format_duration(now - run.expires_at)} ago)",
+        )
+    if run.between_batches:
+        return between_batches_verdict(run, now, stale_seconds)
+    return age_verdict(run, now, stale_seconds)
+
+
+def unproven_verdict(run: ClusterRun, user: str, all_users: bool) -> Verdict | None:
+    """Why `cleanup --stale` leaves a run it may not take for its own: already being deleted, the
+    guide's, not proven this tool's, or another user's; None for a run it may judge."""
     if run.state == "terminating":
         return Verdict(False, "already being deleted (Terminating)")
     if run.guide:
@@ -6465,33 +6482,35 @@ def stale_verdict(
             False,
             f"started by {run.user}, not by you ({user}); --all-users reaps every user's runs",
         )
-    if run.expires_at is not None and run.expires_at <= now:
-        state = f"{run.state} (between batches)" if run.between_batches else run.state
+    return None
+
+
+def between_batches_verdict(run: ClusterRun, now: float, stale_seconds: float) -> Verdict:
+    """A run between two batches is stale once its last Job ended longer than `stale_seconds` ago."""
+    made = f"{run.jobs} of {run.jobs_planned} Jobs made"
+    if run.last_ended_at is None:
         return Verdict(
-            True,
-            f"{state}, past its --ttl (expired {format_duration(now - run.expires_at)} ago)",
+            False,
+            f"between batches ({made}; no end time on its Jobs): may still make its next, "
+            f"only its --ttl reaps it",
         )
-    if run.between_batches:
-        made = f"{run.jobs} of {run.jobs_planned} Jobs made"
-        if run.last_ended_at is None:
-            return Verdict(
-                False,
-                f"between batches ({made}; no end time on its Jobs): may still make its next, "
-                f"only its --ttl reaps it",
-            )
-        since = max(0.0, now - run.last_ended_at)
-        if since < stale_seconds:
-            return Verdict(
-                False,
-                f"between batches ({made}, the last ended {format_duration(since)} ago): may "
-                f"still make its next; stale once its last Job ended longer ago than --stale "
-                f"{format_duration(stale_seconds)}",
-            )
+    since = max(0.0, now - run.last_ended_at)
+    if since < stale_seconds:
         return Verdict(
-            True,
-            f"stopped between batches ({made}, the last ended {format_duration(since)} ago): "
-            f"longer ago than --stale {format_duration(stale_seconds)}",
+            False,
+            f"between batches ({made}, the last ended {format_duration(since)} ago): may "
+            f"still make its next; stale once its last Job ended longer ago than --stale "
+            f"{format_duration(stale_seconds)}",
         )
+    return Verdict(
+        True,
+        f"stopped between batches ({made}, the last ended {format_duration(since)} ago): "
+        f"longer ago than --stale {format_duration(stale_seconds)}",
+    )
+
+
+def age_verdict(run: ClusterRun, now: float, stale_seconds: float) -> Verdict:
+    """A run whose Jobs have all ended is stale once it is older than `stale_seconds`."""
     if run.state == "running":
         return Verdict(False, "still running (a Job has not ended)")
     if run.age(now) < stale_seconds:
@@ -9272,17 +9291,31 @@ def verified_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) 
 def rollout_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) -> BatchSummary:
     """Write rewards.jsonl with every episode; accept the batch if its failures are within
     --allow-failures, and summarise its successful episodes."""
+    rows = rollout_rows(batch, evidence)
+    failures = [row for row in rows if is_failure(row)]
+    job = finished_rollout_job(batch, end, evidence)
+    summary = summarised_rollout(batch, rows, job, evidence)
+    rewards = batch.follower.rewards
+    if rewards is not None:
+        summary.figures.update(
+            batch_delivery_figures(
+                rewards.deliveries, batch.follower.state.job_observed, batch.settings.need
+            )
+        )
+        summary.deliveries = [d.written_at for d in rewards.deliveries if d.success]
+    if not batch.silent:  # a quiet Python caller reads all of it in the results
+        say_rollout_outcome(batch, summary, failures)
+    return summary
+
+
+def rollout_rows(batch: BatchEvidence, evidence: Evidence) -> list[dict]:
+    """Every episode's row, and rewards.jsonl with them all (the reward stream finishes its own)."""
     job, reading, logs, events = evidence
-    settings, pods, count, job_name = (
-        batch.settings,
-        reading.pods,
-        batch.settings.count,
-        batch.follower.job_name,
-    )
+    settings, follower = batch.settings, batch.follower
     rows = episode_rows(
-        count,
+        settings.count,
         job or {"metadata": {}},
-        pods,
+        reading.pods,
         logs,
         settings.builtin,
         settings.task_ids,
@@ -9290,19 +9323,27 @@ def rollout_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) -
         events,
         group_images(settings),
     )
-    follower = batch.follower
     if follower.rewards is not None:
-        rows = follower.rewards.finish(rows, pods, logs, follower.state.observed)
-    else:
-        write_text(os.path.join(batch.batch_dir, REWARDS_FILE), rewards_jsonl(rows))
-    failures = [row for row in rows if is_failure(row)]
-    said = failures_said(failures)
+        return follower.rewards.finish(rows, reading.pods, logs, follower.state.observed)
+    write_text(os.path.join(batch.batch_dir, REWARDS_FILE), rewards_jsonl(rows))
+    return rows
+
+
+def finished_rollout_job(batch: BatchEvidence, end: str | None, evidence: Evidence) -> dict:
+    """The rollout batch's Job, once it finished and every pod was seen; else DemoError saying
+    what was saved."""
+    job, reading, logs, events = evidence
+    settings, pods = batch.settings, reading.pods
     if end is None or job is None:
         raise DemoError(
             "\n  ".join(
                 ["Job did not finish; inspect saved status/events/logs, then cleanup"]
                 + describe_failure(
-                    job, pods, job_name, settings.timeout + CLIENT_GRACE_SECONDS, logs
+                    job,
+                    pods,
+                    batch.follower.job_name,
+                    settings.timeout + CLIENT_GRACE_SECONDS,
+                    logs,
                 )
                 + [
                     f"{REWARDS_FILE} lists every episode as last seen",
@@ -9310,21 +9351,30 @@ def rollout_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) -
                 ]
             )
         )
-    if reading.source == "watch" and len(pods) < count:
+    if reading.source == "watch" and len(pods) < settings.count:
         raise DemoError(
             f"cannot verify the batch: the pods could not be listed and the pod watch saw "
-            f"only {len(pods)} of {count}"
+            f"only {len(pods)} of {settings.count}"
         )
+    return job
+
+
+def summarised_rollout(
+    batch: BatchEvidence, rows: Sequence[dict], job: dict, evidence: Evidence
+) -> BatchSummary:
+    """summarise_rollout over the batch's evidence; a batch it refuses says where the rest is."""
+    _, reading, logs, events = evidence
+    follower = batch.follower
     try:
-        summary = summarise_rollout(
+        return summarise_rollout(
             rows,
             job,
-            pods,
+            reading.pods,
             logs,
             events,
-            settings,
-            batch.follower.end_seen_wall,
-            batch.follower.observations(),
+            batch.settings,
+            follower.end_seen_wall,
+            follower.observations(),
             batch.spelling,
             follower.drafts.drafts if follower.drafts else None,
             batch.event_index(),
@@ -9332,18 +9382,17 @@ def rollout_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) -
     except DemoError as error:
         raise DemoError(
             f"{error}\n  {REWARDS_FILE} lists every episode with its class; "
-            f"{saved_evidence(job, pods, logs, events)}"
+            f"{saved_evidence(job, reading.pods, logs, events)}"
         ) from None
-    if follower.rewards is not None:
-        summary.figures.update(
-            batch_delivery_figures(
-                follower.rewards.deliveries, follower.state.job_observed, settings.need
-            )
-        )
-        summary.deliveries = [d.written_at for d in follower.rewards.deliveries if d.success]
+
+
+def say_rollout_outcome(
+    batch: BatchEvidence, summary: BatchSummary, failures: Sequence[dict]
+) -> None:
+    """On stderr: how --need was met, and which failures the batch accepted."""
+    settings, count = batch.settings, batch.settings.count
     cancelled = summary.figures.get("cancelled_episodes") or 0
-    if batch.silent:  # a quiet Python caller reads all of it in the results
-        return summary
+    said = failures_said(failures)
     need = batch.spelling.setting("need", settings.need)
     if settings.need is not None:
         print(
@@ -9366,7 +9415,6 @@ def rollout_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) -
             ),
             file=sys.stderr,
         )
-    return summary
 
 
 def batch_delivery_figures(
@@ -9462,9 +9510,38 @@ def summarise_rollout(
 ) -> BatchSummary:
     """A rollout batch's summary: the figures of its successful episodes, with failures, attempts and
     groups; DemoError when more episodes failed than --allow-failures accepts, or all did. Pure."""
-    failures = [row for row in rows if is_failure(row)]
     need = settings.need
     allowed = len(rows) - need if need is not None else settings.allow_failures or 0
+    check_rollout_accepted(rows, need, allowed, spelling)
+    successes = {row["pod"] for row in rows if row["failure_class"] is None}
+    by_name = {pod_name(pod): pod for pod in pods}
+    summary = summarise_batch(
+        job,
+        [pod for pod in pods if pod_name(pod) in successes],
+        logs,
+        events,
+        len(successes),
+        settings.builtin,
+        end_seen_at,
+        observed,
+        # Cancelled episodes too: the timeline draws every episode.
+        [(by_name.get(row["pod"]), row) for row in rows if row["failure_class"] is not None],
+        drafts,
+        index,
+    )
+    summary.figures.update(
+        rollout_figures(rows, job, pods, settings.group_size, allowed, settings.retries or 0, need)
+    )
+    summary.figures["images"] = image_figures(summary.episodes, rows)
+    return summary
+
+
+def check_rollout_accepted(
+    rows: Sequence[dict], need: int | None, allowed: int, spelling: Spelling
+) -> None:
+    """DemoError, naming the first failed episodes, when fewer than --need K succeeded, more than
+    `allowed` failed, or none succeeded."""
+    failures = [row for row in rows if is_failure(row)]
     successes = {row["pod"] for row in rows if row["failure_class"] is None}
     if need is not None and len(successes) < need:
         raise DemoError(
@@ -9493,26 +9570,6 @@ def summarise_rollout(
                 + failure_lines(failures)
             )
         )
-    by_name = {pod_name(pod): pod for pod in pods}
-    summary = summarise_batch(
-        job,
-        [pod for pod in pods if pod_name(pod) in successes],
-        logs,
-        events,
-        len(successes),
-        settings.builtin,
-        end_seen_at,
-        observed,
-        # Cancelled episodes too: the timeline draws every episode.
-        [(by_name.get(row["pod"]), row) for row in rows if row["failure_class"] is not None],
-        drafts,
-        index,
-    )
-    summary.figures.update(
-        rollout_figures(rows, job, pods, settings.group_size, allowed, settings.retries or 0, need)
-    )
-    summary.figures["images"] = image_figures(summary.episodes, rows)
-    return summary
 
 
 ROLLOUT_FIELDS = (
@@ -9541,6 +9598,18 @@ ROLLOUT_FIELDS = (
 )
 
 
+# What results.json keeps of each failed episode.
+FAILURE_RECORD_KEYS = (
+    "index",
+    "task_id",
+    "pod",
+    "attempts",
+    "failure_class",
+    "failure",
+    "evidence",
+)
+
+
 def rollout_figures(
     rows: Sequence[dict],
     job: dict,
@@ -9553,41 +9622,17 @@ def rollout_figures(
     """What a rollout batch adds to its summary: failures by class, attempts, groups; with --need,
     the episodes it cancelled (no failures: a run that got its K successes exits 0)."""
     failures = [row for row in rows if is_failure(row)]
-    groups = group_figures(rows, group_size)
-    complete = [g for g in groups if g["complete"]]
     figures: dict[str, Any] = {
         "episodes": len(rows),
         "failed_episodes": len(failures),
         "failures_by_class": failure_counts(row["failure_class"] for row in failures),
-        "failures": [
-            {
-                key: row[key]
-                for key in (
-                    "index",
-                    "task_id",
-                    "pod",
-                    "attempts",
-                    "failure_class",
-                    "failure",
-                    "evidence",
-                )
-            }
-            for row in failures
-        ],
+        "failures": [{key: row[key] for key in FAILURE_RECORD_KEYS} for row in failures],
         "accepted_partial": bool(failures) and need is None,
         "allow_failures": allowed,
         "cancelled_episodes": sum(1 for row in rows if row["failure_class"] == CANCELLED),
         "retries": retries,
         "attempts": attempt_figures(rows),
-        "group_size": group_size,
-        "groups": groups,
-        "groups_complete": len(complete),
-        "group_all_rewards_seconds": describe(
-            [g["all_rewards_seconds"] for g in complete], missing=len(groups) - len(complete)
-        ),
-        "group_spread_seconds": describe(
-            [g["spread_seconds"] for g in groups if g["spread_seconds"] is not None]
-        ),
+        **group_summary_figures(rows, group_size),
         "job_end": {
             "condition": job_finished(job),
             "reason": job_end_reason(job)
@@ -9597,16 +9642,39 @@ def rollout_figures(
     if need is not None:
         figures["need"] = need
     if failures:
-        censored = censored_pod_to_ready(rows, job, pods)
-        figures.update(
-            {
-                "pod_to_ready_p50_seconds": censored["p50"],
-                "pod_to_ready_p95_seconds": censored["p95"],
-                "pod_to_ready_max_seconds": censored["max"],
-                "pod_to_ready_censored": censored,
-            }
-        )
+        figures.update(censored_pod_to_ready_figures(rows, job, pods))
     return figures
+
+
+def group_summary_figures(rows: Sequence[dict], group_size: int) -> dict[str, Any]:
+    """The groups of a rollout batch: each group, how many are complete, and their timing."""
+    groups = group_figures(rows, group_size)
+    complete = [g for g in groups if g["complete"]]
+    return {
+        "group_size": group_size,
+        "groups": groups,
+        "groups_complete": len(complete),
+        "group_all_rewards_seconds": describe(
+            [g["all_rewards_seconds"] for g in complete], missing=len(groups) - len(complete)
+        ),
+        "group_spread_seconds": describe(
+            [g["spread_seconds"] for g in groups if g["spread_seconds"] is not None]
+        ),
+    }
+
+
+def censored_pod_to_ready_figures(
+    rows: Sequence[dict], job: dict, pods: Sequence[dict]
+) -> dict[str, Any]:
+    """pod_to_ready's percentiles over every episode, one that never became ready counted as ready
+    at the Job's deadline, and how they were counted."""
+    censored = censored_pod_to_ready(rows, job, pods)
+    return {
+        "pod_to_ready_p50_seconds": censored["p50"],
+        "pod_to_ready_p95_seconds": censored["p95"],
+        "pod_to_ready_max_seconds": censored["max"],
+        "pod_to_ready_censored": censored,
+    }
 
 
 def write_pictures(
@@ -9826,37 +9894,70 @@ def cleanup_namespace(
     """Delete the run's Jobs and namespace, only after proving both are the run's own."""
     report = report or sys.stdout
     namespace = receipt.namespace
+    live = live_namespace(kubectl, receipt)
+    if live is None:
+        say_namespace_absent(receipt, report)
+        return
+    check_namespace_owned(receipt, live)
+    delete_proven_jobs(kubectl, receipt, wait_seconds)
+    kubectl.delete(
+        "namespace",
+        namespace,
+        None,
+        "--wait=false",
+        retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
+    )
+    stuck = wait_gone(kubectl, "namespace", namespace, None, wait_seconds)
+    if stuck is not None:
+        raise namespace_stuck(namespace, stuck, receipt.context, wait_seconds)
+    print(f"Deleted test namespace: {namespace}", file=report, flush=True)
+
+
+def live_namespace(kubectl: Kubectl, receipt: Receipt) -> dict | None:
+    """The receipt's namespace as the cluster has it now, None when absent; DemoError when the
+    cluster cannot be reached (nothing deleted)."""
     try:
-        live = kubectl.get(
+        return kubectl.get(
             "namespace",
-            namespace,
+            receipt.namespace,
             missing_ok=True,
             retry_until=time.monotonic() + FIRST_CONTACT_RETRY_SECONDS,
         )
     except KubectlError as error:
         raise DemoError(
             f"cannot reach the cluster of context {receipt.context!r} to look up "
-            f"namespace {namespace}: {error}; nothing was deleted"
+            f"namespace {receipt.namespace}: {error}; nothing was deleted"
         ) from None
-    if live is None:
-        print(
-            "Namespace already absent", file=report, flush=True
-        )  # the guide's words, as it prints them
-        # Which one, beside the results' stream: run twice, cleanup names what it found gone.
-        print(
-            f"({namespace} in context {receipt.context}: nothing to delete)",
-            file=sys.stderr if report is sys.stdout else report,
-            flush=True,
-        )
-        return
+
+
+def say_namespace_absent(receipt: Receipt, report: TextIO) -> None:
+    """The namespace was already gone: the guide's words on `report`, which one beside them."""
+    print(
+        "Namespace already absent", file=report, flush=True
+    )  # the guide's words, as it prints them
+    # Which one, beside the results' stream: run twice, cleanup names what it found gone.
+    print(
+        f"({receipt.namespace} in context {receipt.context}: nothing to delete)",
+        file=sys.stderr if report is sys.stdout else report,
+        flush=True,
+    )
+
+
+def check_namespace_owned(receipt: Receipt, live: dict) -> None:
+    """DemoError (nothing deleted) unless the live namespace is the one the receipt recorded."""
     # Only a UID the run recorded proves the namespace its own: the label alone could be copied.
     if not receipt.namespace_uid or not receipt.owns_namespace(live):
         label = (live["metadata"].get("labels") or {}).get(RUN_LABEL)
         raise DemoError(
-            f"refusing to delete namespace {namespace}: its UID {live['metadata'].get('uid')} / label "
+            f"refusing to delete namespace {receipt.namespace}: its UID {live['metadata'].get('uid')} / label "
             f"{RUN_LABEL}={label} do not match the receipt ({receipt.namespace_uid} / {receipt.run_id}); "
             f"nothing was deleted"
         )
+
+
+def delete_proven_jobs(kubectl: Kubectl, receipt: Receipt, wait_seconds: float) -> None:
+    """Delete the run's Jobs, each proven by the receipt's UID, and wait until each is gone."""
+    namespace = receipt.namespace
     retry_until = time.monotonic() + CALL_TIMEOUT_SECONDS
     jobs = proven_jobs(kubectl, receipt, retry_until)
     for name in jobs:
@@ -9870,17 +9971,6 @@ def cleanup_namespace(
                 f"inspect it with: kubectl --context {receipt.context} get job {name} "
                 f"-n {namespace} -o yaml"
             )
-    kubectl.delete(
-        "namespace",
-        namespace,
-        None,
-        "--wait=false",
-        retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
-    )
-    stuck = wait_gone(kubectl, "namespace", namespace, None, wait_seconds)
-    if stuck is not None:
-        raise namespace_stuck(namespace, stuck, receipt.context, wait_seconds)
-    print(f"Deleted test namespace: {namespace}", file=report, flush=True)
 
 
 def proven_jobs(kubectl: Kubectl, receipt: Receipt, retry_until: float) -> list[str]:
@@ -10320,6 +10410,38 @@ def prepull(run: RunContext) -> None:
     """--prepull: every image of the run made present on every node the batch can use, before its
     first Job: one pod per node and image, waited for until each ended (or its deadline passed).
     Leaves prepull.json (the step's figures and its pods); the figures go into results.json."""
+    nodes = prepull_nodes(run)
+    images = run_images(run.plan.jobs)
+    deadline_seconds = run.settings.pull_timeout or run.settings.timeout
+    pods = prepull_pods(run, nodes, images, deadline_seconds)
+    started = time.monotonic()
+    for pod in pods:
+        create_object(run, pod)
+    finished = wait_prepulled(run, len(pods), started + deadline_seconds + CLIENT_GRACE_SECONDS)
+    seconds = time.monotonic() - started
+    events = namespace_events(run)
+    failures = prepull_failures(finished, events)
+    run.prepull = {
+        "seconds": rounded(seconds),
+        "nodes": len(nodes),
+        "images": len(images),
+        "pods": len(pods),
+        "failures": failures,
+        "image_cache": count_image_cache(
+            image_cache_states(events).get(pod_name(p)) for p in finished
+        ),
+    }
+    write_json(
+        os.path.join(run.output, PREPULL_FILE),
+        dict(run.prepull, node_names=nodes, image_names=images, pod_states=list_manifest(finished)),
+    )
+    if not run.silent:
+        say_prepulled(seconds, nodes, images, len(pods), failures)
+
+
+def prepull_nodes(run: RunContext) -> list[str]:
+    """The nodes --prepull pulls on: those the batch can use (schedulable, with the RuntimeClass's
+    labels); DemoError when they cannot be listed, or there are none."""
     retry_until = time.monotonic() + FIRST_CONTACT_RETRY_SECONDS
     try:
         runtime_class = run.kubectl.get(
@@ -10339,9 +10461,14 @@ def prepull(run: RunContext) -> None:
             f"{run.spelling.switch('prepull')} found no node the batch can use (schedulable, "
             f"with the RuntimeClass's labels)"
         )
-    images = run_images(run.plan.jobs)
-    deadline_seconds = run.settings.pull_timeout or run.settings.timeout
-    pods = [
+    return nodes
+
+
+def prepull_pods(
+    run: RunContext, nodes: Sequence[str], images: Sequence[str], deadline_seconds: int
+) -> list[dict]:
+    """One --prepull pod manifest per image and node, named by their places in the two lists."""
+    return [
         prepull_pod_manifest(
             run.namespace,
             f"prepull-{i}-{n}",
@@ -10354,47 +10481,35 @@ def prepull(run: RunContext) -> None:
         for i, image in enumerate(images, start=1)
         for n, node in enumerate(nodes, start=1)
     ]
-    started = time.monotonic()
-    for pod in pods:
-        create_object(run, pod)
-    finished = wait_prepulled(run, len(pods), started + deadline_seconds + CLIENT_GRACE_SECONDS)
-    seconds = time.monotonic() - started
-    events = event_records(
-        (
-            run.kubectl.get_list(
-                "events", run.namespace, retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS
-            )
-            or {}
-        ).get("items")
-        or []
+
+
+def namespace_events(run: RunContext) -> list[EventRecord]:
+    """Every event in the run's namespace, read now."""
+    listed = run.kubectl.get_list(
+        "events", run.namespace, retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS
     )
-    failures = prepull_failures(finished, events)
-    run.prepull = {
-        "seconds": rounded(seconds),
-        "nodes": len(nodes),
-        "images": len(images),
-        "pods": len(pods),
-        "failures": failures,
-        "image_cache": count_image_cache(
-            image_cache_states(events).get(pod_name(p)) for p in finished
+    return event_records((listed or {}).get("items") or [])
+
+
+def say_prepulled(
+    seconds: float,
+    nodes: Sequence[str],
+    images: Sequence[str],
+    pods: int,
+    failures: Sequence[dict],
+) -> None:
+    """On stderr: what --prepull pulled where, how long it took, and the first pods that failed."""
+    print(
+        f"Pre-pulled {plural(len(images), 'image')} on {plural(len(nodes), 'node')} in {seconds:.1f} s"
+        + (
+            f"; {len(failures)} of {pods} pods failed: "
+            + "; ".join(f"{f['image']} on {f['node']}: {f['why']}" for f in failures[:3])
+            if failures
+            else ""
         ),
-    }
-    write_json(
-        os.path.join(run.output, PREPULL_FILE),
-        dict(run.prepull, node_names=nodes, image_names=images, pod_states=list_manifest(finished)),
+        file=sys.stderr,
+        flush=True,
     )
-    if not run.silent:
-        print(
-            f"Pre-pulled {plural(len(images), 'image')} on {plural(len(nodes), 'node')} in {seconds:.1f} s"
-            + (
-                f"; {len(failures)} of {len(pods)} pods failed: "
-                + "; ".join(f"{f['image']} on {f['node']}: {f['why']}" for f in failures[:3])
-                if failures
-                else ""
-            ),
-            file=sys.stderr,
-            flush=True,
-        )
 
 
 def wait_prepulled(run: RunContext, count: int, deadline: float) -> list[dict]:
@@ -10431,15 +10546,49 @@ def run_one_batch(run: RunContext, entry: BatchEntry) -> BatchOutcome:
     os.makedirs(batch_dir, exist_ok=True)
     manifests = run.plan.jobs[job_name]
     job_names = [manifest["metadata"]["name"] for manifest in manifests]
+    save_submitted_jobs(run, batch_dir, manifests)
+    # The client's own deadline, which bounds its watches from their start; its measures start
+    # at the submission, just before the create call.
+    client_deadline = time.monotonic() + run.settings.timeout + CLIENT_GRACE_SECONDS
+    watches = start_batch_watches(run, job_name, job_names, client_deadline)
+    follower = batch_follower(run, job_name, job_names, batch_dir, watches)
+    run.batch = batch = BatchEvidence(run, follower, batch_dir)
+    follower.submit(lambda: create_batch_jobs(run, manifests))
+    end = follower.follow(client_deadline)
+    wait = client_wait(follower, end)
+    evidence = batch.collect(job_name)
+    follower.stop_watches()
+    wait = wait._replace(
+        pods_read=pods_read(evidence.reading, follower.state.end_resource_version),
+        events_read=batch.events_read,
+    )
+    client_path = os.path.join(batch_dir, "client.json")
+    summary, wait = summarise_followed_batch(batch, end, evidence, wait, client_path)
+    assert (
+        follower.end_seen_monotonic is not None
+    )  # both summaries fail a batch whose end was not seen
+    wait = wait._replace(
+        episodes_summarised_while_waiting=summary.drafts_taken,
+        post_completion_seconds=rounded(time.monotonic() - follower.end_seen_monotonic),
+    )
+    write_json(client_path, wait.saved())
+    return BatchOutcome(entry, summary, wait.saved())
+
+
+def save_submitted_jobs(run: RunContext, batch_dir: str, manifests: Sequence[dict]) -> None:
+    """job-submitted.json: the batch's Job (a List of them when several, each checked first)."""
     write_json(
         os.path.join(batch_dir, "job-submitted.json"),
         manifests[0] if len(manifests) == 1 else list_manifest(manifests),
     )
     if len(manifests) > 1:
         check_jobs_accepted(run, manifests)
-    # The client's own deadline, which bounds its watches from their start; its measures start
-    # at the submission, just before the create call.
-    client_deadline = time.monotonic() + run.settings.timeout + CLIENT_GRACE_SECONDS
+
+
+def start_batch_watches(
+    run: RunContext, job_name: str, job_names: Sequence[str], client_deadline: float
+) -> WatchStream:
+    """The batch's watches with the pod watch started, and the API proxy open."""
     watches = WatchStream(run.kubectl, run.namespace, job_name, BatchJobs(job_name, job_names))
     # The pod watch first, so that it is listening by the time the Job's first pods are created
     # (and starts while the proxy does).
@@ -10449,12 +10598,19 @@ def run_one_batch(run: RunContext, entry: BatchEntry) -> BatchOutcome:
     except BaseException:
         watches.stop()
         raise
+    return watches
+
+
+def batch_follower(
+    run: RunContext, job_name: str, job_names: Sequence[str], batch_dir: str, watches: WatchStream
+) -> BatchFollower:
+    """What follows the batch, with its reward stream when it is a rollout."""
     rewards = (
         RewardStream(os.path.join(batch_dir, REWARDS_FILE), run.settings, run.on_reward, run.stop)
         if run.settings.rollout
         else None
     )
-    follower = BatchFollower(
+    return BatchFollower(
         run.kubectl,
         run.namespace,
         job_name,
@@ -10469,45 +10625,32 @@ def run_one_batch(run: RunContext, entry: BatchEntry) -> BatchOutcome:
         job_names,
         spare_held=run.owns_process,
     )
-    run.batch = batch = BatchEvidence(run, follower, batch_dir)
 
-    def create_jobs() -> dict:
-        """The batch's Jobs in order, each UID in the receipt at once; the batch starts with the first."""
-        created = []
-        for manifest in manifests:
-            created.append(create_object(run, manifest))
-            run.receipt.record_job(manifest["metadata"]["name"], created[-1]["metadata"]["uid"])
-        return created[0]
 
-    follower.submit(create_jobs)
-    end = follower.follow(client_deadline)
-    wait = client_wait(follower, end)
-    evidence = batch.collect(job_name)
-    follower.stop_watches()
-    wait = wait._replace(
-        pods_read=pods_read(evidence.reading, follower.state.end_resource_version),
-        events_read=batch.events_read,
-    )
-    summarise = rollout_summary if run.settings.rollout else verified_summary
-    client_path = os.path.join(batch_dir, "client.json")
+def create_batch_jobs(run: RunContext, manifests: Sequence[dict]) -> dict:
+    """The batch's Jobs in order, each UID in the receipt at once; the batch starts with the first."""
+    created = []
+    for manifest in manifests:
+        created.append(create_object(run, manifest))
+        run.receipt.record_job(manifest["metadata"]["name"], created[-1]["metadata"]["uid"])
+    return created[0]
+
+
+def summarise_followed_batch(
+    batch: BatchEvidence, end: str | None, evidence: Evidence, wait: ClientWait, client_path: str
+) -> tuple[BatchSummary, ClientWait]:
+    """The batch verified (or rolled out) and summarised; a rollout's wait takes its reward
+    deliveries, saved in client.json at once to be kept should the summary fail."""
+    summarise = rollout_summary if batch.settings.rollout else verified_summary
+    rewards = batch.follower.rewards
     try:
         summary = summarise(batch, end, evidence)
     finally:
         if rewards is not None:
             rewards.close()
             wait = wait._replace(reward_deliveries=[d.saved() for d in rewards.deliveries])
-            write_json(
-                client_path, wait.saved()
-            )  # kept, with the deliveries, should the summary fail
-    assert (
-        follower.end_seen_monotonic is not None
-    )  # both summaries fail a batch whose end was not seen
-    wait = wait._replace(
-        episodes_summarised_while_waiting=summary.drafts_taken,
-        post_completion_seconds=rounded(time.monotonic() - follower.end_seen_monotonic),
-    )
-    write_json(client_path, wait.saved())
-    return BatchOutcome(entry, summary, wait.saved())
+            write_json(client_path, wait.saved())
+    return summary, wait
 
 
 def check_jobs_accepted(run: RunContext, manifests: Sequence[dict]) -> None:
@@ -10926,8 +11069,40 @@ def release_output(output: str) -> bool:
 # --------------------------------------------------------------------------
 # src/rl_batch_demo/report.py: `report` and `compare`: saved files only, no cluster.
 
+class SavedBatch(NamedTuple):
+    """What a batch's directory holds, as its summary reads it."""
+
+    job: dict
+    pods: list[dict]
+    events: list[EventRecord]
+    logs: dict[str, str]  # pod name -> its log
+    client: dict  # client.json; empty when the run saved none
+
+
 def load_saved_batch(directory: str, entry: BatchEntry, settings: Settings) -> BatchOutcome:
     """Recompute one batch's summary from its saved files."""
+    saved = read_saved_batch(directory, entry)
+    check_saved_job_finished(saved, settings)
+    observed_path = os.path.join(directory, "observed.json")
+    observed = read_json(observed_path, "observed.json") if os.path.exists(observed_path) else {}
+    if settings.rollout:
+        summary = saved_rollout_summary(saved, settings, observed)
+    else:
+        summary = summarise_batch(
+            saved.job,
+            saved.pods,
+            saved.logs,
+            saved.events,
+            settings.count,
+            settings.builtin,
+            saved.client.get("observed_at"),
+            observed,
+        )
+    return BatchOutcome(entry, summary, saved.client or None)
+
+
+def read_saved_batch(directory: str, entry: BatchEntry) -> SavedBatch:
+    """The batch's Job, pods, events, logs and client.json; DemoError when it saved no job.json."""
     job_path = os.path.join(directory, "job.json")
     if not os.path.exists(job_path):
         raise DemoError(
@@ -10947,6 +11122,12 @@ def load_saved_batch(directory: str, entry: BatchEntry, settings: Settings) -> B
     }
     client_path = os.path.join(directory, "client.json")
     client = read_json(client_path, "client.json") if os.path.exists(client_path) else {}
+    return SavedBatch(job, pods, events, logs, client)
+
+
+def check_saved_job_finished(saved: SavedBatch, settings: Settings) -> None:
+    """DemoError when the saved Job never finished, or (all episodes must succeed) failed."""
+    job, pods, logs = saved.job, saved.pods, saved.logs
     end = job_finished(job)
     job_name = job["metadata"].get("name", JOB_NAME)
     if end is None:
@@ -10968,41 +11149,32 @@ def load_saved_batch(directory: str, entry: BatchEntry, settings: Settings) -> B
                 + describe_failure(job, pods, job_name, settings.timeout, logs)
             )
         )
-    observed_path = os.path.join(directory, "observed.json")
-    observed = read_json(observed_path, "observed.json") if os.path.exists(observed_path) else {}
-    if settings.rollout:
-        rows = episode_rows(
-            settings.count,
-            job,
-            pods,
-            logs,
-            settings.builtin,
-            settings.task_ids,
-            settings.group_size,
-            events,
-            group_images(settings),
+
+
+def saved_rollout_summary(saved: SavedBatch, settings: Settings, observed: dict) -> BatchSummary:
+    """A rollout batch's summary from its saved files, with its reward deliveries if it saved them."""
+    job, pods, events, logs, client = saved
+    rows = episode_rows(
+        settings.count,
+        job,
+        pods,
+        logs,
+        settings.builtin,
+        settings.task_ids,
+        settings.group_size,
+        events,
+        group_images(settings),
+    )
+    summary = summarise_rollout(
+        rows, job, pods, logs, events, settings, client.get("observed_at"), observed
+    )
+    if client.get("reward_deliveries") is not None:
+        deliveries = [Delivery(*record) for record in client["reward_deliveries"]]
+        summary.figures.update(
+            batch_delivery_figures(deliveries, split_observed(observed)[1], settings.need)
         )
-        summary = summarise_rollout(
-            rows, job, pods, logs, events, settings, client.get("observed_at"), observed
-        )
-        if client.get("reward_deliveries") is not None:
-            deliveries = [Delivery(*saved) for saved in client["reward_deliveries"]]
-            summary.figures.update(
-                batch_delivery_figures(deliveries, split_observed(observed)[1], settings.need)
-            )
-            summary.deliveries = [d.written_at for d in deliveries if d.success]
-    else:
-        summary = summarise_batch(
-            job,
-            pods,
-            logs,
-            events,
-            settings.count,
-            settings.builtin,
-            client.get("observed_at"),
-            observed,
-        )
-    return BatchOutcome(entry, summary, client or None)
+        summary.deliveries = [d.written_at for d in deliveries if d.success]
+    return summary
 
 
 def recompute(output: str) -> Results:
@@ -11102,32 +11274,101 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
         return super()._get_help_string(action) or ""
 
 
-def add_action(actions: Any, name: str, purpose: str, example: str) -> argparse.ArgumentParser:
-    """One subcommand whose help opens with its purpose and ends with an example."""
+def argument_set() -> argparse.ArgumentParser:
+    """An empty parent parser: arguments several actions take alike, or one group of an action's;
+    an action lists its sets as `parents`, in the order its help shows them."""
+    return argparse.ArgumentParser(add_help=False)
+
+
+def add_action(
+    actions: Any,
+    name: str,
+    purpose: str,
+    example: str,
+    argument_sets: Sequence[argparse.ArgumentParser],
+) -> argparse.ArgumentParser:
+    """One subcommand taking `argument_sets` in order, whose help opens with its purpose and ends
+    with an example."""
     return actions.add_parser(
         name,
         help=purpose,
         description=purpose[0].upper() + purpose[1:] + ".",
         epilog=f"example:\n  {program_name()} {name} {example}",
         formatter_class=HelpFormatter,
+        parents=argument_sets,
     )
 
 
-def add_run_directory(parser: argparse.ArgumentParser) -> None:
+def run_directory_arguments() -> argparse.ArgumentParser:
     """The run's output directory, named as DIR or as --output DIR: one way works everywhere."""
-    parser.add_argument("directory", nargs="?", metavar="DIR", help="the run's output directory")
-    parser.add_argument("--output", metavar="DIR", help="the same, as `run` names it")
+    arguments = argument_set()
+    arguments.add_argument("directory", nargs="?", metavar="DIR", help="the run's output directory")
+    arguments.add_argument("--output", metavar="DIR", help="the same, as `run` names it")
+    return arguments
 
 
-def add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    """`run`'s arguments: the batch, the cluster, what each episode runs, and how the run behaves."""
-    parser.add_argument(
+def context_arguments(said_first: str = "") -> argparse.ArgumentParser:
+    """--context, the kube context; `said_first` opens its help where it only goes with another option."""
+    arguments = argument_set()
+    arguments.add_argument(
+        "--context",
+        default=None,
+        metavar="NAME",
+        help=f"{said_first}kube context (default: the current context)",
+    )
+    return arguments
+
+
+def kubectl_arguments() -> argparse.ArgumentParser:
+    """--kubectl, the binary every action that reaches the cluster runs."""
+    arguments = argument_set()
+    arguments.add_argument("--kubectl", default="kubectl", metavar="PATH", help="kubectl binary")
+    return arguments
+
+
+def quiet_arguments(unsaid: str) -> argparse.ArgumentParser:
+    """--quiet, which keeps `unsaid` off stderr."""
+    arguments = argument_set()
+    arguments.add_argument("--quiet", action="store_true", help=f"no {unsaid} on stderr")
+    return arguments
+
+
+def verbose_arguments(
+    echoed: str = "every kubectl command line (and request through its proxy)",
+) -> argparse.ArgumentParser:
+    """--verbose, which echoes on stderr what the action runs (`list` runs no proxy)."""
+    arguments = argument_set()
+    arguments.add_argument("--verbose", action="store_true", help=f"echo {echoed} on stderr")
+    return arguments
+
+
+def run_arguments() -> list[argparse.ArgumentParser]:
+    """`run`'s arguments: the batch, the cluster, its bounds, what each episode runs, and how the
+    run behaves."""
+    return [
+        batch_shape_arguments(),
+        context_arguments(),
+        kubectl_arguments(),
+        bounds_arguments(),
+        episode_arguments(),
+        failure_arguments(),
+        image_pull_arguments(),
+        run_behaviour_arguments(),
+        quiet_arguments("progress"),
+        verbose_arguments(),
+    ]
+
+
+def batch_shape_arguments() -> argparse.ArgumentParser:
+    """`run`'s batch: where its records go, how many episodes, their image and their sandbox."""
+    arguments = argument_set()
+    arguments.add_argument(
         "--output",
         required=True,
         metavar="DIR",
         help="new directory for every record of the run (must not exist)",
     )
-    parser.add_argument(
+    arguments.add_argument(
         "--count",
         type=int,
         default=None,
@@ -11135,19 +11376,19 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"episodes (Job completions) (default: {DEFAULT_COUNT}; with --tasks, "
         f"the tasks times --group-size)",
     )
-    parser.add_argument(
+    arguments.add_argument(
         "--parallelism",
         type=int,
         default=None,
         metavar="P",
         help="episodes at once (default: the count)",
     )
-    parser.add_argument(
+    arguments.add_argument(
         "--image",
         default=DEFAULT_IMAGE,
         help="container image with python (a task's `image` field names its own)",
     )
-    parser.add_argument(
+    arguments.add_argument(
         "--image-map",
         action="append",
         default=None,
@@ -11156,20 +11397,19 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         "start with TO instead, e.g. docker.io/swebench=registry.internal/swebench (a "
         "mirror); repeatable, the longest FROM wins",
     )
-    parser.add_argument(
+    arguments.add_argument(
         "--runtime",
         default=DEFAULT_RUNTIME,
         metavar="RUNTIMECLASS",
         help="RuntimeClass that sandboxes each episode",
     )
-    parser.add_argument(
-        "--context",
-        default=None,
-        metavar="NAME",
-        help="kube context (default: the current context)",
-    )
-    parser.add_argument("--kubectl", default="kubectl", metavar="PATH", help="kubectl binary")
-    parser.add_argument(
+    return arguments
+
+
+def bounds_arguments() -> argparse.ArgumentParser:
+    """`run`'s bounds: the Job's deadline, the cap on episodes, the page size, the rounds."""
+    arguments = argument_set()
+    arguments.add_argument(
         "--timeout",
         type=positive_int,
         default=None,
@@ -11178,74 +11418,45 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         f"{CLIENT_GRACE_SECONDS} s later (default: {DEFAULT_JOB_DEADLINE_SECONDS}, "
         f"grown with the batch above {DEADLINE_GROWS_ABOVE_EPISODES} episodes)",
     )
-    parser.add_argument(
+    arguments.add_argument(
         "--max-episodes",
         type=positive_int,
         default=DEFAULT_MAX_EPISODES,
         metavar="N",
         help="safety cap on --count; raise it explicitly for large batches",
     )
-    parser.add_argument(
+    arguments.add_argument(
         "--chunk-size",
         type=positive_int,
         default=LIST_PAGE_SIZE,
         metavar="N",
         help="read lists (pods, events) in pages of N items, as kubectl --chunk-size",
     )
-    parser.add_argument(
+    arguments.add_argument(
         "--rounds",
         type=positive_int,
         default=1,
         metavar="R",
         help="measured batches, one after another in the same namespace",
     )
-    parser.add_argument(
+    arguments.add_argument(
         "--warmup",
         action="store_true",
         help="first run one unmeasured batch of the same shape (cache_state 'warmed')",
     )
-    add_episode_arguments(parser)
-    parser.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="print the objects that would be created as a v1 List; touch nothing",
-    )
-    parser.add_argument(
-        "--harden",
-        action="store_true",
-        help="deny all network traffic, read-only root filesystem, workspace size "
-        "limit, Pod Security 'restricted'",
-    )
-    parser.add_argument(
-        "--cleanup",
-        action="store_true",
-        help="after every file is saved, clean up as `cleanup` would",
-    )
-    parser.add_argument(
-        "--ttl",
-        type=duration_seconds,
-        default=None,
-        metavar="DURATION",
-        help="the run may be deleted this long after it starts (e.g. 30m, 2h), ended or not, "
-        "by `cleanup --stale`; recorded on its namespace",
-    )
-    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
-    parser.add_argument(
-        "--verbose",
-        action="store_true",
-        help="echo every kubectl command line (and request through its proxy) on stderr",
-    )
+    return arguments
 
 
-def add_episode_arguments(parser: argparse.ArgumentParser) -> None:
-    """What each episode of `run` runs: its program, its task, and which of its failures the batch accepts."""
-    parser.add_argument(
+def episode_arguments() -> argparse.ArgumentParser:
+    """What each episode of `run` runs: its program, and its task with the episodes per task."""
+    arguments = argument_set()
+    arguments.add_argument(
         "--episode-script",
         default=None,
         metavar="FILE",
         help="ship this episode program instead of the built-in one",
     )
-    parser.add_argument(
+    arguments.add_argument(
         "--tasks",
         default=None,
         metavar="FILE",
@@ -11254,14 +11465,20 @@ def add_episode_arguments(parser: argparse.ArgumentParser) -> None:
         f"line number, its `image` field its container image (one Job per image; default "
         f"--image). rewards.jsonl lists every episode's outcome",
     )
-    parser.add_argument(
+    arguments.add_argument(
         "--group-size",
         type=positive_int,
         default=1,
         metavar="G",
         help="episodes per task (GRPO-style groups); needs --tasks",
     )
-    parser.add_argument(
+    return arguments
+
+
+def failure_arguments() -> argparse.ArgumentParser:
+    """Which failures of its episodes `run` retries or accepts, and when it stops an episode."""
+    arguments = argument_set()
+    arguments.add_argument(
         "--retries",
         type=non_negative_int,
         default=None,
@@ -11270,7 +11487,7 @@ def add_episode_arguments(parser: argparse.ArgumentParser) -> None:
         "node loss, a killed container); an episode's own failure is never retried. "
         "Needs Kubernetes >= 1.33",
     )
-    parser.add_argument(
+    arguments.add_argument(
         "--allow-failures",
         type=non_negative_int,
         default=None,
@@ -11278,7 +11495,7 @@ def add_episode_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"accept up to K failed episodes: results.json and rewards.jsonl list them "
         f"with their class, and the run exits {EXIT_PARTIAL}. Needs Kubernetes >= 1.33",
     )
-    parser.add_argument(
+    arguments.add_argument(
         "--need",
         type=positive_int,
         default=None,
@@ -11290,7 +11507,7 @@ def add_episode_arguments(parser: argparse.ArgumentParser) -> None:
         "--warmup, nor with tasks of several images (each image's Job counts only its own "
         "successes). Needs Kubernetes >= 1.33",
     )
-    parser.add_argument(
+    arguments.add_argument(
         "--episode-timeout",
         type=positive_int,
         default=None,
@@ -11300,14 +11517,20 @@ def add_episode_arguments(parser: argparse.ArgumentParser) -> None:
         "and sandbox start included); an episode past it is an 'episode' failure and "
         "is never retried (so not with --retries)",
     )
-    parser.add_argument(
+    return arguments
+
+
+def image_pull_arguments() -> argparse.ArgumentParser:
+    """How `run` has its images pulled: all of them beforehand, and how long one may take."""
+    arguments = argument_set()
+    arguments.add_argument(
         "--prepull",
         action="store_true",
         help="before the measured batch, make every image of the run present on every node "
         "the batch can use (one short pod per node and image, in the run's namespace), "
         "measured apart as results.json's `prepull`; needs list nodes",
     )
-    parser.add_argument(
+    arguments.add_argument(
         "--pull-timeout",
         type=positive_int,
         default=None,
@@ -11319,20 +11542,61 @@ def add_episode_arguments(parser: argparse.ArgumentParser) -> None:
         "too (and retried under --retries): give S room for the longest episode as well; "
         "without it an image that never pulls holds its episode until the Job's --timeout",
     )
+    return arguments
 
 
-def add_cleanup_arguments(parser: argparse.ArgumentParser) -> None:
-    """`cleanup`'s arguments: the run's directory, and the kubectl that deletes."""
-    add_run_directory(parser)
-    parser.add_argument("--kubectl", default="kubectl", metavar="PATH", help="kubectl binary")
-    parser.add_argument(
+def run_behaviour_arguments() -> argparse.ArgumentParser:
+    """What `run` does to the cluster: nothing (--dry-run), hardened, and how its namespace ends."""
+    arguments = argument_set()
+    arguments.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the objects that would be created as a v1 List; touch nothing",
+    )
+    arguments.add_argument(
+        "--harden",
+        action="store_true",
+        help="deny all network traffic, read-only root filesystem, workspace size "
+        "limit, Pod Security 'restricted'",
+    )
+    arguments.add_argument(
+        "--cleanup",
+        action="store_true",
+        help="after every file is saved, clean up as `cleanup` would",
+    )
+    arguments.add_argument(
+        "--ttl",
+        type=duration_seconds,
+        default=None,
+        metavar="DURATION",
+        help="the run may be deleted this long after it starts (e.g. 30m, 2h), ended or not, "
+        "by `cleanup --stale`; recorded on its namespace",
+    )
+    return arguments
+
+
+def cleanup_arguments() -> list[argparse.ArgumentParser]:
+    """`cleanup`'s arguments: the run's directory, the kubectl that deletes, and --stale's own."""
+    return [
+        run_directory_arguments(),
+        kubectl_arguments(),
+        stale_arguments(),
+        context_arguments("with --stale: "),
+        verbose_arguments(),
+    ]
+
+
+def stale_arguments() -> argparse.ArgumentParser:
+    """How long `cleanup` waits, and --stale AGE with the options that go with it."""
+    arguments = argument_set()
+    arguments.add_argument(
         "--wait",
         type=positive_int,
         default=DELETE_WAIT_SECONDS,
         metavar="SECONDS",
         help="how long to wait for the Jobs, then the namespace, to disappear",
     )
-    parser.add_argument(
+    arguments.add_argument(
         "--stale",
         type=duration_seconds,
         default=None,
@@ -11341,60 +11605,53 @@ def add_cleanup_arguments(parser: argparse.ArgumentParser) -> None:
         "than AGE (e.g. 2h) whose Jobs have all ended (a run between two batches: once its last "
         "Job ended longer than AGE ago), and every run past its --ttl",
     )
-    parser.add_argument(
+    arguments.add_argument(
         "--all-users", action="store_true", help="with --stale: every user's runs, not only yours"
     )
-    parser.add_argument(
+    arguments.add_argument(
         "--dry-run",
         action="store_true",
         help="with --stale: say what would be deleted; delete nothing",
     )
-    parser.add_argument(
-        "--context",
-        default=None,
-        metavar="NAME",
-        help="with --stale: kube context (default: the current context)",
-    )
-    parser.add_argument(
-        "--verbose",
-        action="store_true",
-        help="echo every kubectl command line (and request through its proxy) on stderr",
-    )
+    return arguments
 
 
-def add_list_arguments(parser: argparse.ArgumentParser) -> None:
-    """`list`'s arguments: the cluster, and how to print."""
-    parser.add_argument(
+def list_arguments() -> list[argparse.ArgumentParser]:
+    """`list`'s arguments: how to print, and the cluster."""
+    return [
+        list_format_arguments(),
+        context_arguments(),
+        kubectl_arguments(),
+        verbose_arguments("every kubectl command line"),
+    ]
+
+
+def list_format_arguments() -> argparse.ArgumentParser:
+    """`list -o`: a table for people or JSON for scripts."""
+    arguments = argument_set()
+    arguments.add_argument(
         "-o",
         dest="format",
         choices=("table", "json"),
         default="table",
         help="one line per run, or a JSON list for scripts",
     )
-    parser.add_argument(
-        "--context",
-        default=None,
-        metavar="NAME",
-        help="kube context (default: the current context)",
-    )
-    parser.add_argument("--kubectl", default="kubectl", metavar="PATH", help="kubectl binary")
-    parser.add_argument(
-        "--verbose", action="store_true", help="echo every kubectl command line on stderr"
-    )
+    return arguments
 
 
-def add_report_arguments(parser: argparse.ArgumentParser) -> None:
-    """`report`'s arguments: the run's directory."""
-    add_run_directory(parser)
-    parser.add_argument("--quiet", action="store_true", help="no phase table on stderr")
+def report_arguments() -> list[argparse.ArgumentParser]:
+    """`report`'s arguments: the run's directory, and the phase table's --quiet."""
+    return [run_directory_arguments(), quiet_arguments("phase table")]
 
 
-def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
+def compare_arguments() -> list[argparse.ArgumentParser]:
     """`compare`'s arguments: the two runs."""
-    parser.add_argument("first", metavar="DIR_A", help="the first run's output directory (A)")
-    parser.add_argument(
+    arguments = argument_set()
+    arguments.add_argument("first", metavar="DIR_A", help="the first run's output directory (A)")
+    arguments.add_argument(
         "second", metavar="DIR_B", help="the second run's output directory (B; ratios are B/A)"
     )
+    return [arguments]
 
 
 def build_parser(
@@ -11410,43 +11667,41 @@ def build_parser(
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
-    add_run_arguments(
-        add_action(
-            actions,
-            "run",
-            "submit a batch of episodes, wait, verify and report",
-            "--output runs/first --count 10",
-        )
+    add_action(
+        actions,
+        "run",
+        "submit a batch of episodes, wait, verify and report",
+        "--output runs/first --count 10",
+        run_arguments(),
     )
-    add_cleanup_arguments(
-        add_action(
-            actions,
-            "cleanup",
-            "delete what the run's receipt proves it created; with --stale AGE, the runs of "
-            "this tool that ended longer than AGE ago, proven its own from the cluster alone",
-            "--output runs/first",
-        )
+    add_action(
+        actions,
+        "cleanup",
+        "delete what the run's receipt proves it created; with --stale AGE, the runs of "
+        "this tool that ended longer than AGE ago, proven its own from the cluster alone",
+        "--output runs/first",
+        cleanup_arguments(),
     )
-    add_list_arguments(
-        add_action(
-            actions,
-            "list",
-            "list the runs of this tool (and of the guide's script) in the context's cluster",
-            "-o json",
-        )
+    add_action(
+        actions,
+        "list",
+        "list the runs of this tool (and of the guide's script) in the context's cluster",
+        "-o json",
+        list_arguments(),
     )
-    add_report_arguments(
-        add_action(
-            actions, "report", "recompute and reprint a finished run from its files", "runs/first"
-        )
+    add_action(
+        actions,
+        "report",
+        "recompute and reprint a finished run from its files",
+        "runs/first",
+        report_arguments(),
     )
-    add_compare_arguments(
-        add_action(
-            actions,
-            "compare",
-            "print the key figures of two runs side by side, with ratios",
-            "runs/parallel runs/serial",
-        )
+    add_action(
+        actions,
+        "compare",
+        "print the key figures of two runs side by side, with ratios",
+        "runs/parallel runs/serial",
+        compare_arguments(),
     )
     for action_parser in actions.choices.values():
         action_parser.set_defaults(action_parser=action_parser)

@@ -66,32 +66,101 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
         return super()._get_help_string(action) or ""
 
 
-def add_action(actions: Any, name: str, purpose: str, example: str) -> argparse.ArgumentParser:
-    """One subcommand whose help opens with its purpose and ends with an example."""
+def argument_set() -> argparse.ArgumentParser:
+    """An empty parent parser: arguments several actions take alike, or one group of an action's;
+    an action lists its sets as `parents`, in the order its help shows them."""
+    return argparse.ArgumentParser(add_help=False)
+
+
+def add_action(
+    actions: Any,
+    name: str,
+    purpose: str,
+    example: str,
+    argument_sets: Sequence[argparse.ArgumentParser],
+) -> argparse.ArgumentParser:
+    """One subcommand taking `argument_sets` in order, whose help opens with its purpose and ends
+    with an example."""
     return actions.add_parser(
         name,
         help=purpose,
         description=purpose[0].upper() + purpose[1:] + ".",
         epilog=f"example:\n  {program_name()} {name} {example}",
         formatter_class=HelpFormatter,
+        parents=argument_sets,
     )
 
 
-def add_run_directory(parser: argparse.ArgumentParser) -> None:
+def run_directory_arguments() -> argparse.ArgumentParser:
     """The run's output directory, named as DIR or as --output DIR: one way works everywhere."""
-    parser.add_argument("directory", nargs="?", metavar="DIR", help="the run's output directory")
-    parser.add_argument("--output", metavar="DIR", help="the same, as `run` names it")
+    arguments = argument_set()
+    arguments.add_argument("directory", nargs="?", metavar="DIR", help="the run's output directory")
+    arguments.add_argument("--output", metavar="DIR", help="the same, as `run` names it")
+    return arguments
 
 
-def add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    """`run`'s arguments: the batch, the cluster, what each episode runs, and how the run behaves."""
-    parser.add_argument(
+def context_arguments(said_first: str = "") -> argparse.ArgumentParser:
+    """--context, the kube context; `said_first` opens its help where it only goes with another option."""
+    arguments = argument_set()
+    arguments.add_argument(
+        "--context",
+        default=None,
+        metavar="NAME",
+        help=f"{said_first}kube context (default: the current context)",
+    )
+    return arguments
+
+
+def kubectl_arguments() -> argparse.ArgumentParser:
+    """--kubectl, the binary every action that reaches the cluster runs."""
+    arguments = argument_set()
+    arguments.add_argument("--kubectl", default="kubectl", metavar="PATH", help="kubectl binary")
+    return arguments
+
+
+def quiet_arguments(unsaid: str) -> argparse.ArgumentParser:
+    """--quiet, which keeps `unsaid` off stderr."""
+    arguments = argument_set()
+    arguments.add_argument("--quiet", action="store_true", help=f"no {unsaid} on stderr")
+    return arguments
+
+
+def verbose_arguments(
+    echoed: str = "every kubectl command line (and request through its proxy)",
+) -> argparse.ArgumentParser:
+    """--verbose, which echoes on stderr what the action runs (`list` runs no proxy)."""
+    arguments = argument_set()
+    arguments.add_argument("--verbose", action="store_true", help=f"echo {echoed} on stderr")
+    return arguments
+
+
+def run_arguments() -> list[argparse.ArgumentParser]:
+    """`run`'s arguments: the batch, the cluster, its bounds, what each episode runs, and how the
+    run behaves."""
+    return [
+        batch_shape_arguments(),
+        context_arguments(),
+        kubectl_arguments(),
+        bounds_arguments(),
+        episode_arguments(),
+        failure_arguments(),
+        image_pull_arguments(),
+        run_behaviour_arguments(),
+        quiet_arguments("progress"),
+        verbose_arguments(),
+    ]
+
+
+def batch_shape_arguments() -> argparse.ArgumentParser:
+    """`run`'s batch: where its records go, how many episodes, their image and their sandbox."""
+    arguments = argument_set()
+    arguments.add_argument(
         "--output",
         required=True,
         metavar="DIR",
         help="new directory for every record of the run (must not exist)",
     )
-    parser.add_argument(
+    arguments.add_argument(
         "--count",
         type=int,
         default=None,
@@ -99,19 +168,19 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"episodes (Job completions) (default: {DEFAULT_COUNT}; with --tasks, "
         f"the tasks times --group-size)",
     )
-    parser.add_argument(
+    arguments.add_argument(
         "--parallelism",
         type=int,
         default=None,
         metavar="P",
         help="episodes at once (default: the count)",
     )
-    parser.add_argument(
+    arguments.add_argument(
         "--image",
         default=DEFAULT_IMAGE,
         help="container image with python (a task's `image` field names its own)",
     )
-    parser.add_argument(
+    arguments.add_argument(
         "--image-map",
         action="append",
         default=None,
@@ -120,20 +189,19 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         "start with TO instead, e.g. docker.io/swebench=registry.internal/swebench (a "
         "mirror); repeatable, the longest FROM wins",
     )
-    parser.add_argument(
+    arguments.add_argument(
         "--runtime",
         default=DEFAULT_RUNTIME,
         metavar="RUNTIMECLASS",
         help="RuntimeClass that sandboxes each episode",
     )
-    parser.add_argument(
-        "--context",
-        default=None,
-        metavar="NAME",
-        help="kube context (default: the current context)",
-    )
-    parser.add_argument("--kubectl", default="kubectl", metavar="PATH", help="kubectl binary")
-    parser.add_argument(
+    return arguments
+
+
+def bounds_arguments() -> argparse.ArgumentParser:
+    """`run`'s bounds: the Job's deadline, the cap on episodes, the page size, the rounds."""
+    arguments = argument_set()
+    arguments.add_argument(
         "--timeout",
         type=positive_int,
         default=None,
@@ -142,74 +210,45 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         f"{CLIENT_GRACE_SECONDS} s later (default: {DEFAULT_JOB_DEADLINE_SECONDS}, "
         f"grown with the batch above {DEADLINE_GROWS_ABOVE_EPISODES} episodes)",
     )
-    parser.add_argument(
+    arguments.add_argument(
         "--max-episodes",
         type=positive_int,
         default=DEFAULT_MAX_EPISODES,
         metavar="N",
         help="safety cap on --count; raise it explicitly for large batches",
     )
-    parser.add_argument(
+    arguments.add_argument(
         "--chunk-size",
         type=positive_int,
         default=LIST_PAGE_SIZE,
         metavar="N",
         help="read lists (pods, events) in pages of N items, as kubectl --chunk-size",
     )
-    parser.add_argument(
+    arguments.add_argument(
         "--rounds",
         type=positive_int,
         default=1,
         metavar="R",
         help="measured batches, one after another in the same namespace",
     )
-    parser.add_argument(
+    arguments.add_argument(
         "--warmup",
         action="store_true",
         help="first run one unmeasured batch of the same shape (cache_state 'warmed')",
     )
-    add_episode_arguments(parser)
-    parser.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="print the objects that would be created as a v1 List; touch nothing",
-    )
-    parser.add_argument(
-        "--harden",
-        action="store_true",
-        help="deny all network traffic, read-only root filesystem, workspace size "
-        "limit, Pod Security 'restricted'",
-    )
-    parser.add_argument(
-        "--cleanup",
-        action="store_true",
-        help="after every file is saved, clean up as `cleanup` would",
-    )
-    parser.add_argument(
-        "--ttl",
-        type=duration_seconds,
-        default=None,
-        metavar="DURATION",
-        help="the run may be deleted this long after it starts (e.g. 30m, 2h), ended or not, "
-        "by `cleanup --stale`; recorded on its namespace",
-    )
-    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
-    parser.add_argument(
-        "--verbose",
-        action="store_true",
-        help="echo every kubectl command line (and request through its proxy) on stderr",
-    )
+    return arguments
 
 
-def add_episode_arguments(parser: argparse.ArgumentParser) -> None:
-    """What each episode of `run` runs: its program, its task, and which of its failures the batch accepts."""
-    parser.add_argument(
+def episode_arguments() -> argparse.ArgumentParser:
+    """What each episode of `run` runs: its program, and its task with the episodes per task."""
+    arguments = argument_set()
+    arguments.add_argument(
         "--episode-script",
         default=None,
         metavar="FILE",
         help="ship this episode program instead of the built-in one",
     )
-    parser.add_argument(
+    arguments.add_argument(
         "--tasks",
         default=None,
         metavar="FILE",
@@ -218,14 +257,20 @@ def add_episode_arguments(parser: argparse.ArgumentParser) -> None:
         f"line number, its `image` field its container image (one Job per image; default "
         f"--image). rewards.jsonl lists every episode's outcome",
     )
-    parser.add_argument(
+    arguments.add_argument(
         "--group-size",
         type=positive_int,
         default=1,
         metavar="G",
         help="episodes per task (GRPO-style groups); needs --tasks",
     )
-    parser.add_argument(
+    return arguments
+
+
+def failure_arguments() -> argparse.ArgumentParser:
+    """Which failures of its episodes `run` retries or accepts, and when it stops an episode."""
+    arguments = argument_set()
+    arguments.add_argument(
         "--retries",
         type=non_negative_int,
         default=None,
@@ -234,7 +279,7 @@ def add_episode_arguments(parser: argparse.ArgumentParser) -> None:
         "node loss, a killed container); an episode's own failure is never retried. "
         "Needs Kubernetes >= 1.33",
     )
-    parser.add_argument(
+    arguments.add_argument(
         "--allow-failures",
         type=non_negative_int,
         default=None,
@@ -242,7 +287,7 @@ def add_episode_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"accept up to K failed episodes: results.json and rewards.jsonl list them "
         f"with their class, and the run exits {EXIT_PARTIAL}. Needs Kubernetes >= 1.33",
     )
-    parser.add_argument(
+    arguments.add_argument(
         "--need",
         type=positive_int,
         default=None,
@@ -254,7 +299,7 @@ def add_episode_arguments(parser: argparse.ArgumentParser) -> None:
         "--warmup, nor with tasks of several images (each image's Job counts only its own "
         "successes). Needs Kubernetes >= 1.33",
     )
-    parser.add_argument(
+    arguments.add_argument(
         "--episode-timeout",
         type=positive_int,
         default=None,
@@ -264,14 +309,20 @@ def add_episode_arguments(parser: argparse.ArgumentParser) -> None:
         "and sandbox start included); an episode past it is an 'episode' failure and "
         "is never retried (so not with --retries)",
     )
-    parser.add_argument(
+    return arguments
+
+
+def image_pull_arguments() -> argparse.ArgumentParser:
+    """How `run` has its images pulled: all of them beforehand, and how long one may take."""
+    arguments = argument_set()
+    arguments.add_argument(
         "--prepull",
         action="store_true",
         help="before the measured batch, make every image of the run present on every node "
         "the batch can use (one short pod per node and image, in the run's namespace), "
         "measured apart as results.json's `prepull`; needs list nodes",
     )
-    parser.add_argument(
+    arguments.add_argument(
         "--pull-timeout",
         type=positive_int,
         default=None,
@@ -283,20 +334,61 @@ def add_episode_arguments(parser: argparse.ArgumentParser) -> None:
         "too (and retried under --retries): give S room for the longest episode as well; "
         "without it an image that never pulls holds its episode until the Job's --timeout",
     )
+    return arguments
 
 
-def add_cleanup_arguments(parser: argparse.ArgumentParser) -> None:
-    """`cleanup`'s arguments: the run's directory, and the kubectl that deletes."""
-    add_run_directory(parser)
-    parser.add_argument("--kubectl", default="kubectl", metavar="PATH", help="kubectl binary")
-    parser.add_argument(
+def run_behaviour_arguments() -> argparse.ArgumentParser:
+    """What `run` does to the cluster: nothing (--dry-run), hardened, and how its namespace ends."""
+    arguments = argument_set()
+    arguments.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the objects that would be created as a v1 List; touch nothing",
+    )
+    arguments.add_argument(
+        "--harden",
+        action="store_true",
+        help="deny all network traffic, read-only root filesystem, workspace size "
+        "limit, Pod Security 'restricted'",
+    )
+    arguments.add_argument(
+        "--cleanup",
+        action="store_true",
+        help="after every file is saved, clean up as `cleanup` would",
+    )
+    arguments.add_argument(
+        "--ttl",
+        type=duration_seconds,
+        default=None,
+        metavar="DURATION",
+        help="the run may be deleted this long after it starts (e.g. 30m, 2h), ended or not, "
+        "by `cleanup --stale`; recorded on its namespace",
+    )
+    return arguments
+
+
+def cleanup_arguments() -> list[argparse.ArgumentParser]:
+    """`cleanup`'s arguments: the run's directory, the kubectl that deletes, and --stale's own."""
+    return [
+        run_directory_arguments(),
+        kubectl_arguments(),
+        stale_arguments(),
+        context_arguments("with --stale: "),
+        verbose_arguments(),
+    ]
+
+
+def stale_arguments() -> argparse.ArgumentParser:
+    """How long `cleanup` waits, and --stale AGE with the options that go with it."""
+    arguments = argument_set()
+    arguments.add_argument(
         "--wait",
         type=positive_int,
         default=DELETE_WAIT_SECONDS,
         metavar="SECONDS",
         help="how long to wait for the Jobs, then the namespace, to disappear",
     )
-    parser.add_argument(
+    arguments.add_argument(
         "--stale",
         type=duration_seconds,
         default=None,
@@ -305,60 +397,53 @@ def add_cleanup_arguments(parser: argparse.ArgumentParser) -> None:
         "than AGE (e.g. 2h) whose Jobs have all ended (a run between two batches: once its last "
         "Job ended longer than AGE ago), and every run past its --ttl",
     )
-    parser.add_argument(
+    arguments.add_argument(
         "--all-users", action="store_true", help="with --stale: every user's runs, not only yours"
     )
-    parser.add_argument(
+    arguments.add_argument(
         "--dry-run",
         action="store_true",
         help="with --stale: say what would be deleted; delete nothing",
     )
-    parser.add_argument(
-        "--context",
-        default=None,
-        metavar="NAME",
-        help="with --stale: kube context (default: the current context)",
-    )
-    parser.add_argument(
-        "--verbose",
-        action="store_true",
-        help="echo every kubectl command line (and request through its proxy) on stderr",
-    )
+    return arguments
 
 
-def add_list_arguments(parser: argparse.ArgumentParser) -> None:
-    """`list`'s arguments: the cluster, and how to print."""
-    parser.add_argument(
+def list_arguments() -> list[argparse.ArgumentParser]:
+    """`list`'s arguments: how to print, and the cluster."""
+    return [
+        list_format_arguments(),
+        context_arguments(),
+        kubectl_arguments(),
+        verbose_arguments("every kubectl command line"),
+    ]
+
+
+def list_format_arguments() -> argparse.ArgumentParser:
+    """`list -o`: a table for people or JSON for scripts."""
+    arguments = argument_set()
+    arguments.add_argument(
         "-o",
         dest="format",
         choices=("table", "json"),
         default="table",
         help="one line per run, or a JSON list for scripts",
     )
-    parser.add_argument(
-        "--context",
-        default=None,
-        metavar="NAME",
-        help="kube context (default: the current context)",
-    )
-    parser.add_argument("--kubectl", default="kubectl", metavar="PATH", help="kubectl binary")
-    parser.add_argument(
-        "--verbose", action="store_true", help="echo every kubectl command line on stderr"
-    )
+    return arguments
 
 
-def add_report_arguments(parser: argparse.ArgumentParser) -> None:
-    """`report`'s arguments: the run's directory."""
-    add_run_directory(parser)
-    parser.add_argument("--quiet", action="store_true", help="no phase table on stderr")
+def report_arguments() -> list[argparse.ArgumentParser]:
+    """`report`'s arguments: the run's directory, and the phase table's --quiet."""
+    return [run_directory_arguments(), quiet_arguments("phase table")]
 
 
-def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
+def compare_arguments() -> list[argparse.ArgumentParser]:
     """`compare`'s arguments: the two runs."""
-    parser.add_argument("first", metavar="DIR_A", help="the first run's output directory (A)")
-    parser.add_argument(
+    arguments = argument_set()
+    arguments.add_argument("first", metavar="DIR_A", help="the first run's output directory (A)")
+    arguments.add_argument(
         "second", metavar="DIR_B", help="the second run's output directory (B; ratios are B/A)"
     )
+    return [arguments]
 
 
 def build_parser(
@@ -374,43 +459,41 @@ def build_parser(
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
-    add_run_arguments(
-        add_action(
-            actions,
-            "run",
-            "submit a batch of episodes, wait, verify and report",
-            "--output runs/first --count 10",
-        )
+    add_action(
+        actions,
+        "run",
+        "submit a batch of episodes, wait, verify and report",
+        "--output runs/first --count 10",
+        run_arguments(),
     )
-    add_cleanup_arguments(
-        add_action(
-            actions,
-            "cleanup",
-            "delete what the run's receipt proves it created; with --stale AGE, the runs of "
-            "this tool that ended longer than AGE ago, proven its own from the cluster alone",
-            "--output runs/first",
-        )
+    add_action(
+        actions,
+        "cleanup",
+        "delete what the run's receipt proves it created; with --stale AGE, the runs of "
+        "this tool that ended longer than AGE ago, proven its own from the cluster alone",
+        "--output runs/first",
+        cleanup_arguments(),
     )
-    add_list_arguments(
-        add_action(
-            actions,
-            "list",
-            "list the runs of this tool (and of the guide's script) in the context's cluster",
-            "-o json",
-        )
+    add_action(
+        actions,
+        "list",
+        "list the runs of this tool (and of the guide's script) in the context's cluster",
+        "-o json",
+        list_arguments(),
     )
-    add_report_arguments(
-        add_action(
-            actions, "report", "recompute and reprint a finished run from its files", "runs/first"
-        )
+    add_action(
+        actions,
+        "report",
+        "recompute and reprint a finished run from its files",
+        "runs/first",
+        report_arguments(),
     )
-    add_compare_arguments(
-        add_action(
-            actions,
-            "compare",
-            "print the key figures of two runs side by side, with ratios",
-            "runs/parallel runs/serial",
-        )
+    add_action(
+        actions,
+        "compare",
+        "print the key figures of two runs side by side, with ratios",
+        "runs/parallel runs/serial",
+        compare_arguments(),
     )
     for action_parser in actions.choices.values():
         action_parser.set_defaults(action_parser=action_parser)

@@ -49,37 +49,70 @@ def cleanup_namespace(
     """Delete the run's Jobs and namespace, only after proving both are the run's own."""
     report = report or sys.stdout
     namespace = receipt.namespace
+    live = live_namespace(kubectl, receipt)
+    if live is None:
+        say_namespace_absent(receipt, report)
+        return
+    check_namespace_owned(receipt, live)
+    delete_proven_jobs(kubectl, receipt, wait_seconds)
+    kubectl.delete(
+        "namespace",
+        namespace,
+        None,
+        "--wait=false",
+        retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
+    )
+    stuck = wait_gone(kubectl, "namespace", namespace, None, wait_seconds)
+    if stuck is not None:
+        raise namespace_stuck(namespace, stuck, receipt.context, wait_seconds)
+    print(f"Deleted test namespace: {namespace}", file=report, flush=True)
+
+
+def live_namespace(kubectl: Kubectl, receipt: Receipt) -> dict | None:
+    """The receipt's namespace as the cluster has it now, None when absent; DemoError when the
+    cluster cannot be reached (nothing deleted)."""
     try:
-        live = kubectl.get(
+        return kubectl.get(
             "namespace",
-            namespace,
+            receipt.namespace,
             missing_ok=True,
             retry_until=time.monotonic() + FIRST_CONTACT_RETRY_SECONDS,
         )
     except KubectlError as error:
         raise DemoError(
             f"cannot reach the cluster of context {receipt.context!r} to look up "
-            f"namespace {namespace}: {error}; nothing was deleted"
+            f"namespace {receipt.namespace}: {error}; nothing was deleted"
         ) from None
-    if live is None:
-        print(
-            "Namespace already absent", file=report, flush=True
-        )  # the guide's words, as it prints them
-        # Which one, beside the results' stream: run twice, cleanup names what it found gone.
-        print(
-            f"({namespace} in context {receipt.context}: nothing to delete)",
-            file=sys.stderr if report is sys.stdout else report,
-            flush=True,
-        )
-        return
+
+
+def say_namespace_absent(receipt: Receipt, report: TextIO) -> None:
+    """The namespace was already gone: the guide's words on `report`, which one beside them."""
+    print(
+        "Namespace already absent", file=report, flush=True
+    )  # the guide's words, as it prints them
+    # Which one, beside the results' stream: run twice, cleanup names what it found gone.
+    print(
+        f"({receipt.namespace} in context {receipt.context}: nothing to delete)",
+        file=sys.stderr if report is sys.stdout else report,
+        flush=True,
+    )
+
+
+def check_namespace_owned(receipt: Receipt, live: dict) -> None:
+    """DemoError (nothing deleted) unless the live namespace is the one the receipt recorded."""
     # Only a UID the run recorded proves the namespace its own: the label alone could be copied.
     if not receipt.namespace_uid or not receipt.owns_namespace(live):
         label = (live["metadata"].get("labels") or {}).get(RUN_LABEL)
         raise DemoError(
-            f"refusing to delete namespace {namespace}: its UID {live['metadata'].get('uid')} / label "
+            f"refusing to delete namespace {receipt.namespace}: its UID {live['metadata'].get('uid')} / label "
             f"{RUN_LABEL}={label} do not match the receipt ({receipt.namespace_uid} / {receipt.run_id}); "
             f"nothing was deleted"
         )
+
+
+def delete_proven_jobs(kubectl: Kubectl, receipt: Receipt, wait_seconds: float) -> None:
+    """Delete the run's Jobs, each proven by the receipt's UID, and wait until each is gone."""
+    namespace = receipt.namespace
     retry_until = time.monotonic() + CALL_TIMEOUT_SECONDS
     jobs = proven_jobs(kubectl, receipt, retry_until)
     for name in jobs:
@@ -93,17 +126,6 @@ def cleanup_namespace(
                 f"inspect it with: kubectl --context {receipt.context} get job {name} "
                 f"-n {namespace} -o yaml"
             )
-    kubectl.delete(
-        "namespace",
-        namespace,
-        None,
-        "--wait=false",
-        retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
-    )
-    stuck = wait_gone(kubectl, "namespace", namespace, None, wait_seconds)
-    if stuck is not None:
-        raise namespace_stuck(namespace, stuck, receipt.context, wait_seconds)
-    print(f"Deleted test namespace: {namespace}", file=report, flush=True)
 
 
 def proven_jobs(kubectl: Kubectl, receipt: Receipt, retry_until: float) -> list[str]:

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import NamedTuple
 
 from .constants import JOB_NAME, PREPULL_FILE, RESULTS_FILE, SETTINGS_FILE
 from .model import BatchEntry, DemoError, Settings
 from .files import Receipt, read_json, read_text
-from .parse import event_records, job_finished, pod_name
+from .parse import EventRecord, event_records, job_finished, pod_name
 from .timing import split_observed
 from .outcomes import Delivery, episode_rows, group_images
-from .summary import summarise_batch
+from .summary import BatchSummary, summarise_batch
 from .render import compare_table
 from .watch import saved_batch_job
 from .results import (
@@ -25,8 +26,40 @@ from .results import (
 from .run import print_results
 
 
+class SavedBatch(NamedTuple):
+    """What a batch's directory holds, as its summary reads it."""
+
+    job: dict
+    pods: list[dict]
+    events: list[EventRecord]
+    logs: dict[str, str]  # pod name -> its log
+    client: dict  # client.json; empty when the run saved none
+
+
 def load_saved_batch(directory: str, entry: BatchEntry, settings: Settings) -> BatchOutcome:
     """Recompute one batch's summary from its saved files."""
+    saved = read_saved_batch(directory, entry)
+    check_saved_job_finished(saved, settings)
+    observed_path = os.path.join(directory, "observed.json")
+    observed = read_json(observed_path, "observed.json") if os.path.exists(observed_path) else {}
+    if settings.rollout:
+        summary = saved_rollout_summary(saved, settings, observed)
+    else:
+        summary = summarise_batch(
+            saved.job,
+            saved.pods,
+            saved.logs,
+            saved.events,
+            settings.count,
+            settings.builtin,
+            saved.client.get("observed_at"),
+            observed,
+        )
+    return BatchOutcome(entry, summary, saved.client or None)
+
+
+def read_saved_batch(directory: str, entry: BatchEntry) -> SavedBatch:
+    """The batch's Job, pods, events, logs and client.json; DemoError when it saved no job.json."""
     job_path = os.path.join(directory, "job.json")
     if not os.path.exists(job_path):
         raise DemoError(
@@ -46,6 +79,12 @@ def load_saved_batch(directory: str, entry: BatchEntry, settings: Settings) -> B
     }
     client_path = os.path.join(directory, "client.json")
     client = read_json(client_path, "client.json") if os.path.exists(client_path) else {}
+    return SavedBatch(job, pods, events, logs, client)
+
+
+def check_saved_job_finished(saved: SavedBatch, settings: Settings) -> None:
+    """DemoError when the saved Job never finished, or (all episodes must succeed) failed."""
+    job, pods, logs = saved.job, saved.pods, saved.logs
     end = job_finished(job)
     job_name = job["metadata"].get("name", JOB_NAME)
     if end is None:
@@ -67,41 +106,32 @@ def load_saved_batch(directory: str, entry: BatchEntry, settings: Settings) -> B
                 + describe_failure(job, pods, job_name, settings.timeout, logs)
             )
         )
-    observed_path = os.path.join(directory, "observed.json")
-    observed = read_json(observed_path, "observed.json") if os.path.exists(observed_path) else {}
-    if settings.rollout:
-        rows = episode_rows(
-            settings.count,
-            job,
-            pods,
-            logs,
-            settings.builtin,
-            settings.task_ids,
-            settings.group_size,
-            events,
-            group_images(settings),
+
+
+def saved_rollout_summary(saved: SavedBatch, settings: Settings, observed: dict) -> BatchSummary:
+    """A rollout batch's summary from its saved files, with its reward deliveries if it saved them."""
+    job, pods, events, logs, client = saved
+    rows = episode_rows(
+        settings.count,
+        job,
+        pods,
+        logs,
+        settings.builtin,
+        settings.task_ids,
+        settings.group_size,
+        events,
+        group_images(settings),
+    )
+    summary = summarise_rollout(
+        rows, job, pods, logs, events, settings, client.get("observed_at"), observed
+    )
+    if client.get("reward_deliveries") is not None:
+        deliveries = [Delivery(*record) for record in client["reward_deliveries"]]
+        summary.figures.update(
+            batch_delivery_figures(deliveries, split_observed(observed)[1], settings.need)
         )
-        summary = summarise_rollout(
-            rows, job, pods, logs, events, settings, client.get("observed_at"), observed
-        )
-        if client.get("reward_deliveries") is not None:
-            deliveries = [Delivery(*saved) for saved in client["reward_deliveries"]]
-            summary.figures.update(
-                batch_delivery_figures(deliveries, split_observed(observed)[1], settings.need)
-            )
-            summary.deliveries = [d.written_at for d in deliveries if d.success]
-    else:
-        summary = summarise_batch(
-            job,
-            pods,
-            logs,
-            events,
-            settings.count,
-            settings.builtin,
-            client.get("observed_at"),
-            observed,
-        )
-    return BatchOutcome(entry, summary, client or None)
+        summary.deliveries = [d.written_at for d in deliveries if d.success]
+    return summary
 
 
 def recompute(output: str) -> Results:

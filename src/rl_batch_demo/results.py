@@ -165,17 +165,31 @@ def verified_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) 
 def rollout_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) -> BatchSummary:
     """Write rewards.jsonl with every episode; accept the batch if its failures are within
     --allow-failures, and summarise its successful episodes."""
+    rows = rollout_rows(batch, evidence)
+    failures = [row for row in rows if is_failure(row)]
+    job = finished_rollout_job(batch, end, evidence)
+    summary = summarised_rollout(batch, rows, job, evidence)
+    rewards = batch.follower.rewards
+    if rewards is not None:
+        summary.figures.update(
+            batch_delivery_figures(
+                rewards.deliveries, batch.follower.state.job_observed, batch.settings.need
+            )
+        )
+        summary.deliveries = [d.written_at for d in rewards.deliveries if d.success]
+    if not batch.silent:  # a quiet Python caller reads all of it in the results
+        say_rollout_outcome(batch, summary, failures)
+    return summary
+
+
+def rollout_rows(batch: BatchEvidence, evidence: Evidence) -> list[dict]:
+    """Every episode's row, and rewards.jsonl with them all (the reward stream finishes its own)."""
     job, reading, logs, events = evidence
-    settings, pods, count, job_name = (
-        batch.settings,
-        reading.pods,
-        batch.settings.count,
-        batch.follower.job_name,
-    )
+    settings, follower = batch.settings, batch.follower
     rows = episode_rows(
-        count,
+        settings.count,
         job or {"metadata": {}},
-        pods,
+        reading.pods,
         logs,
         settings.builtin,
         settings.task_ids,
@@ -183,19 +197,27 @@ def rollout_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) -
         events,
         group_images(settings),
     )
-    follower = batch.follower
     if follower.rewards is not None:
-        rows = follower.rewards.finish(rows, pods, logs, follower.state.observed)
-    else:
-        write_text(os.path.join(batch.batch_dir, REWARDS_FILE), rewards_jsonl(rows))
-    failures = [row for row in rows if is_failure(row)]
-    said = failures_said(failures)
+        return follower.rewards.finish(rows, reading.pods, logs, follower.state.observed)
+    write_text(os.path.join(batch.batch_dir, REWARDS_FILE), rewards_jsonl(rows))
+    return rows
+
+
+def finished_rollout_job(batch: BatchEvidence, end: str | None, evidence: Evidence) -> dict:
+    """The rollout batch's Job, once it finished and every pod was seen; else DemoError saying
+    what was saved."""
+    job, reading, logs, events = evidence
+    settings, pods = batch.settings, reading.pods
     if end is None or job is None:
         raise DemoError(
             "\n  ".join(
                 ["Job did not finish; inspect saved status/events/logs, then cleanup"]
                 + describe_failure(
-                    job, pods, job_name, settings.timeout + CLIENT_GRACE_SECONDS, logs
+                    job,
+                    pods,
+                    batch.follower.job_name,
+                    settings.timeout + CLIENT_GRACE_SECONDS,
+                    logs,
                 )
                 + [
                     f"{REWARDS_FILE} lists every episode as last seen",
@@ -203,21 +225,30 @@ def rollout_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) -
                 ]
             )
         )
-    if reading.source == "watch" and len(pods) < count:
+    if reading.source == "watch" and len(pods) < settings.count:
         raise DemoError(
             f"cannot verify the batch: the pods could not be listed and the pod watch saw "
-            f"only {len(pods)} of {count}"
+            f"only {len(pods)} of {settings.count}"
         )
+    return job
+
+
+def summarised_rollout(
+    batch: BatchEvidence, rows: Sequence[dict], job: dict, evidence: Evidence
+) -> BatchSummary:
+    """summarise_rollout over the batch's evidence; a batch it refuses says where the rest is."""
+    _, reading, logs, events = evidence
+    follower = batch.follower
     try:
-        summary = summarise_rollout(
+        return summarise_rollout(
             rows,
             job,
-            pods,
+            reading.pods,
             logs,
             events,
-            settings,
-            batch.follower.end_seen_wall,
-            batch.follower.observations(),
+            batch.settings,
+            follower.end_seen_wall,
+            follower.observations(),
             batch.spelling,
             follower.drafts.drafts if follower.drafts else None,
             batch.event_index(),
@@ -225,18 +256,17 @@ def rollout_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) -
     except DemoError as error:
         raise DemoError(
             f"{error}\n  {REWARDS_FILE} lists every episode with its class; "
-            f"{saved_evidence(job, pods, logs, events)}"
+            f"{saved_evidence(job, reading.pods, logs, events)}"
         ) from None
-    if follower.rewards is not None:
-        summary.figures.update(
-            batch_delivery_figures(
-                follower.rewards.deliveries, follower.state.job_observed, settings.need
-            )
-        )
-        summary.deliveries = [d.written_at for d in follower.rewards.deliveries if d.success]
+
+
+def say_rollout_outcome(
+    batch: BatchEvidence, summary: BatchSummary, failures: Sequence[dict]
+) -> None:
+    """On stderr: how --need was met, and which failures the batch accepted."""
+    settings, count = batch.settings, batch.settings.count
     cancelled = summary.figures.get("cancelled_episodes") or 0
-    if batch.silent:  # a quiet Python caller reads all of it in the results
-        return summary
+    said = failures_said(failures)
     need = batch.spelling.setting("need", settings.need)
     if settings.need is not None:
         print(
@@ -259,7 +289,6 @@ def rollout_summary(batch: BatchEvidence, end: str | None, evidence: Evidence) -
             ),
             file=sys.stderr,
         )
-    return summary
 
 
 def batch_delivery_figures(
@@ -355,9 +384,38 @@ def summarise_rollout(
 ) -> BatchSummary:
     """A rollout batch's summary: the figures of its successful episodes, with failures, attempts and
     groups; DemoError when more episodes failed than --allow-failures accepts, or all did. Pure."""
-    failures = [row for row in rows if is_failure(row)]
     need = settings.need
     allowed = len(rows) - need if need is not None else settings.allow_failures or 0
+    check_rollout_accepted(rows, need, allowed, spelling)
+    successes = {row["pod"] for row in rows if row["failure_class"] is None}
+    by_name = {pod_name(pod): pod for pod in pods}
+    summary = summarise_batch(
+        job,
+        [pod for pod in pods if pod_name(pod) in successes],
+        logs,
+        events,
+        len(successes),
+        settings.builtin,
+        end_seen_at,
+        observed,
+        # Cancelled episodes too: the timeline draws every episode.
+        [(by_name.get(row["pod"]), row) for row in rows if row["failure_class"] is not None],
+        drafts,
+        index,
+    )
+    summary.figures.update(
+        rollout_figures(rows, job, pods, settings.group_size, allowed, settings.retries or 0, need)
+    )
+    summary.figures["images"] = image_figures(summary.episodes, rows)
+    return summary
+
+
+def check_rollout_accepted(
+    rows: Sequence[dict], need: int | None, allowed: int, spelling: Spelling
+) -> None:
+    """DemoError, naming the first failed episodes, when fewer than --need K succeeded, more than
+    `allowed` failed, or none succeeded."""
+    failures = [row for row in rows if is_failure(row)]
     successes = {row["pod"] for row in rows if row["failure_class"] is None}
     if need is not None and len(successes) < need:
         raise DemoError(
@@ -386,26 +444,6 @@ def summarise_rollout(
                 + failure_lines(failures)
             )
         )
-    by_name = {pod_name(pod): pod for pod in pods}
-    summary = summarise_batch(
-        job,
-        [pod for pod in pods if pod_name(pod) in successes],
-        logs,
-        events,
-        len(successes),
-        settings.builtin,
-        end_seen_at,
-        observed,
-        # Cancelled episodes too: the timeline draws every episode.
-        [(by_name.get(row["pod"]), row) for row in rows if row["failure_class"] is not None],
-        drafts,
-        index,
-    )
-    summary.figures.update(
-        rollout_figures(rows, job, pods, settings.group_size, allowed, settings.retries or 0, need)
-    )
-    summary.figures["images"] = image_figures(summary.episodes, rows)
-    return summary
 
 
 ROLLOUT_FIELDS = (
@@ -434,6 +472,18 @@ ROLLOUT_FIELDS = (
 )
 
 
+# What results.json keeps of each failed episode.
+FAILURE_RECORD_KEYS = (
+    "index",
+    "task_id",
+    "pod",
+    "attempts",
+    "failure_class",
+    "failure",
+    "evidence",
+)
+
+
 def rollout_figures(
     rows: Sequence[dict],
     job: dict,
@@ -446,41 +496,17 @@ def rollout_figures(
     """What a rollout batch adds to its summary: failures by class, attempts, groups; with --need,
     the episodes it cancelled (no failures: a run that got its K successes exits 0)."""
     failures = [row for row in rows if is_failure(row)]
-    groups = group_figures(rows, group_size)
-    complete = [g for g in groups if g["complete"]]
     figures: dict[str, Any] = {
         "episodes": len(rows),
         "failed_episodes": len(failures),
         "failures_by_class": failure_counts(row["failure_class"] for row in failures),
-        "failures": [
-            {
-                key: row[key]
-                for key in (
-                    "index",
-                    "task_id",
-                    "pod",
-                    "attempts",
-                    "failure_class",
-                    "failure",
-                    "evidence",
-                )
-            }
-            for row in failures
-        ],
+        "failures": [{key: row[key] for key in FAILURE_RECORD_KEYS} for row in failures],
         "accepted_partial": bool(failures) and need is None,
         "allow_failures": allowed,
         "cancelled_episodes": sum(1 for row in rows if row["failure_class"] == CANCELLED),
         "retries": retries,
         "attempts": attempt_figures(rows),
-        "group_size": group_size,
-        "groups": groups,
-        "groups_complete": len(complete),
-        "group_all_rewards_seconds": describe(
-            [g["all_rewards_seconds"] for g in complete], missing=len(groups) - len(complete)
-        ),
-        "group_spread_seconds": describe(
-            [g["spread_seconds"] for g in groups if g["spread_seconds"] is not None]
-        ),
+        **group_summary_figures(rows, group_size),
         "job_end": {
             "condition": job_finished(job),
             "reason": job_end_reason(job)
@@ -490,16 +516,39 @@ def rollout_figures(
     if need is not None:
         figures["need"] = need
     if failures:
-        censored = censored_pod_to_ready(rows, job, pods)
-        figures.update(
-            {
-                "pod_to_ready_p50_seconds": censored["p50"],
-                "pod_to_ready_p95_seconds": censored["p95"],
-                "pod_to_ready_max_seconds": censored["max"],
-                "pod_to_ready_censored": censored,
-            }
-        )
+        figures.update(censored_pod_to_ready_figures(rows, job, pods))
     return figures
+
+
+def group_summary_figures(rows: Sequence[dict], group_size: int) -> dict[str, Any]:
+    """The groups of a rollout batch: each group, how many are complete, and their timing."""
+    groups = group_figures(rows, group_size)
+    complete = [g for g in groups if g["complete"]]
+    return {
+        "group_size": group_size,
+        "groups": groups,
+        "groups_complete": len(complete),
+        "group_all_rewards_seconds": describe(
+            [g["all_rewards_seconds"] for g in complete], missing=len(groups) - len(complete)
+        ),
+        "group_spread_seconds": describe(
+            [g["spread_seconds"] for g in groups if g["spread_seconds"] is not None]
+        ),
+    }
+
+
+def censored_pod_to_ready_figures(
+    rows: Sequence[dict], job: dict, pods: Sequence[dict]
+) -> dict[str, Any]:
+    """pod_to_ready's percentiles over every episode, one that never became ready counted as ready
+    at the Job's deadline, and how they were counted."""
+    censored = censored_pod_to_ready(rows, job, pods)
+    return {
+        "pod_to_ready_p50_seconds": censored["p50"],
+        "pod_to_ready_p95_seconds": censored["p95"],
+        "pod_to_ready_max_seconds": censored["max"],
+        "pod_to_ready_censored": censored,
+    }
 
 
 def write_pictures(

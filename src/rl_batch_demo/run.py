@@ -55,7 +55,7 @@ from .model import (
 )
 from .stats import rounded
 from .files import Receipt, cleanup_command, kubeconfig_path, write_json
-from .parse import count_image_cache, event_records, image_cache_states, pod_name
+from .parse import EventRecord, count_image_cache, event_records, image_cache_states, pod_name
 from .manifests import (
     RunOrigin,
     configmap_manifest,
@@ -76,13 +76,14 @@ from .manifests import (
     tasks_volume,
     usable_nodes,
 )
-from .summary import EpisodeDrafts, held_objects_spared
+from .summary import BatchSummary, EpisodeDrafts, held_objects_spared
 from .render import phase_tables, plural, printed_results, throughput_line
 from .kube import ApiProxy, INTERRUPTS, Kubectl, KubectlError, PodReading
 from .watch import BatchJobs, WatchStream, pod_terminal
 from .follow import (
     BatchEvidence,
     BatchFollower,
+    Evidence,
     Progress,
     RewardCallbackError,
     RewardStream,
@@ -333,6 +334,38 @@ def prepull(run: RunContext) -> None:
     """--prepull: every image of the run made present on every node the batch can use, before its
     first Job: one pod per node and image, waited for until each ended (or its deadline passed).
     Leaves prepull.json (the step's figures and its pods); the figures go into results.json."""
+    nodes = prepull_nodes(run)
+    images = run_images(run.plan.jobs)
+    deadline_seconds = run.settings.pull_timeout or run.settings.timeout
+    pods = prepull_pods(run, nodes, images, deadline_seconds)
+    started = time.monotonic()
+    for pod in pods:
+        create_object(run, pod)
+    finished = wait_prepulled(run, len(pods), started + deadline_seconds + CLIENT_GRACE_SECONDS)
+    seconds = time.monotonic() - started
+    events = namespace_events(run)
+    failures = prepull_failures(finished, events)
+    run.prepull = {
+        "seconds": rounded(seconds),
+        "nodes": len(nodes),
+        "images": len(images),
+        "pods": len(pods),
+        "failures": failures,
+        "image_cache": count_image_cache(
+            image_cache_states(events).get(pod_name(p)) for p in finished
+        ),
+    }
+    write_json(
+        os.path.join(run.output, PREPULL_FILE),
+        dict(run.prepull, node_names=nodes, image_names=images, pod_states=list_manifest(finished)),
+    )
+    if not run.silent:
+        say_prepulled(seconds, nodes, images, len(pods), failures)
+
+
+def prepull_nodes(run: RunContext) -> list[str]:
+    """The nodes --prepull pulls on: those the batch can use (schedulable, with the RuntimeClass's
+    labels); DemoError when they cannot be listed, or there are none."""
     retry_until = time.monotonic() + FIRST_CONTACT_RETRY_SECONDS
     try:
         runtime_class = run.kubectl.get(
@@ -352,9 +385,14 @@ def prepull(run: RunContext) -> None:
             f"{run.spelling.switch('prepull')} found no node the batch can use (schedulable, "
             f"with the RuntimeClass's labels)"
         )
-    images = run_images(run.plan.jobs)
-    deadline_seconds = run.settings.pull_timeout or run.settings.timeout
-    pods = [
+    return nodes
+
+
+def prepull_pods(
+    run: RunContext, nodes: Sequence[str], images: Sequence[str], deadline_seconds: int
+) -> list[dict]:
+    """One --prepull pod manifest per image and node, named by their places in the two lists."""
+    return [
         prepull_pod_manifest(
             run.namespace,
             f"prepull-{i}-{n}",
@@ -367,47 +405,35 @@ def prepull(run: RunContext) -> None:
         for i, image in enumerate(images, start=1)
         for n, node in enumerate(nodes, start=1)
     ]
-    started = time.monotonic()
-    for pod in pods:
-        create_object(run, pod)
-    finished = wait_prepulled(run, len(pods), started + deadline_seconds + CLIENT_GRACE_SECONDS)
-    seconds = time.monotonic() - started
-    events = event_records(
-        (
-            run.kubectl.get_list(
-                "events", run.namespace, retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS
-            )
-            or {}
-        ).get("items")
-        or []
+
+
+def namespace_events(run: RunContext) -> list[EventRecord]:
+    """Every event in the run's namespace, read now."""
+    listed = run.kubectl.get_list(
+        "events", run.namespace, retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS
     )
-    failures = prepull_failures(finished, events)
-    run.prepull = {
-        "seconds": rounded(seconds),
-        "nodes": len(nodes),
-        "images": len(images),
-        "pods": len(pods),
-        "failures": failures,
-        "image_cache": count_image_cache(
-            image_cache_states(events).get(pod_name(p)) for p in finished
+    return event_records((listed or {}).get("items") or [])
+
+
+def say_prepulled(
+    seconds: float,
+    nodes: Sequence[str],
+    images: Sequence[str],
+    pods: int,
+    failures: Sequence[dict],
+) -> None:
+    """On stderr: what --prepull pulled where, how long it took, and the first pods that failed."""
+    print(
+        f"Pre-pulled {plural(len(images), 'image')} on {plural(len(nodes), 'node')} in {seconds:.1f} s"
+        + (
+            f"; {len(failures)} of {pods} pods failed: "
+            + "; ".join(f"{f['image']} on {f['node']}: {f['why']}" for f in failures[:3])
+            if failures
+            else ""
         ),
-    }
-    write_json(
-        os.path.join(run.output, PREPULL_FILE),
-        dict(run.prepull, node_names=nodes, image_names=images, pod_states=list_manifest(finished)),
+        file=sys.stderr,
+        flush=True,
     )
-    if not run.silent:
-        print(
-            f"Pre-pulled {plural(len(images), 'image')} on {plural(len(nodes), 'node')} in {seconds:.1f} s"
-            + (
-                f"; {len(failures)} of {len(pods)} pods failed: "
-                + "; ".join(f"{f['image']} on {f['node']}: {f['why']}" for f in failures[:3])
-                if failures
-                else ""
-            ),
-            file=sys.stderr,
-            flush=True,
-        )
 
 
 def wait_prepulled(run: RunContext, count: int, deadline: float) -> list[dict]:
@@ -444,15 +470,49 @@ def run_one_batch(run: RunContext, entry: BatchEntry) -> BatchOutcome:
     os.makedirs(batch_dir, exist_ok=True)
     manifests = run.plan.jobs[job_name]
     job_names = [manifest["metadata"]["name"] for manifest in manifests]
+    save_submitted_jobs(run, batch_dir, manifests)
+    # The client's own deadline, which bounds its watches from their start; its measures start
+    # at the submission, just before the create call.
+    client_deadline = time.monotonic() + run.settings.timeout + CLIENT_GRACE_SECONDS
+    watches = start_batch_watches(run, job_name, job_names, client_deadline)
+    follower = batch_follower(run, job_name, job_names, batch_dir, watches)
+    run.batch = batch = BatchEvidence(run, follower, batch_dir)
+    follower.submit(lambda: create_batch_jobs(run, manifests))
+    end = follower.follow(client_deadline)
+    wait = client_wait(follower, end)
+    evidence = batch.collect(job_name)
+    follower.stop_watches()
+    wait = wait._replace(
+        pods_read=pods_read(evidence.reading, follower.state.end_resource_version),
+        events_read=batch.events_read,
+    )
+    client_path = os.path.join(batch_dir, "client.json")
+    summary, wait = summarise_followed_batch(batch, end, evidence, wait, client_path)
+    assert (
+        follower.end_seen_monotonic is not None
+    )  # both summaries fail a batch whose end was not seen
+    wait = wait._replace(
+        episodes_summarised_while_waiting=summary.drafts_taken,
+        post_completion_seconds=rounded(time.monotonic() - follower.end_seen_monotonic),
+    )
+    write_json(client_path, wait.saved())
+    return BatchOutcome(entry, summary, wait.saved())
+
+
+def save_submitted_jobs(run: RunContext, batch_dir: str, manifests: Sequence[dict]) -> None:
+    """job-submitted.json: the batch's Job (a List of them when several, each checked first)."""
     write_json(
         os.path.join(batch_dir, "job-submitted.json"),
         manifests[0] if len(manifests) == 1 else list_manifest(manifests),
     )
     if len(manifests) > 1:
         check_jobs_accepted(run, manifests)
-    # The client's own deadline, which bounds its watches from their start; its measures start
-    # at the submission, just before the create call.
-    client_deadline = time.monotonic() + run.settings.timeout + CLIENT_GRACE_SECONDS
+
+
+def start_batch_watches(
+    run: RunContext, job_name: str, job_names: Sequence[str], client_deadline: float
+) -> WatchStream:
+    """The batch's watches with the pod watch started, and the API proxy open."""
     watches = WatchStream(run.kubectl, run.namespace, job_name, BatchJobs(job_name, job_names))
     # The pod watch first, so that it is listening by the time the Job's first pods are created
     # (and starts while the proxy does).
@@ -462,12 +522,19 @@ def run_one_batch(run: RunContext, entry: BatchEntry) -> BatchOutcome:
     except BaseException:
         watches.stop()
         raise
+    return watches
+
+
+def batch_follower(
+    run: RunContext, job_name: str, job_names: Sequence[str], batch_dir: str, watches: WatchStream
+) -> BatchFollower:
+    """What follows the batch, with its reward stream when it is a rollout."""
     rewards = (
         RewardStream(os.path.join(batch_dir, REWARDS_FILE), run.settings, run.on_reward, run.stop)
         if run.settings.rollout
         else None
     )
-    follower = BatchFollower(
+    return BatchFollower(
         run.kubectl,
         run.namespace,
         job_name,
@@ -482,45 +549,32 @@ def run_one_batch(run: RunContext, entry: BatchEntry) -> BatchOutcome:
         job_names,
         spare_held=run.owns_process,
     )
-    run.batch = batch = BatchEvidence(run, follower, batch_dir)
 
-    def create_jobs() -> dict:
-        """The batch's Jobs in order, each UID in the receipt at once; the batch starts with the first."""
-        created = []
-        for manifest in manifests:
-            created.append(create_object(run, manifest))
-            run.receipt.record_job(manifest["metadata"]["name"], created[-1]["metadata"]["uid"])
-        return created[0]
 
-    follower.submit(create_jobs)
-    end = follower.follow(client_deadline)
-    wait = client_wait(follower, end)
-    evidence = batch.collect(job_name)
-    follower.stop_watches()
-    wait = wait._replace(
-        pods_read=pods_read(evidence.reading, follower.state.end_resource_version),
-        events_read=batch.events_read,
-    )
-    summarise = rollout_summary if run.settings.rollout else verified_summary
-    client_path = os.path.join(batch_dir, "client.json")
+def create_batch_jobs(run: RunContext, manifests: Sequence[dict]) -> dict:
+    """The batch's Jobs in order, each UID in the receipt at once; the batch starts with the first."""
+    created = []
+    for manifest in manifests:
+        created.append(create_object(run, manifest))
+        run.receipt.record_job(manifest["metadata"]["name"], created[-1]["metadata"]["uid"])
+    return created[0]
+
+
+def summarise_followed_batch(
+    batch: BatchEvidence, end: str | None, evidence: Evidence, wait: ClientWait, client_path: str
+) -> tuple[BatchSummary, ClientWait]:
+    """The batch verified (or rolled out) and summarised; a rollout's wait takes its reward
+    deliveries, saved in client.json at once to be kept should the summary fail."""
+    summarise = rollout_summary if batch.settings.rollout else verified_summary
+    rewards = batch.follower.rewards
     try:
         summary = summarise(batch, end, evidence)
     finally:
         if rewards is not None:
             rewards.close()
             wait = wait._replace(reward_deliveries=[d.saved() for d in rewards.deliveries])
-            write_json(
-                client_path, wait.saved()
-            )  # kept, with the deliveries, should the summary fail
-    assert (
-        follower.end_seen_monotonic is not None
-    )  # both summaries fail a batch whose end was not seen
-    wait = wait._replace(
-        episodes_summarised_while_waiting=summary.drafts_taken,
-        post_completion_seconds=rounded(time.monotonic() - follower.end_seen_monotonic),
-    )
-    write_json(client_path, wait.saved())
-    return BatchOutcome(entry, summary, wait.saved())
+            write_json(client_path, wait.saved())
+    return summary, wait
 
 
 def check_jobs_accepted(run: RunContext, manifests: Sequence[dict]) -> None:

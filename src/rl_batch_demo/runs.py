@@ -220,6 +220,23 @@ def stale_verdict(
     A run between two batches (fewer Jobs than it plans, all ended) may be alive, about to make its
     next Job, or may have stopped there (killed, crashed): it is stale only once its last Job ended
     longer than `stale_seconds` ago."""
+    spared = unproven_verdict(run, user, all_users)
+    if spared is not None:
+        return spared
+    if run.expires_at is not None and run.expires_at <= now:
+        state = f"{run.state} (between batches)" if run.between_batches else run.state
+        return Verdict(
+            True,
+            f"{state}, past its --ttl (expired {format_duration(now - run.expires_at)} ago)",
+        )
+    if run.between_batches:
+        return between_batches_verdict(run, now, stale_seconds)
+    return age_verdict(run, now, stale_seconds)
+
+
+def unproven_verdict(run: ClusterRun, user: str, all_users: bool) -> Verdict | None:
+    """Why `cleanup --stale` leaves a run it may not take for its own: already being deleted, the
+    guide's, not proven this tool's, or another user's; None for a run it may judge."""
     if run.state == "terminating":
         return Verdict(False, "already being deleted (Terminating)")
     if run.guide:
@@ -243,33 +260,35 @@ def stale_verdict(
             False,
             f"started by {run.user}, not by you ({user}); --all-users reaps every user's runs",
         )
-    if run.expires_at is not None and run.expires_at <= now:
-        state = f"{run.state} (between batches)" if run.between_batches else run.state
+    return None
+
+
+def between_batches_verdict(run: ClusterRun, now: float, stale_seconds: float) -> Verdict:
+    """A run between two batches is stale once its last Job ended longer than `stale_seconds` ago."""
+    made = f"{run.jobs} of {run.jobs_planned} Jobs made"
+    if run.last_ended_at is None:
         return Verdict(
-            True,
-            f"{state}, past its --ttl (expired {format_duration(now - run.expires_at)} ago)",
+            False,
+            f"between batches ({made}; no end time on its Jobs): may still make its next, "
+            f"only its --ttl reaps it",
         )
-    if run.between_batches:
-        made = f"{run.jobs} of {run.jobs_planned} Jobs made"
-        if run.last_ended_at is None:
-            return Verdict(
-                False,
-                f"between batches ({made}; no end time on its Jobs): may still make its next, "
-                f"only its --ttl reaps it",
-            )
-        since = max(0.0, now - run.last_ended_at)
-        if since < stale_seconds:
-            return Verdict(
-                False,
-                f"between batches ({made}, the last ended {format_duration(since)} ago): may "
-                f"still make its next; stale once its last Job ended longer ago than --stale "
-                f"{format_duration(stale_seconds)}",
-            )
+    since = max(0.0, now - run.last_ended_at)
+    if since < stale_seconds:
         return Verdict(
-            True,
-            f"stopped between batches ({made}, the last ended {format_duration(since)} ago): "
-            f"longer ago than --stale {format_duration(stale_seconds)}",
+            False,
+            f"between batches ({made}, the last ended {format_duration(since)} ago): may "
+            f"still make its next; stale once its last Job ended longer ago than --stale "
+            f"{format_duration(stale_seconds)}",
         )
+    return Verdict(
+        True,
+        f"stopped between batches ({made}, the last ended {format_duration(since)} ago): "
+        f"longer ago than --stale {format_duration(stale_seconds)}",
+    )
+
+
+def age_verdict(run: ClusterRun, now: float, stale_seconds: float) -> Verdict:
+    """A run whose Jobs have all ended is stale once it is older than `stale_seconds`."""
     if run.state == "running":
         return Verdict(False, "still running (a Job has not ended)")
     if run.age(now) < stale_seconds:
