@@ -1441,9 +1441,26 @@ def merged_job(batch: str, jobs: Sequence[dict], expected: int) -> dict:
     when the first was, its counts and index lists the sums and unions (as run-wide indexes), and
     ended only once all `expected` have: Complete if every one is, else Failed as the first that
     failed says (the latest end's time). `jobs`: as last seen, in creation order."""
-    first = jobs[0]
-    metadata = first.get("metadata") or {}
-    created = min(
+    metadata = jobs[0].get("metadata") or {}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": batch,
+            "namespace": metadata.get("namespace"),
+            "uid": metadata.get("uid"),
+            "creationTimestamp": first_creation(jobs),
+            "resourceVersion": newest_version(jobs),
+            "labels": {BATCH_LABEL: batch},
+        },
+        "spec": merged_spec(jobs),
+        "status": merged_status(jobs, expected),
+    }
+
+
+def first_creation(jobs: Sequence[dict]) -> str | None:
+    """The earliest creationTimestamp of the Jobs, as written."""
+    return min(
         (
             job["metadata"].get("creationTimestamp")
             for job in jobs
@@ -1452,13 +1469,27 @@ def merged_job(batch: str, jobs: Sequence[dict], expected: int) -> dict:
         key=lambda t: parse_time(t) or 0.0,
         default=None,
     )
+
+
+def newest_version(jobs: Sequence[dict]) -> str:
+    """The highest resourceVersion of the Jobs."""
     versions = [str(job["metadata"].get("resourceVersion") or "") for job in jobs]
-    version = max(versions, key=lambda v: int(v) if v.isdigit() else -1)
-    spec = dict(first.get("spec") or {})
+    return max(versions, key=lambda v: int(v) if v.isdigit() else -1)
+
+
+def merged_spec(jobs: Sequence[dict]) -> dict[str, Any]:
+    """The first Job's spec, its completions and parallelism the sums of all the Jobs'."""
+    spec = dict(jobs[0].get("spec") or {})
     spec.update(
         completions=sum(int((job.get("spec") or {}).get("completions") or 0) for job in jobs),
         parallelism=sum(int((job.get("spec") or {}).get("parallelism") or 0) for job in jobs),
     )
+    return spec
+
+
+def merged_status(jobs: Sequence[dict], expected: int) -> dict[str, Any]:
+    """The Jobs' status as one: counts summed, the first start, index lists joined (run-wide),
+    and an end once all `expected` Jobs have ended."""
     statuses = [job.get("status") or {} for job in jobs]
     status: dict[str, Any] = {
         key: sum(int(s.get(key) or 0) for s in statuses)
@@ -1474,38 +1505,28 @@ def merged_job(batch: str, jobs: Sequence[dict], expected: int) -> dict:
             status[field] = index_ranges(indexes)
     ends = [job_finished(job) for job in jobs]
     if len(jobs) == expected and all(ends):
-        if all(end == "Complete" for end in ends):
-            status["conditions"] = [
-                c
-                for c in (
-                    latest_condition(jobs, "SuccessCriteriaMet"),
-                    latest_condition(jobs, "Complete"),
-                )
-                if c is not None
-            ]
-        else:
-            failed = next(job for job, end in zip(jobs, ends) if end == "Failed")
-            last_end = max(
-                (condition(job, end or "") or {}).get("lastTransitionTime") or ""
-                for job, end in zip(jobs, ends)
+        status["conditions"] = merged_end(jobs, ends)
+    return status
+
+
+def merged_end(jobs: Sequence[dict], ends: Sequence[str | None]) -> list[dict]:
+    """The conditions of Jobs that have all ended: Complete (and SuccessCriteriaMet) as the latest
+    says if every one completed, else Failed as the first that failed says, at the latest end."""
+    if all(end == "Complete" for end in ends):
+        return [
+            c
+            for c in (
+                latest_condition(jobs, "SuccessCriteriaMet"),
+                latest_condition(jobs, "Complete"),
             )
-            status["conditions"] = [
-                dict(condition(failed, "Failed") or {}, lastTransitionTime=last_end)
-            ]
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {
-            "name": batch,
-            "namespace": metadata.get("namespace"),
-            "uid": metadata.get("uid"),
-            "creationTimestamp": created,
-            "resourceVersion": version,
-            "labels": {BATCH_LABEL: batch},
-        },
-        "spec": spec,
-        "status": status,
-    }
+            if c is not None
+        ]
+    failed = next(job for job, end in zip(jobs, ends) if end == "Failed")
+    last_end = max(
+        (condition(job, end or "") or {}).get("lastTransitionTime") or ""
+        for job, end in zip(jobs, ends)
+    )
+    return [dict(condition(failed, "Failed") or {}, lastTransitionTime=last_end)]
 
 
 def container_status(pod: dict, name: str = CONTAINER_NAME) -> dict:
@@ -2314,19 +2335,13 @@ def job_manifest(
     """
     indexed_mode = bool(indexed or tasks or policy or episode_indexes is not None)
     launched = episode_indexes is not None
-    template_metadata: dict[str, Any] = {"labels": {"app": APP_LABEL}}
-    if episode_indexes is not None:  # launched
-        template_metadata["labels"][BATCH_LABEL] = batch
-        template_metadata["annotations"] = {
-            EPISODE_INDEXES_ANNOTATION: index_ranges(episode_indexes)
-        }
     spec: dict[str, Any] = {
         "completions": count,
         "parallelism": parallelism,
         "backoffLimit": 0,
         "activeDeadlineSeconds": deadline_seconds,
         "template": {
-            "metadata": template_metadata,
+            "metadata": episode_pod_metadata(batch, episode_indexes),
             "spec": episode_pod_spec(
                 image, runtime, harden, indexed_mode, tasks, episode_timeout, launched
             ),
@@ -2337,17 +2352,36 @@ def job_manifest(
     if policy:
         # The Job-wide limit would end the batch at its first failure; each episode has its own.
         del spec["backoffLimit"]
-        spec["backoffLimitPerIndex"] = policy.retries
-        spec["maxFailedIndexes"] = policy.allow_failures
-        spec["podFailurePolicy"] = pod_failure_policy()
-        if policy.need is not None:
-            spec["successPolicy"] = {"rules": [{"succeededCount": policy.need}]}
+        spec.update(rollout_policy_spec(policy))
     metadata: dict[str, Any] = {"name": name, "namespace": namespace}
     if launched:
         # The API server copies the template's labels onto a Job only when the Job has none: one
         # with labels of its own carries the tool's too, or list and cleanup --stale miss it.
         metadata["labels"] = {"app": APP_LABEL, BATCH_LABEL: batch}
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata, "spec": spec}
+
+
+def episode_pod_metadata(batch: str | None, episode_indexes: Sequence[int] | None) -> dict:
+    """The labels of every episode's pod; in one of a batch's several Jobs, its batch and the run's
+    episode indexes too."""
+    metadata: dict[str, Any] = {"labels": {"app": APP_LABEL}}
+    if episode_indexes is not None:  # launched
+        metadata["labels"][BATCH_LABEL] = batch
+        metadata["annotations"] = {EPISODE_INDEXES_ANNOTATION: index_ranges(episode_indexes)}
+    return metadata
+
+
+def rollout_policy_spec(policy: RolloutPolicy) -> dict[str, Any]:
+    """What a rollout's Job spec says of its failures: retries per episode, how many failed
+    episodes it tolerates, whose failure a pod's was, and (--need) when enough have succeeded."""
+    spec: dict[str, Any] = {
+        "backoffLimitPerIndex": policy.retries,
+        "maxFailedIndexes": policy.allow_failures,
+        "podFailurePolicy": pod_failure_policy(),
+    }
+    if policy.need is not None:
+        spec["successPolicy"] = {"rules": [{"succeededCount": policy.need}]}
+    return spec
 
 
 def list_manifest(items: Sequence[dict]) -> dict:
@@ -2945,55 +2979,9 @@ def sandbox_ready_point(
     clocks: EpisodeClocks,
 ) -> Point | None:
     """The pod's sandbox ready: after its binding and creation, before the kubelet's first image or container event."""
-    seen = observed.get("seen") or {}
-    node, node_slack = clocks.node, clocks.node_slack
     sandbox_stamp = sandbox_ready_stamp(pod, observed)
-    image_event = min((kubelet[r] for r in ("Pulling", "Pulled") if r in kubelet), default=None)
     sandbox_ready = sharpest(
-        [
-            followed_by_event(
-                image_event[0] if image_event else None,
-                f"kubelet {'Pulling' if 'Pulling' in kubelet else 'Pulled'} event name",
-                "node",
-                node,
-                node_slack,
-            ),
-            upper(
-                kubelet_named(kubelet, "Created"),
-                "kubelet Created event name",
-                "node",
-                node,
-                node_slack,
-            ),
-            upper(
-                seen.get("sandbox_ready"),
-                "watch saw the sandbox ready",
-                "client",
-                clocks.client,
-                clocks.client_slack,
-            ),
-            lower(
-                scheduled.at
-                if scheduled is not None and scheduled.precision <= EVENT_TIME
-                else None,
-                "Scheduled eventTime",
-                REFERENCE_CLOCK,
-            ),
-            lower(
-                created.lower if created is not None else None,
-                "Pod creationTimestamp",
-                REFERENCE_CLOCK,
-            ),
-            # The kubelet stamps this condition when its status update reports it, often together
-            # with the running container: the sandbox was ready by then, maybe long before.
-            upper(
-                None if sandbox_stamp is None else sandbox_stamp + WHOLE_SECOND,
-                "PodReadyToStartContainers condition",
-                "node",
-                node,
-                node_slack,
-            ),
-        ]
+        sandbox_ready_bounds(observed, kubelet, scheduled, created, clocks, sandbox_stamp)
     )
     if (
         sandbox_ready is not None
@@ -3005,10 +2993,76 @@ def sandbox_ready_point(
         sandbox_ready = sandbox_ready._replace(
             at=min(
                 sandbox_ready.at,
-                max(sandbox_stamp - node, sandbox_ready.at - sandbox_ready.precision),
+                max(sandbox_stamp - clocks.node, sandbox_ready.at - sandbox_ready.precision),
             )
         )
     return sandbox_ready
+
+
+def sandbox_ready_bounds(
+    observed: dict,
+    kubelet: dict[str, tuple[float, str]],
+    scheduled: Point | None,
+    created: Bound | None,
+    clocks: EpisodeClocks,
+    sandbox_stamp: float | None,
+) -> list[Bound | None]:
+    """What bounds the sandbox's readiness: from above the kubelet's events, the watch and the
+    PodReadyToStartContainers condition; from below the pod's binding and its creation."""
+    seen = observed.get("seen") or {}
+    return [
+        *kubelet_sandbox_bounds(kubelet, clocks),
+        upper(
+            seen.get("sandbox_ready"),
+            "watch saw the sandbox ready",
+            "client",
+            clocks.client,
+            clocks.client_slack,
+        ),
+        lower(
+            scheduled.at if scheduled is not None and scheduled.precision <= EVENT_TIME else None,
+            "Scheduled eventTime",
+            REFERENCE_CLOCK,
+        ),
+        lower(
+            created.lower if created is not None else None,
+            "Pod creationTimestamp",
+            REFERENCE_CLOCK,
+        ),
+        # The kubelet stamps this condition when its status update reports it, often together
+        # with the running container: the sandbox was ready by then, maybe long before.
+        upper(
+            None if sandbox_stamp is None else sandbox_stamp + WHOLE_SECOND,
+            "PodReadyToStartContainers condition",
+            "node",
+            clocks.node,
+            clocks.node_slack,
+        ),
+    ]
+
+
+def kubelet_sandbox_bounds(
+    kubelet: dict[str, tuple[float, str]], clocks: EpisodeClocks
+) -> list[Bound | None]:
+    """The kubelet's first image event (Pulling, else Pulled) and its Created event, each named
+    once the sandbox was ready."""
+    image_event = min((kubelet[r] for r in ("Pulling", "Pulled") if r in kubelet), default=None)
+    return [
+        followed_by_event(
+            image_event[0] if image_event else None,
+            f"kubelet {'Pulling' if 'Pulling' in kubelet else 'Pulled'} event name",
+            "node",
+            clocks.node,
+            clocks.node_slack,
+        ),
+        upper(
+            kubelet_named(kubelet, "Created"),
+            "kubelet Created event name",
+            "node",
+            clocks.node,
+            clocks.node_slack,
+        ),
+    ]
 
 
 def container_started_point(
@@ -3507,55 +3561,8 @@ def completion_gap(
     criteria = parse_time((condition(job, "SuccessCriteriaMet") or {}).get("lastTransitionTime"))
     end_kind = job_finished(job) or "Complete"
     end = parse_time((condition(job, end_kind) or {}).get("lastTransitionTime"))
-
-    # A Kubernetes time names the second its moment fell in. The moments happen in this order
-    # (reward, container finished, the Job's conditions, the client seeing it), so each stamp
-    # is read no earlier than the moment before it: every part is then 0 or more, where two
-    # stamps' difference could read as a negative duration, and the parts still add up.
-    finish_at = None if last_finished is None else max(last_finished, last_reward_at)
-    after_finish = last_reward_at if finish_at is None else finish_at
-    met_at = None if criteria is None else max(criteria, after_finish)
-    end_at = None if end is None else max(end, after_finish)
-    # Per part: its earlier and later stamps, each with how far its moment may lie after it
-    # (the bounds), and the part as read.
-    parts = {
-        "last_reward_to_last_container_finished_seconds": (
-            (last_reward_at, 0.0),
-            (last_finished, WHOLE_SECOND),
-            difference(finish_at, last_reward_at),
-        ),
-        "last_container_finished_to_success_criteria_met_seconds": (
-            (last_finished, WHOLE_SECOND),
-            (criteria, WHOLE_SECOND),
-            difference(met_at, finish_at),
-        ),
-        "last_container_finished_to_job_complete_seconds": (
-            (last_finished, WHOLE_SECOND),
-            (end, WHOLE_SECOND),
-            difference(end_at, finish_at),
-        ),
-        "job_complete_to_client_observed_seconds": (
-            (end, WHOLE_SECOND),
-            (client_observed_at, 0.0),
-            difference(client_observed_at, end_at),
-        ),
-        "last_reward_to_client_observed_seconds": (
-            (last_reward_at, 0.0),
-            (client_observed_at, 0.0),
-            difference(client_observed_at, last_reward_at),
-        ),
-    }
-    gap: dict[str, Any] = {}
-    bounds: dict[str, list[float | None]] = {}
-    for name, ((first, first_spread), (last, last_spread), seconds) in parts.items():
-        if first is None or last is None or seconds is None:
-            gap[name] = None
-            continue
-        gap[name] = rounded(max(0.0, seconds))
-        bounds[name] = [
-            rounded(max(0.0, last - first - first_spread)),
-            rounded(max(0.0, last + last_spread - first)),
-        ]
+    parts = completion_parts(last_reward_at, last_finished, criteria, end, client_observed_at)
+    gap, bounds = parts_read(parts)
     gap.update(
         {
             "bounds_seconds": bounds,
@@ -3566,6 +3573,75 @@ def completion_gap(
         }
     )
     return gap
+
+
+class GapPart(NamedTuple):
+    """A part of the completion gap: its earlier and later stamps, each with how far its moment
+    may lie after it (the bounds), and the part as read."""
+
+    first: float | None
+    first_spread: float
+    last: float | None
+    last_spread: float
+    seconds: float | None
+
+
+def completion_parts(
+    last_reward_at: float,
+    last_finished: float | None,
+    criteria: float | None,
+    end: float | None,
+    client_observed_at: float | None,
+) -> dict[str, GapPart]:
+    """The parts of the completion gap, from the last reward, the last container's finish, the
+    Job's SuccessCriteriaMet and end conditions, and the client seeing the end."""
+    # A Kubernetes time names the second its moment fell in. The moments happen in this order
+    # (reward, container finished, the Job's conditions, the client seeing it), so each stamp
+    # is read no earlier than the moment before it: every part is then 0 or more, where two
+    # stamps' difference could read as a negative duration, and the parts still add up.
+    finish_at = None if last_finished is None else max(last_finished, last_reward_at)
+    after_finish = last_reward_at if finish_at is None else finish_at
+    met_at = None if criteria is None else max(criteria, after_finish)
+    end_at = None if end is None else max(end, after_finish)
+    return {
+        "last_reward_to_last_container_finished_seconds": GapPart(
+            last_reward_at, 0.0, last_finished, WHOLE_SECOND, difference(finish_at, last_reward_at)
+        ),
+        "last_container_finished_to_success_criteria_met_seconds": GapPart(
+            last_finished, WHOLE_SECOND, criteria, WHOLE_SECOND, difference(met_at, finish_at)
+        ),
+        "last_container_finished_to_job_complete_seconds": GapPart(
+            last_finished, WHOLE_SECOND, end, WHOLE_SECOND, difference(end_at, finish_at)
+        ),
+        "job_complete_to_client_observed_seconds": GapPart(
+            end, WHOLE_SECOND, client_observed_at, 0.0, difference(client_observed_at, end_at)
+        ),
+        "last_reward_to_client_observed_seconds": GapPart(
+            last_reward_at,
+            0.0,
+            client_observed_at,
+            0.0,
+            difference(client_observed_at, last_reward_at),
+        ),
+    }
+
+
+def parts_read(
+    parts: dict[str, GapPart],
+) -> tuple[dict[str, Any], dict[str, list[float | None]]]:
+    """Each part's seconds as read (None where a stamp is missing), and its bounds."""
+    gap: dict[str, Any] = {}
+    bounds: dict[str, list[float | None]] = {}
+    for name, (first, first_spread, last, last_spread, seconds) in parts.items():
+        if first is None or last is None or seconds is None:
+            gap[name] = None
+            continue
+        gap[name] = rounded(max(0.0, seconds))
+        bounds[name] = [
+            rounded(max(0.0, last - first - first_spread)),
+            rounded(max(0.0, last + last_spread - first)),
+        ]
+    return gap, bounds
 
 
 def node_distribution(pods: Iterable[dict]) -> dict[str, int]:
@@ -3751,6 +3827,15 @@ def verify_episode(
     phase = (pod.get("status") or {}).get("phase")
     if phase != "Succeeded":
         raise VerificationError(f"pod {name}: phase is {phase}, not Succeeded")
+    ready, reward = episode_events(name, events)
+    check_reward(name, reward, builtin)
+    check_times_in_order(name, pod, job_created, ready, reward)
+    check_container_exit(name, pod)
+    return ready, reward
+
+
+def episode_events(name: str, events: list[dict]) -> tuple[dict, dict]:
+    """The episode's one ready and one reward event, both naming its pod."""
     readies = [e for e in events if e["event"] == "ready"]
     rewards = [e for e in events if e["event"] == "reward"]
     if len(readies) != 1:
@@ -3771,24 +3856,42 @@ def verify_episode(
             f"pod {name}: reward event has episode_id {reward.get('episode_id')!r}, "
             f"not the ready event's {ready.get('episode_id')!r}"
         )
+    return ready, reward
+
+
+def check_reward(name: str, reward: dict, builtin: bool) -> None:
+    """The built-in episode's reward is 1, its patched tests passed and its baseline failed; an
+    episode script's reward is a finite number."""
     value = reward.get("reward")
-    if builtin:
-        if value != 1 or isinstance(value, bool):
-            raise VerificationError(f"pod {name}: reward is {value!r}, not 1", "verifier")
-        tests_exit, baseline_exit = reward.get("tests_exit"), reward.get("baseline_exit")
-        if tests_exit != 0 or isinstance(tests_exit, bool):
-            raise VerificationError(f"pod {name}: tests_exit is {tests_exit!r}, not 0", "verifier")
+    if not builtin:
         if (
-            baseline_exit in (0, None)
-            or not isinstance(baseline_exit, int)
-            or isinstance(baseline_exit, bool)
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
         ):
-            raise VerificationError(
-                f"pod {name}: baseline_exit is {reward.get('baseline_exit')!r}; the baseline must fail",
-                "verifier",
-            )
-    elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise VerificationError(f"pod {name}: reward is {value!r}, not a number")
+            raise VerificationError(f"pod {name}: reward is {value!r}, not a number")
+        return
+    if value != 1 or isinstance(value, bool):
+        raise VerificationError(f"pod {name}: reward is {value!r}, not 1", "verifier")
+    tests_exit, baseline_exit = reward.get("tests_exit"), reward.get("baseline_exit")
+    if tests_exit != 0 or isinstance(tests_exit, bool):
+        raise VerificationError(f"pod {name}: tests_exit is {tests_exit!r}, not 0", "verifier")
+    if (
+        baseline_exit in (0, None)
+        or not isinstance(baseline_exit, int)
+        or isinstance(baseline_exit, bool)
+    ):
+        raise VerificationError(
+            f"pod {name}: baseline_exit is {reward.get('baseline_exit')!r}; the baseline must fail",
+            "verifier",
+        )
+
+
+def check_times_in_order(
+    name: str, pod: dict, job_created: float, ready: dict, reward: dict
+) -> None:
+    """The Job created, then the pod, then ready, then the reward: every time known, none earlier
+    than the one before."""
     pod_created = parse_time(pod["metadata"].get("creationTimestamp"))
     moments = [job_created, pod_created, ready.get("at"), reward.get("at")]
     numbers = [m for m in moments if isinstance(m, (int, float))]
@@ -3799,6 +3902,10 @@ def verify_episode(
             f"ready {moments[2]}, reward {moments[3]}): unsynchronised clocks or broken events",
             "verifier",
         )
+
+
+def check_container_exit(name: str, pod: dict) -> None:
+    """The episode's container ran once and exited 0."""
     status = container_status(pod)
     if status.get("restartCount", 0) != 0:
         raise VerificationError(
@@ -3810,7 +3917,6 @@ def verify_episode(
         raise VerificationError(f"pod {name}: container has no terminated state")
     if terminated.get("exitCode") != 0:
         raise VerificationError(f"pod {name}: container exited {terminated.get('exitCode')}, not 0")
-    return ready, reward
 
 
 def verify_batch(
@@ -3951,14 +4057,31 @@ def succeeded_before_its_deadline(pod: dict, job: dict | None) -> dict:
 def classify_pod_state(
     pod: dict, log_text: str, job: dict, builtin: bool
 ) -> tuple[str | None, str | None]:
-    """classify_attempt from the pod's status and log alone."""
+    """classify_attempt from the pod's status and log alone: the first step that explains the
+    pod, in this order, says whose failure it was."""
     pod = succeeded_before_its_deadline(pod, job)
+    lost = lost_pod(pod)
+    if lost is not None:
+        return lost
+    if (pod.get("status") or {}).get("phase") == "Succeeded":
+        return succeeded_pod(pod, log_text, job, builtin)
+    state = container_status(pod).get("state") or {}
+    stopped = stopped_pod(pod, job, state)
+    if stopped is not None:
+        return stopped
+    unended = unended_container(pod, job, state)
+    if unended is not None:
+        return unended
+    return ended_container(state["terminated"], log_text, builtin)
+
+
+def lost_pod(pod: dict) -> tuple[str | None, str | None] | None:
+    """A pod disrupted before it finished, or one its node gave up (INFRASTRUCTURE_POD_REASONS)."""
     status = pod.get("status") or {}
-    phase = status.get("phase")
     disrupted = condition(pod, "DisruptionTarget")
     # A disrupted pod whose program still finished (PID 1 ignores SIGTERM unless it handles it,
     # so an evicted episode often runs on to exit 0) Succeeded: the Job counts it, so do we.
-    if disrupted and disrupted.get("status") == "True" and phase != "Succeeded":
+    if disrupted and disrupted.get("status") == "True" and status.get("phase") != "Succeeded":
         return "infrastructure", (
             f"disrupted ({disrupted.get('reason', '?')}: "
             f"{(disrupted.get('message') or '').strip()})"
@@ -3968,32 +4091,44 @@ def classify_pod_state(
             "infrastructure",
             f"pod {status['reason']}: {(status.get('message') or '').strip()}".rstrip(": "),
         )
-    if phase == "Succeeded":
-        try:
-            job_created = parse_time(job["metadata"].get("creationTimestamp"))
-            verify_episode(pod, parse_events(log_text.splitlines()), job_created or 0.0, builtin)
-        except VerificationError as error:
-            if job_cut_short(job) and pod["metadata"].get("deletionTimestamp"):
-                # Stopped by the Job once --need was met, it exited 0 before its reward was complete.
-                return (
-                    CANCELLED,
-                    f"cancelled: --need was met while it ran (it exited 0 before a complete "
-                    f"reward: {str(error).split(': ', 1)[-1]})",
-                )
-            end = job_end_reason(job)
-            if pod["metadata"].get("deletionTimestamp") and end is not None and not log_text:
-                # The Job's end deleted the pod while it ran; it ran on to exit 0 (its first process
-                # ignores SIGTERM) and the kubelet removed it at once: its log went with it before it
-                # could be read. Its outcome is unknown, not the episode's failure.
-                return "infrastructure", (
-                    f"its log was gone before it could be read: deleted as the Job ended ({end}), "
-                    f"the pod was removed once it exited 0"
-                )
-            return error.failure_class, str(error).split(": ", 1)[-1]
-        return None, None
-    state = container_status(pod).get("state") or {}
+    return None
+
+
+def succeeded_pod(
+    pod: dict, log_text: str, job: dict, builtin: bool
+) -> tuple[str | None, str | None]:
+    """A pod that Succeeded: a pass if its episode verifies, else what stopped it or failed."""
+    try:
+        job_created = parse_time(job["metadata"].get("creationTimestamp"))
+        verify_episode(pod, parse_events(log_text.splitlines()), job_created or 0.0, builtin)
+    except VerificationError as error:
+        if job_cut_short(job) and pod["metadata"].get("deletionTimestamp"):
+            # Stopped by the Job once --need was met, it exited 0 before its reward was complete.
+            return (
+                CANCELLED,
+                f"cancelled: --need was met while it ran (it exited 0 before a complete "
+                f"reward: {str(error).split(': ', 1)[-1]})",
+            )
+        end = job_end_reason(job)
+        if pod["metadata"].get("deletionTimestamp") and end is not None and not log_text:
+            # The Job's end deleted the pod while it ran; it ran on to exit 0 (its first process
+            # ignores SIGTERM) and the kubelet removed it at once: its log went with it before it
+            # could be read. Its outcome is unknown, not the episode's failure.
+            return "infrastructure", (
+                f"its log was gone before it could be read: deleted as the Job ended ({end}), "
+                f"the pod was removed once it exited 0"
+            )
+        return error.failure_class, str(error).split(": ", 1)[-1]
+    return None, None
+
+
+def stopped_pod(pod: dict, job: dict, state: dict) -> tuple[str | None, str | None] | None:
+    """A pod stopped from outside before its episode ended: by --need being met, by its own
+    deadline, or by the Job's end."""
+    status = pod.get("status") or {}
     started = "running" in state or bool((state.get("terminated") or {}).get("startedAt"))
-    if job_cut_short(job) and (pod["metadata"].get("deletionTimestamp") or phase != "Failed"):
+    deleted = pod["metadata"].get("deletionTimestamp")
+    if job_cut_short(job) and (deleted or status.get("phase") != "Failed"):
         # Stopped (or about to be) by the Job because enough episodes had succeeded.
         return (
             CANCELLED,
@@ -4002,28 +4137,38 @@ def classify_pod_state(
             else "cancelled: --need was met before its container started",
         )
     if status.get("reason") == POD_DEADLINE_REASON:
-        limit = (pod.get("spec") or {}).get("activeDeadlineSeconds")
-        if started:
-            return (
-                "episode",
-                f"ran out of time: still running {limit} s after its pod started (its deadline: "
-                f"--episode-timeout, plus --pull-timeout, as given)",
-            )
-        return "infrastructure", (
-            f"container never started within its pod's deadline of {limit} s from its "
-            f"start (--pull-timeout and --episode-timeout): image {container_image(pod)} "
-            f"not pulled and started by then"
-        )
+        return past_pod_deadline(pod, started)
     end = job_end_reason(job)
     own_exit = (state.get("terminated") or {}).get("exitCode") not in (
         None,
         0,
     ) + INFRASTRUCTURE_EXIT_CODES
-    if pod["metadata"].get("deletionTimestamp") and end is not None and not own_exit:
+    if deleted and end is not None and not own_exit:
         # Stopped by the Job controller as the Job ended, not by anything of its own.
         if started and end == "DeadlineExceeded":
             return "episode", "still running at the Job's deadline"
         return "infrastructure", f"stopped when the Job ended ({end}) before it finished"
+    return None
+
+
+def past_pod_deadline(pod: dict, started: bool) -> tuple[str | None, str | None]:
+    """A pod stopped at its activeDeadlineSeconds: the episode's fault once its container started."""
+    limit = (pod.get("spec") or {}).get("activeDeadlineSeconds")
+    if started:
+        return (
+            "episode",
+            f"ran out of time: still running {limit} s after its pod started (its deadline: "
+            f"--episode-timeout, plus --pull-timeout, as given)",
+        )
+    return "infrastructure", (
+        f"container never started within its pod's deadline of {limit} s from its "
+        f"start (--pull-timeout and --episode-timeout): image {container_image(pod)} "
+        f"not pulled and started by then"
+    )
+
+
+def unended_container(pod: dict, job: dict, state: dict) -> tuple[str | None, str | None] | None:
+    """A pod whose container never ended: never scheduled, never started, or still running."""
     if not (pod.get("spec") or {}).get("nodeName"):
         scheduled = condition(pod, "PodScheduled") or {}
         return (
@@ -4037,12 +4182,19 @@ def classify_pod_state(
             f"{waiting.get('message', '')})"
         ).replace(": )", ")")
     if "running" in state:
+        end = job_end_reason(job)
         if end == "DeadlineExceeded":
             return "episode", "still running at the Job's deadline"
         return "infrastructure", f"still running when the batch ended ({end or 'not finished'})"
-    terminated = state.get("terminated")
-    if terminated is None:
+    if state.get("terminated") is None:
         return "infrastructure", "container never started (no container status)"
+    return None
+
+
+def ended_container(
+    terminated: dict, log_text: str, builtin: bool
+) -> tuple[str | None, str | None]:
+    """A container that ended on its own: its exit code and its log say whose failure it was."""
     code, reason = terminated.get("exitCode"), terminated.get("reason") or ""
     if (
         reason in INFRASTRUCTURE_TERMINATED_REASONS
@@ -4190,32 +4342,7 @@ def episode_row(
         row["image"] = images[group] if group < len(images) else None
     row["group"] = group
     if not attempts:
-        if job_cut_short(job):
-            row.update(
-                {
-                    "pod": None,
-                    "attempts": 0,
-                    "reward": None,
-                    "failure_class": CANCELLED,
-                    "valid": False,
-                    "failure": "cancelled: --need was met before this episode's pod was created",
-                    "evidence": "job.json",
-                }
-            )
-            return row
-        end = job_end_reason(job)
-        row.update(
-            {
-                "pod": None,
-                "attempts": 0,
-                "reward": None,
-                "failure_class": "infrastructure",
-                "valid": False,
-                "failure": f"never started: the Job ended ({end or 'unfinished'}) before "
-                f"it created this episode's pod",
-                "evidence": "job.json",
-            }
-        )
+        row.update(never_created(job))
         return row
     outcomes = [
         (
@@ -4231,45 +4358,79 @@ def episode_row(
         for pod in attempts
     ]
     final = next((o for o in outcomes if o[1] is None), outcomes[-1])
+    row.update(final_attempt(final, outcomes, len(attempts), job_created, logs))
+    return row
+
+
+def never_created(job: dict) -> dict[str, Any]:
+    """The outcome of an episode whose pod was never created: cancelled, or stopped by the Job's end."""
+    if job_cut_short(job):
+        failure_class = CANCELLED
+        failure = "cancelled: --need was met before this episode's pod was created"
+    else:
+        failure_class = "infrastructure"
+        failure = (
+            f"never started: the Job ended ({job_end_reason(job) or 'unfinished'}) before "
+            f"it created this episode's pod"
+        )
+    return {
+        "pod": None,
+        "attempts": 0,
+        "reward": None,
+        "failure_class": failure_class,
+        "valid": False,
+        "failure": failure,
+        "evidence": "job.json",
+    }
+
+
+def final_attempt(
+    final: tuple[dict, str | None, str | None],
+    outcomes: Sequence[tuple[dict, str | None, str | None]],
+    attempts: int,
+    job_created: float,
+    logs: dict[str, str],
+) -> dict[str, Any]:
+    """An episode's outcome from its final attempt, (pod, failure class, why): its reward and
+    times as its worker reported them, and its other attempts' outcomes."""
     pod, failure_class, failure = final
     name = pod_name(pod)
     worker_events = parse_events(logs.get(name, "").splitlines())
     ready = next((e for e in worker_events if e["event"] == "ready"), {})
     reward = next((e for e in worker_events if e["event"] == "reward"), {})
     created = parse_time(pod["metadata"].get("creationTimestamp"))
-
-    def seconds(later: Any, earlier: float | None) -> float | None:
-        ok = isinstance(later, (int, float)) and not isinstance(later, bool) and earlier is not None
-        return rounded(later - earlier) if ok else None
-
-    row.update(
-        {
-            "pod": name,
-            "attempts": max(len(attempts), attempts_recorded(pod)),
-            "reward": reward.get("reward"),
-            "failure_class": failure_class,
-            "valid": reward_valid(failure_class),
-            "failure": failure,
-            "node": (pod.get("spec") or {}).get("nodeName"),
-            "pod_to_ready_seconds": seconds(ready.get("at"), created),
-            "batch_to_ready_seconds": seconds(ready.get("at"), job_created),
-            "batch_to_reward_seconds": seconds(reward.get("at"), job_created),
-            "episode_seconds": seconds(
-                reward.get("at"), ready.get("at") if "at" in ready else None
-            ),
-            "evidence": f"{name}.log" if failure_class else None,
-            "earlier_attempts": [
-                {"pod": pod_name(p), "failure_class": c, "failure": f}
-                for p, c, f in outcomes
-                if p is not pod
-            ],
-        }
-    )
+    fields = {
+        "pod": name,
+        "attempts": max(attempts, attempts_recorded(pod)),
+        "reward": reward.get("reward"),
+        "failure_class": failure_class,
+        "valid": reward_valid(failure_class),
+        "failure": failure,
+        "node": (pod.get("spec") or {}).get("nodeName"),
+        "pod_to_ready_seconds": seconds_between(ready.get("at"), created),
+        "batch_to_ready_seconds": seconds_between(ready.get("at"), job_created),
+        "batch_to_reward_seconds": seconds_between(reward.get("at"), job_created),
+        "episode_seconds": seconds_between(
+            reward.get("at"), ready.get("at") if "at" in ready else None
+        ),
+        "evidence": f"{name}.log" if failure_class else None,
+        "earlier_attempts": [
+            {"pod": pod_name(p), "failure_class": c, "failure": f}
+            for p, c, f in outcomes
+            if p is not pod
+        ],
+    }
     for key, value in reward.items():
         if key in ("event", "reward"):
             continue
-        row[key if key not in REWARD_ROW_FIELDS else f"episode_{key}"] = value
-    return row
+        fields[key if key not in REWARD_ROW_FIELDS else f"episode_{key}"] = value
+    return fields
+
+
+def seconds_between(later: Any, earlier: float | None) -> float | None:
+    """The seconds from `earlier` to `later`, as a row shows them; None unless both are times."""
+    ok = isinstance(later, (int, float)) and not isinstance(later, bool) and earlier is not None
+    return rounded(later - earlier) if ok else None
 
 
 def failure_settled(job: dict | None, index: int) -> bool:
@@ -5067,33 +5228,9 @@ class EpisodeDrafts:
         if job_created is None or (pod.get("status") or {}).get("phase") != "Succeeded":
             return
         assert job is not None  # it has a creationTimestamp
-        earliest = job_creation(job, job_observed, 0.0, 0.0).earliest
-        job_bound = lower(earliest, "the Job's creation", REFERENCE_CLOCK)
-        if job_bound != self._job_bound:  # the batch's drafts share one
-            self._job_bound = job_bound
-        index = self.index
-        slot = None
-        if self.slots is not None:
-            window = creation_window(
-                pod, earliest, index.creations.get(name), observed, CLOCKS_AGREE
-            )
-            slot = self.slots.slot_bound(window[0])
-        inputs = EpisodeInputs(
-            index.scheduled.get(name),
-            observed,  # the watch's record as it is now: a later sight makes a new one
-            index.kubelet.get(name),  # replaced, never changed, by a later event
-            index.creations.get(name),
-            CLOCKS_AGREE,
-            created_after_bound(self._job_bound, slot),
-        )
+        inputs = self.inputs(name, pod, job, job_observed, observed)
         known = self.drafts.get(name)
-        if (
-            known is not None
-            and known.log_text is log_text
-            and known.job_created == job_created
-            and known.inputs == inputs
-            and same_but_bookkeeping(known.pod, pod)
-        ):
+        if known is not None and drafted_already(known, pod, log_text, job_created, inputs):
             # The ended pod's next version (the Job controller counted it): the same episode,
             # drafted already. Its draft now holds this version, which the summary will be given.
             self.drafts[name] = known._replace(pod=pod)
@@ -5111,44 +5248,87 @@ class EpisodeDrafts:
             end = end_freeing_slot(pod, reward, CLOCKS_AGREE, job_replaces_terminating(job))
             if end is not None:
                 self.slots.ended(name, end)
-        # Thousands of drafts repeat their field names, sources, nodes and the worker's words.
-        share = self.shared.texts
-        points = share(episode_points(pod, ready, reward, *inputs))
-        phases = phase_durations(points)
-        row = share(pod_row(pod, ready, reward, job_created))
-        cache, pull = index.cache.get(name), index.pulls.get(name)
-        self.csv.put(
-            name,
-            csv_text(
-                episode_csv_fields(
-                    row,
-                    {
-                        "points": points,
-                        "phases": phases,
-                        "image_cache": cache,
-                        "runtime_class": (pod.get("spec") or {}).get("runtimeClassName"),
-                        "image": container_image(pod),
-                        "image_pull": pull,
-                    },
-                    job_created,
-                )
-            ),
+        self.drafts[name] = made_draft(self, pod, log_text, job_created, ready, reward, inputs)
+
+    def inputs(
+        self, name: str, pod: dict, job: dict, job_observed: dict[str, float], observed: dict | None
+    ) -> EpisodeInputs:
+        """What an ended episode's points are made from, as the events and the slots say so far."""
+        earliest = job_creation(job, job_observed, 0.0, 0.0).earliest
+        job_bound = lower(earliest, "the Job's creation", REFERENCE_CLOCK)
+        if job_bound != self._job_bound:  # the batch's drafts share one
+            self._job_bound = job_bound
+        index = self.index
+        slot = None
+        if self.slots is not None:
+            window = creation_window(
+                pod, earliest, index.creations.get(name), observed, CLOCKS_AGREE
+            )
+            slot = self.slots.slot_bound(window[0])
+        return EpisodeInputs(
+            index.scheduled.get(name),
+            observed,  # the watch's record as it is now: a later sight makes a new one
+            index.kubelet.get(name),  # replaced, never changed, by a later event
+            index.creations.get(name),
+            CLOCKS_AGREE,
+            created_after_bound(self._job_bound, slot),
         )
-        self.drafts[name] = EpisodeDraft(
-            pod,
-            log_text,
-            job_created,
-            self.builtin,
-            summarised_fields(ready, READY_FIELDS_SUMMARISED),
-            summarised_fields(reward, REWARD_FIELDS_SUMMARISED),
-            row,
-            inputs,
-            points,
-            phases,
-            self.csv,
-            cache,
-            pull,
-        )
+
+
+def drafted_already(
+    known: EpisodeDraft, pod: dict, log_text: str, job_created: float, inputs: EpisodeInputs
+) -> bool:
+    """Whether `known` is this very episode's draft: the same log, Job and inputs, its pod the
+    same but for what the Job controller changes in an ended pod."""
+    return (
+        known.log_text is log_text
+        and known.job_created == job_created
+        and known.inputs == inputs
+        and same_but_bookkeeping(known.pod, pod)
+    )
+
+
+def made_draft(
+    drafts: EpisodeDrafts,
+    pod: dict,
+    log_text: str,
+    job_created: float,
+    ready: dict,
+    reward: dict,
+    inputs: EpisodeInputs,
+) -> EpisodeDraft:
+    """A verified episode's draft, its row of episodes.csv put in the drafts' spool."""
+    name = drafts.shared.text(pod_name(pod))
+    # Thousands of drafts repeat their field names, sources, nodes and the worker's words.
+    share = drafts.shared.texts
+    points = share(episode_points(pod, ready, reward, *inputs))
+    phases = phase_durations(points)
+    row = share(pod_row(pod, ready, reward, job_created))
+    cache, pull = drafts.index.cache.get(name), drafts.index.pulls.get(name)
+    record = {
+        "points": points,
+        "phases": phases,
+        "image_cache": cache,
+        "runtime_class": (pod.get("spec") or {}).get("runtimeClassName"),
+        "image": container_image(pod),
+        "image_pull": pull,
+    }
+    drafts.csv.put(name, csv_text(episode_csv_fields(row, record, job_created)))
+    return EpisodeDraft(
+        pod,
+        log_text,
+        job_created,
+        drafts.builtin,
+        summarised_fields(ready, READY_FIELDS_SUMMARISED),
+        summarised_fields(reward, REWARD_FIELDS_SUMMARISED),
+        row,
+        inputs,
+        points,
+        phases,
+        drafts.csv,
+        cache,
+        pull,
+    )
 
 
 # What the Job controller changes in an ended pod once it has counted it (its tracking finalizer
@@ -5189,6 +5369,244 @@ def summarised_fields(event: dict, fields: Sequence[str]) -> dict:
     return {field: event[field] for field in fields if field in event}
 
 
+class EventTables(NamedTuple):
+    """What the batch's events say of each pod (by name), and what its kubelets' events bound
+    each node's clock by, as the summary reads them."""
+
+    scheduled: dict[str, float]  # its Scheduled eventTime
+    cache: dict[str, str]  # its image, found present or pulled
+    pulls: dict[str, ImagePull]  # what the kubelet said of its image's pull
+    kubelet: dict[str, dict[str, tuple[float, str]]]  # its kubelet's container events
+    creations: dict[str, float]  # its creation event's name time
+    kubelet_clocks: tuple[dict[str, ClockBounds], dict[str, tuple[float, str]]]
+
+
+def event_tables(events: Sequence[EventRecord], index: EventIndex | None) -> EventTables:
+    """The events' tables: the watch's `index` where it is exact and of these very events, else
+    the events read again."""
+    if index is not None and index.exact and index.told == len(events):
+        # Copies of the node bounds: clock_offsets adds the pods' bounds to them.
+        nodes = {node: bounds.copy() for node, bounds in index.nodes.items()}
+        return EventTables(
+            index.scheduled,
+            index.cache,
+            index.pulls,
+            index.kubelet,
+            index.creations,
+            (nodes, index.started),
+        )
+    return EventTables(
+        scheduled_event_times(events),
+        image_cache_states(events),
+        image_pulls(events),
+        kubelet_container_events(events),
+        pod_creation_events(events),
+        kubelet_event_clocks(events),
+    )
+
+
+def episode_clocks(clocks: dict) -> Callable[[dict], EpisodeClocks]:
+    """Each pod's clocks, the client's and its node's corrections (each node's made once, not each
+    pod's: its pods share them)."""
+    client = clocks["client"]
+    client_only = EpisodeClocks(client["offset_seconds"], client["correction_slack_seconds"])
+    node_clocks = {
+        node: client_only._replace(
+            node=entry.get("offset_seconds") or 0.0,
+            node_slack=entry.get("correction_slack_seconds") or 0.0,
+        )
+        for node, entry in clocks["nodes"].items()
+        if entry
+    }
+
+    def clocks_of(pod: dict) -> EpisodeClocks:
+        return node_clocks.get((pod.get("spec") or {}).get("nodeName") or "", client_only)
+
+    return clocks_of
+
+
+class BatchSources(NamedTuple):
+    """What each episode of a batch is placed from besides its pod and log."""
+
+    job_created: float  # the Job's creationTimestamp: where every time axis starts
+    job_point: Point  # when the Job was truly created (job_creation)
+    clocks: dict  # each clock's offset from the control plane's (clock_offsets)
+    clocks_of: Callable[[dict], EpisodeClocks]  # a pod's clocks (episode_clocks)
+    tables: EventTables
+    observed_pods: dict[str, dict]  # what the watch saw of each pod, when
+    job_bound: Bound | None  # the Job's creation, which every pod's follows
+    slots: dict[str, float]  # pod -> when an earlier pod's end freed the slot it was created into
+
+    def inputs(self, pod: dict) -> EpisodeInputs:
+        """What an episode's points are made from, besides its pod and log."""
+        name = pod_name(pod)
+        return EpisodeInputs(
+            self.tables.scheduled.get(name),
+            self.observed_pods.get(name),
+            self.tables.kubelet.get(name),
+            self.tables.creations.get(name),
+            self.clocks_of(pod),
+            created_after_bound(self.job_bound, self.slots.get(name)),
+        )
+
+
+def batch_sources(
+    job: dict,
+    pods: Sequence[dict],
+    count: int,
+    episodes: Sequence[tuple[dict, dict, dict]],
+    events: Sequence[EventRecord],
+    observed: dict[str, dict] | None,
+    index: EventIndex | None,
+) -> BatchSources:
+    """The events' tables, the clocks, the Job's creation and the slots (slots_freed, when every
+    episode's pod is known) of a verified batch."""
+    job_created = parse_time(job["metadata"]["creationTimestamp"])
+    assert job_created is not None  # verify_batch checked it
+    tables = event_tables(events, index)
+    observed_pods, job_observed = split_observed(observed)
+    clocks = clock_offsets(
+        job,
+        pods,
+        events,
+        observed_pods,
+        job_observed,
+        tables.kubelet,
+        tables.scheduled,
+        tables.kubelet_clocks,
+    )
+    client = clocks["client"]
+    job_point = job_creation(
+        job, job_observed, client["offset_seconds"], client["correction_slack_seconds"]
+    )
+    clocks_of = episode_clocks(clocks)
+    slots = (
+        slots_freed(
+            episodes,
+            clocks_of,
+            tables.creations,
+            observed_pods,
+            job_point.earliest,
+            int((job.get("spec") or {}).get("parallelism") or 1),
+            job_replaces_terminating(job),
+        )
+        if len(pods) == count
+        else {}
+    )
+    job_bound = lower(job_point.earliest, "the Job's creation", REFERENCE_CLOCK)
+    return BatchSources(
+        job_created, job_point, clocks, clocks_of, tables, observed_pods, job_bound, slots
+    )
+
+
+class SummarisedEpisode(NamedTuple):
+    """One verified episode as the summary has it."""
+
+    row: dict  # its row of `pods` in results.json
+    record: dict  # what the CSV and the pictures read (BatchSummary.episodes)
+    drafted: bool  # its points taken from its draft
+    csv_row: Spool | None  # where its draft's row of episodes.csv is kept, if that row holds
+
+
+def summarised_episode(
+    sources: BatchSources, pod: dict, ready: dict, reward: dict, draft: EpisodeDraft | None
+) -> SummarisedEpisode:
+    """One verified episode's row and record: its draft's where the draft was made from these
+    final inputs, else made again."""
+    name, inputs = pod_name(pod), sources.inputs(pod)
+    drafted = None if draft is None else draft.points_for(pod, ready, inputs)
+    csv_row = None
+    if drafted is not None and draft is not None:
+        points, phases = drafted
+        row = (
+            draft.row
+            if draft.job_created == sources.job_created
+            else pod_row(pod, ready, reward, sources.job_created)
+        )
+        if (
+            draft.csv is not None
+            and points is draft.points
+            and row is draft.row
+            and sources.tables.cache.get(name) == draft.image_cache
+            and sources.tables.pulls.get(name) == draft.image_pull
+        ):
+            csv_row = draft.csv  # its row of episodes.csv is made already
+    else:
+        points = episode_points(pod, ready, reward, *inputs)
+        phases = phase_durations(points)
+        row = pod_row(pod, ready, reward, sources.job_created)
+    record = episode_record(pod, ready, points, phases, sources.tables)
+    return SummarisedEpisode(row, record, drafted is not None, csv_row)
+
+
+def episode_record(
+    pod: dict,
+    ready: dict,
+    points: dict[str, Point | None],
+    phases: dict[str, tuple[float, float] | None],
+    tables: EventTables,
+) -> dict:
+    """A verified episode's record: its points and phases, its image and how it was found."""
+    name = pod_name(pod)
+    created = parse_time(pod["metadata"]["creationTimestamp"])
+    return {
+        "pod": name,
+        "points": points,
+        "phases": phases,
+        "image_cache": tables.cache.get(name),
+        "runtime_class": (pod.get("spec") or {}).get("runtimeClassName"),
+        "index": None if pod_index(pod) is None else str(pod_index(pod)),
+        "image": container_image(pod),
+        "image_pull": tables.pulls.get(name),
+        "guide_pod_to_ready": ready["at"] - created,
+    }
+
+
+def failed_record(
+    sources: BatchSources, logs: dict[str, str], failed_pod: dict | None, row: dict
+) -> dict:
+    """An accepted failure's record for the timeline: its points as far as it got (none when its
+    pod never existed)."""
+    points: dict[str, Point | None] = {point: None for point in POINTS}
+    if failed_pod is not None:
+        name = pod_name(failed_pod)
+        log_events = parse_events(logs.get(name, "").splitlines())
+        ready, reward = (
+            next((e for e in log_events if e["event"] == kind), {}) for kind in ("ready", "reward")
+        )
+        # Placed after the Job's creation alone: the slots are those of the verified episodes.
+        inputs = sources.inputs(failed_pod)._replace(created_after=sources.job_bound)
+        points = episode_points(failed_pod, ready, reward, *inputs)
+    return {
+        "pod": row["pod"],
+        "points": points,
+        "phases": phase_durations(points),
+        "index": row["index"],
+        "failure_class": row["failure_class"],
+        "failure": row["failure"],
+    }
+
+
+def reward_figures(rows: Sequence[dict], records: Sequence[dict], builtin: bool) -> dict:
+    """The batch's rewards, its spans to the last ready and the last reward, and the guide's
+    pod-to-ready figures."""
+    guide = describe([record["guide_pod_to_ready"] for record in records])
+    rewards = [r["reward"] for r in rows]
+    return {
+        "episodes": len(rows),
+        "successful_episodes": sum(1 for r in rewards if r == 1) if builtin else len(rows),
+        "reward_sum": sum(rewards),
+        "reward_mean": rounded(sum(rewards) / len(rewards), 6),
+        "batch_to_all_ready_seconds": max(r["batch_to_ready_seconds"] for r in rows),
+        "batch_to_all_rewards_seconds": max(r["batch_to_reward_seconds"] for r in rows),
+        # The guide's figures, from the whole-second creationTimestamp as the guide computes them;
+        # the pod_to_ready phase measures the same span from the sharpest points.
+        "pod_to_ready_p50_seconds": guide["p50"],
+        "pod_to_ready_p95_seconds": guide["p95"],
+        "pod_to_ready_max_seconds": guide["max"],
+    }
+
+
 @cycle_collector_paused()
 def summarise_batch(
     job: dict,
@@ -5211,177 +5629,43 @@ def summarise_batch(
     where it is exact and of these very events (else they are read again)."""
     drafts = drafts or {}
     episodes = verify_batch(count, job, pods, logs, builtin, drafts)
-    job_created = parse_time(job["metadata"]["creationTimestamp"])
-    assert job_created is not None  # verify_batch checked it
-    if index is not None and index.exact and index.told == len(events):
-        scheduled, cache, pulls = index.scheduled, index.cache, index.pulls
-        kubelet, creations = index.kubelet, index.creations
-        # Copies: the pods' bounds are added to them below.
-        kubelet_clocks = ({node: b.copy() for node, b in index.nodes.items()}, index.started)
-    else:
-        scheduled = scheduled_event_times(events)
-        cache = image_cache_states(events)
-        pulls = image_pulls(events)
-        kubelet = kubelet_container_events(events)
-        creations = pod_creation_events(events)
-        kubelet_clocks = kubelet_event_clocks(events)
-    observed_pods, job_observed = split_observed(observed)
-    clocks = clock_offsets(
-        job, pods, events, observed_pods, job_observed, kubelet, scheduled, kubelet_clocks
-    )
-    client_offset = clocks["client"]["offset_seconds"]
-    job_created_point = job_creation(
-        job, job_observed, client_offset, clocks["client"]["correction_slack_seconds"]
-    )
-
-    # Each node's clocks once, not each pod's: its pods share them.
-    client_only = EpisodeClocks(client_offset, clocks["client"]["correction_slack_seconds"])
-    node_clocks = {
-        node: client_only._replace(
-            node=entry.get("offset_seconds") or 0.0,
-            node_slack=entry.get("correction_slack_seconds") or 0.0,
-        )
-        for node, entry in clocks["nodes"].items()
-        if entry
-    }
-
-    def clocks_of(pod: dict) -> EpisodeClocks:
-        return node_clocks.get((pod.get("spec") or {}).get("nodeName") or "", client_only)
-
-    job_spec = job.get("spec") or {}
-    slots = (
-        slots_freed(
-            episodes,
-            clocks_of,
-            creations,
-            observed_pods,
-            job_created_point.earliest,
-            int(job_spec.get("parallelism") or 1),
-            job_replaces_terminating(job),
-        )
-        if len(pods) == count
-        else {}
-    )
-    rows, records, durations = [], [], []
-    drafts_taken = 0
-    csv_rows: dict[str, Spool] = {}
-    job_bound = lower(job_created_point.earliest, "the Job's creation", REFERENCE_CLOCK)
-    for pod, ready, reward in episodes:
-        name = pod_name(pod)
-        created = parse_time(pod["metadata"]["creationTimestamp"])
-        inputs = EpisodeInputs(
-            scheduled.get(name),
-            observed_pods.get(name),
-            kubelet.get(name),
-            creations.get(name),
-            clocks_of(pod),
-            created_after_bound(job_bound, slots.get(name)),
-        )
-        draft = drafts.get(name)
-        drafted = None if draft is None else draft.points_for(pod, ready, inputs)
-        if drafted is not None and draft is not None:
-            drafts_taken += 1
-            points, episode_phases = drafted
-            rows.append(
-                draft.row
-                if draft.job_created == job_created
-                else pod_row(pod, ready, reward, job_created)
-            )
-            if (
-                draft.csv is not None
-                and points is draft.points
-                and rows[-1] is draft.row
-                and cache.get(name) == draft.image_cache
-                and pulls.get(name) == draft.image_pull
-            ):
-                csv_rows[name] = draft.csv  # its row of episodes.csv is made already
-        else:
-            points = episode_points(pod, ready, reward, *inputs)
-            episode_phases = phase_durations(points)
-            rows.append(pod_row(pod, ready, reward, job_created))
-        durations.append(episode_phases)
-        records.append(
-            {
-                "pod": name,
-                "points": points,
-                "phases": episode_phases,
-                "image_cache": cache.get(name),
-                "runtime_class": (pod.get("spec") or {}).get("runtimeClassName"),
-                "index": None if pod_index(pod) is None else str(pod_index(pod)),
-                "image": container_image(pod),
-                "image_pull": pulls.get(name),
-                "guide_pod_to_ready": ready["at"] - created,
-            }
-        )
-    failed_records = []
-    for failed_pod, row in failed:
-        points = {point: None for point in POINTS}
-        if failed_pod is not None:
-            failed_name = pod_name(failed_pod)
-            log_events = parse_events(logs.get(failed_name, "").splitlines())
-            ready, reward = (
-                next((e for e in log_events if e["event"] == name), {})
-                for name in ("ready", "reward")
-            )
-            points = episode_points(
-                failed_pod,
-                ready,
-                reward,
-                scheduled.get(failed_name),
-                observed_pods.get(failed_name),
-                kubelet.get(failed_name),
-                creations.get(failed_name),
-                clocks_of(failed_pod),
-                lower(job_created_point.earliest, "the Job's creation", REFERENCE_CLOCK),
-            )
-        failed_records.append(
-            {
-                "pod": row["pod"],
-                "points": points,
-                "phases": phase_durations(points),
-                "index": row["index"],
-                "failure_class": row["failure_class"],
-                "failure": row["failure"],
-            }
-        )
+    sources = batch_sources(job, pods, count, episodes, events, observed, index)
+    summarised = [
+        summarised_episode(sources, pod, ready, reward, drafts.get(pod_name(pod)))
+        for pod, ready, reward in episodes
+    ]
+    rows = [episode.row for episode in summarised]
+    records = [episode.record for episode in summarised]
     phase_samples: dict[str, list[float]] = {}
-    phases = phase_summary(durations, phase_samples)
-    guide = describe([record["guide_pod_to_ready"] for record in records])
-    rewards = [r["reward"] for r in rows]
-    last_reward = max(reward["at"] for _, _, reward in episodes)
-    figures = {
-        "episodes": len(rows),
-        "successful_episodes": sum(1 for r in rewards if r == 1) if builtin else len(rows),
-        "reward_sum": sum(rewards),
-        "reward_mean": rounded(sum(rewards) / len(rewards), 6),
-        "batch_to_all_ready_seconds": max(r["batch_to_ready_seconds"] for r in rows),
-        "batch_to_all_rewards_seconds": max(r["batch_to_reward_seconds"] for r in rows),
-        # The guide's figures, from the whole-second creationTimestamp as the guide computes them;
-        # the pod_to_ready phase measures the same span from the sharpest points.
-        "pod_to_ready_p50_seconds": guide["p50"],
-        "pod_to_ready_p95_seconds": guide["p95"],
-        "pod_to_ready_max_seconds": guide["max"],
-        "phases": phases,
-        "job_created": job_created_point._asdict(),
-        "phases_by_start_path": start_path_phases(records),
-        "clocks": clocks,
-        "completion_gap": completion_gap(job, pods, last_reward, client_observed_at),
-        "nodes": node_distribution(pods),
-        "image_cache": count_image_cache(record["image_cache"] for record in records),
-        "images": image_figures(records),
-        "warnings": warning_summary(events),
-        "pods": rows,
-    }
+    figures = reward_figures(rows, records, builtin)
+    figures.update(
+        phases=phase_summary([record["phases"] for record in records], phase_samples),
+        job_created=sources.job_point._asdict(),
+        phases_by_start_path=start_path_phases(records),
+        clocks=sources.clocks,
+        completion_gap=completion_gap(
+            job, pods, max(reward["at"] for _, _, reward in episodes), client_observed_at
+        ),
+        nodes=node_distribution(pods),
+        image_cache=count_image_cache(record["image_cache"] for record in records),
+        images=image_figures(records),
+        warnings=warning_summary(events),
+        pods=rows,
+    )
     # The Job may first have existed before the create call returned (its pods can be created
     # before): the timeline marks that moment on its axis, which starts at job_created.
     return BatchSummary(
         figures,
         records,
-        job_created,
-        job_created_point.earliest or job_created,
-        failed_records,
-        drafts_taken=drafts_taken,
-        csv_rows=csv_rows,
+        sources.job_created,
+        sources.job_point.earliest or sources.job_created,
+        [failed_record(sources, logs, failed_pod, row) for failed_pod, row in failed],
+        drafts_taken=sum(episode.drafted for episode in summarised),
+        csv_rows={
+            episode.record["pod"]: episode.csv_row
+            for episode in summarised
+            if episode.csv_row is not None
+        },
         phase_samples=phase_samples,
     )
 
@@ -5584,8 +5868,28 @@ TIME_AXIS = "seconds after the Job's creationTimestamp (its whole second, as res
 
 def timeline_svg(batches: Sequence[tuple[str, BatchSummary]], title: str) -> str:
     """One bar per episode on a shared axis from its Job's creationTimestamp, coloured by phase."""
-    # Bars in the order the pods were created, each batch from its Job's creationTimestamp.
-    episodes = [
+    episodes = timeline_episodes(batches)
+    layout = timeline_layout(episodes)
+    parts = timeline_head(layout, title) + timeline_axis(layout)
+    if len(batches) == 1 and batches[0][1].origin > batches[0][1].job_created:
+        parts.append(job_created_line(layout, batches[0][1]))
+    if not layout.labels:
+        middle = f"{layout.top + layout.row_height * layout.rows / 2:.0f}"
+        parts.append(
+            f'<text x="{layout.left - 12}" y="{middle}" text-anchor="middle" '
+            f'transform="rotate(-90 {layout.left - 12} {middle})">'
+            f"{layout.rows} episodes, one row each</text>"
+        )
+    for row, (origin, record) in enumerate(episodes):
+        parts += timeline_row(layout, row, origin, record)
+    parts.append("</svg>")
+    return "\n".join(parts) + "\n"
+
+
+def timeline_episodes(batches: Sequence[tuple[str, BatchSummary]]) -> list[tuple[float, dict]]:
+    """Every episode, failed ones included, with its Job's creationTimestamp: the bars in the order
+    the pods were created, batch after batch."""
+    return [
         (summary.job_created, record)
         for _, summary in batches
         for record in sorted(
@@ -5596,15 +5900,42 @@ def timeline_svg(batches: Sequence[tuple[str, BatchSummary]], title: str) -> str
             ),
         )
     ]
+
+
+class TimelineLayout(NamedTuple):
+    """Where the timeline's parts go: its size, its rows, its plot and its time axis."""
+
+    width: int
+    height: int
+    rows: int  # one per episode
+    row_height: int
+    labels: bool  # each row named: rows tall enough to read
+    left: int  # the plot's left edge
+    plot_width: int
+    top: int  # the first row's top, below the legend
+    legend: list[str]  # the legend's parts
+    step: float  # seconds between ticks
+    axis_end: float  # seconds at the axis' right end
+
+    def x(self, seconds: float) -> float:
+        """Where a moment `seconds` after the axis' start is drawn."""
+        return self.left + self.plot_width * max(0.0, seconds) / self.axis_end
+
+    def axis_y(self) -> int:
+        """Where the time axis is drawn, below the last row."""
+        return self.top + self.row_height * self.rows + 6
+
+
+def timeline_layout(episodes: Sequence[tuple[float, dict]]) -> TimelineLayout:
+    """The timeline's layout: rows as tall as its count allows, named where they are tall enough,
+    and an axis to the latest point any episode reached."""
     count = len(episodes)
     row_height = 18 if count <= 40 else max(3, min(12, 720 // max(count, 1)))
     labels = row_height >= 10
     left = 170 if labels else 60
     width, right = 1000, 30
-    plot_width = width - left - right
-    legend_parts, legend_last_row = timeline_legend(left, width - right)
+    legend, legend_last_row = timeline_legend(left, width - right)
     top = legend_last_row + 38
-    height = top + row_height * count + 80
     span = max(
         [
             point[0] - origin
@@ -5615,29 +5946,47 @@ def timeline_svg(batches: Sequence[tuple[str, BatchSummary]], title: str) -> str
         + [1.0]
     )
     step = nice_step(span)
-    axis_end = math.ceil(span / step) * step
+    return TimelineLayout(
+        width,
+        top + row_height * count + 80,
+        count,
+        row_height,
+        labels,
+        left,
+        width - left - right,
+        top,
+        legend,
+        step,
+        math.ceil(span / step) * step,
+    )
 
-    def x(seconds: float) -> float:
-        return left + plot_width * max(0.0, seconds) / axis_end
 
-    parts = [
+def timeline_head(layout: TimelineLayout, title: str) -> list[str]:
+    """The timeline's opening: its size, the hatching of unsplit phases, its title and legend."""
+    width, height = layout.width, layout.height
+    return [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
         '<defs><pattern id="unsplit" width="6" height="6" patternUnits="userSpaceOnUse" '
         'patternTransform="rotate(45)"><rect width="6" height="6" fill="#f4a259"/>'
         '<rect width="3" height="6" fill="#e76f51"/></pattern></defs>',
         f'<rect width="{width}" height="{height}" fill="white"/>',
-        f'<text x="{left}" y="20" font-size="15" font-weight="bold">{html_escape(title)}</text>',
-    ] + legend_parts
-    axis_y = top + row_height * count + 6
+        f'<text x="{layout.left}" y="20" font-size="15" font-weight="bold">{html_escape(title)}</text>',
+    ] + layout.legend
+
+
+def timeline_axis(layout: TimelineLayout) -> list[str]:
+    """The time axis: a gridline and a label per tick, the axis line and what it counts."""
+    top, left, plot_width, axis_y = layout.top, layout.left, layout.plot_width, layout.axis_y()
+    parts = []
     tick = 0.0
-    while tick <= axis_end + 1e-9:
-        tx = x(tick)
+    while tick <= layout.axis_end + 1e-9:
+        tx = layout.x(tick)
         parts.append(
             f'<line x1="{tx:.1f}" y1="{top - 4}" x2="{tx:.1f}" y2="{axis_y}" stroke="#e5e5e5"/>'
         )
         parts.append(f'<text x="{tx:.1f}" y="{axis_y + 16}" text-anchor="middle">{tick:g}</text>')
-        tick += step
+        tick += layout.step
     parts.append(
         f'<line x1="{left}" y1="{axis_y}" x2="{left + plot_width}" y2="{axis_y}" stroke="black"/>'
     )
@@ -5645,38 +5994,40 @@ def timeline_svg(batches: Sequence[tuple[str, BatchSummary]], title: str) -> str
         f'<text x="{left + plot_width / 2:.0f}" y="{axis_y + 36}" text-anchor="middle">'
         f"{html_escape(TIME_AXIS)}</text>"
     )
-    if len(batches) == 1 and batches[0][1].origin > batches[0][1].job_created:
-        # Where the Job may first have existed: its stamp only names the second it began in.
-        summary = batches[0][1]
-        created_x = x(summary.origin - summary.job_created)
+    return parts
+
+
+def job_created_line(layout: TimelineLayout, summary: BatchSummary) -> str:
+    """Where the Job may first have existed: its stamp only names the second it began in."""
+    created_x = layout.x(summary.origin - summary.job_created)
+    return (
+        f'<line x1="{created_x:.1f}" y1="{layout.top - 4}" x2="{created_x:.1f}" '
+        f'y2="{layout.axis_y()}" stroke="#888" stroke-dasharray="4 3"><title>the Job created, '
+        f"at the earliest: {summary.origin - summary.job_created:.3f} s</title></line>"
+    )
+
+
+def timeline_row(layout: TimelineLayout, row: int, origin: float, record: dict) -> list[str]:
+    """One episode's row: its name where rows are named, its phase bars, and the mark of a
+    failed episode; `origin` its Job's creationTimestamp."""
+    y = layout.top + row * layout.row_height
+    failed = "failure_class" in record
+    parts = []
+    if layout.labels:
+        # A pod's name starts with its Job's: it names the round too.
+        label = record["pod"] or f"episode {record['index']}: no pod"
         parts.append(
-            f'<line x1="{created_x:.1f}" y1="{top - 4}" x2="{created_x:.1f}" y2="{axis_y}" '
-            f'stroke="#888" stroke-dasharray="4 3"><title>the Job created, at the earliest: '
-            f"{summary.origin - summary.job_created:.3f} s</title></line>"
+            f'<text x="{layout.left - 6}" y="{y + layout.row_height * 0.7:.1f}" text-anchor="end" '
+            f'font-size="11"{FAILED_FILL if failed else ""}>{html_escape(label[-26:])}</text>'
         )
-    if not labels:
-        parts.append(
-            f'<text x="{left - 12}" y="{top + row_height * count / 2:.0f}" text-anchor="middle" '
-            f'transform="rotate(-90 {left - 12} {top + row_height * count / 2:.0f})">'
-            f"{count} episodes, one row each</text>"
-        )
-    for row, (origin, record) in enumerate(episodes):
-        y = top + row * row_height
-        failed = "failure_class" in record
-        if labels:
-            # A pod's name starts with its Job's: it names the round too.
-            label = record["pod"] or f"episode {record['index']}: no pod"
-            parts.append(
-                f'<text x="{left - 6}" y="{y + row_height * 0.7:.1f}" text-anchor="end" font-size="11"'
-                f"{FAILED_FILL if failed else ''}>{html_escape(label[-26:])}</text>"
-            )
-        # Called before the loop moves on, so it sees this batch's origin.
-        at = lambda moment: x(moment - origin)  # noqa: B023, E731
-        parts += timeline_bars(record, at, y, row_height)
-        if failed:
-            parts.append(failed_marker(record, at, left, y, row_height))
-    parts.append("</svg>")
-    return "\n".join(parts) + "\n"
+
+    def at(moment: float) -> float:
+        return layout.x(moment - origin)
+
+    parts += timeline_bars(record, at, y, layout.row_height)
+    if failed:
+        parts.append(failed_marker(record, at, layout.left, y, layout.row_height))
+    return parts
 
 
 FAILED_FILL = ' fill="#c1121f"'
@@ -5803,20 +6154,8 @@ def chart_svg(
     x_min: float = 0.0,
 ) -> str:
     """Step lines on shared axes; each series is (legend text, colour, [(x, y)] rising in x, bold?, tooltip)."""
-    width, height = 1000, 560
-    left, right, top, bottom = 70, 270, 56, 60
-    plot_w, plot_h = width - left - right, height - top - bottom
-    x_max = max([x for _, _, points, _, _ in series for x, _ in points] + [x_min + 1.0])
-    step = nice_step(x_max - x_min)
-    axis_start = math.floor(x_min / step) * step
-    axis_end = math.ceil(x_max / step) * step
-
-    def sx(value: float) -> float:
-        return left + plot_w * (value - axis_start) / (axis_end - axis_start)
-
-    def sy(value: float) -> float:
-        return top + plot_h * (1 - value / max(y_max, 1e-9))
-
+    layout = chart_layout(series, y_max, x_min)
+    width, height, left = layout.width, layout.height, layout.left
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
@@ -5824,15 +6163,85 @@ def chart_svg(
         f'<text x="{left}" y="22" font-size="15" font-weight="bold">{html_escape(title)}</text>',
         f'<text x="{left}" y="40" fill="#444">{html_escape(subtitle)}</text>',
     ]
-    tick = axis_start
-    while tick <= axis_end + 1e-9:
+    parts += chart_axes(layout, x_label, y_label, y_ticks)
+    parts += chart_legend(layout, series)
+    # The bold line is drawn last, so no other hides it.
+    for _, colour, points, bold, tooltip in sorted(series, key=lambda line: line[3]):
+        if points:
+            parts.append(
+                f'<path d="{step_path(layout, points)}" fill="none" stroke="{colour}" '
+                f'stroke-width="{2.5 if bold else 1.5}"><title>{html_escape(tooltip)}</title></path>'
+            )
+    parts.append("</svg>")
+    return "\n".join(parts) + "\n"
+
+
+class ChartLayout(NamedTuple):
+    """Where a chart's parts go: its size, its plot, and the values its axes span."""
+
+    width: int
+    height: int
+    left: int  # the plot's left edge
+    top: int  # the plot's top edge
+    plot_w: int
+    plot_h: int
+    axis_start: float  # x at the plot's left edge
+    axis_end: float  # x at its right edge
+    step: float  # x between ticks
+    y_max: float  # y at the plot's top edge
+
+    def sx(self, value: float) -> float:
+        """Where x `value` is drawn."""
+        return self.left + self.plot_w * (value - self.axis_start) / (
+            self.axis_end - self.axis_start
+        )
+
+    def sy(self, value: float) -> float:
+        """Where y `value` is drawn."""
+        return self.top + self.plot_h * (1 - value / max(self.y_max, 1e-9))
+
+
+def chart_layout(
+    series: Sequence[tuple[str, str, list[tuple[float, float]], bool, str]],
+    y_max: float,
+    x_min: float,
+) -> ChartLayout:
+    """A chart's layout: the legend right of the plot, the x axis from `x_min` to past the largest
+    x, in round steps."""
+    width, height = 1000, 560
+    left, right, top, bottom = 70, 270, 56, 60
+    x_max = max([x for _, _, points, _, _ in series for x, _ in points] + [x_min + 1.0])
+    step = nice_step(x_max - x_min)
+    return ChartLayout(
+        width,
+        height,
+        left,
+        top,
+        width - left - right,
+        height - top - bottom,
+        math.floor(x_min / step) * step,
+        math.ceil(x_max / step) * step,
+        step,
+        y_max,
+    )
+
+
+def chart_axes(
+    layout: ChartLayout, x_label: str, y_label: str, y_ticks: Sequence[tuple[float, str]]
+) -> list[str]:
+    """A chart's gridlines and tick labels, its plot's frame and what each axis counts."""
+    left, top, plot_w, plot_h = layout.left, layout.top, layout.plot_w, layout.plot_h
+    sx, sy = layout.sx, layout.sy
+    parts = []
+    tick = layout.axis_start
+    while tick <= layout.axis_end + 1e-9:
         parts.append(
             f'<line x1="{sx(tick):.1f}" y1="{top}" x2="{sx(tick):.1f}" y2="{top + plot_h}" stroke="#e5e5e5"/>'
         )
         parts.append(
             f'<text x="{sx(tick):.1f}" y="{top + plot_h + 16}" text-anchor="middle">{tick:g}</text>'
         )
-        tick += step
+        tick += layout.step
     for value, text in y_ticks:
         parts.append(
             f'<line x1="{left}" y1="{sy(value):.1f}" x2="{left + plot_w}" y2="{sy(value):.1f}" '
@@ -5845,39 +6254,43 @@ def chart_svg(
         f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="black"/>'
     )
     parts.append(
-        f'<text x="{left + plot_w / 2:.0f}" y="{height - 18}" text-anchor="middle">'
+        f'<text x="{left + plot_w / 2:.0f}" y="{layout.height - 18}" text-anchor="middle">'
         f"{html_escape(x_label)}</text>"
     )
     parts.append(
         f'<text x="16" y="{top + plot_h / 2:.0f}" text-anchor="middle" '
         f'transform="rotate(-90 16 {top + plot_h / 2:.0f})">{html_escape(y_label)}</text>'
     )
+    return parts
+
+
+def chart_legend(
+    layout: ChartLayout, series: Sequence[tuple[str, str, list[tuple[float, float]], bool, str]]
+) -> list[str]:
+    """A chart's legend right of its plot: each series' line and text, in the order given."""
+    right_of_plot = layout.left + layout.plot_w
+    parts = []
     for index, (label, colour, _, bold, _) in enumerate(series):
-        legend_y = top + 8 + 20 * index
+        legend_y = layout.top + 8 + 20 * index
         parts.append(
-            f'<line x1="{left + plot_w + 14}" y1="{legend_y}" x2="{left + plot_w + 38}" y2="{legend_y}" '
+            f'<line x1="{right_of_plot + 14}" y1="{legend_y}" x2="{right_of_plot + 38}" y2="{legend_y}" '
             f'stroke="{colour}" stroke-width="{3 if bold else 2}"/>'
         )
         parts.append(
-            f'<text x="{left + plot_w + 44}" y="{legend_y + 4}">{html_escape(label)}</text>'
+            f'<text x="{right_of_plot + 44}" y="{legend_y + 4}">{html_escape(label)}</text>'
         )
-    # The bold line is drawn last, so no other hides it.
-    for _, colour, points, bold, tooltip in sorted(series, key=lambda line: line[3]):
-        if not points:
-            continue
-        path = [f"M{sx(points[0][0]):.1f},{sy(0):.1f}"]
-        previous_y = 0.0
-        for x_value, y_value in points:
-            path.append(
-                f"L{sx(x_value):.1f},{sy(previous_y):.1f}L{sx(x_value):.1f},{sy(y_value):.1f}"
-            )
-            previous_y = y_value
-        parts.append(
-            f'<path d="{"".join(path)}" fill="none" stroke="{colour}" '
-            f'stroke-width="{2.5 if bold else 1.5}"><title>{html_escape(tooltip)}</title></path>'
-        )
-    parts.append("</svg>")
-    return "\n".join(parts) + "\n"
+    return parts
+
+
+def step_path(layout: ChartLayout, points: Sequence[tuple[float, float]]) -> str:
+    """A series' steps as a path's data: from 0 at its first x, up (or down) at each point."""
+    sx, sy = layout.sx, layout.sy
+    path = [f"M{sx(points[0][0]):.1f},{sy(0):.1f}"]
+    previous_y = 0.0
+    for x_value, y_value in points:
+        path.append(f"L{sx(x_value):.1f},{sy(previous_y):.1f}L{sx(x_value):.1f},{sy(y_value):.1f}")
+        previous_y = y_value
+    return "".join(path)
 
 
 def ramp_svg(
@@ -6163,6 +6576,29 @@ def compare_table(first: dict, second: dict, first_label: str, second_label: str
         for field in COMPARED_FIELDS
     ]
     precise: dict[str, tuple[Any, Any]] = {}  # row -> the precision of each side's figure
+    for row, a, b, precisions in phase_rows(first, second):
+        rows.append((row, a, b))
+        precise[row] = precisions
+    rows += condition_rows(first, second)
+    for name, a, b in rows:
+        if any(isinstance(value, (str, bool)) for value in (a, b)):
+            lines.append(condition_line(name, a, b, width))
+        elif name in precise:
+            lines.append(precise_line(name, a, b, width, precise[name]))
+        else:
+            ratio = (
+                f"{b / a:.2f}"
+                if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a
+                else "-"
+            )
+            shown_a, shown_b = "-" if a is None else str(a), "-" if b is None else str(b)
+            lines.append(f"{name:<32}{shown_a:>{width}}  {shown_b:>{width}}  {ratio:>8}")
+    return "\n".join(lines)
+
+
+def phase_rows(first: dict, second: dict) -> list[tuple[str, Any, Any, tuple[Any, Any]]]:
+    """Each phase's median in either run: (row, first's, second's, the precision of each)."""
+    rows = []
     for phase in PHASES:
         # The guide's figure of the same name counts from whole seconds; the phase is sharper.
         row = (
@@ -6174,8 +6610,14 @@ def compare_table(first: dict, second: dict, first_label: str, second_label: str
         entry_b = (second.get("phases") or {}).get(phase, {})
         a, b = entry_a.get("p50"), entry_b.get("p50")
         if a is not None or b is not None:
-            rows.append((row, a, b))
-            precise[row] = (entry_a.get("precision_seconds"), entry_b.get("precision_seconds"))
+            precisions = (entry_a.get("precision_seconds"), entry_b.get("precision_seconds"))
+            rows.append((row, a, b, precisions))
+    return rows
+
+
+def condition_rows(first: dict, second: dict) -> list[tuple[str, Any, Any]]:
+    """What each run was (COMPARED_CONDITIONS) and how many of its episodes found their image
+    present or pulled, where either run says."""
     conditions = [(field, first.get(field), second.get(field)) for field in COMPARED_CONDITIONS]
     conditions += [
         (
@@ -6185,51 +6627,43 @@ def compare_table(first: dict, second: dict, first_label: str, second_label: str
         )
         for state in ("present", "pulled")
     ]
-    rows += [(name, a, b) for name, a, b in conditions if a is not None or b is not None]
-    for name, a, b in rows:
-        if isinstance(a, str) or isinstance(b, str) or isinstance(a, bool) or isinstance(b, bool):
-            a, b = (
-                value[:12] if isinstance(value, str) and len(value) == 64 else value
-                for value in (a, b)
-            )
-            same = "same" if a == b else "differ"
-            lines.append(
-                f"{name:<32}{'-' if a is None else a!s:>{width}}  {'-' if b is None else b!s:>{width}}  "
-                f"{same:>8}"
-            )
-            continue
-        if name in precise:
-            # No ratio of a figure below its precision: it could be anything from 0 to that.
-            (precision_a, precision_b) = precise[name]
-            ratio = (
-                "-"
-                if below_precision(a, precision_a)
-                or below_precision(b, precision_b)
-                or not a
-                or a is None
-                or b is None
-                else f"{b / a:.2f}"
-            )
-            shown_a = (
-                "-"
-                if a is None
-                else (figure(a, precision_a) if below_precision(a, precision_a) else str(a))
-            )
-            shown_b = (
-                "-"
-                if b is None
-                else (figure(b, precision_b) if below_precision(b, precision_b) else str(b))
-            )
-            lines.append(f"{name:<32}{shown_a:>{width}}  {shown_b:>{width}}  {ratio:>8}")
-            continue
-        ratio = (
-            f"{b / a:.2f}"
-            if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a
-            else "-"
-        )
-        shown_a, shown_b = "-" if a is None else str(a), "-" if b is None else str(b)
-        lines.append(f"{name:<32}{shown_a:>{width}}  {shown_b:>{width}}  {ratio:>8}")
-    return "\n".join(lines)
+    return [(name, a, b) for name, a, b in conditions if a is not None or b is not None]
+
+
+def condition_line(name: str, a: Any, b: Any, width: int) -> str:
+    """A row of texts or flags: whether the two runs had the same (a digest shown by its start)."""
+    a, b = (
+        value[:12] if isinstance(value, str) and len(value) == 64 else value for value in (a, b)
+    )
+    same = "same" if a == b else "differ"
+    return (
+        f"{name:<32}{'-' if a is None else a!s:>{width}}  {'-' if b is None else b!s:>{width}}  "
+        f"{same:>8}"
+    )
+
+
+def precise_line(name: str, a: Any, b: Any, width: int, precisions: tuple[Any, Any]) -> str:
+    """A row of phase figures measured with a precision: one below it is shown as such."""
+    precision_a, precision_b = precisions
+    # No ratio of a figure below its precision: it could be anything from 0 to that.
+    ratio = (
+        "-"
+        if below_precision(a, precision_a)
+        or below_precision(b, precision_b)
+        or not a
+        or a is None
+        or b is None
+        else f"{b / a:.2f}"
+    )
+    shown_a, shown_b = precise_figure(a, precision_a), precise_figure(b, precision_b)
+    return f"{name:<32}{shown_a:>{width}}  {shown_b:>{width}}  {ratio:>8}"
+
+
+def precise_figure(value: Any, precision: float | None) -> str:
+    """A figure as compared: `< precision` when it is below it, `-` when missing, else as saved."""
+    if value is None:
+        return "-"
+    return figure(value, precision) if below_precision(value, precision) else str(value)
 
 
 def plural(number: Any, noun: str) -> str:

@@ -534,19 +534,13 @@ def job_manifest(
     """
     indexed_mode = bool(indexed or tasks or policy or episode_indexes is not None)
     launched = episode_indexes is not None
-    template_metadata: dict[str, Any] = {"labels": {"app": APP_LABEL}}
-    if episode_indexes is not None:  # launched
-        template_metadata["labels"][BATCH_LABEL] = batch
-        template_metadata["annotations"] = {
-            EPISODE_INDEXES_ANNOTATION: index_ranges(episode_indexes)
-        }
     spec: dict[str, Any] = {
         "completions": count,
         "parallelism": parallelism,
         "backoffLimit": 0,
         "activeDeadlineSeconds": deadline_seconds,
         "template": {
-            "metadata": template_metadata,
+            "metadata": episode_pod_metadata(batch, episode_indexes),
             "spec": episode_pod_spec(
                 image, runtime, harden, indexed_mode, tasks, episode_timeout, launched
             ),
@@ -557,17 +551,36 @@ def job_manifest(
     if policy:
         # The Job-wide limit would end the batch at its first failure; each episode has its own.
         del spec["backoffLimit"]
-        spec["backoffLimitPerIndex"] = policy.retries
-        spec["maxFailedIndexes"] = policy.allow_failures
-        spec["podFailurePolicy"] = pod_failure_policy()
-        if policy.need is not None:
-            spec["successPolicy"] = {"rules": [{"succeededCount": policy.need}]}
+        spec.update(rollout_policy_spec(policy))
     metadata: dict[str, Any] = {"name": name, "namespace": namespace}
     if launched:
         # The API server copies the template's labels onto a Job only when the Job has none: one
         # with labels of its own carries the tool's too, or list and cleanup --stale miss it.
         metadata["labels"] = {"app": APP_LABEL, BATCH_LABEL: batch}
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata, "spec": spec}
+
+
+def episode_pod_metadata(batch: str | None, episode_indexes: Sequence[int] | None) -> dict:
+    """The labels of every episode's pod; in one of a batch's several Jobs, its batch and the run's
+    episode indexes too."""
+    metadata: dict[str, Any] = {"labels": {"app": APP_LABEL}}
+    if episode_indexes is not None:  # launched
+        metadata["labels"][BATCH_LABEL] = batch
+        metadata["annotations"] = {EPISODE_INDEXES_ANNOTATION: index_ranges(episode_indexes)}
+    return metadata
+
+
+def rollout_policy_spec(policy: RolloutPolicy) -> dict[str, Any]:
+    """What a rollout's Job spec says of its failures: retries per episode, how many failed
+    episodes it tolerates, whose failure a pod's was, and (--need) when enough have succeeded."""
+    spec: dict[str, Any] = {
+        "backoffLimitPerIndex": policy.retries,
+        "maxFailedIndexes": policy.allow_failures,
+        "podFailurePolicy": pod_failure_policy(),
+    }
+    if policy.need is not None:
+        spec["successPolicy"] = {"rules": [{"succeededCount": policy.need}]}
+    return spec
 
 
 def list_manifest(items: Sequence[dict]) -> dict:

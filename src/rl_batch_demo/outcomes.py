@@ -50,6 +50,15 @@ def verify_episode(
     phase = (pod.get("status") or {}).get("phase")
     if phase != "Succeeded":
         raise VerificationError(f"pod {name}: phase is {phase}, not Succeeded")
+    ready, reward = episode_events(name, events)
+    check_reward(name, reward, builtin)
+    check_times_in_order(name, pod, job_created, ready, reward)
+    check_container_exit(name, pod)
+    return ready, reward
+
+
+def episode_events(name: str, events: list[dict]) -> tuple[dict, dict]:
+    """The episode's one ready and one reward event, both naming its pod."""
     readies = [e for e in events if e["event"] == "ready"]
     rewards = [e for e in events if e["event"] == "reward"]
     if len(readies) != 1:
@@ -70,24 +79,42 @@ def verify_episode(
             f"pod {name}: reward event has episode_id {reward.get('episode_id')!r}, "
             f"not the ready event's {ready.get('episode_id')!r}"
         )
+    return ready, reward
+
+
+def check_reward(name: str, reward: dict, builtin: bool) -> None:
+    """The built-in episode's reward is 1, its patched tests passed and its baseline failed; an
+    episode script's reward is a finite number."""
     value = reward.get("reward")
-    if builtin:
-        if value != 1 or isinstance(value, bool):
-            raise VerificationError(f"pod {name}: reward is {value!r}, not 1", "verifier")
-        tests_exit, baseline_exit = reward.get("tests_exit"), reward.get("baseline_exit")
-        if tests_exit != 0 or isinstance(tests_exit, bool):
-            raise VerificationError(f"pod {name}: tests_exit is {tests_exit!r}, not 0", "verifier")
+    if not builtin:
         if (
-            baseline_exit in (0, None)
-            or not isinstance(baseline_exit, int)
-            or isinstance(baseline_exit, bool)
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
         ):
-            raise VerificationError(
-                f"pod {name}: baseline_exit is {reward.get('baseline_exit')!r}; the baseline must fail",
-                "verifier",
-            )
-    elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise VerificationError(f"pod {name}: reward is {value!r}, not a number")
+            raise VerificationError(f"pod {name}: reward is {value!r}, not a number")
+        return
+    if value != 1 or isinstance(value, bool):
+        raise VerificationError(f"pod {name}: reward is {value!r}, not 1", "verifier")
+    tests_exit, baseline_exit = reward.get("tests_exit"), reward.get("baseline_exit")
+    if tests_exit != 0 or isinstance(tests_exit, bool):
+        raise VerificationError(f"pod {name}: tests_exit is {tests_exit!r}, not 0", "verifier")
+    if (
+        baseline_exit in (0, None)
+        or not isinstance(baseline_exit, int)
+        or isinstance(baseline_exit, bool)
+    ):
+        raise VerificationError(
+            f"pod {name}: baseline_exit is {reward.get('baseline_exit')!r}; the baseline must fail",
+            "verifier",
+        )
+
+
+def check_times_in_order(
+    name: str, pod: dict, job_created: float, ready: dict, reward: dict
+) -> None:
+    """The Job created, then the pod, then ready, then the reward: every time known, none earlier
+    than the one before."""
     pod_created = parse_time(pod["metadata"].get("creationTimestamp"))
     moments = [job_created, pod_created, ready.get("at"), reward.get("at")]
     numbers = [m for m in moments if isinstance(m, (int, float))]
@@ -98,6 +125,10 @@ def verify_episode(
             f"ready {moments[2]}, reward {moments[3]}): unsynchronised clocks or broken events",
             "verifier",
         )
+
+
+def check_container_exit(name: str, pod: dict) -> None:
+    """The episode's container ran once and exited 0."""
     status = container_status(pod)
     if status.get("restartCount", 0) != 0:
         raise VerificationError(
@@ -109,7 +140,6 @@ def verify_episode(
         raise VerificationError(f"pod {name}: container has no terminated state")
     if terminated.get("exitCode") != 0:
         raise VerificationError(f"pod {name}: container exited {terminated.get('exitCode')}, not 0")
-    return ready, reward
 
 
 def verify_batch(
@@ -250,14 +280,31 @@ def succeeded_before_its_deadline(pod: dict, job: dict | None) -> dict:
 def classify_pod_state(
     pod: dict, log_text: str, job: dict, builtin: bool
 ) -> tuple[str | None, str | None]:
-    """classify_attempt from the pod's status and log alone."""
+    """classify_attempt from the pod's status and log alone: the first step that explains the
+    pod, in this order, says whose failure it was."""
     pod = succeeded_before_its_deadline(pod, job)
+    lost = lost_pod(pod)
+    if lost is not None:
+        return lost
+    if (pod.get("status") or {}).get("phase") == "Succeeded":
+        return succeeded_pod(pod, log_text, job, builtin)
+    state = container_status(pod).get("state") or {}
+    stopped = stopped_pod(pod, job, state)
+    if stopped is not None:
+        return stopped
+    unended = unended_container(pod, job, state)
+    if unended is not None:
+        return unended
+    return ended_container(state["terminated"], log_text, builtin)
+
+
+def lost_pod(pod: dict) -> tuple[str | None, str | None] | None:
+    """A pod disrupted before it finished, or one its node gave up (INFRASTRUCTURE_POD_REASONS)."""
     status = pod.get("status") or {}
-    phase = status.get("phase")
     disrupted = condition(pod, "DisruptionTarget")
     # A disrupted pod whose program still finished (PID 1 ignores SIGTERM unless it handles it,
     # so an evicted episode often runs on to exit 0) Succeeded: the Job counts it, so do we.
-    if disrupted and disrupted.get("status") == "True" and phase != "Succeeded":
+    if disrupted and disrupted.get("status") == "True" and status.get("phase") != "Succeeded":
         return "infrastructure", (
             f"disrupted ({disrupted.get('reason', '?')}: "
             f"{(disrupted.get('message') or '').strip()})"
@@ -267,32 +314,44 @@ def classify_pod_state(
             "infrastructure",
             f"pod {status['reason']}: {(status.get('message') or '').strip()}".rstrip(": "),
         )
-    if phase == "Succeeded":
-        try:
-            job_created = parse_time(job["metadata"].get("creationTimestamp"))
-            verify_episode(pod, parse_events(log_text.splitlines()), job_created or 0.0, builtin)
-        except VerificationError as error:
-            if job_cut_short(job) and pod["metadata"].get("deletionTimestamp"):
-                # Stopped by the Job once --need was met, it exited 0 before its reward was complete.
-                return (
-                    CANCELLED,
-                    f"cancelled: --need was met while it ran (it exited 0 before a complete "
-                    f"reward: {str(error).split(': ', 1)[-1]})",
-                )
-            end = job_end_reason(job)
-            if pod["metadata"].get("deletionTimestamp") and end is not None and not log_text:
-                # The Job's end deleted the pod while it ran; it ran on to exit 0 (its first process
-                # ignores SIGTERM) and the kubelet removed it at once: its log went with it before it
-                # could be read. Its outcome is unknown, not the episode's failure.
-                return "infrastructure", (
-                    f"its log was gone before it could be read: deleted as the Job ended ({end}), "
-                    f"the pod was removed once it exited 0"
-                )
-            return error.failure_class, str(error).split(": ", 1)[-1]
-        return None, None
-    state = container_status(pod).get("state") or {}
+    return None
+
+
+def succeeded_pod(
+    pod: dict, log_text: str, job: dict, builtin: bool
+) -> tuple[str | None, str | None]:
+    """A pod that Succeeded: a pass if its episode verifies, else what stopped it or failed."""
+    try:
+        job_created = parse_time(job["metadata"].get("creationTimestamp"))
+        verify_episode(pod, parse_events(log_text.splitlines()), job_created or 0.0, builtin)
+    except VerificationError as error:
+        if job_cut_short(job) and pod["metadata"].get("deletionTimestamp"):
+            # Stopped by the Job once --need was met, it exited 0 before its reward was complete.
+            return (
+                CANCELLED,
+                f"cancelled: --need was met while it ran (it exited 0 before a complete "
+                f"reward: {str(error).split(': ', 1)[-1]})",
+            )
+        end = job_end_reason(job)
+        if pod["metadata"].get("deletionTimestamp") and end is not None and not log_text:
+            # The Job's end deleted the pod while it ran; it ran on to exit 0 (its first process
+            # ignores SIGTERM) and the kubelet removed it at once: its log went with it before it
+            # could be read. Its outcome is unknown, not the episode's failure.
+            return "infrastructure", (
+                f"its log was gone before it could be read: deleted as the Job ended ({end}), "
+                f"the pod was removed once it exited 0"
+            )
+        return error.failure_class, str(error).split(": ", 1)[-1]
+    return None, None
+
+
+def stopped_pod(pod: dict, job: dict, state: dict) -> tuple[str | None, str | None] | None:
+    """A pod stopped from outside before its episode ended: by --need being met, by its own
+    deadline, or by the Job's end."""
+    status = pod.get("status") or {}
     started = "running" in state or bool((state.get("terminated") or {}).get("startedAt"))
-    if job_cut_short(job) and (pod["metadata"].get("deletionTimestamp") or phase != "Failed"):
+    deleted = pod["metadata"].get("deletionTimestamp")
+    if job_cut_short(job) and (deleted or status.get("phase") != "Failed"):
         # Stopped (or about to be) by the Job because enough episodes had succeeded.
         return (
             CANCELLED,
@@ -301,28 +360,38 @@ def classify_pod_state(
             else "cancelled: --need was met before its container started",
         )
     if status.get("reason") == POD_DEADLINE_REASON:
-        limit = (pod.get("spec") or {}).get("activeDeadlineSeconds")
-        if started:
-            return (
-                "episode",
-                f"ran out of time: still running {limit} s after its pod started (its deadline: "
-                f"--episode-timeout, plus --pull-timeout, as given)",
-            )
-        return "infrastructure", (
-            f"container never started within its pod's deadline of {limit} s from its "
-            f"start (--pull-timeout and --episode-timeout): image {container_image(pod)} "
-            f"not pulled and started by then"
-        )
+        return past_pod_deadline(pod, started)
     end = job_end_reason(job)
     own_exit = (state.get("terminated") or {}).get("exitCode") not in (
         None,
         0,
     ) + INFRASTRUCTURE_EXIT_CODES
-    if pod["metadata"].get("deletionTimestamp") and end is not None and not own_exit:
+    if deleted and end is not None and not own_exit:
         # Stopped by the Job controller as the Job ended, not by anything of its own.
         if started and end == "DeadlineExceeded":
             return "episode", "still running at the Job's deadline"
         return "infrastructure", f"stopped when the Job ended ({end}) before it finished"
+    return None
+
+
+def past_pod_deadline(pod: dict, started: bool) -> tuple[str | None, str | None]:
+    """A pod stopped at its activeDeadlineSeconds: the episode's fault once its container started."""
+    limit = (pod.get("spec") or {}).get("activeDeadlineSeconds")
+    if started:
+        return (
+            "episode",
+            f"ran out of time: still running {limit} s after its pod started (its deadline: "
+            f"--episode-timeout, plus --pull-timeout, as given)",
+        )
+    return "infrastructure", (
+        f"container never started within its pod's deadline of {limit} s from its "
+        f"start (--pull-timeout and --episode-timeout): image {container_image(pod)} "
+        f"not pulled and started by then"
+    )
+
+
+def unended_container(pod: dict, job: dict, state: dict) -> tuple[str | None, str | None] | None:
+    """A pod whose container never ended: never scheduled, never started, or still running."""
     if not (pod.get("spec") or {}).get("nodeName"):
         scheduled = condition(pod, "PodScheduled") or {}
         return (
@@ -336,12 +405,19 @@ def classify_pod_state(
             f"{waiting.get('message', '')})"
         ).replace(": )", ")")
     if "running" in state:
+        end = job_end_reason(job)
         if end == "DeadlineExceeded":
             return "episode", "still running at the Job's deadline"
         return "infrastructure", f"still running when the batch ended ({end or 'not finished'})"
-    terminated = state.get("terminated")
-    if terminated is None:
+    if state.get("terminated") is None:
         return "infrastructure", "container never started (no container status)"
+    return None
+
+
+def ended_container(
+    terminated: dict, log_text: str, builtin: bool
+) -> tuple[str | None, str | None]:
+    """A container that ended on its own: its exit code and its log say whose failure it was."""
     code, reason = terminated.get("exitCode"), terminated.get("reason") or ""
     if (
         reason in INFRASTRUCTURE_TERMINATED_REASONS
@@ -489,32 +565,7 @@ def episode_row(
         row["image"] = images[group] if group < len(images) else None
     row["group"] = group
     if not attempts:
-        if job_cut_short(job):
-            row.update(
-                {
-                    "pod": None,
-                    "attempts": 0,
-                    "reward": None,
-                    "failure_class": CANCELLED,
-                    "valid": False,
-                    "failure": "cancelled: --need was met before this episode's pod was created",
-                    "evidence": "job.json",
-                }
-            )
-            return row
-        end = job_end_reason(job)
-        row.update(
-            {
-                "pod": None,
-                "attempts": 0,
-                "reward": None,
-                "failure_class": "infrastructure",
-                "valid": False,
-                "failure": f"never started: the Job ended ({end or 'unfinished'}) before "
-                f"it created this episode's pod",
-                "evidence": "job.json",
-            }
-        )
+        row.update(never_created(job))
         return row
     outcomes = [
         (
@@ -530,45 +581,79 @@ def episode_row(
         for pod in attempts
     ]
     final = next((o for o in outcomes if o[1] is None), outcomes[-1])
+    row.update(final_attempt(final, outcomes, len(attempts), job_created, logs))
+    return row
+
+
+def never_created(job: dict) -> dict[str, Any]:
+    """The outcome of an episode whose pod was never created: cancelled, or stopped by the Job's end."""
+    if job_cut_short(job):
+        failure_class = CANCELLED
+        failure = "cancelled: --need was met before this episode's pod was created"
+    else:
+        failure_class = "infrastructure"
+        failure = (
+            f"never started: the Job ended ({job_end_reason(job) or 'unfinished'}) before "
+            f"it created this episode's pod"
+        )
+    return {
+        "pod": None,
+        "attempts": 0,
+        "reward": None,
+        "failure_class": failure_class,
+        "valid": False,
+        "failure": failure,
+        "evidence": "job.json",
+    }
+
+
+def final_attempt(
+    final: tuple[dict, str | None, str | None],
+    outcomes: Sequence[tuple[dict, str | None, str | None]],
+    attempts: int,
+    job_created: float,
+    logs: dict[str, str],
+) -> dict[str, Any]:
+    """An episode's outcome from its final attempt, (pod, failure class, why): its reward and
+    times as its worker reported them, and its other attempts' outcomes."""
     pod, failure_class, failure = final
     name = pod_name(pod)
     worker_events = parse_events(logs.get(name, "").splitlines())
     ready = next((e for e in worker_events if e["event"] == "ready"), {})
     reward = next((e for e in worker_events if e["event"] == "reward"), {})
     created = parse_time(pod["metadata"].get("creationTimestamp"))
-
-    def seconds(later: Any, earlier: float | None) -> float | None:
-        ok = isinstance(later, (int, float)) and not isinstance(later, bool) and earlier is not None
-        return rounded(later - earlier) if ok else None
-
-    row.update(
-        {
-            "pod": name,
-            "attempts": max(len(attempts), attempts_recorded(pod)),
-            "reward": reward.get("reward"),
-            "failure_class": failure_class,
-            "valid": reward_valid(failure_class),
-            "failure": failure,
-            "node": (pod.get("spec") or {}).get("nodeName"),
-            "pod_to_ready_seconds": seconds(ready.get("at"), created),
-            "batch_to_ready_seconds": seconds(ready.get("at"), job_created),
-            "batch_to_reward_seconds": seconds(reward.get("at"), job_created),
-            "episode_seconds": seconds(
-                reward.get("at"), ready.get("at") if "at" in ready else None
-            ),
-            "evidence": f"{name}.log" if failure_class else None,
-            "earlier_attempts": [
-                {"pod": pod_name(p), "failure_class": c, "failure": f}
-                for p, c, f in outcomes
-                if p is not pod
-            ],
-        }
-    )
+    fields = {
+        "pod": name,
+        "attempts": max(attempts, attempts_recorded(pod)),
+        "reward": reward.get("reward"),
+        "failure_class": failure_class,
+        "valid": reward_valid(failure_class),
+        "failure": failure,
+        "node": (pod.get("spec") or {}).get("nodeName"),
+        "pod_to_ready_seconds": seconds_between(ready.get("at"), created),
+        "batch_to_ready_seconds": seconds_between(ready.get("at"), job_created),
+        "batch_to_reward_seconds": seconds_between(reward.get("at"), job_created),
+        "episode_seconds": seconds_between(
+            reward.get("at"), ready.get("at") if "at" in ready else None
+        ),
+        "evidence": f"{name}.log" if failure_class else None,
+        "earlier_attempts": [
+            {"pod": pod_name(p), "failure_class": c, "failure": f}
+            for p, c, f in outcomes
+            if p is not pod
+        ],
+    }
     for key, value in reward.items():
         if key in ("event", "reward"):
             continue
-        row[key if key not in REWARD_ROW_FIELDS else f"episode_{key}"] = value
-    return row
+        fields[key if key not in REWARD_ROW_FIELDS else f"episode_{key}"] = value
+    return fields
+
+
+def seconds_between(later: Any, earlier: float | None) -> float | None:
+    """The seconds from `earlier` to `later`, as a row shows them; None unless both are times."""
+    ok = isinstance(later, (int, float)) and not isinstance(later, bool) and earlier is not None
+    return rounded(later - earlier) if ok else None
 
 
 def failure_settled(job: dict | None, index: int) -> bool:

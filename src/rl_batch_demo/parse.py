@@ -166,9 +166,26 @@ def merged_job(batch: str, jobs: Sequence[dict], expected: int) -> dict:
     when the first was, its counts and index lists the sums and unions (as run-wide indexes), and
     ended only once all `expected` have: Complete if every one is, else Failed as the first that
     failed says (the latest end's time). `jobs`: as last seen, in creation order."""
-    first = jobs[0]
-    metadata = first.get("metadata") or {}
-    created = min(
+    metadata = jobs[0].get("metadata") or {}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": batch,
+            "namespace": metadata.get("namespace"),
+            "uid": metadata.get("uid"),
+            "creationTimestamp": first_creation(jobs),
+            "resourceVersion": newest_version(jobs),
+            "labels": {BATCH_LABEL: batch},
+        },
+        "spec": merged_spec(jobs),
+        "status": merged_status(jobs, expected),
+    }
+
+
+def first_creation(jobs: Sequence[dict]) -> str | None:
+    """The earliest creationTimestamp of the Jobs, as written."""
+    return min(
         (
             job["metadata"].get("creationTimestamp")
             for job in jobs
@@ -177,13 +194,27 @@ def merged_job(batch: str, jobs: Sequence[dict], expected: int) -> dict:
         key=lambda t: parse_time(t) or 0.0,
         default=None,
     )
+
+
+def newest_version(jobs: Sequence[dict]) -> str:
+    """The highest resourceVersion of the Jobs."""
     versions = [str(job["metadata"].get("resourceVersion") or "") for job in jobs]
-    version = max(versions, key=lambda v: int(v) if v.isdigit() else -1)
-    spec = dict(first.get("spec") or {})
+    return max(versions, key=lambda v: int(v) if v.isdigit() else -1)
+
+
+def merged_spec(jobs: Sequence[dict]) -> dict[str, Any]:
+    """The first Job's spec, its completions and parallelism the sums of all the Jobs'."""
+    spec = dict(jobs[0].get("spec") or {})
     spec.update(
         completions=sum(int((job.get("spec") or {}).get("completions") or 0) for job in jobs),
         parallelism=sum(int((job.get("spec") or {}).get("parallelism") or 0) for job in jobs),
     )
+    return spec
+
+
+def merged_status(jobs: Sequence[dict], expected: int) -> dict[str, Any]:
+    """The Jobs' status as one: counts summed, the first start, index lists joined (run-wide),
+    and an end once all `expected` Jobs have ended."""
     statuses = [job.get("status") or {} for job in jobs]
     status: dict[str, Any] = {
         key: sum(int(s.get(key) or 0) for s in statuses)
@@ -199,38 +230,28 @@ def merged_job(batch: str, jobs: Sequence[dict], expected: int) -> dict:
             status[field] = index_ranges(indexes)
     ends = [job_finished(job) for job in jobs]
     if len(jobs) == expected and all(ends):
-        if all(end == "Complete" for end in ends):
-            status["conditions"] = [
-                c
-                for c in (
-                    latest_condition(jobs, "SuccessCriteriaMet"),
-                    latest_condition(jobs, "Complete"),
-                )
-                if c is not None
-            ]
-        else:
-            failed = next(job for job, end in zip(jobs, ends) if end == "Failed")
-            last_end = max(
-                (condition(job, end or "") or {}).get("lastTransitionTime") or ""
-                for job, end in zip(jobs, ends)
+        status["conditions"] = merged_end(jobs, ends)
+    return status
+
+
+def merged_end(jobs: Sequence[dict], ends: Sequence[str | None]) -> list[dict]:
+    """The conditions of Jobs that have all ended: Complete (and SuccessCriteriaMet) as the latest
+    says if every one completed, else Failed as the first that failed says, at the latest end."""
+    if all(end == "Complete" for end in ends):
+        return [
+            c
+            for c in (
+                latest_condition(jobs, "SuccessCriteriaMet"),
+                latest_condition(jobs, "Complete"),
             )
-            status["conditions"] = [
-                dict(condition(failed, "Failed") or {}, lastTransitionTime=last_end)
-            ]
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {
-            "name": batch,
-            "namespace": metadata.get("namespace"),
-            "uid": metadata.get("uid"),
-            "creationTimestamp": created,
-            "resourceVersion": version,
-            "labels": {BATCH_LABEL: batch},
-        },
-        "spec": spec,
-        "status": status,
-    }
+            if c is not None
+        ]
+    failed = next(job for job, end in zip(jobs, ends) if end == "Failed")
+    last_end = max(
+        (condition(job, end or "") or {}).get("lastTransitionTime") or ""
+        for job, end in zip(jobs, ends)
+    )
+    return [dict(condition(failed, "Failed") or {}, lastTransitionTime=last_end)]
 
 
 def container_status(pod: dict, name: str = CONTAINER_NAME) -> dict:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from html import escape as html_escape
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 from .constants import CANCELLED
 from .model import Settings
@@ -51,8 +51,28 @@ TIME_AXIS = "seconds after the Job's creationTimestamp (its whole second, as res
 
 def timeline_svg(batches: Sequence[tuple[str, BatchSummary]], title: str) -> str:
     """One bar per episode on a shared axis from its Job's creationTimestamp, coloured by phase."""
-    # Bars in the order the pods were created, each batch from its Job's creationTimestamp.
-    episodes = [
+    episodes = timeline_episodes(batches)
+    layout = timeline_layout(episodes)
+    parts = timeline_head(layout, title) + timeline_axis(layout)
+    if len(batches) == 1 and batches[0][1].origin > batches[0][1].job_created:
+        parts.append(job_created_line(layout, batches[0][1]))
+    if not layout.labels:
+        middle = f"{layout.top + layout.row_height * layout.rows / 2:.0f}"
+        parts.append(
+            f'<text x="{layout.left - 12}" y="{middle}" text-anchor="middle" '
+            f'transform="rotate(-90 {layout.left - 12} {middle})">'
+            f"{layout.rows} episodes, one row each</text>"
+        )
+    for row, (origin, record) in enumerate(episodes):
+        parts += timeline_row(layout, row, origin, record)
+    parts.append("</svg>")
+    return "\n".join(parts) + "\n"
+
+
+def timeline_episodes(batches: Sequence[tuple[str, BatchSummary]]) -> list[tuple[float, dict]]:
+    """Every episode, failed ones included, with its Job's creationTimestamp: the bars in the order
+    the pods were created, batch after batch."""
+    return [
         (summary.job_created, record)
         for _, summary in batches
         for record in sorted(
@@ -63,15 +83,42 @@ def timeline_svg(batches: Sequence[tuple[str, BatchSummary]], title: str) -> str
             ),
         )
     ]
+
+
+class TimelineLayout(NamedTuple):
+    """Where the timeline's parts go: its size, its rows, its plot and its time axis."""
+
+    width: int
+    height: int
+    rows: int  # one per episode
+    row_height: int
+    labels: bool  # each row named: rows tall enough to read
+    left: int  # the plot's left edge
+    plot_width: int
+    top: int  # the first row's top, below the legend
+    legend: list[str]  # the legend's parts
+    step: float  # seconds between ticks
+    axis_end: float  # seconds at the axis' right end
+
+    def x(self, seconds: float) -> float:
+        """Where a moment `seconds` after the axis' start is drawn."""
+        return self.left + self.plot_width * max(0.0, seconds) / self.axis_end
+
+    def axis_y(self) -> int:
+        """Where the time axis is drawn, below the last row."""
+        return self.top + self.row_height * self.rows + 6
+
+
+def timeline_layout(episodes: Sequence[tuple[float, dict]]) -> TimelineLayout:
+    """The timeline's layout: rows as tall as its count allows, named where they are tall enough,
+    and an axis to the latest point any episode reached."""
     count = len(episodes)
     row_height = 18 if count <= 40 else max(3, min(12, 720 // max(count, 1)))
     labels = row_height >= 10
     left = 170 if labels else 60
     width, right = 1000, 30
-    plot_width = width - left - right
-    legend_parts, legend_last_row = timeline_legend(left, width - right)
+    legend, legend_last_row = timeline_legend(left, width - right)
     top = legend_last_row + 38
-    height = top + row_height * count + 80
     span = max(
         [
             point[0] - origin
@@ -82,29 +129,47 @@ def timeline_svg(batches: Sequence[tuple[str, BatchSummary]], title: str) -> str
         + [1.0]
     )
     step = nice_step(span)
-    axis_end = math.ceil(span / step) * step
+    return TimelineLayout(
+        width,
+        top + row_height * count + 80,
+        count,
+        row_height,
+        labels,
+        left,
+        width - left - right,
+        top,
+        legend,
+        step,
+        math.ceil(span / step) * step,
+    )
 
-    def x(seconds: float) -> float:
-        return left + plot_width * max(0.0, seconds) / axis_end
 
-    parts = [
+def timeline_head(layout: TimelineLayout, title: str) -> list[str]:
+    """The timeline's opening: its size, the hatching of unsplit phases, its title and legend."""
+    width, height = layout.width, layout.height
+    return [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
         '<defs><pattern id="unsplit" width="6" height="6" patternUnits="userSpaceOnUse" '
         'patternTransform="rotate(45)"><rect width="6" height="6" fill="#f4a259"/>'
         '<rect width="3" height="6" fill="#e76f51"/></pattern></defs>',
         f'<rect width="{width}" height="{height}" fill="white"/>',
-        f'<text x="{left}" y="20" font-size="15" font-weight="bold">{html_escape(title)}</text>',
-    ] + legend_parts
-    axis_y = top + row_height * count + 6
+        f'<text x="{layout.left}" y="20" font-size="15" font-weight="bold">{html_escape(title)}</text>',
+    ] + layout.legend
+
+
+def timeline_axis(layout: TimelineLayout) -> list[str]:
+    """The time axis: a gridline and a label per tick, the axis line and what it counts."""
+    top, left, plot_width, axis_y = layout.top, layout.left, layout.plot_width, layout.axis_y()
+    parts = []
     tick = 0.0
-    while tick <= axis_end + 1e-9:
-        tx = x(tick)
+    while tick <= layout.axis_end + 1e-9:
+        tx = layout.x(tick)
         parts.append(
             f'<line x1="{tx:.1f}" y1="{top - 4}" x2="{tx:.1f}" y2="{axis_y}" stroke="#e5e5e5"/>'
         )
         parts.append(f'<text x="{tx:.1f}" y="{axis_y + 16}" text-anchor="middle">{tick:g}</text>')
-        tick += step
+        tick += layout.step
     parts.append(
         f'<line x1="{left}" y1="{axis_y}" x2="{left + plot_width}" y2="{axis_y}" stroke="black"/>'
     )
@@ -112,38 +177,40 @@ def timeline_svg(batches: Sequence[tuple[str, BatchSummary]], title: str) -> str
         f'<text x="{left + plot_width / 2:.0f}" y="{axis_y + 36}" text-anchor="middle">'
         f"{html_escape(TIME_AXIS)}</text>"
     )
-    if len(batches) == 1 and batches[0][1].origin > batches[0][1].job_created:
-        # Where the Job may first have existed: its stamp only names the second it began in.
-        summary = batches[0][1]
-        created_x = x(summary.origin - summary.job_created)
+    return parts
+
+
+def job_created_line(layout: TimelineLayout, summary: BatchSummary) -> str:
+    """Where the Job may first have existed: its stamp only names the second it began in."""
+    created_x = layout.x(summary.origin - summary.job_created)
+    return (
+        f'<line x1="{created_x:.1f}" y1="{layout.top - 4}" x2="{created_x:.1f}" '
+        f'y2="{layout.axis_y()}" stroke="#888" stroke-dasharray="4 3"><title>the Job created, '
+        f"at the earliest: {summary.origin - summary.job_created:.3f} s</title></line>"
+    )
+
+
+def timeline_row(layout: TimelineLayout, row: int, origin: float, record: dict) -> list[str]:
+    """One episode's row: its name where rows are named, its phase bars, and the mark of a
+    failed episode; `origin` its Job's creationTimestamp."""
+    y = layout.top + row * layout.row_height
+    failed = "failure_class" in record
+    parts = []
+    if layout.labels:
+        # A pod's name starts with its Job's: it names the round too.
+        label = record["pod"] or f"episode {record['index']}: no pod"
         parts.append(
-            f'<line x1="{created_x:.1f}" y1="{top - 4}" x2="{created_x:.1f}" y2="{axis_y}" '
-            f'stroke="#888" stroke-dasharray="4 3"><title>the Job created, at the earliest: '
-            f"{summary.origin - summary.job_created:.3f} s</title></line>"
+            f'<text x="{layout.left - 6}" y="{y + layout.row_height * 0.7:.1f}" text-anchor="end" '
+            f'font-size="11"{FAILED_FILL if failed else ""}>{html_escape(label[-26:])}</text>'
         )
-    if not labels:
-        parts.append(
-            f'<text x="{left - 12}" y="{top + row_height * count / 2:.0f}" text-anchor="middle" '
-            f'transform="rotate(-90 {left - 12} {top + row_height * count / 2:.0f})">'
-            f"{count} episodes, one row each</text>"
-        )
-    for row, (origin, record) in enumerate(episodes):
-        y = top + row * row_height
-        failed = "failure_class" in record
-        if labels:
-            # A pod's name starts with its Job's: it names the round too.
-            label = record["pod"] or f"episode {record['index']}: no pod"
-            parts.append(
-                f'<text x="{left - 6}" y="{y + row_height * 0.7:.1f}" text-anchor="end" font-size="11"'
-                f"{FAILED_FILL if failed else ''}>{html_escape(label[-26:])}</text>"
-            )
-        # Called before the loop moves on, so it sees this batch's origin.
-        at = lambda moment: x(moment - origin)  # noqa: B023, E731
-        parts += timeline_bars(record, at, y, row_height)
-        if failed:
-            parts.append(failed_marker(record, at, left, y, row_height))
-    parts.append("</svg>")
-    return "\n".join(parts) + "\n"
+
+    def at(moment: float) -> float:
+        return layout.x(moment - origin)
+
+    parts += timeline_bars(record, at, y, layout.row_height)
+    if failed:
+        parts.append(failed_marker(record, at, layout.left, y, layout.row_height))
+    return parts
 
 
 FAILED_FILL = ' fill="#c1121f"'
@@ -270,20 +337,8 @@ def chart_svg(
     x_min: float = 0.0,
 ) -> str:
     """Step lines on shared axes; each series is (legend text, colour, [(x, y)] rising in x, bold?, tooltip)."""
-    width, height = 1000, 560
-    left, right, top, bottom = 70, 270, 56, 60
-    plot_w, plot_h = width - left - right, height - top - bottom
-    x_max = max([x for _, _, points, _, _ in series for x, _ in points] + [x_min + 1.0])
-    step = nice_step(x_max - x_min)
-    axis_start = math.floor(x_min / step) * step
-    axis_end = math.ceil(x_max / step) * step
-
-    def sx(value: float) -> float:
-        return left + plot_w * (value - axis_start) / (axis_end - axis_start)
-
-    def sy(value: float) -> float:
-        return top + plot_h * (1 - value / max(y_max, 1e-9))
-
+    layout = chart_layout(series, y_max, x_min)
+    width, height, left = layout.width, layout.height, layout.left
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
@@ -291,15 +346,85 @@ def chart_svg(
         f'<text x="{left}" y="22" font-size="15" font-weight="bold">{html_escape(title)}</text>',
         f'<text x="{left}" y="40" fill="#444">{html_escape(subtitle)}</text>',
     ]
-    tick = axis_start
-    while tick <= axis_end + 1e-9:
+    parts += chart_axes(layout, x_label, y_label, y_ticks)
+    parts += chart_legend(layout, series)
+    # The bold line is drawn last, so no other hides it.
+    for _, colour, points, bold, tooltip in sorted(series, key=lambda line: line[3]):
+        if points:
+            parts.append(
+                f'<path d="{step_path(layout, points)}" fill="none" stroke="{colour}" '
+                f'stroke-width="{2.5 if bold else 1.5}"><title>{html_escape(tooltip)}</title></path>'
+            )
+    parts.append("</svg>")
+    return "\n".join(parts) + "\n"
+
+
+class ChartLayout(NamedTuple):
+    """Where a chart's parts go: its size, its plot, and the values its axes span."""
+
+    width: int
+    height: int
+    left: int  # the plot's left edge
+    top: int  # the plot's top edge
+    plot_w: int
+    plot_h: int
+    axis_start: float  # x at the plot's left edge
+    axis_end: float  # x at its right edge
+    step: float  # x between ticks
+    y_max: float  # y at the plot's top edge
+
+    def sx(self, value: float) -> float:
+        """Where x `value` is drawn."""
+        return self.left + self.plot_w * (value - self.axis_start) / (
+            self.axis_end - self.axis_start
+        )
+
+    def sy(self, value: float) -> float:
+        """Where y `value` is drawn."""
+        return self.top + self.plot_h * (1 - value / max(self.y_max, 1e-9))
+
+
+def chart_layout(
+    series: Sequence[tuple[str, str, list[tuple[float, float]], bool, str]],
+    y_max: float,
+    x_min: float,
+) -> ChartLayout:
+    """A chart's layout: the legend right of the plot, the x axis from `x_min` to past the largest
+    x, in round steps."""
+    width, height = 1000, 560
+    left, right, top, bottom = 70, 270, 56, 60
+    x_max = max([x for _, _, points, _, _ in series for x, _ in points] + [x_min + 1.0])
+    step = nice_step(x_max - x_min)
+    return ChartLayout(
+        width,
+        height,
+        left,
+        top,
+        width - left - right,
+        height - top - bottom,
+        math.floor(x_min / step) * step,
+        math.ceil(x_max / step) * step,
+        step,
+        y_max,
+    )
+
+
+def chart_axes(
+    layout: ChartLayout, x_label: str, y_label: str, y_ticks: Sequence[tuple[float, str]]
+) -> list[str]:
+    """A chart's gridlines and tick labels, its plot's frame and what each axis counts."""
+    left, top, plot_w, plot_h = layout.left, layout.top, layout.plot_w, layout.plot_h
+    sx, sy = layout.sx, layout.sy
+    parts = []
+    tick = layout.axis_start
+    while tick <= layout.axis_end + 1e-9:
         parts.append(
             f'<line x1="{sx(tick):.1f}" y1="{top}" x2="{sx(tick):.1f}" y2="{top + plot_h}" stroke="#e5e5e5"/>'
         )
         parts.append(
             f'<text x="{sx(tick):.1f}" y="{top + plot_h + 16}" text-anchor="middle">{tick:g}</text>'
         )
-        tick += step
+        tick += layout.step
     for value, text in y_ticks:
         parts.append(
             f'<line x1="{left}" y1="{sy(value):.1f}" x2="{left + plot_w}" y2="{sy(value):.1f}" '
@@ -312,39 +437,43 @@ def chart_svg(
         f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="black"/>'
     )
     parts.append(
-        f'<text x="{left + plot_w / 2:.0f}" y="{height - 18}" text-anchor="middle">'
+        f'<text x="{left + plot_w / 2:.0f}" y="{layout.height - 18}" text-anchor="middle">'
         f"{html_escape(x_label)}</text>"
     )
     parts.append(
         f'<text x="16" y="{top + plot_h / 2:.0f}" text-anchor="middle" '
         f'transform="rotate(-90 16 {top + plot_h / 2:.0f})">{html_escape(y_label)}</text>'
     )
+    return parts
+
+
+def chart_legend(
+    layout: ChartLayout, series: Sequence[tuple[str, str, list[tuple[float, float]], bool, str]]
+) -> list[str]:
+    """A chart's legend right of its plot: each series' line and text, in the order given."""
+    right_of_plot = layout.left + layout.plot_w
+    parts = []
     for index, (label, colour, _, bold, _) in enumerate(series):
-        legend_y = top + 8 + 20 * index
+        legend_y = layout.top + 8 + 20 * index
         parts.append(
-            f'<line x1="{left + plot_w + 14}" y1="{legend_y}" x2="{left + plot_w + 38}" y2="{legend_y}" '
+            f'<line x1="{right_of_plot + 14}" y1="{legend_y}" x2="{right_of_plot + 38}" y2="{legend_y}" '
             f'stroke="{colour}" stroke-width="{3 if bold else 2}"/>'
         )
         parts.append(
-            f'<text x="{left + plot_w + 44}" y="{legend_y + 4}">{html_escape(label)}</text>'
+            f'<text x="{right_of_plot + 44}" y="{legend_y + 4}">{html_escape(label)}</text>'
         )
-    # The bold line is drawn last, so no other hides it.
-    for _, colour, points, bold, tooltip in sorted(series, key=lambda line: line[3]):
-        if not points:
-            continue
-        path = [f"M{sx(points[0][0]):.1f},{sy(0):.1f}"]
-        previous_y = 0.0
-        for x_value, y_value in points:
-            path.append(
-                f"L{sx(x_value):.1f},{sy(previous_y):.1f}L{sx(x_value):.1f},{sy(y_value):.1f}"
-            )
-            previous_y = y_value
-        parts.append(
-            f'<path d="{"".join(path)}" fill="none" stroke="{colour}" '
-            f'stroke-width="{2.5 if bold else 1.5}"><title>{html_escape(tooltip)}</title></path>'
-        )
-    parts.append("</svg>")
-    return "\n".join(parts) + "\n"
+    return parts
+
+
+def step_path(layout: ChartLayout, points: Sequence[tuple[float, float]]) -> str:
+    """A series' steps as a path's data: from 0 at its first x, up (or down) at each point."""
+    sx, sy = layout.sx, layout.sy
+    path = [f"M{sx(points[0][0]):.1f},{sy(0):.1f}"]
+    previous_y = 0.0
+    for x_value, y_value in points:
+        path.append(f"L{sx(x_value):.1f},{sy(previous_y):.1f}L{sx(x_value):.1f},{sy(y_value):.1f}")
+        previous_y = y_value
+    return "".join(path)
 
 
 def ramp_svg(
@@ -630,6 +759,29 @@ def compare_table(first: dict, second: dict, first_label: str, second_label: str
         for field in COMPARED_FIELDS
     ]
     precise: dict[str, tuple[Any, Any]] = {}  # row -> the precision of each side's figure
+    for row, a, b, precisions in phase_rows(first, second):
+        rows.append((row, a, b))
+        precise[row] = precisions
+    rows += condition_rows(first, second)
+    for name, a, b in rows:
+        if any(isinstance(value, (str, bool)) for value in (a, b)):
+            lines.append(condition_line(name, a, b, width))
+        elif name in precise:
+            lines.append(precise_line(name, a, b, width, precise[name]))
+        else:
+            ratio = (
+                f"{b / a:.2f}"
+                if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a
+                else "-"
+            )
+            shown_a, shown_b = "-" if a is None else str(a), "-" if b is None else str(b)
+            lines.append(f"{name:<32}{shown_a:>{width}}  {shown_b:>{width}}  {ratio:>8}")
+    return "\n".join(lines)
+
+
+def phase_rows(first: dict, second: dict) -> list[tuple[str, Any, Any, tuple[Any, Any]]]:
+    """Each phase's median in either run: (row, first's, second's, the precision of each)."""
+    rows = []
     for phase in PHASES:
         # The guide's figure of the same name counts from whole seconds; the phase is sharper.
         row = (
@@ -641,8 +793,14 @@ def compare_table(first: dict, second: dict, first_label: str, second_label: str
         entry_b = (second.get("phases") or {}).get(phase, {})
         a, b = entry_a.get("p50"), entry_b.get("p50")
         if a is not None or b is not None:
-            rows.append((row, a, b))
-            precise[row] = (entry_a.get("precision_seconds"), entry_b.get("precision_seconds"))
+            precisions = (entry_a.get("precision_seconds"), entry_b.get("precision_seconds"))
+            rows.append((row, a, b, precisions))
+    return rows
+
+
+def condition_rows(first: dict, second: dict) -> list[tuple[str, Any, Any]]:
+    """What each run was (COMPARED_CONDITIONS) and how many of its episodes found their image
+    present or pulled, where either run says."""
     conditions = [(field, first.get(field), second.get(field)) for field in COMPARED_CONDITIONS]
     conditions += [
         (
@@ -652,51 +810,43 @@ def compare_table(first: dict, second: dict, first_label: str, second_label: str
         )
         for state in ("present", "pulled")
     ]
-    rows += [(name, a, b) for name, a, b in conditions if a is not None or b is not None]
-    for name, a, b in rows:
-        if isinstance(a, str) or isinstance(b, str) or isinstance(a, bool) or isinstance(b, bool):
-            a, b = (
-                value[:12] if isinstance(value, str) and len(value) == 64 else value
-                for value in (a, b)
-            )
-            same = "same" if a == b else "differ"
-            lines.append(
-                f"{name:<32}{'-' if a is None else a!s:>{width}}  {'-' if b is None else b!s:>{width}}  "
-                f"{same:>8}"
-            )
-            continue
-        if name in precise:
-            # No ratio of a figure below its precision: it could be anything from 0 to that.
-            (precision_a, precision_b) = precise[name]
-            ratio = (
-                "-"
-                if below_precision(a, precision_a)
-                or below_precision(b, precision_b)
-                or not a
-                or a is None
-                or b is None
-                else f"{b / a:.2f}"
-            )
-            shown_a = (
-                "-"
-                if a is None
-                else (figure(a, precision_a) if below_precision(a, precision_a) else str(a))
-            )
-            shown_b = (
-                "-"
-                if b is None
-                else (figure(b, precision_b) if below_precision(b, precision_b) else str(b))
-            )
-            lines.append(f"{name:<32}{shown_a:>{width}}  {shown_b:>{width}}  {ratio:>8}")
-            continue
-        ratio = (
-            f"{b / a:.2f}"
-            if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a
-            else "-"
-        )
-        shown_a, shown_b = "-" if a is None else str(a), "-" if b is None else str(b)
-        lines.append(f"{name:<32}{shown_a:>{width}}  {shown_b:>{width}}  {ratio:>8}")
-    return "\n".join(lines)
+    return [(name, a, b) for name, a, b in conditions if a is not None or b is not None]
+
+
+def condition_line(name: str, a: Any, b: Any, width: int) -> str:
+    """A row of texts or flags: whether the two runs had the same (a digest shown by its start)."""
+    a, b = (
+        value[:12] if isinstance(value, str) and len(value) == 64 else value for value in (a, b)
+    )
+    same = "same" if a == b else "differ"
+    return (
+        f"{name:<32}{'-' if a is None else a!s:>{width}}  {'-' if b is None else b!s:>{width}}  "
+        f"{same:>8}"
+    )
+
+
+def precise_line(name: str, a: Any, b: Any, width: int, precisions: tuple[Any, Any]) -> str:
+    """A row of phase figures measured with a precision: one below it is shown as such."""
+    precision_a, precision_b = precisions
+    # No ratio of a figure below its precision: it could be anything from 0 to that.
+    ratio = (
+        "-"
+        if below_precision(a, precision_a)
+        or below_precision(b, precision_b)
+        or not a
+        or a is None
+        or b is None
+        else f"{b / a:.2f}"
+    )
+    shown_a, shown_b = precise_figure(a, precision_a), precise_figure(b, precision_b)
+    return f"{name:<32}{shown_a:>{width}}  {shown_b:>{width}}  {ratio:>8}"
+
+
+def precise_figure(value: Any, precision: float | None) -> str:
+    """A figure as compared: `< precision` when it is below it, `-` when missing, else as saved."""
+    if value is None:
+        return "-"
+    return figure(value, precision) if below_precision(value, precision) else str(value)
 
 
 def plural(number: Any, noun: str) -> str:

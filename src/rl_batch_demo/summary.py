@@ -14,7 +14,7 @@ import heapq
 import io
 import json
 import math
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Sequence
 
 from .model import VerificationError
 from .stats import describe, rounded
@@ -44,6 +44,7 @@ from .timing import (
     KUBELET_CONTAINER_REASONS,
     PHASES,
     POINTS,
+    Point,
     REFERENCE_CLOCK,
     WHOLE_SECOND,
     clock_offsets,
@@ -632,33 +633,9 @@ class EpisodeDrafts:
         if job_created is None or (pod.get("status") or {}).get("phase") != "Succeeded":
             return
         assert job is not None  # it has a creationTimestamp
-        earliest = job_creation(job, job_observed, 0.0, 0.0).earliest
-        job_bound = lower(earliest, "the Job's creation", REFERENCE_CLOCK)
-        if job_bound != self._job_bound:  # the batch's drafts share one
-            self._job_bound = job_bound
-        index = self.index
-        slot = None
-        if self.slots is not None:
-            window = creation_window(
-                pod, earliest, index.creations.get(name), observed, CLOCKS_AGREE
-            )
-            slot = self.slots.slot_bound(window[0])
-        inputs = EpisodeInputs(
-            index.scheduled.get(name),
-            observed,  # the watch's record as it is now: a later sight makes a new one
-            index.kubelet.get(name),  # replaced, never changed, by a later event
-            index.creations.get(name),
-            CLOCKS_AGREE,
-            created_after_bound(self._job_bound, slot),
-        )
+        inputs = self.inputs(name, pod, job, job_observed, observed)
         known = self.drafts.get(name)
-        if (
-            known is not None
-            and known.log_text is log_text
-            and known.job_created == job_created
-            and known.inputs == inputs
-            and same_but_bookkeeping(known.pod, pod)
-        ):
+        if known is not None and drafted_already(known, pod, log_text, job_created, inputs):
             # The ended pod's next version (the Job controller counted it): the same episode,
             # drafted already. Its draft now holds this version, which the summary will be given.
             self.drafts[name] = known._replace(pod=pod)
@@ -676,44 +653,87 @@ class EpisodeDrafts:
             end = end_freeing_slot(pod, reward, CLOCKS_AGREE, job_replaces_terminating(job))
             if end is not None:
                 self.slots.ended(name, end)
-        # Thousands of drafts repeat their field names, sources, nodes and the worker's words.
-        share = self.shared.texts
-        points = share(episode_points(pod, ready, reward, *inputs))
-        phases = phase_durations(points)
-        row = share(pod_row(pod, ready, reward, job_created))
-        cache, pull = index.cache.get(name), index.pulls.get(name)
-        self.csv.put(
-            name,
-            csv_text(
-                episode_csv_fields(
-                    row,
-                    {
-                        "points": points,
-                        "phases": phases,
-                        "image_cache": cache,
-                        "runtime_class": (pod.get("spec") or {}).get("runtimeClassName"),
-                        "image": container_image(pod),
-                        "image_pull": pull,
-                    },
-                    job_created,
-                )
-            ),
+        self.drafts[name] = made_draft(self, pod, log_text, job_created, ready, reward, inputs)
+
+    def inputs(
+        self, name: str, pod: dict, job: dict, job_observed: dict[str, float], observed: dict | None
+    ) -> EpisodeInputs:
+        """What an ended episode's points are made from, as the events and the slots say so far."""
+        earliest = job_creation(job, job_observed, 0.0, 0.0).earliest
+        job_bound = lower(earliest, "the Job's creation", REFERENCE_CLOCK)
+        if job_bound != self._job_bound:  # the batch's drafts share one
+            self._job_bound = job_bound
+        index = self.index
+        slot = None
+        if self.slots is not None:
+            window = creation_window(
+                pod, earliest, index.creations.get(name), observed, CLOCKS_AGREE
+            )
+            slot = self.slots.slot_bound(window[0])
+        return EpisodeInputs(
+            index.scheduled.get(name),
+            observed,  # the watch's record as it is now: a later sight makes a new one
+            index.kubelet.get(name),  # replaced, never changed, by a later event
+            index.creations.get(name),
+            CLOCKS_AGREE,
+            created_after_bound(self._job_bound, slot),
         )
-        self.drafts[name] = EpisodeDraft(
-            pod,
-            log_text,
-            job_created,
-            self.builtin,
-            summarised_fields(ready, READY_FIELDS_SUMMARISED),
-            summarised_fields(reward, REWARD_FIELDS_SUMMARISED),
-            row,
-            inputs,
-            points,
-            phases,
-            self.csv,
-            cache,
-            pull,
-        )
+
+
+def drafted_already(
+    known: EpisodeDraft, pod: dict, log_text: str, job_created: float, inputs: EpisodeInputs
+) -> bool:
+    """Whether `known` is this very episode's draft: the same log, Job and inputs, its pod the
+    same but for what the Job controller changes in an ended pod."""
+    return (
+        known.log_text is log_text
+        and known.job_created == job_created
+        and known.inputs == inputs
+        and same_but_bookkeeping(known.pod, pod)
+    )
+
+
+def made_draft(
+    drafts: EpisodeDrafts,
+    pod: dict,
+    log_text: str,
+    job_created: float,
+    ready: dict,
+    reward: dict,
+    inputs: EpisodeInputs,
+) -> EpisodeDraft:
+    """A verified episode's draft, its row of episodes.csv put in the drafts' spool."""
+    name = drafts.shared.text(pod_name(pod))
+    # Thousands of drafts repeat their field names, sources, nodes and the worker's words.
+    share = drafts.shared.texts
+    points = share(episode_points(pod, ready, reward, *inputs))
+    phases = phase_durations(points)
+    row = share(pod_row(pod, ready, reward, job_created))
+    cache, pull = drafts.index.cache.get(name), drafts.index.pulls.get(name)
+    record = {
+        "points": points,
+        "phases": phases,
+        "image_cache": cache,
+        "runtime_class": (pod.get("spec") or {}).get("runtimeClassName"),
+        "image": container_image(pod),
+        "image_pull": pull,
+    }
+    drafts.csv.put(name, csv_text(episode_csv_fields(row, record, job_created)))
+    return EpisodeDraft(
+        pod,
+        log_text,
+        job_created,
+        drafts.builtin,
+        summarised_fields(ready, READY_FIELDS_SUMMARISED),
+        summarised_fields(reward, REWARD_FIELDS_SUMMARISED),
+        row,
+        inputs,
+        points,
+        phases,
+        drafts.csv,
+        cache,
+        pull,
+    )
 
 
 # What the Job controller changes in an ended pod once it has counted it (its tracking finalizer
@@ -754,6 +774,244 @@ def summarised_fields(event: dict, fields: Sequence[str]) -> dict:
     return {field: event[field] for field in fields if field in event}
 
 
+class EventTables(NamedTuple):
+    """What the batch's events say of each pod (by name), and what its kubelets' events bound
+    each node's clock by, as the summary reads them."""
+
+    scheduled: dict[str, float]  # its Scheduled eventTime
+    cache: dict[str, str]  # its image, found present or pulled
+    pulls: dict[str, ImagePull]  # what the kubelet said of its image's pull
+    kubelet: dict[str, dict[str, tuple[float, str]]]  # its kubelet's container events
+    creations: dict[str, float]  # its creation event's name time
+    kubelet_clocks: tuple[dict[str, ClockBounds], dict[str, tuple[float, str]]]
+
+
+def event_tables(events: Sequence[EventRecord], index: EventIndex | None) -> EventTables:
+    """The events' tables: the watch's `index` where it is exact and of these very events, else
+    the events read again."""
+    if index is not None and index.exact and index.told == len(events):
+        # Copies of the node bounds: clock_offsets adds the pods' bounds to them.
+        nodes = {node: bounds.copy() for node, bounds in index.nodes.items()}
+        return EventTables(
+            index.scheduled,
+            index.cache,
+            index.pulls,
+            index.kubelet,
+            index.creations,
+            (nodes, index.started),
+        )
+    return EventTables(
+        scheduled_event_times(events),
+        image_cache_states(events),
+        image_pulls(events),
+        kubelet_container_events(events),
+        pod_creation_events(events),
+        kubelet_event_clocks(events),
+    )
+
+
+def episode_clocks(clocks: dict) -> Callable[[dict], EpisodeClocks]:
+    """Each pod's clocks, the client's and its node's corrections (each node's made once, not each
+    pod's: its pods share them)."""
+    client = clocks["client"]
+    client_only = EpisodeClocks(client["offset_seconds"], client["correction_slack_seconds"])
+    node_clocks = {
+        node: client_only._replace(
+            node=entry.get("offset_seconds") or 0.0,
+            node_slack=entry.get("correction_slack_seconds") or 0.0,
+        )
+        for node, entry in clocks["nodes"].items()
+        if entry
+    }
+
+    def clocks_of(pod: dict) -> EpisodeClocks:
+        return node_clocks.get((pod.get("spec") or {}).get("nodeName") or "", client_only)
+
+    return clocks_of
+
+
+class BatchSources(NamedTuple):
+    """What each episode of a batch is placed from besides its pod and log."""
+
+    job_created: float  # the Job's creationTimestamp: where every time axis starts
+    job_point: Point  # when the Job was truly created (job_creation)
+    clocks: dict  # each clock's offset from the control plane's (clock_offsets)
+    clocks_of: Callable[[dict], EpisodeClocks]  # a pod's clocks (episode_clocks)
+    tables: EventTables
+    observed_pods: dict[str, dict]  # what the watch saw of each pod, when
+    job_bound: Bound | None  # the Job's creation, which every pod's follows
+    slots: dict[str, float]  # pod -> when an earlier pod's end freed the slot it was created into
+
+    def inputs(self, pod: dict) -> EpisodeInputs:
+        """What an episode's points are made from, besides its pod and log."""
+        name = pod_name(pod)
+        return EpisodeInputs(
+            self.tables.scheduled.get(name),
+            self.observed_pods.get(name),
+            self.tables.kubelet.get(name),
+            self.tables.creations.get(name),
+            self.clocks_of(pod),
+            created_after_bound(self.job_bound, self.slots.get(name)),
+        )
+
+
+def batch_sources(
+    job: dict,
+    pods: Sequence[dict],
+    count: int,
+    episodes: Sequence[tuple[dict, dict, dict]],
+    events: Sequence[EventRecord],
+    observed: dict[str, dict] | None,
+    index: EventIndex | None,
+) -> BatchSources:
+    """The events' tables, the clocks, the Job's creation and the slots (slots_freed, when every
+    episode's pod is known) of a verified batch."""
+    job_created = parse_time(job["metadata"]["creationTimestamp"])
+    assert job_created is not None  # verify_batch checked it
+    tables = event_tables(events, index)
+    observed_pods, job_observed = split_observed(observed)
+    clocks = clock_offsets(
+        job,
+        pods,
+        events,
+        observed_pods,
+        job_observed,
+        tables.kubelet,
+        tables.scheduled,
+        tables.kubelet_clocks,
+    )
+    client = clocks["client"]
+    job_point = job_creation(
+        job, job_observed, client["offset_seconds"], client["correction_slack_seconds"]
+    )
+    clocks_of = episode_clocks(clocks)
+    slots = (
+        slots_freed(
+            episodes,
+            clocks_of,
+            tables.creations,
+            observed_pods,
+            job_point.earliest,
+            int((job.get("spec") or {}).get("parallelism") or 1),
+            job_replaces_terminating(job),
+        )
+        if len(pods) == count
+        else {}
+    )
+    job_bound = lower(job_point.earliest, "the Job's creation", REFERENCE_CLOCK)
+    return BatchSources(
+        job_created, job_point, clocks, clocks_of, tables, observed_pods, job_bound, slots
+    )
+
+
+class SummarisedEpisode(NamedTuple):
+    """One verified episode as the summary has it."""
+
+    row: dict  # its row of `pods` in results.json
+    record: dict  # what the CSV and the pictures read (BatchSummary.episodes)
+    drafted: bool  # its points taken from its draft
+    csv_row: Spool | None  # where its draft's row of episodes.csv is kept, if that row holds
+
+
+def summarised_episode(
+    sources: BatchSources, pod: dict, ready: dict, reward: dict, draft: EpisodeDraft | None
+) -> SummarisedEpisode:
+    """One verified episode's row and record: its draft's where the draft was made from these
+    final inputs, else made again."""
+    name, inputs = pod_name(pod), sources.inputs(pod)
+    drafted = None if draft is None else draft.points_for(pod, ready, inputs)
+    csv_row = None
+    if drafted is not None and draft is not None:
+        points, phases = drafted
+        row = (
+            draft.row
+            if draft.job_created == sources.job_created
+            else pod_row(pod, ready, reward, sources.job_created)
+        )
+        if (
+            draft.csv is not None
+            and points is draft.points
+            and row is draft.row
+            and sources.tables.cache.get(name) == draft.image_cache
+            and sources.tables.pulls.get(name) == draft.image_pull
+        ):
+            csv_row = draft.csv  # its row of episodes.csv is made already
+    else:
+        points = episode_points(pod, ready, reward, *inputs)
+        phases = phase_durations(points)
+        row = pod_row(pod, ready, reward, sources.job_created)
+    record = episode_record(pod, ready, points, phases, sources.tables)
+    return SummarisedEpisode(row, record, drafted is not None, csv_row)
+
+
+def episode_record(
+    pod: dict,
+    ready: dict,
+    points: dict[str, Point | None],
+    phases: dict[str, tuple[float, float] | None],
+    tables: EventTables,
+) -> dict:
+    """A verified episode's record: its points and phases, its image and how it was found."""
+    name = pod_name(pod)
+    created = parse_time(pod["metadata"]["creationTimestamp"])
+    return {
+        "pod": name,
+        "points": points,
+        "phases": phases,
+        "image_cache": tables.cache.get(name),
+        "runtime_class": (pod.get("spec") or {}).get("runtimeClassName"),
+        "index": None if pod_index(pod) is None else str(pod_index(pod)),
+        "image": container_image(pod),
+        "image_pull": tables.pulls.get(name),
+        "guide_pod_to_ready": ready["at"] - created,
+    }
+
+
+def failed_record(
+    sources: BatchSources, logs: dict[str, str], failed_pod: dict | None, row: dict
+) -> dict:
+    """An accepted failure's record for the timeline: its points as far as it got (none when its
+    pod never existed)."""
+    points: dict[str, Point | None] = {point: None for point in POINTS}
+    if failed_pod is not None:
+        name = pod_name(failed_pod)
+        log_events = parse_events(logs.get(name, "").splitlines())
+        ready, reward = (
+            next((e for e in log_events if e["event"] == kind), {}) for kind in ("ready", "reward")
+        )
+        # Placed after the Job's creation alone: the slots are those of the verified episodes.
+        inputs = sources.inputs(failed_pod)._replace(created_after=sources.job_bound)
+        points = episode_points(failed_pod, ready, reward, *inputs)
+    return {
+        "pod": row["pod"],
+        "points": points,
+        "phases": phase_durations(points),
+        "index": row["index"],
+        "failure_class": row["failure_class"],
+        "failure": row["failure"],
+    }
+
+
+def reward_figures(rows: Sequence[dict], records: Sequence[dict], builtin: bool) -> dict:
+    """The batch's rewards, its spans to the last ready and the last reward, and the guide's
+    pod-to-ready figures."""
+    guide = describe([record["guide_pod_to_ready"] for record in records])
+    rewards = [r["reward"] for r in rows]
+    return {
+        "episodes": len(rows),
+        "successful_episodes": sum(1 for r in rewards if r == 1) if builtin else len(rows),
+        "reward_sum": sum(rewards),
+        "reward_mean": rounded(sum(rewards) / len(rewards), 6),
+        "batch_to_all_ready_seconds": max(r["batch_to_ready_seconds"] for r in rows),
+        "batch_to_all_rewards_seconds": max(r["batch_to_reward_seconds"] for r in rows),
+        # The guide's figures, from the whole-second creationTimestamp as the guide computes them;
+        # the pod_to_ready phase measures the same span from the sharpest points.
+        "pod_to_ready_p50_seconds": guide["p50"],
+        "pod_to_ready_p95_seconds": guide["p95"],
+        "pod_to_ready_max_seconds": guide["max"],
+    }
+
+
 @cycle_collector_paused()
 def summarise_batch(
     job: dict,
@@ -776,177 +1034,43 @@ def summarise_batch(
     where it is exact and of these very events (else they are read again)."""
     drafts = drafts or {}
     episodes = verify_batch(count, job, pods, logs, builtin, drafts)
-    job_created = parse_time(job["metadata"]["creationTimestamp"])
-    assert job_created is not None  # verify_batch checked it
-    if index is not None and index.exact and index.told == len(events):
-        scheduled, cache, pulls = index.scheduled, index.cache, index.pulls
-        kubelet, creations = index.kubelet, index.creations
-        # Copies: the pods' bounds are added to them below.
-        kubelet_clocks = ({node: b.copy() for node, b in index.nodes.items()}, index.started)
-    else:
-        scheduled = scheduled_event_times(events)
-        cache = image_cache_states(events)
-        pulls = image_pulls(events)
-        kubelet = kubelet_container_events(events)
-        creations = pod_creation_events(events)
-        kubelet_clocks = kubelet_event_clocks(events)
-    observed_pods, job_observed = split_observed(observed)
-    clocks = clock_offsets(
-        job, pods, events, observed_pods, job_observed, kubelet, scheduled, kubelet_clocks
-    )
-    client_offset = clocks["client"]["offset_seconds"]
-    job_created_point = job_creation(
-        job, job_observed, client_offset, clocks["client"]["correction_slack_seconds"]
-    )
-
-    # Each node's clocks once, not each pod's: its pods share them.
-    client_only = EpisodeClocks(client_offset, clocks["client"]["correction_slack_seconds"])
-    node_clocks = {
-        node: client_only._replace(
-            node=entry.get("offset_seconds") or 0.0,
-            node_slack=entry.get("correction_slack_seconds") or 0.0,
-        )
-        for node, entry in clocks["nodes"].items()
-        if entry
-    }
-
-    def clocks_of(pod: dict) -> EpisodeClocks:
-        return node_clocks.get((pod.get("spec") or {}).get("nodeName") or "", client_only)
-
-    job_spec = job.get("spec") or {}
-    slots = (
-        slots_freed(
-            episodes,
-            clocks_of,
-            creations,
-            observed_pods,
-            job_created_point.earliest,
-            int(job_spec.get("parallelism") or 1),
-            job_replaces_terminating(job),
-        )
-        if len(pods) == count
-        else {}
-    )
-    rows, records, durations = [], [], []
-    drafts_taken = 0
-    csv_rows: dict[str, Spool] = {}
-    job_bound = lower(job_created_point.earliest, "the Job's creation", REFERENCE_CLOCK)
-    for pod, ready, reward in episodes:
-        name = pod_name(pod)
-        created = parse_time(pod["metadata"]["creationTimestamp"])
-        inputs = EpisodeInputs(
-            scheduled.get(name),
-            observed_pods.get(name),
-            kubelet.get(name),
-            creations.get(name),
-            clocks_of(pod),
-            created_after_bound(job_bound, slots.get(name)),
-        )
-        draft = drafts.get(name)
-        drafted = None if draft is None else draft.points_for(pod, ready, inputs)
-        if drafted is not None and draft is not None:
-            drafts_taken += 1
-            points, episode_phases = drafted
-            rows.append(
-                draft.row
-                if draft.job_created == job_created
-                else pod_row(pod, ready, reward, job_created)
-            )
-            if (
-                draft.csv is not None
-                and points is draft.points
-                and rows[-1] is draft.row
-                and cache.get(name) == draft.image_cache
-                and pulls.get(name) == draft.image_pull
-            ):
-                csv_rows[name] = draft.csv  # its row of episodes.csv is made already
-        else:
-            points = episode_points(pod, ready, reward, *inputs)
-            episode_phases = phase_durations(points)
-            rows.append(pod_row(pod, ready, reward, job_created))
-        durations.append(episode_phases)
-        records.append(
-            {
-                "pod": name,
-                "points": points,
-                "phases": episode_phases,
-                "image_cache": cache.get(name),
-                "runtime_class": (pod.get("spec") or {}).get("runtimeClassName"),
-                "index": None if pod_index(pod) is None else str(pod_index(pod)),
-                "image": container_image(pod),
-                "image_pull": pulls.get(name),
-                "guide_pod_to_ready": ready["at"] - created,
-            }
-        )
-    failed_records = []
-    for failed_pod, row in failed:
-        points = {point: None for point in POINTS}
-        if failed_pod is not None:
-            failed_name = pod_name(failed_pod)
-            log_events = parse_events(logs.get(failed_name, "").splitlines())
-            ready, reward = (
-                next((e for e in log_events if e["event"] == name), {})
-                for name in ("ready", "reward")
-            )
-            points = episode_points(
-                failed_pod,
-                ready,
-                reward,
-                scheduled.get(failed_name),
-                observed_pods.get(failed_name),
-                kubelet.get(failed_name),
-                creations.get(failed_name),
-                clocks_of(failed_pod),
-                lower(job_created_point.earliest, "the Job's creation", REFERENCE_CLOCK),
-            )
-        failed_records.append(
-            {
-                "pod": row["pod"],
-                "points": points,
-                "phases": phase_durations(points),
-                "index": row["index"],
-                "failure_class": row["failure_class"],
-                "failure": row["failure"],
-            }
-        )
+    sources = batch_sources(job, pods, count, episodes, events, observed, index)
+    summarised = [
+        summarised_episode(sources, pod, ready, reward, drafts.get(pod_name(pod)))
+        for pod, ready, reward in episodes
+    ]
+    rows = [episode.row for episode in summarised]
+    records = [episode.record for episode in summarised]
     phase_samples: dict[str, list[float]] = {}
-    phases = phase_summary(durations, phase_samples)
-    guide = describe([record["guide_pod_to_ready"] for record in records])
-    rewards = [r["reward"] for r in rows]
-    last_reward = max(reward["at"] for _, _, reward in episodes)
-    figures = {
-        "episodes": len(rows),
-        "successful_episodes": sum(1 for r in rewards if r == 1) if builtin else len(rows),
-        "reward_sum": sum(rewards),
-        "reward_mean": rounded(sum(rewards) / len(rewards), 6),
-        "batch_to_all_ready_seconds": max(r["batch_to_ready_seconds"] for r in rows),
-        "batch_to_all_rewards_seconds": max(r["batch_to_reward_seconds"] for r in rows),
-        # The guide's figures, from the whole-second creationTimestamp as the guide computes them;
-        # the pod_to_ready phase measures the same span from the sharpest points.
-        "pod_to_ready_p50_seconds": guide["p50"],
-        "pod_to_ready_p95_seconds": guide["p95"],
-        "pod_to_ready_max_seconds": guide["max"],
-        "phases": phases,
-        "job_created": job_created_point._asdict(),
-        "phases_by_start_path": start_path_phases(records),
-        "clocks": clocks,
-        "completion_gap": completion_gap(job, pods, last_reward, client_observed_at),
-        "nodes": node_distribution(pods),
-        "image_cache": count_image_cache(record["image_cache"] for record in records),
-        "images": image_figures(records),
-        "warnings": warning_summary(events),
-        "pods": rows,
-    }
+    figures = reward_figures(rows, records, builtin)
+    figures.update(
+        phases=phase_summary([record["phases"] for record in records], phase_samples),
+        job_created=sources.job_point._asdict(),
+        phases_by_start_path=start_path_phases(records),
+        clocks=sources.clocks,
+        completion_gap=completion_gap(
+            job, pods, max(reward["at"] for _, _, reward in episodes), client_observed_at
+        ),
+        nodes=node_distribution(pods),
+        image_cache=count_image_cache(record["image_cache"] for record in records),
+        images=image_figures(records),
+        warnings=warning_summary(events),
+        pods=rows,
+    )
     # The Job may first have existed before the create call returned (its pods can be created
     # before): the timeline marks that moment on its axis, which starts at job_created.
     return BatchSummary(
         figures,
         records,
-        job_created,
-        job_created_point.earliest or job_created,
-        failed_records,
-        drafts_taken=drafts_taken,
-        csv_rows=csv_rows,
+        sources.job_created,
+        sources.job_point.earliest or sources.job_created,
+        [failed_record(sources, logs, failed_pod, row) for failed_pod, row in failed],
+        drafts_taken=sum(episode.drafted for episode in summarised),
+        csv_rows={
+            episode.record["pod"]: episode.csv_row
+            for episode in summarised
+            if episode.csv_row is not None
+        },
         phase_samples=phase_samples,
     )
 

@@ -414,55 +414,9 @@ def sandbox_ready_point(
     clocks: EpisodeClocks,
 ) -> Point | None:
     """The pod's sandbox ready: after its binding and creation, before the kubelet's first image or container event."""
-    seen = observed.get("seen") or {}
-    node, node_slack = clocks.node, clocks.node_slack
     sandbox_stamp = sandbox_ready_stamp(pod, observed)
-    image_event = min((kubelet[r] for r in ("Pulling", "Pulled") if r in kubelet), default=None)
     sandbox_ready = sharpest(
-        [
-            followed_by_event(
-                image_event[0] if image_event else None,
-                f"kubelet {'Pulling' if 'Pulling' in kubelet else 'Pulled'} event name",
-                "node",
-                node,
-                node_slack,
-            ),
-            upper(
-                kubelet_named(kubelet, "Created"),
-                "kubelet Created event name",
-                "node",
-                node,
-                node_slack,
-            ),
-            upper(
-                seen.get("sandbox_ready"),
-                "watch saw the sandbox ready",
-                "client",
-                clocks.client,
-                clocks.client_slack,
-            ),
-            lower(
-                scheduled.at
-                if scheduled is not None and scheduled.precision <= EVENT_TIME
-                else None,
-                "Scheduled eventTime",
-                REFERENCE_CLOCK,
-            ),
-            lower(
-                created.lower if created is not None else None,
-                "Pod creationTimestamp",
-                REFERENCE_CLOCK,
-            ),
-            # The kubelet stamps this condition when its status update reports it, often together
-            # with the running container: the sandbox was ready by then, maybe long before.
-            upper(
-                None if sandbox_stamp is None else sandbox_stamp + WHOLE_SECOND,
-                "PodReadyToStartContainers condition",
-                "node",
-                node,
-                node_slack,
-            ),
-        ]
+        sandbox_ready_bounds(observed, kubelet, scheduled, created, clocks, sandbox_stamp)
     )
     if (
         sandbox_ready is not None
@@ -474,10 +428,76 @@ def sandbox_ready_point(
         sandbox_ready = sandbox_ready._replace(
             at=min(
                 sandbox_ready.at,
-                max(sandbox_stamp - node, sandbox_ready.at - sandbox_ready.precision),
+                max(sandbox_stamp - clocks.node, sandbox_ready.at - sandbox_ready.precision),
             )
         )
     return sandbox_ready
+
+
+def sandbox_ready_bounds(
+    observed: dict,
+    kubelet: dict[str, tuple[float, str]],
+    scheduled: Point | None,
+    created: Bound | None,
+    clocks: EpisodeClocks,
+    sandbox_stamp: float | None,
+) -> list[Bound | None]:
+    """What bounds the sandbox's readiness: from above the kubelet's events, the watch and the
+    PodReadyToStartContainers condition; from below the pod's binding and its creation."""
+    seen = observed.get("seen") or {}
+    return [
+        *kubelet_sandbox_bounds(kubelet, clocks),
+        upper(
+            seen.get("sandbox_ready"),
+            "watch saw the sandbox ready",
+            "client",
+            clocks.client,
+            clocks.client_slack,
+        ),
+        lower(
+            scheduled.at if scheduled is not None and scheduled.precision <= EVENT_TIME else None,
+            "Scheduled eventTime",
+            REFERENCE_CLOCK,
+        ),
+        lower(
+            created.lower if created is not None else None,
+            "Pod creationTimestamp",
+            REFERENCE_CLOCK,
+        ),
+        # The kubelet stamps this condition when its status update reports it, often together
+        # with the running container: the sandbox was ready by then, maybe long before.
+        upper(
+            None if sandbox_stamp is None else sandbox_stamp + WHOLE_SECOND,
+            "PodReadyToStartContainers condition",
+            "node",
+            clocks.node,
+            clocks.node_slack,
+        ),
+    ]
+
+
+def kubelet_sandbox_bounds(
+    kubelet: dict[str, tuple[float, str]], clocks: EpisodeClocks
+) -> list[Bound | None]:
+    """The kubelet's first image event (Pulling, else Pulled) and its Created event, each named
+    once the sandbox was ready."""
+    image_event = min((kubelet[r] for r in ("Pulling", "Pulled") if r in kubelet), default=None)
+    return [
+        followed_by_event(
+            image_event[0] if image_event else None,
+            f"kubelet {'Pulling' if 'Pulling' in kubelet else 'Pulled'} event name",
+            "node",
+            clocks.node,
+            clocks.node_slack,
+        ),
+        upper(
+            kubelet_named(kubelet, "Created"),
+            "kubelet Created event name",
+            "node",
+            clocks.node,
+            clocks.node_slack,
+        ),
+    ]
 
 
 def container_started_point(
@@ -976,55 +996,8 @@ def completion_gap(
     criteria = parse_time((condition(job, "SuccessCriteriaMet") or {}).get("lastTransitionTime"))
     end_kind = job_finished(job) or "Complete"
     end = parse_time((condition(job, end_kind) or {}).get("lastTransitionTime"))
-
-    # A Kubernetes time names the second its moment fell in. The moments happen in this order
-    # (reward, container finished, the Job's conditions, the client seeing it), so each stamp
-    # is read no earlier than the moment before it: every part is then 0 or more, where two
-    # stamps' difference could read as a negative duration, and the parts still add up.
-    finish_at = None if last_finished is None else max(last_finished, last_reward_at)
-    after_finish = last_reward_at if finish_at is None else finish_at
-    met_at = None if criteria is None else max(criteria, after_finish)
-    end_at = None if end is None else max(end, after_finish)
-    # Per part: its earlier and later stamps, each with how far its moment may lie after it
-    # (the bounds), and the part as read.
-    parts = {
-        "last_reward_to_last_container_finished_seconds": (
-            (last_reward_at, 0.0),
-            (last_finished, WHOLE_SECOND),
-            difference(finish_at, last_reward_at),
-        ),
-        "last_container_finished_to_success_criteria_met_seconds": (
-            (last_finished, WHOLE_SECOND),
-            (criteria, WHOLE_SECOND),
-            difference(met_at, finish_at),
-        ),
-        "last_container_finished_to_job_complete_seconds": (
-            (last_finished, WHOLE_SECOND),
-            (end, WHOLE_SECOND),
-            difference(end_at, finish_at),
-        ),
-        "job_complete_to_client_observed_seconds": (
-            (end, WHOLE_SECOND),
-            (client_observed_at, 0.0),
-            difference(client_observed_at, end_at),
-        ),
-        "last_reward_to_client_observed_seconds": (
-            (last_reward_at, 0.0),
-            (client_observed_at, 0.0),
-            difference(client_observed_at, last_reward_at),
-        ),
-    }
-    gap: dict[str, Any] = {}
-    bounds: dict[str, list[float | None]] = {}
-    for name, ((first, first_spread), (last, last_spread), seconds) in parts.items():
-        if first is None or last is None or seconds is None:
-            gap[name] = None
-            continue
-        gap[name] = rounded(max(0.0, seconds))
-        bounds[name] = [
-            rounded(max(0.0, last - first - first_spread)),
-            rounded(max(0.0, last + last_spread - first)),
-        ]
+    parts = completion_parts(last_reward_at, last_finished, criteria, end, client_observed_at)
+    gap, bounds = parts_read(parts)
     gap.update(
         {
             "bounds_seconds": bounds,
@@ -1035,6 +1008,75 @@ def completion_gap(
         }
     )
     return gap
+
+
+class GapPart(NamedTuple):
+    """A part of the completion gap: its earlier and later stamps, each with how far its moment
+    may lie after it (the bounds), and the part as read."""
+
+    first: float | None
+    first_spread: float
+    last: float | None
+    last_spread: float
+    seconds: float | None
+
+
+def completion_parts(
+    last_reward_at: float,
+    last_finished: float | None,
+    criteria: float | None,
+    end: float | None,
+    client_observed_at: float | None,
+) -> dict[str, GapPart]:
+    """The parts of the completion gap, from the last reward, the last container's finish, the
+    Job's SuccessCriteriaMet and end conditions, and the client seeing the end."""
+    # A Kubernetes time names the second its moment fell in. The moments happen in this order
+    # (reward, container finished, the Job's conditions, the client seeing it), so each stamp
+    # is read no earlier than the moment before it: every part is then 0 or more, where two
+    # stamps' difference could read as a negative duration, and the parts still add up.
+    finish_at = None if last_finished is None else max(last_finished, last_reward_at)
+    after_finish = last_reward_at if finish_at is None else finish_at
+    met_at = None if criteria is None else max(criteria, after_finish)
+    end_at = None if end is None else max(end, after_finish)
+    return {
+        "last_reward_to_last_container_finished_seconds": GapPart(
+            last_reward_at, 0.0, last_finished, WHOLE_SECOND, difference(finish_at, last_reward_at)
+        ),
+        "last_container_finished_to_success_criteria_met_seconds": GapPart(
+            last_finished, WHOLE_SECOND, criteria, WHOLE_SECOND, difference(met_at, finish_at)
+        ),
+        "last_container_finished_to_job_complete_seconds": GapPart(
+            last_finished, WHOLE_SECOND, end, WHOLE_SECOND, difference(end_at, finish_at)
+        ),
+        "job_complete_to_client_observed_seconds": GapPart(
+            end, WHOLE_SECOND, client_observed_at, 0.0, difference(client_observed_at, end_at)
+        ),
+        "last_reward_to_client_observed_seconds": GapPart(
+            last_reward_at,
+            0.0,
+            client_observed_at,
+            0.0,
+            difference(client_observed_at, last_reward_at),
+        ),
+    }
+
+
+def parts_read(
+    parts: dict[str, GapPart],
+) -> tuple[dict[str, Any], dict[str, list[float | None]]]:
+    """Each part's seconds as read (None where a stamp is missing), and its bounds."""
+    gap: dict[str, Any] = {}
+    bounds: dict[str, list[float | None]] = {}
+    for name, (first, first_spread, last, last_spread, seconds) in parts.items():
+        if first is None or last is None or seconds is None:
+            gap[name] = None
+            continue
+        gap[name] = rounded(max(0.0, seconds))
+        bounds[name] = [
+            rounded(max(0.0, last - first - first_spread)),
+            rounded(max(0.0, last + last_spread - first)),
+        ]
+    return gap, bounds
 
 
 def node_distribution(pods: Iterable[dict]) -> dict[str, int]:
