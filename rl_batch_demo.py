@@ -503,7 +503,7 @@ if __name__ == "__main__":
 
 
 # --------------------------------------------------------------------------
-# src/rl_batch_demo/model.py: Errors, and the records the modules share (`Settings`, `Task`, `RolloutPolicy`, `RunPlan`).
+# src/rl_batch_demo/model.py: Errors, and the records the modules share (`RunRequest`, `Caller`, `Settings`, `Task`, `RunPlan`).
 
 class DemoError(Exception):
     """An expected failure: reported as one or a few lines, exit status 1."""
@@ -520,7 +520,7 @@ class KeywordTypeError(UsageError, TypeError):
 
 class Spelling(NamedTuple):
     """How the caller names a `run` setting in an error: as a flag (`--count 24`) on the
-    command line, as a keyword (`count=24`) from run_batch()."""
+    command line, as a keyword (`count=24`) from run_batch(). A request carries it (RunRequest)."""
 
     python: bool
 
@@ -539,11 +539,6 @@ class Spelling(NamedTuple):
     def option(self, dest: str, metavar: str) -> str:
         """How to pass a setting, as a hint: `--runtime NAME`, or `runtime=NAME`."""
         return f"{dest}={metavar}" if self.python else f"{self.name(dest)} {metavar}"
-
-    def cap(self, value: int) -> str:
-        return (
-            self.setting("max_episodes", value) if self.python else f"the cap of {value} episodes"
-        )
 
 
 COMMAND_LINE = Spelling(python=False)
@@ -603,9 +598,61 @@ class BatchEntry(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True)
+class RunRequest:
+    """`run`'s checked arguments, one field per flag (named as its dest), made once by either front
+    end (cli.run_request: the command line's flags, or run_batch()'s and stream_batch()'s keywords)
+    and read by attribute. `spelling` is how they were given: an error names a setting as its
+    caller wrote it, and a Python caller (spelling.python) has its results returned, not printed."""
+
+    output: str
+    count: int
+    parallelism: int
+    image: str
+    image_map: tuple[str, ...]  # --image-map's FROM=TO rules, as given
+    runtime: str
+    context: str | None
+    kubectl: str
+    timeout: int | None  # None: grown with the batch (default_timeout)
+    max_episodes: int
+    chunk_size: int
+    rounds: int
+    warmup: bool
+    episode_script: str | None
+    tasks_file: str | None  # --tasks FILE; `(run_batch)`, `(stream_batch)`: a Python caller's list
+    tasks: tuple[Task, ...] | None  # the tasks, parsed; None without any
+    group_size: int
+    retries: int | None
+    allow_failures: int | None
+    need: int | None
+    episode_timeout: int | None
+    prepull: bool
+    pull_timeout: int | None
+    dry_run: bool
+    harden: bool
+    cleanup: bool
+    ttl: int | None  # seconds
+    quiet: bool
+    verbose: bool
+    # Tasks, a rollout option, or a Python caller: a batch that writes rewards.jsonl.
+    rollout: bool
+    spelling: Spelling
+
+
+class Caller(NamedTuple):
+    """What the caller of `run` hands in beside its request, none of it a flag: `on_reward`, told
+    each rewards.jsonl line (run_batch's callback, or stream_batch's queue); `stop`, set by
+    stream_batch once its reader has gone; `exit_when_done`, from the console's entry points, which
+    end the process the moment the run is done (exit_at_once)."""
+
+    on_reward: Callable[[dict], None] | None = None
+    stop: threading.Event | None = None
+    exit_when_done: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
 class Settings:
-    """What one run was asked to do, made once (run_settings(), from the command line's or
-    run_batch()'s checked arguments; or read back from run.json) and read by attribute.
+    """What one run was asked to do, made once (run_settings(), from its RunRequest; or read back
+    from run.json) and read by attribute.
     `saved()` is run.json's form of it, key for key."""
 
     count: int
@@ -9332,8 +9379,9 @@ class RunContext:
 NEWEST_SYNTAX_PYTHON = (3, 14)
 
 
-def check_episode_syntax(script: str, source: str, spelling: Spelling = COMMAND_LINE) -> None:
-    """Refuse a script that does not compile before it costs a namespace and a Job.
+def check_episode_syntax(script: str, source: str, named: str) -> None:
+    """Refuse a script that does not compile before it costs a namespace and a Job; `named` is the
+    setting that gave it, as its caller wrote it (`--episode-script FILE`, `episode_script='FILE'`).
 
     The image's Python may be newer than this one. On an older one, a script this Python cannot
     compile is refused only when it is broken in every version (broken_in_every_python); any
@@ -9347,7 +9395,7 @@ def check_episode_syntax(script: str, source: str, spelling: Spelling = COMMAND_
     except (SyntaxError, ValueError) as error:  # ValueError: a NUL byte, before 3.11
         found = error
     line = getattr(found, "lineno", None)
-    where = spelling.setting("episode_script", script) + (f", line {line}" if line else "")
+    where = named + (f", line {line}" if line else "")
     older = sys.version_info < NEWEST_SYNTAX_PYTHON
     if older and isinstance(found, SyntaxError) and not broken_in_every_python(source):
         print(
@@ -11215,38 +11263,36 @@ def close(run: RunContext) -> None:
     run.pool.shutdown(wait=False)
 
 
-def load_worker(script: str | None, spelling: Spelling = COMMAND_LINE) -> tuple[str, bool]:
+def load_worker(request: RunRequest) -> tuple[str, bool]:
     """The episode program to ship and whether it is the built-in one."""
+    script = request.episode_script
     if script is None:
         return WORKER_SOURCE, True
+    named = request.spelling.setting("episode_script", script)
     try:
         with open(script, encoding="utf-8") as handle:
             source = handle.read()
     except (OSError, UnicodeDecodeError) as error:
         raise DemoError(
-            f"cannot read {spelling.setting('episode_script', script)}: "
-            f"{getattr(error, 'strerror', None) or error}"
+            f"cannot read {named}: {getattr(error, 'strerror', None) or error}"
         ) from None
-    check_episode_syntax(script, source, spelling)
+    check_episode_syntax(script, source, named)
     return source, False
 
 
-def run_command(args: argparse.Namespace) -> int:
+def run_command(request: RunRequest, caller: Caller) -> int:
     """`run`: submit the batch(es), wait, save every record, verify, report."""
-    return perform_run(args)[0]
+    return perform_run(request, caller)[0]
 
 
-def perform_run(args: argparse.Namespace) -> tuple[int, Results | None]:
+def perform_run(request: RunRequest, caller: Caller) -> tuple[int, Results | None]:
     """`run`: its exit status (0, or EXIT_PARTIAL for an accepted partial batch) and its results."""
-    if args.dry_run:
-        print(json.dumps(dry_run_listing(args), indent=2))
+    if request.dry_run:
+        print(json.dumps(dry_run_listing(request), indent=2))
         return 0, None
-    worker_source, builtin = load_worker(
-        args.episode_script, getattr(args, "spelling", COMMAND_LINE)
-    )
-    tasks: list[Task] = list(getattr(args, "task_list", None) or [])
-    run = start_run(args, worker_source, builtin, tasks)
-    cleanup_hint = cleanup_command(run.output, args.kubectl)
+    worker_source, builtin = load_worker(request)
+    run = start_run(request, caller, worker_source, builtin)
+    cleanup_hint = cleanup_command(run.output, request.kubectl)
     failure: DemoError | None = None
     with signals_interrupt():
         try:
@@ -11262,11 +11308,11 @@ def perform_run(args: argparse.Namespace) -> tuple[int, Results | None]:
             failure = error
         finally:
             close(run)
-    if failure is None and getattr(args, "print_results", True):
-        print_results(results.figures, args.quiet)
-    finish_run(run, failure, args.cleanup, args.quiet, cleanup_hint)
+    if failure is None and not request.spelling.python:  # a Python caller has them returned
+        print_results(results.figures, request.quiet)
+    finish_run(run, failure, request.cleanup, request.quiet, cleanup_hint)
     status = EXIT_PARTIAL if results.figures.get("accepted_partial") else 0
-    if getattr(args, "exit_when_done", False):
+    if caller.exit_when_done:
         exit_at_once(status)  # while the run is still held: freeing it is what would take the time
     return status, results
 
@@ -11284,62 +11330,60 @@ def exit_at_once(status: int) -> NoReturn:
     os._exit(status)
 
 
-def dry_run_listing(args: argparse.Namespace) -> dict:
+def dry_run_listing(request: RunRequest) -> dict:
     """`run --dry-run`: the objects a run would create, as one v1 List; nothing is touched."""
-    worker_source, builtin = load_worker(
-        args.episode_script, getattr(args, "spelling", COMMAND_LINE)
-    )
-    tasks: list[Task] = list(getattr(args, "task_list", None) or [])
+    worker_source, builtin = load_worker(request)
     run_id = secrets.token_hex(6)
-    settings = run_settings(args, worker_source, builtin, tasks, None, NAMESPACE_PREFIX + run_id)
-    origin = run_origin(run_id, args.output, USER_UNKNOWN_BEFORE_RUN, settings.ttl_seconds)
+    settings = run_settings(request, worker_source, builtin, None, NAMESPACE_PREFIX + run_id)
+    origin = run_origin(run_id, request.output, USER_UNKNOWN_BEFORE_RUN, settings.ttl_seconds)
     return list_manifest(
-        planned_objects(NAMESPACE_PREFIX + run_id, run_id, settings, worker_source, tasks, origin)
+        planned_objects(
+            NAMESPACE_PREFIX + run_id, run_id, settings, worker_source, request.tasks or (), origin
+        )
     )
 
 
 def run_settings(
-    args: argparse.Namespace,
+    request: RunRequest,
     worker_source: str,
     builtin: bool,
-    tasks: Sequence[Task],
     context: str | None,
     namespace: str,
 ) -> Settings:
-    """The run's settings, once, from its checked arguments (the command line's or run_batch()'s),
-    its episode program, and the context and namespace it runs in (no context for --dry-run)."""
-    rollout = bool(getattr(args, "rollout", False))
-    batches = batch_names(args.rounds, args.warmup)
-    image_map = parse_image_map(getattr(args, "image_map", None) or ())
+    """The run's settings, once, from its request, its episode program, and the context and
+    namespace it runs in (no context for --dry-run)."""
+    rollout, tasks = request.rollout, request.tasks or ()
+    batches = batch_names(request.rounds, request.warmup)
+    image_map = parse_image_map(request.image_map)
     # Rewritten once, here: every later use of an image takes the rewritten reference.
-    image = rewrite_image(args.image, image_map)
-    groups = image_groups(tasks, args.count, args.group_size, image, image_map)
+    image = rewrite_image(request.image, image_map)
+    groups = image_groups(tasks, request.count, request.group_size, image, image_map)
     return Settings(
         version=__version__,
-        count=args.count,
-        parallelism=args.parallelism,
+        count=request.count,
+        parallelism=request.parallelism,
         image=image,
-        runtime=args.runtime,
-        timeout=args.timeout or default_timeout(args.count, args.parallelism),
-        rounds=args.rounds,
-        warmup=args.warmup,
-        harden=args.harden,
+        runtime=request.runtime,
+        timeout=request.timeout or default_timeout(request.count, request.parallelism),
+        rounds=request.rounds,
+        warmup=request.warmup,
+        harden=request.harden,
         builtin=builtin,
-        episode_script=args.episode_script,
-        chunk_size=args.chunk_size,
+        episode_script=request.episode_script,
+        chunk_size=request.chunk_size,
         episode_script_sha256=None
         if builtin
         else hashlib.sha256(worker_source.encode("utf-8")).hexdigest(),
-        ttl_seconds=args.ttl,
+        ttl_seconds=request.ttl,
         rollout=rollout,
         # The rollout options are recorded (and read) only for a rollout batch.
-        tasks_file=getattr(args, "tasks", None) if rollout else None,
-        group_size=args.group_size if rollout else 1,
-        retries=args.retries if rollout else None,
-        allow_failures=args.allow_failures if rollout else None,
+        tasks_file=request.tasks_file if rollout else None,
+        group_size=request.group_size if rollout else 1,
+        retries=request.retries if rollout else None,
+        allow_failures=request.allow_failures if rollout else None,
         task_ids=tuple(task.task_id for task in tasks) if rollout and tasks else None,
-        need=getattr(args, "need", None),
-        episode_timeout=getattr(args, "episode_timeout", None),
+        need=request.need,
+        episode_timeout=request.episode_timeout,
         context=context,
         namespace=namespace,
         batches=tuple(
@@ -11354,24 +11398,22 @@ def run_settings(
             for name, measured in batches
         ),
         image_map=image_map,
-        pull_timeout=getattr(args, "pull_timeout", None),
-        prepull=bool(getattr(args, "prepull", False)),
+        pull_timeout=request.pull_timeout,
+        prepull=request.prepull,
         task_images=tuple(task_images(tasks, image, image_map)) if rollout and tasks else None,
     )
 
 
-def start_run(
-    args: argparse.Namespace, worker_source: str, builtin: bool, tasks: Sequence[Task]
-) -> RunContext:
+def start_run(request: RunRequest, caller: Caller, worker_source: str, builtin: bool) -> RunContext:
     """Claim the output directory and name the context, run id and namespace; nothing in the cluster changes."""
-    output, spelling = args.output, getattr(args, "spelling", COMMAND_LINE)
+    output, spelling = request.output, request.spelling
     if os.path.lexists(output):
         raise DemoError(
             f"output directory {output} already exists; records are never overwritten, "
             f"choose a new {spelling.name('output')}"
         )
-    kubectl = Kubectl(find_kubectl(args.kubectl, spelling), verbose=args.verbose)
-    kubectl.context = resolve_context(kubectl, args.context, spelling)
+    kubectl = Kubectl(find_kubectl(request.kubectl, spelling), verbose=request.verbose)
+    kubectl.context = resolve_context(kubectl, request.context, spelling)
     try:
         os.makedirs(output)
     except OSError as error:
@@ -11380,21 +11422,21 @@ def start_run(
         ) from None
     run_id = secrets.token_hex(6)
     namespace = NAMESPACE_PREFIX + run_id
-    settings = run_settings(args, worker_source, builtin, tasks, kubectl.context, namespace)
+    settings = run_settings(request, worker_source, builtin, kubectl.context, namespace)
     return RunContext(
         settings,
-        plan_run(namespace, run_id, settings, worker_source, tasks),
+        plan_run(namespace, run_id, settings, worker_source, request.tasks or ()),
         Receipt.start(output, kubectl.context, namespace, run_id, kubeconfig_path()),
         kubectl,
         output,
-        Progress(args.quiet),
+        Progress(request.quiet),
         concurrent.futures.ThreadPoolExecutor(LOG_READERS),
         cpu_seconds(),
-        silent=args.quiet and not getattr(args, "print_results", True),
+        silent=request.quiet and spelling.python,
         spelling=spelling,
-        on_reward=getattr(args, "on_reward", None),
-        stop=getattr(args, "stop", None),
-        owns_process=spelling is COMMAND_LINE,
+        on_reward=caller.on_reward,
+        stop=caller.stop,
+        owns_process=not spelling.python,
     )
 
 
@@ -12142,111 +12184,158 @@ def build_parser(
     return parser
 
 
-def check_run_arguments(args: argparse.Namespace, spelling: Spelling = COMMAND_LINE) -> None:
+def run_request(
+    args: argparse.Namespace,
+    spelling: Spelling = COMMAND_LINE,
+    tasks: Sequence[Task] | None = None,
+) -> RunRequest:
+    """`run`'s parsed arguments as the checked request both front ends hand to perform_run: the
+    tasks a Python caller gave, else those of --tasks; UsageError names a setting as `spelling`
+    words it."""
+    if tasks is None and args.tasks is not None:
+        tasks = read_tasks(args.tasks, spelling)
+    count = args.count
+    if count is None:
+        count = len(tasks) * args.group_size if tasks else DEFAULT_COUNT
+    request = RunRequest(
+        output=args.output,
+        count=count,
+        parallelism=count if args.parallelism is None else args.parallelism,
+        image=args.image,
+        image_map=tuple(args.image_map or ()),
+        runtime=args.runtime,
+        context=args.context,
+        kubectl=args.kubectl,
+        timeout=args.timeout,
+        max_episodes=args.max_episodes,
+        chunk_size=args.chunk_size,
+        rounds=args.rounds,
+        warmup=args.warmup,
+        episode_script=args.episode_script,
+        tasks_file=args.tasks,
+        tasks=None if tasks is None else tuple(tasks),
+        group_size=args.group_size,
+        retries=args.retries,
+        allow_failures=args.allow_failures,
+        need=args.need,
+        episode_timeout=args.episode_timeout,
+        prepull=args.prepull,
+        pull_timeout=args.pull_timeout,
+        dry_run=args.dry_run,
+        harden=args.harden,
+        cleanup=args.cleanup,
+        ttl=args.ttl,
+        quiet=args.quiet,
+        verbose=args.verbose,
+        # A trainer calling in always gets its rewards, one row per episode.
+        rollout=bool(tasks)
+        or args.retries is not None
+        or args.allow_failures is not None
+        or args.need is not None
+        or spelling.python,
+        spelling=spelling,
+    )
+    check_run_request(request)
+    return request
+
+
+def read_tasks(path: str, spelling: Spelling) -> list[Task]:
+    """The tasks of a --tasks file; UsageError names the file as the caller gave it."""
+    where = spelling.setting("tasks", path)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return parse_tasks(handle)
+    except OSError as error:
+        raise UsageError(f"{where}: {error.strerror or error}") from None
+    except (ValueError, UnicodeDecodeError) as error:
+        raise UsageError(f"{where}: {error}") from None
+
+
+def check_run_request(request: RunRequest) -> None:
     """1 <= parallelism <= count <= cap, else UsageError naming the settings as the caller spelled them."""
-    say = spelling.setting
-    check_rollout_arguments(args, spelling)
-    if args.count is None:
-        args.count = DEFAULT_COUNT
-    if args.parallelism is None:
-        args.parallelism = args.count
-    if args.count < 1:
-        raise UsageError(f"{spelling.name('count')} must be at least 1, got {args.count}")
-    if args.count > args.max_episodes:
-        tasks = getattr(args, "task_list", None)
+    name, say = request.spelling.name, request.spelling.setting
+    check_rollout_request(request)
+    count, cap = request.count, request.max_episodes
+    if count < 1:
+        raise UsageError(f"{name('count')} must be at least 1, got {count}")
+    if count > cap:
+        over = say("max_episodes", cap) if request.spelling.python else f"the cap of {cap} episodes"
         episodes = (
-            f"{say('group_size', args.group_size)} with {len(tasks)} tasks is {args.count} episodes, "
-            f"over {spelling.cap(args.max_episodes)}"
-            if tasks
-            else f"{say('count', args.count)} is over {spelling.cap(args.max_episodes)}"
+            f"{say('group_size', request.group_size)} with {len(request.tasks)} tasks is {count} "
+            f"episodes, over {over}"
+            if request.tasks
+            else f"{say('count', count)} is over {over}"
         )
-        raise UsageError(f"{episodes} (raise it with {say('max_episodes', args.count)})")
-    if not 1 <= args.parallelism <= args.count:
+        raise UsageError(f"{episodes} (raise it with {say('max_episodes', count)})")
+    if not 1 <= request.parallelism <= count:
         raise UsageError(
-            f"{spelling.name('parallelism')} must be between 1 and the count ({args.count}), "
-            f"got {args.parallelism}"
+            f"{name('parallelism')} must be between 1 and the count ({count}), "
+            f"got {request.parallelism}"
         )
-    if getattr(args, "task_list", None) and args.episode_script is None:
+    if request.tasks and request.episode_script is None:
         # The built-in episode never reads a task: its reward of 1 would pass for the task's.
         raise UsageError(
-            f"{spelling.name('tasks')} needs {spelling.name('episode_script')}: the built-in "
+            f"{name('tasks')} needs {name('episode_script')}: the built-in "
             f"episode ignores tasks, so its rewards would not come from them; ship an episode "
             f"that reads its task from ${TASK_FILE_ENV}"
         )
-    check_image_arguments(args, spelling)
+    check_image_request(request)
 
 
-def check_image_arguments(args: argparse.Namespace, spelling: Spelling = COMMAND_LINE) -> None:
+def check_image_request(request: RunRequest) -> None:
     """--image-map well formed; with tasks of several images, a share of --parallelism for each
     image's Job, and no --need (a Job's successPolicy counts its own episodes, not its batch's)."""
-    name = spelling.name
+    name = request.spelling.name
     try:
-        image_map = parse_image_map(getattr(args, "image_map", None) or ())
+        image_map = parse_image_map(request.image_map)
     except ValueError as error:
         raise UsageError(f"{name('image_map')}: {error}") from None
-    tasks = getattr(args, "task_list", None) or []
     groups = image_groups(
-        tasks, args.count, args.group_size, rewrite_image(args.image, image_map), image_map
+        request.tasks or [],
+        request.count,
+        request.group_size,
+        rewrite_image(request.image, image_map),
+        image_map,
     )
     if len(groups) == 1:
         return
-    if getattr(args, "need", None) is not None:
+    if request.need is not None:
         raise UsageError(
             f"{name('need')} cannot hold with tasks of {len(groups)} images: each image runs its "
             f"own Job, and a Job's successPolicy counts only its own episodes"
         )
     try:
-        parallelism_shares(args.parallelism, [len(group.indexes) for group in groups])
+        parallelism_shares(request.parallelism, [len(group.indexes) for group in groups])
     except ValueError as error:
         raise UsageError(
-            f"{spelling.setting('parallelism', args.parallelism)} is too few: the tasks name "
-            f"{error} (one Job per image)"
+            f"{request.spelling.setting('parallelism', request.parallelism)} is too few: the "
+            f"tasks name {error} (one Job per image)"
         ) from None
 
 
-def check_rollout_arguments(args: argparse.Namespace, spelling: Spelling = COMMAND_LINE) -> None:
+def check_rollout_request(request: RunRequest) -> None:
     """--tasks sets the count (tasks x --group-size); the rollout options stand alone, one batch."""
-    name, say = spelling.name, spelling.setting
-    if args.tasks is not None and getattr(args, "task_list", None) is None:
-        where = say("tasks", args.tasks) if spelling.python else f"--tasks {args.tasks}"
-        try:
-            with open(args.tasks, encoding="utf-8") as handle:
-                args.task_list = parse_tasks(handle)
-        except OSError as error:
-            raise UsageError(f"{where}: {error.strerror or error}") from None
-        except (ValueError, UnicodeDecodeError) as error:
-            raise UsageError(f"{where}: {error}") from None
-    tasks = getattr(args, "task_list", None)
-    if tasks:
-        count = len(tasks) * args.group_size
-        if args.count is not None and args.count != count:
-            raise UsageError(
-                f"{say('count', args.count)} disagrees with {name('tasks')}: {len(tasks)} tasks x "
-                f"{say('group_size', args.group_size)} = {count} episodes (leave "
-                f"{name('count')} out)"
-            )
-        args.count = count
-    elif args.group_size != 1:
+    name, say = request.spelling.name, request.spelling.setting
+    tasks, group_size = request.tasks, request.group_size
+    if tasks and request.count != len(tasks) * group_size:
         raise UsageError(
-            f"{name('group_size')} needs {name('tasks')} ({args.group_size} episodes per task)"
+            f"{say('count', request.count)} disagrees with {name('tasks')}: {len(tasks)} tasks x "
+            f"{say('group_size', group_size)} = {len(tasks) * group_size} episodes (leave "
+            f"{name('count')} out)"
         )
-    # A trainer calling in always gets its rewards, one row per episode.
-    args.rollout = (
-        bool(tasks)
-        or args.retries is not None
-        or args.allow_failures is not None
-        or args.need is not None
-        or spelling.python
-    )
-    if args.rollout and (args.rounds != 1 or args.warmup):
+    if not tasks and group_size != 1:
+        raise UsageError(
+            f"{name('group_size')} needs {name('tasks')} ({group_size} episodes per task)"
+        )
+    if request.rollout and (request.rounds != 1 or request.warmup):
         runs = (
             "run_batch() runs"
-            if spelling.python
+            if request.spelling.python
             else "--tasks, --retries, --allow-failures and --need run"
         )
         raise UsageError(f"{runs} one batch: leave out {name('rounds')} and {name('warmup')}")
-    check_need_arguments(args, spelling)
-    if args.episode_timeout is not None and args.retries:
+    check_need_request(request)
+    if request.episode_timeout is not None and request.retries:
         # The kubelet stops a pod past its activeDeadlineSeconds with no exit code of the episode's
         # own and no pod condition a podFailurePolicy rule can match: the Job would retry it.
         raise UsageError(
@@ -12254,32 +12343,34 @@ def check_rollout_arguments(args: argparse.Namespace, spelling: Spelling = COMMA
             f"retry an episode stopped at its deadline (its pod fails with reason "
             f"DeadlineExceeded, which no podFailurePolicy rule can match)"
         )
-    if args.allow_failures is not None and args.allow_failures > (args.count or DEFAULT_COUNT):
+    # A count of 0, refused after these checks, counts here as the default.
+    count = request.count or DEFAULT_COUNT
+    if request.allow_failures is not None and request.allow_failures > count:
         raise UsageError(
-            f"{say('allow_failures', args.allow_failures)} is more than the "
-            f"{args.count or DEFAULT_COUNT} episodes"
+            f"{say('allow_failures', request.allow_failures)} is more than the {count} episodes"
         )
 
 
-def check_need_arguments(args: argparse.Namespace, spelling: Spelling = COMMAND_LINE) -> None:
+def check_need_request(request: RunRequest) -> None:
     """--need K: 1 <= K < count, and none of the options whose promise the first K of N would break."""
-    if args.need is None:
+    need = request.need
+    if need is None:
         return
-    name, say = spelling.name, spelling.setting
-    count = args.count or DEFAULT_COUNT
-    if args.need >= count:
+    name, say = request.spelling.name, request.spelling.setting
+    count = request.count or DEFAULT_COUNT  # as check_rollout_request counts
+    if need >= count:
         raise UsageError(
-            f"{say('need', args.need)} must be fewer than the {count} episodes (it "
+            f"{say('need', need)} must be fewer than the {count} episodes (it "
             f"over-provisions: run count > K episodes and keep the first K rewards)"
         )
-    if args.group_size != 1:
+    if request.group_size != 1:
         raise UsageError(
             f"{name('need')} cannot hold with {name('group_size')}: the Job stops whichever "
             f"episodes are still running once K succeeded, so groups would be cut short at random"
         )
-    if args.allow_failures is not None:
+    if request.allow_failures is not None:
         raise UsageError(
-            f"{name('need')} already accepts count - K = {count - args.need} failed episodes: "
+            f"{name('need')} already accepts count - K = {count - need} failed episodes: "
             f"leave out {name('allow_failures')}"
         )
 
@@ -12313,7 +12404,6 @@ def check_cleanup_arguments(parser: argparse.ArgumentParser, args: argparse.Name
 
 
 DISPATCH: dict[str, Callable[[argparse.Namespace], int]] = {
-    "run": run_command,
     "cleanup": cleanup,
     "list": list_runs,
     "report": report,
@@ -12327,10 +12417,10 @@ def main(argv: Sequence[str] | None = None, exit_when_done: bool = False) -> int
     every step waits for nothing after the run."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    args.exit_when_done = exit_when_done
+    request = None
     if args.action == "run":
         try:
-            check_run_arguments(args)
+            request = run_request(args)
         except UsageError as error:
             args.action_parser.error(str(error))
     elif args.action == "cleanup":
@@ -12339,6 +12429,8 @@ def main(argv: Sequence[str] | None = None, exit_when_done: bool = False) -> int
         check_run_directory(args.action_parser, args)
     try:
         with signals_interrupt():
+            if request is not None:
+                return run_command(request, Caller(exit_when_done=exit_when_done))
             return DISPATCH[args.action](args)
     except DemoError as error:
         print(f"Error: {error}", file=sys.stderr)
@@ -12513,16 +12605,17 @@ def python_tasks(tasks: Sequence[dict]) -> list[Task]:
 
 
 def batch_arguments(
-    caller: str,
+    function: str,
     tasks: Sequence[dict] | str | os.PathLike | None,
     output: str | os.PathLike,
     options: Sequence[str],
     keywords: dict[str, Any],
-) -> argparse.Namespace:
-    """A Python call's `run` arguments, checked in Python's terms before anything is created."""
+) -> RunRequest:
+    """A Python call's `run` request, checked in Python's terms before anything is created;
+    `function` is the one called (run_batch, stream_batch)."""
     unknown = sorted(set(keywords) - set(RUN_KEYWORDS))
     if unknown:
-        raise KeywordTypeError(f"{caller}() got an unexpected keyword argument {unknown[0]!r}")
+        raise KeywordTypeError(f"{function}() got an unexpected keyword argument {unknown[0]!r}")
     if isinstance(options, str) or not all(isinstance(option, str) for option in options):
         raise KeywordTypeError(f"options must be a list of strings, got {options!r}")
     flags = {option.split("=", 1)[0] for option in options if option.startswith("--")}
@@ -12533,7 +12626,7 @@ def batch_arguments(
             )
     for own, flag in (("output", "--output"), ("tasks", "--tasks")):
         if flag in flags:
-            raise UsageError(f"options' {flag}: give {own} as {caller}()'s own argument")
+            raise UsageError(f"options' {flag}: give {own} as {function}()'s own argument")
     if not isinstance(output, (str, os.PathLike)):
         raise KeywordTypeError(
             f"output= must be str | os.PathLike, got {type(output).__name__} {output!r}"
@@ -12544,13 +12637,12 @@ def batch_arguments(
             setattr(args, name, keyword.value(keywords[name]))
         elif name in PYTHON_DEFAULTS and keyword.flag not in flags:
             setattr(args, name, keyword.default)
+    listed = None  # a list of tasks, not a file's
     if isinstance(tasks, (str, os.PathLike)):
         args.tasks = os.fspath(tasks)
     elif tasks is not None:
-        args.task_list, args.tasks = python_tasks(tasks), f"({caller})"
-    check_run_arguments(args, PYTHON_CALL)
-    args.print_results, args.spelling = False, PYTHON_CALL
-    return args
+        listed, args.tasks = python_tasks(tasks), f"({function})"
+    return run_request(args, PYTHON_CALL, listed)
 
 
 RUN_KEYWORDS = run_keywords()
@@ -12594,21 +12686,20 @@ def run_batch(
         raise KeywordTypeError(
             f"on_reward= must be callable, got {type(on_reward).__name__} {on_reward!r}"
         )
-    args = batch_arguments("run_batch", tasks, output, options, keywords)
-    if args.dry_run:
-        return dry_run_listing(args)
-    args.on_reward = on_reward
-    return batch_run(args)
+    request = batch_arguments("run_batch", tasks, output, options, keywords)
+    if request.dry_run:
+        return dry_run_listing(request)
+    return batch_run(request, Caller(on_reward=on_reward))
 
 
-def batch_run(args: argparse.Namespace) -> dict:
-    """run_batch()'s run of its checked arguments: the results with `rewards`."""
-    status, results = perform_run(args)
+def batch_run(request: RunRequest, caller: Caller) -> dict:
+    """run_batch()'s run of its checked request: the results with `rewards`."""
+    status, results = perform_run(request, caller)
     if status not in (0, EXIT_PARTIAL) or results is None:
         # The run saved what it could and said how to clean up; the caller decides what an interrupt means.
         raise KeyboardInterrupt
     saved = dict(results.figures)
-    rewards_path = os.path.join(args.output, REWARDS_FILE)
+    rewards_path = os.path.join(request.output, REWARDS_FILE)
     saved["rewards"] = [
         json.loads(line) for line in read_text(rewards_path).splitlines() if line.strip()
     ]
@@ -12651,23 +12742,23 @@ def stream_batch(
             "stream_batch() yields each line itself and takes no on_reward=: iterate over it, "
             "or call run_batch(..., on_reward=...)"
         )
-    args = batch_arguments("stream_batch", tasks, output, options, keywords)
-    listing = dry_run_listing(args) if args.dry_run else None
-    return streamed_lines(args, listing)
+    request = batch_arguments("stream_batch", tasks, output, options, keywords)
+    listing = dry_run_listing(request) if request.dry_run else None
+    return streamed_lines(request, listing)
 
 
-def streamed_lines(args: argparse.Namespace, listing: dict | None) -> Generator[dict, None, dict]:
-    """stream_batch()'s generator over its checked arguments: the batch in a thread of its own,
+def streamed_lines(request: RunRequest, listing: dict | None) -> Generator[dict, None, dict]:
+    """stream_batch()'s generator over its checked request: the batch in a thread of its own,
     each line yielded as it lands; with --dry-run, the listing returned at once."""
     if listing is not None:
         return listing
     lines: queue.Queue[tuple[str, Any]] = queue.Queue()
-    args.on_reward = lambda line: lines.put(("line", line))
-    args.stop = threading.Event()
+    stop = threading.Event()
+    caller = Caller(on_reward=lambda line: lines.put(("line", line)), stop=stop)
 
     def run_in_thread() -> None:
         try:
-            lines.put(("results", batch_run(args)))
+            lines.put(("results", batch_run(request, caller)))
         except BaseException as error:  # raised again in the reader's thread
             lines.put(("error", error))
 
@@ -12684,7 +12775,7 @@ def streamed_lines(args: argparse.Namespace, listing: dict | None) -> Generator[
                 return value
     finally:
         if worker.is_alive():
-            args.stop.set()
+            stop.set()
             worker.join()
 
 

@@ -10,11 +10,11 @@ import threading
 from typing import Any, Callable, Generator, NamedTuple, Sequence
 
 from .constants import EXIT_PARTIAL, RESULTS_FILE, REWARDS_FILE
-from .model import KeywordTypeError, PYTHON_CALL, Task, UsageError
+from .model import Caller, KeywordTypeError, PYTHON_CALL, RunRequest, Task, UsageError
 from .files import read_json, read_text
 from .manifests import parse_tasks
 from .run import dry_run_listing, perform_run
-from .cli import build_parser, check_run_arguments, non_negative_int, positive_int
+from .cli import build_parser, non_negative_int, positive_int, run_request
 
 
 class RaisingParser(argparse.ArgumentParser):
@@ -174,16 +174,17 @@ def python_tasks(tasks: Sequence[dict]) -> list[Task]:
 
 
 def batch_arguments(
-    caller: str,
+    function: str,
     tasks: Sequence[dict] | str | os.PathLike | None,
     output: str | os.PathLike,
     options: Sequence[str],
     keywords: dict[str, Any],
-) -> argparse.Namespace:
-    """A Python call's `run` arguments, checked in Python's terms before anything is created."""
+) -> RunRequest:
+    """A Python call's `run` request, checked in Python's terms before anything is created;
+    `function` is the one called (run_batch, stream_batch)."""
     unknown = sorted(set(keywords) - set(RUN_KEYWORDS))
     if unknown:
-        raise KeywordTypeError(f"{caller}() got an unexpected keyword argument {unknown[0]!r}")
+        raise KeywordTypeError(f"{function}() got an unexpected keyword argument {unknown[0]!r}")
     if isinstance(options, str) or not all(isinstance(option, str) for option in options):
         raise KeywordTypeError(f"options must be a list of strings, got {options!r}")
     flags = {option.split("=", 1)[0] for option in options if option.startswith("--")}
@@ -194,7 +195,7 @@ def batch_arguments(
             )
     for own, flag in (("output", "--output"), ("tasks", "--tasks")):
         if flag in flags:
-            raise UsageError(f"options' {flag}: give {own} as {caller}()'s own argument")
+            raise UsageError(f"options' {flag}: give {own} as {function}()'s own argument")
     if not isinstance(output, (str, os.PathLike)):
         raise KeywordTypeError(
             f"output= must be str | os.PathLike, got {type(output).__name__} {output!r}"
@@ -205,13 +206,12 @@ def batch_arguments(
             setattr(args, name, keyword.value(keywords[name]))
         elif name in PYTHON_DEFAULTS and keyword.flag not in flags:
             setattr(args, name, keyword.default)
+    listed = None  # a list of tasks, not a file's
     if isinstance(tasks, (str, os.PathLike)):
         args.tasks = os.fspath(tasks)
     elif tasks is not None:
-        args.task_list, args.tasks = python_tasks(tasks), f"({caller})"
-    check_run_arguments(args, PYTHON_CALL)
-    args.print_results, args.spelling = False, PYTHON_CALL
-    return args
+        listed, args.tasks = python_tasks(tasks), f"({function})"
+    return run_request(args, PYTHON_CALL, listed)
 
 
 RUN_KEYWORDS = run_keywords()
@@ -255,21 +255,20 @@ def run_batch(
         raise KeywordTypeError(
             f"on_reward= must be callable, got {type(on_reward).__name__} {on_reward!r}"
         )
-    args = batch_arguments("run_batch", tasks, output, options, keywords)
-    if args.dry_run:
-        return dry_run_listing(args)
-    args.on_reward = on_reward
-    return batch_run(args)
+    request = batch_arguments("run_batch", tasks, output, options, keywords)
+    if request.dry_run:
+        return dry_run_listing(request)
+    return batch_run(request, Caller(on_reward=on_reward))
 
 
-def batch_run(args: argparse.Namespace) -> dict:
-    """run_batch()'s run of its checked arguments: the results with `rewards`."""
-    status, results = perform_run(args)
+def batch_run(request: RunRequest, caller: Caller) -> dict:
+    """run_batch()'s run of its checked request: the results with `rewards`."""
+    status, results = perform_run(request, caller)
     if status not in (0, EXIT_PARTIAL) or results is None:
         # The run saved what it could and said how to clean up; the caller decides what an interrupt means.
         raise KeyboardInterrupt
     saved = dict(results.figures)
-    rewards_path = os.path.join(args.output, REWARDS_FILE)
+    rewards_path = os.path.join(request.output, REWARDS_FILE)
     saved["rewards"] = [
         json.loads(line) for line in read_text(rewards_path).splitlines() if line.strip()
     ]
@@ -312,23 +311,23 @@ def stream_batch(
             "stream_batch() yields each line itself and takes no on_reward=: iterate over it, "
             "or call run_batch(..., on_reward=...)"
         )
-    args = batch_arguments("stream_batch", tasks, output, options, keywords)
-    listing = dry_run_listing(args) if args.dry_run else None
-    return streamed_lines(args, listing)
+    request = batch_arguments("stream_batch", tasks, output, options, keywords)
+    listing = dry_run_listing(request) if request.dry_run else None
+    return streamed_lines(request, listing)
 
 
-def streamed_lines(args: argparse.Namespace, listing: dict | None) -> Generator[dict, None, dict]:
-    """stream_batch()'s generator over its checked arguments: the batch in a thread of its own,
+def streamed_lines(request: RunRequest, listing: dict | None) -> Generator[dict, None, dict]:
+    """stream_batch()'s generator over its checked request: the batch in a thread of its own,
     each line yielded as it lands; with --dry-run, the listing returned at once."""
     if listing is not None:
         return listing
     lines: queue.Queue[tuple[str, Any]] = queue.Queue()
-    args.on_reward = lambda line: lines.put(("line", line))
-    args.stop = threading.Event()
+    stop = threading.Event()
+    caller = Caller(on_reward=lambda line: lines.put(("line", line)), stop=stop)
 
     def run_in_thread() -> None:
         try:
-            lines.put(("results", batch_run(args)))
+            lines.put(("results", batch_run(request, caller)))
         except BaseException as error:  # raised again in the reader's thread
             lines.put(("error", error))
 
@@ -345,5 +344,5 @@ def streamed_lines(args: argparse.Namespace, listing: dict | None) -> Generator[
                 return value
     finally:
         if worker.is_alive():
-            args.stop.set()
+            stop.set()
             worker.join()

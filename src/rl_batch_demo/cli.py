@@ -21,7 +21,7 @@ from .constants import (
     TASK_FILE_ENV,
     __version__,
 )
-from .model import COMMAND_LINE, DemoError, Spelling, UsageError
+from .model import COMMAND_LINE, Caller, DemoError, RunRequest, Spelling, Task, UsageError
 from .files import program_name
 from .parse import parse_duration
 from .manifests import image_groups, parallelism_shares, parse_image_map, parse_tasks, rewrite_image
@@ -500,111 +500,158 @@ def build_parser(
     return parser
 
 
-def check_run_arguments(args: argparse.Namespace, spelling: Spelling = COMMAND_LINE) -> None:
+def run_request(
+    args: argparse.Namespace,
+    spelling: Spelling = COMMAND_LINE,
+    tasks: Sequence[Task] | None = None,
+) -> RunRequest:
+    """`run`'s parsed arguments as the checked request both front ends hand to perform_run: the
+    tasks a Python caller gave, else those of --tasks; UsageError names a setting as `spelling`
+    words it."""
+    if tasks is None and args.tasks is not None:
+        tasks = read_tasks(args.tasks, spelling)
+    count = args.count
+    if count is None:
+        count = len(tasks) * args.group_size if tasks else DEFAULT_COUNT
+    request = RunRequest(
+        output=args.output,
+        count=count,
+        parallelism=count if args.parallelism is None else args.parallelism,
+        image=args.image,
+        image_map=tuple(args.image_map or ()),
+        runtime=args.runtime,
+        context=args.context,
+        kubectl=args.kubectl,
+        timeout=args.timeout,
+        max_episodes=args.max_episodes,
+        chunk_size=args.chunk_size,
+        rounds=args.rounds,
+        warmup=args.warmup,
+        episode_script=args.episode_script,
+        tasks_file=args.tasks,
+        tasks=None if tasks is None else tuple(tasks),
+        group_size=args.group_size,
+        retries=args.retries,
+        allow_failures=args.allow_failures,
+        need=args.need,
+        episode_timeout=args.episode_timeout,
+        prepull=args.prepull,
+        pull_timeout=args.pull_timeout,
+        dry_run=args.dry_run,
+        harden=args.harden,
+        cleanup=args.cleanup,
+        ttl=args.ttl,
+        quiet=args.quiet,
+        verbose=args.verbose,
+        # A trainer calling in always gets its rewards, one row per episode.
+        rollout=bool(tasks)
+        or args.retries is not None
+        or args.allow_failures is not None
+        or args.need is not None
+        or spelling.python,
+        spelling=spelling,
+    )
+    check_run_request(request)
+    return request
+
+
+def read_tasks(path: str, spelling: Spelling) -> list[Task]:
+    """The tasks of a --tasks file; UsageError names the file as the caller gave it."""
+    where = spelling.setting("tasks", path)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return parse_tasks(handle)
+    except OSError as error:
+        raise UsageError(f"{where}: {error.strerror or error}") from None
+    except (ValueError, UnicodeDecodeError) as error:
+        raise UsageError(f"{where}: {error}") from None
+
+
+def check_run_request(request: RunRequest) -> None:
     """1 <= parallelism <= count <= cap, else UsageError naming the settings as the caller spelled them."""
-    say = spelling.setting
-    check_rollout_arguments(args, spelling)
-    if args.count is None:
-        args.count = DEFAULT_COUNT
-    if args.parallelism is None:
-        args.parallelism = args.count
-    if args.count < 1:
-        raise UsageError(f"{spelling.name('count')} must be at least 1, got {args.count}")
-    if args.count > args.max_episodes:
-        tasks = getattr(args, "task_list", None)
+    name, say = request.spelling.name, request.spelling.setting
+    check_rollout_request(request)
+    count, cap = request.count, request.max_episodes
+    if count < 1:
+        raise UsageError(f"{name('count')} must be at least 1, got {count}")
+    if count > cap:
+        over = say("max_episodes", cap) if request.spelling.python else f"the cap of {cap} episodes"
         episodes = (
-            f"{say('group_size', args.group_size)} with {len(tasks)} tasks is {args.count} episodes, "
-            f"over {spelling.cap(args.max_episodes)}"
-            if tasks
-            else f"{say('count', args.count)} is over {spelling.cap(args.max_episodes)}"
+            f"{say('group_size', request.group_size)} with {len(request.tasks)} tasks is {count} "
+            f"episodes, over {over}"
+            if request.tasks
+            else f"{say('count', count)} is over {over}"
         )
-        raise UsageError(f"{episodes} (raise it with {say('max_episodes', args.count)})")
-    if not 1 <= args.parallelism <= args.count:
+        raise UsageError(f"{episodes} (raise it with {say('max_episodes', count)})")
+    if not 1 <= request.parallelism <= count:
         raise UsageError(
-            f"{spelling.name('parallelism')} must be between 1 and the count ({args.count}), "
-            f"got {args.parallelism}"
+            f"{name('parallelism')} must be between 1 and the count ({count}), "
+            f"got {request.parallelism}"
         )
-    if getattr(args, "task_list", None) and args.episode_script is None:
+    if request.tasks and request.episode_script is None:
         # The built-in episode never reads a task: its reward of 1 would pass for the task's.
         raise UsageError(
-            f"{spelling.name('tasks')} needs {spelling.name('episode_script')}: the built-in "
+            f"{name('tasks')} needs {name('episode_script')}: the built-in "
             f"episode ignores tasks, so its rewards would not come from them; ship an episode "
             f"that reads its task from ${TASK_FILE_ENV}"
         )
-    check_image_arguments(args, spelling)
+    check_image_request(request)
 
 
-def check_image_arguments(args: argparse.Namespace, spelling: Spelling = COMMAND_LINE) -> None:
+def check_image_request(request: RunRequest) -> None:
     """--image-map well formed; with tasks of several images, a share of --parallelism for each
     image's Job, and no --need (a Job's successPolicy counts its own episodes, not its batch's)."""
-    name = spelling.name
+    name = request.spelling.name
     try:
-        image_map = parse_image_map(getattr(args, "image_map", None) or ())
+        image_map = parse_image_map(request.image_map)
     except ValueError as error:
         raise UsageError(f"{name('image_map')}: {error}") from None
-    tasks = getattr(args, "task_list", None) or []
     groups = image_groups(
-        tasks, args.count, args.group_size, rewrite_image(args.image, image_map), image_map
+        request.tasks or [],
+        request.count,
+        request.group_size,
+        rewrite_image(request.image, image_map),
+        image_map,
     )
     if len(groups) == 1:
         return
-    if getattr(args, "need", None) is not None:
+    if request.need is not None:
         raise UsageError(
             f"{name('need')} cannot hold with tasks of {len(groups)} images: each image runs its "
             f"own Job, and a Job's successPolicy counts only its own episodes"
         )
     try:
-        parallelism_shares(args.parallelism, [len(group.indexes) for group in groups])
+        parallelism_shares(request.parallelism, [len(group.indexes) for group in groups])
     except ValueError as error:
         raise UsageError(
-            f"{spelling.setting('parallelism', args.parallelism)} is too few: the tasks name "
-            f"{error} (one Job per image)"
+            f"{request.spelling.setting('parallelism', request.parallelism)} is too few: the "
+            f"tasks name {error} (one Job per image)"
         ) from None
 
 
-def check_rollout_arguments(args: argparse.Namespace, spelling: Spelling = COMMAND_LINE) -> None:
+def check_rollout_request(request: RunRequest) -> None:
     """--tasks sets the count (tasks x --group-size); the rollout options stand alone, one batch."""
-    name, say = spelling.name, spelling.setting
-    if args.tasks is not None and getattr(args, "task_list", None) is None:
-        where = say("tasks", args.tasks) if spelling.python else f"--tasks {args.tasks}"
-        try:
-            with open(args.tasks, encoding="utf-8") as handle:
-                args.task_list = parse_tasks(handle)
-        except OSError as error:
-            raise UsageError(f"{where}: {error.strerror or error}") from None
-        except (ValueError, UnicodeDecodeError) as error:
-            raise UsageError(f"{where}: {error}") from None
-    tasks = getattr(args, "task_list", None)
-    if tasks:
-        count = len(tasks) * args.group_size
-        if args.count is not None and args.count != count:
-            raise UsageError(
-                f"{say('count', args.count)} disagrees with {name('tasks')}: {len(tasks)} tasks x "
-                f"{say('group_size', args.group_size)} = {count} episodes (leave "
-                f"{name('count')} out)"
-            )
-        args.count = count
-    elif args.group_size != 1:
+    name, say = request.spelling.name, request.spelling.setting
+    tasks, group_size = request.tasks, request.group_size
+    if tasks and request.count != len(tasks) * group_size:
         raise UsageError(
-            f"{name('group_size')} needs {name('tasks')} ({args.group_size} episodes per task)"
+            f"{say('count', request.count)} disagrees with {name('tasks')}: {len(tasks)} tasks x "
+            f"{say('group_size', group_size)} = {len(tasks) * group_size} episodes (leave "
+            f"{name('count')} out)"
         )
-    # A trainer calling in always gets its rewards, one row per episode.
-    args.rollout = (
-        bool(tasks)
-        or args.retries is not None
-        or args.allow_failures is not None
-        or args.need is not None
-        or spelling.python
-    )
-    if args.rollout and (args.rounds != 1 or args.warmup):
+    if not tasks and group_size != 1:
+        raise UsageError(
+            f"{name('group_size')} needs {name('tasks')} ({group_size} episodes per task)"
+        )
+    if request.rollout and (request.rounds != 1 or request.warmup):
         runs = (
             "run_batch() runs"
-            if spelling.python
+            if request.spelling.python
             else "--tasks, --retries, --allow-failures and --need run"
         )
         raise UsageError(f"{runs} one batch: leave out {name('rounds')} and {name('warmup')}")
-    check_need_arguments(args, spelling)
-    if args.episode_timeout is not None and args.retries:
+    check_need_request(request)
+    if request.episode_timeout is not None and request.retries:
         # The kubelet stops a pod past its activeDeadlineSeconds with no exit code of the episode's
         # own and no pod condition a podFailurePolicy rule can match: the Job would retry it.
         raise UsageError(
@@ -612,32 +659,34 @@ def check_rollout_arguments(args: argparse.Namespace, spelling: Spelling = COMMA
             f"retry an episode stopped at its deadline (its pod fails with reason "
             f"DeadlineExceeded, which no podFailurePolicy rule can match)"
         )
-    if args.allow_failures is not None and args.allow_failures > (args.count or DEFAULT_COUNT):
+    # A count of 0, refused after these checks, counts here as the default.
+    count = request.count or DEFAULT_COUNT
+    if request.allow_failures is not None and request.allow_failures > count:
         raise UsageError(
-            f"{say('allow_failures', args.allow_failures)} is more than the "
-            f"{args.count or DEFAULT_COUNT} episodes"
+            f"{say('allow_failures', request.allow_failures)} is more than the {count} episodes"
         )
 
 
-def check_need_arguments(args: argparse.Namespace, spelling: Spelling = COMMAND_LINE) -> None:
+def check_need_request(request: RunRequest) -> None:
     """--need K: 1 <= K < count, and none of the options whose promise the first K of N would break."""
-    if args.need is None:
+    need = request.need
+    if need is None:
         return
-    name, say = spelling.name, spelling.setting
-    count = args.count or DEFAULT_COUNT
-    if args.need >= count:
+    name, say = request.spelling.name, request.spelling.setting
+    count = request.count or DEFAULT_COUNT  # as check_rollout_request counts
+    if need >= count:
         raise UsageError(
-            f"{say('need', args.need)} must be fewer than the {count} episodes (it "
+            f"{say('need', need)} must be fewer than the {count} episodes (it "
             f"over-provisions: run count > K episodes and keep the first K rewards)"
         )
-    if args.group_size != 1:
+    if request.group_size != 1:
         raise UsageError(
             f"{name('need')} cannot hold with {name('group_size')}: the Job stops whichever "
             f"episodes are still running once K succeeded, so groups would be cut short at random"
         )
-    if args.allow_failures is not None:
+    if request.allow_failures is not None:
         raise UsageError(
-            f"{name('need')} already accepts count - K = {count - args.need} failed episodes: "
+            f"{name('need')} already accepts count - K = {count - need} failed episodes: "
             f"leave out {name('allow_failures')}"
         )
 
@@ -671,7 +720,6 @@ def check_cleanup_arguments(parser: argparse.ArgumentParser, args: argparse.Name
 
 
 DISPATCH: dict[str, Callable[[argparse.Namespace], int]] = {
-    "run": run_command,
     "cleanup": cleanup,
     "list": list_runs,
     "report": report,
@@ -685,10 +733,10 @@ def main(argv: Sequence[str] | None = None, exit_when_done: bool = False) -> int
     every step waits for nothing after the run."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    args.exit_when_done = exit_when_done
+    request = None
     if args.action == "run":
         try:
-            check_run_arguments(args)
+            request = run_request(args)
         except UsageError as error:
             args.action_parser.error(str(error))
     elif args.action == "cleanup":
@@ -697,6 +745,8 @@ def main(argv: Sequence[str] | None = None, exit_when_done: bool = False) -> int
         check_run_directory(args.action_parser, args)
     try:
         with signals_interrupt():
+            if request is not None:
+                return run_command(request, Caller(exit_when_done=exit_when_done))
             return DISPATCH[args.action](args)
     except DemoError as error:
         print(f"Error: {error}", file=sys.stderr)

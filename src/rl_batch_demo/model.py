@@ -1,9 +1,10 @@
-"""Errors, and the records the modules share (`Settings`, `Task`, `RolloutPolicy`, `RunPlan`)."""
+"""Errors, and the records the modules share (`RunRequest`, `Caller`, `Settings`, `Task`, `RunPlan`)."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple
+import threading
+from typing import Any, Callable, NamedTuple
 
 from .constants import DEFAULT_IMAGE, DEFAULT_JOB_DEADLINE_SECONDS, DEFAULT_RUNTIME, LIST_PAGE_SIZE
 
@@ -23,7 +24,7 @@ class KeywordTypeError(UsageError, TypeError):
 
 class Spelling(NamedTuple):
     """How the caller names a `run` setting in an error: as a flag (`--count 24`) on the
-    command line, as a keyword (`count=24`) from run_batch()."""
+    command line, as a keyword (`count=24`) from run_batch(). A request carries it (RunRequest)."""
 
     python: bool
 
@@ -42,11 +43,6 @@ class Spelling(NamedTuple):
     def option(self, dest: str, metavar: str) -> str:
         """How to pass a setting, as a hint: `--runtime NAME`, or `runtime=NAME`."""
         return f"{dest}={metavar}" if self.python else f"{self.name(dest)} {metavar}"
-
-    def cap(self, value: int) -> str:
-        return (
-            self.setting("max_episodes", value) if self.python else f"the cap of {value} episodes"
-        )
 
 
 COMMAND_LINE = Spelling(python=False)
@@ -106,9 +102,61 @@ class BatchEntry(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True)
+class RunRequest:
+    """`run`'s checked arguments, one field per flag (named as its dest), made once by either front
+    end (cli.run_request: the command line's flags, or run_batch()'s and stream_batch()'s keywords)
+    and read by attribute. `spelling` is how they were given: an error names a setting as its
+    caller wrote it, and a Python caller (spelling.python) has its results returned, not printed."""
+
+    output: str
+    count: int
+    parallelism: int
+    image: str
+    image_map: tuple[str, ...]  # --image-map's FROM=TO rules, as given
+    runtime: str
+    context: str | None
+    kubectl: str
+    timeout: int | None  # None: grown with the batch (default_timeout)
+    max_episodes: int
+    chunk_size: int
+    rounds: int
+    warmup: bool
+    episode_script: str | None
+    tasks_file: str | None  # --tasks FILE; `(run_batch)`, `(stream_batch)`: a Python caller's list
+    tasks: tuple[Task, ...] | None  # the tasks, parsed; None without any
+    group_size: int
+    retries: int | None
+    allow_failures: int | None
+    need: int | None
+    episode_timeout: int | None
+    prepull: bool
+    pull_timeout: int | None
+    dry_run: bool
+    harden: bool
+    cleanup: bool
+    ttl: int | None  # seconds
+    quiet: bool
+    verbose: bool
+    # Tasks, a rollout option, or a Python caller: a batch that writes rewards.jsonl.
+    rollout: bool
+    spelling: Spelling
+
+
+class Caller(NamedTuple):
+    """What the caller of `run` hands in beside its request, none of it a flag: `on_reward`, told
+    each rewards.jsonl line (run_batch's callback, or stream_batch's queue); `stop`, set by
+    stream_batch once its reader has gone; `exit_when_done`, from the console's entry points, which
+    end the process the moment the run is done (exit_at_once)."""
+
+    on_reward: Callable[[dict], None] | None = None
+    stop: threading.Event | None = None
+    exit_when_done: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
 class Settings:
-    """What one run was asked to do, made once (run_settings(), from the command line's or
-    run_batch()'s checked arguments; or read back from run.json) and read by attribute.
+    """What one run was asked to do, made once (run_settings(), from its RunRequest; or read back
+    from run.json) and read by attribute.
     `saved()` is run.json's form of it, key for key."""
 
     count: int

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import concurrent.futures
 import contextlib
 import dataclasses
@@ -44,13 +43,13 @@ from .constants import (
 
 from .model import (
     BatchEntry,
-    COMMAND_LINE,
+    Caller,
     DemoError,
     ImageGroup,
     RolloutPolicy,
     RunPlan,
+    RunRequest,
     Settings,
-    Spelling,
     Task,
 )
 from .stats import rounded
@@ -705,38 +704,36 @@ def close(run: RunContext) -> None:
     run.pool.shutdown(wait=False)
 
 
-def load_worker(script: str | None, spelling: Spelling = COMMAND_LINE) -> tuple[str, bool]:
+def load_worker(request: RunRequest) -> tuple[str, bool]:
     """The episode program to ship and whether it is the built-in one."""
+    script = request.episode_script
     if script is None:
         return WORKER_SOURCE, True
+    named = request.spelling.setting("episode_script", script)
     try:
         with open(script, encoding="utf-8") as handle:
             source = handle.read()
     except (OSError, UnicodeDecodeError) as error:
         raise DemoError(
-            f"cannot read {spelling.setting('episode_script', script)}: "
-            f"{getattr(error, 'strerror', None) or error}"
+            f"cannot read {named}: {getattr(error, 'strerror', None) or error}"
         ) from None
-    check_episode_syntax(script, source, spelling)
+    check_episode_syntax(script, source, named)
     return source, False
 
 
-def run_command(args: argparse.Namespace) -> int:
+def run_command(request: RunRequest, caller: Caller) -> int:
     """`run`: submit the batch(es), wait, save every record, verify, report."""
-    return perform_run(args)[0]
+    return perform_run(request, caller)[0]
 
 
-def perform_run(args: argparse.Namespace) -> tuple[int, Results | None]:
+def perform_run(request: RunRequest, caller: Caller) -> tuple[int, Results | None]:
     """`run`: its exit status (0, or EXIT_PARTIAL for an accepted partial batch) and its results."""
-    if args.dry_run:
-        print(json.dumps(dry_run_listing(args), indent=2))
+    if request.dry_run:
+        print(json.dumps(dry_run_listing(request), indent=2))
         return 0, None
-    worker_source, builtin = load_worker(
-        args.episode_script, getattr(args, "spelling", COMMAND_LINE)
-    )
-    tasks: list[Task] = list(getattr(args, "task_list", None) or [])
-    run = start_run(args, worker_source, builtin, tasks)
-    cleanup_hint = cleanup_command(run.output, args.kubectl)
+    worker_source, builtin = load_worker(request)
+    run = start_run(request, caller, worker_source, builtin)
+    cleanup_hint = cleanup_command(run.output, request.kubectl)
     failure: DemoError | None = None
     with signals_interrupt():
         try:
@@ -752,11 +749,11 @@ def perform_run(args: argparse.Namespace) -> tuple[int, Results | None]:
             failure = error
         finally:
             close(run)
-    if failure is None and getattr(args, "print_results", True):
-        print_results(results.figures, args.quiet)
-    finish_run(run, failure, args.cleanup, args.quiet, cleanup_hint)
+    if failure is None and not request.spelling.python:  # a Python caller has them returned
+        print_results(results.figures, request.quiet)
+    finish_run(run, failure, request.cleanup, request.quiet, cleanup_hint)
     status = EXIT_PARTIAL if results.figures.get("accepted_partial") else 0
-    if getattr(args, "exit_when_done", False):
+    if caller.exit_when_done:
         exit_at_once(status)  # while the run is still held: freeing it is what would take the time
     return status, results
 
@@ -774,62 +771,60 @@ def exit_at_once(status: int) -> NoReturn:
     os._exit(status)
 
 
-def dry_run_listing(args: argparse.Namespace) -> dict:
+def dry_run_listing(request: RunRequest) -> dict:
     """`run --dry-run`: the objects a run would create, as one v1 List; nothing is touched."""
-    worker_source, builtin = load_worker(
-        args.episode_script, getattr(args, "spelling", COMMAND_LINE)
-    )
-    tasks: list[Task] = list(getattr(args, "task_list", None) or [])
+    worker_source, builtin = load_worker(request)
     run_id = secrets.token_hex(6)
-    settings = run_settings(args, worker_source, builtin, tasks, None, NAMESPACE_PREFIX + run_id)
-    origin = run_origin(run_id, args.output, USER_UNKNOWN_BEFORE_RUN, settings.ttl_seconds)
+    settings = run_settings(request, worker_source, builtin, None, NAMESPACE_PREFIX + run_id)
+    origin = run_origin(run_id, request.output, USER_UNKNOWN_BEFORE_RUN, settings.ttl_seconds)
     return list_manifest(
-        planned_objects(NAMESPACE_PREFIX + run_id, run_id, settings, worker_source, tasks, origin)
+        planned_objects(
+            NAMESPACE_PREFIX + run_id, run_id, settings, worker_source, request.tasks or (), origin
+        )
     )
 
 
 def run_settings(
-    args: argparse.Namespace,
+    request: RunRequest,
     worker_source: str,
     builtin: bool,
-    tasks: Sequence[Task],
     context: str | None,
     namespace: str,
 ) -> Settings:
-    """The run's settings, once, from its checked arguments (the command line's or run_batch()'s),
-    its episode program, and the context and namespace it runs in (no context for --dry-run)."""
-    rollout = bool(getattr(args, "rollout", False))
-    batches = batch_names(args.rounds, args.warmup)
-    image_map = parse_image_map(getattr(args, "image_map", None) or ())
+    """The run's settings, once, from its request, its episode program, and the context and
+    namespace it runs in (no context for --dry-run)."""
+    rollout, tasks = request.rollout, request.tasks or ()
+    batches = batch_names(request.rounds, request.warmup)
+    image_map = parse_image_map(request.image_map)
     # Rewritten once, here: every later use of an image takes the rewritten reference.
-    image = rewrite_image(args.image, image_map)
-    groups = image_groups(tasks, args.count, args.group_size, image, image_map)
+    image = rewrite_image(request.image, image_map)
+    groups = image_groups(tasks, request.count, request.group_size, image, image_map)
     return Settings(
         version=__version__,
-        count=args.count,
-        parallelism=args.parallelism,
+        count=request.count,
+        parallelism=request.parallelism,
         image=image,
-        runtime=args.runtime,
-        timeout=args.timeout or default_timeout(args.count, args.parallelism),
-        rounds=args.rounds,
-        warmup=args.warmup,
-        harden=args.harden,
+        runtime=request.runtime,
+        timeout=request.timeout or default_timeout(request.count, request.parallelism),
+        rounds=request.rounds,
+        warmup=request.warmup,
+        harden=request.harden,
         builtin=builtin,
-        episode_script=args.episode_script,
-        chunk_size=args.chunk_size,
+        episode_script=request.episode_script,
+        chunk_size=request.chunk_size,
         episode_script_sha256=None
         if builtin
         else hashlib.sha256(worker_source.encode("utf-8")).hexdigest(),
-        ttl_seconds=args.ttl,
+        ttl_seconds=request.ttl,
         rollout=rollout,
         # The rollout options are recorded (and read) only for a rollout batch.
-        tasks_file=getattr(args, "tasks", None) if rollout else None,
-        group_size=args.group_size if rollout else 1,
-        retries=args.retries if rollout else None,
-        allow_failures=args.allow_failures if rollout else None,
+        tasks_file=request.tasks_file if rollout else None,
+        group_size=request.group_size if rollout else 1,
+        retries=request.retries if rollout else None,
+        allow_failures=request.allow_failures if rollout else None,
         task_ids=tuple(task.task_id for task in tasks) if rollout and tasks else None,
-        need=getattr(args, "need", None),
-        episode_timeout=getattr(args, "episode_timeout", None),
+        need=request.need,
+        episode_timeout=request.episode_timeout,
         context=context,
         namespace=namespace,
         batches=tuple(
@@ -844,24 +839,22 @@ def run_settings(
             for name, measured in batches
         ),
         image_map=image_map,
-        pull_timeout=getattr(args, "pull_timeout", None),
-        prepull=bool(getattr(args, "prepull", False)),
+        pull_timeout=request.pull_timeout,
+        prepull=request.prepull,
         task_images=tuple(task_images(tasks, image, image_map)) if rollout and tasks else None,
     )
 
 
-def start_run(
-    args: argparse.Namespace, worker_source: str, builtin: bool, tasks: Sequence[Task]
-) -> RunContext:
+def start_run(request: RunRequest, caller: Caller, worker_source: str, builtin: bool) -> RunContext:
     """Claim the output directory and name the context, run id and namespace; nothing in the cluster changes."""
-    output, spelling = args.output, getattr(args, "spelling", COMMAND_LINE)
+    output, spelling = request.output, request.spelling
     if os.path.lexists(output):
         raise DemoError(
             f"output directory {output} already exists; records are never overwritten, "
             f"choose a new {spelling.name('output')}"
         )
-    kubectl = Kubectl(find_kubectl(args.kubectl, spelling), verbose=args.verbose)
-    kubectl.context = resolve_context(kubectl, args.context, spelling)
+    kubectl = Kubectl(find_kubectl(request.kubectl, spelling), verbose=request.verbose)
+    kubectl.context = resolve_context(kubectl, request.context, spelling)
     try:
         os.makedirs(output)
     except OSError as error:
@@ -870,21 +863,21 @@ def start_run(
         ) from None
     run_id = secrets.token_hex(6)
     namespace = NAMESPACE_PREFIX + run_id
-    settings = run_settings(args, worker_source, builtin, tasks, kubectl.context, namespace)
+    settings = run_settings(request, worker_source, builtin, kubectl.context, namespace)
     return RunContext(
         settings,
-        plan_run(namespace, run_id, settings, worker_source, tasks),
+        plan_run(namespace, run_id, settings, worker_source, request.tasks or ()),
         Receipt.start(output, kubectl.context, namespace, run_id, kubeconfig_path()),
         kubectl,
         output,
-        Progress(args.quiet),
+        Progress(request.quiet),
         concurrent.futures.ThreadPoolExecutor(LOG_READERS),
         cpu_seconds(),
-        silent=args.quiet and not getattr(args, "print_results", True),
+        silent=request.quiet and spelling.python,
         spelling=spelling,
-        on_reward=getattr(args, "on_reward", None),
-        stop=getattr(args, "stop", None),
-        owns_process=spelling is COMMAND_LINE,
+        on_reward=caller.on_reward,
+        stop=caller.stop,
+        owns_process=not spelling.python,
     )
 
 

@@ -7,7 +7,7 @@ import sys
 import tokenize
 import warnings
 
-from .model import COMMAND_LINE, DemoError, Spelling
+from .model import DemoError
 
 # The newest Python whose syntax a script may hold (3.14: t-strings, `except A, B:`). The image's
 # Python is not known before its pods run: a local Python at least this new refuses every error
@@ -15,8 +15,9 @@ from .model import COMMAND_LINE, DemoError, Spelling
 NEWEST_SYNTAX_PYTHON = (3, 14)
 
 
-def check_episode_syntax(script: str, source: str, spelling: Spelling = COMMAND_LINE) -> None:
-    """Refuse a script that does not compile before it costs a namespace and a Job.
+def check_episode_syntax(script: str, source: str, named: str) -> None:
+    """Refuse a script that does not compile before it costs a namespace and a Job; `named` is the
+    setting that gave it, as its caller wrote it (`--episode-script FILE`, `episode_script='FILE'`).
 
     The image's Python may be newer than this one. On an older one, a script this Python cannot
     compile is refused only when it is broken in every version (broken_in_every_python); any
@@ -30,7 +31,7 @@ def check_episode_syntax(script: str, source: str, spelling: Spelling = COMMAND_
     except (SyntaxError, ValueError) as error:  # ValueError: a NUL byte, before 3.11
         found = error
     line = getattr(found, "lineno", None)
-    where = spelling.setting("episode_script", script) + (f", line {line}" if line else "")
+    where = named + (f", line {line}" if line else "")
     older = sys.version_info < NEWEST_SYNTAX_PYTHON
     if older and isinstance(found, SyntaxError) and not broken_in_every_python(source):
         print(
