@@ -20,7 +20,7 @@ The package's modules, lowest layer first: each imports only those above it here
 shipped single file holds them in this order, each part opening with its source path.
     worker: the episode program every pod runs, shipped in a ConfigMap as text.
     constants: defaults, limits, timeouts, and the names of what a run creates and saves.
-    model: errors, and the records the modules share (`Settings`, `Task`, `RunPlan`).
+    model: errors, and the records the modules share (`RunRequest`, `Settings`, `Task`).
     stats: percentiles and their descriptions.
     files: writing and reading files; the receipt, the proof of what a run created.
     store: a big batch held in little memory: shared strings and byte spools.
