@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
+from xml.etree import ElementTree
 
 from kube_emulator import Emulator
 
@@ -101,6 +102,16 @@ def write_script(directory: Path, source: str, name: str = "episode.py") -> Path
     path = directory / name
     path.write_text(source)
     return path
+
+
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def paths_by_title(svg_text: str) -> dict[str, str]:
+    """{title: the path's d} of an SVG picture's lines (ramp.svg, cdf.svg)."""
+    root = ElementTree.fromstring(svg_text)
+    assert root.tag == f"{SVG}svg"
+    return {path.find(f"{SVG}title").text: path.get("d") for path in root.iter(f"{SVG}path")}
 
 
 def load(path: Path) -> Any:
