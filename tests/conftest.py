@@ -19,8 +19,12 @@ import pytest
 TESTS_DIR = Path(__file__).resolve().parent
 REPO_ROOT = TESTS_DIR.parent
 # The package (src/) before the repository root, where the generated single file of the same name
-# lives: the tests import the package's modules, and run the generated file as a program.
-for _path in (str(REPO_ROOT), str(TESTS_DIR), str(REPO_ROOT / "src")):
+# lives: the tests import the package's modules, and run the generated file as a program. The
+# tests import the test machinery in tests/support/ (the emulator, the node agent, the builders)
+# by its modules' names, and the real tiers import scenario helpers from the files of tests/e2e/
+# and tests/real_cluster/, whichever folder pytest was given.
+_IMPORTED = (REPO_ROOT, TESTS_DIR, TESTS_DIR / "e2e", TESTS_DIR / "real_cluster")
+for _path in map(str, (*_IMPORTED, TESTS_DIR / "support", REPO_ROOT / "src")):
     if _path in sys.path:
         sys.path.remove(_path)
     sys.path.insert(0, _path)
@@ -28,7 +32,7 @@ for _path in (str(REPO_ROOT), str(TESTS_DIR), str(REPO_ROOT / "src")):
 import prereqs  # noqa: E402  (needs the path above)
 
 MARKERS = {
-    "e2e": "end-to-end: real kubectl against the emulator in tests/, pods sandboxed by bubblewrap",
+    "e2e": "end-to-end: real kubectl against the emulator in tests/support/, pods sandboxed by bubblewrap",
     "slow": "takes more than a few seconds; deselect with -m 'not slow'",
     "real_cluster": "end-to-end on a real control plane (kube-apiserver, controllers, scheduler) and the node agent",
     "real_node": "end-to-end on a real control plane and a real node (kubelet, containerd, runc), as root",

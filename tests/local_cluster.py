@@ -5,9 +5,9 @@
 
 Starts a real control plane (etcd, kube-apiserver, kube-controller-manager,
 kube-scheduler, built once from the Go module proxy by
-tests/build_control_plane.py) with tests/node_agent.py doing the kubelet's part
+tests/support/build_control_plane.py) with tests/support/node_agent.py doing the kubelet's part
 -- or, with --emulator, the tests' API emulator; with --kubelet, one real node
-(kubelet, containerd, runc: tests/real_node.py, as root) -- writes a kubeconfig, prints
+(kubelet, containerd, runc: tests/support/real_node.py, as root) -- writes a kubeconfig, prints
 `READY <kubeconfig path>` on one line once `kubectl get nodes` works, and stops
 everything on SIGINT or SIGTERM, removing the temporary directory it made for its
 state (its logs, the control plane's data) unless --keep says otherwise. Then, in
@@ -32,9 +32,9 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-TESTS_DIR = Path(__file__).resolve().parent
-if str(TESTS_DIR) not in sys.path:
-    sys.path.insert(0, str(TESTS_DIR))
+SUPPORT_DIR = Path(__file__).resolve().parent / "support"
+if str(SUPPORT_DIR) not in sys.path:
+    sys.path.insert(0, str(SUPPORT_DIR))
 
 from build_control_plane import BuildError, ensure_built  # noqa: E402
 from control_plane import ApiError, ControlPlane  # noqa: E402

@@ -5,9 +5,9 @@
 
 Finds (or installs) the prerequisites -- bubblewrap, kubectl 1.27/1.33/1.35,
 Python 3.9 and 3.13, the real control plane's binaries (built once with Go,
-see tests/build_control_plane.py) and the real node's (kubelet, containerd,
+see tests/support/build_control_plane.py) and the real node's (kubelet, containerd,
 a registry, crane, crictl, built once with Go, and Debian's runc, crun and CNI
-plugins: tests/build_node.py) -- makes one virtualenv per Python under tests/.cache/
+plugins: tests/support/build_node.py) -- makes one virtualenv per Python under tests/.cache/
 with the test extras from pyproject.toml, then runs the linter (ruff) on the
 product and the tests and the type checker (mypy) on the product, once, from
 the newest Python's venv -- a finding fails the run before any test starts --
@@ -35,7 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 import build_control_plane  # noqa: E402  (needs the path above)
 import build_node  # noqa: E402  (needs the path above)
 import prereqs  # noqa: E402  (needs the path above)

@@ -1,0 +1,553 @@
+"""End to end, streaming rollouts: each rewards.jsonl line written as its episode ends (seen by
+a reader while held episodes still run, released by the test, never by a timer), the first K of
+N (--need: the Job's successPolicy, the rest cancelled), a deadline per episode
+(--episode-timeout: the pod's activeDeadlineSeconds), and `valid` on every line. Real kubectl
+against the emulator, whose Job controller and kubelet follow successPolicy and
+activeDeadlineSeconds as the real ones do."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from xml.etree import ElementTree
+from typing import Any
+
+import pytest
+
+import all_names as rl_batch
+from e2e_support import (
+    PRODUCT,
+    REPO_ROOT,
+    TASK_EPISODE_HEAD,
+    documentation,
+    emulators,
+    load,
+    run_namespaces,
+    start_tool,
+    tool,
+    wait_for,
+    write_script,
+)
+
+pytestmark = pytest.mark.e2e
+
+# An episode whose task says "hold" waits, after `ready`, until a file named `release` appears in
+# its workspace (the test writes it into the pod's emptyDir on the node); the others end at once.
+HELD_EPISODE = (
+    TASK_EPISODE_HEAD
+    + """\
+while task.get("hold") and not os.path.exists("/workspace/release"):
+    time.sleep(0.05)
+if task.get("fail"):
+    sys.exit("the agent gave up")
+emit("reward", reward=task["x"])
+"""
+)
+
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, require_e2e: Any):
+    kubectl = require_e2e("1.35")
+    with emulators(tmp_path, timing={"job_backoff_base": 0.5}) as make:
+        yield kubectl, make
+
+
+def held_run(tmp_path: Path, tasks: list[dict], *options: str) -> tuple[list[str], Path]:
+    (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(task) + "\n" for task in tasks))
+    output = tmp_path / "out"
+    return [
+        "run",
+        "--output",
+        str(output),
+        "--quiet",
+        "--tasks",
+        str(tmp_path / "tasks.jsonl"),
+        "--episode-script",
+        str(write_script(tmp_path, HELD_EPISODE)),
+        *options,
+    ], output
+
+
+def lines_of(output: Path) -> list[dict]:
+    path = output / "rewards.jsonl"
+    text = path.read_text() if path.exists() else ""
+    # A reader tailing the file sees whole lines only: each is written and flushed at once.
+    return [json.loads(line) for line in text.splitlines(keepends=True) if line.endswith("\n")]
+
+
+def pod_of_index(emulator: Any, index: int) -> dict | None:
+    for pod in emulator.list("pods"):
+        annotations = pod["metadata"].get("annotations") or {}
+        if annotations.get("batch.kubernetes.io/job-completion-index") == str(index):
+            return pod
+    return None
+
+
+def release(emulator: Any, index: int) -> None:
+    """Let the held episode of this index end: the file its script waits for, in its emptyDir."""
+    pod = wait_for(lambda: pod_of_index(emulator, index), what=f"the pod of episode {index}")
+    workspace = emulator.workdir / "pods" / pod["metadata"]["uid"] / "volumes" / "workspace"
+    wait_for(workspace.is_dir, what=f"episode {index}'s workspace")
+    (workspace / "release").write_text("go")
+
+
+def test_each_line_lands_as_its_episode_ends_and_the_file_ends_in_index_order(
+    cluster: Any, tmp_path: Path
+) -> None:
+    kubectl, make = cluster
+    emulator = make()
+    tasks = [
+        {"id": "slow", "x": 1, "hold": True},
+        {"id": "fast", "x": 2},
+        {"id": "late", "x": 3, "hold": True},
+        {"id": "bad", "x": 4, "fail": True},
+    ]
+    args, output = held_run(tmp_path, tasks, "--allow-failures", "1")
+    process = start_tool(emulator, kubectl, *args)
+    try:
+        # Episodes 1 and 3 end at once and their lines land while 0 and 2 are still held.
+        early = wait_for(
+            lambda: len(lines_of(output)) >= 2 and lines_of(output), what="the first two lines"
+        )
+        assert sorted(line["index"] for line in early) == [1, 3]
+        assert process.poll() is None
+        release(emulator, 2)
+        wait_for(lambda: len(lines_of(output)) >= 3, what="episode 2's line")
+        streamed = lines_of(output)
+        assert streamed[:2] == early  # written once, never rewritten
+        assert streamed[2]["index"] == 2 and process.poll() is None
+        release(emulator, 0)
+        out, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 3, err
+    final = lines_of(output)
+    assert [line["index"] for line in final] == [0, 1, 2, 3]
+    # The same lines as written while the batch ran, now in index order.
+    by_index = {line["index"]: line for line in streamed}
+    assert all(final[index] == by_index[index] for index in by_index)
+    assert [(line["reward"], line["failure_class"], line["valid"]) for line in final] == [
+        (1, None, True),
+        (2, None, True),
+        (3, None, True),
+        (None, "episode", True),
+    ]
+    results = load(output / "results.json")
+    delivery = results["reward_delivery"]
+    # Three lines were read above while the run went on. The last episode's may come from the
+    # evidence read after the end instead: the Job completes as its pod ends, and on a loaded
+    # machine the tool can see that before it has read the pod's log (it is then written at once).
+    assert delivery["lines"] == 4 and delivery["streamed"] >= 3
+    assert delivery["streamed"] + delivery["written_after_the_end"] == 4
+    assert 0 < results["first_reward_seconds"] <= results["batch_to_all_rewards_seconds"] + 1
+    assert (
+        results["reward_delivery_lag_p50_seconds"]
+        <= results["reward_delivery_lag_p99_seconds"]
+        <= results["reward_delivery_lag_max_seconds"]
+    )
+    assert results["reward_delivery_lag_p50_seconds"] >= 0
+    assert "need" not in results and "kth_reward_seconds" not in results
+    assert results["cancelled_episodes"] == 0  # in every rollout's results.json
+    assert load(output / "client.json")["reward_deliveries"]
+    assert "rewards delivered: 3 lines" in (output / "ramp.svg").read_text()
+    # `report` recomputes the same delivery figures from the saved files.
+    report = tool(emulator, kubectl, "report", str(output), "--quiet")
+    assert report.returncode == 0, report.stderr
+    printed = json.loads(report.stdout)
+    assert printed["first_reward_seconds"] == results["first_reward_seconds"]
+    assert printed["reward_delivery_lag_p99_seconds"] == results["reward_delivery_lag_p99_seconds"]
+
+
+def test_need_ends_the_batch_at_k_successes_and_cancels_the_stragglers(
+    cluster: Any, tmp_path: Path
+) -> None:
+    kubectl, make = cluster
+    emulator = make()
+    # Two stragglers are never released: only the Job's successPolicy can end them.
+    tasks = [{"id": n, "x": 1, "hold": n in (1, 4)} for n in range(5)]
+    args, output = held_run(tmp_path, tasks, "--need", "3")
+    result = tool(emulator, kubectl, *args, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "--need 3 met: 3 of 5 episodes succeeded, 2 cancelled, 0 failed" in result.stderr
+    job = load(output / "job-submitted.json")["spec"]
+    assert job["successPolicy"] == {"rules": [{"succeededCount": 3}]}
+    assert job["completionMode"] == "Indexed" and job["maxFailedIndexes"] == 2
+    lines = lines_of(output)
+    assert [line["index"] for line in lines] == [0, 1, 2, 3, 4]
+    assert [(line["failure_class"], line["valid"]) for line in lines] == [
+        (None, True),
+        ("cancelled", False),
+        (None, True),
+        (None, True),
+        ("cancelled", False),
+    ]
+    assert all(
+        line["failure"].startswith("cancelled: --need was met")
+        for line in lines
+        if line["valid"] is False
+    )
+    results = load(output / "results.json")
+    assert (results["need"], results["cancelled_episodes"], results["failed_episodes"]) == (3, 2, 0)
+    assert results["accepted_partial"] is False and results["successful_episodes"] == 3
+    assert results["job_end"] == {"condition": "Complete", "reason": "SuccessPolicy"}
+    assert 0 < results["first_reward_seconds"] <= results["kth_reward_seconds"]
+    saved = load(output / "job.json")
+    conditions = [(c["type"], c.get("reason")) for c in saved["status"]["conditions"]]
+    assert conditions == [("SuccessCriteriaMet", "SuccessPolicy"), ("Complete", "SuccessPolicy")]
+    assert saved["status"]["succeeded"] == 3
+    # The stragglers as a real kubelet leaves them (tests/real_node/test_real_node_streaming.py): deleted by
+    # the Job controller, sent SIGTERM, which their PID 1 has no handler for, killed at the grace
+    # period's end (137), Failed with no reason of the pod's own.
+    pods = {p["metadata"]["name"]: p for p in load(output / "pods.json")["items"]}
+    for line in lines:
+        if line["failure_class"] != "cancelled":
+            continue
+        pod = pods[line["pod"]]
+        (container,) = pod["status"]["containerStatuses"]
+        assert pod["metadata"]["deletionTimestamp"]
+        assert (pod["status"]["phase"], pod["status"].get("reason")) == ("Failed", None)
+        assert (
+            container["state"]["terminated"]["exitCode"],
+            container["state"]["terminated"]["reason"],
+        ) == (137, "Error")
+        ready = {c["type"]: c.get("reason") for c in pod["status"]["conditions"]}
+        assert ready["Ready"] == ready["ContainersReady"] == "PodFailed"
+        assert "DisruptionTarget" not in ready
+    # The timeline draws all 5 episodes, each cancelled one marked as such, as far as it got.
+    timeline = ElementTree.fromstring((output / "timeline.svg").read_text())
+    marks = sorted(
+        text.findtext(f"{SVG}title")
+        for text in timeline.iter(f"{SVG}text")
+        if text.findtext(f"{SVG}title")
+    )
+    cancelled = sorted(line["pod"] for line in lines if line["failure_class"] == "cancelled")
+    assert [mark.split(" ", 2)[:2] for mark in marks] == [[pod, "cancelled:"] for pod in cancelled]
+    rows = {
+        rect.findtext(f"{SVG}title").split()[0]
+        for rect in timeline.iter(f"{SVG}rect")
+        if rect.findtext(f"{SVG}title")
+    }
+    assert rows == {line["pod"] for line in lines}
+
+
+def test_need_missed_fails_the_run_with_every_episode_in_rewards_jsonl(
+    cluster: Any, tmp_path: Path
+) -> None:
+    kubectl, make = cluster
+    emulator = make()
+    # --need 2 of 3 absorbs one failure (maxFailedIndexes 1); two fail, once the one success has
+    # landed (they are held until then), so the Job fails with only 1 success.
+    tasks = [{"id": "ok", "x": 1}] + [{"id": n, "x": 1, "hold": True, "fail": True} for n in (1, 2)]
+    args, output = held_run(tmp_path, tasks, "--need", "2")
+    process = start_tool(emulator, kubectl, *args)
+    try:
+        wait_for(lambda: [line["index"] for line in lines_of(output)] == [0], what="the success")
+        release(emulator, 1)
+        release(emulator, 2)
+        _, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    # Not met: the run fails as a batch past its allowance does, every episode in rewards.jsonl.
+    assert process.returncode == 1, err
+    assert (
+        "Error: 1 of 3 episodes succeeded, fewer than --need 2 (2 failed: 2 episode failures)"
+        in err
+    )
+    assert "rewards.jsonl lists every episode with its class" in err and " met:" not in err
+    assert [(line["failure_class"], line["valid"]) for line in lines_of(output)] == [
+        (None, True),
+        ("episode", True),
+        ("episode", True),
+    ]
+    conditions = load(output / "job.json")["status"]["conditions"]
+    assert [(c["type"], c.get("reason")) for c in conditions][-1] == (
+        "Failed",
+        "MaxFailedIndexesExceeded",
+    )
+    assert not (output / "results.json").exists()
+
+
+def test_an_episode_past_its_timeout_is_an_episode_failure_never_retried(
+    cluster: Any, tmp_path: Path
+) -> None:
+    kubectl, make = cluster
+    emulator = make()
+    tasks = [{"id": "stuck", "x": 1, "hold": True}, {"id": "quick", "x": 2}]
+    args, output = held_run(tmp_path, tasks, "--episode-timeout", "3", "--allow-failures", "1")
+    result = tool(emulator, kubectl, *args, timeout=120)
+    assert result.returncode == 3, result.stderr
+    assert (
+        load(output / "job-submitted.json")["spec"]["template"]["spec"]["activeDeadlineSeconds"]
+        == 3
+    )
+    lines = lines_of(output)
+    stuck = lines[0]
+    assert (stuck["failure_class"], stuck["valid"], stuck["attempts"]) == ("episode", True, 1)
+    assert (
+        stuck["failure"]
+        == "ran out of time: still running 3 s after its pod started (its deadline: "
+        "--episode-timeout, plus --pull-timeout, as given)"
+    )
+    assert lines[1]["failure_class"] is None
+    pods = {p["metadata"]["name"]: p for p in load(output / "pods.json")["items"]}
+    assert len(pods) == 2
+    status = pods[stuck["pod"]]["status"]
+    assert (status["phase"], status["reason"]) == ("Failed", "DeadlineExceeded")
+    assert status["message"] == "Pod was active on the node longer than the specified deadline"
+    # Its PID 1 has no SIGTERM handler: killed at the grace period's end, as on a real node.
+    assert status["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 137
+    # The quick one ended on its own; if its deadline passed while it was still on the node, the
+    # kubelet marked it Failed (DeadlineExceeded) as a real one does, and it is a success still.
+    assert (
+        pods[lines[1]["pod"]]["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"]
+        == 0
+    )
+    events = (output / "events.txt").read_text()
+    assert "DeadlineExceeded" in events
+
+
+def test_need_refused_before_anything_is_created_on_a_cluster_older_than_1_33(
+    cluster: Any, tmp_path: Path
+) -> None:
+    kubectl, make = cluster
+    emulator = make(server_version="1.32")
+    output = tmp_path / "out"
+    result = tool(
+        emulator, kubectl, "run", "--output", str(output), "--quiet", "--count", "3", "--need", "2"
+    )
+    assert result.returncode == 1
+    assert (
+        "--need needs Kubernetes >= 1.33" in result.stderr
+        and "serves 1.32; nothing was created" in result.stderr
+    )
+    assert run_namespaces(emulator) == []
+
+
+def readme_trainer_loop() -> tuple[str, list[list[str]]]:
+    """README's trainer loop: its trainer_loop.py, and the two command lines shown under it
+    (the batch started in the background, then the trainer), each split as the shell would."""
+    readme = (REPO_ROOT / "README.md").read_text()
+    found = re.search(r"```python\n(# trainer_loop\.py.*?)```\n\n((?:    [^\n]*\n)+)", readme, re.S)
+    assert found, "README's trainer loop and the command lines under it"
+    return found[1], [shlex.split(line) for line in found[2].splitlines()]
+
+
+def test_readme_trainer_loop_masks_what_it_must_not_learn_from(
+    cluster: Any, tmp_path: Path
+) -> None:
+    kubectl, make = cluster
+    emulator = make()
+    source, (run_line, trainer_line) = readme_trainer_loop()
+    assert run_line[:3] == ["python3", "rl_batch_demo.py", "run"] and run_line[-1] == "&"
+    assert trainer_line[:2] == ["python3", "trainer_loop.py"]
+    argv = run_line[2:-1]
+    count, need = (int(argv[argv.index(flag) + 1]) for flag in ("--count", "--need"))
+    write_script(tmp_path, source, "trainer_loop.py")
+    # The README's command lines as written, in a directory where their relative paths (--output
+    # rl-step-18, the trainer's rl-step-18/rewards.jsonl) hold, `python3` being the Python under
+    # test and `kubectl` on PATH the emulator's. Added only what must be: --tasks and
+    # --episode-script in place of the built-in episode, one task per episode (so --count still
+    # agrees), count - need of them held and never released. Every built-in episode ends at once,
+    # so how many the successPolicy would cut is a race; the held ones are stragglers that only
+    # the Job's successPolicy can end.
+    (tmp_path / "tasks.jsonl").write_text(
+        "".join(json.dumps({"id": n, "x": 1, "hold": n >= need}) + "\n" for n in range(count))
+    )
+    write_script(tmp_path, HELD_EPISODE)
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "kubectl").symlink_to(kubectl)
+    env = dict(emulator.env(), PATH=f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    batch = subprocess.Popen(
+        [
+            sys.executable,
+            str(PRODUCT),
+            *argv,
+            "--tasks",
+            "tasks.jsonl",
+            "--episode-script",
+            "episode.py",
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    trainer = subprocess.Popen(
+        [sys.executable, *trainer_line[1:]], cwd=tmp_path, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        _, err = batch.communicate(timeout=300)
+        assert batch.returncode == 0, err
+        printed, _ = trainer.communicate(timeout=60)
+    finally:
+        for process in (batch, trainer):
+            if process.poll() is None:
+                process.kill()
+    assert f"--need {need} met: {need} of {count} episodes succeeded" in err
+    # The K successes are learnt from; the cancelled stragglers are masked, never a fake zero.
+    assert printed.strip() == f"{need} samples, {count - need} masked"
+
+
+# --------------------------------------------------------------------------
+# From Python: on_reward and stream_batch see each line before the run ends.
+
+
+@pytest.fixture
+def python_cluster(cluster: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """(kubectl, emulator) with the emulator's environment set for an in-process run."""
+    kubectl, make = cluster
+    emulator = make()
+    for name, value in emulator.env().items():
+        monkeypatch.setenv(name, value)
+    return kubectl, emulator
+
+
+HELD_AND_FAST = [{"id": "held", "x": 1, "hold": True}, {"id": "fast", "x": 2}]
+
+
+def python_run(kubectl: str, tmp_path: Path) -> dict:
+    return dict(
+        output=str(tmp_path / "out"),
+        kubectl=kubectl,
+        episode_script=write_script(tmp_path, HELD_EPISODE),
+    )
+
+
+def test_on_reward_is_told_each_line_while_the_batch_runs(
+    python_cluster: Any, tmp_path: Path
+) -> None:
+    kubectl, emulator = python_cluster
+    told: list[dict] = []
+    threads: list[int] = []
+
+    def on_reward(line: dict) -> None:
+        told.append(line)
+        threads.append(threading.get_ident())
+        if line["index"] == 1:
+            # Episode 0 is still held: its line can only come once this test releases it.
+            assert [row["index"] for row in lines_of(tmp_path / "out")] == [1]
+            release(emulator, 0)
+            # Its pod ends while this callback has not returned: its line waits for the callback,
+            # which runs in the thread that follows the batch.
+            wait_for(
+                lambda: (
+                    (pod_of_index(emulator, 0) or {}).get("status", {}).get("phase") == "Succeeded"
+                ),
+                what="episode 0's pod to succeed",
+            )
+            assert [row["index"] for row in lines_of(tmp_path / "out")] == [1]
+
+    results = rl_batch.run_batch(
+        HELD_AND_FAST, on_reward=on_reward, **python_run(kubectl, tmp_path)
+    )
+    assert [line["index"] for line in told] == [1, 0]
+    # Called from the caller's own thread, the one that called run_batch().
+    assert threads == [threading.get_ident()] * 2
+    assert results["rewards"] == sorted(told, key=lambda line: line["index"])
+    assert [line["valid"] for line in told] == [True, True]
+
+
+def test_stream_batch_yields_lines_as_they_land_and_returns_the_results(
+    python_cluster: Any, tmp_path: Path
+) -> None:
+    kubectl, emulator = python_cluster
+    seen: list[dict] = []
+
+    def trainer() -> Any:
+        results = yield from rl_batch.stream_batch(HELD_AND_FAST, **python_run(kubectl, tmp_path))
+        return results
+
+    stream = trainer()
+    for line in stream:
+        seen.append(line)
+        if len(seen) == 1:
+            assert line["index"] == 1
+            release(emulator, 0)
+    assert [line["index"] for line in seen] == [1, 0]
+    # A plain for loop reads the results back from the run's directory.
+    saved = rl_batch.batch_results(tmp_path / "out")
+    assert saved["rewards"] == sorted(seen, key=lambda line: line["index"])
+    assert saved["first_reward_seconds"] > 0
+    # `yield from` hands the generator's return value on.
+    gen = rl_batch.stream_batch(
+        HELD_AND_FAST, **dict(python_run(kubectl, tmp_path), output=str(tmp_path / "o2"))
+    )
+    first = next(gen)
+    release(emulator, 0)  # the second run's held episode
+    rest = []
+    with pytest.raises(StopIteration) as stopped:
+        while True:
+            rest.append(next(gen))
+    assert stopped.value.value["rewards"] == sorted([first, *rest], key=lambda line: line["index"])
+
+
+def test_a_callback_that_raises_stops_the_run_as_ctrl_c_does(
+    python_cluster: Any, tmp_path: Path, capfd: pytest.CaptureFixture
+) -> None:
+    kubectl, emulator = python_cluster
+
+    def on_reward(line: dict) -> None:
+        raise ValueError("the trainer's buffer is full")
+
+    with pytest.raises(ValueError, match="the trainer's buffer is full"):
+        rl_batch.run_batch(HELD_AND_FAST, on_reward=on_reward, **python_run(kubectl, tmp_path))
+    output = tmp_path / "out"
+    namespace = load(output / "receipt.json")["namespace"]
+    err = capfd.readouterr().err
+    assert "on_reward raised ValueError: the trainer's buffer is full; the run stopped." in err
+    assert f"receipt.json names namespace {namespace}" in err and "Clean up with:" in err
+    assert [ns["metadata"]["name"] for ns in run_namespaces(emulator)] == [
+        namespace
+    ]  # kept for cleanup
+    assert [line["index"] for line in lines_of(output)] == [1]
+    assert (output / "pods.json").exists() and not (output / "results.json").exists()
+
+
+def test_leaving_the_stream_early_stops_the_run_once_its_evidence_is_saved(
+    python_cluster: Any, tmp_path: Path, capfd: pytest.CaptureFixture
+) -> None:
+    kubectl, emulator = python_cluster
+    stream = rl_batch.stream_batch(HELD_AND_FAST, **python_run(kubectl, tmp_path))
+    assert next(stream)["index"] == 1
+    stream.close()  # the held episode is never released: only the stop ends the run
+    output = tmp_path / "out"
+    err = capfd.readouterr().err
+    assert "stream_batch()'s reader stopped before the batch ended; the run stopped." in err
+    namespace = load(output / "receipt.json")["namespace"]
+    assert [ns["metadata"]["name"] for ns in run_namespaces(emulator)] == [namespace]
+    assert (output / "pods.json").exists()
+
+
+def test_readme_stream_example_runs_as_written(
+    python_cluster: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    kubectl, emulator = python_cluster
+    blocks = re.findall(r"```python\n(.*?)```", documentation(), flags=re.S)
+    example = next(block for block in blocks if block.startswith("# stream.py"))
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "kubectl").symlink_to(kubectl)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{__import__('os').environ['PATH']}")
+    monkeypatch.chdir(tmp_path)
+    exec(compile(example, "README.md", "exec"), {})
+    printed = capsys.readouterr()
+    assert printed.err == ""  # quiet: `need=3 met` is in the results
+    learnt, need, settled = printed.out.split()
+    lines = [
+        (line["failure_class"], line["failure"]) for line in lines_of(tmp_path / "runs" / "step-18")
+    ]
+    # Every episode of the built-in demo succeeds, unless the Job cancelled it once 3 had.
+    assert need == "3" and settled == "4" and 3 <= int(learnt) <= 4, lines

@@ -1,0 +1,329 @@
+"""Helpers for the end-to-end tests: run the real tool with real kubectl against the emulator."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Sequence
+from xml.etree import ElementTree
+
+from kube_emulator import Emulator
+
+import rl_batch_demo
+
+REPO_ROOT = Path(__file__).resolve().parent.parent.parent
+PRODUCT = REPO_ROOT / "rl_batch_demo.py"
+
+
+def documentation() -> str:
+    """README.md and every page of docs/, as one text: a documented example is run as written,
+    whichever page shows it."""
+    pages = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
+    return "\n".join(page.read_text(encoding="utf-8") for page in pages)
+
+
+# Realistic but quick: a sandbox takes a moment to start, so a sequential batch
+# is clearly slower than a parallel one, as on a real cluster.
+DEFAULT_TIMING = {"sandbox_delay": 0.4, "sandbox_jitter": 0.1}
+
+
+@contextlib.contextmanager
+def emulators(directory: Path, **options: Any) -> Iterator[Callable[..., Emulator]]:
+    """make(server_version="1.33", **faults) -> a started emulator under `directory` with the default
+    timing faults and the given Emulator options; every emulator made is stopped on leaving."""
+    started: list[Emulator] = []
+
+    def make(server_version: str = "1.33", **faults: Any) -> Emulator:
+        emulator = Emulator(
+            directory / f"emulator-{len(started)}",
+            faults={**DEFAULT_TIMING, **faults},
+            server_version=server_version,
+            **options,
+        )
+        emulator.start()
+        started.append(emulator)
+        return emulator
+
+    try:
+        yield make
+    finally:
+        for emulator in started:
+            emulator.stop()
+
+
+def tool(
+    emulator: Any, kubectl: str, *args: str, timeout: float = 300, python: str = sys.executable
+) -> subprocess.CompletedProcess:
+    """Run `rl_batch_demo.py ARGS` against the emulator; --kubectl is added for run and cleanup."""
+    argv = [python, str(PRODUCT), *args]
+    if args and args[0] in ("run", "cleanup"):
+        argv += ["--kubectl", kubectl]
+    return subprocess.run(argv, env=emulator.env(), capture_output=True, text=True, timeout=timeout)
+
+
+def start_tool(emulator: Any, kubectl: str, *args: str) -> subprocess.Popen:
+    argv = [sys.executable, str(PRODUCT), *args, "--kubectl", kubectl]
+    return subprocess.Popen(
+        argv, env=emulator.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def wait_for(predicate: Any, seconds: float = 120.0, what: str = "the condition") -> Any:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {seconds} s waiting for {what}")
+
+
+# The opening every task-reading episode script shares: its events as the worker prints them,
+# its task read from $TASK_FILE, and `ready`. A test's script is this plus what it does next.
+TASK_EPISODE_HEAD = """
+import json, os, sys, time
+EPISODE_ID = os.environ["EPISODE_ID"]
+def emit(event, **fields):
+    print(json.dumps(dict({"event": event, "at": time.time(), "episode_id": EPISODE_ID}, **fields)), flush=True)
+with open(os.environ["TASK_FILE"]) as handle:
+    task = json.load(handle)
+emit("ready")
+"""
+
+
+def write_script(directory: Path, source: str, name: str = "episode.py") -> Path:
+    """An episode script for --episode-script, written into `directory`."""
+    path = directory / name
+    path.write_text(source)
+    return path
+
+
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def paths_by_title(svg_text: str) -> dict[str, str]:
+    """{title: the path's d} of an SVG picture's lines (ramp.svg, cdf.svg)."""
+    root = ElementTree.fromstring(svg_text)
+    assert root.tag == f"{SVG}svg"
+    return {path.find(f"{SVG}title").text: path.get("d") for path in root.iter(f"{SVG}path")}
+
+
+def load(path: Path) -> Any:
+    return json.loads(path.read_text())
+
+
+def run_namespaces(emulator: Any) -> list[dict]:
+    return [
+        ns for ns in emulator.list("namespaces") if ns["metadata"]["name"].startswith("agc-rl-")
+    ]
+
+
+def interrupt(
+    process: subprocess.Popen, signum: int = signal.SIGINT
+) -> subprocess.CompletedProcess:
+    process.send_signal(signum)
+    stdout, stderr = process.communicate(timeout=120)
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def assert_evidence_saved(output: Path, pod_names: Sequence[str]) -> None:
+    """A batch's evidence files are there and no results.json was written."""
+    for name in ("receipt.json", "job-submitted.json", "job.json", "pods.json", "events.txt"):
+        assert (output / name).is_file(), f"{name} missing from {sorted(os.listdir(output))}"
+    for pod in pod_names:
+        assert (output / f"{pod}.log").is_file(), f"{pod}.log missing"
+    assert not (output / "results.json").exists()
+
+
+def receipt_of(output: Path) -> dict:
+    """The receipt as it is now on disk, or {} while it is not there yet."""
+    try:
+        return json.loads((output / "receipt.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def pods_of(output: Path) -> list[str]:
+    """The names of the pods a run saved in pods.json."""
+    return [p["metadata"]["name"] for p in load(output / "pods.json")["items"]]
+
+
+def assert_run_agrees_with_cluster(
+    cluster: Any, output: Path, count: int, parallelism: int, runtime: str = "cube"
+) -> dict:
+    """A finished run's files agree with each other and with the cluster's objects (an emulator or a
+    real control plane): its namespace, its Job as submitted and as it ended, and every episode's
+    reward and log. Returns results.json."""
+    results = load(output / "results.json")
+    assert results["episodes"] == results["successful_episodes"] == results["reward_sum"] == count
+    assert results["parallelism"] == parallelism
+    assert results["context"] == cluster.context
+    receipt = load(output / "receipt.json")
+    namespace = receipt["namespace"]
+    assert cluster.get("namespaces", None, namespace)["metadata"]["uid"] == receipt["namespace_uid"]
+    job = load(output / "job.json")
+    assert (
+        job["metadata"]["uid"]
+        == receipt["job_uid"]
+        == cluster.get("jobs", namespace, "rollout")["metadata"]["uid"]
+    )
+    assert any(
+        c["type"] == "Complete" and c["status"] == "True" for c in job["status"]["conditions"]
+    )
+    assert load(output / "job-submitted.json") == rl_batch_demo.job_manifest(
+        namespace, count, parallelism, "python:3.12-alpine", runtime
+    )
+    nodes = {n["metadata"]["name"] for n in cluster.list("nodes")}
+    for row in results["pods"]:
+        assert row["reward"] == 1 and row["node"] in nodes
+        events = rl_batch_demo.parse_events((output / f"{row['pod']}.log").read_text().splitlines())
+        assert [e["event"] for e in events] == ["ready", "reward"]
+        assert events[0]["episode_id"] == row["pod"]
+    return results
+
+
+# How kubelet v1.35.4 words a container's events, as the real node's tier sees them: the node
+# agent and the emulator's kubelet at 1.35 are held to the same words.
+KUBELET_135_MESSAGES = {"Created": "Container created", "Started": "Container started"}
+KUBELET_135_PRESENT = (
+    'Container image "{image}" already present on machine and can be accessed by the pod'
+)
+KUBELET_135_PULLED = 'Successfully pulled image "{image}" in '
+
+
+def assert_clocks_agree(results: dict) -> None:
+    """Every clock of a run on this one machine (the client's, each node's): the evidence allows it to
+    agree with the control plane's, and nothing was corrected (a correction would move each point)."""
+    clocks = results["clocks"]
+    for name, entry in [("client", clocks["client"])] + list(clocks["nodes"].items()):
+        assert (entry["at_least_seconds"] or 0) <= 0 <= (entry["at_most_seconds"] or 0), (
+            name,
+            entry,
+        )
+        assert entry["offset_seconds"] == 0.0, (name, entry)
+    assert results.get("clock_warnings") in (None, []), results.get("clock_warnings")
+
+
+def assert_kubelet_135_messages(events: Sequence[dict], image: str = "python:3.12-alpine") -> None:
+    """Every Created, Started and Pulled event of the pods' containers says what kubelet v1.35.4 says."""
+    seen = set()
+    for event in events:
+        reason, message = event.get("reason"), event.get("message", "")
+        if (event.get("involvedObject") or {}).get("kind") != "Pod" or reason not in (
+            "Created",
+            "Started",
+            "Pulled",
+        ):
+            continue
+        seen.add(reason)
+        if reason == "Pulled":
+            assert message == KUBELET_135_PRESENT.format(image=image) or message.startswith(
+                KUBELET_135_PULLED.format(image=image)
+            ), message
+        else:
+            assert message == KUBELET_135_MESSAGES[reason], (reason, message)
+        assert (event.get("involvedObject") or {}).get("fieldPath") == "spec.containers{episode}", (
+            event
+        )
+    assert seen == {"Created", "Started", "Pulled"}, seen
+
+
+def assert_pulls_one_at_a_time(events: Sequence[dict], nodes: dict[str, str]) -> dict[str, float]:
+    """The kubelet pulled one image at a time on each node (serializeImagePulls, its default): the
+    pulls its Pulled messages measure (`in 190ms`), each between its pod's Pulling and Pulled
+    events, do not overlap, so on a node together they fit between its first Pulling and its last
+    Pulled (the events' names: the kubelet's clock, to the nanosecond). `nodes`: pod -> its node.
+    Returns each node's span less its pulls (>= 0). Held by the real kubelet and the emulator."""
+    stamps: dict[tuple[str, str], float] = {}
+    pulled: dict[str, float] = {}
+    for event in events:
+        regarding = event.get("involvedObject") or {}
+        if event.get("reason") not in ("Pulling", "Pulled") or regarding.get("kind") != "Pod":
+            continue
+        at = rl_batch_demo.event_name_time(rl_batch_demo.event_record(event))
+        assert at is not None, event["metadata"]["name"]
+        stamps.setdefault((event["reason"], regarding["name"]), at)
+        pull = rl_batch_demo.parse_pulled_message(event.get("message", ""))
+        if event["reason"] == "Pulled" and pull is not None and pull.pulled:
+            assert pull.pull_seconds is not None, event["message"]
+            pulled[regarding["name"]] = pull.pull_seconds
+    slack = {}
+    for node in sorted({nodes[pod] for pod in pulled}):
+        pods = [pod for pod in pulled if nodes[pod] == node]
+        span = max(stamps[("Pulled", pod)] for pod in pods) - min(
+            stamps[("Pulling", pod)] for pod in pods
+        )
+        total = sum(pulled[pod] for pod in pods)
+        assert total <= span, (node, {pod: pulled[pod] for pod in pods}, span)
+        slack[node] = span - total
+    return slack
+
+
+def assert_cleanup_works(emulator: Any, kubectl: str, output: Path) -> None:
+    """`cleanup` of the run in `output` deletes its namespace, and no run namespace is left."""
+    cleaned = tool(emulator, kubectl, "cleanup", "--output", str(output))
+    assert cleaned.returncode == 0, cleaned.stderr
+    assert "Traceback" not in cleaned.stderr
+    assert cleaned.stdout.startswith("Deleted test namespace: agc-rl-")
+    assert run_namespaces(emulator) == []
+
+
+def assert_refused_a_running_pod(process: subprocess.Popen, output: Path, running: str) -> None:
+    """The run saw its Job Complete with pod `running` still running: it fails on that pod, saves
+    the pod as it read it, and writes no results."""
+    stdout, stderr = process.communicate(timeout=300)
+    assert process.returncode == 1, (stdout, stderr)
+    assert "Traceback" not in stderr
+    assert f"pod {running}: phase is Running, not Succeeded" in stderr, stderr
+    assert not (output / "results.json").exists()
+    pods = {pod["metadata"]["name"]: pod for pod in load(output / "pods.json")["items"]}
+    assert pods[running]["status"]["phase"] == "Running"
+
+
+def most_at_once(runs: Iterable[dict]) -> int:
+    """The most containers that ran at one moment, from records of when each started and finished."""
+    runs = list(runs)
+    moments = sorted(
+        [(r["container_started"], 1) for r in runs] + [(r["container_finished"], -1) for r in runs]
+    )
+    running = most = 0
+    for _, change in moments:
+        running += change
+        most = max(most, running)
+    return most
+
+
+def assert_cleanup_twice(cluster: Any, kubectl: str, output: Path) -> None:
+    """`cleanup` deletes the run's namespace and keeps its output; a second one finds it already absent."""
+    namespace = load(output / "receipt.json")["namespace"]
+    cleaned = tool(cluster, kubectl, "cleanup", "--output", str(output))
+    assert cleaned.returncode == 0, cleaned.stderr
+    assert cleaned.stdout.strip() == f"Deleted test namespace: {namespace}"
+    assert cluster.get("namespaces", None, namespace) is None
+    assert output.is_dir() and (output / "results.json").is_file()
+    again = tool(cluster, kubectl, "cleanup", "--output", str(output))
+    assert again.returncode == 0 and again.stdout.strip() == "Namespace already absent", (
+        again.stderr
+    )
+
+
+# An Indexed episode script whose episode 1 is still working when a test marks the Job Complete.
+SLOW_SECOND_EPISODE = '''"""Episode 0 finishes at once; episode 1 is still working when the Job is marked Complete."""
+import json
+import os
+import time
+
+if os.environ.get("JOB_COMPLETION_INDEX") == "1":
+    time.sleep(600)
+for event in ("ready", "reward"):
+    record = {"event": event, "at": time.time(), "episode_id": os.environ["EPISODE_ID"]}
+    if event == "reward":
+        record.update(reward=1, tests_exit=0, baseline_exit=1)
+    print(json.dumps(record), flush=True)
+'''
