@@ -17,8 +17,8 @@ from e2e_support import (
     SLOW_SECOND_EPISODE,
     assert_refused_a_running_pod,
     load,
+    run_tool,
     start_tool,
-    tool,
     wait_for,
 )
 from kube_emulator import Emulator
@@ -107,7 +107,7 @@ def test_a_late_pod_watch_and_slow_lists_still_pass_with_every_record_saved(make
     # The pod watch runs 4 s behind the Job watch; every pod list takes 2 s.
     emulator = make(watch_delay={"pods": 4.0}, list_latency={"pods": 2.0})
     output = tmp_path / "out"
-    result = tool(emulator, kubectl, "run", "--count", "4", "--output", str(output), "--quiet")
+    result = run_tool(emulator, kubectl, "run", count=4, output=output, quiet=True)
     assert result.returncode == 0, result.stderr
     assert "Warning" not in result.stderr and "Traceback" not in result.stderr
     client = assert_every_record_saved(output, 4)
@@ -125,9 +125,7 @@ def test_a_stalled_pod_watch_still_passes_once_the_api_catches_up(make_cluster, 
         watch_stall={"pods": 3600}, list_latency={"pods": 1.0}, sandbox_after_watch=True
     )
     output = tmp_path / "out"
-    process = start_tool(
-        emulator, kubectl, "run", "--count", "3", "--output", str(output), "--quiet"
-    )
+    process = start_tool(emulator, kubectl, "run", count=3, output=output, quiet=True)
 
     def answered_too_large() -> bool:
         return any(
@@ -168,18 +166,7 @@ def test_the_pods_are_listed_in_pages(make_cluster, tmp_path, continue_ttl):
     # A pod watch far behind: its view is not final when the Job ends, so the pods are listed.
     emulator = make(continue_ttl=continue_ttl, watch_delay={"pods": 6.0})
     output = tmp_path / "out"
-    result = tool(
-        emulator,
-        kubectl,
-        "run",
-        "--count",
-        "7",
-        "--chunk-size",
-        "3",
-        "--output",
-        str(output),
-        "--quiet",
-    )
+    result = run_tool(emulator, kubectl, "run", count=7, chunk_size=3, output=output, quiet=True)
     assert result.returncode == 0, result.stderr
     client = assert_every_record_saved(output, 7)
     namespace = load(output / "receipt.json")["namespace"]
@@ -220,16 +207,7 @@ def test_a_genuinely_unfinished_pod_still_fails_the_run_by_name(make_cluster, tm
     script.write_text(SLOW_SECOND_EPISODE)
     output = tmp_path / "out"
     process = start_tool(
-        emulator,
-        kubectl,
-        "run",
-        "--count",
-        "2",
-        "--episode-script",
-        str(script),
-        "--output",
-        str(output),
-        "--quiet",
+        emulator, kubectl, "run", count=2, episode_script=script, output=output, quiet=True
     )
     namespace = wait_for(
         lambda: (
@@ -306,7 +284,7 @@ def test_a_pod_list_slower_than_the_request_timeout_falls_back_to_pods_read_one_
     kubectl, make = make_cluster
     emulator = make(watch_delay={"pods": 3.0}, list_latency={"pods": 35.0})
     output = tmp_path / "out"
-    result = tool(emulator, kubectl, "run", "--count", "8", "--output", str(output), "--quiet")
+    result = run_tool(emulator, kubectl, "run", count=8, output=output, quiet=True)
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
     assert "Warning: could not list the pods" in result.stderr
@@ -333,17 +311,8 @@ def test_without_the_proxy_the_pages_are_read_with_kubectl_get_raw(make_cluster,
     )
     wrapper.chmod(0o755)
     output = tmp_path / "out"
-    result = tool(
-        emulator,
-        str(wrapper),
-        "run",
-        "--count",
-        "5",
-        "--chunk-size",
-        "2",
-        "--output",
-        str(output),
-        "--quiet",
+    result = run_tool(
+        emulator, str(wrapper), "run", count=5, chunk_size=2, output=output, quiet=True
     )
     assert result.returncode == 0, result.stderr
     assert "Warning: kubectl proxy did not start" in result.stderr

@@ -29,8 +29,8 @@ from e2e_support import (
     emulators,
     load,
     run_namespaces,
+    run_tool,
     start_tool,
-    tool,
     wait_for,
     write_script,
 )
@@ -60,20 +60,18 @@ def cluster(tmp_path: Path, require_e2e: Any):
         yield kubectl, make
 
 
-def held_run(tmp_path: Path, tasks: list[dict], *options: str) -> tuple[list[str], Path]:
+def held_run(tmp_path: Path, tasks: list[dict], **flags: Any) -> tuple[dict[str, Any], Path]:
+    """The flags of a `run` of `tasks` by the held episode (more `flags` added or replacing these),
+    and its output directory."""
     (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(task) + "\n" for task in tasks))
     output = tmp_path / "out"
-    return [
-        "run",
-        "--output",
-        str(output),
-        "--quiet",
-        "--tasks",
-        str(tmp_path / "tasks.jsonl"),
-        "--episode-script",
-        str(write_script(tmp_path, HELD_EPISODE)),
-        *options,
-    ], output
+    return {
+        "output": output,
+        "quiet": True,
+        "tasks": tmp_path / "tasks.jsonl",
+        "episode_script": write_script(tmp_path, HELD_EPISODE),
+        **flags,
+    }, output
 
 
 def lines_of(output: Path) -> list[dict]:
@@ -110,8 +108,8 @@ def test_each_line_lands_as_its_episode_ends_and_the_file_ends_in_index_order(
         {"id": "late", "x": 3, "hold": True},
         {"id": "bad", "x": 4, "fail": True},
     ]
-    args, output = held_run(tmp_path, tasks, "--allow-failures", "1")
-    process = start_tool(emulator, kubectl, *args)
+    flags, output = held_run(tmp_path, tasks, allow_failures=1)
+    process = start_tool(emulator, kubectl, "run", **flags)
     try:
         # Episodes 1 and 3 end at once and their lines land while 0 and 2 are still held.
         early = wait_for(
@@ -160,7 +158,7 @@ def test_each_line_lands_as_its_episode_ends_and_the_file_ends_in_index_order(
     assert load(output / "client.json")["reward_deliveries"]
     assert "rewards delivered: 3 lines" in (output / "ramp.svg").read_text()
     # `report` recomputes the same delivery figures from the saved files.
-    report = tool(emulator, kubectl, "report", str(output), "--quiet")
+    report = run_tool(emulator, kubectl, "report", output, quiet=True)
     assert report.returncode == 0, report.stderr
     printed = json.loads(report.stdout)
     assert printed["first_reward_seconds"] == results["first_reward_seconds"]
@@ -174,8 +172,8 @@ def test_need_ends_the_batch_at_k_successes_and_cancels_the_stragglers(
     emulator = make()
     # Two stragglers are never released: only the Job's successPolicy can end them.
     tasks = [{"id": n, "x": 1, "hold": n in (1, 4)} for n in range(5)]
-    args, output = held_run(tmp_path, tasks, "--need", "3")
-    result = tool(emulator, kubectl, *args, timeout=120)
+    flags, output = held_run(tmp_path, tasks, need=3)
+    result = run_tool(emulator, kubectl, "run", **flags, process_timeout=120)
     assert result.returncode == 0, result.stderr
     assert "--need 3 met: 3 of 5 episodes succeeded, 2 cancelled, 0 failed" in result.stderr
     job = load(output / "job-submitted.json")["spec"]
@@ -247,8 +245,8 @@ def test_need_missed_fails_the_run_with_every_episode_in_rewards_jsonl(
     # --need 2 of 3 absorbs one failure (maxFailedIndexes 1); two fail, once the one success has
     # landed (they are held until then), so the Job fails with only 1 success.
     tasks = [{"id": "ok", "x": 1}] + [{"id": n, "x": 1, "hold": True, "fail": True} for n in (1, 2)]
-    args, output = held_run(tmp_path, tasks, "--need", "2")
-    process = start_tool(emulator, kubectl, *args)
+    flags, output = held_run(tmp_path, tasks, need=2)
+    process = start_tool(emulator, kubectl, "run", **flags)
     try:
         wait_for(lambda: [line["index"] for line in lines_of(output)] == [0], what="the success")
         release(emulator, 1)
@@ -283,8 +281,8 @@ def test_an_episode_past_its_timeout_is_an_episode_failure_never_retried(
     kubectl, make = cluster
     emulator = make()
     tasks = [{"id": "stuck", "x": 1, "hold": True}, {"id": "quick", "x": 2}]
-    args, output = held_run(tmp_path, tasks, "--episode-timeout", "3", "--allow-failures", "1")
-    result = tool(emulator, kubectl, *args, timeout=120)
+    flags, output = held_run(tmp_path, tasks, episode_timeout=3, allow_failures=1)
+    result = run_tool(emulator, kubectl, "run", **flags, process_timeout=120)
     assert result.returncode == 3, result.stderr
     assert (
         load(output / "job-submitted.json")["spec"]["template"]["spec"]["activeDeadlineSeconds"]
@@ -322,9 +320,7 @@ def test_need_refused_before_anything_is_created_on_a_cluster_older_than_1_33(
     kubectl, make = cluster
     emulator = make(server_version="1.32")
     output = tmp_path / "out"
-    result = tool(
-        emulator, kubectl, "run", "--output", str(output), "--quiet", "--count", "3", "--need", "2"
-    )
+    result = run_tool(emulator, kubectl, "run", output=output, quiet=True, count=3, need=2)
     assert result.returncode == 1
     assert (
         "--need needs Kubernetes >= 1.33" in result.stderr

@@ -27,8 +27,8 @@ from e2e_support import (
     interrupt,
     load,
     most_at_once,
+    run_tool,
     start_tool,
-    tool,
     wait_for,
     write_script,
 )
@@ -75,22 +75,11 @@ def test_guide_batches_then_cleanup_twice(real_cluster, tmp_path):
     kubectl, cluster = real_cluster
     parallel_dir, sequential_dir = tmp_path / "rl-parallel-10", tmp_path / "rl-sequential-10"
 
-    parallel = tool(
-        cluster, kubectl, "run", "--count", "10", "--output", str(parallel_dir), "--quiet"
-    )
+    parallel = run_tool(cluster, kubectl, "run", count=10, output=parallel_dir, quiet=True)
     assert parallel.returncode == 0, parallel.stderr
     parallel_results = check_run(cluster, parallel_dir, 10, 10)
-    sequential = tool(
-        cluster,
-        kubectl,
-        "run",
-        "--count",
-        "10",
-        "--parallelism",
-        "1",
-        "--output",
-        str(sequential_dir),
-        "--quiet",
+    sequential = run_tool(
+        cluster, kubectl, "run", count=10, parallelism=1, output=sequential_dir, quiet=True
     )
     assert sequential.returncode == 0, sequential.stderr
     sequential_results = check_run(cluster, sequential_dir, 10, 1)
@@ -110,18 +99,8 @@ def test_guide_batches_then_cleanup_twice(real_cluster, tmp_path):
 def test_rounds_with_warmup_then_foreground_cleanup(real_cluster, tmp_path):
     kubectl, cluster = real_cluster
     output = tmp_path / "rl-rounds"
-    result = tool(
-        cluster,
-        kubectl,
-        "run",
-        "--count",
-        "3",
-        "--rounds",
-        "2",
-        "--warmup",
-        "--output",
-        str(output),
-        "--quiet",
+    result = run_tool(
+        cluster, kubectl, "run", count=3, rounds=2, warmup=True, output=output, quiet=True
     )
     assert result.returncode == 0, result.stderr
     results = load(output / "results.json")
@@ -133,7 +112,7 @@ def test_rounds_with_warmup_then_foreground_cleanup(real_cluster, tmp_path):
         "rollout-2",
         "rollout-warmup",
     ]
-    cleaned = tool(cluster, kubectl, "cleanup", "--output", str(output))
+    cleaned = run_tool(cluster, kubectl, "cleanup", output=output)
     assert cleaned.returncode == 0, cleaned.stderr
     assert cleaned.stdout.strip().endswith(f"Deleted test namespace: {namespace}")
     assert cluster.get("namespaces", None, namespace) is None
@@ -145,19 +124,15 @@ def test_episode_script_runs_as_an_indexed_job(real_cluster, tmp_path):
     kubectl, cluster = real_cluster
     output = tmp_path / "out"
     script = write_script(tmp_path, HALF_REWARD_SCRIPT)
-    result = tool(
+    result = run_tool(
         cluster,
         kubectl,
         "run",
-        "--count",
-        "4",
-        "--parallelism",
-        "2",
-        "--episode-script",
-        str(script),
-        "--output",
-        str(output),
-        "--quiet",
+        count=4,
+        parallelism=2,
+        episode_script=script,
+        output=output,
+        quiet=True,
     )
     assert result.returncode == 0, result.stderr
     results = load(output / "results.json")
@@ -172,7 +147,7 @@ def test_episode_script_runs_as_an_indexed_job(real_cluster, tmp_path):
         ]
         assert ready["index"] == int(annotation) == int(ready["job_completion_index"])
     assert sorted(e["index"] for e in readies.values()) == [0, 1, 2, 3]
-    assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
+    assert run_tool(cluster, kubectl, "cleanup", output=output).returncode == 0
 
 
 def test_harden_is_enforced_by_the_real_pod_security_admission(real_cluster, tmp_path):
@@ -180,9 +155,7 @@ def test_harden_is_enforced_by_the_real_pod_security_admission(real_cluster, tmp
 
     kubectl, cluster = real_cluster
     output = tmp_path / "out"
-    result = tool(
-        cluster, kubectl, "run", "--count", "2", "--harden", "--output", str(output), "--quiet"
-    )
+    result = run_tool(cluster, kubectl, "run", count=2, harden=True, output=output, quiet=True)
     assert result.returncode == 0, result.stderr
     namespace = load(output / "results.json")["namespace"]
     assert (
@@ -202,7 +175,7 @@ def test_harden_is_enforced_by_the_real_pod_security_admission(real_cluster, tmp
     )
     assert refused.returncode == 1
     assert INTRUDER_MESSAGE in refused.stderr, refused.stderr
-    assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
+    assert run_tool(cluster, kubectl, "cleanup", output=output).returncode == 0
 
 
 # Says ready, then works long enough for something to happen to it meanwhile.
@@ -238,16 +211,7 @@ def start_two_slow_episodes(cluster, kubectl: str, tmp_path: Path, output: Path,
     """A run of two episodes that each take `seconds`, returned once both pods run: (process, pods)."""
     script = slow_script(tmp_path, seconds)
     process = start_tool(
-        cluster,
-        kubectl,
-        "run",
-        "--count",
-        "2",
-        "--episode-script",
-        str(script),
-        "--output",
-        str(output),
-        "--quiet",
+        cluster, kubectl, "run", count=2, episode_script=script, output=output, quiet=True
     )
     pods = wait_for(
         lambda: len(running_pods(cluster, output)) == 2 and running_pods(cluster, output),
@@ -264,13 +228,10 @@ def test_api_server_killed_and_restarted_mid_run(real_cluster, tmp_path):
         cluster,
         kubectl,
         "run",
-        "--count",
-        "3",
-        "--episode-script",
-        str(slow_script(tmp_path, 8)),
-        "--output",
-        str(output),
-        "--quiet",
+        count=3,
+        episode_script=slow_script(tmp_path, 8),
+        output=output,
+        quiet=True,
     )
     wait_for(lambda: len(running_pods(cluster, output)) == 3, 120, "three running pods")
     cluster.control_plane.restart_apiserver(down_seconds=2.0)
@@ -279,7 +240,7 @@ def test_api_server_killed_and_restarted_mid_run(real_cluster, tmp_path):
     results = load(output / "results.json")
     assert results["reward_sum"] == 3
     assert results["client_wait"]["watch_restarts"] >= 1
-    assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
+    assert run_tool(cluster, kubectl, "cleanup", output=output).returncode == 0
 
 
 def test_a_pod_status_the_api_server_did_not_take_is_sent_again(
@@ -300,11 +261,11 @@ def test_a_pod_status_the_api_server_did_not_take_is_sent_again(
 
     monkeypatch.setattr(api, "strategic_patch", cut_once)
     output = tmp_path / "out"
-    run = tool(cluster, kubectl, "run", "--count", "1", "--output", str(output), "--quiet")
+    run = run_tool(cluster, kubectl, "run", count=1, output=output, quiet=True)
     assert run.returncode == 0, run.stderr
     assert len(dropped) == 1
     assert load(output / "results.json")["reward_sum"] == 1
-    assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
+    assert run_tool(cluster, kubectl, "cleanup", output=output).returncode == 0
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT], ids=["SIGINT"])
@@ -319,7 +280,7 @@ def test_interrupt_while_episodes_run_then_cleanup_stops_them(real_cluster, tmp_
     namespace = load(output / "receipt.json")["namespace"]
     # The episodes go on after the client stopped; cleanup's foreground cascade and namespace
     # deletion finish only once the node agent has stopped them and confirmed it.
-    cleaned = tool(cluster, kubectl, "cleanup", "--output", str(output))
+    cleaned = run_tool(cluster, kubectl, "cleanup", output=output)
     assert cleaned.returncode == 0, cleaned.stderr
     assert cluster.get("namespaces", None, namespace) is None
     for pod in pods:
@@ -332,15 +293,12 @@ def test_interrupt_while_episodes_run_then_cleanup_stops_them(real_cluster, tmp_
 def test_namespace_held_by_a_finalizer_is_named_and_never_stripped(real_cluster, tmp_path):
     kubectl, cluster = real_cluster
     output = tmp_path / "out"
-    assert (
-        tool(cluster, kubectl, "run", "--count", "2", "--output", str(output), "--quiet").returncode
-        == 0
-    )
+    assert run_tool(cluster, kubectl, "run", count=2, output=output, quiet=True).returncode == 0
     namespace = load(output / "receipt.json")["namespace"]
     cluster.api.merge_patch(
         f"/api/v1/namespaces/{namespace}", {"metadata": {"finalizers": ["example.com/stuck"]}}
     )
-    stuck = tool(cluster, kubectl, "cleanup", "--output", str(output), "--wait", "5")
+    stuck = run_tool(cluster, kubectl, "cleanup", output=output, wait=5)
     assert stuck.returncode == 1, stuck.stdout
     assert "example.com/stuck" in stuck.stderr and "never stripped" in stuck.stderr, stuck.stderr
     held = cluster.get("namespaces", None, namespace)
@@ -350,7 +308,7 @@ def test_namespace_held_by_a_finalizer_is_named_and_never_stripped(real_cluster,
     )
     cluster.api.merge_patch(f"/api/v1/namespaces/{namespace}", {"metadata": {"finalizers": None}})
     wait_for(lambda: cluster.get("namespaces", None, namespace) is None, 120, "the namespace to go")
-    again = tool(cluster, kubectl, "cleanup", "--output", str(output))
+    again = run_tool(cluster, kubectl, "cleanup", output=output)
     assert again.returncode == 0 and again.stdout.strip() == "Namespace already absent", (
         again.stderr
     )
@@ -368,7 +326,7 @@ def test_a_pod_evicted_by_its_node_fails_the_run_clearly(real_cluster, tmp_path)
     assert victim in stderr or "Evicted" in stderr or "BackoffLimitExceeded" in stderr, stderr
     evicted = cluster.get("pods", pods[0]["metadata"]["namespace"], victim)
     assert evicted["status"]["phase"] == "Failed" and evicted["status"]["reason"] == "Evicted"
-    assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
+    assert run_tool(cluster, kubectl, "cleanup", output=output).returncode == 0
 
 
 # --------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 import all_names as rl_batch_demo
-from e2e_support import load, tool
+from e2e_support import load, run_tool
 from test_e2e_images import TASKS, images_run, rewards_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.real_cluster]
@@ -16,10 +16,10 @@ pytestmark = [pytest.mark.e2e, pytest.mark.real_cluster]
 
 def test_one_job_per_image_on_the_real_job_controller(real_cluster, tmp_path):
     kubectl, cluster = real_cluster
-    args, output = images_run(
-        tmp_path, "--parallelism", "3", "--image-map", "docker.io/other=mirror.local/other"
+    flags, output = images_run(
+        tmp_path, parallelism=3, image_map=["docker.io/other=mirror.local/other"]
     )
-    result = tool(cluster, kubectl, *args)
+    result = run_tool(cluster, kubectl, "run", **flags)
     assert result.returncode == 0, result.stderr
     rows = rewards_of(output)
     one, two = "docker.io/swebench/one:1", "mirror.local/other/two:2"
@@ -50,5 +50,5 @@ def test_one_job_per_image_on_the_real_job_controller(real_cluster, tmp_path):
     results = load(output / "results.json")
     assert results["jobs"] == 3 and results["successful_episodes"] == 8
     assert set(results["images"]) == {one, two, rl_batch_demo.DEFAULT_IMAGE}
-    assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
+    assert run_tool(cluster, kubectl, "cleanup", output=output).returncode == 0
     assert not cluster.list("jobs", receipt["namespace"])

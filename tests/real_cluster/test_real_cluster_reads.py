@@ -15,8 +15,8 @@ from e2e_support import (
     SLOW_SECOND_EPISODE,
     assert_refused_a_running_pod,
     load,
+    run_tool,
     start_tool,
-    tool,
     wait_for,
 )
 
@@ -31,18 +31,7 @@ def test_pods_and_events_are_as_of_the_jobs_end(real_cluster, tmp_path):
     events were followed while waiting, or listed after the end, and are all there."""
     kubectl, cluster = real_cluster
     output = tmp_path / "rl-paged"
-    result = tool(
-        cluster,
-        kubectl,
-        "run",
-        "--count",
-        "5",
-        "--chunk-size",
-        "2",
-        "--output",
-        str(output),
-        "--quiet",
-    )
+    result = run_tool(cluster, kubectl, "run", count=5, chunk_size=2, output=output, quiet=True)
     assert result.returncode == 0, result.stderr
     assert "Warning" not in result.stderr
     client = load(output / "client.json")
@@ -75,16 +64,7 @@ def test_a_pod_running_when_the_job_says_complete_fails_the_run_by_name(real_clu
     script.write_text(SLOW_SECOND_EPISODE)
     output = tmp_path / "rl-unfinished"
     process = start_tool(
-        cluster,
-        kubectl,
-        "run",
-        "--count",
-        "2",
-        "--episode-script",
-        str(script),
-        "--output",
-        str(output),
-        "--quiet",
+        cluster, kubectl, "run", count=2, episode_script=script, output=output, quiet=True
     )
     namespace = wait_for(
         lambda: (
@@ -151,4 +131,4 @@ def test_a_pod_running_when_the_job_says_complete_fails_the_run_by_name(real_clu
         process.communicate()
         pytest.fail(f"the API server refused the Complete status: {patched.stderr}")
     assert_refused_a_running_pod(process, output, running)
-    tool(cluster, kubectl, "cleanup", "--output", str(output))
+    run_tool(cluster, kubectl, "cleanup", output=output)

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from e2e_support import load, start_tool, tool, wait_for
+from e2e_support import load, run_tool, start_tool, wait_for
 from test_e2e_rollouts import TASK_EPISODE, rewards_of, tasks_run
 from test_e2e_streaming import held_run
 
@@ -23,17 +23,14 @@ PAUSING_EPISODE = TASK_EPISODE.replace(
 
 def test_tasks_an_episode_failure_and_a_partial_batch(real_cluster, tmp_path):
     kubectl, cluster = real_cluster
-    args, output = tasks_run(
+    flags, output = tasks_run(
         tmp_path,
         '{"id": "ok", "x": 2}\n{"id": "bad", "x": 2, "fail": true}\n',
-        "--group-size",
-        "2",
-        "--retries",
-        "2",
-        "--allow-failures",
-        "2",
+        group_size=2,
+        retries=2,
+        allow_failures=2,
     )
-    result = tool(cluster, kubectl, *args)
+    result = run_tool(cluster, kubectl, "run", **flags)
     assert result.returncode == 3, result.stderr
     rows = rewards_of(output)
     assert [(r["task_id"], r["failure_class"], r["attempts"], r["reward"]) for r in rows] == [
@@ -53,19 +50,18 @@ def test_tasks_an_episode_failure_and_a_partial_batch(real_cluster, tmp_path):
         "episode": 2,
         "verifier": 0,
     }
-    assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
+    assert run_tool(cluster, kubectl, "cleanup", output=output).returncode == 0
 
 
 def test_an_evicted_episode_is_retried_by_the_job_controller(real_cluster, tmp_path):
     kubectl, cluster = real_cluster
-    args, output = tasks_run(
+    flags, output = tasks_run(
         tmp_path,
         '{"id": "slow", "x": 2, "pause": 8}\n{"id": "quick", "x": 2}\n',
-        "--retries",
-        "1",
+        retries=1,
         episode=PAUSING_EPISODE,
     )
-    process = start_tool(cluster, kubectl, *args)
+    process = start_tool(cluster, kubectl, "run", **flags)
 
     def slow_pod_running():
         if not (output / "receipt.json").exists():
@@ -106,7 +102,7 @@ def test_an_evicted_episode_is_retried_by_the_job_controller(real_cluster, tmp_p
     assert results["attempts"]["first_attempt"]["failed"]["infrastructure"] == 1
     assert results["attempts"]["final"]["succeeded"] == 2
     assert json.loads((output / "run.json").read_text())["retries"] == 1
-    assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
+    assert run_tool(cluster, kubectl, "cleanup", output=output).returncode == 0
 
 
 def test_need_is_met_by_the_real_job_controller_and_the_stragglers_cancelled(
@@ -115,8 +111,8 @@ def test_need_is_met_by_the_real_job_controller_and_the_stragglers_cancelled(
     kubectl, cluster = real_cluster
     # The held episodes wait for a file that never comes: only the successPolicy ends them.
     tasks = [{"id": n, "x": 1, "hold": n in (0, 3)} for n in range(4)]
-    args, output = held_run(tmp_path, tasks, "--need", "2")
-    result = tool(cluster, kubectl, *args)
+    flags, output = held_run(tmp_path, tasks, need=2)
+    result = run_tool(cluster, kubectl, "run", **flags)
     assert result.returncode == 0, result.stderr
     lines = rewards_of(output)
     assert [(line["index"], line["failure_class"], line["valid"]) for line in lines] == [
@@ -131,7 +127,7 @@ def test_need_is_met_by_the_real_job_controller_and_the_stragglers_cancelled(
     results = load(output / "results.json")
     assert (results["need"], results["cancelled_episodes"], results["failed_episodes"]) == (2, 2, 0)
     assert results["first_reward_seconds"] <= results["kth_reward_seconds"]
-    assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
+    assert run_tool(cluster, kubectl, "cleanup", output=output).returncode == 0
 
 
 def test_an_episode_past_its_timeout_fails_without_a_retry(real_cluster, tmp_path):
@@ -140,8 +136,8 @@ def test_an_episode_past_its_timeout_fails_without_a_retry(real_cluster, tmp_pat
     # The deadline counts from the pod's start: it must leave the held episode time to start
     # (the sandbox, the interpreter), or it is rightly an infrastructure failure that never ran.
     # 4 s did not always, in a fresh-clone CI.
-    args, output = held_run(tmp_path, tasks, "--episode-timeout", "12", "--allow-failures", "1")
-    result = tool(cluster, kubectl, *args)
+    flags, output = held_run(tmp_path, tasks, episode_timeout=12, allow_failures=1)
+    result = run_tool(cluster, kubectl, "run", **flags)
     assert result.returncode == 3, result.stderr
     stuck, quick = rewards_of(output)
     assert (stuck["failure_class"], stuck["valid"], stuck["attempts"]) == ("episode", True, 1), (
@@ -152,4 +148,4 @@ def test_an_episode_past_its_timeout_fails_without_a_retry(real_cluster, tmp_pat
     pods = {p["metadata"]["name"]: p for p in load(output / "pods.json")["items"]}
     assert len(pods) == 2 and pods[stuck["pod"]]["status"]["reason"] == "DeadlineExceeded"
     assert load(output / "job.json")["status"]["failedIndexes"] == "0"
-    assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
+    assert run_tool(cluster, kubectl, "cleanup", output=output).returncode == 0

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from e2e_support import load, run_namespaces, start_tool, tool, wait_for
+from e2e_support import load, run_namespaces, run_tool, start_tool, wait_for
 from test_e2e_rollouts import rewards_of
 from test_e2e_streaming import held_run
 from test_real_cluster import running_pods
@@ -51,15 +51,15 @@ def test_an_episode_past_its_timeout_is_stopped_by_the_kubelet_and_never_retried
     # A retry is refused before anything is made: no podFailurePolicy rule can match a pod the
     # kubelet stopped at its deadline, so the Job would retry it.
     before = {ns["metadata"]["name"] for ns in run_namespaces(cluster)}
-    args, output = held_run(tmp_path, tasks, "--episode-timeout", "6", "--retries", "1")
-    refused = tool(cluster, kubectl, *args)
+    flags, output = held_run(tmp_path, tasks, episode_timeout=6, retries=1)
+    refused = run_tool(cluster, kubectl, "run", **flags)
     assert refused.returncode == 2, refused.stderr
     assert "--episode-timeout cannot hold with --retries" in refused.stderr
     assert {ns["metadata"]["name"] for ns in run_namespaces(cluster)} == before
     assert not (output / "receipt.json").exists()
 
-    args, output = held_run(tmp_path, tasks, "--episode-timeout", "6", "--allow-failures", "1")
-    result = tool(cluster, kubectl, *args)
+    flags, output = held_run(tmp_path, tasks, episode_timeout=6, allow_failures=1)
+    result = run_tool(cluster, kubectl, "run", **flags)
     assert result.returncode == 3, result.stderr
     assert "Traceback" not in result.stderr
     stuck, quick = rewards_of(output)
@@ -109,7 +109,7 @@ def test_an_episode_past_its_timeout_is_stopped_by_the_kubelet_and_never_retried
     results = load(output / "results.json")
     assert (results["successful_episodes"], results["failed_episodes"]) == (1, 1)
     assert results["failures_by_class"]["episode"] == 1
-    assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
+    assert run_tool(cluster, kubectl, "cleanup", output=output).returncode == 0
 
 
 def test_need_is_met_by_the_real_job_controller_and_the_kubelet_stops_the_stragglers(
@@ -118,8 +118,8 @@ def test_need_is_met_by_the_real_job_controller_and_the_kubelet_stops_the_stragg
     kubectl, cluster = real_node
     # Every episode held until all four run; then 1 and 2 are let go, and 0 and 3 never are.
     tasks = [{"id": n, "x": 1, "hold": True} for n in range(4)]
-    args, output = held_run(tmp_path, tasks, "--need", "2")
-    process = start_tool(cluster, kubectl, *args)
+    flags, output = held_run(tmp_path, tasks, need=2)
+    process = start_tool(cluster, kubectl, "run", **flags)
     try:
         pods = wait_for(
             lambda: len(running_pods(cluster, output)) == 4 and running_pods(cluster, output),
@@ -186,4 +186,4 @@ def test_need_is_met_by_the_real_job_controller_and_the_kubelet_stops_the_stragg
     for line in lines:
         if line["failure_class"] == "cancelled":
             assert ("Normal", "SuccessfulDelete", f"Deleted pod: {line['pod']}") in job_events
-    assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
+    assert run_tool(cluster, kubectl, "cleanup", output=output).returncode == 0

@@ -57,20 +57,58 @@ def emulators(directory: Path, **options: Any) -> Iterator[Callable[..., Emulato
             emulator.stop()
 
 
+def tool_flags(**flags: Any) -> list[str]:
+    """The tool's flags from keywords: `image_map=["a=b"], quiet=True, count=4` is
+    `--image-map a=b --quiet --count 4`. A list repeats its flag, True is a bare switch, False and
+    None leave the flag out; any other value is its str()."""
+    argv: list[str] = []
+    for name, value in flags.items():
+        flag = "--" + name.replace("_", "-")
+        for each in value if isinstance(value, (list, tuple)) else [value]:
+            if each is True:
+                argv.append(flag)
+            elif each is not False and each is not None:
+                argv += [flag, str(each)]
+    return argv
+
+
+def run_tool(
+    cluster: Any,
+    kubectl: str,
+    *args: Any,
+    process_timeout: float = 300,
+    python: str = sys.executable,
+    **flags: Any,
+) -> subprocess.CompletedProcess:
+    """Run `rl_batch_demo.py ARGS FLAGS` against the cluster and wait for it: `args` the action and
+    its positional arguments (each its str()), `flags` keywords (see tool_flags), e.g.
+    `run_tool(cluster, kubectl, "run", output=path, count=4, need=3)`; --kubectl is added for run
+    and cleanup. The test fails if the tool takes longer than `process_timeout` seconds."""
+    argv = [*map(str, args), *tool_flags(**flags)]
+    return tool(cluster, kubectl, *argv, timeout=process_timeout, python=python)
+
+
 def tool(
     emulator: Any, kubectl: str, *args: str, timeout: float = 300, python: str = sys.executable
 ) -> subprocess.CompletedProcess:
-    """Run `rl_batch_demo.py ARGS` against the emulator; --kubectl is added for run and cleanup."""
+    """Run `rl_batch_demo.py ARGS` against the emulator, the arguments spelled out (run_tool takes
+    the flags as keywords); --kubectl is added for run and cleanup."""
     argv = [python, str(PRODUCT), *args]
     if args and args[0] in ("run", "cleanup"):
         argv += ["--kubectl", kubectl]
     return subprocess.run(argv, env=emulator.env(), capture_output=True, text=True, timeout=timeout)
 
 
-def start_tool(emulator: Any, kubectl: str, *args: str) -> subprocess.Popen:
-    argv = [sys.executable, str(PRODUCT), *args, "--kubectl", kubectl]
+def start_tool(emulator: Any, kubectl: str, *args: Any, **flags: Any) -> subprocess.Popen:
+    """Start `rl_batch_demo.py ARGS FLAGS --kubectl KUBECTL` against the cluster and return at once;
+    the arguments as run_tool takes them."""
+    argv = [sys.executable, str(PRODUCT), *map(str, args), *tool_flags(**flags)]
     return subprocess.Popen(
-        argv, env=emulator.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [*argv, "--kubectl", kubectl],
+        env=emulator.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
