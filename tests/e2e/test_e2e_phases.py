@@ -30,7 +30,7 @@ from e2e_support import DEFAULT_TIMING, PRODUCT, load, run_tool, start_tool, wai
 from kube_emulator import Emulator
 
 import all_names as rl_batch_demo
-from rl_batch_demo import PHASES, POINTS, parse_time, percentile
+from all_names import PHASES, POINTS, parse_time, percentile
 
 pytestmark = pytest.mark.e2e
 

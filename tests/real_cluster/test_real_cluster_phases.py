@@ -20,7 +20,7 @@ import pytest
 from e2e_support import assert_clocks_agree, load, run_tool
 
 import all_names as rl_batch_demo
-from rl_batch_demo import parse_time, percentile
+from all_names import parse_time, percentile
 
 pytestmark = [pytest.mark.e2e, pytest.mark.real_cluster, pytest.mark.xdist_group("real-cluster")]
 

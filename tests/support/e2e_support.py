@@ -15,7 +15,7 @@ from xml.etree import ElementTree
 
 from kube_emulator import Emulator
 
-import rl_batch_demo
+import all_names as rl_batch_demo
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 PRODUCT = REPO_ROOT / "rl_batch_demo.py"
