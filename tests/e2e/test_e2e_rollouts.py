@@ -1,7 +1,9 @@
 """End to end, rollouts: tasks in, rewards out, failures classified, infrastructure failures
 retried through the Job's per-index API, partial batches accepted with exit status 3.
 Real kubectl against the emulator, whose Job controller follows backoffLimitPerIndex,
-maxFailedIndexes and podFailurePolicy as the real one does."""
+maxFailedIndexes and podFailurePolicy as the real one does; the scenarios marked on_tiers run on
+the real control plane too, where the real kube-apiserver validates the per-index Job and its
+podFailurePolicy and the real Job controller acts on them."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from typing import Any
 import pytest
 
 import all_names as rl_batch_demo
+from conftest import on_tiers
 from e2e_support import (
     TASK_EPISODE_HEAD,
     documentation,
@@ -37,6 +40,13 @@ if task.get("fail"):
 emit("reward", reward=task["x"] * 0.5, task_seen=task.get("id"), index="kept apart")
 """
 )
+
+
+@pytest.fixture
+def emulator_tier(cluster: Any) -> tuple[str, Any]:
+    """(kubectl 1.35, an emulator whose Job back-off is short): this module's emulator tier."""
+    kubectl, make = cluster
+    return kubectl, make()
 
 
 @pytest.fixture
@@ -155,18 +165,18 @@ def test_evicted_episode_is_retried_and_the_batch_passes(cluster: Any, tmp_path:
     assert job["status"]["failed"] == 1 and job["status"]["failedIndexes"] == ""
 
 
+@on_tiers("emulator", "real_cluster")
 def test_episode_failure_is_not_retried_and_a_partial_batch_exits_3(
-    cluster: Any, tmp_path: Path
+    tier: Any, tmp_path: Path
 ) -> None:
-    kubectl, make = cluster
-    emulator = make()
+    kubectl, cluster = tier
     flags, output = tasks_run(
         tmp_path,
         '{"id": "ok", "x": 2}\n{"id": "bad", "x": 2, "fail": true}\n{"id": "ok2", "x": 2}\n',
         retries=2,
         allow_failures=1,
     )
-    result = run_tool(emulator, kubectl, "run", **flags)
+    result = run_tool(cluster, kubectl, "run", **flags)
     assert result.returncode == rl_batch_demo.EXIT_PARTIAL == 3, result.stderr
     assert "Accepted a partial batch: 1 of 3 episodes failed (1 episode failure)" in result.stderr
     rows = rewards_of(output)
@@ -176,6 +186,11 @@ def test_episode_failure_is_not_retried_and_a_partial_batch_exits_3(
     assert bad["evidence"] == f"{bad['pod']}.log" and (output / bad["evidence"]).is_file()
     assert bad["reward"] is None and bad["pod_to_ready_seconds"] is not None
     assert len(load(output / "pods.json")["items"]) == 3  # FailIndex: never retried
+    job = load(output / "job.json")
+    assert job["status"]["failedIndexes"] == "1"
+    assert [c["reason"] for c in job["status"]["conditions"] if c["type"] == "Failed"] == [
+        "FailedIndexes"
+    ]
     # The timeline draws all 3 episodes, the failed one marked, as far as it got (it was ready).
     timeline = ElementTree.fromstring((output / "timeline.svg").read_text())
     bars = {}
@@ -196,12 +211,12 @@ def test_episode_failure_is_not_retried_and_a_partial_batch_exits_3(
     assert results["successful_episodes"] == 2 and results["episodes"] == 3
     assert results["groups_complete"] == 2 and results["groups"][1]["complete"] is False
     assert results["pod_to_ready_censored"]["censored"] == 0
-    assert load(output / "job.json")["status"]["failedIndexes"] == "1"
     # `report` recomputes the same outcome from the saved files alone.
-    report = run_tool(emulator, kubectl, "report", output, quiet=True)
+    report = run_tool(cluster, kubectl, "report", output, quiet=True)
     assert report.returncode == 0, report.stderr
     printed = json.loads(report.stdout)
     assert (printed["failed_episodes"], printed["failures"]) == (1, results["failures"])
+    assert run_tool(cluster, kubectl, "cleanup", output=output).returncode == 0
 
 
 def test_failures_beyond_the_allowance_fail_the_run_with_every_episode_listed(

@@ -28,6 +28,7 @@ from e2e_support import (
     load,
     most_at_once,
     run_tool,
+    running_pods,
     start_tool,
     wait_for,
     write_script,
@@ -194,17 +195,6 @@ emit("reward", reward=1)
 
 def slow_script(tmp_path: Path, seconds: float) -> Path:
     return write_script(tmp_path, SLOW_SCRIPT % seconds, "slow.py")
-
-
-def running_pods(cluster, output: Path) -> list:
-    if not (output / "receipt.json").exists():
-        return []
-    namespace = load(output / "receipt.json")["namespace"]
-    return [
-        p
-        for p in cluster.list("pods", namespace)
-        if (p.get("status") or {}).get("phase") == "Running"
-    ]
 
 
 def start_two_slow_episodes(cluster, kubectl: str, tmp_path: Path, output: Path, seconds: float):

@@ -29,12 +29,13 @@ from e2e_support import (
     interrupt,
     load,
     run_tool,
+    running_pods,
     start_tool,
     tool,
     wait_for,
     write_script,
 )
-from test_real_cluster import running_pods, slow_script
+from test_real_cluster import slow_script
 
 pytestmark = [pytest.mark.e2e, pytest.mark.real_node, pytest.mark.xdist_group("real-node")]
 

@@ -162,6 +162,18 @@ def run_namespaces(emulator: Any) -> list[dict]:
     ]
 
 
+def running_pods(cluster: Any, output: Path) -> list[dict]:
+    """The pods of the run saved in `output` that are running now (none before its receipt)."""
+    if not (output / "receipt.json").exists():
+        return []
+    namespace = load(output / "receipt.json")["namespace"]
+    return [
+        p
+        for p in cluster.list("pods", namespace)
+        if (p.get("status") or {}).get("phase") == "Running"
+    ]
+
+
 def interrupt(
     process: subprocess.Popen, signum: int = signal.SIGINT
 ) -> subprocess.CompletedProcess:
