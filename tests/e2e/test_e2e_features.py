@@ -32,6 +32,7 @@ from e2e_support import (
     wait_for,
     write_script,
 )
+from conftest import on_tiers
 from kube_emulator import Emulator, pod_security_violations
 
 import all_names as rl_batch_demo
@@ -518,13 +519,13 @@ def test_zero_reward_is_reported_honestly(make_cluster, tmp_path):
     assert sorted(e["task"] for e in episode_events(output, "ready").values()) == [0, 1, 2]
 
 
-def test_fractional_reward_and_each_episode_knows_its_index(make_cluster, tmp_path):
-    kubectl, make = make_cluster
-    emulator = make()
+@on_tiers("emulator", "real_cluster", "real_node")
+def test_fractional_reward_and_each_episode_knows_its_index(tier, tmp_path):
+    kubectl, cluster = tier
     output = tmp_path / "out"
     script = write_script(tmp_path, HALF_REWARD_SCRIPT)
     result = run_tool(
-        emulator,
+        cluster,
         kubectl,
         "run",
         count=4,
@@ -542,12 +543,14 @@ def test_fractional_reward_and_each_episode_knows_its_index(make_cluster, tmp_pa
     assert sorted(readies) == sorted(pods)
     assert sorted(e["index"] for e in readies.values()) == [0, 1, 2, 3]
     for name, ready in readies.items():
+        # The Job controller sets the index annotation and JOB_COMPLETION_INDEX.
         annotation = pods[name]["metadata"]["annotations"][
             "batch.kubernetes.io/job-completion-index"
         ]
         assert ready["index"] == int(annotation) == int(ready["job_completion_index"])
         assert name.startswith(f"rollout-{ready['index']}-")
     assert load(output / "job-submitted.json")["spec"]["completionMode"] == "Indexed"
+    assert run_tool(cluster, kubectl, "cleanup", output=output).returncode == 0
 
 
 def test_lines_that_are_not_events_are_kept_and_ignored(make_cluster, tmp_path):
@@ -741,18 +744,18 @@ INTRUDER_MESSAGE = (
 )
 
 
-def test_harden_passes_under_enforced_restrictions(make_cluster, tmp_path):
-    kubectl, make = make_cluster
-    emulator = make()
+@on_tiers("emulator", "real_cluster", "real_node")
+def test_harden_passes_under_enforced_restrictions(tier, tmp_path):
+    kubectl, cluster = tier
     output = tmp_path / "out"
-    result = run_tool(emulator, kubectl, "run", count=2, harden=True, output=output, quiet=True)
+    result = run_tool(cluster, kubectl, "run", count=2, harden=True, output=output, quiet=True)
     assert result.returncode == 0, result.stderr
     results = load(output / "results.json")
     assert results["reward_sum"] == results["successful_episodes"] == 2
     namespace = results["namespace"]
-    labels = emulator.get("namespaces", None, namespace)["metadata"]["labels"]
+    labels = cluster.get("namespaces", None, namespace)["metadata"]["labels"]
     assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
-    policy = emulator.get("networkpolicies", namespace, "deny-all")
+    policy = cluster.get("networkpolicies", namespace, "deny-all")
     assert policy["spec"]["podSelector"] == {} and sorted(policy["spec"]["policyTypes"]) == [
         "Egress",
         "Ingress",
@@ -760,16 +763,17 @@ def test_harden_passes_under_enforced_restrictions(make_cluster, tmp_path):
     assert (
         "ingress" not in policy["spec"] and "egress" not in policy["spec"]
     )  # no rule: everything denied
-    for pod in emulator.list("pods", namespace):
+    for pod in cluster.list("pods", namespace):
         container = pod["spec"]["containers"][0]
         assert container["securityContext"]["readOnlyRootFilesystem"] is True
         workspace = [v for v in pod["spec"]["volumes"] if v["name"] == "workspace"][0]
         assert workspace["emptyDir"]["sizeLimit"] == "64Mi"
-    # The episodes' pods passed admission that really enforces "restricted" there:
+    # The episodes' pods passed the Pod Security admission that enforces "restricted" there (the
+    # real one on the real tiers):
     refused = subprocess.run(
         [kubectl, "create", "-f", "-"],
         input=json.dumps(intruder_pod(namespace)),
-        env=emulator.env(),
+        env=cluster.env(),
         capture_output=True,
         text=True,
         timeout=60,
@@ -781,7 +785,7 @@ def test_harden_passes_under_enforced_restrictions(make_cluster, tmp_path):
         )
         in refused.stderr
     ), refused.stderr
-    cleaned = run_tool(emulator, kubectl, "cleanup", output=output)
+    cleaned = run_tool(cluster, kubectl, "cleanup", output=output)
     assert cleaned.returncode == 0, cleaned.stderr
 
 

@@ -119,66 +119,6 @@ def test_rounds_with_warmup_then_foreground_cleanup(real_cluster, tmp_path):
     assert cluster.get("namespaces", None, namespace) is None
 
 
-def test_episode_script_runs_as_an_indexed_job(real_cluster, tmp_path):
-    from test_e2e_features import HALF_REWARD_SCRIPT, episode_events
-
-    kubectl, cluster = real_cluster
-    output = tmp_path / "out"
-    script = write_script(tmp_path, HALF_REWARD_SCRIPT)
-    result = run_tool(
-        cluster,
-        kubectl,
-        "run",
-        count=4,
-        parallelism=2,
-        episode_script=script,
-        output=output,
-        quiet=True,
-    )
-    assert result.returncode == 0, result.stderr
-    results = load(output / "results.json")
-    assert results["reward_sum"] == 2.0 and results["successful_episodes"] == 4
-    pods = {p["metadata"]["name"]: p for p in load(output / "pods.json")["items"]}
-    readies = episode_events(output, "ready")
-    assert sorted(readies) == sorted(pods)
-    for name, ready in readies.items():
-        # The real Job controller sets the index annotation and JOB_COMPLETION_INDEX.
-        annotation = pods[name]["metadata"]["annotations"][
-            "batch.kubernetes.io/job-completion-index"
-        ]
-        assert ready["index"] == int(annotation) == int(ready["job_completion_index"])
-    assert sorted(e["index"] for e in readies.values()) == [0, 1, 2, 3]
-    assert run_tool(cluster, kubectl, "cleanup", output=output).returncode == 0
-
-
-def test_harden_is_enforced_by_the_real_pod_security_admission(real_cluster, tmp_path):
-    from test_e2e_features import INTRUDER_MESSAGE, intruder_pod
-
-    kubectl, cluster = real_cluster
-    output = tmp_path / "out"
-    result = run_tool(cluster, kubectl, "run", count=2, harden=True, output=output, quiet=True)
-    assert result.returncode == 0, result.stderr
-    namespace = load(output / "results.json")["namespace"]
-    assert (
-        cluster.get("namespaces", None, namespace)["metadata"]["labels"][
-            "pod-security.kubernetes.io/enforce"
-        ]
-        == "restricted"
-    )
-    assert cluster.get("networkpolicies", namespace, "deny-all")["spec"]["podSelector"] == {}
-    refused = subprocess.run(
-        [kubectl, "create", "-f", "-"],
-        input=json.dumps(intruder_pod(namespace)),
-        env=cluster.env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert refused.returncode == 1
-    assert INTRUDER_MESSAGE in refused.stderr, refused.stderr
-    assert run_tool(cluster, kubectl, "cleanup", output=output).returncode == 0
-
-
 # Says ready, then works long enough for something to happen to it meanwhile.
 SLOW_SCRIPT = """\
 import json, os, time

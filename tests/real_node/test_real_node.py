@@ -33,7 +33,6 @@ from e2e_support import (
     start_tool,
     tool,
     wait_for,
-    write_script,
 )
 from test_real_cluster import slow_script
 
@@ -374,19 +373,6 @@ def test_serialized_pulls_on_the_real_kubelet_wait_their_turn(real_node, tmp_pat
     assert_cleanup_twice(cluster, kubectl, output)
 
 
-def test_harden_runs_on_the_real_node(real_node, tmp_path):
-    kubectl, cluster = real_node
-    output = tmp_path / "out"
-    result = run_tool(cluster, kubectl, "run", count=2, harden=True, output=output, quiet=True)
-    assert result.returncode == 0, result.stderr
-    pods = load(output / "pods.json")["items"]
-    assert all(
-        p["spec"]["containers"][0]["securityContext"]["readOnlyRootFilesystem"] for p in pods
-    )
-    assert load(output / "results.json")["reward_sum"] == 2
-    assert run_tool(cluster, kubectl, "cleanup", output=output).returncode == 0
-
-
 def test_a_second_runtime_class_runs_its_episodes_in_crun(real_node, tmp_path):
     """RuntimeClass crun is containerd's handler `crun` (crun 1.21, tests/support/build_node.py): the guide's
     batch runs there as in cube's runc, every sandbox and container made by crun, and the two runs
@@ -423,28 +409,6 @@ def test_a_second_runtime_class_runs_its_episodes_in_crun(real_node, tmp_path):
     assert "crun" in compared.stdout and "cube" in compared.stdout
     for output in runs.values():
         assert run_tool(cluster, kubectl, "cleanup", output=output).returncode == 0
-
-
-def test_episode_script_with_tasks_runs_as_an_indexed_job(real_node, tmp_path):
-    from test_e2e_features import HALF_REWARD_SCRIPT
-
-    kubectl, cluster = real_node
-    output = tmp_path / "out"
-    script = write_script(tmp_path, HALF_REWARD_SCRIPT)
-    result = run_tool(
-        cluster,
-        kubectl,
-        "run",
-        count=4,
-        parallelism=2,
-        episode_script=script,
-        output=output,
-        quiet=True,
-    )
-    assert result.returncode == 0, result.stderr
-    results = load(output / "results.json")
-    assert results["reward_sum"] == 2.0 and results["successful_episodes"] == 4
-    assert run_tool(cluster, kubectl, "cleanup", output=output).returncode == 0
 
 
 def evict(cluster, pod: dict, grace_seconds: int = None) -> None:
