@@ -1363,7 +1363,7 @@ class Store:
             changed = mutate(new)
             if changed is False:
                 return clone(cur)
-            if removes and self._should_remove(store, new):
+            if removes and self.finalized(store, new):
                 self._remove_locked(store, ns or "", name, new)
                 return None
             new["metadata"]["resourceVersion"] = str(self._next_rv())
@@ -1372,7 +1372,8 @@ class Store:
             return clone(new)
 
     @staticmethod
-    def _should_remove(store: str, obj: dict) -> bool:
+    def finalized(store: str, obj: dict) -> bool:
+        """Whether the object is being deleted and nothing holds it any more: it is to be removed."""
         metadata = obj["metadata"]
         if not metadata.get("deletionTimestamp") or metadata.get("finalizers"):
             return False
@@ -7321,11 +7322,17 @@ class WritePath:
             return True
 
         try:
-            new = self.store.update(info.store, store_ns, name, mutate, expect_rv=expect)
+            new = self.store.update(
+                info.store, store_ns, name, mutate, expect_rv=expect, removes=False
+            )
         except ValueError:
             raise err_conflict(info, name) from None
         if new is None:
             raise err_not_found(info, name)
+        if self.store.finalized(info.store, new):
+            # The update took the last finalizer of an object being deleted: the registry deletes
+            # it, and answers the update with it (200), not NotFound.
+            self.store.remove(info.store, store_ns, name)
         return new
 
     def api_patch(
