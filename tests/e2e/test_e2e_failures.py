@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from e2e_support import (
     start_tool,
     wait_for,
 )
+from conftest import on_tiers
 from kube_emulator import Emulator
 
 pytestmark = pytest.mark.e2e
@@ -256,14 +258,35 @@ def test_interrupt_while_waiting_keeps_the_receipt(make_cluster, tmp_path, signu
     assert_cleanup_works(emulator, kubectl, output)
 
 
-def test_namespace_stuck_terminating_names_the_finalizer(make_cluster, tmp_path):
-    kubectl, make = make_cluster
-    emulator = make(stuck_terminating=True)
+def finalize(cluster, kubectl: str, namespace: str, finalizers: list | None) -> None:
+    """Set the namespace's metadata.finalizers (None: none), as another controller would."""
+    patch = json.dumps({"metadata": {"finalizers": finalizers}})
+    patched = subprocess.run(
+        [kubectl, "patch", "namespace", namespace, "--type", "merge", "-p", patch],
+        env=cluster.env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert patched.returncode == 0, patched.stderr
+
+
+@on_tiers("emulator", "real_cluster")
+def test_namespace_held_by_a_finalizer_is_named_and_never_stripped(tier, tmp_path):
+    kubectl, cluster = tier
     output = tmp_path / "out"
-    assert run_tool(emulator, kubectl, "run", count=2, output=output, quiet=True).returncode == 0
-    stuck = run_tool(emulator, kubectl, "cleanup", output=output, wait=3)
-    assert stuck.returncode == 1
-    assert "example.com/stuck" in stuck.stderr and "never stripped" in stuck.stderr
-    namespace = emulator.get("namespaces", None, load(output / "receipt.json")["namespace"])
-    assert namespace["metadata"]["finalizers"] == ["example.com/stuck"]
-    assert namespace["status"]["phase"] == "Terminating"
+    assert run_tool(cluster, kubectl, "run", count=2, output=output, quiet=True).returncode == 0
+    namespace = load(output / "receipt.json")["namespace"]
+    finalize(cluster, kubectl, namespace, ["example.com/stuck"])
+    stuck = run_tool(cluster, kubectl, "cleanup", output=output, wait=5)
+    assert stuck.returncode == 1, stuck.stdout
+    assert "example.com/stuck" in stuck.stderr and "never stripped" in stuck.stderr, stuck.stderr
+    held = cluster.get("namespaces", None, namespace)
+    assert held["metadata"]["finalizers"] == ["example.com/stuck"]
+    assert held["status"]["phase"] == "Terminating"
+    finalize(cluster, kubectl, namespace, None)
+    wait_for(lambda: cluster.get("namespaces", None, namespace) is None, 120, "the namespace to go")
+    again = run_tool(cluster, kubectl, "cleanup", output=output)
+    assert again.returncode == 0 and again.stdout.strip() == "Namespace already absent", (
+        again.stderr
+    )

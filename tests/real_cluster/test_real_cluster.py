@@ -220,30 +220,6 @@ def test_interrupt_while_episodes_run_then_cleanup_stops_them(real_cluster, tmp_
         assert ran["exit_code"] == 137
 
 
-def test_namespace_held_by_a_finalizer_is_named_and_never_stripped(real_cluster, tmp_path):
-    kubectl, cluster = real_cluster
-    output = tmp_path / "out"
-    assert run_tool(cluster, kubectl, "run", count=2, output=output, quiet=True).returncode == 0
-    namespace = load(output / "receipt.json")["namespace"]
-    cluster.api.merge_patch(
-        f"/api/v1/namespaces/{namespace}", {"metadata": {"finalizers": ["example.com/stuck"]}}
-    )
-    stuck = run_tool(cluster, kubectl, "cleanup", output=output, wait=5)
-    assert stuck.returncode == 1, stuck.stdout
-    assert "example.com/stuck" in stuck.stderr and "never stripped" in stuck.stderr, stuck.stderr
-    held = cluster.get("namespaces", None, namespace)
-    assert (
-        held["metadata"]["finalizers"] == ["example.com/stuck"]
-        and held["status"]["phase"] == "Terminating"
-    )
-    cluster.api.merge_patch(f"/api/v1/namespaces/{namespace}", {"metadata": {"finalizers": None}})
-    wait_for(lambda: cluster.get("namespaces", None, namespace) is None, 120, "the namespace to go")
-    again = run_tool(cluster, kubectl, "cleanup", output=output)
-    assert again.returncode == 0 and again.stdout.strip() == "Namespace already absent", (
-        again.stderr
-    )
-
-
 def test_a_pod_evicted_by_its_node_fails_the_run_clearly(real_cluster, tmp_path):
     kubectl, cluster = real_cluster
     output = tmp_path / "out"
