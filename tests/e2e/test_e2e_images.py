@@ -1,6 +1,9 @@
 """End to end, an image per task: one Indexed Job per image in the run's namespace, followed,
 saved, verified, receipted and cleaned up as one batch, with the run-wide episode index kept.
-Real kubectl against the emulator."""
+Real kubectl against the emulator; the scenarios marked on_tiers run on the real control plane
+too, where the real kube-apiserver takes each image's Job (its server-side dry run first) and
+serves the batch's label selectors, and the real Job controller gives each pod its
+JOB_COMPLETION_INDEX, which the episode launcher turns into the run-wide index."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from typing import Any
 import pytest
 
 import all_names as rl_batch_demo
+from conftest import on_tiers
 from e2e_support import (
     TASK_EPISODE_HEAD,
     assert_pulls_one_at_a_time,
@@ -46,6 +50,14 @@ TASKS = [
 
 
 @pytest.fixture
+def emulator_tier(cluster: Any) -> tuple[str, Any]:
+    """(kubectl 1.35, an emulator whose sandboxes each wait for a watch of their pods): the batch's
+    one pod watch (by its label) must serve every Job."""
+    kubectl, make = cluster
+    return kubectl, make(sandbox_after_watch=True)
+
+
+@pytest.fixture
 def cluster(tmp_path: Path, require_e2e: Any):
     """(kubectl 1.35, make(**faults))."""
     kubectl = require_e2e("1.35")
@@ -74,14 +86,13 @@ def rewards_of(output: Path) -> list[dict]:
     return [json.loads(line) for line in (output / "rewards.jsonl").read_text().splitlines()]
 
 
-def test_one_job_per_image_keeps_the_run_wide_index(cluster: Any, tmp_path: Path) -> None:
-    kubectl, make = cluster
-    # Each sandbox waits for a watch of its pods: the batch's one pod watch (by its label) serves every Job.
-    emulator = make(sandbox_after_watch=True)
+@on_tiers("emulator", "real_cluster")
+def test_one_job_per_image_keeps_the_run_wide_index(tier: Any, tmp_path: Path) -> None:
+    kubectl, cluster = tier
     flags, output = images_run(
         tmp_path, parallelism=4, image_map=["docker.io/swebench=registry.internal/swebench"]
     )
-    result = run_tool(emulator, kubectl, "run", **flags)
+    result = run_tool(cluster, kubectl, "run", **flags)
     assert result.returncode == 0, result.stderr
     rows = rewards_of(output)
     one, two, default = (
@@ -125,6 +136,7 @@ def test_one_job_per_image_keeps_the_run_wide_index(cluster: Any, tmp_path: Path
     results = load(output / "results.json")
     assert results["jobs"] == 3 and results["episodes"] == 8 and results["successful_episodes"] == 8
     assert results["image_map"] == {"docker.io/swebench": "registry.internal/swebench"}
+    assert set(results["images"]) == {one, two, default}
     assert results["image"] == default
     assert sorted(results["nodes"].values()) and sum(results["nodes"].values()) == 8
     episodes = list(csv.DictReader(io.StringIO((output / "episodes.csv").read_text())))
@@ -133,16 +145,16 @@ def test_one_job_per_image_keeps_the_run_wide_index(cluster: Any, tmp_path: Path
         row["pod"]: row["image"] for row in rows
     }
     # report recomputes the batch from job.json's List alone.
-    report = tool(emulator, kubectl, "report", str(output))
+    report = tool(cluster, kubectl, "report", str(output))
     assert report.returncode == 0, report.stderr
     assert json.loads(report.stdout)["episodes"] == 8
 
     namespace = receipt["namespace"]
-    cleanup = run_tool(emulator, kubectl, "cleanup", output=output)
+    cleanup = run_tool(cluster, kubectl, "cleanup", output=output)
     assert cleanup.returncode == 0, cleanup.stderr
     assert f"Deleted test namespace: {namespace}" in cleanup.stdout
-    assert namespace not in [ns["metadata"]["name"] for ns in run_namespaces(emulator)]
-    assert not [job for job in emulator.list("jobs", namespace)]
+    assert namespace not in [ns["metadata"]["name"] for ns in run_namespaces(cluster)]
+    assert not [job for job in cluster.list("jobs", namespace)]
 
 
 def test_dry_run_prints_every_job(cluster: Any, tmp_path: Path) -> None:
