@@ -455,7 +455,7 @@ def test_a_run_of_several_jobs_is_listed_and_reaped_without_its_receipt(
     # a Job only when the Job has none, and these carry the batch's.
     for job in load(output / "job.json")["items"]:
         assert job["metadata"]["labels"]["app"] == rl_batch_demo.APP_LABEL
-    listed = tool(emulator, kubectl, "list", "-o", "json", "--kubectl", kubectl)
+    listed = run_tool(emulator, kubectl, "list", "-o", "json")
     assert listed.returncode == 0, listed.stderr
     (run,) = [item for item in json.loads(listed.stdout) if item["namespace"] == namespace]
     assert (run["state"], run["episodes"], run["succeeded"]) == ("succeeded", 8, 8)

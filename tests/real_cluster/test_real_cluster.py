@@ -262,13 +262,6 @@ def user_with(cluster, kubectl: str, user: str, rbac: str) -> Path:
     return cluster.control_plane.user_kubeconfig(user)
 
 
-def as_user(cluster, kubeconfig: Path, kubectl: str, *args: str) -> subprocess.CompletedProcess:
-    argv = [sys.executable, str(PRODUCT), *args, "--kubectl", kubectl]
-    return subprocess.run(
-        argv, env=cluster.env(kubeconfig), capture_output=True, text=True, timeout=300
-    )
-
-
 def test_the_readme_role_is_enough(real_cluster, tmp_path):
     kubectl, cluster = real_cluster
     kubeconfig = user_with(cluster, kubectl, "rl-bench", readme_rbac())
@@ -277,30 +270,28 @@ def test_the_readme_role_is_enough(real_cluster, tmp_path):
         denied.returncode == 1 and "forbidden" in denied.stderr
     )  # the user really is not an admin
     for name, extra in (
-        ("plain", ()),
-        ("harden", ("--harden",)),
-        ("rounds", ("--rounds", "2", "--warmup")),
+        ("plain", {}),
+        ("harden", {"harden": True}),
+        ("rounds", {"rounds": 2, "warmup": True}),
     ):
         output = tmp_path / name
-        result = as_user(
+        result = run_tool(
             cluster,
-            kubeconfig,
             kubectl,
             "run",
-            "--count",
-            "2",
-            *extra,
-            "--output",
-            str(output),
-            "--quiet",
+            count=2,
+            **extra,
+            output=output,
+            quiet=True,
+            kubeconfig=kubeconfig,
         )
         assert result.returncode == 0, (name, result.stderr)
         results = load(output / "results.json")
-        assert results["reward_sum"] == 2 * (2 if extra and extra[0] == "--rounds" else 1)
+        assert results["reward_sum"] == 2 * extra.get("rounds", 1)
         if name != "rounds":  # (each round's client.json is in its own folder)
             # The events followed while waiting, not listed again after the end: the role lets them be watched.
             assert load(output / "client.json")["events_read"] == "watch", name
-        cleaned = as_user(cluster, kubeconfig, kubectl, "cleanup", "--output", str(output))
+        cleaned = run_tool(cluster, kubectl, "cleanup", output=output, kubeconfig=kubeconfig)
         assert cleaned.returncode == 0, (name, cleaned.stderr)
         assert cluster.get("namespaces", None, results["namespace"]) is None
 
@@ -313,8 +304,8 @@ def test_a_role_that_may_only_list_events_reads_them_after_the_end(real_cluster,
     rbac = readme_rbac().replace(events_rule, events_rule.replace('["list", "watch"]', '["list"]'))
     kubeconfig = user_with(cluster, kubectl, "list-events", rbac)
     output = tmp_path / "out"
-    result = as_user(
-        cluster, kubeconfig, kubectl, "run", "--count", "2", "--output", str(output), "--quiet"
+    result = run_tool(
+        cluster, kubectl, "run", count=2, output=output, quiet=True, kubeconfig=kubeconfig
     )
     assert result.returncode == 0, result.stderr
     # The events watch was refused: the events are listed after the end instead, all of them.
@@ -325,7 +316,7 @@ def test_a_role_that_may_only_list_events_reads_them_after_the_end(real_cluster,
     )
     scheduled = [e for e in load(output / "events.json")["items"] if e["reason"] == "Scheduled"]
     assert len(scheduled) == 2
-    cleaned = as_user(cluster, kubeconfig, kubectl, "cleanup", "--output", str(output))
+    cleaned = run_tool(cluster, kubectl, "cleanup", output=output, kubeconfig=kubeconfig)
     assert cleaned.returncode == 0, cleaned.stderr
 
 
@@ -340,8 +331,8 @@ def test_a_role_without_pod_logs_fails_clearly(real_cluster, tmp_path):
     )
     kubeconfig = user_with(cluster, kubectl, "no-logs", rbac)
     output = tmp_path / "out"
-    result = as_user(
-        cluster, kubeconfig, kubectl, "run", "--count", "2", "--output", str(output), "--quiet"
+    result = run_tool(
+        cluster, kubectl, "run", count=2, output=output, quiet=True, kubeconfig=kubeconfig
     )
     assert result.returncode == 1, result.stdout
     assert "Traceback" not in result.stderr
@@ -352,7 +343,7 @@ def test_a_role_without_pod_logs_fails_clearly(real_cluster, tmp_path):
             result.stderr,
         ), result.stderr
     assert "expected exactly one ready event, found 0" in result.stderr
-    cleaned = as_user(cluster, kubeconfig, kubectl, "cleanup", "--output", str(output))
+    cleaned = run_tool(cluster, kubectl, "cleanup", output=output, kubeconfig=kubeconfig)
     assert cleaned.returncode == 0, cleaned.stderr
 
 
@@ -371,8 +362,8 @@ def test_a_role_without_watch_fails_clearly(real_cluster, tmp_path):
     assert "watch" not in rbac
     kubeconfig = user_with(cluster, kubectl, "no-watch", rbac)
     output = tmp_path / "out"
-    result = as_user(
-        cluster, kubeconfig, kubectl, "run", "--count", "2", "--output", str(output), "--quiet"
+    result = run_tool(
+        cluster, kubectl, "run", count=2, output=output, quiet=True, kubeconfig=kubeconfig
     )
     assert result.returncode == 1, result.stdout
     assert "Traceback" not in result.stderr and f"cleanup --output {output}" in result.stderr
@@ -381,7 +372,7 @@ def test_a_role_without_watch_fails_clearly(real_cluster, tmp_path):
         r'User "no-watch" cannot watch resource "(jobs|pods)"',
         result.stderr,
     ), result.stderr
-    cleaned = as_user(cluster, kubeconfig, kubectl, "cleanup", "--output", str(output))
+    cleaned = run_tool(cluster, kubectl, "cleanup", output=output, kubeconfig=kubeconfig)
     assert cleaned.returncode == 0, cleaned.stderr
 
 

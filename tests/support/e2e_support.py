@@ -78,34 +78,50 @@ def run_tool(
     *args: Any,
     process_timeout: float = 300,
     python: str = sys.executable,
+    kubeconfig: Path | None = None,
     **flags: Any,
 ) -> subprocess.CompletedProcess:
     """Run `rl_batch_demo.py ARGS FLAGS` against the cluster and wait for it: `args` the action and
     its positional arguments (each its str()), `flags` keywords (see tool_flags), e.g.
-    `run_tool(cluster, kubectl, "run", output=path, count=4, need=3)`; --kubectl is added for run
-    and cleanup. The test fails if the tool takes longer than `process_timeout` seconds."""
+    `run_tool(cluster, kubectl, "run", output=path, count=4, need=3)`; --kubectl is added for the
+    actions that talk to the cluster, and `kubeconfig` (a user's) replaces the cluster's own. The
+    test fails if the tool takes longer than `process_timeout` seconds."""
     argv = [*map(str, args), *tool_flags(**flags)]
-    return tool(cluster, kubectl, *argv, timeout=process_timeout, python=python)
+    return tool(
+        cluster, kubectl, *argv, timeout=process_timeout, python=python, kubeconfig=kubeconfig
+    )
+
+
+# The actions that talk to the cluster, through the kubectl given.
+CLUSTER_ACTIONS = ("run", "cleanup", "list")
 
 
 def tool(
-    emulator: Any, kubectl: str, *args: str, timeout: float = 300, python: str = sys.executable
+    cluster: Any,
+    kubectl: str,
+    *args: str,
+    timeout: float = 300,
+    python: str = sys.executable,
+    kubeconfig: Path | None = None,
 ) -> subprocess.CompletedProcess:
-    """Run `rl_batch_demo.py ARGS` against the emulator, the arguments spelled out (run_tool takes
-    the flags as keywords); --kubectl is added for run and cleanup."""
+    """Run `rl_batch_demo.py ARGS` against the cluster, the arguments spelled out (run_tool takes
+    the flags as keywords); --kubectl is added for the actions that talk to the cluster."""
     argv = [python, str(PRODUCT), *args]
-    if args and args[0] in ("run", "cleanup"):
+    if args and args[0] in CLUSTER_ACTIONS:
         argv += ["--kubectl", kubectl]
-    return subprocess.run(argv, env=emulator.env(), capture_output=True, text=True, timeout=timeout)
+    env = cluster.env() if kubeconfig is None else cluster.env(kubeconfig)
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def start_tool(emulator: Any, kubectl: str, *args: Any, **flags: Any) -> subprocess.Popen:
+def start_tool(
+    cluster: Any, kubectl: str, *args: Any, kubeconfig: Path | None = None, **flags: Any
+) -> subprocess.Popen:
     """Start `rl_batch_demo.py ARGS FLAGS --kubectl KUBECTL` against the cluster and return at once;
     the arguments as run_tool takes them."""
     argv = [sys.executable, str(PRODUCT), *map(str, args), *tool_flags(**flags)]
     return subprocess.Popen(
         [*argv, "--kubectl", kubectl],
-        env=emulator.env(),
+        env=cluster.env() if kubeconfig is None else cluster.env(kubeconfig),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
