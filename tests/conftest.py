@@ -222,3 +222,49 @@ def real_node(tmp_path_factory):
     cluster.start()
     yield kubectl, cluster
     cluster.stop()
+
+
+# --------------------------------------------------------------------------
+# A scenario written once and run on several tiers: @on_tiers("emulator", "real_cluster", ...)
+# runs the test once per tier, its `tier` fixture that tier's (kubectl, cluster) and `tier_name`
+# the tier's name. Each real tier's run carries the marks that tier's own files carry, so the
+# passes of run_tests.py select it by marker as they select those, and under pytest-xdist
+# (--dist loadgroup) it runs in the worker that holds that tier's one cluster.
+TIERS = {
+    "emulator": pytest.param("emulator", id="emulator"),
+    "real_cluster": pytest.param(
+        "real_cluster",
+        id="real_cluster",
+        marks=[pytest.mark.real_cluster, pytest.mark.xdist_group("real-cluster")],
+    ),
+    "real_node": pytest.param(
+        "real_node",
+        id="real_node",
+        marks=[pytest.mark.real_node, pytest.mark.xdist_group("real-node")],
+    ),
+}
+# The fixture that makes each tier's (kubectl, cluster).
+TIER_FIXTURES = {
+    "emulator": "emulator_tier",
+    "real_cluster": "real_cluster",
+    "real_node": "real_node",
+}
+
+
+def on_tiers(*names: str) -> pytest.MarkDecorator:
+    """Run the test once on each tier named (see TIERS), through the `tier` fixture."""
+    return pytest.mark.parametrize("tier_name", [TIERS[name] for name in names])
+
+
+@pytest.fixture
+def emulator_tier(make_cluster):
+    """(kubectl, a started emulator): the emulator tier's cluster. A module whose emulator needs
+    other faults, timing or kubectl defines its own fixture of this name."""
+    kubectl, make = make_cluster
+    return kubectl, make()
+
+
+@pytest.fixture
+def tier(tier_name: str, request: pytest.FixtureRequest):
+    """(kubectl, cluster) of the tier the test runs on (see on_tiers)."""
+    return request.getfixturevalue(TIER_FIXTURES[tier_name])

@@ -21,6 +21,7 @@ from e2e_support import (
     load,
     most_at_once,
     run_namespaces,
+    run_tool,
     tool,
 )
 from kube_emulator import Emulator
@@ -168,26 +169,15 @@ def test_parallel_then_sequential_then_cleanup(kubectl_and_cluster, tmp_path):
     kubectl, emulator = kubectl_and_cluster
     parallel_dir, sequential_dir = tmp_path / "rl-parallel-10", tmp_path / "rl-sequential-10"
 
-    parallel = tool(
-        emulator, kubectl, "run", "--count", "10", "--output", str(parallel_dir), "--quiet"
-    )
+    parallel = run_tool(emulator, kubectl, "run", count=10, output=parallel_dir, quiet=True)
     assert parallel.returncode == 0, parallel.stderr
     assert parallel.stdout.startswith("Test namespace: agc-rl-")
     printed = json.loads(parallel.stdout.split("\n", 1)[1])
     assert "pods" not in printed and printed["episodes"] == 10
     check_run(emulator, parallel_dir, 10, 10)
 
-    sequential = tool(
-        emulator,
-        kubectl,
-        "run",
-        "--count",
-        "10",
-        "--parallelism",
-        "1",
-        "--output",
-        str(sequential_dir),
-        "--quiet",
+    sequential = run_tool(
+        emulator, kubectl, "run", count=10, parallelism=1, output=sequential_dir, quiet=True
     )
     assert sequential.returncode == 0, sequential.stderr
     check_run(emulator, sequential_dir, 10, 1)

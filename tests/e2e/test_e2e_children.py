@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e_support import PRODUCT, load, run_namespaces, tool, wait_for
+from e2e_support import PRODUCT, load, run_namespaces, run_tool, wait_for
 
 pytestmark = [
     pytest.mark.e2e,
@@ -132,7 +132,7 @@ def test_killed_run_leaves_no_process_and_stays_cleanable(make_cluster, tmp_path
     assert other.is_dir()
     assert list(temporary.glob("rl-batch-demo-*-*")) == []
 
-    cleaned = tool(emulator, kubectl, "cleanup", "--output", str(output))
+    cleaned = run_tool(emulator, kubectl, "cleanup", output=output)
     assert cleaned.returncode == 0, cleaned.stderr
     assert run_namespaces(emulator) == []
     shutil.rmtree(temporary)

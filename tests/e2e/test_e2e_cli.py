@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e_support import load, run_namespaces, tool
+from e2e_support import load, run_namespaces, run_tool
 
 pytestmark = pytest.mark.e2e
 
@@ -43,9 +43,7 @@ def test_verbose_echoes_every_kubectl_command_and_proxy_request(
     kubectl, make = make_cluster
     emulator = make()
     output = tmp_path / "verbose"
-    result = tool(
-        emulator, kubectl, "run", "--count", "2", "--output", str(output), "--quiet", "--verbose"
-    )
+    result = run_tool(emulator, kubectl, "run", count=2, output=output, quiet=True, verbose=True)
     assert result.returncode == 0, result.stderr
     namespace = load(output / "receipt.json")["namespace"]
     lines = echoed(result.stderr)
@@ -83,7 +81,7 @@ def test_verbose_echoes_every_kubectl_command_and_proxy_request(
     assert '"apiVersion"' not in result.stderr and "print(" not in result.stderr
     assert echoed(result.stdout) == []  # stdout stays the results
 
-    cleaned = tool(emulator, kubectl, "cleanup", str(output), "--verbose")
+    cleaned = run_tool(emulator, kubectl, "cleanup", output, verbose=True)
     assert cleaned.returncode == 0, cleaned.stderr
     cleanup_tails = [request(argv) for argv in kubectl_lines(echoed(cleaned.stderr), kubectl)]
     assert any(tail[:3] == ["delete", "job", "rollout"] for tail in cleanup_tails), cleanup_tails
@@ -97,7 +95,7 @@ def test_without_verbose_no_command_line_is_echoed(make_cluster, tmp_path: Path)
     kubectl, make = make_cluster
     emulator = make()
     output = tmp_path / "plain"
-    result = tool(emulator, kubectl, "run", "--count", "2", "--output", str(output))
+    result = run_tool(emulator, kubectl, "run", count=2, output=output)
     assert result.returncode == 0, result.stderr
     assert (
         "Test namespace:" in result.stdout and "pod_to_ready" in result.stderr
@@ -105,7 +103,7 @@ def test_without_verbose_no_command_line_is_echoed(make_cluster, tmp_path: Path)
     assert echoed(result.stderr) == []
     assert "create -f -" not in result.stderr and "GET /api/" not in result.stderr
     assert "--watch" not in result.stderr and "proxy --unix-socket" not in result.stderr
-    cleaned = tool(emulator, kubectl, "cleanup", "--output", str(output))
+    cleaned = run_tool(emulator, kubectl, "cleanup", output=output)
     assert cleaned.returncode == 0 and echoed(cleaned.stderr) == [], cleaned.stderr
 
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 import re
 import signal
+import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,19 +21,19 @@ from e2e_support import (
     pods_of,
     receipt_of,
     run_namespaces,
+    run_tool,
     start_tool,
-    tool,
     wait_for,
 )
+from conftest import on_tiers
 from kube_emulator import Emulator
 
 pytestmark = pytest.mark.e2e
 
 
-def failed_run(emulator: Emulator, kubectl: str, output: Path, *extra: str, message: str):
-    result = tool(
-        emulator, kubectl, "run", "--count", "4", "--output", str(output), "--quiet", *extra
-    )
+def failed_run(emulator: Emulator, kubectl: str, output: Path, *, message: str, **flags: Any):
+    """A run of 4 episodes (more `flags` added) that fails with `message`, and says how to clean up."""
+    result = run_tool(emulator, kubectl, "run", count=4, output=output, quiet=True, **flags)
     assert result.returncode == 1, (result.stdout, result.stderr)
     assert message in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
@@ -59,9 +61,7 @@ def test_image_pull_backoff_hits_the_deadline(make_cluster, tmp_path):
     kubectl, make = make_cluster
     emulator = make(image_pull_backoff=True)
     output = tmp_path / "out"
-    result = failed_run(
-        emulator, kubectl, output, "--timeout", "3", message="Job failed or timed out"
-    )
+    result = failed_run(emulator, kubectl, output, timeout=3, message="Job failed or timed out")
     assert "DeadlineExceeded" in result.stderr
     # It says which evidence exists, not only where to look.
     assert re.search(
@@ -81,7 +81,7 @@ def test_missing_runtime_class_fails_before_any_namespace(make_cluster, tmp_path
     kubectl, make = make_cluster
     emulator = make(missing_runtimeclass=True)
     output = tmp_path / "out"
-    result = tool(emulator, kubectl, "run", "--output", str(output), "--quiet")
+    result = run_tool(emulator, kubectl, "run", output=output, quiet=True)
     assert result.returncode == 1
     assert "RuntimeClass 'cube' not found" in result.stderr
     assert run_namespaces(emulator) == []
@@ -90,9 +90,7 @@ def test_missing_runtime_class_fails_before_any_namespace(make_cluster, tmp_path
     assert "was removed again, so the same --output can be reused" in result.stderr
     assert not output.exists()
     emulator.set_faults(missing_runtimeclass=None)
-    again = tool(
-        emulator, kubectl, "run", "--count", "1", "--output", str(output), "--quiet", "--cleanup"
-    )
+    again = run_tool(emulator, kubectl, "run", count=1, output=output, quiet=True, cleanup=True)
     assert again.returncode == 0, again.stderr
 
 
@@ -100,15 +98,10 @@ def test_namespace_recreated_under_the_same_name_is_not_deleted(make_cluster, tm
     kubectl, make = make_cluster
     emulator = make()
     output = tmp_path / "out"
-    assert (
-        tool(
-            emulator, kubectl, "run", "--count", "2", "--output", str(output), "--quiet"
-        ).returncode
-        == 0
-    )
+    assert run_tool(emulator, kubectl, "run", count=2, output=output, quiet=True).returncode == 0
     receipt = load(output / "receipt.json")
     namespace = receipt["namespace"]
-    assert tool(emulator, kubectl, "cleanup", "--output", str(output)).returncode == 0
+    assert run_tool(emulator, kubectl, "cleanup", output=output).returncode == 0
     # Someone else creates a namespace with the same name, even the same label.
     impostor = {
         "apiVersion": "v1",
@@ -125,7 +118,7 @@ def test_namespace_recreated_under_the_same_name_is_not_deleted(make_cluster, tm
         capture_output=True,
         text=True,
     )
-    refused = tool(emulator, kubectl, "cleanup", "--output", str(output))
+    refused = run_tool(emulator, kubectl, "cleanup", output=output)
     assert refused.returncode == 1
     assert f"refusing to delete namespace {namespace}" in refused.stderr
     assert emulator.get("namespaces", None, namespace) is not None
@@ -176,7 +169,7 @@ def test_junk_lines_in_logs_are_kept_and_ignored(make_cluster, tmp_path):
     kubectl, make = make_cluster
     emulator = make(log_tamper={"0": "junk_lines"})
     output = tmp_path / "out"
-    result = tool(emulator, kubectl, "run", "--count", "2", "--output", str(output), "--quiet")
+    result = run_tool(emulator, kubectl, "run", count=2, output=output, quiet=True)
     assert result.returncode == 0, result.stderr
     logs = [p.read_text() for p in output.glob("rollout-*.log")]
     assert any(not line.startswith("{") for log in logs for line in log.splitlines())
@@ -187,7 +180,7 @@ def test_transient_api_errors_are_retried(make_cluster, tmp_path):
     kubectl, make = make_cluster
     emulator = make(api_errors={"count": 4, "match": "/pods", "status": 503})
     output = tmp_path / "out"
-    result = tool(emulator, kubectl, "run", "--count", "3", "--output", str(output), "--quiet")
+    result = run_tool(emulator, kubectl, "run", count=3, output=output, quiet=True)
     assert result.returncode == 0, result.stderr
     client = load(output / "results.json")["client"]
     assert (
@@ -201,9 +194,7 @@ def test_api_server_restart_while_waiting(make_cluster, tmp_path):
         sandbox_delay=1.5, sandbox_after_watch=True
     )  # still running when the API restarts
     output = tmp_path / "out"
-    process = start_tool(
-        emulator, kubectl, "run", "--count", "3", "--output", str(output), "--quiet"
-    )
+    process = start_tool(emulator, kubectl, "run", count=3, output=output, quiet=True)
     # Restarted only once both watches are open, so the restart really breaks them.
     wait_for(
         lambda: (
@@ -227,7 +218,7 @@ def test_a_job_watch_that_keeps_breaking_gives_way_to_polling(make_cluster, tmp_
     # Each list and watch of the Job by its name's field selector fails; reading the Job by name does not.
     emulator = make(api_errors={"count": 10000, "match": "/jobs?fieldSelector=", "status": 503})
     output = tmp_path / "out"
-    result = tool(emulator, kubectl, "run", "--count", "2", "--output", str(output), "--quiet")
+    result = run_tool(emulator, kubectl, "run", count=2, output=output, quiet=True)
     assert result.returncode == 0, result.stderr
     results = load(output / "results.json")
     assert results["reward_sum"] == 2
@@ -241,9 +232,7 @@ def test_interrupt_while_waiting_keeps_the_receipt(make_cluster, tmp_path, signu
     kubectl, make = make_cluster
     emulator = make(sandbox_delay=30)
     output = tmp_path / "out"
-    process = start_tool(
-        emulator, kubectl, "run", "--count", "2", "--output", str(output), "--quiet"
-    )
+    process = start_tool(emulator, kubectl, "run", count=2, output=output, quiet=True)
     wait_for(lambda: emulator.list("pods"), 120, "pods to exist")  # a bound, not a measurement
     # Interrupted while it waits: the Job's UID in its receipt and its watch on the pods open
     # (a fixed pause could end before either on a loaded machine).
@@ -269,19 +258,35 @@ def test_interrupt_while_waiting_keeps_the_receipt(make_cluster, tmp_path, signu
     assert_cleanup_works(emulator, kubectl, output)
 
 
-def test_namespace_stuck_terminating_names_the_finalizer(make_cluster, tmp_path):
-    kubectl, make = make_cluster
-    emulator = make(stuck_terminating=True)
-    output = tmp_path / "out"
-    assert (
-        tool(
-            emulator, kubectl, "run", "--count", "2", "--output", str(output), "--quiet"
-        ).returncode
-        == 0
+def finalize(cluster, kubectl: str, namespace: str, finalizers: list | None) -> None:
+    """Set the namespace's metadata.finalizers (None: none), as another controller would."""
+    patch = json.dumps({"metadata": {"finalizers": finalizers}})
+    patched = subprocess.run(
+        [kubectl, "patch", "namespace", namespace, "--type", "merge", "-p", patch],
+        env=cluster.env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
-    stuck = tool(emulator, kubectl, "cleanup", "--output", str(output), "--wait", "3")
-    assert stuck.returncode == 1
-    assert "example.com/stuck" in stuck.stderr and "never stripped" in stuck.stderr
-    namespace = emulator.get("namespaces", None, load(output / "receipt.json")["namespace"])
-    assert namespace["metadata"]["finalizers"] == ["example.com/stuck"]
-    assert namespace["status"]["phase"] == "Terminating"
+    assert patched.returncode == 0, patched.stderr
+
+
+@on_tiers("emulator", "real_cluster")
+def test_namespace_held_by_a_finalizer_is_named_and_never_stripped(tier, tmp_path):
+    kubectl, cluster = tier
+    output = tmp_path / "out"
+    assert run_tool(cluster, kubectl, "run", count=2, output=output, quiet=True).returncode == 0
+    namespace = load(output / "receipt.json")["namespace"]
+    finalize(cluster, kubectl, namespace, ["example.com/stuck"])
+    stuck = run_tool(cluster, kubectl, "cleanup", output=output, wait=5)
+    assert stuck.returncode == 1, stuck.stdout
+    assert "example.com/stuck" in stuck.stderr and "never stripped" in stuck.stderr, stuck.stderr
+    held = cluster.get("namespaces", None, namespace)
+    assert held["metadata"]["finalizers"] == ["example.com/stuck"]
+    assert held["status"]["phase"] == "Terminating"
+    finalize(cluster, kubectl, namespace, None)
+    wait_for(lambda: cluster.get("namespaces", None, namespace) is None, 120, "the namespace to go")
+    again = run_tool(cluster, kubectl, "cleanup", output=output)
+    assert again.returncode == 0 and again.stdout.strip() == "Namespace already absent", (
+        again.stderr
+    )

@@ -26,11 +26,13 @@ from e2e_support import (
     assert_evidence_saved,
     load,
     run_namespaces,
+    run_tool,
     start_tool,
     tool,
     wait_for,
     write_script,
 )
+from conftest import on_tiers
 from kube_emulator import Emulator, pod_security_violations
 
 import all_names as rl_batch_demo
@@ -188,7 +190,7 @@ def test_context_is_used_recorded_and_followed_by_cleanup(make_cluster, tmp_path
     )
     env = dict(wanted.env(), KUBECONFIG=str(kubeconfig))
 
-    def run_tool(*args: str) -> subprocess.CompletedProcess:
+    def tool_with_kubeconfig(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(
             [sys.executable, str(PRODUCT), *args, "--kubectl", kubectl],
             env=env,
@@ -198,7 +200,7 @@ def test_context_is_used_recorded_and_followed_by_cleanup(make_cluster, tmp_path
         )
 
     output = tmp_path / "out"
-    result = run_tool(
+    result = tool_with_kubeconfig(
         "run", "--count", "2", "--context", "emu-a", "--output", str(output), "--quiet"
     )
     assert result.returncode == 0, result.stderr
@@ -223,7 +225,7 @@ def test_context_is_used_recorded_and_followed_by_cleanup(make_cluster, tmp_path
         ).stdout.strip()
         == "unreachable"
     )
-    cleaned = run_tool("cleanup", "--output", str(output))
+    cleaned = tool_with_kubeconfig("cleanup", "--output", str(output))
     assert cleaned.returncode == 0, cleaned.stderr
     assert cleaned.stdout.strip() == f"Deleted test namespace: {receipt['namespace']}"
     assert run_namespaces(wanted) == []
@@ -234,9 +236,7 @@ def test_unknown_context_fails_before_anything_is_created(make_cluster, tmp_path
     kubectl, make = make_cluster
     emulator = make()
     output = tmp_path / "out"
-    result = tool(
-        emulator, kubectl, "run", "--count", "2", "--context", "nope", "--output", str(output)
-    )
+    result = run_tool(emulator, kubectl, "run", count=2, context="nope", output=output)
     assert result.returncode == 1
     assert "kube context 'nope' not found" in result.stderr and "Traceback" not in result.stderr
     assert not output.exists()
@@ -247,18 +247,7 @@ def test_timeout_is_the_job_deadline(make_cluster, tmp_path):
     kubectl, make = make_cluster
     emulator = make(image_pull_backoff=True)
     output = tmp_path / "out"
-    result = tool(
-        emulator,
-        kubectl,
-        "run",
-        "--count",
-        "2",
-        "--timeout",
-        "3",
-        "--output",
-        str(output),
-        "--quiet",
-    )
+    result = run_tool(emulator, kubectl, "run", count=2, timeout=3, output=output, quiet=True)
     assert result.returncode == 1, result.stderr
     assert "Job failed or timed out" in result.stderr and "DeadlineExceeded" in result.stderr
     # The Job controller ended it, not the client's own limit (3 + 30 s; the default 240 + 30 s).
@@ -273,18 +262,7 @@ def test_timeout_bounds_the_client_when_the_job_never_ends(make_cluster, tmp_pat
     emulator = make(job_controller_stalled=True)  # no pods, no conditions, no deadline enforced
     output = tmp_path / "out"
     started = time.monotonic()
-    result = tool(
-        emulator,
-        kubectl,
-        "run",
-        "--count",
-        "2",
-        "--timeout",
-        "2",
-        "--output",
-        str(output),
-        "--quiet",
-    )
+    result = run_tool(emulator, kubectl, "run", count=2, timeout=2, output=output, quiet=True)
     elapsed = time.monotonic() - started
     assert result.returncode == 1, result.stderr
     assert "Job rollout: not Complete within 32 s" in result.stderr, result.stderr
@@ -293,7 +271,7 @@ def test_timeout_bounds_the_client_when_the_job_never_ends(make_cluster, tmp_pat
     # and not the default's 270 s the message above says.
     assert elapsed >= 32, elapsed
     assert_evidence_saved(output, [])
-    cleaned = tool(emulator, kubectl, "cleanup", "--output", str(output))
+    cleaned = run_tool(emulator, kubectl, "cleanup", output=output)
     assert cleaned.returncode == 0, cleaned.stderr
     assert run_namespaces(emulator) == []
 
@@ -339,19 +317,15 @@ def test_thirty_episodes_with_the_cap_raised(make_cluster, tmp_path):
     kubectl, make = make_cluster
     emulator = make(sandbox_delay=0.2, sandbox_jitter=0.1)
     output = tmp_path / "out"
-    result = tool(
+    result = run_tool(
         emulator,
         kubectl,
         "run",
-        "--count",
-        "30",
-        "--max-episodes",
-        "30",
-        "--parallelism",
-        "10",
-        "--output",
-        str(output),
-        "--quiet",
+        count=30,
+        max_episodes=30,
+        parallelism=10,
+        output=output,
+        quiet=True,
     )
     assert result.returncode == 0, result.stderr
     results = load(output / "results.json")
@@ -494,7 +468,7 @@ def test_quiet_leaves_stderr_empty_and_stdout_is_only_the_results(make_cluster, 
     kubectl, make = make_cluster
     emulator = make(sandbox_delay=1.0)
     output = tmp_path / "out"
-    result = tool(emulator, kubectl, "run", "--count", "2", "--output", str(output), "--quiet")
+    result = run_tool(emulator, kubectl, "run", count=2, output=output, quiet=True)
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
     namespace, printed = split_stdout(result.stdout)
@@ -523,17 +497,8 @@ def test_zero_reward_is_reported_honestly(make_cluster, tmp_path):
     emulator = make()
     output = tmp_path / "out"
     script = write_script(tmp_path, ZERO_REWARD_SCRIPT, "zero_reward.py")
-    result = tool(
-        emulator,
-        kubectl,
-        "run",
-        "--count",
-        "3",
-        "--episode-script",
-        str(script),
-        "--output",
-        str(output),
-        "--quiet",
+    result = run_tool(
+        emulator, kubectl, "run", count=3, episode_script=script, output=output, quiet=True
     )
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
@@ -554,24 +519,20 @@ def test_zero_reward_is_reported_honestly(make_cluster, tmp_path):
     assert sorted(e["task"] for e in episode_events(output, "ready").values()) == [0, 1, 2]
 
 
-def test_fractional_reward_and_each_episode_knows_its_index(make_cluster, tmp_path):
-    kubectl, make = make_cluster
-    emulator = make()
+@on_tiers("emulator", "real_cluster", "real_node")
+def test_fractional_reward_and_each_episode_knows_its_index(tier, tmp_path):
+    kubectl, cluster = tier
     output = tmp_path / "out"
     script = write_script(tmp_path, HALF_REWARD_SCRIPT)
-    result = tool(
-        emulator,
+    result = run_tool(
+        cluster,
         kubectl,
         "run",
-        "--count",
-        "4",
-        "--parallelism",
-        "2",
-        "--episode-script",
-        str(script),
-        "--output",
-        str(output),
-        "--quiet",
+        count=4,
+        parallelism=2,
+        episode_script=script,
+        output=output,
+        quiet=True,
     )
     assert result.returncode == 0, result.stderr
     results = load(output / "results.json")
@@ -582,12 +543,14 @@ def test_fractional_reward_and_each_episode_knows_its_index(make_cluster, tmp_pa
     assert sorted(readies) == sorted(pods)
     assert sorted(e["index"] for e in readies.values()) == [0, 1, 2, 3]
     for name, ready in readies.items():
+        # The Job controller sets the index annotation and JOB_COMPLETION_INDEX.
         annotation = pods[name]["metadata"]["annotations"][
             "batch.kubernetes.io/job-completion-index"
         ]
         assert ready["index"] == int(annotation) == int(ready["job_completion_index"])
         assert name.startswith(f"rollout-{ready['index']}-")
     assert load(output / "job-submitted.json")["spec"]["completionMode"] == "Indexed"
+    assert run_tool(cluster, kubectl, "cleanup", output=output).returncode == 0
 
 
 def test_lines_that_are_not_events_are_kept_and_ignored(make_cluster, tmp_path):
@@ -595,17 +558,8 @@ def test_lines_that_are_not_events_are_kept_and_ignored(make_cluster, tmp_path):
     emulator = make()
     output = tmp_path / "out"
     script = write_script(tmp_path, JUNK_SCRIPT)
-    result = tool(
-        emulator,
-        kubectl,
-        "run",
-        "--count",
-        "2",
-        "--episode-script",
-        str(script),
-        "--output",
-        str(output),
-        "--quiet",
+    result = run_tool(
+        emulator, kubectl, "run", count=2, episode_script=script, output=output, quiet=True
     )
     assert result.returncode == 0, result.stderr
     assert load(output / "results.json")["reward_sum"] == 2
@@ -653,17 +607,8 @@ def test_a_broken_episode_script_fails_naming_the_pod(make_cluster, tmp_path, sc
     emulator = make()
     output = tmp_path / "out"
     path = write_script(tmp_path, script)
-    result = tool(
-        emulator,
-        kubectl,
-        "run",
-        "--count",
-        "2",
-        "--episode-script",
-        str(path),
-        "--output",
-        str(output),
-        "--quiet",
+    result = run_tool(
+        emulator, kubectl, "run", count=2, episode_script=path, output=output, quiet=True
     )
     assert result.returncode == 1, result.stderr
     # Noticed when it happened, not at the client's limit (240 + 30 s).
@@ -799,20 +744,18 @@ INTRUDER_MESSAGE = (
 )
 
 
-def test_harden_passes_under_enforced_restrictions(make_cluster, tmp_path):
-    kubectl, make = make_cluster
-    emulator = make()
+@on_tiers("emulator", "real_cluster", "real_node")
+def test_harden_passes_under_enforced_restrictions(tier, tmp_path):
+    kubectl, cluster = tier
     output = tmp_path / "out"
-    result = tool(
-        emulator, kubectl, "run", "--count", "2", "--harden", "--output", str(output), "--quiet"
-    )
+    result = run_tool(cluster, kubectl, "run", count=2, harden=True, output=output, quiet=True)
     assert result.returncode == 0, result.stderr
     results = load(output / "results.json")
     assert results["reward_sum"] == results["successful_episodes"] == 2
     namespace = results["namespace"]
-    labels = emulator.get("namespaces", None, namespace)["metadata"]["labels"]
+    labels = cluster.get("namespaces", None, namespace)["metadata"]["labels"]
     assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
-    policy = emulator.get("networkpolicies", namespace, "deny-all")
+    policy = cluster.get("networkpolicies", namespace, "deny-all")
     assert policy["spec"]["podSelector"] == {} and sorted(policy["spec"]["policyTypes"]) == [
         "Egress",
         "Ingress",
@@ -820,16 +763,17 @@ def test_harden_passes_under_enforced_restrictions(make_cluster, tmp_path):
     assert (
         "ingress" not in policy["spec"] and "egress" not in policy["spec"]
     )  # no rule: everything denied
-    for pod in emulator.list("pods", namespace):
+    for pod in cluster.list("pods", namespace):
         container = pod["spec"]["containers"][0]
         assert container["securityContext"]["readOnlyRootFilesystem"] is True
         workspace = [v for v in pod["spec"]["volumes"] if v["name"] == "workspace"][0]
         assert workspace["emptyDir"]["sizeLimit"] == "64Mi"
-    # The episodes' pods passed admission that really enforces "restricted" there:
+    # The episodes' pods passed the Pod Security admission that enforces "restricted" there (the
+    # real one on the real tiers):
     refused = subprocess.run(
         [kubectl, "create", "-f", "-"],
         input=json.dumps(intruder_pod(namespace)),
-        env=emulator.env(),
+        env=cluster.env(),
         capture_output=True,
         text=True,
         timeout=60,
@@ -841,7 +785,7 @@ def test_harden_passes_under_enforced_restrictions(make_cluster, tmp_path):
         )
         in refused.stderr
     ), refused.stderr
-    cleaned = tool(emulator, kubectl, "cleanup", "--output", str(output))
+    cleaned = run_tool(cluster, kubectl, "cleanup", output=output)
     assert cleaned.returncode == 0, cleaned.stderr
 
 
@@ -849,17 +793,14 @@ def test_a_failed_episode_line_quotes_the_end_of_its_traceback(make_cluster, tmp
     kubectl, make = make_cluster
     emulator = make()
     script = write_script(tmp_path, EMIT + 'emit("ready")\ntask = {}\nprint(task["answer"])\n')
-    result = tool(
+    result = run_tool(
         emulator,
         kubectl,
         "run",
-        "--count",
-        "1",
-        "--episode-script",
-        str(script),
-        "--output",
-        str(tmp_path / "out"),
-        "--quiet",
+        count=1,
+        episode_script=script,
+        output=tmp_path / "out",
+        quiet=True,
     )
     assert result.returncode == 1
     assert re.search(
@@ -873,32 +814,20 @@ def test_read_only_root_is_really_enforced(make_cluster, tmp_path):
     emulator = make()
     script = write_script(tmp_path, WRITES_TMP_SCRIPT)
     open_root = tmp_path / "open"
-    result = tool(
-        emulator,
-        kubectl,
-        "run",
-        "--count",
-        "1",
-        "--episode-script",
-        str(script),
-        "--output",
-        str(open_root),
-        "--quiet",
+    result = run_tool(
+        emulator, kubectl, "run", count=1, episode_script=script, output=open_root, quiet=True
     )
     assert result.returncode == 0, result.stderr
     hardened = tmp_path / "hardened"
-    result = tool(
+    result = run_tool(
         emulator,
         kubectl,
         "run",
-        "--count",
-        "1",
-        "--harden",
-        "--episode-script",
-        str(script),
-        "--output",
-        str(hardened),
-        "--quiet",
+        count=1,
+        harden=True,
+        episode_script=script,
+        output=hardened,
+        quiet=True,
     )
     assert result.returncode == 1
     assert re.search(r"pod rollout-0-[a-z0-9]{5}: Failed, container exited 1", result.stderr), (
@@ -980,9 +909,7 @@ def test_cleanup_after_a_successful_run(make_cluster, tmp_path):
     kubectl, make = make_cluster
     emulator = make()
     output = tmp_path / "out"
-    result = tool(
-        emulator, kubectl, "run", "--count", "2", "--cleanup", "--output", str(output), "--quiet"
-    )
+    result = run_tool(emulator, kubectl, "run", count=2, cleanup=True, output=output, quiet=True)
     assert result.returncode == 0, result.stderr
     namespace, printed = split_stdout(result.stdout)
     assert printed["reward_sum"] == 2
@@ -1019,9 +946,7 @@ def test_cleanup_after_a_failed_run(make_cluster, tmp_path):
     kubectl, make = make_cluster
     emulator = make(fail_pods=[1])
     output = tmp_path / "out"
-    result = tool(
-        emulator, kubectl, "run", "--count", "2", "--cleanup", "--output", str(output), "--quiet"
-    )
+    result = run_tool(emulator, kubectl, "run", count=2, cleanup=True, output=output, quiet=True)
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     assert "Job failed or timed out" in result.stderr and "container exited 3" in result.stderr
@@ -1045,9 +970,7 @@ def test_a_failed_cleanup_does_not_hide_why_the_run_failed(make_cluster, tmp_pat
     kubectl, make = make_cluster
     emulator = make(fail_pods=[1], sandbox_delay=2.0)
     output = tmp_path / "out"
-    process = start_tool(
-        emulator, kubectl, "run", "--count", "2", "--cleanup", "--output", str(output), "--quiet"
-    )
+    process = start_tool(emulator, kubectl, "run", count=2, cleanup=True, output=output, quiet=True)
     receipt = wait_for(
         lambda: (
             (output / "receipt.json").exists()

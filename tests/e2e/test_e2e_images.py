@@ -1,6 +1,9 @@
 """End to end, an image per task: one Indexed Job per image in the run's namespace, followed,
 saved, verified, receipted and cleaned up as one batch, with the run-wide episode index kept.
-Real kubectl against the emulator."""
+Real kubectl against the emulator; the scenarios marked on_tiers run on the real control plane
+too, where the real kube-apiserver takes each image's Job (its server-side dry run first) and
+serves the batch's label selectors, and the real Job controller gives each pod its
+JOB_COMPLETION_INDEX, which the episode launcher turns into the run-wide index."""
 
 from __future__ import annotations
 
@@ -13,13 +16,16 @@ from typing import Any
 import pytest
 
 import all_names as rl_batch_demo
+from conftest import on_tiers
 from e2e_support import (
     TASK_EPISODE_HEAD,
     assert_pulls_one_at_a_time,
     emulators,
     load,
     run_namespaces,
+    run_tool,
     tool,
+    tool_flags,
     write_script,
 )
 
@@ -44,6 +50,14 @@ TASKS = [
 
 
 @pytest.fixture
+def emulator_tier(cluster: Any) -> tuple[str, Any]:
+    """(kubectl 1.35, an emulator whose sandboxes each wait for a watch of their pods): the batch's
+    one pod watch (by its label) must serve every Job."""
+    kubectl, make = cluster
+    return kubectl, make(sandbox_after_watch=True)
+
+
+@pytest.fixture
 def cluster(tmp_path: Path, require_e2e: Any):
     """(kubectl 1.35, make(**faults))."""
     kubectl = require_e2e("1.35")
@@ -51,40 +65,34 @@ def cluster(tmp_path: Path, require_e2e: Any):
         yield kubectl, make
 
 
-def images_run(tmp_path: Path, *options: str, tasks: list[dict] = TASKS) -> tuple[list[str], Path]:
+def images_run(
+    tmp_path: Path, tasks: list[dict] = TASKS, **flags: Any
+) -> tuple[dict[str, Any], Path]:
+    """The flags of a `run` of `tasks` in groups of 2 by the image episode (more `flags` added or
+    replacing these), and its output directory."""
     (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(task) + "\n" for task in tasks))
     output = tmp_path / "out"
-    return [
-        "run",
-        "--output",
-        str(output),
-        "--quiet",
-        "--tasks",
-        str(tmp_path / "tasks.jsonl"),
-        "--group-size",
-        "2",
-        "--episode-script",
-        str(write_script(tmp_path, IMAGE_EPISODE)),
-        *options,
-    ], output
+    return {
+        "output": output,
+        "quiet": True,
+        "tasks": tmp_path / "tasks.jsonl",
+        "group_size": 2,
+        "episode_script": write_script(tmp_path, IMAGE_EPISODE),
+        **flags,
+    }, output
 
 
 def rewards_of(output: Path) -> list[dict]:
     return [json.loads(line) for line in (output / "rewards.jsonl").read_text().splitlines()]
 
 
-def test_one_job_per_image_keeps_the_run_wide_index(cluster: Any, tmp_path: Path) -> None:
-    kubectl, make = cluster
-    # Each sandbox waits for a watch of its pods: the batch's one pod watch (by its label) serves every Job.
-    emulator = make(sandbox_after_watch=True)
-    args, output = images_run(
-        tmp_path,
-        "--parallelism",
-        "4",
-        "--image-map",
-        "docker.io/swebench=registry.internal/swebench",
+@on_tiers("emulator", "real_cluster")
+def test_one_job_per_image_keeps_the_run_wide_index(tier: Any, tmp_path: Path) -> None:
+    kubectl, cluster = tier
+    flags, output = images_run(
+        tmp_path, parallelism=4, image_map=["docker.io/swebench=registry.internal/swebench"]
     )
-    result = tool(emulator, kubectl, *args)
+    result = run_tool(cluster, kubectl, "run", **flags)
     assert result.returncode == 0, result.stderr
     rows = rewards_of(output)
     one, two, default = (
@@ -128,6 +136,7 @@ def test_one_job_per_image_keeps_the_run_wide_index(cluster: Any, tmp_path: Path
     results = load(output / "results.json")
     assert results["jobs"] == 3 and results["episodes"] == 8 and results["successful_episodes"] == 8
     assert results["image_map"] == {"docker.io/swebench": "registry.internal/swebench"}
+    assert set(results["images"]) == {one, two, default}
     assert results["image"] == default
     assert sorted(results["nodes"].values()) and sum(results["nodes"].values()) == 8
     episodes = list(csv.DictReader(io.StringIO((output / "episodes.csv").read_text())))
@@ -136,23 +145,23 @@ def test_one_job_per_image_keeps_the_run_wide_index(cluster: Any, tmp_path: Path
         row["pod"]: row["image"] for row in rows
     }
     # report recomputes the batch from job.json's List alone.
-    report = tool(emulator, kubectl, "report", str(output))
+    report = tool(cluster, kubectl, "report", str(output))
     assert report.returncode == 0, report.stderr
     assert json.loads(report.stdout)["episodes"] == 8
 
     namespace = receipt["namespace"]
-    cleanup = tool(emulator, kubectl, "cleanup", "--output", str(output))
+    cleanup = run_tool(cluster, kubectl, "cleanup", output=output)
     assert cleanup.returncode == 0, cleanup.stderr
     assert f"Deleted test namespace: {namespace}" in cleanup.stdout
-    assert namespace not in [ns["metadata"]["name"] for ns in run_namespaces(emulator)]
-    assert not [job for job in emulator.list("jobs", namespace)]
+    assert namespace not in [ns["metadata"]["name"] for ns in run_namespaces(cluster)]
+    assert not [job for job in cluster.list("jobs", namespace)]
 
 
 def test_dry_run_prints_every_job(cluster: Any, tmp_path: Path) -> None:
     kubectl, make = cluster
     emulator = make()
-    args, output = images_run(tmp_path, "--dry-run", "--parallelism", "3")
-    result = tool(emulator, kubectl, *[arg for arg in args if arg != "--quiet"])
+    flags, output = images_run(tmp_path, dry_run=True, parallelism=3, quiet=False)
+    result = run_tool(emulator, kubectl, "run", **flags)
     assert result.returncode == 0, result.stderr
     listing = json.loads(result.stdout)
     jobs = [item for item in listing["items"] if item["kind"] == "Job"]
@@ -180,8 +189,8 @@ def test_a_refused_job_fails_the_run_before_any_job_is_created(
     kubectl, make = cluster
     # The API server refuses the Jobs (as an admission policy that allows only some registries would).
     emulator = make(api_errors={"count": 1, "match": "dryRun=All", "status": 403})
-    args, output = images_run(tmp_path)
-    result = tool(emulator, kubectl, *args)
+    flags, output = images_run(tmp_path)
+    result = run_tool(emulator, kubectl, "run", **flags)
     assert result.returncode == 1, result.stderr
     assert "refuses Job rollout-image-1 (image docker.io/swebench/one:1)" in result.stderr
     assert "none of the batch's 3 Jobs was created" in result.stderr
@@ -219,9 +228,9 @@ def test_run_batch_with_per_task_images(cluster: Any, tmp_path: Path) -> None:
 def test_need_with_several_images_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     # --group-size 1 (the last one given wins): with images_run's groups of 2, --need would be
     # refused for --group-size before the images are looked at.
-    args, output = images_run(tmp_path, "--group-size", "1", "--need", "3")
+    flags, output = images_run(tmp_path, group_size=1, need=3)
     with pytest.raises(SystemExit) as exit_info:
-        rl_batch_demo.main(args)
+        rl_batch_demo.main(["run", *tool_flags(**flags)])
     assert exit_info.value.code == 2
     assert (
         "--need cannot hold with tasks of 3 images: each image runs its own Job, and a Job's "
@@ -260,8 +269,8 @@ def test_pulls_are_measured_per_episode_and_per_image(image_cluster: Any, tmp_pa
         {"id": "one", "image": COLD_ONE},
         {"id": "two", "image": COLD_TWO},
     ]
-    args, output = images_run(tmp_path, "--parallelism", "6", tasks=tasks)
-    result = tool(emulator, kubectl, *args)
+    flags, output = images_run(tmp_path, parallelism=6, tasks=tasks)
+    result = run_tool(emulator, kubectl, "run", **flags)
     assert result.returncode == 0, result.stderr
     results = load(output / "results.json")
     images = results["images"]
@@ -334,10 +343,8 @@ def test_a_missing_image_is_retried_then_fails_as_infrastructure(
     kubectl, make = image_cluster
     emulator = make()
     tasks = [{"id": "ok", "image": PRESENT}, {"id": "gone", "image": MISSING}]
-    args, output = images_run(
-        tmp_path, "--retries", "1", "--allow-failures", "2", "--pull-timeout", "10", tasks=tasks
-    )
-    result = tool(emulator, kubectl, *args)
+    flags, output = images_run(tmp_path, retries=1, allow_failures=2, pull_timeout=10, tasks=tasks)
+    result = run_tool(emulator, kubectl, "run", **flags)
     assert result.returncode == rl_batch_demo.EXIT_PARTIAL, result.stderr
     rows = rewards_of(output)
     assert [row["failure_class"] for row in rows] == [
@@ -382,8 +389,8 @@ def test_prepull_makes_every_image_present_before_the_batch(
         {"id": "one", "image": COLD_ONE},
         {"id": "two", "image": COLD_TWO},
     ]
-    args, output = images_run(tmp_path, "--parallelism", "6", "--prepull", tasks=tasks)
-    result = tool(emulator, kubectl, *[arg for arg in args if arg != "--quiet"])
+    flags, output = images_run(tmp_path, parallelism=6, prepull=True, tasks=tasks, quiet=False)
+    result = run_tool(emulator, kubectl, "run", **flags)
     assert result.returncode == 0, result.stderr
     assert "Pre-pulled 3 images on 2 nodes in" in result.stderr
     results = load(output / "results.json")
@@ -415,7 +422,7 @@ def test_prepull_makes_every_image_present_before_the_batch(
     namespace = load(output / "receipt.json")["namespace"]
     assert {pod["metadata"]["namespace"] for pod in pods} == {namespace}
     assert tool(emulator, kubectl, "report", str(output)).returncode == 0
-    assert tool(emulator, kubectl, "cleanup", "--output", str(output)).returncode == 0
+    assert run_tool(emulator, kubectl, "cleanup", output=output).returncode == 0
     assert not emulator.list("pods", namespace)
 
 
@@ -424,18 +431,10 @@ def test_prepull_names_an_image_that_will_not_pull(image_cluster: Any, tmp_path:
     emulator = make()
     tasks = [{"id": "ok", "image": PRESENT}, {"id": "gone", "image": MISSING}]
     # A deadline with room for a present image's pod on a loaded machine: only the missing one fails.
-    args, output = images_run(
-        tmp_path,
-        "--prepull",
-        "--pull-timeout",
-        "8",
-        "--retries",
-        "0",
-        "--allow-failures",
-        "2",
-        tasks=tasks,
+    flags, output = images_run(
+        tmp_path, prepull=True, pull_timeout=8, retries=0, allow_failures=2, tasks=tasks
     )
-    result = tool(emulator, kubectl, *args)
+    result = run_tool(emulator, kubectl, "run", **flags)
     assert result.returncode == rl_batch_demo.EXIT_PARTIAL, result.stderr
     failures = load(output / "results.json")["prepull"]["failures"]
     missing = [f for f in failures if f["image"] == MISSING]
@@ -448,20 +447,20 @@ def test_a_run_of_several_jobs_is_listed_and_reaped_without_its_receipt(
 ) -> None:
     kubectl, make = cluster
     emulator = make()
-    args, output = images_run(tmp_path)
-    result = tool(emulator, kubectl, *args)
+    flags, output = images_run(tmp_path)
+    result = run_tool(emulator, kubectl, "run", **flags)
     assert result.returncode == 0, result.stderr
     namespace = load(output / "receipt.json")["namespace"]
     # Each Job carries the tool's label itself: the API server copies the template's labels onto
     # a Job only when the Job has none, and these carry the batch's.
     for job in load(output / "job.json")["items"]:
         assert job["metadata"]["labels"]["app"] == rl_batch_demo.APP_LABEL
-    listed = tool(emulator, kubectl, "list", "-o", "json", "--kubectl", kubectl)
+    listed = run_tool(emulator, kubectl, "list", "-o", "json")
     assert listed.returncode == 0, listed.stderr
     (run,) = [item for item in json.loads(listed.stdout) if item["namespace"] == namespace]
     assert (run["state"], run["episodes"], run["succeeded"]) == ("succeeded", 8, 8)
     (output / "receipt.json").unlink()  # found and proven from the cluster alone
-    reaped = tool(emulator, kubectl, "cleanup", "--stale", "1s")
+    reaped = run_tool(emulator, kubectl, "cleanup", stale="1s")
     assert reaped.returncode == 0, reaped.stderr
     assert f"Deleted {namespace}: succeeded" in reaped.stdout, reaped.stdout
     left = [ns for ns in run_namespaces(emulator) if ns["metadata"]["name"] == namespace]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e_support import PRODUCT, load, wait_for
+from e2e_support import PRODUCT, load, run_tool, start_tool, wait_for
 from kube_emulator import CANONICAL
 
 import all_names as rl_batch_demo
@@ -24,13 +24,6 @@ import all_names as rl_batch_demo
 pytestmark = pytest.mark.e2e
 
 GUIDE = Path(__file__).resolve().parent.parent / "support" / "guide_client.py"
-
-
-def as_user(emulator, kubeconfig: Path, kubectl: str, *args: str) -> subprocess.CompletedProcess:
-    argv = [sys.executable, str(PRODUCT), *args, "--kubectl", kubectl]
-    return subprocess.run(
-        argv, env=emulator.env(kubeconfig), capture_output=True, text=True, timeout=300
-    )
 
 
 def annotations_of(emulator, output: Path) -> dict:
@@ -44,18 +37,8 @@ def test_a_run_says_who_started_it_from_where_and_until_when(make_cluster, tmp_p
     alice = emulator.add_user("alice", groups=("rl-team",))
     output = tmp_path / "out"
     started = time.time()
-    result = as_user(
-        emulator,
-        alice,
-        kubectl,
-        "run",
-        "--count",
-        "1",
-        "--ttl",
-        "2h",
-        "--output",
-        str(output),
-        "--quiet",
+    result = run_tool(
+        emulator, kubectl, "run", count=1, ttl="2h", output=output, quiet=True, kubeconfig=alice
     )
     assert result.returncode == 0, result.stderr
     receipt = load(output / "receipt.json")
@@ -82,9 +65,7 @@ def test_without_a_self_review_api_the_user_is_the_kubeconfigs(make_cluster, tmp
     emulator = make(server_version="1.26")
     bob = emulator.add_user("bob")
     output = tmp_path / "out"
-    result = as_user(
-        emulator, bob, kubectl, "run", "--count", "1", "--output", str(output), "--quiet"
-    )
+    result = run_tool(emulator, kubectl, "run", count=1, output=output, quiet=True, kubeconfig=bob)
     assert result.returncode == 0, result.stderr
     annotations = annotations_of(emulator, output)
     assert (
@@ -220,45 +201,30 @@ time.sleep(600)
 """
 
 
-def start_as(emulator, kubeconfig: Path, kubectl: str, *args: str) -> subprocess.Popen:
-    argv = [sys.executable, str(PRODUCT), *args, "--kubectl", kubectl]
-    return subprocess.Popen(
-        argv,
-        env=emulator.env(kubeconfig),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def running_run(emulator, kubeconfig: Path, kubectl: str, tmp_path: Path, name: str, *extra: str):
-    """A run whose one episode works on (process, its namespace), once its Job is there."""
+def running_run(cluster, kubeconfig: Path, kubectl: str, tmp_path: Path, name: str, **flags):
+    """A run of one slow episode as the user of `kubeconfig` (more `flags` added), once its Job is
+    there: (process, namespace)."""
     script = tmp_path / "slow.py"
     script.write_text(SLOW_SCRIPT)
     output = tmp_path / name
-    process = start_as(
-        emulator,
-        kubeconfig,
+    process = start_tool(
+        cluster,
         kubectl,
         "run",
-        "--count",
-        "1",
-        "--episode-script",
-        str(script),
-        "--output",
-        str(output),
-        "--quiet",
-        *extra,
+        count=1,
+        episode_script=script,
+        output=output,
+        quiet=True,
+        kubeconfig=kubeconfig,
+        **flags,
     )
     namespace = wait_for(
         lambda: (output / "receipt.json").exists() and load(output / "receipt.json")["namespace"],
-        60,
+        90,
         "the receipt",
     )
     wait_for(
-        lambda: emulator.get("jobs", namespace, "rollout") is not None,
-        60,
-        f"the Job in {namespace}",
+        lambda: cluster.get("jobs", namespace, "rollout") is not None, 90, f"the Job in {namespace}"
     )
     return process, namespace
 
@@ -293,7 +259,7 @@ def copied_namespace(emulator, name: str, user: str) -> None:
 
 
 def listed(emulator, kubeconfig: Path, kubectl: str) -> dict:
-    result = as_user(emulator, kubeconfig, kubectl, "list", "-o", "json")
+    result = run_tool(emulator, kubectl, "list", "-o", "json", kubeconfig=kubeconfig)
     assert result.returncode == 0, result.stderr
     return {item["namespace"]: item for item in json.loads(result.stdout)}
 
@@ -309,16 +275,14 @@ def test_list_shows_every_run_and_cleanup_stale_reaps_only_what_it_proves(make_c
     alice, bob = emulator.add_user("alice"), emulator.add_user("bob")
     ended = {}
     for user, kubeconfig in (("alice", alice), ("bob", bob)):
-        result = as_user(
+        result = run_tool(
             emulator,
-            kubeconfig,
             kubectl,
             "run",
-            "--count",
-            "2",
-            "--output",
-            str(tmp_path / user),
-            "--quiet",
+            count=2,
+            output=tmp_path / user,
+            quiet=True,
+            kubeconfig=kubeconfig,
         )
         assert result.returncode == 0, result.stderr
         ended[user] = load(tmp_path / user / "receipt.json")["namespace"]
@@ -326,7 +290,7 @@ def test_list_shows_every_run_and_cleanup_stale_reaps_only_what_it_proves(make_c
     copy = "agc-rl-c0c0c0c0c0c0"
     copied_namespace(emulator, copy, "alice")
     running, running_ns = running_run(emulator, alice, kubectl, tmp_path, "running")
-    expired, expired_ns = running_run(emulator, alice, kubectl, tmp_path, "expired", "--ttl", "1s")
+    expired, expired_ns = running_run(emulator, alice, kubectl, tmp_path, "expired", ttl="1s")
     try:
         runs = listed(emulator, alice, kubectl)
         assert set(runs) == {ended["alice"], ended["bob"], guide, copy, running_ns, expired_ns}
@@ -357,13 +321,13 @@ def test_list_shows_every_run_and_cleanup_stale_reaps_only_what_it_proves(make_c
         assert (runs[ended["bob"]]["episodes"], runs[ended["bob"]]["succeeded"]) == (2, 2)
         assert runs[ended["alice"]]["output"] == str((tmp_path / "alice").resolve())
         assert runs[ended["alice"]]["expires"] is None and runs[expired_ns]["expires"] is not None
-        table = as_user(emulator, alice, kubectl, "list")
+        table = run_tool(emulator, kubectl, "list", kubeconfig=alice)
         assert table.returncode == 0 and len(table.stdout.splitlines()) == 7, table.stdout
 
         time.sleep(
             2.5
         )  # every run is now older than --stale 2s, and the expired one past its --ttl
-        dry = as_user(emulator, alice, kubectl, "cleanup", "--stale", "2s", "--dry-run")
+        dry = run_tool(emulator, kubectl, "cleanup", stale="2s", dry_run=True, kubeconfig=alice)
         assert dry.returncode == 0, dry.stderr
         assert f"Would delete {ended['alice']}: succeeded" in dry.stdout
         assert f"Would delete {expired_ns}: running, past its --ttl" in dry.stdout
@@ -371,7 +335,7 @@ def test_list_shows_every_run_and_cleanup_stale_reaps_only_what_it_proves(make_c
         assert live(emulator) == set(runs)
         assert not any(r["method"] == "DELETE" for r in emulator.requests)
 
-        reaped = as_user(emulator, alice, kubectl, "cleanup", "--stale", "2s")
+        reaped = run_tool(emulator, kubectl, "cleanup", stale="2s", kubeconfig=alice)
         assert reaped.returncode == 0, reaped.stderr
         assert f"Deleted {ended['alice']}: succeeded" in reaped.stdout
         assert f"Deleted {expired_ns}: running, past its --ttl" in reaped.stdout
@@ -386,8 +350,8 @@ def test_list_shows_every_run_and_cleanup_stale_reaps_only_what_it_proves(make_c
             f"/api/v1/namespaces/{n}" for n in (ended["alice"], expired_ns)
         )
 
-        everyone = as_user(
-            emulator, emulator.kubeconfig, kubectl, "cleanup", "--stale", "2s", "--all-users"
+        everyone = run_tool(
+            emulator, kubectl, "cleanup", stale="2s", all_users=True, kubeconfig=emulator.kubeconfig
         )
         assert everyone.returncode == 0, everyone.stderr
         assert f"Deleted {ended['bob']}: succeeded" in everyone.stdout
@@ -430,16 +394,8 @@ def test_a_namespace_made_again_between_the_listing_and_the_delete_is_left_alone
     kubectl, make = make_cluster
     emulator = make()
     output = tmp_path / "out"
-    made = as_user(
-        emulator,
-        emulator.kubeconfig,
-        kubectl,
-        "run",
-        "--count",
-        "1",
-        "--output",
-        str(output),
-        "--quiet",
+    made = run_tool(
+        emulator, kubectl, "run", count=1, output=output, quiet=True, kubeconfig=emulator.kubeconfig
     )
     assert made.returncode == 0, made.stderr
     namespace, first_uid = (
@@ -485,7 +441,7 @@ def test_without_list_permission_list_and_cleanup_stale_say_which(
     ]
     erin = emulator.add_user("erin", rules=rules)
     for args in (["list"], ["list", "-o", "json"], ["cleanup", "--stale", "1h"]):
-        result = as_user(emulator, erin, kubectl, *args)
+        result = run_tool(emulator, kubectl, *args, kubeconfig=erin)
         assert result.returncode == 1, result.stdout
         assert result.stdout == ""
         assert result.stderr.strip() == (
@@ -584,14 +540,14 @@ def test_a_run_between_its_batches_is_running_and_reaped_only_once_stopped_and_s
         run = listed(emulator, emulator.kubeconfig, kubectl)[namespace]
         assert (run["state"], run["episodes"], run["succeeded"]) == ("running", 4, 2)
         assert (run["jobs"], run["jobs_planned"], run["between_batches"]) == (1, 2, True)
-        table = as_user(emulator, emulator.kubeconfig, kubectl, "list")
+        table = run_tool(emulator, kubectl, "list", kubeconfig=emulator.kubeconfig)
         assert table.returncode == 0, table.stderr
         row = table.stdout.splitlines()[1].split()  # NAMESPACE STATE AGE EPISODES ...
         assert (row[0], row[1], row[3]) == (namespace, "running", "2/4")
 
         # Two hours old, round 1 ended just now: alive as far as the cluster can tell, so left.
         backdate(emulator, "namespaces", None, namespace, 7200)
-        kept = as_user(emulator, emulator.kubeconfig, kubectl, "cleanup", "--stale", "1h")
+        kept = run_tool(emulator, kubectl, "cleanup", stale="1h", kubeconfig=emulator.kubeconfig)
         assert kept.returncode == 0, kept.stderr
         assert (
             f"Left {namespace}: between batches (1 of 2 Jobs made, the last ended " in kept.stdout
@@ -608,7 +564,7 @@ def test_a_run_between_its_batches_is_running_and_reaped_only_once_stopped_and_s
         process.communicate()
         assert listed(emulator, emulator.kubeconfig, kubectl)[namespace]["state"] == "running"
         backdate(emulator, "jobs", namespace, "rollout-1", 7200)
-        reaped = as_user(emulator, emulator.kubeconfig, kubectl, "cleanup", "--stale", "1h")
+        reaped = run_tool(emulator, kubectl, "cleanup", stale="1h", kubeconfig=emulator.kubeconfig)
         assert reaped.returncode == 0, reaped.stderr
         assert (
             f"Deleted {namespace}: stopped between batches (1 of 2 Jobs made, the last ended 2h"

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from e2e_support import load, tool
+from e2e_support import load, run_tool
 from kube_emulator import Emulator
 from test_e2e_phases import KUBECTL_VERSION, Run, named_creation_source, point_errors
 
@@ -32,18 +32,15 @@ def test_pods_past_the_recorders_tenth_are_placed_by_the_watch(require_e2e, tmp_
     emulator.start()
     try:
         output = tmp_path / "rl-20"
-        result = tool(
+        result = run_tool(
             emulator,
             kubectl,
             "run",
-            "--count",
-            str(COUNT),
-            "--parallelism",
-            str(COUNT),
-            "--output",
-            str(output),
-            "--quiet",
-            "--verbose",
+            count=COUNT,
+            parallelism=COUNT,
+            output=output,
+            quiet=True,
+            verbose=True,
         )
         assert result.returncode == 0, result.stderr
         run = Run(emulator, output, result.stdout)

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from e2e_support import DEFAULT_TIMING, PRODUCT, load, start_tool, tool, wait_for
+from e2e_support import DEFAULT_TIMING, PRODUCT, load, run_tool, start_tool, wait_for
 from kube_emulator import Emulator
 
 import all_names as rl_batch_demo
@@ -146,17 +146,8 @@ def twelve_episodes(kubectl: str, tmp_path: Path, faults: dict[str, Any]) -> Run
     emulator.start()
     try:
         output = tmp_path / "rl-12"
-        result = tool(
-            emulator,
-            kubectl,
-            "run",
-            "--count",
-            "12",
-            "--parallelism",
-            "6",
-            "--output",
-            str(output),
-            "--quiet",
+        result = run_tool(
+            emulator, kubectl, "run", count=12, parallelism=6, output=output, quiet=True
         )
         assert result.returncode == 0, result.stderr
         return Run(emulator, output, result.stdout, result.stderr)
@@ -178,7 +169,7 @@ def log_receipt_times(emulator: Emulator, pod: dict) -> dict[str, float]:
 def six(cluster, tmp_path_factory) -> Run:
     kubectl, emulator, _ = cluster
     output = tmp_path_factory.mktemp("six") / "rl-6"
-    result = tool(emulator, kubectl, "run", "--count", "6", "--output", str(output), "--quiet")
+    result = run_tool(emulator, kubectl, "run", count=6, output=output, quiet=True)
     assert result.returncode == 0, result.stderr
     return Run(emulator, output, result.stdout)
 
@@ -616,7 +607,7 @@ def test_completion_gap_on_kubernetes_1_30_has_no_success_criteria_met(tmp_path,
     emulator.start()
     try:
         output = tmp_path / "rl-1.30"
-        result = tool(emulator, kubectl, "run", "--count", "3", "--output", str(output), "--quiet")
+        result = run_tool(emulator, kubectl, "run", count=3, output=output, quiet=True)
         assert result.returncode == 0, result.stderr
         run = Run(emulator, output, result.stdout)
     finally:
@@ -657,9 +648,7 @@ def test_warning_summary_counts_a_provoked_failed_create(cluster, tmp_path):
     emulator.store.listeners.insert(0, on_store_event)
     output = tmp_path / "rl-warned"
     try:
-        process = start_tool(
-            emulator, kubectl, "run", "--count", "2", "--output", str(output), "--quiet"
-        )
+        process = start_tool(emulator, kubectl, "run", count=2, output=output, quiet=True)
         try:
             wait_for(
                 lambda: (
@@ -821,18 +810,8 @@ ALL_JOBS = ["rollout-warmup"] + MEASURED_JOBS
 def rounds(cluster, tmp_path_factory) -> Run:
     kubectl, emulator, _ = cluster
     output = tmp_path_factory.mktemp("rounds") / "rl-rounds"
-    result = tool(
-        emulator,
-        kubectl,
-        "run",
-        "--count",
-        "4",
-        "--rounds",
-        "3",
-        "--warmup",
-        "--output",
-        str(output),
-        "--quiet",
+    result = run_tool(
+        emulator, kubectl, "run", count=4, rounds=3, warmup=True, output=output, quiet=True
     )
     assert result.returncode == 0, result.stderr
     run = Run(emulator, output, result.stdout)
@@ -1018,7 +997,7 @@ def test_compare_prints_each_metric_once_with_its_ratio(six, rounds, tmp_path):
 def test_cleanup_deletes_every_job_of_the_rounds_foreground_then_the_namespace(cluster, rounds):
     kubectl, emulator, deletes = cluster
     before = len(deletes)
-    cleaned = tool(emulator, kubectl, "cleanup", "--output", str(rounds.output))
+    cleaned = run_tool(emulator, kubectl, "cleanup", output=rounds.output)
     assert cleaned.returncode == 0, cleaned.stderr
     assert cleaned.stdout.strip().endswith(f"Deleted test namespace: {rounds.namespace}")
     job_deletes = {d["name"]: d for d in deletes[before:] if d["store"] == "jobs"}

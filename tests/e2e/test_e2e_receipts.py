@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e_support import load, run_namespaces, tool
+from e2e_support import load, run_namespaces, run_tool
 
 pytestmark = pytest.mark.e2e
 
@@ -52,7 +52,7 @@ def test_a_guide_receipt_is_cleaned_up_by_this_tool(make_cluster, tmp_path):
     )
     (output / "job.json").unlink()  # the receipt alone must prove whose Job it is
 
-    cleaned = tool(emulator, kubectl, "cleanup", "--output", str(output))
+    cleaned = run_tool(emulator, kubectl, "cleanup", output=output)
     assert cleaned.returncode == 0, cleaned.stderr
     assert cleaned.stdout.strip() == f"Deleted test namespace: {namespace}"
     assert run_namespaces(emulator) == []
@@ -67,20 +67,18 @@ def test_a_guide_receipt_naming_another_namespace_uid_is_refused(make_cluster, t
     (output / "receipt.json").write_text(
         json.dumps({**receipt, "uid": "00000000-0000-0000-0000-000000000000"})
     )
-    refused = tool(emulator, kubectl, "cleanup", "--output", str(output))
+    refused = run_tool(emulator, kubectl, "cleanup", output=output)
     assert refused.returncode == 1
     assert f"refusing to delete namespace {receipt['namespace']}" in refused.stderr
     assert len(run_namespaces(emulator)) == 1
 
 
-@pytest.mark.parametrize("extra", [[], ["--warmup"]])
-def test_this_tools_receipt_is_cleaned_up_by_the_guides_cleanup(make_cluster, tmp_path, extra):
+@pytest.mark.parametrize("warmup", [False, True])
+def test_this_tools_receipt_is_cleaned_up_by_the_guides_cleanup(make_cluster, tmp_path, warmup):
     kubectl, make = make_cluster
     emulator = make()
     output = tmp_path / "ours"
-    made = tool(
-        emulator, kubectl, "run", "--count", "2", "--output", str(output), "--quiet", *extra
-    )
+    made = run_tool(emulator, kubectl, "run", count=2, output=output, quiet=True, warmup=warmup)
     assert made.returncode == 0, made.stderr
     receipt = load(output / "receipt.json")
     namespace = receipt["namespace"]

@@ -29,8 +29,8 @@ from e2e_support import (
     load,
     receipt_of,
     run_namespaces,
+    run_tool,
     start_tool,
-    tool,
     wait_for,
 )
 from kube_emulator import Emulator
@@ -82,7 +82,7 @@ def uid(obj: Optional[dict]) -> Optional[str]:
 
 def assert_cleanup_finds_nothing(emulator: Emulator, kubectl: str, output: Path) -> None:
     requests_before = len(emulator.requests)
-    again = tool(emulator, kubectl, "cleanup", "--output", str(output))
+    again = run_tool(emulator, kubectl, "cleanup", output=output)
     assert again.returncode == 0, again.stderr
     assert "Traceback" not in again.stderr
     assert again.stdout.strip() == "Namespace already absent"
@@ -169,7 +169,7 @@ def test_cleanup_with_a_kubeconfig_lacking_the_runs_context_names_the_one_the_ru
     kubectl, make = make_cluster
     emulator = make()
     output = tmp_path / "out"
-    result = tool(emulator, kubectl, "run", "--count", "1", "--output", str(output), "--quiet")
+    result = run_tool(emulator, kubectl, "run", count=1, output=output, quiet=True)
     assert result.returncode == 0, result.stderr
     assert load(output / "receipt.json")["kubeconfig"] == str(emulator.kubeconfig)
     config = json.loads(emulator.kubeconfig.read_text())
@@ -204,9 +204,7 @@ def test_interrupt_while_creating_keeps_a_receipt_that_cleans_up(make_cluster, t
     kubectl, make = make_cluster
     emulator = make(api_latency=0.7)  # every request is slow: creation takes seconds
     output = tmp_path / "out"
-    process = start_tool(
-        emulator, kubectl, "run", "--count", "2", "--output", str(output), "--quiet"
-    )
+    process = start_tool(emulator, kubectl, "run", count=2, output=output, quiet=True)
     namespace = wait_for(lambda: run_namespaces(emulator), WAIT, "the run's namespace")[0]
     assert emulator.list("jobs") == [], (
         "the Job exists already: the interruption would not be while creating"
@@ -232,9 +230,7 @@ def test_interrupt_while_collecting_keeps_the_receipt_and_evidence(make_cluster,
     kubectl, make = make_cluster
     emulator = make(sandbox_delay=2.0)
     output = tmp_path / "out"
-    process = start_tool(
-        emulator, kubectl, "run", "--count", "2", "--output", str(output), "--quiet"
-    )
+    process = start_tool(emulator, kubectl, "run", count=2, output=output, quiet=True)
     name = wait_for(
         lambda: receipt_of(output).get("job_uid") and receipt_of(output)["namespace"],
         WAIT,
@@ -305,7 +301,7 @@ def test_cleanup_refuses_a_job_with_another_uid(make_cluster, tmp_path):
     kubectl, make = make_cluster
     emulator = make()
     output = tmp_path / "out"
-    finished = tool(emulator, kubectl, "run", "--count", "2", "--output", str(output), "--quiet")
+    finished = run_tool(emulator, kubectl, "run", count=2, output=output, quiet=True)
     assert finished.returncode == 0, finished.stderr
     receipt = load(output / "receipt.json")
     name = receipt["namespace"]
@@ -339,7 +335,7 @@ def test_cleanup_refuses_a_job_with_another_uid(make_cluster, tmp_path):
     assert other_uid and other_uid != receipt["job_uid"]
 
     requests_before = len(emulator.requests)
-    refused = tool(emulator, kubectl, "cleanup", "--output", str(output))
+    refused = run_tool(emulator, kubectl, "cleanup", output=output)
     assert_clean_failure(refused)
     assert f"refusing to delete Job rollout in {name}" in refused.stderr, refused.stderr
     assert other_uid in refused.stderr and receipt["job_uid"] in refused.stderr
@@ -361,7 +357,7 @@ def test_disk_full_before_the_receipt_changes_nothing(make_cluster, small_disk):
     emulator = make()
     fill(small_disk)
     output = small_disk / "out"
-    result = tool(emulator, kubectl, "run", "--count", "2", "--output", str(output), "--quiet")
+    result = run_tool(emulator, kubectl, "run", count=2, output=output, quiet=True)
     assert_clean_failure(result)
     assert result.stderr.startswith(
         f"Error: cannot write {output / 'receipt.json'}: No space left on device"
@@ -376,9 +372,7 @@ def test_disk_full_while_waiting_names_the_file_and_keeps_the_receipt(make_clust
     kubectl, make = make_cluster
     emulator = make(sandbox_delay=2.0)
     output = small_disk / "out"
-    process = start_tool(
-        emulator, kubectl, "run", "--count", "2", "--output", str(output), "--quiet"
-    )
+    process = start_tool(emulator, kubectl, "run", count=2, output=output, quiet=True)
     wait_for(lambda: receipt_of(output).get("job_uid"), WAIT, "the Job's UID in the receipt")
     fill(small_disk)
     stdout, stderr = process.communicate(timeout=300)
@@ -415,7 +409,7 @@ def test_transient_errors_while_creating_are_retried(make_cluster, tmp_path, pat
     match = path.split("/{namespace}")[-1] + "?fieldManager"
     emulator = make(api_errors={"count": 2, "match": match, "status": status})
     output = tmp_path / "out"
-    result = tool(emulator, kubectl, "run", "--count", "2", "--output", str(output), "--quiet")
+    result = run_tool(emulator, kubectl, "run", count=2, output=output, quiet=True)
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
     results = load(output / "results.json")
@@ -435,18 +429,7 @@ def test_slow_api_server_below_the_request_timeout_still_succeeds(make_cluster, 
     emulator = make(api_latency=1.0)
     output = tmp_path / "out"
     # --timeout only bounds how long a wrong answer would take to show.
-    result = tool(
-        emulator,
-        kubectl,
-        "run",
-        "--count",
-        "2",
-        "--timeout",
-        "60",
-        "--output",
-        str(output),
-        "--quiet",
-    )
+    result = run_tool(emulator, kubectl, "run", count=2, timeout=60, output=output, quiet=True)
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
     results = load(output / "results.json")
@@ -462,18 +445,7 @@ def test_job_completing_while_a_slow_watch_restarts_is_seen(make_cluster, tmp_pa
     # The Job controller stalls once it has made both pods: they run on, the Job stays unfinished.
     emulator = make(job_controller_stalled=2)
     output = tmp_path / "out"
-    process = start_tool(
-        emulator,
-        kubectl,
-        "run",
-        "--count",
-        "2",
-        "--timeout",
-        "20",
-        "--output",
-        str(output),
-        "--quiet",
-    )
+    process = start_tool(emulator, kubectl, "run", count=2, timeout=20, output=output, quiet=True)
     name = wait_for(
         lambda: receipt_of(output).get("job_uid") and receipt_of(output)["namespace"],
         WAIT,
@@ -556,17 +528,8 @@ def test_worker_tracebacks_and_chatter_are_kept_and_ignored(make_cluster, tmp_pa
     output = tmp_path / "out"
     script = tmp_path / "noisy.py"
     script.write_text(NOISY_SCRIPT)
-    result = tool(
-        emulator,
-        kubectl,
-        "run",
-        "--count",
-        "2",
-        "--episode-script",
-        str(script),
-        "--output",
-        str(output),
-        "--quiet",
+    result = run_tool(
+        emulator, kubectl, "run", count=2, episode_script=script, output=output, quiet=True
     )
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr

@@ -1,7 +1,9 @@
 """End to end, rollouts: tasks in, rewards out, failures classified, infrastructure failures
 retried through the Job's per-index API, partial batches accepted with exit status 3.
 Real kubectl against the emulator, whose Job controller follows backoffLimitPerIndex,
-maxFailedIndexes and podFailurePolicy as the real one does."""
+maxFailedIndexes and podFailurePolicy as the real one does; the scenarios marked on_tiers run on
+the real control plane too, where the real kube-apiserver validates the per-index Job and its
+podFailurePolicy and the real Job controller acts on them."""
 
 from __future__ import annotations
 
@@ -15,13 +17,14 @@ from typing import Any
 import pytest
 
 import all_names as rl_batch_demo
+from conftest import on_tiers
 from e2e_support import (
     TASK_EPISODE_HEAD,
     documentation,
     emulators,
     load,
     run_namespaces,
-    tool,
+    run_tool,
     write_script,
 )
 
@@ -40,6 +43,13 @@ emit("reward", reward=task["x"] * 0.5, task_seen=task.get("id"), index="kept apa
 
 
 @pytest.fixture
+def emulator_tier(cluster: Any) -> tuple[str, Any]:
+    """(kubectl 1.35, an emulator whose Job back-off is short): this module's emulator tier."""
+    kubectl, make = cluster
+    return kubectl, make()
+
+
+@pytest.fixture
 def cluster(tmp_path: Path, require_e2e: Any):
     """(kubectl 1.35, make(server_version=..., **faults)): emulators whose Job back-off is short."""
     kubectl = require_e2e("1.35")
@@ -52,34 +62,28 @@ def rewards_of(output: Path) -> list[dict]:
 
 
 def tasks_run(
-    tmp_path: Path, tasks: str, *options: str, episode: str = TASK_EPISODE
-) -> tuple[list[str], Path]:
-    """The arguments of a `run` of `tasks` (JSON lines) by the `episode` script, and its output directory."""
+    tmp_path: Path, tasks: str, episode: str = TASK_EPISODE, **flags: Any
+) -> tuple[dict[str, Any], Path]:
+    """The flags of a `run` of `tasks` (JSON lines) by the `episode` script (more `flags` added or
+    replacing these), and its output directory."""
     (tmp_path / "tasks.jsonl").write_text(tasks)
     output = tmp_path / "out"
-    return [
-        "run",
-        "--output",
-        str(output),
-        "--quiet",
-        "--tasks",
-        str(tmp_path / "tasks.jsonl"),
-        "--episode-script",
-        str(write_script(tmp_path, episode)),
-        *options,
-    ], output
+    return {
+        "output": output,
+        "quiet": True,
+        "tasks": tmp_path / "tasks.jsonl",
+        "episode_script": write_script(tmp_path, episode),
+        **flags,
+    }, output
 
 
 def test_tasks_in_rewards_out_in_groups(cluster: Any, tmp_path: Path) -> None:
     kubectl, make = cluster
     emulator = make()
-    args, output = tasks_run(
-        tmp_path,
-        '{"id": "alpha", "x": 1}\n\n{"x": 2}\n{"x": 4, "note": "third"}\n',
-        "--group-size",
-        "2",
+    flags, output = tasks_run(
+        tmp_path, '{"id": "alpha", "x": 1}\n\n{"x": 2}\n{"x": 4, "note": "third"}\n', group_size=2
     )
-    result = tool(emulator, kubectl, *args)
+    result = run_tool(emulator, kubectl, "run", **flags)
     assert result.returncode == 0, result.stderr
     rows = rewards_of(output)
     assert [row["index"] for row in rows] == [0, 1, 2, 3, 4, 5]
@@ -125,18 +129,7 @@ def test_evicted_episode_is_retried_and_the_batch_passes(cluster: Any, tmp_path:
     kubectl, make = cluster
     emulator = make(replace_pod=[0])  # the first pod created is evicted while it runs
     output = tmp_path / "out"
-    result = tool(
-        emulator,
-        kubectl,
-        "run",
-        "--output",
-        str(output),
-        "--quiet",
-        "--count",
-        "3",
-        "--retries",
-        "1",
-    )
+    result = run_tool(emulator, kubectl, "run", output=output, quiet=True, count=3, retries=1)
     assert result.returncode == 0, result.stderr
     rows = rewards_of(output)
     assert all(row["failure_class"] is None and row["reward"] == 1 for row in rows)
@@ -172,20 +165,18 @@ def test_evicted_episode_is_retried_and_the_batch_passes(cluster: Any, tmp_path:
     assert job["status"]["failed"] == 1 and job["status"]["failedIndexes"] == ""
 
 
+@on_tiers("emulator", "real_cluster")
 def test_episode_failure_is_not_retried_and_a_partial_batch_exits_3(
-    cluster: Any, tmp_path: Path
+    tier: Any, tmp_path: Path
 ) -> None:
-    kubectl, make = cluster
-    emulator = make()
-    args, output = tasks_run(
+    kubectl, cluster = tier
+    flags, output = tasks_run(
         tmp_path,
         '{"id": "ok", "x": 2}\n{"id": "bad", "x": 2, "fail": true}\n{"id": "ok2", "x": 2}\n',
-        "--retries",
-        "2",
-        "--allow-failures",
-        "1",
+        retries=2,
+        allow_failures=1,
     )
-    result = tool(emulator, kubectl, *args)
+    result = run_tool(cluster, kubectl, "run", **flags)
     assert result.returncode == rl_batch_demo.EXIT_PARTIAL == 3, result.stderr
     assert "Accepted a partial batch: 1 of 3 episodes failed (1 episode failure)" in result.stderr
     rows = rewards_of(output)
@@ -195,6 +186,11 @@ def test_episode_failure_is_not_retried_and_a_partial_batch_exits_3(
     assert bad["evidence"] == f"{bad['pod']}.log" and (output / bad["evidence"]).is_file()
     assert bad["reward"] is None and bad["pod_to_ready_seconds"] is not None
     assert len(load(output / "pods.json")["items"]) == 3  # FailIndex: never retried
+    job = load(output / "job.json")
+    assert job["status"]["failedIndexes"] == "1"
+    assert [c["reason"] for c in job["status"]["conditions"] if c["type"] == "Failed"] == [
+        "FailedIndexes"
+    ]
     # The timeline draws all 3 episodes, the failed one marked, as far as it got (it was ready).
     timeline = ElementTree.fromstring((output / "timeline.svg").read_text())
     bars = {}
@@ -215,12 +211,12 @@ def test_episode_failure_is_not_retried_and_a_partial_batch_exits_3(
     assert results["successful_episodes"] == 2 and results["episodes"] == 3
     assert results["groups_complete"] == 2 and results["groups"][1]["complete"] is False
     assert results["pod_to_ready_censored"]["censored"] == 0
-    assert load(output / "job.json")["status"]["failedIndexes"] == "1"
     # `report` recomputes the same outcome from the saved files alone.
-    report = tool(emulator, kubectl, "report", str(output), "--quiet")
+    report = run_tool(cluster, kubectl, "report", output, quiet=True)
     assert report.returncode == 0, report.stderr
     printed = json.loads(report.stdout)
     assert (printed["failed_episodes"], printed["failures"]) == (1, results["failures"])
+    assert run_tool(cluster, kubectl, "cleanup", output=output).returncode == 0
 
 
 def test_failures_beyond_the_allowance_fail_the_run_with_every_episode_listed(
@@ -229,18 +225,7 @@ def test_failures_beyond_the_allowance_fail_the_run_with_every_episode_listed(
     kubectl, make = cluster
     emulator = make(fail_pods=[1])
     output = tmp_path / "out"
-    result = tool(
-        emulator,
-        kubectl,
-        "run",
-        "--output",
-        str(output),
-        "--quiet",
-        "--count",
-        "3",
-        "--retries",
-        "1",
-    )
+    result = run_tool(emulator, kubectl, "run", output=output, quiet=True, count=3, retries=1)
     assert result.returncode == 1, result.stderr
     # maxFailedIndexes 0: the first failed episode ends the Job, which stops any still running.
     assert re.search(
@@ -270,19 +255,8 @@ def test_image_pull_failure_is_infrastructure(cluster: Any, tmp_path: Path) -> N
     # The Job's deadline ends the pod stuck pulling; the other episode must finish before it,
     # which took more than 4 s at load 22 on two cores: 30 s leaves it a wide margin, and the
     # deadline is what the test waits for, never a measure of speed.
-    result = tool(
-        emulator,
-        kubectl,
-        "run",
-        "--output",
-        str(output),
-        "--quiet",
-        "--count",
-        "2",
-        "--timeout",
-        "30",
-        "--allow-failures",
-        "1",
+    result = run_tool(
+        emulator, kubectl, "run", output=output, quiet=True, count=2, timeout=30, allow_failures=1
     )
     assert result.returncode == 3, result.stderr
     rows = rewards_of(output)
@@ -300,7 +274,7 @@ def test_retries_refused_on_a_cluster_older_than_1_33(cluster: Any, tmp_path: Pa
     kubectl, make = cluster
     emulator = make(server_version="1.32")
     output = tmp_path / "out"
-    result = tool(emulator, kubectl, "run", "--output", str(output), "--quiet", "--retries", "1")
+    result = run_tool(emulator, kubectl, "run", output=output, quiet=True, retries=1)
     assert result.returncode == 1
     assert "--retries and --allow-failures need Kubernetes >= 1.33" in result.stderr
     assert "serves 1.32; nothing was created" in result.stderr
@@ -412,19 +386,16 @@ def test_readme_task_episode_runs_as_documented(cluster: Any, tmp_path: Path) ->
     kubectl, make = cluster
     emulator = make()
     blocks = re.findall(r"```python\n(.*?)```", documentation(), flags=re.S)
-    args, output = tasks_run(
+    flags, output = tasks_run(
         tmp_path,
         '{"id": "issue-101", "prompt": "fix it", "answer": 42}\n'
         '{"id": "issue-102", "prompt": "and this", "answer": 7}\n',
-        "--group-size",
-        "2",
-        "--retries",
-        "1",
-        "--allow-failures",
-        "1",
+        group_size=2,
+        retries=1,
+        allow_failures=1,
         episode=next(block for block in blocks if block.startswith("# task_episode.py")),
     )
-    result = tool(emulator, kubectl, *args)
+    result = run_tool(emulator, kubectl, "run", **flags)
     assert result.returncode == 0, result.stderr
     assert [(r["task_id"], r["reward"], r["prompt_chars"]) for r in rewards_of(output)] == [
         ("issue-101", 1.0, 6),
@@ -440,17 +411,8 @@ def test_a_failed_builtin_check_is_a_verifier_failure(cluster: Any, tmp_path: Pa
         api_clock_skew=30
     )  # the API's clock runs ahead: every episode's times out of order
     output = tmp_path / "out"
-    result = tool(
-        emulator,
-        kubectl,
-        "run",
-        "--output",
-        str(output),
-        "--quiet",
-        "--count",
-        "2",
-        "--allow-failures",
-        "1",
+    result = run_tool(
+        emulator, kubectl, "run", output=output, quiet=True, count=2, allow_failures=1
     )
     assert result.returncode == 1, result.stderr
     assert (

@@ -19,7 +19,7 @@ from xml.etree import ElementTree
 import pytest
 
 import all_names as demo
-from e2e_support import SVG, load, paths_by_title, tool
+from e2e_support import SVG, load, paths_by_title, run_tool
 
 
 SCALE_COUNT = 400
@@ -52,19 +52,15 @@ def scale_run(tmp_path_factory, require_e2e):
         for count, parallelism in ((10, 10), (SCALE_COUNT, SCALE_PARALLELISM)):
             output = root / f"run-{count}"
             first = len(emulator.requests)
-            done = tool(
+            done = run_tool(
                 emulator,
                 kubectl,
                 "run",
-                "--count",
-                str(count),
-                "--parallelism",
-                str(parallelism),
-                "--max-episodes",
-                str(count),
-                "--output",
-                str(output),
-                timeout=600,
+                count=count,
+                parallelism=parallelism,
+                max_episodes=count,
+                output=output,
+                process_timeout=600,
             )
             assert done.returncode == 0, done.stderr[-3000:]
             runs[count] = ScaleRun(
@@ -195,7 +191,7 @@ def test_capacity_check_skipped_when_nodes_are_forbidden_and_the_run_goes_on(
     kubectl, make = make_cluster
     emulator = make(lightweight_kubelet=True, forbidden=["nodes"])
     output = tmp_path / "run"
-    done = tool(emulator, kubectl, "run", "--count", "3", "--output", str(output))
+    done = run_tool(emulator, kubectl, "run", count=3, output=output)
     assert done.returncode == 0, done.stderr
     assert (
         "Warning: capacity check skipped (reading nodes or the RuntimeClass is not permitted)"

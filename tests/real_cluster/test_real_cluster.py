@@ -27,8 +27,9 @@ from e2e_support import (
     interrupt,
     load,
     most_at_once,
+    run_tool,
+    running_pods,
     start_tool,
-    tool,
     wait_for,
     write_script,
 )
@@ -75,22 +76,11 @@ def test_guide_batches_then_cleanup_twice(real_cluster, tmp_path):
     kubectl, cluster = real_cluster
     parallel_dir, sequential_dir = tmp_path / "rl-parallel-10", tmp_path / "rl-sequential-10"
 
-    parallel = tool(
-        cluster, kubectl, "run", "--count", "10", "--output", str(parallel_dir), "--quiet"
-    )
+    parallel = run_tool(cluster, kubectl, "run", count=10, output=parallel_dir, quiet=True)
     assert parallel.returncode == 0, parallel.stderr
     parallel_results = check_run(cluster, parallel_dir, 10, 10)
-    sequential = tool(
-        cluster,
-        kubectl,
-        "run",
-        "--count",
-        "10",
-        "--parallelism",
-        "1",
-        "--output",
-        str(sequential_dir),
-        "--quiet",
+    sequential = run_tool(
+        cluster, kubectl, "run", count=10, parallelism=1, output=sequential_dir, quiet=True
     )
     assert sequential.returncode == 0, sequential.stderr
     sequential_results = check_run(cluster, sequential_dir, 10, 1)
@@ -110,18 +100,8 @@ def test_guide_batches_then_cleanup_twice(real_cluster, tmp_path):
 def test_rounds_with_warmup_then_foreground_cleanup(real_cluster, tmp_path):
     kubectl, cluster = real_cluster
     output = tmp_path / "rl-rounds"
-    result = tool(
-        cluster,
-        kubectl,
-        "run",
-        "--count",
-        "3",
-        "--rounds",
-        "2",
-        "--warmup",
-        "--output",
-        str(output),
-        "--quiet",
+    result = run_tool(
+        cluster, kubectl, "run", count=3, rounds=2, warmup=True, output=output, quiet=True
     )
     assert result.returncode == 0, result.stderr
     results = load(output / "results.json")
@@ -133,76 +113,10 @@ def test_rounds_with_warmup_then_foreground_cleanup(real_cluster, tmp_path):
         "rollout-2",
         "rollout-warmup",
     ]
-    cleaned = tool(cluster, kubectl, "cleanup", "--output", str(output))
+    cleaned = run_tool(cluster, kubectl, "cleanup", output=output)
     assert cleaned.returncode == 0, cleaned.stderr
     assert cleaned.stdout.strip().endswith(f"Deleted test namespace: {namespace}")
     assert cluster.get("namespaces", None, namespace) is None
-
-
-def test_episode_script_runs_as_an_indexed_job(real_cluster, tmp_path):
-    from test_e2e_features import HALF_REWARD_SCRIPT, episode_events
-
-    kubectl, cluster = real_cluster
-    output = tmp_path / "out"
-    script = write_script(tmp_path, HALF_REWARD_SCRIPT)
-    result = tool(
-        cluster,
-        kubectl,
-        "run",
-        "--count",
-        "4",
-        "--parallelism",
-        "2",
-        "--episode-script",
-        str(script),
-        "--output",
-        str(output),
-        "--quiet",
-    )
-    assert result.returncode == 0, result.stderr
-    results = load(output / "results.json")
-    assert results["reward_sum"] == 2.0 and results["successful_episodes"] == 4
-    pods = {p["metadata"]["name"]: p for p in load(output / "pods.json")["items"]}
-    readies = episode_events(output, "ready")
-    assert sorted(readies) == sorted(pods)
-    for name, ready in readies.items():
-        # The real Job controller sets the index annotation and JOB_COMPLETION_INDEX.
-        annotation = pods[name]["metadata"]["annotations"][
-            "batch.kubernetes.io/job-completion-index"
-        ]
-        assert ready["index"] == int(annotation) == int(ready["job_completion_index"])
-    assert sorted(e["index"] for e in readies.values()) == [0, 1, 2, 3]
-    assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
-
-
-def test_harden_is_enforced_by_the_real_pod_security_admission(real_cluster, tmp_path):
-    from test_e2e_features import INTRUDER_MESSAGE, intruder_pod
-
-    kubectl, cluster = real_cluster
-    output = tmp_path / "out"
-    result = tool(
-        cluster, kubectl, "run", "--count", "2", "--harden", "--output", str(output), "--quiet"
-    )
-    assert result.returncode == 0, result.stderr
-    namespace = load(output / "results.json")["namespace"]
-    assert (
-        cluster.get("namespaces", None, namespace)["metadata"]["labels"][
-            "pod-security.kubernetes.io/enforce"
-        ]
-        == "restricted"
-    )
-    assert cluster.get("networkpolicies", namespace, "deny-all")["spec"]["podSelector"] == {}
-    refused = subprocess.run(
-        [kubectl, "create", "-f", "-"],
-        input=json.dumps(intruder_pod(namespace)),
-        env=cluster.env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert refused.returncode == 1
-    assert INTRUDER_MESSAGE in refused.stderr, refused.stderr
-    assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
 
 
 # Says ready, then works long enough for something to happen to it meanwhile.
@@ -223,31 +137,11 @@ def slow_script(tmp_path: Path, seconds: float) -> Path:
     return write_script(tmp_path, SLOW_SCRIPT % seconds, "slow.py")
 
 
-def running_pods(cluster, output: Path) -> list:
-    if not (output / "receipt.json").exists():
-        return []
-    namespace = load(output / "receipt.json")["namespace"]
-    return [
-        p
-        for p in cluster.list("pods", namespace)
-        if (p.get("status") or {}).get("phase") == "Running"
-    ]
-
-
 def start_two_slow_episodes(cluster, kubectl: str, tmp_path: Path, output: Path, seconds: float):
     """A run of two episodes that each take `seconds`, returned once both pods run: (process, pods)."""
     script = slow_script(tmp_path, seconds)
     process = start_tool(
-        cluster,
-        kubectl,
-        "run",
-        "--count",
-        "2",
-        "--episode-script",
-        str(script),
-        "--output",
-        str(output),
-        "--quiet",
+        cluster, kubectl, "run", count=2, episode_script=script, output=output, quiet=True
     )
     pods = wait_for(
         lambda: len(running_pods(cluster, output)) == 2 and running_pods(cluster, output),
@@ -264,13 +158,10 @@ def test_api_server_killed_and_restarted_mid_run(real_cluster, tmp_path):
         cluster,
         kubectl,
         "run",
-        "--count",
-        "3",
-        "--episode-script",
-        str(slow_script(tmp_path, 8)),
-        "--output",
-        str(output),
-        "--quiet",
+        count=3,
+        episode_script=slow_script(tmp_path, 8),
+        output=output,
+        quiet=True,
     )
     wait_for(lambda: len(running_pods(cluster, output)) == 3, 120, "three running pods")
     cluster.control_plane.restart_apiserver(down_seconds=2.0)
@@ -279,7 +170,7 @@ def test_api_server_killed_and_restarted_mid_run(real_cluster, tmp_path):
     results = load(output / "results.json")
     assert results["reward_sum"] == 3
     assert results["client_wait"]["watch_restarts"] >= 1
-    assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
+    assert run_tool(cluster, kubectl, "cleanup", output=output).returncode == 0
 
 
 def test_a_pod_status_the_api_server_did_not_take_is_sent_again(
@@ -300,11 +191,11 @@ def test_a_pod_status_the_api_server_did_not_take_is_sent_again(
 
     monkeypatch.setattr(api, "strategic_patch", cut_once)
     output = tmp_path / "out"
-    run = tool(cluster, kubectl, "run", "--count", "1", "--output", str(output), "--quiet")
+    run = run_tool(cluster, kubectl, "run", count=1, output=output, quiet=True)
     assert run.returncode == 0, run.stderr
     assert len(dropped) == 1
     assert load(output / "results.json")["reward_sum"] == 1
-    assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
+    assert run_tool(cluster, kubectl, "cleanup", output=output).returncode == 0
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT], ids=["SIGINT"])
@@ -319,7 +210,7 @@ def test_interrupt_while_episodes_run_then_cleanup_stops_them(real_cluster, tmp_
     namespace = load(output / "receipt.json")["namespace"]
     # The episodes go on after the client stopped; cleanup's foreground cascade and namespace
     # deletion finish only once the node agent has stopped them and confirmed it.
-    cleaned = tool(cluster, kubectl, "cleanup", "--output", str(output))
+    cleaned = run_tool(cluster, kubectl, "cleanup", output=output)
     assert cleaned.returncode == 0, cleaned.stderr
     assert cluster.get("namespaces", None, namespace) is None
     for pod in pods:
@@ -327,33 +218,6 @@ def test_interrupt_while_episodes_run_then_cleanup_stops_them(real_cluster, tmp_
         # The episode is its container's first process and has no SIGTERM handler: as a real
         # container's PID 1 it ignores the stop signal and is killed at the grace period's end.
         assert ran["exit_code"] == 137
-
-
-def test_namespace_held_by_a_finalizer_is_named_and_never_stripped(real_cluster, tmp_path):
-    kubectl, cluster = real_cluster
-    output = tmp_path / "out"
-    assert (
-        tool(cluster, kubectl, "run", "--count", "2", "--output", str(output), "--quiet").returncode
-        == 0
-    )
-    namespace = load(output / "receipt.json")["namespace"]
-    cluster.api.merge_patch(
-        f"/api/v1/namespaces/{namespace}", {"metadata": {"finalizers": ["example.com/stuck"]}}
-    )
-    stuck = tool(cluster, kubectl, "cleanup", "--output", str(output), "--wait", "5")
-    assert stuck.returncode == 1, stuck.stdout
-    assert "example.com/stuck" in stuck.stderr and "never stripped" in stuck.stderr, stuck.stderr
-    held = cluster.get("namespaces", None, namespace)
-    assert (
-        held["metadata"]["finalizers"] == ["example.com/stuck"]
-        and held["status"]["phase"] == "Terminating"
-    )
-    cluster.api.merge_patch(f"/api/v1/namespaces/{namespace}", {"metadata": {"finalizers": None}})
-    wait_for(lambda: cluster.get("namespaces", None, namespace) is None, 120, "the namespace to go")
-    again = tool(cluster, kubectl, "cleanup", "--output", str(output))
-    assert again.returncode == 0 and again.stdout.strip() == "Namespace already absent", (
-        again.stderr
-    )
 
 
 def test_a_pod_evicted_by_its_node_fails_the_run_clearly(real_cluster, tmp_path):
@@ -368,7 +232,7 @@ def test_a_pod_evicted_by_its_node_fails_the_run_clearly(real_cluster, tmp_path)
     assert victim in stderr or "Evicted" in stderr or "BackoffLimitExceeded" in stderr, stderr
     evicted = cluster.get("pods", pods[0]["metadata"]["namespace"], victim)
     assert evicted["status"]["phase"] == "Failed" and evicted["status"]["reason"] == "Evicted"
-    assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
+    assert run_tool(cluster, kubectl, "cleanup", output=output).returncode == 0
 
 
 # --------------------------------------------------------------------------
@@ -398,13 +262,6 @@ def user_with(cluster, kubectl: str, user: str, rbac: str) -> Path:
     return cluster.control_plane.user_kubeconfig(user)
 
 
-def as_user(cluster, kubeconfig: Path, kubectl: str, *args: str) -> subprocess.CompletedProcess:
-    argv = [sys.executable, str(PRODUCT), *args, "--kubectl", kubectl]
-    return subprocess.run(
-        argv, env=cluster.env(kubeconfig), capture_output=True, text=True, timeout=300
-    )
-
-
 def test_the_readme_role_is_enough(real_cluster, tmp_path):
     kubectl, cluster = real_cluster
     kubeconfig = user_with(cluster, kubectl, "rl-bench", readme_rbac())
@@ -413,30 +270,28 @@ def test_the_readme_role_is_enough(real_cluster, tmp_path):
         denied.returncode == 1 and "forbidden" in denied.stderr
     )  # the user really is not an admin
     for name, extra in (
-        ("plain", ()),
-        ("harden", ("--harden",)),
-        ("rounds", ("--rounds", "2", "--warmup")),
+        ("plain", {}),
+        ("harden", {"harden": True}),
+        ("rounds", {"rounds": 2, "warmup": True}),
     ):
         output = tmp_path / name
-        result = as_user(
+        result = run_tool(
             cluster,
-            kubeconfig,
             kubectl,
             "run",
-            "--count",
-            "2",
-            *extra,
-            "--output",
-            str(output),
-            "--quiet",
+            count=2,
+            **extra,
+            output=output,
+            quiet=True,
+            kubeconfig=kubeconfig,
         )
         assert result.returncode == 0, (name, result.stderr)
         results = load(output / "results.json")
-        assert results["reward_sum"] == 2 * (2 if extra and extra[0] == "--rounds" else 1)
+        assert results["reward_sum"] == 2 * extra.get("rounds", 1)
         if name != "rounds":  # (each round's client.json is in its own folder)
             # The events followed while waiting, not listed again after the end: the role lets them be watched.
             assert load(output / "client.json")["events_read"] == "watch", name
-        cleaned = as_user(cluster, kubeconfig, kubectl, "cleanup", "--output", str(output))
+        cleaned = run_tool(cluster, kubectl, "cleanup", output=output, kubeconfig=kubeconfig)
         assert cleaned.returncode == 0, (name, cleaned.stderr)
         assert cluster.get("namespaces", None, results["namespace"]) is None
 
@@ -449,8 +304,8 @@ def test_a_role_that_may_only_list_events_reads_them_after_the_end(real_cluster,
     rbac = readme_rbac().replace(events_rule, events_rule.replace('["list", "watch"]', '["list"]'))
     kubeconfig = user_with(cluster, kubectl, "list-events", rbac)
     output = tmp_path / "out"
-    result = as_user(
-        cluster, kubeconfig, kubectl, "run", "--count", "2", "--output", str(output), "--quiet"
+    result = run_tool(
+        cluster, kubectl, "run", count=2, output=output, quiet=True, kubeconfig=kubeconfig
     )
     assert result.returncode == 0, result.stderr
     # The events watch was refused: the events are listed after the end instead, all of them.
@@ -461,7 +316,7 @@ def test_a_role_that_may_only_list_events_reads_them_after_the_end(real_cluster,
     )
     scheduled = [e for e in load(output / "events.json")["items"] if e["reason"] == "Scheduled"]
     assert len(scheduled) == 2
-    cleaned = as_user(cluster, kubeconfig, kubectl, "cleanup", "--output", str(output))
+    cleaned = run_tool(cluster, kubectl, "cleanup", output=output, kubeconfig=kubeconfig)
     assert cleaned.returncode == 0, cleaned.stderr
 
 
@@ -476,8 +331,8 @@ def test_a_role_without_pod_logs_fails_clearly(real_cluster, tmp_path):
     )
     kubeconfig = user_with(cluster, kubectl, "no-logs", rbac)
     output = tmp_path / "out"
-    result = as_user(
-        cluster, kubeconfig, kubectl, "run", "--count", "2", "--output", str(output), "--quiet"
+    result = run_tool(
+        cluster, kubectl, "run", count=2, output=output, quiet=True, kubeconfig=kubeconfig
     )
     assert result.returncode == 1, result.stdout
     assert "Traceback" not in result.stderr
@@ -488,7 +343,7 @@ def test_a_role_without_pod_logs_fails_clearly(real_cluster, tmp_path):
             result.stderr,
         ), result.stderr
     assert "expected exactly one ready event, found 0" in result.stderr
-    cleaned = as_user(cluster, kubeconfig, kubectl, "cleanup", "--output", str(output))
+    cleaned = run_tool(cluster, kubectl, "cleanup", output=output, kubeconfig=kubeconfig)
     assert cleaned.returncode == 0, cleaned.stderr
 
 
@@ -507,8 +362,8 @@ def test_a_role_without_watch_fails_clearly(real_cluster, tmp_path):
     assert "watch" not in rbac
     kubeconfig = user_with(cluster, kubectl, "no-watch", rbac)
     output = tmp_path / "out"
-    result = as_user(
-        cluster, kubeconfig, kubectl, "run", "--count", "2", "--output", str(output), "--quiet"
+    result = run_tool(
+        cluster, kubectl, "run", count=2, output=output, quiet=True, kubeconfig=kubeconfig
     )
     assert result.returncode == 1, result.stdout
     assert "Traceback" not in result.stderr and f"cleanup --output {output}" in result.stderr
@@ -517,7 +372,7 @@ def test_a_role_without_watch_fails_clearly(real_cluster, tmp_path):
         r'User "no-watch" cannot watch resource "(jobs|pods)"',
         result.stderr,
     ), result.stderr
-    cleaned = as_user(cluster, kubeconfig, kubectl, "cleanup", "--output", str(output))
+    cleaned = run_tool(cluster, kubectl, "cleanup", output=output, kubeconfig=kubeconfig)
     assert cleaned.returncode == 0, cleaned.stderr
 
 

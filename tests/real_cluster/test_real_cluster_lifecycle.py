@@ -16,9 +16,9 @@ import time
 
 import pytest
 
-from e2e_support import PRODUCT, load, wait_for
-from test_e2e_lifecycle import GUIDE, SLOW_SCRIPT, held_run, recreating_kubectl
-from test_real_cluster import as_user, readme_rbac, user_with
+from e2e_support import PRODUCT, load, run_tool
+from test_e2e_lifecycle import GUIDE, held_run, recreating_kubectl, running_run
+from test_real_cluster import readme_rbac, user_with
 
 import all_names as rl_batch_demo
 
@@ -30,18 +30,15 @@ def test_a_run_says_who_started_it_as_the_api_server_knows_them(real_cluster, tm
     kubeconfig = user_with(cluster, kubectl, "ttl-user", readme_rbac())
     output = tmp_path / "out"
     started = time.time()
-    result = as_user(
+    result = run_tool(
         cluster,
-        kubeconfig,
         kubectl,
         "run",
-        "--count",
-        "1",
-        "--ttl",
-        "30m",
-        "--output",
-        str(output),
-        "--quiet",
+        count=1,
+        ttl="30m",
+        output=output,
+        quiet=True,
+        kubeconfig=kubeconfig,
     )
     assert result.returncode == 0, result.stderr
     receipt = load(output / "receipt.json")
@@ -57,48 +54,8 @@ def test_a_run_says_who_started_it_as_the_api_server_knows_them(real_cluster, tm
         "rl-batch-demo.agc/episodes-planned": "1",
     }
     assert started + 1800 - 1 <= expires <= time.time() + 1800
-    cleaned = as_user(cluster, kubeconfig, kubectl, "cleanup", "--output", str(output))
+    cleaned = run_tool(cluster, kubectl, "cleanup", output=output, kubeconfig=kubeconfig)
     assert cleaned.returncode == 0, cleaned.stderr
-
-
-def start_as(cluster, kubeconfig, kubectl: str, *args: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, str(PRODUCT), *args, "--kubectl", kubectl],
-        env=cluster.env(kubeconfig),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def running_run(cluster, kubeconfig, kubectl: str, tmp_path, name: str, *extra: str):
-    """A run whose one episode works on (process, its namespace), once its Job is there."""
-    script = tmp_path / "slow.py"
-    script.write_text(SLOW_SCRIPT)
-    output = tmp_path / name
-    process = start_as(
-        cluster,
-        kubeconfig,
-        kubectl,
-        "run",
-        "--count",
-        "1",
-        "--episode-script",
-        str(script),
-        "--output",
-        str(output),
-        "--quiet",
-        *extra,
-    )
-    namespace = wait_for(
-        lambda: (output / "receipt.json").exists() and load(output / "receipt.json")["namespace"],
-        90,
-        "the receipt",
-    )
-    wait_for(
-        lambda: cluster.get("jobs", namespace, "rollout") is not None, 90, f"the Job in {namespace}"
-    )
-    return process, namespace
 
 
 def live_runs(cluster) -> set:
@@ -117,16 +74,14 @@ def test_list_and_cleanup_stale_on_the_real_api_server(real_cluster, tmp_path):
     before = live_runs(cluster)  # other tests' runs in this shared cluster, left to them
     ended = {}
     for user, kubeconfig in (("stale-alice", alice), ("stale-bob", bob)):
-        result = as_user(
+        result = run_tool(
             cluster,
-            kubeconfig,
             kubectl,
             "run",
-            "--count",
-            "1",
-            "--output",
-            str(tmp_path / user),
-            "--quiet",
+            count=1,
+            output=tmp_path / user,
+            quiet=True,
+            kubeconfig=kubeconfig,
         )
         assert result.returncode == 0, result.stderr
         ended[user] = load(tmp_path / user / "receipt.json")["namespace"]
@@ -165,10 +120,10 @@ def test_list_and_cleanup_stale_on_the_real_api_server(real_cluster, tmp_path):
         },
     )
     running, running_ns = running_run(cluster, alice, kubectl, tmp_path, "running")
-    expired, expired_ns = running_run(cluster, alice, kubectl, tmp_path, "expired", "--ttl", "1s")
+    expired, expired_ns = running_run(cluster, alice, kubectl, tmp_path, "expired", ttl="1s")
     ours = {ended["stale-alice"], ended["stale-bob"], guide, copy, running_ns, expired_ns}
     try:
-        result = as_user(cluster, alice, kubectl, "list", "-o", "json")
+        result = run_tool(cluster, kubectl, "list", "-o", "json", kubeconfig=alice)
         assert result.returncode == 0, result.stderr
         runs = {
             item["namespace"]: item
@@ -188,13 +143,13 @@ def test_list_and_cleanup_stale_on_the_real_api_server(real_cluster, tmp_path):
         assert runs[expired_ns]["expires"] is not None and runs[running_ns]["expires"] is None
 
         time.sleep(2.5)
-        dry = as_user(cluster, alice, kubectl, "cleanup", "--stale", "2s", "--dry-run")
+        dry = run_tool(cluster, kubectl, "cleanup", stale="2s", dry_run=True, kubeconfig=alice)
         assert dry.returncode == 0, dry.stderr
         assert f"Would delete {ended['stale-alice']}: succeeded" in dry.stdout
         assert f"Would delete {expired_ns}: running, past its --ttl" in dry.stdout
         assert ours <= live_runs(cluster)
 
-        reaped = as_user(cluster, alice, kubectl, "cleanup", "--stale", "2s")
+        reaped = run_tool(cluster, kubectl, "cleanup", stale="2s", kubeconfig=alice)
         assert reaped.returncode == 0, reaped.stderr
         for name in (ended["stale-alice"], expired_ns):
             assert f"Deleted {name}: " in reaped.stdout
@@ -258,7 +213,7 @@ def test_a_role_without_list_on_namespaces_is_told_so(real_cluster, tmp_path):
     without_list = readme_rbac().replace(rule, 'verbs: ["create", "get", "delete"]')
     kubeconfig = user_with(cluster, kubectl, "no-list", without_list)
     for args in (["list"], ["cleanup", "--stale", "1h"]):
-        result = as_user(cluster, kubeconfig, kubectl, *args)
+        result = run_tool(cluster, kubectl, *args, kubeconfig=kubeconfig)
         assert result.returncode == 1, result.stdout
         assert result.stderr.strip() == (
             f"Error: the account of context '{cluster.context}' may not list namespaces at the cluster scope, "
@@ -273,13 +228,13 @@ def test_a_run_between_its_batches_is_running_and_reaped_only_once_stopped(real_
     process, output = held_run(cluster.env(kubeconfig), kubectl, tmp_path)
     namespace = load(output / "receipt.json")["namespace"]
     try:
-        result = as_user(cluster, kubeconfig, kubectl, "list", "-o", "json")
+        result = run_tool(cluster, kubectl, "list", "-o", "json", kubeconfig=kubeconfig)
         assert result.returncode == 0, result.stderr
         (run,) = [item for item in json.loads(result.stdout) if item["namespace"] == namespace]
         assert (run["state"], run["episodes"], run["succeeded"]) == ("running", 4, 2)
         assert (run["jobs"], run["jobs_planned"], run["between_batches"]) == (1, 2, True)
 
-        kept = as_user(cluster, kubeconfig, kubectl, "cleanup", "--stale", "1h")
+        kept = run_tool(cluster, kubectl, "cleanup", stale="1h", kubeconfig=kubeconfig)
         assert kept.returncode == 0, kept.stderr
         assert (
             f"Left {namespace}: between batches (1 of 2 Jobs made, the last ended " in kept.stdout
@@ -290,7 +245,7 @@ def test_a_run_between_its_batches_is_running_and_reaped_only_once_stopped(real_
         process.kill()
         process.communicate()
         time.sleep(2.5)  # round 1 ended before its create was held: more than 2s ago now
-        reaped = as_user(cluster, kubeconfig, kubectl, "cleanup", "--stale", "2s")
+        reaped = run_tool(cluster, kubectl, "cleanup", stale="2s", kubeconfig=kubeconfig)
         assert reaped.returncode == 0, reaped.stderr
         assert (
             f"Deleted {namespace}: stopped between batches (1 of 2 Jobs made, the last ended "

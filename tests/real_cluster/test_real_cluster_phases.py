@@ -17,7 +17,7 @@ import csv
 
 import pytest
 
-from e2e_support import assert_clocks_agree, load, tool
+from e2e_support import assert_clocks_agree, load, run_tool
 
 import all_names as rl_batch_demo
 from all_names import parse_time, percentile
@@ -47,17 +47,8 @@ def test_twelve_episodes_hold_their_points_against_the_node_agents_record(real_c
     agent.sandbox_seconds, agent.sandbox_jitter = 0.6, 0.4
     output = tmp_path / "rl-12"
     try:
-        result = tool(
-            cluster,
-            kubectl,
-            "run",
-            "--count",
-            "12",
-            "--parallelism",
-            "6",
-            "--output",
-            str(output),
-            "--quiet",
+        result = run_tool(
+            cluster, kubectl, "run", count=12, parallelism=6, output=output, quiet=True
         )
     finally:
         agent.sandbox_seconds, agent.sandbox_jitter = saved

@@ -1,23 +1,17 @@
 """On a real control plane (kube-apiserver 1.35 and etcd, see test_real_cluster.py):
 the pods verified after a Job's end are listed in pages from a revision not
-older than the one at which the end was seen, and a pod still running when the
-Job's status says Complete fails the run by name."""
+older than the one at which the end was seen. (A pod still running when the Job's
+status says Complete fails the run by name: tests/e2e/test_e2e_lagging_watch.py, on
+both tiers.)"""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import time
 
 import pytest
 
 from e2e_support import (
-    SLOW_SECOND_EPISODE,
-    assert_refused_a_running_pod,
     load,
-    start_tool,
-    tool,
-    wait_for,
+    run_tool,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.real_cluster]
@@ -31,18 +25,7 @@ def test_pods_and_events_are_as_of_the_jobs_end(real_cluster, tmp_path):
     events were followed while waiting, or listed after the end, and are all there."""
     kubectl, cluster = real_cluster
     output = tmp_path / "rl-paged"
-    result = tool(
-        cluster,
-        kubectl,
-        "run",
-        "--count",
-        "5",
-        "--chunk-size",
-        "2",
-        "--output",
-        str(output),
-        "--quiet",
-    )
+    result = run_tool(cluster, kubectl, "run", count=5, chunk_size=2, output=output, quiet=True)
     assert result.returncode == 0, result.stderr
     assert "Warning" not in result.stderr
     client = load(output / "client.json")
@@ -67,88 +50,3 @@ def test_pods_and_events_are_as_of_the_jobs_end(real_cluster, tmp_path):
     for reason in ("Scheduled", "Started"):
         assert len([e for e in events if e["reason"] == reason]) == 5, reason
     assert load(output / "results.json")["reward_sum"] == 5
-
-
-def test_a_pod_running_when_the_job_says_complete_fails_the_run_by_name(real_cluster, tmp_path):
-    kubectl, cluster = real_cluster
-    script = tmp_path / "slow_second.py"
-    script.write_text(SLOW_SECOND_EPISODE)
-    output = tmp_path / "rl-unfinished"
-    process = start_tool(
-        cluster,
-        kubectl,
-        "run",
-        "--count",
-        "2",
-        "--episode-script",
-        str(script),
-        "--output",
-        str(output),
-        "--quiet",
-    )
-    namespace = wait_for(
-        lambda: (
-            (output / "receipt.json").is_file()
-            and load(output / "receipt.json").get("job_uid")
-            and load(output / "receipt.json")["namespace"]
-        ),
-        WAIT,
-        "the Job's UID in the receipt",
-    )
-
-    def phases() -> dict:
-        return {
-            pod["metadata"]["name"]: pod["status"].get("phase")
-            for pod in cluster.list("pods", namespace)
-        }
-
-    wait_for(
-        lambda: sorted(phases().values()) == ["Running", "Succeeded"],
-        WAIT,
-        "one pod succeeded and the other still running",
-    )
-    running = next(name for name, phase in phases().items() if phase == "Running")
-    # Someone else writes the Job's status (a controller of its own, by hand): Complete
-    # while one pod is still running. The Job controller may write the Job between our read
-    # and our replace (409 Conflict on the resourceVersion); read it again and retry, as any
-    # client of optimistic concurrency does.
-    for _ in range(10):
-        job = cluster.get("jobs", namespace, "rollout")
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        conditions = [
-            {
-                "type": kind,
-                "status": "True",
-                "reason": "CompletionsReached",
-                "message": "Reached expected number of succeeded pods",
-                "lastProbeTime": now,
-                "lastTransitionTime": now,
-            }
-            for kind in ("SuccessCriteriaMet", "Complete")
-        ]
-        status = dict(
-            job["status"],
-            conditions=conditions,
-            succeeded=2,
-            active=0,
-            completionTime=now,
-            completedIndexes="0,1",
-            uncountedTerminatedPods={},
-        )
-        status.pop("ready", None)
-        patched = subprocess.run(
-            [kubectl, "replace", "--subresource=status", "-f", "-"],
-            input=json.dumps(dict(job, status=status)),
-            env=cluster.env(),
-            capture_output=True,
-            text=True,
-            timeout=WAIT,
-        )
-        if patched.returncode == 0 or "(Conflict)" not in patched.stderr:
-            break
-    if patched.returncode != 0:
-        process.kill()
-        process.communicate()
-        pytest.fail(f"the API server refused the Complete status: {patched.stderr}")
-    assert_refused_a_running_pod(process, output, running)
-    tool(cluster, kubectl, "cleanup", "--output", str(output))

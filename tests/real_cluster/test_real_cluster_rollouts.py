@@ -1,7 +1,8 @@
 """Rollouts on a real control plane: the real kube-apiserver validates the per-index Job and
-its podFailurePolicy, and the real Job controller retries an evicted episode, fails an
-episode's own failure at once and ends a partial batch with FailedIndexes; its successPolicy
-ends a --need batch, and the node agent stops an episode at its activeDeadlineSeconds."""
+its podFailurePolicy, and the real Job controller retries an episode the node evicted. (The
+scenarios the emulator shares with it are in tests/e2e/: an episode's own failure ending a
+partial batch with FailedIndexes in test_e2e_rollouts.py; --need and --episode-timeout in
+test_e2e_streaming.py.)"""
 
 from __future__ import annotations
 
@@ -9,9 +10,8 @@ import json
 
 import pytest
 
-from e2e_support import load, start_tool, tool, wait_for
+from e2e_support import load, run_tool, start_tool, wait_for
 from test_e2e_rollouts import TASK_EPISODE, rewards_of, tasks_run
-from test_e2e_streaming import held_run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.real_cluster]
 
@@ -21,51 +21,15 @@ PAUSING_EPISODE = TASK_EPISODE.replace(
 )
 
 
-def test_tasks_an_episode_failure_and_a_partial_batch(real_cluster, tmp_path):
-    kubectl, cluster = real_cluster
-    args, output = tasks_run(
-        tmp_path,
-        '{"id": "ok", "x": 2}\n{"id": "bad", "x": 2, "fail": true}\n',
-        "--group-size",
-        "2",
-        "--retries",
-        "2",
-        "--allow-failures",
-        "2",
-    )
-    result = tool(cluster, kubectl, *args)
-    assert result.returncode == 3, result.stderr
-    rows = rewards_of(output)
-    assert [(r["task_id"], r["failure_class"], r["attempts"], r["reward"]) for r in rows] == [
-        ("ok", None, 1, 1.0),
-        ("ok", None, 1, 1.0),
-        ("bad", "episode", 1, None),
-        ("bad", "episode", 1, None),
-    ]
-    job = load(output / "job.json")
-    assert job["status"]["failedIndexes"] == "2,3"
-    assert [c["reason"] for c in job["status"]["conditions"] if c["type"] == "Failed"] == [
-        "FailedIndexes"
-    ]
-    assert len(load(output / "pods.json")["items"]) == 4  # FailIndex: the failed ones never retried
-    assert load(output / "results.json")["failures_by_class"] == {
-        "infrastructure": 0,
-        "episode": 2,
-        "verifier": 0,
-    }
-    assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
-
-
 def test_an_evicted_episode_is_retried_by_the_job_controller(real_cluster, tmp_path):
     kubectl, cluster = real_cluster
-    args, output = tasks_run(
+    flags, output = tasks_run(
         tmp_path,
         '{"id": "slow", "x": 2, "pause": 8}\n{"id": "quick", "x": 2}\n',
-        "--retries",
-        "1",
+        retries=1,
         episode=PAUSING_EPISODE,
     )
-    process = start_tool(cluster, kubectl, *args)
+    process = start_tool(cluster, kubectl, "run", **flags)
 
     def slow_pod_running():
         if not (output / "receipt.json").exists():
@@ -106,50 +70,4 @@ def test_an_evicted_episode_is_retried_by_the_job_controller(real_cluster, tmp_p
     assert results["attempts"]["first_attempt"]["failed"]["infrastructure"] == 1
     assert results["attempts"]["final"]["succeeded"] == 2
     assert json.loads((output / "run.json").read_text())["retries"] == 1
-    assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
-
-
-def test_need_is_met_by_the_real_job_controller_and_the_stragglers_cancelled(
-    real_cluster, tmp_path
-):
-    kubectl, cluster = real_cluster
-    # The held episodes wait for a file that never comes: only the successPolicy ends them.
-    tasks = [{"id": n, "x": 1, "hold": n in (0, 3)} for n in range(4)]
-    args, output = held_run(tmp_path, tasks, "--need", "2")
-    result = tool(cluster, kubectl, *args)
-    assert result.returncode == 0, result.stderr
-    lines = rewards_of(output)
-    assert [(line["index"], line["failure_class"], line["valid"]) for line in lines] == [
-        (0, "cancelled", False),
-        (1, None, True),
-        (2, None, True),
-        (3, "cancelled", False),
-    ]
-    job = load(output / "job.json")
-    conditions = [(c["type"], c.get("reason")) for c in job["status"]["conditions"]]
-    assert conditions == [("SuccessCriteriaMet", "SuccessPolicy"), ("Complete", "SuccessPolicy")]
-    results = load(output / "results.json")
-    assert (results["need"], results["cancelled_episodes"], results["failed_episodes"]) == (2, 2, 0)
-    assert results["first_reward_seconds"] <= results["kth_reward_seconds"]
-    assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
-
-
-def test_an_episode_past_its_timeout_fails_without_a_retry(real_cluster, tmp_path):
-    kubectl, cluster = real_cluster
-    tasks = [{"id": "stuck", "x": 1, "hold": True}, {"id": "quick", "x": 2}]
-    # The deadline counts from the pod's start: it must leave the held episode time to start
-    # (the sandbox, the interpreter), or it is rightly an infrastructure failure that never ran.
-    # 4 s did not always, in a fresh-clone CI.
-    args, output = held_run(tmp_path, tasks, "--episode-timeout", "12", "--allow-failures", "1")
-    result = tool(cluster, kubectl, *args)
-    assert result.returncode == 3, result.stderr
-    stuck, quick = rewards_of(output)
-    assert (stuck["failure_class"], stuck["valid"], stuck["attempts"]) == ("episode", True, 1), (
-        stuck["failure"]
-    )
-    assert stuck["failure"].startswith("ran out of time")
-    assert quick["failure_class"] is None
-    pods = {p["metadata"]["name"]: p for p in load(output / "pods.json")["items"]}
-    assert len(pods) == 2 and pods[stuck["pod"]]["status"]["reason"] == "DeadlineExceeded"
-    assert load(output / "job.json")["status"]["failedIndexes"] == "0"
-    assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
+    assert run_tool(cluster, kubectl, "cleanup", output=output).returncode == 0

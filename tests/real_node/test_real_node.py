@@ -28,12 +28,13 @@ from e2e_support import (
     assert_run_agrees_with_cluster,
     interrupt,
     load,
+    run_tool,
+    running_pods,
     start_tool,
     tool,
     wait_for,
-    write_script,
 )
-from test_real_cluster import running_pods, slow_script
+from test_real_cluster import slow_script
 
 pytestmark = [pytest.mark.e2e, pytest.mark.real_node, pytest.mark.xdist_group("real-node")]
 
@@ -77,22 +78,11 @@ def check_run(cluster, output: Path, count: int, parallelism: int, runtime: str 
 def test_guide_batches_then_cleanup_twice(real_node, tmp_path):
     kubectl, cluster = real_node
     parallel_dir, sequential_dir = tmp_path / "rl-parallel-10", tmp_path / "rl-sequential-10"
-    parallel = tool(
-        cluster, kubectl, "run", "--count", "10", "--output", str(parallel_dir), "--quiet"
-    )
+    parallel = run_tool(cluster, kubectl, "run", count=10, output=parallel_dir, quiet=True)
     assert parallel.returncode == 0, parallel.stderr
     check_run(cluster, parallel_dir, 10, 10)
-    sequential = tool(
-        cluster,
-        kubectl,
-        "run",
-        "--count",
-        "10",
-        "--parallelism",
-        "1",
-        "--output",
-        str(sequential_dir),
-        "--quiet",
+    sequential = run_tool(
+        cluster, kubectl, "run", count=10, parallelism=1, output=sequential_dir, quiet=True
     )
     assert sequential.returncode == 0, sequential.stderr
     check_run(cluster, sequential_dir, 10, 1)
@@ -122,7 +112,7 @@ def test_image_pulled_when_absent_and_found_present_after(real_node, tmp_path):
     cluster.crictl("rmi", GUIDE_IMAGE, check=False)
     pulled_dir, present_dir = tmp_path / "pulled", tmp_path / "present"
     for output in (pulled_dir, present_dir):
-        result = tool(cluster, kubectl, "run", "--count", "1", "--output", str(output), "--quiet")
+        result = run_tool(cluster, kubectl, "run", count=1, output=output, quiet=True)
         assert result.returncode == 0, result.stderr
     pulled = [e["message"] for e in events_of(pulled_dir) if e["reason"] == "Pulled"]
     present = [e["message"] for e in events_of(present_dir) if e["reason"] == "Pulled"]
@@ -132,29 +122,23 @@ def test_image_pulled_when_absent_and_found_present_after(real_node, tmp_path):
     assert "Pulling" in {e["reason"] for e in events_of(pulled_dir)}
     assert "Pulling" not in {e["reason"] for e in events_of(present_dir)}
     for output in (pulled_dir, present_dir):
-        assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
+        assert run_tool(cluster, kubectl, "cleanup", output=output).returncode == 0
 
 
 def test_an_image_the_registry_lacks_fails_as_infrastructure(real_node, tmp_path):
     kubectl, cluster = real_node
     output = tmp_path / "out"
-    result = tool(
+    result = run_tool(
         cluster,
         kubectl,
         "run",
-        "--count",
-        "2",
-        "--image",
-        "python:0-missing",
-        "--timeout",
-        "20",
-        "--retries",
-        "1",
-        "--allow-failures",
-        "1",
-        "--output",
-        str(output),
-        "--quiet",
+        count=2,
+        image="python:0-missing",
+        timeout=20,
+        retries=1,
+        allow_failures=1,
+        output=output,
+        quiet=True,
     )
     assert result.returncode != 0, result.stderr
     assert "Traceback" not in result.stderr
@@ -165,7 +149,7 @@ def test_an_image_the_registry_lacks_fails_as_infrastructure(real_node, tmp_path
     ), rows
     messages = " ".join(e["message"] for e in events_of(output) if e["reason"] == "Failed")
     assert "python:0-missing" in messages and "not found" in messages, messages
-    assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
+    assert run_tool(cluster, kubectl, "cleanup", output=output).returncode == 0
 
 
 def fresh_images(cluster, *repositories: str) -> list[str]:
@@ -211,15 +195,10 @@ def test_an_image_per_task_pulled_and_present_on_the_real_node(real_node, tmp_pa
     # --parallelism 4 over the three Jobs is 2, 1 and 1: image one's first two pods start together
     # (this node's kubelet pulls in parallel, serializeImagePulls: false, so both may pull it), the
     # others' pods follow each other, and the Jobs' pulls of different images overlap on the node.
-    args, output = images_run(
-        tmp_path,
-        "--parallelism",
-        "4",
-        "--image-map",
-        "docker.io/other=docker.io/mirror",
-        tasks=tasks,
+    flags, output = images_run(
+        tmp_path, parallelism=4, image_map=["docker.io/other=docker.io/mirror"], tasks=tasks
     )
-    result = tool(cluster, kubectl, *args)
+    result = run_tool(cluster, kubectl, "run", **flags)
     assert result.returncode == 0, result.stderr
     rows = rewards_of(output)
     assert [row["index"] for row in rows] == list(range(8))
@@ -321,8 +300,8 @@ def test_prepull_makes_every_image_present_on_the_real_node(real_node, tmp_path)
     one, two = fresh_images(cluster, "swebench/one", "other/two")
     default = rl_batch_demo.DEFAULT_IMAGE
     tasks = [{"id": "a", "image": one}, {"id": "b", "image": two}, {"id": "c"}]
-    args, output = images_run(tmp_path, "--parallelism", "6", "--prepull", tasks=tasks)
-    result = tool(cluster, kubectl, *[arg for arg in args if arg != "--quiet"])
+    flags, output = images_run(tmp_path, parallelism=6, prepull=True, tasks=tasks, quiet=False)
+    result = run_tool(cluster, kubectl, "run", **flags)
     assert result.returncode == 0, result.stderr
     assert "Pre-pulled 3 images on 1 node in" in result.stderr, result.stderr
     results = load(output / "results.json")
@@ -371,10 +350,10 @@ def test_serialized_pulls_on_the_real_kubelet_wait_their_turn(real_node, tmp_pat
     tasks = [{"id": str(n), "image": image} for n, image in enumerate(images)]
     # Six pods at once, two of each fresh image, on a kubelet with its default of one pull at a
     # time (the node's own configuration pulls in parallel): the emulator's ImageStore model.
-    args, output = images_run(tmp_path, "--parallelism", "6", tasks=tasks)
+    flags, output = images_run(tmp_path, parallelism=6, tasks=tasks)
     with cluster.kubelet_configured(serializeImagePulls=True) as config:
         assert config["serializeImagePulls"] is True
-        result = tool(cluster, kubectl, *args)
+        result = run_tool(cluster, kubectl, "run", **flags)
     assert result.returncode == 0, result.stderr
     results = load(output / "results.json")
     assert results["successful_episodes"] == 6 and list(results["images"]) == images
@@ -394,21 +373,6 @@ def test_serialized_pulls_on_the_real_kubelet_wait_their_turn(real_node, tmp_pat
     assert_cleanup_twice(cluster, kubectl, output)
 
 
-def test_harden_runs_on_the_real_node(real_node, tmp_path):
-    kubectl, cluster = real_node
-    output = tmp_path / "out"
-    result = tool(
-        cluster, kubectl, "run", "--count", "2", "--harden", "--output", str(output), "--quiet"
-    )
-    assert result.returncode == 0, result.stderr
-    pods = load(output / "pods.json")["items"]
-    assert all(
-        p["spec"]["containers"][0]["securityContext"]["readOnlyRootFilesystem"] for p in pods
-    )
-    assert load(output / "results.json")["reward_sum"] == 2
-    assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
-
-
 def test_a_second_runtime_class_runs_its_episodes_in_crun(real_node, tmp_path):
     """RuntimeClass crun is containerd's handler `crun` (crun 1.21, tests/support/build_node.py): the guide's
     batch runs there as in cube's runc, every sandbox and container made by crun, and the two runs
@@ -416,17 +380,8 @@ def test_a_second_runtime_class_runs_its_episodes_in_crun(real_node, tmp_path):
     kubectl, cluster = real_node
     runs = {"cube": tmp_path / "cube", "crun": tmp_path / "crun"}
     for runtime, output in runs.items():
-        result = tool(
-            cluster,
-            kubectl,
-            "run",
-            "--count",
-            "4",
-            "--runtime",
-            runtime,
-            "--output",
-            str(output),
-            "--quiet",
+        result = run_tool(
+            cluster, kubectl, "run", count=4, runtime=runtime, output=output, quiet=True
         )
         assert result.returncode == 0, result.stderr
         results = check_run(cluster, output, 4, 4, runtime)
@@ -453,33 +408,7 @@ def test_a_second_runtime_class_runs_its_episodes_in_crun(real_node, tmp_path):
     assert compared.returncode == 0, compared.stderr
     assert "crun" in compared.stdout and "cube" in compared.stdout
     for output in runs.values():
-        assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
-
-
-def test_episode_script_with_tasks_runs_as_an_indexed_job(real_node, tmp_path):
-    from test_e2e_features import HALF_REWARD_SCRIPT
-
-    kubectl, cluster = real_node
-    output = tmp_path / "out"
-    script = write_script(tmp_path, HALF_REWARD_SCRIPT)
-    result = tool(
-        cluster,
-        kubectl,
-        "run",
-        "--count",
-        "4",
-        "--parallelism",
-        "2",
-        "--episode-script",
-        str(script),
-        "--output",
-        str(output),
-        "--quiet",
-    )
-    assert result.returncode == 0, result.stderr
-    results = load(output / "results.json")
-    assert results["reward_sum"] == 2.0 and results["successful_episodes"] == 4
-    assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
+        assert run_tool(cluster, kubectl, "cleanup", output=output).returncode == 0
 
 
 def evict(cluster, pod: dict, grace_seconds: int = None) -> None:
@@ -501,15 +430,11 @@ def test_logs_follow_through_the_kubelet_and_an_evicted_episode_is_retried(real_
         cluster,
         kubectl,
         "run",
-        "--count",
-        "2",
-        "--episode-script",
-        str(slow_script(tmp_path, 15)),
-        "--retries",
-        "1",
-        "--output",
-        str(output),
-        "--quiet",
+        count=2,
+        episode_script=slow_script(tmp_path, 15),
+        retries=1,
+        output=output,
+        quiet=True,
     )
     try:
         pods = wait_for(
@@ -555,7 +480,7 @@ def test_logs_follow_through_the_kubelet_and_an_evicted_episode_is_retried(real_
     assert len(retried) == 1 and retried[0]["attempts"] == 2, rows
     assert retried[0]["earlier_attempts"][0]["pod"] == killed["metadata"]["name"]
     assert "EvictionByEvictionAPI" in retried[0]["earlier_attempts"][0]["failure"]
-    assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
+    assert run_tool(cluster, kubectl, "cleanup", output=output).returncode == 0
 
 
 def test_interrupt_then_cleanup_stops_the_containers(real_node, tmp_path):
@@ -565,20 +490,17 @@ def test_interrupt_then_cleanup_stops_the_containers(real_node, tmp_path):
         cluster,
         kubectl,
         "run",
-        "--count",
-        "2",
-        "--episode-script",
-        str(slow_script(tmp_path, 600)),
-        "--output",
-        str(output),
-        "--quiet",
+        count=2,
+        episode_script=slow_script(tmp_path, 600),
+        output=output,
+        quiet=True,
     )
     wait_for(lambda: len(running_pods(cluster, output)) == 2, 120, "two running pods")
     result = interrupt(process)
     assert result.returncode == 130, result.stderr
     assert "Traceback" not in result.stderr and f"cleanup --output {output}" in result.stderr
     namespace = load(output / "receipt.json")["namespace"]
-    cleaned = tool(cluster, kubectl, "cleanup", "--output", str(output))
+    cleaned = run_tool(cluster, kubectl, "cleanup", output=output)
     assert cleaned.returncode == 0, cleaned.stderr
     assert cluster.get("namespaces", None, namespace) is None
     # The real containers are gone from containerd too.
@@ -647,19 +569,8 @@ def test_twelve_episodes_hold_their_points_against_containerds_record(real_node,
     printed by `tests/benchmarks/phase_accuracy.py --kubelet` against its targets, not held here."""
     kubectl, cluster = real_node
     output = tmp_path / "rl-12"
-    result = tool(
-        cluster,
-        kubectl,
-        "run",
-        "--count",
-        "12",
-        "--parallelism",
-        "6",
-        "--runtime",
-        runtime,
-        "--output",
-        str(output),
-        "--quiet",
+    result = run_tool(
+        cluster, kubectl, "run", count=12, parallelism=6, runtime=runtime, output=output, quiet=True
     )
     assert result.returncode == 0, result.stderr
     namespace = load(output / "receipt.json")["namespace"]
@@ -697,4 +608,4 @@ def test_twelve_episodes_hold_their_points_against_containerds_record(real_node,
             row["process_started_at"],
             record,
         )
-    assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
+    assert run_tool(cluster, kubectl, "cleanup", output=output).returncode == 0

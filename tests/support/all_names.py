@@ -13,11 +13,17 @@ import types
 
 import rl_batch_demo
 
-MODULES = {
-    info.name: importlib.import_module(f"rl_batch_demo.{info.name}")
-    for info in pkgutil.iter_modules(rl_batch_demo.__path__)
-    if info.name not in ("__main__", "worker")
-}
+# The package's modules; or, where the generated single file is what imports as rl_batch_demo (the
+# benchmarks run it), that file, which holds every name already.
+MODULES = (
+    {
+        info.name: importlib.import_module(f"rl_batch_demo.{info.name}")
+        for info in pkgutil.iter_modules(rl_batch_demo.__path__)
+        if info.name not in ("__main__", "worker")
+    }
+    if hasattr(rl_batch_demo, "__path__")
+    else {"rl_batch_demo": rl_batch_demo}
+)
 for _module in MODULES.values():
     globals().update(
         {name: value for name, value in vars(_module).items() if not name.startswith("__")}

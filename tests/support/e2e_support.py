@@ -57,20 +57,74 @@ def emulators(directory: Path, **options: Any) -> Iterator[Callable[..., Emulato
             emulator.stop()
 
 
-def tool(
-    emulator: Any, kubectl: str, *args: str, timeout: float = 300, python: str = sys.executable
+def tool_flags(**flags: Any) -> list[str]:
+    """The tool's flags from keywords: `image_map=["a=b"], quiet=True, count=4` is
+    `--image-map a=b --quiet --count 4`. A list repeats its flag, True is a bare switch, False and
+    None leave the flag out; any other value is its str()."""
+    argv: list[str] = []
+    for name, value in flags.items():
+        flag = "--" + name.replace("_", "-")
+        for each in value if isinstance(value, (list, tuple)) else [value]:
+            if each is True:
+                argv.append(flag)
+            elif each is not False and each is not None:
+                argv += [flag, str(each)]
+    return argv
+
+
+def run_tool(
+    cluster: Any,
+    kubectl: str,
+    *args: Any,
+    process_timeout: float = 300,
+    python: str = sys.executable,
+    kubeconfig: Path | None = None,
+    **flags: Any,
 ) -> subprocess.CompletedProcess:
-    """Run `rl_batch_demo.py ARGS` against the emulator; --kubectl is added for run and cleanup."""
+    """Run `rl_batch_demo.py ARGS FLAGS` against the cluster and wait for it: `args` the action and
+    its positional arguments (each its str()), `flags` keywords (see tool_flags), e.g.
+    `run_tool(cluster, kubectl, "run", output=path, count=4, need=3)`; --kubectl is added for the
+    actions that talk to the cluster, and `kubeconfig` (a user's) replaces the cluster's own. The
+    test fails if the tool takes longer than `process_timeout` seconds."""
+    argv = [*map(str, args), *tool_flags(**flags)]
+    return tool(
+        cluster, kubectl, *argv, timeout=process_timeout, python=python, kubeconfig=kubeconfig
+    )
+
+
+# The actions that talk to the cluster, through the kubectl given.
+CLUSTER_ACTIONS = ("run", "cleanup", "list")
+
+
+def tool(
+    cluster: Any,
+    kubectl: str,
+    *args: str,
+    timeout: float = 300,
+    python: str = sys.executable,
+    kubeconfig: Path | None = None,
+) -> subprocess.CompletedProcess:
+    """Run `rl_batch_demo.py ARGS` against the cluster, the arguments spelled out (run_tool takes
+    the flags as keywords); --kubectl is added for the actions that talk to the cluster."""
     argv = [python, str(PRODUCT), *args]
-    if args and args[0] in ("run", "cleanup"):
+    if args and args[0] in CLUSTER_ACTIONS:
         argv += ["--kubectl", kubectl]
-    return subprocess.run(argv, env=emulator.env(), capture_output=True, text=True, timeout=timeout)
+    env = cluster.env() if kubeconfig is None else cluster.env(kubeconfig)
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def start_tool(emulator: Any, kubectl: str, *args: str) -> subprocess.Popen:
-    argv = [sys.executable, str(PRODUCT), *args, "--kubectl", kubectl]
+def start_tool(
+    cluster: Any, kubectl: str, *args: Any, kubeconfig: Path | None = None, **flags: Any
+) -> subprocess.Popen:
+    """Start `rl_batch_demo.py ARGS FLAGS --kubectl KUBECTL` against the cluster and return at once;
+    the arguments as run_tool takes them."""
+    argv = [sys.executable, str(PRODUCT), *map(str, args), *tool_flags(**flags)]
     return subprocess.Popen(
-        argv, env=emulator.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [*argv, "--kubectl", kubectl],
+        env=cluster.env() if kubeconfig is None else cluster.env(kubeconfig),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -121,6 +175,18 @@ def load(path: Path) -> Any:
 def run_namespaces(emulator: Any) -> list[dict]:
     return [
         ns for ns in emulator.list("namespaces") if ns["metadata"]["name"].startswith("agc-rl-")
+    ]
+
+
+def running_pods(cluster: Any, output: Path) -> list[dict]:
+    """The pods of the run saved in `output` that are running now (none before its receipt)."""
+    if not (output / "receipt.json").exists():
+        return []
+    namespace = load(output / "receipt.json")["namespace"]
+    return [
+        p
+        for p in cluster.list("pods", namespace)
+        if (p.get("status") or {}).get("phase") == "Running"
     ]
 
 

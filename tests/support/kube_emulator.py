@@ -1363,7 +1363,7 @@ class Store:
             changed = mutate(new)
             if changed is False:
                 return clone(cur)
-            if removes and self._should_remove(store, new):
+            if removes and self.finalized(store, new):
                 self._remove_locked(store, ns or "", name, new)
                 return None
             new["metadata"]["resourceVersion"] = str(self._next_rv())
@@ -1372,7 +1372,8 @@ class Store:
             return clone(new)
 
     @staticmethod
-    def _should_remove(store: str, obj: dict) -> bool:
+    def finalized(store: str, obj: dict) -> bool:
+        """Whether the object is being deleted and nothing holds it any more: it is to be removed."""
         metadata = obj["metadata"]
         if not metadata.get("deletionTimestamp") or metadata.get("finalizers"):
             return False
@@ -4038,7 +4039,16 @@ class JobController(Controller):
                 pod_metadata.get("deletionTimestamp")
             )
             if not finished or (policy is not None and phase not in ("Succeeded", "Failed")):
-                continue  # with a podFailurePolicy only a terminal pod counts (isPodFailed)
+                # With a podFailurePolicy only a terminal pod counts (isPodFailed). Once the Job met
+                # its success criteria, a pod still running (a straggler it deletes) loses its
+                # finalizer uncounted, as canRemoveFinalizer lets it: it is no failure.
+                if cond_true(js.conds, "SuccessCriteriaMet") and JOB_TRACKING_FINALIZER in (
+                    pod_metadata.get("finalizers") or []
+                ):
+                    self.store.update(
+                        "pods", js.ns, pod_metadata["name"], _drop_finalizer(JOB_TRACKING_FINALIZER)
+                    )
+                continue
             if pod_metadata["uid"] not in counted and JOB_TRACKING_FINALIZER in (
                 pod_metadata.get("finalizers") or []
             ):
@@ -4561,13 +4571,15 @@ def parse_index_list(text: str) -> list[int]:
 
 
 def format_index_list(idx: list[int]) -> str:
+    """As the Job controller writes completedIndexes and failedIndexes: "1,3-5,7", three or more
+    consecutive indexes as a range, two as themselves ("1,2")."""
     parts: list[str] = []
     i = 0
     while i < len(idx):
         j = i
         while j + 1 < len(idx) and idx[j + 1] == idx[j] + 1:
             j += 1
-        parts.append(str(idx[i]) if i == j else f"{idx[i]}-{idx[j]}")
+        parts.append(f"{idx[i]}-{idx[j]}" if j - i >= 2 else ",".join(map(str, idx[i : j + 1])))
         i = j + 1
     return ",".join(parts)
 
@@ -7310,11 +7322,17 @@ class WritePath:
             return True
 
         try:
-            new = self.store.update(info.store, store_ns, name, mutate, expect_rv=expect)
+            new = self.store.update(
+                info.store, store_ns, name, mutate, expect_rv=expect, removes=False
+            )
         except ValueError:
             raise err_conflict(info, name) from None
         if new is None:
             raise err_not_found(info, name)
+        if self.store.finalized(info.store, new):
+            # The update took the last finalizer of an object being deleted: the registry deletes
+            # it, and answers the update with it (200), not NotFound.
+            self.store.remove(info.store, store_ns, name)
         return new
 
     def api_patch(

@@ -166,7 +166,7 @@ def test_a_pod_past_its_deadline_ran_out_of_time_unless_it_never_started() -> No
 def test_a_pod_marked_past_its_deadline_after_it_succeeded_is_still_a_success() -> None:
     # A real kubelet (1.35) checks a pod's activeDeadlineSeconds for as long as the pod is on its
     # node: one that succeeded turns Failed (DeadlineExceeded) once its deadline passes while the
-    # batch still runs, its container's exit code still 0 (tests/real_node/test_real_node_streaming.py).
+    # batch still runs, its container's exit code still 0 (tests/e2e/test_e2e_streaming.py, on the real node).
     pod = timed_out(indexed_pod("p", 1, phase="Failed", exit_code=0))
     pod["status"]["startTime"] = stamp(1)  # its deadline: 30 s later; its container ended at 9
     uncounted = make_job()
