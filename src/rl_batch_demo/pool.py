@@ -30,7 +30,7 @@ from .constants import (
 )
 from .model import Caller, DemoError, PoolShape, RunPlan, RunRequest, Spelling, Task, UsageError
 from .stats import percentile, rounded
-from .files import write_json, write_text
+from .files import cleanup_command, write_json, write_text
 from .manifests import (
     network_policy_manifest,
     namespace_manifest,
@@ -146,6 +146,7 @@ class Pool:
         self.records = PoolRecords(run.output)
         self.state = PoolState()
         self.jobs: dict[str, str] = {}  # image -> its Job's name
+        self.images: dict[str, str] = {}  # Job's name -> its image
         self.claimed = 0  # episodes handed out that were not lost
         self.opened_at = time.monotonic()
         self.closed_at: float | None = None
@@ -467,7 +468,7 @@ class Sandbox:
             "failure_class": failure_class,
             "failure": str(self.lost) if self.lost else None,
             "info": info,
-            "image": self.view.job,
+            "image": self.pool.images[self.view.job],
             "claim_wait_seconds": rounded(self.claim_wait_seconds, 6),
             "commands": self.commands,
             "command_seconds": rounded(self.command_seconds, 6),
@@ -648,6 +649,7 @@ def open_pool_run(request: RunRequest, caller: Caller, shape: PoolShape) -> Pool
             run.receipt.record_job(job["metadata"]["name"], created["metadata"]["uid"])
             image = job["spec"]["template"]["spec"]["containers"][0]["image"]
             pool.jobs[image] = job["metadata"]["name"]
+            pool.images[job["metadata"]["name"]] = image
         return pool
     except BaseException:
         if pool is not None and pool.watch is not None:
@@ -821,6 +823,8 @@ def run_pool(request: RunRequest, shape: PoolShape, turns: Sequence[dict]) -> in
         serve_episodes(pool, turns, request.tasks or ())
     figures = pool.results
     print(pool_summary(figures, request.output))
+    if not request.cleanup:
+        print(f"Clean up with: {cleanup_command(request.output, request.kubectl)}", file=sys.stderr)
     lost = sum(1 for line in figures["rewards"] if line["failure_class"] == "infrastructure")
     return 1 if lost else 0
 

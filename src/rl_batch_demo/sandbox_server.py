@@ -31,7 +31,7 @@ import threading
 import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 STARTED_AT = time.time()  # once the modules it needs are imported
 PORT = int(os.environ.get("SANDBOX_PORT", "8377"))
@@ -54,6 +54,8 @@ class Sandbox:
         self.token = token
         self.last_request = time.monotonic()
         self.ready_at = 0.0  # when it began to listen, this pod's clock
+        self.pristine = False  # a copy of the starting workspace is kept for /reset
+        self.stopping = False  # SIGTERM: its pod is going; nothing more is answered
         self.groups: set[int] = set()
         self.lock = threading.Lock()
 
@@ -73,19 +75,20 @@ class Sandbox:
         for _round in range(50):
             left = descendants(os.getpid())
             if not left:
+                reap_orphans(self)
                 return
             for pid in left:
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except OSError:
                     pass
-            reap_orphans([pid for pid in left if pid not in groups])
             time.sleep(0.01)
+            reap_orphans(self)
 
 
-def descendants(root: int) -> List[int]:
-    """The processes below `root`, from /proc's parent links."""
-    children: Dict[int, List[int]] = {}
+def processes() -> Dict[int, Tuple[int, bytes]]:
+    """Every process this container sees: pid -> (parent pid, state), from /proc."""
+    found: Dict[int, Tuple[int, bytes]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -94,8 +97,16 @@ def descendants(root: int) -> List[int]:
                 fields = file.read().rsplit(b")", 1)[1].split()
         except OSError:
             continue  # ended meanwhile
-        if fields[0] != b"Z":
-            children.setdefault(int(fields[1]), []).append(int(entry))
+        found[int(entry)] = (int(fields[1]), fields[0])
+    return found
+
+
+def descendants(root: int) -> List[int]:
+    """The live processes below `root`, from /proc's parent links."""
+    children: Dict[int, List[int]] = {}
+    for pid, (parent, state) in processes().items():
+        if state != b"Z":
+            children.setdefault(parent, []).append(pid)
     found, todo = [], [root]
     while todo:
         for child in children.get(todo.pop(), []):
@@ -104,14 +115,18 @@ def descendants(root: int) -> List[int]:
     return found
 
 
-def reap_orphans(pids: List[int]) -> None:
-    """Collect the exit of orphans handed to this subreaper (never a command Popen waits for:
-    those are in no list given here until their group is killed)."""
-    for pid in pids:
-        try:
-            os.waitpid(pid, os.WNOHANG)
-        except OSError:
-            pass  # not our child: its own parent reaps it
+def reap_orphans(sandbox: Sandbox) -> None:
+    """Collect the ends of orphans handed to this subreaper (never a command's own process,
+    which its request waits for), so none lingers as a zombie that still answers `kill -0`."""
+    me = os.getpid()
+    with sandbox.lock:
+        commands = set(sandbox.groups)
+    for pid, (parent, state) in processes().items():
+        if parent == me and state == b"Z" and pid not in commands:
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except OSError:
+                pass  # reaped meanwhile
 
 
 def become_subreaper() -> None:
@@ -159,7 +174,7 @@ def run_command(sandbox: Sandbox, request: Dict[str, Any]) -> Dict[str, Any]:
         process = subprocess.Popen(
             argv,
             shell=isinstance(argv, str),
-            cwd=request.get("cwd") or WORKSPACE,
+            cwd=os.path.join(WORKSPACE, request.get("cwd") or ""),
             env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -192,10 +207,11 @@ def run_command(sandbox: Sandbox, request: Dict[str, Any]) -> Dict[str, Any]:
         process.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         timed_out = True
-    try:
-        os.killpg(process.pid, signal.SIGKILL)  # what it left running in its group, or itself
-    except OSError:
-        pass
+    if timed_out:  # the command and all it started in its group; daemons it left live on
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except OSError:
+            pass  # the group ended meanwhile
     process.wait()
     # A daemon the command left with its output pipes keeps them open: its output past this
     # grace is not waited for (the daemon itself lives until reset or finish).
@@ -204,6 +220,7 @@ def run_command(sandbox: Sandbox, request: Dict[str, Any]) -> Dict[str, Any]:
         reader.join(timeout=max(0.0, grace - time.monotonic()))
     with sandbox.lock:
         sandbox.groups.discard(process.pid)
+    reap_orphans(sandbox)
     return outcome(
         process.returncode, b"".join(out), b"".join(err), flags["truncated"], timed_out, started
     )
@@ -275,6 +292,9 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
     def reply(self, status: int, value: Any) -> None:
+        if self.sandbox.stopping:  # its pod is going: a command it killed is no outcome
+            self.close_connection = True
+            return
         self.answer(status, json.dumps(value).encode())
 
     def body(self) -> bytes:
@@ -312,6 +332,8 @@ class Handler(BaseHTTPRequestHandler):
         elif (method, path) == ("GET", "/file"):
             with open(workspace_path(query), "rb") as file:
                 self.answer(200, file.read(), "application/octet-stream")
+        elif (method, path) == ("POST", "/reset") and not self.sandbox.pristine:
+            self.reply(409, {"error": "no pristine copy of the workspace was kept"})
         elif (method, path) == ("POST", "/reset"):
             self.sandbox.kill_everything()
             reset_workspace()
@@ -337,20 +359,33 @@ def watch_idle(sandbox: Sandbox) -> None:
     """End the sandbox, and with it the pool's Job, once nobody has asked anything for so long."""
     while True:
         time.sleep(min(IDLE_SECONDS, 1.0))
+        reap_orphans(sandbox)
         if time.monotonic() - sandbox.last_request > IDLE_SECONDS:
             sandbox.kill_everything()
             print(json.dumps({"event": "idle", "at": time.time()}), flush=True)
             os._exit(IDLE_EXIT_CODE)
 
 
+def keep_pristine() -> bool:
+    """The workspace as it starts, copied aside for /reset; False where it cannot be."""
+    try:
+        if os.path.isdir(PRISTINE):
+            shutil.rmtree(PRISTINE)
+        os.makedirs(os.path.dirname(PRISTINE), exist_ok=True)
+        shutil.copytree(WORKSPACE, PRISTINE, symlinks=True)
+        return True
+    except OSError as error:
+        print(json.dumps({"event": "no_pristine_copy", "error": str(error)}), flush=True)
+        return False
+
+
 def main() -> None:
     with open(TOKEN_FILE, "rb") as file:
         token = file.read().strip()
-    if os.path.isdir(PRISTINE):
-        shutil.rmtree(PRISTINE)
-    shutil.copytree(WORKSPACE, PRISTINE, symlinks=True)
+    pristine = keep_pristine()
     become_subreaper()
     sandbox = Sandbox(token)
+    sandbox.pristine = pristine
     Handler.sandbox = sandbox
     server = ThreadingHTTPServer((os.environ.get("POD_IP") or "127.0.0.1", PORT), Handler)
     server.daemon_threads = True
@@ -358,6 +393,7 @@ def main() -> None:
 
     def stopped(number: int, frame: Any) -> None:
         """SIGTERM (the pod deleted, its Job suspended): nothing it started outlives it."""
+        sandbox.stopping = True
         sandbox.kill_everything()
         os._exit(128 + number)
 

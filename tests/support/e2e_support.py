@@ -334,9 +334,8 @@ for event in ("ready", "reward"):
 
 # -- live sandboxes, reached through the API server's pod proxy ----------------------------------
 
-# The sandbox server the tool's live pools will run (issue 41's draft, tests/support's copy until
-# the package ships its own), and the port it serves on.
-SANDBOX_SERVER = Path(__file__).resolve().parent / "sandbox_server_draft.py"
+# The sandbox server the tool's live pools run, and the port it serves on.
+SANDBOX_SERVER = REPO_ROOT / "src" / "rl_batch_demo" / "sandbox_server.py"
 SANDBOX_PORT = 8377
 SANDBOX_TOKEN = "token-of-the-run"
 

@@ -1268,12 +1268,14 @@ def test_a_live_sandbox_through_kubectl_proxy_and_the_pod_proxy(emu_factory, tmp
         said = kubectl("logs", "-n", ns, "neighbour").stdout
         assert said.strip() == "unreachable: 111 Connection refused", said
 
-        # A pod being deleted is relayed to while it still runs (the server ignores SIGTERM, as a
-        # container's PID 1 without a handler does); once it is gone, the pod is not found.
+        # A pod being deleted is still relayed to: its server, which ends on SIGTERM, no longer
+        # listens (503, as the real server says of a dial refused); once it is gone, not found.
         ready = f"/api/v1/namespaces/{ns}/pods/sandbox:{SANDBOX_PORT}/proxy/ready"
-        kubectl("delete", "pod", "sandbox", "-n", ns, "--grace-period=3", "--wait=false")
+        kubectl("delete", "pod", "sandbox", "-n", ns, "--grace-period=30", "--wait=false")
         assert emu.get("pods", ns, "sandbox")["metadata"].get("deletionTimestamp")
-        assert proxied(connection, "GET", ready)[0] == 200
+        wait_for(
+            lambda: proxied(connection, "GET", ready)[0] in (503, 404), 30, "the server to stop"
+        )
         wait_for(lambda: emu.get("pods", ns, "sandbox") is None, 60, "the pod to go")
         gone = status_body(
             404, "NotFound", 'pods "sandbox" not found', {"name": "sandbox", "kind": "pods"}
