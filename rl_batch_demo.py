@@ -13006,18 +13006,19 @@ def open_pool_run(request: RunRequest, caller: Caller, shape: PoolShape) -> Pool
     try:
         save_run_records(run)
         check_runtime_class(run)
+        open_proxy(run)
+        if run.proxy is None:
+            raise DemoError(
+                "a pool talks to its sandboxes through `kubectl proxy`, which did not start; "
+                "nothing was created"
+            )
+        pool = Pool(run, shape, token, request.tasks or ())
+        check_pool_access(pool)
         check_capacity(run)
         stamp_origin(run)
         create_namespace(run)
         for manifest in run.plan.setup:
             create_object(run, manifest)
-        open_proxy(run)
-        if run.proxy is None:
-            raise DemoError(
-                "a pool talks to its sandboxes through `kubectl proxy`, which did not start; "
-                "nothing else was created after the namespace"
-            )
-        pool = Pool(run, shape, token, request.tasks or ())
         pool.cleanup = request.cleanup
         jobs = run.plan.jobs[POOL_JOB_NAME]
         pool.watch = PodWatch(
@@ -13040,6 +13041,50 @@ def open_pool_run(request: RunRequest, caller: Caller, shape: PoolShape) -> Pool
             pool.watch.stop()
         close(run)
         raise
+
+
+# What a pool needs beyond a run: its token's Secret, its Jobs suspended at the end, and every
+# request to a sandbox (GET /ready and files, POST commands, PUT files) through the pod proxy.
+POOL_ACCESS = (
+    ("create", "secrets", ""),
+    ("patch", "jobs", ""),
+    ("get", "pods", "proxy"),
+    ("create", "pods", "proxy"),
+    ("update", "pods", "proxy"),
+)
+
+
+def check_pool_access(pool: Pool) -> None:
+    """Ask the API server (SelfSubjectAccessReview, through the proxy) whether this account may do
+    what a pool does, and refuse plainly before anything is created when it may not; a server
+    that does not answer such reviews is not asked again."""
+    lacking = []
+    for verb, resource, subresource in POOL_ACCESS:
+        attributes = {"namespace": pool.run.namespace, "verb": verb, "resource": resource}
+        if resource == "jobs":
+            attributes["group"] = "batch"
+        if subresource:
+            attributes["subresource"] = subresource
+        review = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SelfSubjectAccessReview",
+            "spec": {"resourceAttributes": attributes},
+        }
+        path = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
+        answer = pool.client.request(
+            "POST", path, json.dumps(review).encode(), {"Content-Type": "application/json"}, 30.0
+        )
+        if answer.status not in (200, 201):
+            return  # no reviews here: the requests themselves will say what is refused
+        if not (json.loads(answer.body).get("status") or {}).get("allowed"):
+            lacking.append(
+                f"{verb} {resource}/{subresource}" if subresource else f"{verb} {resource}"
+            )
+    if lacking:
+        raise DemoError(
+            f"a pool needs {', '.join(lacking)} in its namespace, which this account may not do "
+            "(see the role in docs/operations.md); nothing was created"
+        )
 
 
 def finish_pool_run(pool: Pool) -> None:

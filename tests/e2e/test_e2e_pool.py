@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import threading
 import time
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 
 import rl_batch_demo
-from e2e_support import emulators, load, run_namespaces, tool, wait_for
+from e2e_support import documentation, emulators, load, run_namespaces, tool, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -56,8 +57,6 @@ def test_the_pool_command_plays_the_guides_episode_as_turns(cluster: Any, tmp_pa
         "2",
         "--episodes",
         "4",
-        "--kubectl",
-        kubectl,
     )
     assert result.returncode == 0, result.stderr
     assert "Episodes: 4, rewards 4.0, successful 4" in result.stdout
@@ -82,6 +81,24 @@ def test_the_pool_command_plays_the_guides_episode_as_turns(cluster: Any, tmp_pa
         assert token not in saved.read_text(errors="replace"), saved.name
     assert token not in result.stdout + result.stderr
     assert tool(emulator, kubectl, "cleanup", "--output", str(output)).returncode == 0
+    assert run_namespaces(emulator) == []
+
+
+def test_the_readme_pool_example_runs_as_written(
+    cluster: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kubectl, emulator = cluster
+    blocks = re.findall(r"```python\n(.*?)```", documentation(), flags=re.S)
+    example = next(
+        block for block in blocks if "open_pool(" in block and "tasks=tasks" not in block
+    )
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "kubectl").symlink_to(kubectl)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.chdir(tmp_path)
+    exec(compile(example, "README.md", "exec"), {})
+    rewards = lines(tmp_path / "runs" / "step-3" / "rewards.jsonl")
+    assert [(r["reward"], r["valid"]) for r in rewards] == [(1.0, True)]
     assert run_namespaces(emulator) == []
 
 

@@ -63,9 +63,10 @@ def emulators(directory: Path, **options: Any) -> Iterator[Callable[..., Emulato
 def tool(
     emulator: Any, kubectl: str, *args: str, timeout: float = 300, python: str = sys.executable
 ) -> subprocess.CompletedProcess:
-    """Run `rl_batch_demo.py ARGS` against the emulator; --kubectl is added for run and cleanup."""
+    """Run `rl_batch_demo.py ARGS` against the emulator; --kubectl is added for run, pool and
+    cleanup."""
     argv = [python, str(PRODUCT), *args]
-    if args and args[0] in ("run", "cleanup"):
+    if args and args[0] in ("run", "pool", "cleanup"):
         argv += ["--kubectl", kubectl]
     return subprocess.run(argv, env=emulator.env(), capture_output=True, text=True, timeout=timeout)
 
@@ -576,3 +577,33 @@ def live_sandbox_on_a_real_api_server(cluster: Any, kubectl: str, socket_path: P
         )
     kubectl_call("delete", "namespace", ns, "--wait=false")
     return ip
+
+
+def assert_a_pool_serves_its_episodes(cluster: Any, kubectl: str, output: Path) -> dict:
+    """`pool` on a cluster: the guide's episode as turns, 4 episodes 2 at a time, each on a pod of
+    its own through the API server's pod proxy; its files agree; cleanup leaves nothing. Returns
+    results.json."""
+    result = tool(
+        cluster,
+        kubectl,
+        "pool",
+        "--output",
+        str(output),
+        "--size",
+        "2",
+        "--episodes",
+        "4",
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    rewards = [json.loads(line) for line in (output / "rewards.jsonl").read_text().splitlines()]
+    assert sorted(line["index"] for line in rewards) == [0, 1, 2, 3]
+    assert all(line["reward"] == 1.0 and line["valid"] for line in rewards), rewards
+    assert len({line["sandbox"] for line in rewards}) == 4
+    commands = [json.loads(line) for line in (output / "commands.jsonl").read_text().splitlines()]
+    assert len(commands) == 8 and all(c["round_trip_seconds"] > 0 for c in commands)
+    results = load(output / "results.json")
+    assert results["episodes"] == results["successful_episodes"] == 4
+    assert results["pool"]["refill_seconds"]["p50"] is not None
+    assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
+    return results

@@ -101,6 +101,10 @@ class PodNetwork:
             self.given.add(address)
         try:
             ip("addr", "add", f"{address}/32", "dev", self.device, netns=self.name)
+            # The kernel drops a device's routes with its last address: the way back to the host
+            # end is made again whenever a pod's address arrives (after the namespace stood empty).
+            gateway = f"{PREFIX}.{self.block}.1"
+            ip("route", "replace", f"{gateway}/32", "dev", self.device, netns=self.name)
         except PodNetworkError:
             with self.lock:
                 self.given.discard(address)
