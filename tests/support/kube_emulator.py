@@ -2052,6 +2052,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "kube-emulator"
     sys_version = ""
+    # Go sets TCP_NODELAY on every connection, as the API server's are: without it an answer whose
+    # body follows its headers in a second write waited for the client's delayed ACK (40 ms).
+    disable_nagle_algorithm = True
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - silence
         pass
