@@ -32,6 +32,7 @@ shipped single file holds them in this order, each part opening with its source 
     render: SVG pictures, tables, the comparison.
     runs: what `list` shows and `cleanup --stale` decides, without receipts.
     kube: the one edge to the cluster: `Kubectl`, `ApiProxy`, paged reads.
+    sandboxes: live sandboxes' requests through the pod proxy, and the pool's pods as watched.
     watch: watching a batch: its Jobs as one, watches, polling, progress line, logs as pods end.
     follow: following a batch: its state, rewards, the follower, its evidence.
     syntax: an episode script's syntax, checked before it is shipped.
@@ -39,6 +40,7 @@ shipped single file holds them in this order, each part opening with its source 
     results: results.json: a batch's figures and the run's.
     lifecycle: `cleanup`, `list` and `cleanup --stale`.
     run: the `run` action: `perform_run` -> `start_run` -> `execute`.
+    pool: the `pool` action and open_pool(): warm sandboxes claimed, driven and let go.
     report: `report` and `compare`: saved files only, no cluster.
     cli: the parser, its checks, and `main`.
     api: `run_batch` and `stream_batch` for Python callers.
@@ -56,6 +58,8 @@ This file is generated from the package src/rl_batch_demo/ by tools/bundle.py; e
 from __future__ import annotations
 
 import argparse
+import asyncio
+import base64
 import bisect
 import codecs
 import collections
@@ -102,6 +106,7 @@ from typing import (
     NoReturn,
     Sequence,
     TextIO,
+    TypeVar,
     cast,
 )
 
@@ -501,6 +506,434 @@ if __name__ == "__main__":
     main()
 '''
 
+# Live sandboxes (`pool`, open_pool): a Job whose pods each serve one trainer's turns over HTTP.
+POOL_JOB_NAME = "pool"
+SANDBOX_CONTAINER = "sandbox"
+SANDBOX_PORT = 8377
+SERVER_KEY = "sandbox_server.py"
+TOKEN_SECRET = "sandbox-token"
+TOKEN_KEY = "token"
+TOKEN_MOUNT = "/sandbox-token"
+TOKEN_HEADER = "X-Sandbox-Token"
+# What the sandbox server exits with once left idle: the pool's Job fails on it (podFailurePolicy
+# FailJob), so no new pod follows a trainer that went away.
+IDLE_EXIT_CODE = 75
+DEFAULT_IDLE_TIMEOUT_SECONDS = 600
+COMMANDS_FILE = "commands.jsonl"
+COMMAND_TEXT_MOST = 200  # commands.jsonl keeps each command's first 200 characters
+
+# The program every pool pod runs, shipped in the run's ConfigMap.
+SERVER_SOURCE = r'''"""A live sandbox: runs the trainer's commands and file operations in its pod, over HTTP.
+
+Shipped in the run's ConfigMap and run as the pod's one process. It listens on the pod's own
+IP (POD_IP, from the downward API) and answers only requests that carry the run's token (the
+X-Sandbox-Token header; the token is a file mounted from the run's Secret). Standard library
+only: it runs on whatever Python the image has (3.8 or newer).
+
+    GET  /ready             {"ready_at": when it began to listen, this pod's clock}
+    POST /run               {"argv": [...]} or {"shell": "..."}, with "timeout", "cwd", "env",
+                            "stdin" (base64): {"exit_code", "stdout", "stderr", "truncated",
+                            "timed_out", "seconds"}
+    PUT  /file?path=P       the body is the file's bytes; GET /file?path=P reads them back
+    POST /reset             every process it started is killed, the workspace made pristine
+    POST /finish            every process it started is killed, and it exits 0
+
+A sandbox left alone for SANDBOX_IDLE_SECONDS exits with IDLE_EXIT_CODE, which the pool's Job
+counts as its end (podFailurePolicy FailJob): a trainer that died leaks no pod past that.
+"""
+
+from __future__ import annotations
+
+import base64
+import hmac
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Dict, List, Optional, Tuple
+
+STARTED_AT = time.time()  # once the modules it needs are imported
+PORT = int(os.environ.get("SANDBOX_PORT", "8377"))
+TOKEN_FILE = os.environ.get("SANDBOX_TOKEN_FILE", "/sandbox-token/token")
+WORKSPACE = os.environ.get("SANDBOX_WORKSPACE", "/workspace")
+PRISTINE = os.environ.get("SANDBOX_PRISTINE", "/sandbox-pristine/workspace")
+IDLE_SECONDS = float(os.environ.get("SANDBOX_IDLE_SECONDS", "600"))
+IDLE_EXIT_CODE = 75  # EX_TEMPFAIL: the pool was left idle; its Job ends on it
+OUTPUT_CAP_BYTES = int(os.environ.get("SANDBOX_OUTPUT_CAP_BYTES", str(1 << 20)))
+CHUNK_BYTES = 1 << 16
+OUTPUT_GRACE_SECONDS = 0.5
+NOT_FOUND_EXIT_CODE = 127  # what a shell answers for a command it cannot find
+
+
+class Sandbox:
+    """What the server holds between requests: the token, the clock of the last request, and
+    the process groups of the commands it started (each command leads a group of its own)."""
+
+    def __init__(self, token: bytes) -> None:
+        self.token = token
+        self.last_request = time.monotonic()
+        self.ready_at = 0.0  # when it began to listen, this pod's clock
+        self.pristine = False  # a copy of the starting workspace is kept for /reset
+        self.stopping = False  # SIGTERM: its pod is going; nothing more is answered
+        self.groups: set[int] = set()
+        self.lock = threading.Lock()
+
+    def authorised(self, given: Optional[str]) -> bool:
+        return given is not None and hmac.compare_digest(given.encode(), self.token)
+
+    def kill_everything(self) -> None:
+        """Every process the sandbox's commands started, daemons among them: the server is
+        their subreaper, so a daemon that left its command's group is still its descendant."""
+        with self.lock:
+            groups, self.groups = self.groups, set()
+        for group in groups:
+            try:
+                os.killpg(group, signal.SIGKILL)
+            except OSError:
+                pass  # the group ended with its command
+        for _round in range(50):
+            left = descendants(os.getpid())
+            if not left:
+                reap_orphans(self)
+                return
+            for pid in left:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            time.sleep(0.01)
+            reap_orphans(self)
+
+
+def processes() -> Dict[int, Tuple[int, bytes]]:
+    """Every process this container sees: pid -> (parent pid, state), from /proc."""
+    found: Dict[int, Tuple[int, bytes]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as file:
+                fields = file.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue  # ended meanwhile
+        found[int(entry)] = (int(fields[1]), fields[0])
+    return found
+
+
+def descendants(root: int) -> List[int]:
+    """The live processes below `root`, from /proc's parent links."""
+    children: Dict[int, List[int]] = {}
+    for pid, (parent, state) in processes().items():
+        if state != b"Z":
+            children.setdefault(parent, []).append(pid)
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def reap_orphans(sandbox: Sandbox) -> None:
+    """Collect the ends of orphans handed to this subreaper (never a command's own process,
+    which its request waits for), so none lingers as a zombie that still answers `kill -0`."""
+    me = os.getpid()
+    with sandbox.lock:
+        commands = set(sandbox.groups)
+    for pid, (parent, state) in processes().items():
+        if parent == me and state == b"Z" and pid not in commands:
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except OSError:
+                pass  # reaped meanwhile
+
+
+def become_subreaper() -> None:
+    """Orphans of the commands' processes come to this server, not to the node's init."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass  # not Linux: a daemon that left its group outlives finish until the pod ends
+
+
+def capped_reader(stream: Any, kept: List[bytes], flags: Dict[str, bool]) -> None:
+    """Read a pipe to its end, keeping its first OUTPUT_CAP_BYTES: a command that prints 100 MB
+    costs the sandbox no memory past the cap, and is never blocked on a full pipe."""
+    size = 0
+    while True:
+        chunk = stream.read(CHUNK_BYTES)
+        if not chunk:
+            return
+        if size < OUTPUT_CAP_BYTES:
+            kept.append(chunk[: OUTPUT_CAP_BYTES - size])
+        if size + len(chunk) > OUTPUT_CAP_BYTES:
+            flags["truncated"] = True
+        size += len(chunk)
+
+
+def run_command(sandbox: Sandbox, request: Dict[str, Any]) -> Dict[str, Any]:
+    """Run one command to its end or its timeout; its whole process group is killed then."""
+    shell = request.get("shell")
+    argv: Any = shell if isinstance(shell, str) else request.get("argv")
+    if not (
+        isinstance(argv, str)
+        or isinstance(argv, list)
+        and argv
+        and all(isinstance(a, str) for a in argv)
+    ):
+        raise ValueError("give argv, a non-empty list of strings, or shell, a string")
+    env = dict(os.environ)
+    env.update({str(k): str(v) for k, v in (request.get("env") or {}).items()})
+    stdin = base64.b64decode(request.get("stdin") or "")
+    timeout = request.get("timeout")
+    started = time.monotonic()
+    try:
+        process = subprocess.Popen(
+            argv,
+            shell=isinstance(argv, str),
+            cwd=os.path.join(WORKSPACE, request.get("cwd") or ""),
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+    except (FileNotFoundError, PermissionError, NotADirectoryError) as error:
+        return outcome(
+            NOT_FOUND_EXIT_CODE if isinstance(error, FileNotFoundError) else 126,
+            b"",
+            f"{error}\n".encode(),
+            False,
+            False,
+            started,
+        )
+    with sandbox.lock:
+        sandbox.groups.add(process.pid)
+    out: List[bytes] = []
+    err: List[bytes] = []
+    flags = {"truncated": False}
+    readers = [
+        threading.Thread(target=capped_reader, args=(pipe, kept, flags), daemon=True)
+        for pipe, kept in ((process.stdout, out), (process.stderr, err))
+    ]
+    for reader in readers:
+        reader.start()
+    threading.Thread(target=feed, args=(process.stdin, stdin), daemon=True).start()
+    timed_out = False
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    if timed_out:  # the command and all it started in its group; daemons it left live on
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except OSError:
+            pass  # the group ended meanwhile
+    process.wait()
+    # A daemon the command left with its output pipes keeps them open: its output past this
+    # grace is not waited for (the daemon itself lives until reset or finish).
+    grace = time.monotonic() + OUTPUT_GRACE_SECONDS
+    for reader in readers:
+        reader.join(timeout=max(0.0, grace - time.monotonic()))
+    with sandbox.lock:
+        sandbox.groups.discard(process.pid)
+    reap_orphans(sandbox)
+    return outcome(
+        process.returncode, b"".join(out), b"".join(err), flags["truncated"], timed_out, started
+    )
+
+
+def feed(pipe: Any, data: bytes) -> None:
+    try:
+        if data:
+            pipe.write(data)
+        pipe.close()
+    except OSError:
+        pass  # the command ended without reading it all
+
+
+def outcome(
+    code: Optional[int], out: bytes, err: bytes, truncated: bool, timed_out: bool, started: float
+) -> Dict[str, Any]:
+    return {
+        "exit_code": code,
+        "stdout": out.decode("utf-8", "replace"),
+        "stderr": err.decode("utf-8", "replace"),
+        "truncated": truncated,
+        "timed_out": timed_out,
+        "seconds": time.monotonic() - started,
+    }
+
+
+def reset_workspace() -> None:
+    """The workspace as it was when the sandbox started."""
+    for entry in os.listdir(WORKSPACE):
+        path = os.path.join(WORKSPACE, entry)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            os.unlink(path)
+    for entry in os.listdir(PRISTINE):
+        source, target = os.path.join(PRISTINE, entry), os.path.join(WORKSPACE, entry)
+        if os.path.isdir(source) and not os.path.islink(source):
+            shutil.copytree(source, target, symlinks=True)
+        else:
+            shutil.copy2(source, target, follow_symlinks=False)
+
+
+def workspace_path(query: str) -> str:
+    """The file a request names (`path`), relative to the workspace unless absolute."""
+    path = urllib.parse.parse_qs(query).get("path", [""])[0]
+    if not path:
+        raise ValueError("give ?path=")
+    return os.path.join(WORKSPACE, path)
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # kept alive: one connection serves a trainer's turns
+    # An answer's headers and body leave in one segment, at once: with Nagle's algorithm, a
+    # body written after its headers waited for the client's delayed ACK (40 ms a request).
+    disable_nagle_algorithm = True
+    wbufsize = 1 << 16
+    sandbox: Sandbox
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # the pod's log is for what the sandbox says of itself
+
+    def answer(self, status: int, body: bytes, kind: str = "application/json") -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+        self.wfile.flush()
+
+    def reply(self, status: int, value: Any) -> None:
+        if self.sandbox.stopping:  # its pod is going: a command it killed is no outcome
+            self.close_connection = True
+            return
+        self.answer(status, json.dumps(value).encode())
+
+    def body(self) -> bytes:
+        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+    def handle_one(self, method: str) -> None:
+        self.sandbox.last_request = time.monotonic()
+        path, _, query = self.path.partition("?")
+        body = self.body()
+        if not self.sandbox.authorised(self.headers.get("X-Sandbox-Token")):
+            self.reply(403, {"error": "forbidden"})
+            return
+        try:
+            self.route(method, path, query, body)
+        except (ValueError, TypeError) as error:
+            self.reply(400, {"error": str(error)})
+        except OSError as error:
+            self.reply(
+                404 if isinstance(error, FileNotFoundError) else 500,
+                {"error": f"{type(error).__name__}: {error}"},
+            )
+        self.sandbox.last_request = time.monotonic()
+
+    def route(self, method: str, path: str, query: str, body: bytes) -> None:
+        if (method, path) == ("GET", "/ready"):
+            self.reply(200, {"ready_at": self.sandbox.ready_at, "started_at": STARTED_AT})
+        elif (method, path) == ("POST", "/run"):
+            self.reply(200, run_command(self.sandbox, json.loads(body or b"{}")))
+        elif (method, path) == ("PUT", "/file"):
+            target = workspace_path(query)
+            os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
+            with open(target, "wb") as file:
+                file.write(body)
+            self.reply(200, {"bytes": len(body)})
+        elif (method, path) == ("GET", "/file"):
+            with open(workspace_path(query), "rb") as file:
+                self.answer(200, file.read(), "application/octet-stream")
+        elif (method, path) == ("POST", "/reset") and not self.sandbox.pristine:
+            self.reply(409, {"error": "no pristine copy of the workspace was kept"})
+        elif (method, path) == ("POST", "/reset"):
+            self.sandbox.kill_everything()
+            reset_workspace()
+            self.reply(200, {"reset": True})
+        elif (method, path) == ("POST", "/finish"):
+            self.sandbox.kill_everything()
+            self.reply(200, {"finished": True})
+            threading.Thread(target=self.server.shutdown, daemon=True).start()
+        else:
+            self.reply(404, {"error": f"no {method} {path}"})
+
+    def do_GET(self) -> None:
+        self.handle_one("GET")
+
+    def do_POST(self) -> None:
+        self.handle_one("POST")
+
+    def do_PUT(self) -> None:
+        self.handle_one("PUT")
+
+
+def watch_idle(sandbox: Sandbox) -> None:
+    """End the sandbox, and with it the pool's Job, once nobody has asked anything for so long."""
+    while True:
+        time.sleep(min(IDLE_SECONDS, 1.0))
+        reap_orphans(sandbox)
+        if time.monotonic() - sandbox.last_request > IDLE_SECONDS:
+            sandbox.kill_everything()
+            print(json.dumps({"event": "idle", "at": time.time()}), flush=True)
+            os._exit(IDLE_EXIT_CODE)
+
+
+def keep_pristine() -> bool:
+    """The workspace as it starts, copied aside for /reset; False where it cannot be."""
+    try:
+        if os.path.isdir(PRISTINE):
+            shutil.rmtree(PRISTINE)
+        os.makedirs(os.path.dirname(PRISTINE), exist_ok=True)
+        shutil.copytree(WORKSPACE, PRISTINE, symlinks=True)
+        return True
+    except OSError as error:
+        print(json.dumps({"event": "no_pristine_copy", "error": str(error)}), flush=True)
+        return False
+
+
+def main() -> None:
+    with open(TOKEN_FILE, "rb") as file:
+        token = file.read().strip()
+    pristine = keep_pristine()
+    become_subreaper()
+    sandbox = Sandbox(token)
+    sandbox.pristine = pristine
+    Handler.sandbox = sandbox
+    server = ThreadingHTTPServer((os.environ.get("POD_IP") or "127.0.0.1", PORT), Handler)
+    server.daemon_threads = True
+    sandbox.ready_at = time.time()
+
+    def stopped(number: int, frame: Any) -> None:
+        """SIGTERM (the pod deleted, its Job suspended): nothing it started outlives it."""
+        sandbox.stopping = True
+        sandbox.kill_everything()
+        os._exit(128 + number)
+
+    signal.signal(signal.SIGTERM, stopped)
+    threading.Thread(target=watch_idle, args=(sandbox,), daemon=True).start()
+    event = {"event": "server_ready", "at": sandbox.ready_at, "started_at": STARTED_AT}
+    print(json.dumps(event), flush=True)
+    server.serve_forever()
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()
+'''
+
 
 # --------------------------------------------------------------------------
 # src/rl_batch_demo/model.py: Errors, and the records the modules share (`RunRequest`, `Caller`, `Settings`, `Task`, `RunPlan`).
@@ -636,6 +1069,15 @@ class RunRequest:
     # Tasks, a rollout option, or a Python caller: a batch that writes rewards.jsonl.
     rollout: bool
     spelling: Spelling
+
+
+class PoolShape(NamedTuple):
+    """What a pool's Jobs are made of, beside their image and counts."""
+
+    runtime: str
+    harden: bool
+    reuse: bool
+    idle_timeout: int
 
 
 class Caller(NamedTuple):
@@ -2633,6 +3075,105 @@ def capacity_warning(plan: dict, parallelism: int) -> str | None:
         f"expect about {plan['expected_waves']} waves instead of {plan['waves_at_parallelism']}, "
         f"and pods Pending meanwhile"
     )
+
+
+def token_secret_manifest(namespace: str, token: str) -> dict:
+    """The run's sandbox token, which only its pods and this tool hold."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": TOKEN_SECRET, "namespace": namespace},
+        "type": "Opaque",
+        "stringData": {TOKEN_KEY: token},
+    }
+
+
+def server_container(image: str, harden: bool, idle_timeout: int) -> dict:
+    """The container that serves a trainer's commands: the episode container's limits and
+    security, listening on its pod's IP, with the run's token."""
+    security: dict[str, Any] = {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    if harden:
+        security["readOnlyRootFilesystem"] = True
+    env = [
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "SANDBOX_PORT", "value": str(SANDBOX_PORT)},
+        {"name": "SANDBOX_IDLE_SECONDS", "value": str(idle_timeout)},
+        {"name": "SANDBOX_TOKEN_FILE", "value": f"{TOKEN_MOUNT}/{TOKEN_KEY}"},
+    ]
+    return {
+        "name": SANDBOX_CONTAINER,
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["python", "-B", f"/demo/{SERVER_KEY}"],
+        "env": env,
+        "ports": [{"name": "sandbox", "containerPort": SANDBOX_PORT, "protocol": "TCP"}],
+        "securityContext": security,
+        "resources": {
+            "requests": {"cpu": "100m", "memory": "64Mi"},
+            "limits": {"cpu": "500m", "memory": "128Mi"},
+        },
+        "volumeMounts": [
+            {"name": "demo", "mountPath": "/demo", "readOnly": True},
+            {"name": "workspace", "mountPath": "/workspace"},
+            {"name": "pristine", "mountPath": "/sandbox-pristine"},
+            {"name": "token", "mountPath": TOKEN_MOUNT, "readOnly": True},
+        ],
+    }
+
+
+def pool_job_manifest(
+    namespace: str, name: str, size: int, episodes: int, image: str, settings: PoolShape
+) -> dict:
+    """One image's pool: `size` warm sandboxes at a time, `episodes` served in all (with reuse,
+    each pod serves many and completes once). A sandbox left idle fails the Job, so a pool whose
+    trainer went away makes no more pods; a pod lost to the cluster is replaced."""
+    completions = size if settings.reuse else episodes
+    spec = {
+        "runtimeClassName": settings.runtime,
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "securityContext": {
+            "runAsUser": 1000,
+            "runAsGroup": 1000,
+            "fsGroup": 1000,
+            "runAsNonRoot": True,
+        },
+        "containers": [server_container(image, settings.harden, settings.idle_timeout)],
+        "volumes": [
+            {"name": "demo", "configMap": {"name": CONFIGMAP_NAME}},
+            {"name": "workspace", "emptyDir": {"sizeLimit": "64Mi"} if settings.harden else {}},
+            {"name": "pristine", "emptyDir": {"sizeLimit": "64Mi"} if settings.harden else {}},
+            {"name": "token", "secret": {"secretName": TOKEN_SECRET, "defaultMode": 0o440}},
+        ],
+    }
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"app": APP_LABEL}},
+        "spec": {
+            "completions": completions,
+            "parallelism": min(size, completions),
+            "backoffLimit": completions + size,
+            "podFailurePolicy": {
+                "rules": [
+                    {
+                        "action": "FailJob",
+                        "onExitCodes": {
+                            "containerName": SANDBOX_CONTAINER,
+                            "operator": "In",
+                            "values": [IDLE_EXIT_CODE],
+                        },
+                    },
+                    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+                ]
+            },
+            "template": {"metadata": {"labels": {"app": APP_LABEL}}, "spec": spec},
+        },
+    }
 
 
 # --------------------------------------------------------------------------
@@ -7787,6 +8328,365 @@ def read_events(
 
 
 # --------------------------------------------------------------------------
+# src/rl_batch_demo/sandboxes.py: Live sandboxes over the API server's pod proxy: the pool's pods as the watch tells them, and
+
+# How long a request to the proxy waits for its connection and its answer, beyond a command's own
+# timeout; a command without one is bounded by this alone.
+REQUEST_GRACE_SECONDS = 30.0
+# A pod's server is asked whether it listens this often, from its Running until it answers.
+PROBE_INTERVAL_SECONDS = 0.02
+PROBE_MOST_SECONDS = 120.0
+# The pod watch asks the API server to end each watch after this long, and starts another.
+WATCH_SECONDS = 240
+
+
+class SandboxLost(DemoError):
+    """The sandbox's pod went away (deleted, evicted, failed, or the API server could not reach
+    it) while it was asked something. An infrastructure failure: the episode is not the agent's."""
+
+    failure_class = "infrastructure"
+
+    def __init__(self, pod: str, reason: str) -> None:
+        super().__init__(f"sandbox {pod} lost: {reason}")
+        self.pod = pod
+        self.reason = reason
+
+
+class CommandResult(NamedTuple):
+    """A command's outcome: its exit code (None if it was killed at its timeout before it could
+    give one), its output (each stream capped; `truncated` then), the seconds it took in the
+    sandbox, and the request's round trip as this client timed it."""
+
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    seconds: float
+    truncated: bool
+    timed_out: bool = False
+    round_trip_seconds: float = 0.0
+
+
+class CommandTimeout(DemoError, TimeoutError):
+    """A command ran past its timeout and was killed, with everything it started; `result` holds
+    what it printed until then."""
+
+    def __init__(self, message: str, result: CommandResult) -> None:
+        super().__init__(message)
+        self.result = result
+
+
+class ProxyAnswer(NamedTuple):
+    status: int
+    body: bytes
+    from_api_server: bool  # a Kubernetes Status (the proxy's own answer), not the sandbox's
+
+
+class ProxyClient:
+    """Requests through the tool's `kubectl proxy`: one kept-alive connection per thread, so many
+    trainer threads drive many sandboxes with no kubectl process of their own."""
+
+    def __init__(self, socket_path: str, echo: Callable[[str], None]) -> None:
+        self.socket_path = socket_path
+        self.echo = echo
+        self._local = threading.local()
+
+    def _connection(self, timeout: float) -> UnixHTTPConnection:
+        connection: UnixHTTPConnection | None = getattr(self._local, "connection", None)
+        if connection is None:
+            connection = UnixHTTPConnection(self.socket_path, timeout)
+            self._local.connection = connection
+        connection.timeout = timeout
+        if connection.sock is not None:
+            connection.sock.settimeout(timeout)
+        return connection
+
+    def forget(self) -> None:
+        connection = getattr(self._local, "connection", None)
+        if connection is not None:
+            connection.close()
+            self._local.connection = None
+
+    def request(
+        self, method: str, path: str, body: bytes | None, headers: dict[str, str], timeout: float
+    ) -> ProxyAnswer:
+        """One request on this thread's connection; OSError or HTTPException when it broke."""
+        self.echo(f"{method} {path}")
+        connection = self._connection(timeout)
+        try:
+            connection.request(method, path, body=body, headers=headers)
+            response = connection.getresponse()
+            data = response.read()
+        except (OSError, http.client.HTTPException):
+            self.forget()
+            raise
+        if (response.getheader("Connection") or "").lower() == "close":
+            self.forget()
+        return ProxyAnswer(response.status, data, response.status != 200 and is_status(data))
+
+
+def is_status(data: bytes) -> bool:
+    """Whether an answer is a Kubernetes Status: the API server's own word, not the sandbox's."""
+    try:
+        return bool(json.loads(data).get("kind") == "Status")
+    except (ValueError, AttributeError):
+        return False
+
+
+@dataclasses.dataclass
+class PodView:
+    """What the pool knows of one pod: from the watch, and from its server's own answers."""
+
+    name: str
+    job: str
+    created: str = ""
+    phase: str = "Pending"
+    ip: str = ""
+    node: str = ""
+    reason: str = ""  # why it is not (or no longer) usable, in the cluster's words
+    deleted: bool = False
+    probing: bool = False
+    ready_at: float | None = None  # its server began to listen, its own clock
+    warm_since: float | None = None  # this client's monotonic clock, when it answered
+    claimed: bool = False
+    ended_at: float | None = None  # this client's monotonic clock, when it finished or was lost
+
+    @property
+    def usable(self) -> bool:
+        return not self.deleted and self.phase == "Running" and bool(self.ip)
+
+
+def pod_view_update(view: PodView, pod: dict, deleted: bool) -> None:
+    """Fold one watched state of a pod into its view."""
+    status = pod.get("status") or {}
+    view.created = (pod.get("metadata") or {}).get("creationTimestamp") or view.created
+    view.phase = status.get("phase") or view.phase
+    view.ip = status.get("podIP") or view.ip
+    view.node = (pod.get("spec") or {}).get("nodeName") or view.node
+    view.deleted = (
+        view.deleted or deleted or bool((pod.get("metadata") or {}).get("deletionTimestamp"))
+    )
+    view.reason = pod_reason(pod, view.deleted)
+
+
+def pod_reason(pod: dict, deleted: bool) -> str:
+    """Why a pod is not running, from its status: a waiting or terminated reason, or its phase."""
+    status = pod.get("status") or {}
+    for container in status.get("containerStatuses") or []:
+        state = container.get("state") or {}
+        for kind in ("waiting", "terminated"):
+            if state.get(kind):
+                detail = state[kind]
+                said = detail.get("reason") or kind
+                code = detail.get("exitCode")
+                return said + (f" (exit code {code})" if code is not None else "")
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+            return f"{condition.get('reason')}: {condition.get('message', '')}".strip()
+    if deleted:
+        return "deleted"
+    return status.get("reason") or status.get("phase") or "Pending"
+
+
+class PoolState:
+    """The pool's pods, told by the watch and the probes: which are warm (their server answers
+    and nobody holds them), which are starting, which are lost. One lock, one condition."""
+
+    def __init__(self) -> None:
+        self.pods: dict[str, PodView] = {}
+        self.condition = threading.Condition()
+        self.closed = False
+        self.warm_order: list[str] = []  # the oldest warm sandbox is claimed first
+
+    def apply(self, pod: dict, deleted: bool, job: str) -> PodView | None:
+        """One watched change; the pod's view when it became usable and wants a probe."""
+        name = (pod.get("metadata") or {}).get("name") or ""
+        with self.condition:
+            view = self.pods.setdefault(name, PodView(name, job))
+            pod_view_update(view, pod, deleted)
+            if not view.usable and name in self.warm_order:
+                self.warm_order.remove(name)
+            probe = view.usable and view.ready_at is None and not view.probing
+            if probe:
+                view.probing = True
+            self.condition.notify_all()
+            return view if probe else None
+
+    def warmed(self, name: str, ready_at: float) -> None:
+        with self.condition:
+            view = self.pods[name]
+            view.probing, view.ready_at, view.warm_since = False, ready_at, time.monotonic()
+            if view.usable and not view.claimed:
+                self.warm_order.append(name)
+            self.condition.notify_all()
+
+    def take(self, job: str) -> PodView | None:
+        """The oldest warm sandbox of `job`'s pods, now held; None if none is warm."""
+        for name in self.warm_order:
+            view = self.pods[name]
+            if view.job == job:
+                self.warm_order.remove(name)
+                view.claimed = True
+                return view
+        return None
+
+    def give_back(self, name: str) -> None:
+        """A reused sandbox, made pristine: warm again."""
+        with self.condition:
+            view = self.pods[name]
+            view.claimed, view.warm_since = False, time.monotonic()
+            if view.usable:
+                self.warm_order.append(name)
+            self.condition.notify_all()
+
+    def counts(self, job: str) -> dict[str, int]:
+        """How many of `job`'s pods are warm, held, starting, pending or gone."""
+        counted = {"warm": 0, "held": 0, "starting": 0, "pending": 0, "gone": 0}
+        for view in self.pods.values():
+            if view.job != job:
+                continue
+            if view.deleted or view.phase in ("Succeeded", "Failed"):
+                counted["gone"] += 1
+            elif view.claimed:
+                counted["held"] += 1
+            elif view.name in self.warm_order:
+                counted["warm"] += 1
+            elif view.phase == "Running":
+                counted["starting"] += 1
+            else:
+                counted["pending"] += 1
+        return counted
+
+    def waiting_reasons(self, job: str) -> list[str]:
+        """The reasons the pods not yet warm give, most common first."""
+        reasons: dict[str, int] = {}
+        for view in self.pods.values():
+            if view.job == job and not view.claimed and view.name not in self.warm_order:
+                if not view.deleted and view.phase not in ("Succeeded", "Failed"):
+                    reasons[view.reason] = reasons.get(view.reason, 0) + 1
+        return [
+            f"{count} x {reason}" for reason, count in sorted(reasons.items(), key=lambda r: -r[1])
+        ]
+
+
+def pods_path(namespace: str, query: dict[str, str]) -> str:
+    return f"/api/v1/namespaces/{namespace}/pods?{urllib.parse.urlencode(query)}"
+
+
+def sandbox_path(namespace: str, pod: str, action: str, query: str = "") -> str:
+    """The pod proxy's path to one of a sandbox's requests."""
+    path = f"/api/v1/namespaces/{namespace}/pods/{pod}:{SANDBOX_PORT}/proxy/{action}"
+    return path + (f"?{query}" if query else "")
+
+
+def watch_lines(connection: UnixHTTPConnection, path: str) -> Iterator[dict]:
+    """A watch's events, one JSON object a line, as the API server streams them."""
+    connection.request("GET", path)
+    response = connection.getresponse()
+    if response.status != 200:
+        raise DemoError(
+            f"watch of the pool's pods answered {response.status}: {response.read()[:200]!r}"
+        )
+    for line in response:
+        if line.strip():
+            yield json.loads(line)
+
+
+class PodWatch:
+    """The pool's pods, listed then watched through the proxy (no kubectl process of its own),
+    each change told to the state; a watch that ends is started again from where it was."""
+
+    def __init__(
+        self,
+        socket_path: str,
+        namespace: str,
+        jobs: list[str],
+        state: PoolState,
+        probe: Callable[[PodView], None],
+    ) -> None:
+        self.socket_path, self.namespace, self.jobs = socket_path, namespace, jobs
+        self.state, self.probe = state, probe
+        self.stopped = threading.Event()
+        self.error: str | None = None
+        self.thread = threading.Thread(
+            target=self._follow, name="rl-batch-demo pool watch", daemon=True
+        )
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+    def _tell(self, pod: dict, deleted: bool) -> None:
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        job = labels.get("job-name") or labels.get("batch.kubernetes.io/job-name") or ""
+        if job in self.jobs:
+            view = self.state.apply(pod, deleted, job)
+            if view is not None:
+                self.probe(view)
+
+    def _follow(self) -> None:
+        version = ""
+        while not self.stopped.is_set():
+            connection = UnixHTTPConnection(self.socket_path, WATCH_SECONDS + REQUEST_GRACE_SECONDS)
+            try:
+                if not version:
+                    version = self._list(connection)
+                query = {
+                    "watch": "1",
+                    "resourceVersion": version,
+                    "allowWatchBookmarks": "true",
+                    "timeoutSeconds": str(WATCH_SECONDS),
+                }
+                for event in watch_lines(connection, pods_path(self.namespace, query)):
+                    if self.stopped.is_set():
+                        return
+                    version = self._event(event, version)
+            except (OSError, http.client.HTTPException, ValueError, DemoError) as error:
+                self.error = str(error)
+                if self.stopped.wait(0.2):
+                    return
+            finally:
+                connection.close()
+
+    def _list(self, connection: UnixHTTPConnection) -> str:
+        connection.request("GET", pods_path(self.namespace, {}))
+        response = connection.getresponse()
+        listed = json.loads(response.read())
+        if response.status != 200:
+            raise DemoError(f"listing the pool's pods answered {response.status}")
+        for pod in listed.get("items") or []:
+            self._tell(pod, False)
+        return str((listed.get("metadata") or {}).get("resourceVersion") or "")
+
+    def _event(self, event: dict, version: str) -> str:
+        kind, pod = event.get("type"), event.get("object") or {}
+        if kind == "ERROR":
+            return ""  # expired (410 Gone): list again
+        if kind in ("ADDED", "MODIFIED", "DELETED"):
+            self._tell(pod, kind == "DELETED")
+        return str((pod.get("metadata") or {}).get("resourceVersion") or version)
+
+
+def encoded_stdin(stdin: str | bytes | None) -> str:
+    if stdin is None:
+        return ""
+    data = stdin.encode() if isinstance(stdin, str) else stdin
+    return base64.b64encode(data).decode("ascii")
+
+
+def command_text(command: str | Sequence[str]) -> str:
+    """A command as one line, for commands.jsonl and errors."""
+    if isinstance(command, str):
+        return command
+    return " ".join(part if part and " " not in part else json.dumps(part) for part in command)
+
+
+def socket_timeout_error(error: BaseException) -> bool:
+    return isinstance(error, (socket.timeout, TimeoutError))
+
+
+# --------------------------------------------------------------------------
 # src/rl_batch_demo/watch.py: Watching a batch: its Jobs as one, its watches and their queue, polling when they break, the
 
 class BatchJobs:
@@ -11543,6 +12443,843 @@ def release_output(output: str) -> bool:
 
 
 # --------------------------------------------------------------------------
+# src/rl_batch_demo/pool.py: The `pool` action and open_pool(): live sandboxes from a warm pool on a plain Job, claimed by a
+
+Result = TypeVar("Result")
+# Claims wait this long by default for a sandbox to turn warm.
+CLAIM_TIMEOUT_SECONDS = 300.0
+
+
+@dataclasses.dataclass
+class PoolRecords:
+    """rewards.jsonl and commands.jsonl, a line each as it is known, from any thread."""
+
+    output: str
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    rewards: list[dict] = dataclasses.field(default_factory=list)
+    commands: list[dict] = dataclasses.field(default_factory=list)
+
+    def command(self, line: dict) -> None:
+        with self.lock:
+            self.commands.append(line)
+            with open(os.path.join(self.output, COMMANDS_FILE), "a", encoding="utf-8") as file:
+                file.write(json.dumps(line) + "\n")
+
+    def reward(self, line: dict) -> None:
+        with self.lock:
+            self.rewards.append(line)
+            with open(os.path.join(self.output, REWARDS_FILE), "a", encoding="utf-8") as file:
+                file.write(json.dumps(line) + "\n")
+
+
+def pool_images(
+    tasks: Sequence[Task], default: str, image_map: Sequence[tuple[str, str]]
+) -> list[str]:
+    """The images the pool serves, each once, in the tasks' order: a Job each. Any one may
+    serve all the episodes; the pool hands out no more than its episodes in all."""
+    images = [rewrite_image(task.image or default, image_map) for task in tasks] or [
+        rewrite_image(default, image_map)
+    ]
+    return list(dict.fromkeys(images))
+
+
+def pool_plan(run: RunContext, shape: PoolShape, token: str, tasks: Sequence[Task]) -> RunPlan:
+    """Every object a pool creates: its namespace, the token's Secret, the server's ConfigMap, a
+    Job per image (the pool's size shared between them as the episodes are)."""
+    settings, namespace = run.settings, run.namespace
+    setup = [network_policy_manifest(namespace)] if shape.harden else []
+    setup += [
+        token_secret_manifest(namespace, token),
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": CONFIGMAP_NAME, "namespace": namespace},
+            "data": {SERVER_KEY: SERVER_SOURCE},
+        },
+    ]
+    images = pool_images(tasks, settings.image, settings.image_map)
+    sizes = parallelism_shares(settings.parallelism, [settings.count] * len(images))
+    jobs = [
+        pool_job_manifest(
+            namespace,
+            POOL_JOB_NAME if len(images) == 1 else f"{POOL_JOB_NAME}-{number}",
+            size,
+            settings.count,
+            image,
+            shape,
+        )
+        for number, (image, size) in enumerate(zip(images, sizes))
+    ]
+    return RunPlan(
+        namespace_manifest(namespace, run.receipt.run_id, shape.harden),
+        setup,
+        {POOL_JOB_NAME: jobs},
+    )
+
+
+class Pool:
+    """A warm pool of live sandboxes: `claim()` hands out a sandbox whose server answers (waiting
+    for one if none does), `close()` ends the pool and saves its records. Thread-safe: hundreds
+    of claims may be in flight from one process; `aclaim()` is the same for asyncio."""
+
+    def __init__(
+        self, run: RunContext, shape: PoolShape, token: str, tasks: Sequence[Task]
+    ) -> None:
+        self.run, self.shape, self.token = run, shape, token
+        self.tasks = list(tasks)
+        self.records = PoolRecords(run.output)
+        self.state = PoolState()
+        self.jobs: dict[str, str] = {}  # image -> its Job's name
+        self.images: dict[str, str] = {}  # Job's name -> its image
+        self.claimed = 0  # episodes handed out that were not lost
+        self.opened_at = time.monotonic()
+        self.closed_at: float | None = None
+        self.refills: list[float] = []
+        self._finished_at: dict[str, list[float]] = {}  # Job -> when its sandboxes were let go
+        self._lock = threading.Lock()
+        assert run.proxy is not None
+        self.client = ProxyClient(run.proxy.socket_path, run.kubectl.echo)
+        self.probes = concurrent.futures.ThreadPoolExecutor(
+            8, thread_name_prefix="rl-batch-demo probe"
+        )
+        self.watch: PodWatch | None = None
+        self.cleanup = False  # delete the namespace once the records are saved
+
+    # -- the trainer's side ------------------------------------------------------------------
+
+    def claim(self, task: dict | None = None, timeout: float | None = None) -> Sandbox:
+        """A warm sandbox for `task` (its `image` picks the pool), held until finish(); waits up
+        to `timeout` seconds for one (DemoError then, saying how many are ready, starting and
+        pending, and why)."""
+        asked = time.monotonic()
+        job = self._job_for(task)
+        deadline = asked + (CLAIM_TIMEOUT_SECONDS if timeout is None else timeout)
+        with self.state.condition:
+            while True:
+                if self.state.closed:
+                    raise DemoError("the pool is closed")
+                if self.claimed >= self.run.settings.count:
+                    raise DemoError(f"the pool has served its {self.run.settings.count} episodes")
+                view = self.state.take(job)
+                if view is not None:
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise self._claim_timeout(job, asked)
+                self.state.condition.wait(min(left, 1.0))
+            index, self.claimed = self.claimed, self.claimed + 1
+        waited = time.monotonic() - asked
+        return Sandbox(
+            self,
+            view,
+            index,
+            task,
+            waited,
+            view.warm_since is not None and view.warm_since <= asked,
+        )
+
+    async def aclaim(self, task: dict | None = None, timeout: float | None = None) -> Sandbox:
+        return await in_thread(lambda: self.claim(task, timeout))
+
+    def _job_for(self, task: dict | None) -> str:
+        image = rewrite_image(
+            (task or {}).get("image") or self.run.settings.image, self.run.settings.image_map
+        )
+        if image not in self.jobs:
+            raise DemoError(
+                f"no pool serves image {image!r}: the pool was opened for {sorted(self.jobs)}"
+            )
+        return self.jobs[image]
+
+    def _claim_timeout(self, job: str, asked: float) -> DemoError:
+        counts = self.state.counts(job)
+        why = "; ".join(self.state.waiting_reasons(job)[:3]) or "no pod yet"
+        return DemoError(
+            f"no sandbox became free in {time.monotonic() - asked:.0f} s: {counts['warm']} ready, "
+            f"{counts['held']} held, {counts['starting']} starting, {counts['pending']} pending "
+            f"({why})"
+        )
+
+    # -- the pods' side ----------------------------------------------------------------------
+
+    def probe(self, view: PodView) -> None:
+        """Ask a pod that turned Running whether its server listens, until it does (then it is
+        warm) or the pod is gone."""
+        self.probes.submit(self._probe, view.name)
+
+    def _probe(self, name: str) -> None:
+        deadline = time.monotonic() + PROBE_MOST_SECONDS
+        while time.monotonic() < deadline and not self.state.closed:
+            try:
+                answer = self.request(name, "GET", "ready", None, 5.0)
+            except SandboxLost:
+                answer = None
+            if answer is not None and answer.status == 200:
+                self.state.warmed(name, json.loads(answer.body)["ready_at"])
+                self._note_refill(name)
+                return
+            with self.state.condition:
+                view = self.state.pods[name]
+                if not view.usable:
+                    view.probing = False
+                    return
+            time.sleep(PROBE_INTERVAL_SECONDS)
+
+    def _note_refill(self, name: str) -> None:
+        """A pod that turned warm after a sandbox of its Job was let go refilled the pool: the
+        seconds from that release to this answer."""
+        view = self.state.pods[name]
+        with self._lock:
+            released = self._finished_at.get(view.job) or []
+            if released:
+                self.refills.append(time.monotonic() - released.pop(0))
+
+    def released(self, view: PodView) -> None:
+        with self._lock:
+            self._finished_at.setdefault(view.job, []).append(time.monotonic())
+
+    def request(
+        self,
+        pod: str,
+        method: str,
+        action: str,
+        body: bytes | None,
+        timeout: float,
+        query: str = "",
+    ) -> ProxyAnswer:
+        """One request to a sandbox's server; SandboxLost when the pod cannot answer."""
+        headers = {TOKEN_HEADER: self.token}
+        if body is not None:
+            headers["Content-Type"] = (
+                "application/octet-stream" if action == "file" else "application/json"
+            )
+        path = sandbox_path(self.run.namespace, pod, action, query)
+        try:
+            answer = self.client.request(method, path, body, headers, timeout)
+        except OSError as error:
+            raise SandboxLost(
+                pod, self.lost_reason(pod, f"{type(error).__name__}: {error}")
+            ) from None
+        except Exception as error:  # http.client's: the answer was cut off
+            raise SandboxLost(
+                pod, self.lost_reason(pod, f"{type(error).__name__}: {error}")
+            ) from None
+        if answer.from_api_server:
+            raise SandboxLost(pod, self.lost_reason(pod, status_message(answer)))
+        return answer
+
+    def lost_reason(self, pod: str, said: str) -> str:
+        """Why a pod could not answer: what the watch knows of it, else what the request said."""
+        view = self.state.pods.get(pod)
+        if view is not None and (view.deleted or not view.usable):
+            return f"{view.reason}; {said}"
+        return said
+
+    # -- the end -------------------------------------------------------------------------------
+
+    def close(self) -> dict:
+        """End the pool (its Jobs suspended, so no pod follows), save its records and results;
+        the results, with `rewards`."""
+        with self.state.condition:
+            if self.state.closed:
+                return self.results
+            self.state.closed = True
+            self.state.condition.notify_all()
+        self.closed_at = time.monotonic()
+        for name in self.jobs.values():
+            suspend_job(self, name)
+        if self.watch is not None:
+            self.watch.stop()
+        self.probes.shutdown(wait=False, cancel_futures=True)
+        save_pool_evidence(self)
+        self.results = pool_results(self)
+        write_json(os.path.join(self.run.output, RESULTS_FILE), self.results)
+        self.results["rewards"] = list(self.records.rewards)
+        return self.results
+
+    results: dict = {}
+
+    def __enter__(self) -> Pool:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            self.close()
+        finally:
+            finish_pool_run(self)
+
+
+class Sandbox:
+    """One claimed sandbox: `run` its commands, `write_file` and `read_file` in its workspace,
+    then `finish` it with the episode's reward. As a context manager, an episode left without
+    finish() is finished as not valid (its exception named)."""
+
+    def __init__(
+        self, pool: Pool, view: PodView, index: int, task: dict | None, waited: float, warm: bool
+    ) -> None:
+        self.pool, self.view, self.index, self.task = pool, view, index, task
+        self.pod = view.name
+        self.claim_wait_seconds, self.warm = waited, warm
+        self.commands = 0
+        self.command_seconds = 0.0
+        self.finished = False
+        self.lost: SandboxLost | None = None
+
+    def run(
+        self,
+        command: str | Sequence[str],
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        stdin: str | bytes | None = None,
+        retry: bool = False,
+    ) -> CommandResult:
+        """Run one command (an argv list, or a shell string) in the sandbox and return its result;
+        CommandTimeout past `timeout` (it is killed, with all it started); SandboxLost if the pod
+        went away. `retry=True` sends it again once if the request broke before an answer."""
+        request = {
+            "shell" if isinstance(command, str) else "argv": command
+            if isinstance(command, str)
+            else list(command),
+            "timeout": timeout,
+            "cwd": cwd,
+            "env": env or {},
+            "stdin": encoded_stdin(stdin),
+        }
+        body = json.dumps(request).encode()
+        wait = (timeout or 0) + REQUEST_GRACE_SECONDS if timeout else 24 * 3600.0
+        started = time.monotonic()
+        answer = self._ask("POST", "run", body, wait, retry)
+        round_trip = time.monotonic() - started
+        if answer.status != 200:
+            raise DemoError(
+                f"sandbox {self.pod} refused the command ({answer.status}): {answer.body[:200]!r}"
+            )
+        told = json.loads(answer.body)
+        result = CommandResult(
+            told["exit_code"],
+            told["stdout"],
+            told["stderr"],
+            told["seconds"],
+            told["truncated"],
+            told["timed_out"],
+            round_trip,
+        )
+        self.commands += 1
+        self.command_seconds += round_trip
+        self.pool.records.command(
+            {
+                "index": self.index,
+                "sandbox": self.pod,
+                "command": command_text(command)[:COMMAND_TEXT_MOST],
+                "exit_code": result.exit_code,
+                "server_seconds": rounded(result.seconds, 6),
+                "round_trip_seconds": rounded(round_trip, 6),
+                "timed_out": result.timed_out,
+                "truncated": result.truncated,
+            }
+        )
+        if result.timed_out:
+            raise CommandTimeout(
+                f"{command_text(command)[:80]} ran past its timeout of {timeout} s "
+                f"in sandbox {self.pod}, and was killed",
+                result,
+            )
+        return result
+
+    async def arun(self, command: str | Sequence[str], **options: Any) -> CommandResult:
+        return await in_thread(lambda: self.run(command, **options))
+
+    def write_file(self, path: str, data: str | bytes) -> None:
+        """Write a file in the sandbox's workspace (a relative path is under it); binary-safe."""
+        payload = data.encode() if isinstance(data, str) else bytes(data)
+        answer = self._ask("PUT", "file", payload, REQUEST_GRACE_SECONDS, True, file_query(path))
+        if answer.status != 200:
+            raise DemoError(f"cannot write {path} in sandbox {self.pod}: {answer.body[:200]!r}")
+
+    def read_file(self, path: str) -> bytes:
+        """A file's bytes from the sandbox's workspace; FileNotFoundError if it has none."""
+        answer = self._ask("GET", "file", None, REQUEST_GRACE_SECONDS, True, file_query(path))
+        if answer.status == 404:
+            raise FileNotFoundError(f"{path} in sandbox {self.pod}")
+        if answer.status != 200:
+            raise DemoError(f"cannot read {path} in sandbox {self.pod}: {answer.body[:200]!r}")
+        return answer.body
+
+    def finish(self, reward: float | None = None, valid: bool = True, info: Any = None) -> None:
+        """The episode's end: its reward and whether a trainer may learn from it. The sandbox is
+        let go (its pod ends and the Job makes a fresh one; with reuse, it is made pristine and
+        serves the next claim)."""
+        if self.finished:
+            return
+        self.finished = True
+        failure_class = "infrastructure" if self.lost else None
+        if self.lost is None:
+            try:
+                self._ask(
+                    "POST",
+                    "reset" if self.pool.shape.reuse else "finish",
+                    b"{}",
+                    REQUEST_GRACE_SECONDS,
+                    True,
+                )
+            except SandboxLost as error:
+                self.lost, failure_class = error, "infrastructure"
+        if self.lost is None and self.pool.shape.reuse:
+            self.pool.state.give_back(self.pod)
+        else:
+            self.pool.released(self.view)
+        if self.lost is not None:
+            with self.pool.state.condition:
+                self.pool.claimed -= 1  # a lost episode is served again on a fresh sandbox
+        self.pool.records.reward(
+            self._line(reward, valid and self.lost is None, info, failure_class)
+        )
+
+    def _line(
+        self, reward: float | None, valid: bool, info: Any, failure_class: str | None
+    ) -> dict:
+        task = self.task or {}
+        return {
+            "index": self.index,
+            "task_id": task.get("id"),
+            "group": None,
+            "pod": self.pod,
+            "sandbox": self.pod,
+            "attempts": 1,
+            "reward": reward,
+            "valid": valid,
+            "failure_class": failure_class,
+            "failure": str(self.lost) if self.lost else None,
+            "info": info,
+            "image": self.pool.images[self.view.job],
+            "claim_wait_seconds": rounded(self.claim_wait_seconds, 6),
+            "commands": self.commands,
+            "command_seconds": rounded(self.command_seconds, 6),
+            "warm": self.warm,
+        }
+
+    def _ask(
+        self,
+        method: str,
+        action: str,
+        body: bytes | None,
+        timeout: float,
+        retry: bool,
+        query: str = "",
+    ) -> ProxyAnswer:
+        if self.lost is not None:
+            raise self.lost
+        try:
+            return self.pool.request(self.pod, method, action, body, timeout, query)
+        except SandboxLost as error:
+            if not retry or not self.pool.state.pods[self.pod].usable:
+                self.lost = error
+                raise
+        return self.pool.request(self.pod, method, action, body, timeout, query)
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, kind: Any, error: Any, trace: Any) -> None:
+        if not self.finished:
+            self.finish(
+                None, valid=False, info=f"{kind.__name__}: {error}" if kind else "not finished"
+            )
+
+
+def file_query(path: str) -> str:
+    import urllib.parse
+
+    return urllib.parse.urlencode({"path": path})
+
+
+def status_message(answer: ProxyAnswer) -> str:
+    try:
+        return f"{answer.status} {json.loads(answer.body).get('message', '')}"
+    except ValueError:
+        return f"{answer.status}"
+
+
+async def in_thread(work: Callable[[], Result]) -> Result:
+    """A blocking call off the event loop, on the loop's default executor."""
+    return await asyncio.get_running_loop().run_in_executor(None, work)
+
+
+def suspend_job(pool: Pool, name: str) -> None:
+    """Suspend one of the pool's Jobs: its pods are stopped and no new one is made."""
+    path = f"/apis/batch/v1/namespaces/{pool.run.namespace}/jobs/{name}"
+    body = json.dumps({"spec": {"suspend": True}}).encode()
+    try:
+        pool.client.request(
+            "PATCH", path, body, {"Content-Type": "application/merge-patch+json"}, 30.0
+        )
+    except OSError as error:
+        print(f"Warning: could not suspend Job {name}: {error}", file=sys.stderr)
+
+
+def proxy_json(pool: Pool, path: str) -> Any:
+    answer = pool.client.request("GET", path, None, {}, 30.0)
+    if answer.status != 200:
+        raise DemoError(f"GET {path}: {answer.status}")
+    return json.loads(answer.body)
+
+
+def save_pool_evidence(pool: Pool) -> None:
+    """job.json, pods.json, events.json and each pod's log, read through the proxy."""
+    namespace, output = pool.run.namespace, pool.run.output
+    try:
+        jobs = proxy_json(pool, f"/apis/batch/v1/namespaces/{namespace}/jobs")
+        pods = proxy_json(pool, f"/api/v1/namespaces/{namespace}/pods")
+        events = proxy_json(pool, f"/api/v1/namespaces/{namespace}/events")
+    except (OSError, DemoError) as error:
+        print(f"Warning: the pool's evidence was not all saved: {error}", file=sys.stderr)
+        return
+    write_json(os.path.join(output, "job.json"), jobs)
+    write_json(os.path.join(output, "pods.json"), pods)
+    write_json(os.path.join(output, "events.json"), events)
+    for pod in pods.get("items") or []:
+        name = pod["metadata"]["name"]
+        try:
+            answer = pool.client.request(
+                "GET", f"/api/v1/namespaces/{namespace}/pods/{name}/log", None, {}, 30.0
+            )
+            text = answer.body.decode("utf-8", "replace") if answer.status == 200 else ""
+        except OSError:
+            text = ""
+        write_text(os.path.join(output, f"{name}.log"), text)
+
+
+def distribution(values: list[float], quantiles: Sequence[float]) -> dict[str, float | None]:
+    ordered = sorted(values)
+    figures: dict[str, float | None] = {}
+    for q in quantiles:
+        figures[f"p{round(q * 100)}"] = rounded(percentile(ordered, q), 6) if ordered else None
+    figures["max"] = rounded(ordered[-1], 6) if ordered else None
+    return figures
+
+
+def pool_results(pool: Pool) -> dict:
+    """results.json of a pool: its episodes and rewards, and the `pool` block of its figures."""
+    rewards, commands = pool.records.rewards, pool.records.commands
+    waits = [line["claim_wait_seconds"] for line in rewards]
+    round_trips = [line["round_trip_seconds"] for line in commands]
+    empty = [line["round_trip_seconds"] for line in commands if line["command"] in ("true", ":")]
+    active = (pool.closed_at or time.monotonic()) - pool.opened_at
+    warm = [line for line in rewards if line.get("warm")]
+    settings = pool.run.settings
+    return {
+        "episodes": len(rewards),
+        "successful_episodes": sum(1 for line in rewards if line["valid"] and line["reward"]),
+        "reward_sum": sum(line["reward"] or 0 for line in rewards if line["valid"]),
+        "namespace": pool.run.namespace,
+        "context": pool.run.kubectl.context,
+        "image": settings.image,
+        "runtime": settings.runtime,
+        "pool": {
+            "size": settings.parallelism,
+            "episodes": settings.count,
+            "reused": pool.shape.reuse,
+            "claim_wait_seconds": {
+                **distribution(waits, (0.5, 0.95, 0.99)),
+                "warm_share": rounded(len(warm) / len(rewards), 3) if rewards else None,
+            },
+            "round_trip_seconds": distribution(round_trips, (0.5, 0.95, 0.99)),
+            "empty_command_round_trip_seconds": {
+                k: v for k, v in distribution(empty, (0.5, 0.99)).items() if k != "max"
+            },
+            "commands_per_second": rounded(len(commands) / active, 3) if active > 0 else None,
+            "refill_seconds": {
+                k: v for k, v in distribution(pool.refills, (0.5, 0.95)).items() if k != "max"
+            },
+        },
+    }
+
+
+def open_pool_run(request: RunRequest, caller: Caller, shape: PoolShape) -> Pool:
+    """Create the pool as `run` creates a batch (the receipt first, every UID recorded), and
+    start following its pods; the pool, its sandboxes warming."""
+    run = start_run(request, caller, SERVER_SOURCE, False)
+    token = secrets.token_hex(32)
+    run.plan = pool_plan(run, shape, token, request.tasks or ())
+    pool: Pool | None = None
+    try:
+        save_run_records(run)
+        check_runtime_class(run)
+        open_proxy(run)
+        if run.proxy is None:
+            raise DemoError(
+                "a pool talks to its sandboxes through `kubectl proxy`, which did not start; "
+                "nothing was created"
+            )
+        pool = Pool(run, shape, token, request.tasks or ())
+        check_pool_access(pool)
+        check_capacity(run)
+        stamp_origin(run)
+        create_namespace(run)
+        for manifest in run.plan.setup:
+            create_object(run, manifest)
+        pool.cleanup = request.cleanup
+        jobs = run.plan.jobs[POOL_JOB_NAME]
+        pool.watch = PodWatch(
+            pool.client.socket_path,
+            run.namespace,
+            [j["metadata"]["name"] for j in jobs],
+            pool.state,
+            pool.probe,
+        )
+        pool.watch.start()
+        for job in jobs:
+            created = create_object(run, job)
+            run.receipt.record_job(job["metadata"]["name"], created["metadata"]["uid"])
+            image = job["spec"]["template"]["spec"]["containers"][0]["image"]
+            pool.jobs[image] = job["metadata"]["name"]
+            pool.images[job["metadata"]["name"]] = image
+        return pool
+    except BaseException:
+        if pool is not None and pool.watch is not None:
+            pool.watch.stop()
+        close(run)
+        raise
+
+
+# What a pool needs beyond a run: its token's Secret, its Jobs suspended at the end, and every
+# request to a sandbox (GET /ready and files, POST commands, PUT files) through the pod proxy.
+POOL_ACCESS = (
+    ("create", "secrets", ""),
+    ("patch", "jobs", ""),
+    ("get", "pods", "proxy"),
+    ("create", "pods", "proxy"),
+    ("update", "pods", "proxy"),
+)
+
+
+def check_pool_access(pool: Pool) -> None:
+    """Ask the API server (SelfSubjectAccessReview, through the proxy) whether this account may do
+    what a pool does, and refuse plainly before anything is created when it may not; a server
+    that does not answer such reviews is not asked again."""
+    lacking = []
+    for verb, resource, subresource in POOL_ACCESS:
+        attributes = {"namespace": pool.run.namespace, "verb": verb, "resource": resource}
+        if resource == "jobs":
+            attributes["group"] = "batch"
+        if subresource:
+            attributes["subresource"] = subresource
+        review = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SelfSubjectAccessReview",
+            "spec": {"resourceAttributes": attributes},
+        }
+        path = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
+        answer = pool.client.request(
+            "POST", path, json.dumps(review).encode(), {"Content-Type": "application/json"}, 30.0
+        )
+        if answer.status not in (200, 201):
+            return  # no reviews here: the requests themselves will say what is refused
+        if not (json.loads(answer.body).get("status") or {}).get("allowed"):
+            lacking.append(
+                f"{verb} {resource}/{subresource}" if subresource else f"{verb} {resource}"
+            )
+    if lacking:
+        raise DemoError(
+            f"a pool needs {', '.join(lacking)} in its namespace, which this account may not do "
+            "(see the role in docs/operations.md); nothing was created"
+        )
+
+
+def finish_pool_run(pool: Pool) -> None:
+    """The proxy and the run's handles closed; the namespace deleted when asked (the files stay)."""
+    run = pool.run
+    close(run)
+    if pool.cleanup:
+        try:
+            with open(os.devnull, "w") as unheard:
+                cleanup_namespace(
+                    run.kubectl, run.receipt, report=unheard if run.silent else sys.stderr
+                )
+        except (DemoError, KubectlError) as error:
+            print(f"Warning: cleanup failed: {error}", file=sys.stderr)
+
+
+# The guide's episode as a trainer's turns: the buggy program and its tests written, the tests
+# run (they fail), the fix applied, the tests run again; the reward is whether they passed.
+GUIDE_BUGGY = "def shipping(total):\n    if total > 99:\n        return 0\n    return 10\n"
+GUIDE_FIXED = GUIDE_BUGGY.replace("total > 99", "total >= 99")
+GUIDE_TESTS = """import unittest
+
+from shipping import shipping
+
+
+class ShippingTest(unittest.TestCase):
+    def test_under_threshold_pays(self):
+        self.assertEqual(shipping(98), 10)
+
+    def test_threshold_ships_free(self):
+        self.assertEqual(shipping(99), 0)
+
+    def test_over_threshold_ships_free(self):
+        self.assertEqual(shipping(100), 0)
+
+
+if __name__ == "__main__":
+    unittest.main()
+"""
+GUIDE_TURNS: tuple[dict, ...] = (
+    {"write": "shipping.py", "text": GUIDE_BUGGY},
+    {"write": "test_shipping.py", "text": GUIDE_TESTS},
+    {"run": ["python", "-B", "test_shipping.py"], "timeout": 20},
+    {"write": "shipping.py", "text": GUIDE_FIXED},
+    {"run": ["python", "-B", "test_shipping.py"], "timeout": 20},
+)
+
+
+def read_turns(path: str) -> tuple[dict, ...]:
+    """--turns FILE: one JSON object a line, each a turn: {"write": PATH, "text": TEXT},
+    {"run": [ARGV...]} or {"shell": "COMMAND"}, either with an optional "timeout" (seconds)."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            lines = [(number, line) for number, line in enumerate(file, 1) if line.strip()]
+    except OSError as error:
+        raise UsageError(f"--turns {path}: {error.strerror or error}") from None
+    turns = []
+    for number, line in lines:
+        try:
+            turn = json.loads(line)
+        except ValueError as error:
+            raise UsageError(f"--turns {path}, line {number}: not JSON ({error})") from None
+        if not isinstance(turn, dict) or not ({"write", "run", "shell"} & set(turn)):
+            raise UsageError(f"--turns {path}, line {number}: give write, run or shell")
+        turns.append(turn)
+    if not turns:
+        raise UsageError(f"--turns {path} holds no turn")
+    return tuple(turns)
+
+
+def play_turns(sandbox: Sandbox, turns: Sequence[dict]) -> float:
+    """Drive one sandbox through the turns; the reward: 1 if the last command exited 0, else 0."""
+    last: int | None = None
+    for turn in turns:
+        if "write" in turn:
+            sandbox.write_file(turn["write"], turn.get("text", ""))
+            continue
+        command = turn["shell"] if "shell" in turn else turn["run"]
+        try:
+            last = sandbox.run(command, timeout=turn.get("timeout")).exit_code
+        except CommandTimeout:
+            last = None
+    return 1.0 if last == 0 else 0.0
+
+
+def serve_episodes(pool: Pool, turns: Sequence[dict], tasks: Sequence[Task]) -> None:
+    """Every episode of the pool, `size` at a time, each on a sandbox claimed for it."""
+    episodes, size = pool.run.settings.count, pool.run.settings.parallelism
+    task_dicts = [json.loads(task.text) for task in tasks]
+
+    def episode(number: int) -> None:
+        task = task_dicts[number % len(task_dicts)] if task_dicts else None
+        for _attempt in range(3):  # a sandbox lost to the cluster is replaced, twice at most
+            with pool.claim(task) as sandbox:
+                try:
+                    sandbox.finish(play_turns(sandbox, turns))
+                    return
+                except SandboxLost:
+                    sandbox.finish(None, valid=False)
+
+    with concurrent.futures.ThreadPoolExecutor(
+        size, thread_name_prefix="rl-batch-demo turns"
+    ) as workers:
+        for done in concurrent.futures.as_completed(
+            [workers.submit(episode, n) for n in range(episodes)]
+        ):
+            done.result()
+
+
+def pool_request(
+    output: str,
+    size: int,
+    episodes: int,
+    tasks: Sequence[Task] | None,
+    options: dict[str, Any],
+    spelling: Spelling,
+) -> RunRequest:
+    """A pool's settings as the request a run takes: `episodes` is its count, `size` its
+    parallelism; `options` are the run settings a pool shares (image, image_map, runtime,
+    context, kubectl, harden, cleanup, ttl, quiet, verbose)."""
+    return RunRequest(
+        output=output,
+        count=episodes,
+        parallelism=min(size, episodes),
+        image=options.get("image") or DEFAULT_IMAGE,
+        image_map=tuple(options.get("image_map") or ()),
+        runtime=options.get("runtime") or DEFAULT_RUNTIME,
+        context=options.get("context"),
+        kubectl=options.get("kubectl") or "kubectl",
+        timeout=None,
+        max_episodes=episodes,
+        chunk_size=LIST_PAGE_SIZE,
+        rounds=1,
+        warmup=False,
+        episode_script=None,
+        tasks_file=None,
+        tasks=None if tasks is None else tuple(tasks),
+        group_size=1,
+        retries=None,
+        allow_failures=None,
+        need=None,
+        episode_timeout=None,
+        prepull=False,
+        pull_timeout=None,
+        dry_run=False,
+        harden=bool(options.get("harden")),
+        cleanup=bool(options.get("cleanup")),
+        ttl=options.get("ttl"),
+        quiet=bool(options.get("quiet")),
+        verbose=bool(options.get("verbose")),
+        rollout=True,
+        spelling=spelling,
+    )
+
+
+def run_pool(request: RunRequest, shape: PoolShape, turns: Sequence[dict]) -> int:
+    """`pool`: open the pool, play every episode's turns on its sandboxes, close it, and say
+    how it went; exit status 0, or 1 when an episode was lost to the cluster."""
+    with open_pool_run(request, Caller(), shape) as pool:
+        if not request.quiet:
+            print(
+                f"Pool: {request.parallelism} sandboxes for {request.count} episodes",
+                file=sys.stderr,
+            )
+        serve_episodes(pool, turns, request.tasks or ())
+    figures = pool.results
+    print(pool_summary(figures, request.output))
+    if not request.cleanup:
+        print(f"Clean up with: {cleanup_command(request.output, request.kubectl)}", file=sys.stderr)
+    lost = sum(1 for line in figures["rewards"] if line["failure_class"] == "infrastructure")
+    return 1 if lost else 0
+
+
+def pool_summary(figures: dict, output: str) -> str:
+    """What `pool` prints: its episodes, its rewards, the figures a trainer waits on."""
+    block = figures["pool"]
+    claim, trip = block["claim_wait_seconds"], block["round_trip_seconds"]
+    return "\n".join(
+        [
+            f"Episodes: {figures['episodes']}, rewards {figures['reward_sum']}, "
+            f"successful {figures['successful_episodes']}",
+            f"Claim wait p50/p99: {seconds_text(claim['p50'])} / {seconds_text(claim['p99'])} "
+            f"(warm share {claim['warm_share']})",
+            f"Round trip p50/p99: {seconds_text(trip['p50'])} / {seconds_text(trip['p99'])}, "
+            f"{block['commands_per_second']} commands/s",
+            f"Results: {os.path.join(output, RESULTS_FILE)}",
+        ]
+    )
+
+
+def seconds_text(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:.1f} ms"
+
+
+# --------------------------------------------------------------------------
 # src/rl_batch_demo/report.py: `report` and `compare`: saved files only, no cluster.
 
 class SavedBatch(NamedTuple):
@@ -12051,6 +13788,93 @@ def run_behaviour_arguments() -> argparse.ArgumentParser:
     return arguments
 
 
+def pool_arguments() -> list[argparse.ArgumentParser]:
+    """`pool`'s arguments: the pool, what each episode does, the cluster, and how it ends."""
+    return [
+        pool_shape_arguments(),
+        pool_image_arguments(),
+        context_arguments(),
+        kubectl_arguments(),
+        pool_behaviour_arguments(),
+        quiet_arguments("progress"),
+        verbose_arguments(),
+    ]
+
+
+def pool_shape_arguments() -> argparse.ArgumentParser:
+    """How many sandboxes stay warm, how many episodes they serve, and what each episode does."""
+    arguments = argument_set()
+    arguments.add_argument("--output", required=True, metavar="DIR", help="the pool's records")
+    arguments.add_argument(
+        "--size", type=positive_int, required=True, metavar="P", help="warm sandboxes at once"
+    )
+    arguments.add_argument(
+        "--episodes", type=positive_int, required=True, metavar="N", help="episodes to serve"
+    )
+    arguments.add_argument(
+        "--tasks", metavar="FILE", help="JSONL tasks, used in turn; a task's `image` picks its pool"
+    )
+    arguments.add_argument(
+        "--turns",
+        metavar="FILE",
+        help='each episode\'s turns, one JSON object a line: {"write": PATH, "text": TEXT}, '
+        '{"run": [ARGV]} or {"shell": CMD}, with an optional "timeout"; the reward is 1 '
+        "if the last command exits 0 (default: the guide's episode, as turns)",
+    )
+    arguments.add_argument(
+        "--reuse",
+        action="store_true",
+        help="a finished sandbox serves the next episode of its image, its workspace made "
+        "pristine, instead of its pod ending and the Job starting a fresh one",
+    )
+    arguments.add_argument(
+        "--idle-timeout",
+        type=positive_int,
+        default=DEFAULT_IDLE_TIMEOUT_SECONDS,
+        metavar="S",
+        help="a sandbox asked nothing for S seconds ends, and with it the pool's Job "
+        "(default: %(default)s)",
+    )
+    return arguments
+
+
+def pool_image_arguments() -> argparse.ArgumentParser:
+    """What the sandboxes run on: their image, its rewrites, their runtime class."""
+    arguments = argument_set()
+    arguments.add_argument("--image", default=DEFAULT_IMAGE, help="default: %(default)s")
+    arguments.add_argument(
+        "--image-map",
+        action="append",
+        default=None,
+        metavar="FROM=TO",
+        help="rewrite image references that start with FROM (repeatable), as `run` does",
+    )
+    arguments.add_argument("--runtime", default=DEFAULT_RUNTIME, help="default: %(default)s")
+    return arguments
+
+
+def pool_behaviour_arguments() -> argparse.ArgumentParser:
+    """How the pool is locked down and how its namespace ends."""
+    arguments = argument_set()
+    arguments.add_argument(
+        "--harden",
+        action="store_true",
+        help="deny all network traffic but the API server's, read-only root filesystem, "
+        "workspace size limit, Pod Security 'restricted'",
+    )
+    arguments.add_argument(
+        "--cleanup", action="store_true", help="after every file is saved, clean up"
+    )
+    arguments.add_argument(
+        "--ttl",
+        type=duration_seconds,
+        default=None,
+        metavar="DURATION",
+        help="the pool may be deleted this long after it starts, by `cleanup --stale`",
+    )
+    return arguments
+
+
 def cleanup_arguments() -> list[argparse.ArgumentParser]:
     """`cleanup`'s arguments: the run's directory, the kubectl that deletes, and --stale's own."""
     return [
@@ -12149,6 +13973,13 @@ def build_parser(
         "submit a batch of episodes, wait, verify and report",
         "--output runs/first --count 10",
         run_arguments(),
+    )
+    add_action(
+        actions,
+        "pool",
+        "keep live sandboxes warm and drive each episode's turns over the API server's pod proxy",
+        "--output runs/pool --size 4 --episodes 16",
+        pool_arguments(),
     )
     add_action(
         actions,
@@ -12386,6 +14217,42 @@ def check_run_directory(parser: argparse.ArgumentParser, args: argparse.Namespac
     args.output = args.output if args.directory is None else args.directory
 
 
+def pool_command(args: argparse.Namespace) -> int:
+    """`pool`: its settings checked, then the pool run."""
+    tasks = read_tasks(args.tasks, COMMAND_LINE) if args.tasks else None
+    turns = read_turns(args.turns) if args.turns else GUIDE_TURNS
+    options = {
+        "image": args.image,
+        "image_map": args.image_map,
+        "runtime": args.runtime,
+        "context": args.context,
+        "kubectl": args.kubectl,
+        "harden": args.harden,
+        "cleanup": args.cleanup,
+        "ttl": args.ttl,
+        "quiet": args.quiet,
+        "verbose": args.verbose,
+    }
+    request = pool_request(args.output, args.size, args.episodes, tasks, options, COMMAND_LINE)
+    shape = PoolShape(request.runtime, request.harden, args.reuse, args.idle_timeout)
+    return run_pool(request, shape, turns)
+
+
+# The run settings a pool shares with `run`, by their names there.
+POOL_RUN_OPTIONS = (
+    "image",
+    "image_map",
+    "runtime",
+    "context",
+    "kubectl",
+    "harden",
+    "cleanup",
+    "ttl",
+    "quiet",
+    "verbose",
+)
+
+
 def check_cleanup_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """One run's directory, or --stale AGE for the cluster's runs; --stale's own options only with it."""
     if args.stale is None:
@@ -12404,6 +14271,7 @@ def check_cleanup_arguments(parser: argparse.ArgumentParser, args: argparse.Name
 
 
 DISPATCH: dict[str, Callable[[argparse.Namespace], int]] = {
+    "pool": pool_command,
     "cleanup": cleanup,
     "list": list_runs,
     "report": report,
@@ -12777,6 +14645,68 @@ def streamed_lines(request: RunRequest, listing: dict | None) -> Generator[dict,
         if worker.is_alive():
             stop.set()
             worker.join()
+
+
+# open_pool()'s keywords beside its own, with their types: the run settings a pool shares.
+POOL_KEYWORDS: dict[str, tuple[type, ...]] = {
+    "image": (str,),
+    "image_map": (list, tuple),
+    "runtime": (str,),
+    "context": (str, type(None)),
+    "kubectl": (str, os.PathLike),
+    "harden": (bool,),
+    "cleanup": (bool,),
+    "ttl": (int, type(None)),
+    "quiet": (bool,),
+    "verbose": (bool,),
+}
+
+
+def open_pool(
+    *,
+    output: str | os.PathLike,
+    size: int,
+    episodes: int,
+    tasks: Sequence[dict] | str | os.PathLike | None = None,
+    reuse: bool = False,
+    idle_timeout: int = DEFAULT_IDLE_TIMEOUT_SECONDS,
+    **keywords: Any,
+) -> Pool:
+    """Open a pool of `size` live sandboxes serving `episodes` episodes; use it as a context
+    manager (closing it saves its records and results, and deletes its namespace unless
+    cleanup=False). Keywords: image, image_map, runtime, context, kubectl, harden, cleanup
+    (default True), ttl (seconds), quiet (default True), verbose.
+
+        with rl_batch_demo.open_pool(output="runs/step-3", size=64, episodes=512) as pool:
+            with pool.claim(task) as sandbox:
+                result = sandbox.run(["pytest", "-q"], timeout=60)
+                sandbox.finish(reward=1.0)
+    """
+    for name, value in (("size", size), ("episodes", episodes), ("idle_timeout", idle_timeout)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise KeywordTypeError(f"{name}= must be int, got {type(value).__name__} {value!r}")
+        if value < 1:
+            raise UsageError(f"{name}={value!r}: must be at least 1")
+    options = {"cleanup": True, "quiet": True, **keywords}
+    for name, value in keywords.items():
+        if name not in POOL_KEYWORDS:
+            raise KeywordTypeError(f"open_pool() got an unexpected keyword argument {name!r}")
+        if not isinstance(value, POOL_KEYWORDS[name]) or (
+            bool not in POOL_KEYWORDS[name] and isinstance(value, bool)
+        ):
+            raise KeywordTypeError(
+                f"{name}= must be {POOL_KEYWORDS[name][0].__name__}, got {type(value).__name__} {value!r}"
+            )
+    if "kubectl" in options:
+        options["kubectl"] = os.fspath(options["kubectl"])
+    if isinstance(tasks, (str, os.PathLike)):
+        task_list: list[Task] | None = read_tasks(os.fspath(tasks), PYTHON_CALL)
+    else:
+        task_list = None if tasks is None else python_tasks(tasks)
+    request = pool_request(os.fspath(output), size, episodes, task_list, options, PYTHON_CALL)
+    return open_pool_run(
+        request, Caller(), PoolShape(request.runtime, request.harden, reuse, idle_timeout)
+    )
 
 
 if __name__ == "__main__":

@@ -110,9 +110,11 @@ class LocalCluster:
             time.sleep(0.2)
 
     def stop(self) -> None:
-        if self.agent is not None:
-            self.agent.stop()
-        self.control_plane.stop()
+        try:
+            if self.agent is not None:
+                self.agent.stop()
+        finally:
+            self.control_plane.stop()
 
     def __enter__(self) -> "LocalCluster":
         return self.start()

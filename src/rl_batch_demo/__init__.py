@@ -31,6 +31,7 @@ shipped single file holds them in this order, each part opening with its source 
     render: SVG pictures, tables, the comparison.
     runs: what `list` shows and `cleanup --stale` decides, without receipts.
     kube: the one edge to the cluster: `Kubectl`, `ApiProxy`, paged reads.
+    sandboxes: live sandboxes' requests through the pod proxy, and the pool's pods as watched.
     watch: watching a batch: its Jobs as one, watches, polling, progress line, logs as pods end.
     follow: following a batch: its state, rewards, the follower, its evidence.
     syntax: an episode script's syntax, checked before it is shipped.
@@ -38,6 +39,7 @@ shipped single file holds them in this order, each part opening with its source 
     results: results.json: a batch's figures and the run's.
     lifecycle: `cleanup`, `list` and `cleanup --stale`.
     run: the `run` action: `perform_run` -> `start_run` -> `execute`.
+    pool: the `pool` action and open_pool(): warm sandboxes claimed, driven and let go.
     report: `report` and `compare`: saved files only, no cluster.
     cli: the parser, its checks, and `main`.
     api: `run_batch` and `stream_batch` for Python callers.
@@ -52,11 +54,12 @@ recomputes the results from the saved files alone (recompute).
 
 from __future__ import annotations
 
-from .api import batch_results, run_batch, stream_batch
+from .api import batch_results, open_pool, run_batch, stream_batch
 from .cli import cli, main
 from .constants import __version__
 from .follow import RewardCallbackError
 from .kube import KubectlError
+from .sandboxes import CommandResult, CommandTimeout, SandboxLost
 from .model import DemoError, KeywordTypeError, StreamClosed, UsageError, VerificationError
 
 __all__ = [
@@ -67,7 +70,11 @@ __all__ = [
     "StreamClosed",
     "UsageError",
     "VerificationError",
+    "CommandResult",
+    "CommandTimeout",
+    "SandboxLost",
     "__version__",
+    "open_pool",
     "batch_results",
     "cli",
     "main",

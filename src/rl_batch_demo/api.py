@@ -9,12 +9,13 @@ import queue
 import threading
 from typing import Any, Callable, Generator, NamedTuple, Sequence
 
-from .constants import EXIT_PARTIAL, RESULTS_FILE, REWARDS_FILE
-from .model import Caller, KeywordTypeError, PYTHON_CALL, RunRequest, Task, UsageError
+from .constants import DEFAULT_IDLE_TIMEOUT_SECONDS, EXIT_PARTIAL, RESULTS_FILE, REWARDS_FILE
+from .model import Caller, KeywordTypeError, PoolShape, PYTHON_CALL, RunRequest, Task, UsageError
 from .files import read_json, read_text
 from .manifests import parse_tasks
 from .run import dry_run_listing, perform_run
-from .cli import build_parser, non_negative_int, positive_int, run_request
+from .pool import Pool, open_pool_run, pool_request
+from .cli import build_parser, non_negative_int, positive_int, read_tasks, run_request
 
 
 class RaisingParser(argparse.ArgumentParser):
@@ -346,3 +347,65 @@ def streamed_lines(request: RunRequest, listing: dict | None) -> Generator[dict,
         if worker.is_alive():
             stop.set()
             worker.join()
+
+
+# open_pool()'s keywords beside its own, with their types: the run settings a pool shares.
+POOL_KEYWORDS: dict[str, tuple[type, ...]] = {
+    "image": (str,),
+    "image_map": (list, tuple),
+    "runtime": (str,),
+    "context": (str, type(None)),
+    "kubectl": (str, os.PathLike),
+    "harden": (bool,),
+    "cleanup": (bool,),
+    "ttl": (int, type(None)),
+    "quiet": (bool,),
+    "verbose": (bool,),
+}
+
+
+def open_pool(
+    *,
+    output: str | os.PathLike,
+    size: int,
+    episodes: int,
+    tasks: Sequence[dict] | str | os.PathLike | None = None,
+    reuse: bool = False,
+    idle_timeout: int = DEFAULT_IDLE_TIMEOUT_SECONDS,
+    **keywords: Any,
+) -> Pool:
+    """Open a pool of `size` live sandboxes serving `episodes` episodes; use it as a context
+    manager (closing it saves its records and results, and deletes its namespace unless
+    cleanup=False). Keywords: image, image_map, runtime, context, kubectl, harden, cleanup
+    (default True), ttl (seconds), quiet (default True), verbose.
+
+        with rl_batch_demo.open_pool(output="runs/step-3", size=64, episodes=512) as pool:
+            with pool.claim(task) as sandbox:
+                result = sandbox.run(["pytest", "-q"], timeout=60)
+                sandbox.finish(reward=1.0)
+    """
+    for name, value in (("size", size), ("episodes", episodes), ("idle_timeout", idle_timeout)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise KeywordTypeError(f"{name}= must be int, got {type(value).__name__} {value!r}")
+        if value < 1:
+            raise UsageError(f"{name}={value!r}: must be at least 1")
+    options = {"cleanup": True, "quiet": True, **keywords}
+    for name, value in keywords.items():
+        if name not in POOL_KEYWORDS:
+            raise KeywordTypeError(f"open_pool() got an unexpected keyword argument {name!r}")
+        if not isinstance(value, POOL_KEYWORDS[name]) or (
+            bool not in POOL_KEYWORDS[name] and isinstance(value, bool)
+        ):
+            raise KeywordTypeError(
+                f"{name}= must be {POOL_KEYWORDS[name][0].__name__}, got {type(value).__name__} {value!r}"
+            )
+    if "kubectl" in options:
+        options["kubectl"] = os.fspath(options["kubectl"])
+    if isinstance(tasks, (str, os.PathLike)):
+        task_list: list[Task] | None = read_tasks(os.fspath(tasks), PYTHON_CALL)
+    else:
+        task_list = None if tasks is None else python_tasks(tasks)
+    request = pool_request(os.fspath(output), size, episodes, task_list, options, PYTHON_CALL)
+    return open_pool_run(
+        request, Caller(), PoolShape(request.runtime, request.harden, reuse, idle_timeout)
+    )

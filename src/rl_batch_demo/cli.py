@@ -10,6 +10,7 @@ from .constants import (
     CLIENT_GRACE_SECONDS,
     DEADLINE_GROWS_ABOVE_EPISODES,
     DEFAULT_COUNT,
+    DEFAULT_IDLE_TIMEOUT_SECONDS,
     DEFAULT_IMAGE,
     DEFAULT_JOB_DEADLINE_SECONDS,
     DEFAULT_MAX_EPISODES,
@@ -21,12 +22,22 @@ from .constants import (
     TASK_FILE_ENV,
     __version__,
 )
-from .model import COMMAND_LINE, Caller, DemoError, RunRequest, Spelling, Task, UsageError
+from .model import (
+    COMMAND_LINE,
+    Caller,
+    DemoError,
+    PoolShape,
+    RunRequest,
+    Spelling,
+    Task,
+    UsageError,
+)
 from .files import program_name
 from .parse import parse_duration
 from .manifests import image_groups, parallelism_shares, parse_image_map, parse_tasks, rewrite_image
 from .lifecycle import cleanup, list_runs
 from .run import exit_at_once, run_command, signals_interrupt
+from .pool import pool_request, read_turns, run_pool, GUIDE_TURNS
 from .report import compare, report
 
 
@@ -367,6 +378,93 @@ def run_behaviour_arguments() -> argparse.ArgumentParser:
     return arguments
 
 
+def pool_arguments() -> list[argparse.ArgumentParser]:
+    """`pool`'s arguments: the pool, what each episode does, the cluster, and how it ends."""
+    return [
+        pool_shape_arguments(),
+        pool_image_arguments(),
+        context_arguments(),
+        kubectl_arguments(),
+        pool_behaviour_arguments(),
+        quiet_arguments("progress"),
+        verbose_arguments(),
+    ]
+
+
+def pool_shape_arguments() -> argparse.ArgumentParser:
+    """How many sandboxes stay warm, how many episodes they serve, and what each episode does."""
+    arguments = argument_set()
+    arguments.add_argument("--output", required=True, metavar="DIR", help="the pool's records")
+    arguments.add_argument(
+        "--size", type=positive_int, required=True, metavar="P", help="warm sandboxes at once"
+    )
+    arguments.add_argument(
+        "--episodes", type=positive_int, required=True, metavar="N", help="episodes to serve"
+    )
+    arguments.add_argument(
+        "--tasks", metavar="FILE", help="JSONL tasks, used in turn; a task's `image` picks its pool"
+    )
+    arguments.add_argument(
+        "--turns",
+        metavar="FILE",
+        help='each episode\'s turns, one JSON object a line: {"write": PATH, "text": TEXT}, '
+        '{"run": [ARGV]} or {"shell": CMD}, with an optional "timeout"; the reward is 1 '
+        "if the last command exits 0 (default: the guide's episode, as turns)",
+    )
+    arguments.add_argument(
+        "--reuse",
+        action="store_true",
+        help="a finished sandbox serves the next episode of its image, its workspace made "
+        "pristine, instead of its pod ending and the Job starting a fresh one",
+    )
+    arguments.add_argument(
+        "--idle-timeout",
+        type=positive_int,
+        default=DEFAULT_IDLE_TIMEOUT_SECONDS,
+        metavar="S",
+        help="a sandbox asked nothing for S seconds ends, and with it the pool's Job "
+        "(default: %(default)s)",
+    )
+    return arguments
+
+
+def pool_image_arguments() -> argparse.ArgumentParser:
+    """What the sandboxes run on: their image, its rewrites, their runtime class."""
+    arguments = argument_set()
+    arguments.add_argument("--image", default=DEFAULT_IMAGE, help="default: %(default)s")
+    arguments.add_argument(
+        "--image-map",
+        action="append",
+        default=None,
+        metavar="FROM=TO",
+        help="rewrite image references that start with FROM (repeatable), as `run` does",
+    )
+    arguments.add_argument("--runtime", default=DEFAULT_RUNTIME, help="default: %(default)s")
+    return arguments
+
+
+def pool_behaviour_arguments() -> argparse.ArgumentParser:
+    """How the pool is locked down and how its namespace ends."""
+    arguments = argument_set()
+    arguments.add_argument(
+        "--harden",
+        action="store_true",
+        help="deny all network traffic but the API server's, read-only root filesystem, "
+        "workspace size limit, Pod Security 'restricted'",
+    )
+    arguments.add_argument(
+        "--cleanup", action="store_true", help="after every file is saved, clean up"
+    )
+    arguments.add_argument(
+        "--ttl",
+        type=duration_seconds,
+        default=None,
+        metavar="DURATION",
+        help="the pool may be deleted this long after it starts, by `cleanup --stale`",
+    )
+    return arguments
+
+
 def cleanup_arguments() -> list[argparse.ArgumentParser]:
     """`cleanup`'s arguments: the run's directory, the kubectl that deletes, and --stale's own."""
     return [
@@ -465,6 +563,13 @@ def build_parser(
         "submit a batch of episodes, wait, verify and report",
         "--output runs/first --count 10",
         run_arguments(),
+    )
+    add_action(
+        actions,
+        "pool",
+        "keep live sandboxes warm and drive each episode's turns over the API server's pod proxy",
+        "--output runs/pool --size 4 --episodes 16",
+        pool_arguments(),
     )
     add_action(
         actions,
@@ -702,6 +807,42 @@ def check_run_directory(parser: argparse.ArgumentParser, args: argparse.Namespac
     args.output = args.output if args.directory is None else args.directory
 
 
+def pool_command(args: argparse.Namespace) -> int:
+    """`pool`: its settings checked, then the pool run."""
+    tasks = read_tasks(args.tasks, COMMAND_LINE) if args.tasks else None
+    turns = read_turns(args.turns) if args.turns else GUIDE_TURNS
+    options = {
+        "image": args.image,
+        "image_map": args.image_map,
+        "runtime": args.runtime,
+        "context": args.context,
+        "kubectl": args.kubectl,
+        "harden": args.harden,
+        "cleanup": args.cleanup,
+        "ttl": args.ttl,
+        "quiet": args.quiet,
+        "verbose": args.verbose,
+    }
+    request = pool_request(args.output, args.size, args.episodes, tasks, options, COMMAND_LINE)
+    shape = PoolShape(request.runtime, request.harden, args.reuse, args.idle_timeout)
+    return run_pool(request, shape, turns)
+
+
+# The run settings a pool shares with `run`, by their names there.
+POOL_RUN_OPTIONS = (
+    "image",
+    "image_map",
+    "runtime",
+    "context",
+    "kubectl",
+    "harden",
+    "cleanup",
+    "ttl",
+    "quiet",
+    "verbose",
+)
+
+
 def check_cleanup_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """One run's directory, or --stale AGE for the cluster's runs; --stale's own options only with it."""
     if args.stale is None:
@@ -720,6 +861,7 @@ def check_cleanup_arguments(parser: argparse.ArgumentParser, args: argparse.Name
 
 
 DISPATCH: dict[str, Callable[[argparse.Namespace], int]] = {
+    "pool": pool_command,
     "cleanup": cleanup,
     "list": list_runs,
     "report": report,

@@ -277,3 +277,22 @@ def embedded_text(name: str) -> str:
 
 # The episode program every pod runs, shipped in a ConfigMap.
 WORKER_SOURCE = embedded_text("worker.py")
+
+# Live sandboxes (`pool`, open_pool): a Job whose pods each serve one trainer's turns over HTTP.
+POOL_JOB_NAME = "pool"
+SANDBOX_CONTAINER = "sandbox"
+SANDBOX_PORT = 8377
+SERVER_KEY = "sandbox_server.py"
+TOKEN_SECRET = "sandbox-token"
+TOKEN_KEY = "token"
+TOKEN_MOUNT = "/sandbox-token"
+TOKEN_HEADER = "X-Sandbox-Token"
+# What the sandbox server exits with once left idle: the pool's Job fails on it (podFailurePolicy
+# FailJob), so no new pod follows a trainer that went away.
+IDLE_EXIT_CODE = 75
+DEFAULT_IDLE_TIMEOUT_SECONDS = 600
+COMMANDS_FILE = "commands.jsonl"
+COMMAND_TEXT_MOST = 200  # commands.jsonl keeps each command's first 200 characters
+
+# The program every pool pod runs, shipped in the run's ConfigMap.
+SERVER_SOURCE = embedded_text("sandbox_server.py")

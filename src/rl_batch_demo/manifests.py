@@ -12,6 +12,13 @@ from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 from .constants import (
     APP_LABEL,
     BATCH_LABEL,
+    IDLE_EXIT_CODE,
+    SANDBOX_CONTAINER,
+    SANDBOX_PORT,
+    SERVER_KEY,
+    TOKEN_KEY,
+    TOKEN_MOUNT,
+    TOKEN_SECRET,
     COMPLETION_INDEX_ANNOTATION,
     CONFIGMAP_NAME,
     CONTAINER_NAME,
@@ -38,7 +45,7 @@ from .constants import (
     VERSION_ANNOTATION,
     WORKER_KEY,
 )
-from .model import DemoError, ImageGroup, RolloutPolicy, Task
+from .model import DemoError, ImageGroup, PoolShape, RolloutPolicy, Task
 from .stats import rounded
 from .parse import (
     EventRecord,
@@ -785,3 +792,102 @@ def capacity_warning(plan: dict, parallelism: int) -> str | None:
         f"expect about {plan['expected_waves']} waves instead of {plan['waves_at_parallelism']}, "
         f"and pods Pending meanwhile"
     )
+
+
+def token_secret_manifest(namespace: str, token: str) -> dict:
+    """The run's sandbox token, which only its pods and this tool hold."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": TOKEN_SECRET, "namespace": namespace},
+        "type": "Opaque",
+        "stringData": {TOKEN_KEY: token},
+    }
+
+
+def server_container(image: str, harden: bool, idle_timeout: int) -> dict:
+    """The container that serves a trainer's commands: the episode container's limits and
+    security, listening on its pod's IP, with the run's token."""
+    security: dict[str, Any] = {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    if harden:
+        security["readOnlyRootFilesystem"] = True
+    env = [
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "SANDBOX_PORT", "value": str(SANDBOX_PORT)},
+        {"name": "SANDBOX_IDLE_SECONDS", "value": str(idle_timeout)},
+        {"name": "SANDBOX_TOKEN_FILE", "value": f"{TOKEN_MOUNT}/{TOKEN_KEY}"},
+    ]
+    return {
+        "name": SANDBOX_CONTAINER,
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["python", "-B", f"/demo/{SERVER_KEY}"],
+        "env": env,
+        "ports": [{"name": "sandbox", "containerPort": SANDBOX_PORT, "protocol": "TCP"}],
+        "securityContext": security,
+        "resources": {
+            "requests": {"cpu": "100m", "memory": "64Mi"},
+            "limits": {"cpu": "500m", "memory": "128Mi"},
+        },
+        "volumeMounts": [
+            {"name": "demo", "mountPath": "/demo", "readOnly": True},
+            {"name": "workspace", "mountPath": "/workspace"},
+            {"name": "pristine", "mountPath": "/sandbox-pristine"},
+            {"name": "token", "mountPath": TOKEN_MOUNT, "readOnly": True},
+        ],
+    }
+
+
+def pool_job_manifest(
+    namespace: str, name: str, size: int, episodes: int, image: str, settings: PoolShape
+) -> dict:
+    """One image's pool: `size` warm sandboxes at a time, `episodes` served in all (with reuse,
+    each pod serves many and completes once). A sandbox left idle fails the Job, so a pool whose
+    trainer went away makes no more pods; a pod lost to the cluster is replaced."""
+    completions = size if settings.reuse else episodes
+    spec = {
+        "runtimeClassName": settings.runtime,
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "securityContext": {
+            "runAsUser": 1000,
+            "runAsGroup": 1000,
+            "fsGroup": 1000,
+            "runAsNonRoot": True,
+        },
+        "containers": [server_container(image, settings.harden, settings.idle_timeout)],
+        "volumes": [
+            {"name": "demo", "configMap": {"name": CONFIGMAP_NAME}},
+            {"name": "workspace", "emptyDir": {"sizeLimit": "64Mi"} if settings.harden else {}},
+            {"name": "pristine", "emptyDir": {"sizeLimit": "64Mi"} if settings.harden else {}},
+            {"name": "token", "secret": {"secretName": TOKEN_SECRET, "defaultMode": 0o440}},
+        ],
+    }
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"app": APP_LABEL}},
+        "spec": {
+            "completions": completions,
+            "parallelism": min(size, completions),
+            "backoffLimit": completions + size,
+            "podFailurePolicy": {
+                "rules": [
+                    {
+                        "action": "FailJob",
+                        "onExitCodes": {
+                            "containerName": SANDBOX_CONTAINER,
+                            "operator": "In",
+                            "values": [IDLE_EXIT_CODE],
+                        },
+                    },
+                    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+                ]
+            },
+            "template": {"metadata": {"labels": {"app": APP_LABEL}}, "spec": spec},
+        },
+    }

@@ -142,6 +142,15 @@ class RunRequest:
     spelling: Spelling
 
 
+class PoolShape(NamedTuple):
+    """What a pool's Jobs are made of, beside their image and counts."""
+
+    runtime: str
+    harden: bool
+    reuse: bool
+    idle_timeout: int
+
+
 class Caller(NamedTuple):
     """What the caller of `run` hands in beside its request, none of it a flag: `on_reward`, told
     each rewards.jsonl line (run_batch's callback, or stream_batch's queue); `stop`, set by

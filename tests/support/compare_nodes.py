@@ -13,7 +13,9 @@ past its activeDeadlineSeconds, ends well before its deadline and is read after
 it, names an image no registry has, is evicted through the Eviction API; and a
 Job of one pod. For every pod the file holds each status its watch delivered
 (phase, reason, conditions, container states, deletion), its events in order,
-and its last pod object. `--diff` prints a unified diff of two sides' files.
+and its last pod object. `--diff` prints a unified diff of two sides' files, then
+the stand-ins' known differences from a real cluster that no scenario shows
+(`KNOWN_DIFFERENCES`).
 """
 
 from __future__ import annotations
@@ -48,6 +50,33 @@ SCENARIOS: Dict[str, Any] = {
     "deadline-after-ok": (["python", "-c", "print('quick')"], {"activeDeadlineSeconds": 6}),
     "pull": (["python", "-c", "print(1)"], {"image": MISSING_IMAGE}),
     "evicted": (SLEEP, {"terminationGracePeriodSeconds": 2}),
+}
+
+
+# Where a stand-in does otherwise than a real cluster (API server and kubelet v1.35) on purpose,
+# in what the scenarios above do not show; each says why, and what the real one does.
+KNOWN_DIFFERENCES: Dict[str, List[str]] = {
+    "emulator": [
+        "pods/proxy relays to the loopback pod IPs (127.B.H.L, a block of the emulator's own) it "
+        "gives pods that declare ports; the real API server refuses a loopback or link-local pod "
+        "IP (400 'address not allowed'), which no real pod has",
+        "a pod that declares ports shares the host's network namespace, its loopback address its "
+        "own: it reaches every such pod and the host's loopback services; every other pod has an "
+        "empty network namespace of its own (127/8 there is its own loopback) and reaches no pod, "
+        "where a real pod network lets every pod reach every other and no host service",
+        "pods/proxy to any other pod IP (the made-up 10.244.N.M) answers 503 'connection refused' "
+        "without a packet sent; an ended pod's loopback address refuses at once too, where on a "
+        "real node the address has left the bridge and a dial finds no host",
+        "pods/proxy neither rewrites the links of a text/html answer nor relays an upgrade "
+        "(WebSocket, SPDY): the Upgrade header is dropped as hop-by-hop",
+    ],
+    "agent": [
+        "pods that declare ports share one network namespace (tests/support/pod_network.py), each "
+        "on its own 10.246.B.H: a server that binds 0.0.0.0 holds its port for all of them",
+        "pods without ports have made-up IPs (10.244.N.M) nothing routes: the real API server "
+        "would send a pods/proxy request for one out through the host's default route; the "
+        "tests never ask it to",
+    ],
 }
 
 
@@ -591,6 +620,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                 render(a), render(b), args.diff[0], args.diff[1], lineterm="", n=2
             )
         )
+        for side, differences in KNOWN_DIFFERENCES.items():
+            print(f"# known differences of the {side} (no scenario shows them):")
+            print("".join(f"#   - {difference}\n" for difference in differences), end="")
         return 0
     if not args.side or not args.out:
         parser.error("--side and --out, or --diff")

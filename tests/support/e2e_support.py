@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import http.client
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -93,7 +96,7 @@ def run_tool(
 
 
 # The actions that talk to the cluster, through the kubectl given.
-CLUSTER_ACTIONS = ("run", "cleanup", "list")
+CLUSTER_ACTIONS = ("run", "pool", "cleanup", "list")
 
 
 def tool(
@@ -393,3 +396,279 @@ for event in ("ready", "reward"):
         record.update(reward=1, tests_exit=0, baseline_exit=1)
     print(json.dumps(record), flush=True)
 '''
+
+
+# -- live sandboxes, reached through the API server's pod proxy ----------------------------------
+
+# The sandbox server the tool's live pools run, and the port it serves on.
+SANDBOX_SERVER = REPO_ROOT / "src" / "rl_batch_demo" / "sandbox_server.py"
+SANDBOX_PORT = 8377
+SANDBOX_TOKEN = "token-of-the-run"
+
+
+def sandbox_manifests(namespace: str, pod: str = "sandbox") -> list[dict]:
+    """A Secret holding the run's token, a ConfigMap holding the server and a pod running it, as
+    the tool will ship them: a containerPort, POD_IP from the downward API (status.podIP), the
+    token a file of the Secret's volume, the server a file of the ConfigMap's, non-root."""
+    meta = {"namespace": namespace}
+    server = SANDBOX_SERVER.read_text()
+    secret = {"token": base64.b64encode(SANDBOX_TOKEN.encode()).decode()}
+    container = {
+        "name": "sandbox",
+        "image": "python:3.12-alpine",
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["python", "-B", "/sandbox/sandbox_server.py"],
+        "ports": [{"containerPort": SANDBOX_PORT, "name": "sandbox"}],
+        "env": [
+            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            {"name": "SANDBOX_PORT", "value": str(SANDBOX_PORT)},
+            {"name": "SANDBOX_TOKEN_FILE", "value": "/sandbox-token/token"},
+        ],
+        "volumeMounts": [
+            {"name": "server", "mountPath": "/sandbox", "readOnly": True},
+            {"name": "token", "mountPath": "/sandbox-token", "readOnly": True},
+            {"name": "workspace", "mountPath": "/workspace"},
+        ],
+    }
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "sandbox-token", **meta},
+            "data": secret,
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "sandbox", **meta},
+            "data": {"sandbox_server.py": server},
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": pod, **meta},
+            "spec": {
+                "restartPolicy": "Never",
+                "automountServiceAccountToken": False,
+                "securityContext": {"runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000},
+                "containers": [container],
+                "volumes": [
+                    {"name": "server", "configMap": {"name": "sandbox"}},
+                    {"name": "token", "secret": {"secretName": "sandbox-token"}},
+                    {"name": "workspace", "emptyDir": {}},
+                ],
+            },
+        },
+    ]
+
+
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """HTTP/1.1 to `kubectl proxy --unix-socket PATH`, kept alive as the tool keeps it."""
+
+    def __init__(self, socket_path: Path, timeout: float = 60):
+        super().__init__("localhost", timeout=timeout)
+        self.socket_path = str(socket_path)
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        sock.connect(self.socket_path)
+        self.sock = sock
+
+
+@contextlib.contextmanager
+def kubectl_proxy(kubectl: str, env: dict, socket_path: Path) -> Iterator[UnixHTTPConnection]:
+    """A running `kubectl proxy --unix-socket` and one connection to it; stopped on leaving."""
+    process = subprocess.Popen(
+        [kubectl, "proxy", "--unix-socket", str(socket_path)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(lambda: socket_path.exists() or process.poll() is not None, 30, "kubectl proxy")
+        assert process.poll() is None, process.communicate()
+        connection = UnixHTTPConnection(socket_path)
+        yield connection
+        connection.close()
+    finally:
+        process.terminate()
+        process.communicate(timeout=30)
+
+
+def proxied(
+    connection: http.client.HTTPConnection,
+    method: str,
+    path: str,
+    body: bytes | None = None,
+    token: str | None = SANDBOX_TOKEN,
+) -> tuple[int, Any]:
+    """(status, the answer's JSON) of one request on the kept-alive connection."""
+    headers = {"X-Sandbox-Token": token} if token is not None else {}
+    connection.request(method, path, body=body, headers=headers)
+    answer = connection.getresponse()
+    data = answer.read()
+    assert not answer.will_close, f"{method} {path}: the connection was not kept alive"
+    try:
+        return answer.status, json.loads(data)
+    except ValueError:
+        return answer.status, data
+
+
+def wait_sandbox_serving(cluster: Any, namespace: str, pod: str) -> str:
+    """The pod's IP, once its container runs and the server says it listens."""
+    wait_for(
+        lambda: (
+            ((cluster.get("pods", namespace, pod) or {}).get("status") or {}).get("phase")
+            in ("Running", "Succeeded", "Failed")
+        ),
+        120,
+        f"pod {pod} to run",
+    )
+    status = cluster.get("pods", namespace, pod)["status"]
+    assert status["phase"] == "Running", status
+    assert status["podIPs"] == [{"ip": status["podIP"]}], status
+    return str(status["podIP"])
+
+
+def wait_proxied_ready(connection: http.client.HTTPConnection, namespace: str, pod: str) -> None:
+    """Until the sandbox answers /ready through the proxy (503 while nothing listens yet)."""
+    path = f"/api/v1/namespaces/{namespace}/pods/{pod}:{SANDBOX_PORT}/proxy/ready"
+    wait_for(lambda: proxied(connection, "GET", path)[0] == 200, 60, "the sandbox to listen")
+
+
+def assert_sandbox_served(connection: http.client.HTTPConnection, namespace: str, pod: str) -> None:
+    """The sandbox through the pod proxy, on one kept-alive connection: 403 without the token
+    (the header reaches the pod through kubectl proxy and the API server), /ready, /run and a
+    file's round trip with it (the query and the body reach it too); the port taken from the
+    pod's first containerPort when the path names none."""
+    base = f"/api/v1/namespaces/{namespace}/pods/{pod}:{SANDBOX_PORT}/proxy"
+    connection.connect()
+    first_socket = connection.sock
+    assert proxied(connection, "GET", base + "/ready", token=None) == (403, {"error": "forbidden"})
+    assert proxied(connection, "GET", base + "/ready", token="not-the-token")[0] == 403
+    status, ready = proxied(connection, "GET", base + "/ready")
+    assert status == 200 and ready["ready_at"] > 0, ready
+    run = json.dumps({"argv": ["python", "-c", "import os; print(6 * 7, os.getuid())"]})
+    status, ran = proxied(connection, "POST", base + "/run", run.encode())
+    assert status == 200 and (ran["exit_code"], ran["stdout"]) == (0, "42 1000\n"), ran
+    assert proxied(connection, "PUT", base + "/file?path=notes/a.txt", b"hello")[1] == {"bytes": 5}
+    assert proxied(connection, "GET", base + "/file?path=notes/a.txt") == (200, b"hello")
+    unported = f"/api/v1/namespaces/{namespace}/pods/{pod}/proxy/ready"
+    assert proxied(connection, "GET", unported)[0] == 200
+    assert connection.sock is first_socket, "kubectl proxy's connection was not kept alive"
+
+
+def status_body(code: int, reason: str, message: str, details: dict | None = None) -> dict:
+    """A failure Status as the API server writes it."""
+    body: dict = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure"}
+    body.update(message=message, reason=reason)
+    if details is not None:
+        body["details"] = details
+    return {**body, "code": code}
+
+
+def assert_proxy_refusals(
+    connection: http.client.HTTPConnection, namespace: str, pod: str, pod_ip: str, unplaced: str
+) -> None:
+    """What the API server answers when it cannot relay: a pod it has no record of (404), a
+    pod with no IP yet (`unplaced`, bound to no node that runs it: 400), a port nothing listens
+    on (503 with Go's dial error), an id it cannot read (400)."""
+    api = f"/api/v1/namespaces/{namespace}/pods"
+    missing = status_body(
+        404, "NotFound", 'pods "absent" not found', {"name": "absent", "kind": "pods"}
+    )
+    assert proxied(connection, "GET", f"{api}/absent:{SANDBOX_PORT}/proxy/ready") == (404, missing)
+    no_ip = status_body(400, "BadRequest", "address not allowed")
+    assert proxied(connection, "GET", f"{api}/{unplaced}:{SANDBOX_PORT}/proxy/ready") == (
+        400,
+        no_ip,
+    )
+    refused = status_body(
+        503,
+        "ServiceUnavailable",
+        f"error trying to reach service: dial tcp {pod_ip}:9: connect: connection refused",
+    )
+    assert proxied(connection, "GET", f"{api}/{pod}:9/proxy/ready") == (503, refused)
+    unreadable = status_body(400, "BadRequest", 'invalid pod request "a:b:c:d"')
+    assert proxied(connection, "GET", f"{api}/a:b:c:d/proxy/ready") == (400, unreadable)
+
+
+def unplaced_pod(namespace: str, name: str = "unplaced") -> dict:
+    """A pod bound to a node nobody runs: it never gets an IP."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "nodeName": "no-such-node",
+            "containers": [{"name": "c", "image": "python:3.12-alpine"}],
+        },
+    }
+
+
+def live_sandbox_on_a_real_api_server(cluster: Any, kubectl: str, socket_path: Path) -> str:
+    """The sandbox's happy path and the API server's refusals through kubectl proxy and a real
+    kube-apiserver, then the pod deleted (404 once gone); the pod's IP, for the tier to place."""
+    ns = "live-sandbox"
+
+    def kubectl_call(*args: str, manifest: dict | None = None) -> None:
+        done = subprocess.run(
+            [kubectl, *args],
+            input=json.dumps(manifest) if manifest is not None else None,
+            env=cluster.env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+
+    kubectl_call("create", "namespace", ns)
+    # Pods are admitted once the namespace has its service account.
+    wait_for(lambda: cluster.get("serviceaccounts", ns, "default"), 60, "the service account")
+    for manifest in [*sandbox_manifests(ns), unplaced_pod(ns)]:
+        kubectl_call("create", "-f", "-", manifest=manifest)
+    ip = wait_sandbox_serving(cluster, ns, "sandbox")
+    with kubectl_proxy(kubectl, cluster.env(), socket_path) as connection:
+        wait_proxied_ready(connection, ns, "sandbox")
+        assert_sandbox_served(connection, ns, "sandbox")
+        assert_proxy_refusals(connection, ns, "sandbox", ip, "unplaced")
+        kubectl_call("delete", "pod", "sandbox", "-n", ns, "--grace-period=1")
+        gone = {"name": "sandbox", "kind": "pods"}
+        assert proxied(connection, "GET", f"/api/v1/namespaces/{ns}/pods/sandbox/proxy/ready") == (
+            404,
+            status_body(404, "NotFound", 'pods "sandbox" not found', gone),
+        )
+    kubectl_call("delete", "namespace", ns, "--wait=false")
+    return ip
+
+
+def assert_a_pool_serves_its_episodes(cluster: Any, kubectl: str, output: Path) -> dict:
+    """`pool` on a cluster: the guide's episode as turns, 4 episodes 2 at a time, each on a pod of
+    its own through the API server's pod proxy; its files agree; cleanup leaves nothing. Returns
+    results.json."""
+    result = tool(
+        cluster,
+        kubectl,
+        "pool",
+        "--output",
+        str(output),
+        "--size",
+        "2",
+        "--episodes",
+        "4",
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    rewards = [json.loads(line) for line in (output / "rewards.jsonl").read_text().splitlines()]
+    assert sorted(line["index"] for line in rewards) == [0, 1, 2, 3]
+    assert all(line["reward"] == 1.0 and line["valid"] for line in rewards), rewards
+    assert len({line["sandbox"] for line in rewards}) == 4
+    commands = [json.loads(line) for line in (output / "commands.jsonl").read_text().splitlines()]
+    assert len(commands) == 8 and all(c["round_trip_seconds"] > 0 for c in commands)
+    results = load(output / "results.json")
+    assert results["episodes"] == results["successful_episodes"] == 4
+    assert results["pool"]["refill_seconds"]["p50"] is not None
+    assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
+    return results

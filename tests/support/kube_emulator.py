@@ -5,8 +5,8 @@ Real ``kubectl`` binaries (1.27 ... 1.35) talk to it over plain HTTP.  It
 serves discovery, OpenAPI (v2 protobuf + v3 JSON, so kubectl's default
 validation works and sends ``fieldValidation=Strict``), CRUD with real
 ``Status`` errors, server-side ``Table`` printing, list/watch (chunked watch
-streams, bookmarks, ``sendInitialEvents``), pod logs, and the controllers
-needed to run a batch/v1 Job end to end:
+streams, bookmarks, ``sendInitialEvents``), pod logs, the pods/proxy
+subresource, and the controllers needed to run a batch/v1 Job end to end:
 
 * ``JobController``   - pods, counters, SuccessCriteriaMet/Complete,
   FailureTarget/Failed, deadlines, tracking finalizers, events;
@@ -15,7 +15,9 @@ needed to run a batch/v1 Job end to end:
 * ``Kubelet``         - one per node: sandbox delay, image events, runs every
   container as a real local process inside bubblewrap (read-only host root,
   volumes at their mount paths, uid/gid from the securityContext, no
-  network), container statuses, logs, graceful deletion;
+  network -- except a pod that declares ports: it shares the host's network
+  and serves on a loopback pod IP of its own, ``LoopbackPodIPs``), container
+  statuses, logs, graceful deletion;
   With the fault ``lightweight_kubelet`` (scale tests only) a container spawns
   no process and writes the built-in worker's events with declared timing
   (``LIGHTWEIGHT_TIMING``), so thousands of pods fit on two cores;
@@ -37,7 +39,7 @@ through ``ReadPath`` (the watch cache), writes through ``WritePath`` (admission,
 defaulting, validation); ``ApiServer`` routes HTTP to them and composes the
 rest of the REST layer: ``RequestFaults`` (latency, refusals, injected errors),
 ``Discovery`` (version, groups, resource lists, OpenAPI), ``Representation``
-(objects, metadata or Tables), ``WatchServer`` and ``LogServer``.  ``EventRecorder``
+(objects, metadata or Tables), ``WatchServer``, ``LogServer`` and ``PodProxy`` (pods/proxy).  ``EventRecorder``
 writes the components' Events and ``TruthRecord`` notes when things really
 happened, for the tests to compare with.
 
@@ -66,7 +68,9 @@ import builtins
 import calendar
 import hashlib
 import heapq
+import http.client
 import http.server
+import ipaddress
 import json
 import os
 import queue
@@ -83,7 +87,7 @@ import traceback
 import uuid
 from pathlib import Path
 from typing import Any, Callable
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from sandbox import (
     SANDBOX_PATH,
@@ -842,6 +846,7 @@ RESOURCES: list[ResourceInfo] = [
         subresources={"finalize": ["update"], "status": ["get", "patch", "update"]},
     ),
     ResourceInfo("", "v1", "configmaps", "ConfigMap", True, ["cm"]),
+    ResourceInfo("", "v1", "secrets", "Secret", True, []),
     ResourceInfo(
         "",
         "v1",
@@ -853,6 +858,7 @@ RESOURCES: list[ResourceInfo] = [
         subresources={
             "eviction": ["create"],
             "log": ["get"],
+            "proxy": ["create", "delete", "get", "patch", "update"],
             "status": ["get", "patch", "update"],
         },
     ),
@@ -1064,6 +1070,7 @@ POD_SPEC = {
 SCHEMAS: dict[str, dict] = {
     "Namespace": {"spec": {"finalizers": None}, "status": None},
     "ConfigMap": {"data": "map", "binaryData": "map", "immutable": None},
+    "Secret": {"data": "map", "stringData": "map", "type": None, "immutable": None},
     "Pod": {"spec": POD_SPEC, "status": None},
     "Job": {
         "spec": {
@@ -1494,6 +1501,12 @@ TABLE_COLUMNS: dict[str, list[dict]] = {
         _AGE_COL,
     ],
     "configmaps": [_NAME_COL, _col("Data", "Data contains the configuration data."), _AGE_COL],
+    "secrets": [
+        _NAME_COL,
+        _col("Type", "Used to facilitate programmatic handling of secret data."),
+        _col("Data", "Data contains the secret data."),
+        _AGE_COL,
+    ],
     "nodes": [
         _NAME_COL,
         _col("Status", "The status of the node"),
@@ -1705,6 +1718,8 @@ def table_row(store: str, obj: dict, now: float) -> list[Any]:
         return [name, obj.get("handler", ""), _age(obj, now)]
     if store == "configmaps":
         return [name, len(obj.get("data") or {}) + len(obj.get("binaryData") or {}), _age(obj, now)]
+    if store == "secrets":
+        return [name, obj.get("type", ""), len(obj.get("data") or {}), _age(obj, now)]
     if store == "networkpolicies":
         return [
             name,
@@ -2038,6 +2053,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "kube-emulator"
     sys_version = ""
+    # Go sets TCP_NODELAY on every connection, as the API server's are: without it an answer whose
+    # body follows its headers in a second write waited for the client's delayed ACK (40 ms).
+    disable_nagle_algorithm = True
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - silence
         pass
@@ -2064,7 +2082,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def _dispatch(self) -> None:
         self.server.api.handle(self)  # type: ignore[attr-defined]
 
-    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = _dispatch
+    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = do_OPTIONS = _dispatch
 
 
 class _HTTPServer(http.server.ThreadingHTTPServer):
@@ -2826,8 +2844,10 @@ class RequestAttributes:
         self.verb = (
             "watch" if is_watch else (one if self.name else collection).get(method, method.lower())
         )
-        if self.subresource == "eviction" and method == "POST":
-            self.verb = "create"  # an Eviction is created on its pod's subresource
+        if self.subresource in ("eviction", "proxy") and method == "POST":
+            self.verb = (
+                "create"  # an Eviction is created on its pod's subresource; so is a POST proxied
+            )
 
     def allowed_by(self, rules: list[dict]) -> bool:
         resource = self.resource + ("/" + self.subresource if self.subresource else "")
@@ -3485,6 +3505,311 @@ class LogServer:
         return runs[-1]
 
 
+# --------------------------------------------------------------------------
+# pods/proxy: a request relayed to a pod, as the API server's ProxyREST relays
+# it (pkg/registry/core/pod: ResourceLocation; k8s.io/apimachinery/pkg/util/
+# proxy: UpgradeAwareHandler, Transport; Go's httputil.ReverseProxy)
+# --------------------------------------------------------------------------
+
+# Hop-by-hop headers, which a proxy never relays (httputil.ReverseProxy), either way.
+HOP_BY_HOP = frozenset(
+    (
+        "connection",
+        "proxy-connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    )
+)
+# The API server's authentication takes the client's credentials off the request; the body is
+# read here whole, so its length and any 100-continue are this side's own.
+PROXY_REQUEST_DROPPED = HOP_BY_HOP | {"authorization", "content-length", "expect"}
+# The proxy transport takes the backend's CORS headers off its answer.
+PROXY_RESPONSE_DROPPED = HOP_BY_HOP | {
+    "content-length",
+    "access-control-allow-credentials",
+    "access-control-allow-headers",
+    "access-control-allow-methods",
+    "access-control-allow-origin",
+}
+PROXY_DIAL_SECONDS = 30.0  # the proxy transport's dialer timeout
+
+
+class ProxyTarget:
+    """What a pods/proxy request names: the namespace, the pod's id (NAME, NAME:PORT or
+    SCHEME:NAME:PORT) and the path after `proxy`, cleaned as path.Join cleans it (empty when
+    the request names no path at all; a trailing slash kept)."""
+
+    def __init__(self, namespace: str, pod_id: str, path: str):
+        self.namespace, self.pod_id, self.path = namespace, pod_id, path
+
+    @staticmethod
+    def parse(raw_path: str) -> ProxyTarget | None:
+        parts = raw_path.split("/")
+        if not (
+            len(parts) >= 8
+            and parts[1:4] == ["api", "v1", "namespaces"]
+            and parts[5] == "pods"
+            and parts[7] == "proxy"
+            and parts[4]
+            and parts[6]
+        ):
+            return None
+        rest = unquote("/".join(parts[8:]))
+        trailing = raw_path.endswith("/") and len(parts) > 8
+        path = clean_path(rest) if rest or trailing else ""
+        if trailing and not path.endswith("/"):
+            path += "/"
+        return ProxyTarget(unquote(parts[4]), unquote(parts[6]), path)
+
+    def split_id(self) -> tuple[str, str, str]:
+        """(scheme, name, port) as utilnet.SplitSchemeNamePort reads the id; 400 when it cannot."""
+        parts = self.pod_id.split(":")
+        scheme, name, port = "", "", ""
+        if len(parts) == 3:
+            scheme, name, port = parts
+        elif len(parts) < 3:
+            name, port = parts[0], ":".join(parts[1:])
+        if not name or scheme not in ("", "http", "https"):
+            raise err_bad_request(f'invalid pod request "{self.pod_id}"')
+        return scheme or "http", name, port
+
+
+def clean_path(path: str) -> str:
+    """Go's path.Clean of an absolute path: no empty, `.` or `..` segments left."""
+    kept: list[str] = []
+    for segment in path.split("/"):
+        if segment == "..":
+            kept = kept[:-1]
+        elif segment not in ("", "."):
+            kept.append(segment)
+    return "/" + "/".join(kept)
+
+
+def first_container_port(pod: dict) -> str:
+    """The port a proxy request that names none goes to: the first port its containers declare."""
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        if container.get("ports"):
+            return str(container["ports"][0].get("containerPort", ""))
+    return ""
+
+
+def declares_ports(pod: dict) -> bool:
+    """Whether any of the pod's containers declares a port: its pod IP must then be reachable."""
+    spec = pod.get("spec") or {}
+    return any(
+        c.get("ports") for c in (spec.get("containers") or []) + (spec.get("initContainers") or [])
+    )
+
+
+def global_unicast(ip: str) -> bool:
+    """net.IP.IsGlobalUnicast, which ResourceLocation asks of the pod's IP: not unspecified,
+    loopback, multicast, link-local or the IPv4 broadcast address (private ranges are fine)."""
+    try:
+        address = ipaddress.ip_address(ip)
+    except ValueError:
+        return False
+    return not (
+        address.is_unspecified
+        or address.is_loopback
+        or address.is_multicast
+        or address.is_link_local
+        or address == ipaddress.ip_address("255.255.255.255")
+    )
+
+
+class PodProxy:
+    """The pods/proxy subresource: GET, POST, PUT, PATCH, DELETE, HEAD and OPTIONS relayed to
+    http(s)://PODIP:PORT/PATH with the query, the body and the end-to-end headers, the pod's
+    answer relayed back (status, headers, body; chunked when the pod gave no length) on the
+    client's kept-alive connection.
+
+    As the API server: an id it cannot read answers 400 `invalid pod request "ID"`, a missing
+    pod 404, a pod without an IP fit to proxy to 400 `address not allowed`, a pod that cannot be
+    reached 503 `error trying to reach service: <Go's dial error>`, and a request that names no
+    path (GET or HEAD) a 301 to the same path with a slash. Unlike the API server, which refuses
+    loopback pod IPs, the emulator relays to the loopback IPs it gives pods that declare ports
+    (`LoopbackPodIPs`); no packet goes anywhere else: any other pod IP is answered as the pod's
+    node answers a port nothing listens on, connection refused."""
+
+    def __init__(self, api: ApiServer):
+        self.api = api
+        self.emu = api.emu
+
+    def serve(self, h: _Handler, target: ProxyTarget, raw_query: str, body: bytes) -> int:
+        scheme, name, port = target.split_id()
+        pod = self.api.get_object(CANONICAL["pods"], target.namespace, name)
+        port = port or first_container_port(pod) or ("443" if scheme == "https" else "80")
+        ip = (((pod.get("status") or {}).get("podIPs") or [{}])[0]).get("ip") or ""
+        if not (global_unicast(ip) or self.emu.pod_ips.holds(ip)):
+            raise err_bad_request("address not allowed")
+        request_path = unquote(urlsplit(h.path).path)
+        if not target.path and h.command in ("GET", "HEAD"):
+            location = request_path + "/" + ("?" + raw_query if raw_query else "")
+            return send_bytes(h, 301, b"", "text/plain", {"Location": location})
+        # The path before the pod's own (the proxy transport's PathPrepend): X-Forwarded-Uri
+        # starts with it, and a redirect the pod answers is pointed back through it.
+        suffix = target.path + (
+            "/" if request_path.endswith("/") and not target.path.endswith("/") else ""
+        )
+        prefix = request_path
+        if suffix and request_path.endswith(suffix):
+            prefix = request_path[: len(request_path) - len(suffix)]
+        conn = self._dial(scheme, ip, port)
+        try:
+            try:
+                self._send(conn, h, target.path, prefix, raw_query, body)
+                answer = conn.getresponse()
+            except (OSError, http.client.HTTPException) as error:
+                lost = isinstance(error, http.client.RemoteDisconnected)
+                raise unreachable("EOF" if lost else str(error)) from None
+            return self._relay(h, answer, prefix, f"{ip}:{port}")
+        finally:
+            conn.close()
+
+    def _dial(self, scheme: str, ip: str, port: str) -> http.client.HTTPConnection:
+        """A connection to the pod, as the proxy transport's dialer makes it (30 s to connect)."""
+        if not port.isdigit():
+            try:
+                port = str(socket.getservbyname(port, "tcp"))
+            except OSError:
+                raise unreachable(f"dial tcp: lookup tcp/{port}: unknown port") from None
+        where = f"{ip}:{port}"
+        if not self.emu.pod_ips.holds(ip):
+            raise unreachable(f"dial tcp {where}: connect: connection refused")
+        if scheme == "https":
+            import ssl
+
+            # The API server does not verify a pod's certificate.
+            context = ssl.create_default_context()
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+            conn: http.client.HTTPConnection = http.client.HTTPSConnection(
+                ip, int(port), timeout=PROXY_DIAL_SECONDS, context=context
+            )
+        else:
+            conn = http.client.HTTPConnection(ip, int(port), timeout=PROXY_DIAL_SECONDS)
+        try:
+            conn.connect()
+        except socket.timeout:
+            raise unreachable(f"dial tcp {where}: i/o timeout") from None
+        except OSError as error:
+            reason = os.strerror(error.errno).lower() if error.errno else str(error)
+            raise unreachable(f"dial tcp {where}: connect: {reason}") from None
+        assert conn.sock is not None
+        conn.sock.settimeout(None)  # the proxy waits for the pod's answer as long as it takes
+        return conn
+
+    @staticmethod
+    def _send(
+        conn: http.client.HTTPConnection,
+        h: _Handler,
+        path: str,
+        prefix: str,
+        raw_query: str,
+        body: bytes,
+    ) -> None:
+        """The client's request, relayed: its end-to-end headers, X-Forwarded-For and -Uri added."""
+        target = quote(path or "/", safe="/!$&'()*+,;=:@") + ("?" + raw_query if raw_query else "")
+        conn.putrequest(h.command, target, skip_host=True, skip_accept_encoding=True)
+        listed = connection_tokens(h.headers.get_all("Connection") or [])
+        forwarded_for = []
+        for key, value in h.headers.items():
+            lower = key.lower()
+            if lower == "x-forwarded-for":
+                forwarded_for.append(value)
+            elif lower not in PROXY_REQUEST_DROPPED and lower not in listed:
+                conn.putheader(key, value)
+        if "Host" not in h.headers:
+            conn.putheader("Host", f"{conn.host}:{conn.port}")
+        conn.putheader("X-Forwarded-For", ", ".join([*forwarded_for, h.client_address[0]]))
+        forwarded_uri = clean_path(prefix + "/" + path) + ("/" if path.endswith("/") else "")
+        conn.putheader("X-Forwarded-Uri", forwarded_uri)
+        if body or h.command in ("POST", "PUT", "PATCH"):
+            conn.putheader("Content-Length", str(len(body)))
+        conn.endheaders(body or None)
+
+    @staticmethod
+    def _relay(h: _Handler, answer: http.client.HTTPResponse, prefix: str, pod_host: str) -> int:
+        """The pod's answer, relayed to the client: status, end-to-end headers, the body."""
+        code = answer.status
+        entry = getattr(h, "request_entry", None)
+        if entry is not None:
+            entry["status"] = code  # before a byte leaves, as _Handler.send_response notes it
+        h.send_response_only(code, answer.reason)
+        h.send_header("Audit-Id", str(uuid.uuid4()))
+        h.send_header("Cache-Control", "no-cache, private")
+        listed = connection_tokens(answer.headers.get_all("Connection") or [])
+        for key, value in answer.getheaders():
+            lower = key.lower()
+            if lower in PROXY_RESPONSE_DROPPED or lower in listed:
+                continue
+            if lower == "location":
+                value = rewrite_location(value, prefix, pod_host, h.headers.get("Host") or "")
+            h.send_header(key, value)
+        if "Date" not in answer.headers:
+            h.send_header("Date", h.date_time_string())
+        length = answer.getheader("Content-Length")
+        if h.command == "HEAD" or code in (204, 304) or code < 200:
+            if length is not None:
+                h.send_header("Content-Length", length)  # of the body a GET would have had
+            h.end_headers()
+            h.wfile.flush()
+            return code
+        chunked = length is None or answer.chunked
+        h.send_header(
+            *(("Transfer-Encoding", "chunked") if chunked else ("Content-Length", length))
+        )
+        h.end_headers()
+        try:
+            while True:
+                data = answer.read1(1 << 16)
+                if not data:
+                    break
+                if chunked:
+                    write_chunk(h, data)
+                else:
+                    h.wfile.write(data)
+            if chunked:
+                h.wfile.write(b"0\r\n\r\n")
+            h.wfile.flush()
+        except (OSError, http.client.HTTPException):
+            # The pod or the client went away mid-answer: the answer is cut, as the API server
+            # aborts it, and the client's connection closed.
+            h.close_connection = True
+        return code
+
+
+def unreachable(why: str) -> ApiError:
+    """503 as the proxy transport answers a pod it could not reach, quoting Go's error."""
+    return ApiError(503, "ServiceUnavailable", f"error trying to reach service: {why}")
+
+
+def connection_tokens(values: list[str]) -> set[str]:
+    """The header names a Connection header lists (hop-by-hop for this hop alone)."""
+    return {
+        token.strip().lower() for value in values for token in value.split(",") if token.strip()
+    }
+
+
+def rewrite_location(location: str, prefix: str, pod_host: str, request_host: str) -> str:
+    """A redirect the pod answers, pointed back through the proxy (proxy.Transport.rewriteURL):
+    an absolute path on the pod's own host gains the proxy's prefix; anything else is kept."""
+    url = urlsplit(location)
+    if (url.netloc and url.netloc not in (pod_host, request_host)) or not url.path.startswith("/"):
+        return location
+    path = url.path
+    if not path.startswith(prefix):
+        path = prefix.rstrip("/") + path
+    return (
+        path + ("?" + url.query if url.query else "") + ("#" + url.fragment if url.fragment else "")
+    )
+
+
 class ApiServer:
     """The REST layer: listening, the request log, routing and the verbs on resources."""
 
@@ -3508,6 +3833,7 @@ class ApiServer:
         self.render = Representation(emu)
         self.watches = WatchServer(self)
         self.logs = LogServer(self)
+        self.proxy = PodProxy(self)
 
     # -- lifecycle --------------------------------------------------------
     def listen(self, port: int = 0) -> None:
@@ -3602,6 +3928,10 @@ class ApiServer:
     def route(
         self, h: _Handler, path: str, query: dict[str, str], body: bytes, is_watch: bool
     ) -> int:
+        url = urlsplit(h.path)
+        proxied = ProxyTarget.parse(url.path)
+        if proxied is not None:
+            return self.proxy.serve(h, proxied, url.query, body)
         code = self.discovery.serve(h, path, query)
         if code is not None:
             return code
@@ -5316,6 +5646,7 @@ class ContainerRunner(threading.Thread):
             self.container.get("workingDir") or "/",
             argv,
             str(emu.bindir),
+            share_net=declares_ports(w.pod),
         )
         start = emu.node_now(w.kubelet.node)
         # The true start is taken before the process is spawned: on a loaded machine the
@@ -5637,9 +5968,19 @@ class ContainerRunner(threading.Thread):
                 env[name] = val
             elif value_from.get("secretKeyRef"):
                 ref = value_from["secretKeyRef"]
-                if ref.get("optional"):
+                secret = self.emu.store.get("secrets", w.ns, ref.get("name", ""))
+                data = (secret or {}).get("data") or {}
+                if ref.get("key") in data:
+                    env[name] = base64.b64decode(data[ref["key"]]).decode("utf-8", "replace")
+                elif ref.get("optional"):
                     continue
-                return env, f'secret "{ref.get("name")}" not found'
+                elif secret is None:
+                    return env, f'secret "{ref.get("name")}" not found'
+                else:
+                    return (
+                        env,
+                        f"couldn't find key {ref.get('key')} in Secret {w.ns}/{ref.get('name')}",
+                    )
         return env, None
 
     def _argv(self, env: dict[str, str]) -> list[str]:
@@ -5724,6 +6065,21 @@ def write_config_map_volume(
         target.write_bytes(binary[key] if key in binary else data.get(key, "").encode())
         os.chmod(target, file_mode)
     os.chmod(directory, 0o755)
+
+
+def write_secret_volume(directory: Path, volume: str, ref: dict, secret: dict | None) -> None:
+    """A secret volume's files (its data decoded), with their modes, as a kubelet writes them."""
+    if secret is None and not ref.get("optional"):
+        raise MountError(
+            f'MountVolume.SetUp failed for volume "{volume}" : '
+            f'secret "{ref.get("secretName")}" not found'
+        )
+    decoded_as_binary = {"binaryData": dict((secret or {}).get("data") or {})}
+    write_config_map_volume(directory, volume, ref, decoded_as_binary)
+
+
+# The volume types a kubelet mounts read-only whatever the container's volumeMount says.
+READ_ONLY_VOLUMES = ("configMap", "secret", "projected", "downwardAPI")
 
 
 def write_downward_api_files(pod: dict, directory: Path, items: list[dict]) -> None:
@@ -6294,10 +6650,10 @@ class PodWorker(threading.Thread):
         if v.get("hostPath") is not None:
             return v["hostPath"].get("path", "/"), "hostPath"
         if v.get("secret") is not None:
-            raise MountError(
-                f'MountVolume.SetUp failed for volume "{name}" : '
-                f'secret "{v["secret"].get("secretName")}" not found'
-            )
+            ref = v["secret"]
+            secret = self.emu.store.get("secrets", self.ns, ref.get("secretName", ""))
+            write_secret_volume(d, name, ref, secret)
+            return str(d), "secret"
         raise MountError(
             f'MountVolume.SetUp failed for volume "{name}" : volume type not supported by '
             "the emulator"
@@ -6348,7 +6704,7 @@ class PodWorker(threading.Thread):
                 src = os.path.join(src, mount["subPath"])
                 if not os.path.exists(src):
                     os.makedirs(src, exist_ok=True)
-            ro = bool(mount.get("readOnly")) or kind in ("configMap", "projected", "downwardAPI")
+            ro = bool(mount.get("readOnly")) or kind in READ_ONLY_VOLUMES
             out.append((src, mount["mountPath"], ro))
         sc = container.get("securityContext") or {}
         return out, bool(sc.get("readOnlyRootFilesystem"))
@@ -6373,6 +6729,56 @@ class PodWorker(threading.Thread):
                     f'"{empty_dir["sizeLimit"]}". '
                 )
         return None
+
+
+class LoopbackPodIPs:
+    """The pod IPs of pods that declare ports: loopback addresses 127.B.H.L, from a block B that
+    this emulator holds alone among the machine's emulators while it runs (B is never 0, where
+    127.0.0.1 and a resolver's 127.0.0.53 live). The block is claimed by binding an abstract
+    unix socket named after it: atomic, and released when the emulator stops or its process
+    dies. Such a pod shares the host's network (every 127/8 address is the host's own), binds
+    its address, and is reached there by pods/proxy; other pods have a network of their own
+    with nothing in it."""
+
+    def __init__(self) -> None:
+        self.claim: socket.socket | None = None
+        self.block = 0
+        self.given = 0
+        self.lock = threading.Lock()
+
+    def take(self) -> str:
+        with self.lock:
+            if self.claim is None:
+                self._claim()
+            high, low = divmod(self.given, 254)  # .0 and .255 last are skipped: they read oddly
+            if high > 255:
+                raise RuntimeError(f"all 65,024 loopback pod IPs of 127.{self.block}/16 are given")
+            self.given += 1
+            return f"127.{self.block}.{high}.{low + 1}"
+
+    def holds(self, ip: str) -> bool:
+        """Whether `ip` is one of this emulator's loopback pod IPs."""
+        return self.claim is not None and ip.startswith(f"127.{self.block}.")
+
+    def release(self) -> None:
+        with self.lock:
+            if self.claim is not None:
+                self.claim.close()
+                self.claim = None
+
+    def _claim(self) -> None:
+        first = random.randrange(254)
+        for offset in range(254):
+            block = (first + offset) % 254 + 1
+            claim = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                claim.bind(f"\0rldemo-emulator-pod-ips-127.{block}")
+            except OSError:
+                claim.close()
+                continue
+            self.claim, self.block = claim, block
+            return
+        raise RuntimeError("every block of loopback pod IPs, 127.1/16 to 127.254/16, is held")
 
 
 class Kubelet:
@@ -6441,11 +6847,16 @@ class Kubelet:
                 self.finalq.add((metadata["namespace"], metadata["name"], uid), 0)
 
     def pod_ip(self, w: PodWorker) -> str:
+        """A pod's IP: a loopback one it can serve on when it declares ports, else a made-up
+        10.244.N.M that nothing reaches (its network has no route)."""
         with self.lock:
             ip = self._ips.get(w.uid)
             if ip is None:
-                self._ip_seq += 1
-                ip = f"10.244.{self.index}.{self._ip_seq % 250 + 2}"
+                if declares_ports(w.pod):
+                    ip = self.emu.pod_ips.take()
+                else:
+                    self._ip_seq += 1
+                    ip = f"10.244.{self.index}.{self._ip_seq % 250 + 2}"
                 self._ips[w.uid] = ip
             return ip
 
@@ -6499,6 +6910,8 @@ _DNS1123_SUBDOMAIN = re.compile(
 )
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _CM_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
+_BASE64 = re.compile(r"^[A-Za-z0-9+/]*={0,2}$")
+_BASE64_PREFIX = re.compile(r"[A-Za-z0-9+/]*")
 
 
 def default_pod_spec(spec: dict) -> None:
@@ -6823,7 +7236,7 @@ def _pod_failure_policy_errors(policy: dict, per_index: Any) -> list[tuple[str, 
 
 
 def validate_config_map(body: dict) -> list[tuple[str, str, str]]:
-    """A ConfigMap's field errors: its keys, and values that are not strings."""
+    """A ConfigMap's (or a Secret's) field errors: its keys, and values that are not strings."""
     errs: list[tuple[str, str, str]] = []
     for k in list(body.get("data") or {}) + list(body.get("binaryData") or {}):
         if not _CM_KEY.match(k):
@@ -6852,6 +7265,7 @@ VALIDATORS: dict[str, Callable[[dict], list[tuple[str, str, str]]]] = {
     "pods": validate_pod,
     "jobs": validate_job,
     "configmaps": validate_config_map,
+    "secrets": validate_config_map,
     "runtimeclasses": validate_runtime_class,
 }
 
@@ -7212,6 +7626,22 @@ class WritePath:
         except ValueError:
             qos = "BestEffort"
         body["status"] = {"phase": "Pending", "qosClass": qos}
+
+    def _admit_secrets(self, body: dict, err_name: str) -> None:
+        """As the v1 Secret decodes: data is base64, stringData is merged into it; type Opaque."""
+        data = body.get("data") or {}
+        for value in data.values():
+            if not isinstance(value, str) or not _BASE64.match(value) or len(value) % 4:
+                at = len(_BASE64_PREFIX.match(value).group(0)) if isinstance(value, str) else 0
+                raise err_bad_request(
+                    'Secret in version "v1" cannot be handled as a Secret: illegal base64 data '
+                    f"at input byte {at}"
+                )
+        for key, value in (body.pop("stringData", None) or {}).items():
+            data[key] = base64.b64encode(str(value).encode()).decode()
+        if data:
+            body["data"] = data
+        body.setdefault("type", "Opaque")
 
     def _admit_networkpolicies(self, body: dict, err_name: str) -> None:
         body.setdefault("spec", {}).setdefault(
@@ -7836,6 +8266,7 @@ class Emulator:
             GarbageCollector(self),
             NamespaceController(self),
         ]
+        self.pod_ips = LoopbackPodIPs()
         self.kubelets = [Kubelet(self, n, i + 1) for i, n in enumerate(self.node_names)]
         self.store.listeners.append(self.truth_record.on_store_event)
         self.store.listeners.append(self._on_store_event)
@@ -7972,6 +8403,7 @@ class Emulator:
         for k in self.kubelets:
             k.stop()
         self.api.close()
+        self.pod_ips.release()
         for c in self.controllers:
             c.thread.join(2)
         try:

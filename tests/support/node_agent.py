@@ -6,12 +6,17 @@ bubblewrap (tests/support/sandbox.py, the same code as the emulator's kubelets),
 pod status the way a kubelet does, records the kubelet's events, serves
 container logs on the kubelet API (HTTPS, /containerLogs/...) so that
 `kubectl logs` goes through the API server, and honours graceful deletion.
+A pod gets a made-up IP (10.244.N.M) and a network of its own with nothing in it,
+unless it declares ports: then it runs in the agent's pod network
+(tests/support/pod_network.py, as root) on an address the API server reaches,
+so that pods/proxy works as on a real node.
 
 Standard library only.
 """
 
 from __future__ import annotations
 
+import base64
 import http.server
 import os
 import random
@@ -28,13 +33,16 @@ from urllib.parse import parse_qs, quote, urlsplit
 
 from control_plane import Api, ApiError, free_port
 from kube_emulator import (
+    declares_ports,
     hex64,
     link_python,
     normalize_image,
     told_of_removal,
     write_config_map_volume,
     write_downward_api_files,
+    write_secret_volume,
 )
+from pod_network import PodNetwork, PodNetworkError
 from sandbox import (
     SANDBOX_PATH,
     ContainerLog,
@@ -160,6 +168,8 @@ class PodWorker(threading.Thread):
         self.extra_status: dict = {}
         self.unsent: dict | None = None  # the last status patch the API server did not take
         self.image_checked: set = set()  # containers whose image the worker already found present
+        self.serving = declares_ports(pod)  # in the pod network, on an address of its own
+        self.pod_ip: str | None = None
 
     # -- signals -----------------------------------------------------------
     def on_deletion(self, pod: dict) -> None:
@@ -319,6 +329,8 @@ class PodWorker(threading.Thread):
         except Exception:
             traceback.print_exc()
         finally:
+            if self.serving and self.pod_ip is not None:
+                self.agent.pod_network.release(self.pod_ip)
             self._final_delete()
 
     def _run(self) -> None:
@@ -348,7 +360,10 @@ class PodWorker(threading.Thread):
         # status manager posts the sandbox's readiness on its own, after that.
         if self.containers:
             self.image_present(self.containers[0])
-        pod_ip = self.agent.pod_ip()
+        pod_ip = self._sandbox_ip()
+        if pod_ip is None:
+            self._terminate()
+            return
         self.extra_status.update({"podIP": pod_ip, "podIPs": [{"ip": pod_ip}]})
         self.set_condition("PodReadyToStartContainers", "True")
         self.post_status()
@@ -380,6 +395,30 @@ class PodWorker(threading.Thread):
             if not self.removed:
                 self.post_status()
             self.deadline_after_success()
+
+    def _sandbox_ip(self) -> str | None:
+        """The pod's IP: from the pod network for a pod that serves (its sandbox fails, and is
+        tried again, while the network cannot be made), else a made-up one; None once stopped."""
+        if not self.serving:
+            return self.agent.pod_ip()
+        while True:
+            try:
+                self.pod_ip = self.agent.pod_network.take()
+                return self.pod_ip
+            except PodNetworkError as error:
+                self.event(
+                    "Warning",
+                    "FailedCreatePodSandBox",
+                    f"Failed to create pod sandbox: failed to set up the pod network: {error}",
+                )
+            if self.sleep(2.0):
+                return None
+
+    def view(self) -> dict:
+        """The pod as this kubelet knows it: the status it has set over the one it was given
+        (what a downward API field names, status.podIP among them, is read from this)."""
+        status = {**(self.pod.get("status") or {}), **self.extra_status}
+        return {**self.pod, "status": status}
 
     def _terminate(self) -> None:
         """Graceful stop: Killing events, SIGTERM, the grace period, SIGKILL; then the final status."""
@@ -490,6 +529,13 @@ class PodWorker(threading.Thread):
                 )
                 write_config_map_volume(d, name, ref, cm)
                 out[name] = (str(d), "configMap")
+            elif v.get("secret") is not None:
+                ref = v["secret"]
+                secret = self.api.get_or_none(
+                    f"/api/v1/namespaces/{self.ns}/secrets/{ref.get('secretName', '')}"
+                )
+                write_secret_volume(d, name, ref, secret)
+                out[name] = (str(d), "secret")
             elif v.get("emptyDir") is not None:
                 os.chmod(d, 0o777)
                 out[name] = (str(d), "emptyDir")
@@ -626,7 +672,7 @@ class PodWorker(threading.Thread):
                     (
                         src,
                         mount["mountPath"],
-                        bool(mount.get("readOnly")) or kind in ("configMap", "projected"),
+                        bool(mount.get("readOnly")) or kind in ("configMap", "secret", "projected"),
                     )
                 )
         read_only_root = bool((spec.get("securityContext") or {}).get("readOnlyRootFilesystem"))
@@ -647,7 +693,10 @@ class PodWorker(threading.Thread):
             spec.get("workingDir") or "/",
             argv,
             str(self.agent.bindir),
+            share_net=self.serving,
         )
+        if self.serving:
+            cmd = self.agent.pod_network.enter(cmd)
         log = ContainerLog(self.agent.workdir / "logs" / f"{self.ns}_{self.name}_{c.name}-0.log")
         c.logs.append(log)
         started = now_rfc3339()
@@ -770,7 +819,7 @@ class PodWorker(threading.Thread):
             if not source:
                 env[e["name"]] = expand_vars(str(e.get("value", "")), env)
             elif source.get("fieldRef"):
-                value = resolve_field_ref(self.pod, source["fieldRef"].get("fieldPath", ""))
+                value = resolve_field_ref(self.view(), source["fieldRef"].get("fieldPath", ""))
                 if value is None:
                     return (
                         env,
@@ -796,6 +845,25 @@ class PodWorker(threading.Thread):
                             f'configmap "{ref.get("name")}" not found'
                             if cm is None
                             else f"couldn't find key {ref.get('key')} in ConfigMap {self.ns}/{ref.get('name')}"
+                        ),
+                    )
+            elif source.get("secretKeyRef"):
+                ref = source["secretKeyRef"]
+                secret = self.api.get_or_none(
+                    f"/api/v1/namespaces/{self.ns}/secrets/{ref.get('name', '')}"
+                )
+                data = (secret or {}).get("data") or {}
+                if ref.get("key") in data:
+                    env[e["name"]] = base64.b64decode(data[ref["key"]]).decode("utf-8", "replace")
+                elif not ref.get("optional"):
+                    return (
+                        env,
+                        0,
+                        0,
+                        (
+                            f'secret "{ref.get("name")}" not found'
+                            if secret is None
+                            else f"couldn't find key {ref.get('key')} in Secret {self.ns}/{ref.get('name')}"
                         ),
                     )
         return env, int(uid or 0), int(gid if gid is not None else 0), None
@@ -877,6 +945,7 @@ class NodeAgent:
         self.truth_lock = threading.Lock()
         self.port = free_port()
         self.server: _KubeletServer | None = None
+        self.pod_network = PodNetwork()  # made when the first pod that serves needs it
 
     # -- lifecycle ---------------------------------------------------------
     def start(self) -> NodeAgent:
@@ -905,6 +974,7 @@ class NodeAgent:
         if self.server is not None:
             self.server.shutdown()
             self.server.server_close()
+        self.pod_network.stop()
 
     def _spawn(self, target: Any, name: str, *args: Any) -> None:
         t = threading.Thread(target=target, args=args, name=name, daemon=True)

@@ -21,7 +21,8 @@ local registry, which containerd uses for docker.io and registry.k8s.io.
 
 Every piece of system state (the network namespace, mounts, cgroups, a loop
 device) is recorded under /run/rldemo-node/<name>/ and torn down by stop() --
-or by the next start, when the process that made it is gone.
+or by the next start, when the process that made it is gone. The node agent's pod
+network (tests/support/pod_network.py) records its own there, torn down the same way.
 
     with RealNodeCluster(workdir, control_plane_bin, node_bin) as cluster:
         cluster.env()   # KUBECONFIG for kubectl and the tool
@@ -398,8 +399,9 @@ def _remove_cgroups(name: str) -> None:
 
 
 def teardown(record: Path) -> List[str]:
-    """Undo what the run recorded in `record`: kill its processes, unmount, delete the netns,
-    remove its cgroups and the record. Returns what could not be undone."""
+    """Undo what the run recorded in `record`: kill its processes, delete the host's links it
+    made (a veth's host end; its peer and routes go with it), unmount, delete the netns, remove
+    its cgroups and the record. Returns what could not be undone."""
     problems = []
     try:
         state = json.loads((record / "state.json").read_text())
@@ -418,6 +420,11 @@ def teardown(record: Path) -> List[str]:
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
+    for link in state.get("links", []):
+        if os.path.exists(f"/sys/class/net/{link}"):
+            deleted = run(["ip", "link", "delete", link], check=False)
+            if deleted.returncode != 0:
+                problems.append(f"ip link delete {link}: {deleted.stderr.strip()}")
     _remove_cgroups(name)
     if workdir:
         for point in _mounts_under([workdir]):

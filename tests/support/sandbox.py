@@ -3,9 +3,9 @@
 Shared by the Kubernetes API emulator (tests/support/kube_emulator.py) and the node agent
 that does the kubelet's part for the real control plane (tests/support/node_agent.py):
 the bubblewrap command line (read-only host root, volumes at their mount paths,
-uid/gid from the securityContext, no network), a followable container log,
-signalling a container's process tree, and Kubernetes' $(VAR) and fieldRef
-expansion.
+uid/gid from the securityContext, no network unless the pod declares ports), a
+followable container log, signalling a container's process tree, and Kubernetes'
+$(VAR) and fieldRef expansion.
 """
 
 from __future__ import annotations
@@ -63,8 +63,11 @@ def build_bwrap_argv(
     workdir: str,
     argv: List[str],
     bindir: str,
+    share_net: bool = False,
 ) -> List[str]:
-    """bubblewrap command: read-only host root, volumes, no network, own pid/uts/ipc/user ns."""
+    """bubblewrap command: read-only host root, volumes, own pid/uts/ipc/user ns, and a network
+    namespace of its own with nothing in it -- unless `share_net`: a pod that declares ports
+    keeps the network namespace it is started in, where its pod IP is (see the kubelets)."""
     args = [
         "bwrap",
         "--die-with-parent",
@@ -76,7 +79,7 @@ def build_bwrap_argv(
         str(gid),
         "--unshare-ipc",
         "--unshare-pid",
-        "--unshare-net",
+        *([] if share_net else ["--unshare-net"]),
         "--unshare-uts",
         "--unshare-cgroup-try",
         "--hostname",

@@ -7,9 +7,12 @@ them (tests/conftest.py): a missing one skips its tests, or fails them when $CI 
 from __future__ import annotations
 
 import calendar
+import http.client as http_client
+import ipaddress
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -24,8 +27,21 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import prereqs  # noqa: E402
 from conftest import require_prerequisites  # noqa: E402
-from e2e_support import assert_kubelet_135_messages, wait_for  # noqa: E402
-from kube_emulator import CANONICAL, Emulator, check_faults  # noqa: E402
+from e2e_support import (  # noqa: E402
+    SANDBOX_PORT,
+    assert_kubelet_135_messages,
+    assert_proxy_refusals,
+    assert_sandbox_served,
+    kubectl_proxy,
+    proxied,
+    sandbox_manifests,
+    status_body,
+    unplaced_pod,
+    wait_for,
+    wait_proxied_ready,
+    wait_sandbox_serving,
+)
+from kube_emulator import ADMIN_BASIC_AUTH, CANONICAL, Emulator, check_faults  # noqa: E402
 
 
 # --------------------------------------------------------------------------- prerequisites
@@ -1191,6 +1207,224 @@ def test_fault_log_tamper(emu_factory) -> None:
 
 
 # --------------------------------------------------------------------------- CLI
+# --------------------------------------------------------------------------- live sandboxes: pods/proxy
+# A pod without ports, asking for the sandbox's address directly.
+NEIGHBOUR = """
+import os, socket
+try:
+    socket.create_connection((os.environ["SERVER_IP"], int(os.environ["SERVER_PORT"])), timeout=5)
+    print("reached", flush=True)
+except OSError as error:
+    print("unreachable:", error.errno, error.strerror, flush=True)
+"""
+
+
+def neighbour_pod(ns: str, server_ip: str) -> dict:
+    env = {"SERVER_IP": server_ip, "SERVER_PORT": str(SANDBOX_PORT)}
+    container = {
+        "name": "c",
+        "image": "python:3.12-alpine",
+        "command": ["python", "-c", NEIGHBOUR],
+        "env": [{"name": k, "value": v} for k, v in env.items()],
+    }
+    spec = {"restartPolicy": "Never", "containers": [container]}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "neighbour", "namespace": ns},
+        "spec": spec,
+    }
+
+
+def test_a_live_sandbox_through_kubectl_proxy_and_the_pod_proxy(emu_factory, tmp_path) -> None:
+    """The draft sandbox server as the tool will ship it, reached as the tool will reach it: kubectl
+    proxy on a unix socket, the API server's pods/proxy, the pod's own loopback IP. The API server's
+    answers when it cannot relay, and a pod being deleted (proxied until it is gone, then 404)."""
+    need_bwrap()
+    emu = emu_factory(server_version="1.35")
+    kubectl = Kubectl(emu, default_kubectl())
+    ns = "pool"
+    kubectl.create(namespace(ns))
+    for manifest in [*sandbox_manifests(ns), unplaced_pod(ns)]:
+        kubectl.create(manifest)
+    assert "Opaque" in kubectl("get", "secret", "sandbox-token", "-n", ns).stdout
+    ip = wait_sandbox_serving(emu, ns, "sandbox")
+    assert ipaddress.ip_address(ip).is_loopback and not ip.startswith("127.0."), ip
+    assert emu.get("pods", ns, "unplaced")["status"].get("podIP") is None
+    with kubectl_proxy(kubectl.binary, emu.env(), tmp_path / "proxy.sock") as connection:
+        wait_proxied_ready(connection, ns, "sandbox")
+        assert_sandbox_served(connection, ns, "sandbox")
+        assert_proxy_refusals(connection, ns, "sandbox", ip, "unplaced")
+
+        # Every other pod has a network of its own with nothing in it: 127/8 there is its own
+        # loopback, where nothing listens, while from the host the sandbox is there.
+        socket.create_connection((ip, SANDBOX_PORT), timeout=5).close()
+        kubectl.create(neighbour_pod(ns, ip))
+        wait_for(
+            lambda: emu.get("pods", ns, "neighbour")["status"].get("phase") == "Succeeded",
+            60,
+            "the neighbour to end",
+        )
+        said = kubectl("logs", "-n", ns, "neighbour").stdout
+        assert said.strip() == "unreachable: 111 Connection refused", said
+
+        # A pod being deleted is still relayed to: its server, which ends on SIGTERM, no longer
+        # listens (503, as the real server says of a dial refused); once it is gone, not found.
+        ready = f"/api/v1/namespaces/{ns}/pods/sandbox:{SANDBOX_PORT}/proxy/ready"
+        kubectl("delete", "pod", "sandbox", "-n", ns, "--grace-period=30", "--wait=false")
+        assert emu.get("pods", ns, "sandbox")["metadata"].get("deletionTimestamp")
+        wait_for(
+            lambda: proxied(connection, "GET", ready)[0] in (503, 404), 30, "the server to stop"
+        )
+        wait_for(lambda: emu.get("pods", ns, "sandbox") is None, 60, "the pod to go")
+        gone = status_body(
+            404, "NotFound", 'pods "sandbox" not found', {"name": "sandbox", "kind": "pods"}
+        )
+        assert proxied(connection, "GET", ready) == (404, gone)
+
+
+# Answers every method with what it was sent; /chunked answers without a length, /redirect
+# with a Location on its own host, and every answer carries a CORS header and one of its own.
+ECHO_SERVER = """
+import json, os
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+class Echo(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def answer(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if self.path == "/chunked":
+            self.send_response(200)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for part in (b"part1", b"part2"):
+                self.wfile.write(b"%x\\r\\n%s\\r\\n" % (len(part), part))
+            self.wfile.write(b"0\\r\\n\\r\\n")
+            return
+        seen = {"method": self.command, "path": self.path, "headers": self.headers.items(),
+                "body": body.decode()}
+        data = json.dumps(seen).encode()
+        self.send_response(302 if self.path == "/redirect" else 200)
+        if self.path == "/redirect":
+            self.send_header("Location", "/elsewhere?x=1")
+        self.send_header("Access-Control-Allow-Origin", "*")
+        self.send_header("X-Echo", "1")
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = do_OPTIONS = answer
+
+HTTPServer((os.environ["POD_IP"], 8080), Echo).serve_forever()
+"""
+
+
+def echo_pod(ns: str) -> dict:
+    pod_ip = {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+    container = {
+        "name": "echo",
+        "image": "python:3.12-alpine",
+        "command": ["python", "-c", ECHO_SERVER],
+        "ports": [{"containerPort": 8080}],
+        "env": [pod_ip],
+    }
+    spec = {"restartPolicy": "Never", "containers": [container]}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "echo", "namespace": ns},
+        "spec": spec,
+    }
+
+
+def test_the_pod_proxy_relays_as_the_api_server_does(emu_factory) -> None:
+    """Method, path (cleaned), query, body and end-to-end headers reach the pod; the hop-by-hop
+    headers and the client's credentials do not, X-Forwarded-For and -Uri are added; the pod's
+    status, headers and body come back (chunked when it gave no length, CORS headers taken off, a
+    redirect pointed back through the proxy), all on one kept-alive connection; a path-less GET is
+    redirected; RBAC asks for pods/proxy with the method's verb."""
+    need_bwrap()
+    emu = emu_factory(server_version="1.35")
+    kubectl = Kubectl(emu, default_kubectl())
+    kubectl.create(namespace("relay"))
+    kubectl.create(echo_pod("relay"))
+    wait_sandbox_serving(emu, "relay", "echo")
+    base = "/api/v1/namespaces/relay/pods/echo:8080/proxy"
+    connection = http_client.HTTPConnection("127.0.0.1", emu.api.port, timeout=30)
+
+    def call(method: str, path: str, body: Optional[bytes] = None, **headers: str) -> Any:
+        connection.request(method, path, body=body, headers=headers)
+        answer = connection.getresponse()
+        data = answer.read()
+        assert not answer.will_close
+        return answer, data
+
+    wait_for(lambda: call("GET", base + "/ready")[0].status == 200, 30, "the echo server")
+    connection.close()
+    connection.connect()
+    kept = connection.sock
+    headers = {"Authorization": ADMIN_BASIC_AUTH, "Keep-Alive": "timeout=5", "X-Token": "t"}
+    answer, data = call("PATCH", base + "/a/c?x=1&path=zzz", b'{"a": 1}', **headers)
+    seen = json.loads(data)
+    sent = {k.lower(): v for k, v in seen["headers"]}
+    assert (answer.status, seen["method"], seen["path"], seen["body"]) == (
+        200,
+        "PATCH",
+        "/a/c?x=1&path=zzz",
+        '{"a": 1}',
+    )
+    assert sent["x-token"] == "t" and sent["x-forwarded-for"] == "127.0.0.1", sent
+    assert sent["x-forwarded-uri"] == "/api/v1/namespaces/relay/pods/echo:8080/proxy/a/c", sent
+    assert not {"authorization", "keep-alive"} & set(sent), sent
+    assert (
+        answer.getheader("X-Echo") == "1"
+        and answer.getheader("Access-Control-Allow-Origin") is None
+    )
+    for method in ("GET", "POST", "PUT", "DELETE", "OPTIONS"):
+        answer, data = call(method, base + "/m/")
+        assert (answer.status, json.loads(data)["method"], json.loads(data)["path"]) == (
+            200,
+            method,
+            "/m/",
+        )
+    assert json.loads(call("GET", base + "/a/./b/../c/")[1])["path"] == "/a/c/"
+    answer, data = call("HEAD", base + "/h")
+    assert answer.status == 200 and data == b"" and int(answer.getheader("Content-Length")) > 0
+    answer, data = call("GET", base + "/chunked")
+    assert (answer.status, answer.getheader("Transfer-Encoding"), data) == (
+        200,
+        "chunked",
+        b"part1part2",
+    )
+    answer, _ = call("GET", base + "/redirect")
+    assert (answer.status, answer.getheader("Location")) == (302, base + "/elsewhere?x=1")
+    answer, _ = call("GET", base + "?q=1")
+    assert (answer.status, answer.getheader("Location")) == (301, base + "/?q=1")
+    answer, data = call("POST", base)
+    assert (answer.status, json.loads(data)["path"]) == (200, "/")
+    assert connection.sock is kept
+    connection.close()
+
+    # RBAC: a GET through the proxy is `get` on pods/proxy, a POST `create`, named NAME:PORT.
+    rules = [{"apiGroups": [""], "resources": ["pods/proxy"], "verbs": ["get"]}]
+    reader = emu.add_user("reader", rules=rules)
+    as_reader = ["--kubeconfig", str(reader)]
+    assert kubectl(*as_reader, "get", "--raw", base + "/r").returncode == 0
+    refused = kubectl(
+        *as_reader, "create", "--raw", base + "/r", "-f", "-", input="{}", check=False
+    )
+    assert (
+        'pods "echo:8080" is forbidden: User "reader" cannot create resource "pods/proxy" in API '
+        'group "" in the namespace "relay"'
+    ) in refused.stderr, refused.stderr
+
+
 def test_cli(tmp_path: Path) -> None:
     script = Path(__file__).resolve().parent / "kube_emulator.py"
     proc = subprocess.Popen(

@@ -1,0 +1,895 @@
+"""The `pool` action and open_pool(): live sandboxes from a warm pool on a plain Job, claimed by a
+trainer that drives each turn by turn; the run's records, as any run's."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import json
+import os
+import secrets
+import sys
+import threading
+import time
+from typing import Any, Callable, Sequence, TypeVar
+
+from .constants import (
+    COMMAND_TEXT_MOST,
+    DEFAULT_IMAGE,
+    DEFAULT_RUNTIME,
+    LIST_PAGE_SIZE,
+    COMMANDS_FILE,
+    CONFIGMAP_NAME,
+    POOL_JOB_NAME,
+    RESULTS_FILE,
+    REWARDS_FILE,
+    SERVER_KEY,
+    SERVER_SOURCE,
+    TOKEN_HEADER,
+)
+from .model import Caller, DemoError, PoolShape, RunPlan, RunRequest, Spelling, Task, UsageError
+from .stats import percentile, rounded
+from .files import cleanup_command, write_json, write_text
+from .manifests import (
+    network_policy_manifest,
+    namespace_manifest,
+    parallelism_shares,
+    pool_job_manifest,
+    rewrite_image,
+    token_secret_manifest,
+)
+from .kube import KubectlError
+from .sandboxes import (
+    PROBE_INTERVAL_SECONDS,
+    PROBE_MOST_SECONDS,
+    REQUEST_GRACE_SECONDS,
+    CommandResult,
+    CommandTimeout,
+    PodView,
+    PodWatch,
+    PoolState,
+    ProxyAnswer,
+    ProxyClient,
+    SandboxLost,
+    command_text,
+    encoded_stdin,
+    sandbox_path,
+)
+from .follow import RunContext
+from .preflight import check_capacity, check_runtime_class, save_run_records
+from .lifecycle import cleanup_namespace
+from .run import close, create_namespace, create_object, open_proxy, start_run, stamp_origin
+
+Result = TypeVar("Result")
+# Claims wait this long by default for a sandbox to turn warm.
+CLAIM_TIMEOUT_SECONDS = 300.0
+
+
+@dataclasses.dataclass
+class PoolRecords:
+    """rewards.jsonl and commands.jsonl, a line each as it is known, from any thread."""
+
+    output: str
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    rewards: list[dict] = dataclasses.field(default_factory=list)
+    commands: list[dict] = dataclasses.field(default_factory=list)
+
+    def command(self, line: dict) -> None:
+        with self.lock:
+            self.commands.append(line)
+            with open(os.path.join(self.output, COMMANDS_FILE), "a", encoding="utf-8") as file:
+                file.write(json.dumps(line) + "\n")
+
+    def reward(self, line: dict) -> None:
+        with self.lock:
+            self.rewards.append(line)
+            with open(os.path.join(self.output, REWARDS_FILE), "a", encoding="utf-8") as file:
+                file.write(json.dumps(line) + "\n")
+
+
+def pool_images(
+    tasks: Sequence[Task], default: str, image_map: Sequence[tuple[str, str]]
+) -> list[str]:
+    """The images the pool serves, each once, in the tasks' order: a Job each. Any one may
+    serve all the episodes; the pool hands out no more than its episodes in all."""
+    images = [rewrite_image(task.image or default, image_map) for task in tasks] or [
+        rewrite_image(default, image_map)
+    ]
+    return list(dict.fromkeys(images))
+
+
+def pool_plan(run: RunContext, shape: PoolShape, token: str, tasks: Sequence[Task]) -> RunPlan:
+    """Every object a pool creates: its namespace, the token's Secret, the server's ConfigMap, a
+    Job per image (the pool's size shared between them as the episodes are)."""
+    settings, namespace = run.settings, run.namespace
+    setup = [network_policy_manifest(namespace)] if shape.harden else []
+    setup += [
+        token_secret_manifest(namespace, token),
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": CONFIGMAP_NAME, "namespace": namespace},
+            "data": {SERVER_KEY: SERVER_SOURCE},
+        },
+    ]
+    images = pool_images(tasks, settings.image, settings.image_map)
+    sizes = parallelism_shares(settings.parallelism, [settings.count] * len(images))
+    jobs = [
+        pool_job_manifest(
+            namespace,
+            POOL_JOB_NAME if len(images) == 1 else f"{POOL_JOB_NAME}-{number}",
+            size,
+            settings.count,
+            image,
+            shape,
+        )
+        for number, (image, size) in enumerate(zip(images, sizes))
+    ]
+    return RunPlan(
+        namespace_manifest(namespace, run.receipt.run_id, shape.harden),
+        setup,
+        {POOL_JOB_NAME: jobs},
+    )
+
+
+class Pool:
+    """A warm pool of live sandboxes: `claim()` hands out a sandbox whose server answers (waiting
+    for one if none does), `close()` ends the pool and saves its records. Thread-safe: hundreds
+    of claims may be in flight from one process; `aclaim()` is the same for asyncio."""
+
+    def __init__(
+        self, run: RunContext, shape: PoolShape, token: str, tasks: Sequence[Task]
+    ) -> None:
+        self.run, self.shape, self.token = run, shape, token
+        self.tasks = list(tasks)
+        self.records = PoolRecords(run.output)
+        self.state = PoolState()
+        self.jobs: dict[str, str] = {}  # image -> its Job's name
+        self.images: dict[str, str] = {}  # Job's name -> its image
+        self.claimed = 0  # episodes handed out that were not lost
+        self.opened_at = time.monotonic()
+        self.closed_at: float | None = None
+        self.refills: list[float] = []
+        self._finished_at: dict[str, list[float]] = {}  # Job -> when its sandboxes were let go
+        self._lock = threading.Lock()
+        assert run.proxy is not None
+        self.client = ProxyClient(run.proxy.socket_path, run.kubectl.echo)
+        self.probes = concurrent.futures.ThreadPoolExecutor(
+            8, thread_name_prefix="rl-batch-demo probe"
+        )
+        self.watch: PodWatch | None = None
+        self.cleanup = False  # delete the namespace once the records are saved
+
+    # -- the trainer's side ------------------------------------------------------------------
+
+    def claim(self, task: dict | None = None, timeout: float | None = None) -> Sandbox:
+        """A warm sandbox for `task` (its `image` picks the pool), held until finish(); waits up
+        to `timeout` seconds for one (DemoError then, saying how many are ready, starting and
+        pending, and why)."""
+        asked = time.monotonic()
+        job = self._job_for(task)
+        deadline = asked + (CLAIM_TIMEOUT_SECONDS if timeout is None else timeout)
+        with self.state.condition:
+            while True:
+                if self.state.closed:
+                    raise DemoError("the pool is closed")
+                if self.claimed >= self.run.settings.count:
+                    raise DemoError(f"the pool has served its {self.run.settings.count} episodes")
+                view = self.state.take(job)
+                if view is not None:
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise self._claim_timeout(job, asked)
+                self.state.condition.wait(min(left, 1.0))
+            index, self.claimed = self.claimed, self.claimed + 1
+        waited = time.monotonic() - asked
+        return Sandbox(
+            self,
+            view,
+            index,
+            task,
+            waited,
+            view.warm_since is not None and view.warm_since <= asked,
+        )
+
+    async def aclaim(self, task: dict | None = None, timeout: float | None = None) -> Sandbox:
+        return await in_thread(lambda: self.claim(task, timeout))
+
+    def _job_for(self, task: dict | None) -> str:
+        image = rewrite_image(
+            (task or {}).get("image") or self.run.settings.image, self.run.settings.image_map
+        )
+        if image not in self.jobs:
+            raise DemoError(
+                f"no pool serves image {image!r}: the pool was opened for {sorted(self.jobs)}"
+            )
+        return self.jobs[image]
+
+    def _claim_timeout(self, job: str, asked: float) -> DemoError:
+        counts = self.state.counts(job)
+        why = "; ".join(self.state.waiting_reasons(job)[:3]) or "no pod yet"
+        return DemoError(
+            f"no sandbox became free in {time.monotonic() - asked:.0f} s: {counts['warm']} ready, "
+            f"{counts['held']} held, {counts['starting']} starting, {counts['pending']} pending "
+            f"({why})"
+        )
+
+    # -- the pods' side ----------------------------------------------------------------------
+
+    def probe(self, view: PodView) -> None:
+        """Ask a pod that turned Running whether its server listens, until it does (then it is
+        warm) or the pod is gone."""
+        self.probes.submit(self._probe, view.name)
+
+    def _probe(self, name: str) -> None:
+        deadline = time.monotonic() + PROBE_MOST_SECONDS
+        while time.monotonic() < deadline and not self.state.closed:
+            try:
+                answer = self.request(name, "GET", "ready", None, 5.0)
+            except SandboxLost:
+                answer = None
+            if answer is not None and answer.status == 200:
+                self.state.warmed(name, json.loads(answer.body)["ready_at"])
+                self._note_refill(name)
+                return
+            with self.state.condition:
+                view = self.state.pods[name]
+                if not view.usable:
+                    view.probing = False
+                    return
+            time.sleep(PROBE_INTERVAL_SECONDS)
+
+    def _note_refill(self, name: str) -> None:
+        """A pod that turned warm after a sandbox of its Job was let go refilled the pool: the
+        seconds from that release to this answer."""
+        view = self.state.pods[name]
+        with self._lock:
+            released = self._finished_at.get(view.job) or []
+            if released:
+                self.refills.append(time.monotonic() - released.pop(0))
+
+    def released(self, view: PodView) -> None:
+        with self._lock:
+            self._finished_at.setdefault(view.job, []).append(time.monotonic())
+
+    def request(
+        self,
+        pod: str,
+        method: str,
+        action: str,
+        body: bytes | None,
+        timeout: float,
+        query: str = "",
+    ) -> ProxyAnswer:
+        """One request to a sandbox's server; SandboxLost when the pod cannot answer."""
+        headers = {TOKEN_HEADER: self.token}
+        if body is not None:
+            headers["Content-Type"] = (
+                "application/octet-stream" if action == "file" else "application/json"
+            )
+        path = sandbox_path(self.run.namespace, pod, action, query)
+        try:
+            answer = self.client.request(method, path, body, headers, timeout)
+        except OSError as error:
+            raise SandboxLost(
+                pod, self.lost_reason(pod, f"{type(error).__name__}: {error}")
+            ) from None
+        except Exception as error:  # http.client's: the answer was cut off
+            raise SandboxLost(
+                pod, self.lost_reason(pod, f"{type(error).__name__}: {error}")
+            ) from None
+        if answer.from_api_server:
+            raise SandboxLost(pod, self.lost_reason(pod, status_message(answer)))
+        return answer
+
+    def lost_reason(self, pod: str, said: str) -> str:
+        """Why a pod could not answer: what the watch knows of it, else what the request said."""
+        view = self.state.pods.get(pod)
+        if view is not None and (view.deleted or not view.usable):
+            return f"{view.reason}; {said}"
+        return said
+
+    # -- the end -------------------------------------------------------------------------------
+
+    def close(self) -> dict:
+        """End the pool (its Jobs suspended, so no pod follows), save its records and results;
+        the results, with `rewards`."""
+        with self.state.condition:
+            if self.state.closed:
+                return self.results
+            self.state.closed = True
+            self.state.condition.notify_all()
+        self.closed_at = time.monotonic()
+        for name in self.jobs.values():
+            suspend_job(self, name)
+        if self.watch is not None:
+            self.watch.stop()
+        self.probes.shutdown(wait=False, cancel_futures=True)
+        save_pool_evidence(self)
+        self.results = pool_results(self)
+        write_json(os.path.join(self.run.output, RESULTS_FILE), self.results)
+        self.results["rewards"] = list(self.records.rewards)
+        return self.results
+
+    results: dict = {}
+
+    def __enter__(self) -> Pool:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            self.close()
+        finally:
+            finish_pool_run(self)
+
+
+class Sandbox:
+    """One claimed sandbox: `run` its commands, `write_file` and `read_file` in its workspace,
+    then `finish` it with the episode's reward. As a context manager, an episode left without
+    finish() is finished as not valid (its exception named)."""
+
+    def __init__(
+        self, pool: Pool, view: PodView, index: int, task: dict | None, waited: float, warm: bool
+    ) -> None:
+        self.pool, self.view, self.index, self.task = pool, view, index, task
+        self.pod = view.name
+        self.claim_wait_seconds, self.warm = waited, warm
+        self.commands = 0
+        self.command_seconds = 0.0
+        self.finished = False
+        self.lost: SandboxLost | None = None
+
+    def run(
+        self,
+        command: str | Sequence[str],
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        stdin: str | bytes | None = None,
+        retry: bool = False,
+    ) -> CommandResult:
+        """Run one command (an argv list, or a shell string) in the sandbox and return its result;
+        CommandTimeout past `timeout` (it is killed, with all it started); SandboxLost if the pod
+        went away. `retry=True` sends it again once if the request broke before an answer."""
+        request = {
+            "shell" if isinstance(command, str) else "argv": command
+            if isinstance(command, str)
+            else list(command),
+            "timeout": timeout,
+            "cwd": cwd,
+            "env": env or {},
+            "stdin": encoded_stdin(stdin),
+        }
+        body = json.dumps(request).encode()
+        wait = (timeout or 0) + REQUEST_GRACE_SECONDS if timeout else 24 * 3600.0
+        started = time.monotonic()
+        answer = self._ask("POST", "run", body, wait, retry)
+        round_trip = time.monotonic() - started
+        if answer.status != 200:
+            raise DemoError(
+                f"sandbox {self.pod} refused the command ({answer.status}): {answer.body[:200]!r}"
+            )
+        told = json.loads(answer.body)
+        result = CommandResult(
+            told["exit_code"],
+            told["stdout"],
+            told["stderr"],
+            told["seconds"],
+            told["truncated"],
+            told["timed_out"],
+            round_trip,
+        )
+        self.commands += 1
+        self.command_seconds += round_trip
+        self.pool.records.command(
+            {
+                "index": self.index,
+                "sandbox": self.pod,
+                "command": command_text(command)[:COMMAND_TEXT_MOST],
+                "exit_code": result.exit_code,
+                "server_seconds": rounded(result.seconds, 6),
+                "round_trip_seconds": rounded(round_trip, 6),
+                "timed_out": result.timed_out,
+                "truncated": result.truncated,
+            }
+        )
+        if result.timed_out:
+            raise CommandTimeout(
+                f"{command_text(command)[:80]} ran past its timeout of {timeout} s "
+                f"in sandbox {self.pod}, and was killed",
+                result,
+            )
+        return result
+
+    async def arun(self, command: str | Sequence[str], **options: Any) -> CommandResult:
+        return await in_thread(lambda: self.run(command, **options))
+
+    def write_file(self, path: str, data: str | bytes) -> None:
+        """Write a file in the sandbox's workspace (a relative path is under it); binary-safe."""
+        payload = data.encode() if isinstance(data, str) else bytes(data)
+        answer = self._ask("PUT", "file", payload, REQUEST_GRACE_SECONDS, True, file_query(path))
+        if answer.status != 200:
+            raise DemoError(f"cannot write {path} in sandbox {self.pod}: {answer.body[:200]!r}")
+
+    def read_file(self, path: str) -> bytes:
+        """A file's bytes from the sandbox's workspace; FileNotFoundError if it has none."""
+        answer = self._ask("GET", "file", None, REQUEST_GRACE_SECONDS, True, file_query(path))
+        if answer.status == 404:
+            raise FileNotFoundError(f"{path} in sandbox {self.pod}")
+        if answer.status != 200:
+            raise DemoError(f"cannot read {path} in sandbox {self.pod}: {answer.body[:200]!r}")
+        return answer.body
+
+    def finish(self, reward: float | None = None, valid: bool = True, info: Any = None) -> None:
+        """The episode's end: its reward and whether a trainer may learn from it. The sandbox is
+        let go (its pod ends and the Job makes a fresh one; with reuse, it is made pristine and
+        serves the next claim)."""
+        if self.finished:
+            return
+        self.finished = True
+        failure_class = "infrastructure" if self.lost else None
+        if self.lost is None:
+            try:
+                self._ask(
+                    "POST",
+                    "reset" if self.pool.shape.reuse else "finish",
+                    b"{}",
+                    REQUEST_GRACE_SECONDS,
+                    True,
+                )
+            except SandboxLost as error:
+                self.lost, failure_class = error, "infrastructure"
+        if self.lost is None and self.pool.shape.reuse:
+            self.pool.state.give_back(self.pod)
+        else:
+            self.pool.released(self.view)
+        if self.lost is not None:
+            with self.pool.state.condition:
+                self.pool.claimed -= 1  # a lost episode is served again on a fresh sandbox
+        self.pool.records.reward(
+            self._line(reward, valid and self.lost is None, info, failure_class)
+        )
+
+    def _line(
+        self, reward: float | None, valid: bool, info: Any, failure_class: str | None
+    ) -> dict:
+        task = self.task or {}
+        return {
+            "index": self.index,
+            "task_id": task.get("id"),
+            "group": None,
+            "pod": self.pod,
+            "sandbox": self.pod,
+            "attempts": 1,
+            "reward": reward,
+            "valid": valid,
+            "failure_class": failure_class,
+            "failure": str(self.lost) if self.lost else None,
+            "info": info,
+            "image": self.pool.images[self.view.job],
+            "claim_wait_seconds": rounded(self.claim_wait_seconds, 6),
+            "commands": self.commands,
+            "command_seconds": rounded(self.command_seconds, 6),
+            "warm": self.warm,
+        }
+
+    def _ask(
+        self,
+        method: str,
+        action: str,
+        body: bytes | None,
+        timeout: float,
+        retry: bool,
+        query: str = "",
+    ) -> ProxyAnswer:
+        if self.lost is not None:
+            raise self.lost
+        try:
+            return self.pool.request(self.pod, method, action, body, timeout, query)
+        except SandboxLost as error:
+            if not retry or not self.pool.state.pods[self.pod].usable:
+                self.lost = error
+                raise
+        return self.pool.request(self.pod, method, action, body, timeout, query)
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, kind: Any, error: Any, trace: Any) -> None:
+        if not self.finished:
+            self.finish(
+                None, valid=False, info=f"{kind.__name__}: {error}" if kind else "not finished"
+            )
+
+
+def file_query(path: str) -> str:
+    import urllib.parse
+
+    return urllib.parse.urlencode({"path": path})
+
+
+def status_message(answer: ProxyAnswer) -> str:
+    try:
+        return f"{answer.status} {json.loads(answer.body).get('message', '')}"
+    except ValueError:
+        return f"{answer.status}"
+
+
+async def in_thread(work: Callable[[], Result]) -> Result:
+    """A blocking call off the event loop, on the loop's default executor."""
+    return await asyncio.get_running_loop().run_in_executor(None, work)
+
+
+def suspend_job(pool: Pool, name: str) -> None:
+    """Suspend one of the pool's Jobs: its pods are stopped and no new one is made."""
+    path = f"/apis/batch/v1/namespaces/{pool.run.namespace}/jobs/{name}"
+    body = json.dumps({"spec": {"suspend": True}}).encode()
+    try:
+        pool.client.request(
+            "PATCH", path, body, {"Content-Type": "application/merge-patch+json"}, 30.0
+        )
+    except OSError as error:
+        print(f"Warning: could not suspend Job {name}: {error}", file=sys.stderr)
+
+
+def proxy_json(pool: Pool, path: str) -> Any:
+    answer = pool.client.request("GET", path, None, {}, 30.0)
+    if answer.status != 200:
+        raise DemoError(f"GET {path}: {answer.status}")
+    return json.loads(answer.body)
+
+
+def save_pool_evidence(pool: Pool) -> None:
+    """job.json, pods.json, events.json and each pod's log, read through the proxy."""
+    namespace, output = pool.run.namespace, pool.run.output
+    try:
+        jobs = proxy_json(pool, f"/apis/batch/v1/namespaces/{namespace}/jobs")
+        pods = proxy_json(pool, f"/api/v1/namespaces/{namespace}/pods")
+        events = proxy_json(pool, f"/api/v1/namespaces/{namespace}/events")
+    except (OSError, DemoError) as error:
+        print(f"Warning: the pool's evidence was not all saved: {error}", file=sys.stderr)
+        return
+    write_json(os.path.join(output, "job.json"), jobs)
+    write_json(os.path.join(output, "pods.json"), pods)
+    write_json(os.path.join(output, "events.json"), events)
+    for pod in pods.get("items") or []:
+        name = pod["metadata"]["name"]
+        try:
+            answer = pool.client.request(
+                "GET", f"/api/v1/namespaces/{namespace}/pods/{name}/log", None, {}, 30.0
+            )
+            text = answer.body.decode("utf-8", "replace") if answer.status == 200 else ""
+        except OSError:
+            text = ""
+        write_text(os.path.join(output, f"{name}.log"), text)
+
+
+def distribution(values: list[float], quantiles: Sequence[float]) -> dict[str, float | None]:
+    ordered = sorted(values)
+    figures: dict[str, float | None] = {}
+    for q in quantiles:
+        figures[f"p{round(q * 100)}"] = rounded(percentile(ordered, q), 6) if ordered else None
+    figures["max"] = rounded(ordered[-1], 6) if ordered else None
+    return figures
+
+
+def pool_results(pool: Pool) -> dict:
+    """results.json of a pool: its episodes and rewards, and the `pool` block of its figures."""
+    rewards, commands = pool.records.rewards, pool.records.commands
+    waits = [line["claim_wait_seconds"] for line in rewards]
+    round_trips = [line["round_trip_seconds"] for line in commands]
+    empty = [line["round_trip_seconds"] for line in commands if line["command"] in ("true", ":")]
+    active = (pool.closed_at or time.monotonic()) - pool.opened_at
+    warm = [line for line in rewards if line.get("warm")]
+    settings = pool.run.settings
+    return {
+        "episodes": len(rewards),
+        "successful_episodes": sum(1 for line in rewards if line["valid"] and line["reward"]),
+        "reward_sum": sum(line["reward"] or 0 for line in rewards if line["valid"]),
+        "namespace": pool.run.namespace,
+        "context": pool.run.kubectl.context,
+        "image": settings.image,
+        "runtime": settings.runtime,
+        "pool": {
+            "size": settings.parallelism,
+            "episodes": settings.count,
+            "reused": pool.shape.reuse,
+            "claim_wait_seconds": {
+                **distribution(waits, (0.5, 0.95, 0.99)),
+                "warm_share": rounded(len(warm) / len(rewards), 3) if rewards else None,
+            },
+            "round_trip_seconds": distribution(round_trips, (0.5, 0.95, 0.99)),
+            "empty_command_round_trip_seconds": {
+                k: v for k, v in distribution(empty, (0.5, 0.99)).items() if k != "max"
+            },
+            "commands_per_second": rounded(len(commands) / active, 3) if active > 0 else None,
+            "refill_seconds": {
+                k: v for k, v in distribution(pool.refills, (0.5, 0.95)).items() if k != "max"
+            },
+        },
+    }
+
+
+def open_pool_run(request: RunRequest, caller: Caller, shape: PoolShape) -> Pool:
+    """Create the pool as `run` creates a batch (the receipt first, every UID recorded), and
+    start following its pods; the pool, its sandboxes warming."""
+    run = start_run(request, caller, SERVER_SOURCE, False)
+    token = secrets.token_hex(32)
+    run.plan = pool_plan(run, shape, token, request.tasks or ())
+    pool: Pool | None = None
+    try:
+        save_run_records(run)
+        check_runtime_class(run)
+        open_proxy(run)
+        if run.proxy is None:
+            raise DemoError(
+                "a pool talks to its sandboxes through `kubectl proxy`, which did not start; "
+                "nothing was created"
+            )
+        pool = Pool(run, shape, token, request.tasks or ())
+        check_pool_access(pool)
+        check_capacity(run)
+        stamp_origin(run)
+        create_namespace(run)
+        for manifest in run.plan.setup:
+            create_object(run, manifest)
+        pool.cleanup = request.cleanup
+        jobs = run.plan.jobs[POOL_JOB_NAME]
+        pool.watch = PodWatch(
+            pool.client.socket_path,
+            run.namespace,
+            [j["metadata"]["name"] for j in jobs],
+            pool.state,
+            pool.probe,
+        )
+        pool.watch.start()
+        for job in jobs:
+            created = create_object(run, job)
+            run.receipt.record_job(job["metadata"]["name"], created["metadata"]["uid"])
+            image = job["spec"]["template"]["spec"]["containers"][0]["image"]
+            pool.jobs[image] = job["metadata"]["name"]
+            pool.images[job["metadata"]["name"]] = image
+        return pool
+    except BaseException:
+        if pool is not None and pool.watch is not None:
+            pool.watch.stop()
+        close(run)
+        raise
+
+
+# What a pool needs beyond a run: its token's Secret, its Jobs suspended at the end, and every
+# request to a sandbox (GET /ready and files, POST commands, PUT files) through the pod proxy.
+POOL_ACCESS = (
+    ("create", "secrets", ""),
+    ("patch", "jobs", ""),
+    ("get", "pods", "proxy"),
+    ("create", "pods", "proxy"),
+    ("update", "pods", "proxy"),
+)
+
+
+def check_pool_access(pool: Pool) -> None:
+    """Ask the API server (SelfSubjectAccessReview, through the proxy) whether this account may do
+    what a pool does, and refuse plainly before anything is created when it may not; a server
+    that does not answer such reviews is not asked again."""
+    lacking = []
+    for verb, resource, subresource in POOL_ACCESS:
+        attributes = {"namespace": pool.run.namespace, "verb": verb, "resource": resource}
+        if resource == "jobs":
+            attributes["group"] = "batch"
+        if subresource:
+            attributes["subresource"] = subresource
+        review = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SelfSubjectAccessReview",
+            "spec": {"resourceAttributes": attributes},
+        }
+        path = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
+        answer = pool.client.request(
+            "POST", path, json.dumps(review).encode(), {"Content-Type": "application/json"}, 30.0
+        )
+        if answer.status not in (200, 201):
+            return  # no reviews here: the requests themselves will say what is refused
+        if not (json.loads(answer.body).get("status") or {}).get("allowed"):
+            lacking.append(
+                f"{verb} {resource}/{subresource}" if subresource else f"{verb} {resource}"
+            )
+    if lacking:
+        raise DemoError(
+            f"a pool needs {', '.join(lacking)} in its namespace, which this account may not do "
+            "(see the role in docs/operations.md); nothing was created"
+        )
+
+
+def finish_pool_run(pool: Pool) -> None:
+    """The proxy and the run's handles closed; the namespace deleted when asked (the files stay)."""
+    run = pool.run
+    close(run)
+    if pool.cleanup:
+        try:
+            with open(os.devnull, "w") as unheard:
+                cleanup_namespace(
+                    run.kubectl, run.receipt, report=unheard if run.silent else sys.stderr
+                )
+        except (DemoError, KubectlError) as error:
+            print(f"Warning: cleanup failed: {error}", file=sys.stderr)
+
+
+# The guide's episode as a trainer's turns: the buggy program and its tests written, the tests
+# run (they fail), the fix applied, the tests run again; the reward is whether they passed.
+GUIDE_BUGGY = "def shipping(total):\n    if total > 99:\n        return 0\n    return 10\n"
+GUIDE_FIXED = GUIDE_BUGGY.replace("total > 99", "total >= 99")
+GUIDE_TESTS = """import unittest
+
+from shipping import shipping
+
+
+class ShippingTest(unittest.TestCase):
+    def test_under_threshold_pays(self):
+        self.assertEqual(shipping(98), 10)
+
+    def test_threshold_ships_free(self):
+        self.assertEqual(shipping(99), 0)
+
+    def test_over_threshold_ships_free(self):
+        self.assertEqual(shipping(100), 0)
+
+
+if __name__ == "__main__":
+    unittest.main()
+"""
+GUIDE_TURNS: tuple[dict, ...] = (
+    {"write": "shipping.py", "text": GUIDE_BUGGY},
+    {"write": "test_shipping.py", "text": GUIDE_TESTS},
+    {"run": ["python", "-B", "test_shipping.py"], "timeout": 20},
+    {"write": "shipping.py", "text": GUIDE_FIXED},
+    {"run": ["python", "-B", "test_shipping.py"], "timeout": 20},
+)
+
+
+def read_turns(path: str) -> tuple[dict, ...]:
+    """--turns FILE: one JSON object a line, each a turn: {"write": PATH, "text": TEXT},
+    {"run": [ARGV...]} or {"shell": "COMMAND"}, either with an optional "timeout" (seconds)."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            lines = [(number, line) for number, line in enumerate(file, 1) if line.strip()]
+    except OSError as error:
+        raise UsageError(f"--turns {path}: {error.strerror or error}") from None
+    turns = []
+    for number, line in lines:
+        try:
+            turn = json.loads(line)
+        except ValueError as error:
+            raise UsageError(f"--turns {path}, line {number}: not JSON ({error})") from None
+        if not isinstance(turn, dict) or not ({"write", "run", "shell"} & set(turn)):
+            raise UsageError(f"--turns {path}, line {number}: give write, run or shell")
+        turns.append(turn)
+    if not turns:
+        raise UsageError(f"--turns {path} holds no turn")
+    return tuple(turns)
+
+
+def play_turns(sandbox: Sandbox, turns: Sequence[dict]) -> float:
+    """Drive one sandbox through the turns; the reward: 1 if the last command exited 0, else 0."""
+    last: int | None = None
+    for turn in turns:
+        if "write" in turn:
+            sandbox.write_file(turn["write"], turn.get("text", ""))
+            continue
+        command = turn["shell"] if "shell" in turn else turn["run"]
+        try:
+            last = sandbox.run(command, timeout=turn.get("timeout")).exit_code
+        except CommandTimeout:
+            last = None
+    return 1.0 if last == 0 else 0.0
+
+
+def serve_episodes(pool: Pool, turns: Sequence[dict], tasks: Sequence[Task]) -> None:
+    """Every episode of the pool, `size` at a time, each on a sandbox claimed for it."""
+    episodes, size = pool.run.settings.count, pool.run.settings.parallelism
+    task_dicts = [json.loads(task.text) for task in tasks]
+
+    def episode(number: int) -> None:
+        task = task_dicts[number % len(task_dicts)] if task_dicts else None
+        for _attempt in range(3):  # a sandbox lost to the cluster is replaced, twice at most
+            with pool.claim(task) as sandbox:
+                try:
+                    sandbox.finish(play_turns(sandbox, turns))
+                    return
+                except SandboxLost:
+                    sandbox.finish(None, valid=False)
+
+    with concurrent.futures.ThreadPoolExecutor(
+        size, thread_name_prefix="rl-batch-demo turns"
+    ) as workers:
+        for done in concurrent.futures.as_completed(
+            [workers.submit(episode, n) for n in range(episodes)]
+        ):
+            done.result()
+
+
+def pool_request(
+    output: str,
+    size: int,
+    episodes: int,
+    tasks: Sequence[Task] | None,
+    options: dict[str, Any],
+    spelling: Spelling,
+) -> RunRequest:
+    """A pool's settings as the request a run takes: `episodes` is its count, `size` its
+    parallelism; `options` are the run settings a pool shares (image, image_map, runtime,
+    context, kubectl, harden, cleanup, ttl, quiet, verbose)."""
+    return RunRequest(
+        output=output,
+        count=episodes,
+        parallelism=min(size, episodes),
+        image=options.get("image") or DEFAULT_IMAGE,
+        image_map=tuple(options.get("image_map") or ()),
+        runtime=options.get("runtime") or DEFAULT_RUNTIME,
+        context=options.get("context"),
+        kubectl=options.get("kubectl") or "kubectl",
+        timeout=None,
+        max_episodes=episodes,
+        chunk_size=LIST_PAGE_SIZE,
+        rounds=1,
+        warmup=False,
+        episode_script=None,
+        tasks_file=None,
+        tasks=None if tasks is None else tuple(tasks),
+        group_size=1,
+        retries=None,
+        allow_failures=None,
+        need=None,
+        episode_timeout=None,
+        prepull=False,
+        pull_timeout=None,
+        dry_run=False,
+        harden=bool(options.get("harden")),
+        cleanup=bool(options.get("cleanup")),
+        ttl=options.get("ttl"),
+        quiet=bool(options.get("quiet")),
+        verbose=bool(options.get("verbose")),
+        rollout=True,
+        spelling=spelling,
+    )
+
+
+def run_pool(request: RunRequest, shape: PoolShape, turns: Sequence[dict]) -> int:
+    """`pool`: open the pool, play every episode's turns on its sandboxes, close it, and say
+    how it went; exit status 0, or 1 when an episode was lost to the cluster."""
+    with open_pool_run(request, Caller(), shape) as pool:
+        if not request.quiet:
+            print(
+                f"Pool: {request.parallelism} sandboxes for {request.count} episodes",
+                file=sys.stderr,
+            )
+        serve_episodes(pool, turns, request.tasks or ())
+    figures = pool.results
+    print(pool_summary(figures, request.output))
+    if not request.cleanup:
+        print(f"Clean up with: {cleanup_command(request.output, request.kubectl)}", file=sys.stderr)
+    lost = sum(1 for line in figures["rewards"] if line["failure_class"] == "infrastructure")
+    return 1 if lost else 0
+
+
+def pool_summary(figures: dict, output: str) -> str:
+    """What `pool` prints: its episodes, its rewards, the figures a trainer waits on."""
+    block = figures["pool"]
+    claim, trip = block["claim_wait_seconds"], block["round_trip_seconds"]
+    return "\n".join(
+        [
+            f"Episodes: {figures['episodes']}, rewards {figures['reward_sum']}, "
+            f"successful {figures['successful_episodes']}",
+            f"Claim wait p50/p99: {seconds_text(claim['p50'])} / {seconds_text(claim['p99'])} "
+            f"(warm share {claim['warm_share']})",
+            f"Round trip p50/p99: {seconds_text(trip['p50'])} / {seconds_text(trip['p99'])}, "
+            f"{block['commands_per_second']} commands/s",
+            f"Results: {os.path.join(output, RESULTS_FILE)}",
+        ]
+    )
+
+
+def seconds_text(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:.1f} ms"

@@ -1,0 +1,409 @@
+"""A live sandbox: runs the trainer's commands and file operations in its pod, over HTTP.
+
+Shipped in the run's ConfigMap and run as the pod's one process. It listens on the pod's own
+IP (POD_IP, from the downward API) and answers only requests that carry the run's token (the
+X-Sandbox-Token header; the token is a file mounted from the run's Secret). Standard library
+only: it runs on whatever Python the image has (3.8 or newer).
+
+    GET  /ready             {"ready_at": when it began to listen, this pod's clock}
+    POST /run               {"argv": [...]} or {"shell": "..."}, with "timeout", "cwd", "env",
+                            "stdin" (base64): {"exit_code", "stdout", "stderr", "truncated",
+                            "timed_out", "seconds"}
+    PUT  /file?path=P       the body is the file's bytes; GET /file?path=P reads them back
+    POST /reset             every process it started is killed, the workspace made pristine
+    POST /finish            every process it started is killed, and it exits 0
+
+A sandbox left alone for SANDBOX_IDLE_SECONDS exits with IDLE_EXIT_CODE, which the pool's Job
+counts as its end (podFailurePolicy FailJob): a trainer that died leaks no pod past that.
+"""
+
+from __future__ import annotations
+
+import base64
+import hmac
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Dict, List, Optional, Tuple
+
+STARTED_AT = time.time()  # once the modules it needs are imported
+PORT = int(os.environ.get("SANDBOX_PORT", "8377"))
+TOKEN_FILE = os.environ.get("SANDBOX_TOKEN_FILE", "/sandbox-token/token")
+WORKSPACE = os.environ.get("SANDBOX_WORKSPACE", "/workspace")
+PRISTINE = os.environ.get("SANDBOX_PRISTINE", "/sandbox-pristine/workspace")
+IDLE_SECONDS = float(os.environ.get("SANDBOX_IDLE_SECONDS", "600"))
+IDLE_EXIT_CODE = 75  # EX_TEMPFAIL: the pool was left idle; its Job ends on it
+OUTPUT_CAP_BYTES = int(os.environ.get("SANDBOX_OUTPUT_CAP_BYTES", str(1 << 20)))
+CHUNK_BYTES = 1 << 16
+OUTPUT_GRACE_SECONDS = 0.5
+NOT_FOUND_EXIT_CODE = 127  # what a shell answers for a command it cannot find
+
+
+class Sandbox:
+    """What the server holds between requests: the token, the clock of the last request, and
+    the process groups of the commands it started (each command leads a group of its own)."""
+
+    def __init__(self, token: bytes) -> None:
+        self.token = token
+        self.last_request = time.monotonic()
+        self.ready_at = 0.0  # when it began to listen, this pod's clock
+        self.pristine = False  # a copy of the starting workspace is kept for /reset
+        self.stopping = False  # SIGTERM: its pod is going; nothing more is answered
+        self.groups: set[int] = set()
+        self.lock = threading.Lock()
+
+    def authorised(self, given: Optional[str]) -> bool:
+        return given is not None and hmac.compare_digest(given.encode(), self.token)
+
+    def kill_everything(self) -> None:
+        """Every process the sandbox's commands started, daemons among them: the server is
+        their subreaper, so a daemon that left its command's group is still its descendant."""
+        with self.lock:
+            groups, self.groups = self.groups, set()
+        for group in groups:
+            try:
+                os.killpg(group, signal.SIGKILL)
+            except OSError:
+                pass  # the group ended with its command
+        for _round in range(50):
+            left = descendants(os.getpid())
+            if not left:
+                reap_orphans(self)
+                return
+            for pid in left:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            time.sleep(0.01)
+            reap_orphans(self)
+
+
+def processes() -> Dict[int, Tuple[int, bytes]]:
+    """Every process this container sees: pid -> (parent pid, state), from /proc."""
+    found: Dict[int, Tuple[int, bytes]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as file:
+                fields = file.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue  # ended meanwhile
+        found[int(entry)] = (int(fields[1]), fields[0])
+    return found
+
+
+def descendants(root: int) -> List[int]:
+    """The live processes below `root`, from /proc's parent links."""
+    children: Dict[int, List[int]] = {}
+    for pid, (parent, state) in processes().items():
+        if state != b"Z":
+            children.setdefault(parent, []).append(pid)
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def reap_orphans(sandbox: Sandbox) -> None:
+    """Collect the ends of orphans handed to this subreaper (never a command's own process,
+    which its request waits for), so none lingers as a zombie that still answers `kill -0`."""
+    me = os.getpid()
+    with sandbox.lock:
+        commands = set(sandbox.groups)
+    for pid, (parent, state) in processes().items():
+        if parent == me and state == b"Z" and pid not in commands:
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except OSError:
+                pass  # reaped meanwhile
+
+
+def become_subreaper() -> None:
+    """Orphans of the commands' processes come to this server, not to the node's init."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass  # not Linux: a daemon that left its group outlives finish until the pod ends
+
+
+def capped_reader(stream: Any, kept: List[bytes], flags: Dict[str, bool]) -> None:
+    """Read a pipe to its end, keeping its first OUTPUT_CAP_BYTES: a command that prints 100 MB
+    costs the sandbox no memory past the cap, and is never blocked on a full pipe."""
+    size = 0
+    while True:
+        chunk = stream.read(CHUNK_BYTES)
+        if not chunk:
+            return
+        if size < OUTPUT_CAP_BYTES:
+            kept.append(chunk[: OUTPUT_CAP_BYTES - size])
+        if size + len(chunk) > OUTPUT_CAP_BYTES:
+            flags["truncated"] = True
+        size += len(chunk)
+
+
+def run_command(sandbox: Sandbox, request: Dict[str, Any]) -> Dict[str, Any]:
+    """Run one command to its end or its timeout; its whole process group is killed then."""
+    shell = request.get("shell")
+    argv: Any = shell if isinstance(shell, str) else request.get("argv")
+    if not (
+        isinstance(argv, str)
+        or isinstance(argv, list)
+        and argv
+        and all(isinstance(a, str) for a in argv)
+    ):
+        raise ValueError("give argv, a non-empty list of strings, or shell, a string")
+    env = dict(os.environ)
+    env.update({str(k): str(v) for k, v in (request.get("env") or {}).items()})
+    stdin = base64.b64decode(request.get("stdin") or "")
+    timeout = request.get("timeout")
+    started = time.monotonic()
+    try:
+        process = subprocess.Popen(
+            argv,
+            shell=isinstance(argv, str),
+            cwd=os.path.join(WORKSPACE, request.get("cwd") or ""),
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+    except (FileNotFoundError, PermissionError, NotADirectoryError) as error:
+        return outcome(
+            NOT_FOUND_EXIT_CODE if isinstance(error, FileNotFoundError) else 126,
+            b"",
+            f"{error}\n".encode(),
+            False,
+            False,
+            started,
+        )
+    with sandbox.lock:
+        sandbox.groups.add(process.pid)
+    out: List[bytes] = []
+    err: List[bytes] = []
+    flags = {"truncated": False}
+    readers = [
+        threading.Thread(target=capped_reader, args=(pipe, kept, flags), daemon=True)
+        for pipe, kept in ((process.stdout, out), (process.stderr, err))
+    ]
+    for reader in readers:
+        reader.start()
+    threading.Thread(target=feed, args=(process.stdin, stdin), daemon=True).start()
+    timed_out = False
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    if timed_out:  # the command and all it started in its group; daemons it left live on
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except OSError:
+            pass  # the group ended meanwhile
+    process.wait()
+    # A daemon the command left with its output pipes keeps them open: its output past this
+    # grace is not waited for (the daemon itself lives until reset or finish).
+    grace = time.monotonic() + OUTPUT_GRACE_SECONDS
+    for reader in readers:
+        reader.join(timeout=max(0.0, grace - time.monotonic()))
+    with sandbox.lock:
+        sandbox.groups.discard(process.pid)
+    reap_orphans(sandbox)
+    return outcome(
+        process.returncode, b"".join(out), b"".join(err), flags["truncated"], timed_out, started
+    )
+
+
+def feed(pipe: Any, data: bytes) -> None:
+    try:
+        if data:
+            pipe.write(data)
+        pipe.close()
+    except OSError:
+        pass  # the command ended without reading it all
+
+
+def outcome(
+    code: Optional[int], out: bytes, err: bytes, truncated: bool, timed_out: bool, started: float
+) -> Dict[str, Any]:
+    return {
+        "exit_code": code,
+        "stdout": out.decode("utf-8", "replace"),
+        "stderr": err.decode("utf-8", "replace"),
+        "truncated": truncated,
+        "timed_out": timed_out,
+        "seconds": time.monotonic() - started,
+    }
+
+
+def reset_workspace() -> None:
+    """The workspace as it was when the sandbox started."""
+    for entry in os.listdir(WORKSPACE):
+        path = os.path.join(WORKSPACE, entry)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            os.unlink(path)
+    for entry in os.listdir(PRISTINE):
+        source, target = os.path.join(PRISTINE, entry), os.path.join(WORKSPACE, entry)
+        if os.path.isdir(source) and not os.path.islink(source):
+            shutil.copytree(source, target, symlinks=True)
+        else:
+            shutil.copy2(source, target, follow_symlinks=False)
+
+
+def workspace_path(query: str) -> str:
+    """The file a request names (`path`), relative to the workspace unless absolute."""
+    path = urllib.parse.parse_qs(query).get("path", [""])[0]
+    if not path:
+        raise ValueError("give ?path=")
+    return os.path.join(WORKSPACE, path)
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # kept alive: one connection serves a trainer's turns
+    # An answer's headers and body leave in one segment, at once: with Nagle's algorithm, a
+    # body written after its headers waited for the client's delayed ACK (40 ms a request).
+    disable_nagle_algorithm = True
+    wbufsize = 1 << 16
+    sandbox: Sandbox
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # the pod's log is for what the sandbox says of itself
+
+    def answer(self, status: int, body: bytes, kind: str = "application/json") -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+        self.wfile.flush()
+
+    def reply(self, status: int, value: Any) -> None:
+        if self.sandbox.stopping:  # its pod is going: a command it killed is no outcome
+            self.close_connection = True
+            return
+        self.answer(status, json.dumps(value).encode())
+
+    def body(self) -> bytes:
+        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+    def handle_one(self, method: str) -> None:
+        self.sandbox.last_request = time.monotonic()
+        path, _, query = self.path.partition("?")
+        body = self.body()
+        if not self.sandbox.authorised(self.headers.get("X-Sandbox-Token")):
+            self.reply(403, {"error": "forbidden"})
+            return
+        try:
+            self.route(method, path, query, body)
+        except (ValueError, TypeError) as error:
+            self.reply(400, {"error": str(error)})
+        except OSError as error:
+            self.reply(
+                404 if isinstance(error, FileNotFoundError) else 500,
+                {"error": f"{type(error).__name__}: {error}"},
+            )
+        self.sandbox.last_request = time.monotonic()
+
+    def route(self, method: str, path: str, query: str, body: bytes) -> None:
+        if (method, path) == ("GET", "/ready"):
+            self.reply(200, {"ready_at": self.sandbox.ready_at, "started_at": STARTED_AT})
+        elif (method, path) == ("POST", "/run"):
+            self.reply(200, run_command(self.sandbox, json.loads(body or b"{}")))
+        elif (method, path) == ("PUT", "/file"):
+            target = workspace_path(query)
+            os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
+            with open(target, "wb") as file:
+                file.write(body)
+            self.reply(200, {"bytes": len(body)})
+        elif (method, path) == ("GET", "/file"):
+            with open(workspace_path(query), "rb") as file:
+                self.answer(200, file.read(), "application/octet-stream")
+        elif (method, path) == ("POST", "/reset") and not self.sandbox.pristine:
+            self.reply(409, {"error": "no pristine copy of the workspace was kept"})
+        elif (method, path) == ("POST", "/reset"):
+            self.sandbox.kill_everything()
+            reset_workspace()
+            self.reply(200, {"reset": True})
+        elif (method, path) == ("POST", "/finish"):
+            self.sandbox.kill_everything()
+            self.reply(200, {"finished": True})
+            threading.Thread(target=self.server.shutdown, daemon=True).start()
+        else:
+            self.reply(404, {"error": f"no {method} {path}"})
+
+    def do_GET(self) -> None:
+        self.handle_one("GET")
+
+    def do_POST(self) -> None:
+        self.handle_one("POST")
+
+    def do_PUT(self) -> None:
+        self.handle_one("PUT")
+
+
+def watch_idle(sandbox: Sandbox) -> None:
+    """End the sandbox, and with it the pool's Job, once nobody has asked anything for so long."""
+    while True:
+        time.sleep(min(IDLE_SECONDS, 1.0))
+        reap_orphans(sandbox)
+        if time.monotonic() - sandbox.last_request > IDLE_SECONDS:
+            sandbox.kill_everything()
+            print(json.dumps({"event": "idle", "at": time.time()}), flush=True)
+            os._exit(IDLE_EXIT_CODE)
+
+
+def keep_pristine() -> bool:
+    """The workspace as it starts, copied aside for /reset; False where it cannot be."""
+    try:
+        if os.path.isdir(PRISTINE):
+            shutil.rmtree(PRISTINE)
+        os.makedirs(os.path.dirname(PRISTINE), exist_ok=True)
+        shutil.copytree(WORKSPACE, PRISTINE, symlinks=True)
+        return True
+    except OSError as error:
+        print(json.dumps({"event": "no_pristine_copy", "error": str(error)}), flush=True)
+        return False
+
+
+def main() -> None:
+    with open(TOKEN_FILE, "rb") as file:
+        token = file.read().strip()
+    pristine = keep_pristine()
+    become_subreaper()
+    sandbox = Sandbox(token)
+    sandbox.pristine = pristine
+    Handler.sandbox = sandbox
+    server = ThreadingHTTPServer((os.environ.get("POD_IP") or "127.0.0.1", PORT), Handler)
+    server.daemon_threads = True
+    sandbox.ready_at = time.time()
+
+    def stopped(number: int, frame: Any) -> None:
+        """SIGTERM (the pod deleted, its Job suspended): nothing it started outlives it."""
+        sandbox.stopping = True
+        sandbox.kill_everything()
+        os._exit(128 + number)
+
+    signal.signal(signal.SIGTERM, stopped)
+    threading.Thread(target=watch_idle, args=(sandbox,), daemon=True).start()
+    event = {"event": "server_ready", "at": sandbox.ready_at, "started_at": STARTED_AT}
+    print(json.dumps(event), flush=True)
+    server.serve_forever()
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

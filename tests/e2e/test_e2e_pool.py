@@ -1,0 +1,264 @@
+"""Live sandboxes on the emulator: `pool` and open_pool(), driven through real kubectl's proxy and
+the emulator's pod proxy, the sandbox server running in each pod."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import rl_batch_demo
+from e2e_support import documentation, emulators, load, run_namespaces, tool, wait_for
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, require_e2e: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """(kubectl 1.35, a started emulator) with its environment set for in-process pools."""
+    kubectl = require_e2e("1.35")
+    with emulators(tmp_path) as make:
+        emulator = make()
+        for name, value in emulator.env().items():
+            monkeypatch.setenv(name, value)
+        yield kubectl, emulator
+
+
+def lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def token_of(emulator: Any, namespace: str) -> str:
+    import base64
+
+    secret = emulator.get("secrets", namespace, "sandbox-token")
+    if "data" in secret:
+        return base64.b64decode(secret["data"]["token"]).decode()
+    return str(secret["stringData"]["token"])
+
+
+def test_the_pool_command_plays_the_guides_episode_as_turns(cluster: Any, tmp_path: Path) -> None:
+    kubectl, emulator = cluster
+    output = tmp_path / "pool"
+    result = tool(
+        emulator,
+        kubectl,
+        "pool",
+        "--output",
+        str(output),
+        "--size",
+        "2",
+        "--episodes",
+        "4",
+    )
+    assert result.returncode == 0, result.stderr
+    assert "Episodes: 4, rewards 4.0, successful 4" in result.stdout
+    rewards = lines(output / "rewards.jsonl")
+    assert sorted(line["index"] for line in rewards) == [0, 1, 2, 3]
+    assert all(line["reward"] == 1.0 and line["valid"] for line in rewards)
+    assert len({line["sandbox"] for line in rewards}) == 4  # each episode its own fresh pod
+    assert all(line["commands"] == 2 and line["image"] == "python:3.12-alpine" for line in rewards)
+    commands = lines(output / "commands.jsonl")
+    assert [c["exit_code"] for c in commands if c["index"] == 0] == [1, 0]  # fails, then passes
+    assert all(c["round_trip_seconds"] >= c["server_seconds"] > 0 for c in commands)
+    results = load(output / "results.json")
+    block = results["pool"]
+    assert (block["size"], block["episodes"], block["reused"]) == (2, 4, False)
+    assert block["round_trip_seconds"]["p50"] > 0 and block["commands_per_second"] > 0
+    assert block["refill_seconds"]["p50"] is not None  # two pods replaced two let go
+    for name in ("receipt.json", "run.json", "job.json", "pods.json", "events.json"):
+        assert (output / name).is_file(), name
+    assert len(list(output.glob("pool-*.log"))) >= 4
+    token = token_of(emulator, load(output / "receipt.json")["namespace"])
+    for saved in output.iterdir():  # the token is never written to the output directory
+        assert token not in saved.read_text(errors="replace"), saved.name
+    assert token not in result.stdout + result.stderr
+    assert tool(emulator, kubectl, "cleanup", "--output", str(output)).returncode == 0
+    assert run_namespaces(emulator) == []
+
+
+def test_the_readme_pool_example_runs_as_written(
+    cluster: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kubectl, emulator = cluster
+    blocks = re.findall(r"```python\n(.*?)```", documentation(), flags=re.S)
+    example = next(
+        block for block in blocks if "open_pool(" in block and "tasks=tasks" not in block
+    )
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "kubectl").symlink_to(kubectl)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.chdir(tmp_path)
+    exec(compile(example, "README.md", "exec"), {})
+    rewards = lines(tmp_path / "runs" / "step-3" / "rewards.jsonl")
+    assert [(r["reward"], r["valid"]) for r in rewards] == [(1.0, True)]
+    assert run_namespaces(emulator) == []
+
+
+def test_a_sandbox_runs_commands_and_files_as_a_trainer_drives_them(
+    cluster: Any, tmp_path: Path
+) -> None:
+    kubectl, emulator = cluster
+    with rl_batch_demo.open_pool(
+        output=str(tmp_path / "p"), size=1, episodes=1, kubectl=kubectl
+    ) as pool:
+        with pool.claim(timeout=60) as sandbox:
+            assert sandbox.run(["true"]).exit_code == 0
+            missing = sandbox.run(["no-such-command"])
+            assert missing.exit_code == 127 and "No such file" in missing.stderr
+            said = sandbox.run("echo out; echo err >&2; exit 3")
+            assert (said.exit_code, said.stdout, said.stderr) == (3, "out\n", "err\n")
+            assert sandbox.run(["cat"], stdin=b"\x00in\xff").stdout == "\x00in\ufffd"
+            data = bytes(range(256)) * 4
+            sandbox.write_file("deep/dir/blob.bin", data)
+            assert sandbox.read_file("deep/dir/blob.bin") == data
+            with pytest.raises(FileNotFoundError):
+                sandbox.read_file("nothing-here")
+            assert sandbox.run(["pwd"], cwd="deep").stdout.strip().endswith("/workspace/deep")
+            assert sandbox.run("echo $FOO", env={"FOO": "bar"}).stdout == "bar\n"
+            # 100 MB printed: kept to the cap, said to be cut.
+            big = sandbox.run("head -c 100000000 /dev/zero | tr '\\0' a", timeout=120)
+            assert big.truncated and big.exit_code == 0 and 0 < len(big.stdout) < 2_000_000
+            # Past its timeout: killed, with what it started, and said so.
+            started = time.monotonic()
+            with pytest.raises(rl_batch_demo.CommandTimeout) as timed_out:
+                sandbox.run("echo begun; sleep 30", timeout=1)
+            assert time.monotonic() - started < 15
+            assert timed_out.value.result.timed_out and timed_out.value.result.stdout == "begun\n"
+            sandbox.finish(reward=0.5, info={"turns": 9})
+    rewards = lines(tmp_path / "p" / "rewards.jsonl")
+    assert [(r["reward"], r["valid"], r["info"]) for r in rewards] == [(0.5, True, {"turns": 9})]
+    assert rewards[0]["commands"] == 8  # the one past its timeout among them
+    assert run_namespaces(emulator) == []  # open_pool cleans up by default; the files stay
+    assert (tmp_path / "p" / "results.json").is_file()
+
+
+def test_reuse_gives_the_next_claim_a_pristine_workspace_and_no_daemon(
+    cluster: Any, tmp_path: Path
+) -> None:
+    kubectl, emulator = cluster
+    with rl_batch_demo.open_pool(
+        output=str(tmp_path / "p"), size=1, episodes=2, reuse=True, kubectl=kubectl
+    ) as pool:
+        with pool.claim(timeout=60) as first:
+            first.write_file("left.txt", "from the first episode")
+            first.run("nohup sleep 600 >/dev/null 2>&1 & echo $! > daemon.pid")
+            daemon = first.read_file("daemon.pid").decode().strip()
+            assert first.run(["kill", "-0", daemon]).exit_code == 0
+            first.finish(reward=1)
+        with pool.claim(timeout=60) as second:
+            assert second.pod == first.pod  # the same pod, served again
+            assert second.claim_wait_seconds < 1.0 and second.warm
+            with pytest.raises(FileNotFoundError):
+                second.read_file("left.txt")
+            assert second.run(["kill", "-0", daemon]).exit_code != 0  # killed at finish
+            second.finish(reward=1)
+    results = load(tmp_path / "p" / "results.json")
+    assert results["pool"]["reused"] is True and results["episodes"] == 2
+
+
+def test_a_pod_deleted_during_a_command_loses_the_sandbox_not_the_episode(
+    cluster: Any, tmp_path: Path
+) -> None:
+    kubectl, emulator = cluster
+    output = tmp_path / "p"
+    with rl_batch_demo.open_pool(output=str(output), size=1, episodes=1, kubectl=kubectl) as pool:
+        sandbox = pool.claim(timeout=60)
+        namespace = pool.run.namespace
+        deleting = threading.Timer(
+            1.0,
+            lambda: subprocess.run(
+                [kubectl, "delete", "pod", sandbox.pod, "-n", namespace, "--wait=false"],
+                env=emulator.env(),
+                capture_output=True,
+                timeout=60,
+            ),
+        )
+        deleting.start()
+        with pytest.raises(rl_batch_demo.SandboxLost) as lost:
+            sandbox.run("sleep 20", timeout=30)
+        deleting.join()
+        assert lost.value.failure_class == "infrastructure" and sandbox.pod in str(lost.value)
+        sandbox.finish(reward=1.0)
+        # The lost episode is served again, on a fresh pod the Job made.
+        with pool.claim(timeout=60) as again:
+            assert again.pod != sandbox.pod
+            assert again.run(["true"]).exit_code == 0
+            again.finish(reward=1.0)
+    rewards = lines(output / "rewards.jsonl")
+    assert [(r["failure_class"], r["valid"]) for r in rewards] == [
+        ("infrastructure", False),
+        (None, True),
+    ]
+
+
+def test_a_claim_that_times_out_says_what_the_pool_is_waiting_for(
+    cluster: Any, tmp_path: Path
+) -> None:
+    kubectl, emulator = cluster
+    with rl_batch_demo.open_pool(
+        output=str(tmp_path / "p"), size=1, episodes=2, kubectl=kubectl
+    ) as pool:
+        with pool.claim(timeout=60) as held:
+            with pytest.raises(rl_batch_demo.DemoError) as waited:
+                pool.claim(timeout=2)  # the one sandbox is held; its successor is not made yet
+            held.finish(reward=1)
+    said = str(waited.value)
+    assert "no sandbox became free in 2 s: 0 ready, 1 held, 0 starting, 0 pending" in said, said
+
+
+def test_an_idle_pool_ends_its_job_and_makes_no_more_pods(cluster: Any, tmp_path: Path) -> None:
+    kubectl, emulator = cluster
+    with rl_batch_demo.open_pool(
+        output=str(tmp_path / "p"),
+        size=2,
+        episodes=8,
+        idle_timeout=2,
+        kubectl=kubectl,
+        cleanup=False,
+    ) as pool:
+        namespace = pool.run.namespace
+
+        def failed() -> bool:
+            job = emulator.get("jobs", namespace, "pool") or {}
+            return any(
+                c["type"] == "Failed" and c["status"] == "True"
+                for c in (job.get("status") or {}).get("conditions") or []
+            )
+
+        wait_for(failed, 60, "the idle pool's Job to fail")
+        time.sleep(2)
+        listed = subprocess.run(
+            [kubectl, "get", "pods", "-n", namespace, "-o", "json"],
+            env=emulator.env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        pods = json.loads(listed.stdout)["items"]
+        assert len(pods) <= 2  # the idle ones (the Job's end deletes the rest), none after them
+        assert all(p["status"]["phase"] in ("Failed", "Succeeded") for p in pods), pods
+    assert tool(emulator, kubectl, "cleanup", "--output", str(tmp_path / "p")).returncode == 0
+
+
+def test_open_pool_refuses_bad_keywords_before_anything_is_created(
+    cluster: Any, tmp_path: Path
+) -> None:
+    kubectl, emulator = cluster
+    with pytest.raises(TypeError):
+        rl_batch_demo.open_pool(output=str(tmp_path / "a"), size="2", episodes=2)
+    with pytest.raises(ValueError):
+        rl_batch_demo.open_pool(output=str(tmp_path / "b"), size=0, episodes=2)
+    with pytest.raises(TypeError):
+        rl_batch_demo.open_pool(output=str(tmp_path / "c"), size=1, episodes=1, colour="red")
+    assert not any((tmp_path / name).exists() for name in "abc")
+    assert run_namespaces(emulator) == []
+    assert os.environ["KUBECONFIG"]
