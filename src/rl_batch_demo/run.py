@@ -156,7 +156,8 @@ def batch_job(namespace: str, settings: Settings, name: str, task_maps: Sequence
         settings.timeout,
         name=name,
         harden=settings.harden,
-        indexed=not settings.builtin,
+        # Rewards are kept per completion index: a rollout's pods need one, whatever they run.
+        indexed=not settings.builtin or settings.rollout,
         tasks=tasks_volume(task_maps, settings.group_size) if task_maps else None,
         policy=rollout_policy(settings),
         episode_timeout=pod_deadline(settings),
