@@ -242,6 +242,38 @@ def test_a_refused_job_fails_the_run_before_any_job_is_created(
     assert "jobs" not in load(output / "receipt.json")
 
 
+def test_allow_failures_above_a_small_jobs_episodes_holds_for_the_batch(
+    cluster: Any, tmp_path: Path
+) -> None:
+    """--allow-failures 3 with a Job of 2 episodes (task d's image): the API refuses a Job's
+    maxFailedIndexes above its completions, so each Job gets K or its episodes, the fewer, and K
+    holds for the whole batch; and a Job refused all the same leaves no empty namespace."""
+    kubectl, make = cluster
+    emulator = make()
+    args, output = images_run(tmp_path, "--allow-failures", "3")
+    result = tool(emulator, kubectl, *args)
+    assert result.returncode == 0, result.stderr
+    jobs = {job["metadata"]["name"]: job["spec"] for job in load(output / "job.json")["items"]}
+    assert {
+        name: (spec["completions"], spec["maxFailedIndexes"]) for name, spec in jobs.items()
+    } == {
+        "rollout-image-1": (4, 3),
+        "rollout-image-2": (2, 2),
+        "rollout-image-3": (2, 2),
+    }
+    assert [line["failure_class"] for line in rewards_of(output)] == [None] * 8
+    # Refused all the same (an admission policy, say): nothing of the run stays in the cluster.
+    refusing = make(api_errors={"count": 1, "match": "dryRun=All", "status": 403})
+    (tmp_path / "refused").mkdir()
+    args, output = images_run(tmp_path / "refused", "--allow-failures", "3")
+    result = tool(refusing, kubectl, *args)
+    assert result.returncode == 1, result.stderr
+    assert "none of the batch's 3 Jobs was created" in result.stderr
+    namespace = load(output / "receipt.json")["namespace"]
+    assert f"its namespace {namespace} was deleted" in result.stderr
+    assert run_namespaces(refusing) == []
+
+
 def test_run_batch_with_per_task_images(cluster: Any, tmp_path: Path) -> None:
     kubectl, make = cluster
     emulator = make()
