@@ -5,6 +5,8 @@ maxFailedIndexes and podFailurePolicy as the real one does."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 import re
@@ -216,6 +218,27 @@ def test_episode_failure_is_not_retried_and_a_partial_batch_exits_3(
     assert results["groups_complete"] == 2 and results["groups"][1]["complete"] is False
     assert results["pod_to_ready_censored"]["censored"] == 0
     assert load(output / "job.json")["status"]["failedIndexes"] == "1"
+    # episodes.csv: a row per episode, the failed one too (its points as far as it got), and
+    # each episode's task and outcome in the last columns, after every column it had before.
+    text = (output / "episodes.csv").read_text()
+    header = next(csv.reader(io.StringIO(text)))
+    assert header[:5] == ["batch", "pod", "index", "node", "reward"]
+    assert header[-5:] == ["image_size_bytes", "task_id", "failure_class", "failure", "valid"]
+    table = {row["index"]: row for row in csv.DictReader(io.StringIO(text))}
+    assert {
+        index: (row["pod"], row["task_id"], row["failure_class"], row["failure"], row["valid"])
+        for index, row in table.items()
+    } == {
+        str(row["index"]): (
+            row["pod"],
+            row["task_id"],
+            row["failure_class"] or "",
+            row["failure"] or "",
+            "true",
+        )
+        for row in rows
+    }
+    assert table["1"]["ready_after_job_seconds"] and not table["1"]["reward_after_job_seconds"]
     # `report` recomputes the same outcome from the saved files alone.
     report = tool(emulator, kubectl, "report", str(output), "--quiet")
     assert report.returncode == 0, report.stderr
