@@ -4923,7 +4923,8 @@ def episode_row(
 ) -> dict:
     """The row of one episode from its attempts (oldest first); pure. The final attempt is the pod
     that succeeded, else the newest one. `images`: each group's image (group_images)."""
-    job_created = parse_time(job["metadata"].get("creationTimestamp")) or 0.0
+    # Unknown, the batch's times are unknown: never counted from 1970.
+    job_created = parse_time(job["metadata"].get("creationTimestamp"))
     group = index // group_size
     row: dict[str, Any] = {"index": index, "task_id": task_ids[group] if task_ids else None}
     if images is not None:
@@ -4976,7 +4977,7 @@ def final_attempt(
     final: tuple[dict, str | None, str | None],
     outcomes: Sequence[tuple[dict, str | None, str | None]],
     attempts: int,
-    job_created: float,
+    job_created: float | None,
     logs: dict[str, str],
 ) -> dict[str, Any]:
     """An episode's outcome from its final attempt, (pod, failure class, why): its reward and
@@ -5019,6 +5020,15 @@ def seconds_between(later: Any, earlier: float | None) -> float | None:
     """The seconds from `earlier` to `later`, as a row shows them; None unless both are times."""
     ok = isinstance(later, (int, float)) and not isinstance(later, bool) and earlier is not None
     return rounded(later - earlier) if ok else None
+
+
+def batch_job_whole(job: dict | None, count: int) -> bool:
+    """Whether the batch's Job as seen so far is the whole batch's: every one of its Jobs seen (one
+    per image: merged, their completions add up to the batch's `count`). Until then the batch's
+    origin, its first Job's creation, may be unknown, and no episode's times can be counted."""
+    spec = (job or {}).get("spec") or {}
+    created = ((job or {}).get("metadata") or {}).get("creationTimestamp")
+    return bool(created) and spec.get("completions") == count
 
 
 def failure_settled(job: dict | None, index: int) -> bool:
@@ -6172,6 +6182,12 @@ def failed_record(
         "index": row["index"],
         "failure_class": row["failure_class"],
         "failure": row["failure"],
+        # What its row of episodes.csv says beside its points.
+        "task_id": row.get("task_id"),
+        "valid": row.get("valid"),
+        "node": row.get("node"),
+        "reward": row.get("reward"),
+        "image": row.get("image"),
     }
 
 
@@ -6308,10 +6324,28 @@ def image_figures(records: Sequence[dict], rows: Sequence[dict] = ()) -> dict[st
 
 
 def episodes_csv(batches: Sequence[tuple[str, BatchSummary]]) -> str:
-    """One row per episode: every point (seconds after its Job's creationTimestamp, and as an
-    absolute time with its source, clock and precision) and every phase with its precision.
-    `index` (the completion index) is there for an Indexed Job; a default run's pods have none."""
+    """One row per episode, a rollout's failed and cancelled ones included (after the others, in
+    index order, their points as far as they got): every point (seconds after its Job's
+    creationTimestamp, and as an absolute time with its source, clock and precision) and every
+    phase with its precision; then its task and outcome (OUTCOME_COLUMNS). `index` (the
+    completion index) is there for an Indexed Job; a default run's pods have none."""
     return "".join(episodes_csv_pieces(batches))
+
+
+# The last columns of episodes.csv, after every column older files had (read by place too):
+# the episode's task and its outcome, as its line of rewards.jsonl says them.
+OUTCOME_COLUMNS = ["task_id", "failure_class", "failure", "valid"]
+
+
+def outcome_fields(record: Mapping[str, Any]) -> list[str]:
+    """An episode's OUTCOME_COLUMNS: a success's class and failure are empty, and it is valid."""
+    task_id = record.get("task_id")
+    return [
+        "" if task_id is None else str(task_id),
+        record.get("failure_class") or "",
+        record.get("failure") or "",
+        "false" if record.get("valid") is False else "true",
+    ]
 
 
 # episodes.csv is made in pieces of this many rows: 100,000 rows (about 90 MB) are written
@@ -6324,7 +6358,9 @@ def episodes_csv_pieces(batches: Sequence[tuple[str, BatchSummary]]) -> Iterator
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     indexed = any(
-        record.get("index") is not None for _, summary in batches for record in summary.episodes
+        record.get("index") is not None
+        for _, summary in batches
+        for record in [*summary.episodes, *summary.failed]
     )
     writer.writerow(
         [
@@ -6344,6 +6380,7 @@ def episodes_csv_pieces(batches: Sequence[tuple[str, BatchSummary]]) -> Iterator
         + [f"{p}_clock" for p in POINTS]
         + [f"{phase}_precision_seconds" for phase in PHASES]
         + ["image", "image_pull_waiting_seconds", "image_pull_kubelet_seconds", "image_size_bytes"]
+        + OUTCOME_COLUMNS
     )
     for batch_name, summary in batches:
         rows = {row["pod"]: row for row in summary.figures["pods"]}
@@ -6357,12 +6394,25 @@ def episodes_csv_pieces(batches: Sequence[tuple[str, BatchSummary]]) -> Iterator
             made = summary.csv_rows.get(record["pod"])
             if made is None:
                 writer.writerow(
-                    leading + episode_csv_fields(rows[record["pod"]], record, job_created)
+                    leading
+                    + episode_csv_fields(rows[record["pod"]], record, job_created)
+                    + outcome_fields(record)
                 )
                 continue
-            # Its draft's row, after the leading fields written as the writer writes them: a
-            # row is its fields, each quoted or not on its own, joined by the delimiter.
-            out.write(csv_text(leading)[:-1] + "," + made.get(record["pod"]))
+            # Its draft's row between the leading and the outcome fields, written as the writer
+            # writes them: a row is its fields, each quoted or not on its own, joined by the delimiter.
+            out.write(
+                csv_text(leading)[:-1]
+                + ","
+                + made.get(record["pod"])[:-1]
+                + ","
+                + csv_text(outcome_fields(record))
+            )
+        for record in sorted(summary.failed, key=lambda failed: failed["index"]):
+            leading = [batch_name, record["pod"] or "", *([record["index"]] if indexed else [])]
+            writer.writerow(
+                leading + episode_csv_fields(record, record, job_created) + outcome_fields(record)
+            )
     yield out.getvalue()
 
 
@@ -6374,7 +6424,7 @@ def episode_csv_fields(row: dict, record: Mapping[str, Any], job_created: float)
     return (
         [
             row["node"] or "",
-            row["reward"],
+            "" if row["reward"] is None else row["reward"],
             record.get("image_cache") or "",
             record.get("runtime_class") or "",
         ]
@@ -9490,6 +9540,10 @@ class RewardStream:
             (state.pods[name] for name in self.pods_of.get(index, ())), self.count
         ).get(index, [])
         logs = ended_logs(attempts, early)
+        if not batch_job_whole(state.job, self.count):
+            # Its pods may be seen before the Jobs are: its line waits for them (judge(None)).
+            self.waiting.add(index)
+            return
         if not settled_attempt(attempts, state.job, index, logs, self.may_retry):
             if any(pod_terminal(p) for p in attempts):
                 self.waiting.add(index)
@@ -10911,6 +10965,9 @@ def summarise_rollout(
         drafts,
         index,
     )
+    task_of = {row["pod"]: row["task_id"] for row in rows if row["failure_class"] is None}
+    for record in summary.episodes:  # episodes.csv names each episode's task
+        record["task_id"] = task_of.get(record["pod"])
     summary.figures.update(
         rollout_figures(rows, job, pods, settings.group_size, allowed, settings.retries or 0, need)
     )
@@ -11597,6 +11654,16 @@ def rollout_policy(settings: Settings) -> RolloutPolicy | None:
     return RolloutPolicy(settings.retries or 0, settings.allow_failures or 0)
 
 
+def image_job_policy(settings: Settings, episodes: int) -> RolloutPolicy | None:
+    """The policy of one image's Job of `episodes`: --allow-failures K holds for the whole batch
+    (the run counts every Job's failures against it), and a Job can fail no more than its own
+    episodes, so its maxFailedIndexes is K or its episodes, the fewer (the API refuses more)."""
+    policy = rollout_policy(settings)
+    if policy is None:
+        return None
+    return policy._replace(allow_failures=min(policy.allow_failures, episodes))
+
+
 def pod_deadline(settings: Settings) -> int | None:
     """Each pod's activeDeadlineSeconds, counted from its start on the node: --pull-timeout and
     --episode-timeout together, since one deadline bounds the pull and the episode after it."""
@@ -11615,7 +11682,8 @@ def batch_job(namespace: str, settings: Settings, name: str, task_maps: Sequence
         settings.timeout,
         name=name,
         harden=settings.harden,
-        indexed=not settings.builtin,
+        # Rewards are kept per completion index: a rollout's pods need one, whatever they run.
+        indexed=not settings.builtin or settings.rollout,
         tasks=tasks_volume(task_maps, settings.group_size) if task_maps else None,
         policy=rollout_policy(settings),
         episode_timeout=pod_deadline(settings),
@@ -11656,7 +11724,7 @@ def batch_jobs(
             tasks=tasks_volume(task_maps, settings.group_size, group.indexes)
             if task_maps
             else None,
-            policy=rollout_policy(settings),
+            policy=image_job_policy(settings, len(group.indexes)),
             episode_timeout=pod_deadline(settings),
             batch=name,
             episode_indexes=group.indexes,
@@ -12037,7 +12105,8 @@ def summarise_followed_batch(
 
 def check_jobs_accepted(run: RunContext, manifests: Sequence[dict]) -> None:
     """Each Job of a batch of several, as the API server would take it (a server-side dry run), before
-    any is created: one refused (an invalid image reference) fails the run with none of them made."""
+    any is created: one refused (an invalid image reference) fails the run with none of them made,
+    and the namespace made for them, empty of work, deleted."""
     for manifest in manifests:
         try:
             run.kubectl.run(
@@ -12050,7 +12119,19 @@ def check_jobs_accepted(run: RunContext, manifests: Sequence[dict]) -> None:
             raise DemoError(
                 f"the API server refuses Job {manifest['metadata']['name']} (image {image}): "
                 f"{error}; none of the batch's {len(manifests)} Jobs was created"
+                f"{remove_unused_namespace(run)}"
             ) from None
+
+
+def remove_unused_namespace(run: RunContext) -> str:
+    """Delete the run's namespace before any Job of it exists (it holds the run's ConfigMaps, no
+    work): what to add to the failure's words; nothing when it stays (cleanup says why then)."""
+    try:
+        cleanup_namespace(run.kubectl, run.receipt, report=io.StringIO())
+    except DemoError:
+        return ""
+    run.touched_cluster = False  # nothing is left for cleanup to do
+    return f"; its namespace {run.namespace} was deleted"
 
 
 class ClientWait(NamedTuple):

@@ -31,6 +31,7 @@ from .manifests import list_manifest
 from .timing import pod_observation, record_job_observation
 from .outcomes import (
     Delivery,
+    batch_job_whole,
     container_end_bounds,
     episode_row,
     group_images,
@@ -338,6 +339,10 @@ class RewardStream:
             (state.pods[name] for name in self.pods_of.get(index, ())), self.count
         ).get(index, [])
         logs = ended_logs(attempts, early)
+        if not batch_job_whole(state.job, self.count):
+            # Its pods may be seen before the Jobs are: its line waits for them (judge(None)).
+            self.waiting.add(index)
+            return
         if not settled_attempt(attempts, state.job, index, logs, self.may_retry):
             if any(pod_terminal(p) for p in attempts):
                 self.waiting.add(index)

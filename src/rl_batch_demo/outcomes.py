@@ -558,7 +558,8 @@ def episode_row(
 ) -> dict:
     """The row of one episode from its attempts (oldest first); pure. The final attempt is the pod
     that succeeded, else the newest one. `images`: each group's image (group_images)."""
-    job_created = parse_time(job["metadata"].get("creationTimestamp")) or 0.0
+    # Unknown, the batch's times are unknown: never counted from 1970.
+    job_created = parse_time(job["metadata"].get("creationTimestamp"))
     group = index // group_size
     row: dict[str, Any] = {"index": index, "task_id": task_ids[group] if task_ids else None}
     if images is not None:
@@ -611,7 +612,7 @@ def final_attempt(
     final: tuple[dict, str | None, str | None],
     outcomes: Sequence[tuple[dict, str | None, str | None]],
     attempts: int,
-    job_created: float,
+    job_created: float | None,
     logs: dict[str, str],
 ) -> dict[str, Any]:
     """An episode's outcome from its final attempt, (pod, failure class, why): its reward and
@@ -654,6 +655,15 @@ def seconds_between(later: Any, earlier: float | None) -> float | None:
     """The seconds from `earlier` to `later`, as a row shows them; None unless both are times."""
     ok = isinstance(later, (int, float)) and not isinstance(later, bool) and earlier is not None
     return rounded(later - earlier) if ok else None
+
+
+def batch_job_whole(job: dict | None, count: int) -> bool:
+    """Whether the batch's Job as seen so far is the whole batch's: every one of its Jobs seen (one
+    per image: merged, their completions add up to the batch's `count`). Until then the batch's
+    origin, its first Job's creation, may be unknown, and no episode's times can be counted."""
+    spec = (job or {}).get("spec") or {}
+    created = ((job or {}).get("metadata") or {}).get("creationTimestamp")
+    return bool(created) and spec.get("completions") == count
 
 
 def failure_settled(job: dict | None, index: int) -> bool:

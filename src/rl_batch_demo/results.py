@@ -403,6 +403,9 @@ def summarise_rollout(
         drafts,
         index,
     )
+    task_of = {row["pod"]: row["task_id"] for row in rows if row["failure_class"] is None}
+    for record in summary.episodes:  # episodes.csv names each episode's task
+        record["task_id"] = task_of.get(record["pod"])
     summary.figures.update(
         rollout_figures(rows, job, pods, settings.group_size, allowed, settings.retries or 0, need)
     )

@@ -138,6 +138,16 @@ def rollout_policy(settings: Settings) -> RolloutPolicy | None:
     return RolloutPolicy(settings.retries or 0, settings.allow_failures or 0)
 
 
+def image_job_policy(settings: Settings, episodes: int) -> RolloutPolicy | None:
+    """The policy of one image's Job of `episodes`: --allow-failures K holds for the whole batch
+    (the run counts every Job's failures against it), and a Job can fail no more than its own
+    episodes, so its maxFailedIndexes is K or its episodes, the fewer (the API refuses more)."""
+    policy = rollout_policy(settings)
+    if policy is None:
+        return None
+    return policy._replace(allow_failures=min(policy.allow_failures, episodes))
+
+
 def pod_deadline(settings: Settings) -> int | None:
     """Each pod's activeDeadlineSeconds, counted from its start on the node: --pull-timeout and
     --episode-timeout together, since one deadline bounds the pull and the episode after it."""
@@ -156,7 +166,8 @@ def batch_job(namespace: str, settings: Settings, name: str, task_maps: Sequence
         settings.timeout,
         name=name,
         harden=settings.harden,
-        indexed=not settings.builtin,
+        # Rewards are kept per completion index: a rollout's pods need one, whatever they run.
+        indexed=not settings.builtin or settings.rollout,
         tasks=tasks_volume(task_maps, settings.group_size) if task_maps else None,
         policy=rollout_policy(settings),
         episode_timeout=pod_deadline(settings),
@@ -197,7 +208,7 @@ def batch_jobs(
             tasks=tasks_volume(task_maps, settings.group_size, group.indexes)
             if task_maps
             else None,
-            policy=rollout_policy(settings),
+            policy=image_job_policy(settings, len(group.indexes)),
             episode_timeout=pod_deadline(settings),
             batch=name,
             episode_indexes=group.indexes,
@@ -578,7 +589,8 @@ def summarise_followed_batch(
 
 def check_jobs_accepted(run: RunContext, manifests: Sequence[dict]) -> None:
     """Each Job of a batch of several, as the API server would take it (a server-side dry run), before
-    any is created: one refused (an invalid image reference) fails the run with none of them made."""
+    any is created: one refused (an invalid image reference) fails the run with none of them made,
+    and the namespace made for them, empty of work, deleted."""
     for manifest in manifests:
         try:
             run.kubectl.run(
@@ -591,7 +603,19 @@ def check_jobs_accepted(run: RunContext, manifests: Sequence[dict]) -> None:
             raise DemoError(
                 f"the API server refuses Job {manifest['metadata']['name']} (image {image}): "
                 f"{error}; none of the batch's {len(manifests)} Jobs was created"
+                f"{remove_unused_namespace(run)}"
             ) from None
+
+
+def remove_unused_namespace(run: RunContext) -> str:
+    """Delete the run's namespace before any Job of it exists (it holds the run's ConfigMaps, no
+    work): what to add to the failure's words; nothing when it stays (cleanup says why then)."""
+    try:
+        cleanup_namespace(run.kubectl, run.receipt, report=io.StringIO())
+    except DemoError:
+        return ""
+    run.touched_cluster = False  # nothing is left for cleanup to do
+    return f"; its namespace {run.namespace} was deleted"
 
 
 class ClientWait(NamedTuple):

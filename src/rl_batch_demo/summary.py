@@ -989,6 +989,12 @@ def failed_record(
         "index": row["index"],
         "failure_class": row["failure_class"],
         "failure": row["failure"],
+        # What its row of episodes.csv says beside its points.
+        "task_id": row.get("task_id"),
+        "valid": row.get("valid"),
+        "node": row.get("node"),
+        "reward": row.get("reward"),
+        "image": row.get("image"),
     }
 
 
@@ -1125,10 +1131,28 @@ def image_figures(records: Sequence[dict], rows: Sequence[dict] = ()) -> dict[st
 
 
 def episodes_csv(batches: Sequence[tuple[str, BatchSummary]]) -> str:
-    """One row per episode: every point (seconds after its Job's creationTimestamp, and as an
-    absolute time with its source, clock and precision) and every phase with its precision.
-    `index` (the completion index) is there for an Indexed Job; a default run's pods have none."""
+    """One row per episode, a rollout's failed and cancelled ones included (after the others, in
+    index order, their points as far as they got): every point (seconds after its Job's
+    creationTimestamp, and as an absolute time with its source, clock and precision) and every
+    phase with its precision; then its task and outcome (OUTCOME_COLUMNS). `index` (the
+    completion index) is there for an Indexed Job; a default run's pods have none."""
     return "".join(episodes_csv_pieces(batches))
+
+
+# The last columns of episodes.csv, after every column older files had (read by place too):
+# the episode's task and its outcome, as its line of rewards.jsonl says them.
+OUTCOME_COLUMNS = ["task_id", "failure_class", "failure", "valid"]
+
+
+def outcome_fields(record: Mapping[str, Any]) -> list[str]:
+    """An episode's OUTCOME_COLUMNS: a success's class and failure are empty, and it is valid."""
+    task_id = record.get("task_id")
+    return [
+        "" if task_id is None else str(task_id),
+        record.get("failure_class") or "",
+        record.get("failure") or "",
+        "false" if record.get("valid") is False else "true",
+    ]
 
 
 # episodes.csv is made in pieces of this many rows: 100,000 rows (about 90 MB) are written
@@ -1141,7 +1165,9 @@ def episodes_csv_pieces(batches: Sequence[tuple[str, BatchSummary]]) -> Iterator
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     indexed = any(
-        record.get("index") is not None for _, summary in batches for record in summary.episodes
+        record.get("index") is not None
+        for _, summary in batches
+        for record in [*summary.episodes, *summary.failed]
     )
     writer.writerow(
         [
@@ -1161,6 +1187,7 @@ def episodes_csv_pieces(batches: Sequence[tuple[str, BatchSummary]]) -> Iterator
         + [f"{p}_clock" for p in POINTS]
         + [f"{phase}_precision_seconds" for phase in PHASES]
         + ["image", "image_pull_waiting_seconds", "image_pull_kubelet_seconds", "image_size_bytes"]
+        + OUTCOME_COLUMNS
     )
     for batch_name, summary in batches:
         rows = {row["pod"]: row for row in summary.figures["pods"]}
@@ -1174,12 +1201,25 @@ def episodes_csv_pieces(batches: Sequence[tuple[str, BatchSummary]]) -> Iterator
             made = summary.csv_rows.get(record["pod"])
             if made is None:
                 writer.writerow(
-                    leading + episode_csv_fields(rows[record["pod"]], record, job_created)
+                    leading
+                    + episode_csv_fields(rows[record["pod"]], record, job_created)
+                    + outcome_fields(record)
                 )
                 continue
-            # Its draft's row, after the leading fields written as the writer writes them: a
-            # row is its fields, each quoted or not on its own, joined by the delimiter.
-            out.write(csv_text(leading)[:-1] + "," + made.get(record["pod"]))
+            # Its draft's row between the leading and the outcome fields, written as the writer
+            # writes them: a row is its fields, each quoted or not on its own, joined by the delimiter.
+            out.write(
+                csv_text(leading)[:-1]
+                + ","
+                + made.get(record["pod"])[:-1]
+                + ","
+                + csv_text(outcome_fields(record))
+            )
+        for record in sorted(summary.failed, key=lambda failed: failed["index"]):
+            leading = [batch_name, record["pod"] or "", *([record["index"]] if indexed else [])]
+            writer.writerow(
+                leading + episode_csv_fields(record, record, job_created) + outcome_fields(record)
+            )
     yield out.getvalue()
 
 
@@ -1191,7 +1231,7 @@ def episode_csv_fields(row: dict, record: Mapping[str, Any], job_created: float)
     return (
         [
             row["node"] or "",
-            row["reward"],
+            "" if row["reward"] is None else row["reward"],
             record.get("image_cache") or "",
             record.get("runtime_class") or "",
         ]

@@ -157,6 +157,58 @@ def test_one_job_per_image_keeps_the_run_wide_index(tier: Any, tmp_path: Path) -
     assert not [job for job in cluster.list("jobs", namespace)]
 
 
+# Crashes on its task's "crash" member and hangs on its "hang" member (0 or 1 of a group of 2).
+CRASH_OR_HANG_EPISODE = (
+    TASK_EPISODE_HEAD
+    + """\
+member = int(os.environ["EPISODE_INDEX"]) % 2
+if task.get("crash") == member:
+    sys.exit("the agent crashed")
+if task.get("hang") == member:
+    time.sleep(60)
+emit("reward", reward=1)
+"""
+)
+
+
+def test_lines_seen_before_their_jobs_count_from_the_batchs_creation(
+    cluster: Any, tmp_path: Path
+) -> None:
+    """The issue's recipe (six tasks, two of their own image, a crash and a hang), with the Jobs'
+    watch failing at first, as a slow one does: every pod ends before any Job is seen, and no line
+    may count its times from 1970 (nor from a later Job's creation): it waits for the Jobs."""
+    kubectl, make = cluster
+    emulator = make(api_errors={"count": 4, "match": "jobs?labelSelector", "status": 503})
+    tasks = [
+        {"id": "a"},
+        {"id": "b", "image": "docker.io/swebench/one:1", "crash": 0},
+        {"id": "c"},
+        {"id": "d", "image": "docker.io/other/two:2", "hang": 1},
+        {"id": "e"},
+        {"id": "f"},
+    ]
+    args, output = images_run(
+        tmp_path, "--episode-timeout", "4", "--allow-failures", "2", tasks=tasks
+    )
+    args[args.index("--episode-script") + 1] = str(write_script(tmp_path, CRASH_OR_HANG_EPISODE))
+    result = tool(emulator, kubectl, *args)
+    assert result.returncode in (0, 3), result.stderr
+    csv_ready = {
+        row["pod"]: float(row["ready_after_job_seconds"])
+        for row in csv.DictReader(io.StringIO((output / "episodes.csv").read_text()))
+        if row["ready_after_job_seconds"]
+    }
+    rewards = rewards_of(output)
+    assert len(rewards) == 12 and len(csv_ready) >= 10
+    for line in rewards:
+        assert 0 < line["batch_to_ready_seconds"] < 30, line
+        if line["pod"] in csv_ready:
+            assert abs(line["batch_to_ready_seconds"] - csv_ready[line["pod"]]) < 0.002, line
+    for group in load(output / "results.json")["groups"]:
+        assert group["all_rewards_seconds"] is None or 0 < group["all_rewards_seconds"] < 30
+        assert 0 <= group["spread_seconds"] < 30, group
+
+
 def test_dry_run_prints_every_job(cluster: Any, tmp_path: Path) -> None:
     kubectl, make = cluster
     emulator = make()
@@ -197,6 +249,38 @@ def test_a_refused_job_fails_the_run_before_any_job_is_created(
     namespace = load(output / "receipt.json")["namespace"]
     assert not [job for job in emulator.list("jobs", namespace)]
     assert "jobs" not in load(output / "receipt.json")
+
+
+def test_allow_failures_above_a_small_jobs_episodes_holds_for_the_batch(
+    cluster: Any, tmp_path: Path
+) -> None:
+    """--allow-failures 3 with a Job of 2 episodes (task d's image): the API refuses a Job's
+    maxFailedIndexes above its completions, so each Job gets K or its episodes, the fewer, and K
+    holds for the whole batch; and a Job refused all the same leaves no empty namespace."""
+    kubectl, make = cluster
+    emulator = make()
+    args, output = images_run(tmp_path, "--allow-failures", "3")
+    result = tool(emulator, kubectl, *args)
+    assert result.returncode == 0, result.stderr
+    jobs = {job["metadata"]["name"]: job["spec"] for job in load(output / "job.json")["items"]}
+    assert {
+        name: (spec["completions"], spec["maxFailedIndexes"]) for name, spec in jobs.items()
+    } == {
+        "rollout-image-1": (4, 3),
+        "rollout-image-2": (2, 2),
+        "rollout-image-3": (2, 2),
+    }
+    assert [line["failure_class"] for line in rewards_of(output)] == [None] * 8
+    # Refused all the same (an admission policy, say): nothing of the run stays in the cluster.
+    refusing = make(api_errors={"count": 1, "match": "dryRun=All", "status": 403})
+    (tmp_path / "refused").mkdir()
+    args, output = images_run(tmp_path / "refused", "--allow-failures", "3")
+    result = tool(refusing, kubectl, *args)
+    assert result.returncode == 1, result.stderr
+    assert "none of the batch's 3 Jobs was created" in result.stderr
+    namespace = load(output / "receipt.json")["namespace"]
+    assert f"its namespace {namespace} was deleted" in result.stderr
+    assert run_namespaces(refusing) == []
 
 
 def test_run_batch_with_per_task_images(cluster: Any, tmp_path: Path) -> None:

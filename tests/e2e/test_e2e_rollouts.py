@@ -7,6 +7,8 @@ podFailurePolicy and the real Job controller acts on them."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 import re
@@ -211,6 +213,28 @@ def test_episode_failure_is_not_retried_and_a_partial_batch_exits_3(
     assert results["successful_episodes"] == 2 and results["episodes"] == 3
     assert results["groups_complete"] == 2 and results["groups"][1]["complete"] is False
     assert results["pod_to_ready_censored"]["censored"] == 0
+    assert load(output / "job.json")["status"]["failedIndexes"] == "1"
+    # episodes.csv: a row per episode, the failed one too (its points as far as it got), and
+    # each episode's task and outcome in the last columns, after every column it had before.
+    text = (output / "episodes.csv").read_text()
+    header = next(csv.reader(io.StringIO(text)))
+    assert header[:5] == ["batch", "pod", "index", "node", "reward"]
+    assert header[-5:] == ["image_size_bytes", "task_id", "failure_class", "failure", "valid"]
+    table = {row["index"]: row for row in csv.DictReader(io.StringIO(text))}
+    assert {
+        index: (row["pod"], row["task_id"], row["failure_class"], row["failure"], row["valid"])
+        for index, row in table.items()
+    } == {
+        str(row["index"]): (
+            row["pod"],
+            row["task_id"],
+            row["failure_class"] or "",
+            row["failure"] or "",
+            "true",
+        )
+        for row in rows
+    }
+    assert table["1"]["ready_after_job_seconds"] and not table["1"]["reward_after_job_seconds"]
     # `report` recomputes the same outcome from the saved files alone.
     report = run_tool(cluster, kubectl, "report", output, quiet=True)
     assert report.returncode == 0, report.stderr
@@ -334,6 +358,57 @@ def test_run_batch_in_process_returns_every_reward(
         "receipt.json",
         "rewards.jsonl",
     }
+
+
+def assert_every_line_is_its_pods_outcome(output: Path, count: int, need: int = 0) -> None:
+    """Each rewards.jsonl line names a pod of pods.json and carries that pod's own reward (with
+    --need, at least `need` of them; the rest cancelled)."""
+    pods = {pod["metadata"]["name"]: pod for pod in load(output / "pods.json")["items"]}
+    rewards = rewards_of(output)
+    assert [line["index"] for line in rewards] == list(range(count))
+    passed = [line for line in rewards if line["failure_class"] is None]
+    assert len(passed) >= (need or count), rewards
+    assert all(line["failure_class"] == "cancelled" for line in rewards if line not in passed)
+    for line in passed:
+        assert line["pod"] in pods, line
+        assert pods[line["pod"]]["status"]["phase"] == "Succeeded"
+        assert (line["reward"], line["valid"]) == (1, True), line
+
+
+def test_a_call_without_tasks_reports_each_pods_own_outcome(
+    cluster: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The documented call without tasks (count= episodes of the built-in demo) is a rollout:
+    its lines are matched to pods by index, so its Job is Indexed as every rollout's is."""
+    kubectl, make = cluster
+    emulator = make()
+    for name, value in emulator.env().items():
+        monkeypatch.setenv(name, value)
+    results = rl_batch_demo.run_batch(output=tmp_path / "batch", count=2, kubectl=kubectl)
+    assert (results["successful_episodes"], results["failed_episodes"]) == (2, 0)
+    assert_every_line_is_its_pods_outcome(tmp_path / "batch", 2)
+    lines = list(rl_batch_demo.stream_batch(output=tmp_path / "stream", count=3, kubectl=kubectl))
+    assert sorted(line["index"] for line in lines) == [0, 1, 2]
+    assert_every_line_is_its_pods_outcome(tmp_path / "stream", 3)
+    # The command line's rollouts without tasks: each rollout option makes the Job Indexed too.
+    for number, (count, options) in enumerate(
+        ((3, ["--need", "2"]), (2, ["--allow-failures", "1"]), (2, ["--retries", "1"]))
+    ):
+        output = tmp_path / f"cli-{number}"
+        result = tool(
+            emulator,
+            kubectl,
+            "run",
+            "--output",
+            str(output),
+            "--quiet",
+            "--count",
+            str(count),
+            *options,
+        )
+        assert result.returncode == 0, result.stderr
+        assert load(output / "job.json")["spec"]["completionMode"] == "Indexed"
+        assert_every_line_is_its_pods_outcome(output, count, 2 if "--need" in options else 0)
 
 
 def test_run_batch_prepull_refusal_names_its_keyword(

@@ -1235,6 +1235,8 @@ EXPECTED_CSV_HEADER = ",".join(
     + [f"{point}_clock" for point in demo.POINTS]
     + [f"{phase}_precision_seconds" for phase in demo.PHASES]
     + ["image", "image_pull_waiting_seconds", "image_pull_kubelet_seconds", "image_size_bytes"]
+    # Added last, after every column older files had: the task and the outcome.
+    + ["task_id", "failure_class", "failure", "valid"]
 )
 
 
@@ -1273,7 +1275,8 @@ def test_episodes_csv_header_and_rows() -> None:
         "control plane,control plane,node,node,node,node,node,node,node,"
         "1,1.75,1.76,0.010001,2e-06,2e-06,1,1,1,,"
         # The kubelet's Pulled message: present, no pull, no wait.
-        ",0.000000,0.000000,",
+        ",0.000000,0.000000,"
+        ",,,,true",
         "rollout,rollout-9vtzb,node-2,1,pulled,cube,"
         "1.000000,1.500000,3.000000,3.000000,3.000000,4.000000,4.250000,8.500000,9.000000,"
         "1,1e-06,2.5,1,0.01,1e-06,1e-06,1e-06,1,"
@@ -1287,7 +1290,8 @@ def test_episodes_csv_header_and_rows() -> None:
         "control plane,control plane,node,node,node,node,node,node,node,"
         "1,2.5,2.51,0.010001,2e-06,2e-06,1,1,1,,"
         # Pulled in 2.1s (2.1s including waiting): no wait; its size.
-        ",0.000000,2.100000,19203584",
+        ",0.000000,2.100000,19203584"
+        ",,,,true",
         # No sandbox condition and no kubelet event: empty cells; scheduled from the whole-second condition.
         "rollout,rollout-p7x8s,node-1,1,,cube,"
         "2.000000,2.000000,,3.000000,3.500000,4.500000,5.000000,9.750000,10.000000,"
@@ -1300,7 +1304,8 @@ def test_episodes_csv_header_and_rows() -> None:
         "container finishedAt,"
         "control plane,control plane,,node,node,node,node,node,node,"
         "2,,,0.010001,2e-06,2e-06,1,1,1,,"
-        ",,,",
+        ",,,"
+        ",,,,true",
     ]
 
 

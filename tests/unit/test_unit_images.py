@@ -158,6 +158,21 @@ def test_one_job_per_image_with_its_episodes() -> None:
     assert plan.objects()[-3:] == jobs
 
 
+def test_each_jobs_max_failed_indexes_is_the_allowance_or_its_episodes() -> None:
+    """The API refuses maxFailedIndexes above a Job's completions; K holds for the whole batch."""
+    tasks = [demo.Task(str(n), n, "{}", image) for n, image in enumerate(["b", None, None, None])]
+    plan = demo.plan_run(
+        NAMESPACE, "0123456789ab", settings(allow_failures=3, retries=1), "print()", tasks
+    )
+    specs = [job["spec"] for job in plan.jobs["rollout"]]
+    assert [
+        (s["completions"], s["maxFailedIndexes"], s["backoffLimitPerIndex"]) for s in specs
+    ] == [
+        (2, 2, 1),
+        (6, 3, 1),
+    ]
+
+
 def test_settings_keep_the_image_options_in_run_json() -> None:
     kept = settings(
         task_images=("b", "default:1"),

@@ -1036,6 +1036,21 @@ def test_run_batch_keywords_reach_the_objects_it_creates(
         demo.run_batch(str(tmp_path / "none.jsonl"), output=str(tmp_path / "out"), dry_run=True)
 
 
+def test_every_rollout_job_is_indexed_the_guides_run_is_not(tmp_path: Any, capsys: Any) -> None:
+    """A rollout's lines are matched to its pods by completion index: a Python call without
+    tasks (the built-in demo, count= episodes) is a rollout, so its Job is Indexed too."""
+    listing = demo.run_batch(output=tmp_path / "out", count=2, dry_run=True)
+    assert listing["items"][-1]["spec"]["completionMode"] == "Indexed"
+    streamed = demo.stream_batch(output=tmp_path / "out", count=3, dry_run=True)
+    with pytest.raises(StopIteration) as listed:
+        next(streamed)
+    assert listed.value.value["items"][-1]["spec"]["completionMode"] == "Indexed"
+    # The guide's own run (Part A) keeps its NonIndexed Job.
+    assert demo.main(["run", "--output", str(tmp_path / "out"), "--dry-run"]) == 0
+    job = json.loads(capsys.readouterr().out)["items"][-1]
+    assert job["kind"] == "Job" and "completionMode" not in job["spec"]
+
+
 def test_run_batch_failures_before_the_cluster_name_its_keywords(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:

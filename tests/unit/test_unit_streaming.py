@@ -23,8 +23,9 @@ NEED_MET = {
 }
 
 
-def running_job(*conditions: dict, failed_indexes: str = "") -> dict:
+def running_job(*conditions: dict, failed_indexes: str = "", completions: int = 3) -> dict:
     job = make_job(end="Complete", criteria_at=None)
+    job["spec"] = {"completions": completions}
     job["status"] = {"conditions": list(conditions), "failedIndexes": failed_indexes}
     return job
 
@@ -328,15 +329,38 @@ def test_lines_are_appended_as_episodes_settle_and_rewritten_in_index_order(tmp_
     assert [d.streamed for d in stream.deliveries] == [True, True, False]
 
 
+def test_a_line_waits_until_every_job_of_its_batch_was_seen(tmp_path: Any) -> None:
+    """Its times count from the batch's first Job's creation: a pod seen ended before the Jobs (a
+    slow Job watch, one Job of several seen) waits for them, never counted from 1970."""
+    stream = demo.RewardStream(str(tmp_path / "rewards.jsonl"), stream_settings(3))
+    seen = Seen()
+    stream.judge(seen.state, seen.early, [seen.pod(indexed_pod("p2", 2), honest_log("p2"))])
+    assert stream.rows == {} and stream.waiting == {2}
+    one_of_two = running_job(completions=2)  # the merged view of the Jobs seen so far
+    seen.state.apply("job", "MODIFIED", one_of_two, T0 + 1)
+    stream.judge(seen.state, seen.early, None)
+    assert stream.rows == {}
+    seen.state.apply("job", "MODIFIED", running_job(completions=3), T0 + 2)
+    stream.judge(seen.state, seen.early, None)
+    line = stream.rows[2]
+    assert line["failure_class"] is None and 0 < line["batch_to_ready_seconds"] < 60
+    # An episode's row without the Job's creation has no batch times, rather than times from 1970.
+    unknown = {"metadata": {}, "spec": {"completions": 3}}
+    row = demo.episode_row(
+        2, [indexed_pod("p2", 2)], unknown, {"p2": honest_log("p2")}, True, None, 1
+    )
+    assert row["batch_to_ready_seconds"] is None and row["pod_to_ready_seconds"] is not None
+
+
 def test_a_failure_waits_for_the_jobs_word_when_it_may_be_retried(tmp_path: Any) -> None:
     stream = demo.RewardStream(str(tmp_path / "rewards.jsonl"), stream_settings(2, retries=1))
     seen = Seen()
-    seen.state.apply("job", "MODIFIED", running_job(), T0 + 1)
+    seen.state.apply("job", "MODIFIED", running_job(completions=2), T0 + 1)
     stream.judge(
         seen.state, seen.early, [seen.pod(indexed_pod("p1", 1, phase="Failed", exit_code=1), "")]
     )
     assert stream.rows == {} and stream.waiting == {1}
-    seen.state.apply("job", "MODIFIED", running_job(failed_indexes="1"), T0 + 2)
+    seen.state.apply("job", "MODIFIED", running_job(failed_indexes="1", completions=2), T0 + 2)
     stream.judge(seen.state, seen.early, None)
     assert stream.rows[1]["failure_class"] == "episode" and stream.waiting == set()
 
@@ -347,6 +371,7 @@ def test_a_callback_that_raises_stops_the_run_with_its_own_exception(tmp_path: A
 
     stream = demo.RewardStream(str(tmp_path / "rewards.jsonl"), stream_settings(1), refuse)
     seen = Seen()
+    seen.state.apply("job", "MODIFIED", running_job(completions=1), T0 + 1)
     with pytest.raises(demo.RewardCallbackError) as caught:
         stream.judge(seen.state, seen.early, [seen.pod(indexed_pod("p", 0), honest_log("p"))])
     assert isinstance(caught.value.original, ValueError)
