@@ -277,3 +277,8 @@ def embedded_text(name: str) -> str:
 
 # The episode program every pod runs, shipped in a ConfigMap.
 WORKER_SOURCE = embedded_text("worker.py")
+
+# The program that kills this process's kubectl process groups once it is gone (kube.Guardian).
+GUARDIAN_SOURCE = embedded_text("guardian.py")
+# The variable that hands the guardian its program (its command line stays short).
+GUARDIAN_VARIABLE = "RL_BATCH_DEMO_GUARDIAN"
