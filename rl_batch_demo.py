@@ -19,6 +19,7 @@ Also: `report DIR`, `compare DIR_A DIR_B`, `list`, `cleanup --stale AGE`;
 The package's modules, lowest layer first: each imports only those above it here, and the
 shipped single file holds them in this order, each part opening with its source path.
     worker: the episode program every pod runs, shipped in a ConfigMap as text.
+    guardian: the program that kills a tool process's kubectl children once it is gone, shipped as text.
     constants: defaults, limits, timeouts, and the names of what a run creates and saves.
     model: errors, and the records the modules share (`RunRequest`, `Settings`, `Task`).
     stats: percentiles and their descriptions.
@@ -933,6 +934,61 @@ def main() -> None:
 if __name__ == "__main__":
     main()
 '''
+
+# The program that kills this process's kubectl process groups once it is gone (kube.Guardian).
+GUARDIAN_SOURCE = r'''"""The guardian: kills a tool process's kubectl process groups once that process is gone.
+
+Run as `python -I -S -c <this text>` with its standard input the far end of a socket the tool
+holds. The tool (or each kubectl, just before it execs) writes "+GROUP\n" for each process group
+it starts and "-GROUP\n" for each it has stopped and waited for. When the socket's last writer is
+gone, however the tool ended (SIGKILL included), every group still named is killed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Callable
+
+
+def named_groups(read: Callable[[], bytes]) -> set[int]:
+    """The groups still named once the stream ends: each "+N" adds N, each "-N" takes it away."""
+    groups: set[int] = set()
+    pending = b""
+    while True:
+        try:
+            chunk = read()
+        except OSError:
+            break  # the stream broke: as good as ended
+        if not chunk:
+            break
+        *lines, pending = (pending + chunk).split(b"\n")
+        for line in lines:
+            sign, number = line[:1], line[1:]
+            if number.isdigit() and sign == b"+":
+                groups.add(int(number))
+            elif number.isdigit() and sign == b"-":
+                groups.discard(int(number))
+    return groups
+
+
+def main() -> None:
+    # Out of the terminal's reach already (a session of its own); a hang-up or Ctrl-C meant for
+    # the tool must not end the one process that outlives it.
+    for signum in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
+    for group in sorted(named_groups(lambda: os.read(0, 65536))):
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except OSError:
+            pass  # that group has ended already
+
+
+if __name__ == "__main__":
+    main()
+'''
+# The variable that hands the guardian its program (its command line stays short).
+GUARDIAN_VARIABLE = "RL_BATCH_DEMO_GUARDIAN"
 
 
 # --------------------------------------------------------------------------
@@ -7798,7 +7854,7 @@ class KubectlError(DemoError):
 
 @functools.lru_cache(maxsize=None)
 def linux_prctl() -> Callable[..., int] | None:
-    """libc's prctl(2) on Linux, else None (then children outlive a killed tool until their timeouts)."""
+    """libc's prctl(2) on Linux, else None."""
     if not sys.platform.startswith("linux"):
         return None
     try:
@@ -7809,30 +7865,185 @@ def linux_prctl() -> Callable[..., int] | None:
         return None
 
 
-def die_with_parent() -> Callable[[], None] | None:
-    """A child's pre-exec step that kills it when this process dies, however it dies.
+class Guardian:
+    """One small process per tool process that kills the tool's kubectl process groups once the
+    tool is gone, however it ends (a CI timeout's SIGKILL, the OOM killer run no cleanup code).
 
-    A SIGKILLed tool (a CI timeout, the OOM killer) runs no cleanup code, so its
-    watches and its proxy must end by themselves: the kernel sends them SIGKILL
-    once their parent is gone.
+    PR_SET_PDEATHSIG alone does not do it: it reaches only the process the tool started, and not
+    even that once it execs from a thread of its own. The Google Cloud SDK's kubectl is a
+    dispatcher that execs the versioned kubectl from a Go thread, and the signal is lost with it:
+    a killed tool left its watches and proxy running. So each kubectl starts in a session (and
+    process group) of its own, which whatever it starts inherits, and names that group to the
+    guardian before it execs (child_setup); the guardian (guardian.py) kills every group still
+    named once the last writer of its socket, this process, is gone. Started once, on the first
+    kubectl; it costs one Python start-up (about 20 ms) per tool process and one small write per
+    kubectl.
     """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._socket: socket.socket | None = None
+        self._pid: int | None = None  # the guardian's
+        self._owner: int | None = None  # the process it guards
+
+    def socket(self) -> socket.socket | None:
+        """The socket to name groups on, the guardian started (again) if this process has none
+        alive; None where there can be none (then PR_SET_PDEATHSIG alone guards the children)."""
+        with self._lock:
+            if self._socket is not None and self._owner == os.getpid() and self._alive():
+                return self._socket
+            self._drop()
+            if not guardian_possible():
+                return None
+            mine, theirs = socket.socketpair()
+            try:
+                self._pid = os.posix_spawn(
+                    sys.executable,
+                    [sys.executable, "-I", "-S", "-c", guardian_command(os.getpid())],
+                    {**os.environ, GUARDIAN_VARIABLE: GUARDIAN_SOURCE},
+                    file_actions=[(os.POSIX_SPAWN_DUP2, theirs.fileno(), 0)],
+                    setsid=True,
+                )
+            except OSError:
+                mine.close()
+                return None
+            finally:
+                theirs.close()
+            self._socket, self._owner = mine, os.getpid()
+            return mine
+
+    def _alive(self) -> bool:
+        try:
+            return self._pid is not None and os.waitpid(self._pid, os.WNOHANG) == (0, 0)
+        except ChildProcessError:
+            return False
+
+    def _drop(self) -> None:
+        """Forget the guardian: this process's copy of its socket closed (it ends once no other
+        process holds one)."""
+        if self._socket is not None:
+            self._socket.close()
+        self._socket = self._pid = self._owner = None
+
+    def forget(self, group: int) -> None:
+        """A group this process has stopped and waited for: the guardian leaves it alone."""
+        guard = self._socket
+        if guard is not None and self._owner == os.getpid():
+            name_group(guard, b"-", group)
+
+    def after_fork_in_child(self) -> None:
+        """A child process forked otherwise than to exec a kubectl (multiprocessing, say) lets go of
+        the socket, so that the guardian still sees this process's end; it starts a guardian of its
+        own should it run kubectl."""
+        self._lock = threading.Lock()  # another thread may have held it across the fork
+        if getattr(SPAWNING, "kubectl", False):
+            return  # a kubectl about to exec: its setup names its group on the socket first
+        if self._socket is not None:
+            self._socket.close()
+        self._socket = self._pid = self._owner = None
+
+
+def guardian_command(tool: int) -> str:
+    """The guardian's `python -c` text: short, and saying what it is to whoever lists processes."""
+    return f"import os; exec(os.environ[{GUARDIAN_VARIABLE!r}])  # rl-batch-demo guardian of {tool}"
+
+
+def guardian_possible() -> bool:
+    """A guardian can run here: POSIX process groups, a Python to run it with, and a socket that
+    writes without SIGPIPE."""
+    return (
+        hasattr(os, "posix_spawn")
+        and hasattr(os, "killpg")
+        and hasattr(socket, "MSG_NOSIGNAL")
+        and bool(sys.executable)
+        and not getattr(sys, "frozen", False)
+    )
+
+
+def name_group(guard: socket.socket, sign: bytes, group: int) -> None:
+    """Tell the guardian of a group ("+": to kill should this process end; "-": to leave alone)."""
+    try:
+        guard.send(sign + str(group).encode() + b"\n", socket.MSG_NOSIGNAL)
+    except OSError:
+        pass  # the guardian is gone: PR_SET_PDEATHSIG still stops the group's first process
+
+
+GUARDIAN = Guardian()
+# Set in the thread that is starting a kubectl, so that the fork handlers in its child know it.
+SPAWNING = threading.local()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=GUARDIAN.after_fork_in_child)
+
+
+def child_setup(guard: socket.socket | None) -> Callable[[], None]:
+    """A kubectl's pre-exec step: a session (and process group) of its own, named to the guardian,
+    and killed by the kernel when this process dies (the group, should the guardian be gone)."""
     prctl = linux_prctl()
-    if prctl is None:
-        return None
     parent = os.getpid()
 
-    def arm() -> None:
-        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != parent:  # the parent died before the signal was armed
-            os._exit(1)
+    def setup() -> None:
+        os.setsid()
+        if guard is not None:
+            name_group(guard, b"+", os.getpid())
+        if prctl is not None:
+            prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+            if os.getppid() != parent:  # the parent died before the signal was armed
+                os._exit(1)
 
-    return arm
+    return setup
+
+
+def signal_group(group: int, signum: int) -> None:
+    try:
+        os.killpg(group, signum)
+    except (ProcessLookupError, PermissionError):
+        pass  # the group has ended
+
+
+class GroupedChild(subprocess.Popen[Any]):
+    """A kubectl in a process group of its own: a signal goes to the group (to whatever kubectl
+    started too); once it has been waited for, what is left of the group is killed and the
+    guardian told to forget it."""
+
+    _released = False
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            signal_group(self.pid, sig)
+
+    def poll(self) -> int | None:
+        code = super().poll()
+        if code is not None:
+            self._release()
+        return code
+
+    def wait(self, timeout: float | None = None) -> int:
+        code = super().wait(timeout)
+        self._release()
+        return code
+
+    def _release(self) -> None:
+        if not self._released:
+            self._released = True
+            # Its number stays the group's until no member is left, so it names no other group.
+            signal_group(self.pid, signal.SIGKILL)
+            GUARDIAN.forget(self.pid)
+
+
+def start_kubectl(argv: list[str], **options: Any) -> GroupedChild:
+    """Start one kubectl in a group of its own that dies with this process (Guardian)."""
+    guard = GUARDIAN.socket()
+    SPAWNING.kubectl = True
+    try:
+        return GroupedChild(argv, preexec_fn=child_setup(guard), **options)
+    finally:
+        SPAWNING.kubectl = False
 
 
 class InterruptsAcrossForks:
     """Holds a Ctrl-C or SIGTERM back while the main thread starts a child, and raises it after.
 
-    A pre-exec step (die_with_parent) makes the interpreter run its fork handlers in this
+    A pre-exec step (child_setup) makes the interpreter run its fork handlers in this
     process around the fork. A KeyboardInterrupt raised inside one is printed ("Exception
     ignored in ... _afterFork") and dropped, so the run went on as if never interrupted, and
     it leaves the lock that logging's handler holds over the fork taken, so the next child
@@ -8028,33 +8239,31 @@ class Kubectl:
         args = ["delete", kind, name] + (["-n", namespace] if namespace else [])
         self.run(args + list(flags) + ["--ignore-not-found"], retry_until=retry_until)
 
-    def stream(
-        self, args: Sequence[str], seconds: int, detached: bool = False, stderr: Any = None
-    ) -> subprocess.Popen:
+    def stream(self, args: Sequence[str], seconds: int, stderr: Any = None) -> subprocess.Popen:
         """Start a long-lived call (a watch, the proxy) with requests bounded by `seconds`.
 
-        A detached one is out of the terminal's reach, so Ctrl-C leaves it to this tool to stop.
+        Like every kubectl this tool starts, it is out of the terminal's reach (a session of its
+        own), so Ctrl-C leaves it to this tool to stop, and it dies with this process.
         Its stderr goes to `stderr` (a file) when given, else nowhere anyone reads.
         """
         with self._lock:
             self.processes += 1
         argv = self.argv(args, f"{max(1, seconds)}s")
         self.echo_argv(argv)
-        return start_child(argv, stderr or tempfile.TemporaryFile(), detached)
+        return start_child(argv, stderr or tempfile.TemporaryFile())
 
 
 def run_to_end(argv: list[str], verb: str, input_text: str | None) -> subprocess.CompletedProcess:
-    """Run one request-and-answer kubectl to its end, within CALL_TIMEOUT_SECONDS; its child dies
-    with this process, and with the call when an interrupt ends it."""
+    """Run one request-and-answer kubectl to its end, within CALL_TIMEOUT_SECONDS; it dies with
+    this process, and with the call when an interrupt ends it."""
     try:
         process = INTERRUPTS.start(
-            lambda: subprocess.Popen(
+            lambda: start_kubectl(
                 argv,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
-                preexec_fn=die_with_parent(),
             )
         )
     except OSError as error:
@@ -8087,18 +8296,12 @@ def failed_call(
     return KubectlError(verb, completed.returncode, completed.stderr)
 
 
-def start_child(argv: list[str], errors: Any, detached: bool) -> subprocess.Popen:
-    """Start a long-lived kubectl (a watch, the proxy), its stderr to the file `errors`, in a
-    session of its own when `detached`; it dies with this process."""
+def start_child(argv: list[str], errors: Any) -> subprocess.Popen:
+    """Start a long-lived kubectl (a watch, the proxy), its stderr to the file `errors`; it dies
+    with this process."""
     return INTERRUPTS.start(
-        lambda: subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=errors,
-            bufsize=0,
-            start_new_session=detached,
-            preexec_fn=die_with_parent(),
+        lambda: start_kubectl(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors, bufsize=0
         )
     )
 
@@ -8174,7 +8377,7 @@ class ApiProxy:
         self.directory = tempfile.mkdtemp(prefix=f"{PROXY_DIRECTORY_PREFIX}{os.getpid()}-")
         self.socket_path = os.path.join(self.directory, "api.sock")
         self.process = kubectl.stream(
-            ["proxy", f"--unix-socket={self.socket_path}"], REQUEST_TIMEOUT_SECONDS, detached=True
+            ["proxy", f"--unix-socket={self.socket_path}"], REQUEST_TIMEOUT_SECONDS
         )
         deadline = time.monotonic() + PROXY_START_SECONDS
         while not os.path.exists(self.socket_path):

@@ -126,6 +126,16 @@ def merged_imports(modules: list[Module]) -> list[str]:
     return lines
 
 
+def shipped_programs() -> set[str]:
+    """The modules the package ships as programs (`NAME = embedded_text("worker.py")`): held in
+    the file as text, not as code."""
+    return {
+        match.group(2).removesuffix(".py")
+        for path in sorted(PACKAGE.glob("*.py"))
+        for match in EMBEDDED.finditer(path.read_text(encoding="utf-8"))
+    }
+
+
 def inline_embedded(body: str) -> str:
     """`NAME = embedded_text("file")` -> NAME = the file's text as a raw string literal."""
 
@@ -148,10 +158,11 @@ def bundle() -> str:
     init_text = (PACKAGE / "__init__.py").read_text(encoding="utf-8")
     init = Module("__init__", init_text)
     order = module_order(init.docstring)
+    programs = shipped_programs()
     modules = [
         Module(name, (PACKAGE / f"{name}.py").read_text(encoding="utf-8"))
         for name in order
-        if name != "worker"
+        if name not in programs
     ]
     seen: dict[str, str] = {}
     for position, module in enumerate(modules):

@@ -296,3 +296,8 @@ COMMAND_TEXT_MOST = 200  # commands.jsonl keeps each command's first 200 charact
 
 # The program every pool pod runs, shipped in the run's ConfigMap.
 SERVER_SOURCE = embedded_text("sandbox_server.py")
+
+# The program that kills this process's kubectl process groups once it is gone (kube.Guardian).
+GUARDIAN_SOURCE = embedded_text("guardian.py")
+# The variable that hands the guardian its program (its command line stays short).
+GUARDIAN_VARIABLE = "RL_BATCH_DEMO_GUARDIAN"

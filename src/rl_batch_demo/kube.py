@@ -23,6 +23,8 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 from .constants import (
     CALL_TIMEOUT_SECONDS,
+    GUARDIAN_SOURCE,
+    GUARDIAN_VARIABLE,
     CONTAINER_NAME,
     CREDENTIALS_PROMPT,
     JOB_TRACKING_FINALIZER,
@@ -236,7 +238,7 @@ class KubectlError(DemoError):
 
 @functools.lru_cache(maxsize=None)
 def linux_prctl() -> Callable[..., int] | None:
-    """libc's prctl(2) on Linux, else None (then children outlive a killed tool until their timeouts)."""
+    """libc's prctl(2) on Linux, else None."""
     if not sys.platform.startswith("linux"):
         return None
     try:
@@ -247,30 +249,185 @@ def linux_prctl() -> Callable[..., int] | None:
         return None
 
 
-def die_with_parent() -> Callable[[], None] | None:
-    """A child's pre-exec step that kills it when this process dies, however it dies.
+class Guardian:
+    """One small process per tool process that kills the tool's kubectl process groups once the
+    tool is gone, however it ends (a CI timeout's SIGKILL, the OOM killer run no cleanup code).
 
-    A SIGKILLed tool (a CI timeout, the OOM killer) runs no cleanup code, so its
-    watches and its proxy must end by themselves: the kernel sends them SIGKILL
-    once their parent is gone.
+    PR_SET_PDEATHSIG alone does not do it: it reaches only the process the tool started, and not
+    even that once it execs from a thread of its own. The Google Cloud SDK's kubectl is a
+    dispatcher that execs the versioned kubectl from a Go thread, and the signal is lost with it:
+    a killed tool left its watches and proxy running. So each kubectl starts in a session (and
+    process group) of its own, which whatever it starts inherits, and names that group to the
+    guardian before it execs (child_setup); the guardian (guardian.py) kills every group still
+    named once the last writer of its socket, this process, is gone. Started once, on the first
+    kubectl; it costs one Python start-up (about 20 ms) per tool process and one small write per
+    kubectl.
     """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._socket: socket.socket | None = None
+        self._pid: int | None = None  # the guardian's
+        self._owner: int | None = None  # the process it guards
+
+    def socket(self) -> socket.socket | None:
+        """The socket to name groups on, the guardian started (again) if this process has none
+        alive; None where there can be none (then PR_SET_PDEATHSIG alone guards the children)."""
+        with self._lock:
+            if self._socket is not None and self._owner == os.getpid() and self._alive():
+                return self._socket
+            self._drop()
+            if not guardian_possible():
+                return None
+            mine, theirs = socket.socketpair()
+            try:
+                self._pid = os.posix_spawn(
+                    sys.executable,
+                    [sys.executable, "-I", "-S", "-c", guardian_command(os.getpid())],
+                    {**os.environ, GUARDIAN_VARIABLE: GUARDIAN_SOURCE},
+                    file_actions=[(os.POSIX_SPAWN_DUP2, theirs.fileno(), 0)],
+                    setsid=True,
+                )
+            except OSError:
+                mine.close()
+                return None
+            finally:
+                theirs.close()
+            self._socket, self._owner = mine, os.getpid()
+            return mine
+
+    def _alive(self) -> bool:
+        try:
+            return self._pid is not None and os.waitpid(self._pid, os.WNOHANG) == (0, 0)
+        except ChildProcessError:
+            return False
+
+    def _drop(self) -> None:
+        """Forget the guardian: this process's copy of its socket closed (it ends once no other
+        process holds one)."""
+        if self._socket is not None:
+            self._socket.close()
+        self._socket = self._pid = self._owner = None
+
+    def forget(self, group: int) -> None:
+        """A group this process has stopped and waited for: the guardian leaves it alone."""
+        guard = self._socket
+        if guard is not None and self._owner == os.getpid():
+            name_group(guard, b"-", group)
+
+    def after_fork_in_child(self) -> None:
+        """A child process forked otherwise than to exec a kubectl (multiprocessing, say) lets go of
+        the socket, so that the guardian still sees this process's end; it starts a guardian of its
+        own should it run kubectl."""
+        self._lock = threading.Lock()  # another thread may have held it across the fork
+        if getattr(SPAWNING, "kubectl", False):
+            return  # a kubectl about to exec: its setup names its group on the socket first
+        if self._socket is not None:
+            self._socket.close()
+        self._socket = self._pid = self._owner = None
+
+
+def guardian_command(tool: int) -> str:
+    """The guardian's `python -c` text: short, and saying what it is to whoever lists processes."""
+    return f"import os; exec(os.environ[{GUARDIAN_VARIABLE!r}])  # rl-batch-demo guardian of {tool}"
+
+
+def guardian_possible() -> bool:
+    """A guardian can run here: POSIX process groups, a Python to run it with, and a socket that
+    writes without SIGPIPE."""
+    return (
+        hasattr(os, "posix_spawn")
+        and hasattr(os, "killpg")
+        and hasattr(socket, "MSG_NOSIGNAL")
+        and bool(sys.executable)
+        and not getattr(sys, "frozen", False)
+    )
+
+
+def name_group(guard: socket.socket, sign: bytes, group: int) -> None:
+    """Tell the guardian of a group ("+": to kill should this process end; "-": to leave alone)."""
+    try:
+        guard.send(sign + str(group).encode() + b"\n", socket.MSG_NOSIGNAL)
+    except OSError:
+        pass  # the guardian is gone: PR_SET_PDEATHSIG still stops the group's first process
+
+
+GUARDIAN = Guardian()
+# Set in the thread that is starting a kubectl, so that the fork handlers in its child know it.
+SPAWNING = threading.local()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=GUARDIAN.after_fork_in_child)
+
+
+def child_setup(guard: socket.socket | None) -> Callable[[], None]:
+    """A kubectl's pre-exec step: a session (and process group) of its own, named to the guardian,
+    and killed by the kernel when this process dies (the group, should the guardian be gone)."""
     prctl = linux_prctl()
-    if prctl is None:
-        return None
     parent = os.getpid()
 
-    def arm() -> None:
-        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != parent:  # the parent died before the signal was armed
-            os._exit(1)
+    def setup() -> None:
+        os.setsid()
+        if guard is not None:
+            name_group(guard, b"+", os.getpid())
+        if prctl is not None:
+            prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+            if os.getppid() != parent:  # the parent died before the signal was armed
+                os._exit(1)
 
-    return arm
+    return setup
+
+
+def signal_group(group: int, signum: int) -> None:
+    try:
+        os.killpg(group, signum)
+    except (ProcessLookupError, PermissionError):
+        pass  # the group has ended
+
+
+class GroupedChild(subprocess.Popen[Any]):
+    """A kubectl in a process group of its own: a signal goes to the group (to whatever kubectl
+    started too); once it has been waited for, what is left of the group is killed and the
+    guardian told to forget it."""
+
+    _released = False
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            signal_group(self.pid, sig)
+
+    def poll(self) -> int | None:
+        code = super().poll()
+        if code is not None:
+            self._release()
+        return code
+
+    def wait(self, timeout: float | None = None) -> int:
+        code = super().wait(timeout)
+        self._release()
+        return code
+
+    def _release(self) -> None:
+        if not self._released:
+            self._released = True
+            # Its number stays the group's until no member is left, so it names no other group.
+            signal_group(self.pid, signal.SIGKILL)
+            GUARDIAN.forget(self.pid)
+
+
+def start_kubectl(argv: list[str], **options: Any) -> GroupedChild:
+    """Start one kubectl in a group of its own that dies with this process (Guardian)."""
+    guard = GUARDIAN.socket()
+    SPAWNING.kubectl = True
+    try:
+        return GroupedChild(argv, preexec_fn=child_setup(guard), **options)
+    finally:
+        SPAWNING.kubectl = False
 
 
 class InterruptsAcrossForks:
     """Holds a Ctrl-C or SIGTERM back while the main thread starts a child, and raises it after.
 
-    A pre-exec step (die_with_parent) makes the interpreter run its fork handlers in this
+    A pre-exec step (child_setup) makes the interpreter run its fork handlers in this
     process around the fork. A KeyboardInterrupt raised inside one is printed ("Exception
     ignored in ... _afterFork") and dropped, so the run went on as if never interrupted, and
     it leaves the lock that logging's handler holds over the fork taken, so the next child
@@ -466,33 +623,31 @@ class Kubectl:
         args = ["delete", kind, name] + (["-n", namespace] if namespace else [])
         self.run(args + list(flags) + ["--ignore-not-found"], retry_until=retry_until)
 
-    def stream(
-        self, args: Sequence[str], seconds: int, detached: bool = False, stderr: Any = None
-    ) -> subprocess.Popen:
+    def stream(self, args: Sequence[str], seconds: int, stderr: Any = None) -> subprocess.Popen:
         """Start a long-lived call (a watch, the proxy) with requests bounded by `seconds`.
 
-        A detached one is out of the terminal's reach, so Ctrl-C leaves it to this tool to stop.
+        Like every kubectl this tool starts, it is out of the terminal's reach (a session of its
+        own), so Ctrl-C leaves it to this tool to stop, and it dies with this process.
         Its stderr goes to `stderr` (a file) when given, else nowhere anyone reads.
         """
         with self._lock:
             self.processes += 1
         argv = self.argv(args, f"{max(1, seconds)}s")
         self.echo_argv(argv)
-        return start_child(argv, stderr or tempfile.TemporaryFile(), detached)
+        return start_child(argv, stderr or tempfile.TemporaryFile())
 
 
 def run_to_end(argv: list[str], verb: str, input_text: str | None) -> subprocess.CompletedProcess:
-    """Run one request-and-answer kubectl to its end, within CALL_TIMEOUT_SECONDS; its child dies
-    with this process, and with the call when an interrupt ends it."""
+    """Run one request-and-answer kubectl to its end, within CALL_TIMEOUT_SECONDS; it dies with
+    this process, and with the call when an interrupt ends it."""
     try:
         process = INTERRUPTS.start(
-            lambda: subprocess.Popen(
+            lambda: start_kubectl(
                 argv,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
-                preexec_fn=die_with_parent(),
             )
         )
     except OSError as error:
@@ -525,18 +680,12 @@ def failed_call(
     return KubectlError(verb, completed.returncode, completed.stderr)
 
 
-def start_child(argv: list[str], errors: Any, detached: bool) -> subprocess.Popen:
-    """Start a long-lived kubectl (a watch, the proxy), its stderr to the file `errors`, in a
-    session of its own when `detached`; it dies with this process."""
+def start_child(argv: list[str], errors: Any) -> subprocess.Popen:
+    """Start a long-lived kubectl (a watch, the proxy), its stderr to the file `errors`; it dies
+    with this process."""
     return INTERRUPTS.start(
-        lambda: subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=errors,
-            bufsize=0,
-            start_new_session=detached,
-            preexec_fn=die_with_parent(),
+        lambda: start_kubectl(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors, bufsize=0
         )
     )
 
@@ -612,7 +761,7 @@ class ApiProxy:
         self.directory = tempfile.mkdtemp(prefix=f"{PROXY_DIRECTORY_PREFIX}{os.getpid()}-")
         self.socket_path = os.path.join(self.directory, "api.sock")
         self.process = kubectl.stream(
-            ["proxy", f"--unix-socket={self.socket_path}"], REQUEST_TIMEOUT_SECONDS, detached=True
+            ["proxy", f"--unix-socket={self.socket_path}"], REQUEST_TIMEOUT_SECONDS
         )
         deadline = time.monotonic() + PROXY_START_SECONDS
         while not os.path.exists(self.socket_path):

@@ -27,6 +27,7 @@ from e2e_support import (
     load,
     run_namespaces,
     run_tool,
+    tool,
     write_script,
 )
 
