@@ -680,42 +680,42 @@ def capped_reader(stream: Any, kept: List[bytes], flags: Dict[str, bool]) -> Non
         size += len(chunk)
 
 
-def run_command(sandbox: Sandbox, request: Dict[str, Any]) -> Dict[str, Any]:
-    """Run one command to its end or its timeout; its whole process group is killed then."""
+def command_argv(request: Dict[str, Any]) -> Any:
+    """The command a /run request names: a shell string, or a non-empty argv list."""
     shell = request.get("shell")
     argv: Any = shell if isinstance(shell, str) else request.get("argv")
-    if not (
-        isinstance(argv, str)
-        or isinstance(argv, list)
-        and argv
-        and all(isinstance(a, str) for a in argv)
-    ):
+    if isinstance(argv, str):
+        return argv
+    if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)):
         raise ValueError("give argv, a non-empty list of strings, or shell, a string")
+    return argv
+
+
+def start_command(request: Dict[str, Any]) -> "subprocess.Popen[bytes]":
+    """The command started, leading a process group (and session) of its own."""
+    argv = command_argv(request)
     env = dict(os.environ)
     env.update({str(k): str(v) for k, v in (request.get("env") or {}).items()})
-    stdin = base64.b64decode(request.get("stdin") or "")
-    timeout = request.get("timeout")
+    return subprocess.Popen(
+        argv,
+        shell=isinstance(argv, str),
+        cwd=os.path.join(WORKSPACE, request.get("cwd") or ""),
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+
+
+def run_command(sandbox: Sandbox, request: Dict[str, Any]) -> Dict[str, Any]:
+    """Run one command to its end, or to its timeout (then its whole group is killed)."""
     started = time.monotonic()
     try:
-        process = subprocess.Popen(
-            argv,
-            shell=isinstance(argv, str),
-            cwd=os.path.join(WORKSPACE, request.get("cwd") or ""),
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
+        process = start_command(request)
     except (FileNotFoundError, PermissionError, NotADirectoryError) as error:
-        return outcome(
-            NOT_FOUND_EXIT_CODE if isinstance(error, FileNotFoundError) else 126,
-            b"",
-            f"{error}\n".encode(),
-            False,
-            False,
-            started,
-        )
+        code = NOT_FOUND_EXIT_CODE if isinstance(error, FileNotFoundError) else 126
+        return outcome(code, b"", f"{error}\n".encode(), False, False, started)
     with sandbox.lock:
         sandbox.groups.add(process.pid)
     out: List[bytes] = []
@@ -727,18 +727,9 @@ def run_command(sandbox: Sandbox, request: Dict[str, Any]) -> Dict[str, Any]:
     ]
     for reader in readers:
         reader.start()
+    stdin = base64.b64decode(request.get("stdin") or "")
     threading.Thread(target=feed, args=(process.stdin, stdin), daemon=True).start()
-    timed_out = False
-    try:
-        process.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-    if timed_out:  # the command and all it started in its group; daemons it left live on
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except OSError:
-            pass  # the group ended meanwhile
-    process.wait()
+    timed_out = wait_command(process, request.get("timeout"))
     # A daemon the command left with its output pipes keeps them open: its output past this
     # grace is not waited for (the daemon itself lives until reset or finish).
     grace = time.monotonic() + OUTPUT_GRACE_SECONDS
@@ -750,6 +741,21 @@ def run_command(sandbox: Sandbox, request: Dict[str, Any]) -> Dict[str, Any]:
     return outcome(
         process.returncode, b"".join(out), b"".join(err), flags["truncated"], timed_out, started
     )
+
+
+def wait_command(process: "subprocess.Popen[bytes]", timeout: Optional[float]) -> bool:
+    """Wait for the command; past its timeout, kill its group (what it left running in the
+    background after an ordinary end lives on for later turns). Whether it timed out."""
+    try:
+        process.wait(timeout=timeout)
+        return False
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except OSError:
+            pass  # the group ended meanwhile
+        process.wait()
+        return True
 
 
 def feed(pipe: Any, data: bytes) -> None:
@@ -6409,25 +6415,11 @@ def outcome_fields(record: Mapping[str, Any]) -> list[str]:
 CSV_ROWS_A_PIECE = 1000
 
 
-def episodes_csv_pieces(batches: Sequence[tuple[str, BatchSummary]]) -> Iterator[str]:
-    """episodes.csv (see episodes_csv) a piece at a time."""
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    indexed = any(
-        record.get("index") is not None
-        for _, summary in batches
-        for record in [*summary.episodes, *summary.failed]
-    )
-    writer.writerow(
-        [
-            "batch",
-            "pod",
-            *(["index"] if indexed else []),
-            "node",
-            "reward",
-            "image_cache",
-            "runtime_class",
-        ]
+def episodes_csv_header(indexed: bool) -> list[str]:
+    """episodes.csv's columns: the episode, its points, phases and clocks, its image, its outcome."""
+    return (
+        ["batch", "pod", *(["index"] if indexed else []), "node", "reward"]
+        + ["image_cache", "runtime_class"]
         + [f"{p}_after_job_seconds" for p in POINTS]
         + [f"{p}_precision_seconds" for p in POINTS]
         + [f"{phase}_seconds" for phase in PHASES]
@@ -6438,6 +6430,18 @@ def episodes_csv_pieces(batches: Sequence[tuple[str, BatchSummary]]) -> Iterator
         + ["image", "image_pull_waiting_seconds", "image_pull_kubelet_seconds", "image_size_bytes"]
         + OUTCOME_COLUMNS
     )
+
+
+def episodes_csv_pieces(batches: Sequence[tuple[str, BatchSummary]]) -> Iterator[str]:
+    """episodes.csv (see episodes_csv) a piece at a time."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    indexed = any(
+        record.get("index") is not None
+        for _, summary in batches
+        for record in [*summary.episodes, *summary.failed]
+    )
+    writer.writerow(episodes_csv_header(indexed))
     for batch_name, summary in batches:
         rows = {row["pod"]: row for row in summary.figures["pods"]}
         job_created = summary.job_created
@@ -12819,14 +12823,15 @@ class Pool:
         self.opened_at = time.monotonic()
         self.closed_at: float | None = None
         self.refills: list[float] = []
-        self._finished_at: dict[str, list[float]] = {}  # Job -> when its sandboxes were let go
-        self._lock = threading.Lock()
+        self.finished_at: dict[str, list[float]] = {}  # Job -> when its sandboxes were let go
+        self.lock = threading.Lock()
         assert run.proxy is not None
         self.client = ProxyClient(run.proxy.socket_path, run.kubectl.echo)
         self.probes = concurrent.futures.ThreadPoolExecutor(
             8, thread_name_prefix="rl-batch-demo probe"
         )
         self.watch: PodWatch | None = None
+        self.results: dict = {}  # results.json with `rewards`, once closed
         self.cleanup = False  # delete the namespace once the records are saved
 
     # -- the trainer's side ------------------------------------------------------------------
@@ -12849,7 +12854,7 @@ class Pool:
                     break
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise self._claim_timeout(job, asked)
+                    raise claim_timeout(self.state, job, asked)
                 self.state.condition.wait(min(left, 1.0))
             index, self.claimed = self.claimed, self.claimed + 1
         waited = time.monotonic() - asked
@@ -12875,52 +12880,16 @@ class Pool:
             )
         return self.jobs[image]
 
-    def _claim_timeout(self, job: str, asked: float) -> DemoError:
-        counts = self.state.counts(job)
-        why = "; ".join(self.state.waiting_reasons(job)[:3]) or "no pod yet"
-        return DemoError(
-            f"no sandbox became free in {time.monotonic() - asked:.0f} s: {counts['warm']} ready, "
-            f"{counts['held']} held, {counts['starting']} starting, {counts['pending']} pending "
-            f"({why})"
-        )
-
     # -- the pods' side ----------------------------------------------------------------------
 
     def probe(self, view: PodView) -> None:
         """Ask a pod that turned Running whether its server listens, until it does (then it is
         warm) or the pod is gone."""
-        self.probes.submit(self._probe, view.name)
-
-    def _probe(self, name: str) -> None:
-        deadline = time.monotonic() + PROBE_MOST_SECONDS
-        while time.monotonic() < deadline and not self.state.closed:
-            try:
-                answer = self.request(name, "GET", "ready", None, 5.0)
-            except SandboxLost:
-                answer = None
-            if answer is not None and answer.status == 200:
-                self.state.warmed(name, json.loads(answer.body)["ready_at"])
-                self._note_refill(name)
-                return
-            with self.state.condition:
-                view = self.state.pods[name]
-                if not view.usable:
-                    view.probing = False
-                    return
-            time.sleep(PROBE_INTERVAL_SECONDS)
-
-    def _note_refill(self, name: str) -> None:
-        """A pod that turned warm after a sandbox of its Job was let go refilled the pool: the
-        seconds from that release to this answer."""
-        view = self.state.pods[name]
-        with self._lock:
-            released = self._finished_at.get(view.job) or []
-            if released:
-                self.refills.append(time.monotonic() - released.pop(0))
+        self.probes.submit(probe_until_warm, self, view.name)
 
     def released(self, view: PodView) -> None:
-        with self._lock:
-            self._finished_at.setdefault(view.job, []).append(time.monotonic())
+        with self.lock:
+            self.finished_at.setdefault(view.job, []).append(time.monotonic())
 
     def request(
         self,
@@ -12944,7 +12913,7 @@ class Pool:
             raise SandboxLost(
                 pod, self.lost_reason(pod, f"{type(error).__name__}: {error}")
             ) from None
-        except Exception as error:  # http.client's: the answer was cut off
+        except (http.client.HTTPException, ValueError) as error:  # the answer was cut off
             raise SandboxLost(
                 pod, self.lost_reason(pod, f"{type(error).__name__}: {error}")
             ) from None
@@ -12964,24 +12933,7 @@ class Pool:
     def close(self) -> dict:
         """End the pool (its Jobs suspended, so no pod follows), save its records and results;
         the results, with `rewards`."""
-        with self.state.condition:
-            if self.state.closed:
-                return self.results
-            self.state.closed = True
-            self.state.condition.notify_all()
-        self.closed_at = time.monotonic()
-        for name in self.jobs.values():
-            suspend_job(self, name)
-        if self.watch is not None:
-            self.watch.stop()
-        self.probes.shutdown(wait=False, cancel_futures=True)
-        save_pool_evidence(self)
-        self.results = pool_results(self)
-        write_json(os.path.join(self.run.output, RESULTS_FILE), self.results)
-        self.results["rewards"] = list(self.records.rewards)
-        return self.results
-
-    results: dict = {}
+        return close_pool(self)
 
     def __enter__(self) -> Pool:
         return self
@@ -13021,16 +12973,7 @@ class Sandbox:
         """Run one command (an argv list, or a shell string) in the sandbox and return its result;
         CommandTimeout past `timeout` (it is killed, with all it started); SandboxLost if the pod
         went away. `retry=True` sends it again once if the request broke before an answer."""
-        request = {
-            "shell" if isinstance(command, str) else "argv": command
-            if isinstance(command, str)
-            else list(command),
-            "timeout": timeout,
-            "cwd": cwd,
-            "env": env or {},
-            "stdin": encoded_stdin(stdin),
-        }
-        body = json.dumps(request).encode()
+        body = command_body(command, timeout, cwd, env, stdin)
         wait = (timeout or 0) + REQUEST_GRACE_SECONDS if timeout else 24 * 3600.0
         started = time.monotonic()
         answer = self._ask("POST", "run", body, wait, retry)
@@ -13051,18 +12994,7 @@ class Sandbox:
         )
         self.commands += 1
         self.command_seconds += round_trip
-        self.pool.records.command(
-            {
-                "index": self.index,
-                "sandbox": self.pod,
-                "command": command_text(command)[:COMMAND_TEXT_MOST],
-                "exit_code": result.exit_code,
-                "server_seconds": rounded(result.seconds, 6),
-                "round_trip_seconds": rounded(round_trip, 6),
-                "timed_out": result.timed_out,
-                "truncated": result.truncated,
-            }
-        )
+        self.pool.records.command(command_line(self, command, result))
         if result.timed_out:
             raise CommandTimeout(
                 f"{command_text(command)[:80]} ran past its timeout of {timeout} s "
@@ -13117,31 +13049,8 @@ class Sandbox:
             with self.pool.state.condition:
                 self.pool.claimed -= 1  # a lost episode is served again on a fresh sandbox
         self.pool.records.reward(
-            self._line(reward, valid and self.lost is None, info, failure_class)
+            episode_line(self, reward, valid and self.lost is None, info, failure_class)
         )
-
-    def _line(
-        self, reward: float | None, valid: bool, info: Any, failure_class: str | None
-    ) -> dict:
-        task = self.task or {}
-        return {
-            "index": self.index,
-            "task_id": task.get("id"),
-            "group": None,
-            "pod": self.pod,
-            "sandbox": self.pod,
-            "attempts": 1,
-            "reward": reward,
-            "valid": valid,
-            "failure_class": failure_class,
-            "failure": str(self.lost) if self.lost else None,
-            "info": info,
-            "image": self.pool.images[self.view.job],
-            "claim_wait_seconds": rounded(self.claim_wait_seconds, 6),
-            "commands": self.commands,
-            "command_seconds": rounded(self.command_seconds, 6),
-            "warm": self.warm,
-        }
 
     def _ask(
         self,
@@ -13170,6 +13079,123 @@ class Sandbox:
             self.finish(
                 None, valid=False, info=f"{kind.__name__}: {error}" if kind else "not finished"
             )
+
+
+def episode_line(
+    sandbox: Sandbox, reward: float | None, valid: bool, info: Any, failure_class: str | None
+) -> dict:
+    """rewards.jsonl's line for one episode of a pool."""
+    task = sandbox.task or {}
+    return {
+        "index": sandbox.index,
+        "task_id": task.get("id"),
+        "group": None,
+        "pod": sandbox.pod,
+        "sandbox": sandbox.pod,
+        "attempts": 1,
+        "reward": reward,
+        "valid": valid,
+        "failure_class": failure_class,
+        "failure": str(sandbox.lost) if sandbox.lost else None,
+        "info": info,
+        "image": sandbox.pool.images[sandbox.view.job],
+        "claim_wait_seconds": rounded(sandbox.claim_wait_seconds, 6),
+        "commands": sandbox.commands,
+        "command_seconds": rounded(sandbox.command_seconds, 6),
+        "warm": sandbox.warm,
+    }
+
+
+def command_body(
+    command: str | Sequence[str],
+    timeout: float | None,
+    cwd: str | None,
+    env: dict[str, str] | None,
+    stdin: str | bytes | None,
+) -> bytes:
+    """The sandbox server's /run request for one command."""
+    spelled: dict[str, Any] = (
+        {"shell": command} if isinstance(command, str) else {"argv": list(command)}
+    )
+    spelled.update(timeout=timeout, cwd=cwd, env=env or {}, stdin=encoded_stdin(stdin))
+    return json.dumps(spelled).encode()
+
+
+def command_line(sandbox: Sandbox, command: str | Sequence[str], result: CommandResult) -> dict:
+    """commands.jsonl's line for one command."""
+    return {
+        "index": sandbox.index,
+        "sandbox": sandbox.pod,
+        "command": command_text(command)[:COMMAND_TEXT_MOST],
+        "exit_code": result.exit_code,
+        "server_seconds": rounded(result.seconds, 6),
+        "round_trip_seconds": rounded(result.round_trip_seconds, 6),
+        "timed_out": result.timed_out,
+        "truncated": result.truncated,
+    }
+
+
+def claim_timeout(state: PoolState, job: str, asked: float) -> DemoError:
+    """A claim that waited in vain: how many of the Job's sandboxes are ready, held, starting and
+    pending, and what the others' pods say."""
+    counts = state.counts(job)
+    why = "; ".join(state.waiting_reasons(job)[:3]) or "no pod yet"
+    return DemoError(
+        f"no sandbox became free in {time.monotonic() - asked:.0f} s: {counts['warm']} ready, "
+        f"{counts['held']} held, {counts['starting']} starting, {counts['pending']} pending "
+        f"({why})"
+    )
+
+
+def probe_until_warm(pool: Pool, name: str) -> None:
+    """Ask a pod's server whether it listens until it does (the pod is then warm, and refilled
+    its Job if a sandbox of it was let go before) or the pod is no longer usable."""
+    deadline = time.monotonic() + PROBE_MOST_SECONDS
+    while time.monotonic() < deadline and not pool.state.closed:
+        try:
+            answer: ProxyAnswer | None = pool.request(name, "GET", "ready", None, 5.0)
+        except SandboxLost:
+            answer = None
+        if answer is not None and answer.status == 200:
+            pool.state.warmed(name, json.loads(answer.body)["ready_at"])
+            note_refill(pool, name)
+            return
+        with pool.state.condition:
+            view = pool.state.pods[name]
+            if not view.usable:
+                view.probing = False
+                return
+        time.sleep(PROBE_INTERVAL_SECONDS)
+
+
+def note_refill(pool: Pool, name: str) -> None:
+    """The seconds from the oldest sandbox of the pod's Job let go to this pod's answer."""
+    view = pool.state.pods[name]
+    with pool.lock:
+        released = pool.finished_at.get(view.job) or []
+        if released:
+            pool.refills.append(time.monotonic() - released.pop(0))
+
+
+def close_pool(pool: Pool) -> dict:
+    """Close a pool once: its claims refused, its Jobs suspended, its watch and probes stopped,
+    its evidence and results saved."""
+    with pool.state.condition:
+        if pool.state.closed:
+            return pool.results
+        pool.state.closed = True
+        pool.state.condition.notify_all()
+    pool.closed_at = time.monotonic()
+    for name in pool.jobs.values():
+        suspend_job(pool, name)
+    if pool.watch is not None:
+        pool.watch.stop()
+    pool.probes.shutdown(wait=False, cancel_futures=True)
+    save_pool_evidence(pool)
+    pool.results = pool_results(pool)
+    write_json(os.path.join(pool.run.output, RESULTS_FILE), pool.results)
+    pool.results["rewards"] = list(pool.records.rewards)
+    return pool.results
 
 
 def file_query(path: str) -> str:

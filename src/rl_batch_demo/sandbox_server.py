@@ -154,42 +154,42 @@ def capped_reader(stream: Any, kept: List[bytes], flags: Dict[str, bool]) -> Non
         size += len(chunk)
 
 
-def run_command(sandbox: Sandbox, request: Dict[str, Any]) -> Dict[str, Any]:
-    """Run one command to its end or its timeout; its whole process group is killed then."""
+def command_argv(request: Dict[str, Any]) -> Any:
+    """The command a /run request names: a shell string, or a non-empty argv list."""
     shell = request.get("shell")
     argv: Any = shell if isinstance(shell, str) else request.get("argv")
-    if not (
-        isinstance(argv, str)
-        or isinstance(argv, list)
-        and argv
-        and all(isinstance(a, str) for a in argv)
-    ):
+    if isinstance(argv, str):
+        return argv
+    if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)):
         raise ValueError("give argv, a non-empty list of strings, or shell, a string")
+    return argv
+
+
+def start_command(request: Dict[str, Any]) -> "subprocess.Popen[bytes]":
+    """The command started, leading a process group (and session) of its own."""
+    argv = command_argv(request)
     env = dict(os.environ)
     env.update({str(k): str(v) for k, v in (request.get("env") or {}).items()})
-    stdin = base64.b64decode(request.get("stdin") or "")
-    timeout = request.get("timeout")
+    return subprocess.Popen(
+        argv,
+        shell=isinstance(argv, str),
+        cwd=os.path.join(WORKSPACE, request.get("cwd") or ""),
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+
+
+def run_command(sandbox: Sandbox, request: Dict[str, Any]) -> Dict[str, Any]:
+    """Run one command to its end, or to its timeout (then its whole group is killed)."""
     started = time.monotonic()
     try:
-        process = subprocess.Popen(
-            argv,
-            shell=isinstance(argv, str),
-            cwd=os.path.join(WORKSPACE, request.get("cwd") or ""),
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
+        process = start_command(request)
     except (FileNotFoundError, PermissionError, NotADirectoryError) as error:
-        return outcome(
-            NOT_FOUND_EXIT_CODE if isinstance(error, FileNotFoundError) else 126,
-            b"",
-            f"{error}\n".encode(),
-            False,
-            False,
-            started,
-        )
+        code = NOT_FOUND_EXIT_CODE if isinstance(error, FileNotFoundError) else 126
+        return outcome(code, b"", f"{error}\n".encode(), False, False, started)
     with sandbox.lock:
         sandbox.groups.add(process.pid)
     out: List[bytes] = []
@@ -201,18 +201,9 @@ def run_command(sandbox: Sandbox, request: Dict[str, Any]) -> Dict[str, Any]:
     ]
     for reader in readers:
         reader.start()
+    stdin = base64.b64decode(request.get("stdin") or "")
     threading.Thread(target=feed, args=(process.stdin, stdin), daemon=True).start()
-    timed_out = False
-    try:
-        process.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-    if timed_out:  # the command and all it started in its group; daemons it left live on
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except OSError:
-            pass  # the group ended meanwhile
-    process.wait()
+    timed_out = wait_command(process, request.get("timeout"))
     # A daemon the command left with its output pipes keeps them open: its output past this
     # grace is not waited for (the daemon itself lives until reset or finish).
     grace = time.monotonic() + OUTPUT_GRACE_SECONDS
@@ -224,6 +215,21 @@ def run_command(sandbox: Sandbox, request: Dict[str, Any]) -> Dict[str, Any]:
     return outcome(
         process.returncode, b"".join(out), b"".join(err), flags["truncated"], timed_out, started
     )
+
+
+def wait_command(process: "subprocess.Popen[bytes]", timeout: Optional[float]) -> bool:
+    """Wait for the command; past its timeout, kill its group (what it left running in the
+    background after an ordinary end lives on for later turns). Whether it timed out."""
+    try:
+        process.wait(timeout=timeout)
+        return False
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except OSError:
+            pass  # the group ended meanwhile
+        process.wait()
+        return True
 
 
 def feed(pipe: Any, data: bytes) -> None:
