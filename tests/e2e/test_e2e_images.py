@@ -187,11 +187,9 @@ def test_lines_seen_before_their_jobs_count_from_the_batchs_creation(
         {"id": "e"},
         {"id": "f"},
     ]
-    args, output = images_run(
-        tmp_path, "--episode-timeout", "4", "--allow-failures", "2", tasks=tasks
-    )
-    args[args.index("--episode-script") + 1] = str(write_script(tmp_path, CRASH_OR_HANG_EPISODE))
-    result = tool(emulator, kubectl, *args)
+    flags, output = images_run(tmp_path, episode_timeout=4, allow_failures=2, tasks=tasks)
+    flags["episode_script"] = write_script(tmp_path, CRASH_OR_HANG_EPISODE)
+    result = run_tool(emulator, kubectl, "run", **flags)
     assert result.returncode in (0, 3), result.stderr
     csv_ready = {
         row["pod"]: float(row["ready_after_job_seconds"])
@@ -259,8 +257,8 @@ def test_allow_failures_above_a_small_jobs_episodes_holds_for_the_batch(
     holds for the whole batch; and a Job refused all the same leaves no empty namespace."""
     kubectl, make = cluster
     emulator = make()
-    args, output = images_run(tmp_path, "--allow-failures", "3")
-    result = tool(emulator, kubectl, *args)
+    flags, output = images_run(tmp_path, allow_failures=3)
+    result = run_tool(emulator, kubectl, "run", **flags)
     assert result.returncode == 0, result.stderr
     jobs = {job["metadata"]["name"]: job["spec"] for job in load(output / "job.json")["items"]}
     assert {
@@ -274,8 +272,8 @@ def test_allow_failures_above_a_small_jobs_episodes_holds_for_the_batch(
     # Refused all the same (an admission policy, say): nothing of the run stays in the cluster.
     refusing = make(api_errors={"count": 1, "match": "dryRun=All", "status": 403})
     (tmp_path / "refused").mkdir()
-    args, output = images_run(tmp_path / "refused", "--allow-failures", "3")
-    result = tool(refusing, kubectl, *args)
+    flags, output = images_run(tmp_path / "refused", allow_failures=3)
+    result = run_tool(refusing, kubectl, "run", **flags)
     assert result.returncode == 1, result.stderr
     assert "none of the batch's 3 Jobs was created" in result.stderr
     namespace = load(output / "receipt.json")["namespace"]

@@ -2419,7 +2419,9 @@ def test_the_package_docstring_maps_every_module_once_in_the_order_of_the_genera
     assert entries and all(re.fullmatch(r"\w+: \S.*", entry) for entry in entries), entries
     mapped = [entry.split(":")[0] for entry in entries]
     assert len(mapped) == len(set(mapped)), mapped  # each module once
-    assert set(mapped) - modules <= {"worker", "guardian", "sandbox_server"}, mapped  # modules of the package only
+    assert set(mapped) - modules <= {"worker", "guardian", "sandbox_server"}, (
+        mapped
+    )  # modules of the package only
     # The generated file: each part opens with the rule, then one line naming its source and its
     # docstring's first line, then a blank line; no other rule.
     lines = (repo_root / "rl_batch_demo.py").read_text(encoding="utf-8").splitlines()
