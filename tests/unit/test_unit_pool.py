@@ -1,0 +1,140 @@
+"""Unit tests of the live sandboxes' pure parts: the pool's state as the watch and the probes tell
+it, the pods' reasons, the Job a pool is, turns read from a file, and the figures."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import all_names as demo
+
+SHAPE = demo.PoolShape("cube", False, False, 600)
+
+
+def pod(name: str, phase: str = "Running", ip: str = "10.0.0.1", **status: object) -> dict:
+    return {
+        "metadata": {"name": name, "creationTimestamp": "2026-12-07T00:00:00Z"},
+        "spec": {"nodeName": "n1"},
+        "status": {"phase": phase, "podIP": ip, **status},
+    }
+
+
+def test_a_running_pod_is_probed_once_then_warm_until_claimed() -> None:
+    state = demo.PoolState()
+    assert state.apply(pod("a", "Pending", ""), False, "pool") is None  # no IP yet: nothing to ask
+    view = state.apply(pod("a"), False, "pool")
+    assert view is not None and view.probing
+    assert state.apply(pod("a"), False, "pool") is None  # already being asked
+    assert state.take("pool") is None  # not warm until its server answered
+    state.warmed("a", 123.5)
+    assert state.counts("pool") == {"warm": 1, "held": 0, "starting": 0, "pending": 0, "gone": 0}
+    taken = state.take("pool")
+    assert taken is not None and taken.name == "a" and taken.claimed and taken.ready_at == 123.5
+    assert state.take("pool") is None
+    state.give_back("a")  # a reused sandbox
+    assert state.take("pool") is not None
+
+
+def test_the_oldest_warm_sandbox_of_the_claims_job_is_taken_first() -> None:
+    state = demo.PoolState()
+    for name, job in (("a", "pool-0"), ("b", "pool-1"), ("c", "pool-1")):
+        state.apply(pod(name), False, job)
+    state.warmed("c", 1.0)
+    state.warmed("b", 2.0)
+    state.warmed("a", 3.0)
+    assert [state.take("pool-1").name, state.take("pool-1").name] == ["c", "b"]
+    assert state.take("pool-1") is None and state.take("pool-0").name == "a"
+
+
+def test_a_deleted_or_ended_pod_leaves_the_warm_sandboxes_with_its_reason() -> None:
+    state = demo.PoolState()
+    state.apply(pod("a"), False, "pool")
+    state.warmed("a", 1.0)
+    terminated = {"state": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}
+    state.apply(pod("a", "Failed", containerStatuses=[terminated]), False, "pool")
+    assert state.take("pool") is None
+    assert state.pods["a"].reason == "OOMKilled (exit code 137)"
+    assert state.counts("pool")["gone"] == 1
+    state.apply(pod("b"), False, "pool")
+    state.warmed("b", 1.0)
+    state.apply(pod("b"), True, "pool")
+    assert state.take("pool") is None and state.pods["b"].deleted
+
+
+def test_the_reasons_of_pods_not_yet_warm_are_counted() -> None:
+    state = demo.PoolState()
+    unscheduled = {
+        "type": "PodScheduled",
+        "status": "False",
+        "reason": "Unschedulable",
+        "message": "0/2 nodes are available",
+    }
+    state.apply(pod("a", "Pending", "", conditions=[unscheduled]), False, "pool")
+    state.apply(pod("b", "Pending", "", conditions=[unscheduled]), False, "pool")
+    waiting = {"state": {"waiting": {"reason": "ImagePullBackOff"}}}
+    state.apply(pod("c", "Pending", "", containerStatuses=[waiting]), False, "pool")
+    assert state.waiting_reasons("pool") == [
+        "2 x Unschedulable: 0/2 nodes are available",
+        "1 x ImagePullBackOff",
+    ]
+    error = demo.claim_timeout(state, "pool", 0.0)
+    assert "0 ready, 0 held, 0 starting, 3 pending (2 x Unschedulable" in str(error)
+
+
+def test_a_pool_job_keeps_its_size_warm_and_ends_on_an_idle_sandbox() -> None:
+    job = demo.pool_job_manifest("ns", "pool", 4, 16, "python:3.12-alpine", SHAPE)
+    spec = job["spec"]
+    assert (spec["parallelism"], spec["completions"]) == (4, 16)
+    rules = spec["podFailurePolicy"]["rules"]
+    assert rules[0] == {
+        "action": "FailJob",
+        "onExitCodes": {"containerName": "sandbox", "operator": "In", "values": [75]},
+    }
+    container = spec["template"]["spec"]["containers"][0]
+    assert container["ports"][0]["containerPort"] == 8377
+    env = {item["name"]: item for item in container["env"]}
+    assert env["POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert env["SANDBOX_IDLE_SECONDS"]["value"] == "600"
+    volumes = {v["name"]: v for v in spec["template"]["spec"]["volumes"]}
+    assert volumes["token"]["secret"]["secretName"] == "sandbox-token"
+    # With reuse, each pod serves many episodes and completes once, at the pool's end.
+    reused = demo.pool_job_manifest("ns", "pool", 4, 16, "img", SHAPE._replace(reuse=True))
+    assert (reused["spec"]["parallelism"], reused["spec"]["completions"]) == (4, 4)
+
+
+def test_turns_are_read_from_a_file_and_bad_ones_refused(tmp_path: Path) -> None:
+    turns = tmp_path / "turns.jsonl"
+    turns.write_text(
+        '{"write": "a.py", "text": "x"}\n\n{"run": ["python", "a.py"], "timeout": 5}\n'
+    )
+    assert demo.read_turns(str(turns)) == (
+        {"write": "a.py", "text": "x"},
+        {"run": ["python", "a.py"], "timeout": 5},
+    )
+    turns.write_text('{"sleep": 1}\n')
+    with pytest.raises(demo.UsageError, match="line 1: give write, run or shell"):
+        demo.read_turns(str(turns))
+    turns.write_text("not json\n")
+    with pytest.raises(demo.UsageError, match="line 1: not JSON"):
+        demo.read_turns(str(turns))
+
+
+def test_a_command_request_says_argv_or_shell_and_carries_stdin_as_base64() -> None:
+    assert json.loads(demo.command_body(["ls", "-l"], 5, None, None, b"\x00\xff")) == {
+        "argv": ["ls", "-l"],
+        "timeout": 5,
+        "cwd": None,
+        "env": {},
+        "stdin": "AP8=",
+    }
+    assert json.loads(demo.command_body("echo $X", None, "sub", {"X": "1"}, None))["shell"] == (
+        "echo $X"
+    )
+
+
+def test_distributions_are_the_tools_percentiles_and_empty_ones_none() -> None:
+    figures = demo.distribution([0.4, 0.1, 0.3, 0.2], (0.5, 0.99))
+    assert figures == {"p50": 0.25, "p99": pytest.approx(0.397, abs=1e-6), "max": 0.4}
+    assert demo.distribution([], (0.5,)) == {"p50": None, "max": None}
