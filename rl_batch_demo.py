@@ -13186,13 +13186,13 @@ def close_pool(pool: Pool) -> dict:
         pool.state.closed = True
         pool.state.condition.notify_all()
     pool.closed_at = time.monotonic()
+    pods = save_pool_evidence(pool)  # while its sandboxes still run: their logs are there
     for name in pool.jobs.values():
         suspend_job(pool, name)
     if pool.watch is not None:
         pool.watch.stop()
     pool.probes.shutdown(wait=False, cancel_futures=True)
-    save_pool_evidence(pool)
-    pool.results = pool_results(pool)
+    pool.results = pool_results(pool, sandbox_points(pool, pods))
     write_json(os.path.join(pool.run.output, RESULTS_FILE), pool.results)
     pool.results["rewards"] = list(pool.records.rewards)
     return pool.results
@@ -13235,8 +13235,8 @@ def proxy_json(pool: Pool, path: str) -> Any:
     return json.loads(answer.body)
 
 
-def save_pool_evidence(pool: Pool) -> None:
-    """job.json, pods.json, events.json and each pod's log, read through the proxy."""
+def save_pool_evidence(pool: Pool) -> list[dict]:
+    """job.json, pods.json, events.json and each pod's log, read through the proxy; the pods."""
     namespace, output = pool.run.namespace, pool.run.output
     try:
         jobs = proxy_json(pool, f"/apis/batch/v1/namespaces/{namespace}/jobs")
@@ -13244,7 +13244,7 @@ def save_pool_evidence(pool: Pool) -> None:
         events = proxy_json(pool, f"/api/v1/namespaces/{namespace}/events")
     except (OSError, DemoError) as error:
         print(f"Warning: the pool's evidence was not all saved: {error}", file=sys.stderr)
-        return
+        return []
     write_json(os.path.join(output, "job.json"), jobs)
     write_json(os.path.join(output, "pods.json"), pods)
     write_json(os.path.join(output, "events.json"), events)
@@ -13258,6 +13258,7 @@ def save_pool_evidence(pool: Pool) -> None:
         except OSError:
             text = ""
         write_text(os.path.join(output, f"{name}.log"), text)
+    return list(pods.get("items") or [])
 
 
 def distribution(values: list[float], quantiles: Sequence[float]) -> dict[str, float | None]:
@@ -13269,8 +13270,37 @@ def distribution(values: list[float], quantiles: Sequence[float]) -> dict[str, f
     return figures
 
 
-def pool_results(pool: Pool) -> dict:
-    """results.json of a pool: its episodes and rewards, and the `pool` block of its figures."""
+def sandbox_points(pool: Pool, pods: list[dict]) -> list[dict]:
+    """Each sandbox's start: its container started (the kubelet's status, whole seconds) and its
+    server listening (`server_ready`, the server's own clock), and between them `server_start`,
+    as precise as the coarser point."""
+    points = []
+    for pod in pods:
+        name = pod["metadata"]["name"]
+        view = pool.state.pods.get(name)
+        started = None
+        for status in (pod.get("status") or {}).get("containerStatuses") or []:
+            state = status.get("state") or {}
+            stamp = (state.get("running") or state.get("terminated") or {}).get("startedAt")
+            started = parse_time(stamp) if stamp else started
+        ready = view.ready_at if view is not None else None
+        points.append(
+            {
+                "pod": name,
+                "container_started_at": started,
+                "container_started_precision_seconds": WHOLE_SECOND,
+                "server_ready_at": ready,
+                "server_ready_source": "the sandbox server's clock",
+                "server_start_seconds": rounded(ready - started, 6) if ready and started else None,
+                "server_start_precision_seconds": WHOLE_SECOND,
+            }
+        )
+    return points
+
+
+def pool_results(pool: Pool, sandboxes: list[dict]) -> dict:
+    """results.json of a pool: its episodes and rewards, the `pool` block of its figures, and
+    each sandbox's start."""
     rewards, commands = pool.records.rewards, pool.records.commands
     waits = [line["claim_wait_seconds"] for line in rewards]
     round_trips = [line["round_trip_seconds"] for line in commands]
@@ -13299,10 +13329,25 @@ def pool_results(pool: Pool) -> dict:
                 k: v for k, v in distribution(empty, (0.5, 0.99)).items() if k != "max"
             },
             "commands_per_second": rounded(len(commands) / active, 3) if active > 0 else None,
+            "server_start_seconds": {
+                **{
+                    k: v
+                    for k, v in distribution(
+                        [
+                            p["server_start_seconds"]
+                            for p in sandboxes
+                            if p["server_start_seconds"] is not None
+                        ],
+                        (0.5, 0.95),
+                    ).items()
+                },
+                "precision_seconds": WHOLE_SECOND,
+            },
             "refill_seconds": {
                 k: v for k, v in distribution(pool.refills, (0.5, 0.95)).items() if k != "max"
             },
         },
+        "sandboxes": sandboxes,
     }
 
 

@@ -73,6 +73,10 @@ def test_the_pool_command_plays_the_guides_episode_as_turns(cluster: Any, tmp_pa
     assert (block["size"], block["episodes"], block["reused"]) == (2, 4, False)
     assert block["round_trip_seconds"]["p50"] > 0 and block["commands_per_second"] > 0
     assert block["refill_seconds"]["p50"] is not None  # two pods replaced two let go
+    # Each sandbox's start: the container's start (whole seconds) to its server listening.
+    started = [p for p in results["sandboxes"] if p["server_start_seconds"] is not None]
+    assert len(started) >= 4 and all(-1.0 < p["server_start_seconds"] < 30 for p in started)
+    assert block["server_start_seconds"]["precision_seconds"] == 1.0
     for name in ("receipt.json", "run.json", "job.json", "pods.json", "events.json"):
         assert (output / name).is_file(), name
     assert len(list(output.glob("pool-*.log"))) >= 4
