@@ -183,6 +183,8 @@ KUBELET_LOG_GONE = re.compile(r"unable to retrieve container logs for \S+\s*")
 SETTLE_SECONDS = 2.0
 
 PROXY_START_SECONDS = 10
+# The merge patch that suspends a Job: its controller deletes its running pods and starts no more.
+SUSPEND_PATCH = '{"spec":{"suspend":true}}'
 
 # The private directory of each run's `kubectl proxy` socket carries the run's pid,
 # so a later run can tell (and remove) the directory of a run that was killed.
@@ -1144,12 +1146,12 @@ class PoolShape(NamedTuple):
 
 class Caller(NamedTuple):
     """What the caller of `run` hands in beside its request, none of it a flag: `on_reward`, told
-    each rewards.jsonl line (run_batch's callback, or stream_batch's queue); `stop`, set by
+    each rewards.jsonl line (run_batch's callback, or stream_batch's queue); `stop`, requested by
     stream_batch once its reader has gone; `exit_when_done`, from the console's entry points, which
     end the process the moment the run is done (exit_at_once)."""
 
     on_reward: Callable[[dict], None] | None = None
-    stop: threading.Event | None = None
+    stop: StopRequest | None = None
     exit_when_done: bool = False
 
 
@@ -1333,7 +1335,23 @@ class RunPlan(NamedTuple):
 
 
 class StreamClosed(Exception):
-    """stream_batch()'s reader stopped before the batch ended."""
+    """stream_batch()'s reader stopped before the batch ended: the run stops as on Ctrl-C."""
+
+
+class StopRequest(threading.Event):
+    """Set from another thread (stream_batch's reader gone: closed, dropped, interrupted) to stop
+    a run at its next turn, saying why."""
+
+    why = "stream_batch()'s reader stopped before the batch ended"
+
+    def request(self, why: str) -> None:
+        self.why = why
+        self.set()
+
+    def check(self) -> None:
+        """StreamClosed once a stop was requested."""
+        if self.is_set():
+            raise StreamClosed(self.why)
 
 
 # --------------------------------------------------------------------------
@@ -7373,11 +7391,12 @@ def plural(number: Any, noun: str) -> str:
 # src/rl_batch_demo/runs.py: Runs in a cluster: what `list` shows and `cleanup --stale` decides, without receipts.
 
 # What a run is doing: a Job of it has not ended, or fewer Jobs than it plans are there yet
-# and none ended as a run stops (running; the latter between two batches), all ended Complete
+# and none ended as a run stops (running; the latter between two batches), every Job not ended
+# is suspended (suspended: an interrupted run stops its pods so), all ended Complete
 # (succeeded) or one Failed (failed), its namespace is being deleted (terminating), or
 # no Job of the tool is in it yet (pending: a run starting, or one that stopped before
 # it submitted its Job).
-RUN_STATES = ("running", "succeeded", "failed", "terminating", "pending")
+RUN_STATES = ("running", "suspended", "succeeded", "failed", "terminating", "pending")
 
 # The reason a Job ends Failed with failed indexes within its maxFailedIndexes (--allow-failures):
 # a run accepts that batch and goes on to its next.
@@ -7437,7 +7456,10 @@ def run_state(namespace: dict, jobs: Sequence[dict]) -> str:
         return "pending"
     ends = [job_finished(job) for job in jobs]
     if None in ends:
-        return "running"
+        unended = [job for job, end in zip(jobs, ends) if end is None]
+        return (
+            "suspended" if all((j.get("spec") or {}).get("suspend") for j in unended) else "running"
+        )
     planned = planned_count(namespace, JOBS_PLANNED_ANNOTATION)
     if (
         planned is not None
@@ -9700,7 +9722,7 @@ class RewardStream:
         path: str,
         settings: Settings,
         on_reward: Callable[[dict], None] | None = None,
-        stop: threading.Event | None = None,
+        stop: StopRequest | None = None,
     ) -> None:
         self.path = path
         self.count = settings.count
@@ -9719,11 +9741,9 @@ class RewardStream:
         self.stop = stop
 
     def check_stop(self) -> None:
-        """Stop the run, as an on_reward callback raising would, once asked to from another thread."""
-        if self.stop is not None and self.stop.is_set():
-            raise RewardCallbackError(
-                StreamClosed("stream_batch()'s reader stopped before the batch ended")
-            )
+        """Stop the run (StreamClosed), as Ctrl-C would, once asked to from another thread."""
+        if self.stop is not None:
+            self.stop.check()
 
     def judge(
         self, state: BatchState, early: dict[str, tuple[str, str]], names: Iterable[str] | None
@@ -10521,7 +10541,7 @@ class RunContext:
         None  # run_batch's caller, told each rewards.jsonl line
     )
     prepull: dict | None = None  # --prepull's figures, once it ran
-    stop: threading.Event | None = None  # set by stream_batch once its reader has gone
+    stop: StopRequest | None = None  # requested by stream_batch once its reader has gone
     # The command line, not a Python caller (run_batch, stream_batch): the process is the run's.
     owns_process: bool = False
     capacity: dict | None = None  # what check_capacity found the nodes can run: run.json keeps it
@@ -12040,7 +12060,10 @@ def create_namespace(run: RunContext) -> None:
 
 
 def create_object(run: RunContext, manifest: dict) -> dict:
-    """Create one object; a retry that finds it already there adopts it only if it is provably ours."""
+    """Create one object; a retry that finds it already there adopts it only if it is provably ours.
+    A stop requested meanwhile (stream_batch closed) comes first: nothing more is created."""
+    if run.stop is not None:
+        run.stop.check()
     kubectl = run.kubectl
     retries_before = kubectl.retries
     try:
@@ -12411,15 +12434,26 @@ def pods_read(reading: PodReading, not_older_than: str | None) -> dict[str, Any]
     }
 
 
-def salvage(run: RunContext) -> None:
-    """After an interruption: save what can be saved quickly and complete the receipt."""
+def salvage(run: RunContext) -> list[str]:
+    """After an interruption: complete the receipt, stop the batch's pods (suspend_batch), and
+    save what can be saved quickly. The names of the Jobs suspended."""
     batch = run.batch
     if batch is not None:
         batch.follower.stop_watches()
+    complete_receipt(run)
+    suspended = suspend_batch(run)
+    if batch is not None:
         try:
             batch.collect(batch.follower.job_name, retry=False)
         except (DemoError, OSError):
             pass  # whatever could be saved is saved
+    return suspended
+
+
+def complete_receipt(run: RunContext) -> None:
+    """The namespace's and the batch's Jobs' UIDs in the receipt, should the interruption have
+    come between their creation and their record."""
+    batch = run.batch
     if run.touched_cluster and not run.receipt.namespace_uid:
         try:
             live = run.kubectl.get("namespace", run.namespace, missing_ok=True)
@@ -12438,6 +12472,32 @@ def salvage(run: RunContext) -> None:
             run.receipt.record_job(name, live["metadata"]["uid"])
     # Saved again even when nothing was added: the interruption may have come while it was written.
     run.receipt.save()
+
+
+def suspend_batch(run: RunContext) -> list[str]:
+    """Stop the pods of the batch under way: each of its Jobs the receipt names, not seen ended,
+    suspended. The Job controller deletes its running pods and starts no more; the Job, its ended
+    pods and their logs stay (evidence in the cluster, and a Job that could be resumed). Deleting
+    the Jobs instead would take those with them. The names of the Jobs suspended; one that could
+    not be is named on stderr."""
+    batch = run.batch
+    if batch is None or batch.follower.state.end is not None:
+        return []
+    jobs = batch.follower.jobs
+    suspended = []
+    for name in jobs.names:
+        if not run.receipt.has_job(name) or job_finished(jobs.seen.get(name) or {}):
+            continue
+        try:
+            run.kubectl.run(
+                ["patch", "job", name, "-n", run.namespace, "--type=merge", "-p", SUSPEND_PATCH],
+                retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
+            )
+        except DemoError as error:
+            print(f"Warning: could not suspend Job {name}: {error}", file=sys.stderr)
+            continue
+        suspended.append(name)
+    return suspended
 
 
 def close(run: RunContext) -> None:
@@ -12486,11 +12546,14 @@ def perform_run(request: RunRequest, caller: Caller) -> tuple[int, Results | Non
         try:
             results = execute(run)
         except KeyboardInterrupt:
-            interrupted(run, cleanup_hint)
+            interrupted(run, request.cleanup, cleanup_hint)
+            return EXIT_INTERRUPTED, None
+        except StreamClosed as closed:
+            interrupted(run, request.cleanup, cleanup_hint, f"{closed}.")
             return EXIT_INTERRUPTED, None
         except RewardCallbackError as error:
-            # The caller's own code stopped the run: saved as after Ctrl-C, its exception raised as it was.
-            interrupted(run, cleanup_hint, f"{error}; the run stopped.")
+            # The caller's own code stopped the run: stopped as by Ctrl-C, its exception raised as it was.
+            interrupted(run, request.cleanup, cleanup_hint, f"{error}; the run stopped.")
             raise error.original from None
         except DemoError as error:
             failure = error
@@ -12648,28 +12711,69 @@ def signals_interrupt() -> Iterator[None]:
             signal.signal(signum, handler)
 
 
-def interrupted(run: RunContext, cleanup_hint: str, why: str = "Interrupted.") -> None:
-    """After Ctrl-C or SIGTERM (or an on_reward callback that raised): salvage what is quick to save
-    and say how to clean up."""
+def interrupted(
+    run: RunContext, clean_up: bool, cleanup_hint: str, why: str = "Interrupted."
+) -> None:
+    """After Ctrl-C or SIGTERM (or stream_batch closed, or an on_reward callback that raised): stop
+    the batch's pods and salvage what is quick to save; then clean up if asked, else say how to."""
     run.progress.finish()
+    suspended: list[str] = []
     try:
-        salvage(run)
+        suspended = salvage(run)
     except (KeyboardInterrupt, DemoError):
         pass
-    # Ctrl-C can read as "stop the batch": only this client stopped.
-    running = (
-        (
-            " This stopped the client, not the Job: it runs on in the cluster, its namespace with it, until "
-            "you clean up."
-        )
-        if run.receipt.fields.get("jobs")
-        else ""
-    )
+    not_cleaned = None
+    if clean_up and run.touched_cluster:
+        not_cleaned = cleanup_after_interrupt(run)
     print(
-        f"{why} Evidence saved in {run.output}; receipt.json names namespace "
-        f"{run.namespace}.{running}\nClean up with: {cleanup_hint}",
+        interruption_message(run, why, suspended, clean_up, not_cleaned, cleanup_hint),
         file=sys.stderr,
     )
+
+
+def cleanup_after_interrupt(run: RunContext) -> str | None:
+    """`--cleanup` after an interruption: None once the namespace is gone, else why it is not."""
+    report = io.StringIO() if run.silent else sys.stderr
+    try:
+        cleanup_namespace(run.kubectl, run.receipt, report=report)
+    except DemoError as error:
+        return str(error)
+    except KeyboardInterrupt:
+        return "interrupted again"
+    return None
+
+
+def interruption_message(
+    run: RunContext,
+    why: str,
+    suspended: Sequence[str],
+    clean_up: bool,
+    not_cleaned: str | None,
+    cleanup_hint: str,
+) -> str:
+    """What an interrupted run says on stderr: why it stopped, what became of its pods, where its
+    evidence is, and how to clean up (or that it did)."""
+    lines = [f"{why} Evidence saved in {run.output}; receipt.json names namespace {run.namespace}."]
+    if suspended:
+        lines.append(
+            f"Suspended Job {', '.join(suspended)}: its running pods were stopped and no more "
+            "start; its ended pods and their logs stay."
+        )
+    elif run.receipt.fields.get("jobs") and (
+        run.batch is None or run.batch.follower.state.end is None
+    ):
+        # Ctrl-C can read as "stop the batch": say so when the Job could not be stopped.
+        lines.append(
+            "The Job was not stopped: it runs on in the cluster, its namespace with it, until you "
+            "clean up."
+        )
+    if clean_up and run.touched_cluster and not_cleaned is None:
+        lines.append(f"Deleted test namespace: {run.namespace} ({run.spelling.switch('cleanup')}).")
+    elif run.touched_cluster:
+        if not_cleaned is not None:
+            lines.append(f"{run.spelling.switch('cleanup')} failed: {not_cleaned}")
+        lines.append(f"Clean up with: {cleanup_hint}")
+    return "\n".join(lines)
 
 
 def print_results(results: dict, quiet: bool) -> None:
@@ -14130,7 +14234,7 @@ def run_behaviour_arguments() -> argparse.ArgumentParser:
     arguments.add_argument(
         "--cleanup",
         action="store_true",
-        help="after every file is saved, clean up as `cleanup` would",
+        help="after every file is saved, clean up as `cleanup` would (after Ctrl-C too)",
     )
     arguments.add_argument(
         "--ttl",
@@ -14893,7 +14997,8 @@ def run_batch(
     a TypeError, for a wrong type) before anything is created. An accepted partial
     batch returns with results["accepted_partial"] True; any other failure raises
     DemoError, the evidence kept in `output`; an interrupted run (Ctrl-C, SIGTERM)
-    saves what it can and raises KeyboardInterrupt, the namespace kept for `cleanup`.
+    suspends its Job (its running pods stop), saves what it can, deletes the namespace
+    (`cleanup=False` keeps it for `cleanup`) and raises KeyboardInterrupt.
     `dry_run=True` returns the objects a run would create, as a v1 List.
 
     `on_reward(line)` is called with each rewards.jsonl line (a dict) the moment it is
@@ -14902,8 +15007,8 @@ def run_batch(
     between those steps. A slow callback therefore holds up the following of the batch: the
     later lines and the end of the run wait until it returns (hand slow work to a thread or
     queue of your own, or use stream_batch(), whose batch runs in a thread of the tool's).
-    Should it raise, the run stops as on Ctrl-C (evidence saved, the namespace named on
-    stderr and kept for `cleanup`) and its exception is raised from run_batch as it was.
+    Should it raise, the run stops as on Ctrl-C and its exception is raised from run_batch
+    as it was.
     """
     if on_reward is not None and not callable(on_reward):
         raise KeywordTypeError(
@@ -14956,9 +15061,11 @@ def stream_batch(
     with batch_results(output). The batch runs in a thread of the tool's, which puts each line
     in an unbounded queue: a slow reader holds up nothing but its own reading. The run's errors
     (DemoError, KeyboardInterrupt, and the checks made once the run starts, such as an output
-    directory already used) are raised here, where the lines are read. Leaving the loop early
-    (break, an exception, close()) stops the run as on Ctrl-C and waits until it has saved its
-    evidence (the namespace is kept for `cleanup` and named on stderr).
+    directory already used) are raised here, where the lines are read. Closing the generator
+    before the batch ends (break, an exception in the loop, close(), Ctrl-C, or the generator
+    dropped) stops the run as on Ctrl-C and waits until it has: its Job suspended (its running
+    pods stop), its evidence saved, its namespace deleted (`cleanup=False` keeps it, named on
+    stderr).
     """
     if "on_reward" in keywords:
         raise KeywordTypeError(
@@ -14970,13 +15077,18 @@ def stream_batch(
     return streamed_lines(request, listing)
 
 
+# Why a run stops when its stream_batch() generator is closed: close(), a `break` out of the loop
+# over it, an exception in that loop, or the generator dropped (garbage collection closes it).
+STREAM_CLOSED = "stream_batch() was closed before the batch ended"
+
+
 def streamed_lines(request: RunRequest, listing: dict | None) -> Generator[dict, None, dict]:
     """stream_batch()'s generator over its checked request: the batch in a thread of its own,
     each line yielded as it lands; with --dry-run, the listing returned at once."""
     if listing is not None:
         return listing
     lines: queue.Queue[tuple[str, Any]] = queue.Queue()
-    stop = threading.Event()
+    stop = StopRequest()
     caller = Caller(on_reward=lambda line: lines.put(("line", line)), stop=stop)
 
     def run_in_thread() -> None:
@@ -14987,6 +15099,7 @@ def streamed_lines(request: RunRequest, listing: dict | None) -> Generator[dict,
 
     worker = threading.Thread(target=run_in_thread, name="rl-batch-demo stream_batch", daemon=True)
     worker.start()
+    why = STREAM_CLOSED
     try:
         while True:
             kind, value = lines.get()
@@ -14996,9 +15109,17 @@ def streamed_lines(request: RunRequest, listing: dict | None) -> Generator[dict,
                 raise value
             else:
                 return value
+    except KeyboardInterrupt:
+        why = "Interrupted"
+        raise
+    except BaseException as error:
+        if not isinstance(error, GeneratorExit):
+            why = f"stream_batch()'s reader stopped on {type(error).__name__}"
+        raise
     finally:
         if worker.is_alive():
-            stop.set()
+            # The run stops its pods, saves its evidence and (cleanup) deletes its namespace.
+            stop.request(why)
             worker.join()
 
 

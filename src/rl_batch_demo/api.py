@@ -10,7 +10,16 @@ import threading
 from typing import Any, Callable, Generator, NamedTuple, Sequence
 
 from .constants import DEFAULT_IDLE_TIMEOUT_SECONDS, EXIT_PARTIAL, RESULTS_FILE, REWARDS_FILE
-from .model import Caller, KeywordTypeError, PoolShape, PYTHON_CALL, RunRequest, Task, UsageError
+from .model import (
+    Caller,
+    KeywordTypeError,
+    PoolShape,
+    PYTHON_CALL,
+    RunRequest,
+    StopRequest,
+    Task,
+    UsageError,
+)
 from .files import read_json, read_text
 from .manifests import parse_tasks
 from .run import dry_run_listing, perform_run
@@ -240,7 +249,8 @@ def run_batch(
     a TypeError, for a wrong type) before anything is created. An accepted partial
     batch returns with results["accepted_partial"] True; any other failure raises
     DemoError, the evidence kept in `output`; an interrupted run (Ctrl-C, SIGTERM)
-    saves what it can and raises KeyboardInterrupt, the namespace kept for `cleanup`.
+    suspends its Job (its running pods stop), saves what it can, deletes the namespace
+    (`cleanup=False` keeps it for `cleanup`) and raises KeyboardInterrupt.
     `dry_run=True` returns the objects a run would create, as a v1 List.
 
     `on_reward(line)` is called with each rewards.jsonl line (a dict) the moment it is
@@ -249,8 +259,8 @@ def run_batch(
     between those steps. A slow callback therefore holds up the following of the batch: the
     later lines and the end of the run wait until it returns (hand slow work to a thread or
     queue of your own, or use stream_batch(), whose batch runs in a thread of the tool's).
-    Should it raise, the run stops as on Ctrl-C (evidence saved, the namespace named on
-    stderr and kept for `cleanup`) and its exception is raised from run_batch as it was.
+    Should it raise, the run stops as on Ctrl-C and its exception is raised from run_batch
+    as it was.
     """
     if on_reward is not None and not callable(on_reward):
         raise KeywordTypeError(
@@ -303,9 +313,11 @@ def stream_batch(
     with batch_results(output). The batch runs in a thread of the tool's, which puts each line
     in an unbounded queue: a slow reader holds up nothing but its own reading. The run's errors
     (DemoError, KeyboardInterrupt, and the checks made once the run starts, such as an output
-    directory already used) are raised here, where the lines are read. Leaving the loop early
-    (break, an exception, close()) stops the run as on Ctrl-C and waits until it has saved its
-    evidence (the namespace is kept for `cleanup` and named on stderr).
+    directory already used) are raised here, where the lines are read. Closing the generator
+    before the batch ends (break, an exception in the loop, close(), Ctrl-C, or the generator
+    dropped) stops the run as on Ctrl-C and waits until it has: its Job suspended (its running
+    pods stop), its evidence saved, its namespace deleted (`cleanup=False` keeps it, named on
+    stderr).
     """
     if "on_reward" in keywords:
         raise KeywordTypeError(
@@ -317,13 +329,18 @@ def stream_batch(
     return streamed_lines(request, listing)
 
 
+# Why a run stops when its stream_batch() generator is closed: close(), a `break` out of the loop
+# over it, an exception in that loop, or the generator dropped (garbage collection closes it).
+STREAM_CLOSED = "stream_batch() was closed before the batch ended"
+
+
 def streamed_lines(request: RunRequest, listing: dict | None) -> Generator[dict, None, dict]:
     """stream_batch()'s generator over its checked request: the batch in a thread of its own,
     each line yielded as it lands; with --dry-run, the listing returned at once."""
     if listing is not None:
         return listing
     lines: queue.Queue[tuple[str, Any]] = queue.Queue()
-    stop = threading.Event()
+    stop = StopRequest()
     caller = Caller(on_reward=lambda line: lines.put(("line", line)), stop=stop)
 
     def run_in_thread() -> None:
@@ -334,6 +351,7 @@ def streamed_lines(request: RunRequest, listing: dict | None) -> Generator[dict,
 
     worker = threading.Thread(target=run_in_thread, name="rl-batch-demo stream_batch", daemon=True)
     worker.start()
+    why = STREAM_CLOSED
     try:
         while True:
             kind, value = lines.get()
@@ -343,9 +361,17 @@ def streamed_lines(request: RunRequest, listing: dict | None) -> Generator[dict,
                 raise value
             else:
                 return value
+    except KeyboardInterrupt:
+        why = "Interrupted"
+        raise
+    except BaseException as error:
+        if not isinstance(error, GeneratorExit):
+            why = f"stream_batch()'s reader stopped on {type(error).__name__}"
+        raise
     finally:
         if worker.is_alive():
-            stop.set()
+            # The run stops its pods, saves its evidence and (cleanup) deletes its namespace.
+            stop.request(why)
             worker.join()
 
 

@@ -365,7 +365,7 @@ def run_behaviour_arguments() -> argparse.ArgumentParser:
     arguments.add_argument(
         "--cleanup",
         action="store_true",
-        help="after every file is saved, clean up as `cleanup` would",
+        help="after every file is saved, clean up as `cleanup` would (after Ctrl-C too)",
     )
     arguments.add_argument(
         "--ttl",

@@ -68,6 +68,8 @@ KUBELET_LOG_GONE = re.compile(r"unable to retrieve container logs for \S+\s*")
 SETTLE_SECONDS = 2.0
 
 PROXY_START_SECONDS = 10
+# The merge patch that suspends a Job: its controller deletes its running pods and starts no more.
+SUSPEND_PATCH = '{"spec":{"suspend":true}}'
 
 # The private directory of each run's `kubectl proxy` socket carries the run's pid,
 # so a later run can tell (and remove) the directory of a run that was killed.

@@ -9,12 +9,11 @@ import json
 import os
 import queue
 import sys
-import threading
 import time
 from typing import Any, Callable, Iterable, NamedTuple, Sequence, TextIO
 
 from .constants import COLLECT_RETRY_SECONDS, PAGE_RETRY_SECONDS, SETTLE_SECONDS
-from .model import COMMAND_LINE, DemoError, RunPlan, Settings, Spelling, StreamClosed
+from .model import COMMAND_LINE, DemoError, RunPlan, Settings, Spelling, StopRequest
 from .files import EncodedItems, ONE_LINE_ITEMS_FROM, Receipt, pod_json, write_json, write_text
 from .store import SharedStrings, Spool
 from .parse import (
@@ -292,7 +291,7 @@ class RewardStream:
         path: str,
         settings: Settings,
         on_reward: Callable[[dict], None] | None = None,
-        stop: threading.Event | None = None,
+        stop: StopRequest | None = None,
     ) -> None:
         self.path = path
         self.count = settings.count
@@ -311,11 +310,9 @@ class RewardStream:
         self.stop = stop
 
     def check_stop(self) -> None:
-        """Stop the run, as an on_reward callback raising would, once asked to from another thread."""
-        if self.stop is not None and self.stop.is_set():
-            raise RewardCallbackError(
-                StreamClosed("stream_batch()'s reader stopped before the batch ended")
-            )
+        """Stop the run (StreamClosed), as Ctrl-C would, once asked to from another thread."""
+        if self.stop is not None:
+            self.stop.check()
 
     def judge(
         self, state: BatchState, early: dict[str, tuple[str, str]], names: Iterable[str] | None
@@ -1113,7 +1110,7 @@ class RunContext:
         None  # run_batch's caller, told each rewards.jsonl line
     )
     prepull: dict | None = None  # --prepull's figures, once it ran
-    stop: threading.Event | None = None  # set by stream_batch once its reader has gone
+    stop: StopRequest | None = None  # requested by stream_batch once its reader has gone
     # The command line, not a Python caller (run_batch, stream_batch): the process is the run's.
     owns_process: bool = False
     capacity: dict | None = None  # what check_capacity found the nodes can run: run.json keeps it

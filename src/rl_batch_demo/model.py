@@ -153,12 +153,12 @@ class PoolShape(NamedTuple):
 
 class Caller(NamedTuple):
     """What the caller of `run` hands in beside its request, none of it a flag: `on_reward`, told
-    each rewards.jsonl line (run_batch's callback, or stream_batch's queue); `stop`, set by
+    each rewards.jsonl line (run_batch's callback, or stream_batch's queue); `stop`, requested by
     stream_batch once its reader has gone; `exit_when_done`, from the console's entry points, which
     end the process the moment the run is done (exit_at_once)."""
 
     on_reward: Callable[[dict], None] | None = None
-    stop: threading.Event | None = None
+    stop: StopRequest | None = None
     exit_when_done: bool = False
 
 
@@ -342,4 +342,20 @@ class RunPlan(NamedTuple):
 
 
 class StreamClosed(Exception):
-    """stream_batch()'s reader stopped before the batch ended."""
+    """stream_batch()'s reader stopped before the batch ended: the run stops as on Ctrl-C."""
+
+
+class StopRequest(threading.Event):
+    """Set from another thread (stream_batch's reader gone: closed, dropped, interrupted) to stop
+    a run at its next turn, saying why."""
+
+    why = "stream_batch()'s reader stopped before the batch ended"
+
+    def request(self, why: str) -> None:
+        self.why = why
+        self.set()
+
+    def check(self) -> None:
+        """StreamClosed once a stop was requested."""
+        if self.is_set():
+            raise StreamClosed(self.why)

@@ -35,6 +35,7 @@ from .constants import (
     RECEIPT_FILE,
     REWARDS_FILE,
     SETTINGS_FILE,
+    SUSPEND_PATCH,
     USER_UNKNOWN_BEFORE_RUN,
     WARMUP_JOB_NAME,
     WORKER_SOURCE,
@@ -50,11 +51,19 @@ from .model import (
     RunPlan,
     RunRequest,
     Settings,
+    StreamClosed,
     Task,
 )
 from .stats import rounded
 from .files import Receipt, cleanup_command, kubeconfig_path, write_json
-from .parse import EventRecord, count_image_cache, event_records, image_cache_states, pod_name
+from .parse import (
+    EventRecord,
+    count_image_cache,
+    event_records,
+    image_cache_states,
+    job_finished,
+    pod_name,
+)
 from .manifests import (
     RunOrigin,
     configmap_manifest,
@@ -317,7 +326,10 @@ def create_namespace(run: RunContext) -> None:
 
 
 def create_object(run: RunContext, manifest: dict) -> dict:
-    """Create one object; a retry that finds it already there adopts it only if it is provably ours."""
+    """Create one object; a retry that finds it already there adopts it only if it is provably ours.
+    A stop requested meanwhile (stream_batch closed) comes first: nothing more is created."""
+    if run.stop is not None:
+        run.stop.check()
     kubectl = run.kubectl
     retries_before = kubectl.retries
     try:
@@ -688,15 +700,26 @@ def pods_read(reading: PodReading, not_older_than: str | None) -> dict[str, Any]
     }
 
 
-def salvage(run: RunContext) -> None:
-    """After an interruption: save what can be saved quickly and complete the receipt."""
+def salvage(run: RunContext) -> list[str]:
+    """After an interruption: complete the receipt, stop the batch's pods (suspend_batch), and
+    save what can be saved quickly. The names of the Jobs suspended."""
     batch = run.batch
     if batch is not None:
         batch.follower.stop_watches()
+    complete_receipt(run)
+    suspended = suspend_batch(run)
+    if batch is not None:
         try:
             batch.collect(batch.follower.job_name, retry=False)
         except (DemoError, OSError):
             pass  # whatever could be saved is saved
+    return suspended
+
+
+def complete_receipt(run: RunContext) -> None:
+    """The namespace's and the batch's Jobs' UIDs in the receipt, should the interruption have
+    come between their creation and their record."""
+    batch = run.batch
     if run.touched_cluster and not run.receipt.namespace_uid:
         try:
             live = run.kubectl.get("namespace", run.namespace, missing_ok=True)
@@ -715,6 +738,32 @@ def salvage(run: RunContext) -> None:
             run.receipt.record_job(name, live["metadata"]["uid"])
     # Saved again even when nothing was added: the interruption may have come while it was written.
     run.receipt.save()
+
+
+def suspend_batch(run: RunContext) -> list[str]:
+    """Stop the pods of the batch under way: each of its Jobs the receipt names, not seen ended,
+    suspended. The Job controller deletes its running pods and starts no more; the Job, its ended
+    pods and their logs stay (evidence in the cluster, and a Job that could be resumed). Deleting
+    the Jobs instead would take those with them. The names of the Jobs suspended; one that could
+    not be is named on stderr."""
+    batch = run.batch
+    if batch is None or batch.follower.state.end is not None:
+        return []
+    jobs = batch.follower.jobs
+    suspended = []
+    for name in jobs.names:
+        if not run.receipt.has_job(name) or job_finished(jobs.seen.get(name) or {}):
+            continue
+        try:
+            run.kubectl.run(
+                ["patch", "job", name, "-n", run.namespace, "--type=merge", "-p", SUSPEND_PATCH],
+                retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
+            )
+        except DemoError as error:
+            print(f"Warning: could not suspend Job {name}: {error}", file=sys.stderr)
+            continue
+        suspended.append(name)
+    return suspended
 
 
 def close(run: RunContext) -> None:
@@ -763,11 +812,14 @@ def perform_run(request: RunRequest, caller: Caller) -> tuple[int, Results | Non
         try:
             results = execute(run)
         except KeyboardInterrupt:
-            interrupted(run, cleanup_hint)
+            interrupted(run, request.cleanup, cleanup_hint)
+            return EXIT_INTERRUPTED, None
+        except StreamClosed as closed:
+            interrupted(run, request.cleanup, cleanup_hint, f"{closed}.")
             return EXIT_INTERRUPTED, None
         except RewardCallbackError as error:
-            # The caller's own code stopped the run: saved as after Ctrl-C, its exception raised as it was.
-            interrupted(run, cleanup_hint, f"{error}; the run stopped.")
+            # The caller's own code stopped the run: stopped as by Ctrl-C, its exception raised as it was.
+            interrupted(run, request.cleanup, cleanup_hint, f"{error}; the run stopped.")
             raise error.original from None
         except DemoError as error:
             failure = error
@@ -925,28 +977,69 @@ def signals_interrupt() -> Iterator[None]:
             signal.signal(signum, handler)
 
 
-def interrupted(run: RunContext, cleanup_hint: str, why: str = "Interrupted.") -> None:
-    """After Ctrl-C or SIGTERM (or an on_reward callback that raised): salvage what is quick to save
-    and say how to clean up."""
+def interrupted(
+    run: RunContext, clean_up: bool, cleanup_hint: str, why: str = "Interrupted."
+) -> None:
+    """After Ctrl-C or SIGTERM (or stream_batch closed, or an on_reward callback that raised): stop
+    the batch's pods and salvage what is quick to save; then clean up if asked, else say how to."""
     run.progress.finish()
+    suspended: list[str] = []
     try:
-        salvage(run)
+        suspended = salvage(run)
     except (KeyboardInterrupt, DemoError):
         pass
-    # Ctrl-C can read as "stop the batch": only this client stopped.
-    running = (
-        (
-            " This stopped the client, not the Job: it runs on in the cluster, its namespace with it, until "
-            "you clean up."
-        )
-        if run.receipt.fields.get("jobs")
-        else ""
-    )
+    not_cleaned = None
+    if clean_up and run.touched_cluster:
+        not_cleaned = cleanup_after_interrupt(run)
     print(
-        f"{why} Evidence saved in {run.output}; receipt.json names namespace "
-        f"{run.namespace}.{running}\nClean up with: {cleanup_hint}",
+        interruption_message(run, why, suspended, clean_up, not_cleaned, cleanup_hint),
         file=sys.stderr,
     )
+
+
+def cleanup_after_interrupt(run: RunContext) -> str | None:
+    """`--cleanup` after an interruption: None once the namespace is gone, else why it is not."""
+    report = io.StringIO() if run.silent else sys.stderr
+    try:
+        cleanup_namespace(run.kubectl, run.receipt, report=report)
+    except DemoError as error:
+        return str(error)
+    except KeyboardInterrupt:
+        return "interrupted again"
+    return None
+
+
+def interruption_message(
+    run: RunContext,
+    why: str,
+    suspended: Sequence[str],
+    clean_up: bool,
+    not_cleaned: str | None,
+    cleanup_hint: str,
+) -> str:
+    """What an interrupted run says on stderr: why it stopped, what became of its pods, where its
+    evidence is, and how to clean up (or that it did)."""
+    lines = [f"{why} Evidence saved in {run.output}; receipt.json names namespace {run.namespace}."]
+    if suspended:
+        lines.append(
+            f"Suspended Job {', '.join(suspended)}: its running pods were stopped and no more "
+            "start; its ended pods and their logs stay."
+        )
+    elif run.receipt.fields.get("jobs") and (
+        run.batch is None or run.batch.follower.state.end is None
+    ):
+        # Ctrl-C can read as "stop the batch": say so when the Job could not be stopped.
+        lines.append(
+            "The Job was not stopped: it runs on in the cluster, its namespace with it, until you "
+            "clean up."
+        )
+    if clean_up and run.touched_cluster and not_cleaned is None:
+        lines.append(f"Deleted test namespace: {run.namespace} ({run.spelling.switch('cleanup')}).")
+    elif run.touched_cluster:
+        if not_cleaned is not None:
+            lines.append(f"{run.spelling.switch('cleanup')} failed: {not_cleaned}")
+        lines.append(f"Clean up with: {cleanup_hint}")
+    return "\n".join(lines)
 
 
 def print_results(results: dict, quiet: bool) -> None:

@@ -19,11 +19,12 @@ from .constants import (
 from .parse import condition, format_duration, job_finished, parse_time, rfc3339
 
 # What a run is doing: a Job of it has not ended, or fewer Jobs than it plans are there yet
-# and none ended as a run stops (running; the latter between two batches), all ended Complete
+# and none ended as a run stops (running; the latter between two batches), every Job not ended
+# is suspended (suspended: an interrupted run stops its pods so), all ended Complete
 # (succeeded) or one Failed (failed), its namespace is being deleted (terminating), or
 # no Job of the tool is in it yet (pending: a run starting, or one that stopped before
 # it submitted its Job).
-RUN_STATES = ("running", "succeeded", "failed", "terminating", "pending")
+RUN_STATES = ("running", "suspended", "succeeded", "failed", "terminating", "pending")
 
 # The reason a Job ends Failed with failed indexes within its maxFailedIndexes (--allow-failures):
 # a run accepts that batch and goes on to its next.
@@ -83,7 +84,10 @@ def run_state(namespace: dict, jobs: Sequence[dict]) -> str:
         return "pending"
     ends = [job_finished(job) for job in jobs]
     if None in ends:
-        return "running"
+        unended = [job for job, end in zip(jobs, ends) if end is None]
+        return (
+            "suspended" if all((j.get("spec") or {}).get("suspend") for j in unended) else "running"
+        )
     planned = planned_count(namespace, JOBS_PLANNED_ANNOTATION)
     if (
         planned is not None

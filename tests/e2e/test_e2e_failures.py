@@ -227,15 +227,13 @@ def test_a_job_watch_that_keeps_breaking_gives_way_to_polling(make_cluster, tmp_
     assert wait["end"] == "Complete" and wait["client_job_complete_seconds"] is not None
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_interrupt_while_waiting_keeps_the_receipt(make_cluster, tmp_path, signum):
-    kubectl, make = make_cluster
-    emulator = make(sandbox_delay=30)
-    output = tmp_path / "out"
-    process = start_tool(emulator, kubectl, "run", count=2, output=output, quiet=True)
+def interrupted_while_waiting(emulator: Emulator, kubectl: str, output: Path, *extra: str):
+    """A run of two slow episodes, interrupted once it waits: the Job's UID in its receipt and its
+    watch on the pods open (a fixed pause could end before either on a loaded machine)."""
+    process = start_tool(
+        emulator, kubectl, "run", "--count", "2", "--output", str(output), "--quiet", *extra
+    )
     wait_for(lambda: emulator.list("pods"), 120, "pods to exist")  # a bound, not a measurement
-    # Interrupted while it waits: the Job's UID in its receipt and its watch on the pods open
-    # (a fixed pause could end before either on a loaded machine).
     name = wait_for(
         lambda: receipt_of(output).get("job_uid") and receipt_of(output)["namespace"],
         120,
@@ -248,14 +246,50 @@ def test_interrupt_while_waiting_keeps_the_receipt(make_cluster, tmp_path, signu
         120,
         "the tool to watch the pods",
     )
+    return process, name
+
+
+def job_pods_stopped(emulator: Emulator, namespace: str) -> bool:
+    """The run's Job is suspended and none of its pods runs any more."""
+    job = emulator.get("jobs", namespace, "rollout")
+    pods = [pod for pod in emulator.list("pods") if pod["metadata"]["namespace"] == namespace]
+    return bool(job and job["spec"].get("suspend")) and all(
+        pod["status"].get("phase") in ("Succeeded", "Failed") for pod in pods
+    )
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_while_waiting_stops_the_pods_and_keeps_the_receipt(
+    make_cluster, tmp_path, signum
+):
+    kubectl, make = make_cluster
+    emulator = make(sandbox_delay=30)
+    output = tmp_path / "out"
+    process, namespace = interrupted_while_waiting(emulator, kubectl, output)
     result = interrupt(process, signum)
     assert result.returncode == 130, result.stderr
     assert "Traceback" not in result.stderr
+    assert "Suspended Job rollout: its running pods were stopped" in result.stderr
     assert f"cleanup --output {output}" in result.stderr
+    # Stopped by the tool, not by the test's signal: the episodes would run another 30 s.
+    wait_for(lambda: job_pods_stopped(emulator, namespace), 20, "the Job's pods to stop")
     receipt = load(output / "receipt.json")
     assert {"namespace_uid", "job_uid"} <= set(receipt)
-    assert (output / "pods.json").exists()
+    assert (output / "pods.json").exists() and (output / "run.json").exists()
     assert_cleanup_works(emulator, kubectl, output)
+
+
+def test_interrupt_with_cleanup_leaves_no_namespace(make_cluster, tmp_path):
+    kubectl, make = make_cluster
+    emulator = make(sandbox_delay=30)
+    output = tmp_path / "out"
+    process, namespace = interrupted_while_waiting(emulator, kubectl, output, "--cleanup")
+    result = interrupt(process, signal.SIGINT)
+    assert result.returncode == 130, result.stderr
+    assert "Traceback" not in result.stderr and "Clean up with" not in result.stderr
+    assert f"Deleted test namespace: {namespace} (--cleanup)." in result.stderr
+    assert run_namespaces(emulator) == [] and emulator.list("jobs") == []
+    assert (output / "pods.json").exists() and (output / "receipt.json").exists()
 
 
 def finalize(cluster, kubectl: str, namespace: str, finalizers: list | None) -> None:

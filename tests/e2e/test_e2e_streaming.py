@@ -15,10 +15,12 @@ killed at its grace period's end (30 s), exit code 137. The real node's runs (as
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import threading
@@ -34,6 +36,7 @@ from e2e_support import (
     PRODUCT,
     REPO_ROOT,
     TASK_EPISODE_HEAD,
+    assert_cleanup_works,
     documentation,
     emulators,
     load,
@@ -607,6 +610,40 @@ def test_stream_batch_yields_lines_as_they_land_and_returns_the_results(
     assert stopped.value.value["rewards"] == sorted([first, *rest], key=lambda line: line["index"])
 
 
+def job_stopped(emulator: Any, namespace: str) -> bool:
+    """The run's Job is suspended and none of its pods runs any more."""
+    jobs = [job for job in emulator.list("jobs") if job["metadata"]["namespace"] == namespace]
+    pods = [pod for pod in emulator.list("pods") if pod["metadata"]["namespace"] == namespace]
+    return (
+        bool(jobs)
+        and all(job["spec"].get("suspend") for job in jobs)
+        and all(pod["status"].get("phase") in ("Succeeded", "Failed") for pod in pods)
+    )
+
+
+def assert_stopped_and_kept(emulator: Any, output: Path, err: str) -> str:
+    """The run stopped its pods and kept what an attach would need; its namespace is there,
+    named on stderr with the cleanup command. The namespace."""
+    namespace = load(output / "receipt.json")["namespace"]
+    assert [ns["metadata"]["name"] for ns in run_namespaces(emulator)] == [namespace]
+    assert "Suspended Job rollout: its running pods were stopped" in err, err
+    assert f"receipt.json names namespace {namespace}" in err and "Clean up with:" in err, err
+    wait_for(lambda: job_stopped(emulator, namespace), what="the suspended Job's pods to stop")
+    assert (output / "run.json").exists() and (output / "pods.json").exists()
+    assert [line["index"] for line in lines_of(output)] == [1]
+    return namespace
+
+
+def assert_stopped_and_cleaned(emulator: Any, output: Path, err: str) -> None:
+    """The run stopped its pods, saved its evidence, and deleted its namespace (cleanup)."""
+    namespace = load(output / "receipt.json")["namespace"]
+    assert run_namespaces(emulator) == []
+    assert f"Deleted test namespace: {namespace} (cleanup=True)." in err, err
+    assert "Clean up with:" not in err and "Traceback" not in err, err
+    assert (output / "run.json").exists() and (output / "pods.json").exists()
+    assert [line["index"] for line in lines_of(output)] == [1]
+
+
 def test_a_callback_that_raises_stops_the_run_as_ctrl_c_does(
     python_cluster: Any, tmp_path: Path, capfd: pytest.CaptureFixture
 ) -> None:
@@ -616,32 +653,114 @@ def test_a_callback_that_raises_stops_the_run_as_ctrl_c_does(
         raise ValueError("the trainer's buffer is full")
 
     with pytest.raises(ValueError, match="the trainer's buffer is full"):
-        rl_batch.run_batch(HELD_AND_FAST, on_reward=on_reward, **python_run(kubectl, tmp_path))
+        rl_batch.run_batch(
+            HELD_AND_FAST, on_reward=on_reward, cleanup=False, **python_run(kubectl, tmp_path)
+        )
     output = tmp_path / "out"
-    namespace = load(output / "receipt.json")["namespace"]
     err = capfd.readouterr().err
     assert "on_reward raised ValueError: the trainer's buffer is full; the run stopped." in err
-    assert f"receipt.json names namespace {namespace}" in err and "Clean up with:" in err
-    assert [ns["metadata"]["name"] for ns in run_namespaces(emulator)] == [
-        namespace
-    ]  # kept for cleanup
-    assert [line["index"] for line in lines_of(output)] == [1]
-    assert (output / "pods.json").exists() and not (output / "results.json").exists()
+    assert_stopped_and_kept(emulator, output, err)
+    assert not (output / "results.json").exists()
+    assert_cleanup_works(emulator, kubectl, output)
 
 
-def test_leaving_the_stream_early_stops_the_run_once_its_evidence_is_saved(
+def test_a_keyboard_interrupt_with_cleanup_leaves_no_namespace(
+    python_cluster: Any, tmp_path: Path, capfd: pytest.CaptureFixture
+) -> None:
+    kubectl, emulator = python_cluster
+
+    def on_reward(line: dict) -> None:
+        raise KeyboardInterrupt  # Ctrl-C while the trainer's own code runs
+
+    with pytest.raises(KeyboardInterrupt):
+        rl_batch.run_batch(HELD_AND_FAST, on_reward=on_reward, **python_run(kubectl, tmp_path))
+    err = capfd.readouterr().err
+    assert err.startswith("Interrupted."), err
+    assert_stopped_and_cleaned(emulator, tmp_path / "out", err)
+
+
+def test_a_break_out_of_the_stream_stops_the_run_and_cleans_up(
+    python_cluster: Any, tmp_path: Path, capfd: pytest.CaptureFixture
+) -> None:
+    kubectl, emulator = python_cluster
+    for line in rl_batch.stream_batch(HELD_AND_FAST, **python_run(kubectl, tmp_path)):
+        assert line["index"] == 1
+        break  # the held episode is never released: only the stop ends the run
+    err = capfd.readouterr().err
+    assert "stream_batch() was closed before the batch ended." in err, err
+    assert "on_reward" not in err and "StreamClosed" not in err, err
+    assert_stopped_and_cleaned(emulator, tmp_path / "out", err)
+
+
+def test_a_dropped_stream_leaks_nothing(
     python_cluster: Any, tmp_path: Path, capfd: pytest.CaptureFixture
 ) -> None:
     kubectl, emulator = python_cluster
     stream = rl_batch.stream_batch(HELD_AND_FAST, **python_run(kubectl, tmp_path))
     assert next(stream)["index"] == 1
-    stream.close()  # the held episode is never released: only the stop ends the run
+    del stream  # held in a variable, then dropped: collecting it closes it
+    gc.collect()
+    assert_stopped_and_cleaned(emulator, tmp_path / "out", capfd.readouterr().err)
+    assert not [t for t in threading.enumerate() if t.name == "rl-batch-demo stream_batch"]
+
+
+# A trainer whose loop waits on stream_batch() for its next line when Ctrl-C comes.
+TRAINER = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import rl_batch_demo
+try:
+    for line in rl_batch_demo.stream_batch(
+        [{"id": "held", "x": 1, "hold": True}, {"id": "fast", "x": 2}],
+        output=sys.argv[2], kubectl=sys.argv[3], episode_script=sys.argv[4],
+    ):
+        print("line", line["index"], flush=True)
+except KeyboardInterrupt:
+    sys.exit(130)
+"""
+
+
+def test_ctrl_c_while_a_trainer_waits_on_the_stream_stops_the_run_and_cleans_up(
+    cluster: Any, tmp_path: Path
+) -> None:
+    kubectl, make = cluster
+    emulator = make()
+    output = tmp_path / "out"
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", TRAINER, str(REPO_ROOT / "src"), str(output), kubectl]
+        + [str(write_script(tmp_path, HELD_EPISODE))],
+        env=emulator.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert trainer.stdout.readline() == "line 1\n"
+        trainer.send_signal(signal.SIGINT)
+        out, err = trainer.communicate(timeout=120)
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+    assert trainer.returncode == 130, err
+    # In next() the interrupt stops the run ("Interrupted."); in the loop's body it closes the
+    # generator on its way out: either way the run stops.
+    assert err.startswith(("Interrupted. ", "stream_batch() was closed before")), err
+    assert_stopped_and_cleaned(emulator, output, err)
+
+
+def test_a_closed_stream_without_cleanup_keeps_what_an_attach_needs(
+    python_cluster: Any, tmp_path: Path, capfd: pytest.CaptureFixture
+) -> None:
+    kubectl, emulator = python_cluster
+    stream = rl_batch.stream_batch(HELD_AND_FAST, cleanup=False, **python_run(kubectl, tmp_path))
+    assert next(stream)["index"] == 1
+    stream.close()
     output = tmp_path / "out"
     err = capfd.readouterr().err
-    assert "stream_batch()'s reader stopped before the batch ended; the run stopped." in err
-    namespace = load(output / "receipt.json")["namespace"]
-    assert [ns["metadata"]["name"] for ns in run_namespaces(emulator)] == [namespace]
-    assert (output / "pods.json").exists()
+    assert "stream_batch() was closed before the batch ended." in err, err
+    assert_stopped_and_kept(emulator, output, err)
+    assert load(output / "receipt.json")["job_uid"]
+    assert_cleanup_works(emulator, kubectl, output)
 
 
 def test_readme_stream_example_runs_as_written(

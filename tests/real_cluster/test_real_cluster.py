@@ -208,8 +208,17 @@ def test_interrupt_while_episodes_run_then_cleanup_stops_them(real_cluster, tmp_
     assert "Traceback" not in result.stderr and f"cleanup --output {output}" in result.stderr
     assert {"namespace_uid", "job_uid"} <= set(load(output / "receipt.json"))
     namespace = load(output / "receipt.json")["namespace"]
-    # The episodes go on after the client stopped; cleanup's foreground cascade and namespace
-    # deletion finish only once the node agent has stopped them and confirmed it.
+    assert "Suspended Job rollout: its running pods were stopped" in result.stderr
+    # The run suspended its Job: the real Job controller, not cleanup, stops the episodes (it
+    # deletes a suspended Job's running pods), and the Job stays for cleanup to prove.
+    job = cluster.get("jobs", namespace, "rollout")
+    assert job["spec"]["suspend"] is True
+
+    def stopped() -> bool:
+        left = [cluster.get("pods", namespace, pod["metadata"]["name"]) for pod in pods]
+        return all(pod is None or pod["metadata"].get("deletionTimestamp") for pod in left)
+
+    wait_for(stopped, 60, "the suspended Job's controller to delete its running pods")
     cleaned = run_tool(cluster, kubectl, "cleanup", output=output)
     assert cleaned.returncode == 0, cleaned.stderr
     assert cluster.get("namespaces", None, namespace) is None

@@ -4511,7 +4511,10 @@ class JobController(Controller):
                 self.queue.add(key, 0.05)
             else:
                 self._finish(job, conds, "Complete", None, None, status)
-        elif not spec.get("suspend") and not job["metadata"].get("deletionTimestamp"):
+        elif spec.get("suspend"):
+            self._suspend(job, js)
+        elif not job["metadata"].get("deletionTimestamp"):
+            self._resume(job, js)
             need = self._pods_wanted(js) - len(js.active)
             if need > 0:
                 self._create_pods(
@@ -4522,6 +4525,25 @@ class JobController(Controller):
                     js.failed,
                     js.failed_idx if js.per_index else None,
                 )
+
+    def _suspend(self, job: dict, js: JobSync) -> None:
+        """spec.suspend, as the real controller's manageJob: every running pod deleted and none
+        made, and the Suspended condition. The deleted pods count as failures at the next pass
+        (isPodFailed), so a Job without retries then fails, as on a real cluster."""
+        js.active = self._delete_pods(job, js.active)
+        suspended = condition("Suspended", "True", js.now, "JobSuspended", "Job suspended", True)
+        if set_condition(js.conds, suspended):
+            self.emu.events.record(job, "Normal", "Suspended", "Job suspended", "job-controller")
+
+    def _resume(self, job: dict, js: JobSync) -> None:
+        """A suspended Job resumed: its Suspended condition False, its start time (and with it
+        activeDeadlineSeconds's count) from now."""
+        if not cond_true(js.conds, "Suspended"):
+            return
+        resumed = condition("Suspended", "False", js.now, "JobResumed", "Job resumed", True)
+        set_condition(js.conds, resumed)
+        js.status["startTime"] = fmt_time(js.now)
+        self.emu.events.record(job, "Normal", "Resumed", "Job resumed", "job-controller")
 
     def _success_policy_met(self, js: JobSync) -> str | None:
         """The message of the first successPolicy rule the succeeded indexes meet (matchSuccessPolicy),
@@ -4551,7 +4573,12 @@ class JobController(Controller):
         start = parse_time(js.status.get("startTime"))
         if js.fail_job_message is not None:
             return "PodFailurePolicy", js.fail_job_message
-        if active_deadline is not None and start is not None and js.now - start >= active_deadline:
+        if (
+            active_deadline is not None
+            and start is not None
+            and not spec.get("suspend")  # a suspended Job's deadline does not count
+            and js.now - start >= active_deadline
+        ):
             return "DeadlineExceeded", "Job was active longer than specified deadline"
         if js.failed > spec.get("backoffLimit", 6):
             return "BackoffLimitExceeded", "Job has reached the specified backoff limit"

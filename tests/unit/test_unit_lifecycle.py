@@ -246,6 +246,14 @@ def job(
     }
 
 
+def suspended(job: dict) -> dict:
+    """The Job as an interrupted run leaves it: suspended."""
+    job["spec"]["suspend"] = True
+    if not any(c["type"] in ("Complete", "Failed") for c in job["status"]["conditions"]):
+        job["status"]["conditions"] = [{"type": "Suspended", "status": "True"}]
+    return job
+
+
 @pytest.mark.parametrize(
     "jobs, terminating, state",
     [
@@ -258,6 +266,11 @@ def job(
         ),  # criteria met, pods still terminating: not ended
         ([], False, "pending"),
         ([job(end=None)], True, "terminating"),
+        # Interrupted: its Job suspended (its pods stopped), not ended.
+        ([suspended(job(end=None))], False, "suspended"),
+        ([job(), suspended(job(end=None))], False, "suspended"),
+        ([suspended(job(end=None)), job(end=None)], False, "running"),
+        ([suspended(job(end="Failed"))], False, "failed"),
     ],
 )
 def test_a_runs_state_comes_from_its_namespace_and_jobs(jobs, terminating, state) -> None:
@@ -418,6 +431,25 @@ def verdict(
         (namespace(), [job(end="Failed")], T0 + 2 * HOUR, "alice", False, True, "failed, 2h old"),
         (namespace(), [job()], T0 + 30 * 60, "alice", False, False, "younger than --stale 1h"),
         (namespace(), [job(end=None)], T0 + 9 * HOUR, "alice", False, False, "still running"),
+        # An interrupted run whose Job was suspended: stale by its age, as an ended one.
+        (
+            namespace(),
+            [suspended(job(end=None))],
+            T0 + 2 * HOUR,
+            "alice",
+            False,
+            True,
+            "suspended, 2h old: older than --stale 1h",
+        ),
+        (
+            namespace(),
+            [suspended(job(end=None))],
+            T0 + 30 * 60,
+            "alice",
+            False,
+            False,
+            "suspended, 30m old: younger than --stale 1h",
+        ),
         (
             namespace(expires=demo.rfc3339(T0 + 60)),
             [job(end=None)],
