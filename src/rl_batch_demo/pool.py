@@ -150,7 +150,9 @@ class Pool:
         self.state = PoolState()
         self.jobs: dict[str, str] = {}  # image -> its Job's name
         self.images: dict[str, str] = {}  # Job's name -> its image
-        self.claimed = 0  # episodes handed out that were not lost
+        self.claimed = 0  # episodes handed out that were not lost: at most the pool's episodes
+        self.next_index = 0  # each claim's own index, never given twice
+        self.first_claim: float | None = None
         self.opened_at = time.monotonic()
         self.closed_at: float | None = None
         self.refills: list[float] = []
@@ -158,12 +160,14 @@ class Pool:
         self.lock = threading.Lock()
         assert run.proxy is not None
         self.client = ProxyClient(run.proxy.socket_path, run.kubectl.echo)
+        # A probe waits between its asks: a thread for each sandbox warming at once, up to 64.
         self.probes = concurrent.futures.ThreadPoolExecutor(
-            8, thread_name_prefix="rl-batch-demo probe"
+            max(8, min(64, run.settings.parallelism)), thread_name_prefix="rl-batch-demo probe"
         )
         self.watch: PodWatch | None = None
         self.results: dict = {}  # results.json with `rewards`, once closed
         self.cleanup = False  # delete the namespace once the records are saved
+        self.stopped = threading.Event()  # set once the pool closes: its keep-alive ends
 
     # -- the trainer's side ------------------------------------------------------------------
 
@@ -187,7 +191,9 @@ class Pool:
                 if left <= 0:
                     raise claim_timeout(self.state, job, asked)
                 self.state.condition.wait(min(left, 1.0))
-            index, self.claimed = self.claimed, self.claimed + 1
+            index, self.next_index = self.next_index, self.next_index + 1
+            self.claimed += 1
+            self.first_claim = self.first_claim or asked
         waited = time.monotonic() - asked
         return Sandbox(
             self,
@@ -219,8 +225,9 @@ class Pool:
         self.probes.submit(probe_until_warm, self, view.name)
 
     def released(self, view: PodView) -> None:
+        """A sandbox of `view`'s Job let go: the next pod of the Job made after it refills it."""
         with self.lock:
-            self.finished_at.setdefault(view.job, []).append(time.monotonic())
+            self.finished_at.setdefault(view.job, []).append(time.time())
 
     def request(
         self,
@@ -357,28 +364,21 @@ class Sandbox:
         """The episode's end: its reward and whether a trainer may learn from it. The sandbox is
         let go (its pod ends and the Job makes a fresh one; with reuse, it is made pristine and
         serves the next claim)."""
-        if self.finished:
-            return
-        self.finished = True
+        with self.pool.lock:
+            if self.finished:
+                return
+            self.finished = True
         failure_class = "infrastructure" if self.lost else None
+        given_back = False
         if self.lost is None:
-            try:
-                self._ask(
-                    "POST",
-                    "reset" if self.pool.shape.reuse else "finish",
-                    b"{}",
-                    REQUEST_GRACE_SECONDS,
-                    True,
-                )
-            except SandboxLost as error:
-                self.lost, failure_class = error, "infrastructure"
-        if self.lost is None and self.pool.shape.reuse:
-            self.pool.state.give_back(self.pod)
-        else:
+            given_back = let_go(self)
+        if not given_back:
             self.pool.released(self.view)
         if self.lost is not None:
+            failure_class = "infrastructure"
             with self.pool.state.condition:
                 self.pool.claimed -= 1  # a lost episode is served again on a fresh sandbox
+            release_lost(self)
         self.pool.records.reward(
             episode_line(self, reward, valid and self.lost is None, info, failure_class)
         )
@@ -400,7 +400,11 @@ class Sandbox:
             if not retry or not self.pool.state.pods[self.pod].usable:
                 self.lost = error
                 raise
-        return self.pool.request(self.pod, method, action, body, timeout, query)
+        try:
+            return self.pool.request(self.pod, method, action, body, timeout, query)
+        except SandboxLost as error:
+            self.lost = error
+            raise
 
     def __enter__(self) -> Sandbox:
         return self
@@ -466,6 +470,47 @@ def command_line(sandbox: Sandbox, command: str | Sequence[str], result: Command
     }
 
 
+def let_go(sandbox: Sandbox) -> bool:
+    """Let a sandbox go: made pristine and warm again (reuse), or ended, its Job making a fresh
+    one. Whether it was given back; a reset that failed ends it instead (never handed out dirty)."""
+    pool = sandbox.pool
+    try:
+        if pool.shape.reuse:
+            answer = sandbox._ask("POST", "reset", b"{}", REQUEST_GRACE_SECONDS, True)
+            if answer.status == 200:
+                pool.state.give_back(sandbox.pod)
+                return True
+        sandbox._ask("POST", "finish", b"{}", REQUEST_GRACE_SECONDS, True)
+    except SandboxLost:
+        pass  # recorded on the sandbox
+    return False
+
+
+def release_lost(sandbox: Sandbox) -> None:
+    """A sandbox lost to a passing error while its pod still runs: asked, once, to end, so that it
+    holds no place of the pool's until its idle timeout."""
+    view = sandbox.pool.state.pods.get(sandbox.pod)
+    if view is not None and view.usable:
+        try:
+            sandbox.pool.request(sandbox.pod, "POST", "finish", b"{}", 5.0)
+        except SandboxLost:
+            pass  # gone indeed
+
+
+def keep_alive(pool: Pool) -> None:
+    """While the pool is open, ask each of its running sandboxes whether it listens a few times
+    per idle timeout: a sandbox idles out only once its trainer has gone."""
+    period = max(1.0, pool.shape.idle_timeout / 3)
+    while not pool.stopped.wait(period):
+        with pool.state.condition:
+            names = [v.name for v in pool.state.pods.values() if v.usable and not v.probing]
+        for name in names:
+            try:
+                pool.request(name, "GET", "ready", None, 5.0)
+            except SandboxLost:
+                pass  # the watch says why
+
+
 def claim_timeout(state: PoolState, job: str, asked: float) -> DemoError:
     """A claim that waited in vain: how many of the Job's sandboxes are ready, held, starting and
     pending, and what the others' pods say."""
@@ -497,15 +542,20 @@ def probe_until_warm(pool: Pool, name: str) -> None:
                 view.probing = False
                 return
         time.sleep(PROBE_INTERVAL_SECONDS)
+    with pool.state.condition:
+        pool.state.pods[name].probing = False  # asked again at its next change
 
 
 def note_refill(pool: Pool, name: str) -> None:
-    """The seconds from the oldest sandbox of the pod's Job let go to this pod's answer."""
+    """The seconds from the oldest sandbox of the pod's Job let go before the pod was made (its
+    creation stamp, whole seconds) to this pod's answer; a pod of the pool's first fill refills
+    nothing."""
     view = pool.state.pods[name]
+    created = parse_time(view.created)
     with pool.lock:
         released = pool.finished_at.get(view.job) or []
-        if released:
-            pool.refills.append(time.monotonic() - released.pop(0))
+        if released and created is not None and created >= int(released[0]):
+            pool.refills.append(time.time() - released.pop(0))
 
 
 def close_pool(pool: Pool) -> dict:
@@ -516,10 +566,13 @@ def close_pool(pool: Pool) -> dict:
             return pool.results
         pool.state.closed = True
         pool.state.condition.notify_all()
+    pool.stopped.set()
     pool.closed_at = time.monotonic()
-    pods = save_pool_evidence(pool)  # while its sandboxes still run: their logs are there
-    for name in pool.jobs.values():
-        suspend_job(pool, name)
+    try:
+        pods = save_pool_evidence(pool)  # while its sandboxes still run: their logs are there
+    finally:
+        for name in pool.jobs.values():
+            suspend_job(pool, name)
     if pool.watch is not None:
         pool.watch.stop()
     pool.probes.shutdown(wait=False, cancel_futures=True)
@@ -552,11 +605,18 @@ def suspend_job(pool: Pool, name: str) -> None:
     path = f"/apis/batch/v1/namespaces/{pool.run.namespace}/jobs/{name}"
     body = json.dumps({"spec": {"suspend": True}}).encode()
     try:
-        pool.client.request(
+        answer = pool.client.request(
             "PATCH", path, body, {"Content-Type": "application/merge-patch+json"}, 30.0
         )
-    except OSError as error:
-        print(f"Warning: could not suspend Job {name}: {error}", file=sys.stderr)
+        said = "" if answer.status == 200 else status_message(answer)
+    except (OSError, http.client.HTTPException) as error:
+        said = str(error)
+    if said:
+        print(
+            f"Warning: could not suspend Job {name} ({said}); its sandboxes end at their idle "
+            f"timeout, or with `cleanup`",
+            file=sys.stderr,
+        )
 
 
 def proxy_json(pool: Pool, path: str) -> Any:
@@ -573,7 +633,7 @@ def save_pool_evidence(pool: Pool) -> list[dict]:
         jobs = proxy_json(pool, f"/apis/batch/v1/namespaces/{namespace}/jobs")
         pods = proxy_json(pool, f"/api/v1/namespaces/{namespace}/pods")
         events = proxy_json(pool, f"/api/v1/namespaces/{namespace}/events")
-    except (OSError, DemoError) as error:
+    except (OSError, DemoError, http.client.HTTPException, ValueError) as error:
         print(f"Warning: the pool's evidence was not all saved: {error}", file=sys.stderr)
         return []
     write_json(os.path.join(output, "job.json"), jobs)
@@ -636,7 +696,7 @@ def pool_results(pool: Pool, sandboxes: list[dict]) -> dict:
     waits = [line["claim_wait_seconds"] for line in rewards]
     round_trips = [line["round_trip_seconds"] for line in commands]
     empty = [line["round_trip_seconds"] for line in commands if line["command"] in ("true", ":")]
-    active = (pool.closed_at or time.monotonic()) - pool.opened_at
+    active = (pool.closed_at or time.monotonic()) - (pool.first_claim or pool.opened_at)
     warm = [line for line in rewards if line.get("warm")]
     settings = pool.run.settings
     return {
@@ -715,6 +775,9 @@ def open_pool_run(request: RunRequest, caller: Caller, shape: PoolShape) -> Pool
             pool.probe,
         )
         pool.watch.start()
+        threading.Thread(
+            target=keep_alive, args=(pool,), name="rl-batch-demo keep-alive", daemon=True
+        ).start()
         for job in jobs:
             created = create_object(run, job)
             run.receipt.record_job(job["metadata"]["name"], created["metadata"]["uid"])
@@ -723,9 +786,15 @@ def open_pool_run(request: RunRequest, caller: Caller, shape: PoolShape) -> Pool
             pool.images[job["metadata"]["name"]] = image
         return pool
     except BaseException:
-        if pool is not None and pool.watch is not None:
-            pool.watch.stop()
-        close(run)
+        if pool is not None:
+            for job in run.receipt.fields.get("jobs") or {}:  # those created: none runs on
+                suspend_job(pool, job)
+            if pool.watch is not None:
+                pool.watch.stop()
+            pool.cleanup = request.cleanup
+            finish_pool_run(pool)
+        else:
+            close(run)
         raise
 
 
@@ -871,13 +940,17 @@ def serve_episodes(pool: Pool, turns: Sequence[dict], tasks: Sequence[Task]) -> 
                 except SandboxLost:
                     sandbox.finish(None, valid=False)
 
-    with concurrent.futures.ThreadPoolExecutor(
-        size, thread_name_prefix="rl-batch-demo turns"
-    ) as workers:
+    workers = concurrent.futures.ThreadPoolExecutor(size, thread_name_prefix="rl-batch-demo turns")
+    try:
         for done in concurrent.futures.as_completed(
             [workers.submit(episode, n) for n in range(episodes)]
         ):
             done.result()
+    except BaseException:
+        close_pool(pool)  # the claims waiting end at once; Ctrl-C does not wait for the episodes
+        raise
+    finally:
+        workers.shutdown(wait=False, cancel_futures=True)
 
 
 def pool_request(

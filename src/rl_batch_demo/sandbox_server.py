@@ -43,6 +43,7 @@ IDLE_EXIT_CODE = 75  # EX_TEMPFAIL: the pool was left idle; its Job ends on it
 OUTPUT_CAP_BYTES = int(os.environ.get("SANDBOX_OUTPUT_CAP_BYTES", str(1 << 20)))
 CHUNK_BYTES = 1 << 16
 OUTPUT_GRACE_SECONDS = 0.5
+BODY_MOST_BYTES = 64 << 20  # a file written or a command's stdin
 NOT_FOUND_EXIT_CODE = 127  # what a shell answers for a command it cannot find
 
 
@@ -56,6 +57,7 @@ class Sandbox:
         self.ready_at = 0.0  # when it began to listen, this pod's clock
         self.pristine = False  # a copy of the starting workspace is kept for /reset
         self.stopping = False  # SIGTERM: its pod is going; nothing more is answered
+        self.in_flight = 0  # commands running: a sandbox running one is not idle
         self.groups: set[int] = set()
         self.lock = threading.Lock()
 
@@ -66,7 +68,7 @@ class Sandbox:
         """Every process the sandbox's commands started, daemons among them: the server is
         their subreaper, so a daemon that left its command's group is still its descendant."""
         with self.lock:
-            groups, self.groups = self.groups, set()
+            groups = set(self.groups)  # each stays listed until its request has reaped it
         for group in groups:
             try:
                 os.killpg(group, signal.SIGKILL)
@@ -116,17 +118,17 @@ def descendants(root: int) -> List[int]:
 
 
 def reap_orphans(sandbox: Sandbox) -> None:
-    """Collect the ends of orphans handed to this subreaper (never a command's own process,
-    which its request waits for), so none lingers as a zombie that still answers `kill -0`."""
+    """Collect the ends of orphans handed to this subreaper, so none lingers as a zombie that still
+    answers `kill -0`; never a command's own process (its request reaps it, for its exit code):
+    the lock keeps a command from starting between the scan and the reaping."""
     me = os.getpid()
     with sandbox.lock:
-        commands = set(sandbox.groups)
-    for pid, (parent, state) in processes().items():
-        if parent == me and state == b"Z" and pid not in commands:
-            try:
-                os.waitpid(pid, os.WNOHANG)
-            except OSError:
-                pass  # reaped meanwhile
+        for pid, (parent, state) in processes().items():
+            if parent == me and state == b"Z" and pid not in sandbox.groups:
+                try:
+                    os.waitpid(pid, os.WNOHANG)
+                except OSError:
+                    pass  # reaped meanwhile
 
 
 def become_subreaper() -> None:
@@ -185,13 +187,17 @@ def start_command(request: Dict[str, Any]) -> "subprocess.Popen[bytes]":
 def run_command(sandbox: Sandbox, request: Dict[str, Any]) -> Dict[str, Any]:
     """Run one command to its end, or to its timeout (then its whole group is killed)."""
     started = time.monotonic()
+    cwd = os.path.join(WORKSPACE, request.get("cwd") or "")
+    if not os.path.isdir(cwd):
+        return outcome(126, b"", f"no directory {cwd}\n".encode(), False, False, started)
     try:
-        process = start_command(request)
+        with sandbox.lock:  # listed before the reaper can see it end
+            process = start_command(request)
+            sandbox.groups.add(process.pid)
+            sandbox.in_flight += 1
     except (FileNotFoundError, PermissionError, NotADirectoryError) as error:
         code = NOT_FOUND_EXIT_CODE if isinstance(error, FileNotFoundError) else 126
         return outcome(code, b"", f"{error}\n".encode(), False, False, started)
-    with sandbox.lock:
-        sandbox.groups.add(process.pid)
     out: List[bytes] = []
     err: List[bytes] = []
     flags = {"truncated": False}
@@ -211,6 +217,7 @@ def run_command(sandbox: Sandbox, request: Dict[str, Any]) -> Dict[str, Any]:
         reader.join(timeout=max(0.0, grace - time.monotonic()))
     with sandbox.lock:
         sandbox.groups.discard(process.pid)
+        sandbox.in_flight -= 1
     reap_orphans(sandbox)
     return outcome(
         process.returncode, b"".join(out), b"".join(err), flags["truncated"], timed_out, started
@@ -280,6 +287,7 @@ def workspace_path(query: str) -> str:
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # kept alive: one connection serves a trainer's turns
+    timeout = 300  # a connection silent this long mid-request is dropped
     # An answer's headers and body leave in one segment, at once: with Nagle's algorithm, a
     # body written after its headers waited for the client's delayed ACK (40 ms a request).
     disable_nagle_algorithm = True
@@ -303,16 +311,19 @@ class Handler(BaseHTTPRequestHandler):
             return
         self.answer(status, json.dumps(value).encode())
 
-    def body(self) -> bytes:
-        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
-
     def handle_one(self, method: str) -> None:
-        self.sandbox.last_request = time.monotonic()
         path, _, query = self.path.partition("?")
-        body = self.body()
         if not self.sandbox.authorised(self.headers.get("X-Sandbox-Token")):
+            self.close_connection = True  # its body is not read: nobody else's bytes are waited on
             self.reply(403, {"error": "forbidden"})
             return
+        self.sandbox.last_request = time.monotonic()
+        length = int(self.headers.get("Content-Length") or 0)
+        if self.headers.get("Transfer-Encoding") or length > BODY_MOST_BYTES:
+            self.close_connection = True
+            self.reply(413, {"error": f"a body of at most {BODY_MOST_BYTES} bytes, with a length"})
+            return
+        body = self.rfile.read(length)
         try:
             self.route(method, path, query, body)
         except (ValueError, TypeError) as error:
@@ -366,7 +377,7 @@ def watch_idle(sandbox: Sandbox) -> None:
     while True:
         time.sleep(min(IDLE_SECONDS, 1.0))
         reap_orphans(sandbox)
-        if time.monotonic() - sandbox.last_request > IDLE_SECONDS:
+        if sandbox.in_flight == 0 and time.monotonic() - sandbox.last_request > IDLE_SECONDS:
             sandbox.kill_everything()
             print(json.dumps({"event": "idle", "at": time.time()}), flush=True)
             os._exit(IDLE_EXIT_CODE)

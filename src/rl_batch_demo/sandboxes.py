@@ -7,7 +7,6 @@ import base64
 import dataclasses
 import http.client
 import json
-import socket
 import threading
 import time
 import urllib.parse
@@ -198,6 +197,17 @@ class PoolState:
             self.condition.notify_all()
             return view if probe else None
 
+    def forget_missing(self, listed: set) -> None:
+        """A fresh list of the pods: any the pool knew that it lacks went while the watch was
+        away (deleted, as a watch would have said)."""
+        with self.condition:
+            for name, view in self.pods.items():
+                if name not in listed and not view.deleted:
+                    view.deleted, view.reason = True, "deleted"
+                    if name in self.warm_order:
+                        self.warm_order.remove(name)
+            self.condition.notify_all()
+
     def warmed(self, name: str, ready_at: float) -> None:
         with self.condition:
             view = self.pods[name]
@@ -342,8 +352,10 @@ class PodWatch:
         listed = json.loads(response.read())
         if response.status != 200:
             raise DemoError(f"listing the pool's pods answered {response.status}")
-        for pod in listed.get("items") or []:
+        items = listed.get("items") or []
+        for pod in items:
             self._tell(pod, False)
+        self.state.forget_missing({(p.get("metadata") or {}).get("name") for p in items})
         return str((listed.get("metadata") or {}).get("resourceVersion") or "")
 
     def _event(self, event: dict, version: str) -> str:
@@ -367,7 +379,3 @@ def command_text(command: str | Sequence[str]) -> str:
     if isinstance(command, str):
         return command
     return " ".join(part if part and " " not in part else json.dumps(part) for part in command)
-
-
-def socket_timeout_error(error: BaseException) -> bool:
-    return isinstance(error, (socket.timeout, TimeoutError))

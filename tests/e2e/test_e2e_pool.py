@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -218,17 +220,38 @@ def test_a_claim_that_times_out_says_what_the_pool_is_waiting_for(
     assert "no sandbox became free in 2 s: 0 ready, 1 held, 0 starting, 0 pending" in said, said
 
 
-def test_an_idle_pool_ends_its_job_and_makes_no_more_pods(cluster: Any, tmp_path: Path) -> None:
+TRAINER = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+import rl_batch_demo
+pool = rl_batch_demo.open_pool(output=sys.argv[2], size=2, episodes=8, idle_timeout=3,
+                               kubectl=sys.argv[3], cleanup=False)
+sandbox = pool.claim(timeout=60)
+print(pool.run.namespace, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_trainer_killed_leaves_a_pool_that_idles_out_and_is_reaped(
+    cluster: Any, tmp_path: Path
+) -> None:
+    """SIGKILL: nobody closes the pool. Its sandboxes idle out, which ends its Job (no pod after
+    them); `list` shows the pool and `cleanup` reaps it."""
     kubectl, emulator = cluster
-    with rl_batch_demo.open_pool(
-        output=str(tmp_path / "p"),
-        size=2,
-        episodes=8,
-        idle_timeout=2,
-        kubectl=kubectl,
-        cleanup=False,
-    ) as pool:
-        namespace = pool.run.namespace
+    output = tmp_path / "p"
+    src = Path(rl_batch_demo.__file__).resolve().parent.parent
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", TRAINER, str(src), str(output), kubectl],
+        env=emulator.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        namespace = trainer.stdout.readline().strip()
+        assert namespace.startswith("agc-rl-"), trainer.stderr.read()
+        trainer.send_signal(signal.SIGKILL)
+        trainer.wait(30)
 
         def failed() -> bool:
             job = emulator.get("jobs", namespace, "pool") or {}
@@ -238,19 +261,25 @@ def test_an_idle_pool_ends_its_job_and_makes_no_more_pods(cluster: Any, tmp_path
             )
 
         wait_for(failed, 60, "the idle pool's Job to fail")
+        listed = tool(emulator, kubectl, "list", "-o", "json")
+        assert namespace in listed.stdout, listed.stdout + listed.stderr
         time.sleep(2)
-        listed = subprocess.run(
-            [kubectl, "get", "pods", "-n", namespace, "-o", "json"],
-            env=emulator.env(),
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=True,
-        )
-        pods = json.loads(listed.stdout)["items"]
-        assert len(pods) <= 2  # the idle ones (the Job's end deletes the rest), none after them
+        pods = json.loads(
+            subprocess.run(
+                [kubectl, "get", "pods", "-n", namespace, "-o", "json"],
+                env=emulator.env(),
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=True,
+            ).stdout
+        )["items"]
+        assert len(pods) <= 2, pods  # the ones that idled out (the Job's end deletes the rest)
         assert all(p["status"]["phase"] in ("Failed", "Succeeded") for p in pods), pods
-    assert tool(emulator, kubectl, "cleanup", "--output", str(tmp_path / "p")).returncode == 0
+    finally:
+        trainer.kill()
+    assert tool(emulator, kubectl, "cleanup", "--output", str(output)).returncode == 0
+    assert run_namespaces(emulator) == []
 
 
 def test_open_pool_refuses_bad_keywords_before_anything_is_created(
