@@ -745,6 +745,18 @@ def remove_stale_proxy_directories() -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def proxy_listens(path: str) -> bool:
+    """Whether a Unix socket accepts connections."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+
+
 class ApiProxy:
     """One `kubectl proxy` on a private Unix socket, for the many small reads of a batch.
 
@@ -764,7 +776,8 @@ class ApiProxy:
             ["proxy", f"--unix-socket={self.socket_path}"], REQUEST_TIMEOUT_SECONDS
         )
         deadline = time.monotonic() + PROXY_START_SECONDS
-        while not os.path.exists(self.socket_path):
+        # The socket's file exists once it is bound, a moment before it listens: wait for both.
+        while not proxy_listens(self.socket_path):
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self.close()
                 raise DemoError("kubectl proxy did not start")

@@ -419,7 +419,11 @@ def main() -> None:
     event = {"event": "server_ready", "at": sandbox.ready_at, "started_at": STARTED_AT}
     print(json.dumps(event), flush=True)
     server.serve_forever()
-    sys.exit(0)
+    # Finished: out at once. An interpreter's ordinary exit ends its daemon threads with
+    # pthread_exit, which a minimal image without libgcc_s turns into a crash (exit 139): the
+    # pod would fail where its sandbox finished well.
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import json
 import threading
 import time
 import urllib.parse
-from typing import Callable, Iterator, NamedTuple, Sequence
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 from .constants import SANDBOX_PORT
 from .model import DemoError
@@ -67,6 +67,21 @@ class ProxyAnswer(NamedTuple):
     from_api_server: bool  # a Kubernetes Status (the proxy's own answer), not the sandbox's
 
 
+class OneWriteConnection(UnixHTTPConnection):
+    """A request's head and body in one write. http.client sends them in two, and behind
+    `kubectl proxy` and the API server the second part of a small request waited: a command's
+    round trip through a real API server was 45 ms that way and 3 ms this way."""
+
+    def _send_output(self, message_body: Any = None, encode_chunked: bool = False) -> None:
+        if not isinstance(message_body, bytes) or encode_chunked:
+            super()._send_output(message_body, encode_chunked)  # type: ignore[misc]
+            return
+        self._buffer.extend((b"", b""))  # type: ignore[attr-defined]
+        head = b"\r\n".join(self._buffer)  # type: ignore[attr-defined]
+        del self._buffer[:]  # type: ignore[attr-defined]
+        self.send(head + message_body)
+
+
 class ProxyClient:
     """Requests through the tool's `kubectl proxy`: one kept-alive connection per thread, so many
     trainer threads drive many sandboxes with no kubectl process of their own."""
@@ -79,7 +94,7 @@ class ProxyClient:
     def _connection(self, timeout: float) -> UnixHTTPConnection:
         connection: UnixHTTPConnection | None = getattr(self._local, "connection", None)
         if connection is None:
-            connection = UnixHTTPConnection(self.socket_path, timeout)
+            connection = OneWriteConnection(self.socket_path, timeout)
             self._local.connection = connection
         connection.timeout = timeout
         if connection.sock is not None:

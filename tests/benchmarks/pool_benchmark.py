@@ -66,13 +66,15 @@ def cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def empty_round_trips(kubectl: str, work: Path, count: int) -> tuple[list[float], list[float], int]:
+def empty_round_trips(
+    kubectl: str, work: Path, count: int, empty: list[str]
+) -> tuple[list[float], list[float], int]:
     """`true` through one sandbox, `count` times; and `kubectl exec` on its pod, if served."""
     with rl_batch_demo.open_pool(
         output=str(work / "empty"), size=1, episodes=1, kubectl=kubectl
     ) as pool:
         with pool.claim(timeout=300) as sandbox:
-            trips = [sandbox.run(["true"]).round_trip_seconds for _ in range(count)]
+            trips = [sandbox.run(empty).round_trip_seconds for _ in range(count)]
             processes = kubectl_processes()
             execs: list[float] = []
             for _ in range(min(count, 20)):
@@ -87,7 +89,7 @@ def empty_round_trips(kubectl: str, work: Path, count: int) -> tuple[list[float]
                         "-c",
                         "sandbox",
                         "--",
-                        "true",
+                        *empty,
                     ],
                     capture_output=True,
                     timeout=60,
@@ -160,22 +162,30 @@ def main() -> int:
     parser.add_argument("--commands", type=int, default=20, help="per sandbox (default 20)")
     parser.add_argument("--episodes", type=int, default=64, help="guide episodes (default 64)")
     parser.add_argument("--round-trips", type=int, default=200)
+    parser.add_argument(
+        "--empty",
+        default="true",
+        help="the empty command, run by both (default: true; a "
+        "minimal image without it: python3 -c pass)",
+    )
     args = parser.parse_args()
     product = str(REPO_ROOT / "rl_batch_demo.py")
     with tempfile.TemporaryDirectory(prefix="rldemo-pool-bench-") as directory:
         work = Path(directory)
-        trips, execs, one = empty_round_trips(args.kubectl, work, args.round_trips)
+        trips, execs, one = empty_round_trips(
+            args.kubectl, work, args.round_trips, args.empty.split()
+        )
         print(
             f"empty command round trip  p50 {ms(quantile(trips, 0.5))}  p99 {ms(quantile(trips, 0.99))}"
         )
         if execs:
             ratio = quantile(execs, 0.5) / quantile(trips, 0.5)
             print(
-                f"kubectl exec -- true      p50 {ms(quantile(execs, 0.5))}  p99 {ms(quantile(execs, 0.99))}"
+                f"kubectl exec -- {args.empty:<9} p50 {ms(quantile(execs, 0.5))}  p99 {ms(quantile(execs, 0.99))}"
                 f"  ({ratio:.1f} x the pool's)"
             )
         else:
-            print("kubectl exec -- true      not served by this tier")
+            print(f"kubectl exec -- {args.empty}: not served by this tier")
         waits = warm_claims(args.kubectl, work, 100)
         print(
             f"warm claim wait           p50 {ms(quantile(waits, 0.5))}  p99 {ms(quantile(waits, 0.99))}"
