@@ -5812,25 +5812,11 @@ def outcome_fields(record: Mapping[str, Any]) -> list[str]:
 CSV_ROWS_A_PIECE = 1000
 
 
-def episodes_csv_pieces(batches: Sequence[tuple[str, BatchSummary]]) -> Iterator[str]:
-    """episodes.csv (see episodes_csv) a piece at a time."""
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    indexed = any(
-        record.get("index") is not None
-        for _, summary in batches
-        for record in [*summary.episodes, *summary.failed]
-    )
-    writer.writerow(
-        [
-            "batch",
-            "pod",
-            *(["index"] if indexed else []),
-            "node",
-            "reward",
-            "image_cache",
-            "runtime_class",
-        ]
+def episodes_csv_header(indexed: bool) -> list[str]:
+    """The columns of episodes.csv, in their places (`index` only for an Indexed Job)."""
+    return (
+        ["batch", "pod", *(["index"] if indexed else []), "node", "reward"]
+        + ["image_cache", "runtime_class"]
         + [f"{p}_after_job_seconds" for p in POINTS]
         + [f"{p}_precision_seconds" for p in POINTS]
         + [f"{phase}_seconds" for phase in PHASES]
@@ -5841,6 +5827,18 @@ def episodes_csv_pieces(batches: Sequence[tuple[str, BatchSummary]]) -> Iterator
         + ["image", "image_pull_waiting_seconds", "image_pull_kubelet_seconds", "image_size_bytes"]
         + OUTCOME_COLUMNS
     )
+
+
+def episodes_csv_pieces(batches: Sequence[tuple[str, BatchSummary]]) -> Iterator[str]:
+    """episodes.csv (see episodes_csv) a piece at a time."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    indexed = any(
+        record.get("index") is not None
+        for _, summary in batches
+        for record in [*summary.episodes, *summary.failed]
+    )
+    writer.writerow(episodes_csv_header(indexed))
     for batch_name, summary in batches:
         rows = {row["pod"]: row for row in summary.figures["pods"]}
         job_created = summary.job_created
