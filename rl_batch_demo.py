@@ -6449,7 +6449,7 @@ CSV_ROWS_A_PIECE = 1000
 
 
 def episodes_csv_header(indexed: bool) -> list[str]:
-    """episodes.csv's columns: the episode, its points, phases and clocks, its image, its outcome."""
+    """The columns of episodes.csv, in their places (`index` only for an Indexed Job)."""
     return (
         ["batch", "pod", *(["index"] if indexed else []), "node", "reward"]
         + ["image_cache", "runtime_class"]
