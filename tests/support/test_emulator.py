@@ -1266,6 +1266,22 @@ def test_image_store_knows_each_nodes_images() -> None:
         ImageStore({"registery": {}}, ["n1"])
 
 
+def test_an_emulators_nodes_have_the_guides_image_alone_unless_told_otherwise(tmp_path) -> None:
+    from kube_emulator import ANY_IMAGE, Emulator, ImageStore, present_images
+
+    store = Emulator(tmp_path / "emu").images  # not started: its image store alone
+    assert store.has("emu-node-1", "python:3.12-alpine")
+    assert store.has("emu-node-3", "docker.io/library/python:3.12-alpine")
+    # A typo is in no node's store and no registry: its pull fails, as on a real node.
+    assert not store.has("emu-node-1", "pyton:3.12-alpine")
+    assert not store.exists("pyton:3.12-alpine")
+    assert ImageStore(ANY_IMAGE, ["n1"]).has("n1", "pyton:3.12-alpine")
+    named = ImageStore(present_images(["busybox:1", "registry.local/agent:7"]), ["n1"])
+    assert named.has("n1", "docker.io/library/busybox:1")
+    assert named.has("n1", "registry.local/agent:7")
+    assert not named.has("n1", "python:3.12-alpine") and not named.exists("python:3.12-alpine")
+
+
 def test_pod_lifecycles_as_kubelet_135_shows_them(require_e2e, tmp_path):
     """The emulator's kubelet and API server against what kubelet v1.35.4 showed of the same pods
     (tests/support/compare_nodes.py): ended, failed, deleted, evicted through the Eviction API, past
