@@ -618,15 +618,56 @@ def timeline_sample(
     return sampled, f" - {len(keep)} of {total} episodes, evenly spread in order of pod creation"
 
 
-def printed_results(saved: dict) -> dict:
-    """Results as printed, from their saved form: without the per-pod rows, in each round and the
-    warm-up too."""
-    kept = {key: value for key, value in saved.items() if key != "pods"}
-    if "rounds" in kept:
-        kept["rounds"] = [printed_results(round_) for round_ in kept["rounds"]]
-    if isinstance(kept.get("warmup"), dict):
-        kept["warmup"] = printed_results(kept["warmup"])
+def printed_results(saved: dict, path: str | None = None) -> dict:
+    """Results as printed, from their saved form: their summary, then `results_file` (`path`), the
+    file that holds the rest. Every field of the guide's results.json but its per-pod rows, as the
+    guide prints them, and of the rest each field that is one line's worth: a number, a string, a
+    flag, an object of those, a list of strings (clock warnings); and the warning events, each
+    naming its first few objects. Rows (per pod, episode, group),
+    phases and clocks stay in the file: printed whole they ran to hundreds of lines. Each round
+    and the warm-up are summarised alike."""
+    kept: dict[str, Any] = {}
+    for key, value in saved.items():
+        if key == "rounds" and isinstance(value, list):
+            kept[key] = [printed_results(round_) for round_ in value]
+        elif key == "warmup" and isinstance(value, dict):
+            kept[key] = printed_results(value)
+        elif key == "warnings" and isinstance(value, dict):
+            kept[key] = printed_warnings(value)
+        elif key != "pods" and one_line_field(value):
+            kept[key] = value
+    if path is not None:
+        kept["results_file"] = path
     return kept
+
+
+# How many objects a printed warning names; the rest are counted (results.json names them all).
+PRINTED_WARNING_OBJECTS = 3
+
+
+def printed_warnings(warnings: dict[str, dict]) -> dict[str, dict]:
+    """The warning events per reason, each naming its first few objects and counting the rest."""
+    printed = {}
+    for reason, entry in warnings.items():
+        objects = list(entry.get("objects") or [])
+        shown = objects[:PRINTED_WARNING_OBJECTS]
+        if len(objects) > len(shown):
+            shown.append(f"and {len(objects) - len(shown)} more")
+        printed[reason] = {**entry, "objects": shown}
+    return printed
+
+
+def one_line_field(value: Any) -> bool:
+    """A number, string, flag or null; an object of those; or a list of strings."""
+
+    def plain(item: Any) -> bool:
+        return item is None or isinstance(item, (str, int, float, bool))
+
+    if isinstance(value, dict):
+        return all(plain(item) for item in value.values())
+    if isinstance(value, list):
+        return bool(value) and all(isinstance(item, str) for item in value)
+    return plain(value)
 
 
 def throughput_line(figures: dict) -> str:
