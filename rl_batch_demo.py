@@ -1453,6 +1453,8 @@ def rfc3339(moment: float) -> str:
 def parse_duration(text: str) -> int:
     """`90s`, `30m`, `2h`, `1d`, `1h30m` -> seconds (more than 0); ValueError naming the text otherwise."""
     value = text.strip().lower()
+    if value.startswith("-"):
+        raise ValueError(f"a duration is never negative: {text!r} (e.g. 90s, 30m, 2h, 1d, 1h30m)")
     parts = re.findall(r"(\d+)([smhd])", value)
     if not value or "".join(number + unit for number, unit in parts) != value:
         raise ValueError(f"not a duration: {text!r} (e.g. 90s, 30m, 2h, 1d, 1h30m)")
@@ -12761,12 +12763,54 @@ DISPATCH: dict[str, Callable[[argparse.Namespace], int]] = {
 }
 
 
+def option_strings(parser: argparse.ArgumentParser) -> tuple[set[str], set[str]]:
+    """The flags of a parser and of its actions' parsers: (those that take one value, all)."""
+    valued: set[str] = set()
+    every: set[str] = set()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for subparser in action.choices.values():
+                sub_valued, sub_every = option_strings(subparser)
+                valued |= sub_valued
+                every |= sub_every
+        elif action.option_strings:
+            every.update(action.option_strings)
+            if action.nargs is None:
+                valued.update(action.option_strings)
+    return valued, every
+
+
+def dash_values_joined(argv: Sequence[str], parser: argparse.ArgumentParser) -> list[str]:
+    """`--ttl -5m` as `--ttl=-5m`. argparse takes a value that starts with a dash (but a negative
+    number) for a flag and says only "expected one argument"; joined, the value reaches the flag's
+    own check, which says what is wrong with it. A flag's name stays a flag (`--ttl --quiet`)."""
+    valued, every = option_strings(parser)
+    joined: list[str] = []
+    position = 0
+    while position < len(argv):
+        flag = argv[position]
+        value = argv[position + 1] if position + 1 < len(argv) else None
+        if (
+            flag in valued
+            and value is not None
+            and value.startswith("-")
+            and not value.startswith("--")
+            and value not in every
+        ):
+            joined.append(f"{flag}={value}")
+            position += 2
+            continue
+        joined.append(flag)
+        position += 1
+    return joined
+
+
 def main(argv: Sequence[str] | None = None, exit_when_done: bool = False) -> int:
     """The command line; `exit_when_done` (the console's entry points) ends the process the moment
     its work is done (exit_at_once), not when Python has freed everything, so a caller running it
     every step waits for nothing after the run."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(dash_values_joined(sys.argv[1:] if argv is None else argv, parser))
     request = None
     if args.action == "run":
         try:
@@ -12981,7 +13025,10 @@ def batch_arguments(
         raise KeywordTypeError(
             f"output= must be str | os.PathLike, got {type(output).__name__} {output!r}"
         )
-    args = build_parser(RaisingParser).parse_args(["run", "--output", os.fspath(output), *options])
+    parser = build_parser(RaisingParser)
+    args = parser.parse_args(
+        dash_values_joined(["run", "--output", os.fspath(output), *options], parser)
+    )
     for name, keyword in RUN_KEYWORDS.items():
         if name in keywords:
             setattr(args, name, keyword.value(keywords[name]))
