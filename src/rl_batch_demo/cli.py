@@ -510,6 +510,8 @@ def run_request(
     words it."""
     if tasks is None and args.tasks is not None:
         tasks = read_tasks(args.tasks, spelling)
+    if args.episode_script is not None:
+        check_readable(args.episode_script, spelling.setting("episode_script", args.episode_script))
     count = args.count
     if count is None:
         count = len(tasks) * args.group_size if tasks else DEFAULT_COUNT
@@ -565,6 +567,16 @@ def read_tasks(path: str, spelling: Spelling) -> list[Task]:
         raise UsageError(f"{where}: {error.strerror or error}") from None
     except (ValueError, UnicodeDecodeError) as error:
         raise UsageError(f"{where}: {error}") from None
+
+
+def check_readable(path: str, named: str) -> None:
+    """A file the run ships (--episode-script) can be read: else a usage error, as for any other
+    argument, before anything is created (its text is read, and checked, once the run starts)."""
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as error:
+        raise UsageError(f"cannot read {named}: {error.strerror or error}") from None
 
 
 def check_run_request(request: RunRequest) -> None:

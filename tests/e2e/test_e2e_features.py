@@ -640,7 +640,7 @@ def test_lines_that_are_not_events_are_kept_and_ignored(make_cluster, tmp_path):
         assert "agent: thinking..." in text and "{not json at all" in text and "[1, 2, 3]" in text
 
 
-def test_an_unreadable_episode_script_fails_before_anything_is_created(tmp_path):
+def test_an_unreadable_episode_script_is_a_usage_error_before_anything_is_created(tmp_path):
     output = tmp_path / "out"
     result = subprocess.run(
         [
@@ -658,9 +658,12 @@ def test_an_unreadable_episode_script_fails_before_anything_is_created(tmp_path)
         text=True,
         timeout=60,
     )
-    assert result.returncode == 1
-    assert result.stderr.startswith(
-        f"Error: cannot read --episode-script {tmp_path / 'missing.py'}"
+    # A usage error, as any other argument's: exit 2, the usage, then the error.
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("usage: ")
+    assert (
+        f"run: error: cannot read --episode-script {tmp_path / 'missing.py'}: No such file"
+        in result.stderr
     )
     assert not output.exists()
 

@@ -440,8 +440,8 @@ def test_dry_run_ships_an_episode_script_in_indexed_mode(tmp_path: Path, capsys:
     assert not (tmp_path / "out").exists()
 
 
-def test_unreadable_episode_script_is_a_one_line_error(tmp_path: Path, capsys: Any) -> None:
-    assert (
+def test_unreadable_episode_script_is_a_usage_error(tmp_path: Path, capsys: Any) -> None:
+    with pytest.raises(SystemExit) as exit_:
         main(
             [
                 "run",
@@ -452,9 +452,17 @@ def test_unreadable_episode_script_is_a_one_line_error(tmp_path: Path, capsys: A
                 str(tmp_path / "missing.py"),
             ]
         )
-        == 1
+    assert exit_.value.code == 2  # as any other usage error
+    err = capsys.readouterr().err
+    assert err.startswith("usage: ") and "Traceback" not in err
+    assert (
+        err.strip()
+        .splitlines()[-1]
+        .endswith(
+            f"run: error: cannot read --episode-script {tmp_path / 'missing.py'}: "
+            "No such file or directory"
+        )
     )
-    assert "missing.py" in error_line(capsys.readouterr().err)
 
 
 def test_an_episode_script_that_does_not_compile_is_named_with_its_line(
