@@ -77,6 +77,7 @@ import re
 import select
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -2072,6 +2073,14 @@ class _HTTPServer(http.server.ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     request_queue_size = 256
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client gone mid-request (kubectl stopped, a proxy's connection reset as its tool or
+        this emulator stops) is no error of the server's: say nothing, as the API server does.
+        Anything else is printed, traceback and all."""
+        if isinstance(sys.exc_info()[1], (ConnectionError, ssl.SSLEOFError)):
+            return
+        super().handle_error(request, client_address)
 
 
 def read_body(h: _Handler) -> bytes:

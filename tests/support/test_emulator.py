@@ -1297,3 +1297,30 @@ def test_pod_lifecycles_as_kubelet_135_shows_them(require_e2e, tmp_path):
     (tmp_path / "record.json").write_text(json.dumps(record, indent=1))
     differences = compare_nodes.kubelet_135_differences(record, deadline_flip=True)
     assert differences == [], "\n".join(differences)
+
+
+def test_a_client_gone_mid_request_leaves_no_traceback(tmp_path: Path, capfd: Any) -> None:
+    import socket
+    import struct
+
+    emu = Emulator(tmp_path / "emu", nodes=1).start()
+    port = int(emu.url.rsplit(":", 1)[1])
+    reset = struct.pack("ii", 1, 0)  # SO_LINGER 0: close() sends a reset
+    try:
+        # One gone while the server reads its request's headers, others right after asking.
+        client = socket.create_connection(("127.0.0.1", port))
+        client.sendall(b"GET /api/v1/namespaces HTTP/1.1\r\nHost: x\r\n")
+        time.sleep(0.3)
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, reset)
+        client.close()
+        for _ in range(10):
+            client = socket.create_connection(("127.0.0.1", port))
+            client.sendall(b"GET /api/v1/namespaces?watch=true HTTP/1.1\r\nHost: x\r\n\r\n")
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, reset)
+            client.close()
+        time.sleep(0.5)
+        assert json.loads(http(emu, "/api/v1/namespaces"))["items"]  # still serving
+    finally:
+        emu.stop()
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "ConnectionResetError" not in err, err
