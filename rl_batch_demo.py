@@ -1916,6 +1916,8 @@ def rfc3339(moment: float) -> str:
 def parse_duration(text: str) -> int:
     """`90s`, `30m`, `2h`, `1d`, `1h30m` -> seconds (more than 0); ValueError naming the text otherwise."""
     value = text.strip().lower()
+    if value.startswith("-"):
+        raise ValueError(f"a duration is never negative: {text!r} (e.g. 90s, 30m, 2h, 1d, 1h30m)")
     parts = re.findall(r"(\d+)([smhd])", value)
     if not value or "".join(number + unit for number, unit in parts) != value:
         raise ValueError(f"not a duration: {text!r} (e.g. 90s, 30m, 2h, 1d, 1h30m)")
@@ -6597,8 +6599,15 @@ def timeline_title(settings: Settings) -> str:
 TIME_AXIS = "seconds after the Job's creationTimestamp (its whole second, as results.json and episodes.csv count)"
 
 
-def timeline_svg(batches: Sequence[tuple[str, BatchSummary]], title: str) -> str:
-    """One bar per episode on a shared axis from its Job's creationTimestamp, coloured by phase."""
+def timeline_svg(
+    batches: Sequence[tuple[str, BatchSummary]],
+    title: str,
+    task_ids: Sequence[str] | None = None,
+    group_size: int = 1,
+) -> str:
+    """One bar per episode on a shared axis from its Job's creationTimestamp, coloured by phase;
+    each row named by its task and group when the run has tasks (`task_ids`, one per group of
+    `group_size`), else by its pod."""
     episodes = timeline_episodes(batches)
     layout = timeline_layout(episodes)
     parts = timeline_head(layout, title) + timeline_axis(layout)
@@ -6612,7 +6621,8 @@ def timeline_svg(batches: Sequence[tuple[str, BatchSummary]], title: str) -> str
             f"{layout.rows} episodes, one row each</text>"
         )
     for row, (origin, record) in enumerate(episodes):
-        parts += timeline_row(layout, row, origin, record)
+        label = episode_label(record, task_ids, group_size)
+        parts += timeline_row(layout, row, origin, record, label)
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
 
@@ -6700,7 +6710,10 @@ def timeline_head(layout: TimelineLayout, title: str) -> list[str]:
         f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
         '<defs><pattern id="unsplit" width="6" height="6" patternUnits="userSpaceOnUse" '
         'patternTransform="rotate(45)"><rect width="6" height="6" fill="#f4a259"/>'
-        '<rect width="3" height="6" fill="#e76f51"/></pattern></defs>',
+        '<rect width="3" height="6" fill="#e76f51"/></pattern>'
+        '<pattern id="unrewarded" width="6" height="6" patternUnits="userSpaceOnUse" '
+        'patternTransform="rotate(45)"><rect width="6" height="6" fill="#dbe6f4"/>'
+        '<rect width="2" height="6" fill="#4f86c6"/></pattern></defs>',
         f'<rect width="{width}" height="{height}" fill="white"/>',
         f'<text x="{layout.left}" y="20" font-size="15" font-weight="bold">{html_escape(title)}</text>',
     ] + layout.legend
@@ -6738,24 +6751,47 @@ def job_created_line(layout: TimelineLayout, summary: BatchSummary) -> str:
     )
 
 
-def timeline_row(layout: TimelineLayout, row: int, origin: float, record: dict) -> list[str]:
-    """One episode's row: its name where rows are named, its phase bars, and the mark of a
-    failed episode; `origin` its Job's creationTimestamp."""
+# The widest row name the timeline's left margin holds.
+LABEL_CHARS = 26
+
+
+def episode_label(record: dict, task_ids: Sequence[str] | None, group_size: int) -> str:
+    """A timeline row's name: its task, group and place in the group (`task-7 g3.1`) when the run
+    has tasks, a long task id shortened in its middle; else its pod's name, which starts with its
+    Job's and so names the round too."""
+    index = record.get("index")  # a succeeded episode's as episodes.csv holds it: a str
+    if not task_ids or index is None or not str(index).isdigit():
+        label = record["pod"] or f"episode {index}: no pod"
+        return label[-LABEL_CHARS:]
+    group, member = divmod(int(index), max(1, group_size))
+    task = str(task_ids[group]) if group < len(task_ids) else "?"
+    where = f" g{group}.{member}"
+    room = LABEL_CHARS - len(where)
+    if len(task) > room:
+        task = task[: room // 2] + "…" + task[len(task) - (room - room // 2 - 1) :]
+    return task + where
+
+
+def timeline_row(
+    layout: TimelineLayout, row: int, origin: float, record: dict, label: str
+) -> list[str]:
+    """One episode's row: its name (`label`) where rows are named, its phase bars, and the mark
+    of a failed episode; `origin` its Job's creationTimestamp."""
     y = layout.top + row * layout.row_height
     failed = "failure_class" in record
     parts = []
     if layout.labels:
-        # A pod's name starts with its Job's: it names the round too.
-        label = record["pod"] or f"episode {record['index']}: no pod"
         parts.append(
+            f"<g><title>{html_escape(record['pod'] or label)}</title>"
             f'<text x="{layout.left - 6}" y="{y + layout.row_height * 0.7:.1f}" text-anchor="end" '
-            f'font-size="11"{FAILED_FILL if failed else ""}>{html_escape(label[-26:])}</text>'
+            f'font-size="11"{FAILED_FILL if failed else ""}>{html_escape(label)}</text></g>'
         )
 
     def at(moment: float) -> float:
         return layout.x(moment - origin)
 
     parts += timeline_bars(record, at, y, layout.row_height)
+    parts += unrewarded_bar(record, at, y, layout.row_height)
     if failed:
         parts.append(failed_marker(record, at, layout.left, y, layout.row_height))
     return parts
@@ -6766,6 +6802,40 @@ FAILED_FILL = ' fill="#c1121f"'
 GAP_MEANING = "gap: a point not reported (e.g. by an episode script) or not measured"
 
 FAILED_MEANING = "\u2715 failed (or cancelled) episode, drawn as far as it got"
+
+UNREWARDED_MEANING = "ran, no reward (hung to its deadline, or crashed)"
+
+# The points an episode passes before its reward, in order: where its running time starts.
+BEFORE_REWARD = (
+    "pod_created",
+    "scheduled",
+    "sandbox_ready",
+    "process_started",
+    "imports_done",
+    "ready",
+)
+
+
+def unrewarded_bar(record: dict, x: Callable[[float], float], y: int, row_height: int) -> list[str]:
+    """The time a container ran with no reward to show for it, from the last point it reached
+    to its end: a hung episode stopped by its deadline, or one that crashed. Without it a hung
+    episode's row ended where its running began."""
+    points = record["points"]
+    finished = points.get("container_finished")
+    if finished is None or points.get("reward") is not None:
+        return []
+    reached = [points[name][0] for name in BEFORE_REWARD if points.get(name) is not None]
+    begin = max((moment for moment in reached if moment <= finished[0]), default=None)
+    if begin is None or finished[0] <= begin:
+        return []
+    bar_gap = 1 if row_height >= 8 else 0
+    x0, x1 = x(begin), x(finished[0])
+    return [
+        f'<rect x="{x0:.2f}" y="{y + bar_gap}" width="{x1 - x0:.2f}" '
+        f'height="{row_height - 2 * bar_gap}" fill="url(#unrewarded)"><title>'
+        f"{html_escape(record['pod'] or '')} ran with no reward: {finished[0] - begin:.3f} s"
+        "</title></rect>"
+    ]
 
 
 def failed_marker(
@@ -6794,6 +6864,7 @@ def timeline_legend(left: int, right_edge: int) -> tuple[list[str], int]:
         (phase.replace("_", " "), f'fill="{colour}"') for phase, colour in PHASE_COLOURS.items()
     ]
     legend.append(("split below its precision", 'fill="url(#unsplit)"'))
+    legend.append((UNREWARDED_MEANING, 'fill="url(#unrewarded)"'))
     legend.append((FAILED_MEANING, FAILED_FILL.strip()))
     legend.append((GAP_MEANING, 'fill="white" stroke="#999"'))
     parts, legend_x, legend_y = [], left, 32
@@ -7166,15 +7237,56 @@ def timeline_sample(
     return sampled, f" - {len(keep)} of {total} episodes, evenly spread in order of pod creation"
 
 
-def printed_results(saved: dict) -> dict:
-    """Results as printed, from their saved form: without the per-pod rows, in each round and the
-    warm-up too."""
-    kept = {key: value for key, value in saved.items() if key != "pods"}
-    if "rounds" in kept:
-        kept["rounds"] = [printed_results(round_) for round_ in kept["rounds"]]
-    if isinstance(kept.get("warmup"), dict):
-        kept["warmup"] = printed_results(kept["warmup"])
+def printed_results(saved: dict, path: str | None = None) -> dict:
+    """Results as printed, from their saved form: their summary, then `results_file` (`path`), the
+    file that holds the rest. Every field of the guide's results.json but its per-pod rows, as the
+    guide prints them, and of the rest each field that is one line's worth: a number, a string, a
+    flag, an object of those, a list of strings (clock warnings); and the warning events, each
+    naming its first few objects. Rows (per pod, episode, group),
+    phases and clocks stay in the file: printed whole they ran to hundreds of lines. Each round
+    and the warm-up are summarised alike."""
+    kept: dict[str, Any] = {}
+    for key, value in saved.items():
+        if key == "rounds" and isinstance(value, list):
+            kept[key] = [printed_results(round_) for round_ in value]
+        elif key == "warmup" and isinstance(value, dict):
+            kept[key] = printed_results(value)
+        elif key == "warnings" and isinstance(value, dict):
+            kept[key] = printed_warnings(value)
+        elif key != "pods" and one_line_field(value):
+            kept[key] = value
+    if path is not None:
+        kept["results_file"] = path
     return kept
+
+
+# How many objects a printed warning names; the rest are counted (results.json names them all).
+PRINTED_WARNING_OBJECTS = 3
+
+
+def printed_warnings(warnings: dict[str, dict]) -> dict[str, dict]:
+    """The warning events per reason, each naming its first few objects and counting the rest."""
+    printed = {}
+    for reason, entry in warnings.items():
+        objects = list(entry.get("objects") or [])
+        shown = objects[:PRINTED_WARNING_OBJECTS]
+        if len(objects) > len(shown):
+            shown.append(f"and {len(objects) - len(shown)} more")
+        printed[reason] = {**entry, "objects": shown}
+    return printed
+
+
+def one_line_field(value: Any) -> bool:
+    """A number, string, flag or null; an object of those; or a list of strings."""
+
+    def plain(item: Any) -> bool:
+        return item is None or isinstance(item, (str, int, float, bool))
+
+    if isinstance(value, dict):
+        return all(plain(item) for item in value.values())
+    if isinstance(value, list):
+        return bool(value) and all(isinstance(item, str) for item in value)
+    return plain(value)
 
 
 def throughput_line(figures: dict) -> str:
@@ -11404,7 +11516,10 @@ def write_pictures(
     """timeline.svg (a sample of a large batch), ramp.svg and cdf.svg; `figures`: the throughput, if known."""
     title = timeline_title(settings)
     sampled, note = timeline_sample(measured)
-    write_text(os.path.join(output, "timeline.svg"), timeline_svg(sampled, title + note))
+    write_text(
+        os.path.join(output, "timeline.svg"),
+        timeline_svg(sampled, title + note, settings.task_ids, settings.group_size),
+    )
     write_text(os.path.join(output, "ramp.svg"), ramp_svg(measured, f"Ramp: {title}", figures))
     write_text(os.path.join(output, "cdf.svg"), cdf_svg(measured, f"Phase durations: {title}"))
 
@@ -12612,7 +12727,7 @@ def perform_run(request: RunRequest, caller: Caller) -> tuple[int, Results | Non
         finally:
             close(run)
     if failure is None and not request.spelling.python:  # a Python caller has them returned
-        print_results(results.figures, request.quiet)
+        print_results(results.figures, request.quiet, os.path.join(run.output, RESULTS_FILE))
     finish_run(run, failure, request.cleanup, request.quiet, cleanup_hint)
     status = EXIT_PARTIAL if results.figures.get("accepted_partial") else 0
     if caller.exit_when_done:
@@ -12828,10 +12943,10 @@ def interruption_message(
     return "\n".join(lines)
 
 
-def print_results(results: dict, quiet: bool) -> None:
-    """The results (their saved form) on stdout without per-pod rows; the phase tables and
-    throughput beside the progress on stderr."""
-    print(json.dumps(printed_results(results), indent=2))
+def print_results(results: dict, quiet: bool, path: str) -> None:
+    """The results' summary (printed_results) on stdout, with `path`, the results.json that holds
+    them all; the phase tables and throughput beside the progress on stderr."""
+    print(json.dumps(printed_results(results, path), indent=2))
     if not quiet:
         print(phase_tables(results), file=sys.stderr)
         print(throughput_line(results["throughput"]), file=sys.stderr)
@@ -14013,7 +14128,9 @@ def recompute(output: str) -> Results:
 
 def report(args: argparse.Namespace) -> int:
     """Recompute and reprint a finished run from its saved files."""
-    print_results(recompute(args.output).figures, args.quiet)
+    print_results(
+        recompute(args.output).figures, args.quiet, os.path.join(args.output, RESULTS_FILE)
+    )
     return 0
 
 
@@ -14609,6 +14726,8 @@ def run_request(
     words it."""
     if tasks is None and args.tasks is not None:
         tasks = read_tasks(args.tasks, spelling)
+    if args.episode_script is not None:
+        check_readable(args.episode_script, spelling.setting("episode_script", args.episode_script))
     count = args.count
     if count is None:
         count = len(tasks) * args.group_size if tasks else DEFAULT_COUNT
@@ -14664,6 +14783,16 @@ def read_tasks(path: str, spelling: Spelling) -> list[Task]:
         raise UsageError(f"{where}: {error.strerror or error}") from None
     except (ValueError, UnicodeDecodeError) as error:
         raise UsageError(f"{where}: {error}") from None
+
+
+def check_readable(path: str, named: str) -> None:
+    """A file the run ships (--episode-script) can be read: else a usage error, as for any other
+    argument, before anything is created (its text is read, and checked, once the run starts)."""
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as error:
+        raise UsageError(f"cannot read {named}: {error.strerror or error}") from None
 
 
 def check_run_request(request: RunRequest) -> None:
@@ -14863,12 +14992,54 @@ DISPATCH: dict[str, Callable[[argparse.Namespace], int]] = {
 }
 
 
+def option_strings(parser: argparse.ArgumentParser) -> tuple[set[str], set[str]]:
+    """The flags of a parser and of its actions' parsers: (those that take one value, all)."""
+    valued: set[str] = set()
+    every: set[str] = set()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for subparser in action.choices.values():
+                sub_valued, sub_every = option_strings(subparser)
+                valued |= sub_valued
+                every |= sub_every
+        elif action.option_strings:
+            every.update(action.option_strings)
+            if action.nargs is None:
+                valued.update(action.option_strings)
+    return valued, every
+
+
+def dash_values_joined(argv: Sequence[str], parser: argparse.ArgumentParser) -> list[str]:
+    """`--ttl -5m` as `--ttl=-5m`. argparse takes a value that starts with a dash (but a negative
+    number) for a flag and says only "expected one argument"; joined, the value reaches the flag's
+    own check, which says what is wrong with it. A flag's name stays a flag (`--ttl --quiet`)."""
+    valued, every = option_strings(parser)
+    joined: list[str] = []
+    position = 0
+    while position < len(argv):
+        flag = argv[position]
+        value = argv[position + 1] if position + 1 < len(argv) else None
+        if (
+            flag in valued
+            and value is not None
+            and value.startswith("-")
+            and not value.startswith("--")
+            and value not in every
+        ):
+            joined.append(f"{flag}={value}")
+            position += 2
+            continue
+        joined.append(flag)
+        position += 1
+    return joined
+
+
 def main(argv: Sequence[str] | None = None, exit_when_done: bool = False) -> int:
     """The command line; `exit_when_done` (the console's entry points) ends the process the moment
     its work is done (exit_at_once), not when Python has freed everything, so a caller running it
     every step waits for nothing after the run."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(dash_values_joined(sys.argv[1:] if argv is None else argv, parser))
     request = None
     if args.action == "run":
         try:
@@ -15083,7 +15254,10 @@ def batch_arguments(
         raise KeywordTypeError(
             f"output= must be str | os.PathLike, got {type(output).__name__} {output!r}"
         )
-    args = build_parser(RaisingParser).parse_args(["run", "--output", os.fspath(output), *options])
+    parser = build_parser(RaisingParser)
+    args = parser.parse_args(
+        dash_values_joined(["run", "--output", os.fspath(output), *options], parser)
+    )
     for name, keyword in RUN_KEYWORDS.items():
         if name in keywords:
             setattr(args, name, keyword.value(keywords[name]))

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """A local Kubernetes cluster for trying the tool, and for the real-cluster tests.
 
-    python3 tests/local_cluster.py [--emulator | --kubelet] [--workdir DIR] [--keep] [--nodes N]
+    python3 tests/local_cluster.py [--emulator | --kubelet] [--images A,B] [--workdir DIR] [--keep]
+                                   [--nodes N]
 
 Starts a real control plane (etcd, kube-apiserver, kube-controller-manager,
 kube-scheduler, built once from the Go module proxy by
@@ -38,7 +39,12 @@ if str(SUPPORT_DIR) not in sys.path:
 
 from build_control_plane import BuildError, ensure_built  # noqa: E402
 from control_plane import ApiError, ControlPlane  # noqa: E402
+from kube_emulator import ANY_IMAGE, normalize_image, present_images  # noqa: E402
 from node_agent import NodeAgent  # noqa: E402
+
+# The images on the nodes unless --images names others: the guide's image alone, as on a node that
+# pulled it once. Any other fails to pull, as on a real node: a typo is an ErrImagePull, not a pass.
+DEFAULT_IMAGES = ["python:3.12-alpine"]
 
 # Where each resource lives in the API, for get()/list() like the emulator's.
 RESOURCES = {
@@ -64,11 +70,20 @@ def resource_path(plural: str, namespace: Optional[str] = None, name: Optional[s
 class LocalCluster:
     """The real control plane plus the node agent; the same small API as the emulator's."""
 
-    def __init__(self, workdir: Path, bin_dir: Path, nodes: int = 3, sandbox_seconds: float = 0.4):
+    def __init__(
+        self,
+        workdir: Path,
+        bin_dir: Path,
+        nodes: int = 3,
+        sandbox_seconds: float = 0.4,
+        images: Optional[List[str]] = None,
+    ):
         self.workdir = Path(workdir)
         self.control_plane = ControlPlane(self.workdir / "control-plane", bin_dir)
         self.nodes = nodes
         self.sandbox_seconds = sandbox_seconds
+        # The only images on the nodes (None: every image, for the tests that run any)
+        self.images = images
         self.agent: Optional[NodeAgent] = None
 
     @property
@@ -92,7 +107,10 @@ class LocalCluster:
                 self.control_plane.pki,
                 nodes=self.nodes,
                 sandbox_seconds=self.sandbox_seconds,
-            ).start()
+            )
+            if self.images is not None:
+                self.agent.present_images = {normalize_image(image)[1] for image in self.images}
+            self.agent.start()
             self.agent.wait_schedulable()
             self.wait_default_service_account()
         except BaseException:
@@ -158,6 +176,26 @@ def kubectl_works(kubectl: str, env: Dict[str, str]) -> bool:
         return False
 
 
+def image_list(text: str) -> Optional[List[str]]:
+    """--images: the references, or None for '*' (every image present)."""
+    if text.strip() == "*":
+        return None
+    images = [part.strip() for part in text.split(",") if part.strip()]
+    if not images:
+        raise argparse.ArgumentTypeError("name at least one image, or '*' for any")
+    return images
+
+
+def images_line(images: Optional[List[str]]) -> str:
+    """What the local cluster says of its nodes' images."""
+    if images is None:
+        return "every image is taken as present (--images '*')"
+    return (
+        f"images on the nodes: {', '.join(images)}; any other fails to pull "
+        "(ErrImagePull; --images A,B to choose)"
+    )
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     mode = parser.add_mutually_exclusive_group()
@@ -181,11 +219,26 @@ def main(argv: Optional[List[str]] = None) -> int:
     )
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument(
+        "--images",
+        type=image_list,
+        default=DEFAULT_IMAGES,
+        metavar="A,B",
+        help="the only images on the nodes, comma-separated; any other fails to pull "
+        "(ErrImagePull, then ImagePullBackOff) as on a real node; '*' takes every image as "
+        f"present (default: {','.join(DEFAULT_IMAGES)}; not with --kubelet, whose registry holds "
+        "the guide's image alone)",
+    )
+    parser.add_argument(
         "--kubectl",
         default=os.environ.get("KUBECTL") or shutil.which("kubectl") or "",
         help="kubectl used to check the cluster answers (default: kubectl on PATH)",
     )
     args = parser.parse_args(argv)
+    if args.kubelet and args.images != DEFAULT_IMAGES:
+        parser.error(
+            "--images is for --emulator and the node agent: --kubelet's registry holds "
+            "the guide's image alone"
+        )
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="rldemo-cluster-"))
     workdir.mkdir(parents=True, exist_ok=True)
     # Only a directory this script made is removed: a --workdir is the user's.
@@ -201,7 +254,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.emulator:
         from kube_emulator import Emulator
 
-        cluster = Emulator(workdir / "emulator", nodes=args.nodes)
+        images = ANY_IMAGE if args.images is None else present_images(args.images)
+        cluster = Emulator(workdir / "emulator", nodes=args.nodes, images=images)
     else:
         try:
             bin_dir = ensure_built(log=lambda *a, **k: print(*a, file=sys.stderr, **k))
@@ -229,7 +283,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 workdir, bin_dir, node_bin, log=lambda *a, **k: print(*a, file=sys.stderr, **k)
             )
         else:
-            cluster = LocalCluster(workdir, bin_dir, nodes=args.nodes)
+            cluster = LocalCluster(workdir, bin_dir, nodes=args.nodes, images=args.images)
     try:
         cluster.start()
         env = cluster.env()
@@ -245,6 +299,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             file=sys.stderr,
             flush=True,
         )
+        if not args.kubelet:
+            print(f"local_cluster: {images_line(args.images)}", file=sys.stderr, flush=True)
         while not stopping:
             time.sleep(0.1)
     finally:

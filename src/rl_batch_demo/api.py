@@ -24,7 +24,14 @@ from .files import read_json, read_text
 from .manifests import parse_tasks
 from .run import dry_run_listing, perform_run
 from .pool import Pool, open_pool_run, pool_request
-from .cli import build_parser, non_negative_int, positive_int, read_tasks, run_request
+from .cli import (
+    build_parser,
+    dash_values_joined,
+    non_negative_int,
+    positive_int,
+    read_tasks,
+    run_request,
+)
 
 
 class RaisingParser(argparse.ArgumentParser):
@@ -210,7 +217,10 @@ def batch_arguments(
         raise KeywordTypeError(
             f"output= must be str | os.PathLike, got {type(output).__name__} {output!r}"
         )
-    args = build_parser(RaisingParser).parse_args(["run", "--output", os.fspath(output), *options])
+    parser = build_parser(RaisingParser)
+    args = parser.parse_args(
+        dash_values_joined(["run", "--output", os.fspath(output), *options], parser)
+    )
     for name, keyword in RUN_KEYWORDS.items():
         if name in keywords:
             setattr(args, name, keyword.value(keywords[name]))

@@ -615,6 +615,8 @@ def run_request(
     words it."""
     if tasks is None and args.tasks is not None:
         tasks = read_tasks(args.tasks, spelling)
+    if args.episode_script is not None:
+        check_readable(args.episode_script, spelling.setting("episode_script", args.episode_script))
     count = args.count
     if count is None:
         count = len(tasks) * args.group_size if tasks else DEFAULT_COUNT
@@ -670,6 +672,16 @@ def read_tasks(path: str, spelling: Spelling) -> list[Task]:
         raise UsageError(f"{where}: {error.strerror or error}") from None
     except (ValueError, UnicodeDecodeError) as error:
         raise UsageError(f"{where}: {error}") from None
+
+
+def check_readable(path: str, named: str) -> None:
+    """A file the run ships (--episode-script) can be read: else a usage error, as for any other
+    argument, before anything is created (its text is read, and checked, once the run starts)."""
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as error:
+        raise UsageError(f"cannot read {named}: {error.strerror or error}") from None
 
 
 def check_run_request(request: RunRequest) -> None:
@@ -869,12 +881,54 @@ DISPATCH: dict[str, Callable[[argparse.Namespace], int]] = {
 }
 
 
+def option_strings(parser: argparse.ArgumentParser) -> tuple[set[str], set[str]]:
+    """The flags of a parser and of its actions' parsers: (those that take one value, all)."""
+    valued: set[str] = set()
+    every: set[str] = set()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for subparser in action.choices.values():
+                sub_valued, sub_every = option_strings(subparser)
+                valued |= sub_valued
+                every |= sub_every
+        elif action.option_strings:
+            every.update(action.option_strings)
+            if action.nargs is None:
+                valued.update(action.option_strings)
+    return valued, every
+
+
+def dash_values_joined(argv: Sequence[str], parser: argparse.ArgumentParser) -> list[str]:
+    """`--ttl -5m` as `--ttl=-5m`. argparse takes a value that starts with a dash (but a negative
+    number) for a flag and says only "expected one argument"; joined, the value reaches the flag's
+    own check, which says what is wrong with it. A flag's name stays a flag (`--ttl --quiet`)."""
+    valued, every = option_strings(parser)
+    joined: list[str] = []
+    position = 0
+    while position < len(argv):
+        flag = argv[position]
+        value = argv[position + 1] if position + 1 < len(argv) else None
+        if (
+            flag in valued
+            and value is not None
+            and value.startswith("-")
+            and not value.startswith("--")
+            and value not in every
+        ):
+            joined.append(f"{flag}={value}")
+            position += 2
+            continue
+        joined.append(flag)
+        position += 1
+    return joined
+
+
 def main(argv: Sequence[str] | None = None, exit_when_done: bool = False) -> int:
     """The command line; `exit_when_done` (the console's entry points) ends the process the moment
     its work is done (exit_at_once), not when Python has freed everything, so a caller running it
     every step waits for nothing after the run."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(dash_values_joined(sys.argv[1:] if argv is None else argv, parser))
     request = None
     if args.action == "run":
         try:

@@ -57,6 +57,8 @@ def rfc3339(moment: float) -> str:
 def parse_duration(text: str) -> int:
     """`90s`, `30m`, `2h`, `1d`, `1h30m` -> seconds (more than 0); ValueError naming the text otherwise."""
     value = text.strip().lower()
+    if value.startswith("-"):
+        raise ValueError(f"a duration is never negative: {text!r} (e.g. 90s, 30m, 2h, 1d, 1h30m)")
     parts = re.findall(r"(\d+)([smhd])", value)
     if not value or "".join(number + unit for number, unit in parts) != value:
         raise ValueError(f"not a duration: {text!r} (e.g. 90s, 30m, 2h, 1d, 1h30m)")

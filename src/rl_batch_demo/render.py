@@ -49,8 +49,15 @@ def timeline_title(settings: Settings) -> str:
 TIME_AXIS = "seconds after the Job's creationTimestamp (its whole second, as results.json and episodes.csv count)"
 
 
-def timeline_svg(batches: Sequence[tuple[str, BatchSummary]], title: str) -> str:
-    """One bar per episode on a shared axis from its Job's creationTimestamp, coloured by phase."""
+def timeline_svg(
+    batches: Sequence[tuple[str, BatchSummary]],
+    title: str,
+    task_ids: Sequence[str] | None = None,
+    group_size: int = 1,
+) -> str:
+    """One bar per episode on a shared axis from its Job's creationTimestamp, coloured by phase;
+    each row named by its task and group when the run has tasks (`task_ids`, one per group of
+    `group_size`), else by its pod."""
     episodes = timeline_episodes(batches)
     layout = timeline_layout(episodes)
     parts = timeline_head(layout, title) + timeline_axis(layout)
@@ -64,7 +71,8 @@ def timeline_svg(batches: Sequence[tuple[str, BatchSummary]], title: str) -> str
             f"{layout.rows} episodes, one row each</text>"
         )
     for row, (origin, record) in enumerate(episodes):
-        parts += timeline_row(layout, row, origin, record)
+        label = episode_label(record, task_ids, group_size)
+        parts += timeline_row(layout, row, origin, record, label)
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
 
@@ -152,7 +160,10 @@ def timeline_head(layout: TimelineLayout, title: str) -> list[str]:
         f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
         '<defs><pattern id="unsplit" width="6" height="6" patternUnits="userSpaceOnUse" '
         'patternTransform="rotate(45)"><rect width="6" height="6" fill="#f4a259"/>'
-        '<rect width="3" height="6" fill="#e76f51"/></pattern></defs>',
+        '<rect width="3" height="6" fill="#e76f51"/></pattern>'
+        '<pattern id="unrewarded" width="6" height="6" patternUnits="userSpaceOnUse" '
+        'patternTransform="rotate(45)"><rect width="6" height="6" fill="#dbe6f4"/>'
+        '<rect width="2" height="6" fill="#4f86c6"/></pattern></defs>',
         f'<rect width="{width}" height="{height}" fill="white"/>',
         f'<text x="{layout.left}" y="20" font-size="15" font-weight="bold">{html_escape(title)}</text>',
     ] + layout.legend
@@ -190,24 +201,47 @@ def job_created_line(layout: TimelineLayout, summary: BatchSummary) -> str:
     )
 
 
-def timeline_row(layout: TimelineLayout, row: int, origin: float, record: dict) -> list[str]:
-    """One episode's row: its name where rows are named, its phase bars, and the mark of a
-    failed episode; `origin` its Job's creationTimestamp."""
+# The widest row name the timeline's left margin holds.
+LABEL_CHARS = 26
+
+
+def episode_label(record: dict, task_ids: Sequence[str] | None, group_size: int) -> str:
+    """A timeline row's name: its task, group and place in the group (`task-7 g3.1`) when the run
+    has tasks, a long task id shortened in its middle; else its pod's name, which starts with its
+    Job's and so names the round too."""
+    index = record.get("index")  # a succeeded episode's as episodes.csv holds it: a str
+    if not task_ids or index is None or not str(index).isdigit():
+        label = record["pod"] or f"episode {index}: no pod"
+        return label[-LABEL_CHARS:]
+    group, member = divmod(int(index), max(1, group_size))
+    task = str(task_ids[group]) if group < len(task_ids) else "?"
+    where = f" g{group}.{member}"
+    room = LABEL_CHARS - len(where)
+    if len(task) > room:
+        task = task[: room // 2] + "…" + task[len(task) - (room - room // 2 - 1) :]
+    return task + where
+
+
+def timeline_row(
+    layout: TimelineLayout, row: int, origin: float, record: dict, label: str
+) -> list[str]:
+    """One episode's row: its name (`label`) where rows are named, its phase bars, and the mark
+    of a failed episode; `origin` its Job's creationTimestamp."""
     y = layout.top + row * layout.row_height
     failed = "failure_class" in record
     parts = []
     if layout.labels:
-        # A pod's name starts with its Job's: it names the round too.
-        label = record["pod"] or f"episode {record['index']}: no pod"
         parts.append(
+            f"<g><title>{html_escape(record['pod'] or label)}</title>"
             f'<text x="{layout.left - 6}" y="{y + layout.row_height * 0.7:.1f}" text-anchor="end" '
-            f'font-size="11"{FAILED_FILL if failed else ""}>{html_escape(label[-26:])}</text>'
+            f'font-size="11"{FAILED_FILL if failed else ""}>{html_escape(label)}</text></g>'
         )
 
     def at(moment: float) -> float:
         return layout.x(moment - origin)
 
     parts += timeline_bars(record, at, y, layout.row_height)
+    parts += unrewarded_bar(record, at, y, layout.row_height)
     if failed:
         parts.append(failed_marker(record, at, layout.left, y, layout.row_height))
     return parts
@@ -218,6 +252,40 @@ FAILED_FILL = ' fill="#c1121f"'
 GAP_MEANING = "gap: a point not reported (e.g. by an episode script) or not measured"
 
 FAILED_MEANING = "\u2715 failed (or cancelled) episode, drawn as far as it got"
+
+UNREWARDED_MEANING = "ran, no reward (hung to its deadline, or crashed)"
+
+# The points an episode passes before its reward, in order: where its running time starts.
+BEFORE_REWARD = (
+    "pod_created",
+    "scheduled",
+    "sandbox_ready",
+    "process_started",
+    "imports_done",
+    "ready",
+)
+
+
+def unrewarded_bar(record: dict, x: Callable[[float], float], y: int, row_height: int) -> list[str]:
+    """The time a container ran with no reward to show for it, from the last point it reached
+    to its end: a hung episode stopped by its deadline, or one that crashed. Without it a hung
+    episode's row ended where its running began."""
+    points = record["points"]
+    finished = points.get("container_finished")
+    if finished is None or points.get("reward") is not None:
+        return []
+    reached = [points[name][0] for name in BEFORE_REWARD if points.get(name) is not None]
+    begin = max((moment for moment in reached if moment <= finished[0]), default=None)
+    if begin is None or finished[0] <= begin:
+        return []
+    bar_gap = 1 if row_height >= 8 else 0
+    x0, x1 = x(begin), x(finished[0])
+    return [
+        f'<rect x="{x0:.2f}" y="{y + bar_gap}" width="{x1 - x0:.2f}" '
+        f'height="{row_height - 2 * bar_gap}" fill="url(#unrewarded)"><title>'
+        f"{html_escape(record['pod'] or '')} ran with no reward: {finished[0] - begin:.3f} s"
+        "</title></rect>"
+    ]
 
 
 def failed_marker(
@@ -246,6 +314,7 @@ def timeline_legend(left: int, right_edge: int) -> tuple[list[str], int]:
         (phase.replace("_", " "), f'fill="{colour}"') for phase, colour in PHASE_COLOURS.items()
     ]
     legend.append(("split below its precision", 'fill="url(#unsplit)"'))
+    legend.append((UNREWARDED_MEANING, 'fill="url(#unrewarded)"'))
     legend.append((FAILED_MEANING, FAILED_FILL.strip()))
     legend.append((GAP_MEANING, 'fill="white" stroke="#999"'))
     parts, legend_x, legend_y = [], left, 32
@@ -618,15 +687,56 @@ def timeline_sample(
     return sampled, f" - {len(keep)} of {total} episodes, evenly spread in order of pod creation"
 
 
-def printed_results(saved: dict) -> dict:
-    """Results as printed, from their saved form: without the per-pod rows, in each round and the
-    warm-up too."""
-    kept = {key: value for key, value in saved.items() if key != "pods"}
-    if "rounds" in kept:
-        kept["rounds"] = [printed_results(round_) for round_ in kept["rounds"]]
-    if isinstance(kept.get("warmup"), dict):
-        kept["warmup"] = printed_results(kept["warmup"])
+def printed_results(saved: dict, path: str | None = None) -> dict:
+    """Results as printed, from their saved form: their summary, then `results_file` (`path`), the
+    file that holds the rest. Every field of the guide's results.json but its per-pod rows, as the
+    guide prints them, and of the rest each field that is one line's worth: a number, a string, a
+    flag, an object of those, a list of strings (clock warnings); and the warning events, each
+    naming its first few objects. Rows (per pod, episode, group),
+    phases and clocks stay in the file: printed whole they ran to hundreds of lines. Each round
+    and the warm-up are summarised alike."""
+    kept: dict[str, Any] = {}
+    for key, value in saved.items():
+        if key == "rounds" and isinstance(value, list):
+            kept[key] = [printed_results(round_) for round_ in value]
+        elif key == "warmup" and isinstance(value, dict):
+            kept[key] = printed_results(value)
+        elif key == "warnings" and isinstance(value, dict):
+            kept[key] = printed_warnings(value)
+        elif key != "pods" and one_line_field(value):
+            kept[key] = value
+    if path is not None:
+        kept["results_file"] = path
     return kept
+
+
+# How many objects a printed warning names; the rest are counted (results.json names them all).
+PRINTED_WARNING_OBJECTS = 3
+
+
+def printed_warnings(warnings: dict[str, dict]) -> dict[str, dict]:
+    """The warning events per reason, each naming its first few objects and counting the rest."""
+    printed = {}
+    for reason, entry in warnings.items():
+        objects = list(entry.get("objects") or [])
+        shown = objects[:PRINTED_WARNING_OBJECTS]
+        if len(objects) > len(shown):
+            shown.append(f"and {len(objects) - len(shown)} more")
+        printed[reason] = {**entry, "objects": shown}
+    return printed
+
+
+def one_line_field(value: Any) -> bool:
+    """A number, string, flag or null; an object of those; or a list of strings."""
+
+    def plain(item: Any) -> bool:
+        return item is None or isinstance(item, (str, int, float, bool))
+
+    if isinstance(value, dict):
+        return all(plain(item) for item in value.values())
+    if isinstance(value, list):
+        return bool(value) and all(isinstance(item, str) for item in value)
+    return plain(value)
 
 
 def throughput_line(figures: dict) -> str:

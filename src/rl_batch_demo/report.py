@@ -173,7 +173,9 @@ def recompute(output: str) -> Results:
 
 def report(args: argparse.Namespace) -> int:
     """Recompute and reprint a finished run from its saved files."""
-    print_results(recompute(args.output).figures, args.quiet)
+    print_results(
+        recompute(args.output).figures, args.quiet, os.path.join(args.output, RESULTS_FILE)
+    )
     return 0
 
 

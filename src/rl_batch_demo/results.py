@@ -563,7 +563,10 @@ def write_pictures(
     """timeline.svg (a sample of a large batch), ramp.svg and cdf.svg; `figures`: the throughput, if known."""
     title = timeline_title(settings)
     sampled, note = timeline_sample(measured)
-    write_text(os.path.join(output, "timeline.svg"), timeline_svg(sampled, title + note))
+    write_text(
+        os.path.join(output, "timeline.svg"),
+        timeline_svg(sampled, title + note, settings.task_ids, settings.group_size),
+    )
     write_text(os.path.join(output, "ramp.svg"), ramp_svg(measured, f"Ramp: {title}", figures))
     write_text(os.path.join(output, "cdf.svg"), cdf_svg(measured, f"Phase durations: {title}"))
 

@@ -33,6 +33,7 @@ from .constants import (
     PREPULL_LABEL,
     PREPULL_POLL_SECONDS,
     RECEIPT_FILE,
+    RESULTS_FILE,
     REWARDS_FILE,
     SETTINGS_FILE,
     SUSPEND_PATCH,
@@ -826,7 +827,7 @@ def perform_run(request: RunRequest, caller: Caller) -> tuple[int, Results | Non
         finally:
             close(run)
     if failure is None and not request.spelling.python:  # a Python caller has them returned
-        print_results(results.figures, request.quiet)
+        print_results(results.figures, request.quiet, os.path.join(run.output, RESULTS_FILE))
     finish_run(run, failure, request.cleanup, request.quiet, cleanup_hint)
     status = EXIT_PARTIAL if results.figures.get("accepted_partial") else 0
     if caller.exit_when_done:
@@ -1042,10 +1043,10 @@ def interruption_message(
     return "\n".join(lines)
 
 
-def print_results(results: dict, quiet: bool) -> None:
-    """The results (their saved form) on stdout without per-pod rows; the phase tables and
-    throughput beside the progress on stderr."""
-    print(json.dumps(printed_results(results), indent=2))
+def print_results(results: dict, quiet: bool, path: str) -> None:
+    """The results' summary (printed_results) on stdout, with `path`, the results.json that holds
+    them all; the phase tables and throughput beside the progress on stderr."""
+    print(json.dumps(printed_results(results, path), indent=2))
     if not quiet:
         print(phase_tables(results), file=sys.stderr)
         print(throughput_line(results["throughput"]), file=sys.stderr)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e_support import load, run_namespaces, run_tool
+from e2e_support import PRODUCT, load, run_namespaces, run_tool
 
 pytestmark = pytest.mark.e2e
 
@@ -146,3 +146,47 @@ def test_local_cluster_removes_its_temporary_state_on_stopping_unless_kept(
     stopped = json.loads(process.stderr.read().strip().splitlines()[-1])
     assert stopped == {"stopped": str(state), "removed": not keep}
     assert state.exists() is keep
+
+
+def test_the_local_emulator_has_only_the_images_it_is_given(require_e2e, tmp_path: Path) -> None:
+    kubectl = require_e2e()
+    process = subprocess.Popen(
+        [sys.executable, str(Path(__file__).resolve().parent.parent / "local_cluster.py")]
+        + ["--emulator", "--workdir", str(tmp_path / "cluster"), "--kubectl", kubectl]
+        + ["--images", "python:3.12-alpine,registry.local/agent:7"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = process.stdout.readline()
+        assert line.startswith("READY "), process.stderr.read() if process.poll() else line
+        env = dict(os.environ, KUBECONFIG=line.split(" ", 1)[1].strip(), HOME=str(tmp_path))
+
+        def run(output: str, *options: str) -> subprocess.CompletedProcess:
+            return subprocess.run(
+                [sys.executable, str(PRODUCT), "run", "--count", "1", "--quiet"]
+                + ["--output", str(tmp_path / output), "--kubectl", kubectl, *options],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+
+        for output, image in (("guide", "python:3.12-alpine"), ("named", "registry.local/agent:7")):
+            ran = run(output, "--image", image, "--cleanup")
+            assert ran.returncode == 0, ran.stderr
+            assert load(tmp_path / output / "results.json")["reward_sum"] == 1
+        # A typo is an image no node has and no registry serves: it fails to pull as on a real
+        # node, and the run fails instead of rewarding 1.0.
+        typo = run("typo", "--image", "pyton:3.12-alpine", "--timeout", "6", "--cleanup")
+        assert typo.returncode == 1, typo.stderr
+        assert not (tmp_path / "typo" / "results.json").exists()
+        events = (tmp_path / "typo" / "events.txt").read_text()
+        # The kubelet's words: the pull's error, ErrImagePull, then the back-off.
+        assert 'Failed to pull image "pyton:3.12-alpine": rpc error: code = NotFound' in events
+        assert "Error: ErrImagePull" in events and "Error: ImagePullBackOff" in events
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=60)

@@ -464,6 +464,26 @@ def test_progress_without_a_terminal_is_a_line_every_few_seconds(make_cluster, t
     ), lines
 
 
+# The guide's results.json fields (SPEC A4), but its per-pod rows: printed as the guide prints them.
+GUIDE_FIELDS = (
+    "episodes",
+    "successful_episodes",
+    "reward_sum",
+    "batch_to_all_ready_seconds",
+    "batch_to_all_rewards_seconds",
+    "pod_to_ready_p50_seconds",
+    "pod_to_ready_p95_seconds",
+    "pod_to_ready_max_seconds",
+    "context",
+    "namespace",
+    "image",
+    "runtime",
+    "parallelism",
+    "cache_state",
+    "client_job_complete_seconds",
+)
+
+
 def test_quiet_leaves_stderr_empty_and_stdout_is_only_the_results(make_cluster, tmp_path):
     kubectl, make = make_cluster
     emulator = make(sandbox_delay=1.0)
@@ -473,7 +493,13 @@ def test_quiet_leaves_stderr_empty_and_stdout_is_only_the_results(make_cluster, 
     assert result.stderr == ""
     namespace, printed = split_stdout(result.stdout)
     saved = load(output / "results.json")
-    assert printed == {k: v for k, v in saved.items() if k != "pods"}
+    # The guide's fields as the guide prints them (all but the per-pod rows), the rest summarised,
+    # and where the whole file is.
+    assert {key: printed[key] for key in GUIDE_FIELDS} == {key: saved[key] for key in GUIDE_FIELDS}
+    assert printed == rl_batch_demo.printed_results(saved, str(output / "results.json"))
+    assert printed["results_file"] == str(output / "results.json")
+    assert "pods" not in printed and "phases" not in printed
+    assert len(result.stdout.splitlines()) < 120, len(result.stdout.splitlines())
     assert namespace == saved["namespace"]
 
 
@@ -568,7 +594,7 @@ def test_lines_that_are_not_events_are_kept_and_ignored(make_cluster, tmp_path):
         assert "agent: thinking..." in text and "{not json at all" in text and "[1, 2, 3]" in text
 
 
-def test_an_unreadable_episode_script_fails_before_anything_is_created(tmp_path):
+def test_an_unreadable_episode_script_is_a_usage_error_before_anything_is_created(tmp_path):
     output = tmp_path / "out"
     result = subprocess.run(
         [
@@ -586,9 +612,12 @@ def test_an_unreadable_episode_script_fails_before_anything_is_created(tmp_path)
         text=True,
         timeout=60,
     )
-    assert result.returncode == 1
-    assert result.stderr.startswith(
-        f"Error: cannot read --episode-script {tmp_path / 'missing.py'}"
+    # A usage error, as any other argument's: exit 2, the usage, then the error.
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("usage: ")
+    assert (
+        f"run: error: cannot read --episode-script {tmp_path / 'missing.py'}: No such file"
+        in result.stderr
     )
     assert not output.exists()
 

@@ -28,6 +28,7 @@ from e2e_support import (
     tool_flags,
     write_script,
 )
+from kube_emulator import ANY_IMAGE
 
 pytestmark = pytest.mark.e2e
 
@@ -59,9 +60,9 @@ def emulator_tier(cluster: Any) -> tuple[str, Any]:
 
 @pytest.fixture
 def cluster(tmp_path: Path, require_e2e: Any):
-    """(kubectl 1.35, make(**faults))."""
+    """(kubectl 1.35, make(**faults)): nodes that take every image as present (TASKS' too)."""
     kubectl = require_e2e("1.35")
-    with emulators(tmp_path, timing={"job_backoff_base": 0.5}) as make:
+    with emulators(tmp_path, timing={"job_backoff_base": 0.5}, images=ANY_IMAGE) as make:
         yield kubectl, make
 
 

@@ -776,7 +776,7 @@ def test_report_recomputes_identical_figures_without_a_cluster(six, cluster):
     requests_before = len(emulator.requests)
     printed = report(six.output)
     assert len(emulator.requests) == requests_before
-    expected = rl_batch_demo.printed_results(six.results)
+    expected = rl_batch_demo.printed_results(six.results, str(six.output / "results.json"))
     assert printed == expected
     # `run` printed the same figures.
     assert json.loads(six.stdout.split("\n", 1)[1]) == expected
@@ -945,7 +945,9 @@ def test_rounds_figures_per_round_and_pooled_hold_against_the_truth(rounds):
 
 
 def test_rounds_report_recomputes_the_same_figures(rounds):
-    assert report(rounds.output) == rl_batch_demo.printed_results(rounds.results)
+    assert report(rounds.output) == rl_batch_demo.printed_results(
+        rounds.results, str(rounds.output / "results.json")
+    )
     # Each earlier round's drafted rows of episodes.csv waited in memory while the next ran.
     recomputed = rl_batch_demo.recompute(str(rounds.output))
     assert (

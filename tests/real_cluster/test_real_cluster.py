@@ -439,6 +439,17 @@ def test_local_cluster_says_ready_then_stops_on_a_signal(real_cluster, tmp_path,
             timeout=300,
         )
         assert run.returncode == 0, run.stderr
+        # Its nodes hold the guide's image alone: a typo fails to pull, and the run fails.
+        typo = subprocess.run(
+            [sys.executable, str(PRODUCT), "run", "--count", "1", "--output", str(tmp_path / "t")]
+            + ["--image", "pyton:3.12-alpine", "--timeout", "8", "--quiet", "--kubectl", kubectl],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert typo.returncode == 1, typo.stderr
+        assert "Error: ErrImagePull" in (tmp_path / "t" / "events.txt").read_text()
         process.send_signal(signal.SIGTERM if mode == "real" else signal.SIGINT)
         assert process.wait(timeout=60) == 0
     finally:

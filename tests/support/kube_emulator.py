@@ -52,7 +52,9 @@ Python API::
 
 ``images`` (see ``ImageStore``) gives each node an image store and a registry to pull from:
 pull time from the image's size, pulls serialized per node as the kubelet's default, the
-kubelet's own Pulling / Pulled / Failed / BackOff events, references that do not exist.
+kubelet's own Pulling / Pulled / Failed / BackOff events, references that do not exist. By default
+(``GUIDE_IMAGE_ONLY``) the guide's image is the only one there: any other fails to pull, as on a
+real node; a test that runs images it does not declare says ``images=ANY_IMAGE``.
 
 CLI::
 
@@ -79,6 +81,7 @@ import re
 import select
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -2089,6 +2092,14 @@ class _HTTPServer(http.server.ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     request_queue_size = 256
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client gone mid-request (kubectl stopped, a proxy's connection reset as its tool or
+        this emulator stops) is no error of the server's: say nothing, as the API server does.
+        Anything else is printed, traceback and all."""
+        if isinstance(sys.exc_info()[1], (ConnectionError, ssl.SSLEOFError)):
+            return
+        super().handle_error(request, client_address)
 
 
 def read_body(h: _Handler) -> bytes:
@@ -5361,6 +5372,26 @@ def go_duration(seconds: float) -> str:
     return f"{minutes}m{text}" if minutes else text
 
 
+# The guide's image as containerd names it, and its size as a kubelet's Pulled event gives it.
+GUIDE_IMAGE = "docker.io/library/python:3.12-alpine"
+GUIDE_IMAGE_BYTES = 19203584
+# The nodes' images unless told otherwise: the guide's image on every node (and in the registry),
+# and nothing else, so a reference no registry has (`pyton:3.12-alpine`) fails to pull as a
+# kubelet's does (ErrImagePull, then ImagePullBackOff) instead of running as if present.
+GUIDE_IMAGE_ONLY: dict = {
+    "registry": {GUIDE_IMAGE: GUIDE_IMAGE_BYTES},
+    "present": {GUIDE_IMAGE: True},
+}
+# For a test or a local cluster that runs images it does not name: every reference is present.
+ANY_IMAGE: dict = {"any": True}
+
+
+def present_images(references: list[str]) -> dict:
+    """The images option that makes these references, and no other, present on every node (none
+    to pull from a registry): `local_cluster.py --emulator --images A,B`."""
+    return {"present": {reference: True for reference in references}}
+
+
 class ImageStore:
     """Each node's images, and the registry they are pulled from (Emulator option ``images``).
 
@@ -5369,7 +5400,8 @@ class ImageStore:
         {"registry": {reference: size in bytes, ...},   # what can be pulled
          "present": {reference: [node, ...] or true},   # already on those nodes (true: every node)
          "pull_bytes_per_second": 50e6,                 # a pull takes size / this
-         "max_parallel_image_pulls": None}              # None: one pull at a time per node
+         "max_parallel_image_pulls": None,              # None: one pull at a time per node
+         "any": False}                                  # true: every reference present (ANY_IMAGE)
 
     As the kubelet (serializeImagePulls true by default; maxParallelImagePulls when set): a node
     pulls one image at a time and every other pull waits its turn; a pull whose image another
@@ -5382,13 +5414,15 @@ class ImageStore:
     FOUND_SECONDS = 0.02
 
     def __init__(self, config: dict | None, nodes: list[str]):
-        self.enabled = config is not None
+        # None, as ANY_IMAGE: no store, every reference present.
+        self.enabled = config is not None and not config.get("any")
         config = dict(config or {})
         unknown = set(config) - {
             "registry",
             "present",
             "pull_bytes_per_second",
             "max_parallel_image_pulls",
+            "any",
         }
         if unknown:
             raise ValueError(f"unknown images option(s): {', '.join(sorted(unknown))}")
@@ -8254,7 +8288,7 @@ class Emulator:
         server_version: str = "1.33",
         python: str = sys.executable,
         timing: dict | None = None,
-        images: dict | None = None,
+        images: dict | None = GUIDE_IMAGE_ONLY,
     ):
         self.workdir = Path(workdir).resolve()
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -8640,7 +8674,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--images",
         default=None,
-        help="JSON object: the nodes' images and their registry (ImageStore)",
+        help="JSON object: the nodes' images and their registry (ImageStore; default: the "
+        "guide's image alone)",
     )
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--server-version", default="1.33")
@@ -8653,7 +8688,7 @@ def main(argv: list[str] | None = None) -> int:
         server_version=args.server_version,
         python=args.python,
         timing=json.loads(args.timing) if args.timing else None,
-        images=json.loads(args.images) if args.images else None,
+        images=json.loads(args.images) if args.images else GUIDE_IMAGE_ONLY,
     )
     # A list, not an Event: the handler may run inside Event.wait() while the main thread holds
     # the event's lock, and an Event.set() there would wait for that lock for ever.

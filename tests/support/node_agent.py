@@ -600,7 +600,11 @@ class PodWorker(threading.Thread):
 
     # -- containers ----------------------------------------------------------
     def image_absent(self, c: ContainerRun) -> bool:
-        return normalize_image(c.spec.get("image", ""))[1] in self.agent.absent_images
+        reference = normalize_image(c.spec.get("image", ""))[1]
+        present = self.agent.present_images
+        return reference in self.agent.absent_images or (
+            present is not None and reference not in present
+        )
 
     def image_present(self, c: ContainerRun) -> None:
         """The kubelet's first step for a container: the image is found on the node (no pulls here)."""
@@ -924,8 +928,10 @@ class NodeAgent:
         self.python = python
         # Image references no registry has (as containerd names them, e.g.
         # docker.io/library/python:0.0-absent): their pulls fail as kubelet v1.35.4 with containerd
-        # v2.4.2 report it. Every other image is present on every node.
+        # v2.4.2 report it. Every other image is present on every node, unless `present_images`
+        # names the only ones there (`local_cluster.py --images`).
         self.absent_images: set[str] = set()
+        self.present_images: set[str] | None = None
         self.node_ip = "127.0.0.1"
         self.bindir = self.workdir / "bin"
         self.stopping = threading.Event()

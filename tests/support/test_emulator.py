@@ -1500,6 +1500,22 @@ def test_image_store_knows_each_nodes_images() -> None:
         ImageStore({"registery": {}}, ["n1"])
 
 
+def test_an_emulators_nodes_have_the_guides_image_alone_unless_told_otherwise(tmp_path) -> None:
+    from kube_emulator import ANY_IMAGE, Emulator, ImageStore, present_images
+
+    store = Emulator(tmp_path / "emu").images  # not started: its image store alone
+    assert store.has("emu-node-1", "python:3.12-alpine")
+    assert store.has("emu-node-3", "docker.io/library/python:3.12-alpine")
+    # A typo is in no node's store and no registry: its pull fails, as on a real node.
+    assert not store.has("emu-node-1", "pyton:3.12-alpine")
+    assert not store.exists("pyton:3.12-alpine")
+    assert ImageStore(ANY_IMAGE, ["n1"]).has("n1", "pyton:3.12-alpine")
+    named = ImageStore(present_images(["busybox:1", "registry.local/agent:7"]), ["n1"])
+    assert named.has("n1", "docker.io/library/busybox:1")
+    assert named.has("n1", "registry.local/agent:7")
+    assert not named.has("n1", "python:3.12-alpine") and not named.exists("python:3.12-alpine")
+
+
 def test_pod_lifecycles_as_kubelet_135_shows_them(require_e2e, tmp_path):
     """The emulator's kubelet and API server against what kubelet v1.35.4 showed of the same pods
     (tests/support/compare_nodes.py): ended, failed, deleted, evicted through the Eviction API, past
@@ -1515,3 +1531,30 @@ def test_pod_lifecycles_as_kubelet_135_shows_them(require_e2e, tmp_path):
     (tmp_path / "record.json").write_text(json.dumps(record, indent=1))
     differences = compare_nodes.kubelet_135_differences(record, deadline_flip=True)
     assert differences == [], "\n".join(differences)
+
+
+def test_a_client_gone_mid_request_leaves_no_traceback(tmp_path: Path, capfd: Any) -> None:
+    import socket
+    import struct
+
+    emu = Emulator(tmp_path / "emu", nodes=1).start()
+    port = int(emu.url.rsplit(":", 1)[1])
+    reset = struct.pack("ii", 1, 0)  # SO_LINGER 0: close() sends a reset
+    try:
+        # One gone while the server reads its request's headers, others right after asking.
+        client = socket.create_connection(("127.0.0.1", port))
+        client.sendall(b"GET /api/v1/namespaces HTTP/1.1\r\nHost: x\r\n")
+        time.sleep(0.3)
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, reset)
+        client.close()
+        for _ in range(10):
+            client = socket.create_connection(("127.0.0.1", port))
+            client.sendall(b"GET /api/v1/namespaces?watch=true HTTP/1.1\r\nHost: x\r\n\r\n")
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, reset)
+            client.close()
+        time.sleep(0.5)
+        assert json.loads(http(emu, "/api/v1/namespaces"))["items"]  # still serving
+    finally:
+        emu.stop()
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "ConnectionResetError" not in err, err

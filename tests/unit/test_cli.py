@@ -440,8 +440,8 @@ def test_dry_run_ships_an_episode_script_in_indexed_mode(tmp_path: Path, capsys:
     assert not (tmp_path / "out").exists()
 
 
-def test_unreadable_episode_script_is_a_one_line_error(tmp_path: Path, capsys: Any) -> None:
-    assert (
+def test_unreadable_episode_script_is_a_usage_error(tmp_path: Path, capsys: Any) -> None:
+    with pytest.raises(SystemExit) as exit_:
         main(
             [
                 "run",
@@ -452,9 +452,17 @@ def test_unreadable_episode_script_is_a_one_line_error(tmp_path: Path, capsys: A
                 str(tmp_path / "missing.py"),
             ]
         )
-        == 1
+    assert exit_.value.code == 2  # as any other usage error
+    err = capsys.readouterr().err
+    assert err.startswith("usage: ") and "Traceback" not in err
+    assert (
+        err.strip()
+        .splitlines()[-1]
+        .endswith(
+            f"run: error: cannot read --episode-script {tmp_path / 'missing.py'}: "
+            "No such file or directory"
+        )
     )
-    assert "missing.py" in error_line(capsys.readouterr().err)
 
 
 def test_an_episode_script_that_does_not_compile_is_named_with_its_line(
@@ -1134,10 +1142,14 @@ def test_report_recomputes_the_saved_run(
     assert printed["warnings"] == {
         "FailedScheduling": {"count": 2, "objects": ["Pod/rollout-p7x8s"]}
     }
+    assert printed["results_file"] == os.path.join(str(run_dir), "results.json")
+    # Phases and the completion gap are in results.json, as recomputed; not printed.
+    recomputed = demo.recompute(str(run_dir)).figures
+    assert "phases" not in printed and "completion_gap" not in printed
     assert (
-        printed["completion_gap"]["job_complete_to_client_observed_seconds"] == 1.5
+        recomputed["completion_gap"]["job_complete_to_client_observed_seconds"] == 1.5
     )  # +11 -> +12.5
-    assert printed["phases"]["episode_work"]["p50"] == 4.5  # 4.5, 4.25, 4.75
+    assert recomputed["phases"]["episode_work"]["p50"] == 4.5  # 4.5, 4.25, 4.75
     assert "pod_to_ready" in captured.err  # the phase table
     assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before  # report writes nothing
     assert no_subprocesses == []
@@ -1377,3 +1389,34 @@ def test_compare_of_a_report_directory_and_a_run_without_results(
     assert captured.out == ""
     line = error_line(captured.err)
     assert "results.json" in line and "unfinished" in line
+
+
+def test_the_printed_results_are_a_summary_and_the_file_that_holds_the_rest() -> None:
+    saved = {
+        "episodes": 2,
+        "pods": [{"pod": "a"}, {"pod": "b"}],
+        "image": "python:3.12-alpine",
+        "client": {"kubectl_processes": 9, "cpu_seconds": 0.5},
+        "phases": {"scheduling": {"p50": 0.1}},
+        "groups": [{"group": 0}],
+        "failures": [],
+        "clock_warnings": ["node-1's clock is 2 s ahead"],
+        "failed_warnings": [],
+        "warnings": {
+            "FailedScheduling": {"count": 9, "objects": ["Pod/a", "Pod/b", "Pod/c", "Pod/d"]}
+        },
+        "rounds": [{"episodes": 1, "pods": [{"pod": "c"}], "phases": {"a": {"p50": 1}}}],
+        "warmup": {"episodes": 1, "pods": []},
+    }
+    assert demo.printed_results(saved, "out/results.json") == {
+        "episodes": 2,
+        "image": "python:3.12-alpine",
+        "client": {"kubectl_processes": 9, "cpu_seconds": 0.5},
+        "clock_warnings": ["node-1's clock is 2 s ahead"],
+        "warnings": {
+            "FailedScheduling": {"count": 9, "objects": ["Pod/a", "Pod/b", "Pod/c", "and 1 more"]}
+        },
+        "rounds": [{"episodes": 1}],
+        "warmup": {"episodes": 1},
+        "results_file": "out/results.json",
+    }

@@ -1354,6 +1354,62 @@ def test_timeline_svg_is_xml_with_one_row_per_episode_and_a_legend() -> None:
     assert f"{POD_C} episode_work: 4.750 s" in titles
 
 
+def timeline_record(pod: str, index: int | str, **moments: float) -> dict:
+    """An episode's record for the timeline: its points at these moments, the rest unknown."""
+    points = {point: None for point in demo.POINTS}
+    points.update({name: demo.Point(at, 0.01, "test", "node") for name, at in moments.items()})
+    return {"pod": pod, "points": points, "phases": demo.phase_durations(points), "index": index}
+
+
+def test_timeline_rows_are_named_by_task_and_group_when_the_run_has_tasks() -> None:
+    records = [
+        timeline_record(f"rollout-{index}-abcde", index, pod_created=100.5 + index, ready=103.0)
+        for index in range(4)
+    ]
+    records[1]["index"] = "1"  # a succeeded episode's index, as episodes.csv holds it
+    summary = demo.BatchSummary(figures={}, episodes=records, job_created=100.0, origin=100.0)
+    long_task = "django__django-11099-with-a-very-long-suffix"
+    root = ElementTree.fromstring(
+        demo.timeline_svg([("rollout", summary)], "4 episodes", ("sympy-7", long_task), 2)
+    )
+    labels = [t.text for t in root.iter(f"{SVG}text") if t.get("text-anchor") == "end"]
+    assert labels[:2] == ["sympy-7 g0.0", "sympy-7 g0.1"]
+    # A long task id keeps its start and its end, and the row's group and place in it.
+    assert labels[2] == "django__dj\u2026ong-suffix g1.0" and len(labels[2]) == 26
+    assert labels[3].endswith(" g1.1")
+    # The pod is named in the row's tooltip; without tasks the row is named by its pod.
+    assert [g.findtext(f"{SVG}title") for g in root.iter(f"{SVG}g")][:1] == ["rollout-0-abcde"]
+    assert demo.episode_label(records[0], None, 1) == "rollout-0-abcde"
+
+
+def test_a_hung_episodes_running_time_is_drawn_up_to_its_end() -> None:
+    # Ready at 103, no reward, its container killed by its deadline at 112.
+    hung = timeline_record(
+        "rollout-0-hung",
+        0,
+        pod_created=100.5,
+        scheduled=101.0,
+        ready=103.0,
+        container_finished=112.0,
+    )
+    hung.update(failure_class="episode", failure="past its --episode-timeout")
+    done = timeline_record(
+        "rollout-1-done", 1, pod_created=100.5, ready=103.0, reward=104.0, container_finished=104.5
+    )
+    summary = demo.BatchSummary(
+        figures={}, episodes=[done], failed=[hung], job_created=100.0, origin=100.0
+    )
+    root = ElementTree.fromstring(demo.timeline_svg([("rollout", summary)], "2 episodes"))
+    unrewarded = [r for r in root.iter(f"{SVG}rect") if r.get("fill") == "url(#unrewarded)"]
+    (bar,) = [r for r in unrewarded if r.find(f"{SVG}title") is not None]
+    assert bar.findtext(f"{SVG}title") == "rollout-0-hung ran with no reward: 9.000 s"
+    start, end = float(bar.get("x")), float(bar.get("x")) + float(bar.get("width"))
+    assert axis_seconds(root, start) == pytest.approx(3.0, abs=0.05)
+    assert axis_seconds(root, end) == pytest.approx(12.0, abs=0.05)
+    legend = ["".join(t.itertext()) for t in root.iter(f"{SVG}text")]
+    assert demo.UNREWARDED_MEANING in legend
+
+
 def axis_seconds(root: ElementTree.Element, x: float) -> float:
     """Where `x` (px) falls on a picture's time axis, read from its tick labels (the numbers
     centred under the axis)."""

@@ -162,11 +162,27 @@ def test_dry_run_shows_the_annotations_and_the_expiry(tmp_path, capsys) -> None:
     assert not output.exists()
 
 
-def test_a_bad_ttl_is_a_usage_error(tmp_path, capsys) -> None:
+@pytest.mark.parametrize(
+    "ttl, message",
+    [
+        (["--ttl", "soon"], "argument --ttl: not a duration: 'soon'"),
+        # A value that starts with a dash reaches the check: not "expected one argument".
+        (["--ttl", "-5m"], "argument --ttl: a duration is never negative: '-5m' (e.g. 90s"),
+        (["--ttl", "--quiet"], "argument --ttl: expected one argument"),  # a flag is a flag
+    ],
+)
+def test_a_bad_ttl_is_a_usage_error(tmp_path, capsys, ttl, message) -> None:
     with pytest.raises(SystemExit) as exit_:
-        main(["run", "--output", str(tmp_path / "out"), "--ttl", "soon"])
+        main(["run", "--output", str(tmp_path / "out"), *ttl])
     assert exit_.value.code == 2
-    assert "not a duration: 'soon'" in capsys.readouterr().err
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_negative_ttl_from_python_is_a_usage_error(tmp_path) -> None:
+    for given in ({"ttl": "-5m"}, {"options": ["--ttl", "-5m"]}):
+        with pytest.raises(demo.UsageError, match="a duration is never negative: '-5m'"):
+            demo.run_batch(count=1, output=str(tmp_path / "out"), **given)
     assert not (tmp_path / "out").exists()
 
 
@@ -599,6 +615,7 @@ def test_cleanup_stale_leaves_a_run_between_batches_until_its_last_job_ended_sta
         (["cleanup", "runs/a", "--all-users"], "--all-users goes with --stale AGE"),
         (["cleanup", "--output", "runs/a", "--context", "x"], "--context goes with --stale AGE"),
         (["cleanup", "--stale", "old"], "not a duration: 'old'"),
+        (["cleanup", "--stale", "-5m"], "argument --stale: a duration is never negative: '-5m'"),
         (["list", "-o", "yaml"], "invalid choice: 'yaml'"),
     ],
 )

@@ -1068,7 +1068,7 @@ def test_run_batch_failures_before_the_cluster_name_its_keywords(
     ):
         demo.run_batch(output=tmp_path / "out", count=1, kubectl="/no/kubectl")
     with pytest.raises(
-        demo.DemoError, match=r"^cannot read episode_script='.*missing.py': No such file"
+        demo.UsageError, match=r"^cannot read episode_script='.*missing.py': No such file"
     ):
         demo.run_batch(output=tmp_path / "out", count=1, episode_script=tmp_path / "missing.py")
     script.write_text('print("hello"\n')
