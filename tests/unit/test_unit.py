@@ -2515,3 +2515,24 @@ def test_run_checks_names_each_failing_check_and_a_missing_module(capsys: Any) -
     assert failed[1].startswith("absent (no_such_module_rldemo is not installed in ")
     assert len(failed) == 2
     assert "== passes: python -c pass" in capsys.readouterr().out
+
+
+# The package stays readable: modules of one concern, functions of one job, classes of one role.
+MODULE_MOST_LINES, FUNCTION_MOST_LINES, CLASS_MOST_LINES = 1500, 60, 150
+
+
+def test_no_module_function_or_class_of_the_package_is_past_its_size() -> None:
+    import ast
+
+    oversized = []
+    for path in sorted(PACKAGE_DIR.glob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        if len(text.splitlines()) > MODULE_MOST_LINES:
+            oversized.append(f"{path.name}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                most = CLASS_MOST_LINES if isinstance(node, ast.ClassDef) else FUNCTION_MOST_LINES
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > most:
+                    oversized.append(f"{path.name}: {node.name} {length} lines")
+    assert oversized == []
