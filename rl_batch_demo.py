@@ -13119,30 +13119,31 @@ class Pool:
         job = self._job_for(task)
         deadline = asked + (CLAIM_TIMEOUT_SECONDS if timeout is None else timeout)
         with self.state.condition:
-            while True:
-                if self.state.closed:
-                    raise DemoError("the pool is closed")
-                if self.claimed >= self.run.settings.count:
-                    raise DemoError(f"the pool has served its {self.run.settings.count} episodes")
-                view = self.state.take(job)
-                if view is not None:
-                    break
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise claim_timeout(self.state, job, asked)
-                self.state.condition.wait(min(left, 1.0))
-            index, self.next_index = self.next_index, self.next_index + 1
-            self.claimed += 1
-            self.first_claim = self.first_claim or asked
+            view = self._wait_for_warm(job, deadline)
+            if view is not None:
+                index, self.next_index = self.next_index, self.next_index + 1
+                self.claimed += 1
+                self.first_claim = self.first_claim or asked
+        if view is None:  # the Job's warnings are read with the lock let go
+            raise claim_timeout(self.state, job, asked, job_warnings(self, job))
         waited = time.monotonic() - asked
-        return Sandbox(
-            self,
-            view,
-            index,
-            task,
-            waited,
-            view.warm_since is not None and view.warm_since <= asked,
-        )
+        warm = view.warm_since is not None and view.warm_since <= asked
+        return Sandbox(self, view, index, task, waited, warm)
+
+    def _wait_for_warm(self, job: str, deadline: float) -> PodView | None:
+        """With the state's lock held: a warm sandbox of `job`, taken; None past the deadline."""
+        while True:
+            if self.state.closed:
+                raise DemoError("the pool is closed")
+            if self.claimed >= self.run.settings.count:
+                raise DemoError(f"the pool has served its {self.run.settings.count} episodes")
+            view = self.state.take(job)
+            if view is not None:
+                return view
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            self.state.condition.wait(min(left, 1.0))
 
     async def aclaim(self, task: dict | None = None, timeout: float | None = None) -> Sandbox:
         return await in_thread(lambda: self.claim(task, timeout))
@@ -13451,16 +13452,34 @@ def keep_alive(pool: Pool) -> None:
                 pass  # the watch says why
 
 
-def claim_timeout(state: PoolState, job: str, asked: float) -> DemoError:
+def claim_timeout(
+    state: PoolState, job: str, asked: float, job_warnings: Sequence[str] = ()
+) -> DemoError:
     """A claim that waited in vain: how many of the Job's sandboxes are ready, held, starting and
-    pending, and what the others' pods say."""
+    pending, and what the others' pods say (or, with no pod, what the Job's warnings say: a
+    quota, an admission policy)."""
     counts = state.counts(job)
-    why = "; ".join(state.waiting_reasons(job)[:3]) or "no pod yet"
+    why = "; ".join(state.waiting_reasons(job)[:3]) or "; ".join(job_warnings[-2:]) or "no pod yet"
     return DemoError(
         f"no sandbox became free in {time.monotonic() - asked:.0f} s: {counts['warm']} ready, "
         f"{counts['held']} held, {counts['starting']} starting, {counts['pending']} pending "
         f"({why})"
     )
+
+
+def job_warnings(pool: Pool, job: str) -> list[str]:
+    """The Job's own Warning events (FailedCreate: a quota, an admission policy), oldest first;
+    none where they cannot be read."""
+    query = urllib.parse.urlencode({"fieldSelector": f"involvedObject.name={job}"})
+    try:
+        listed = proxy_json(pool, f"/api/v1/namespaces/{pool.run.namespace}/events?{query}")
+    except (OSError, DemoError, http.client.HTTPException, ValueError):
+        return []
+    return [
+        f"{event.get('reason')}: {event.get('message', '').strip()}"
+        for event in listed.get("items") or []
+        if event.get("type") == "Warning"
+    ]
 
 
 def probe_until_warm(pool: Pool, name: str) -> None:
@@ -13523,8 +13542,6 @@ def close_pool(pool: Pool) -> dict:
 
 
 def file_query(path: str) -> str:
-    import urllib.parse
-
     return urllib.parse.urlencode({"path": path})
 
 

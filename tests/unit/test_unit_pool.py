@@ -81,6 +81,11 @@ def test_the_reasons_of_pods_not_yet_warm_are_counted() -> None:
     ]
     error = demo.claim_timeout(state, "pool", 0.0)
     assert "0 ready, 0 held, 0 starting, 3 pending (2 x Unschedulable" in str(error)
+    # No pod at all: the Job's own warnings say why (a quota refused its pods, say).
+    quota = 'FailedCreate: pods "pool-x" is forbidden: exceeded quota: q'
+    error = demo.claim_timeout(demo.PoolState(), "pool", 0.0, ["old", quota])
+    assert str(error).endswith(f"0 pending (old; {quota})"), str(error)
+    assert str(demo.claim_timeout(demo.PoolState(), "pool", 0.0)).endswith("(no pod yet)")
 
 
 def test_a_pool_job_keeps_its_size_warm_and_ends_on_an_idle_sandbox() -> None:
