@@ -220,7 +220,12 @@ def test_episode_failure_is_not_retried_and_a_partial_batch_exits_3(
     report = tool(emulator, kubectl, "report", str(output), "--quiet")
     assert report.returncode == 0, report.stderr
     printed = json.loads(report.stdout)
-    assert (printed["failed_episodes"], printed["failures"]) == (1, results["failures"])
+    assert (printed["failed_episodes"], printed["failures_by_class"]) == (
+        1,
+        results["failures_by_class"],
+    )
+    # The failed episodes' rows are in the file the summary names.
+    assert load(Path(printed["results_file"]))["failures"] == results["failures"]
 
 
 def test_failures_beyond_the_allowance_fail_the_run_with_every_episode_listed(
