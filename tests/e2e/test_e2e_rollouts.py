@@ -240,7 +240,12 @@ def test_episode_failure_is_not_retried_and_a_partial_batch_exits_3(
     report = run_tool(cluster, kubectl, "report", output, quiet=True)
     assert report.returncode == 0, report.stderr
     printed = json.loads(report.stdout)
-    assert (printed["failed_episodes"], printed["failures"]) == (1, results["failures"])
+    assert (printed["failed_episodes"], printed["failures_by_class"]) == (
+        1,
+        results["failures_by_class"],
+    )
+    # The failed episodes' rows are in the file the summary names.
+    assert load(Path(printed["results_file"]))["failures"] == results["failures"]
     assert run_tool(cluster, kubectl, "cleanup", output=output).returncode == 0
 
 
