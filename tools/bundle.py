@@ -29,6 +29,8 @@ TARGET = ROOT / "rl_batch_demo.py"
 MAP_LINE = re.compile(r"^    (\w+): ", re.M)
 EMBEDDED = re.compile(r'^(\w+) = embedded_text\("([\w.]+)"\)$', re.M)
 BANNER = "# " + "-" * 74
+# Programs the package ships as text to the pods (embedded_text), listed in the map but no parts.
+SHIPPED_AS_TEXT = ("worker", "launcher")
 
 
 class BundleError(Exception):
@@ -151,7 +153,7 @@ def bundle() -> str:
     modules = [
         Module(name, (PACKAGE / f"{name}.py").read_text(encoding="utf-8"))
         for name in order
-        if name != "worker"
+        if name not in SHIPPED_AS_TEXT
     ]
     seen: dict[str, str] = {}
     for position, module in enumerate(modules):

@@ -174,9 +174,12 @@ def test_evicted_episode_is_retried_and_the_batch_passes(cluster: Any, tmp_path:
     assert job["status"]["failed"] == 1 and job["status"]["failedIndexes"] == ""
 
 
-def test_episode_failure_is_not_retried_and_a_partial_batch_exits_3(
+def test_an_episodes_own_failure_is_a_sample_never_retried_nor_a_partial_batch(
     cluster: Any, tmp_path: Path
 ) -> None:
+    """The agent that gave up is a valid sample: its launcher records its exit and ends its pod 0,
+    so the Job neither retries it nor counts it among its failed indexes, and the batch, every
+    line valid, is whole (exit 0), --allow-failures untouched."""
     kubectl, make = cluster
     emulator = make()
     args, output = tasks_run(
@@ -188,15 +191,22 @@ def test_episode_failure_is_not_retried_and_a_partial_batch_exits_3(
         "1",
     )
     result = tool(emulator, kubectl, *args)
-    assert result.returncode == rl_batch_demo.EXIT_PARTIAL == 3, result.stderr
-    assert "Accepted a partial batch: 1 of 3 episodes failed (1 episode failure)" in result.stderr
+    assert result.returncode == 0, result.stderr
+    assert "1 of 3 episodes failed on their own (1 episode failure): valid samples" in result.stderr
+    assert "partial" not in result.stderr
     rows = rewards_of(output)
     assert [row["failure_class"] for row in rows] == [None, "episode", None]
     bad = rows[1]
     assert bad["task_id"] == "bad" and bad["attempts"] == 1 and bad["failure"] == "exited 1"
     assert bad["evidence"] == f"{bad['pod']}.log" and (output / bad["evidence"]).is_file()
-    assert bad["reward"] is None and bad["pod_to_ready_seconds"] is not None
-    assert len(load(output / "pods.json")["items"]) == 3  # FailIndex: never retried
+    assert (
+        bad["reward"] is None and bad["valid"] is True and bad["pod_to_ready_seconds"] is not None
+    )
+    pods = {pod["metadata"]["name"]: pod for pod in load(output / "pods.json")["items"]}
+    assert len(pods) == 3  # never retried
+    assert pods[bad["pod"]]["status"]["phase"] == "Succeeded"
+    log = (output / bad["evidence"]).read_text()
+    assert "the agent gave up" in log and '"event": "episode_exit"' in log
     # The timeline draws all 3 episodes, the failed one marked, as far as it got (it was ready).
     timeline = ElementTree.fromstring((output / "timeline.svg").read_text())
     bars = {}
@@ -211,13 +221,14 @@ def test_episode_failure_is_not_retried_and_a_partial_batch_exits_3(
     legend = ["".join(text.itertext()) for text in timeline.iter(f"{SVG}text")]
     assert rl_batch_demo.GAP_MEANING in legend and rl_batch_demo.FAILED_MEANING in legend
     results = load(output / "results.json")
-    assert results["accepted_partial"] is True
+    assert results["accepted_partial"] is False
+    assert (results["failed_episodes"], results["lost_episodes"]) == (1, 0)
     assert results["failures_by_class"] == {"infrastructure": 0, "episode": 1, "verifier": 0}
-    assert results["job_end"] == {"condition": "Failed", "reason": "FailedIndexes"}
+    assert results["job_end"] == {"condition": "Complete", "reason": None}
     assert results["successful_episodes"] == 2 and results["episodes"] == 3
     assert results["groups_complete"] == 2 and results["groups"][1]["complete"] is False
     assert results["pod_to_ready_censored"]["censored"] == 0
-    assert load(output / "job.json")["status"]["failedIndexes"] == "1"
+    assert load(output / "job.json")["status"].get("failedIndexes", "") == ""
     # episodes.csv: a row per episode, the failed one too (its points as far as it got), and
     # each episode's task and outcome in the last columns, after every column it had before.
     text = (output / "episodes.csv").read_text()
@@ -265,19 +276,21 @@ def test_failures_beyond_the_allowance_fail_the_run_with_every_episode_listed(
         "1",
     )
     assert result.returncode == 1, result.stderr
-    # maxFailedIndexes 0: the first failed episode ends the Job, which stops any still running.
+    # The fault ends the container (the episode's launcher) with 3: a loss of the
+    # infrastructure's, not the episode's own end, which the launcher would have recorded.
+    # maxFailedIndexes 0: the first lost episode ends the Job, which stops any still running.
     assert re.search(
-        r"[123] of 3 episodes failed \(([12] infrastructure failures?, )?1 episode failure\); "
-        r"--allow-failures accepts 0",
+        r"[123] of 3 episodes failed \([123] infrastructure failures?\); --allow-failures accepts 0",
         result.stderr,
     ), result.stderr
     assert "Traceback" not in result.stderr
     rows = rewards_of(output)
-    assert len(rows) == 3 and [r["failure_class"] for r in rows].count("episode") == 1
+    assert len(rows) == 3 and all(r["failure_class"] in (None, "infrastructure") for r in rows)
+    assert rows[1]["failure"].startswith("the episode launcher exited 3"), rows[1]
     assert all(
         "MaxFailedIndexesExceeded" in r["failure"]
         for r in rows
-        if r["failure_class"] == "infrastructure"
+        if r["failure_class"] == "infrastructure" and r["index"] != 1
     )
     assert (
         load(output / "job.json")["status"]["conditions"][-1]["reason"]
@@ -347,37 +360,55 @@ def test_run_batch_in_process_returns_every_reward(
         cleanup=False,
         episode_script=write_script(tmp_path, TASK_EPISODE),
     )
-    assert results["accepted_partial"] is True
-    # The partial batch is said in the results: a quiet call prints nothing of it.
+    # The agents of t2 failed on their own: samples, so no partial batch, and nothing printed.
+    assert results["accepted_partial"] is False and results["failed_episodes"] == 2
     assert capfd.readouterr() == ("", "")
-    assert [(r["task_id"], r["failure_class"], r["reward"]) for r in results["rewards"]] == [
-        ("t1", None, 1.0),
-        ("t1", None, 1.0),
-        ("t2", "episode", None),
-        ("t2", "episode", None),
+    assert [
+        (r["task_id"], r["failure_class"], r["reward"], r["valid"]) for r in results["rewards"]
+    ] == [
+        ("t1", None, 1.0, True),
+        ("t1", None, 1.0, True),
+        ("t2", "episode", None, True),
+        ("t2", "episode", None, True),
     ]
     # cleanup=False keeps the namespace, as the command line does.
     assert [ns["metadata"]["name"] for ns in run_namespaces(emulator)] == [results["namespace"]]
+    # Every agent failing is a batch of samples too, whatever the allowance for losses.
+    every = rl_batch_demo.run_batch(
+        [{"x": 1, "fail": True}],
+        output=str(tmp_path / "out2"),
+        group_size=2,
+        allow_failures=0,
+        options=[
+            "--kubectl",
+            kubectl,
+            "--episode-script",
+            str(write_script(tmp_path, TASK_EPISODE)),
+        ],
+    )
+    assert [(r["failure_class"], r["valid"]) for r in every["rewards"]] == [("episode", True)] * 2
+    # A loss the allowance does not cover fails the call: a process killed from outside (as the
+    # OOM killer does) is the infrastructure's, never the agent's own end.
+    killed = TASK_EPISODE.replace(
+        'if task.get("fail"):',
+        'if task.get("kill"):\n    os.kill(os.getpid(), 9)\nif task.get("fail"):',
+    )
     with pytest.raises(
         rl_batch_demo.DemoError,
-        match=r"^2 of 2 episodes failed \(2 episode failures\); allow_failures=1 accepts no more\n",
+        match=r"^1 of 2 episodes failed \(1 infrastructure failure\); allow_failures=0 accepts no "
+        r"more\n",
     ):
         rl_batch_demo.run_batch(
-            [{"x": 1, "fail": True}],
-            output=str(tmp_path / "out2"),
-            group_size=2,
-            allow_failures=1,
-            options=[
-                "--kubectl",
-                kubectl,
-                "--episode-script",
-                str(write_script(tmp_path, TASK_EPISODE)),
-            ],
+            [{"x": 1}, {"x": 1, "kill": True}],
+            output=str(tmp_path / "out3"),
+            allow_failures=0,
+            kubectl=kubectl,
+            episode_script=write_script(tmp_path, killed, "killed.py"),
         )
-    assert os.path.exists(tmp_path / "out2" / "rewards.jsonl")
+    assert os.path.exists(tmp_path / "out3" / "rewards.jsonl")
     # By default a Python call deletes its namespace once the evidence is saved, also after a failure.
     assert [ns["metadata"]["name"] for ns in run_namespaces(emulator)] == [results["namespace"]]
-    assert {path.name for path in (tmp_path / "out2").iterdir()} >= {
+    assert {path.name for path in (tmp_path / "out3").iterdir()} >= {
         "job.json",
         "pods.json",
         "receipt.json",

@@ -16,7 +16,7 @@ import rl_batch_demo
 MODULES = {
     info.name: importlib.import_module(f"rl_batch_demo.{info.name}")
     for info in pkgutil.iter_modules(rl_batch_demo.__path__)
-    if info.name not in ("__main__", "worker")
+    if info.name not in ("__main__", "worker", "launcher")
 }
 for _module in MODULES.values():
     globals().update(

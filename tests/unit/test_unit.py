@@ -2404,7 +2404,8 @@ def test_an_interrupt_during_a_kubectl_fork_is_not_lost() -> None:
 
 BANNER_RULE = "# " + "-" * 74
 MAP_HEADING = "The package's modules, lowest layer first:"
-NOT_PARTS = {"__init__", "__main__", "worker"}  # the package itself, `python -m`, shipped as text
+# The package itself, `python -m`, and the programs shipped as text.
+NOT_PARTS = {"__init__", "__main__", "worker", "launcher"}
 
 
 def test_the_package_docstring_maps_every_module_once_in_the_order_of_the_generated_files_parts(
@@ -2418,7 +2419,7 @@ def test_the_package_docstring_maps_every_module_once_in_the_order_of_the_genera
     assert entries and all(re.fullmatch(r"\w+: \S.*", entry) for entry in entries), entries
     mapped = [entry.split(":")[0] for entry in entries]
     assert len(mapped) == len(set(mapped)), mapped  # each module once
-    assert set(mapped) - modules <= {"worker"}, mapped  # modules of the package only
+    assert set(mapped) - modules <= {"worker", "launcher"}, mapped  # modules of the package only
     # The generated file: each part opens with the rule, then one line naming its source and its
     # docstring's first line, then a blank line; no other rule.
     lines = (repo_root / "rl_batch_demo.py").read_text(encoding="utf-8").splitlines()
