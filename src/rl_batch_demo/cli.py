@@ -309,9 +309,9 @@ def failure_arguments() -> argparse.ArgumentParser:
         metavar="S",
         help="stop each episode S seconds after its program started (in a rollout, its "
         "launcher keeps the time): an episode past it is an 'episode' failure, a valid "
-        "sample, never retried (so not with --retries); the pod's own deadline "
-        "(activeDeadlineSeconds) is S plus --pull-timeout plus 30 s for the pod to start, a "
-        "pod stopped at it an infrastructure failure. Without --tasks or another "
+        "sample, never retried; the pod's own deadline (activeDeadlineSeconds) is S plus "
+        "--pull-timeout plus 30 s for the pod to start, a pod stopped at it an "
+        "infrastructure failure, retried under --retries. Without --tasks or another "
         "rollout option, the pod's deadline is S itself, image pull included",
     )
     return arguments
@@ -657,14 +657,6 @@ def check_rollout_request(request: RunRequest) -> None:
         )
         raise UsageError(f"{runs} one batch: leave out {name('rounds')} and {name('warmup')}")
     check_need_request(request)
-    if request.episode_timeout is not None and request.retries:
-        # The kubelet stops a pod past its activeDeadlineSeconds with no exit code of the episode's
-        # own and no pod condition a podFailurePolicy rule can match: the Job would retry it.
-        raise UsageError(
-            f"{name('episode_timeout')} cannot hold with {name('retries')}: the Job API would "
-            f"retry an episode stopped at its deadline (its pod fails with reason "
-            f"DeadlineExceeded, which no podFailurePolicy rule can match)"
-        )
     # A count of 0, refused after these checks, counts here as the default.
     count = request.count or DEFAULT_COUNT
     if request.allow_failures is not None and request.allow_failures > count:

@@ -299,29 +299,32 @@ def test_need_counts_an_episodes_own_failure_as_a_valid_line(cluster: Any, tmp_p
     assert (results["failed_episodes"], results["lost_episodes"]) == (1, 0)
 
 
-def test_an_episode_past_its_timeout_is_a_sample_never_retried(
+def test_an_episode_past_its_timeout_is_a_sample_never_retried_while_a_loss_is(
     cluster: Any, tmp_path: Path
 ) -> None:
-    """The hung agent's launcher stops it at its own time and ends its pod 0: an `episode` failure
-    (valid), never retried, which ends nothing (no --allow-failures needed)."""
+    """--episode-timeout with --retries: the hung agent's launcher stops it at its own time and ends
+    its pod 0, an `episode` failure (valid) the Job never retries; the episode evicted from its node
+    is the infrastructure's loss, which the Job retries."""
     kubectl, make = cluster
-    emulator = make()
-    tasks = [{"id": "stuck", "x": 1, "hold": True}, {"id": "quick", "x": 2}]
-    args, output = held_run(tmp_path, tasks, "--episode-timeout", "3")
+    emulator = make(replace_pod=[1])  # the first pod of episode 1 is evicted while it runs
+    tasks = [{"id": "stuck", "x": 1, "hold": True}, {"id": "evicted", "x": 2}]
+    args, output = held_run(tmp_path, tasks, "--episode-timeout", "3", "--retries", "1")
     result = tool(emulator, kubectl, *args, timeout=120)
     assert result.returncode == 0, result.stderr
     spec = load(output / "job-submitted.json")["spec"]
+    assert spec["backoffLimitPerIndex"] == 1
     # The launcher keeps the episode's 3 s; the pod's own deadline is a backstop past them.
     assert spec["template"]["spec"]["activeDeadlineSeconds"] == 3 + 30
-    stuck, quick = lines_of(output)
+    stuck, evicted = lines_of(output)
     assert (stuck["failure_class"], stuck["valid"], stuck["attempts"]) == ("episode", True, 1)
     assert stuck["failure"] == (
         "ran out of time: still running 3 s after it started (--episode-timeout), stopped by its "
         "launcher"
     )
-    assert (quick["failure_class"], quick["reward"]) == (None, 2)
+    assert (evicted["failure_class"], evicted["attempts"], evicted["reward"]) == (None, 2, 2)
+    assert evicted["earlier_attempts"][0]["failure_class"] == "infrastructure"
     pods = {p["metadata"]["name"]: p for p in load(output / "pods.json")["items"]}
-    assert len(pods) == 2
+    assert len(pods) == 3  # the hung one once, the evicted one twice
     status = pods[stuck["pod"]]["status"]
     assert status["phase"] == "Succeeded" and "reason" not in status
     assert status["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 0

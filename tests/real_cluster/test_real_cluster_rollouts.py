@@ -1,7 +1,8 @@
 """Rollouts on a real control plane: the real kube-apiserver validates the per-index Job and
-its podFailurePolicy, and the real Job controller retries an evicted episode, never retries an
-episode's own failure nor counts it among its failed indexes (the launcher ends its pod 0, a
-hang past --episode-timeout included), and its successPolicy ends a --need batch."""
+its podFailurePolicy, and the real Job controller retries an evicted episode (also under
+--episode-timeout), never retries an episode's own failure nor counts it among its failed
+indexes (the launcher ends its pod 0, a hang past --episode-timeout included), and its
+successPolicy ends a --need batch."""
 
 from __future__ import annotations
 
@@ -60,11 +61,14 @@ def test_tasks_an_episodes_own_failure_is_a_sample_the_job_completes(real_cluste
 
 def test_an_evicted_episode_is_retried_by_the_job_controller(real_cluster, tmp_path):
     kubectl, cluster = real_cluster
+    # With --episode-timeout (its launcher's clock, well past the pause): a loss is retried still.
     args, output = tasks_run(
         tmp_path,
         '{"id": "slow", "x": 2, "pause": 8}\n{"id": "quick", "x": 2}\n',
         "--retries",
         "1",
+        "--episode-timeout",
+        "60",
         episode=PAUSING_EPISODE,
     )
     process = start_tool(cluster, kubectl, *args)
@@ -137,12 +141,12 @@ def test_need_is_met_by_the_real_job_controller_and_the_stragglers_cancelled(
 
 
 def test_an_episode_past_its_timeout_is_a_sample_never_retried(real_cluster, tmp_path):
-    """The launcher counts the episode's own time from its start (the pod's start-up is not the
-    agent's), stops the hung one and ends its pod 0, which the real Job controller neither
-    retries nor counts among its failed indexes."""
+    """--episode-timeout with --retries: the launcher counts the episode's own time from its start
+    (the pod's start-up is not the agent's), stops the hung one and ends its pod 0, which the real
+    Job controller neither retries nor counts among its failed indexes."""
     kubectl, cluster = real_cluster
     tasks = [{"id": "stuck", "x": 1, "hold": True}, {"id": "quick", "x": 2}]
-    args, output = held_run(tmp_path, tasks, "--episode-timeout", "4", "--allow-failures", "1")
+    args, output = held_run(tmp_path, tasks, "--episode-timeout", "4", "--retries", "2")
     result = tool(cluster, kubectl, *args)
     assert result.returncode == 0, result.stderr
     stuck, quick = rewards_of(output)

@@ -46,9 +46,9 @@ def test_an_episode_past_its_timeout_is_stopped_by_its_launcher_and_never_retrie
 ):
     kubectl, cluster = real_node
     tasks = [{"id": "stuck", "x": 1, "hold": True}, {"id": "quick", "x": 2}]
-    # The launcher keeps the episode's own time, stops the hung one and ends its pod 0, which the
-    # real Job controller neither retries nor counts as a failed index.
-    args, output = held_run(tmp_path, tasks, "--episode-timeout", "6")
+    # With --retries: the launcher keeps the episode's own time, stops the hung one and ends its pod
+    # 0, which the real Job controller neither retries nor counts as a failed index.
+    args, output = held_run(tmp_path, tasks, "--episode-timeout", "6", "--retries", "1")
     result = tool(cluster, kubectl, *args)
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
