@@ -20,6 +20,7 @@ The package's modules, lowest layer first: each imports only those above it here
 shipped single file holds them in this order, each part opening with its source path.
     worker: the episode program every pod runs, shipped in a ConfigMap as text.
     guardian: the program that kills a tool process's kubectl children once it is gone, shipped as text.
+    launcher: how a rollout's pod runs that program, its own end recorded; shipped as text.
     constants: defaults, limits, timeouts, and the names of what a run creates and saves.
     model: errors, and the records the modules share (`RunRequest`, `Settings`, `Task`).
     stats: percentiles and their descriptions.
@@ -205,6 +206,9 @@ CONTAINER_NAME = "episode"
 
 WORKER_KEY = "episode.py"
 
+# A rollout's launcher (EPISODE_LAUNCHER), beside the episode program in the same ConfigMap.
+LAUNCHER_KEY = "launcher.py"
+
 RUN_LABEL = "agc-demo-run"
 
 APP_LABEL = "rl-batch-demo"
@@ -254,22 +258,19 @@ PREPULL_LABEL = ANNOTATION_PREFIX + "prepull"
 
 PREPULL_FILE = "prepull.json"
 
-# How a Job of several runs the episode program: the run-wide index of its completion index (which
-# Kubernetes gives every pod of an Indexed Job as JOB_COMPLETION_INDEX) becomes EPISODE_INDEX and
-# names TASK_FILE, as in a run of one Job; then the program runs in this very process, so its
-# /proc start time and import figures are its own.
-EPISODE_LAUNCHER = """\
-import os, runpy, sys
-indexes = []
-for piece in os.environ["EPISODE_INDEXES"].split(","):
-    first, _, last = piece.partition("-")
-    indexes += range(int(first), int(last or first) + 1)
-index = indexes[int(os.environ["JOB_COMPLETION_INDEX"])]
-os.environ["EPISODE_INDEX"] = str(index)
-os.environ["TASK_FILE"] = "/tasks/%d.json" % index
-sys.argv, sys.path[0] = ["/demo/episode.py"], "/demo"
-runpy.run_path("/demo/episode.py", run_name="__main__")
-"""
+# A rollout's pods (this annotation on each) run their episode through the launcher, which prints
+# one event of this name when the program ends on its own with a failure or past its
+# EPISODE_TIMEOUT_SECONDS, and then ends the pod 0: a pod of theirs that failed is never the episode's.
+EPISODE_EXIT_ANNOTATION = ANNOTATION_PREFIX + "episode-exit"
+EPISODE_EXIT_RECORDED = "recorded"
+EPISODE_EXIT_EVENT = "episode_exit"
+EPISODE_TIMEOUT_ENV = "EPISODE_TIMEOUT_SECONDS"
+
+# What a rollout pod's activeDeadlineSeconds adds to --episode-timeout (and --pull-timeout): the
+# launcher counts the episode's own time from its start, so the pod's deadline, a backstop that
+# stops a pod the launcher could not, leaves this much for the pod to get there (sandbox, container
+# and interpreter start). A pod stopped at it is the infrastructure's loss, which the Job retries.
+EPISODE_TIMEOUT_SLACK_SECONDS = 30
 
 # The Job controller keeps this finalizer on each pod until it has counted the pod's end.
 JOB_TRACKING_FINALIZER = "batch.kubernetes.io/job-tracking"
@@ -1012,6 +1013,132 @@ if __name__ == "__main__":
 '''
 # The variable that hands the guardian its program (its command line stays short).
 GUARDIAN_VARIABLE = "RL_BATCH_DEMO_GUARDIAN"
+
+# How a rollout's pod runs the episode program (`python -B -c` this text): in this very process, so
+# its /proc start time and import figures are its own; its own end recorded (see
+# EPISODE_EXIT_ANNOTATION); in a Job of several, EPISODE_INDEX and TASK_FILE set first from the
+# run-wide index of its completion index (which Kubernetes gives every pod of an Indexed Job as
+# JOB_COMPLETION_INDEX), as in a run of one Job.
+EPISODE_LAUNCHER = r'''"""How a rollout's pod runs its episode: the program's own end recorded, the pod's left to others.
+
+The container runs `python -B -c <this text>`, which runs /demo/episode.py in this very process
+(as __main__, sys.argv[0] its path), so the episode's start-up figures stay its own. In a Job of
+several (one per image) it first sets EPISODE_INDEX and TASK_FILE from the run-wide indexes of
+its Job's completion indexes (EPISODE_INDEXES).
+
+When the program ends on its own with a failure (a non-zero exit, an uncaught exception,
+os._exit) or is still running EPISODE_TIMEOUT_SECONDS after this process started, one JSON event
+`episode_exit` on stdout says so (`exit_code`, or `timed_out` and `timeout_seconds`), and the
+process exits 0. So the pod fails only when something outside the program ends it (an eviction,
+an OOM kill, the Job's end, the pod's own deadline): a failed pod is the infrastructure's, which
+the Job retries under backoffLimitPerIndex and counts under maxFailedIndexes, while the episode's
+own failure is a sample. Written for whatever Python 3 an episode image holds: no f-strings, no
+annotations, and nothing imported before the episode's own imports but os, runpy and sys.
+"""
+
+import os
+import runpy
+import sys
+
+LAUNCHER_PID = os.getpid()
+REAL_EXIT = os._exit
+EPISODE = "/demo/episode.py"
+
+
+def emit_exit(**fields):
+    """The episode_exit event on stdout, after whatever the program printed."""
+    import json
+    import time
+
+    record = {
+        "event": "episode_exit",
+        "at": time.time(),
+        "episode_id": os.environ.get("EPISODE_ID", ""),
+    }
+    record.update(fields)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    try:
+        os.write(1, (json.dumps(record) + "\n").encode("utf-8"))
+    except OSError:
+        pass
+
+
+def exit_status(code):
+    """The status a SystemExit's code ends a process with, its message printed as Python does."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    try:
+        sys.stderr.write("%s\n" % (code,))
+    except Exception:
+        pass
+    return 1
+
+
+def ended(status):
+    """The program ended with this status: a failure is recorded; either way the process ends 0."""
+    if status != 0:
+        emit_exit(exit_code=status)
+    sys.exit(0)
+
+
+def own_exit(code):
+    """os._exit as the program calls it: in this process, recorded like any other end."""
+    if os.getpid() == LAUNCHER_PID:
+        status = code & 0xFF
+        if status != 0:
+            emit_exit(exit_code=status)
+        REAL_EXIT(0)
+    REAL_EXIT(code)
+
+
+def watch(seconds):
+    """The episode's own time: past it, recorded as such, and the process ends at once."""
+    import time
+
+    time.sleep(seconds)
+    emit_exit(timed_out=True, timeout_seconds=seconds)
+    REAL_EXIT(0)
+
+
+def run_wide_index():
+    """In a Job of several: this pod's run-wide episode index, its task file named by it."""
+    indexes = []  # type: list[int]
+    for piece in os.environ["EPISODE_INDEXES"].split(","):
+        first, _, last = piece.partition("-")
+        indexes += range(int(first), int(last or first) + 1)
+    index = indexes[int(os.environ["JOB_COMPLETION_INDEX"])]
+    os.environ["EPISODE_INDEX"] = str(index)
+    os.environ["TASK_FILE"] = "/tasks/%d.json" % index
+
+
+def main():
+    if "EPISODE_INDEXES" in os.environ:
+        run_wide_index()
+    timeout = os.environ.get("EPISODE_TIMEOUT_SECONDS")
+    if timeout:
+        import _thread
+
+        _thread.start_new_thread(watch, (int(timeout),))
+    os._exit = own_exit
+    sys.argv, sys.path[0] = [EPISODE], os.path.dirname(EPISODE)
+    try:
+        runpy.run_path(EPISODE, run_name="__main__")
+    except SystemExit as stop:
+        ended(exit_status(stop.code))
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        ended(1)
+
+
+if __name__ == "__main__":
+    main()
+'''
 
 
 # --------------------------------------------------------------------------
@@ -2515,13 +2642,16 @@ def namespace_manifest(
     return {"apiVersion": "v1", "kind": "Namespace", "metadata": metadata}
 
 
-def configmap_manifest(namespace: str, worker_source: str) -> dict:
-    """The ConfigMap that ships the episode program to every pod."""
+def configmap_manifest(namespace: str, worker_source: str, launcher: bool = False) -> dict:
+    """The ConfigMap that ships the episode program to every pod; a rollout's, the launcher too."""
+    data = {WORKER_KEY: worker_source}
+    if launcher:
+        data[LAUNCHER_KEY] = EPISODE_LAUNCHER
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {"name": CONFIGMAP_NAME, "namespace": namespace},
-        "data": {WORKER_KEY: worker_source},
+        "data": data,
     }
 
 
@@ -2787,13 +2917,23 @@ def pod_failure_policy() -> dict:
     }
 
 
-def episode_env(indexed: bool, tasks: dict | None, launched: bool = False) -> list[dict]:
+class Launch(NamedTuple):
+    """How a rollout's pod runs its episode: through EPISODE_LAUNCHER, which records the program's
+    own end; in a Job of several (`several`: its run-wide indexes set from EPISODE_INDEXES), and
+    with the episode's own time (`timeout`, seconds from the launcher's start) if it has one."""
+
+    several: bool = False
+    timeout: int | None = None
+
+
+def episode_env(indexed: bool, tasks: dict | None, launch: Launch | None = None) -> list[dict]:
     """The episode's environment: its pod's name, and in an Indexed Job its index and its task file
-    (`launched`: the run-wide indexes of its Job's completion indexes, which EPISODE_LAUNCHER reads)."""
+    (in a Job of several, the run-wide indexes of its Job's completion indexes, which
+    EPISODE_LAUNCHER reads); under the launcher, the episode's own time."""
     env: list[dict[str, Any]] = [
         {"name": "EPISODE_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
     ]
-    if launched:
+    if launch is not None and launch.several:
         env.append(
             {
                 "name": "EPISODE_INDEXES",
@@ -2804,7 +2944,16 @@ def episode_env(indexed: bool, tasks: dict | None, launched: bool = False) -> li
                 },
             }
         )
-        return env
+    else:
+        env += indexed_env(indexed, tasks)
+    if launch is not None and launch.timeout is not None:
+        env.append({"name": EPISODE_TIMEOUT_ENV, "value": str(launch.timeout)})
+    return env
+
+
+def indexed_env(indexed: bool, tasks: dict | None) -> list[dict]:
+    """In an Indexed Job of its own: the episode's index, and the task file it names."""
+    env: list[dict[str, Any]] = []
     if indexed:
         env.append(
             {
@@ -2823,10 +2972,10 @@ def episode_env(indexed: bool, tasks: dict | None, launched: bool = False) -> li
 
 
 def episode_container(
-    image: str, harden: bool, indexed: bool, tasks: dict | None, launched: bool = False
+    image: str, harden: bool, indexed: bool, tasks: dict | None, launch: Launch | None = None
 ) -> dict:
     """The container that runs the episode program: unprivileged, small requests and limits;
-    `launched`, through EPISODE_LAUNCHER (a Job of several in its batch)."""
+    a rollout's, through EPISODE_LAUNCHER (`launch`)."""
     security: dict[str, Any] = {
         "allowPrivilegeEscalation": False,
         "capabilities": {"drop": ["ALL"]},
@@ -2844,10 +2993,8 @@ def episode_container(
         "name": CONTAINER_NAME,
         "image": image,
         "imagePullPolicy": "IfNotPresent",
-        "command": ["python", "-B", "-c", EPISODE_LAUNCHER]
-        if launched
-        else ["python", "-B", f"/demo/{WORKER_KEY}"],
-        "env": episode_env(indexed, tasks, launched),
+        "command": ["python", "-B", f"/demo/{LAUNCHER_KEY if launch else WORKER_KEY}"],
+        "env": episode_env(indexed, tasks, launch),
         "securityContext": security,
         "resources": {
             "requests": {"cpu": "100m", "memory": "64Mi"},
@@ -2864,7 +3011,7 @@ def episode_pod_spec(
     indexed: bool,
     tasks: dict | None,
     episode_timeout: int | None = None,
-    launched: bool = False,
+    launch: Launch | None = None,
 ) -> dict:
     """An episode's pod: in the sandbox runtime, never restarted, non-root, without a service account token;
     with `episode_timeout`, stopped by its kubelet that many seconds after the pod started."""
@@ -2886,7 +3033,7 @@ def episode_pod_spec(
             "fsGroup": 1000,
             "runAsNonRoot": True,
         },
-        "containers": [episode_container(image, harden, indexed, tasks, launched)],
+        "containers": [episode_container(image, harden, indexed, tasks, launch)],
         "volumes": volumes,
     }
 
@@ -2906,6 +3053,7 @@ def job_manifest(
     episode_timeout: int | None = None,
     batch: str | None = None,
     episode_indexes: Sequence[int] | None = None,
+    launch: Launch | None = None,
 ) -> dict:
     """The Job whose pods are the episodes: backoffLimit 0, so one failed episode fails the batch.
 
@@ -2916,20 +3064,24 @@ def job_manifest(
     `need` ends the Job once that many episodes succeeded (successPolicy), the rest
     stopped. `episode_timeout` is each pod's activeDeadlineSeconds.
 
-    `batch` and `episode_indexes`: this Job is one of several in batch `batch` (one per image),
-    its completion index i the run's episode episode_indexes[i].
+    `launch`: a rollout's pods run their episode through EPISODE_LAUNCHER, which records the
+    episode's own failure and ends the pod 0, so that only a failure of the infrastructure fails a
+    pod (and counts against the Job's limits). `batch` and `episode_indexes`: this Job is one of
+    several in batch `batch` (one per image), its completion index i the run's episode
+    episode_indexes[i] (always launched).
     """
     indexed_mode = bool(indexed or tasks or policy or episode_indexes is not None)
-    launched = episode_indexes is not None
+    if episode_indexes is not None:
+        launch = (launch or Launch())._replace(several=True)
     spec: dict[str, Any] = {
         "completions": count,
         "parallelism": parallelism,
         "backoffLimit": 0,
         "activeDeadlineSeconds": deadline_seconds,
         "template": {
-            "metadata": episode_pod_metadata(batch, episode_indexes),
+            "metadata": episode_pod_metadata(batch, episode_indexes, launch is not None),
             "spec": episode_pod_spec(
-                image, runtime, harden, indexed_mode, tasks, episode_timeout, launched
+                image, runtime, harden, indexed_mode, tasks, episode_timeout, launch
             ),
         },
     }
@@ -2940,20 +3092,27 @@ def job_manifest(
         del spec["backoffLimit"]
         spec.update(rollout_policy_spec(policy))
     metadata: dict[str, Any] = {"name": name, "namespace": namespace}
-    if launched:
+    if episode_indexes is not None:
         # The API server copies the template's labels onto a Job only when the Job has none: one
         # with labels of its own carries the tool's too, or list and cleanup --stale miss it.
         metadata["labels"] = {"app": APP_LABEL, BATCH_LABEL: batch}
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata, "spec": spec}
 
 
-def episode_pod_metadata(batch: str | None, episode_indexes: Sequence[int] | None) -> dict:
+def episode_pod_metadata(
+    batch: str | None, episode_indexes: Sequence[int] | None, launched: bool = False
+) -> dict:
     """The labels of every episode's pod; in one of a batch's several Jobs, its batch and the run's
-    episode indexes too."""
+    episode indexes too; under the launcher, that its episode's own end is recorded in its log."""
     metadata: dict[str, Any] = {"labels": {"app": APP_LABEL}}
-    if episode_indexes is not None:  # launched
+    annotations = {}
+    if episode_indexes is not None:
         metadata["labels"][BATCH_LABEL] = batch
-        metadata["annotations"] = {EPISODE_INDEXES_ANNOTATION: index_ranges(episode_indexes)}
+        annotations[EPISODE_INDEXES_ANNOTATION] = index_ranges(episode_indexes)
+    if launched:
+        annotations[EPISODE_EXIT_ANNOTATION] = EPISODE_EXIT_RECORDED
+    if annotations:
+        metadata["annotations"] = annotations
     return metadata
 
 
@@ -4237,15 +4396,18 @@ def difference(later: float | None, earlier: float | None) -> float | None:
 
 
 def completion_gap(
-    job: dict, pods: Sequence[dict], last_reward_at: float, client_observed_at: float | None
+    job: dict, pods: Sequence[dict], last_reward_at: float | None, client_observed_at: float | None
 ) -> dict:
-    """What the time between the last reward and the client seeing the end is made of."""
+    """What the time between the last reward and the client seeing the end is made of (from the
+    last container's finish when no episode rewarded: a rollout whose every agent failed)."""
     finished = [parse_time((container_terminated(p) or {}).get("finishedAt")) for p in pods]
     finished_known = [t for t in finished if t is not None]
     last_finished = max(finished_known) if finished_known else None
     criteria = parse_time((condition(job, "SuccessCriteriaMet") or {}).get("lastTransitionTime"))
     end_kind = job_finished(job) or "Complete"
     end = parse_time((condition(job, end_kind) or {}).get("lastTransitionTime"))
+    if last_reward_at is None:
+        last_reward_at = last_finished if last_finished is not None else end or 0.0
     parts = completion_parts(last_reward_at, last_finished, criteria, end, client_observed_at)
     gap, bounds = parts_read(parts)
     gap.update(
@@ -4743,13 +4905,16 @@ def classify_pod_state(
     pod: dict, log_text: str, job: dict, builtin: bool
 ) -> tuple[str | None, str | None]:
     """classify_attempt from the pod's status and log alone: the first step that explains the
-    pod, in this order, says whose failure it was."""
+    pod, in this order, says whose failure it was. A pod whose episode ran under the launcher
+    (exit_recorded) has its episode's own end in its log: it Succeeded whatever that end, so a
+    failed one is never the episode's."""
     pod = succeeded_before_its_deadline(pod, job)
     lost = lost_pod(pod)
     if lost is not None:
         return lost
     if (pod.get("status") or {}).get("phase") == "Succeeded":
-        return succeeded_pod(pod, log_text, job, builtin)
+        own = own_end(log_text, builtin) if exit_recorded(pod) else None
+        return own or succeeded_pod(pod, log_text, job, builtin)
     state = container_status(pod).get("state") or {}
     stopped = stopped_pod(pod, job, state)
     if stopped is not None:
@@ -4757,7 +4922,44 @@ def classify_pod_state(
     unended = unended_container(pod, job, state)
     if unended is not None:
         return unended
+    if exit_recorded(pod):
+        return launcher_failed(state["terminated"], log_text)
     return ended_container(state["terminated"], log_text, builtin)
+
+
+def exit_recorded(pod: dict) -> bool:
+    """The pod ran its episode under the launcher, which records the episode's own end in its log."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    return annotations.get(EPISODE_EXIT_ANNOTATION) == EPISODE_EXIT_RECORDED
+
+
+def own_end(log_text: str, builtin: bool) -> tuple[str | None, str | None] | None:
+    """The episode's own failure as the launcher recorded it (its last episode_exit event), whose
+    fault a failure of its own is (episode, or the built-in checks': verifier); None when it
+    recorded none (the program exited 0)."""
+    ends = [e for e in parse_events(log_text.splitlines()) if e["event"] == EPISODE_EXIT_EVENT]
+    if not ends:
+        return None
+    end = ends[-1]
+    if end.get("timed_out"):
+        return "episode", (
+            f"ran out of time: still running {end.get('timeout_seconds')} s after it started "
+            f"(--episode-timeout), stopped by its launcher"
+        )
+    return ended_container({"exitCode": end.get("exit_code")}, log_text, builtin)
+
+
+def launcher_failed(terminated: dict, log_text: str) -> tuple[str | None, str | None]:
+    """A failed pod whose episode ran under the launcher: stopped or killed from outside (137, 143,
+    OOMKilled, ...), or the launcher could not run the episode at all; never the episode's own end."""
+    code, reason = terminated.get("exitCode"), terminated.get("reason") or ""
+    if reason in INFRASTRUCTURE_TERMINATED_REASONS or code in INFRASTRUCTURE_EXIT_CODES:
+        return "infrastructure", f"container {reason or 'ended'} with exit code {code}"
+    return "infrastructure", with_traceback(
+        f"the episode launcher exited {code} (it records the episode's own end and exits 0: "
+        f"this is its own failure, e.g. a Python it cannot run on)",
+        log_text,
+    )
 
 
 def lost_pod(pod: dict) -> tuple[str | None, str | None] | None:
@@ -4837,8 +5039,17 @@ def stopped_pod(pod: dict, job: dict, state: dict) -> tuple[str | None, str | No
 
 
 def past_pod_deadline(pod: dict, started: bool) -> tuple[str | None, str | None]:
-    """A pod stopped at its activeDeadlineSeconds: the episode's fault once its container started."""
+    """A pod stopped at its activeDeadlineSeconds: the episode's fault once its container started,
+    unless its launcher keeps the episode's own time (its pod's deadline is then a backstop)."""
     limit = (pod.get("spec") or {}).get("activeDeadlineSeconds")
+    if started and exit_recorded(pod):
+        return "infrastructure", (
+            f"stopped at its pod's deadline of {limit} s from its start on the node "
+            f"(--pull-timeout, and --episode-timeout plus {EPISODE_TIMEOUT_SLACK_SECONDS} s to "
+            f"start, as given), not by its launcher at the episode's own --episode-timeout: a "
+            f"slow start (image {container_image(pod)}), or without --episode-timeout an "
+            f"episode still running then"
+        )
     if started:
         return (
             "episode",
@@ -5259,6 +5470,12 @@ def rewards_jsonl(rows: Iterable[dict]) -> str:
 def is_failure(row: dict) -> bool:
     """A failed episode: neither a success nor cancelled once --need was met."""
     return row["failure_class"] not in (None, CANCELLED)
+
+
+def is_loss(row: dict) -> bool:
+    """An episode lost to the infrastructure or the verifier: a failure whose line a trainer masks,
+    the only kind --allow-failures counts. The episode's own failure is a sample, not a loss."""
+    return is_failure(row) and row["failure_class"] not in VALID_CLASSES
 
 
 def failure_counts(classes: Iterable[str | None]) -> dict[str, int]:
@@ -6297,14 +6514,19 @@ def reward_figures(rows: Sequence[dict], records: Sequence[dict], builtin: bool)
         "episodes": len(rows),
         "successful_episodes": sum(1 for r in rewards if r == 1) if builtin else len(rows),
         "reward_sum": sum(rewards),
-        "reward_mean": rounded(sum(rewards) / len(rewards), 6),
-        "batch_to_all_ready_seconds": max(r["batch_to_ready_seconds"] for r in rows),
-        "batch_to_all_rewards_seconds": max(r["batch_to_reward_seconds"] for r in rows),
+        # A rollout whose every episode failed on its own has no successful one to measure.
+        "reward_mean": rounded(sum(rewards) / len(rewards), 6) if rewards else None,
+        "batch_to_all_ready_seconds": max(
+            (r["batch_to_ready_seconds"] for r in rows), default=None
+        ),
+        "batch_to_all_rewards_seconds": max(
+            (r["batch_to_reward_seconds"] for r in rows), default=None
+        ),
         # The guide's figures, from the whole-second creationTimestamp as the guide computes them;
         # the pod_to_ready phase measures the same span from the sharpest points.
-        "pod_to_ready_p50_seconds": guide["p50"],
-        "pod_to_ready_p95_seconds": guide["p95"],
-        "pod_to_ready_max_seconds": guide["max"],
+        "pod_to_ready_p50_seconds": guide.get("p50"),
+        "pod_to_ready_p95_seconds": guide.get("p95"),
+        "pod_to_ready_max_seconds": guide.get("max"),
     }
 
 
@@ -6339,14 +6561,13 @@ def summarise_batch(
     records = [episode.record for episode in summarised]
     phase_samples: dict[str, list[float]] = {}
     figures = reward_figures(rows, records, builtin)
+    last_reward = max((reward["at"] for _, _, reward in episodes), default=None)
     figures.update(
         phases=phase_summary([record["phases"] for record in records], phase_samples),
         job_created=sources.job_point._asdict(),
         phases_by_start_path=start_path_phases(records),
         clocks=sources.clocks,
-        completion_gap=completion_gap(
-            job, pods, max(reward["at"] for _, _, reward in episodes), client_observed_at
-        ),
+        completion_gap=completion_gap(job, pods, last_reward, client_observed_at),
         nodes=node_distribution(pods),
         image_cache=count_image_cache(record["image_cache"] for record in records),
         images=image_figures(records),
@@ -11219,26 +11440,39 @@ def say_rollout_outcome(
     """On stderr: how --need was met, and which failures the batch accepted."""
     settings, count = batch.settings, batch.settings.count
     cancelled = summary.figures.get("cancelled_episodes") or 0
-    said = failures_said(failures)
     need = batch.spelling.setting("need", settings.need)
+    losses = [row for row in failures if is_loss(row)]
+    own = [row for row in failures if not is_loss(row)]
     if settings.need is not None:
         print(
-            f"{need} met: {count - cancelled - len(failures)} of {count} episodes "
-            f"succeeded, {cancelled} cancelled, {len(failures)} failed"
-            + (f" ({said})" if failures else ""),
+            f"{need} met: {count - cancelled - len(failures)} of {count} episodes succeeded, "
+            + (f"{len(own)} failed on their own (valid), " if own else "")
+            + f"{cancelled} cancelled, {len(losses)} failed"
+            + (f" ({failures_said(losses)})" if losses else ""),
             file=sys.stderr,
         )
-    if failures:
+    if losses:
         accepted = (
             f"Failures within {need}" if settings.need is not None else "Accepted a partial batch"
         )
         print(
             "\n  ".join(
                 [
-                    f"{accepted}: {len(failures)} of {count} episodes failed "
-                    f"({said}); every episode is in {REWARDS_FILE}"
+                    f"{accepted}: {len(losses)} of {count} episodes failed "
+                    f"({failures_said(losses)}); every episode is in {REWARDS_FILE}"
                 ]
-                + failure_lines(failures)
+                + failure_lines(losses)
+            ),
+            file=sys.stderr,
+        )
+    if own:
+        print(
+            "\n  ".join(
+                [
+                    f"{len(own)} of {count} episodes failed on their own ({failures_said(own)}): "
+                    f"valid samples, each in {REWARDS_FILE}"
+                ]
+                + failure_lines(own)
             ),
             file=sys.stderr,
         )
@@ -11369,41 +11603,48 @@ def summarise_rollout(
 def check_rollout_accepted(
     rows: Sequence[dict], need: int | None, allowed: int, spelling: Spelling
 ) -> None:
-    """DemoError, naming the first failed episodes, when fewer than --need K succeeded, more than
-    `allowed` failed, or none succeeded."""
+    """DemoError, naming the first failed episodes, when fewer than --need K episodes have a valid
+    line (a success, or the episode's own failure: a sample all the same), more than `allowed` were
+    lost (infrastructure, verifier), or none has a valid line. An episode's own failure never
+    fails the batch: it is a sample, and --allow-failures counts only the losses."""
     failures = [row for row in rows if is_failure(row)]
-    successes = {row["pod"] for row in rows if row["failure_class"] is None}
-    if need is not None and len(successes) < need:
+    losses = [row for row in rows if is_loss(row)]
+    valid = [row for row in rows if row["failure_class"] in VALID_CLASSES]
+    if need is not None and len(valid) < need:
         raise DemoError(
             "\n  ".join(
                 [
-                    f"{len(successes)} of {len(rows)} episodes succeeded, fewer than "
-                    f"{spelling.setting('need', need)} ({len(failures)} failed: "
-                    f"{failures_said(failures) or 'none'})"
+                    f"{len(valid)} of {len(rows)} episodes have a valid line, fewer than "
+                    f"{spelling.setting('need', need)} ({len(losses)} lost: "
+                    f"{failures_said(losses) or 'none'})"
                 ]
                 + failure_lines(failures)
             )
         )
-    if len(failures) > allowed or not successes:
+    if len(losses) > allowed or not valid:
         allowance = (
             f"allow_failures={allowed} accepts no more"
             if spelling.python
             else f"--allow-failures accepts {allowed}"
         )
-        accepts = allowance if len(failures) > allowed else "none succeeded"
+        accepts = allowance if len(losses) > allowed else "none has a valid line"
+        own = len(failures) - len(losses)
         raise DemoError(
             "\n  ".join(
                 [
-                    f"{len(failures)} of {len(rows)} episodes failed "
-                    f"({failures_said(failures)}); {accepts}"
+                    f"{len(losses)} of {len(rows)} episodes failed "
+                    f"({failures_said(losses)}"
+                    + (f"; {own} more failed on their own, valid samples" if own else "")
+                    + f"); {accepts}"
                 ]
-                + failure_lines(failures)
+                + failure_lines(losses + [row for row in failures if not is_loss(row)])
             )
         )
 
 
 ROLLOUT_FIELDS = (
     "failed_episodes",
+    "lost_episodes",
     "failures_by_class",
     "failures",
     "accepted_partial",
@@ -11452,12 +11693,15 @@ def rollout_figures(
     """What a rollout batch adds to its summary: failures by class, attempts, groups; with --need,
     the episodes it cancelled (no failures: a run that got its K successes exits 0)."""
     failures = [row for row in rows if is_failure(row)]
+    losses = [row for row in failures if is_loss(row)]
     figures: dict[str, Any] = {
         "episodes": len(rows),
         "failed_episodes": len(failures),
+        "lost_episodes": len(losses),
         "failures_by_class": failure_counts(row["failure_class"] for row in failures),
         "failures": [{key: row[key] for key in FAILURE_RECORD_KEYS} for row in failures],
-        "accepted_partial": bool(failures) and need is None,
+        # Partial: some lines are to be masked. The episodes' own failures are samples.
+        "accepted_partial": bool(losses) and need is None,
         "allow_failures": allowed,
         "cancelled_episodes": sum(1 for row in rows if row["failure_class"] == CANCELLED),
         "retries": retries,
@@ -11585,6 +11829,12 @@ def assemble_results(
     return Results(results, pooled)
 
 
+def latest(values: Iterable[float | None]) -> float | None:
+    """The largest of the known values: None for a batch with no successful episode to measure
+    (a rollout whose every agent failed on its own)."""
+    return max((value for value in values if value is not None), default=None)
+
+
 def common_results(settings: Settings, measured: Sequence[BatchOutcome]) -> dict[str, Any]:
     """The fields of every results.json: the measured batches pooled, and the run's settings."""
     figures = [batch.figures() for batch in measured]
@@ -11608,11 +11858,11 @@ def common_results(settings: Settings, measured: Sequence[BatchOutcome]) -> dict
         "episodes": sum(f["episodes"] for f in figures),
         "successful_episodes": sum(f["successful_episodes"] for f in figures),
         "reward_sum": sum(f["reward_sum"] for f in figures),
-        "batch_to_all_ready_seconds": max(f["batch_to_all_ready_seconds"] for f in figures),
-        "batch_to_all_rewards_seconds": max(f["batch_to_all_rewards_seconds"] for f in figures),
-        "pod_to_ready_p50_seconds": guide["p50"],
-        "pod_to_ready_p95_seconds": guide["p95"],
-        "pod_to_ready_max_seconds": guide["max"],
+        "batch_to_all_ready_seconds": latest(f["batch_to_all_ready_seconds"] for f in figures),
+        "batch_to_all_rewards_seconds": latest(f["batch_to_all_rewards_seconds"] for f in figures),
+        "pod_to_ready_p50_seconds": guide.get("p50"),
+        "pod_to_ready_p95_seconds": guide.get("p95"),
+        "pod_to_ready_max_seconds": guide.get("max"),
         "pods": rows,
         "context": settings.context,
         "namespace": settings.namespace,
@@ -12060,9 +12310,18 @@ def image_job_policy(settings: Settings, episodes: int) -> RolloutPolicy | None:
 
 def pod_deadline(settings: Settings) -> int | None:
     """Each pod's activeDeadlineSeconds, counted from its start on the node: --pull-timeout and
-    --episode-timeout together, since one deadline bounds the pull and the episode after it."""
+    --episode-timeout together, since one deadline bounds the pull and the episode after it. A
+    rollout's launcher stops its episode at --episode-timeout itself: its pod's deadline, a backstop,
+    leaves EPISODE_TIMEOUT_SLACK_SECONDS more for the pod to start."""
     known = [part for part in (settings.pull_timeout, settings.episode_timeout) if part is not None]
+    if settings.rollout and settings.episode_timeout is not None:
+        known.append(EPISODE_TIMEOUT_SLACK_SECONDS)
     return sum(known) if known else None
+
+
+def episode_launch(settings: Settings) -> Launch | None:
+    """How a rollout's pods run their episode: through the launcher, with --episode-timeout."""
+    return Launch(timeout=settings.episode_timeout) if settings.rollout else None
 
 
 def batch_job(namespace: str, settings: Settings, name: str, task_maps: Sequence[dict]) -> dict:
@@ -12081,6 +12340,7 @@ def batch_job(namespace: str, settings: Settings, name: str, task_maps: Sequence
         tasks=tasks_volume(task_maps, settings.group_size) if task_maps else None,
         policy=rollout_policy(settings),
         episode_timeout=pod_deadline(settings),
+        launch=episode_launch(settings),
     )
 
 
@@ -12122,6 +12382,7 @@ def batch_jobs(
             episode_timeout=pod_deadline(settings),
             batch=name,
             episode_indexes=group.indexes,
+            launch=episode_launch(settings),
         )
         for number, (group, share) in enumerate(zip(groups, shares), start=1)
     ]
@@ -12138,7 +12399,7 @@ def plan_run(
     """Every object `run` creates, from its settings (and the run's origin, once known) alone."""
     task_maps = task_configmaps(namespace, tasks) if tasks else []
     setup = [network_policy_manifest(namespace)] if settings.harden else []
-    setup += [configmap_manifest(namespace, worker_source), *task_maps]
+    setup += [configmap_manifest(namespace, worker_source, settings.rollout), *task_maps]
     groups = image_groups(
         tasks, settings.count, settings.group_size, settings.image, settings.image_map
     )
@@ -14423,8 +14684,11 @@ def failure_arguments() -> argparse.ArgumentParser:
         type=non_negative_int,
         default=None,
         metavar="K",
-        help=f"accept up to K failed episodes: results.json and rewards.jsonl list them "
-        f"with their class, and the run exits {EXIT_PARTIAL}. Needs Kubernetes >= 1.33",
+        help=f"accept up to K episodes lost to the infrastructure (or the built-in checks): "
+        f"results.json and rewards.jsonl list them with their class, and the run exits "
+        f"{EXIT_PARTIAL}. An episode's own failure (a crash, a wrong answer, past "
+        f"--episode-timeout) is a valid sample, never counted here and never the batch's end. "
+        f"Needs Kubernetes >= 1.33",
     )
     arguments.add_argument(
         "--need",
@@ -14432,21 +14696,23 @@ def failure_arguments() -> argparse.ArgumentParser:
         default=None,
         metavar="K",
         help="over-provision: end the batch as soon as K of its --count episodes have "
-        "succeeded (the Job's successPolicy); Kubernetes stops the rest, recorded as "
-        "failure_class 'cancelled', and up to count - K failures are absorbed (more fail the "
-        "run, exit 1). 1 <= K < count; not with --group-size, --allow-failures, --rounds or "
-        "--warmup, nor with tasks of several images (each image's Job counts only its own "
-        "successes). Needs Kubernetes >= 1.33",
+        "a valid line (succeeded, or failed on their own: the Job's successPolicy); Kubernetes "
+        "stops the rest, recorded as failure_class 'cancelled', and up to count - K lost "
+        "episodes are absorbed (more fail the run, exit 1). 1 <= K < count; not with "
+        "--group-size, --allow-failures, --rounds or --warmup, nor with tasks of several "
+        "images (each image's Job counts only its own successes). Needs Kubernetes >= 1.33",
     )
     arguments.add_argument(
         "--episode-timeout",
         type=positive_int,
         default=None,
         metavar="S",
-        help="stop each episode S seconds after its pod started (the pod's "
-        "activeDeadlineSeconds: counted from the pod's start on its node, image pull "
-        "and sandbox start included); an episode past it is an 'episode' failure and "
-        "is never retried (so not with --retries)",
+        help="stop each episode S seconds after its program started (in a rollout, its "
+        "launcher keeps the time): an episode past it is an 'episode' failure, a valid "
+        "sample, never retried; the pod's own deadline (activeDeadlineSeconds) is S plus "
+        "--pull-timeout plus 30 s for the pod to start, a pod stopped at it an "
+        "infrastructure failure, retried under --retries. Without --tasks or another "
+        "rollout option, the pod's deadline is S itself, image pull included",
     )
     return arguments
 
@@ -14467,11 +14733,12 @@ def image_pull_arguments() -> argparse.ArgumentParser:
         default=None,
         metavar="S",
         help="fail an episode whose pod has not pulled its image within S seconds of its "
-        "start (the pod's activeDeadlineSeconds, with --episode-timeout added), as an "
-        "infrastructure failure the Job retries under --retries; the deadline bounds the "
+        "start (the pod's activeDeadlineSeconds, with --episode-timeout and 30 s added), as "
+        "an infrastructure failure the Job retries under --retries; the deadline bounds the "
         "whole pod, so without --episode-timeout an episode still running at S is stopped "
-        "too (and retried under --retries): give S room for the longest episode as well; "
-        "without it an image that never pulls holds its episode until the Job's --timeout",
+        "too, as infrastructure: give S room for the longest episode as well, or give "
+        "--episode-timeout; without it an image that never pulls holds its episode until "
+        "the Job's --timeout",
     )
     return arguments
 
@@ -14896,14 +15163,6 @@ def check_rollout_request(request: RunRequest) -> None:
         )
         raise UsageError(f"{runs} one batch: leave out {name('rounds')} and {name('warmup')}")
     check_need_request(request)
-    if request.episode_timeout is not None and request.retries:
-        # The kubelet stops a pod past its activeDeadlineSeconds with no exit code of the episode's
-        # own and no pod condition a podFailurePolicy rule can match: the Job would retry it.
-        raise UsageError(
-            f"{name('episode_timeout')} cannot hold with {name('retries')}: the Job API would "
-            f"retry an episode stopped at its deadline (its pod fails with reason "
-            f"DeadlineExceeded, which no podFailurePolicy rule can match)"
-        )
     # A count of 0, refused after these checks, counts here as the default.
     count = request.count or DEFAULT_COUNT
     if request.allow_failures is not None and request.allow_failures > count:

@@ -29,6 +29,7 @@ TARGET = ROOT / "rl_batch_demo.py"
 MAP_LINE = re.compile(r"^    (\w+): ", re.M)
 EMBEDDED = re.compile(r'^(\w+) = embedded_text\("([\w.]+)"\)$', re.M)
 BANNER = "# " + "-" * 74
+# Programs the package ships as text to the pods (embedded_text), listed in the map but no parts.
 
 
 class BundleError(Exception):

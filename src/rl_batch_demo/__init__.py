@@ -19,6 +19,7 @@ The package's modules, lowest layer first: each imports only those above it here
 shipped single file holds them in this order, each part opening with its source path.
     worker: the episode program every pod runs, shipped in a ConfigMap as text.
     guardian: the program that kills a tool process's kubectl children once it is gone, shipped as text.
+    launcher: how a rollout's pod runs that program, its own end recorded; shipped as text.
     constants: defaults, limits, timeouts, and the names of what a run creates and saves.
     model: errors, and the records the modules share (`RunRequest`, `Settings`, `Task`).
     stats: percentiles and their descriptions.

@@ -295,8 +295,11 @@ def failure_arguments() -> argparse.ArgumentParser:
         type=non_negative_int,
         default=None,
         metavar="K",
-        help=f"accept up to K failed episodes: results.json and rewards.jsonl list them "
-        f"with their class, and the run exits {EXIT_PARTIAL}. Needs Kubernetes >= 1.33",
+        help=f"accept up to K episodes lost to the infrastructure (or the built-in checks): "
+        f"results.json and rewards.jsonl list them with their class, and the run exits "
+        f"{EXIT_PARTIAL}. An episode's own failure (a crash, a wrong answer, past "
+        f"--episode-timeout) is a valid sample, never counted here and never the batch's end. "
+        f"Needs Kubernetes >= 1.33",
     )
     arguments.add_argument(
         "--need",
@@ -304,21 +307,23 @@ def failure_arguments() -> argparse.ArgumentParser:
         default=None,
         metavar="K",
         help="over-provision: end the batch as soon as K of its --count episodes have "
-        "succeeded (the Job's successPolicy); Kubernetes stops the rest, recorded as "
-        "failure_class 'cancelled', and up to count - K failures are absorbed (more fail the "
-        "run, exit 1). 1 <= K < count; not with --group-size, --allow-failures, --rounds or "
-        "--warmup, nor with tasks of several images (each image's Job counts only its own "
-        "successes). Needs Kubernetes >= 1.33",
+        "a valid line (succeeded, or failed on their own: the Job's successPolicy); Kubernetes "
+        "stops the rest, recorded as failure_class 'cancelled', and up to count - K lost "
+        "episodes are absorbed (more fail the run, exit 1). 1 <= K < count; not with "
+        "--group-size, --allow-failures, --rounds or --warmup, nor with tasks of several "
+        "images (each image's Job counts only its own successes). Needs Kubernetes >= 1.33",
     )
     arguments.add_argument(
         "--episode-timeout",
         type=positive_int,
         default=None,
         metavar="S",
-        help="stop each episode S seconds after its pod started (the pod's "
-        "activeDeadlineSeconds: counted from the pod's start on its node, image pull "
-        "and sandbox start included); an episode past it is an 'episode' failure and "
-        "is never retried (so not with --retries)",
+        help="stop each episode S seconds after its program started (in a rollout, its "
+        "launcher keeps the time): an episode past it is an 'episode' failure, a valid "
+        "sample, never retried; the pod's own deadline (activeDeadlineSeconds) is S plus "
+        "--pull-timeout plus 30 s for the pod to start, a pod stopped at it an "
+        "infrastructure failure, retried under --retries. Without --tasks or another "
+        "rollout option, the pod's deadline is S itself, image pull included",
     )
     return arguments
 
@@ -339,11 +344,12 @@ def image_pull_arguments() -> argparse.ArgumentParser:
         default=None,
         metavar="S",
         help="fail an episode whose pod has not pulled its image within S seconds of its "
-        "start (the pod's activeDeadlineSeconds, with --episode-timeout added), as an "
-        "infrastructure failure the Job retries under --retries; the deadline bounds the "
+        "start (the pod's activeDeadlineSeconds, with --episode-timeout and 30 s added), as "
+        "an infrastructure failure the Job retries under --retries; the deadline bounds the "
         "whole pod, so without --episode-timeout an episode still running at S is stopped "
-        "too (and retried under --retries): give S room for the longest episode as well; "
-        "without it an image that never pulls holds its episode until the Job's --timeout",
+        "too, as infrastructure: give S room for the longest episode as well, or give "
+        "--episode-timeout; without it an image that never pulls holds its episode until "
+        "the Job's --timeout",
     )
     return arguments
 
@@ -768,14 +774,6 @@ def check_rollout_request(request: RunRequest) -> None:
         )
         raise UsageError(f"{runs} one batch: leave out {name('rounds')} and {name('warmup')}")
     check_need_request(request)
-    if request.episode_timeout is not None and request.retries:
-        # The kubelet stops a pod past its activeDeadlineSeconds with no exit code of the episode's
-        # own and no pod condition a podFailurePolicy rule can match: the Job would retry it.
-        raise UsageError(
-            f"{name('episode_timeout')} cannot hold with {name('retries')}: the Job API would "
-            f"retry an episode stopped at its deadline (its pod fails with reason "
-            f"DeadlineExceeded, which no podFailurePolicy rule can match)"
-        )
     # A count of 0, refused after these checks, counts here as the default.
     count = request.count or DEFAULT_COUNT
     if request.allow_failures is not None and request.allow_failures > count:

@@ -90,6 +90,9 @@ CONTAINER_NAME = "episode"
 
 WORKER_KEY = "episode.py"
 
+# A rollout's launcher (EPISODE_LAUNCHER), beside the episode program in the same ConfigMap.
+LAUNCHER_KEY = "launcher.py"
+
 RUN_LABEL = "agc-demo-run"
 
 APP_LABEL = "rl-batch-demo"
@@ -139,22 +142,19 @@ PREPULL_LABEL = ANNOTATION_PREFIX + "prepull"
 
 PREPULL_FILE = "prepull.json"
 
-# How a Job of several runs the episode program: the run-wide index of its completion index (which
-# Kubernetes gives every pod of an Indexed Job as JOB_COMPLETION_INDEX) becomes EPISODE_INDEX and
-# names TASK_FILE, as in a run of one Job; then the program runs in this very process, so its
-# /proc start time and import figures are its own.
-EPISODE_LAUNCHER = """\
-import os, runpy, sys
-indexes = []
-for piece in os.environ["EPISODE_INDEXES"].split(","):
-    first, _, last = piece.partition("-")
-    indexes += range(int(first), int(last or first) + 1)
-index = indexes[int(os.environ["JOB_COMPLETION_INDEX"])]
-os.environ["EPISODE_INDEX"] = str(index)
-os.environ["TASK_FILE"] = "/tasks/%d.json" % index
-sys.argv, sys.path[0] = ["/demo/episode.py"], "/demo"
-runpy.run_path("/demo/episode.py", run_name="__main__")
-"""
+# A rollout's pods (this annotation on each) run their episode through the launcher, which prints
+# one event of this name when the program ends on its own with a failure or past its
+# EPISODE_TIMEOUT_SECONDS, and then ends the pod 0: a pod of theirs that failed is never the episode's.
+EPISODE_EXIT_ANNOTATION = ANNOTATION_PREFIX + "episode-exit"
+EPISODE_EXIT_RECORDED = "recorded"
+EPISODE_EXIT_EVENT = "episode_exit"
+EPISODE_TIMEOUT_ENV = "EPISODE_TIMEOUT_SECONDS"
+
+# What a rollout pod's activeDeadlineSeconds adds to --episode-timeout (and --pull-timeout): the
+# launcher counts the episode's own time from its start, so the pod's deadline, a backstop that
+# stops a pod the launcher could not, leaves this much for the pod to get there (sandbox, container
+# and interpreter start). A pod stopped at it is the infrastructure's loss, which the Job retries.
+EPISODE_TIMEOUT_SLACK_SECONDS = 30
 
 # The Job controller keeps this finalizer on each pod until it has counted the pod's end.
 JOB_TRACKING_FINALIZER = "batch.kubernetes.io/job-tracking"
@@ -303,3 +303,10 @@ SERVER_SOURCE = embedded_text("sandbox_server.py")
 GUARDIAN_SOURCE = embedded_text("guardian.py")
 # The variable that hands the guardian its program (its command line stays short).
 GUARDIAN_VARIABLE = "RL_BATCH_DEMO_GUARDIAN"
+
+# How a rollout's pod runs the episode program (`python -B -c` this text): in this very process, so
+# its /proc start time and import figures are its own; its own end recorded (see
+# EPISODE_EXIT_ANNOTATION); in a Job of several, EPISODE_INDEX and TASK_FILE set first from the
+# run-wide index of its completion index (which Kubernetes gives every pod of an Indexed Job as
+# JOB_COMPLETION_INDEX), as in a run of one Job.
+EPISODE_LAUNCHER = embedded_text("launcher.py")

@@ -44,6 +44,10 @@ from .constants import (
     USER_ANNOTATION,
     VERSION_ANNOTATION,
     WORKER_KEY,
+    LAUNCHER_KEY,
+    EPISODE_EXIT_ANNOTATION,
+    EPISODE_EXIT_RECORDED,
+    EPISODE_TIMEOUT_ENV,
 )
 from .model import DemoError, ImageGroup, PoolShape, RolloutPolicy, Task
 from .stats import rounded
@@ -135,13 +139,16 @@ def namespace_manifest(
     return {"apiVersion": "v1", "kind": "Namespace", "metadata": metadata}
 
 
-def configmap_manifest(namespace: str, worker_source: str) -> dict:
-    """The ConfigMap that ships the episode program to every pod."""
+def configmap_manifest(namespace: str, worker_source: str, launcher: bool = False) -> dict:
+    """The ConfigMap that ships the episode program to every pod; a rollout's, the launcher too."""
+    data = {WORKER_KEY: worker_source}
+    if launcher:
+        data[LAUNCHER_KEY] = EPISODE_LAUNCHER
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {"name": CONFIGMAP_NAME, "namespace": namespace},
-        "data": {WORKER_KEY: worker_source},
+        "data": data,
     }
 
 
@@ -407,13 +414,23 @@ def pod_failure_policy() -> dict:
     }
 
 
-def episode_env(indexed: bool, tasks: dict | None, launched: bool = False) -> list[dict]:
+class Launch(NamedTuple):
+    """How a rollout's pod runs its episode: through EPISODE_LAUNCHER, which records the program's
+    own end; in a Job of several (`several`: its run-wide indexes set from EPISODE_INDEXES), and
+    with the episode's own time (`timeout`, seconds from the launcher's start) if it has one."""
+
+    several: bool = False
+    timeout: int | None = None
+
+
+def episode_env(indexed: bool, tasks: dict | None, launch: Launch | None = None) -> list[dict]:
     """The episode's environment: its pod's name, and in an Indexed Job its index and its task file
-    (`launched`: the run-wide indexes of its Job's completion indexes, which EPISODE_LAUNCHER reads)."""
+    (in a Job of several, the run-wide indexes of its Job's completion indexes, which
+    EPISODE_LAUNCHER reads); under the launcher, the episode's own time."""
     env: list[dict[str, Any]] = [
         {"name": "EPISODE_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
     ]
-    if launched:
+    if launch is not None and launch.several:
         env.append(
             {
                 "name": "EPISODE_INDEXES",
@@ -424,7 +441,16 @@ def episode_env(indexed: bool, tasks: dict | None, launched: bool = False) -> li
                 },
             }
         )
-        return env
+    else:
+        env += indexed_env(indexed, tasks)
+    if launch is not None and launch.timeout is not None:
+        env.append({"name": EPISODE_TIMEOUT_ENV, "value": str(launch.timeout)})
+    return env
+
+
+def indexed_env(indexed: bool, tasks: dict | None) -> list[dict]:
+    """In an Indexed Job of its own: the episode's index, and the task file it names."""
+    env: list[dict[str, Any]] = []
     if indexed:
         env.append(
             {
@@ -443,10 +469,10 @@ def episode_env(indexed: bool, tasks: dict | None, launched: bool = False) -> li
 
 
 def episode_container(
-    image: str, harden: bool, indexed: bool, tasks: dict | None, launched: bool = False
+    image: str, harden: bool, indexed: bool, tasks: dict | None, launch: Launch | None = None
 ) -> dict:
     """The container that runs the episode program: unprivileged, small requests and limits;
-    `launched`, through EPISODE_LAUNCHER (a Job of several in its batch)."""
+    a rollout's, through EPISODE_LAUNCHER (`launch`)."""
     security: dict[str, Any] = {
         "allowPrivilegeEscalation": False,
         "capabilities": {"drop": ["ALL"]},
@@ -464,10 +490,8 @@ def episode_container(
         "name": CONTAINER_NAME,
         "image": image,
         "imagePullPolicy": "IfNotPresent",
-        "command": ["python", "-B", "-c", EPISODE_LAUNCHER]
-        if launched
-        else ["python", "-B", f"/demo/{WORKER_KEY}"],
-        "env": episode_env(indexed, tasks, launched),
+        "command": ["python", "-B", f"/demo/{LAUNCHER_KEY if launch else WORKER_KEY}"],
+        "env": episode_env(indexed, tasks, launch),
         "securityContext": security,
         "resources": {
             "requests": {"cpu": "100m", "memory": "64Mi"},
@@ -484,7 +508,7 @@ def episode_pod_spec(
     indexed: bool,
     tasks: dict | None,
     episode_timeout: int | None = None,
-    launched: bool = False,
+    launch: Launch | None = None,
 ) -> dict:
     """An episode's pod: in the sandbox runtime, never restarted, non-root, without a service account token;
     with `episode_timeout`, stopped by its kubelet that many seconds after the pod started."""
@@ -506,7 +530,7 @@ def episode_pod_spec(
             "fsGroup": 1000,
             "runAsNonRoot": True,
         },
-        "containers": [episode_container(image, harden, indexed, tasks, launched)],
+        "containers": [episode_container(image, harden, indexed, tasks, launch)],
         "volumes": volumes,
     }
 
@@ -526,6 +550,7 @@ def job_manifest(
     episode_timeout: int | None = None,
     batch: str | None = None,
     episode_indexes: Sequence[int] | None = None,
+    launch: Launch | None = None,
 ) -> dict:
     """The Job whose pods are the episodes: backoffLimit 0, so one failed episode fails the batch.
 
@@ -536,20 +561,24 @@ def job_manifest(
     `need` ends the Job once that many episodes succeeded (successPolicy), the rest
     stopped. `episode_timeout` is each pod's activeDeadlineSeconds.
 
-    `batch` and `episode_indexes`: this Job is one of several in batch `batch` (one per image),
-    its completion index i the run's episode episode_indexes[i].
+    `launch`: a rollout's pods run their episode through EPISODE_LAUNCHER, which records the
+    episode's own failure and ends the pod 0, so that only a failure of the infrastructure fails a
+    pod (and counts against the Job's limits). `batch` and `episode_indexes`: this Job is one of
+    several in batch `batch` (one per image), its completion index i the run's episode
+    episode_indexes[i] (always launched).
     """
     indexed_mode = bool(indexed or tasks or policy or episode_indexes is not None)
-    launched = episode_indexes is not None
+    if episode_indexes is not None:
+        launch = (launch or Launch())._replace(several=True)
     spec: dict[str, Any] = {
         "completions": count,
         "parallelism": parallelism,
         "backoffLimit": 0,
         "activeDeadlineSeconds": deadline_seconds,
         "template": {
-            "metadata": episode_pod_metadata(batch, episode_indexes),
+            "metadata": episode_pod_metadata(batch, episode_indexes, launch is not None),
             "spec": episode_pod_spec(
-                image, runtime, harden, indexed_mode, tasks, episode_timeout, launched
+                image, runtime, harden, indexed_mode, tasks, episode_timeout, launch
             ),
         },
     }
@@ -560,20 +589,27 @@ def job_manifest(
         del spec["backoffLimit"]
         spec.update(rollout_policy_spec(policy))
     metadata: dict[str, Any] = {"name": name, "namespace": namespace}
-    if launched:
+    if episode_indexes is not None:
         # The API server copies the template's labels onto a Job only when the Job has none: one
         # with labels of its own carries the tool's too, or list and cleanup --stale miss it.
         metadata["labels"] = {"app": APP_LABEL, BATCH_LABEL: batch}
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata, "spec": spec}
 
 
-def episode_pod_metadata(batch: str | None, episode_indexes: Sequence[int] | None) -> dict:
+def episode_pod_metadata(
+    batch: str | None, episode_indexes: Sequence[int] | None, launched: bool = False
+) -> dict:
     """The labels of every episode's pod; in one of a batch's several Jobs, its batch and the run's
-    episode indexes too."""
+    episode indexes too; under the launcher, that its episode's own end is recorded in its log."""
     metadata: dict[str, Any] = {"labels": {"app": APP_LABEL}}
-    if episode_indexes is not None:  # launched
+    annotations = {}
+    if episode_indexes is not None:
         metadata["labels"][BATCH_LABEL] = batch
-        metadata["annotations"] = {EPISODE_INDEXES_ANNOTATION: index_ranges(episode_indexes)}
+        annotations[EPISODE_INDEXES_ANNOTATION] = index_ranges(episode_indexes)
+    if launched:
+        annotations[EPISODE_EXIT_ANNOTATION] = EPISODE_EXIT_RECORDED
+    if annotations:
+        metadata["annotations"] = annotations
     return metadata
 
 

@@ -13,7 +13,11 @@ from .constants import (
     BASELINE_PASSED_MESSAGE,
     CANCELLED,
     COMPLETION_INDEX_ANNOTATION,
+    EPISODE_EXIT_ANNOTATION,
+    EPISODE_EXIT_EVENT,
+    EPISODE_EXIT_RECORDED,
     EPISODE_INDEXES_ANNOTATION,
+    EPISODE_TIMEOUT_SLACK_SECONDS,
     FAILURE_CLASSES,
     INDEX_FAILURE_COUNT_ANNOTATION,
     INDEX_IGNORED_FAILURE_COUNT_ANNOTATION,
@@ -281,13 +285,16 @@ def classify_pod_state(
     pod: dict, log_text: str, job: dict, builtin: bool
 ) -> tuple[str | None, str | None]:
     """classify_attempt from the pod's status and log alone: the first step that explains the
-    pod, in this order, says whose failure it was."""
+    pod, in this order, says whose failure it was. A pod whose episode ran under the launcher
+    (exit_recorded) has its episode's own end in its log: it Succeeded whatever that end, so a
+    failed one is never the episode's."""
     pod = succeeded_before_its_deadline(pod, job)
     lost = lost_pod(pod)
     if lost is not None:
         return lost
     if (pod.get("status") or {}).get("phase") == "Succeeded":
-        return succeeded_pod(pod, log_text, job, builtin)
+        own = own_end(log_text, builtin) if exit_recorded(pod) else None
+        return own or succeeded_pod(pod, log_text, job, builtin)
     state = container_status(pod).get("state") or {}
     stopped = stopped_pod(pod, job, state)
     if stopped is not None:
@@ -295,7 +302,44 @@ def classify_pod_state(
     unended = unended_container(pod, job, state)
     if unended is not None:
         return unended
+    if exit_recorded(pod):
+        return launcher_failed(state["terminated"], log_text)
     return ended_container(state["terminated"], log_text, builtin)
+
+
+def exit_recorded(pod: dict) -> bool:
+    """The pod ran its episode under the launcher, which records the episode's own end in its log."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    return annotations.get(EPISODE_EXIT_ANNOTATION) == EPISODE_EXIT_RECORDED
+
+
+def own_end(log_text: str, builtin: bool) -> tuple[str | None, str | None] | None:
+    """The episode's own failure as the launcher recorded it (its last episode_exit event), whose
+    fault a failure of its own is (episode, or the built-in checks': verifier); None when it
+    recorded none (the program exited 0)."""
+    ends = [e for e in parse_events(log_text.splitlines()) if e["event"] == EPISODE_EXIT_EVENT]
+    if not ends:
+        return None
+    end = ends[-1]
+    if end.get("timed_out"):
+        return "episode", (
+            f"ran out of time: still running {end.get('timeout_seconds')} s after it started "
+            f"(--episode-timeout), stopped by its launcher"
+        )
+    return ended_container({"exitCode": end.get("exit_code")}, log_text, builtin)
+
+
+def launcher_failed(terminated: dict, log_text: str) -> tuple[str | None, str | None]:
+    """A failed pod whose episode ran under the launcher: stopped or killed from outside (137, 143,
+    OOMKilled, ...), or the launcher could not run the episode at all; never the episode's own end."""
+    code, reason = terminated.get("exitCode"), terminated.get("reason") or ""
+    if reason in INFRASTRUCTURE_TERMINATED_REASONS or code in INFRASTRUCTURE_EXIT_CODES:
+        return "infrastructure", f"container {reason or 'ended'} with exit code {code}"
+    return "infrastructure", with_traceback(
+        f"the episode launcher exited {code} (it records the episode's own end and exits 0: "
+        f"this is its own failure, e.g. a Python it cannot run on)",
+        log_text,
+    )
 
 
 def lost_pod(pod: dict) -> tuple[str | None, str | None] | None:
@@ -375,8 +419,17 @@ def stopped_pod(pod: dict, job: dict, state: dict) -> tuple[str | None, str | No
 
 
 def past_pod_deadline(pod: dict, started: bool) -> tuple[str | None, str | None]:
-    """A pod stopped at its activeDeadlineSeconds: the episode's fault once its container started."""
+    """A pod stopped at its activeDeadlineSeconds: the episode's fault once its container started,
+    unless its launcher keeps the episode's own time (its pod's deadline is then a backstop)."""
     limit = (pod.get("spec") or {}).get("activeDeadlineSeconds")
+    if started and exit_recorded(pod):
+        return "infrastructure", (
+            f"stopped at its pod's deadline of {limit} s from its start on the node "
+            f"(--pull-timeout, and --episode-timeout plus {EPISODE_TIMEOUT_SLACK_SECONDS} s to "
+            f"start, as given), not by its launcher at the episode's own --episode-timeout: a "
+            f"slow start (image {container_image(pod)}), or without --episode-timeout an "
+            f"episode still running then"
+        )
     if started:
         return (
             "episode",
@@ -797,6 +850,12 @@ def rewards_jsonl(rows: Iterable[dict]) -> str:
 def is_failure(row: dict) -> bool:
     """A failed episode: neither a success nor cancelled once --need was met."""
     return row["failure_class"] not in (None, CANCELLED)
+
+
+def is_loss(row: dict) -> bool:
+    """An episode lost to the infrastructure or the verifier: a failure whose line a trainer masks,
+    the only kind --allow-failures counts. The episode's own failure is a sample, not a loss."""
+    return is_failure(row) and row["failure_class"] not in VALID_CLASSES
 
 
 def failure_counts(classes: Iterable[str | None]) -> dict[str, int]:

@@ -18,6 +18,7 @@ from .constants import (
     RESULTS_FILE,
     REWARDS_FILE,
     SUCCESS_POLICY_REASON,
+    VALID_CLASSES,
 )
 from .model import BatchEntry, COMMAND_LINE, DemoError, Settings, Spelling, VerificationError
 from .stats import describe, rounded
@@ -41,6 +42,7 @@ from .outcomes import (
     group_figures,
     group_images,
     is_failure,
+    is_loss,
     job_cut_short,
     job_end_reason,
     rewards_jsonl,
@@ -266,26 +268,39 @@ def say_rollout_outcome(
     """On stderr: how --need was met, and which failures the batch accepted."""
     settings, count = batch.settings, batch.settings.count
     cancelled = summary.figures.get("cancelled_episodes") or 0
-    said = failures_said(failures)
     need = batch.spelling.setting("need", settings.need)
+    losses = [row for row in failures if is_loss(row)]
+    own = [row for row in failures if not is_loss(row)]
     if settings.need is not None:
         print(
-            f"{need} met: {count - cancelled - len(failures)} of {count} episodes "
-            f"succeeded, {cancelled} cancelled, {len(failures)} failed"
-            + (f" ({said})" if failures else ""),
+            f"{need} met: {count - cancelled - len(failures)} of {count} episodes succeeded, "
+            + (f"{len(own)} failed on their own (valid), " if own else "")
+            + f"{cancelled} cancelled, {len(losses)} failed"
+            + (f" ({failures_said(losses)})" if losses else ""),
             file=sys.stderr,
         )
-    if failures:
+    if losses:
         accepted = (
             f"Failures within {need}" if settings.need is not None else "Accepted a partial batch"
         )
         print(
             "\n  ".join(
                 [
-                    f"{accepted}: {len(failures)} of {count} episodes failed "
-                    f"({said}); every episode is in {REWARDS_FILE}"
+                    f"{accepted}: {len(losses)} of {count} episodes failed "
+                    f"({failures_said(losses)}); every episode is in {REWARDS_FILE}"
                 ]
-                + failure_lines(failures)
+                + failure_lines(losses)
+            ),
+            file=sys.stderr,
+        )
+    if own:
+        print(
+            "\n  ".join(
+                [
+                    f"{len(own)} of {count} episodes failed on their own ({failures_said(own)}): "
+                    f"valid samples, each in {REWARDS_FILE}"
+                ]
+                + failure_lines(own)
             ),
             file=sys.stderr,
         )
@@ -416,41 +431,48 @@ def summarise_rollout(
 def check_rollout_accepted(
     rows: Sequence[dict], need: int | None, allowed: int, spelling: Spelling
 ) -> None:
-    """DemoError, naming the first failed episodes, when fewer than --need K succeeded, more than
-    `allowed` failed, or none succeeded."""
+    """DemoError, naming the first failed episodes, when fewer than --need K episodes have a valid
+    line (a success, or the episode's own failure: a sample all the same), more than `allowed` were
+    lost (infrastructure, verifier), or none has a valid line. An episode's own failure never
+    fails the batch: it is a sample, and --allow-failures counts only the losses."""
     failures = [row for row in rows if is_failure(row)]
-    successes = {row["pod"] for row in rows if row["failure_class"] is None}
-    if need is not None and len(successes) < need:
+    losses = [row for row in rows if is_loss(row)]
+    valid = [row for row in rows if row["failure_class"] in VALID_CLASSES]
+    if need is not None and len(valid) < need:
         raise DemoError(
             "\n  ".join(
                 [
-                    f"{len(successes)} of {len(rows)} episodes succeeded, fewer than "
-                    f"{spelling.setting('need', need)} ({len(failures)} failed: "
-                    f"{failures_said(failures) or 'none'})"
+                    f"{len(valid)} of {len(rows)} episodes have a valid line, fewer than "
+                    f"{spelling.setting('need', need)} ({len(losses)} lost: "
+                    f"{failures_said(losses) or 'none'})"
                 ]
                 + failure_lines(failures)
             )
         )
-    if len(failures) > allowed or not successes:
+    if len(losses) > allowed or not valid:
         allowance = (
             f"allow_failures={allowed} accepts no more"
             if spelling.python
             else f"--allow-failures accepts {allowed}"
         )
-        accepts = allowance if len(failures) > allowed else "none succeeded"
+        accepts = allowance if len(losses) > allowed else "none has a valid line"
+        own = len(failures) - len(losses)
         raise DemoError(
             "\n  ".join(
                 [
-                    f"{len(failures)} of {len(rows)} episodes failed "
-                    f"({failures_said(failures)}); {accepts}"
+                    f"{len(losses)} of {len(rows)} episodes failed "
+                    f"({failures_said(losses)}"
+                    + (f"; {own} more failed on their own, valid samples" if own else "")
+                    + f"); {accepts}"
                 ]
-                + failure_lines(failures)
+                + failure_lines(losses + [row for row in failures if not is_loss(row)])
             )
         )
 
 
 ROLLOUT_FIELDS = (
     "failed_episodes",
+    "lost_episodes",
     "failures_by_class",
     "failures",
     "accepted_partial",
@@ -499,12 +521,15 @@ def rollout_figures(
     """What a rollout batch adds to its summary: failures by class, attempts, groups; with --need,
     the episodes it cancelled (no failures: a run that got its K successes exits 0)."""
     failures = [row for row in rows if is_failure(row)]
+    losses = [row for row in failures if is_loss(row)]
     figures: dict[str, Any] = {
         "episodes": len(rows),
         "failed_episodes": len(failures),
+        "lost_episodes": len(losses),
         "failures_by_class": failure_counts(row["failure_class"] for row in failures),
         "failures": [{key: row[key] for key in FAILURE_RECORD_KEYS} for row in failures],
-        "accepted_partial": bool(failures) and need is None,
+        # Partial: some lines are to be masked. The episodes' own failures are samples.
+        "accepted_partial": bool(losses) and need is None,
         "allow_failures": allowed,
         "cancelled_episodes": sum(1 for row in rows if row["failure_class"] == CANCELLED),
         "retries": retries,
@@ -632,6 +657,12 @@ def assemble_results(
     return Results(results, pooled)
 
 
+def latest(values: Iterable[float | None]) -> float | None:
+    """The largest of the known values: None for a batch with no successful episode to measure
+    (a rollout whose every agent failed on its own)."""
+    return max((value for value in values if value is not None), default=None)
+
+
 def common_results(settings: Settings, measured: Sequence[BatchOutcome]) -> dict[str, Any]:
     """The fields of every results.json: the measured batches pooled, and the run's settings."""
     figures = [batch.figures() for batch in measured]
@@ -655,11 +686,11 @@ def common_results(settings: Settings, measured: Sequence[BatchOutcome]) -> dict
         "episodes": sum(f["episodes"] for f in figures),
         "successful_episodes": sum(f["successful_episodes"] for f in figures),
         "reward_sum": sum(f["reward_sum"] for f in figures),
-        "batch_to_all_ready_seconds": max(f["batch_to_all_ready_seconds"] for f in figures),
-        "batch_to_all_rewards_seconds": max(f["batch_to_all_rewards_seconds"] for f in figures),
-        "pod_to_ready_p50_seconds": guide["p50"],
-        "pod_to_ready_p95_seconds": guide["p95"],
-        "pod_to_ready_max_seconds": guide["max"],
+        "batch_to_all_ready_seconds": latest(f["batch_to_all_ready_seconds"] for f in figures),
+        "batch_to_all_rewards_seconds": latest(f["batch_to_all_rewards_seconds"] for f in figures),
+        "pod_to_ready_p50_seconds": guide.get("p50"),
+        "pod_to_ready_p95_seconds": guide.get("p95"),
+        "pod_to_ready_max_seconds": guide.get("max"),
         "pods": rows,
         "context": settings.context,
         "namespace": settings.namespace,

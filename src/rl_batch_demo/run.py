@@ -19,6 +19,7 @@ import time
 from typing import Any, Iterator, NamedTuple, NoReturn, Sequence
 
 from .constants import (
+    EPISODE_TIMEOUT_SLACK_SECONDS,
     CALL_TIMEOUT_SECONDS,
     CLIENT_GRACE_SECONDS,
     DEADLINE_GROWS_ABOVE_EPISODES,
@@ -66,6 +67,7 @@ from .parse import (
     pod_name,
 )
 from .manifests import (
+    Launch,
     RunOrigin,
     configmap_manifest,
     image_groups,
@@ -160,9 +162,18 @@ def image_job_policy(settings: Settings, episodes: int) -> RolloutPolicy | None:
 
 def pod_deadline(settings: Settings) -> int | None:
     """Each pod's activeDeadlineSeconds, counted from its start on the node: --pull-timeout and
-    --episode-timeout together, since one deadline bounds the pull and the episode after it."""
+    --episode-timeout together, since one deadline bounds the pull and the episode after it. A
+    rollout's launcher stops its episode at --episode-timeout itself: its pod's deadline, a backstop,
+    leaves EPISODE_TIMEOUT_SLACK_SECONDS more for the pod to start."""
     known = [part for part in (settings.pull_timeout, settings.episode_timeout) if part is not None]
+    if settings.rollout and settings.episode_timeout is not None:
+        known.append(EPISODE_TIMEOUT_SLACK_SECONDS)
     return sum(known) if known else None
+
+
+def episode_launch(settings: Settings) -> Launch | None:
+    """How a rollout's pods run their episode: through the launcher, with --episode-timeout."""
+    return Launch(timeout=settings.episode_timeout) if settings.rollout else None
 
 
 def batch_job(namespace: str, settings: Settings, name: str, task_maps: Sequence[dict]) -> dict:
@@ -181,6 +192,7 @@ def batch_job(namespace: str, settings: Settings, name: str, task_maps: Sequence
         tasks=tasks_volume(task_maps, settings.group_size) if task_maps else None,
         policy=rollout_policy(settings),
         episode_timeout=pod_deadline(settings),
+        launch=episode_launch(settings),
     )
 
 
@@ -222,6 +234,7 @@ def batch_jobs(
             episode_timeout=pod_deadline(settings),
             batch=name,
             episode_indexes=group.indexes,
+            launch=episode_launch(settings),
         )
         for number, (group, share) in enumerate(zip(groups, shares), start=1)
     ]
@@ -238,7 +251,7 @@ def plan_run(
     """Every object `run` creates, from its settings (and the run's origin, once known) alone."""
     task_maps = task_configmaps(namespace, tasks) if tasks else []
     setup = [network_policy_manifest(namespace)] if settings.harden else []
-    setup += [configmap_manifest(namespace, worker_source), *task_maps]
+    setup += [configmap_manifest(namespace, worker_source, settings.rollout), *task_maps]
     groups = image_groups(
         tasks, settings.count, settings.group_size, settings.image, settings.image_map
     )

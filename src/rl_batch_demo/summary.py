@@ -1007,14 +1007,19 @@ def reward_figures(rows: Sequence[dict], records: Sequence[dict], builtin: bool)
         "episodes": len(rows),
         "successful_episodes": sum(1 for r in rewards if r == 1) if builtin else len(rows),
         "reward_sum": sum(rewards),
-        "reward_mean": rounded(sum(rewards) / len(rewards), 6),
-        "batch_to_all_ready_seconds": max(r["batch_to_ready_seconds"] for r in rows),
-        "batch_to_all_rewards_seconds": max(r["batch_to_reward_seconds"] for r in rows),
+        # A rollout whose every episode failed on its own has no successful one to measure.
+        "reward_mean": rounded(sum(rewards) / len(rewards), 6) if rewards else None,
+        "batch_to_all_ready_seconds": max(
+            (r["batch_to_ready_seconds"] for r in rows), default=None
+        ),
+        "batch_to_all_rewards_seconds": max(
+            (r["batch_to_reward_seconds"] for r in rows), default=None
+        ),
         # The guide's figures, from the whole-second creationTimestamp as the guide computes them;
         # the pod_to_ready phase measures the same span from the sharpest points.
-        "pod_to_ready_p50_seconds": guide["p50"],
-        "pod_to_ready_p95_seconds": guide["p95"],
-        "pod_to_ready_max_seconds": guide["max"],
+        "pod_to_ready_p50_seconds": guide.get("p50"),
+        "pod_to_ready_p95_seconds": guide.get("p95"),
+        "pod_to_ready_max_seconds": guide.get("max"),
     }
 
 
@@ -1049,14 +1054,13 @@ def summarise_batch(
     records = [episode.record for episode in summarised]
     phase_samples: dict[str, list[float]] = {}
     figures = reward_figures(rows, records, builtin)
+    last_reward = max((reward["at"] for _, _, reward in episodes), default=None)
     figures.update(
         phases=phase_summary([record["phases"] for record in records], phase_samples),
         job_created=sources.job_point._asdict(),
         phases_by_start_path=start_path_phases(records),
         clocks=sources.clocks,
-        completion_gap=completion_gap(
-            job, pods, max(reward["at"] for _, _, reward in episodes), client_observed_at
-        ),
+        completion_gap=completion_gap(job, pods, last_reward, client_observed_at),
         nodes=node_distribution(pods),
         image_cache=count_image_cache(record["image_cache"] for record in records),
         images=image_figures(records),

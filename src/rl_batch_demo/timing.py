@@ -987,15 +987,18 @@ def difference(later: float | None, earlier: float | None) -> float | None:
 
 
 def completion_gap(
-    job: dict, pods: Sequence[dict], last_reward_at: float, client_observed_at: float | None
+    job: dict, pods: Sequence[dict], last_reward_at: float | None, client_observed_at: float | None
 ) -> dict:
-    """What the time between the last reward and the client seeing the end is made of."""
+    """What the time between the last reward and the client seeing the end is made of (from the
+    last container's finish when no episode rewarded: a rollout whose every agent failed)."""
     finished = [parse_time((container_terminated(p) or {}).get("finishedAt")) for p in pods]
     finished_known = [t for t in finished if t is not None]
     last_finished = max(finished_known) if finished_known else None
     criteria = parse_time((condition(job, "SuccessCriteriaMet") or {}).get("lastTransitionTime"))
     end_kind = job_finished(job) or "Complete"
     end = parse_time((condition(job, end_kind) or {}).get("lastTransitionTime"))
+    if last_reward_at is None:
+        last_reward_at = last_finished if last_finished is not None else end or 0.0
     parts = completion_parts(last_reward_at, last_finished, criteria, end, client_observed_at)
     gap, bounds = parts_read(parts)
     gap.update(

@@ -1,9 +1,7 @@
 """End to end, rollouts: tasks in, rewards out, failures classified, infrastructure failures
 retried through the Job's per-index API, partial batches accepted with exit status 3.
 Real kubectl against the emulator, whose Job controller follows backoffLimitPerIndex,
-maxFailedIndexes and podFailurePolicy as the real one does; the scenarios marked on_tiers run on
-the real control plane too, where the real kube-apiserver validates the per-index Job and its
-podFailurePolicy and the real Job controller acts on them."""
+maxFailedIndexes and podFailurePolicy as the real one does."""
 
 from __future__ import annotations
 
@@ -19,14 +17,12 @@ from typing import Any
 import pytest
 
 import all_names as rl_batch_demo
-from conftest import on_tiers
 from e2e_support import (
     TASK_EPISODE_HEAD,
     documentation,
     emulators,
     load,
     run_namespaces,
-    run_tool,
     tool,
     write_script,
 )
@@ -46,13 +42,6 @@ emit("reward", reward=task["x"] * 0.5, task_seen=task.get("id"), index="kept apa
 
 
 @pytest.fixture
-def emulator_tier(cluster: Any) -> tuple[str, Any]:
-    """(kubectl 1.35, an emulator whose Job back-off is short): this module's emulator tier."""
-    kubectl, make = cluster
-    return kubectl, make()
-
-
-@pytest.fixture
 def cluster(tmp_path: Path, require_e2e: Any):
     """(kubectl 1.35, make(server_version=..., **faults)): emulators whose Job back-off is short."""
     kubectl = require_e2e("1.35")
@@ -65,28 +54,34 @@ def rewards_of(output: Path) -> list[dict]:
 
 
 def tasks_run(
-    tmp_path: Path, tasks: str, episode: str = TASK_EPISODE, **flags: Any
-) -> tuple[dict[str, Any], Path]:
-    """The flags of a `run` of `tasks` (JSON lines) by the `episode` script (more `flags` added or
-    replacing these), and its output directory."""
+    tmp_path: Path, tasks: str, *options: str, episode: str = TASK_EPISODE
+) -> tuple[list[str], Path]:
+    """The arguments of a `run` of `tasks` (JSON lines) by the `episode` script, and its output directory."""
     (tmp_path / "tasks.jsonl").write_text(tasks)
     output = tmp_path / "out"
-    return {
-        "output": output,
-        "quiet": True,
-        "tasks": tmp_path / "tasks.jsonl",
-        "episode_script": write_script(tmp_path, episode),
-        **flags,
-    }, output
+    return [
+        "run",
+        "--output",
+        str(output),
+        "--quiet",
+        "--tasks",
+        str(tmp_path / "tasks.jsonl"),
+        "--episode-script",
+        str(write_script(tmp_path, episode)),
+        *options,
+    ], output
 
 
 def test_tasks_in_rewards_out_in_groups(cluster: Any, tmp_path: Path) -> None:
     kubectl, make = cluster
     emulator = make()
-    flags, output = tasks_run(
-        tmp_path, '{"id": "alpha", "x": 1}\n\n{"x": 2}\n{"x": 4, "note": "third"}\n', group_size=2
+    args, output = tasks_run(
+        tmp_path,
+        '{"id": "alpha", "x": 1}\n\n{"x": 2}\n{"x": 4, "note": "third"}\n',
+        "--group-size",
+        "2",
     )
-    result = run_tool(emulator, kubectl, "run", **flags)
+    result = tool(emulator, kubectl, *args)
     assert result.returncode == 0, result.stderr
     rows = rewards_of(output)
     assert [row["index"] for row in rows] == [0, 1, 2, 3, 4, 5]
@@ -132,7 +127,18 @@ def test_evicted_episode_is_retried_and_the_batch_passes(cluster: Any, tmp_path:
     kubectl, make = cluster
     emulator = make(replace_pod=[0])  # the first pod created is evicted while it runs
     output = tmp_path / "out"
-    result = run_tool(emulator, kubectl, "run", output=output, quiet=True, count=3, retries=1)
+    result = tool(
+        emulator,
+        kubectl,
+        "run",
+        "--output",
+        str(output),
+        "--quiet",
+        "--count",
+        "3",
+        "--retries",
+        "1",
+    )
     assert result.returncode == 0, result.stderr
     rows = rewards_of(output)
     assert all(row["failure_class"] is None and row["reward"] == 1 for row in rows)
@@ -168,32 +174,39 @@ def test_evicted_episode_is_retried_and_the_batch_passes(cluster: Any, tmp_path:
     assert job["status"]["failed"] == 1 and job["status"]["failedIndexes"] == ""
 
 
-@on_tiers("emulator", "real_cluster")
-def test_episode_failure_is_not_retried_and_a_partial_batch_exits_3(
-    tier: Any, tmp_path: Path
+def test_an_episodes_own_failure_is_a_sample_never_retried_nor_a_partial_batch(
+    cluster: Any, tmp_path: Path
 ) -> None:
-    kubectl, cluster = tier
-    flags, output = tasks_run(
+    """The agent that gave up is a valid sample: its launcher records its exit and ends its pod 0,
+    so the Job neither retries it nor counts it among its failed indexes, and the batch, every
+    line valid, is whole (exit 0), --allow-failures untouched."""
+    kubectl, make = cluster
+    emulator = make()
+    args, output = tasks_run(
         tmp_path,
         '{"id": "ok", "x": 2}\n{"id": "bad", "x": 2, "fail": true}\n{"id": "ok2", "x": 2}\n',
-        retries=2,
-        allow_failures=1,
+        "--retries",
+        "2",
+        "--allow-failures",
+        "1",
     )
-    result = run_tool(cluster, kubectl, "run", **flags)
-    assert result.returncode == rl_batch_demo.EXIT_PARTIAL == 3, result.stderr
-    assert "Accepted a partial batch: 1 of 3 episodes failed (1 episode failure)" in result.stderr
+    result = tool(emulator, kubectl, *args)
+    assert result.returncode == 0, result.stderr
+    assert "1 of 3 episodes failed on their own (1 episode failure): valid samples" in result.stderr
+    assert "partial" not in result.stderr
     rows = rewards_of(output)
     assert [row["failure_class"] for row in rows] == [None, "episode", None]
     bad = rows[1]
     assert bad["task_id"] == "bad" and bad["attempts"] == 1 and bad["failure"] == "exited 1"
     assert bad["evidence"] == f"{bad['pod']}.log" and (output / bad["evidence"]).is_file()
-    assert bad["reward"] is None and bad["pod_to_ready_seconds"] is not None
-    assert len(load(output / "pods.json")["items"]) == 3  # FailIndex: never retried
-    job = load(output / "job.json")
-    assert job["status"]["failedIndexes"] == "1"
-    assert [c["reason"] for c in job["status"]["conditions"] if c["type"] == "Failed"] == [
-        "FailedIndexes"
-    ]
+    assert (
+        bad["reward"] is None and bad["valid"] is True and bad["pod_to_ready_seconds"] is not None
+    )
+    pods = {pod["metadata"]["name"]: pod for pod in load(output / "pods.json")["items"]}
+    assert len(pods) == 3  # never retried
+    assert pods[bad["pod"]]["status"]["phase"] == "Succeeded"
+    log = (output / bad["evidence"]).read_text()
+    assert "the agent gave up" in log and '"event": "episode_exit"' in log
     # The timeline draws all 3 episodes, the failed one marked, as far as it got (it was ready).
     timeline = ElementTree.fromstring((output / "timeline.svg").read_text())
     bars = {}
@@ -208,13 +221,14 @@ def test_episode_failure_is_not_retried_and_a_partial_batch_exits_3(
     legend = ["".join(text.itertext()) for text in timeline.iter(f"{SVG}text")]
     assert rl_batch_demo.GAP_MEANING in legend and rl_batch_demo.FAILED_MEANING in legend
     results = load(output / "results.json")
-    assert results["accepted_partial"] is True
+    assert results["accepted_partial"] is False
+    assert (results["failed_episodes"], results["lost_episodes"]) == (1, 0)
     assert results["failures_by_class"] == {"infrastructure": 0, "episode": 1, "verifier": 0}
-    assert results["job_end"] == {"condition": "Failed", "reason": "FailedIndexes"}
+    assert results["job_end"] == {"condition": "Complete", "reason": None}
     assert results["successful_episodes"] == 2 and results["episodes"] == 3
     assert results["groups_complete"] == 2 and results["groups"][1]["complete"] is False
     assert results["pod_to_ready_censored"]["censored"] == 0
-    assert load(output / "job.json")["status"]["failedIndexes"] == "1"
+    assert load(output / "job.json")["status"].get("failedIndexes", "") == ""
     # episodes.csv: a row per episode, the failed one too (its points as far as it got), and
     # each episode's task and outcome in the last columns, after every column it had before.
     text = (output / "episodes.csv").read_text()
@@ -237,7 +251,7 @@ def test_episode_failure_is_not_retried_and_a_partial_batch_exits_3(
     }
     assert table["1"]["ready_after_job_seconds"] and not table["1"]["reward_after_job_seconds"]
     # `report` recomputes the same outcome from the saved files alone.
-    report = run_tool(cluster, kubectl, "report", output, quiet=True)
+    report = tool(emulator, kubectl, "report", str(output), "--quiet")
     assert report.returncode == 0, report.stderr
     printed = json.loads(report.stdout)
     assert (printed["failed_episodes"], printed["failures_by_class"]) == (
@@ -246,7 +260,6 @@ def test_episode_failure_is_not_retried_and_a_partial_batch_exits_3(
     )
     # The failed episodes' rows are in the file the summary names.
     assert load(Path(printed["results_file"]))["failures"] == results["failures"]
-    assert run_tool(cluster, kubectl, "cleanup", output=output).returncode == 0
 
 
 def test_failures_beyond_the_allowance_fail_the_run_with_every_episode_listed(
@@ -255,21 +268,34 @@ def test_failures_beyond_the_allowance_fail_the_run_with_every_episode_listed(
     kubectl, make = cluster
     emulator = make(fail_pods=[1])
     output = tmp_path / "out"
-    result = run_tool(emulator, kubectl, "run", output=output, quiet=True, count=3, retries=1)
+    result = tool(
+        emulator,
+        kubectl,
+        "run",
+        "--output",
+        str(output),
+        "--quiet",
+        "--count",
+        "3",
+        "--retries",
+        "1",
+    )
     assert result.returncode == 1, result.stderr
-    # maxFailedIndexes 0: the first failed episode ends the Job, which stops any still running.
+    # The fault ends the container (the episode's launcher) with 3: a loss of the
+    # infrastructure's, not the episode's own end, which the launcher would have recorded.
+    # maxFailedIndexes 0: the first lost episode ends the Job, which stops any still running.
     assert re.search(
-        r"[123] of 3 episodes failed \(([12] infrastructure failures?, )?1 episode failure\); "
-        r"--allow-failures accepts 0",
+        r"[123] of 3 episodes failed \([123] infrastructure failures?\); --allow-failures accepts 0",
         result.stderr,
     ), result.stderr
     assert "Traceback" not in result.stderr
     rows = rewards_of(output)
-    assert len(rows) == 3 and [r["failure_class"] for r in rows].count("episode") == 1
+    assert len(rows) == 3 and all(r["failure_class"] in (None, "infrastructure") for r in rows)
+    assert rows[1]["failure"].startswith("the episode launcher exited 3"), rows[1]
     assert all(
         "MaxFailedIndexesExceeded" in r["failure"]
         for r in rows
-        if r["failure_class"] == "infrastructure"
+        if r["failure_class"] == "infrastructure" and r["index"] != 1
     )
     assert (
         load(output / "job.json")["status"]["conditions"][-1]["reason"]
@@ -285,8 +311,19 @@ def test_image_pull_failure_is_infrastructure(cluster: Any, tmp_path: Path) -> N
     # The Job's deadline ends the pod stuck pulling; the other episode must finish before it,
     # which took more than 4 s at load 22 on two cores: 30 s leaves it a wide margin, and the
     # deadline is what the test waits for, never a measure of speed.
-    result = run_tool(
-        emulator, kubectl, "run", output=output, quiet=True, count=2, timeout=30, allow_failures=1
+    result = tool(
+        emulator,
+        kubectl,
+        "run",
+        "--output",
+        str(output),
+        "--quiet",
+        "--count",
+        "2",
+        "--timeout",
+        "30",
+        "--allow-failures",
+        "1",
     )
     assert result.returncode == 3, result.stderr
     rows = rewards_of(output)
@@ -304,7 +341,7 @@ def test_retries_refused_on_a_cluster_older_than_1_33(cluster: Any, tmp_path: Pa
     kubectl, make = cluster
     emulator = make(server_version="1.32")
     output = tmp_path / "out"
-    result = run_tool(emulator, kubectl, "run", output=output, quiet=True, retries=1)
+    result = tool(emulator, kubectl, "run", "--output", str(output), "--quiet", "--retries", "1")
     assert result.returncode == 1
     assert "--retries and --allow-failures need Kubernetes >= 1.33" in result.stderr
     assert "serves 1.32; nothing was created" in result.stderr
@@ -328,37 +365,55 @@ def test_run_batch_in_process_returns_every_reward(
         cleanup=False,
         episode_script=write_script(tmp_path, TASK_EPISODE),
     )
-    assert results["accepted_partial"] is True
-    # The partial batch is said in the results: a quiet call prints nothing of it.
+    # The agents of t2 failed on their own: samples, so no partial batch, and nothing printed.
+    assert results["accepted_partial"] is False and results["failed_episodes"] == 2
     assert capfd.readouterr() == ("", "")
-    assert [(r["task_id"], r["failure_class"], r["reward"]) for r in results["rewards"]] == [
-        ("t1", None, 1.0),
-        ("t1", None, 1.0),
-        ("t2", "episode", None),
-        ("t2", "episode", None),
+    assert [
+        (r["task_id"], r["failure_class"], r["reward"], r["valid"]) for r in results["rewards"]
+    ] == [
+        ("t1", None, 1.0, True),
+        ("t1", None, 1.0, True),
+        ("t2", "episode", None, True),
+        ("t2", "episode", None, True),
     ]
     # cleanup=False keeps the namespace, as the command line does.
     assert [ns["metadata"]["name"] for ns in run_namespaces(emulator)] == [results["namespace"]]
+    # Every agent failing is a batch of samples too, whatever the allowance for losses.
+    every = rl_batch_demo.run_batch(
+        [{"x": 1, "fail": True}],
+        output=str(tmp_path / "out2"),
+        group_size=2,
+        allow_failures=0,
+        options=[
+            "--kubectl",
+            kubectl,
+            "--episode-script",
+            str(write_script(tmp_path, TASK_EPISODE)),
+        ],
+    )
+    assert [(r["failure_class"], r["valid"]) for r in every["rewards"]] == [("episode", True)] * 2
+    # A loss the allowance does not cover fails the call: a process killed from outside (as the
+    # OOM killer does) is the infrastructure's, never the agent's own end.
+    killed = TASK_EPISODE.replace(
+        'if task.get("fail"):',
+        'if task.get("kill"):\n    os.kill(os.getpid(), 9)\nif task.get("fail"):',
+    )
     with pytest.raises(
         rl_batch_demo.DemoError,
-        match=r"^2 of 2 episodes failed \(2 episode failures\); allow_failures=1 accepts no more\n",
+        match=r"^1 of 2 episodes failed \(1 infrastructure failure\); allow_failures=0 accepts no "
+        r"more\n",
     ):
         rl_batch_demo.run_batch(
-            [{"x": 1, "fail": True}],
-            output=str(tmp_path / "out2"),
-            group_size=2,
-            allow_failures=1,
-            options=[
-                "--kubectl",
-                kubectl,
-                "--episode-script",
-                str(write_script(tmp_path, TASK_EPISODE)),
-            ],
+            [{"x": 1}, {"x": 1, "kill": True}],
+            output=str(tmp_path / "out3"),
+            allow_failures=0,
+            kubectl=kubectl,
+            episode_script=write_script(tmp_path, killed, "killed.py"),
         )
-    assert os.path.exists(tmp_path / "out2" / "rewards.jsonl")
+    assert os.path.exists(tmp_path / "out3" / "rewards.jsonl")
     # By default a Python call deletes its namespace once the evidence is saved, also after a failure.
     assert [ns["metadata"]["name"] for ns in run_namespaces(emulator)] == [results["namespace"]]
-    assert {path.name for path in (tmp_path / "out2").iterdir()} >= {
+    assert {path.name for path in (tmp_path / "out3").iterdir()} >= {
         "job.json",
         "pods.json",
         "receipt.json",
@@ -467,16 +522,19 @@ def test_readme_task_episode_runs_as_documented(cluster: Any, tmp_path: Path) ->
     kubectl, make = cluster
     emulator = make()
     blocks = re.findall(r"```python\n(.*?)```", documentation(), flags=re.S)
-    flags, output = tasks_run(
+    args, output = tasks_run(
         tmp_path,
         '{"id": "issue-101", "prompt": "fix it", "answer": 42}\n'
         '{"id": "issue-102", "prompt": "and this", "answer": 7}\n',
-        group_size=2,
-        retries=1,
-        allow_failures=1,
+        "--group-size",
+        "2",
+        "--retries",
+        "1",
+        "--allow-failures",
+        "1",
         episode=next(block for block in blocks if block.startswith("# task_episode.py")),
     )
-    result = run_tool(emulator, kubectl, "run", **flags)
+    result = tool(emulator, kubectl, *args)
     assert result.returncode == 0, result.stderr
     assert [(r["task_id"], r["reward"], r["prompt_chars"]) for r in rewards_of(output)] == [
         ("issue-101", 1.0, 6),
@@ -492,8 +550,17 @@ def test_a_failed_builtin_check_is_a_verifier_failure(cluster: Any, tmp_path: Pa
         api_clock_skew=30
     )  # the API's clock runs ahead: every episode's times out of order
     output = tmp_path / "out"
-    result = run_tool(
-        emulator, kubectl, "run", output=output, quiet=True, count=2, allow_failures=1
+    result = tool(
+        emulator,
+        kubectl,
+        "run",
+        "--output",
+        str(output),
+        "--quiet",
+        "--count",
+        "2",
+        "--allow-failures",
+        "1",
     )
     assert result.returncode == 1, result.stderr
     assert (

@@ -1,8 +1,8 @@
 """Rollouts on a real control plane: the real kube-apiserver validates the per-index Job and
-its podFailurePolicy, and the real Job controller retries an episode the node evicted. (The
-scenarios the emulator shares with it are in tests/e2e/: an episode's own failure ending a
-partial batch with FailedIndexes in test_e2e_rollouts.py; --need and --episode-timeout in
-test_e2e_streaming.py.)"""
+its podFailurePolicy, and the real Job controller retries an evicted episode (also under
+--episode-timeout), never retries an episode's own failure nor counts it among its failed
+indexes (the launcher ends its pod 0, a hang past --episode-timeout included), and its
+successPolicy ends a --need batch."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import json
 
 import pytest
 
-from e2e_support import load, run_tool, start_tool, wait_for
+from e2e_support import load, start_tool, tool, wait_for
 from test_e2e_rollouts import TASK_EPISODE, rewards_of, tasks_run
+from test_e2e_streaming import held_run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.real_cluster]
 
@@ -21,15 +22,56 @@ PAUSING_EPISODE = TASK_EPISODE.replace(
 )
 
 
+def test_tasks_an_episodes_own_failure_is_a_sample_the_job_completes(real_cluster, tmp_path):
+    """Without --allow-failures: the agents that give up are samples, which end nothing; the real
+    Job controller sees their pods succeed (the launcher records their exits) and completes."""
+    kubectl, cluster = real_cluster
+    args, output = tasks_run(
+        tmp_path,
+        '{"id": "ok", "x": 2}\n{"id": "bad", "x": 2, "fail": true}\n',
+        "--group-size",
+        "2",
+        "--retries",
+        "2",
+    )
+    result = tool(cluster, kubectl, *args)
+    assert result.returncode == 0, result.stderr
+    rows = rewards_of(output)
+    assert [
+        (r["task_id"], r["failure_class"], r["valid"], r["attempts"], r["reward"]) for r in rows
+    ] == [
+        ("ok", None, True, 1, 1.0),
+        ("ok", None, True, 1, 1.0),
+        ("bad", "episode", True, 1, None),
+        ("bad", "episode", True, 1, None),
+    ]
+    job = load(output / "job.json")
+    assert job["status"].get("failedIndexes", "") == ""
+    ended = {c["type"] for c in job["status"]["conditions"] if c["status"] == "True"}
+    assert "Complete" in ended and "Failed" not in ended
+    assert len(load(output / "pods.json")["items"]) == 4  # never retried
+    assert load(output / "results.json")["accepted_partial"] is False
+    assert load(output / "results.json")["failures_by_class"] == {
+        "infrastructure": 0,
+        "episode": 2,
+        "verifier": 0,
+    }
+    assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
+
+
 def test_an_evicted_episode_is_retried_by_the_job_controller(real_cluster, tmp_path):
     kubectl, cluster = real_cluster
-    flags, output = tasks_run(
+    # With --episode-timeout (its launcher's clock, well past the pause): a loss is retried still.
+    args, output = tasks_run(
         tmp_path,
         '{"id": "slow", "x": 2, "pause": 8}\n{"id": "quick", "x": 2}\n',
-        retries=1,
+        "--retries",
+        "1",
+        "--episode-timeout",
+        "60",
         episode=PAUSING_EPISODE,
     )
-    process = start_tool(cluster, kubectl, "run", **flags)
+    process = start_tool(cluster, kubectl, *args)
 
     def slow_pod_running():
         if not (output / "receipt.json").exists():
@@ -70,4 +112,52 @@ def test_an_evicted_episode_is_retried_by_the_job_controller(real_cluster, tmp_p
     assert results["attempts"]["first_attempt"]["failed"]["infrastructure"] == 1
     assert results["attempts"]["final"]["succeeded"] == 2
     assert json.loads((output / "run.json").read_text())["retries"] == 1
-    assert run_tool(cluster, kubectl, "cleanup", output=output).returncode == 0
+    assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
+
+
+def test_need_is_met_by_the_real_job_controller_and_the_stragglers_cancelled(
+    real_cluster, tmp_path
+):
+    kubectl, cluster = real_cluster
+    # The held episodes wait for a file that never comes: only the successPolicy ends them.
+    tasks = [{"id": n, "x": 1, "hold": n in (0, 3)} for n in range(4)]
+    args, output = held_run(tmp_path, tasks, "--need", "2")
+    result = tool(cluster, kubectl, *args)
+    assert result.returncode == 0, result.stderr
+    lines = rewards_of(output)
+    assert [(line["index"], line["failure_class"], line["valid"]) for line in lines] == [
+        (0, "cancelled", False),
+        (1, None, True),
+        (2, None, True),
+        (3, "cancelled", False),
+    ]
+    job = load(output / "job.json")
+    conditions = [(c["type"], c.get("reason")) for c in job["status"]["conditions"]]
+    assert conditions == [("SuccessCriteriaMet", "SuccessPolicy"), ("Complete", "SuccessPolicy")]
+    results = load(output / "results.json")
+    assert (results["need"], results["cancelled_episodes"], results["failed_episodes"]) == (2, 2, 0)
+    assert results["first_reward_seconds"] <= results["kth_reward_seconds"]
+    assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0
+
+
+def test_an_episode_past_its_timeout_is_a_sample_never_retried(real_cluster, tmp_path):
+    """--episode-timeout with --retries: the launcher counts the episode's own time from its start
+    (the pod's start-up is not the agent's), stops the hung one and ends its pod 0, which the real
+    Job controller neither retries nor counts among its failed indexes."""
+    kubectl, cluster = real_cluster
+    tasks = [{"id": "stuck", "x": 1, "hold": True}, {"id": "quick", "x": 2}]
+    args, output = held_run(tmp_path, tasks, "--episode-timeout", "4", "--retries", "2")
+    result = tool(cluster, kubectl, *args)
+    assert result.returncode == 0, result.stderr
+    stuck, quick = rewards_of(output)
+    assert (stuck["failure_class"], stuck["valid"], stuck["attempts"]) == ("episode", True, 1), (
+        stuck["failure"]
+    )
+    assert stuck["failure"].startswith("ran out of time: still running 4 s after it started")
+    assert quick["failure_class"] is None
+    pods = {p["metadata"]["name"]: p for p in load(output / "pods.json")["items"]}
+    assert len(pods) == 2 and pods[stuck["pod"]]["status"]["phase"] == "Succeeded"
+    assert pods[stuck["pod"]]["spec"]["activeDeadlineSeconds"] == 4 + 30
+    job = load(output / "job.json")
+    assert job["status"].get("failedIndexes", "") == "" and job["status"]["succeeded"] == 2
+    assert tool(cluster, kubectl, "cleanup", "--output", str(output)).returncode == 0

@@ -20,7 +20,13 @@ MODULES = (
         info.name: importlib.import_module(f"rl_batch_demo.{info.name}")
         for info in pkgutil.iter_modules(rl_batch_demo.__path__)
         if info.name
-        not in ("__main__", "worker", "guardian", "sandbox_server")  # programs shipped as text
+        not in (
+            "__main__",
+            "worker",
+            "guardian",
+            "sandbox_server",
+            "launcher",
+        )  # programs shipped as text
     }
     if hasattr(rl_batch_demo, "__path__")
     else {"rl_batch_demo": rl_batch_demo}

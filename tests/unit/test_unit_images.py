@@ -137,10 +137,14 @@ def test_one_job_per_image_with_its_episodes() -> None:
     assert first["spec"]["completionMode"] == "Indexed"
     template = first["spec"]["template"]
     assert template["metadata"]["labels"][demo.BATCH_LABEL] == "rollout"
-    assert template["metadata"]["annotations"] == {demo.EPISODE_INDEXES_ANNOTATION: "0-1,4-5"}
+    assert template["metadata"]["annotations"] == {
+        demo.EPISODE_INDEXES_ANNOTATION: "0-1,4-5",
+        demo.EPISODE_EXIT_ANNOTATION: "recorded",
+    }
     container = template["spec"]["containers"][0]
     assert container["image"] == "b"
-    assert container["command"] == ["python", "-B", "-c", demo.EPISODE_LAUNCHER]
+    assert container["command"] == ["python", "-B", "/demo/launcher.py"]
+    assert plan.setup[0]["data"]["launcher.py"] == demo.EPISODE_LAUNCHER
     assert [env["name"] for env in container["env"]] == ["EPISODE_ID", "EPISODE_INDEXES"]
     projected = next(v for v in template["spec"]["volumes"] if v["name"] == demo.TASKS_VOLUME)
     items = [
@@ -208,18 +212,22 @@ def test_one_image_keeps_the_one_job_of_today() -> None:
     plan = demo.plan_run(NAMESPACE, "0123456789ab", settings(), "print()", tasks)
     (job,) = plan.jobs["rollout"]
     assert job["metadata"] == {"name": "rollout", "namespace": NAMESPACE}
-    assert job["spec"]["template"]["spec"]["containers"][0]["command"] == [
-        "python",
-        "-B",
-        "/demo/episode.py",
-    ]
-    assert "annotations" not in job["spec"]["template"]["metadata"]
+    # A rollout's episode runs through the launcher, as with several Jobs, without their indexes.
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == ["python", "-B", "/demo/launcher.py"]
+    assert [env["name"] for env in container["env"]] == ["EPISODE_ID", "EPISODE_INDEX", "TASK_FILE"]
+    assert job["spec"]["template"]["metadata"]["annotations"] == {
+        demo.EPISODE_EXIT_ANNOTATION: "recorded"
+    }
 
 
 def test_pull_timeout_and_episode_timeout_share_the_pod_deadline() -> None:
-    assert demo.pod_deadline(settings(pull_timeout=30, episode_timeout=60)) == 90
+    # A rollout's launcher keeps the episode's own time; its pod's deadline leaves 30 s to start.
+    assert demo.pod_deadline(settings(pull_timeout=30, episode_timeout=60)) == 120
     assert demo.pod_deadline(settings(pull_timeout=30)) == 30
     assert demo.pod_deadline(settings()) is None
+    # Without a rollout, no launcher: the pod's deadline is the episode's, as the guide's.
+    assert demo.pod_deadline(settings(rollout=False, episode_timeout=60)) == 60
     job = demo.batch_job(NAMESPACE, settings(pull_timeout=45), "rollout", [])
     assert job["spec"]["template"]["spec"]["activeDeadlineSeconds"] == 45
 

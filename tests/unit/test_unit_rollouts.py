@@ -629,7 +629,11 @@ def test_pod_to_ready_counts_a_never_ready_episode_as_ready_at_the_deadline() ->
 
 
 def test_a_rollout_batch_over_its_allowance_is_refused_with_each_failure_listed() -> None:
-    rows = [row(0, reward_at=5.0), dict(row(1, "episode"), failure="exited 1")]
+    rows = [
+        row(0, reward_at=5.0),
+        dict(row(1, "episode"), failure="exited 1"),
+        dict(row(2, "infrastructure"), failure="disrupted"),
+    ]
     with pytest.raises(demo.DemoError) as raised:
         demo.summarise_rollout(
             rows,
@@ -640,9 +644,32 @@ def test_a_rollout_batch_over_its_allowance_is_refused_with_each_failure_listed(
             demo.Settings(count=len(rows), parallelism=1, allow_failures=0),
         )
     assert str(raised.value) == (
-        "1 of 2 episodes failed (1 episode failure); --allow-failures accepts 0\n"
+        "1 of 3 episodes failed (1 infrastructure failure; 1 more failed on their own, valid "
+        "samples); --allow-failures accepts 0\n"
+        "  episode 2 (task 't1', pod p2, 1 attempt): infrastructure: disrupted\n"
         "  episode 1 (task 't0', pod p1, 1 attempt): episode: exited 1"
     )
+
+
+def test_an_episodes_own_failure_is_a_sample_never_counted_against_the_allowance() -> None:
+    """Only losses (infrastructure, verifier: lines to mask) count against --allow-failures; the
+    episode's own failure is a valid line, and a batch of nothing else is no partial batch."""
+    own = [dict(row(n, "episode"), failure="exited 1", evidence=f"p{n}.log") for n in range(3)]
+    demo.check_rollout_accepted(own + [row(3)], None, 0, demo.COMMAND_LINE)
+    demo.check_rollout_accepted(own, None, 0, demo.COMMAND_LINE)  # every agent failed: samples
+    figures = demo.rollout_figures(own + [row(3)], make_job(), [], 2, 0, 0)
+    assert (figures["failed_episodes"], figures["lost_episodes"]) == (3, 0)
+    assert figures["accepted_partial"] is False
+    verifier = dict(row(3, "verifier"), failure="reward is 0, not 1")
+    with pytest.raises(demo.DemoError, match=r"^1 of 4 episodes failed \(1 verifier failure; 3"):
+        demo.check_rollout_accepted(own + [verifier], None, 0, demo.COMMAND_LINE)
+    lost = [dict(row(n, "infrastructure"), failure="disrupted") for n in range(2)]
+    with pytest.raises(demo.DemoError, match="none has a valid line"):
+        demo.check_rollout_accepted(lost, None, 2, demo.COMMAND_LINE)
+    # --need K counts valid lines, as the Job's successPolicy counts the pods that ended 0.
+    demo.check_rollout_accepted(own + lost, 3, 2, demo.COMMAND_LINE)
+    with pytest.raises(demo.DemoError, match=r"^3 of 5 episodes have a valid line, fewer than"):
+        demo.check_rollout_accepted(own + lost, 4, 1, demo.COMMAND_LINE)
 
 
 @pytest.mark.parametrize(
