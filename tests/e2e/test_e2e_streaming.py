@@ -3,14 +3,24 @@ a reader while held episodes still run, released by the test, never by a timer),
 N (--need: the Job's successPolicy, the rest cancelled), a deadline per episode
 (--episode-timeout: the pod's activeDeadlineSeconds), and `valid` on every line. Real kubectl
 against the emulator, whose Job controller and kubelet follow successPolicy and
-activeDeadlineSeconds as the real ones do."""
+activeDeadlineSeconds as the real ones do; the scenarios marked on_tiers run on the real control
+plane and on a real node (kubelet, containerd, runc) too.
+
+The held episodes (HELD_EPISODE) wait for a file that never comes unless the test writes it: only
+the pod's deadline or the Job's successPolicy ends them otherwise. Each is PID 1 of its container
+and installs no SIGTERM handler, so the kernel never delivers the kubelet's SIGTERM to it: it is
+killed at its grace period's end (30 s), exit code 137. The real node's runs (as root):
+`flock /tmp/real-node.lock python -m pytest -n 0 -m real_node tests/e2e/test_e2e_streaming.py`.
+"""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import threading
@@ -21,16 +31,19 @@ from typing import Any
 import pytest
 
 import all_names as rl_batch
+from conftest import on_tiers
 from e2e_support import (
     PRODUCT,
     REPO_ROOT,
     TASK_EPISODE_HEAD,
+    assert_cleanup_works,
     documentation,
     emulators,
     load,
     run_namespaces,
+    run_tool,
+    running_pods,
     start_tool,
-    tool,
     wait_for,
     write_script,
 )
@@ -60,20 +73,18 @@ def cluster(tmp_path: Path, require_e2e: Any):
         yield kubectl, make
 
 
-def held_run(tmp_path: Path, tasks: list[dict], *options: str) -> tuple[list[str], Path]:
+def held_run(tmp_path: Path, tasks: list[dict], **flags: Any) -> tuple[dict[str, Any], Path]:
+    """The flags of a `run` of `tasks` by the held episode (more `flags` added or replacing these),
+    and its output directory."""
     (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(task) + "\n" for task in tasks))
     output = tmp_path / "out"
-    return [
-        "run",
-        "--output",
-        str(output),
-        "--quiet",
-        "--tasks",
-        str(tmp_path / "tasks.jsonl"),
-        "--episode-script",
-        str(write_script(tmp_path, HELD_EPISODE)),
-        *options,
-    ], output
+    return {
+        "output": output,
+        "quiet": True,
+        "tasks": tmp_path / "tasks.jsonl",
+        "episode_script": write_script(tmp_path, HELD_EPISODE),
+        **flags,
+    }, output
 
 
 def lines_of(output: Path) -> list[dict]:
@@ -92,11 +103,50 @@ def pod_of_index(emulator: Any, index: int) -> dict | None:
 
 
 def release(emulator: Any, index: int) -> None:
-    """Let the held episode of this index end: the file its script waits for, in its emptyDir."""
+    """Let the held episode of this index end, on the emulator."""
     pod = wait_for(lambda: pod_of_index(emulator, index), what=f"the pod of episode {index}")
-    workspace = emulator.workdir / "pods" / pod["metadata"]["uid"] / "volumes" / "workspace"
-    wait_for(workspace.is_dir, what=f"episode {index}'s workspace")
-    (workspace / "release").write_text("go")
+    release_pod(emulator, "emulator", pod)
+
+
+def release_pod(cluster: Any, tier_name: str, pod: dict) -> None:
+    """Let a held episode end: the file its script waits for, in its pod's emptyDir on the node
+    (the emulator's kubelets and the node agent keep their pods' volumes alike; a real kubelet
+    keeps them by their plugin's name)."""
+    uid = pod["metadata"]["uid"]
+    if tier_name == "real_node":
+        volumes = (
+            cluster.node_dir / "kubelet" / "pods" / uid / "volumes" / "kubernetes.io~empty-dir"
+        )
+    else:
+        node = cluster if tier_name == "emulator" else cluster.agent
+        volumes = node.workdir / "pods" / uid / "volumes"
+    wait_for((volumes / "workspace").is_dir, what=f"the workspace of {pod['metadata']['name']}")
+    (volumes / "workspace" / "release").write_text("go")
+
+
+DEADLINE_MESSAGE = "Pod was active on the node longer than the specified deadline"
+
+
+def events_about(output: Path, pod: str) -> list[tuple[str, str, str]]:
+    """(type, reason, message) of each event about this pod, as events.json saved them."""
+    return [
+        (event.get("type"), event.get("reason"), event.get("message"))
+        for event in load(output / "events.json")["items"]
+        if (event.get("involvedObject") or event.get("regarding") or {}).get("name") == pod
+    ]
+
+
+def terminated(pod: dict) -> dict:
+    """The state of the pod's one container, once it ended."""
+    (status,) = pod["status"]["containerStatuses"]
+    return status["state"]["terminated"]
+
+
+@pytest.fixture
+def emulator_tier(cluster: Any) -> tuple[str, Any]:
+    """(kubectl 1.35, an emulator whose Job back-off is short): this module's emulator tier."""
+    kubectl, make = cluster
+    return kubectl, make()
 
 
 def test_each_line_lands_as_its_episode_ends_and_the_file_ends_in_index_order(
@@ -111,8 +161,8 @@ def test_each_line_lands_as_its_episode_ends_and_the_file_ends_in_index_order(
         {"id": "bad", "x": 4, "fail": True},
     ]
     # No --allow-failures: the agent that gives up (episode 3) is a sample, which ends nothing.
-    args, output = held_run(tmp_path, tasks)
-    process = start_tool(emulator, kubectl, *args)
+    flags, output = held_run(tmp_path, tasks)
+    process = start_tool(emulator, kubectl, "run", **flags)
     try:
         # Episodes 1 and 3 end at once and their lines land while 0 and 2 are still held.
         early = wait_for(
@@ -161,69 +211,94 @@ def test_each_line_lands_as_its_episode_ends_and_the_file_ends_in_index_order(
     assert load(output / "client.json")["reward_deliveries"]
     assert "rewards delivered: 3 lines" in (output / "ramp.svg").read_text()
     # `report` recomputes the same delivery figures from the saved files.
-    report = tool(emulator, kubectl, "report", str(output), "--quiet")
+    report = run_tool(emulator, kubectl, "report", output, quiet=True)
     assert report.returncode == 0, report.stderr
     printed = json.loads(report.stdout)
     assert printed["first_reward_seconds"] == results["first_reward_seconds"]
     assert printed["reward_delivery_lag_p99_seconds"] == results["reward_delivery_lag_p99_seconds"]
 
 
+@on_tiers("emulator", "real_cluster", "real_node")
 def test_need_ends_the_batch_at_k_successes_and_cancels_the_stragglers(
-    cluster: Any, tmp_path: Path
+    tier: Any, tier_name: str, tmp_path: Path
 ) -> None:
-    kubectl, make = cluster
-    emulator = make()
-    # Two stragglers are never released: only the Job's successPolicy can end them.
-    tasks = [{"id": n, "x": 1, "hold": n in (1, 4)} for n in range(5)]
-    args, output = held_run(tmp_path, tasks, "--need", "3")
-    result = tool(emulator, kubectl, *args, timeout=120)
-    assert result.returncode == 0, result.stderr
-    assert "--need 3 met: 3 of 5 episodes succeeded, 2 cancelled, 0 failed" in result.stderr
-    job = load(output / "job-submitted.json")["spec"]
-    assert job["successPolicy"] == {"rules": [{"succeededCount": 3}]}
-    assert job["completionMode"] == "Indexed" and job["maxFailedIndexes"] == 2
+    kubectl, cluster = tier
+    # Every episode held until all four run; then 1 and 2 are let go, and 0 and 3 never are: only
+    # the Job's successPolicy can end them.
+    tasks = [{"id": n, "x": 1, "hold": True} for n in range(4)]
+    flags, output = held_run(tmp_path, tasks, need=2)
+    process = start_tool(cluster, kubectl, "run", **flags)
+    try:
+        pods = wait_for(
+            lambda: len(running_pods(cluster, output)) == 4 and running_pods(cluster, output),
+            180,
+            "four running episodes",
+        )
+        for pod in pods:
+            index = pod["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"]
+            if index in ("1", "2"):
+                release_pod(cluster, tier_name, pod)
+        _, stderr = process.communicate(timeout=300)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, stderr
+    assert "--need 2 met: 2 of 4 episodes succeeded, 2 cancelled, 0 failed" in stderr
+    submitted = load(output / "job-submitted.json")["spec"]
+    assert submitted["successPolicy"] == {"rules": [{"succeededCount": 2}]}
+    assert submitted["completionMode"] == "Indexed" and submitted["maxFailedIndexes"] == 2
     lines = lines_of(output)
-    assert [line["index"] for line in lines] == [0, 1, 2, 3, 4]
-    assert [(line["failure_class"], line["valid"]) for line in lines] == [
-        (None, True),
-        ("cancelled", False),
-        (None, True),
-        (None, True),
-        ("cancelled", False),
+    assert [(line["index"], line["failure_class"], line["valid"]) for line in lines] == [
+        (0, "cancelled", False),
+        (1, None, True),
+        (2, None, True),
+        (3, "cancelled", False),
     ]
     assert all(
-        line["failure"].startswith("cancelled: --need was met")
+        line["failure"] == "cancelled: --need was met while it ran"
         for line in lines
-        if line["valid"] is False
+        if line["failure_class"] == "cancelled"
     )
+    job = load(output / "job.json")
+    conditions = [(c["type"], c.get("reason")) for c in job["status"]["conditions"]]
+    assert conditions == [("SuccessCriteriaMet", "SuccessPolicy"), ("Complete", "SuccessPolicy")]
+    assert all(c["message"] == "Matched rules at index 0" for c in job["status"]["conditions"])
+    assert (job["status"]["succeeded"], job["status"]["completedIndexes"]) == (2, "1,2")
+    assert job["status"].get("failed", 0) == 0 and job["status"]["terminating"] == 0
     results = load(output / "results.json")
-    assert (results["need"], results["cancelled_episodes"], results["failed_episodes"]) == (3, 2, 0)
-    assert results["accepted_partial"] is False and results["successful_episodes"] == 3
+    assert (results["need"], results["cancelled_episodes"], results["failed_episodes"]) == (2, 2, 0)
+    assert results["accepted_partial"] is False and results["successful_episodes"] == 2
     assert results["job_end"] == {"condition": "Complete", "reason": "SuccessPolicy"}
     assert 0 < results["first_reward_seconds"] <= results["kth_reward_seconds"]
-    saved = load(output / "job.json")
-    conditions = [(c["type"], c.get("reason")) for c in saved["status"]["conditions"]]
-    assert conditions == [("SuccessCriteriaMet", "SuccessPolicy"), ("Complete", "SuccessPolicy")]
-    assert saved["status"]["succeeded"] == 3
-    # The stragglers as a real kubelet leaves them (tests/real_node/test_real_node_streaming.py): deleted by
-    # the Job controller, sent SIGTERM, which their PID 1 has no handler for, killed at the grace
-    # period's end (137), Failed with no reason of the pod's own.
+
+    # The stragglers as a real kubelet leaves them: deleted by the Job controller, stopped
+    # (SIGTERM ignored by PID 1, then SIGKILL: 137), Failed with no reason of the pod's own and no
+    # DisruptionTarget; the Job Complete only once they had ended.
     pods = {p["metadata"]["name"]: p for p in load(output / "pods.json")["items"]}
+    assert len(pods) == 4
+    complete = next(c for c in job["status"]["conditions"] if c["type"] == "Complete")
     for line in lines:
-        if line["failure_class"] != "cancelled":
-            continue
         pod = pods[line["pod"]]
-        (container,) = pod["status"]["containerStatuses"]
+        status = pod["status"]
+        if line["failure_class"] is None:
+            assert status["phase"] == "Succeeded" and terminated(pod)["exitCode"] == 0
+            assert not pod["metadata"].get("deletionTimestamp")
+            continue
         assert pod["metadata"]["deletionTimestamp"]
-        assert (pod["status"]["phase"], pod["status"].get("reason")) == ("Failed", None)
-        assert (
-            container["state"]["terminated"]["exitCode"],
-            container["state"]["terminated"]["reason"],
-        ) == (137, "Error")
-        ready = {c["type"]: c.get("reason") for c in pod["status"]["conditions"]}
-        assert ready["Ready"] == ready["ContainersReady"] == "PodFailed"
-        assert "DisruptionTarget" not in ready
-    # The timeline draws all 5 episodes, each cancelled one marked as such, as far as it got.
+        assert (status["phase"], status.get("reason")) == ("Failed", None)
+        assert (terminated(pod)["exitCode"], terminated(pod)["reason"]) == (137, "Error")
+        assert terminated(pod)["finishedAt"] <= complete["lastTransitionTime"]
+        types = {c["type"]: (c["status"], c.get("reason")) for c in status["conditions"]}
+        assert "DisruptionTarget" not in types
+        assert types["Ready"] == types["ContainersReady"] == ("False", "PodFailed")
+        about = events_about(output, line["pod"])
+        assert ("Normal", "Killing", "Stopping container episode") in about
+        assert not any(reason == "DeadlineExceeded" for _, reason, _ in about)
+    job_events = events_about(output, "rollout")
+    for line in lines:
+        if line["failure_class"] == "cancelled":
+            assert ("Normal", "SuccessfulDelete", f"Deleted pod: {line['pod']}") in job_events
+    # The timeline draws all 4 episodes, each cancelled one marked as such, as far as it got.
     timeline = ElementTree.fromstring((output / "timeline.svg").read_text())
     marks = sorted(
         text.findtext(f"{SVG}title")
@@ -238,6 +313,7 @@ def test_need_ends_the_batch_at_k_successes_and_cancels_the_stragglers(
         if rect.findtext(f"{SVG}title")
     }
     assert rows == {line["pod"] for line in lines}
+    assert run_tool(cluster, kubectl, "cleanup", output=output).returncode == 0
 
 
 def test_need_missed_fails_the_run_with_every_episode_in_rewards_jsonl(
@@ -249,8 +325,8 @@ def test_need_missed_fails_the_run_with_every_episode_in_rewards_jsonl(
     # with only 1 valid line.
     emulator = make(fail_pods=[1, 2])
     tasks = [{"id": "ok", "x": 1}] + [{"id": n, "x": 1} for n in (1, 2)]
-    args, output = held_run(tmp_path, tasks, "--need", "2")
-    result = tool(emulator, kubectl, *args, timeout=120)
+    flags, output = held_run(tmp_path, tasks, need=2)
+    result = run_tool(emulator, kubectl, "run", **flags, process_timeout=120)
     # Not met: the run fails as a batch past its allowance does, every episode in rewards.jsonl.
     assert result.returncode == 1, result.stderr
     assert (
@@ -282,8 +358,8 @@ def test_need_counts_an_episodes_own_failure_as_a_valid_line(cluster: Any, tmp_p
         {"id": "ok", "x": 2},
         {"id": "held", "x": 3, "hold": True},
     ]
-    args, output = held_run(tmp_path, tasks, "--need", "2")
-    result = tool(emulator, kubectl, *args, timeout=120)
+    flags, output = held_run(tmp_path, tasks, need=2)
+    result = run_tool(emulator, kubectl, "run", **flags, process_timeout=120)
     assert result.returncode == 0, result.stderr
     assert (
         "--need 2 met: 1 of 3 episodes succeeded, 1 failed on their own (valid), 1 cancelled, "
@@ -308,8 +384,8 @@ def test_an_episode_past_its_timeout_is_a_sample_never_retried_while_a_loss_is(
     kubectl, make = cluster
     emulator = make(replace_pod=[1])  # the first pod of episode 1 is evicted while it runs
     tasks = [{"id": "stuck", "x": 1, "hold": True}, {"id": "evicted", "x": 2}]
-    args, output = held_run(tmp_path, tasks, "--episode-timeout", "3", "--retries", "1")
-    result = tool(emulator, kubectl, *args, timeout=120)
+    flags, output = held_run(tmp_path, tasks, episode_timeout=3, retries=1)
+    result = run_tool(emulator, kubectl, "run", **flags, process_timeout=120)
     assert result.returncode == 0, result.stderr
     spec = load(output / "job-submitted.json")["spec"]
     assert spec["backoffLimitPerIndex"] == 1
@@ -341,9 +417,7 @@ def test_need_refused_before_anything_is_created_on_a_cluster_older_than_1_33(
     kubectl, make = cluster
     emulator = make(server_version="1.32")
     output = tmp_path / "out"
-    result = tool(
-        emulator, kubectl, "run", "--output", str(output), "--quiet", "--count", "3", "--need", "2"
-    )
+    result = run_tool(emulator, kubectl, "run", output=output, quiet=True, count=3, need=2)
     assert result.returncode == 1
     assert (
         "--need needs Kubernetes >= 1.33" in result.stderr
@@ -511,6 +585,40 @@ def test_stream_batch_yields_lines_as_they_land_and_returns_the_results(
     assert stopped.value.value["rewards"] == sorted([first, *rest], key=lambda line: line["index"])
 
 
+def job_stopped(emulator: Any, namespace: str) -> bool:
+    """The run's Job is suspended and none of its pods runs any more."""
+    jobs = [job for job in emulator.list("jobs") if job["metadata"]["namespace"] == namespace]
+    pods = [pod for pod in emulator.list("pods") if pod["metadata"]["namespace"] == namespace]
+    return (
+        bool(jobs)
+        and all(job["spec"].get("suspend") for job in jobs)
+        and all(pod["status"].get("phase") in ("Succeeded", "Failed") for pod in pods)
+    )
+
+
+def assert_stopped_and_kept(emulator: Any, output: Path, err: str) -> str:
+    """The run stopped its pods and kept what an attach would need; its namespace is there,
+    named on stderr with the cleanup command. The namespace."""
+    namespace = load(output / "receipt.json")["namespace"]
+    assert [ns["metadata"]["name"] for ns in run_namespaces(emulator)] == [namespace]
+    assert "Suspended Job rollout: its running pods were stopped" in err, err
+    assert f"receipt.json names namespace {namespace}" in err and "Clean up with:" in err, err
+    wait_for(lambda: job_stopped(emulator, namespace), what="the suspended Job's pods to stop")
+    assert (output / "run.json").exists() and (output / "pods.json").exists()
+    assert [line["index"] for line in lines_of(output)] == [1]
+    return namespace
+
+
+def assert_stopped_and_cleaned(emulator: Any, output: Path, err: str) -> None:
+    """The run stopped its pods, saved its evidence, and deleted its namespace (cleanup)."""
+    namespace = load(output / "receipt.json")["namespace"]
+    assert run_namespaces(emulator) == []
+    assert f"Deleted test namespace: {namespace} (cleanup=True)." in err, err
+    assert "Clean up with:" not in err and "Traceback" not in err, err
+    assert (output / "run.json").exists() and (output / "pods.json").exists()
+    assert [line["index"] for line in lines_of(output)] == [1]
+
+
 def test_a_callback_that_raises_stops_the_run_as_ctrl_c_does(
     python_cluster: Any, tmp_path: Path, capfd: pytest.CaptureFixture
 ) -> None:
@@ -520,32 +628,114 @@ def test_a_callback_that_raises_stops_the_run_as_ctrl_c_does(
         raise ValueError("the trainer's buffer is full")
 
     with pytest.raises(ValueError, match="the trainer's buffer is full"):
-        rl_batch.run_batch(HELD_AND_FAST, on_reward=on_reward, **python_run(kubectl, tmp_path))
+        rl_batch.run_batch(
+            HELD_AND_FAST, on_reward=on_reward, cleanup=False, **python_run(kubectl, tmp_path)
+        )
     output = tmp_path / "out"
-    namespace = load(output / "receipt.json")["namespace"]
     err = capfd.readouterr().err
     assert "on_reward raised ValueError: the trainer's buffer is full; the run stopped." in err
-    assert f"receipt.json names namespace {namespace}" in err and "Clean up with:" in err
-    assert [ns["metadata"]["name"] for ns in run_namespaces(emulator)] == [
-        namespace
-    ]  # kept for cleanup
-    assert [line["index"] for line in lines_of(output)] == [1]
-    assert (output / "pods.json").exists() and not (output / "results.json").exists()
+    assert_stopped_and_kept(emulator, output, err)
+    assert not (output / "results.json").exists()
+    assert_cleanup_works(emulator, kubectl, output)
 
 
-def test_leaving_the_stream_early_stops_the_run_once_its_evidence_is_saved(
+def test_a_keyboard_interrupt_with_cleanup_leaves_no_namespace(
+    python_cluster: Any, tmp_path: Path, capfd: pytest.CaptureFixture
+) -> None:
+    kubectl, emulator = python_cluster
+
+    def on_reward(line: dict) -> None:
+        raise KeyboardInterrupt  # Ctrl-C while the trainer's own code runs
+
+    with pytest.raises(KeyboardInterrupt):
+        rl_batch.run_batch(HELD_AND_FAST, on_reward=on_reward, **python_run(kubectl, tmp_path))
+    err = capfd.readouterr().err
+    assert err.startswith("Interrupted."), err
+    assert_stopped_and_cleaned(emulator, tmp_path / "out", err)
+
+
+def test_a_break_out_of_the_stream_stops_the_run_and_cleans_up(
+    python_cluster: Any, tmp_path: Path, capfd: pytest.CaptureFixture
+) -> None:
+    kubectl, emulator = python_cluster
+    for line in rl_batch.stream_batch(HELD_AND_FAST, **python_run(kubectl, tmp_path)):
+        assert line["index"] == 1
+        break  # the held episode is never released: only the stop ends the run
+    err = capfd.readouterr().err
+    assert "stream_batch() was closed before the batch ended." in err, err
+    assert "on_reward" not in err and "StreamClosed" not in err, err
+    assert_stopped_and_cleaned(emulator, tmp_path / "out", err)
+
+
+def test_a_dropped_stream_leaks_nothing(
     python_cluster: Any, tmp_path: Path, capfd: pytest.CaptureFixture
 ) -> None:
     kubectl, emulator = python_cluster
     stream = rl_batch.stream_batch(HELD_AND_FAST, **python_run(kubectl, tmp_path))
     assert next(stream)["index"] == 1
-    stream.close()  # the held episode is never released: only the stop ends the run
+    del stream  # held in a variable, then dropped: collecting it closes it
+    gc.collect()
+    assert_stopped_and_cleaned(emulator, tmp_path / "out", capfd.readouterr().err)
+    assert not [t for t in threading.enumerate() if t.name == "rl-batch-demo stream_batch"]
+
+
+# A trainer whose loop waits on stream_batch() for its next line when Ctrl-C comes.
+TRAINER = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import rl_batch_demo
+try:
+    for line in rl_batch_demo.stream_batch(
+        [{"id": "held", "x": 1, "hold": True}, {"id": "fast", "x": 2}],
+        output=sys.argv[2], kubectl=sys.argv[3], episode_script=sys.argv[4],
+    ):
+        print("line", line["index"], flush=True)
+except KeyboardInterrupt:
+    sys.exit(130)
+"""
+
+
+def test_ctrl_c_while_a_trainer_waits_on_the_stream_stops_the_run_and_cleans_up(
+    cluster: Any, tmp_path: Path
+) -> None:
+    kubectl, make = cluster
+    emulator = make()
+    output = tmp_path / "out"
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", TRAINER, str(REPO_ROOT / "src"), str(output), kubectl]
+        + [str(write_script(tmp_path, HELD_EPISODE))],
+        env=emulator.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert trainer.stdout.readline() == "line 1\n"
+        trainer.send_signal(signal.SIGINT)
+        out, err = trainer.communicate(timeout=120)
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+    assert trainer.returncode == 130, err
+    # In next() the interrupt stops the run ("Interrupted."); in the loop's body it closes the
+    # generator on its way out: either way the run stops.
+    assert err.startswith(("Interrupted. ", "stream_batch() was closed before")), err
+    assert_stopped_and_cleaned(emulator, output, err)
+
+
+def test_a_closed_stream_without_cleanup_keeps_what_an_attach_needs(
+    python_cluster: Any, tmp_path: Path, capfd: pytest.CaptureFixture
+) -> None:
+    kubectl, emulator = python_cluster
+    stream = rl_batch.stream_batch(HELD_AND_FAST, cleanup=False, **python_run(kubectl, tmp_path))
+    assert next(stream)["index"] == 1
+    stream.close()
     output = tmp_path / "out"
     err = capfd.readouterr().err
-    assert "stream_batch()'s reader stopped before the batch ended; the run stopped." in err
-    namespace = load(output / "receipt.json")["namespace"]
-    assert [ns["metadata"]["name"] for ns in run_namespaces(emulator)] == [namespace]
-    assert (output / "pods.json").exists()
+    assert "stream_batch() was closed before the batch ended." in err, err
+    assert_stopped_and_kept(emulator, output, err)
+    assert load(output / "receipt.json")["job_uid"]
+    assert_cleanup_works(emulator, kubectl, output)
 
 
 def test_readme_stream_example_runs_as_written(

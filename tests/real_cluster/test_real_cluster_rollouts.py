@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from e2e_support import load, start_tool, tool, wait_for
+from e2e_support import load, run_tool, start_tool, tool, wait_for
 from test_e2e_rollouts import TASK_EPISODE, rewards_of, tasks_run
 from test_e2e_streaming import held_run
 
@@ -121,8 +121,8 @@ def test_need_is_met_by_the_real_job_controller_and_the_stragglers_cancelled(
     kubectl, cluster = real_cluster
     # The held episodes wait for a file that never comes: only the successPolicy ends them.
     tasks = [{"id": n, "x": 1, "hold": n in (0, 3)} for n in range(4)]
-    args, output = held_run(tmp_path, tasks, "--need", "2")
-    result = tool(cluster, kubectl, *args)
+    flags, output = held_run(tmp_path, tasks, need=2)
+    result = run_tool(cluster, kubectl, "run", **flags)
     assert result.returncode == 0, result.stderr
     lines = rewards_of(output)
     assert [(line["index"], line["failure_class"], line["valid"]) for line in lines] == [
@@ -146,8 +146,8 @@ def test_an_episode_past_its_timeout_is_a_sample_never_retried(real_cluster, tmp
     Job controller neither retries nor counts among its failed indexes."""
     kubectl, cluster = real_cluster
     tasks = [{"id": "stuck", "x": 1, "hold": True}, {"id": "quick", "x": 2}]
-    args, output = held_run(tmp_path, tasks, "--episode-timeout", "4", "--retries", "2")
-    result = tool(cluster, kubectl, *args)
+    flags, output = held_run(tmp_path, tasks, episode_timeout=4, retries=2)
+    result = run_tool(cluster, kubectl, "run", **flags)
     assert result.returncode == 0, result.stderr
     stuck, quick = rewards_of(output)
     assert (stuck["failure_class"], stuck["valid"], stuck["attempts"]) == ("episode", True, 1), (

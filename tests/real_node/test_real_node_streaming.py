@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from e2e_support import load, start_tool, tool, wait_for
+from e2e_support import load, run_tool, start_tool, tool, wait_for
 from test_e2e_rollouts import rewards_of
 from test_e2e_streaming import held_run
 from test_real_cluster import running_pods
@@ -48,8 +48,8 @@ def test_an_episode_past_its_timeout_is_stopped_by_its_launcher_and_never_retrie
     tasks = [{"id": "stuck", "x": 1, "hold": True}, {"id": "quick", "x": 2}]
     # With --retries: the launcher keeps the episode's own time, stops the hung one and ends its pod
     # 0, which the real Job controller neither retries nor counts as a failed index.
-    args, output = held_run(tmp_path, tasks, "--episode-timeout", "6", "--retries", "1")
-    result = tool(cluster, kubectl, *args)
+    flags, output = held_run(tmp_path, tasks, episode_timeout=6, retries=1)
+    result = run_tool(cluster, kubectl, "run", **flags)
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
     stuck, quick = rewards_of(output)
@@ -100,8 +100,8 @@ def test_need_is_met_by_the_real_job_controller_and_the_kubelet_stops_the_stragg
     kubectl, cluster = real_node
     # Every episode held until all four run; then 1 and 2 are let go, and 0 and 3 never are.
     tasks = [{"id": n, "x": 1, "hold": True} for n in range(4)]
-    args, output = held_run(tmp_path, tasks, "--need", "2")
-    process = start_tool(cluster, kubectl, *args)
+    flags, output = held_run(tmp_path, tasks, need=2)
+    process = start_tool(cluster, kubectl, "run", **flags)
     try:
         pods = wait_for(
             lambda: len(running_pods(cluster, output)) == 4 and running_pods(cluster, output),
