@@ -304,7 +304,8 @@ GUARDIAN_SOURCE = embedded_text("guardian.py")
 # The variable that hands the guardian its program (its command line stays short).
 GUARDIAN_VARIABLE = "RL_BATCH_DEMO_GUARDIAN"
 
-# How a rollout's pod runs the episode program (`python -B -c` this text): in this very process, so
+# How a rollout's pod runs the episode program (`python -B /demo/launcher.py`, LAUNCHER_KEY in the
+# ConfigMap): in this very process, so
 # its /proc start time and import figures are its own; its own end recorded (see
 # EPISODE_EXIT_ANNOTATION); in a Job of several, EPISODE_INDEX and TASK_FILE set first from the
 # run-wide index of its completion index (which Kubernetes gives every pod of an Indexed Job as
