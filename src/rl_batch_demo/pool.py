@@ -142,11 +142,8 @@ class Pool:
     for one if none does), `close()` ends the pool and saves its records. Thread-safe: hundreds
     of claims may be in flight from one process; `aclaim()` is the same for asyncio."""
 
-    def __init__(
-        self, run: RunContext, shape: PoolShape, token: str, tasks: Sequence[Task]
-    ) -> None:
+    def __init__(self, run: RunContext, shape: PoolShape, token: str) -> None:
         self.run, self.shape, self.token = run, shape, token
-        self.tasks = list(tasks)
         self.records = PoolRecords(run.output)
         self.state = PoolState()
         self.jobs: dict[str, str] = {}  # image -> its Job's name
@@ -776,7 +773,7 @@ def open_pool_run(request: RunRequest, caller: Caller, shape: PoolShape) -> Pool
                 "a pool talks to its sandboxes through `kubectl proxy`, which did not start; "
                 "nothing was created"
             )
-        pool = Pool(run, shape, token, request.tasks or ())
+        pool = Pool(run, shape, token)
         check_pool_access(pool)
         check_capacity(run)
         stamp_origin(run)
