@@ -28,6 +28,7 @@ shipped single file holds them in this order, each part opening with its source 
     store: a big batch held in little memory: shared strings and byte spools.
     parse: parsing what the cluster and the episodes said.
     manifests: the objects a run creates, as plain dicts; capacity.
+    tenancy: a run in a namespace it shares, and its Jobs queued: names, labels, a queue's quota.
     timing: what each episode went through: points, bounds, clocks, phases.
     outcomes: verification and classification: every episode's outcome, none dropped.
     summary: the batch's summary: throughput, slots, drafts, the events' index, episodes.csv.
@@ -39,6 +40,7 @@ shipped single file holds them in this order, each part opening with its source 
     follow: following a batch: its state, rewards, the follower, its evidence.
     syntax: an episode script's syntax, checked before it is shipped.
     preflight: what `run` checks and records before it changes the cluster.
+    kueue: a shared namespace's objects deleted by UID; Kueue's queues and Workloads as read.
     results: results.json: a batch's figures and the run's.
     lifecycle: `cleanup`, `list` and `cleanup --stale`.
     run: the `run` action: `perform_run` -> `start_run` -> `execute`.
@@ -67,6 +69,7 @@ import codecs
 import collections
 import concurrent.futures
 import contextlib
+import copy
 import csv
 import dataclasses
 import datetime
@@ -1276,6 +1279,9 @@ class RunRequest:
     # Tasks, a rollout option, or a Python caller: a batch that writes rewards.jsonl.
     rollout: bool
     spelling: Spelling
+    # --namespace: an existing namespace the run shares (None: a namespace of its own); --queue.
+    namespace: str | None = None
+    queue: str | None = None
 
 
 class PoolShape(NamedTuple):
@@ -1339,6 +1345,9 @@ class Settings:
     context: str | None = None
     namespace: str | None = None
     batches: tuple[BatchEntry, ...] = ()
+    # --namespace: the run shares a namespace it did not create; --queue: its Jobs' LocalQueue.
+    shared_namespace: bool = False
+    queue: str | None = None
 
     def saved(self) -> dict[str, Any]:
         """run.json's fields: the rollout options only for a rollout, --need and --episode-timeout
@@ -1382,6 +1391,10 @@ class Settings:
             saved["pull_timeout"] = self.pull_timeout
         if self.prepull:
             saved["prepull"] = True
+        if self.shared_namespace:
+            saved["shared_namespace"] = True
+        if self.queue is not None:
+            saved["queue"] = self.queue
         saved.update(
             {
                 "context": self.context,
@@ -1437,6 +1450,8 @@ class Settings:
             image_map=tuple((saved.get("image_map") or {}).items()),
             pull_timeout=saved.get("pull_timeout"),
             prepull=bool(saved.get("prepull")),
+            shared_namespace=bool(saved.get("shared_namespace")),
+            queue=saved.get("queue"),
         )
 
 
@@ -1466,7 +1481,7 @@ SAVED_SETTINGS_NEEDED = (
 class RunPlan(NamedTuple):
     """Every object one run creates, built once: `--dry-run` prints them and `run` creates them."""
 
-    namespace: dict
+    namespace: dict | None  # None: the run shares a namespace it did not create
     setup: list[dict]  # the NetworkPolicy (--harden), the worker's ConfigMap, the tasks' ConfigMaps
     jobs: dict[
         str, list[dict]
@@ -1474,7 +1489,8 @@ class RunPlan(NamedTuple):
 
     def objects(self) -> list[dict]:
         """In creation order."""
-        return [self.namespace, *self.setup, *(job for jobs in self.jobs.values() for job in jobs)]
+        own = [self.namespace] if self.namespace is not None else []
+        return [*own, *self.setup, *(job for jobs in self.jobs.values() for job in jobs)]
 
 
 class StreamClosed(Exception):
@@ -1719,10 +1735,20 @@ class Receipt:
 
     @classmethod
     def start(
-        cls, output: str, context: str, namespace: str, run_id: str, kubeconfig: str | None = None
+        cls,
+        output: str,
+        context: str,
+        namespace: str,
+        run_id: str,
+        kubeconfig: str | None = None,
+        shared: bool = False,
     ) -> Receipt:
-        """A new run's receipt, with the kubeconfig its context came from; written by its first `save()`."""
-        fields = {"context": context, "namespace": namespace, "run_id": run_id}
+        """A new run's receipt, with the kubeconfig its context came from; written by its first
+        `save()`. `shared`: the run's namespace is not its own (`--namespace`); cleanup deletes only
+        the objects the receipt names, never the namespace."""
+        fields: dict[str, Any] = {"context": context, "namespace": namespace, "run_id": run_id}
+        if shared:
+            fields.update(shared_namespace=True, objects=[])
         return cls(
             os.path.join(output, RECEIPT_FILE),
             dict(fields, kubeconfig=kubeconfig) if kubeconfig else fields,
@@ -1740,7 +1766,9 @@ class Receipt:
             raise DemoError(
                 f"receipt {path} lacks context, namespace or run_id; nothing was deleted"
             )
-        if not fields["namespace"].startswith(NAMESPACE_PREFIX):
+        if not fields["namespace"].startswith(NAMESPACE_PREFIX) and not fields.get(
+            "shared_namespace"
+        ):
             raise DemoError(
                 f"receipt names namespace {fields['namespace']!r}, which this tool never "
                 f"creates; nothing was deleted"
@@ -1764,8 +1792,27 @@ class Receipt:
         """Ours under `namespace_uid`, the guide's under `uid`."""
         return self.fields.get("namespace_uid") or self.fields.get("uid")
 
+    @property
+    def shared(self) -> bool:
+        """The run shares a namespace it did not create: only its named objects are its own."""
+        return bool(self.fields.get("shared_namespace"))
+
     def save(self) -> None:
         write_json(self.path, self.fields)
+
+    def record_object(self, kind: str, name: str, uid: str) -> None:
+        """An object other than a Job made in a shared namespace (a ConfigMap, a Secret, a
+        NetworkPolicy), its UID saved before the next object is made."""
+        self.fields.setdefault("objects", []).append({"kind": kind, "name": name, "uid": uid})
+        self.save()
+
+    def objects(self) -> list[dict[str, str]]:
+        """Every object of a shared-namespace run, Jobs last: {kind, name, uid}."""
+        jobs = [
+            {"kind": "Job", "name": name, "uid": uid or ""}
+            for name, uid in (self.fields.get("jobs") or {}).items()
+        ]
+        return [dict(item) for item in self.fields.get("objects") or []] + jobs
 
     def record_namespace(self, uid: str) -> None:
         """The namespace's UID under the guide's key `uid`, and under our clearer name beside it."""
@@ -1776,7 +1823,7 @@ class Receipt:
         """Every Job of the run under `jobs`; the guide's `job_uid` is only ever Job `rollout`'s,
         since the guide's cleanup deletes the Job of that name when its UID matches."""
         self.fields.setdefault("jobs", {})[job_name] = uid
-        if job_name == JOB_NAME:
+        if job_name == JOB_NAME and not self.shared:
             self.fields["job_uid"] = uid
         self.save()
 
@@ -3430,6 +3477,225 @@ def pool_job_manifest(
             },
             "template": {"metadata": {"labels": {"app": APP_LABEL}}, "spec": spec},
         },
+    }
+
+
+# --------------------------------------------------------------------------
+# src/rl_batch_demo/tenancy.py: A run inside a namespace it did not create (`--namespace`), and its Jobs handed to a Kueue queue
+
+# The label Kueue's Job integration reads: the LocalQueue, in the Job's namespace, it queues in.
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+# The label Kueue puts on a Job's Workload: the Job's UID.
+WORKLOAD_JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+KUEUE_GROUP = "kueue.x-k8s.io"
+KUEUE_VERSION = "v1beta2"
+
+# The objects a run makes in a namespace it shares, and where the API serves each: deleting one
+# by UID precondition is a DELETE on that path with a body.
+OBJECT_PATHS = {
+    "configmap": "/api/v1/namespaces/{namespace}/configmaps/{name}",
+    "secret": "/api/v1/namespaces/{namespace}/secrets/{name}",
+    "networkpolicy": "/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies/{name}",
+    "job": "/apis/batch/v1/namespaces/{namespace}/jobs/{name}",
+}
+
+
+def object_path(kind: str, namespace: str, name: str) -> str:
+    """The API path of one object a run makes in a shared namespace."""
+    return OBJECT_PATHS[kind.lower()].format(namespace=namespace, name=name)
+
+
+def run_suffix(run_id: str) -> str:
+    """What every name a run gives in a shared namespace ends with, so two runs never collide."""
+    return f"-{run_id}"
+
+
+def owned_metadata(manifest: dict, run_id: str, extra: Mapping[str, str] | None = None) -> None:
+    """Label and annotate one object with the run id (and `extra` annotations), in place."""
+    metadata = manifest.setdefault("metadata", {})
+    metadata.setdefault("labels", {})[RUN_LABEL] = run_id
+    metadata.setdefault("annotations", {}).update({RUN_ID_ANNOTATION: run_id, **(extra or {})})
+
+
+def renamed_config_maps(setup: Sequence[dict], suffix: str) -> dict[str, str]:
+    """Each ConfigMap's (and NetworkPolicy's) name -> its name in a shared namespace."""
+    return {
+        manifest["metadata"]["name"]: manifest["metadata"]["name"] + suffix
+        for manifest in setup
+        if not manifest["metadata"]["name"].endswith(suffix)
+    }
+
+
+def rename_volumes(pod_spec: dict, renamed: Mapping[str, str]) -> None:
+    """A pod spec's ConfigMap references, renamed in place."""
+    for volume in pod_spec.get("volumes") or []:
+        if "configMap" in volume:
+            volume["configMap"]["name"] = renamed.get(
+                volume["configMap"]["name"], volume["configMap"]["name"]
+            )
+        for source in (volume.get("projected") or {}).get("sources") or []:
+            if "configMap" in source:
+                source["configMap"]["name"] = renamed.get(
+                    source["configMap"]["name"], source["configMap"]["name"]
+                )
+
+
+def shared_setup(setup: Sequence[dict], run_id: str) -> list[dict]:
+    """The run's ConfigMaps (and --harden's NetworkPolicy) for a shared namespace: renamed after
+    the run, labelled with it; the NetworkPolicy denies only the run's own pods."""
+    suffix, owned = run_suffix(run_id), []
+    for manifest in setup:
+        manifest = copy.deepcopy(manifest)
+        if not manifest["metadata"]["name"].endswith(suffix):
+            manifest["metadata"]["name"] += suffix
+        owned_metadata(manifest, run_id)
+        if manifest["kind"] == "NetworkPolicy":
+            manifest["spec"]["podSelector"] = {"matchLabels": {RUN_LABEL: run_id}}
+        owned.append(manifest)
+    return owned
+
+
+def shared_job(
+    job: dict,
+    run_id: str,
+    renamed: Mapping[str, str],
+    annotations: Mapping[str, str],
+    queue: str | None = None,
+) -> dict:
+    """One Job for a shared namespace: the run's label and annotations on it and on its pods
+    (its template's labels copied onto it, as the API server does only for a Job without labels),
+    its ConfigMaps renamed; with a queue, Kueue's queue label."""
+    job = copy.deepcopy(job)
+    template = job["spec"]["template"]
+    template.setdefault("metadata", {}).setdefault("labels", {})[RUN_LABEL] = run_id
+    labels = {**template["metadata"]["labels"], **(job["metadata"].get("labels") or {})}
+    job["metadata"]["labels"] = labels
+    owned_metadata(job, run_id, annotations)
+    if queue:
+        labels[QUEUE_LABEL] = queue
+    rename_volumes(template["spec"], renamed)
+    return job
+
+
+def queued_job(job: dict, queue: str) -> dict:
+    """One Job of a run in its own namespace handed to a queue: Kueue's label beside the template's."""
+    job = copy.deepcopy(job)
+    template_labels = (job["spec"]["template"].get("metadata") or {}).get("labels") or {}
+    job["metadata"]["labels"] = {
+        **template_labels,
+        **(job["metadata"].get("labels") or {}),
+        QUEUE_LABEL: queue,
+    }
+    return job
+
+
+def shared_jobs(
+    jobs: Mapping[str, Sequence[dict]],
+    setup: Sequence[dict],
+    run_id: str,
+    origin: RunOrigin | None,
+    planned: PlannedWork | None,
+    queue: str | None = None,
+) -> dict[str, list[dict]]:
+    """Every batch's Jobs for a shared namespace: what the namespace's annotations say of a run in
+    its own namespace (origin, planned work) is on each Job, where `list` reads it."""
+    annotations = {
+        **(origin_annotations(origin) if origin is not None else {}),
+        **(planned_annotations(planned) if planned is not None else {}),
+    }
+    renamed = renamed_config_maps(setup, run_suffix(run_id))
+    return {
+        batch: [shared_job(job, run_id, renamed, annotations, queue) for job in batch_jobs]
+        for batch, batch_jobs in jobs.items()
+    }
+
+
+def stamped_jobs(jobs: Mapping[str, Sequence[dict]], origin: RunOrigin) -> dict[str, list[dict]]:
+    """A shared namespace's Jobs with the run's origin (who, where, until when) and planned work
+    annotated on each, as a run's own namespace carries them."""
+    annotations = {**origin_annotations(origin), **planned_annotations(planned_work(jobs))}
+    stamped = {}
+    for batch, batch_jobs in jobs.items():
+        stamped[batch] = [copy.deepcopy(job) for job in batch_jobs]
+        for job in stamped[batch]:
+            job["metadata"].setdefault("annotations", {}).update(annotations)
+    return stamped
+
+
+# A ClusterQueue's quota, and a batch held against it.
+
+
+class QuotaFit(NamedTuple):
+    """How a batch's requests meet its queue's quota: the pods the quota admits at once (None:
+    no quota limits them), and why none fits, if none does."""
+
+    fits_at_once: int | None
+    never: str | None  # a resource whose one pod's request is beyond the quota, with figures
+    quota: dict[str, float]  # resource -> nominal quota (+ borrowing limit), summed over flavors
+
+
+def cluster_queue_quota(cluster_queue: dict) -> dict[str, float]:
+    """Each resource's quota in a ClusterQueue: its flavors' nominalQuota (+ borrowingLimit), summed
+    (a pod takes one flavor, so a batch's pods may spread over them)."""
+    quota: dict[str, float] = {}
+    for group in (cluster_queue.get("spec") or {}).get("resourceGroups") or []:
+        for flavor in group.get("flavors") or []:
+            for resource in flavor.get("resources") or []:
+                nominal = parse_quantity(resource.get("nominalQuota"))
+                if nominal is None:
+                    continue
+                quota[resource["name"]] = quota.get(resource["name"], 0.0) + nominal
+    return quota
+
+
+def pod_requests(job: dict) -> dict[str, float]:
+    """One pod's requests, every container summed, as Kueue counts them (plus `pods`: 1)."""
+    requests: dict[str, float] = {"pods": 1.0}
+    for container in job["spec"]["template"]["spec"].get("containers") or []:
+        for name, value in ((container.get("resources") or {}).get("requests") or {}).items():
+            amount = parse_quantity(value)
+            if amount is not None:
+                requests[name] = requests.get(name, 0.0) + amount
+    return requests
+
+
+def quota_fit(quota: Mapping[str, float], jobs: Iterable[dict]) -> QuotaFit:
+    """The pods of the biggest Job that fit at once, and whether even one never can. Kueue admits
+    a Job whole (its parallelism's pods at once): a Job whose parallelism does not fit is never
+    admitted."""
+    fits: int | None = None
+    never = None
+    for job in jobs:
+        parallelism = int(job["spec"].get("parallelism") or 1)
+        for resource, amount in pod_requests(job).items():
+            if resource not in quota or amount <= 0:
+                continue
+            at_once = int(quota[resource] // amount + 1e-9)
+            fits = at_once if fits is None else min(fits, at_once)
+            if at_once < parallelism and never is None:
+                never = (
+                    f"Job {job['metadata']['name']} runs {parallelism} pods at once, "
+                    f"{format_amount(resource, amount * parallelism)} of {resource}, and the "
+                    f"quota is {format_amount(resource, quota[resource])} "
+                    f"({at_once} pods' worth)"
+                )
+    return QuotaFit(fits, never, dict(quota))
+
+
+def format_amount(resource: str, amount: float) -> str:
+    """A resource amount as people write it: CPU in millicores, memory in Mi, counts bare."""
+    if resource == "cpu":
+        return f"{amount * 1000:.0f}m"
+    if resource == "memory" or resource.endswith("storage"):
+        return f"{amount / 2**20:.0f}Mi"
+    return f"{amount:g}"
+
+
+def uids_of(objects: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """name -> UID of listed objects."""
+    return {
+        (item.get("metadata") or {}).get("name", ""): (item.get("metadata") or {}).get("uid", "")
+        for item in objects
     }
 
 
@@ -7772,6 +8038,14 @@ class ClusterRun(NamedTuple):
     jobs_planned: int | None = None  # None: a guide's run, or one of a version that did not say
     between_batches: bool = False  # running, with every Job there ended and more to come
     last_ended_at: float | None = None  # when its last ended Job ended (None: none has)
+    shared: bool = False  # in a namespace it shares (`--namespace`): its Jobs, not the namespace
+    job_uids: tuple[tuple[str, str], ...] = ()  # a shared run's Jobs: (name, UID)
+
+    @property
+    def place(self) -> str:
+        """Where the run is, as list and cleanup --stale name it: its namespace, and in a namespace
+        it shares, its run id after it."""
+        return f"{self.namespace}/{self.run_id}" if self.shared else self.namespace
 
     @property
     def guide(self) -> bool:
@@ -7835,47 +8109,90 @@ def job_ended_at(job: dict) -> float | None:
 
 def cluster_runs(namespaces: Iterable[dict], jobs: Iterable[dict]) -> list[ClusterRun]:
     """Every namespace with the run label, oldest first, with the tool's Jobs inside it
-    (`jobs`: Jobs labelled app=rl-batch-demo, from every namespace)."""
+    (`jobs`: Jobs labelled app=rl-batch-demo, from every namespace); and every run in a namespace
+    it shares (`--namespace`), found by its Jobs' run label."""
     by_namespace: dict[str, list[dict]] = {}
     for job in jobs:
         metadata = job.get("metadata") or {}
         if (metadata.get("labels") or {}).get("app") == APP_LABEL:
             by_namespace.setdefault(metadata.get("namespace", ""), []).append(job)
-    runs = []
+    runs, own = [], set()
     for namespace in namespaces:
         metadata = namespace.get("metadata") or {}
-        labels, annotations = metadata.get("labels") or {}, metadata.get("annotations") or {}
-        if RUN_LABEL not in labels:
+        if RUN_LABEL not in (metadata.get("labels") or {}):
             continue
-        inside = by_namespace.get(metadata.get("name", ""), [])
-        state = run_state(namespace, inside)
-        ended = [job_ended_at(job) for job in inside if job_finished(job) is not None]
-        planned_episodes = planned_count(namespace, EPISODES_PLANNED_ANNOTATION)
-        runs.append(
-            ClusterRun(
-                namespace=metadata.get("name", ""),
-                uid=metadata.get("uid", ""),
-                run_id=labels[RUN_LABEL],
-                annotated_run_id=annotations.get(RUN_ID_ANNOTATION),
-                created_at=parse_time(metadata.get("creationTimestamp")),
-                state=state,
-                jobs=len(inside),
-                episodes=planned_episodes
-                if planned_episodes is not None
-                else sum(int((job.get("spec") or {}).get("completions") or 1) for job in inside),
-                succeeded=sum(
-                    int((job.get("status") or {}).get("succeeded") or 0) for job in inside
-                ),
-                user=annotations.get(USER_ANNOTATION),
-                host=annotations.get(HOST_ANNOTATION),
-                output=annotations.get(OUTPUT_ANNOTATION),
-                expires_at=parse_time(annotations.get(EXPIRES_ANNOTATION)),
-                jobs_planned=planned_count(namespace, JOBS_PLANNED_ANNOTATION),
-                between_batches=state == "running" and bool(inside) and len(ended) == len(inside),
-                last_ended_at=max((at for at in ended if at is not None), default=None),
-            )
-        )
+        own.add(metadata.get("name", ""))
+        runs.append(cluster_run(namespace, by_namespace.get(metadata.get("name", ""), [])))
+    for name, inside in by_namespace.items():
+        if name not in own:
+            runs += [
+                cluster_run(carrier, run_jobs, shared=True)
+                for carrier, run_jobs in shared_runs(name, inside)
+            ]
     return sorted(runs, key=lambda run: (run.created_at or 0.0, run.namespace))
+
+
+def shared_runs(namespace: str, jobs: Sequence[dict]) -> list[tuple[dict, list[dict]]]:
+    """The runs in a namespace they share, by their Jobs' run label: each as a stand-in for the
+    namespace a run of its own would have (its first Job's labels and annotations) and its Jobs."""
+    by_run: dict[str, list[dict]] = {}
+    for job in jobs:
+        run_id = ((job.get("metadata") or {}).get("labels") or {}).get(RUN_LABEL)
+        if run_id:
+            by_run.setdefault(run_id, []).append(job)
+    found = []
+    for run_id, run_jobs in by_run.items():
+        first = min(run_jobs, key=lambda job: job["metadata"].get("creationTimestamp") or "")
+        carrier = {
+            "metadata": {
+                "name": namespace,
+                "uid": "",
+                "labels": {RUN_LABEL: run_id},
+                "annotations": first["metadata"].get("annotations") or {},
+                "creationTimestamp": first["metadata"].get("creationTimestamp"),
+            }
+        }
+        found.append((carrier, run_jobs))
+    return found
+
+
+def cluster_run(namespace: dict, inside: Sequence[dict], shared: bool = False) -> ClusterRun:
+    """One run from its namespace (or, `shared`, its stand-in) and the tool's Jobs in it."""
+    metadata = namespace.get("metadata") or {}
+    labels, annotations = metadata.get("labels") or {}, metadata.get("annotations") or {}
+    state = run_state(namespace, inside)
+    ended = [job_ended_at(job) for job in inside if job_finished(job) is not None]
+    planned_episodes = planned_count(namespace, EPISODES_PLANNED_ANNOTATION)
+    return ClusterRun(
+        namespace=metadata.get("name", ""),
+        uid=metadata.get("uid", ""),
+        run_id=labels[RUN_LABEL],
+        annotated_run_id=annotations.get(RUN_ID_ANNOTATION),
+        created_at=parse_time(metadata.get("creationTimestamp")),
+        state=state,
+        jobs=len(inside),
+        episodes=planned_episodes
+        if planned_episodes is not None
+        else sum(int((job.get("spec") or {}).get("completions") or 1) for job in inside),
+        succeeded=sum(int((job.get("status") or {}).get("succeeded") or 0) for job in inside),
+        user=annotations.get(USER_ANNOTATION),
+        host=annotations.get(HOST_ANNOTATION),
+        output=annotations.get(OUTPUT_ANNOTATION),
+        expires_at=parse_time(annotations.get(EXPIRES_ANNOTATION)),
+        jobs_planned=planned_count(namespace, JOBS_PLANNED_ANNOTATION),
+        between_batches=state == "running" and bool(inside) and len(ended) == len(inside),
+        last_ended_at=max((at for at in ended if at is not None), default=None),
+        shared=shared,
+        job_uids=tuple(
+            (
+                (job.get("metadata") or {}).get("name", ""),
+                (job.get("metadata") or {}).get("uid", ""),
+            )
+            for job in inside
+        )
+        if shared
+        else (),
+    )
 
 
 def run_record(run: ClusterRun, now: float) -> dict:
@@ -7897,6 +8214,7 @@ def run_record(run: ClusterRun, now: float) -> dict:
         "jobs_planned": run.jobs_planned,
         "between_batches": run.between_batches,
         "last_job_ended": rfc3339(run.last_ended_at) if run.last_ended_at is not None else None,
+        **({"shared_namespace": True} if run.shared else {}),
     }
 
 
@@ -7915,7 +8233,7 @@ def runs_table(runs: Sequence[ClusterRun], now: float) -> str:
         where = "(guide's script)" if run.guide else f"{run.host or '?'}:{run.output or '?'}"
         rows.append(
             (
-                run.namespace,
+                run.place,
                 run.state,
                 format_duration(run.age(now)),
                 f"{run.succeeded}/{run.episodes}",
@@ -7970,7 +8288,10 @@ def unproven_verdict(run: ClusterRun, user: str, all_users: bool) -> Verdict | N
             "made by the guide's script (no run-id annotation): clean it up with its receipt "
             "(cleanup --output DIR)",
         )
-    if run.annotated_run_id != run.run_id or run.namespace != NAMESPACE_PREFIX + run.run_id:
+    # A run in a namespace it shares is proven by its Jobs' label and annotation, each Job
+    # deleted by the UID it was listed with; a run's own namespace by its name as well.
+    own_name = run.shared or run.namespace == NAMESPACE_PREFIX + run.run_id
+    if run.annotated_run_id != run.run_id or not own_name:
         return Verdict(
             False,
             f"its name, {RUN_LABEL} label ({run.run_id}) and run-id annotation "
@@ -11140,6 +11461,10 @@ def check_runtime_class(run: RunContext) -> None:
                 f"RuntimeClass {runtime!r} not found in context {context!r}; "
                 f"nothing was created (pass {run.spelling.option('runtime', 'NAME')})"
             ) from None
+        if run.settings.shared_namespace and "(Forbidden)" in error.stderr:
+            # A namespace's Role grants nothing at the cluster's scope: the pods will tell.
+            print(f"Warning: RuntimeClass check skipped ({error})", file=sys.stderr, flush=True)
+            return
         raise DemoError(
             f"cannot reach the cluster of context {context!r}: {error}; nothing was created"
         ) from None
@@ -11229,6 +11554,158 @@ def read_capacity(kubectl: Kubectl, settings: Settings, job: dict) -> dict:
         settings.count,
         settings.parallelism,
     )
+
+
+# --------------------------------------------------------------------------
+# src/rl_batch_demo/kueue.py: A run in a namespace it shares (`--namespace`), and its Jobs queued through Kueue (`--queue`),
+
+def delete_by_uid(
+    kubectl: Kubectl, kind: str, namespace: str, name: str, uid: str, foreground: bool = False
+) -> str:
+    """Ask for one object's deletion only if it still has `uid` (the API server checks the
+    precondition): "deleted", "replaced" (another object has the name now) or "gone"."""
+    options = {
+        "kind": "DeleteOptions",
+        "apiVersion": "v1",
+        "preconditions": {"uid": uid},
+        "propagationPolicy": "Foreground" if foreground else "Background",
+    }
+    try:
+        # `delete --raw -f -` sends stdin as the DELETE's body, so the precondition travels with it.
+        kubectl.run(
+            ["delete", "--raw", object_path(kind, namespace, name), "-f", "-"],
+            input_text=json.dumps(options),
+            retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
+        )
+    except KubectlError as error:
+        if "(Conflict)" in error.stderr:
+            return "replaced"
+        if error.not_found:
+            return "gone"
+        raise DemoError(f"cannot delete {kind} {name} in {namespace}: {error}") from None
+    return "deleted"
+
+
+def cleanup_shared(
+    kubectl: Kubectl, receipt: Receipt, wait_seconds: float, report: TextIO | None = None
+) -> None:
+    """Delete exactly the objects the receipt names in the namespace the run shares, each by its
+    UID; never the namespace, nothing else in it. Jobs go in the foreground (their pods and
+    Workloads with them) and are waited for."""
+    report = report or sys.stdout
+    namespace, deleted, left = receipt.namespace, [], []
+    jobs: list[str] = []
+    for item in receipt.objects():
+        if not item.get("uid"):
+            left.append(f"{item['kind']} {item['name']} (no UID recorded: not touched)")
+            continue
+        is_job = item["kind"] == "Job"
+        outcome = delete_by_uid(
+            kubectl, item["kind"], namespace, item["name"], item["uid"], foreground=is_job
+        )
+        if outcome == "deleted":
+            deleted.append(f"{item['kind']} {item['name']}")
+            if is_job:
+                jobs.append(item["name"])
+        elif outcome == "replaced":
+            left.append(f"{item['kind']} {item['name']} (another object has the name now)")
+    wait_jobs_gone(kubectl, receipt, jobs, wait_seconds)
+    print(
+        f"Deleted {len(deleted)} objects of run {receipt.run_id} in namespace {namespace} "
+        f"(the namespace stays)" + (f"; left {', '.join(left)}" if left else ""),
+        file=report,
+        flush=True,
+    )
+
+
+def wait_jobs_gone(
+    kubectl: Kubectl, receipt: Receipt, names: Sequence[str], wait_seconds: float
+) -> None:
+    """Wait until the deleted Jobs are gone (their pods first: foreground deletion)."""
+    deadline = time.monotonic() + wait_seconds
+    for name in names:
+        while True:
+            live = kubectl.get(
+                "job", name, receipt.namespace, missing_ok=True, retry_until=deadline
+            )
+            if live is None:
+                break
+            if time.monotonic() >= deadline:
+                raise DemoError(
+                    f"Job {name} in {receipt.namespace} still exists after {wait_seconds:g} s; "
+                    f"inspect it with: kubectl --context {receipt.context} get job {name} "
+                    f"-n {receipt.namespace} -o yaml"
+                )
+            time.sleep(POLL_INTERVAL_SECONDS)
+
+
+def complete_shared_receipt(kubectl: Kubectl, receipt: Receipt, setup: Sequence[dict]) -> None:
+    """The UIDs of the run's setup objects an interruption came between making and recording:
+    each looked up by its name, which only this run gives, and taken only with the run's label."""
+    recorded = {(item["kind"], item["name"]) for item in receipt.objects()}
+    for manifest in setup:
+        kind, name = manifest["kind"], manifest["metadata"]["name"]
+        if (kind, name) in recorded:
+            continue
+        try:
+            live = kubectl.get(kind.lower(), name, receipt.namespace, missing_ok=True)
+        except DemoError:
+            continue
+        labels = ((live or {}).get("metadata") or {}).get("labels") or {}
+        if live and labels.get(RUN_LABEL) == receipt.run_id:
+            receipt.record_object(kind, name, live["metadata"]["uid"])
+
+
+def check_shared_namespace(run: RunContext) -> None:
+    """--namespace: the namespace exists and the run may make its objects there, proven by a
+    server-side dry run of its first object (nothing is made; no namespace verb is needed)."""
+    if not run.settings.shared_namespace:
+        return
+    first = run.plan.setup[0]
+    try:
+        run.kubectl.run(
+            ["create", "--dry-run=server", "-f", "-", "-o", "name"],
+            input_text=json.dumps(first),
+            retry_until=time.monotonic() + FIRST_CONTACT_RETRY_SECONDS,
+        )
+    except KubectlError as error:
+        flag = run.spelling.option("namespace", "NAME")
+        if error.not_found:
+            raise DemoError(
+                f"namespace {run.namespace!r} does not exist in context {run.kubectl.context!r}; "
+                f"{flag} runs in a namespace that exists (ask its owner, or leave {flag} out to "
+                f"have the run make its own); nothing was created"
+            ) from None
+        raise DemoError(
+            f"cannot make the run's {first['kind']} in namespace {run.namespace}: {error}; "
+            f"nothing was created"
+        ) from None
+
+
+def delete_shared_run(
+    kubectl: Kubectl, namespace: str, run_id: str, job_uids: Sequence[tuple[str, str]]
+) -> str:
+    """`cleanup --stale` of a run in a namespace it shares, without its receipt: its Jobs, each by
+    the UID it was listed with, then its ConfigMaps, Secrets and NetworkPolicies found by its run
+    label, each by UID. "deleted", or "gone" when none was left."""
+    outcomes = [delete_by_uid(kubectl, "job", namespace, name, uid) for name, uid in job_uids]
+    for kind in ("configmap", "secret", "networkpolicy"):
+        try:
+            listing = kubectl.get_list(
+                kind,
+                namespace,
+                "-l",
+                f"{RUN_LABEL}={run_id}",
+                retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
+            )
+        except KubectlError:
+            continue  # not permitted to list them: the Jobs, which hold the work, are gone
+        for item in (listing or {}).get("items") or []:
+            metadata = item.get("metadata") or {}
+            outcomes.append(
+                delete_by_uid(kubectl, kind, namespace, metadata["name"], metadata["uid"])
+            )
+    return "deleted" if "deleted" in outcomes else "gone"
 
 
 # --------------------------------------------------------------------------
@@ -11975,8 +12452,12 @@ def cleanup_namespace(
     wait_seconds: float = DELETE_WAIT_SECONDS,
     report: TextIO | None = None,
 ) -> None:
-    """Delete the run's Jobs and namespace, only after proving both are the run's own."""
+    """Delete the run's Jobs and namespace, only after proving both are the run's own (a run in a
+    namespace it shares: the objects it made there, each by UID, never the namespace)."""
     report = report or sys.stdout
+    if receipt.shared:
+        cleanup_shared(kubectl, receipt, wait_seconds, report)
+        return
     namespace = receipt.namespace
     live = live_namespace(kubectl, receipt)
     if live is None:
@@ -12218,29 +12699,33 @@ def cleanup_stale(args: argparse.Namespace) -> int:
     for found in runs:
         verdict = stale_verdict(found, now, args.stale, user, args.all_users)
         if not verdict.delete:
-            print(f"Left {found.namespace}: {verdict.why}", flush=True)
+            print(f"Left {found.place}: {verdict.why}", flush=True)
         elif args.dry_run:
             would += 1
-            print(f"Would delete {found.namespace}: {verdict.why}", flush=True)
+            print(f"Would delete {found.place}: {verdict.why}", flush=True)
         else:
-            outcome = delete_if_uid(kubectl, found.namespace, found.uid)
+            outcome = (
+                delete_shared_run(kubectl, found.namespace, found.run_id, found.job_uids)
+                if found.shared
+                else delete_if_uid(kubectl, found.namespace, found.uid)
+            )
             if outcome == "deleted":
                 deleted.append(found)
-                print(f"Deleted {found.namespace}: {verdict.why}", flush=True)
+                print(f"Deleted {found.place}: {verdict.why}", flush=True)
             elif outcome == "recreated":
                 print(
-                    f"Left {found.namespace}: made again under that name since it was listed (its UID is "
+                    f"Left {found.place}: made again under that name since it was listed (its UID is "
                     f"no longer {found.uid}); not touched",
                     flush=True,
                 )
             else:
-                print(f"Left {found.namespace}: already gone", flush=True)
+                print(f"Left {found.place}: already gone", flush=True)
     done = f"Would delete {would}" if args.dry_run else f"Deleted {len(deleted)}"
     print(
         f"{done}, left {len(runs) - would - len(deleted)} of {len(runs)} runs in context {kubectl.context}.",
         flush=True,
     )
-    stuck = wait_runs_gone(kubectl, deleted, args.wait)
+    stuck = wait_runs_gone(kubectl, [run for run in deleted if not run.shared], args.wait)
     if stuck:
         raise DemoError(
             "; ".join(
@@ -12279,14 +12764,15 @@ def default_timeout(count: int, parallelism: int) -> int:
     return max(DEFAULT_JOB_DEADLINE_SECONDS, 120 + 20 * waves)
 
 
-def batch_names(rounds: int, warmup: bool) -> list[tuple[str, bool]]:
-    """(Job name, measured?) for every batch of a run; one measured batch is plain `rollout`."""
+def batch_names(rounds: int, warmup: bool, suffix: str = "") -> list[tuple[str, bool]]:
+    """(Job name, measured?) for every batch of a run; one measured batch is plain `rollout`
+    (`suffix`: what a run in a shared namespace ends its names with)."""
     names = [(WARMUP_JOB_NAME, False)] if warmup else []
     if rounds == 1:
         names.append((JOB_NAME, True))
     else:
         names += [(f"{JOB_NAME}-{n}", True) for n in range(1, rounds + 1)]
-    return names
+    return [(name + suffix, measured) for name, measured in names]
 
 
 def rollout_policy(settings: Settings) -> RolloutPolicy | None:
@@ -12404,12 +12890,20 @@ def plan_run(
     groups = image_groups(
         tasks, settings.count, settings.group_size, settings.image, settings.image_map
     )
+    suffix = run_suffix(run_id) if settings.shared_namespace else ""
     jobs = {
         name: batch_jobs(namespace, settings, name, task_maps, groups)
-        for name, _ in batch_names(settings.rounds, settings.warmup)
+        for name, _ in batch_names(settings.rounds, settings.warmup, suffix)
     }
     # What the run plans goes with its origin: a namespace without either is the guide's.
     planned = planned_work(jobs) if origin is not None else None
+    if settings.shared_namespace:
+        shared = shared_jobs(jobs, setup, run_id, origin, planned, settings.queue)
+        return RunPlan(None, shared_setup(setup, run_id), shared)
+    if settings.queue:
+        jobs = {
+            name: [queued_job(job, settings.queue) for job in each] for name, each in jobs.items()
+        }
     return RunPlan(
         namespace_manifest(namespace, run_id, settings.harden, origin, planned), setup, jobs
     )
@@ -12445,11 +12939,15 @@ def execute(run: RunContext) -> Results:
     check_runtime_class(run)
     if rollout_policy(run.settings):
         check_server_version(run)  # --need among them
+    check_shared_namespace(run)
     check_capacity(run)
     stamp_origin(run)
     create_namespace(run)
     for manifest in run.plan.setup:
-        create_object(run, manifest)
+        created = create_object(run, manifest)
+        if run.receipt.shared:  # its UID saved before the next object is made
+            metadata = created["metadata"]
+            run.receipt.record_object(manifest["kind"], metadata["name"], metadata["uid"])
     if run.settings.prepull:
         prepull(run)
     outcomes: list[BatchOutcome] = []
@@ -12468,6 +12966,9 @@ def stamp_origin(run: RunContext) -> None:
     origin = run_origin(
         run.receipt.run_id, run.output, current_user(run.kubectl), run.settings.ttl_seconds
     )
+    if run.plan.namespace is None:  # a shared namespace: its Jobs carry the origin
+        run.plan = run.plan._replace(jobs=stamped_jobs(run.plan.jobs, origin))
+        return
     run.plan = run.plan._replace(
         namespace=namespace_manifest(
             run.namespace,
@@ -12480,8 +12981,10 @@ def stamp_origin(run: RunContext) -> None:
 
 
 def create_namespace(run: RunContext) -> None:
-    """The run's namespace, its UID in the receipt at once."""
+    """The run's namespace, its UID in the receipt at once (a shared namespace: none is made)."""
     run.touched_cluster = True
+    if run.plan.namespace is None:
+        return
     created = create_object(run, run.plan.namespace)
     run.receipt.record_namespace(created["metadata"]["uid"])
     if not run.silent:
@@ -12883,7 +13386,9 @@ def complete_receipt(run: RunContext) -> None:
     """The namespace's and the batch's Jobs' UIDs in the receipt, should the interruption have
     come between their creation and their record."""
     batch = run.batch
-    if run.touched_cluster and not run.receipt.namespace_uid:
+    if run.touched_cluster and run.receipt.shared:
+        complete_shared_receipt(run.kubectl, run.receipt, run.plan.setup)
+    elif run.touched_cluster and not run.receipt.namespace_uid:
         try:
             live = run.kubectl.get("namespace", run.namespace, missing_ok=True)
         except DemoError:
@@ -13014,12 +13519,11 @@ def dry_run_listing(request: RunRequest) -> dict:
     """`run --dry-run`: the objects a run would create, as one v1 List; nothing is touched."""
     worker_source, builtin = load_worker(request)
     run_id = secrets.token_hex(6)
-    settings = run_settings(request, worker_source, builtin, None, NAMESPACE_PREFIX + run_id)
+    namespace = request.namespace or NAMESPACE_PREFIX + run_id
+    settings = run_settings(request, worker_source, builtin, None, namespace, run_id)
     origin = run_origin(run_id, request.output, USER_UNKNOWN_BEFORE_RUN, settings.ttl_seconds)
     return list_manifest(
-        planned_objects(
-            NAMESPACE_PREFIX + run_id, run_id, settings, worker_source, request.tasks or (), origin
-        )
+        planned_objects(namespace, run_id, settings, worker_source, request.tasks or (), origin)
     )
 
 
@@ -13029,11 +13533,13 @@ def run_settings(
     builtin: bool,
     context: str | None,
     namespace: str,
+    run_id: str = "",
 ) -> Settings:
     """The run's settings, once, from its request, its episode program, and the context and
     namespace it runs in (no context for --dry-run)."""
     rollout, tasks = request.rollout, request.tasks or ()
-    batches = batch_names(request.rounds, request.warmup)
+    suffix = run_suffix(run_id) if request.namespace else ""
+    batches = batch_names(request.rounds, request.warmup, suffix)
     image_map = parse_image_map(request.image_map)
     # Rewritten once, here: every later use of an image takes the rewritten reference.
     image = rewrite_image(request.image, image_map)
@@ -13066,21 +13572,28 @@ def run_settings(
         episode_timeout=request.episode_timeout,
         context=context,
         namespace=namespace,
-        batches=tuple(
-            BatchEntry(
-                name,
-                measured,
-                name if len(batches) > 1 else ".",
-                tuple(image_job_name(name, n) for n in range(1, len(groups) + 1))
-                if len(groups) > 1
-                else (),
-            )
-            for name, measured in batches
-        ),
+        batches=batch_entries(batches, len(groups), suffix),
         image_map=image_map,
         pull_timeout=request.pull_timeout,
         prepull=request.prepull,
         task_images=tuple(task_images(tasks, image, image_map)) if rollout and tasks else None,
+        shared_namespace=request.namespace is not None,
+        queue=request.queue,
+    )
+
+
+def batch_entries(
+    batches: Sequence[tuple[str, bool]], images: int, suffix: str
+) -> tuple[BatchEntry, ...]:
+    """run.json's batches: each Job's name, and its directory (named without the run's suffix)."""
+    return tuple(
+        BatchEntry(
+            name,
+            measured,
+            name[: len(name) - len(suffix)] if len(batches) > 1 else ".",
+            tuple(image_job_name(name, n) for n in range(1, images + 1)) if images > 1 else (),
+        )
+        for name, measured in batches
     )
 
 
@@ -13101,12 +13614,19 @@ def start_run(request: RunRequest, caller: Caller, worker_source: str, builtin: 
             f"cannot create output directory {output}: {error.strerror or error}"
         ) from None
     run_id = secrets.token_hex(6)
-    namespace = NAMESPACE_PREFIX + run_id
-    settings = run_settings(request, worker_source, builtin, kubectl.context, namespace)
+    namespace = request.namespace or NAMESPACE_PREFIX + run_id
+    settings = run_settings(request, worker_source, builtin, kubectl.context, namespace, run_id)
     return RunContext(
         settings,
         plan_run(namespace, run_id, settings, worker_source, request.tasks or ()),
-        Receipt.start(output, kubectl.context, namespace, run_id, kubeconfig_path()),
+        Receipt.start(
+            output,
+            kubectl.context,
+            namespace,
+            run_id,
+            kubeconfig_path(),
+            shared=settings.shared_namespace,
+        ),
         kubectl,
         output,
         Progress(request.quiet),
@@ -14544,9 +15064,31 @@ def run_arguments() -> list[argparse.ArgumentParser]:
         failure_arguments(),
         image_pull_arguments(),
         run_behaviour_arguments(),
+        shared_cluster_arguments(),
         quiet_arguments("progress"),
         verbose_arguments(),
     ]
+
+
+def shared_cluster_arguments() -> argparse.ArgumentParser:
+    """Where a shared cluster wants the run: a namespace it was given, a Kueue queue."""
+    arguments = argparse.ArgumentParser(add_help=False)
+    arguments.add_argument(
+        "--namespace",
+        default=None,
+        metavar="NAME",
+        help="run inside this existing namespace, making only the run's own objects there "
+        "(each named and labelled after the run; cleanup deletes exactly those, never the "
+        "namespace); default: a namespace of the run's own",
+    )
+    arguments.add_argument(
+        "--queue",
+        default=None,
+        metavar="NAME",
+        help="hand the Jobs to this Kueue LocalQueue of the namespace (label "
+        "kueue.x-k8s.io/queue-name); the batch is held against its ClusterQueue's quota",
+    )
+    return arguments
 
 
 def batch_shape_arguments() -> argparse.ArgumentParser:
@@ -15043,6 +15585,8 @@ def run_request(
         ttl=args.ttl,
         quiet=args.quiet,
         verbose=args.verbose,
+        namespace=args.namespace,
+        queue=args.queue,
         # A trainer calling in always gets its rewards, one row per episode.
         rollout=bool(tasks)
         or args.retries is not None

@@ -157,9 +157,31 @@ def run_arguments() -> list[argparse.ArgumentParser]:
         failure_arguments(),
         image_pull_arguments(),
         run_behaviour_arguments(),
+        shared_cluster_arguments(),
         quiet_arguments("progress"),
         verbose_arguments(),
     ]
+
+
+def shared_cluster_arguments() -> argparse.ArgumentParser:
+    """Where a shared cluster wants the run: a namespace it was given, a Kueue queue."""
+    arguments = argparse.ArgumentParser(add_help=False)
+    arguments.add_argument(
+        "--namespace",
+        default=None,
+        metavar="NAME",
+        help="run inside this existing namespace, making only the run's own objects there "
+        "(each named and labelled after the run; cleanup deletes exactly those, never the "
+        "namespace); default: a namespace of the run's own",
+    )
+    arguments.add_argument(
+        "--queue",
+        default=None,
+        metavar="NAME",
+        help="hand the Jobs to this Kueue LocalQueue of the namespace (label "
+        "kueue.x-k8s.io/queue-name); the batch is held against its ClusterQueue's quota",
+    )
+    return arguments
 
 
 def batch_shape_arguments() -> argparse.ArgumentParser:
@@ -656,6 +678,8 @@ def run_request(
         ttl=args.ttl,
         quiet=args.quiet,
         verbose=args.verbose,
+        namespace=args.namespace,
+        queue=args.queue,
         # A trainer calling in always gets its rewards, one row per episode.
         rollout=bool(tasks)
         or args.retries is not None

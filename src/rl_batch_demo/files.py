@@ -191,10 +191,20 @@ class Receipt:
 
     @classmethod
     def start(
-        cls, output: str, context: str, namespace: str, run_id: str, kubeconfig: str | None = None
+        cls,
+        output: str,
+        context: str,
+        namespace: str,
+        run_id: str,
+        kubeconfig: str | None = None,
+        shared: bool = False,
     ) -> Receipt:
-        """A new run's receipt, with the kubeconfig its context came from; written by its first `save()`."""
-        fields = {"context": context, "namespace": namespace, "run_id": run_id}
+        """A new run's receipt, with the kubeconfig its context came from; written by its first
+        `save()`. `shared`: the run's namespace is not its own (`--namespace`); cleanup deletes only
+        the objects the receipt names, never the namespace."""
+        fields: dict[str, Any] = {"context": context, "namespace": namespace, "run_id": run_id}
+        if shared:
+            fields.update(shared_namespace=True, objects=[])
         return cls(
             os.path.join(output, RECEIPT_FILE),
             dict(fields, kubeconfig=kubeconfig) if kubeconfig else fields,
@@ -212,7 +222,9 @@ class Receipt:
             raise DemoError(
                 f"receipt {path} lacks context, namespace or run_id; nothing was deleted"
             )
-        if not fields["namespace"].startswith(NAMESPACE_PREFIX):
+        if not fields["namespace"].startswith(NAMESPACE_PREFIX) and not fields.get(
+            "shared_namespace"
+        ):
             raise DemoError(
                 f"receipt names namespace {fields['namespace']!r}, which this tool never "
                 f"creates; nothing was deleted"
@@ -236,8 +248,27 @@ class Receipt:
         """Ours under `namespace_uid`, the guide's under `uid`."""
         return self.fields.get("namespace_uid") or self.fields.get("uid")
 
+    @property
+    def shared(self) -> bool:
+        """The run shares a namespace it did not create: only its named objects are its own."""
+        return bool(self.fields.get("shared_namespace"))
+
     def save(self) -> None:
         write_json(self.path, self.fields)
+
+    def record_object(self, kind: str, name: str, uid: str) -> None:
+        """An object other than a Job made in a shared namespace (a ConfigMap, a Secret, a
+        NetworkPolicy), its UID saved before the next object is made."""
+        self.fields.setdefault("objects", []).append({"kind": kind, "name": name, "uid": uid})
+        self.save()
+
+    def objects(self) -> list[dict[str, str]]:
+        """Every object of a shared-namespace run, Jobs last: {kind, name, uid}."""
+        jobs = [
+            {"kind": "Job", "name": name, "uid": uid or ""}
+            for name, uid in (self.fields.get("jobs") or {}).items()
+        ]
+        return [dict(item) for item in self.fields.get("objects") or []] + jobs
 
     def record_namespace(self, uid: str) -> None:
         """The namespace's UID under the guide's key `uid`, and under our clearer name beside it."""
@@ -248,7 +279,7 @@ class Receipt:
         """Every Job of the run under `jobs`; the guide's `job_uid` is only ever Job `rollout`'s,
         since the guide's cleanup deletes the Job of that name when its UID matches."""
         self.fields.setdefault("jobs", {})[job_name] = uid
-        if job_name == JOB_NAME:
+        if job_name == JOB_NAME and not self.shared:
             self.fields["job_uid"] = uid
         self.save()
 

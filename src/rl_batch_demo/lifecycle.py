@@ -24,6 +24,7 @@ from .files import Receipt, kubeconfig_path
 from .runs import ClusterRun, cluster_runs, run_record, runs_table, stale_verdict
 from .kube import Kubectl, KubectlError
 from .preflight import current_user, find_kubectl, require_kubectl, resolve_context
+from .kueue import cleanup_shared, delete_shared_run
 
 
 def wait_gone(
@@ -46,8 +47,12 @@ def cleanup_namespace(
     wait_seconds: float = DELETE_WAIT_SECONDS,
     report: TextIO | None = None,
 ) -> None:
-    """Delete the run's Jobs and namespace, only after proving both are the run's own."""
+    """Delete the run's Jobs and namespace, only after proving both are the run's own (a run in a
+    namespace it shares: the objects it made there, each by UID, never the namespace)."""
     report = report or sys.stdout
+    if receipt.shared:
+        cleanup_shared(kubectl, receipt, wait_seconds, report)
+        return
     namespace = receipt.namespace
     live = live_namespace(kubectl, receipt)
     if live is None:
@@ -289,29 +294,33 @@ def cleanup_stale(args: argparse.Namespace) -> int:
     for found in runs:
         verdict = stale_verdict(found, now, args.stale, user, args.all_users)
         if not verdict.delete:
-            print(f"Left {found.namespace}: {verdict.why}", flush=True)
+            print(f"Left {found.place}: {verdict.why}", flush=True)
         elif args.dry_run:
             would += 1
-            print(f"Would delete {found.namespace}: {verdict.why}", flush=True)
+            print(f"Would delete {found.place}: {verdict.why}", flush=True)
         else:
-            outcome = delete_if_uid(kubectl, found.namespace, found.uid)
+            outcome = (
+                delete_shared_run(kubectl, found.namespace, found.run_id, found.job_uids)
+                if found.shared
+                else delete_if_uid(kubectl, found.namespace, found.uid)
+            )
             if outcome == "deleted":
                 deleted.append(found)
-                print(f"Deleted {found.namespace}: {verdict.why}", flush=True)
+                print(f"Deleted {found.place}: {verdict.why}", flush=True)
             elif outcome == "recreated":
                 print(
-                    f"Left {found.namespace}: made again under that name since it was listed (its UID is "
+                    f"Left {found.place}: made again under that name since it was listed (its UID is "
                     f"no longer {found.uid}); not touched",
                     flush=True,
                 )
             else:
-                print(f"Left {found.namespace}: already gone", flush=True)
+                print(f"Left {found.place}: already gone", flush=True)
     done = f"Would delete {would}" if args.dry_run else f"Deleted {len(deleted)}"
     print(
         f"{done}, left {len(runs) - would - len(deleted)} of {len(runs)} runs in context {kubectl.context}.",
         flush=True,
     )
-    stuck = wait_runs_gone(kubectl, deleted, args.wait)
+    stuck = wait_runs_gone(kubectl, [run for run in deleted if not run.shared], args.wait)
     if stuck:
         raise DemoError(
             "; ".join(

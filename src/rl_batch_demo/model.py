@@ -140,6 +140,9 @@ class RunRequest:
     # Tasks, a rollout option, or a Python caller: a batch that writes rewards.jsonl.
     rollout: bool
     spelling: Spelling
+    # --namespace: an existing namespace the run shares (None: a namespace of its own); --queue.
+    namespace: str | None = None
+    queue: str | None = None
 
 
 class PoolShape(NamedTuple):
@@ -203,6 +206,9 @@ class Settings:
     context: str | None = None
     namespace: str | None = None
     batches: tuple[BatchEntry, ...] = ()
+    # --namespace: the run shares a namespace it did not create; --queue: its Jobs' LocalQueue.
+    shared_namespace: bool = False
+    queue: str | None = None
 
     def saved(self) -> dict[str, Any]:
         """run.json's fields: the rollout options only for a rollout, --need and --episode-timeout
@@ -246,6 +252,10 @@ class Settings:
             saved["pull_timeout"] = self.pull_timeout
         if self.prepull:
             saved["prepull"] = True
+        if self.shared_namespace:
+            saved["shared_namespace"] = True
+        if self.queue is not None:
+            saved["queue"] = self.queue
         saved.update(
             {
                 "context": self.context,
@@ -301,6 +311,8 @@ class Settings:
             image_map=tuple((saved.get("image_map") or {}).items()),
             pull_timeout=saved.get("pull_timeout"),
             prepull=bool(saved.get("prepull")),
+            shared_namespace=bool(saved.get("shared_namespace")),
+            queue=saved.get("queue"),
         )
 
 
@@ -330,7 +342,7 @@ SAVED_SETTINGS_NEEDED = (
 class RunPlan(NamedTuple):
     """Every object one run creates, built once: `--dry-run` prints them and `run` creates them."""
 
-    namespace: dict
+    namespace: dict | None  # None: the run shares a namespace it did not create
     setup: list[dict]  # the NetworkPolicy (--harden), the worker's ConfigMap, the tasks' ConfigMaps
     jobs: dict[
         str, list[dict]
@@ -338,7 +350,8 @@ class RunPlan(NamedTuple):
 
     def objects(self) -> list[dict]:
         """In creation order."""
-        return [self.namespace, *self.setup, *(job for jobs in self.jobs.values() for job in jobs)]
+        own = [self.namespace] if self.namespace is not None else []
+        return [*own, *self.setup, *(job for jobs in self.jobs.values() for job in jobs)]
 
 
 class StreamClosed(Exception):

@@ -120,6 +120,8 @@ from .results import (
     warn_clocks,
 )
 from .lifecycle import cleanup_namespace
+from .kueue import check_shared_namespace, complete_shared_receipt
+from .tenancy import queued_job, run_suffix, shared_jobs, shared_setup, stamped_jobs
 
 
 def default_timeout(count: int, parallelism: int) -> int:
@@ -130,14 +132,15 @@ def default_timeout(count: int, parallelism: int) -> int:
     return max(DEFAULT_JOB_DEADLINE_SECONDS, 120 + 20 * waves)
 
 
-def batch_names(rounds: int, warmup: bool) -> list[tuple[str, bool]]:
-    """(Job name, measured?) for every batch of a run; one measured batch is plain `rollout`."""
+def batch_names(rounds: int, warmup: bool, suffix: str = "") -> list[tuple[str, bool]]:
+    """(Job name, measured?) for every batch of a run; one measured batch is plain `rollout`
+    (`suffix`: what a run in a shared namespace ends its names with)."""
     names = [(WARMUP_JOB_NAME, False)] if warmup else []
     if rounds == 1:
         names.append((JOB_NAME, True))
     else:
         names += [(f"{JOB_NAME}-{n}", True) for n in range(1, rounds + 1)]
-    return names
+    return [(name + suffix, measured) for name, measured in names]
 
 
 def rollout_policy(settings: Settings) -> RolloutPolicy | None:
@@ -255,12 +258,20 @@ def plan_run(
     groups = image_groups(
         tasks, settings.count, settings.group_size, settings.image, settings.image_map
     )
+    suffix = run_suffix(run_id) if settings.shared_namespace else ""
     jobs = {
         name: batch_jobs(namespace, settings, name, task_maps, groups)
-        for name, _ in batch_names(settings.rounds, settings.warmup)
+        for name, _ in batch_names(settings.rounds, settings.warmup, suffix)
     }
     # What the run plans goes with its origin: a namespace without either is the guide's.
     planned = planned_work(jobs) if origin is not None else None
+    if settings.shared_namespace:
+        shared = shared_jobs(jobs, setup, run_id, origin, planned, settings.queue)
+        return RunPlan(None, shared_setup(setup, run_id), shared)
+    if settings.queue:
+        jobs = {
+            name: [queued_job(job, settings.queue) for job in each] for name, each in jobs.items()
+        }
     return RunPlan(
         namespace_manifest(namespace, run_id, settings.harden, origin, planned), setup, jobs
     )
@@ -296,11 +307,15 @@ def execute(run: RunContext) -> Results:
     check_runtime_class(run)
     if rollout_policy(run.settings):
         check_server_version(run)  # --need among them
+    check_shared_namespace(run)
     check_capacity(run)
     stamp_origin(run)
     create_namespace(run)
     for manifest in run.plan.setup:
-        create_object(run, manifest)
+        created = create_object(run, manifest)
+        if run.receipt.shared:  # its UID saved before the next object is made
+            metadata = created["metadata"]
+            run.receipt.record_object(manifest["kind"], metadata["name"], metadata["uid"])
     if run.settings.prepull:
         prepull(run)
     outcomes: list[BatchOutcome] = []
@@ -319,6 +334,9 @@ def stamp_origin(run: RunContext) -> None:
     origin = run_origin(
         run.receipt.run_id, run.output, current_user(run.kubectl), run.settings.ttl_seconds
     )
+    if run.plan.namespace is None:  # a shared namespace: its Jobs carry the origin
+        run.plan = run.plan._replace(jobs=stamped_jobs(run.plan.jobs, origin))
+        return
     run.plan = run.plan._replace(
         namespace=namespace_manifest(
             run.namespace,
@@ -331,8 +349,10 @@ def stamp_origin(run: RunContext) -> None:
 
 
 def create_namespace(run: RunContext) -> None:
-    """The run's namespace, its UID in the receipt at once."""
+    """The run's namespace, its UID in the receipt at once (a shared namespace: none is made)."""
     run.touched_cluster = True
+    if run.plan.namespace is None:
+        return
     created = create_object(run, run.plan.namespace)
     run.receipt.record_namespace(created["metadata"]["uid"])
     if not run.silent:
@@ -734,7 +754,9 @@ def complete_receipt(run: RunContext) -> None:
     """The namespace's and the batch's Jobs' UIDs in the receipt, should the interruption have
     come between their creation and their record."""
     batch = run.batch
-    if run.touched_cluster and not run.receipt.namespace_uid:
+    if run.touched_cluster and run.receipt.shared:
+        complete_shared_receipt(run.kubectl, run.receipt, run.plan.setup)
+    elif run.touched_cluster and not run.receipt.namespace_uid:
         try:
             live = run.kubectl.get("namespace", run.namespace, missing_ok=True)
         except DemoError:
@@ -865,12 +887,11 @@ def dry_run_listing(request: RunRequest) -> dict:
     """`run --dry-run`: the objects a run would create, as one v1 List; nothing is touched."""
     worker_source, builtin = load_worker(request)
     run_id = secrets.token_hex(6)
-    settings = run_settings(request, worker_source, builtin, None, NAMESPACE_PREFIX + run_id)
+    namespace = request.namespace or NAMESPACE_PREFIX + run_id
+    settings = run_settings(request, worker_source, builtin, None, namespace, run_id)
     origin = run_origin(run_id, request.output, USER_UNKNOWN_BEFORE_RUN, settings.ttl_seconds)
     return list_manifest(
-        planned_objects(
-            NAMESPACE_PREFIX + run_id, run_id, settings, worker_source, request.tasks or (), origin
-        )
+        planned_objects(namespace, run_id, settings, worker_source, request.tasks or (), origin)
     )
 
 
@@ -880,11 +901,13 @@ def run_settings(
     builtin: bool,
     context: str | None,
     namespace: str,
+    run_id: str = "",
 ) -> Settings:
     """The run's settings, once, from its request, its episode program, and the context and
     namespace it runs in (no context for --dry-run)."""
     rollout, tasks = request.rollout, request.tasks or ()
-    batches = batch_names(request.rounds, request.warmup)
+    suffix = run_suffix(run_id) if request.namespace else ""
+    batches = batch_names(request.rounds, request.warmup, suffix)
     image_map = parse_image_map(request.image_map)
     # Rewritten once, here: every later use of an image takes the rewritten reference.
     image = rewrite_image(request.image, image_map)
@@ -917,21 +940,28 @@ def run_settings(
         episode_timeout=request.episode_timeout,
         context=context,
         namespace=namespace,
-        batches=tuple(
-            BatchEntry(
-                name,
-                measured,
-                name if len(batches) > 1 else ".",
-                tuple(image_job_name(name, n) for n in range(1, len(groups) + 1))
-                if len(groups) > 1
-                else (),
-            )
-            for name, measured in batches
-        ),
+        batches=batch_entries(batches, len(groups), suffix),
         image_map=image_map,
         pull_timeout=request.pull_timeout,
         prepull=request.prepull,
         task_images=tuple(task_images(tasks, image, image_map)) if rollout and tasks else None,
+        shared_namespace=request.namespace is not None,
+        queue=request.queue,
+    )
+
+
+def batch_entries(
+    batches: Sequence[tuple[str, bool]], images: int, suffix: str
+) -> tuple[BatchEntry, ...]:
+    """run.json's batches: each Job's name, and its directory (named without the run's suffix)."""
+    return tuple(
+        BatchEntry(
+            name,
+            measured,
+            name[: len(name) - len(suffix)] if len(batches) > 1 else ".",
+            tuple(image_job_name(name, n) for n in range(1, images + 1)) if images > 1 else (),
+        )
+        for name, measured in batches
     )
 
 
@@ -952,12 +982,19 @@ def start_run(request: RunRequest, caller: Caller, worker_source: str, builtin: 
             f"cannot create output directory {output}: {error.strerror or error}"
         ) from None
     run_id = secrets.token_hex(6)
-    namespace = NAMESPACE_PREFIX + run_id
-    settings = run_settings(request, worker_source, builtin, kubectl.context, namespace)
+    namespace = request.namespace or NAMESPACE_PREFIX + run_id
+    settings = run_settings(request, worker_source, builtin, kubectl.context, namespace, run_id)
     return RunContext(
         settings,
         plan_run(namespace, run_id, settings, worker_source, request.tasks or ()),
-        Receipt.start(output, kubectl.context, namespace, run_id, kubeconfig_path()),
+        Receipt.start(
+            output,
+            kubectl.context,
+            namespace,
+            run_id,
+            kubeconfig_path(),
+            shared=settings.shared_namespace,
+        ),
         kubectl,
         output,
         Progress(request.quiet),

@@ -51,6 +51,14 @@ class ClusterRun(NamedTuple):
     jobs_planned: int | None = None  # None: a guide's run, or one of a version that did not say
     between_batches: bool = False  # running, with every Job there ended and more to come
     last_ended_at: float | None = None  # when its last ended Job ended (None: none has)
+    shared: bool = False  # in a namespace it shares (`--namespace`): its Jobs, not the namespace
+    job_uids: tuple[tuple[str, str], ...] = ()  # a shared run's Jobs: (name, UID)
+
+    @property
+    def place(self) -> str:
+        """Where the run is, as list and cleanup --stale name it: its namespace, and in a namespace
+        it shares, its run id after it."""
+        return f"{self.namespace}/{self.run_id}" if self.shared else self.namespace
 
     @property
     def guide(self) -> bool:
@@ -114,47 +122,90 @@ def job_ended_at(job: dict) -> float | None:
 
 def cluster_runs(namespaces: Iterable[dict], jobs: Iterable[dict]) -> list[ClusterRun]:
     """Every namespace with the run label, oldest first, with the tool's Jobs inside it
-    (`jobs`: Jobs labelled app=rl-batch-demo, from every namespace)."""
+    (`jobs`: Jobs labelled app=rl-batch-demo, from every namespace); and every run in a namespace
+    it shares (`--namespace`), found by its Jobs' run label."""
     by_namespace: dict[str, list[dict]] = {}
     for job in jobs:
         metadata = job.get("metadata") or {}
         if (metadata.get("labels") or {}).get("app") == APP_LABEL:
             by_namespace.setdefault(metadata.get("namespace", ""), []).append(job)
-    runs = []
+    runs, own = [], set()
     for namespace in namespaces:
         metadata = namespace.get("metadata") or {}
-        labels, annotations = metadata.get("labels") or {}, metadata.get("annotations") or {}
-        if RUN_LABEL not in labels:
+        if RUN_LABEL not in (metadata.get("labels") or {}):
             continue
-        inside = by_namespace.get(metadata.get("name", ""), [])
-        state = run_state(namespace, inside)
-        ended = [job_ended_at(job) for job in inside if job_finished(job) is not None]
-        planned_episodes = planned_count(namespace, EPISODES_PLANNED_ANNOTATION)
-        runs.append(
-            ClusterRun(
-                namespace=metadata.get("name", ""),
-                uid=metadata.get("uid", ""),
-                run_id=labels[RUN_LABEL],
-                annotated_run_id=annotations.get(RUN_ID_ANNOTATION),
-                created_at=parse_time(metadata.get("creationTimestamp")),
-                state=state,
-                jobs=len(inside),
-                episodes=planned_episodes
-                if planned_episodes is not None
-                else sum(int((job.get("spec") or {}).get("completions") or 1) for job in inside),
-                succeeded=sum(
-                    int((job.get("status") or {}).get("succeeded") or 0) for job in inside
-                ),
-                user=annotations.get(USER_ANNOTATION),
-                host=annotations.get(HOST_ANNOTATION),
-                output=annotations.get(OUTPUT_ANNOTATION),
-                expires_at=parse_time(annotations.get(EXPIRES_ANNOTATION)),
-                jobs_planned=planned_count(namespace, JOBS_PLANNED_ANNOTATION),
-                between_batches=state == "running" and bool(inside) and len(ended) == len(inside),
-                last_ended_at=max((at for at in ended if at is not None), default=None),
-            )
-        )
+        own.add(metadata.get("name", ""))
+        runs.append(cluster_run(namespace, by_namespace.get(metadata.get("name", ""), [])))
+    for name, inside in by_namespace.items():
+        if name not in own:
+            runs += [
+                cluster_run(carrier, run_jobs, shared=True)
+                for carrier, run_jobs in shared_runs(name, inside)
+            ]
     return sorted(runs, key=lambda run: (run.created_at or 0.0, run.namespace))
+
+
+def shared_runs(namespace: str, jobs: Sequence[dict]) -> list[tuple[dict, list[dict]]]:
+    """The runs in a namespace they share, by their Jobs' run label: each as a stand-in for the
+    namespace a run of its own would have (its first Job's labels and annotations) and its Jobs."""
+    by_run: dict[str, list[dict]] = {}
+    for job in jobs:
+        run_id = ((job.get("metadata") or {}).get("labels") or {}).get(RUN_LABEL)
+        if run_id:
+            by_run.setdefault(run_id, []).append(job)
+    found = []
+    for run_id, run_jobs in by_run.items():
+        first = min(run_jobs, key=lambda job: job["metadata"].get("creationTimestamp") or "")
+        carrier = {
+            "metadata": {
+                "name": namespace,
+                "uid": "",
+                "labels": {RUN_LABEL: run_id},
+                "annotations": first["metadata"].get("annotations") or {},
+                "creationTimestamp": first["metadata"].get("creationTimestamp"),
+            }
+        }
+        found.append((carrier, run_jobs))
+    return found
+
+
+def cluster_run(namespace: dict, inside: Sequence[dict], shared: bool = False) -> ClusterRun:
+    """One run from its namespace (or, `shared`, its stand-in) and the tool's Jobs in it."""
+    metadata = namespace.get("metadata") or {}
+    labels, annotations = metadata.get("labels") or {}, metadata.get("annotations") or {}
+    state = run_state(namespace, inside)
+    ended = [job_ended_at(job) for job in inside if job_finished(job) is not None]
+    planned_episodes = planned_count(namespace, EPISODES_PLANNED_ANNOTATION)
+    return ClusterRun(
+        namespace=metadata.get("name", ""),
+        uid=metadata.get("uid", ""),
+        run_id=labels[RUN_LABEL],
+        annotated_run_id=annotations.get(RUN_ID_ANNOTATION),
+        created_at=parse_time(metadata.get("creationTimestamp")),
+        state=state,
+        jobs=len(inside),
+        episodes=planned_episodes
+        if planned_episodes is not None
+        else sum(int((job.get("spec") or {}).get("completions") or 1) for job in inside),
+        succeeded=sum(int((job.get("status") or {}).get("succeeded") or 0) for job in inside),
+        user=annotations.get(USER_ANNOTATION),
+        host=annotations.get(HOST_ANNOTATION),
+        output=annotations.get(OUTPUT_ANNOTATION),
+        expires_at=parse_time(annotations.get(EXPIRES_ANNOTATION)),
+        jobs_planned=planned_count(namespace, JOBS_PLANNED_ANNOTATION),
+        between_batches=state == "running" and bool(inside) and len(ended) == len(inside),
+        last_ended_at=max((at for at in ended if at is not None), default=None),
+        shared=shared,
+        job_uids=tuple(
+            (
+                (job.get("metadata") or {}).get("name", ""),
+                (job.get("metadata") or {}).get("uid", ""),
+            )
+            for job in inside
+        )
+        if shared
+        else (),
+    )
 
 
 def run_record(run: ClusterRun, now: float) -> dict:
@@ -176,6 +227,7 @@ def run_record(run: ClusterRun, now: float) -> dict:
         "jobs_planned": run.jobs_planned,
         "between_batches": run.between_batches,
         "last_job_ended": rfc3339(run.last_ended_at) if run.last_ended_at is not None else None,
+        **({"shared_namespace": True} if run.shared else {}),
     }
 
 
@@ -194,7 +246,7 @@ def runs_table(runs: Sequence[ClusterRun], now: float) -> str:
         where = "(guide's script)" if run.guide else f"{run.host or '?'}:{run.output or '?'}"
         rows.append(
             (
-                run.namespace,
+                run.place,
                 run.state,
                 format_duration(run.age(now)),
                 f"{run.succeeded}/{run.episodes}",
@@ -249,7 +301,10 @@ def unproven_verdict(run: ClusterRun, user: str, all_users: bool) -> Verdict | N
             "made by the guide's script (no run-id annotation): clean it up with its receipt "
             "(cleanup --output DIR)",
         )
-    if run.annotated_run_id != run.run_id or run.namespace != NAMESPACE_PREFIX + run.run_id:
+    # A run in a namespace it shares is proven by its Jobs' label and annotation, each Job
+    # deleted by the UID it was listed with; a run's own namespace by its name as well.
+    own_name = run.shared or run.namespace == NAMESPACE_PREFIX + run.run_id
+    if run.annotated_run_id != run.run_id or not own_name:
         return Verdict(
             False,
             f"its name, {RUN_LABEL} label ({run.run_id}) and run-id annotation "

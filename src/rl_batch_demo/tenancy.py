@@ -1,0 +1,234 @@
+"""A run inside a namespace it did not create (`--namespace`), and its Jobs handed to a Kueue queue
+(`--queue`): the names and labels that keep two runs of one namespace apart, the queue's label,
+and the fit of a batch in a ClusterQueue's quota. Pure: plain data in, plain data out.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Iterable, Mapping, NamedTuple, Sequence
+
+from .constants import RUN_ID_ANNOTATION, RUN_LABEL
+from .manifests import (
+    PlannedWork,
+    RunOrigin,
+    origin_annotations,
+    parse_quantity,
+    planned_annotations,
+    planned_work,
+)
+
+# The label Kueue's Job integration reads: the LocalQueue, in the Job's namespace, it queues in.
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+# The label Kueue puts on a Job's Workload: the Job's UID.
+WORKLOAD_JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+KUEUE_GROUP = "kueue.x-k8s.io"
+KUEUE_VERSION = "v1beta2"
+
+# The objects a run makes in a namespace it shares, and where the API serves each: deleting one
+# by UID precondition is a DELETE on that path with a body.
+OBJECT_PATHS = {
+    "configmap": "/api/v1/namespaces/{namespace}/configmaps/{name}",
+    "secret": "/api/v1/namespaces/{namespace}/secrets/{name}",
+    "networkpolicy": "/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies/{name}",
+    "job": "/apis/batch/v1/namespaces/{namespace}/jobs/{name}",
+}
+
+
+def object_path(kind: str, namespace: str, name: str) -> str:
+    """The API path of one object a run makes in a shared namespace."""
+    return OBJECT_PATHS[kind.lower()].format(namespace=namespace, name=name)
+
+
+def run_suffix(run_id: str) -> str:
+    """What every name a run gives in a shared namespace ends with, so two runs never collide."""
+    return f"-{run_id}"
+
+
+def owned_metadata(manifest: dict, run_id: str, extra: Mapping[str, str] | None = None) -> None:
+    """Label and annotate one object with the run id (and `extra` annotations), in place."""
+    metadata = manifest.setdefault("metadata", {})
+    metadata.setdefault("labels", {})[RUN_LABEL] = run_id
+    metadata.setdefault("annotations", {}).update({RUN_ID_ANNOTATION: run_id, **(extra or {})})
+
+
+def renamed_config_maps(setup: Sequence[dict], suffix: str) -> dict[str, str]:
+    """Each ConfigMap's (and NetworkPolicy's) name -> its name in a shared namespace."""
+    return {
+        manifest["metadata"]["name"]: manifest["metadata"]["name"] + suffix
+        for manifest in setup
+        if not manifest["metadata"]["name"].endswith(suffix)
+    }
+
+
+def rename_volumes(pod_spec: dict, renamed: Mapping[str, str]) -> None:
+    """A pod spec's ConfigMap references, renamed in place."""
+    for volume in pod_spec.get("volumes") or []:
+        if "configMap" in volume:
+            volume["configMap"]["name"] = renamed.get(
+                volume["configMap"]["name"], volume["configMap"]["name"]
+            )
+        for source in (volume.get("projected") or {}).get("sources") or []:
+            if "configMap" in source:
+                source["configMap"]["name"] = renamed.get(
+                    source["configMap"]["name"], source["configMap"]["name"]
+                )
+
+
+def shared_setup(setup: Sequence[dict], run_id: str) -> list[dict]:
+    """The run's ConfigMaps (and --harden's NetworkPolicy) for a shared namespace: renamed after
+    the run, labelled with it; the NetworkPolicy denies only the run's own pods."""
+    suffix, owned = run_suffix(run_id), []
+    for manifest in setup:
+        manifest = copy.deepcopy(manifest)
+        if not manifest["metadata"]["name"].endswith(suffix):
+            manifest["metadata"]["name"] += suffix
+        owned_metadata(manifest, run_id)
+        if manifest["kind"] == "NetworkPolicy":
+            manifest["spec"]["podSelector"] = {"matchLabels": {RUN_LABEL: run_id}}
+        owned.append(manifest)
+    return owned
+
+
+def shared_job(
+    job: dict,
+    run_id: str,
+    renamed: Mapping[str, str],
+    annotations: Mapping[str, str],
+    queue: str | None = None,
+) -> dict:
+    """One Job for a shared namespace: the run's label and annotations on it and on its pods
+    (its template's labels copied onto it, as the API server does only for a Job without labels),
+    its ConfigMaps renamed; with a queue, Kueue's queue label."""
+    job = copy.deepcopy(job)
+    template = job["spec"]["template"]
+    template.setdefault("metadata", {}).setdefault("labels", {})[RUN_LABEL] = run_id
+    labels = {**template["metadata"]["labels"], **(job["metadata"].get("labels") or {})}
+    job["metadata"]["labels"] = labels
+    owned_metadata(job, run_id, annotations)
+    if queue:
+        labels[QUEUE_LABEL] = queue
+    rename_volumes(template["spec"], renamed)
+    return job
+
+
+def queued_job(job: dict, queue: str) -> dict:
+    """One Job of a run in its own namespace handed to a queue: Kueue's label beside the template's."""
+    job = copy.deepcopy(job)
+    template_labels = (job["spec"]["template"].get("metadata") or {}).get("labels") or {}
+    job["metadata"]["labels"] = {
+        **template_labels,
+        **(job["metadata"].get("labels") or {}),
+        QUEUE_LABEL: queue,
+    }
+    return job
+
+
+def shared_jobs(
+    jobs: Mapping[str, Sequence[dict]],
+    setup: Sequence[dict],
+    run_id: str,
+    origin: RunOrigin | None,
+    planned: PlannedWork | None,
+    queue: str | None = None,
+) -> dict[str, list[dict]]:
+    """Every batch's Jobs for a shared namespace: what the namespace's annotations say of a run in
+    its own namespace (origin, planned work) is on each Job, where `list` reads it."""
+    annotations = {
+        **(origin_annotations(origin) if origin is not None else {}),
+        **(planned_annotations(planned) if planned is not None else {}),
+    }
+    renamed = renamed_config_maps(setup, run_suffix(run_id))
+    return {
+        batch: [shared_job(job, run_id, renamed, annotations, queue) for job in batch_jobs]
+        for batch, batch_jobs in jobs.items()
+    }
+
+
+def stamped_jobs(jobs: Mapping[str, Sequence[dict]], origin: RunOrigin) -> dict[str, list[dict]]:
+    """A shared namespace's Jobs with the run's origin (who, where, until when) and planned work
+    annotated on each, as a run's own namespace carries them."""
+    annotations = {**origin_annotations(origin), **planned_annotations(planned_work(jobs))}
+    stamped = {}
+    for batch, batch_jobs in jobs.items():
+        stamped[batch] = [copy.deepcopy(job) for job in batch_jobs]
+        for job in stamped[batch]:
+            job["metadata"].setdefault("annotations", {}).update(annotations)
+    return stamped
+
+
+# A ClusterQueue's quota, and a batch held against it.
+
+
+class QuotaFit(NamedTuple):
+    """How a batch's requests meet its queue's quota: the pods the quota admits at once (None:
+    no quota limits them), and why none fits, if none does."""
+
+    fits_at_once: int | None
+    never: str | None  # a resource whose one pod's request is beyond the quota, with figures
+    quota: dict[str, float]  # resource -> nominal quota (+ borrowing limit), summed over flavors
+
+
+def cluster_queue_quota(cluster_queue: dict) -> dict[str, float]:
+    """Each resource's quota in a ClusterQueue: its flavors' nominalQuota (+ borrowingLimit), summed
+    (a pod takes one flavor, so a batch's pods may spread over them)."""
+    quota: dict[str, float] = {}
+    for group in (cluster_queue.get("spec") or {}).get("resourceGroups") or []:
+        for flavor in group.get("flavors") or []:
+            for resource in flavor.get("resources") or []:
+                nominal = parse_quantity(resource.get("nominalQuota"))
+                if nominal is None:
+                    continue
+                quota[resource["name"]] = quota.get(resource["name"], 0.0) + nominal
+    return quota
+
+
+def pod_requests(job: dict) -> dict[str, float]:
+    """One pod's requests, every container summed, as Kueue counts them (plus `pods`: 1)."""
+    requests: dict[str, float] = {"pods": 1.0}
+    for container in job["spec"]["template"]["spec"].get("containers") or []:
+        for name, value in ((container.get("resources") or {}).get("requests") or {}).items():
+            amount = parse_quantity(value)
+            if amount is not None:
+                requests[name] = requests.get(name, 0.0) + amount
+    return requests
+
+
+def quota_fit(quota: Mapping[str, float], jobs: Iterable[dict]) -> QuotaFit:
+    """The pods of the biggest Job that fit at once, and whether even one never can. Kueue admits
+    a Job whole (its parallelism's pods at once): a Job whose parallelism does not fit is never
+    admitted."""
+    fits: int | None = None
+    never = None
+    for job in jobs:
+        parallelism = int(job["spec"].get("parallelism") or 1)
+        for resource, amount in pod_requests(job).items():
+            if resource not in quota or amount <= 0:
+                continue
+            at_once = int(quota[resource] // amount + 1e-9)
+            fits = at_once if fits is None else min(fits, at_once)
+            if at_once < parallelism and never is None:
+                never = (
+                    f"Job {job['metadata']['name']} runs {parallelism} pods at once, "
+                    f"{format_amount(resource, amount * parallelism)} of {resource}, and the "
+                    f"quota is {format_amount(resource, quota[resource])} "
+                    f"({at_once} pods' worth)"
+                )
+    return QuotaFit(fits, never, dict(quota))
+
+
+def format_amount(resource: str, amount: float) -> str:
+    """A resource amount as people write it: CPU in millicores, memory in Mi, counts bare."""
+    if resource == "cpu":
+        return f"{amount * 1000:.0f}m"
+    if resource == "memory" or resource.endswith("storage"):
+        return f"{amount / 2**20:.0f}Mi"
+    return f"{amount:g}"
+
+
+def uids_of(objects: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """name -> UID of listed objects."""
+    return {
+        (item.get("metadata") or {}).get("name", ""): (item.get("metadata") or {}).get("uid", "")
+        for item in objects
+    }
