@@ -3626,31 +3626,37 @@ def stamped_jobs(jobs: Mapping[str, Sequence[dict]], origin: RunOrigin) -> dict[
 
 
 class QuotaFit(NamedTuple):
-    """How a batch's requests meet its queue's quota: the pods the quota admits at once (None:
-    no quota limits them), and why none fits, if none does."""
+    """How a batch's requests meet its queue's quota: the pods of its widest Job the quota admits
+    at once (None: no quota limits them), and why a Job never fits, if one never does."""
 
     fits_at_once: int | None
-    never: str | None  # a resource whose one pod's request is beyond the quota, with figures
-    quota: dict[str, float]  # resource -> nominal quota (+ borrowing limit), summed over flavors
+    never: str | None  # a Job whose pods at once are beyond the quota, with figures
+    quota: dict[str, float]  # resource -> the most one flavor offers (nominal + borrowing limit)
 
 
 def cluster_queue_quota(cluster_queue: dict) -> dict[str, float]:
-    """Each resource's quota in a ClusterQueue: its flavors' nominalQuota (+ borrowingLimit), summed
-    (a pod takes one flavor, so a batch's pods may spread over them)."""
+    """Each resource's quota in a ClusterQueue as one Job can have it: Kueue gives a Job's pods
+    (its PodSet) one flavor per resource, so the most any one flavor offers; in a cohort, its
+    nominal quota plus its borrowing limit (none: unbounded, as much as the cohort lends)."""
+    spec = cluster_queue.get("spec") or {}
+    in_cohort = bool(spec.get("cohortName") or spec.get("cohort"))
     quota: dict[str, float] = {}
-    for group in (cluster_queue.get("spec") or {}).get("resourceGroups") or []:
+    for group in spec.get("resourceGroups") or []:
         for flavor in group.get("flavors") or []:
             for resource in flavor.get("resources") or []:
                 nominal = parse_quantity(resource.get("nominalQuota"))
                 if nominal is None:
                     continue
-                quota[resource["name"]] = quota.get(resource["name"], 0.0) + nominal
+                borrowing = parse_quantity(resource.get("borrowingLimit"))
+                if in_cohort:
+                    nominal = float("inf") if borrowing is None else nominal + borrowing
+                quota[resource["name"]] = max(quota.get(resource["name"], 0.0), nominal)
     return quota
 
 
 def pod_requests(job: dict) -> dict[str, float]:
-    """One pod's requests, every container summed, as Kueue counts them (plus `pods`: 1)."""
-    requests: dict[str, float] = {"pods": 1.0}
+    """One pod's requests, every container summed, as Kueue counts them."""
+    requests: dict[str, float] = {}
     for container in job["spec"]["template"]["spec"].get("containers") or []:
         for name, value in ((container.get("resources") or {}).get("requests") or {}).items():
             amount = parse_quantity(value)
@@ -3660,21 +3666,28 @@ def pod_requests(job: dict) -> dict[str, float]:
 
 
 def quota_fit(quota: Mapping[str, float], jobs: Iterable[dict]) -> QuotaFit:
-    """The pods of the biggest Job that fit at once, and whether even one never can. Kueue admits
-    a Job whole (its parallelism's pods at once): a Job whose parallelism does not fit is never
-    admitted."""
+    """The pods of the widest Job that fit at once, and whether a Job never can be admitted. Kueue
+    admits a Job whole, its parallelism's pods at once, and never one that asks for a resource
+    its ClusterQueue does not cover ("resource X unavailable in ClusterQueue")."""
     fits: int | None = None
     never = None
     for job in jobs:
-        parallelism = int(job["spec"].get("parallelism") or 1)
+        name, parallelism = job["metadata"]["name"], int(job["spec"].get("parallelism") or 1)
         for resource, amount in pod_requests(job).items():
-            if resource not in quota or amount <= 0:
+            if amount <= 0:
                 continue
-            at_once = int(quota[resource] // amount + 1e-9)
+            if resource not in quota:
+                never = never or (
+                    f"Job {name} asks for {resource}, which the ClusterQueue has no quota of"
+                )
+                continue
+            if quota[resource] == float("inf"):
+                continue
+            at_once = int(quota[resource] / amount + 1e-9)  # 1 / 0.1 is 9.999...
             fits = at_once if fits is None else min(fits, at_once)
             if at_once < parallelism and never is None:
                 never = (
-                    f"Job {job['metadata']['name']} runs {parallelism} pods at once, "
+                    f"Job {name} runs {parallelism} pods at once, "
                     f"{format_amount(resource, amount * parallelism)} of {resource}, and the "
                     f"quota is {format_amount(resource, quota[resource])} "
                     f"({at_once} pods' worth)"
@@ -3696,6 +3709,121 @@ def uids_of(objects: Iterable[Mapping[str, Any]]) -> dict[str, str]:
     return {
         (item.get("metadata") or {}).get("name", ""): (item.get("metadata") or {}).get("uid", "")
         for item in objects
+    }
+
+
+def workload_condition(workload: dict | None, kind: str) -> dict | None:
+    for found in ((workload or {}).get("status") or {}).get("conditions") or []:
+        if found.get("type") == kind:
+            return found
+    return None
+
+
+def wait_line(workload: dict | None) -> str:
+    """What Kueue says of a Job it holds, in one line, from its Workload's conditions: the Pending
+    message, Inadmissible, an eviction and its requeue, or quota reserved awaiting admission checks."""
+    if workload is None:
+        return "suspended, no Workload yet (Kueue has not taken the Job in)"
+    evicted = workload_condition(workload, "Evicted")
+    requeued = workload_condition(workload, "Requeued")
+    reserved = workload_condition(workload, "QuotaReserved")
+    admitted = workload_condition(workload, "Admitted")
+    if admitted and admitted.get("status") == "True":
+        return "admitted by Kueue, resuming"
+    if evicted and evicted.get("status") == "True":
+        again = (
+            f"; requeued: {requeued.get('message')}"
+            if requeued and requeued.get("status") == "True"
+            else "; waiting to be requeued"
+        )
+        return f"evicted by Kueue ({evicted.get('reason')}: {evicted.get('message')}){again}"
+    if reserved and reserved.get("status") == "True":
+        checks = [
+            f"{check.get('name')} {check.get('state')}"
+            for check in (workload.get("status") or {}).get("admissionChecks") or []
+        ]
+        return "quota reserved, awaiting admission checks" + (
+            f" ({', '.join(checks)})" if checks else ""
+        )
+    if reserved and reserved.get("reason") == "Inadmissible":
+        return f"Inadmissible, Kueue will not admit it as things are: {reserved.get('message')}"
+    if reserved:
+        return f"queued: {reserved.get('message') or reserved.get('reason')}"
+    return "queued, not yet considered by Kueue"
+
+
+# Admission as a phase: when a queued Job was created, had its quota reserved, was admitted and
+# resumed. The API server writes each condition's lastTransitionTime (and a creationTimestamp) in
+# whole seconds, so each point is known to 1 s, and a phase between two of them to 1 s too.
+ADMISSION_PRECISION_SECONDS = 1.0
+ADMISSION_SOURCES = {
+    "queued": "Job metadata.creationTimestamp",
+    "quota_reserved": "Workload condition QuotaReserved lastTransitionTime",
+    "admitted": "Workload condition Admitted lastTransitionTime",
+    "resumed": "Job condition Suspended=False (JobResumed) lastTransitionTime",
+}
+
+
+def true_since(obj: dict | None, kind: str, status: str = "True") -> float | None:
+    """When a condition of `kind` turned `status`, if it has that status now."""
+    found = workload_condition(obj, kind)
+    if not found or found.get("status") != status:
+        return None
+    return parse_time(found.get("lastTransitionTime"))
+
+
+def job_admission(job: dict, workload: dict | None) -> dict[str, Any]:
+    """One queued Job's points (epoch seconds, None where unknown) and its Workload's name."""
+    metadata = job.get("metadata") or {}
+    evicted = workload_condition(workload, "Evicted")
+    return {
+        "job": metadata.get("name"),
+        "workload": ((workload or {}).get("metadata") or {}).get("name"),
+        "queued_at": parse_time(metadata.get("creationTimestamp")),
+        "quota_reserved_at": true_since(workload, "QuotaReserved"),
+        "admitted_at": true_since(workload, "Admitted"),
+        "resumed_at": true_since(job, "Suspended", "False"),
+        "evicted": None
+        if evicted is None
+        else f"{evicted.get('reason')}: {evicted.get('message')}",
+    }
+
+
+def admission_figures(jobs: Sequence[dict], workloads: Sequence[dict]) -> dict[str, Any]:
+    """A batch's admission (results.json `admission`): its first Job's creation (queued), and the
+    last of its Jobs' quota reservations, admissions and resumes, since the batch runs whole only
+    then; the phases queue_wait (queued to quota reserved) and admission_checks (reserved to
+    admitted), each with its precision and the sources of its points."""
+    by_uid = {
+        ((w.get("metadata") or {}).get("labels") or {}).get(WORKLOAD_JOB_UID_LABEL): w
+        for w in workloads
+    }
+    per_job = [job_admission(job, by_uid.get(job["metadata"].get("uid"))) for job in jobs]
+
+    def point(key: str, pick: Any) -> float | None:
+        known = [row[key] for row in per_job]
+        return None if not known or None in known else pick(known)
+
+    points = {
+        "queued_at": point("queued_at", min),
+        "quota_reserved_at": point("quota_reserved_at", max),
+        "admitted_at": point("admitted_at", max),
+        "resumed_at": point("resumed_at", max),
+    }
+
+    def between(start: str, end: str) -> float | None:
+        if points[start] is None or points[end] is None:
+            return None
+        return round(max(0.0, points[end] - points[start]), 3)  # type: ignore[operator]
+
+    return {
+        **points,
+        "queue_wait_seconds": between("queued_at", "quota_reserved_at"),
+        "admission_checks_seconds": between("quota_reserved_at", "admitted_at"),
+        "resume_seconds": between("admitted_at", "resumed_at"),
+        "precision_seconds": ADMISSION_PRECISION_SECONDS,
+        "sources": dict(ADMISSION_SOURCES),
+        "jobs": per_job,
     }
 
 
@@ -8007,11 +8135,15 @@ def plural(number: Any, noun: str) -> str:
 
 # What a run is doing: a Job of it has not ended, or fewer Jobs than it plans are there yet
 # and none ended as a run stops (running; the latter between two batches), every Job not ended
-# is suspended (suspended: an interrupted run stops its pods so), all ended Complete
+# is suspended (suspended: an interrupted run stops its pods so; queued: each is a queue's Job
+# that Kueue holds until it admits it, and has not started), all ended Complete
 # (succeeded) or one Failed (failed), its namespace is being deleted (terminating), or
 # no Job of the tool is in it yet (pending: a run starting, or one that stopped before
 # it submitted its Job).
-RUN_STATES = ("running", "suspended", "succeeded", "failed", "terminating", "pending")
+RUN_STATES = ("running", "suspended", "queued", "succeeded", "failed", "terminating", "pending")
+# A Job handed to a Kueue LocalQueue carries this label; suspended and never started, it waits
+# for Kueue's admission (queued).
+QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"
 
 # The reason a Job ends Failed with failed indexes within its maxFailedIndexes (--allow-failures):
 # a run accepts that batch and goes on to its next.
@@ -8080,9 +8212,9 @@ def run_state(namespace: dict, jobs: Sequence[dict]) -> str:
     ends = [job_finished(job) for job in jobs]
     if None in ends:
         unended = [job for job, end in zip(jobs, ends) if end is None]
-        return (
-            "suspended" if all((j.get("spec") or {}).get("suspend") for j in unended) else "running"
-        )
+        if not all((j.get("spec") or {}).get("suspend") for j in unended):
+            return "running"
+        return "queued" if all(awaits_admission(job) for job in unended) else "suspended"
     planned = planned_count(namespace, JOBS_PLANNED_ANNOTATION)
     if (
         planned is not None
@@ -8095,6 +8227,13 @@ def run_state(namespace: dict, jobs: Sequence[dict]) -> str:
     ):
         return "running"
     return "failed" if "Failed" in ends else "succeeded"
+
+
+def awaits_admission(job: dict) -> bool:
+    """A Job of a queue that Kueue holds suspended and that never started (an interrupted run's
+    Job, suspended by the run, has started)."""
+    labels = (job.get("metadata") or {}).get("labels") or {}
+    return QUEUE_NAME_LABEL in labels and not (job.get("status") or {}).get("startTime")
 
 
 def job_ended_at(job: dict) -> float | None:
@@ -11252,6 +11391,8 @@ class RunContext:
     # The command line, not a Python caller (run_batch, stream_batch): the process is the run's.
     owns_process: bool = False
     capacity: dict | None = None  # what check_capacity found the nodes can run: run.json keeps it
+    # --queue: each batch's admission (by its directory), as Kueue's Workloads tell it
+    admission: dict[str, dict] = dataclasses.field(default_factory=dict)
 
     @property
     def namespace(self) -> str:
@@ -11559,6 +11700,14 @@ def read_capacity(kubectl: Kubectl, settings: Settings, job: dict) -> dict:
 # --------------------------------------------------------------------------
 # src/rl_batch_demo/kueue.py: A run in a namespace it shares (`--namespace`), and its Jobs queued through Kueue (`--queue`),
 
+# How often a queued batch's Jobs are read while Kueue has not admitted them: the admission's
+# own moment comes from the Workload's conditions, not from this poll.
+QUEUE_POLL_SECONDS = 1.0
+# How long the Job controller may take to record a Job's resume once Kueue has unsuspended it.
+RESUME_WAIT_SECONDS = 10.0
+WORKLOADS_FILE = "workloads.json"
+
+
 def delete_by_uid(
     kubectl: Kubectl, kind: str, namespace: str, name: str, uid: str, foreground: bool = False
 ) -> str:
@@ -11706,6 +11855,183 @@ def delete_shared_run(
                 delete_by_uid(kubectl, kind, namespace, metadata["name"], metadata["uid"])
             )
     return "deleted" if "deleted" in outcomes else "gone"
+
+
+def local_queue_hint(namespace: str, queue: str) -> str:
+    """How to make the LocalQueue that was not found, for the message that says so."""
+    return (
+        f"make one (its admin names the ClusterQueue): kubectl apply -f - <<<'"
+        f'{{"apiVersion": "{KUEUE_GROUP}/{KUEUE_VERSION}", "kind": "LocalQueue", '
+        f'"metadata": {{"name": "{queue}", "namespace": "{namespace}"}}, '
+        f'"spec": {{"clusterQueue": "CLUSTER_QUEUE"}}}}'
+        "'"
+    )
+
+
+def read_kueue(run: RunContext, kind: str, name: str, namespace: str | None) -> dict | None:
+    """One Kueue object; None when the account may not read it (the caller says which figure it
+    lacks). DemoError when it does not exist or the cluster does not serve Kueue's API."""
+    try:
+        return run.kubectl.get(
+            f"{kind}.{KUEUE_VERSION}.{KUEUE_GROUP}",
+            name,
+            namespace,
+            retry_until=time.monotonic() + FIRST_CONTACT_RETRY_SECONDS,
+        )
+    except KubectlError as error:
+        if "(Forbidden)" in error.stderr:
+            return None
+        if "the server doesn't have a resource type" in error.stderr:
+            raise DemoError(
+                f"context {run.kubectl.context!r} does not serve Kueue's {kind} "
+                f"({KUEUE_GROUP}/{KUEUE_VERSION}): is Kueue installed? nothing was created"
+            ) from None
+        if error.not_found:
+            where = f" in namespace {namespace}" if namespace else ""
+            hint = local_queue_hint(namespace or "", name) if kind == "localqueues" else ""
+            raise DemoError(
+                f"{kind[:-1]} {name!r} not found{where} (context {run.kubectl.context!r}); "
+                f"nothing was created" + (f"; {hint}" if hint else "")
+            ) from None
+        raise DemoError(f"cannot read {kind[:-1]} {name}: {error}; nothing was created") from None
+
+
+def check_queue(run: RunContext) -> None:
+    """--queue, in place of the nodes' capacity check: the LocalQueue exists, and every Job of the
+    batch fits its ClusterQueue's quota; a Job that never can is refused, with the figures, before
+    anything is made. run.json keeps what was found (`capacity`, with `queue`)."""
+    queue, namespace = run.settings.queue or "", run.namespace
+    plan: dict = {"checked": False, "queue": queue}
+    local = read_kueue(run, "localqueues", queue, namespace)
+    cluster_queue = ((local or {}).get("spec") or {}).get("clusterQueue")
+    plan["cluster_queue"] = cluster_queue
+    found = read_kueue(run, "clusterqueues", cluster_queue, None) if cluster_queue else None
+    if found is None:
+        plan["reason"] = (
+            f"reading LocalQueue {queue} is not permitted"
+            if local is None
+            else f"reading ClusterQueue {cluster_queue} is not permitted"
+        )
+        print(f"Warning: queue quota check skipped ({plan['reason']})", file=sys.stderr, flush=True)
+    else:
+        jobs = [job for batch in run.plan.jobs.values() for job in batch]
+        fit = quota_fit(cluster_queue_quota(found), jobs)
+        plan.update(
+            checked=True,
+            quota={name: amount for name, amount in fit.quota.items() if amount != float("inf")},
+            fits_at_once=fit.fits_at_once,
+        )
+        if fit.never:
+            raise DemoError(
+                f"the batch can never be admitted by queue {queue} (ClusterQueue {cluster_queue}): "
+                f"{fit.never}; lower {run.spelling.name('parallelism')} or ask for more quota; "
+                f"nothing was created"
+            )
+    run.capacity = plan
+    save_run_json(run)
+
+
+def job_workload(kubectl: Kubectl, namespace: str, job_uid: str) -> dict | None:
+    """The Workload Kueue made for a Job, found by its label `kueue.x-k8s.io/job-uid`; None when
+    there is none yet. KubectlError when it cannot be read."""
+    listing = kubectl.get_list(
+        f"workloads.{KUEUE_VERSION}.{KUEUE_GROUP}",
+        namespace,
+        "-l",
+        f"{WORKLOAD_JOB_UID_LABEL}={job_uid}",
+        retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
+    )
+    items = (listing or {}).get("items") or []
+    return items[0] if items else None
+
+
+def queue_word(kubectl: Kubectl, namespace: str, job: dict) -> str:
+    """What Kueue says of a suspended Job now, from its Workload (wait_line)."""
+    try:
+        workload = job_workload(kubectl, namespace, job["metadata"]["uid"])
+    except KubectlError as error:
+        if "(Forbidden)" in error.stderr:
+            return (
+                "queued (its Workload may not be read: grant get/list on workloads.kueue.x-k8s.io)"
+            )
+        return f"queued (its Workload cannot be read: {error})"
+    return wait_line(workload)
+
+
+def admit_batch(
+    run: RunContext, create: Callable[[], dict], names: Sequence[str], batch: str
+) -> dict:
+    """--queue: the batch's Jobs made (suspended by Kueue until admitted), then waited for until
+    Kueue has admitted every one (resumed it), saying on stderr what Kueue says while they wait:
+    the Workload's Pending message, Inadmissible, an eviction or a requeue, never an episode's
+    failure. The run's own deadline, as the Job's activeDeadlineSeconds does (the Job controller
+    restarts a Job's startTime when it resumes), counts from the admission. The batch's
+    admission (points, phases) goes in run.admission, its Workloads in workloads.json. The first Job."""
+    first = create()
+    said = ""
+    while True:
+        if run.stop is not None:
+            run.stop.check()
+        jobs = read_jobs(run, names)
+        waiting = [job for job in jobs if (job.get("spec") or {}).get("suspend")]
+        if not waiting:
+            break
+        line = f"Job {waiting[0]['metadata']['name']}: {queue_word(run.kubectl, run.namespace, waiting[0])}"
+        if line != said and not run.silent:
+            print(line, file=sys.stderr, flush=True)
+        said = line
+        time.sleep(QUEUE_POLL_SECONDS)
+    record_admission(run, names, batch)
+    return first
+
+
+def read_jobs(run: RunContext, names: Sequence[str]) -> list[dict]:
+    """The batch's Jobs as they are now; DemoError when one is gone (deleted under the run)."""
+    jobs = []
+    for name in names:
+        job = run.kubectl.get(
+            "job",
+            name,
+            run.namespace,
+            missing_ok=True,
+            retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
+        )
+        if job is None:
+            raise DemoError(f"Job {name} in {run.namespace} was deleted while it was queued")
+        jobs.append(job)
+    return jobs
+
+
+def record_admission(run: RunContext, names: Sequence[str], batch: str) -> None:
+    """Once the batch is admitted: its Workloads saved (workloads.json), and its points and phases
+    in run.admission; the Jobs read again until the Job controller has recorded each resume
+    (a few seconds at most), so that `resumed` is known."""
+    deadline = time.monotonic() + RESUME_WAIT_SECONDS
+    while True:
+        jobs = read_jobs(run, names)
+        resumed = all(true_since(job, "Suspended", "False") for job in jobs)
+        if resumed or time.monotonic() >= deadline:
+            break
+        time.sleep(QUEUE_POLL_SECONDS / 4)
+    workloads, unread = [], None
+    for job in jobs:
+        try:
+            found = job_workload(run.kubectl, run.namespace, job["metadata"]["uid"])
+        except KubectlError as error:
+            unread = str(error)
+            break
+        if found is not None:
+            workloads.append(found)
+    batch_dir = os.path.normpath(os.path.join(run.output, batch))
+    write_json(os.path.join(batch_dir, WORKLOADS_FILE), list_manifest(workloads))
+    figures = admission_figures(jobs, workloads)
+    if unread is not None:
+        figures["unavailable"] = (
+            f"the Workloads could not be read ({unread}): quota_reserved, admitted, queue_wait "
+            f"and admission_checks are not known; grant get/list on workloads.kueue.x-k8s.io"
+        )
+        print(f"Warning: {figures['unavailable']}", file=sys.stderr, flush=True)
+    run.admission[batch] = figures
 
 
 # --------------------------------------------------------------------------
@@ -11971,6 +12297,9 @@ def save_results(run: RunContext, batches: Sequence[BatchOutcome]) -> Results:
     results = assemble_results(run.settings, batches, client_figures(run).saved(), run.capacity)
     if run.prepull is not None:
         results.figures["prepull"] = run.prepull
+    if run.admission:  # --queue: one batch's admission, or each batch's by its directory
+        admission = run.admission
+        results.figures["admission"] = admission.get(".") or {"batches": admission}
     write_json(os.path.join(run.output, RESULTS_FILE), results.figures)
     write_text(os.path.join(run.output, "episodes.csv"), episodes_csv_pieces(results.batches))
     write_pictures(run.output, results.batches, run.settings, results.figures["throughput"])
@@ -12940,7 +13269,10 @@ def execute(run: RunContext) -> Results:
     if rollout_policy(run.settings):
         check_server_version(run)  # --need among them
     check_shared_namespace(run)
-    check_capacity(run)
+    if run.settings.queue:
+        check_queue(run)  # the queue's quota, not the nodes, holds the batch
+    else:
+        check_capacity(run)
     stamp_origin(run)
     create_namespace(run)
     for manifest in run.plan.setup:
@@ -13159,13 +13491,18 @@ def run_one_batch(run: RunContext, entry: BatchEntry) -> BatchOutcome:
     manifests = run.plan.jobs[job_name]
     job_names = [manifest["metadata"]["name"] for manifest in manifests]
     save_submitted_jobs(run, batch_dir, manifests)
+    admitted = (
+        admit_batch(run, lambda: create_batch_jobs(run, manifests), job_names, entry.dir)
+        if run.settings.queue
+        else None
+    )
     # The client's own deadline, which bounds its watches from their start; its measures start
     # at the submission, just before the create call.
     client_deadline = time.monotonic() + run.settings.timeout + CLIENT_GRACE_SECONDS
     watches = start_batch_watches(run, job_name, job_names, client_deadline)
     follower = batch_follower(run, job_name, job_names, batch_dir, watches)
     run.batch = batch = BatchEvidence(run, follower, batch_dir)
-    follower.submit(lambda: create_batch_jobs(run, manifests))
+    follower.submit(lambda: admitted or create_batch_jobs(run, manifests))
     end = follower.follow(client_deadline)
     wait = client_wait(follower, end)
     evidence = batch.collect(job_name)
@@ -15650,6 +15987,12 @@ def check_run_request(request: RunRequest) -> None:
             f"that reads its task from ${TASK_FILE_ENV}"
         )
     check_image_request(request)
+    if request.queue is not None and request.namespace is None:
+        # A LocalQueue lives in a namespace: one the run makes has none.
+        raise UsageError(
+            f"{name('queue')} needs {name('namespace')}: a Kueue LocalQueue lives in a namespace, "
+            f"and a namespace the run makes for itself has none"
+        )
 
 
 def check_image_request(request: RunRequest) -> None:

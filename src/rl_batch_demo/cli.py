@@ -743,6 +743,12 @@ def check_run_request(request: RunRequest) -> None:
             f"that reads its task from ${TASK_FILE_ENV}"
         )
     check_image_request(request)
+    if request.queue is not None and request.namespace is None:
+        # A LocalQueue lives in a namespace: one the run makes has none.
+        raise UsageError(
+            f"{name('queue')} needs {name('namespace')}: a Kueue LocalQueue lives in a namespace, "
+            f"and a namespace the run makes for itself has none"
+        )
 
 
 def check_image_request(request: RunRequest) -> None:

@@ -1114,6 +1114,8 @@ class RunContext:
     # The command line, not a Python caller (run_batch, stream_batch): the process is the run's.
     owns_process: bool = False
     capacity: dict | None = None  # what check_capacity found the nodes can run: run.json keeps it
+    # --queue: each batch's admission (by its directory), as Kueue's Workloads tell it
+    admission: dict[str, dict] = dataclasses.field(default_factory=dict)
 
     @property
     def namespace(self) -> str:

@@ -6,9 +6,10 @@ ClusterQueue's quota read before anything is made.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
-from typing import Sequence, TextIO
+from typing import Callable, Sequence, TextIO
 
 from .constants import (
     CALL_TIMEOUT_SECONDS,
@@ -17,10 +18,29 @@ from .constants import (
     RUN_LABEL,
 )
 from .model import DemoError
-from .files import Receipt
+from .files import Receipt, write_json
+from .manifests import list_manifest
 from .kube import Kubectl, KubectlError
 from .follow import RunContext
-from .tenancy import object_path
+from .preflight import save_run_json
+from .tenancy import (
+    KUEUE_GROUP,
+    KUEUE_VERSION,
+    WORKLOAD_JOB_UID_LABEL,
+    cluster_queue_quota,
+    object_path,
+    admission_figures,
+    quota_fit,
+    true_since,
+    wait_line,
+)
+
+# How often a queued batch's Jobs are read while Kueue has not admitted them: the admission's
+# own moment comes from the Workload's conditions, not from this poll.
+QUEUE_POLL_SECONDS = 1.0
+# How long the Job controller may take to record a Job's resume once Kueue has unsuspended it.
+RESUME_WAIT_SECONDS = 10.0
+WORKLOADS_FILE = "workloads.json"
 
 
 def delete_by_uid(
@@ -170,3 +190,180 @@ def delete_shared_run(
                 delete_by_uid(kubectl, kind, namespace, metadata["name"], metadata["uid"])
             )
     return "deleted" if "deleted" in outcomes else "gone"
+
+
+def local_queue_hint(namespace: str, queue: str) -> str:
+    """How to make the LocalQueue that was not found, for the message that says so."""
+    return (
+        f"make one (its admin names the ClusterQueue): kubectl apply -f - <<<'"
+        f'{{"apiVersion": "{KUEUE_GROUP}/{KUEUE_VERSION}", "kind": "LocalQueue", '
+        f'"metadata": {{"name": "{queue}", "namespace": "{namespace}"}}, '
+        f'"spec": {{"clusterQueue": "CLUSTER_QUEUE"}}}}'
+        "'"
+    )
+
+
+def read_kueue(run: RunContext, kind: str, name: str, namespace: str | None) -> dict | None:
+    """One Kueue object; None when the account may not read it (the caller says which figure it
+    lacks). DemoError when it does not exist or the cluster does not serve Kueue's API."""
+    try:
+        return run.kubectl.get(
+            f"{kind}.{KUEUE_VERSION}.{KUEUE_GROUP}",
+            name,
+            namespace,
+            retry_until=time.monotonic() + FIRST_CONTACT_RETRY_SECONDS,
+        )
+    except KubectlError as error:
+        if "(Forbidden)" in error.stderr:
+            return None
+        if "the server doesn't have a resource type" in error.stderr:
+            raise DemoError(
+                f"context {run.kubectl.context!r} does not serve Kueue's {kind} "
+                f"({KUEUE_GROUP}/{KUEUE_VERSION}): is Kueue installed? nothing was created"
+            ) from None
+        if error.not_found:
+            where = f" in namespace {namespace}" if namespace else ""
+            hint = local_queue_hint(namespace or "", name) if kind == "localqueues" else ""
+            raise DemoError(
+                f"{kind[:-1]} {name!r} not found{where} (context {run.kubectl.context!r}); "
+                f"nothing was created" + (f"; {hint}" if hint else "")
+            ) from None
+        raise DemoError(f"cannot read {kind[:-1]} {name}: {error}; nothing was created") from None
+
+
+def check_queue(run: RunContext) -> None:
+    """--queue, in place of the nodes' capacity check: the LocalQueue exists, and every Job of the
+    batch fits its ClusterQueue's quota; a Job that never can is refused, with the figures, before
+    anything is made. run.json keeps what was found (`capacity`, with `queue`)."""
+    queue, namespace = run.settings.queue or "", run.namespace
+    plan: dict = {"checked": False, "queue": queue}
+    local = read_kueue(run, "localqueues", queue, namespace)
+    cluster_queue = ((local or {}).get("spec") or {}).get("clusterQueue")
+    plan["cluster_queue"] = cluster_queue
+    found = read_kueue(run, "clusterqueues", cluster_queue, None) if cluster_queue else None
+    if found is None:
+        plan["reason"] = (
+            f"reading LocalQueue {queue} is not permitted"
+            if local is None
+            else f"reading ClusterQueue {cluster_queue} is not permitted"
+        )
+        print(f"Warning: queue quota check skipped ({plan['reason']})", file=sys.stderr, flush=True)
+    else:
+        jobs = [job for batch in run.plan.jobs.values() for job in batch]
+        fit = quota_fit(cluster_queue_quota(found), jobs)
+        plan.update(
+            checked=True,
+            quota={name: amount for name, amount in fit.quota.items() if amount != float("inf")},
+            fits_at_once=fit.fits_at_once,
+        )
+        if fit.never:
+            raise DemoError(
+                f"the batch can never be admitted by queue {queue} (ClusterQueue {cluster_queue}): "
+                f"{fit.never}; lower {run.spelling.name('parallelism')} or ask for more quota; "
+                f"nothing was created"
+            )
+    run.capacity = plan
+    save_run_json(run)
+
+
+def job_workload(kubectl: Kubectl, namespace: str, job_uid: str) -> dict | None:
+    """The Workload Kueue made for a Job, found by its label `kueue.x-k8s.io/job-uid`; None when
+    there is none yet. KubectlError when it cannot be read."""
+    listing = kubectl.get_list(
+        f"workloads.{KUEUE_VERSION}.{KUEUE_GROUP}",
+        namespace,
+        "-l",
+        f"{WORKLOAD_JOB_UID_LABEL}={job_uid}",
+        retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
+    )
+    items = (listing or {}).get("items") or []
+    return items[0] if items else None
+
+
+def queue_word(kubectl: Kubectl, namespace: str, job: dict) -> str:
+    """What Kueue says of a suspended Job now, from its Workload (wait_line)."""
+    try:
+        workload = job_workload(kubectl, namespace, job["metadata"]["uid"])
+    except KubectlError as error:
+        if "(Forbidden)" in error.stderr:
+            return (
+                "queued (its Workload may not be read: grant get/list on workloads.kueue.x-k8s.io)"
+            )
+        return f"queued (its Workload cannot be read: {error})"
+    return wait_line(workload)
+
+
+def admit_batch(
+    run: RunContext, create: Callable[[], dict], names: Sequence[str], batch: str
+) -> dict:
+    """--queue: the batch's Jobs made (suspended by Kueue until admitted), then waited for until
+    Kueue has admitted every one (resumed it), saying on stderr what Kueue says while they wait:
+    the Workload's Pending message, Inadmissible, an eviction or a requeue, never an episode's
+    failure. The run's own deadline, as the Job's activeDeadlineSeconds does (the Job controller
+    restarts a Job's startTime when it resumes), counts from the admission. The batch's
+    admission (points, phases) goes in run.admission, its Workloads in workloads.json. The first Job."""
+    first = create()
+    said = ""
+    while True:
+        if run.stop is not None:
+            run.stop.check()
+        jobs = read_jobs(run, names)
+        waiting = [job for job in jobs if (job.get("spec") or {}).get("suspend")]
+        if not waiting:
+            break
+        line = f"Job {waiting[0]['metadata']['name']}: {queue_word(run.kubectl, run.namespace, waiting[0])}"
+        if line != said and not run.silent:
+            print(line, file=sys.stderr, flush=True)
+        said = line
+        time.sleep(QUEUE_POLL_SECONDS)
+    record_admission(run, names, batch)
+    return first
+
+
+def read_jobs(run: RunContext, names: Sequence[str]) -> list[dict]:
+    """The batch's Jobs as they are now; DemoError when one is gone (deleted under the run)."""
+    jobs = []
+    for name in names:
+        job = run.kubectl.get(
+            "job",
+            name,
+            run.namespace,
+            missing_ok=True,
+            retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
+        )
+        if job is None:
+            raise DemoError(f"Job {name} in {run.namespace} was deleted while it was queued")
+        jobs.append(job)
+    return jobs
+
+
+def record_admission(run: RunContext, names: Sequence[str], batch: str) -> None:
+    """Once the batch is admitted: its Workloads saved (workloads.json), and its points and phases
+    in run.admission; the Jobs read again until the Job controller has recorded each resume
+    (a few seconds at most), so that `resumed` is known."""
+    deadline = time.monotonic() + RESUME_WAIT_SECONDS
+    while True:
+        jobs = read_jobs(run, names)
+        resumed = all(true_since(job, "Suspended", "False") for job in jobs)
+        if resumed or time.monotonic() >= deadline:
+            break
+        time.sleep(QUEUE_POLL_SECONDS / 4)
+    workloads, unread = [], None
+    for job in jobs:
+        try:
+            found = job_workload(run.kubectl, run.namespace, job["metadata"]["uid"])
+        except KubectlError as error:
+            unread = str(error)
+            break
+        if found is not None:
+            workloads.append(found)
+    batch_dir = os.path.normpath(os.path.join(run.output, batch))
+    write_json(os.path.join(batch_dir, WORKLOADS_FILE), list_manifest(workloads))
+    figures = admission_figures(jobs, workloads)
+    if unread is not None:
+        figures["unavailable"] = (
+            f"the Workloads could not be read ({unread}): quota_reserved, admitted, queue_wait "
+            f"and admission_checks are not known; grant get/list on workloads.kueue.x-k8s.io"
+        )
+        print(f"Warning: {figures['unavailable']}", file=sys.stderr, flush=True)
+    run.admission[batch] = figures

@@ -321,6 +321,9 @@ def save_results(run: RunContext, batches: Sequence[BatchOutcome]) -> Results:
     results = assemble_results(run.settings, batches, client_figures(run).saved(), run.capacity)
     if run.prepull is not None:
         results.figures["prepull"] = run.prepull
+    if run.admission:  # --queue: one batch's admission, or each batch's by its directory
+        admission = run.admission
+        results.figures["admission"] = admission.get(".") or {"batches": admission}
     write_json(os.path.join(run.output, RESULTS_FILE), results.figures)
     write_text(os.path.join(run.output, "episodes.csv"), episodes_csv_pieces(results.batches))
     write_pictures(run.output, results.batches, run.settings, results.figures["throughput"])

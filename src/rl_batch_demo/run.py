@@ -120,7 +120,7 @@ from .results import (
     warn_clocks,
 )
 from .lifecycle import cleanup_namespace
-from .kueue import check_shared_namespace, complete_shared_receipt
+from .kueue import admit_batch, check_queue, check_shared_namespace, complete_shared_receipt
 from .tenancy import queued_job, run_suffix, shared_jobs, shared_setup, stamped_jobs
 
 
@@ -308,7 +308,10 @@ def execute(run: RunContext) -> Results:
     if rollout_policy(run.settings):
         check_server_version(run)  # --need among them
     check_shared_namespace(run)
-    check_capacity(run)
+    if run.settings.queue:
+        check_queue(run)  # the queue's quota, not the nodes, holds the batch
+    else:
+        check_capacity(run)
     stamp_origin(run)
     create_namespace(run)
     for manifest in run.plan.setup:
@@ -527,13 +530,18 @@ def run_one_batch(run: RunContext, entry: BatchEntry) -> BatchOutcome:
     manifests = run.plan.jobs[job_name]
     job_names = [manifest["metadata"]["name"] for manifest in manifests]
     save_submitted_jobs(run, batch_dir, manifests)
+    admitted = (
+        admit_batch(run, lambda: create_batch_jobs(run, manifests), job_names, entry.dir)
+        if run.settings.queue
+        else None
+    )
     # The client's own deadline, which bounds its watches from their start; its measures start
     # at the submission, just before the create call.
     client_deadline = time.monotonic() + run.settings.timeout + CLIENT_GRACE_SECONDS
     watches = start_batch_watches(run, job_name, job_names, client_deadline)
     follower = batch_follower(run, job_name, job_names, batch_dir, watches)
     run.batch = batch = BatchEvidence(run, follower, batch_dir)
-    follower.submit(lambda: create_batch_jobs(run, manifests))
+    follower.submit(lambda: admitted or create_batch_jobs(run, manifests))
     end = follower.follow(client_deadline)
     wait = client_wait(follower, end)
     evidence = batch.collect(job_name)

@@ -20,11 +20,15 @@ from .parse import condition, format_duration, job_finished, parse_time, rfc3339
 
 # What a run is doing: a Job of it has not ended, or fewer Jobs than it plans are there yet
 # and none ended as a run stops (running; the latter between two batches), every Job not ended
-# is suspended (suspended: an interrupted run stops its pods so), all ended Complete
+# is suspended (suspended: an interrupted run stops its pods so; queued: each is a queue's Job
+# that Kueue holds until it admits it, and has not started), all ended Complete
 # (succeeded) or one Failed (failed), its namespace is being deleted (terminating), or
 # no Job of the tool is in it yet (pending: a run starting, or one that stopped before
 # it submitted its Job).
-RUN_STATES = ("running", "suspended", "succeeded", "failed", "terminating", "pending")
+RUN_STATES = ("running", "suspended", "queued", "succeeded", "failed", "terminating", "pending")
+# A Job handed to a Kueue LocalQueue carries this label; suspended and never started, it waits
+# for Kueue's admission (queued).
+QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"
 
 # The reason a Job ends Failed with failed indexes within its maxFailedIndexes (--allow-failures):
 # a run accepts that batch and goes on to its next.
@@ -93,9 +97,9 @@ def run_state(namespace: dict, jobs: Sequence[dict]) -> str:
     ends = [job_finished(job) for job in jobs]
     if None in ends:
         unended = [job for job, end in zip(jobs, ends) if end is None]
-        return (
-            "suspended" if all((j.get("spec") or {}).get("suspend") for j in unended) else "running"
-        )
+        if not all((j.get("spec") or {}).get("suspend") for j in unended):
+            return "running"
+        return "queued" if all(awaits_admission(job) for job in unended) else "suspended"
     planned = planned_count(namespace, JOBS_PLANNED_ANNOTATION)
     if (
         planned is not None
@@ -108,6 +112,13 @@ def run_state(namespace: dict, jobs: Sequence[dict]) -> str:
     ):
         return "running"
     return "failed" if "Failed" in ends else "succeeded"
+
+
+def awaits_admission(job: dict) -> bool:
+    """A Job of a queue that Kueue holds suspended and that never started (an interrupted run's
+    Job, suspended by the run, has started)."""
+    labels = (job.get("metadata") or {}).get("labels") or {}
+    return QUEUE_NAME_LABEL in labels and not (job.get("status") or {}).get("startTime")
 
 
 def job_ended_at(job: dict) -> float | None:

@@ -9,6 +9,7 @@ import copy
 from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 from .constants import RUN_ID_ANNOTATION, RUN_LABEL
+from .parse import parse_time
 from .manifests import (
     PlannedWork,
     RunOrigin,
@@ -161,31 +162,37 @@ def stamped_jobs(jobs: Mapping[str, Sequence[dict]], origin: RunOrigin) -> dict[
 
 
 class QuotaFit(NamedTuple):
-    """How a batch's requests meet its queue's quota: the pods the quota admits at once (None:
-    no quota limits them), and why none fits, if none does."""
+    """How a batch's requests meet its queue's quota: the pods of its widest Job the quota admits
+    at once (None: no quota limits them), and why a Job never fits, if one never does."""
 
     fits_at_once: int | None
-    never: str | None  # a resource whose one pod's request is beyond the quota, with figures
-    quota: dict[str, float]  # resource -> nominal quota (+ borrowing limit), summed over flavors
+    never: str | None  # a Job whose pods at once are beyond the quota, with figures
+    quota: dict[str, float]  # resource -> the most one flavor offers (nominal + borrowing limit)
 
 
 def cluster_queue_quota(cluster_queue: dict) -> dict[str, float]:
-    """Each resource's quota in a ClusterQueue: its flavors' nominalQuota (+ borrowingLimit), summed
-    (a pod takes one flavor, so a batch's pods may spread over them)."""
+    """Each resource's quota in a ClusterQueue as one Job can have it: Kueue gives a Job's pods
+    (its PodSet) one flavor per resource, so the most any one flavor offers; in a cohort, its
+    nominal quota plus its borrowing limit (none: unbounded, as much as the cohort lends)."""
+    spec = cluster_queue.get("spec") or {}
+    in_cohort = bool(spec.get("cohortName") or spec.get("cohort"))
     quota: dict[str, float] = {}
-    for group in (cluster_queue.get("spec") or {}).get("resourceGroups") or []:
+    for group in spec.get("resourceGroups") or []:
         for flavor in group.get("flavors") or []:
             for resource in flavor.get("resources") or []:
                 nominal = parse_quantity(resource.get("nominalQuota"))
                 if nominal is None:
                     continue
-                quota[resource["name"]] = quota.get(resource["name"], 0.0) + nominal
+                borrowing = parse_quantity(resource.get("borrowingLimit"))
+                if in_cohort:
+                    nominal = float("inf") if borrowing is None else nominal + borrowing
+                quota[resource["name"]] = max(quota.get(resource["name"], 0.0), nominal)
     return quota
 
 
 def pod_requests(job: dict) -> dict[str, float]:
-    """One pod's requests, every container summed, as Kueue counts them (plus `pods`: 1)."""
-    requests: dict[str, float] = {"pods": 1.0}
+    """One pod's requests, every container summed, as Kueue counts them."""
+    requests: dict[str, float] = {}
     for container in job["spec"]["template"]["spec"].get("containers") or []:
         for name, value in ((container.get("resources") or {}).get("requests") or {}).items():
             amount = parse_quantity(value)
@@ -195,21 +202,28 @@ def pod_requests(job: dict) -> dict[str, float]:
 
 
 def quota_fit(quota: Mapping[str, float], jobs: Iterable[dict]) -> QuotaFit:
-    """The pods of the biggest Job that fit at once, and whether even one never can. Kueue admits
-    a Job whole (its parallelism's pods at once): a Job whose parallelism does not fit is never
-    admitted."""
+    """The pods of the widest Job that fit at once, and whether a Job never can be admitted. Kueue
+    admits a Job whole, its parallelism's pods at once, and never one that asks for a resource
+    its ClusterQueue does not cover ("resource X unavailable in ClusterQueue")."""
     fits: int | None = None
     never = None
     for job in jobs:
-        parallelism = int(job["spec"].get("parallelism") or 1)
+        name, parallelism = job["metadata"]["name"], int(job["spec"].get("parallelism") or 1)
         for resource, amount in pod_requests(job).items():
-            if resource not in quota or amount <= 0:
+            if amount <= 0:
                 continue
-            at_once = int(quota[resource] // amount + 1e-9)
+            if resource not in quota:
+                never = never or (
+                    f"Job {name} asks for {resource}, which the ClusterQueue has no quota of"
+                )
+                continue
+            if quota[resource] == float("inf"):
+                continue
+            at_once = int(quota[resource] / amount + 1e-9)  # 1 / 0.1 is 9.999...
             fits = at_once if fits is None else min(fits, at_once)
             if at_once < parallelism and never is None:
                 never = (
-                    f"Job {job['metadata']['name']} runs {parallelism} pods at once, "
+                    f"Job {name} runs {parallelism} pods at once, "
                     f"{format_amount(resource, amount * parallelism)} of {resource}, and the "
                     f"quota is {format_amount(resource, quota[resource])} "
                     f"({at_once} pods' worth)"
@@ -231,4 +245,119 @@ def uids_of(objects: Iterable[Mapping[str, Any]]) -> dict[str, str]:
     return {
         (item.get("metadata") or {}).get("name", ""): (item.get("metadata") or {}).get("uid", "")
         for item in objects
+    }
+
+
+def workload_condition(workload: dict | None, kind: str) -> dict | None:
+    for found in ((workload or {}).get("status") or {}).get("conditions") or []:
+        if found.get("type") == kind:
+            return found
+    return None
+
+
+def wait_line(workload: dict | None) -> str:
+    """What Kueue says of a Job it holds, in one line, from its Workload's conditions: the Pending
+    message, Inadmissible, an eviction and its requeue, or quota reserved awaiting admission checks."""
+    if workload is None:
+        return "suspended, no Workload yet (Kueue has not taken the Job in)"
+    evicted = workload_condition(workload, "Evicted")
+    requeued = workload_condition(workload, "Requeued")
+    reserved = workload_condition(workload, "QuotaReserved")
+    admitted = workload_condition(workload, "Admitted")
+    if admitted and admitted.get("status") == "True":
+        return "admitted by Kueue, resuming"
+    if evicted and evicted.get("status") == "True":
+        again = (
+            f"; requeued: {requeued.get('message')}"
+            if requeued and requeued.get("status") == "True"
+            else "; waiting to be requeued"
+        )
+        return f"evicted by Kueue ({evicted.get('reason')}: {evicted.get('message')}){again}"
+    if reserved and reserved.get("status") == "True":
+        checks = [
+            f"{check.get('name')} {check.get('state')}"
+            for check in (workload.get("status") or {}).get("admissionChecks") or []
+        ]
+        return "quota reserved, awaiting admission checks" + (
+            f" ({', '.join(checks)})" if checks else ""
+        )
+    if reserved and reserved.get("reason") == "Inadmissible":
+        return f"Inadmissible, Kueue will not admit it as things are: {reserved.get('message')}"
+    if reserved:
+        return f"queued: {reserved.get('message') or reserved.get('reason')}"
+    return "queued, not yet considered by Kueue"
+
+
+# Admission as a phase: when a queued Job was created, had its quota reserved, was admitted and
+# resumed. The API server writes each condition's lastTransitionTime (and a creationTimestamp) in
+# whole seconds, so each point is known to 1 s, and a phase between two of them to 1 s too.
+ADMISSION_PRECISION_SECONDS = 1.0
+ADMISSION_SOURCES = {
+    "queued": "Job metadata.creationTimestamp",
+    "quota_reserved": "Workload condition QuotaReserved lastTransitionTime",
+    "admitted": "Workload condition Admitted lastTransitionTime",
+    "resumed": "Job condition Suspended=False (JobResumed) lastTransitionTime",
+}
+
+
+def true_since(obj: dict | None, kind: str, status: str = "True") -> float | None:
+    """When a condition of `kind` turned `status`, if it has that status now."""
+    found = workload_condition(obj, kind)
+    if not found or found.get("status") != status:
+        return None
+    return parse_time(found.get("lastTransitionTime"))
+
+
+def job_admission(job: dict, workload: dict | None) -> dict[str, Any]:
+    """One queued Job's points (epoch seconds, None where unknown) and its Workload's name."""
+    metadata = job.get("metadata") or {}
+    evicted = workload_condition(workload, "Evicted")
+    return {
+        "job": metadata.get("name"),
+        "workload": ((workload or {}).get("metadata") or {}).get("name"),
+        "queued_at": parse_time(metadata.get("creationTimestamp")),
+        "quota_reserved_at": true_since(workload, "QuotaReserved"),
+        "admitted_at": true_since(workload, "Admitted"),
+        "resumed_at": true_since(job, "Suspended", "False"),
+        "evicted": None
+        if evicted is None
+        else f"{evicted.get('reason')}: {evicted.get('message')}",
+    }
+
+
+def admission_figures(jobs: Sequence[dict], workloads: Sequence[dict]) -> dict[str, Any]:
+    """A batch's admission (results.json `admission`): its first Job's creation (queued), and the
+    last of its Jobs' quota reservations, admissions and resumes, since the batch runs whole only
+    then; the phases queue_wait (queued to quota reserved) and admission_checks (reserved to
+    admitted), each with its precision and the sources of its points."""
+    by_uid = {
+        ((w.get("metadata") or {}).get("labels") or {}).get(WORKLOAD_JOB_UID_LABEL): w
+        for w in workloads
+    }
+    per_job = [job_admission(job, by_uid.get(job["metadata"].get("uid"))) for job in jobs]
+
+    def point(key: str, pick: Any) -> float | None:
+        known = [row[key] for row in per_job]
+        return None if not known or None in known else pick(known)
+
+    points = {
+        "queued_at": point("queued_at", min),
+        "quota_reserved_at": point("quota_reserved_at", max),
+        "admitted_at": point("admitted_at", max),
+        "resumed_at": point("resumed_at", max),
+    }
+
+    def between(start: str, end: str) -> float | None:
+        if points[start] is None or points[end] is None:
+            return None
+        return round(max(0.0, points[end] - points[start]), 3)  # type: ignore[operator]
+
+    return {
+        **points,
+        "queue_wait_seconds": between("queued_at", "quota_reserved_at"),
+        "admission_checks_seconds": between("quota_reserved_at", "admitted_at"),
+        "resume_seconds": between("admitted_at", "resumed_at"),
+        "precision_seconds": ADMISSION_PRECISION_SECONDS,
+        "sources": dict(ADMISSION_SOURCES),
+        "jobs": per_job,
     }
