@@ -3654,9 +3654,10 @@ def cluster_queue_quota(cluster_queue: dict) -> dict[str, float]:
     return quota
 
 
-def pod_requests(job: dict) -> dict[str, float]:
-    """One pod's requests, every container summed, as Kueue counts them."""
-    requests: dict[str, float] = {}
+def pod_requests(job: dict, overhead: Mapping[str, float] | None = None) -> dict[str, float]:
+    """One pod's requests as Kueue counts them: every container summed, plus its RuntimeClass's
+    overhead (podFixed), which Kueue adds to each pod of the Workload."""
+    requests: dict[str, float] = dict(overhead or {})
     for container in job["spec"]["template"]["spec"].get("containers") or []:
         for name, value in ((container.get("resources") or {}).get("requests") or {}).items():
             amount = parse_quantity(value)
@@ -3665,7 +3666,16 @@ def pod_requests(job: dict) -> dict[str, float]:
     return requests
 
 
-def quota_fit(quota: Mapping[str, float], jobs: Iterable[dict]) -> QuotaFit:
+def runtime_overhead(runtime_class: dict | None) -> dict[str, float]:
+    """A RuntimeClass's overhead per pod (overhead.podFixed), as numbers."""
+    fixed = ((runtime_class or {}).get("overhead") or {}).get("podFixed") or {}
+    amounts = {name: parse_quantity(value) for name, value in fixed.items()}
+    return {name: amount for name, amount in amounts.items() if amount is not None}
+
+
+def quota_fit(
+    quota: Mapping[str, float], jobs: Iterable[dict], overhead: Mapping[str, float] | None = None
+) -> QuotaFit:
     """The pods of the widest Job that fit at once, and whether a Job never can be admitted. Kueue
     admits a Job whole, its parallelism's pods at once, and never one that asks for a resource
     its ClusterQueue does not cover ("resource X unavailable in ClusterQueue")."""
@@ -3673,7 +3683,7 @@ def quota_fit(quota: Mapping[str, float], jobs: Iterable[dict]) -> QuotaFit:
     never = None
     for job in jobs:
         name, parallelism = job["metadata"]["name"], int(job["spec"].get("parallelism") or 1)
-        for resource, amount in pod_requests(job).items():
+        for resource, amount in pod_requests(job, overhead).items():
             if amount <= 0:
                 continue
             if resource not in quota:
@@ -3688,7 +3698,8 @@ def quota_fit(quota: Mapping[str, float], jobs: Iterable[dict]) -> QuotaFit:
             if at_once < parallelism and never is None:
                 never = (
                     f"Job {name} runs {parallelism} pods at once, "
-                    f"{format_amount(resource, amount * parallelism)} of {resource}, and the "
+                    f"{format_amount(resource, amount * parallelism)} of {resource} "
+                    f"({format_amount(resource, amount)} each), and the "
                     f"quota is {format_amount(resource, quota[resource])} "
                     f"({at_once} pods' worth)"
                 )
@@ -11896,6 +11907,28 @@ def read_kueue(run: RunContext, kind: str, name: str, namespace: str | None) -> 
         raise DemoError(f"cannot read {kind[:-1]} {name}: {error}; nothing was created") from None
 
 
+def read_overhead(run: RunContext, plan: dict) -> dict[str, float]:
+    """The RuntimeClass's overhead per pod, which Kueue counts against the quota; when it cannot be
+    read, the plan says so (the figures then count the requests alone)."""
+    try:
+        runtime_class = run.kubectl.get(
+            "runtimeclass",
+            run.settings.runtime,
+            missing_ok=True,
+            retry_until=time.monotonic() + FIRST_CONTACT_RETRY_SECONDS,
+        )
+    except KubectlError as error:
+        plan["overhead_unknown"] = (
+            f"RuntimeClass {run.settings.runtime} cannot be read ({error}): the quota check counts "
+            f"the pods' requests without its overhead, which Kueue adds"
+        )
+        print(f"Warning: {plan['overhead_unknown']}", file=sys.stderr, flush=True)
+        return {}
+    overhead = runtime_overhead(runtime_class)
+    plan["overhead_per_pod"] = overhead
+    return overhead
+
+
 def check_queue(run: RunContext) -> None:
     """--queue, in place of the nodes' capacity check: the LocalQueue exists, and every Job of the
     batch fits its ClusterQueue's quota; a Job that never can is refused, with the figures, before
@@ -11915,7 +11948,8 @@ def check_queue(run: RunContext) -> None:
         print(f"Warning: queue quota check skipped ({plan['reason']})", file=sys.stderr, flush=True)
     else:
         jobs = [job for batch in run.plan.jobs.values() for job in batch]
-        fit = quota_fit(cluster_queue_quota(found), jobs)
+        overhead = read_overhead(run, plan)
+        fit = quota_fit(cluster_queue_quota(found), jobs, overhead)
         plan.update(
             checked=True,
             quota={name: amount for name, amount in fit.quota.items() if amount != float("inf")},
@@ -11958,16 +11992,27 @@ def queue_word(kubectl: Kubectl, namespace: str, job: dict) -> str:
     return wait_line(workload)
 
 
+class Admitted(NamedTuple):
+    """A queued batch once admitted: its first Job as created, and the client's wall clock just
+    before and just after its create calls (the Job's creation lies between them)."""
+
+    job: dict
+    submitted: float
+    created: float
+
+
 def admit_batch(
     run: RunContext, create: Callable[[], dict], names: Sequence[str], batch: str
-) -> dict:
+) -> Admitted:
     """--queue: the batch's Jobs made (suspended by Kueue until admitted), then waited for until
     Kueue has admitted every one (resumed it), saying on stderr what Kueue says while they wait:
     the Workload's Pending message, Inadmissible, an eviction or a requeue, never an episode's
     failure. The run's own deadline, as the Job's activeDeadlineSeconds does (the Job controller
     restarts a Job's startTime when it resumes), counts from the admission. The batch's
-    admission (points, phases) goes in run.admission, its Workloads in workloads.json. The first Job."""
+    admission (points, phases) goes in run.admission, its Workloads in workloads.json."""
+    submitted = time.time()
     first = create()
+    created = time.time()
     said = ""
     while True:
         if run.stop is not None:
@@ -11982,7 +12027,7 @@ def admit_batch(
         said = line
         time.sleep(QUEUE_POLL_SECONDS)
     record_admission(run, names, batch)
-    return first
+    return Admitted(first, submitted, created)
 
 
 def read_jobs(run: RunContext, names: Sequence[str]) -> list[dict]:
@@ -13502,7 +13547,10 @@ def run_one_batch(run: RunContext, entry: BatchEntry) -> BatchOutcome:
     watches = start_batch_watches(run, job_name, job_names, client_deadline)
     follower = batch_follower(run, job_name, job_names, batch_dir, watches)
     run.batch = batch = BatchEvidence(run, follower, batch_dir)
-    follower.submit(lambda: admitted or create_batch_jobs(run, manifests))
+    follower.submit(lambda: admitted.job if admitted else create_batch_jobs(run, manifests))
+    if admitted:  # the Jobs were made before the queue's wait: the clocks take the true moments
+        follower.state.submitted(admitted.submitted)
+        follower.state.created(admitted.created)
     end = follower.follow(client_deadline)
     wait = client_wait(follower, end)
     evidence = batch.collect(job_name)
@@ -14100,9 +14148,16 @@ def finish_run(
         raise DemoError(f"{failure}\n  evidence: {run.output}")
     if run.touched_cluster and not clean_up and not quiet:
         print(
-            f"The namespace {run.namespace} stays for inspection; clean up with: {cleanup_hint}",
+            f"{stays(run)} for inspection; clean up with: {cleanup_hint}",
             file=sys.stderr,
         )
+
+
+def stays(run: RunContext) -> str:
+    """What a run leaves in the cluster for inspection: its namespace, or its objects in one it shares."""
+    if run.receipt.shared:
+        return f"The run's objects in namespace {run.namespace} stay"
+    return f"The namespace {run.namespace} stays"
 
 
 def release_output(output: str) -> bool:

@@ -76,6 +76,17 @@ def discovered_control_plane() -> Optional[str]:
     return str(build_control_plane.BIN_DIR) if build_control_plane.binaries_present() else None
 
 
+def discovered_kueue() -> Optional[str]:
+    """The directory of the Kueue manager and its manifests from $RLDEMO_KUEUE_BIN or the cache
+    (nothing is built)."""
+    given = os.environ.get("RLDEMO_KUEUE_BIN")
+    if given:
+        return given
+    import build_kueue
+
+    return str(build_kueue.BIN_DIR) if build_kueue.binaries_present() else None
+
+
 @functools.lru_cache(maxsize=None)
 def discovered_node_bin() -> Optional[str]:
     """The directory of the real node's binaries from $RLDEMO_NODE_BIN or the cache (nothing is built)."""

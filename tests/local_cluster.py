@@ -196,6 +196,28 @@ def images_line(images: Optional[List[str]]) -> str:
     )
 
 
+def start_kueue(workdir: Path, kubectl: str, env: Dict[str, str]) -> Any:
+    """The real Kueue manager on the started control plane, and a queue for newcomers to try:
+    `run --namespace team-a --queue lq`."""
+    import build_kueue
+    from kueue_manager import KueueManager
+
+    manager = KueueManager(
+        build_kueue.ensure_built(log=lambda *a, **k: print(*a, file=sys.stderr, **k)),
+        workdir / "kueue",
+        kubectl,
+        env,
+    )
+    manager.install()
+    manager.queue("team-a", "lq", "cq", {"cpu": "2", "memory": "2Gi"})
+    print(
+        f"local_cluster: Kueue v{build_kueue.KUEUE_VERSION} ready: namespace team-a, LocalQueue lq",
+        file=sys.stderr,
+        flush=True,
+    )
+    return manager
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     mode = parser.add_mutually_exclusive_group()
@@ -218,6 +240,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         "--keep", action="store_true", help="keep the temporary state directory after stopping"
     )
     parser.add_argument("--nodes", type=int, default=3)
+    parser.add_argument(
+        "--kueue",
+        action="store_true",
+        help="also run the real Kueue manager (built once from the Go module proxy; needs root), "
+        "with namespace team-a and its LocalQueue lq (ClusterQueue cq: 2 CPUs, 2Gi)",
+    )
     parser.add_argument(
         "--images",
         type=image_list,
@@ -250,7 +278,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda signum, _frame: stopping.append(signum))
 
+    if args.kueue and (args.emulator or args.kubelet or not args.kubectl):
+        parser.error("--kueue runs beside the real control plane and node agent, with --kubectl")
     cluster: Any
+    kueue: Any = None
     if args.emulator:
         from kube_emulator import Emulator
 
@@ -292,6 +323,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                 "local_cluster: `kubectl get nodes` fails against the new cluster", file=sys.stderr
             )
             return 1
+        if args.kueue:
+            kueue = start_kueue(workdir, args.kubectl, env)
         print(f"READY {cluster.kubeconfig}", flush=True)
         print(
             f"local_cluster: state in {workdir}{' (removed on stopping; --keep keeps it)' if remove else ''}; "
@@ -304,6 +337,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         while not stopping:
             time.sleep(0.1)
     finally:
+        if kueue is not None:
+            kueue.stop()
         cluster.stop()
         if remove:
             shutil.rmtree(workdir, ignore_errors=True)

@@ -37,6 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 import build_control_plane  # noqa: E402  (needs the path above)
+import build_kueue  # noqa: E402  (needs the path above)
 import build_node  # noqa: E402  (needs the path above)
 import prereqs  # noqa: E402  (needs the path above)
 
@@ -287,6 +288,23 @@ def check_node(install: bool, missing: list[str]) -> str | None:
         return None
 
 
+def check_kueue(install: bool, missing: list[str]) -> str | None:
+    """Build (once) or find the Kueue manager and its manifests for the real-cluster queue tests."""
+    if build_kueue.binaries_present():
+        say(f"  kueue        {relative(build_kueue.BIN_DIR)} (cached)")
+        return str(build_kueue.BIN_DIR)
+    if not install:
+        missing.append("the Kueue manager (--no-install: not built)")
+        say("  kueue        MISSING (not built: --no-install)")
+        return None
+    try:
+        return str(build_kueue.ensure_built(log=lambda message, **_: say(f"  {message}")))
+    except build_kueue.BuildError as error:
+        missing.append("the Kueue manager (built with Go; see above)")
+        say(f"  kueue        CANNOT BUILD: {error}")
+        return None
+
+
 def check_pythons(versions: tuple[str, ...], install: bool, missing: list[str]) -> dict[str, Path]:
     """{version: venv python} with the test requirements installed, per wanted Python."""
     interpreters = prereqs.find_pythons(versions)
@@ -377,6 +395,7 @@ def main(argv: list[str] | None = None) -> int:
         say(f"  default kubectl: {default_kubectl or 'NONE'}")
         control_plane = check_control_plane(install, missing)
         node = check_node(install, missing)
+        kueue = check_kueue(install, missing)
         venvs = check_pythons(tuple(args.python or prereqs.PYTHON_VERSIONS), install, missing)
         if not venvs and not ci:
             here = f"{sys.version_info[0]}.{sys.version_info[1]}"
@@ -408,6 +427,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
     env = pytest_environment(kubectls, default_kubectl, bwrap, control_plane, ci, node)
+    if kueue:
+        env["RLDEMO_KUEUE_BIN"] = kueue
     passes = []
     for version, python in venvs.items():
         selection = pytest_args or [

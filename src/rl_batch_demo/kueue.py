@@ -9,7 +9,7 @@ import json
 import os
 import sys
 import time
-from typing import Callable, Sequence, TextIO
+from typing import Callable, NamedTuple, Sequence, TextIO
 
 from .constants import (
     CALL_TIMEOUT_SECONDS,
@@ -31,6 +31,7 @@ from .tenancy import (
     object_path,
     admission_figures,
     quota_fit,
+    runtime_overhead,
     true_since,
     wait_line,
 )
@@ -231,6 +232,28 @@ def read_kueue(run: RunContext, kind: str, name: str, namespace: str | None) -> 
         raise DemoError(f"cannot read {kind[:-1]} {name}: {error}; nothing was created") from None
 
 
+def read_overhead(run: RunContext, plan: dict) -> dict[str, float]:
+    """The RuntimeClass's overhead per pod, which Kueue counts against the quota; when it cannot be
+    read, the plan says so (the figures then count the requests alone)."""
+    try:
+        runtime_class = run.kubectl.get(
+            "runtimeclass",
+            run.settings.runtime,
+            missing_ok=True,
+            retry_until=time.monotonic() + FIRST_CONTACT_RETRY_SECONDS,
+        )
+    except KubectlError as error:
+        plan["overhead_unknown"] = (
+            f"RuntimeClass {run.settings.runtime} cannot be read ({error}): the quota check counts "
+            f"the pods' requests without its overhead, which Kueue adds"
+        )
+        print(f"Warning: {plan['overhead_unknown']}", file=sys.stderr, flush=True)
+        return {}
+    overhead = runtime_overhead(runtime_class)
+    plan["overhead_per_pod"] = overhead
+    return overhead
+
+
 def check_queue(run: RunContext) -> None:
     """--queue, in place of the nodes' capacity check: the LocalQueue exists, and every Job of the
     batch fits its ClusterQueue's quota; a Job that never can is refused, with the figures, before
@@ -250,7 +273,8 @@ def check_queue(run: RunContext) -> None:
         print(f"Warning: queue quota check skipped ({plan['reason']})", file=sys.stderr, flush=True)
     else:
         jobs = [job for batch in run.plan.jobs.values() for job in batch]
-        fit = quota_fit(cluster_queue_quota(found), jobs)
+        overhead = read_overhead(run, plan)
+        fit = quota_fit(cluster_queue_quota(found), jobs, overhead)
         plan.update(
             checked=True,
             quota={name: amount for name, amount in fit.quota.items() if amount != float("inf")},
@@ -293,16 +317,27 @@ def queue_word(kubectl: Kubectl, namespace: str, job: dict) -> str:
     return wait_line(workload)
 
 
+class Admitted(NamedTuple):
+    """A queued batch once admitted: its first Job as created, and the client's wall clock just
+    before and just after its create calls (the Job's creation lies between them)."""
+
+    job: dict
+    submitted: float
+    created: float
+
+
 def admit_batch(
     run: RunContext, create: Callable[[], dict], names: Sequence[str], batch: str
-) -> dict:
+) -> Admitted:
     """--queue: the batch's Jobs made (suspended by Kueue until admitted), then waited for until
     Kueue has admitted every one (resumed it), saying on stderr what Kueue says while they wait:
     the Workload's Pending message, Inadmissible, an eviction or a requeue, never an episode's
     failure. The run's own deadline, as the Job's activeDeadlineSeconds does (the Job controller
     restarts a Job's startTime when it resumes), counts from the admission. The batch's
-    admission (points, phases) goes in run.admission, its Workloads in workloads.json. The first Job."""
+    admission (points, phases) goes in run.admission, its Workloads in workloads.json."""
+    submitted = time.time()
     first = create()
+    created = time.time()
     said = ""
     while True:
         if run.stop is not None:
@@ -317,7 +352,7 @@ def admit_batch(
         said = line
         time.sleep(QUEUE_POLL_SECONDS)
     record_admission(run, names, batch)
-    return first
+    return Admitted(first, submitted, created)
 
 
 def read_jobs(run: RunContext, names: Sequence[str]) -> list[dict]:

@@ -541,7 +541,10 @@ def run_one_batch(run: RunContext, entry: BatchEntry) -> BatchOutcome:
     watches = start_batch_watches(run, job_name, job_names, client_deadline)
     follower = batch_follower(run, job_name, job_names, batch_dir, watches)
     run.batch = batch = BatchEvidence(run, follower, batch_dir)
-    follower.submit(lambda: admitted or create_batch_jobs(run, manifests))
+    follower.submit(lambda: admitted.job if admitted else create_batch_jobs(run, manifests))
+    if admitted:  # the Jobs were made before the queue's wait: the clocks take the true moments
+        follower.state.submitted(admitted.submitted)
+        follower.state.created(admitted.created)
     end = follower.follow(client_deadline)
     wait = client_wait(follower, end)
     evidence = batch.collect(job_name)
@@ -1139,9 +1142,16 @@ def finish_run(
         raise DemoError(f"{failure}\n  evidence: {run.output}")
     if run.touched_cluster and not clean_up and not quiet:
         print(
-            f"The namespace {run.namespace} stays for inspection; clean up with: {cleanup_hint}",
+            f"{stays(run)} for inspection; clean up with: {cleanup_hint}",
             file=sys.stderr,
         )
+
+
+def stays(run: RunContext) -> str:
+    """What a run leaves in the cluster for inspection: its namespace, or its objects in one it shares."""
+    if run.receipt.shared:
+        return f"The run's objects in namespace {run.namespace} stay"
+    return f"The namespace {run.namespace} stays"
 
 
 def release_output(output: str) -> bool:

@@ -190,9 +190,10 @@ def cluster_queue_quota(cluster_queue: dict) -> dict[str, float]:
     return quota
 
 
-def pod_requests(job: dict) -> dict[str, float]:
-    """One pod's requests, every container summed, as Kueue counts them."""
-    requests: dict[str, float] = {}
+def pod_requests(job: dict, overhead: Mapping[str, float] | None = None) -> dict[str, float]:
+    """One pod's requests as Kueue counts them: every container summed, plus its RuntimeClass's
+    overhead (podFixed), which Kueue adds to each pod of the Workload."""
+    requests: dict[str, float] = dict(overhead or {})
     for container in job["spec"]["template"]["spec"].get("containers") or []:
         for name, value in ((container.get("resources") or {}).get("requests") or {}).items():
             amount = parse_quantity(value)
@@ -201,7 +202,16 @@ def pod_requests(job: dict) -> dict[str, float]:
     return requests
 
 
-def quota_fit(quota: Mapping[str, float], jobs: Iterable[dict]) -> QuotaFit:
+def runtime_overhead(runtime_class: dict | None) -> dict[str, float]:
+    """A RuntimeClass's overhead per pod (overhead.podFixed), as numbers."""
+    fixed = ((runtime_class or {}).get("overhead") or {}).get("podFixed") or {}
+    amounts = {name: parse_quantity(value) for name, value in fixed.items()}
+    return {name: amount for name, amount in amounts.items() if amount is not None}
+
+
+def quota_fit(
+    quota: Mapping[str, float], jobs: Iterable[dict], overhead: Mapping[str, float] | None = None
+) -> QuotaFit:
     """The pods of the widest Job that fit at once, and whether a Job never can be admitted. Kueue
     admits a Job whole, its parallelism's pods at once, and never one that asks for a resource
     its ClusterQueue does not cover ("resource X unavailable in ClusterQueue")."""
@@ -209,7 +219,7 @@ def quota_fit(quota: Mapping[str, float], jobs: Iterable[dict]) -> QuotaFit:
     never = None
     for job in jobs:
         name, parallelism = job["metadata"]["name"], int(job["spec"].get("parallelism") or 1)
-        for resource, amount in pod_requests(job).items():
+        for resource, amount in pod_requests(job, overhead).items():
             if amount <= 0:
                 continue
             if resource not in quota:
@@ -224,7 +234,8 @@ def quota_fit(quota: Mapping[str, float], jobs: Iterable[dict]) -> QuotaFit:
             if at_once < parallelism and never is None:
                 never = (
                     f"Job {name} runs {parallelism} pods at once, "
-                    f"{format_amount(resource, amount * parallelism)} of {resource}, and the "
+                    f"{format_amount(resource, amount * parallelism)} of {resource} "
+                    f"({format_amount(resource, amount)} each), and the "
                     f"quota is {format_amount(resource, quota[resource])} "
                     f"({at_once} pods' worth)"
                 )

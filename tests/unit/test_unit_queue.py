@@ -50,8 +50,18 @@ def test_a_job_wider_than_the_quota_is_never_admitted_with_its_figures():
     quota = demo.cluster_queue_quota(cluster_queue({"cpu": "300m", "memory": "1Gi"}))
     fit = demo.quota_fit(quota, [JOB])
     assert fit.never == (
-        "Job rollout-abc runs 4 pods at once, 400m of cpu, and the quota is 300m (3 pods' worth)"
+        "Job rollout-abc runs 4 pods at once, 400m of cpu (100m each), and the quota is 300m "
+        "(3 pods' worth)"
     )
+
+
+def test_the_runtime_class_overhead_counts_against_the_quota_as_kueue_counts_it():
+    overhead = demo.runtime_overhead({"overhead": {"podFixed": {"cpu": "250m", "memory": "768Mi"}}})
+    quota = demo.cluster_queue_quota(cluster_queue({"cpu": "3500m", "memory": "10Gi"}))
+    fit = demo.quota_fit(quota, [JOB], overhead)
+    assert fit.never is None and fit.fits_at_once == 10  # 350m and 832Mi a pod
+    wide = demo.quota_fit(quota, [dict(JOB, spec=dict(JOB["spec"], parallelism=11))], overhead)
+    assert "4200m" not in wide.never and "3850m of cpu (350m each)" in wide.never
 
 
 def test_a_resource_the_cluster_queue_does_not_cover_is_never_admitted():

@@ -1,0 +1,204 @@
+"""On the real control plane with the real Kueue (v0.17.0, built from the Go module proxy by
+tests/support/build_kueue.py, run by tests/support/kueue_manager.py): queued runs admitted,
+refused over quota, and their admission measured from the Workloads' own conditions.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import discovered_kueue, skip_or_fail
+from e2e_support import load, run_tool, start_tool, write_script
+
+pytestmark = [pytest.mark.e2e, pytest.mark.real_cluster, pytest.mark.xdist_group("real-cluster")]
+
+# Ten episodes' worth: each asks 100m / 64Mi, and RuntimeClass cube adds 250m / 768Mi per pod,
+# which Kueue counts too (350m / 832Mi).
+QUOTA = {"cpu": "3500m", "memory": "10Gi"}
+
+SLOW_SCRIPT = """\
+import json, os, time
+
+def emit(event, **fields):
+    print(json.dumps({"event": event, "at": time.time(), "episode_id": os.environ["EPISODE_ID"], **fields}),
+          flush=True)
+
+emit("ready")
+time.sleep(%s)
+emit("reward", reward=1)
+"""
+
+
+@pytest.fixture(scope="module")
+def kueue(real_cluster, tmp_path_factory):
+    """The real Kueue manager on the tier's control plane, its CRDs and loopback webhooks."""
+    from kueue_manager import KueueError, KueueManager
+
+    kubectl, cluster = real_cluster
+    bin_dir = discovered_kueue()
+    if bin_dir is None:
+        skip_or_fail(
+            "missing prerequisite: the Kueue manager (python3 tests/support/build_kueue.py)"
+        )
+    manager = KueueManager(Path(bin_dir), tmp_path_factory.mktemp("kueue"), kubectl, cluster.env())
+    try:
+        manager.install()
+    except KueueError as error:
+        manager.stop()
+        skip_or_fail(f"cannot run Kueue here: {error}")
+    yield manager
+    manager.stop()
+
+
+def condition_time(obj: dict, kind: str) -> float:
+    from all_names import parse_time
+
+    found = [c for c in obj["status"]["conditions"] if c["type"] == kind and c["status"] == "True"]
+    return parse_time(found[0]["lastTransitionTime"])
+
+
+def workload_exists(cluster, kubectl: str, name: str) -> bool:
+    found = subprocess.run(
+        [kubectl, "get", "workloads.kueue.x-k8s.io", name, "-n", "kq-admit", "--ignore-not-found"],
+        env=cluster.env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert found.returncode == 0, found.stderr
+    return bool(found.stdout.strip())
+
+
+def run_labelled(cluster, namespace: str, kind: str) -> list[str]:
+    return [
+        item["metadata"]["name"]
+        for item in cluster.list(kind, namespace)
+        if "agc-demo-run" in (item["metadata"].get("labels") or {})
+    ]
+
+
+def test_a_queued_run_is_admitted_and_its_admission_is_the_workloads(real_cluster, kueue, tmp_path):
+    kubectl, cluster = real_cluster
+    kueue.queue("kq-admit", "lq", "cq-admit", QUOTA)
+    output = tmp_path / "out"
+    result = run_tool(
+        cluster, kubectl, "run", count=2, namespace="kq-admit", queue="lq", output=output
+    )
+    assert result.returncode == 0, result.stderr
+    results = load(output / "results.json")
+    assert results["reward_sum"] == 2
+    run_id = load(output / "receipt.json")["run_id"]
+    job = cluster.get("jobs", "kq-admit", f"rollout-{run_id}")
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "lq"
+    (workload,) = load(output / "workloads.json")["items"]
+    assert workload["metadata"]["labels"]["kueue.x-k8s.io/job-uid"] == job["metadata"]["uid"]
+    admission = results["admission"]
+    assert admission["quota_reserved_at"] == condition_time(workload, "QuotaReserved")
+    assert admission["admitted_at"] == condition_time(workload, "Admitted")
+    assert admission["queued_at"] <= admission["quota_reserved_at"] <= admission["admitted_at"]
+    assert admission["resumed_at"] >= admission["admitted_at"]
+    assert admission["precision_seconds"] == 1.0 and admission["queue_wait_seconds"] is not None
+    assert load(output / "run.json")["capacity"]["fits_at_once"] == 10
+    cleaned = run_tool(cluster, kubectl, "cleanup", output=output)
+    assert cleaned.returncode == 0, cleaned.stderr
+    assert cluster.get("jobs", "kq-admit", f"rollout-{run_id}") is None
+    name = workload["metadata"]["name"]
+    deadline = time.monotonic() + 60  # the Workload goes with its Job (owner reference)
+    while workload_exists(cluster, kubectl, name) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not workload_exists(cluster, kubectl, name)
+
+
+def test_a_batch_over_the_quota_is_refused_before_anything_is_made(real_cluster, kueue, tmp_path):
+    kubectl, cluster = real_cluster
+    kueue.queue("kq-over", "lq", "cq-over", QUOTA)
+    result = run_tool(
+        cluster,
+        kubectl,
+        "run",
+        count=12,
+        namespace="kq-over",
+        queue="lq",
+        output=tmp_path / "out",
+        quiet=True,
+    )
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "can never be admitted by queue lq (ClusterQueue cq-over)" in result.stderr
+    assert (
+        "runs 12 pods at once, 4200m of cpu (350m each), and the quota is 3500m (10 pods' worth)"
+        in result.stderr
+    ), result.stderr
+    assert "nothing was created" in result.stderr
+    assert run_labelled(cluster, "kq-over", "jobs") == []
+    assert run_labelled(cluster, "kq-over", "configmaps") == []
+
+
+def test_a_local_queue_that_does_not_exist_is_said_and_nothing_is_left(
+    real_cluster, kueue, tmp_path
+):
+    kubectl, cluster = real_cluster
+    kueue.queue("kq-none", "lq", "cq-none", QUOTA)
+    result = run_tool(
+        cluster, kubectl, "run", count=1, namespace="kq-none", queue="nope", output=tmp_path / "o"
+    )
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "localqueue 'nope' not found in namespace kq-none" in result.stderr, result.stderr
+    assert '"kind": "LocalQueue"' in result.stderr  # how to make one
+    assert run_labelled(cluster, "kq-none", "jobs") == []
+    assert run_labelled(cluster, "kq-none", "configmaps") == []
+
+
+def test_two_runs_compete_for_one_queue_and_the_second_waits_its_turn(
+    real_cluster, kueue, tmp_path
+):
+    kubectl, cluster = real_cluster
+    kueue.queue("kq-two", "lq", "cq-two", {"cpu": "700m", "memory": "2Gi"})  # one run at a time
+    script = write_script(tmp_path, SLOW_SCRIPT % 8, "slow.py")
+    flags = dict(count=2, namespace="kq-two", queue="lq", episode_script=script)
+    first = start_tool(cluster, kubectl, "run", output=tmp_path / "first", **flags)
+    time.sleep(3)
+    second = start_tool(cluster, kubectl, "run", output=tmp_path / "second", **flags)
+    outputs = {}
+    for name, process in (("first", first), ("second", second)):
+        _, stderr = process.communicate(timeout=300)
+        assert process.returncode == 0, (name, stderr)
+        outputs[name] = stderr
+    assert "queued: couldn't assign flavors" in outputs["second"], outputs["second"]
+    ended = load(tmp_path / "first" / "results.json")
+    waited = load(tmp_path / "second" / "results.json")["admission"]
+    (first_job,) = load(tmp_path / "first" / "job.json")["status"]["conditions"][-1:]
+    from all_names import parse_time
+
+    first_end = parse_time(first_job["lastTransitionTime"])
+    assert ended["reward_sum"] == 2
+    # Admitted only once the first run's Job ended and gave its quota back: the wait covers it.
+    assert waited["quota_reserved_at"] >= first_end - 1
+    assert waited["queue_wait_seconds"] >= first_end - waited["queued_at"] - 1
+    assert waited["queue_wait_seconds"] >= 4
+
+
+def test_need_under_a_queue_ends_at_its_kth_reward(real_cluster, kueue, tmp_path):
+    kubectl, cluster = real_cluster
+    kueue.queue("kq-need", "lq", "cq-need", QUOTA)
+    output = tmp_path / "out"
+    result = run_tool(
+        cluster,
+        kubectl,
+        "run",
+        count=3,
+        need=2,
+        namespace="kq-need",
+        queue="lq",
+        output=output,
+        quiet=True,
+    )
+    assert result.returncode == 0, result.stderr
+    results = load(output / "results.json")
+    assert results["need"] == 2 and results["admission"]["admitted_at"] is not None
+    rewards = [json.loads(line) for line in (output / "rewards.jsonl").read_text().splitlines()]
+    assert sum(1 for row in rewards if row["valid"]) >= 2
