@@ -163,6 +163,13 @@ def test_two_runs_compete_for_one_queue_and_the_second_waits_its_turn(
     first = start_tool(cluster, kubectl, "run", output=tmp_path / "first", **flags)
     time.sleep(3)
     second = start_tool(cluster, kubectl, "run", output=tmp_path / "second", **flags)
+    receipt = tmp_path / "second" / "receipt.json"
+    deadline = time.monotonic() + 60
+    while not (receipt.exists() and load(receipt).get("jobs")) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    listed = json.loads(run_tool(cluster, kubectl, "list", "-o", "json").stdout)
+    states = {item["run_id"]: item["state"] for item in listed if item["namespace"] == "kq-two"}
+    assert states[load(receipt)["run_id"]] == "queued", states
     outputs = {}
     for name, process in (("first", first), ("second", second)):
         _, stderr = process.communicate(timeout=300)
@@ -202,3 +209,48 @@ def test_need_under_a_queue_ends_at_its_kth_reward(real_cluster, kueue, tmp_path
     assert results["need"] == 2 and results["admission"]["admitted_at"] is not None
     rewards = [json.loads(line) for line in (output / "rewards.jsonl").read_text().splitlines()]
     assert sum(1 for row in rewards if row["valid"]) >= 2
+
+
+def test_the_namespaced_role_runs_a_queued_batch_and_says_what_it_could_not_read(
+    real_cluster, kueue, tmp_path
+):
+    from test_real_cluster_queue import namespaced_role
+
+    kubectl, cluster = real_cluster
+    kueue.queue("kq-role", "lq", "cq-role", QUOTA)
+    role = (
+        namespaced_role().replace("rl-bench@example.com", "rl-queued").replace("team-a", "kq-role")
+    )
+    applied = subprocess.run(
+        [kubectl, "apply", "-f", "-"],
+        input=role,
+        env=cluster.env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert applied.returncode == 0, applied.stderr
+    kubeconfig = cluster.control_plane.user_kubeconfig("rl-queued")
+    output = tmp_path / "out"
+    result = run_tool(
+        cluster,
+        kubectl,
+        "run",
+        count=2,
+        namespace="kq-role",
+        queue="lq",
+        output=output,
+        quiet=True,
+        kubeconfig=kubeconfig,
+    )
+    assert result.returncode == 0, result.stderr
+    # A Role reads the LocalQueue and the Workloads, not the cluster-wide ClusterQueue.
+    assert "queue quota check skipped (reading ClusterQueue cq-role is not permitted)" in (
+        result.stderr
+    )
+    capacity = load(output / "run.json")["capacity"]
+    assert capacity["checked"] is False and capacity["cluster_queue"] == "cq-role"
+    admission = load(output / "results.json")["admission"]
+    assert admission["admitted_at"] is not None and "unavailable" not in admission
+    cleaned = run_tool(cluster, kubectl, "cleanup", output=output, kubeconfig=kubeconfig)
+    assert cleaned.returncode == 0, cleaned.stderr
