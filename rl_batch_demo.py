@@ -15311,7 +15311,26 @@ def recompute(output: str) -> Results:
             for key, value in read_json(saved_prepull, PREPULL_FILE).items()
             if key not in ("node_names", "image_names", "pod_states")
         }
+    admission = saved_admission(output, settings)
+    if admission:
+        results.figures["admission"] = admission
     return results
+
+
+def saved_admission(output: str, settings: Settings) -> dict | None:
+    """--queue: each batch's admission from its saved Workloads (workloads.json, read once Kueue
+    admitted the batch) and its Job (job.json), as the run measured it; None without them."""
+    found = {}
+    for entry in settings.batches:
+        directory = os.path.normpath(os.path.join(output, entry.dir))
+        workloads_path = os.path.join(directory, WORKLOADS_FILE)
+        if not os.path.exists(workloads_path):
+            continue
+        saved_jobs = read_json(os.path.join(directory, "job.json"), "job.json")
+        jobs = saved_jobs.get("items") or [saved_jobs]
+        workloads = read_json(workloads_path, WORKLOADS_FILE).get("items") or []
+        found[entry.dir] = admission_figures(jobs, workloads)
+    return found.get(".") or ({"batches": found} if found else None)
 
 
 def report(args: argparse.Namespace) -> int:

@@ -104,6 +104,10 @@ def test_a_queued_run_is_admitted_and_its_admission_is_the_workloads(real_cluste
     assert admission["resumed_at"] >= admission["admitted_at"]
     assert admission["precision_seconds"] == 1.0 and admission["queue_wait_seconds"] is not None
     assert load(output / "run.json")["capacity"]["fits_at_once"] == 10
+    from all_names import recompute
+
+    # `report` makes the same figures from the saved Workloads and Job alone.
+    assert recompute(str(output)).figures["admission"] == admission
     cleaned = run_tool(cluster, kubectl, "cleanup", output=output)
     assert cleaned.returncode == 0, cleaned.stderr
     assert cluster.get("jobs", "kq-admit", f"rollout-{run_id}") is None
