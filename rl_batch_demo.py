@@ -7231,6 +7231,7 @@ def timeline_svg(
     title: str,
     task_ids: Sequence[str] | None = None,
     group_size: int = 1,
+    admission: dict | None = None,
 ) -> str:
     """One bar per episode on a shared axis from its Job's creationTimestamp, coloured by phase;
     each row named by its task and group when the run has tasks (`task_ids`, one per group of
@@ -7238,6 +7239,10 @@ def timeline_svg(
     episodes = timeline_episodes(batches)
     layout = timeline_layout(episodes)
     parts = timeline_head(layout, title) + timeline_axis(layout)
+    if len(batches) == 1:
+        parts += admission_bands(
+            layout.x, layout.top - 4, layout.axis_y(), batches[0][1].job_created, admission
+        )
     if len(batches) == 1 and batches[0][1].origin > batches[0][1].job_created:
         parts.append(job_created_line(layout, batches[0][1]))
     if not layout.labels:
@@ -7581,8 +7586,10 @@ def chart_svg(
     y_max: float,
     y_ticks: Sequence[tuple[float, str]],
     x_min: float = 0.0,
+    bands: Callable[[ChartLayout], list[str]] | None = None,
 ) -> str:
-    """Step lines on shared axes; each series is (legend text, colour, [(x, y)] rising in x, bold?, tooltip)."""
+    """Step lines on shared axes; each series is (legend text, colour, [(x, y)] rising in x, bold?,
+    tooltip); `bands`: what to shade behind them, drawn on the chart's layout."""
     layout = chart_layout(series, y_max, x_min)
     width, height, left = layout.width, layout.height, layout.left
     parts = [
@@ -7593,6 +7600,8 @@ def chart_svg(
         f'<text x="{left}" y="40" fill="#444">{html_escape(subtitle)}</text>',
     ]
     parts += chart_axes(layout, x_label, y_label, y_ticks)
+    if bands is not None:
+        parts += bands(layout)
     parts += chart_legend(layout, series)
     # The bold line is drawn last, so no other hides it.
     for _, colour, points, bold, tooltip in sorted(series, key=lambda line: line[3]):
@@ -7723,7 +7732,10 @@ def step_path(layout: ChartLayout, points: Sequence[tuple[float, float]]) -> str
 
 
 def ramp_svg(
-    batches: Sequence[tuple[str, BatchSummary]], title: str, figures: dict | None = None
+    batches: Sequence[tuple[str, BatchSummary]],
+    title: str,
+    figures: dict | None = None,
+    admission: dict | None = None,
 ) -> str:
     """How many pods had been created, scheduled, ... finished, over time from their Job's
     creationTimestamp (as the timeline counts); `figures`: the batches' throughput, when already computed."""
@@ -7772,15 +7784,75 @@ def ramp_svg(
         f"{figures['sandboxes_ready_per_second_peak'] or '-'} in the busiest second; "
         f"at most {plural(figures['max_episodes_running_at_once'] or None, 'episode')} running at once"
     )
+    bands = ramp_bands(batches, admission)
+    ticks = count_ticks(total)
+    return chart_svg(title, subtitle, series, TIME_AXIS, RAMP_Y, max(total, 1), ticks, 0.0, bands)
+
+
+RAMP_Y = "episodes (cumulative)"
+
+
+def count_ticks(total: int) -> list[tuple[float, str]]:
+    """The ramp's y ticks, up to `total` episodes in round steps."""
     y_step = nice_step(max(total, 1), ticks=5)
     ticks = []
     value = 0.0
     while value <= total + 1e-9:
         ticks.append((value, f"{value:g}"))
         value += y_step
-    return chart_svg(
-        title, subtitle, series, TIME_AXIS, "episodes (cumulative)", max(total, 1), ticks
-    )
+    return ticks
+
+
+def ramp_bands(
+    batches: Sequence[tuple[str, BatchSummary]], admission: dict | None
+) -> Callable[[ChartLayout], list[str]] | None:
+    """The admission's bands behind one queued batch's ramp; none for several batches."""
+    if len(batches) != 1 or not admission:
+        return None
+    origin = batches[0][1].job_created
+
+    def bands(layout: ChartLayout) -> list[str]:
+        bottom = layout.top + layout.plot_h
+        return admission_bands(layout.sx, layout.top, bottom, origin, admission, axis_start=0.0)
+
+    return bands
+
+
+# --queue: the bands of a queued batch's admission, behind the timeline and the ramp.
+ADMISSION_BANDS = (
+    ("queued_at", "quota_reserved_at", "queue_wait", "#cfd8dc"),
+    ("quota_reserved_at", "admitted_at", "admission_checks", "#ffe0b2"),
+)
+
+
+def admission_bands(
+    x: Callable[[float], float],
+    top: float,
+    bottom: float,
+    origin: float,
+    admission: dict | None,
+    axis_start: float | None = None,
+) -> list[str]:
+    """A band per admission phase of one batch (queue_wait, admission_checks), from its points'
+    seconds after `origin` (the Job's creationTimestamp), each named with its figure and precision."""
+    parts: list[str] = []
+    for start, end, name, colour in ADMISSION_BANDS:
+        begin, until = (admission or {}).get(start), (admission or {}).get(end)
+        if begin is None or until is None or until <= begin:
+            continue
+        left = x(max(begin - origin, axis_start or 0.0))
+        right = x(until - origin)
+        precision = (admission or {}).get("precision_seconds")
+        parts.append(
+            f'<rect x="{left:.1f}" y="{top:.1f}" width="{max(right - left, 1.0):.1f}" '
+            f'height="{bottom - top:.1f}" fill="{colour}" fill-opacity="0.6">'
+            f"<title>{name}: {until - begin:g} s (+/- {precision:g} s)</title></rect>"
+        )
+        parts.append(
+            f'<text x="{(left + right) / 2:.1f}" y="{top + 12:.1f}" text-anchor="middle" '
+            f'fill="#455a64">{name}</text>'
+        )
+    return parts
 
 
 def cdf_svg(batches: Sequence[tuple[str, BatchSummary]], title: str) -> str:
@@ -12347,7 +12419,13 @@ def save_results(run: RunContext, batches: Sequence[BatchOutcome]) -> Results:
         results.figures["admission"] = admission.get(".") or {"batches": admission}
     write_json(os.path.join(run.output, RESULTS_FILE), results.figures)
     write_text(os.path.join(run.output, "episodes.csv"), episodes_csv_pieces(results.batches))
-    write_pictures(run.output, results.batches, run.settings, results.figures["throughput"])
+    write_pictures(
+        run.output,
+        results.batches,
+        run.settings,
+        results.figures["throughput"],
+        results.figures.get("admission"),
+    )
     return results
 
 
@@ -12608,15 +12686,18 @@ def write_pictures(
     measured: Sequence[tuple[str, BatchSummary]],
     settings: Settings,
     figures: dict | None = None,
+    admission: dict | None = None,
 ) -> None:
     """timeline.svg (a sample of a large batch), ramp.svg and cdf.svg; `figures`: the throughput, if known."""
     title = timeline_title(settings)
     sampled, note = timeline_sample(measured)
     write_text(
         os.path.join(output, "timeline.svg"),
-        timeline_svg(sampled, title + note, settings.task_ids, settings.group_size),
+        timeline_svg(sampled, title + note, settings.task_ids, settings.group_size, admission),
     )
-    write_text(os.path.join(output, "ramp.svg"), ramp_svg(measured, f"Ramp: {title}", figures))
+    write_text(
+        os.path.join(output, "ramp.svg"), ramp_svg(measured, f"Ramp: {title}", figures, admission)
+    )
     write_text(os.path.join(output, "cdf.svg"), cdf_svg(measured, f"Phase durations: {title}"))
 
 

@@ -326,7 +326,13 @@ def save_results(run: RunContext, batches: Sequence[BatchOutcome]) -> Results:
         results.figures["admission"] = admission.get(".") or {"batches": admission}
     write_json(os.path.join(run.output, RESULTS_FILE), results.figures)
     write_text(os.path.join(run.output, "episodes.csv"), episodes_csv_pieces(results.batches))
-    write_pictures(run.output, results.batches, run.settings, results.figures["throughput"])
+    write_pictures(
+        run.output,
+        results.batches,
+        run.settings,
+        results.figures["throughput"],
+        results.figures.get("admission"),
+    )
     return results
 
 
@@ -587,15 +593,18 @@ def write_pictures(
     measured: Sequence[tuple[str, BatchSummary]],
     settings: Settings,
     figures: dict | None = None,
+    admission: dict | None = None,
 ) -> None:
     """timeline.svg (a sample of a large batch), ramp.svg and cdf.svg; `figures`: the throughput, if known."""
     title = timeline_title(settings)
     sampled, note = timeline_sample(measured)
     write_text(
         os.path.join(output, "timeline.svg"),
-        timeline_svg(sampled, title + note, settings.task_ids, settings.group_size),
+        timeline_svg(sampled, title + note, settings.task_ids, settings.group_size, admission),
     )
-    write_text(os.path.join(output, "ramp.svg"), ramp_svg(measured, f"Ramp: {title}", figures))
+    write_text(
+        os.path.join(output, "ramp.svg"), ramp_svg(measured, f"Ramp: {title}", figures, admission)
+    )
     write_text(os.path.join(output, "cdf.svg"), cdf_svg(measured, f"Phase durations: {title}"))
 
 

@@ -191,6 +191,8 @@ def test_two_runs_compete_for_one_queue_and_the_second_waits_its_turn(
     assert waited["quota_reserved_at"] >= first_end - 1
     assert waited["queue_wait_seconds"] >= first_end - waited["queued_at"] - 1
     assert waited["queue_wait_seconds"] >= 4
+    for picture in ("timeline.svg", "ramp.svg"):  # the wait, shaded behind the batch
+        assert "<title>queue_wait: " in (tmp_path / "second" / picture).read_text(), picture
 
 
 def test_need_under_a_queue_ends_at_its_kth_reward(real_cluster, kueue, tmp_path):

@@ -233,3 +233,21 @@ def test_shared_runs_are_found_by_their_jobs_labels_beside_runs_of_their_own():
     assert demo.cluster_runs([], [queued])[0].state == "queued"
     queued["status"]["startTime"] = "2026-12-07T06:02:05Z"  # it ran, then was suspended
     assert demo.cluster_runs([], [queued])[0].state == "suspended"
+
+
+def test_the_admission_bands_span_their_phases_from_the_jobs_creation():
+    admission = {
+        "queued_at": 100.0,
+        "quota_reserved_at": 110.0,
+        "admitted_at": 112.0,
+        "precision_seconds": 1.0,
+    }
+    parts = demo.admission_bands(lambda seconds: 10 * seconds, 0, 50, 100.0, admission)
+    rects = [part for part in parts if part.startswith("<rect")]
+    assert rects == [
+        '<rect x="0.0" y="0.0" width="100.0" height="50.0" fill="#cfd8dc" fill-opacity="0.6">'
+        "<title>queue_wait: 10 s (+/- 1 s)</title></rect>",
+        '<rect x="100.0" y="0.0" width="20.0" height="50.0" fill="#ffe0b2" fill-opacity="0.6">'
+        "<title>admission_checks: 2 s (+/- 1 s)</title></rect>",
+    ]
+    assert demo.admission_bands(lambda s: s, 0, 50, 100.0, None) == []
