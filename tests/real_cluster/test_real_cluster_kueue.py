@@ -260,3 +260,38 @@ def test_the_namespaced_role_runs_a_queued_batch_and_says_what_it_could_not_read
     assert admission["admitted_at"] is not None and "unavailable" not in admission
     cleaned = run_tool(cluster, kubectl, "cleanup", output=output, kubeconfig=kubeconfig)
     assert cleaned.returncode == 0, cleaned.stderr
+
+
+def test_a_held_queue_is_said_and_a_restarted_manager_admits_the_waiting_run(
+    real_cluster, kueue, tmp_path
+):
+    kubectl, cluster = real_cluster
+    kueue.queue("kq-hold", "lq", "cq-hold", QUOTA)
+    kueue.call("patch", "localqueue", "lq", "-n", "kq-hold", "--type=merge", "-p", HOLD)
+    output = tmp_path / "out"
+    process = start_tool(
+        cluster, kubectl, "run", count=2, namespace="kq-hold", queue="lq", output=output
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not list((output).glob("job-submitted.json")):
+            time.sleep(0.5)
+        time.sleep(5)  # Kueue has looked at the Workload: Inadmissible while the queue holds
+        kueue.stop()  # the manager dies while the run waits
+        kueue.call("patch", "localqueue", "lq", "-n", "kq-hold", "--type=merge", "-p", RELEASE)
+        time.sleep(3)
+        assert process.poll() is None  # still waiting, not failed
+        kueue.start()
+        _, stderr = process.communicate(timeout=300)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, stderr
+    assert "Inadmissible, Kueue will not admit it as things are" in stderr, stderr
+    results = load(output / "results.json")
+    assert results["reward_sum"] == 2 and results["admission"]["queue_wait_seconds"] >= 8
+    assert run_tool(cluster, kubectl, "cleanup", output=output).returncode == 0
+
+
+HOLD = '{"spec": {"stopPolicy": "Hold"}}'
+RELEASE = '{"spec": {"stopPolicy": "None"}}'
