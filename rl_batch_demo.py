@@ -13095,8 +13095,21 @@ def list_everywhere(kubectl: Kubectl, kind: str, selector: str, what: str) -> li
     return (listing or {}).get("items") or []
 
 
-def find_runs(kubectl: Kubectl) -> list[ClusterRun]:
-    """The runs in the context's cluster: namespaces with the run label, and the tool's Jobs."""
+def find_runs(kubectl: Kubectl, namespace: str | None = None) -> list[ClusterRun]:
+    """The runs in the context's cluster: namespaces with the run label, and the tool's Jobs;
+    with `namespace`, only the runs that share it, found by its Jobs' labels."""
+    if namespace is not None:
+        try:
+            listing = kubectl.get_list(
+                "jobs",
+                namespace,
+                "-l",
+                f"app={APP_LABEL}",
+                retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
+            )
+        except KubectlError as error:
+            raise DemoError(f"cannot list the Jobs of namespace {namespace}: {error}") from None
+        return cluster_runs([], (listing or {}).get("items") or [])
     namespaces = list_everywhere(kubectl, "namespaces", RUN_LABEL, "namespaces")
     jobs = list_everywhere(kubectl, "jobs", f"app={APP_LABEL}", "jobs (batch)")
     return cluster_runs(namespaces, jobs)
@@ -13148,7 +13161,11 @@ def cleanup_stale(args: argparse.Namespace) -> int:
     (a run between batches: its last Job ended longer ago than that); say what was deleted, what
     was left and why."""
     kubectl = cluster_kubectl(args)
-    runs, user, now = find_runs(kubectl), current_user(kubectl), time.time()
+    runs, user, now = (
+        find_runs(kubectl, getattr(args, "namespace", None)),
+        current_user(kubectl),
+        time.time(),
+    )
     deleted: list[ClusterRun] = []
     would = 0
     for found in runs:
@@ -13198,7 +13215,7 @@ def cleanup_stale(args: argparse.Namespace) -> int:
 def list_runs(args: argparse.Namespace) -> int:
     """Print the tool's runs in the cluster, one line each (or a JSON list with -o json)."""
     kubectl = cluster_kubectl(args)
-    runs, now = find_runs(kubectl), time.time()
+    runs, now = find_runs(kubectl, getattr(args, "namespace", None)), time.time()
     if args.format == "json":
         print(json.dumps([run_record(run, now) for run in runs], indent=2))
     elif runs:
@@ -15899,6 +15916,7 @@ def cleanup_arguments() -> list[argparse.ArgumentParser]:
         kubectl_arguments(),
         stale_arguments(),
         context_arguments("with --stale: "),
+        shared_namespace_arguments("with --stale: "),
         verbose_arguments(),
     ]
 
@@ -15938,9 +15956,23 @@ def list_arguments() -> list[argparse.ArgumentParser]:
     return [
         list_format_arguments(),
         context_arguments(),
+        shared_namespace_arguments(),
         kubectl_arguments(),
         verbose_arguments("every kubectl command line"),
     ]
+
+
+def shared_namespace_arguments(said_first: str = "") -> argparse.ArgumentParser:
+    """`list` and `cleanup --stale` in one namespace: the runs that share it."""
+    arguments = argument_set()
+    arguments.add_argument(
+        "--namespace",
+        default=None,
+        metavar="NAME",
+        help=f"{said_first}only the runs that share this namespace (run --namespace), found by "
+        "their Jobs' labels there: needs list on its Jobs alone, no cluster-wide grant",
+    )
+    return arguments
 
 
 def list_format_arguments() -> argparse.ArgumentParser:
@@ -16289,6 +16321,7 @@ def check_cleanup_arguments(parser: argparse.ArgumentParser, args: argparse.Name
             ("--all-users", args.all_users),
             ("--dry-run", args.dry_run),
             ("--context", args.context is not None),
+            ("--namespace", args.namespace is not None),
         ):
             if given:
                 parser.error(

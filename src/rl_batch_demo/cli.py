@@ -500,6 +500,7 @@ def cleanup_arguments() -> list[argparse.ArgumentParser]:
         kubectl_arguments(),
         stale_arguments(),
         context_arguments("with --stale: "),
+        shared_namespace_arguments("with --stale: "),
         verbose_arguments(),
     ]
 
@@ -539,9 +540,23 @@ def list_arguments() -> list[argparse.ArgumentParser]:
     return [
         list_format_arguments(),
         context_arguments(),
+        shared_namespace_arguments(),
         kubectl_arguments(),
         verbose_arguments("every kubectl command line"),
     ]
+
+
+def shared_namespace_arguments(said_first: str = "") -> argparse.ArgumentParser:
+    """`list` and `cleanup --stale` in one namespace: the runs that share it."""
+    arguments = argument_set()
+    arguments.add_argument(
+        "--namespace",
+        default=None,
+        metavar="NAME",
+        help=f"{said_first}only the runs that share this namespace (run --namespace), found by "
+        "their Jobs' labels there: needs list on its Jobs alone, no cluster-wide grant",
+    )
+    return arguments
 
 
 def list_format_arguments() -> argparse.ArgumentParser:
@@ -890,6 +905,7 @@ def check_cleanup_arguments(parser: argparse.ArgumentParser, args: argparse.Name
             ("--all-users", args.all_users),
             ("--dry-run", args.dry_run),
             ("--context", args.context is not None),
+            ("--namespace", args.namespace is not None),
         ):
             if given:
                 parser.error(

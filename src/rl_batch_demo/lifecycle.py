@@ -235,8 +235,21 @@ def list_everywhere(kubectl: Kubectl, kind: str, selector: str, what: str) -> li
     return (listing or {}).get("items") or []
 
 
-def find_runs(kubectl: Kubectl) -> list[ClusterRun]:
-    """The runs in the context's cluster: namespaces with the run label, and the tool's Jobs."""
+def find_runs(kubectl: Kubectl, namespace: str | None = None) -> list[ClusterRun]:
+    """The runs in the context's cluster: namespaces with the run label, and the tool's Jobs;
+    with `namespace`, only the runs that share it, found by its Jobs' labels."""
+    if namespace is not None:
+        try:
+            listing = kubectl.get_list(
+                "jobs",
+                namespace,
+                "-l",
+                f"app={APP_LABEL}",
+                retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
+            )
+        except KubectlError as error:
+            raise DemoError(f"cannot list the Jobs of namespace {namespace}: {error}") from None
+        return cluster_runs([], (listing or {}).get("items") or [])
     namespaces = list_everywhere(kubectl, "namespaces", RUN_LABEL, "namespaces")
     jobs = list_everywhere(kubectl, "jobs", f"app={APP_LABEL}", "jobs (batch)")
     return cluster_runs(namespaces, jobs)
@@ -288,7 +301,11 @@ def cleanup_stale(args: argparse.Namespace) -> int:
     (a run between batches: its last Job ended longer ago than that); say what was deleted, what
     was left and why."""
     kubectl = cluster_kubectl(args)
-    runs, user, now = find_runs(kubectl), current_user(kubectl), time.time()
+    runs, user, now = (
+        find_runs(kubectl, getattr(args, "namespace", None)),
+        current_user(kubectl),
+        time.time(),
+    )
     deleted: list[ClusterRun] = []
     would = 0
     for found in runs:
@@ -338,7 +355,7 @@ def cleanup_stale(args: argparse.Namespace) -> int:
 def list_runs(args: argparse.Namespace) -> int:
     """Print the tool's runs in the cluster, one line each (or a JSON list with -o json)."""
     kubectl = cluster_kubectl(args)
-    runs, now = find_runs(kubectl), time.time()
+    runs, now = find_runs(kubectl, getattr(args, "namespace", None)), time.time()
     if args.format == "json":
         print(json.dumps([run_record(run, now) for run in runs], indent=2))
     elif runs:

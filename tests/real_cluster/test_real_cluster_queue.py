@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -85,5 +86,29 @@ def test_the_namespaced_role_is_enough_for_runs_in_a_given_namespace(real_cluste
         run_id = receipt["run_id"]
         assert cluster.get("jobs", namespace, f"rollout-{run_id}") is None
         assert cluster.get("configmaps", namespace, f"episode-{run_id}") is None
+    # A run left behind, its receipt aside: found and reaped in the namespace, as the user.
+    left = run_tool(
+        cluster,
+        kubectl,
+        "run",
+        count=1,
+        namespace=namespace,
+        output=tmp_path / "left",
+        quiet=True,
+        kubeconfig=kubeconfig,
+    )
+    assert left.returncode == 0, left.stderr
+    run_id = load(tmp_path / "left" / "receipt.json")["run_id"]
+    listed = run_tool(cluster, kubectl, "list", namespace=namespace, kubeconfig=kubeconfig)
+    assert listed.returncode == 0 and f"{namespace}/{run_id}" in listed.stdout, listed.stderr
+    everywhere = run_tool(cluster, kubectl, "list", kubeconfig=kubeconfig)
+    assert everywhere.returncode == 1 and "may not list" in everywhere.stderr
+    time.sleep(1.5)
+    reaped = run_tool(
+        cluster, kubectl, "cleanup", stale="1s", namespace=namespace, kubeconfig=kubeconfig
+    )
+    assert reaped.returncode == 0, reaped.stderr
+    assert f"Deleted {namespace}/{run_id}: succeeded" in reaped.stdout, reaped.stdout
+    assert cluster.get("configmaps", namespace, f"episode-{run_id}") is None
     assert cluster.get("namespaces", None, namespace) is not None
     assert cluster.get("configmaps", namespace, "keep") is not None
