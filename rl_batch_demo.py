@@ -519,6 +519,9 @@ TOKEN_SECRET = "sandbox-token"
 TOKEN_KEY = "token"
 TOKEN_MOUNT = "/sandbox-token"
 TOKEN_HEADER = "X-Sandbox-Token"
+# Every answer of a sandbox server carries it: an answer without it came from the way there (`kubectl
+# proxy` or the API server, e.g. 500 "connection refused" while the API server restarts).
+ANSWER_HEADER = "X-Sandbox-Answer"
 # What the sandbox server exits with once left idle: the pool's Job fails on it (podFailurePolicy
 # FailJob), so no new pod follows a trainer that went away.
 IDLE_EXIT_CODE = 75
@@ -893,6 +896,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def answer(self, status: int, body: bytes, kind: str = "application/json") -> None:
         self.send_response(status)
+        self.send_header("X-Sandbox-Answer", "1")  # the way there (a proxy) answers without it
         self.send_header("Content-Type", kind)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -2730,6 +2734,23 @@ def network_policy_manifest(namespace: str) -> dict:
         "kind": "NetworkPolicy",
         "metadata": {"name": "deny-all", "namespace": namespace},
         "spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]},
+    }
+
+
+def pool_network_policy_manifest(namespace: str) -> dict:
+    """--harden for a pool: no egress at all, and no ingress but to the sandbox server's port.
+    The API server's pod proxy reaches that port from a node's address, which no selector of pods
+    or namespaces names (and a deny-all policy, enforced, would refuse it): the port is open to
+    any source, the run's token keeping out every request but the pool's."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": "deny-all-but-sandbox-port", "namespace": namespace},
+        "spec": {
+            "podSelector": {},
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [{"ports": [{"protocol": "TCP", "port": SANDBOX_PORT}]}],
+        },
     }
 
 
@@ -9041,6 +9062,9 @@ def read_events(
 # How long a request to the proxy waits for its connection and its answer, beyond a command's own
 # timeout; a command without one is bounded by this alone.
 REQUEST_GRACE_SECONDS = 30.0
+# A request that may be sent again (a file's read or write; a command with retry=True) is, while
+# the pod still runs, for this long: an API server restarting is back within it.
+RETRY_SECONDS = 30.0
 # A pod's server is asked whether it listens this often, from its Running until it answers.
 PROBE_INTERVAL_SECONDS = 0.02
 PROBE_MOST_SECONDS = 120.0
@@ -9086,7 +9110,9 @@ class CommandTimeout(DemoError, TimeoutError):
 class ProxyAnswer(NamedTuple):
     status: int
     body: bytes
-    from_api_server: bool  # a Kubernetes Status (the proxy's own answer), not the sandbox's
+    # Not the sandbox's answer: a Kubernetes Status, or an error of `kubectl proxy` (its 500 when
+    # the API server cannot be reached), neither of which carries the sandbox's ANSWER_HEADER.
+    from_api_server: bool
 
 
 class OneWriteConnection(UnixHTTPConnection):
@@ -9144,7 +9170,8 @@ class ProxyClient:
             raise
         if (response.getheader("Connection") or "").lower() == "close":
             self.forget()
-        return ProxyAnswer(response.status, data, response.status != 200 and is_status(data))
+        on_the_way = is_status(data) or response.getheader(ANSWER_HEADER) is None
+        return ProxyAnswer(response.status, data, response.status != 200 and on_the_way)
 
 
 def is_status(data: bytes) -> bool:
@@ -13375,7 +13402,7 @@ def pool_plan(run: RunContext, shape: PoolShape, token: str, tasks: Sequence[Tas
     """Every object a pool creates: its namespace, the token's Secret, the server's ConfigMap, a
     Job per image (the pool's size shared between them as the episodes are)."""
     settings, namespace = run.settings, run.namespace
-    setup = [network_policy_manifest(namespace)] if shape.harden else []
+    setup = [pool_network_policy_manifest(namespace)] if shape.harden else []
     setup += [
         token_secret_manifest(namespace, token),
         {
@@ -13577,7 +13604,9 @@ class Sandbox:
     ) -> CommandResult:
         """Run one command (an argv list, or a shell string) in the sandbox and return its result;
         CommandTimeout past `timeout` (it is killed, with all it started); SandboxLost if the pod
-        went away. `retry=True` sends it again once if the request broke before an answer."""
+        went away. `retry=True` sends it again while the pod still runs when the request broke
+        (the API server restarting): only for a command that may run twice, since the broken one
+        may have run."""
         body = command_body(command, timeout, cwd, env, stdin)
         wait = (timeout or 0) + REQUEST_GRACE_SECONDS if timeout else 24 * 3600.0
         started = time.monotonic()
@@ -13659,19 +13688,21 @@ class Sandbox:
         retry: bool,
         query: str = "",
     ) -> ProxyAnswer:
+        """One request; with `retry`, one that broke is sent again (backing off, for up to
+        RETRY_SECONDS) while the watch still shows the pod usable: an API server restarting."""
         if self.lost is not None:
             raise self.lost
-        try:
-            return self.pool.request(self.pod, method, action, body, timeout, query)
-        except SandboxLost as error:
-            if not retry or not self.pool.state.pods[self.pod].usable:
-                self.lost = error
-                raise
-        try:
-            return self.pool.request(self.pod, method, action, body, timeout, query)
-        except SandboxLost as error:
-            self.lost = error
-            raise
+        deadline, pause = time.monotonic() + RETRY_SECONDS, 0.1
+        while True:
+            try:
+                return self.pool.request(self.pod, method, action, body, timeout, query)
+            except SandboxLost as error:
+                usable = self.pool.state.pods[self.pod].usable and not self.pool.state.closed
+                if not retry or not usable or time.monotonic() + pause > deadline:
+                    self.lost = error
+                    raise
+            time.sleep(pause)
+            pause = min(1.0, pause * 2)
 
     def __enter__(self) -> Sandbox:
         return self
@@ -13872,10 +13903,12 @@ def file_query(path: str) -> str:
 
 
 def status_message(answer: ProxyAnswer) -> str:
+    """A refusal in the words of whoever refused: a Status's message, or the proxy's own text."""
     try:
-        return f"{answer.status} {json.loads(answer.body).get('message', '')}"
-    except ValueError:
-        return f"{answer.status}"
+        said = str(json.loads(answer.body).get("message", ""))
+    except (ValueError, AttributeError):
+        said = answer.body[:200].decode("utf-8", "replace").strip()
+    return f"{answer.status} {said}".strip()
 
 
 async def in_thread(work: Callable[[], Result]) -> Result:
@@ -13990,6 +14023,7 @@ def pool_results(pool: Pool, sandboxes: list[dict]) -> dict:
         "context": pool.run.kubectl.context,
         "image": settings.image,
         "runtime": settings.runtime,
+        "prepull": pool.run.prepull,
         "pool": {
             "size": settings.parallelism,
             "episodes": settings.count,
@@ -14049,6 +14083,8 @@ def open_pool_run(request: RunRequest, caller: Caller, shape: PoolShape) -> Pool
         for manifest in run.plan.setup:
             create_object(run, manifest)
         pool.cleanup = request.cleanup
+        if run.settings.prepull:
+            prepull(run)  # the images present on the nodes before any sandbox waits for one
         jobs = run.plan.jobs[POOL_JOB_NAME]
         pool.watch = PodWatch(
             pool.client.socket_path,
@@ -14212,10 +14248,11 @@ def serve_episodes(pool: Pool, turns: Sequence[dict], tasks: Sequence[Task]) -> 
     """Every episode of the pool, `size` at a time, each on a sandbox claimed for it."""
     episodes, size = pool.run.settings.count, pool.run.settings.parallelism
     task_dicts = [json.loads(task.text) for task in tasks]
+    attempts = 1 + (pool.run.settings.retries or 0)
 
     def episode(number: int) -> None:
         task = task_dicts[number % len(task_dicts)] if task_dicts else None
-        for _attempt in range(3):  # a sandbox lost to the cluster is replaced, twice at most
+        for _attempt in range(attempts):  # a sandbox lost to the cluster, replaced (--retries)
             with pool.claim(task) as sandbox:
                 try:
                     sandbox.finish(play_turns(sandbox, turns))
@@ -14246,7 +14283,7 @@ def pool_request(
 ) -> RunRequest:
     """A pool's settings as the request a run takes: `episodes` is its count, `size` its
     parallelism; `options` are the run settings a pool shares (image, image_map, runtime,
-    context, kubectl, harden, cleanup, ttl, quiet, verbose)."""
+    context, kubectl, harden, prepull, cleanup, ttl, quiet, verbose)."""
     return RunRequest(
         output=output,
         count=episodes,
@@ -14265,11 +14302,11 @@ def pool_request(
         tasks_file=None,
         tasks=None if tasks is None else tuple(tasks),
         group_size=1,
-        retries=None,
+        retries=options.get("retries"),
         allow_failures=None,
         need=None,
         episode_timeout=None,
-        prepull=False,
+        prepull=bool(options.get("prepull")),
         pull_timeout=None,
         dry_run=False,
         harden=bool(options.get("harden")),
@@ -14284,7 +14321,7 @@ def pool_request(
 
 def run_pool(request: RunRequest, shape: PoolShape, turns: Sequence[dict]) -> int:
     """`pool`: open the pool, play every episode's turns on its sandboxes, close it, and say
-    how it went; exit status 0, or 1 when an episode was lost to the cluster."""
+    how it went; exit status 0, or 1 when an episode was lost to the cluster (past its --retries)."""
     with open_pool_run(request, Caller(), shape) as pool:
         if not request.quiet:
             print(
@@ -14296,8 +14333,9 @@ def run_pool(request: RunRequest, shape: PoolShape, turns: Sequence[dict]) -> in
     print(pool_summary(figures, request.output))
     if not request.cleanup:
         print(f"Clean up with: {cleanup_command(request.output, request.kubectl)}", file=sys.stderr)
-    lost = sum(1 for line in figures["rewards"] if line["failure_class"] == "infrastructure")
-    return 1 if lost else 0
+    # A loss played again (--retries) on a fresh sandbox is no episode lost.
+    kept = sum(1 for line in figures["rewards"] if line["failure_class"] != "infrastructure")
+    return 0 if kept >= request.count else 1
 
 
 def pool_summary(figures: dict, output: str) -> str:
@@ -14885,6 +14923,15 @@ def pool_shape_arguments() -> argparse.ArgumentParser:
         help="a sandbox asked nothing for S seconds ends, and with it the pool's Job "
         "(default: %(default)s)",
     )
+    arguments.add_argument(
+        "--retries",
+        type=non_negative_int,
+        default=0,
+        metavar="N",
+        help="an episode whose sandbox was lost to the cluster (its pod deleted, evicted, "
+        "unreachable) is played again from its first turn on a fresh sandbox, up to N times "
+        "(default: %(default)s); each loss keeps its own line in rewards.jsonl",
+    )
     return arguments
 
 
@@ -14900,6 +14947,12 @@ def pool_image_arguments() -> argparse.ArgumentParser:
         help="rewrite image references that start with FROM (repeatable), as `run` does",
     )
     arguments.add_argument("--runtime", default=DEFAULT_RUNTIME, help="default: %(default)s")
+    arguments.add_argument(
+        "--prepull",
+        action="store_true",
+        help="before the pool's Jobs, make each of its images present on every node its "
+        "sandboxes can use, as `run --prepull` does (prepull.json); needs list nodes",
+    )
     return arguments
 
 
@@ -15282,6 +15335,8 @@ def pool_command(args: argparse.Namespace) -> int:
         "context": args.context,
         "kubectl": args.kubectl,
         "harden": args.harden,
+        "prepull": args.prepull,
+        "retries": args.retries,
         "cleanup": args.cleanup,
         "ttl": args.ttl,
         "quiet": args.quiet,
@@ -15300,6 +15355,7 @@ POOL_RUN_OPTIONS = (
     "context",
     "kubectl",
     "harden",
+    "prepull",
     "cleanup",
     "ttl",
     "quiet",
@@ -15771,6 +15827,7 @@ POOL_KEYWORDS: dict[str, tuple[type, ...]] = {
     "context": (str, type(None)),
     "kubectl": (str, os.PathLike),
     "harden": (bool,),
+    "prepull": (bool,),
     "cleanup": (bool,),
     "ttl": (int, type(None)),
     "quiet": (bool,),
@@ -15790,8 +15847,8 @@ def open_pool(
 ) -> Pool:
     """Open a pool of `size` live sandboxes serving `episodes` episodes; use it as a context
     manager (closing it saves its records and results, and deletes its namespace unless
-    cleanup=False). Keywords: image, image_map, runtime, context, kubectl, harden, cleanup
-    (default True), ttl (seconds), quiet (default True), verbose.
+    cleanup=False). Keywords: image, image_map, runtime, context, kubectl, harden, prepull,
+    cleanup (default True), ttl (seconds), quiet (default True), verbose.
 
         with rl_batch_demo.open_pool(output="runs/step-3", size=64, episodes=512) as pool:
             with pool.claim(task) as sandbox:

@@ -393,6 +393,7 @@ POOL_KEYWORDS: dict[str, tuple[type, ...]] = {
     "context": (str, type(None)),
     "kubectl": (str, os.PathLike),
     "harden": (bool,),
+    "prepull": (bool,),
     "cleanup": (bool,),
     "ttl": (int, type(None)),
     "quiet": (bool,),
@@ -412,8 +413,8 @@ def open_pool(
 ) -> Pool:
     """Open a pool of `size` live sandboxes serving `episodes` episodes; use it as a context
     manager (closing it saves its records and results, and deletes its namespace unless
-    cleanup=False). Keywords: image, image_map, runtime, context, kubectl, harden, cleanup
-    (default True), ttl (seconds), quiet (default True), verbose.
+    cleanup=False). Keywords: image, image_map, runtime, context, kubectl, harden, prepull,
+    cleanup (default True), ttl (seconds), quiet (default True), verbose.
 
         with rl_batch_demo.open_pool(output="runs/step-3", size=64, episodes=512) as pool:
             with pool.claim(task) as sandbox:

@@ -431,6 +431,15 @@ def pool_shape_arguments() -> argparse.ArgumentParser:
         help="a sandbox asked nothing for S seconds ends, and with it the pool's Job "
         "(default: %(default)s)",
     )
+    arguments.add_argument(
+        "--retries",
+        type=non_negative_int,
+        default=0,
+        metavar="N",
+        help="an episode whose sandbox was lost to the cluster (its pod deleted, evicted, "
+        "unreachable) is played again from its first turn on a fresh sandbox, up to N times "
+        "(default: %(default)s); each loss keeps its own line in rewards.jsonl",
+    )
     return arguments
 
 
@@ -446,6 +455,12 @@ def pool_image_arguments() -> argparse.ArgumentParser:
         help="rewrite image references that start with FROM (repeatable), as `run` does",
     )
     arguments.add_argument("--runtime", default=DEFAULT_RUNTIME, help="default: %(default)s")
+    arguments.add_argument(
+        "--prepull",
+        action="store_true",
+        help="before the pool's Jobs, make each of its images present on every node its "
+        "sandboxes can use, as `run --prepull` does (prepull.json); needs list nodes",
+    )
     return arguments
 
 
@@ -828,6 +843,8 @@ def pool_command(args: argparse.Namespace) -> int:
         "context": args.context,
         "kubectl": args.kubectl,
         "harden": args.harden,
+        "prepull": args.prepull,
+        "retries": args.retries,
         "cleanup": args.cleanup,
         "ttl": args.ttl,
         "quiet": args.quiet,
@@ -846,6 +863,7 @@ POOL_RUN_OPTIONS = (
     "context",
     "kubectl",
     "harden",
+    "prepull",
     "cleanup",
     "ttl",
     "quiet",

@@ -289,6 +289,9 @@ TOKEN_SECRET = "sandbox-token"
 TOKEN_KEY = "token"
 TOKEN_MOUNT = "/sandbox-token"
 TOKEN_HEADER = "X-Sandbox-Token"
+# Every answer of a sandbox server carries it: an answer without it came from the way there (`kubectl
+# proxy` or the API server, e.g. 500 "connection refused" while the API server restarts).
+ANSWER_HEADER = "X-Sandbox-Answer"
 # What the sandbox server exits with once left idle: the pool's Job fails on it (podFailurePolicy
 # FailJob), so no new pod follows a trainer that went away.
 IDLE_EXIT_CODE = 75

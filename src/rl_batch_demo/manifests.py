@@ -162,6 +162,23 @@ def network_policy_manifest(namespace: str) -> dict:
     }
 
 
+def pool_network_policy_manifest(namespace: str) -> dict:
+    """--harden for a pool: no egress at all, and no ingress but to the sandbox server's port.
+    The API server's pod proxy reaches that port from a node's address, which no selector of pods
+    or namespaces names (and a deny-all policy, enforced, would refuse it): the port is open to
+    any source, the run's token keeping out every request but the pool's."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": "deny-all-but-sandbox-port", "namespace": namespace},
+        "spec": {
+            "podSelector": {},
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [{"ports": [{"protocol": "TCP", "port": SANDBOX_PORT}]}],
+        },
+    }
+
+
 def file_line(number: int) -> str:
     return f"line {number}"
 

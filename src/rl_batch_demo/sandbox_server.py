@@ -364,6 +364,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def answer(self, status: int, body: bytes, kind: str = "application/json") -> None:
         self.send_response(status)
+        self.send_header("X-Sandbox-Answer", "1")  # the way there (a proxy) answers without it
         self.send_header("Content-Type", kind)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()

@@ -17,7 +17,16 @@ from typing import Any
 import pytest
 
 import rl_batch_demo
-from e2e_support import documentation, emulators, load, run_namespaces, tool, wait_for
+from e2e_support import (
+    documentation,
+    emulators,
+    load,
+    run_namespaces,
+    running_pods,
+    start_tool,
+    tool,
+    wait_for,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -295,3 +304,62 @@ def test_open_pool_refuses_bad_keywords_before_anything_is_created(
     assert not any((tmp_path / name).exists() for name in "abc")
     assert run_namespaces(emulator) == []
     assert os.environ["KUBECONFIG"]
+
+
+@pytest.mark.parametrize("retries", [0, 1])
+def test_pool_retries_an_episode_whose_pod_was_deleted_on_a_fresh_sandbox(
+    cluster: Any, tmp_path: Path, retries: int
+) -> None:
+    kubectl, emulator = cluster
+    turns = tmp_path / "turns.jsonl"
+    turns.write_text('{"run": ["sleep", "6"]}\n{"run": ["true"]}\n')
+    output = tmp_path / "pool"
+    process = start_tool(
+        emulator,
+        kubectl,
+        "pool",
+        output=output,
+        size=1,
+        episodes=1,
+        turns=turns,
+        retries=retries,
+        quiet=True,
+    )
+    first = wait_for(lambda: running_pods(emulator, output), 60, "the first sandbox running")[0]
+    time.sleep(2.5)  # claimed, and its first turn running
+    namespace = load(output / "receipt.json")["namespace"]
+    subprocess.run(
+        [kubectl, "delete", "pod", first["metadata"]["name"], "-n", namespace, "--wait=false"],
+        env=emulator.env(),
+        capture_output=True,
+        timeout=60,
+    )
+    stdout, stderr = process.communicate(timeout=120)
+    rewards = lines(output / "rewards.jsonl")
+    assert rewards[0]["sandbox"] == first["metadata"]["name"]
+    assert (rewards[0]["failure_class"], rewards[0]["valid"]) == ("infrastructure", False)
+    assert "lost" in rewards[0]["failure"]
+    if retries:
+        assert process.returncode == 0, stderr
+        assert len(rewards) == 2 and rewards[1]["sandbox"] != first["metadata"]["name"]
+        assert (rewards[1]["reward"], rewards[1]["valid"]) == (1.0, True)
+    else:
+        assert process.returncode == 1 and len(rewards) == 1, stderr
+    assert tool(emulator, kubectl, "cleanup", "--output", str(output)).returncode == 0
+
+
+def test_pool_prepull_makes_its_image_present_on_every_node_first(
+    cluster: Any, tmp_path: Path
+) -> None:
+    kubectl, emulator = cluster
+    output = tmp_path / "pool"
+    result = tool(
+        emulator, kubectl, "pool", "--output", str(output), "--size", "1", "--episodes", "1",
+        "--prepull", "--cleanup",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    prepulled = load(output / "prepull.json")
+    assert prepulled["images"] == 1 and prepulled["failures"] == []
+    assert prepulled["pods"] == prepulled["nodes"] >= 1
+    assert load(output / "results.json")["prepull"]["pods"] == prepulled["pods"]
+    assert load(output / "results.json")["successful_episodes"] == 1
