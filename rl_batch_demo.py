@@ -13588,6 +13588,7 @@ class Sandbox:
         self.pool, self.view, self.index, self.task = pool, view, index, task
         self.pod = view.name
         self.claim_wait_seconds, self.warm = waited, warm
+        self.claimed_at = time.time()  # this client's clock, for episodes.csv
         self.commands = 0
         self.command_seconds = 0.0
         self.finished = False
@@ -13736,6 +13737,8 @@ def episode_line(
         "commands": sandbox.commands,
         "command_seconds": rounded(sandbox.command_seconds, 6),
         "warm": sandbox.warm,
+        "claimed_at": rounded(sandbox.claimed_at, 6),
+        "finished_at": rounded(time.time(), 6),
     }
 
 
@@ -13892,7 +13895,12 @@ def close_pool(pool: Pool) -> dict:
     if pool.watch is not None:
         pool.watch.stop()
     pool.probes.shutdown(wait=False, cancel_futures=True)
-    pool.results = pool_results(pool, sandbox_points(pool, pods))
+    points = sandbox_points(pool, pods)
+    pool.results = pool_results(pool, points)
+    write_text(
+        os.path.join(pool.run.output, "episodes.csv"),
+        pool_episodes_csv(pool.records.rewards, points),
+    )
     write_json(os.path.join(pool.run.output, RESULTS_FILE), pool.results)
     pool.results["rewards"] = list(pool.records.rewards)
     return pool.results
@@ -13968,6 +13976,54 @@ def save_pool_evidence(pool: Pool) -> list[dict]:
     return list(pods.get("items") or [])
 
 
+# A pool's episodes.csv: each episode's sandbox start and its own claim, each point as an absolute
+# time with its precision and source, and the phases between them with theirs.
+POOL_POINTS = (
+    ("pod_created", WHOLE_SECOND, "the pod's creationTimestamp"),
+    ("container_started", WHOLE_SECOND, "the kubelet's container status"),
+    ("server_ready", 0.0, "the sandbox server's clock"),
+    ("claimed", 0.0, "the client's clock"),
+    ("finished", 0.0, "the client's clock"),
+)
+POOL_EPISODE_COLUMNS = (
+    ["index", "sandbox", "image", "reward", "warm", "commands", "command_seconds"]
+    + [f"{name}_at" for name, _, _ in POOL_POINTS]
+    + [f"{name}_precision_seconds" for name, _, _ in POOL_POINTS]
+    + [f"{name}_source" for name, _, _ in POOL_POINTS]
+    + ["server_start_seconds", "server_start_precision_seconds", "claim_wait_seconds"]
+    + ["task_id", "failure_class", "failure", "valid"]
+)
+
+
+def pool_episodes_csv(rewards: Sequence[dict], sandboxes: Sequence[dict]) -> str:
+    """episodes.csv of a pool: a row per episode (rewards.jsonl's lines, in index order) with its
+    sandbox's start, `server_ready` and the phase `server_start` (container started to server
+    listening, as precise as the container's start: whole seconds) among them."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(POOL_EPISODE_COLUMNS)
+    started = {point["pod"]: point for point in sandboxes}
+    for line in sorted(rewards, key=lambda line: line["index"]):
+        point = started.get(line["sandbox"]) or {}
+        at = {
+            "pod_created": point.get("pod_created_at"),
+            "container_started": point.get("container_started_at"),
+            "server_ready": point.get("server_ready_at"),
+            "claimed": line.get("claimed_at"),
+            "finished": line.get("finished_at"),
+        }
+        writer.writerow(
+            [line["index"], line["sandbox"], line["image"], line["reward"], line["warm"]]
+            + [line["commands"], line["command_seconds"]]
+            + [at[name] for name, _, _ in POOL_POINTS]
+            + [precision for _, precision, _ in POOL_POINTS]
+            + [source for _, _, source in POOL_POINTS]
+            + [point.get("server_start_seconds"), WHOLE_SECOND, line["claim_wait_seconds"]]
+            + [line.get("task_id"), line["failure_class"], line["failure"], line["valid"]]
+        )
+    return out.getvalue()
+
+
 def distribution(values: list[float], quantiles: Sequence[float]) -> dict[str, float | None]:
     ordered = sorted(values)
     figures: dict[str, float | None] = {}
@@ -13991,9 +14047,12 @@ def sandbox_points(pool: Pool, pods: list[dict]) -> list[dict]:
             stamp = (state.get("running") or state.get("terminated") or {}).get("startedAt")
             started = parse_time(stamp) if stamp else started
         ready = view.ready_at if view is not None else None
+        stamp = (pod.get("metadata") or {}).get("creationTimestamp")
+        created = parse_time(stamp) if stamp else None
         points.append(
             {
                 "pod": name,
+                "pod_created_at": created,
                 "container_started_at": started,
                 "container_started_precision_seconds": WHOLE_SECOND,
                 "server_ready_at": ready,

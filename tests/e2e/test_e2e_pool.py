@@ -3,6 +3,7 @@ the emulator's pod proxy, the sandbox server running in each pod."""
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import re
@@ -88,6 +89,11 @@ def test_the_pool_command_plays_the_guides_episode_as_turns(cluster: Any, tmp_pa
     started = [p for p in results["sandboxes"] if p["server_start_seconds"] is not None]
     assert len(started) >= 4 and all(-1.0 < p["server_start_seconds"] < 30 for p in started)
     assert block["server_start_seconds"]["precision_seconds"] == 1.0
+    with open(output / "episodes.csv", newline="") as file:
+        rows = list(csv.DictReader(file))
+    assert [row["index"] for row in rows] == ["0", "1", "2", "3"]
+    assert all(float(row["server_ready_at"]) > float(row["pod_created_at"]) - 1 for row in rows)
+    assert all(row["server_start_precision_seconds"] == "1.0" for row in rows)
     for name in ("receipt.json", "run.json", "job.json", "pods.json", "events.json"):
         assert (output / name).is_file(), name
     assert len(list(output.glob("pool-*.log"))) >= 4

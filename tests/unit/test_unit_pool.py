@@ -245,3 +245,32 @@ def test_a_retried_request_stops_once_the_pod_is_gone(monkeypatch) -> None:
     with pytest.raises(demo.SandboxLost):
         sandbox._ask("GET", "file", None, 5.0, True)
     assert flaky.asked == 1
+
+
+def test_a_pools_episodes_csv_holds_server_ready_and_server_start_with_their_precision() -> None:
+    import csv
+    import io
+
+    line = {
+        "index": 0, "sandbox": "pool-a", "image": "img", "reward": 1.0, "warm": True,
+        "commands": 2, "command_seconds": 0.02, "claimed_at": 110.5, "finished_at": 111.0,
+        "claim_wait_seconds": 0.00001, "task_id": "t1", "failure_class": None,
+        "failure": None, "valid": True,
+    }  # fmt: skip
+    point = {
+        "pod": "pool-a", "pod_created_at": 100.0, "container_started_at": 101.0,
+        "server_ready_at": 101.25, "server_start_seconds": 0.25,
+    }  # fmt: skip
+    rows = list(csv.DictReader(io.StringIO(demo.pool_episodes_csv([line], [point]))))
+    assert len(rows) == 1
+    row = rows[0]
+    assert (row["server_ready_at"], row["server_ready_source"]) == (
+        "101.25",
+        "the sandbox server's clock",
+    )
+    assert (row["server_start_seconds"], row["server_start_precision_seconds"]) == ("0.25", "1.0")
+    assert (row["container_started_at"], row["container_started_precision_seconds"]) == (
+        "101.0",
+        "1.0",
+    )
+    assert (row["claimed_at"], row["finished_at"], row["task_id"]) == ("110.5", "111.0", "t1")
