@@ -43,22 +43,31 @@ def ms(value: float) -> str:
 
 def kubectl_processes() -> int:
     """The kubectl processes below this one (a dispatcher's child counted too)."""
-    me, parents, names = os.getpid(), {}, {}
+    return len(kubectl_cpu())
+
+
+def kubectl_cpu() -> dict[int, float]:
+    """The kubectl processes below this one, each with the CPU seconds it has used."""
+    me, parents, names, cpu = os.getpid(), {}, {}, {}
+    tick = os.sysconf("SC_CLK_TCK")
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 stat = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)
                 names[int(entry)] = stat[0].split("(", 1)[1]
-                parents[int(entry)] = int(stat[1].split()[1])
+                fields = stat[1].split()
+                parents[int(entry)] = int(fields[1])
+                cpu[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
             except (OSError, IndexError, ValueError):
                 continue
-    count = 0
+    found = {}
     for pid, name in names.items():
         walk = pid
         while walk in parents and walk not in (0, 1, me):
             walk = parents[walk]
-        count += walk == me and name.startswith("kubectl")
-    return count
+        if walk == me and name.startswith("kubectl"):
+            found[pid] = cpu[pid]
+    return found
 
 
 def cpu_seconds() -> float:
@@ -127,7 +136,7 @@ def many_sandboxes(kubectl: str, work: Path, sandboxes: int, commands: int) -> d
         held = [pool.claim(timeout=600) for _ in range(sandboxes)]
         warm_after = time.monotonic() - opened
         processes = kubectl_processes()
-        cpu, started = cpu_seconds(), time.monotonic()
+        cpu, proxy_cpu, started = cpu_seconds(), kubectl_cpu(), time.monotonic()
 
         def drive(sandbox: rl_batch_demo.pool.Sandbox) -> None:
             for _ in range(commands):
@@ -136,6 +145,9 @@ def many_sandboxes(kubectl: str, work: Path, sandboxes: int, commands: int) -> d
         with concurrent.futures.ThreadPoolExecutor(sandboxes) as threads:
             list(threads.map(drive, held))
         wall, used = time.monotonic() - started, cpu_seconds() - cpu
+        proxy_used = sum(
+            seconds - proxy_cpu.get(pid, 0.0) for pid, seconds in kubectl_cpu().items()
+        )
         for sandbox in held:
             sandbox.finish(reward=1)
     total = sandboxes * commands
@@ -143,6 +155,7 @@ def many_sandboxes(kubectl: str, work: Path, sandboxes: int, commands: int) -> d
         "warm_after": warm_after,
         "per_second": total / wall,
         "cpu_per_command": used / total,
+        "proxy_cpu_per_command": proxy_used / total,
         "kubectl_processes": processes,
     }
 
@@ -194,7 +207,8 @@ def main() -> int:
             print(
                 f"{args.sandboxes} sandboxes at once: all warm after {many['warm_after']:.1f} s, "
                 f"{many['per_second']:.0f} commands/s, {many['cpu_per_command'] * 1000:.2f} ms of "
-                f"this process's CPU a command",
+                f"this process's CPU a command, {many['proxy_cpu_per_command'] * 1000:.2f} ms of "
+                "its kubectl proxy's",
                 flush=True,
             )
             print(
