@@ -369,3 +369,21 @@ def test_pool_prepull_makes_its_image_present_on_every_node_first(
     assert prepulled["pods"] == prepulled["nodes"] >= 1
     assert load(output / "results.json")["prepull"]["pods"] == prepulled["pods"]
     assert load(output / "results.json")["successful_episodes"] == 1
+
+
+def test_a_hardened_pool_lets_the_pod_proxy_in_to_the_sandbox_port(
+    cluster: Any, tmp_path: Path
+) -> None:
+    kubectl, emulator = cluster
+    output = tmp_path / "pool"
+    result = tool(
+        emulator, kubectl, "pool", "--output", str(output), "--size", "1", "--episodes", "1",
+        "--harden",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    namespace = load(output / "receipt.json")["namespace"]
+    policy = emulator.get("networkpolicies", namespace, "deny-all-but-sandbox-port")
+    assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    assert policy["spec"]["ingress"] == [{"ports": [{"protocol": "TCP", "port": 8377}]}]
+    assert load(output / "results.json")["successful_episodes"] == 1
+    assert tool(emulator, kubectl, "cleanup", "--output", str(output)).returncode == 0
