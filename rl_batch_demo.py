@@ -15021,8 +15021,9 @@ def pool_behaviour_arguments() -> argparse.ArgumentParser:
     arguments.add_argument(
         "--harden",
         action="store_true",
-        help="deny all network traffic but the API server's, read-only root filesystem, "
-        "workspace size limit, Pod Security 'restricted'",
+        help="no egress and no ingress but to the sandbox port (the pod proxy's way in; the "
+        "token guards it), read-only root filesystem, workspace size limit, Pod Security "
+        "'restricted'",
     )
     arguments.add_argument(
         "--cleanup", action="store_true", help="after every file is saved, clean up"
