@@ -35,6 +35,7 @@ from .model import (
 from .files import program_name
 from .parse import parse_duration
 from .manifests import image_groups, parallelism_shares, parse_image_map, parse_tasks, rewrite_image
+from .podspec import episode_pod
 from .lifecycle import cleanup, list_runs
 from .run import exit_at_once, run_command, signals_interrupt
 from .pool import pool_request, read_turns, run_pool, GUIDE_TURNS
@@ -157,6 +158,7 @@ def run_arguments() -> list[argparse.ArgumentParser]:
         failure_arguments(),
         image_pull_arguments(),
         run_behaviour_arguments(),
+        episode_pod_arguments(),
         quiet_arguments("progress"),
         verbose_arguments(),
     ]
@@ -380,6 +382,50 @@ def run_behaviour_arguments() -> argparse.ArgumentParser:
         metavar="DURATION",
         help="the run may be deleted this long after it starts (e.g. 30m, 2h), ended or not, "
         "by `cleanup --stale`; recorded on its namespace",
+    )
+    return arguments
+
+
+def episode_pod_arguments() -> argparse.ArgumentParser:
+    """What each episode's pod is given: CPU and memory, environment, Secrets, egress."""
+    arguments = argument_set()
+    for flag, what, example, default in (
+        ("--cpu", "CPU", "1 or 250m:1", "100m:500m"),
+        ("--memory", "memory", "512Mi or 256Mi:1Gi", "64Mi:128Mi"),
+    ):
+        arguments.add_argument(
+            flag,
+            default=None,
+            metavar="Q|REQUEST:LIMIT",
+            help=f"each episode's {what}: Q is its "
+            f"request and its limit both, REQUEST:LIMIT sets them apart (e.g. {example}; default: "
+            f"{default}); the capacity check counts the request",
+        )
+    arguments.add_argument(
+        "--env",
+        action="append",
+        default=None,
+        metavar="KEY=VALUE",
+        help="set KEY in each episode's environment; repeatable. Saved in run.json and job.json: "
+        "pass secrets with --env-from-secret",
+    )
+    arguments.add_argument(
+        "--env-from-secret",
+        action="append",
+        default=None,
+        metavar="[NAMESPACE/]NAME",
+        help="each key of your Secret NAME (in NAMESPACE, default the context's) becomes a variable "
+        "of each episode's environment: the run copies it into its own namespace, which goes with "
+        "it; its values are never printed or saved. Needs get on that Secret; repeatable",
+    )
+    arguments.add_argument(
+        "--allow-egress",
+        action="append",
+        default=None,
+        metavar="HOST:PORT|CIDR",
+        help="with --harden, let the episodes reach this TCP HOST:PORT (a name resolved once, "
+        "as the run starts, and pinned in the pods' /etc/hosts) or CIDR (every port), and "
+        "nothing else (a NetworkPolicy); repeatable",
     )
     return arguments
 
@@ -663,6 +709,11 @@ def run_request(
         or args.need is not None
         or spelling.python,
         spelling=spelling,
+        cpu=args.cpu,
+        memory=args.memory,
+        env=tuple(args.env or ()),
+        env_from_secret=tuple(args.env_from_secret or ()),
+        allow_egress=tuple(args.allow_egress or ()),
     )
     check_run_request(request)
     return request
@@ -719,6 +770,7 @@ def check_run_request(request: RunRequest) -> None:
             f"that reads its task from ${TASK_FILE_ENV}"
         )
     check_image_request(request)
+    episode_pod(request)  # --cpu, --memory, --env, --env-from-secret, --allow-egress
 
 
 def check_image_request(request: RunRequest) -> None:

@@ -137,6 +137,10 @@ BATCH_LABEL = ANNOTATION_PREFIX + "batch"
 
 EPISODE_INDEXES_ANNOTATION = ANNOTATION_PREFIX + "episode-indexes"
 
+# What an episode's pod's activeDeadlineSeconds is made of, as the run was given it
+# ("--pull-timeout 60 + --episode-timeout 30"): a pod stopped at its deadline names them.
+DEADLINE_ANNOTATION = ANNOTATION_PREFIX + "deadline"
+
 # --prepull's pods (one per node and image, each running `python -c pass`) carry this label.
 PREPULL_LABEL = ANNOTATION_PREFIX + "prepull"
 

@@ -14,10 +14,10 @@ from .constants import (
     CANCELLED,
     COMPLETION_INDEX_ANNOTATION,
     EPISODE_EXIT_ANNOTATION,
+    DEADLINE_ANNOTATION,
     EPISODE_EXIT_EVENT,
     EPISODE_EXIT_RECORDED,
     EPISODE_INDEXES_ANNOTATION,
-    EPISODE_TIMEOUT_SLACK_SECONDS,
     FAILURE_CLASSES,
     INDEX_FAILURE_COUNT_ANNOTATION,
     INDEX_IGNORED_FAILURE_COUNT_ANNOTATION,
@@ -420,26 +420,33 @@ def stopped_pod(pod: dict, job: dict, state: dict) -> tuple[str | None, str | No
 
 def past_pod_deadline(pod: dict, started: bool) -> tuple[str | None, str | None]:
     """A pod stopped at its activeDeadlineSeconds: the episode's fault once its container started,
-    unless its launcher keeps the episode's own time (its pod's deadline is then a backstop)."""
+    unless its launcher keeps the episode's own time (its pod's deadline is then a backstop). The
+    message names what the deadline was made of, as the run was given it (DEADLINE_ANNOTATION)."""
     limit = (pod.get("spec") or {}).get("activeDeadlineSeconds")
+    parts = ((pod.get("metadata") or {}).get("annotations") or {}).get(DEADLINE_ANNOTATION)
+    # A pod of a run that did not record them: its activeDeadlineSeconds alone.
+    made_of = parts or "its pod's activeDeadlineSeconds"
     if started and exit_recorded(pod):
+        if "--episode-timeout" in made_of:
+            why = (
+                f"not by its launcher at the episode's own --episode-timeout: a slow start "
+                f"(image {container_image(pod)})"
+            )
+        else:
+            why = "the episode still running then"
         return "infrastructure", (
             f"stopped at its pod's deadline of {limit} s from its start on the node "
-            f"(--pull-timeout, and --episode-timeout plus {EPISODE_TIMEOUT_SLACK_SECONDS} s to "
-            f"start, as given), not by its launcher at the episode's own --episode-timeout: a "
-            f"slow start (image {container_image(pod)}), or without --episode-timeout an "
-            f"episode still running then"
+            f"({made_of}), {why}"
         )
     if started:
         return (
             "episode",
             f"ran out of time: still running {limit} s after its pod started (its deadline: "
-            f"--episode-timeout, plus --pull-timeout, as given)",
+            f"{made_of})",
         )
     return "infrastructure", (
         f"container never started within its pod's deadline of {limit} s from its "
-        f"start (--pull-timeout and --episode-timeout): image {container_image(pod)} "
-        f"not pulled and started by then"
+        f"start ({made_of}): image {container_image(pod)} not pulled and started by then"
     )
 
 

@@ -101,6 +101,7 @@ from .follow import (
     RunContext,
 )
 from .syntax import check_episode_syntax
+from .podspec import egress_policy_manifest, episode_pod, resolve_egress, secret_copy_manifest
 from .preflight import (
     check_capacity,
     check_runtime_class,
@@ -120,6 +121,7 @@ from .results import (
     warn_clocks,
 )
 from .lifecycle import cleanup_namespace
+from .secretcopy import filled, read_secrets
 
 
 def default_timeout(count: int, parallelism: int) -> int:
@@ -171,6 +173,21 @@ def pod_deadline(settings: Settings) -> int | None:
     return sum(known) if known else None
 
 
+def pod_deadline_parts(settings: Settings) -> str | None:
+    """What each pod's deadline (pod_deadline) is made of: the flags given, with their values."""
+    parts = [
+        f"{flag} {seconds}"
+        for flag, seconds in (
+            ("--pull-timeout", settings.pull_timeout),
+            ("--episode-timeout", settings.episode_timeout),
+        )
+        if seconds is not None
+    ]
+    if settings.rollout and settings.episode_timeout is not None:
+        parts.append(f"{EPISODE_TIMEOUT_SLACK_SECONDS} s for the pod to start")
+    return " + ".join(parts) or None
+
+
 def episode_launch(settings: Settings) -> Launch | None:
     """How a rollout's pods run their episode: through the launcher, with --episode-timeout."""
     return Launch(timeout=settings.episode_timeout) if settings.rollout else None
@@ -193,6 +210,8 @@ def batch_job(namespace: str, settings: Settings, name: str, task_maps: Sequence
         policy=rollout_policy(settings),
         episode_timeout=pod_deadline(settings),
         launch=episode_launch(settings),
+        deadline_parts=pod_deadline_parts(settings),
+        pod=settings.pod,
     )
 
 
@@ -235,6 +254,8 @@ def batch_jobs(
             batch=name,
             episode_indexes=group.indexes,
             launch=episode_launch(settings),
+            deadline_parts=pod_deadline_parts(settings),
+            pod=settings.pod,
         )
         for number, (group, share) in enumerate(zip(groups, shares), start=1)
     ]
@@ -251,6 +272,10 @@ def plan_run(
     """Every object `run` creates, from its settings (and the run's origin, once known) alone."""
     task_maps = task_configmaps(namespace, tasks) if tasks else []
     setup = [network_policy_manifest(namespace)] if settings.harden else []
+    if settings.pod.egress:
+        setup.append(egress_policy_manifest(namespace, settings.pod.egress))
+    # Planned without their data: the Secrets are read when the run starts (secretcopy).
+    setup += [secret_copy_manifest(namespace, source) for source in settings.pod.secrets]
     setup += [configmap_manifest(namespace, worker_source, settings.rollout), *task_maps]
     groups = image_groups(
         tasks, settings.count, settings.group_size, settings.image, settings.image_map
@@ -297,10 +322,12 @@ def execute(run: RunContext) -> Results:
     if rollout_policy(run.settings):
         check_server_version(run)  # --need among them
     check_capacity(run)
+    secrets_read = read_secrets(run)  # --env-from-secret: held in memory alone
     stamp_origin(run)
     create_namespace(run)
     for manifest in run.plan.setup:
-        create_object(run, manifest)
+        create_object(run, filled(manifest, secrets_read))
+    secrets_read.clear()
     if run.settings.prepull:
         prepull(run)
     outcomes: list[BatchOutcome] = []
@@ -932,6 +959,7 @@ def run_settings(
         pull_timeout=request.pull_timeout,
         prepull=request.prepull,
         task_images=tuple(task_images(tasks, image, image_map)) if rollout and tasks else None,
+        pod=resolve_egress(episode_pod(request)),  # each HOST resolved once, here
     )
 
 
