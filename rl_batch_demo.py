@@ -363,6 +363,12 @@ NEED_MIN_SERVER = (1, 33)
 # The reason of a Job's SuccessCriteriaMet (then Complete) condition when its successPolicy was met.
 SUCCESS_POLICY_REASON = "SuccessPolicy"
 
+# --need-groups K: once K whole groups have every member's valid line, the tool stamps each Job of
+# the batch with this annotation (value K) as it suspends it, which stops the rest: such a Job has
+# ended, "Complete", once none of its pods is left running (job_finished).
+NEED_GROUPS_ANNOTATION = ANNOTATION_PREFIX + "need-groups-met"
+NEED_GROUPS_REASON = "NeedGroupsMet"
+
 # The kubelet's reason on a pod that outlived its activeDeadlineSeconds (--episode-timeout).
 POD_DEADLINE_REASON = "DeadlineExceeded"
 
@@ -1289,6 +1295,7 @@ class RunRequest:
     env: tuple[str, ...] = ()
     env_from_secret: tuple[str, ...] = ()
     allow_egress: tuple[str, ...] = ()
+    need_groups: int | None = None  # --need-groups K: the batch ends once K groups are whole
 
 
 class EgressTarget(NamedTuple):
@@ -1406,6 +1413,7 @@ class Settings:
     allow_failures: int | None = None
     task_ids: tuple[str, ...] | None = None
     need: int | None = None
+    need_groups: int | None = None
     episode_timeout: int | None = None
     # An image per task: each task's image (after --image-map, as `image` is), the map itself,
     # the pods' pull deadline, and whether the images are pre-pulled.
@@ -1451,6 +1459,8 @@ class Settings:
             )
         if self.need is not None:
             saved["need"] = self.need
+        if self.need_groups is not None:
+            saved["need_groups"] = self.need_groups
         if self.episode_timeout is not None:
             saved["episode_timeout"] = self.episode_timeout
         if self.rollout and self.task_images is not None:
@@ -1504,6 +1514,7 @@ class Settings:
             allow_failures=saved.get("allow_failures"),
             task_ids=None if task_ids is None else tuple(task_ids),
             need=saved.get("need"),
+            need_groups=saved.get("need_groups"),
             episode_timeout=saved.get("episode_timeout"),
             context=saved["context"],
             namespace=saved["namespace"],
@@ -2198,11 +2209,23 @@ def condition_true(obj: dict, kind: str) -> bool:
 
 
 def job_finished(job: dict) -> str | None:
-    """ "Complete" or "Failed" once the Job controller has said so, else None."""
+    """ "Complete" or "Failed" once the Job controller has said so, else None. A Job the tool
+    stopped once --need-groups was met is "Complete" once none of its pods is left running,
+    whatever its controller concluded of the pods that stopping deleted."""
+    if cancelled_by_tool(job):
+        status = job.get("status") or {}
+        stopped = any(condition_true(job, kind) for kind in ("Suspended", "Complete", "Failed"))
+        # Its pods still terminating are stopped all the same: the batch is over.
+        return "Complete" if stopped and not status.get("active") else None
     for kind in ("Complete", "Failed"):
         if condition_true(job, kind):
             return kind
     return None
+
+
+def cancelled_by_tool(job: dict) -> bool:
+    """The tool stopped the Job's remaining episodes once --need-groups was met."""
+    return NEED_GROUPS_ANNOTATION in ((job.get("metadata") or {}).get("annotations") or {})
 
 
 def job_episode_indexes(job: dict) -> list[int] | None:
@@ -2247,10 +2270,20 @@ def merged_job(batch: str, jobs: Sequence[dict], expected: int) -> dict:
             "creationTimestamp": first_creation(jobs),
             "resourceVersion": newest_version(jobs),
             "labels": {BATCH_LABEL: batch},
+            **merged_annotations(jobs),
         },
         "spec": merged_spec(jobs),
         "status": merged_status(jobs, expected),
     }
+
+
+def merged_annotations(jobs: Sequence[dict]) -> dict[str, Any]:
+    """Of the Jobs' annotations, the one that says the tool stopped them (--need-groups)."""
+    for job in jobs:
+        annotations = (job.get("metadata") or {}).get("annotations") or {}
+        if NEED_GROUPS_ANNOTATION in annotations:
+            return {"annotations": {NEED_GROUPS_ANNOTATION: annotations[NEED_GROUPS_ANNOTATION]}}
+    return {}
 
 
 def first_creation(jobs: Sequence[dict]) -> str | None:
@@ -2308,11 +2341,18 @@ def merged_end(jobs: Sequence[dict], ends: Sequence[str | None]) -> list[dict]:
     """The conditions of Jobs that have all ended: Complete (and SuccessCriteriaMet) as the latest
     says if every one completed, else Failed as the first that failed says, at the latest end."""
     if all(end == "Complete" for end in ends):
+        suspended = [
+            condition(job, "Suspended") for job in jobs if condition_true(job, "Suspended")
+        ]
         return [
             c
             for c in (
                 latest_condition(jobs, "SuccessCriteriaMet"),
                 latest_condition(jobs, "Complete"),
+                # Those the tool stopped (--need-groups): the last of them to be.
+                max(suspended, key=lambda c: parse_time((c or {}).get("lastTransitionTime")) or 0.0)
+                if suspended
+                else None,
             )
             if c is not None
         ]
@@ -5195,12 +5235,20 @@ def classify_attempt(
 
 
 def job_cut_short(job: dict | None) -> bool:
-    """The Job's successPolicy (--need) was met: it stops every episode still running."""
+    """The Job's successPolicy (--need) was met, or the tool stopped it once --need-groups was:
+    every episode still running is stopped."""
+    if cancelled_by_tool(job or {}):
+        return True
     for kind in ("SuccessCriteriaMet", "Complete"):
         entry = condition(job or {}, kind)
         if entry and entry.get("status") == "True" and entry.get("reason") == SUCCESS_POLICY_REASON:
             return True
     return False
+
+
+def cut_short_by(job: dict | None) -> str:
+    """What cut the batch short (job_cut_short): the flag, as a cancelled episode's line names it."""
+    return "--need-groups" if cancelled_by_tool(job or {}) else "--need"
 
 
 def succeeded_before_its_deadline(pod: dict, job: dict | None) -> dict:
@@ -5333,7 +5381,7 @@ def succeeded_pod(
             # Stopped by the Job once --need was met, it exited 0 before its reward was complete.
             return (
                 CANCELLED,
-                f"cancelled: --need was met while it ran (it exited 0 before a complete "
+                f"cancelled: {cut_short_by(job)} was met while it ran (it exited 0 before a complete "
                 f"reward: {str(error).split(': ', 1)[-1]})",
             )
         end = job_end_reason(job)
@@ -5359,9 +5407,9 @@ def stopped_pod(pod: dict, job: dict, state: dict) -> tuple[str | None, str | No
         # Stopped (or about to be) by the Job because enough episodes had succeeded.
         return (
             CANCELLED,
-            "cancelled: --need was met while it ran"
+            f"cancelled: {cut_short_by(job)} was met while it ran"
             if started
-            else "cancelled: --need was met before its container started",
+            else f"cancelled: {cut_short_by(job)} was met before its container started",
         )
     if status.get("reason") == POD_DEADLINE_REASON:
         return past_pod_deadline(pod, started)
@@ -5610,7 +5658,7 @@ def never_created(job: dict) -> dict[str, Any]:
     """The outcome of an episode whose pod was never created: cancelled, or stopped by the Job's end."""
     if job_cut_short(job):
         failure_class = CANCELLED
-        failure = "cancelled: --need was met before this episode's pod was created"
+        failure = f"cancelled: {cut_short_by(job)} was met before this episode's pod was created"
     else:
         failure_class = "infrastructure"
         failure = (
@@ -5690,6 +5738,8 @@ def failure_settled(job: dict | None, index: int) -> bool:
     """The Job will not run this index again: it counts it among its failed indexes, or it has
     ended (or is ending: FailureTarget, SuccessCriteriaMet)."""
     status = (job or {}).get("status") or {}
+    if cancelled_by_tool(job or {}):  # stopped by the tool (--need-groups): nothing more will run
+        return True
     if any(
         condition_true(job or {}, kind)
         for kind in ("Complete", "Failed", "FailureTarget", "SuccessCriteriaMet")
@@ -10455,8 +10505,11 @@ class RewardStream:
         settings: Settings,
         on_reward: Callable[[dict], None] | None = None,
         stop: StopRequest | None = None,
+        stop_rest: Callable[[], None] | None = None,
     ) -> None:
         self.path = path
+        # --need-groups K: called once, as soon as K groups are whole, to stop the rest.
+        self.stop_rest = stop_rest
         self.count = settings.count
         self.settings = settings
         self.images = group_images(settings)
@@ -10471,6 +10524,7 @@ class RewardStream:
         self._handle: TextIO | None = open(path, "w", encoding="utf-8")
         # Set from another thread (stream_batch's reader gone): the run stops at its next turn.
         self.stop = stop
+        self.whole_groups: set[int] = set()  # the groups whose every member has a valid line
 
     def check_stop(self) -> None:
         """Stop the run (StreamClosed), as Ctrl-C would, once asked to from another thread."""
@@ -10529,6 +10583,7 @@ class RewardStream:
         written = time.time()
         self.rows[index] = row
         self.waiting.discard(index)
+        self._count_group(index, streamed)
         after, before = container_end_bounds(pod, log_text, seen_terminated)
         self.deliveries.append(
             Delivery(
@@ -10548,6 +10603,18 @@ class RewardStream:
                 # Told once: the lines saved while the run stops are not handed to it again.
                 self.on_reward = None
                 raise RewardCallbackError(error) from error
+
+    def _count_group(self, index: int, streamed: bool) -> None:
+        """Whether the episode's group is whole now; once K are while the batch runs, the rest
+        are stopped (--need-groups K)."""
+        size = self.settings.group_size
+        members = range(index // size * size, index // size * size + size)
+        if all(self.rows.get(member, {}).get("valid") for member in members):
+            self.whole_groups.add(index // size)
+        wanted, stop_rest = self.settings.need_groups, self.stop_rest
+        if streamed and stop_rest and wanted is not None and len(self.whole_groups) >= wanted:
+            self.stop_rest = None
+            stop_rest()
 
     def finish(
         self,
@@ -11850,7 +11917,13 @@ def say_rollout_outcome(
     need = batch.spelling.setting("need", settings.need)
     losses = [row for row in failures if is_loss(row)]
     own = [row for row in failures if not is_loss(row)]
-    if settings.need is not None:
+    if settings.need_groups is not None:
+        need = batch.spelling.setting("need_groups", settings.need_groups)
+        print(
+            f"{need} met: {cancelled} of {count} episodes cancelled, {len(losses)} lost",
+            file=sys.stderr,
+        )
+    elif settings.need is not None:
         print(
             f"{need} met: {count - cancelled - len(failures)} of {count} episodes succeeded, "
             + (f"{len(own)} failed on their own (valid), " if own else "")
@@ -11860,7 +11933,9 @@ def say_rollout_outcome(
         )
     if losses:
         accepted = (
-            f"Failures within {need}" if settings.need is not None else "Accepted a partial batch"
+            f"Failures within {need}"
+            if settings.need is not None or settings.need_groups is not None
+            else "Accepted a partial batch"
         )
         print(
             "\n  ".join(
@@ -11980,7 +12055,10 @@ def summarise_rollout(
     groups; DemoError when more episodes failed than --allow-failures accepts, or all did. Pure."""
     need = settings.need
     allowed = len(rows) - need if need is not None else settings.allow_failures or 0
+    if settings.need_groups is not None:
+        allowed = len(rows) - settings.need_groups * settings.group_size
     check_rollout_accepted(rows, need, allowed, spelling)
+    check_groups_whole(rows, settings, spelling)
     successes = {row["pod"] for row in rows if row["failure_class"] is None}
     by_name = {pod_name(pod): pod for pod in pods}
     summary = summarise_batch(
@@ -12004,7 +12082,36 @@ def summarise_rollout(
         rollout_figures(rows, job, pods, settings.group_size, allowed, settings.retries or 0, need)
     )
     summary.figures["images"] = image_figures(summary.episodes, rows)
+    if settings.need_groups is not None:  # the losses it absorbs make no partial batch
+        summary.figures.update(need_groups=settings.need_groups, accepted_partial=False)
     return summary
+
+
+def whole_groups(rows: Sequence[dict], group_size: int) -> list[int]:
+    """The groups whose every member has a valid line."""
+    return [
+        start // group_size
+        for start in range(0, len(rows), group_size)
+        if all(row["valid"] for row in rows[start : start + group_size])
+    ]
+
+
+def check_groups_whole(rows: Sequence[dict], settings: Settings, spelling: Spelling) -> None:
+    """--need-groups K: DemoError when fewer than K groups are whole."""
+    wanted = settings.need_groups
+    whole = whole_groups(rows, settings.group_size)
+    if wanted is not None and len(whole) < wanted:
+        losses = [row for row in rows if is_loss(row)]
+        raise DemoError(
+            "\n  ".join(
+                [
+                    f"{len(whole)} of {len(rows) // settings.group_size} groups have every "
+                    f"member's valid line, fewer than {spelling.setting('need_groups', wanted)} "
+                    f"({len(losses)} episodes lost: {failures_said(losses) or 'none'})"
+                ]
+                + failure_lines(losses)
+            )
+        )
 
 
 def check_rollout_accepted(
@@ -12066,6 +12173,7 @@ ROLLOUT_FIELDS = (
     "pod_to_ready_censored",
     "job_end",
     "need",
+    "need_groups",
     "cancelled_episodes",
     "first_reward_seconds",
     "kth_reward_seconds",
@@ -12116,8 +12224,9 @@ def rollout_figures(
         **group_summary_figures(rows, group_size),
         "job_end": {
             "condition": job_finished(job),
-            "reason": job_end_reason(job)
-            or (SUCCESS_POLICY_REASON if job_cut_short(job) else None),
+            "reason": NEED_GROUPS_REASON
+            if cancelled_by_tool(job)
+            else job_end_reason(job) or (SUCCESS_POLICY_REASON if job_cut_short(job) else None),
         },
     }
     if need is not None:
@@ -12700,6 +12809,9 @@ def rollout_policy(settings: Settings) -> RolloutPolicy | None:
     failures it over-provisions for: count - need); else the guide's backoffLimit 0."""
     if settings.need is not None:
         return RolloutPolicy(settings.retries or 0, settings.count - settings.need, settings.need)
+    if settings.need_groups is not None:  # the tool stops the rest itself, once K are whole
+        lost = settings.count - settings.need_groups * settings.group_size
+        return RolloutPolicy(settings.retries or 0, lost)
     if settings.retries is None and settings.allow_failures is None:
         return None
     return RolloutPolicy(settings.retries or 0, settings.allow_failures or 0)
@@ -13145,8 +13257,12 @@ def batch_follower(
     run: RunContext, job_name: str, job_names: Sequence[str], batch_dir: str, watches: WatchStream
 ) -> BatchFollower:
     """What follows the batch, with its reward stream when it is a rollout."""
+    stop_rest = (
+        (lambda: stop_for_groups(run, job_names)) if run.settings.need_groups is not None else None
+    )
+    path = os.path.join(batch_dir, REWARDS_FILE)
     rewards = (
-        RewardStream(os.path.join(batch_dir, REWARDS_FILE), run.settings, run.on_reward, run.stop)
+        RewardStream(path, run.settings, run.on_reward, run.stop, stop_rest)
         if run.settings.rollout
         else None
     )
@@ -13165,6 +13281,27 @@ def batch_follower(
         job_names,
         spare_held=run.owns_process,
     )
+
+
+def stop_for_groups(run: RunContext, job_names: Sequence[str]) -> None:
+    """--need-groups K met: each Job of the batch stamped as stopped by the tool and suspended, so
+    that its controller deletes its running pods and starts no more (the Job's own successPolicy
+    cannot say "K whole groups"). A Job that has ended is stamped alone."""
+    stamp = {"metadata": {"annotations": {NEED_GROUPS_ANNOTATION: str(run.settings.need_groups)}}}
+    for name in job_names:
+        ended = job_finished(run.batch.follower.jobs.seen.get(name) or {}) if run.batch else None
+        patch = stamp if ended else dict(stamp, spec={"suspend": True})
+        run.kubectl.run(
+            ["patch", "job", name, "-n", run.namespace, "--type=merge", "-p", json.dumps(patch)],
+            retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
+        )
+    if not run.silent:
+        print(
+            f"{run.spelling.setting('need_groups', run.settings.need_groups)} met: the rest of "
+            f"the batch stopped",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def create_batch_jobs(run: RunContext, manifests: Sequence[dict]) -> dict:
@@ -13461,8 +13598,7 @@ def run_settings(
     context: str | None,
     namespace: str,
 ) -> Settings:
-    """The run's settings, once, from its request, its episode program, and the context and
-    namespace it runs in (no context for --dry-run)."""
+    """The run's settings, made once from its request, program, context (none: --dry-run), namespace."""
     rollout, tasks = request.rollout, request.tasks or ()
     batches = batch_names(request.rounds, request.warmup)
     image_map = parse_image_map(request.image_map)
@@ -13494,6 +13630,7 @@ def run_settings(
         allow_failures=request.allow_failures if rollout else None,
         task_ids=tuple(task.task_id for task in tasks) if rollout and tasks else None,
         need=request.need,
+        need_groups=request.need_groups,
         episode_timeout=request.episode_timeout,
         context=context,
         namespace=namespace,
@@ -15134,6 +15271,16 @@ def failure_arguments() -> argparse.ArgumentParser:
         "images (each image's Job counts only its own successes). Needs Kubernetes >= 1.33",
     )
     arguments.add_argument(
+        "--need-groups",
+        type=positive_int,
+        default=None,
+        metavar="K",
+        help="with --tasks: end the batch as soon as K tasks' groups are whole, every member "
+        "with a valid line; the tool then stops the rest (it suspends the Jobs), recorded as "
+        "failure_class 'cancelled', and up to count - K x --group-size lost episodes are "
+        "absorbed. 1 <= K < tasks; not with --need or --allow-failures. Needs Kubernetes >= 1.33",
+    )
+    arguments.add_argument(
         "--episode-timeout",
         type=positive_int,
         default=None,
@@ -15511,6 +15658,7 @@ def run_request(
         retries=args.retries,
         allow_failures=args.allow_failures,
         need=args.need,
+        need_groups=args.need_groups,
         episode_timeout=args.episode_timeout,
         prepull=args.prepull,
         pull_timeout=args.pull_timeout,
@@ -15527,14 +15675,22 @@ def run_request(
         or args.need is not None
         or spelling.python,
         spelling=spelling,
-        cpu=args.cpu,
-        memory=args.memory,
-        env=tuple(args.env or ()),
-        env_from_secret=tuple(args.env_from_secret or ()),
-        allow_egress=tuple(args.allow_egress or ()),
+        **pod_arguments(args),
     )
     check_run_request(request)
     return request
+
+
+def pod_arguments(args: argparse.Namespace) -> dict[str, Any]:
+    """What each episode's pod is given, as the request holds it (podspec reads them)."""
+    return {
+        "cpu": args.cpu,
+        "memory": args.memory,
+        **{name: tuple(getattr(args, name) or ()) for name in POD_LISTS},
+    }
+
+
+POD_LISTS = ("env", "env_from_secret", "allow_egress")
 
 
 def read_tasks(path: str, spelling: Spelling) -> list[Task]:
@@ -15652,8 +15808,28 @@ def check_rollout_request(request: RunRequest) -> None:
         )
 
 
+def check_need_groups_request(request: RunRequest) -> None:
+    """--need-groups K: with tasks, 1 <= K < tasks, and neither --need nor --allow-failures (the
+    batch absorbs count - K x group size losses)."""
+    wanted = request.need_groups
+    if wanted is None:
+        return
+    name, say = request.spelling.name, request.spelling.setting
+    if not request.tasks:
+        raise UsageError(f"{name('need_groups')} needs {name('tasks')}: its groups are the tasks'")
+    if wanted >= len(request.tasks):
+        raise UsageError(
+            f"{say('need_groups', wanted)} must be fewer than the {len(request.tasks)} tasks (it "
+            f"over-provisions: run every task's group and keep the first K whole ones)"
+        )
+    for other in ("need", "allow_failures"):
+        if getattr(request, other) is not None:
+            raise UsageError(f"{name('need_groups')} cannot go with {name(other)}")
+
+
 def check_need_request(request: RunRequest) -> None:
     """--need K: 1 <= K < count, and none of the options whose promise the first K of N would break."""
+    check_need_groups_request(request)
     need = request.need
     if need is None:
         return

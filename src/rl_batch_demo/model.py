@@ -146,6 +146,7 @@ class RunRequest:
     env: tuple[str, ...] = ()
     env_from_secret: tuple[str, ...] = ()
     allow_egress: tuple[str, ...] = ()
+    need_groups: int | None = None  # --need-groups K: the batch ends once K groups are whole
 
 
 class EgressTarget(NamedTuple):
@@ -263,6 +264,7 @@ class Settings:
     allow_failures: int | None = None
     task_ids: tuple[str, ...] | None = None
     need: int | None = None
+    need_groups: int | None = None
     episode_timeout: int | None = None
     # An image per task: each task's image (after --image-map, as `image` is), the map itself,
     # the pods' pull deadline, and whether the images are pre-pulled.
@@ -308,6 +310,8 @@ class Settings:
             )
         if self.need is not None:
             saved["need"] = self.need
+        if self.need_groups is not None:
+            saved["need_groups"] = self.need_groups
         if self.episode_timeout is not None:
             saved["episode_timeout"] = self.episode_timeout
         if self.rollout and self.task_images is not None:
@@ -361,6 +365,7 @@ class Settings:
             allow_failures=saved.get("allow_failures"),
             task_ids=None if task_ids is None else tuple(task_ids),
             need=saved.get("need"),
+            need_groups=saved.get("need_groups"),
             episode_timeout=saved.get("episode_timeout"),
             context=saved["context"],
             namespace=saved["namespace"],

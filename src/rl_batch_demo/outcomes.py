@@ -32,6 +32,7 @@ from .model import Settings, VerificationError
 from .stats import percentile, rounded
 from .parse import (
     EventRecord,
+    cancelled_by_tool,
     condition,
     condition_true,
     container_image,
@@ -235,12 +236,20 @@ def classify_attempt(
 
 
 def job_cut_short(job: dict | None) -> bool:
-    """The Job's successPolicy (--need) was met: it stops every episode still running."""
+    """The Job's successPolicy (--need) was met, or the tool stopped it once --need-groups was:
+    every episode still running is stopped."""
+    if cancelled_by_tool(job or {}):
+        return True
     for kind in ("SuccessCriteriaMet", "Complete"):
         entry = condition(job or {}, kind)
         if entry and entry.get("status") == "True" and entry.get("reason") == SUCCESS_POLICY_REASON:
             return True
     return False
+
+
+def cut_short_by(job: dict | None) -> str:
+    """What cut the batch short (job_cut_short): the flag, as a cancelled episode's line names it."""
+    return "--need-groups" if cancelled_by_tool(job or {}) else "--need"
 
 
 def succeeded_before_its_deadline(pod: dict, job: dict | None) -> dict:
@@ -373,7 +382,7 @@ def succeeded_pod(
             # Stopped by the Job once --need was met, it exited 0 before its reward was complete.
             return (
                 CANCELLED,
-                f"cancelled: --need was met while it ran (it exited 0 before a complete "
+                f"cancelled: {cut_short_by(job)} was met while it ran (it exited 0 before a complete "
                 f"reward: {str(error).split(': ', 1)[-1]})",
             )
         end = job_end_reason(job)
@@ -399,9 +408,9 @@ def stopped_pod(pod: dict, job: dict, state: dict) -> tuple[str | None, str | No
         # Stopped (or about to be) by the Job because enough episodes had succeeded.
         return (
             CANCELLED,
-            "cancelled: --need was met while it ran"
+            f"cancelled: {cut_short_by(job)} was met while it ran"
             if started
-            else "cancelled: --need was met before its container started",
+            else f"cancelled: {cut_short_by(job)} was met before its container started",
         )
     if status.get("reason") == POD_DEADLINE_REASON:
         return past_pod_deadline(pod, started)
@@ -650,7 +659,7 @@ def never_created(job: dict) -> dict[str, Any]:
     """The outcome of an episode whose pod was never created: cancelled, or stopped by the Job's end."""
     if job_cut_short(job):
         failure_class = CANCELLED
-        failure = "cancelled: --need was met before this episode's pod was created"
+        failure = f"cancelled: {cut_short_by(job)} was met before this episode's pod was created"
     else:
         failure_class = "infrastructure"
         failure = (
@@ -730,6 +739,8 @@ def failure_settled(job: dict | None, index: int) -> bool:
     """The Job will not run this index again: it counts it among its failed indexes, or it has
     ended (or is ending: FailureTarget, SuccessCriteriaMet)."""
     status = (job or {}).get("status") or {}
+    if cancelled_by_tool(job or {}):  # stopped by the tool (--need-groups): nothing more will run
+        return True
     if any(
         condition_true(job or {}, kind)
         for kind in ("Complete", "Failed", "FailureTarget", "SuccessCriteriaMet")

@@ -280,3 +280,85 @@ def drain(generator: Any) -> Any:
             next(generator)
     except StopIteration as stop:
         return stop.value
+
+
+# --------------------------------------------------------------------------
+# --need-groups K: the tool stops the rest once K groups are whole.
+
+
+def suspended_job(name: str, active: int, stamped: bool = True, ended: str | None = None) -> dict:
+    conditions = [
+        {"type": "Suspended", "status": "True", "lastTransitionTime": "2026-01-01T00:00:05Z"}
+    ]
+    if ended:
+        conditions = [
+            {"type": ended, "status": "True", "lastTransitionTime": "2026-01-01T00:00:04Z"}
+        ]
+    metadata: dict[str, Any] = {"name": name, "creationTimestamp": "2026-01-01T00:00:00Z"}
+    if stamped:
+        metadata["annotations"] = {demo.NEED_GROUPS_ANNOTATION: "2"}
+    return {
+        "metadata": metadata,
+        "spec": {"completions": 2},
+        "status": {"active": active, "conditions": conditions},
+    }
+
+
+def test_a_job_the_tool_stopped_has_ended_once_none_of_its_pods_runs() -> None:
+    assert demo.job_finished(suspended_job("a", active=2)) is None
+    assert demo.job_finished(suspended_job("a", active=0)) == "Complete"
+    # Whatever its controller concluded of the pods the stopping deleted.
+    failed = suspended_job("a", active=0, ended="Failed")
+    assert demo.job_finished(failed) == "Complete" and demo.job_cut_short(failed)
+    # Suspended by an interrupt (no stamp): not ended, not cut short.
+    interrupted = suspended_job("a", active=0, stamped=False)
+    assert demo.job_finished(interrupted) is None and not demo.job_cut_short(interrupted)
+    # One Job per image: the batch ends once every one has, one of them Complete on its own.
+    jobs = [suspended_job("b-image-1", 0), suspended_job("b-image-2", 0, ended="Complete")]
+    merged = demo.merged_job("b", jobs, 2)
+    assert demo.job_finished(merged) == "Complete" and demo.cancelled_by_tool(merged)
+    assert demo.job_finished(demo.merged_job("b", jobs[:1], 2)) is None
+
+
+def test_the_rest_is_stopped_once_k_groups_have_every_members_valid_line(tmp_path: Path) -> None:
+    settings = demo.Settings(count=6, parallelism=6, rollout=True, group_size=2, need_groups=2)
+    stopped: list[int] = []
+    stream = demo.RewardStream(
+        str(tmp_path / "r.jsonl"), settings, stop_rest=lambda: stopped.append(1)
+    )
+
+    def line(index: int, valid: bool = True) -> None:
+        row = {"index": index, "valid": valid, "failure_class": None if valid else "infrastructure"}
+        stream.deliver(row, None, "", None, streamed=True)
+
+    line(0)
+    line(2)
+    line(3, valid=False)  # group 1 can never be whole
+    line(1)  # group 0 whole
+    assert stopped == [] and stream.whole_groups == {0}
+    line(4)
+    line(5)  # group 2 whole: K = 2 met
+    assert stopped == [1]
+    stream.close()
+
+
+def test_fewer_than_k_whole_groups_fail_the_batch() -> None:
+    settings = demo.Settings(count=4, parallelism=4, rollout=True, group_size=2, need_groups=2)
+    rows = [
+        {
+            "index": i,
+            "valid": i != 3,
+            "failure_class": None if i != 3 else "infrastructure",
+            "failure": "lost",
+            "task_id": "t",
+            "pod": "p",
+            "attempts": 1,
+        }
+        for i in range(4)
+    ]
+    demo.check_groups_whole(rows[:2] + rows[:2], settings, demo.COMMAND_LINE)
+    with pytest.raises(
+        demo.DemoError,
+        match=r"1 of 2 groups have every member's valid line, fewer than --need-groups 2",
+    ):
+        demo.check_groups_whole(rows, settings, demo.COMMAND_LINE)
