@@ -3724,15 +3724,14 @@ def egress_target(text: str) -> EgressTarget:
 def episode_pod(request: RunRequest) -> EpisodePod:
     """The request's pod settings, checked (a HOST of --allow-egress not yet resolved); UsageError
     names the setting as the caller wrote it."""
-    say = request.spelling.setting
     parts: dict[str, Any] = {}
-    try:
-        for name in ("cpu", "memory"):
-            given = getattr(request, name)
+    for name in ("cpu", "memory"):
+        given = getattr(request, name)
+        try:
             if given is not None:
                 parts[name] = resource_pair(given, name)
-    except ValueError as error:
-        raise UsageError(f"{say(name, given)}: {error}") from None
+        except ValueError as error:
+            raise UsageError(f"{request.spelling.setting(name, given)}: {error}") from None
     for name, dest, read in (
         ("env", "env", env_pairs),
         ("secrets", "env_from_secret", secret_sources),
@@ -3753,7 +3752,9 @@ def episode_pod(request: RunRequest) -> EpisodePod:
 Resolver = Callable[..., Sequence[Any]]
 
 
-def resolve_egress(pod: EpisodePod, resolver: Resolver = socket.getaddrinfo) -> EpisodePod:
+def resolve_egress(
+    pod: EpisodePod, spelling: Spelling = COMMAND_LINE, resolver: Resolver = socket.getaddrinfo
+) -> EpisodePod:
     """Each HOST of --allow-egress as its addresses now, from this machine (a NetworkPolicy holds
     addresses, never names); DemoError names a host that does not resolve."""
     targets = []
@@ -3765,7 +3766,7 @@ def resolve_egress(pod: EpisodePod, resolver: Resolver = socket.getaddrinfo) -> 
             found = resolver(target.host, target.port, type=socket.SOCK_STREAM)
         except OSError as error:
             raise DemoError(
-                f"--allow-egress {target.given}: cannot resolve {target.host} from this machine "
+                f"{spelling.setting('allow_egress', target.given)}: cannot resolve {target.host} from this machine "
                 f"({error}); give its addresses as a CIDR instead"
             ) from None
         addresses = sorted({str(ipaddress.ip_network(entry[4][0])) for entry in found})
@@ -13649,7 +13650,7 @@ def run_settings(
         pull_timeout=request.pull_timeout,
         prepull=request.prepull,
         task_images=tuple(task_images(tasks, image, image_map)) if rollout and tasks else None,
-        pod=resolve_egress(episode_pod(request)),  # each HOST resolved once, here
+        pod=resolve_egress(episode_pod(request), request.spelling),  # each HOST resolved once
     )
 
 

@@ -10,7 +10,16 @@ import socket
 from typing import Any, Callable, Iterable, Sequence
 
 from .constants import ANNOTATION_PREFIX, EPISODE_TIMEOUT_ENV, TASK_FILE_ENV
-from .model import DemoError, EgressTarget, EpisodePod, RunRequest, SecretSource, UsageError
+from .model import (
+    COMMAND_LINE,
+    DemoError,
+    EgressTarget,
+    EpisodePod,
+    RunRequest,
+    SecretSource,
+    Spelling,
+    UsageError,
+)
 from .manifests import parse_quantity
 
 # The environment the tool sets itself: --env may not replace it (nor may a Secret's keys: the
@@ -129,15 +138,14 @@ def egress_target(text: str) -> EgressTarget:
 def episode_pod(request: RunRequest) -> EpisodePod:
     """The request's pod settings, checked (a HOST of --allow-egress not yet resolved); UsageError
     names the setting as the caller wrote it."""
-    say = request.spelling.setting
     parts: dict[str, Any] = {}
-    try:
-        for name in ("cpu", "memory"):
-            given = getattr(request, name)
+    for name in ("cpu", "memory"):
+        given = getattr(request, name)
+        try:
             if given is not None:
                 parts[name] = resource_pair(given, name)
-    except ValueError as error:
-        raise UsageError(f"{say(name, given)}: {error}") from None
+        except ValueError as error:
+            raise UsageError(f"{request.spelling.setting(name, given)}: {error}") from None
     for name, dest, read in (
         ("env", "env", env_pairs),
         ("secrets", "env_from_secret", secret_sources),
@@ -158,7 +166,9 @@ def episode_pod(request: RunRequest) -> EpisodePod:
 Resolver = Callable[..., Sequence[Any]]
 
 
-def resolve_egress(pod: EpisodePod, resolver: Resolver = socket.getaddrinfo) -> EpisodePod:
+def resolve_egress(
+    pod: EpisodePod, spelling: Spelling = COMMAND_LINE, resolver: Resolver = socket.getaddrinfo
+) -> EpisodePod:
     """Each HOST of --allow-egress as its addresses now, from this machine (a NetworkPolicy holds
     addresses, never names); DemoError names a host that does not resolve."""
     targets = []
@@ -170,7 +180,7 @@ def resolve_egress(pod: EpisodePod, resolver: Resolver = socket.getaddrinfo) -> 
             found = resolver(target.host, target.port, type=socket.SOCK_STREAM)
         except OSError as error:
             raise DemoError(
-                f"--allow-egress {target.given}: cannot resolve {target.host} from this machine "
+                f"{spelling.setting('allow_egress', target.given)}: cannot resolve {target.host} from this machine "
                 f"({error}); give its addresses as a CIDR instead"
             ) from None
         addresses = sorted({str(ipaddress.ip_network(entry[4][0])) for entry in found})

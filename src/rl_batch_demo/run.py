@@ -988,7 +988,7 @@ def run_settings(
         pull_timeout=request.pull_timeout,
         prepull=request.prepull,
         task_images=tuple(task_images(tasks, image, image_map)) if rollout and tasks else None,
-        pod=resolve_egress(episode_pod(request)),  # each HOST resolved once, here
+        pod=resolve_egress(episode_pod(request), request.spelling),  # each HOST resolved once
     )
 
 

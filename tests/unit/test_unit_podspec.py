@@ -177,7 +177,8 @@ def test_allow_egress_lets_out_to_its_addresses_and_ports_alone() -> None:
         )
     )
     pod = demo.resolve_egress(
-        request_pod, fake_resolver({"model.internal": ["10.9.0.2", "10.9.0.1", "10.9.0.2"]})
+        request_pod,
+        resolver=fake_resolver({"model.internal": ["10.9.0.2", "10.9.0.1", "10.9.0.2"]}),
     )
     assert [target.cidrs for target in pod.egress] == [
         ("10.20.0.0/16",),
@@ -211,7 +212,8 @@ def test_allow_egress_lets_out_to_its_addresses_and_ports_alone() -> None:
     ]
     with pytest.raises(demo.DemoError, match=r"cannot resolve gone.invalid from this machine"):
         demo.resolve_egress(
-            demo.EpisodePod(egress=(demo.egress_target("gone.invalid:443"),)), fake_resolver({})
+            demo.EpisodePod(egress=(demo.egress_target("gone.invalid:443"),)),
+            resolver=fake_resolver({}),
         )
 
 
