@@ -96,6 +96,10 @@ def test_need_groups_ends_the_batch_once_k_groups_are_whole(
     saved = load(output / "job.json")
     for job in saved["items"] if images == 2 else [saved]:
         assert job["metadata"]["annotations"][rl_batch_demo.NEED_GROUPS_ANNOTATION] == "2"
+    # `report` recomputes the same from the saved files alone.
+    reported = run_tool(cluster, kubectl, "report", output)
+    assert reported.returncode == 0, reported.stderr
+    assert json.loads(reported.stdout)["job_end"] == results["job_end"]
     assert run_tool(cluster, kubectl, "cleanup", output=output).returncode == 0
 
 
