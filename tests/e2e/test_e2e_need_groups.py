@@ -55,7 +55,7 @@ def lines(output: Path) -> dict[str, list[tuple[Any, bool]]]:
     return found
 
 
-@on_tiers("emulator", "real_cluster")
+@on_tiers("emulator", "real_cluster", "real_node")
 @pytest.mark.parametrize("images", [1, 2])
 def test_need_groups_ends_the_batch_once_k_groups_are_whole(
     tier: Any, tmp_path: Path, images: int

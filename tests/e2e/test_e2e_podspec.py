@@ -54,7 +54,7 @@ def make_secret(cluster: Any, kubectl: str, name: str, data: dict[str, str]) -> 
     kubectl_call(cluster, kubectl, "create", "-f", "-", stdin=json.dumps(secret))
 
 
-@on_tiers("emulator", "real_cluster")
+@on_tiers("emulator", "real_cluster", "real_node")
 def test_resources_env_and_a_secrets_keys_reach_every_episode_and_no_file(
     tier: Any, tmp_path: Path
 ) -> None:
