@@ -28,6 +28,7 @@ shipped single file holds them in this order, each part opening with its source 
     store: a big batch held in little memory: shared strings and byte spools.
     parse: parsing what the cluster and the episodes said.
     manifests: the objects a run creates, as plain dicts; capacity.
+    podspec: what each episode's pod is given (--cpu, --memory, --env, Secrets, egress), checked.
     timing: what each episode went through: points, bounds, clocks, phases.
     outcomes: verification and classification: every episode's outcome, none dropped.
     summary: the batch's summary: throughput, slots, drafts, the events' index, episodes.csv.
@@ -39,6 +40,7 @@ shipped single file holds them in this order, each part opening with its source 
     follow: following a batch: its state, rewards, the follower, its evidence.
     syntax: an episode script's syntax, checked before it is shipped.
     preflight: what `run` checks and records before it changes the cluster.
+    secretcopy: --env-from-secret's Secrets read before anything is created, copied once it may be.
     results: results.json: a batch's figures and the run's.
     lifecycle: `cleanup`, `list` and `cleanup --stale`.
     run: the `run` action: `perform_run` -> `start_run` -> `execute`.
@@ -76,6 +78,7 @@ import hashlib
 import heapq
 import http.client
 import io
+import ipaddress
 import itertools
 import json
 import math
@@ -253,6 +256,10 @@ BATCH_LABEL = ANNOTATION_PREFIX + "batch"
 
 EPISODE_INDEXES_ANNOTATION = ANNOTATION_PREFIX + "episode-indexes"
 
+# What an episode's pod's activeDeadlineSeconds is made of, as the run was given it
+# ("--pull-timeout 60 + --episode-timeout 30"): a pod stopped at its deadline names them.
+DEADLINE_ANNOTATION = ANNOTATION_PREFIX + "deadline"
+
 # --prepull's pods (one per node and image, each running `python -c pass`) carry this label.
 PREPULL_LABEL = ANNOTATION_PREFIX + "prepull"
 
@@ -355,6 +362,12 @@ NEED_MIN_SERVER = (1, 33)
 
 # The reason of a Job's SuccessCriteriaMet (then Complete) condition when its successPolicy was met.
 SUCCESS_POLICY_REASON = "SuccessPolicy"
+
+# --need-groups K: once K whole groups have every member's valid line, the tool stamps each Job of
+# the batch with this annotation (value K) as it suspends it, which stops the rest: such a Job has
+# ended, "Complete", once none of its pods is left running (job_finished).
+NEED_GROUPS_ANNOTATION = ANNOTATION_PREFIX + "need-groups-met"
+NEED_GROUPS_REASON = "NeedGroupsMet"
 
 # The kubelet's reason on a pod that outlived its activeDeadlineSeconds (--episode-timeout).
 POD_DEADLINE_REASON = "DeadlineExceeded"
@@ -1347,6 +1360,78 @@ class RunRequest:
     # Tasks, a rollout option, or a Python caller: a batch that writes rewards.jsonl.
     rollout: bool
     spelling: Spelling
+    # What each episode's pod is given, as the caller wrote it (podspec checks and reads them).
+    cpu: str | None = None
+    memory: str | None = None
+    env: tuple[str, ...] = ()
+    env_from_secret: tuple[str, ...] = ()
+    allow_egress: tuple[str, ...] = ()
+    need_groups: int | None = None  # --need-groups K: the batch ends once K groups are whole
+
+
+class EgressTarget(NamedTuple):
+    """One --allow-egress, as given (`given`) and as its NetworkPolicy rule holds it: the CIDRs
+    (a HOST's addresses, as the tool resolved them when the run started), and the TCP port (None:
+    every port of a CIDR); `host` is the name a HOST entry pins to those addresses (hostAliases)."""
+
+    given: str
+    cidrs: tuple[str, ...]
+    port: int | None = None
+    host: str | None = None
+
+
+class SecretSource(NamedTuple):
+    """One --env-from-secret: the Secret `name` of `namespace` (None: the context's namespace),
+    copied into the run's namespace under the same name."""
+
+    name: str
+    namespace: str | None = None
+
+
+class EpisodePod(NamedTuple):
+    """What every episode's pod is given beside its program: its CPU and memory as (request,
+    limit) (--cpu, --memory), its environment (--env), Secrets whose keys become its environment
+    (--env-from-secret), and under --harden the only places it may reach (--allow-egress)."""
+
+    cpu: tuple[str, str] = ("100m", "500m")
+    memory: tuple[str, str] = ("64Mi", "128Mi")
+    env: tuple[tuple[str, str], ...] = ()
+    secrets: tuple[SecretSource, ...] = ()
+    egress: tuple[EgressTarget, ...] = ()
+
+    def saved(self) -> dict[str, Any]:
+        """run.json's fields of what differs from the default pod (the guide's resources)."""
+        saved: dict[str, Any] = {}
+        default = EpisodePod()
+        for name in ("cpu", "memory"):
+            if getattr(self, name) != getattr(default, name):
+                saved[name] = dict(zip(("request", "limit"), getattr(self, name)))
+        if self.env:
+            saved["env"] = dict(self.env)
+        if self.secrets:
+            saved["env_from_secret"] = [secret._asdict() for secret in self.secrets]
+        if self.egress:
+            saved["allow_egress"] = [target._asdict() for target in self.egress]
+        return saved
+
+    @classmethod
+    def from_saved(cls, saved: dict[str, Any]) -> EpisodePod:
+        default = cls()
+        cpu, memory = saved.get("cpu"), saved.get("memory")
+        return cls(
+            cpu=(cpu["request"], cpu["limit"]) if cpu else default.cpu,
+            memory=(memory["request"], memory["limit"]) if memory else default.memory,
+            env=tuple((saved.get("env") or {}).items()),
+            secrets=tuple(SecretSource(**each) for each in saved.get("env_from_secret") or ()),
+            egress=tuple(
+                EgressTarget(**dict(each, cidrs=tuple(each["cidrs"])))
+                for each in saved.get("allow_egress") or ()
+            ),
+        )
+
+
+# The guide's episode pod: 100m/64Mi requested, 500m/128Mi the limits, nothing added.
+GUIDE_POD = EpisodePod()
 
 
 class PoolShape(NamedTuple):
@@ -1399,6 +1484,7 @@ class Settings:
     allow_failures: int | None = None
     task_ids: tuple[str, ...] | None = None
     need: int | None = None
+    need_groups: int | None = None
     episode_timeout: int | None = None
     # An image per task: each task's image (after --image-map, as `image` is), the map itself,
     # the pods' pull deadline, and whether the images are pre-pulled.
@@ -1410,6 +1496,7 @@ class Settings:
     context: str | None = None
     namespace: str | None = None
     batches: tuple[BatchEntry, ...] = ()
+    pod: EpisodePod = GUIDE_POD  # --cpu, --memory, --env, --env-from-secret, --allow-egress
 
     def saved(self) -> dict[str, Any]:
         """run.json's fields: the rollout options only for a rollout, --need and --episode-timeout
@@ -1443,6 +1530,8 @@ class Settings:
             )
         if self.need is not None:
             saved["need"] = self.need
+        if self.need_groups is not None:
+            saved["need_groups"] = self.need_groups
         if self.episode_timeout is not None:
             saved["episode_timeout"] = self.episode_timeout
         if self.rollout and self.task_images is not None:
@@ -1453,6 +1542,7 @@ class Settings:
             saved["pull_timeout"] = self.pull_timeout
         if self.prepull:
             saved["prepull"] = True
+        saved.update(self.pod.saved())
         saved.update(
             {
                 "context": self.context,
@@ -1495,6 +1585,7 @@ class Settings:
             allow_failures=saved.get("allow_failures"),
             task_ids=None if task_ids is None else tuple(task_ids),
             need=saved.get("need"),
+            need_groups=saved.get("need_groups"),
             episode_timeout=saved.get("episode_timeout"),
             context=saved["context"],
             namespace=saved["namespace"],
@@ -1508,6 +1599,7 @@ class Settings:
             image_map=tuple((saved.get("image_map") or {}).items()),
             pull_timeout=saved.get("pull_timeout"),
             prepull=bool(saved.get("prepull")),
+            pod=EpisodePod.from_saved(saved),
         )
 
 
@@ -2188,11 +2280,23 @@ def condition_true(obj: dict, kind: str) -> bool:
 
 
 def job_finished(job: dict) -> str | None:
-    """ "Complete" or "Failed" once the Job controller has said so, else None."""
+    """ "Complete" or "Failed" once the Job controller has said so, else None. A Job the tool
+    stopped once --need-groups was met is "Complete" once none of its pods is left running,
+    whatever its controller concluded of the pods that stopping deleted."""
+    if cancelled_by_tool(job):
+        status = job.get("status") or {}
+        stopped = any(condition_true(job, kind) for kind in ("Suspended", "Complete", "Failed"))
+        # Its pods still terminating are stopped all the same: the batch is over.
+        return "Complete" if stopped and not status.get("active") else None
     for kind in ("Complete", "Failed"):
         if condition_true(job, kind):
             return kind
     return None
+
+
+def cancelled_by_tool(job: dict) -> bool:
+    """The tool stopped the Job's remaining episodes once --need-groups was met."""
+    return NEED_GROUPS_ANNOTATION in ((job.get("metadata") or {}).get("annotations") or {})
 
 
 def job_episode_indexes(job: dict) -> list[int] | None:
@@ -2237,10 +2341,20 @@ def merged_job(batch: str, jobs: Sequence[dict], expected: int) -> dict:
             "creationTimestamp": first_creation(jobs),
             "resourceVersion": newest_version(jobs),
             "labels": {BATCH_LABEL: batch},
+            **merged_annotations(jobs),
         },
         "spec": merged_spec(jobs),
         "status": merged_status(jobs, expected),
     }
+
+
+def merged_annotations(jobs: Sequence[dict]) -> dict[str, Any]:
+    """Of the Jobs' annotations, the one that says the tool stopped them (--need-groups)."""
+    for job in jobs:
+        annotations = (job.get("metadata") or {}).get("annotations") or {}
+        if NEED_GROUPS_ANNOTATION in annotations:
+            return {"annotations": {NEED_GROUPS_ANNOTATION: annotations[NEED_GROUPS_ANNOTATION]}}
+    return {}
 
 
 def first_creation(jobs: Sequence[dict]) -> str | None:
@@ -2298,11 +2412,18 @@ def merged_end(jobs: Sequence[dict], ends: Sequence[str | None]) -> list[dict]:
     """The conditions of Jobs that have all ended: Complete (and SuccessCriteriaMet) as the latest
     says if every one completed, else Failed as the first that failed says, at the latest end."""
     if all(end == "Complete" for end in ends):
+        suspended = [
+            condition(job, "Suspended") for job in jobs if condition_true(job, "Suspended")
+        ]
         return [
             c
             for c in (
                 latest_condition(jobs, "SuccessCriteriaMet"),
                 latest_condition(jobs, "Complete"),
+                # Those the tool stopped (--need-groups): the last of them to be.
+                max(suspended, key=lambda c: parse_time((c or {}).get("lastTransitionTime")) or 0.0)
+                if suspended
+                else None,
             )
             if c is not None
         ]
@@ -3061,10 +3182,16 @@ def indexed_env(indexed: bool, tasks: dict | None) -> list[dict]:
 
 
 def episode_container(
-    image: str, harden: bool, indexed: bool, tasks: dict | None, launch: Launch | None = None
+    image: str,
+    harden: bool,
+    indexed: bool,
+    tasks: dict | None,
+    launch: Launch | None = None,
+    pod: EpisodePod = GUIDE_POD,
 ) -> dict:
-    """The container that runs the episode program: unprivileged, small requests and limits;
-    a rollout's, through EPISODE_LAUNCHER (`launch`)."""
+    """The container that runs the episode program: unprivileged, the requests and limits of `pod`
+    (small by default), its --env after the tool's own and its Secrets' keys (envFrom: the kubelet
+    lets `env` win); a rollout's, through EPISODE_LAUNCHER (`launch`)."""
     security: dict[str, Any] = {
         "allowPrivilegeEscalation": False,
         "capabilities": {"drop": ["ALL"]},
@@ -3078,19 +3205,43 @@ def episode_container(
     ]
     if tasks:
         mounts.append({"name": TASKS_VOLUME, "mountPath": TASKS_MOUNT, "readOnly": True})
-    return {
+    container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": image,
         "imagePullPolicy": "IfNotPresent",
         "command": ["python", "-B", f"/demo/{LAUNCHER_KEY if launch else WORKER_KEY}"],
-        "env": episode_env(indexed, tasks, launch),
+        "env": episode_env(indexed, tasks, launch)
+        + [{"name": key, "value": value} for key, value in pod.env],
         "securityContext": security,
-        "resources": {
-            "requests": {"cpu": "100m", "memory": "64Mi"},
-            "limits": {"cpu": "500m", "memory": "128Mi"},
-        },
+        "resources": pod_resources(pod),
         "volumeMounts": mounts,
     }
+    if pod.secrets:
+        container["envFrom"] = [{"secretRef": {"name": secret.name}} for secret in pod.secrets]
+    return container
+
+
+def pod_resources(pod: EpisodePod) -> dict:
+    """A container's requests and limits from --cpu and --memory (the guide's by default)."""
+    return {
+        "requests": {"cpu": pod.cpu[0], "memory": pod.memory[0]},
+        "limits": {"cpu": pod.cpu[1], "memory": pod.memory[1]},
+    }
+
+
+def host_aliases(targets: Sequence[EgressTarget]) -> list[dict]:
+    """Each HOST of --allow-egress pinned to its resolved addresses in the pods' /etc/hosts: the
+    deny-all leaves them no DNS, and the NetworkPolicy lets them reach those addresses alone."""
+    names: dict[str, list[str]] = {}
+    for target in targets:
+        host = target.host
+        if host is None:
+            continue
+        for cidr in target.cidrs:
+            address = str(ipaddress.ip_network(cidr).network_address)
+            if host not in names.setdefault(address, []):
+                names[address].append(host)
+    return [{"ip": address, "hostnames": hostnames} for address, hostnames in names.items()]
 
 
 def episode_pod_spec(
@@ -3101,9 +3252,11 @@ def episode_pod_spec(
     tasks: dict | None,
     episode_timeout: int | None = None,
     launch: Launch | None = None,
+    pod: EpisodePod = GUIDE_POD,
 ) -> dict:
     """An episode's pod: in the sandbox runtime, never restarted, non-root, without a service account token;
-    with `episode_timeout`, stopped by its kubelet that many seconds after the pod started."""
+    with `episode_timeout`, stopped by its kubelet that many seconds after the pod started; each
+    host --allow-egress names pinned to its addresses."""
     volumes = [
         {"name": "demo", "configMap": {"name": CONFIGMAP_NAME}},
         {"name": "workspace", "emptyDir": {"sizeLimit": "64Mi"} if harden else {}},
@@ -3111,8 +3264,10 @@ def episode_pod_spec(
     if tasks:
         volumes.append(tasks)
     deadline = {} if episode_timeout is None else {"activeDeadlineSeconds": episode_timeout}
+    aliases = host_aliases(pod.egress)
     return {
         **deadline,
+        **({"hostAliases": aliases} if aliases else {}),
         "runtimeClassName": runtime,
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
@@ -3122,7 +3277,7 @@ def episode_pod_spec(
             "fsGroup": 1000,
             "runAsNonRoot": True,
         },
-        "containers": [episode_container(image, harden, indexed, tasks, launch)],
+        "containers": [episode_container(image, harden, indexed, tasks, launch, pod)],
         "volumes": volumes,
     }
 
@@ -3143,6 +3298,8 @@ def job_manifest(
     batch: str | None = None,
     episode_indexes: Sequence[int] | None = None,
     launch: Launch | None = None,
+    deadline_parts: str | None = None,
+    pod: EpisodePod = GUIDE_POD,
 ) -> dict:
     """The Job whose pods are the episodes: backoffLimit 0, so one failed episode fails the batch.
 
@@ -3151,7 +3308,8 @@ def job_manifest(
     (backoffLimitPerIndex), a number of failed episodes the Job tolerates
     (maxFailedIndexes) and the podFailurePolicy that tells whose failure it was; its
     `need` ends the Job once that many episodes succeeded (successPolicy), the rest
-    stopped. `episode_timeout` is each pod's activeDeadlineSeconds.
+    stopped. `episode_timeout` is each pod's activeDeadlineSeconds, `deadline_parts` what it is
+    made of (DEADLINE_ANNOTATION). `pod`: each pod's resources, environment and pinned hosts.
 
     `launch`: a rollout's pods run their episode through EPISODE_LAUNCHER, which records the
     episode's own failure and ends the pod 0, so that only a failure of the infrastructure fails a
@@ -3168,9 +3326,11 @@ def job_manifest(
         "backoffLimit": 0,
         "activeDeadlineSeconds": deadline_seconds,
         "template": {
-            "metadata": episode_pod_metadata(batch, episode_indexes, launch is not None),
+            "metadata": episode_pod_metadata(
+                batch, episode_indexes, launch is not None, deadline_parts
+            ),
             "spec": episode_pod_spec(
-                image, runtime, harden, indexed_mode, tasks, episode_timeout, launch
+                image, runtime, harden, indexed_mode, tasks, episode_timeout, launch, pod
             ),
         },
     }
@@ -3180,19 +3340,29 @@ def job_manifest(
         # The Job-wide limit would end the batch at its first failure; each episode has its own.
         del spec["backoffLimit"]
         spec.update(rollout_policy_spec(policy))
-    metadata: dict[str, Any] = {"name": name, "namespace": namespace}
-    if episode_indexes is not None:
-        # The API server copies the template's labels onto a Job only when the Job has none: one
-        # with labels of its own carries the tool's too, or list and cleanup --stale miss it.
-        metadata["labels"] = {"app": APP_LABEL, BATCH_LABEL: batch}
+    metadata = job_metadata(namespace, name, batch if episode_indexes is not None else None)
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata, "spec": spec}
 
 
+def job_metadata(namespace: str, name: str, batch: str | None) -> dict[str, Any]:
+    """A Job's name and namespace; one of batch `batch`'s several Jobs, labelled with it."""
+    metadata: dict[str, Any] = {"name": name, "namespace": namespace}
+    if batch is not None:
+        # The API server copies the template's labels onto a Job only when the Job has none: one
+        # with labels of its own carries the tool's too, or list and cleanup --stale miss it.
+        metadata["labels"] = {"app": APP_LABEL, BATCH_LABEL: batch}
+    return metadata
+
+
 def episode_pod_metadata(
-    batch: str | None, episode_indexes: Sequence[int] | None, launched: bool = False
+    batch: str | None,
+    episode_indexes: Sequence[int] | None,
+    launched: bool = False,
+    deadline_parts: str | None = None,
 ) -> dict:
     """The labels of every episode's pod; in one of a batch's several Jobs, its batch and the run's
-    episode indexes too; under the launcher, that its episode's own end is recorded in its log."""
+    episode indexes too; under the launcher, that its episode's own end is recorded in its log;
+    with a deadline, what it is made of."""
     metadata: dict[str, Any] = {"labels": {"app": APP_LABEL}}
     annotations = {}
     if episode_indexes is not None:
@@ -3200,6 +3370,8 @@ def episode_pod_metadata(
         annotations[EPISODE_INDEXES_ANNOTATION] = index_ranges(episode_indexes)
     if launched:
         annotations[EPISODE_EXIT_ANNOTATION] = EPISODE_EXIT_RECORDED
+    if deadline_parts is not None:
+        annotations[DEADLINE_ANNOTATION] = deadline_parts
     if annotations:
         metadata["annotations"] = annotations
     return metadata
@@ -3519,6 +3691,214 @@ def pool_job_manifest(
             "template": {"metadata": {"labels": {"app": APP_LABEL}}, "spec": spec},
         },
     }
+
+
+# --------------------------------------------------------------------------
+# src/rl_batch_demo/podspec.py: What every episode's pod is given beside its program (--cpu, --memory, --env, --env-from-secret,
+
+# The environment the tool sets itself: --env may not replace it (nor may a Secret's keys: the
+# kubelet lets `env` win over `envFrom`).
+RESERVED_ENV = (
+    "EPISODE_ID",
+    "EPISODE_INDEX",
+    "EPISODE_INDEXES",
+    TASK_FILE_ENV,
+    EPISODE_TIMEOUT_ENV,
+)
+
+# An environment variable's name as every supported API server takes it (1.34 relaxed the rule).
+ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
+
+# A Secret's name (a DNS subdomain) and a namespace's (a DNS label).
+SECRET_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+NAMESPACE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+
+HOST_NAME = re.compile(
+    r"[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?)*\.?"
+)
+
+# A quantity as the API server writes one: a number and a suffix (decimal SI, binary, or exponent).
+QUANTITY = re.compile(r"(\d+(\.\d*)?|\.\d+)([kMGTPE]|[KMGTPE]i|m|[eE][+-]?\d+)?")
+
+# A Secret copied into the run's namespace names its source here ("NAMESPACE/NAME").
+COPIED_FROM_ANNOTATION = ANNOTATION_PREFIX + "copied-from"
+
+EGRESS_POLICY = "allow-egress"
+
+
+def quantity(text: str, resource: str) -> str:
+    """One CPU or memory quantity, positive and as the API server takes it; ValueError says why."""
+    if not QUANTITY.fullmatch(text):
+        example = "500m or 2" if resource == "cpu" else "256Mi or 1Gi"
+        raise ValueError(f"{text!r} is not a quantity (e.g. {example})")
+    if resource == "memory" and text.endswith("m"):
+        # 128m is 0.128 bytes to Kubernetes: no container starts with it.
+        raise ValueError(
+            f"{text!r} is {text[:-1]} thousandths of a byte; did you mean {text[:-1]}Mi?"
+        )
+    if resource == "cpu" and text.endswith("i"):
+        raise ValueError(f"{text!r}: CPU is counted in cores (e.g. 2) or millicores (500m)")
+    if not parse_quantity(text):
+        raise ValueError(f"{text!r} must be more than 0")
+    return text
+
+
+def resource_pair(text: str, resource: str) -> tuple[str, str]:
+    """--cpu/--memory: Q (request and limit both Q), or REQUEST:LIMIT; ValueError says why."""
+    request, split, limit = text.partition(":")
+    request, limit = quantity(request, resource), quantity(limit if split else request, resource)
+    if (parse_quantity(request) or 0) > (parse_quantity(limit) or 0):
+        raise ValueError(f"the request {request} is over the limit {limit}")
+    return request, limit
+
+
+def env_pairs(texts: Iterable[str]) -> tuple[tuple[str, str], ...]:
+    """--env KEY=VALUE, each KEY once and none the tool sets itself; ValueError says why."""
+    pairs: dict[str, str] = {}
+    for text in texts:
+        key, split, value = text.partition("=")
+        if not split:
+            raise ValueError(f"{text!r} is not KEY=VALUE")
+        if not ENV_NAME.fullmatch(key):
+            raise ValueError(
+                f"{key!r} is not an environment variable's name ([-._a-zA-Z][-._a-zA-Z0-9]*)"
+            )
+        if key in RESERVED_ENV:
+            raise ValueError(f"{key} is set by the tool for every episode")
+        if key in pairs:
+            raise ValueError(f"{key} is given twice")
+        pairs[key] = value
+    return tuple(pairs.items())
+
+
+def secret_sources(texts: Iterable[str]) -> tuple[SecretSource, ...]:
+    """--env-from-secret [NAMESPACE/]NAME, each name once (its copy in the run's namespace keeps it)."""
+    sources: dict[str, SecretSource] = {}
+    for text in texts:
+        namespace, split, name = text.rpartition("/")
+        if not SECRET_NAME.fullmatch(name) or len(name) > 253:
+            raise ValueError(f"{name!r} is not a Secret's name")
+        if split and (not NAMESPACE_NAME.fullmatch(namespace) or len(namespace) > 63):
+            raise ValueError(f"{namespace!r} is not a namespace's name")
+        if name in sources:
+            raise ValueError(
+                f"two Secrets named {name}: their copies would share the run's namespace"
+            )
+        sources[name] = SecretSource(name, namespace or None)
+    return tuple(sources.values())
+
+
+def egress_target(text: str) -> EgressTarget:
+    """--allow-egress CIDR (every port), IP:PORT or HOST:PORT (TCP; a HOST resolved later, by
+    resolve_egress); ValueError says why."""
+    if "/" in text:
+        try:
+            return EgressTarget(text, (str(ipaddress.ip_network(text, strict=False)),))
+        except ValueError:
+            raise ValueError(f"{text!r} is not a CIDR (e.g. 10.0.0.0/8)") from None
+    host, split, port = text.rpartition(":")
+    if not split or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"{text!r} is neither HOST:PORT (e.g. api.example.com:443) nor a CIDR")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        if not HOST_NAME.fullmatch(host):
+            raise ValueError(f"{host!r} is not a host name or an IP address") from None
+        return EgressTarget(text, (), int(port), host.rstrip("."))
+    return EgressTarget(text, (str(ipaddress.ip_network(address)),), int(port))
+
+
+def episode_pod(request: RunRequest) -> EpisodePod:
+    """The request's pod settings, checked (a HOST of --allow-egress not yet resolved); UsageError
+    names the setting as the caller wrote it."""
+    parts: dict[str, Any] = {}
+    for name in ("cpu", "memory"):
+        given = getattr(request, name)
+        try:
+            if given is not None:
+                parts[name] = resource_pair(given, name)
+        except ValueError as error:
+            raise UsageError(f"{request.spelling.setting(name, given)}: {error}") from None
+    for name, dest, read in (
+        ("env", "env", env_pairs),
+        ("secrets", "env_from_secret", secret_sources),
+        ("egress", "allow_egress", lambda texts: tuple(map(egress_target, texts))),
+    ):
+        try:
+            parts[name] = read(getattr(request, dest))
+        except ValueError as error:
+            raise UsageError(f"{request.spelling.name(dest)}: {error}") from None
+    if parts["egress"] and not request.harden:
+        raise UsageError(
+            f"{request.spelling.name('allow_egress')} needs {request.spelling.switch('harden')}: "
+            f"without it nothing is denied, so there is nothing to allow"
+        )
+    return EpisodePod(**parts)
+
+
+Resolver = Callable[..., Sequence[Any]]
+
+
+def resolve_egress(
+    pod: EpisodePod, spelling: Spelling = COMMAND_LINE, resolver: Resolver = socket.getaddrinfo
+) -> EpisodePod:
+    """Each HOST of --allow-egress as its addresses now, from this machine (a NetworkPolicy holds
+    addresses, never names); DemoError names a host that does not resolve."""
+    targets = []
+    for target in pod.egress:
+        if target.host is None or target.cidrs:
+            targets.append(target)
+            continue
+        try:
+            found = resolver(target.host, target.port, type=socket.SOCK_STREAM)
+        except OSError as error:
+            raise DemoError(
+                f"{spelling.setting('allow_egress', target.given)}: cannot resolve {target.host} from this machine "
+                f"({error}); give its addresses as a CIDR instead"
+            ) from None
+        addresses = sorted({str(ipaddress.ip_network(entry[4][0])) for entry in found})
+        targets.append(target._replace(cidrs=tuple(addresses)))
+    return pod._replace(egress=tuple(targets))
+
+
+def egress_policy_manifest(namespace: str, targets: Sequence[EgressTarget]) -> dict:
+    """Besides --harden's deny-all, the only egress the episodes' pods have: each target's
+    addresses, on its TCP port (a CIDR's: every port). NetworkPolicies add up: what one allows, the
+    deny-all does not take back."""
+    rules = []
+    for target in targets:
+        rule: dict[str, Any] = {"to": [{"ipBlock": {"cidr": cidr}} for cidr in target.cidrs]}
+        if target.port is not None:
+            rule["ports"] = [{"protocol": "TCP", "port": target.port}]
+        rules.append(rule)
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": EGRESS_POLICY, "namespace": namespace},
+        "spec": {"podSelector": {}, "policyTypes": ["Egress"], "egress": rules},
+    }
+
+
+def secret_copy_manifest(namespace: str, source: SecretSource, found: dict | None = None) -> dict:
+    """The copy of a --env-from-secret Secret in the run's namespace: its data only once read
+    (`found`, the Secret as the API server holds it), so a plan printed or saved never holds it."""
+    where = f"{source.namespace}/{source.name}" if source.namespace else source.name
+    if found is not None:
+        where = f"{found['metadata'].get('namespace')}/{source.name}"
+    manifest: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": source.name,
+            "namespace": namespace,
+            "annotations": {COPIED_FROM_ANNOTATION: where},
+        },
+        "type": "Opaque",
+    }
+    if found is not None:
+        manifest["data"] = dict(found.get("data") or {})
+    return manifest
 
 
 # --------------------------------------------------------------------------
@@ -4944,12 +5324,20 @@ def classify_attempt(
 
 
 def job_cut_short(job: dict | None) -> bool:
-    """The Job's successPolicy (--need) was met: it stops every episode still running."""
+    """The Job's successPolicy (--need) was met, or the tool stopped it once --need-groups was:
+    every episode still running is stopped."""
+    if cancelled_by_tool(job or {}):
+        return True
     for kind in ("SuccessCriteriaMet", "Complete"):
         entry = condition(job or {}, kind)
         if entry and entry.get("status") == "True" and entry.get("reason") == SUCCESS_POLICY_REASON:
             return True
     return False
+
+
+def cut_short_by(job: dict | None) -> str:
+    """What cut the batch short (job_cut_short): the flag, as a cancelled episode's line names it."""
+    return "--need-groups" if cancelled_by_tool(job or {}) else "--need"
 
 
 def succeeded_before_its_deadline(pod: dict, job: dict | None) -> dict:
@@ -5082,7 +5470,7 @@ def succeeded_pod(
             # Stopped by the Job once --need was met, it exited 0 before its reward was complete.
             return (
                 CANCELLED,
-                f"cancelled: --need was met while it ran (it exited 0 before a complete "
+                f"cancelled: {cut_short_by(job)} was met while it ran (it exited 0 before a complete "
                 f"reward: {str(error).split(': ', 1)[-1]})",
             )
         end = job_end_reason(job)
@@ -5108,9 +5496,9 @@ def stopped_pod(pod: dict, job: dict, state: dict) -> tuple[str | None, str | No
         # Stopped (or about to be) by the Job because enough episodes had succeeded.
         return (
             CANCELLED,
-            "cancelled: --need was met while it ran"
+            f"cancelled: {cut_short_by(job)} was met while it ran"
             if started
-            else "cancelled: --need was met before its container started",
+            else f"cancelled: {cut_short_by(job)} was met before its container started",
         )
     if status.get("reason") == POD_DEADLINE_REASON:
         return past_pod_deadline(pod, started)
@@ -5129,26 +5517,33 @@ def stopped_pod(pod: dict, job: dict, state: dict) -> tuple[str | None, str | No
 
 def past_pod_deadline(pod: dict, started: bool) -> tuple[str | None, str | None]:
     """A pod stopped at its activeDeadlineSeconds: the episode's fault once its container started,
-    unless its launcher keeps the episode's own time (its pod's deadline is then a backstop)."""
+    unless its launcher keeps the episode's own time (its pod's deadline is then a backstop). The
+    message names what the deadline was made of, as the run was given it (DEADLINE_ANNOTATION)."""
     limit = (pod.get("spec") or {}).get("activeDeadlineSeconds")
+    parts = ((pod.get("metadata") or {}).get("annotations") or {}).get(DEADLINE_ANNOTATION)
+    # A pod of a run that did not record them: its activeDeadlineSeconds alone.
+    made_of = parts or "its pod's activeDeadlineSeconds"
     if started and exit_recorded(pod):
+        if "--episode-timeout" in made_of:
+            why = (
+                f"not by its launcher at the episode's own --episode-timeout: a slow start "
+                f"(image {container_image(pod)})"
+            )
+        else:
+            why = "the episode still running then"
         return "infrastructure", (
             f"stopped at its pod's deadline of {limit} s from its start on the node "
-            f"(--pull-timeout, and --episode-timeout plus {EPISODE_TIMEOUT_SLACK_SECONDS} s to "
-            f"start, as given), not by its launcher at the episode's own --episode-timeout: a "
-            f"slow start (image {container_image(pod)}), or without --episode-timeout an "
-            f"episode still running then"
+            f"({made_of}), {why}"
         )
     if started:
         return (
             "episode",
             f"ran out of time: still running {limit} s after its pod started (its deadline: "
-            f"--episode-timeout, plus --pull-timeout, as given)",
+            f"{made_of})",
         )
     return "infrastructure", (
         f"container never started within its pod's deadline of {limit} s from its "
-        f"start (--pull-timeout and --episode-timeout): image {container_image(pod)} "
-        f"not pulled and started by then"
+        f"start ({made_of}): image {container_image(pod)} not pulled and started by then"
     )
 
 
@@ -5352,7 +5747,7 @@ def never_created(job: dict) -> dict[str, Any]:
     """The outcome of an episode whose pod was never created: cancelled, or stopped by the Job's end."""
     if job_cut_short(job):
         failure_class = CANCELLED
-        failure = "cancelled: --need was met before this episode's pod was created"
+        failure = f"cancelled: {cut_short_by(job)} was met before this episode's pod was created"
     else:
         failure_class = "infrastructure"
         failure = (
@@ -5432,6 +5827,8 @@ def failure_settled(job: dict | None, index: int) -> bool:
     """The Job will not run this index again: it counts it among its failed indexes, or it has
     ended (or is ending: FailureTarget, SuccessCriteriaMet)."""
     status = (job or {}).get("status") or {}
+    if cancelled_by_tool(job or {}):  # stopped by the tool (--need-groups): nothing more will run
+        return True
     if any(
         condition_true(job or {}, kind)
         for kind in ("Complete", "Failed", "FailureTarget", "SuccessCriteriaMet")
@@ -10203,8 +10600,11 @@ class RewardStream:
         settings: Settings,
         on_reward: Callable[[dict], None] | None = None,
         stop: StopRequest | None = None,
+        stop_rest: Callable[[], None] | None = None,
     ) -> None:
         self.path = path
+        # --need-groups K: called once, as soon as K groups are whole, to stop the rest.
+        self.stop_rest = stop_rest
         self.count = settings.count
         self.settings = settings
         self.images = group_images(settings)
@@ -10219,6 +10619,7 @@ class RewardStream:
         self._handle: TextIO | None = open(path, "w", encoding="utf-8")
         # Set from another thread (stream_batch's reader gone): the run stops at its next turn.
         self.stop = stop
+        self.whole_groups: set[int] = set()  # the groups whose every member has a valid line
 
     def check_stop(self) -> None:
         """Stop the run (StreamClosed), as Ctrl-C would, once asked to from another thread."""
@@ -10277,6 +10678,7 @@ class RewardStream:
         written = time.time()
         self.rows[index] = row
         self.waiting.discard(index)
+        self._count_group(index, streamed)
         after, before = container_end_bounds(pod, log_text, seen_terminated)
         self.deliveries.append(
             Delivery(
@@ -10296,6 +10698,18 @@ class RewardStream:
                 # Told once: the lines saved while the run stops are not handed to it again.
                 self.on_reward = None
                 raise RewardCallbackError(error) from error
+
+    def _count_group(self, index: int, streamed: bool) -> None:
+        """Whether the episode's group is whole now; once K are while the batch runs, the rest
+        are stopped (--need-groups K)."""
+        size = self.settings.group_size
+        members = range(index // size * size, index // size * size + size)
+        if all(self.rows.get(member, {}).get("valid") for member in members):
+            self.whole_groups.add(index // size)
+        wanted, stop_rest = self.settings.need_groups, self.stop_rest
+        if streamed and stop_rest and wanted is not None and len(self.whole_groups) >= wanted:
+            self.stop_rest = None
+            stop_rest()
 
     def finish(
         self,
@@ -11326,6 +11740,66 @@ def read_capacity(kubectl: Kubectl, settings: Settings, job: dict) -> dict:
 
 
 # --------------------------------------------------------------------------
+# src/rl_batch_demo/secretcopy.py: --env-from-secret at run time: each Secret found before anything is created, and copied into the
+
+# The Secrets read for a run, by name: what their copies are made from.
+ReadSecrets = dict[str, dict]
+
+
+def read_secrets(run: RunContext) -> ReadSecrets:
+    """Each --env-from-secret Secret, read before anything is created; DemoError names one that is
+    missing or may not be read, and says that nothing was created."""
+    found: ReadSecrets = {}
+    for source in run.settings.pod.secrets:
+        found[source.name] = read_secret(run, source)
+    return found
+
+
+def read_secret(run: RunContext, source: SecretSource) -> dict:
+    given = run.spelling.setting(
+        "env_from_secret",
+        f"{source.namespace}/{source.name}" if source.namespace else source.name,
+    )
+    where = f"namespace {source.namespace}" if source.namespace else "the context's namespace"
+    try:
+        # Without -n, kubectl looks in the context's namespace, as the user's own kubectl would.
+        secret = run.kubectl.get(
+            "secret",
+            source.name,
+            source.namespace,
+            missing_ok=True,
+            retry_until=time.monotonic() + FIRST_CONTACT_RETRY_SECONDS,
+        )
+    except KubectlError as error:
+        if "forbidden" in error.stderr.lower():
+            raise DemoError(
+                f"{given}: may not get Secret {source.name} in {where} (the copy into the run's "
+                f"namespace needs get on it, and create secrets); nothing was created"
+            ) from None
+        raise DemoError(
+            f"{given}: cannot read Secret {source.name}: {error}; nothing was created"
+        ) from None
+    if secret is None:
+        raise DemoError(
+            f"{given}: no Secret {source.name} in {where}; nothing was created (make it with "
+            f"kubectl create secret generic {source.name} --from-literal=KEY=VALUE)"
+        )
+    return secret
+
+
+def filled(manifest: dict, secrets: ReadSecrets) -> dict:
+    """A planned object as it is created: a Secret's copy (planned without its data) with the data
+    of the Secret read; any other object as planned."""
+    metadata = manifest.get("metadata") or {}
+    if manifest.get("kind") != "Secret" or COPIED_FROM_ANNOTATION not in (
+        metadata.get("annotations") or {}
+    ):
+        return manifest
+    name = metadata["name"]
+    return secret_copy_manifest(metadata["namespace"], SecretSource(name), secrets[name])
+
+
+# --------------------------------------------------------------------------
 # src/rl_batch_demo/results.py: results.json: a batch's figures, verified or rolled out, and the run's.
 
 def describe_failure(
@@ -11538,7 +12012,13 @@ def say_rollout_outcome(
     need = batch.spelling.setting("need", settings.need)
     losses = [row for row in failures if is_loss(row)]
     own = [row for row in failures if not is_loss(row)]
-    if settings.need is not None:
+    if settings.need_groups is not None:
+        need = batch.spelling.setting("need_groups", settings.need_groups)
+        print(
+            f"{need} met: {cancelled} of {count} episodes cancelled, {len(losses)} lost",
+            file=sys.stderr,
+        )
+    elif settings.need is not None:
         print(
             f"{need} met: {count - cancelled - len(failures)} of {count} episodes succeeded, "
             + (f"{len(own)} failed on their own (valid), " if own else "")
@@ -11548,7 +12028,9 @@ def say_rollout_outcome(
         )
     if losses:
         accepted = (
-            f"Failures within {need}" if settings.need is not None else "Accepted a partial batch"
+            f"Failures within {need}"
+            if settings.need is not None or settings.need_groups is not None
+            else "Accepted a partial batch"
         )
         print(
             "\n  ".join(
@@ -11668,7 +12150,10 @@ def summarise_rollout(
     groups; DemoError when more episodes failed than --allow-failures accepts, or all did. Pure."""
     need = settings.need
     allowed = len(rows) - need if need is not None else settings.allow_failures or 0
+    if settings.need_groups is not None:
+        allowed = len(rows) - settings.need_groups * settings.group_size
     check_rollout_accepted(rows, need, allowed, spelling)
+    check_groups_whole(rows, settings, spelling)
     successes = {row["pod"] for row in rows if row["failure_class"] is None}
     by_name = {pod_name(pod): pod for pod in pods}
     summary = summarise_batch(
@@ -11692,7 +12177,36 @@ def summarise_rollout(
         rollout_figures(rows, job, pods, settings.group_size, allowed, settings.retries or 0, need)
     )
     summary.figures["images"] = image_figures(summary.episodes, rows)
+    if settings.need_groups is not None:  # the losses it absorbs make no partial batch
+        summary.figures.update(need_groups=settings.need_groups, accepted_partial=False)
     return summary
+
+
+def whole_groups(rows: Sequence[dict], group_size: int) -> list[int]:
+    """The groups whose every member has a valid line."""
+    return [
+        start // group_size
+        for start in range(0, len(rows), group_size)
+        if all(row["valid"] for row in rows[start : start + group_size])
+    ]
+
+
+def check_groups_whole(rows: Sequence[dict], settings: Settings, spelling: Spelling) -> None:
+    """--need-groups K: DemoError when fewer than K groups are whole."""
+    wanted = settings.need_groups
+    whole = whole_groups(rows, settings.group_size)
+    if wanted is not None and len(whole) < wanted:
+        losses = [row for row in rows if is_loss(row)]
+        raise DemoError(
+            "\n  ".join(
+                [
+                    f"{len(whole)} of {len(rows) // settings.group_size} groups have every "
+                    f"member's valid line, fewer than {spelling.setting('need_groups', wanted)} "
+                    f"({len(losses)} episodes lost: {failures_said(losses) or 'none'})"
+                ]
+                + failure_lines(losses)
+            )
+        )
 
 
 def check_rollout_accepted(
@@ -11754,6 +12268,7 @@ ROLLOUT_FIELDS = (
     "pod_to_ready_censored",
     "job_end",
     "need",
+    "need_groups",
     "cancelled_episodes",
     "first_reward_seconds",
     "kth_reward_seconds",
@@ -11804,8 +12319,9 @@ def rollout_figures(
         **group_summary_figures(rows, group_size),
         "job_end": {
             "condition": job_finished(job),
-            "reason": job_end_reason(job)
-            or (SUCCESS_POLICY_REASON if job_cut_short(job) else None),
+            "reason": NEED_GROUPS_REASON
+            if cancelled_by_tool(job)
+            else job_end_reason(job) or (SUCCESS_POLICY_REASON if job_cut_short(job) else None),
         },
     }
     if need is not None:
@@ -12388,6 +12904,9 @@ def rollout_policy(settings: Settings) -> RolloutPolicy | None:
     failures it over-provisions for: count - need); else the guide's backoffLimit 0."""
     if settings.need is not None:
         return RolloutPolicy(settings.retries or 0, settings.count - settings.need, settings.need)
+    if settings.need_groups is not None:  # the tool stops the rest itself, once K are whole
+        lost = settings.count - settings.need_groups * settings.group_size
+        return RolloutPolicy(settings.retries or 0, lost)
     if settings.retries is None and settings.allow_failures is None:
         return None
     return RolloutPolicy(settings.retries or 0, settings.allow_failures or 0)
@@ -12414,6 +12933,21 @@ def pod_deadline(settings: Settings) -> int | None:
     return sum(known) if known else None
 
 
+def pod_deadline_parts(settings: Settings) -> str | None:
+    """What each pod's deadline (pod_deadline) is made of: the flags given, with their values."""
+    parts = [
+        f"{flag} {seconds}"
+        for flag, seconds in (
+            ("--pull-timeout", settings.pull_timeout),
+            ("--episode-timeout", settings.episode_timeout),
+        )
+        if seconds is not None
+    ]
+    if settings.rollout and settings.episode_timeout is not None:
+        parts.append(f"{EPISODE_TIMEOUT_SLACK_SECONDS} s for the pod to start")
+    return " + ".join(parts) or None
+
+
 def episode_launch(settings: Settings) -> Launch | None:
     """How a rollout's pods run their episode: through the launcher, with --episode-timeout."""
     return Launch(timeout=settings.episode_timeout) if settings.rollout else None
@@ -12436,6 +12970,8 @@ def batch_job(namespace: str, settings: Settings, name: str, task_maps: Sequence
         policy=rollout_policy(settings),
         episode_timeout=pod_deadline(settings),
         launch=episode_launch(settings),
+        deadline_parts=pod_deadline_parts(settings),
+        pod=settings.pod,
     )
 
 
@@ -12478,6 +13014,8 @@ def batch_jobs(
             batch=name,
             episode_indexes=group.indexes,
             launch=episode_launch(settings),
+            deadline_parts=pod_deadline_parts(settings),
+            pod=settings.pod,
         )
         for number, (group, share) in enumerate(zip(groups, shares), start=1)
     ]
@@ -12494,6 +13032,10 @@ def plan_run(
     """Every object `run` creates, from its settings (and the run's origin, once known) alone."""
     task_maps = task_configmaps(namespace, tasks) if tasks else []
     setup = [network_policy_manifest(namespace)] if settings.harden else []
+    if settings.pod.egress:
+        setup.append(egress_policy_manifest(namespace, settings.pod.egress))
+    # Planned without their data: the Secrets are read when the run starts (secretcopy).
+    setup += [secret_copy_manifest(namespace, source) for source in settings.pod.secrets]
     setup += [configmap_manifest(namespace, worker_source, settings.rollout), *task_maps]
     groups = image_groups(
         tasks, settings.count, settings.group_size, settings.image, settings.image_map
@@ -12540,10 +13082,12 @@ def execute(run: RunContext) -> Results:
     if rollout_policy(run.settings):
         check_server_version(run)  # --need among them
     check_capacity(run)
+    secrets_read = read_secrets(run)  # --env-from-secret: held in memory alone
     stamp_origin(run)
     create_namespace(run)
     for manifest in run.plan.setup:
-        create_object(run, manifest)
+        create_object(run, filled(manifest, secrets_read))
+    secrets_read.clear()
     if run.settings.prepull:
         prepull(run)
     outcomes: list[BatchOutcome] = []
@@ -12808,8 +13352,12 @@ def batch_follower(
     run: RunContext, job_name: str, job_names: Sequence[str], batch_dir: str, watches: WatchStream
 ) -> BatchFollower:
     """What follows the batch, with its reward stream when it is a rollout."""
+    stop_rest = (
+        (lambda: stop_for_groups(run, job_names)) if run.settings.need_groups is not None else None
+    )
+    path = os.path.join(batch_dir, REWARDS_FILE)
     rewards = (
-        RewardStream(os.path.join(batch_dir, REWARDS_FILE), run.settings, run.on_reward, run.stop)
+        RewardStream(path, run.settings, run.on_reward, run.stop, stop_rest)
         if run.settings.rollout
         else None
     )
@@ -12828,6 +13376,27 @@ def batch_follower(
         job_names,
         spare_held=run.owns_process,
     )
+
+
+def stop_for_groups(run: RunContext, job_names: Sequence[str]) -> None:
+    """--need-groups K met: each Job of the batch stamped as stopped by the tool and suspended, so
+    that its controller deletes its running pods and starts no more (the Job's own successPolicy
+    cannot say "K whole groups"). A Job that has ended is stamped alone."""
+    stamp = {"metadata": {"annotations": {NEED_GROUPS_ANNOTATION: str(run.settings.need_groups)}}}
+    for name in job_names:
+        ended = job_finished(run.batch.follower.jobs.seen.get(name) or {}) if run.batch else None
+        patch = stamp if ended else dict(stamp, spec={"suspend": True})
+        run.kubectl.run(
+            ["patch", "job", name, "-n", run.namespace, "--type=merge", "-p", json.dumps(patch)],
+            retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
+        )
+    if not run.silent:
+        print(
+            f"{run.spelling.setting('need_groups', run.settings.need_groups)} met: the rest of "
+            f"the batch stopped",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def create_batch_jobs(run: RunContext, manifests: Sequence[dict]) -> dict:
@@ -13124,8 +13693,7 @@ def run_settings(
     context: str | None,
     namespace: str,
 ) -> Settings:
-    """The run's settings, once, from its request, its episode program, and the context and
-    namespace it runs in (no context for --dry-run)."""
+    """The run's settings, made once from its request, program, context (none: --dry-run), namespace."""
     rollout, tasks = request.rollout, request.tasks or ()
     batches = batch_names(request.rounds, request.warmup)
     image_map = parse_image_map(request.image_map)
@@ -13157,6 +13725,7 @@ def run_settings(
         allow_failures=request.allow_failures if rollout else None,
         task_ids=tuple(task.task_id for task in tasks) if rollout and tasks else None,
         need=request.need,
+        need_groups=request.need_groups,
         episode_timeout=request.episode_timeout,
         context=context,
         namespace=namespace,
@@ -13175,6 +13744,7 @@ def run_settings(
         pull_timeout=request.pull_timeout,
         prepull=request.prepull,
         task_images=tuple(task_images(tasks, image, image_map)) if rollout and tasks else None,
+        pod=resolve_egress(episode_pod(request), request.spelling),  # each HOST resolved once
     )
 
 
@@ -14708,6 +15278,7 @@ def run_arguments() -> list[argparse.ArgumentParser]:
         failure_arguments(),
         image_pull_arguments(),
         run_behaviour_arguments(),
+        episode_pod_arguments(),
         quiet_arguments("progress"),
         verbose_arguments(),
     ]
@@ -14865,6 +15436,16 @@ def failure_arguments() -> argparse.ArgumentParser:
         "images (each image's Job counts only its own successes). Needs Kubernetes >= 1.33",
     )
     arguments.add_argument(
+        "--need-groups",
+        type=positive_int,
+        default=None,
+        metavar="K",
+        help="with --tasks: end the batch as soon as K tasks' groups are whole, every member "
+        "with a valid line; the tool then stops the rest (it suspends the Jobs), recorded as "
+        "failure_class 'cancelled', and up to count - K x --group-size lost episodes are "
+        "absorbed. 1 <= K < tasks; not with --need or --allow-failures. Needs Kubernetes >= 1.33",
+    )
+    arguments.add_argument(
         "--episode-timeout",
         type=positive_int,
         default=None,
@@ -14931,6 +15512,50 @@ def run_behaviour_arguments() -> argparse.ArgumentParser:
         metavar="DURATION",
         help="the run may be deleted this long after it starts (e.g. 30m, 2h), ended or not, "
         "by `cleanup --stale`; recorded on its namespace",
+    )
+    return arguments
+
+
+def episode_pod_arguments() -> argparse.ArgumentParser:
+    """What each episode's pod is given: CPU and memory, environment, Secrets, egress."""
+    arguments = argument_set()
+    for flag, what, example, default in (
+        ("--cpu", "CPU", "1 or 250m:1", "100m:500m"),
+        ("--memory", "memory", "512Mi or 256Mi:1Gi", "64Mi:128Mi"),
+    ):
+        arguments.add_argument(
+            flag,
+            default=None,
+            metavar="Q|REQUEST:LIMIT",
+            help=f"each episode's {what}: Q is its "
+            f"request and its limit both, REQUEST:LIMIT sets them apart (e.g. {example}; default: "
+            f"{default}); the capacity check counts the request",
+        )
+    arguments.add_argument(
+        "--env",
+        action="append",
+        default=None,
+        metavar="KEY=VALUE",
+        help="set KEY in each episode's environment; repeatable. Saved in run.json and job.json: "
+        "pass secrets with --env-from-secret",
+    )
+    arguments.add_argument(
+        "--env-from-secret",
+        action="append",
+        default=None,
+        metavar="[NAMESPACE/]NAME",
+        help="each key of your Secret NAME (in NAMESPACE, default the context's) becomes a variable "
+        "of each episode's environment: the run copies it into its own namespace, which goes with "
+        "it; its values are never printed or saved. Needs get on that Secret; repeatable",
+    )
+    arguments.add_argument(
+        "--allow-egress",
+        action="append",
+        default=None,
+        metavar="HOST:PORT|CIDR",
+        help="with --harden, let the episodes reach this TCP HOST:PORT (a name resolved once, "
+        "as the run starts, and pinned in the pods' /etc/hosts) or CIDR (every port), and "
+        "nothing else (a NetworkPolicy); repeatable",
     )
     return arguments
 
@@ -15214,6 +15839,7 @@ def run_request(
         retries=args.retries,
         allow_failures=args.allow_failures,
         need=args.need,
+        need_groups=args.need_groups,
         episode_timeout=args.episode_timeout,
         prepull=args.prepull,
         pull_timeout=args.pull_timeout,
@@ -15230,9 +15856,22 @@ def run_request(
         or args.need is not None
         or spelling.python,
         spelling=spelling,
+        **pod_arguments(args),
     )
     check_run_request(request)
     return request
+
+
+def pod_arguments(args: argparse.Namespace) -> dict[str, Any]:
+    """What each episode's pod is given, as the request holds it (podspec reads them)."""
+    return {
+        "cpu": args.cpu,
+        "memory": args.memory,
+        **{name: tuple(getattr(args, name) or ()) for name in POD_LISTS},
+    }
+
+
+POD_LISTS = ("env", "env_from_secret", "allow_egress")
 
 
 def read_tasks(path: str, spelling: Spelling) -> list[Task]:
@@ -15286,6 +15925,7 @@ def check_run_request(request: RunRequest) -> None:
             f"that reads its task from ${TASK_FILE_ENV}"
         )
     check_image_request(request)
+    episode_pod(request)  # --cpu, --memory, --env, --env-from-secret, --allow-egress
 
 
 def check_image_request(request: RunRequest) -> None:
@@ -15349,8 +15989,28 @@ def check_rollout_request(request: RunRequest) -> None:
         )
 
 
+def check_need_groups_request(request: RunRequest) -> None:
+    """--need-groups K: with tasks, 1 <= K < tasks, and neither --need nor --allow-failures (the
+    batch absorbs count - K x group size losses)."""
+    wanted = request.need_groups
+    if wanted is None:
+        return
+    name, say = request.spelling.name, request.spelling.setting
+    if not request.tasks:
+        raise UsageError(f"{name('need_groups')} needs {name('tasks')}: its groups are the tasks'")
+    if wanted >= len(request.tasks):
+        raise UsageError(
+            f"{say('need_groups', wanted)} must be fewer than the {len(request.tasks)} tasks (it "
+            f"over-provisions: run every task's group and keep the first K whole ones)"
+        )
+    for other in ("need", "allow_failures"):
+        if getattr(request, other) is not None:
+            raise UsageError(f"{name('need_groups')} cannot go with {name(other)}")
+
+
 def check_need_request(request: RunRequest) -> None:
     """--need K: 1 <= K < count, and none of the options whose promise the first K of N would break."""
+    check_need_groups_request(request)
     need = request.need
     if need is None:
         return
@@ -15711,6 +16371,8 @@ def batch_arguments(
         raise KeywordTypeError(
             f"output= must be str | os.PathLike, got {type(output).__name__} {output!r}"
         )
+    if isinstance(keywords.get("env"), dict):  # env={"KEY": "VALUE"}, as os.environ reads
+        keywords = dict(keywords, env=[f"{key}={value}" for key, value in keywords["env"].items()])
     parser = build_parser(RaisingParser)
     args = parser.parse_args(
         dash_values_joined(["run", "--output", os.fspath(output), *options], parser)

@@ -27,6 +27,7 @@ shipped single file holds them in this order, each part opening with its source 
     store: a big batch held in little memory: shared strings and byte spools.
     parse: parsing what the cluster and the episodes said.
     manifests: the objects a run creates, as plain dicts; capacity.
+    podspec: what each episode's pod is given (--cpu, --memory, --env, Secrets, egress), checked.
     timing: what each episode went through: points, bounds, clocks, phases.
     outcomes: verification and classification: every episode's outcome, none dropped.
     summary: the batch's summary: throughput, slots, drafts, the events' index, episodes.csv.
@@ -38,6 +39,7 @@ shipped single file holds them in this order, each part opening with its source 
     follow: following a batch: its state, rewards, the follower, its evidence.
     syntax: an episode script's syntax, checked before it is shipped.
     preflight: what `run` checks and records before it changes the cluster.
+    secretcopy: --env-from-secret's Secrets read before anything is created, copied once it may be.
     results: results.json: a batch's figures and the run's.
     lifecycle: `cleanup`, `list` and `cleanup --stale`.
     run: the `run` action: `perform_run` -> `start_run` -> `execute`.

@@ -217,6 +217,8 @@ def batch_arguments(
         raise KeywordTypeError(
             f"output= must be str | os.PathLike, got {type(output).__name__} {output!r}"
         )
+    if isinstance(keywords.get("env"), dict):  # env={"KEY": "VALUE"}, as os.environ reads
+        keywords = dict(keywords, env=[f"{key}={value}" for key, value in keywords["env"].items()])
     parser = build_parser(RaisingParser)
     args = parser.parse_args(
         dash_values_joined(["run", "--output", os.fspath(output), *options], parser)

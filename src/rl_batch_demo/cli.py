@@ -35,6 +35,7 @@ from .model import (
 from .files import program_name
 from .parse import parse_duration
 from .manifests import image_groups, parallelism_shares, parse_image_map, parse_tasks, rewrite_image
+from .podspec import episode_pod
 from .lifecycle import cleanup, list_runs
 from .run import exit_at_once, run_command, signals_interrupt
 from .pool import pool_request, read_turns, run_pool, GUIDE_TURNS
@@ -157,6 +158,7 @@ def run_arguments() -> list[argparse.ArgumentParser]:
         failure_arguments(),
         image_pull_arguments(),
         run_behaviour_arguments(),
+        episode_pod_arguments(),
         quiet_arguments("progress"),
         verbose_arguments(),
     ]
@@ -314,6 +316,16 @@ def failure_arguments() -> argparse.ArgumentParser:
         "images (each image's Job counts only its own successes). Needs Kubernetes >= 1.33",
     )
     arguments.add_argument(
+        "--need-groups",
+        type=positive_int,
+        default=None,
+        metavar="K",
+        help="with --tasks: end the batch as soon as K tasks' groups are whole, every member "
+        "with a valid line; the tool then stops the rest (it suspends the Jobs), recorded as "
+        "failure_class 'cancelled', and up to count - K x --group-size lost episodes are "
+        "absorbed. 1 <= K < tasks; not with --need or --allow-failures. Needs Kubernetes >= 1.33",
+    )
+    arguments.add_argument(
         "--episode-timeout",
         type=positive_int,
         default=None,
@@ -380,6 +392,50 @@ def run_behaviour_arguments() -> argparse.ArgumentParser:
         metavar="DURATION",
         help="the run may be deleted this long after it starts (e.g. 30m, 2h), ended or not, "
         "by `cleanup --stale`; recorded on its namespace",
+    )
+    return arguments
+
+
+def episode_pod_arguments() -> argparse.ArgumentParser:
+    """What each episode's pod is given: CPU and memory, environment, Secrets, egress."""
+    arguments = argument_set()
+    for flag, what, example, default in (
+        ("--cpu", "CPU", "1 or 250m:1", "100m:500m"),
+        ("--memory", "memory", "512Mi or 256Mi:1Gi", "64Mi:128Mi"),
+    ):
+        arguments.add_argument(
+            flag,
+            default=None,
+            metavar="Q|REQUEST:LIMIT",
+            help=f"each episode's {what}: Q is its "
+            f"request and its limit both, REQUEST:LIMIT sets them apart (e.g. {example}; default: "
+            f"{default}); the capacity check counts the request",
+        )
+    arguments.add_argument(
+        "--env",
+        action="append",
+        default=None,
+        metavar="KEY=VALUE",
+        help="set KEY in each episode's environment; repeatable. Saved in run.json and job.json: "
+        "pass secrets with --env-from-secret",
+    )
+    arguments.add_argument(
+        "--env-from-secret",
+        action="append",
+        default=None,
+        metavar="[NAMESPACE/]NAME",
+        help="each key of your Secret NAME (in NAMESPACE, default the context's) becomes a variable "
+        "of each episode's environment: the run copies it into its own namespace, which goes with "
+        "it; its values are never printed or saved. Needs get on that Secret; repeatable",
+    )
+    arguments.add_argument(
+        "--allow-egress",
+        action="append",
+        default=None,
+        metavar="HOST:PORT|CIDR",
+        help="with --harden, let the episodes reach this TCP HOST:PORT (a name resolved once, "
+        "as the run starts, and pinned in the pods' /etc/hosts) or CIDR (every port), and "
+        "nothing else (a NetworkPolicy); repeatable",
     )
     return arguments
 
@@ -663,6 +719,7 @@ def run_request(
         retries=args.retries,
         allow_failures=args.allow_failures,
         need=args.need,
+        need_groups=args.need_groups,
         episode_timeout=args.episode_timeout,
         prepull=args.prepull,
         pull_timeout=args.pull_timeout,
@@ -679,9 +736,22 @@ def run_request(
         or args.need is not None
         or spelling.python,
         spelling=spelling,
+        **pod_arguments(args),
     )
     check_run_request(request)
     return request
+
+
+def pod_arguments(args: argparse.Namespace) -> dict[str, Any]:
+    """What each episode's pod is given, as the request holds it (podspec reads them)."""
+    return {
+        "cpu": args.cpu,
+        "memory": args.memory,
+        **{name: tuple(getattr(args, name) or ()) for name in POD_LISTS},
+    }
+
+
+POD_LISTS = ("env", "env_from_secret", "allow_egress")
 
 
 def read_tasks(path: str, spelling: Spelling) -> list[Task]:
@@ -735,6 +805,7 @@ def check_run_request(request: RunRequest) -> None:
             f"that reads its task from ${TASK_FILE_ENV}"
         )
     check_image_request(request)
+    episode_pod(request)  # --cpu, --memory, --env, --env-from-secret, --allow-egress
 
 
 def check_image_request(request: RunRequest) -> None:
@@ -798,8 +869,28 @@ def check_rollout_request(request: RunRequest) -> None:
         )
 
 
+def check_need_groups_request(request: RunRequest) -> None:
+    """--need-groups K: with tasks, 1 <= K < tasks, and neither --need nor --allow-failures (the
+    batch absorbs count - K x group size losses)."""
+    wanted = request.need_groups
+    if wanted is None:
+        return
+    name, say = request.spelling.name, request.spelling.setting
+    if not request.tasks:
+        raise UsageError(f"{name('need_groups')} needs {name('tasks')}: its groups are the tasks'")
+    if wanted >= len(request.tasks):
+        raise UsageError(
+            f"{say('need_groups', wanted)} must be fewer than the {len(request.tasks)} tasks (it "
+            f"over-provisions: run every task's group and keep the first K whole ones)"
+        )
+    for other in ("need", "allow_failures"):
+        if getattr(request, other) is not None:
+            raise UsageError(f"{name('need_groups')} cannot go with {name(other)}")
+
+
 def check_need_request(request: RunRequest) -> None:
     """--need K: 1 <= K < count, and none of the options whose promise the first K of N would break."""
+    check_need_groups_request(request)
     need = request.need
     if need is None:
         return

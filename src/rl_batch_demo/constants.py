@@ -137,6 +137,10 @@ BATCH_LABEL = ANNOTATION_PREFIX + "batch"
 
 EPISODE_INDEXES_ANNOTATION = ANNOTATION_PREFIX + "episode-indexes"
 
+# What an episode's pod's activeDeadlineSeconds is made of, as the run was given it
+# ("--pull-timeout 60 + --episode-timeout 30"): a pod stopped at its deadline names them.
+DEADLINE_ANNOTATION = ANNOTATION_PREFIX + "deadline"
+
 # --prepull's pods (one per node and image, each running `python -c pass`) carry this label.
 PREPULL_LABEL = ANNOTATION_PREFIX + "prepull"
 
@@ -239,6 +243,12 @@ NEED_MIN_SERVER = (1, 33)
 
 # The reason of a Job's SuccessCriteriaMet (then Complete) condition when its successPolicy was met.
 SUCCESS_POLICY_REASON = "SuccessPolicy"
+
+# --need-groups K: once K whole groups have every member's valid line, the tool stamps each Job of
+# the batch with this annotation (value K) as it suspends it, which stops the rest: such a Job has
+# ended, "Complete", once none of its pods is left running (job_finished).
+NEED_GROUPS_ANNOTATION = ANNOTATION_PREFIX + "need-groups-met"
+NEED_GROUPS_REASON = "NeedGroupsMet"
 
 # The kubelet's reason on a pod that outlived its activeDeadlineSeconds (--episode-timeout).
 POD_DEADLINE_REASON = "DeadlineExceeded"

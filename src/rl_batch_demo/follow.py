@@ -292,8 +292,11 @@ class RewardStream:
         settings: Settings,
         on_reward: Callable[[dict], None] | None = None,
         stop: StopRequest | None = None,
+        stop_rest: Callable[[], None] | None = None,
     ) -> None:
         self.path = path
+        # --need-groups K: called once, as soon as K groups are whole, to stop the rest.
+        self.stop_rest = stop_rest
         self.count = settings.count
         self.settings = settings
         self.images = group_images(settings)
@@ -308,6 +311,7 @@ class RewardStream:
         self._handle: TextIO | None = open(path, "w", encoding="utf-8")
         # Set from another thread (stream_batch's reader gone): the run stops at its next turn.
         self.stop = stop
+        self.whole_groups: set[int] = set()  # the groups whose every member has a valid line
 
     def check_stop(self) -> None:
         """Stop the run (StreamClosed), as Ctrl-C would, once asked to from another thread."""
@@ -366,6 +370,7 @@ class RewardStream:
         written = time.time()
         self.rows[index] = row
         self.waiting.discard(index)
+        self._count_group(index, streamed)
         after, before = container_end_bounds(pod, log_text, seen_terminated)
         self.deliveries.append(
             Delivery(
@@ -385,6 +390,18 @@ class RewardStream:
                 # Told once: the lines saved while the run stops are not handed to it again.
                 self.on_reward = None
                 raise RewardCallbackError(error) from error
+
+    def _count_group(self, index: int, streamed: bool) -> None:
+        """Whether the episode's group is whole now; once K are while the batch runs, the rest
+        are stopped (--need-groups K)."""
+        size = self.settings.group_size
+        members = range(index // size * size, index // size * size + size)
+        if all(self.rows.get(member, {}).get("valid") for member in members):
+            self.whole_groups.add(index // size)
+        wanted, stop_rest = self.settings.need_groups, self.stop_rest
+        if streamed and stop_rest and wanted is not None and len(self.whole_groups) >= wanted:
+            self.stop_rest = None
+            stop_rest()
 
     def finish(
         self,

@@ -20,6 +20,7 @@ from typing import Any, Iterator, NamedTuple, NoReturn, Sequence
 
 from .constants import (
     EPISODE_TIMEOUT_SLACK_SECONDS,
+    NEED_GROUPS_ANNOTATION,
     CALL_TIMEOUT_SECONDS,
     CLIENT_GRACE_SECONDS,
     DEADLINE_GROWS_ABOVE_EPISODES,
@@ -101,6 +102,7 @@ from .follow import (
     RunContext,
 )
 from .syntax import check_episode_syntax
+from .podspec import egress_policy_manifest, episode_pod, resolve_egress, secret_copy_manifest
 from .preflight import (
     check_capacity,
     check_runtime_class,
@@ -120,6 +122,7 @@ from .results import (
     warn_clocks,
 )
 from .lifecycle import cleanup_namespace
+from .secretcopy import filled, read_secrets
 
 
 def default_timeout(count: int, parallelism: int) -> int:
@@ -145,6 +148,9 @@ def rollout_policy(settings: Settings) -> RolloutPolicy | None:
     failures it over-provisions for: count - need); else the guide's backoffLimit 0."""
     if settings.need is not None:
         return RolloutPolicy(settings.retries or 0, settings.count - settings.need, settings.need)
+    if settings.need_groups is not None:  # the tool stops the rest itself, once K are whole
+        lost = settings.count - settings.need_groups * settings.group_size
+        return RolloutPolicy(settings.retries or 0, lost)
     if settings.retries is None and settings.allow_failures is None:
         return None
     return RolloutPolicy(settings.retries or 0, settings.allow_failures or 0)
@@ -171,6 +177,21 @@ def pod_deadline(settings: Settings) -> int | None:
     return sum(known) if known else None
 
 
+def pod_deadline_parts(settings: Settings) -> str | None:
+    """What each pod's deadline (pod_deadline) is made of: the flags given, with their values."""
+    parts = [
+        f"{flag} {seconds}"
+        for flag, seconds in (
+            ("--pull-timeout", settings.pull_timeout),
+            ("--episode-timeout", settings.episode_timeout),
+        )
+        if seconds is not None
+    ]
+    if settings.rollout and settings.episode_timeout is not None:
+        parts.append(f"{EPISODE_TIMEOUT_SLACK_SECONDS} s for the pod to start")
+    return " + ".join(parts) or None
+
+
 def episode_launch(settings: Settings) -> Launch | None:
     """How a rollout's pods run their episode: through the launcher, with --episode-timeout."""
     return Launch(timeout=settings.episode_timeout) if settings.rollout else None
@@ -193,6 +214,8 @@ def batch_job(namespace: str, settings: Settings, name: str, task_maps: Sequence
         policy=rollout_policy(settings),
         episode_timeout=pod_deadline(settings),
         launch=episode_launch(settings),
+        deadline_parts=pod_deadline_parts(settings),
+        pod=settings.pod,
     )
 
 
@@ -235,6 +258,8 @@ def batch_jobs(
             batch=name,
             episode_indexes=group.indexes,
             launch=episode_launch(settings),
+            deadline_parts=pod_deadline_parts(settings),
+            pod=settings.pod,
         )
         for number, (group, share) in enumerate(zip(groups, shares), start=1)
     ]
@@ -251,6 +276,10 @@ def plan_run(
     """Every object `run` creates, from its settings (and the run's origin, once known) alone."""
     task_maps = task_configmaps(namespace, tasks) if tasks else []
     setup = [network_policy_manifest(namespace)] if settings.harden else []
+    if settings.pod.egress:
+        setup.append(egress_policy_manifest(namespace, settings.pod.egress))
+    # Planned without their data: the Secrets are read when the run starts (secretcopy).
+    setup += [secret_copy_manifest(namespace, source) for source in settings.pod.secrets]
     setup += [configmap_manifest(namespace, worker_source, settings.rollout), *task_maps]
     groups = image_groups(
         tasks, settings.count, settings.group_size, settings.image, settings.image_map
@@ -297,10 +326,12 @@ def execute(run: RunContext) -> Results:
     if rollout_policy(run.settings):
         check_server_version(run)  # --need among them
     check_capacity(run)
+    secrets_read = read_secrets(run)  # --env-from-secret: held in memory alone
     stamp_origin(run)
     create_namespace(run)
     for manifest in run.plan.setup:
-        create_object(run, manifest)
+        create_object(run, filled(manifest, secrets_read))
+    secrets_read.clear()
     if run.settings.prepull:
         prepull(run)
     outcomes: list[BatchOutcome] = []
@@ -565,8 +596,12 @@ def batch_follower(
     run: RunContext, job_name: str, job_names: Sequence[str], batch_dir: str, watches: WatchStream
 ) -> BatchFollower:
     """What follows the batch, with its reward stream when it is a rollout."""
+    stop_rest = (
+        (lambda: stop_for_groups(run, job_names)) if run.settings.need_groups is not None else None
+    )
+    path = os.path.join(batch_dir, REWARDS_FILE)
     rewards = (
-        RewardStream(os.path.join(batch_dir, REWARDS_FILE), run.settings, run.on_reward, run.stop)
+        RewardStream(path, run.settings, run.on_reward, run.stop, stop_rest)
         if run.settings.rollout
         else None
     )
@@ -585,6 +620,27 @@ def batch_follower(
         job_names,
         spare_held=run.owns_process,
     )
+
+
+def stop_for_groups(run: RunContext, job_names: Sequence[str]) -> None:
+    """--need-groups K met: each Job of the batch stamped as stopped by the tool and suspended, so
+    that its controller deletes its running pods and starts no more (the Job's own successPolicy
+    cannot say "K whole groups"). A Job that has ended is stamped alone."""
+    stamp = {"metadata": {"annotations": {NEED_GROUPS_ANNOTATION: str(run.settings.need_groups)}}}
+    for name in job_names:
+        ended = job_finished(run.batch.follower.jobs.seen.get(name) or {}) if run.batch else None
+        patch = stamp if ended else dict(stamp, spec={"suspend": True})
+        run.kubectl.run(
+            ["patch", "job", name, "-n", run.namespace, "--type=merge", "-p", json.dumps(patch)],
+            retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
+        )
+    if not run.silent:
+        print(
+            f"{run.spelling.setting('need_groups', run.settings.need_groups)} met: the rest of "
+            f"the batch stopped",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def create_batch_jobs(run: RunContext, manifests: Sequence[dict]) -> dict:
@@ -881,8 +937,7 @@ def run_settings(
     context: str | None,
     namespace: str,
 ) -> Settings:
-    """The run's settings, once, from its request, its episode program, and the context and
-    namespace it runs in (no context for --dry-run)."""
+    """The run's settings, made once from its request, program, context (none: --dry-run), namespace."""
     rollout, tasks = request.rollout, request.tasks or ()
     batches = batch_names(request.rounds, request.warmup)
     image_map = parse_image_map(request.image_map)
@@ -914,6 +969,7 @@ def run_settings(
         allow_failures=request.allow_failures if rollout else None,
         task_ids=tuple(task.task_id for task in tasks) if rollout and tasks else None,
         need=request.need,
+        need_groups=request.need_groups,
         episode_timeout=request.episode_timeout,
         context=context,
         namespace=namespace,
@@ -932,6 +988,7 @@ def run_settings(
         pull_timeout=request.pull_timeout,
         prepull=request.prepull,
         task_images=tuple(task_images(tasks, image, image_map)) if rollout and tasks else None,
+        pod=resolve_egress(episode_pod(request), request.spelling),  # each HOST resolved once
     )
 
 
