@@ -140,6 +140,10 @@ class RunRequest:
     # Tasks, a rollout option, or a Python caller: a batch that writes rewards.jsonl.
     rollout: bool
     spelling: Spelling
+    otlp_endpoint: str | None = (
+        None  # --otlp-endpoint; None: $OTEL_EXPORTER_OTLP_ENDPOINT's, if any
+    )
+    pushgateway: str | None = None  # --pushgateway
 
 
 class PoolShape(NamedTuple):
