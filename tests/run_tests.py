@@ -5,8 +5,8 @@
 
 Finds (or installs) the prerequisites -- bubblewrap, kubectl 1.27/1.33/1.35,
 Python 3.9 and 3.13, the real control plane's binaries (built once with Go,
-see tests/support/build_control_plane.py), promtool and the Pushgateway
-(tests/support/build_promtool.py) and the real node's (kubelet, containerd,
+see tests/support/build_control_plane.py), promtool, the Pushgateway and Jaeger
+(tests/support/build_promtool.py, build_jaeger.py) and the real node's (kubelet, containerd,
 a registry, crane, crictl, built once with Go, and Debian's runc, crun and CNI
 plugins: tests/support/build_node.py) -- makes one virtualenv per Python under tests/.cache/
 with the test extras from pyproject.toml, then runs the linter (ruff) on the
@@ -38,6 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 import build_control_plane  # noqa: E402  (needs the path above)
+import build_jaeger  # noqa: E402  (needs the path above)
 import build_promtool  # noqa: E402  (needs the path above)
 import build_node  # noqa: E402  (needs the path above)
 import prereqs  # noqa: E402  (needs the path above)
@@ -273,9 +274,9 @@ def check_control_plane(install: bool, missing: list[str]) -> str | None:
 
 
 def check_go_tools(install: bool, missing: list[str]) -> dict[str, str]:
-    """Build (once) or find promtool and the Pushgateway: {their env var: bin dir}."""
+    """Build (once) or find promtool and the Pushgateway, and Jaeger: {their env var: bin dir}."""
     found: dict[str, str] = {}
-    for builder, label in ((build_promtool, "promtool"),):
+    for builder, label in ((build_promtool, "promtool"), (build_jaeger, "jaeger")):
         if builder.binaries_present():
             say(f"  {label:<12} {relative(builder.BIN_DIR)} (cached)")
             found[builder.ENV_VAR] = str(builder.BIN_DIR)

@@ -154,12 +154,16 @@ def metrics_text(
         "Each episode's phases (docs/measurement.md), seconds, from their sharpest points.",
         phase_lines,
     )
-    guide = [r["guide_pod_to_ready"] for _, s in batches for r in s.episodes]
     lines += family(
         f"{PREFIX}_pod_to_ready_seconds",
-        "summary",
-        "Pod created to episode ready, the guide's figure (creationTimestamp, whole seconds).",
-        summary_lines(f"{PREFIX}_pod_to_ready_seconds", run, guide),
+        "gauge",
+        "Pod created to episode ready: results.json's pod_to_ready_<statistic>_seconds, the "
+        "guide's figure (a rollout's failed episodes counted at the deadline).",
+        [
+            labelled(f"{PREFIX}_pod_to_ready_seconds", {**run, "statistic": key}, figures[name])
+            for key in ("p50", "p95", "max")
+            if figures.get(name := f"pod_to_ready_{key}_seconds") is not None
+        ],
     )
     rewards = [row["reward"] for row in figures.get("pods") or () if row.get("reward") is not None]
     lines += family(
