@@ -33,6 +33,8 @@ shipped single file holds them in this order, each part opening with its source 
     outcomes: verification and classification: every episode's outcome, none dropped.
     summary: the batch's summary: throughput, slots, drafts, the events' index, episodes.csv.
     render: SVG pictures, tables, the comparison.
+    metrics: metrics.prom, the run's figures as OpenMetrics text; the push to a Pushgateway.
+    telemetry: the run as OpenTelemetry traces over OTLP/HTTP JSON, sent from a thread of its own.
     runs: what `list` shows and `cleanup --stale` decides, without receipts.
     kube: the one edge to the cluster: `Kubectl`, `ApiProxy`, paged reads.
     sandboxes: live sandboxes' requests through the pod proxy, and the pool's pods as watched.
@@ -72,6 +74,7 @@ import contextlib
 import csv
 import dataclasses
 import datetime
+import email.utils
 import functools
 import gc
 import hashlib
@@ -96,7 +99,9 @@ import tempfile
 import threading
 import time
 import tokenize
+import urllib.error
 import urllib.parse
+import urllib.request
 import warnings
 from html import escape as html_escape
 from pathlib import Path
@@ -1367,6 +1372,10 @@ class RunRequest:
     env_from_secret: tuple[str, ...] = ()
     allow_egress: tuple[str, ...] = ()
     need_groups: int | None = None  # --need-groups K: the batch ends once K groups are whole
+    otlp_endpoint: str | None = (
+        None  # --otlp-endpoint; None: $OTEL_EXPORTER_OTLP_ENDPOINT's, if any
+    )
+    pushgateway: str | None = None  # --pushgateway
 
 
 class EgressTarget(NamedTuple):
@@ -8222,6 +8231,687 @@ def plural(number: Any, noun: str) -> str:
 
 
 # --------------------------------------------------------------------------
+# src/rl_batch_demo/metrics.py: metrics.prom: a run's figures in the OpenMetrics text format, and the push to a Pushgateway.
+
+METRICS_FILE = "metrics.prom"
+PREFIX = "rl_batch_demo"
+# From 5 ms to 10 min: a phase's seconds span a sub-second scheduling and a long image pull.
+PHASE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+# An episode's class: its failure_class in rewards.jsonl, "ok" for none.
+EPISODE_CLASSES = ("ok", "infrastructure", "episode", "verifier", "cancelled")
+QUANTILES = (("0.5", "p50"), ("0.95", "p95"), ("0.99", "p99"), ("1", "max"))
+PUSH_TIMEOUT_SECONDS = 10.0
+
+
+def label_value(value: Any) -> str:
+    """A label value as both text formats escape it: backslash, double quote and newline."""
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def number(value: float) -> str:
+    """A sample value: integers without a fraction, +Inf spelled as both formats spell it."""
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def labelled(name: str, labels: Mapping[str, Any], value: float) -> str:
+    inside = ",".join(f'{key}="{label_value(val)}"' for key, val in labels.items())
+    return f"{name}{{{inside}}} {number(value)}"
+
+
+def family(name: str, kind: str, help_text: str, samples: Iterable[str]) -> list[str]:
+    return [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", *samples]
+
+
+def histogram(name: str, labels: Mapping[str, Any], values: Sequence[float]) -> list[str]:
+    """One histogram's buckets (cumulative, +Inf last), count and sum."""
+    lines = [
+        labelled(f"{name}_bucket", {**labels, "le": number(bound)}, sum(v <= bound for v in values))
+        for bound in PHASE_BUCKETS
+    ]
+    lines.append(labelled(f"{name}_bucket", {**labels, "le": "+Inf"}, len(values)))
+    lines.append(labelled(f"{name}_count", labels, len(values)))
+    lines.append(labelled(f"{name}_sum", labels, round(sum(values), 6)))
+    return lines
+
+
+def summary_lines(name: str, labels: Mapping[str, Any], values: Sequence[float]) -> list[str]:
+    """A summary: the quantiles results.json gives (interpolated as its percentiles are), count, sum."""
+    described = describe(values)
+    lines = [
+        labelled(name, {**labels, "quantile": quantile}, described[key])
+        for quantile, key in QUANTILES
+        if key in described
+    ]
+    lines.append(labelled(f"{name}_count", labels, len(values)))
+    lines.append(labelled(f"{name}_sum", labels, round(sum(values), 6)))
+    return lines
+
+
+def episode_classes(batches: Sequence[tuple[str, BatchSummary]]) -> dict[str, int]:
+    """How many episodes of the measured batches ended in each class."""
+    counts = dict.fromkeys(EPISODE_CLASSES, 0)
+    for _, summary in batches:
+        counts["ok"] += len(summary.episodes)
+        for record in summary.failed:
+            kind = record.get("failure_class") or "ok"
+            counts[kind] = counts.get(kind, 0) + 1
+    return counts
+
+
+def phase_values(batches: Sequence[tuple[str, BatchSummary]]) -> dict[str, list[float]]:
+    """Each phase's seconds over every episode that has it (failed ones as far as they got)."""
+    values: dict[str, list[float]] = {phase: [] for phase in PHASES}
+    for _, summary in batches:
+        for record in [*summary.episodes, *summary.failed]:
+            for phase, measured in (record.get("phases") or {}).items():
+                if measured is not None:
+                    values.setdefault(phase, []).append(measured[0])
+    return values
+
+
+def figure_gauges(figures: Mapping[str, Any], run: Mapping[str, str]) -> list[str]:
+    """The batch-wide figures of results.json that have a value, one gauge each."""
+    lines: list[str] = []
+    for key, help_text in (
+        ("batch_to_all_ready_seconds", "Job created to the last episode ready (the guide's)."),
+        ("batch_to_all_rewards_seconds", "Job created to the last reward (the guide's)."),
+        ("client_job_complete_seconds", "Submission to the client seeing the Job end."),
+        ("reward_mean", "Mean reward over the run's episodes (results.json's reward_mean)."),
+    ):
+        if figures.get(key) is not None:
+            name = f"{PREFIX}_{key}"
+            lines += family(name, "gauge", help_text, [labelled(name, run, figures[key])])
+    return lines
+
+
+def metrics_text(
+    figures: Mapping[str, Any], batches: Sequence[tuple[str, BatchSummary]], run_id: str
+) -> str:
+    """metrics.prom from what results.json is made of: its figures and its measured batches."""
+    run = {"run_id": run_id}
+    info = {
+        **run,
+        "image": figures.get("image") or "",
+        "runtime_class": figures.get("runtime") or "",
+        "namespace": figures.get("namespace") or "",
+        "context": figures.get("context") or "",
+        "version": __version__,
+    }
+    lines = family(
+        f"{PREFIX}_run_info",
+        "gauge",
+        "The run: its id, image, runtime class, namespace, context and the tool's version.",
+        [labelled(f"{PREFIX}_run_info", info, 1)],
+    )
+    classes = episode_classes(batches)
+    lines += family(
+        f"{PREFIX}_episodes",
+        "gauge",
+        "Episodes of the run by class (rewards.jsonl's failure_class; ok for none).",
+        [labelled(f"{PREFIX}_episodes", {**run, "class": k}, n) for k, n in classes.items()],
+    )
+    phase_lines = [
+        line
+        for phase, values in phase_values(batches).items()
+        for line in histogram(f"{PREFIX}_phase_seconds", {**run, "phase": phase}, values)
+    ]
+    lines += family(
+        f"{PREFIX}_phase_seconds",
+        "histogram",
+        "Each episode's phases (docs/measurement.md), seconds, from their sharpest points.",
+        phase_lines,
+    )
+    lines += family(
+        f"{PREFIX}_pod_to_ready_seconds",
+        "gauge",
+        "Pod created to episode ready: results.json's pod_to_ready_<statistic>_seconds, the "
+        "guide's figure (a rollout's failed episodes counted at the deadline).",
+        [
+            labelled(f"{PREFIX}_pod_to_ready_seconds", {**run, "statistic": key}, figures[name])
+            for key in ("p50", "p95", "max")
+            if figures.get(name := f"pod_to_ready_{key}_seconds") is not None
+        ],
+    )
+    rewards = [row["reward"] for row in figures.get("pods") or () if row.get("reward") is not None]
+    lines += family(
+        f"{PREFIX}_reward",
+        "summary",
+        "The rewards of the run's episodes that produced one.",
+        summary_lines(f"{PREFIX}_reward", run, rewards),
+    )
+    lines += figure_gauges(figures, run)
+    return "\n".join([*lines, "# EOF", ""])
+
+
+def redacted(url: str) -> str:
+    """A URL fit to print and save: no user or password, no query."""
+    parts = urllib.parse.urlsplit(url)
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def push_url(gateway: str, run_id: str) -> str:
+    """The Pushgateway's URL for this run's group: job rl_batch_demo, run_id the run's."""
+    return (
+        f"{gateway.rstrip('/')}/metrics/job/{PREFIX}/run_id/{urllib.parse.quote(run_id, safe='')}"
+    )
+
+
+def push_metrics(gateway: str, run_id: str, text: str) -> str | None:
+    """PUT the run's metrics to a Pushgateway, replacing its group; what went wrong, or None."""
+    request = urllib.request.Request(
+        push_url(gateway, run_id),
+        data=text.encode("utf-8"),
+        method="PUT",
+        # The classic text format, which the Pushgateway parses; `# EOF` is a comment to it.
+        headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=PUSH_TIMEOUT_SECONDS) as response:
+            response.read()
+    except urllib.error.HTTPError as error:
+        body = error.read().decode("utf-8", "replace").strip()[:300]
+        return f"the Pushgateway answered {error.code} {error.reason}: {body}"
+    except (urllib.error.URLError, OSError, ValueError) as error:
+        return f"cannot reach the Pushgateway at {redacted(gateway)}: {error}"
+    return None
+
+
+def write_metrics(
+    output: str,
+    figures: Mapping[str, Any],
+    batches: Sequence[tuple[str, BatchSummary]],
+    run_id: str,
+) -> None:
+    """metrics.prom in the run's directory, beside results.json and made of the same; left as it
+    is when it says that already (`report` of a run that wrote it)."""
+    path, text = os.path.join(output, METRICS_FILE), metrics_text(figures, batches, run_id)
+    if not os.path.exists(path) or read_text(path) != text:
+        write_text(path, text)
+
+
+def push_saved_metrics(output: str, gateway: str, run_id: str) -> bool:
+    """--pushgateway: the run's metrics.prom pushed; a failure is a warning, never the run's."""
+    problem = push_metrics(gateway, run_id, read_text(os.path.join(output, METRICS_FILE)))
+    if problem is not None:
+        print(f"Warning: metrics not pushed: {problem}", file=sys.stderr)
+    return problem is None
+
+
+# --------------------------------------------------------------------------
+# src/rl_batch_demo/telemetry.py: OpenTelemetry traces of a run over OTLP/HTTP with JSON encoding: standard library only.
+
+SERVICE_NAME = "rl_batch_demo"
+TRACES_PATH = "/v1/traces"
+# OTEL_BSP_MAX_EXPORT_BATCH_SIZE's default: spans a request, so that one request stays small.
+MAX_SPANS_PER_REQUEST = 512
+# Each request: this many attempts at most, waiting between them as the server's Retry-After
+# says (capped), else doubling from RETRY_FIRST_SECONDS.
+MAX_ATTEMPTS = 5
+RETRY_FIRST_SECONDS = 0.5
+RETRY_AFTER_CAP_SECONDS = 30.0
+OTLP_REQUEST_TIMEOUT_SECONDS = 10.0
+# How long the end of the run waits for what is still queued before it counts it not exported.
+CLOSE_WAIT_SECONDS = 60.0
+RETRIED_STATUSES = (429, 502, 503, 504)
+# Phases that are sums of others: the episode's own span already covers them.
+SUMMED_PHASES = ("pod_to_ready", "pod_to_reward")
+STATUS_ERROR = 2
+SPAN_KIND_INTERNAL = 1
+
+
+class OtlpConfig(NamedTuple):
+    """Where spans go and what they say of their source; `headers` are secrets."""
+
+    url: str  # the traces URL
+    headers: dict[str, str]
+    resource: dict[str, str]
+
+
+def key_values(text: str | None) -> dict[str, str]:
+    """`k1=v1,k2=v2` with URL-encoded values, as the OTEL_* variables write them; a pair
+    without `=` is skipped."""
+    pairs: dict[str, str] = {}
+    for item in (text or "").split(","):
+        key, sep, value = item.partition("=")
+        if sep and key.strip():
+            pairs[urllib.parse.unquote(key.strip())] = urllib.parse.unquote(value.strip())
+    return pairs
+
+
+def traces_url(base: str) -> str:
+    """A base endpoint with /v1/traces added, unless it names it already."""
+    base = base.rstrip("/")
+    return base if base.endswith(TRACES_PATH) else base + TRACES_PATH
+
+
+def otlp_config(endpoint: str | None, environ: Mapping[str, str]) -> OtlpConfig | None:
+    """The export's settings from the flag and the standard variables; None for no export."""
+    if endpoint:
+        url = traces_url(endpoint)
+    elif environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        url = environ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"]
+    elif environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        url = traces_url(environ["OTEL_EXPORTER_OTLP_ENDPOINT"])
+    else:
+        return None
+    headers = key_values(environ.get("OTEL_EXPORTER_OTLP_HEADERS"))
+    headers.update(key_values(environ.get("OTEL_EXPORTER_OTLP_TRACES_HEADERS")))
+    resource = key_values(environ.get("OTEL_RESOURCE_ATTRIBUTES"))
+    resource["service.name"] = (
+        environ.get("OTEL_SERVICE_NAME") or resource.get("service.name") or SERVICE_NAME
+    )
+    resource.setdefault("service.version", __version__)
+    return OtlpConfig(url, headers, resource)
+
+
+def nanos(at: float) -> str:
+    """Unix nanoseconds of a point, at the microsecond episodes.csv writes it (`%.6f`)."""
+    return str(int(f"{at:.6f}".replace(".", "")) * 1000)
+
+
+def attribute(key: str, value: Any) -> dict:
+    """One OTLP attribute; bool before int, since a bool is an int to Python."""
+    if isinstance(value, bool):
+        return {"key": key, "value": {"boolValue": value}}
+    if isinstance(value, int):
+        return {"key": key, "value": {"intValue": str(value)}}
+    if isinstance(value, float) and math.isfinite(value):
+        return {"key": key, "value": {"doubleValue": value}}
+    return {"key": key, "value": {"stringValue": str(value)}}
+
+
+def attributes(pairs: Mapping[str, Any]) -> list[dict]:
+    return [attribute(key, value) for key, value in pairs.items() if value is not None]
+
+
+def new_id(size: int) -> str:
+    return os.urandom(size).hex()
+
+
+def span(
+    trace_id: str,
+    parent: str | None,
+    name: str,
+    start: float,
+    end: float,
+    pairs: Mapping[str, Any],
+    error: str | None = None,
+) -> dict:
+    """One span in OTLP JSON (ids as hex, times as decimal strings of nanoseconds)."""
+    made = {
+        "traceId": trace_id,
+        "spanId": new_id(8),
+        "name": name,
+        "kind": SPAN_KIND_INTERNAL,
+        "startTimeUnixNano": nanos(start),
+        "endTimeUnixNano": nanos(max(start, end)),
+        "attributes": attributes(pairs),
+    }
+    if parent is not None:
+        made["parentSpanId"] = parent
+    if error is not None:
+        made["status"] = {"code": STATUS_ERROR, "message": error}
+    return made
+
+
+def point_attributes(points: Mapping[str, Any], names: Iterable[str]) -> dict[str, Any]:
+    """Each known point's time (Unix seconds), precision and source."""
+    pairs: dict[str, Any] = {}
+    for name in names:
+        point = points.get(name)
+        if point is not None:
+            pairs[f"point.{name}.at"] = round(point[0], 6)
+            pairs[f"point.{name}.precision_seconds"] = float(f"{point[1]:.6g}")  # as the CSV
+            pairs[f"point.{name}.source"] = getattr(point, "source", None)
+    return pairs
+
+
+def known_points(points: Mapping[str, Any]) -> list[float]:
+    return [points[name][0] for name in POINTS if points.get(name) is not None]
+
+
+def episode_spans(
+    trace_id: str, parent: str, record: Mapping[str, Any], batch_start: float
+) -> list[dict]:
+    """An episode's span and its phases' spans; a failed episode's span is an error with its
+    failure (one whose pod never existed has no points: a moment at its batch's start)."""
+    points = record.get("points") or {}
+    times = known_points(points)
+    start, end = (min(times), max(times)) if times else (batch_start, batch_start)
+    failure = record.get("failure")
+    pairs = {
+        "episode.index": None if record.get("index") is None else int(record["index"]),
+        "episode.task": record.get("task_id"),
+        "container.image.name": record.get("image"),
+        "k8s.node.name": record.get("node"),
+        "k8s.pod.name": record.get("pod"),
+        "episode.class": record.get("failure_class") or "ok",
+        "episode.valid": record.get("valid") is not False,
+        "episode.reward": None if record.get("reward") is None else float(record["reward"]),
+        **point_attributes(points, POINTS),
+    }
+    if failure is not None:
+        pairs["error.type"] = record.get("failure_class") or "failure"
+    name = (
+        f"episode {record.get('index') if record.get('index') is not None else record.get('pod')}"
+    )
+    episode = span(trace_id, parent, name, start, end, pairs, failure)
+    spans = [episode]
+    for phase, (first, last) in PHASES.items():
+        measured = (record.get("phases") or {}).get(phase)
+        if phase in SUMMED_PHASES or measured is None:
+            continue
+        if points.get(first) is None or points.get(last) is None:
+            continue
+        phase_pairs = {
+            "phase.seconds": float(measured[0]),
+            "phase.precision_seconds": float(f"{measured[1]:.6g}"),
+            **point_attributes(points, (first, last)),
+        }
+        spans.append(
+            span(trace_id, episode["spanId"], phase, points[first][0], points[last][0], phase_pairs)
+        )
+    return spans
+
+
+def episode_records(summary: BatchSummary) -> list[dict]:
+    """The batch's episodes, each with what its row of episodes.csv says beside its points."""
+    rows = {row["pod"]: row for row in summary.figures.get("pods") or ()}
+    records = []
+    for record in summary.episodes:
+        row = rows.get(record["pod"], {})
+        records.append({**row, **record, "reward": row.get("reward"), "node": row.get("node")})
+    return records + list(summary.failed)
+
+
+def batch_spans(
+    trace_id: str, parent: str, job: str, summary: BatchSummary, measured: bool
+) -> list[dict]:
+    """A batch's span (its Job's creation to its last episode's last point) and its episodes'."""
+    created = summary.figures.get("job_created") or {}
+    start = created.get("at", summary.job_created)
+    records = episode_records(summary)
+    ends = [at for record in records for at in known_points(record.get("points") or {})]
+    batch = span(
+        trace_id,
+        parent,
+        f"batch {job}",
+        start,
+        max([start, *ends]),
+        {
+            "k8s.job.name": job,
+            "batch.measured": measured,
+            "batch.episodes": len(records),
+            "batch.failed_episodes": len(summary.failed),
+            "point.job_created.precision_seconds": created.get("precision"),
+        },
+    )
+    return [batch] + [
+        s for r in records for s in episode_spans(trace_id, batch["spanId"], r, start)
+    ]
+
+
+def resource_spans(config: OtlpConfig, spans: Sequence[dict]) -> dict:
+    """The body of one export request."""
+    return {
+        "resourceSpans": [
+            {
+                "resource": {"attributes": attributes(config.resource)},
+                "scopeSpans": [
+                    {"scope": {"name": SERVICE_NAME, "version": __version__}, "spans": list(spans)}
+                ],
+            }
+        ]
+    }
+
+
+def retry_after(value: str | None, attempt: int) -> float:
+    """How long to wait before the next attempt: the server's Retry-After (seconds or an HTTP
+    date), capped; else exponential backoff."""
+    if value:
+        try:
+            seconds = float(value)
+        except ValueError:
+            try:
+                seconds = email.utils.parsedate_to_datetime(value).timestamp() - time.time()
+            except (TypeError, ValueError):
+                seconds = RETRY_FIRST_SECONDS * 2**attempt
+        return min(max(0.0, seconds), RETRY_AFTER_CAP_SECONDS)
+    return RETRY_FIRST_SECONDS * 2**attempt
+
+
+class Response(NamedTuple):
+    status: int  # 0: no answer
+    retry_after: str | None
+    body: str
+
+
+def post(url: str, headers: Mapping[str, str], body: bytes) -> Response:
+    """POST one request; an HTTP error is a Response, no answer is status 0."""
+    request = urllib.request.Request(
+        url, data=body, method="POST", headers={**headers, "Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=OTLP_REQUEST_TIMEOUT_SECONDS) as answer:
+            return Response(answer.status, None, answer.read().decode("utf-8", "replace"))
+    except urllib.error.HTTPError as error:
+        text = error.read().decode("utf-8", "replace")
+        return Response(error.code, error.headers.get("Retry-After"), text)
+    except (urllib.error.URLError, OSError, ValueError) as error:  # ValueError: a bad URL
+        reason = getattr(error, "reason", error)
+        return Response(0, None, str(reason))
+
+
+class ExportRecord:
+    """What was exported and what was not, and why: results.json's `telemetry`."""
+
+    def __init__(self, url: str) -> None:
+        self.endpoint = redacted(url)
+        self.spans = 0
+        self.exported = 0
+        self.not_exported = 0
+        self.requests = 0
+        self.retries = 0
+        self.errors: list[str] = []
+
+    def saved(self) -> dict[str, Any]:
+        return {
+            "otlp_endpoint": self.endpoint,
+            "trace_id": None,
+            "spans": self.spans,
+            "exported_spans": self.exported,
+            "not_exported_spans": self.not_exported,
+            "requests": self.requests,
+            "retries": self.retries,
+            "errors": self.errors[:10],
+        }
+
+
+class SpanExporter:
+    """Spans sent from a thread of their own, at most MAX_SPANS_PER_REQUEST a request, each
+    request retried on 429/502/503/504 and on no answer, as Retry-After says. Once a request has
+    failed for good the exporter gives up: what comes after is counted, not sent, so a collector
+    gone away costs the run one request's retries, not one per batch."""
+
+    def __init__(
+        self,
+        config: OtlpConfig,
+        send: Callable[[str, Mapping[str, str], bytes], Response] = post,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.config, self.send, self.sleep = config, send, sleep
+        self.record = ExportRecord(config.url)
+        self.given_up = False
+        self.queue: queue.Queue[list[dict] | None] = queue.Queue()
+        self.thread = threading.Thread(target=self.work, name="otlp-exporter", daemon=True)
+        self.thread.start()
+
+    def submit(self, spans: list[dict]) -> None:
+        self.record.spans += len(spans)
+        for first in range(0, len(spans), MAX_SPANS_PER_REQUEST):
+            self.queue.put(spans[first : first + MAX_SPANS_PER_REQUEST])
+
+    def work(self) -> None:
+        while True:
+            spans = self.queue.get()
+            if spans is None:
+                return
+            if self.given_up:
+                self.record.not_exported += len(spans)
+            elif self.export(spans):
+                self.record.exported += len(spans)
+            else:
+                self.record.not_exported += len(spans)
+                self.given_up = True
+
+    def export(self, spans: list[dict]) -> bool:
+        """One request, retried; whether the collector took its spans (a partial success counts
+        the spans it rejected as not exported)."""
+        body = json.dumps(resource_spans(self.config, spans)).encode("utf-8")
+        for attempt in range(MAX_ATTEMPTS):
+            self.record.requests += 1
+            answer = self.send(self.config.url, self.config.headers, body)
+            if 200 <= answer.status < 300:
+                self.count_rejected(answer.body)
+                return True
+            retried = answer.status == 0 or answer.status in RETRIED_STATUSES
+            if not retried or attempt == MAX_ATTEMPTS - 1:
+                said = "no answer" if answer.status == 0 else f"HTTP {answer.status}"
+                self.record.errors.append(f"{said}: {answer.body.strip()[:200]}")
+                return False
+            self.record.retries += 1
+            self.sleep(retry_after(answer.retry_after, attempt))
+        return False
+
+    def count_rejected(self, body: str) -> None:
+        try:
+            partial = (json.loads(body or "{}") or {}).get("partialSuccess") or {}
+            rejected = int(partial.get("rejectedSpans") or 0)
+        except (ValueError, AttributeError, TypeError):
+            return
+        if rejected:
+            self.record.exported -= rejected
+            self.record.not_exported += rejected
+            self.record.errors.append(f"rejected {rejected}: {partial.get('errorMessage', '')}")
+
+    def close(self, wait: float = CLOSE_WAIT_SECONDS) -> ExportRecord:
+        """Wait (at most `wait` seconds) for what is queued; what is left is not exported."""
+        self.queue.put(None)
+        self.thread.join(wait)
+        if self.thread.is_alive():
+            self.given_up = True
+            left = self.record.spans - self.record.exported - self.record.not_exported
+            self.record.not_exported += left
+            self.record.errors.append(f"{left} spans still queued after {wait:.0f} s")
+        return self.record
+
+
+class RunTracer:
+    """One run's trace: its batches' spans handed to the exporter as each batch is summarised,
+    the run's root span at the end."""
+
+    def __init__(
+        self, config: OtlpConfig, run_id: str, exporter: SpanExporter | None = None
+    ) -> None:
+        self.trace_id = new_id(16)
+        self.root_id = new_id(8)
+        self.run_id = run_id
+        self.exporter = exporter or SpanExporter(config)
+        self.bounds: list[float] = []
+
+    def batch_done(self, job: str, summary: BatchSummary, measured: bool = True) -> None:
+        spans = batch_spans(self.trace_id, self.root_id, job, summary, measured)
+        self.bounds += [
+            int(spans[0][key]) / 1e9 for key in ("startTimeUnixNano", "endTimeUnixNano")
+        ]
+        self.exporter.submit(spans)
+
+    def finish(self, figures: Mapping[str, Any] | None, failure: str | None = None) -> dict:
+        """The root span sent, the exporter closed: what was exported, for results.json."""
+        now = time.time()
+        start, end = (min(self.bounds), max(self.bounds)) if self.bounds else (now, now)
+        figures = figures or {}
+        root = span(
+            self.trace_id,
+            None,
+            f"run {self.run_id}",
+            start,
+            end,
+            {
+                "run.id": self.run_id,
+                "k8s.namespace.name": figures.get("namespace"),
+                "container.image.name": figures.get("image"),
+                "k8s.runtime_class": figures.get("runtime"),
+                "run.episodes": figures.get("episodes"),
+                "run.successful_episodes": figures.get("successful_episodes"),
+            },
+            failure,
+        )
+        root["spanId"] = self.root_id
+        self.exporter.submit([root])
+        saved = self.exporter.close().saved()
+        saved["trace_id"] = self.trace_id
+        return saved
+
+
+def open_tracer(
+    endpoint: str | None, run_id: str, environ: Mapping[str, str] = os.environ
+) -> RunTracer | None:
+    """The run's tracer when an endpoint is set (flag or environment), else None."""
+    config = otlp_config(endpoint, environ)
+    return None if config is None else RunTracer(config, run_id)
+
+
+def say_export(saved: Mapping[str, Any], quiet: bool = False) -> None:
+    """A warning for what was not exported (whatever --quiet says); else a line, unless quiet."""
+    if saved["not_exported_spans"]:
+        reasons = "; ".join(saved["errors"][:3])
+        print(
+            f"Warning: traces: {saved['not_exported_spans']} of {saved['spans']} spans not "
+            f"exported to {saved['otlp_endpoint']} ({reasons}); the run's files hold them all",
+            file=sys.stderr,
+        )
+    elif not quiet:
+        print(
+            f"Traces: {saved['spans']} spans exported to {saved['otlp_endpoint']} "
+            f"(trace {saved['trace_id']})",
+            file=sys.stderr,
+        )
+
+
+def export_batches(
+    tracer: RunTracer, batches: Sequence[tuple[str, BatchSummary]], figures: Mapping[str, Any]
+) -> dict:
+    """A saved run's trace (`report DIR --otlp-endpoint`): every measured batch, then the root."""
+    for job, summary in batches:
+        tracer.batch_done(job, summary)
+    return tracer.finish(figures)
+
+
+def finish_trace(
+    tracer: RunTracer,
+    output: str,
+    figures: dict[str, Any] | None,
+    failure: BaseException | None,
+    quiet: bool,
+) -> None:
+    """The end of a run's trace: the root span (an error for a failed run) sent, what was not
+    exported said, and recorded as `telemetry` in results.json (and the figures) when there is one."""
+    saved = tracer.finish(figures, None if failure is None else str(failure).splitlines()[0])
+    say_export(saved, quiet)
+    if figures is None:
+        return
+    figures["telemetry"] = saved
+    path = os.path.join(output, RESULTS_FILE)
+    if os.path.exists(path):
+        write_json(path, dict(read_json(path, RESULTS_FILE), telemetry=saved))
+
+
+# --------------------------------------------------------------------------
 # src/rl_batch_demo/runs.py: Runs in a cluster: what `list` shows and `cleanup --stale` decides, without receipts.
 
 # What a run is doing: a Job of it has not ended, or fewer Jobs than it plans are there yet
@@ -11439,6 +12129,7 @@ class RunContext:
     # The command line, not a Python caller (run_batch, stream_batch): the process is the run's.
     owns_process: bool = False
     capacity: dict | None = None  # what check_capacity found the nodes can run: run.json keeps it
+    tracer: Any = None  # telemetry.RunTracer with --otlp-endpoint: each batch's spans as it ends
 
     @property
     def namespace(self) -> str:
@@ -12073,6 +12764,7 @@ def save_results(run: RunContext, batches: Sequence[BatchOutcome]) -> Results:
     write_json(os.path.join(run.output, RESULTS_FILE), results.figures)
     write_text(os.path.join(run.output, "episodes.csv"), episodes_csv_pieces(results.batches))
     write_pictures(run.output, results.batches, run.settings, results.figures["throughput"])
+    write_metrics(run.output, results.figures, results.batches, run.receipt.run_id)
     return results
 
 
@@ -13097,6 +13789,8 @@ def execute(run: RunContext) -> Results:
                 spool.hold_in_memory()
         with held_objects_spared(run.owns_process):
             outcomes.append(run_one_batch(run, entry))
+        if run.tracer is not None:
+            run.tracer.batch_done(entry.job, outcomes[-1].summary, entry.measured)
     return save_results(run, outcomes)
 
 
@@ -13632,6 +14326,7 @@ def perform_run(request: RunRequest, caller: Caller) -> tuple[int, Results | Non
         return 0, None
     worker_source, builtin = load_worker(request)
     run = start_run(request, caller, worker_source, builtin)
+    run.tracer = open_tracer(request.otlp_endpoint, run.receipt.run_id)
     cleanup_hint = cleanup_command(run.output, request.kubectl)
     failure: DemoError | None = None
     with signals_interrupt():
@@ -13651,8 +14346,14 @@ def perform_run(request: RunRequest, caller: Caller) -> tuple[int, Results | Non
             failure = error
         finally:
             close(run)
+    if run.tracer is not None:
+        finish_trace(
+            run.tracer, run.output, None if failure else results.figures, failure, request.quiet
+        )
     if failure is None and not request.spelling.python:  # a Python caller has them returned
         print_results(results.figures, request.quiet, os.path.join(run.output, RESULTS_FILE))
+    if failure is None and request.pushgateway:
+        push_saved_metrics(run.output, request.pushgateway, run.receipt.run_id)
     finish_run(run, failure, request.cleanup, request.quiet, cleanup_hint)
     status = EXIT_PARTIAL if results.figures.get("accepted_partial") else 0
     if caller.exit_when_done:
@@ -15137,10 +15838,17 @@ def recompute(output: str) -> Results:
 
 
 def report(args: argparse.Namespace) -> int:
-    """Recompute and reprint a finished run from its saved files."""
-    print_results(
-        recompute(args.output).figures, args.quiet, os.path.join(args.output, RESULTS_FILE)
-    )
+    """Recompute and reprint a finished run from its saved files; metrics.prom made again from
+    them (and pushed, with --pushgateway)."""
+    results = recompute(args.output)
+    run_id = Receipt.read(args.output).run_id
+    write_metrics(args.output, results.figures, results.batches, run_id)
+    print_results(results.figures, args.quiet, os.path.join(args.output, RESULTS_FILE))
+    if args.pushgateway:
+        push_saved_metrics(args.output, args.pushgateway, run_id)
+    tracer = open_tracer(args.otlp_endpoint, run_id)
+    if tracer is not None:
+        say_export(export_batches(tracer, results.batches, results.figures), args.quiet)
     return 0
 
 
@@ -15281,6 +15989,7 @@ def run_arguments() -> list[argparse.ArgumentParser]:
         episode_pod_arguments(),
         quiet_arguments("progress"),
         verbose_arguments(),
+        telemetry_arguments(),
     ]
 
 
@@ -15729,7 +16438,34 @@ def list_format_arguments() -> argparse.ArgumentParser:
 
 def report_arguments() -> list[argparse.ArgumentParser]:
     """`report`'s arguments: the run's directory, and the phase table's --quiet."""
-    return [run_directory_arguments(), quiet_arguments("phase table")]
+    return [run_directory_arguments(), quiet_arguments("phase table"), telemetry_arguments()]
+
+
+def http_url(text: str) -> str:
+    """A collector's or a Pushgateway's URL: http:// or https:// and a host."""
+    parts = urllib.parse.urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError(f"not an http:// or https:// URL: {text!r}")
+    return text
+
+
+def telemetry_arguments() -> argparse.ArgumentParser:
+    """Where the run's traces and metrics go, beside its files (docs/observability.md)."""
+    arguments = argument_set()
+    arguments.add_argument(
+        "--otlp-endpoint",
+        type=http_url,
+        metavar="URL",
+        help="export the run's episodes as OpenTelemetry traces over OTLP/HTTP JSON to this "
+        "collector (its /v1/traces; default: $OTEL_EXPORTER_OTLP_ENDPOINT, else none)",
+    )
+    arguments.add_argument(
+        "--pushgateway",
+        type=http_url,
+        metavar="URL",
+        help="PUT metrics.prom to this Prometheus Pushgateway, grouped by job and run_id",
+    )
+    return arguments
 
 
 def compare_arguments() -> list[argparse.ArgumentParser]:
@@ -15849,6 +16585,8 @@ def run_request(
         ttl=args.ttl,
         quiet=args.quiet,
         verbose=args.verbose,
+        otlp_endpoint=args.otlp_endpoint,
+        pushgateway=args.pushgateway,
         # A trainer calling in always gets its rewards, one row per episode.
         rollout=bool(tasks)
         or args.retries is not None

@@ -32,6 +32,8 @@ shipped single file holds them in this order, each part opening with its source 
     outcomes: verification and classification: every episode's outcome, none dropped.
     summary: the batch's summary: throughput, slots, drafts, the events' index, episodes.csv.
     render: SVG pictures, tables, the comparison.
+    metrics: metrics.prom, the run's figures as OpenMetrics text; the push to a Pushgateway.
+    telemetry: the run as OpenTelemetry traces over OTLP/HTTP JSON, sent from a thread of its own.
     runs: what `list` shows and `cleanup --stale` decides, without receipts.
     kube: the one edge to the cluster: `Kubectl`, `ApiProxy`, paged reads.
     sandboxes: live sandboxes' requests through the pod proxy, and the pool's pods as watched.

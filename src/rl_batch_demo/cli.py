@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import urllib.parse
 from typing import Any, Callable, Sequence
 
 from .constants import (
@@ -161,6 +162,7 @@ def run_arguments() -> list[argparse.ArgumentParser]:
         episode_pod_arguments(),
         quiet_arguments("progress"),
         verbose_arguments(),
+        telemetry_arguments(),
     ]
 
 
@@ -609,7 +611,34 @@ def list_format_arguments() -> argparse.ArgumentParser:
 
 def report_arguments() -> list[argparse.ArgumentParser]:
     """`report`'s arguments: the run's directory, and the phase table's --quiet."""
-    return [run_directory_arguments(), quiet_arguments("phase table")]
+    return [run_directory_arguments(), quiet_arguments("phase table"), telemetry_arguments()]
+
+
+def http_url(text: str) -> str:
+    """A collector's or a Pushgateway's URL: http:// or https:// and a host."""
+    parts = urllib.parse.urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError(f"not an http:// or https:// URL: {text!r}")
+    return text
+
+
+def telemetry_arguments() -> argparse.ArgumentParser:
+    """Where the run's traces and metrics go, beside its files (docs/observability.md)."""
+    arguments = argument_set()
+    arguments.add_argument(
+        "--otlp-endpoint",
+        type=http_url,
+        metavar="URL",
+        help="export the run's episodes as OpenTelemetry traces over OTLP/HTTP JSON to this "
+        "collector (its /v1/traces; default: $OTEL_EXPORTER_OTLP_ENDPOINT, else none)",
+    )
+    arguments.add_argument(
+        "--pushgateway",
+        type=http_url,
+        metavar="URL",
+        help="PUT metrics.prom to this Prometheus Pushgateway, grouped by job and run_id",
+    )
+    return arguments
 
 
 def compare_arguments() -> list[argparse.ArgumentParser]:
@@ -729,6 +758,8 @@ def run_request(
         ttl=args.ttl,
         quiet=args.quiet,
         verbose=args.verbose,
+        otlp_endpoint=args.otlp_endpoint,
+        pushgateway=args.pushgateway,
         # A trainer calling in always gets its rewards, one row per episode.
         rollout=bool(tasks)
         or args.retries is not None

@@ -1131,6 +1131,7 @@ class RunContext:
     # The command line, not a Python caller (run_batch, stream_batch): the process is the run's.
     owns_process: bool = False
     capacity: dict | None = None  # what check_capacity found the nodes can run: run.json keeps it
+    tracer: Any = None  # telemetry.RunTracer with --otlp-endpoint: each batch's spans as it ends
 
     @property
     def namespace(self) -> str:

@@ -147,6 +147,10 @@ class RunRequest:
     env_from_secret: tuple[str, ...] = ()
     allow_egress: tuple[str, ...] = ()
     need_groups: int | None = None  # --need-groups K: the batch ends once K groups are whole
+    otlp_endpoint: str | None = (
+        None  # --otlp-endpoint; None: $OTEL_EXPORTER_OTLP_ENDPOINT's, if any
+    )
+    pushgateway: str | None = None  # --pushgateway
 
 
 class EgressTarget(NamedTuple):

@@ -60,6 +60,7 @@ from .summary import (
     throughput,
 )
 from .render import cdf_svg, plural, ramp_svg, timeline_sample, timeline_svg, timeline_title
+from .metrics import write_metrics
 from .follow import BatchEvidence, Evidence, RunContext
 
 
@@ -334,6 +335,7 @@ def save_results(run: RunContext, batches: Sequence[BatchOutcome]) -> Results:
     write_json(os.path.join(run.output, RESULTS_FILE), results.figures)
     write_text(os.path.join(run.output, "episodes.csv"), episodes_csv_pieces(results.batches))
     write_pictures(run.output, results.batches, run.settings, results.figures["throughput"])
+    write_metrics(run.output, results.figures, results.batches, run.receipt.run_id)
     return results
 
 

@@ -90,6 +90,8 @@ from .manifests import (
 )
 from .summary import BatchSummary, EpisodeDrafts, held_objects_spared
 from .render import phase_tables, plural, printed_results, throughput_line
+from .metrics import push_saved_metrics
+from .telemetry import finish_trace, open_tracer
 from .kube import ApiProxy, INTERRUPTS, Kubectl, KubectlError, PodReading
 from .watch import BatchJobs, WatchStream, pod_terminal
 from .follow import (
@@ -341,6 +343,8 @@ def execute(run: RunContext) -> Results:
                 spool.hold_in_memory()
         with held_objects_spared(run.owns_process):
             outcomes.append(run_one_batch(run, entry))
+        if run.tracer is not None:
+            run.tracer.batch_done(entry.job, outcomes[-1].summary, entry.measured)
     return save_results(run, outcomes)
 
 
@@ -876,6 +880,7 @@ def perform_run(request: RunRequest, caller: Caller) -> tuple[int, Results | Non
         return 0, None
     worker_source, builtin = load_worker(request)
     run = start_run(request, caller, worker_source, builtin)
+    run.tracer = open_tracer(request.otlp_endpoint, run.receipt.run_id)
     cleanup_hint = cleanup_command(run.output, request.kubectl)
     failure: DemoError | None = None
     with signals_interrupt():
@@ -895,8 +900,14 @@ def perform_run(request: RunRequest, caller: Caller) -> tuple[int, Results | Non
             failure = error
         finally:
             close(run)
+    if run.tracer is not None:
+        finish_trace(
+            run.tracer, run.output, None if failure else results.figures, failure, request.quiet
+        )
     if failure is None and not request.spelling.python:  # a Python caller has them returned
         print_results(results.figures, request.quiet, os.path.join(run.output, RESULTS_FILE))
+    if failure is None and request.pushgateway:
+        push_saved_metrics(run.output, request.pushgateway, run.receipt.run_id)
     finish_run(run, failure, request.cleanup, request.quiet, cleanup_hint)
     status = EXIT_PARTIAL if results.figures.get("accepted_partial") else 0
     if caller.exit_when_done:
