@@ -89,7 +89,15 @@ from .manifests import (
 )
 from .summary import BatchSummary, EpisodeDrafts, held_objects_spared
 from .render import phase_tables, plural, printed_results, throughput_line
-from .kube import ApiProxy, INTERRUPTS, Kubectl, KubectlError, PodReading
+from .kube import (
+    ApiProxy,
+    INTERRUPTS,
+    Kubectl,
+    KubectlError,
+    PodReading,
+    ProxiedKubectl,
+    shared_proxy,
+)
 from .watch import BatchJobs, WatchStream, pod_terminal
 from .follow import (
     BatchEvidence,
@@ -943,7 +951,10 @@ def start_run(request: RunRequest, caller: Caller, worker_source: str, builtin: 
             f"output directory {output} already exists; records are never overwritten, "
             f"choose a new {spelling.name('output')}"
         )
-    kubectl = Kubectl(find_kubectl(request.kubectl, spelling), verbose=request.verbose)
+    # A Python caller runs step after step in one process: its requests go through the
+    # process's one proxy, started once (a kubectl process per request cost most of a step).
+    kind = ProxiedKubectl if spelling.python else Kubectl
+    kubectl = kind(find_kubectl(request.kubectl, spelling), verbose=request.verbose)
     kubectl.context = resolve_context(kubectl, request.context, spelling)
     try:
         os.makedirs(output)
@@ -963,6 +974,7 @@ def start_run(request: RunRequest, caller: Caller, worker_source: str, builtin: 
         Progress(request.quiet),
         concurrent.futures.ThreadPoolExecutor(LOG_READERS),
         cpu_seconds(),
+        proxy=shared_proxy(kubectl) if spelling.python else None,
         silent=request.quiet and spelling.python,
         spelling=spelling,
         on_reward=caller.on_reward,

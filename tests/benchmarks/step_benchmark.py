@@ -1,0 +1,294 @@
+#!/usr/bin/env python3
+"""What a training step pays for beside its episodes: stream_batch() step after step in one
+process, against the same steps run the guide's way, on the Kubernetes API emulator.
+
+    python3 tests/benchmarks/step_benchmark.py [--steps 20] [--kubectl PATH] [--evidence full|minimal]
+
+Each step is 4 tasks x group size 2 (8 episodes, an episode script that rewards at once) through
+`stream_batch()` (cleanup=True, its default), in one trainer process that makes every step, as a
+training loop does; the guide's way is one run of tests/support/guide_client.py per step (8 of the
+built-in worker's episodes, every kubectl a process of its own), then its cleanup. Per step:
+
+- head: the call (or the guide's start) to the Job's creation, by the emulator's own record;
+- Job: the Job's creation to its end seen by the client (client.json's `observed_at`);
+- tail: the end seen to the call's return (the guide: to the end of its cleanup);
+- kubectl processes started (counted by a wrapper every kubectl is run through);
+- CPU-s: the trainer's (or the guide's) own and its kubectl children's, in all over the steps,
+  divided by them (a kubectl kept for the process's life is counted once it has ended).
+
+The tool's own time of a step is head + tail. Targets (issue 42, item 12): at most 0.3 s of it
+and at most 2 kubectl processes a step, in a process making many steps. Figures, never assertions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SUPPORT_DIR = Path(__file__).resolve().parent.parent / "support"
+REPO_ROOT = SUPPORT_DIR.parent.parent
+for _path in (str(SUPPORT_DIR), str(REPO_ROOT)):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+
+import prereqs  # noqa: E402  (needs the path above)
+from e2e_support import TASK_EPISODE_HEAD  # noqa: E402
+from kube_emulator import Emulator  # noqa: E402
+
+GUIDE = SUPPORT_DIR / "guide_client.py"
+EMULATOR_FAULTS = {"sandbox_delay": 0.4, "sandbox_jitter": 0.1}
+TASKS = 4
+GROUP_SIZE = 2
+TARGET_OWN_SECONDS = 0.3
+TARGET_PROCESSES = 2
+
+# Every kubectl the clients start goes through this, which counts it on a line of its own.
+COUNTING_KUBECTL = '#!/bin/sh\necho >> "{count}"\nexec "{kubectl}" "$@"\n'
+
+# The trainer: the steps, one after another in one process, each line of figures on stdout.
+TRAINER = r"""
+import json, os, resource, sys, time
+sys.path.insert(0, sys.argv[1])
+import rl_batch_demo
+out, script, steps, count_file, evidence = sys.argv[2:7]
+tasks = [{"id": f"task-{n}"} for n in range(int(os.environ["STEP_TASKS"]))]
+extra = {} if evidence == "full" else {"evidence": evidence}
+def used():
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime, kids.ru_utime + kids.ru_stime
+def started():
+    with open(count_file) as handle:
+        return sum(1 for _ in handle)
+for step in range(int(steps)):
+    before, kids_before, processes_before = *used(), started()
+    called = time.time()
+    lines = list(rl_batch_demo.stream_batch(
+        tasks, output=f"{out}/step-{step}", group_size=int(os.environ["STEP_GROUP"]),
+        episode_script=script, kubectl=os.environ["STEP_KUBECTL"], **extra))
+    returned = time.time()
+    after, kids_after = used()
+    print(json.dumps({"called": called, "returned": returned, "lines": len(lines),
+        "own_cpu": after - before, "children_cpu": kids_after - kids_before,
+        "processes": started() - processes_before, "output": f"{out}/step-{step}"}), flush=True)
+"""
+
+
+def counting_kubectl(directory: Path, kubectl: str, name: str) -> tuple[Path, Path]:
+    """A kubectl that counts its starts in a file of its own: (its path, the count's file)."""
+    count = directory / f"{name}.count"
+    count.write_text("")
+    wrapper = directory / f"kubectl-{name}"
+    wrapper.write_text(COUNTING_KUBECTL.format(count=count, kubectl=kubectl))
+    wrapper.chmod(0o755)
+    return wrapper, count
+
+
+def lines_in(path: Path) -> int:
+    return len(path.read_text().splitlines())
+
+
+def job_created(emulator: Emulator, namespace: str) -> float:
+    """The wall time the emulator created the step's Job (the first, with several)."""
+    jobs = emulator.truth()["jobs"]
+    return min(
+        record["created"]
+        for key, record in jobs.items()
+        if key.split("/", 1)[0] == namespace and "created" in record
+    )
+
+
+def product_steps(
+    emulator: Emulator, work: Path, kubectl: str, steps: int, evidence: str, product: Path
+) -> tuple[list[dict], float]:
+    """The steps through stream_batch() in one trainer process: each step's figures, and the
+    CPU-s of the whole process tree (the trainer, every kubectl it started) over all of them."""
+    wrapper, count = counting_kubectl(work, kubectl, "product")
+    script = work / "episode.py"
+    script.write_text(TASK_EPISODE_HEAD + 'emit("reward", reward=1.0)\n')
+    env = dict(emulator.env(), STEP_KUBECTL=str(wrapper), STEP_TASKS=str(TASKS))
+    env["STEP_GROUP"] = str(GROUP_SIZE)
+    argv = [sys.executable, "-c", TRAINER, str(product), str(work / "product"), str(script)]
+    argv += [str(steps), str(count), evidence]
+    process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    assert process.stdout is not None
+    rows = [json.loads(line) for line in process.stdout]
+    _, status, usage = os.wait4(process.pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0 or len(rows) != steps:
+        raise SystemExit(f"Error: the trainer exited {status} after {len(rows)} steps; see above")
+    for row in rows:
+        output = Path(row["output"])
+        row["namespace"] = json.loads((output / "receipt.json").read_text())["namespace"]
+        row["observed"] = json.loads((output / "client.json").read_text())["observed_at"]
+    total_cpu = usage.ru_utime + usage.ru_stime
+    return [step_figures(emulator, row) for row in rows], total_cpu
+
+
+def guide_steps(
+    emulator: Emulator, work: Path, kubectl: str, steps: int
+) -> tuple[list[dict], float]:
+    """The same steps the guide's way: its script once per step, then its cleanup."""
+    wrapper, count = counting_kubectl(work, kubectl, "guide")
+    rows, total_cpu = [], 0.0
+    for step in range(steps):
+        output = work / "guide" / f"step-{step}"
+        output.parent.mkdir(parents=True, exist_ok=True)
+        processes_before = lines_in(count)
+        called = time.time()
+        cpu = 0.0
+        for action in ("run", "cleanup"):
+            argv = [sys.executable, str(GUIDE), action, "--output", str(output)]
+            argv += ["--kubectl", str(wrapper)]
+            if action == "run":
+                argv += [
+                    "--count",
+                    str(TASKS * GROUP_SIZE),
+                    "--parallelism",
+                    str(TASKS * GROUP_SIZE),
+                ]
+            process = subprocess.Popen(
+                argv, env=emulator.env(), stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL
+            )
+            _, status, usage = os.wait4(process.pid, 0)
+            if os.waitstatus_to_exitcode(status) != 0:
+                raise SystemExit(f"Error: the guide's {action} exited {status}; see above")
+            cpu += usage.ru_utime + usage.ru_stime
+        returned = time.time()
+        results = json.loads((output / "results.json").read_text())
+        total_cpu += cpu
+        rows.append(
+            step_figures(
+                emulator,
+                {
+                    "called": called,
+                    "returned": returned,
+                    "namespace": results["namespace"],
+                    "observed": results["client_wait"]["observed_at"],
+                    "processes": lines_in(count) - processes_before,
+                    "own_cpu": cpu,
+                    "children_cpu": 0.0,
+                },
+            )
+        )
+    return rows, total_cpu
+
+
+def step_figures(emulator: Emulator, row: dict) -> dict:
+    """head, Job and tail of one step, with its processes and CPU."""
+    created = job_created(emulator, row["namespace"])
+    return {
+        "head": created - row["called"],
+        "job": row["observed"] - created,
+        "tail": row["returned"] - row["observed"],
+        "own": created - row["called"] + row["returned"] - row["observed"],
+        "wall": row["returned"] - row["called"],
+        "processes": row["processes"],
+        "cpu": row["own_cpu"] + row["children_cpu"],
+    }
+
+
+def table(product: list[dict], guide: list[dict], cpu: tuple[float, float], steps: int) -> str:
+    """The figures side by side: medians of the steps, the first step apart, ratios guide/product."""
+    rows: list[tuple[str, float, float, str]] = []
+    for key, name in (
+        ("head", "head: call -> Job created (s)"),
+        ("job", "Job: created -> end seen (s)"),
+        ("tail", "tail: end seen -> return (s)"),
+        ("own", "tool's own time, head + tail (s)"),
+        ("wall", "step wall time (s)"),
+        ("processes", "kubectl processes started"),
+    ):
+        rows.append(
+            (
+                f"{name}, median",
+                statistics.median(r[key] for r in product),
+                statistics.median(r[key] for r in guide),
+                target(key, statistics.median(r[key] for r in product)),
+            )
+        )
+    rows.append(
+        (
+            "kubectl processes, max",
+            max(r["processes"] for r in product),
+            max(r["processes"] for r in guide),
+            "",
+        )
+    )
+    rows.append(
+        (
+            "kubectl processes, steps 2.., max",
+            max(r["processes"] for r in product[1:] or product),
+            max(r["processes"] for r in guide[1:] or guide),
+            "",
+        )
+    )
+    rows.append(("first step: own time (s)", product[0]["own"], guide[0]["own"], ""))
+    rows.append(("CPU-s per step, all processes", cpu[0] / steps, cpu[1] / steps, ""))
+    title = f"figure ({steps} steps of 8 episodes)"
+    lines = [f"{title:44}  {'product':>9}  {'guide':>9}  {'guide/product':>13}  target"]
+    lines.append("-" * len(lines[0]))
+    for name, mine, theirs, goal in rows:
+        ratio = f"{theirs / mine:13.2f}" if mine else f"{'inf' if theirs else '-':>13}"
+        lines.append(f"{name:44}  {mine:9.3f}  {theirs:9.3f}  {ratio}  {goal}")
+    return "\n".join(lines)
+
+
+def target(key: str, value: float) -> str:
+    if key == "own":
+        return f"<= {TARGET_OWN_SECONDS} {'met' if value <= TARGET_OWN_SECONDS else 'MISSED'}"
+    if key == "processes":
+        return f"<= {TARGET_PROCESSES} {'met' if value <= TARGET_PROCESSES else 'MISSED'}"
+    return ""
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=20, help="steps of each client (default 20)")
+    parser.add_argument("--kubectl", help="the kubectl to run (default: the tests' kubectl 1.35)")
+    parser.add_argument(
+        "--evidence", default="full", help="stream_batch()'s evidence= (default: full, its default)"
+    )
+    parser.add_argument(
+        "--product",
+        default=str(REPO_ROOT),
+        help="the directory whose rl_batch_demo.py the trainer imports (default: this one's; "
+        "another checkout's measures its version in the same run)",
+    )
+    args = parser.parse_args()
+    kubectl = args.kubectl or prereqs.find_kubectls(("1.35",)).get("1.35")
+    if not kubectl:
+        raise SystemExit("Error: no kubectl 1.35 found; pass --kubectl PATH")
+    load = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(prefix="step-benchmark-") as directory:
+        work = Path(directory)
+        emulator = Emulator(work / "emulator", faults=dict(EMULATOR_FAULTS))
+        emulator.start()
+        try:
+            product, product_cpu = product_steps(
+                emulator, work, kubectl, args.steps, args.evidence, Path(args.product)
+            )
+            guide, guide_cpu = guide_steps(emulator, work, kubectl, args.steps)
+        finally:
+            emulator.stop()
+    print(
+        f"emulator (faults {json.dumps(EMULATOR_FAULTS)}), kubectl {kubectl}, "
+        f"evidence={args.evidence}, product {args.product}; "
+        f"load average {load:.1f} before, {os.getloadavg()[0]:.1f} after"
+    )
+    print(table(product, guide, (product_cpu, guide_cpu), args.steps))
+    print(
+        f"(this process's own CPU, the emulator's: {resource.getrusage(resource.RUSAGE_SELF).ru_utime:.1f} s)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

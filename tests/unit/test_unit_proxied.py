@@ -1,0 +1,115 @@
+"""Unit tests of what a Python caller's requests through the shared `kubectl proxy` are made of:
+the API paths of kubectl's calls, kubectl's words for the API server's refusals (so an error read
+through the proxy reads, and is judged, as kubectl's), which calls the proxy can carry, and the
+context resolved once per kubeconfig. No cluster, no kubectl."""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.parse
+from pathlib import Path
+
+import pytest
+
+import all_names as demo
+
+
+def status(code: int, reason: str, message: str) -> str:
+    return json.dumps(
+        {"kind": "Status", "apiVersion": "v1", "code": code, "reason": reason, "message": message}
+    )
+
+
+def test_a_refusal_through_the_proxy_reads_as_kubectl_prints_it() -> None:
+    missing = demo.server_error(404, status(404, "NotFound", 'namespaces "agc-rl-1" not found'))
+    assert missing == 'Error from server (NotFound): namespaces "agc-rl-1" not found\n'
+    error = demo.KubectlError("get namespace agc-rl-1", 1, missing)
+    assert error.not_found and not error.transient
+    assert str(error) == (
+        "kubectl get namespace agc-rl-1 failed (exit 1): Error from server (NotFound): "
+        'namespaces "agc-rl-1" not found'
+    )
+    exists = demo.server_error(
+        409, status(409, "AlreadyExists", 'namespaces "agc-rl-1" already exists'), creating=True
+    )
+    assert exists == (
+        'Error from server (AlreadyExists): error when creating "STDIN": '
+        'namespaces "agc-rl-1" already exists\n'
+    )
+    assert demo.KubectlError("create", 1, exists).already_exists
+
+
+def test_an_answer_without_a_status_is_named_by_its_code() -> None:
+    # A URL the server does not serve: what check_runtime_class tells from a missing RuntimeClass.
+    unserved = demo.server_error(404, "404 page not found")
+    assert unserved == f"Error from server (NotFound): {demo.UNSERVED_PATH_MESSAGE}\n"
+    busy = demo.KubectlError("get job rollout", 1, demo.server_error(503, "upstream busy"))
+    assert busy.transient
+    assert demo.status_reason(status(404, "NotFound", "x")) == "NotFound"
+    assert demo.status_reason("404 page not found") is None
+
+
+def test_the_paths_of_kubectls_calls() -> None:
+    assert demo.resource_path("job", "ns", "rollout") == "/apis/batch/v1/namespaces/ns/jobs/rollout"
+    assert demo.resource_path("namespace", None, "ns") == "/api/v1/namespaces/ns"
+    # A cluster-wide kind ignores the namespace, as kubectl does.
+    assert demo.resource_path("runtimeclass", "ns", "cube") == (
+        "/apis/node.k8s.io/v1/runtimeclasses/cube"
+    )
+    assert demo.resource_path("nodes", None) == "/api/v1/nodes"
+
+
+def test_only_the_calls_the_proxy_can_say_go_through_it() -> None:
+    assert demo.proxied_list_flags(())
+    assert demo.proxied_list_flags(("-l", "job-name=rollout"))
+    assert demo.proxied_list_flags(("--chunk-size=500",))
+    assert not demo.proxied_list_flags(("--field-selector", "metadata.name=rollout"))
+    assert not demo.proxied_list_flags(("--sort-by=.metadata.name",))
+    assert demo.proxied_delete_flags(("--wait=false",))
+    assert demo.proxied_delete_flags(("--cascade=foreground", "--wait=false"))
+    # A deletion kubectl waits for stays kubectl's.
+    assert not demo.proxied_delete_flags(("--cascade=foreground",))
+    assert not demo.proxied_delete_flags(("--wait=false", "--grace-period=0"))
+
+
+def test_a_batchs_watches_through_the_proxy_select_what_kubectls_would() -> None:
+    one = demo.WatchStream(demo.Kubectl("kubectl"), "ns", "rollout")
+    assert one.api_path("job") == (
+        "/apis/batch/v1/namespaces/ns/jobs?fieldSelector=metadata.name%3Drollout&watch=1"
+    )
+    assert (
+        one.api_path("pods")
+        == "/api/v1/namespaces/ns/pods?labelSelector=job-name%3Drollout&watch=1"
+    )
+    assert one.api_path("events") == "/api/v1/namespaces/ns/events?watch=1"
+    several = demo.WatchStream(
+        demo.Kubectl("kubectl"),
+        "ns",
+        "rollout",
+        demo.BatchJobs("rollout", ["rollout-image-1", "rollout-image-2"]),
+    )
+    selector = urllib.parse.urlencode({"labelSelector": f"{demo.BATCH_LABEL}=rollout", "watch": 1})
+    assert several.api_path("job") == f"/apis/batch/v1/namespaces/ns/jobs?{selector}"
+    assert several.api_path("pods") == f"/api/v1/namespaces/ns/pods?{selector}"
+
+
+def test_the_context_is_asked_of_kubectl_once_per_kubeconfig(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked = tmp_path / "asked"
+    kubectl = tmp_path / "kubectl"
+    kubectl.write_text(f'#!/bin/sh\necho "$*" >> "{asked}"\necho ctx-a\n')
+    kubectl.chmod(0o755)
+    config = tmp_path / "config"
+    config.write_text("first")
+    monkeypatch.setenv("KUBECONFIG", str(config))
+    monkeypatch.setattr(demo.MODULES["preflight"], "RESOLVED_CONTEXTS", {})
+    runner = demo.Kubectl(str(kubectl))
+    assert demo.resolve_context(runner, None) == "ctx-a"
+    assert demo.resolve_context(runner, None) == "ctx-a"
+    assert asked.read_text().splitlines() == ["config current-context"]
+    config.write_text("second, longer")  # another kubeconfig may name another current context
+    os.utime(config, ns=(1, 1))
+    assert demo.resolve_context(runner, None) == "ctx-a"
+    assert asked.read_text().splitlines() == ["config current-context"] * 2
