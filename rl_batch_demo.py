@@ -8841,8 +8841,28 @@ def server_error(status: int, body: str, creating: bool = False) -> str:
         UNSERVED_PATH_MESSAGE if status == 404 else body.strip() or f"HTTP {status}"
     )
     reason = str(answer.get("reason") or HTTP_REASONS.get(status, "Unknown"))
+    if reason == "Invalid" and isinstance(answer.get("details"), dict):
+        return invalid_message(answer["details"], message)
     where = 'error when creating "STDIN": ' if creating else ""
     return f"Error from server ({reason}): {where}{message}\n"
+
+
+def invalid_message(details: dict, message: str) -> str:
+    """kubectl's words for an object the API server found invalid: its kind and name, then each
+    cause (one on the line, several each on a line of its own)."""
+    causes = [
+        f"{cause.get('field')}: {cause.get('message')}"
+        if cause.get("field")
+        else cause.get("message")
+        for cause in details.get("causes") or []
+        if isinstance(cause, dict)
+    ]
+    said = f"The {details.get('kind')} {json.dumps(details.get('name') or '')} is invalid"
+    if not causes:
+        return f"{said}: {message}\n"
+    if len(causes) == 1:
+        return f"{said}: {causes[0]}\n"
+    return f"{said}: \n" + "".join(f"* {cause}\n" for cause in causes)
 
 
 def status_reason(body: str) -> str | None:
@@ -9017,10 +9037,14 @@ def api_get_list(
     }
 
 
-def api_create(proxy: ApiProxy, manifest: dict, retry_until: float | None) -> dict:
-    """`kubectl create -f - -o json`: POSTed to its kind's collection; the object as stored."""
+def api_create(
+    proxy: ApiProxy, manifest: dict, retry_until: float | None, dry_run: bool = False
+) -> dict:
+    """`kubectl create -f - -o json` (`dry_run`: with `--dry-run=server`): POSTed to its kind's
+    collection; the object as stored (or as it would be)."""
     kind = CREATED_KINDS[manifest["kind"]]
     path = resource_path(kind, (manifest.get("metadata") or {}).get("namespace"))
+    path += "?dryRun=All" if dry_run else ""
     text = proxy.call("create", "POST", path, retry_until, body=json.dumps(manifest))
     return parsed_object(text or "", "create")
 
@@ -9213,14 +9237,24 @@ class ProxiedKubectl(Kubectl):
     ) -> dict | None:
         if self.api is None or kind not in API_RESOURCES:
             return super().get(kind, name, namespace, missing_ok, retry_until)
-        return api_get_object(self.api, kind, name, namespace, missing_ok, retry_until)
+        api = self.api
+        return recently_read(
+            self,
+            (kind, name, namespace, missing_ok),
+            lambda: api_get_object(api, kind, name, namespace, missing_ok, retry_until),
+        )
 
     def get_list(
         self, kind: str, namespace: str | None = None, *flags: str, retry_until: float | None = None
     ) -> dict | None:
         if self.api is None or kind not in API_RESOURCES or not proxied_list_flags(flags):
             return super().get_list(kind, namespace, *flags, retry_until=retry_until)
-        return api_get_list(self.api, kind, namespace, flags, retry_until)
+        api = self.api
+        return recently_read(
+            self,
+            (kind, namespace, flags),
+            lambda: api_get_list(api, kind, namespace, flags, retry_until),
+        )
 
     def create(self, manifest: dict, retry_until: float | None = None) -> dict:
         if self.api is None or manifest.get("kind") not in CREATED_KINDS:
@@ -9240,6 +9274,29 @@ class ProxiedKubectl(Kubectl):
             return
         foreground = "--cascade=foreground" in flags
         api_delete(self.api, kind, name, namespace, foreground, retry_until)
+
+
+# The cluster-wide facts a run reads before it creates anything (its RuntimeClass, the nodes, who
+# its credentials are), kept this long in the process: a trainer's steps, seconds apart, read them
+# once (each read is a request, and the nodes' list a big one on a big cluster). A RuntimeClass
+# deleted meanwhile fails the batch's pods, reported as such, instead of the check before it.
+RECENT_READ_SECONDS = 30.0
+RECENT_KINDS = ("runtimeclass", "nodes", "whoami")
+RECENT_READS: dict[tuple, tuple[float, Any]] = {}
+
+
+def recently_read(kubectl: Kubectl, what: tuple, read: Callable[[], Any]) -> Any:
+    """`read()`, or for a cluster-wide fact (RECENT_KINDS) its answer to the same kubectl, context
+    and kubeconfig within RECENT_READ_SECONDS. A failed read is not kept. Read it, never change it."""
+    if what[0] not in RECENT_KINDS:
+        return read()
+    key = (kubectl.binary, kubectl.context, kubeconfig_files(), what)
+    kept = RECENT_READS.get(key)
+    if kept is not None and time.monotonic() - kept[0] < RECENT_READ_SECONDS:
+        return kept[1]
+    read_at = time.monotonic()
+    value = RECENT_READS[key] = (read_at, read())
+    return value[1]
 
 
 def shared_proxy(kubectl: Kubectl) -> ApiProxy | None:
@@ -11399,6 +11456,9 @@ class RunContext:
     # The command line, not a Python caller (run_batch, stream_batch): the process is the run's.
     owns_process: bool = False
     capacity: dict | None = None  # what check_capacity found the nodes can run: run.json keeps it
+    # --cleanup through the proxy: begun once the last batch's evidence is read (begin_cleanup),
+    # its report's text the result; unstarted otherwise.
+    cleanup_ahead: concurrent.futures.Future[str] | None = None
 
     @property
     def namespace(self) -> str:
@@ -11487,10 +11547,11 @@ def current_user(kubectl: Kubectl) -> str:
     in the kubeconfig."""
     try:
         retry_until = time.monotonic() + FIRST_CONTACT_RETRY_SECONDS
+        api = kubectl.api
         review = (
             kubectl.get_json(["auth", "whoami"], retry_until=retry_until)
-            if kubectl.api is None
-            else api_whoami(kubectl.api, retry_until)
+            if api is None
+            else recently_read(kubectl, ("whoami",), lambda: api_whoami(api, retry_until))
         )
         username = (((review or {}).get("status") or {}).get("userInfo") or {}).get("username")
         if isinstance(username, str) and username:
@@ -12446,8 +12507,8 @@ def wait_gone(
     """Poll until the object is gone; return its last state if it is still there at the deadline."""
     deadline = time.monotonic() + seconds
     # Through the proxy a look costs a local request, not a kubectl process: look again soon
-    # (a Job's foreground deletion takes tenths of a second), then less often.
-    pause = POLL_INTERVAL_SECONDS if kubectl.api is None else 0.05
+    # (a Job's foreground deletion takes a tenth of a second or so), then less often.
+    pause = POLL_INTERVAL_SECONDS if kubectl.api is None else 0.02
     while True:
         live = kubectl.get(kind, name, namespace, missing_ok=True, retry_until=deadline)
         if live is None:
@@ -12455,7 +12516,7 @@ def wait_gone(
         if time.monotonic() >= deadline:
             return live
         time.sleep(pause)
-        pause = min(pause * 2, POLL_INTERVAL_SECONDS)
+        pause = min(pause * 1.5, POLL_INTERVAL_SECONDS)
 
 
 def cleanup_namespace(
@@ -13156,6 +13217,8 @@ def run_one_batch(run: RunContext, entry: BatchEntry) -> BatchOutcome:
     wait = client_wait(follower, end)
     evidence = batch.collect(job_name)
     follower.stop_watches()
+    if entry == run.settings.batches[-1]:
+        begin_cleanup(run)
     wait = wait._replace(
         pods_read=pods_read(evidence.reading, follower.state.end_resource_version),
         events_read=batch.events_read,
@@ -13171,6 +13234,38 @@ def run_one_batch(run: RunContext, entry: BatchEntry) -> BatchOutcome:
     )
     write_json(client_path, wait.saved())
     return BatchOutcome(entry, summary, wait.saved())
+
+
+def begin_cleanup(run: RunContext) -> None:
+    """--cleanup through the proxy (run.cleanup_ahead): the namespace's deletion begun once the
+    last batch's evidence is read, while its summary is made, since the API server takes a tenth
+    of a second or more to delete a Job; finish_run waits for it (cleaned_up). It cuts a
+    trainer's step by that much (tests/benchmarks/step_benchmark.py)."""
+    ahead = run.cleanup_ahead
+    if ahead is None or not ahead.set_running_or_notify_cancel():
+        return
+
+    def clean() -> None:
+        report = io.StringIO()
+        try:
+            cleanup_namespace(run.kubectl, run.receipt, report=report)
+        except BaseException as error:  # raised where it is waited for
+            ahead.set_exception(error)
+        else:
+            ahead.set_result(report.getvalue())
+
+    threading.Thread(target=clean, name="rl-batch-demo cleanup", daemon=True).start()
+
+
+def cleaned_up(run: RunContext, report: Any) -> None:
+    """The run's namespace deleted (cleanup_namespace), what it said on `report`: waited for
+    when begin_cleanup began it, else done now."""
+    ahead = run.cleanup_ahead
+    if ahead is None or not (ahead.running() or ahead.done()):
+        cleanup_namespace(run.kubectl, run.receipt, report=report)
+        return
+    report.write(ahead.result())
+    report.flush()
 
 
 def save_submitted_jobs(run: RunContext, batch_dir: str, manifests: Sequence[dict]) -> None:
@@ -13256,12 +13351,16 @@ def check_jobs_accepted(run: RunContext, manifests: Sequence[dict]) -> None:
     any is created: one refused (an invalid image reference) fails the run with none of them made,
     and the namespace made for them, empty of work, deleted."""
     for manifest in manifests:
+        retry_until = time.monotonic() + CALL_TIMEOUT_SECONDS
         try:
-            run.kubectl.run(
-                ["create", "--dry-run=server", "-f", "-", "-o", "name"],
-                input_text=json.dumps(manifest),
-                retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
-            )
+            if run.kubectl.api is not None:
+                api_create(run.kubectl.api, manifest, retry_until, dry_run=True)
+            else:
+                run.kubectl.run(
+                    ["create", "--dry-run=server", "-f", "-", "-o", "name"],
+                    input_text=json.dumps(manifest),
+                    retry_until=retry_until,
+                )
         except KubectlError as error:
             image = manifest["spec"]["template"]["spec"]["containers"][0]["image"]
             raise DemoError(
@@ -13458,6 +13557,8 @@ def perform_run(request: RunRequest, caller: Caller) -> tuple[int, Results | Non
         return 0, None
     worker_source, builtin = load_worker(request)
     run = start_run(request, caller, worker_source, builtin)
+    if request.cleanup and run.kubectl.api is not None:
+        run.cleanup_ahead = concurrent.futures.Future()
     cleanup_hint = cleanup_command(run.output, request.kubectl)
     failure: DemoError | None = None
     with signals_interrupt():
@@ -13657,7 +13758,7 @@ def cleanup_after_interrupt(run: RunContext) -> str | None:
     """`--cleanup` after an interruption: None once the namespace is gone, else why it is not."""
     report = io.StringIO() if run.silent else sys.stderr
     try:
-        cleanup_namespace(run.kubectl, run.receipt, report=report)
+        cleaned_up(run, report)
     except DemoError as error:
         return str(error)
     except KeyboardInterrupt:
@@ -13718,7 +13819,7 @@ def finish_run(
         cleanup = run.spelling.switch("cleanup")
         print(f"Cleaning up ({cleanup}) after {'a failed' if failure else 'the'} run.", file=report)
         try:
-            cleanup_namespace(run.kubectl, run.receipt, report=report)
+            cleaned_up(run, report)
         except DemoError as error:
             # Never let a failed cleanup hide why the run failed or where its evidence is.
             why = (

@@ -1114,6 +1114,9 @@ class RunContext:
     # The command line, not a Python caller (run_batch, stream_batch): the process is the run's.
     owns_process: bool = False
     capacity: dict | None = None  # what check_capacity found the nodes can run: run.json keeps it
+    # --cleanup through the proxy: begun once the last batch's evidence is read (begin_cleanup),
+    # its report's text the result; unstarted otherwise.
+    cleanup_ahead: concurrent.futures.Future[str] | None = None
 
     @property
     def namespace(self) -> str:

@@ -853,8 +853,28 @@ def server_error(status: int, body: str, creating: bool = False) -> str:
         UNSERVED_PATH_MESSAGE if status == 404 else body.strip() or f"HTTP {status}"
     )
     reason = str(answer.get("reason") or HTTP_REASONS.get(status, "Unknown"))
+    if reason == "Invalid" and isinstance(answer.get("details"), dict):
+        return invalid_message(answer["details"], message)
     where = 'error when creating "STDIN": ' if creating else ""
     return f"Error from server ({reason}): {where}{message}\n"
+
+
+def invalid_message(details: dict, message: str) -> str:
+    """kubectl's words for an object the API server found invalid: its kind and name, then each
+    cause (one on the line, several each on a line of its own)."""
+    causes = [
+        f"{cause.get('field')}: {cause.get('message')}"
+        if cause.get("field")
+        else cause.get("message")
+        for cause in details.get("causes") or []
+        if isinstance(cause, dict)
+    ]
+    said = f"The {details.get('kind')} {json.dumps(details.get('name') or '')} is invalid"
+    if not causes:
+        return f"{said}: {message}\n"
+    if len(causes) == 1:
+        return f"{said}: {causes[0]}\n"
+    return f"{said}: \n" + "".join(f"* {cause}\n" for cause in causes)
 
 
 def status_reason(body: str) -> str | None:
@@ -1029,10 +1049,14 @@ def api_get_list(
     }
 
 
-def api_create(proxy: ApiProxy, manifest: dict, retry_until: float | None) -> dict:
-    """`kubectl create -f - -o json`: POSTed to its kind's collection; the object as stored."""
+def api_create(
+    proxy: ApiProxy, manifest: dict, retry_until: float | None, dry_run: bool = False
+) -> dict:
+    """`kubectl create -f - -o json` (`dry_run`: with `--dry-run=server`): POSTed to its kind's
+    collection; the object as stored (or as it would be)."""
     kind = CREATED_KINDS[manifest["kind"]]
     path = resource_path(kind, (manifest.get("metadata") or {}).get("namespace"))
+    path += "?dryRun=All" if dry_run else ""
     text = proxy.call("create", "POST", path, retry_until, body=json.dumps(manifest))
     return parsed_object(text or "", "create")
 
@@ -1225,14 +1249,24 @@ class ProxiedKubectl(Kubectl):
     ) -> dict | None:
         if self.api is None or kind not in API_RESOURCES:
             return super().get(kind, name, namespace, missing_ok, retry_until)
-        return api_get_object(self.api, kind, name, namespace, missing_ok, retry_until)
+        api = self.api
+        return recently_read(
+            self,
+            (kind, name, namespace, missing_ok),
+            lambda: api_get_object(api, kind, name, namespace, missing_ok, retry_until),
+        )
 
     def get_list(
         self, kind: str, namespace: str | None = None, *flags: str, retry_until: float | None = None
     ) -> dict | None:
         if self.api is None or kind not in API_RESOURCES or not proxied_list_flags(flags):
             return super().get_list(kind, namespace, *flags, retry_until=retry_until)
-        return api_get_list(self.api, kind, namespace, flags, retry_until)
+        api = self.api
+        return recently_read(
+            self,
+            (kind, namespace, flags),
+            lambda: api_get_list(api, kind, namespace, flags, retry_until),
+        )
 
     def create(self, manifest: dict, retry_until: float | None = None) -> dict:
         if self.api is None or manifest.get("kind") not in CREATED_KINDS:
@@ -1252,6 +1286,29 @@ class ProxiedKubectl(Kubectl):
             return
         foreground = "--cascade=foreground" in flags
         api_delete(self.api, kind, name, namespace, foreground, retry_until)
+
+
+# The cluster-wide facts a run reads before it creates anything (its RuntimeClass, the nodes, who
+# its credentials are), kept this long in the process: a trainer's steps, seconds apart, read them
+# once (each read is a request, and the nodes' list a big one on a big cluster). A RuntimeClass
+# deleted meanwhile fails the batch's pods, reported as such, instead of the check before it.
+RECENT_READ_SECONDS = 30.0
+RECENT_KINDS = ("runtimeclass", "nodes", "whoami")
+RECENT_READS: dict[tuple, tuple[float, Any]] = {}
+
+
+def recently_read(kubectl: Kubectl, what: tuple, read: Callable[[], Any]) -> Any:
+    """`read()`, or for a cluster-wide fact (RECENT_KINDS) its answer to the same kubectl, context
+    and kubeconfig within RECENT_READ_SECONDS. A failed read is not kept. Read it, never change it."""
+    if what[0] not in RECENT_KINDS:
+        return read()
+    key = (kubectl.binary, kubectl.context, kubeconfig_files(), what)
+    kept = RECENT_READS.get(key)
+    if kept is not None and time.monotonic() - kept[0] < RECENT_READ_SECONDS:
+        return kept[1]
+    read_at = time.monotonic()
+    value = RECENT_READS[key] = (read_at, read())
+    return value[1]
 
 
 def shared_proxy(kubectl: Kubectl) -> ApiProxy | None:

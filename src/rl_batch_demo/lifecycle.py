@@ -32,8 +32,8 @@ def wait_gone(
     """Poll until the object is gone; return its last state if it is still there at the deadline."""
     deadline = time.monotonic() + seconds
     # Through the proxy a look costs a local request, not a kubectl process: look again soon
-    # (a Job's foreground deletion takes tenths of a second), then less often.
-    pause = POLL_INTERVAL_SECONDS if kubectl.api is None else 0.05
+    # (a Job's foreground deletion takes a tenth of a second or so), then less often.
+    pause = POLL_INTERVAL_SECONDS if kubectl.api is None else 0.02
     while True:
         live = kubectl.get(kind, name, namespace, missing_ok=True, retry_until=deadline)
         if live is None:
@@ -41,7 +41,7 @@ def wait_gone(
         if time.monotonic() >= deadline:
             return live
         time.sleep(pause)
-        pause = min(pause * 2, POLL_INTERVAL_SECONDS)
+        pause = min(pause * 1.5, POLL_INTERVAL_SECONDS)
 
 
 def cleanup_namespace(

@@ -19,7 +19,7 @@ from .constants import (
 from .model import COMMAND_LINE, DemoError, Settings, Spelling
 from .files import write_json
 from .manifests import capacity_plan, capacity_warning
-from .kube import Kubectl, KubectlError, api_whoami, kubeconfig_files
+from .kube import Kubectl, KubectlError, api_whoami, kubeconfig_files, recently_read
 from .follow import RunContext
 
 
@@ -29,10 +29,11 @@ def current_user(kubectl: Kubectl) -> str:
     in the kubeconfig."""
     try:
         retry_until = time.monotonic() + FIRST_CONTACT_RETRY_SECONDS
+        api = kubectl.api
         review = (
             kubectl.get_json(["auth", "whoami"], retry_until=retry_until)
-            if kubectl.api is None
-            else api_whoami(kubectl.api, retry_until)
+            if api is None
+            else recently_read(kubectl, ("whoami",), lambda: api_whoami(api, retry_until))
         )
         username = (((review or {}).get("status") or {}).get("userInfo") or {}).get("username")
         if isinstance(username, str) and username:

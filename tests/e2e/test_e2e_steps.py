@@ -116,3 +116,51 @@ def test_steps_after_the_first_start_no_kubectl_and_save_what_the_command_line_s
         for key in ("valid", "invalid", "rewarded", "accepted_partial"):
             assert mine.get(key) == theirs.get(key), key
         assert without_pods(mine.get("failures")) == without_pods(theirs.get("failures"))
+
+
+IMAGE_TASKS = [
+    {"id": "a", "x": 1, "image": "docker.io/swebench/one:1"},
+    {"id": "b", "x": 1},
+]
+
+
+def test_a_refusal_through_the_proxy_says_what_kubectls_would(
+    make_cluster: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The API server refuses the batch's Jobs (the server-side dry run before any is created): a
+    Python caller, whose requests go through the proxy, gets the words the command line's kubectl
+    prints, and the same run left behind."""
+    kubectl, make = make_cluster
+    emulator = make(api_errors={"count": 2, "match": "dryRun=All", "status": 403})
+    for name, value in emulator.env().items():
+        monkeypatch.setenv(name, value)
+    script = write_script(tmp_path, EPISODE)
+    with pytest.raises(rl_batch.DemoError) as raised:
+        rl_batch.run_batch(
+            IMAGE_TASKS,
+            output=str(tmp_path / "python"),
+            kubectl=kubectl,
+            group_size=2,
+            episode_script=str(script),
+            cleanup=False,
+        )
+    tasks_file = tmp_path / "tasks.jsonl"
+    tasks_file.write_text("".join(json.dumps(task) + "\n" for task in IMAGE_TASKS))
+    result = run_tool(
+        emulator,
+        kubectl,
+        "run",
+        output=tmp_path / "cli",
+        tasks=tasks_file,
+        group_size=2,
+        episode_script=script,
+        quiet=True,
+    )
+    assert result.returncode == 1, result.stderr
+    said = str(raised.value).splitlines()[0]
+    assert "refuses Job rollout-image-1 (image docker.io/swebench/one:1)" in said, said
+    namespaces = [load(tmp_path / out / "receipt.json")["namespace"] for out in ("python", "cli")]
+    printed = result.stderr.splitlines()[0].replace(*namespaces)
+    assert printed == f"Error: {said}".replace(*namespaces)
+    for namespace in namespaces:
+        assert not emulator.list("jobs", namespace)

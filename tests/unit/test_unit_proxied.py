@@ -50,6 +50,23 @@ def test_an_answer_without_a_status_is_named_by_its_code() -> None:
     assert demo.status_reason("404 page not found") is None
 
 
+def test_an_invalid_object_is_named_with_its_causes_as_kubectl_does() -> None:
+    details = {
+        "kind": "Job",
+        "name": "rollout",
+        "causes": [{"field": "spec.maxFailedIndexes", "message": "Invalid value: 3"}],
+    }
+    answer = json.dumps({"kind": "Status", "reason": "Invalid", "message": "x", "details": details})
+    assert demo.server_error(422, answer, creating=True) == (
+        'The Job "rollout" is invalid: spec.maxFailedIndexes: Invalid value: 3\n'
+    )
+    details["causes"].append({"message": "and another"})
+    answer = json.dumps({"kind": "Status", "reason": "Invalid", "message": "x", "details": details})
+    assert demo.server_error(422, answer) == (
+        'The Job "rollout" is invalid: \n* spec.maxFailedIndexes: Invalid value: 3\n* and another\n'
+    )
+
+
 def test_the_paths_of_kubectls_calls() -> None:
     assert demo.resource_path("job", "ns", "rollout") == "/apis/batch/v1/namespaces/ns/jobs/rollout"
     assert demo.resource_path("namespace", None, "ns") == "/api/v1/namespaces/ns"
