@@ -2,7 +2,7 @@
 first, a step starts no kubectl process: its reads, creations, deletions and watches go through
 the process's one `kubectl proxy`, started by the first step and kept. Each step saves what the
 command line's run of the same batch saves, with the same verdicts, and leaves no namespace.
-Real kubectl against the emulator."""
+Real kubectl against the emulator, and the first test on the real control plane too."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 import all_names as rl_batch
+from conftest import on_tiers
 from e2e_support import TASK_EPISODE_HEAD, load, run_namespaces, run_tool, write_script
 
 pytestmark = pytest.mark.e2e
@@ -66,11 +67,11 @@ def verdicts(output: Path) -> list[dict]:
     return [{key: json.loads(line).get(key) for key in VERDICT_FIELDS} for line in lines]
 
 
+@on_tiers("emulator", "real_cluster")
 def test_steps_after_the_first_start_no_kubectl_and_save_what_the_command_line_saves(
-    make_cluster: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tier: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    kubectl, make = make_cluster
-    emulator = make()
+    kubectl, emulator = tier
     for name, value in emulator.env().items():
         monkeypatch.setenv(name, value)
     wrapper = counting_kubectl(tmp_path, kubectl, monkeypatch)

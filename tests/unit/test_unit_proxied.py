@@ -5,10 +5,15 @@ context resolved once per kubeconfig. No cluster, no kubectl."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import io
 import json
 import os
+import threading
+import types
 import urllib.parse
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -130,3 +135,67 @@ def test_the_context_is_asked_of_kubectl_once_per_kubeconfig(
     os.utime(config, ns=(1, 1))
     assert demo.resolve_context(runner, None) == "ctx-a"
     assert asked.read_text().splitlines() == ["config current-context"] * 2
+
+
+def test_cluster_wide_facts_are_read_once_in_a_while_and_a_failure_never_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    kube = demo.MODULES["kube"]
+    monkeypatch.setattr(kube, "RECENT_READS", {})
+    reads: list[str] = []
+
+    def read(what: str) -> str:
+        reads.append(what)
+        return f"{what} #{len(reads)}"
+
+    runner = demo.Kubectl("kubectl", "ctx")
+    assert demo.recently_read(runner, ("nodes", None, ()), lambda: read("nodes")) == "nodes #1"
+    assert demo.recently_read(runner, ("nodes", None, ()), lambda: read("nodes")) == "nodes #1"
+    # A namespaced object is never kept: each read is the cluster's answer of the moment.
+    assert demo.recently_read(runner, ("job", "rollout"), lambda: read("job")) == "job #2"
+    assert demo.recently_read(runner, ("job", "rollout"), lambda: read("job")) == "job #3"
+
+    def refused() -> str:
+        raise demo.KubectlError("auth whoami", 1, "Error from server (Forbidden): no")
+
+    with pytest.raises(demo.KubectlError):
+        demo.recently_read(runner, ("whoami",), refused)
+    assert demo.recently_read(runner, ("whoami",), lambda: read("whoami")) == "whoami #4"
+    monkeypatch.setattr(kube, "RECENT_READ_SECONDS", 0.0)  # kept no longer
+    assert demo.recently_read(runner, ("nodes", None, ()), lambda: read("nodes")) == "nodes #5"
+
+
+def test_a_cleanup_begun_early_is_waited_for_and_says_what_it_did(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    run_module = demo.MODULES["run"]
+    deleting = threading.Event()
+    threads: list[str] = []
+
+    def cleanup_namespace(kubectl: object, receipt: object, report: Any) -> None:
+        threads.append(threading.current_thread().name)
+        deleting.wait(5)
+        print("Deleted test namespace: agc-rl-1", file=report)
+
+    monkeypatch.setattr(run_module, "cleanup_namespace", cleanup_namespace)
+    run: Any = types.SimpleNamespace(
+        kubectl=None, receipt=None, cleanup_ahead=concurrent.futures.Future()
+    )
+    demo.begin_cleanup(run)
+    assert run.cleanup_ahead.running()
+    deleting.set()
+    report = io.StringIO()
+    demo.cleaned_up(run, report)
+    assert report.getvalue() == "Deleted test namespace: agc-rl-1\n"
+    assert threads == ["rl-batch-demo cleanup"]
+    # Its failure is raised where it is waited for.
+    monkeypatch.setattr(run_module, "cleanup_namespace", lambda *a, **k: 1 / 0)
+    run.cleanup_ahead = concurrent.futures.Future()
+    demo.begin_cleanup(run)
+    with pytest.raises(ZeroDivisionError):
+        demo.cleaned_up(run, io.StringIO())
+    # Not begun (no proxy, or the run failed before its evidence): done when waited for.
+    monkeypatch.setattr(run_module, "cleanup_namespace", cleanup_namespace)
+    run.cleanup_ahead, threads[:] = concurrent.futures.Future(), []
+    demo.cleaned_up(run, report)
+    assert threads == [threading.current_thread().name]
