@@ -2,7 +2,7 @@
 """What a training step pays for beside its episodes: stream_batch() step after step in one
 process, against the same steps run the guide's way, on the Kubernetes API emulator.
 
-    python3 tests/benchmarks/step_benchmark.py [--steps 20] [--kubectl PATH] [--evidence full|minimal]
+    python3 tests/benchmarks/step_benchmark.py [--steps 20] [--kubectl PATH] [--before DIR] [--no-guide]
 
 Each step is 4 tasks x group size 2 (8 episodes, an episode script that rewards at once) through
 `stream_batch()` (cleanup=True, its default), in one trainer process that makes every step, as a
@@ -25,13 +25,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple, Sequence
 
 SUPPORT_DIR = Path(__file__).resolve().parent.parent / "support"
 REPO_ROOT = SUPPORT_DIR.parent.parent
@@ -58,9 +58,8 @@ TRAINER = r"""
 import json, os, resource, sys, time
 sys.path.insert(0, sys.argv[1])
 import rl_batch_demo
-out, script, steps, count_file, evidence = sys.argv[2:7]
+out, script, steps, count_file = sys.argv[2:6]
 tasks = [{"id": f"task-{n}"} for n in range(int(os.environ["STEP_TASKS"]))]
-extra = {} if evidence == "full" else {"evidence": evidence}
 def used():
     own = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -73,7 +72,7 @@ for step in range(int(steps)):
     called = time.time()
     lines = list(rl_batch_demo.stream_batch(
         tasks, output=f"{out}/step-{step}", group_size=int(os.environ["STEP_GROUP"]),
-        episode_script=script, kubectl=os.environ["STEP_KUBECTL"], **extra))
+        episode_script=script, kubectl=os.environ["STEP_KUBECTL"]))
     returned = time.time()
     after, kids_after = used()
     print(json.dumps({"called": called, "returned": returned, "lines": len(lines),
@@ -107,17 +106,19 @@ def job_created(emulator: Emulator, namespace: str) -> float:
 
 
 def product_steps(
-    emulator: Emulator, work: Path, kubectl: str, steps: int, evidence: str, product: Path
+    emulator: Emulator, work: Path, kubectl: str, steps: int, product: Path = REPO_ROOT
 ) -> tuple[list[dict], float]:
-    """The steps through stream_batch() in one trainer process: each step's figures, and the
-    CPU-s of the whole process tree (the trainer, every kubectl it started) over all of them."""
-    wrapper, count = counting_kubectl(work, kubectl, "product")
+    """The steps through stream_batch() in one trainer process, by the rl_batch_demo.py in
+    `product`: each step's figures, and the CPU-s of the whole process tree (the trainer, every
+    kubectl it started) over all of them."""
+    label = "product" if product == REPO_ROOT else "before"
+    wrapper, count = counting_kubectl(work, kubectl, label)
     script = work / "episode.py"
     script.write_text(TASK_EPISODE_HEAD + 'emit("reward", reward=1.0)\n')
     env = dict(emulator.env(), STEP_KUBECTL=str(wrapper), STEP_TASKS=str(TASKS))
     env["STEP_GROUP"] = str(GROUP_SIZE)
-    argv = [sys.executable, "-c", TRAINER, str(product), str(work / "product"), str(script)]
-    argv += [str(steps), str(count), evidence]
+    argv = [sys.executable, "-c", TRAINER, str(product), str(work / label), str(script)]
+    argv += [str(steps), str(count)]
     process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
     assert process.stdout is not None
     rows = [json.loads(line) for line in process.stdout]
@@ -195,9 +196,19 @@ def step_figures(emulator: Emulator, row: dict) -> dict:
     }
 
 
-def table(product: list[dict], guide: list[dict], cpu: tuple[float, float], steps: int) -> str:
-    """The figures side by side: medians of the steps, the first step apart, ratios guide/product."""
-    rows: list[tuple[str, float, float, str]] = []
+class Column(NamedTuple):
+    """One client's steps: its name, each step's figures, and the CPU-s of all its processes."""
+
+    name: str
+    steps: list[dict]
+    cpu: float
+
+
+def table(columns: Sequence[Column]) -> str:
+    """The figures side by side (medians of the steps, the first step apart), then each other
+    column's over the first's: above 1, the first is faster or leaner."""
+    first = columns[0]
+    figures: list[tuple[str, list[float], str]] = []
     for key, name in (
         ("head", "head: call -> Job created (s)"),
         ("job", "Job: created -> end seen (s)"),
@@ -206,38 +217,28 @@ def table(product: list[dict], guide: list[dict], cpu: tuple[float, float], step
         ("wall", "step wall time (s)"),
         ("processes", "kubectl processes started"),
     ):
-        rows.append(
-            (
-                f"{name}, median",
-                statistics.median(r[key] for r in product),
-                statistics.median(r[key] for r in guide),
-                target(key, statistics.median(r[key] for r in product)),
-            )
-        )
-    rows.append(
-        (
-            "kubectl processes, max",
-            max(r["processes"] for r in product),
-            max(r["processes"] for r in guide),
-            "",
-        )
-    )
-    rows.append(
-        (
-            "kubectl processes, steps 2.., max",
-            max(r["processes"] for r in product[1:] or product),
-            max(r["processes"] for r in guide[1:] or guide),
-            "",
-        )
-    )
-    rows.append(("first step: own time (s)", product[0]["own"], guide[0]["own"], ""))
-    rows.append(("CPU-s per step, all processes", cpu[0] / steps, cpu[1] / steps, ""))
-    title = f"figure ({steps} steps of 8 episodes)"
-    lines = [f"{title:44}  {'product':>9}  {'guide':>9}  {'guide/product':>13}  target"]
+        values = [statistics.median(r[key] for r in column.steps) for column in columns]
+        figures.append((f"{name}, median", values, target(key, values[0])))
+    for name, pick in (
+        ("kubectl processes, max", lambda steps: max(r["processes"] for r in steps)),
+        ("kubectl processes, steps 2.., max", lambda steps: max(r["processes"] for r in steps[1:])),
+        ("first step: own time (s)", lambda steps: steps[0]["own"]),
+    ):
+        figures.append((name, [pick(column.steps) for column in columns], ""))
+    steps = len(first.steps)
+    cpu = [column.cpu / steps for column in columns]
+    figures.append(("CPU-s per step, all processes", cpu, ""))
+    ratios = [f"{column.name}/{first.name}" for column in columns[1:]]
+    title = f"figure ({steps} steps of {TASKS * GROUP_SIZE} episodes)"
+    head = f"{title:44}" + "".join(f"  {c.name:>9}" for c in columns)
+    lines = [head + "".join(f"  {r:>15}" for r in ratios) + "  target"]
     lines.append("-" * len(lines[0]))
-    for name, mine, theirs, goal in rows:
-        ratio = f"{theirs / mine:13.2f}" if mine else f"{'inf' if theirs else '-':>13}"
-        lines.append(f"{name:44}  {mine:9.3f}  {theirs:9.3f}  {ratio}  {goal}")
+    for name, values, goal in figures:
+        line = f"{name:44}" + "".join(f"  {value:9.3f}" for value in values)
+        for value in values[1:]:
+            ratio = f"{value / values[0]:.2f}" if values[0] else "inf" if value else "-"
+            line += f"  {ratio:>15}"
+        lines.append(f"{line}  {goal}".rstrip())
     return "\n".join(lines)
 
 
@@ -254,14 +255,12 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=20, help="steps of each client (default 20)")
     parser.add_argument("--kubectl", help="the kubectl to run (default: the tests' kubectl 1.35)")
     parser.add_argument(
-        "--evidence", default="full", help="stream_batch()'s evidence= (default: full, its default)"
+        "--before",
+        metavar="DIR",
+        help="also the same steps by the rl_batch_demo.py in DIR (another version's, e.g. "
+        "`git show BASE:rl_batch_demo.py > DIR/rl_batch_demo.py`), in the same run",
     )
-    parser.add_argument(
-        "--product",
-        default=str(REPO_ROOT),
-        help="the directory whose rl_batch_demo.py the trainer imports (default: this one's; "
-        "another checkout's measures its version in the same run)",
-    )
+    parser.add_argument("--no-guide", action="store_true", help="leave the guide's steps out")
     args = parser.parse_args()
     kubectl = args.kubectl or prereqs.find_kubectls(("1.35",)).get("1.35")
     if not kubectl:
@@ -272,21 +271,19 @@ def main() -> int:
         emulator = Emulator(work / "emulator", faults=dict(EMULATOR_FAULTS))
         emulator.start()
         try:
-            product, product_cpu = product_steps(
-                emulator, work, kubectl, args.steps, args.evidence, Path(args.product)
-            )
-            guide, guide_cpu = guide_steps(emulator, work, kubectl, args.steps)
+            columns = [Column("product", *product_steps(emulator, work, kubectl, args.steps))]
+            if args.before:
+                before = product_steps(emulator, work, kubectl, args.steps, Path(args.before))
+                columns.append(Column("before", *before))
+            if not args.no_guide:
+                columns.append(Column("guide", *guide_steps(emulator, work, kubectl, args.steps)))
         finally:
             emulator.stop()
     print(
-        f"emulator (faults {json.dumps(EMULATOR_FAULTS)}), kubectl {kubectl}, "
-        f"evidence={args.evidence}, product {args.product}; "
+        f"emulator (faults {json.dumps(EMULATOR_FAULTS)}), kubectl {kubectl}; "
         f"load average {load:.1f} before, {os.getloadavg()[0]:.1f} after"
     )
-    print(table(product, guide, (product_cpu, guide_cpu), args.steps))
-    print(
-        f"(this process's own CPU, the emulator's: {resource.getrusage(resource.RUSAGE_SELF).ru_utime:.1f} s)"
-    )
+    print(table(columns))
     return 0
 
 
