@@ -10,7 +10,9 @@ training loop does; the guide's way is one run of tests/support/guide_client.py 
 built-in worker's episodes, every kubectl a process of its own), then its cleanup. Per step:
 
 - head: the call (or the guide's start) to the Job's creation, by the emulator's own record;
-- Job: the Job's creation to its end seen by the client (client.json's `observed_at`);
+- Job: the Job's creation to its end seen by the client (client.json's `observed_at`), and
+  apart the Job's own run (its creation to its end, by the emulator's record) and the client's
+  lag in seeing that end;
 - tail: the end seen to the call's return (the guide: to the end of its cleanup);
 - kubectl processes started (counted by a wrapper every kubectl is run through);
 - CPU-s: the trainer's (or the guide's) own and its kubectl children's, in all over the steps,
@@ -95,14 +97,16 @@ def lines_in(path: Path) -> int:
     return len(path.read_text().splitlines())
 
 
-def job_created(emulator: Emulator, namespace: str) -> float:
-    """The wall time the emulator created the step's Job (the first, with several)."""
-    jobs = emulator.truth()["jobs"]
-    return min(
-        record["created"]
-        for key, record in jobs.items()
+def job_times(emulator: Emulator, namespace: str) -> tuple[float, float]:
+    """When the emulator created the step's Job (the first, with several) and when it ended (the
+    last), by its own record."""
+    jobs = [
+        record
+        for key, record in emulator.truth()["jobs"].items()
         if key.split("/", 1)[0] == namespace and "created" in record
-    )
+    ]
+    ended = [record.get("complete") or record.get("failed") or 0.0 for record in jobs]
+    return min(record["created"] for record in jobs), max(ended)
 
 
 def product_steps(
@@ -184,10 +188,12 @@ def guide_steps(
 
 def step_figures(emulator: Emulator, row: dict) -> dict:
     """head, Job and tail of one step, with its processes and CPU."""
-    created = job_created(emulator, row["namespace"])
+    created, ended = job_times(emulator, row["namespace"])
     return {
         "head": created - row["called"],
         "job": row["observed"] - created,
+        "run": ended - created,
+        "lag": row["observed"] - ended,
         "tail": row["returned"] - row["observed"],
         "own": created - row["called"] + row["returned"] - row["observed"],
         "wall": row["returned"] - row["called"],
@@ -212,6 +218,8 @@ def table(columns: Sequence[Column]) -> str:
     for key, name in (
         ("head", "head: call -> Job created (s)"),
         ("job", "Job: created -> end seen (s)"),
+        ("run", "  of which created -> ended (s)"),
+        ("lag", "  and ended -> end seen (s)"),
         ("tail", "tail: end seen -> return (s)"),
         ("own", "tool's own time, head + tail (s)"),
         ("wall", "step wall time (s)"),
