@@ -4,8 +4,8 @@ in pages.
 
 from __future__ import annotations
 
-import contextlib
 import atexit
+import contextlib
 import copy
 import functools
 import http.client

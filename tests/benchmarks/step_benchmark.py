@@ -3,6 +3,7 @@
 process, against the same steps run the guide's way, on the Kubernetes API emulator.
 
     python3 tests/benchmarks/step_benchmark.py [--steps 20] [--kubectl PATH] [--before DIR] [--no-guide]
+                                               [--pause SECONDS]
 
 Each step is 4 tasks x group size 2 (8 episodes, an episode script that rewards at once) through
 `stream_batch()` (cleanup=True, its default), in one trainer process that makes every step, as a
@@ -80,6 +81,7 @@ for step in range(int(steps)):
     print(json.dumps({"called": called, "returned": returned, "lines": len(lines),
         "own_cpu": after - before, "children_cpu": kids_after - kids_before,
         "processes": started() - processes_before, "output": f"{out}/step-{step}"}), flush=True)
+    time.sleep(float(os.environ["STEP_PAUSE"]))  # the trainer's own work between steps
 """
 
 
@@ -110,7 +112,12 @@ def job_times(emulator: Emulator, namespace: str) -> tuple[float, float]:
 
 
 def product_steps(
-    emulator: Emulator, work: Path, kubectl: str, steps: int, product: Path = REPO_ROOT
+    emulator: Emulator,
+    work: Path,
+    kubectl: str,
+    steps: int,
+    product: Path = REPO_ROOT,
+    pause: float = 0.0,
 ) -> tuple[list[dict], float]:
     """The steps through stream_batch() in one trainer process, by the rl_batch_demo.py in
     `product`: each step's figures, and the CPU-s of the whole process tree (the trainer, every
@@ -120,7 +127,7 @@ def product_steps(
     script = work / "episode.py"
     script.write_text(TASK_EPISODE_HEAD + 'emit("reward", reward=1.0)\n')
     env = dict(emulator.env(), STEP_KUBECTL=str(wrapper), STEP_TASKS=str(TASKS))
-    env["STEP_GROUP"] = str(GROUP_SIZE)
+    env.update(STEP_GROUP=str(GROUP_SIZE), STEP_PAUSE=str(pause))
     argv = [sys.executable, "-c", TRAINER, str(product), str(work / label), str(script)]
     argv += [str(steps), str(count)]
     process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
@@ -269,6 +276,12 @@ def main() -> int:
         "`git show BASE:rl_batch_demo.py > DIR/rl_batch_demo.py`), in the same run",
     )
     parser.add_argument("--no-guide", action="store_true", help="leave the guide's steps out")
+    parser.add_argument(
+        "--pause",
+        type=float,
+        default=0.0,
+        help="seconds the trainer waits between its steps, as its own work would (default 0)",
+    )
     args = parser.parse_args()
     kubectl = args.kubectl or prereqs.find_kubectls(("1.35",)).get("1.35")
     if not kubectl:
@@ -279,9 +292,12 @@ def main() -> int:
         emulator = Emulator(work / "emulator", faults=dict(EMULATOR_FAULTS))
         emulator.start()
         try:
-            columns = [Column("product", *product_steps(emulator, work, kubectl, args.steps))]
+            steps = product_steps(emulator, work, kubectl, args.steps, REPO_ROOT, args.pause)
+            columns = [Column("product", *steps)]
             if args.before:
-                before = product_steps(emulator, work, kubectl, args.steps, Path(args.before))
+                before = product_steps(
+                    emulator, work, kubectl, args.steps, Path(args.before), args.pause
+                )
                 columns.append(Column("before", *before))
             if not args.no_guide:
                 columns.append(Column("guide", *guide_steps(emulator, work, kubectl, args.steps)))
