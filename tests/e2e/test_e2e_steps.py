@@ -9,6 +9,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +19,15 @@ import pytest
 
 import all_names as rl_batch
 from conftest import on_tiers
-from e2e_support import TASK_EPISODE_HEAD, load, run_namespaces, run_tool, write_script
+from e2e_support import (
+    REPO_ROOT,
+    TASK_EPISODE_HEAD,
+    load,
+    run_namespaces,
+    run_tool,
+    wait_for,
+    write_script,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -165,3 +176,51 @@ def test_a_refusal_through_the_proxy_says_what_kubectls_would(
     assert printed == f"Error: {said}".replace(*namespaces)
     for namespace in namespaces:
         assert not emulator.list("jobs", namespace)
+
+
+# A trainer that makes one step, says so, and waits to be killed.
+TRAINER = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+import rl_batch_demo
+lines = list(rl_batch_demo.stream_batch(
+    [{"id": "a", "x": 1}], output=sys.argv[2], kubectl=sys.argv[3], episode_script=sys.argv[4]))
+print("stepped", len(lines), flush=True)
+time.sleep(300)
+"""
+
+
+def proxies_of(pid: int) -> list[int]:
+    """The `kubectl proxy` processes serving the process `pid` (their socket's directory names it)."""
+    mark = f"rl-batch-demo-{pid}-".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                argv = cmdline.read().split(b"\0")
+        except OSError:
+            continue
+        if b"proxy" in argv and any(mark in arg for arg in argv):
+            found.append(int(entry))
+    return found
+
+
+def test_the_kept_proxy_outlives_each_step_and_dies_with_a_killed_trainer(
+    make_cluster: Any, tmp_path: Path
+) -> None:
+    kubectl, make = make_cluster
+    emulator = make()
+    script = write_script(tmp_path, EPISODE)
+    argv = [sys.executable, "-c", TRAINER, str(REPO_ROOT / "src"), str(tmp_path / "out")]
+    trainer = subprocess.Popen(
+        argv + [kubectl, str(script)], env=emulator.env(), stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert trainer.stdout is not None
+        assert trainer.stdout.readline() == "stepped 1\n"
+        # The step's thread has ended; the proxy it started is kept for the next step.
+        assert len(proxies_of(trainer.pid)) == 1
+    finally:
+        trainer.send_signal(signal.SIGKILL)
+        trainer.wait(timeout=30)
+    wait_for(lambda: not proxies_of(trainer.pid), 30, "the killed trainer's proxy to die")
