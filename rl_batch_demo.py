@@ -36,7 +36,7 @@ shipped single file holds them in this order, each part opening with its source 
     metrics: metrics.prom, the run's figures as OpenMetrics text; the push to a Pushgateway.
     telemetry: the run as OpenTelemetry traces over OTLP/HTTP JSON, sent from a thread of its own.
     runs: what `list` shows and `cleanup --stale` decides, without receipts.
-    kube: the one edge to the cluster: `Kubectl`, `ApiProxy`, paged reads.
+    kube: the one edge to the cluster: `Kubectl`, `ApiProxy` (shared by a process's runs), paged reads.
     sandboxes: live sandboxes' requests through the pod proxy, and the pool's pods as watched.
     watch: watching a batch: its Jobs as one, watches, polling, progress line, logs as pods end.
     follow: following a batch: its state, rewards, the follower, its evidence.
@@ -65,12 +65,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import base64
 import bisect
 import codecs
 import collections
 import concurrent.futures
 import contextlib
+import copy
 import csv
 import dataclasses
 import datetime
@@ -9666,6 +9668,8 @@ class Kubectl:
     argv is echoed, never what kubectl is given on stdin.
     """
 
+    api: ApiProxy | None = None  # a ProxiedKubectl's proxy (watches go through it too)
+
     def __init__(self, binary: str, context: str | None = None, verbose: bool = False) -> None:
         self.binary = binary
         self.context = context
@@ -9923,6 +9927,130 @@ def proxy_listens(path: str) -> bool:
         probe.close()
 
 
+class ApiResource(NamedTuple):
+    """Where one kind lives in the API, for the requests the proxy carries in kubectl's stead."""
+
+    prefix: str  # /api/v1, /apis/GROUP/VERSION
+    plural: str
+    kind: str  # the kind of its objects, which a list's items do not carry
+    namespaced: bool
+
+
+# The kinds a run reads, creates and deletes, by the names kubectl is given for them.
+API_RESOURCES = {
+    "namespace": ApiResource("/api/v1", "namespaces", "Namespace", False),
+    "configmap": ApiResource("/api/v1", "configmaps", "ConfigMap", True),
+    "pod": ApiResource("/api/v1", "pods", "Pod", True),
+    "pods": ApiResource("/api/v1", "pods", "Pod", True),
+    "events": ApiResource("/api/v1", "events", "Event", True),
+    "nodes": ApiResource("/api/v1", "nodes", "Node", False),
+    "job": ApiResource("/apis/batch/v1", "jobs", "Job", True),
+    "jobs": ApiResource("/apis/batch/v1", "jobs", "Job", True),
+    "runtimeclass": ApiResource("/apis/node.k8s.io/v1", "runtimeclasses", "RuntimeClass", False),
+    "networkpolicy": ApiResource(
+        "/apis/networking.k8s.io/v1", "networkpolicies", "NetworkPolicy", True
+    ),
+}
+# The kinds of the manifests a run creates, by the name kubectl is given for them.
+CREATED_KINDS = {
+    "Namespace": "namespace",
+    "ConfigMap": "configmap",
+    "Job": "job",
+    "NetworkPolicy": "networkpolicy",
+    "Pod": "pod",
+}
+# kubectl's reason for an HTTP answer that carries no Status of its own.
+HTTP_REASONS = {
+    400: "BadRequest",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "NotFound",
+    405: "MethodNotAllowed",
+    409: "Conflict",
+    410: "Expired",
+    422: "Invalid",
+    429: "TooManyRequests",
+    500: "InternalError",
+    503: "ServiceUnavailable",
+    504: "Timeout",
+}
+
+
+def resource_path(kind: str, namespace: str | None, name: str | None = None) -> str:
+    """The API path of a kind's collection in a namespace, or of one named object in it."""
+    resource = API_RESOURCES[kind]
+    path = resource.prefix
+    if resource.namespaced and namespace:
+        path += f"/namespaces/{namespace}"
+    path += f"/{resource.plural}"
+    return f"{path}/{name}" if name else path
+
+
+def proxied_list_flags(flags: Sequence[str]) -> bool:
+    """A list's kubectl flags the proxy can say: a label selector and a page size, no more."""
+    rest = list(flags)
+    if rest[:1] == ["-l"]:
+        rest = rest[2:]
+    return all(flag.startswith("--chunk-size=") for flag in rest)
+
+
+def proxied_delete_flags(flags: Sequence[str]) -> bool:
+    """A deletion the proxy can ask for as kubectl would: not waited for, cascading as said."""
+    return "--wait=false" in flags and set(flags) <= {
+        "--wait=false",
+        "--cascade=foreground",
+        "--cascade=background",
+    }
+
+
+def server_error(status: int, body: str, creating: bool = False) -> str:
+    """What kubectl prints on stderr for an API server's answer `status` with `body`, so that an
+    error read through the proxy reads (and is judged: not_found, transient) as kubectl's would."""
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict) or answer.get("kind") != "Status":
+        answer = {}
+    message = str(answer.get("message") or "") or (
+        UNSERVED_PATH_MESSAGE if status == 404 else body.strip() or f"HTTP {status}"
+    )
+    reason = str(answer.get("reason") or HTTP_REASONS.get(status, "Unknown"))
+    if reason == "Invalid" and isinstance(answer.get("details"), dict):
+        return invalid_message(answer["details"], message)
+    where = 'error when creating "STDIN": ' if creating else ""
+    return f"Error from server ({reason}): {where}{message}\n"
+
+
+def invalid_message(details: dict, message: str) -> str:
+    """kubectl's words for an object the API server found invalid: its kind and name, then each
+    cause (one on the line, several each on a line of its own)."""
+    causes = [
+        f"{cause.get('field')}: {cause.get('message')}"
+        if cause.get("field")
+        else cause.get("message")
+        for cause in details.get("causes") or []
+        if isinstance(cause, dict)
+    ]
+    said = f"The {details.get('kind')} {json.dumps(details.get('name') or '')} is invalid"
+    if not causes:
+        return f"{said}: {message}\n"
+    if len(causes) == 1:
+        return f"{said}: {causes[0]}\n"
+    return f"{said}: \n" + "".join(f"* {cause}\n" for cause in causes)
+
+
+def status_reason(body: str) -> str | None:
+    """The reason of an API answer that is a Status; None for any other answer."""
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        return None
+    if isinstance(answer, dict) and answer.get("kind") == "Status":
+        return str(answer.get("reason") or "")
+    return None
+
+
 class ApiProxy:
     """One `kubectl proxy` on a private Unix socket, for the many small reads of a batch.
 
@@ -9931,6 +10059,8 @@ class ApiProxy:
     about 0.1 s of CPU. Through the proxy each log or list is one local HTTP
     request at the API server's own speed; authentication stays kubectl's.
     """
+
+    owned = True  # False for a view of a shared proxy (shared_proxy): closing it closes nothing
 
     def __init__(self, kubectl: Kubectl) -> None:
         self.kubectl = kubectl
@@ -9955,23 +10085,74 @@ class ApiProxy:
 
     def _get_once(self, path: str) -> str:
         """GET one API path (bounded by the request timeout); KubectlError unless 200."""
-        separator = "&" if "?" in path else "?"
-        target = f"{path}{separator}timeout={REQUEST_TIMEOUT_SECONDS}s"
-        self.kubectl.echo(f"GET {target}")
-        connection = UnixHTTPConnection(self.socket_path, REQUEST_TIMEOUT_SECONDS)
-        try:
-            connection.request("GET", target)
-            response = connection.getresponse()
-            body = response.read().decode("utf-8", errors="replace")
-        except (OSError, http.client.HTTPException) as error:  # a timeout, or an answer cut off
-            raise KubectlError(f"GET {path}", None, str(error)) from None
-        finally:
-            connection.close()
-        if response.status != 200:
-            raise KubectlError(f"GET {path}", response.status, body)
+        status, body = self.request("GET", path)
+        if status is None:
+            raise KubectlError(f"GET {path}", None, body)
+        if status != 200:
+            raise KubectlError(f"GET {path}", status, body)
         return body
 
+    def request(self, method: str, path: str, body: str | None = None) -> tuple[int | None, str]:
+        """One request (bounded by the request timeout): its status and answer; status None and
+        the error when no answer came (a timeout, or an answer cut off)."""
+        separator = "&" if "?" in path else "?"
+        target = f"{path}{separator}timeout={REQUEST_TIMEOUT_SECONDS}s"
+        self.kubectl.echo(f"{method} {target}")
+        connection = UnixHTTPConnection(self.socket_path, REQUEST_TIMEOUT_SECONDS)
+        headers = {"Content-Type": "application/json"} if body is not None else {}
+        try:
+            connection.request(method, target, body=body, headers=headers)
+            response = connection.getresponse()
+            text = response.read().decode("utf-8", errors="replace")
+        except (OSError, http.client.HTTPException) as error:
+            return None, str(error)
+        finally:
+            connection.close()
+        return response.status, text
+
+    def call(
+        self,
+        verb: str,
+        method: str,
+        path: str,
+        retry_until: float | None,
+        body: str | None = None,
+        absent_ok: bool = False,
+    ) -> str | None:
+        """A request in a kubectl call's stead: its answer, retried as that call would be, failing
+        with the error that call would give (`verb` names it); None for an object not found when
+        `absent_ok`."""
+
+        def once() -> str | None:
+            status, text = self.request(method, path, body)
+            if status is None:
+                raise KubectlError(verb, None, text)
+            if absent_ok and status == 404 and status_reason(text) is not None:
+                return None
+            if not 200 <= status < 300:
+                raise KubectlError(verb, 1, server_error(status, text, method == "POST"))
+            return text
+
+        return self.kubectl.retrying(once, retry_until)  # type: ignore[arg-type]
+
+    def watch(self, path: str, seconds: int, errors: Any) -> ProxyWatch:
+        """A watch of `path` for up to `seconds`, in the shape of the kubectl watch it replaces."""
+        return ProxyWatch(self, path, seconds, errors)
+
+    def alive(self) -> bool:
+        """The proxy runs and listens."""
+        return self.process.poll() is None and proxy_listens(self.socket_path)
+
+    def view(self, kubectl: Kubectl) -> ApiProxy:
+        """This proxy as `kubectl`'s calls use it (their echo, retries and counts); closing the
+        view leaves the proxy running."""
+        seen = copy.copy(self)
+        seen.kubectl, seen.owned = kubectl, False
+        return seen
+
     def close(self) -> None:
+        if not self.owned:
+            return
         if self.process.poll() is None:
             self.process.terminate()
             try:
@@ -9979,6 +10160,329 @@ class ApiProxy:
             except subprocess.TimeoutExpired:
                 self.process.kill()
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def parsed_object(text: str, verb: str) -> dict:
+    """An API answer's object; DemoError, as for kubectl's output, when it is not one."""
+    try:
+        answer = json.loads(text)
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict):
+        raise DemoError(f"kubectl {verb} printed something that is not JSON")
+    return answer
+
+
+def api_get_object(
+    proxy: ApiProxy,
+    kind: str,
+    name: str,
+    namespace: str | None,
+    missing_ok: bool,
+    retry_until: float | None,
+) -> dict | None:
+    """`kubectl get KIND NAME -o json`, as the object; None when absent and `missing_ok`."""
+    path = resource_path(kind, namespace, name)
+    text = proxy.call(f"get {kind} {name}", "GET", path, retry_until, absent_ok=missing_ok)
+    return None if text is None else parsed_object(text, f"get {kind}")
+
+
+def api_get_list(
+    proxy: ApiProxy,
+    kind: str,
+    namespace: str | None,
+    flags: Sequence[str],
+    retry_until: float | None,
+) -> dict:
+    """`kubectl get KIND [-l SELECTOR] [--chunk-size=N] -o json`: every page, as one List."""
+    selector = flags[1] if flags[:1] == ["-l"] else None
+    sizes = [int(flag.split("=", 1)[1]) for flag in flags if flag.startswith("--chunk-size=")]
+    listing = PagedList(resource_path(kind, namespace), selector, limit=sizes[0] if sizes else 500)
+    while not listing.done:
+        text = proxy.call(f"get {kind}", "GET", listing.next_path(), retry_until)
+        listing.apply(parsed_object(text or "", f"get {kind}"))
+    resource = API_RESOURCES[kind]
+    version = resource.prefix.split("/", 2)[-1]
+    items = [{"apiVersion": version, "kind": resource.kind, **item} for item in listing.items]
+    return {
+        "apiVersion": "v1",
+        "kind": "List",
+        "items": items,
+        "metadata": {"resourceVersion": ""},
+    }
+
+
+def api_create(
+    proxy: ApiProxy, manifest: dict, retry_until: float | None, dry_run: bool = False
+) -> dict:
+    """`kubectl create -f - -o json` (`dry_run`: with `--dry-run=server`): POSTed to its kind's
+    collection; the object as stored (or as it would be)."""
+    kind = CREATED_KINDS[manifest["kind"]]
+    path = resource_path(kind, (manifest.get("metadata") or {}).get("namespace"))
+    path += "?dryRun=All" if dry_run else ""
+    text = proxy.call("create", "POST", path, retry_until, body=json.dumps(manifest))
+    return parsed_object(text or "", "create")
+
+
+def api_delete(
+    proxy: ApiProxy,
+    kind: str,
+    name: str,
+    namespace: str | None,
+    foreground: bool,
+    retry_until: float | None,
+) -> None:
+    """`kubectl delete KIND NAME --wait=false --ignore-not-found [--cascade=foreground]`."""
+    options = {
+        "kind": "DeleteOptions",
+        "apiVersion": "v1",
+        "propagationPolicy": "Foreground" if foreground else "Background",
+    }
+    path = resource_path(kind, namespace, name)
+    proxy.call(
+        f"delete {kind} {name}",
+        "DELETE",
+        path,
+        retry_until,
+        json.dumps(options),
+        absent_ok=True,
+    )
+
+
+def api_whoami(proxy: ApiProxy, retry_until: float | None) -> dict:
+    """`kubectl auth whoami -o json`: the API server's SelfSubjectReview of these credentials."""
+    review = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+    path = "/apis/authentication.k8s.io/v1/selfsubjectreviews"
+    text = proxy.call("auth whoami", "POST", path, retry_until, json.dumps(review))
+    return parsed_object(text or "", "auth whoami")
+
+
+class ProxyWatch:
+    """A watch read through the proxy, in the shape of the `kubectl get -w` process it replaces
+    (stdout, poll, wait, terminate, kill), so that the same reader takes its events. Its request
+    is sent at the first read, in the reader's thread; an answer other than 200 is written to
+    `errors` as kubectl would print it, and the watch ends."""
+
+    def __init__(self, proxy: ApiProxy, path: str, seconds: int, errors: Any) -> None:
+        self.proxy = proxy
+        self.path = f"{path}&timeoutSeconds={max(1, seconds)}"
+        self.errors = errors
+        self.connection = UnixHTTPConnection(proxy.socket_path, seconds + REQUEST_TIMEOUT_SECONDS)
+        self.response: http.client.HTTPResponse | None = None
+        self.returncode: int | None = None
+        self.stdout = self
+
+    def read(self, size: int) -> bytes:
+        """Up to `size` bytes of the watch's events as they come; b"" once it has ended."""
+        try:
+            if self.response is None:
+                if self.returncode is not None:
+                    return b""
+                self.proxy.kubectl.echo(f"GET {self.path}")
+                self.connection.request("GET", self.path)
+                self.response = self.connection.getresponse()
+                if self.response.status != 200:
+                    body = self.response.read().decode("utf-8", errors="replace")
+                    self.errors.write(server_error(self.response.status, body).encode())
+                    self.errors.flush()
+                    self.returncode = 1
+                    return b""
+            return self.response.read1(size) if self.returncode is None else b""
+        except (OSError, ValueError, AttributeError, http.client.HTTPException):
+            # Stopped (terminate: http.client then finds its socket gone under it), or the
+            # connection broke: the watch's end either way.
+            return b""
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            self.returncode = 0
+        self.connection.close()
+        return self.returncode
+
+    def terminate(self) -> None:
+        """Stop the watch: its connection shut, so that a read waiting on it returns."""
+        if self.returncode is None:
+            self.returncode = -signal.SIGTERM
+        sock = self.connection.sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    kill = terminate
+
+
+def kubeconfig_files() -> tuple:
+    """What kubectl's reading of the kubeconfig depends on: $KUBECONFIG, and each file's size
+    and modification time (a file changed, or another named, may name another cluster)."""
+    stamps: list[tuple[str, int | None, int | None]] = []
+    for path in kubeconfig_path().split(os.pathsep):
+        try:
+            status = os.stat(path)
+            stamps.append((path, status.st_mtime_ns, status.st_size))
+        except OSError:
+            stamps.append((path, None, None))
+    return (os.environ.get("KUBECONFIG"), tuple(stamps))
+
+
+class SharedProxies:
+    """One `kubectl proxy` per kubectl binary, context and kubeconfig, kept for the process's
+    life, so that a trainer calling run_batch() or stream_batch() step after step starts no
+    kubectl for its reads, creations, deletions and watches (each kubectl process costs about
+    0.1 s of CPU and as much of the step's time). A proxy whose kubeconfig changed, or that died,
+    is replaced; all are stopped when the process exits (and by the guardian should it be killed).
+
+    Each is started from a thread of its own that lives as long as the process: the kernel's
+    PR_SET_PDEATHSIG, which every kubectl is started with, fires when the thread that started it
+    ends, and stream_batch() runs each batch in a thread that ends with it.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proxies: dict[tuple, ApiProxy] = {}
+        self._starts: queue.Queue[tuple[Kubectl, queue.Queue]] = queue.Queue()
+        self._starter: threading.Thread | None = None
+
+    def get(self, kubectl: Kubectl) -> ApiProxy:
+        """The proxy for `kubectl`'s binary, context and kubeconfig, started if there is none alive,
+        as `kubectl` uses it; DemoError when it cannot start."""
+        key = (kubectl.binary, kubectl.context, kubeconfig_files())
+        with self._lock:
+            proxy = self._proxies.get(key)
+            if proxy is None or not proxy.alive():
+                for stale in [k for k in self._proxies if k[:2] == key[:2]]:
+                    self._proxies.pop(stale).close()
+                proxy = self._proxies[key] = self._start(kubectl)
+        return proxy.view(kubectl)
+
+    def _start(self, kubectl: Kubectl) -> ApiProxy:
+        if self._starter is None or not self._starter.is_alive():
+            self._starter = threading.Thread(
+                target=self._serve, name="rl-batch-demo proxies", daemon=True
+            )
+            self._starter.start()
+        answer: queue.Queue[ApiProxy | BaseException] = queue.Queue()
+        self._starts.put((kubectl, answer))  # the proxy's process counted as the caller's
+        started = answer.get()
+        if isinstance(started, BaseException):
+            raise started
+        return started
+
+    def _serve(self) -> None:
+        """The proxies' starter: each proxy asked for, started from this thread, which never ends."""
+        while True:
+            kubectl, answer = self._starts.get()
+            try:
+                answer.put(ApiProxy(kubectl))
+            except BaseException as error:  # handed to the thread that asked
+                answer.put(error)
+
+    def close_all(self) -> None:
+        with self._lock:
+            proxies, self._proxies = list(self._proxies.values()), {}
+        for proxy in proxies:
+            proxy.close()
+
+    def after_fork_in_child(self) -> None:
+        """A forked child starts proxies of its own: its parent's stay the parent's."""
+        self._lock = threading.Lock()
+        self._proxies, self._starts, self._starter = {}, queue.Queue(), None
+
+
+SHARED_PROXIES = SharedProxies()
+atexit.register(SHARED_PROXIES.close_all)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=SHARED_PROXIES.after_fork_in_child)
+
+
+class ProxiedKubectl(Kubectl):
+    """A Kubectl whose reads, creations, deletions and watches go through the process's shared
+    proxy (shared_proxy) where they can: the same requests, answers and errors as kubectl's,
+    without a kubectl process each. What the proxy cannot say, kubectl runs, as without one."""
+
+    def get(
+        self,
+        kind: str,
+        name: str,
+        namespace: str | None = None,
+        missing_ok: bool = False,
+        retry_until: float | None = None,
+    ) -> dict | None:
+        if self.api is None or kind not in API_RESOURCES:
+            return super().get(kind, name, namespace, missing_ok, retry_until)
+        api = self.api
+        return recently_read(
+            self,
+            (kind, name, namespace, missing_ok),
+            lambda: api_get_object(api, kind, name, namespace, missing_ok, retry_until),
+        )
+
+    def get_list(
+        self, kind: str, namespace: str | None = None, *flags: str, retry_until: float | None = None
+    ) -> dict | None:
+        if self.api is None or kind not in API_RESOURCES or not proxied_list_flags(flags):
+            return super().get_list(kind, namespace, *flags, retry_until=retry_until)
+        api = self.api
+        return recently_read(
+            self,
+            (kind, namespace, flags),
+            lambda: api_get_list(api, kind, namespace, flags, retry_until),
+        )
+
+    def create(self, manifest: dict, retry_until: float | None = None) -> dict:
+        if self.api is None or manifest.get("kind") not in CREATED_KINDS:
+            return super().create(manifest, retry_until)
+        return api_create(self.api, manifest, retry_until)
+
+    def delete(
+        self,
+        kind: str,
+        name: str,
+        namespace: str | None,
+        *flags: str,
+        retry_until: float | None = None,
+    ) -> None:
+        if self.api is None or kind not in API_RESOURCES or not proxied_delete_flags(flags):
+            super().delete(kind, name, namespace, *flags, retry_until=retry_until)
+            return
+        foreground = "--cascade=foreground" in flags
+        api_delete(self.api, kind, name, namespace, foreground, retry_until)
+
+
+# The cluster-wide facts a run reads before it creates anything (its RuntimeClass, the nodes, who
+# its credentials are), kept this long in the process: a trainer's steps, seconds apart, read them
+# once (each read is a request, and the nodes' list a big one on a big cluster). A RuntimeClass
+# deleted meanwhile fails the batch's pods, reported as such, instead of the check before it.
+RECENT_READ_SECONDS = 30.0
+RECENT_KINDS = ("runtimeclass", "nodes", "whoami")
+RECENT_READS: dict[tuple, tuple[float, Any]] = {}
+
+
+def recently_read(kubectl: Kubectl, what: tuple, read: Callable[[], Any]) -> Any:
+    """`read()`, or for a cluster-wide fact (RECENT_KINDS) its answer to the same kubectl, context
+    and kubeconfig within RECENT_READ_SECONDS. A failed read is not kept. Read it, never change it."""
+    if what[0] not in RECENT_KINDS:
+        return read()
+    key = (kubectl.binary, kubectl.context, kubeconfig_files(), what)
+    kept = RECENT_READS.get(key)
+    if kept is not None and time.monotonic() - kept[0] < RECENT_READ_SECONDS:
+        return kept[1]
+    read_at = time.monotonic()
+    value = RECENT_READS[key] = (read_at, read())
+    return value[1]
+
+
+def shared_proxy(kubectl: Kubectl) -> ApiProxy | None:
+    """`kubectl`'s calls given the process's shared proxy (SharedProxies); None, with a warning,
+    when it cannot start (each call then runs a kubectl of its own, as before)."""
+    try:
+        kubectl.api = SHARED_PROXIES.get(kubectl)
+    except DemoError as error:  # e.g. kubectl proxy forbidden here
+        print(f"Warning: {error}; running one kubectl per request", file=sys.stderr)
+        kubectl.api = None
+    return kubectl.api
 
 
 def read_log(
@@ -10702,7 +11206,11 @@ class WatchStream:
         # An interrupt comes once the watch is whole: its process, known to be stopped, and its reader.
         with INTERRUPTS.holding():
             try:
-                process = self.kubectl.stream(args, seconds, stderr=errors)
+                process: Any = (
+                    self.kubectl.stream(args, seconds, stderr=errors)
+                    if self.kubectl.api is None
+                    else self.kubectl.api.watch(self.api_path(kind), seconds, errors)
+                )
             except OSError as error:
                 errors.close()
                 raise DemoError(f"cannot run kubectl {self.kubectl.binary!r}: {error}") from None
@@ -10711,6 +11219,23 @@ class WatchStream:
             threading.Thread(
                 target=self._pump, args=(kind, process, errors, stopped), daemon=True
             ).start()
+
+    def api_path(self, kind: str) -> str:
+        """The API path that watches what `start` would have kubectl watch: from the objects there
+        now (each an ADDED event first, as kubectl lists them) onwards."""
+        if kind == "job":
+            resource = f"/apis/batch/v1/namespaces/{self.namespace}/jobs"
+            query = (
+                {"labelSelector": f"{BATCH_LABEL}={self.jobs.batch}"}
+                if self.jobs.several
+                else {"fieldSelector": f"metadata.name={self.jobs.names[0]}"}
+            )
+        elif kind == "events":
+            resource, query = f"/api/v1/namespaces/{self.namespace}/events", {}
+        else:
+            resource = f"/api/v1/namespaces/{self.namespace}/pods"
+            query = {"labelSelector": self.jobs.pod_selector()}
+        return f"{resource}?{urllib.parse.urlencode(dict(query, watch='1'))}"
 
     def _pump(
         self, kind: str, process: subprocess.Popen, errors: Any, stopped: threading.Event
@@ -12130,6 +12655,9 @@ class RunContext:
     owns_process: bool = False
     capacity: dict | None = None  # what check_capacity found the nodes can run: run.json keeps it
     tracer: Any = None  # telemetry.RunTracer with --otlp-endpoint: each batch's spans as it ends
+    # --cleanup through the proxy: begun once the last batch's evidence is read (begin_cleanup),
+    # its report's text the result; unstarted otherwise.
+    cleanup_ahead: concurrent.futures.Future[str] | None = None
 
     @property
     def namespace(self) -> str:
@@ -12217,8 +12745,12 @@ def current_user(kubectl: Kubectl) -> str:
     (a SelfSubjectReview), else, where the server or kubectl has none, the context's user
     in the kubeconfig."""
     try:
-        review = kubectl.get_json(
-            ["auth", "whoami"], retry_until=time.monotonic() + FIRST_CONTACT_RETRY_SECONDS
+        retry_until = time.monotonic() + FIRST_CONTACT_RETRY_SECONDS
+        api = kubectl.api
+        review = (
+            kubectl.get_json(["auth", "whoami"], retry_until=retry_until)
+            if api is None
+            else recently_read(kubectl, ("whoami",), lambda: api_whoami(api, retry_until))
         )
         username = (((review or {}).get("status") or {}).get("userInfo") or {}).get("username")
         if isinstance(username, str) and username:
@@ -12270,8 +12802,21 @@ def require_kubectl(kubectl: Kubectl, spelling: Spelling = COMMAND_LINE) -> None
         )
 
 
+# The contexts resolve_context found, by kubectl, the context asked for and the kubeconfig files as
+# they were then: the same files give the same answer, without a kubectl process each step.
+RESOLVED_CONTEXTS: dict[tuple, str] = {}
+
+
 def resolve_context(kubectl: Kubectl, wanted: str | None, spelling: Spelling = COMMAND_LINE) -> str:
     """The context every later call names: --context if it exists, else the current one."""
+    key = (kubectl.binary, wanted, kubeconfig_files())
+    if key not in RESOLVED_CONTEXTS:
+        RESOLVED_CONTEXTS[key] = context_named(kubectl, wanted, spelling)
+    return RESOLVED_CONTEXTS[key]
+
+
+def context_named(kubectl: Kubectl, wanted: str | None, spelling: Spelling) -> str:
+    """resolve_context's answer, asked of kubectl."""
     if wanted:
         try:
             named = kubectl.run(
@@ -12321,12 +12866,13 @@ def save_run_json(run: RunContext) -> None:
 def check_runtime_class(run: RunContext) -> None:
     """The RuntimeClass exists; the first contact with the cluster, so it also says whether it answers."""
     runtime, context = run.settings.runtime, run.kubectl.context
+    # Retried briefly, so an unreachable cluster is reported in seconds rather than after a minute.
+    retry_until = time.monotonic() + FIRST_CONTACT_RETRY_SECONDS
     try:
-        # Retried briefly, so an unreachable cluster is reported in seconds rather than after a minute.
-        run.kubectl.run(
-            ["get", "runtimeclass", runtime, "-o", "name"],
-            retry_until=time.monotonic() + FIRST_CONTACT_RETRY_SECONDS,
-        )
+        if run.kubectl.api is not None:
+            run.kubectl.get("runtimeclass", runtime, retry_until=retry_until)
+        else:
+            run.kubectl.run(["get", "runtimeclass", runtime, "-o", "name"], retry_until=retry_until)
     except KubectlError as error:
         if UNSERVED_PATH_MESSAGE in error.stderr:  # no missing RuntimeClass: an unknown URL
             raise DemoError(
@@ -13262,13 +13808,17 @@ def wait_gone(
 ) -> dict | None:
     """Poll until the object is gone; return its last state if it is still there at the deadline."""
     deadline = time.monotonic() + seconds
+    # Through the proxy a look costs a local request, not a kubectl process: look again soon
+    # (a Job's foreground deletion takes a tenth of a second or so), then less often.
+    pause = POLL_INTERVAL_SECONDS if kubectl.api is None else 0.02
     while True:
         live = kubectl.get(kind, name, namespace, missing_ok=True, retry_until=deadline)
         if live is None:
             return None
         if time.monotonic() >= deadline:
             return live
-        time.sleep(POLL_INTERVAL_SECONDS)
+        time.sleep(pause)
+        pause = min(pause * 1.5, POLL_INTERVAL_SECONDS)
 
 
 def cleanup_namespace(
@@ -13999,6 +14549,8 @@ def run_one_batch(run: RunContext, entry: BatchEntry) -> BatchOutcome:
     wait = client_wait(follower, end)
     evidence = batch.collect(job_name)
     follower.stop_watches()
+    if entry == run.settings.batches[-1]:
+        begin_cleanup(run)
     wait = wait._replace(
         pods_read=pods_read(evidence.reading, follower.state.end_resource_version),
         events_read=batch.events_read,
@@ -14014,6 +14566,38 @@ def run_one_batch(run: RunContext, entry: BatchEntry) -> BatchOutcome:
     )
     write_json(client_path, wait.saved())
     return BatchOutcome(entry, summary, wait.saved())
+
+
+def begin_cleanup(run: RunContext) -> None:
+    """--cleanup through the proxy (run.cleanup_ahead): the namespace's deletion begun once the
+    last batch's evidence is read, while its summary is made, since the API server takes a tenth
+    of a second or more to delete a Job; finish_run waits for it (cleaned_up). It cuts a
+    trainer's step by that much (tests/benchmarks/step_benchmark.py)."""
+    ahead = run.cleanup_ahead
+    if ahead is None or not ahead.set_running_or_notify_cancel():
+        return
+
+    def clean() -> None:
+        report = io.StringIO()
+        try:
+            cleanup_namespace(run.kubectl, run.receipt, report=report)
+        except BaseException as error:  # raised where it is waited for
+            ahead.set_exception(error)
+        else:
+            ahead.set_result(report.getvalue())
+
+    threading.Thread(target=clean, name="rl-batch-demo cleanup", daemon=True).start()
+
+
+def cleaned_up(run: RunContext, report: Any) -> None:
+    """The run's namespace deleted (cleanup_namespace), what it said on `report`: waited for
+    when begin_cleanup began it, else done now."""
+    ahead = run.cleanup_ahead
+    if ahead is None or not (ahead.running() or ahead.done()):
+        cleanup_namespace(run.kubectl, run.receipt, report=report)
+        return
+    report.write(ahead.result())
+    report.flush()
 
 
 def save_submitted_jobs(run: RunContext, batch_dir: str, manifests: Sequence[dict]) -> None:
@@ -14124,12 +14708,16 @@ def check_jobs_accepted(run: RunContext, manifests: Sequence[dict]) -> None:
     any is created: one refused (an invalid image reference) fails the run with none of them made,
     and the namespace made for them, empty of work, deleted."""
     for manifest in manifests:
+        retry_until = time.monotonic() + CALL_TIMEOUT_SECONDS
         try:
-            run.kubectl.run(
-                ["create", "--dry-run=server", "-f", "-", "-o", "name"],
-                input_text=json.dumps(manifest),
-                retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
-            )
+            if run.kubectl.api is not None:
+                api_create(run.kubectl.api, manifest, retry_until, dry_run=True)
+            else:
+                run.kubectl.run(
+                    ["create", "--dry-run=server", "-f", "-", "-o", "name"],
+                    input_text=json.dumps(manifest),
+                    retry_until=retry_until,
+                )
         except KubectlError as error:
             image = manifest["spec"]["template"]["spec"]["containers"][0]["image"]
             raise DemoError(
@@ -14327,6 +14915,8 @@ def perform_run(request: RunRequest, caller: Caller) -> tuple[int, Results | Non
     worker_source, builtin = load_worker(request)
     run = start_run(request, caller, worker_source, builtin)
     run.tracer = open_tracer(request.otlp_endpoint, run.receipt.run_id)
+    if request.cleanup and run.kubectl.api is not None:
+        run.cleanup_ahead = concurrent.futures.Future()
     cleanup_hint = cleanup_command(run.output, request.kubectl)
     failure: DemoError | None = None
     with signals_interrupt():
@@ -14457,7 +15047,10 @@ def start_run(request: RunRequest, caller: Caller, worker_source: str, builtin: 
             f"output directory {output} already exists; records are never overwritten, "
             f"choose a new {spelling.name('output')}"
         )
-    kubectl = Kubectl(find_kubectl(request.kubectl, spelling), verbose=request.verbose)
+    # A Python caller runs step after step in one process: its requests go through the
+    # process's one proxy, started once (a kubectl process per request cost most of a step).
+    kind = ProxiedKubectl if spelling.python else Kubectl
+    kubectl = kind(find_kubectl(request.kubectl, spelling), verbose=request.verbose)
     kubectl.context = resolve_context(kubectl, request.context, spelling)
     try:
         os.makedirs(output)
@@ -14477,6 +15070,7 @@ def start_run(request: RunRequest, caller: Caller, worker_source: str, builtin: 
         Progress(request.quiet),
         concurrent.futures.ThreadPoolExecutor(LOG_READERS),
         cpu_seconds(),
+        proxy=shared_proxy(kubectl) if spelling.python else None,
         silent=request.quiet and spelling.python,
         spelling=spelling,
         on_reward=caller.on_reward,
@@ -14529,7 +15123,7 @@ def cleanup_after_interrupt(run: RunContext) -> str | None:
     """`--cleanup` after an interruption: None once the namespace is gone, else why it is not."""
     report = io.StringIO() if run.silent else sys.stderr
     try:
-        cleanup_namespace(run.kubectl, run.receipt, report=report)
+        cleaned_up(run, report)
     except DemoError as error:
         return str(error)
     except KeyboardInterrupt:
@@ -14590,7 +15184,7 @@ def finish_run(
         cleanup = run.spelling.switch("cleanup")
         print(f"Cleaning up ({cleanup}) after {'a failed' if failure else 'the'} run.", file=report)
         try:
-            cleanup_namespace(run.kubectl, run.receipt, report=report)
+            cleaned_up(run, report)
         except DemoError as error:
             # Never let a failed cleanup hide why the run failed or where its evidence is.
             why = (

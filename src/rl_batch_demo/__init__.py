@@ -35,7 +35,7 @@ shipped single file holds them in this order, each part opening with its source 
     metrics: metrics.prom, the run's figures as OpenMetrics text; the push to a Pushgateway.
     telemetry: the run as OpenTelemetry traces over OTLP/HTTP JSON, sent from a thread of its own.
     runs: what `list` shows and `cleanup --stale` decides, without receipts.
-    kube: the one edge to the cluster: `Kubectl`, `ApiProxy`, paged reads.
+    kube: the one edge to the cluster: `Kubectl`, `ApiProxy` (shared by a process's runs), paged reads.
     sandboxes: live sandboxes' requests through the pod proxy, and the pool's pods as watched.
     watch: watching a batch: its Jobs as one, watches, polling, progress line, logs as pods end.
     follow: following a batch: its state, rewards, the follower, its evidence.

@@ -1132,6 +1132,9 @@ class RunContext:
     owns_process: bool = False
     capacity: dict | None = None  # what check_capacity found the nodes can run: run.json keeps it
     tracer: Any = None  # telemetry.RunTracer with --otlp-endpoint: each batch's spans as it ends
+    # --cleanup through the proxy: begun once the last batch's evidence is read (begin_cleanup),
+    # its report's text the result; unstarted otherwise.
+    cleanup_ahead: concurrent.futures.Future[str] | None = None
 
     @property
     def namespace(self) -> str:

@@ -92,7 +92,16 @@ from .summary import BatchSummary, EpisodeDrafts, held_objects_spared
 from .render import phase_tables, plural, printed_results, throughput_line
 from .metrics import push_saved_metrics
 from .telemetry import finish_trace, open_tracer
-from .kube import ApiProxy, INTERRUPTS, Kubectl, KubectlError, PodReading
+from .kube import (
+    ApiProxy,
+    INTERRUPTS,
+    Kubectl,
+    KubectlError,
+    PodReading,
+    ProxiedKubectl,
+    api_create,
+    shared_proxy,
+)
 from .watch import BatchJobs, WatchStream, pod_terminal
 from .follow import (
     BatchEvidence,
@@ -553,6 +562,8 @@ def run_one_batch(run: RunContext, entry: BatchEntry) -> BatchOutcome:
     wait = client_wait(follower, end)
     evidence = batch.collect(job_name)
     follower.stop_watches()
+    if entry == run.settings.batches[-1]:
+        begin_cleanup(run)
     wait = wait._replace(
         pods_read=pods_read(evidence.reading, follower.state.end_resource_version),
         events_read=batch.events_read,
@@ -568,6 +579,38 @@ def run_one_batch(run: RunContext, entry: BatchEntry) -> BatchOutcome:
     )
     write_json(client_path, wait.saved())
     return BatchOutcome(entry, summary, wait.saved())
+
+
+def begin_cleanup(run: RunContext) -> None:
+    """--cleanup through the proxy (run.cleanup_ahead): the namespace's deletion begun once the
+    last batch's evidence is read, while its summary is made, since the API server takes a tenth
+    of a second or more to delete a Job; finish_run waits for it (cleaned_up). It cuts a
+    trainer's step by that much (tests/benchmarks/step_benchmark.py)."""
+    ahead = run.cleanup_ahead
+    if ahead is None or not ahead.set_running_or_notify_cancel():
+        return
+
+    def clean() -> None:
+        report = io.StringIO()
+        try:
+            cleanup_namespace(run.kubectl, run.receipt, report=report)
+        except BaseException as error:  # raised where it is waited for
+            ahead.set_exception(error)
+        else:
+            ahead.set_result(report.getvalue())
+
+    threading.Thread(target=clean, name="rl-batch-demo cleanup", daemon=True).start()
+
+
+def cleaned_up(run: RunContext, report: Any) -> None:
+    """The run's namespace deleted (cleanup_namespace), what it said on `report`: waited for
+    when begin_cleanup began it, else done now."""
+    ahead = run.cleanup_ahead
+    if ahead is None or not (ahead.running() or ahead.done()):
+        cleanup_namespace(run.kubectl, run.receipt, report=report)
+        return
+    report.write(ahead.result())
+    report.flush()
 
 
 def save_submitted_jobs(run: RunContext, batch_dir: str, manifests: Sequence[dict]) -> None:
@@ -678,12 +721,16 @@ def check_jobs_accepted(run: RunContext, manifests: Sequence[dict]) -> None:
     any is created: one refused (an invalid image reference) fails the run with none of them made,
     and the namespace made for them, empty of work, deleted."""
     for manifest in manifests:
+        retry_until = time.monotonic() + CALL_TIMEOUT_SECONDS
         try:
-            run.kubectl.run(
-                ["create", "--dry-run=server", "-f", "-", "-o", "name"],
-                input_text=json.dumps(manifest),
-                retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
-            )
+            if run.kubectl.api is not None:
+                api_create(run.kubectl.api, manifest, retry_until, dry_run=True)
+            else:
+                run.kubectl.run(
+                    ["create", "--dry-run=server", "-f", "-", "-o", "name"],
+                    input_text=json.dumps(manifest),
+                    retry_until=retry_until,
+                )
         except KubectlError as error:
             image = manifest["spec"]["template"]["spec"]["containers"][0]["image"]
             raise DemoError(
@@ -881,6 +928,8 @@ def perform_run(request: RunRequest, caller: Caller) -> tuple[int, Results | Non
     worker_source, builtin = load_worker(request)
     run = start_run(request, caller, worker_source, builtin)
     run.tracer = open_tracer(request.otlp_endpoint, run.receipt.run_id)
+    if request.cleanup and run.kubectl.api is not None:
+        run.cleanup_ahead = concurrent.futures.Future()
     cleanup_hint = cleanup_command(run.output, request.kubectl)
     failure: DemoError | None = None
     with signals_interrupt():
@@ -1011,7 +1060,10 @@ def start_run(request: RunRequest, caller: Caller, worker_source: str, builtin: 
             f"output directory {output} already exists; records are never overwritten, "
             f"choose a new {spelling.name('output')}"
         )
-    kubectl = Kubectl(find_kubectl(request.kubectl, spelling), verbose=request.verbose)
+    # A Python caller runs step after step in one process: its requests go through the
+    # process's one proxy, started once (a kubectl process per request cost most of a step).
+    kind = ProxiedKubectl if spelling.python else Kubectl
+    kubectl = kind(find_kubectl(request.kubectl, spelling), verbose=request.verbose)
     kubectl.context = resolve_context(kubectl, request.context, spelling)
     try:
         os.makedirs(output)
@@ -1031,6 +1083,7 @@ def start_run(request: RunRequest, caller: Caller, worker_source: str, builtin: 
         Progress(request.quiet),
         concurrent.futures.ThreadPoolExecutor(LOG_READERS),
         cpu_seconds(),
+        proxy=shared_proxy(kubectl) if spelling.python else None,
         silent=request.quiet and spelling.python,
         spelling=spelling,
         on_reward=caller.on_reward,
@@ -1083,7 +1136,7 @@ def cleanup_after_interrupt(run: RunContext) -> str | None:
     """`--cleanup` after an interruption: None once the namespace is gone, else why it is not."""
     report = io.StringIO() if run.silent else sys.stderr
     try:
-        cleanup_namespace(run.kubectl, run.receipt, report=report)
+        cleaned_up(run, report)
     except DemoError as error:
         return str(error)
     except KeyboardInterrupt:
@@ -1144,7 +1197,7 @@ def finish_run(
         cleanup = run.spelling.switch("cleanup")
         print(f"Cleaning up ({cleanup}) after {'a failed' if failure else 'the'} run.", file=report)
         try:
-            cleanup_namespace(run.kubectl, run.receipt, report=report)
+            cleaned_up(run, report)
         except DemoError as error:
             # Never let a failed cleanup hide why the run failed or where its evidence is.
             why = (
