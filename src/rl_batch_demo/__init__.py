@@ -40,9 +40,11 @@ shipped single file holds them in this order, each part opening with its source 
     preflight: what `run` checks and records before it changes the cluster.
     results: results.json: a batch's figures and the run's.
     lifecycle: `cleanup`, `list` and `cleanup --stale`.
+    lease: one follower per run: a lock file in its directory, a lease on its namespace.
     run: the `run` action: `perform_run` -> `start_run` -> `execute`.
     pool: the `pool` action and open_pool(): warm sandboxes claimed, driven and let go.
     report: `report` and `compare`: saved files only, no cluster.
+    attach: `attach`: follow a run whose client is gone, from its receipt, run.json and files.
     cli: the parser, its checks, and `main`.
     api: `run_batch` and `stream_batch` for Python callers.
 
@@ -56,10 +58,11 @@ recomputes the results from the saved files alone (recompute).
 
 from __future__ import annotations
 
-from .api import batch_results, open_pool, run_batch, stream_batch
+from .api import attach_batch, batch_results, open_pool, run_batch, stream_batch
 from .cli import cli, main
 from .constants import __version__
 from .follow import RewardCallbackError
+from .lease import FollowerBusy
 from .kube import KubectlError
 from .sandboxes import CommandResult, CommandTimeout, SandboxLost
 from .model import DemoError, KeywordTypeError, StreamClosed, UsageError, VerificationError
@@ -68,6 +71,7 @@ __all__ = [
     "DemoError",
     "KeywordTypeError",
     "KubectlError",
+    "FollowerBusy",
     "RewardCallbackError",
     "StreamClosed",
     "UsageError",
@@ -77,6 +81,7 @@ __all__ = [
     "SandboxLost",
     "__version__",
     "open_pool",
+    "attach_batch",
     "batch_results",
     "cli",
     "main",

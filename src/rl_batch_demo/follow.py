@@ -292,6 +292,7 @@ class RewardStream:
         settings: Settings,
         on_reward: Callable[[dict], None] | None = None,
         stop: StopRequest | None = None,
+        kept: Sequence[dict] = (),
     ) -> None:
         self.path = path
         self.count = settings.count
@@ -306,6 +307,11 @@ class RewardStream:
             set()
         )  # an attempt of theirs ended: settled once the log or the Job says so
         self._handle: TextIO | None = open(path, "w", encoding="utf-8")
+        # An attach's: the lines a client that is gone wrote, written again and never redelivered.
+        for row in kept:
+            self._handle.write(json.dumps(row) + "\n")
+            self.rows[row["index"]] = row
+        self._handle.flush()
         # Set from another thread (stream_batch's reader gone): the run stops at its next turn.
         self.stop = stop
 
@@ -605,6 +611,12 @@ class BatchFollower:
             raise
         self.state.created(time.time())
         return created
+
+    def adopt(self) -> None:
+        """Follow Jobs another client created (attach): the submission's moment is this
+        client's start, and the state is told none (their creation call's moments are unknown)."""
+        self.progress.new_batch()
+        self.submission = Submission(time.time(), time.monotonic())
 
     def follow(self, client_deadline: float) -> str | None:
         """Wait until the Job is Complete or Failed ("Complete"/"Failed"), or None at the deadline."""
@@ -1114,6 +1126,8 @@ class RunContext:
     # The command line, not a Python caller (run_batch, stream_batch): the process is the run's.
     owns_process: bool = False
     capacity: dict | None = None  # what check_capacity found the nodes can run: run.json keeps it
+    lease: Any = None  # the FollowerLease this process holds on the run, released by close()
+    detach: bool = False  # --detach: execute() returns once the first batch's Jobs exist
 
     @property
     def namespace(self) -> str:

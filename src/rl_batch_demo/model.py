@@ -140,6 +140,7 @@ class RunRequest:
     # Tasks, a rollout option, or a Python caller: a batch that writes rewards.jsonl.
     rollout: bool
     spelling: Spelling
+    detach: bool = False  # create everything, write the receipt, return: `attach` follows it
 
 
 class PoolShape(NamedTuple):

@@ -1,0 +1,349 @@
+"""End to end, a trainer that crashes picks its batch up again: one follower per run (a lock
+file in its directory, a lease on its namespace, shown by `list`), `run --detach`, and `attach`
+after the client was killed with SIGKILL at each point of a run, compared episode for episode
+with an uninterrupted run of the same tasks. Real kubectl against the emulator.
+
+The held episodes (HELD_EPISODE) wait after `ready` until the test writes a file named `release`
+into their workspace on the node, so the test chooses when each ends.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from e2e_support import (
+    TASK_EPISODE_HEAD,
+    load,
+    run_tool,
+    tool,
+    start_tool,
+    wait_for,
+    write_script,
+)
+
+pytestmark = pytest.mark.e2e
+
+HELD_EPISODE = (
+    TASK_EPISODE_HEAD
+    + """\
+while task.get("hold") and not os.path.exists("/workspace/release"):
+    time.sleep(0.05)
+if task.get("fail"):
+    sys.exit("the agent gave up")
+emit("reward", reward=task["x"])
+"""
+)
+
+FOLLOWER = "rl-batch-demo.agc/follower"
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, require_e2e: Any):
+    from e2e_support import emulators
+
+    kubectl = require_e2e("1.35")
+    with emulators(tmp_path, timing={"job_backoff_base": 0.5}) as make:
+        yield kubectl, make()
+
+
+def held_flags(tmp_path: Path, name: str, tasks: list[dict], **flags: Any) -> dict[str, Any]:
+    """A `run` of `tasks` by the held episode into tmp_path/name."""
+    (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(task) + "\n" for task in tasks))
+    return {
+        "output": tmp_path / name,
+        "quiet": True,
+        "tasks": tmp_path / f"{name}.jsonl",
+        "episode_script": write_script(tmp_path, HELD_EPISODE),
+        **flags,
+    }
+
+
+def namespace_of(output: Path) -> str:
+    return load(output / "receipt.json")["namespace"]
+
+
+def lease_on(emulator: Any, namespace: str) -> dict | None:
+    for item in emulator.list("namespaces"):
+        if item["metadata"]["name"] == namespace:
+            text = (item["metadata"].get("annotations") or {}).get(FOLLOWER)
+            return json.loads(text) if text else None
+    return None
+
+
+def release_all(emulator: Any, namespace: str) -> None:
+    """Let every held episode of the namespace that is running now end."""
+    for pod in emulator.list("pods", namespace):
+        volumes = emulator.workdir / "pods" / pod["metadata"]["uid"] / "volumes" / "workspace"
+        if volumes.is_dir():
+            (volumes / "release").write_text("go")
+
+
+def test_the_run_is_its_one_follower_holding_a_lock_and_a_lease_list_shows(
+    cluster: Any, tmp_path: Path
+) -> None:
+    kubectl, emulator = cluster
+    flags = held_flags(tmp_path, "out", [{"id": "a", "x": 1, "hold": True}, {"id": "b", "x": 2}])
+    output = flags["output"]
+    process = start_tool(emulator, kubectl, "run", **flags)
+    try:
+        wait_for(lambda: (output / "receipt.json").exists(), what="the receipt")
+        namespace = namespace_of(output)
+        held = wait_for(lambda: lease_on(emulator, namespace), what="the lease")
+        assert (held["host"], held["pid"]) == (socket.gethostname(), process.pid)
+        assert held["leaseDurationSeconds"] == 30 and held["renewPeriodSeconds"] == 10
+        lock = load(output / "follower.lock")
+        assert (lock["host"], lock["pid"]) == (socket.gethostname(), process.pid)
+        listed = tool(emulator, kubectl, "list", "-o", "json")
+        (record,) = [r for r in json.loads(listed.stdout) if r["namespace"] == namespace]
+        assert record["follower"]["pid"] == process.pid and not record["follower"]["stale"]
+        wait_for(lambda: emulator.list("pods", namespace), what="the pods")
+        wait_for(lambda: (release_all(emulator, namespace), process.poll() is not None)[1], 60)
+        assert process.returncode == 0, process.communicate()[1]
+    finally:
+        if process.poll() is None:
+            process.kill()
+    # Done following: the lease is given up and the lock file removed.
+    assert lease_on(emulator, namespace) is None
+    assert not (output / "follower.lock").exists()
+
+
+TASKS = [
+    {"id": "slow", "x": 1, "hold": True},
+    {"id": "fast", "x": 2},
+    {"id": "bad", "x": 3, "fail": True},
+    {"id": "late", "x": 4, "hold": True},
+]
+
+
+def lines_of(output: Path) -> list[dict]:
+    path = output / "rewards.jsonl"
+    text = path.read_text() if path.exists() else ""
+    return [json.loads(line) for line in text.splitlines(keepends=True) if line.endswith("\n")]
+
+
+def outcomes(lines: list[dict]) -> list[tuple]:
+    """What must be the same episode for episode, whoever followed the run."""
+    return [
+        (r["index"], r["task_id"], r["reward"], r["failure_class"], r["valid"], r["attempts"])
+        for r in lines
+    ]
+
+
+def uninterrupted(emulator: Any, kubectl: str, tmp_path: Path) -> list[tuple]:
+    """The same tasks run to the end by one client, none of them held."""
+    tasks = [{key: value for key, value in task.items() if key != "hold"} for task in TASKS]
+    flags = held_flags(tmp_path, "whole", tasks)
+    result = run_tool(emulator, kubectl, "run", **flags)
+    assert result.returncode == 0, result.stderr
+    return outcomes(lines_of(flags["output"]))
+
+
+def killed_run(emulator: Any, kubectl: str, tmp_path: Path) -> Path:
+    """A run of TASKS killed with SIGKILL once the two unheld episodes have their lines."""
+    flags = held_flags(tmp_path, "out", TASKS)
+    process = start_tool(emulator, kubectl, "run", **flags)
+    try:
+        wait_for(lambda: len(lines_of(flags["output"])) >= 2, what="the first two lines")
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+    return flags["output"]
+
+
+def test_a_run_killed_while_its_pods_run_is_attached_and_ends_as_an_uninterrupted_one(
+    cluster: Any, tmp_path: Path
+) -> None:
+    kubectl, emulator = cluster
+    expected = uninterrupted(emulator, kubectl, tmp_path)
+    output = killed_run(emulator, kubectl, tmp_path)
+    namespace = namespace_of(output)
+    before = lines_of(output)
+    assert (output / "follower.lock").exists() and lease_on(emulator, namespace) is not None
+    process = start_tool(emulator, kubectl, "attach", output=output, quiet=True)
+    try:
+        held = wait_for(
+            lambda: (lease_on(emulator, namespace) or {}).get("pid") == process.pid,
+            what="the attach's lease",
+        )
+        assert held
+        # A second follower is refused, naming the first.
+        second = run_tool(emulator, kubectl, "attach", output=output, quiet=True)
+        assert second.returncode == 1
+        assert f"host {socket.gethostname()} PID {process.pid}" in second.stderr
+        wait_for(lambda: (release_all(emulator, namespace), process.poll() is not None)[1], 90)
+        stdout, stderr = process.communicate()
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, stderr
+    after = lines_of(output)
+    assert outcomes(after) == expected
+    # The lines written before the crash are kept as they were.
+    assert all(after[line["index"]] == line for line in before)
+    results = load(output / "results.json")
+    assert results["episodes"] == 4 and results["failed_episodes"] == 1
+    assert results["attach"]["batches_attached"] == 1
+    assert results["attach"]["first_follower_alive_at"] <= results["attach"]["attach_began_at"]
+    client = load(output / "client.json")
+    assert client["submitted_at"] is None and "submitted_at" in client["unknown"]
+    assert client["attached"]["replayed_lines"] == len(before)
+    assert results["reward_delivery_lag_p50_seconds"] is None
+    assert lease_on(emulator, namespace) is None and not (output / "follower.lock").exists()
+
+
+# A kubectl that stops where the test wants the client killed: it blocks (until killed) on a
+# create whose manifest holds BLOCK_CREATE, or on a list of the events after the end (the proxy
+# refused, so the events are read by kubectl) once BLOCK_EVENTS exists; else it runs kubectl.
+BLOCKING_KUBECTL = """\
+import os, subprocess, sys, time
+real, args = {real!r}, sys.argv[1:]
+def block():
+    open({reached!r}, "w").close()
+    time.sleep(600)
+if "proxy" in args:
+    sys.exit("proxy refused by the test")
+if "create" in args:
+    text = sys.stdin.read()
+    if {block_create!r} and {block_create!r} in text:
+        block()
+    done = subprocess.run([real, *args], input=text, text=True)
+    sys.exit(done.returncode)
+if any("events" in a for a in args) and "--watch" not in args and "-w" not in args and os.path.exists({block_events!r}):
+    block()
+os.execv(real, [real, *args])
+"""
+
+
+def blocking_kubectl(
+    tmp_path: Path, kubectl: str, block_create: str = "", block_events: bool = False
+) -> tuple[Path, Path]:
+    """The blocking kubectl (see BLOCKING_KUBECTL) and the file it writes once it blocks."""
+    reached, events = tmp_path / "blocked", tmp_path / "block-events"
+    if block_events:
+        events.write_text("")
+    script = tmp_path / "kubectl-blocking"
+    script.write_text(
+        f"#!{sys.executable}\n"
+        + BLOCKING_KUBECTL.format(
+            real=kubectl, reached=str(reached), block_create=block_create, block_events=str(events)
+        )
+    )
+    script.chmod(0o755)
+    return script, reached
+
+
+def kill_when(process: subprocess.Popen, reached: Path) -> None:
+    try:
+        wait_for(reached.exists, what="the kill point")
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+
+
+def attach(emulator: Any, kubectl: str, output: Path, **flags: Any) -> subprocess.CompletedProcess:
+    return run_tool(emulator, kubectl, "attach", output=output, quiet=True, **flags)
+
+
+def test_a_run_killed_before_its_job_existed_never_started_and_attach_cleans_up(
+    cluster: Any, tmp_path: Path
+) -> None:
+    kubectl, emulator = cluster
+    wrapper, reached = blocking_kubectl(tmp_path, kubectl, block_create='"kind": "Job"')
+    flags = held_flags(tmp_path, "out", TASKS)
+    process = start_tool(emulator, str(wrapper), "run", **flags)
+    kill_when(process, reached)
+    output = flags["output"]
+    namespace = namespace_of(output)
+    assert lease_on(emulator, namespace) is not None  # the namespace is there, held by the dead
+    result = attach(emulator, kubectl, output)
+    assert result.returncode == 1
+    assert "the run never started" in result.stderr and "was deleted" in result.stderr
+    assert "Traceback" not in result.stderr
+    wait_for(
+        lambda: namespace not in [n["metadata"]["name"] for n in emulator.list("namespaces")],
+        what="the namespace deleted",
+    )
+    assert not (output / "results.json").exists() and not (output / "follower.lock").exists()
+
+
+def test_a_run_killed_between_two_rounds_is_attached_and_runs_its_second(
+    cluster: Any, tmp_path: Path
+) -> None:
+    kubectl, emulator = cluster
+    whole = run_tool(
+        emulator, kubectl, "run", output=tmp_path / "whole", count=2, rounds=2, quiet=True
+    )
+    assert whole.returncode == 0, whole.stderr
+    wrapper, reached = blocking_kubectl(tmp_path, kubectl, block_create='"name": "rollout-2"')
+    output = tmp_path / "out"
+    process = start_tool(
+        emulator, str(wrapper), "run", output=output, count=2, rounds=2, quiet=True
+    )
+    kill_when(process, reached)
+    assert (output / "rollout-1" / "client.json").exists()
+    assert not (output / "rollout-2" / "client.json").exists()
+    result = attach(emulator, kubectl, output)
+    assert result.returncode == 0, result.stderr
+    results, expected = load(output / "results.json"), load(tmp_path / "whole" / "results.json")
+    for key in ("episodes", "successful_episodes", "reward_sum", "rounds_measured"):
+        assert results[key] == expected[key], key
+    assert [r["successful_episodes"] for r in results["rounds"]] == [2, 2]
+    # The second round was submitted by the attach: nothing of it is unknown.
+    assert results["attach"]["batches_attached"] == 0
+    assert load(output / "rollout-2" / "client.json")["submitted_at"] is not None
+
+
+def test_a_run_killed_after_its_job_ended_and_before_results_is_attached(
+    cluster: Any, tmp_path: Path
+) -> None:
+    kubectl, emulator = cluster
+    expected = uninterrupted(emulator, kubectl, tmp_path)
+    tasks = [{key: value for key, value in task.items() if key != "hold"} for task in TASKS]
+    wrapper, reached = blocking_kubectl(tmp_path, kubectl, block_events=True)
+    flags = held_flags(tmp_path, "out", tasks)
+    process = start_tool(emulator, str(wrapper), "run", **flags)
+    kill_when(process, reached)
+    output = flags["output"]
+    assert not (output / "results.json").exists()
+    namespace = namespace_of(output)
+    (job,) = emulator.list("jobs", namespace)
+    assert any(c["type"] == "Complete" for c in job["status"].get("conditions") or [])
+    result = attach(emulator, kubectl, output)
+    assert result.returncode == 0, result.stderr
+    assert outcomes(lines_of(output)) == expected
+    client = load(output / "client.json")
+    assert client["attached"]["job_ended_before_attach"] is True
+    assert client["observed_at"] is None and "observed_at" in client["unknown"]
+
+
+def test_a_run_that_finished_while_nobody_watched_is_attached(cluster: Any, tmp_path: Path) -> None:
+    kubectl, emulator = cluster
+    expected = uninterrupted(emulator, kubectl, tmp_path)
+    output = killed_run(emulator, kubectl, tmp_path)
+    namespace = namespace_of(output)
+    wait_for(
+        lambda: (
+            release_all(emulator, namespace),
+            any(
+                c["type"] == "Complete"
+                for job in emulator.list("jobs", namespace)
+                for c in job["status"].get("conditions") or []
+            ),
+        )[1],
+        what="the Job to end with nobody following",
+    )
+    result = attach(emulator, kubectl, output)
+    assert result.returncode == 0, result.stderr
+    assert outcomes(lines_of(output)) == expected
+    assert load(output / "client.json")["attached"]["job_ended_before_attach"] is True
+    # Attached again once results.json is there: the results as they are, nothing followed.
+    again = attach(emulator, kubectl, output)
+    assert again.returncode == 0, again.stderr
