@@ -5263,7 +5263,7 @@ def episode_row(
         row["image"] = images[group] if group < len(images) else None
     row["group"] = group
     if not attempts:
-        row.update(never_created(job))
+        row.update(never_created(job, index))
         return row
     outcomes = [
         (
@@ -5283,8 +5283,29 @@ def episode_row(
     return row
 
 
-def never_created(job: dict) -> dict[str, Any]:
-    """The outcome of an episode whose pod was never created: cancelled, or stopped by the Job's end."""
+def never_created(job: dict, index: int | None = None) -> dict[str, Any]:
+    """The outcome of an episode with no pod to read: cancelled, or stopped by the Job's end; or,
+    when the Job counts its index as done, a pod that is gone (deleted before its outcome was
+    read: a client that was not following, a suspension): what it did cannot be verified."""
+    counted = next(
+        (
+            word
+            for field, word in (("completedIndexes", "succeeded"), ("failedIndexes", "failed"))
+            if index is not None and index in run_wide_indexes(job, field)
+        ),
+        None,
+    )
+    if counted is not None:
+        return {
+            "pod": None,
+            "attempts": None,
+            "reward": None,
+            "failure_class": "infrastructure",
+            "valid": False,
+            "failure": f"cannot verify: the Job counts this episode {counted}, but its pod is "
+            f"gone (deleted before its outcome was read), its log and reward with it",
+            "evidence": "job.json",
+        }
     if job_cut_short(job):
         failure_class = CANCELLED
         failure = "cancelled: --need was met before this episode's pod was created"
@@ -5523,8 +5544,9 @@ def attempt_figures(rows: Sequence[dict]) -> dict:
     ]
     final = [row["failure_class"] for row in rows]
     return {
-        "attempts_total": sum(row["attempts"] for row in rows),
-        "episodes_retried": sum(1 for row in rows if row["attempts"] > 1),
+        # An episode whose pod is gone (never_created) has attempts unknown: None, not counted.
+        "attempts_total": sum(row["attempts"] or 0 for row in rows),
+        "episodes_retried": sum(1 for row in rows if (row["attempts"] or 0) > 1),
         "first_attempt": {"succeeded": first.count(None), "failed": failure_counts(first)},
         "final": {
             "succeeded": final.count(None),
@@ -15115,6 +15137,11 @@ def attach_batch_step(
         replay(kept_lines(rewards_path, run.settings.count), caller.on_reward)
         return load_saved_batch(batch_dir, entry, run.settings), None
     jobs = existing_jobs(run, entry)
+    gone = [name for name in entry.jobs or (entry.job,) if run.receipt.has_job(name)]
+    gone = [name for name in gone if name not in {job["metadata"]["name"] for job in jobs}]
+    if gone:
+        # Made again, its episodes would run twice: what it did is unknowable instead.
+        raise evidence_gone(run, entry, f"Job {', '.join(gone)} of the receipt is gone")
     if not jobs:
         return run_one_batch(run, entry), None
     kept = kept_lines(rewards_path, run.settings.count) if run.settings.rollout else []
@@ -15156,6 +15183,31 @@ def mark_unknown(
     if isinstance(figures.get("reward_delivery"), dict):
         figures["reward_delivery"]["unknown"] = UNKNOWN_DELIVERIES
     return outcome._replace(client_wait=client)
+
+
+def evidence_gone(run: RunContext, entry: BatchEntry, what: str) -> DemoError:
+    """The batch's Jobs (or the namespace) are gone from the cluster: nothing can be followed
+    or proven of the episodes without a line. attach.json says what is missing and why."""
+    batch_dir = os.path.normpath(os.path.join(run.output, entry.dir))
+    kept = kept_lines(os.path.join(batch_dir, REWARDS_FILE), run.settings.count)
+    missing = sorted(set(range(run.settings.count)) - {row["index"] for row in kept})
+    write_json(
+        os.path.join(run.output, "attach.json"),
+        {
+            "verdict": "cannot verify",
+            "batch": entry.job,
+            "missing": what,
+            "why": "deleted while no client followed the run (cleanup, cleanup --stale, a TTL, "
+            "or by hand): its pods, logs and events went with it",
+            "lines_kept": len(kept),
+            "episodes_unknown": missing,
+        },
+    )
+    return DemoError(
+        f"cannot verify batch {entry.job}: {what} (deleted while no client followed it); "
+        f"{REWARDS_FILE} keeps the {len(kept)} lines written before its client stopped, and "
+        f"the outcomes of the other {len(missing)} episodes cannot be known; attach.json says so"
+    )
 
 
 def never_started(run: RunContext, live: dict | None) -> DemoError:
@@ -15205,6 +15257,13 @@ def attach_run(request: AttachRequest, caller: Caller) -> tuple[int, Results | N
     run = attached_context(request, settings, receipt, kubectl, caller)
     run.lease = FollowerLease(kubectl, receipt, request.output, lock_path, request.force).start()
     first = settings.batches[0]
+    if live is None and receipt.fields.get("jobs"):
+        close(run)
+        unfinished = [
+            e for e in settings.batches if not batch_done(os.path.join(run.output, e.dir))
+        ]
+        gone = f"the run's namespace {receipt.namespace} is gone"
+        raise evidence_gone(run, (unfinished or [first])[0], gone)
     if live is None or (not receipt.fields.get("jobs") and not existing_jobs(run, first)):
         close(run)
         raise never_started(run, live)
@@ -15776,7 +15835,9 @@ def list_format_arguments() -> argparse.ArgumentParser:
     return arguments
 
 
-ATTACH_HELP = "follow a run whose client is gone (killed, crashed, detached) to its end, from its files"
+ATTACH_HELP = (
+    "follow a run whose client is gone (killed, crashed, detached) to its end, from its files"
+)
 
 
 def attach_arguments() -> list[argparse.ArgumentParser]:

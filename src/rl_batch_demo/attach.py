@@ -256,6 +256,11 @@ def attach_batch_step(
         replay(kept_lines(rewards_path, run.settings.count), caller.on_reward)
         return load_saved_batch(batch_dir, entry, run.settings), None
     jobs = existing_jobs(run, entry)
+    gone = [name for name in entry.jobs or (entry.job,) if run.receipt.has_job(name)]
+    gone = [name for name in gone if name not in {job["metadata"]["name"] for job in jobs}]
+    if gone:
+        # Made again, its episodes would run twice: what it did is unknowable instead.
+        raise evidence_gone(run, entry, f"Job {', '.join(gone)} of the receipt is gone")
     if not jobs:
         return run_one_batch(run, entry), None
     kept = kept_lines(rewards_path, run.settings.count) if run.settings.rollout else []
@@ -297,6 +302,31 @@ def mark_unknown(
     if isinstance(figures.get("reward_delivery"), dict):
         figures["reward_delivery"]["unknown"] = UNKNOWN_DELIVERIES
     return outcome._replace(client_wait=client)
+
+
+def evidence_gone(run: RunContext, entry: BatchEntry, what: str) -> DemoError:
+    """The batch's Jobs (or the namespace) are gone from the cluster: nothing can be followed
+    or proven of the episodes without a line. attach.json says what is missing and why."""
+    batch_dir = os.path.normpath(os.path.join(run.output, entry.dir))
+    kept = kept_lines(os.path.join(batch_dir, REWARDS_FILE), run.settings.count)
+    missing = sorted(set(range(run.settings.count)) - {row["index"] for row in kept})
+    write_json(
+        os.path.join(run.output, "attach.json"),
+        {
+            "verdict": "cannot verify",
+            "batch": entry.job,
+            "missing": what,
+            "why": "deleted while no client followed the run (cleanup, cleanup --stale, a TTL, "
+            "or by hand): its pods, logs and events went with it",
+            "lines_kept": len(kept),
+            "episodes_unknown": missing,
+        },
+    )
+    return DemoError(
+        f"cannot verify batch {entry.job}: {what} (deleted while no client followed it); "
+        f"{REWARDS_FILE} keeps the {len(kept)} lines written before its client stopped, and "
+        f"the outcomes of the other {len(missing)} episodes cannot be known; attach.json says so"
+    )
 
 
 def never_started(run: RunContext, live: dict | None) -> DemoError:
@@ -346,6 +376,13 @@ def attach_run(request: AttachRequest, caller: Caller) -> tuple[int, Results | N
     run = attached_context(request, settings, receipt, kubectl, caller)
     run.lease = FollowerLease(kubectl, receipt, request.output, lock_path, request.force).start()
     first = settings.batches[0]
+    if live is None and receipt.fields.get("jobs"):
+        close(run)
+        unfinished = [
+            e for e in settings.batches if not batch_done(os.path.join(run.output, e.dir))
+        ]
+        gone = f"the run's namespace {receipt.namespace} is gone"
+        raise evidence_gone(run, (unfinished or [first])[0], gone)
     if live is None or (not receipt.fields.get("jobs") and not existing_jobs(run, first)):
         close(run)
         raise never_started(run, live)

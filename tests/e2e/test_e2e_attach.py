@@ -19,7 +19,9 @@ from typing import Any
 
 import pytest
 
+import all_names as rl_batch
 from e2e_support import (
+    PRODUCT,
     TASK_EPISODE_HEAD,
     load,
     run_tool,
@@ -347,3 +349,134 @@ def test_a_run_that_finished_while_nobody_watched_is_attached(cluster: Any, tmp_
     # Attached again once results.json is there: the results as they are, nothing followed.
     again = attach(emulator, kubectl, output)
     assert again.returncode == 0, again.stderr
+
+
+@pytest.fixture
+def python_cluster(cluster: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """(kubectl, emulator) with the emulator's environment set for an in-process run."""
+    kubectl, emulator = cluster
+    for name, value in emulator.env().items():
+        monkeypatch.setenv(name, value)
+    return kubectl, emulator
+
+
+def test_detach_returns_at_once_and_attach_batch_yields_every_line_once(
+    python_cluster: Any, tmp_path: Path
+) -> None:
+    kubectl, emulator = python_cluster
+    output = tmp_path / "out"
+    script = write_script(tmp_path, HELD_EPISODE)
+    detached = rl_batch.run_batch(
+        TASKS, output=output, kubectl=kubectl, episode_script=str(script), detach=True
+    )
+    namespace = detached["namespace"]
+    assert detached["detached"] and f"attach --output {output}" in detached["attach"]
+    assert namespace == namespace_of(output) and len(emulator.list("jobs", namespace)) == 1
+    # Nobody follows a detached run: no lease, no lock.
+    assert lease_on(emulator, namespace) is None and not (output / "follower.lock").exists()
+    seen: list[dict] = []
+    stream = rl_batch.attach_batch(output, kubectl=kubectl)
+    for line in stream:
+        seen.append(line)
+        if len(seen) == 2:  # the two unheld episodes: now let the held ones end
+            wait_for(lambda: (release_all(emulator, namespace), len(seen) >= 2)[1])
+            release_all(emulator, namespace)
+        if len(seen) >= 2:
+            release_all(emulator, namespace)
+    assert sorted(line["index"] for line in seen) == [0, 1, 2, 3]
+    assert [line["replayed"] for line in seen] == [False] * 4
+    saved = rl_batch.batch_results(output)
+    assert outcomes(saved["rewards"]) == outcomes(sorted(seen, key=lambda line: line["index"]))
+    # cleanup=True, as run_batch(): the namespace is deleted once every file is saved.
+    assert namespace not in [n["metadata"]["name"] for n in emulator.list("namespaces")]
+    # Attached again, a finished run replays every line, marked, and returns its results.
+    again = rl_batch.attach_batch(output, kubectl=kubectl)
+    replayed = []
+    while True:
+        try:
+            replayed.append(next(again))
+        except StopIteration as done:
+            results = done.value
+            break
+    assert [line["index"] for line in replayed] == [0, 1, 2, 3]
+    assert all(line["replayed"] for line in replayed)
+    assert results["episodes"] == 4 and results["rewards"] == saved["rewards"]
+
+
+def test_a_run_stopped_by_ctrl_c_says_how_to_attach_and_attach_resumes_it(
+    cluster: Any, tmp_path: Path
+) -> None:
+    kubectl, emulator = cluster
+    expected = [line[:5] for line in uninterrupted(emulator, kubectl, tmp_path)]
+    # Suspending a Job fails its running pods (the Job controller counts them, as the real one
+    # does): without a retry for them a Job of the guide's backoffLimit 0 fails, resumed or not.
+    flags = held_flags(tmp_path, "out", TASKS, retries=1)
+    output = flags["output"]
+    process = start_tool(emulator, kubectl, "run", **flags)
+    try:
+        wait_for(lambda: len(lines_of(output)) >= 2, what="the first two lines")
+    finally:
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr
+    assert f"Attach with: {PRODUCT.name} attach --output {output}" in stderr or (
+        f"attach --output {output}" in stderr
+    )
+    namespace = namespace_of(output)
+    (job,) = emulator.list("jobs", namespace)
+    assert job["spec"]["suspend"] is True
+    process = start_tool(emulator, kubectl, "attach", output=output, quiet=True)
+    try:
+        wait_for(lambda: (release_all(emulator, namespace), process.poll() is not None)[1], 120)
+        _, stderr = process.communicate()
+    finally:
+        if process.poll() is None:
+            process.kill()
+    after = lines_of(output)
+    assert [line[:5] for line in outcomes(after)][1:3] == expected[1:3]
+    if process.returncode == 0:  # the stopped pods counted failed: resumed, they ran again
+        assert [line[:5] for line in outcomes(after)] == expected
+        assert load(output / "client.json")["attached"]["resumed_jobs"] == ["rollout"]
+    else:
+        # The emulator's kubelet can end a pod stopped by the suspension 0 (its SIGTERM and the
+        # sandbox's exit race): the Job counts it succeeded with its pod deleted. What it did is
+        # unknowable, and said so; never "never started", never a reward made up.
+        assert process.returncode == 1 and "cannot verify" in stderr, stderr
+        for line in (after[0], after[3]):
+            assert line["failure"].startswith("cannot verify: the Job counts this episode")
+            assert (line["valid"], line["reward"]) == (False, None)
+
+
+def test_a_run_whose_job_or_namespace_is_gone_cannot_be_verified_and_is_not_run_again(
+    cluster: Any, tmp_path: Path
+) -> None:
+    kubectl, emulator = cluster
+    output = killed_run(emulator, kubectl, tmp_path)
+    namespace = namespace_of(output)
+    kept = lines_of(output)
+    deleted = subprocess.run(
+        [kubectl, "delete", "job", "rollout", "-n", namespace, "--wait=true"],
+        env=emulator.env(),
+        capture_output=True,
+        text=True,
+    )
+    assert deleted.returncode == 0, deleted.stderr
+    result = attach(emulator, kubectl, output)
+    assert result.returncode == 1 and "cannot verify batch rollout" in result.stderr
+    assert "Job rollout of the receipt is gone" in result.stderr
+    # Never submitted again: its episodes would run twice.
+    assert emulator.list("jobs", namespace) == []
+    said = load(output / "attach.json")
+    assert said["verdict"] == "cannot verify" and said["lines_kept"] == len(kept)
+    assert said["episodes_unknown"] == sorted({0, 1, 2, 3} - {line["index"] for line in kept})
+    assert lines_of(output) == kept and not (output / "results.json").exists()
+    emulator_namespace_deleted = subprocess.run(
+        [kubectl, "delete", "namespace", namespace, "--wait=true"],
+        env=emulator.env(),
+        capture_output=True,
+        text=True,
+    )
+    assert emulator_namespace_deleted.returncode == 0
+    result = attach(emulator, kubectl, output)
+    assert result.returncode == 1 and f"namespace {namespace} is gone" in result.stderr
+    assert "never started" not in result.stderr

@@ -106,3 +106,18 @@ def test_list_shows_who_follows_each_run() -> None:
     del annotations["rl-batch-demo.agc/follower"]
     (run,) = demo.cluster_runs([namespace], [])
     assert demo.run_record(run, T0)["follower"] is None
+
+
+def test_an_episode_the_job_counts_but_whose_pod_is_gone_cannot_be_verified() -> None:
+    job = {
+        "metadata": {"name": "rollout", "creationTimestamp": "2027-01-15T08:00:00Z"},
+        "status": {"completedIndexes": "0-1", "failedIndexes": "2"},
+    }
+    row = demo.episode_row(0, [], job, {}, False, ["a", "b", "c", "d"], 1)
+    assert (row["failure_class"], row["valid"], row["attempts"]) == ("infrastructure", False, None)
+    assert row["failure"].startswith("cannot verify: the Job counts this episode succeeded")
+    assert (
+        "counts this episode failed" in demo.episode_row(2, [], job, {}, False, None, 1)["failure"]
+    )
+    # Never counted by the Job: its pod was never created.
+    assert demo.episode_row(3, [], job, {}, False, None, 1)["failure"].startswith("never started")
