@@ -47,7 +47,7 @@ shipped single file holds them in this order, each part opening with its source 
     report: `report` and `compare`: saved files only, no cluster.
     attach: `attach`: follow a run whose client is gone, from its receipt, run.json and files.
     cli: the parser, its checks, and `main`.
-    api: `run_batch` and `stream_batch` for Python callers.
+    api: `run_batch`, `stream_batch` and `attach_batch` for Python callers.
 
 A run starts at cli.main() -> run_command() (or run_batch() / stream_batch() from Python)
 -> perform_run(): start_run() makes its Settings and RunPlan; execute() calls its steps

@@ -10,6 +10,9 @@ into their workspace on the node, so the test chooses when each ends.
 from __future__ import annotations
 
 import json
+import os
+import random
+import re
 import signal
 import socket
 import subprocess
@@ -20,9 +23,11 @@ from typing import Any
 import pytest
 
 import all_names as rl_batch
+from conftest import on_tiers
 from e2e_support import (
     PRODUCT,
     TASK_EPISODE_HEAD,
+    documentation,
     load,
     run_tool,
     tool,
@@ -80,10 +85,12 @@ def lease_on(emulator: Any, namespace: str) -> dict | None:
     return None
 
 
-def release_all(emulator: Any, namespace: str) -> None:
-    """Let every held episode of the namespace that is running now end."""
-    for pod in emulator.list("pods", namespace):
-        volumes = emulator.workdir / "pods" / pod["metadata"]["uid"] / "volumes" / "workspace"
+def release_all(cluster: Any, namespace: str, tier_name: str = "emulator") -> None:
+    """Let every held episode of the namespace that is running now end: the file it waits for,
+    in its pod's emptyDir on the node (the emulator's kubelets and the node agent keep them alike)."""
+    node = cluster if tier_name == "emulator" else cluster.agent
+    for pod in cluster.list("pods", namespace):
+        volumes = node.workdir / "pods" / pod["metadata"]["uid"] / "volumes" / "workspace"
         if volumes.is_dir():
             (volumes / "release").write_text("go")
 
@@ -160,10 +167,17 @@ def killed_run(emulator: Any, kubectl: str, tmp_path: Path) -> Path:
     return flags["output"]
 
 
+@pytest.fixture
+def emulator_tier(cluster: Any) -> Any:
+    """(kubectl 1.35, an emulator whose Job back-off is short): this module's emulator tier."""
+    return cluster
+
+
+@on_tiers("emulator", "real_cluster")
 def test_a_run_killed_while_its_pods_run_is_attached_and_ends_as_an_uninterrupted_one(
-    cluster: Any, tmp_path: Path
+    tier: Any, tier_name: str, tmp_path: Path
 ) -> None:
-    kubectl, emulator = cluster
+    kubectl, emulator = tier
     expected = uninterrupted(emulator, kubectl, tmp_path)
     output = killed_run(emulator, kubectl, tmp_path)
     namespace = namespace_of(output)
@@ -180,7 +194,10 @@ def test_a_run_killed_while_its_pods_run_is_attached_and_ends_as_an_uninterrupte
         second = run_tool(emulator, kubectl, "attach", output=output, quiet=True)
         assert second.returncode == 1
         assert f"host {socket.gethostname()} PID {process.pid}" in second.stderr
-        wait_for(lambda: (release_all(emulator, namespace), process.poll() is not None)[1], 90)
+        wait_for(
+            lambda: (release_all(emulator, namespace, tier_name), process.poll() is not None)[1],
+            180,
+        )
         stdout, stderr = process.communicate()
     finally:
         if process.poll() is None:
@@ -254,10 +271,11 @@ def attach(emulator: Any, kubectl: str, output: Path, **flags: Any) -> subproces
     return run_tool(emulator, kubectl, "attach", output=output, quiet=True, **flags)
 
 
+@on_tiers("emulator", "real_cluster")
 def test_a_run_killed_before_its_job_existed_never_started_and_attach_cleans_up(
-    cluster: Any, tmp_path: Path
+    tier: Any, tier_name: str, tmp_path: Path
 ) -> None:
-    kubectl, emulator = cluster
+    kubectl, emulator = tier
     wrapper, reached = blocking_kubectl(tmp_path, kubectl, block_create='"kind": "Job"')
     flags = held_flags(tmp_path, "out", TASKS)
     process = start_tool(emulator, str(wrapper), "run", **flags)
@@ -276,10 +294,11 @@ def test_a_run_killed_before_its_job_existed_never_started_and_attach_cleans_up(
     assert not (output / "results.json").exists() and not (output / "follower.lock").exists()
 
 
+@on_tiers("emulator", "real_cluster")
 def test_a_run_killed_between_two_rounds_is_attached_and_runs_its_second(
-    cluster: Any, tmp_path: Path
+    tier: Any, tier_name: str, tmp_path: Path
 ) -> None:
-    kubectl, emulator = cluster
+    kubectl, emulator = tier
     whole = run_tool(
         emulator, kubectl, "run", output=tmp_path / "whole", count=2, rounds=2, quiet=True
     )
@@ -303,10 +322,11 @@ def test_a_run_killed_between_two_rounds_is_attached_and_runs_its_second(
     assert load(output / "rollout-2" / "client.json")["submitted_at"] is not None
 
 
+@on_tiers("emulator", "real_cluster")
 def test_a_run_killed_after_its_job_ended_and_before_results_is_attached(
-    cluster: Any, tmp_path: Path
+    tier: Any, tier_name: str, tmp_path: Path
 ) -> None:
-    kubectl, emulator = cluster
+    kubectl, emulator = tier
     expected = uninterrupted(emulator, kubectl, tmp_path)
     tasks = [{key: value for key, value in task.items() if key != "hold"} for task in TASKS]
     wrapper, reached = blocking_kubectl(tmp_path, kubectl, block_events=True)
@@ -326,14 +346,17 @@ def test_a_run_killed_after_its_job_ended_and_before_results_is_attached(
     assert client["observed_at"] is None and "observed_at" in client["unknown"]
 
 
-def test_a_run_that_finished_while_nobody_watched_is_attached(cluster: Any, tmp_path: Path) -> None:
-    kubectl, emulator = cluster
+@on_tiers("emulator", "real_cluster")
+def test_a_run_that_finished_while_nobody_watched_is_attached(
+    tier: Any, tier_name: str, tmp_path: Path
+) -> None:
+    kubectl, emulator = tier
     expected = uninterrupted(emulator, kubectl, tmp_path)
     output = killed_run(emulator, kubectl, tmp_path)
     namespace = namespace_of(output)
     wait_for(
         lambda: (
-            release_all(emulator, namespace),
+            release_all(emulator, namespace, tier_name),
             any(
                 c["type"] == "Complete"
                 for job in emulator.list("jobs", namespace)
@@ -480,3 +503,56 @@ def test_a_run_whose_job_or_namespace_is_gone_cannot_be_verified_and_is_not_run_
     result = attach(emulator, kubectl, output)
     assert result.returncode == 1 and f"namespace {namespace} is gone" in result.stderr
     assert "never started" not in result.stderr
+
+
+def test_the_documented_trainer_killed_at_a_random_step_learns_each_reward_once(
+    cluster: Any, tmp_path: Path
+) -> None:
+    kubectl, emulator = cluster
+    blocks = re.findall(r"```python\n(.*?)```", documentation(), flags=re.S)
+    trainer = write_script(
+        tmp_path, next(b for b in blocks if b.startswith("# trainer.py")), "trainer.py"
+    )
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "kubectl").symlink_to(kubectl)
+    env = dict(emulator.env(), PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    env["PYTHONPATH"] = str(PRODUCT.parent)
+    flags = held_flags(tmp_path, "step", TASKS)
+    output = flags["output"]
+    argv = [
+        sys.executable,
+        str(trainer),
+        str(output),
+        str(flags["tasks"]),
+        str(flags["episode_script"]),
+    ]
+    learnt = Path(f"{output}.learnt.jsonl")
+    crash_after = random.randint(1, 2)  # of the two episodes that end at once
+    first = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_for(
+            lambda: learnt.exists() and len(learnt.read_text().splitlines()) >= crash_after,
+            what=f"the trainer to learn from {crash_after} lines",
+        )
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    namespace = namespace_of(output)
+    second = subprocess.Popen(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        wait_for(lambda: (release_all(emulator, namespace), second.poll() is not None)[1], 120)
+        stdout, stderr = second.communicate()
+    finally:
+        if second.poll() is None:
+            second.kill()
+    assert second.returncode == 0, stderr
+    indexes = [json.loads(line) for line in learnt.read_text().splitlines()]
+    # Each reward learnt from once: none lost, none twice, across the crash.
+    assert sorted(indexes) == [0, 1, 2, 3], (crash_after, indexes)
+    # No episode ran twice: one pod per episode, each line its first attempt.
+    lines = lines_of(output)
+    assert [line["attempts"] for line in lines] == [1, 1, 1, 1]
+    assert len(load(output / "pods.json")["items"]) == 4
