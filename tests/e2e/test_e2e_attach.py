@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -556,3 +557,64 @@ def test_the_documented_trainer_killed_at_a_random_step_learns_each_reward_once(
     lines = lines_of(output)
     assert [line["attempts"] for line in lines] == [1, 1, 1, 1]
     assert len(load(output / "pods.json")["items"]) == 4
+
+
+def test_attach_batch_after_sigkill_yields_the_lines_before_replayed_then_the_rest_once(
+    python_cluster: Any, tmp_path: Path
+) -> None:
+    kubectl, emulator = python_cluster
+    output = killed_run(emulator, kubectl, tmp_path)
+    namespace = namespace_of(output)
+    before = {line["index"] for line in lines_of(output)}
+    assert len(before) >= 2
+    seen = []
+    for line in rl_batch.attach_batch(output, kubectl=kubectl):
+        seen.append(line)
+        release_all(emulator, namespace)
+    assert sorted(line["index"] for line in seen) == [0, 1, 2, 3]
+    # The lines written before come first, marked; every other once, as it lands.
+    assert {line["index"] for line in seen if line["replayed"]} == before
+    assert [line["replayed"] for line in seen] == [True] * len(before) + [False] * (4 - len(before))
+
+
+def fake_lease(cluster: Any, kubectl: str, namespace: str, renewed_ago: float) -> None:
+    """A lease on the namespace held by a client of another host, renewed `renewed_ago` s ago."""
+    now = time.time() - renewed_ago
+    record = rl_batch.lease_record(rl_batch.Holder("bastion-9", 4242), now, now, "/runs/x")
+    patch = json.dumps({"metadata": {"annotations": {FOLLOWER: json.dumps(record)}}})
+    patched = subprocess.run(
+        [kubectl, "patch", "namespace", namespace, "--type=merge", "-p", patch],
+        env=cluster.env(),
+        capture_output=True,
+        text=True,
+    )
+    assert patched.returncode == 0, patched.stderr
+
+
+def test_a_lease_of_another_host_is_taken_over_only_by_force_and_only_once_stale(
+    cluster: Any, tmp_path: Path
+) -> None:
+    kubectl, emulator = cluster
+    output = killed_run(emulator, kubectl, tmp_path)
+    namespace = namespace_of(output)
+    fake_lease(emulator, kubectl, namespace, 5)
+    for force in (False, True):  # renewed 5 s ago: a live follower, force or not
+        refused = attach(emulator, kubectl, output, force=force)
+        assert refused.returncode == 1 and "host bastion-9 PID 4242" in refused.stderr
+        assert re.search(
+            r"last renewed \d s ago, every 10 s\); one follower per run", refused.stderr
+        )
+    fake_lease(emulator, kubectl, namespace, 40)  # more than 3 periods of 10 s
+    refused = attach(emulator, kubectl, output)
+    assert refused.returncode == 1 and "attach --force takes the lease over" in refused.stderr
+    release_all(emulator, namespace)
+    taken = start_tool(emulator, kubectl, "attach", output=output, quiet=True, force=True)
+    try:
+        wait_for(lambda: (lease_on(emulator, namespace) or {}).get("pid") == taken.pid)
+        wait_for(lambda: (release_all(emulator, namespace), taken.poll() is not None)[1], 120)
+        _, stderr = taken.communicate()
+    finally:
+        if taken.poll() is None:
+            taken.kill()
+    assert taken.returncode == 0, stderr
+    assert load(output / "results.json")["episodes"] == 4
