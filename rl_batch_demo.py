@@ -12461,8 +12461,12 @@ def take_lock(output: str, replace_remote: bool = False) -> str:
                 raise FollowerBusy(lock_refusal(output, holder, held or {}, alive)) from None
             remove_quietly(path)  # stale: its holder is dead, or the lease says so
             continue
-        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-            json.dump(record, handle)
+        try:
+            with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+                json.dump(record, handle)
+        except OSError as error:
+            remove_quietly(path)
+            raise DemoError(f"cannot write {path}: {error.strerror or error}") from None
         return path
     raise FollowerBusy(f"{output}: could not take {LOCK_FILE}; another follower is starting")
 
@@ -12884,6 +12888,8 @@ def run_origin(run_id: str, output: str, user: str, ttl_seconds: int | None) -> 
 def execute(run: RunContext) -> Results | None:
     """The steps of `run`, in order; each leaves on disk what a failure after it needs."""
     save_run_records(run)
+    # The run's one follower, once its receipt is there: its lock file, then its lease.
+    run.lease = FollowerLease(run.kubectl, run.receipt, run.output, take_lock(run.output)).start()
     check_runtime_class(run)
     if rollout_policy(run.settings):
         check_server_version(run)  # --need among them
@@ -13610,8 +13616,6 @@ def start_run(request: RunRequest, caller: Caller, worker_source: str, builtin: 
         owns_process=not spelling.python,
         detach=request.detach,
     )
-    # The one follower of the run, from its start: its lock in the new directory, then its lease.
-    run.lease = FollowerLease(kubectl, run.receipt, output, take_lock(output)).start()
     return run
 
 
@@ -15023,12 +15027,9 @@ def claim(
     why = lease_verdict(lease, this_holder(), time.time(), request.force)
     if why is not None:
         raise FollowerBusy(f"{why}; nothing was changed")
-    stale_remote = lease is not None and request.force
-    held = holder_of(read_lock(os.path.join(request.output, LOCK_FILE)))
-    # A lock of another host whose lease is not held (or stale) is that follower's, gone.
-    remote_gone = held is not None and (stale_remote or holder_of(lease) is None)
     before = first_follower(request.output, lease)
-    return live, take_lock(request.output, replace_remote=remote_gone), before
+    # A lock of another host is replaced only by --force, its lease found stale (or absent).
+    return live, take_lock(request.output, replace_remote=request.force), before
 
 
 def planned_jobs(output: str, entry: BatchEntry) -> list[dict]:
@@ -15219,7 +15220,7 @@ def never_started(run: RunContext, live: dict | None) -> DemoError:
             f"{run.namespace} is gone; nothing to follow or clean up"
         )
     try:
-        cleanup_namespace(run.kubectl, run.receipt, report=open(os.devnull, "w"))
+        cleanup_namespace(run.kubectl, run.receipt, report=io.StringIO())
     except DemoError as error:
         return DemoError(
             f"the run never started: no Job of it was created before its client stopped; "
@@ -15324,12 +15325,7 @@ def attach_action(args: Any) -> int:
     request = AttachRequest(
         args.output, args.force, args.kubectl, args.verbose, args.quiet, args.cleanup
     )
-    try:
-        status, _ = attach_run(request, Caller())
-    except FollowerBusy as error:
-        print(f"Error: {error}", file=sys.stderr)
-        return 1
-    return status
+    return attach_run(request, Caller())[0]
 
 
 # --------------------------------------------------------------------------

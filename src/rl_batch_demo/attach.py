@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import concurrent.futures
+import io
 import json
 import os
-import sys
 import time
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -32,11 +32,9 @@ from .lifecycle import cleanup_namespace, require_receipt_context
 from .lease import (
     FollowerBusy,
     FollowerLease,
-    holder_of,
     lease_of,
     lease_renewed_at,
     lease_verdict,
-    read_lock,
     take_lock,
     this_holder,
 )
@@ -142,12 +140,9 @@ def claim(
     why = lease_verdict(lease, this_holder(), time.time(), request.force)
     if why is not None:
         raise FollowerBusy(f"{why}; nothing was changed")
-    stale_remote = lease is not None and request.force
-    held = holder_of(read_lock(os.path.join(request.output, LOCK_FILE)))
-    # A lock of another host whose lease is not held (or stale) is that follower's, gone.
-    remote_gone = held is not None and (stale_remote or holder_of(lease) is None)
     before = first_follower(request.output, lease)
-    return live, take_lock(request.output, replace_remote=remote_gone), before
+    # A lock of another host is replaced only by --force, its lease found stale (or absent).
+    return live, take_lock(request.output, replace_remote=request.force), before
 
 
 def planned_jobs(output: str, entry: BatchEntry) -> list[dict]:
@@ -338,7 +333,7 @@ def never_started(run: RunContext, live: dict | None) -> DemoError:
             f"{run.namespace} is gone; nothing to follow or clean up"
         )
     try:
-        cleanup_namespace(run.kubectl, run.receipt, report=open(os.devnull, "w"))
+        cleanup_namespace(run.kubectl, run.receipt, report=io.StringIO())
     except DemoError as error:
         return DemoError(
             f"the run never started: no Job of it was created before its client stopped; "
@@ -443,9 +438,4 @@ def attach_action(args: Any) -> int:
     request = AttachRequest(
         args.output, args.force, args.kubectl, args.verbose, args.quiet, args.cleanup
     )
-    try:
-        status, _ = attach_run(request, Caller())
-    except FollowerBusy as error:
-        print(f"Error: {error}", file=sys.stderr)
-        return 1
-    return status
+    return attach_run(request, Caller())[0]

@@ -118,8 +118,12 @@ def take_lock(output: str, replace_remote: bool = False) -> str:
                 raise FollowerBusy(lock_refusal(output, holder, held or {}, alive)) from None
             remove_quietly(path)  # stale: its holder is dead, or the lease says so
             continue
-        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-            json.dump(record, handle)
+        try:
+            with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+                json.dump(record, handle)
+        except OSError as error:
+            remove_quietly(path)
+            raise DemoError(f"cannot write {path}: {error.strerror or error}") from None
         return path
     raise FollowerBusy(f"{output}: could not take {LOCK_FILE}; another follower is starting")
 

@@ -295,6 +295,8 @@ def run_origin(run_id: str, output: str, user: str, ttl_seconds: int | None) -> 
 def execute(run: RunContext) -> Results | None:
     """The steps of `run`, in order; each leaves on disk what a failure after it needs."""
     save_run_records(run)
+    # The run's one follower, once its receipt is there: its lock file, then its lease.
+    run.lease = FollowerLease(run.kubectl, run.receipt, run.output, take_lock(run.output)).start()
     check_runtime_class(run)
     if rollout_policy(run.settings):
         check_server_version(run)  # --need among them
@@ -1021,8 +1023,6 @@ def start_run(request: RunRequest, caller: Caller, worker_source: str, builtin: 
         owns_process=not spelling.python,
         detach=request.detach,
     )
-    # The one follower of the run, from its start: its lock in the new directory, then its lease.
-    run.lease = FollowerLease(kubectl, run.receipt, output, take_lock(output)).start()
     return run
 
 
