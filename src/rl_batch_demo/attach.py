@@ -240,7 +240,7 @@ def replay(lines: Sequence[dict], on_reward: Callable[[dict], None] | None) -> N
 
 
 def attach_batch_step(
-    run: RunContext, entry: BatchEntry, caller: Caller, began: float
+    run: RunContext, entry: BatchEntry, caller: Caller, began: float, before: FirstFollower
 ) -> tuple[BatchOutcome, dict | None]:
     """One batch of the run: recomputed from its files if it was followed to its end, followed
     if its Jobs exist, else submitted as `run` would. The batch's record of the attach (None
@@ -264,6 +264,9 @@ def attach_batch_step(
     replay(kept, caller.on_reward)
     outcome = run_one_batch(run, entry, kept, adopt=True)
     record = {
+        # The client before stopped after this moment (within a lease period of it, if it held one).
+        "first_follower_alive_at": before.alive_at,
+        "first_follower_evidence": before.evidence,
         "attach_began_at": began,
         "job_ended_before_attach": ended_before,
         "resumed_jobs": resumed,
@@ -394,7 +397,7 @@ def follow_attached(
     try:
         outcomes, records = [], []
         for entry in run.settings.batches:
-            outcome, record = attach_batch_step(run, entry, caller, began)
+            outcome, record = attach_batch_step(run, entry, caller, began, before)
             outcomes.append(outcome)
             records.append(record)
         results = save_results(run, outcomes)

@@ -215,6 +215,9 @@ def test_a_run_killed_while_its_pods_run_is_attached_and_ends_as_an_uninterrupte
     client = load(output / "client.json")
     assert client["submitted_at"] is None and "submitted_at" in client["unknown"]
     assert client["attached"]["replayed_lines"] == len(before)
+    attached = client["attached"]
+    assert attached["first_follower_alive_at"] <= attached["attach_began_at"]
+    assert attached["first_follower_evidence"].startswith(("its lease", "its lock file", "a line"))
     assert results["reward_delivery_lag_p50_seconds"] is None
     assert lease_on(emulator, namespace) is None and not (output / "follower.lock").exists()
 
