@@ -219,6 +219,10 @@ def test_a_run_killed_while_its_pods_run_is_attached_and_ends_as_an_uninterrupte
     assert attached["first_follower_alive_at"] <= attached["attach_began_at"]
     assert attached["first_follower_evidence"].startswith(("its lease", "its lock file", "a line"))
     assert results["reward_delivery_lag_p50_seconds"] is None
+    # `report` recomputes an attached run from its files alone, the unknowns unknown.
+    report = run_tool(emulator, kubectl, "report", output, quiet=True)
+    assert report.returncode == 0, report.stderr
+    assert json.loads(report.stdout)["successful_episodes"] == results["successful_episodes"]
     assert lease_on(emulator, namespace) is None and not (output / "follower.lock").exists()
 
 
