@@ -45,11 +45,13 @@ shipped single file holds them in this order, each part opening with its source 
     secretcopy: --env-from-secret's Secrets read before anything is created, copied once it may be.
     results: results.json: a batch's figures and the run's.
     lifecycle: `cleanup`, `list` and `cleanup --stale`.
+    lease: one follower per run: a lock file in its directory, a lease on its namespace.
     run: the `run` action: `perform_run` -> `start_run` -> `execute`.
     pool: the `pool` action and open_pool(): warm sandboxes claimed, driven and let go.
     report: `report` and `compare`: saved files only, no cluster.
+    attach: `attach`: follow a run whose client is gone, from its receipt, run.json and files.
     cli: the parser, its checks, and `main`.
-    api: `run_batch` and `stream_batch` for Python callers.
+    api: `run_batch`, `stream_batch` and `attach_batch` for Python callers.
 
 A run starts at cli.main() -> run_command() (or run_batch() / stream_batch() from Python)
 -> perform_run(): start_run() makes its Settings and RunPlan; execute() calls its steps
@@ -248,6 +250,13 @@ JOBS_PLANNED_ANNOTATION = ANNOTATION_PREFIX + "jobs-planned"
 
 EPISODES_PLANNED_ANNOTATION = ANNOTATION_PREFIX + "episodes-planned"
 
+# Who follows the run: a lease as Kubernetes leader election keeps one (holder, renew time,
+# duration), as JSON on the run's namespace, renewed every LEASE_RENEW_SECONDS while a client
+# follows; `attach --force` takes over one not renewed for LEASE_STALE_PERIODS periods.
+FOLLOWER_ANNOTATION = ANNOTATION_PREFIX + "follower"
+LEASE_RENEW_SECONDS = 10
+LEASE_STALE_PERIODS = 3
+
 # `run --dry-run` asks the cluster nothing, so it cannot know who the run would be.
 USER_UNKNOWN_BEFORE_RUN = "(kubectl auth whoami, at run time)"
 
@@ -294,6 +303,13 @@ RECEIPT_FILE = "receipt.json"
 RESULTS_FILE = "results.json"
 
 SETTINGS_FILE = "run.json"
+
+# One follower per output directory: its host, PID and process start, held while it follows.
+LOCK_FILE = "follower.lock"
+
+# Every Job of every batch the run plans, saved before the first is created: what `attach`
+# creates of a run stopped between two batches.
+PLANNED_JOBS_FILE = "jobs-planned.json"
 
 # Kubectl's words for a 404 without a Kubernetes Status naming an object: the
 # server does not know the URL at all (not a Kubernetes API, or not this API group).
@@ -1378,6 +1394,7 @@ class RunRequest:
         None  # --otlp-endpoint; None: $OTEL_EXPORTER_OTLP_ENDPOINT's, if any
     )
     pushgateway: str | None = None  # --pushgateway
+    detach: bool = False  # create everything, write the receipt, return: `attach` follows it
 
 
 class EgressTarget(NamedTuple):
@@ -1877,6 +1894,12 @@ def kubeconfig_path() -> str:
 def cleanup_command(output: str, kubectl_binary: str = "kubectl") -> str:
     extra = "" if kubectl_binary == "kubectl" else f" --kubectl {shlex.quote(kubectl_binary)}"
     return f"{program_name()} cleanup --output {shlex.quote(output)}{extra}"
+
+
+def attach_command(output: str, kubectl_binary: str = "kubectl") -> str:
+    """The command that picks a run up again, once its client is gone."""
+    extra = "" if kubectl_binary == "kubectl" else f" --kubectl {shlex.quote(kubectl_binary)}"
+    return f"{program_name()} attach --output {shlex.quote(output)}{extra}"
 
 
 class Receipt:
@@ -5734,7 +5757,7 @@ def episode_row(
         row["image"] = images[group] if group < len(images) else None
     row["group"] = group
     if not attempts:
-        row.update(never_created(job))
+        row.update(never_created(job, index))
         return row
     outcomes = [
         (
@@ -5754,8 +5777,29 @@ def episode_row(
     return row
 
 
-def never_created(job: dict) -> dict[str, Any]:
-    """The outcome of an episode whose pod was never created: cancelled, or stopped by the Job's end."""
+def never_created(job: dict, index: int | None = None) -> dict[str, Any]:
+    """The outcome of an episode with no pod to read: cancelled, or stopped by the Job's end; or,
+    when the Job counts its index as done, a pod that is gone (deleted before its outcome was
+    read: a client that was not following, a suspension): what it did cannot be verified."""
+    counted = next(
+        (
+            word
+            for field, word in (("completedIndexes", "succeeded"), ("failedIndexes", "failed"))
+            if index is not None and index in run_wide_indexes(job, field)
+        ),
+        None,
+    )
+    if counted is not None:
+        return {
+            "pod": None,
+            "attempts": None,
+            "reward": None,
+            "failure_class": "infrastructure",
+            "valid": False,
+            "failure": f"cannot verify: the Job counts this episode {counted}, but its pod is "
+            f"gone (deleted before its outcome was read), its log and reward with it",
+            "evidence": "job.json",
+        }
     if job_cut_short(job):
         failure_class = CANCELLED
         failure = f"cancelled: {cut_short_by(job)} was met before this episode's pod was created"
@@ -5996,8 +6040,9 @@ def attempt_figures(rows: Sequence[dict]) -> dict:
     ]
     final = [row["failure_class"] for row in rows]
     return {
-        "attempts_total": sum(row["attempts"] for row in rows),
-        "episodes_retried": sum(1 for row in rows if row["attempts"] > 1),
+        # An episode whose pod is gone (never_created) has attempts unknown: None, not counted.
+        "attempts_total": sum(row["attempts"] or 0 for row in rows),
+        "episodes_retried": sum(1 for row in rows if (row["attempts"] or 0) > 1),
         "first_attempt": {"succeeded": first.count(None), "failed": failure_counts(first)},
         "final": {
             "succeeded": final.count(None),
@@ -8949,6 +8994,7 @@ class ClusterRun(NamedTuple):
     jobs_planned: int | None = None  # None: a guide's run, or one of a version that did not say
     between_batches: bool = False  # running, with every Job there ended and more to come
     last_ended_at: float | None = None  # when its last ended Job ended (None: none has)
+    follower: dict | None = None  # the lease of the client that follows it (None: nobody)
 
     @property
     def guide(self) -> bool:
@@ -9050,9 +9096,43 @@ def cluster_runs(namespaces: Iterable[dict], jobs: Iterable[dict]) -> list[Clust
                 jobs_planned=planned_count(namespace, JOBS_PLANNED_ANNOTATION),
                 between_batches=state == "running" and bool(inside) and len(ended) == len(inside),
                 last_ended_at=max((at for at in ended if at is not None), default=None),
+                follower=follower_lease(annotations.get(FOLLOWER_ANNOTATION)),
             )
         )
     return sorted(runs, key=lambda run: (run.created_at or 0.0, run.namespace))
+
+
+def follower_lease(text: str | None) -> dict | None:
+    """The follower lease's record (lease.lease_record), or None: none, or not one."""
+    try:
+        record = json.loads(text) if text else None
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) and record.get("host") else None
+
+
+def follower_record(run: ClusterRun, now: float) -> dict | None:
+    """Who follows the run, as `list -o json` prints it: host, PID, when the lease was last
+    renewed, and whether that is older than LEASE_STALE_PERIODS periods (its client looks gone)."""
+    lease = run.follower
+    if lease is None:
+        return None
+    renewed = parse_time(str(lease.get("renewTime") or ""))
+    period = lease.get("renewPeriodSeconds") or LEASE_RENEW_SECONDS
+    return {
+        "host": lease.get("host"),
+        "pid": lease.get("pid"),
+        "output": lease.get("output"),
+        "renewed": lease.get("renewTime"),
+        "stale": renewed is None or now - renewed >= LEASE_STALE_PERIODS * float(period),
+    }
+
+
+def follower_text(run: ClusterRun, now: float) -> str:
+    record = follower_record(run, now)
+    if record is None:
+        return "-"
+    return f"{record['host']}/{record['pid']}" + (" (stale)" if record["stale"] else "")
 
 
 def run_record(run: ClusterRun, now: float) -> dict:
@@ -9074,6 +9154,7 @@ def run_record(run: ClusterRun, now: float) -> dict:
         "jobs_planned": run.jobs_planned,
         "between_batches": run.between_batches,
         "last_job_ended": rfc3339(run.last_ended_at) if run.last_ended_at is not None else None,
+        "follower": follower_record(run, now),
     }
 
 
@@ -9087,7 +9168,7 @@ def expiry_text(run: ClusterRun, now: float) -> str:
 
 def runs_table(runs: Sequence[ClusterRun], now: float) -> str:
     """One line per run: namespace, state, age, episodes done of total, who and where from, expiry."""
-    rows = [("NAMESPACE", "STATE", "AGE", "EPISODES", "USER", "FROM", "EXPIRES")]
+    rows = [("NAMESPACE", "STATE", "AGE", "EPISODES", "USER", "FROM", "EXPIRES", "FOLLOWER")]
     for run in runs:
         where = "(guide's script)" if run.guide else f"{run.host or '?'}:{run.output or '?'}"
         rows.append(
@@ -9099,6 +9180,7 @@ def runs_table(runs: Sequence[ClusterRun], now: float) -> str:
                 run.user or "-",
                 where,
                 expiry_text(run, now),
+                follower_text(run, now),
             )
         )
     widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
@@ -11816,6 +11898,7 @@ class RewardStream:
         on_reward: Callable[[dict], None] | None = None,
         stop: StopRequest | None = None,
         stop_rest: Callable[[], None] | None = None,
+        kept: Sequence[dict] = (),
     ) -> None:
         self.path = path
         # --need-groups K: called once, as soon as K groups are whole, to stop the rest.
@@ -11832,6 +11915,11 @@ class RewardStream:
             set()
         )  # an attempt of theirs ended: settled once the log or the Job says so
         self._handle: TextIO | None = open(path, "w", encoding="utf-8")
+        # An attach's: the lines a client that is gone wrote, written again and never redelivered.
+        for row in kept:
+            self._handle.write(json.dumps(row) + "\n")
+            self.rows[row["index"]] = row
+        self._handle.flush()
         # Set from another thread (stream_batch's reader gone): the run stops at its next turn.
         self.stop = stop
         self.whole_groups: set[int] = set()  # the groups whose every member has a valid line
@@ -12145,6 +12233,12 @@ class BatchFollower:
             raise
         self.state.created(time.time())
         return created
+
+    def adopt(self) -> None:
+        """Follow Jobs another client created (attach): the submission's moment is this
+        client's start, and the state is told none (their creation call's moments are unknown)."""
+        self.progress.new_batch()
+        self.submission = Submission(time.time(), time.monotonic())
 
     def follow(self, client_deadline: float) -> str | None:
         """Wait until the Job is Complete or Failed ("Complete"/"Failed"), or None at the deadline."""
@@ -12658,6 +12752,8 @@ class RunContext:
     # --cleanup through the proxy: begun once the last batch's evidence is read (begin_cleanup),
     # its report's text the result; unstarted otherwise.
     cleanup_ahead: concurrent.futures.Future[str] | None = None
+    lease: Any = None  # the FollowerLease this process holds on the run, released by close()
+    detach: bool = False  # --detach: execute() returns once the first batch's Jobs exist
 
     @property
     def namespace(self) -> str:
@@ -14121,6 +14217,356 @@ def list_runs(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------
+# src/rl_batch_demo/lease.py: One follower per run: a lock file in its output directory, and a lease on its namespace.
+
+class Holder(NamedTuple):
+    """A follower: its host, PID and its process's start (in clock ticks since boot, from
+    /proc: a PID reused by another process is not the follower that held it)."""
+
+    host: str
+    pid: int
+    process_started: str | None = None
+
+    @property
+    def identity(self) -> str:
+        return f"{self.host}/{self.pid}"
+
+    def said(self) -> str:
+        return f"host {self.host} PID {self.pid}"
+
+
+class FollowerBusy(DemoError):
+    """Another live follower holds the run: its lock file or its namespace's lease."""
+
+
+def process_start(pid: int) -> str | None:
+    """A process's start time as /proc/PID/stat gives it (its 22nd field), or None where unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as stat:
+            text = stat.read()
+    except OSError:
+        return None
+    fields = text.rsplit(")", 1)[-1].split()
+    return fields[19] if len(fields) > 19 else None
+
+
+def this_holder() -> Holder:
+    """This process as a follower."""
+    return Holder(socket.gethostname(), os.getpid(), process_start(os.getpid()))
+
+
+def holder_alive(holder: Holder) -> bool | None:
+    """Whether the follower's process still runs: None when it runs on another host (unknown
+    here); False when its PID is gone, or now belongs to a process started later."""
+    if holder.host != socket.gethostname():
+        return None
+    try:
+        os.kill(holder.pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # a process of another user has the PID: it exists
+    started = process_start(holder.pid)
+    return not (holder.process_started and started and started != holder.process_started)
+
+
+def holder_of(record: dict | None) -> Holder | None:
+    """The holder a lock file's or a lease's record names, or None when it names none."""
+    if not isinstance(record, dict) or not record.get("host"):
+        return None
+    try:
+        pid = int(record.get("pid"))  # type: ignore[arg-type]  # checked by the int() below
+    except (TypeError, ValueError):
+        return None
+    started = record.get("process_started")
+    return Holder(str(record["host"]), pid, str(started) if started else None)
+
+
+def read_lock(path: str) -> dict | None:
+    """The lock file's record; None when it cannot be read whole (being written, or damaged)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            record = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def take_lock(output: str, replace_remote: bool = False) -> str:
+    """Hold the output directory's lock file for this process: a lock of a dead process on this
+    host is taken over, one of another host only when `replace_remote` (its lease is stale); a
+    live holder's is refused with FollowerBusy naming it. The lock file's path."""
+    path = os.path.join(output, LOCK_FILE)
+    me = this_holder()
+    record = dict(me._asdict(), since=time.time())
+    for _ in range(3):
+        try:
+            descriptor = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            held = read_lock(path)
+            holder = holder_of(held)
+            if holder is None and lock_age(path) < LEASE_RENEW_SECONDS:
+                time.sleep(0.2)  # being written by a follower starting this moment
+                continue
+            alive = None if holder is None else holder_alive(holder)
+            if holder is not None and (alive or (alive is None and not replace_remote)):
+                raise FollowerBusy(lock_refusal(output, holder, held or {}, alive)) from None
+            remove_quietly(path)  # stale: its holder is dead, or the lease says so
+            continue
+        try:
+            with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+                json.dump(record, handle)
+        except OSError as error:
+            remove_quietly(path)
+            raise DemoError(f"cannot write {path}: {error.strerror or error}") from None
+        return path
+    raise FollowerBusy(f"{output}: could not take {LOCK_FILE}; another follower is starting")
+
+
+def lock_age(path: str) -> float:
+    """Seconds since the lock file was last written or renewed (0 when it is gone)."""
+    try:
+        return max(0.0, time.time() - os.path.getmtime(path))
+    except OSError:
+        return 0.0
+
+
+def lock_refusal(output: str, holder: Holder, record: dict, alive: bool | None) -> str:
+    """Why a second follower of one output directory is refused, and what to do instead."""
+    since = record.get("since")
+    started = f", since {rfc3339_micro(since)}" if isinstance(since, (int, float)) else ""
+    if alive:
+        return (
+            f"{output} is already followed by {holder.said()}{started}; one follower per run "
+            f"(stop that process first, or wait for it)"
+        )
+    return (
+        f"{output} is followed by {holder.said()}{started} (another host: its process cannot "
+        f"be checked from here); attach --force takes over once its lease on the namespace "
+        f"has not been renewed for {LEASE_STALE_PERIODS} periods"
+    )
+
+
+def release_lock(path: str) -> None:
+    """Remove the lock file if it is still this process's."""
+    holder = holder_of(read_lock(path))
+    if holder is not None and (holder.host, holder.pid) == (socket.gethostname(), os.getpid()):
+        remove_quietly(path)
+
+
+def remove_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def rfc3339_micro(moment: float) -> str:
+    """Epoch seconds -> RFC 3339 in UTC with microseconds, as a Lease's MicroTime."""
+    stamp = datetime.datetime.fromtimestamp(moment, datetime.timezone.utc)
+    return stamp.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def lease_record(holder: Holder, acquired: float, renewed: float, output: str) -> dict:
+    """The lease annotation's JSON: the fields of a coordination.k8s.io Lease, and who holds it."""
+    return {
+        "holderIdentity": holder.identity,
+        "host": holder.host,
+        "pid": holder.pid,
+        "process_started": holder.process_started,
+        "output": os.path.abspath(output),
+        "acquireTime": rfc3339_micro(acquired),
+        "renewTime": rfc3339_micro(renewed),
+        "leaseDurationSeconds": LEASE_RENEW_SECONDS * LEASE_STALE_PERIODS,
+        "renewPeriodSeconds": LEASE_RENEW_SECONDS,
+    }
+
+
+def lease_of(namespace: dict | None) -> dict | None:
+    """The follower lease a namespace carries, or None (none, or not JSON)."""
+    text = (((namespace or {}).get("metadata") or {}).get("annotations") or {}).get(
+        FOLLOWER_ANNOTATION
+    )
+    try:
+        record = json.loads(text) if text else None
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def lease_renewed_at(record: dict) -> float | None:
+    return parse_time(str(record.get("renewTime") or "")) or None
+
+
+def lease_verdict(
+    record: dict | None,
+    me: Holder,
+    now: float,
+    force: bool,
+    alive: Callable[[Holder], bool | None] = holder_alive,
+) -> str | None:
+    """None when `me` may hold the lease; else why not. Free: none, ours, its holder's process
+    gone (this host), or (`force`) not renewed for LEASE_STALE_PERIODS periods. Pure but for
+    `alive`, which looks at this host's processes."""
+    holder = holder_of(record)
+    if record is None or holder is None or holder.identity == me.identity:
+        return None
+    renewed = lease_renewed_at(record)
+    period = float(record.get("renewPeriodSeconds") or LEASE_RENEW_SECONDS)
+    age = None if renewed is None else max(0.0, now - renewed)
+    living = alive(holder)
+    if living is False:
+        return None
+    since = "never renewed" if age is None else f"last renewed {age:.0f} s ago"
+    if living:
+        return f"the run is followed by {holder.said()} ({since}); one follower per run"
+    stale = age is None or age >= LEASE_STALE_PERIODS * period
+    if stale and force:
+        return None
+    if stale:
+        return (
+            f"the run's lease is held by {holder.said()}, {since} (more than "
+            f"{LEASE_STALE_PERIODS} periods of {period:.0f} s): that follower looks gone; "
+            f"attach --force takes the lease over"
+        )
+    return (
+        f"the run is followed by {holder.said()} ({since}, every {period:.0f} s); one "
+        f"follower per run (attach --force takes over only a lease not renewed for "
+        f"{LEASE_STALE_PERIODS} periods)"
+    )
+
+
+def conflict(error: KubectlError) -> bool:
+    """The namespace changed since it was read (the resourceVersion precondition failed)."""
+    return "Conflict" in error.stderr or "the object has been modified" in error.stderr
+
+
+class FollowerLease:
+    """This process's hold on one run: its lock file, renewed (touched) every
+    LEASE_RENEW_SECONDS, and its namespace's lease, claimed as soon as the namespace exists
+    and renewed with it, both by a thread of its own through a kubectl of its own (the run's
+    counts its own processes). `release` gives both up."""
+
+    def __init__(
+        self, kubectl: Kubectl, receipt: Receipt, output: str, lock_path: str, force: bool = False
+    ) -> None:
+        self.kubectl = Kubectl(kubectl.binary, kubectl.context, kubectl.verbose)
+        self.receipt = receipt
+        self.output = output
+        self.lock_path = lock_path
+        self.force = force
+        self.me = this_holder()
+        self.acquired: float | None = None
+        self.lost: str | None = None  # why the lease was lost to another follower, if it was
+        self.failing = False  # the last claim or renewal failed (and was said)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> FollowerLease:
+        self._thread = threading.Thread(
+            target=self._keep, name="rl-batch-demo follower lease", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def _keep(self) -> None:
+        """Claim the lease once the namespace exists, then renew it and the lock every period."""
+        while not self._stop.is_set():
+            wait: float = LEASE_RENEW_SECONDS
+            if self.lost is None and self.receipt.namespace_uid:
+                try:
+                    self.hold()
+                    self.failing = False
+                except FollowerBusy as error:
+                    self.warn(f"Warning: the run's follower lease was taken over: {error}")
+                except DemoError as error:
+                    # Said once: a role without patch on namespaces keeps the lock file alone.
+                    self.warn(
+                        f"Warning: cannot hold the run's follower lease on namespace "
+                        f"{self.receipt.namespace} ({error}); grant patch on namespaces"
+                    )
+                    wait = 1 if self.acquired is not None else LEASE_RENEW_SECONDS
+            elif self.lost is None:
+                wait = 0.5  # the namespace is about to be created
+            try:
+                os.utime(self.lock_path)
+            except OSError:
+                pass  # the directory went: nothing more to renew there
+            self._stop.wait(wait)
+
+    def warn(self, line: str) -> None:
+        """One warning per spell of failures, not one a period."""
+        if not self.failing:
+            print(line, file=sys.stderr, flush=True)
+        self.failing = True
+
+    def hold(self, force: bool | None = None) -> None:
+        """Claim or renew the lease: read the namespace, check who holds it, write ours with its
+        resourceVersion as a precondition (a follower that wrote meanwhile wins, as in leader
+        election). FollowerBusy when another holds it."""
+        live = self.kubectl.get(
+            "namespace",
+            self.receipt.namespace,
+            missing_ok=True,
+            retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
+        )
+        if live is None or not self.receipt.owns_namespace(live):
+            return
+        now = time.time()
+        why = lease_verdict(lease_of(live), self.me, now, self.force if force is None else force)
+        if why is not None:
+            if self.acquired is not None:
+                self.lost = why
+            raise FollowerBusy(why)
+        self.acquired = self.acquired or now
+        record = lease_record(self.me, self.acquired, now, self.output)
+        self.patch(json.dumps(record), live["metadata"].get("resourceVersion"))
+
+    def patch(self, value: str | None, resource_version: str | None) -> None:
+        metadata: dict = {"annotations": {FOLLOWER_ANNOTATION: value}}
+        if resource_version:
+            metadata["resourceVersion"] = resource_version
+        try:
+            self.kubectl.run(
+                [
+                    "patch",
+                    "namespace",
+                    self.receipt.namespace,
+                    "--type=merge",
+                    "-p",
+                    json.dumps({"metadata": metadata}),
+                ],
+                retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
+            )
+        except KubectlError as error:
+            if conflict(error):
+                raise FollowerBusy(
+                    "another follower wrote the run's lease at the same moment"
+                ) from None
+            raise
+
+    def release(self) -> None:
+        """Stop renewing; remove the lease if it is still ours, and the lock file."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=CALL_TIMEOUT_SECONDS)
+        if self.acquired is not None and self.lost is None:
+            try:
+                live = self.kubectl.get(
+                    "namespace",
+                    self.receipt.namespace,
+                    missing_ok=True,
+                    retry_until=time.monotonic() + 5,
+                )
+                held = holder_of(lease_of(live))
+                if live is not None and held is not None and held.identity == self.me.identity:
+                    self.patch(None, live["metadata"].get("resourceVersion"))
+            except DemoError:
+                pass  # it expires by itself: LEASE_STALE_PERIODS periods unrenewed
+        release_lock(self.lock_path)
+
+
+# --------------------------------------------------------------------------
 # src/rl_batch_demo/run.py: The `run` action: `perform_run` -> `start_run` -> `execute`, its steps on one `RunContext`.
 
 def default_timeout(count: int, parallelism: int) -> int:
@@ -14317,21 +14763,27 @@ def run_origin(run_id: str, output: str, user: str, ttl_seconds: int | None) -> 
     )
 
 
-def execute(run: RunContext) -> Results:
+def execute(run: RunContext) -> Results | None:
     """The steps of `run`, in order; each leaves on disk what a failure after it needs."""
     save_run_records(run)
+    # The run's one follower, once its receipt is there: its lock file, then its lease.
+    run.lease = FollowerLease(run.kubectl, run.receipt, run.output, take_lock(run.output)).start()
     check_runtime_class(run)
     if rollout_policy(run.settings):
         check_server_version(run)  # --need among them
     check_capacity(run)
     secrets_read = read_secrets(run)  # --env-from-secret: held in memory alone
     stamp_origin(run)
+    save_planned_jobs(run)
     create_namespace(run)
     for manifest in run.plan.setup:
         create_object(run, filled(manifest, secrets_read))
     secrets_read.clear()
     if run.settings.prepull:
         prepull(run)
+    if run.detach:
+        submit_detached(run)
+        return None
     outcomes: list[BatchOutcome] = []
     for entry in run.settings.batches:
         for earlier in outcomes[-1:]:  # its drafted rows wait in memory, not in an open file
@@ -14359,6 +14811,30 @@ def stamp_origin(run: RunContext) -> None:
             planned_work(run.plan.jobs),
         )
     )
+
+
+def submit_detached(run: RunContext) -> None:
+    """--detach: the first batch's Jobs created (job-submitted.json, their UIDs in the receipt)
+    and nothing followed: `attach` picks the run up from its files."""
+    entry = run.settings.batches[0]
+    batch_dir = os.path.normpath(os.path.join(run.output, entry.dir))
+    os.makedirs(batch_dir, exist_ok=True)
+    manifests = run.plan.jobs[entry.job]
+    save_submitted_jobs(run, batch_dir, manifests)
+    create_batch_jobs(run, manifests)
+
+
+def say_detached(run: RunContext) -> None:
+    """What a detached run prints on stdout: its namespace and the command that follows it."""
+    if not run.silent:
+        print(f"Detached: attach with: {attach_command(run.output, run.kubectl.binary)}")
+
+
+def save_planned_jobs(run: RunContext) -> None:
+    """jobs-planned.json: every Job of every batch, as a List, before any is created (what
+    `attach` creates of a run stopped between two batches)."""
+    jobs = [job for batch in run.plan.jobs.values() for job in batch]
+    write_json(os.path.join(run.output, PLANNED_JOBS_FILE), list_manifest(jobs))
 
 
 def create_namespace(run: RunContext) -> None:
@@ -14530,21 +15006,28 @@ def open_proxy(run: RunContext) -> None:
             print(f"Warning: {error}; reading logs with one kubectl per pod", file=sys.stderr)
 
 
-def run_one_batch(run: RunContext, entry: BatchEntry) -> BatchOutcome:
-    """Submit one Job, follow it, save its evidence, verify and summarise it."""
+def run_one_batch(
+    run: RunContext, entry: BatchEntry, kept: Sequence[dict] = (), adopt: bool = False
+) -> BatchOutcome:
+    """Submit one Job, follow it, save its evidence, verify and summarise it. `adopt`: its Jobs
+    exist already (attach), and `kept` are the rewards.jsonl lines written before."""
     job_name = entry.job
     batch_dir = os.path.normpath(os.path.join(run.output, entry.dir))
     os.makedirs(batch_dir, exist_ok=True)
     manifests = run.plan.jobs[job_name]
     job_names = [manifest["metadata"]["name"] for manifest in manifests]
-    save_submitted_jobs(run, batch_dir, manifests)
+    if not adopt:
+        save_submitted_jobs(run, batch_dir, manifests)
     # The client's own deadline, which bounds its watches from their start; its measures start
     # at the submission, just before the create call.
     client_deadline = time.monotonic() + run.settings.timeout + CLIENT_GRACE_SECONDS
     watches = start_batch_watches(run, job_name, job_names, client_deadline)
-    follower = batch_follower(run, job_name, job_names, batch_dir, watches)
+    follower = batch_follower(run, job_name, job_names, batch_dir, watches, kept)
     run.batch = batch = BatchEvidence(run, follower, batch_dir)
-    follower.submit(lambda: create_batch_jobs(run, manifests))
+    if adopt:
+        follower.adopt()
+    else:
+        follower.submit(lambda: create_batch_jobs(run, manifests))
     end = follower.follow(client_deadline)
     wait = client_wait(follower, end)
     evidence = batch.collect(job_name)
@@ -14627,7 +15110,12 @@ def start_batch_watches(
 
 
 def batch_follower(
-    run: RunContext, job_name: str, job_names: Sequence[str], batch_dir: str, watches: WatchStream
+    run: RunContext,
+    job_name: str,
+    job_names: Sequence[str],
+    batch_dir: str,
+    watches: WatchStream,
+    kept: Sequence[dict] = (),
 ) -> BatchFollower:
     """What follows the batch, with its reward stream when it is a rollout."""
     stop_rest = (
@@ -14635,7 +15123,7 @@ def batch_follower(
     )
     path = os.path.join(batch_dir, REWARDS_FILE)
     rewards = (
-        RewardStream(path, run.settings, run.on_reward, run.stop, stop_rest)
+        RewardStream(path, run.settings, run.on_reward, run.stop, stop_rest, kept)
         if run.settings.rollout
         else None
     )
@@ -14883,6 +15371,8 @@ def close(run: RunContext) -> None:
     if run.proxy is not None:
         run.proxy.close()
     run.pool.shutdown(wait=False)
+    if run.lease is not None:
+        run.lease.release()
 
 
 def load_worker(request: RunRequest) -> tuple[str, bool]:
@@ -14938,14 +15428,22 @@ def perform_run(request: RunRequest, caller: Caller) -> tuple[int, Results | Non
             close(run)
     if run.tracer is not None:
         finish_trace(
-            run.tracer, run.output, None if failure else results.figures, failure, request.quiet
+            run.tracer,
+            run.output,
+            None if failure or results is None else results.figures,
+            failure,
+            request.quiet,
         )
-    if failure is None and not request.spelling.python:  # a Python caller has them returned
+    if failure is None and results is None:  # --detach: `attach` follows the run
+        say_detached(run)
+        return 0, None
+    if failure is None and results is not None and not request.spelling.python:
+        # a Python caller has them returned
         print_results(results.figures, request.quiet, os.path.join(run.output, RESULTS_FILE))
     if failure is None and request.pushgateway:
         push_saved_metrics(run.output, request.pushgateway, run.receipt.run_id)
     finish_run(run, failure, request.cleanup, request.quiet, cleanup_hint)
-    status = EXIT_PARTIAL if results.figures.get("accepted_partial") else 0
+    status = EXIT_PARTIAL if results is not None and results.figures.get("accepted_partial") else 0
     if caller.exit_when_done:
         exit_at_once(status)  # while the run is still held: freeing it is what would take the time
     return status, results
@@ -15061,7 +15559,7 @@ def start_run(request: RunRequest, caller: Caller, worker_source: str, builtin: 
     run_id = secrets.token_hex(6)
     namespace = NAMESPACE_PREFIX + run_id
     settings = run_settings(request, worker_source, builtin, kubectl.context, namespace)
-    return RunContext(
+    run = RunContext(
         settings,
         plan_run(namespace, run_id, settings, worker_source, request.tasks or ()),
         Receipt.start(output, kubectl.context, namespace, run_id, kubeconfig_path()),
@@ -15076,7 +15574,9 @@ def start_run(request: RunRequest, caller: Caller, worker_source: str, builtin: 
         on_reward=caller.on_reward,
         stop=caller.stop,
         owns_process=not spelling.python,
+        detach=request.detach,
     )
+    return run
 
 
 @contextlib.contextmanager
@@ -15160,6 +15660,8 @@ def interruption_message(
     elif run.touched_cluster:
         if not_cleaned is not None:
             lines.append(f"{run.spelling.switch('cleanup')} failed: {not_cleaned}")
+        if run.receipt.fields.get("jobs"):
+            lines.append(f"Attach with: {attach_command(run.output, run.kubectl.binary)}")
         lines.append(f"Clean up with: {cleanup_hint}")
     return "\n".join(lines)
 
@@ -16462,6 +16964,411 @@ def compare(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------
+# src/rl_batch_demo/attach.py: `attach`: follow a run whose client is gone, from its receipt, run.json and saved files.
+
+class AttachRequest(NamedTuple):
+    """`attach`'s arguments, from the command line or attach_batch()."""
+
+    output: str
+    force: bool = False
+    kubectl: str = "kubectl"
+    verbose: bool = False
+    quiet: bool = False
+    cleanup: bool = False
+    spelling: Spelling | None = None
+
+
+class FirstFollower(NamedTuple):
+    """What is known of the client that followed the run before: the last moment it is proven
+    alive (its lease renewed, its lock file touched, a line written), and by what."""
+
+    alive_at: float | None
+    evidence: str
+
+
+# Client figures a crash makes unknowable for a batch another client began: why, in client.json.
+UNKNOWN_SUBMISSION = (
+    "the Job was created by the client that stopped: the moments of its create call went with it"
+)
+UNKNOWN_DELIVERIES = (
+    "lines written by the client that stopped: when each was written went with it, and the "
+    "lines written by the attach waited for nobody, so no lag is a client's"
+)
+
+
+def kept_lines(path: str, count: int) -> list[dict]:
+    """The lines a client that is gone wrote to rewards.jsonl: each whole line (a last line
+    torn by the crash is dropped), one per episode index, the first of each kept."""
+    kept: dict[int, dict] = {}
+    for line in read_text(path).splitlines(keepends=True):
+        if not line.endswith("\n"):
+            break
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        index = row.get("index") if isinstance(row, dict) else None
+        if isinstance(index, int) and 0 <= index < count and index not in kept:
+            kept[index] = row
+    return [kept[index] for index in sorted(kept)]
+
+
+def batch_done(batch_dir: str) -> bool:
+    """The batch was followed to its end and summarised: client.json has its last figure."""
+    path = os.path.join(batch_dir, "client.json")
+    if not os.path.exists(path):
+        return False
+    try:
+        return "post_completion_seconds" in read_json(path, "client.json")
+    except DemoError:
+        return False
+
+
+def first_follower(output: str, lease: dict | None) -> FirstFollower:
+    """The latest proof that the client before was alive: its lease's renewal, its lock file's
+    touch, or the last write to rewards.jsonl (each a moment it still ran)."""
+    proofs: list[tuple[float, str]] = []
+    renewed = lease_renewed_at(lease) if lease else None
+    if renewed is not None:
+        proofs.append((renewed, "its lease on the namespace, last renewed"))
+    for name, what in ((LOCK_FILE, "its lock file, last touched"), (REWARDS_FILE, "a line")):
+        for path in [os.path.join(output, name)] + (
+            [os.path.join(root, name) for root, _, files in os.walk(output) if name in files]
+            if name == REWARDS_FILE
+            else []
+        ):
+            try:
+                proofs.append((os.path.getmtime(path), what))
+            except OSError:
+                pass
+    if not proofs:
+        return FirstFollower(None, "nothing it left says when it stopped")
+    at, what = max(proofs)
+    return FirstFollower(at, f"{what}; it stopped after that, within a lease period of it")
+
+
+def claim(
+    request: AttachRequest, kubectl: Kubectl, receipt: Receipt
+) -> tuple[dict | None, str, FirstFollower]:
+    """The run's live namespace (None: gone), this attach's lock file, and what is known of the
+    client before; FollowerBusy when a live follower holds the run (its lease, or its lock)."""
+    live = kubectl.get(
+        "namespace",
+        receipt.namespace,
+        missing_ok=True,
+        retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
+    )
+    if live is not None and not receipt.owns_namespace(live):
+        live = None
+    lease = lease_of(live)
+    why = lease_verdict(lease, this_holder(), time.time(), request.force)
+    if why is not None:
+        raise FollowerBusy(f"{why}; nothing was changed")
+    before = first_follower(request.output, lease)
+    # A lock of another host is replaced only by --force, its lease found stale (or absent).
+    return live, take_lock(request.output, replace_remote=request.force), before
+
+
+def planned_jobs(output: str, entry: BatchEntry) -> list[dict]:
+    """The Jobs of one batch as the run planned them (jobs-planned.json), else as it saved
+    them when it submitted them (job-submitted.json)."""
+    names = set(entry.jobs or (entry.job,))
+    path = os.path.join(output, PLANNED_JOBS_FILE)
+    if os.path.exists(path):
+        items = read_json(path, PLANNED_JOBS_FILE).get("items") or []
+        return [job for job in items if job["metadata"]["name"] in names]
+    submitted_path = os.path.join(output, entry.dir, "job-submitted.json")
+    if not os.path.exists(submitted_path):
+        return []
+    submitted = read_json(submitted_path, "job-submitted.json")
+    return submitted.get("items") if submitted.get("kind") == "List" else [submitted]
+
+
+def attached_context(
+    request: AttachRequest, settings: Settings, receipt: Receipt, kubectl: Kubectl, caller: Caller
+) -> RunContext:
+    """The run's context as its client had it, rebuilt from its files; new lines reach the
+    caller marked `replayed: false`."""
+    plan = RunPlan(
+        {}, [], {entry.job: planned_jobs(request.output, entry) for entry in settings.batches}
+    )
+    on_reward = caller.on_reward
+    saved = read_json(os.path.join(request.output, SETTINGS_FILE), SETTINGS_FILE)
+    python = request.spelling is not None and request.spelling.python
+    run = RunContext(
+        settings,
+        plan,
+        receipt,
+        kubectl,
+        request.output,
+        Progress(request.quiet),
+        concurrent.futures.ThreadPoolExecutor(LOG_READERS),
+        cpu_seconds(),
+        touched_cluster=True,
+        silent=request.quiet and python,
+        on_reward=None if on_reward is None else lambda line: on_reward(dict(line, replayed=False)),
+        stop=caller.stop,
+        owns_process=not python,
+        capacity=saved.get("capacity"),
+    )
+    if request.spelling is not None:
+        run.spelling = request.spelling
+    return run
+
+
+def existing_jobs(run: RunContext, entry: BatchEntry) -> list[dict]:
+    """The batch's Jobs in the cluster now, each recorded in the receipt (a client stopped
+    between a Job's creation and its record left it out); [] when none exists yet."""
+    found = []
+    for name in entry.jobs or (entry.job,):
+        live = run.kubectl.get(
+            "job", name, run.namespace, missing_ok=True, retry_until=time.monotonic() + 30
+        )
+        if live is None:
+            continue
+        if not run.receipt.has_job(name):
+            run.receipt.record_job(name, live["metadata"]["uid"])
+        found.append(live)
+    return found
+
+
+def resume(run: RunContext, jobs: Sequence[dict]) -> list[str]:
+    """Resume each of the batch's Jobs an interrupted client suspended (and not ended)."""
+    resumed = []
+    for job in jobs:
+        if job_finished(job) or not (job.get("spec") or {}).get("suspend"):
+            continue
+        name = job["metadata"]["name"]
+        run.kubectl.run(
+            [
+                "patch",
+                "job",
+                name,
+                "-n",
+                run.namespace,
+                "--type=merge",
+                "-p",
+                SUSPEND_PATCH.replace("true", "false"),
+            ],
+            retry_until=time.monotonic() + CALL_TIMEOUT_SECONDS,
+        )
+        resumed.append(name)
+    return resumed
+
+
+def replay(lines: Sequence[dict], on_reward: Callable[[dict], None] | None) -> None:
+    """Hand the caller the lines written before the attach, each marked `replayed: true`."""
+    if on_reward is not None:
+        for row in lines:
+            on_reward(dict(row, replayed=True))
+
+
+def attach_batch_step(
+    run: RunContext, entry: BatchEntry, caller: Caller, began: float, before: FirstFollower
+) -> tuple[BatchOutcome, dict | None]:
+    """One batch of the run: recomputed from its files if it was followed to its end, followed
+    if its Jobs exist, else submitted as `run` would. The batch's record of the attach (None
+    when nothing of it was unknown)."""
+    batch_dir = os.path.normpath(os.path.join(run.output, entry.dir))
+    rewards_path = os.path.join(batch_dir, REWARDS_FILE)
+    if batch_done(batch_dir):
+        replay(kept_lines(rewards_path, run.settings.count), caller.on_reward)
+        return load_saved_batch(batch_dir, entry, run.settings), None
+    jobs = existing_jobs(run, entry)
+    gone = [name for name in entry.jobs or (entry.job,) if run.receipt.has_job(name)]
+    gone = [name for name in gone if name not in {job["metadata"]["name"] for job in jobs}]
+    if gone:
+        # Made again, its episodes would run twice: what it did is unknowable instead.
+        raise evidence_gone(run, entry, f"Job {', '.join(gone)} of the receipt is gone")
+    if not jobs:
+        return run_one_batch(run, entry), None
+    kept = kept_lines(rewards_path, run.settings.count) if run.settings.rollout else []
+    ended_before = all(job_finished(job) for job in jobs)
+    resumed = resume(run, jobs)
+    replay(kept, caller.on_reward)
+    outcome = run_one_batch(run, entry, kept, adopt=True)
+    record = {
+        # The client before stopped after this moment (within a lease period of it, if it held one).
+        "first_follower_alive_at": before.alive_at,
+        "first_follower_evidence": before.evidence,
+        "attach_began_at": began,
+        "job_ended_before_attach": ended_before,
+        "resumed_jobs": resumed,
+        "replayed_lines": len(kept),
+    }
+    return mark_unknown(outcome, batch_dir, record, ended_before), record
+
+
+def mark_unknown(
+    outcome: BatchOutcome, batch_dir: str, record: dict, ended_before: bool
+) -> BatchOutcome:
+    """A batch another client began: what its crash made unknowable is None, and client.json
+    says why, never a figure made up."""
+    unknown = {
+        "submitted_at": UNKNOWN_SUBMISSION,
+        "client_job_complete_seconds": UNKNOWN_SUBMISSION,
+        "reward_deliveries": UNKNOWN_DELIVERIES,
+    }
+    if ended_before:
+        unknown["observed_at"] = "the Job ended while no client followed it"
+    client = dict(outcome.client_wait or {})
+    client.update({key: None for key in unknown}, attached=record, unknown=unknown)
+    write_json(os.path.join(batch_dir, "client.json"), client)
+    figures = outcome.summary.figures
+    for key in list(figures):
+        if key.startswith("reward_delivery_lag") or key in (
+            "first_reward_seconds",
+            "kth_reward_seconds",
+        ):
+            figures[key] = None
+    if isinstance(figures.get("reward_delivery"), dict):
+        figures["reward_delivery"]["unknown"] = UNKNOWN_DELIVERIES
+    return outcome._replace(client_wait=client)
+
+
+def evidence_gone(run: RunContext, entry: BatchEntry, what: str) -> DemoError:
+    """The batch's Jobs (or the namespace) are gone from the cluster: nothing can be followed
+    or proven of the episodes without a line. attach.json says what is missing and why."""
+    batch_dir = os.path.normpath(os.path.join(run.output, entry.dir))
+    kept = kept_lines(os.path.join(batch_dir, REWARDS_FILE), run.settings.count)
+    missing = sorted(set(range(run.settings.count)) - {row["index"] for row in kept})
+    write_json(
+        os.path.join(run.output, "attach.json"),
+        {
+            "verdict": "cannot verify",
+            "batch": entry.job,
+            "missing": what,
+            "why": "deleted while no client followed the run (cleanup, cleanup --stale, a TTL, "
+            "or by hand): its pods, logs and events went with it",
+            "lines_kept": len(kept),
+            "episodes_unknown": missing,
+        },
+    )
+    return DemoError(
+        f"cannot verify batch {entry.job}: {what} (deleted while no client followed it); "
+        f"{REWARDS_FILE} keeps the {len(kept)} lines written before its client stopped, and "
+        f"the outcomes of the other {len(missing)} episodes cannot be known; attach.json says so"
+    )
+
+
+def never_started(run: RunContext, live: dict | None) -> DemoError:
+    """The run stopped before its first Job existed: nothing ran; its namespace (proven the
+    run's own) is deleted, else `cleanup` is named."""
+    if live is None:
+        return DemoError(
+            f"the run never started: no Job of it was created and its namespace "
+            f"{run.namespace} is gone; nothing to follow or clean up"
+        )
+    try:
+        cleanup_namespace(run.kubectl, run.receipt, report=io.StringIO())
+    except DemoError as error:
+        return DemoError(
+            f"the run never started: no Job of it was created before its client stopped; "
+            f"its namespace {run.namespace} could not be deleted ({error}); clean up with: "
+            f"{cleanup_command(run.output, run.kubectl.binary)}"
+        )
+    return DemoError(
+        f"the run never started: no Job of it was created before its client stopped; its "
+        f"namespace {run.namespace} held no work and was deleted; run it again"
+    )
+
+
+def finished_results(output: str, settings: Settings, caller: Caller) -> tuple[int, Results]:
+    """A run that wrote results.json: every line replayed, its results as they are."""
+    figures = read_json(os.path.join(output, RESULTS_FILE), RESULTS_FILE)
+    for entry in settings.batches:
+        path = os.path.join(os.path.normpath(os.path.join(output, entry.dir)), REWARDS_FILE)
+        replay(kept_lines(path, settings.count), caller.on_reward)
+    return (EXIT_PARTIAL if figures.get("accepted_partial") else 0), Results(figures, [])
+
+
+def attach_run(request: AttachRequest, caller: Caller) -> tuple[int, Results | None]:
+    """`attach`: follow the run in `request.output` to its end as its client would have, its
+    results saved; the exit status and the results."""
+    began = time.time()
+    receipt = Receipt.read(request.output)
+    settings = Settings.from_saved(
+        read_json(os.path.join(request.output, SETTINGS_FILE), SETTINGS_FILE)
+    )
+    if os.path.exists(os.path.join(request.output, RESULTS_FILE)):
+        return finished_results(request.output, settings, caller)
+    kubectl = Kubectl(find_kubectl(request.kubectl), receipt.context, verbose=request.verbose)
+    require_receipt_context(kubectl, receipt)
+    live, lock_path, before = claim(request, kubectl, receipt)
+    run = attached_context(request, settings, receipt, kubectl, caller)
+    run.lease = FollowerLease(kubectl, receipt, request.output, lock_path, request.force).start()
+    first = settings.batches[0]
+    if live is None and receipt.fields.get("jobs"):
+        close(run)
+        unfinished = [
+            e for e in settings.batches if not batch_done(os.path.join(run.output, e.dir))
+        ]
+        gone = f"the run's namespace {receipt.namespace} is gone"
+        raise evidence_gone(run, (unfinished or [first])[0], gone)
+    if live is None or (not receipt.fields.get("jobs") and not existing_jobs(run, first)):
+        close(run)
+        raise never_started(run, live)
+    return follow_attached(run, request, caller, began, before)
+
+
+def follow_attached(
+    run: RunContext, request: AttachRequest, caller: Caller, began: float, before: FirstFollower
+) -> tuple[int, Results | None]:
+    """Each batch of the attached run in order, then results.json; stopped as `run` stops."""
+    hint = cleanup_command(run.output, run.kubectl.binary)
+    failure: DemoError | None = None
+    results: Results | None = None
+    try:
+        outcomes, records = [], []
+        for entry in run.settings.batches:
+            outcome, record = attach_batch_step(run, entry, caller, began, before)
+            outcomes.append(outcome)
+            records.append(record)
+        results = save_results(run, outcomes)
+        results.figures["attach"] = attach_figures(before, began, records)
+        write_json(os.path.join(run.output, RESULTS_FILE), results.figures)
+    except KeyboardInterrupt:
+        interrupted(run, request.cleanup, hint)
+        return EXIT_INTERRUPTED, None
+    except StreamClosed as closed:
+        interrupted(run, request.cleanup, hint, f"{closed}.")
+        return EXIT_INTERRUPTED, None
+    except RewardCallbackError as error:
+        interrupted(run, request.cleanup, hint, f"{error}; the attach stopped.")
+        raise error.original from None
+    except DemoError as error:
+        failure = error
+    finally:
+        close(run)
+    python = request.spelling is not None and request.spelling.python
+    if failure is None and results is not None and not python:
+        print_results(results.figures, request.quiet, os.path.join(run.output, RESULTS_FILE))
+    finish_run(run, failure, request.cleanup, request.quiet, hint)
+    assert results is not None  # finish_run raised otherwise
+    return (EXIT_PARTIAL if results.figures.get("accepted_partial") else 0), results
+
+
+def attach_figures(before: FirstFollower, began: float, records: Sequence[dict | None]) -> dict:
+    """results.json's `attach`: when the first client was last proven alive, when the attach
+    began, and which batches it picked up (each batch's client.json says what is unknown)."""
+    return {
+        "first_follower_alive_at": before.alive_at,
+        "first_follower_evidence": before.evidence,
+        "attach_began_at": began,
+        "batches_attached": sum(1 for record in records if record is not None),
+        "client": "the attach's own cost; the first client's went with it",
+    }
+
+
+def attach_action(args: Any) -> int:
+    """`attach --output DIR`: the command line's attach."""
+    request = AttachRequest(
+        args.output, args.force, args.kubectl, args.verbose, args.quiet, args.cleanup
+    )
+    return attach_run(request, Caller())[0]
+
+
+# --------------------------------------------------------------------------
 # src/rl_batch_demo/cli.py: Command line: the parser, its checks, and `main`.
 
 def whole_number(text: str, minimum: int, wanted: str) -> int:
@@ -16809,6 +17716,12 @@ def run_behaviour_arguments() -> argparse.ArgumentParser:
         help="after every file is saved, clean up as `cleanup` would (after Ctrl-C too)",
     )
     arguments.add_argument(
+        "--detach",
+        action="store_true",
+        help="create everything, write the receipt, print the namespace and the attach "
+        "command, and return at once (`attach --output DIR` follows the run)",
+    )
+    arguments.add_argument(
         "--ttl",
         type=duration_seconds,
         default=None,
@@ -17030,6 +17943,33 @@ def list_format_arguments() -> argparse.ArgumentParser:
     return arguments
 
 
+ATTACH_HELP = (
+    "follow a run whose client is gone (killed, crashed, detached) to its end, from its files"
+)
+
+
+def attach_arguments() -> list[argparse.ArgumentParser]:
+    """`attach`'s arguments: the run, whether to take over a stale lease, the cluster."""
+    arguments = argument_set()
+    arguments.add_argument(
+        "--force",
+        action="store_true",
+        help="take over a follower lease not renewed for 3 periods (its client looks gone)",
+    )
+    arguments.add_argument(
+        "--cleanup",
+        action="store_true",
+        help="after every file is saved, clean up as `cleanup` would",
+    )
+    return [
+        run_directory_arguments(),
+        arguments,
+        kubectl_arguments(),
+        quiet_arguments("progress or phase table"),
+        verbose_arguments(),
+    ]
+
+
 def report_arguments() -> list[argparse.ArgumentParser]:
     """`report`'s arguments: the run's directory, and the phase table's --quiet."""
     return [run_directory_arguments(), quiet_arguments("phase table"), telemetry_arguments()]
@@ -17114,6 +18054,7 @@ def build_parser(
         "-o json",
         list_arguments(),
     )
+    add_action(actions, "attach", ATTACH_HELP, "--output runs/first", attach_arguments())
     add_action(
         actions,
         "report",
@@ -17189,6 +18130,7 @@ def run_request(
         or spelling.python,
         spelling=spelling,
         **pod_arguments(args),
+        detach=args.detach,
     )
     check_run_request(request)
     return request
@@ -17438,6 +18380,7 @@ DISPATCH: dict[str, Callable[[argparse.Namespace], int]] = {
     "list": list_runs,
     "report": report,
     "compare": compare,
+    "attach": attach_action,
 }
 
 
@@ -17497,7 +18440,7 @@ def main(argv: Sequence[str] | None = None, exit_when_done: bool = False) -> int
             args.action_parser.error(str(error))
     elif args.action == "cleanup":
         check_cleanup_arguments(args.action_parser, args)
-    elif args.action == "report":
+    elif args.action in ("report", "attach"):
         check_run_directory(args.action_parser, args)
     try:
         with signals_interrupt():
@@ -17773,6 +18716,8 @@ def run_batch(
 def batch_run(request: RunRequest, caller: Caller) -> dict:
     """run_batch()'s run of its checked request: the results with `rewards`."""
     status, results = perform_run(request, caller)
+    if request.detach and status == 0 and results is None:
+        return detached_results(request)
     if status not in (0, EXIT_PARTIAL) or results is None:
         # The run saved what it could and said how to clean up; the caller decides what an interrupt means.
         raise KeyboardInterrupt
@@ -17782,6 +18727,17 @@ def batch_run(request: RunRequest, caller: Caller) -> dict:
         json.loads(line) for line in read_text(rewards_path).splitlines() if line.strip()
     ]
     return saved
+
+
+def detached_results(request: RunRequest) -> dict:
+    """What run_batch(detach=True) returns: where the run is, and how to follow it."""
+    receipt = read_json(os.path.join(request.output, RECEIPT_FILE), RECEIPT_FILE)
+    return {
+        "detached": True,
+        "output": request.output,
+        "namespace": receipt["namespace"],
+        "attach": attach_command(request.output, request.kubectl),
+    }
 
 
 def batch_results(output: str | os.PathLike) -> dict:
@@ -17837,19 +18793,26 @@ def streamed_lines(request: RunRequest, listing: dict | None) -> Generator[dict,
     each line yielded as it lands; with --dry-run, the listing returned at once."""
     if listing is not None:
         return listing
+    return (yield from threaded_lines(lambda caller: batch_run(request, caller), "stream_batch"))
+
+
+def threaded_lines(work: Callable[[Caller], dict], function: str) -> Generator[dict, None, dict]:
+    """The lines `work` hands its caller's on_reward, yielded as they land from a thread of
+    the tool's, and what it returns as the generator's value; closed early, it stops `work` as
+    Ctrl-C would and waits until it has."""
     lines: queue.Queue[tuple[str, Any]] = queue.Queue()
     stop = StopRequest()
     caller = Caller(on_reward=lambda line: lines.put(("line", line)), stop=stop)
 
     def run_in_thread() -> None:
         try:
-            lines.put(("results", batch_run(request, caller)))
+            lines.put(("results", work(caller)))
         except BaseException as error:  # raised again in the reader's thread
             lines.put(("error", error))
 
-    worker = threading.Thread(target=run_in_thread, name="rl-batch-demo stream_batch", daemon=True)
+    worker = threading.Thread(target=run_in_thread, name=f"rl-batch-demo {function}", daemon=True)
     worker.start()
-    why = STREAM_CLOSED
+    why = STREAM_CLOSED.replace("stream_batch", function)
     try:
         while True:
             kind, value = lines.get()
@@ -17864,13 +18827,56 @@ def streamed_lines(request: RunRequest, listing: dict | None) -> Generator[dict,
         raise
     except BaseException as error:
         if not isinstance(error, GeneratorExit):
-            why = f"stream_batch()'s reader stopped on {type(error).__name__}"
+            why = f"{function}()'s reader stopped on {type(error).__name__}"
         raise
     finally:
         if worker.is_alive():
             # The run stops its pods, saves its evidence and (cleanup) deletes its namespace.
             stop.request(why)
             worker.join()
+
+
+def attach_batch(
+    output: str | os.PathLike,
+    *,
+    force: bool = False,
+    cleanup: bool = True,
+    quiet: bool = True,
+    kubectl: str | os.PathLike = "kubectl",
+    verbose: bool = False,
+) -> Generator[dict, None, dict]:
+    """Follow the run in `output` whose client is gone (killed, crashed, detached), as
+    stream_batch() follows one it starts: a generator yielding every episode's rewards.jsonl
+    line exactly once, first those written before (each marked `replayed: True`), then the
+    rest as they land (`replayed: False`); its return value (StopIteration.value) is what
+    run_batch() returns. A second follower of the same run is refused (FollowerBusy, a
+    DemoError, naming the holder's host and PID); `force=True` takes over a lease not renewed
+    for 3 periods. `cleanup` (default True) deletes the namespace once every file is saved;
+    closing the generator early stops the run as closing stream_batch() does."""
+    if not isinstance(output, (str, os.PathLike)):
+        raise KeywordTypeError(
+            f"output= must be str | os.PathLike, got {type(output).__name__} {output!r}"
+        )
+    for name, value in (
+        ("force", force),
+        ("cleanup", cleanup),
+        ("quiet", quiet),
+        ("verbose", verbose),
+    ):
+        if not isinstance(value, bool):
+            raise KeywordTypeError(f"{name}= must be bool, got {type(value).__name__} {value!r}")
+    request = AttachRequest(
+        os.fspath(output), force, os.fspath(kubectl), verbose, quiet, cleanup, PYTHON_CALL
+    )
+    return threaded_lines(lambda caller: attached_results(request, caller), "attach_batch")
+
+
+def attached_results(request: AttachRequest, caller: Caller) -> dict:
+    """attach_batch()'s attach of its request: the results with `rewards`."""
+    status, results = attach_run(request, caller)
+    if status not in (0, EXIT_PARTIAL) or results is None:
+        raise KeyboardInterrupt
+    return batch_results(request.output)
 
 
 # open_pool()'s keywords beside its own, with their types: the run settings a pool shares.

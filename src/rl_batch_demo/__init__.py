@@ -44,11 +44,13 @@ shipped single file holds them in this order, each part opening with its source 
     secretcopy: --env-from-secret's Secrets read before anything is created, copied once it may be.
     results: results.json: a batch's figures and the run's.
     lifecycle: `cleanup`, `list` and `cleanup --stale`.
+    lease: one follower per run: a lock file in its directory, a lease on its namespace.
     run: the `run` action: `perform_run` -> `start_run` -> `execute`.
     pool: the `pool` action and open_pool(): warm sandboxes claimed, driven and let go.
     report: `report` and `compare`: saved files only, no cluster.
+    attach: `attach`: follow a run whose client is gone, from its receipt, run.json and files.
     cli: the parser, its checks, and `main`.
-    api: `run_batch` and `stream_batch` for Python callers.
+    api: `run_batch`, `stream_batch` and `attach_batch` for Python callers.
 
 A run starts at cli.main() -> run_command() (or run_batch() / stream_batch() from Python)
 -> perform_run(): start_run() makes its Settings and RunPlan; execute() calls its steps
@@ -60,10 +62,11 @@ recomputes the results from the saved files alone (recompute).
 
 from __future__ import annotations
 
-from .api import batch_results, open_pool, run_batch, stream_batch
+from .api import attach_batch, batch_results, open_pool, run_batch, stream_batch
 from .cli import cli, main
 from .constants import __version__
 from .follow import RewardCallbackError
+from .lease import FollowerBusy
 from .kube import KubectlError
 from .sandboxes import CommandResult, CommandTimeout, SandboxLost
 from .model import DemoError, KeywordTypeError, StreamClosed, UsageError, VerificationError
@@ -72,6 +75,7 @@ __all__ = [
     "DemoError",
     "KeywordTypeError",
     "KubectlError",
+    "FollowerBusy",
     "RewardCallbackError",
     "StreamClosed",
     "UsageError",
@@ -81,6 +85,7 @@ __all__ = [
     "SandboxLost",
     "__version__",
     "open_pool",
+    "attach_batch",
     "batch_results",
     "cli",
     "main",

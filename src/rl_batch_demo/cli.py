@@ -41,6 +41,7 @@ from .lifecycle import cleanup, list_runs
 from .run import exit_at_once, run_command, signals_interrupt
 from .pool import pool_request, read_turns, run_pool, GUIDE_TURNS
 from .report import compare, report
+from .attach import attach_action
 
 
 def whole_number(text: str, minimum: int, wanted: str) -> int:
@@ -388,6 +389,12 @@ def run_behaviour_arguments() -> argparse.ArgumentParser:
         help="after every file is saved, clean up as `cleanup` would (after Ctrl-C too)",
     )
     arguments.add_argument(
+        "--detach",
+        action="store_true",
+        help="create everything, write the receipt, print the namespace and the attach "
+        "command, and return at once (`attach --output DIR` follows the run)",
+    )
+    arguments.add_argument(
         "--ttl",
         type=duration_seconds,
         default=None,
@@ -609,6 +616,33 @@ def list_format_arguments() -> argparse.ArgumentParser:
     return arguments
 
 
+ATTACH_HELP = (
+    "follow a run whose client is gone (killed, crashed, detached) to its end, from its files"
+)
+
+
+def attach_arguments() -> list[argparse.ArgumentParser]:
+    """`attach`'s arguments: the run, whether to take over a stale lease, the cluster."""
+    arguments = argument_set()
+    arguments.add_argument(
+        "--force",
+        action="store_true",
+        help="take over a follower lease not renewed for 3 periods (its client looks gone)",
+    )
+    arguments.add_argument(
+        "--cleanup",
+        action="store_true",
+        help="after every file is saved, clean up as `cleanup` would",
+    )
+    return [
+        run_directory_arguments(),
+        arguments,
+        kubectl_arguments(),
+        quiet_arguments("progress or phase table"),
+        verbose_arguments(),
+    ]
+
+
 def report_arguments() -> list[argparse.ArgumentParser]:
     """`report`'s arguments: the run's directory, and the phase table's --quiet."""
     return [run_directory_arguments(), quiet_arguments("phase table"), telemetry_arguments()]
@@ -693,6 +727,7 @@ def build_parser(
         "-o json",
         list_arguments(),
     )
+    add_action(actions, "attach", ATTACH_HELP, "--output runs/first", attach_arguments())
     add_action(
         actions,
         "report",
@@ -768,6 +803,7 @@ def run_request(
         or spelling.python,
         spelling=spelling,
         **pod_arguments(args),
+        detach=args.detach,
     )
     check_run_request(request)
     return request
@@ -1017,6 +1053,7 @@ DISPATCH: dict[str, Callable[[argparse.Namespace], int]] = {
     "list": list_runs,
     "report": report,
     "compare": compare,
+    "attach": attach_action,
 }
 
 
@@ -1076,7 +1113,7 @@ def main(argv: Sequence[str] | None = None, exit_when_done: bool = False) -> int
             args.action_parser.error(str(error))
     elif args.action == "cleanup":
         check_cleanup_arguments(args.action_parser, args)
-    elif args.action == "report":
+    elif args.action in ("report", "attach"):
         check_run_directory(args.action_parser, args)
     try:
         with signals_interrupt():

@@ -122,6 +122,13 @@ JOBS_PLANNED_ANNOTATION = ANNOTATION_PREFIX + "jobs-planned"
 
 EPISODES_PLANNED_ANNOTATION = ANNOTATION_PREFIX + "episodes-planned"
 
+# Who follows the run: a lease as Kubernetes leader election keeps one (holder, renew time,
+# duration), as JSON on the run's namespace, renewed every LEASE_RENEW_SECONDS while a client
+# follows; `attach --force` takes over one not renewed for LEASE_STALE_PERIODS periods.
+FOLLOWER_ANNOTATION = ANNOTATION_PREFIX + "follower"
+LEASE_RENEW_SECONDS = 10
+LEASE_STALE_PERIODS = 3
+
 # `run --dry-run` asks the cluster nothing, so it cannot know who the run would be.
 USER_UNKNOWN_BEFORE_RUN = "(kubectl auth whoami, at run time)"
 
@@ -168,6 +175,13 @@ RECEIPT_FILE = "receipt.json"
 RESULTS_FILE = "results.json"
 
 SETTINGS_FILE = "run.json"
+
+# One follower per output directory: its host, PID and process start, held while it follows.
+LOCK_FILE = "follower.lock"
+
+# Every Job of every batch the run plans, saved before the first is created: what `attach`
+# creates of a run stopped between two batches.
+PLANNED_JOBS_FILE = "jobs-planned.json"
 
 # Kubectl's words for a 404 without a Kubernetes Status naming an object: the
 # server does not know the URL at all (not a Kubernetes API, or not this API group).

@@ -293,6 +293,7 @@ class RewardStream:
         on_reward: Callable[[dict], None] | None = None,
         stop: StopRequest | None = None,
         stop_rest: Callable[[], None] | None = None,
+        kept: Sequence[dict] = (),
     ) -> None:
         self.path = path
         # --need-groups K: called once, as soon as K groups are whole, to stop the rest.
@@ -309,6 +310,11 @@ class RewardStream:
             set()
         )  # an attempt of theirs ended: settled once the log or the Job says so
         self._handle: TextIO | None = open(path, "w", encoding="utf-8")
+        # An attach's: the lines a client that is gone wrote, written again and never redelivered.
+        for row in kept:
+            self._handle.write(json.dumps(row) + "\n")
+            self.rows[row["index"]] = row
+        self._handle.flush()
         # Set from another thread (stream_batch's reader gone): the run stops at its next turn.
         self.stop = stop
         self.whole_groups: set[int] = set()  # the groups whose every member has a valid line
@@ -622,6 +628,12 @@ class BatchFollower:
             raise
         self.state.created(time.time())
         return created
+
+    def adopt(self) -> None:
+        """Follow Jobs another client created (attach): the submission's moment is this
+        client's start, and the state is told none (their creation call's moments are unknown)."""
+        self.progress.new_batch()
+        self.submission = Submission(time.time(), time.monotonic())
 
     def follow(self, client_deadline: float) -> str | None:
         """Wait until the Job is Complete or Failed ("Complete"/"Failed"), or None at the deadline."""
@@ -1135,6 +1147,8 @@ class RunContext:
     # --cleanup through the proxy: begun once the last batch's evidence is read (begin_cleanup),
     # its report's text the result; unstarted otherwise.
     cleanup_ahead: concurrent.futures.Future[str] | None = None
+    lease: Any = None  # the FollowerLease this process holds on the run, released by close()
+    detach: bool = False  # --detach: execute() returns once the first batch's Jobs exist
 
     @property
     def namespace(self) -> str:

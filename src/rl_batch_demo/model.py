@@ -151,6 +151,7 @@ class RunRequest:
         None  # --otlp-endpoint; None: $OTEL_EXPORTER_OTLP_ENDPOINT's, if any
     )
     pushgateway: str | None = None  # --pushgateway
+    detach: bool = False  # create everything, write the receipt, return: `attach` follows it
 
 
 class EgressTarget(NamedTuple):

@@ -43,6 +43,7 @@ from .parse import (
     parse_time,
     pod_name,
     pod_warnings,
+    run_wide_indexes,
 )
 from .timing import EpisodeDraft, WHOLE_SECOND, worker_time
 
@@ -635,7 +636,7 @@ def episode_row(
         row["image"] = images[group] if group < len(images) else None
     row["group"] = group
     if not attempts:
-        row.update(never_created(job))
+        row.update(never_created(job, index))
         return row
     outcomes = [
         (
@@ -655,8 +656,29 @@ def episode_row(
     return row
 
 
-def never_created(job: dict) -> dict[str, Any]:
-    """The outcome of an episode whose pod was never created: cancelled, or stopped by the Job's end."""
+def never_created(job: dict, index: int | None = None) -> dict[str, Any]:
+    """The outcome of an episode with no pod to read: cancelled, or stopped by the Job's end; or,
+    when the Job counts its index as done, a pod that is gone (deleted before its outcome was
+    read: a client that was not following, a suspension): what it did cannot be verified."""
+    counted = next(
+        (
+            word
+            for field, word in (("completedIndexes", "succeeded"), ("failedIndexes", "failed"))
+            if index is not None and index in run_wide_indexes(job, field)
+        ),
+        None,
+    )
+    if counted is not None:
+        return {
+            "pod": None,
+            "attempts": None,
+            "reward": None,
+            "failure_class": "infrastructure",
+            "valid": False,
+            "failure": f"cannot verify: the Job counts this episode {counted}, but its pod is "
+            f"gone (deleted before its outcome was read), its log and reward with it",
+            "evidence": "job.json",
+        }
     if job_cut_short(job):
         failure_class = CANCELLED
         failure = f"cancelled: {cut_short_by(job)} was met before this episode's pod was created"
@@ -897,8 +919,9 @@ def attempt_figures(rows: Sequence[dict]) -> dict:
     ]
     final = [row["failure_class"] for row in rows]
     return {
-        "attempts_total": sum(row["attempts"] for row in rows),
-        "episodes_retried": sum(1 for row in rows if row["attempts"] > 1),
+        # An episode whose pod is gone (never_created) has attempts unknown: None, not counted.
+        "attempts_total": sum(row["attempts"] or 0 for row in rows),
+        "episodes_retried": sum(1 for row in rows if (row["attempts"] or 0) > 1),
         "first_attempt": {"succeeded": first.count(None), "failed": failure_counts(first)},
         "final": {
             "succeeded": final.count(None),

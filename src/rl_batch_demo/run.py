@@ -33,6 +33,7 @@ from .constants import (
     NAMESPACE_PREFIX,
     PREPULL_FILE,
     PREPULL_LABEL,
+    PLANNED_JOBS_FILE,
     PREPULL_POLL_SECONDS,
     RECEIPT_FILE,
     RESULTS_FILE,
@@ -58,7 +59,7 @@ from .model import (
     Task,
 )
 from .stats import rounded
-from .files import Receipt, cleanup_command, kubeconfig_path, write_json
+from .files import Receipt, attach_command, cleanup_command, kubeconfig_path, write_json
 from .parse import (
     EventRecord,
     count_image_cache,
@@ -134,6 +135,7 @@ from .results import (
 )
 from .lifecycle import cleanup_namespace
 from .secretcopy import filled, read_secrets
+from .lease import FollowerLease, take_lock
 
 
 def default_timeout(count: int, parallelism: int) -> int:
@@ -330,21 +332,27 @@ def run_origin(run_id: str, output: str, user: str, ttl_seconds: int | None) -> 
     )
 
 
-def execute(run: RunContext) -> Results:
+def execute(run: RunContext) -> Results | None:
     """The steps of `run`, in order; each leaves on disk what a failure after it needs."""
     save_run_records(run)
+    # The run's one follower, once its receipt is there: its lock file, then its lease.
+    run.lease = FollowerLease(run.kubectl, run.receipt, run.output, take_lock(run.output)).start()
     check_runtime_class(run)
     if rollout_policy(run.settings):
         check_server_version(run)  # --need among them
     check_capacity(run)
     secrets_read = read_secrets(run)  # --env-from-secret: held in memory alone
     stamp_origin(run)
+    save_planned_jobs(run)
     create_namespace(run)
     for manifest in run.plan.setup:
         create_object(run, filled(manifest, secrets_read))
     secrets_read.clear()
     if run.settings.prepull:
         prepull(run)
+    if run.detach:
+        submit_detached(run)
+        return None
     outcomes: list[BatchOutcome] = []
     for entry in run.settings.batches:
         for earlier in outcomes[-1:]:  # its drafted rows wait in memory, not in an open file
@@ -372,6 +380,30 @@ def stamp_origin(run: RunContext) -> None:
             planned_work(run.plan.jobs),
         )
     )
+
+
+def submit_detached(run: RunContext) -> None:
+    """--detach: the first batch's Jobs created (job-submitted.json, their UIDs in the receipt)
+    and nothing followed: `attach` picks the run up from its files."""
+    entry = run.settings.batches[0]
+    batch_dir = os.path.normpath(os.path.join(run.output, entry.dir))
+    os.makedirs(batch_dir, exist_ok=True)
+    manifests = run.plan.jobs[entry.job]
+    save_submitted_jobs(run, batch_dir, manifests)
+    create_batch_jobs(run, manifests)
+
+
+def say_detached(run: RunContext) -> None:
+    """What a detached run prints on stdout: its namespace and the command that follows it."""
+    if not run.silent:
+        print(f"Detached: attach with: {attach_command(run.output, run.kubectl.binary)}")
+
+
+def save_planned_jobs(run: RunContext) -> None:
+    """jobs-planned.json: every Job of every batch, as a List, before any is created (what
+    `attach` creates of a run stopped between two batches)."""
+    jobs = [job for batch in run.plan.jobs.values() for job in batch]
+    write_json(os.path.join(run.output, PLANNED_JOBS_FILE), list_manifest(jobs))
 
 
 def create_namespace(run: RunContext) -> None:
@@ -543,21 +575,28 @@ def open_proxy(run: RunContext) -> None:
             print(f"Warning: {error}; reading logs with one kubectl per pod", file=sys.stderr)
 
 
-def run_one_batch(run: RunContext, entry: BatchEntry) -> BatchOutcome:
-    """Submit one Job, follow it, save its evidence, verify and summarise it."""
+def run_one_batch(
+    run: RunContext, entry: BatchEntry, kept: Sequence[dict] = (), adopt: bool = False
+) -> BatchOutcome:
+    """Submit one Job, follow it, save its evidence, verify and summarise it. `adopt`: its Jobs
+    exist already (attach), and `kept` are the rewards.jsonl lines written before."""
     job_name = entry.job
     batch_dir = os.path.normpath(os.path.join(run.output, entry.dir))
     os.makedirs(batch_dir, exist_ok=True)
     manifests = run.plan.jobs[job_name]
     job_names = [manifest["metadata"]["name"] for manifest in manifests]
-    save_submitted_jobs(run, batch_dir, manifests)
+    if not adopt:
+        save_submitted_jobs(run, batch_dir, manifests)
     # The client's own deadline, which bounds its watches from their start; its measures start
     # at the submission, just before the create call.
     client_deadline = time.monotonic() + run.settings.timeout + CLIENT_GRACE_SECONDS
     watches = start_batch_watches(run, job_name, job_names, client_deadline)
-    follower = batch_follower(run, job_name, job_names, batch_dir, watches)
+    follower = batch_follower(run, job_name, job_names, batch_dir, watches, kept)
     run.batch = batch = BatchEvidence(run, follower, batch_dir)
-    follower.submit(lambda: create_batch_jobs(run, manifests))
+    if adopt:
+        follower.adopt()
+    else:
+        follower.submit(lambda: create_batch_jobs(run, manifests))
     end = follower.follow(client_deadline)
     wait = client_wait(follower, end)
     evidence = batch.collect(job_name)
@@ -640,7 +679,12 @@ def start_batch_watches(
 
 
 def batch_follower(
-    run: RunContext, job_name: str, job_names: Sequence[str], batch_dir: str, watches: WatchStream
+    run: RunContext,
+    job_name: str,
+    job_names: Sequence[str],
+    batch_dir: str,
+    watches: WatchStream,
+    kept: Sequence[dict] = (),
 ) -> BatchFollower:
     """What follows the batch, with its reward stream when it is a rollout."""
     stop_rest = (
@@ -648,7 +692,7 @@ def batch_follower(
     )
     path = os.path.join(batch_dir, REWARDS_FILE)
     rewards = (
-        RewardStream(path, run.settings, run.on_reward, run.stop, stop_rest)
+        RewardStream(path, run.settings, run.on_reward, run.stop, stop_rest, kept)
         if run.settings.rollout
         else None
     )
@@ -896,6 +940,8 @@ def close(run: RunContext) -> None:
     if run.proxy is not None:
         run.proxy.close()
     run.pool.shutdown(wait=False)
+    if run.lease is not None:
+        run.lease.release()
 
 
 def load_worker(request: RunRequest) -> tuple[str, bool]:
@@ -951,14 +997,22 @@ def perform_run(request: RunRequest, caller: Caller) -> tuple[int, Results | Non
             close(run)
     if run.tracer is not None:
         finish_trace(
-            run.tracer, run.output, None if failure else results.figures, failure, request.quiet
+            run.tracer,
+            run.output,
+            None if failure or results is None else results.figures,
+            failure,
+            request.quiet,
         )
-    if failure is None and not request.spelling.python:  # a Python caller has them returned
+    if failure is None and results is None:  # --detach: `attach` follows the run
+        say_detached(run)
+        return 0, None
+    if failure is None and results is not None and not request.spelling.python:
+        # a Python caller has them returned
         print_results(results.figures, request.quiet, os.path.join(run.output, RESULTS_FILE))
     if failure is None and request.pushgateway:
         push_saved_metrics(run.output, request.pushgateway, run.receipt.run_id)
     finish_run(run, failure, request.cleanup, request.quiet, cleanup_hint)
-    status = EXIT_PARTIAL if results.figures.get("accepted_partial") else 0
+    status = EXIT_PARTIAL if results is not None and results.figures.get("accepted_partial") else 0
     if caller.exit_when_done:
         exit_at_once(status)  # while the run is still held: freeing it is what would take the time
     return status, results
@@ -1074,7 +1128,7 @@ def start_run(request: RunRequest, caller: Caller, worker_source: str, builtin: 
     run_id = secrets.token_hex(6)
     namespace = NAMESPACE_PREFIX + run_id
     settings = run_settings(request, worker_source, builtin, kubectl.context, namespace)
-    return RunContext(
+    run = RunContext(
         settings,
         plan_run(namespace, run_id, settings, worker_source, request.tasks or ()),
         Receipt.start(output, kubectl.context, namespace, run_id, kubeconfig_path()),
@@ -1089,7 +1143,9 @@ def start_run(request: RunRequest, caller: Caller, worker_source: str, builtin: 
         on_reward=caller.on_reward,
         stop=caller.stop,
         owns_process=not spelling.python,
+        detach=request.detach,
     )
+    return run
 
 
 @contextlib.contextmanager
@@ -1173,6 +1229,8 @@ def interruption_message(
     elif run.touched_cluster:
         if not_cleaned is not None:
             lines.append(f"{run.spelling.switch('cleanup')} failed: {not_cleaned}")
+        if run.receipt.fields.get("jobs"):
+            lines.append(f"Attach with: {attach_command(run.output, run.kubectl.binary)}")
         lines.append(f"Clean up with: {cleanup_hint}")
     return "\n".join(lines)
 
